@@ -1,0 +1,529 @@
+//! The tunnel frame: a 16-byte header and a type-dependent body (docs/protocol.md §1).
+
+use core::fmt;
+
+/// The only frame version this crate speaks.
+pub const VERSION: u8 = 1;
+/// Length of the fixed header; the header is also the AEAD additional data of data frames.
+pub const HEADER_LEN: usize = 16;
+/// Length of the Poly1305 authentication tag that ends every data and keepalive frame.
+pub const TAG_LEN: usize = 16;
+/// Smallest Noise IK first message: ephemeral key (32), encrypted static key (32 + 16),
+/// and the tag of the (possibly empty) encrypted payload (16).
+pub const HANDSHAKE_INIT_MIN: usize = 32 + 32 + TAG_LEN + TAG_LEN;
+/// Smallest Noise IK second message: ephemeral key (32) and the payload tag (16).
+pub const HANDSHAKE_RESP_MIN: usize = 32 + TAG_LEN;
+/// Largest handshake body. A handshake frame must fit the IPv6 minimum MTU of 1280 bytes
+/// (RFC 8200 §5) after the outer IPv6 (40) and UDP (8) headers and our own header (16), so no
+/// handshake ever depends on fragmentation or path MTU discovery.
+pub const HANDSHAKE_MAX: usize = 1280 - 40 - 8 - HEADER_LEN;
+
+/// Byte offsets of the header fields.
+pub mod field {
+    use core::ops::{Range, RangeFrom};
+
+    /// `u8` frame version.
+    pub const VERSION: usize = 0;
+    /// `u8` message type.
+    pub const TYPE: usize = 1;
+    /// `u16` flags, zero in version 1.
+    pub const FLAGS: Range<usize> = 2..4;
+    /// `u32` session index chosen by the receiver of this frame.
+    pub const RECEIVER: Range<usize> = 4..8;
+    /// `u64` per-session, per-direction counter; the AEAD nonce of data frames.
+    pub const COUNTER: Range<usize> = 8..16;
+    /// The type-dependent body.
+    pub const BODY: RangeFrom<usize> = 16..;
+}
+
+/// The message type carried in byte 1 of the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MessageType {
+    /// Noise IK first message, initiator to responder.
+    HandshakeInit,
+    /// Noise IK second message, responder to initiator.
+    HandshakeResp,
+    /// An encrypted inner IP packet.
+    Data,
+    /// An encrypted empty payload: keeps NAT mappings and confirms keys.
+    Keepalive,
+    /// A whole tunnel frame wrapped for the relay (TRS); the receiver index is the channel.
+    Relay,
+    /// An underlay endpoint probe sent to the cloud so it can see the NAT-mapped address.
+    EndpointProbe,
+    /// A type this version does not know; kept so that views round-trip.
+    Unknown(u8),
+}
+
+impl From<u8> for MessageType {
+    fn from(raw: u8) -> Self {
+        match raw {
+            1 => Self::HandshakeInit,
+            2 => Self::HandshakeResp,
+            3 => Self::Data,
+            4 => Self::Keepalive,
+            5 => Self::Relay,
+            6 => Self::EndpointProbe,
+            other => Self::Unknown(other),
+        }
+    }
+}
+
+impl From<MessageType> for u8 {
+    fn from(ty: MessageType) -> Self {
+        match ty {
+            MessageType::HandshakeInit => 1,
+            MessageType::HandshakeResp => 2,
+            MessageType::Data => 3,
+            MessageType::Keepalive => 4,
+            MessageType::Relay => 5,
+            MessageType::EndpointProbe => 6,
+            MessageType::Unknown(other) => other,
+        }
+    }
+}
+
+impl fmt::Display for MessageType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::HandshakeInit => f.write_str("handshake-init"),
+            Self::HandshakeResp => f.write_str("handshake-resp"),
+            Self::Data => f.write_str("data"),
+            Self::Keepalive => f.write_str("keepalive"),
+            Self::Relay => f.write_str("relay"),
+            Self::EndpointProbe => f.write_str("endpoint-probe"),
+            Self::Unknown(raw) => write!(f, "unknown type {raw}"),
+        }
+    }
+}
+
+/// Why bytes are not a valid version-1 frame. Every variant is peer input, never a local fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Fewer bytes than the fixed header.
+    #[error("frame truncated: {len} bytes, the header alone needs {HEADER_LEN}")]
+    Truncated {
+        /// Bytes received.
+        len: usize,
+    },
+    /// A version this implementation does not speak.
+    #[error("unsupported frame version {0}")]
+    Version(u8),
+    /// A message type this version does not define.
+    #[error("unknown message type {0}")]
+    UnknownType(u8),
+    /// The body is too short or too long for its type.
+    #[error("{kind} body of {len} bytes is outside {min}..={max}")]
+    BodyLength {
+        /// The frame's type.
+        kind: MessageType,
+        /// Body bytes received.
+        len: usize,
+        /// Smallest valid body.
+        min: usize,
+        /// Largest valid body.
+        max: usize,
+    },
+    /// A header field that must be zero for this type is not.
+    #[error("{kind} frame has a non-zero {field} field")]
+    Reserved {
+        /// The frame's type.
+        kind: MessageType,
+        /// The offending field.
+        field: &'static str,
+    },
+}
+
+/// A read/write view of a tunnel frame over a byte buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Frame<T> {
+    /// Wraps a buffer without checking its length; accessors may panic on a short buffer.
+    /// Use this only on buffers the caller sized itself, such as for [`FrameRepr::emit`].
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps a buffer after checking that it holds at least a full header, so that no
+    /// accessor can panic afterwards.
+    ///
+    /// # Errors
+    /// [`Error::Truncated`] when the buffer is shorter than [`HEADER_LEN`].
+    pub fn new_checked(buffer: T) -> Result<Self, Error> {
+        let len = buffer.as_ref().len();
+        if len < HEADER_LEN {
+            return Err(Error::Truncated { len });
+        }
+        Ok(Self { buffer })
+    }
+
+    /// Gives the buffer back.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The frame version (byte 0).
+    pub fn version(&self) -> u8 {
+        self.buffer.as_ref()[field::VERSION]
+    }
+
+    /// The message type (byte 1).
+    pub fn msg_type(&self) -> MessageType {
+        MessageType::from(self.buffer.as_ref()[field::TYPE])
+    }
+
+    /// The flags (bytes 2..4).
+    pub fn flags(&self) -> u16 {
+        u16::from_be_bytes(self.array(field::FLAGS.start))
+    }
+
+    /// The receiver's session index (bytes 4..8).
+    pub fn receiver_index(&self) -> u32 {
+        u32::from_be_bytes(self.array(field::RECEIVER.start))
+    }
+
+    /// The counter (bytes 8..16).
+    pub fn counter(&self) -> u64 {
+        u64::from_be_bytes(self.array(field::COUNTER.start))
+    }
+
+    /// The fixed header: the additional authenticated data of data and keepalive frames.
+    pub fn header(&self) -> &[u8] {
+        &self.buffer.as_ref()[..HEADER_LEN]
+    }
+
+    /// Everything after the header.
+    pub fn body(&self) -> &[u8] {
+        &self.buffer.as_ref()[field::BODY]
+    }
+
+    /// The whole frame.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+
+    fn array<const N: usize>(&self, at: usize) -> [u8; N] {
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.buffer.as_ref()[at..at + N]);
+        out
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
+    /// Sets the version byte.
+    pub fn set_version(&mut self, version: u8) {
+        self.buffer.as_mut()[field::VERSION] = version;
+    }
+
+    /// Sets the message type.
+    pub fn set_msg_type(&mut self, ty: MessageType) {
+        self.buffer.as_mut()[field::TYPE] = ty.into();
+    }
+
+    /// Sets the flags.
+    pub fn set_flags(&mut self, flags: u16) {
+        self.buffer.as_mut()[field::FLAGS].copy_from_slice(&flags.to_be_bytes());
+    }
+
+    /// Sets the receiver's session index.
+    pub fn set_receiver_index(&mut self, index: u32) {
+        self.buffer.as_mut()[field::RECEIVER].copy_from_slice(&index.to_be_bytes());
+    }
+
+    /// Sets the counter.
+    pub fn set_counter(&mut self, counter: u64) {
+        self.buffer.as_mut()[field::COUNTER].copy_from_slice(&counter.to_be_bytes());
+    }
+
+    /// The body, writable.
+    pub fn body_mut(&mut self) -> &mut [u8] {
+        &mut self.buffer.as_mut()[field::BODY]
+    }
+
+    /// The header (read-only, as AEAD additional data) and the body (writable, sealed or
+    /// opened in place) at once.
+    pub fn split_header_body_mut(&mut self) -> (&[u8], &mut [u8]) {
+        let (header, body) = self.buffer.as_mut().split_at_mut(HEADER_LEN);
+        (header, body)
+    }
+}
+
+/// The parsed header of a valid version-1 frame, with its body length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameRepr {
+    /// The message type; never [`MessageType::Unknown`] after [`FrameRepr::parse`].
+    pub msg_type: MessageType,
+    /// Flags, carried through unchanged (authenticated as part of the header on data frames).
+    pub flags: u16,
+    /// The receiver's session index (the relay channel for [`MessageType::Relay`]).
+    pub receiver_index: u32,
+    /// The counter, the AEAD nonce of data and keepalive frames.
+    pub counter: u64,
+    /// Length of the body that follows the header, including any tag.
+    pub body_len: usize,
+}
+
+impl FrameRepr {
+    /// Parses and validates a frame header against the rules of its type (docs/protocol.md).
+    ///
+    /// # Errors
+    /// Any [`Error`] but `Truncated`, which [`Frame::new_checked`] already excluded.
+    pub fn parse<T: AsRef<[u8]>>(frame: &Frame<T>) -> Result<Self, Error> {
+        if frame.version() != VERSION {
+            return Err(Error::Version(frame.version()));
+        }
+        let kind = frame.msg_type();
+        let body_len = frame.body().len();
+        let (min, max, zero_receiver, zero_counter) = match kind {
+            MessageType::HandshakeInit => (HANDSHAKE_INIT_MIN, HANDSHAKE_MAX, true, true),
+            MessageType::HandshakeResp => (HANDSHAKE_RESP_MIN, HANDSHAKE_MAX, false, true),
+            // A data frame carries at least one byte of inner packet; an empty one is a keepalive.
+            MessageType::Data => (TAG_LEN + 1, usize::MAX, false, false),
+            MessageType::Keepalive => (TAG_LEN, TAG_LEN, false, false),
+            MessageType::Relay => (HEADER_LEN, usize::MAX, false, true),
+            MessageType::EndpointProbe => (0, HANDSHAKE_MAX, false, false),
+            MessageType::Unknown(raw) => return Err(Error::UnknownType(raw)),
+        };
+        if body_len < min || body_len > max {
+            return Err(Error::BodyLength {
+                kind,
+                len: body_len,
+                min,
+                max,
+            });
+        }
+        if zero_receiver && frame.receiver_index() != 0 {
+            return Err(Error::Reserved {
+                kind,
+                field: "receiver index",
+            });
+        }
+        if zero_counter && frame.counter() != 0 {
+            return Err(Error::Reserved {
+                kind,
+                field: "counter",
+            });
+        }
+        Ok(Self {
+            msg_type: kind,
+            flags: frame.flags(),
+            receiver_index: frame.receiver_index(),
+            counter: frame.counter(),
+            body_len,
+        })
+    }
+
+    /// Total frame length: header plus body.
+    pub const fn buffer_len(&self) -> usize {
+        HEADER_LEN + self.body_len
+    }
+
+    /// Writes the header into `frame`; the body is the caller's (it is usually sealed in place).
+    ///
+    /// # Panics
+    /// If the buffer is shorter than [`HEADER_LEN`]; size it with [`FrameRepr::buffer_len`].
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, frame: &mut Frame<T>) {
+        frame.set_version(VERSION);
+        frame.set_msg_type(self.msg_type);
+        frame.set_flags(self.flags);
+        frame.set_receiver_index(self.receiver_index);
+        frame.set_counter(self.counter);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hex_literal::hex;
+
+    /// A data frame: version 1, type 3, no flags, receiver 0x0a0b0c0d, counter 7, 17-byte body.
+    const DATA: [u8; 33] = hex!(
+        "01 03 0000 0a0b0c0d 0000000000000007"
+        "ff 00112233445566778899aabbccddeeff"
+    );
+
+    #[test]
+    fn views_data_frame() {
+        let frame = Frame::new_checked(&DATA[..]).unwrap();
+        assert_eq!(frame.version(), 1);
+        assert_eq!(frame.msg_type(), MessageType::Data);
+        assert_eq!(frame.flags(), 0);
+        assert_eq!(frame.receiver_index(), 0x0a0b_0c0d);
+        assert_eq!(frame.counter(), 7);
+        assert_eq!(frame.header(), &DATA[..16]);
+        assert_eq!(frame.body(), &DATA[16..]);
+        let repr = FrameRepr::parse(&frame).unwrap();
+        assert_eq!(
+            repr,
+            FrameRepr {
+                msg_type: MessageType::Data,
+                flags: 0,
+                receiver_index: 0x0a0b_0c0d,
+                counter: 7,
+                body_len: 17
+            }
+        );
+        assert_eq!(repr.buffer_len(), DATA.len());
+    }
+
+    #[test]
+    fn emits_what_it_parses() {
+        let repr = FrameRepr {
+            msg_type: MessageType::Keepalive,
+            flags: 0x8001,
+            receiver_index: 42,
+            counter: u64::MAX - 1,
+            body_len: TAG_LEN,
+        };
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
+        assert_eq!(&buf[..16], &hex!("01 04 8001 0000002a fffffffffffffffe"));
+        assert_eq!(
+            FrameRepr::parse(&Frame::new_checked(&buf[..]).unwrap()),
+            Ok(repr)
+        );
+    }
+
+    /// `check(bytes, expected)` runs the whole parse path on one input.
+    fn check(bytes: &[u8], expect: Result<MessageType, Error>) {
+        let got = Frame::new_checked(bytes)
+            .and_then(|f| FrameRepr::parse(&f))
+            .map(|r| r.msg_type);
+        assert_eq!(got, expect, "input {bytes:02x?}");
+    }
+
+    fn frame(ty: u8, receiver: u32, counter: u64, body: usize) -> Vec<u8> {
+        let mut v = vec![VERSION, ty, 0, 0];
+        v.extend_from_slice(&receiver.to_be_bytes());
+        v.extend_from_slice(&counter.to_be_bytes());
+        v.resize(HEADER_LEN + body, 0xa5);
+        v
+    }
+
+    #[test]
+    fn malformed_frames_are_typed_errors() {
+        use MessageType::*;
+        check(&[], Err(Error::Truncated { len: 0 }));
+        check(&DATA[..15], Err(Error::Truncated { len: 15 }));
+        let mut v2 = DATA;
+        v2[0] = 2;
+        check(&v2, Err(Error::Version(2)));
+        check(&frame(0, 1, 1, 40), Err(Error::UnknownType(0)));
+        check(&frame(200, 1, 1, 40), Err(Error::UnknownType(200)));
+        let body = |kind, len, min, max| {
+            Err(Error::BodyLength {
+                kind,
+                len,
+                min,
+                max,
+            })
+        };
+        check(&frame(3, 1, 1, 16), body(Data, 16, 17, usize::MAX));
+        check(&frame(3, 1, 1, 0), body(Data, 0, 17, usize::MAX));
+        check(&frame(4, 1, 1, 17), body(Keepalive, 17, 16, 16));
+        check(
+            &frame(1, 0, 0, 95),
+            body(HandshakeInit, 95, 96, HANDSHAKE_MAX),
+        );
+        check(
+            &frame(1, 0, 0, HANDSHAKE_MAX + 1),
+            body(HandshakeInit, 1217, 96, 1216),
+        );
+        check(
+            &frame(2, 9, 0, 47),
+            body(HandshakeResp, 47, 48, HANDSHAKE_MAX),
+        );
+        check(&frame(5, 9, 0, 15), body(Relay, 15, 16, usize::MAX));
+        check(
+            &frame(6, 0, 0, HANDSHAKE_MAX + 1),
+            body(EndpointProbe, 1217, 0, 1216),
+        );
+        let reserved = |kind, field| Err(Error::Reserved { kind, field });
+        check(
+            &frame(1, 5, 0, 96),
+            reserved(HandshakeInit, "receiver index"),
+        );
+        check(&frame(1, 0, 5, 96), reserved(HandshakeInit, "counter"));
+        check(&frame(2, 5, 1, 48), reserved(HandshakeResp, "counter"));
+        check(&frame(5, 5, 1, 16), reserved(Relay, "counter"));
+    }
+
+    #[test]
+    fn valid_frames_of_each_type() {
+        use MessageType::*;
+        check(&frame(1, 0, 0, 96), Ok(HandshakeInit));
+        check(&frame(1, 0, 0, HANDSHAKE_MAX), Ok(HandshakeInit));
+        check(&frame(2, 7, 0, 48), Ok(HandshakeResp));
+        check(&frame(3, 7, 9, 17), Ok(Data));
+        check(&frame(3, 7, 9, 65_000), Ok(Data));
+        check(&frame(4, 7, 9, 16), Ok(Keepalive));
+        check(&frame(5, 7, 0, 16), Ok(Relay));
+        check(&frame(6, 7, 3, 0), Ok(EndpointProbe));
+    }
+
+    #[test]
+    fn message_type_codes_round_trip() {
+        for raw in 0..=u8::MAX {
+            assert_eq!(u8::from(MessageType::from(raw)), raw);
+        }
+    }
+
+    /// docs/protocol.md §1 must say what this code does: type codes, names, length rules.
+    #[test]
+    fn protocol_doc_matches_the_code() {
+        let doc = include_str!("../../../docs/protocol.md");
+        let rows = [
+            (
+                MessageType::HandshakeInit,
+                format!("{HANDSHAKE_INIT_MIN} ..= {HANDSHAKE_MAX}"),
+            ),
+            (
+                MessageType::HandshakeResp,
+                format!("{HANDSHAKE_RESP_MIN} ..= {HANDSHAKE_MAX}"),
+            ),
+            (MessageType::Data, format!(">= {}", TAG_LEN + 1)),
+            (MessageType::Keepalive, format!("exactly {TAG_LEN}")),
+            (MessageType::Relay, format!(">= {HEADER_LEN}")),
+            (MessageType::EndpointProbe, format!("0 ..= {HANDSHAKE_MAX}")),
+        ];
+        for (ty, length_rule) in rows {
+            let prefix = format!("| {} | {ty} |", u8::from(ty));
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&prefix))
+                .unwrap_or_else(|| panic!("no row {prefix}"));
+            assert!(
+                row.contains(&length_rule),
+                "row {row:?} should state {length_rule:?}"
+            );
+        }
+        assert!(doc.contains(&format!("| {HEADER_LEN} | .. | body |")));
+        assert!(doc.contains(&format!(
+            "40 (IPv6) + 8 (UDP) + {HEADER_LEN} + {HANDSHAKE_MAX} = 1280"
+        )));
+    }
+
+    #[test]
+    fn handshake_fits_ipv6_minimum_mtu() {
+        assert_eq!(40 + 8 + HEADER_LEN + HANDSHAKE_MAX, 1280);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn roundtrip_never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            crate::roundtrip_check(&data);
+        }
+
+        #[test]
+        fn mutated_valid_frames_round_trip(ty in 1u8..=6, counter: u64, receiver: u32, body in 0usize..1300) {
+            let mut v = frame(ty, receiver, counter, body);
+            // Half the time, make reserved fields legal so most inputs parse.
+            if counter % 2 == 0 { v[4..16].fill(0); }
+            crate::roundtrip_check(&v);
+        }
+    }
+}
