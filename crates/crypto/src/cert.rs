@@ -1,0 +1,1132 @@
+//! Overlay certificates: an Ed25519 CA binds a node's FQDN, certified vIP blocks, Noise static
+//! public key, groups and validity (design.md §5). docs/protocol.md §3 gives the encoding.
+//!
+//! The encoding is a compact, fixed-order binary record read through a bounds-checked cursor;
+//! the text form is that record in PEM-style armor ([`crate::pem`]). The signature covers a
+//! domain-separation context followed by every byte before it.
+
+use core::fmt;
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
+use zeroize::Zeroizing;
+
+use crate::pem::{self, PemError};
+
+const MAGIC: &[u8; 3] = b"CYC";
+const FORMAT_VERSION: u8 = 1;
+const SIGNING_CONTEXT: &[u8] = b"cyphonic certificate v1\0";
+const SIGNATURE_LEN: usize = 64;
+/// Length of a public key field: X25519 for nodes, Ed25519 for CAs.
+pub const PUBLIC_KEY_LEN: usize = 32;
+/// Largest encoded certificate. It must fit a handshake message next to the other fields
+/// (wire::HANDSHAKE_MAX), so that a handshake never needs fragmentation.
+pub const MAX_ENCODED_LEN: usize = 1024;
+const MAX_NAME_LEN: usize = 253;
+const MAX_LABEL_LEN: usize = 63;
+const MAX_BLOCKS: usize = 16;
+const MAX_GROUPS: usize = 32;
+const MAX_GROUP_LEN: usize = 63;
+
+/// Armor label of a certificate.
+pub const CERT_LABEL: &str = "CYPHONIC CERTIFICATE";
+/// Armor label of a CA signing key (PKCS#8 v2, as ring writes it).
+pub const CA_KEY_LABEL: &str = "CYPHONIC CA PRIVATE KEY";
+
+/// What a certificate is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CertKind {
+    /// A self-signed root: its key signs node certificates, its blocks bound theirs.
+    Ca,
+    /// An adapter or node: its key is the Noise static key used in handshakes.
+    Node,
+}
+
+impl fmt::Display for CertKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ca => "CA",
+            Self::Node => "node",
+        })
+    }
+}
+
+/// SHA-256 of a whole encoded certificate: its identity in revocation lists and logs.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    fn of(bytes: &[u8]) -> Self {
+        let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(digest.as_ref());
+        Self(out)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+impl core::str::FromStr for Fingerprint {
+    type Err = CertError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s.trim(), &mut out)
+            .map_err(|_| CertError::BadFingerprint(s.trim().to_owned()))?;
+        Ok(Self(out))
+    }
+}
+
+/// Everything about certificates that can go wrong: decoding, issuing and verifying.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CertError {
+    /// The bytes are not a certificate of this format.
+    #[error("malformed certificate: {0}")]
+    Malformed(&'static str),
+    /// The text armor is damaged or absent.
+    #[error(transparent)]
+    Pem(#[from] PemError),
+    /// The encoding exceeds [`MAX_ENCODED_LEN`].
+    #[error("certificate of {0} bytes exceeds the {MAX_ENCODED_LEN}-byte limit")]
+    TooLarge(usize),
+    /// No trusted CA has the issuer key.
+    #[error("issued by a CA that is not trusted here")]
+    UnknownCa,
+    /// The signature does not verify under the issuer's key: forged or tampered.
+    #[error("signature does not verify (forged or tampered certificate)")]
+    BadSignature,
+    /// Used before its validity starts.
+    #[error("not valid before {not_before} (unix time), now {now}")]
+    NotYetValid {
+        /// Start of validity.
+        not_before: u64,
+        /// The time of the check.
+        now: u64,
+    },
+    /// Used after its validity ended.
+    #[error("expired at {not_after} (unix time), now {now}")]
+    Expired {
+        /// End of validity.
+        not_after: u64,
+        /// The time of the check.
+        now: u64,
+    },
+    /// The certificate's fingerprint is on the revocation list.
+    #[error("certificate {0} is revoked")]
+    Revoked(Fingerprint),
+    /// The issuing CA's own certificate is on the revocation list.
+    #[error("issuing CA certificate {0} is revoked")]
+    CaRevoked(Fingerprint),
+    /// A CA certificate where a node certificate belongs, or the reverse.
+    #[error("expected a {expected} certificate, got a {got} certificate")]
+    WrongKind {
+        /// What the caller needs.
+        expected: CertKind,
+        /// What it got.
+        got: CertKind,
+    },
+    /// A vIP block the issuing CA may not certify.
+    #[error("vIP block {0} lies outside every block of the issuing CA")]
+    BlockOutsideCa(IpNet),
+    /// A name outside the issuing CA's domain.
+    #[error("name {name:?} is not inside the CA's domain {domain:?}")]
+    NameOutsideCa {
+        /// The certificate's name.
+        name: String,
+        /// The CA's domain.
+        domain: String,
+    },
+    /// Validity outside the CA's own validity.
+    #[error("validity {not_before}..{not_after} is outside the CA's validity")]
+    ValidityOutsideCa {
+        /// Requested start.
+        not_before: u64,
+        /// Requested end.
+        not_after: u64,
+    },
+    /// `not_before` is not before `not_after`.
+    #[error("validity is empty: not_before {not_before} >= not_after {not_after}")]
+    EmptyValidity {
+        /// Requested start.
+        not_before: u64,
+        /// Requested end.
+        not_after: u64,
+    },
+    /// Not a DNS name (RFC 1035 §2.3.1 letters, digits, hyphens; labels of 1 to 63).
+    #[error("invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// The rejected name.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A group name with characters outside `a-z 0-9 . _ -` or of bad length.
+    #[error("invalid group {0:?}: use 1 to 63 of a-z 0-9 . _ -")]
+    InvalidGroup(String),
+    /// No vIP block, or too many blocks or groups.
+    #[error("{0}")]
+    BadContent(&'static str),
+    /// A CA private key that ring cannot load.
+    #[error("CA private key is not a valid Ed25519 PKCS#8 document")]
+    InvalidKey,
+    /// The CA private key does not belong to the CA certificate.
+    #[error("CA private key does not match the CA certificate's public key")]
+    KeyMismatch,
+    /// Not 64 hex digits.
+    #[error("invalid fingerprint {0:?}: expected 64 hex digits")]
+    BadFingerprint(String),
+    /// A revocation list line that is neither a fingerprint nor a comment.
+    #[error("revocation list line {line}: {source}")]
+    RevocationLine {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        source: Box<CertError>,
+    },
+    /// The system's random number generator failed.
+    #[error("random number generator failed")]
+    Rng,
+}
+
+/// The signed content of a certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertBody {
+    /// CA or node.
+    pub kind: CertKind,
+    /// The FQDN of the node (`gw1.ovl.example`), or the overlay domain of a CA (`ovl.example`).
+    pub name: String,
+    /// For a node, the vIP addresses it may use as inner source (an adapter: its whole LAN
+    /// block). For a CA, the ranges it may certify.
+    pub vip_blocks: Vec<IpNet>,
+    /// Node: Noise static X25519 public key. CA: Ed25519 signing key.
+    pub public_key: [u8; PUBLIC_KEY_LEN],
+    /// Ed25519 public key of the issuing CA (the CA's own key when self-signed).
+    pub issuer: [u8; PUBLIC_KEY_LEN],
+    /// Policy groups (`iot`, `ops`), checked by the cloud and by receivers.
+    pub groups: Vec<String>,
+    /// Start of validity, unix seconds.
+    pub not_before: u64,
+    /// End of validity (exclusive), unix seconds.
+    pub not_after: u64,
+}
+
+impl CertBody {
+    /// Whether `ip` lies inside one of the certified vIP blocks.
+    pub fn covers(&self, ip: IpAddr) -> bool {
+        self.vip_blocks.iter().any(|b| b.contains(&ip))
+    }
+
+    /// Whether every address of `block` lies inside one certified vIP block.
+    pub fn covers_block(&self, block: &IpNet) -> bool {
+        self.vip_blocks.iter().any(|b| b.contains(block))
+    }
+
+    /// Whether the certificate names `group`.
+    pub fn in_group(&self, group: &str) -> bool {
+        self.groups.iter().any(|g| g == group)
+    }
+
+    fn validate(&self) -> Result<(), CertError> {
+        validate_name(&self.name)?;
+        if self.vip_blocks.is_empty() {
+            return Err(CertError::BadContent(
+                "a certificate needs at least one vIP block",
+            ));
+        }
+        if self.vip_blocks.len() > MAX_BLOCKS {
+            return Err(CertError::BadContent("more than 16 vIP blocks"));
+        }
+        if self.groups.len() > MAX_GROUPS {
+            return Err(CertError::BadContent("more than 32 groups"));
+        }
+        for g in &self.groups {
+            let ok = !g.is_empty()
+                && g.len() <= MAX_GROUP_LEN
+                && g.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+            if !ok {
+                return Err(CertError::InvalidGroup(g.clone()));
+            }
+        }
+        if self.not_before >= self.not_after {
+            return Err(CertError::EmptyValidity {
+                not_before: self.not_before,
+                not_after: self.not_after,
+            });
+        }
+        Ok(())
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(MAGIC);
+        out.push(FORMAT_VERSION);
+        out.push(match self.kind {
+            CertKind::Ca => 1,
+            CertKind::Node => 2,
+        });
+        push_short(out, self.name.as_bytes());
+        out.push(u8::try_from(self.vip_blocks.len()).expect("validated"));
+        for block in &self.vip_blocks {
+            match block {
+                IpNet::V4(n) => {
+                    out.push(4);
+                    out.extend_from_slice(&n.addr().octets());
+                }
+                IpNet::V6(n) => {
+                    out.push(6);
+                    out.extend_from_slice(&n.addr().octets());
+                }
+            }
+            out.push(block.prefix_len());
+        }
+        out.extend_from_slice(&self.public_key);
+        out.extend_from_slice(&self.issuer);
+        out.push(u8::try_from(self.groups.len()).expect("validated"));
+        for g in &self.groups {
+            push_short(out, g.as_bytes());
+        }
+        out.extend_from_slice(&self.not_before.to_be_bytes());
+        out.extend_from_slice(&self.not_after.to_be_bytes());
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, CertError> {
+        if r.take(3)? != MAGIC {
+            return Err(CertError::Malformed(
+                "not a cyphonic certificate (bad magic)",
+            ));
+        }
+        if r.u8()? != FORMAT_VERSION {
+            return Err(CertError::Malformed(
+                "unsupported certificate format version",
+            ));
+        }
+        let kind = match r.u8()? {
+            1 => CertKind::Ca,
+            2 => CertKind::Node,
+            _ => return Err(CertError::Malformed("unknown certificate kind")),
+        };
+        let name = r.short_str()?;
+        let n_blocks = usize::from(r.u8()?);
+        let mut vip_blocks = Vec::with_capacity(n_blocks.min(MAX_BLOCKS));
+        for _ in 0..n_blocks {
+            let addr: IpAddr = match r.u8()? {
+                4 => IpAddr::from(r.array::<4>()?),
+                6 => IpAddr::from(r.array::<16>()?),
+                _ => return Err(CertError::Malformed("unknown address family in vIP block")),
+            };
+            let block = IpNet::new(addr, r.u8()?)
+                .map_err(|_| CertError::Malformed("vIP block prefix too long"))?;
+            if block.trunc() != block {
+                return Err(CertError::Malformed("vIP block has host bits set"));
+            }
+            vip_blocks.push(block);
+        }
+        let public_key = r.array()?;
+        let issuer = r.array()?;
+        let n_groups = usize::from(r.u8()?);
+        let mut groups = Vec::with_capacity(n_groups.min(MAX_GROUPS));
+        for _ in 0..n_groups {
+            groups.push(r.short_str()?);
+        }
+        let not_before = u64::from_be_bytes(r.array()?);
+        let not_after = u64::from_be_bytes(r.array()?);
+        let body = Self {
+            kind,
+            name,
+            vip_blocks,
+            public_key,
+            issuer,
+            groups,
+            not_before,
+            not_after,
+        };
+        body.validate()
+            .map_err(|_| CertError::Malformed("certificate content out of range"))?;
+        Ok(body)
+    }
+}
+
+fn push_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(u8::try_from(bytes.len()).expect("validated: at most 253 bytes"));
+    out.extend_from_slice(bytes);
+}
+
+/// A bounds-checked cursor over untrusted bytes (style.md rule 9).
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CertError> {
+        if self.buf.len() < n {
+            return Err(CertError::Malformed("truncated"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, CertError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CertError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    fn short_str(&mut self) -> Result<String, CertError> {
+        let len = usize::from(self.u8()?);
+        let bytes = self.take(len)?;
+        core::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| CertError::Malformed("text field is not UTF-8"))
+    }
+}
+
+/// Checks that `name` is a lower-case DNS name: labels of 1 to 63 letters, digits and inner
+/// hyphens (RFC 1035 §2.3.1, RFC 1123 §2.1 allows a leading digit), 253 bytes at most.
+///
+/// # Errors
+/// [`CertError::InvalidName`] saying what is wrong.
+pub fn validate_name(name: &str) -> Result<(), CertError> {
+    let bad = |reason| {
+        Err(CertError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })
+    };
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return bad("must be 1 to 253 characters");
+    }
+    for label in name.split('.') {
+        if label.is_empty() || label.len() > MAX_LABEL_LEN {
+            return bad("every label must be 1 to 63 characters");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return bad("only lower-case letters, digits, hyphens and dots are allowed");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return bad("a label cannot start or end with a hyphen");
+        }
+    }
+    Ok(())
+}
+
+/// A signed certificate with its encoding kept, so its fingerprint and bytes are exact.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Certificate {
+    body: CertBody,
+    signature: [u8; SIGNATURE_LEN],
+    encoded: Vec<u8>,
+}
+
+impl fmt::Debug for Certificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Certificate")
+            .field("kind", &self.body.kind)
+            .field("name", &self.body.name)
+            .field("vip_blocks", &self.body.vip_blocks)
+            .field("groups", &self.body.groups)
+            .field("fingerprint", &self.fingerprint())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Certificate {
+    /// Decodes a binary certificate. Checks the format only; [`TrustStore::verify`] decides
+    /// whether to believe it.
+    ///
+    /// # Errors
+    /// [`CertError::TooLarge`] or [`CertError::Malformed`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, CertError> {
+        if bytes.len() > MAX_ENCODED_LEN {
+            return Err(CertError::TooLarge(bytes.len()));
+        }
+        let mut r = Reader { buf: bytes };
+        let body = CertBody::decode(&mut r)?;
+        let signature = r.array()?;
+        if !r.buf.is_empty() {
+            return Err(CertError::Malformed("trailing bytes after the signature"));
+        }
+        Ok(Self {
+            body,
+            signature,
+            encoded: bytes.to_vec(),
+        })
+    }
+
+    /// The binary encoding.
+    pub fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+
+    /// The signed content.
+    pub const fn body(&self) -> &CertBody {
+        &self.body
+    }
+
+    /// SHA-256 of the encoding.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of(&self.encoded)
+    }
+
+    /// The text form: the encoding in `CYPHONIC CERTIFICATE` armor.
+    pub fn to_pem(&self) -> String {
+        pem::encode(CERT_LABEL, &self.encoded)
+    }
+
+    /// Reads the first certificate in `text`.
+    ///
+    /// # Errors
+    /// [`CertError::Pem`] or any decoding error.
+    pub fn from_pem(text: &str) -> Result<Self, CertError> {
+        Self::decode(&pem::decode_one(text, CERT_LABEL)?)
+    }
+
+    /// Reads every certificate in `text` (a bundle).
+    ///
+    /// # Errors
+    /// [`CertError::Pem`] or any decoding error.
+    pub fn all_from_pem(text: &str) -> Result<Vec<Self>, CertError> {
+        pem::decode_all(text, CERT_LABEL)?
+            .iter()
+            .map(|b| Self::decode(b))
+            .collect()
+    }
+
+    fn signed_message(&self) -> Vec<u8> {
+        let tbs = &self.encoded[..self.encoded.len() - SIGNATURE_LEN];
+        [SIGNING_CONTEXT, tbs].concat()
+    }
+
+    fn signature_verifies_under(&self, key: &[u8; PUBLIC_KEY_LEN]) -> bool {
+        UnparsedPublicKey::new(&ED25519, key)
+            .verify(&self.signed_message(), &self.signature)
+            .is_ok()
+    }
+
+    fn sign(body: CertBody, key: &Ed25519KeyPair) -> Result<Self, CertError> {
+        body.validate()?;
+        let mut encoded = Vec::with_capacity(256);
+        body.encode_into(&mut encoded);
+        let signature = key.sign(&[SIGNING_CONTEXT, &encoded].concat());
+        encoded.extend_from_slice(signature.as_ref());
+        if encoded.len() > MAX_ENCODED_LEN {
+            return Err(CertError::TooLarge(encoded.len()));
+        }
+        let mut sig = [0u8; SIGNATURE_LEN];
+        sig.copy_from_slice(signature.as_ref());
+        Ok(Self {
+            body,
+            signature: sig,
+            encoded,
+        })
+    }
+}
+
+/// What a CA is asked to certify for a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssueRequest {
+    /// The node's FQDN, inside the CA's domain.
+    pub name: String,
+    /// vIP blocks, each inside one of the CA's blocks.
+    pub vip_blocks: Vec<IpNet>,
+    /// The node's Noise static public key.
+    pub public_key: [u8; PUBLIC_KEY_LEN],
+    /// Policy groups.
+    pub groups: Vec<String>,
+    /// Start of validity, unix seconds.
+    pub not_before: u64,
+    /// End of validity, unix seconds.
+    pub not_after: u64,
+}
+
+/// The overlay CA: an Ed25519 key pair and its self-signed certificate. Offline tooling
+/// (`cyphonic-cloud ca`) holds it; nodes only ever see the certificate.
+pub struct CertificateAuthority {
+    key: Ed25519KeyPair,
+    pkcs8: Zeroizing<Vec<u8>>,
+    cert: Certificate,
+}
+
+impl fmt::Debug for CertificateAuthority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertificateAuthority")
+            .field("cert", &self.cert)
+            .field("key", &"[redacted]")
+            .finish()
+    }
+}
+
+impl CertificateAuthority {
+    /// Creates a CA for overlay domain `domain`, allowed to certify `vip_blocks`.
+    ///
+    /// # Errors
+    /// Invalid content, or a failing random number generator.
+    pub fn generate(
+        domain: &str,
+        vip_blocks: &[IpNet],
+        not_before: u64,
+        not_after: u64,
+    ) -> Result<Self, CertError> {
+        let rng = ring::rand::SystemRandom::new();
+        let doc = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| CertError::Rng)?;
+        let pkcs8 = Zeroizing::new(doc.as_ref().to_vec());
+        let key = Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| CertError::InvalidKey)?;
+        let mut public_key = [0u8; PUBLIC_KEY_LEN];
+        public_key.copy_from_slice(key.public_key().as_ref());
+        let body = CertBody {
+            kind: CertKind::Ca,
+            name: domain.to_owned(),
+            vip_blocks: vip_blocks.iter().map(IpNet::trunc).collect(),
+            public_key,
+            issuer: public_key,
+            groups: Vec::new(),
+            not_before,
+            not_after,
+        };
+        let cert = Certificate::sign(body, &key)?;
+        Ok(Self { key, pkcs8, cert })
+    }
+
+    /// Loads a CA from its armored private key and certificate.
+    ///
+    /// # Errors
+    /// Damaged text, a key ring cannot load, or a key that does not match the certificate.
+    pub fn from_pem(key_pem: &str, cert_pem: &str) -> Result<Self, CertError> {
+        let pkcs8 = Zeroizing::new(pem::decode_one(key_pem, CA_KEY_LABEL)?);
+        let key = Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| CertError::InvalidKey)?;
+        let cert = Certificate::from_pem(cert_pem)?;
+        if cert.body.kind != CertKind::Ca {
+            return Err(CertError::WrongKind {
+                expected: CertKind::Ca,
+                got: cert.body.kind,
+            });
+        }
+        if key.public_key().as_ref() != cert.body.public_key {
+            return Err(CertError::KeyMismatch);
+        }
+        if !cert.signature_verifies_under(&cert.body.public_key) {
+            return Err(CertError::BadSignature);
+        }
+        Ok(Self { key, pkcs8, cert })
+    }
+
+    /// The CA's self-signed certificate, which every node trusts.
+    pub const fn certificate(&self) -> &Certificate {
+        &self.cert
+    }
+
+    /// The private key in armor; keep it offline. Wiped from memory when dropped.
+    pub fn key_pem(&self) -> Zeroizing<String> {
+        Zeroizing::new(pem::encode(CA_KEY_LABEL, &self.pkcs8))
+    }
+
+    /// Signs a node certificate. The CA refuses what it could not vouch for: names outside its
+    /// domain, blocks outside its blocks, validity outside its own.
+    ///
+    /// # Errors
+    /// Any content error, with the offending value.
+    pub fn issue(&self, req: &IssueRequest) -> Result<Certificate, CertError> {
+        let ca = &self.cert.body;
+        if !is_within_domain(&req.name, &ca.name) {
+            return Err(CertError::NameOutsideCa {
+                name: req.name.clone(),
+                domain: ca.name.clone(),
+            });
+        }
+        let blocks: Vec<IpNet> = req.vip_blocks.iter().map(IpNet::trunc).collect();
+        if let Some(b) = blocks.iter().find(|b| !ca.covers_block(b)) {
+            return Err(CertError::BlockOutsideCa(*b));
+        }
+        if req.not_before < ca.not_before || req.not_after > ca.not_after {
+            return Err(CertError::ValidityOutsideCa {
+                not_before: req.not_before,
+                not_after: req.not_after,
+            });
+        }
+        let body = CertBody {
+            kind: CertKind::Node,
+            name: req.name.clone(),
+            vip_blocks: blocks,
+            public_key: req.public_key,
+            issuer: ca.public_key,
+            groups: req.groups.clone(),
+            not_before: req.not_before,
+            not_after: req.not_after,
+        };
+        Certificate::sign(body, &self.key)
+    }
+}
+
+/// Whether `name` is `domain` itself or a name below it.
+fn is_within_domain(name: &str, domain: &str) -> bool {
+    name.strip_suffix(domain)
+        .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+}
+
+/// A set of revoked certificate fingerprints. Text form: one hex fingerprint per line,
+/// `#` starts a comment, blank lines are ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RevocationList {
+    revoked: HashSet<Fingerprint>,
+}
+
+impl RevocationList {
+    /// Parses the text form.
+    ///
+    /// # Errors
+    /// [`CertError::RevocationLine`] naming the first bad line.
+    pub fn parse(text: &str) -> Result<Self, CertError> {
+        let mut revoked = HashSet::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or_default().trim();
+            if line.is_empty() {
+                continue;
+            }
+            let fp = line.parse().map_err(|e| CertError::RevocationLine {
+                line: i + 1,
+                source: Box::new(e),
+            })?;
+            revoked.insert(fp);
+        }
+        Ok(Self { revoked })
+    }
+
+    /// Adds a fingerprint; returns whether it was new.
+    pub fn revoke(&mut self, fp: Fingerprint) -> bool {
+        self.revoked.insert(fp)
+    }
+
+    /// Whether `fp` is revoked.
+    pub fn contains(&self, fp: &Fingerprint) -> bool {
+        self.revoked.contains(fp)
+    }
+
+    /// Number of revoked fingerprints.
+    pub fn len(&self) -> usize {
+        self.revoked.len()
+    }
+
+    /// Whether nothing is revoked.
+    pub fn is_empty(&self) -> bool {
+        self.revoked.is_empty()
+    }
+
+    /// The text form, sorted so that it diffs well.
+    pub fn to_text(&self) -> String {
+        let mut fps: Vec<_> = self.revoked.iter().collect();
+        fps.sort();
+        fps.iter().map(|fp| format!("{fp}\n")).collect()
+    }
+}
+
+/// The CAs a node trusts, and what they revoked.
+#[derive(Debug, Clone, Default)]
+pub struct TrustStore {
+    cas: Vec<Certificate>,
+    revoked: RevocationList,
+}
+
+impl TrustStore {
+    /// Trusts these CA certificates. Each must be a well-formed, self-signed CA certificate.
+    ///
+    /// # Errors
+    /// [`CertError::WrongKind`] or [`CertError::BadSignature`] for the first bad one.
+    pub fn new(cas: Vec<Certificate>, revoked: RevocationList) -> Result<Self, CertError> {
+        for ca in &cas {
+            if ca.body.kind != CertKind::Ca {
+                return Err(CertError::WrongKind {
+                    expected: CertKind::Ca,
+                    got: ca.body.kind,
+                });
+            }
+            if ca.body.issuer != ca.body.public_key
+                || !ca.signature_verifies_under(&ca.body.public_key)
+            {
+                return Err(CertError::BadSignature);
+            }
+        }
+        Ok(Self { cas, revoked })
+    }
+
+    /// The revocation list, to add to it as the cloud publishes revocations.
+    pub fn revocations_mut(&mut self) -> &mut RevocationList {
+        &mut self.revoked
+    }
+
+    /// The trusted CA certificates.
+    pub fn cas(&self) -> &[Certificate] {
+        &self.cas
+    }
+
+    /// Decides whether to believe a node certificate at unix time `now`: issued by a trusted CA,
+    /// signature valid, neither it nor its CA revoked, inside its validity and the CA's, its
+    /// name and blocks inside the CA's.
+    ///
+    /// # Errors
+    /// The first check that fails, as a typed reason.
+    pub fn verify(&self, cert: &Certificate, now: u64) -> Result<(), CertError> {
+        let body = &cert.body;
+        if body.kind != CertKind::Node {
+            return Err(CertError::WrongKind {
+                expected: CertKind::Node,
+                got: body.kind,
+            });
+        }
+        let ca = self
+            .cas
+            .iter()
+            .find(|ca| ca.body.public_key == body.issuer)
+            .ok_or(CertError::UnknownCa)?;
+        if !cert.signature_verifies_under(&ca.body.public_key) {
+            return Err(CertError::BadSignature);
+        }
+        let ca_fp = ca.fingerprint();
+        if self.revoked.contains(&ca_fp) {
+            return Err(CertError::CaRevoked(ca_fp));
+        }
+        let fp = cert.fingerprint();
+        if self.revoked.contains(&fp) {
+            return Err(CertError::Revoked(fp));
+        }
+        for validity in [body, &ca.body] {
+            if now < validity.not_before {
+                return Err(CertError::NotYetValid {
+                    not_before: validity.not_before,
+                    now,
+                });
+            }
+            if now >= validity.not_after {
+                return Err(CertError::Expired {
+                    not_after: validity.not_after,
+                    now,
+                });
+            }
+        }
+        if !is_within_domain(&body.name, &ca.body.name) {
+            return Err(CertError::NameOutsideCa {
+                name: body.name.clone(),
+                domain: ca.body.name.clone(),
+            });
+        }
+        if let Some(b) = body.vip_blocks.iter().find(|b| !ca.body.covers_block(b)) {
+            return Err(CertError::BlockOutsideCa(*b));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_800_000_000;
+    const YEAR: u64 = 365 * 24 * 3600;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    fn ca() -> CertificateAuthority {
+        CertificateAuthority::generate("ovl.example", &[net("100.64.0.0/10")], T0, T0 + 10 * YEAR)
+            .unwrap()
+    }
+
+    fn request(name: &str, block: &str) -> IssueRequest {
+        IssueRequest {
+            name: name.into(),
+            vip_blocks: vec![net(block)],
+            public_key: [9u8; 32],
+            groups: vec!["iot".into(), "site-1".into()],
+            not_before: T0,
+            not_after: T0 + YEAR,
+        }
+    }
+
+    fn trust(ca: &CertificateAuthority) -> TrustStore {
+        TrustStore::new(vec![ca.certificate().clone()], RevocationList::default()).unwrap()
+    }
+
+    #[test]
+    fn issue_encode_decode_verify() {
+        let ca = ca();
+        let cert = ca
+            .issue(&request("gw1.ovl.example", "100.64.1.0/24"))
+            .unwrap();
+        assert!(
+            cert.encoded().len() < 300,
+            "compact: {} bytes",
+            cert.encoded().len()
+        );
+        let again = Certificate::from_pem(&cert.to_pem()).unwrap();
+        assert_eq!(again, cert);
+        assert_eq!(again.fingerprint(), cert.fingerprint());
+        let store = trust(&ca);
+        store.verify(&again, T0 + 10).unwrap();
+        let body = again.body();
+        assert!(body.covers("100.64.1.77".parse().unwrap()));
+        assert!(!body.covers("100.64.2.1".parse().unwrap()));
+        assert!(body.in_group("iot") && !body.in_group("ops"));
+    }
+
+    #[test]
+    fn verification_failures_are_typed() {
+        let ca = ca();
+        let other =
+            CertificateAuthority::generate("ovl.example", &[net("100.64.0.0/10")], T0, T0 + YEAR)
+                .unwrap();
+        let cert = ca
+            .issue(&request("gw1.ovl.example", "100.64.1.0/24"))
+            .unwrap();
+        let store = trust(&ca);
+
+        assert_eq!(trust(&other).verify(&cert, T0), Err(CertError::UnknownCa));
+        assert_eq!(
+            store.verify(&cert, T0 - 1),
+            Err(CertError::NotYetValid {
+                not_before: T0,
+                now: T0 - 1
+            })
+        );
+        assert_eq!(
+            store.verify(&cert, T0 + YEAR),
+            Err(CertError::Expired {
+                not_after: T0 + YEAR,
+                now: T0 + YEAR
+            })
+        );
+        assert_eq!(
+            store.verify(ca.certificate(), T0),
+            Err(CertError::WrongKind {
+                expected: CertKind::Node,
+                got: CertKind::Ca
+            })
+        );
+
+        let mut revoking = store.clone();
+        assert!(revoking.revocations_mut().revoke(cert.fingerprint()));
+        assert_eq!(
+            revoking.verify(&cert, T0),
+            Err(CertError::Revoked(cert.fingerprint()))
+        );
+        let mut ca_revoked = store.clone();
+        ca_revoked
+            .revocations_mut()
+            .revoke(ca.certificate().fingerprint());
+        assert_eq!(
+            ca_revoked.verify(&cert, T0),
+            Err(CertError::CaRevoked(ca.certificate().fingerprint()))
+        );
+    }
+
+    #[test]
+    fn any_flipped_byte_is_refused() {
+        let ca = ca();
+        let cert = ca
+            .issue(&request("gw1.ovl.example", "100.64.1.0/24"))
+            .unwrap();
+        let store = trust(&ca);
+        for i in 0..cert.encoded().len() {
+            for bit in [0x01u8, 0x80] {
+                let mut bytes = cert.encoded().to_vec();
+                bytes[i] ^= bit;
+                match Certificate::decode(&bytes) {
+                    Err(CertError::Malformed(_)) => {}
+                    Err(e) => panic!("byte {i}: unexpected decode error {e}"),
+                    Ok(t) => assert!(
+                        store.verify(&t, T0 + 1).is_err(),
+                        "tampered byte {i} accepted"
+                    ),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn truncations_and_garbage_are_malformed() {
+        let ca = ca();
+        let bytes = ca
+            .issue(&request("gw1.ovl.example", "100.64.1.0/24"))
+            .unwrap()
+            .encoded()
+            .to_vec();
+        for len in 0..bytes.len() {
+            assert!(
+                matches!(
+                    Certificate::decode(&bytes[..len]),
+                    Err(CertError::Malformed(_))
+                ),
+                "len {len}"
+            );
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(
+            Certificate::decode(&long),
+            Err(CertError::Malformed("trailing bytes after the signature"))
+        );
+        assert_eq!(
+            Certificate::decode(&[0u8; 2000]),
+            Err(CertError::TooLarge(2000))
+        );
+    }
+
+    #[test]
+    fn the_ca_refuses_what_it_cannot_vouch_for() {
+        let ca = ca();
+        let check = |req: &IssueRequest, expect: CertError| assert_eq!(ca.issue(req), Err(expect));
+        check(
+            &request("gw1.other.example", "100.64.1.0/24"),
+            CertError::NameOutsideCa {
+                name: "gw1.other.example".into(),
+                domain: "ovl.example".into(),
+            },
+        );
+        check(
+            &request("gw1.xovl.example", "100.64.1.0/24"),
+            CertError::NameOutsideCa {
+                name: "gw1.xovl.example".into(),
+                domain: "ovl.example".into(),
+            },
+        );
+        check(
+            &request("gw1.ovl.example", "10.0.0.0/24"),
+            CertError::BlockOutsideCa(net("10.0.0.0/24")),
+        );
+        check(
+            &request("gw1.ovl.example", "100.0.0.0/8"),
+            CertError::BlockOutsideCa(net("100.0.0.0/8")),
+        );
+        check(
+            &request("GW1.ovl.example", "100.64.1.0/24"),
+            CertError::InvalidName {
+                name: "GW1.ovl.example".into(),
+                reason: "only lower-case letters, digits, hyphens and dots are allowed",
+            },
+        );
+        check(
+            &request("-gw.ovl.example", "100.64.1.0/24"),
+            CertError::InvalidName {
+                name: "-gw.ovl.example".into(),
+                reason: "a label cannot start or end with a hyphen",
+            },
+        );
+        let mut r = request("gw1.ovl.example", "100.64.1.0/24");
+        r.not_after = T0 + 11 * YEAR;
+        check(
+            &r,
+            CertError::ValidityOutsideCa {
+                not_before: T0,
+                not_after: T0 + 11 * YEAR,
+            },
+        );
+        let mut r = request("gw1.ovl.example", "100.64.1.0/24");
+        r.groups = vec!["Ops!".into()];
+        check(&r, CertError::InvalidGroup("Ops!".into()));
+        let mut r = request("gw1.ovl.example", "100.64.1.0/24");
+        r.vip_blocks.clear();
+        check(
+            &r,
+            CertError::BadContent("a certificate needs at least one vIP block"),
+        );
+        let mut r = request("gw1.ovl.example", "100.64.1.0/24");
+        r.not_after = r.not_before;
+        check(
+            &r,
+            CertError::EmptyValidity {
+                not_before: T0,
+                not_after: T0,
+            },
+        );
+    }
+
+    #[test]
+    fn host_bits_are_cleared_on_issue() {
+        let cert = ca()
+            .issue(&request("n.ovl.example", "100.64.1.9/24"))
+            .unwrap();
+        assert_eq!(cert.body().vip_blocks, vec![net("100.64.1.0/24")]);
+    }
+
+    #[test]
+    fn ca_reloads_from_its_text_form() {
+        let ca = ca();
+        let reloaded =
+            CertificateAuthority::from_pem(&ca.key_pem(), &ca.certificate().to_pem()).unwrap();
+        let cert = reloaded
+            .issue(&request("gw2.ovl.example", "100.64.2.0/24"))
+            .unwrap();
+        trust(&ca).verify(&cert, T0).unwrap();
+        let other = self::ca();
+        assert_eq!(
+            CertificateAuthority::from_pem(&other.key_pem(), &ca.certificate().to_pem())
+                .unwrap_err(),
+            CertError::KeyMismatch
+        );
+        assert!(!format!("{ca:?}").contains(&*ca.key_pem()));
+    }
+
+    #[test]
+    fn revocation_list_text() {
+        let fp = Fingerprint([0xab; 32]);
+        let text = format!("# revoked 2026-11-01\n\n{fp}  # stolen laptop\n");
+        let list = RevocationList::parse(&text).unwrap();
+        assert!(list.contains(&fp) && list.len() == 1);
+        assert_eq!(RevocationList::parse(&list.to_text()).unwrap(), list);
+        let err = RevocationList::parse("# ok\nnot-hex\n").unwrap_err();
+        assert!(
+            matches!(err, CertError::RevocationLine { line: 2, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["a", "ovl.example", "sensor-1.gw1.ovl.example", "1x.example"] {
+            validate_name(ok).unwrap();
+        }
+        let long_label = "a".repeat(64);
+        let long_name = [
+            "a".repeat(63),
+            "a".repeat(63),
+            "a".repeat(63),
+            "a".repeat(63),
+        ]
+        .join(".");
+        for bad in [
+            "",
+            "a..b",
+            ".a",
+            "a.",
+            "a_b",
+            "a b",
+            "é.example",
+            &long_label,
+            &long_name,
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(is_within_domain("ovl.example", "ovl.example"));
+        assert!(is_within_domain("a.ovl.example", "ovl.example"));
+        assert!(!is_within_domain("aovl.example", "ovl.example"));
+    }
+}
