@@ -1,0 +1,105 @@
+//! Time as an argument: the monotonic `now` every call takes, and the session timers.
+
+use std::time::{Duration, Instant};
+
+/// Maps the driver's monotonic `now` to wall-clock time, which certificates (validity) and
+/// handshake timestamps (replay protection across restarts) need. Built once by the driver from
+/// `Instant::now()` and `SystemTime::now()`; tests build it from any pair.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    origin: Instant,
+    unix_at_origin: Duration,
+}
+
+impl Clock {
+    /// `origin` and `unix_at_origin` name the same moment.
+    pub const fn new(origin: Instant, unix_at_origin: Duration) -> Self {
+        Self {
+            origin,
+            unix_at_origin,
+        }
+    }
+
+    /// The monotonic moment the clock was anchored at: earlier than any `now` the driver passes.
+    pub const fn origin(&self) -> Instant {
+        self.origin
+    }
+
+    /// Wall-clock time at `now`, as a duration since the unix epoch.
+    pub fn unix(&self, now: Instant) -> Duration {
+        self.unix_at_origin + now.saturating_duration_since(self.origin)
+    }
+
+    /// Whole seconds since the unix epoch at `now`, as certificates count them.
+    pub fn unix_secs(&self, now: Instant) -> u64 {
+        self.unix(now).as_secs()
+    }
+
+    /// Nanoseconds since the unix epoch at `now` (saturating in the year 2554).
+    pub fn unix_nanos(&self, now: Instant) -> u64 {
+        u64::try_from(self.unix(now).as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Session timers and limits. The defaults follow WireGuard's, whose reasoning carries over
+/// (Donenfeld, NDSS 2017, §6): keys live at most three minutes, are replaced after two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// The initiator of a session starts a new handshake when sending on keys this old.
+    pub rekey_after_time: Duration,
+    /// Keys this old are never used again, in either direction.
+    pub reject_after_time: Duration,
+    /// A new handshake starts once this many counters of the current keys are used.
+    pub rekey_after_messages: u64,
+    /// The sender refuses to seal with counters at or beyond this; the receiver refuses them.
+    pub reject_after_messages: u64,
+    /// After receiving data and sending nothing back for this long, send a keepalive, so the
+    /// other side learns its packets arrive (passive keepalive).
+    pub keepalive_timeout: Duration,
+    /// First retry interval of an unanswered handshake; doubles up to `handshake_retry_max`.
+    pub handshake_retry_initial: Duration,
+    /// Longest interval between handshake retries.
+    pub handshake_retry_max: Duration,
+    /// Stop retrying after this long without an answer, and report it.
+    pub handshake_attempt_time: Duration,
+    /// Accept at most one initiation from a peer per this interval (CPU flood guard).
+    pub init_min_interval: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            rekey_after_time: Duration::from_secs(120),
+            reject_after_time: Duration::from_secs(180),
+            rekey_after_messages: 1 << 60,
+            // WireGuard's REJECT_AFTER_MESSAGES: the replay window's last word is never used.
+            reject_after_messages: u64::MAX - (1 << 13),
+            keepalive_timeout: Duration::from_secs(10),
+            handshake_retry_initial: Duration::from_secs(1),
+            handshake_retry_max: Duration::from_secs(8),
+            handshake_attempt_time: Duration::from_secs(90),
+            init_min_interval: Duration::from_millis(20),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_maps_monotonic_to_wall() {
+        let t0 = Instant::now();
+        let c = Clock::new(t0, Duration::from_secs(1_800_000_000));
+        assert_eq!(c.unix_secs(t0 + Duration::from_millis(2500)), 1_800_000_002);
+        assert_eq!(
+            c.unix_nanos(t0 + Duration::from_nanos(7)),
+            1_800_000_000_000_000_007
+        );
+        // A `now` before the origin does not go back in time.
+        assert_eq!(
+            c.unix_secs(t0.checked_sub(Duration::from_secs(5)).unwrap_or(t0)),
+            1_800_000_000
+        );
+    }
+}

@@ -1,0 +1,33 @@
+//! The per-peer tunnel session of the cyphonic overlay, sans-IO.
+//!
+//! A [`Peer`] is a state machine for one remote node: it runs the Noise IK handshake
+//! (the initiator's certificate in the first payload, the responder's in the second), derives
+//! one key per direction, rekeys after [`Timing::rekey_after_time`] or a message limit while
+//! keeping the previous keys for packets still in flight, sends keepalives, expires idle keys
+//! and follows a peer that roams to a new underlay address.
+//!
+//! Nothing here opens a socket, spawns a thread or reads a clock (style.md rules 1 and 2):
+//! every input carries `now`, outputs are pulled with [`Peer::poll_transmit`],
+//! [`Peer::poll_event`] and [`Peer::poll_timeout`]. The driver (the adapter, the node, the
+//! tests' simulator) owns sockets, time and threads.
+//!
+//! Entry types: [`Identity`] (our key, certificate and trust store), [`Peer`], [`Session`]
+//! (the keys of one handshake, shareable with crypto workers), [`read_init`] (the device-level
+//! first step for an incoming initiation, before its peer is known).
+//!
+//! What it deliberately does not do: queue user packets while a handshake is pending (the
+//! driver owns buffers), allocate session indices across peers (a peer's indices are
+//! `peer_id << 8 | generation`, so the driver routes by `index >> 8`), or decide policy.
+#![forbid(unsafe_code)]
+
+mod clock;
+mod error;
+mod handshake;
+mod peer;
+mod session;
+
+pub use clock::{Clock, Timing};
+pub use error::{HandshakeError, IdentityError, RecvError, SendError};
+pub use handshake::{Identity, IncomingInit, read_init};
+pub use peer::{Event, MAX_PEER_ID, Peer, PeerConfig, Received, Transmit};
+pub use session::Session;

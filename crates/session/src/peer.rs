@@ -1,0 +1,665 @@
+//! One remote peer: handshakes, the current/previous/next keys, timers, endpoint.
+//!
+//! Key rotation follows WireGuard's three slots. `current` seals outgoing packets. `previous`
+//! keeps the keys replaced by the last handshake so that packets sealed with them and still in
+//! flight are opened, not dropped. `next` holds keys we answered a handshake for as responder:
+//! we may receive on them at once, but send on them only once the initiator has used them
+//! (key confirmation), which promotes them to `current`.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cyphonic_crypto::{Backend, Certificate, PublicKey};
+use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType, TAG_LEN};
+use ipnet::IpNet;
+
+use crate::clock::{Clock, Timing};
+use crate::error::{HandshakeError, RecvError, SendError};
+use crate::handshake::{self, Identity, IncomingInit};
+use crate::session::Session;
+
+/// Largest peer id: a peer's session indices are `id << 8 | generation`.
+pub const MAX_PEER_ID: u32 = (1 << 24) - 1;
+
+/// What we know and expect of a peer before talking to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// The peer's Noise static key; needed to initiate (IK). Unknown for peers that only ever
+    /// initiate towards us.
+    pub remote_static: Option<PublicKey>,
+    /// Where to send handshakes first. Authenticated frames from elsewhere move it (roaming).
+    pub endpoint: Option<SocketAddr>,
+    /// The FQDN the peer's certificate must carry.
+    pub expect_name: Option<String>,
+    /// vIP blocks the peer's certificate must cover.
+    pub expect_blocks: Vec<IpNet>,
+    /// Send a keepalive when nothing was sent for this long, to hold NAT mappings open; also
+    /// keeps a session up with an idle peer.
+    pub persistent_keepalive: Option<Duration>,
+}
+
+impl PeerConfig {
+    /// A static peer known by its certificate: its key, name and blocks become expectations.
+    pub fn from_certificate(cert: &Certificate, endpoint: Option<SocketAddr>) -> Self {
+        let body = cert.body();
+        Self {
+            remote_static: Some(PublicKey(body.public_key)),
+            endpoint,
+            expect_name: Some(body.name.clone()),
+            expect_blocks: body.vip_blocks.clone(),
+            persistent_keepalive: None,
+        }
+    }
+
+    fn check(&self, cert: &Certificate) -> Result<(), HandshakeError> {
+        let body = cert.body();
+        if let Some(key) = self.remote_static
+            && key.0 != body.public_key
+        {
+            return Err(HandshakeError::KeyMismatch);
+        }
+        if let Some(name) = &self.expect_name
+            && *name != body.name
+        {
+            return Err(HandshakeError::NameMismatch {
+                expected: name.clone(),
+                got: body.name.clone(),
+            });
+        }
+        if let Some(block) = self.expect_blocks.iter().find(|b| !body.covers_block(b)) {
+            return Err(HandshakeError::VipMismatch(*block));
+        }
+        Ok(())
+    }
+}
+
+/// A frame for the driver to send on the underlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// The peer's underlay address.
+    pub destination: SocketAddr,
+    /// The whole UDP payload.
+    pub frame: Vec<u8>,
+}
+
+/// Something the driver should know about (log, count, act on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// Keys usable in both directions: flush packets queued for this peer.
+    Established {
+        /// Whether we initiated the handshake.
+        initiator: bool,
+        /// Whether these keys replace earlier ones.
+        rekey: bool,
+    },
+    /// No handshake answer for [`Timing::handshake_attempt_time`]: drop queued packets.
+    HandshakeGaveUp,
+    /// An authenticated frame arrived from a new underlay address; we now send there.
+    EndpointChanged {
+        /// The address used so far.
+        old: Option<SocketAddr>,
+        /// The new address.
+        new: SocketAddr,
+    },
+    /// All keys expired: the peer is idle.
+    Expired,
+}
+
+/// What an authenticated data or keepalive frame carried.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Received<'a> {
+    /// An inner packet.
+    Data(&'a mut [u8]),
+    /// A keepalive (authenticated, empty).
+    Keepalive,
+}
+
+/// The initiator side of a handshake in progress. `state` is `None` once a response failed to
+/// decrypt (snow's state is not reusable after a failed read): the attempt then only waits for
+/// its retry time, when a fresh initiation goes out.
+struct Pending {
+    state: Option<snow::HandshakeState>,
+    local_index: u32,
+    retry_at: Instant,
+}
+
+/// The state machine for one remote peer. See the crate docs.
+pub struct Peer {
+    id: u32,
+    identity: Arc<Identity>,
+    config: PeerConfig,
+    timing: Timing,
+    clock: Clock,
+    backend: Backend,
+    endpoint: Option<SocketAddr>,
+    remote_cert: Option<Certificate>,
+
+    pending: Option<Pending>,
+    /// Start of the current series of unanswered initiations.
+    attempts_since: Option<Instant>,
+    retry_backoff: Duration,
+    generation: u8,
+    last_timestamp_sent: u64,
+
+    current: Option<Arc<Session>>,
+    previous: Option<Arc<Session>>,
+    next: Option<Arc<Session>>,
+    had_session: bool,
+
+    newest_init_timestamp: Option<u64>,
+    last_init_accepted: Option<Instant>,
+    last_sent: Option<Instant>,
+    passive_keepalive_at: Option<Instant>,
+    last_handshake: Option<Instant>,
+
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+}
+
+impl core::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Peer")
+            .field("id", &self.id)
+            .field("endpoint", &self.endpoint)
+            .field(
+                "name",
+                &self.remote_cert.as_ref().map(|c| c.body().name.clone()),
+            )
+            .field("current", &self.current)
+            .field("pending", &self.pending.as_ref().map(|p| p.local_index))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Peer {
+    /// A peer with id `id` (at most [`MAX_PEER_ID`]; the driver keeps ids unique).
+    ///
+    /// # Panics
+    /// If `id` exceeds [`MAX_PEER_ID`]: a driver bug, not input.
+    pub fn new(
+        id: u32,
+        identity: Arc<Identity>,
+        config: PeerConfig,
+        timing: Timing,
+        clock: Clock,
+        backend: Backend,
+    ) -> Self {
+        assert!(id <= MAX_PEER_ID, "peer id {id} exceeds 24 bits");
+        Self {
+            id,
+            identity,
+            endpoint: config.endpoint,
+            config,
+            timing,
+            clock,
+            backend,
+            remote_cert: None,
+            pending: None,
+            attempts_since: None,
+            retry_backoff: timing.handshake_retry_initial,
+            generation: 0,
+            last_timestamp_sent: 0,
+            current: None,
+            previous: None,
+            next: None,
+            had_session: false,
+            newest_init_timestamp: None,
+            last_init_accepted: None,
+            last_sent: None,
+            passive_keepalive_at: None,
+            last_handshake: None,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The driver's id of this peer (`index >> 8` of its sessions).
+    pub const fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Where frames for this peer go.
+    pub const fn endpoint(&self) -> Option<SocketAddr> {
+        self.endpoint
+    }
+
+    /// Sets the endpoint (learned from the cloud, for instance).
+    pub fn set_endpoint(&mut self, endpoint: SocketAddr) {
+        self.endpoint = Some(endpoint);
+    }
+
+    /// The peer's certificate, once a handshake verified it.
+    pub const fn certificate(&self) -> Option<&Certificate> {
+        self.remote_cert.as_ref()
+    }
+
+    /// When the last handshake completed.
+    pub const fn last_handshake(&self) -> Option<Instant> {
+        self.last_handshake
+    }
+
+    /// Replaces our identity (a renewed certificate, new revocations).
+    pub fn set_identity(&mut self, identity: Arc<Identity>) {
+        self.identity = identity;
+    }
+
+    /// Whether keys usable for sending exist at `now`.
+    pub fn is_established(&self, now: Instant) -> bool {
+        self.current.as_ref().is_some_and(|s| self.alive(s, now))
+    }
+
+    /// The keys to seal the next packet with. Also the trigger for handshakes: without usable
+    /// keys it starts one; with keys due for rotation it starts the rekey and still returns
+    /// the current keys. Counts as sending for the keepalive timers.
+    ///
+    /// # Errors
+    /// [`SendError::NoSession`] while a handshake is pending, [`SendError::Unreachable`] when
+    /// none can be started.
+    pub fn send_session(&mut self, now: Instant) -> Result<Arc<Session>, SendError> {
+        let usable = self
+            .current
+            .as_ref()
+            .filter(|s| self.alive(s, now) && s.counters_used() < self.timing.reject_after_messages)
+            .cloned();
+        let Some(session) = usable else {
+            return match self.start_handshake(now) {
+                Ok(()) => Err(SendError::NoSession),
+                Err(_) => Err(SendError::Unreachable),
+            };
+        };
+        let old = now.saturating_duration_since(session.created());
+        if session.counters_used() >= self.timing.rekey_after_messages
+            || (session.is_initiator() && old >= self.timing.rekey_after_time)
+        {
+            // Ignored failure: we keep sending on the current keys meanwhile.
+            let _ = self.start_handshake(now);
+        }
+        self.note_sent(now);
+        Ok(session)
+    }
+
+    /// The live session that owns `index` (from a frame's receiver index), if any.
+    pub fn session_for_index(&self, index: u32, now: Instant) -> Option<Arc<Session>> {
+        [&self.current, &self.previous, &self.next]
+            .into_iter()
+            .flatten()
+            .find(|s| s.local_index() == index && self.alive(s, now))
+            .cloned()
+    }
+
+    /// Tells the peer that a frame sealed by `session` authenticated and passed the replay
+    /// check: confirms responder keys, updates timers, follows the peer to a new address.
+    pub fn handle_authenticated(
+        &mut self,
+        now: Instant,
+        local_index: u32,
+        from: SocketAddr,
+        is_data: bool,
+    ) {
+        if self
+            .next
+            .as_ref()
+            .is_some_and(|s| s.local_index() == local_index)
+        {
+            // Key confirmation: the initiator used the keys we answered with.
+            self.previous = self.current.take();
+            self.current = self.next.take();
+            self.last_handshake = Some(now);
+            self.events.push_back(Event::Established {
+                initiator: false,
+                rekey: self.had_session,
+            });
+            self.had_session = true;
+        }
+        if is_data && self.passive_keepalive_at.is_none() {
+            self.passive_keepalive_at = Some(now + self.timing.keepalive_timeout);
+        }
+        self.roam(from);
+        // An initiator whose keys are about to expire while the peer still sends on them
+        // starts a last-minute handshake (WireGuard's keep_key_fresh on receive).
+        let late = self
+            .timing
+            .reject_after_time
+            .saturating_sub(self.timing.keepalive_timeout + self.timing.handshake_retry_max);
+        if let Some(s) = &self.current
+            && s.is_initiator()
+            && now.saturating_duration_since(s.created()) >= late
+        {
+            let _ = self.start_handshake(now);
+        }
+    }
+
+    /// Starts a handshake now if none is pending (the cloud asks for it when hole punching).
+    ///
+    /// # Errors
+    /// [`HandshakeError::CannotInitiate`] without the peer's static key or endpoint.
+    pub fn initiate(&mut self, now: Instant) -> Result<(), HandshakeError> {
+        self.start_handshake(now)
+    }
+
+    /// Answers an initiation that [`handshake::read_init`] accepted for this peer.
+    ///
+    /// # Errors
+    /// [`HandshakeError`]: the certificate is not what this peer must present, the initiation
+    /// is replayed or too frequent.
+    pub fn handle_init(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        init: IncomingInit,
+    ) -> Result<(), HandshakeError> {
+        self.config.check(&init.cert)?;
+        if let Some(newest) = self.newest_init_timestamp
+            && init.timestamp <= newest
+        {
+            return Err(HandshakeError::Replay {
+                timestamp: init.timestamp,
+                newest,
+            });
+        }
+        if self
+            .last_init_accepted
+            .is_some_and(|t| now.saturating_duration_since(t) < self.timing.init_min_interval)
+        {
+            return Err(HandshakeError::TooFrequent);
+        }
+        let local_index = self.next_index();
+        let cert = init.cert.clone();
+        let (timestamp, remote_index) = (init.timestamp, init.sender_index);
+        let (frame, keys) = handshake::write_response(&self.identity, init, local_index)?;
+        self.newest_init_timestamp = Some(timestamp);
+        self.last_init_accepted = Some(now);
+        let session = Session::new(
+            local_index,
+            remote_index,
+            false,
+            now,
+            self.backend,
+            keys,
+            self.timing.reject_after_messages,
+        );
+        // As responder the new keys wait in `next` for confirmation; the oldest keys go.
+        self.next = Some(Arc::new(session));
+        self.previous = None;
+        self.remote_cert = Some(cert);
+        self.roam(from);
+        self.transmits.push_back(Transmit {
+            destination: from,
+            frame,
+        });
+        Ok(())
+    }
+
+    /// Completes our pending handshake with the responder's answer.
+    ///
+    /// # Errors
+    /// [`HandshakeError`]: not for a pending handshake, not decryptable, certificate refused
+    /// or not the expected one. A response that fails to decrypt consumes the pending state
+    /// (snow's state is not reusable after a failed read); the next retry starts afresh.
+    pub fn handle_response(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        frame: &[u8],
+    ) -> Result<(), HandshakeError> {
+        let index = handshake::response_receiver(frame)?;
+        let remote = self
+            .config
+            .remote_static
+            .ok_or(HandshakeError::CannotInitiate("static key"))?;
+        let Some(mut state) = self
+            .pending
+            .as_mut()
+            .filter(|p| p.local_index == index)
+            .and_then(|p| p.state.take())
+        else {
+            return Err(HandshakeError::UnknownIndex(index));
+        };
+        // On failure the pending attempt stays, stateless, until its retry time.
+        let response = handshake::read_response(
+            &self.identity,
+            &mut state,
+            &remote,
+            self.clock.unix_secs(now),
+            frame,
+        )?;
+        self.config.check(&response.cert)?;
+        self.pending = None;
+        let session = Arc::new(Session::new(
+            index,
+            response.sender_index,
+            true,
+            now,
+            self.backend,
+            response.keys,
+            self.timing.reject_after_messages,
+        ));
+        if let Some(next) = self.next.take() {
+            self.previous = Some(next);
+        } else {
+            self.previous = self.current.take();
+        }
+        self.current = Some(session);
+        self.remote_cert = Some(response.cert);
+        self.attempts_since = None;
+        self.retry_backoff = self.timing.handshake_retry_initial;
+        self.last_handshake = Some(now);
+        self.events.push_back(Event::Established {
+            initiator: true,
+            rekey: self.had_session,
+        });
+        self.had_session = true;
+        self.roam(from);
+        // Confirm the keys to the responder right away, whether or not data is waiting.
+        self.send_keepalive(now);
+        Ok(())
+    }
+
+    /// Seals `payload` for the peer into `out` (header, ciphertext, tag) and returns the frame
+    /// length: the sequential path, for control traffic and tests. The adapter's data plane
+    /// uses [`Peer::send_session`] and seals on its crypto workers instead.
+    ///
+    /// # Errors
+    /// [`SendError`].
+    pub fn encapsulate(
+        &mut self,
+        now: Instant,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, SendError> {
+        let needed = HEADER_LEN + payload.len() + TAG_LEN;
+        let Some(body) = out.get_mut(HEADER_LEN..HEADER_LEN + payload.len()) else {
+            return Err(SendError::BufferTooSmall { needed });
+        };
+        body.copy_from_slice(payload);
+        let session = self.send_session(now)?;
+        let counter = session.reserve_counter()?;
+        session.seal(counter, out, payload.len())
+    }
+
+    /// Opens a data or keepalive frame from `from` in place: the sequential receive path.
+    ///
+    /// # Errors
+    /// [`RecvError`]; the frame is then dropped and nothing changes.
+    pub fn decapsulate<'a>(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        frame: &'a mut [u8],
+    ) -> Result<Received<'a>, RecvError> {
+        let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?)?;
+        let session = self
+            .session_for_index(repr.receiver_index, now)
+            .ok_or(RecvError::UnknownIndex(repr.receiver_index))?;
+        session.check_replay(repr.counter)?;
+        let (counter, plain) = session.open(frame)?;
+        session.accept_counter(counter)?;
+        let is_data = repr.msg_type == MessageType::Data;
+        self.handle_authenticated(now, session.local_index(), from, is_data);
+        Ok(if is_data {
+            Received::Data(plain)
+        } else {
+            Received::Keepalive
+        })
+    }
+
+    /// The next moment [`Peer::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let expiries = [&self.current, &self.previous, &self.next]
+            .into_iter()
+            .flatten()
+            .map(|s| s.created() + self.timing.reject_after_time);
+        let keepalive = self.current.as_ref().and(self.passive_keepalive_at);
+        expiries
+            .chain(self.pending.as_ref().map(|p| p.retry_at))
+            .chain(keepalive)
+            .chain(self.persistent_due())
+            .min()
+    }
+
+    /// Runs the timers due at `now`: expiry, handshake retries, keepalives.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.expire(now);
+        if let Some(retry_at) = self.pending.as_ref().map(|p| p.retry_at)
+            && now >= retry_at
+        {
+            self.pending = None;
+            let since = *self.attempts_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= self.timing.handshake_attempt_time {
+                self.attempts_since = None;
+                self.retry_backoff = self.timing.handshake_retry_initial;
+                self.events.push_back(Event::HandshakeGaveUp);
+            } else {
+                self.retry_backoff = (self.retry_backoff * 2).min(self.timing.handshake_retry_max);
+                let _ = self.start_handshake(now);
+            }
+        }
+        // Every timer that fires is consumed, whether or not its action succeeds, so that
+        // `poll_timeout` never returns a deadline in the past twice.
+        if self.passive_keepalive_at.take_if(|t| now >= *t).is_some() {
+            self.send_keepalive(now);
+        }
+        if self.persistent_due().is_some_and(|t| now >= t) {
+            if self.is_established(now) {
+                self.send_keepalive(now);
+            } else if self.attempts_since.is_none() {
+                // Keep an idle peer reachable: try a handshake once per interval.
+                let _ = self.start_handshake(now);
+            }
+            self.last_sent = Some(now);
+        }
+    }
+
+    /// When the persistent keepalive is due; none while a handshake is pending (its retry
+    /// timer drives) or when not configured. Before anything was sent, it is due at once.
+    fn persistent_due(&self) -> Option<Instant> {
+        let every = self.config.persistent_keepalive?;
+        if self.pending.is_some() {
+            return None;
+        }
+        Some(self.last_sent.map_or(self.clock.origin(), |t| t + every))
+    }
+
+    /// The next frame to send (handshakes, keepalives).
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    fn alive(&self, s: &Session, now: Instant) -> bool {
+        now.saturating_duration_since(s.created()) < self.timing.reject_after_time
+    }
+
+    fn expire(&mut self, now: Instant) {
+        let timing = self.timing;
+        let dead = |slot: &Option<Arc<Session>>| {
+            slot.as_ref().is_some_and(|s| {
+                now.saturating_duration_since(s.created()) >= timing.reject_after_time
+            })
+        };
+        let mut expired = false;
+        for slot in [&mut self.current, &mut self.previous, &mut self.next] {
+            if dead(slot) {
+                *slot = None;
+                expired = true;
+            }
+        }
+        if expired && self.current.is_none() && self.previous.is_none() && self.next.is_none() {
+            self.passive_keepalive_at = None;
+            self.events.push_back(Event::Expired);
+        }
+    }
+
+    fn next_index(&mut self) -> u32 {
+        self.generation = self.generation.wrapping_add(1);
+        self.id << 8 | u32::from(self.generation)
+    }
+
+    fn start_handshake(&mut self, now: Instant) -> Result<(), HandshakeError> {
+        if self.pending.is_some() {
+            return Ok(());
+        }
+        let remote = self
+            .config
+            .remote_static
+            .ok_or(HandshakeError::CannotInitiate("static key"))?;
+        let destination = self
+            .endpoint
+            .ok_or(HandshakeError::CannotInitiate("endpoint"))?;
+        let local_index = self.next_index();
+        // Strictly increasing even if the wall clock stalls, so the peer never sees a replay.
+        let timestamp = self.clock.unix_nanos(now).max(self.last_timestamp_sent + 1);
+        let (state, frame) =
+            handshake::write_init(&self.identity, &remote, local_index, timestamp)?;
+        self.last_timestamp_sent = timestamp;
+        self.attempts_since.get_or_insert(now);
+        self.pending = Some(Pending {
+            state: Some(state),
+            local_index,
+            retry_at: now + self.retry_backoff,
+        });
+        self.transmits.push_back(Transmit { destination, frame });
+        Ok(())
+    }
+
+    /// Sends an empty authenticated frame on the current keys. It goes through
+    /// [`Peer::send_session`] like data, so keepalives alone also rotate keys on time.
+    fn send_keepalive(&mut self, now: Instant) {
+        let Some(destination) = self.endpoint else {
+            return;
+        };
+        if !self.is_established(now) {
+            return;
+        }
+        let Ok(session) = self.send_session(now) else {
+            return;
+        };
+        let Ok(counter) = session.reserve_counter() else {
+            return;
+        };
+        let mut frame = vec![0u8; HEADER_LEN + TAG_LEN];
+        if session.seal(counter, &mut frame, 0).is_ok() {
+            self.transmits.push_back(Transmit { destination, frame });
+        }
+    }
+
+    fn note_sent(&mut self, now: Instant) {
+        self.last_sent = Some(now);
+        self.passive_keepalive_at = None;
+    }
+
+    fn roam(&mut self, from: SocketAddr) {
+        if self.endpoint != Some(from) {
+            let old = self.endpoint.replace(from);
+            self.events
+                .push_back(Event::EndpointChanged { old, new: from });
+        }
+    }
+}

@@ -1,0 +1,721 @@
+//! Deterministic simulations of two peers (style.md rule 12): handshakes, refusals with typed
+//! reasons, rekeying under loss and reordering, limits, keepalives, expiry, roaming.
+
+// Test code: unwrapping and narrowing casts of small test values are fine here.
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::needless_pass_by_value
+)]
+
+mod util;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use cyphonic_crypto::{CertError, Certificate, RevocationList};
+use cyphonic_session::{Event, HandshakeError, RecvError, SendError, Timing, read_init};
+use cyphonic_wire::{Frame, MessageType};
+use rand::{Rng, SeedableRng};
+use util::*;
+
+/// Builds a handshake-init by hand, as an attacker could, following docs/protocol.md §2:
+/// Noise IK message 1 from `noise_key` to `responder`, payload index | timestamp | `cert`.
+fn forge_init(
+    noise_key: &cyphonic_crypto::StaticKeypair,
+    responder: &cyphonic_crypto::PublicKey,
+    cert: &[u8],
+) -> Vec<u8> {
+    let mut hs =
+        cyphonic_crypto::noise::initiator(noise_key, responder, b"cyphonic tunnel v1").unwrap();
+    let payload = [
+        &7u32.to_be_bytes()[..],
+        &(T0 * 1_000_000_000).to_be_bytes(),
+        cert,
+    ]
+    .concat();
+    let mut frame = vec![0u8; 1300];
+    let n = hs.write_message(&payload, &mut frame[16..]).unwrap();
+    frame.truncate(16 + n);
+    frame[0] = 1;
+    frame[1] = 1;
+    frame
+}
+
+const SEC: Duration = Duration::from_secs(1);
+
+#[test]
+fn handshake_then_data_both_ways() {
+    let mut p = Setup::new(1).build();
+    // The first packet finds no keys and starts the handshake (the driver queues it).
+    assert_eq!(p.send(Side::A, b"early"), Err(SendError::NoSession));
+    p.drive(SEC);
+    assert_eq!(
+        p.a.events,
+        vec![Event::Established {
+            initiator: true,
+            rekey: false
+        }]
+    );
+    // The responder's keys are confirmed by the initiator's immediate keepalive.
+    assert_eq!(
+        p.b.events.last(),
+        Some(&Event::Established {
+            initiator: false,
+            rekey: false
+        })
+    );
+    assert_eq!(p.b.keepalives, 1);
+    p.send(Side::A, b"ping").unwrap();
+    p.send(Side::B, b"pong").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.b.delivered, vec![b"ping".to_vec()]);
+    assert_eq!(p.a.delivered, vec![b"pong".to_vec()]);
+    assert!(p.a.handshake_errors.is_empty() && p.b.handshake_errors.is_empty());
+    assert_eq!(
+        p.a.peer.certificate().unwrap().body().name,
+        "gw2.ovl.example"
+    );
+    assert_eq!(
+        p.b.peer.certificate().unwrap().body().name,
+        "gw1.ovl.example"
+    );
+}
+
+/// The responder refuses the initiator with `expect`; the initiator keeps retrying and
+/// eventually gives up, and no keys ever exist.
+fn refused_by_responder(setup: Setup, expect: HandshakeError) {
+    let mut p = setup.build();
+    p.connect(Side::A);
+    assert_eq!(
+        p.b.handshake_errors.first(),
+        Some(&expect),
+        "all: {:?}",
+        p.b.handshake_errors
+    );
+    p.drive(120 * SEC);
+    assert!(
+        p.a.events.contains(&Event::HandshakeGaveUp),
+        "{:?}",
+        p.a.events
+    );
+    assert!(!p.a.peer.is_established(p.now) && !p.b.peer.is_established(p.now));
+    assert!(p.a.delivered.is_empty() && p.b.delivered.is_empty());
+}
+
+#[test]
+fn wrong_ca_is_refused() {
+    let mut s = Setup::new(2);
+    let other_ca = test_ca();
+    let keys = node_keys(&other_ca, "gw1.ovl.example", "100.64.1.0/24");
+    s.b_config = cyphonic_session::PeerConfig {
+        remote_static: None,
+        ..s.b_config
+    };
+    s.a_identity = identity(keys, &other_ca, RevocationList::default());
+    refused_by_responder(s, HandshakeError::Certificate(CertError::UnknownCa));
+}
+
+#[test]
+fn expired_certificate_is_refused() {
+    let mut s = Setup::new(3);
+    let ca = test_ca();
+    // Valid when the identity is built, expired by the time the handshake runs.
+    let keypair = cyphonic_crypto::StaticKeypair::generate().unwrap();
+    let cert = ca
+        .issue(&cyphonic_crypto::IssueRequest {
+            name: "gw1.ovl.example".into(),
+            vip_blocks: vec![net("100.64.1.0/24")],
+            public_key: keypair.public().0,
+            groups: vec![],
+            not_before: T0 - DAY,
+            not_after: T0 + 1,
+        })
+        .unwrap();
+    let b_keys = node_keys(&ca, "gw2.ovl.example", "100.64.2.0/24");
+    s.a_config =
+        cyphonic_session::PeerConfig::from_certificate(&b_keys.cert, Some(ADDR_B.parse().unwrap()));
+    s.b_config =
+        cyphonic_session::PeerConfig::from_certificate(&cert, Some(ADDR_A.parse().unwrap()));
+    s.a_identity = identity(NodeKeys { keypair, cert }, &ca, RevocationList::default());
+    s.b_identity = identity(b_keys, &ca, RevocationList::default());
+    let mut p = s.build();
+    p.drive(5 * SEC);
+    p.connect(Side::A);
+    assert_eq!(
+        p.b.handshake_errors[0],
+        HandshakeError::Certificate(CertError::Expired {
+            not_after: T0 + 1,
+            now: T0 + 5
+        })
+    );
+    assert!(!p.a.peer.is_established(p.now));
+}
+
+#[test]
+fn revoked_certificate_is_refused() {
+    let mut s = Setup::new(4);
+    let ca = test_ca();
+    let a = node_keys(&ca, "gw1.ovl.example", "100.64.1.0/24");
+    let b = node_keys(&ca, "gw2.ovl.example", "100.64.2.0/24");
+    let fp = a.cert.fingerprint();
+    let mut revoked = RevocationList::default();
+    revoked.revoke(fp);
+    s.a_config =
+        cyphonic_session::PeerConfig::from_certificate(&b.cert, Some(ADDR_B.parse().unwrap()));
+    s.b_config =
+        cyphonic_session::PeerConfig::from_certificate(&a.cert, Some(ADDR_A.parse().unwrap()));
+    s.a_identity = identity(a, &ca, RevocationList::default());
+    s.b_identity = identity(b, &ca, revoked);
+    refused_by_responder(s, HandshakeError::Certificate(CertError::Revoked(fp)));
+}
+
+#[test]
+fn tampered_certificate_is_refused() {
+    let ca = test_ca();
+    let a = node_keys(&ca, "gw1.ovl.example", "100.64.1.0/24");
+    let b = node_keys(&ca, "gw2.ovl.example", "100.64.2.0/24");
+    let b_public = b.keypair.public();
+    let b_id = identity(b, &ca, RevocationList::default());
+    // The forging itself is sound: the untouched certificate is accepted.
+    let honest = forge_init(&a.keypair, &b_public, a.cert.encoded());
+    read_init(&b_id, T0, &honest).unwrap();
+    // Validity extended by hand, a vIP block widened, a group added: all decode, none verify.
+    let len = a.cert.encoded().len();
+    for (what, at) in [
+        ("not_after", len - 64 - 1),
+        ("block prefix", 4 + 1 + 1 + 15 + 1 + 1 + 4),
+        ("signature", len - 1),
+    ] {
+        let mut bytes = a.cert.encoded().to_vec();
+        bytes[at] ^= 0x01;
+        let forged = forge_init(&a.keypair, &b_public, &bytes);
+        let err = read_init(&b_id, T0, &forged).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HandshakeError::Certificate(CertError::BadSignature | CertError::Malformed(_))
+            ),
+            "{what}: {err}"
+        );
+    }
+    // Our own side refuses to start with a tampered certificate at all.
+    let mut bytes = a.cert.encoded().to_vec();
+    bytes[len - 64 - 1] ^= 0x01;
+    let tampered = Certificate::decode(&bytes).unwrap();
+    let trust =
+        cyphonic_crypto::TrustStore::new(vec![ca.certificate().clone()], RevocationList::default())
+            .unwrap();
+    assert_eq!(
+        cyphonic_session::Identity::new(a.keypair, tampered, trust, T0).unwrap_err(),
+        cyphonic_session::IdentityError::Certificate(CertError::BadSignature)
+    );
+}
+
+#[test]
+fn certificate_for_another_key_is_refused() {
+    // A stolen certificate presented with the thief's own Noise key.
+    let ca = test_ca();
+    let victim = node_keys(&ca, "gw1.ovl.example", "100.64.1.0/24");
+    let thief_key = cyphonic_crypto::StaticKeypair::generate().unwrap();
+    let b = node_keys(&ca, "gw2.ovl.example", "100.64.2.0/24");
+    let b_public = b.keypair.public();
+    let b_id = identity(b, &ca, RevocationList::default());
+    let forged = forge_init(&thief_key, &b_public, victim.cert.encoded());
+    assert_eq!(
+        read_init(&b_id, T0, &forged).unwrap_err(),
+        HandshakeError::KeyMismatch
+    );
+    // Payloads too short to hold index, timestamp and a certificate.
+    for cut in [0, 3, 11, 12, 40] {
+        let mut hs =
+            cyphonic_crypto::noise::initiator(&thief_key, &b_public, b"cyphonic tunnel v1")
+                .unwrap();
+        let payload = [
+            &7u32.to_be_bytes()[..],
+            &T0.to_be_bytes(),
+            victim.cert.encoded(),
+        ]
+        .concat();
+        let mut frame = vec![0u8; 1300];
+        let n = hs.write_message(&payload[..cut], &mut frame[16..]).unwrap();
+        frame.truncate(16 + n);
+        frame[..2].copy_from_slice(&[1, 1]);
+        let err = read_init(&b_id, T0, &frame).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HandshakeError::Payload(_) | HandshakeError::Certificate(CertError::Malformed(_))
+            ),
+            "cut {cut}: {err}"
+        );
+    }
+    // The thief's own identity cannot even be built around the stolen certificate.
+    let trust =
+        cyphonic_crypto::TrustStore::new(vec![ca.certificate().clone()], RevocationList::default())
+            .unwrap();
+    assert_eq!(
+        cyphonic_session::Identity::new(thief_key, victim.cert, trust, T0).unwrap_err(),
+        cyphonic_session::IdentityError::KeyMismatch
+    );
+}
+
+#[test]
+fn name_mismatch_is_refused_on_both_sides() {
+    // The responder expects gw9 where gw1 initiates.
+    let mut s = Setup::new(5);
+    s.b_config.expect_name = Some("gw9.ovl.example".into());
+    s.b_config.remote_static = None;
+    refused_by_responder(
+        s,
+        HandshakeError::NameMismatch {
+            expected: "gw9.ovl.example".into(),
+            got: "gw1.ovl.example".into(),
+        },
+    );
+
+    // The initiator expects gw9 where gw2 answers.
+    let mut s = Setup::new(6);
+    s.a_config.expect_name = Some("gw9.ovl.example".into());
+    let mut p = s.build();
+    p.connect(Side::A);
+    assert_eq!(
+        p.a.handshake_errors[0],
+        HandshakeError::NameMismatch {
+            expected: "gw9.ovl.example".into(),
+            got: "gw2.ovl.example".into()
+        }
+    );
+    assert!(!p.a.peer.is_established(p.now));
+}
+
+#[test]
+fn vip_mismatch_is_refused() {
+    let mut s = Setup::new(7);
+    s.b_config.expect_blocks = vec![net("100.64.9.0/24")];
+    refused_by_responder(s, HandshakeError::VipMismatch(net("100.64.9.0/24")));
+}
+
+#[test]
+fn replayed_initiation_is_refused() {
+    let mut p = Setup::new(8).build();
+    p.connect(Side::A);
+    assert!(p.a.peer.is_established(p.now));
+    let init = p
+        .net
+        .log
+        .iter()
+        .find(|pk| {
+            Frame::new_checked(&pk.frame[..]).unwrap().msg_type() == MessageType::HandshakeInit
+        })
+        .unwrap()
+        .clone();
+    let sessions_before = p.b.established_count();
+    p.drive(SEC);
+    p.deliver(init.clone());
+    let Some(HandshakeError::Replay { timestamp, newest }) = p.b.handshake_errors.last().cloned()
+    else {
+        panic!("{:?}", p.b.handshake_errors)
+    };
+    assert_eq!(timestamp, newest);
+    // Nothing changed: no new keys, the session still works.
+    p.drive(SEC);
+    assert_eq!(p.b.established_count(), sessions_before);
+    p.send(Side::A, b"still fine").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.b.delivered.last().unwrap(), b"still fine");
+}
+
+#[test]
+fn truncated_and_garbage_handshakes_are_typed_errors() {
+    let mut p = Setup::new(9).build();
+    p.a.peer.initiate(p.now).unwrap();
+    p.flush();
+    let init = p.net.log[0].frame.clone();
+    let unix = p.clock.unix_secs(p.now);
+    // Truncated at every length: a wire error or a decryption failure, never a panic.
+    for len in 0..init.len() {
+        let err = read_init(&p.b.identity, unix, &init[..len]).unwrap_err();
+        assert!(
+            matches!(err, HandshakeError::Frame(_) | HandshakeError::Decrypt),
+            "len {len}: {err}"
+        );
+    }
+    // Every single flipped bit in the Noise message makes it undecryptable.
+    for i in 16..init.len() {
+        let mut bad = init.clone();
+        bad[i] ^= 0x40;
+        assert_eq!(
+            read_init(&p.b.identity, unix, &bad).unwrap_err(),
+            HandshakeError::Decrypt,
+            "byte {i}"
+        );
+    }
+    // Random garbage of plausible sizes with a valid header.
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+    for _ in 0..500 {
+        let len = rng.random_range(96..1216);
+        let mut g: Vec<u8> = (0..16 + len).map(|_| rng.random()).collect();
+        g[..16].copy_from_slice(&init[..16]);
+        assert_eq!(
+            read_init(&p.b.identity, unix, &g).unwrap_err(),
+            HandshakeError::Decrypt
+        );
+    }
+    // Not addressed to B: A's own key cannot open it.
+    assert_eq!(
+        read_init(&p.a.identity, unix, &init).unwrap_err(),
+        HandshakeError::Decrypt
+    );
+    // Wrong types.
+    let mut resp_typed = init.clone();
+    resp_typed[1] = 2;
+    assert!(matches!(
+        read_init(&p.b.identity, unix, &resp_typed),
+        Err(HandshakeError::WrongType { .. }) | Err(HandshakeError::Frame(_))
+    ));
+    // A response nobody asked for, and garbage in place of a real response.
+    let now = p.now;
+    let from = ADDR_B.parse().unwrap();
+    let mut fake = vec![1u8, 2, 0, 0, 0, 0, 0x01, 0x99, 0, 0, 0, 0, 0, 0, 0, 0];
+    fake.extend([0u8; 64]);
+    assert_eq!(
+        p.a.peer.handle_response(now, from, &fake),
+        Err(HandshakeError::UnknownIndex(0x199))
+    );
+    let pending_index = u32::from_be_bytes(init[4..8].try_into().unwrap()) | 0x101; // A's id 1, generation 1
+    let mut garbage = vec![1u8, 2, 0, 0];
+    garbage.extend(pending_index.to_be_bytes());
+    garbage.extend([0u8; 8]);
+    garbage.extend((0..80).map(|i| i as u8));
+    assert_eq!(
+        p.a.peer.handle_response(now, from, &garbage),
+        Err(HandshakeError::Decrypt)
+    );
+    // The failed response did not wedge A: its retry completes the handshake.
+    p.drive(10 * SEC);
+    assert!(p.a.peer.is_established(p.now), "{:?}", p.a.handshake_errors);
+}
+
+#[test]
+fn garbage_and_forged_data_frames_are_dropped() {
+    let mut p = Setup::new(10).build();
+    p.connect(Side::A);
+    let now = p.now;
+    let from = ADDR_A.parse().unwrap();
+    let b_index = p
+        .net
+        .log
+        .iter()
+        .find_map(|pk| {
+            let f = Frame::new_checked(&pk.frame[..]).ok()?;
+            (f.msg_type() == MessageType::Keepalive).then(|| f.receiver_index())
+        })
+        .unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(10);
+    for _ in 0..300 {
+        let len = rng.random_range(0..200);
+        let mut g: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        if g.len() >= 16 && rng.random_bool(0.5) {
+            g[0] = 1;
+            g[1] = 3;
+            g[4..8].copy_from_slice(&b_index.to_be_bytes());
+        }
+        assert!(p.b.peer.decapsulate(now, from, &mut g).is_err());
+    }
+    // Roaming only follows authenticated frames: garbage from elsewhere does not move B.
+    let evil: std::net::SocketAddr = "192.0.2.66:4444".parse().unwrap();
+    let mut forged = vec![1u8, 3, 0, 0];
+    forged.extend(b_index.to_be_bytes());
+    forged.extend(7u64.to_be_bytes());
+    forged.extend([0u8; 40]);
+    assert!(matches!(
+        p.b.peer.decapsulate(now, evil, &mut forged),
+        Err(RecvError::Auth(_))
+    ));
+    assert_eq!(p.b.peer.endpoint(), Some(ADDR_A.parse().unwrap()));
+    p.send(Side::A, b"ok").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.b.delivered, vec![b"ok".to_vec()]);
+}
+
+#[test]
+fn replayed_data_frame_is_dropped() {
+    let mut p = Setup::new(11).build();
+    p.connect(Side::A);
+    p.send(Side::A, b"once").unwrap();
+    p.drive(SEC);
+    let data = p
+        .net
+        .log
+        .iter()
+        .rev()
+        .find(|pk| Frame::new_checked(&pk.frame[..]).unwrap().msg_type() == MessageType::Data)
+        .unwrap()
+        .clone();
+    p.deliver(data);
+    assert_eq!(p.b.delivered, vec![b"once".to_vec()]);
+    assert!(matches!(p.b.recv_errors.last(), Some(RecvError::Replay(_))));
+}
+
+#[test]
+fn simultaneous_initiation_converges() {
+    let mut p = Setup::new(12).build();
+    let now = p.now;
+    p.a.peer.initiate(now).unwrap();
+    p.b.peer.initiate(now).unwrap();
+    p.drive(2 * SEC);
+    assert!(p.a.peer.is_established(p.now) && p.b.peer.is_established(p.now));
+    for i in 0..20u8 {
+        p.send(Side::A, &[i]).unwrap();
+        p.send(Side::B, &[i]).unwrap();
+    }
+    p.drive(SEC);
+    assert_eq!(p.a.delivered.len(), 20);
+    assert_eq!(p.b.delivered.len(), 20);
+    assert!(
+        p.a.recv_errors.is_empty() && p.b.recv_errors.is_empty(),
+        "{:?} {:?}",
+        p.a.recv_errors,
+        p.b.recv_errors
+    );
+}
+
+/// Traffic both ways every 10 ms for ten simulated minutes over a network with `loss` and up
+/// to `jitter` of reordering. Keys rotate several times; every packet the network delivered is
+/// accepted exactly once, none fails authentication or the replay window, and the sender never
+/// loses its keys after the first handshake.
+fn rekey_under_traffic(seed: u64, loss: f64, jitter: Duration) {
+    let mut p = Setup::new(seed).build();
+    p.net.loss = loss;
+    p.net.jitter = jitter;
+    // The first handshake may itself lose messages: retry until established.
+    let _ = p.send(Side::A, b"hello");
+    while !(p.a.peer.is_established(p.now) && p.b.peer.is_established(p.now)) {
+        let limit = p.now + Duration::from_millis(100);
+        while p.step(limit) {}
+        let _ = p.send(Side::A, b"hello");
+        let _ = p.send(Side::B, b"hello");
+    }
+    p.drive(SEC);
+    let (a0, b0) = (p.a.delivered.len(), p.b.delivered.len());
+    let start = p.now;
+    let mut sent = [0u64; 2];
+    let mut seq = 0u64;
+    while p.now < start + Duration::from_secs(600) {
+        for (i, side) in [Side::A, Side::B].into_iter().enumerate() {
+            seq += 1;
+            p.send(side, &seq.to_be_bytes())
+                .unwrap_or_else(|e| panic!("{side:?} lost its keys at {:?}: {e}", p.now - start));
+            sent[i] += 1;
+        }
+        let limit = p.now + Duration::from_millis(10);
+        while p.step(limit) {}
+    }
+    p.drive(SEC);
+    let delivered = [p.b.delivered.len() - b0, p.a.delivered.len() - a0];
+    let rekeys =
+        p.a.events
+            .iter()
+            .filter(|e| matches!(e, Event::Established { rekey: true, .. }))
+            .count();
+    assert!(rekeys >= 4, "only {rekeys} rekeys in 10 minutes");
+    let auth_or_replay = |errs: &[RecvError]| {
+        errs.iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    RecvError::Auth(_) | RecvError::Replay(_) | RecvError::UnknownIndex(_)
+                )
+            })
+            .count()
+    };
+    assert_eq!(
+        auth_or_replay(&p.a.recv_errors),
+        0,
+        "A: {:?}",
+        p.a.recv_errors
+    );
+    assert_eq!(
+        auth_or_replay(&p.b.recv_errors),
+        0,
+        "B: {:?}",
+        p.b.recv_errors
+    );
+    // Exactly once: no payload delivered twice.
+    for node in [&p.a, &p.b] {
+        let unique: HashSet<_> = node.delivered.iter().collect();
+        assert_eq!(unique.len(), node.delivered.len());
+    }
+    // Everything sent minus what the network dropped: only data counts, so compare bounds.
+    let lost_allowance = |n: u64| (n as f64 * loss * 2.0 + 20.0) as usize;
+    for i in 0..2 {
+        assert!(delivered[i] as u64 <= sent[i]);
+        assert!(
+            sent[i] as usize - delivered[i] <= lost_allowance(sent[i]),
+            "side {i}: sent {} delivered {}",
+            sent[i],
+            delivered[i]
+        );
+    }
+    if loss == 0.0 {
+        assert_eq!(delivered, [sent[0] as usize, sent[1] as usize]);
+    }
+}
+
+#[test]
+fn rekey_under_traffic_clean_network() {
+    rekey_under_traffic(20, 0.0, Duration::ZERO);
+}
+
+#[test]
+fn rekey_under_traffic_with_loss_and_reordering() {
+    for seed in 21..24 {
+        rekey_under_traffic(seed, 0.02, Duration::from_millis(40));
+    }
+}
+
+#[test]
+fn message_limit_rekeys_and_counters_are_never_reused() {
+    let mut s = Setup::new(30);
+    s.timing = Timing {
+        rekey_after_messages: 50,
+        reject_after_messages: 80,
+        ..Timing::default()
+    };
+    let mut p = s.build();
+    p.connect(Side::A);
+    let mut failures = 0;
+    for i in 0..2000u32 {
+        match p.send(Side::A, &i.to_be_bytes()) {
+            Ok(()) => {}
+            Err(SendError::NoSession | SendError::KeyExhausted) => failures += 1,
+            Err(e) => panic!("{e}"),
+        }
+        let limit = p.now + Duration::from_millis(1);
+        while p.step(limit) {}
+    }
+    p.drive(SEC);
+    // (receiver index, counter) never repeats on the wire, and no counter reaches the limit.
+    let mut seen = HashSet::new();
+    for pk in &p.net.log {
+        let f = Frame::new_checked(&pk.frame[..]).unwrap();
+        if matches!(f.msg_type(), MessageType::Data | MessageType::Keepalive) {
+            assert!(
+                f.counter() < 80,
+                "counter {} at or past the limit",
+                f.counter()
+            );
+            assert!(
+                seen.insert((f.receiver_index(), f.counter())),
+                "reused {:?}",
+                (f.receiver_index(), f.counter())
+            );
+        }
+    }
+    let rekeys =
+        p.a.events
+            .iter()
+            .filter(|e| matches!(e, Event::Established { rekey: true, .. }))
+            .count();
+    assert!(
+        rekeys >= 2000 / 80,
+        "{rekeys} rekeys for 2000 packets at 50 per key"
+    );
+    assert_eq!(p.b.delivered.len(), 2000 - failures);
+    assert!(failures < 100, "{failures} sends found no keys");
+}
+
+#[test]
+fn passive_keepalive_answers_one_way_traffic() {
+    let mut p = Setup::new(40).build();
+    p.connect(Side::A);
+    let before = p.a.keepalives;
+    p.send(Side::A, b"one way").unwrap();
+    p.drive(9 * SEC);
+    assert_eq!(p.a.keepalives, before, "too early");
+    p.drive(2 * SEC);
+    assert_eq!(
+        p.a.keepalives,
+        before + 1,
+        "B tells A its data arrived after 10 s of silence"
+    );
+    p.drive(30 * SEC);
+    assert_eq!(p.a.keepalives, before + 1, "and only once");
+}
+
+#[test]
+fn persistent_keepalive_keeps_an_idle_peer_up() {
+    let mut s = Setup::new(41);
+    s.a_config.persistent_keepalive = Some(Duration::from_secs(25));
+    let mut p = s.build();
+    // No traffic at all: the persistent keepalive alone brings the tunnel up and keeps it.
+    p.drive(2 * SEC);
+    assert!(p.a.peer.is_established(p.now));
+    p.drive(Duration::from_secs(600));
+    assert!(p.a.peer.is_established(p.now) && p.b.peer.is_established(p.now));
+    assert!(p.b.keepalives >= 600 / 25, "{} keepalives", p.b.keepalives);
+    assert!(!p.a.events.contains(&Event::Expired));
+}
+
+#[test]
+fn idle_sessions_expire_and_come_back_on_demand() {
+    let mut p = Setup::new(42).build();
+    p.connect(Side::A);
+    p.drive(Duration::from_secs(181));
+    assert!(p.a.events.contains(&Event::Expired) && p.b.events.contains(&Event::Expired));
+    assert!(!p.a.peer.is_established(p.now));
+    assert_eq!(
+        p.b.peer
+            .session_for_index(0x201, p.now)
+            .map(|s| s.local_index()),
+        None
+    );
+    assert_eq!(p.send(Side::B, b"wake"), Err(SendError::NoSession));
+    p.drive(SEC);
+    p.send(Side::B, b"wake").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.a.delivered, vec![b"wake".to_vec()]);
+}
+
+#[test]
+fn unanswered_handshakes_back_off_then_give_up() {
+    let mut p = Setup::new(43).build();
+    p.net.partitioned = true;
+    assert_eq!(p.send(Side::A, b"x"), Err(SendError::NoSession));
+    p.drive(Duration::from_secs(100));
+    let inits: Vec<_> = p.net.log.iter().filter(|pk| pk.frame[1] == 1).collect();
+    // Retries at 1, 2, 4, 8, 8, 8 ... seconds apart, over 90 s: about a dozen, not ninety.
+    assert!(
+        (10..=16).contains(&inits.len()),
+        "{} initiations",
+        inits.len()
+    );
+    assert_eq!(p.a.events, vec![Event::HandshakeGaveUp]);
+    // The network heals; new traffic starts a new series and succeeds.
+    p.net.partitioned = false;
+    assert_eq!(p.send(Side::A, b"x"), Err(SendError::NoSession));
+    p.drive(SEC);
+    assert!(p.a.peer.is_established(p.now));
+}
+
+#[test]
+fn roaming_follows_authenticated_frames() {
+    let mut p = Setup::new(44).build();
+    p.connect(Side::A);
+    // A's NAT mapping changes: its frames now come from a new address.
+    let new_addr: std::net::SocketAddr = "198.51.100.77:40000".parse().unwrap();
+    p.a.addr = new_addr;
+    p.send(Side::A, b"from elsewhere").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.b.delivered, vec![b"from elsewhere".to_vec()]);
+    assert_eq!(p.b.peer.endpoint(), Some(new_addr));
+    assert!(p.b.events.contains(&Event::EndpointChanged {
+        old: Some(ADDR_A.parse().unwrap()),
+        new: new_addr
+    }));
+    // B's answer goes to the new address and arrives.
+    p.send(Side::B, b"found you").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.a.delivered, vec![b"found you".to_vec()]);
+}
