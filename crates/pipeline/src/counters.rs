@@ -1,0 +1,153 @@
+//! Pipeline counters: lock-free, written by the pipeline's threads, read by anyone.
+//!
+//! The sequencer and the emitter run on different cores; counters each of them writes live on
+//! cache lines of their own and are updated once per batch, not per packet, so that counting
+//! does not make the two threads fight over a cache line (false sharing).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use crossbeam_utils::CachePadded;
+
+use crate::DropReason;
+
+/// Buckets of the hold-time histogram: bucket `i` counts packets held less than `2^i` µs
+/// (the last bucket takes everything longer).
+pub const HOLD_BUCKETS: usize = 24;
+
+/// Written by the sequencer thread.
+#[derive(Debug, Default)]
+struct Head {
+    submitted: AtomicU64,
+    rejected_full: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// Written by the emitter thread.
+#[derive(Debug, Default)]
+struct Tail {
+    emitted: AtomicU64,
+    out_of_order: AtomicU64,
+    held_packets: AtomicU64,
+    held_nanos: AtomicU64,
+    ring_depth: AtomicU64,
+    ring_depth_max: AtomicU64,
+    hold_histogram: [AtomicU64; HOLD_BUCKETS],
+}
+
+/// Live counters of one pipeline. Read them with [`Counters::snapshot`].
+#[derive(Debug, Default)]
+pub struct Counters {
+    head: CachePadded<Head>,
+    tail: CachePadded<Tail>,
+    /// Written by both ends, but only when a packet is dropped.
+    drops: CachePadded<[AtomicU64; DropReason::COUNT]>,
+}
+
+impl Counters {
+    pub(crate) fn count_drop(&self, reason: DropReason) {
+        self.drops[reason.index()].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn count_dispatch(&self, packets: usize) {
+        self.head.submitted.fetch_add(packets as u64, Relaxed);
+        self.head.batches.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn count_full(&self) {
+        self.head.rejected_full.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn count_emitted(&self, emitted: u64, out_of_order: u64) {
+        self.tail.emitted.fetch_add(emitted, Relaxed);
+        if out_of_order > 0 {
+            self.tail.out_of_order.fetch_add(out_of_order, Relaxed);
+        }
+    }
+
+    pub(crate) fn record_hold(&self, held: Duration, packets: usize) {
+        let packets = packets as u64;
+        let micros = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
+        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
+        self.tail.hold_histogram[bucket.min(HOLD_BUCKETS - 1)].fetch_add(packets, Relaxed);
+        self.tail.held_packets.fetch_add(packets, Relaxed);
+        let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+        self.tail
+            .held_nanos
+            .fetch_add(nanos.saturating_mul(packets), Relaxed);
+    }
+
+    pub(crate) fn record_depth(&self, depth: usize) {
+        let depth = depth as u64;
+        self.tail.ring_depth.store(depth, Relaxed);
+        self.tail.ring_depth_max.fetch_max(depth, Relaxed);
+    }
+
+    /// Packets dropped for `reason`.
+    pub fn dropped(&self, reason: DropReason) -> u64 {
+        self.drops[reason.index()].load(Relaxed)
+    }
+
+    /// A copy for reports (each field is read once, atomically). Packets are counted as
+    /// submitted when their batch leaves the sequencer.
+    pub fn snapshot(&self) -> Stats {
+        Stats {
+            submitted: self.head.submitted.load(Relaxed),
+            emitted: self.tail.emitted.load(Relaxed),
+            rejected_full: self.head.rejected_full.load(Relaxed),
+            batches: self.head.batches.load(Relaxed),
+            out_of_order: self.tail.out_of_order.load(Relaxed),
+            held_packets: self.tail.held_packets.load(Relaxed),
+            held_nanos: self.tail.held_nanos.load(Relaxed),
+            ring_depth: self.tail.ring_depth.load(Relaxed),
+            ring_depth_max: self.tail.ring_depth_max.load(Relaxed),
+            drops: core::array::from_fn(|i| self.drops[i].load(Relaxed)),
+            hold_histogram: core::array::from_fn(|i| self.tail.hold_histogram[i].load(Relaxed)),
+        }
+    }
+}
+
+/// A copy of [`Counters`] at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets that got a slot (counted when their batch left the sequencer).
+    pub submitted: u64,
+    /// Packets the sink's `emit` accepted.
+    pub emitted: u64,
+    /// Packets refused at the head because every batch buffer was in flight.
+    pub rejected_full: u64,
+    /// Batches dispatched to workers.
+    pub batches: u64,
+    /// Packets emitted after a packet that arrived later. Stays 0 with ordering on.
+    pub out_of_order: u64,
+    /// Packets that waited in the reorder ring for an earlier batch.
+    pub held_packets: u64,
+    /// Sum of their waits, in nanoseconds.
+    pub held_nanos: u64,
+    /// Batches waiting in the reorder ring after the last release.
+    pub ring_depth: u64,
+    /// Highest ring depth seen.
+    pub ring_depth_max: u64,
+    /// Drops per [`DropReason::index`] (sequencer, stage and sink drops together).
+    pub drops: [u64; DropReason::COUNT],
+    /// Held packets per hold-time bucket ([`HOLD_BUCKETS`]).
+    pub hold_histogram: [u64; HOLD_BUCKETS],
+}
+
+impl Stats {
+    /// Drops for `reason`.
+    pub const fn dropped(&self, reason: DropReason) -> u64 {
+        self.drops[reason.index()]
+    }
+
+    /// All drops and refusals by the stage, the sink and the sequencer.
+    pub fn dropped_total(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    /// Mean wait of held packets.
+    pub fn mean_hold(&self) -> Option<Duration> {
+        (self.held_packets > 0).then(|| Duration::from_nanos(self.held_nanos / self.held_packets))
+    }
+}

@@ -1,0 +1,234 @@
+//! The ordered emitter: a reorder ring of batches, released strictly in sequence order.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+
+use crate::counters::Counters;
+use crate::{Batch, BuildError, Config, Entry, Sink};
+
+/// The emitter thread of a pipeline. [`Emitter::join`] waits for it to drain and returns the
+/// sink.
+#[derive(Debug)]
+pub struct Emitter<K> {
+    handle: JoinHandle<K>,
+    counters: Arc<Counters>,
+}
+
+impl<K: Sink> Emitter<K> {
+    pub(crate) fn spawn(
+        config: &Config,
+        sink: K,
+        done_rx: Receiver<Batch<K::Item>>,
+        free_tx: Sender<Vec<Entry<K::Item>>>,
+        counters: Arc<Counters>,
+    ) -> Result<Self, BuildError> {
+        let state = EmitterState {
+            sink,
+            ring: ReorderRing::new(config.batches_in_flight),
+            ordering: config.ordering,
+            free_tx,
+            counters: counters.clone(),
+            last_emitted: None,
+        };
+        let handle = std::thread::Builder::new()
+            .name(config.name.clone())
+            .spawn(move || state.run(&done_rx))?;
+        Ok(Self { handle, counters })
+    }
+
+    /// The live counters.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Waits until every packet pushed before the sequencer was dropped has been emitted, and
+    /// returns the sink.
+    ///
+    /// # Panics
+    /// If the sink panicked on the emitter thread (re-raised here).
+    pub fn join(self) -> K {
+        match self.handle.join() {
+            Ok(sink) => sink,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+/// Batches that arrived ahead of their turn, indexed by sequence number modulo the capacity.
+/// The capacity equals the number of batch buffers, so a batch can never be more than that many
+/// ahead of the next one due: slots never collide.
+pub struct ReorderRing<T> {
+    slots: Vec<Option<(T, Instant)>>,
+    next: u64,
+    held: usize,
+}
+
+impl<T> core::fmt::Debug for ReorderRing<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ReorderRing")
+            .field("next", &self.next)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> ReorderRing<T> {
+    /// A ring for sequence numbers `next..next + capacity`.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            slots: (0..capacity).map(|_| None).collect(),
+            next: 0,
+            held: 0,
+        }
+    }
+
+    /// Stores item `seq`, which must lie in `next..next + capacity` and not be stored yet.
+    ///
+    /// # Panics
+    /// On a sequence number outside the window or stored twice: a pipeline bug, which must
+    /// not go unnoticed as silent reordering or loss.
+    pub fn insert(&mut self, seq: u64, item: T, arrived: Instant) {
+        let cap = self.slots.len() as u64;
+        assert!(
+            seq >= self.next && seq - self.next < cap,
+            "sequence {seq} outside the ring at {}",
+            self.next
+        );
+        let index = self.slot(seq);
+        let slot = &mut self.slots[index];
+        assert!(slot.is_none(), "sequence {seq} inserted twice");
+        *slot = Some((item, arrived));
+        self.held += 1;
+    }
+
+    /// Takes the next item in order if it has arrived, with its arrival time.
+    pub fn pop_next(&mut self) -> Option<(T, Instant)> {
+        let next = self.slot(self.next);
+        let taken = self.slots[next].take()?;
+        self.next += 1;
+        self.held -= 1;
+        Some(taken)
+    }
+
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the remainder is below slots.len()"
+    )]
+    fn slot(&self, seq: u64) -> usize {
+        (seq % self.slots.len() as u64) as usize
+    }
+
+    /// Items stored and waiting.
+    pub const fn held(&self) -> usize {
+        self.held
+    }
+}
+
+struct EmitterState<K: Sink> {
+    sink: K,
+    ring: ReorderRing<Batch<K::Item>>,
+    ordering: bool,
+    free_tx: Sender<Vec<Entry<K::Item>>>,
+    counters: Arc<Counters>,
+    last_emitted: Option<u64>,
+}
+
+impl<K: Sink> EmitterState<K> {
+    fn run(mut self, done_rx: &Receiver<Batch<K::Item>>) -> K {
+        loop {
+            let batch = match done_rx.try_recv() {
+                Ok(b) => b,
+                Err(TryRecvError::Empty) => {
+                    // Nothing more is ready: let the sink push out what it gathered.
+                    self.sink.flush();
+                    match done_rx.recv() {
+                        Ok(b) => b,
+                        Err(_) => break,
+                    }
+                }
+                Err(TryRecvError::Disconnected) => break,
+            };
+            if !self.ordering {
+                self.emit(batch);
+                continue;
+            }
+            let arrived = Instant::now();
+            let seq = batch.seq;
+            self.ring.insert(seq, batch, arrived);
+            while let Some((batch, arrived_at)) = self.ring.pop_next() {
+                // Every batch released here but the one that just arrived waited for it.
+                if batch.seq != seq {
+                    self.counters
+                        .record_hold(arrived_at.elapsed(), batch.entries.len());
+                }
+                self.emit(batch);
+            }
+            self.counters.record_depth(self.ring.held());
+        }
+        debug_assert_eq!(self.ring.held(), 0, "batches left unreleased at shutdown");
+        self.sink.flush();
+        self.sink
+    }
+
+    fn emit(&mut self, batch: Batch<K::Item>) {
+        let mut entries = batch.entries;
+        let (mut emitted, mut out_of_order) = (0, 0);
+        for entry in entries.drain(..) {
+            if self.last_emitted.is_some_and(|last| entry.seq < last) {
+                out_of_order += 1;
+            }
+            self.last_emitted = Some(self.last_emitted.map_or(entry.seq, |l| l.max(entry.seq)));
+            match entry.verdict {
+                Ok(()) => match self.sink.emit(entry.item) {
+                    Ok(()) => emitted += 1,
+                    Err(reason) => self.counters.count_drop(reason),
+                },
+                Err(reason) => {
+                    self.counters.count_drop(reason);
+                    self.sink.dropped(entry.item, reason);
+                }
+            }
+        }
+        self.counters.count_emitted(emitted, out_of_order);
+        // Back to the sequencer; if it is gone the buffer is simply freed.
+        let _ = self.free_tx.try_send(entries);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_releases_in_order() {
+        let mut r = ReorderRing::new(4);
+        let t = Instant::now();
+        r.insert(2, 'c', t);
+        r.insert(1, 'b', t);
+        assert_eq!(r.pop_next(), None);
+        r.insert(0, 'a', t);
+        let out: Vec<char> = std::iter::from_fn(|| r.pop_next().map(|(c, _)| c)).collect();
+        assert_eq!(out, vec!['a', 'b', 'c']);
+        r.insert(6, 'g', t);
+        assert_eq!(r.held(), 1);
+        assert_eq!(r.pop_next(), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the ring")]
+    fn ring_refuses_out_of_window() {
+        let mut r = ReorderRing::new(4);
+        r.insert(4, (), Instant::now());
+    }
+
+    #[test]
+    #[should_panic(expected = "inserted twice")]
+    fn ring_refuses_duplicates() {
+        let mut r = ReorderRing::new(4);
+        r.insert(1, (), Instant::now());
+        r.insert(1, (), Instant::now());
+    }
+}

@@ -1,0 +1,235 @@
+//! The ordered parallel packet pipeline of the adapter paper (../shared/papers/001): packets
+//! are stamped in arrival order, processed (sealed or opened) in parallel on a rayon pool, and
+//! emitted strictly in arrival order. Reordering inside a gateway collapses TCP (37.3 to
+//! 1.68 Mbit/s on a Raspberry Pi 4 in the paper); this crate makes it impossible by design.
+//!
+//! ```text
+//!  caller ──push──▶ Sequencer ──batch──▶ rayon workers ──done──▶ Emitter thread ──▶ Sink
+//!         (in order:                 (Stage::process,          (reorder ring,
+//!          Stage::sequence)           any order)                in-order release)
+//! ```
+//!
+//! - [`Sequencer`] (the caller's thread): runs [`Stage::sequence`] on each packet in arrival
+//!   order (the seal stage assigns nonce counters there), groups packets into batches and hands
+//!   each batch to the pool. Batching amortises the hand-off: one rayon job and one channel
+//!   message per batch, not per packet.
+//! - Workers run [`Stage::process`] on every packet of a batch.
+//! - The emitter thread releases batches in sequence order through a reorder ring and calls
+//!   [`Sink::emit`] (or [`Sink::dropped`]) for every packet, in order. A packet that failed
+//!   still resolves its slot, so nothing ever waits for it.
+//!
+//! Memory is fixed at start: [`Config::batches_in_flight`] batch buffers circulate between the
+//! sequencer and the emitter. When all are in flight, [`Sequencer::push`] refuses the packet
+//! ([`Rejected::Full`]) and the caller drops it at the edge (or waits with
+//! [`Sequencer::push_wait`]): memory never grows with load.
+//!
+//! [`Config::ordering`] `= false` exists only to reproduce the papers' problem in experiments.
+//!
+//! This crate knows nothing of keys, sockets or packets' contents: stages and sinks do.
+#![forbid(unsafe_code)]
+
+mod counters;
+mod emitter;
+mod sequencer;
+
+use std::sync::Arc;
+
+pub use counters::{Counters, HOLD_BUCKETS, Stats};
+pub use emitter::{Emitter, ReorderRing};
+pub use sequencer::{Rejected, Sequencer};
+
+/// Why a packet left the pipeline without being emitted. Counted per reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// No session with the destination (handshake pending or impossible).
+    NoSession,
+    /// The session's counter space is used up.
+    KeyExhausted,
+    /// The frame did not authenticate (forged, corrupted, wrong keys).
+    Auth,
+    /// Duplicate or too old for the replay window.
+    Replay,
+    /// Not a well-formed frame or packet.
+    Malformed,
+    /// Authentic but not allowed: cryptokey routing or anti-spoofing refused it.
+    Policy,
+    /// Larger than the path allows.
+    TooBig,
+    /// The destination could not take it (full socket, unknown neighbour).
+    Unroutable,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [Self; 8] = [
+        Self::NoSession,
+        Self::KeyExhausted,
+        Self::Auth,
+        Self::Replay,
+        Self::Malformed,
+        Self::Policy,
+        Self::TooBig,
+        Self::Unroutable,
+    ];
+    /// Number of reasons.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// Position in [`DropReason::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Short name for metrics and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NoSession => "no_session",
+            Self::KeyExhausted => "key_exhausted",
+            Self::Auth => "auth",
+            Self::Replay => "replay",
+            Self::Malformed => "malformed",
+            Self::Policy => "policy",
+            Self::TooBig => "too_big",
+            Self::Unroutable => "unroutable",
+        }
+    }
+}
+
+/// The work of a pipeline: an in-order step on the sequencer thread and a parallel step on the
+/// workers. Shared by all workers through `Arc`, so it holds no per-packet mutable state.
+pub trait Stage: Send + Sync + 'static {
+    /// What flows through: usually a packet buffer plus what the steps learn about it.
+    type Item: Send + 'static;
+
+    /// Runs on the sequencer thread, in arrival order, before the packet gets a slot: the place
+    /// to pick the session and assign the nonce counter, so counters follow arrival order.
+    /// An error refuses the packet (it is counted and handed back to the caller).
+    ///
+    /// # Errors
+    /// The reason to refuse the packet.
+    fn sequence(&self, _item: &mut Self::Item) -> Result<(), DropReason> {
+        Ok(())
+    }
+
+    /// Runs on a worker, in any order relative to other packets: seal or open.
+    ///
+    /// # Errors
+    /// The reason to drop the packet; its slot is still released in order.
+    fn process(&self, item: &mut Self::Item) -> Result<(), DropReason>;
+}
+
+/// Where packets leave, in order. Lives on the emitter thread.
+pub trait Sink: Send + 'static {
+    /// The pipeline's item type.
+    type Item: Send + 'static;
+
+    /// Takes a processed packet, in arrival order. This is also the place for checks that must
+    /// run in order (the replay window update of the receive direction).
+    ///
+    /// # Errors
+    /// A reason to count the packet as dropped instead of emitted (the sink keeps the item).
+    fn emit(&mut self, item: Self::Item) -> Result<(), DropReason>;
+
+    /// Takes back a packet that was dropped by the stage, in arrival order (to recycle its
+    /// buffer).
+    fn dropped(&mut self, item: Self::Item, reason: DropReason) {
+        let _ = (item, reason);
+    }
+
+    /// Called when no further packet is ready right now: the moment to push out a batch of
+    /// emitted packets (sendmmsg).
+    fn flush(&mut self) {}
+}
+
+/// Pipeline settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Largest batch handed to a worker. Larger amortises more; smaller keeps latency down
+    /// under light load (a partial batch leaves on [`Sequencer::flush`]).
+    pub batch_size: usize,
+    /// Batches that may be between the sequencer and the emitter at once: the memory bound,
+    /// and the reorder ring's size. In-flight packets never exceed
+    /// `batch_size * batches_in_flight`.
+    pub batches_in_flight: usize,
+    /// Emit in arrival order. `false` only to reproduce the papers' reordering problem.
+    pub ordering: bool,
+    /// Thread name of the emitter, for `top -H` and debuggers.
+    pub name: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            batch_size: 32,
+            batches_in_flight: 128,
+            ordering: true,
+            name: "cyphonic-emit".into(),
+        }
+    }
+}
+
+/// Errors of building a pipeline.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A zero batch size or zero batches in flight.
+    #[error("pipeline needs batch_size >= 1 and batches_in_flight >= 1")]
+    Config,
+    /// The emitter thread could not be spawned.
+    #[error("spawning the emitter thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// Starts a pipeline: the emitter thread begins waiting, and the returned [`Sequencer`] feeds
+/// it. Dropping the sequencer drains everything in flight to the sink and ends the emitter;
+/// [`Emitter::join`] then gives the sink back.
+///
+/// # Errors
+/// [`BuildError`] for an invalid configuration or when the thread cannot be spawned.
+pub fn start<S, K>(
+    config: &Config,
+    pool: Arc<rayon::ThreadPool>,
+    stage: S,
+    sink: K,
+) -> Result<(Sequencer<S>, Emitter<K>), BuildError>
+where
+    S: Stage,
+    K: Sink<Item = S::Item>,
+{
+    if config.batch_size == 0 || config.batches_in_flight == 0 {
+        return Err(BuildError::Config);
+    }
+    let counters = Arc::new(Counters::default());
+    let (done_tx, done_rx) = crossbeam_channel::bounded(config.batches_in_flight);
+    let (free_tx, free_rx) = crossbeam_channel::bounded(config.batches_in_flight);
+    for _ in 0..config.batches_in_flight {
+        free_tx
+            .send(Vec::with_capacity(config.batch_size))
+            .expect("sized to hold them all");
+    }
+    let emitter = Emitter::spawn(config, sink, done_rx, free_tx, counters.clone())?;
+    let sequencer = Sequencer::new(
+        config.batch_size,
+        Arc::new(stage),
+        pool,
+        done_tx,
+        free_rx,
+        counters,
+    );
+    Ok((sequencer, emitter))
+}
+
+/// One packet in a batch: its arrival sequence number and the stage's verdict so far.
+#[derive(Debug)]
+struct Entry<T> {
+    seq: u64,
+    item: T,
+    verdict: Result<(), DropReason>,
+}
+
+/// A batch on its way from the sequencer through a worker to the emitter.
+#[derive(Debug)]
+struct Batch<T> {
+    seq: u64,
+    entries: Vec<Entry<T>>,
+}

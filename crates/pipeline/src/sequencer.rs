@@ -1,0 +1,177 @@
+//! The sequencer: stamps arrival order, batches, hands batches to the pool.
+
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::counters::Counters;
+use crate::{Batch, DropReason, Entry, Stage, Stats};
+
+/// A packet the sequencer did not take, handed back to the caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Rejected<T> {
+    /// Every batch buffer is in flight: drop at the edge (counted as `rejected_full`), or wait.
+    Full(T),
+    /// [`Stage::sequence`] refused it (counted under its reason).
+    Dropped(T, DropReason),
+}
+
+impl<T> Rejected<T> {
+    /// The packet, to recycle its buffer.
+    pub fn into_item(self) -> T {
+        match self {
+            Self::Full(t) | Self::Dropped(t, _) => t,
+        }
+    }
+}
+
+/// The head of the pipeline. Owned by one thread (the capture or receive thread): packets
+/// pushed here leave the emitter in exactly this order.
+pub struct Sequencer<S: Stage> {
+    batch_size: usize,
+    stage: Arc<S>,
+    pool: Arc<rayon::ThreadPool>,
+    done_tx: Sender<Batch<S::Item>>,
+    free_rx: Receiver<Vec<Entry<S::Item>>>,
+    filling: Option<Vec<Entry<S::Item>>>,
+    next_seq: u64,
+    next_batch: u64,
+    counters: Arc<Counters>,
+}
+
+impl<S: Stage> core::fmt::Debug for Sequencer<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Sequencer")
+            .field("next_seq", &self.next_seq)
+            .field("next_batch", &self.next_batch)
+            .field("filling", &self.filling.as_ref().map(Vec::len))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Stage> Sequencer<S> {
+    pub(crate) fn new(
+        batch_size: usize,
+        stage: Arc<S>,
+        pool: Arc<rayon::ThreadPool>,
+        done_tx: Sender<Batch<S::Item>>,
+        free_rx: Receiver<Vec<Entry<S::Item>>>,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Self {
+            batch_size,
+            stage,
+            pool,
+            done_tx,
+            free_rx,
+            filling: None,
+            next_seq: 0,
+            next_batch: 0,
+            counters,
+        }
+    }
+
+    /// Takes a packet: stamps it in order ([`Stage::sequence`]) and adds it to the current
+    /// batch, which leaves for a worker once full. Never blocks.
+    ///
+    /// # Errors
+    /// [`Rejected`] with the packet when every batch buffer is in flight or the stage refused.
+    pub fn push(&mut self, item: S::Item) -> Result<(), Rejected<S::Item>> {
+        if self.filling.is_none() {
+            match self.free_rx.try_recv() {
+                Ok(buf) => self.filling = Some(buf),
+                Err(_) => {
+                    self.counters.count_full();
+                    return Err(Rejected::Full(item));
+                }
+            }
+        }
+        self.stamp_and_add(item)
+    }
+
+    /// Like [`Sequencer::push`], but when every batch buffer is in flight it waits for the
+    /// emitter to release one (backpressure) instead of refusing.
+    ///
+    /// # Errors
+    /// [`Rejected::Dropped`] when the stage refused the packet.
+    pub fn push_wait(&mut self, item: S::Item) -> Result<(), Rejected<S::Item>> {
+        if self.filling.is_none() {
+            match self.free_rx.recv() {
+                Ok(buf) => self.filling = Some(buf),
+                // The emitter is gone: nothing can flow any more.
+                Err(_) => return Err(Rejected::Full(item)),
+            }
+        }
+        self.stamp_and_add(item)
+    }
+
+    /// Sends the partial batch now. Call when the source has nothing more at the moment (end
+    /// of a receive burst), so that light traffic is not held back waiting for a full batch.
+    pub fn flush(&mut self) {
+        if self.filling.as_ref().is_some_and(|b| !b.is_empty()) {
+            self.dispatch();
+        }
+    }
+
+    /// A snapshot of the pipeline's counters.
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
+    }
+
+    /// The live counters, to export.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    fn stamp_and_add(&mut self, mut item: S::Item) -> Result<(), Rejected<S::Item>> {
+        if let Err(reason) = self.stage.sequence(&mut item) {
+            self.counters.count_drop(reason);
+            return Err(Rejected::Dropped(item, reason));
+        }
+        let batch = self
+            .filling
+            .as_mut()
+            .expect("a batch buffer was taken above");
+        batch.push(Entry {
+            seq: self.next_seq,
+            item,
+            verdict: Ok(()),
+        });
+        self.next_seq += 1;
+        if batch.len() >= self.batch_size {
+            self.dispatch();
+        }
+        Ok(())
+    }
+
+    fn dispatch(&mut self) {
+        let Some(entries) = self.filling.take() else {
+            return;
+        };
+        self.counters.count_dispatch(entries.len());
+        let batch = Batch {
+            seq: self.next_batch,
+            entries,
+        };
+        self.next_batch += 1;
+        let stage = self.stage.clone();
+        let done = self.done_tx.clone();
+        // FIFO: batches start in the order they were sealed off, which keeps reordering (and
+        // so the emitter's hold time) small.
+        self.pool.spawn_fifo(move || {
+            let mut batch = batch;
+            for entry in &mut batch.entries {
+                entry.verdict = stage.process(&mut entry.item);
+            }
+            // The emitter outlives every batch: it only ends once all senders are gone.
+            let _ = done.send(batch);
+        });
+    }
+}
+
+impl<S: Stage> Drop for Sequencer<S> {
+    fn drop(&mut self) {
+        // Whatever was pushed is emitted: a partial batch leaves before the channel closes.
+        self.flush();
+    }
+}
