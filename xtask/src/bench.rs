@@ -1,0 +1,229 @@
+//! `cargo xtask bench`: runs the criterion benchmarks and writes their tables, with ratios
+//! taken within the same run, into docs/benchmarks.md between marker comments.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+use crate::util;
+
+const BEGIN: &str = "<!-- xtask bench micro: begin -->";
+const END: &str = "<!-- xtask bench micro: end -->";
+/// Packets per criterion iteration (benches/src/lib.rs `BURST`).
+const BURST: f64 = 4096.0;
+/// Packets per batch at the pipeline's default configuration.
+const BATCH: f64 = 32.0;
+
+pub(crate) fn run(write: bool) -> anyhow::Result<()> {
+    let root = util::root();
+    let criterion_dir = root.join("target/criterion");
+    // Stale results from an earlier run must not mix into this one's ratios.
+    for group in ["seal", "pipeline_overhead", "reorder_ring"] {
+        let _ = std::fs::remove_dir_all(criterion_dir.join(group));
+    }
+    util::cargo(
+        &root,
+        &["bench", "-p", "cyphonic-benches", "--bench", "pipeline"],
+    )?;
+    let results = collect(&criterion_dir)?;
+    let tables = render(&results)?;
+    if write {
+        let path = root.join("docs/benchmarks.md");
+        let doc = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let updated = replace_between(&doc, &tables)?;
+        std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("xtask: updated {}", path.display());
+    } else {
+        print!("{tables}");
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct BenchmarkJson {
+    group_id: String,
+    function_id: Option<String>,
+    value_str: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Estimates {
+    median: Estimate,
+}
+
+#[derive(Deserialize)]
+struct Estimate {
+    point_estimate: f64,
+}
+
+/// Median nanoseconds per iteration, keyed by (group, function, value).
+type Results = BTreeMap<(String, String, String), f64>;
+
+fn collect(dir: &Path) -> anyhow::Result<Results> {
+    let mut out = Results::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.ends_with("new/benchmark.json") {
+                let meta: BenchmarkJson = serde_json::from_str(&std::fs::read_to_string(&path)?)
+                    .with_context(|| format!("parsing {}", path.display()))?;
+                let est: Estimates = serde_json::from_str(&std::fs::read_to_string(
+                    path.with_file_name("estimates.json"),
+                )?)
+                .with_context(|| format!("parsing estimates next to {}", path.display()))?;
+                out.insert(
+                    (
+                        meta.group_id,
+                        meta.function_id.unwrap_or_default(),
+                        meta.value_str.unwrap_or_default(),
+                    ),
+                    est.median.point_estimate,
+                );
+            }
+        }
+    }
+    if out.is_empty() {
+        bail!("no criterion results under {}", dir.display());
+    }
+    Ok(out)
+}
+
+fn get(r: &Results, group: &str, function: &str, value: &str) -> anyhow::Result<f64> {
+    r.get(&(group.to_owned(), function.to_owned(), value.to_owned()))
+        .copied()
+        .with_context(|| format!("missing benchmark {group}/{function}/{value}"))
+}
+
+fn render(r: &Results) -> anyhow::Result<String> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let all = format!("{cores}w");
+    let mut s = String::new();
+    writeln!(
+        s,
+        "Measured {} on {}.",
+        util::output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default(),
+        machine()
+    )?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "Sealing, packets per second (payload Gbit/s). Ratios are to the bare loop measured moments before, in the same run."
+    )?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "| AEAD | size (B) | bare loop, 1 thread | pipeline, 1 worker | 1 worker / bare | pipeline, {cores} workers | {cores} workers / bare |"
+    )?;
+    writeln!(s, "|---|---:|---:|---:|---:|---:|---:|")?;
+    for backend in ["ring", "rustcrypto"] {
+        for size in ["64", "512", "1420"] {
+            let f = format!("{backend}/{size}");
+            let bare = pps(get(r, "seal", &f, "bare")?);
+            let one = pps(get(r, "seal", &f, "1w")?);
+            let many = pps(get(r, "seal", &f, &all)?);
+            let bytes: f64 = size.parse()?;
+            writeln!(
+                s,
+                "| {backend} | {size} | {} | {} | {:.0}% | {} | {:.0}% |",
+                rate(bare, bytes),
+                rate(one, bytes),
+                100.0 * one / bare,
+                rate(many, bytes),
+                100.0 * many / bare
+            )?;
+        }
+    }
+    writeln!(s)?;
+    let noop_1 = get(r, "pipeline_overhead", "noop", "1w")? / BURST;
+    let noop_n = get(r, "pipeline_overhead", "noop", &all)? / BURST;
+    let ring_batch = get(r, "reorder_ring", "swapped_pairs", "")? / 128.0;
+    writeln!(s, "| pipeline cost | per packet |")?;
+    writeln!(s, "|---|---:|")?;
+    writeln!(
+        s,
+        "| whole pipeline, do-nothing stage, 1 worker | {noop_1:.0} ns |"
+    )?;
+    writeln!(
+        s,
+        "| whole pipeline, do-nothing stage, {cores} workers | {noop_n:.0} ns |"
+    )?;
+    writeln!(
+        s,
+        "| reorder ring alone (half the batches wait), per batch {ring_batch:.1} ns | {:.2} ns |",
+        ring_batch / BATCH
+    )?;
+    Ok(s)
+}
+
+fn pps(ns_per_burst: f64) -> f64 {
+    BURST / (ns_per_burst * 1e-9)
+}
+
+fn rate(pps: f64, bytes: f64) -> String {
+    let gbit = pps * bytes * 8.0 / 1e9;
+    if pps >= 1e6 {
+        format!("{:.2} M ({gbit:.2})", pps / 1e6)
+    } else {
+        format!("{:.0} k ({gbit:.2})", pps / 1e3)
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let rustc = util::output("rustc", &["--version"]).unwrap_or_default();
+    format!(
+        "{cpu}, {cores} cores, {} {}, {rustc}",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+fn replace_between(doc: &str, body: &str) -> anyhow::Result<String> {
+    let (Some(b), Some(e)) = (doc.find(BEGIN), doc.find(END)) else {
+        bail!("docs/benchmarks.md lacks the markers {BEGIN} / {END}");
+    };
+    if e < b {
+        bail!("docs/benchmarks.md: end marker before begin marker");
+    }
+    Ok(format!("{}{BEGIN}\n{body}{}", &doc[..b], &doc[e..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_only_between_markers() {
+        let doc = format!("intro\n{BEGIN}\nold\n{END}\noutro\n");
+        assert_eq!(
+            replace_between(&doc, "new\n").unwrap(),
+            format!("intro\n{BEGIN}\nnew\n{END}\noutro\n")
+        );
+        assert!(replace_between("no markers", "x").is_err());
+    }
+
+    #[test]
+    fn renders_rates() {
+        assert_eq!(rate(1_270_000.0, 1420.0), "1.27 M (14.43)");
+        assert_eq!(rate(245_000.0, 64.0), "245 k (0.13)");
+    }
+}

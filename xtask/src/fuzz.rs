@@ -1,0 +1,54 @@
+//! `cargo xtask fuzz`: every cargo-fuzz target for a bounded time.
+
+use anyhow::{Context, bail};
+
+use crate::util;
+
+/// Runs `targets` (all when empty) for `seconds` each with the nightly toolchain.
+pub(crate) fn run(seconds: u64, targets: &[String]) -> anyhow::Result<()> {
+    let root = util::root();
+    if util::output("rustup", &["run", "nightly", "rustc", "--version"]).is_none() {
+        bail!("cargo-fuzz needs a nightly toolchain (`rustup toolchain install nightly`)");
+    }
+    if util::output("cargo", &["+nightly", "fuzz", "--version"]).is_none() {
+        util::cargo(&root, &["+nightly", "install", "cargo-fuzz", "--locked"])
+            .context("installing cargo-fuzz")?;
+    }
+    let all = list(&root)?;
+    let chosen: Vec<String> = if targets.is_empty() {
+        all
+    } else {
+        targets.to_vec()
+    };
+    let max_time = format!("-max_total_time={seconds}");
+    for target in &chosen {
+        util::cargo(
+            &root,
+            &[
+                "+nightly",
+                "fuzz",
+                "run",
+                target,
+                "--",
+                &max_time,
+                "-rss_limit_mb=2048",
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// The targets declared in fuzz/Cargo.toml.
+fn list(root: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(root.join("fuzz/Cargo.toml")).context("reading fuzz/Cargo.toml")?;
+    let manifest: toml::Table = toml::from_str(&text).context("parsing fuzz/Cargo.toml")?;
+    let bins = manifest
+        .get("bin")
+        .and_then(toml::Value::as_array)
+        .context("fuzz/Cargo.toml has no [[bin]] targets")?;
+    Ok(bins
+        .iter()
+        .filter_map(|b| b.get("name")?.as_str().map(str::to_owned))
+        .collect())
+}

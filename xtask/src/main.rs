@@ -1,0 +1,113 @@
+//! All project automation, run as `cargo xtask <command>` (the alias is in .cargo/config.toml).
+//!
+//! - `test`: formatting, lints, every test of the workspace, the tidy checks, and that the fuzz
+//!   targets build. What CI runs (through .ci/run).
+//! - `bench`: criterion benchmarks, release build; writes the tables into docs/benchmarks.md.
+//! - `fuzz`: runs each cargo-fuzz target for a while (nightly toolchain and cargo-fuzz).
+//! - `tidy`: the repository consistency checks alone (they also run inside `cargo test`).
+//! - `demo`: the main job on embedded defaults.
+
+#![forbid(unsafe_code)]
+// A command-line tool: printing reports to stdout is its job.
+#![allow(clippy::print_stdout)]
+
+mod bench;
+mod fuzz;
+mod tidy;
+mod util;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "cyphonic project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Format check, clippy with warnings denied, all tests, tidy checks, fuzz targets build.
+    Test,
+    /// Run the criterion benchmarks (release) and update docs/benchmarks.md.
+    Bench {
+        /// Print the tables instead of writing them into docs/benchmarks.md.
+        #[arg(long)]
+        no_write: bool,
+    },
+    /// Run the cargo-fuzz targets (needs the nightly toolchain; installs cargo-fuzz if absent).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Targets to run (default: all).
+        targets: Vec<String>,
+    },
+    /// Check repository consistency: ARCHITECTURE.md code map, crate layering, lint headers.
+    Tidy,
+    /// Run the main job on embedded defaults.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Test => test(),
+        Command::Bench { no_write } => bench::run(!no_write),
+        Command::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
+        Command::Tidy => tidy::run(),
+        Command::Demo => demo(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn test() -> anyhow::Result<()> {
+    let root = util::root();
+    util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
+    util::cargo(
+        &root,
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    util::cargo(&root, &["test", "--workspace", "--locked"])?;
+    // The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly and
+    // sanitizers); make sure they still compile against the current APIs.
+    // Sharing the target directory reuses the workspace's compiled dependencies.
+    util::cargo(
+        &root,
+        &[
+            "check",
+            "--manifest-path",
+            "fuzz/Cargo.toml",
+            "--bins",
+            "--target-dir",
+            "target",
+        ],
+    )?;
+    eprintln!("xtask: all checks passed");
+    Ok(())
+}
+
+fn demo() -> anyhow::Result<()> {
+    eprintln!(
+        "The demo runs the adapter between two simulated sites; it arrives with the adapter \
+         daemon (the data-plane issue). Until then, `cargo xtask test` and `cargo xtask bench` \
+         show what exists: the wire format, crypto, sessions and the ordered pipeline."
+    );
+    Ok(())
+}

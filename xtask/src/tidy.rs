@@ -1,0 +1,303 @@
+//! Repository consistency checks (style.md rules 4, 17, 19, 21 and the layer table). They run
+//! as tests inside `cargo test` and alone as `cargo xtask tidy`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+
+use crate::util;
+
+/// Our crates, their layer (style.md, last table), and whether they may contain `unsafe`.
+/// A crate missing here fails the layering check: adding a crate means placing it.
+const LAYERS: &[(&str, u8, bool)] = &[
+    ("cyphonic-wire", 0, false),
+    ("cyphonic-crypto", 0, false),
+    ("cyphonic-session", 1, false),
+    ("cyphonic-vip", 1, false),
+    ("cyphonic-resolver", 1, false),
+    ("cyphonic-pipeline", 2, false),
+    ("cyphonic-netio", 2, true),
+    ("cyphonic-signal", 3, false),
+    ("cyphonic-cloud", 3, false),
+    ("cyphonic-node", 3, false),
+    ("cyphonic-adapter", 4, false),
+];
+
+/// Crates that must stay sans-IO: no clock, no sockets, no threads of their own.
+const SANS_IO: &[&str] = &[
+    "crates/wire",
+    "crates/crypto",
+    "crates/session",
+    "crates/vip",
+    "crates/resolver",
+];
+
+/// Crates below layer 3 must not pull in an async runtime.
+const NO_TOKIO_BELOW: u8 = 3;
+
+pub(crate) fn run() -> anyhow::Result<()> {
+    let problems = check_all(&util::root())?;
+    if problems.is_empty() {
+        eprintln!("xtask: tidy: all checks passed");
+        return Ok(());
+    }
+    for p in &problems {
+        eprintln!("tidy: {p}");
+    }
+    bail!("{} tidy problem(s)", problems.len())
+}
+
+fn check_all(root: &Path) -> anyhow::Result<Vec<String>> {
+    let members = members(root)?;
+    let mut problems = Vec::new();
+    problems.extend(architecture_map(root, &members)?);
+    problems.extend(source_headers(root, &members)?);
+    problems.extend(layering(root, &members)?);
+    problems.extend(sans_io(root)?);
+    Ok(problems)
+}
+
+/// Workspace member directories, relative to the root.
+fn members(root: &Path) -> anyhow::Result<Vec<String>> {
+    let manifest: toml::Table = toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml"))?)?;
+    let list = manifest
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(toml::Value::as_array)
+        .context("root Cargo.toml has no workspace.members")?;
+    Ok(list
+        .iter()
+        .filter_map(toml::Value::as_str)
+        .map(str::to_owned)
+        .collect())
+}
+
+fn package_name(root: &Path, member: &str) -> anyhow::Result<(String, toml::Table)> {
+    let path = root.join(member).join("Cargo.toml");
+    let manifest: toml::Table = toml::from_str(
+        &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    )?;
+    let name = manifest
+        .get("package")
+        .and_then(|p| p.get("name"))
+        .and_then(toml::Value::as_str)
+        .with_context(|| format!("{} has no package.name", path.display()))?
+        .to_owned();
+    Ok((name, manifest))
+}
+
+/// ARCHITECTURE.md's code map names every workspace member (hickory's drifted map is the
+/// counter-example this prevents).
+fn architecture_map(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(root.join("ARCHITECTURE.md")).context("reading ARCHITECTURE.md")?;
+    let Some(map) = text.split("## Code map").nth(1) else {
+        return Ok(vec![
+            "ARCHITECTURE.md has no \"## Code map\" section".into(),
+        ]);
+    };
+    Ok(members
+        .iter()
+        .filter(|m| !map.contains(&format!("`{m}`")))
+        .map(|m| format!("ARCHITECTURE.md code map does not describe `{m}`"))
+        .collect())
+}
+
+/// Every crate root opens with `//!` docs; all but the I/O crate forbid `unsafe`.
+fn source_headers(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for member in members {
+        let (name, _) = package_name(root, member)?;
+        let may_be_unsafe = LAYERS
+            .iter()
+            .any(|(n, _, unsafe_ok)| *n == name && *unsafe_ok);
+        for file in ["src/lib.rs", "src/main.rs"] {
+            let path = root.join(member).join(file);
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let shown = format!("{member}/{file}");
+            if !text.trim_start().starts_with("//!") {
+                problems.push(format!("{shown} does not open with //! crate docs"));
+            }
+            if !may_be_unsafe && !text.contains("#![forbid(unsafe_code)]") {
+                problems.push(format!("{shown} lacks #![forbid(unsafe_code)]"));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// Dependencies between our crates point down the layers only; netio uses none of ours;
+/// nothing below layer 3 uses tokio.
+fn layering(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
+    let layer = |name: &str| {
+        LAYERS
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, l, _)| *l)
+    };
+    let mut problems = Vec::new();
+    for member in members {
+        let (name, manifest) = package_name(root, member)?;
+        if !name.starts_with("cyphonic-") || name == "cyphonic-benches" {
+            continue;
+        }
+        let Some(own) = layer(&name) else {
+            problems.push(format!(
+                "{name} is not placed in a layer (xtask/src/tidy.rs LAYERS)"
+            ));
+            continue;
+        };
+        let deps = manifest
+            .get("dependencies")
+            .and_then(toml::Value::as_table)
+            .cloned()
+            .unwrap_or_default();
+        for dep in deps.keys() {
+            if dep == "tokio" && own < NO_TOKIO_BELOW {
+                problems.push(format!(
+                    "{name} (layer {own}) depends on tokio; async starts at layer 3"
+                ));
+            }
+            if !dep.starts_with("cyphonic-") {
+                continue;
+            }
+            match layer(dep) {
+                None => problems.push(format!("{name} depends on {dep}, which is not placed in a layer")),
+                Some(_) if name == "cyphonic-netio" => problems.push(format!("netio must not depend on our crates, found {dep}")),
+                Some(l) if l >= own => problems.push(format!("{name} (layer {own}) depends on {dep} (layer {l}): dependencies point down only")),
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(problems)
+}
+
+/// Sans-IO crates read no clock and open no socket outside their tests (style.md rules 1, 2).
+fn sans_io(root: &Path) -> anyhow::Result<Vec<String>> {
+    const FORBIDDEN: &[&str] = &[
+        "Instant::now",
+        "SystemTime::now",
+        "UdpSocket",
+        "TcpStream",
+        "TcpListener",
+        "std::thread::spawn",
+        "thread::spawn",
+    ];
+    let mut problems = Vec::new();
+    for krate in SANS_IO {
+        let src = root.join(krate).join("src");
+        if !src.exists() {
+            continue;
+        }
+        for file in rust_files(&src)? {
+            let text = std::fs::read_to_string(&file)?;
+            // Unit tests sit at the bottom of a file (style.md rule 14) and may use anything;
+            // comments may name what the code must not do.
+            let before_tests = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let code: String = before_tests
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for word in FORBIDDEN {
+                if code.contains(word) {
+                    let shown = file
+                        .strip_prefix(root)
+                        .unwrap_or(&file)
+                        .display()
+                        .to_string();
+                    problems.push(format!(
+                        "{shown} uses {word}; {krate} is sans-IO (pass time and bytes in)"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(problems)
+}
+
+fn rust_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_clean(problems: &[String]) {
+        assert!(
+            problems.is_empty(),
+            "tidy problems:\n{}",
+            problems.join("\n")
+        );
+    }
+
+    #[test]
+    fn architecture_md_maps_every_member() {
+        let root = util::root();
+        assert_clean(&architecture_map(&root, &members(&root).unwrap()).unwrap());
+    }
+
+    #[test]
+    fn crate_roots_have_docs_and_forbid_unsafe() {
+        let root = util::root();
+        assert_clean(&source_headers(&root, &members(&root).unwrap()).unwrap());
+    }
+
+    #[test]
+    fn dependencies_point_down_the_layers() {
+        let root = util::root();
+        assert_clean(&layering(&root, &members(&root).unwrap()).unwrap());
+    }
+
+    #[test]
+    fn sans_io_crates_read_no_clock_and_open_no_socket() {
+        assert_clean(&sans_io(&util::root()).unwrap());
+    }
+
+    /// The checks themselves catch what they claim to (a check that cannot fail proves nothing).
+    #[test]
+    fn checks_detect_violations() {
+        let dir = std::env::temp_dir().join(format!("cyphonic-tidy-{}", std::process::id()));
+        let krate = dir.join("crates/wire");
+        std::fs::create_dir_all(krate.join("src")).unwrap();
+        std::fs::write(
+            dir.join("Cargo.toml"),
+            "[workspace]\nmembers = [\"crates/wire\"]\n",
+        )
+        .unwrap();
+        std::fs::write(krate.join("Cargo.toml"), "[package]\nname = \"cyphonic-wire\"\n[dependencies]\ncyphonic-session = { path = \"x\" }\ntokio = \"1\"\n").unwrap();
+        std::fs::write(krate.join("src/lib.rs"), "/// Built from `Instant::now()` by the driver.\nfn f() { let _ = std::time::Instant::now(); }\n#[cfg(test)]\nmod t { fn g() { std::time::Instant::now(); } }\n").unwrap();
+        std::fs::write(dir.join("ARCHITECTURE.md"), "# x\n## Code map\nnothing\n").unwrap();
+        let problems = check_all(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let has = |s: &str| problems.iter().any(|p| p.contains(s));
+        assert!(has("does not describe `crates/wire`"), "{problems:?}");
+        assert!(has("does not open with //!"), "{problems:?}");
+        assert!(has("lacks #![forbid(unsafe_code)]"), "{problems:?}");
+        assert!(has("depends on cyphonic-session (layer 1)"), "{problems:?}");
+        assert!(has("depends on tokio"), "{problems:?}");
+        assert_eq!(
+            problems
+                .iter()
+                .filter(|p| p.contains("Instant::now"))
+                .count(),
+            1,
+            "{problems:?}"
+        );
+    }
+}
