@@ -10,8 +10,8 @@ pub(crate) fn run(seconds: u64, targets: &[String]) -> anyhow::Result<()> {
     if util::output("rustup", &["run", "nightly", "rustc", "--version"]).is_none() {
         bail!("cargo-fuzz needs a nightly toolchain (`rustup toolchain install nightly`)");
     }
-    if util::output("cargo", &["+nightly", "fuzz", "--version"]).is_none() {
-        util::cargo(&root, &["+nightly", "install", "cargo-fuzz", "--locked"])
+    if util::output("rustup", &["run", "nightly", "cargo", "fuzz", "--version"]).is_none() {
+        nightly_cargo(&root, &["install", "cargo-fuzz", "--locked"])
             .context("installing cargo-fuzz")?;
     }
     let all = list(&root)?;
@@ -22,20 +22,32 @@ pub(crate) fn run(seconds: u64, targets: &[String]) -> anyhow::Result<()> {
     };
     let max_time = format!("-max_total_time={seconds}");
     for target in &chosen {
-        util::cargo(
+        nightly_cargo(
             &root,
-            &[
-                "+nightly",
-                "fuzz",
-                "run",
-                target,
-                "--",
-                &max_time,
-                "-rss_limit_mb=2048",
-            ],
+            &["fuzz", "run", target, "--", &max_time, "-rss_limit_mb=2048"],
         )?;
     }
     Ok(())
+}
+
+/// `cargo` of the nightly toolchain. Inside `cargo xtask`, `cargo +nightly` does not work:
+/// `$CARGO` is the pinned toolchain's own binary, not rustup's proxy.
+fn nightly_cargo(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<()> {
+    let mut cmd = std::process::Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo"])
+        .args(args)
+        .current_dir(dir);
+    // The pinned toolchain's variables must not leak into the nightly build.
+    for var in [
+        "CARGO",
+        "RUSTC",
+        "RUSTDOC",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO_MANIFEST_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    util::run(&mut cmd, &format!("cargo +nightly {}", args.join(" ")))
 }
 
 /// The targets declared in fuzz/Cargo.toml.
