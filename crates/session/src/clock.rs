@@ -64,6 +64,10 @@ pub struct Timing {
     pub handshake_attempt_time: Duration,
     /// Accept at most one initiation from a peer per this interval (CPU flood guard).
     pub init_min_interval: Duration,
+    /// Data sent and nothing authenticated received for this long: the peer may have lost its
+    /// keys (restarted), so start a new handshake (WireGuard's `new_handshake` timer). Longer
+    /// than `keepalive_timeout`, which is how soon a healthy peer answers data.
+    pub reply_timeout: Duration,
 }
 
 impl Default for Timing {
@@ -79,6 +83,7 @@ impl Default for Timing {
             handshake_retry_max: Duration::from_secs(8),
             handshake_attempt_time: Duration::from_secs(90),
             init_min_interval: Duration::from_millis(20),
+            reply_timeout: Duration::from_secs(15),
         }
     }
 }

@@ -153,6 +153,10 @@ pub struct Peer {
     last_init_accepted: Option<Instant>,
     last_sent: Option<Instant>,
     passive_keepalive_at: Option<Instant>,
+    /// Set when data is sent, cleared when anything authenticated arrives.
+    awaiting_reply_since: Option<Instant>,
+    /// A handshake was asked for on the data path; `handle_timeout` builds it.
+    handshake_requested: bool,
     last_handshake: Option<Instant>,
 
     transmits: VecDeque<Transmit>,
@@ -210,6 +214,8 @@ impl Peer {
             last_init_accepted: None,
             last_sent: None,
             passive_keepalive_at: None,
+            awaiting_reply_since: None,
+            handshake_requested: false,
             last_handshake: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -251,21 +257,32 @@ impl Peer {
         self.current.as_ref().is_some_and(|s| self.alive(s, now))
     }
 
-    /// The keys to seal the next packet with. Also the trigger for handshakes: without usable
-    /// keys it starts one; with keys due for rotation it starts the rekey and still returns
-    /// the current keys. Counts as sending for the keepalive timers.
+    /// The keys to seal the next data packet with. Also the trigger for handshakes: without
+    /// usable keys it asks for one; with keys due for rotation it asks for the rekey and still
+    /// returns the current keys. It never computes a handshake itself (that is Diffie-Hellman
+    /// work, which must not run on a data thread): it makes [`Peer::poll_timeout`] due at once,
+    /// and the driver's [`Peer::handle_timeout`] builds the initiation. Counts as sending for
+    /// the keepalive and reply timers.
     ///
     /// # Errors
     /// [`SendError::NoSession`] while a handshake is pending, [`SendError::Unreachable`] when
     /// none can be started.
     pub fn send_session(&mut self, now: Instant) -> Result<Arc<Session>, SendError> {
+        let session = self.sending_session(now)?;
+        self.awaiting_reply_since.get_or_insert(now);
+        Ok(session)
+    }
+
+    /// [`Peer::send_session`] without arming the reply timer: for keepalives, which nobody
+    /// answers.
+    fn sending_session(&mut self, now: Instant) -> Result<Arc<Session>, SendError> {
         let usable = self
             .current
             .as_ref()
             .filter(|s| self.alive(s, now) && s.counters_used() < self.timing.reject_after_messages)
             .cloned();
         let Some(session) = usable else {
-            return match self.start_handshake(now) {
+            return match self.request_handshake() {
                 Ok(()) => Err(SendError::NoSession),
                 Err(_) => Err(SendError::Unreachable),
             };
@@ -275,7 +292,7 @@ impl Peer {
             || (session.is_initiator() && old >= self.timing.rekey_after_time)
         {
             // Ignored failure: we keep sending on the current keys meanwhile.
-            let _ = self.start_handshake(now);
+            let _ = self.request_handshake();
         }
         self.note_sent(now);
         Ok(session)
@@ -314,6 +331,7 @@ impl Peer {
             });
             self.had_session = true;
         }
+        self.awaiting_reply_since = None;
         if is_data && self.passive_keepalive_at.is_none() {
             self.passive_keepalive_at = Some(now + self.timing.keepalive_timeout);
         }
@@ -328,7 +346,7 @@ impl Peer {
             && s.is_initiator()
             && now.saturating_duration_since(s.created()) >= late
         {
-            let _ = self.start_handshake(now);
+            let _ = self.request_handshake();
         }
     }
 
@@ -513,16 +531,34 @@ impl Peer {
             .flatten()
             .map(|s| s.created() + self.timing.reject_after_time);
         let keepalive = self.current.as_ref().and(self.passive_keepalive_at);
+        // A requested handshake is due at once: the clock's origin lies before any `now`.
+        let requested = self.handshake_requested.then_some(self.clock.origin());
+        let reply = self
+            .awaiting_reply_since
+            .map(|t| t + self.timing.reply_timeout);
         expiries
             .chain(self.pending.as_ref().map(|p| p.retry_at))
             .chain(keepalive)
             .chain(self.persistent_due())
+            .chain(requested)
+            .chain(reply)
             .min()
     }
 
     /// Runs the timers due at `now`: expiry, handshake retries, keepalives.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire(now);
+        if std::mem::take(&mut self.handshake_requested) {
+            let _ = self.start_handshake(now);
+        }
+        if self
+            .awaiting_reply_since
+            .take_if(|t| now >= *t + self.timing.reply_timeout)
+            .is_some()
+        {
+            // Our data went unanswered: the peer may have lost our keys.
+            let _ = self.start_handshake(now);
+        }
         if let Some(retry_at) = self.pending.as_ref().map(|p| p.retry_at)
             && now >= retry_at
         {
@@ -602,7 +638,22 @@ impl Peer {
         self.id << 8 | u32::from(self.generation)
     }
 
+    /// Asks for a handshake without computing it; see [`Peer::send_session`].
+    fn request_handshake(&mut self) -> Result<(), HandshakeError> {
+        if self.config.remote_static.is_none() {
+            return Err(HandshakeError::CannotInitiate("static key"));
+        }
+        if self.endpoint.is_none() {
+            return Err(HandshakeError::CannotInitiate("endpoint"));
+        }
+        if self.pending.is_none() {
+            self.handshake_requested = true;
+        }
+        Ok(())
+    }
+
     fn start_handshake(&mut self, now: Instant) -> Result<(), HandshakeError> {
+        self.handshake_requested = false;
         if self.pending.is_some() {
             return Ok(());
         }
@@ -638,7 +689,7 @@ impl Peer {
         if !self.is_established(now) {
             return;
         }
-        let Ok(session) = self.send_session(now) else {
+        let Ok(session) = self.sending_session(now) else {
             return;
         };
         let Ok(counter) = session.reserve_counter() else {

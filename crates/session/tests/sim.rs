@@ -719,3 +719,66 @@ fn roaming_follows_authenticated_frames() {
     p.drive(SEC);
     assert_eq!(p.a.delivered, vec![b"found you".to_vec()]);
 }
+
+#[test]
+fn sending_never_computes_a_handshake_inline() {
+    let mut p = Setup::new(45).build();
+    let now = p.now;
+    assert_eq!(
+        p.a.peer.send_session(now).unwrap_err(),
+        SendError::NoSession
+    );
+    // Nothing was built yet: the initiation comes from the timer path, due at once.
+    assert_eq!(p.a.peer.poll_transmit(), None);
+    assert!(p.a.peer.poll_timeout().is_some_and(|t| t <= now));
+    p.a.peer.handle_timeout(now);
+    let init =
+        p.a.peer
+            .poll_transmit()
+            .expect("handle_timeout builds the initiation");
+    assert_eq!(init.frame[1], 1);
+}
+
+/// B restarts and forgets its keys; A's frames now carry an index B does not know. A notices
+/// that its data goes unanswered and handshakes again within the reply timeout.
+#[test]
+fn restarted_peer_is_recovered_by_the_reply_timeout() {
+    let mut p = Setup::new(46).build();
+    p.connect(Side::A);
+    p.send(Side::A, b"before").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.b.delivered, vec![b"before".to_vec()]);
+    // Restart B: a fresh peer object with the same identity and configuration.
+    let b_config = cyphonic_session::PeerConfig::from_certificate(
+        p.a.identity.certificate(),
+        Some(ADDR_A.parse().unwrap()),
+    );
+    p.b.peer = cyphonic_session::Peer::new(
+        2,
+        p.b.identity.clone(),
+        b_config,
+        Timing::default(),
+        p.clock,
+        cyphonic_crypto::Backend::RustCrypto,
+    );
+    let restart = p.now;
+    let mut first_delivery = None;
+    for i in 0..300u32 {
+        let _ = p.send(Side::A, &i.to_be_bytes());
+        let limit = p.now + Duration::from_millis(100);
+        while p.step(limit) {}
+        if first_delivery.is_none() && p.b.delivered.len() > 1 {
+            first_delivery = Some(p.now - restart);
+        }
+    }
+    let took = first_delivery.expect("traffic never resumed after the restart");
+    assert!(
+        took <= Duration::from_secs(17),
+        "resumed only after {took:?}"
+    );
+    assert!(
+        p.b.recv_errors
+            .iter()
+            .any(|e| matches!(e, RecvError::UnknownIndex(_)))
+    );
+}
