@@ -29,7 +29,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Format check, clippy with warnings denied, all tests, tidy checks, fuzz targets build.
+    /// Format check, clippy with warnings denied, unit tests with tidy checks, the real-kernel
+    /// tier (root), fuzz targets build.
     Test,
     /// Run the criterion benchmarks (release) and update docs/benchmarks.md.
     Bench {
@@ -84,7 +85,31 @@ fn test() -> anyhow::Result<()> {
             "warnings",
         ],
     )?;
-    util::cargo(&root, &["test", "--workspace", "--locked"])?;
+    // Unit tier: everything that needs no privileges.
+    util::cargo(
+        &root,
+        &[
+            "test",
+            "--workspace",
+            "--exclude",
+            "cyphonic-e2e",
+            "--locked",
+        ],
+    )?;
+    // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries and real tools.
+    // Needs root; fails (never skips) without it. One test at a time: they share the CPUs
+    // with the daemons they start.
+    util::cargo(
+        &root,
+        &[
+            "test",
+            "-p",
+            "cyphonic-e2e",
+            "--locked",
+            "--",
+            "--test-threads=1",
+        ],
+    )?;
     // The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly and
     // sanitizers); make sure they still compile against the current APIs.
     // Sharing the target directory reuses the workspace's compiled dependencies.

@@ -1,0 +1,230 @@
+//! Ingress: a packet out of the tunnel, on its way to a device on the LAN.
+
+use std::ops::Range;
+
+use ipnet::IpNet;
+
+use crate::ipv4::{self, Header, Invalid};
+use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, Lan, Neighbors, arp, tcp, write_eth};
+
+/// Why a decrypted packet is not delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IngressDrop {
+    /// Not IPv4.
+    NotIpv4,
+    /// Inconsistent lengths or a wrong header checksum.
+    Malformed,
+    /// The inner source is not inside the sending peer's certified vIP blocks (cryptokey
+    /// routing): a peer may only speak for the addresses its certificate names.
+    SourceNotCertified,
+    /// The destination is not a device on this LAN.
+    NotOurLan,
+    /// The TTL ran out.
+    TtlExpired,
+    /// The caller left no room for the Ethernet header in front of the packet.
+    NoHeadroom,
+}
+
+/// The verdict on a decrypted packet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingress {
+    /// Send `buf[frame]` on the LAN: the Ethernet header was written in front of the packet.
+    Deliver {
+        /// The Ethernet frame within the buffer.
+        frame: Range<usize>,
+    },
+    /// The device's MAC is unknown: send the ARP request written into `out[..len]`; the packet
+    /// itself is dropped (the sender's transport retransmits).
+    NeedArp {
+        /// Bytes of the ARP request in `out`.
+        len: usize,
+    },
+    /// Nothing to do but count.
+    Drop(IngressDrop),
+}
+
+impl Lan {
+    /// Prepares the decrypted packet `buf[packet]` for the LAN. `peer_blocks` are the vIP
+    /// blocks certified to the peer it came from. `packet.start` must leave 14 bytes of
+    /// headroom: the Ethernet header is written there, so the frame needs no copy.
+    pub fn deliver(
+        &self,
+        buf: &mut [u8],
+        packet: Range<usize>,
+        peer_blocks: &[IpNet],
+        neighbors: &impl Neighbors,
+        out: &mut [u8],
+    ) -> Ingress {
+        let Some(ip) = buf.get_mut(packet.clone()) else {
+            return Ingress::Drop(IngressDrop::Malformed);
+        };
+        let h = match Header::parse(ip, true) {
+            Ok(h) => h,
+            Err(Invalid::NotIpv4) => return Ingress::Drop(IngressDrop::NotIpv4),
+            Err(Invalid::Malformed) => return Ingress::Drop(IngressDrop::Malformed),
+        };
+        if !peer_blocks
+            .iter()
+            .any(|b| b.contains(&std::net::IpAddr::V4(h.src)))
+        {
+            return Ingress::Drop(IngressDrop::SourceNotCertified);
+        }
+        if !self.block.contains(&h.dst)
+            || h.dst == self.gateway_ip
+            || h.dst == self.block.broadcast()
+        {
+            return Ingress::Drop(IngressDrop::NotOurLan);
+        }
+        if h.ttl <= 1 {
+            return Ingress::Drop(IngressDrop::TtlExpired);
+        }
+        ipv4::decrement_ttl(ip);
+        if self.mss_clamp {
+            tcp::clamp_mss(ip, &h, self.max_mss());
+        }
+        let Some(mac) = neighbors.neighbor_mac(h.dst) else {
+            return match arp::request(self, h.dst, out) {
+                Some(len) => Ingress::NeedArp { len },
+                None => Ingress::Drop(IngressDrop::NoHeadroom),
+            };
+        };
+        let Some(start) = packet.start.checked_sub(ETH_HEADER_LEN) else {
+            return Ingress::Drop(IngressDrop::NoHeadroom);
+        };
+        write_eth(&mut buf[start..], mac, self.mac, ETHERTYPE_IPV4);
+        Ingress::Deliver {
+            frame: start..packet.start + h.total_len,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::testutil::*;
+
+    struct Leases;
+    impl Neighbors for Leases {
+        fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+            (ip == Ipv4Addr::new(100, 64, 1, 10)).then_some(DEV_MAC)
+        }
+    }
+
+    fn lan() -> Lan {
+        Lan {
+            mac: GW_MAC,
+            gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
+            block: "100.64.1.0/24".parse().unwrap(),
+            overlay: "100.64.0.0/10".parse().unwrap(),
+            inner_mtu: 1420,
+            mss_clamp: true,
+        }
+    }
+
+    fn peer_blocks() -> Vec<IpNet> {
+        vec!["100.64.2.0/24".parse().unwrap()]
+    }
+
+    /// Puts `ip` at offset 16 of a buffer (as after a tunnel header) and delivers it.
+    fn run(ip: &[u8]) -> (Ingress, Vec<u8>, Vec<u8>) {
+        let mut buf = vec![0u8; 16 + ip.len()];
+        buf[16..].copy_from_slice(ip);
+        let mut out = vec![0u8; 64];
+        let v = lan().deliver(
+            &mut buf,
+            16..16 + ip.len(),
+            &peer_blocks(),
+            &Leases,
+            &mut out,
+        );
+        (v, buf, out)
+    }
+
+    #[test]
+    fn delivers_with_an_ethernet_header_in_place() {
+        let p = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 1, 2, b"hi");
+        let (v, buf, _) = run(&p);
+        assert_eq!(
+            v,
+            Ingress::Deliver {
+                frame: 2..16 + p.len()
+            }
+        );
+        assert_eq!(&buf[2..8], &DEV_MAC);
+        assert_eq!(&buf[8..14], &GW_MAC);
+        assert_eq!(&buf[14..16], &[0x08, 0x00]);
+        assert_eq!(buf[16 + 8], 63);
+        assert!(checksums_ok(&buf[16..]));
+    }
+
+    #[test]
+    fn cryptokey_routing_and_lan_checks() {
+        let check = |src: [u8; 4], dst: [u8; 4], expect| {
+            assert_eq!(
+                run(&ipv4_udp(src, dst, 1, 2, b"x")).0,
+                Ingress::Drop(expect),
+                "{src:?} -> {dst:?}"
+            );
+        };
+        check(
+            [100, 64, 3, 20],
+            [100, 64, 1, 10],
+            IngressDrop::SourceNotCertified,
+        );
+        check(
+            [100, 64, 1, 10],
+            [100, 64, 1, 10],
+            IngressDrop::SourceNotCertified,
+        );
+        check([100, 64, 2, 20], [100, 64, 9, 10], IngressDrop::NotOurLan);
+        check([100, 64, 2, 20], [100, 64, 1, 1], IngressDrop::NotOurLan);
+        check([100, 64, 2, 20], [100, 64, 1, 255], IngressDrop::NotOurLan);
+        let mut dying = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 1, 2, b"x");
+        dying[8] = 1;
+        ipv4::fill_header_checksum(&mut dying, 20);
+        assert_eq!(run(&dying).0, Ingress::Drop(IngressDrop::TtlExpired));
+        assert_eq!(run(&[0x60; 40]).0, Ingress::Drop(IngressDrop::NotIpv4));
+        assert_eq!(run(&[0x45; 10]).0, Ingress::Drop(IngressDrop::Malformed));
+    }
+
+    #[test]
+    fn unknown_neighbour_asks_arp() {
+        let (v, _, out) = run(&ipv4_udp([100, 64, 2, 20], [100, 64, 1, 77], 1, 2, b"x"));
+        assert_eq!(v, Ingress::NeedArp { len: 42 });
+        assert_eq!(&out[..6], &crate::BROADCAST);
+        let a = pnet_packet::arp::ArpPacket::new(&out[14..42]).unwrap();
+        assert_eq!(a.get_operation().0, 1);
+        assert_eq!(a.get_target_proto_addr(), Ipv4Addr::new(100, 64, 1, 77));
+        assert_eq!(a.get_sender_proto_addr(), Ipv4Addr::new(100, 64, 1, 1));
+    }
+
+    #[test]
+    fn syn_ack_is_clamped_on_the_way_in() {
+        let mut p = ipv4_tcp([100, 64, 2, 20], [100, 64, 1, 10], 0x12, Some(1460), &[]);
+        ipv4::fill_header_checksum(&mut p, 20);
+        let (v, buf, _) = run(&p);
+        assert!(matches!(v, Ingress::Deliver { .. }));
+        assert_eq!(u16::from_be_bytes([buf[16 + 44], buf[16 + 45]]), 1380);
+        assert!(checksums_ok(&buf[16..]));
+    }
+
+    #[test]
+    fn no_headroom_is_an_error_not_a_panic() {
+        let p = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 1, 2, b"x");
+        let mut buf = p.clone();
+        let mut out = [0u8; 64];
+        assert_eq!(
+            lan().deliver(&mut buf, 0..p.len(), &peer_blocks(), &Leases, &mut out),
+            Ingress::Drop(IngressDrop::NoHeadroom)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_packets_never_panic(ip in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1600)) {
+            let _ = run(&ip);
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The adapter's LAN-side packet logic, sans-IO: what a gateway does with the Ethernet frames
+//! of the devices behind it, and how it hands packets from the tunnel back to them.
+//!
+//! - [`Lan::handle_frame`] (egress): classifies a captured frame and says what to do with it:
+//!   answer on the LAN ([`Egress::Reply`]: ARP for the gateway vIP and proxy ARP for off-link
+//!   overlay vIPs, ICMP echo for the gateway, ICMP fragmentation-needed and time-exceeded),
+//!   hand it to the DHCP or DNS service, forward it into the tunnel (after anti-spoofing
+//!   against the lease table, TTL decrement, checksum completion for offloaded frames and MSS
+//!   clamping), fragment it, or drop it with a reason.
+//! - [`Lan::deliver`] (ingress): checks a decrypted packet against the sending peer's certified
+//!   vIP blocks (cryptokey routing) and our LAN, clamps MSS, and writes the Ethernet header in
+//!   front of it for the device's MAC, or asks for an ARP request when the MAC is unknown.
+//! - [`Fragmenter`]: RFC 791 fragmentation of oversize packets without DF.
+//!
+//! Frames are edited in place and replies are written into the caller's buffer: nothing here
+//! allocates, reads a clock or touches a socket. Packet views come from pnet (`pnet_packet`);
+//! lengths are validated before any view is built, so malformed input is a drop reason, never
+//! a panic.
+#![forbid(unsafe_code)]
+
+mod arp;
+mod checksum;
+mod egress;
+mod frag;
+mod icmp;
+mod ingress;
+mod ipv4;
+mod tcp;
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+pub use egress::{Egress, EgressDrop, ReplyKind};
+pub use frag::{FragError, Fragmenter};
+pub use ingress::{Ingress, IngressDrop};
+
+/// Length of an Ethernet II header.
+pub const ETH_HEADER_LEN: usize = 14;
+/// Ethertype of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// Ethertype of ARP.
+pub const ETHERTYPE_ARP: u16 = 0x0806;
+/// The Ethernet broadcast address.
+pub const BROADCAST: [u8; 6] = [0xff; 6];
+/// Smallest IPv4 header.
+pub const IPV4_MIN_HEADER: usize = 20;
+/// IPv4 plus TCP headers without options: MSS = MTU - this (RFC 879).
+pub const IPV4_TCP_HEADERS: u16 = 40;
+
+/// Who holds which address on the LAN. The adapter implements it over its reservations and
+/// DHCP leases (and, for delivery, what ARP taught it).
+pub trait Neighbors {
+    /// The MAC that holds a lease or reservation for `ip`: the only MAC allowed to send from it.
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]>;
+
+    /// The MAC to deliver packets for `ip` to.
+    fn neighbor_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        self.leased_mac(ip)
+    }
+}
+
+/// The adapter's view of its LAN segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lan {
+    /// The internal NIC's MAC: frames to the gateway carry it.
+    pub mac: [u8; 6],
+    /// The gateway's own vIP (the devices' default router and DNS server).
+    pub gateway_ip: Ipv4Addr,
+    /// The certified vIP block the devices' addresses come from.
+    pub block: Ipv4Net,
+    /// The whole overlay: destinations worth carrying into the tunnel.
+    pub overlay: Ipv4Net,
+    /// Largest inner packet the tunnel carries.
+    pub inner_mtu: u16,
+    /// Rewrite the MSS option of TCP SYN and SYN-ACK to fit `inner_mtu`.
+    pub mss_clamp: bool,
+}
+
+impl Lan {
+    /// The MSS that fits `inner_mtu` (IPv4 and TCP headers without options).
+    pub const fn max_mss(&self) -> u16 {
+        self.inner_mtu.saturating_sub(IPV4_TCP_HEADERS)
+    }
+}
+
+pub(crate) fn mac_at(frame: &[u8], at: usize) -> [u8; 6] {
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&frame[at..at + 6]);
+    mac
+}
+
+/// Writes an Ethernet II header at the start of `buf` (which must hold at least 14 bytes).
+pub(crate) fn write_eth(buf: &mut [u8], dst: [u8; 6], src: [u8; 6], ethertype: u16) {
+    buf[..6].copy_from_slice(&dst);
+    buf[6..12].copy_from_slice(&src);
+    buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
+}
+
+#[cfg(test)]
+pub(crate) mod testutil;

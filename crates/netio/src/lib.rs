@@ -1,0 +1,33 @@
+//! The I/O edge of cyphonic: the only crate that makes system calls on sockets and interfaces,
+//! and the only one allowed `unsafe` (style.md rule 4). Every `unsafe` block carries a
+//! `// SAFETY:` comment.
+//!
+//! - [`PacketSocket`]: the adapter's internal NIC, an `AF_PACKET` socket (`ETH_P_ALL`,
+//!   promiscuous, `PACKET_IGNORE_OUTGOING`) with batched receive (`recvmmsg`) and send
+//!   (`sendmmsg`). Each frame comes with [`FrameMeta`]: its real length (a frame larger than
+//!   the buffer is reported as truncated, never silently cut), whether the kernel left its
+//!   checksum to offload (`TP_STATUS_CSUMNOTREADY` via `PACKET_AUXDATA`), and its direction.
+//!   pnet's datalink channel is not used: it makes two syscalls per packet, truncates frames
+//!   over its 4096-byte default buffer without saying so, and drops the packet direction.
+//! - [`UdpSocket`]: the tunnel socket, dual-stack, with `recvmmsg`/`sendmmsg` batches and
+//!   deliberately sized buffers.
+//! - [`Interface`]: index, MAC, MTU, up/down; [`disable_receive_offloads`] switches GRO/LRO
+//!   off through the ethtool ioctl.
+//! - [`netns::enter`]: moves the calling thread into a named network namespace (test beds).
+//!
+//! Errors say what to do: no such interface, interface down, or which capability is missing.
+//! Kernel features are probed once at open, with a fallback (quinn-udp's "degrade gracefully").
+//!
+//! Packet contents are not this crate's business: it moves bytes and their metadata.
+
+mod error;
+mod iface;
+pub mod netns;
+mod packet;
+mod sys;
+mod udp;
+
+pub use error::NetError;
+pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
+pub use packet::{FrameMeta, PacketOptions, PacketSocket};
+pub use udp::{DatagramMeta, UdpOptions, UdpSocket};

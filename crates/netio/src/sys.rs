@@ -1,0 +1,374 @@
+//! Thin helpers over libc: return-value checks, `ifreq`, socket addresses.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use crate::NetError;
+
+/// A libc constant that is a small `c_int` (address families, protocol numbers, option
+/// values) as the 16-bit field some structures hold it in.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "small, non-negative constants"
+)]
+pub(crate) const fn short(constant: libc::c_int) -> u16 {
+    constant as u16
+}
+
+/// Turns a -1 return into the thread's `errno`.
+pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// A datagram socket to run interface ioctls on.
+pub(crate) fn ioctl_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call with constant arguments; no pointers involved.
+    let fd = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` was just returned by socket(2) and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An `ifreq` carrying `name`, checked against the kernel's limit.
+pub(crate) fn ifreq(name: &str) -> Result<libc::ifreq, NetError> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(NetError::BadInterfaceName(name.to_owned()));
+    }
+    // SAFETY: ifreq is plain old data (arrays and a union of PODs); all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    Ok(req)
+}
+
+/// Runs an interface ioctl that reads or writes `req`.
+pub(crate) fn ifreq_ioctl(
+    fd: &OwnedFd,
+    request: libc::Ioctl,
+    req: &mut libc::ifreq,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `req` is a valid, exclusively borrowed ifreq for the duration of the call, which
+    // is what every SIOCGIF*/SIOCETHTOOL request expects as its argument.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request, std::ptr::from_mut(req)) }).map(|_| ())
+}
+
+/// Encodes `addr` for a socket of family v6 (`v6_socket`, dual-stack: IPv4 peers become
+/// v4-mapped) or v4.
+pub(crate) fn encode_addr(
+    addr: SocketAddr,
+    v6_socket: bool,
+) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+    let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+    let addr = match (addr, v6_socket) {
+        (SocketAddr::V4(a), true) => {
+            SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
+        }
+        (a, _) => a,
+    };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+            let sin = unsafe { &mut *std::ptr::from_mut(&mut storage).cast::<libc::sockaddr_in>() };
+            sin.sin_family = short(libc::AF_INET);
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
+            let sin6 =
+                unsafe { &mut *std::ptr::from_mut(&mut storage).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = short(libc::AF_INET6);
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (
+        storage,
+        libc::socklen_t::try_from(len).expect("sockaddr sizes fit socklen_t"),
+    )
+}
+
+/// Decodes an address the kernel wrote; v4-mapped IPv6 addresses come back as IPv4.
+pub(crate) fn decode_addr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which fits and is aligned.
+            let sin = unsafe { &*std::ptr::from_ref(storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6, which fits and is aligned.
+            let sin6 = unsafe { &*std::ptr::from_ref(storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let port = u16::from_be(sin6.sin6_port);
+            Some(match ip.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+                None => SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    port,
+                    sin6.sin6_flowinfo,
+                    sin6.sin6_scope_id,
+                )),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Largest batch of one `recvmmsg`/`sendmmsg` call.
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// Room for the control messages we ask for (one `tpacket_auxdata`), 8-byte aligned as
+/// `cmsghdr` requires.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+pub(crate) struct Control(pub(crate) [u8; 64]);
+
+impl Control {
+    pub(crate) const EMPTY: Self = Self([0; 64]);
+}
+
+/// What the kernel said about one received message.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Received {
+    /// Bytes of the message; with `MSG_TRUNC` in the call's flags, its full length even when
+    /// the buffer was shorter.
+    pub(crate) len: usize,
+    /// `msg_flags` (`MSG_TRUNC`, `MSG_CTRUNC`).
+    pub(crate) flags: libc::c_int,
+    /// Bytes of control data written.
+    pub(crate) control_len: usize,
+}
+
+/// One `recvmmsg(2)` call: fills `bufs[i]`, `names[i]` (any sockaddr type) and `controls[i]`
+/// (if `controls` is not empty), and `out[i]`, for up to [`MAX_BATCH`] messages. Returns the
+/// number received; 0 when the call timed out or would block.
+pub(crate) fn recvmmsg<N>(
+    fd: libc::c_int,
+    bufs: &mut [&mut [u8]],
+    names: &mut [N],
+    controls: &mut [Control],
+    out: &mut [Received],
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    let n = bufs.len().min(names.len()).min(out.len()).min(MAX_BATCH);
+    let want_control = !controls.is_empty();
+    let n = if want_control {
+        n.min(controls.len())
+    } else {
+        n
+    };
+    if n == 0 {
+        return Ok(0);
+    }
+    // SAFETY: iovec and mmsghdr are plain old data; all-zero (null pointers, zero lengths) is a
+    // valid value, and every entry used below is filled in before the call.
+    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
+    let name_len = libc::socklen_t::try_from(size_of::<N>()).expect("sockaddr sizes fit socklen_t");
+    for i in 0..n {
+        iov[i].iov_base = bufs[i].as_mut_ptr().cast();
+        iov[i].iov_len = bufs[i].len();
+        let h = &mut hdrs[i].msg_hdr;
+        h.msg_iov = &raw mut iov[i];
+        h.msg_iovlen = 1;
+        h.msg_name = std::ptr::from_mut(&mut names[i]).cast();
+        h.msg_namelen = name_len;
+        if want_control {
+            h.msg_control = controls[i].0.as_mut_ptr().cast();
+            h.msg_controllen = controls[i].0.len();
+        }
+    }
+    let count = libc::c_uint::try_from(n).expect("n <= MAX_BATCH");
+    // SAFETY: `hdrs[..n]` point at buffers, names and control areas that are exclusively
+    // borrowed for this call and stay alive until it returns; lengths match the allocations.
+    // A null timeout means "use the socket's SO_RCVTIMEO".
+    let got = unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), count, flags, std::ptr::null_mut()) };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => {
+                Ok(0)
+            }
+            _ => Err(e),
+        };
+    }
+    let got = usize::try_from(got).expect("non-negative");
+    for i in 0..got {
+        out[i] = Received {
+            len: hdrs[i].msg_len as usize,
+            flags: hdrs[i].msg_hdr.msg_flags,
+            control_len: hdrs[i].msg_hdr.msg_controllen,
+        };
+    }
+    Ok(got)
+}
+
+/// One or more `sendmmsg(2)` calls for `frames` (to `names[i]` when given, else to the socket's
+/// bound or connected peer). A message the kernel refuses is skipped and counted, so one bad
+/// destination does not stall the rest. Returns (sent, failed, last error).
+pub(crate) fn sendmmsg(
+    fd: libc::c_int,
+    frames: &[&[u8]],
+    names: &[(libc::sockaddr_storage, libc::socklen_t)],
+) -> (usize, usize, Option<io::Error>) {
+    let (mut sent, mut failed, mut last_error) = (0, 0, None);
+    let mut start = 0;
+    while start < frames.len() {
+        let n = (frames.len() - start).min(MAX_BATCH);
+        // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid; entries used are
+        // filled in below.
+        let mut iov: [libc::iovec; MAX_BATCH] = unsafe { zeroed() };
+        // SAFETY: as above.
+        let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
+        for i in 0..n {
+            let frame = frames[start + i];
+            iov[i].iov_base = frame.as_ptr().cast_mut().cast();
+            iov[i].iov_len = frame.len();
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_iov = &raw mut iov[i];
+            h.msg_iovlen = 1;
+            if let Some((storage, len)) = names.get(start + i) {
+                h.msg_name = std::ptr::from_ref(storage).cast_mut().cast();
+                h.msg_namelen = *len;
+            }
+        }
+        let count = libc::c_uint::try_from(n).expect("n <= MAX_BATCH");
+        // SAFETY: the headers point at frames and addresses borrowed for the whole call; the
+        // kernel only reads through them (the casts to *mut are required by the C signature).
+        let done = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), count, 0) };
+        if done < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The first message of this slice failed: skip it and go on with the rest.
+            failed += 1;
+            start += 1;
+            last_error = Some(e);
+        } else {
+            let done = usize::try_from(done).expect("non-negative");
+            sent += done;
+            start += done.max(1).min(n);
+            if done == 0 {
+                failed += 1;
+            }
+        }
+    }
+    (sent, failed, last_error)
+}
+
+/// `setsockopt(2)` with a plain-old-data value.
+pub(crate) fn setsockopt<T>(
+    fd: libc::c_int,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    let len = libc::socklen_t::try_from(size_of::<T>()).expect("option sizes fit socklen_t");
+    // SAFETY: `value` points at a live, initialised T of exactly `len` bytes; the kernel only
+    // reads it.
+    cvt(unsafe { libc::setsockopt(fd, level, name, std::ptr::from_ref(value).cast(), len) })
+        .map(|_| ())
+}
+
+/// `SO_RCVTIMEO` as the `timeval` the kernel wants; `None` blocks forever.
+pub(crate) fn set_recv_timeout(
+    fd: libc::c_int,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<()> {
+    let tv = timeout.map_or(
+        libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        },
+        |t| libc::timeval {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            // Never 0 for a non-zero timeout: 0 would mean "block forever".
+            tv_usec: libc::suseconds_t::from(t.subsec_micros().max(u32::from(t.is_zero()))),
+        },
+    );
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)
+}
+
+/// Sets a socket buffer size, forcing past `net.core.*mem_max` when allowed (as root), else
+/// up to that limit. Returns the size the kernel reports afterwards.
+pub(crate) fn set_buffer(
+    fd: libc::c_int,
+    force: libc::c_int,
+    plain: libc::c_int,
+    bytes: usize,
+) -> io::Result<usize> {
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    if setsockopt(fd, libc::SOL_SOCKET, force, &want).is_err() {
+        setsockopt(fd, libc::SOL_SOCKET, plain, &want)?;
+    }
+    let mut got: libc::c_int = 0;
+    let mut len = libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("fits");
+    // SAFETY: `got` and `len` are live locals of the sizes passed; the kernel writes them.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            plain,
+            (&raw mut got).cast(),
+            &raw mut len,
+        )
+    })?;
+    Ok(usize::try_from(got).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_and_unmap() {
+        for (text, v6) in [
+            ("192.0.2.1:51820", false),
+            ("[fd00::1]:7", true),
+            ("198.51.100.9:1", true),
+        ] {
+            let addr: SocketAddr = text.parse().unwrap();
+            let (storage, _) = encode_addr(addr, v6);
+            assert_eq!(
+                decode_addr(&storage),
+                Some(addr),
+                "{text} via v6 socket: {v6}"
+            );
+        }
+        let (storage, len) = encode_addr("192.0.2.1:5".parse().unwrap(), true);
+        assert_eq!(libc::c_int::from(storage.ss_family), libc::AF_INET6);
+        assert_eq!(len as usize, size_of::<libc::sockaddr_in6>());
+    }
+
+    #[test]
+    fn interface_names_are_checked() {
+        assert!(ifreq("eth0").is_ok());
+        for bad in ["", "sixteen-chars-xx", "a\0b"] {
+            assert!(
+                matches!(ifreq(bad), Err(NetError::BadInterfaceName(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

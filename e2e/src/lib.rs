@@ -1,0 +1,281 @@
+//! The real-kernel test tier: helpers that build hosts out of network namespaces and veth
+//! pairs, run the real binaries and real tools in them, and tear everything down again, on
+//! success and on failure alike (every resource is owned by a value whose `Drop` removes it).
+//!
+//! Rules these helpers enforce for every test (DEVELOPERS.md, the traffic rule): packets stay
+//! inside namespaces a test created; addresses come from 198.51.100.0/24, 203.0.113.0/24,
+//! 192.0.2.0/24, fd00::/8 (underlay) and 100.64.0.0/10 (overlay); every process a test starts
+//! is ended by the PID the test holds; every load is bounded in time.
+//!
+//! The tests need root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN`). Without it they fail with a message
+//! saying so; they never skip. `cargo xtask test` runs this tier after the unit tier.
+#![forbid(unsafe_code)]
+
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+
+/// Fails clearly unless we run as root.
+///
+/// # Panics
+/// When not root: this tier cannot run otherwise, and must not pretend to pass.
+pub fn require_root() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(str::to_owned))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_owned));
+    assert_eq!(
+        uid.as_deref(),
+        Some("0"),
+        "the real-kernel tests need root (network namespaces, AF_PACKET); run `cargo xtask test` as root"
+    );
+}
+
+/// A short name unique to this process and call: `{prefix}{pid % 10000}{n}`, which keeps
+/// interface names within the kernel's 15 bytes.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}x{n}", std::process::id() % 10_000)
+}
+
+/// Runs a command to completion; fails with its stderr if it fails.
+///
+/// # Errors
+/// The command cannot start or exits non-zero.
+pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("starting {program} (is it installed?)"))?;
+    check(&out, &format!("{program} {}", args.join(" ")))
+}
+
+fn check(out: &Output, what: &str) -> anyhow::Result<String> {
+    if !out.status.success() {
+        bail!(
+            "`{what}` failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A network namespace, deleted (with everything in it) when dropped.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates a namespace with a unique name starting with `prefix`, loopback up.
+    ///
+    /// # Errors
+    /// `ip netns add` failing.
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        let name = unique(&format!("cy{prefix}"));
+        sh("ip", &["netns", "add", &name])?;
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `ip <args>` inside the namespace.
+    ///
+    /// # Errors
+    /// The command failing.
+    pub fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        sh("ip", &all)
+    }
+
+    /// Runs a program inside the namespace to completion.
+    ///
+    /// # Errors
+    /// The program failing.
+    pub fn exec(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let out = self
+            .command(program, args)
+            .output()
+            .with_context(|| format!("starting {program}"))?;
+        check(
+            &out,
+            &format!("{program} {} (in {})", args.join(" "), self.name),
+        )
+    }
+
+    /// Runs a program inside the namespace and returns its output whatever its exit status.
+    ///
+    /// # Errors
+    /// The program cannot start.
+    pub fn exec_output(&self, program: &str, args: &[&str]) -> anyhow::Result<Output> {
+        self.command(program, args)
+            .output()
+            .with_context(|| format!("starting {program}"))
+    }
+
+    /// A command that will run inside the namespace.
+    pub fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]).args(args);
+        cmd
+    }
+
+    /// Starts a program inside the namespace; it is killed when the returned value drops.
+    ///
+    /// # Errors
+    /// The program cannot start.
+    pub fn spawn(&self, program: &str, args: &[&str]) -> anyhow::Result<Proc> {
+        let child = self
+            .command(program, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {program} in {}", self.name))?;
+        Ok(Proc {
+            child: Some(child),
+            what: format!("{program} in {}", self.name),
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace removes its interfaces (and the veth peers elsewhere).
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A process a test started; killed by its PID (SIGKILL) and reaped when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    child: Option<Child>,
+    what: String,
+}
+
+impl Proc {
+    /// Its PID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Stops it with `signal` (by PID) and waits up to `within` for it to exit; returns its
+    /// output.
+    ///
+    /// # Errors
+    /// It does not exit in time (it is then killed).
+    pub fn stop(mut self, signal: &str, within: Duration) -> anyhow::Result<Output> {
+        let mut child = self.child.take().context("already stopped")?;
+        let _ = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .output();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if child.try_wait()?.is_some() {
+                return Ok(child.wait_with_output()?);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output()?;
+        bail!(
+            "{} did not exit within {within:?} of SIG{signal}; stderr: {}",
+            self.what,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// Waits up to `within` for it to exit on its own; returns its output.
+    ///
+    /// # Errors
+    /// It is still running at the deadline (it is then killed).
+    pub fn wait(mut self, within: Duration) -> anyhow::Result<Output> {
+        let mut child = self.child.take().context("already stopped")?;
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if child.try_wait()?.is_some() {
+                return Ok(child.wait_with_output()?);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output()?;
+        bail!(
+            "{} still ran after {within:?}; stderr: {}",
+            self.what,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// Whether it is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A veth pair between two namespaces: `a` in `ns_a`, `b` in `ns_b`, both up.
+///
+/// # Errors
+/// `ip link` failing.
+pub fn veth(ns_a: &Netns, a: &str, ns_b: &Netns, b: &str) -> anyhow::Result<()> {
+    ensure!(
+        a.len() < 16 && b.len() < 16,
+        "interface names must be shorter than 16 bytes"
+    );
+    ns_a.ip(&[
+        "link",
+        "add",
+        a,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b,
+        "netns",
+        ns_b.name(),
+    ])?;
+    ns_a.ip(&["link", "set", a, "up"])?;
+    ns_b.ip(&["link", "set", b, "up"])?;
+    Ok(())
+}
+
+/// Polls `f` every 50 ms until it returns true or `within` passes.
+///
+/// # Errors
+/// The condition still fails at the deadline.
+pub fn wait_until(within: Duration, what: &str, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        if f() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {within:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

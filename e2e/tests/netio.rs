@@ -1,0 +1,322 @@
+//! netio against the real kernel: AF_PACKET capture and injection, offload control, UDP
+//! batches. Each test builds its own namespace; sockets live on threads moved into it.
+
+#![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cyphonic_e2e::{Netns, require_root, sh, veth};
+use cyphonic_netio::{
+    DatagramMeta, FrameMeta, Interface, NetError, PacketOptions, PacketSocket, UdpOptions,
+    UdpSocket, netns,
+};
+
+/// Runs `f` on a thread inside `ns` and returns its result.
+fn inside<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let name = ns.name().to_owned();
+    std::thread::spawn(move || {
+        netns::enter(&name).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+fn frame(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload_len: usize, marker: u8) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + payload_len);
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend((0..payload_len).map(|i| marker.wrapping_add(i as u8)));
+    f
+}
+
+/// Receives frames until `within` passes without any; returns them with their metadata.
+fn drain(sock: &mut PacketSocket, buf_len: usize, within: Duration) -> Vec<(Vec<u8>, FrameMeta)> {
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + within;
+    let mut storage = vec![vec![0u8; buf_len]; 16];
+    while std::time::Instant::now() < deadline {
+        let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+        let mut meta = [FrameMeta::default(); 16];
+        let n = sock.recv_batch(&mut bufs, &mut meta).unwrap();
+        for i in 0..n {
+            let keep = meta[i].len.min(buf_len);
+            out.push((bufs[i][..keep].to_vec(), meta[i]));
+        }
+    }
+    out
+}
+
+const EXPERIMENTAL: u16 = 0x88b5; // IEEE local experimental ethertype
+
+#[test]
+fn packet_socket_captures_injects_and_reports_metadata() {
+    require_root();
+    let ns = Netns::new("nio").unwrap();
+    veth(&ns, "cap0", &ns, "peer0").unwrap();
+    for dev in ["cap0", "peer0"] {
+        ns.ip(&["link", "set", dev, "mtu", "9000"]).unwrap();
+    }
+    // peer0 is a LAN host with a kernel stack; cap0 is our capture side, without an address.
+    ns.ip(&["addr", "add", "192.0.2.2/24", "dev", "peer0"])
+        .unwrap();
+    let cap_mac = mac_in(&ns, "cap0");
+    ns.ip(&[
+        "neigh",
+        "add",
+        "192.0.2.1",
+        "lladdr",
+        &cap_mac,
+        "dev",
+        "peer0",
+    ])
+    .unwrap();
+
+    let frames = inside(&ns, || {
+        let cap = Interface::lookup("cap0").unwrap();
+        let peer = Interface::lookup("peer0").unwrap();
+        let mut sock = PacketSocket::open(&cap, &PacketOptions::default()).unwrap();
+        let tx = PacketSocket::open(
+            &peer,
+            &PacketOptions {
+                promiscuous: false,
+                ..PacketOptions::default()
+            },
+        )
+        .unwrap();
+        assert!(
+            sock.ignores_outgoing(),
+            "kernels since 4.20 support PACKET_IGNORE_OUTGOING"
+        );
+        assert!(sock.recv_buffer() >= 1 << 20);
+
+        // 1. Ten frames to a MAC that is not ours: promiscuous capture sees all, in order.
+        for i in 0..10u8 {
+            tx.send(&frame(
+                [0x02, 0, 0, 0, 0, 0x99],
+                peer.mac,
+                EXPERIMENTAL,
+                100,
+                i,
+            ))
+            .unwrap();
+        }
+        // 2. A frame we inject ourselves must not come back to us.
+        sock.send(&frame(
+            [0x02, 0, 0, 0, 0, 0x98],
+            cap.mac,
+            EXPERIMENTAL,
+            60,
+            0xee,
+        ))
+        .unwrap();
+        // 3. A 3000-byte frame into 2048-byte buffers: reported truncated with its real length.
+        tx.send(&frame(
+            [0x02, 0, 0, 0, 0, 0x99],
+            peer.mac,
+            EXPERIMENTAL,
+            3000 - 14,
+            0x55,
+        ))
+        .unwrap();
+        // 4. UDP from peer0's own stack: veth leaves the checksum to offload.
+        let udp = std::net::UdpSocket::bind("192.0.2.2:0").unwrap();
+        udp.send_to(b"partial checksum please", "192.0.2.1:9")
+            .unwrap();
+        drain(&mut sock, 2048, Duration::from_millis(500))
+    });
+
+    let ours: Vec<_> = frames
+        .iter()
+        .filter(|(f, _)| f.len() >= 14 && f[12..14] == EXPERIMENTAL.to_be_bytes())
+        .collect();
+    let markers: Vec<u8> = ours
+        .iter()
+        .filter(|(_, m)| m.len == 114)
+        .map(|(f, _)| f[14])
+        .collect();
+    assert_eq!(
+        markers,
+        (0..10).collect::<Vec<u8>>(),
+        "ten frames, in order"
+    );
+    assert!(
+        !ours.iter().any(|(f, _)| f.len() > 14 && f[14] == 0xee),
+        "our own injected frame came back"
+    );
+    let big = ours
+        .iter()
+        .find(|(_, m)| m.len == 3000)
+        .expect("the 3000-byte frame");
+    assert!(big.1.truncated && big.0.len() == 2048, "{:?}", big.1);
+    assert!(
+        ours.iter()
+            .filter(|(_, m)| m.len != 3000)
+            .all(|(_, m)| !m.truncated && !m.outgoing)
+    );
+    let udp = frames
+        .iter()
+        .find(|(f, _)| {
+            f.len() > 34
+                && f[12..14] == [0x08, 0x00]
+                && f[23] == 17
+                && f.ends_with(b"partial checksum please")
+        })
+        .expect("the UDP datagram from peer0's stack");
+    assert!(
+        udp.1.checksum_partial,
+        "veth hands the frame over with CHECKSUM_PARTIAL: {:?}",
+        udp.1
+    );
+}
+
+/// The MAC of `name` in `ns`, as `ip` prints it.
+fn mac_in(ns: &Netns, name: &str) -> String {
+    let name = name.to_owned();
+    let mac = inside(ns, move || Interface::lookup(&name).unwrap().mac);
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[test]
+fn interface_errors_say_what_is_wrong() {
+    require_root();
+    let ns = Netns::new("nie").unwrap();
+    veth(&ns, "dn0", &ns, "dn1").unwrap();
+    ns.ip(&["link", "set", "dn0", "down"]).unwrap();
+    let (missing, down) = inside(&ns, || {
+        let missing = Interface::lookup("eth9").unwrap_err();
+        let dn0 = Interface::lookup("dn0").unwrap();
+        assert!(!dn0.up);
+        let down = PacketSocket::open(&dn0, &PacketOptions::default()).unwrap_err();
+        (missing.to_string(), down.to_string())
+    });
+    assert!(
+        missing.contains("no such network interface \"eth9\""),
+        "{missing}"
+    );
+    assert!(
+        down.contains("dn0 is down") && down.contains("ip link set dn0 up"),
+        "{down}"
+    );
+    let perm = NetError::NotPermitted {
+        op: "opening an AF_PACKET socket",
+        target: "eth1".into(),
+        capability: "CAP_NET_RAW",
+    };
+    assert!(perm.to_string().contains("needs CAP_NET_RAW"));
+}
+
+#[test]
+fn receive_offloads_are_switched_off() {
+    require_root();
+    let ns = Netns::new("nio").unwrap();
+    veth(&ns, "gro0", &ns, "gro1").unwrap();
+    ns.exec("ethtool", &["-K", "gro0", "gro", "on"]).unwrap();
+    assert!(
+        ns.exec("ethtool", &["-k", "gro0"])
+            .unwrap()
+            .contains("generic-receive-offload: on")
+    );
+    let states = inside(&ns, || {
+        cyphonic_netio::disable_receive_offloads("gro0").unwrap()
+    });
+    assert_eq!(states[0].offload, cyphonic_netio::Offload::Gro);
+    assert_eq!(
+        (states[0].was_on, states[0].now_on),
+        (Some(true), Some(false))
+    );
+    assert_ne!(states[1].now_on, Some(true), "LRO must not be left on");
+    assert!(
+        ns.exec("ethtool", &["-k", "gro0"])
+            .unwrap()
+            .contains("generic-receive-offload: off")
+    );
+}
+
+#[test]
+fn udp_batches_over_ipv4_and_ipv6() {
+    require_root();
+    let ns = Netns::new("nud").unwrap();
+    ns.ip(&["addr", "add", "198.51.100.1/32", "dev", "lo"])
+        .unwrap();
+    ns.ip(&["addr", "add", "fd00::1/128", "dev", "lo", "nodad"])
+        .unwrap();
+    inside(&ns, || {
+        let mut rx = UdpSocket::bind("[::]:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+        let port = rx.local_addr().unwrap().port();
+        assert!(rx.buffer_sizes().0 >= 1 << 20, "{:?}", rx.buffer_sizes());
+        for (from, to) in [
+            ("198.51.100.1:0", "198.51.100.1"),
+            ("[fd00::1]:0", "fd00::1"),
+        ] {
+            let tx = UdpSocket::bind(from.parse().unwrap(), &UdpOptions::default()).unwrap();
+            let to: SocketAddr = format!(
+                "{}:{port}",
+                if to.contains(':') {
+                    format!("[{to}]")
+                } else {
+                    to.to_owned()
+                }
+            )
+            .parse()
+            .unwrap();
+            let payloads: Vec<Vec<u8>> = (0..100u32)
+                .map(|i| vec![i as u8; 1 + (i as usize * 13) % 1400])
+                .collect();
+            let msgs: Vec<(SocketAddr, &[u8])> =
+                payloads.iter().map(|p| (to, p.as_slice())).collect();
+            let (sent, failed, err) = tx.send_batch(&msgs);
+            assert_eq!((sent, failed), (100, 0), "{err:?}");
+            let mut got = Vec::new();
+            let mut storage = vec![vec![0u8; 2048]; 64];
+            while got.len() < 100 {
+                let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+                let mut meta = [DatagramMeta::default(); 64];
+                let n = rx.recv_batch(&mut bufs, &mut meta).unwrap();
+                assert!(n > 0, "timed out after {} datagrams", got.len());
+                for i in 0..n {
+                    assert_eq!(
+                        meta[i].from,
+                        tx.local_addr().unwrap(),
+                        "sender as the peer sees it"
+                    );
+                    got.push(bufs[i][..meta[i].len].to_vec());
+                }
+            }
+            assert_eq!(got, payloads);
+        }
+        // A datagram larger than the buffer is reported, not silently cut.
+        let tx =
+            UdpSocket::bind("198.51.100.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+        tx.send_to(
+            &[7u8; 3000],
+            format!("198.51.100.1:{port}").parse().unwrap(),
+        )
+        .unwrap();
+        let mut small = [0u8; 512];
+        let mut bufs: [&mut [u8]; 1] = [&mut small];
+        let mut meta = [DatagramMeta::default(); 1];
+        assert_eq!(rx.recv_batch(&mut bufs, &mut meta).unwrap(), 1);
+        assert!(meta[0].truncated && meta[0].len == 3000, "{:?}", meta[0]);
+    });
+}
+
+#[test]
+fn namespaces_are_removed_when_dropped() {
+    require_root();
+    let name = {
+        let ns = Netns::new("ndr").unwrap();
+        ns.name().to_owned()
+    };
+    assert!(
+        !sh("ip", &["netns", "list"])
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(&name))
+    );
+}
