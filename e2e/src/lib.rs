@@ -11,6 +11,10 @@
 //! saying so; they never skip. `cargo xtask test` runs this tier after the unit tier.
 #![forbid(unsafe_code)]
 
+pub mod bed;
+pub mod impair;
+pub mod inject;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -80,7 +84,7 @@ impl Netns {
         let name = unique(&format!("cy{prefix}"));
         sh("ip", &["netns", "add", &name])?;
         let ns = Self { name };
-        ns.ip(&["link", "set", "lo", "up"])?;
+        ns.ip(&["link", "set", "dev", "lo", "up"])?;
         Ok(ns)
     }
 
@@ -167,6 +171,14 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Takes ownership of a started child (killed on drop).
+    pub fn from_child(child: Child, what: &str) -> Self {
+        Self {
+            child: Some(child),
+            what: what.to_owned(),
+        }
+    }
+
     /// Its PID.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
@@ -246,9 +258,12 @@ pub fn veth(ns_a: &Netns, a: &str, ns_b: &Netns, b: &str) -> anyhow::Result<()> 
         a.len() < 16 && b.len() < 16,
         "interface names must be shorter than 16 bytes"
     );
+    // Always with keywords: a bare short name such as `a` or `b` would be read as one
+    // (`address`, `broadcast`).
     ns_a.ip(&[
         "link",
         "add",
+        "name",
         a,
         "type",
         "veth",
@@ -258,8 +273,8 @@ pub fn veth(ns_a: &Netns, a: &str, ns_b: &Netns, b: &str) -> anyhow::Result<()> 
         "netns",
         ns_b.name(),
     ])?;
-    ns_a.ip(&["link", "set", a, "up"])?;
-    ns_b.ip(&["link", "set", b, "up"])?;
+    ns_a.ip(&["link", "set", "dev", a, "up"])?;
+    ns_b.ip(&["link", "set", "dev", b, "up"])?;
     Ok(())
 }
 

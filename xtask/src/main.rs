@@ -96,6 +96,18 @@ fn test() -> anyhow::Result<()> {
             "--locked",
         ],
     )?;
+    // The kernel tier runs the real binaries.
+    util::cargo(
+        &root,
+        &[
+            "build",
+            "--locked",
+            "-p",
+            "cyphonic-adapter",
+            "-p",
+            "cyphonic-cloud",
+        ],
+    )?;
     // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries and real tools.
     // Needs root; fails (never skips) without it. One test at a time: they share the CPUs
     // with the daemons they start.

@@ -1,0 +1,214 @@
+//! The control thread: a small tokio runtime for everything that is not per-packet work.
+//! Handshake messages, the peers' timers (handshakes, keepalives, rekeys, expiry), their
+//! events, the status socket and signals. Data threads reach it through a bounded channel and
+//! a `Notify`; it reaches the capture thread through a channel the capture thread polls.
+//! Nothing here ever makes a data thread wait.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use cyphonic_netio::UdpSocket;
+use cyphonic_session::{Clock, Event, Identity, read_init};
+use cyphonic_wire::{Frame, MessageType};
+use tokio::sync::mpsc;
+
+use crate::counters::bump;
+use crate::daemon::{Shared, ToCapture, ToControl};
+use crate::peers::PeerSlot;
+use crate::status::{self, Static};
+
+/// At most one handshake started because of unknown-index traffic per peer per this interval.
+const KICK_INTERVAL: Duration = Duration::from_secs(1);
+/// Wake at least this often even with no timer due (cheap; bounds any missed wake-up).
+const MAX_SLEEP: Duration = Duration::from_millis(500);
+
+/// The control thread's state.
+pub struct Control {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) identity: Arc<Identity>,
+    pub(crate) udp: UdpSocket,
+    pub(crate) rx: mpsc::Receiver<ToControl>,
+    pub(crate) to_capture: Sender<ToCapture>,
+    pub(crate) clock: Clock,
+    pub(crate) status: Arc<Static>,
+    pub(crate) status_socket: PathBuf,
+    pub(crate) kicks: HashMap<u32, Instant>,
+}
+
+impl Control {
+    /// Runs until SIGINT or SIGTERM.
+    ///
+    /// # Errors
+    /// The status socket or signal handlers cannot be set up.
+    pub async fn run(mut self) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let listener = status::bind(&self.status_socket).with_context(|| {
+            format!("opening the status socket {}", self.status_socket.display())
+        })?;
+        let status_task = tokio::spawn(status::serve(
+            listener,
+            self.shared.clone(),
+            self.status.clone(),
+        ));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .context("installing the SIGINT handler")?;
+        // Static peers with an endpoint start their handshakes right away (and persistent
+        // keepalive peers keep them up).
+        self.run_timers(Instant::now());
+        loop {
+            let deadline = self
+                .next_deadline()
+                .unwrap_or_else(|| Instant::now() + MAX_SLEEP)
+                .min(Instant::now() + MAX_SLEEP);
+            tokio::select! {
+                msg = self.rx.recv() => match msg {
+                    Some(msg) => self.handle(msg),
+                    None => break,
+                },
+                () = self.shared.notify.notified() => {}
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
+                _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+                _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            }
+            self.run_timers(Instant::now());
+        }
+        status_task.abort();
+        let _ = std::fs::remove_file(&self.status_socket);
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.shared
+            .peers
+            .all()
+            .iter()
+            .filter_map(|s| s.lock().poll_timeout())
+            .min()
+    }
+
+    fn run_timers(&mut self, now: Instant) {
+        for slot in self.shared.peers.all() {
+            let mut peer = slot.lock();
+            if peer.poll_timeout().is_some_and(|t| t <= now) {
+                peer.handle_timeout(now);
+            }
+            drop(peer);
+            self.drain(slot);
+        }
+    }
+
+    fn handle(&mut self, msg: ToControl) {
+        match msg {
+            ToControl::Handshake { frame, from, at } => self.handshake(&frame, from, at),
+            ToControl::Kick(id) => {
+                let now = Instant::now();
+                if self
+                    .kicks
+                    .get(&id)
+                    .is_some_and(|t| now.saturating_duration_since(*t) < KICK_INTERVAL)
+                {
+                    return;
+                }
+                self.kicks.insert(id, now);
+                if let Some(slot) = self.shared.peers.by_index(id << 8).cloned() {
+                    tracing::info!(peer = %slot.name, "traffic on unknown keys from the peer's address: handshaking");
+                    let _ = slot.lock().initiate(now);
+                    self.drain(&slot);
+                }
+            }
+        }
+    }
+
+    fn handshake(&mut self, frame: &[u8], from: SocketAddr, at: Instant) {
+        let c = &self.shared.counters;
+        let Ok(view) = Frame::new_checked(frame) else {
+            return;
+        };
+        match view.msg_type() {
+            MessageType::HandshakeInit => {
+                bump(&c.handshake_inits);
+                let init = match read_init(&self.identity, self.clock.unix_secs(at), frame) {
+                    Ok(init) => init,
+                    Err(e) => {
+                        bump(&c.handshake_refused);
+                        tracing::warn!(%from, reason = %e, "handshake initiation refused");
+                        return;
+                    }
+                };
+                let Some(slot) = self.shared.peers.by_key(&init.remote_static).cloned() else {
+                    bump(&c.handshake_refused);
+                    tracing::warn!(%from, name = %init.cert.body().name, "handshake from a valid node that is not one of our peers");
+                    return;
+                };
+                let result = slot.lock().handle_init(at, from, init);
+                if let Err(e) = result {
+                    bump(&c.handshake_refused);
+                    tracing::warn!(peer = %slot.name, %from, reason = %e, "handshake initiation refused");
+                }
+                self.drain(&slot);
+            }
+            MessageType::HandshakeResp => {
+                bump(&c.handshake_responses);
+                let Some(slot) = self.shared.peers.by_index(view.receiver_index()).cloned() else {
+                    bump(&c.handshake_refused);
+                    return;
+                };
+                let result = slot.lock().handle_response(at, from, frame);
+                if let Err(e) = result {
+                    bump(&c.handshake_refused);
+                    tracing::warn!(peer = %slot.name, %from, reason = %e, "handshake response refused");
+                }
+                self.drain(&slot);
+            }
+            _ => {}
+        }
+    }
+
+    /// Sends what the peer wants sent and acts on what happened to it.
+    fn drain(&self, slot: &Arc<PeerSlot>) {
+        let (transmits, events): (Vec<_>, Vec<_>) = {
+            let mut peer = slot.lock();
+            (
+                std::iter::from_fn(|| peer.poll_transmit()).collect(),
+                std::iter::from_fn(|| peer.poll_event()).collect(),
+            )
+        };
+        for t in transmits {
+            match self.udp.send_to(&t.frame, t.destination) {
+                Ok(_) => bump(&self.shared.counters.udp_sent),
+                Err(e) => {
+                    bump(&self.shared.counters.udp_send_failed);
+                    tracing::debug!(peer = %slot.name, to = %t.destination, error = %e, "sending a handshake or keepalive failed");
+                }
+            }
+        }
+        for event in events {
+            match event {
+                Event::Established { initiator, rekey } => {
+                    bump(&self.shared.counters.sessions_established);
+                    if rekey {
+                        tracing::debug!(peer = %slot.name, initiator, "keys rotated");
+                    } else {
+                        tracing::info!(peer = %slot.name, initiator, "peer up");
+                    }
+                    let _ = self.to_capture.send(ToCapture::Established(slot.id));
+                }
+                Event::HandshakeGaveUp => {
+                    tracing::warn!(peer = %slot.name, "no answer to handshakes for 90 s; dropping queued packets");
+                    let _ = self.to_capture.send(ToCapture::GaveUp(slot.id));
+                }
+                Event::EndpointChanged { old, new } => {
+                    tracing::info!(peer = %slot.name, ?old, %new, "peer moved to a new address");
+                }
+                Event::Expired => tracing::info!(peer = %slot.name, "peer idle: keys expired"),
+                _ => {}
+            }
+        }
+    }
+}

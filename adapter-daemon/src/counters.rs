@@ -1,0 +1,126 @@
+//! Data-plane counters: one atomic per event, written by the data threads, read by status.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Counters of the adapter's data plane (the pipelines count their own).
+        #[derive(Debug, Default)]
+        pub struct Counters {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        impl Counters {
+            /// Every counter with its name, in declaration order.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Frames read from the LAN interface.
+    captured,
+    /// Captured frames longer than the buffer (reported by the kernel, never cut silently).
+    captured_truncated,
+    /// ARP replies sent for the gateway or proxied vIPs.
+    arp_replies,
+    /// ICMP echo replies from the gateway vIP.
+    echo_replies,
+    /// ICMP fragmentation-needed sent (packets over the inner MTU with DF).
+    icmp_frag_needed,
+    /// ICMP time-exceeded sent.
+    icmp_time_exceeded,
+    /// ICMP errors not sent because of the rate limit.
+    icmp_rate_limited,
+    /// DHCP messages seen while no DHCP server runs (static reservations only).
+    dhcp_unserved,
+    /// DNS queries seen while no DNS server runs.
+    dns_unserved,
+    /// Neighbours learned from ARP.
+    arp_learned,
+    /// Frames not addressed to us (promiscuous capture), multicast, or our own.
+    drop_not_for_us,
+    /// Non-IPv4 frames (IPv6, LLDP, ...).
+    drop_not_ipv4,
+    /// VLAN-tagged frames.
+    drop_vlan,
+    /// Malformed frames or IPv4 headers.
+    drop_malformed,
+    /// Truncated frames that could not be answered.
+    drop_truncated,
+    /// Spoofed source (IP and MAC not a lease or reservation).
+    drop_spoofed,
+    /// Destinations outside the overlay.
+    drop_no_route,
+    /// Destinations on the LAN itself.
+    drop_local_destination,
+    /// Packets to the gateway for a service it does not offer.
+    drop_gateway_service,
+    /// ICMP errors RFC 1122 forbids, or replies that did not fit.
+    drop_no_reply,
+    /// ARP for nobody we answer for.
+    drop_arp_ignored,
+    /// Overlay destinations no peer's certificate covers.
+    drop_no_peer,
+    /// Packets queued while a handshake is pending.
+    queued_for_handshake,
+    /// Queued packets dropped: the queue was full or the handshake failed.
+    drop_queue,
+    /// Packets refused because the pipeline's buffers were all in flight.
+    drop_pipeline_full,
+    /// Packets dropped because every buffer was in use.
+    drop_no_buffer,
+    /// Packets split into fragments to fit the inner MTU.
+    fragmented,
+    /// Datagrams sent on the tunnel socket.
+    udp_sent,
+    /// Datagrams the kernel refused to send.
+    udp_send_failed,
+    /// Datagrams received on the tunnel socket.
+    udp_received,
+    /// Datagrams longer than the buffer.
+    udp_truncated,
+    /// Datagrams that are not a valid tunnel frame.
+    drop_frame_malformed,
+    /// Frames of a type we do not handle here (relay, probe).
+    drop_frame_unhandled,
+    /// Data frames for a session index no live session has.
+    drop_unknown_index,
+    /// Handshake messages dropped because the control queue was full.
+    drop_handshake_queue,
+    /// Keepalives received.
+    keepalives_received,
+    /// Decrypted packets that are not IPv4.
+    drop_inner_not_ipv4,
+    /// Decrypted packets with a malformed IPv4 header.
+    drop_inner_malformed,
+    /// Decrypted packets whose source the sending peer is not certified for.
+    drop_source_not_certified,
+    /// Decrypted packets not for a device on our LAN.
+    drop_not_our_lan,
+    /// Decrypted packets whose TTL ran out.
+    drop_ttl_expired,
+    /// Packets for a device whose MAC is unknown (an ARP request was sent).
+    drop_neighbour_unknown,
+    /// ARP requests sent for devices.
+    arp_requests,
+    /// Frames sent to devices on the LAN.
+    lan_sent,
+    /// Frames the LAN interface refused.
+    lan_send_failed,
+    /// Handshake initiations received.
+    handshake_inits,
+    /// Handshake responses received.
+    handshake_responses,
+    /// Handshake messages refused (any reason; the log says which).
+    handshake_refused,
+    /// Sessions established.
+    sessions_established,
+}
+
+/// Adds one.
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}

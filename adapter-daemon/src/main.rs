@@ -1,0 +1,185 @@
+//! `cyphonic-adapter`: the gateway appliance. Puts the devices on its LAN port onto the
+//! encrypted overlay. This file only wires things: command line, configuration, logging.
+#![forbid(unsafe_code)]
+// A command-line program: printing to stdout is its job; and a binary exports nothing, so
+// `pub` inside it marks what the modules share, not an API.
+#![allow(clippy::print_stdout, unreachable_pub)]
+
+mod config;
+mod control;
+mod counters;
+mod daemon;
+mod egress;
+mod ingress;
+mod neighbors;
+mod peers;
+mod pool;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "cyphonic-adapter",
+    version,
+    about = "Puts the devices on this gateway's LAN port onto the cyphonic overlay"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the adapter.
+    Run {
+        /// The configuration file (see config/adapter.example.toml).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// Check a configuration file (and the certificates and keys it names) and exit.
+    CheckConfig {
+        /// The configuration file.
+        config: PathBuf,
+    },
+    /// Show the running adapter's peers, leases and counters.
+    Status {
+        /// The status socket of the running adapter.
+        #[arg(long, default_value = "/run/cyphonic/adapter.sock")]
+        socket: PathBuf,
+        /// Print the raw JSON document.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal as _;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config, log_format } => {
+            init_logging(log_format);
+            config::load(&config, now_secs()).map_err(anyhow::Error::from).and_then(|(c, id)| daemon::run(&c, id))
+        }
+        Command::CheckConfig { config } => config::load(&config, now_secs()).map(|(c, id)| {
+            let body = id.certificate().body();
+            println!(
+                "{}: OK: adapter {} on {}, LAN block {} (gateway {}), {} reservation(s), {} static peer(s)",
+                c.path.display(),
+                body.name,
+                c.lan_interface,
+                c.lan_block,
+                c.gateway_vip,
+                c.reservations.len(),
+                c.peers.len()
+            );
+        }).map_err(anyhow::Error::from),
+        Command::Status { socket, json } => status::fetch(&socket).map(|doc| {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+            } else {
+                print_status(&doc);
+            }
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cyphonic-adapter: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_status(doc: &serde_json::Value) {
+    let a = &doc["adapter"];
+    println!(
+        "adapter {}  lan {} ({}, gateway {})  listen {}  up {} s",
+        a["name"].as_str().unwrap_or("?"),
+        a["lan_interface"].as_str().unwrap_or("?"),
+        a["lan_block"].as_str().unwrap_or("?"),
+        a["gateway_vip"].as_str().unwrap_or("?"),
+        a["listen"].as_str().unwrap_or("?"),
+        a["uptime_secs"]
+    );
+    println!();
+    println!(
+        "{:<28} {:<18} {:<24} {:<5} {:>10} {:>10}",
+        "PEER", "VIP BLOCK", "ENDPOINT", "UP", "TX PKTS", "RX PKTS"
+    );
+    for p in doc["peers"].as_array().into_iter().flatten() {
+        println!(
+            "{:<28} {:<18} {:<24} {:<5} {:>10} {:>10}",
+            p["name"].as_str().unwrap_or("?"),
+            p["vip_blocks"][0].as_str().unwrap_or("-"),
+            p["endpoint"].as_str().unwrap_or("-"),
+            if p["established"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
+            p["tx_packets"],
+            p["rx_packets"]
+        );
+    }
+    println!();
+    println!("{:<18} {:<18}", "LEASE VIP", "MAC");
+    for l in doc["leases"].as_array().into_iter().flatten() {
+        println!(
+            "{:<18} {:<18}",
+            l["vip"].as_str().unwrap_or("?"),
+            l["mac"].as_str().unwrap_or("?")
+        );
+    }
+    println!();
+    println!("counters (non-zero):");
+    if let Some(map) = doc["counters"].as_object() {
+        for (k, v) in map.iter().filter(|(_, v)| v.as_u64() != Some(0)) {
+            println!("  {k:<28} {v}");
+        }
+    }
+    for dir in ["egress", "ingress"] {
+        let p = &doc["pipelines"][dir];
+        println!(
+            "pipeline {dir}: emitted {} out_of_order {} held {} mean_hold_us {:.1}",
+            p["emitted"],
+            p["out_of_order"],
+            p["held_packets"],
+            p["mean_hold_us"].as_f64().unwrap_or(0.0)
+        );
+    }
+}

@@ -1,0 +1,323 @@
+//! `cyphonic-cloud`: the control plane of the overlay. Today it carries the offline
+//! certificate authority (`cyphonic-cloud ca ...`, like nebula-cert): create the overlay CA,
+//! issue node certificates with fresh Noise keys, revoke, list. The AS/NMS/TRS services
+//! (`serve`) come with the control-plane issue.
+//!
+//! A CA directory holds `ca.crt` (give it to every node), `ca.key` (keep it offline; mode
+//! 0600), `revoked.txt` (publish it) and `issued/` (a copy of every certificate issued).
+#![forbid(unsafe_code)]
+#![allow(clippy::print_stdout)]
+
+use std::fs::{self, OpenOptions};
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use cyphonic_crypto::{
+    Certificate, CertificateAuthority, Fingerprint, IssueRequest, RevocationList, StaticKeypair,
+};
+use ipnet::IpNet;
+
+const DAY: u64 = 24 * 3600;
+/// Certificates start this long before "now", so a node whose clock is a little behind the
+/// CA's does not refuse a certificate issued moments ago.
+const SKEW: u64 = 3600;
+
+#[derive(Parser)]
+#[command(
+    name = "cyphonic-cloud",
+    version,
+    about = "The cyphonic control plane and its certificate authority"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The offline certificate authority.
+    #[command(subcommand)]
+    Ca(Ca),
+}
+
+#[derive(Subcommand)]
+enum Ca {
+    /// Create a new overlay CA in DIR.
+    Init {
+        /// The CA directory (created; must not hold a CA yet).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The overlay domain: every node name lies below it.
+        #[arg(long)]
+        domain: String,
+        /// The vIP ranges the CA may certify (repeatable).
+        #[arg(long = "vip-block", default_value = "100.64.0.0/10")]
+        vip_blocks: Vec<IpNet>,
+        /// Validity in days.
+        #[arg(long, default_value_t = 3650)]
+        days: u64,
+    },
+    /// Issue a node certificate (and a fresh Noise key, unless --public-key is given).
+    Issue {
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The node's FQDN, below the CA's domain.
+        #[arg(long)]
+        name: String,
+        /// The vIP block(s) the node may use (an adapter: its LAN block).
+        #[arg(long = "vip-block", required = true)]
+        vip_blocks: Vec<IpNet>,
+        /// Policy groups (repeatable).
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// Validity in days.
+        #[arg(long, default_value_t = 365)]
+        days: u64,
+        /// Certify this existing Noise public key (64 hex digits) instead of making a key.
+        #[arg(long)]
+        public_key: Option<String>,
+        /// Where to write `<name>.crt` and `<name>.key`.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Revoke a certificate (by file or fingerprint); appends to revoked.txt.
+    Revoke {
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The certificate file to revoke.
+        #[arg(
+            conflicts_with = "fingerprint",
+            required_unless_present = "fingerprint"
+        )]
+        certificate: Option<PathBuf>,
+        /// Or its fingerprint.
+        #[arg(long)]
+        fingerprint: Option<String>,
+    },
+    /// List the certificates this CA issued.
+    List {
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Ca(ca) => run_ca(ca),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cyphonic-cloud: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Writes `contents` to a new file; `secret` files get mode 0600. Never overwrites.
+fn write_new(path: &Path, contents: &str, secret: bool) -> anyhow::Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(contents.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn load_ca(dir: &Path) -> anyhow::Result<CertificateAuthority> {
+    let key = fs::read_to_string(dir.join("ca.key"))
+        .with_context(|| format!("reading {}/ca.key", dir.display()))?;
+    let cert = fs::read_to_string(dir.join("ca.crt"))
+        .with_context(|| format!("reading {}/ca.crt", dir.display()))?;
+    CertificateAuthority::from_pem(&key, &cert)
+        .with_context(|| format!("loading the CA in {}", dir.display()))
+}
+
+fn run_ca(cmd: Ca) -> anyhow::Result<()> {
+    match cmd {
+        Ca::Init {
+            dir,
+            domain,
+            vip_blocks,
+            days,
+        } => {
+            if dir.join("ca.key").exists() {
+                bail!(
+                    "{} already holds a CA (ca.key); refusing to overwrite it",
+                    dir.display()
+                );
+            }
+            fs::create_dir_all(dir.join("issued"))
+                .with_context(|| format!("creating {}", dir.display()))?;
+            let t = now();
+            let ca = CertificateAuthority::generate(
+                &domain,
+                &vip_blocks,
+                t.saturating_sub(SKEW),
+                t + days * DAY,
+            )?;
+            write_new(&dir.join("ca.key"), &ca.key_pem(), true)?;
+            write_new(&dir.join("ca.crt"), &ca.certificate().to_pem(), false)?;
+            write_new(
+                &dir.join("revoked.txt"),
+                "# revoked certificate fingerprints, one per line\n",
+                false,
+            )?;
+            println!(
+                "created CA for {domain} in {} (fingerprint {})",
+                dir.display(),
+                ca.certificate().fingerprint()
+            );
+            println!(
+                "keep {}/ca.key offline; give ca.crt to every node",
+                dir.display()
+            );
+        }
+        Ca::Issue {
+            dir,
+            name,
+            vip_blocks,
+            groups,
+            days,
+            public_key,
+            out,
+        } => {
+            let ca = load_ca(&dir)?;
+            let (key, public) = match public_key {
+                Some(hex) => {
+                    let mut k = [0u8; 32];
+                    decode_hex(hex.trim(), &mut k).context("--public-key must be 64 hex digits")?;
+                    (None, k)
+                }
+                None => {
+                    let kp = StaticKeypair::generate()?;
+                    let public = kp.public().0;
+                    (Some(kp), public)
+                }
+            };
+            let t = now();
+            let not_after = (t + days * DAY).min(ca.certificate().body().not_after);
+            let cert = ca.issue(&IssueRequest {
+                name: name.clone(),
+                vip_blocks,
+                public_key: public,
+                groups,
+                not_before: t.saturating_sub(SKEW),
+                not_after,
+            })?;
+            fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let cert_path = out.join(format!("{name}.crt"));
+            write_new(&cert_path, &cert.to_pem(), false)?;
+            if let Some(kp) = key {
+                write_new(&out.join(format!("{name}.key")), &kp.to_pem(), true)?;
+            }
+            let issued = dir.join("issued");
+            fs::create_dir_all(&issued)?;
+            let _ = write_new(
+                &issued.join(format!("{}.crt", cert.fingerprint())),
+                &cert.to_pem(),
+                false,
+            );
+            println!(
+                "issued {name} ({}) -> {}",
+                cert.fingerprint(),
+                cert_path.display()
+            );
+        }
+        Ca::Revoke {
+            dir,
+            certificate,
+            fingerprint,
+        } => {
+            let fp: Fingerprint = match (certificate, fingerprint) {
+                (Some(path), _) => {
+                    let text = fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    Certificate::from_pem(&text)?.fingerprint()
+                }
+                (None, Some(hex)) => hex.parse()?,
+                (None, None) => bail!("name a certificate file or --fingerprint"),
+            };
+            let path = dir.join("revoked.txt");
+            let text = fs::read_to_string(&path).unwrap_or_default();
+            let mut list = RevocationList::parse(&text)?;
+            if list.revoke(fp) {
+                let mut file = OpenOptions::new().append(true).create(true).open(&path)?;
+                writeln!(file, "{fp}")?;
+                println!("revoked {fp}; publish {}", path.display());
+            } else {
+                println!("{fp} was already revoked");
+            }
+        }
+        Ca::List { dir } => {
+            let revoked = RevocationList::parse(
+                &fs::read_to_string(dir.join("revoked.txt")).unwrap_or_default(),
+            )?;
+            let mut rows = Vec::new();
+            for entry in fs::read_dir(dir.join("issued"))
+                .with_context(|| format!("reading {}/issued", dir.display()))?
+            {
+                let path = entry?.path();
+                let Ok(text) = fs::read_to_string(&path) else {
+                    continue;
+                };
+                let Ok(cert) = Certificate::from_pem(&text) else {
+                    continue;
+                };
+                rows.push(cert);
+            }
+            rows.sort_by(|a, b| a.body().name.cmp(&b.body().name));
+            println!(
+                "{:<32} {:<20} {:<12} {:<8} FINGERPRINT",
+                "NAME", "VIP BLOCKS", "EXPIRES(d)", "STATE"
+            );
+            let t = now();
+            for c in rows {
+                let b = c.body();
+                let blocks: Vec<String> = b.vip_blocks.iter().map(ToString::to_string).collect();
+                let state = if revoked.contains(&c.fingerprint()) {
+                    "revoked"
+                } else if b.not_after <= t {
+                    "expired"
+                } else {
+                    "valid"
+                };
+                println!(
+                    "{:<32} {:<20} {:<12} {:<8} {}",
+                    b.name,
+                    blocks.join(","),
+                    b.not_after.saturating_sub(t) / DAY,
+                    state,
+                    c.fingerprint()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn decode_hex(s: &str, out: &mut [u8]) -> anyhow::Result<()> {
+    if s.len() != out.len() * 2 {
+        bail!("expected {} hex digits, got {}", out.len() * 2, s.len());
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)?;
+    }
+    Ok(())
+}

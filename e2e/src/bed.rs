@@ -1,0 +1,588 @@
+//! The two-site test bed of design.md §7, with the real binaries:
+//!
+//! ```text
+//! [lanA] eth0 -- lan [adapterA] wan -- toa [wan router] tob -- wan [adapterB] lan -- eth0 [lanB]
+//!  100.64.1.10/24      198.51.100.2    198.51.100.1  203.0.113.1   203.0.113.2      100.64.2.10/24
+//!  gateway 100.64.1.1 (adapterA's vIP)                                 gateway 100.64.2.1
+//! ```
+//!
+//! Certificates come from `cyphonic-cloud ca`, configurations are written like an operator
+//! would, adapters run as `cyphonic-adapter run`. Everything is removed on drop.
+
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::impair::{Impairment, Relay};
+use crate::{Netns, Proc, sh, unique, veth, wait_until};
+
+/// The two sites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Site A (lanA, adapterA).
+    A,
+    /// Site B (lanB, adapterB).
+    B,
+}
+
+/// Where the binaries under test are.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// `cyphonic-adapter`.
+    pub adapter: PathBuf,
+    /// `cyphonic-cloud`.
+    pub cloud: PathBuf,
+}
+
+impl Bins {
+    /// `$CYPHONIC_BIN_DIR`, or the target directory this test binary was built into.
+    ///
+    /// # Errors
+    /// The binaries are not built.
+    pub fn find() -> anyhow::Result<Self> {
+        let dir = match std::env::var_os("CYPHONIC_BIN_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => {
+                let exe = std::env::current_exe()?;
+                // target/<profile>/deps/<test> -> target/<profile>
+                exe.parent()
+                    .and_then(Path::parent)
+                    .context("cannot find the target directory")?
+                    .to_owned()
+            }
+        };
+        let bins = Self {
+            adapter: dir.join("cyphonic-adapter"),
+            cloud: dir.join("cyphonic-cloud"),
+        };
+        for b in [&bins.adapter, &bins.cloud] {
+            if !b.exists() {
+                bail!(
+                    "{} is not built; run `cargo xtask test` (or `cargo build -p cyphonic-adapter -p cyphonic-cloud`)",
+                    b.display()
+                );
+            }
+        }
+        Ok(bins)
+    }
+}
+
+/// A directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A new empty directory under the system's temporary directory.
+    ///
+    /// # Errors
+    /// It cannot be created.
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        let path = std::env::temp_dir().join(unique(&format!("cyphonic-{prefix}-")));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self(path))
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How to build the bed.
+#[derive(Debug, Clone)]
+pub struct BedOptions {
+    /// `dataplane.ordering` of both adapters.
+    pub ordering: bool,
+    /// Extra lines for both adapters' `[dataplane]` section.
+    pub dataplane_extra: String,
+    /// Make the LAN hosts' veths behave like a wire (TSO and GSO off), as a real NIC would
+    /// segment before the wire.
+    pub wire_like_lan: bool,
+    /// Also switch transmit checksum offload off on the LAN hosts (no partial checksums).
+    pub lan_tx_checksum_off: bool,
+    /// Peers' persistent keepalive, seconds (0 = off).
+    pub persistent_keepalive: u64,
+    /// Carry the underlay through an impairing relay on the router (loss, delay, reordering).
+    pub impair: Option<Impairment>,
+}
+
+impl Default for BedOptions {
+    fn default() -> Self {
+        Self {
+            ordering: true,
+            dataplane_extra: String::new(),
+            wire_like_lan: true,
+            lan_tx_checksum_off: false,
+            persistent_keepalive: 0,
+            impair: None,
+        }
+    }
+}
+
+/// One site: its LAN host, its adapter.
+#[derive(Debug)]
+pub struct Site {
+    /// The LAN host (a "general node").
+    pub lan: Netns,
+    /// The adapter's namespace.
+    pub adapter_ns: Netns,
+    /// The adapter's configuration directory.
+    pub dir: PathBuf,
+    /// The LAN host's address.
+    pub host_ip: Ipv4Addr,
+    /// The LAN host's MAC.
+    pub host_mac: String,
+    /// The gateway vIP.
+    pub gateway: Ipv4Addr,
+    /// The adapter's underlay address.
+    pub underlay: Ipv4Addr,
+    /// Where this adapter reaches its peer (the peer's address, or the relay's).
+    pub peer_endpoint: SocketAddr,
+    /// The running adapter.
+    pub adapter: Option<Proc>,
+}
+
+impl Site {
+    /// The adapter's configuration file.
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("adapter.toml")
+    }
+
+    /// The adapter's status socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("adapter.sock")
+    }
+
+    /// The adapter's log file.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("adapter.log")
+    }
+
+    /// The adapter's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+}
+
+/// The bed.
+#[derive(Debug)]
+pub struct TwoSites {
+    /// Site A.
+    pub a: Site,
+    /// Site B.
+    pub b: Site,
+    /// The router between them.
+    pub wan: Netns,
+    /// The binaries.
+    pub bins: Bins,
+    /// The impairing relay, when the options asked for one.
+    pub relay: Option<Relay>,
+    tmp: TempDir,
+}
+
+impl TwoSites {
+    /// Builds the namespaces, certificates and configurations (adapters not started).
+    ///
+    /// # Errors
+    /// Any step of the setup failing (missing tools, no root).
+    pub fn new(opts: &BedOptions) -> anyhow::Result<Self> {
+        crate::require_root();
+        let bins = Bins::find()?;
+        let tmp = TempDir::new("bed")?;
+        let wan = Netns::new("wan")?;
+        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, opts)?;
+        let mut b = Self::site("B", &wan, "tob", [203, 0, 113], 2, opts)?;
+        wan.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        // By default each adapter reaches the other directly; with an impairment, through
+        // the relay's address on its own side.
+        a.peer_endpoint = SocketAddr::from((b.underlay, 51820));
+        b.peer_endpoint = SocketAddr::from((a.underlay, 51820));
+        let relay = match opts.impair {
+            Some(imp) => {
+                let relay_a = SocketAddr::from(([198, 51, 100, 1], 51821));
+                let relay_b = SocketAddr::from(([203, 0, 113, 1], 51821));
+                a.peer_endpoint = relay_a;
+                b.peer_endpoint = relay_b;
+                let to_a = SocketAddr::from((a.underlay, 51820));
+                let to_b = SocketAddr::from((b.underlay, 51820));
+                Some(Relay::start(
+                    wan.name(),
+                    relay_a,
+                    to_a,
+                    relay_b,
+                    to_b,
+                    imp,
+                    0x00c0_ffee,
+                )?)
+            }
+            None => None,
+        };
+
+        // The overlay CA and the two adapters' certificates, as an operator makes them.
+        let ca = tmp.path().join("ca");
+        let cloud = bins.cloud.to_str().context("binary path")?;
+        sh(
+            cloud,
+            &[
+                "ca",
+                "init",
+                "--dir",
+                ca.to_str().context("path")?,
+                "--domain",
+                "ovl.example",
+            ],
+        )?;
+        for (site, name, block) in [
+            (&a, "gw1.ovl.example", "100.64.1.0/24"),
+            (&b, "gw2.ovl.example", "100.64.2.0/24"),
+        ] {
+            sh(
+                cloud,
+                &[
+                    "ca",
+                    "issue",
+                    "--dir",
+                    ca.to_str().context("path")?,
+                    "--name",
+                    name,
+                    "--vip-block",
+                    block,
+                    "--out",
+                    site.dir.to_str().context("path")?,
+                ],
+            )?;
+            std::fs::copy(ca.join("ca.crt"), site.dir.join("ca.crt"))?;
+            std::fs::create_dir_all(site.dir.join("peers"))?;
+        }
+        std::fs::copy(
+            a.dir.join("gw1.ovl.example.crt"),
+            b.dir.join("peers/gw1.ovl.example.crt"),
+        )?;
+        std::fs::copy(
+            b.dir.join("gw2.ovl.example.crt"),
+            a.dir.join("peers/gw2.ovl.example.crt"),
+        )?;
+        let mut bed = Self {
+            a,
+            b,
+            wan,
+            bins,
+            relay,
+            tmp,
+        };
+        bed.write_config(Side::A, opts)?;
+        bed.write_config(Side::B, opts)?;
+        Ok(bed)
+    }
+
+    fn site(
+        label: &str,
+        wan: &Netns,
+        wan_if: &str,
+        net: [u8; 3],
+        n: u8,
+        opts: &BedOptions,
+    ) -> anyhow::Result<Site> {
+        let lan = Netns::new(&format!("lan{label}"))?;
+        let adapter_ns = Netns::new(&format!("ad{label}"))?;
+        veth(&lan, "eth0", &adapter_ns, "lan")?;
+        veth(&adapter_ns, "wan", wan, wan_if)?;
+        let [x, y, z] = net;
+        let router = format!("{x}.{y}.{z}.1");
+        let underlay = Ipv4Addr::new(x, y, z, 2);
+        adapter_ns.ip(&["addr", "add", &format!("{underlay}/24"), "dev", "wan"])?;
+        adapter_ns.ip(&["route", "add", "default", "via", &router])?;
+        wan.ip(&["addr", "add", &format!("{router}/24"), "dev", wan_if])?;
+        let host_ip = Ipv4Addr::new(100, 64, n, 10);
+        let gateway = Ipv4Addr::new(100, 64, n, 1);
+        lan.ip(&["addr", "add", &format!("{host_ip}/24"), "dev", "eth0"])?;
+        lan.ip(&["route", "add", "default", "via", &gateway.to_string()])?;
+        if opts.wire_like_lan {
+            lan.exec("ethtool", &["-K", "eth0", "tso", "off", "gso", "off"])?;
+        }
+        if opts.lan_tx_checksum_off {
+            lan.exec("ethtool", &["-K", "eth0", "tx", "off"])?;
+        }
+        let link = lan.ip(&["-o", "link", "show", "dev", "eth0"])?;
+        let host_mac = link
+            .split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .context("no MAC on eth0")?
+            .to_owned();
+        let dir = std::env::temp_dir().join(unique(&format!("cyphonic-site{label}-")));
+        std::fs::create_dir_all(&dir)?;
+        let peer_endpoint = SocketAddr::from((underlay, 51820));
+        Ok(Site {
+            lan,
+            adapter_ns,
+            dir,
+            host_ip,
+            host_mac,
+            gateway,
+            underlay,
+            peer_endpoint,
+            adapter: None,
+        })
+    }
+
+    /// (Re)writes a site's configuration file.
+    ///
+    /// # Errors
+    /// Writing fails.
+    pub fn write_config(&mut self, side: Side, opts: &BedOptions) -> anyhow::Result<()> {
+        let (me, name, peer_name) = match side {
+            Side::A => (&self.a, "gw1.ovl.example", "gw2.ovl.example"),
+            Side::B => (&self.b, "gw2.ovl.example", "gw1.ovl.example"),
+        };
+        let mut text = String::new();
+        writeln!(
+            text,
+            "[adapter]\nlan_interface = \"lan\"\ngateway_vip = \"{}\"\nstatus_socket = \"adapter.sock\"\n",
+            me.gateway
+        )?;
+        writeln!(
+            text,
+            "[identity]\ncertificate = \"{name}.crt\"\nkey = \"{name}.key\"\nca = \"ca.crt\"\n"
+        )?;
+        writeln!(
+            text,
+            "[dataplane]\nordering = {}\n{}\n",
+            opts.ordering, opts.dataplane_extra
+        )?;
+        writeln!(
+            text,
+            "[[reservation]]\nmac = \"{}\"\nvip = \"{}\"\nhostname = \"host\"\n",
+            me.host_mac, me.host_ip
+        )?;
+        writeln!(
+            text,
+            "[[peer]]\ncertificate = \"peers/{peer_name}.crt\"\nendpoint = \"{}\"\npersistent_keepalive = {}",
+            me.peer_endpoint, opts.persistent_keepalive
+        )?;
+        std::fs::write(me.config(), text)?;
+        Ok(())
+    }
+
+    /// A site.
+    pub fn site_mut(&mut self, side: Side) -> &mut Site {
+        match side {
+            Side::A => &mut self.a,
+            Side::B => &mut self.b,
+        }
+    }
+
+    /// A site.
+    pub fn site_ref(&self, side: Side) -> &Site {
+        match side {
+            Side::A => &self.a,
+            Side::B => &self.b,
+        }
+    }
+
+    /// Starts a site's adapter and waits until its status socket answers.
+    ///
+    /// # Errors
+    /// It exits or does not come up within 10 s (its log is in the error).
+    pub fn start(&mut self, side: Side) -> anyhow::Result<()> {
+        let adapter = self.bins.adapter.to_str().context("path")?.to_owned();
+        let site = self.site_mut(side);
+        let _ = std::fs::remove_file(site.socket());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(site.log())?;
+        let child = site
+            .adapter_ns
+            .command(
+                &adapter,
+                &["run", "--config", site.config().to_str().context("path")?],
+            )
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting cyphonic-adapter")?;
+        site.adapter = Some(Proc::from_child(child, "cyphonic-adapter"));
+        let socket = site.socket();
+        let ready = wait_until(
+            Duration::from_secs(10),
+            "the adapter's status socket",
+            || socket.exists() && site_running(site),
+        );
+        if let Err(e) = ready {
+            bail!("{e}; adapter log:\n{}", site.log_text());
+        }
+        Ok(())
+    }
+
+    /// Stops a site's adapter with `signal` (KILL, TERM) and waits for it.
+    ///
+    /// # Errors
+    /// It was not running or did not stop.
+    pub fn stop(&mut self, side: Side, signal: &str) -> anyhow::Result<std::process::Output> {
+        let site = self.site_mut(side);
+        let proc = site.adapter.take().context("the adapter is not running")?;
+        proc.stop(signal, Duration::from_secs(10))
+    }
+
+    /// The running adapter's status document.
+    ///
+    /// # Errors
+    /// `cyphonic-adapter status` fails.
+    pub fn status(&self, side: Side) -> anyhow::Result<Value> {
+        let site = self.site_ref(side);
+        let out = Command::new(&self.bins.adapter)
+            .args([
+                "status",
+                "--json",
+                "--socket",
+                site.socket().to_str().context("path")?,
+            ])
+            .output()?;
+        if !out.status.success() {
+            bail!("status failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// A counter from a site's status.
+    ///
+    /// # Errors
+    /// As [`TwoSites::status`].
+    pub fn counter(&self, side: Side, name: &str) -> anyhow::Result<u64> {
+        let s = self.status(side)?;
+        s["counters"][name]
+            .as_u64()
+            .with_context(|| format!("no counter {name}"))
+    }
+
+    /// Runs `ping` on a site's LAN host; returns its output whatever the result.
+    ///
+    /// # Errors
+    /// ping cannot start.
+    pub fn ping(
+        &self,
+        from: Side,
+        to: Ipv4Addr,
+        args: &[&str],
+    ) -> anyhow::Result<std::process::Output> {
+        let mut all: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        all.push(to.to_string());
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        self.site_ref(from).lan.exec_output("ping", &refs)
+    }
+
+    /// Both adapters' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        format!(
+            "--- adapter A ---\n{}\n--- adapter B ---\n{}",
+            self.a.log_text(),
+            self.b.log_text()
+        )
+    }
+
+    /// The bed's scratch directory.
+    pub fn tmp(&self) -> &Path {
+        self.tmp.path()
+    }
+}
+
+impl Drop for TwoSites {
+    fn drop(&mut self) {
+        // Processes and the relay first (they hold the namespaces' sockets), then directories.
+        self.a.adapter.take();
+        self.b.adapter.take();
+        self.relay.take();
+        let _ = std::fs::remove_dir_all(&self.a.dir);
+        let _ = std::fs::remove_dir_all(&self.b.dir);
+    }
+}
+
+fn site_running(site: &mut Site) -> bool {
+    site.adapter.as_mut().is_some_and(Proc::running)
+}
+
+/// An iperf3 measurement in progress: a one-shot server and a client, both owned here (they
+/// are killed if this is dropped), borrowing nothing from the bed.
+#[derive(Debug)]
+pub struct IperfRun {
+    server: Proc,
+    client: Proc,
+    seconds: u64,
+}
+
+impl IperfRun {
+    /// Starts a one-shot server on `server`'s LAN host and the client on the other one, with
+    /// `args` and JSON output, for `seconds`.
+    ///
+    /// # Errors
+    /// A process cannot start.
+    pub fn start(
+        bed: &TwoSites,
+        server: Side,
+        args: &[&str],
+        seconds: u64,
+    ) -> anyhow::Result<Self> {
+        let (srv, cli) = match server {
+            Side::A => (&bed.a, &bed.b),
+            Side::B => (&bed.b, &bed.a),
+        };
+        let server_proc = srv
+            .lan
+            .spawn("iperf3", &["-s", "-1", "--idle-timeout", "30"])?;
+        std::thread::sleep(Duration::from_millis(300));
+        let host = srv.host_ip.to_string();
+        let secs = seconds.to_string();
+        let mut all = vec!["-J", "-c", host.as_str(), "-t", secs.as_str()];
+        all.extend_from_slice(args);
+        let client = cli.lan.spawn("iperf3", &all)?;
+        Ok(Self {
+            server: server_proc,
+            client,
+            seconds,
+        })
+    }
+
+    /// Waits for the client (at most its duration plus 15 s) and returns its JSON report.
+    ///
+    /// # Errors
+    /// iperf3 fails, hangs, or reports an error.
+    pub fn finish(self) -> anyhow::Result<Value> {
+        let out = self.client.wait(Duration::from_secs(self.seconds + 15))?;
+        drop(self.server);
+        let report: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "iperf3 gave no JSON: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        if let Some(err) = report["error"].as_str() {
+            bail!("iperf3: {err}");
+        }
+        Ok(report)
+    }
+}
+
+/// Runs iperf3 between the sites (see [`IperfRun`]) and returns the client's JSON report.
+///
+/// # Errors
+/// iperf3 fails or reports an error (the adapters' logs are in the message).
+pub fn iperf3(bed: &TwoSites, server: Side, args: &[&str], seconds: u64) -> anyhow::Result<Value> {
+    IperfRun::start(bed, server, args, seconds)?
+        .finish()
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.logs()))
+}

@@ -1,0 +1,189 @@
+//! Hostile and hand-made traffic for the tests: raw frames on a LAN, captured tunnel frames
+//! replayed or corrupted, garbage datagrams. Each function runs on a thread of its own inside
+//! the namespace it is given.
+
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket, netns};
+
+use crate::Netns;
+
+/// Runs `f` on a thread inside `ns`.
+///
+/// # Errors
+/// Entering the namespace fails, or `f` does.
+pub fn inside<T: Send + 'static>(
+    ns: &Netns,
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    let name = ns.name().to_owned();
+    std::thread::spawn(move || {
+        netns::enter(&name).with_context(|| format!("entering {name}"))?;
+        f()
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the thread inside the namespace panicked"))?
+}
+
+/// One's-complement checksum (RFC 1071), for hand-made headers.
+pub fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).unwrap_or(0)
+}
+
+/// An Ethernet frame with an ICMP echo request from `src` to `dst`.
+pub fn echo_frame(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    marker: &[u8],
+) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let total = u16::try_from(20 + 8 + marker.len()).unwrap_or(u16::MAX);
+    let mut ip = vec![0x45, 0, 0, 0, 0x12, 0x34, 0x40, 0, 64, 1, 0, 0];
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    let sum = checksum(&ip);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let mut icmp = vec![8, 0, 0, 0, 0x42, 0x42, 0, 1];
+    icmp.extend_from_slice(marker);
+    let sum = checksum(&icmp);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&icmp);
+    f
+}
+
+/// Sends raw frames out of `iface` in `ns`.
+///
+/// # Errors
+/// The socket cannot be opened or a send fails.
+pub fn send_frames(ns: &Netns, iface: &str, frames: Vec<Vec<u8>>) -> anyhow::Result<()> {
+    let iface = iface.to_owned();
+    inside(ns, move || {
+        let i = Interface::lookup_up(&iface)?;
+        let sock = PacketSocket::open(
+            &i,
+            &PacketOptions {
+                promiscuous: false,
+                ..PacketOptions::default()
+            },
+        )?;
+        for f in frames {
+            sock.send(&f)?;
+        }
+        Ok(())
+    })
+}
+
+/// Captures, for up to `within`, frames on `iface` in `ns` that contain `needle`; returns
+/// how many did.
+///
+/// # Errors
+/// The socket cannot be opened.
+pub fn count_frames_containing(
+    ns: &Netns,
+    iface: &str,
+    needle: Vec<u8>,
+    within: Duration,
+) -> anyhow::Result<usize> {
+    let iface = iface.to_owned();
+    inside(ns, move || {
+        let i = Interface::lookup_up(&iface)?;
+        let mut sock = PacketSocket::open(&i, &PacketOptions::default())?;
+        let mut found = 0;
+        let deadline = Instant::now() + within;
+        let mut storage = vec![vec![0u8; 2048]; 16];
+        while Instant::now() < deadline {
+            let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut meta = [FrameMeta::default(); 16];
+            let n = sock.recv_batch(&mut bufs, &mut meta)?;
+            found += bufs[..n]
+                .iter()
+                .zip(&meta)
+                .filter(|(b, m)| {
+                    b[..m.len.min(b.len())]
+                        .windows(needle.len())
+                        .any(|w| w == needle)
+                })
+                .count();
+        }
+        Ok(found)
+    })
+}
+
+/// Captures up to `count` UDP payloads sent to `port` that arrive on `iface` in `ns`, whose
+/// first payload bytes satisfy `keep`, for up to `within`.
+///
+/// # Errors
+/// The socket cannot be opened.
+pub fn capture_udp(
+    ns: &Netns,
+    iface: &str,
+    port: u16,
+    count: usize,
+    within: Duration,
+    keep: fn(&[u8]) -> bool,
+) -> anyhow::Result<Vec<Vec<u8>>> {
+    let iface = iface.to_owned();
+    inside(ns, move || {
+        let i = Interface::lookup_up(&iface)?;
+        let mut sock = PacketSocket::open(&i, &PacketOptions::default())?;
+        let mut out = Vec::new();
+        let deadline = Instant::now() + within;
+        let mut storage = vec![vec![0u8; 2048]; 16];
+        while out.len() < count && Instant::now() < deadline {
+            let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut meta = [FrameMeta::default(); 16];
+            let n = sock.recv_batch(&mut bufs, &mut meta)?;
+            for (b, m) in bufs[..n].iter().zip(&meta) {
+                let f = &b[..m.len.min(b.len())];
+                // Ethernet, IPv4 without options, UDP to `port`.
+                if f.len() < 42 || f[12..14] != [0x08, 0x00] || f[14] != 0x45 || f[23] != 17 {
+                    continue;
+                }
+                if u16::from_be_bytes([f[36], f[37]]) != port {
+                    continue;
+                }
+                let payload = &f[42..];
+                if keep(payload) && out.len() < count {
+                    out.push(payload.to_vec());
+                }
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Sends datagrams from `bind` to `to`, inside `ns`.
+///
+/// # Errors
+/// The socket cannot be bound.
+pub fn send_udp(
+    ns: &Netns,
+    bind: SocketAddr,
+    to: SocketAddr,
+    payloads: Vec<Vec<u8>>,
+) -> anyhow::Result<()> {
+    inside(ns, move || {
+        let sock = UdpSocket::bind(bind)?;
+        for p in payloads {
+            // Datagrams the kernel refuses (none expected) are not the test's subject.
+            let _ = sock.send_to(&p, to);
+        }
+        Ok(())
+    })
+}
