@@ -485,6 +485,34 @@ impl TwoSites {
         self.site_ref(from).lan.exec_output("ping", &refs)
     }
 
+    /// Turns the two adapter namespaces into plain kernel routers (no tunnel), for the
+    /// baseline of the benchmarks: same hosts, same links, the LAN hosts' default routes now
+    /// end at a kernel address. GRO stays off on the LAN side, as the adapter keeps it.
+    ///
+    /// # Errors
+    /// An `ip` or `sysctl` command fails (for instance, an adapter is running).
+    pub fn route_plainly(&self) -> anyhow::Result<()> {
+        for (me, other) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            let prefix = format!("{}/24", me.gateway);
+            me.adapter_ns.ip(&["addr", "add", &prefix, "dev", "lan"])?;
+            me.adapter_ns
+                .exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+            me.adapter_ns
+                .exec("ethtool", &["-K", "lan", "gro", "off"])?;
+            let other_lan = format!(
+                "{}/24",
+                Ipv4Addr::from(u32::from(other.host_ip) & 0xffff_ff00)
+            );
+            let router = Ipv4Addr::from(u32::from(me.underlay) & 0xffff_ff00 | 1).to_string();
+            me.adapter_ns
+                .ip(&["route", "add", &other_lan, "via", &router])?;
+            let my_lan = format!("{}/24", Ipv4Addr::from(u32::from(me.host_ip) & 0xffff_ff00));
+            self.wan
+                .ip(&["route", "add", &my_lan, "via", &me.underlay.to_string()])?;
+        }
+        Ok(())
+    }
+
     /// Both adapters' logs, for failure messages.
     pub fn logs(&self) -> String {
         format!(

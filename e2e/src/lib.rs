@@ -14,6 +14,7 @@
 pub mod bed;
 pub mod impair;
 pub mod inject;
+pub mod measure;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

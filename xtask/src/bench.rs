@@ -10,35 +10,61 @@ use serde::Deserialize;
 
 use crate::util;
 
-const BEGIN: &str = "<!-- xtask bench micro: begin -->";
-const END: &str = "<!-- xtask bench micro: end -->";
+const MICRO: (&str, &str) = (
+    "<!-- xtask bench micro: begin -->",
+    "<!-- xtask bench micro: end -->",
+);
+const E2E: (&str, &str) = (
+    "<!-- xtask bench e2e: begin -->",
+    "<!-- xtask bench e2e: end -->",
+);
 /// Packets per criterion iteration (benches/src/lib.rs `BURST`).
 const BURST: f64 = 4096.0;
 /// Packets per batch at the pipeline's default configuration.
 const BATCH: f64 = 32.0;
 
-pub(crate) fn run(write: bool) -> anyhow::Result<()> {
+pub(crate) fn run(write: bool, micro: bool, e2e: bool) -> anyhow::Result<()> {
     let root = util::root();
-    let criterion_dir = root.join("target/criterion");
-    // Stale results from an earlier run must not mix into this one's ratios.
-    for group in ["seal", "pipeline_overhead", "reorder_ring"] {
-        let _ = std::fs::remove_dir_all(criterion_dir.join(group));
+    let mut sections = Vec::new();
+    if micro {
+        let criterion_dir = root.join("target/criterion");
+        // Stale results from an earlier run must not mix into this one's ratios.
+        for group in ["seal", "pipeline_overhead", "reorder_ring"] {
+            let _ = std::fs::remove_dir_all(criterion_dir.join(group));
+        }
+        util::cargo(
+            &root,
+            &["bench", "-p", "cyphonic-benches", "--bench", "pipeline"],
+        )?;
+        sections.push((MICRO, render(&collect(&criterion_dir)?)?));
     }
-    util::cargo(
-        &root,
-        &["bench", "-p", "cyphonic-benches", "--bench", "pipeline"],
-    )?;
-    let results = collect(&criterion_dir)?;
-    let tables = render(&results)?;
+    if e2e {
+        crate::bed::prerequisites()?;
+        let bin = crate::bed::build_release(&root)?;
+        let out = std::process::Command::new(bin.join("cyphonic-bed"))
+            .arg("bench")
+            .env("CYPHONIC_BIN_DIR", &bin)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .context("running cyphonic-bed bench")?;
+        if !out.status.success() {
+            bail!("cyphonic-bed bench failed ({})", out.status);
+        }
+        sections.push((E2E, String::from_utf8(out.stdout)?));
+    }
+    let path = root.join("docs/benchmarks.md");
+    let mut doc =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    for (markers, body) in sections {
+        if write {
+            doc = replace_between(&doc, markers, &body)?;
+        } else {
+            print!("{body}");
+        }
+    }
     if write {
-        let path = root.join("docs/benchmarks.md");
-        let doc = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let updated = replace_between(&doc, &tables)?;
-        std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, doc).with_context(|| format!("writing {}", path.display()))?;
         eprintln!("xtask: updated {}", path.display());
-    } else {
-        print!("{tables}");
     }
     Ok(())
 }
@@ -197,14 +223,14 @@ fn machine() -> String {
     )
 }
 
-fn replace_between(doc: &str, body: &str) -> anyhow::Result<String> {
-    let (Some(b), Some(e)) = (doc.find(BEGIN), doc.find(END)) else {
-        bail!("docs/benchmarks.md lacks the markers {BEGIN} / {END}");
+fn replace_between(doc: &str, (begin, end): (&str, &str), body: &str) -> anyhow::Result<String> {
+    let (Some(b), Some(e)) = (doc.find(begin), doc.find(end)) else {
+        bail!("docs/benchmarks.md lacks the markers {begin} / {end}");
     };
     if e < b {
         bail!("docs/benchmarks.md: end marker before begin marker");
     }
-    Ok(format!("{}{BEGIN}\n{body}{}", &doc[..b], &doc[e..]))
+    Ok(format!("{}{begin}\n{body}{}", &doc[..b], &doc[e..]))
 }
 
 #[cfg(test)]
@@ -213,12 +239,14 @@ mod tests {
 
     #[test]
     fn replaces_only_between_markers() {
-        let doc = format!("intro\n{BEGIN}\nold\n{END}\noutro\n");
+        let (b, e) = MICRO;
+        let doc = format!("intro\n{b}\nold\n{e}\n{}\nkeep\n{}\noutro\n", E2E.0, E2E.1);
+        let out = replace_between(&doc, MICRO, "new\n").unwrap();
         assert_eq!(
-            replace_between(&doc, "new\n").unwrap(),
-            format!("intro\n{BEGIN}\nnew\n{END}\noutro\n")
+            out,
+            format!("intro\n{b}\nnew\n{e}\n{}\nkeep\n{}\noutro\n", E2E.0, E2E.1)
         );
-        assert!(replace_between("no markers", "x").is_err());
+        assert!(replace_between("no markers", MICRO, "x").is_err());
     }
 
     #[test]

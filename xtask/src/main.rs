@@ -11,6 +11,7 @@
 // A command-line tool: printing reports to stdout is its job.
 #![allow(clippy::print_stdout)]
 
+mod bed;
 mod bench;
 mod fuzz;
 mod tidy;
@@ -32,11 +33,18 @@ enum Command {
     /// Format check, clippy with warnings denied, unit tests with tidy checks, the real-kernel
     /// tier (root), fuzz targets build.
     Test,
-    /// Run the criterion benchmarks (release) and update docs/benchmarks.md.
+    /// Run the benchmarks (release) and update docs/benchmarks.md: criterion (pipeline,
+    /// AEAD) and end to end on the two-site bed (needs root).
     Bench {
         /// Print the tables instead of writing them into docs/benchmarks.md.
         #[arg(long)]
         no_write: bool,
+        /// Only the criterion benchmarks.
+        #[arg(long, conflicts_with = "e2e")]
+        micro: bool,
+        /// Only the end-to-end benchmarks.
+        #[arg(long)]
+        e2e: bool,
     },
     /// Run the cargo-fuzz targets (needs the nightly toolchain; installs cargo-fuzz if absent).
     Fuzz {
@@ -56,7 +64,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Test => test(),
-        Command::Bench { no_write } => bench::run(!no_write),
+        Command::Bench {
+            no_write,
+            micro,
+            e2e,
+        } => bench::run(!no_write, !e2e, !micro),
         Command::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
         Command::Tidy => tidy::run(),
         Command::Demo => demo(),
@@ -141,10 +153,13 @@ fn test() -> anyhow::Result<()> {
 }
 
 fn demo() -> anyhow::Result<()> {
-    eprintln!(
-        "The demo runs the adapter between two simulated sites; it arrives with the adapter \
-         daemon (the data-plane issue). Until then, `cargo xtask test` and `cargo xtask bench` \
-         show what exists: the wire format, crypto, sessions and the ordered pipeline."
-    );
-    Ok(())
+    let root = util::root();
+    bed::prerequisites()?;
+    let bin = bed::build_release(&root)?;
+    util::run(
+        std::process::Command::new(bin.join("cyphonic-bed"))
+            .arg("demo")
+            .env("CYPHONIC_BIN_DIR", &bin),
+        "cyphonic-bed demo",
+    )
 }

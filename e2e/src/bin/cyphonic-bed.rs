@@ -1,0 +1,374 @@
+//! `cyphonic-bed`: the two-site bed as a program, for `cargo xtask demo` and
+//! `cargo xtask bench`. Builds everything in network namespaces of its own and removes it
+//! again, also when interrupted by an error.
+#![forbid(unsafe_code)]
+#![allow(clippy::print_stdout, clippy::cast_precision_loss)]
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use cyphonic_e2e::bed::{BedOptions, Side, TwoSites, iperf3};
+use cyphonic_e2e::measure::{self, PingStats, Tcp, Udp};
+
+#[derive(Parser)]
+#[command(
+    name = "cyphonic-bed",
+    about = "The cyphonic two-site test bed: demo and benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Two sites, two adapters, ping and iperf3 through the tunnel, a short report.
+    Demo,
+    /// Plain kernel routing against the tunnel, and the ordering ablation; prints Markdown.
+    Bench {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Demo => demo(),
+        Command::Bench { seconds } => bench(seconds).map(|md| print!("{md}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cyphonic-bed: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn step(n: u32, text: &str) {
+    println!("\n{n}. {text}");
+}
+
+fn demo() -> anyhow::Result<()> {
+    println!(
+        "cyphonic demo: two sites joined by an encrypted overlay, all on this machine in network namespaces.\n"
+    );
+    println!(
+        "  [lanA host 100.64.1.10] -- [adapter gw1.ovl.example] -- 198.51.100.0/24 -- [router] -- 203.0.113.0/24 -- [adapter gw2.ovl.example] -- [lanB host 100.64.2.10]"
+    );
+    println!(
+        "  The LAN hosts are plain Linux hosts: no VPN software, just a default route to their adapter's vIP."
+    );
+    step(
+        1,
+        "An overlay CA for ovl.example issues a certificate to each adapter: gw1 for 100.64.1.0/24, gw2 for 100.64.2.0/24.",
+    );
+    let mut bed = TwoSites::new(&BedOptions::default())?;
+    println!("   CA and certificates: {}", bed.tmp().join("ca").display());
+    step(
+        2,
+        "Both adapters start (cyphonic-adapter run --config ...), each with the other as a static peer.",
+    );
+    bed.start(Side::A)?;
+    bed.start(Side::B)?;
+    println!(
+        "   running: adapter A pid {}, adapter B pid {}",
+        bed.a.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid),
+        bed.b.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid)
+    );
+    step(
+        3,
+        "lanA pings its gateway (the adapter answers ARP and ICMP itself), then lanB across the tunnel.",
+    );
+    let gw = measure::ping(&bed, Side::A, bed.a.gateway, 3, Duration::from_millis(200))?;
+    println!(
+        "   gateway 100.64.1.1: {}/{} replies, {:.3} ms average",
+        gw.received, gw.sent, gw.avg_ms
+    );
+    let first = measure::ping(&bed, Side::A, bed.b.host_ip, 5, Duration::from_millis(200))?;
+    println!(
+        "   lanB 100.64.2.10:   {}/{} replies; the first waited for the Noise IK handshake, then {:.3} ms median",
+        first.received, first.sent, first.p50_ms
+    );
+    step(
+        4,
+        "iperf3 through the tunnel: TCP both ways, then UDP at 200 Mbit/s.",
+    );
+    let t = measure::tcp(&bed, 1, 5)?;
+    println!(
+        "   TCP lanA -> lanB: {:.2} Gbit/s ({} retransmissions)",
+        t.gbps, t.retransmits
+    );
+    let r = iperf3(&bed, Side::B, &["-R"], 5)?;
+    println!(
+        "   TCP lanB -> lanA: {:.2} Gbit/s",
+        r["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0)
+            / 1e9
+    );
+    let u = measure::udp(&bed, 200, 1300, 3)?;
+    println!(
+        "   UDP 200 Mbit/s:   {:.1} Mbit/s received, {:.2}% lost, {} out of order",
+        u.received_mbps, u.loss_pct, u.out_of_order
+    );
+    step(5, "What adapter A reports (cyphonic-adapter status):");
+    let out = std::process::Command::new(&bed.bins.adapter)
+        .args([
+            "status",
+            "--socket",
+            bed.a.socket().to_str().context("path")?,
+        ])
+        .output()?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("   {line}");
+    }
+    step(
+        6,
+        "Stopping the adapters and removing every namespace, link and file of the demo.",
+    );
+    bed.stop(Side::A, "TERM")?;
+    bed.stop(Side::B, "TERM")?;
+    drop(bed);
+    println!("   done.");
+    Ok(())
+}
+
+struct Results {
+    tcp1: Tcp,
+    tcp4: Tcp,
+    udp: Option<Udp>,
+    udp_tried: Vec<Udp>,
+    idle: PingStats,
+    loaded: PingStats,
+}
+
+const UDP_RATES: [u64; 10] = [100, 200, 400, 600, 800, 1000, 1250, 1500, 2000, 3000];
+const UDP_SIZE: usize = 1300;
+/// TCP runs per figure; the median is reported.
+const RUNS: usize = 3;
+
+fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Results> {
+    // Warm up: ARP, the handshake.
+    measure::ping(bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let idle = measure::ping(bed, Side::A, bed.b.host_ip, 300, Duration::from_millis(10))?;
+    let tcp1 = measure::tcp_median(bed, 1, seconds, RUNS)?;
+    let tcp4 = measure::tcp_median(bed, 4, seconds, RUNS)?;
+    let (udp, udp_tried) = measure::udp_search(bed, &UDP_RATES, UDP_SIZE, 3)?;
+    let loaded = measure::ping_under_load(bed, 5)?;
+    Ok(Results {
+        tcp1,
+        tcp4,
+        udp,
+        udp_tried,
+        idle,
+        loaded,
+    })
+}
+
+/// TCP with 1 and 4 streams through a tunnel built with `opts`, and adapter A's count of
+/// packets emitted out of order.
+fn ablation_run(opts: &BedOptions, seconds: u64) -> anyhow::Result<(Tcp, Tcp, u64)> {
+    let mut bed = TwoSites::new(opts)?;
+    bed.start(Side::A)?;
+    bed.start(Side::B)?;
+    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let t1 = measure::tcp_median(&bed, 1, seconds, RUNS)?;
+    let t4 = measure::tcp_median(&bed, 4, seconds, RUNS)?;
+    let s = bed.status(Side::A)?;
+    Ok((
+        t1,
+        t4,
+        s["pipelines"]["egress"]["out_of_order"]
+            .as_u64()
+            .unwrap_or(u64::MAX),
+    ))
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpu}, {cores} cores, Linux {}", kernel.trim())
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.0}%", 100.0 * a / b)
+    } else {
+        "-".into()
+    }
+}
+
+fn bench(seconds: u64) -> anyhow::Result<String> {
+    eprintln!("bench: plain kernel routing ...");
+    let plain = {
+        let bed = TwoSites::new(&BedOptions::default())?;
+        bed.route_plainly()?;
+        measure_bed(&bed, seconds)?
+    };
+    eprintln!("bench: the cyphonic tunnel ...");
+    let (tunnel, egress_ooo) = {
+        let mut bed = TwoSites::new(&BedOptions::default())?;
+        bed.start(Side::A)?;
+        bed.start(Side::B)?;
+        let r = measure_bed(&bed, seconds)?;
+        let s = bed.status(Side::A)?;
+        (
+            r,
+            s["pipelines"]["egress"]["out_of_order"]
+                .as_u64()
+                .unwrap_or(u64::MAX),
+        )
+    };
+    let mut ablation = Vec::new();
+    for batch in [32usize, 1] {
+        let mut row = Vec::new();
+        for ordering in [true, false] {
+            eprintln!("bench: ablation, batch_size = {batch}, ordering = {ordering} ...");
+            let opts = BedOptions {
+                ordering,
+                dataplane_extra: format!("batch_size = {batch}"),
+                ..BedOptions::default()
+            };
+            row.push(ablation_run(&opts, seconds)?);
+        }
+        ablation.push((batch, row));
+    }
+
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let mut md = String::new();
+    writeln!(
+        md,
+        "Measured {date} on {}. All five hosts share the machine's cores. Profile: LAN hosts wire-like (TSO and GSO off on their veth, transmit checksum offload on), GRO off on the gateways' LAN side; adapters at their defaults (one crypto worker per core each); release build; TCP figures are medians of {RUNS} runs of {seconds} s; UDP rates 3 s each, {UDP_SIZE}-byte datagrams, 2 MiB UDP socket buffers.",
+        machine()
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| lanA -> lanB | plain kernel routing | cyphonic tunnel | tunnel / plain |"
+    )?;
+    writeln!(md, "|---|---:|---:|---:|")?;
+    for (label, p, t) in [
+        ("TCP, 1 stream", plain.tcp1, tunnel.tcp1),
+        ("TCP, 4 streams", plain.tcp4, tunnel.tcp4),
+    ] {
+        writeln!(
+            md,
+            "| {label} (Gbit/s; retransmits) | {:.2}; {} | {:.2}; {} | {} |",
+            p.gbps,
+            p.retransmits,
+            t.gbps,
+            t.retransmits,
+            ratio(t.gbps, p.gbps)
+        )?;
+    }
+    let udp_cell = |u: &Option<Udp>| {
+        u.map_or_else(
+            || "under the lowest rate tried".to_owned(),
+            |u| {
+                format!(
+                    "{:.0}; {:.2}% lost; {} out of order",
+                    u.received_mbps, u.loss_pct, u.out_of_order
+                )
+            },
+        )
+    };
+    writeln!(
+        md,
+        "| UDP, most received with < 1% loss (Mbit/s; loss; out-of-order) | {} | {} | {} |",
+        udp_cell(&plain.udp),
+        udp_cell(&tunnel.udp),
+        ratio(
+            tunnel.udp.map_or(0.0, |u| u.received_mbps),
+            plain.udp.map_or(0.0, |u| u.received_mbps)
+        )
+    )?;
+    writeln!(
+        md,
+        "| ping RTT idle, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | added {:.3} / {:.3} |",
+        plain.idle.avg_ms,
+        plain.idle.p99_ms,
+        tunnel.idle.avg_ms,
+        tunnel.idle.p99_ms,
+        tunnel.idle.avg_ms - plain.idle.avg_ms,
+        tunnel.idle.p99_ms - plain.idle.p99_ms
+    )?;
+    writeln!(
+        md,
+        "| ping RTT while 1 TCP stream runs, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | |",
+        plain.loaded.avg_ms, plain.loaded.p99_ms, tunnel.loaded.avg_ms, tunnel.loaded.p99_ms
+    )?;
+    writeln!(md)?;
+    let tried = |v: &[Udp]| {
+        v.iter()
+            .map(|u| {
+                format!(
+                    "{:.0}→{:.0} ({:.1}%)",
+                    u.offered_mbps, u.received_mbps, u.loss_pct
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    writeln!(
+        md,
+        "UDP rates tried, offered → received Mbit/s (loss): plain {}; tunnel {}.",
+        tried(&plain.udp_tried),
+        tried(&tunnel.udp_tried)
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "Ordering ablation: the same tunnel with `dataplane.ordering = false`, at the default batch of 32 packets (whole batches overtake each other) and with `batch_size = 1` (single packets overtake each other, as in the adapter paper's conventional design)."
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| TCP lanA -> lanB, Gbit/s (retransmits) | ordered | unordered | unordered / ordered | packets emitted out of order (ordered / unordered) |"
+    )?;
+    writeln!(md, "|---|---:|---:|---:|---:|")?;
+    for (batch, row) in &ablation {
+        let ((o1, o4, oo), (u1, u4, uo)) = (row[0], row[1]);
+        writeln!(
+            md,
+            "| batch {batch}, 1 stream | {:.2} ({}) | {:.2} ({}) | {} | {oo} / {uo} |",
+            o1.gbps,
+            o1.retransmits,
+            u1.gbps,
+            u1.retransmits,
+            ratio(u1.gbps, o1.gbps)
+        )?;
+        writeln!(
+            md,
+            "| batch {batch}, 4 streams | {:.2} ({}) | {:.2} ({}) | {} | |",
+            o4.gbps,
+            o4.retransmits,
+            u4.gbps,
+            u4.retransmits,
+            ratio(u4.gbps, o4.gbps)
+        )?;
+    }
+    writeln!(md)?;
+    writeln!(
+        md,
+        "Out-of-order packets emitted by adapter A's egress pipeline during the main tunnel runs: {egress_ooo}."
+    )?;
+    Ok(md)
+}

@@ -1,0 +1,243 @@
+//! Measurements on the bed with real tools: ping RTT statistics, iperf3 TCP and UDP.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::bed::{IperfRun, Side, TwoSites, iperf3};
+
+/// Round-trip times from one ping run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PingStats {
+    /// Requests sent.
+    pub sent: usize,
+    /// Replies received.
+    pub received: usize,
+    /// Mean RTT, milliseconds.
+    pub avg_ms: f64,
+    /// Median RTT.
+    pub p50_ms: f64,
+    /// 99th percentile RTT.
+    pub p99_ms: f64,
+}
+
+/// Parses ping's output: one `time=X ms` per reply.
+pub fn parse_ping(output: &str, sent: usize) -> PingStats {
+    let mut times: Vec<f64> = output
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next())
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        if times.is_empty() {
+            f64::NAN
+        } else {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss,
+                reason = "an index into a short list"
+            )]
+            let i = ((times.len() as f64 * p).ceil() as usize).clamp(1, times.len()) - 1;
+            times[i]
+        }
+    };
+    #[expect(clippy::cast_precision_loss, reason = "a count of pings")]
+    let avg = if times.is_empty() {
+        f64::NAN
+    } else {
+        times.iter().sum::<f64>() / times.len() as f64
+    };
+    PingStats {
+        sent,
+        received: times.len(),
+        avg_ms: avg,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    }
+}
+
+/// Pings `to` from `from`'s LAN host `count` times, `interval` apart.
+///
+/// # Errors
+/// ping cannot run.
+pub fn ping(
+    bed: &TwoSites,
+    from: Side,
+    to: std::net::Ipv4Addr,
+    count: usize,
+    interval: Duration,
+) -> anyhow::Result<PingStats> {
+    let c = count.to_string();
+    let i = format!("{:.3}", interval.as_secs_f64());
+    let out = bed.ping(from, to, &["-c", &c, "-i", &i, "-W", "2"])?;
+    Ok(parse_ping(&String::from_utf8_lossy(&out.stdout), count))
+}
+
+/// A TCP result.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tcp {
+    /// Goodput at the receiver, Gbit/s.
+    pub gbps: f64,
+    /// Retransmitted segments.
+    pub retransmits: u64,
+}
+
+/// The median (by goodput) of `runs` TCP measurements, to tame a shared machine's noise.
+///
+/// # Errors
+/// iperf3 fails.
+pub fn tcp_median(
+    bed: &TwoSites,
+    streams: usize,
+    seconds: u64,
+    runs: usize,
+) -> anyhow::Result<Tcp> {
+    let mut all = (0..runs.max(1))
+        .map(|_| tcp(bed, streams, seconds))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    all.sort_by(|a, b| a.gbps.total_cmp(&b.gbps));
+    Ok(all[all.len() / 2])
+}
+
+/// iperf3 TCP from A's host to B's host with `streams` parallel streams for `seconds`.
+///
+/// # Errors
+/// iperf3 fails.
+pub fn tcp(bed: &TwoSites, streams: usize, seconds: u64) -> anyhow::Result<Tcp> {
+    let p = streams.to_string();
+    let r = iperf3(bed, Side::B, &["-P", &p], seconds)?;
+    Ok(Tcp {
+        gbps: r["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .context("no bits_per_second")?
+            / 1e9,
+        retransmits: r["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+    })
+}
+
+/// A UDP result at one offered rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Udp {
+    /// Offered rate, Mbit/s.
+    pub offered_mbps: f64,
+    /// Received rate, Mbit/s.
+    pub received_mbps: f64,
+    /// Lost datagrams, percent.
+    pub loss_pct: f64,
+    /// Datagrams the receiver saw out of order.
+    pub out_of_order: u64,
+}
+
+/// iperf3 UDP from A to B at `mbps` with `size`-byte datagrams (`0` = as fast as possible).
+///
+/// # Errors
+/// iperf3 fails.
+pub fn udp(bed: &TwoSites, mbps: u64, size: usize, seconds: u64) -> anyhow::Result<Udp> {
+    let rate = if mbps == 0 {
+        "0".to_owned()
+    } else {
+        format!("{mbps}M")
+    };
+    let len = size.to_string();
+    // 2 MiB socket buffers: with the default ~208 KB the iperf3 receiver itself drops bursts,
+    // which would measure iperf3, not the path.
+    let r = iperf3(
+        bed,
+        Side::B,
+        &["-u", "-b", &rate, "-l", &len, "-w", "2M"],
+        seconds,
+    )?;
+    let sent = &r["end"]["sum"];
+    let streams = r["end"]["streams"].as_array().context("no streams")?;
+    let out_of_order = streams
+        .iter()
+        .filter_map(|s| s["udp"]["out_of_order"].as_u64())
+        .sum();
+    let received = r["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .or_else(|| sent["bits_per_second"].as_f64())
+        .unwrap_or(0.0);
+    Ok(Udp {
+        offered_mbps: sent["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
+        received_mbps: received / 1e6,
+        loss_pct: streams
+            .first()
+            .and_then(|s| s["udp"]["lost_percent"].as_f64())
+            .unwrap_or(100.0),
+        out_of_order,
+    })
+}
+
+/// Among `rates` (Mbit/s, ascending), the run that received the most while losing under 1%,
+/// and the results of every rate tried (the search stops at the second rate over 1%).
+///
+/// # Errors
+/// iperf3 fails.
+pub fn udp_search(
+    bed: &TwoSites,
+    rates: &[u64],
+    size: usize,
+    seconds: u64,
+) -> anyhow::Result<(Option<Udp>, Vec<Udp>)> {
+    let mut best = None;
+    let mut tried = Vec::new();
+    let mut over = 0;
+    for &r in rates {
+        let u = udp(bed, r, size, seconds)?;
+        tried.push(u);
+        if u.loss_pct < 1.0 {
+            if best.is_none_or(|b: Udp| u.received_mbps > b.received_mbps) {
+                best = Some(u);
+            }
+        } else {
+            over += 1;
+            if over == 2 {
+                break;
+            }
+        }
+    }
+    Ok((best, tried))
+}
+
+/// Pings from A to B every 10 ms while one TCP stream runs from A to B.
+///
+/// # Errors
+/// ping or iperf3 fails.
+pub fn ping_under_load(bed: &TwoSites, seconds: u64) -> anyhow::Result<PingStats> {
+    let run = IperfRun::start(bed, Side::B, &[], seconds + 2)?;
+    std::thread::sleep(Duration::from_secs(1));
+    #[expect(clippy::cast_possible_truncation, reason = "a few hundred pings")]
+    let count = (seconds * 100) as usize;
+    let stats = ping(
+        bed,
+        Side::A,
+        bed.b.host_ip,
+        count,
+        Duration::from_millis(10),
+    );
+    run.finish()?;
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ping_output() {
+        let out = "PING 100.64.2.10 (100.64.2.10) 56(84) bytes of data.\n\
+                   64 bytes from 100.64.2.10: icmp_seq=1 ttl=62 time=0.412 ms\n\
+                   64 bytes from 100.64.2.10: icmp_seq=2 ttl=62 time=0.300 ms\n\
+                   64 bytes from 100.64.2.10: icmp_seq=3 ttl=62 time=1.5 ms\n\
+                   \n--- 100.64.2.10 ping statistics ---\n";
+        let s = parse_ping(out, 4);
+        assert_eq!((s.sent, s.received), (4, 3));
+        assert!((s.avg_ms - 0.737_333).abs() < 1e-3);
+        assert!((s.p50_ms - 0.412).abs() < 1e-9);
+        assert!((s.p99_ms - 1.5).abs() < 1e-9);
+        assert!(parse_ping("", 5).avg_ms.is_nan());
+    }
+}

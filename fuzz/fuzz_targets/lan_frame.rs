@@ -1,0 +1,61 @@
+//! The adapter's classify path: arbitrary Ethernet frames from the LAN (and arbitrary
+//! decrypted packets from the tunnel) must never panic, and what is forwarded must be a
+//! well-formed packet within the frame.
+#![no_main]
+
+use std::net::Ipv4Addr;
+
+use cyphonic_gateway::{Egress, Fragmenter, Lan, Neighbors};
+
+struct OneLease;
+
+impl Neighbors for OneLease {
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        (ip == Ipv4Addr::new(100, 64, 1, 10)).then_some([0x02, 0xbb, 0, 0, 0, 10])
+    }
+}
+
+fn lan() -> Lan {
+    Lan {
+        mac: [0x02, 0xaa, 0, 0, 0, 1],
+        gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
+        block: "100.64.1.0/24".parse().expect("block"),
+        overlay: "100.64.0.0/10".parse().expect("overlay"),
+        inner_mtu: 1420,
+        mss_clamp: true,
+    }
+}
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let Some((&flags, rest)) = data.split_first() else { return };
+    let lan = lan();
+    let mut frame = rest.to_vec();
+    // Steer half the inputs past the MAC filter so the IPv4 paths get exercised.
+    if flags & 1 == 1 && frame.len() >= 14 {
+        frame[..6].copy_from_slice(&lan.mac);
+        frame[6..12].copy_from_slice(&[0x02, 0xbb, 0, 0, 0, 10]);
+        frame[12..14].copy_from_slice(if flags & 2 == 0 { &[0x08, 0x00] } else { &[0x08, 0x06] });
+    }
+    let wire_len = frame.len() + usize::from(flags >> 5);
+    let mut out = [0u8; 2048];
+    match lan.handle_frame(&mut frame, wire_len, flags & 4 != 0, &OneLease, &mut out) {
+        Egress::Forward { packet, .. } => {
+            assert!(packet.end <= frame.len() && packet.len() <= 1420);
+        }
+        Egress::Fragment { packet, .. } => {
+            if let Ok(mut f) = Fragmenter::new(&frame[packet], 1420) {
+                let mut buf = [0u8; 1420];
+                while let Some(n) = f.next_into(&mut buf) {
+                    assert!(n <= 1420);
+                }
+            }
+        }
+        Egress::Reply { len, .. } => assert!(len <= out.len()),
+        _ => {}
+    }
+    // The same bytes as a decrypted packet from a peer.
+    let mut buf = vec![0u8; 16 + rest.len()];
+    buf[16..].copy_from_slice(rest);
+    let peer = ["100.64.2.0/24".parse().expect("block")];
+    let _ = lan.deliver(&mut buf, 16..16 + rest.len(), &peer, &OneLease, &mut out);
+});
