@@ -24,10 +24,8 @@ use cyphonic_wire::{HEADER_LEN, TAG_LEN};
 use crate::counters::bump;
 use crate::daemon::{Shared, ToCapture};
 use crate::peers::PeerSlot;
-use crate::pool::{BUF_LEN, Buf, FRAME_OFFSET};
+use crate::pool::{BUF_LEN, Buf, FRAME_OFFSET, RECV_BATCH, RecvBuffers};
 
-/// Frames read per system call.
-const RECV_BATCH: usize = 32;
 /// Datagrams per sendmmsg.
 const SEND_BATCH: usize = 64;
 
@@ -182,50 +180,36 @@ impl Capture {
             per_sec: 200.0,
         };
         let mut reply = [0u8; BUF_LEN];
-        let mut bufs: Vec<Buf> = Vec::with_capacity(RECV_BATCH);
+        let mut rx = RecvBuffers::new(FRAME_OFFSET..BUF_LEN - TAG_LEN);
         let mut meta = [FrameMeta::default(); RECV_BATCH];
         while self.shared.running.load(Ordering::Relaxed) {
             self.handle_events(&mut pending);
-            while bufs.len() < RECV_BATCH {
-                match self.shared.pool.take() {
-                    Some(b) => bufs.push(b),
-                    None => break,
-                }
-            }
-            if bufs.is_empty() {
+            let sock = &mut self.sock;
+            let Some(received) = rx.receive(&self.shared.pool, |slices| {
+                sock.recv_batch(slices, &mut meta)
+            }) else {
                 bump(&self.shared.counters.drop_no_buffer);
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
-            }
-            let n = {
-                let mut slices: [&mut [u8]; RECV_BATCH] = Default::default();
-                let count = bufs.len();
-                for (slot, b) in slices.iter_mut().zip(bufs.iter_mut()) {
-                    *slot = &mut b[FRAME_OFFSET..BUF_LEN - TAG_LEN];
-                }
-                match self.sock.recv_batch(&mut slices[..count], &mut meta) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        tracing::error!(error = %e, interface = self.sock.name(), "receiving from the LAN interface failed");
-                        std::thread::sleep(Duration::from_millis(100));
-                        0
-                    }
+            };
+            let frames = match received {
+                Ok(frames) => frames,
+                Err(e) => {
+                    tracing::error!(error = %e, interface = self.sock.name(), "receiving from the LAN interface failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
                 }
             };
-            if n == 0 {
+            if frames.len() == 0 {
                 continue;
             }
             let now = Instant::now();
-            // The first n buffers hold frames; keep the rest for the next round.
-            let rest = bufs.split_off(n);
-            for (buf, m) in std::mem::replace(&mut bufs, rest).into_iter().zip(meta) {
+            for (buf, m) in frames.zip(meta) {
                 self.handle(buf, m, now, &mut pending, &mut icmp, &mut reply);
             }
             self.seq.flush();
         }
-        for b in bufs {
-            self.shared.pool.put(b);
-        }
+        rx.release(&self.shared.pool);
         tracing::debug!("capture thread stopped");
     }
 

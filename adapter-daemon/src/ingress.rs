@@ -23,9 +23,8 @@ use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 use crate::counters::bump;
 use crate::daemon::{Shared, ToControl};
 use crate::peers::PeerSlot;
-use crate::pool::{BUF_LEN, Buf};
+use crate::pool::{BUF_LEN, Buf, RECV_BATCH, RecvBuffers};
 
-const RECV_BATCH: usize = 32;
 const SEND_BATCH: usize = 64;
 /// At most one ARP request per device address per this interval.
 const ARP_INTERVAL: Duration = Duration::from_secs(1);
@@ -195,48 +194,35 @@ pub struct Receiver {
 impl Receiver {
     /// The thread's body: runs until `shared.running` goes false.
     pub fn run(mut self) {
-        let mut bufs: Vec<Buf> = Vec::with_capacity(RECV_BATCH);
+        let mut rx = RecvBuffers::new(0..BUF_LEN);
         let mut meta = [DatagramMeta::default(); RECV_BATCH];
         while self.shared.running.load(Ordering::Relaxed) {
-            while bufs.len() < RECV_BATCH {
-                match self.shared.pool.take() {
-                    Some(b) => bufs.push(b),
-                    None => break,
-                }
-            }
-            if bufs.is_empty() {
+            let udp = &mut self.udp;
+            let Some(received) = rx.receive(&self.shared.pool, |slices| {
+                udp.recv_batch(slices, &mut meta)
+            }) else {
                 bump(&self.shared.counters.drop_no_buffer);
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
-            }
-            let n = {
-                let mut slices: [&mut [u8]; RECV_BATCH] = Default::default();
-                let count = bufs.len();
-                for (slot, b) in slices.iter_mut().zip(bufs.iter_mut()) {
-                    *slot = &mut b[..];
-                }
-                match self.udp.recv_batch(&mut slices[..count], &mut meta) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        tracing::error!(error = %e, "receiving from the tunnel socket failed");
-                        std::thread::sleep(Duration::from_millis(100));
-                        0
-                    }
+            };
+            let datagrams = match received {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::error!(error = %e, "receiving from the tunnel socket failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
                 }
             };
-            if n == 0 {
+            if datagrams.len() == 0 {
                 continue;
             }
             let now = Instant::now();
-            let rest = bufs.split_off(n);
-            for (buf, m) in std::mem::replace(&mut bufs, rest).into_iter().zip(meta) {
+            for (buf, m) in datagrams.zip(meta) {
                 self.handle(buf, m, now);
             }
             self.seq.flush();
         }
-        for b in bufs {
-            self.shared.pool.put(b);
-        }
+        rx.release(&self.shared.pool);
         tracing::debug!("receive thread stopped");
     }
 

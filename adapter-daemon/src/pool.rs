@@ -6,6 +6,8 @@
 //! after the packet. On the way in: the datagram starts at byte 0, its inner IP packet at 16,
 //! and the Ethernet header is written over bytes 2..16. Neither direction copies the packet.
 
+use std::io;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -14,6 +16,8 @@ use crossbeam_channel::{Receiver, Sender};
 pub const BUF_LEN: usize = 2048;
 /// Where a captured frame starts, so that its IP packet lands on the tunnel header's end.
 pub const FRAME_OFFSET: usize = 2;
+/// Frames or datagrams a receive thread reads per system call.
+pub const RECV_BATCH: usize = 32;
 
 /// One packet buffer.
 pub type Buf = Box<[u8; BUF_LEN]>;
@@ -70,6 +74,55 @@ impl Pool {
     }
 }
 
+/// A receive thread's buffers between system calls: topped up from the pool, handed to the
+/// socket each sliced to `range`; the filled ones leave, the rest wait for the next call.
+#[derive(Debug)]
+pub struct RecvBuffers {
+    bufs: Vec<Buf>,
+    range: Range<usize>,
+}
+
+impl RecvBuffers {
+    /// Buffers whose `range` the socket writes into.
+    pub fn new(range: Range<usize>) -> Self {
+        Self {
+            bufs: Vec::with_capacity(RECV_BATCH),
+            range,
+        }
+    }
+
+    /// Tops up to [`RECV_BATCH`] buffers from `pool` and lets `recv` fill them. Returns the
+    /// filled buffers in order, or None when the pool had no buffer at all.
+    pub fn receive(
+        &mut self,
+        pool: &Pool,
+        recv: impl FnOnce(&mut [&mut [u8]]) -> io::Result<usize>,
+    ) -> Option<io::Result<std::vec::Drain<'_, Buf>>> {
+        while self.bufs.len() < RECV_BATCH {
+            match pool.take() {
+                Some(b) => self.bufs.push(b),
+                None => break,
+            }
+        }
+        if self.bufs.is_empty() {
+            return None;
+        }
+        let mut slices: [&mut [u8]; RECV_BATCH] = Default::default();
+        let count = self.bufs.len();
+        for (slot, b) in slices.iter_mut().zip(self.bufs.iter_mut()) {
+            *slot = &mut b[self.range.clone()];
+        }
+        Some(recv(&mut slices[..count]).map(|n| self.bufs.drain(..n.min(count))))
+    }
+
+    /// Gives every buffer back (at shutdown).
+    pub fn release(self, pool: &Pool) {
+        for b in self.bufs {
+            pool.put(b);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +141,31 @@ mod tests {
         assert_eq!((pool.allocated(), pool.free()), (3, 3));
         assert!(pool.take().is_some());
         assert_eq!(pool.allocated(), 3);
+    }
+
+    #[test]
+    fn receive_keeps_the_unfilled_buffers() {
+        let pool = Pool::new(100);
+        let mut rx = RecvBuffers::new(2..10);
+        let filled: Vec<Buf> = rx
+            .receive(&pool, |slices| {
+                assert_eq!((slices.len(), slices[0].len()), (RECV_BATCH, 8));
+                slices[0][0] = 7;
+                Ok(3)
+            })
+            .unwrap()
+            .unwrap()
+            .collect();
+        assert_eq!(filled.len(), 3);
+        assert_eq!(filled[0][2], 7);
+        assert_eq!(
+            pool.allocated(),
+            RECV_BATCH,
+            "the unfilled ones wait, no new allocation"
+        );
+        let again = rx.receive(&pool, |_| Ok(0)).unwrap().unwrap().count();
+        assert_eq!((again, pool.allocated()), (0, RECV_BATCH + 3));
+        let empty = Pool::new(0);
+        assert!(RecvBuffers::new(0..1).receive(&empty, |_| Ok(0)).is_none());
     }
 }

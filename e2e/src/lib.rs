@@ -191,24 +191,18 @@ impl Proc {
     /// # Errors
     /// It does not exit in time (it is then killed).
     pub fn stop(mut self, signal: &str, within: Duration) -> anyhow::Result<Output> {
-        let mut child = self.child.take().context("already stopped")?;
+        let child = self.child.take().context("already stopped")?;
         let _ = Command::new("kill")
             .args([&format!("-{signal}"), &child.id().to_string()])
             .output();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if child.try_wait()?.is_some() {
-                return Ok(child.wait_with_output()?);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        match exit_within(child, within)? {
+            Ok(out) => Ok(out),
+            Err(out) => bail!(
+                "{} did not exit within {within:?} of SIG{signal}; stderr: {}",
+                self.what,
+                String::from_utf8_lossy(&out.stderr)
+            ),
         }
-        let _ = child.kill();
-        let out = child.wait_with_output()?;
-        bail!(
-            "{} did not exit within {within:?} of SIG{signal}; stderr: {}",
-            self.what,
-            String::from_utf8_lossy(&out.stderr)
-        )
     }
 
     /// Waits up to `within` for it to exit on its own; returns its output.
@@ -216,21 +210,15 @@ impl Proc {
     /// # Errors
     /// It is still running at the deadline (it is then killed).
     pub fn wait(mut self, within: Duration) -> anyhow::Result<Output> {
-        let mut child = self.child.take().context("already stopped")?;
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if child.try_wait()?.is_some() {
-                return Ok(child.wait_with_output()?);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let child = self.child.take().context("already stopped")?;
+        match exit_within(child, within)? {
+            Ok(out) => Ok(out),
+            Err(out) => bail!(
+                "{} still ran after {within:?}; stderr: {}",
+                self.what,
+                String::from_utf8_lossy(&out.stderr)
+            ),
         }
-        let _ = child.kill();
-        let out = child.wait_with_output()?;
-        bail!(
-            "{} still ran after {within:?}; stderr: {}",
-            self.what,
-            String::from_utf8_lossy(&out.stderr)
-        )
     }
 
     /// Whether it is still running.
@@ -239,6 +227,20 @@ impl Proc {
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
+}
+
+/// Waits up to `within` for `child` to exit: `Ok(output)` if it did, `Err(output)` if it had
+/// to be killed at the deadline.
+fn exit_within(mut child: Child, within: Duration) -> anyhow::Result<Result<Output, Output>> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            return Ok(Ok(child.wait_with_output()?));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    Ok(Err(child.wait_with_output()?))
 }
 
 impl Drop for Proc {

@@ -357,17 +357,6 @@ mod tests {
         }
     }
 
-    pub(crate) fn lan() -> Lan {
-        Lan {
-            mac: GW_MAC,
-            gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
-            block: "100.64.1.0/24".parse().unwrap(),
-            overlay: "100.64.0.0/10".parse().unwrap(),
-            inner_mtu: 1420,
-            mss_clamp: true,
-        }
-    }
-
     pub(crate) fn leases() -> Leases {
         Leases([(Ipv4Addr::new(100, 64, 1, 10), DEV_MAC)].into())
     }

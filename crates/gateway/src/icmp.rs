@@ -30,6 +30,40 @@ pub(crate) fn is_echo_request(packet: &[u8], h: &Header) -> bool {
             .is_some_and(|p| p.len() >= ICMP_HEADER && p[0] == ECHO_REQUEST && p[1] == 0)
 }
 
+/// Writes into `out` an Ethernet frame from the gateway to `dst` at `dst_mac` carrying an
+/// ICMP message of `body_len` bytes: `fill` writes the message, then its checksum is
+/// computed. Returns the frame's length, or None when `out` is too small.
+fn icmp_frame(
+    lan: &Lan,
+    dst_mac: [u8; 6],
+    dst: std::net::Ipv4Addr,
+    id: u16,
+    body_len: usize,
+    out: &mut [u8],
+    fill: impl FnOnce(&mut [u8]),
+) -> Option<usize> {
+    let ip_len = IPV4_MIN_HEADER + body_len;
+    let frame = out.get_mut(..ETH_HEADER_LEN + ip_len)?;
+    write_eth(frame, dst_mac, lan.mac, ETHERTYPE_IPV4);
+    let ip = &mut frame[ETH_HEADER_LEN..];
+    ipv4::write_header(
+        ip,
+        u16::try_from(ip_len).ok()?,
+        id,
+        TTL,
+        PROTO_ICMP,
+        lan.gateway_ip,
+        dst,
+        false,
+    );
+    let body = &mut ip[IPV4_MIN_HEADER..];
+    fill(body);
+    body[2..4].fill(0);
+    let sum = checksum::internet(body);
+    body[2..4].copy_from_slice(&sum.to_be_bytes());
+    Some(frame.len())
+}
+
 /// Writes into `out` the Ethernet frame answering the echo request `packet` from `dst_mac`.
 /// Returns its length, or None when `out` is too small.
 pub(crate) fn echo_reply(
@@ -40,27 +74,10 @@ pub(crate) fn echo_reply(
     out: &mut [u8],
 ) -> Option<usize> {
     let icmp = h.payload(packet)?;
-    let ip_len = IPV4_MIN_HEADER + icmp.len();
-    let frame = out.get_mut(..ETH_HEADER_LEN + ip_len)?;
-    write_eth(frame, dst_mac, lan.mac, ETHERTYPE_IPV4);
-    let ip = &mut frame[ETH_HEADER_LEN..];
-    ipv4::write_header(
-        ip,
-        u16::try_from(ip_len).ok()?,
-        h.id,
-        TTL,
-        PROTO_ICMP,
-        lan.gateway_ip,
-        h.src,
-        false,
-    );
-    let body = &mut ip[IPV4_MIN_HEADER..];
-    body.copy_from_slice(icmp);
-    body[0] = ECHO_REPLY;
-    body[2..4].fill(0);
-    let sum = checksum::internet(body);
-    body[2..4].copy_from_slice(&sum.to_be_bytes());
-    Some(frame.len())
+    icmp_frame(lan, dst_mac, h.src, h.id, icmp.len(), out, |body| {
+        body.copy_from_slice(icmp);
+        body[0] = ECHO_REPLY;
+    })
 }
 
 /// Writes into `out` an ICMP error about `packet` (of which at least the header is present),
@@ -87,31 +104,22 @@ pub(crate) fn error(
         return None;
     }
     let quote = packet.get(..(h.header_len + 8).min(h.total_len).min(packet.len()))?;
-    let ip_len = IPV4_MIN_HEADER + ICMP_HEADER + quote.len();
-    let frame = out.get_mut(..ETH_HEADER_LEN + ip_len)?;
-    write_eth(frame, dst_mac, lan.mac, ETHERTYPE_IPV4);
-    let ip = &mut frame[ETH_HEADER_LEN..];
-    ipv4::write_header(
-        ip,
-        u16::try_from(ip_len).ok()?,
-        0,
-        TTL,
-        PROTO_ICMP,
-        lan.gateway_ip,
-        h.src,
-        false,
-    );
-    let body = &mut ip[IPV4_MIN_HEADER..];
     let (ty, code, rest) = match kind {
         IcmpError::FragNeeded(mtu) => (DEST_UNREACHABLE, FRAG_NEEDED, u32::from(mtu)),
         IcmpError::TimeExceeded => (TIME_EXCEEDED, 0, 0),
     };
-    body[0] = ty;
-    body[1] = code;
-    body[2..4].fill(0);
-    body[4..8].copy_from_slice(&rest.to_be_bytes());
-    body[ICMP_HEADER..].copy_from_slice(quote);
-    let sum = checksum::internet(body);
-    body[2..4].copy_from_slice(&sum.to_be_bytes());
-    Some(frame.len())
+    icmp_frame(
+        lan,
+        dst_mac,
+        h.src,
+        0,
+        ICMP_HEADER + quote.len(),
+        out,
+        |body| {
+            body[0] = ty;
+            body[1] = code;
+            body[4..8].copy_from_slice(&rest.to_be_bytes());
+            body[ICMP_HEADER..].copy_from_slice(quote);
+        },
+    )
 }

@@ -13,6 +13,18 @@ use pnet_packet::tcp::{self, MutableTcpPacket, TcpFlags, TcpOption};
 use pnet_packet::udp::{self, MutableUdpPacket};
 
 pub(crate) const GW_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
+
+/// The LAN of the tests: gateway 100.64.1.1 in 100.64.1.0/24, overlay 100.64.0.0/10.
+pub(crate) fn lan() -> crate::Lan {
+    crate::Lan {
+        mac: GW_MAC,
+        gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
+        block: "100.64.1.0/24".parse().unwrap(),
+        overlay: "100.64.0.0/10".parse().unwrap(),
+        inner_mtu: 1420,
+        mss_clamp: true,
+    }
+}
 pub(crate) const DEV_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 10];
 
 fn ipv4(payload_len: usize, proto: u8, src: [u8; 4], dst: [u8; 4], df: bool) -> Vec<u8> {
