@@ -1,0 +1,577 @@
+//! The resolver state machine.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::{A, PTR, SOA};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use ipnet::{IpNet, Ipv4Net};
+
+/// How long an asked query may wait for its answer before the client gets SERVFAIL.
+const ASK_TIMEOUT: Duration = Duration::from_secs(3);
+/// Queries waiting at once; more are refused with SERVFAIL (bounded memory under a flood).
+const MAX_PENDING: usize = 1024;
+
+/// The zone this adapter answers for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneConfig {
+    /// The overlay's domain (`ovl.example`).
+    pub overlay_domain: Name,
+    /// The adapter's FQDN (`gw1.ovl.example`): the zone it is authoritative for.
+    pub own_name: Name,
+    /// The adapter's gateway vIP: what its own name resolves to.
+    pub own_ip: Ipv4Addr,
+    /// The adapter's block: the reverse zone it is authoritative for.
+    pub own_block: Ipv4Net,
+    /// The overlay's address range.
+    pub overlay: Ipv4Net,
+    /// TTL of the answers we give (and the SOA minimum for negative answers), seconds.
+    pub ttl: u32,
+    /// Whether upstream resolvers are configured for names outside the overlay.
+    pub upstream: bool,
+    /// Whether the cloud is asked about overlay names nobody here knows.
+    pub ask_cloud: bool,
+}
+
+/// A peer adapter and the names and addresses behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerZone {
+    /// The driver's id of the peer.
+    pub peer: u32,
+    /// Its FQDN: its zone.
+    pub name: Name,
+    /// Its certified blocks (reverse lookups).
+    pub blocks: Vec<IpNet>,
+}
+
+/// Why a message got nothing back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Drop {
+    /// Not a DNS message.
+    Malformed,
+    /// A response where a query belongs (or the reverse), or an answer nobody asked for.
+    Unexpected,
+}
+
+/// What the driver does with a query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// Send this DNS message back to the client.
+    Respond(Vec<u8>),
+    /// Send `query` to peer `peer`'s DNS over the tunnel; its answer goes to
+    /// [`Resolver::handle_peer_answer`].
+    AskPeer {
+        /// The peer.
+        peer: u32,
+        /// The DNS query to send.
+        query: Vec<u8>,
+    },
+    /// Resolve `name`/`record_type` with the upstream resolvers and report with
+    /// [`Resolver::complete`] under `key`.
+    AskUpstream {
+        /// What to look up.
+        name: Name,
+        /// Which type.
+        record_type: RecordType,
+        /// Pass back to `complete`.
+        key: u16,
+    },
+    /// Ask the cloud about the overlay name `name` and report with [`Resolver::complete`]
+    /// under `key` (the control-plane issue wires this).
+    AskCloud {
+        /// What to look up.
+        name: Name,
+        /// Which type.
+        record_type: RecordType,
+        /// Pass back to `complete`.
+        key: u16,
+    },
+    /// Nothing to send.
+    Drop(Drop),
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Queries received.
+    pub queries: u64,
+    /// Answered from our own zone.
+    pub authoritative: u64,
+    /// NXDOMAIN given.
+    pub nxdomain: u64,
+    /// Refused.
+    pub refused: u64,
+    /// SERVFAIL given (timeouts, failures, overload).
+    pub servfail: u64,
+    /// Asked of peers, upstream or the cloud.
+    pub asked: u64,
+    /// Malformed or unexpected messages dropped.
+    pub dropped: u64,
+}
+
+#[derive(Debug)]
+struct Pending<C> {
+    client: C,
+    original_id: u16,
+    query: Query,
+    recursion_desired: bool,
+    deadline: Instant,
+    /// Which peer was asked (answers from anyone else are not believed).
+    peer: Option<u32>,
+}
+
+/// The resolver; `C` is whatever the driver needs to answer the client later.
+#[derive(Debug)]
+pub struct Resolver<C> {
+    cfg: ZoneConfig,
+    hosts: HashMap<Name, Ipv4Addr>,
+    reverse: HashMap<Ipv4Addr, Name>,
+    peers: Vec<PeerZone>,
+    pending: HashMap<u16, Pending<C>>,
+    next_id: u16,
+    stats: Stats,
+}
+
+impl<C> Resolver<C> {
+    /// A resolver for `cfg`'s zone, with no device names yet.
+    pub fn new(cfg: ZoneConfig) -> Self {
+        Self {
+            cfg,
+            hosts: HashMap::new(),
+            reverse: HashMap::new(),
+            peers: Vec::new(),
+            pending: HashMap::new(),
+            next_id: 1,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Replaces the device names: `(label, address)` pairs, each answering as
+    /// `<label>.<own name>`.
+    pub fn set_hosts<'a>(&mut self, hosts: impl IntoIterator<Item = (&'a str, Ipv4Addr)>) {
+        self.hosts.clear();
+        self.reverse.clear();
+        self.reverse
+            .insert(self.cfg.own_ip, self.cfg.own_name.clone());
+        for (label, ip) in hosts {
+            let Ok(name) =
+                Name::from_ascii(label).and_then(|l| l.append_domain(&self.cfg.own_name))
+            else {
+                continue;
+            };
+            let name = name.to_lowercase();
+            self.reverse.insert(ip, name.clone());
+            self.hosts.insert(name, ip);
+        }
+    }
+
+    /// Sets the peers whose zones are asked of them.
+    pub fn set_peers(&mut self, peers: Vec<PeerZone>) {
+        self.peers = peers;
+    }
+
+    /// Counters.
+    pub const fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Handles a DNS message addressed to our DNS service. `from_peer` says whether it came
+    /// over the tunnel from that peer (which only gets our own zone's data).
+    pub fn handle_query(
+        &mut self,
+        now: Instant,
+        msg: &[u8],
+        client: C,
+        from_peer: Option<u32>,
+    ) -> Action {
+        let Ok(q) = Message::from_vec(msg) else {
+            self.stats.dropped += 1;
+            return Action::Drop(Drop::Malformed);
+        };
+        if q.metadata.message_type != MessageType::Query {
+            self.stats.dropped += 1;
+            return Action::Drop(Drop::Unexpected);
+        }
+        self.stats.queries += 1;
+        let id = q.metadata.id;
+        let rd = q.metadata.recursion_desired;
+        if q.metadata.op_code != OpCode::Query {
+            return Action::Respond(self.error(id, None, rd, ResponseCode::NotImp));
+        }
+        let [question] = q.queries.as_slice() else {
+            return Action::Respond(self.error(id, None, rd, ResponseCode::FormErr));
+        };
+        if question.query_class() != DNSClass::IN {
+            return self.refuse(id, question, rd);
+        }
+        let name = question.name().to_lowercase();
+        let qtype = question.query_type();
+
+        // Our own zone: the adapter's name and its devices'.
+        if self.cfg.own_name.zone_of(&name) {
+            return Action::Respond(self.own_zone_answer(id, question, &name, rd));
+        }
+        // Reverse lookups.
+        if let Ok(IpNet::V4(net)) = name.parse_arpa_name()
+            && net.prefix_len() == 32
+        {
+            let ip = std::net::IpAddr::V4(net.addr());
+            if self.cfg.own_block.contains(&net.addr()) {
+                return Action::Respond(self.own_reverse_answer(id, question, net.addr(), rd));
+            }
+            let owner = self
+                .peers
+                .iter()
+                .find(|p| p.blocks.iter().any(|b| b.contains(&ip)))
+                .map(|p| p.peer);
+            if let (None, Some(peer)) = (from_peer, owner) {
+                return self.ask_peer(now, id, question, rd, client, peer);
+            }
+        }
+        if from_peer.is_some() {
+            // Peers get our own zone only.
+            return self.refuse(id, question, rd);
+        }
+        // A peer adapter's zone.
+        if let Some(peer) = self
+            .peers
+            .iter()
+            .find(|p| p.name.zone_of(&name))
+            .map(|p| p.peer)
+        {
+            return self.ask_peer(now, id, question, rd, client, peer);
+        }
+        // The rest of the overlay.
+        if self.cfg.overlay_domain.zone_of(&name) {
+            if qtype == RecordType::AAAA {
+                // The overlay is IPv4: no AAAA anywhere in it.
+                return Action::Respond(self.response(
+                    id,
+                    question,
+                    rd,
+                    ResponseCode::NoError,
+                    vec![],
+                    false,
+                ));
+            }
+            if self.cfg.ask_cloud {
+                let Some(key) = self.park(now, id, question, rd, client, None) else {
+                    return Action::Respond(self.error(
+                        id,
+                        Some(question),
+                        rd,
+                        ResponseCode::ServFail,
+                    ));
+                };
+                return Action::AskCloud {
+                    name,
+                    record_type: qtype,
+                    key,
+                };
+            }
+            self.stats.nxdomain += 1;
+            return Action::Respond(self.response(
+                id,
+                question,
+                rd,
+                ResponseCode::NXDomain,
+                vec![],
+                false,
+            ));
+        }
+        // Outside the overlay.
+        if self.cfg.upstream {
+            let Some(key) = self.park(now, id, question, rd, client, None) else {
+                return Action::Respond(self.error(id, Some(question), rd, ResponseCode::ServFail));
+            };
+            return Action::AskUpstream {
+                name,
+                record_type: qtype,
+                key,
+            };
+        }
+        self.refuse(id, question, rd)
+    }
+
+    /// Takes a peer's answer to a query we forwarded; returns the client and the response for
+    /// it. Answers nobody asked for (or from another peer, or for another question) are
+    /// dropped.
+    pub fn handle_peer_answer(&mut self, msg: &[u8], from_peer: u32) -> Option<(C, Vec<u8>)> {
+        let Ok(a) = Message::from_vec(msg) else {
+            self.stats.dropped += 1;
+            return None;
+        };
+        let key = a.metadata.id;
+        let matches = self.pending.get(&key).is_some_and(|p| {
+            p.peer == Some(from_peer)
+                && a.metadata.message_type == MessageType::Response
+                && a.queries.first().is_some_and(|q| {
+                    q.name().to_lowercase() == p.query.name().to_lowercase()
+                        && q.query_type() == p.query.query_type()
+                })
+        });
+        if !matches {
+            self.stats.dropped += 1;
+            return None;
+        }
+        let p = self.pending.remove(&key)?;
+        let rcode = a.metadata.response_code;
+        // Only records about the asked name, from the peer's zone, pass through.
+        let zone = self
+            .peers
+            .iter()
+            .find(|z| z.peer == from_peer)
+            .map(|z| z.name.clone());
+        let answers: Vec<Record> = a
+            .answers
+            .into_iter()
+            .filter(|r| {
+                r.name.to_lowercase() == p.query.name().to_lowercase()
+                    || zone
+                        .as_ref()
+                        .is_some_and(|z| z.zone_of(&r.name.to_lowercase()))
+            })
+            .collect();
+        if rcode == ResponseCode::NXDomain {
+            self.stats.nxdomain += 1;
+        }
+        let resp = self.response(
+            p.original_id,
+            &p.query,
+            p.recursion_desired,
+            rcode,
+            answers,
+            false,
+        );
+        Some((p.client, resp))
+    }
+
+    /// Reports the result of an [`Action::AskUpstream`] or [`Action::AskCloud`]: the records
+    /// found (empty for "no such data"), or the response code of the failure (`NXDomain`,
+    /// `ServFail`).
+    pub fn complete(
+        &mut self,
+        key: u16,
+        result: Result<Vec<Record>, ResponseCode>,
+    ) -> Option<(C, Vec<u8>)> {
+        let p = self.pending.remove(&key)?;
+        let (rcode, answers) = match result {
+            Ok(records) => (ResponseCode::NoError, records),
+            Err(code) => (code, Vec::new()),
+        };
+        match rcode {
+            ResponseCode::NXDomain => self.stats.nxdomain += 1,
+            ResponseCode::ServFail => self.stats.servfail += 1,
+            _ => {}
+        }
+        let resp = self.response(
+            p.original_id,
+            &p.query,
+            p.recursion_desired,
+            rcode,
+            answers,
+            false,
+        );
+        Some((p.client, resp))
+    }
+
+    /// Answers SERVFAIL to every query asked more than three seconds ago.
+    pub fn handle_timeout(&mut self, now: Instant) -> Vec<(C, Vec<u8>)> {
+        let expired: Vec<u16> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut out = Vec::new();
+        for key in expired {
+            if let Some(p) = self.pending.remove(&key) {
+                self.stats.servfail += 1;
+                out.push((
+                    p.client,
+                    self.response(
+                        p.original_id,
+                        &p.query,
+                        p.recursion_desired,
+                        ResponseCode::ServFail,
+                        vec![],
+                        false,
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
+    /// When the next query times out.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.pending.values().map(|p| p.deadline).min()
+    }
+
+    fn ask_peer(
+        &mut self,
+        now: Instant,
+        id: u16,
+        question: &Query,
+        rd: bool,
+        client: C,
+        peer: u32,
+    ) -> Action {
+        let Some(key) = self.park(now, id, question, rd, client, Some(peer)) else {
+            return Action::Respond(self.error(id, Some(question), rd, ResponseCode::ServFail));
+        };
+        let mut q = Message::new(key, MessageType::Query, OpCode::Query);
+        q.add_query(question.clone());
+        match q.to_vec() {
+            Ok(query) => Action::AskPeer { peer, query },
+            Err(_) => {
+                self.pending.remove(&key);
+                Action::Respond(self.error(id, Some(question), rd, ResponseCode::ServFail))
+            }
+        }
+    }
+
+    /// Remembers a query we are asking someone about; returns its new id, or None when too
+    /// many are waiting already.
+    fn park(
+        &mut self,
+        now: Instant,
+        id: u16,
+        question: &Query,
+        rd: bool,
+        client: C,
+        peer: Option<u32>,
+    ) -> Option<u16> {
+        if self.pending.len() >= MAX_PENDING {
+            self.stats.servfail += 1;
+            return None;
+        }
+        // Sequential ids are fine here: answers are matched on id, peer and question, and
+        // come over authenticated tunnels or from the resolver library.
+        let mut key = self.next_id;
+        while self.pending.contains_key(&key) {
+            key = key.wrapping_add(1);
+        }
+        self.next_id = key.wrapping_add(1);
+        self.stats.asked += 1;
+        self.pending.insert(
+            key,
+            Pending {
+                client,
+                original_id: id,
+                query: question.clone(),
+                recursion_desired: rd,
+                deadline: now + ASK_TIMEOUT,
+                peer,
+            },
+        );
+        Some(key)
+    }
+
+    fn own_zone_answer(&mut self, id: u16, question: &Query, name: &Name, rd: bool) -> Vec<u8> {
+        self.stats.authoritative += 1;
+        let ip = if *name == self.cfg.own_name.to_lowercase() {
+            Some(self.cfg.own_ip)
+        } else {
+            self.hosts.get(name).copied()
+        };
+        let Some(ip) = ip else {
+            self.stats.nxdomain += 1;
+            return self.response(id, question, rd, ResponseCode::NXDomain, vec![], true);
+        };
+        let answers = match question.query_type() {
+            RecordType::A | RecordType::ANY => vec![Record::from_rdata(
+                question.name().clone(),
+                self.cfg.ttl,
+                RData::A(A(ip)),
+            )],
+            // The name exists; it has no data of this type (RFC 2308 NODATA).
+            _ => vec![],
+        };
+        self.response(id, question, rd, ResponseCode::NoError, answers, true)
+    }
+
+    fn own_reverse_answer(&mut self, id: u16, question: &Query, ip: Ipv4Addr, rd: bool) -> Vec<u8> {
+        self.stats.authoritative += 1;
+        match (self.reverse.get(&ip).cloned(), question.query_type()) {
+            (Some(target), RecordType::PTR | RecordType::ANY) => {
+                let record = Record::from_rdata(
+                    question.name().clone(),
+                    self.cfg.ttl,
+                    RData::PTR(PTR(target)),
+                );
+                self.response(id, question, rd, ResponseCode::NoError, vec![record], true)
+            }
+            (Some(_), _) => self.response(id, question, rd, ResponseCode::NoError, vec![], true),
+            (None, _) => {
+                self.stats.nxdomain += 1;
+                self.response(id, question, rd, ResponseCode::NXDomain, vec![], true)
+            }
+        }
+    }
+
+    fn refuse(&mut self, id: u16, question: &Query, rd: bool) -> Action {
+        self.stats.refused += 1;
+        Action::Respond(self.error(id, Some(question), rd, ResponseCode::Refused))
+    }
+
+    fn error(&self, id: u16, question: Option<&Query>, rd: bool, code: ResponseCode) -> Vec<u8> {
+        let mut m = Message::response(id, OpCode::Query);
+        m.metadata.response_code = code;
+        m.metadata.recursion_desired = rd;
+        m.metadata.recursion_available = self.cfg.upstream;
+        if let Some(q) = question {
+            m.add_query(q.clone());
+        }
+        m.to_vec().unwrap_or_default()
+    }
+
+    fn response(
+        &self,
+        id: u16,
+        question: &Query,
+        rd: bool,
+        code: ResponseCode,
+        answers: Vec<Record>,
+        authoritative: bool,
+    ) -> Vec<u8> {
+        let mut m = Message::response(id, OpCode::Query);
+        m.metadata.response_code = code;
+        m.metadata.authoritative = authoritative;
+        m.metadata.recursion_desired = rd;
+        m.metadata.recursion_available = self.cfg.upstream;
+        m.add_query(question.clone());
+        let empty = answers.is_empty();
+        m.add_answers(answers);
+        if authoritative && empty {
+            // RFC 2308 §3: negative answers carry the zone's SOA, whose minimum bounds caching.
+            m.add_authority(self.soa());
+        }
+        m.to_vec().unwrap_or_default()
+    }
+
+    fn soa(&self) -> Record {
+        let zone = self.cfg.own_name.clone();
+        let rname = Name::from_ascii("hostmaster")
+            .and_then(|h| h.append_domain(&zone))
+            .unwrap_or_else(|_| zone.clone());
+        let ttl = i32::try_from(self.cfg.ttl).unwrap_or(i32::MAX);
+        Record::from_rdata(
+            zone.clone(),
+            self.cfg.ttl,
+            RData::SOA(SOA::new(
+                zone,
+                rname,
+                1,
+                3600,
+                600,
+                86400.max(ttl),
+                self.cfg.ttl,
+            )),
+        )
+    }
+}

@@ -1,0 +1,61 @@
+//! The adapter's virtual-IP allocator: a DHCPv4 server (RFC 2131, on dhcproto) for the
+//! devices on its LAN port, and the names those devices get on the overlay.
+//!
+//! Every device gets its own overlay address (inside the adapter's certified block) and its own
+//! name (`<hostname>.<adapter FQDN>`), by plain DHCP: nothing to install on the device. That is
+//! what sets the adapter apart from subnet routers (design.md §9).
+//!
+//! - [`Server::handle`] takes a DHCP message (with the Ethernet source it arrived from and the
+//!   current time) and returns the reply to send and where to, or why it stays silent.
+//! - [`Server::handle_timeout`] expires leases and stale offers; [`Server::poll_event`] says
+//!   what changed (granted, released, declined, expired), so the driver can update the
+//!   anti-spoofing table and DNS, and [`Server::take_dirty`] says when to persist
+//!   [`Server::leases`].
+//! - [`names`] derives each lease's DNS label, deterministically.
+//!
+//! Sans-IO: no sockets, no clock (time is unix seconds, passed in), no files. The driver
+//! persists leases atomically and frames replies on the LAN.
+#![forbid(unsafe_code)]
+
+mod names;
+mod server;
+
+pub use names::{label_for, names};
+pub use server::{DhcpConfig, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Stats};
+
+/// Building DHCP client messages, for tests, fuzz corpora and test beds.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::server::client_message;
+    pub use dhcproto::v4::{DhcpOption, MessageType};
+}
+
+/// A configuration the server cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The pool reaches outside the adapter's certified block.
+    #[error("the DHCP pool {first}-{last} is not inside this adapter's certified block {block}")]
+    PoolOutsideBlock {
+        /// First pool address.
+        first: std::net::Ipv4Addr,
+        /// Last pool address.
+        last: std::net::Ipv4Addr,
+        /// The certified block.
+        block: ipnet::Ipv4Net,
+    },
+    /// The pool's first address comes after its last.
+    #[error("the DHCP pool {first}-{last} is empty (first after last)")]
+    EmptyPool {
+        /// First pool address.
+        first: std::net::Ipv4Addr,
+        /// Last pool address.
+        last: std::net::Ipv4Addr,
+    },
+    /// The lease time is too short to be useful or longer than DHCP can say.
+    #[error("lease time {0} s is outside 60..=31536000 (one minute to one year)")]
+    LeaseTime(u32),
+    /// The starvation share is not a fraction.
+    #[error("new_lease_share {0} is outside (0, 1]")]
+    Share(String),
+}

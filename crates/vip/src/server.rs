@@ -1,0 +1,863 @@
+//! The DHCPv4 server state machine (RFC 2131 §4.3), sans-IO.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+
+use dhcproto::v4::{DhcpOption, Flags, HType, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable as _, Encodable as _};
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+/// A device with a fixed address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Its MAC.
+    pub mac: [u8; 6],
+    /// Its address (inside the block; may lie inside the pool).
+    pub ip: Ipv4Addr,
+    /// Its name, overriding what the device calls itself.
+    pub hostname: Option<String>,
+}
+
+/// How the server hands out addresses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DhcpConfig {
+    /// The server's own address: the gateway vIP (router, DNS server, server identifier).
+    pub server: Ipv4Addr,
+    /// The adapter's certified block: the devices' subnet.
+    pub block: Ipv4Net,
+    /// First and last address of the dynamic pool (inclusive).
+    pub pool: (Ipv4Addr, Ipv4Addr),
+    /// Lease time, seconds.
+    pub lease_secs: u32,
+    /// Interface MTU for the devices (option 26): the tunnel's inner MTU.
+    pub mtu: u16,
+    /// Domain name for the devices (option 15): the adapter's FQDN, so a bare name resolves
+    /// to a device on the same LAN.
+    pub domain: String,
+    /// Fixed addresses.
+    pub reservations: Vec<Reservation>,
+    /// At most this share of the pool may go to devices never seen before within one window
+    /// (a flood of DISCOVERs from random MACs cannot empty the pool).
+    pub new_lease_share: f64,
+    /// The window of that limit, seconds.
+    pub new_lease_window_secs: u64,
+}
+
+impl DhcpConfig {
+    /// The whole block but the network, broadcast and server addresses: the default pool.
+    pub fn default_pool(block: Ipv4Net) -> (Ipv4Addr, Ipv4Addr) {
+        let first = u32::from(block.network()).saturating_add(1);
+        let last = u32::from(block.broadcast()).saturating_sub(1);
+        (first.into(), last.max(first).into())
+    }
+}
+
+/// One binding of an address to a device. Kept after it ends (`active == false`) so that a
+/// returning device gets its old address back when it is still free.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The device's MAC.
+    pub mac: [u8; 6],
+    /// Its address.
+    pub ip: Ipv4Addr,
+    /// What it calls itself (option 12), or its reservation's name.
+    pub hostname: Option<String>,
+    /// Its client identifier (option 61), if it sent one.
+    pub client_id: Option<Vec<u8>>,
+    /// End of the lease, unix seconds.
+    pub expires: u64,
+    /// Whether the lease is in force.
+    pub active: bool,
+}
+
+/// What changed, for the anti-spoofing table, DNS and the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseEvent {
+    /// A device got (or renewed, possibly with a new hostname) an address.
+    Granted(Lease),
+    /// A device gave its address back.
+    Released(Lease),
+    /// A lease ran out.
+    Expired(Lease),
+    /// A device reported its offered address in use by someone else; quarantined.
+    Declined {
+        /// The address.
+        ip: Ipv4Addr,
+        /// The reporting device.
+        mac: [u8; 6],
+    },
+    /// A new device was refused an address because the pool is full.
+    PoolExhausted {
+        /// The device.
+        mac: [u8; 6],
+    },
+    /// A new device was refused an address by the starvation guard.
+    StarvationGuard {
+        /// The device.
+        mac: [u8; 6],
+    },
+}
+
+/// Why a message gets no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Ignore {
+    /// Not a DHCP message (truncated, garbage).
+    Malformed,
+    /// A BOOTREPLY, a non-Ethernet client, or no message type.
+    NotARequest,
+    /// Relayed (giaddr set): the adapter serves its own segment only.
+    Relayed,
+    /// `chaddr` is not the Ethernet source: a device asking for another's address.
+    ChaddrMismatch,
+    /// A REQUEST for another server's offer.
+    OtherServer,
+    /// INIT-REBOOT or RENEWING by a device we have no record of (RFC 2131 §4.3.2: silent).
+    NoRecord,
+    /// No address for a new device (pool exhausted or starvation guard).
+    NoAddress,
+    /// A message type a server does not answer (OFFER, ACK, ... from a device).
+    Unexpected,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// DISCOVERs.
+    pub discovers: u64,
+    /// REQUESTs.
+    pub requests: u64,
+    /// OFFERs sent.
+    pub offers: u64,
+    /// ACKs sent.
+    pub acks: u64,
+    /// NAKs sent.
+    pub naks: u64,
+    /// RELEASEs.
+    pub releases: u64,
+    /// DECLINEs.
+    pub declines: u64,
+    /// INFORMs answered.
+    pub informs: u64,
+    /// Messages ignored (any reason).
+    pub ignored: u64,
+    /// New devices refused by the starvation guard.
+    pub starvation_refused: u64,
+    /// New devices refused because the pool was full.
+    pub pool_exhausted: u64,
+}
+
+/// A reply and where it goes on the LAN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The encoded DHCP message (the UDP payload, from port 67 to port 68).
+    pub payload: Vec<u8>,
+    /// Destination IP (the client's address, or 255.255.255.255).
+    pub dst_ip: Ipv4Addr,
+    /// Destination MAC (the client's, or broadcast).
+    pub dst_mac: [u8; 6],
+}
+
+/// How long an offer holds its address for the device it was made to, seconds.
+const OFFER_HOLD: u64 = 60;
+/// How long a declined address stays out of the pool, seconds.
+const DECLINE_HOLD: u64 = 600;
+const BROADCAST_MAC: [u8; 6] = [0xff; 6];
+
+/// The DHCP server. See the crate docs.
+#[derive(Debug)]
+pub struct Server {
+    cfg: DhcpConfig,
+    by_mac: HashMap<[u8; 6], Lease>,
+    by_ip: HashMap<Ipv4Addr, [u8; 6]>,
+    /// The device each address was last bound to (active or ended).
+    last_holder: HashMap<Ipv4Addr, [u8; 6]>,
+    offers: HashMap<[u8; 6], (Ipv4Addr, u64)>,
+    declined: HashMap<Ipv4Addr, u64>,
+    reserved_ips: HashMap<Ipv4Addr, [u8; 6]>,
+    /// Pool addresses never bound to any device: the first choice for newcomers.
+    unused: BTreeSet<u32>,
+    /// Addresses the pool can hand out dynamically.
+    pool_size: usize,
+    recent_new: VecDeque<u64>,
+    events: VecDeque<LeaseEvent>,
+    dirty: bool,
+    stats: Stats,
+}
+
+impl Server {
+    /// A server with `cfg`, resuming the `saved` bindings at unix time `now`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the pool lies outside the certified block or the numbers make no
+    /// sense.
+    pub fn new(cfg: DhcpConfig, saved: Vec<Lease>, now: u64) -> Result<Self, ConfigError> {
+        let (first, last) = cfg.pool;
+        if u32::from(first) > u32::from(last) {
+            return Err(ConfigError::EmptyPool { first, last });
+        }
+        if !cfg.block.contains(&first) || !cfg.block.contains(&last) {
+            return Err(ConfigError::PoolOutsideBlock {
+                first,
+                last,
+                block: cfg.block,
+            });
+        }
+        if !(60..=31_536_000).contains(&cfg.lease_secs) {
+            return Err(ConfigError::LeaseTime(cfg.lease_secs));
+        }
+        if !(cfg.new_lease_share > 0.0 && cfg.new_lease_share <= 1.0) {
+            return Err(ConfigError::Share(cfg.new_lease_share.to_string()));
+        }
+        let reserved_ips: HashMap<Ipv4Addr, [u8; 6]> =
+            cfg.reservations.iter().map(|r| (r.ip, r.mac)).collect();
+        let special = [cfg.server, cfg.block.network(), cfg.block.broadcast()];
+        let unused: BTreeSet<u32> = (u32::from(first)..=u32::from(last))
+            .filter(|n| {
+                !special.contains(&Ipv4Addr::from(*n))
+                    && !reserved_ips.contains_key(&Ipv4Addr::from(*n))
+            })
+            .collect();
+        let pool_size = unused.len();
+        let mut server = Self {
+            cfg,
+            by_mac: HashMap::new(),
+            by_ip: HashMap::new(),
+            last_holder: HashMap::new(),
+            offers: HashMap::new(),
+            declined: HashMap::new(),
+            reserved_ips,
+            unused,
+            pool_size,
+            recent_new: VecDeque::new(),
+            events: VecDeque::new(),
+            dirty: false,
+            stats: Stats::default(),
+        };
+        for mut lease in saved {
+            // A saved binding that no longer fits (block changed, reservation moved) is dropped.
+            if !server.cfg.block.contains(&lease.ip)
+                || server
+                    .reserved_ips
+                    .get(&lease.ip)
+                    .is_some_and(|m| *m != lease.mac)
+            {
+                server.dirty = true;
+                continue;
+            }
+            if lease.active && lease.expires <= now {
+                lease.active = false;
+                server.dirty = true;
+            }
+            server.last_holder.insert(lease.ip, lease.mac);
+            server.unused.remove(&u32::from(lease.ip));
+            if lease.active {
+                server.by_ip.insert(lease.ip, lease.mac);
+                server.events.push_back(LeaseEvent::Granted(lease.clone()));
+            }
+            server.by_mac.insert(lease.mac, lease);
+        }
+        Ok(server)
+    }
+
+    /// Handles one DHCP message from Ethernet source `src_mac` at unix time `now`. Returns the
+    /// reply, or None for messages that take none (RELEASE, DECLINE).
+    ///
+    /// # Errors
+    /// [`Ignore`] saying why no reply goes out (a DHCP server is often silent on purpose).
+    pub fn handle(
+        &mut self,
+        now: u64,
+        msg: &[u8],
+        src_mac: [u8; 6],
+    ) -> Result<Option<Reply>, Ignore> {
+        let result = self.handle_inner(now, msg, src_mac);
+        if result.is_err() {
+            self.stats.ignored += 1;
+        }
+        result
+    }
+
+    fn handle_inner(
+        &mut self,
+        now: u64,
+        msg: &[u8],
+        src_mac: [u8; 6],
+    ) -> Result<Option<Reply>, Ignore> {
+        let clean = sanitize(msg).ok_or(Ignore::Malformed)?;
+        let req = Message::from_bytes(&clean).map_err(|_| Ignore::Malformed)?;
+        if req.opcode() != Opcode::BootRequest || req.htype() != HType::Eth || req.hlen() != 6 {
+            return Err(Ignore::NotARequest);
+        }
+        if req.giaddr() != Ipv4Addr::UNSPECIFIED {
+            return Err(Ignore::Relayed);
+        }
+        let mac: [u8; 6] = req
+            .chaddr()
+            .get(..6)
+            .and_then(|c| c.try_into().ok())
+            .ok_or(Ignore::NotARequest)?;
+        if mac != src_mac {
+            return Err(Ignore::ChaddrMismatch);
+        }
+        let kind = req.opts().msg_type().ok_or(Ignore::NotARequest)?;
+        self.expire(now);
+        match kind {
+            MessageType::Discover => {
+                self.stats.discovers += 1;
+                self.discover(now, &req, mac).map(Some)
+            }
+            MessageType::Request => {
+                self.stats.requests += 1;
+                self.request(now, &req, mac).map(Some)
+            }
+            MessageType::Release => {
+                self.stats.releases += 1;
+                self.release(&req, mac);
+                Ok(None)
+            }
+            MessageType::Decline => {
+                self.stats.declines += 1;
+                self.decline(now, &req, mac);
+                Ok(None)
+            }
+            MessageType::Inform => {
+                self.stats.informs += 1;
+                let ci = req.ciaddr();
+                if !self.cfg.block.contains(&ci) {
+                    return Err(Ignore::NoRecord);
+                }
+                // RFC 2131 §4.3.5: an ACK with configuration but no address and no lease time.
+                Ok(Some(self.reply(
+                    &req,
+                    MessageType::Ack,
+                    Ipv4Addr::UNSPECIFIED,
+                    false,
+                )))
+            }
+            _ => Err(Ignore::Unexpected),
+        }
+    }
+
+    fn discover(&mut self, now: u64, req: &Message, mac: [u8; 6]) -> Result<Reply, Ignore> {
+        let requested = match req.opts().get(OptionCode::RequestedIpAddress) {
+            Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
+            _ => None,
+        };
+        let ip = self.choose(now, mac, requested)?;
+        self.offers.insert(mac, (ip, now + OFFER_HOLD));
+        self.stats.offers += 1;
+        Ok(self.reply(req, MessageType::Offer, ip, true))
+    }
+
+    /// Picks an address for `mac`: its reservation; its current or previous binding if
+    /// free; the address it asks for if free; a never-used one; the oldest ended binding of
+    /// another device. A device we have never bound counts against the starvation guard.
+    fn choose(
+        &mut self,
+        now: u64,
+        mac: [u8; 6],
+        requested: Option<Ipv4Addr>,
+    ) -> Result<Ipv4Addr, Ignore> {
+        if let Some(r) = self.cfg.reservations.iter().find(|r| r.mac == mac) {
+            return Ok(r.ip);
+        }
+        if let Some((ip, _)) = self.offers.get(&mac) {
+            return Ok(*ip);
+        }
+        if let Some(l) = self.by_mac.get(&mac)
+            && self.free_for(l.ip, mac, now)
+        {
+            return Ok(l.ip);
+        }
+        // A device never seen before: find an address first; only if there is one does the
+        // starvation guard decide whether this newcomer may have it.
+        let pick = requested
+            .filter(|ip| {
+                self.in_pool(*ip)
+                    && self.free_for(*ip, mac, now)
+                    && self.last_holder.get(ip).is_none_or(|m| *m == mac)
+            })
+            .or_else(|| {
+                self.unused
+                    .iter()
+                    .map(|n| Ipv4Addr::from(*n))
+                    .find(|ip| self.free_for(*ip, mac, now))
+            })
+            .or_else(|| {
+                // Reclaim the binding that ended longest ago.
+                self.by_mac
+                    .values()
+                    .filter(|l| {
+                        !l.active
+                            && l.mac != mac
+                            && self.in_pool(l.ip)
+                            && self.free_for(l.ip, mac, now)
+                    })
+                    .min_by_key(|l| (l.expires, l.ip))
+                    .map(|l| l.ip)
+            });
+        let Some(ip) = pick else {
+            self.stats.pool_exhausted += 1;
+            self.events.push_back(LeaseEvent::PoolExhausted { mac });
+            return Err(Ignore::NoAddress);
+        };
+        let window = self.cfg.new_lease_window_secs;
+        while self
+            .recent_new
+            .front()
+            .is_some_and(|t| now.saturating_sub(*t) >= window)
+        {
+            self.recent_new.pop_front();
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "a share of a pool of at most 2^32"
+        )]
+        let allowed = ((self.pool_size as f64 * self.cfg.new_lease_share).floor() as usize).max(1);
+        if self.recent_new.len() >= allowed {
+            self.stats.starvation_refused += 1;
+            self.events.push_back(LeaseEvent::StarvationGuard { mac });
+            return Err(Ignore::NoAddress);
+        }
+        self.recent_new.push_back(now);
+        Ok(ip)
+    }
+
+    fn request(&mut self, now: u64, req: &Message, mac: [u8; 6]) -> Result<Reply, Ignore> {
+        let server_id = match req.opts().get(OptionCode::ServerIdentifier) {
+            Some(DhcpOption::ServerIdentifier(ip)) => Some(*ip),
+            _ => None,
+        };
+        let requested = match req.opts().get(OptionCode::RequestedIpAddress) {
+            Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
+            _ => None,
+        };
+        let ciaddr = req.ciaddr();
+        let wanted = match (server_id, requested) {
+            // SELECTING: the device picked an offer.
+            (Some(sid), _) => {
+                if sid != self.cfg.server {
+                    self.offers.remove(&mac);
+                    return Err(Ignore::OtherServer);
+                }
+                let Some(ip) = requested else {
+                    return Ok(self.nak(req));
+                };
+                if self.offers.get(&mac).map(|(o, _)| *o) != Some(ip) && !self.is_bound(ip, mac) {
+                    return Ok(self.nak(req));
+                }
+                ip
+            }
+            // INIT-REBOOT: a device that remembers an address (after a reboot or a link flap).
+            (None, Some(ip)) => {
+                if !self.cfg.block.contains(&ip) {
+                    return Ok(self.nak(req));
+                }
+                if self.is_bound(ip, mac)
+                    || self
+                        .cfg
+                        .reservations
+                        .iter()
+                        .any(|r| r.mac == mac && r.ip == ip)
+                {
+                    ip
+                } else if self.by_mac.contains_key(&mac) || self.by_ip.contains_key(&ip) {
+                    // We know this device, or the address, and they do not go together.
+                    return Ok(self.nak(req));
+                } else {
+                    return Err(Ignore::NoRecord);
+                }
+            }
+            // RENEWING (unicast) or REBINDING (broadcast): ciaddr is the device's address.
+            (None, None) if ciaddr != Ipv4Addr::UNSPECIFIED => {
+                if self.is_bound(ciaddr, mac)
+                    || self
+                        .cfg
+                        .reservations
+                        .iter()
+                        .any(|r| r.mac == mac && r.ip == ciaddr)
+                {
+                    ciaddr
+                } else if self.by_ip.get(&ciaddr).is_some_and(|m| *m != mac)
+                    || !self.cfg.block.contains(&ciaddr)
+                {
+                    return Ok(self.nak(req));
+                } else {
+                    return Err(Ignore::NoRecord);
+                }
+            }
+            (None, None) => return Ok(self.nak(req)),
+        };
+        if !self.free_for(wanted, mac, now) {
+            return Ok(self.nak(req));
+        }
+        let hostname = self
+            .cfg
+            .reservations
+            .iter()
+            .find(|r| r.mac == mac)
+            .and_then(|r| r.hostname.clone())
+            .or_else(|| match req.opts().get(OptionCode::Hostname) {
+                Some(DhcpOption::Hostname(h)) => Some(h.clone()),
+                _ => None,
+            });
+        let client_id = match req.opts().get(OptionCode::ClientIdentifier) {
+            Some(DhcpOption::ClientIdentifier(id)) => Some(id.clone()),
+            _ => None,
+        };
+        // A device moving to another address gives up its old one.
+        if let Some(old) = self
+            .by_mac
+            .get(&mac)
+            .filter(|l| l.active && l.ip != wanted)
+            .map(|l| l.ip)
+        {
+            self.by_ip.remove(&old);
+        }
+        let lease = Lease {
+            mac,
+            ip: wanted,
+            hostname,
+            client_id,
+            expires: now + u64::from(self.cfg.lease_secs),
+            active: true,
+        };
+        self.offers.remove(&mac);
+        self.by_ip.insert(wanted, mac);
+        self.unused.remove(&u32::from(wanted));
+        if let Some(prev) = self.last_holder.insert(wanted, mac).filter(|m| *m != mac) {
+            // The address is reclaimed from a device whose lease had ended: forget that binding.
+            self.by_mac.remove(&prev);
+        }
+        self.by_mac.insert(mac, lease.clone());
+        self.events.push_back(LeaseEvent::Granted(lease));
+        self.dirty = true;
+        self.stats.acks += 1;
+        Ok(self.reply(req, MessageType::Ack, wanted, true))
+    }
+
+    fn release(&mut self, req: &Message, mac: [u8; 6]) {
+        let ip = req.ciaddr();
+        if let Some(lease) = self.by_mac.get_mut(&mac).filter(|l| l.active && l.ip == ip) {
+            lease.active = false;
+            let lease = lease.clone();
+            self.by_ip.remove(&ip);
+            self.events.push_back(LeaseEvent::Released(lease));
+            self.dirty = true;
+        }
+    }
+
+    fn decline(&mut self, now: u64, req: &Message, mac: [u8; 6]) {
+        let Some(DhcpOption::RequestedIpAddress(ip)) =
+            req.opts().get(OptionCode::RequestedIpAddress).cloned()
+        else {
+            return;
+        };
+        let ours = self.offers.get(&mac).is_some_and(|(o, _)| *o == ip) || self.is_bound(ip, mac);
+        if !ours {
+            return;
+        }
+        self.offers.remove(&mac);
+        if let Some(lease) = self.by_mac.get_mut(&mac).filter(|l| l.ip == ip) {
+            lease.active = false;
+            self.by_ip.remove(&ip);
+            self.dirty = true;
+        }
+        self.declined.insert(ip, now + DECLINE_HOLD);
+        self.events.push_back(LeaseEvent::Declined { ip, mac });
+    }
+
+    /// Ends leases and offers whose time ran out.
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.expire(now);
+    }
+
+    /// The next moment something expires, unix seconds.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let leases = self.by_mac.values().filter(|l| l.active).map(|l| l.expires);
+        let offers = self.offers.values().map(|(_, t)| *t);
+        let declined = self.declined.values().copied();
+        leases.chain(offers).chain(declined).min()
+    }
+
+    fn expire(&mut self, now: u64) {
+        self.offers.retain(|_, (_, t)| *t > now);
+        self.declined.retain(|_, t| *t > now);
+        for lease in self
+            .by_mac
+            .values_mut()
+            .filter(|l| l.active && l.expires <= now)
+        {
+            lease.active = false;
+            self.by_ip.remove(&lease.ip);
+            self.events.push_back(LeaseEvent::Expired(lease.clone()));
+            self.dirty = true;
+        }
+    }
+
+    /// The next change.
+    pub fn poll_event(&mut self) -> Option<LeaseEvent> {
+        self.events.pop_front()
+    }
+
+    /// Whether the bindings changed since the last call (time to persist them).
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Every binding, active or ended, sorted by address: what to persist.
+    pub fn leases(&self) -> Vec<Lease> {
+        let mut v: Vec<Lease> = self.by_mac.values().cloned().collect();
+        v.sort_by_key(|l| (u32::from(l.ip), l.mac));
+        v
+    }
+
+    /// The active leases.
+    pub fn active(&self) -> impl Iterator<Item = &Lease> {
+        self.by_mac.values().filter(|l| l.active)
+    }
+
+    /// Counters.
+    pub const fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    #[cfg(test)]
+    fn pool_size(&self) -> usize {
+        self.pool_size
+    }
+
+    fn in_pool(&self, ip: Ipv4Addr) -> bool {
+        (u32::from(self.cfg.pool.0)..=u32::from(self.cfg.pool.1)).contains(&u32::from(ip))
+            && self.assignable(ip)
+    }
+
+    /// Addresses that can never go to a device dynamically.
+    fn assignable(&self, ip: Ipv4Addr) -> bool {
+        ip != self.cfg.server
+            && ip != self.cfg.block.network()
+            && ip != self.cfg.block.broadcast()
+            && !self.reserved_ips.contains_key(&ip)
+    }
+
+    /// Whether `ip` may be given to `mac` now: not bound, offered or reserved to another
+    /// device, and not quarantined.
+    fn free_for(&self, ip: Ipv4Addr, mac: [u8; 6], now: u64) -> bool {
+        let reserved_other = self.reserved_ips.get(&ip).is_some_and(|m| *m != mac);
+        let bound_other = self.by_ip.get(&ip).is_some_and(|m| *m != mac);
+        let offered_other = self
+            .offers
+            .iter()
+            .any(|(m, (o, t))| *o == ip && *m != mac && *t > now);
+        let declined = self.declined.get(&ip).is_some_and(|t| *t > now);
+        let special = ip == self.cfg.server
+            || ip == self.cfg.block.network()
+            || ip == self.cfg.block.broadcast()
+            || !self.cfg.block.contains(&ip);
+        !(reserved_other || bound_other || offered_other || declined || special)
+    }
+
+    fn is_bound(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
+        self.by_ip.get(&ip) == Some(&mac)
+    }
+
+    fn nak(&mut self, req: &Message) -> Reply {
+        self.stats.naks += 1;
+        let mut reply = self.reply(req, MessageType::Nak, Ipv4Addr::UNSPECIFIED, false);
+        // RFC 2131 §4.1: a NAK is always broadcast.
+        reply.dst_ip = Ipv4Addr::BROADCAST;
+        reply.dst_mac = BROADCAST_MAC;
+        reply
+    }
+
+    /// Builds a reply of `kind` giving `yiaddr` (with configuration options when `config`).
+    fn reply(&self, req: &Message, kind: MessageType, yiaddr: Ipv4Addr, config: bool) -> Reply {
+        let mut msg = Message::new_with_id(
+            req.xid(),
+            Ipv4Addr::UNSPECIFIED,
+            yiaddr,
+            self.cfg.server,
+            Ipv4Addr::UNSPECIFIED,
+            req.chaddr(),
+        );
+        msg.set_opcode(Opcode::BootReply);
+        msg.set_flags(req.flags());
+        if kind == MessageType::Ack && yiaddr == Ipv4Addr::UNSPECIFIED {
+            // INFORM: ciaddr echoes the client's address.
+            msg.set_ciaddr(req.ciaddr());
+        }
+        let opts = msg.opts_mut();
+        opts.insert(DhcpOption::MessageType(kind));
+        opts.insert(DhcpOption::ServerIdentifier(self.cfg.server));
+        if config && kind != MessageType::Nak {
+            let lease = self.cfg.lease_secs;
+            opts.insert(DhcpOption::AddressLeaseTime(lease));
+            opts.insert(DhcpOption::Renewal(lease / 2));
+            opts.insert(DhcpOption::Rebinding(lease / 8 * 7));
+        }
+        if kind != MessageType::Nak {
+            opts.insert(DhcpOption::SubnetMask(self.cfg.block.netmask()));
+            opts.insert(DhcpOption::BroadcastAddr(self.cfg.block.broadcast()));
+            opts.insert(DhcpOption::Router(vec![self.cfg.server]));
+            opts.insert(DhcpOption::DomainNameServer(vec![self.cfg.server]));
+            opts.insert(DhcpOption::DomainName(self.cfg.domain.clone()));
+            opts.insert(DhcpOption::InterfaceMtu(self.cfg.mtu));
+        }
+        let payload = msg.to_vec().unwrap_or_default();
+        let chaddr: [u8; 6] = req
+            .chaddr()
+            .get(..6)
+            .and_then(|c| c.try_into().ok())
+            .unwrap_or(BROADCAST_MAC);
+        // RFC 2131 §4.1: to ciaddr if set; broadcast if the client asked; else to yiaddr at
+        // the client's MAC (we own layer 2, so no ARP is needed for that).
+        let (dst_ip, dst_mac) = if req.ciaddr() != Ipv4Addr::UNSPECIFIED {
+            (req.ciaddr(), chaddr)
+        } else if req.flags().broadcast() || yiaddr == Ipv4Addr::UNSPECIFIED {
+            (Ipv4Addr::BROADCAST, BROADCAST_MAC)
+        } else {
+            (yiaddr, chaddr)
+        };
+        Reply {
+            payload,
+            dst_ip,
+            dst_mac,
+        }
+    }
+}
+
+/// Where the options start: after the fixed BOOTP fields (236 bytes) and the magic cookie.
+const OPTIONS_AT: usize = 240;
+const MAGIC_COOKIE: [u8; 4] = [99, 130, 83, 99];
+
+/// A copy of `msg` keeping only the options this server reads, each checked against the length
+/// RFC 2132 gives it; or None when the message is not a well-formed DHCP message at all.
+///
+/// The options go through our own bounds-checked walk before the DHCP library sees them, so a
+/// malformed option (a 2-byte lease time, a 3-byte address) is dropped here instead of being
+/// decoded on assumptions (dhcproto checks some lengths only with debug assertions).
+fn sanitize(msg: &[u8]) -> Option<Vec<u8>> {
+    if msg.len() < OPTIONS_AT || msg[236..OPTIONS_AT] != MAGIC_COOKIE {
+        return None;
+    }
+    let mut out = Vec::with_capacity(msg.len());
+    out.extend_from_slice(&msg[..OPTIONS_AT]);
+    let mut i = OPTIONS_AT;
+    while i < msg.len() {
+        let code = msg[i];
+        match code {
+            0 => i += 1,
+            255 => break,
+            _ => {
+                let len = usize::from(*msg.get(i + 1)?);
+                let value = msg.get(i + 2..i + 2 + len)?;
+                let keep = match code {
+                    // Message type: one byte.
+                    53 => len == 1,
+                    // Requested address, server identifier: one IPv4 address.
+                    50 | 54 => len == 4,
+                    // Host name (RFC 2132 §3.14: at least one byte), client identifier (§9.14:
+                    // at least two), parameter request list.
+                    12 | 55 => len >= 1,
+                    61 => len >= 2,
+                    _ => false,
+                };
+                if keep {
+                    out.push(code);
+                    out.push(msg[i + 1]);
+                    out.extend_from_slice(value);
+                }
+                i += 2 + len;
+            }
+        }
+    }
+    out.push(255);
+    Some(out)
+}
+
+/// Builds a client message, for tests and the fuzz corpus.
+#[doc(hidden)]
+pub fn client_message(
+    kind: MessageType,
+    mac: [u8; 6],
+    xid: u32,
+    opts: Vec<DhcpOption>,
+    ciaddr: Ipv4Addr,
+    broadcast: bool,
+) -> Vec<u8> {
+    let mut msg = Message::new_with_id(
+        xid,
+        ciaddr,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::UNSPECIFIED,
+        &mac,
+    );
+    if broadcast {
+        msg.set_flags(Flags::default().set_broadcast());
+    }
+    msg.opts_mut().insert(DhcpOption::MessageType(kind));
+    for o in opts {
+        msg.opts_mut().insert(o);
+    }
+    msg.to_vec().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg_with(options: &[u8]) -> Vec<u8> {
+        let mut m = vec![0u8; OPTIONS_AT];
+        m[236..240].copy_from_slice(&MAGIC_COOKIE);
+        m.extend_from_slice(options);
+        m
+    }
+
+    #[test]
+    fn sanitize_keeps_what_we_read_with_the_right_length() {
+        let m = msg_with(&[
+            0, 53, 1, 1, 51, 2, 0, 9, 50, 3, 1, 2, 3, 12, 3, b'a', b'b', b'c', 99, 0, 255, 7, 7,
+        ]);
+        assert_eq!(
+            sanitize(&m).unwrap()[OPTIONS_AT..],
+            [53, 1, 1, 12, 3, b'a', b'b', b'c', 255]
+        );
+        assert_eq!(
+            sanitize(&msg_with(&[53, 5, 1])),
+            None,
+            "an option running past the end"
+        );
+        assert_eq!(sanitize(&msg_with(&[53])), None);
+        assert_eq!(sanitize(&[0u8; 239]), None);
+        assert_eq!(sanitize(&vec![0u8; 300]), None, "no magic cookie");
+    }
+
+    #[test]
+    fn pool_size_excludes_server_reservations_and_edges() {
+        let cfg = DhcpConfig {
+            server: Ipv4Addr::new(100, 64, 1, 1),
+            block: "100.64.1.0/24".parse().unwrap(),
+            pool: DhcpConfig::default_pool("100.64.1.0/24".parse().unwrap()),
+            lease_secs: 3600,
+            mtu: 1420,
+            domain: "d".into(),
+            reservations: vec![Reservation {
+                mac: [2, 0, 0, 0, 0, 1],
+                ip: Ipv4Addr::new(100, 64, 1, 9),
+                hostname: None,
+            }],
+            new_lease_share: 0.5,
+            new_lease_window_secs: 60,
+        };
+        let s = Server::new(cfg, vec![], 0).unwrap();
+        assert_eq!(s.pool_size(), 254 - 2);
+    }
+}

@@ -1,0 +1,619 @@
+//! The DHCP server against RFC 2131's conversations, its limits, and hostile input.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::needless_pass_by_value
+)]
+
+use std::net::Ipv4Addr;
+
+use cyphonic_vip::testing::{DhcpOption, MessageType, client_message};
+use cyphonic_vip::{
+    ConfigError, DhcpConfig, Ignore, Lease, LeaseEvent, Reply, Reservation, Server,
+};
+use dhcproto::Decodable as _;
+use dhcproto::v4::{Message, OptionCode};
+
+const T0: u64 = 1_800_000_000;
+const GW: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
+const ZERO: Ipv4Addr = Ipv4Addr::UNSPECIFIED;
+
+fn config(first: u8, last: u8) -> DhcpConfig {
+    DhcpConfig {
+        server: GW,
+        block: "100.64.1.0/24".parse().unwrap(),
+        pool: (
+            Ipv4Addr::new(100, 64, 1, first),
+            Ipv4Addr::new(100, 64, 1, last),
+        ),
+        lease_secs: 3600,
+        mtu: 1420,
+        domain: "gw1.ovl.example".into(),
+        reservations: vec![Reservation {
+            mac: mac(0xee),
+            ip: Ipv4Addr::new(100, 64, 1, 50),
+            hostname: Some("plc".into()),
+        }],
+        new_lease_share: 1.0,
+        new_lease_window_secs: 60,
+    }
+}
+
+fn mac(n: u8) -> [u8; 6] {
+    [0x02, 0, 0, 0, 0x01, n]
+}
+
+fn server(first: u8, last: u8) -> Server {
+    Server::new(config(first, last), Vec::new(), T0).unwrap()
+}
+
+fn opt_ip(ip: Ipv4Addr) -> DhcpOption {
+    DhcpOption::RequestedIpAddress(ip)
+}
+
+fn parse(r: &Reply) -> Message {
+    Message::from_bytes(&r.payload).unwrap()
+}
+
+fn kind(r: &Reply) -> MessageType {
+    parse(r).opts().msg_type().unwrap()
+}
+
+/// DISCOVER, OFFER, REQUEST, ACK for `m`; returns the address.
+fn dora(s: &mut Server, now: u64, m: [u8; 6], host: Option<&str>) -> Ipv4Addr {
+    let offer = s
+        .handle(
+            now,
+            &client_message(MessageType::Discover, m, 1, vec![], ZERO, false),
+            m,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(kind(&offer), MessageType::Offer);
+    let ip = parse(&offer).yiaddr();
+    let mut opts = vec![DhcpOption::ServerIdentifier(GW), opt_ip(ip)];
+    if let Some(h) = host {
+        opts.push(DhcpOption::Hostname(h.into()));
+    }
+    let ack = s
+        .handle(
+            now,
+            &client_message(MessageType::Request, m, 2, opts, ZERO, false),
+            m,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(kind(&ack), MessageType::Ack);
+    assert_eq!(parse(&ack).yiaddr(), ip);
+    ip
+}
+
+#[test]
+fn discover_offer_request_ack_with_every_option() {
+    let mut s = server(100, 200);
+    let m = mac(1);
+    let offer = s
+        .handle(
+            T0,
+            &client_message(MessageType::Discover, m, 7, vec![], ZERO, false),
+            m,
+        )
+        .unwrap()
+        .unwrap();
+    let msg = parse(&offer);
+    assert_eq!(
+        (msg.xid(), msg.yiaddr()),
+        (7, Ipv4Addr::new(100, 64, 1, 100))
+    );
+    // Without the broadcast flag, the offer goes to the offered address at the client's MAC.
+    assert_eq!((offer.dst_ip, offer.dst_mac), (msg.yiaddr(), m));
+    let o = msg.opts();
+    assert_eq!(
+        o.get(OptionCode::ServerIdentifier),
+        Some(&DhcpOption::ServerIdentifier(GW))
+    );
+    assert_eq!(
+        o.get(OptionCode::SubnetMask),
+        Some(&DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)))
+    );
+    assert_eq!(
+        o.get(OptionCode::Router),
+        Some(&DhcpOption::Router(vec![GW]))
+    );
+    assert_eq!(
+        o.get(OptionCode::DomainNameServer),
+        Some(&DhcpOption::DomainNameServer(vec![GW]))
+    );
+    assert_eq!(
+        o.get(OptionCode::DomainName),
+        Some(&DhcpOption::DomainName("gw1.ovl.example".into()))
+    );
+    assert_eq!(
+        o.get(OptionCode::InterfaceMtu),
+        Some(&DhcpOption::InterfaceMtu(1420))
+    );
+    assert_eq!(
+        o.get(OptionCode::AddressLeaseTime),
+        Some(&DhcpOption::AddressLeaseTime(3600))
+    );
+    assert_eq!(o.get(OptionCode::Renewal), Some(&DhcpOption::Renewal(1800)));
+    assert_eq!(
+        o.get(OptionCode::Rebinding),
+        Some(&DhcpOption::Rebinding(3150))
+    );
+    assert!(s.poll_event().is_none(), "an offer grants nothing yet");
+    let ip = dora(&mut s, T0, m, Some("Sensor-1"));
+    assert_eq!(ip, Ipv4Addr::new(100, 64, 1, 100));
+    let Some(LeaseEvent::Granted(lease)) = s.poll_event() else {
+        panic!()
+    };
+    assert_eq!(
+        (lease.ip, lease.hostname.as_deref(), lease.expires),
+        (ip, Some("Sensor-1"), T0 + 3600)
+    );
+    assert!(s.take_dirty() && !s.take_dirty());
+}
+
+#[test]
+fn broadcast_flag_and_naks_are_broadcast() {
+    let mut s = server(100, 200);
+    let m = mac(1);
+    let offer = s
+        .handle(
+            T0,
+            &client_message(MessageType::Discover, m, 1, vec![], ZERO, true),
+            m,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (offer.dst_ip, offer.dst_mac),
+        (Ipv4Addr::BROADCAST, [0xff; 6])
+    );
+    let nak = s
+        .handle(
+            T0,
+            &client_message(
+                MessageType::Request,
+                m,
+                2,
+                vec![
+                    DhcpOption::ServerIdentifier(GW),
+                    opt_ip(Ipv4Addr::new(100, 64, 1, 150)),
+                ],
+                ZERO,
+                false,
+            ),
+            m,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        kind(&nak),
+        MessageType::Nak,
+        "requesting an address that was not offered"
+    );
+    assert_eq!((nak.dst_ip, nak.dst_mac), (Ipv4Addr::BROADCAST, [0xff; 6]));
+}
+
+#[test]
+fn renewing_rebinding_and_init_reboot() {
+    let mut s = server(100, 200);
+    let (a, b) = (mac(1), mac(2));
+    let ip_a = dora(&mut s, T0, a, None);
+    let ip_b = dora(&mut s, T0, b, None);
+    // RENEWING: unicast from the client's address; the lease is extended.
+    let ack = s
+        .handle(
+            T0 + 1800,
+            &client_message(MessageType::Request, a, 3, vec![], ip_a, false),
+            a,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (kind(&ack), ack.dst_ip, parse(&ack).yiaddr()),
+        (MessageType::Ack, ip_a, ip_a)
+    );
+    let renewed = s.leases().into_iter().find(|l| l.mac == a).unwrap();
+    assert_eq!(renewed.expires, T0 + 1800 + 3600);
+    // INIT-REBOOT after a reboot: known binding -> ACK.
+    let ack = s
+        .handle(
+            T0 + 1900,
+            &client_message(MessageType::Request, a, 4, vec![opt_ip(ip_a)], ZERO, false),
+            a,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(kind(&ack), MessageType::Ack);
+    // INIT-REBOOT asking for another device's address -> NAK.
+    let nak = s
+        .handle(
+            T0 + 1900,
+            &client_message(MessageType::Request, a, 5, vec![opt_ip(ip_b)], ZERO, false),
+            a,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(kind(&nak), MessageType::Nak);
+    // INIT-REBOOT for an address outside the block (the device moved networks) -> NAK.
+    let nak = s
+        .handle(
+            T0,
+            &client_message(
+                MessageType::Request,
+                mac(9),
+                6,
+                vec![opt_ip(Ipv4Addr::new(192, 0, 2, 7))],
+                ZERO,
+                false,
+            ),
+            mac(9),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(kind(&nak), MessageType::Nak);
+    // INIT-REBOOT by a device we never saw, for an unknown address: silent (RFC 2131 §4.3.2).
+    let r = s.handle(
+        T0,
+        &client_message(
+            MessageType::Request,
+            mac(8),
+            7,
+            vec![opt_ip(Ipv4Addr::new(100, 64, 1, 180))],
+            ZERO,
+            false,
+        ),
+        mac(8),
+    );
+    assert_eq!(r, Err(Ignore::NoRecord));
+    // RENEWING with someone else's address -> NAK.
+    let nak = s
+        .handle(
+            T0,
+            &client_message(MessageType::Request, a, 8, vec![], ip_b, false),
+            a,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(kind(&nak), MessageType::Nak);
+}
+
+#[test]
+fn addresses_are_sticky_across_release_and_restart() {
+    let mut s = server(100, 200);
+    let m = mac(1);
+    let ip = dora(&mut s, T0, m, Some("cam"));
+    let _ = dora(&mut s, T0, mac(2), None);
+    assert_eq!(
+        s.handle(
+            T0 + 10,
+            &client_message(MessageType::Release, m, 9, vec![], ip, false),
+            m
+        ),
+        Ok(None)
+    );
+    while let Some(e) = s.poll_event() {
+        if let LeaseEvent::Released(l) = e {
+            assert_eq!(l.ip, ip);
+        }
+    }
+    assert!(!s.active().any(|l| l.mac == m));
+    // The same device comes back: its old address again.
+    assert_eq!(dora(&mut s, T0 + 20, m, Some("cam")), ip);
+    // A restart resumes from the saved bindings.
+    let saved: Vec<Lease> = serde_roundtrip(s.leases());
+    let mut again = Server::new(config(100, 200), saved, T0 + 30).unwrap();
+    let granted: Vec<_> = std::iter::from_fn(|| again.poll_event()).collect();
+    assert_eq!(
+        granted.len(),
+        2,
+        "both active leases are announced on start: {granted:?}"
+    );
+    let ack = again
+        .handle(
+            T0 + 40,
+            &client_message(MessageType::Request, m, 1, vec![opt_ip(ip)], ZERO, false),
+            m,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        kind(&ack),
+        MessageType::Ack,
+        "INIT-REBOOT after the adapter restarted"
+    );
+    assert_eq!(
+        dora(&mut again, T0 + 50, mac(3), None),
+        Ipv4Addr::new(100, 64, 1, 102)
+    );
+}
+
+/// The daemon persists leases as JSON: they must come back exactly.
+fn serde_roundtrip(leases: Vec<Lease>) -> Vec<Lease> {
+    let text = serde_json::to_string(&leases).unwrap();
+    let back: Vec<Lease> = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, leases);
+    back
+}
+
+#[test]
+fn reservations_are_kept_for_their_device() {
+    let mut s = server(45, 55); // the reserved .50 lies inside the pool
+    let plc = mac(0xee);
+    let ip = dora(&mut s, T0, plc, Some("ignored"));
+    assert_eq!(ip, Ipv4Addr::new(100, 64, 1, 50));
+    let Some(LeaseEvent::Granted(l)) = s.poll_event() else {
+        panic!()
+    };
+    assert_eq!(
+        l.hostname.as_deref(),
+        Some("plc"),
+        "the reservation's name wins"
+    );
+    let mut given = Vec::new();
+    for n in 1..=10 {
+        let offer = s.handle(
+            T0,
+            &client_message(
+                MessageType::Discover,
+                mac(n),
+                1,
+                vec![opt_ip(Ipv4Addr::new(100, 64, 1, 50))],
+                ZERO,
+                false,
+            ),
+            mac(n),
+        );
+        if let Ok(Some(o)) = offer {
+            given.push(parse(&o).yiaddr());
+        }
+    }
+    assert_eq!(
+        given.len(),
+        10,
+        "45..=55 minus the reservation: ten addresses"
+    );
+    assert!(!given.contains(&Ipv4Addr::new(100, 64, 1, 50)));
+}
+
+#[test]
+fn decline_quarantines_the_address() {
+    let mut s = server(100, 200);
+    let m = mac(1);
+    let ip = dora(&mut s, T0, m, None);
+    assert_eq!(
+        s.handle(
+            T0,
+            &client_message(MessageType::Decline, m, 3, vec![opt_ip(ip)], ZERO, false),
+            m
+        ),
+        Ok(None)
+    );
+    let events: Vec<_> = std::iter::from_fn(|| s.poll_event()).collect();
+    assert!(events.contains(&LeaseEvent::Declined { ip, mac: m }));
+    assert_ne!(
+        dora(&mut s, T0 + 1, m, None),
+        ip,
+        "a declined address stays out of the pool for a while"
+    );
+}
+
+#[test]
+fn inform_gets_configuration_without_a_lease() {
+    let mut s = server(100, 200);
+    let m = mac(1);
+    let ci = Ipv4Addr::new(100, 64, 1, 77);
+    let ack = s
+        .handle(
+            T0,
+            &client_message(MessageType::Inform, m, 3, vec![], ci, false),
+            m,
+        )
+        .unwrap()
+        .unwrap();
+    let msg = parse(&ack);
+    assert_eq!(
+        (kind(&ack), msg.yiaddr(), msg.ciaddr(), ack.dst_ip),
+        (MessageType::Ack, ZERO, ci, ci)
+    );
+    assert!(msg.opts().get(OptionCode::AddressLeaseTime).is_none());
+    assert!(msg.opts().get(OptionCode::Router).is_some());
+}
+
+#[test]
+fn pool_exhaustion_is_answered_with_silence_and_reported() {
+    let mut s = server(100, 102);
+    for n in 1..=3 {
+        dora(&mut s, T0, mac(n), None);
+    }
+    let r = s.handle(
+        T0,
+        &client_message(MessageType::Discover, mac(4), 1, vec![], ZERO, false),
+        mac(4),
+    );
+    assert_eq!(r, Err(Ignore::NoAddress));
+    assert!(
+        std::iter::from_fn(|| s.poll_event())
+            .any(|e| e == LeaseEvent::PoolExhausted { mac: mac(4) })
+    );
+    assert_eq!(s.stats().pool_exhausted, 1);
+    // Leases end; the oldest ended binding is reclaimed for the newcomer.
+    s.handle_timeout(T0 + 3600);
+    assert!(std::iter::from_fn(|| s.poll_event()).any(|e| matches!(e, LeaseEvent::Expired(_))));
+    let ip = dora(&mut s, T0 + 3601, mac(4), None);
+    assert!((100..=102).contains(&ip.octets()[3]));
+}
+
+#[test]
+fn a_discover_flood_takes_only_its_share_and_known_devices_still_get_addresses() {
+    let mut cfg = config(10, 209); // 200 addresses, one of them (.50) reserved: 199 for newcomers
+    cfg.new_lease_share = 0.25;
+    cfg.new_lease_window_secs = 60;
+    let mut s = Server::new(cfg, Vec::new(), T0).unwrap();
+    let known = mac(1);
+    let known_ip = dora(&mut s, T0, known, None);
+    s.handle(
+        T0,
+        &client_message(MessageType::Release, known, 9, vec![], known_ip, false),
+        known,
+    )
+    .unwrap();
+    // 1000 DISCOVERs from random MACs within one window.
+    let mut offered = 0;
+    for i in 0..1000u32 {
+        let m = [0x02, 0xf0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x77];
+        if let Ok(Some(_)) = s.handle(
+            T0 + u64::from(i) / 100,
+            &client_message(MessageType::Discover, m, i, vec![], ZERO, false),
+            m,
+        ) {
+            offered += 1;
+        }
+    }
+    assert_eq!(
+        offered,
+        49 - 1,
+        "a quarter of 199 per window, one of it used by the known device"
+    );
+    assert!(s.stats().starvation_refused > 900);
+    // A device with an earlier binding is not a newcomer: it still gets its address.
+    assert_eq!(dora(&mut s, T0 + 11, known, None), known_ip);
+    // The next window lets newcomers in again.
+    let m = [0x02, 0xaa, 0, 0, 0, 1];
+    assert!(
+        s.handle(
+            T0 + 120,
+            &client_message(MessageType::Discover, m, 1, vec![], ZERO, false),
+            m
+        )
+        .unwrap()
+        .is_some()
+    );
+}
+
+#[test]
+fn hostile_and_misdirected_messages_are_ignored_with_a_reason() {
+    let mut s = server(100, 200);
+    let m = mac(1);
+    assert_eq!(s.handle(T0, b"garbage", m), Err(Ignore::Malformed));
+    assert_eq!(
+        s.handle(T0, &[0u8; 300], m),
+        Err(Ignore::Malformed),
+        "no magic cookie"
+    );
+    let discover = client_message(MessageType::Discover, m, 1, vec![], ZERO, false);
+    assert_eq!(
+        s.handle(T0, &discover, mac(2)),
+        Err(Ignore::ChaddrMismatch),
+        "chaddr must be the frame's source MAC"
+    );
+    let mut relayed = discover.clone();
+    relayed[24..28].copy_from_slice(&[192, 0, 2, 1]); // giaddr
+    assert_eq!(s.handle(T0, &relayed, m), Err(Ignore::Relayed));
+    let mut reply = discover.clone();
+    reply[0] = 2; // BOOTREPLY
+    assert_eq!(s.handle(T0, &reply, m), Err(Ignore::NotARequest));
+    let offer = client_message(MessageType::Offer, m, 1, vec![], ZERO, false);
+    assert_eq!(s.handle(T0, &offer, m), Err(Ignore::Unexpected));
+    // A REQUEST for another server's offer withdraws ours.
+    s.handle(T0, &discover, m).unwrap();
+    let other = client_message(
+        MessageType::Request,
+        m,
+        2,
+        vec![
+            DhcpOption::ServerIdentifier(Ipv4Addr::new(100, 64, 1, 254)),
+            opt_ip(Ipv4Addr::new(100, 64, 1, 100)),
+        ],
+        ZERO,
+        false,
+    );
+    assert_eq!(s.handle(T0, &other, m), Err(Ignore::OtherServer));
+    for len in 0..discover.len() {
+        let _ = s.handle(T0, &discover[..len], m);
+    }
+    assert!(s.stats().ignored >= 6);
+}
+
+#[test]
+fn configuration_mistakes_are_refused() {
+    let mut c = config(100, 200);
+    c.pool = (
+        Ipv4Addr::new(100, 64, 1, 100),
+        Ipv4Addr::new(100, 64, 2, 10),
+    );
+    assert!(matches!(
+        Server::new(c, vec![], T0),
+        Err(ConfigError::PoolOutsideBlock { .. })
+    ));
+    let mut c = config(100, 200);
+    c.pool = (
+        Ipv4Addr::new(100, 64, 1, 200),
+        Ipv4Addr::new(100, 64, 1, 100),
+    );
+    assert!(matches!(
+        Server::new(c, vec![], T0),
+        Err(ConfigError::EmptyPool { .. })
+    ));
+    let mut c = config(100, 200);
+    c.lease_secs = 5;
+    assert_eq!(
+        Server::new(c, vec![], T0).unwrap_err(),
+        ConfigError::LeaseTime(5)
+    );
+    let mut c = config(100, 200);
+    c.new_lease_share = 0.0;
+    assert!(matches!(
+        Server::new(c, vec![], T0),
+        Err(ConfigError::Share(_))
+    ));
+    let err = ConfigError::PoolOutsideBlock {
+        first: Ipv4Addr::new(10, 0, 0, 1),
+        last: Ipv4Addr::new(10, 0, 0, 9),
+        block: "100.64.1.0/24".parse().unwrap(),
+    };
+    assert!(
+        err.to_string()
+            .contains("is not inside this adapter's certified block 100.64.1.0/24")
+    );
+}
+
+proptest::proptest! {
+    /// Random conversations from a handful of devices over a small pool: never two active
+    /// leases on one address, every active address inside the block and never the gateway's.
+    #[test]
+    fn random_conversations_keep_the_table_consistent(steps in proptest::collection::vec((0u8..8, 0u8..6, 0u8..12, 0u64..400), 1..300)) {
+        let mut s = server(100, 105);
+        let mut now = T0;
+        for (dev, what, ip_byte, dt) in steps {
+            now += dt;
+            let m = mac(dev);
+            let ip = Ipv4Addr::new(100, 64, 1, 98 + ip_byte);
+            let msg = match what {
+                0 => client_message(MessageType::Discover, m, 1, vec![opt_ip(ip)], ZERO, false),
+                1 => client_message(MessageType::Request, m, 2, vec![DhcpOption::ServerIdentifier(GW), opt_ip(ip)], ZERO, false),
+                2 => client_message(MessageType::Request, m, 3, vec![opt_ip(ip)], ZERO, false),
+                3 => client_message(MessageType::Request, m, 4, vec![], ip, false),
+                4 => client_message(MessageType::Release, m, 5, vec![], ip, false),
+                _ => client_message(MessageType::Decline, m, 6, vec![opt_ip(ip)], ZERO, false),
+            };
+            let _ = s.handle(now, &msg, m);
+            s.handle_timeout(now);
+            let active: Vec<Ipv4Addr> = s.active().map(|l| l.ip).collect();
+            let mut uniq = active.clone();
+            uniq.sort();
+            uniq.dedup();
+            proptest::prop_assert_eq!(uniq.len(), active.len(), "two leases share an address");
+            proptest::prop_assert!(active.iter().all(|ip| ip.octets()[..3] == [100, 64, 1] && *ip != GW));
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+        let mut s = server(100, 200);
+        let _ = s.handle(T0, &data, mac(1));
+    }
+}
