@@ -30,9 +30,38 @@ pub(crate) fn is_echo_request(packet: &[u8], h: &Header) -> bool {
             .is_some_and(|p| p.len() >= ICMP_HEADER && p[0] == ECHO_REQUEST && p[1] == 0)
 }
 
-/// Writes into `out` an Ethernet frame from the gateway to `dst` at `dst_mac` carrying an
-/// ICMP message of `body_len` bytes: `fill` writes the message, then its checksum is
-/// computed. Returns the frame's length, or None when `out` is too small.
+/// Writes into `out` an IPv4 packet from `src` to `dst` carrying an ICMP message of
+/// `body_len` bytes: `fill` writes the message, then its checksum is computed. Returns the
+/// packet's length, or None when `out` is too small.
+fn icmp_packet(
+    src: std::net::Ipv4Addr,
+    dst: std::net::Ipv4Addr,
+    id: u16,
+    body_len: usize,
+    out: &mut [u8],
+    fill: impl FnOnce(&mut [u8]),
+) -> Option<usize> {
+    let ip_len = IPV4_MIN_HEADER + body_len;
+    let ip = out.get_mut(..ip_len)?;
+    ipv4::write_header(
+        ip,
+        u16::try_from(ip_len).ok()?,
+        id,
+        TTL,
+        PROTO_ICMP,
+        src,
+        dst,
+        false,
+    );
+    let body = &mut ip[IPV4_MIN_HEADER..];
+    fill(body);
+    body[2..4].fill(0);
+    let sum = checksum::internet(body);
+    body[2..4].copy_from_slice(&sum.to_be_bytes());
+    Some(ip_len)
+}
+
+/// [`icmp_packet`] from the gateway, in an Ethernet frame to `dst_mac`.
 fn icmp_frame(
     lan: &Lan,
     dst_mac: [u8; 6],
@@ -42,26 +71,25 @@ fn icmp_frame(
     out: &mut [u8],
     fill: impl FnOnce(&mut [u8]),
 ) -> Option<usize> {
-    let ip_len = IPV4_MIN_HEADER + body_len;
-    let frame = out.get_mut(..ETH_HEADER_LEN + ip_len)?;
-    write_eth(frame, dst_mac, lan.mac, ETHERTYPE_IPV4);
-    let ip = &mut frame[ETH_HEADER_LEN..];
-    ipv4::write_header(
-        ip,
-        u16::try_from(ip_len).ok()?,
-        id,
-        TTL,
-        PROTO_ICMP,
-        lan.gateway_ip,
-        dst,
-        false,
-    );
-    let body = &mut ip[IPV4_MIN_HEADER..];
-    fill(body);
-    body[2..4].fill(0);
-    let sum = checksum::internet(body);
-    body[2..4].copy_from_slice(&sum.to_be_bytes());
-    Some(frame.len())
+    let (head, ip) = out.split_at_mut_checked(ETH_HEADER_LEN)?;
+    let len = icmp_packet(lan.gateway_ip, dst, id, body_len, ip, fill)?;
+    write_eth(head, dst_mac, lan.mac, ETHERTYPE_IPV4);
+    Some(ETH_HEADER_LEN + len)
+}
+
+/// Writes into `out` the echo reply to the echo request `packet` (an IP packet that came over
+/// the tunnel to the gateway), from the gateway. Returns its length.
+pub(crate) fn echo_reply_packet(
+    lan: &Lan,
+    packet: &[u8],
+    h: &Header,
+    out: &mut [u8],
+) -> Option<usize> {
+    let icmp = h.payload(packet)?;
+    icmp_packet(lan.gateway_ip, h.src, h.id, icmp.len(), out, |body| {
+        body.copy_from_slice(icmp);
+        body[0] = ECHO_REPLY;
+    })
 }
 
 /// Writes into `out` the Ethernet frame answering the echo request `packet` from `dst_mac`.

@@ -28,6 +28,12 @@ pub enum IngressDrop {
 /// The verdict on a decrypted packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ingress {
+    /// For the gateway itself (its DNS service, ping): `buf[packet]`, checked against the
+    /// peer's blocks, for the driver to serve (see [`crate::gateway_service`]).
+    ToGateway {
+        /// The IPv4 packet within the buffer.
+        packet: Range<usize>,
+    },
     /// Send `buf[frame]` on the LAN: the Ethernet header was written in front of the packet.
     Deliver {
         /// The Ethernet frame within the buffer.
@@ -69,10 +75,12 @@ impl Lan {
         {
             return Ingress::Drop(IngressDrop::SourceNotCertified);
         }
-        if !self.block.contains(&h.dst)
-            || h.dst == self.gateway_ip
-            || h.dst == self.block.broadcast()
-        {
+        if h.dst == self.gateway_ip {
+            return Ingress::ToGateway {
+                packet: packet.start..packet.start + h.total_len,
+            };
+        }
+        if !self.block.contains(&h.dst) || h.dst == self.block.broadcast() {
             return Ingress::Drop(IngressDrop::NotOurLan);
         }
         if h.ttl <= 1 {
@@ -168,7 +176,6 @@ mod tests {
             IngressDrop::SourceNotCertified,
         );
         check([100, 64, 2, 20], [100, 64, 9, 10], IngressDrop::NotOurLan);
-        check([100, 64, 2, 20], [100, 64, 1, 1], IngressDrop::NotOurLan);
         check([100, 64, 2, 20], [100, 64, 1, 255], IngressDrop::NotOurLan);
         let mut dying = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 1, 2, b"x");
         dying[8] = 1;
@@ -176,6 +183,22 @@ mod tests {
         assert_eq!(run(&dying).0, Ingress::Drop(IngressDrop::TtlExpired));
         assert_eq!(run(&[0x60; 40]).0, Ingress::Drop(IngressDrop::NotIpv4));
         assert_eq!(run(&[0x45; 10]).0, Ingress::Drop(IngressDrop::Malformed));
+    }
+
+    #[test]
+    fn packets_for_the_gateway_are_served_not_delivered() {
+        let p = ipv4_udp([100, 64, 2, 1], [100, 64, 1, 1], 53, 53, b"dns");
+        assert_eq!(
+            run(&p).0,
+            Ingress::ToGateway {
+                packet: 16..16 + p.len()
+            }
+        );
+        let spoofed = ipv4_udp([100, 64, 3, 1], [100, 64, 1, 1], 53, 53, b"dns");
+        assert_eq!(
+            run(&spoofed).0,
+            Ingress::Drop(IngressDrop::SourceNotCertified)
+        );
     }
 
     #[test]

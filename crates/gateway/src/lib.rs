@@ -25,6 +25,7 @@ mod frag;
 mod icmp;
 mod ingress;
 mod ipv4;
+mod service;
 mod tcp;
 
 use std::net::Ipv4Addr;
@@ -34,6 +35,7 @@ use ipnet::Ipv4Net;
 pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
+pub use service::{GatewayService, gateway_service, udp_packet};
 
 /// Length of an Ethernet II header.
 pub const ETH_HEADER_LEN: usize = 14;
