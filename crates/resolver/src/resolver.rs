@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, PTR, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use ipnet::{IpNet, Ipv4Net};
@@ -13,6 +13,9 @@ use ipnet::{IpNet, Ipv4Net};
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 /// Queries waiting at once; more are refused with SERVFAIL (bounded memory under a flood).
 const MAX_PENDING: usize = 1024;
+/// The UDP payload we advertise and send at most with EDNS: fits one unfragmented datagram on
+/// any path (the DNS flag day 2020 value), and the LAN's frames.
+const EDNS_PAYLOAD: u16 = 1232;
 
 /// The zone this adapter answers for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,12 +116,30 @@ pub struct Stats {
     pub dropped: u64,
 }
 
+/// Who asked, and how the answer must be shaped for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Asker {
+    /// The query's id.
+    id: u16,
+    /// Its RD bit, echoed.
+    rd: bool,
+    /// The UDP payload size it advertised with EDNS (RFC 6891), if it sent an OPT record.
+    edns: Option<u16>,
+}
+
+impl Asker {
+    /// Largest response this asker takes over UDP: 512 bytes without EDNS (RFC 1035 §4.2.1),
+    /// otherwise what it advertised, capped at [`EDNS_PAYLOAD`].
+    fn udp_limit(&self) -> usize {
+        usize::from(self.edns.map_or(512, |p| p.clamp(512, EDNS_PAYLOAD)))
+    }
+}
+
 #[derive(Debug)]
 struct Pending<C> {
     client: C,
-    original_id: u16,
+    asker: Asker,
     query: Query,
-    recursion_desired: bool,
     deadline: Instant,
     /// Which peer was asked (answers from anyone else are not believed).
     peer: Option<u32>,
@@ -197,23 +218,26 @@ impl<C> Resolver<C> {
             return Action::Drop(Drop::Unexpected);
         }
         self.stats.queries += 1;
-        let id = q.metadata.id;
-        let rd = q.metadata.recursion_desired;
+        let to = Asker {
+            id: q.metadata.id,
+            rd: q.metadata.recursion_desired,
+            edns: q.edns.as_ref().map(Edns::max_payload),
+        };
         if q.metadata.op_code != OpCode::Query {
-            return Action::Respond(self.error(id, None, rd, ResponseCode::NotImp));
+            return Action::Respond(self.error(&to, None, ResponseCode::NotImp));
         }
         let [question] = q.queries.as_slice() else {
-            return Action::Respond(self.error(id, None, rd, ResponseCode::FormErr));
+            return Action::Respond(self.error(&to, None, ResponseCode::FormErr));
         };
         if question.query_class() != DNSClass::IN {
-            return self.refuse(id, question, rd);
+            return self.refuse(&to, question);
         }
         let name = question.name().to_lowercase();
         let qtype = question.query_type();
 
         // Our own zone: the adapter's name and its devices'.
         if self.cfg.own_name.zone_of(&name) {
-            return Action::Respond(self.own_zone_answer(id, question, &name, rd));
+            return Action::Respond(self.own_zone_answer(&to, question, &name));
         }
         // Reverse lookups.
         if let Ok(IpNet::V4(net)) = name.parse_arpa_name()
@@ -221,7 +245,7 @@ impl<C> Resolver<C> {
         {
             let ip = std::net::IpAddr::V4(net.addr());
             if self.cfg.own_block.contains(&net.addr()) {
-                return Action::Respond(self.own_reverse_answer(id, question, net.addr(), rd));
+                return Action::Respond(self.own_reverse_answer(&to, question, net.addr()));
             }
             let owner = self
                 .peers
@@ -229,12 +253,12 @@ impl<C> Resolver<C> {
                 .find(|p| p.blocks.iter().any(|b| b.contains(&ip)))
                 .map(|p| p.peer);
             if let (None, Some(peer)) = (from_peer, owner) {
-                return self.ask_peer(now, id, question, rd, client, peer);
+                return self.ask_peer(now, &to, question, client, peer);
             }
         }
         if from_peer.is_some() {
             // Peers get our own zone only.
-            return self.refuse(id, question, rd);
+            return self.refuse(&to, question);
         }
         // A peer adapter's zone.
         if let Some(peer) = self
@@ -243,27 +267,25 @@ impl<C> Resolver<C> {
             .find(|p| p.name.zone_of(&name))
             .map(|p| p.peer)
         {
-            return self.ask_peer(now, id, question, rd, client, peer);
+            return self.ask_peer(now, &to, question, client, peer);
         }
         // The rest of the overlay.
         if self.cfg.overlay_domain.zone_of(&name) {
             if qtype == RecordType::AAAA {
                 // The overlay is IPv4: no AAAA anywhere in it.
                 return Action::Respond(self.response(
-                    id,
+                    &to,
                     question,
-                    rd,
                     ResponseCode::NoError,
                     vec![],
                     false,
                 ));
             }
             if self.cfg.ask_cloud {
-                let Some(key) = self.park(now, id, question, rd, client, None) else {
+                let Some(key) = self.park(now, &to, question, client, None) else {
                     return Action::Respond(self.error(
-                        id,
+                        &to,
                         Some(question),
-                        rd,
                         ResponseCode::ServFail,
                     ));
                 };
@@ -275,9 +297,8 @@ impl<C> Resolver<C> {
             }
             self.stats.nxdomain += 1;
             return Action::Respond(self.response(
-                id,
+                &to,
                 question,
-                rd,
                 ResponseCode::NXDomain,
                 vec![],
                 false,
@@ -285,8 +306,8 @@ impl<C> Resolver<C> {
         }
         // Outside the overlay.
         if self.cfg.upstream {
-            let Some(key) = self.park(now, id, question, rd, client, None) else {
-                return Action::Respond(self.error(id, Some(question), rd, ResponseCode::ServFail));
+            let Some(key) = self.park(now, &to, question, client, None) else {
+                return Action::Respond(self.error(&to, Some(question), ResponseCode::ServFail));
             };
             return Action::AskUpstream {
                 name,
@@ -294,7 +315,7 @@ impl<C> Resolver<C> {
                 key,
             };
         }
-        self.refuse(id, question, rd)
+        self.refuse(&to, question)
     }
 
     /// Takes a peer's answer to a query we forwarded; returns the client and the response for
@@ -339,14 +360,7 @@ impl<C> Resolver<C> {
         if rcode == ResponseCode::NXDomain {
             self.stats.nxdomain += 1;
         }
-        let resp = self.response(
-            p.original_id,
-            &p.query,
-            p.recursion_desired,
-            rcode,
-            answers,
-            false,
-        );
+        let resp = self.response(&p.asker, &p.query, rcode, answers, false);
         Some((p.client, resp))
     }
 
@@ -368,14 +382,7 @@ impl<C> Resolver<C> {
             ResponseCode::ServFail => self.stats.servfail += 1,
             _ => {}
         }
-        let resp = self.response(
-            p.original_id,
-            &p.query,
-            p.recursion_desired,
-            rcode,
-            answers,
-            false,
-        );
+        let resp = self.response(&p.asker, &p.query, rcode, answers, false);
         Some((p.client, resp))
     }
 
@@ -393,14 +400,7 @@ impl<C> Resolver<C> {
                 self.stats.servfail += 1;
                 out.push((
                     p.client,
-                    self.response(
-                        p.original_id,
-                        &p.query,
-                        p.recursion_desired,
-                        ResponseCode::ServFail,
-                        vec![],
-                        false,
-                    ),
+                    self.response(&p.asker, &p.query, ResponseCode::ServFail, vec![], false),
                 ));
             }
         }
@@ -415,22 +415,24 @@ impl<C> Resolver<C> {
     fn ask_peer(
         &mut self,
         now: Instant,
-        id: u16,
+        to: &Asker,
         question: &Query,
-        rd: bool,
         client: C,
         peer: u32,
     ) -> Action {
-        let Some(key) = self.park(now, id, question, rd, client, Some(peer)) else {
-            return Action::Respond(self.error(id, Some(question), rd, ResponseCode::ServFail));
+        let Some(key) = self.park(now, to, question, client, Some(peer)) else {
+            return Action::Respond(self.error(to, Some(question), ResponseCode::ServFail));
         };
         let mut q = Message::new(key, MessageType::Query, OpCode::Query);
         q.add_query(question.clone());
+        let mut edns = Edns::new();
+        edns.set_max_payload(EDNS_PAYLOAD);
+        q.set_edns(edns);
         match q.to_vec() {
             Ok(query) => Action::AskPeer { peer, query },
             Err(_) => {
                 self.pending.remove(&key);
-                Action::Respond(self.error(id, Some(question), rd, ResponseCode::ServFail))
+                Action::Respond(self.error(to, Some(question), ResponseCode::ServFail))
             }
         }
     }
@@ -440,9 +442,8 @@ impl<C> Resolver<C> {
     fn park(
         &mut self,
         now: Instant,
-        id: u16,
+        to: &Asker,
         question: &Query,
-        rd: bool,
         client: C,
         peer: Option<u32>,
     ) -> Option<u16> {
@@ -462,9 +463,8 @@ impl<C> Resolver<C> {
             key,
             Pending {
                 client,
-                original_id: id,
+                asker: *to,
                 query: question.clone(),
-                recursion_desired: rd,
                 deadline: now + ASK_TIMEOUT,
                 peer,
             },
@@ -472,7 +472,7 @@ impl<C> Resolver<C> {
         Some(key)
     }
 
-    fn own_zone_answer(&mut self, id: u16, question: &Query, name: &Name, rd: bool) -> Vec<u8> {
+    fn own_zone_answer(&mut self, to: &Asker, question: &Query, name: &Name) -> Vec<u8> {
         self.stats.authoritative += 1;
         let ip = if *name == self.cfg.own_name.to_lowercase() {
             Some(self.cfg.own_ip)
@@ -481,7 +481,7 @@ impl<C> Resolver<C> {
         };
         let Some(ip) = ip else {
             self.stats.nxdomain += 1;
-            return self.response(id, question, rd, ResponseCode::NXDomain, vec![], true);
+            return self.response(to, question, ResponseCode::NXDomain, vec![], true);
         };
         let answers = match question.query_type() {
             RecordType::A | RecordType::ANY => vec![Record::from_rdata(
@@ -492,10 +492,10 @@ impl<C> Resolver<C> {
             // The name exists; it has no data of this type (RFC 2308 NODATA).
             _ => vec![],
         };
-        self.response(id, question, rd, ResponseCode::NoError, answers, true)
+        self.response(to, question, ResponseCode::NoError, answers, true)
     }
 
-    fn own_reverse_answer(&mut self, id: u16, question: &Query, ip: Ipv4Addr, rd: bool) -> Vec<u8> {
+    fn own_reverse_answer(&mut self, to: &Asker, question: &Query, ip: Ipv4Addr) -> Vec<u8> {
         self.stats.authoritative += 1;
         match (self.reverse.get(&ip).cloned(), question.query_type()) {
             (Some(target), RecordType::PTR | RecordType::ANY) => {
@@ -504,46 +504,39 @@ impl<C> Resolver<C> {
                     self.cfg.ttl,
                     RData::PTR(PTR(target)),
                 );
-                self.response(id, question, rd, ResponseCode::NoError, vec![record], true)
+                self.response(to, question, ResponseCode::NoError, vec![record], true)
             }
-            (Some(_), _) => self.response(id, question, rd, ResponseCode::NoError, vec![], true),
+            (Some(_), _) => self.response(to, question, ResponseCode::NoError, vec![], true),
             (None, _) => {
                 self.stats.nxdomain += 1;
-                self.response(id, question, rd, ResponseCode::NXDomain, vec![], true)
+                self.response(to, question, ResponseCode::NXDomain, vec![], true)
             }
         }
     }
 
-    fn refuse(&mut self, id: u16, question: &Query, rd: bool) -> Action {
+    fn refuse(&mut self, to: &Asker, question: &Query) -> Action {
         self.stats.refused += 1;
-        Action::Respond(self.error(id, Some(question), rd, ResponseCode::Refused))
+        Action::Respond(self.error(to, Some(question), ResponseCode::Refused))
     }
 
-    fn error(&self, id: u16, question: Option<&Query>, rd: bool, code: ResponseCode) -> Vec<u8> {
-        let mut m = Message::response(id, OpCode::Query);
-        m.metadata.response_code = code;
-        m.metadata.recursion_desired = rd;
-        m.metadata.recursion_available = self.cfg.upstream;
+    fn error(&self, to: &Asker, question: Option<&Query>, code: ResponseCode) -> Vec<u8> {
+        let mut m = self.header(to, code);
         if let Some(q) = question {
             m.add_query(q.clone());
         }
-        m.to_vec().unwrap_or_default()
+        encode(&m, to)
     }
 
     fn response(
         &self,
-        id: u16,
+        to: &Asker,
         question: &Query,
-        rd: bool,
         code: ResponseCode,
         answers: Vec<Record>,
         authoritative: bool,
     ) -> Vec<u8> {
-        let mut m = Message::response(id, OpCode::Query);
-        m.metadata.response_code = code;
+        let mut m = self.header(to, code);
         m.metadata.authoritative = authoritative;
-        m.metadata.recursion_desired = rd;
-        m.metadata.recursion_available = self.cfg.upstream;
         m.add_query(question.clone());
         let empty = answers.is_empty();
         m.add_answers(answers);
@@ -551,7 +544,22 @@ impl<C> Resolver<C> {
             // RFC 2308 §3: negative answers carry the zone's SOA, whose minimum bounds caching.
             m.add_authority(self.soa());
         }
-        m.to_vec().unwrap_or_default()
+        encode(&m, to)
+    }
+
+    /// A response to `to` with `code`, before any section is filled in.
+    fn header(&self, to: &Asker, code: ResponseCode) -> Message {
+        let mut m = Message::response(to.id, OpCode::Query);
+        m.metadata.response_code = code;
+        m.metadata.recursion_desired = to.rd;
+        m.metadata.recursion_available = self.cfg.upstream;
+        if to.edns.is_some() {
+            // RFC 6891 §6.1.1: a query with an OPT record gets one back.
+            let mut edns = Edns::new();
+            edns.set_max_payload(EDNS_PAYLOAD);
+            m.set_edns(edns);
+        }
+        m
     }
 
     fn soa(&self) -> Record {
@@ -573,5 +581,14 @@ impl<C> Resolver<C> {
                 self.cfg.ttl,
             )),
         )
+    }
+}
+
+/// Encodes `m` for `to`; when it is larger than `to` takes over UDP, the truncated form (TC
+/// set, question and OPT only: RFC 2181 §9, the client may retry over TCP).
+fn encode(m: &Message, to: &Asker) -> Vec<u8> {
+    match m.to_vec() {
+        Ok(bytes) if bytes.len() <= to.udp_limit() => bytes,
+        _ => m.truncate().to_vec().unwrap_or_default(),
     }
 }

@@ -414,3 +414,54 @@ proptest::proptest! {
         let _ = r.handle_peer_answer(&data, 2);
     }
 }
+
+/// Upstream answers larger than the client takes over UDP come back truncated (TC), never cut
+/// mid-record; EDNS clients get an OPT record back and up to 1232 bytes.
+#[test]
+fn large_answers_respect_the_clients_udp_size() {
+    let many: Vec<Record> = (0..60u8)
+        .map(|i| {
+            Record::from_rdata(
+                name("many.example.com."),
+                300,
+                RData::A(A(Ipv4Addr::new(192, 0, 2, i))),
+            )
+        })
+        .collect();
+    let mut r = resolver(true, false);
+    let ask = |r: &mut Resolver<&'static str>, edns: Option<u16>| {
+        let mut m = Message::new(9, MessageType::Query, OpCode::Query);
+        m.add_query(Query::query(name("many.example.com."), RecordType::A));
+        if let Some(size) = edns {
+            let mut e = hickory_proto::op::Edns::new();
+            e.set_max_payload(size);
+            m.set_edns(e);
+        }
+        let Action::AskUpstream { key, .. } =
+            r.handle_query(Instant::now(), &m.to_vec().unwrap(), "c", None)
+        else {
+            panic!()
+        };
+        key
+    };
+    // 60 A records are about 1 KB: too much for a plain 512-byte client.
+    let key = ask(&mut r, None);
+    let (_, resp) = r.complete(key, Ok(many.clone())).unwrap();
+    assert!(resp.len() <= 512, "{}", resp.len());
+    let m = Message::from_vec(&resp).unwrap();
+    assert!(m.metadata.truncation && m.answers.is_empty() && m.edns.is_none());
+    assert_eq!((m.metadata.id, m.queries.len()), (9, 1));
+    // An EDNS client with a 4096-byte buffer gets them all, and our OPT (1232) back.
+    let key = ask(&mut r, Some(4096));
+    let (_, resp) = r.complete(key, Ok(many.clone())).unwrap();
+    let m = Message::from_vec(&resp).unwrap();
+    assert!(!m.metadata.truncation);
+    assert_eq!(m.answers.len(), 60);
+    assert_eq!(m.edns.as_ref().map(|e| e.max_payload()), Some(1232));
+    // Twice as many do not fit 1232 bytes even for it.
+    let key = ask(&mut r, Some(4096));
+    let doubled: Vec<Record> = many.iter().chain(&many).cloned().collect();
+    let (_, resp) = r.complete(key, Ok(doubled)).unwrap();
+    assert!(resp.len() <= 1232);
+    assert!(Message::from_vec(&resp).unwrap().metadata.truncation);
+}
