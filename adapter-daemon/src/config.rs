@@ -105,6 +105,10 @@ struct Raw {
     adapter: RawAdapter,
     identity: RawIdentity,
     #[serde(default)]
+    dhcp: RawDhcp,
+    #[serde(default)]
+    dns: RawDns,
+    #[serde(default)]
     dataplane: RawDataplane,
     #[serde(default)]
     reservation: Vec<RawReservation>,
@@ -127,6 +131,55 @@ struct RawAdapter {
     mss_clamp: bool,
     #[serde(default = "default_status_socket")]
     status_socket: PathBuf,
+    #[serde(default = "default_state_dir")]
+    state_dir: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDhcp {
+    #[serde(default = "yes")]
+    enabled: bool,
+    pool: Option<Spanned<String>>,
+    #[serde(default = "default_lease_time")]
+    lease_time: Spanned<u32>,
+    #[serde(default = "default_new_lease_share")]
+    new_lease_share: Spanned<f64>,
+    #[serde(default = "default_new_lease_window")]
+    new_lease_window: Spanned<u64>,
+}
+
+impl Default for RawDhcp {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            pool: None,
+            lease_time: default_lease_time(),
+            new_lease_share: default_new_lease_share(),
+            new_lease_window: default_new_lease_window(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDns {
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default)]
+    upstream: Vec<Spanned<IpAddr>>,
+    #[serde(default = "default_dns_ttl")]
+    ttl: Spanned<u32>,
+}
+
+impl Default for RawDns {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            upstream: Vec::new(),
+            ttl: default_dns_ttl(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -194,6 +247,7 @@ struct RawPeer {
     certificate: Spanned<PathBuf>,
     endpoint: Option<SocketAddr>,
     persistent_keepalive: Option<u64>,
+    dns: Option<Spanned<Ipv4Addr>>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -213,6 +267,21 @@ const fn yes() -> bool {
 }
 fn default_status_socket() -> PathBuf {
     PathBuf::from("/run/cyphonic/adapter.sock")
+}
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/cyphonic")
+}
+fn default_lease_time() -> Spanned<u32> {
+    Spanned::new(0..0, 3600)
+}
+fn default_new_lease_share() -> Spanned<f64> {
+    Spanned::new(0..0, 0.25)
+}
+fn default_new_lease_window() -> Spanned<u64> {
+    Spanned::new(0..0, 60)
+}
+fn default_dns_ttl() -> Spanned<u32> {
+    Spanned::new(0..0, 60)
 }
 fn default_batch_size() -> Spanned<usize> {
     Spanned::new(0..0, 32)
@@ -235,7 +304,7 @@ fn default_buffers() -> Spanned<usize> {
 
 // ---- the validated configuration -----------------------------------------------------------
 
-/// A device with a fixed address (until DHCP leases exist, the only way onto the overlay).
+/// A device with a fixed address: it gets it from DHCP, or may configure it by hand.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
     /// The device's MAC: the only one allowed to send from `vip`.
@@ -255,6 +324,17 @@ pub struct StaticPeer {
     pub endpoint: Option<SocketAddr>,
     /// Keepalive interval to hold NAT mappings open.
     pub persistent_keepalive: Option<Duration>,
+    /// The peer's DNS server (its gateway vIP): where names in its zone are asked.
+    pub dns: Ipv4Addr,
+}
+
+/// The DNS service for the LAN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dns {
+    /// Resolvers for names outside the overlay; none means such queries are refused.
+    pub upstream: Vec<IpAddr>,
+    /// TTL of our answers, seconds.
+    pub ttl: u32,
 }
 
 /// Data-plane tuning.
@@ -303,6 +383,14 @@ pub struct Config {
     pub mss_clamp: bool,
     /// The status socket.
     pub status_socket: PathBuf,
+    /// Where the DHCP leases are kept.
+    pub state_dir: PathBuf,
+    /// The overlay's domain (the name of the CA that issued our certificate).
+    pub overlay_domain: String,
+    /// The DHCP server, unless switched off.
+    pub dhcp: Option<cyphonic_vip::DhcpConfig>,
+    /// The DNS service, unless switched off.
+    pub dns: Option<Dns>,
     /// Data-plane tuning.
     pub dataplane: Dataplane,
     /// Fixed addresses.
@@ -452,6 +540,13 @@ impl Checker<'_> {
                 "the certificate names no IPv4 vIP block for the LAN",
             );
         };
+        let overlay_domain = identity
+            .trust()
+            .cas()
+            .iter()
+            .find(|ca| ca.body().public_key == cert.body().issuer)
+            .map(|ca| ca.body().name.clone())
+            .unwrap_or_default();
         let overlay = *a.overlay.get_ref();
         if !overlay.contains(&lan_block) {
             return self.err(
@@ -592,6 +687,29 @@ impl Checker<'_> {
                     );
                 }
             }
+            let first_v4 = pcert.body().vip_blocks.iter().find_map(|b| match b {
+                IpNet::V4(v4) => Some(*v4),
+                IpNet::V6(_) => None,
+            });
+            let dns = match (&p.dns, first_v4) {
+                (Some(d), _) => {
+                    let ip = *d.get_ref();
+                    if !pcert.body().covers(IpAddr::V4(ip)) {
+                        return self.err(
+                            &d.span(),
+                            &format!("peer[{i}].dns"),
+                            format!(
+                                "{ip} is not inside {}'s certified blocks",
+                                pcert.body().name
+                            ),
+                        );
+                    }
+                    ip
+                }
+                // By convention a peer's gateway vIP is the first host of its block.
+                (None, Some(b)) => Ipv4Addr::from(u32::from(b.network()).saturating_add(1)),
+                (None, None) => Ipv4Addr::UNSPECIFIED,
+            };
             if let Some(ep) = p.endpoint
                 && (ep.port() == 0
                     || ep.ip().is_unspecified()
@@ -610,8 +728,42 @@ impl Checker<'_> {
                     .persistent_keepalive
                     .filter(|s| *s > 0)
                     .map(Duration::from_secs),
+                dns,
             });
         }
+
+        let dhcp = self.check_dhcp(&raw.dhcp, &cert, lan_block, gw, mtu, &reservations)?;
+        let dns = if raw.dns.enabled {
+            let ttl = *raw.dns.ttl.get_ref();
+            if ttl > 86_400 {
+                return self.err(
+                    &raw.dns.ttl.span(),
+                    "dns.ttl",
+                    format!("{ttl} s is over a day; device names change when leases do"),
+                );
+            }
+            let mut upstream = Vec::new();
+            for (i, u) in raw.dns.upstream.iter().enumerate() {
+                let ip = *u.get_ref();
+                let inside = match ip {
+                    IpAddr::V4(v4) => overlay.contains(&v4),
+                    IpAddr::V6(_) => false,
+                };
+                if ip.is_unspecified() || ip.is_multicast() || inside {
+                    return self.err(
+                        &u.span(),
+                        &format!("dns.upstream[{i}]"),
+                        format!(
+                            "{ip} cannot be an upstream resolver (the upstreams are reached on the external side, outside the overlay)"
+                        ),
+                    );
+                }
+                upstream.push(ip);
+            }
+            Some(Dns { upstream, ttl })
+        } else {
+            None
+        };
 
         let d = &raw.dataplane;
         for (v, k) in [
@@ -639,6 +791,10 @@ impl Checker<'_> {
             inner_mtu: mtu,
             mss_clamp: a.mss_clamp,
             status_socket: self.resolve(&a.status_socket),
+            state_dir: self.resolve(&a.state_dir),
+            overlay_domain,
+            dhcp,
+            dns,
             dataplane: Dataplane {
                 workers: d.workers,
                 batch_size: *d.batch_size.get_ref(),
@@ -655,6 +811,94 @@ impl Checker<'_> {
             peers,
         };
         Ok((config, identity))
+    }
+}
+
+impl Checker<'_> {
+    /// The DHCP server's configuration, checked by building a server with it: the pool must
+    /// lie inside the certified block.
+    fn check_dhcp(
+        &self,
+        d: &RawDhcp,
+        cert: &Certificate,
+        block: Ipv4Net,
+        gw: Ipv4Addr,
+        mtu: u16,
+        reservations: &[Reservation],
+    ) -> Result<Option<cyphonic_vip::DhcpConfig>, ConfigError> {
+        use cyphonic_vip::ConfigError as E;
+        if !d.enabled {
+            return Ok(None);
+        }
+        let pool = match &d.pool {
+            None => cyphonic_vip::DhcpConfig::default_pool(block),
+            Some(text) => {
+                let parsed = text
+                    .get_ref()
+                    .split_once('-')
+                    .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+                let Some(pool) = parsed else {
+                    return self.err(
+                        &text.span(),
+                        "dhcp.pool",
+                        format!(
+                            "{:?} is not a range of addresses like \"100.64.1.100-100.64.1.199\"",
+                            text.get_ref()
+                        ),
+                    );
+                };
+                pool
+            }
+        };
+        if *d.new_lease_window.get_ref() == 0 {
+            return self.err(
+                &d.new_lease_window.span(),
+                "dhcp.new_lease_window",
+                "must be at least 1 second",
+            );
+        }
+        let name = cert.body().name.clone();
+        let cfg = cyphonic_vip::DhcpConfig {
+            server: gw,
+            block,
+            pool,
+            lease_secs: *d.lease_time.get_ref(),
+            mtu,
+            domain: name.clone(),
+            reservations: reservations
+                .iter()
+                .map(|r| cyphonic_vip::Reservation {
+                    mac: r.mac.0,
+                    ip: r.vip,
+                    hostname: r.hostname.clone(),
+                })
+                .collect(),
+            new_lease_share: *d.new_lease_share.get_ref(),
+            new_lease_window_secs: *d.new_lease_window.get_ref(),
+        };
+        match cyphonic_vip::Server::new(cfg.clone(), Vec::new(), self.now_secs) {
+            Ok(_) => Ok(Some(cfg)),
+            Err(e @ E::PoolOutsideBlock { .. }) => {
+                let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
+                self.err(
+                    &span,
+                    "dhcp.pool",
+                    format!("{e} (certified to {name}); the adapter refuses to start"),
+                )
+            }
+            Err(e @ E::LeaseTime(_)) => {
+                self.err(&d.lease_time.span(), "dhcp.lease_time", e.to_string())
+            }
+            Err(e @ E::Share(_)) => self.err(
+                &d.new_lease_share.span(),
+                "dhcp.new_lease_share",
+                e.to_string(),
+            ),
+            Err(e) => {
+                let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
+                self.err(&span, "dhcp.pool", e.to_string())
+            }
+        }
     }
 }
 
@@ -782,6 +1026,25 @@ mod tests {
         );
         assert_eq!(c.dataplane.aead, Backend::Ring);
         assert!(c.status_socket.is_absolute());
+        assert_eq!(c.overlay_domain, "ovl.example");
+        let dhcp = c.dhcp.unwrap();
+        assert_eq!(
+            dhcp.pool,
+            (
+                Ipv4Addr::new(100, 64, 1, 100),
+                Ipv4Addr::new(100, 64, 1, 199)
+            )
+        );
+        assert_eq!((dhcp.mtu, dhcp.domain.as_str()), (1420, "gw1.ovl.example"));
+        assert_eq!(dhcp.reservations.len(), 2);
+        assert_eq!(
+            c.dns,
+            Some(Dns {
+                upstream: vec![IpAddr::from([192, 0, 2, 53])],
+                ttl: 60
+            })
+        );
+        assert_eq!(c.peers[0].dns, Ipv4Addr::new(100, 64, 2, 1));
     }
 
     #[test]
@@ -809,6 +1072,32 @@ mod tests {
             }
         );
         assert!(c.reservations.is_empty() && c.peers.is_empty());
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/cyphonic"));
+        let dhcp = c.dhcp.unwrap();
+        assert_eq!(
+            (
+                dhcp.pool,
+                dhcp.lease_secs,
+                dhcp.new_lease_share,
+                dhcp.new_lease_window_secs
+            ),
+            (
+                (Ipv4Addr::new(100, 64, 1, 1), Ipv4Addr::new(100, 64, 1, 254)),
+                3600,
+                0.25,
+                60
+            )
+        );
+        assert_eq!(
+            c.dns,
+            Some(Dns {
+                upstream: vec![],
+                ttl: 60
+            })
+        );
+        let off = format!("{minimal}\n[dhcp]\nenabled = false\n[dns]\nenabled = false\n");
+        let (c, _) = load_text(&f, &off).unwrap();
+        assert!(c.dhcp.is_none() && c.dns.is_none());
     }
 
     /// Each mistake is reported with the file, its line and its key.
@@ -864,7 +1153,7 @@ mod tests {
             (
                 "batch_size = 32",
                 "batch_size = 0",
-                ":52: key `dataplane.batch_size`: 0 is outside 1..=1024",
+                ":85: key `dataplane.batch_size`: 0 is outside 1..=1024",
             ),
             (
                 "aead = \"ring\"",
@@ -920,6 +1209,56 @@ mod tests {
                 "buffers = 8192",
                 "buffers = 10",
                 "key `dataplane.buffers`: at least 256",
+            ),
+            (
+                "pool = \"100.64.1.100-100.64.1.199\"",
+                "pool = \"100.64.1.100-100.64.2.199\"",
+                "key `dhcp.pool`: the DHCP pool 100.64.1.100-100.64.2.199 is not inside this adapter's certified block 100.64.1.0/24 (certified to gw1.ovl.example); the adapter refuses to start",
+            ),
+            (
+                "pool = \"100.64.1.100-100.64.1.199\"",
+                "pool = \"100.64.1.0/24\"",
+                "key `dhcp.pool`: \"100.64.1.0/24\" is not a range of addresses",
+            ),
+            (
+                "pool = \"100.64.1.100-100.64.1.199\"",
+                "pool = \"100.64.1.199-100.64.1.100\"",
+                "key `dhcp.pool`: the DHCP pool 100.64.1.199-100.64.1.100 is empty",
+            ),
+            (
+                "lease_time = 3600",
+                "lease_time = 5",
+                "key `dhcp.lease_time`: lease time 5 s is outside",
+            ),
+            (
+                "new_lease_share = 0.25",
+                "new_lease_share = 1.5",
+                "key `dhcp.new_lease_share`: new_lease_share 1.5 is outside (0, 1]",
+            ),
+            (
+                "new_lease_window = 60",
+                "new_lease_window = 0",
+                "key `dhcp.new_lease_window`: must be at least 1 second",
+            ),
+            (
+                "upstream = [\"192.0.2.53\"]",
+                "upstream = [\"192.0.2.53\", \"100.64.2.1\"]",
+                "key `dns.upstream[1]`: 100.64.2.1 cannot be an upstream resolver",
+            ),
+            (
+                "upstream = [\"192.0.2.53\"]",
+                "upstream = [\"dns.example\"]",
+                "key `dns.upstream`",
+            ),
+            (
+                "ttl = 60",
+                "ttl = 100000",
+                "key `dns.ttl`: 100000 s is over a day",
+            ),
+            (
+                "dns = \"100.64.2.1\"",
+                "dns = \"100.64.3.1\"",
+                "key `peer[0].dns`: 100.64.3.1 is not inside gw2.ovl.example's certified blocks",
             ),
             ("[adapter]", "[adaptor]", "unknown field `adaptor`"),
             (
@@ -996,7 +1335,15 @@ mod tests {
         let top = accepted_keys("");
         assert_eq!(
             top,
-            ["adapter", "identity", "dataplane", "reservation", "peer"]
+            [
+                "adapter",
+                "identity",
+                "dhcp",
+                "dns",
+                "dataplane",
+                "reservation",
+                "peer"
+            ]
         );
         for table in &top {
             let keys = accepted_keys(table);

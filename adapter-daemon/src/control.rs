@@ -17,8 +17,9 @@ use cyphonic_wire::{Frame, MessageType};
 use tokio::sync::mpsc;
 
 use crate::counters::bump;
-use crate::daemon::{Shared, ToCapture, ToControl};
+use crate::daemon::{Shared, ToCapture, ToControl, ToServices};
 use crate::peers::PeerSlot;
+use crate::services::{Services, UpstreamResult};
 use crate::status::{self, Static};
 
 /// At most one handshake started because of unknown-index traffic per peer per this interval.
@@ -37,6 +38,9 @@ pub struct Control {
     pub(crate) status: Arc<Static>,
     pub(crate) status_socket: PathBuf,
     pub(crate) kicks: HashMap<u32, Instant>,
+    pub(crate) services: Services,
+    pub(crate) services_rx: mpsc::Receiver<ToServices>,
+    pub(crate) upstream_rx: mpsc::Receiver<UpstreamResult>,
 }
 
 impl Control {
@@ -71,6 +75,8 @@ impl Control {
                     Some(msg) => self.handle(msg),
                     None => break,
                 },
+                Some(msg) = self.services_rx.recv() => self.serve(msg),
+                Some(done) = self.upstream_rx.recv() => self.services.upstream_done(done),
                 () = self.shared.notify.notified() => {}
                 () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
                 _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
@@ -89,17 +95,32 @@ impl Control {
             .all()
             .iter()
             .filter_map(|s| s.lock().poll_timeout())
+            .chain(self.services.poll_timeout())
             .min()
     }
 
     fn run_timers(&mut self, now: Instant) {
-        for slot in self.shared.peers.all() {
+        self.services.tick(now);
+        let slots = self.shared.peers.all().to_vec();
+        for slot in &slots {
             let mut peer = slot.lock();
             if peer.poll_timeout().is_some_and(|t| t <= now) {
                 peer.handle_timeout(now);
             }
             drop(peer);
             self.drain(slot);
+        }
+    }
+
+    fn serve(&mut self, msg: ToServices) {
+        match msg {
+            ToServices::Dhcp { mac, payload } => self.services.dhcp(mac, &payload),
+            ToServices::Dns { client, payload } => {
+                self.services.dns(Instant::now(), client, &payload);
+            }
+            ToServices::FromPeer { peer, packet, at } => {
+                self.services.peer_packet(at, peer, &packet);
+            }
         }
     }
 
@@ -171,7 +192,7 @@ impl Control {
     }
 
     /// Sends what the peer wants sent and acts on what happened to it.
-    fn drain(&self, slot: &Arc<PeerSlot>) {
+    fn drain(&mut self, slot: &Arc<PeerSlot>) {
         let (transmits, events): (Vec<_>, Vec<_>) = {
             let mut peer = slot.lock();
             (
@@ -198,10 +219,12 @@ impl Control {
                         tracing::info!(peer = %slot.name, initiator, "peer up");
                     }
                     let _ = self.to_capture.send(ToCapture::Established(slot.id));
+                    self.services.peer_up(slot.id);
                 }
                 Event::HandshakeGaveUp => {
                     tracing::warn!(peer = %slot.name, "no answer to handshakes for 90 s; dropping queued packets");
                     let _ = self.to_capture.send(ToCapture::GaveUp(slot.id));
+                    self.services.peer_gave_up(slot.id);
                 }
                 Event::EndpointChanged { old, new } => {
                     tracing::info!(peer = %slot.name, ?old, %new, "peer moved to a new address");

@@ -34,10 +34,26 @@ counters! {
     icmp_time_exceeded,
     /// ICMP errors not sent because of the rate limit.
     icmp_rate_limited,
-    /// DHCP messages seen while no DHCP server runs (static reservations only).
+    /// DHCP messages handed to the DHCP server.
+    dhcp_received,
+    /// DHCP replies sent on the LAN.
+    dhcp_sent,
+    /// DHCP messages seen while the DHCP server is switched off.
     dhcp_unserved,
-    /// DNS queries seen while no DNS server runs.
+    /// DNS messages handed to the DNS service (from the LAN and from peers).
+    dns_received,
+    /// DNS responses sent (on the LAN and to peers).
+    dns_sent,
+    /// DNS queries seen while the DNS service is switched off.
     dns_unserved,
+    /// DHCP or DNS messages dropped because the control thread's queue was full (a flood).
+    drop_service_busy,
+    /// Packets from peers to the gateway vIP (DNS, ping).
+    gateway_from_peers,
+    /// Packets from peers to the gateway vIP for nothing it offers.
+    drop_gateway_from_peer,
+    /// Packets of the gateway's own to peers dropped: no keys in time, or the queue full.
+    drop_gateway_to_peer,
     /// Neighbours learned from ARP.
     arp_learned,
     /// Frames not addressed to us (promiscuous capture), multicast, or our own.

@@ -20,6 +20,7 @@ use crate::ingress::{LanSink, OpenStage, Receiver};
 use crate::neighbors::LanTable;
 use crate::peers::{PeerSlot, PeerTable};
 use crate::pool::Pool;
+use crate::services::{Client, Services, ServicesStatus};
 use crate::status::Static;
 
 /// Messages from the data threads to the control thread.
@@ -37,6 +38,38 @@ pub enum ToControl {
     /// Traffic for keys we do not have from this peer's address: handshake now.
     Kick(u32),
 }
+
+/// Work for the LAN services (DHCP, DNS, the gateway vIP), on the control thread. A channel of
+/// its own, so that a flood from the LAN can never crowd out handshakes.
+#[derive(Debug)]
+pub enum ToServices {
+    /// A DHCP message from the LAN.
+    Dhcp {
+        /// The Ethernet source.
+        mac: [u8; 6],
+        /// The UDP payload.
+        payload: Vec<u8>,
+    },
+    /// A DNS message from a device on the LAN to the gateway vIP.
+    Dns {
+        /// Who asked.
+        client: Client,
+        /// The UDP payload.
+        payload: Vec<u8>,
+    },
+    /// A packet a peer sent to the gateway vIP.
+    FromPeer {
+        /// The peer.
+        peer: u32,
+        /// The decrypted IP packet.
+        packet: Vec<u8>,
+        /// When it arrived.
+        at: Instant,
+    },
+}
+
+/// DHCP and DNS messages waiting for the control thread at most; more are dropped and counted.
+const SERVICES_QUEUE: usize = 256;
 
 /// Messages from the control thread to the capture thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +97,14 @@ pub struct Shared {
     pub running: AtomicBool,
     /// To the control thread (bounded; data threads only `try_send`).
     pub control: tokio::sync::mpsc::Sender<ToControl>,
+    /// To the LAN services on the control thread (bounded; `try_send` only).
+    pub services_tx: tokio::sync::mpsc::Sender<ToServices>,
+    /// Whether the DHCP server runs (otherwise DHCP messages are only counted).
+    pub dhcp_on: bool,
+    /// Whether the DNS service runs.
+    pub dns_on: bool,
+    /// The services' part of the status document.
+    pub services: std::sync::Mutex<ServicesStatus>,
     /// Wakes the control thread when a peer's timers changed on a data thread.
     pub notify: tokio::sync::Notify,
 }
@@ -163,6 +204,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         }));
     }
     let (control_tx, control_rx) = tokio::sync::mpsc::channel(1024);
+    let (services_tx, services_rx) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
     let shared = Arc::new(Shared {
         lan,
         table: LanTable::new(&config.reservations),
@@ -171,8 +213,31 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         pool: Pool::new(d.buffers),
         running: AtomicBool::new(true),
         control: control_tx,
+        services_tx,
+        dhcp_on: config.dhcp.is_some(),
+        dns_on: config.dns.is_some(),
+        services: std::sync::Mutex::new(ServicesStatus::default()),
         notify: tokio::sync::Notify::new(),
     });
+    // The control runtime exists before the services: the upstream resolver spawns on it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the control runtime")?;
+    let (upstream_tx, upstream_rx) = tokio::sync::mpsc::channel(256);
+    let services = {
+        let _in_runtime = runtime.enter();
+        Services::new(
+            config,
+            &name,
+            shared.clone(),
+            capture_sock
+                .try_clone()
+                .context("duplicating the LAN socket")?,
+            udp.try_clone().context("duplicating the tunnel socket")?,
+            upstream_tx,
+        )?
+    };
     if !d.ordering {
         tracing::warn!(
             "dataplane.ordering = false: packets leave in completion order; for experiments only"
@@ -275,11 +340,10 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         status,
         status_socket: config.status_socket.clone(),
         kicks: std::collections::HashMap::new(),
+        services,
+        services_rx,
+        upstream_rx,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the control runtime")?;
     let result = runtime.block_on(control.run());
 
     // Stop the data threads; dropping their sequencers drains the pipelines.

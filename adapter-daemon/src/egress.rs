@@ -22,9 +22,10 @@ use cyphonic_session::{SendError, Session};
 use cyphonic_wire::{HEADER_LEN, TAG_LEN};
 
 use crate::counters::bump;
-use crate::daemon::{Shared, ToCapture};
+use crate::daemon::{Shared, ToCapture, ToServices};
 use crate::peers::PeerSlot;
 use crate::pool::{BUF_LEN, Buf, FRAME_OFFSET, RECV_BATCH, RecvBuffers};
+use crate::services::Client;
 
 /// Datagrams per sendmmsg.
 const SEND_BATCH: usize = 64;
@@ -333,12 +334,40 @@ impl Capture {
                 }
                 self.shared.pool.put(buf);
             }
-            Egress::Dhcp { .. } => {
-                bump(&c.dhcp_unserved);
+            Egress::Dhcp {
+                client_mac,
+                udp_payload,
+            } => {
+                if self.shared.dhcp_on {
+                    let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
+                    self.to_services(ToServices::Dhcp {
+                        mac: client_mac,
+                        payload,
+                    });
+                } else {
+                    bump(&c.dhcp_unserved);
+                }
                 self.shared.pool.put(buf);
             }
-            Egress::Dns { .. } => {
-                bump(&c.dns_unserved);
+            Egress::Dns {
+                client_mac,
+                client_ip,
+                client_port,
+                udp_payload,
+            } => {
+                if self.shared.dns_on {
+                    let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
+                    self.to_services(ToServices::Dns {
+                        client: Client::Lan {
+                            mac: client_mac,
+                            ip: client_ip,
+                            port: client_port,
+                        },
+                        payload,
+                    });
+                } else {
+                    bump(&c.dns_unserved);
+                }
                 self.shared.pool.put(buf);
             }
             Egress::Drop(reason) => {
@@ -357,6 +386,13 @@ impl Capture {
                 });
                 self.shared.pool.put(buf);
             }
+        }
+    }
+
+    /// Hands a DHCP or DNS message to the control thread, never waiting for it.
+    fn to_services(&self, msg: ToServices) {
+        if self.shared.services_tx.try_send(msg).is_err() {
+            bump(&self.shared.counters.drop_service_busy);
         }
     }
 

@@ -21,7 +21,7 @@ use cyphonic_session::Session;
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 
 use crate::counters::bump;
-use crate::daemon::{Shared, ToControl};
+use crate::daemon::{Shared, ToControl, ToServices};
 use crate::peers::PeerSlot;
 use crate::pool::{BUF_LEN, Buf, RECV_BATCH, RecvBuffers};
 
@@ -114,6 +114,19 @@ impl Sink for LanSink {
             &self.shared.table,
             &mut self.out,
         ) {
+            Ingress::ToGateway { packet } => {
+                // DNS asks and answers, pings: served on the control thread.
+                let msg = ToServices::FromPeer {
+                    peer: item.peer.id,
+                    packet: item.buf[packet].to_vec(),
+                    at: item.now,
+                };
+                if self.shared.services_tx.try_send(msg).is_err() {
+                    bump(&c.drop_service_busy);
+                }
+                self.shared.pool.put(item.buf);
+                Ok(())
+            }
             Ingress::Deliver { frame } => {
                 item.frame = frame;
                 self.batch.push(item);

@@ -11,9 +11,11 @@ mod counters;
 mod daemon;
 mod egress;
 mod ingress;
+mod leases;
 mod neighbors;
 mod peers;
 mod pool;
+mod services;
 mod status;
 
 use std::path::PathBuf;

@@ -1,9 +1,10 @@
-//! Who is where on the LAN: reservations (and later DHCP leases) are authoritative for
-//! anti-spoofing; ARP teaches the rest, for delivery only.
+//! Who is where on the LAN. Reservations (fixed) and DHCP leases (changing) are authoritative
+//! for anti-spoofing: a device may only send from an address it holds. ARP teaches the rest,
+//! for delivery only.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::sync::RwLock;
+use std::sync::{PoisonError, RwLock};
 
 use cyphonic_gateway::Neighbors;
 
@@ -15,25 +16,38 @@ const MAX_LEARNED: usize = 4096;
 /// The LAN's address table.
 #[derive(Debug)]
 pub struct LanTable {
+    reserved: HashMap<Ipv4Addr, [u8; 6]>,
     leases: RwLock<HashMap<Ipv4Addr, [u8; 6]>>,
     learned: RwLock<HashMap<Ipv4Addr, [u8; 6]>>,
 }
 
 impl LanTable {
-    /// A table holding `reservations`.
+    /// A table holding `reservations` and no leases yet.
     pub fn new(reservations: &[Reservation]) -> Self {
         Self {
-            leases: RwLock::new(reservations.iter().map(|r| (r.vip, r.mac.0)).collect()),
+            reserved: reservations.iter().map(|r| (r.vip, r.mac.0)).collect(),
+            leases: RwLock::new(HashMap::new()),
             learned: RwLock::new(HashMap::new()),
         }
     }
 
+    /// Replaces the DHCP leases (reservations stay in force whatever their lease does).
+    pub fn replace_leases(&self, leases: HashMap<Ipv4Addr, [u8; 6]>) {
+        {
+            // What ARP said about a leased address is stale once the lease says otherwise.
+            let mut learned = self.learned.write().unwrap_or_else(PoisonError::into_inner);
+            for (ip, mac) in &leases {
+                if learned.get(ip).is_some_and(|m| m != mac) {
+                    learned.remove(ip);
+                }
+            }
+        }
+        *self.leases.write().unwrap_or_else(PoisonError::into_inner) = leases;
+    }
+
     /// Records what ARP said about `ip`. Returns whether it was new or changed.
     pub fn learn(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
-        let mut learned = self
-            .learned
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut learned = self.learned.write().unwrap_or_else(PoisonError::into_inner);
         if learned.get(&ip) == Some(&mac) {
             return false;
         }
@@ -43,37 +57,54 @@ impl LanTable {
         learned.insert(ip, mac);
         true
     }
-
-    /// The reserved or leased addresses, sorted.
-    pub fn leases(&self) -> Vec<(Ipv4Addr, [u8; 6])> {
-        let mut v: Vec<_> = self
-            .leases
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .map(|(i, m)| (*i, *m))
-            .collect();
-        v.sort();
-        v
-    }
 }
 
 impl Neighbors for LanTable {
     fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
-        self.leases
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&ip)
-            .copied()
+        self.reserved.get(&ip).copied().or_else(|| {
+            self.leases
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&ip)
+                .copied()
+        })
     }
 
     fn neighbor_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
         self.leased_mac(ip).or_else(|| {
             self.learned
                 .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or_else(PoisonError::into_inner)
                 .get(&ip)
                 .copied()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Mac;
+
+    #[test]
+    fn leases_come_and_go_reservations_stay() {
+        let r = Reservation {
+            mac: Mac([2, 0, 0, 0, 0, 1]),
+            vip: Ipv4Addr::new(100, 64, 1, 10),
+            hostname: None,
+        };
+        let t = LanTable::new(&[r]);
+        let ip = Ipv4Addr::new(100, 64, 1, 50);
+        assert!(t.learn(ip, [2, 0, 0, 0, 0, 9]));
+        assert_eq!(t.leased_mac(ip), None, "ARP never authorises a source");
+        assert_eq!(t.neighbor_mac(ip), Some([2, 0, 0, 0, 0, 9]));
+        t.replace_leases(HashMap::from([(ip, [2, 0, 0, 0, 0, 2])]));
+        assert_eq!(t.leased_mac(ip), Some([2, 0, 0, 0, 0, 2]));
+        t.replace_leases(HashMap::new());
+        assert_eq!(t.neighbor_mac(ip), None, "the stale ARP entry went too");
+        assert_eq!(
+            t.leased_mac(Ipv4Addr::new(100, 64, 1, 10)),
+            Some([2, 0, 0, 0, 0, 1])
+        );
     }
 }

@@ -87,7 +87,12 @@ impl PeerTable {
 
     /// The peer owning session index `index`.
     pub fn by_index(&self, index: u32) -> Option<&Arc<PeerSlot>> {
-        let id = usize::try_from(index >> 8).ok()?;
+        self.by_id(index >> 8)
+    }
+
+    /// The peer with id `id`.
+    pub fn by_id(&self, id: u32) -> Option<&Arc<PeerSlot>> {
+        let id = usize::try_from(id).ok()?;
         self.slots.get(id.checked_sub(1)?)
     }
 

@@ -104,12 +104,13 @@ pub fn snapshot(shared: &Shared, info: &Static) -> Value {
             })
         })
         .collect();
-    let leases: Vec<Value> = shared
-        .table
-        .leases()
-        .into_iter()
-        .map(|(ip, mac)| json!({"vip": ip.to_string(), "mac": crate::config::Mac(mac).to_string()}))
-        .collect();
+    let (leases, dhcp, dns) = {
+        let s = shared
+            .services
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (s.leases.clone(), s.dhcp.clone(), s.dns.clone())
+    };
     let counters: serde_json::Map<String, Value> = shared
         .counters
         .snapshot()
@@ -129,6 +130,8 @@ pub fn snapshot(shared: &Shared, info: &Static) -> Value {
         },
         "peers": peers,
         "leases": leases,
+        "dhcp": dhcp,
+        "dns": dns,
         "counters": counters,
         "pipelines": {
             "egress": stats_json(&info.egress.snapshot()),
