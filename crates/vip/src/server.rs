@@ -507,10 +507,12 @@ impl Server {
             .or_else(|| match req.opts().get(OptionCode::Hostname) {
                 Some(DhcpOption::Hostname(h)) => Some(h.clone()),
                 _ => None,
-            });
+            })
+            // A renewal that leaves the option out keeps the name: names are meant to last.
+            .or_else(|| self.by_mac.get(&mac).and_then(|l| l.hostname.clone()));
         let client_id = match req.opts().get(OptionCode::ClientIdentifier) {
             Some(DhcpOption::ClientIdentifier(id)) => Some(id.clone()),
-            _ => None,
+            _ => self.by_mac.get(&mac).and_then(|l| l.client_id.clone()),
         };
         // A device moving to another address gives up its old one.
         if let Some(old) = self

@@ -201,7 +201,7 @@ fn broadcast_flag_and_naks_are_broadcast() {
 fn renewing_rebinding_and_init_reboot() {
     let mut s = server(100, 200);
     let (a, b) = (mac(1), mac(2));
-    let ip_a = dora(&mut s, T0, a, None);
+    let ip_a = dora(&mut s, T0, a, Some("tv"));
     let ip_b = dora(&mut s, T0, b, None);
     // RENEWING: unicast from the client's address; the lease is extended.
     let ack = s
@@ -218,6 +218,8 @@ fn renewing_rebinding_and_init_reboot() {
     );
     let renewed = s.leases().into_iter().find(|l| l.mac == a).unwrap();
     assert_eq!(renewed.expires, T0 + 1800 + 3600);
+    // The renewal left the hostname option out: the device keeps its name.
+    assert_eq!(renewed.hostname.as_deref(), Some("tv"));
     // INIT-REBOOT after a reboot: known binding -> ACK.
     let ack = s
         .handle(
