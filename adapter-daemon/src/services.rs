@@ -281,8 +281,10 @@ impl Services {
             waiting: HashMap::new(),
             frame: vec![0; BUF_LEN],
         };
-        // The saved leases come back as grants: into the tables and names before any frame.
+        // The saved leases come back as grants: into the tables before any frame. Names also
+        // for the reservations, which need no lease to have one.
         services.settle(Instant::now());
+        services.refresh_names();
         services.publish_stats();
         Ok(services)
     }
