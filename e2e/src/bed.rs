@@ -115,6 +115,13 @@ pub struct BedOptions {
     pub persistent_keepalive: u64,
     /// Carry the underlay through an impairing relay on the router (loss, delay, reordering).
     pub impair: Option<Impairment>,
+    /// Put a switch (a bridge in a namespace of its own) on each LAN, so that more hosts can
+    /// join it with [`TwoSites::add_host`]. Off for the benchmarks: a bridge costs a little.
+    pub lan_switch: bool,
+    /// Extra configuration for adapter A (whole tables such as `[dhcp]`, appended).
+    pub extra_a: String,
+    /// Extra configuration for adapter B.
+    pub extra_b: String,
 }
 
 impl Default for BedOptions {
@@ -126,6 +133,9 @@ impl Default for BedOptions {
             lan_tx_checksum_off: false,
             persistent_keepalive: 0,
             impair: None,
+            lan_switch: false,
+            extra_a: String::new(),
+            extra_b: String::new(),
         }
     }
 }
@@ -151,6 +161,9 @@ pub struct Site {
     pub peer_endpoint: SocketAddr,
     /// The running adapter.
     pub adapter: Option<Proc>,
+    /// The LAN switch, with the options' `lan_switch`.
+    pub switch: Option<Netns>,
+    ports: u32,
 }
 
 impl Site {
@@ -173,6 +186,20 @@ impl Site {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(self.log()).unwrap_or_default()
     }
+
+    /// The adapter's saved DHCP leases.
+    pub fn lease_file(&self) -> PathBuf {
+        self.dir.join("state/leases.json")
+    }
+}
+
+/// Plugs `ns`'s interface `ns_if` into the next port of `switch`.
+fn plug(switch: &Netns, ports: &mut u32, ns: &Netns, ns_if: &str) -> anyhow::Result<()> {
+    let port = format!("p{ports}");
+    *ports += 1;
+    veth(ns, ns_if, switch, &port)?;
+    switch.ip(&["link", "set", "dev", &port, "master", "br0"])?;
+    Ok(())
 }
 
 /// The bed.
@@ -296,7 +323,18 @@ impl TwoSites {
     ) -> anyhow::Result<Site> {
         let lan = Netns::new(&format!("lan{label}"))?;
         let adapter_ns = Netns::new(&format!("ad{label}"))?;
-        veth(&lan, "eth0", &adapter_ns, "lan")?;
+        let switch = if opts.lan_switch {
+            let sw = Netns::new(&format!("sw{label}"))?;
+            sw.ip(&["link", "add", "name", "br0", "type", "bridge"])?;
+            sw.ip(&["link", "set", "dev", "br0", "up"])?;
+            // A switch forwards frames without judging their IP headers; with br_netfilter
+            // loaded (Docker loads it) the bridge would drop malformed IPv4 before the
+            // adapter saw it. Without the module there is no such setting and nothing to do.
+            let _ = sw.exec("sysctl", &["-qw", "net.bridge.bridge-nf-call-iptables=0"]);
+            Some(sw)
+        } else {
+            None
+        };
         veth(&adapter_ns, "wan", wan, wan_if)?;
         let [x, y, z] = net;
         let router = format!("{x}.{y}.{z}.1");
@@ -306,6 +344,16 @@ impl TwoSites {
         wan.ip(&["addr", "add", &format!("{router}/24"), "dev", wan_if])?;
         let host_ip = Ipv4Addr::new(100, 64, n, 10);
         let gateway = Ipv4Addr::new(100, 64, n, 1);
+        let dir = std::env::temp_dir().join(unique(&format!("cyphonic-site{label}-")));
+        std::fs::create_dir_all(&dir)?;
+        let peer_endpoint = SocketAddr::from((underlay, 51820));
+        let mut ports = 0;
+        if let Some(sw) = &switch {
+            plug(sw, &mut ports, &adapter_ns, "lan")?;
+            plug(sw, &mut ports, &lan, "eth0")?;
+        } else {
+            veth(&lan, "eth0", &adapter_ns, "lan")?;
+        }
         lan.ip(&["addr", "add", &format!("{host_ip}/24"), "dev", "eth0"])?;
         lan.ip(&["route", "add", "default", "via", &gateway.to_string()])?;
         if opts.wire_like_lan {
@@ -314,16 +362,7 @@ impl TwoSites {
         if opts.lan_tx_checksum_off {
             lan.exec("ethtool", &["-K", "eth0", "tx", "off"])?;
         }
-        let link = lan.ip(&["-o", "link", "show", "dev", "eth0"])?;
-        let host_mac = link
-            .split_whitespace()
-            .skip_while(|w| *w != "link/ether")
-            .nth(1)
-            .context("no MAC on eth0")?
-            .to_owned();
-        let dir = std::env::temp_dir().join(unique(&format!("cyphonic-site{label}-")));
-        std::fs::create_dir_all(&dir)?;
-        let peer_endpoint = SocketAddr::from((underlay, 51820));
+        let host_mac = mac_of(&lan, "eth0")?;
         Ok(Site {
             lan,
             adapter_ns,
@@ -334,7 +373,27 @@ impl TwoSites {
             underlay,
             peer_endpoint,
             adapter: None,
+            switch,
+            ports,
         })
+    }
+
+    /// A new host on a site's LAN (the bed must have `lan_switch`): a namespace with `eth0`
+    /// plugged into the switch, up, without an address. Returns it with its MAC.
+    ///
+    /// # Errors
+    /// No switch on this LAN, or `ip` failing.
+    pub fn add_host(&mut self, side: Side, label: &str) -> anyhow::Result<(Netns, String)> {
+        let site = self.site_mut(side);
+        anyhow::ensure!(
+            site.switch.is_some(),
+            "add_host needs a bed built with lan_switch"
+        );
+        let ns = Netns::new(label)?;
+        let switch = site.switch.as_ref().context("no switch")?;
+        plug(switch, &mut site.ports, &ns, "eth0")?;
+        let mac = mac_of(&ns, "eth0")?;
+        Ok((ns, mac))
     }
 
     /// (Re)writes a site's configuration file.
@@ -349,7 +408,7 @@ impl TwoSites {
         let mut text = String::new();
         writeln!(
             text,
-            "[adapter]\nlan_interface = \"lan\"\ngateway_vip = \"{}\"\nstatus_socket = \"adapter.sock\"\n",
+            "[adapter]\nlan_interface = \"lan\"\ngateway_vip = \"{}\"\nstatus_socket = \"adapter.sock\"\nstate_dir = \"state\"\n",
             me.gateway
         )?;
         writeln!(
@@ -368,9 +427,13 @@ impl TwoSites {
         )?;
         writeln!(
             text,
-            "[[peer]]\ncertificate = \"peers/{peer_name}.crt\"\nendpoint = \"{}\"\npersistent_keepalive = {}",
+            "[[peer]]\ncertificate = \"peers/{peer_name}.crt\"\nendpoint = \"{}\"\npersistent_keepalive = {}\n",
             me.peer_endpoint, opts.persistent_keepalive
         )?;
+        text.push_str(match side {
+            Side::A => &opts.extra_a,
+            Side::B => &opts.extra_b,
+        });
         std::fs::write(me.config(), text)?;
         Ok(())
     }
@@ -537,6 +600,20 @@ impl Drop for TwoSites {
         let _ = std::fs::remove_dir_all(&self.a.dir);
         let _ = std::fs::remove_dir_all(&self.b.dir);
     }
+}
+
+/// The MAC of `iface` in `ns` (`aa:bb:...`).
+///
+/// # Errors
+/// `ip` fails or shows no MAC.
+pub fn mac_of(ns: &Netns, iface: &str) -> anyhow::Result<String> {
+    let link = ns.ip(&["-o", "link", "show", "dev", iface])?;
+    Ok(link
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .context("no MAC")?
+        .to_owned())
 }
 
 fn site_running(site: &mut Site) -> bool {

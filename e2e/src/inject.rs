@@ -67,6 +67,38 @@ pub fn echo_frame(
     f
 }
 
+/// An Ethernet frame with a UDP datagram (checksum left 0: "none", valid for IPv4), such as
+/// a DHCP message from a device without an address (`0.0.0.0` to `255.255.255.255`).
+pub fn udp_frame(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&[0x08, 0x00]);
+    let udp_len = u16::try_from(8 + payload.len()).unwrap_or(u16::MAX);
+    let total = udp_len.saturating_add(20);
+    let mut ip = vec![0x45, 0, 0, 0, 0x12, 0x35, 0, 0, 64, 17, 0, 0];
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    let sum = checksum(&ip);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&dport.to_be_bytes());
+    f.extend_from_slice(&udp_len.to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    f
+}
+
 /// Sends raw frames out of `iface` in `ns`.
 ///
 /// # Errors
@@ -86,6 +118,45 @@ pub fn send_frames(ns: &Netns, iface: &str, frames: Vec<Vec<u8>>) -> anyhow::Res
             sock.send(&f)?;
         }
         Ok(())
+    })
+}
+
+/// Sends frames made by `make(n)` (n = 0, 1, ...) out of `iface` in `ns`, at most `per_sec`
+/// a second, for `duration`. Returns how many were sent.
+///
+/// # Errors
+/// The socket cannot be opened.
+pub fn send_frames_for(
+    ns: &Netns,
+    iface: &str,
+    duration: Duration,
+    per_sec: u32,
+    mut make: impl FnMut(u64) -> Vec<u8> + Send + 'static,
+) -> anyhow::Result<u64> {
+    let iface = iface.to_owned();
+    inside(ns, move || {
+        let i = Interface::lookup_up(&iface)?;
+        let sock = PacketSocket::open(
+            &i,
+            &PacketOptions {
+                promiscuous: false,
+                ..PacketOptions::default()
+            },
+        )?;
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < duration {
+            let due = start.elapsed().as_secs_f64() * f64::from(per_sec);
+            #[expect(clippy::cast_precision_loss, reason = "a count of frames")]
+            if (n as f64) < due {
+                // A full socket buffer drops a frame; the flood goes on.
+                let _ = sock.send(&make(n));
+                n += 1;
+            } else {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(n)
     })
 }
 

@@ -14,6 +14,7 @@
 pub mod bed;
 pub mod impair;
 pub mod inject;
+pub mod lan;
 pub mod measure;
 
 use std::process::{Child, Command, Output, Stdio};
@@ -136,6 +137,19 @@ impl Netns {
         cmd
     }
 
+    /// Gives programs run in this namespace (through `ip netns exec`) their own
+    /// `/etc/resolv.conf`: `ip netns exec` bind-mounts `/etc/netns/<name>/resolv.conf` over
+    /// it. Removed with the namespace.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn set_resolv_conf(&self, text: &str) -> anyhow::Result<()> {
+        let dir = std::path::Path::new("/etc/netns").join(&self.name);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("resolv.conf"), text)?;
+        Ok(())
+    }
+
     /// Starts a program inside the namespace; it is killed when the returned value drops.
     ///
     /// # Errors
@@ -161,6 +175,7 @@ impl Drop for Netns {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();
+        let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(&self.name));
     }
 }
 

@@ -1,0 +1,386 @@
+//! Devices on a LAN that configure themselves as real ones do: busybox `udhcpc` (small
+//! embedded devices) and ISC `dhclient` (Debian servers), each with a hook script that applies
+//! what the server said (address, default route, MTU) and records every event in a file the
+//! test reads. And `dig`, for DNS questions.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::bed::TempDir;
+use crate::{Netns, Proc, wait_until};
+
+/// Which DHCP client a host runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DhcpClient {
+    /// busybox udhcpc.
+    Udhcpc,
+    /// ISC dhclient.
+    Dhclient,
+}
+
+/// One event the client's hook script saw: the reason (lower case: `bound`, `renew`,
+/// `reboot`, `release`, `nak`, ...) and what the server gave, under the same keys for both
+/// clients: `ip`, `mask`, `router`, `dns`, `domain`, `mtu`, `lease`, `server`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Why the script ran.
+    pub reason: String,
+    /// The values.
+    pub vars: HashMap<String, String>,
+}
+
+impl Event {
+    /// A value, or "" when the server gave none.
+    pub fn get(&self, key: &str) -> &str {
+        self.vars.get(key).map_or("", String::as_str)
+    }
+}
+
+/// Both scripts write one line per event (to the file put in place of `@EVENTS@`): `reason=... ip=... router=...`, and apply the lease
+/// to the interface the way a distribution's default script does.
+const UDHCPC_SCRIPT: &str = r#"#!/bin/sh
+echo "reason=$1 ip=$ip mask=$mask router=$router dns=$dns domain=$domain mtu=$mtu lease=$lease server=$serverid" >> "@EVENTS@"
+case "$1" in
+  deconfig) ip -4 addr flush dev "$interface"; ip link set dev "$interface" up ;;
+  bound|renew)
+    ip -4 addr flush dev "$interface"
+    ip addr add "$ip/$mask" dev "$interface"
+    [ -n "$mtu" ] && ip link set dev "$interface" mtu "$mtu"
+    [ -n "$router" ] && ip route replace default via "$router" dev "$interface"
+    ;;
+esac
+exit 0
+"#;
+
+const DHCLIENT_SCRIPT: &str = r#"#!/bin/sh
+r=$(echo "$reason" | tr 'A-Z' 'a-z')
+echo "reason=$r ip=$new_ip_address mask=$new_subnet_mask router=$new_routers dns=$new_domain_name_servers domain=$new_domain_name mtu=$new_interface_mtu lease=$new_dhcp_lease_time server=$new_dhcp_server_identifier" >> "@EVENTS@"
+case "$reason" in
+  PREINIT) ip link set dev "$interface" up ;;
+  BOUND|RENEW|REBIND|REBOOT)
+    ip -4 addr flush dev "$interface"
+    ip addr add "$new_ip_address/$new_subnet_mask" dev "$interface"
+    [ -n "$new_interface_mtu" ] && ip link set dev "$interface" mtu "$new_interface_mtu"
+    [ -n "$new_routers" ] && ip route replace default via "$new_routers" dev "$interface"
+    ;;
+  EXPIRE|FAIL|RELEASE|STOP) ip -4 addr flush dev "$interface" ;;
+esac
+exit 0
+"#;
+
+/// A host on a LAN that gets its address by DHCP.
+#[derive(Debug)]
+pub struct DhcpHost {
+    /// Its namespace (interface `eth0`).
+    pub ns: Netns,
+    /// Its MAC.
+    pub mac: String,
+    /// Which client it runs.
+    pub kind: DhcpClient,
+    /// The hostname it sends (option 12).
+    pub hostname: String,
+    dir: TempDir,
+    client: Option<Proc>,
+}
+
+impl DhcpHost {
+    /// A host in `ns` (with `eth0` plugged into a LAN) that will run `kind`, calling itself
+    /// `hostname`. Nothing runs until [`DhcpHost::start`].
+    ///
+    /// # Errors
+    /// The scratch directory or the scripts cannot be written.
+    pub fn new(ns: Netns, mac: String, kind: DhcpClient, hostname: &str) -> anyhow::Result<Self> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = TempDir::new("dhcp")?;
+        let (script, text) = match kind {
+            DhcpClient::Udhcpc => ("udhcpc.sh", UDHCPC_SCRIPT),
+            DhcpClient::Dhclient => ("dhclient.sh", DHCLIENT_SCRIPT),
+        };
+        let path = dir.path().join(script);
+        // dhclient hands its script a clean environment: the events file is written in.
+        let events = dir.path().join("events").display().to_string();
+        std::fs::write(&path, text.replace("@EVENTS@", &events))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::write(
+            dir.path().join("dhclient.conf"),
+            format!(
+                "send host-name \"{hostname}\";\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, interface-mtu;\ntimeout 30;\nretry 2;\n"
+            ),
+        )?;
+        Ok(Self {
+            ns,
+            mac,
+            kind,
+            hostname: hostname.to_owned(),
+            dir,
+            client: None,
+        })
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    fn events_file(&self) -> PathBuf {
+        self.dir.path().join("events")
+    }
+
+    /// Starts the client in the foreground (it keeps running, renewing its lease, until
+    /// stopped). After a stop, starting again is a client restart: dhclient then reboots
+    /// with its saved lease (INIT-REBOOT), udhcpc asks for its previous address.
+    ///
+    /// # Errors
+    /// It is running already, or cannot start.
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.client.is_none(), "the DHCP client is running");
+        let (program, args): (&str, Vec<String>) = match self.kind {
+            DhcpClient::Udhcpc => {
+                let mut args: Vec<String> = [
+                    "udhcpc", "-f", "-i", "eth0", "-t", "20", "-T", "1", "-A", "1", "-O", "mtu",
+                    "-x",
+                ]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect();
+                args.push(format!("hostname:{}", self.hostname));
+                args.push("-s".into());
+                args.push(self.path("udhcpc.sh"));
+                if let Some(ip) = self.last_address() {
+                    args.push("-r".into());
+                    args.push(ip.to_string());
+                }
+                ("busybox", args)
+            }
+            DhcpClient::Dhclient => (
+                "dhclient",
+                vec![
+                    "-d".into(),
+                    "-4".into(),
+                    "-cf".into(),
+                    self.path("dhclient.conf"),
+                    "-sf".into(),
+                    self.path("dhclient.sh"),
+                    "-lf".into(),
+                    self.path("dhclient.leases"),
+                    "-pf".into(),
+                    self.path("dhclient.pid"),
+                    "eth0".into(),
+                ],
+            ),
+        };
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut cmd = self.ns.command(program, &refs);
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {program} in {}", self.ns.name()))?;
+        self.client = Some(Proc::from_child(child, program));
+        Ok(())
+    }
+
+    /// Every event so far, oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        std::fs::read_to_string(self.events_file())
+            .unwrap_or_default()
+            .lines()
+            .map(|line| {
+                let mut vars: HashMap<String, String> = line
+                    .split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+                let reason = vars.remove("reason").unwrap_or_default();
+                Event { reason, vars }
+            })
+            .collect()
+    }
+
+    /// Waits until there are `n` events with one of `reasons`; returns the last of them.
+    ///
+    /// # Errors
+    /// They do not come within `within`.
+    pub fn wait_for(&self, reasons: &[&str], n: usize, within: Duration) -> anyhow::Result<Event> {
+        let matching = || -> Vec<Event> {
+            self.events()
+                .into_iter()
+                .filter(|e| reasons.contains(&e.reason.as_str()))
+                .collect()
+        };
+        wait_until(within, &format!("{n} {reasons:?} event(s)"), || {
+            matching().len() >= n
+        })
+        .map_err(|e| anyhow::anyhow!("{e}; events so far: {:?}", self.events()))?;
+        matching().pop().context("no event")
+    }
+
+    /// The address of the last lease the client got, from its events.
+    pub fn last_address(&self) -> Option<Ipv4Addr> {
+        self.events()
+            .iter()
+            .rev()
+            .find(|e| !e.get("ip").is_empty())
+            .and_then(|e| e.get("ip").parse().ok())
+    }
+
+    fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self.client.as_ref().context("not running")?.pid();
+        crate::sh("kill", &[&format!("-{signal}"), &pid.to_string()])?;
+        Ok(())
+    }
+
+    /// Asks the client to renew now (udhcpc only: SIGUSR1; dhclient renews at T1 by itself).
+    ///
+    /// # Errors
+    /// It is not udhcpc, or not running.
+    pub fn renew(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.kind == DhcpClient::Udhcpc,
+            "only udhcpc renews on demand"
+        );
+        self.signal("USR1")
+    }
+
+    /// Gives the lease back (DHCPRELEASE) and stops the client.
+    ///
+    /// # Errors
+    /// The release command fails.
+    pub fn release(&mut self) -> anyhow::Result<()> {
+        match self.kind {
+            DhcpClient::Udhcpc => {
+                let before = self.count("deconfig");
+                self.signal("USR2")?;
+                self.wait_for(&["deconfig"], before + 1, Duration::from_secs(5))?;
+                self.stop()
+            }
+            DhcpClient::Dhclient => {
+                // `dhclient -r` signals the running one through the pid file and releases.
+                let args = [
+                    "-r",
+                    "-4",
+                    "-cf",
+                    &self.path("dhclient.conf"),
+                    "-sf",
+                    &self.path("dhclient.sh"),
+                    "-lf",
+                    &self.path("dhclient.leases"),
+                    "-pf",
+                    &self.path("dhclient.pid"),
+                    "eth0",
+                ]
+                .map(str::to_owned);
+                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                let out = self.ns.command("dhclient", &refs).output()?;
+                if !out.status.success() {
+                    bail!("dhclient -r: {}", String::from_utf8_lossy(&out.stderr));
+                }
+                if let Some(p) = self.client.take() {
+                    // Already ended by `dhclient -r`; reaped here.
+                    let _ = p.wait(Duration::from_secs(5));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn count(&self, reason: &str) -> usize {
+        self.events().iter().filter(|e| e.reason == reason).count()
+    }
+
+    /// Stops the client without releasing its lease (SIGTERM), as a reboot would.
+    ///
+    /// # Errors
+    /// It does not exit.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(p) = self.client.take() {
+            p.stop("TERM", Duration::from_secs(5))?;
+        }
+        Ok(())
+    }
+
+    /// The IPv4 address on `eth0`, as the kernel has it.
+    pub fn address(&self) -> Option<(Ipv4Addr, u8)> {
+        let out = self
+            .ns
+            .ip(&["-4", "-o", "addr", "show", "dev", "eth0"])
+            .ok()?;
+        let cidr = out.split_whitespace().skip_while(|w| *w != "inet").nth(1)?;
+        let (ip, len) = cidr.split_once('/')?;
+        Some((ip.parse().ok()?, len.parse().ok()?))
+    }
+
+    /// The default route's gateway.
+    pub fn default_route(&self) -> Option<Ipv4Addr> {
+        let out = self.ns.ip(&["-4", "route", "show", "default"]).ok()?;
+        out.split_whitespace()
+            .skip_while(|w| *w != "via")
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+
+    /// `eth0`'s MTU.
+    pub fn mtu(&self) -> Option<u32> {
+        let out = self.ns.ip(&["-o", "link", "show", "dev", "eth0"]).ok()?;
+        out.split_whitespace()
+            .skip_while(|w| *w != "mtu")
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+}
+
+/// A DNS answer as `dig` printed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dig {
+    /// The response code (`NOERROR`, `NXDOMAIN`, `REFUSED`, ...).
+    pub status: String,
+    /// The header flags (`qr`, `aa`, `rd`, `ra`, `tc`).
+    pub flags: Vec<String>,
+    /// The answer section's data, in order (addresses, names).
+    pub answers: Vec<String>,
+}
+
+/// Asks `server` about `name`/`qtype` with `dig` from `ns` (one try, three seconds).
+///
+/// # Errors
+/// dig cannot run or got no answer at all.
+pub fn dig(ns: &Netns, server: Ipv4Addr, name: &str, qtype: &str) -> anyhow::Result<Dig> {
+    let at = format!("@{server}");
+    let out = ns.exec_output("dig", &["+tries=1", "+time=3", &at, name, qtype])?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let status = text
+        .split("status: ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .with_context(|| format!("dig {name} {qtype} got no answer:\n{text}"))?
+        .to_owned();
+    let flags = text
+        .split("flags: ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let answers = text
+        .split(";; ANSWER SECTION:\n")
+        .nth(1)
+        .map(|s| {
+            s.lines()
+                .take_while(|l| !l.trim().is_empty())
+                .filter_map(|l| l.split_whitespace().last().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Dig {
+        status,
+        flags,
+        answers,
+    })
+}

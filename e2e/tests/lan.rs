@@ -1,0 +1,671 @@
+//! The LAN side end to end: real DHCP clients (busybox udhcpc, ISC dhclient) and real DNS
+//! tools (dig, ping by name through the system resolver) against the adapter's DHCP server and
+//! DNS service, on the two-site bed with a switch on each LAN (see e2e/src/bed.rs).
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::inject;
+use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
+use cyphonic_vip::testing::{MessageType, client_message};
+use serde_json::Value;
+
+fn switched(extra_a: &str, extra_b: &str) -> BedOptions {
+    BedOptions {
+        lan_switch: true,
+        extra_a: extra_a.to_owned(),
+        extra_b: extra_b.to_owned(),
+        ..BedOptions::default()
+    }
+}
+
+fn bed(opts: &BedOptions) -> TwoSites {
+    let mut bed = TwoSites::new(opts).unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    bed
+}
+
+fn host(bed: &mut TwoSites, side: Side, kind: DhcpClient, hostname: &str) -> DhcpHost {
+    let (ns, mac) = bed.add_host(side, hostname).unwrap();
+    DhcpHost::new(ns, mac, kind, hostname).unwrap()
+}
+
+/// The leases in a site's status, by MAC.
+fn lease_of<'a>(status: &'a Value, mac: &str) -> Option<&'a Value> {
+    status["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mac"] == mac)
+}
+
+fn in_pool(ip: Ipv4Addr) -> bool {
+    let o = ip.octets();
+    o[..3] == [100, 64, 1] && (100..=199).contains(&o[3])
+}
+
+const SHORT_LEASES: &str = "[dhcp]\npool = \"100.64.1.100-100.64.1.199\"\nlease_time = 60\n";
+
+/// Both clients get a lease with everything a device needs, use it (ping the gateway: the
+/// lease reached the anti-spoofing table), renew it, come back after a restart with the same
+/// address (dhclient: INIT-REBOOT), and give it back.
+#[test]
+fn udhcpc_and_dhclient_get_renew_reboot_and_release_leases() {
+    let mut bed = bed(&switched(SHORT_LEASES, ""));
+    let mut small = host(&mut bed, Side::A, DhcpClient::Udhcpc, "sensor");
+    let mut server = host(&mut bed, Side::A, DhcpClient::Dhclient, "dbserver");
+    small.start().unwrap();
+    server.start().unwrap();
+    let within = Duration::from_secs(20);
+    for h in [&small, &server] {
+        let e = h.wait_for(&["bound"], 1, within).unwrap_or_else(|e| {
+            panic!("{:?}: {e}\n{}", h.kind, bed.logs());
+        });
+        let ip: Ipv4Addr = e.get("ip").parse().unwrap();
+        assert!(in_pool(ip), "{:?} got {ip}", h.kind);
+        // What the server said, as the client understood it...
+        assert_eq!(e.get("router"), "100.64.1.1", "{e:?}");
+        assert_eq!(e.get("dns"), "100.64.1.1", "{e:?}");
+        assert_eq!(e.get("domain"), "gw1.ovl.example", "{e:?}");
+        assert_eq!(e.get("mtu"), "1420", "{e:?}");
+        assert_eq!(e.get("lease"), "60", "{e:?}");
+        assert!(
+            e.get("mask") == "24" || e.get("mask") == "255.255.255.0",
+            "{e:?}"
+        );
+        // ... and as the host now runs.
+        assert_eq!(h.address(), Some((ip, 24)), "{:?}", h.kind);
+        assert_eq!(h.default_route(), Some(Ipv4Addr::new(100, 64, 1, 1)));
+        assert_eq!(h.mtu(), Some(1420));
+        let ping =
+            h.ns.exec_output("ping", &["-c", "2", "-i", "0.2", "-W", "2", "100.64.1.1"])
+                .unwrap();
+        assert!(
+            ping.status.success(),
+            "{:?} cannot reach its gateway with its lease\n{}",
+            h.kind,
+            bed.logs()
+        );
+    }
+    let (a, b) = (
+        small.last_address().unwrap(),
+        server.last_address().unwrap(),
+    );
+    assert_ne!(a, b);
+    let s = bed.status(Side::A).unwrap();
+    let l = lease_of(&s, &small.mac).unwrap();
+    assert_eq!(l["vip"], a.to_string());
+    assert_eq!(l["name"], "sensor.gw1.ovl.example");
+    assert_eq!(
+        lease_of(&s, &server.mac).unwrap()["name"],
+        "dbserver.gw1.ovl.example"
+    );
+
+    // Renewal: udhcpc on demand (unicast REQUEST to the server), dhclient at T1 = 30 s.
+    small.renew().unwrap();
+    let e = small.wait_for(&["renew"], 1, within).unwrap();
+    assert_eq!(e.get("ip"), a.to_string());
+    let e = server
+        .wait_for(&["renew"], 1, Duration::from_secs(45))
+        .unwrap();
+    assert_eq!(e.get("ip"), b.to_string());
+
+    // Restart: dhclient reboots with its saved lease (INIT-REBOOT), udhcpc asks for its
+    // address again; both get the same one.
+    server.stop().unwrap();
+    small.stop().unwrap();
+    server.start().unwrap();
+    small.start().unwrap();
+    let e = server.wait_for(&["reboot"], 1, within).unwrap();
+    assert_eq!(e.get("ip"), b.to_string(), "INIT-REBOOT kept the address");
+    let e = small.wait_for(&["bound"], 2, within).unwrap();
+    assert_eq!(e.get("ip"), a.to_string());
+
+    // Release: the leases end at once, and the addresses no longer pass anti-spoofing.
+    small.release().unwrap();
+    server.release().unwrap();
+    let s = bed.status(Side::A).unwrap();
+    assert!(lease_of(&s, &small.mac).is_none(), "{}", s["leases"]);
+    assert!(lease_of(&s, &server.mac).is_none(), "{}", s["leases"]);
+    let dhcp = &s["dhcp"];
+    assert_eq!(dhcp["releases"], 2, "{dhcp}");
+    assert!(dhcp["acks"].as_u64().unwrap() >= 6, "{dhcp}");
+    assert_eq!(dhcp["naks"], 0, "{dhcp}");
+    assert_eq!(
+        s["counters"]["dhcp_received"].as_u64().unwrap(),
+        dhcp["discovers"].as_u64().unwrap()
+            + dhcp["requests"].as_u64().unwrap()
+            + dhcp["releases"].as_u64().unwrap()
+            + dhcp["declines"].as_u64().unwrap()
+            + dhcp["informs"].as_u64().unwrap()
+            + dhcp["ignored"].as_u64().unwrap(),
+        "every DHCP message the capture handed over was accounted for: {dhcp}"
+    );
+}
+
+fn parse_mac(text: &str) -> [u8; 6] {
+    let mut mac = [0u8; 6];
+    for (b, part) in mac.iter_mut().zip(text.split(':')) {
+        *b = u8::from_str_radix(part, 16).unwrap();
+    }
+    mac
+}
+
+/// A renewal as a device in RENEWING/REBINDING state sends it: `ciaddr` set, no server
+/// identifier, broadcast. The server ACKs it and saves the lease file each time.
+fn renewal_frame(mac: [u8; 6], ip: Ipv4Addr, xid: u32) -> Vec<u8> {
+    let msg = client_message(MessageType::Request, mac, xid, vec![], ip, false);
+    inject::udp_frame([0xff; 6], mac, ip, Ipv4Addr::BROADCAST, 68, 67, &msg)
+}
+
+/// Leases outlive the adapter: a clean restart (SIGTERM), and kill -9 in the middle of a
+/// stream of lease writes, leave a lease file that loads, with the same address and name,
+/// and the device renews its address from the restarted adapter.
+#[test]
+fn leases_survive_restart_and_kill_during_writes() {
+    let mut bed = bed(&switched(SHORT_LEASES, ""));
+    let mut dev = host(&mut bed, Side::A, DhcpClient::Udhcpc, "printer");
+    dev.start().unwrap();
+    let within = Duration::from_secs(20);
+    let ip: Ipv4Addr = dev
+        .wait_for(&["bound"], 1, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()))
+        .get("ip")
+        .parse()
+        .unwrap();
+    let lease_file = bed.a.lease_file();
+    let saved = |bed: &TwoSites| -> Value {
+        let text = std::fs::read_to_string(&lease_file).unwrap();
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!(
+                "the lease file does not parse ({e}):\n{text}\n{}",
+                bed.logs()
+            )
+        })
+    };
+    assert!(saved(&bed).to_string().contains(&ip.to_string()));
+
+    // A clean restart.
+    bed.stop(Side::A, "TERM").unwrap();
+    bed.start(Side::A).unwrap();
+    let s = bed.status(Side::A).unwrap();
+    let l = lease_of(&s, &dev.mac).unwrap_or_else(|| panic!("lease lost: {}", s["leases"]));
+    assert_eq!(l["vip"], ip.to_string());
+    assert_eq!(l["name"], "printer.gw1.ovl.example");
+
+    // kill -9 while renewals stream in, each ACK preceded by a write of the lease file.
+    let mac = parse_mac(&dev.mac);
+    let writes_before = s["dhcp"]["acks"].as_u64().unwrap();
+    let (sent, killed_after) = std::thread::scope(|scope| {
+        // From the device itself, as its own renewals would come.
+        let flood = scope.spawn(|| {
+            #[expect(clippy::cast_possible_truncation, reason = "an xid")]
+            inject::send_frames_for(&dev.ns, "eth0", Duration::from_secs(3), 400, move |n| {
+                renewal_frame(mac, ip, 0x5eed_0000 ^ n as u32)
+            })
+        });
+        let started = std::time::Instant::now();
+        cyphonic_e2e::wait_until(Duration::from_secs(3), "lease writes", || {
+            bed.status(Side::A)
+                .is_ok_and(|s| s["dhcp"]["acks"].as_u64().unwrap_or(0) > writes_before + 50)
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+        bed.stop(Side::A, "KILL").unwrap();
+        let killed_after = started.elapsed();
+        (flood.join().unwrap().unwrap(), killed_after)
+    });
+    assert!(sent > 100, "only {sent} renewals sent");
+    assert!(
+        killed_after < Duration::from_secs(3),
+        "the kill came after the stream"
+    );
+    let text = saved(&bed).to_string();
+    assert!(text.contains(&ip.to_string()), "{text}");
+
+    bed.start(Side::A).unwrap();
+    let s = bed.status(Side::A).unwrap();
+    let l = lease_of(&s, &dev.mac).unwrap_or_else(|| panic!("lease lost: {}", s["leases"]));
+    assert_eq!(l["vip"], ip.to_string());
+    assert_eq!(l["name"], "printer.gw1.ovl.example");
+    let log = bed.a.log_text();
+    assert!(!log.contains("corrupt"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    // The device renews with the restarted adapter and keeps its address.
+    let renewals = dev.events().iter().filter(|e| e.reason == "renew").count();
+    dev.renew().unwrap();
+    let e = dev.wait_for(&["renew"], renewals + 1, within).unwrap();
+    assert_eq!(e.get("ip"), ip.to_string());
+}
+
+/// The reverse-lookup name of `ip`.
+fn reverse(ip: Ipv4Addr) -> String {
+    let [a, b, c, d] = ip.octets();
+    format!("{d}.{c}.{b}.{a}.in-addr.arpa")
+}
+
+/// Names across the overlay: a device that joined lanB by DHCP is found by name from lanA
+/// (asked of the peer's DNS through the tunnel), forward and reverse; the overlay's own zone
+/// is answered with authority; other names go to the configured upstream (a dnsmasq on the
+/// router) or are refused when there is none; and a host using the gateway as its system
+/// resolver pings the device by name.
+#[test]
+fn names_resolve_across_the_tunnel_and_devices_ping_by_name() {
+    let mut bed = bed(&switched("[dns]\nupstream = [\"198.51.100.1\"]\n", ""));
+    let _upstream = bed
+        .wan
+        .spawn(
+            "dnsmasq",
+            &[
+                "--keep-in-foreground",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+                "--listen-address=198.51.100.1",
+                "--address=/upstream.example/192.0.2.80",
+                "--pid-file=",
+                "--user=root",
+            ],
+        )
+        .unwrap();
+    let mut camera = host(&mut bed, Side::B, DhcpClient::Udhcpc, "camera");
+    camera.start().unwrap();
+    let cam: Ipv4Addr = camera
+        .wait_for(&["bound"], 1, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()))
+        .get("ip")
+        .parse()
+        .unwrap();
+    let ask = |side: Side, name: &str, qtype: &str| {
+        let site = bed.site_ref(side);
+        dig(&site.lan, site.gateway, name, qtype).unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()))
+    };
+    let answer = |side, name: &str, qtype| {
+        let d = ask(side, name, qtype);
+        assert_eq!(d.status, "NOERROR", "{name} {qtype}: {d:?}");
+        d.answers
+    };
+
+    // Behind the peer: asked of gw2 through the tunnel.
+    assert_eq!(
+        answer(Side::A, "camera.gw2.ovl.example", "A"),
+        [cam.to_string()]
+    );
+    assert_eq!(answer(Side::A, "gw2.ovl.example", "A"), ["100.64.2.1"]);
+    assert_eq!(
+        answer(Side::A, &reverse(cam), "PTR"),
+        ["camera.gw2.ovl.example."]
+    );
+    // Inside the overlay there is no IPv6: "no such data", not "no such name".
+    assert!(answer(Side::A, "camera.gw2.ovl.example", "AAAA").is_empty());
+    assert_eq!(
+        ask(Side::A, "nobody.gw2.ovl.example", "A").status,
+        "NXDOMAIN"
+    );
+
+    // Our own zone, with authority; from the other side through the tunnel too.
+    let d = ask(Side::A, "host.gw1.ovl.example", "A");
+    assert_eq!(
+        (d.status.as_str(), d.answers.as_slice()),
+        ("NOERROR", &["100.64.1.10".to_owned()][..])
+    );
+    assert!(d.flags.iter().any(|f| f == "aa"), "{d:?}");
+    assert_eq!(answer(Side::A, "gw1.ovl.example", "A"), ["100.64.1.1"]);
+    let d = ask(Side::A, "nobody.gw1.ovl.example", "A");
+    assert_eq!(d.status, "NXDOMAIN");
+    assert!(d.flags.iter().any(|f| f == "aa"), "{d:?}");
+    assert_eq!(
+        answer(Side::B, "host.gw1.ovl.example", "A"),
+        ["100.64.1.10"]
+    );
+    assert_eq!(
+        answer(Side::B, &reverse(Ipv4Addr::new(100, 64, 1, 10)), "PTR"),
+        ["host.gw1.ovl.example."]
+    );
+
+    // Outside the overlay: A forwards to its upstream; B has none and refuses.
+    let d = ask(Side::A, "upstream.example", "A");
+    assert_eq!(d.answers, ["192.0.2.80"], "{d:?}");
+    assert!(!d.flags.iter().any(|f| f == "aa"), "{d:?}");
+    assert_eq!(ask(Side::B, "upstream.example", "A").status, "REFUSED");
+
+    // A plain host that uses the gateway as its resolver reaches the device by name.
+    bed.a
+        .lan
+        .set_resolv_conf("nameserver 100.64.1.1\nsearch gw1.ovl.example\n")
+        .unwrap();
+    for name in ["camera.gw2.ovl.example", "gw2.ovl.example"] {
+        let ping = bed
+            .a
+            .lan
+            .exec_output("ping", &["-c", "2", "-i", "0.2", "-W", "2", name])
+            .unwrap();
+        let text = String::from_utf8_lossy(&ping.stdout);
+        assert!(ping.status.success(), "ping {name}: {text}\n{}", bed.logs());
+        if name.starts_with("camera") {
+            assert!(text.contains(&cam.to_string()), "{text}");
+        }
+    }
+
+    let s = bed.status(Side::A).unwrap();
+    let dns = &s["dns"];
+    assert_eq!(dns["upstream"][0], "198.51.100.1", "{dns}");
+    assert!(dns["asked"].as_u64().unwrap() >= 6, "{dns}");
+    assert_eq!(dns["servfail"], 0, "{dns}");
+    assert_eq!(dns["dropped"], 0, "{dns}");
+    assert_eq!(bed.status(Side::B).unwrap()["dns"]["refused"], 1);
+}
+
+/// A DISCOVER from a made-up MAC: `n` picks the MAC.
+fn discover_from_random_mac(n: u64) -> Vec<u8> {
+    let b = n.to_be_bytes();
+    let mac = [0x02, 0xba, b[4], b[5], b[6], b[7]];
+    #[expect(clippy::cast_possible_truncation, reason = "an xid")]
+    let msg = client_message(
+        MessageType::Discover,
+        mac,
+        n as u32,
+        vec![],
+        Ipv4Addr::UNSPECIFIED,
+        true,
+    );
+    inject::udp_frame(
+        [0xff; 6],
+        mac,
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::BROADCAST,
+        68,
+        67,
+        &msg,
+    )
+}
+
+/// A starvation attack (DISCOVERs from ever new MACs) gets at most the configured share of
+/// the pool per window: the pool never runs dry, a device that had a lease gets it back in the
+/// middle of the flood, and a new device gets one once the window has passed.
+#[test]
+fn a_starvation_flood_is_contained() {
+    // 100 addresses, at most 20 new devices per 5 s.
+    let cfg = "[dhcp]\npool = \"100.64.1.100-100.64.1.199\"\nnew_lease_share = 0.2\nnew_lease_window = 5\n";
+    let mut bed = bed(&switched(cfg, ""));
+    let mut known = host(&mut bed, Side::A, DhcpClient::Udhcpc, "known");
+    known.start().unwrap();
+    let within = Duration::from_secs(20);
+    let ip = known
+        .wait_for(&["bound"], 1, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()))
+        .get("ip")
+        .to_owned();
+    let (attacker, _) = bed.add_host(Side::A, "attacker").unwrap();
+    let flood_for = Duration::from_secs(4);
+    let sent = std::thread::scope(|scope| {
+        let flood = scope.spawn(|| {
+            inject::send_frames_for(&attacker, "eth0", flood_for, 300, discover_from_random_mac)
+        });
+        // In the middle of it, the known device restarts and asks again.
+        std::thread::sleep(Duration::from_secs(1));
+        known.stop().unwrap();
+        known.start().unwrap();
+        let e = known
+            .wait_for(&["bound"], 2, within)
+            .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+        assert_eq!(e.get("ip"), ip, "the known device kept its address");
+        flood.join().unwrap().unwrap()
+    });
+    let s = bed.status(Side::A).unwrap();
+    let dhcp = &s["dhcp"];
+    eprintln!("{sent} DISCOVERs in {flood_for:?}: {dhcp}");
+    assert!(sent > 500, "only {sent} DISCOVERs sent");
+    assert!(
+        dhcp["starvation_refused"].as_u64().unwrap() > 100,
+        "the guard never acted: {dhcp}"
+    );
+    assert_eq!(dhcp["pool_exhausted"], 0, "{dhcp}");
+    // A 4 s flood touches at most two 5 s windows: 2 x 20 offers, plus the known device's.
+    let offers = dhcp["offers"].as_u64().unwrap();
+    assert!(offers <= 2 * 20 + 3, "{offers} offers: {dhcp}");
+    assert!(
+        bed.a.log_text().contains("starvation"),
+        "the refusals are logged"
+    );
+
+    // A new device, once the window has passed.
+    std::thread::sleep(Duration::from_secs(5));
+    let mut late = host(&mut bed, Side::A, DhcpClient::Udhcpc, "latecomer");
+    late.start().unwrap();
+    let e = late
+        .wait_for(&["bound"], 1, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(in_pool(e.get("ip").parse().unwrap()), "{e:?}");
+}
+
+/// A small deterministic generator (xorshift64) for the garbage.
+struct Noise(u64);
+
+impl Noise {
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                self.0.to_le_bytes()[0]
+            })
+            .collect()
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::from(u16::from_le_bytes([self.bytes(1)[0], self.bytes(1)[0]])) % n
+    }
+}
+
+/// DHCP payloads that are not DHCP, or broken DHCP.
+fn dhcp_garbage(mac: [u8; 6]) -> Vec<Vec<u8>> {
+    let mut noise = Noise(0x00d1_ce5e_ed00_0001);
+    let discover = client_message(
+        MessageType::Discover,
+        mac,
+        7,
+        vec![],
+        Ipv4Addr::UNSPECIFIED,
+        true,
+    );
+    let mut corpus = vec![
+        vec![],
+        vec![1],
+        vec![0; 240],
+        discover[..100].to_vec(),
+        discover[..239].to_vec(),
+    ];
+    // A reply where a request belongs.
+    let mut reply = discover.clone();
+    reply[0] = 2;
+    corpus.push(reply);
+    // Options that run past the end: message type with length 200.
+    let mut overrun = discover[..240].to_vec();
+    overrun.extend_from_slice(&[53, 200, 1]);
+    corpus.push(overrun);
+    // A message type nobody defined.
+    let mut odd = discover[..240].to_vec();
+    odd.extend_from_slice(&[53, 1, 99, 255]);
+    corpus.push(odd);
+    // Then noise of every length, some with the magic cookie in place.
+    for i in 0..150 {
+        let len = noise.below(600);
+        let mut m = noise.bytes(len);
+        if i % 2 == 0 && m.len() >= 240 {
+            m[0] = 1;
+            m[236..240].copy_from_slice(&[99, 130, 83, 99]);
+        }
+        corpus.push(m);
+    }
+    corpus
+}
+
+/// DNS payloads that are not DNS, or not questions.
+fn dns_garbage() -> Vec<Vec<u8>> {
+    let mut noise = Noise(0x0d05_ba5e_0000_0002);
+    // Header: id 0x4242, a standard query with RD, one question.
+    let query = |qd: u8, body: &[u8]| {
+        let mut m = vec![0x42, 0x42, 0x01, 0x00, 0, qd, 0, 0, 0, 0, 0, 0];
+        m.extend_from_slice(body);
+        m
+    };
+    let question = b"\x04host\x03gw1\x03ovl\x07example\x00\x00\x01\x00\x01";
+    let mut corpus = vec![
+        vec![],
+        vec![0x42],
+        vec![0x42, 0x42, 0x01, 0x00, 0, 1],
+        // A question cut short.
+        query(1, &question[..9]),
+        // More questions announced than sent.
+        query(5, question),
+        // A label longer than the message.
+        query(1, b"\x3fabc"),
+        // A compression pointer to itself.
+        query(1, b"\xc0\x0c\x00\x01\x00\x01"),
+    ];
+    // A response where a question belongs: QR set.
+    let mut response = query(1, question);
+    response[2] |= 0x80;
+    corpus.push(response);
+    for _ in 0..150 {
+        let len = noise.below(300);
+        corpus.push(noise.bytes(len));
+    }
+    corpus
+}
+
+/// Sends each payload as a UDP datagram from `ns` to `to`, a millisecond apart.
+fn send_datagrams(ns: &cyphonic_e2e::Netns, to: &str, payloads: Vec<Vec<u8>>) {
+    let to = to.to_owned();
+    inject::inside(ns, move || {
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        for p in payloads {
+            sock.send_to(&p, to.as_str())?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn counter(s: &Value, name: &str) -> u64 {
+    s["counters"][name].as_u64().unwrap()
+}
+
+/// Truncated and garbage DHCP and DNS, from the LAN and through the tunnel from the peer's
+/// LAN, never bring the daemon down: every message is counted as ignored or dropped, and real
+/// clients are still served afterwards.
+#[test]
+fn garbage_dhcp_and_dns_are_counted_and_dropped() {
+    let mut bed = bed(&switched("", ""));
+    // The tunnel is up before the garbage goes through it.
+    let d = dig(&bed.b.lan, bed.b.gateway, "host.gw1.ovl.example", "A").unwrap();
+    assert_eq!(d.answers, ["100.64.1.10"], "{d:?}\n{}", bed.logs());
+    let before = bed.status(Side::A).unwrap();
+
+    // DHCP, broadcast from a device without an address.
+    let mac = parse_mac(&bed.a.host_mac);
+    let dhcp = dhcp_garbage(mac);
+    let dhcp_sent = dhcp.len() as u64;
+    let frames: Vec<Vec<u8>> = dhcp
+        .iter()
+        .map(|p| {
+            inject::udp_frame(
+                [0xff; 6],
+                mac,
+                Ipv4Addr::UNSPECIFIED,
+                Ipv4Addr::BROADCAST,
+                68,
+                67,
+                p,
+            )
+        })
+        .collect();
+    for chunk in frames.chunks(20) {
+        inject::send_frames(&bed.a.lan, "eth0", chunk.to_vec()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Broken IPv4 and UDP headers around port 67 and 53.
+    let gw_mac = parse_mac(&cyphonic_e2e::bed::mac_of(&bed.a.adapter_ns, "lan").unwrap());
+    let mut broken = Vec::new();
+    for (dst, port) in [(Ipv4Addr::BROADCAST, 67), (bed.a.gateway, 53)] {
+        let good = inject::udp_frame(gw_mac, mac, bed.a.host_ip, dst, 5353, port, b"\x00\x00");
+        let mut long_ip = good.clone();
+        long_ip[16..18].copy_from_slice(&1400u16.to_be_bytes());
+        let mut long_udp = good.clone();
+        long_udp[38..40].copy_from_slice(&900u16.to_be_bytes());
+        let mut bad_ihl = good.clone();
+        bad_ihl[14] = 0x44;
+        broken.extend([long_ip, long_udp, bad_ihl, good[..30].to_vec()]);
+    }
+    inject::send_frames(&bed.a.lan, "eth0", broken).unwrap();
+
+    // DNS from the LAN and from the peer's LAN through the tunnel.
+    let dns = dns_garbage();
+    let dns_sent = 2 * dns.len() as u64;
+    send_datagrams(&bed.a.lan, "100.64.1.1:53", dns.clone());
+    send_datagrams(&bed.b.lan, "100.64.1.1:53", dns);
+
+    let got = |s: &Value| {
+        counter(s, "dns_received") - counter(&before, "dns_received") >= dns_sent
+            && counter(s, "dhcp_received") - counter(&before, "dhcp_received") >= dhcp_sent
+    };
+    let mut after = bed.status(Side::A).unwrap();
+    let _ = cyphonic_e2e::wait_until(Duration::from_secs(5), "the garbage counted", || {
+        bed.status(Side::A).is_ok_and(|s| {
+            let done = got(&s);
+            after = s;
+            done
+        })
+    });
+    let delta = |name: &str| counter(&after, name) - counter(&before, name);
+    eprintln!(
+        "DHCP {dhcp_sent} sent: {}\nDNS {dns_sent} sent: {}\ncounters: {}",
+        after["dhcp"], after["dns"], after["counters"]
+    );
+    assert!(bed.a.adapter.as_mut().unwrap().running(), "{}", bed.logs());
+    assert!(!bed.a.log_text().contains("panicked"), "{}", bed.logs());
+
+    // Every DHCP message reached the server and none got an answer.
+    assert_eq!(delta("dhcp_received"), dhcp_sent, "{}", after["counters"]);
+    let ignored =
+        after["dhcp"]["ignored"].as_u64().unwrap() - before["dhcp"]["ignored"].as_u64().unwrap();
+    assert_eq!(ignored, dhcp_sent, "{}", after["dhcp"]);
+    assert!(
+        after["dhcp"]["ignored_by_reason"]["malformed"]
+            .as_u64()
+            .unwrap()
+            > 50,
+        "{}",
+        after["dhcp"]
+    );
+    assert_eq!(delta("dhcp_sent"), 0);
+    // Every DNS message reached the service: dropped, or answered with an error.
+    assert_eq!(delta("dns_received"), dns_sent, "{}", after["counters"]);
+    let dns_delta =
+        |k: &str| after["dns"][k].as_u64().unwrap() - before["dns"][k].as_u64().unwrap();
+    assert_eq!(
+        dns_delta("queries") + dns_delta("dropped"),
+        dns_sent,
+        "{}",
+        after["dns"]
+    );
+    assert!(dns_delta("dropped") > 2 * 100, "{}", after["dns"]);
+    // The broken headers died in the data plane.
+    assert!(delta("drop_malformed") >= 6, "{}", after["counters"]);
+
+    // Real clients are still served.
+    let d = dig(&bed.b.lan, bed.b.gateway, "host.gw1.ovl.example", "A").unwrap();
+    assert_eq!(d.answers, ["100.64.1.10"], "{d:?}");
+    let d = dig(&bed.a.lan, bed.a.gateway, "gw2.ovl.example", "A").unwrap();
+    assert_eq!(d.answers, ["100.64.2.1"], "{d:?}");
+    let mut dev = host(&mut bed, Side::A, DhcpClient::Udhcpc, "survivor");
+    dev.start().unwrap();
+    dev.wait_for(&["bound"], 1, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+}
