@@ -99,6 +99,18 @@ pub fn udp_frame(
     f
 }
 
+/// A socket that sends raw frames out of `iface` (in the namespace the thread is in).
+fn sender(iface: &str) -> anyhow::Result<PacketSocket> {
+    let i = Interface::lookup_up(iface)?;
+    Ok(PacketSocket::open(
+        &i,
+        &PacketOptions {
+            promiscuous: false,
+            ..PacketOptions::default()
+        },
+    )?)
+}
+
 /// Sends raw frames out of `iface` in `ns`.
 ///
 /// # Errors
@@ -106,14 +118,7 @@ pub fn udp_frame(
 pub fn send_frames(ns: &Netns, iface: &str, frames: Vec<Vec<u8>>) -> anyhow::Result<()> {
     let iface = iface.to_owned();
     inside(ns, move || {
-        let i = Interface::lookup_up(&iface)?;
-        let sock = PacketSocket::open(
-            &i,
-            &PacketOptions {
-                promiscuous: false,
-                ..PacketOptions::default()
-            },
-        )?;
+        let sock = sender(&iface)?;
         for f in frames {
             sock.send(&f)?;
         }
@@ -135,14 +140,7 @@ pub fn send_frames_for(
 ) -> anyhow::Result<u64> {
     let iface = iface.to_owned();
     inside(ns, move || {
-        let i = Interface::lookup_up(&iface)?;
-        let sock = PacketSocket::open(
-            &i,
-            &PacketOptions {
-                promiscuous: false,
-                ..PacketOptions::default()
-            },
-        )?;
+        let sock = sender(&iface)?;
         let start = Instant::now();
         let mut n = 0u64;
         while start.elapsed() < duration {
