@@ -159,12 +159,54 @@ fn print_status(doc: &serde_json::Value) {
         );
     }
     println!();
-    println!("{:<18} {:<18}", "LEASE VIP", "MAC");
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    println!("{:<16} {:<18} {:<12} NAME", "DEVICE VIP", "MAC", "LEASE");
     for l in doc["leases"].as_array().into_iter().flatten() {
+        let lease = match l["expires"].as_u64() {
+            _ if l["reserved"].as_bool() == Some(true) => "reserved".to_owned(),
+            Some(t) => format!("{} s left", t.saturating_sub(now)),
+            None => "-".to_owned(),
+        };
         println!(
-            "{:<18} {:<18}",
+            "{:<16} {:<18} {:<12} {}",
             l["vip"].as_str().unwrap_or("?"),
-            l["mac"].as_str().unwrap_or("?")
+            l["mac"].as_str().unwrap_or("?"),
+            lease,
+            l["name"].as_str().unwrap_or("-")
+        );
+    }
+    let d = &doc["dhcp"];
+    if d.is_object() {
+        println!(
+            "dhcp: pool {}  discovers {}  offers {}  acks {}  naks {}  ignored {}  starvation_refused {}  pool_exhausted {}{}",
+            d["pool"].as_str().unwrap_or("?"),
+            d["discovers"],
+            d["offers"],
+            d["acks"],
+            d["naks"],
+            d["ignored"],
+            d["starvation_refused"],
+            d["pool_exhausted"],
+            if d["unsaved"].as_bool() == Some(true) {
+                "  LEASES NOT SAVED (see the log)"
+            } else {
+                ""
+            }
+        );
+    }
+    let d = &doc["dns"];
+    if d.is_object() {
+        println!(
+            "dns: queries {}  authoritative {}  asked {}  nxdomain {}  refused {}  servfail {}  dropped {}",
+            d["queries"],
+            d["authoritative"],
+            d["asked"],
+            d["nxdomain"],
+            d["refused"],
+            d["servfail"],
+            d["dropped"]
         );
     }
     println!();

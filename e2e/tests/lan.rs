@@ -357,6 +357,22 @@ fn names_resolve_across_the_tunnel_and_devices_ping_by_name() {
     assert_eq!(dns["servfail"], 0, "{dns}");
     assert_eq!(dns["dropped"], 0, "{dns}");
     assert_eq!(bed.status(Side::B).unwrap()["dns"]["refused"], 1);
+
+    // What the operator reads: the device, its address and name, the services' figures.
+    let text = std::process::Command::new(&bed.bins.adapter)
+        .args(["status", "--socket", bed.b.socket().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.contains(&camera.mac))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.contains(&cam.to_string()) && row.contains("camera.gw2.ovl.example"),
+        "{row}"
+    );
+    assert!(text.contains("dns: queries"), "{text}");
 }
 
 /// A DISCOVER from a made-up MAC: `n` picks the MAC.
@@ -372,6 +388,11 @@ fn discover_from_random_mac(n: u64) -> Vec<u8> {
         Ipv4Addr::UNSPECIFIED,
         true,
     );
+    dhcp_broadcast(mac, &msg)
+}
+
+/// A DHCP message as a device without an address sends it: broadcast, from 0.0.0.0.
+fn dhcp_broadcast(mac: [u8; 6], msg: &[u8]) -> Vec<u8> {
     inject::udp_frame(
         [0xff; 6],
         mac,
@@ -379,7 +400,7 @@ fn discover_from_random_mac(n: u64) -> Vec<u8> {
         Ipv4Addr::BROADCAST,
         68,
         67,
-        &msg,
+        msg,
     )
 }
 
@@ -572,20 +593,7 @@ fn garbage_dhcp_and_dns_are_counted_and_dropped() {
     let mac = parse_mac(&bed.a.host_mac);
     let dhcp = dhcp_garbage(mac);
     let dhcp_sent = dhcp.len() as u64;
-    let frames: Vec<Vec<u8>> = dhcp
-        .iter()
-        .map(|p| {
-            inject::udp_frame(
-                [0xff; 6],
-                mac,
-                Ipv4Addr::UNSPECIFIED,
-                Ipv4Addr::BROADCAST,
-                68,
-                67,
-                p,
-            )
-        })
-        .collect();
+    let frames: Vec<Vec<u8>> = dhcp.iter().map(|p| dhcp_broadcast(mac, p)).collect();
     for chunk in frames.chunks(20) {
         inject::send_frames(&bed.a.lan, "eth0", chunk.to_vec()).unwrap();
         std::thread::sleep(Duration::from_millis(20));
