@@ -15,6 +15,10 @@ const TOOLS: &[(&str, &str)] = &[
     ("iperf3", "iperf3"),
     ("nc", "netcat-openbsd"),
     ("sha256sum", "coreutils"),
+    ("busybox", "busybox"),
+    ("dhclient", "isc-dhcp-client"),
+    ("dig", "dnsutils"),
+    ("dnsmasq", "dnsmasq-base"),
 ];
 
 /// Checks for root and the tools; installs missing tools with apt-get when it can.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use cyphonic_e2e::bed::{BedOptions, Side, TwoSites, iperf3};
+use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::measure::{self, PingStats, Tcp, Udp};
 
 #[derive(Parser)]
@@ -67,7 +68,10 @@ fn demo() -> anyhow::Result<()> {
         1,
         "An overlay CA for ovl.example issues a certificate to each adapter: gw1 for 100.64.1.0/24, gw2 for 100.64.2.0/24.",
     );
-    let mut bed = TwoSites::new(&BedOptions::default())?;
+    let mut bed = TwoSites::new(&BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    })?;
     println!("   CA and certificates: {}", bed.tmp().join("ca").display());
     step(
         2,
@@ -96,6 +100,49 @@ fn demo() -> anyhow::Result<()> {
     );
     step(
         4,
+        "A camera joins lanB: busybox udhcpc, an unmodified DHCP client, asks adapter B for an address.",
+    );
+    let (ns, mac) = bed.add_host(Side::B, "camera")?;
+    let mut camera = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, "camera")?;
+    camera.start()?;
+    let lease = camera.wait_for(&["bound"], 1, Duration::from_secs(20))?;
+    println!(
+        "   camera {}: {}/{}, router {}, DNS {}, domain {}, MTU {}, lease {} s",
+        camera.mac,
+        lease.get("ip"),
+        lease.get("mask"),
+        lease.get("router"),
+        lease.get("dns"),
+        lease.get("domain"),
+        lease.get("mtu"),
+        lease.get("lease")
+    );
+    step(
+        5,
+        "lanA finds it by name: adapter A asks gw2's DNS through the tunnel; then lanA pings it by name.",
+    );
+    let d = dig(&bed.a.lan, bed.a.gateway, "camera.gw2.ovl.example", "A")?;
+    println!(
+        "   dig @100.64.1.1 camera.gw2.ovl.example: {} {}",
+        d.status,
+        d.answers.join(" ")
+    );
+    bed.a
+        .lan
+        .set_resolv_conf("nameserver 100.64.1.1\nsearch gw1.ovl.example\n")?;
+    let ping = bed.a.lan.exec_output(
+        "ping",
+        &["-c", "3", "-i", "0.2", "-W", "2", "camera.gw2.ovl.example"],
+    )?;
+    let text = String::from_utf8_lossy(&ping.stdout);
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("PING") || l.contains("packet loss"))
+    {
+        println!("   {line}");
+    }
+    step(
+        6,
         "iperf3 through the tunnel: TCP both ways, then UDP at 200 Mbit/s.",
     );
     let t = measure::tcp(&bed, 1, 5)?;
@@ -116,21 +163,22 @@ fn demo() -> anyhow::Result<()> {
         "   UDP 200 Mbit/s:   {:.1} Mbit/s received, {:.2}% lost, {} out of order",
         u.received_mbps, u.loss_pct, u.out_of_order
     );
-    step(5, "What adapter A reports (cyphonic-adapter status):");
+    step(7, "What adapter B reports (cyphonic-adapter status):");
     let out = std::process::Command::new(&bed.bins.adapter)
         .args([
             "status",
             "--socket",
-            bed.a.socket().to_str().context("path")?,
+            bed.b.socket().to_str().context("path")?,
         ])
         .output()?;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         println!("   {line}");
     }
     step(
-        6,
+        8,
         "Stopping the adapters and removing every namespace, link and file of the demo.",
     );
+    camera.stop()?;
     bed.stop(Side::A, "TERM")?;
     bed.stop(Side::B, "TERM")?;
     drop(bed);
