@@ -7,6 +7,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod lan;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 

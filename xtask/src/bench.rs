@@ -29,12 +29,26 @@ pub(crate) fn run(write: bool, micro: bool, e2e: bool) -> anyhow::Result<()> {
     if micro {
         let criterion_dir = root.join("target/criterion");
         // Stale results from an earlier run must not mix into this one's ratios.
-        for group in ["seal", "pipeline_overhead", "reorder_ring"] {
+        for group in [
+            "seal",
+            "pipeline_overhead",
+            "reorder_ring",
+            "lan_dns",
+            "lan_dhcp",
+        ] {
             let _ = std::fs::remove_dir_all(criterion_dir.join(group));
         }
         util::cargo(
             &root,
-            &["bench", "-p", "cyphonic-benches", "--bench", "pipeline"],
+            &[
+                "bench",
+                "-p",
+                "cyphonic-benches",
+                "--bench",
+                "pipeline",
+                "--bench",
+                "lan",
+            ],
         )?;
         sections.push((MICRO, render(&collect(&criterion_dir)?)?));
     }
@@ -188,7 +202,45 @@ fn render(r: &Results) -> anyhow::Result<String> {
         "| reorder ring alone (half the batches wait), per batch {ring_batch:.1} ns | {:.2} ns |",
         ring_batch / BATCH
     )?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "LAN services on the control thread (one core), a site with 200 devices:"
+    )?;
+    writeln!(s)?;
+    writeln!(s, "| message | time each | per second, one core |")?;
+    writeln!(s, "|---|---:|---:|")?;
+    for (group, function, what) in [
+        ("lan_dns", "own_zone_a", "DNS: A of a device, answered"),
+        ("lan_dns", "own_ptr", "DNS: PTR of a device, answered"),
+        ("lan_dns", "malformed", "DNS: 40 bytes of garbage, dropped"),
+        (
+            "lan_dhcp",
+            "renewal",
+            "DHCP: a renewal, ACK built (lease file write not included)",
+        ),
+    ] {
+        let ns = get(r, group, function, "")?;
+        writeln!(s, "| {what} | {} | {} |", duration(ns), per_second(ns))?;
+    }
     Ok(s)
+}
+
+fn duration(ns: f64) -> String {
+    if ns >= 1000.0 {
+        format!("{:.2} µs", ns / 1000.0)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+fn per_second(ns: f64) -> String {
+    let n = 1e9 / ns;
+    if n >= 1e6 {
+        format!("{:.1} M", n / 1e6)
+    } else {
+        format!("{:.0} k", n / 1e3)
+    }
 }
 
 fn pps(ns_per_burst: f64) -> f64 {
@@ -253,5 +305,13 @@ mod tests {
     fn renders_rates() {
         assert_eq!(rate(1_270_000.0, 1420.0), "1.27 M (14.43)");
         assert_eq!(rate(245_000.0, 64.0), "245 k (0.13)");
+        assert_eq!(
+            (duration(2669.0), per_second(2669.0)),
+            ("2.67 µs".into(), "375 k".into())
+        );
+        assert_eq!(
+            (duration(97.7), per_second(97.7)),
+            ("98 ns".into(), "10.2 M".into())
+        );
     }
 }
