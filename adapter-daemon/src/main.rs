@@ -164,10 +164,12 @@ fn print_status(doc: &serde_json::Value) {
         .map_or(0, |d| d.as_secs());
     println!("{:<16} {:<18} {:<12} NAME", "DEVICE VIP", "MAC", "LEASE");
     for l in doc["leases"].as_array().into_iter().flatten() {
-        let lease = match l["expires"].as_u64() {
-            _ if l["reserved"].as_bool() == Some(true) => "reserved".to_owned(),
-            Some(t) => format!("{} s left", t.saturating_sub(now)),
-            None => "-".to_owned(),
+        let lease = if l["reserved"].as_bool() == Some(true) {
+            "reserved".to_owned()
+        } else if let Some(t) = l["expires"].as_u64() {
+            format!("{} s left", t.saturating_sub(now))
+        } else {
+            "-".to_owned()
         };
         println!(
             "{:<16} {:<18} {:<12} {}",

@@ -98,7 +98,7 @@ pub fn dhcp_server() -> Server {
             )
             .expect("an offer")
             .expect("an offer");
-        let ip = dhcproto_yiaddr(&offer.payload);
+        let ip = yiaddr(&offer.payload);
         s.handle(
             NOW,
             &client_message(
@@ -121,7 +121,7 @@ pub fn dhcp_server() -> Server {
 }
 
 /// `yiaddr` of a BOOTP message (bytes 16..20).
-pub fn dhcproto_yiaddr(msg: &[u8]) -> Ipv4Addr {
+pub fn yiaddr(msg: &[u8]) -> Ipv4Addr {
     let b: [u8; 4] = msg[16..20].try_into().expect("a BOOTP message");
     Ipv4Addr::from(b)
 }
@@ -167,6 +167,6 @@ mod tests {
         assert_eq!(s.active().count(), usize::from(DEVICES));
         let renew = renewal(&s, 5);
         let ack = s.handle(NOW + 1800, &renew, mac(5)).unwrap().unwrap();
-        assert_eq!(dhcproto_yiaddr(&ack.payload), Ipv4Addr::new(100, 64, 1, 25));
+        assert_eq!(yiaddr(&ack.payload), Ipv4Addr::new(100, 64, 1, 25));
     }
 }

@@ -86,10 +86,22 @@ pub(crate) fn echo_reply_packet(
     out: &mut [u8],
 ) -> Option<usize> {
     let icmp = h.payload(packet)?;
-    icmp_packet(lan.gateway_ip, h.src, h.id, icmp.len(), out, |body| {
-        body.copy_from_slice(icmp);
+    icmp_packet(
+        lan.gateway_ip,
+        h.src,
+        h.id,
+        icmp.len(),
+        out,
+        echo_reply_body(icmp),
+    )
+}
+
+/// Writes the echo reply's ICMP message: the request's, with the reply type.
+fn echo_reply_body(request: &[u8]) -> impl FnOnce(&mut [u8]) + '_ {
+    move |body| {
+        body.copy_from_slice(request);
         body[0] = ECHO_REPLY;
-    })
+    }
 }
 
 /// Writes into `out` the Ethernet frame answering the echo request `packet` from `dst_mac`.
@@ -102,10 +114,15 @@ pub(crate) fn echo_reply(
     out: &mut [u8],
 ) -> Option<usize> {
     let icmp = h.payload(packet)?;
-    icmp_frame(lan, dst_mac, h.src, h.id, icmp.len(), out, |body| {
-        body.copy_from_slice(icmp);
-        body[0] = ECHO_REPLY;
-    })
+    icmp_frame(
+        lan,
+        dst_mac,
+        h.src,
+        h.id,
+        icmp.len(),
+        out,
+        echo_reply_body(icmp),
+    )
 }
 
 /// Writes into `out` an ICMP error about `packet` (of which at least the header is present),
