@@ -1251,6 +1251,16 @@ mod tests {
             ),
             (
                 "upstream = [\"192.0.2.53\"]",
+                "upstream = [\"0.0.0.0\"]",
+                "key `dns.upstream[0]`: 0.0.0.0 cannot be an upstream resolver",
+            ),
+            (
+                "upstream = [\"192.0.2.53\"]",
+                "upstream = [\"192.0.2.53\", \"ff02::fb\"]",
+                "key `dns.upstream[1]`: ff02::fb cannot be an upstream resolver",
+            ),
+            (
+                "upstream = [\"192.0.2.53\"]",
                 "upstream = [\"dns.example\"]",
                 "key `dns.upstream`",
             ),
