@@ -40,10 +40,10 @@ impl Event {
     }
 }
 
-/// Both scripts write one line per event (to the file put in place of `@EVENTS@`): `reason=... ip=... router=...`, and apply the lease
-/// to the interface the way a distribution's default script does.
+/// Both scripts apply the lease to the interface the way a distribution's default script does,
+/// then write one line per event (to the file put in place of `@EVENTS@`): `reason=... ip=...
+/// router=...`. The line comes last, so a test that saw an event sees its effect too.
 const UDHCPC_SCRIPT: &str = r#"#!/bin/sh
-echo "reason=$1 ip=$ip mask=$mask router=$router dns=$dns domain=$domain mtu=$mtu lease=$lease server=$serverid" >> "@EVENTS@"
 case "$1" in
   deconfig) ip -4 addr flush dev "$interface"; ip link set dev "$interface" up ;;
   bound|renew)
@@ -53,12 +53,13 @@ case "$1" in
     [ -n "$router" ] && ip route replace default via "$router" dev "$interface"
     ;;
 esac
+# Written last, so that an event means the lease is on the interface.
+echo "reason=$1 ip=$ip mask=$mask router=$router dns=$dns domain=$domain mtu=$mtu lease=$lease server=$serverid" >> "@EVENTS@"
 exit 0
 "#;
 
 const DHCLIENT_SCRIPT: &str = r#"#!/bin/sh
 r=$(echo "$reason" | tr 'A-Z' 'a-z')
-echo "reason=$r ip=$new_ip_address mask=$new_subnet_mask router=$new_routers dns=$new_domain_name_servers domain=$new_domain_name mtu=$new_interface_mtu lease=$new_dhcp_lease_time server=$new_dhcp_server_identifier" >> "@EVENTS@"
 case "$reason" in
   PREINIT) ip link set dev "$interface" up ;;
   BOUND|RENEW|REBIND|REBOOT)
@@ -69,6 +70,7 @@ case "$reason" in
     ;;
   EXPIRE|FAIL|RELEASE|STOP) ip -4 addr flush dev "$interface" ;;
 esac
+echo "reason=$r ip=$new_ip_address mask=$new_subnet_mask router=$new_routers dns=$new_domain_name_servers domain=$new_domain_name mtu=$new_interface_mtu lease=$new_dhcp_lease_time server=$new_dhcp_server_identifier" >> "@EVENTS@"
 exit 0
 "#;
 

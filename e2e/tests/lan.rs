@@ -128,6 +128,11 @@ fn udhcpc_and_dhclient_get_renew_reboot_and_release_leases() {
     // Release: the leases end at once, and the addresses no longer pass anti-spoofing.
     small.release().unwrap();
     server.release().unwrap();
+    // The clients do not wait for the server: give the adapter a moment to take the RELEASEs.
+    let _ = cyphonic_e2e::wait_until(Duration::from_secs(5), "the releases", || {
+        bed.status(Side::A)
+            .is_ok_and(|s| s["dhcp"]["releases"].as_u64() == Some(2))
+    });
     let s = bed.status(Side::A).unwrap();
     assert!(lease_of(&s, &small.mac).is_none(), "{}", s["leases"]);
     assert!(lease_of(&s, &server.mac).is_none(), "{}", s["leases"]);
