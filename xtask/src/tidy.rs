@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-gateway", 1, false),
     ("cyphonic-vip", 1, false),
     ("cyphonic-resolver", 1, false),
+    ("cyphonic-control", 1, false),
     ("cyphonic-pipeline", 2, false),
     ("cyphonic-netio", 2, true),
     ("cyphonic-signal", 3, false),
@@ -32,6 +33,7 @@ const SANS_IO: &[&str] = &[
     "crates/gateway",
     "crates/vip",
     "crates/resolver",
+    "crates/control",
 ];
 
 /// Crates below layer 3 must not pull in an async runtime.

@@ -1,7 +1,7 @@
-//! `cyphonic-cloud`: the control plane of the overlay. Today it carries the offline
-//! certificate authority (`cyphonic-cloud ca ...`, like nebula-cert): create the overlay CA,
-//! issue node certificates with fresh Noise keys, revoke, list. The AS/NMS/TRS services
-//! (`serve`) come with the control-plane issue.
+//! `cyphonic-cloud`: the control plane of the overlay. `serve --config FILE` runs the AS/NMS
+//! services (the library, `cyphonic_cloud`); `keygen` makes the cloud's Noise key; `ca ...` is
+//! the offline certificate authority (like nebula-cert): create the overlay CA, issue node
+//! certificates with fresh Noise keys, revoke, list.
 //!
 //! A CA directory holds `ca.crt` (give it to every node), `ca.key` (keep it offline; mode
 //! 0600), `revoked.txt` (publish it) and `issued/` (a copy of every certificate issued).
@@ -43,6 +43,24 @@ enum Command {
     /// The offline certificate authority.
     #[command(subcommand)]
     Ca(Ca),
+    /// Run the control plane services (AS, NMS) until SIGINT or SIGTERM.
+    Serve {
+        /// The configuration file (see config/cloud.example.toml).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Check a configuration file and the files it names, then exit.
+    CheckConfig {
+        /// The configuration file.
+        config: PathBuf,
+    },
+    /// Make the cloud's Noise key (mode 0600) and print its public half, which every
+    /// adapter and node pins in its configuration (`[cloud] public_key`).
+    Keygen {
+        /// Where to write the private key (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -112,6 +130,18 @@ enum Ca {
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Ca(ca) => run_ca(ca),
+        Command::Serve { config } => serve(&config),
+        Command::CheckConfig { config } => cyphonic_cloud::config::load(&config, now()).map(|c| {
+            println!(
+                "{}: ok (control {}, probes {}, store {}, public key {})",
+                config.display(),
+                c.listen,
+                c.probe_listen,
+                cyphonic_cloud::redact(&c.database),
+                c.key.public()
+            );
+        }),
+        Command::Keygen { out } => keygen(&out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -120,6 +150,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn serve(path: &Path) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let config = cyphonic_cloud::config::load(path, now())?;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?
+        .block_on(cyphonic_cloud::serve(config))
+}
+
+fn keygen(out: &Path) -> anyhow::Result<()> {
+    let key = StaticKeypair::generate()?;
+    write_new(out, &key.to_pem(), true)?;
+    println!("{}", key.public());
+    Ok(())
 }
 
 fn now() -> u64 {

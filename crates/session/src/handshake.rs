@@ -72,6 +72,11 @@ impl Identity {
         self.keypair.public()
     }
 
+    /// Our Noise static key pair: the control channel to the cloud uses the same identity.
+    pub const fn keypair(&self) -> &StaticKeypair {
+        &self.keypair
+    }
+
     /// The trust store peers are checked against.
     pub const fn trust(&self) -> &TrustStore {
         &self.trust

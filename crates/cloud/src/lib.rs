@@ -1,0 +1,142 @@
+//! The cyphonic control plane (design.md §6): AS (certificate checks against the overlay CA
+//! and its revocation list), NMS (control sessions, registration, resolution with policy,
+//! signalling) and, with the relay, TRS. `cyphonic-cloud serve` runs them in one process.
+//! The registry lives in a SQL store ([`store`]): a SQLite file by default, PostgreSQL by URL.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod nms;
+pub mod policy;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+pub use config::Config;
+pub use nms::Nms;
+pub use policy::{Policy, Rule};
+pub use store::Store;
+
+/// The services, running on the current tokio runtime.
+#[derive(Debug)]
+pub struct Running {
+    /// The NMS, with its counters.
+    pub nms: Arc<Nms>,
+    /// The control address bound.
+    pub control: SocketAddr,
+    /// The probe address bound.
+    pub probe: SocketAddr,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops the services: every session drops, as if the process ended.
+    pub fn stop(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let s = &self.nms.stats;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            sessions = get(&s.sessions),
+            refused = get(&s.refused),
+            malformed = get(&s.malformed),
+            resolves = get(&s.resolves),
+            denied = get(&s.denied),
+            probes = get(&s.probes),
+            probes_refused = get(&s.probes_refused),
+            "cyphonic-cloud stopping"
+        );
+    }
+}
+
+/// Opens the store, binds the sockets and starts the services of `config`.
+///
+/// # Errors
+/// A socket cannot be bound or the store cannot be opened.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let store = Store::open(&config.database)
+        .await
+        .with_context(|| format!("opening the store {}", redact(&config.database)))?;
+    store.all_offline().await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding the control port {}", config.listen))?;
+    let probe = tokio::net::UdpSocket::bind(config.probe_listen)
+        .await
+        .with_context(|| format!("binding the probe port {}", config.probe_listen))?;
+    let (control, probe_addr) = (listener.local_addr()?, probe.local_addr()?);
+    let public = config.key.public();
+    let nms = Arc::new(Nms::new(
+        config.key,
+        config.trust,
+        store.clone(),
+        config.policy,
+        probe_addr.port(),
+    ));
+    let (clients, online) = store.counts().await?;
+    tracing::info!(
+        %control,
+        probe = %probe_addr,
+        store = %redact(&config.database),
+        %public,
+        clients,
+        online,
+        "cyphonic-cloud serving"
+    );
+    let tasks = vec![
+        tokio::spawn(nms.clone().serve(listener)),
+        tokio::spawn(nms.clone().probes(probe)),
+    ];
+    Ok(Running {
+        nms,
+        control,
+        probe: probe_addr,
+        tasks,
+    })
+}
+
+/// Runs the services of `config` until SIGINT or SIGTERM.
+///
+/// # Errors
+/// A socket cannot be bound or the store cannot be opened.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let running = start(config).await?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    running.stop();
+    Ok(())
+}
+
+/// A database URL without its password, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_stay_out_of_logs() {
+        assert_eq!(
+            super::redact("postgres://cy:secret@127.0.0.1/cy"),
+            "postgres://cy:***@127.0.0.1/cy"
+        );
+        assert_eq!(super::redact("sqlite:///x.db"), "sqlite:///x.db");
+    }
+}

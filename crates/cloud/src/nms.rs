@@ -1,0 +1,427 @@
+//! AS and NMS: control sessions with adapters and nodes (Noise over TCP), certificate checks,
+//! registration, resolution with policy, signalling pushed to both sides, and the UDP endpoint
+//! probe that shows the cloud each client's NAT-mapped tunnel address.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cyphonic_control::channel::{LEN_PREFIX, frame_len};
+use cyphonic_control::{
+    ClientMsg, CloudMsg, NameRecord, PeerInfo, Resolution, ServerHandshake, VERSION, Welcome,
+    check_name, probe_token,
+};
+use cyphonic_crypto::{CertBody, CertKind, Certificate, StaticKeypair, TrustStore};
+use dashmap::DashMap;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::mpsc;
+
+use crate::policy::Policy;
+use crate::store::Store;
+
+/// A client that says nothing for this long is gone (clients ping every 15 s).
+const IDLE: Duration = Duration::from_secs(60);
+/// A connection must finish its handshake within this.
+const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
+/// Endpoints one client may register.
+const MAX_ENDPOINTS: usize = 16;
+/// Names one client may register.
+const MAX_NAMES: usize = 1024;
+/// Messages waiting to be pushed to one client.
+const PUSH_QUEUE: usize = 64;
+
+/// Counters, as `cyphonic-cloud` logs them.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Control sessions opened.
+    pub sessions: AtomicU64,
+    /// Handshakes refused (bad certificate, wrong version) or failed (not Noise to our key).
+    pub refused: AtomicU64,
+    /// Messages that did not authenticate or parse; each closes its session.
+    pub malformed: AtomicU64,
+    /// Names refused at registration (outside the certificate, taken).
+    pub names_refused: AtomicU64,
+    /// Resolutions asked.
+    pub resolves: AtomicU64,
+    /// Resolutions denied by policy.
+    pub denied: AtomicU64,
+    /// Endpoint probes accepted.
+    pub probes: AtomicU64,
+    /// Endpoint probes refused (malformed, unknown token).
+    pub probes_refused: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One client connected to this instance.
+#[derive(Debug)]
+struct Connected {
+    /// Distinguishes a reconnected client's new session from its old one.
+    serial: u64,
+    /// Pushes to the client.
+    tx: mpsc::Sender<CloudMsg>,
+}
+
+/// The NMS state shared by every connection.
+#[derive(Debug)]
+pub struct Nms {
+    key: StaticKeypair,
+    trust: TrustStore,
+    store: Store,
+    policy: Policy,
+    probe_port: u16,
+    connected: DashMap<String, Connected>,
+    tokens: DashMap<[u8; 16], String>,
+    serial: AtomicU64,
+    /// Counters.
+    pub stats: Stats,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn random_token() -> Option<[u8; 16]> {
+    use ring::rand::SecureRandom as _;
+    let mut t = [0u8; 16];
+    ring::rand::SystemRandom::new().fill(&mut t).ok()?;
+    Some(t)
+}
+
+/// A handshake verdict: the certificate, or why it was refused.
+fn admit(
+    trust: &TrustStore,
+    hs: &ServerHandshake,
+    now: u64,
+) -> Result<(Certificate, String), String> {
+    let hello = hs.hello();
+    if hello.version != VERSION {
+        return Err(format!(
+            "protocol version {} is not spoken here (this cloud speaks {VERSION})",
+            hello.version
+        ));
+    }
+    let cert =
+        Certificate::from_pem(&hello.certificate).map_err(|e| format!("certificate: {e}"))?;
+    trust
+        .verify(&cert, now)
+        .map_err(|e| format!("certificate: {e}"))?;
+    if cert.body().kind != CertKind::Node {
+        return Err("a CA certificate cannot open a session".into());
+    }
+    if cert.body().public_key != hs.remote_static().0 {
+        return Err("the certificate certifies another Noise key than the one used".into());
+    }
+    let pem = cert.to_pem();
+    Ok((cert, pem))
+}
+
+async fn read_frame(rd: &mut OwnedReadHalf) -> std::io::Result<Vec<u8>> {
+    let mut prefix = [0u8; LEN_PREFIX];
+    rd.read_exact(&mut prefix).await?;
+    let mut buf = vec![0; frame_len(prefix)];
+    rd.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+impl Nms {
+    /// The NMS over `store`.
+    pub fn new(
+        key: StaticKeypair,
+        trust: TrustStore,
+        store: Store,
+        policy: Policy,
+        probe_port: u16,
+    ) -> Self {
+        Self {
+            key,
+            trust,
+            store,
+            policy,
+            probe_port,
+            connected: DashMap::new(),
+            tokens: DashMap::new(),
+            serial: AtomicU64::new(0),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Accepts control sessions on `listener` until the task is dropped; its sessions end
+    /// with it.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let mut sessions = tokio::task::JoinSet::new();
+        loop {
+            match listener.accept().await {
+                Ok((stream, from)) => {
+                    while sessions.try_join_next().is_some() {}
+                    let me = self.clone();
+                    sessions.spawn(async move { me.session(stream, from).await });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a control connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    async fn session(self: Arc<Self>, stream: TcpStream, from: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let opened = tokio::time::timeout(HANDSHAKE_TIME, async {
+            let first = read_frame(&mut rd).await.ok()?;
+            match ServerHandshake::accept(&self.key, &first) {
+                Ok(hs) => Some(hs),
+                Err(e) => {
+                    tracing::debug!(%from, error = %e, "not a control handshake for this cloud");
+                    None
+                }
+            }
+        })
+        .await;
+        let Ok(Some(hs)) = opened else {
+            bump(&self.stats.refused);
+            return;
+        };
+        let (cert, pem) = match admit(&self.trust, &hs, unix_now()) {
+            Ok(ok) => ok,
+            Err(reason) => {
+                bump(&self.stats.refused);
+                tracing::info!(%from, %reason, "control session refused");
+                if let Ok((_, frame)) = hs.answer(&Welcome::Refused { reason }) {
+                    let _ = wr.write_all(&frame).await;
+                }
+                return;
+            }
+        };
+        let Some(token) = random_token() else {
+            return;
+        };
+        let Ok((mut ch, frame)) = hs.answer(&Welcome::Accepted {
+            version: VERSION,
+            probe_token: token,
+            probe_port: self.probe_port,
+            observed: from,
+        }) else {
+            return;
+        };
+        let fp = cert.fingerprint().to_string();
+        let body = cert.body().clone();
+        if let Err(e) = self.store.client_online(&fp, &body.name, &pem).await {
+            tracing::error!(error = %e, "store");
+            return;
+        }
+        // Known before the client hears the welcome: its first probe may arrive at once.
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed);
+        let (tx, mut pushes) = mpsc::channel(PUSH_QUEUE);
+        self.connected.insert(fp.clone(), Connected { serial, tx });
+        self.tokens.insert(token, fp.clone());
+        if wr.write_all(&frame).await.is_err() {
+            self.tokens.remove(&token);
+            self.connected.remove_if(&fp, |_, c| c.serial == serial);
+            return;
+        }
+        bump(&self.stats.sessions);
+        tracing::info!(name = %body.name, %from, "control session open");
+
+        // The reader runs apart, so that waiting for a frame is never cut half-way.
+        let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(16);
+        let reader = tokio::spawn(async move {
+            while let Ok(f) = read_frame(&mut rd).await {
+                if frames_tx.send(f).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let why = loop {
+            let out = tokio::select! {
+                f = tokio::time::timeout(IDLE, frames.recv()) => match f {
+                    Err(_) => break "idle",
+                    Ok(None) => break "closed",
+                    Ok(Some(f)) => match ch.open::<ClientMsg>(&f) {
+                        Ok(msg) => self.handle(&fp, &body, msg).await,
+                        Err(e) => {
+                            bump(&self.stats.malformed);
+                            tracing::info!(name = %body.name, error = %e, "malformed control message");
+                            break "malformed message";
+                        }
+                    },
+                },
+                p = pushes.recv() => match p {
+                    Some(p) => Some(p),
+                    None => break "replaced by a newer session",
+                },
+            };
+            if let Some(out) = out {
+                let Ok(frame) = ch.seal(&out) else {
+                    break "oversize message";
+                };
+                if wr.write_all(&frame).await.is_err() {
+                    break "write failed";
+                }
+            }
+        };
+        reader.abort();
+        self.tokens.remove(&token);
+        let still_ours = self
+            .connected
+            .remove_if(&fp, |_, c| c.serial == serial)
+            .is_some();
+        if still_ours && let Err(e) = self.store.client_offline(&fp).await {
+            tracing::error!(error = %e, "store");
+        }
+        tracing::info!(name = %body.name, %from, reason = why, "control session closed");
+    }
+
+    async fn handle(&self, fp: &str, body: &CertBody, msg: ClientMsg) -> Option<CloudMsg> {
+        match msg {
+            ClientMsg::Ping {} => Some(CloudMsg::Pong {}),
+            ClientMsg::Register { endpoints, names } => {
+                Some(self.register(fp, body, endpoints, names).await)
+            }
+            ClientMsg::Resolve { id, name } => {
+                bump(&self.stats.resolves);
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                let resolution = match self.resolve(fp, body, &name).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(error = %e, "store");
+                        return Some(CloudMsg::Error {
+                            reason: "the registry is unavailable".into(),
+                        });
+                    }
+                };
+                Some(CloudMsg::Resolved {
+                    id,
+                    name,
+                    resolution,
+                })
+            }
+        }
+    }
+
+    async fn register(
+        &self,
+        fp: &str,
+        body: &CertBody,
+        mut endpoints: Vec<SocketAddr>,
+        names: Vec<NameRecord>,
+    ) -> CloudMsg {
+        endpoints.retain(|e| !e.ip().is_unspecified() && !e.ip().is_multicast() && e.port() != 0);
+        endpoints.truncate(MAX_ENDPOINTS);
+        let mut refused = Vec::new();
+        let mut ok = Vec::new();
+        for (i, n) in names.into_iter().enumerate() {
+            if i >= MAX_NAMES {
+                refused.push((n.name, format!("more than {MAX_NAMES} names")));
+            } else if let Err(e) = check_name(body, &n) {
+                refused.push((n.name, e.to_string()));
+            } else {
+                ok.push(n);
+            }
+        }
+        match self.store.register(fp, &endpoints, &ok).await {
+            Ok(taken) => {
+                for t in taken {
+                    ok.retain(|n| n.name != t);
+                    refused.push((t, "registered by another client".into()));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                return CloudMsg::Error {
+                    reason: "the registry is unavailable".into(),
+                };
+            }
+        }
+        for (name, reason) in &refused {
+            bump(&self.stats.names_refused);
+            tracing::info!(client = %body.name, %name, %reason, "name refused");
+        }
+        tracing::debug!(client = %body.name, names = ok.len(), ?endpoints, "registered");
+        CloudMsg::Registered {
+            accepted: ok.len(),
+            refused,
+        }
+    }
+
+    async fn resolve(
+        &self,
+        fp: &str,
+        asker: &CertBody,
+        name: &str,
+    ) -> Result<Resolution, crate::store::StoreError> {
+        let Some(found) = self.store.lookup(name).await? else {
+            return Ok(Resolution::NotFound);
+        };
+        if found.owner.fingerprint == fp {
+            return Ok(Resolution::Own);
+        }
+        let Ok(target) = Certificate::from_pem(&found.owner.certificate) else {
+            return Ok(Resolution::NotFound);
+        };
+        // The target's certificate may have been revoked or expired since it registered.
+        if self.trust.verify(&target, unix_now()).is_err() {
+            return Ok(Resolution::NotFound);
+        }
+        if !self.policy.allows(asker, target.body()) {
+            bump(&self.stats.denied);
+            tracing::info!(asker = %asker.name, %name, "resolution denied by policy");
+            return Ok(Resolution::Denied);
+        }
+        // Tell the target to expect the asker, with where to reach it.
+        if let Some(me) = self.store.client(fp).await?
+            && let Some(c) = self.connected.get(&found.owner.fingerprint)
+        {
+            let expect = CloudMsg::Expect {
+                peer: PeerInfo {
+                    certificate: me.certificate.clone(),
+                    endpoints: me.reach(),
+                },
+            };
+            if c.tx.try_send(expect).is_err() {
+                tracing::warn!(target = %found.owner.name, "push queue full: Expect dropped");
+            }
+        }
+        Ok(Resolution::Found {
+            vip: found.vip,
+            peer: PeerInfo {
+                certificate: found.owner.certificate.clone(),
+                endpoints: found.owner.reach(),
+            },
+        })
+    }
+
+    /// Reads endpoint probes on `sock` until the task is dropped.
+    pub async fn probes(self: Arc<Self>, sock: UdpSocket) {
+        let mut buf = vec![0u8; 2048];
+        loop {
+            let Ok((n, from)) = sock.recv_from(&mut buf).await else {
+                continue;
+            };
+            let Some(token) = probe_token(&buf[..n]) else {
+                bump(&self.stats.probes_refused);
+                continue;
+            };
+            let Some(fp) = self.tokens.get(&token).map(|f| f.clone()) else {
+                bump(&self.stats.probes_refused);
+                continue;
+            };
+            bump(&self.stats.probes);
+            if let Err(e) = self.store.observed(&fp, from).await {
+                tracing::error!(error = %e, "store");
+                continue;
+            }
+            if let Some(c) = self.connected.get(&fp) {
+                let _ = c.tx.try_send(CloudMsg::Observed { endpoint: from });
+            }
+        }
+    }
+}

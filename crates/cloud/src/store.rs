@@ -1,0 +1,295 @@
+//! The registry: which clients exist, where they can be reached, which names they host. One
+//! SQL schema (migrations/) through sqlx's `Any` driver: a SQLite file by default, PostgreSQL
+//! by URL when several cloud instances share one overlay.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cyphonic_control::NameRecord;
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
+use sqlx::{AnyPool, Row as _};
+
+/// Store failures: the database cannot be opened or migrated, or a query failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// From the database driver.
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Migrations failed.
+    #[error("migrating the database: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A row holds something this version cannot read (edited by hand, or a newer schema).
+    #[error("unreadable row in {table}: {what}")]
+    Corrupt {
+        /// The table.
+        table: &'static str,
+        /// What did not parse.
+        what: String,
+    },
+}
+
+/// A registered client as the registry holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientRow {
+    /// Its certificate's fingerprint (hex).
+    pub fingerprint: String,
+    /// Its FQDN.
+    pub name: String,
+    /// Its certificate, text armor.
+    pub certificate: String,
+    /// The endpoints it registered.
+    pub endpoints: Vec<SocketAddr>,
+    /// The address its endpoint probes came from.
+    pub observed: Option<SocketAddr>,
+    /// Whether a control session is open to it (on any instance).
+    pub online: bool,
+}
+
+impl ClientRow {
+    /// Where to send handshakes: the observed (NAT-mapped) address first, then the rest.
+    pub fn reach(&self) -> Vec<SocketAddr> {
+        let mut out: Vec<SocketAddr> = self.observed.into_iter().collect();
+        for e in &self.endpoints {
+            if !out.contains(e) {
+                out.push(*e);
+            }
+        }
+        out
+    }
+}
+
+/// A name and who hosts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameRow {
+    /// Its vIP.
+    pub vip: Ipv4Addr,
+    /// The client hosting it.
+    pub owner: ClientRow,
+}
+
+/// The registry.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+impl Store {
+    /// Opens (creating a SQLite file if needed) and migrates the database at `url`
+    /// (`sqlite:///var/lib/cyphonic/cloud.db`, `postgres://user@host/db`).
+    ///
+    /// # Errors
+    /// The database cannot be reached or migrated.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        install_default_drivers();
+        let url = if url.starts_with("sqlite:") && !url.contains("mode=") {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}mode=rwc")
+        } else {
+            url.to_owned()
+        };
+        // SQLite allows one writer: one connection avoids "database is locked".
+        let max = if url.starts_with("sqlite:") { 1 } else { 8 };
+        let pool = AnyPoolOptions::new()
+            .max_connections(max)
+            .connect(&url)
+            .await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// Records a client that just opened a control session: online, with no endpoints and
+    /// names until it registers.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn client_online(
+        &self,
+        fingerprint: &str,
+        name: &str,
+        certificate: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at) \
+             VALUES ($1, $2, $3, '[]', NULL, 1, $4) \
+             ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4",
+        )
+        .bind(fingerprint)
+        .bind(name)
+        .bind(certificate)
+        .bind(unix_now())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Marks a client offline (its names stay: a tunnel to it may still work).
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn client_offline(&self, fingerprint: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE clients SET online = 0, updated_at = $2 WHERE fingerprint = $1")
+            .bind(fingerprint)
+            .bind(unix_now())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Marks every client offline: at start, after a crash left some marked online.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn all_offline(&self) -> Result<(), StoreError> {
+        sqlx::query("UPDATE clients SET online = 0")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Replaces a client's endpoints and names. Names another client holds are not taken
+    /// over: they are returned as refused.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn register(
+        &self,
+        fingerprint: &str,
+        endpoints: &[SocketAddr],
+        names: &[NameRecord],
+    ) -> Result<Vec<String>, StoreError> {
+        let endpoints = serde_json::to_string(endpoints).unwrap_or_else(|_| "[]".into());
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE clients SET endpoints = $2, updated_at = $3 WHERE fingerprint = $1")
+            .bind(fingerprint)
+            .bind(&endpoints)
+            .bind(unix_now())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM names WHERE owner = $1")
+            .bind(fingerprint)
+            .execute(&mut *tx)
+            .await?;
+        let mut taken = Vec::new();
+        for n in names {
+            let done = sqlx::query(
+                "INSERT INTO names (name, vip, owner) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
+            )
+            .bind(&n.name)
+            .bind(n.vip.to_string())
+            .bind(fingerprint)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 0 {
+                taken.push(n.name.clone());
+            }
+        }
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    /// Records the address a client's endpoint probe came from.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn observed(&self, fingerprint: &str, addr: SocketAddr) -> Result<(), StoreError> {
+        sqlx::query("UPDATE clients SET observed = $2, updated_at = $3 WHERE fingerprint = $1")
+            .bind(fingerprint)
+            .bind(addr.to_string())
+            .bind(unix_now())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// A client by fingerprint.
+    ///
+    /// # Errors
+    /// Database failures, or a row this version cannot read.
+    pub async fn client(&self, fingerprint: &str) -> Result<Option<ClientRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT fingerprint, name, certificate, endpoints, observed, online \
+             FROM clients WHERE fingerprint = $1",
+        )
+        .bind(fingerprint)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| client_row(&r, 0)).transpose()
+    }
+
+    /// Who hosts `name`.
+    ///
+    /// # Errors
+    /// Database failures, or a row this version cannot read.
+    pub async fn lookup(&self, name: &str) -> Result<Option<NameRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT n.vip, c.fingerprint, c.name, c.certificate, c.endpoints, c.observed, c.online \
+             FROM names n JOIN clients c ON c.fingerprint = n.owner WHERE n.name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let vip: String = row.try_get(0)?;
+        let vip = vip.parse().map_err(|_| StoreError::Corrupt {
+            table: "names",
+            what: format!("vip {vip:?}"),
+        })?;
+        let owner = client_row(&row, 1)?;
+        Ok(Some(NameRow { vip, owner }))
+    }
+
+    /// How many clients are registered, and how many of them are online.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn counts(&self) -> Result<(i64, i64), StoreError> {
+        let row = sqlx::query("SELECT COUNT(*), COALESCE(SUM(online), 0) FROM clients")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+
+    /// How many names are registered.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn name_count(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) FROM names")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get(0)?)
+    }
+}
+
+/// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online`
+/// starting at column `at`.
+fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt {
+        table: "clients",
+        what,
+    };
+    let endpoints: String = row.try_get(at + 3)?;
+    let observed: Option<String> = row.try_get(at + 4)?;
+    let online: i64 = row.try_get(at + 5)?;
+    Ok(ClientRow {
+        fingerprint: row.try_get(at)?,
+        name: row.try_get(at + 1)?,
+        certificate: row.try_get(at + 2)?,
+        endpoints: serde_json::from_str(&endpoints)
+            .map_err(|_| corrupt(format!("endpoints {endpoints:?}")))?,
+        observed: match observed {
+            Some(o) => Some(o.parse().map_err(|_| corrupt(format!("observed {o:?}")))?),
+            None => None,
+        },
+        online: online != 0,
+    })
+}

@@ -1,0 +1,98 @@
+//! The control protocol between the cloud (NMS) and its clients (adapters, nodes), sans-IO:
+//! the messages ([`msg`]), the Noise channel that carries them ([`channel`]), and the rule for
+//! which names a certificate lets a client host ([`check_name`]). docs/protocol.md §3 is the
+//! specification. The drivers, `cyphonic-signal` (client) and `cyphonic-cloud` (server), own
+//! the sockets.
+
+#![forbid(unsafe_code)]
+
+pub mod channel;
+pub mod msg;
+
+/// Bytes of an endpoint probe's token.
+pub const PROBE_TOKEN_LEN: usize = 16;
+
+pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
+pub use msg::{ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Resolution, VERSION, Welcome};
+
+use std::net::IpAddr;
+
+use cyphonic_crypto::CertBody;
+
+/// Why a client may not host a name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// Not a lower-case DNS name of labels `a-z0-9-` (1 to 63 bytes each, 253 in all).
+    #[error("not a valid lower-case DNS name")]
+    Invalid,
+    /// Neither the certificate's name nor one label under it.
+    #[error("outside the certificate's zone {0}")]
+    OutsideZone(String),
+    /// The address lies outside every vIP block of the certificate.
+    #[error("address outside the certificate's vIP blocks")]
+    OutsideBlocks,
+}
+
+/// Whether the holder of a certificate with `body` may host `record`: the certificate's own
+/// name, or one label under it (`sensor.gw1.ovl.example` for `gw1.ovl.example`), at an address
+/// inside its certified blocks.
+///
+/// # Errors
+/// [`NameError`] saying which rule the record breaks.
+pub fn check_name(body: &CertBody, record: &NameRecord) -> Result<(), NameError> {
+    let name = record.name.as_str();
+    let valid_label = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() > 253 || !name.split('.').all(valid_label) {
+        return Err(NameError::Invalid);
+    }
+    let zone = body.name.as_str();
+    let inside = name == zone
+        || name
+            .strip_suffix(zone)
+            .and_then(|head| head.strip_suffix('.'))
+            .is_some_and(|label| !label.contains('.'));
+    if !inside {
+        return Err(NameError::OutsideZone(zone.to_owned()));
+    }
+    if !body.covers(IpAddr::V4(record.vip)) {
+        return Err(NameError::OutsideBlocks);
+    }
+    Ok(())
+}
+
+/// An endpoint probe (docs/protocol.md §1, type 6): sent from the tunnel socket to the
+/// cloud's probe port so that the cloud sees the address a NAT maps that socket to. The body
+/// is the session's token from [`Welcome::Accepted`].
+pub fn probe_frame(token: &[u8; PROBE_TOKEN_LEN]) -> Vec<u8> {
+    use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
+    let mut buf = vec![0u8; HEADER_LEN + PROBE_TOKEN_LEN];
+    let mut frame = Frame::new_unchecked(&mut buf[..]);
+    FrameRepr {
+        msg_type: MessageType::EndpointProbe,
+        flags: 0,
+        receiver_index: 0,
+        counter: 0,
+        body_len: PROBE_TOKEN_LEN,
+    }
+    .emit(&mut frame);
+    frame.body_mut().copy_from_slice(token);
+    buf
+}
+
+/// The token of a well-formed endpoint probe, or `None` for anything else.
+pub fn probe_token(payload: &[u8]) -> Option<[u8; PROBE_TOKEN_LEN]> {
+    use cyphonic_wire::{Frame, FrameRepr, MessageType};
+    let frame = Frame::new_checked(payload).ok()?;
+    let repr = FrameRepr::parse(&frame).ok()?;
+    if repr.msg_type != MessageType::EndpointProbe {
+        return None;
+    }
+    frame.body().try_into().ok()
+}

@@ -1,0 +1,279 @@
+//! The control channel and names, as the cloud and a client see them.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use cyphonic_control::channel::{LEN_PREFIX, MAX_MESSAGE, frame_len};
+use cyphonic_control::{
+    Channel, ChannelError, ClientHandshake, ClientMsg, CloudMsg, Hello, NameError, NameRecord,
+    ServerHandshake, Welcome, check_name,
+};
+use cyphonic_crypto::{CertBody, CertificateAuthority, IssueRequest, StaticKeypair};
+use proptest::prelude::*;
+
+fn body(name: &str, block: &str) -> CertBody {
+    let ca = CertificateAuthority::generate(
+        "ovl.example",
+        &["100.64.0.0/10".parse().unwrap()],
+        0,
+        u64::MAX,
+    )
+    .unwrap();
+    let cert = ca
+        .issue(&IssueRequest {
+            name: name.to_owned(),
+            vip_blocks: vec![block.parse().unwrap()],
+            public_key: [7; 32],
+            groups: vec![],
+            not_before: 0,
+            not_after: u64::MAX,
+        })
+        .unwrap();
+    cert.body().clone()
+}
+
+fn hello() -> Hello {
+    Hello {
+        version: 1,
+        certificate: "CERT".into(),
+        agent: "test".into(),
+    }
+}
+
+fn welcome() -> Welcome {
+    Welcome::Accepted {
+        version: 1,
+        probe_token: [9; 16],
+        probe_port: 7001,
+        observed: "198.51.100.2:40000".parse().unwrap(),
+    }
+}
+
+/// Strips the length prefix, checking it.
+fn body_of(frame: &[u8]) -> &[u8] {
+    let prefix: [u8; LEN_PREFIX] = frame[..LEN_PREFIX].try_into().unwrap();
+    assert_eq!(frame_len(prefix), frame.len() - LEN_PREFIX);
+    &frame[LEN_PREFIX..]
+}
+
+fn open_pair() -> (Channel, Channel, StaticKeypair) {
+    let (client, cloud) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let (hs, first) = ClientHandshake::start(&client, &cloud.public(), &hello()).unwrap();
+    let incoming = ServerHandshake::accept(&cloud, body_of(&first)).unwrap();
+    assert_eq!(incoming.remote_static(), client.public());
+    assert_eq!(incoming.hello(), &hello());
+    let (server, answer) = incoming.answer(&welcome()).unwrap();
+    let (client_ch, w) = hs.finish(body_of(&answer)).unwrap();
+    assert_eq!(w, welcome());
+    assert_eq!(client_ch.remote_static(), cloud.public());
+    (client_ch, server, client)
+}
+
+#[test]
+fn messages_flow_both_ways_in_order() {
+    let (mut client, mut server, _) = open_pair();
+    let reg = ClientMsg::Register {
+        endpoints: vec!["198.51.100.2:51820".parse().unwrap()],
+        names: vec![NameRecord {
+            name: "gw1.ovl.example".into(),
+            vip: Ipv4Addr::new(100, 64, 1, 1),
+        }],
+    };
+    let f = client.seal(&reg).unwrap();
+    assert_eq!(server.open::<ClientMsg>(body_of(&f)).unwrap(), reg);
+    for id in 0..3 {
+        let f = server.seal(&CloudMsg::Pong {}).unwrap();
+        assert_eq!(
+            client.open::<CloudMsg>(body_of(&f)).unwrap(),
+            CloudMsg::Pong {}
+        );
+        let f = client
+            .seal(&ClientMsg::Resolve {
+                id,
+                name: "x".into(),
+            })
+            .unwrap();
+        assert!(matches!(
+            server.open::<ClientMsg>(body_of(&f)).unwrap(),
+            ClientMsg::Resolve { id: i, .. } if i == id
+        ));
+    }
+}
+
+#[test]
+fn a_client_pinning_another_key_gets_nowhere() {
+    let (client, cloud, other) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let (_, first) = ClientHandshake::start(&client, &other.public(), &hello()).unwrap();
+    assert!(matches!(
+        ServerHandshake::accept(&cloud, body_of(&first)),
+        Err(ChannelError::Noise(_))
+    ));
+}
+
+#[test]
+fn an_impostor_cloud_is_not_believed() {
+    let (client, cloud, impostor) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let (hs, _first) = ClientHandshake::start(&client, &cloud.public(), &hello()).unwrap();
+    // The impostor cannot read the first message; the best it can do is start its own
+    // handshake and answer with that.
+    let (_, fake) = ClientHandshake::start(&impostor, &client.public(), &hello()).unwrap();
+    assert!(hs.finish(body_of(&fake)).is_err());
+}
+
+#[test]
+fn tampered_replayed_and_reordered_frames_are_refused() {
+    let (mut client, mut server, _) = open_pair();
+    let f1 = client.seal(&ClientMsg::Ping {}).unwrap();
+    let f2 = client.seal(&ClientMsg::Ping {}).unwrap();
+    let mut bad = f1.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(matches!(
+        server.open::<ClientMsg>(body_of(&bad)),
+        Err(ChannelError::Noise(_))
+    ));
+    // Reordered: the second frame before the first.
+    let (mut client, mut server, _) = open_pair();
+    let g1 = client.seal(&ClientMsg::Ping {}).unwrap();
+    let g2 = client.seal(&ClientMsg::Ping {}).unwrap();
+    assert!(server.open::<ClientMsg>(body_of(&g2)).is_err());
+    drop((g1, f2));
+    // Replayed: the same frame twice.
+    let (mut client, mut server, _) = open_pair();
+    let h = client.seal(&ClientMsg::Ping {}).unwrap();
+    server.open::<ClientMsg>(body_of(&h)).unwrap();
+    assert!(server.open::<ClientMsg>(body_of(&h)).is_err());
+}
+
+#[test]
+fn a_well_sealed_message_of_the_wrong_shape_is_malformed() {
+    let (mut client, mut server, _) = open_pair();
+    // A cloud message sent by a client, and an unknown field.
+    let f = client.seal(&CloudMsg::Pong {}).unwrap();
+    assert!(matches!(
+        server.open::<ClientMsg>(body_of(&f)),
+        Err(ChannelError::Malformed(_))
+    ));
+    let f = client
+        .seal(&serde_json::json!({"type": "ping", "extra": 1}))
+        .unwrap();
+    assert!(matches!(
+        server.open::<ClientMsg>(body_of(&f)),
+        Err(ChannelError::Malformed(_))
+    ));
+}
+
+#[test]
+fn a_message_larger_than_a_frame_is_refused_before_sending() {
+    let (mut client, _, _) = open_pair();
+    let name = "a".repeat(MAX_MESSAGE);
+    assert!(matches!(
+        client.seal(&ClientMsg::Resolve { id: 1, name }),
+        Err(ChannelError::TooLarge(_))
+    ));
+}
+
+/// The JSON shapes are the protocol (docs/protocol.md §3): a change here is a version bump.
+#[test]
+fn message_shapes_are_stable() {
+    let m = ClientMsg::Resolve {
+        id: 7,
+        name: "cam.gw2.ovl.example".into(),
+    };
+    assert_eq!(
+        serde_json::to_string(&m).unwrap(),
+        r#"{"type":"resolve","id":7,"name":"cam.gw2.ovl.example"}"#
+    );
+    let o = CloudMsg::Observed {
+        endpoint: SocketAddr::from(([203, 0, 113, 5], 4000)),
+    };
+    assert_eq!(
+        serde_json::to_string(&o).unwrap(),
+        r#"{"type":"observed","endpoint":"203.0.113.5:4000"}"#
+    );
+}
+
+#[test]
+fn names_inside_the_certificate_only() {
+    let b = body("gw1.ovl.example", "100.64.1.0/24");
+    let rec = |name: &str, vip: [u8; 4]| NameRecord {
+        name: name.into(),
+        vip: vip.into(),
+    };
+    assert_eq!(
+        check_name(&b, &rec("gw1.ovl.example", [100, 64, 1, 1])),
+        Ok(())
+    );
+    assert_eq!(
+        check_name(&b, &rec("cam.gw1.ovl.example", [100, 64, 1, 100])),
+        Ok(())
+    );
+    assert!(matches!(
+        check_name(&b, &rec("cam.gw2.ovl.example", [100, 64, 1, 100])),
+        Err(NameError::OutsideZone(_))
+    ));
+    assert!(matches!(
+        check_name(&b, &rec("a.cam.gw1.ovl.example", [100, 64, 1, 100])),
+        Err(NameError::OutsideZone(_))
+    ));
+    // A suffix match that is not a label boundary.
+    assert!(matches!(
+        check_name(&b, &rec("xgw1.ovl.example", [100, 64, 1, 100])),
+        Err(NameError::OutsideZone(_))
+    ));
+    assert_eq!(
+        check_name(&b, &rec("cam.gw1.ovl.example", [100, 64, 2, 100])),
+        Err(NameError::OutsideBlocks)
+    );
+    for bad in [
+        "CAM.gw1.ovl.example",
+        "-x.gw1.ovl.example",
+        ".gw1.ovl.example",
+        "c m.gw1.ovl.example",
+    ] {
+        assert_eq!(
+            check_name(&b, &rec(bad, [100, 64, 1, 100])),
+            Err(NameError::Invalid),
+            "{bad}"
+        );
+    }
+}
+
+proptest! {
+    /// Arbitrary bytes never panic the cloud's first step nor an open channel.
+    #[test]
+    fn arbitrary_frames_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let cloud = StaticKeypair::generate().unwrap();
+        let _ = ServerHandshake::accept(&cloud, &bytes);
+        let (_, mut server, _) = open_pair();
+        prop_assert!(server.open::<ClientMsg>(&bytes).is_err());
+    }
+}
+
+#[test]
+fn probes_round_trip_and_nothing_else_passes_for_one() {
+    let token = [0xab; 16];
+    let frame = cyphonic_control::probe_frame(&token);
+    assert_eq!(frame.len(), 32);
+    assert_eq!(frame[1], 6, "type 6, endpoint probe");
+    assert_eq!(cyphonic_control::probe_token(&frame), Some(token));
+    let mut short = frame.clone();
+    short.pop();
+    assert_eq!(cyphonic_control::probe_token(&short), None);
+    let mut other = frame.clone();
+    other[1] = 4;
+    assert_eq!(cyphonic_control::probe_token(&other), None);
+    assert_eq!(cyphonic_control::probe_token(&[]), None);
+}

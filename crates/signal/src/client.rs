@@ -1,0 +1,438 @@
+//! The session task and its handle.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cyphonic_control::channel::{LEN_PREFIX, frame_len};
+use cyphonic_control::{
+    Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Resolution,
+    VERSION, Welcome, probe_frame,
+};
+use cyphonic_crypto::PublicKey;
+use cyphonic_session::Identity;
+use rand::{Rng as _, SeedableRng as _};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::cache::Cache;
+
+/// Where the cloud is and how to know it.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// NMS's control address (TCP).
+    pub cloud: SocketAddr,
+    /// The cloud's Noise public key, pinned: nothing else is believed.
+    pub cloud_key: PublicKey,
+    /// Our software and version, for the cloud's logs.
+    pub agent: String,
+}
+
+/// What the session tells its owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A session is open (again): the registration has been sent.
+    Connected {
+        /// Our TCP source address as the cloud sees it.
+        observed: SocketAddr,
+    },
+    /// The cloud refused our certificate; we try again later (it may be renewed or the
+    /// revocation lifted), slowly.
+    Refused {
+        /// The cloud's reason.
+        reason: String,
+    },
+    /// The session ended; reconnecting.
+    Disconnected {
+        /// Why.
+        reason: String,
+    },
+    /// Someone resolved one of our names: handshake with this peer now.
+    Expect(PeerInfo),
+    /// The cloud saw our probe come from this address.
+    Observed(SocketAddr),
+    /// Send `frame` from the tunnel socket to `to` (an endpoint probe).
+    Probe {
+        /// The cloud's probe address.
+        to: SocketAddr,
+        /// The UDP payload.
+        frame: Vec<u8>,
+    },
+    /// The cloud refused some of our names.
+    NamesRefused(Vec<(String, String)>),
+}
+
+/// Why a request to the cloud did not get an answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SignalError {
+    /// No session with the cloud right now.
+    #[error("not connected to the cloud")]
+    NotConnected,
+    /// The cloud did not answer in time.
+    #[error("the cloud did not answer in time")]
+    Timeout,
+    /// The session task has ended.
+    #[error("the signal client has stopped")]
+    Stopped,
+    /// The cloud answered with an error.
+    #[error("the cloud says: {0}")]
+    Cloud(String),
+}
+
+/// How long a resolution may take.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const PING_EVERY: Duration = Duration::from_secs(15);
+/// Without any message from the cloud for this long, the session is dead.
+const SILENCE: Duration = Duration::from_secs(40);
+/// Probes keep the NAT mapping towards the cloud and show a changed address.
+const PROBE_EVERY: Duration = Duration::from_secs(20);
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+const EVENTS: usize = 256;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Registration {
+    endpoints: Vec<SocketAddr>,
+    names: Vec<NameRecord>,
+}
+
+type Reply = oneshot::Sender<Result<Resolution, SignalError>>;
+
+/// Resolutions sent and not answered yet, by id.
+type Pending = HashMap<u64, (String, Reply)>;
+
+#[derive(Debug)]
+enum Cmd {
+    Resolve { name: String, reply: Reply },
+}
+
+/// The owner's side: keep the registration current, resolve names.
+#[derive(Debug, Clone)]
+pub struct Handle {
+    cmds: mpsc::Sender<Cmd>,
+    registration: Arc<watch::Sender<Registration>>,
+    connected: watch::Receiver<bool>,
+    cache: Arc<Cache>,
+}
+
+impl Handle {
+    /// Sets what we register: our endpoints and the names we host. Sent now if connected,
+    /// and on every reconnection; unchanged sets are not sent again.
+    pub fn register(&self, endpoints: Vec<SocketAddr>, mut names: Vec<NameRecord>) {
+        names.sort();
+        names.dedup();
+        let new = Registration { endpoints, names };
+        self.registration.send_if_modified(|r| {
+            if *r == new {
+                false
+            } else {
+                *r = new;
+                true
+            }
+        });
+    }
+
+    /// Resolves `name` through the cloud (or the cache).
+    ///
+    /// # Errors
+    /// [`SignalError`]: not connected, no answer in time, or the cloud's error.
+    pub async fn resolve(&self, name: &str) -> Result<Resolution, SignalError> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(hit) = self.cache.get(&name, Instant::now()) {
+            return Ok(hit);
+        }
+        let (reply, answer) = oneshot::channel();
+        self.cmds
+            .send(Cmd::Resolve { name, reply })
+            .await
+            .map_err(|_| SignalError::Stopped)?;
+        match tokio::time::timeout(RESOLVE_TIMEOUT, answer).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(SignalError::NotConnected),
+            Err(_) => Err(SignalError::Timeout),
+        }
+    }
+
+    /// Whether a session is open now.
+    pub fn is_connected(&self) -> bool {
+        *self.connected.borrow()
+    }
+
+    /// The resolution cache.
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+}
+
+/// Starts the session task on the current tokio runtime. It runs until every [`Handle`] is
+/// dropped.
+pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver<Event>) {
+    let (cmds, cmd_rx) = mpsc::channel(64);
+    let (registration, reg_rx) = watch::channel(Registration::default());
+    let (connected_tx, connected) = watch::channel(false);
+    let (events, event_rx) = mpsc::channel(EVENTS);
+    let cache = Arc::new(Cache::default());
+    let task = Task {
+        config,
+        identity,
+        cmds: cmd_rx,
+        registration: reg_rx,
+        connected: connected_tx,
+        events,
+        cache: cache.clone(),
+    };
+    tokio::spawn(task.run());
+    (
+        Handle {
+            cmds,
+            registration: Arc::new(registration),
+            connected,
+            cache,
+        },
+        event_rx,
+    )
+}
+
+struct Task {
+    config: Config,
+    identity: Arc<Identity>,
+    cmds: mpsc::Receiver<Cmd>,
+    registration: watch::Receiver<Registration>,
+    connected: watch::Sender<bool>,
+    events: mpsc::Sender<Event>,
+    cache: Arc<Cache>,
+}
+
+/// How a session ended.
+enum End {
+    /// The owner is gone: stop.
+    Stopped,
+    /// Try again after the backoff.
+    Retry(String),
+    /// The cloud refused us: try again, slowly.
+    Refused(String),
+}
+
+async fn read_frame(rd: &mut OwnedReadHalf) -> std::io::Result<Vec<u8>> {
+    let mut prefix = [0u8; LEN_PREFIX];
+    rd.read_exact(&mut prefix).await?;
+    let mut buf = vec![0; frame_len(prefix)];
+    rd.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+impl Task {
+    fn emit(&self, e: Event) {
+        if self.events.try_send(e).is_err() {
+            tracing::warn!("signal events not drained: one dropped");
+        }
+    }
+
+    async fn run(mut self) {
+        let mut rng = rand::rngs::SmallRng::from_os_rng();
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let started = Instant::now();
+            let end = self.session().await;
+            self.connected.send_replace(false);
+            let wait = match end {
+                End::Stopped => return,
+                End::Retry(reason) => {
+                    tracing::info!(cloud = %self.config.cloud, %reason, "control session ended; reconnecting");
+                    self.emit(Event::Disconnected { reason });
+                    if started.elapsed() > BACKOFF_MAX {
+                        backoff = BACKOFF_MIN;
+                    }
+                    let w = backoff;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    w
+                }
+                End::Refused(reason) => {
+                    tracing::warn!(cloud = %self.config.cloud, %reason, "the cloud refused us");
+                    self.emit(Event::Refused { reason });
+                    BACKOFF_MAX
+                }
+            };
+            // Jitter: +-25 %, so that a fleet does not reconnect in step after an outage.
+            let wait = wait.mul_f64(rng.random_range(0.75..1.25));
+            // Requests made while disconnected fail at once instead of waiting.
+            let sleep = tokio::time::sleep(wait);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    () = &mut sleep => break,
+                    cmd = self.cmds.recv() => match cmd {
+                        None => return,
+                        Some(Cmd::Resolve { reply, .. }) => {
+                            let _ = reply.send(Err(SignalError::NotConnected));
+                        }
+                    },
+                }
+            }
+        }
+    }
+
+    async fn open(&self) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome), End> {
+        let retry = |what: &str, e: &dyn std::fmt::Display| End::Retry(format!("{what}: {e}"));
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.config.cloud))
+            .await
+            .map_err(|e| retry("connect", &e))?
+            .map_err(|e| retry("connect", &e))?;
+        let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let hello = Hello {
+            version: VERSION,
+            certificate: self.identity.certificate().to_pem(),
+            agent: self.config.agent.clone(),
+        };
+        let (hs, first) =
+            ClientHandshake::start(self.identity.keypair(), &self.config.cloud_key, &hello)
+                .map_err(|e| retry("handshake", &e))?;
+        wr.write_all(&first)
+            .await
+            .map_err(|e| retry("handshake", &e))?;
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut rd))
+            .await
+            .map_err(|e| retry("handshake", &e))?
+            .map_err(|e| retry("handshake", &e))?;
+        let (ch, welcome) = hs.finish(&answer).map_err(|e| retry("handshake", &e))?;
+        if let Welcome::Refused { reason } = welcome {
+            return Err(End::Refused(reason));
+        }
+        Ok((ch, rd, wr, welcome))
+    }
+
+    async fn session(&mut self) -> End {
+        let (mut ch, mut rd, mut wr, welcome) = match self.open().await {
+            Ok(ok) => ok,
+            Err(end) => return end,
+        };
+        let Welcome::Accepted {
+            probe_token,
+            probe_port,
+            observed,
+            ..
+        } = welcome
+        else {
+            return End::Retry("unexpected welcome".into());
+        };
+        let probe = Event::Probe {
+            to: SocketAddr::new(self.config.cloud.ip(), probe_port),
+            frame: probe_frame(&probe_token),
+        };
+        tracing::info!(cloud = %self.config.cloud, %observed, "control session open");
+        // What the cloud told us before may be stale.
+        self.cache.clear();
+        self.connected.send_replace(true);
+        self.emit(Event::Connected { observed });
+        self.emit(probe.clone());
+
+        let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(16);
+        let reader = tokio::spawn(async move {
+            while let Ok(f) = read_frame(&mut rd).await {
+                if frames_tx.send(f).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut pending = Pending::new();
+        let mut next_id = 0u64;
+        let mut ping = tokio::time::interval(PING_EVERY);
+        let mut probing = tokio::time::interval(PROBE_EVERY);
+        probing.reset();
+        let mut heard = Instant::now();
+        // The registration goes first.
+        self.registration.mark_changed();
+        let end = loop {
+            let out: Option<ClientMsg> = tokio::select! {
+                f = frames.recv() => {
+                    let Some(f) = f else { break End::Retry("the cloud closed the connection".into()) };
+                    heard = Instant::now();
+                    match ch.open::<CloudMsg>(&f) {
+                        Ok(msg) => self.handle(msg, &mut pending),
+                        Err(e) => break End::Retry(format!("bad message from the cloud: {e}")),
+                    }
+                    None
+                }
+                changed = self.registration.changed() => {
+                    if changed.is_err() {
+                        break End::Stopped;
+                    }
+                    let r = self.registration.borrow_and_update().clone();
+                    Some(ClientMsg::Register { endpoints: r.endpoints, names: r.names })
+                }
+                cmd = self.cmds.recv() => match cmd {
+                    None => break End::Stopped,
+                    Some(Cmd::Resolve { name, reply }) => {
+                        next_id += 1;
+                        pending.insert(next_id, (name.clone(), reply));
+                        Some(ClientMsg::Resolve { id: next_id, name })
+                    }
+                },
+                _ = ping.tick() => {
+                    if heard.elapsed() > SILENCE {
+                        break End::Retry("the cloud went silent".into());
+                    }
+                    self.cache.sweep(Instant::now());
+                    // Requests the cloud never answered (their askers timed out long ago).
+                    pending.retain(|_, (_, r)| !r.is_closed());
+                    Some(ClientMsg::Ping {})
+                }
+                _ = probing.tick() => {
+                    self.emit(probe.clone());
+                    None
+                }
+            };
+            if let Some(out) = out {
+                let frame = match ch.seal(&out) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "control message not sent");
+                        continue;
+                    }
+                };
+                if let Err(e) = wr.write_all(&frame).await {
+                    break End::Retry(format!("write: {e}"));
+                }
+            }
+        };
+        reader.abort();
+        for (_, (_, reply)) in pending {
+            let _ = reply.send(Err(SignalError::NotConnected));
+        }
+        end
+    }
+
+    fn handle(&self, msg: CloudMsg, pending: &mut Pending) {
+        match msg {
+            CloudMsg::Resolved { id, resolution, .. } => {
+                if let Some((name, reply)) = pending.remove(&id) {
+                    self.cache.put(&name, resolution.clone(), Instant::now());
+                    let _ = reply.send(Ok(resolution));
+                }
+            }
+            CloudMsg::Expect { peer } => self.emit(Event::Expect(peer)),
+            CloudMsg::Observed { endpoint } => self.emit(Event::Observed(endpoint)),
+            CloudMsg::Registered { accepted, refused } => {
+                tracing::debug!(accepted, refused = refused.len(), "registered");
+                if !refused.is_empty() {
+                    self.emit(Event::NamesRefused(refused));
+                }
+            }
+            CloudMsg::Pong {} => {}
+            CloudMsg::Error { reason } => {
+                tracing::warn!(%reason, "the cloud reports an error");
+                // The request it concerns cannot be told apart: fail them all, they retry.
+                for (_, (_, reply)) in pending.drain() {
+                    let _ = reply.send(Err(SignalError::Cloud(reason.clone())));
+                }
+            }
+        }
+    }
+}

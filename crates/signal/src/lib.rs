@@ -1,0 +1,16 @@
+//! The control-plane client of adapters (and, later, nodes): one Noise session with the
+//! cloud (design.md §6), kept open with pings and re-opened with backoff and jitter when it
+//! drops. Through a [`Handle`] the owner keeps its registration current, resolves names, and
+//! receives [`Event`]s: pushed instructions (`Expect`), its observed address, and endpoint
+//! probes to send from its tunnel socket (this crate does not own that socket).
+//!
+//! Resolutions are cached in a `dashmap` with a time to live; expired entries are swept.
+
+#![forbid(unsafe_code)]
+
+mod cache;
+mod client;
+
+pub use cache::{Cache, FOUND_TTL, NEGATIVE_TTL};
+pub use client::{Config, Event, Handle, RESOLVE_TIMEOUT, SignalError, spawn};
+pub use cyphonic_control::{NameRecord, PeerInfo, Resolution};
