@@ -114,6 +114,16 @@ struct Raw {
     reservation: Vec<RawReservation>,
     #[serde(default)]
     peer: Vec<RawPeer>,
+    cloud: Option<RawCloud>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCloud {
+    address: SocketAddr,
+    public_key: Spanned<String>,
+    #[serde(default)]
+    endpoints: Vec<Spanned<SocketAddr>>,
 }
 
 #[derive(Deserialize)]
@@ -397,6 +407,19 @@ pub struct Config {
     pub reservations: Vec<Reservation>,
     /// Static peers.
     pub peers: Vec<StaticPeer>,
+    /// The control plane, if this adapter uses one.
+    pub cloud: Option<Cloud>,
+}
+
+/// Where the cloud is (`[cloud]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cloud {
+    /// NMS's control address.
+    pub address: SocketAddr,
+    /// Its Noise public key, pinned.
+    pub public_key: cyphonic_crypto::PublicKey,
+    /// Tunnel endpoints to register besides the one the cloud observes.
+    pub endpoints: Vec<SocketAddr>,
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
@@ -781,6 +804,35 @@ impl Checker<'_> {
                 "at least 256 buffers are needed to run",
             );
         }
+        let cloud = match &raw.cloud {
+            Some(c) => {
+                let text = c.public_key.get_ref();
+                let mut key = [0u8; 32];
+                if hex::decode_to_slice(text.trim(), &mut key).is_err() {
+                    return self.err(
+                        &c.public_key.span(),
+                        "cloud.public_key",
+                        "expected the 64 hex digits `cyphonic-cloud keygen` printed",
+                    );
+                }
+                for e in &c.endpoints {
+                    let ip = e.get_ref().ip();
+                    if ip.is_unspecified() || ip.is_multicast() || e.get_ref().port() == 0 {
+                        return self.err(
+                            &e.span(),
+                            "cloud.endpoints",
+                            format!("{} cannot be reached by peers", e.get_ref()),
+                        );
+                    }
+                }
+                Some(Cloud {
+                    address: c.address,
+                    public_key: cyphonic_crypto::PublicKey(key),
+                    endpoints: c.endpoints.iter().map(|e| *e.get_ref()).collect(),
+                })
+            }
+            None => None,
+        };
         let config = Config {
             path: self.path.to_owned(),
             lan_interface: a.lan_interface.clone(),
@@ -809,6 +861,7 @@ impl Checker<'_> {
             },
             reservations,
             peers,
+            cloud,
         };
         Ok((config, identity))
     }
@@ -1274,6 +1327,16 @@ mod tests {
                 "dns = \"100.64.3.1\"",
                 "key `peer[0].dns`: 100.64.3.1 is not inside gw2.ovl.example's certified blocks",
             ),
+            (
+                "public_key = \"5b0f",
+                "public_key = \"zz0f",
+                "key `cloud.public_key`: expected the 64 hex digits",
+            ),
+            (
+                "endpoints = [\"198.51.100.2:51820\"]",
+                "endpoints = [\"0.0.0.0:51820\"]",
+                "key `cloud.endpoints`: 0.0.0.0:51820 cannot be reached by peers",
+            ),
             ("[adapter]", "[adaptor]", "unknown field `adaptor`"),
             (
                 "lan_interface = \"eth1\"",
@@ -1326,6 +1389,9 @@ mod tests {
     fn accepted_keys(table: &str) -> Vec<String> {
         let probe = match table {
             "" => "__probe = 1\n".to_owned(),
+            "cloud" => {
+                "[cloud]\naddress = \"192.0.2.1:1\"\npublic_key = \"\"\n__probe = 1\n".to_owned()
+            }
             "reservation" | "peer" => format!("[[{table}]]\n__probe = 1\n"),
             t => format!("[{t}]\n__probe = 1\n"),
         };
@@ -1356,7 +1422,8 @@ mod tests {
                 "dns",
                 "dataplane",
                 "reservation",
-                "peer"
+                "peer",
+                "cloud"
             ]
         );
         for table in &top {

@@ -16,6 +16,7 @@ use cyphonic_session::{Clock, Event, Identity, read_init};
 use cyphonic_wire::{Frame, MessageType};
 use tokio::sync::mpsc;
 
+use crate::cloud::{CloudAnswer, CloudLink};
 use crate::counters::bump;
 use crate::daemon::{Shared, ToCapture, ToControl, ToServices};
 use crate::peers::PeerSlot;
@@ -41,6 +42,16 @@ pub struct Control {
     pub(crate) services: Services,
     pub(crate) services_rx: mpsc::Receiver<ToServices>,
     pub(crate) upstream_rx: mpsc::Receiver<UpstreamResult>,
+    pub(crate) cloud: Option<CloudLink>,
+    pub(crate) cloud_answers: mpsc::Receiver<CloudAnswer>,
+}
+
+/// The next event of the signal client, or never without a cloud.
+async fn cloud_event(cloud: &mut Option<CloudLink>) -> Option<cyphonic_signal::Event> {
+    match cloud {
+        Some(c) => c.events.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Control {
@@ -77,6 +88,8 @@ impl Control {
                 },
                 Some(msg) = self.services_rx.recv() => self.serve(msg),
                 Some(done) = self.upstream_rx.recv() => self.services.upstream_done(done),
+                Some(answer) = self.cloud_answers.recv() => self.cloud_answered(answer),
+                Some(event) = cloud_event(&mut self.cloud) => self.cloud_event(event),
                 () = self.shared.notify.notified() => {}
                 () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
                 _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
@@ -101,7 +114,14 @@ impl Control {
 
     fn run_timers(&mut self, now: Instant) {
         self.services.tick(now);
-        let slots = self.shared.peers.all().to_vec();
+        if let Some(c) = self.cloud.as_mut() {
+            let (version, names) = self.services.hosted();
+            if c.registered != Some(version) {
+                c.handle.register(c.endpoints.clone(), names.to_vec());
+                c.registered = Some(version);
+            }
+        }
+        let slots = self.shared.peers.all();
         for slot in &slots {
             let mut peer = slot.lock();
             if peer.poll_timeout().is_some_and(|t| t <= now) {
@@ -109,6 +129,67 @@ impl Control {
             }
             drop(peer);
             self.drain(slot);
+        }
+    }
+
+    fn cloud_event(&mut self, event: cyphonic_signal::Event) {
+        use cyphonic_signal::Event as E;
+        match event {
+            E::Probe { to, frame } => {
+                if let Err(e) = self.udp.send_to(&frame, to) {
+                    tracing::debug!(%to, error = %e, "endpoint probe not sent");
+                }
+            }
+            E::Expect(info) => {
+                let now = Instant::now();
+                let Some(slot) = self
+                    .cloud
+                    .as_ref()
+                    .and_then(|c| c.peer(&self.shared, &info, now))
+                else {
+                    return;
+                };
+                // Both sides initiate at once: each side's initiation opens its NAT for the
+                // other's (hole punching).
+                tracing::info!(peer = %slot.name, endpoints = ?info.endpoints, "the cloud asks us to expect a peer: handshaking");
+                if !slot.lock().is_established(now) {
+                    let _ = slot.lock().initiate(now);
+                }
+                self.drain(&slot);
+            }
+            E::Observed(addr) => {
+                tracing::info!(%addr, "the cloud sees our tunnel socket at this address");
+            }
+            E::Connected { observed } => {
+                tracing::info!(%observed, "control plane: connected");
+            }
+            E::Disconnected { reason } => {
+                tracing::warn!(%reason, "control plane: disconnected; existing tunnels carry on");
+            }
+            E::Refused { reason } => {
+                tracing::error!(%reason, "control plane: the cloud refused our certificate");
+            }
+            E::NamesRefused(names) => {
+                for (name, reason) in names {
+                    tracing::warn!(%name, %reason, "the cloud refused a name");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn cloud_answered(&mut self, answer: CloudAnswer) {
+        let now = Instant::now();
+        let Some(c) = self.cloud.as_mut() else {
+            return;
+        };
+        let (settled, slot) = c.answered(&self.shared, answer, now);
+        if let Some(s) = settled {
+            self.services.upstream_done(s);
+        }
+        if let Some(slot) = slot {
+            let _ = slot.lock().initiate(now);
+            self.drain(&slot);
         }
     }
 
@@ -137,7 +218,7 @@ impl Control {
                     return;
                 }
                 self.kicks.insert(id, now);
-                if let Some(slot) = self.shared.peers.by_index(id << 8).cloned() {
+                if let Some(slot) = self.shared.peers.by_index(id << 8) {
                     tracing::info!(peer = %slot.name, "traffic on unknown keys from the peer's address: handshaking");
                     let _ = slot.lock().initiate(now);
                     self.drain(&slot);
@@ -162,7 +243,7 @@ impl Control {
                         return;
                     }
                 };
-                let Some(slot) = self.shared.peers.by_key(&init.remote_static).cloned() else {
+                let Some(slot) = self.shared.peers.by_key(&init.remote_static) else {
                     bump(&c.handshake_refused);
                     tracing::warn!(%from, name = %init.cert.body().name, "handshake from a valid node that is not one of our peers");
                     return;
@@ -176,7 +257,7 @@ impl Control {
             }
             MessageType::HandshakeResp => {
                 bump(&c.handshake_responses);
-                let Some(slot) = self.shared.peers.by_index(view.receiver_index()).cloned() else {
+                let Some(slot) = self.shared.peers.by_index(view.receiver_index()) else {
                     bump(&c.handshake_refused);
                     return;
                 };
@@ -220,11 +301,27 @@ impl Control {
                     }
                     let _ = self.to_capture.send(ToCapture::Established(slot.id));
                     self.services.peer_up(slot.id);
+                    for s in self
+                        .cloud
+                        .as_mut()
+                        .map(|c| c.peer_up(slot.id))
+                        .unwrap_or_default()
+                    {
+                        self.services.upstream_done(s);
+                    }
                 }
                 Event::HandshakeGaveUp => {
                     tracing::warn!(peer = %slot.name, "no answer to handshakes for 90 s; dropping queued packets");
                     let _ = self.to_capture.send(ToCapture::GaveUp(slot.id));
                     self.services.peer_gave_up(slot.id);
+                    for s in self
+                        .cloud
+                        .as_mut()
+                        .map(|c| c.peer_gave_up(slot.id))
+                        .unwrap_or_default()
+                    {
+                        self.services.upstream_done(s);
+                    }
                 }
                 Event::EndpointChanged { old, new } => {
                     tracing::info!(peer = %slot.name, ?old, %new, "peer moved to a new address");

@@ -12,6 +12,7 @@ use cyphonic_gateway::Lan;
 use cyphonic_netio::{Interface, PacketOptions, PacketSocket, UdpOptions, UdpSocket};
 use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
+use crate::cloud::{Asker, CloudLink};
 use crate::config::Config;
 use crate::control::Control;
 use crate::counters::Counters;
@@ -225,6 +226,33 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         .build()
         .context("starting the control runtime")?;
     let (upstream_tx, upstream_rx) = tokio::sync::mpsc::channel(256);
+    let (answers_tx, cloud_answers) = tokio::sync::mpsc::channel(256);
+    let cloud = config.cloud.as_ref().map(|c| {
+        let _in_runtime = runtime.enter();
+        let (handle, events) = cyphonic_signal::spawn(
+            cyphonic_signal::Config {
+                cloud: c.address,
+                cloud_key: c.public_key,
+                agent: format!("cyphonic-adapter {}", env!("CARGO_PKG_VERSION")),
+            },
+            identity.clone(),
+        );
+        tracing::info!(cloud = %c.address, key = %c.public_key, "control plane: connecting");
+        CloudLink::new(
+            handle,
+            events,
+            c.endpoints.clone(),
+            identity.clone(),
+            timing,
+            clock,
+            d.aead,
+            config.dns.as_ref().map_or(60, |d| d.ttl),
+        )
+    });
+    let asker = cloud.as_ref().map(|c| Asker {
+        handle: c.handle.clone(),
+        answers: answers_tx,
+    });
     let services = {
         let _in_runtime = runtime.enter();
         Services::new(
@@ -236,6 +264,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
                 .context("duplicating the LAN socket")?,
             udp.try_clone().context("duplicating the tunnel socket")?,
             upstream_tx,
+            asker,
         )?
     };
     if !d.ordering {
@@ -343,6 +372,8 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         services,
         services_rx,
         upstream_rx,
+        cloud,
+        cloud_answers,
     };
     let result = runtime.block_on(control.run());
 

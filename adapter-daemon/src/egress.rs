@@ -265,7 +265,7 @@ impl Capture {
                 self.shared.pool.put(buf);
             }
             Egress::Forward { packet, dst } => {
-                let Some(peer) = self.shared.peers.route(dst).cloned() else {
+                let Some(peer) = self.shared.peers.route(dst) else {
                     bump(&c.drop_no_peer);
                     self.shared.pool.put(buf);
                     return;
@@ -291,7 +291,7 @@ impl Capture {
                 );
             }
             Egress::Fragment { packet, dst } => {
-                let Some(peer) = self.shared.peers.route(dst).cloned() else {
+                let Some(peer) = self.shared.peers.route(dst) else {
                     bump(&c.drop_no_peer);
                     self.shared.pool.put(buf);
                     return;

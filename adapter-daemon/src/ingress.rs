@@ -254,7 +254,7 @@ impl Receiver {
         };
         match repr.msg_type {
             MessageType::Data | MessageType::Keepalive => {
-                let Some(peer) = self.shared.peers.by_index(repr.receiver_index).cloned() else {
+                let Some(peer) = self.shared.peers.by_index(repr.receiver_index) else {
                     bump(&c.drop_unknown_index);
                     self.shared.pool.put(buf);
                     return;

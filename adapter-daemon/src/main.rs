@@ -5,6 +5,7 @@
 // `pub` inside it marks what the modules share, not an API.
 #![allow(clippy::print_stdout, unreachable_pub)]
 
+mod cloud;
 mod config;
 mod control;
 mod counters;

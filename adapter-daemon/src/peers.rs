@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use cyphonic_crypto::PublicKey;
 use cyphonic_session::Peer;
@@ -43,9 +43,16 @@ impl PeerSlot {
     }
 }
 
-/// All peers, with the lookups the data plane needs.
+/// All peers, with the lookups the data plane needs. Static peers are there from the start;
+/// the cloud adds more while running (`insert`). Readers take a read lock for one lookup and
+/// leave with an `Arc`; the control thread takes the write lock only to add a peer.
 #[derive(Debug, Default)]
 pub struct PeerTable {
+    inner: RwLock<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
     slots: Vec<Arc<PeerSlot>>,
     /// IPv4 routes, most specific first.
     routes: Vec<(Ipv4Net, usize)>,
@@ -55,54 +62,63 @@ pub struct PeerTable {
 impl PeerTable {
     /// Builds the table from `slots`, whose ids must be 1, 2, 3, ...
     pub fn new(slots: Vec<Arc<PeerSlot>>, keys: &[PublicKey]) -> Self {
-        let mut routes: Vec<(Ipv4Net, usize)> = slots
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| {
-                s.blocks.iter().filter_map(move |b| {
-                    if let IpNet::V4(v4) = b {
-                        Some((*v4, i))
-                    } else {
-                        None
-                    }
-                })
-            })
-            .collect();
-        routes.sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
-        let by_key = keys.iter().enumerate().map(|(i, k)| (*k, i)).collect();
-        Self {
-            slots,
-            routes,
-            by_key,
+        let table = Self::default();
+        for (slot, key) in slots.into_iter().zip(keys) {
+            table.insert(|_| slot, *key);
         }
+        table
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds the peer `make` builds from its id (the next one), with Noise key `key`; returns
+    /// it. Its certified blocks become routes.
+    pub fn insert(&self, make: impl FnOnce(u32) -> Arc<PeerSlot>, key: PublicKey) -> Arc<PeerSlot> {
+        let mut t = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let i = t.slots.len();
+        let slot = make(u32::try_from(i + 1).unwrap_or(u32::MAX));
+        for b in &slot.blocks {
+            if let IpNet::V4(v4) = b {
+                t.routes.push((*v4, i));
+            }
+        }
+        t.routes
+            .sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
+        t.by_key.insert(key, i);
+        t.slots.push(slot.clone());
+        slot
     }
 
     /// The peer whose certified block holds `dst` (longest prefix).
-    pub fn route(&self, dst: Ipv4Addr) -> Option<&Arc<PeerSlot>> {
-        self.routes
+    pub fn route(&self, dst: Ipv4Addr) -> Option<Arc<PeerSlot>> {
+        let t = self.read();
+        t.routes
             .iter()
             .find(|(net, _)| net.contains(&dst))
-            .map(|(_, i)| &self.slots[*i])
+            .map(|(_, i)| t.slots[*i].clone())
     }
 
     /// The peer owning session index `index`.
-    pub fn by_index(&self, index: u32) -> Option<&Arc<PeerSlot>> {
+    pub fn by_index(&self, index: u32) -> Option<Arc<PeerSlot>> {
         self.by_id(index >> 8)
     }
 
     /// The peer with id `id`.
-    pub fn by_id(&self, id: u32) -> Option<&Arc<PeerSlot>> {
+    pub fn by_id(&self, id: u32) -> Option<Arc<PeerSlot>> {
         let id = usize::try_from(id).ok()?;
-        self.slots.get(id.checked_sub(1)?)
+        self.read().slots.get(id.checked_sub(1)?).cloned()
     }
 
     /// The peer with Noise static key `key`.
-    pub fn by_key(&self, key: &PublicKey) -> Option<&Arc<PeerSlot>> {
-        self.by_key.get(key).map(|i| &self.slots[*i])
+    pub fn by_key(&self, key: &PublicKey) -> Option<Arc<PeerSlot>> {
+        let t = self.read();
+        t.by_key.get(key).map(|i| t.slots[*i].clone())
     }
 
     /// Every peer.
-    pub fn all(&self) -> &[Arc<PeerSlot>] {
-        &self.slots
+    pub fn all(&self) -> Vec<Arc<PeerSlot>> {
+        self.read().slots.clone()
     }
 }

@@ -22,6 +22,7 @@ use cyphonic_gateway::{GatewayService, Neighbors as _, gateway_service, udp_pack
 use cyphonic_netio::{PacketSocket, UdpSocket};
 use cyphonic_resolver::{Action, PeerZone, Resolver, ZoneConfig};
 use cyphonic_session::SendError;
+use cyphonic_signal::NameRecord;
 use cyphonic_vip::{Ignore, Lease, LeaseEvent};
 use cyphonic_wire::{HEADER_LEN, TAG_LEN};
 use hickory_proto::op::ResponseCode;
@@ -30,6 +31,7 @@ use hickory_resolver::TokioResolver;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::cloud::Asker;
 use crate::config::{Config, Mac};
 use crate::counters::bump;
 use crate::daemon::Shared;
@@ -138,6 +140,12 @@ pub struct Services {
     peer_dns: HashMap<u32, Ipv4Addr>,
     waiting: HashMap<u32, VecDeque<Vec<u8>>>,
     frame: Vec<u8>,
+    /// Asks the cloud about overlay names outside our zone and our static peers'.
+    cloud: Option<Asker>,
+    /// The names we host (ours and our devices'), as registered with the cloud.
+    hosted: Vec<NameRecord>,
+    /// Bumped whenever `hosted` changes.
+    hosted_version: u64,
 }
 
 fn unix_now() -> u64 {
@@ -173,6 +181,7 @@ impl Services {
         lan_tx: PacketSocket,
         udp: UdpSocket,
         results: mpsc::Sender<UpstreamResult>,
+        cloud: Option<Asker>,
     ) -> anyhow::Result<Self> {
         let reserved = config
             .reservations
@@ -237,7 +246,7 @@ impl Services {
                     overlay: config.overlay,
                     ttl: d.ttl,
                     upstream: !d.upstream.is_empty(),
-                    ask_cloud: false,
+                    ask_cloud: cloud.is_some(),
                 });
                 let mut zones = Vec::new();
                 for (i, p) in config.peers.iter().enumerate() {
@@ -280,6 +289,9 @@ impl Services {
             peer_dns,
             waiting: HashMap::new(),
             frame: vec![0; BUF_LEN],
+            cloud,
+            hosted: Vec::new(),
+            hosted_version: 0,
         };
         // The saved leases come back as grants: into the tables before any frame. Names also
         // for the reservations, which need no lease to have one.
@@ -412,6 +424,11 @@ impl Services {
         self.dns.as_ref().and_then(|d| d.resolver.poll_timeout())
     }
 
+    /// The names we host, and a version that changes with them.
+    pub fn hosted(&self) -> (u64, &[NameRecord]) {
+        (self.hosted_version, &self.hosted)
+    }
+
     /// A peer has keys: send what waited for them.
     pub fn peer_up(&mut self, peer: u32) {
         for packet in self.waiting.remove(&peer).unwrap_or_default() {
@@ -472,9 +489,16 @@ impl Services {
                     let _ = tx.send((key, result)).await;
                 });
             }
-            Action::AskCloud { key, .. } => {
-                // The cloud is not asked yet (ask_cloud is off): never produced. Answer
-                // SERVFAIL rather than leave the device waiting.
+            Action::AskCloud {
+                name,
+                record_type,
+                key,
+            } => {
+                if let Some(cloud) = &self.cloud {
+                    cloud.ask(key, name, record_type);
+                    return;
+                }
+                // Not produced without a cloud; answer rather than leave the device waiting.
                 let done = self
                     .dns
                     .as_mut()
@@ -539,7 +563,7 @@ impl Services {
     /// Seals an IP packet of the gateway's own to `peer` and sends it, or keeps it until the
     /// peer has keys (the handshake this asks for is built on the control loop's next turn).
     fn send_to_peer(&mut self, peer: u32, packet: Vec<u8>) {
-        let Some(slot) = self.shared.peers.by_id(peer).cloned() else {
+        let Some(slot) = self.shared.peers.by_id(peer) else {
             return;
         };
         let now = Instant::now();
@@ -663,6 +687,22 @@ impl Services {
             }
         }
         let names = cyphonic_vip::names(&all);
+        let mut hosted: Vec<NameRecord> = names
+            .iter()
+            .map(|(ip, label)| NameRecord {
+                name: format!("{label}.{}", self.zone),
+                vip: *ip,
+            })
+            .collect();
+        hosted.push(NameRecord {
+            name: self.zone.clone(),
+            vip: self.shared.lan.gateway_ip,
+        });
+        hosted.sort();
+        if hosted != self.hosted {
+            self.hosted = hosted;
+            self.hosted_version += 1;
+        }
         if let Some(dns) = self.dns.as_mut() {
             dns.resolver
                 .set_hosts(names.iter().map(|(ip, label)| (label.as_str(), *ip)));

@@ -122,6 +122,9 @@ pub struct BedOptions {
     pub extra_a: String,
     /// Extra configuration for adapter B.
     pub extra_b: String,
+    /// Run `cyphonic-cloud serve` on its own host behind the router (192.0.2.10) and give the
+    /// adapters no static peers: they find each other through it.
+    pub cloud: bool,
 }
 
 impl Default for BedOptions {
@@ -136,7 +139,107 @@ impl Default for BedOptions {
             lan_switch: false,
             extra_a: String::new(),
             extra_b: String::new(),
+            cloud: false,
         }
+    }
+}
+
+/// The cloud's host: `[wan router] toc 192.0.2.1 -- wan 192.0.2.10 [cloud]`.
+#[derive(Debug)]
+pub struct CloudHost {
+    /// Its namespace.
+    pub ns: Netns,
+    /// Its directory (configuration, key, CA certificate, database, log).
+    pub dir: PathBuf,
+    /// NMS's control address.
+    pub address: SocketAddr,
+    /// The cloud's public key, as the adapters pin it.
+    pub public_key: String,
+    /// The running `cyphonic-cloud serve`.
+    pub proc: Option<Proc>,
+}
+
+impl CloudHost {
+    const IP: [u8; 4] = [192, 0, 2, 10];
+
+    fn new(wan: &Netns, bins: &Bins, ca_dir: &Path, tmp: &Path) -> anyhow::Result<Self> {
+        let ns = Netns::new("cloud")?;
+        veth(&ns, "wan", wan, "toc")?;
+        wan.ip(&["addr", "add", "192.0.2.1/24", "dev", "toc"])?;
+        ns.ip(&["addr", "add", "192.0.2.10/24", "dev", "wan"])?;
+        ns.ip(&["route", "add", "default", "via", "192.0.2.1"])?;
+        let dir = tmp.join("cloud");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::copy(ca_dir.join("ca.crt"), dir.join("ca.crt"))?;
+        let key = dir.join("cloud.key");
+        let out = Command::new(&bins.cloud)
+            .args(["keygen", "--out", key.to_str().context("path")?])
+            .output()?;
+        if !out.status.success() {
+            bail!("keygen: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let public_key = String::from_utf8(out.stdout)?.trim().to_owned();
+        std::fs::write(
+            dir.join("cloud.toml"),
+            "listen = \"192.0.2.10:7000\"\nprobe_listen = \"192.0.2.10:7001\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n",
+        )?;
+        Ok(Self {
+            ns,
+            dir,
+            address: SocketAddr::from((Self::IP, 7000)),
+            public_key,
+            proc: None,
+        })
+    }
+
+    /// The cloud's log.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("cloud.log")
+    }
+
+    /// Starts `cyphonic-cloud serve` and waits until it accepts connections.
+    ///
+    /// # Errors
+    /// It exits or does not listen within 10 s (its log is in the error).
+    pub fn start(&mut self, bins: &Bins) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log())?;
+        let config = self.dir.join("cloud.toml");
+        let child = self
+            .ns
+            .command(
+                bins.cloud.to_str().context("path")?,
+                &["serve", "--config", config.to_str().context("path")?],
+            )
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting cyphonic-cloud")?;
+        self.proc = Some(Proc::from_child(child, "cyphonic-cloud"));
+        let log = self.log();
+        wait_until(Duration::from_secs(10), "the cloud serving", || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("cyphonic-cloud serving"))
+        })
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}; cloud log:\n{}",
+                std::fs::read_to_string(self.log()).unwrap_or_default()
+            )
+        })
+    }
+
+    /// Stops it with `signal` and waits.
+    ///
+    /// # Errors
+    /// It was not running or did not stop.
+    pub fn stop(&mut self, signal: &str) -> anyhow::Result<()> {
+        let p = self.proc.take().context("the cloud is not running")?;
+        p.stop(signal, Duration::from_secs(10))?;
+        Ok(())
     }
 }
 
@@ -215,6 +318,8 @@ pub struct TwoSites {
     pub bins: Bins,
     /// The impairing relay, when the options asked for one.
     pub relay: Option<Relay>,
+    /// The cloud, with [`BedOptions::cloud`] (started by [`TwoSites::new`]).
+    pub cloud: Option<CloudHost>,
     tmp: TempDir,
 }
 
@@ -300,12 +405,20 @@ impl TwoSites {
             b.dir.join("gw2.ovl.example.crt"),
             a.dir.join("peers/gw2.ovl.example.crt"),
         )?;
+        let cloud = if opts.cloud {
+            let mut c = CloudHost::new(&wan, &bins, &ca, tmp.path())?;
+            c.start(&bins)?;
+            Some(c)
+        } else {
+            None
+        };
         let mut bed = Self {
             a,
             b,
             wan,
             bins,
             relay,
+            cloud,
             tmp,
         };
         bed.write_config(Side::A, opts)?;
@@ -425,11 +538,19 @@ impl TwoSites {
             "[[reservation]]\nmac = \"{}\"\nvip = \"{}\"\nhostname = \"host\"\n",
             me.host_mac, me.host_ip
         )?;
-        writeln!(
-            text,
-            "[[peer]]\ncertificate = \"peers/{peer_name}.crt\"\nendpoint = \"{}\"\npersistent_keepalive = {}\n",
-            me.peer_endpoint, opts.persistent_keepalive
-        )?;
+        if let Some(cloud) = &self.cloud {
+            writeln!(
+                text,
+                "[cloud]\naddress = \"{}\"\npublic_key = \"{}\"\n",
+                cloud.address, cloud.public_key
+            )?;
+        } else {
+            writeln!(
+                text,
+                "[[peer]]\ncertificate = \"peers/{peer_name}.crt\"\nendpoint = \"{}\"\npersistent_keepalive = {}\n",
+                me.peer_endpoint, opts.persistent_keepalive
+            )?;
+        }
         text.push_str(match side {
             Side::A => &opts.extra_a,
             Side::B => &opts.extra_b,
@@ -578,8 +699,14 @@ impl TwoSites {
 
     /// Both adapters' logs, for failure messages.
     pub fn logs(&self) -> String {
+        let cloud = self.cloud.as_ref().map_or(String::new(), |c| {
+            format!(
+                "\n--- cloud ---\n{}",
+                std::fs::read_to_string(c.log()).unwrap_or_default()
+            )
+        });
         format!(
-            "--- adapter A ---\n{}\n--- adapter B ---\n{}",
+            "--- adapter A ---\n{}\n--- adapter B ---\n{}{cloud}",
             self.a.log_text(),
             self.b.log_text()
         )
@@ -597,6 +724,9 @@ impl Drop for TwoSites {
         self.a.adapter.take();
         self.b.adapter.take();
         self.relay.take();
+        if let Some(c) = self.cloud.as_mut() {
+            c.proc.take();
+        }
         let _ = std::fs::remove_dir_all(&self.a.dir);
         let _ = std::fs::remove_dir_all(&self.b.dir);
     }

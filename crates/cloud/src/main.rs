@@ -155,7 +155,12 @@ fn main() -> ExitCode {
 fn serve(path: &Path) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    use std::io::IsTerminal as _;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
     let config = cyphonic_cloud::config::load(path, now())?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,0 +1,161 @@
+//! The control plane end to end: two adapters without static peers find each other through
+//! `cyphonic-cloud` when a device asks DNS for a name behind the other one (design.md §6,
+//! flow 2), on the two-site bed with the cloud behind the router.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::lan::dig;
+use cyphonic_e2e::wait_until;
+
+const GW_A: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
+
+fn cloud_bed() -> TwoSites {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    bed
+}
+
+fn count(text: &str, what: &str) -> usize {
+    text.matches(what).count()
+}
+
+/// (a) Names resolved through the cloud, the tunnel built on demand, ping and iperf3 by
+/// name; unknown names are NXDOMAIN; (e) the cloud killed: the tunnel carries on; the cloud
+/// back: both adapters reconnect and register again.
+#[test]
+fn adapters_reach_each_other_by_name_through_the_cloud() {
+    let mut bed = cloud_bed();
+    // Both adapters have registered (their own name and the reserved host's).
+    let registered = |bed: &TwoSites| {
+        let log = std::fs::read_to_string(bed.cloud.as_ref().unwrap().log()).unwrap_or_default();
+        count(&log, "control session open") >= 2
+    };
+    wait_until(Duration::from_secs(10), "both adapters connected", || {
+        registered(&bed)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+
+    // No tunnel yet: adapter A knows no peer.
+    assert_eq!(
+        bed.status(Side::A).unwrap()["peers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+
+    // The first question builds the tunnel; the answer comes once it is up. The names may
+    // take a moment to be registered: ask until the answer is there (bounded).
+    let mut answer = None;
+    for _ in 0..10 {
+        let d = dig(&bed.a.lan, GW_A, "host.gw2.ovl.example", "A").unwrap();
+        if d.status == "NOERROR" && !d.answers.is_empty() {
+            answer = Some(d);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let answer = answer.unwrap_or_else(|| panic!("no answer\n{}", bed.logs()));
+    assert_eq!(answer.answers, ["100.64.2.10"], "{answer:?}");
+    let s = bed.status(Side::A).unwrap();
+    let peers = s["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{s}");
+    assert_eq!(peers[0]["name"], "gw2.ovl.example");
+    // B was told to expect A: it knows A as a peer without ever resolving anything.
+    let s = bed.status(Side::B).unwrap();
+    assert_eq!(s["peers"][0]["name"], "gw1.ovl.example", "{s}");
+
+    let d = dig(&bed.a.lan, GW_A, "nothing.gw2.ovl.example", "A").unwrap();
+    assert_eq!(d.status, "NXDOMAIN", "{d:?}");
+    let d = dig(&bed.a.lan, GW_A, "gw2.ovl.example", "A").unwrap();
+    assert_eq!(d.answers, ["100.64.2.1"], "{d:?}");
+
+    // Devices use the names as they are.
+    bed.a
+        .lan
+        .set_resolv_conf("nameserver 100.64.1.1\nsearch gw1.ovl.example\n")
+        .unwrap();
+    let ping = bed
+        .a
+        .lan
+        .exec_output(
+            "ping",
+            &["-c", "3", "-i", "0.2", "-W", "2", "host.gw2.ovl.example"],
+        )
+        .unwrap();
+    assert!(
+        ping.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&ping.stdout),
+        bed.logs()
+    );
+    let server = bed
+        .b
+        .lan
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = bed
+        .a
+        .lan
+        .exec_output("iperf3", &["-J", "-c", "host.gw2.ovl.example", "-t", "2"])
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(bps > 1e6, "iperf3 by name: {report}\n{}", bed.logs());
+    drop(server);
+
+    // The cloud goes away: the tunnel does not.
+    bed.cloud.as_mut().unwrap().stop("KILL").unwrap();
+    wait_until(Duration::from_secs(10), "both adapters noticing", || {
+        count(&bed.a.log_text(), "control plane: disconnected") >= 1
+            && count(&bed.b.log_text(), "control plane: disconnected") >= 1
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let ping = bed
+        .ping(
+            Side::A,
+            Ipv4Addr::new(100, 64, 2, 10),
+            &["-c", "3", "-i", "0.2", "-W", "2"],
+        )
+        .unwrap();
+    assert!(
+        ping.status.success(),
+        "the tunnel must outlive the cloud\n{}",
+        bed.logs()
+    );
+    // And back: both reconnect by themselves (backoff 1 s doubling, with jitter) and
+    // register again, so names resolve again.
+    let bins = bed.bins.clone();
+    bed.cloud.as_mut().unwrap().start(&bins).unwrap();
+    wait_until(Duration::from_secs(20), "both adapters back", || {
+        count(&bed.a.log_text(), "control plane: connected") >= 2
+            && count(&bed.b.log_text(), "control plane: connected") >= 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let mut back = false;
+    for _ in 0..10 {
+        let d = dig(&bed.a.lan, GW_A, "gw2.ovl.example", "A").unwrap();
+        if d.answers == ["100.64.2.1"] {
+            back = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        back,
+        "names resolve after the cloud came back\n{}",
+        bed.logs()
+    );
+}
