@@ -90,12 +90,21 @@ impl Sink for LanSink {
         if item.session.accept_counter(item.counter).is_err() {
             return self.give_back(item, DropReason::Replay);
         }
-        item.peer.lock().handle_authenticated(
-            item.now,
-            item.session.local_index(),
-            item.from,
-            item.is_data,
-        );
+        let confirmed = {
+            let mut peer = item.peer.lock();
+            peer.handle_authenticated(
+                item.now,
+                item.session.local_index(),
+                item.from,
+                item.is_data,
+            );
+            peer.has_events()
+        };
+        if confirmed {
+            // Keys confirmed (or the peer moved): the control thread acts on it now, not at
+            // its next wake-up — packets and DNS answers may be waiting for these keys.
+            self.shared.wake_control();
+        }
         let c = &self.shared.counters;
         if !item.is_data {
             bump(&c.keepalives_received);

@@ -599,6 +599,12 @@ impl Peer {
         Some(self.last_sent.map_or(self.clock.origin(), |t| t + every))
     }
 
+    /// Whether events wait for [`Peer::poll_event`] (a data thread that confirmed keys in
+    /// [`Peer::handle_authenticated`] wakes the driver with this).
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// The next frame to send (handshakes, keepalives).
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.transmits.pop_front()
