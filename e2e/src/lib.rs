@@ -16,6 +16,7 @@ pub mod impair;
 pub mod inject;
 pub mod lan;
 pub mod measure;
+pub mod postgres;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

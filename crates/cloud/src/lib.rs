@@ -61,7 +61,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let store = Store::open(&config.database)
         .await
         .with_context(|| format!("opening the store {}", redact(&config.database)))?;
-    store.all_offline().await?;
+    if !store.is_shared() {
+        // A crash may have left clients marked online. (A shared store's other instances
+        // still hold theirs.)
+        store.all_offline().await?;
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding the control port {}", config.listen))?;
@@ -90,6 +94,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let tasks = vec![
         tokio::spawn(nms.clone().serve(listener)),
         tokio::spawn(nms.clone().probes(probe)),
+        tokio::spawn(nms.clone().signals()),
     ];
     Ok(Running {
         nms,

@@ -58,6 +58,15 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A message for a client connected to another instance, through the shared store.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Signal {
+    /// The client's certificate fingerprint.
+    to: String,
+    /// What to push to it.
+    msg: CloudMsg,
+}
+
 /// One client connected to this instance.
 #[derive(Debug)]
 struct Connected {
@@ -376,18 +385,27 @@ impl Nms {
             tracing::info!(asker = %asker.name, %name, "resolution denied by policy");
             return Ok(Resolution::Denied);
         }
-        // Tell the target to expect the asker, with where to reach it.
-        if let Some(me) = self.store.client(fp).await?
-            && let Some(c) = self.connected.get(&found.owner.fingerprint)
-        {
-            let expect = CloudMsg::Expect {
-                peer: PeerInfo {
-                    certificate: me.certificate.clone(),
-                    endpoints: me.reach(),
-                },
+        // Tell the target to expect the asker, with where to reach it: directly when it is
+        // connected here, through the shared store's notifications when elsewhere.
+        if let Some(me) = self.store.client(fp).await? {
+            let peer = PeerInfo {
+                certificate: me.certificate.clone(),
+                endpoints: me.reach(),
             };
-            if c.tx.try_send(expect).is_err() {
-                tracing::warn!(target = %found.owner.name, "push queue full: Expect dropped");
+            if !self.push(
+                &found.owner.fingerprint,
+                CloudMsg::Expect { peer: peer.clone() },
+            ) && self.store.is_shared()
+            {
+                let signal = Signal {
+                    to: found.owner.fingerprint.clone(),
+                    msg: CloudMsg::Expect { peer },
+                };
+                if let Ok(payload) = serde_json::to_string(&signal)
+                    && let Err(e) = self.store.notify(&payload).await
+                {
+                    tracing::warn!(error = %e, "signal to the other instances not sent");
+                }
             }
         }
         Ok(Resolution::Found {
@@ -397,6 +415,58 @@ impl Nms {
                 endpoints: found.owner.reach(),
             },
         })
+    }
+
+    /// Pushes `msg` to the client `fp` if it is connected to this instance.
+    fn push(&self, fp: &str, msg: CloudMsg) -> bool {
+        let Some(c) = self.connected.get(fp) else {
+            return false;
+        };
+        if c.tx.try_send(msg).is_err() {
+            tracing::warn!("push queue full: a message to a client was dropped");
+        }
+        true
+    }
+
+    /// Delivers signals other instances sent through the shared store (PostgreSQL
+    /// LISTEN/NOTIFY) to clients connected here, until the task is dropped. Returns at once
+    /// for a store that is not shared.
+    pub async fn signals(self: Arc<Self>) {
+        if !self.store.is_shared() {
+            return;
+        }
+        loop {
+            let listener = async {
+                let mut l = sqlx::postgres::PgListener::connect(self.store.url()).await?;
+                l.listen(crate::store::SIGNAL_CHANNEL).await?;
+                Ok::<_, sqlx::Error>(l)
+            };
+            let mut listener = match listener.await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "listening for other instances' signals; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            tracing::info!("listening for signals from other cloud instances");
+            loop {
+                match listener.recv().await {
+                    Ok(n) => match serde_json::from_str::<Signal>(n.payload()) {
+                        Ok(s) => {
+                            self.push(&s.to, s.msg);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "unreadable signal from another instance");
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "signal listener lost; reconnecting");
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /// Reads endpoint probes on `sock` until the task is dropped.

@@ -72,7 +72,11 @@ pub struct NameRow {
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: AnyPool,
+    url: String,
 }
+
+/// The PostgreSQL channel that carries signals between cloud instances.
+pub const SIGNAL_CHANNEL: &str = "cyphonic_signal";
 
 fn unix_now() -> i64 {
     SystemTime::now()
@@ -101,7 +105,32 @@ impl Store {
             .connect(&url)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self { pool, url })
+    }
+
+    /// Whether the store is PostgreSQL, which several cloud instances can share.
+    pub fn is_shared(&self) -> bool {
+        self.url.starts_with("postgres:") || self.url.starts_with("postgresql:")
+    }
+
+    /// The store's URL (with its password: do not log it).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sends `payload` to every instance listening on [`SIGNAL_CHANNEL`] (PostgreSQL only;
+    /// at most 8000 bytes).
+    ///
+    /// # Errors
+    /// Database failures, or a store that is not shared.
+    pub async fn notify(&self, payload: &str) -> Result<(), StoreError> {
+        // pg_notify returns void, which the Any driver cannot decode: select a constant.
+        sqlx::query("SELECT 1 AS sent FROM (SELECT pg_notify($1, $2)) AS n")
+            .bind(SIGNAL_CHANNEL)
+            .bind(payload)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Records a client that just opened a control session: online, with no endpoints and
@@ -252,9 +281,10 @@ impl Store {
     /// # Errors
     /// Database failures.
     pub async fn counts(&self) -> Result<(i64, i64), StoreError> {
-        let row = sqlx::query("SELECT COUNT(*), COALESCE(SUM(online), 0) FROM clients")
-            .fetch_one(&self.pool)
-            .await?;
+        let row =
+            sqlx::query("SELECT COUNT(*), COUNT(CASE WHEN online <> 0 THEN 1 END) FROM clients")
+                .fetch_one(&self.pool)
+                .await?;
         Ok((row.try_get(0)?, row.try_get(1)?))
     }
 

@@ -10,6 +10,7 @@
 
 mod cache;
 mod client;
+pub mod testing;
 
 pub use cache::{Cache, FOUND_TTL, NEGATIVE_TTL};
 pub use client::{Config, Event, Handle, RESOLVE_TIMEOUT, SignalError, spawn};

@@ -7,63 +7,15 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use cyphonic_cloud::{Config, Policy, Rule};
-use cyphonic_crypto::{
-    Certificate, CertificateAuthority, IssueRequest, RevocationList, StaticKeypair, TrustStore,
-};
+use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_session::Identity;
+use cyphonic_signal::testing::Pki;
 use cyphonic_signal::{Event, Handle, NameRecord, Resolution};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-struct Pki {
-    ca: CertificateAuthority,
-    revoked: RevocationList,
-}
-
-impl Pki {
-    fn new() -> Self {
-        Self {
-            ca: CertificateAuthority::generate(
-                "ovl.example",
-                &["100.64.0.0/10".parse().unwrap()],
-                0,
-                now() + 2 * 86_400,
-            )
-            .unwrap(),
-            revoked: RevocationList::default(),
-        }
-    }
-
-    fn trust(&self) -> TrustStore {
-        TrustStore::new(vec![self.ca.certificate().clone()], self.revoked.clone()).unwrap()
-    }
-
-    fn identity(&self, name: &str, block: &str, groups: &[&str]) -> Arc<Identity> {
-        let key = StaticKeypair::generate().unwrap();
-        let cert = self
-            .ca
-            .issue(&IssueRequest {
-                name: name.into(),
-                vip_blocks: vec![block.parse().unwrap()],
-                public_key: key.public().0,
-                groups: groups.iter().map(|g| (*g).to_owned()).collect(),
-                not_before: 0,
-                not_after: now() + 86_400,
-            })
-            .unwrap();
-        Arc::new(Identity::new(key, cert, self.trust(), now()).unwrap())
-    }
-}
 
 struct Cloud {
     key: StaticKeypair,

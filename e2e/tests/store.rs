@@ -1,0 +1,185 @@
+//! The cloud's store on both of its databases: the same checks against a SQLite file and a
+//! real PostgreSQL server (a throwaway one, see e2e/src/postgres.rs); and two cloud instances
+//! sharing one PostgreSQL serving one overlay, signals crossing by LISTEN/NOTIFY.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use cyphonic_cloud::store::Store;
+use cyphonic_cloud::{Config, Policy};
+use cyphonic_crypto::{Certificate, StaticKeypair};
+use cyphonic_e2e::bed::TempDir;
+use cyphonic_e2e::postgres::Postgres;
+use cyphonic_signal::testing::Pki;
+use cyphonic_signal::{Event, NameRecord, Resolution};
+
+fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
+    NameRecord {
+        name: name.into(),
+        vip: Ipv4Addr::from(vip),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// What the NMS relies on, whatever the database.
+async fn conformance(store: &Store) {
+    store
+        .client_online("fp1", "gw1.ovl.example", "CERT1")
+        .await
+        .unwrap();
+    store
+        .client_online("fp2", "gw2.ovl.example", "CERT2")
+        .await
+        .unwrap();
+    let e1: SocketAddr = "198.51.100.2:51820".parse().unwrap();
+    let taken = store
+        .register(
+            "fp1",
+            &[e1],
+            &[
+                rec("gw1.ovl.example", [100, 64, 1, 1]),
+                rec("cam.gw1.ovl.example", [100, 64, 1, 100]),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(taken.is_empty());
+    // A name another client holds is not taken over.
+    let taken = store
+        .register(
+            "fp2",
+            &[],
+            &[
+                rec("cam.gw1.ovl.example", [100, 64, 2, 9]),
+                rec("gw2.ovl.example", [100, 64, 2, 1]),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken, ["cam.gw1.ovl.example"]);
+    let found = store.lookup("cam.gw1.ovl.example").await.unwrap().unwrap();
+    assert_eq!(found.vip, Ipv4Addr::new(100, 64, 1, 100));
+    assert_eq!(found.owner.fingerprint, "fp1");
+    assert_eq!(found.owner.certificate, "CERT1");
+    assert_eq!(found.owner.endpoints, [e1]);
+    assert!(found.owner.online);
+    // The observed address goes first.
+    let seen: SocketAddr = "203.0.113.7:40000".parse().unwrap();
+    store.observed("fp1", seen).await.unwrap();
+    let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
+    assert_eq!(found.owner.reach(), [seen, e1]);
+    // Registering again replaces the names.
+    store
+        .register("fp1", &[e1], &[rec("gw1.ovl.example", [100, 64, 1, 1])])
+        .await
+        .unwrap();
+    assert!(store.lookup("cam.gw1.ovl.example").await.unwrap().is_none());
+    assert_eq!(store.name_count().await.unwrap(), 2);
+    // Offline clients keep their names (a tunnel to them may still work).
+    store.client_offline("fp1").await.unwrap();
+    let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
+    assert!(!found.owner.online);
+    assert_eq!(store.counts().await.unwrap(), (2, 1));
+    assert!(store.client("nobody").await.unwrap().is_none());
+    assert_eq!(
+        store.client("fp2").await.unwrap().unwrap().name,
+        "gw2.ovl.example"
+    );
+}
+
+#[test]
+fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
+    let rt = runtime();
+    let dir = TempDir::new("store").unwrap();
+    let sqlite = format!("sqlite://{}", dir.path().join("cloud.db").display());
+    let pg = Postgres::start().unwrap();
+    for url in [sqlite, pg.url()] {
+        rt.block_on(async {
+            let store = Store::open(&url).await.unwrap();
+            assert_eq!(store.is_shared(), url.starts_with("postgres"));
+            conformance(&store).await;
+            // Opening again runs no migration twice and keeps the data.
+            let again = Store::open(&url).await.unwrap();
+            assert_eq!(again.name_count().await.unwrap(), 2, "{url}");
+        });
+    }
+}
+
+async fn instance(pki: &Pki, key: &StaticKeypair, url: &str) -> cyphonic_cloud::Running {
+    cyphonic_cloud::start(Config {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        key: StaticKeypair::from_pem(&key.to_pem()).unwrap(),
+        trust: pki.trust(),
+        database: url.to_owned(),
+        policy: Policy::default(),
+    })
+    .await
+    .unwrap()
+}
+
+/// (i) Two instances, one PostgreSQL: gw1 on instance 1 resolves a name gw2 registered on
+/// instance 2, and gw2 hears `expect` from instance 2 through NOTIFY.
+#[test]
+fn two_cloud_instances_serve_one_overlay_through_postgresql() {
+    let rt = runtime();
+    let pg = Postgres::start().unwrap();
+    let url = pg.url();
+    rt.block_on(async {
+        let pki = Pki::new();
+        let key = StaticKeypair::generate().unwrap();
+        let one = instance(&pki, &key, &url).await;
+        let two = instance(&pki, &key, &url).await;
+        let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+        let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+        let config = |at| cyphonic_signal::Config {
+            cloud: at,
+            cloud_key: key.public(),
+            agent: "test".into(),
+        };
+        let (h1, _e1) = cyphonic_signal::spawn(config(one.control), gw1.clone());
+        let (h2, mut e2) = cyphonic_signal::spawn(config(two.control), gw2);
+        h2.register(vec![], vec![rec("cam.gw2.ovl.example", [100, 64, 2, 100])]);
+        let mut found = None;
+        for _ in 0..50 {
+            match h1.resolve("cam.gw2.ovl.example").await {
+                Ok(r @ Resolution::Found { .. }) => {
+                    found = Some(r);
+                    break;
+                }
+                _ => {
+                    h1.cache().clear();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        let Some(Resolution::Found { vip, .. }) = found else {
+            panic!("instance 1 never found what instance 2 registered");
+        };
+        assert_eq!(vip, Ipv4Addr::new(100, 64, 2, 100));
+        let expect = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(Event::Expect(p)) = e2.recv().await {
+                    return p;
+                }
+            }
+        })
+        .await
+        .expect("the signal did not cross instances");
+        assert_eq!(
+            Certificate::from_pem(&expect.certificate).unwrap(),
+            *gw1.certificate()
+        );
+        one.stop();
+        two.stop();
+    });
+}
