@@ -125,6 +125,18 @@ pub struct BedOptions {
     /// Run `cyphonic-cloud serve` on its own host behind the router (192.0.2.10) and give the
     /// adapters no static peers: they find each other through it.
     pub cloud: bool,
+    /// Put adapter B behind a NAT router (its own address 192.0.2.130, the NAT's public one
+    /// 203.0.113.2).
+    pub nat_b: Option<Nat>,
+}
+
+/// How the NAT in front of adapter B maps addresses (nftables masquerade).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nat {
+    /// Keeps the source port when it can, one mapping per source (cone-like).
+    PortPreserving,
+    /// A random port for every new destination (`fully-random`): a symmetric NAT.
+    Symmetric,
 }
 
 impl Default for BedOptions {
@@ -140,11 +152,12 @@ impl Default for BedOptions {
             extra_a: String::new(),
             extra_b: String::new(),
             cloud: false,
+            nat_b: None,
         }
     }
 }
 
-/// The cloud's host: `[wan router] toc 192.0.2.1 -- wan 192.0.2.10 [cloud]`.
+/// The cloud's host: `[wan router] toc 192.0.2.1/25 -- wan 192.0.2.10/25 [cloud]`.
 #[derive(Debug)]
 pub struct CloudHost {
     /// Its namespace.
@@ -165,8 +178,9 @@ impl CloudHost {
     fn new(wan: &Netns, bins: &Bins, ca_dir: &Path, tmp: &Path) -> anyhow::Result<Self> {
         let ns = Netns::new("cloud")?;
         veth(&ns, "wan", wan, "toc")?;
-        wan.ip(&["addr", "add", "192.0.2.1/24", "dev", "toc"])?;
-        ns.ip(&["addr", "add", "192.0.2.10/24", "dev", "wan"])?;
+        // 192.0.2.0/25; the upper half is the private side of a NAT (`nat_router`).
+        wan.ip(&["addr", "add", "192.0.2.1/25", "dev", "toc"])?;
+        ns.ip(&["addr", "add", "192.0.2.10/25", "dev", "wan"])?;
         ns.ip(&["route", "add", "default", "via", "192.0.2.1"])?;
         let dir = tmp.join("cloud");
         std::fs::create_dir_all(&dir)?;
@@ -246,6 +260,8 @@ impl CloudHost {
 /// One site: its LAN host, its adapter.
 #[derive(Debug)]
 pub struct Site {
+    /// The NAT router in front of the adapter, if any.
+    pub nat: Option<Netns>,
     /// The LAN host (a "general node").
     pub lan: Netns,
     /// The adapter's namespace.
@@ -297,6 +313,49 @@ impl Site {
 }
 
 /// Plugs `ns`'s interface `ns_if` into the next port of `switch`.
+/// A NAT router between an adapter and the router: `[adapter] wan 192.0.2.130/25 -- in
+/// 192.0.2.129/25 [natX] out <public>/24 -- <wan_if> [wan router]`, masquerading what leaves
+/// by `out`.
+fn nat_router(
+    label: &str,
+    wan: &Netns,
+    wan_if: &str,
+    adapter_ns: &Netns,
+    public: Ipv4Addr,
+    router: &str,
+    kind: Nat,
+) -> anyhow::Result<Netns> {
+    let ns = Netns::new(&format!("nat{label}"))?;
+    veth(&ns, "out", wan, wan_if)?;
+    ns.ip(&["addr", "add", &format!("{public}/24"), "dev", "out"])?;
+    ns.ip(&["route", "add", "default", "via", router])?;
+    veth(adapter_ns, "wan", &ns, "in")?;
+    ns.ip(&["addr", "add", "192.0.2.129/25", "dev", "in"])?;
+    adapter_ns.ip(&["addr", "add", "192.0.2.130/25", "dev", "wan"])?;
+    adapter_ns.ip(&["route", "add", "default", "via", "192.0.2.129"])?;
+    ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+    ns.exec("nft", &["add", "table", "ip", "nat"])?;
+    ns.exec(
+        "nft",
+        &["add chain ip nat post { type nat hook postrouting priority 100 ; }"],
+    )?;
+    let mut rule = vec![
+        "add",
+        "rule",
+        "ip",
+        "nat",
+        "post",
+        "oifname",
+        "out",
+        "masquerade",
+    ];
+    if kind == Nat::Symmetric {
+        rule.push("fully-random");
+    }
+    ns.exec("nft", &rule)?;
+    Ok(ns)
+}
+
 fn plug(switch: &Netns, ports: &mut u32, ns: &Netns, ns_if: &str) -> anyhow::Result<()> {
     let port = format!("p{ports}");
     *ports += 1;
@@ -333,8 +392,8 @@ impl TwoSites {
         let bins = Bins::find()?;
         let tmp = TempDir::new("bed")?;
         let wan = Netns::new("wan")?;
-        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, opts)?;
-        let mut b = Self::site("B", &wan, "tob", [203, 0, 113], 2, opts)?;
+        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, None, opts)?;
+        let mut b = Self::site("B", &wan, "tob", [203, 0, 113], 2, opts.nat_b, opts)?;
         wan.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
         // By default each adapter reaches the other directly; with an impairment, through
         // the relay's address on its own side.
@@ -432,6 +491,7 @@ impl TwoSites {
         wan_if: &str,
         net: [u8; 3],
         n: u8,
+        nat: Option<Nat>,
         opts: &BedOptions,
     ) -> anyhow::Result<Site> {
         let lan = Netns::new(&format!("lan{label}"))?;
@@ -448,12 +508,29 @@ impl TwoSites {
         } else {
             None
         };
-        veth(&adapter_ns, "wan", wan, wan_if)?;
         let [x, y, z] = net;
         let router = format!("{x}.{y}.{z}.1");
-        let underlay = Ipv4Addr::new(x, y, z, 2);
-        adapter_ns.ip(&["addr", "add", &format!("{underlay}/24"), "dev", "wan"])?;
-        adapter_ns.ip(&["route", "add", "default", "via", &router])?;
+        let public = Ipv4Addr::new(x, y, z, 2);
+        let (underlay, nat_ns) = match nat {
+            None => {
+                veth(&adapter_ns, "wan", wan, wan_if)?;
+                adapter_ns.ip(&["addr", "add", &format!("{public}/24"), "dev", "wan"])?;
+                adapter_ns.ip(&["route", "add", "default", "via", &router])?;
+                (public, None)
+            }
+            Some(kind) => (
+                Ipv4Addr::new(192, 0, 2, 130),
+                Some(nat_router(
+                    label,
+                    wan,
+                    wan_if,
+                    &adapter_ns,
+                    public,
+                    &router,
+                    kind,
+                )?),
+            ),
+        };
         wan.ip(&["addr", "add", &format!("{router}/24"), "dev", wan_if])?;
         let host_ip = Ipv4Addr::new(100, 64, n, 10);
         let gateway = Ipv4Addr::new(100, 64, n, 1);
@@ -477,6 +554,7 @@ impl TwoSites {
         }
         let host_mac = mac_of(&lan, "eth0")?;
         Ok(Site {
+            nat: nat_ns,
             lan,
             adapter_ns,
             dir,

@@ -7,15 +7,20 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, Nat, Side, TwoSites};
 use cyphonic_e2e::lan::dig;
 use cyphonic_e2e::wait_until;
 
 const GW_A: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
 
 fn cloud_bed() -> TwoSites {
+    bed_with(None)
+}
+
+fn bed_with(nat_b: Option<Nat>) -> TwoSites {
     let mut bed = TwoSites::new(&BedOptions {
         cloud: true,
+        nat_b,
         ..BedOptions::default()
     })
     .unwrap();
@@ -163,5 +168,82 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
         back,
         "names resolve after the cloud came back\n{}",
         bed.logs()
+    );
+}
+
+/// Asks `name` from `side`'s LAN host through its adapter until an answer with addresses
+/// comes (the names may take a moment to be registered), at most ten times.
+fn resolve(bed: &TwoSites, side: Side, name: &str) -> Vec<String> {
+    let (lan, gw) = match side {
+        Side::A => (&bed.a.lan, GW_A),
+        Side::B => (&bed.b.lan, Ipv4Addr::new(100, 64, 2, 1)),
+    };
+    for _ in 0..10 {
+        let d = dig(lan, gw, name, "A").unwrap();
+        if d.status == "NOERROR" && !d.answers.is_empty() {
+            return d.answers;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("{name}: no answer from {side:?}\n{}", bed.logs());
+}
+
+/// (b) Adapter B behind a port-preserving NAT: the cloud sees B's tunnel socket at the NAT's
+/// address, both sides initiate at once, and the tunnel is direct (through the NAT, not a
+/// relay) whichever side asks first.
+#[test]
+fn behind_a_port_preserving_nat_the_tunnel_is_direct() {
+    direct_through_nat(Nat::PortPreserving);
+}
+
+/// A symmetric NAT on one side only needs no relay either: B's initiation reaches A from
+/// whatever port the NAT chose, and A answers there.
+#[test]
+fn behind_a_symmetric_nat_facing_a_public_peer_the_tunnel_is_direct() {
+    direct_through_nat(Nat::Symmetric);
+}
+
+fn direct_through_nat(nat: Nat) {
+    let bed = bed_with(Some(nat));
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"]
+    );
+    let s = bed.status(Side::A).unwrap();
+    // Direct: A talks to the NAT's public address. The port is the one B's own initiation
+    // got: A's initiation may reach the NAT first and hold 51820 in its connection table,
+    // and the NAT then maps B's packets to A from another port; A follows the authenticated
+    // source.
+    let endpoint = s["peers"][0]["endpoint"].as_str().unwrap_or_default();
+    assert!(
+        endpoint.starts_with("203.0.113.2:"),
+        "A talks to the NAT's address: {s}"
+    );
+    assert_eq!(s["peers"][0]["established"], true, "{s}");
+    let ping = bed
+        .ping(
+            Side::A,
+            Ipv4Addr::new(100, 64, 2, 10),
+            &["-c", "3", "-i", "0.2", "-W", "2"],
+        )
+        .unwrap();
+    assert!(ping.status.success(), "{}", bed.logs());
+    // And the other way: B asks for a name behind A.
+    assert_eq!(
+        resolve(&bed, Side::B, "host.gw1.ovl.example"),
+        ["100.64.1.10"]
+    );
+    let ping = bed
+        .ping(
+            Side::B,
+            Ipv4Addr::new(100, 64, 1, 10),
+            &["-c", "3", "-i", "0.2", "-W", "2"],
+        )
+        .unwrap();
+    assert!(ping.status.success(), "{}", bed.logs());
+    let log = bed.b.log_text();
+    assert!(
+        log.contains("the cloud sees our tunnel socket at this address addr=203.0.113.2:"),
+        "{log}"
     );
 }
