@@ -125,6 +125,11 @@ pub struct BedOptions {
     /// Run `cyphonic-cloud serve` on its own host behind the router (192.0.2.10) and give the
     /// adapters no static peers: they find each other through it.
     pub cloud: bool,
+    /// Extra lines for the cloud's configuration (`[policy]`, `revocations`).
+    pub cloud_extra: String,
+    /// Revoke adapter B's certificate at the CA before the cloud starts (the cloud reads the
+    /// CA's `revoked.txt` as `revocations`).
+    pub revoke_b: bool,
     /// Put adapter B behind a NAT router (its own address 192.0.2.130, the NAT's public one
     /// 203.0.113.2).
     pub nat_b: Option<Nat>,
@@ -152,6 +157,8 @@ impl Default for BedOptions {
             extra_a: String::new(),
             extra_b: String::new(),
             cloud: false,
+            cloud_extra: String::new(),
+            revoke_b: false,
             nat_b: None,
         }
     }
@@ -175,7 +182,13 @@ pub struct CloudHost {
 impl CloudHost {
     const IP: [u8; 4] = [192, 0, 2, 10];
 
-    fn new(wan: &Netns, bins: &Bins, ca_dir: &Path, tmp: &Path) -> anyhow::Result<Self> {
+    fn new(
+        wan: &Netns,
+        bins: &Bins,
+        ca_dir: &Path,
+        tmp: &Path,
+        extra: &str,
+    ) -> anyhow::Result<Self> {
         let ns = Netns::new("cloud")?;
         veth(&ns, "wan", wan, "toc")?;
         // 192.0.2.0/25; the upper half is the private side of a NAT (`nat_router`).
@@ -195,7 +208,10 @@ impl CloudHost {
         let public_key = String::from_utf8(out.stdout)?.trim().to_owned();
         std::fs::write(
             dir.join("cloud.toml"),
-            "listen = \"192.0.2.10:7000\"\nprobe_listen = \"192.0.2.10:7001\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n",
+            // Top-level keys first: `extra` may open a table.
+            format!(
+                "listen = \"192.0.2.10:7000\"\nprobe_listen = \"192.0.2.10:7001\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n{extra}"
+            ),
         )?;
         Ok(Self {
             ns,
@@ -465,7 +481,25 @@ impl TwoSites {
             a.dir.join("peers/gw2.ovl.example.crt"),
         )?;
         let cloud = if opts.cloud {
-            let mut c = CloudHost::new(&wan, &bins, &ca, tmp.path())?;
+            let mut extra = String::new();
+            if opts.revoke_b {
+                sh(
+                    cloud,
+                    &[
+                        "ca",
+                        "revoke",
+                        "--dir",
+                        ca.to_str().context("path")?,
+                        b.dir.join("gw2.ovl.example.crt").to_str().context("path")?,
+                    ],
+                )?;
+                extra.push_str(&format!(
+                    "revocations = \"{}\"\n",
+                    ca.join("revoked.txt").display()
+                ));
+            }
+            extra.push_str(&opts.cloud_extra);
+            let mut c = CloudHost::new(&wan, &bins, &ca, tmp.path(), &extra)?;
             c.start(&bins)?;
             Some(c)
         } else {

@@ -247,3 +247,70 @@ fn direct_through_nat(nat: Nat) {
         "{log}"
     );
 }
+
+/// (f) Policy denies: the device gets NXDOMAIN, and no tunnel forms (neither side adds a
+/// peer). (The policy's rules themselves are tested against a real cloud in
+/// crates/signal/tests/cloud.rs.)
+#[test]
+fn a_policy_denial_is_nxdomain_and_no_tunnel() {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: true,
+        cloud_extra: "[policy]\ndefault = \"deny\"\n".into(),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    // The name exists (gw2 registers it) but may not be reached: ask until the cloud has
+    // gw2's registration, which the denial counter in its log shows.
+    let cloud_log = bed.cloud.as_ref().unwrap().log();
+    let mut denied = false;
+    for _ in 0..10 {
+        let d = dig(&bed.a.lan, GW_A, "host.gw2.ovl.example", "A").unwrap();
+        assert_eq!(d.status, "NXDOMAIN", "{d:?}");
+        if std::fs::read_to_string(&cloud_log)
+            .unwrap_or_default()
+            .contains("resolution denied by policy")
+        {
+            denied = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(denied, "the cloud never denied\n{}", bed.logs());
+    for side in [Side::A, Side::B] {
+        let s = bed.status(side).unwrap();
+        assert_eq!(s["peers"].as_array().unwrap().len(), 0, "{side:?}: {s}");
+        assert_eq!(s["counters"]["handshake_inits"], 0, "{side:?}: {s}");
+    }
+}
+
+/// (g) A revoked certificate is refused by the cloud: B cannot register, so its names do not
+/// resolve, and B says why in its log.
+#[test]
+fn a_revoked_adapter_is_refused_by_the_cloud() {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: true,
+        revoke_b: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    wait_until(Duration::from_secs(10), "B refused", || {
+        bed.b
+            .log_text()
+            .contains("the cloud refused our certificate")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(bed.b.log_text().contains("revoked"), "{}", bed.logs());
+    let d = dig(&bed.a.lan, GW_A, "host.gw2.ovl.example", "A").unwrap();
+    assert_eq!(d.status, "NXDOMAIN", "{d:?}");
+    assert_eq!(
+        bed.status(Side::A).unwrap()["peers"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+}
