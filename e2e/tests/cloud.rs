@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, Nat, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, IperfRun, Nat, Side, TwoSites};
 use cyphonic_e2e::lan::dig;
 use cyphonic_e2e::wait_until;
 
@@ -312,5 +312,54 @@ fn a_revoked_adapter_is_refused_by_the_cloud() {
             .unwrap()
             .len(),
         0
+    );
+}
+
+/// (h) Adapter B's underlay address changes in the middle of a TCP stream: the stream goes
+/// on. A follows B to its new address on B's first authenticated frame from there (roaming),
+/// and B's next endpoint probe shows the cloud the new address.
+#[test]
+fn a_peer_that_changes_address_keeps_its_tunnel() {
+    let bed = cloud_bed();
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"]
+    );
+    let run = IperfRun::start(&bed, Side::B, &["-i", "1"], 6).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let ns = &bed.b.adapter_ns;
+    ns.exec(
+        "sysctl",
+        &["-qw", "net.ipv4.conf.wan.promote_secondaries=1"],
+    )
+    .unwrap();
+    ns.ip(&["addr", "add", "203.0.113.3/24", "dev", "wan"])
+        .unwrap();
+    ns.ip(&["addr", "del", "203.0.113.2/24", "dev", "wan"])
+        .unwrap();
+    ns.ip(&["route", "replace", "default", "via", "203.0.113.1"])
+        .unwrap();
+    let report = run
+        .finish()
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    // Every second after the move carried data.
+    let intervals = report["intervals"].as_array().unwrap();
+    let per_second: Vec<f64> = intervals
+        .iter()
+        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0))
+        .collect();
+    assert!(per_second.len() >= 5, "{report}");
+    eprintln!("bits per second, address changed after 2 s: {per_second:?}");
+    assert!(
+        per_second[3..].iter().all(|b| *b > 1e6),
+        "the stream stalled after the move: {per_second:?}\n{}",
+        bed.logs()
+    );
+    let s = bed.status(Side::A).unwrap();
+    assert_eq!(s["peers"][0]["endpoint"], "203.0.113.3:51820", "{s}");
+    assert!(
+        bed.a.log_text().contains("peer moved to a new address"),
+        "{}",
+        bed.logs()
     );
 }
