@@ -162,6 +162,7 @@ impl CloudLink {
                     id,
                     name: body.name.clone(),
                     blocks: body.vip_blocks.clone(),
+                    origin: "cloud",
                     peer: std::sync::Mutex::new(Peer::new(
                         id,
                         self.identity.clone(),

@@ -134,6 +134,25 @@ impl Control {
 
     fn cloud_event(&mut self, event: cyphonic_signal::Event) {
         use cyphonic_signal::Event as E;
+        {
+            let mut st = self
+                .shared
+                .cloud
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &event {
+                E::Connected { .. } => {
+                    st["connected"] = true.into();
+                    st["last_error"] = serde_json::Value::Null;
+                }
+                E::Disconnected { reason } | E::Refused { reason } => {
+                    st["connected"] = false.into();
+                    st["last_error"] = reason.clone().into();
+                }
+                E::Observed(addr) => st["observed"] = addr.to_string().into(),
+                _ => {}
+            }
+        }
         match event {
             E::Probe { to, frame } => {
                 if let Err(e) = self.udp.send_to(&frame, to) {

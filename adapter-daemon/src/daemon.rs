@@ -106,6 +106,8 @@ pub struct Shared {
     pub dns_on: bool,
     /// The services' part of the status document.
     pub services: std::sync::Mutex<ServicesStatus>,
+    /// The control plane's part of the status document (null without a cloud).
+    pub cloud: std::sync::Mutex<serde_json::Value>,
     /// Wakes the control thread when a peer's timers changed on a data thread.
     pub notify: tokio::sync::Notify,
 }
@@ -197,6 +199,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             id,
             name: p.certificate.body().name.clone(),
             blocks: p.certificate.body().vip_blocks.clone(),
+            origin: "static",
             peer: std::sync::Mutex::new(Peer::new(id, identity.clone(), pc, timing, clock, d.aead)),
             tx_packets: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
@@ -218,6 +221,10 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         dhcp_on: config.dhcp.is_some(),
         dns_on: config.dns.is_some(),
         services: std::sync::Mutex::new(ServicesStatus::default()),
+        cloud: std::sync::Mutex::new(config.cloud.as_ref().map_or(
+            serde_json::Value::Null,
+            |c| serde_json::json!({ "address": c.address.to_string(), "connected": false }),
+        )),
         notify: tokio::sync::Notify::new(),
     });
     // The control runtime exists before the services: the upstream resolver spawns on it.

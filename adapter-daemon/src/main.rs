@@ -139,15 +139,36 @@ fn print_status(doc: &serde_json::Value) {
         a["listen"].as_str().unwrap_or("?"),
         a["uptime_secs"]
     );
+    let c = &doc["cloud"];
+    if c.is_object() {
+        println!(
+            "cloud {}  {}{}{}",
+            c["address"].as_str().unwrap_or("?"),
+            if c["connected"].as_bool() == Some(true) {
+                "connected"
+            } else {
+                "NOT CONNECTED"
+            },
+            c["observed"]
+                .as_str()
+                .map(|o| format!("  our tunnel socket as it sees it: {o}"))
+                .unwrap_or_default(),
+            c["last_error"]
+                .as_str()
+                .map(|e| format!("  last error: {e}"))
+                .unwrap_or_default()
+        );
+    }
     println!();
     println!(
-        "{:<28} {:<18} {:<24} {:<5} {:>10} {:>10}",
-        "PEER", "VIP BLOCK", "ENDPOINT", "UP", "TX PKTS", "RX PKTS"
+        "{:<28} {:<7} {:<18} {:<24} {:<5} {:>10} {:>10}",
+        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "UP", "TX PKTS", "RX PKTS"
     );
     for p in doc["peers"].as_array().into_iter().flatten() {
         println!(
-            "{:<28} {:<18} {:<24} {:<5} {:>10} {:>10}",
+            "{:<28} {:<7} {:<18} {:<24} {:<5} {:>10} {:>10}",
             p["name"].as_str().unwrap_or("?"),
+            p["origin"].as_str().unwrap_or("?"),
             p["vip_blocks"][0].as_str().unwrap_or("-"),
             p["endpoint"].as_str().unwrap_or("-"),
             if p["established"].as_bool() == Some(true) {

@@ -23,6 +23,8 @@ pub struct PeerSlot {
     pub name: String,
     /// The vIP blocks its certificate certifies: what it may send from, and route to.
     pub blocks: Vec<IpNet>,
+    /// How we know it: `"static"` (configuration) or `"cloud"`.
+    pub origin: &'static str,
     /// The session state machine.
     pub peer: Mutex<Peer>,
     /// Inner packets sent to it.

@@ -93,6 +93,7 @@ pub fn snapshot(shared: &Shared, info: &Static) -> Value {
             let p = slot.lock();
             json!({
                 "name": slot.name,
+                "origin": slot.origin,
                 "vip_blocks": slot.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "endpoint": p.endpoint().map(|e| e.to_string()),
                 "established": p.is_established(now),
@@ -129,6 +130,7 @@ pub fn snapshot(shared: &Shared, info: &Static) -> Value {
             "buffers_free": shared.pool.free(),
         },
         "peers": peers,
+        "cloud": shared.cloud.lock().map_or(Value::Null, |c| c.clone()),
         "leases": leases,
         "dhcp": dhcp,
         "dns": dns,

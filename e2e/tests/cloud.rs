@@ -81,6 +81,9 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
     let peers = s["peers"].as_array().unwrap();
     assert_eq!(peers.len(), 1, "{s}");
     assert_eq!(peers[0]["name"], "gw2.ovl.example");
+    assert_eq!(peers[0]["origin"], "cloud");
+    assert_eq!(s["cloud"]["connected"], true, "{s}");
+    assert_eq!(s["cloud"]["observed"], "198.51.100.2:51820", "{s}");
     // B was told to expect A: it knows A as a peer without ever resolving anything.
     let s = bed.status(Side::B).unwrap();
     assert_eq!(s["peers"][0]["name"], "gw1.ovl.example", "{s}");
@@ -146,6 +149,9 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
         "the tunnel must outlive the cloud\n{}",
         bed.logs()
     );
+    let s = bed.status(Side::A).unwrap();
+    assert_eq!(s["cloud"]["connected"], false, "{s}");
+    assert!(s["cloud"]["last_error"].is_string(), "{s}");
     // And back: both reconnect by themselves (backoff 1 s doubling, with jitter) and
     // register again, so names resolve again.
     let bins = bed.bins.clone();
