@@ -5,12 +5,11 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{Backend, Certificate, PublicKey};
 use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
-use cyphonic_signal::{Event, Handle, PeerInfo, Resolution, SignalError};
+use cyphonic_signal::{Event, Handle, PeerInfo, RelayInfo, Resolution, SignalError};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::sync::mpsc;
@@ -60,6 +59,9 @@ impl Asker {
         });
     }
 }
+
+/// A peer to handshake with, and the relay channel to reach it through, if any.
+pub type ToHandshake = (Arc<PeerSlot>, Option<RelayInfo>);
 
 /// What settles a DNS query: the records to answer with, or the error code.
 pub type Settled = (u16, Result<Vec<Record>, ResponseCode>);
@@ -120,7 +122,8 @@ impl CloudLink {
     }
 
     /// The peer the cloud described: found in the table (its endpoint refreshed if it has no
-    /// keys yet), or added. `None` if its certificate does not verify here.
+    /// keys yet and is not relayed), or added. `None` if its certificate does not verify
+    /// here. The relay the description may carry is the caller's to apply.
     pub fn peer(&self, shared: &Shared, info: &PeerInfo, now: Instant) -> Option<Arc<PeerSlot>> {
         let cert = match Certificate::from_pem(&info.certificate) {
             Ok(c) => c,
@@ -144,8 +147,10 @@ impl CloudLink {
         let key = PublicKey(body.public_key);
         let endpoint = info.endpoints.first().copied();
         if let Some(slot) = shared.peers.by_key(&key) {
+            let relayed = slot.route().relay.is_some();
             let mut p = slot.lock();
             if let Some(e) = endpoint
+                && !relayed
                 && !p.is_established(now)
                 && p.endpoint() != Some(e)
             {
@@ -158,24 +163,19 @@ impl CloudLink {
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
         let slot = shared.peers.insert(
             |id| {
-                Arc::new(PeerSlot {
+                Arc::new(PeerSlot::new(
                     id,
-                    name: body.name.clone(),
-                    blocks: body.vip_blocks.clone(),
-                    origin: "cloud",
-                    peer: std::sync::Mutex::new(Peer::new(
+                    &cert,
+                    "cloud",
+                    Peer::new(
                         id,
                         self.identity.clone(),
                         pc,
                         self.timing,
                         self.clock,
                         self.aead,
-                    )),
-                    tx_packets: AtomicU64::new(0),
-                    tx_bytes: AtomicU64::new(0),
-                    rx_packets: AtomicU64::new(0),
-                    rx_bytes: AtomicU64::new(0),
-                })
+                    ),
+                ))
             },
             key,
         );
@@ -184,13 +184,14 @@ impl CloudLink {
     }
 
     /// The cloud answered a DNS question. Returns what settles now; the rest waits for the
-    /// peer's tunnel ([`Self::peer_up`]), and the peer to handshake with.
+    /// peer's tunnel ([`Self::peer_up`]), and the peer to handshake with (with the relay to
+    /// reach it through, if the cloud gave one).
     pub fn answered(
         &mut self,
         shared: &Shared,
         a: CloudAnswer,
         now: Instant,
-    ) -> (Option<Settled>, Option<Arc<PeerSlot>>) {
+    ) -> (Option<Settled>, Option<ToHandshake>) {
         let (vip, info) = match a.result {
             Ok(Resolution::Found { vip, peer }) => (vip, peer),
             Ok(Resolution::NotFound | Resolution::Denied | Resolution::Own) => {
@@ -217,7 +218,7 @@ impl CloudLink {
             .entry(slot.id)
             .or_default()
             .push((a.key, records));
-        (None, Some(slot))
+        (None, Some((slot, info.relay)))
     }
 
     fn records(&self, name: &Name, record_type: RecordType, vip: Ipv4Addr) -> Vec<Record> {

@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use cyphonic_netio::UdpSocket;
 use cyphonic_session::{Clock, Event, Identity, read_init};
+use cyphonic_signal::RelayInfo;
 use cyphonic_wire::{Frame, MessageType};
 use tokio::sync::mpsc;
 
 use crate::cloud::{CloudAnswer, CloudLink};
 use crate::counters::bump;
 use crate::daemon::{Shared, ToCapture, ToControl, ToServices};
-use crate::peers::PeerSlot;
+use crate::peers::{PeerSlot, Relay};
 use crate::services::{Services, UpstreamResult};
 use crate::status::{self, Static};
 
@@ -27,6 +28,15 @@ use crate::status::{self, Static};
 const KICK_INTERVAL: Duration = Duration::from_secs(1);
 /// Wake at least this often even with no timer due (cheap; bounds any missed wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(500);
+/// Initiations to a peer from the cloud unanswered this long: the direct path does not work,
+/// ask the cloud for a relay. (Both sides initiate at once, so an answer normally comes
+/// within a round trip; the first retry goes out after 1 s.)
+const DIRECT_PATIENCE: Duration = Duration::from_secs(2);
+/// At most one relay request per peer per this interval.
+const RELAY_ASK_EVERY: Duration = Duration::from_secs(10);
+/// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
+/// the channel must know where we are.
+const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
 
 /// The control thread's state.
 pub struct Control {
@@ -44,6 +54,14 @@ pub struct Control {
     pub(crate) upstream_rx: mpsc::Receiver<UpstreamResult>,
     pub(crate) cloud: Option<CloudLink>,
     pub(crate) cloud_answers: mpsc::Receiver<CloudAnswer>,
+}
+
+/// Binds our tunnel socket's address to a relay channel.
+fn bind(udp: &UdpSocket, relay: &Relay) {
+    let frame = cyphonic_signal::probe_frame(&relay.token);
+    if let Err(e) = udp.send_to(&frame, relay.address) {
+        tracing::debug!(relay = %relay.address, error = %e, "relay bind not sent");
+    }
 }
 
 /// The next event of the signal client, or never without a cloud.
@@ -127,9 +145,87 @@ impl Control {
             if peer.poll_timeout().is_some_and(|t| t <= now) {
                 peer.handle_timeout(now);
             }
+            let unanswered = peer
+                .unanswered_since()
+                .filter(|_| !peer.is_established(now));
             drop(peer);
             self.drain(slot);
+            self.keep_route(slot, unanswered, now);
         }
+    }
+
+    /// Keeps a cloud peer's path working: binds to its relay channel again now and then, and
+    /// asks the cloud for a relay when initiations go unanswered.
+    fn keep_route(&mut self, slot: &Arc<PeerSlot>, unanswered: Option<Instant>, now: Instant) {
+        if slot.origin != "cloud" {
+            return;
+        }
+        let mut route = slot.route();
+        if let Some(r) = route.relay.as_mut()
+            && r.bound_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= RELAY_BIND_EVERY)
+        {
+            r.bound_at = Some(now);
+            bind(&self.udp, r);
+        }
+        let Some(since) = unanswered else {
+            return;
+        };
+        let Some(cloud) = self.cloud.as_ref() else {
+            return;
+        };
+        if now.saturating_duration_since(since) < DIRECT_PATIENCE
+            || route
+                .relay_asked
+                .is_some_and(|t| now.saturating_duration_since(t) < RELAY_ASK_EVERY)
+        {
+            return;
+        }
+        route.relay_asked = Some(now);
+        let relayed = route.relay.is_some();
+        drop(route);
+        match cloud.handle.request_relay(&slot.fingerprint) {
+            Ok(()) => tracing::info!(
+                peer = %slot.name,
+                relayed,
+                "no answer to handshakes on this path: asking the cloud for a relay"
+            ),
+            Err(e) => tracing::debug!(peer = %slot.name, error = %e, "relay not requested"),
+        }
+    }
+
+    /// Applies the relay the cloud gave for `slot` (if any): bind to the channel, and send
+    /// handshakes there from now on.
+    fn apply_relay(&mut self, slot: &Arc<PeerSlot>, relay: Option<&RelayInfo>, now: Instant) {
+        let Some(info) = relay else {
+            return;
+        };
+        let mut route = slot.route();
+        let fresh = route
+            .relay
+            .as_ref()
+            .is_none_or(|r| r.address != info.address || r.token != info.token);
+        if fresh {
+            let r = Relay {
+                address: info.address,
+                token: info.token,
+                reason: info.reason,
+                bound_at: Some(now),
+            };
+            // The bind goes out before any handshake towards the channel.
+            bind(&self.udp, &r);
+            route.relay = Some(r);
+            tracing::info!(peer = %slot.name, relay = %info.address, reason = %info.reason, "peer relayed");
+        }
+        drop(route);
+        let mut peer = slot.lock();
+        if !peer.is_established(now)
+            && let Err(e) = peer.redirect(info.address, now)
+        {
+            tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
+        }
+        drop(peer);
+        self.drain(slot);
     }
 
     fn cloud_event(&mut self, event: cyphonic_signal::Event) {
@@ -170,7 +266,8 @@ impl Control {
                 };
                 // Both sides initiate at once: each side's initiation opens its NAT for the
                 // other's (hole punching).
-                tracing::info!(peer = %slot.name, endpoints = ?info.endpoints, "the cloud asks us to expect a peer: handshaking");
+                tracing::info!(peer = %slot.name, endpoints = ?info.endpoints, relay = ?info.relay.as_ref().map(|r| r.address), "the cloud asks us to expect a peer: handshaking");
+                self.apply_relay(&slot, info.relay.as_ref(), now);
                 if !slot.lock().is_established(now) {
                     let _ = slot.lock().initiate(now);
                 }
@@ -187,6 +284,9 @@ impl Control {
             }
             E::Refused { reason } => {
                 tracing::error!(%reason, "control plane: the cloud refused our certificate");
+            }
+            E::NoRelay { peer, reason } => {
+                tracing::warn!(%peer, %reason, "the cloud cannot relay us to a peer");
             }
             E::NamesRefused(names) => {
                 for (name, reason) in names {
@@ -206,7 +306,8 @@ impl Control {
         if let Some(s) = settled {
             self.services.upstream_done(s);
         }
-        if let Some(slot) = slot {
+        if let Some((slot, relay)) = slot {
+            self.apply_relay(&slot, relay.as_ref(), now);
             let _ = slot.lock().initiate(now);
             self.drain(&slot);
         }

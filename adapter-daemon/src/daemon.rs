@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -195,17 +195,12 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         let mut pc = PeerConfig::from_certificate(&p.certificate, p.endpoint);
         pc.persistent_keepalive = p.persistent_keepalive;
         keys.push(PublicKey(p.certificate.body().public_key));
-        slots.push(Arc::new(PeerSlot {
+        slots.push(Arc::new(PeerSlot::new(
             id,
-            name: p.certificate.body().name.clone(),
-            blocks: p.certificate.body().vip_blocks.clone(),
-            origin: "static",
-            peer: std::sync::Mutex::new(Peer::new(id, identity.clone(), pc, timing, clock, d.aead)),
-            tx_packets: AtomicU64::new(0),
-            tx_bytes: AtomicU64::new(0),
-            rx_packets: AtomicU64::new(0),
-            rx_bytes: AtomicU64::new(0),
-        }));
+            &p.certificate,
+            "static",
+            Peer::new(id, identity.clone(), pc, timing, clock, d.aead),
+        )));
     }
     let (control_tx, control_rx) = tokio::sync::mpsc::channel(1024);
     let (services_tx, services_rx) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
@@ -234,6 +229,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         .context("starting the control runtime")?;
     let (upstream_tx, upstream_rx) = tokio::sync::mpsc::channel(256);
     let (answers_tx, cloud_answers) = tokio::sync::mpsc::channel(256);
+    let tunnel_port = udp.local_addr()?.port();
     let cloud = config.cloud.as_ref().map(|c| {
         let _in_runtime = runtime.enter();
         let (handle, events) = cyphonic_signal::spawn(
@@ -241,6 +237,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
                 cloud: c.address,
                 cloud_key: c.public_key,
                 agent: format!("cyphonic-adapter {}", env!("CARGO_PKG_VERSION")),
+                tunnel_port: Some(tunnel_port),
             },
             identity.clone(),
         );

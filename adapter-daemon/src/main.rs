@@ -161,16 +161,20 @@ fn print_status(doc: &serde_json::Value) {
     }
     println!();
     println!(
-        "{:<28} {:<7} {:<18} {:<24} {:<5} {:>10} {:>10}",
-        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "UP", "TX PKTS", "RX PKTS"
+        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
+        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "ROUTE", "UP", "TX PKTS", "RX PKTS"
     );
     for p in doc["peers"].as_array().into_iter().flatten() {
+        let route = p["relay"]["reason"]
+            .as_str()
+            .map_or_else(|| "direct".to_owned(), |why| format!("relay ({why})"));
         println!(
-            "{:<28} {:<7} {:<18} {:<24} {:<5} {:>10} {:>10}",
+            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
             p["name"].as_str().unwrap_or("?"),
             p["origin"].as_str().unwrap_or("?"),
             p["vip_blocks"][0].as_str().unwrap_or("-"),
             p["endpoint"].as_str().unwrap_or("-"),
+            route,
             if p["established"].as_bool() == Some(true) {
                 "yes"
             } else {

@@ -1,12 +1,14 @@
 //! The peers this adapter talks to, and how packets find them.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Instant;
 
 use cyphonic_crypto::PublicKey;
 use cyphonic_session::Peer;
+use cyphonic_signal::RelayReason;
 use ipnet::{IpNet, Ipv4Net};
 
 /// One peer, shared by the data threads and the control thread.
@@ -25,6 +27,10 @@ pub struct PeerSlot {
     pub blocks: Vec<IpNet>,
     /// How we know it: `"static"` (configuration) or `"cloud"`.
     pub origin: &'static str,
+    /// Its certificate's fingerprint (hex): how the cloud knows it.
+    pub fingerprint: String,
+    /// How we reach it: directly, or through a relay channel.
+    pub route: Mutex<Route>,
     /// The session state machine.
     pub peer: Mutex<Peer>,
     /// Inner packets sent to it.
@@ -37,7 +43,57 @@ pub struct PeerSlot {
     pub rx_bytes: AtomicU64,
 }
 
+/// A relay channel towards a peer (from the cloud).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relay {
+    /// The channel's address: the peer's endpoint while relayed.
+    pub address: SocketAddr,
+    /// Our token, which binds our tunnel socket's address to the channel.
+    pub token: [u8; 16],
+    /// Why the cloud chose the relay.
+    pub reason: RelayReason,
+    /// When we last sent the bind.
+    pub bound_at: Option<Instant>,
+}
+
+/// How a peer is reached.
+#[derive(Debug, Default)]
+pub struct Route {
+    /// The relay channel, when the pair is relayed.
+    pub relay: Option<Relay>,
+    /// When we last asked the cloud for a relay because the direct path failed.
+    pub relay_asked: Option<Instant>,
+}
+
 impl PeerSlot {
+    /// A peer slot with zeroed counters and a direct route.
+    pub fn new(
+        id: u32,
+        cert: &cyphonic_crypto::Certificate,
+        origin: &'static str,
+        peer: Peer,
+    ) -> Self {
+        let body = cert.body();
+        Self {
+            id,
+            name: body.name.clone(),
+            blocks: body.vip_blocks.clone(),
+            origin,
+            fingerprint: cert.fingerprint().to_string(),
+            route: Mutex::new(Route::default()),
+            peer: Mutex::new(peer),
+            tx_packets: AtomicU64::new(0),
+            tx_bytes: AtomicU64::new(0),
+            rx_packets: AtomicU64::new(0),
+            rx_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Locks the route (recovering a poisoned lock, as [`PeerSlot::lock`]).
+    pub fn route(&self) -> MutexGuard<'_, Route> {
+        self.route.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Locks the session state (a poisoned lock is recovered: the state machine has no
     /// invariant a panic elsewhere could break mid-way).
     pub fn lock(&self) -> MutexGuard<'_, Peer> {

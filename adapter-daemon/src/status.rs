@@ -90,10 +90,18 @@ pub fn snapshot(shared: &Shared, info: &Static) -> Value {
         .all()
         .iter()
         .map(|slot| {
+            let relay = slot.route().relay.as_ref().map(|r| {
+                json!({
+                    "address": r.address.to_string(),
+                    "reason": r.reason.describe(),
+                })
+            });
             let p = slot.lock();
             json!({
                 "name": slot.name,
                 "origin": slot.origin,
+                "route": if relay.is_some() { "relay" } else { "direct" },
+                "relay": relay,
                 "vip_blocks": slot.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "endpoint": p.endpoint().map(|e| e.to_string()),
                 "established": p.is_established(now),

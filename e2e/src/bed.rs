@@ -10,7 +10,7 @@
 //! would, adapters run as `cyphonic-adapter run`. Everything is removed on drop.
 
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -133,6 +133,15 @@ pub struct BedOptions {
     /// Put adapter B behind a NAT router (its own address 192.0.2.130, the NAT's public one
     /// 203.0.113.2).
     pub nat_b: Option<Nat>,
+    /// Put adapter A behind a NAT router (its own address 192.0.2.130, the NAT's public one
+    /// 198.51.100.2).
+    pub nat_a: Option<Nat>,
+    /// Give adapter B an IPv6 underlay only (fd00:203:0:113::2/64): the cloud, dual-stack,
+    /// is the only place where it and adapter A (IPv4 only) meet.
+    pub v6_only_b: bool,
+    /// The router drops UDP between the two sites' underlay networks: only the cloud (and its
+    /// relay) reach both. Hole punching has no chance.
+    pub block_direct: bool,
 }
 
 /// How the NAT in front of adapter B maps addresses (nftables masquerade).
@@ -160,11 +169,15 @@ impl Default for BedOptions {
             cloud_extra: String::new(),
             revoke_b: false,
             nat_b: None,
+            nat_a: None,
+            v6_only_b: false,
+            block_direct: false,
         }
     }
 }
 
-/// The cloud's host: `[wan router] toc 192.0.2.1/25 -- wan 192.0.2.10/25 [cloud]`.
+/// The cloud's host, dual-stack: `[wan router] toc 192.0.2.1/25 fd00:192:0:2::1/64 -- wan
+/// 192.0.2.10/25 fd00:192:0:2::10/64 [cloud]`.
 #[derive(Debug)]
 pub struct CloudHost {
     /// Its namespace.
@@ -173,6 +186,8 @@ pub struct CloudHost {
     pub dir: PathBuf,
     /// NMS's control address.
     pub address: SocketAddr,
+    /// NMS's control address over IPv6.
+    pub address6: SocketAddr,
     /// The cloud's public key, as the adapters pin it.
     pub public_key: String,
     /// The running `cyphonic-cloud serve`.
@@ -195,6 +210,25 @@ impl CloudHost {
         wan.ip(&["addr", "add", "192.0.2.1/25", "dev", "toc"])?;
         ns.ip(&["addr", "add", "192.0.2.10/25", "dev", "wan"])?;
         ns.ip(&["route", "add", "default", "via", "192.0.2.1"])?;
+        wan.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:192:0:2::1/64",
+            "dev",
+            "toc",
+            "nodad",
+        ])?;
+        ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:192:0:2::10/64",
+            "dev",
+            "wan",
+            "nodad",
+        ])?;
+        ns.ip(&["-6", "route", "add", "default", "via", "fd00:192:0:2::1"])?;
         let dir = tmp.join("cloud");
         std::fs::create_dir_all(&dir)?;
         std::fs::copy(ca_dir.join("ca.crt"), dir.join("ca.crt"))?;
@@ -210,13 +244,14 @@ impl CloudHost {
             dir.join("cloud.toml"),
             // Top-level keys first: `extra` may open a table.
             format!(
-                "listen = \"192.0.2.10:7000\"\nprobe_listen = \"192.0.2.10:7001\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n{extra}"
+                "listen = \"[::]:7000\"\nprobe_listen = \"[::]:7001\"\nprobe_listen_alt = \"[::]:7002\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n{extra}"
             ),
         )?;
         Ok(Self {
             ns,
             dir,
             address: SocketAddr::from((Self::IP, 7000)),
+            address6: "[fd00:192:0:2::10]:7000".parse()?,
             public_key,
             proc: None,
         })
@@ -291,7 +326,7 @@ pub struct Site {
     /// The gateway vIP.
     pub gateway: Ipv4Addr,
     /// The adapter's underlay address.
-    pub underlay: Ipv4Addr,
+    pub underlay: IpAddr,
     /// Where this adapter reaches its peer (the peer's address, or the relay's).
     pub peer_endpoint: SocketAddr,
     /// The running adapter.
@@ -408,9 +443,38 @@ impl TwoSites {
         let bins = Bins::find()?;
         let tmp = TempDir::new("bed")?;
         let wan = Netns::new("wan")?;
-        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, None, opts)?;
-        let mut b = Self::site("B", &wan, "tob", [203, 0, 113], 2, opts.nat_b, opts)?;
+        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, opts.nat_a, false, opts)?;
+        let mut b = Self::site(
+            "B",
+            &wan,
+            "tob",
+            [203, 0, 113],
+            2,
+            opts.nat_b,
+            opts.v6_only_b,
+            opts,
+        )?;
         wan.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        wan.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
+        if opts.block_direct {
+            wan.exec("nft", &["add", "table", "inet", "sites"])?;
+            wan.exec(
+                "nft",
+                &["add chain inet sites between { type filter hook forward priority 0 ; }"],
+            )?;
+            for (from, to) in [
+                ("198.51.100.0/24", "203.0.113.0/24"),
+                ("203.0.113.0/24", "198.51.100.0/24"),
+            ] {
+                wan.exec(
+                    "nft",
+                    &[
+                        "add", "rule", "inet", "sites", "between", "ip", "saddr", from, "ip",
+                        "daddr", to, "drop",
+                    ],
+                )?;
+            }
+        }
         // By default each adapter reaches the other directly; with an impairment, through
         // the relay's address on its own side.
         a.peer_endpoint = SocketAddr::from((b.underlay, 51820));
@@ -519,6 +583,7 @@ impl TwoSites {
         Ok(bed)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn site(
         label: &str,
         wan: &Netns,
@@ -526,6 +591,7 @@ impl TwoSites {
         net: [u8; 3],
         n: u8,
         nat: Option<Nat>,
+        v6_only: bool,
         opts: &BedOptions,
     ) -> anyhow::Result<Site> {
         let lan = Netns::new(&format!("lan{label}"))?;
@@ -545,15 +611,42 @@ impl TwoSites {
         let [x, y, z] = net;
         let router = format!("{x}.{y}.{z}.1");
         let public = Ipv4Addr::new(x, y, z, 2);
-        let (underlay, nat_ns) = match nat {
+        let (underlay, nat_ns): (IpAddr, _) = match nat {
+            None if v6_only => {
+                // fd00:198:51:100::/64 and fd00:203:0:113::/64: the site's IPv4 network
+                // spelt into the IPv6 plan.
+                let net6 = format!("fd00:{x}:{y}:{z}::");
+                veth(&adapter_ns, "wan", wan, wan_if)?;
+                wan.ip(&[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{net6}1/64"),
+                    "dev",
+                    wan_if,
+                    "nodad",
+                ])?;
+                adapter_ns.ip(&[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{net6}2/64"),
+                    "dev",
+                    "wan",
+                    "nodad",
+                ])?;
+                adapter_ns.ip(&["-6", "route", "add", "default", "via", &format!("{net6}1")])?;
+                (format!("{net6}2").parse()?, None)
+            }
             None => {
                 veth(&adapter_ns, "wan", wan, wan_if)?;
                 adapter_ns.ip(&["addr", "add", &format!("{public}/24"), "dev", "wan"])?;
                 adapter_ns.ip(&["route", "add", "default", "via", &router])?;
-                (public, None)
+                (public.into(), None)
             }
+            Some(_) if v6_only => bail!("no NAT on an IPv6-only site in this bed"),
             Some(kind) => (
-                Ipv4Addr::new(192, 0, 2, 130),
+                Ipv4Addr::new(192, 0, 2, 130).into(),
                 Some(nat_router(
                     label,
                     wan,
@@ -651,10 +744,15 @@ impl TwoSites {
             me.host_mac, me.host_ip
         )?;
         if let Some(cloud) = &self.cloud {
+            let address = if me.underlay.is_ipv6() {
+                cloud.address6
+            } else {
+                cloud.address
+            };
             writeln!(
                 text,
-                "[cloud]\naddress = \"{}\"\npublic_key = \"{}\"\n",
-                cloud.address, cloud.public_key
+                "[cloud]\naddress = \"{address}\"\npublic_key = \"{}\"\n",
+                cloud.public_key
             )?;
         } else {
             writeln!(
@@ -799,7 +897,10 @@ impl TwoSites {
                 "{}/24",
                 Ipv4Addr::from(u32::from(other.host_ip) & 0xffff_ff00)
             );
-            let router = Ipv4Addr::from(u32::from(me.underlay) & 0xffff_ff00 | 1).to_string();
+            let IpAddr::V4(underlay) = me.underlay else {
+                bail!("plain routing needs IPv4 underlays");
+            };
+            let router = Ipv4Addr::from(u32::from(underlay) & 0xffff_ff00 | 1).to_string();
             me.adapter_ns
                 .ip(&["route", "add", &other_lan, "via", &router])?;
             let my_lan = format!("{}/24", Ipv4Addr::from(u32::from(me.host_ip) & 0xffff_ff00));

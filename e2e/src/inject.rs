@@ -169,26 +169,39 @@ pub fn count_frames_containing(
     needle: Vec<u8>,
     within: Duration,
 ) -> anyhow::Result<usize> {
+    Ok(count_frames_containing_each(ns, iface, vec![needle], within)?[0])
+}
+
+/// Captures, for `within`, every frame on `iface` in `ns`; returns for each of `needles`
+/// how many frames contained it.
+///
+/// # Errors
+/// The socket cannot be opened.
+pub fn count_frames_containing_each(
+    ns: &Netns,
+    iface: &str,
+    needles: Vec<Vec<u8>>,
+    within: Duration,
+) -> anyhow::Result<Vec<usize>> {
     let iface = iface.to_owned();
     inside(ns, move || {
         let i = Interface::lookup_up(&iface)?;
         let mut sock = PacketSocket::open(&i, &PacketOptions::default())?;
-        let mut found = 0;
+        let mut found = vec![0; needles.len()];
         let deadline = Instant::now() + within;
         let mut storage = vec![vec![0u8; 2048]; 16];
         while Instant::now() < deadline {
             let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
             let mut meta = [FrameMeta::default(); 16];
             let n = sock.recv_batch(&mut bufs, &mut meta)?;
-            found += bufs[..n]
-                .iter()
-                .zip(&meta)
-                .filter(|(b, m)| {
-                    b[..m.len.min(b.len())]
-                        .windows(needle.len())
-                        .any(|w| w == needle)
-                })
-                .count();
+            for (b, m) in bufs[..n].iter().zip(&meta) {
+                let frame = &b[..m.len.min(b.len())];
+                for (needle, count) in needles.iter().zip(found.iter_mut()) {
+                    if frame.windows(needle.len()).any(|w| w == needle) {
+                        *count += 1;
+                    }
+                }
+            }
         }
         Ok(found)
     })

@@ -79,7 +79,9 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// Creates a namespace with a unique name starting with `prefix`, loopback up.
+    /// Creates a namespace with a unique name starting with `prefix`, loopback up, and IPv6
+    /// duplicate address detection off (its interfaces are ours alone; detection would hold
+    /// every new IPv6 address back for a second or two).
     ///
     /// # Errors
     /// `ip netns add` failing.
@@ -88,6 +90,14 @@ impl Netns {
         sh("ip", &["netns", "add", &name])?;
         let ns = Self { name };
         ns.ip(&["link", "set", "dev", "lo", "up"])?;
+        ns.exec(
+            "sysctl",
+            &[
+                "-qw",
+                "net.ipv6.conf.default.accept_dad=0",
+                "net.ipv6.conf.all.accept_dad=0",
+            ],
+        )?;
         Ok(ns)
     }
 

@@ -165,7 +165,7 @@ fn spoofed_source_ip_or_mac_is_dropped_and_counted() {
 fn forged_replayed_and_garbage_underlay_frames_are_dropped_while_tcp_runs() {
     let bed = bed(&BedOptions::default());
     ping_ok(&bed, Side::A, bed.b.host_ip, "2");
-    let to_b: SocketAddr = SocketAddr::new(bed.b.underlay.into(), 51820);
+    let to_b: SocketAddr = SocketAddr::new(bed.b.underlay, 51820);
     let status_before = bed.status(Side::B).unwrap();
     std::thread::scope(|s| {
         let transfer = s.spawn(|| iperf3(&bed, Side::B, &["-i", "1"], 6));

@@ -1,6 +1,7 @@
 //! The control plane end to end: two adapters without static peers find each other through
 //! `cyphonic-cloud` when a device asks DNS for a name behind the other one (design.md §6,
-//! flow 2), on the two-site bed with the cloud behind the router.
+//! flow 2), on the two-site bed with the cloud behind the router; directly where they can,
+//! through the cloud's relay where they cannot (flow 3).
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,6 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use cyphonic_e2e::bed::{BedOptions, IperfRun, Nat, Side, TwoSites};
+use cyphonic_e2e::inject::count_frames_containing_each;
 use cyphonic_e2e::lan::dig;
 use cyphonic_e2e::wait_until;
 
@@ -178,13 +180,14 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
 }
 
 /// Asks `name` from `side`'s LAN host through its adapter until an answer with addresses
-/// comes (the names may take a moment to be registered), at most ten times.
+/// comes (the names may take a moment to be registered, and the adapter caches "not found"
+/// for 5 s), for about 12 s at most.
 fn resolve(bed: &TwoSites, side: Side, name: &str) -> Vec<String> {
     let (lan, gw) = match side {
         Side::A => (&bed.a.lan, GW_A),
         Side::B => (&bed.b.lan, Ipv4Addr::new(100, 64, 2, 1)),
     };
-    for _ in 0..10 {
+    for _ in 0..24 {
         let d = dig(lan, gw, name, "A").unwrap();
         if d.status == "NOERROR" && !d.answers.is_empty() {
             return d.answers;
@@ -365,6 +368,181 @@ fn a_peer_that_changes_address_keeps_its_tunnel() {
     assert_eq!(s["peers"][0]["endpoint"], "203.0.113.3:51820", "{s}");
     assert!(
         bed.a.log_text().contains("peer moved to a new address"),
+        "{}",
+        bed.logs()
+    );
+}
+
+fn bed_of(opts: &BedOptions) -> TwoSites {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: true,
+        ..opts.clone()
+    })
+    .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    bed
+}
+
+/// The relay both adapters talk through: (A's channel address, B's), after checking both
+/// show the peer relayed for `reason`, established, with the channel as its endpoint.
+fn relayed(bed: &TwoSites, reason: &str) -> (String, String) {
+    let mut addresses = Vec::new();
+    for side in [Side::A, Side::B] {
+        let s = bed.status(side).unwrap();
+        let p = &s["peers"][0];
+        assert_eq!(p["route"], "relay", "{side:?}: {s}\n{}", bed.logs());
+        assert_eq!(p["relay"]["reason"], reason, "{side:?}: {s}");
+        assert_eq!(p["established"], true, "{side:?}: {s}");
+        assert_eq!(p["endpoint"], p["relay"]["address"], "{side:?}: {s}");
+        addresses.push(p["endpoint"].as_str().unwrap().to_owned());
+    }
+    (addresses.remove(0), addresses.remove(0))
+}
+
+fn ping_ok(bed: &TwoSites, from: Side, to: Ipv4Addr, extra: &[&str]) {
+    let mut args = vec!["-c", "3", "-i", "0.2", "-W", "2"];
+    args.extend_from_slice(extra);
+    let out = bed.ping(from, to, &args).unwrap();
+    assert!(
+        out.status.success(),
+        "ping {from:?} -> {to}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        bed.logs()
+    );
+}
+
+/// (c) Both adapters behind NATs, B's symmetric: hole punching cannot work, the cloud sees it
+/// in B's two probes and pairs them through its relay from the first question. The relay
+/// carries the traffic and cannot read it: a capture on the cloud's host during pings with a
+/// recognisable payload shows tunnel frames, and not one byte of the payload.
+#[test]
+fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plaintext() {
+    let bed = bed_of(&BedOptions {
+        nat_a: Some(Nat::PortPreserving),
+        nat_b: Some(Nat::Symmetric),
+        ..BedOptions::default()
+    });
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"]
+    );
+    let (a_relay, b_relay) = relayed(&bed, "symmetric NAT");
+    assert_eq!(a_relay, b_relay, "one channel, one IP version");
+    assert!(a_relay.starts_with("192.0.2.10:"), "{a_relay}");
+
+    // The payload pattern, in the clear on both LANs; data frames start with version 1, type 3.
+    let pattern = "c0ffee00deadbeef0badf00dfeedface";
+    let marker = vec![0xde, 0xad, 0xbe, 0xef, 0x0b, 0xad, 0xf0, 0x0d];
+    let data_frame = vec![0x01, 0x03, 0x00, 0x00];
+    let cloud_ns = &bed.cloud.as_ref().unwrap().ns;
+    std::thread::scope(|scope| {
+        let at_relay = scope.spawn(|| {
+            count_frames_containing_each(
+                cloud_ns,
+                "wan",
+                vec![marker.clone(), data_frame.clone()],
+                Duration::from_secs(4),
+            )
+        });
+        let at_lan_b = scope.spawn(|| {
+            count_frames_containing_each(
+                &bed.b.lan,
+                "eth0",
+                vec![marker.clone()],
+                Duration::from_secs(4),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        ping_ok(
+            &bed,
+            Side::A,
+            Ipv4Addr::new(100, 64, 2, 10),
+            &["-c", "10", "-s", "1000", "-p", pattern],
+        );
+        let at_relay = at_relay.join().unwrap().unwrap();
+        let at_lan_b = at_lan_b.join().unwrap().unwrap();
+        eprintln!(
+            "frames with the payload / tunnel data frames at the relay: {at_relay:?}; with the payload on lanB: {at_lan_b:?}"
+        );
+        assert!(
+            at_lan_b[0] >= 10,
+            "the payload never reached lanB: {at_lan_b:?}"
+        );
+        assert!(
+            at_relay[1] >= 10,
+            "the relay carried no tunnel frames: {at_relay:?}"
+        );
+        assert_eq!(at_relay[0], 0, "plaintext at the relay");
+    });
+    // And the other way, by name.
+    assert_eq!(
+        resolve(&bed, Side::B, "host.gw1.ovl.example"),
+        ["100.64.1.10"]
+    );
+    ping_ok(&bed, Side::B, Ipv4Addr::new(100, 64, 1, 10), &[]);
+    let log = std::fs::read_to_string(bed.cloud.as_ref().unwrap().log()).unwrap();
+    assert!(
+        log.contains("pair relayed") && log.contains("reason=symmetric NAT"),
+        "{log}"
+    );
+}
+
+/// (d) Adapter A has IPv4 only, adapter B IPv6 only: no common IP version, so the cloud pairs
+/// them through its relay, which listens on both; ping and TCP by name both ways.
+#[test]
+fn an_ipv4_only_adapter_and_an_ipv6_only_adapter_meet_through_the_relay() {
+    let bed = bed_of(&BedOptions {
+        v6_only_b: true,
+        ..BedOptions::default()
+    });
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"]
+    );
+    let (a_relay, b_relay) = relayed(&bed, "no common IP version");
+    assert!(a_relay.starts_with("192.0.2.10:"), "{a_relay}");
+    assert!(b_relay.starts_with("[fd00:192:0:2::10]:"), "{b_relay}");
+    assert_eq!(
+        bed.status(Side::B).unwrap()["cloud"]["observed"],
+        "[fd00:203:0:113::2]:51820"
+    );
+    ping_ok(&bed, Side::A, Ipv4Addr::new(100, 64, 2, 10), &[]);
+    let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &[], 2).unwrap();
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    eprintln!(
+        "TCP lanA -> lanB through the relay, IPv4 to IPv6: {:.0} Mbit/s",
+        bps / 1e6
+    );
+    assert!(bps > 1e6, "{report}");
+    assert_eq!(
+        resolve(&bed, Side::B, "host.gw1.ovl.example"),
+        ["100.64.1.10"]
+    );
+    ping_ok(&bed, Side::B, Ipv4Addr::new(100, 64, 1, 10), &[]);
+}
+
+/// When the cloud expects the direct path to work and it does not (here the router drops
+/// everything between the two sites), the adapters find no answer to their handshakes, ask
+/// for the relay, and carry on through it: the device's question is still answered.
+#[test]
+fn when_no_handshake_gets_through_directly_the_pair_falls_back_to_the_relay() {
+    let bed = bed_of(&BedOptions {
+        block_direct: true,
+        ..BedOptions::default()
+    });
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"]
+    );
+    relayed(&bed, "no handshake on the direct path");
+    ping_ok(&bed, Side::A, Ipv4Addr::new(100, 64, 2, 10), &[]);
+    assert!(
+        bed.a
+            .log_text()
+            .contains("no answer to handshakes on this path: asking the cloud for a relay"),
         "{}",
         bed.logs()
     );

@@ -7,13 +7,14 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use cyphonic_cloud::config::RelayConfig;
 use cyphonic_cloud::store::Store;
 use cyphonic_cloud::{Config, Policy};
 use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_e2e::bed::TempDir;
 use cyphonic_e2e::postgres::Postgres;
 use cyphonic_signal::testing::Pki;
-use cyphonic_signal::{Event, NameRecord, Resolution};
+use cyphonic_signal::{Event, NameRecord, RelayReason, Resolution};
 
 fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
@@ -74,9 +75,15 @@ async fn conformance(store: &Store) {
     assert!(found.owner.online);
     // The observed address goes first.
     let seen: SocketAddr = "203.0.113.7:40000".parse().unwrap();
-    store.observed("fp1", seen).await.unwrap();
+    store.observed("fp1", seen, false).await.unwrap();
     let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
     assert_eq!(found.owner.reach(), [seen, e1]);
+    // The second probe port's observation is kept apart: it only tells the NAT's kind.
+    let alt: SocketAddr = "203.0.113.7:40001".parse().unwrap();
+    store.observed("fp1", alt, true).await.unwrap();
+    let row = store.client("fp1").await.unwrap().unwrap();
+    assert_eq!((row.observed, row.observed_alt), (Some(seen), Some(alt)));
+    assert_eq!(row.reach(), [seen, e1]);
     // Registering again replaces the names.
     store
         .register("fp1", &[e1], &[rec("gw1.ovl.example", [100, 64, 1, 1])])
@@ -114,10 +121,23 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
     }
 }
 
-async fn instance(pki: &Pki, key: &StaticKeypair, url: &str) -> cyphonic_cloud::Running {
+async fn instance(
+    pki: &Pki,
+    key: &StaticKeypair,
+    url: &str,
+    relay_ports: std::ops::RangeInclusive<u16>,
+) -> cyphonic_cloud::Running {
     cyphonic_cloud::start(Config {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
+        // Instances sharing a store name their relay's address: a client on another
+        // instance cannot be given the address it reached this one on.
+        relay: Some(RelayConfig {
+            addresses: vec!["127.0.0.1".parse().unwrap()],
+            ports: relay_ports,
+            ..RelayConfig::default()
+        }),
         key: StaticKeypair::from_pem(&key.to_pem()).unwrap(),
         trust: pki.trust(),
         database: url.to_owned(),
@@ -128,7 +148,8 @@ async fn instance(pki: &Pki, key: &StaticKeypair, url: &str) -> cyphonic_cloud::
 }
 
 /// (i) Two instances, one PostgreSQL: gw1 on instance 1 resolves a name gw2 registered on
-/// instance 2, and gw2 hears `expect` from instance 2 through NOTIFY.
+/// instance 2, and gw2 hears `expect` from instance 1 through NOTIFY; likewise the relay
+/// instance 1 allocates when gw1 asks for one.
 #[test]
 fn two_cloud_instances_serve_one_overlay_through_postgresql() {
     let rt = runtime();
@@ -137,16 +158,18 @@ fn two_cloud_instances_serve_one_overlay_through_postgresql() {
     rt.block_on(async {
         let pki = Pki::new();
         let key = StaticKeypair::generate().unwrap();
-        let one = instance(&pki, &key, &url).await;
-        let two = instance(&pki, &key, &url).await;
+        let one = instance(&pki, &key, &url, 41_200..=41_209).await;
+        let two = instance(&pki, &key, &url, 41_210..=41_219).await;
         let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
         let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
         let config = |at| cyphonic_signal::Config {
             cloud: at,
             cloud_key: key.public(),
             agent: "test".into(),
+            tunnel_port: None,
         };
         let (h1, _e1) = cyphonic_signal::spawn(config(one.control), gw1.clone());
+        let gw2_fp = gw2.certificate().fingerprint().to_string();
         let (h2, mut e2) = cyphonic_signal::spawn(config(two.control), gw2);
         h2.register(vec![], vec![rec("cam.gw2.ovl.example", [100, 64, 2, 100])]);
         let mut found = None;
@@ -179,6 +202,24 @@ fn two_cloud_instances_serve_one_overlay_through_postgresql() {
             Certificate::from_pem(&expect.certificate).unwrap(),
             *gw1.certificate()
         );
+        assert_eq!(expect.relay, None);
+        // gw1's handshakes fail: instance 1 pairs the two on its relay, and gw2 hears of it
+        // from instance 1 too.
+        h1.request_relay(&gw2_fp).unwrap();
+        let relayed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(Event::Expect(p)) = e2.recv().await
+                    && let Some(r) = p.relay
+                {
+                    return r;
+                }
+            }
+        })
+        .await
+        .expect("the relay's signal did not cross instances");
+        assert_eq!(relayed.reason, RelayReason::NoDirectHandshake);
+        assert_eq!(relayed.address.ip().to_string(), "127.0.0.1");
+        assert_eq!(one.trs.as_ref().unwrap().open_channels(), 1);
         one.stop();
         two.stop();
     });

@@ -1,7 +1,9 @@
 //! `cyphonic-cloud serve`'s configuration: config/cloud.example.toml documents every key.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
 use serde::Deserialize;
@@ -16,6 +18,11 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Endpoint probes (UDP).
     pub probe_listen: SocketAddr,
+    /// The second probe port: a NAT that maps the two probes to different ports is
+    /// symmetric.
+    pub probe_listen_alt: SocketAddr,
+    /// The relay (TRS); `None` when switched off.
+    pub relay: Option<RelayConfig>,
     /// The cloud's Noise key (clients pin its public half).
     pub key: StaticKeypair,
     /// The CA(s) and revocations client certificates are checked against.
@@ -26,6 +33,29 @@ pub struct Config {
     pub policy: Policy,
 }
 
+/// The relay's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// The addresses channels are bound on and given to clients, at most one per IP
+    /// version. Empty: every address, and each client is given the address it reached the
+    /// control port on.
+    pub addresses: Vec<IpAddr>,
+    /// The UDP ports channels take, one per channel.
+    pub ports: RangeInclusive<u16>,
+    /// A channel that relays nothing for this long is closed.
+    pub idle: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            addresses: Vec::new(),
+            ports: 50_000..=50_999,
+            idle: Duration::from_secs(120),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
@@ -33,6 +63,7 @@ struct Raw {
     listen: SocketAddr,
     #[serde(default = "default_probe_listen")]
     probe_listen: SocketAddr,
+    probe_listen_alt: Option<SocketAddr>,
     key: Spanned<PathBuf>,
     ca: Spanned<PathBuf>,
     revocations: Option<Spanned<PathBuf>>,
@@ -40,6 +71,33 @@ struct Raw {
     database: String,
     #[serde(default)]
     policy: RawPolicy,
+    #[serde(default)]
+    relay: RawRelay,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRelay {
+    #[serde(default = "yes")]
+    enabled: bool,
+    addresses: Option<Spanned<Vec<IpAddr>>>,
+    ports: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<u64>>,
+}
+
+impl Default for RawRelay {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            addresses: None,
+            ports: None,
+            idle_timeout: None,
+        }
+    }
+}
+
+const fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize, Default)]
@@ -140,9 +198,22 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<Config> {
     } else {
         raw.database
     };
+    let relay = if raw.relay.enabled {
+        Some(relay(&raw.relay, &err)?)
+    } else {
+        None
+    };
+    let probe_listen_alt = raw.probe_listen_alt.unwrap_or_else(|| {
+        SocketAddr::new(
+            raw.probe_listen.ip(),
+            raw.probe_listen.port().wrapping_add(1),
+        )
+    });
     Ok(Config {
         listen: raw.listen,
         probe_listen: raw.probe_listen,
+        probe_listen_alt,
+        relay,
         key,
         trust,
         database,
@@ -151,6 +222,60 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<Config> {
             rules: raw.policy.rule,
         },
     })
+}
+
+fn relay(
+    raw: &RawRelay,
+    err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
+) -> anyhow::Result<RelayConfig> {
+    let mut config = RelayConfig::default();
+    let empty = Spanned::new(0..0, Vec::new());
+    let spanned = raw.addresses.as_ref().unwrap_or(&empty);
+    let addresses = spanned.get_ref();
+    for (i, a) in addresses.iter().enumerate() {
+        if a.is_unspecified() || a.is_multicast() {
+            return Err(err(
+                spanned.span(),
+                "relay.addresses",
+                format!("{a} cannot be given to clients as the relay's address"),
+            ));
+        }
+        if addresses[..i].iter().any(|b| b.is_ipv4() == a.is_ipv4()) {
+            return Err(err(
+                spanned.span(),
+                "relay.addresses",
+                "at most one IPv4 and one IPv6 address".into(),
+            ));
+        }
+    }
+    config.addresses.clone_from(addresses);
+    if let Some(p) = &raw.ports {
+        let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
+            let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
+            (a >= 1024 && a <= b).then_some(a..=b)
+        });
+        config.ports = parsed.ok_or_else(|| {
+            err(
+                p.span(),
+                "relay.ports",
+                format!(
+                    "expected a range \"FIRST-LAST\" of ports from 1024 up, found {:?}",
+                    p.get_ref()
+                ),
+            )
+        })?;
+    }
+    if let Some(t) = &raw.idle_timeout {
+        if !(30..=86_400).contains(t.get_ref()) {
+            return Err(err(
+                t.span(),
+                "relay.idle_timeout",
+                format!("expected 30 to 86400 seconds, found {}", t.get_ref()),
+            ));
+        }
+        config.idle = Duration::from_secs(*t.get_ref());
+    }
+    Ok(config)
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -216,5 +341,27 @@ mod tests {
         std::fs::write(&path, format!("{text}\nlisten_typo = 1\n")).unwrap();
         let e = load(&path, 1_800_000_000).unwrap_err().to_string();
         assert!(e.contains("listen_typo"), "{e}");
+        assert_eq!(c.probe_listen_alt, "0.0.0.0:7002".parse().unwrap());
+        assert_eq!(c.relay, Some(RelayConfig::default()));
+        for (bad, key) in [
+            ("ports = \"50999-50000\"", "relay.ports"),
+            ("ports = \"80-90\"", "relay.ports"),
+            ("idle_timeout = 5", "relay.idle_timeout"),
+            ("addresses = [\"0.0.0.0\"]", "relay.addresses"),
+            (
+                "addresses = [\"192.0.2.10\", \"192.0.2.11\"]",
+                "relay.addresses",
+            ),
+        ] {
+            let base = &text[..text.find("\n[relay]").unwrap()];
+            let t = format!("{base}\n[relay]\n{bad}\n");
+            std::fs::write(&path, &t).unwrap();
+            let line = t.lines().position(|l| l == bad).unwrap() + 1;
+            let e = load(&path, 1_800_000_000).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("cloud.toml:{line}: key `{key}`")),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The cyphonic control plane (design.md §6): AS (certificate checks against the overlay CA
 //! and its revocation list), NMS (control sessions, registration, resolution with policy,
-//! signalling) and, with the relay, TRS. `cyphonic-cloud serve` runs them in one process.
+//! route choice, signalling) and TRS (relay channels for pairs that cannot talk directly).
+//! `cyphonic-cloud serve` runs them in one process.
 //! The registry lives in a SQL store ([`store`]): a SQLite file by default, PostgreSQL by URL.
 
 #![forbid(unsafe_code)]
@@ -8,7 +9,9 @@
 pub mod config;
 pub mod nms;
 pub mod policy;
+pub mod route;
 pub mod store;
+pub mod trs;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ pub use config::Config;
 pub use nms::Nms;
 pub use policy::{Policy, Rule};
 pub use store::Store;
+pub use trs::Trs;
 
 /// The services, running on the current tokio runtime.
 #[derive(Debug)]
@@ -29,6 +33,10 @@ pub struct Running {
     pub control: SocketAddr,
     /// The probe address bound.
     pub probe: SocketAddr,
+    /// The second probe address bound.
+    pub probe_alt: SocketAddr,
+    /// The relay, unless switched off.
+    pub trs: Option<Arc<Trs>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -48,8 +56,22 @@ impl Running {
             denied = get(&s.denied),
             probes = get(&s.probes),
             probes_refused = get(&s.probes_refused),
+            relayed_pairs = get(&s.relayed_pairs),
+            relays_refused = get(&s.relays_refused),
             "cyphonic-cloud stopping"
         );
+        if let Some(t) = &self.trs {
+            t.close_all();
+            let r = &t.stats;
+            tracing::info!(
+                channels_opened = get(&r.channels_opened),
+                relayed_packets = get(&r.relayed_packets),
+                relayed_bytes = get(&r.relayed_bytes),
+                binds = get(&r.binds),
+                refused = get(&r.refused),
+                "relay stopping"
+            );
+        }
     }
 }
 
@@ -72,19 +94,35 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let probe = tokio::net::UdpSocket::bind(config.probe_listen)
         .await
         .with_context(|| format!("binding the probe port {}", config.probe_listen))?;
-    let (control, probe_addr) = (listener.local_addr()?, probe.local_addr()?);
+    let probe_alt = tokio::net::UdpSocket::bind(config.probe_listen_alt)
+        .await
+        .with_context(|| {
+            format!(
+                "binding the second probe port {} (probe_listen_alt)",
+                config.probe_listen_alt
+            )
+        })?;
+    let (control, probe_addr, probe_alt_addr) = (
+        listener.local_addr()?,
+        probe.local_addr()?,
+        probe_alt.local_addr()?,
+    );
     let public = config.key.public();
+    let trs = config.relay.map(|r| Arc::new(Trs::new(r)));
     let nms = Arc::new(Nms::new(
         config.key,
         config.trust,
         store.clone(),
         config.policy,
-        probe_addr.port(),
+        vec![probe_addr.port(), probe_alt_addr.port()],
+        trs.clone(),
     ));
     let (clients, online) = store.counts().await?;
     tracing::info!(
         %control,
         probe = %probe_addr,
+        probe_alt = %probe_alt_addr,
+        relay = %trs.as_ref().map_or_else(|| "off".to_owned(), |t| t.describe()),
         store = %redact(&config.database),
         %public,
         clients,
@@ -93,13 +131,16 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     );
     let tasks = vec![
         tokio::spawn(nms.clone().serve(listener)),
-        tokio::spawn(nms.clone().probes(probe)),
+        tokio::spawn(nms.clone().probes(probe, false)),
+        tokio::spawn(nms.clone().probes(probe_alt, true)),
         tokio::spawn(nms.clone().signals()),
     ];
     Ok(Running {
         nms,
         control,
         probe: probe_addr,
+        probe_alt: probe_alt_addr,
+        trs,
         tasks,
     })
 }

@@ -2,15 +2,15 @@
 //! registration, resolution with policy, signalling pushed to both sides, and the UDP endpoint
 //! probe that shows the cloud each client's NAT-mapped tunnel address.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cyphonic_control::channel::{LEN_PREFIX, frame_len};
 use cyphonic_control::{
-    ClientMsg, CloudMsg, NameRecord, PeerInfo, Resolution, ServerHandshake, VERSION, Welcome,
-    check_name, probe_token,
+    ClientMsg, CloudMsg, NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, ServerHandshake,
+    VERSION, Welcome, check_name, probe_token,
 };
 use cyphonic_crypto::{CertBody, CertKind, Certificate, StaticKeypair, TrustStore};
 use dashmap::DashMap;
@@ -20,7 +20,9 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
 use crate::policy::Policy;
-use crate::store::Store;
+use crate::route;
+use crate::store::{ClientRow, Store};
+use crate::trs::{Channel, Trs};
 
 /// A client that says nothing for this long is gone (clients ping every 15 s).
 const IDLE: Duration = Duration::from_secs(60);
@@ -32,6 +34,8 @@ const MAX_ENDPOINTS: usize = 16;
 const MAX_NAMES: usize = 1024;
 /// Messages waiting to be pushed to one client.
 const PUSH_QUEUE: usize = 64;
+/// Relay channels one client may hold at once.
+const MAX_CHANNELS_PER_CLIENT: usize = 64;
 
 /// Counters, as `cyphonic-cloud` logs them.
 #[derive(Debug, Default)]
@@ -52,10 +56,19 @@ pub struct Stats {
     pub probes: AtomicU64,
     /// Endpoint probes refused (malformed, unknown token).
     pub probes_refused: AtomicU64,
+    /// Pairs sent through the relay.
+    pub relayed_pairs: AtomicU64,
+    /// Relay requests refused (no relay, unknown peer, policy, limits).
+    pub relays_refused: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// IPv4 clients of a dual-stack socket appear as `::ffff:a.b.c.d`: the address they have.
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 /// A message for a client connected to another instance, through the shared store.
@@ -74,6 +87,8 @@ struct Connected {
     serial: u64,
     /// Pushes to the client.
     tx: mpsc::Sender<CloudMsg>,
+    /// The address the client reached us on (the relay's address for it, unless configured).
+    local: IpAddr,
 }
 
 /// The NMS state shared by every connection.
@@ -83,7 +98,8 @@ pub struct Nms {
     trust: TrustStore,
     store: Store,
     policy: Policy,
-    probe_port: u16,
+    probe_ports: Vec<u16>,
+    trs: Option<Arc<Trs>>,
     connected: DashMap<String, Connected>,
     tokens: DashMap<[u8; 16], String>,
     serial: AtomicU64,
@@ -141,20 +157,23 @@ async fn read_frame(rd: &mut OwnedReadHalf) -> std::io::Result<Vec<u8>> {
 }
 
 impl Nms {
-    /// The NMS over `store`.
+    /// The NMS over `store`, telling clients to probe `probe_ports`, pairing them through
+    /// `trs` when they cannot talk directly.
     pub fn new(
         key: StaticKeypair,
         trust: TrustStore,
         store: Store,
         policy: Policy,
-        probe_port: u16,
+        probe_ports: Vec<u16>,
+        trs: Option<Arc<Trs>>,
     ) -> Self {
         Self {
             key,
             trust,
             store,
             policy,
-            probe_port,
+            probe_ports,
+            trs,
             connected: DashMap::new(),
             tokens: DashMap::new(),
             serial: AtomicU64::new(0),
@@ -183,6 +202,11 @@ impl Nms {
 
     async fn session(self: Arc<Self>, stream: TcpStream, from: SocketAddr) {
         let _ = stream.set_nodelay(true);
+        // A dual-stack listener shows IPv4 clients as ::ffff:a.b.c.d.
+        let from = canonical(from);
+        let local = stream
+            .local_addr()
+            .map_or(IpAddr::from([0, 0, 0, 0]), |l| l.ip().to_canonical());
         let (mut rd, mut wr) = stream.into_split();
         let opened = tokio::time::timeout(HANDSHAKE_TIME, async {
             let first = read_frame(&mut rd).await.ok()?;
@@ -216,7 +240,7 @@ impl Nms {
         let Ok((mut ch, frame)) = hs.answer(&Welcome::Accepted {
             version: VERSION,
             probe_token: token,
-            probe_port: self.probe_port,
+            probe_ports: self.probe_ports.clone(),
             observed: from,
         }) else {
             return;
@@ -230,7 +254,8 @@ impl Nms {
         // Known before the client hears the welcome: its first probe may arrive at once.
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let (tx, mut pushes) = mpsc::channel(PUSH_QUEUE);
-        self.connected.insert(fp.clone(), Connected { serial, tx });
+        self.connected
+            .insert(fp.clone(), Connected { serial, tx, local });
         self.tokens.insert(token, fp.clone());
         if wr.write_all(&frame).await.is_err() {
             self.tokens.remove(&token);
@@ -295,6 +320,7 @@ impl Nms {
             ClientMsg::Register { endpoints, names } => {
                 Some(self.register(fp, body, endpoints, names).await)
             }
+            ClientMsg::Relay { peer } => Some(self.relay_request(fp, body, &peer).await),
             ClientMsg::Resolve { id, name } => {
                 bump(&self.stats.resolves);
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
@@ -385,36 +411,174 @@ impl Nms {
             tracing::info!(asker = %asker.name, %name, "resolution denied by policy");
             return Ok(Resolution::Denied);
         }
-        // Tell the target to expect the asker, with where to reach it: directly when it is
-        // connected here, through the shared store's notifications when elsewhere.
-        if let Some(me) = self.store.client(fp).await? {
-            let peer = PeerInfo {
-                certificate: me.certificate.clone(),
-                endpoints: me.reach(),
-            };
-            if !self.push(
-                &found.owner.fingerprint,
-                CloudMsg::Expect { peer: peer.clone() },
-            ) && self.store.is_shared()
-            {
-                let signal = Signal {
-                    to: found.owner.fingerprint.clone(),
-                    msg: CloudMsg::Expect { peer },
-                };
-                if let Ok(payload) = serde_json::to_string(&signal)
-                    && let Err(e) = self.store.notify(&payload).await
-                {
-                    tracing::warn!(error = %e, "signal to the other instances not sent");
-                }
+        // Tell the target to expect the asker; both start handshaking at once. Through the
+        // relay when the pair cannot talk directly.
+        let Some(me) = self.store.client(fp).await? else {
+            return Ok(Resolution::NotFound);
+        };
+        let target_row = &found.owner;
+        let relays = match (route::choose(&me, target_row), &self.trs) {
+            (Some(reason), Some(trs)) => self.relays(trs, &me, target_row, reason),
+            (Some(reason), None) => {
+                tracing::warn!(asker = %asker.name, target = %target_row.name, %reason, "the pair needs the relay, and this cloud runs none: trying directly");
+                None
             }
-        }
+            (None, _) => None,
+        };
+        let (mine, theirs) = relays.map_or((None, None), |(m, t)| (Some(m), Some(t)));
+        self.signal(
+            &target_row.fingerprint,
+            CloudMsg::Expect {
+                peer: PeerInfo {
+                    certificate: me.certificate.clone(),
+                    endpoints: me.reach(),
+                    relay: theirs,
+                },
+            },
+        )
+        .await;
         Ok(Resolution::Found {
             vip: found.vip,
             peer: PeerInfo {
-                certificate: found.owner.certificate.clone(),
-                endpoints: found.owner.reach(),
+                certificate: target_row.certificate.clone(),
+                endpoints: target_row.reach(),
+                relay: mine,
             },
         })
+    }
+
+    /// A relay channel for the pair `a`, `b` and what each side is told of it, or `None`
+    /// (logged) when the relay cannot serve them.
+    fn relays(
+        &self,
+        trs: &Arc<Trs>,
+        a: &ClientRow,
+        b: &ClientRow,
+        reason: RelayReason,
+    ) -> Option<(RelayInfo, RelayInfo)> {
+        let held = |fp: &str| trs.channels_of(fp);
+        if held(&a.fingerprint) >= MAX_CHANNELS_PER_CLIENT
+            || held(&b.fingerprint) >= MAX_CHANNELS_PER_CLIENT
+        {
+            tracing::warn!(a = %a.name, b = %b.name, "a client holds {MAX_CHANNELS_PER_CLIENT} relay channels already");
+            return None;
+        }
+        let channel = match trs.channel(&a.fingerprint, &b.fingerprint, reason) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(a = %a.name, b = %b.name, error = %e, "no relay channel");
+                return None;
+            }
+        };
+        let (Some(ia), Some(ib)) = (
+            self.relay_side(trs, &channel, a),
+            self.relay_side(trs, &channel, b),
+        ) else {
+            tracing::warn!(a = %a.name, b = %b.name, "the relay has no address in a side's IP version (set relay.addresses)");
+            return None;
+        };
+        bump(&self.stats.relayed_pairs);
+        tracing::info!(a = %a.name, b = %b.name, reason = %channel.reason, a_relay = %ia.address, b_relay = %ib.address, "pair relayed");
+        Some((ia, ib))
+    }
+
+    /// What the side `row` is told of `channel`: the relay's address in its IP version, its
+    /// token.
+    fn relay_side(&self, trs: &Trs, channel: &Channel, row: &ClientRow) -> Option<RelayInfo> {
+        let token = channel.token_for(&row.fingerprint)?;
+        let local = self.connected.get(&row.fingerprint).map(|c| c.local);
+        let mut versions: Vec<bool> = row.reach().iter().map(SocketAddr::is_ipv6).collect();
+        versions.extend(local.map(|l| l.is_ipv6()));
+        if versions.is_empty() {
+            // Nothing known of the side's addresses (it never probed): whatever the relay has.
+            versions = vec![false, true];
+        }
+        let address = versions
+            .into_iter()
+            .find_map(|v6| trs.address(v6, local, channel.port))?;
+        Some(RelayInfo {
+            address,
+            token,
+            reason: channel.reason,
+        })
+    }
+
+    /// A client found no handshake coming through on the direct path to `peer`: pair the two
+    /// through the relay, telling both.
+    async fn relay_request(&self, fp: &str, asker: &CertBody, peer: &str) -> CloudMsg {
+        let refuse = |reason: &str| {
+            bump(&self.stats.relays_refused);
+            tracing::info!(asker = %asker.name, %reason, "relay refused");
+            CloudMsg::NoRelay {
+                peer: peer.to_owned(),
+                reason: reason.to_owned(),
+            }
+        };
+        let Some(trs) = &self.trs else {
+            return refuse("this cloud runs no relay");
+        };
+        let (me, target) = match (self.store.client(fp).await, self.store.client(peer).await) {
+            (Ok(Some(me)), Ok(Some(target))) => (me, target),
+            (Ok(_), Ok(None)) => return refuse("unknown peer"),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "store");
+                return refuse("the registry is unavailable");
+            }
+            (Ok(None), _) => return refuse("not registered"),
+        };
+        if target.fingerprint == me.fingerprint {
+            return refuse("that is yourself");
+        }
+        let Ok(cert) = Certificate::from_pem(&target.certificate) else {
+            return refuse("unknown peer");
+        };
+        if self.trust.verify(&cert, unix_now()).is_err() {
+            return refuse("unknown peer");
+        }
+        // The tunnel exists because one of the two may reach the other.
+        if !self.policy.allows(asker, cert.body()) && !self.policy.allows(cert.body(), asker) {
+            bump(&self.stats.denied);
+            return refuse("denied by policy");
+        }
+        let Some((mine, theirs)) = self.relays(trs, &me, &target, RelayReason::NoDirectHandshake)
+        else {
+            return refuse("the relay cannot serve this pair");
+        };
+        self.signal(
+            &target.fingerprint,
+            CloudMsg::Expect {
+                peer: PeerInfo {
+                    certificate: me.certificate.clone(),
+                    endpoints: me.reach(),
+                    relay: Some(theirs),
+                },
+            },
+        )
+        .await;
+        CloudMsg::Expect {
+            peer: PeerInfo {
+                certificate: target.certificate.clone(),
+                endpoints: target.reach(),
+                relay: Some(mine),
+            },
+        }
+    }
+
+    /// Pushes `msg` to the client `to`: directly when it is connected here, through the
+    /// shared store's notifications when it may be connected to another instance.
+    async fn signal(&self, to: &str, msg: CloudMsg) {
+        if self.push(to, msg.clone()) || !self.store.is_shared() {
+            return;
+        }
+        let signal = Signal {
+            to: to.to_owned(),
+            msg,
+        };
+        if let Ok(payload) = serde_json::to_string(&signal)
+            && let Err(e) = self.store.notify(&payload).await
+        {
+            tracing::warn!(error = %e, "signal to the other instances not sent");
+        }
     }
 
     /// Pushes `msg` to the client `fp` if it is connected to this instance.
@@ -469,13 +633,15 @@ impl Nms {
         }
     }
 
-    /// Reads endpoint probes on `sock` until the task is dropped.
-    pub async fn probes(self: Arc<Self>, sock: UdpSocket) {
+    /// Reads endpoint probes on `sock` until the task is dropped; `alt` for the second probe
+    /// port, whose observations only serve to recognise symmetric NATs.
+    pub async fn probes(self: Arc<Self>, sock: UdpSocket, alt: bool) {
         let mut buf = vec![0u8; 2048];
         loop {
             let Ok((n, from)) = sock.recv_from(&mut buf).await else {
                 continue;
             };
+            let from = canonical(from);
             let Some(token) = probe_token(&buf[..n]) else {
                 bump(&self.stats.probes_refused);
                 continue;
@@ -485,8 +651,11 @@ impl Nms {
                 continue;
             };
             bump(&self.stats.probes);
-            if let Err(e) = self.store.observed(&fp, from).await {
+            if let Err(e) = self.store.observed(&fp, from, alt).await {
                 tracing::error!(error = %e, "store");
+                continue;
+            }
+            if alt {
                 continue;
             }
             if let Some(c) = self.connected.get(&fp) {

@@ -42,6 +42,8 @@ pub struct ClientRow {
     pub endpoints: Vec<SocketAddr>,
     /// The address its endpoint probes came from.
     pub observed: Option<SocketAddr>,
+    /// The address its probes to the second probe port came from.
+    pub observed_alt: Option<SocketAddr>,
     /// Whether a control session is open to it (on any instance).
     pub online: bool,
 }
@@ -223,12 +225,23 @@ impl Store {
         Ok(taken)
     }
 
-    /// Records the address a client's endpoint probe came from.
+    /// Records the address a client's endpoint probe came from: to the probe port, or
+    /// (`alt`) to the second probe port.
     ///
     /// # Errors
     /// Database failures.
-    pub async fn observed(&self, fingerprint: &str, addr: SocketAddr) -> Result<(), StoreError> {
-        sqlx::query("UPDATE clients SET observed = $2, updated_at = $3 WHERE fingerprint = $1")
+    pub async fn observed(
+        &self,
+        fingerprint: &str,
+        addr: SocketAddr,
+        alt: bool,
+    ) -> Result<(), StoreError> {
+        let query = if alt {
+            "UPDATE clients SET observed_alt = $2, updated_at = $3 WHERE fingerprint = $1"
+        } else {
+            "UPDATE clients SET observed = $2, updated_at = $3 WHERE fingerprint = $1"
+        };
+        sqlx::query(query)
             .bind(fingerprint)
             .bind(addr.to_string())
             .bind(unix_now())
@@ -243,7 +256,7 @@ impl Store {
     /// Database failures, or a row this version cannot read.
     pub async fn client(&self, fingerprint: &str) -> Result<Option<ClientRow>, StoreError> {
         let row = sqlx::query(
-            "SELECT fingerprint, name, certificate, endpoints, observed, online \
+            "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt \
              FROM clients WHERE fingerprint = $1",
         )
         .bind(fingerprint)
@@ -258,8 +271,8 @@ impl Store {
     /// Database failures, or a row this version cannot read.
     pub async fn lookup(&self, name: &str) -> Result<Option<NameRow>, StoreError> {
         let row = sqlx::query(
-            "SELECT n.vip, c.fingerprint, c.name, c.certificate, c.endpoints, c.observed, c.online \
-             FROM names n JOIN clients c ON c.fingerprint = n.owner WHERE n.name = $1",
+            "SELECT n.vip, c.fingerprint, c.name, c.certificate, c.endpoints, c.observed, c.online, \
+             c.observed_alt FROM names n JOIN clients c ON c.fingerprint = n.owner WHERE n.name = $1",
         )
         .bind(name)
         .fetch_optional(&self.pool)
@@ -300,8 +313,8 @@ impl Store {
     }
 }
 
-/// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online`
-/// starting at column `at`.
+/// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online,
+/// observed_alt` starting at column `at`.
 fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt {
         table: "clients",
@@ -310,16 +323,22 @@ fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreErro
     let endpoints: String = row.try_get(at + 3)?;
     let observed: Option<String> = row.try_get(at + 4)?;
     let online: i64 = row.try_get(at + 5)?;
+    let observed_alt: Option<String> = row.try_get(at + 6)?;
+    let addr = |o: Option<String>, what: &str| match o {
+        Some(o) => o
+            .parse()
+            .map(Some)
+            .map_err(|_| corrupt(format!("{what} {o:?}"))),
+        None => Ok(None),
+    };
     Ok(ClientRow {
         fingerprint: row.try_get(at)?,
         name: row.try_get(at + 1)?,
         certificate: row.try_get(at + 2)?,
         endpoints: serde_json::from_str(&endpoints)
             .map_err(|_| corrupt(format!("endpoints {endpoints:?}")))?,
-        observed: match observed {
-            Some(o) => Some(o.parse().map_err(|_| corrupt(format!("observed {o:?}")))?),
-            None => None,
-        },
+        observed: addr(observed, "observed")?,
+        observed_alt: addr(observed_alt, "observed_alt")?,
         online: online != 0,
     })
 }

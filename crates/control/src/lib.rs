@@ -13,7 +13,10 @@ pub mod msg;
 pub const PROBE_TOKEN_LEN: usize = 16;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
-pub use msg::{ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Resolution, VERSION, Welcome};
+pub use msg::{
+    ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, VERSION,
+    Welcome,
+};
 
 use std::net::IpAddr;
 

@@ -31,11 +31,14 @@ pub enum Welcome {
     Accepted {
         /// The protocol version the cloud will speak (the client's or lower).
         version: u16,
-        /// Send this in an endpoint probe from the tunnel socket to `probe_port`, so that the
-        /// cloud sees the address the NAT maps that socket to. Single use.
+        /// Send this in an endpoint probe from the tunnel socket to each of `probe_ports`, so
+        /// that the cloud sees the address the NAT maps that socket to.
         probe_token: [u8; 16],
-        /// The cloud's UDP port for endpoint probes (on the address the client connected to).
-        probe_port: u16,
+        /// The cloud's UDP ports for endpoint probes (on the address the client connected to).
+        /// Two ports show the cloud whether the NAT keeps one mapping for every destination
+        /// or makes a new one per destination (a symmetric NAT, which hole punching cannot
+        /// pass).
+        probe_ports: Vec<u16>,
         /// The client's TCP source address as the cloud sees it.
         observed: SocketAddr,
     },
@@ -75,6 +78,13 @@ pub enum ClientMsg {
         /// The name asked for.
         name: String,
     },
+    /// The direct path to this peer fails (handshakes went unanswered): pair us through a
+    /// relay. Answered by an [`CloudMsg::Expect`] carrying the relay, pushed to both sides,
+    /// or by [`CloudMsg::NoRelay`].
+    Relay {
+        /// The peer's certificate fingerprint (hex).
+        peer: String,
+    },
     /// Liveness: the cloud answers [`CloudMsg::Pong`].
     Ping {},
 }
@@ -88,6 +98,55 @@ pub struct PeerInfo {
     /// Where to send handshakes: the endpoint the cloud saw probes come from first, then the
     /// peer's own list.
     pub endpoints: Vec<SocketAddr>,
+    /// Present when the two sides cannot reach each other directly: talk through this relay
+    /// channel instead of `endpoints`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelayInfo>,
+}
+
+/// A relay channel (TRS) the cloud allocated for one pair of clients. Frames sent to
+/// `address` from the address this side bound go, unchanged, to the other side's bound
+/// address, and back; nothing else passes (docs/protocol.md §4, relay).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayInfo {
+    /// The channel's address, in this side's IP version.
+    pub address: SocketAddr,
+    /// Bind this side to the channel: send it in an endpoint probe from the tunnel socket to
+    /// `address` (and again now and then: a NAT may move our address).
+    pub token: [u8; 16],
+    /// Why the cloud chose the relay.
+    pub reason: RelayReason,
+}
+
+/// Why a pair talks through the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayReason {
+    /// One side has only IPv4 endpoints, the other only IPv6.
+    NoCommonIpVersion,
+    /// A side behind a symmetric NAT (a new mapping per destination), and the other side
+    /// behind a NAT too: hole punching cannot work.
+    SymmetricNat,
+    /// A client tried the direct path and no handshake came through.
+    NoDirectHandshake,
+}
+
+impl RelayReason {
+    /// In words, for logs and status.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::NoCommonIpVersion => "no common IP version",
+            Self::SymmetricNat => "symmetric NAT",
+            Self::NoDirectHandshake => "no handshake on the direct path",
+        }
+    }
+}
+
+impl std::fmt::Display for RelayReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
 }
 
 /// How a resolution ended.
@@ -131,11 +190,19 @@ pub enum CloudMsg {
         /// What the cloud found.
         resolution: Resolution,
     },
-    /// Someone resolved one of our names: start handshaking with them now (both sides send
-    /// initiations at once, which opens NAT mappings in both directions).
+    /// Someone resolved one of our names, or a relay was allocated for us and a peer: start
+    /// handshaking with them now (both sides send initiations at once, which opens NAT
+    /// mappings in both directions).
     Expect {
         /// The peer that will initiate.
         peer: PeerInfo,
+    },
+    /// The answer to [`ClientMsg::Relay`] when no relay can be given.
+    NoRelay {
+        /// The peer asked about (fingerprint).
+        peer: String,
+        /// Why, in words.
+        reason: String,
     },
     /// An endpoint probe with this session's token arrived from `endpoint`.
     Observed {

@@ -45,7 +45,7 @@ fn welcome() -> Welcome {
     Welcome::Accepted {
         version: 1,
         probe_token: [9; 16],
-        probe_port: 7001,
+        probe_ports: vec![7001, 7002],
         observed: "198.51.100.2:40000".parse().unwrap(),
     }
 }

@@ -237,6 +237,35 @@ impl Peer {
         self.endpoint = Some(endpoint);
     }
 
+    /// Sends to `endpoint` from now on (a relay channel the cloud allocated, for instance).
+    /// A handshake waiting for an answer from the old endpoint starts over at the new one at
+    /// once instead of at its next retry.
+    ///
+    /// # Errors
+    /// [`HandshakeError`] when the new initiation cannot be built.
+    pub fn redirect(&mut self, endpoint: SocketAddr, now: Instant) -> Result<(), HandshakeError> {
+        if self.endpoint == Some(endpoint) {
+            return Ok(());
+        }
+        let old = self.endpoint.replace(endpoint);
+        self.events
+            .push_back(Event::EndpointChanged { old, new: endpoint });
+        if self.pending.take().is_some() {
+            self.start_handshake(now)?;
+        }
+        Ok(())
+    }
+
+    /// Since when initiations to this peer have gone unanswered (`None` when none is
+    /// pending). A caller may try another path after a while.
+    pub const fn unanswered_since(&self) -> Option<Instant> {
+        if self.pending.is_some() {
+            self.attempts_since
+        } else {
+            None
+        }
+    }
+
     /// The peer's certificate, once a handshake verified it.
     pub const fn certificate(&self) -> Option<&Certificate> {
         self.remote_cert.as_ref()

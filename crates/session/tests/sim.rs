@@ -782,3 +782,34 @@ fn restarted_peer_is_recovered_by_the_reply_timeout() {
             .any(|e| matches!(e, RecvError::UnknownIndex(_)))
     );
 }
+
+/// The cloud gives a relay while our initiations go unanswered: `redirect` sends a fresh
+/// initiation to the new endpoint at once (not at the next retry, 1 s later), and the peer
+/// tells how long it has gone unanswered.
+#[test]
+fn redirect_restarts_a_pending_handshake_at_the_new_endpoint() {
+    let mut setup = Setup::new(9);
+    // A knows B at an address where nobody listens.
+    setup.a_config.endpoint = Some("192.0.2.99:51820".parse().unwrap());
+    let mut p = setup.build();
+    let start = p.now;
+    p.a.peer.initiate(start).unwrap();
+    p.drive(Duration::from_millis(500));
+    assert_eq!(p.a.established_count(), 0);
+    assert_eq!(p.a.peer.unanswered_since(), Some(start));
+    let now = p.now;
+    p.a.peer.redirect(ADDR_B.parse().unwrap(), now).unwrap();
+    // Well before the first retry would have gone out (1 s after the first initiation).
+    p.drive(Duration::from_millis(100));
+    assert_eq!(p.a.established_count(), 1, "{:?}", p.a.events);
+    assert!(p.a.events.contains(&Event::EndpointChanged {
+        old: Some("192.0.2.99:51820".parse().unwrap()),
+        new: ADDR_B.parse().unwrap(),
+    }));
+    assert_eq!(p.a.peer.unanswered_since(), None);
+    // Redirecting to where it already sends changes nothing.
+    let now = p.now;
+    p.a.peer.redirect(ADDR_B.parse().unwrap(), now).unwrap();
+    p.flush();
+    assert_eq!(p.a.established_count(), 1);
+}

@@ -72,6 +72,7 @@ mod tests {
             Resolution::Found {
                 vip: [100, 64, 2, 100].into(),
                 peer: cyphonic_control::PeerInfo {
+                    relay: None,
                     certificate: String::new(),
                     endpoints: vec![],
                 },

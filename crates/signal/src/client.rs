@@ -29,6 +29,10 @@ pub struct Config {
     pub cloud_key: PublicKey,
     /// Our software and version, for the cloud's logs.
     pub agent: String,
+    /// The tunnel socket's port. With it, the address we reach the cloud from, at this port,
+    /// is registered as an endpoint too: when it is also where our probes come from, the
+    /// cloud knows we are not behind a NAT.
+    pub tunnel_port: Option<u16>,
 }
 
 /// What the session tells its owner.
@@ -64,6 +68,13 @@ pub enum Event {
     },
     /// The cloud refused some of our names.
     NamesRefused(Vec<(String, String)>),
+    /// The cloud cannot relay us to this peer (fingerprint), and says why.
+    NoRelay {
+        /// The peer's certificate fingerprint.
+        peer: String,
+        /// The cloud's reason.
+        reason: String,
+    },
 }
 
 /// Why a request to the cloud did not get an answer.
@@ -110,6 +121,7 @@ type Pending = HashMap<u64, (String, Reply)>;
 #[derive(Debug)]
 enum Cmd {
     Resolve { name: String, reply: Reply },
+    Relay { peer: String },
 }
 
 /// The owner's side: keep the registration current, resolve names.
@@ -157,6 +169,23 @@ impl Handle {
             Ok(Err(_)) => Err(SignalError::NotConnected),
             Err(_) => Err(SignalError::Timeout),
         }
+    }
+
+    /// Asks the cloud to pair us with the peer whose certificate has `fingerprint` through
+    /// its relay: handshakes on the direct path went unanswered. The answer comes as an
+    /// [`Event::Expect`] carrying the relay (or [`Event::NoRelay`]).
+    ///
+    /// # Errors
+    /// [`SignalError::NotConnected`] without a session.
+    pub fn request_relay(&self, fingerprint: &str) -> Result<(), SignalError> {
+        if !self.is_connected() {
+            return Err(SignalError::NotConnected);
+        }
+        self.cmds
+            .try_send(Cmd::Relay {
+                peer: fingerprint.to_owned(),
+            })
+            .map_err(|_| SignalError::Stopped)
     }
 
     /// Whether a session is open now.
@@ -272,19 +301,23 @@ impl Task {
                         Some(Cmd::Resolve { reply, .. }) => {
                             let _ = reply.send(Err(SignalError::NotConnected));
                         }
+                        Some(Cmd::Relay { .. }) => {}
                     },
                 }
             }
         }
     }
 
-    async fn open(&self) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome), End> {
+    async fn open(
+        &self,
+    ) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr), End> {
         let retry = |what: &str, e: &dyn std::fmt::Display| End::Retry(format!("{what}: {e}"));
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.config.cloud))
             .await
             .map_err(|e| retry("connect", &e))?
             .map_err(|e| retry("connect", &e))?;
         let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().map_err(|e| retry("connect", &e))?;
         let (mut rd, mut wr) = stream.into_split();
         let hello = Hello {
             version: VERSION,
@@ -305,33 +338,46 @@ impl Task {
         if let Welcome::Refused { reason } = welcome {
             return Err(End::Refused(reason));
         }
-        Ok((ch, rd, wr, welcome))
+        Ok((ch, rd, wr, welcome, local))
     }
 
     async fn session(&mut self) -> End {
-        let (mut ch, mut rd, mut wr, welcome) = match self.open().await {
+        let (mut ch, mut rd, mut wr, welcome, local) = match self.open().await {
             Ok(ok) => ok,
             Err(end) => return end,
         };
         let Welcome::Accepted {
             probe_token,
-            probe_port,
+            probe_ports,
             observed,
             ..
         } = welcome
         else {
             return End::Retry("unexpected welcome".into());
         };
-        let probe = Event::Probe {
-            to: SocketAddr::new(self.config.cloud.ip(), probe_port),
-            frame: probe_frame(&probe_token),
-        };
+        // Our own address, as a candidate: the one the cloud saw us come from is ours when
+        // no NAT stands between.
+        let host = self
+            .config
+            .tunnel_port
+            .map(|p| SocketAddr::new(local.ip().to_canonical(), p));
+        let frame = probe_frame(&probe_token);
+        let probes: Vec<Event> = probe_ports
+            .iter()
+            .take(2)
+            .map(|p| Event::Probe {
+                to: SocketAddr::new(self.config.cloud.ip(), *p),
+                frame: frame.clone(),
+            })
+            .collect();
         tracing::info!(cloud = %self.config.cloud, %observed, "control session open");
         // What the cloud told us before may be stale.
         self.cache.clear();
         self.connected.send_replace(true);
         self.emit(Event::Connected { observed });
-        self.emit(probe.clone());
+        for p in &probes {
+            self.emit(p.clone());
+        }
 
         let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(16);
         let reader = tokio::spawn(async move {
@@ -364,7 +410,10 @@ impl Task {
                     if changed.is_err() {
                         break End::Stopped;
                     }
-                    let r = self.registration.borrow_and_update().clone();
+                    let mut r = self.registration.borrow_and_update().clone();
+                    if let Some(h) = host && !r.endpoints.contains(&h) {
+                        r.endpoints.push(h);
+                    }
                     Some(ClientMsg::Register { endpoints: r.endpoints, names: r.names })
                 }
                 cmd = self.cmds.recv() => match cmd {
@@ -374,6 +423,7 @@ impl Task {
                         pending.insert(next_id, (name.clone(), reply));
                         Some(ClientMsg::Resolve { id: next_id, name })
                     }
+                    Some(Cmd::Relay { peer }) => Some(ClientMsg::Relay { peer }),
                 },
                 _ = ping.tick() => {
                     if heard.elapsed() > SILENCE {
@@ -385,7 +435,9 @@ impl Task {
                     Some(ClientMsg::Ping {})
                 }
                 _ = probing.tick() => {
-                    self.emit(probe.clone());
+                    for p in &probes {
+                        self.emit(p.clone());
+                    }
                     None
                 }
             };
@@ -425,6 +477,7 @@ impl Task {
                     self.emit(Event::NamesRefused(refused));
                 }
             }
+            CloudMsg::NoRelay { peer, reason } => self.emit(Event::NoRelay { peer, reason }),
             CloudMsg::Pong {} => {}
             CloudMsg::Error { reason } => {
                 tracing::warn!(%reason, "the cloud reports an error");

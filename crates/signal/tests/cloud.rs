@@ -1,6 +1,7 @@
 //! The signal client against a real `cyphonic-cloud` on loopback (SQLite store): sessions,
 //! registration, resolution with policy and the pushed Expect, endpoint probes, refused
-//! certificates and names, hostile bytes, and a cloud restart.
+//! certificates and names, hostile bytes, a cloud restart, and the relay: an IPv4 client and
+//! an IPv6 client paired through it, relay requests, and what the relay refuses.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,11 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use cyphonic_cloud::config::RelayConfig;
 use cyphonic_cloud::{Config, Policy, Rule};
 use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_session::Identity;
 use cyphonic_signal::testing::Pki;
-use cyphonic_signal::{Event, Handle, NameRecord, Resolution};
+use cyphonic_signal::{Event, Handle, NameRecord, RelayInfo, RelayReason, Resolution};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 
@@ -35,9 +37,27 @@ impl Cloud {
     }
 
     async fn start(&self, pki: &Pki, policy: Policy, control: u16) -> cyphonic_cloud::Running {
+        self.start_with(
+            pki,
+            policy,
+            SocketAddr::from(([127, 0, 0, 1], control)),
+            None,
+        )
+        .await
+    }
+
+    async fn start_with(
+        &self,
+        pki: &Pki,
+        policy: Policy,
+        listen: SocketAddr,
+        relay: Option<RelayConfig>,
+    ) -> cyphonic_cloud::Running {
         let config = Config {
-            listen: SocketAddr::from(([127, 0, 0, 1], control)),
-            probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listen,
+            probe_listen: SocketAddr::new(listen.ip(), 0),
+            probe_listen_alt: SocketAddr::new(listen.ip(), 0),
+            relay,
             key: StaticKeypair::from_pem(&self.key.to_pem()).unwrap(),
             trust: pki.trust(),
             database: self.db.clone(),
@@ -53,6 +73,7 @@ fn client(cloud: &Cloud, at: SocketAddr, id: Arc<Identity>) -> (Handle, mpsc::Re
             cloud: at,
             cloud_key: cloud.key.public(),
             agent: "test".into(),
+            tunnel_port: None,
         },
         id,
     )
@@ -299,5 +320,271 @@ async fn clients_come_back_after_the_cloud_restarts_and_the_registry_survives() 
         resolved(&h1, "cam.gw2.ovl.example").await,
         Resolution::Found { .. }
     ));
+    running.stop();
+}
+
+/// A client with a tunnel socket of its own on `ip` (loopback), the way an adapter runs one:
+/// it sends the probes the session asks for from that socket, and registers its name.
+struct Tunnel {
+    handle: Handle,
+    events: mpsc::Receiver<Event>,
+    sock: tokio::net::UdpSocket,
+    id: Arc<Identity>,
+}
+
+impl Tunnel {
+    async fn new(cloud: &Cloud, at: SocketAddr, id: Arc<Identity>, ip: &str, vip: [u8; 4]) -> Self {
+        let sock = tokio::net::UdpSocket::bind((ip, 0)).await.unwrap();
+        let (handle, events) = cyphonic_signal::spawn(
+            cyphonic_signal::Config {
+                cloud: at,
+                cloud_key: cloud.key.public(),
+                agent: "test".into(),
+                tunnel_port: Some(sock.local_addr().unwrap().port()),
+            },
+            id.clone(),
+        );
+        let name = id.certificate().body().name.clone();
+        handle.register(vec![], vec![rec(&name, vip)]);
+        let mut t = Self {
+            handle,
+            events,
+            sock,
+            id,
+        };
+        // Both probes go out from the tunnel socket; wait until the cloud has seen one.
+        let mut probes = 0;
+        t.until(|e, sock| match e {
+            Event::Probe { to, frame } => {
+                probes += 1;
+                let _ = sock.try_send_to(&frame, to);
+                None
+            }
+            Event::Observed(_) if probes == 2 => Some(()),
+            _ => None,
+        })
+        .await;
+        t
+    }
+
+    /// Handles events (sending probes the session asks for) until `pick` accepts one.
+    async fn until<T>(
+        &mut self,
+        mut pick: impl FnMut(Event, &tokio::net::UdpSocket) -> Option<T>,
+    ) -> T {
+        let (events, sock) = (&mut self.events, &self.sock);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let e = events.recv().await.expect("events end");
+                if let Event::Probe { to, frame } = &e {
+                    let _ = sock.send_to(frame, to).await;
+                }
+                if let Some(t) = pick(e, sock) {
+                    return t;
+                }
+            }
+        })
+        .await
+        .expect("no such event within 5 s")
+    }
+
+    async fn expect(&mut self) -> cyphonic_signal::PeerInfo {
+        self.until(|e, _| match e {
+            Event::Expect(p) => Some(p),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn bind(&self, relay: &RelayInfo) {
+        self.sock
+            .send_to(&cyphonic_signal::probe_frame(&relay.token), relay.address)
+            .await
+            .unwrap();
+    }
+
+    /// The next datagram within a second, if any.
+    async fn recv(&self) -> Option<(Vec<u8>, SocketAddr)> {
+        let mut buf = [0u8; 2048];
+        let (n, from) = tokio::time::timeout(Duration::from_secs(1), self.sock.recv_from(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        Some((buf[..n].to_vec(), from))
+    }
+}
+
+/// Sends `what` from `from` through `relay` and returns what `to` received, if anything.
+async fn through(from: &Tunnel, relay: &RelayInfo, to: &Tunnel, what: &[u8]) -> Option<Vec<u8>> {
+    // Binds travel the same path just before: give the relay a moment to take them.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    from.sock.send_to(what, relay.address).await.unwrap();
+    to.recv().await.map(|(d, _)| d)
+}
+
+/// A cloud with its relay on `ports`, control on `listen`.
+async fn with_relay(
+    listen: &str,
+    ports: std::ops::RangeInclusive<u16>,
+) -> (Pki, Cloud, cyphonic_cloud::Running) {
+    with_relay_idle(listen, ports, RelayConfig::default().idle).await
+}
+
+async fn with_relay_idle(
+    listen: &str,
+    ports: std::ops::RangeInclusive<u16>,
+    idle: Duration,
+) -> (Pki, Cloud, cyphonic_cloud::Running) {
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let relay = RelayConfig {
+        ports,
+        idle,
+        ..RelayConfig::default()
+    };
+    let running = cloud
+        .start_with(
+            &pki,
+            Policy::default(),
+            listen.parse().unwrap(),
+            Some(relay),
+        )
+        .await;
+    (pki, cloud, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv4_client_and_an_ipv6_client_meet_through_the_relay() {
+    // One dual-stack control port; each client is given the relay's address in the IP
+    // version it reached the cloud with.
+    let (pki, cloud, running) = with_relay("[::]:0", 41_000..=41_099).await;
+    let port = running.control.port();
+    let at4 = SocketAddr::from(([127, 0, 0, 1], port));
+    let at6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+    let a = Tunnel::new(&cloud, at4, gw1, "127.0.0.1", [100, 64, 1, 1]).await;
+    let mut b = Tunnel::new(&cloud, at6, gw2, "::1", [100, 64, 2, 1]).await;
+
+    let Resolution::Found { peer, .. } = resolved(&a.handle, "gw2.ovl.example").await else {
+        panic!("not found");
+    };
+    let ra = peer.relay.expect("the pair shares no IP version: relayed");
+    assert_eq!(ra.reason, RelayReason::NoCommonIpVersion);
+    assert!(ra.address.is_ipv4(), "{ra:?}");
+    let rb = b.expect().await.relay.expect("B is told the relay too");
+    assert!(rb.address.is_ipv6(), "{rb:?}");
+    assert_eq!(ra.address.port(), rb.address.port(), "one channel");
+    assert_ne!(ra.token, rb.token);
+
+    // Nothing passes before both sides are bound.
+    a.bind(&ra).await;
+    assert_eq!(through(&a, &ra, &b, b"early").await, None);
+    b.bind(&rb).await;
+    let got = through(&a, &ra, &b, b"from A over IPv4").await;
+    assert_eq!(got.as_deref(), Some(&b"from A over IPv4"[..]));
+    let got = through(&b, &rb, &a, b"from B over IPv6").await;
+    assert_eq!(got.as_deref(), Some(&b"from B over IPv6"[..]));
+    // To each side the relay's address is where its peer lives.
+    b.sock.send_to(b"reply", rb.address).await.unwrap();
+    let (_, from) = a.recv().await.unwrap();
+    assert_eq!(from, ra.address);
+
+    // No open relay: a stranger's datagrams and a bind with a forged token go nowhere.
+    let trs = running.trs.clone().unwrap();
+    let refused = trs.stats.refused.load(Ordering::Relaxed);
+    let stranger = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    stranger.send_to(b"let me in", ra.address).await.unwrap();
+    let mut forged = ra.clone();
+    forged.token[0] ^= 1;
+    stranger
+        .send_to(&cyphonic_signal::probe_frame(&forged.token), ra.address)
+        .await
+        .unwrap();
+    stranger.send_to(b"now?", ra.address).await.unwrap();
+    assert_eq!(b.recv().await, None);
+    assert_eq!(trs.stats.refused.load(Ordering::Relaxed), refused + 3);
+    // A side that moves binds again from its new address (its token is its proof).
+    let moved = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    moved
+        .send_to(&cyphonic_signal::probe_frame(&ra.token), ra.address)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    moved.send_to(b"moved", ra.address).await.unwrap();
+    assert_eq!(b.recv().await.map(|d| d.0).as_deref(), Some(&b"moved"[..]));
+    assert_eq!(trs.open_channels(), 1);
+    running.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_handshakes_fail_gets_a_relay_for_both_sides() {
+    let (pki, cloud, running) = with_relay("127.0.0.1:0", 41_100..=41_101).await;
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+    let gw2_fp = gw2.certificate().fingerprint().to_string();
+    let mut a = Tunnel::new(&cloud, running.control, gw1, "127.0.0.1", [100, 64, 1, 1]).await;
+    let mut b = Tunnel::new(&cloud, running.control, gw2, "127.0.0.1", [100, 64, 2, 1]).await;
+    // Both have no NAT (their probes come from the address they registered): direct.
+    let Resolution::Found { peer, .. } = resolved(&a.handle, "gw2.ovl.example").await else {
+        panic!("not found");
+    };
+    assert_eq!(peer.relay, None);
+    assert_eq!(b.expect().await.relay, None);
+
+    // A's handshakes go unanswered: it asks for the relay; both are told.
+    a.handle.request_relay(&gw2_fp).unwrap();
+    let ra = a.expect().await.relay.expect("A relayed");
+    let rb = b.expect().await.relay.expect("B relayed");
+    assert_eq!(ra.reason, RelayReason::NoDirectHandshake);
+    assert_eq!(ra.address, rb.address);
+    a.bind(&ra).await;
+    b.bind(&rb).await;
+    assert_eq!(
+        through(&a, &ra, &b, b"relayed").await.as_deref(),
+        Some(&b"relayed"[..])
+    );
+    // B asking too gets the same channel, not a second one.
+    b.handle
+        .request_relay(&a.id.certificate().fingerprint().to_string())
+        .unwrap();
+    let again = b.expect().await.relay.unwrap();
+    assert_eq!(again, rb);
+    assert_eq!(running.trs.as_ref().unwrap().open_channels(), 1);
+
+    // A peer nobody knows: refused, with the reason.
+    a.handle.request_relay(&"00".repeat(32)).unwrap();
+    let reason = a
+        .until(|e, _| match e {
+            Event::NoRelay { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .await;
+    assert_eq!(reason, "unknown peer");
+    running.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_channel_closes_and_frees_its_port() {
+    let (pki, cloud, running) =
+        with_relay_idle("127.0.0.1:0", 41_110..=41_119, Duration::from_millis(400)).await;
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+    let gw2_fp = gw2.certificate().fingerprint().to_string();
+    let mut a = Tunnel::new(&cloud, running.control, gw1, "127.0.0.1", [100, 64, 1, 1]).await;
+    let _b = Tunnel::new(&cloud, running.control, gw2, "127.0.0.1", [100, 64, 2, 1]).await;
+    a.handle.request_relay(&gw2_fp).unwrap();
+    let r = a.expect().await.relay.unwrap();
+    let trs = running.trs.clone().unwrap();
+    assert_eq!(trs.open_channels(), 1);
+    for _ in 0..30 {
+        if trs.open_channels() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(trs.open_channels(), 0, "the idle channel is still open");
+    // Its port is free again.
+    tokio::net::UdpSocket::bind(r.address).await.unwrap();
     running.stop();
 }

@@ -1,0 +1,166 @@
+//! Route choice (design.md §6): a pair talks directly when it can, through the relay when it
+//! cannot. What the cloud knows of each side decides: the IP versions of its endpoints, and
+//! how its NAT maps the tunnel socket, which the two endpoint probes show.
+
+use std::net::SocketAddr;
+
+use cyphonic_control::RelayReason;
+
+use crate::store::ClientRow;
+
+/// How a client's tunnel socket reaches the cloud, as its endpoint probes show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nat {
+    /// No probe seen yet.
+    Unknown,
+    /// No NAT: the probes came from an address the client registered as its own.
+    Public,
+    /// One mapping for every destination (the probes to both ports came from the same
+    /// address): hole punching works.
+    Cone,
+    /// A new mapping per destination: what the peer is told is not what it will see.
+    Symmetric,
+}
+
+impl Nat {
+    /// What the probes recorded in `row` show.
+    pub fn of(row: &ClientRow) -> Self {
+        let Some(observed) = row.observed else {
+            return Self::Unknown;
+        };
+        if row.endpoints.contains(&observed) {
+            return Self::Public;
+        }
+        match row.observed_alt {
+            Some(alt) if alt != observed => Self::Symmetric,
+            _ => Self::Cone,
+        }
+    }
+
+    /// In words, for logs.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Public => "no NAT",
+            Self::Cone => "cone NAT",
+            Self::Symmetric => "symmetric NAT",
+        }
+    }
+}
+
+/// Whether `endpoints` has an address of each IP version: (IPv4, IPv6).
+fn versions(endpoints: &[SocketAddr]) -> (bool, bool) {
+    (
+        endpoints.iter().any(SocketAddr::is_ipv4),
+        endpoints.iter().any(SocketAddr::is_ipv6),
+    )
+}
+
+/// Why the pair `a`, `b` must be relayed, or `None` when the direct path should work.
+pub fn choose(a: &ClientRow, b: &ClientRow) -> Option<RelayReason> {
+    let (a_reach, b_reach) = (a.reach(), b.reach());
+    let (a4, a6) = versions(&a_reach);
+    let (b4, b6) = versions(&b_reach);
+    let common = (a4 && b4) || (a6 && b6);
+    if !a_reach.is_empty() && !b_reach.is_empty() && !common {
+        return Some(RelayReason::NoCommonIpVersion);
+    }
+    // A symmetric NAT passes only packets from where it sent to, on a port the other side
+    // cannot know in advance: only a side without NAT can answer it.
+    let (na, nb) = (Nat::of(a), Nat::of(b));
+    if (na == Nat::Symmetric && nb != Nat::Public) || (nb == Nat::Symmetric && na != Nat::Public) {
+        return Some(RelayReason::SymmetricNat);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn row(endpoints: &[&str], observed: Option<&str>, alt: Option<&str>) -> ClientRow {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        ClientRow {
+            fingerprint: "fp".into(),
+            name: "n".into(),
+            certificate: String::new(),
+            endpoints: endpoints.iter().map(|s| a(s)).collect(),
+            observed: observed.map(a),
+            observed_alt: alt.map(a),
+            online: true,
+        }
+    }
+
+    fn public4() -> ClientRow {
+        row(&["198.51.100.2:51820"], Some("198.51.100.2:51820"), None)
+    }
+    fn cone() -> ClientRow {
+        row(
+            &["192.0.2.130:51820"],
+            Some("203.0.113.2:51820"),
+            Some("203.0.113.2:51820"),
+        )
+    }
+    fn symmetric() -> ClientRow {
+        row(
+            &["192.0.2.130:51820"],
+            Some("203.0.113.2:40001"),
+            Some("203.0.113.2:52017"),
+        )
+    }
+    fn v6_only() -> ClientRow {
+        row(
+            &["[fd00:203::2]:51820"],
+            Some("[fd00:203::2]:51820"),
+            Some("[fd00:203::2]:51820"),
+        )
+    }
+
+    #[test]
+    fn nat_kinds_from_probes() {
+        for (r, kind) in [
+            (row(&[], None, None), Nat::Unknown),
+            (public4(), Nat::Public),
+            (cone(), Nat::Cone),
+            (symmetric(), Nat::Symmetric),
+            // Only one probe arrived so far: assume the best, the fallback covers the rest.
+            (
+                row(&["192.0.2.130:51820"], Some("203.0.113.2:4000"), None),
+                Nat::Cone,
+            ),
+        ] {
+            assert_eq!(Nat::of(&r), kind, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn relayed_only_where_the_direct_path_cannot_work() {
+        use RelayReason::{NoCommonIpVersion, SymmetricNat};
+        let dual = row(
+            &["198.51.100.2:51820", "[fd00:198::2]:51820"],
+            Some("198.51.100.2:51820"),
+            None,
+        );
+        for (a, b, expect) in [
+            (public4(), public4(), None),
+            (public4(), cone(), None),
+            (cone(), cone(), None),
+            // A public side answers a symmetric NAT from wherever its packets come.
+            (public4(), symmetric(), None),
+            (symmetric(), public4(), None),
+            (cone(), symmetric(), Some(SymmetricNat)),
+            (symmetric(), cone(), Some(SymmetricNat)),
+            (symmetric(), symmetric(), Some(SymmetricNat)),
+            (public4(), v6_only(), Some(NoCommonIpVersion)),
+            (v6_only(), cone(), Some(NoCommonIpVersion)),
+            (dual.clone(), v6_only(), None),
+            (dual, public4(), None),
+            // Nothing known of a side yet: try directly.
+            (row(&[], None, None), public4(), None),
+        ] {
+            assert_eq!(choose(&a, &b), expect, "{a:?}\n{b:?}");
+        }
+    }
+}

@@ -1,0 +1,428 @@
+//! TRS, the relay (design.md §6, flow 3): channels that carry tunnel frames between two
+//! clients that cannot reach each other directly.
+//!
+//! A channel is one UDP port, allocated by NMS for one pair of clients. Each side binds its
+//! tunnel socket's address to the channel with an endpoint probe carrying its own token
+//! (which NMS gave it over its control session); from then on a datagram arriving on the
+//! channel's port from one side's bound address leaves, byte for byte, to the other side's
+//! bound address. Nothing else passes: not from an unbound address, not to anyone but the
+//! pair. The relay reads no frame beyond telling a bind from the rest, and holds no key, so it
+//! cannot read or alter what it carries without the receiver noticing.
+//!
+//! Because the channel is an address of its own, frames need no relay header: a relayed path
+//! has the same MTU as a direct one, and to each side the channel's address simply is where
+//! its peer lives. The port listens on the relay's IPv4 and IPv6 addresses alike, so a side
+//! that has only IPv4 and one that has only IPv6 meet here.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use cyphonic_control::{PROBE_TOKEN_LEN, RelayReason, probe_token};
+use dashmap::DashMap;
+use tokio::net::UdpSocket;
+
+use crate::config::RelayConfig;
+
+/// Largest datagram relayed (a jumbo-frame underlay's; tunnel frames are smaller).
+const MAX_DATAGRAM: usize = 9216;
+
+/// Relay counters.
+#[derive(Debug, Default)]
+pub struct TrsStats {
+    /// Channels opened since start.
+    pub channels_opened: AtomicU64,
+    /// Channels open now.
+    pub channels_open: AtomicU64,
+    /// Channels NMS asked for and the relay could not open (no free port).
+    pub channels_refused: AtomicU64,
+    /// Datagrams relayed.
+    pub relayed_packets: AtomicU64,
+    /// Bytes relayed (UDP payload).
+    pub relayed_bytes: AtomicU64,
+    /// Binds accepted.
+    pub binds: AtomicU64,
+    /// Datagrams refused: from an unbound address, a bind with a wrong token, or for a side
+    /// not bound yet.
+    pub refused: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Why no channel could be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrsError {
+    /// Every port of the range is taken.
+    #[error("no free port in the relay's range {first}-{last}")]
+    NoPort {
+        /// The range's first port.
+        first: u16,
+        /// Its last port.
+        last: u16,
+    },
+}
+
+/// One side of a channel: the client and the token it binds with.
+#[derive(Debug, Clone)]
+pub struct ChannelSide {
+    /// The client's certificate fingerprint.
+    pub fingerprint: String,
+    /// Its token.
+    pub token: [u8; PROBE_TOKEN_LEN],
+}
+
+/// A channel as NMS sees it.
+#[derive(Debug)]
+pub struct Channel {
+    /// Its port.
+    pub port: u16,
+    /// The two sides, in the order NMS named them.
+    pub sides: [ChannelSide; 2],
+    /// Why it was opened.
+    pub reason: RelayReason,
+    packets: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Channel {
+    /// The token of the side `fingerprint`.
+    pub fn token_for(&self, fingerprint: &str) -> Option<[u8; PROBE_TOKEN_LEN]> {
+        self.sides
+            .iter()
+            .find(|s| s.fingerprint == fingerprint)
+            .map(|s| s.token)
+    }
+}
+
+/// The relay service.
+#[derive(Debug)]
+pub struct Trs {
+    config: RelayConfig,
+    /// Channels by the pair's fingerprints, in sorted order.
+    pairs: DashMap<(String, String), Arc<Channel>>,
+    /// Where the next port search starts.
+    cursor: std::sync::Mutex<u16>,
+    /// Set to close every channel.
+    closing: tokio::sync::watch::Sender<bool>,
+    /// Counters.
+    pub stats: TrsStats,
+}
+
+fn pair_key(a: &str, b: &str) -> (String, String) {
+    if a <= b {
+        (a.to_owned(), b.to_owned())
+    } else {
+        (b.to_owned(), a.to_owned())
+    }
+}
+
+fn random_token() -> [u8; PROBE_TOKEN_LEN] {
+    use ring::rand::SecureRandom as _;
+    let mut t = [0u8; PROBE_TOKEN_LEN];
+    // An all-zero token would still be unguessable to nobody: refuse to run without entropy.
+    ring::rand::SystemRandom::new()
+        .fill(&mut t)
+        .expect("the system's random number generator failed");
+    t
+}
+
+/// The sockets of one channel port: one per IP version the relay serves.
+fn bind_port(addresses: &[IpAddr], port: u16) -> std::io::Result<Vec<UdpSocket>> {
+    let any: [IpAddr; 2] = [
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    ];
+    let wanted = if addresses.is_empty() {
+        &any[..]
+    } else {
+        addresses
+    };
+    let mut out = Vec::new();
+    for ip in wanted {
+        let addr = SocketAddr::new(*ip, port);
+        let domain = socket2::Domain::for_address(addr);
+        let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+        if ip.is_ipv6() {
+            // Each version on its own socket: IPv4 frames must leave from the IPv4 one.
+            s.set_only_v6(true)?;
+        }
+        s.set_nonblocking(true)?;
+        if let Err(e) = s.bind(&addr.into()) {
+            // An unspecified IPv6 address on a host without IPv6 is not an error: IPv4 only.
+            if addresses.is_empty() && ip.is_ipv6() && !out.is_empty() {
+                tracing::debug!(error = %e, "relay: no IPv6 on this host");
+                continue;
+            }
+            return Err(e);
+        }
+        out.push(UdpSocket::from_std(s.into())?);
+    }
+    Ok(out)
+}
+
+impl Trs {
+    /// The relay with `config`; channels open on demand.
+    pub fn new(config: RelayConfig) -> Self {
+        let first = *config.ports.start();
+        Self {
+            config,
+            pairs: DashMap::new(),
+            cursor: std::sync::Mutex::new(first),
+            closing: tokio::sync::watch::Sender::new(false),
+            stats: TrsStats::default(),
+        }
+    }
+
+    /// The address a client of IP version `v6` is given for the channel on `port`: the
+    /// configured address of that version, or (with none configured) `local`, the address
+    /// the client reached the cloud on. `None` when the relay has no address of that version.
+    pub fn address(&self, v6: bool, local: Option<IpAddr>, port: u16) -> Option<SocketAddr> {
+        let ip = if self.config.addresses.is_empty() {
+            local.filter(|l| l.is_ipv6() == v6)?
+        } else {
+            *self.config.addresses.iter().find(|a| a.is_ipv6() == v6)?
+        };
+        Some(SocketAddr::new(ip, port))
+    }
+
+    /// Which IP versions the relay serves, given the client reached the cloud on `local`.
+    pub fn serves(&self, v6: bool, local: Option<IpAddr>) -> bool {
+        self.address(v6, local, 0).is_some()
+    }
+
+    /// The channel for the pair `a`, `b`: the open one, or a new one on a free port.
+    ///
+    /// # Errors
+    /// [`TrsError::NoPort`] when the whole port range is taken.
+    pub fn channel(
+        self: &Arc<Self>,
+        a: &str,
+        b: &str,
+        reason: RelayReason,
+    ) -> Result<Arc<Channel>, TrsError> {
+        let key = pair_key(a, b);
+        if let Some(c) = self.pairs.get(&key) {
+            return Ok(c.clone());
+        }
+        let (first, last) = (*self.config.ports.start(), *self.config.ports.end());
+        let span = u32::from(last - first) + 1;
+        let mut cursor = self
+            .cursor
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for _ in 0..span {
+            let port = *cursor;
+            *cursor = if port >= last { first } else { port + 1 };
+            let socks = match bind_port(&self.config.addresses, port) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(port, error = %e, "relay: port not free");
+                    continue;
+                }
+            };
+            let channel = Arc::new(Channel {
+                port,
+                sides: [
+                    ChannelSide {
+                        fingerprint: a.to_owned(),
+                        token: random_token(),
+                    },
+                    ChannelSide {
+                        fingerprint: b.to_owned(),
+                        token: random_token(),
+                    },
+                ],
+                reason,
+                packets: AtomicU64::new(0),
+                bytes: AtomicU64::new(0),
+            });
+            self.pairs.insert(key.clone(), channel.clone());
+            bump(&self.stats.channels_opened);
+            bump(&self.stats.channels_open);
+            tracing::info!(port, %reason, "relay channel opened");
+            tokio::spawn(self.clone().serve(key, channel.clone(), socks));
+            return Ok(channel);
+        }
+        bump(&self.stats.channels_refused);
+        Err(TrsError::NoPort { first, last })
+    }
+
+    /// Relays on one channel until it has been idle for the configured time.
+    async fn serve(
+        self: Arc<Self>,
+        key: (String, String),
+        channel: Arc<Channel>,
+        socks: Vec<UdpSocket>,
+    ) {
+        let v6: Vec<bool> = socks
+            .iter()
+            .map(|s| s.local_addr().is_ok_and(|l| l.is_ipv6()))
+            .collect();
+        let mut relay = Relaying {
+            trs: &self,
+            channel: &channel,
+            socks: &socks,
+            v6: &v6,
+            bound: [None, None],
+            last: Instant::now(),
+        };
+        let idle = self.config.idle;
+        let mut check = tokio::time::interval(idle / 4);
+        check.reset();
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut buf2 = vec![0u8; MAX_DATAGRAM];
+        let mut closing = self.closing.subscribe();
+        let why = loop {
+            tokio::select! {
+                // The value only ever turns true.
+                _ = closing.changed() => break "the relay is stopping",
+                r = socks[0].recv_from(&mut buf) => match r {
+                    Ok((n, from)) => relay.handle(&mut buf[..n], from).await,
+                    Err(e) => tracing::debug!(error = %e, "relay: receive"),
+                },
+                r = recv_second(&socks, &mut buf2) => match r {
+                    Ok((n, from)) => relay.handle(&mut buf2[..n], from).await,
+                    Err(e) => tracing::debug!(error = %e, "relay: receive"),
+                },
+                _ = check.tick() => {
+                    if relay.last.elapsed() >= idle {
+                        break "idle";
+                    }
+                }
+            }
+        };
+        self.pairs.remove_if(&key, |_, c| Arc::ptr_eq(c, &channel));
+        self.stats.channels_open.fetch_sub(1, Ordering::Relaxed);
+        tracing::info!(
+            port = channel.port,
+            reason = why,
+            packets = channel.packets.load(Ordering::Relaxed),
+            bytes = channel.bytes.load(Ordering::Relaxed),
+            "relay channel closed"
+        );
+    }
+
+    /// Closes every channel (the relay is stopping).
+    pub fn close_all(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// The relay's settings in words, for the log.
+    pub fn describe(&self) -> String {
+        let (first, last) = (self.config.ports.start(), self.config.ports.end());
+        if self.config.addresses.is_empty() {
+            format!("ports {first}-{last} on every address")
+        } else {
+            let a: Vec<String> = self
+                .config
+                .addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            format!("ports {first}-{last} on {}", a.join(", "))
+        }
+    }
+
+    /// How many channels are open.
+    pub fn open_channels(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// How many open channels have `fingerprint` as a side.
+    pub fn channels_of(&self, fingerprint: &str) -> usize {
+        self.pairs
+            .iter()
+            .filter(|e| e.key().0 == fingerprint || e.key().1 == fingerprint)
+            .count()
+    }
+}
+
+/// The second socket's next datagram, or never with one socket.
+async fn recv_second(socks: &[UdpSocket], buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+    match socks.get(1) {
+        Some(s) => s.recv_from(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Compares tokens in time independent of where they differ: a sender cannot learn a token
+/// byte by byte from how fast binds are refused.
+fn same_token(a: &[u8; PROBE_TOKEN_LEN], b: &[u8; PROBE_TOKEN_LEN]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// One channel's state while it runs.
+struct Relaying<'a> {
+    trs: &'a Trs,
+    channel: &'a Channel,
+    socks: &'a [UdpSocket],
+    /// Whether each socket is the IPv6 one.
+    v6: &'a [bool],
+    bound: [Option<SocketAddr>; 2],
+    last: Instant,
+}
+
+impl Relaying<'_> {
+    async fn handle(&mut self, datagram: &mut [u8], from: SocketAddr) {
+        let from = canonical(from);
+        let stats = &self.trs.stats;
+        if let Some(token) = probe_token(datagram) {
+            // A bind: the side whose token it carries now lives at `from`.
+            let side = self
+                .channel
+                .sides
+                .iter()
+                .position(|s| same_token(&s.token, &token));
+            match side {
+                Some(i) => {
+                    if self.bound[i] != Some(from) {
+                        tracing::info!(port = self.channel.port, side = i, %from, "relay: side bound");
+                    }
+                    self.bound[i] = Some(from);
+                    bump(&stats.binds);
+                }
+                None => bump(&stats.refused),
+            }
+            return;
+        }
+        let to = if Some(from) == self.bound[0] {
+            self.bound[1]
+        } else if Some(from) == self.bound[1] {
+            self.bound[0]
+        } else {
+            None
+        };
+        let Some(to) = to else {
+            bump(&stats.refused);
+            return;
+        };
+        let Some(sock) = self
+            .socks
+            .iter()
+            .zip(self.v6)
+            .find_map(|(s, v6)| (*v6 == to.is_ipv6()).then_some(s))
+        else {
+            bump(&stats.refused);
+            return;
+        };
+        match sock.send_to(datagram, to).await {
+            Ok(n) => {
+                self.last = Instant::now();
+                bump(&stats.relayed_packets);
+                stats.relayed_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                self.channel.packets.fetch_add(1, Ordering::Relaxed);
+                self.channel.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(%to, error = %e, "relay: send"),
+        }
+    }
+}
