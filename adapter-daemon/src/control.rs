@@ -1,74 +1,46 @@
 //! The control thread: a small tokio runtime for everything that is not per-packet work.
-//! Handshake messages, the peers' timers (handshakes, keepalives, rekeys, expiry), their
-//! events, the status socket and signals. Data threads reach it through a bounded channel and
-//! a `Notify`; it reaches the capture thread through a channel the capture thread polls.
-//! Nothing here ever makes a data thread wait.
+//! The engine's control core (`cyphonic_tunnel::Control`: handshakes, peer timers, the
+//! cloud, relays) and the adapter's LAN services (DHCP, DNS, the gateway vIP) share it, with
+//! the status socket and signals. Data threads reach it through bounded channels and a
+//! `Notify`; nothing here ever makes a data thread wait.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
-use cyphonic_netio::UdpSocket;
-use cyphonic_session::{Clock, Event, Identity, read_init};
-use cyphonic_signal::RelayInfo;
-use cyphonic_wire::{Frame, MessageType};
+use cyphonic_tunnel::{Hooks, Settled};
 use tokio::sync::mpsc;
 
-use crate::cloud::{CloudAnswer, CloudLink};
-use crate::counters::bump;
-use crate::daemon::{Shared, ToCapture, ToControl, ToServices};
-use crate::peers::{PeerSlot, Relay};
+use crate::daemon::{Shared, ToServices};
 use crate::services::{Services, UpstreamResult};
 use crate::status::{self, Static};
 
-/// At most one handshake started because of unknown-index traffic per peer per this interval.
-const KICK_INTERVAL: Duration = Duration::from_secs(1);
 /// Wake at least this often even with no timer due (cheap; bounds any missed wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(500);
-/// Initiations to a peer from the cloud unanswered this long: the direct path does not work,
-/// ask the cloud for a relay. (Both sides initiate at once, so an answer normally comes
-/// within a round trip; the first retry goes out after 1 s.)
-const DIRECT_PATIENCE: Duration = Duration::from_secs(2);
-/// At most one relay request per peer per this interval.
-const RELAY_ASK_EVERY: Duration = Duration::from_secs(10);
-/// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
-/// the channel must know where we are.
-const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
 
 /// The control thread's state.
 pub struct Control {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) identity: Arc<Identity>,
-    pub(crate) udp: UdpSocket,
-    pub(crate) rx: mpsc::Receiver<ToControl>,
-    pub(crate) to_capture: Sender<ToCapture>,
-    pub(crate) clock: Clock,
+    pub(crate) core: cyphonic_tunnel::Control,
     pub(crate) status: Arc<Static>,
     pub(crate) status_socket: PathBuf,
-    pub(crate) kicks: HashMap<u32, Instant>,
     pub(crate) services: Services,
     pub(crate) services_rx: mpsc::Receiver<ToServices>,
     pub(crate) upstream_rx: mpsc::Receiver<UpstreamResult>,
-    pub(crate) cloud: Option<CloudLink>,
-    pub(crate) cloud_answers: mpsc::Receiver<CloudAnswer>,
 }
 
-/// Binds our tunnel socket's address to a relay channel.
-fn bind(udp: &UdpSocket, relay: &Relay) {
-    let frame = cyphonic_signal::probe_frame(&relay.token);
-    if let Err(e) = udp.send_to(&frame, relay.address) {
-        tracing::debug!(relay = %relay.address, error = %e, "relay bind not sent");
+/// The LAN services hear about peers and settled DNS questions from the engine.
+impl Hooks for Services {
+    fn peer_up(&mut self, peer: u32) {
+        Self::peer_up(self, peer);
     }
-}
 
-/// The next event of the signal client, or never without a cloud.
-async fn cloud_event(cloud: &mut Option<CloudLink>) -> Option<cyphonic_signal::Event> {
-    match cloud {
-        Some(c) => c.events.recv().await,
-        None => std::future::pending().await,
+    fn peer_gave_up(&mut self, peer: u32) {
+        Self::peer_gave_up(self, peer);
+    }
+
+    fn settled(&mut self, settled: Settled) {
+        self.upstream_done(settled);
     }
 }
 
@@ -96,19 +68,24 @@ impl Control {
         self.run_timers(Instant::now());
         loop {
             let deadline = self
+                .core
                 .next_deadline()
+                .into_iter()
+                .chain(self.services.poll_timeout())
+                .min()
                 .unwrap_or_else(|| Instant::now() + MAX_SLEEP)
                 .min(Instant::now() + MAX_SLEEP);
+            let services = &mut self.services;
             tokio::select! {
-                msg = self.rx.recv() => match msg {
-                    Some(msg) => self.handle(msg),
+                msg = self.core.rx.recv() => match msg {
+                    Some(msg) => self.core.handle(msg, services),
                     None => break,
                 },
-                Some(msg) = self.services_rx.recv() => self.serve(msg),
-                Some(done) = self.upstream_rx.recv() => self.services.upstream_done(done),
-                Some(answer) = self.cloud_answers.recv() => self.cloud_answered(answer),
-                Some(event) = cloud_event(&mut self.cloud) => self.cloud_event(event),
-                () = self.shared.notify.notified() => {}
+                Some(msg) = self.services_rx.recv() => serve(services, msg),
+                Some(done) = self.upstream_rx.recv() => services.upstream_done(done),
+                Some(answer) = self.core.cloud_answers.recv() => self.core.cloud_answered(answer, services),
+                Some(event) = cyphonic_tunnel::control::cloud_event(&mut self.core.cloud) => self.core.handle_cloud_event(event, services),
+                () = self.shared.tunnel.notify.notified() => {}
                 () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
                 _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
                 _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
@@ -120,335 +97,18 @@ impl Control {
         Ok(())
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
-        self.shared
-            .peers
-            .all()
-            .iter()
-            .filter_map(|s| s.lock().poll_timeout())
-            .chain(self.services.poll_timeout())
-            .min()
-    }
-
     fn run_timers(&mut self, now: Instant) {
         self.services.tick(now);
-        if let Some(c) = self.cloud.as_mut() {
-            let (version, names) = self.services.hosted();
-            if c.registered != Some(version) {
-                c.handle.register(c.endpoints.clone(), names.to_vec());
-                c.registered = Some(version);
-            }
-        }
-        let slots = self.shared.peers.all();
-        for slot in &slots {
-            let mut peer = slot.lock();
-            if peer.poll_timeout().is_some_and(|t| t <= now) {
-                peer.handle_timeout(now);
-            }
-            let unanswered = peer
-                .unanswered_since()
-                .filter(|_| !peer.is_established(now));
-            drop(peer);
-            self.drain(slot);
-            self.keep_route(slot, unanswered, now);
-        }
+        let (version, names) = self.services.hosted();
+        self.core.register(version, names);
+        self.core.run_timers(now, &mut self.services);
     }
+}
 
-    /// Keeps a cloud peer's path working: binds to its relay channel again now and then, and
-    /// asks the cloud for a relay when initiations go unanswered.
-    fn keep_route(&mut self, slot: &Arc<PeerSlot>, unanswered: Option<Instant>, now: Instant) {
-        if slot.origin != "cloud" {
-            return;
-        }
-        let mut route = slot.route();
-        if let Some(r) = route.relay.as_mut()
-            && r.bound_at
-                .is_none_or(|t| now.saturating_duration_since(t) >= RELAY_BIND_EVERY)
-        {
-            r.bound_at = Some(now);
-            bind(&self.udp, r);
-        }
-        let Some(since) = unanswered else {
-            return;
-        };
-        let Some(cloud) = self.cloud.as_ref() else {
-            return;
-        };
-        if now.saturating_duration_since(since) < DIRECT_PATIENCE
-            || route
-                .relay_asked
-                .is_some_and(|t| now.saturating_duration_since(t) < RELAY_ASK_EVERY)
-        {
-            return;
-        }
-        route.relay_asked = Some(now);
-        let relayed = route.relay.is_some();
-        drop(route);
-        match cloud.handle.request_relay(&slot.fingerprint) {
-            Ok(()) => tracing::info!(
-                peer = %slot.name,
-                relayed,
-                "no answer to handshakes on this path: asking the cloud for a relay"
-            ),
-            Err(e) => tracing::debug!(peer = %slot.name, error = %e, "relay not requested"),
-        }
-    }
-
-    /// Applies the relay the cloud gave for `slot` (if any): bind to the channel, and send
-    /// handshakes there from now on.
-    fn apply_relay(&mut self, slot: &Arc<PeerSlot>, relay: Option<&RelayInfo>, now: Instant) {
-        let Some(info) = relay else {
-            return;
-        };
-        let mut route = slot.route();
-        let fresh = route
-            .relay
-            .as_ref()
-            .is_none_or(|r| r.address != info.address || r.token != info.token);
-        if fresh {
-            let r = Relay {
-                address: info.address,
-                token: info.token,
-                reason: info.reason,
-                bound_at: Some(now),
-            };
-            // The bind goes out before any handshake towards the channel.
-            bind(&self.udp, &r);
-            route.relay = Some(r);
-            tracing::info!(peer = %slot.name, relay = %info.address, reason = %info.reason, "peer relayed");
-        }
-        drop(route);
-        let mut peer = slot.lock();
-        if !peer.is_established(now)
-            && let Err(e) = peer.redirect(info.address, now)
-        {
-            tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
-        }
-        drop(peer);
-        self.drain(slot);
-    }
-
-    fn cloud_event(&mut self, event: cyphonic_signal::Event) {
-        use cyphonic_signal::Event as E;
-        {
-            let mut st = self
-                .shared
-                .cloud
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match &event {
-                E::Connected { .. } => {
-                    st["connected"] = true.into();
-                    st["last_error"] = serde_json::Value::Null;
-                }
-                E::Disconnected { reason } | E::Refused { reason } => {
-                    st["connected"] = false.into();
-                    st["last_error"] = reason.clone().into();
-                }
-                E::Observed(addr) => st["observed"] = addr.to_string().into(),
-                _ => {}
-            }
-        }
-        match event {
-            E::Probe { to, frame } => {
-                if let Err(e) = self.udp.send_to(&frame, to) {
-                    tracing::debug!(%to, error = %e, "endpoint probe not sent");
-                }
-            }
-            E::Expect(info) => {
-                let now = Instant::now();
-                let Some(slot) = self
-                    .cloud
-                    .as_ref()
-                    .and_then(|c| c.peer(&self.shared, &info, now))
-                else {
-                    return;
-                };
-                // Both sides initiate at once: each side's initiation opens its NAT for the
-                // other's (hole punching).
-                tracing::info!(peer = %slot.name, endpoints = ?info.endpoints, relay = ?info.relay.as_ref().map(|r| r.address), "the cloud asks us to expect a peer: handshaking");
-                self.apply_relay(&slot, info.relay.as_ref(), now);
-                if !slot.lock().is_established(now) {
-                    let _ = slot.lock().initiate(now);
-                }
-                self.drain(&slot);
-            }
-            E::Observed(addr) => {
-                tracing::info!(%addr, "the cloud sees our tunnel socket at this address");
-            }
-            E::Connected { observed } => {
-                tracing::info!(%observed, "control plane: connected");
-            }
-            E::Disconnected { reason } => {
-                tracing::warn!(%reason, "control plane: disconnected; existing tunnels carry on");
-            }
-            E::Refused { reason } => {
-                tracing::error!(%reason, "control plane: the cloud refused our certificate");
-            }
-            E::NoRelay { peer, reason } => {
-                tracing::warn!(%peer, %reason, "the cloud cannot relay us to a peer");
-            }
-            E::NamesRefused(names) => {
-                for (name, reason) in names {
-                    tracing::warn!(%name, %reason, "the cloud refused a name");
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn cloud_answered(&mut self, answer: CloudAnswer) {
-        let now = Instant::now();
-        let Some(c) = self.cloud.as_mut() else {
-            return;
-        };
-        let (settled, slot) = c.answered(&self.shared, answer, now);
-        if let Some(s) = settled {
-            self.services.upstream_done(s);
-        }
-        if let Some((slot, relay)) = slot {
-            self.apply_relay(&slot, relay.as_ref(), now);
-            let _ = slot.lock().initiate(now);
-            self.drain(&slot);
-        }
-    }
-
-    fn serve(&mut self, msg: ToServices) {
-        match msg {
-            ToServices::Dhcp { mac, payload } => self.services.dhcp(mac, &payload),
-            ToServices::Dns { client, payload } => {
-                self.services.dns(Instant::now(), client, &payload);
-            }
-            ToServices::FromPeer { peer, packet, at } => {
-                self.services.peer_packet(at, peer, &packet);
-            }
-        }
-    }
-
-    fn handle(&mut self, msg: ToControl) {
-        match msg {
-            ToControl::Handshake { frame, from, at } => self.handshake(&frame, from, at),
-            ToControl::Kick(id) => {
-                let now = Instant::now();
-                if self
-                    .kicks
-                    .get(&id)
-                    .is_some_and(|t| now.saturating_duration_since(*t) < KICK_INTERVAL)
-                {
-                    return;
-                }
-                self.kicks.insert(id, now);
-                if let Some(slot) = self.shared.peers.by_index(id << 8) {
-                    tracing::info!(peer = %slot.name, "traffic on unknown keys from the peer's address: handshaking");
-                    let _ = slot.lock().initiate(now);
-                    self.drain(&slot);
-                }
-            }
-        }
-    }
-
-    fn handshake(&mut self, frame: &[u8], from: SocketAddr, at: Instant) {
-        let c = &self.shared.counters;
-        let Ok(view) = Frame::new_checked(frame) else {
-            return;
-        };
-        match view.msg_type() {
-            MessageType::HandshakeInit => {
-                bump(&c.handshake_inits);
-                let init = match read_init(&self.identity, self.clock.unix_secs(at), frame) {
-                    Ok(init) => init,
-                    Err(e) => {
-                        bump(&c.handshake_refused);
-                        tracing::warn!(%from, reason = %e, "handshake initiation refused");
-                        return;
-                    }
-                };
-                let Some(slot) = self.shared.peers.by_key(&init.remote_static) else {
-                    bump(&c.handshake_refused);
-                    tracing::warn!(%from, name = %init.cert.body().name, "handshake from a valid node that is not one of our peers");
-                    return;
-                };
-                let result = slot.lock().handle_init(at, from, init);
-                if let Err(e) = result {
-                    bump(&c.handshake_refused);
-                    tracing::warn!(peer = %slot.name, %from, reason = %e, "handshake initiation refused");
-                }
-                self.drain(&slot);
-            }
-            MessageType::HandshakeResp => {
-                bump(&c.handshake_responses);
-                let Some(slot) = self.shared.peers.by_index(view.receiver_index()) else {
-                    bump(&c.handshake_refused);
-                    return;
-                };
-                let result = slot.lock().handle_response(at, from, frame);
-                if let Err(e) = result {
-                    bump(&c.handshake_refused);
-                    tracing::warn!(peer = %slot.name, %from, reason = %e, "handshake response refused");
-                }
-                self.drain(&slot);
-            }
-            _ => {}
-        }
-    }
-
-    /// Sends what the peer wants sent and acts on what happened to it.
-    fn drain(&mut self, slot: &Arc<PeerSlot>) {
-        let (transmits, events): (Vec<_>, Vec<_>) = {
-            let mut peer = slot.lock();
-            (
-                std::iter::from_fn(|| peer.poll_transmit()).collect(),
-                std::iter::from_fn(|| peer.poll_event()).collect(),
-            )
-        };
-        for t in transmits {
-            match self.udp.send_to(&t.frame, t.destination) {
-                Ok(_) => bump(&self.shared.counters.udp_sent),
-                Err(e) => {
-                    bump(&self.shared.counters.udp_send_failed);
-                    tracing::debug!(peer = %slot.name, to = %t.destination, error = %e, "sending a handshake or keepalive failed");
-                }
-            }
-        }
-        for event in events {
-            match event {
-                Event::Established { initiator, rekey } => {
-                    bump(&self.shared.counters.sessions_established);
-                    if rekey {
-                        tracing::debug!(peer = %slot.name, initiator, "keys rotated");
-                    } else {
-                        tracing::info!(peer = %slot.name, initiator, "peer up");
-                    }
-                    let _ = self.to_capture.send(ToCapture::Established(slot.id));
-                    self.services.peer_up(slot.id);
-                    for s in self
-                        .cloud
-                        .as_mut()
-                        .map(|c| c.peer_up(slot.id))
-                        .unwrap_or_default()
-                    {
-                        self.services.upstream_done(s);
-                    }
-                }
-                Event::HandshakeGaveUp => {
-                    tracing::warn!(peer = %slot.name, "no answer to handshakes for 90 s; dropping queued packets");
-                    let _ = self.to_capture.send(ToCapture::GaveUp(slot.id));
-                    self.services.peer_gave_up(slot.id);
-                    for s in self
-                        .cloud
-                        .as_mut()
-                        .map(|c| c.peer_gave_up(slot.id))
-                        .unwrap_or_default()
-                    {
-                        self.services.upstream_done(s);
-                    }
-                }
-                Event::EndpointChanged { old, new } => {
-                    tracing::info!(peer = %slot.name, ?old, %new, "peer moved to a new address");
-                }
-                Event::Expired => tracing::info!(peer = %slot.name, "peer idle: keys expired"),
-                _ => {}
-            }
-        }
+fn serve(services: &mut Services, msg: ToServices) {
+    match msg {
+        ToServices::Dhcp { mac, payload } => services.dhcp(mac, &payload),
+        ToServices::Dns { client, payload } => services.dns(Instant::now(), client, &payload),
+        ToServices::FromPeer { peer, packet, at } => services.peer_packet(at, peer, &packet),
     }
 }

@@ -1,25 +1,11 @@
-//! Data-plane counters: one atomic per event, written by the data threads, read by status.
+//! The adapter's own data-plane counters (its LAN side): one atomic per event, written by the
+//! data threads, read by status. The tunnel engine counts its own (`cyphonic_tunnel::Counters`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+pub use cyphonic_tunnel::bump;
 
-macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident,)*) => {
-        /// Counters of the adapter's data plane (the pipelines count their own).
-        #[derive(Debug, Default)]
-        pub struct Counters {
-            $($(#[$doc])* pub $name: AtomicU64,)*
-        }
-
-        impl Counters {
-            /// Every counter with its name, in declaration order.
-            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
-            }
-        }
-    };
-}
-
-counters! {
+cyphonic_tunnel::counters! {
+    /// Counters of the adapter's LAN side.
+    pub struct Counters {
     /// Frames read from the LAN interface.
     captured,
     /// Captured frames longer than the buffer (reported by the kernel, never cut silently).
@@ -78,36 +64,8 @@ counters! {
     drop_no_reply,
     /// ARP for nobody we answer for.
     drop_arp_ignored,
-    /// Overlay destinations no peer's certificate covers.
-    drop_no_peer,
-    /// Packets queued while a handshake is pending.
-    queued_for_handshake,
-    /// Queued packets dropped: the queue was full or the handshake failed.
-    drop_queue,
-    /// Packets refused because the pipeline's buffers were all in flight.
-    drop_pipeline_full,
-    /// Packets dropped because every buffer was in use.
-    drop_no_buffer,
     /// Packets split into fragments to fit the inner MTU.
     fragmented,
-    /// Datagrams sent on the tunnel socket.
-    udp_sent,
-    /// Datagrams the kernel refused to send.
-    udp_send_failed,
-    /// Datagrams received on the tunnel socket.
-    udp_received,
-    /// Datagrams longer than the buffer.
-    udp_truncated,
-    /// Datagrams that are not a valid tunnel frame.
-    drop_frame_malformed,
-    /// Frames of a type we do not handle here (relay, probe).
-    drop_frame_unhandled,
-    /// Data frames for a session index no live session has.
-    drop_unknown_index,
-    /// Handshake messages dropped because the control queue was full.
-    drop_handshake_queue,
-    /// Keepalives received.
-    keepalives_received,
     /// Decrypted packets that are not IPv4.
     drop_inner_not_ipv4,
     /// Decrypted packets with a malformed IPv4 header.
@@ -126,17 +84,5 @@ counters! {
     lan_sent,
     /// Frames the LAN interface refused.
     lan_send_failed,
-    /// Handshake initiations received.
-    handshake_inits,
-    /// Handshake responses received.
-    handshake_responses,
-    /// Handshake messages refused (any reason; the log says which).
-    handshake_refused,
-    /// Sessions established.
-    sessions_established,
-}
-
-/// Adds one.
-pub fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+    }
 }

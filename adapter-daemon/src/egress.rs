@@ -1,144 +1,26 @@
-//! Egress, LAN to overlay: the capture thread, the seal stage, the UDP sink.
+//! Egress, LAN to overlay: the capture thread. What it routes into the tunnel goes through
+//! the engine (`cyphonic_tunnel::Submitter`, its seal stage and UDP sink).
 //!
 //! ```text
-//! capture thread: recvmmsg on AF_PACKET -> Lan::handle_frame -> route to a peer -> Sequencer
-//!   (replies to ARP/ICMP go straight back out; packets for a peer whose handshake is pending
-//!    wait in a bounded queue of that peer, in order, until the control thread says it is up)
-//! workers:        SealStage::process (ChaCha20-Poly1305 in place)
-//! emitter:        UdpSink: sendmmsg, in arrival order
+//! capture thread: recvmmsg on AF_PACKET -> Lan::handle_frame -> route to a peer -> Submitter
+//!   (replies to ARP/ICMP go straight back out; DHCP and DNS go to the control thread)
 //! ```
 
-use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
 use cyphonic_gateway::{Egress, EgressDrop, Fragmenter, ReplyKind};
-use cyphonic_netio::{FrameMeta, PacketSocket, UdpSocket};
-use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Sink, Stage};
-use cyphonic_session::{SendError, Session};
-use cyphonic_wire::{HEADER_LEN, TAG_LEN};
+use cyphonic_netio::{FrameMeta, PacketSocket};
+use cyphonic_tunnel::{BUF_LEN, Buf, HEADROOM, Outgoing, RECV_BATCH, RecvBuffers, Submitter};
+use cyphonic_wire::TAG_LEN;
 
 use crate::counters::bump;
-use crate::daemon::{Shared, ToCapture, ToServices};
-use crate::peers::PeerSlot;
-use crate::pool::{BUF_LEN, Buf, FRAME_OFFSET, RECV_BATCH, RecvBuffers};
+use crate::daemon::{Shared, ToServices};
 use crate::services::Client;
 
-/// Datagrams per sendmmsg.
-const SEND_BATCH: usize = 64;
-
-/// A packet on its way into the tunnel. Its IP packet sits at `buf[HEADER_LEN..][..len]`.
-pub struct Outgoing {
-    buf: Buf,
-    len: usize,
-    peer: Arc<PeerSlot>,
-    now: Instant,
-    session: Option<Arc<Session>>,
-    counter: u64,
-    dest: Option<SocketAddr>,
-    frame_len: usize,
-}
-
-/// Picks the session and counter in order; seals on the workers.
-pub struct SealStage {
-    pub(crate) shared: Arc<Shared>,
-}
-
-impl Stage for SealStage {
-    type Item = Outgoing;
-
-    fn sequence(&self, item: &mut Outgoing) -> Result<(), DropReason> {
-        let mut peer = item.peer.lock();
-        let result = peer.send_session(item.now);
-        let dest = peer.endpoint();
-        // A handshake asked for on this path is built by the control thread: wake it.
-        let due = peer.poll_timeout().is_some_and(|t| t <= item.now);
-        drop(peer);
-        if due {
-            self.shared.wake_control();
-        }
-        match result {
-            Ok(session) => {
-                item.counter = session
-                    .reserve_counter()
-                    .map_err(|_| DropReason::KeyExhausted)?;
-                item.session = Some(session);
-                item.dest = dest;
-                Ok(())
-            }
-            Err(SendError::NoSession) => Err(DropReason::NoSession),
-            Err(_) => Err(DropReason::Unroutable),
-        }
-    }
-
-    fn process(&self, item: &mut Outgoing) -> Result<(), DropReason> {
-        let session = item.session.as_ref().ok_or(DropReason::NoSession)?;
-        item.frame_len = session
-            .seal(item.counter, &mut item.buf[..], item.len)
-            .map_err(|_| DropReason::TooBig)?;
-        Ok(())
-    }
-}
-
-/// The egress emitter's end: batches sealed frames into sendmmsg, in order.
-pub struct UdpSink {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) udp: UdpSocket,
-    pub(crate) batch: Vec<Outgoing>,
-}
-
-impl Sink for UdpSink {
-    type Item = Outgoing;
-
-    fn emit(&mut self, item: Outgoing) -> Result<(), DropReason> {
-        if item.dest.is_none() {
-            self.shared.pool.put(item.buf);
-            return Err(DropReason::Unroutable);
-        }
-        item.peer.tx_packets.fetch_add(1, Ordering::Relaxed);
-        item.peer
-            .tx_bytes
-            .fetch_add(item.len as u64, Ordering::Relaxed);
-        self.batch.push(item);
-        if self.batch.len() >= SEND_BATCH {
-            self.flush();
-        }
-        Ok(())
-    }
-
-    fn dropped(&mut self, item: Outgoing, _reason: DropReason) {
-        self.shared.pool.put(item.buf);
-    }
-
-    fn flush(&mut self) {
-        if self.batch.is_empty() {
-            return;
-        }
-        let mut msgs: [(SocketAddr, &[u8]); SEND_BATCH] =
-            [(SocketAddr::from(([0, 0, 0, 0], 0)), &[]); SEND_BATCH];
-        let mut n = 0;
-        for item in &self.batch {
-            if let Some(dest) = item.dest {
-                msgs[n] = (dest, &item.buf[..item.frame_len]);
-                n += 1;
-            }
-        }
-        let (sent, failed, err) = self.udp.send_batch(&msgs[..n]);
-        let c = &self.shared.counters;
-        c.udp_sent.fetch_add(sent as u64, Ordering::Relaxed);
-        if failed > 0 {
-            c.udp_send_failed
-                .fetch_add(failed as u64, Ordering::Relaxed);
-            tracing::debug!(failed, error = ?err, "the kernel refused tunnel datagrams");
-        }
-        for item in self.batch.drain(..) {
-            self.shared.pool.put(item.buf);
-        }
-    }
-}
+/// Where a captured frame starts in its buffer, so that its IP packet (behind the 14-byte
+/// Ethernet header) lands on the tunnel header's end.
+pub const FRAME_OFFSET: usize = HEADROOM - 14;
 
 /// A token bucket for the ICMP errors the gateway originates (RFC 1812 §4.3.2.8).
 struct RateLimit {
@@ -166,15 +48,14 @@ impl RateLimit {
 pub struct Capture {
     pub(crate) shared: Arc<Shared>,
     pub(crate) sock: PacketSocket,
-    pub(crate) seq: Sequencer<SealStage>,
-    pub(crate) events: Receiver<ToCapture>,
-    pub(crate) queue_per_peer: usize,
+    pub(crate) submitter: Submitter,
 }
 
 impl Capture {
     /// The thread's body.
     pub fn run(mut self) {
-        let mut pending: HashMap<u32, VecDeque<Outgoing>> = HashMap::new();
+        let shared = self.shared.clone();
+        let pool = &shared.tunnel.pool;
         let mut icmp = RateLimit {
             tokens: 200.0,
             last: Instant::now(),
@@ -183,13 +64,12 @@ impl Capture {
         let mut reply = [0u8; BUF_LEN];
         let mut rx = RecvBuffers::new(FRAME_OFFSET..BUF_LEN - TAG_LEN);
         let mut meta = [FrameMeta::default(); RECV_BATCH];
-        while self.shared.running.load(Ordering::Relaxed) {
-            self.handle_events(&mut pending);
+        while self.shared.tunnel.is_running() {
+            self.submitter.handle_events();
             let sock = &mut self.sock;
-            let Some(received) = rx.receive(&self.shared.pool, |slices| {
-                sock.recv_batch(slices, &mut meta)
-            }) else {
-                bump(&self.shared.counters.drop_no_buffer);
+            let Some(received) = rx.receive(pool, |slices| sock.recv_batch(slices, &mut meta))
+            else {
+                bump(&self.shared.tunnel.counters.drop_no_buffer);
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             };
@@ -206,11 +86,11 @@ impl Capture {
             }
             let now = Instant::now();
             for (buf, m) in frames.zip(meta) {
-                self.handle(buf, m, now, &mut pending, &mut icmp, &mut reply);
+                self.handle(buf, m, now, &mut icmp, &mut reply);
             }
-            self.seq.flush();
+            self.submitter.flush();
         }
-        rx.release(&self.shared.pool);
+        rx.release(pool);
         tracing::debug!("capture thread stopped");
     }
 
@@ -219,14 +99,14 @@ impl Capture {
         mut buf: Buf,
         meta: FrameMeta,
         now: Instant,
-        pending: &mut HashMap<u32, VecDeque<Outgoing>>,
         icmp: &mut RateLimit,
         reply: &mut [u8],
     ) {
         let shared = self.shared.clone();
         let c = &shared.counters;
+        let pool = &shared.tunnel.pool;
         if meta.outgoing {
-            self.shared.pool.put(buf);
+            pool.put(buf);
             return;
         }
         bump(&c.captured);
@@ -262,38 +142,20 @@ impl Capture {
                 } else {
                     bump(&c.lan_send_failed);
                 }
-                self.shared.pool.put(buf);
+                pool.put(buf);
             }
             Egress::Forward { packet, dst } => {
-                let Some(peer) = self.shared.peers.route(dst) else {
-                    bump(&c.drop_no_peer);
-                    self.shared.pool.put(buf);
-                    return;
-                };
-                let len = packet.len();
                 debug_assert_eq!(
                     FRAME_OFFSET + packet.start,
-                    HEADER_LEN,
+                    HEADROOM,
                     "IP packet sits behind the tunnel header's room"
                 );
-                self.submit(
-                    Outgoing {
-                        buf,
-                        len,
-                        peer,
-                        now,
-                        session: None,
-                        counter: 0,
-                        dest: None,
-                        frame_len: 0,
-                    },
-                    pending,
-                );
+                self.submitter.route(buf, packet.len(), dst, now);
             }
             Egress::Fragment { packet, dst } => {
-                let Some(peer) = self.shared.peers.route(dst) else {
-                    bump(&c.drop_no_peer);
-                    self.shared.pool.put(buf);
+                let Some(peer) = self.shared.tunnel.peers.route(dst) else {
+                    bump(&self.shared.tunnel.counters.drop_no_peer);
+                    pool.put(buf);
                     return;
                 };
                 let ip = &buf[FRAME_OFFSET + packet.start..FRAME_OFFSET + packet.end];
@@ -301,38 +163,29 @@ impl Capture {
                     Ok(mut frags) => {
                         bump(&c.fragmented);
                         loop {
-                            let Some(mut fbuf) = self.shared.pool.take() else {
-                                bump(&c.drop_no_buffer);
+                            let Some(mut fbuf) = pool.take() else {
+                                bump(&self.shared.tunnel.counters.drop_no_buffer);
                                 break;
                             };
                             let Some(flen) =
-                                frags.next_into(&mut fbuf[HEADER_LEN..BUF_LEN - TAG_LEN])
+                                frags.next_into(&mut fbuf[HEADROOM..BUF_LEN - TAG_LEN])
                             else {
-                                self.shared.pool.put(fbuf);
+                                pool.put(fbuf);
                                 break;
                             };
-                            let item = Outgoing {
-                                buf: fbuf,
-                                len: flen,
-                                peer: peer.clone(),
-                                now,
-                                session: None,
-                                counter: 0,
-                                dest: None,
-                                frame_len: 0,
-                            };
-                            self.submit(item, pending);
+                            self.submitter
+                                .submit(Outgoing::new(fbuf, flen, peer.clone(), now));
                         }
                     }
                     Err(_) => bump(&c.drop_malformed),
                 }
-                self.shared.pool.put(buf);
+                pool.put(buf);
             }
             Egress::Learn { ip, mac } => {
                 if self.shared.table.learn(ip, mac) {
                     bump(&c.arp_learned);
                 }
-                self.shared.pool.put(buf);
+                pool.put(buf);
             }
             Egress::Dhcp {
                 client_mac,
@@ -347,7 +200,7 @@ impl Capture {
                 } else {
                     bump(&c.dhcp_unserved);
                 }
-                self.shared.pool.put(buf);
+                pool.put(buf);
             }
             Egress::Dns {
                 client_mac,
@@ -368,7 +221,7 @@ impl Capture {
                 } else {
                     bump(&c.dns_unserved);
                 }
-                self.shared.pool.put(buf);
+                pool.put(buf);
             }
             Egress::Drop(reason) => {
                 bump(match reason {
@@ -384,7 +237,7 @@ impl Capture {
                     EgressDrop::NoReply => &c.drop_no_reply,
                     EgressDrop::ArpIgnored => &c.drop_arp_ignored,
                 });
-                self.shared.pool.put(buf);
+                pool.put(buf);
             }
         }
     }
@@ -393,74 +246,6 @@ impl Capture {
     fn to_services(&self, msg: ToServices) {
         if self.shared.services_tx.try_send(msg).is_err() {
             bump(&self.shared.counters.drop_service_busy);
-        }
-    }
-
-    /// Hands a packet to the pipeline, or queues it behind its peer's pending handshake.
-    /// A peer with queued packets gets new ones queued too, so nothing overtakes them.
-    fn submit(&mut self, item: Outgoing, pending: &mut HashMap<u32, VecDeque<Outgoing>>) {
-        let id = item.peer.id;
-        if let Some(q) = pending.get_mut(&id).filter(|q| !q.is_empty()) {
-            self.enqueue_in(q, item);
-            return;
-        }
-        match self.seq.push(item) {
-            Ok(()) => {}
-            Err(Rejected::Dropped(item, DropReason::NoSession)) => {
-                let q = pending.entry(id).or_default();
-                self.enqueue_in(q, item);
-            }
-            Err(Rejected::Full(item)) => {
-                bump(&self.shared.counters.drop_pipeline_full);
-                self.shared.pool.put(item.buf);
-            }
-            Err(Rejected::Dropped(item, _)) => self.shared.pool.put(item.buf),
-        }
-    }
-
-    fn enqueue_in(&self, q: &mut VecDeque<Outgoing>, item: Outgoing) {
-        if q.len() >= self.queue_per_peer {
-            bump(&self.shared.counters.drop_queue);
-            self.shared.pool.put(item.buf);
-        } else {
-            bump(&self.shared.counters.queued_for_handshake);
-            q.push_back(item);
-        }
-    }
-
-    fn handle_events(&mut self, pending: &mut HashMap<u32, VecDeque<Outgoing>>) {
-        while let Ok(event) = self.events.try_recv() {
-            match event {
-                ToCapture::Established(id) => {
-                    let Some(mut q) = pending.remove(&id) else {
-                        continue;
-                    };
-                    let now = Instant::now();
-                    while let Some(mut item) = q.pop_front() {
-                        item.now = now;
-                        match self.seq.push(item) {
-                            Ok(()) => {}
-                            Err(Rejected::Dropped(item, DropReason::NoSession)) => {
-                                // Not usable after all (expired again): keep waiting, in order.
-                                q.push_front(item);
-                                pending.insert(id, q);
-                                break;
-                            }
-                            Err(rejected) => {
-                                bump(&self.shared.counters.drop_queue);
-                                self.shared.pool.put(rejected.into_item().buf);
-                            }
-                        }
-                    }
-                    self.seq.flush();
-                }
-                ToCapture::GaveUp(id) => {
-                    for item in pending.remove(&id).unwrap_or_default() {
-                        bump(&self.shared.counters.drop_queue);
-                        self.shared.pool.put(item.buf);
-                    }
-                }
-            }
         }
     }
 }

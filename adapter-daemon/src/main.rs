@@ -5,7 +5,6 @@
 // `pub` inside it marks what the modules share, not an API.
 #![allow(clippy::print_stdout, unreachable_pub)]
 
-mod cloud;
 mod config;
 mod control;
 mod counters;
@@ -14,8 +13,6 @@ mod egress;
 mod ingress;
 mod leases;
 mod neighbors;
-mod peers;
-mod pool;
 mod services;
 mod status;
 

@@ -23,6 +23,7 @@ use cyphonic_netio::{PacketSocket, UdpSocket};
 use cyphonic_resolver::{Action, PeerZone, Resolver, ZoneConfig};
 use cyphonic_session::SendError;
 use cyphonic_signal::NameRecord;
+use cyphonic_tunnel::{Asker, BUF_LEN, PeerSlot};
 use cyphonic_vip::{Ignore, Lease, LeaseEvent};
 use cyphonic_wire::{HEADER_LEN, TAG_LEN};
 use hickory_proto::op::ResponseCode;
@@ -31,13 +32,10 @@ use hickory_resolver::TokioResolver;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::cloud::Asker;
 use crate::config::{Config, Mac};
 use crate::counters::bump;
 use crate::daemon::Shared;
 use crate::leases::LeaseStore;
-use crate::peers::PeerSlot;
-use crate::pool::BUF_LEN;
 
 /// What an upstream lookup found, for the query parked under the key.
 pub type UpstreamResult = (u16, Result<Vec<Record>, ResponseCode>);
@@ -563,7 +561,7 @@ impl Services {
     /// Seals an IP packet of the gateway's own to `peer` and sends it, or keeps it until the
     /// peer has keys (the handshake this asks for is built on the control loop's next turn).
     fn send_to_peer(&mut self, peer: u32, packet: Vec<u8>) {
-        let Some(slot) = self.shared.peers.by_id(peer) else {
+        let Some(slot) = self.shared.tunnel.peers.by_id(peer) else {
             return;
         };
         let now = Instant::now();
@@ -605,12 +603,12 @@ impl Services {
         };
         match self.udp.send_to(&buf[..len], dest) {
             Ok(_) => {
-                bump(&c.udp_sent);
+                bump(&self.shared.tunnel.counters.udp_sent);
                 bump(&slot.tx_packets);
                 slot.tx_bytes
                     .fetch_add(packet.len() as u64, std::sync::atomic::Ordering::Relaxed);
             }
-            Err(_) => bump(&c.udp_send_failed),
+            Err(_) => bump(&self.shared.tunnel.counters.udp_send_failed),
         }
     }
 

@@ -5,7 +5,6 @@ use std::io::Read as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use cyphonic_pipeline::{Counters as PipelineCounters, DropReason, Stats};
@@ -85,34 +84,7 @@ fn stats_json(s: &Stats) -> Value {
 /// The status document.
 pub fn snapshot(shared: &Shared, info: &Static) -> Value {
     let now = Instant::now();
-    let peers: Vec<Value> = shared
-        .peers
-        .all()
-        .iter()
-        .map(|slot| {
-            let relay = slot.route().relay.as_ref().map(|r| {
-                json!({
-                    "address": r.address.to_string(),
-                    "reason": r.reason.describe(),
-                })
-            });
-            let p = slot.lock();
-            json!({
-                "name": slot.name,
-                "origin": slot.origin,
-                "route": if relay.is_some() { "relay" } else { "direct" },
-                "relay": relay,
-                "vip_blocks": slot.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "endpoint": p.endpoint().map(|e| e.to_string()),
-                "established": p.is_established(now),
-                "last_handshake_secs_ago": p.last_handshake().map(|t| now.saturating_duration_since(t).as_secs()),
-                "tx_packets": slot.tx_packets.load(Ordering::Relaxed),
-                "tx_bytes": slot.tx_bytes.load(Ordering::Relaxed),
-                "rx_packets": slot.rx_packets.load(Ordering::Relaxed),
-                "rx_bytes": slot.rx_bytes.load(Ordering::Relaxed),
-            })
-        })
-        .collect();
+    let peers = shared.tunnel.peers_json(now);
     let (leases, dhcp, dns) = {
         let s = shared
             .services
@@ -124,6 +96,7 @@ pub fn snapshot(shared: &Shared, info: &Static) -> Value {
         .counters
         .snapshot()
         .into_iter()
+        .chain(shared.tunnel.counters.snapshot())
         .map(|(k, v)| (k.to_owned(), json!(v)))
         .collect();
     json!({
@@ -134,11 +107,11 @@ pub fn snapshot(shared: &Shared, info: &Static) -> Value {
             "gateway_vip": info.gateway_vip,
             "lan_block": info.lan_block,
             "uptime_secs": now.saturating_duration_since(info.started).as_secs(),
-            "buffers_allocated": shared.pool.allocated(),
-            "buffers_free": shared.pool.free(),
+            "buffers_allocated": shared.tunnel.pool.allocated(),
+            "buffers_free": shared.tunnel.pool.free(),
         },
         "peers": peers,
-        "cloud": shared.cloud.lock().map_or(Value::Null, |c| c.clone()),
+        "cloud": shared.tunnel.cloud.lock().map_or(Value::Null, |c| c.clone()),
         "leases": leases,
         "dhcp": dhcp,
         "dns": dns,

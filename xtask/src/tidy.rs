@@ -21,8 +21,9 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-netio", 2, true),
     ("cyphonic-signal", 3, false),
     ("cyphonic-cloud", 3, false),
-    ("cyphonic-node", 3, false),
-    ("cyphonic-adapter", 4, false),
+    ("cyphonic-tunnel", 4, false),
+    ("cyphonic-node", 5, false),
+    ("cyphonic-adapter", 5, false),
 ];
 
 /// Crates that must stay sans-IO: no clock, no sockets, no threads of their own.

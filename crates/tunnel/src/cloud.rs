@@ -1,6 +1,6 @@
-//! The adapter's side of the control plane, on the control thread: the signal client's
-//! events (probes to send, peers to expect), peers added on demand, and DNS answers held
-//! until the tunnel they point into is up (design.md §6, flow 2).
+//! A client's side of the control plane, on the control thread: peers added on demand from
+//! what the cloud says, and DNS answers held until the tunnel they point into is up
+//! (design.md §6, flow 2). The signal client's events are handled by [`crate::Control`].
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -14,7 +14,7 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::sync::mpsc;
 
-use crate::daemon::Shared;
+use crate::Shared;
 use crate::peers::PeerSlot;
 
 /// Keepalives towards peers found through the cloud: they hold NAT mappings open.
@@ -94,31 +94,60 @@ impl std::fmt::Debug for CloudLink {
     }
 }
 
+/// Where the cloud is and what we tell it (the `[cloud]` settings of the binaries).
+#[derive(Debug, Clone)]
+pub struct CloudSettings {
+    /// NMS's control address.
+    pub address: SocketAddr,
+    /// The cloud's pinned Noise key.
+    pub public_key: PublicKey,
+    /// Endpoints to register besides the ones the cloud sees.
+    pub endpoints: Vec<SocketAddr>,
+    /// Our software and version, for the cloud's logs.
+    pub agent: String,
+    /// TTL of the DNS answers built from the cloud's.
+    pub dns_ttl: u32,
+}
+
 impl CloudLink {
-    /// Wraps a started signal client.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        handle: Handle,
-        events: mpsc::Receiver<Event>,
-        endpoints: Vec<SocketAddr>,
+    /// Starts the signal client on the current tokio runtime (call inside it) and wraps it;
+    /// returns the [`Asker`] DNS services resolve through, and where its answers arrive.
+    pub fn connect(
+        settings: &CloudSettings,
         identity: Arc<Identity>,
+        tunnel_port: u16,
         timing: Timing,
         clock: Clock,
         aead: Backend,
-        ttl: u32,
-    ) -> Self {
-        Self {
+    ) -> (Self, Asker, mpsc::Receiver<CloudAnswer>) {
+        let (handle, events) = cyphonic_signal::spawn(
+            cyphonic_signal::Config {
+                cloud: settings.address,
+                cloud_key: settings.public_key,
+                agent: settings.agent.clone(),
+                tunnel_port: Some(tunnel_port),
+            },
+            identity.clone(),
+        );
+        tracing::info!(cloud = %settings.address, key = %settings.public_key, "control plane: connecting");
+        let (answers, answers_rx) = mpsc::channel(256);
+        let asker = Asker {
+            handle: handle.clone(),
+            answers,
+        };
+        let link = Self {
             handle,
             events,
-            endpoints,
+            endpoints: settings.endpoints.clone(),
             registered: None,
             awaiting: HashMap::new(),
             identity,
             timing,
             clock,
             aead,
-            ttl,
-        }
+            ttl: settings.dns_ttl,
+        };
+        (link, asker, answers_rx)
     }
 
     /// The peer the cloud described: found in the table (its endpoint refreshed if it has no

@@ -1,4 +1,5 @@
-//! The peers this adapter talks to, and how packets find them.
+//! The peers a client talks to, how packets find them, and how each is reached (directly
+//! or through a relay channel).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -1,10 +1,12 @@
 //! Packet buffers: a fixed ceiling, allocated on first use and recycled, so the data plane
 //! makes no allocation per packet and its memory never grows with load.
 //!
-//! Layout of a buffer on the way out (egress): the captured Ethernet frame starts at byte 2,
-//! so its IP packet starts at byte 16, right behind room for the tunnel header; the tag goes
-//! after the packet. On the way in: the datagram starts at byte 0, its inner IP packet at 16,
-//! and the Ethernet header is written over bytes 2..16. Neither direction copies the packet.
+//! Layout of a buffer on the way out (egress): the IP packet starts at byte 16
+//! ([`crate::HEADROOM`]), right behind room for the tunnel header; the tag goes after the
+//! packet. (The adapter captures whole Ethernet frames at byte 2 so that their IP packet lands
+//! there; the node reads IP packets from TUN straight to byte 16.) On the way in: the datagram
+//! starts at byte 0, its inner IP packet at 16; the adapter writes an Ethernet header over
+//! bytes 2..16. Neither direction copies the packet.
 
 use std::io;
 use std::ops::Range;
@@ -14,8 +16,6 @@ use crossbeam_channel::{Receiver, Sender};
 
 /// Bytes per buffer.
 pub const BUF_LEN: usize = 2048;
-/// Where a captured frame starts, so that its IP packet lands on the tunnel header's end.
-pub const FRAME_OFFSET: usize = 2;
 /// Frames or datagrams a receive thread reads per system call.
 pub const RECV_BATCH: usize = 32;
 

@@ -1,0 +1,74 @@
+//! The engine's counters: one atomic per event, written by the data threads, read by status.
+//! The edges (the adapter's LAN, the node's TUN) count their own events apart.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Declares a counters struct: one `AtomicU64` per name, and `snapshot()` listing them with
+/// their names in declaration order.
+#[macro_export]
+macro_rules! counters {
+    ($(#[$sdoc:meta])* $vis:vis struct $ty:ident { $($(#[$doc:meta])* $name:ident,)* }) => {
+        $(#[$sdoc])*
+        #[derive(Debug, Default)]
+        $vis struct $ty {
+            $($(#[$doc])* pub $name: ::std::sync::atomic::AtomicU64,)*
+        }
+
+        impl $ty {
+            /// Every counter with its name, in declaration order.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((
+                    stringify!($name),
+                    self.$name.load(::std::sync::atomic::Ordering::Relaxed),
+                ),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Counters of the tunnel engine (the pipelines count their own).
+    pub struct Counters {
+        /// Overlay destinations no peer's certificate covers.
+        drop_no_peer,
+        /// Packets queued while a handshake is pending.
+        queued_for_handshake,
+        /// Queued packets dropped: the queue was full or the handshake failed.
+        drop_queue,
+        /// Packets refused because the pipeline's buffers were all in flight.
+        drop_pipeline_full,
+        /// Packets dropped because every buffer was in use.
+        drop_no_buffer,
+        /// Datagrams sent on the tunnel socket.
+        udp_sent,
+        /// Datagrams the kernel refused to send.
+        udp_send_failed,
+        /// Datagrams received on the tunnel socket.
+        udp_received,
+        /// Datagrams longer than the buffer.
+        udp_truncated,
+        /// Datagrams that are not a valid tunnel frame.
+        drop_frame_malformed,
+        /// Frames of a type we do not handle here (relay, probe).
+        drop_frame_unhandled,
+        /// Data frames for a session index no live session has.
+        drop_unknown_index,
+        /// Handshake messages dropped because the control queue was full.
+        drop_handshake_queue,
+        /// Keepalives received.
+        keepalives_received,
+        /// Handshake initiations received.
+        handshake_inits,
+        /// Handshake responses received.
+        handshake_responses,
+        /// Handshake messages refused (any reason; the log says which).
+        handshake_refused,
+        /// Sessions established.
+        sessions_established,
+    }
+}
+
+/// Adds one.
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}

@@ -1,0 +1,311 @@
+//! Egress, into the tunnel: the seal stage, the UDP sink, and the submitter that holds
+//! packets behind a pending handshake.
+//!
+//! ```text
+//! edge thread: Submitter::submit -> Sequencer (session and counter in arrival order)
+//!   (packets for a peer whose handshake is pending wait in a bounded queue of that peer, in
+//!    order, until the control thread says it is up)
+//! workers:     SealStage::process (ChaCha20-Poly1305 in place)
+//! emitter:     UdpSink: sendmmsg, in arrival order
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crossbeam_channel::Receiver;
+use cyphonic_netio::UdpSocket;
+use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Sink, Stage};
+use cyphonic_session::{SendError, Session};
+
+use crate::counters::bump;
+use crate::peers::PeerSlot;
+use crate::pool::Buf;
+use crate::{Shared, ToEgress};
+
+/// Datagrams per sendmmsg.
+const SEND_BATCH: usize = 64;
+
+/// A packet on its way into the tunnel. Its IP packet sits at `buf[HEADROOM..][..len]`.
+pub struct Outgoing {
+    buf: Buf,
+    len: usize,
+    peer: Arc<PeerSlot>,
+    now: Instant,
+    session: Option<Arc<Session>>,
+    counter: u64,
+    dest: Option<SocketAddr>,
+    frame_len: usize,
+}
+
+impl Outgoing {
+    /// The IP packet at `buf[HEADROOM..][..len]`, for `peer`, arrived at `now`.
+    pub fn new(buf: Buf, len: usize, peer: Arc<PeerSlot>, now: Instant) -> Self {
+        Self {
+            buf,
+            len,
+            peer,
+            now,
+            session: None,
+            counter: 0,
+            dest: None,
+            frame_len: 0,
+        }
+    }
+
+    /// Its buffer back (to return it to the pool).
+    pub fn into_buf(self) -> Buf {
+        self.buf
+    }
+}
+
+/// Picks the session and counter in order; seals on the workers.
+#[derive(Debug)]
+pub struct SealStage {
+    shared: Arc<Shared>,
+}
+
+impl SealStage {
+    /// The stage over `shared`'s peers.
+    pub const fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+impl Stage for SealStage {
+    type Item = Outgoing;
+
+    fn sequence(&self, item: &mut Outgoing) -> Result<(), DropReason> {
+        let mut peer = item.peer.lock();
+        let result = peer.send_session(item.now);
+        let dest = peer.endpoint();
+        // A handshake asked for on this path is built by the control thread: wake it.
+        let due = peer.poll_timeout().is_some_and(|t| t <= item.now);
+        drop(peer);
+        if due {
+            self.shared.wake_control();
+        }
+        match result {
+            Ok(session) => {
+                item.counter = session
+                    .reserve_counter()
+                    .map_err(|_| DropReason::KeyExhausted)?;
+                item.session = Some(session);
+                item.dest = dest;
+                Ok(())
+            }
+            Err(SendError::NoSession) => Err(DropReason::NoSession),
+            Err(_) => Err(DropReason::Unroutable),
+        }
+    }
+
+    fn process(&self, item: &mut Outgoing) -> Result<(), DropReason> {
+        let session = item.session.as_ref().ok_or(DropReason::NoSession)?;
+        item.frame_len = session
+            .seal(item.counter, &mut item.buf[..], item.len)
+            .map_err(|_| DropReason::TooBig)?;
+        Ok(())
+    }
+}
+
+/// The egress emitter's end: batches sealed frames into sendmmsg, in order.
+#[derive(Debug)]
+pub struct UdpSink {
+    shared: Arc<Shared>,
+    udp: UdpSocket,
+    batch: Vec<Outgoing>,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("len", &self.len)
+            .field("peer", &self.peer.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UdpSink {
+    /// The sink sending on `udp`.
+    pub fn new(shared: Arc<Shared>, udp: UdpSocket) -> Self {
+        Self {
+            shared,
+            udp,
+            batch: Vec::with_capacity(SEND_BATCH),
+        }
+    }
+}
+
+impl Sink for UdpSink {
+    type Item = Outgoing;
+
+    fn emit(&mut self, item: Outgoing) -> Result<(), DropReason> {
+        if item.dest.is_none() {
+            self.shared.pool.put(item.buf);
+            return Err(DropReason::Unroutable);
+        }
+        item.peer.tx_packets.fetch_add(1, Ordering::Relaxed);
+        item.peer
+            .tx_bytes
+            .fetch_add(item.len as u64, Ordering::Relaxed);
+        self.batch.push(item);
+        if self.batch.len() >= SEND_BATCH {
+            self.flush();
+        }
+        Ok(())
+    }
+
+    fn dropped(&mut self, item: Outgoing, _reason: DropReason) {
+        self.shared.pool.put(item.buf);
+    }
+
+    fn flush(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let mut msgs: [(SocketAddr, &[u8]); SEND_BATCH] =
+            [(SocketAddr::from(([0, 0, 0, 0], 0)), &[]); SEND_BATCH];
+        let mut n = 0;
+        for item in &self.batch {
+            if let Some(dest) = item.dest {
+                msgs[n] = (dest, &item.buf[..item.frame_len]);
+                n += 1;
+            }
+        }
+        let (sent, failed, err) = self.udp.send_batch(&msgs[..n]);
+        let c = &self.shared.counters;
+        c.udp_sent.fetch_add(sent as u64, Ordering::Relaxed);
+        if failed > 0 {
+            c.udp_send_failed
+                .fetch_add(failed as u64, Ordering::Relaxed);
+            tracing::debug!(failed, error = ?err, "the kernel refused tunnel datagrams");
+        }
+        for item in self.batch.drain(..) {
+            self.shared.pool.put(item.buf);
+        }
+    }
+}
+
+/// The edge thread's way into the tunnel: hands packets to the pipeline, or holds them
+/// behind their peer's pending handshake (bounded, in order) until the control thread says
+/// the peer is up ([`ToEgress`]).
+#[derive(Debug)]
+pub struct Submitter {
+    shared: Arc<Shared>,
+    seq: Sequencer<SealStage>,
+    events: Receiver<ToEgress>,
+    pending: HashMap<u32, VecDeque<Outgoing>>,
+    queue_per_peer: usize,
+}
+
+impl Submitter {
+    /// Submits to `seq`, holding at most `queue_per_peer` packets per pending peer; `events`
+    /// come from the control thread.
+    pub fn new(
+        shared: Arc<Shared>,
+        seq: Sequencer<SealStage>,
+        events: Receiver<ToEgress>,
+        queue_per_peer: usize,
+    ) -> Self {
+        Self {
+            shared,
+            seq,
+            events,
+            pending: HashMap::new(),
+            queue_per_peer,
+        }
+    }
+
+    /// The packet at `buf[HEADROOM..][..len]` for the peer whose block holds `dst`, or counted
+    /// and dropped when no peer's does.
+    pub fn route(&mut self, buf: Buf, len: usize, dst: std::net::Ipv4Addr, now: Instant) {
+        let Some(peer) = self.shared.peers.route(dst) else {
+            bump(&self.shared.counters.drop_no_peer);
+            self.shared.pool.put(buf);
+            return;
+        };
+        self.submit(Outgoing::new(buf, len, peer, now));
+    }
+
+    /// Hands a packet to the pipeline, or queues it behind its peer's pending handshake.
+    /// A peer with queued packets gets new ones queued too, so nothing overtakes them.
+    pub fn submit(&mut self, item: Outgoing) {
+        let id = item.peer.id;
+        if let Some(q) = self.pending.get_mut(&id).filter(|q| !q.is_empty()) {
+            enqueue_in(&self.shared, self.queue_per_peer, q, item);
+            return;
+        }
+        match self.seq.push(item) {
+            Ok(()) => {}
+            Err(Rejected::Dropped(item, DropReason::NoSession)) => {
+                let q = self.pending.entry(id).or_default();
+                enqueue_in(&self.shared, self.queue_per_peer, q, item);
+            }
+            Err(Rejected::Full(item)) => {
+                bump(&self.shared.counters.drop_pipeline_full);
+                self.shared.pool.put(item.buf);
+            }
+            Err(Rejected::Dropped(item, _)) => self.shared.pool.put(item.buf),
+        }
+    }
+
+    /// Sends what the pipeline holds in its current batch on its way.
+    pub fn flush(&mut self) {
+        self.seq.flush();
+    }
+
+    /// Acts on what the control thread said: releases the queue of a peer that came up,
+    /// drops that of one that cannot be reached.
+    pub fn handle_events(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                ToEgress::Established(id) => {
+                    let Some(mut q) = self.pending.remove(&id) else {
+                        continue;
+                    };
+                    let now = Instant::now();
+                    while let Some(mut item) = q.pop_front() {
+                        item.now = now;
+                        match self.seq.push(item) {
+                            Ok(()) => {}
+                            Err(Rejected::Dropped(item, DropReason::NoSession)) => {
+                                // Not usable after all (expired again): keep waiting, in order.
+                                q.push_front(item);
+                                self.pending.insert(id, q);
+                                break;
+                            }
+                            Err(rejected) => {
+                                bump(&self.shared.counters.drop_queue);
+                                self.shared.pool.put(rejected.into_item().buf);
+                            }
+                        }
+                    }
+                    self.seq.flush();
+                }
+                ToEgress::GaveUp(id) => {
+                    for item in self.pending.remove(&id).unwrap_or_default() {
+                        bump(&self.shared.counters.drop_queue);
+                        self.shared.pool.put(item.buf);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pipeline's counters.
+    pub fn counters(&self) -> &Arc<cyphonic_pipeline::Counters> {
+        self.seq.counters()
+    }
+}
+
+fn enqueue_in(shared: &Shared, limit: usize, q: &mut VecDeque<Outgoing>, item: Outgoing) {
+    if q.len() >= limit {
+        bump(&shared.counters.drop_queue);
+        shared.pool.put(item.buf);
+    } else {
+        bump(&shared.counters.queued_for_handshake);
+        q.push_back(item);
+    }
+}

@@ -1,0 +1,268 @@
+//! Ingress, out of the tunnel: the UDP receive thread and the open stage. The edge's sink
+//! (the adapter's LAN, the node's TUN) starts each packet with [`Incoming::accept`].
+//!
+//! ```text
+//! receive thread: recvmmsg on UDP -> frame type -> data/keepalive: find the session -> Sequencer
+//!                                                 handshakes: to the control thread
+//! workers:        OpenStage::process (authenticate and decrypt in place)
+//! emitter:        the edge's sink: Incoming::accept (replay window, in order), then delivery
+//! ```
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use cyphonic_netio::{DatagramMeta, UdpSocket};
+use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Stage};
+use cyphonic_session::Session;
+use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
+
+use crate::counters::bump;
+use crate::peers::PeerSlot;
+use crate::pool::{BUF_LEN, Buf, RECV_BATCH, RecvBuffers};
+use crate::{Shared, ToControl};
+
+/// A frame on its way out of the tunnel. The datagram is `buf[..len]`; once opened, the inner
+/// packet is `buf[HEADER_LEN..][..plain_len]`.
+pub struct Incoming {
+    buf: Buf,
+    len: usize,
+    from: SocketAddr,
+    peer: Arc<PeerSlot>,
+    session: Arc<Session>,
+    counter: u64,
+    is_data: bool,
+    now: Instant,
+    plain_len: usize,
+    /// Where the edge put what it delivers (an Ethernet frame around the packet, say).
+    pub frame: Range<usize>,
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming")
+            .field("len", &self.len)
+            .field("from", &self.from)
+            .field("peer", &self.peer.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Incoming {
+    /// The buffer (the packet, and room in front of it).
+    pub fn buf(&self) -> &Buf {
+        &self.buf
+    }
+
+    /// The buffer, to write around the packet.
+    pub fn buf_mut(&mut self) -> &mut Buf {
+        &mut self.buf
+    }
+
+    /// The buffer, to write around the packet, and the peer it came from at once.
+    pub fn buf_and_peer(&mut self) -> (&mut Buf, &Arc<PeerSlot>) {
+        (&mut self.buf, &self.peer)
+    }
+
+    /// Its buffer back (to return it to the pool).
+    pub fn into_buf(self) -> Buf {
+        self.buf
+    }
+
+    /// The peer it came from.
+    pub fn peer(&self) -> &Arc<PeerSlot> {
+        &self.peer
+    }
+
+    /// When it arrived.
+    pub const fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The first step of every sink, in arrival order: moves the replay window, tells the
+    /// peer an authenticated frame arrived (confirming keys, following a roaming peer, waking
+    /// the control thread when that matters), counts. Returns the packet to deliver and where
+    /// it lies in the buffer; a keepalive ends here (`None`, its buffer back in the pool).
+    ///
+    /// # Errors
+    /// [`DropReason::Replay`] (the buffer is back in the pool).
+    pub fn accept(self, shared: &Shared) -> Result<Option<(Self, Range<usize>)>, DropReason> {
+        if self.session.accept_counter(self.counter).is_err() {
+            shared.pool.put(self.buf);
+            return Err(DropReason::Replay);
+        }
+        let confirmed = {
+            let mut peer = self.peer.lock();
+            peer.handle_authenticated(
+                self.now,
+                self.session.local_index(),
+                self.from,
+                self.is_data,
+            );
+            peer.has_events()
+        };
+        if confirmed {
+            // Keys confirmed (or the peer moved): the control thread acts on it now, not at
+            // its next wake-up: packets and DNS answers may be waiting for these keys.
+            shared.wake_control();
+        }
+        if !self.is_data {
+            bump(&shared.counters.keepalives_received);
+            shared.pool.put(self.buf);
+            return Ok(None);
+        }
+        self.peer.rx_packets.fetch_add(1, Ordering::Relaxed);
+        self.peer
+            .rx_bytes
+            .fetch_add(self.plain_len as u64, Ordering::Relaxed);
+        let packet = HEADER_LEN..HEADER_LEN + self.plain_len;
+        Ok(Some((self, packet)))
+    }
+}
+
+/// Pre-checks replays in order; opens on the workers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenStage;
+
+impl Stage for OpenStage {
+    type Item = Incoming;
+
+    fn sequence(&self, item: &mut Incoming) -> Result<(), DropReason> {
+        item.session
+            .check_replay(item.counter)
+            .map_err(|_| DropReason::Replay)
+    }
+
+    fn process(&self, item: &mut Incoming) -> Result<(), DropReason> {
+        let (_, plain) = item
+            .session
+            .open(&mut item.buf[..item.len])
+            .map_err(|_| DropReason::Auth)?;
+        item.plain_len = plain.len();
+        Ok(())
+    }
+}
+
+/// The UDP receive thread.
+#[derive(Debug)]
+pub struct Receiver {
+    shared: Arc<Shared>,
+    udp: UdpSocket,
+    seq: Sequencer<OpenStage>,
+}
+
+impl Receiver {
+    /// Receives on `udp` into `seq`.
+    pub const fn new(shared: Arc<Shared>, udp: UdpSocket, seq: Sequencer<OpenStage>) -> Self {
+        Self { shared, udp, seq }
+    }
+
+    /// The thread's body: runs until `shared.running` goes false.
+    pub fn run(mut self) {
+        let mut rx = RecvBuffers::new(0..BUF_LEN);
+        let mut meta = [DatagramMeta::default(); RECV_BATCH];
+        while self.shared.is_running() {
+            let udp = &mut self.udp;
+            let Some(received) = rx.receive(&self.shared.pool, |slices| {
+                udp.recv_batch(slices, &mut meta)
+            }) else {
+                bump(&self.shared.counters.drop_no_buffer);
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            let datagrams = match received {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::error!(error = %e, "receiving from the tunnel socket failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            if datagrams.len() == 0 {
+                continue;
+            }
+            let now = Instant::now();
+            for (buf, m) in datagrams.zip(meta) {
+                self.handle(buf, m, now);
+            }
+            self.seq.flush();
+        }
+        rx.release(&self.shared.pool);
+        tracing::debug!("receive thread stopped");
+    }
+
+    fn handle(&mut self, buf: Buf, m: DatagramMeta, now: Instant) {
+        let c = &self.shared.counters;
+        bump(&c.udp_received);
+        if m.truncated || m.len > BUF_LEN {
+            bump(&c.udp_truncated);
+            self.shared.pool.put(buf);
+            return;
+        }
+        let Ok(repr) = Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f)) else {
+            bump(&c.drop_frame_malformed);
+            self.shared.pool.put(buf);
+            return;
+        };
+        match repr.msg_type {
+            MessageType::Data | MessageType::Keepalive => {
+                let Some(peer) = self.shared.peers.by_index(repr.receiver_index) else {
+                    bump(&c.drop_unknown_index);
+                    self.shared.pool.put(buf);
+                    return;
+                };
+                let (session, endpoint) = {
+                    let p = peer.lock();
+                    (p.session_for_index(repr.receiver_index, now), p.endpoint())
+                };
+                let Some(session) = session else {
+                    bump(&c.drop_unknown_index);
+                    // A peer that restarted sends on keys we lost: if it speaks from where we
+                    // expect it, ask the control thread to handshake now rather than wait.
+                    if endpoint == Some(m.from) {
+                        let _ = self.shared.control.try_send(ToControl::Kick(peer.id));
+                    }
+                    self.shared.pool.put(buf);
+                    return;
+                };
+                let item = Incoming {
+                    buf,
+                    len: m.len,
+                    from: m.from,
+                    peer,
+                    session,
+                    counter: repr.counter,
+                    is_data: repr.msg_type == MessageType::Data,
+                    now,
+                    plain_len: 0,
+                    frame: 0..0,
+                };
+                match self.seq.push(item) {
+                    Ok(()) => {}
+                    Err(Rejected::Full(item)) => {
+                        bump(&c.drop_pipeline_full);
+                        self.shared.pool.put(item.buf);
+                    }
+                    Err(Rejected::Dropped(item, _)) => self.shared.pool.put(item.buf),
+                }
+            }
+            MessageType::HandshakeInit | MessageType::HandshakeResp => {
+                let msg = ToControl::Handshake {
+                    frame: buf[..m.len].to_vec(),
+                    from: m.from,
+                    at: now,
+                };
+                if self.shared.control.try_send(msg).is_err() {
+                    bump(&c.drop_handshake_queue);
+                }
+                self.shared.pool.put(buf);
+            }
+            _ => {
+                bump(&c.drop_frame_unhandled);
+                self.shared.pool.put(buf);
+            }
+        }
+    }
+}
