@@ -1,44 +1,23 @@
 //! The adapter's configuration file: TOML, every key documented in
 //! config/adapter.example.toml, safe defaults in code, and errors that name the file, the line
 //! and the key. Certificates and keys are part of the configuration: loading reads and checks
-//! them too, so `check-config` catches every mistake `run` would.
+//! them too, so `check-config` catches every mistake `run` would. The tables the node shares
+//! (`[identity]`, `[[peer]]`, `[cloud]`, the pipeline and DNS limits) are checked by
+//! `cyphonic-settings`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::time::Duration;
 
-use cyphonic_crypto::{Backend, Certificate, RevocationList, StaticKeypair, TrustStore};
+use cyphonic_crypto::{Backend, Certificate};
 use cyphonic_session::Identity;
-use ipnet::{IpNet, Ipv4Net};
+use cyphonic_settings::{AeadName, RawCloud, RawIdentity, RawPeer, Source};
+pub use cyphonic_settings::{Cloud, ConfigError, Peer as StaticPeer};
+use ipnet::Ipv4Net;
 use serde::Deserialize;
 use toml::Spanned;
-
-/// A configuration mistake, located.
-#[derive(Debug)]
-pub struct ConfigError {
-    file: PathBuf,
-    line: Option<usize>,
-    key: Option<String>,
-    message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if let Some(key) = &self.key {
-            write!(f, ": key `{key}`")?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// A MAC address written `02:00:00:00:01:0a`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,17 +65,6 @@ impl<'de> Deserialize<'de> for Mac {
     }
 }
 
-/// An AEAD backend name (`ring` or `rustcrypto`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct AeadName(Backend);
-
-impl<'de> Deserialize<'de> for AeadName {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map(Self).map_err(serde::de::Error::custom)
-    }
-}
-
 // ---- the file as written ------------------------------------------------------------------
 
 #[derive(Deserialize)]
@@ -115,15 +83,6 @@ struct Raw {
     #[serde(default)]
     peer: Vec<RawPeer>,
     cloud: Option<RawCloud>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCloud {
-    address: SocketAddr,
-    public_key: Spanned<String>,
-    #[serde(default)]
-    endpoints: Vec<Spanned<SocketAddr>>,
 }
 
 #[derive(Deserialize)]
@@ -194,15 +153,6 @@ impl Default for RawDns {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawIdentity {
-    certificate: Spanned<PathBuf>,
-    key: Spanned<PathBuf>,
-    ca: Spanned<PathBuf>,
-    revocations: Option<Spanned<PathBuf>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawDataplane {
     #[serde(default)]
     workers: usize,
@@ -212,7 +162,7 @@ struct RawDataplane {
     batches_in_flight: Spanned<usize>,
     #[serde(default = "yes")]
     ordering: bool,
-    #[serde(default = "default_aead")]
+    #[serde(default)]
     aead: AeadName,
     #[serde(default = "default_socket_buffer")]
     udp_buffer: usize,
@@ -233,7 +183,7 @@ impl Default for RawDataplane {
             batch_size: default_batch_size(),
             batches_in_flight: default_batches_in_flight(),
             ordering: true,
-            aead: default_aead(),
+            aead: AeadName::default(),
             udp_buffer: default_socket_buffer(),
             lan_buffer: default_socket_buffer(),
             queue_per_peer: default_queue_per_peer(),
@@ -249,15 +199,6 @@ struct RawReservation {
     mac: Spanned<Mac>,
     vip: Spanned<Ipv4Addr>,
     hostname: Option<Spanned<String>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPeer {
-    certificate: Spanned<PathBuf>,
-    endpoint: Option<SocketAddr>,
-    persistent_keepalive: Option<u64>,
-    dns: Option<Spanned<Ipv4Addr>>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -294,22 +235,19 @@ fn default_dns_ttl() -> Spanned<u32> {
     Spanned::new(0..0, 60)
 }
 fn default_batch_size() -> Spanned<usize> {
-    Spanned::new(0..0, 32)
+    Spanned::new(0..0, cyphonic_settings::BATCH_SIZE)
 }
 fn default_batches_in_flight() -> Spanned<usize> {
-    Spanned::new(0..0, 128)
-}
-fn default_aead() -> AeadName {
-    AeadName(Backend::default())
+    Spanned::new(0..0, cyphonic_settings::BATCHES_IN_FLIGHT)
 }
 const fn default_socket_buffer() -> usize {
-    4 << 20
+    cyphonic_settings::SOCKET_BUFFER
 }
 const fn default_queue_per_peer() -> usize {
-    64
+    cyphonic_settings::QUEUE_PER_PEER
 }
 fn default_buffers() -> Spanned<usize> {
-    Spanned::new(0..0, 8192)
+    Spanned::new(0..0, cyphonic_settings::BUFFERS)
 }
 
 // ---- the validated configuration -----------------------------------------------------------
@@ -323,19 +261,6 @@ pub struct Reservation {
     pub vip: Ipv4Addr,
     /// Its name on the overlay, if given.
     pub hostname: Option<String>,
-}
-
-/// A peer known from configuration.
-#[derive(Debug, Clone)]
-pub struct StaticPeer {
-    /// Its certificate (verified against our CA when loading).
-    pub certificate: Certificate,
-    /// Where to reach it first; without one, we wait for it to call.
-    pub endpoint: Option<SocketAddr>,
-    /// Keepalive interval to hold NAT mappings open.
-    pub persistent_keepalive: Option<Duration>,
-    /// The peer's DNS server (its gateway vIP): where names in its zone are asked.
-    pub dns: Ipv4Addr,
 }
 
 /// The DNS service for the LAN.
@@ -411,582 +336,248 @@ pub struct Config {
     pub cloud: Option<Cloud>,
 }
 
-/// Where the cloud is (`[cloud]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cloud {
-    /// NMS's control address.
-    pub address: SocketAddr,
-    /// Its Noise public key, pinned.
-    pub public_key: cyphonic_crypto::PublicKey,
-    /// Tunnel endpoints to register besides the one the cloud observes.
-    pub endpoints: Vec<SocketAddr>,
-}
-
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
 /// certificates and keys it names. Returns the configuration and our identity.
 ///
 /// # Errors
 /// A [`ConfigError`] naming the file, and where possible the line and key.
 pub fn load(path: &Path, now_secs: u64) -> Result<(Config, Identity), ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: path.to_owned(),
-        line: None,
-        key: None,
-        message: format!("cannot read the configuration: {e}"),
-    })?;
-    let raw: Raw = toml::from_str(&text).map_err(|e| {
-        let at = e.span().map(|s| s.start);
-        ConfigError {
-            file: path.to_owned(),
-            line: at.map(|o| line_of(&text, o)),
-            key: at.and_then(|o| key_at(&text, o)),
-            message: e.message().trim().to_owned(),
-        }
-    })?;
-    Checker {
-        path,
-        text: &text,
-        now_secs,
-    }
-    .check(&raw)
+    let (raw, text): (Raw, String) = cyphonic_settings::parse(path)?;
+    check(
+        &Source {
+            path,
+            text: &text,
+            now_secs,
+        },
+        &raw,
+    )
 }
 
-struct Checker<'a> {
-    path: &'a Path,
-    text: &'a str,
-    now_secs: u64,
-}
+#[expect(
+    clippy::too_many_lines,
+    reason = "one check after the other, in file order"
+)]
+fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError> {
+    let a = &raw.adapter;
+    let identity = raw.identity.load(src)?;
+    let cert = identity.certificate().clone();
 
-impl Checker<'_> {
-    fn err<T>(
-        &self,
-        span: &std::ops::Range<usize>,
-        key: &str,
-        message: impl Into<String>,
-    ) -> Result<T, ConfigError> {
-        Err(ConfigError {
-            file: self.path.to_owned(),
-            line: (span.end > 0).then(|| line_of(self.text, span.start)),
-            key: Some(key.to_owned()),
-            message: message.into(),
-        })
+    // Our LAN block is the certified IPv4 block.
+    let Some(lan_block) = cyphonic_settings::first_v4_block(&cert) else {
+        return src.err(
+            &raw.identity.certificate_span(),
+            "identity.certificate",
+            "the certificate names no IPv4 vIP block for the LAN",
+        );
+    };
+    let overlay_domain = cyphonic_settings::overlay_domain(&identity);
+    let overlay = *a.overlay.get_ref();
+    if !overlay.contains(&lan_block) {
+        return src.err(
+            &a.overlay.span(),
+            "adapter.overlay",
+            format!("{overlay} does not contain this adapter's block {lan_block}"),
+        );
     }
-
-    /// A path from the file, relative to the file's directory.
-    fn resolve(&self, p: &Path) -> PathBuf {
-        if p.is_absolute() {
-            p.to_owned()
-        } else {
-            self.path.parent().unwrap_or(Path::new(".")).join(p)
-        }
-    }
-
-    fn read(&self, p: &Spanned<PathBuf>, key: &str) -> Result<String, ConfigError> {
-        let path = self.resolve(p.get_ref());
-        std::fs::read_to_string(&path).or_else(|e| {
-            self.err(
-                &p.span(),
-                key,
-                format!("cannot read {}: {e}", path.display()),
-            )
-        })
-    }
-
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one check after the other, in file order"
-    )]
-    fn check(&self, raw: &Raw) -> Result<(Config, Identity), ConfigError> {
-        let a = &raw.adapter;
-        let id = &raw.identity;
-
-        // Identity: our key, our certificate, the CA, revocations.
-        let key_text = self.read(&id.key, "identity.key")?;
-        let keypair = StaticKeypair::from_pem(&key_text).or_else(|e| {
-            self.err(
-                &id.key.span(),
-                "identity.key",
-                format!("not a Noise private key: {e}"),
-            )
-        })?;
-        let ca_text = self.read(&id.ca, "identity.ca")?;
-        let cas = Certificate::all_from_pem(&ca_text).or_else(|e| {
-            self.err(
-                &id.ca.span(),
-                "identity.ca",
-                format!("not a CA certificate: {e}"),
-            )
-        })?;
-        if cas.is_empty() {
-            return self.err(
-                &id.ca.span(),
-                "identity.ca",
-                "the file holds no CYPHONIC CERTIFICATE block",
-            );
-        }
-        let revoked = match &id.revocations {
-            Some(r) => RevocationList::parse(&self.read(r, "identity.revocations")?)
-                .or_else(|e| self.err(&r.span(), "identity.revocations", e.to_string()))?,
-            None => RevocationList::default(),
-        };
-        let trust = TrustStore::new(cas, revoked).or_else(|e| {
-            self.err(
-                &id.ca.span(),
-                "identity.ca",
-                format!("not a valid self-signed CA certificate: {e}"),
-            )
-        })?;
-        let cert_text = self.read(&id.certificate, "identity.certificate")?;
-        let cert = Certificate::from_pem(&cert_text).or_else(|e| {
-            self.err(
-                &id.certificate.span(),
-                "identity.certificate",
-                e.to_string(),
-            )
-        })?;
-        let identity = Identity::new(keypair, cert.clone(), trust, self.now_secs).or_else(|e| {
-            self.err(
-                &id.certificate.span(),
-                "identity.certificate",
-                format!("{e} (certificate of {})", cert.body().name),
-            )
-        })?;
-
-        // Our LAN block is the certified IPv4 block.
-        let Some(lan_block) = cert.body().vip_blocks.iter().find_map(|b| match b {
-            IpNet::V4(v4) => Some(*v4),
-            IpNet::V6(_) => None,
-        }) else {
-            return self.err(
-                &id.certificate.span(),
-                "identity.certificate",
-                "the certificate names no IPv4 vIP block for the LAN",
-            );
-        };
-        let overlay_domain = identity
-            .trust()
-            .cas()
-            .iter()
-            .find(|ca| ca.body().public_key == cert.body().issuer)
-            .map(|ca| ca.body().name.clone())
-            .unwrap_or_default();
-        let overlay = *a.overlay.get_ref();
-        if !overlay.contains(&lan_block) {
-            return self.err(
-                &a.overlay.span(),
-                "adapter.overlay",
-                format!("{overlay} does not contain this adapter's block {lan_block}"),
-            );
-        }
-        let gw = *a.gateway_vip.get_ref();
-        if !lan_block.contains(&gw) || gw == lan_block.network() || gw == lan_block.broadcast() {
-            return self.err(
-                &a.gateway_vip.span(),
-                "adapter.gateway_vip",
-                format!(
-                    "{gw} must be a host address inside the block {lan_block} certified to {}",
-                    cert.body().name
-                ),
-            );
-        }
-        let mtu = *a.inner_mtu.get_ref();
-        // 576 is the smallest datagram every IPv4 host must accept (RFC 791); 1500 minus the
-        // outer IPv6 (40) + UDP (8) + tunnel (32) headers is the most a 1500 underlay carries.
-        if !(576..=1420 + 60).contains(&mtu) {
-            return self.err(
-                &a.inner_mtu.span(),
-                "adapter.inner_mtu",
-                format!("{mtu} is outside 576..=1480"),
-            );
-        }
-
-        // Reservations: inside the block, unique MACs and addresses, not the gateway.
-        let mut macs = HashSet::new();
-        let mut vips = HashSet::new();
-        let mut reservations = Vec::new();
-        for (i, r) in raw.reservation.iter().enumerate() {
-            let vip = *r.vip.get_ref();
-            let key = |k: &str| format!("reservation[{i}].{k}");
-            if !lan_block.contains(&vip)
-                || vip == gw
-                || vip == lan_block.network()
-                || vip == lan_block.broadcast()
-            {
-                return self.err(
-                    &r.vip.span(),
-                    &key("vip"),
-                    format!("{vip} is not a free host address of the block {lan_block}"),
-                );
-            }
-            if !vips.insert(vip) {
-                return self.err(
-                    &r.vip.span(),
-                    &key("vip"),
-                    format!("{vip} is reserved twice"),
-                );
-            }
-            if !macs.insert(*r.mac.get_ref()) {
-                return self.err(
-                    &r.mac.span(),
-                    &key("mac"),
-                    format!("{} is reserved twice", r.mac.get_ref()),
-                );
-            }
-            if let Some(h) = &r.hostname {
-                let label = h.get_ref();
-                let ok = !label.is_empty()
-                    && label.len() <= 63
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                    && !label.starts_with('-')
-                    && !label.ends_with('-');
-                if !ok {
-                    return self.err(
-                        &h.span(),
-                        &key("hostname"),
-                        format!("{label:?} is not a DNS label (a-z, 0-9, inner hyphens, 1 to 63)"),
-                    );
-                }
-            }
-            reservations.push(Reservation {
-                mac: *r.mac.get_ref(),
-                vip,
-                hostname: r.hostname.as_ref().map(|h| h.get_ref().clone()),
-            });
-        }
-
-        // Static peers: valid certificates, blocks apart from ours and from each other.
-        let mut peers: Vec<StaticPeer> = Vec::new();
-        let mut names = HashMap::new();
-        for (i, p) in raw.peer.iter().enumerate() {
-            let key = format!("peer[{i}].certificate");
-            let pcert = Certificate::from_pem(&self.read(&p.certificate, &key)?)
-                .or_else(|e| self.err(&p.certificate.span(), &key, e.to_string()))?;
-            identity
-                .trust()
-                .verify(&pcert, self.now_secs)
-                .or_else(|e| {
-                    self.err(
-                        &p.certificate.span(),
-                        &key,
-                        format!("{} refused: {e}", pcert.body().name),
-                    )
-                })?;
-            if pcert.body().public_key == cert.body().public_key {
-                return self.err(&p.certificate.span(), &key, "this is our own certificate");
-            }
-            if let Some(prev) = names.insert(pcert.body().name.clone(), i) {
-                return self.err(
-                    &p.certificate.span(),
-                    &key,
-                    format!("{} is already peer[{prev}]", pcert.body().name),
-                );
-            }
-            for b in &pcert.body().vip_blocks {
-                if let IpNet::V4(b4) = b
-                    && (b4.contains(&lan_block) || lan_block.contains(b4))
-                {
-                    return self.err(
-                        &p.certificate.span(),
-                        &key,
-                        format!(
-                            "{}'s block {b} overlaps ours {lan_block}",
-                            pcert.body().name
-                        ),
-                    );
-                }
-                if let Some(other) = peers.iter().find(|q| {
-                    q.certificate
-                        .body()
-                        .vip_blocks
-                        .iter()
-                        .any(|qb| qb.contains(b) || b.contains(qb))
-                }) {
-                    return self.err(
-                        &p.certificate.span(),
-                        &key,
-                        format!("block {b} overlaps {}'s", other.certificate.body().name),
-                    );
-                }
-            }
-            let first_v4 = pcert.body().vip_blocks.iter().find_map(|b| match b {
-                IpNet::V4(v4) => Some(*v4),
-                IpNet::V6(_) => None,
-            });
-            let dns = match (&p.dns, first_v4) {
-                (Some(d), _) => {
-                    let ip = *d.get_ref();
-                    if !pcert.body().covers(IpAddr::V4(ip)) {
-                        return self.err(
-                            &d.span(),
-                            &format!("peer[{i}].dns"),
-                            format!(
-                                "{ip} is not inside {}'s certified blocks",
-                                pcert.body().name
-                            ),
-                        );
-                    }
-                    ip
-                }
-                // By convention a peer's gateway vIP is the first host of its block.
-                (None, Some(b)) => Ipv4Addr::from(u32::from(b.network()).saturating_add(1)),
-                (None, None) => Ipv4Addr::UNSPECIFIED,
-            };
-            if let Some(ep) = p.endpoint
-                && (ep.port() == 0
-                    || ep.ip().is_unspecified()
-                    || matches!(ep.ip(), IpAddr::V4(v4) if v4.is_broadcast()))
-            {
-                return self.err(
-                    &p.certificate.span(),
-                    &format!("peer[{i}].endpoint"),
-                    format!("{ep} is not a reachable address"),
-                );
-            }
-            peers.push(StaticPeer {
-                certificate: pcert,
-                endpoint: p.endpoint,
-                persistent_keepalive: p
-                    .persistent_keepalive
-                    .filter(|s| *s > 0)
-                    .map(Duration::from_secs),
-                dns,
-            });
-        }
-
-        let dhcp = self.check_dhcp(&raw.dhcp, &cert, lan_block, gw, mtu, &reservations)?;
-        let dns = if raw.dns.enabled {
-            let ttl = *raw.dns.ttl.get_ref();
-            if ttl > 86_400 {
-                return self.err(
-                    &raw.dns.ttl.span(),
-                    "dns.ttl",
-                    format!("{ttl} s is over a day; device names change when leases do"),
-                );
-            }
-            let mut upstream = Vec::new();
-            for (i, u) in raw.dns.upstream.iter().enumerate() {
-                let ip = *u.get_ref();
-                let inside = match ip {
-                    IpAddr::V4(v4) => overlay.contains(&v4),
-                    IpAddr::V6(_) => false,
-                };
-                if ip.is_unspecified() || ip.is_multicast() || inside {
-                    return self.err(
-                        &u.span(),
-                        &format!("dns.upstream[{i}]"),
-                        format!(
-                            "{ip} cannot be an upstream resolver (the upstreams are reached on the external side, outside the overlay)"
-                        ),
-                    );
-                }
-                upstream.push(ip);
-            }
-            Some(Dns { upstream, ttl })
-        } else {
-            None
-        };
-
-        let d = &raw.dataplane;
-        for (v, k) in [
-            (&d.batch_size, "dataplane.batch_size"),
-            (&d.batches_in_flight, "dataplane.batches_in_flight"),
-        ] {
-            if !(1..=1024).contains(v.get_ref()) {
-                return self.err(&v.span(), k, format!("{} is outside 1..=1024", v.get_ref()));
-            }
-        }
-        if *d.buffers.get_ref() < 256 {
-            return self.err(
-                &d.buffers.span(),
-                "dataplane.buffers",
-                "at least 256 buffers are needed to run",
-            );
-        }
-        let cloud = match &raw.cloud {
-            Some(c) => {
-                let text = c.public_key.get_ref();
-                let mut key = [0u8; 32];
-                if hex::decode_to_slice(text.trim(), &mut key).is_err() {
-                    return self.err(
-                        &c.public_key.span(),
-                        "cloud.public_key",
-                        "expected the 64 hex digits `cyphonic-cloud keygen` printed",
-                    );
-                }
-                for e in &c.endpoints {
-                    let ip = e.get_ref().ip();
-                    if ip.is_unspecified() || ip.is_multicast() || e.get_ref().port() == 0 {
-                        return self.err(
-                            &e.span(),
-                            "cloud.endpoints",
-                            format!("{} cannot be reached by peers", e.get_ref()),
-                        );
-                    }
-                }
-                Some(Cloud {
-                    address: c.address,
-                    public_key: cyphonic_crypto::PublicKey(key),
-                    endpoints: c.endpoints.iter().map(|e| *e.get_ref()).collect(),
-                })
-            }
-            None => None,
-        };
-        let config = Config {
-            path: self.path.to_owned(),
-            lan_interface: a.lan_interface.clone(),
-            listen: a.listen,
-            gateway_vip: gw,
-            lan_block,
-            overlay,
-            inner_mtu: mtu,
-            mss_clamp: a.mss_clamp,
-            status_socket: self.resolve(&a.status_socket),
-            state_dir: self.resolve(&a.state_dir),
-            overlay_domain,
-            dhcp,
-            dns,
-            dataplane: Dataplane {
-                workers: d.workers,
-                batch_size: *d.batch_size.get_ref(),
-                batches_in_flight: *d.batches_in_flight.get_ref(),
-                ordering: d.ordering,
-                aead: d.aead.0,
-                udp_buffer: d.udp_buffer,
-                lan_buffer: d.lan_buffer,
-                queue_per_peer: d.queue_per_peer,
-                buffers: *d.buffers.get_ref(),
-                disable_offloads: d.disable_offloads,
-            },
-            reservations,
-            peers,
-            cloud,
-        };
-        Ok((config, identity))
-    }
-}
-
-impl Checker<'_> {
-    /// The DHCP server's configuration, checked by building a server with it: the pool must
-    /// lie inside the certified block.
-    fn check_dhcp(
-        &self,
-        d: &RawDhcp,
-        cert: &Certificate,
-        block: Ipv4Net,
-        gw: Ipv4Addr,
-        mtu: u16,
-        reservations: &[Reservation],
-    ) -> Result<Option<cyphonic_vip::DhcpConfig>, ConfigError> {
-        use cyphonic_vip::ConfigError as E;
-        if !d.enabled {
-            return Ok(None);
-        }
-        let pool = match &d.pool {
-            None => cyphonic_vip::DhcpConfig::default_pool(block),
-            Some(text) => {
-                let parsed = text
-                    .get_ref()
-                    .split_once('-')
-                    .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
-                let Some(pool) = parsed else {
-                    return self.err(
-                        &text.span(),
-                        "dhcp.pool",
-                        format!(
-                            "{:?} is not a range of addresses like \"100.64.1.100-100.64.1.199\"",
-                            text.get_ref()
-                        ),
-                    );
-                };
-                pool
-            }
-        };
-        if *d.new_lease_window.get_ref() == 0 {
-            return self.err(
-                &d.new_lease_window.span(),
-                "dhcp.new_lease_window",
-                "must be at least 1 second",
-            );
-        }
-        let name = cert.body().name.clone();
-        let cfg = cyphonic_vip::DhcpConfig {
-            server: gw,
-            block,
-            pool,
-            lease_secs: *d.lease_time.get_ref(),
-            mtu,
-            domain: name.clone(),
-            reservations: reservations
-                .iter()
-                .map(|r| cyphonic_vip::Reservation {
-                    mac: r.mac.0,
-                    ip: r.vip,
-                    hostname: r.hostname.clone(),
-                })
-                .collect(),
-            new_lease_share: *d.new_lease_share.get_ref(),
-            new_lease_window_secs: *d.new_lease_window.get_ref(),
-        };
-        match cyphonic_vip::Server::new(cfg.clone(), Vec::new(), self.now_secs) {
-            Ok(_) => Ok(Some(cfg)),
-            Err(e @ E::PoolOutsideBlock { .. }) => {
-                let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
-                self.err(
-                    &span,
-                    "dhcp.pool",
-                    format!("{e} (certified to {name}); the adapter refuses to start"),
-                )
-            }
-            Err(e @ E::LeaseTime(_)) => {
-                self.err(&d.lease_time.span(), "dhcp.lease_time", e.to_string())
-            }
-            Err(e @ E::Share(_)) => self.err(
-                &d.new_lease_share.span(),
-                "dhcp.new_lease_share",
-                e.to_string(),
+    let gw = *a.gateway_vip.get_ref();
+    if !lan_block.contains(&gw) || gw == lan_block.network() || gw == lan_block.broadcast() {
+        return src.err(
+            &a.gateway_vip.span(),
+            "adapter.gateway_vip",
+            format!(
+                "{gw} must be a host address inside the block {lan_block} certified to {}",
+                cert.body().name
             ),
-            Err(e) => {
-                let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
-                self.err(&span, "dhcp.pool", e.to_string())
+        );
+    }
+    let mtu = cyphonic_settings::check_mtu(src, &a.inner_mtu, "adapter.inner_mtu")?;
+
+    // Reservations: inside the block, unique MACs and addresses, not the gateway.
+    let mut macs = HashSet::new();
+    let mut vips = HashSet::new();
+    let mut reservations = Vec::new();
+    for (i, r) in raw.reservation.iter().enumerate() {
+        let vip = *r.vip.get_ref();
+        let key = |k: &str| format!("reservation[{i}].{k}");
+        if !lan_block.contains(&vip)
+            || vip == gw
+            || vip == lan_block.network()
+            || vip == lan_block.broadcast()
+        {
+            return src.err(
+                &r.vip.span(),
+                &key("vip"),
+                format!("{vip} is not a free host address of the block {lan_block}"),
+            );
+        }
+        if !vips.insert(vip) {
+            return src.err(
+                &r.vip.span(),
+                &key("vip"),
+                format!("{vip} is reserved twice"),
+            );
+        }
+        if !macs.insert(*r.mac.get_ref()) {
+            return src.err(
+                &r.mac.span(),
+                &key("mac"),
+                format!("{} is reserved twice", r.mac.get_ref()),
+            );
+        }
+        if let Some(h) = &r.hostname {
+            let label = h.get_ref();
+            let ok = !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-');
+            if !ok {
+                return src.err(
+                    &h.span(),
+                    &key("hostname"),
+                    format!("{label:?} is not a DNS label (a-z, 0-9, inner hyphens, 1 to 63)"),
+                );
             }
         }
+        reservations.push(Reservation {
+            mac: *r.mac.get_ref(),
+            vip,
+            hostname: r.hostname.as_ref().map(|h| h.get_ref().clone()),
+        });
     }
+
+    // Static peers: valid certificates, blocks apart from ours and from each other.
+    let peers = cyphonic_settings::peers(src, &raw.peer, &identity, lan_block)?;
+    let dhcp = check_dhcp(src, &raw.dhcp, &cert, lan_block, gw, mtu, &reservations)?;
+    let dns = if raw.dns.enabled {
+        let upstream = cyphonic_settings::check_dns(src, &raw.dns.upstream, &raw.dns.ttl, overlay)?;
+        Some(Dns {
+            upstream,
+            ttl: *raw.dns.ttl.get_ref(),
+        })
+    } else {
+        None
+    };
+
+    let d = &raw.dataplane;
+    cyphonic_settings::check_pipeline(src, &d.batch_size, &d.batches_in_flight, &d.buffers)?;
+    let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
+    let config = Config {
+        path: src.path.to_owned(),
+        lan_interface: a.lan_interface.clone(),
+        listen: a.listen,
+        gateway_vip: gw,
+        lan_block,
+        overlay,
+        inner_mtu: mtu,
+        mss_clamp: a.mss_clamp,
+        status_socket: src.resolve(&a.status_socket),
+        state_dir: src.resolve(&a.state_dir),
+        overlay_domain,
+        dhcp,
+        dns,
+        dataplane: Dataplane {
+            workers: d.workers,
+            batch_size: *d.batch_size.get_ref(),
+            batches_in_flight: *d.batches_in_flight.get_ref(),
+            ordering: d.ordering,
+            aead: d.aead.0,
+            udp_buffer: d.udp_buffer,
+            lan_buffer: d.lan_buffer,
+            queue_per_peer: d.queue_per_peer,
+            buffers: *d.buffers.get_ref(),
+            disable_offloads: d.disable_offloads,
+        },
+        reservations,
+        peers,
+        cloud,
+    };
+    Ok((config, identity))
 }
 
-/// 1-based line of byte `offset`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.get(..offset.min(text.len()))
-        .map_or(1, |t| t.matches('\n').count() + 1)
-}
-
-/// The dotted key at byte `offset`: the table header above it and the key on its line,
-/// e.g. `reservation[1].mac`.
-fn key_at(text: &str, offset: usize) -> Option<String> {
-    let line_no = line_of(text, offset);
-    let lines: Vec<&str> = text.lines().collect();
-    let line = lines.get(line_no - 1)?;
-    let key = line
-        .split_once('=')
-        .map(|(k, _)| k.trim().trim_matches('"').to_owned());
-    let mut table = None;
-    let mut counts: HashMap<String, usize> = HashMap::new();
-    for l in &lines[..line_no.min(lines.len())] {
-        let t = l.trim();
-        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
-            let n = counts.entry(name.trim().to_owned()).or_insert(0);
-            table = Some(format!("{}[{}]", name.trim(), *n));
-            *n += 1;
-        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
-            table = Some(name.trim().to_owned());
+/// The DHCP server's configuration, checked by building a server with it: the pool must
+/// lie inside the certified block.
+fn check_dhcp(
+    src: &Source<'_>,
+    d: &RawDhcp,
+    cert: &Certificate,
+    block: Ipv4Net,
+    gw: Ipv4Addr,
+    mtu: u16,
+    reservations: &[Reservation],
+) -> Result<Option<cyphonic_vip::DhcpConfig>, ConfigError> {
+    use cyphonic_vip::ConfigError as E;
+    if !d.enabled {
+        return Ok(None);
+    }
+    let pool = match &d.pool {
+        None => cyphonic_vip::DhcpConfig::default_pool(block),
+        Some(text) => {
+            let parsed = text
+                .get_ref()
+                .split_once('-')
+                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+            let Some(pool) = parsed else {
+                return src.err(
+                    &text.span(),
+                    "dhcp.pool",
+                    format!(
+                        "{:?} is not a range of addresses like \"100.64.1.100-100.64.1.199\"",
+                        text.get_ref()
+                    ),
+                );
+            };
+            pool
         }
+    };
+    if *d.new_lease_window.get_ref() == 0 {
+        return src.err(
+            &d.new_lease_window.span(),
+            "dhcp.new_lease_window",
+            "must be at least 1 second",
+        );
     }
-    match (table, key) {
-        (Some(t), Some(k)) => Some(format!("{t}.{k}")),
-        (None, Some(k)) => Some(k),
-        (Some(t), None) => Some(t),
-        (None, None) => None,
+    let name = cert.body().name.clone();
+    let cfg = cyphonic_vip::DhcpConfig {
+        server: gw,
+        block,
+        pool,
+        lease_secs: *d.lease_time.get_ref(),
+        mtu,
+        domain: name.clone(),
+        reservations: reservations
+            .iter()
+            .map(|r| cyphonic_vip::Reservation {
+                mac: r.mac.0,
+                ip: r.vip,
+                hostname: r.hostname.clone(),
+            })
+            .collect(),
+        new_lease_share: *d.new_lease_share.get_ref(),
+        new_lease_window_secs: *d.new_lease_window.get_ref(),
+    };
+    match cyphonic_vip::Server::new(cfg.clone(), Vec::new(), src.now_secs) {
+        Ok(_) => Ok(Some(cfg)),
+        Err(e @ E::PoolOutsideBlock { .. }) => {
+            let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
+            src.err(
+                &span,
+                "dhcp.pool",
+                format!("{e} (certified to {name}); the adapter refuses to start"),
+            )
+        }
+        Err(e @ E::LeaseTime(_)) => src.err(&d.lease_time.span(), "dhcp.lease_time", e.to_string()),
+        Err(e @ E::Share(_)) => src.err(
+            &d.new_lease_share.span(),
+            "dhcp.new_lease_share",
+            e.to_string(),
+        ),
+        Err(e) => {
+            let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
+            src.err(&span, "dhcp.pool", e.to_string())
+        }
     }
 }
 
@@ -994,7 +585,9 @@ fn key_at(text: &str, offset: usize) -> Option<String> {
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use cyphonic_crypto::{CertificateAuthority, IssueRequest};
+    use std::time::Duration;
+
+    use cyphonic_crypto::{CertificateAuthority, IssueRequest, StaticKeypair};
 
     use super::*;
 

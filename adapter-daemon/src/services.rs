@@ -12,7 +12,7 @@
 //! service answers with.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,12 +23,11 @@ use cyphonic_netio::{PacketSocket, UdpSocket};
 use cyphonic_resolver::{Action, PeerZone, Resolver, ZoneConfig};
 use cyphonic_session::SendError;
 use cyphonic_signal::NameRecord;
-use cyphonic_tunnel::{Asker, BUF_LEN, PeerSlot};
+use cyphonic_tunnel::{Asker, BUF_LEN, PeerSlot, Upstream};
 use cyphonic_vip::{Ignore, Lease, LeaseEvent};
 use cyphonic_wire::{HEADER_LEN, TAG_LEN};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, Record};
-use hickory_resolver::TokioResolver;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -47,8 +46,6 @@ const DHCP_CLIENT_PORT: u16 = 68;
 const PEER_QUEUE: usize = 16;
 /// Warnings about refused devices or failed saves at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(30);
-/// How long an upstream lookup may take (the client gets SERVFAIL after 3 s anyway).
-const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Who asked a DNS question, and where its answer goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,9 +115,7 @@ struct Dhcp {
 
 struct Dns {
     resolver: Resolver<Client>,
-    upstream: Option<TokioResolver>,
-    upstream_addrs: Vec<IpAddr>,
-    results: mpsc::Sender<UpstreamResult>,
+    upstream: Option<Upstream>,
 }
 
 /// The LAN services. See the module docs.
@@ -258,15 +253,13 @@ impl Services {
                 let upstream = if d.upstream.is_empty() {
                     None
                 } else {
-                    Some(upstream_resolver(&d.upstream)?)
+                    Some(
+                        Upstream::new(&d.upstream, results)
+                            .context("setting up the upstream DNS resolvers")?,
+                    )
                 };
                 tracing::info!(upstream = ?d.upstream, zone = %name, "DNS service on the gateway vIP");
-                Some(Dns {
-                    resolver,
-                    upstream,
-                    upstream_addrs: d.upstream.clone(),
-                    results,
-                })
+                Some(Dns { resolver, upstream })
             }
             None => None,
         };
@@ -466,26 +459,9 @@ impl Services {
                 record_type,
                 key,
             } => {
-                let Some(dns) = self.dns.as_ref() else {
-                    return;
-                };
-                let Some(upstream) = dns.upstream.clone() else {
-                    return;
-                };
-                let tx = dns.results.clone();
-                tokio::spawn(async move {
-                    let result = match upstream.lookup(name, record_type).await {
-                        Ok(found) => Ok(found.answers().to_vec()),
-                        Err(e) if e.is_nx_domain() => Err(ResponseCode::NXDomain),
-                        // The name exists without records of this type (NODATA).
-                        Err(e) if e.is_no_records_found() => Ok(Vec::new()),
-                        Err(e) => {
-                            tracing::debug!(error = %e, "upstream lookup failed");
-                            Err(ResponseCode::ServFail)
-                        }
-                    };
-                    let _ = tx.send((key, result)).await;
-                });
+                if let Some(upstream) = self.dns.as_ref().and_then(|d| d.upstream.as_ref()) {
+                    upstream.ask(key, name, record_type);
+                }
             }
             Action::AskCloud {
                 name,
@@ -751,7 +727,7 @@ impl Services {
         let dns = self.dns.as_ref().map_or(Value::Null, |d| {
             let s = d.resolver.stats();
             json!({
-                "upstream": d.upstream_addrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "upstream": d.upstream.as_ref().map_or(&[][..], Upstream::servers).iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "queries": s.queries,
                 "authoritative": s.authoritative,
                 "nxdomain": s.nxdomain,
@@ -769,25 +745,4 @@ impl Services {
         status.dhcp = dhcp;
         status.dns = dns;
     }
-}
-
-/// A resolver for names outside the overlay, asking `servers` over UDP (TCP for truncated
-/// answers), with the cache hickory keeps.
-fn upstream_resolver(servers: &[IpAddr]) -> anyhow::Result<TokioResolver> {
-    use hickory_resolver::config::{NameServerConfig, ResolverConfig};
-    let config = ResolverConfig::from_name_servers(
-        servers
-            .iter()
-            .map(|ip| NameServerConfig::udp_and_tcp(*ip))
-            .collect(),
-    );
-    let mut builder = hickory_resolver::Resolver::builder_with_config(
-        config,
-        hickory_resolver::net::runtime::TokioRuntimeProvider::default(),
-    );
-    builder.options_mut().timeout = UPSTREAM_TIMEOUT;
-    builder.options_mut().attempts = 1;
-    builder
-        .build()
-        .context("setting up the upstream DNS resolvers")
 }

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-netio", 2, true),
     ("cyphonic-signal", 3, false),
     ("cyphonic-cloud", 3, false),
+    ("cyphonic-settings", 3, false),
     ("cyphonic-tunnel", 4, false),
     ("cyphonic-node", 5, false),
     ("cyphonic-adapter", 5, false),

@@ -26,6 +26,7 @@ pub mod engine;
 pub mod ingress;
 pub mod peers;
 pub mod pool;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -40,6 +41,7 @@ pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
 pub use ingress::{Incoming, OpenStage, Receiver};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
 pub use pool::{BUF_LEN, Buf, Pool, RECV_BATCH, RecvBuffers};
+pub use upstream::Upstream;
 
 /// Where an outgoing IP packet starts in its buffer: behind room for the tunnel header, which
 /// is written in place in front of it.

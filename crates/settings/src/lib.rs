@@ -1,0 +1,570 @@
+//! Reading the binaries' configuration files. `cyphonic-adapter` and `cyphonic-node` each
+//! declare their own file (their tables, as serde structs) and check what is theirs; the
+//! tables and checks they share live here: `[identity]` (our key, certificate, CA and
+//! revocations, read and verified), `[[peer]]` (static peers), `[cloud]`, and the common
+//! `[dataplane]` and `[dns]` limits. Every mistake is a [`ConfigError`] that names the file,
+//! and where it can the line and the dotted key (`peer[1].certificate`).
+//!
+//! Only binaries use this crate (style.md rule 7): libraries take typed values, which the
+//! binaries build from what this crate checked.
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cyphonic_crypto::{Backend, Certificate, PublicKey, RevocationList, StaticKeypair, TrustStore};
+use cyphonic_session::Identity;
+use ipnet::{IpNet, Ipv4Net};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use toml::Spanned;
+
+/// A configuration mistake, located.
+#[derive(Debug)]
+pub struct ConfigError {
+    file: PathBuf,
+    line: Option<usize>,
+    key: Option<String>,
+    message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": key `{key}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A configuration file being checked: where it is, what it says, and the time certificates
+/// are checked at.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// The file.
+    pub path: &'a Path,
+    /// Its text.
+    pub text: &'a str,
+    /// Unix seconds to check validity periods at.
+    pub now_secs: u64,
+}
+
+/// Reads the file at `path` and parses it as `T`; returns it with the text (for [`Source`]).
+///
+/// # Errors
+/// The file cannot be read, or is not valid TOML for `T` (located).
+pub fn parse<T: DeserializeOwned>(path: &Path) -> Result<(T, String), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.to_owned(),
+        line: None,
+        key: None,
+        message: format!("cannot read the configuration: {e}"),
+    })?;
+    let raw = toml::from_str(&text).map_err(|e| {
+        let at = e.span().map(|s| s.start);
+        ConfigError {
+            file: path.to_owned(),
+            line: at.map(|o| line_of(&text, o)),
+            key: at.and_then(|o| key_at(&text, o)),
+            message: e.message().trim().to_owned(),
+        }
+    })?;
+    Ok((raw, text))
+}
+
+impl Source<'_> {
+    /// The error `message` about `key`, at `span` (a default span means "not in the file":
+    /// no line).
+    ///
+    /// # Errors
+    /// Always: this builds the error.
+    pub fn err<T>(
+        &self,
+        span: &Range<usize>,
+        key: &str,
+        message: impl Into<String>,
+    ) -> Result<T, ConfigError> {
+        Err(ConfigError {
+            file: self.path.to_owned(),
+            line: (span.end > 0).then(|| line_of(self.text, span.start)),
+            key: Some(key.to_owned()),
+            message: message.into(),
+        })
+    }
+
+    /// A path from the file, relative to the file's directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.path.parent().unwrap_or(Path::new(".")).join(p)
+        }
+    }
+
+    /// The contents of the file a key names.
+    ///
+    /// # Errors
+    /// It cannot be read (located at the key).
+    pub fn read(&self, p: &Spanned<PathBuf>, key: &str) -> Result<String, ConfigError> {
+        let path = self.resolve(p.get_ref());
+        std::fs::read_to_string(&path).or_else(|e| {
+            self.err(
+                &p.span(),
+                key,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })
+    }
+}
+
+// ---- [identity] ------------------------------------------------------------------------------
+
+/// `[identity]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    certificate: Spanned<PathBuf>,
+    key: Spanned<PathBuf>,
+    ca: Spanned<PathBuf>,
+    revocations: Option<Spanned<PathBuf>>,
+}
+
+impl RawIdentity {
+    /// Where the certificate key is written (to locate errors about what it certifies).
+    pub fn certificate_span(&self) -> Range<usize> {
+        self.certificate.span()
+    }
+
+    /// Reads and checks our key, certificate, CA and revocations: our identity.
+    ///
+    /// # Errors
+    /// Unreadable files, malformed keys or certificates, a certificate that does not verify
+    /// under the CA or certifies another key.
+    pub fn load(&self, src: &Source<'_>) -> Result<Identity, ConfigError> {
+        let key_text = src.read(&self.key, "identity.key")?;
+        let keypair = StaticKeypair::from_pem(&key_text).or_else(|e| {
+            src.err(
+                &self.key.span(),
+                "identity.key",
+                format!("not a Noise private key: {e}"),
+            )
+        })?;
+        let ca_text = src.read(&self.ca, "identity.ca")?;
+        let cas = Certificate::all_from_pem(&ca_text).or_else(|e| {
+            src.err(
+                &self.ca.span(),
+                "identity.ca",
+                format!("not a CA certificate: {e}"),
+            )
+        })?;
+        if cas.is_empty() {
+            return src.err(
+                &self.ca.span(),
+                "identity.ca",
+                "the file holds no CYPHONIC CERTIFICATE block",
+            );
+        }
+        let revoked = match &self.revocations {
+            Some(r) => RevocationList::parse(&src.read(r, "identity.revocations")?)
+                .or_else(|e| src.err(&r.span(), "identity.revocations", e.to_string()))?,
+            None => RevocationList::default(),
+        };
+        let trust = TrustStore::new(cas, revoked).or_else(|e| {
+            src.err(
+                &self.ca.span(),
+                "identity.ca",
+                format!("not a valid self-signed CA certificate: {e}"),
+            )
+        })?;
+        let cert_text = src.read(&self.certificate, "identity.certificate")?;
+        let cert = Certificate::from_pem(&cert_text).or_else(|e| {
+            src.err(
+                &self.certificate.span(),
+                "identity.certificate",
+                e.to_string(),
+            )
+        })?;
+        Identity::new(keypair, cert.clone(), trust, src.now_secs).or_else(|e| {
+            src.err(
+                &self.certificate.span(),
+                "identity.certificate",
+                format!("{e} (certificate of {})", cert.body().name),
+            )
+        })
+    }
+}
+
+/// The overlay's domain: the name of the CA that issued our certificate.
+pub fn overlay_domain(identity: &Identity) -> String {
+    let cert = identity.certificate();
+    identity
+        .trust()
+        .cas()
+        .iter()
+        .find(|ca| ca.body().public_key == cert.body().issuer)
+        .map(|ca| ca.body().name.clone())
+        .unwrap_or_default()
+}
+
+/// The first IPv4 block a certificate certifies.
+pub fn first_v4_block(cert: &Certificate) -> Option<Ipv4Net> {
+    cert.body().vip_blocks.iter().find_map(|b| match b {
+        IpNet::V4(v4) => Some(*v4),
+        IpNet::V6(_) => None,
+    })
+}
+
+// ---- [[peer]] --------------------------------------------------------------------------------
+
+/// One `[[peer]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPeer {
+    certificate: Spanned<PathBuf>,
+    endpoint: Option<SocketAddr>,
+    persistent_keepalive: Option<u64>,
+    dns: Option<Spanned<Ipv4Addr>>,
+}
+
+/// A static peer, checked.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Its certificate (verified against our CA when loading).
+    pub certificate: Certificate,
+    /// Where to reach it first; without one, we wait for it to call.
+    pub endpoint: Option<SocketAddr>,
+    /// Keepalive interval to hold NAT mappings open.
+    pub persistent_keepalive: Option<Duration>,
+    /// The peer's DNS server (an adapter's gateway vIP): where names in its zone are asked.
+    pub dns: Ipv4Addr,
+}
+
+/// Checks the `[[peer]]` tables: certificates that verify under our CA, not ours, distinct,
+/// with blocks apart from `own` and from each other; reachable endpoints.
+///
+/// # Errors
+/// The first mistake, located.
+pub fn peers(
+    src: &Source<'_>,
+    raw: &[RawPeer],
+    identity: &Identity,
+    own: Ipv4Net,
+) -> Result<Vec<Peer>, ConfigError> {
+    let ours = identity.certificate().body();
+    let mut peers: Vec<Peer> = Vec::new();
+    let mut names = HashMap::new();
+    for (i, p) in raw.iter().enumerate() {
+        let key = format!("peer[{i}].certificate");
+        let span = p.certificate.span();
+        let pcert = Certificate::from_pem(&src.read(&p.certificate, &key)?)
+            .or_else(|e| src.err(&span, &key, e.to_string()))?;
+        let body = pcert.body().clone();
+        identity
+            .trust()
+            .verify(&pcert, src.now_secs)
+            .or_else(|e| src.err(&span, &key, format!("{} refused: {e}", body.name)))?;
+        if body.public_key == ours.public_key {
+            return src.err(&span, &key, "this is our own certificate");
+        }
+        if let Some(prev) = names.insert(body.name.clone(), i) {
+            return src.err(
+                &span,
+                &key,
+                format!("{} is already peer[{prev}]", body.name),
+            );
+        }
+        for b in &body.vip_blocks {
+            if let IpNet::V4(b4) = b
+                && (b4.contains(&own) || own.contains(b4))
+            {
+                return src.err(
+                    &span,
+                    &key,
+                    format!("{}'s block {b} overlaps ours {own}", body.name),
+                );
+            }
+            if let Some(other) = peers.iter().find(|q| {
+                q.certificate
+                    .body()
+                    .vip_blocks
+                    .iter()
+                    .any(|qb| qb.contains(b) || b.contains(qb))
+            }) {
+                return src.err(
+                    &span,
+                    &key,
+                    format!("block {b} overlaps {}'s", other.certificate.body().name),
+                );
+            }
+        }
+        let dns = match (&p.dns, first_v4_block(&pcert)) {
+            (Some(d), _) => {
+                let ip = *d.get_ref();
+                if !body.covers(IpAddr::V4(ip)) {
+                    return src.err(
+                        &d.span(),
+                        &format!("peer[{i}].dns"),
+                        format!("{ip} is not inside {}'s certified blocks", body.name),
+                    );
+                }
+                ip
+            }
+            // By convention a peer's gateway vIP is the first host of its block.
+            (None, Some(b)) => Ipv4Addr::from(u32::from(b.network()).saturating_add(1)),
+            (None, None) => Ipv4Addr::UNSPECIFIED,
+        };
+        if let Some(ep) = p.endpoint
+            && (ep.port() == 0
+                || ep.ip().is_unspecified()
+                || matches!(ep.ip(), IpAddr::V4(v4) if v4.is_broadcast()))
+        {
+            return src.err(
+                &span,
+                &format!("peer[{i}].endpoint"),
+                format!("{ep} is not a reachable address"),
+            );
+        }
+        peers.push(Peer {
+            certificate: pcert,
+            endpoint: p.endpoint,
+            persistent_keepalive: p
+                .persistent_keepalive
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs),
+            dns,
+        });
+    }
+    Ok(peers)
+}
+
+// ---- [cloud] ---------------------------------------------------------------------------------
+
+/// `[cloud]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCloud {
+    address: SocketAddr,
+    public_key: Spanned<String>,
+    #[serde(default)]
+    endpoints: Vec<Spanned<SocketAddr>>,
+}
+
+/// Where the cloud is (`[cloud]`), checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cloud {
+    /// NMS's control address.
+    pub address: SocketAddr,
+    /// Its Noise public key, pinned.
+    pub public_key: PublicKey,
+    /// Tunnel endpoints to register besides the one the cloud observes.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+impl RawCloud {
+    /// Checks the cloud's key and our extra endpoints.
+    ///
+    /// # Errors
+    /// A key that is not 64 hex digits, an endpoint nobody can reach.
+    pub fn check(&self, src: &Source<'_>) -> Result<Cloud, ConfigError> {
+        let text = self.public_key.get_ref();
+        let mut key = [0u8; 32];
+        if hex::decode_to_slice(text.trim(), &mut key).is_err() {
+            return src.err(
+                &self.public_key.span(),
+                "cloud.public_key",
+                "expected the 64 hex digits `cyphonic-cloud keygen` printed",
+            );
+        }
+        for e in &self.endpoints {
+            let ip = e.get_ref().ip();
+            if ip.is_unspecified() || ip.is_multicast() || e.get_ref().port() == 0 {
+                return src.err(
+                    &e.span(),
+                    "cloud.endpoints",
+                    format!("{} cannot be reached by peers", e.get_ref()),
+                );
+            }
+        }
+        Ok(Cloud {
+            address: self.address,
+            public_key: PublicKey(key),
+            endpoints: self.endpoints.iter().map(|e| *e.get_ref()).collect(),
+        })
+    }
+}
+
+// ---- [dataplane] and [dns] -------------------------------------------------------------------
+
+/// An AEAD backend name (`ring` or `rustcrypto`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AeadName(pub Backend);
+
+impl<'de> Deserialize<'de> for AeadName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map(Self).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Default of `dataplane.batch_size`.
+pub const BATCH_SIZE: usize = 32;
+/// Default of `dataplane.batches_in_flight`.
+pub const BATCHES_IN_FLIGHT: usize = 128;
+/// Default of `dataplane.buffers`.
+pub const BUFFERS: usize = 8192;
+/// Default of the socket buffer sizes.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+/// Default of `dataplane.queue_per_peer`.
+pub const QUEUE_PER_PEER: usize = 64;
+
+/// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to 1024 in
+/// flight, at least 256 buffers.
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_pipeline(
+    src: &Source<'_>,
+    batch_size: &Spanned<usize>,
+    batches_in_flight: &Spanned<usize>,
+    buffers: &Spanned<usize>,
+) -> Result<(), ConfigError> {
+    for (v, k) in [
+        (batch_size, "dataplane.batch_size"),
+        (batches_in_flight, "dataplane.batches_in_flight"),
+    ] {
+        if !(1..=1024).contains(v.get_ref()) {
+            return src.err(&v.span(), k, format!("{} is outside 1..=1024", v.get_ref()));
+        }
+    }
+    if *buffers.get_ref() < 256 {
+        return src.err(
+            &buffers.span(),
+            "dataplane.buffers",
+            "at least 256 buffers are needed to run",
+        );
+    }
+    Ok(())
+}
+
+/// Checks `[dns]`'s upstream resolvers (reached on the external side: not inside the overlay,
+/// not unspecified or multicast) and TTL (at most a day).
+///
+/// # Errors
+/// The first mistake, located.
+pub fn check_dns(
+    src: &Source<'_>,
+    upstream: &[Spanned<IpAddr>],
+    ttl: &Spanned<u32>,
+    overlay: Ipv4Net,
+) -> Result<Vec<IpAddr>, ConfigError> {
+    if *ttl.get_ref() > 86_400 {
+        return src.err(
+            &ttl.span(),
+            "dns.ttl",
+            format!(
+                "{} s is over a day; device names change when leases do",
+                ttl.get_ref()
+            ),
+        );
+    }
+    let mut out = Vec::new();
+    for (i, u) in upstream.iter().enumerate() {
+        let ip = *u.get_ref();
+        let inside = match ip {
+            IpAddr::V4(v4) => overlay.contains(&v4),
+            IpAddr::V6(_) => false,
+        };
+        if ip.is_unspecified() || ip.is_multicast() || inside {
+            return src.err(
+                &u.span(),
+                &format!("dns.upstream[{i}]"),
+                format!(
+                    "{ip} cannot be an upstream resolver (the upstreams are reached on the external side, outside the overlay)"
+                ),
+            );
+        }
+        out.push(ip);
+    }
+    Ok(out)
+}
+
+/// Checks an inner MTU: 576 (the smallest datagram every IPv4 host must accept, RFC 791) to
+/// 1480 (1500 minus the outer IPv4, UDP and tunnel headers).
+///
+/// # Errors
+/// Out of range, located at `key`.
+pub fn check_mtu(src: &Source<'_>, mtu: &Spanned<u16>, key: &str) -> Result<u16, ConfigError> {
+    let v = *mtu.get_ref();
+    if !(576..=1420 + 60).contains(&v) {
+        return src.err(&mtu.span(), key, format!("{v} is outside 576..=1480"));
+    }
+    Ok(v)
+}
+
+// ---- locating ----------------------------------------------------------------------------
+
+/// 1-based line of byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset.min(text.len()))
+        .map_or(1, |t| t.matches('\n').count() + 1)
+}
+
+/// The dotted key at byte `offset`: the table header above it and the key on its line,
+/// e.g. `reservation[1].mac`.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let line_no = line_of(text, offset);
+    let lines: Vec<&str> = text.lines().collect();
+    let line = lines.get(line_no - 1)?;
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_owned());
+    let mut table = None;
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for l in &lines[..line_no.min(lines.len())] {
+        let t = l.trim();
+        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
+            let n = counts.entry(name.trim().to_owned()).or_insert(0);
+            table = Some(format!("{}[{}]", name.trim(), *n));
+            *n += 1;
+        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            table = Some(name.trim().to_owned());
+        }
+    }
+    match (table, key) {
+        (Some(t), Some(k)) => Some(format!("{t}.{k}")),
+        (None, Some(k)) => Some(k),
+        (Some(t), None) => Some(t),
+        (None, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_found_under_their_tables() {
+        let text = "top = 1\n[a]\nx = 2\n[[p]]\ny = 3\n[[p]]\ny = 4\n";
+        for (needle, key) in [
+            ("top", "top"),
+            ("x = 2", "a.x"),
+            ("y = 3", "p[0].y"),
+            ("y = 4", "p[1].y"),
+        ] {
+            let at = text.find(needle).unwrap_or_default();
+            assert_eq!(key_at(text, at).as_deref(), Some(key), "{needle}");
+        }
+        assert_eq!(line_of(text, text.find("y = 4").unwrap_or_default()), 7);
+    }
+}
