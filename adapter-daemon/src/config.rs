@@ -89,14 +89,14 @@ struct Raw {
 #[serde(deny_unknown_fields)]
 struct RawAdapter {
     lan_interface: String,
-    #[serde(default = "default_listen")]
+    #[serde(default = "cyphonic_settings::defaults::listen")]
     listen: SocketAddr,
     gateway_vip: Spanned<Ipv4Addr>,
-    #[serde(default = "default_overlay")]
+    #[serde(default = "cyphonic_settings::defaults::overlay")]
     overlay: Spanned<Ipv4Net>,
-    #[serde(default = "default_inner_mtu")]
+    #[serde(default = "cyphonic_settings::defaults::inner_mtu")]
     inner_mtu: Spanned<u16>,
-    #[serde(default = "yes")]
+    #[serde(default = "cyphonic_settings::defaults::yes")]
     mss_clamp: bool,
     #[serde(default = "default_status_socket")]
     status_socket: PathBuf,
@@ -107,7 +107,7 @@ struct RawAdapter {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDhcp {
-    #[serde(default = "yes")]
+    #[serde(default = "cyphonic_settings::defaults::yes")]
     enabled: bool,
     pool: Option<Spanned<String>>,
     #[serde(default = "default_lease_time")]
@@ -133,11 +133,11 @@ impl Default for RawDhcp {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDns {
-    #[serde(default = "yes")]
+    #[serde(default = "cyphonic_settings::defaults::yes")]
     enabled: bool,
     #[serde(default)]
     upstream: Vec<Spanned<IpAddr>>,
-    #[serde(default = "default_dns_ttl")]
+    #[serde(default = "cyphonic_settings::defaults::dns_ttl")]
     ttl: Spanned<u32>,
 }
 
@@ -146,7 +146,7 @@ impl Default for RawDns {
         Self {
             enabled: true,
             upstream: Vec::new(),
-            ttl: default_dns_ttl(),
+            ttl: cyphonic_settings::defaults::dns_ttl(),
         }
     }
 }
@@ -156,23 +156,23 @@ impl Default for RawDns {
 struct RawDataplane {
     #[serde(default)]
     workers: usize,
-    #[serde(default = "default_batch_size")]
+    #[serde(default = "cyphonic_settings::defaults::batch_size")]
     batch_size: Spanned<usize>,
-    #[serde(default = "default_batches_in_flight")]
+    #[serde(default = "cyphonic_settings::defaults::batches_in_flight")]
     batches_in_flight: Spanned<usize>,
-    #[serde(default = "yes")]
+    #[serde(default = "cyphonic_settings::defaults::yes")]
     ordering: bool,
     #[serde(default)]
     aead: AeadName,
-    #[serde(default = "default_socket_buffer")]
+    #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
     udp_buffer: usize,
-    #[serde(default = "default_socket_buffer")]
+    #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
     lan_buffer: usize,
-    #[serde(default = "default_queue_per_peer")]
+    #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
     queue_per_peer: usize,
-    #[serde(default = "default_buffers")]
+    #[serde(default = "cyphonic_settings::defaults::buffers")]
     buffers: Spanned<usize>,
-    #[serde(default = "yes")]
+    #[serde(default = "cyphonic_settings::defaults::yes")]
     disable_offloads: bool,
 }
 
@@ -180,14 +180,14 @@ impl Default for RawDataplane {
     fn default() -> Self {
         Self {
             workers: 0,
-            batch_size: default_batch_size(),
-            batches_in_flight: default_batches_in_flight(),
+            batch_size: cyphonic_settings::defaults::batch_size(),
+            batches_in_flight: cyphonic_settings::defaults::batches_in_flight(),
             ordering: true,
             aead: AeadName::default(),
-            udp_buffer: default_socket_buffer(),
-            lan_buffer: default_socket_buffer(),
-            queue_per_peer: default_queue_per_peer(),
-            buffers: default_buffers(),
+            udp_buffer: cyphonic_settings::defaults::socket_buffer(),
+            lan_buffer: cyphonic_settings::defaults::socket_buffer(),
+            queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
+            buffers: cyphonic_settings::defaults::buffers(),
             disable_offloads: true,
         }
     }
@@ -201,21 +201,6 @@ struct RawReservation {
     hostname: Option<Spanned<String>>,
 }
 
-fn default_listen() -> SocketAddr {
-    SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 51820))
-}
-fn default_overlay() -> Spanned<Ipv4Net> {
-    Spanned::new(
-        0..0,
-        Ipv4Net::new(Ipv4Addr::new(100, 64, 0, 0), 10).expect("valid prefix"),
-    )
-}
-fn default_inner_mtu() -> Spanned<u16> {
-    Spanned::new(0..0, 1420)
-}
-const fn yes() -> bool {
-    true
-}
 fn default_status_socket() -> PathBuf {
     PathBuf::from("/run/cyphonic/adapter.sock")
 }
@@ -230,24 +215,6 @@ fn default_new_lease_share() -> Spanned<f64> {
 }
 fn default_new_lease_window() -> Spanned<u64> {
     Spanned::new(0..0, 60)
-}
-fn default_dns_ttl() -> Spanned<u32> {
-    Spanned::new(0..0, 60)
-}
-fn default_batch_size() -> Spanned<usize> {
-    Spanned::new(0..0, cyphonic_settings::BATCH_SIZE)
-}
-fn default_batches_in_flight() -> Spanned<usize> {
-    Spanned::new(0..0, cyphonic_settings::BATCHES_IN_FLIGHT)
-}
-const fn default_socket_buffer() -> usize {
-    cyphonic_settings::SOCKET_BUFFER
-}
-const fn default_queue_per_peer() -> usize {
-    cyphonic_settings::QUEUE_PER_PEER
-}
-fn default_buffers() -> Spanned<usize> {
-    Spanned::new(0..0, cyphonic_settings::BUFFERS)
 }
 
 // ---- the validated configuration -----------------------------------------------------------
@@ -587,7 +554,7 @@ mod tests {
 
     use std::time::Duration;
 
-    use cyphonic_crypto::{CertificateAuthority, IssueRequest, StaticKeypair};
+    use cyphonic_settings::testing::Node;
 
     use super::*;
 
@@ -610,40 +577,25 @@ mod tests {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(dir.join("peers")).unwrap();
-        let ca = CertificateAuthority::generate(
-            "ovl.example",
-            &["100.64.0.0/10".parse().unwrap()],
-            NOW - 100,
-            NOW + 10_000_000,
-        )
-        .unwrap();
-        let issue = |name: &str, block: &str, key: &StaticKeypair| {
-            ca.issue(&IssueRequest {
-                name: name.into(),
-                vip_blocks: vec![block.parse().unwrap()],
-                public_key: key.public().0,
-                groups: vec![],
-                not_before: NOW - 100,
-                not_after: NOW + 1_000_000,
-            })
-            .unwrap()
-        };
-        let k1 = StaticKeypair::generate().unwrap();
-        let k2 = StaticKeypair::generate().unwrap();
-        std::fs::write(dir.join("ca.crt"), ca.certificate().to_pem()).unwrap();
-        std::fs::write(dir.join("revoked.txt"), "# none\n").unwrap();
-        std::fs::write(dir.join("gw1.ovl.example.key"), &*k1.to_pem()).unwrap();
-        std::fs::write(
-            dir.join("gw1.ovl.example.crt"),
-            issue("gw1.ovl.example", "100.64.1.0/24", &k1).to_pem(),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("peers/gw2.ovl.example.crt"),
-            issue("gw2.ovl.example", "100.64.2.0/24", &k2).to_pem(),
-        )
-        .unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        cyphonic_settings::testing::write_pki(
+            &dir,
+            NOW,
+            &[
+                Node {
+                    name: "gw1.ovl.example",
+                    block: "100.64.1.0/24",
+                    path: "gw1.ovl.example",
+                    with_key: true,
+                },
+                Node {
+                    name: "gw2.ovl.example",
+                    block: "100.64.2.0/24",
+                    path: "peers/gw2.ovl.example",
+                    with_key: false,
+                },
+            ],
+        );
         std::fs::write(dir.join("adapter.toml"), EXAMPLE).unwrap();
         Fixture(dir)
     }
@@ -978,9 +930,11 @@ mod tests {
         );
     }
 
-    /// The fields each table accepts, as serde itself lists them for an unknown key.
-    fn accepted_keys(table: &str) -> Vec<String> {
-        let probe = match table {
+    /// config/adapter.example.toml sets every key the code accepts, so every key is documented
+    /// there (a new key without documentation fails here).
+    #[test]
+    fn the_example_documents_every_key() {
+        let probe = |table: &str| match table {
             "" => "__probe = 1\n".to_owned(),
             "cloud" => {
                 "[cloud]\naddress = \"192.0.2.1:1\"\npublic_key = \"\"\n__probe = 1\n".to_owned()
@@ -988,26 +942,8 @@ mod tests {
             "reservation" | "peer" => format!("[[{table}]]\n__probe = 1\n"),
             t => format!("[{t}]\n__probe = 1\n"),
         };
-        let err = toml::from_str::<Raw>(&probe)
-            .err()
-            .map(|e| e.message().to_owned())
-            .unwrap_or_default();
-        let list = err.split("expected one of").nth(1).unwrap_or_default();
-        list.split('`')
-            .skip(1)
-            .step_by(2)
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// config/adapter.example.toml sets every key the code accepts, so every key is documented
-    /// there (a new key without documentation fails here).
-    #[test]
-    fn the_example_documents_every_key() {
-        let example: toml::Table = toml::from_str(EXAMPLE).unwrap();
-        let top = accepted_keys("");
         assert_eq!(
-            top,
+            cyphonic_settings::accepted_keys::<Raw>(&probe("")),
             [
                 "adapter",
                 "identity",
@@ -1019,24 +955,10 @@ mod tests {
                 "cloud"
             ]
         );
-        for table in &top {
-            let keys = accepted_keys(table);
-            assert!(!keys.is_empty(), "no keys found for {table}");
-            let section = &example[table.as_str()];
-            let present: HashSet<String> = match section {
-                toml::Value::Array(items) => items
-                    .iter()
-                    .flat_map(|i| i.as_table().unwrap().keys().cloned())
-                    .collect(),
-                toml::Value::Table(t) => t.keys().cloned().collect(),
-                other => panic!("{table}: {other:?}"),
-            };
-            for k in keys {
-                assert!(
-                    present.contains(&k),
-                    "config/adapter.example.toml does not show `{table}.{k}`"
-                );
-            }
-        }
+        let missing = cyphonic_settings::undocumented_keys::<Raw>(EXAMPLE, probe);
+        assert!(
+            missing.is_empty(),
+            "config/adapter.example.toml does not show {missing:?}"
+        );
     }
 }

@@ -51,7 +51,7 @@ impl Control {
     /// The status socket or signal handlers cannot be set up.
     pub async fn run(mut self) -> anyhow::Result<()> {
         use anyhow::Context as _;
-        let listener = status::bind(&self.status_socket).with_context(|| {
+        let listener = cyphonic_tunnel::status::bind(&self.status_socket).with_context(|| {
             format!("opening the status socket {}", self.status_socket.display())
         })?;
         let status_task = tokio::spawn(status::serve(

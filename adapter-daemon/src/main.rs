@@ -108,7 +108,7 @@ fn main() -> ExitCode {
                 c.peers.len()
             );
         }).map_err(anyhow::Error::from),
-        Command::Status { socket, json } => status::fetch(&socket).map(|doc| {
+        Command::Status { socket, json } => cyphonic_tunnel::status::fetch(&socket, "cyphonic-adapter").map_err(anyhow::Error::from).map(|doc| {
             if json {
                 println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
             } else {
@@ -136,51 +136,7 @@ fn print_status(doc: &serde_json::Value) {
         a["listen"].as_str().unwrap_or("?"),
         a["uptime_secs"]
     );
-    let c = &doc["cloud"];
-    if c.is_object() {
-        println!(
-            "cloud {}  {}{}{}",
-            c["address"].as_str().unwrap_or("?"),
-            if c["connected"].as_bool() == Some(true) {
-                "connected"
-            } else {
-                "NOT CONNECTED"
-            },
-            c["observed"]
-                .as_str()
-                .map(|o| format!("  our tunnel socket as it sees it: {o}"))
-                .unwrap_or_default(),
-            c["last_error"]
-                .as_str()
-                .map(|e| format!("  last error: {e}"))
-                .unwrap_or_default()
-        );
-    }
-    println!();
-    println!(
-        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
-        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "ROUTE", "UP", "TX PKTS", "RX PKTS"
-    );
-    for p in doc["peers"].as_array().into_iter().flatten() {
-        let route = p["relay"]["reason"]
-            .as_str()
-            .map_or_else(|| "direct".to_owned(), |why| format!("relay ({why})"));
-        println!(
-            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
-            p["name"].as_str().unwrap_or("?"),
-            p["origin"].as_str().unwrap_or("?"),
-            p["vip_blocks"][0].as_str().unwrap_or("-"),
-            p["endpoint"].as_str().unwrap_or("-"),
-            route,
-            if p["established"].as_bool() == Some(true) {
-                "yes"
-            } else {
-                "no"
-            },
-            p["tx_packets"],
-            p["rx_packets"]
-        );
-    }
+    print!("{}", cyphonic_tunnel::status::peers_text(doc));
     println!();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -235,20 +191,5 @@ fn print_status(doc: &serde_json::Value) {
         );
     }
     println!();
-    println!("counters (non-zero):");
-    if let Some(map) = doc["counters"].as_object() {
-        for (k, v) in map.iter().filter(|(_, v)| v.as_u64() != Some(0)) {
-            println!("  {k:<28} {v}");
-        }
-    }
-    for dir in ["egress", "ingress"] {
-        let p = &doc["pipelines"][dir];
-        println!(
-            "pipeline {dir}: emitted {} out_of_order {} held {} mean_hold_us {:.1}",
-            p["emitted"],
-            p["out_of_order"],
-            p["held_packets"],
-            p["mean_hold_us"].as_f64().unwrap_or(0.0)
-        );
-    }
+    print!("{}", cyphonic_tunnel::status::counters_text(doc));
 }

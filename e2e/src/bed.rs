@@ -12,14 +12,14 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::impair::{Impairment, Relay};
-use crate::{Netns, Proc, sh, unique, veth, wait_until};
+use crate::{Netns, Proc, sh, unique, veth};
 
 /// The two sites.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +37,8 @@ pub struct Bins {
     pub adapter: PathBuf,
     /// `cyphonic-cloud`.
     pub cloud: PathBuf,
+    /// `cyphonic-node`.
+    pub node: PathBuf,
 }
 
 impl Bins {
@@ -59,11 +61,12 @@ impl Bins {
         let bins = Self {
             adapter: dir.join("cyphonic-adapter"),
             cloud: dir.join("cyphonic-cloud"),
+            node: dir.join("cyphonic-node"),
         };
-        for b in [&bins.adapter, &bins.cloud] {
+        for b in [&bins.adapter, &bins.cloud, &bins.node] {
             if !b.exists() {
                 bail!(
-                    "{} is not built; run `cargo xtask test` (or `cargo build -p cyphonic-adapter -p cyphonic-cloud`)",
+                    "{} is not built; run `cargo xtask test` (or `cargo build -p cyphonic-adapter -p cyphonic-cloud -p cyphonic-node`)",
                     b.display()
                 );
             }
@@ -142,6 +145,9 @@ pub struct BedOptions {
     /// The router drops UDP between the two sites' underlay networks: only the cloud (and its
     /// relay) reach both. Hole punching has no chance.
     pub block_direct: bool,
+    /// Add node C, a host running `cyphonic-node`, on its own segment behind the router
+    /// (192.0.2.66), or behind a NAT of this kind. Needs the cloud.
+    pub node_c: Option<Option<Nat>>,
 }
 
 /// How the NAT in front of adapter B maps addresses (nftables masquerade).
@@ -172,12 +178,13 @@ impl Default for BedOptions {
             nat_a: None,
             v6_only_b: false,
             block_direct: false,
+            node_c: None,
         }
     }
 }
 
-/// The cloud's host, dual-stack: `[wan router] toc 192.0.2.1/25 fd00:192:0:2::1/64 -- wan
-/// 192.0.2.10/25 fd00:192:0:2::10/64 [cloud]`.
+/// The cloud's host, dual-stack: `[wan router] toc 192.0.2.1/26 fd00:192:0:2::1/64 -- wan
+/// 192.0.2.10/26 fd00:192:0:2::10/64 [cloud]`.
 #[derive(Debug)]
 pub struct CloudHost {
     /// Its namespace.
@@ -206,9 +213,10 @@ impl CloudHost {
     ) -> anyhow::Result<Self> {
         let ns = Netns::new("cloud")?;
         veth(&ns, "wan", wan, "toc")?;
-        // 192.0.2.0/25; the upper half is the private side of a NAT (`nat_router`).
-        wan.ip(&["addr", "add", "192.0.2.1/25", "dev", "toc"])?;
-        ns.ip(&["addr", "add", "192.0.2.10/25", "dev", "wan"])?;
+        // 192.0.2.0/26; node C's segment is 192.0.2.64/26, and the upper half is the private
+        // side of a NAT (`nat_router`).
+        wan.ip(&["addr", "add", "192.0.2.1/26", "dev", "toc"])?;
+        ns.ip(&["addr", "add", "192.0.2.10/26", "dev", "wan"])?;
         ns.ip(&["route", "add", "default", "via", "192.0.2.1"])?;
         wan.ip(&[
             "-6",
@@ -267,34 +275,17 @@ impl CloudHost {
     /// # Errors
     /// It exits or does not listen within 10 s (its log is in the error).
     pub fn start(&mut self, bins: &Bins) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log())?;
         let config = self.dir.join("cloud.toml");
-        let child = self
-            .ns
-            .command(
-                bins.cloud.to_str().context("path")?,
-                &["serve", "--config", config.to_str().context("path")?],
-            )
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting cyphonic-cloud")?;
-        self.proc = Some(Proc::from_child(child, "cyphonic-cloud"));
         let log = self.log();
-        wait_until(Duration::from_secs(10), "the cloud serving", || {
-            std::fs::read_to_string(&log).is_ok_and(|t| t.contains("cyphonic-cloud serving"))
-        })
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{e}; cloud log:\n{}",
-                std::fs::read_to_string(self.log()).unwrap_or_default()
-            )
-        })
+        let ready =
+            || std::fs::read_to_string(&log).is_ok_and(|t| t.contains("cyphonic-cloud serving"));
+        self.proc = Some(self.ns.daemon(
+            &bins.cloud,
+            &["serve", "--config", config.to_str().context("path")?],
+            &self.log(),
+            ready,
+        )?);
+        Ok(())
     }
 
     /// Stops it with `signal` and waits.
@@ -364,21 +355,21 @@ impl Site {
 }
 
 /// Plugs `ns`'s interface `ns_if` into the next port of `switch`.
-/// A NAT router between an adapter and the router: `[adapter] wan 192.0.2.130/25 -- in
-/// 192.0.2.129/25 [natX] out <public>/24 -- <wan_if> [wan router]`, masquerading what leaves
-/// by `out`.
-fn nat_router(
+/// A NAT router between a host and the router: `[host] wan 192.0.2.130/25 -- in
+/// 192.0.2.129/25 [natX] out <public> -- <wan_if> [wan router]`, masquerading what leaves by
+/// `out`.
+pub(crate) fn nat_router(
     label: &str,
     wan: &Netns,
     wan_if: &str,
     adapter_ns: &Netns,
-    public: Ipv4Addr,
+    public: &str,
     router: &str,
     kind: Nat,
 ) -> anyhow::Result<Netns> {
     let ns = Netns::new(&format!("nat{label}"))?;
     veth(&ns, "out", wan, wan_if)?;
-    ns.ip(&["addr", "add", &format!("{public}/24"), "dev", "out"])?;
+    ns.ip(&["addr", "add", public, "dev", "out"])?;
     ns.ip(&["route", "add", "default", "via", router])?;
     veth(adapter_ns, "wan", &ns, "in")?;
     ns.ip(&["addr", "add", "192.0.2.129/25", "dev", "in"])?;
@@ -430,10 +421,19 @@ pub struct TwoSites {
     pub relay: Option<Relay>,
     /// The cloud, with [`BedOptions::cloud`] (started by [`TwoSites::new`]).
     pub cloud: Option<CloudHost>,
+    /// Node C, with [`BedOptions::node_c`] (not started).
+    pub c: Option<crate::node::NodeHost>,
+    /// Whether hosts added to the LANs get wire-like veths (as the options said).
+    wire_like_lan: bool,
     tmp: TempDir,
 }
 
 impl TwoSites {
+    /// The overlay CA's directory (`ca.crt`, `ca.key`), to issue more certificates.
+    pub fn ca_dir(&self) -> PathBuf {
+        self.tmp.path().join("ca")
+    }
+
     /// Builds the namespaces, certificates and configurations (adapters not started).
     ///
     /// # Errors
@@ -569,6 +569,18 @@ impl TwoSites {
         } else {
             None
         };
+        let c = match (opts.node_c, &cloud) {
+            (Some(nat), Some(cloud)) => Some(crate::node::NodeHost::new(
+                &wan,
+                &bins,
+                &ca,
+                tmp.path(),
+                cloud,
+                &crate::node::NodeSpec::c(nat),
+            )?),
+            (Some(_), None) => bail!("node C needs the cloud"),
+            (None, _) => None,
+        };
         let mut bed = Self {
             a,
             b,
@@ -576,6 +588,8 @@ impl TwoSites {
             bins,
             relay,
             cloud,
+            c,
+            wire_like_lan: opts.wire_like_lan,
             tmp,
         };
         bed.write_config(Side::A, opts)?;
@@ -652,7 +666,7 @@ impl TwoSites {
                     wan,
                     wan_if,
                     &adapter_ns,
-                    public,
+                    &format!("{public}/24"),
                     &router,
                     kind,
                 )?),
@@ -697,11 +711,13 @@ impl TwoSites {
     }
 
     /// A new host on a site's LAN (the bed must have `lan_switch`): a namespace with `eth0`
-    /// plugged into the switch, up, without an address. Returns it with its MAC.
+    /// plugged into the switch, up, without an address, wire-like as the bed's options say.
+    /// Returns it with its MAC.
     ///
     /// # Errors
     /// No switch on this LAN, or `ip` failing.
     pub fn add_host(&mut self, side: Side, label: &str) -> anyhow::Result<(Netns, String)> {
+        let wire_like = self.wire_like_lan;
         let site = self.site_mut(side);
         anyhow::ensure!(
             site.switch.is_some(),
@@ -710,6 +726,9 @@ impl TwoSites {
         let ns = Netns::new(label)?;
         let switch = site.switch.as_ref().context("no switch")?;
         plug(switch, &mut site.ports, &ns, "eth0")?;
+        if wire_like {
+            ns.exec("ethtool", &["-K", "eth0", "tso", "off", "gso", "off"])?;
+        }
         let mac = mac_of(&ns, "eth0")?;
         Ok((ns, mac))
     }
@@ -790,35 +809,18 @@ impl TwoSites {
     /// # Errors
     /// It exits or does not come up within 10 s (its log is in the error).
     pub fn start(&mut self, side: Side) -> anyhow::Result<()> {
-        let adapter = self.bins.adapter.to_str().context("path")?.to_owned();
+        let adapter = self.bins.adapter.clone();
         let site = self.site_mut(side);
-        let _ = std::fs::remove_file(site.socket());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(site.log())?;
-        let child = site
-            .adapter_ns
-            .command(
-                &adapter,
-                &["run", "--config", site.config().to_str().context("path")?],
-            )
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting cyphonic-adapter")?;
-        site.adapter = Some(Proc::from_child(child, "cyphonic-adapter"));
         let socket = site.socket();
-        let ready = wait_until(
-            Duration::from_secs(10),
-            "the adapter's status socket",
-            || socket.exists() && site_running(site),
-        );
-        if let Err(e) = ready {
-            bail!("{e}; adapter log:\n{}", site.log_text());
-        }
+        let _ = std::fs::remove_file(&socket);
+        let config = site.config();
+        let proc = site.adapter_ns.daemon(
+            &adapter,
+            &["run", "--config", config.to_str().context("path")?],
+            &site.log(),
+            || socket.exists(),
+        )?;
+        site.adapter = Some(proc);
         Ok(())
     }
 
@@ -918,8 +920,11 @@ impl TwoSites {
                 std::fs::read_to_string(c.log()).unwrap_or_default()
             )
         });
+        let node = self.c.as_ref().map_or(String::new(), |c| {
+            format!("\n--- node C ---\n{}", c.log_text())
+        });
         format!(
-            "--- adapter A ---\n{}\n--- adapter B ---\n{}{cloud}",
+            "--- adapter A ---\n{}\n--- adapter B ---\n{}{cloud}{node}",
             self.a.log_text(),
             self.b.log_text()
         )
@@ -936,6 +941,9 @@ impl Drop for TwoSites {
         // Processes and the relay first (they hold the namespaces' sockets), then directories.
         self.a.adapter.take();
         self.b.adapter.take();
+        if let Some(c) = self.c.as_mut() {
+            c.proc.take();
+        }
         self.relay.take();
         if let Some(c) = self.cloud.as_mut() {
             c.proc.take();
@@ -957,10 +965,6 @@ pub fn mac_of(ns: &Netns, iface: &str) -> anyhow::Result<String> {
         .nth(1)
         .context("no MAC")?
         .to_owned())
-}
-
-fn site_running(site: &mut Site) -> bool {
-    site.adapter.as_mut().is_some_and(Proc::running)
 }
 
 /// An iperf3 measurement in progress: a one-shot server and a client, both owned here (they

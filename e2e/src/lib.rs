@@ -12,10 +12,12 @@
 #![forbid(unsafe_code)]
 
 pub mod bed;
+pub mod fleet;
 pub mod impair;
 pub mod inject;
 pub mod lan;
 pub mod measure;
+pub mod node;
 pub mod postgres;
 
 use std::process::{Child, Command, Output, Stdio};
@@ -177,6 +179,48 @@ impl Netns {
             child: Some(child),
             what: format!("{program} in {}", self.name),
         })
+    }
+}
+
+impl Netns {
+    /// Starts one of our daemons in the namespace, its output appended to `log`, and waits
+    /// up to 10 s for `ready` (it is stopped, and the log shown, if it exits or is not ready).
+    ///
+    /// # Errors
+    /// It cannot start, exits, or is not ready in time (its log is in the error).
+    pub fn daemon(
+        &self,
+        program: &std::path::Path,
+        args: &[&str],
+        log: &std::path::Path,
+        mut ready: impl FnMut() -> bool,
+    ) -> anyhow::Result<Proc> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let name = program
+            .file_name()
+            .map_or_else(|| "daemon".into(), |n| n.to_string_lossy().into_owned());
+        let child = self
+            .command(program.to_str().context("program path")?, args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        let mut proc = Proc::from_child(child, &name);
+        let up = wait_until(Duration::from_secs(10), &format!("{name} ready"), || {
+            proc.running() && ready()
+        });
+        if let Err(e) = up {
+            bail!(
+                "{e}; {name} log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        Ok(proc)
     }
 }
 

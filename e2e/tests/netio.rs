@@ -320,3 +320,65 @@ fn namespaces_are_removed_when_dropped() {
             .any(|l| l.split_whitespace().next() == Some(&name))
     );
 }
+
+/// A TUN device: configured with an address, MTU and up; a packet the host routes into it is
+/// read whole; a packet written into it reaches a socket; nothing waiting is a timeout, not an
+/// error; dropping it removes the interface.
+#[test]
+fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
+    use std::net::Ipv4Addr;
+
+    use cyphonic_netio::Tun;
+    require_root();
+    let ns = Netns::new("tun").unwrap();
+    inside(&ns, || {
+        let tun = Tun::create("cytest%d").unwrap();
+        let name = tun.name().to_owned();
+        assert!(name.starts_with("cytest"), "{name}");
+        tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, 1400)
+            .unwrap();
+        let iface = Interface::lookup(&name).unwrap();
+        assert!(iface.up);
+        assert_eq!(iface.mtu, 1400);
+
+        let host = std::net::UdpSocket::bind("100.64.9.1:0").unwrap();
+        host.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        host.send_to(b"into the tunnel", "100.64.9.2:9999").unwrap();
+        let mut buf = [0u8; 2048];
+        let n = tun
+            .recv(&mut buf, Duration::from_secs(2))
+            .unwrap()
+            .expect("the host's packet");
+        let packet = &buf[..n];
+        assert_eq!(packet[0] >> 4, 4, "IPv4, with no packet-info header");
+        assert_eq!(&packet[16..20], &[100, 64, 9, 2]);
+        assert!(packet.ends_with(b"into the tunnel"));
+
+        let port = host.local_addr().unwrap().port();
+        let frame = cyphonic_e2e::inject::udp_frame(
+            [0; 6],
+            [0; 6],
+            Ipv4Addr::new(100, 64, 9, 2),
+            Ipv4Addr::new(100, 64, 9, 1),
+            9999,
+            port,
+            b"out of the tunnel",
+        );
+        tun.send(&frame[14..]).unwrap();
+        let (n, from) = host.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"out of the tunnel");
+        assert_eq!(from, "100.64.9.2:9999".parse::<SocketAddr>().unwrap());
+
+        assert_eq!(tun.recv(&mut buf, Duration::from_millis(50)).unwrap(), None);
+        drop(tun);
+        assert!(matches!(
+            Interface::lookup(&name),
+            Err(NetError::NoSuchInterface(_))
+        ));
+        // A name the kernel cannot take is refused before asking it.
+        assert!(matches!(
+            Tun::create("a-name-far-too-long-for-linux"),
+            Err(NetError::BadInterfaceName(_))
+        ));
+    });
+}

@@ -19,6 +19,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("dhclient", "isc-dhcp-client"),
     ("dig", "dnsutils"),
     ("dnsmasq", "dnsmasq-base"),
+    ("nft", "nftables"),
 ];
 
 /// Checks for root and the tools; installs missing tools with apt-get when it can.
@@ -61,7 +62,8 @@ pub(crate) fn prerequisites() -> anyhow::Result<()> {
     )
 }
 
-/// Builds the adapter, the CA tool and the bed in release mode; returns their directory.
+/// Builds the adapter, the cloud (and CA tool), the node and the bed in release mode; returns
+/// their directory.
 ///
 /// # Errors
 /// The build fails.
@@ -77,11 +79,15 @@ pub(crate) fn build_release(root: &Path) -> anyhow::Result<PathBuf> {
             "-p",
             "cyphonic-cloud",
             "-p",
+            "cyphonic-node",
+            "-p",
             "cyphonic-e2e",
             "--bin",
             "cyphonic-adapter",
             "--bin",
             "cyphonic-cloud",
+            "--bin",
+            "cyphonic-node",
             "--bin",
             "cyphonic-bed",
         ],

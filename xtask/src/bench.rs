@@ -18,15 +18,30 @@ const E2E: (&str, &str) = (
     "<!-- xtask bench e2e: begin -->",
     "<!-- xtask bench e2e: end -->",
 );
+const PEERS: (&str, &str) = (
+    "<!-- xtask bench peers: begin -->",
+    "<!-- xtask bench peers: end -->",
+);
+
+/// Which parts `cargo xtask bench` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Parts {
+    /// The criterion benchmarks.
+    pub(crate) micro: bool,
+    /// Plain routing against the tunnel, and the ordering ablation.
+    pub(crate) e2e: bool,
+    /// Many nodes against one adapter.
+    pub(crate) peers: bool,
+}
 /// Packets per criterion iteration (benches/src/lib.rs `BURST`).
 const BURST: f64 = 4096.0;
 /// Packets per batch at the pipeline's default configuration.
 const BATCH: f64 = 32.0;
 
-pub(crate) fn run(write: bool, micro: bool, e2e: bool) -> anyhow::Result<()> {
+pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
     let root = util::root();
     let mut sections = Vec::new();
-    if micro {
+    if parts.micro {
         let criterion_dir = root.join("target/criterion");
         // Stale results from an earlier run must not mix into this one's ratios.
         for group in [
@@ -52,19 +67,27 @@ pub(crate) fn run(write: bool, micro: bool, e2e: bool) -> anyhow::Result<()> {
         )?;
         sections.push((MICRO, render(&collect(&criterion_dir)?)?));
     }
-    if e2e {
+    if parts.e2e || parts.peers {
         crate::bed::prerequisites()?;
         let bin = crate::bed::build_release(&root)?;
-        let out = std::process::Command::new(bin.join("cyphonic-bed"))
-            .arg("bench")
-            .env("CYPHONIC_BIN_DIR", &bin)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .context("running cyphonic-bed bench")?;
-        if !out.status.success() {
-            bail!("cyphonic-bed bench failed ({})", out.status);
+        let bed = |what: &str| -> anyhow::Result<String> {
+            let out = std::process::Command::new(bin.join("cyphonic-bed"))
+                .arg(what)
+                .env("CYPHONIC_BIN_DIR", &bin)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .with_context(|| format!("running cyphonic-bed {what}"))?;
+            if !out.status.success() {
+                bail!("cyphonic-bed {what} failed ({})", out.status);
+            }
+            Ok(String::from_utf8(out.stdout)?)
+        };
+        if parts.e2e {
+            sections.push((E2E, bed("bench")?));
         }
-        sections.push((E2E, String::from_utf8(out.stdout)?));
+        if parts.peers {
+            sections.push((PEERS, bed("peers")?));
+        }
     }
     let path = root.join("docs/benchmarks.md");
     let mut doc =

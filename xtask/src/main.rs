@@ -34,17 +34,21 @@ enum Command {
     /// tier (root), fuzz targets build.
     Test,
     /// Run the benchmarks (release) and update docs/benchmarks.md: criterion (pipeline,
-    /// AEAD) and end to end on the two-site bed (needs root).
+    /// AEAD), end to end on the two-site bed, and many nodes against one adapter (needs root).
+    /// Without a selection, all of them.
     Bench {
         /// Print the tables instead of writing them into docs/benchmarks.md.
         #[arg(long)]
         no_write: bool,
-        /// Only the criterion benchmarks.
-        #[arg(long, conflicts_with = "e2e")]
+        /// The criterion benchmarks.
+        #[arg(long)]
         micro: bool,
-        /// Only the end-to-end benchmarks.
+        /// Plain routing against the tunnel, and the ordering ablation.
         #[arg(long)]
         e2e: bool,
+        /// Many nodes against one adapter.
+        #[arg(long)]
+        peers: bool,
     },
     /// Run the cargo-fuzz targets (needs the nightly toolchain; installs cargo-fuzz if absent).
     Fuzz {
@@ -68,7 +72,18 @@ fn main() -> ExitCode {
             no_write,
             micro,
             e2e,
-        } => bench::run(!no_write, !e2e, !micro),
+            peers,
+        } => {
+            let all = !(micro || e2e || peers);
+            bench::run(
+                !no_write,
+                bench::Parts {
+                    micro: micro || all,
+                    e2e: e2e || all,
+                    peers: peers || all,
+                },
+            )
+        }
         Command::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
         Command::Tidy => tidy::run(),
         Command::Demo => demo(),
@@ -118,6 +133,8 @@ fn test() -> anyhow::Result<()> {
             "cyphonic-adapter",
             "-p",
             "cyphonic-cloud",
+            "-p",
+            "cyphonic-node",
         ],
     )?;
     // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries and real tools.

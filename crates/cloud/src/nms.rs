@@ -320,7 +320,8 @@ impl Nms {
             ClientMsg::Register { endpoints, names } => {
                 Some(self.register(fp, body, endpoints, names).await)
             }
-            ClientMsg::Relay { peer } => Some(self.relay_request(fp, body, &peer).await),
+            ClientMsg::Relay { peer } => Some(self.pair(fp, body, &peer, true).await),
+            ClientMsg::Admit { peer } => Some(self.pair(fp, body, &peer, false).await),
             ClientMsg::Resolve { id, name } => {
                 bump(&self.stats.resolves);
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
@@ -503,19 +504,18 @@ impl Nms {
         })
     }
 
-    /// A client found no handshake coming through on the direct path to `peer`: pair the two
-    /// through the relay, telling both.
-    async fn relay_request(&self, fp: &str, asker: &CertBody, peer: &str) -> CloudMsg {
+    /// Pairs the client `fp` with `peer` at its request: through the relay (`relay`: its
+    /// handshakes found no direct path), or as the route choice says (an admission: `peer` is
+    /// handshaking with a client that does not know it). Both need policy to let one of the two
+    /// reach the other. Whoever gets a relay channel is told about it.
+    async fn pair(&self, fp: &str, asker: &CertBody, peer: &str, relay: bool) -> CloudMsg {
         let refuse = |reason: &str| {
             bump(&self.stats.relays_refused);
-            tracing::info!(asker = %asker.name, %reason, "relay refused");
-            CloudMsg::NoRelay {
+            tracing::info!(asker = %asker.name, %reason, relay, "pairing refused");
+            CloudMsg::NotPaired {
                 peer: peer.to_owned(),
                 reason: reason.to_owned(),
             }
-        };
-        let Some(trs) = &self.trs else {
-            return refuse("this cloud runs no relay");
         };
         let (me, target) = match (self.store.client(fp).await, self.store.client(peer).await) {
             (Ok(Some(me)), Ok(Some(target))) => (me, target),
@@ -540,26 +540,45 @@ impl Nms {
             bump(&self.stats.denied);
             return refuse("denied by policy");
         }
-        let Some((mine, theirs)) = self.relays(trs, &me, &target, RelayReason::NoDirectHandshake)
-        else {
-            return refuse("the relay cannot serve this pair");
+        let reason = if relay {
+            Some(RelayReason::NoDirectHandshake)
+        } else {
+            route::choose(&me, &target)
         };
-        self.signal(
-            &target.fingerprint,
-            CloudMsg::Expect {
-                peer: PeerInfo {
-                    certificate: me.certificate.clone(),
-                    endpoints: me.reach(),
-                    relay: Some(theirs),
-                },
+        let relays = match (reason, &self.trs) {
+            (Some(reason), Some(trs)) => match self.relays(trs, &me, &target, reason) {
+                Some(r) => Some(r),
+                None if relay => return refuse("the relay cannot serve this pair"),
+                None => None,
             },
-        )
-        .await;
+            (Some(_), None) if relay => return refuse("this cloud runs no relay"),
+            _ => None,
+        };
+        let mine = match relays {
+            Some((mine, theirs)) => {
+                self.signal(
+                    &target.fingerprint,
+                    CloudMsg::Expect {
+                        peer: PeerInfo {
+                            certificate: me.certificate.clone(),
+                            endpoints: me.reach(),
+                            relay: Some(theirs),
+                        },
+                    },
+                )
+                .await;
+                Some(mine)
+            }
+            None => None,
+        };
+        if !relay {
+            tracing::info!(asker = %asker.name, peer = %target.name, "admitted");
+        }
         CloudMsg::Expect {
             peer: PeerInfo {
                 certificate: target.certificate.clone(),
                 endpoints: target.reach(),
-                relay: Some(mine),
+                relay: mine,
             },
         }
     }

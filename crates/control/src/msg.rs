@@ -80,8 +80,16 @@ pub enum ClientMsg {
     },
     /// The direct path to this peer fails (handshakes went unanswered): pair us through a
     /// relay. Answered by an [`CloudMsg::Expect`] carrying the relay, pushed to both sides,
-    /// or by [`CloudMsg::NoRelay`].
+    /// or by [`CloudMsg::NotPaired`].
     Relay {
+        /// The peer's certificate fingerprint (hex).
+        peer: String,
+    },
+    /// A valid node we do not know (we restarted, say) is handshaking with us: may it? The
+    /// cloud checks policy (either direction) and answers with an [`CloudMsg::Expect`]
+    /// describing it (with a relay for both sides when the pair needs one), or with
+    /// [`CloudMsg::NotPaired`].
+    Admit {
         /// The peer's certificate fingerprint (hex).
         peer: String,
     },
@@ -197,8 +205,9 @@ pub enum CloudMsg {
         /// The peer that will initiate.
         peer: PeerInfo,
     },
-    /// The answer to [`ClientMsg::Relay`] when no relay can be given.
-    NoRelay {
+    /// The answer to [`ClientMsg::Relay`] or [`ClientMsg::Admit`] when the cloud will not pair
+    /// us with that peer (no relay, unknown peer, policy, limits).
+    NotPaired {
         /// The peer asked about (fingerprint).
         peer: String,
         /// Why, in words.

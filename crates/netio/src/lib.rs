@@ -13,6 +13,8 @@
 //!   deliberately sized buffers.
 //! - [`Interface`]: index, MAC, MTU, up/down; [`disable_receive_offloads`] switches GRO/LRO
 //!   off through the ethtool ioctl.
+//! - [`Tun`]: the node's overlay interface, a TUN device (opened by tun-tap) with its address,
+//!   netmask, MTU and state set through interface ioctls.
 //! - [`netns::enter`]: moves the calling thread into a named network namespace (test beds).
 //!
 //! Errors say what to do: no such interface, interface down, or which capability is missing.
@@ -25,9 +27,11 @@ mod iface;
 pub mod netns;
 mod packet;
 mod sys;
+mod tun;
 mod udp;
 
 pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{FrameMeta, PacketOptions, PacketSocket};
+pub use tun::Tun;
 pub use udp::{DatagramMeta, UdpOptions, UdpSocket};

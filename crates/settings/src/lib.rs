@@ -417,16 +417,58 @@ impl<'de> Deserialize<'de> for AeadName {
     }
 }
 
-/// Default of `dataplane.batch_size`.
-pub const BATCH_SIZE: usize = 32;
-/// Default of `dataplane.batches_in_flight`.
-pub const BATCHES_IN_FLIGHT: usize = 128;
-/// Default of `dataplane.buffers`.
-pub const BUFFERS: usize = 8192;
-/// Default of the socket buffer sizes.
-pub const SOCKET_BUFFER: usize = 4 << 20;
-/// Default of `dataplane.queue_per_peer`.
-pub const QUEUE_PER_PEER: usize = 64;
+/// The defaults both binaries give the keys they share, as serde's `default = "..."` takes
+/// them (spanned values carry an empty span: "not in the file").
+pub mod defaults {
+    use std::net::{Ipv4Addr, SocketAddr};
+
+    use ipnet::Ipv4Net;
+    use toml::Spanned;
+
+    /// `listen`: every address, IPv4 and IPv6, port 51820.
+    pub fn listen() -> SocketAddr {
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 51820))
+    }
+    /// `overlay`: 100.64.0.0/10.
+    pub fn overlay() -> Spanned<Ipv4Net> {
+        Spanned::new(
+            0..0,
+            Ipv4Net::new(Ipv4Addr::new(100, 64, 0, 0), 10).expect("valid prefix"),
+        )
+    }
+    /// `inner_mtu`: 1420.
+    pub fn inner_mtu() -> Spanned<u16> {
+        Spanned::new(0..0, 1420)
+    }
+    /// Switches that are on unless switched off.
+    pub const fn yes() -> bool {
+        true
+    }
+    /// `dns.ttl`: 60 s.
+    pub fn dns_ttl() -> Spanned<u32> {
+        Spanned::new(0..0, 60)
+    }
+    /// `dataplane.batch_size`: 32.
+    pub fn batch_size() -> Spanned<usize> {
+        Spanned::new(0..0, 32)
+    }
+    /// `dataplane.batches_in_flight`: 128.
+    pub fn batches_in_flight() -> Spanned<usize> {
+        Spanned::new(0..0, 128)
+    }
+    /// Socket buffers: 4 MiB.
+    pub const fn socket_buffer() -> usize {
+        4 << 20
+    }
+    /// `dataplane.queue_per_peer`: 64.
+    pub const fn queue_per_peer() -> usize {
+        64
+    }
+    /// `dataplane.buffers`: 8192.
+    pub fn buffers() -> Spanned<usize> {
+        Spanned::new(0..0, 8192)
+    }
+}
 
 /// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to 1024 in
 /// flight, at least 256 buffers.
@@ -512,6 +554,124 @@ pub fn check_mtu(src: &Source<'_>, mtu: &Spanned<u16>, key: &str) -> Result<u16,
     Ok(v)
 }
 
+// ---- test fixtures ------------------------------------------------------------------------
+
+/// Fixtures for the binaries' configuration tests: certificate files as an operator would
+/// have them. Not for production use.
+pub mod testing {
+    use std::path::Path;
+
+    use cyphonic_crypto::{CertificateAuthority, IssueRequest, StaticKeypair};
+
+    /// One certificate to write: its name, its block, where (relative to the directory,
+    /// without extension), and whether to write its private key too.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Node<'a> {
+        /// FQDN.
+        pub name: &'a str,
+        /// vIP block.
+        pub block: &'a str,
+        /// `<path>.crt` (and `<path>.key`).
+        pub path: &'a str,
+        /// Write the key as well.
+        pub with_key: bool,
+    }
+
+    /// Writes into `dir` an overlay CA for `ovl.example` (`ca.crt`, an empty `revoked.txt`)
+    /// and `nodes`' certificates, valid around `now`.
+    ///
+    /// # Panics
+    /// When a file cannot be written or the CA refuses a node: test setup errors.
+    #[allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+    pub fn write_pki(dir: &Path, now: u64, nodes: &[Node<'_>]) {
+        let ca = CertificateAuthority::generate(
+            "ovl.example",
+            &["100.64.0.0/10".parse().unwrap()],
+            now - 100,
+            now + 10_000_000,
+        )
+        .unwrap();
+        std::fs::write(dir.join("ca.crt"), ca.certificate().to_pem()).unwrap();
+        std::fs::write(dir.join("revoked.txt"), "# none\n").unwrap();
+        for n in nodes {
+            let key = StaticKeypair::generate().unwrap();
+            let cert = ca
+                .issue(&IssueRequest {
+                    name: n.name.into(),
+                    vip_blocks: vec![n.block.parse().unwrap()],
+                    public_key: key.public().0,
+                    groups: vec![],
+                    not_before: now - 100,
+                    not_after: now + 1_000_000,
+                })
+                .unwrap();
+            let crt = dir.join(format!("{}.crt", n.path));
+            if let Some(parent) = crt.parent() {
+                std::fs::create_dir_all(parent).unwrap();
+            }
+            std::fs::write(&crt, cert.to_pem()).unwrap();
+            if n.with_key {
+                std::fs::write(dir.join(format!("{}.key", n.path)), &*key.to_pem()).unwrap();
+            }
+        }
+    }
+}
+
+// ---- documentation ------------------------------------------------------------------------
+
+/// The keys serde accepts where `probe` (a file with one unknown key, `__probe`) puts it, as
+/// serde lists them in its "unknown field" message.
+pub fn accepted_keys<T: DeserializeOwned>(probe: &str) -> Vec<String> {
+    let err = toml::from_str::<T>(probe)
+        .err()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    // "unknown field `__probe`, expected `x`", "... expected `x` or `y`",
+    // "... expected one of `x`, `y`, `z`".
+    let list = err.split(", expected ").nth(1).unwrap_or_default();
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// For the tests that keep the example files complete: every `table.key` a file of type `T`
+/// accepts that `example` does not set. `probe(table)` writes a minimal file with the unknown
+/// key `__probe` in `table` (`""`: at the top).
+pub fn undocumented_keys<T: DeserializeOwned>(
+    example: &str,
+    probe: impl Fn(&str) -> String,
+) -> Vec<String> {
+    let Ok(example) = toml::from_str::<toml::Table>(example) else {
+        return vec!["(the example does not parse)".into()];
+    };
+    let mut missing = Vec::new();
+    for table in accepted_keys::<T>(&probe("")) {
+        let present: Vec<String> = match example.get(&table) {
+            None => {
+                missing.push(table.clone());
+                continue;
+            }
+            Some(toml::Value::Array(items)) => items
+                .iter()
+                .filter_map(toml::Value::as_table)
+                .flat_map(|t| t.keys().cloned())
+                .collect(),
+            Some(toml::Value::Table(t)) => t.keys().cloned().collect(),
+            // A plain top-level key, and it is there.
+            Some(_) => continue,
+        };
+        let keys = accepted_keys::<T>(&probe(&table));
+        missing.extend(
+            keys.into_iter()
+                .filter(|k| !present.contains(k))
+                .map(|k| format!("{table}.{k}")),
+        );
+    }
+    missing
+}
+
 // ---- locating ----------------------------------------------------------------------------
 
 /// 1-based line of byte `offset`.
@@ -566,5 +726,39 @@ mod tests {
             assert_eq!(key_at(text, at).as_deref(), Some(key), "{needle}");
         }
         assert_eq!(line_of(text, text.find("y = 4").unwrap_or_default()), 7);
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct File {
+        top: Option<u32>,
+        table: Option<Table>,
+        #[serde(default)]
+        item: Vec<Table>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Table {
+        x: Option<u32>,
+        y: Option<u32>,
+    }
+
+    #[test]
+    fn keys_an_example_leaves_out_are_found() {
+        let probe = |t: &str| match t {
+            "" => "__probe = 1\n".to_owned(),
+            "item" => "[[item]]\n__probe = 1\n".to_owned(),
+            t => format!("[{t}]\n__probe = 1\n"),
+        };
+        let complete = "top = 1\n[table]\nx = 1\ny = 2\n[[item]]\nx = 1\n[[item]]\ny = 2\n";
+        assert!(undocumented_keys::<File>(complete, probe).is_empty());
+        let partial = "[table]\nx = 1\n[[item]]\ny = 2\n";
+        assert_eq!(
+            undocumented_keys::<File>(partial, probe),
+            ["top", "table.y", "item.x"]
+        );
     }
 }

@@ -68,8 +68,9 @@ pub enum Event {
     },
     /// The cloud refused some of our names.
     NamesRefused(Vec<(String, String)>),
-    /// The cloud cannot relay us to this peer (fingerprint), and says why.
-    NoRelay {
+    /// The cloud will not pair us with this peer (fingerprint: a relay or an admission we
+    /// asked for), and says why.
+    NotPaired {
         /// The peer's certificate fingerprint.
         peer: String,
         /// The cloud's reason.
@@ -122,6 +123,7 @@ type Pending = HashMap<u64, (String, Reply)>;
 enum Cmd {
     Resolve { name: String, reply: Reply },
     Relay { peer: String },
+    Admit { peer: String },
 }
 
 /// The owner's side: keep the registration current, resolve names.
@@ -173,7 +175,7 @@ impl Handle {
 
     /// Asks the cloud to pair us with the peer whose certificate has `fingerprint` through
     /// its relay: handshakes on the direct path went unanswered. The answer comes as an
-    /// [`Event::Expect`] carrying the relay (or [`Event::NoRelay`]).
+    /// [`Event::Expect`] carrying the relay (or [`Event::NotPaired`]).
     ///
     /// # Errors
     /// [`SignalError::NotConnected`] without a session.
@@ -183,6 +185,23 @@ impl Handle {
         }
         self.cmds
             .try_send(Cmd::Relay {
+                peer: fingerprint.to_owned(),
+            })
+            .map_err(|_| SignalError::Stopped)
+    }
+
+    /// Asks the cloud whether the peer whose certificate has `fingerprint`, which is
+    /// handshaking with us without our knowing it, may: the answer comes as an
+    /// [`Event::Expect`] describing it (or [`Event::NotPaired`]).
+    ///
+    /// # Errors
+    /// [`SignalError::NotConnected`] without a session.
+    pub fn admit(&self, fingerprint: &str) -> Result<(), SignalError> {
+        if !self.is_connected() {
+            return Err(SignalError::NotConnected);
+        }
+        self.cmds
+            .try_send(Cmd::Admit {
                 peer: fingerprint.to_owned(),
             })
             .map_err(|_| SignalError::Stopped)
@@ -301,7 +320,7 @@ impl Task {
                         Some(Cmd::Resolve { reply, .. }) => {
                             let _ = reply.send(Err(SignalError::NotConnected));
                         }
-                        Some(Cmd::Relay { .. }) => {}
+                        Some(Cmd::Relay { .. } | Cmd::Admit { .. }) => {}
                     },
                 }
             }
@@ -424,6 +443,7 @@ impl Task {
                         Some(ClientMsg::Resolve { id: next_id, name })
                     }
                     Some(Cmd::Relay { peer }) => Some(ClientMsg::Relay { peer }),
+                    Some(Cmd::Admit { peer }) => Some(ClientMsg::Admit { peer }),
                 },
                 _ = ping.tick() => {
                     if heard.elapsed() > SILENCE {
@@ -477,7 +497,7 @@ impl Task {
                     self.emit(Event::NamesRefused(refused));
                 }
             }
-            CloudMsg::NoRelay { peer, reason } => self.emit(Event::NoRelay { peer, reason }),
+            CloudMsg::NotPaired { peer, reason } => self.emit(Event::NotPaired { peer, reason }),
             CloudMsg::Pong {} => {}
             CloudMsg::Error { reason } => {
                 tracing::warn!(%reason, "the cloud reports an error");

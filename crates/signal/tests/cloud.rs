@@ -556,7 +556,7 @@ async fn a_client_whose_handshakes_fail_gets_a_relay_for_both_sides() {
     a.handle.request_relay(&"00".repeat(32)).unwrap();
     let reason = a
         .until(|e, _| match e {
-            Event::NoRelay { reason, .. } => Some(reason),
+            Event::NotPaired { reason, .. } => Some(reason),
             _ => None,
         })
         .await;

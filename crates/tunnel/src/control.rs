@@ -52,6 +52,7 @@ pub struct Control {
     to_egress: Sender<ToEgress>,
     clock: Clock,
     kicks: HashMap<u32, Instant>,
+    admissions: HashMap<String, Instant>,
     /// The control plane, when configured.
     pub cloud: Option<CloudLink>,
     /// The data threads' messages.
@@ -106,6 +107,7 @@ impl Control {
             to_egress,
             clock,
             kicks: HashMap::new(),
+            admissions: HashMap::new(),
             cloud,
             rx,
             cloud_answers,
@@ -230,8 +232,8 @@ impl Control {
             E::Refused { reason } => {
                 tracing::error!(%reason, "control plane: the cloud refused our certificate");
             }
-            E::NoRelay { peer, reason } => {
-                tracing::warn!(%peer, %reason, "the cloud cannot relay us to a peer");
+            E::NotPaired { peer, reason } => {
+                tracing::warn!(%peer, %reason, "the cloud will not pair us with a peer");
             }
             E::NamesRefused(names) => {
                 for (name, reason) in names {
@@ -256,6 +258,37 @@ impl Control {
             self.apply_relay(&slot, relay.as_ref(), now, hooks);
             let _ = slot.lock().initiate(now);
             self.drain(&slot, hooks);
+        }
+    }
+
+    /// A valid node we do not know is handshaking with us (we restarted, and it still has us
+    /// as a peer): ask the cloud whether it may, at most once per [`KICK_INTERVAL`] per node.
+    /// If so, the cloud's answer adds it, and its next initiation (or ours) succeeds.
+    fn admit(&mut self, cert: &cyphonic_crypto::Certificate, from: SocketAddr, at: Instant) {
+        let name = &cert.body().name;
+        let Some(cloud) = self.cloud.as_ref() else {
+            tracing::warn!(%from, %name, "handshake from a valid node that is not one of our peers");
+            return;
+        };
+        let fingerprint = cert.fingerprint().to_string();
+        if self
+            .admissions
+            .get(&fingerprint)
+            .is_some_and(|t| at.saturating_duration_since(*t) < KICK_INTERVAL)
+        {
+            return;
+        }
+        if self.admissions.len() > 4096 {
+            self.admissions.clear();
+        }
+        self.admissions.insert(fingerprint.clone(), at);
+        match cloud.handle.admit(&fingerprint) {
+            Ok(()) => {
+                tracing::info!(%from, %name, "handshake from a node we do not know: asking the cloud");
+            }
+            Err(e) => {
+                tracing::warn!(%from, %name, error = %e, "handshake from a node we do not know, and the cloud cannot be asked");
+            }
         }
     }
 
@@ -357,7 +390,7 @@ impl Control {
                 };
                 let Some(slot) = self.shared.peers.by_key(&init.remote_static) else {
                     bump(&c.handshake_refused);
-                    tracing::warn!(%from, name = %init.cert.body().name, "handshake from a valid node that is not one of our peers");
+                    self.admit(&init.cert, from, at);
                     return;
                 };
                 let result = slot.lock().handle_init(at, from, init);

@@ -26,6 +26,7 @@ pub mod engine;
 pub mod ingress;
 pub mod peers;
 pub mod pool;
+pub mod status;
 pub mod upstream;
 
 use std::net::SocketAddr;

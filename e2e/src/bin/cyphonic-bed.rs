@@ -34,12 +34,23 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         seconds: u64,
     },
+    /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
+    /// memory and threads per fleet size); prints Markdown.
+    Peers {
+        /// Fleet sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,5,10,50")]
+        counts: Vec<usize>,
+        /// Seconds of TCP per fleet.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Demo => demo(),
         Command::Bench { seconds } => bench(seconds).map(|md| print!("{md}")),
+        Command::Peers { counts, seconds } => peers(&counts, seconds).map(|md| print!("{md}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -418,5 +429,53 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
         md,
         "Out-of-order packets emitted by adapter A's egress pipeline during the main tunnel runs: {egress_ooo}."
     )?;
+    Ok(md)
+}
+
+/// The many-peers table: a fresh bed per fleet size, the cloud and adapter A running.
+fn peers(counts: &[usize], seconds: u64) -> anyhow::Result<String> {
+    let mut rows = Vec::new();
+    for &n in counts {
+        eprintln!("bench: {n} node(s) ...");
+        let mut bed = TwoSites::new(&BedOptions {
+            cloud: true,
+            ..BedOptions::default()
+        })?;
+        bed.start(Side::A)?;
+        rows.push(cyphonic_e2e::fleet::measure(&bed, n, seconds)?);
+    }
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let mut md = String::new();
+    writeln!(
+        md,
+        "Measured {date} on {}. Every node, the adapter, the router, the cloud and the LAN host share the machine's cores; release build; each node resolves the LAN host's name through its DNS stub (which builds its tunnel through the cloud), then node 0 pings the host 300 times 10 ms apart with every tunnel up, then every node runs iperf3 TCP to the host at once for {seconds} s.",
+        machine()
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| nodes | tunnels at adapter A | RTT node 0 -> host, average / p99 (ms) | TCP, all nodes at once (Gbit/s) | slowest node (Mbit/s) | CPU during TCP, adapter A / all nodes (% of a core) | adapter A RSS (MiB) | adapter A threads |"
+    )?;
+    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    for r in &rows {
+        writeln!(
+            md,
+            "| {} | {} | {:.3} / {:.3} | {:.2} | {:.0} | {:.0} / {:.0} | {:.1} | {} |",
+            r.nodes,
+            r.adapter_peers,
+            r.rtt.avg_ms,
+            r.rtt.p99_ms,
+            r.aggregate_gbps,
+            r.slowest_gbps * 1e3,
+            r.adapter_cpu_pct,
+            r.nodes_cpu_pct,
+            r.adapter_rss_kib as f64 / 1024.0,
+            r.adapter_threads
+        )?;
+    }
     Ok(md)
 }

@@ -1,0 +1,255 @@
+//! The node's edge of the engine: the TUN device. Packets the host routes into the overlay
+//! are read from it (one read per packet, straight behind the tunnel header's room in a pool
+//! buffer) and submitted; decrypted packets for us are written into it.
+//!
+//! ```text
+//! cy-tun     TUN read -> checks (IPv4, from our vIP, to the overlay) -> tunnel::Submitter
+//! cy-ingress-emit  TunSink: Incoming::accept, cryptokey routing (the inner source must lie in
+//!                  the sending peer's certified blocks), to us -> TUN write
+//! ```
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cyphonic_pipeline::{DropReason, Sink};
+use cyphonic_tunnel::{BUF_LEN, HEADROOM, Incoming, RECV_BATCH, Submitter, bump};
+use cyphonic_wire::TAG_LEN;
+use ipnet::Ipv4Net;
+
+use crate::daemon::Shared;
+
+/// How long a TUN read waits before the thread looks at its other work.
+const READ_WAIT: Duration = Duration::from_millis(10);
+/// The smallest IPv4 header.
+const IPV4_MIN: usize = 20;
+
+cyphonic_tunnel::counters! {
+    /// Counters of the node's TUN side.
+    pub struct Counters {
+        /// Packets read from the TUN device.
+        tun_read,
+        /// Packets from the host that are not IPv4 (IPv6 router solicitations, say).
+        drop_tun_not_ipv4,
+        /// Packets from the host with a malformed IPv4 header.
+        drop_tun_malformed,
+        /// Packets from the host from another source than our vIP.
+        drop_tun_not_our_source,
+        /// Packets from the host to a destination outside the overlay, or to ourselves.
+        drop_tun_not_overlay,
+        /// Packets written to the TUN device.
+        tun_written,
+        /// Packets the TUN device refused.
+        tun_write_failed,
+        /// Decrypted packets that are not IPv4.
+        drop_inner_not_ipv4,
+        /// Decrypted packets with a malformed IPv4 header.
+        drop_inner_malformed,
+        /// Decrypted packets whose source the sending peer is not certified for.
+        drop_source_not_certified,
+        /// Decrypted packets not addressed to us.
+        drop_not_for_us,
+    }
+}
+
+/// An IPv4 packet's source and destination, if `p` holds a well-formed IPv4 header; the error
+/// says whether it is not IPv4 at all (`false`) or malformed (`true`).
+fn addresses(p: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr), bool> {
+    let first = *p.first().ok_or(true)?;
+    if first >> 4 != 4 {
+        return Err(false);
+    }
+    let header = usize::from(first & 0x0f) * 4;
+    let total = p
+        .get(2..4)
+        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+        .ok_or(true)?;
+    if header < IPV4_MIN || total < header || total > p.len() {
+        return Err(true);
+    }
+    let src = <[u8; 4]>::try_from(p.get(12..16).ok_or(true)?).map_err(|_| true)?;
+    let dst = <[u8; 4]>::try_from(p.get(16..20).ok_or(true)?).map_err(|_| true)?;
+    Ok((Ipv4Addr::from(src), Ipv4Addr::from(dst)))
+}
+
+/// Where a packet from the host goes: its destination in the overlay, or why it is dropped.
+fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &Counters) -> Option<Ipv4Addr> {
+    match addresses(p) {
+        Err(false) => bump(&c.drop_tun_not_ipv4),
+        Err(true) => bump(&c.drop_tun_malformed),
+        Ok((src, _)) if src != vip => bump(&c.drop_tun_not_our_source),
+        Ok((_, dst)) if !overlay.contains(&dst) || dst == vip => bump(&c.drop_tun_not_overlay),
+        Ok((_, dst)) => return Some(dst),
+    }
+    None
+}
+
+/// The thread that reads the TUN device.
+pub struct TunReader {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) submitter: Submitter,
+}
+
+impl TunReader {
+    /// The thread's body: runs until the engine stops.
+    pub fn run(mut self) {
+        let shared = self.shared.clone();
+        let (pool, counters) = (&shared.tunnel.pool, &shared.tunnel.counters);
+        while shared.tunnel.is_running() {
+            self.submitter.handle_events();
+            let mut read = 0;
+            while read < RECV_BATCH {
+                let Some(mut buf) = pool.take() else {
+                    bump(&counters.drop_no_buffer);
+                    std::thread::sleep(Duration::from_millis(1));
+                    break;
+                };
+                let room = &mut buf[HEADROOM..BUF_LEN - TAG_LEN];
+                // Wait for the first packet of a round; take the rest that are there.
+                let got = if read == 0 {
+                    shared.tun.recv(room, READ_WAIT)
+                } else {
+                    shared.tun.try_recv(room)
+                };
+                match got {
+                    Ok(Some(n)) => {
+                        read += 1;
+                        bump(&shared.counters.tun_read);
+                        let packet = &buf[HEADROOM..HEADROOM + n];
+                        match outbound(packet, shared.vip, shared.overlay, &shared.counters) {
+                            Some(dst) => self.submitter.route(buf, n, dst, Instant::now()),
+                            None => pool.put(buf),
+                        }
+                    }
+                    Ok(None) => {
+                        pool.put(buf);
+                        break;
+                    }
+                    Err(e) => {
+                        pool.put(buf);
+                        tracing::error!(error = %e, interface = shared.tun.name(), "reading the TUN device failed");
+                        std::thread::sleep(Duration::from_millis(100));
+                        break;
+                    }
+                }
+            }
+            if read > 0 {
+                self.submitter.flush();
+            }
+        }
+        tracing::debug!("TUN thread stopped");
+    }
+}
+
+/// The ingress emitter's end: packets for us go into the TUN device, in arrival order.
+pub struct TunSink {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl TunSink {
+    fn drop_with(&self, item: Incoming, reason: DropReason) -> Result<(), DropReason> {
+        self.shared.tunnel.pool.put(item.into_buf());
+        Err(reason)
+    }
+}
+
+impl Sink for TunSink {
+    type Item = Incoming;
+
+    fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
+        let Some((item, packet)) = item.accept(&self.shared.tunnel)? else {
+            return Ok(());
+        };
+        let c = &self.shared.counters;
+        let bytes = &item.buf()[packet];
+        let verdict = match addresses(bytes) {
+            Err(false) => Err((&c.drop_inner_not_ipv4, DropReason::Malformed)),
+            Err(true) => Err((&c.drop_inner_malformed, DropReason::Malformed)),
+            // Cryptokey routing: a peer speaks only for the blocks its certificate names.
+            Ok((src, _))
+                if !item
+                    .peer()
+                    .blocks
+                    .iter()
+                    .any(|b| b.contains(&std::net::IpAddr::V4(src))) =>
+            {
+                Err((&c.drop_source_not_certified, DropReason::Policy))
+            }
+            Ok((_, dst)) if !self.shared.block.contains(&dst) => {
+                Err((&c.drop_not_for_us, DropReason::Policy))
+            }
+            Ok(_) => Ok(()),
+        };
+        if let Err((counter, reason)) = verdict {
+            bump(counter);
+            return self.drop_with(item, reason);
+        }
+        let result = match self.shared.tun.send(bytes) {
+            Ok(_) => {
+                bump(&c.tun_written);
+                Ok(())
+            }
+            Err(e) => {
+                bump(&c.tun_write_failed);
+                tracing::debug!(error = %e, "the TUN device refused a packet");
+                Err(DropReason::Unroutable)
+            }
+        };
+        self.shared.tunnel.pool.put(item.into_buf());
+        result
+    }
+
+    fn dropped(&mut self, item: Incoming, _reason: DropReason) {
+        self.shared.tunnel.pool.put(item.into_buf());
+    }
+
+    fn flush(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+        let mut p = vec![0u8; 28];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&28u16.to_be_bytes());
+        p[12..16].copy_from_slice(&src);
+        p[16..20].copy_from_slice(&dst);
+        p
+    }
+
+    /// Every packet from the host either goes to an overlay destination or is counted under
+    /// its reason; nothing short or odd panics.
+    #[test]
+    fn outbound_packets_are_checked() {
+        let vip = Ipv4Addr::new(100, 64, 3, 1);
+        let overlay: Ipv4Net = "100.64.0.0/10".parse().unwrap_or_default();
+        let c = Counters::default();
+        let me = [100, 64, 3, 1];
+        assert_eq!(
+            outbound(&packet(me, [100, 64, 2, 10]), vip, overlay, &c),
+            Some(Ipv4Addr::new(100, 64, 2, 10))
+        );
+        let mut v6 = packet(me, [100, 64, 2, 10]);
+        v6[0] = 0x60;
+        let mut long_header = packet(me, [100, 64, 2, 10]);
+        long_header[0] = 0x4f;
+        let cases: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0x45],
+            packet(me, [100, 64, 2, 10])[..19].to_vec(),
+            v6,
+            long_header,
+            packet([100, 64, 3, 2], [100, 64, 2, 10]),
+            packet(me, [192, 0, 2, 1]),
+            packet(me, me),
+        ];
+        for p in &cases {
+            assert_eq!(outbound(p, vip, overlay, &c), None, "{p:?}");
+        }
+        let counts: Vec<u64> = c.snapshot().iter().map(|(_, v)| *v).collect();
+        // not IPv4, malformed, not our source, not the overlay
+        assert_eq!(&counts[1..5], &[1, 4, 1, 2], "{:?}", c.snapshot());
+    }
+}

@@ -1,0 +1,247 @@
+//! The node end to end: node C runs `cyphonic-node` (a TUN interface, its DNS stub in its
+//! resolv.conf) and reaches a device that joined adapter A's LAN by DHCP, and back, by name,
+//! through the cloud: directly, behind a port-preserving NAT, relayed from behind a symmetric
+//! one, and again after it restarts.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use cyphonic_e2e::bed::{BedOptions, Nat, Side, TwoSites};
+use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
+use cyphonic_e2e::node::{NAME, VIP};
+use cyphonic_e2e::{Netns, wait_until};
+use serde_json::Value;
+
+const CAMERA: &str = "camera.gw1.ovl.example";
+
+/// The bed with the cloud, a switch on each LAN, node C (behind `nat_c`) and adapter A
+/// (behind `nat_a`), everything started; and a camera on lanA that got its address by DHCP
+/// and uses adapter A's DNS, as its lease says.
+fn bed(nat_a: Option<Nat>, nat_c: Option<Nat>) -> (TwoSites, DhcpHost, Ipv4Addr) {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: true,
+        lan_switch: true,
+        nat_a,
+        node_c: Some(nat_c),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let bins = bed.bins.clone();
+    bed.c.as_mut().unwrap().start(&bins).unwrap();
+    let (ns, mac) = bed.add_host(Side::A, "camera").unwrap();
+    let mut cam = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, "camera").unwrap();
+    cam.start().unwrap();
+    let lease = cam
+        .wait_for(&["bound"], 1, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let ip: Ipv4Addr = lease.get("ip").parse().unwrap();
+    cam.ns
+        .set_resolv_conf(&format!("nameserver {}\n", lease.get("dns")))
+        .unwrap();
+    (bed, cam, ip)
+}
+
+/// Asks `server` from `ns` for `name` until the answer has addresses (names take a moment to
+/// be registered, and "not found" is cached 5 s), for about 12 s.
+fn resolve(bed: &TwoSites, ns: &Netns, server: Ipv4Addr, name: &str) -> Vec<String> {
+    for _ in 0..24 {
+        if let Ok(d) = dig(ns, server, name, "A")
+            && d.status == "NOERROR"
+            && !d.answers.is_empty()
+        {
+            return d.answers;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("{name}: no answer from {server}\n{}", bed.logs());
+}
+
+fn ping_ok(bed: &TwoSites, ns: &Netns, to: &str) {
+    let out = ns
+        .exec_output("ping", &["-c", "3", "-i", "0.2", "-W", "2", to])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ping {to}: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        bed.logs()
+    );
+}
+
+/// iperf3 from `client` to the server on `server`, reached as `target`, with `args`, for
+/// `secs`: the client's JSON report.
+fn iperf(
+    bed: &TwoSites,
+    server: &Netns,
+    client: &Netns,
+    target: &str,
+    args: &[&str],
+    secs: u64,
+) -> Value {
+    let srv = server
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t = secs.to_string();
+    let mut all = vec!["-J", "-c", target, "-t", t.as_str()];
+    all.extend_from_slice(args);
+    let out = client.exec_output("iperf3", &all).unwrap();
+    drop(srv);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 {args:?}: {e}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            bed.logs()
+        )
+    });
+    assert!(
+        report["error"].is_null(),
+        "iperf3 {args:?}: {report}\n{}",
+        bed.logs()
+    );
+    report
+}
+
+fn node_ns(bed: &TwoSites) -> &Netns {
+    &bed.c.as_ref().unwrap().ns
+}
+
+fn node_status(bed: &TwoSites) -> Value {
+    bed.c.as_ref().unwrap().status(&bed.bins).unwrap()
+}
+
+/// Node C and a DHCP-configured camera behind adapter A find each other by name and carry
+/// ping, TCP and UDP both ways; no datagram arrives out of order.
+#[test]
+fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
+    let (bed, cam, cam_ip) = bed(None, None);
+    let node = node_ns(&bed);
+    // The node's stub answers its own name, and asks the cloud for the camera's.
+    assert_eq!(resolve(&bed, node, VIP, NAME), [VIP.to_string()]);
+    assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
+    ping_ok(&bed, node, CAMERA);
+    // And the camera, through adapter A's DNS, finds the node.
+    assert_eq!(
+        resolve(&bed, &cam.ns, Ipv4Addr::new(100, 64, 1, 1), NAME),
+        [VIP.to_string()]
+    );
+    ping_ok(&bed, &cam.ns, NAME);
+
+    for (server, client, target, what) in [
+        (&cam.ns, node, CAMERA, "node -> camera"),
+        (node, &cam.ns, NAME, "camera -> node"),
+    ] {
+        let tcp = iperf(&bed, server, client, target, &[], 2);
+        let bps = tcp["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        eprintln!("TCP {what}: {:.0} Mbit/s", bps / 1e6);
+        assert!(bps > 1e6, "TCP {what}: {tcp}");
+        let udp = iperf(&bed, server, client, target, &["-u", "-b", "100M"], 2);
+        let sum = &udp["end"]["sum"];
+        eprintln!(
+            "UDP {what}: {:.0} Mbit/s, {} lost of {}, {} out of order",
+            sum["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
+            sum["lost_packets"],
+            sum["packets"],
+            sum["out_of_order"].as_u64().unwrap_or(0)
+        );
+        assert!(sum["packets"].as_u64().unwrap_or(0) > 1000, "{udp}");
+        let out_of_order: u64 = udp["end"]["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["udp"]["out_of_order"].as_u64())
+            .sum();
+        assert_eq!(out_of_order, 0, "UDP {what}: {udp}");
+    }
+    let s = node_status(&bed);
+    let peer = &s["peers"][0];
+    assert_eq!(peer["name"], "gw1.ovl.example", "{s}");
+    assert_eq!(
+        (peer["route"].as_str(), peer["established"].as_bool()),
+        (Some("direct"), Some(true)),
+        "{s}"
+    );
+    assert_eq!(s["pipelines"]["egress"]["out_of_order"], 0, "{s}");
+    assert!(s["dns"]["queries"].as_u64().unwrap_or(0) >= 2, "{s}");
+    assert!(
+        s["counters"]["tun_written"].as_u64().unwrap_or(0) > 1000,
+        "{s}"
+    );
+}
+
+/// Behind a port-preserving NAT the node's tunnel is direct.
+#[test]
+fn a_node_behind_a_port_preserving_nat_talks_directly() {
+    let (bed, cam, cam_ip) = bed(None, Some(Nat::PortPreserving));
+    let node = node_ns(&bed);
+    assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
+    ping_ok(&bed, node, CAMERA);
+    ping_ok(&bed, &cam.ns, NAME);
+    let s = node_status(&bed);
+    assert_eq!(s["peers"][0]["route"], "direct", "{s}");
+    assert_eq!(s["cloud"]["observed"], "192.0.2.66:51820", "{s}");
+}
+
+/// Behind a symmetric NAT, facing an adapter that is behind a NAT too, the node is relayed.
+#[test]
+fn a_node_behind_a_symmetric_nat_facing_a_nat_is_relayed() {
+    let (bed, cam, cam_ip) = bed(Some(Nat::PortPreserving), Some(Nat::Symmetric));
+    let node = node_ns(&bed);
+    assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
+    ping_ok(&bed, node, CAMERA);
+    ping_ok(&bed, &cam.ns, NAME);
+    let s = node_status(&bed);
+    assert_eq!(s["peers"][0]["route"], "relay", "{s}");
+    assert_eq!(s["peers"][0]["relay"]["reason"], "symmetric NAT", "{s}");
+    let tcp = iperf(&bed, &cam.ns, node, CAMERA, &[], 2);
+    assert!(
+        tcp["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 1e6,
+        "{tcp}"
+    );
+}
+
+/// Node C restarts: it has forgotten adapter A, which still has it. The camera's traffic
+/// comes back by itself (adapter A handshakes again when its packets go unanswered; the node
+/// asks the cloud whether it may admit it), and the node reaches the camera by name again.
+#[test]
+fn a_restarted_node_is_reached_again() {
+    let (mut bed, cam, cam_ip) = bed(None, None);
+    assert_eq!(
+        resolve(&bed, node_ns(&bed), VIP, CAMERA),
+        [cam_ip.to_string()]
+    );
+    ping_ok(&bed, node_ns(&bed), CAMERA);
+    let bins = bed.bins.clone();
+    let c = bed.c.as_mut().unwrap();
+    c.stop("TERM").unwrap();
+    c.start(&bins).unwrap();
+    // The camera pings the node's address (no new name lookup) until answers come back.
+    let cam_ns = &cam.ns;
+    let back = wait_until(Duration::from_secs(40), "the node answering again", || {
+        cam_ns
+            .exec_output("ping", &["-c", "1", "-W", "1", &VIP.to_string()])
+            .is_ok_and(|o| o.status.success())
+    });
+    back.unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(
+        bed.c
+            .as_ref()
+            .unwrap()
+            .log_text()
+            .contains("handshake from a node we do not know: asking the cloud"),
+        "{}",
+        bed.logs()
+    );
+    ping_ok(&bed, node_ns(&bed), CAMERA);
+}
