@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use cyphonic_crypto::{Backend, Certificate};
 use cyphonic_session::Identity;
-use cyphonic_settings::{AeadName, RawCloud, RawIdentity, RawPeer, Source};
+use cyphonic_settings::{AeadName, RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
 pub use cyphonic_settings::{Cloud, ConfigError, Peer as StaticPeer};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
@@ -83,6 +83,8 @@ struct Raw {
     #[serde(default)]
     peer: Vec<RawPeer>,
     cloud: Option<RawCloud>,
+    #[serde(default)]
+    metrics: RawMetrics,
 }
 
 #[derive(Deserialize)]
@@ -301,6 +303,8 @@ pub struct Config {
     pub peers: Vec<StaticPeer>,
     /// The control plane, if this adapter uses one.
     pub cloud: Option<Cloud>,
+    /// Where the Prometheus endpoint listens; off without.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
@@ -431,6 +435,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
     let d = &raw.dataplane;
     cyphonic_settings::check_pipeline(src, &d.batch_size, &d.batches_in_flight, &d.buffers)?;
     let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
+    let metrics = raw.metrics.check(src)?;
     let config = Config {
         path: src.path.to_owned(),
         lan_interface: a.lan_interface.clone(),
@@ -460,6 +465,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
         reservations,
         peers,
         cloud,
+        metrics,
     };
     Ok((config, identity))
 }
@@ -952,7 +958,8 @@ mod tests {
                 "dataplane",
                 "reservation",
                 "peer",
-                "cloud"
+                "cloud",
+                "metrics"
             ]
         );
         let missing = cyphonic_settings::undocumented_keys::<Raw>(EXAMPLE, probe);

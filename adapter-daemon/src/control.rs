@@ -51,14 +51,11 @@ impl Control {
     /// The status socket or signal handlers cannot be set up.
     pub async fn run(mut self) -> anyhow::Result<()> {
         use anyhow::Context as _;
-        let listener = cyphonic_tunnel::status::bind(&self.status_socket).with_context(|| {
-            format!("opening the status socket {}", self.status_socket.display())
-        })?;
-        let status_task = tokio::spawn(status::serve(
-            listener,
-            self.shared.clone(),
-            self.status.clone(),
-        ));
+        let (shared, info) = (self.shared.clone(), self.status.clone());
+        let _status = cyphonic_telemetry::status::serve(&self.status_socket, move || {
+            status::snapshot(&shared, &info)
+        })
+        .with_context(|| format!("opening the status socket {}", self.status_socket.display()))?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
         let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
@@ -92,8 +89,6 @@ impl Control {
             }
             self.run_timers(Instant::now());
         }
-        status_task.abort();
-        let _ = std::fs::remove_file(&self.status_socket);
         Ok(())
     }
 

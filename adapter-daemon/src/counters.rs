@@ -3,7 +3,7 @@
 
 pub use cyphonic_tunnel::bump;
 
-cyphonic_tunnel::counters! {
+cyphonic_telemetry::counters! {
     /// Counters of the adapter's LAN side.
     pub struct Counters {
     /// Frames read from the LAN interface.

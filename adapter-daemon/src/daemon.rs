@@ -250,6 +250,16 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         ingress: engine.ingress.clone(),
     });
 
+    if let Some(addr) = config.metrics {
+        let adapter = crate::metrics::AdapterCollector {
+            shared: shared.clone(),
+        };
+        cyphonic_telemetry::metrics::serve(
+            addr,
+            vec![Box::new(engine.collector()), Box::new(adapter)],
+        )
+        .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?;
+    }
     let capture = Capture {
         shared: shared.clone(),
         sock: capture_sock,

@@ -12,6 +12,7 @@ mod daemon;
 mod egress;
 mod ingress;
 mod leases;
+mod metrics;
 mod neighbors;
 mod services;
 mod status;
@@ -75,17 +76,10 @@ fn now_secs() -> u64 {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal as _;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    cyphonic_telemetry::logging::init(match format {
+        LogFormat::Text => cyphonic_telemetry::logging::Format::Text,
+        LogFormat::Json => cyphonic_telemetry::logging::Format::Json,
+    });
 }
 
 fn main() -> ExitCode {
@@ -108,13 +102,10 @@ fn main() -> ExitCode {
                 c.peers.len()
             );
         }).map_err(anyhow::Error::from),
-        Command::Status { socket, json } => cyphonic_tunnel::status::fetch(&socket, "cyphonic-adapter").map_err(anyhow::Error::from).map(|doc| {
-            if json {
-                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-            } else {
-                print_status(&doc);
-            }
-        }),
+        Command::Status { socket, json } => {
+            cyphonic_telemetry::status::show(&socket, "cyphonic-adapter", json, print_status)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,5 @@
 //! The adapter's status document, served on the local status socket
-//! (`cyphonic_tunnel::status`): what the engine reports, with the adapter's LAN side.
+//! (`cyphonic_telemetry::status`): what the engine reports, with the adapter's LAN side.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,11 +28,6 @@ pub struct Static {
     pub egress: Arc<PipelineCounters>,
     /// The pipelines' counters.
     pub ingress: Arc<PipelineCounters>,
-}
-
-/// Answers every connection on the status socket with the status document.
-pub async fn serve(listener: tokio::net::UnixListener, shared: Arc<Shared>, info: Arc<Static>) {
-    cyphonic_tunnel::status::serve(listener, || snapshot(&shared, &info)).await;
 }
 
 /// The status document.

@@ -252,7 +252,7 @@ impl CloudHost {
             dir.join("cloud.toml"),
             // Top-level keys first: `extra` may open a table.
             format!(
-                "listen = \"[::]:7000\"\nprobe_listen = \"[::]:7001\"\nprobe_listen_alt = \"[::]:7002\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n{extra}"
+                "listen = \"[::]:7000\"\nprobe_listen = \"[::]:7001\"\nprobe_listen_alt = \"[::]:7002\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\nstatus_socket = \"cloud.sock\"\n{extra}"
             ),
         )?;
         Ok(Self {
@@ -268,6 +268,25 @@ impl CloudHost {
     /// The cloud's log.
     pub fn log(&self) -> PathBuf {
         self.dir.join("cloud.log")
+    }
+
+    /// The running cloud's status document.
+    ///
+    /// # Errors
+    /// `cyphonic-cloud status` fails.
+    pub fn status(&self, bins: &Bins) -> anyhow::Result<Value> {
+        let out = Command::new(&bins.cloud)
+            .args([
+                "status",
+                "--json",
+                "--socket",
+                self.dir.join("cloud.sock").to_str().context("path")?,
+            ])
+            .output()?;
+        if !out.status.success() {
+            bail!("status failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
     }
 
     /// Starts `cyphonic-cloud serve` and waits until it accepts connections.

@@ -131,6 +131,8 @@ async fn instance(
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
+        status_socket: std::env::temp_dir().join(cyphonic_e2e::unique("cy-cloud-status-")),
+        metrics: None,
         // Instances sharing a store name their relay's address: a client on another
         // instance cannot be given the address it reached this one on.
         relay: Some(RelayConfig {

@@ -62,35 +62,43 @@ pub(crate) fn prerequisites() -> anyhow::Result<()> {
     )
 }
 
-/// Builds the adapter, the cloud (and CA tool), the node and the bed in release mode; returns
-/// their directory.
+/// The packages and binaries the test bed runs: the adapter, the cloud (and CA tool), the
+/// node and the bed itself.
+const BED_BINARIES: &[&str] = &[
+    "-p",
+    "cyphonic-adapter",
+    "-p",
+    "cyphonic-cloud",
+    "-p",
+    "cyphonic-node",
+    "-p",
+    "cyphonic-e2e",
+    "--bin",
+    "cyphonic-adapter",
+    "--bin",
+    "cyphonic-cloud",
+    "--bin",
+    "cyphonic-node",
+    "--bin",
+    "cyphonic-bed",
+];
+
+/// Builds [`BED_BINARIES`] with `profile_args` (none: dev; `--release`).
+///
+/// # Errors
+/// The build fails.
+pub(crate) fn build(root: &Path, profile_args: &[&str]) -> anyhow::Result<()> {
+    let mut args = vec!["build", "--locked"];
+    args.extend_from_slice(profile_args);
+    args.extend_from_slice(BED_BINARIES);
+    util::cargo(root, &args)
+}
+
+/// Builds the bed's binaries in release mode; returns their directory.
 ///
 /// # Errors
 /// The build fails.
 pub(crate) fn build_release(root: &Path) -> anyhow::Result<PathBuf> {
-    util::cargo(
-        root,
-        &[
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "cyphonic-adapter",
-            "-p",
-            "cyphonic-cloud",
-            "-p",
-            "cyphonic-node",
-            "-p",
-            "cyphonic-e2e",
-            "--bin",
-            "cyphonic-adapter",
-            "--bin",
-            "cyphonic-cloud",
-            "--bin",
-            "cyphonic-node",
-            "--bin",
-            "cyphonic-bed",
-        ],
-    )?;
+    build(root, &["--release"])?;
     Ok(root.join("target/release"))
 }

@@ -6,6 +6,7 @@
 //! - `fuzz`: runs each cargo-fuzz target for a while (nightly toolchain and cargo-fuzz).
 //! - `tidy`: the repository consistency checks alone (they also run inside `cargo test`).
 //! - `demo`: the main job on embedded defaults.
+//! - `dist`: builds and packages for x86_64 or the Raspberry Pi 4 (.deb and tarball).
 
 #![forbid(unsafe_code)]
 // A command-line tool: printing reports to stdout is its job.
@@ -13,6 +14,7 @@
 
 mod bed;
 mod bench;
+mod dist;
 mod fuzz;
 mod tidy;
 mod util;
@@ -58,6 +60,21 @@ enum Command {
         /// Targets to run (default: all).
         targets: Vec<String>,
     },
+    /// Build the three programs for a target and package them: a .deb (binaries, systemd
+    /// units, example configurations, docs, a postinst for the service user) and a tarball,
+    /// in target/dist.
+    Dist {
+        /// The target: x86_64-unknown-linux-gnu, or aarch64-unknown-linux-gnu for the
+        /// Raspberry Pi 4 (needs its Rust standard library and gcc-aarch64-linux-gnu).
+        #[arg(long, default_value = "x86_64-unknown-linux-gnu")]
+        target: String,
+        /// Cargo profile: release for a package to ship, dev for a quick check.
+        #[arg(long, default_value = "release")]
+        profile: String,
+        /// Then install the .deb into a scratch root and check what landed (as CI does).
+        #[arg(long)]
+        check_install: bool,
+    },
     /// Check repository consistency: ARCHITECTURE.md code map, crate layering, lint headers.
     Tidy,
     /// Run the main job on embedded defaults.
@@ -85,6 +102,17 @@ fn main() -> ExitCode {
             )
         }
         Command::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
+        Command::Dist {
+            target,
+            profile,
+            check_install,
+        } => dist::run(&target, &profile).and_then(|deb| {
+            if check_install {
+                dist::check_install(&deb)
+            } else {
+                Ok(())
+            }
+        }),
         Command::Tidy => tidy::run(),
         Command::Demo => demo(),
     };
@@ -124,19 +152,7 @@ fn test() -> anyhow::Result<()> {
         ],
     )?;
     // The kernel tier runs the real binaries.
-    util::cargo(
-        &root,
-        &[
-            "build",
-            "--locked",
-            "-p",
-            "cyphonic-adapter",
-            "-p",
-            "cyphonic-cloud",
-            "-p",
-            "cyphonic-node",
-        ],
-    )?;
+    bed::build(&root, &[])?;
     // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries and real tools.
     // Needs root; fails (never skips) without it. One test at a time: they share the CPUs
     // with the daemons they start.
@@ -151,6 +167,20 @@ fn test() -> anyhow::Result<()> {
             "--test-threads=1",
         ],
     )?;
+    // The short demo, from the binaries just built: what `cargo xtask demo` shows, with
+    // shorter measurements.
+    util::run(
+        std::process::Command::new(root.join("target/debug/cyphonic-bed"))
+            .args(["demo", "--short"])
+            .env("CYPHONIC_BIN_DIR", root.join("target/debug")),
+        "cyphonic-bed demo --short",
+    )?;
+    // The package: the x86_64 .deb, from the binaries just built (dev profile: the packaging
+    // is what is checked here), installed into a scratch root.
+    if std::env::consts::ARCH == "x86_64" {
+        let deb = dist::run("x86_64-unknown-linux-gnu", "dev")?;
+        dist::check_install(&deb)?;
+    }
     // The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly and
     // sanitizers); make sure they still compile against the current APIs.
     // Sharing the target directory reuses the workspace's compiled dependencies.

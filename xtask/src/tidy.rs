@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-control", 1, false),
     ("cyphonic-pipeline", 2, false),
     ("cyphonic-netio", 2, true),
+    ("cyphonic-telemetry", 2, false),
     ("cyphonic-signal", 3, false),
     ("cyphonic-cloud", 3, false),
     ("cyphonic-settings", 3, false),
@@ -60,6 +61,104 @@ fn check_all(root: &Path) -> anyhow::Result<Vec<String>> {
     problems.extend(source_headers(root, &members)?);
     problems.extend(layering(root, &members)?);
     problems.extend(sans_io(root)?);
+    problems.extend(units(root)?);
+    Ok(problems)
+}
+
+/// Capabilities a unit may grant: raw and admin network access (the adapter's AF_PACKET and
+/// offload switches, the node's TUN), and binding port 53 (the node's DNS stub).
+const ALLOWED_CAPS: [&str; 3] = ["CAP_NET_RAW", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"];
+
+/// The systemd units in config/ (style.md rule 22: every file there is read by a test): each
+/// runs its program from /usr/bin with its /etc/cyphonic configuration as the user
+/// `cyphonic`, restarts on failure, keeps the file system read-only but for its state, and
+/// grants no capability beyond [`ALLOWED_CAPS`] (and the same in the bounding set).
+fn units(root: &Path) -> anyhow::Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let dir = root.join("config");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(problems);
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let Some(program) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".service"))
+        else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path)?;
+        let mut section = String::new();
+        let mut keys: Vec<(String, String, String)> = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.to_owned();
+            } else if let Some((k, v)) = line.split_once('=') {
+                keys.push((section.clone(), k.trim().to_owned(), v.trim().to_owned()));
+            } else {
+                problems.push(format!("{}:{}: not `key=value`", path.display(), i + 1));
+            }
+        }
+        let get = |s: &str, k: &str| {
+            keys.iter()
+                .filter(|(sec, key, _)| sec == s && key == k)
+                .map(|(_, _, v)| v.as_str())
+                .collect::<Vec<_>>()
+        };
+        let mut expect = |ok: bool, what: String| {
+            if !ok {
+                problems.push(format!("{}: {what}", path.display()));
+            }
+        };
+        let short = program.trim_start_matches("cyphonic-");
+        let exec = get("Service", "ExecStart").join(" ");
+        expect(
+            exec.starts_with(&format!("/usr/bin/{program} "))
+                && exec.contains(&format!("/etc/cyphonic/{short}.toml")),
+            format!(
+                "ExecStart must run /usr/bin/{program} with /etc/cyphonic/{short}.toml, not {exec:?}"
+            ),
+        );
+        expect(
+            !get("Unit", "Description").is_empty(),
+            "no Description".into(),
+        );
+        for (section, key, value) in [
+            ("Service", "User", "cyphonic"),
+            ("Service", "Restart", "on-failure"),
+            ("Service", "ProtectSystem", "strict"),
+            ("Service", "NoNewPrivileges", "yes"),
+            ("Install", "WantedBy", "multi-user.target"),
+        ] {
+            expect(
+                get(section, key) == [value],
+                format!("{key} must be {value}"),
+            );
+        }
+        let caps = |k: &str| -> Vec<String> {
+            get("Service", k)
+                .iter()
+                .flat_map(|v| v.split_whitespace())
+                .map(str::to_owned)
+                .collect()
+        };
+        let (ambient, bounding) = (caps("AmbientCapabilities"), caps("CapabilityBoundingSet"));
+        expect(
+            get("Service", "CapabilityBoundingSet").len() == 1,
+            "CapabilityBoundingSet must be given (once)".into(),
+        );
+        expect(
+            ambient.iter().all(|c| ALLOWED_CAPS.contains(&c.as_str())) && ambient == bounding,
+            format!(
+                "capabilities {ambient:?} (bounding {bounding:?}): only {ALLOWED_CAPS:?}, the same in both"
+            ),
+        );
+    }
     Ok(problems)
 }
 
@@ -274,6 +373,11 @@ mod tests {
     }
 
     #[test]
+    fn systemd_units_are_hardened() {
+        assert_clean(&units(&util::root()).unwrap());
+    }
+
+    #[test]
     fn sans_io_crates_read_no_clock_and_open_no_socket() {
         assert_clean(&sans_io(&util::root()).unwrap());
     }
@@ -292,6 +396,12 @@ mod tests {
         std::fs::write(krate.join("Cargo.toml"), "[package]\nname = \"cyphonic-wire\"\n[dependencies]\ncyphonic-session = { path = \"x\" }\ntokio = \"1\"\n").unwrap();
         std::fs::write(krate.join("src/lib.rs"), "/// Built from `Instant::now()` by the driver.\nfn f() { let _ = std::time::Instant::now(); }\n#[cfg(test)]\nmod t { fn g() { std::time::Instant::now(); } }\n").unwrap();
         std::fs::write(dir.join("ARCHITECTURE.md"), "# x\n## Code map\nnothing\n").unwrap();
+        std::fs::create_dir_all(dir.join("config")).unwrap();
+        std::fs::write(
+            dir.join("config/cyphonic-adapter.service"),
+            "[Service]\nExecStart=/usr/local/bin/x\nUser=root\nAmbientCapabilities=CAP_SYS_ADMIN\nCapabilityBoundingSet=CAP_SYS_ADMIN\n",
+        )
+        .unwrap();
         let problems = check_all(&dir).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let has = |s: &str| problems.iter().any(|p| p.contains(s));
@@ -300,6 +410,14 @@ mod tests {
         assert!(has("lacks #![forbid(unsafe_code)]"), "{problems:?}");
         assert!(has("depends on cyphonic-session (layer 1)"), "{problems:?}");
         assert!(has("depends on tokio"), "{problems:?}");
+        for unit in [
+            "ExecStart must run /usr/bin/cyphonic-adapter",
+            "User must be cyphonic",
+            "ProtectSystem must be strict",
+            "capabilities [\"CAP_SYS_ADMIN\"]",
+        ] {
+            assert!(has(unit), "{unit}: {problems:?}");
+        }
         assert_eq!(
             problems
                 .iter()

@@ -23,6 +23,10 @@ pub struct Config {
     pub probe_listen_alt: SocketAddr,
     /// The relay (TRS); `None` when switched off.
     pub relay: Option<RelayConfig>,
+    /// Where `cyphonic-cloud status` finds the running cloud.
+    pub status_socket: PathBuf,
+    /// Where the Prometheus endpoint listens; off without.
+    pub metrics: Option<SocketAddr>,
     /// The cloud's Noise key (clients pin its public half).
     pub key: StaticKeypair,
     /// The CA(s) and revocations client certificates are checked against.
@@ -73,6 +77,20 @@ struct Raw {
     policy: RawPolicy,
     #[serde(default)]
     relay: RawRelay,
+    #[serde(default = "default_status_socket")]
+    status_socket: PathBuf,
+    #[serde(default)]
+    metrics: RawMetrics,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<Spanned<SocketAddr>>,
+}
+
+fn default_status_socket() -> PathBuf {
+    PathBuf::from("/run/cyphonic/cloud.sock")
 }
 
 #[derive(Deserialize)]
@@ -209,11 +227,29 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<Config> {
             raw.probe_listen.port().wrapping_add(1),
         )
     });
+    let metrics = match &raw.metrics.listen {
+        Some(l) if l.get_ref().port() == 0 => {
+            return Err(err(
+                l.span(),
+                "metrics.listen",
+                "give the port Prometheus scrapes (9466, say)".into(),
+            ));
+        }
+        Some(l) => Some(*l.get_ref()),
+        None => None,
+    };
+    let status_socket = if raw.status_socket.is_absolute() {
+        raw.status_socket.clone()
+    } else {
+        dir.join(&raw.status_socket)
+    };
     Ok(Config {
         listen: raw.listen,
         probe_listen: raw.probe_listen,
         probe_listen_alt,
         relay,
+        status_socket,
+        metrics,
         key,
         trust,
         database,

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod nms;
+pub mod observe;
 pub mod policy;
 pub mod route;
 pub mod store;
@@ -37,7 +38,12 @@ pub struct Running {
     pub probe_alt: SocketAddr,
     /// The relay, unless switched off.
     pub trs: Option<Arc<Trs>>,
+    /// What the status document and the metrics read.
+    pub observed: observe::Observed,
+    /// The metrics endpoint's address, when it runs.
+    pub metrics: Option<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    _status: Option<cyphonic_telemetry::status::StatusSocket>,
 }
 
 impl Running {
@@ -129,7 +135,40 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         online,
         "cyphonic-cloud serving"
     );
+    let registry = Arc::new(observe::Registry::default());
+    let observed = observe::Observed {
+        nms: nms.clone(),
+        trs: trs.clone(),
+        registry: registry.clone(),
+        info: Arc::new(observe::Static {
+            control,
+            probes: [probe_addr, probe_alt_addr],
+            store: redact(&config.database),
+            public_key: public.to_string(),
+            started: std::time::Instant::now(),
+        }),
+    };
+    let status = {
+        let observed = observed.clone();
+        cyphonic_telemetry::status::serve(&config.status_socket, move || observed.snapshot())
+            .with_context(|| {
+                format!(
+                    "opening the status socket {} (status_socket)",
+                    config.status_socket.display()
+                )
+            })?
+    };
+    let metrics = match config.metrics {
+        Some(addr) => Some(
+            cyphonic_telemetry::metrics::serve(addr, vec![Box::new(observed.clone())])
+                .with_context(|| {
+                    format!("opening the metrics endpoint {addr} ([metrics] listen)")
+                })?,
+        ),
+        None => None,
+    };
     let tasks = vec![
+        tokio::spawn(registry.refresh(store.clone())),
         tokio::spawn(nms.clone().serve(listener)),
         tokio::spawn(nms.clone().probes(probe, false)),
         tokio::spawn(nms.clone().probes(probe_alt, true)),
@@ -141,7 +180,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         probe: probe_addr,
         probe_alt: probe_alt_addr,
         trs,
+        observed,
+        metrics,
         tasks,
+        _status: Some(status),
     })
 }
 

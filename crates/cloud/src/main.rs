@@ -43,11 +43,23 @@ enum Command {
     /// The offline certificate authority.
     #[command(subcommand)]
     Ca(Ca),
-    /// Run the control plane services (AS, NMS) until SIGINT or SIGTERM.
+    /// Run the control plane services (AS, NMS, TRS) until SIGINT or SIGTERM.
     Serve {
         /// The configuration file (see config/cloud.example.toml).
         #[arg(long)]
         config: PathBuf,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
+    /// Show the running cloud's sessions, registry, relay channels and counters.
+    Status {
+        /// The status socket of the running cloud.
+        #[arg(long, default_value = "/run/cyphonic/cloud.sock")]
+        socket: PathBuf,
+        /// Print the raw JSON document.
+        #[arg(long)]
+        json: bool,
     },
     /// Check a configuration file and the files it names, then exit.
     CheckConfig {
@@ -61,6 +73,14 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -130,13 +150,19 @@ enum Ca {
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Ca(ca) => run_ca(ca),
-        Command::Serve { config } => serve(&config),
+        Command::Serve { config, log_format } => serve(&config, log_format),
+        Command::Status { socket, json } => {
+            cyphonic_telemetry::status::show(&socket, "cyphonic-cloud", json, print_status)
+                .map_err(anyhow::Error::from)
+        }
         Command::CheckConfig { config } => cyphonic_cloud::config::load(&config, now()).map(|c| {
             println!(
-                "{}: ok (control {}, probes {}, store {}, public key {})",
+                "{}: ok (control {}, probes {} and {}, relay {}, store {}, public key {})",
                 config.display(),
                 c.listen,
                 c.probe_listen,
+                c.probe_listen_alt,
+                if c.relay.is_some() { "on" } else { "off" },
                 cyphonic_cloud::redact(&c.database),
                 c.key.public()
             );
@@ -152,15 +178,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(path: &Path) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal as _;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+fn serve(path: &Path, format: LogFormat) -> anyhow::Result<()> {
+    cyphonic_telemetry::logging::init(match format {
+        LogFormat::Text => cyphonic_telemetry::logging::Format::Text,
+        LogFormat::Json => cyphonic_telemetry::logging::Format::Json,
+    });
     let config = cyphonic_cloud::config::load(path, now())?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -168,6 +190,70 @@ fn serve(path: &Path) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?
         .block_on(cyphonic_cloud::serve(config))
+}
+
+fn print_status(doc: &serde_json::Value) {
+    let c = &doc["cloud"];
+    let r = &doc["registry"];
+    println!(
+        "cloud control {}  probes {}  store {}  up {} s",
+        c["control"].as_str().unwrap_or("?"),
+        c["probes"]
+            .as_array()
+            .map(|p| p
+                .iter()
+                .filter_map(|a| a.as_str())
+                .collect::<Vec<_>>()
+                .join(" "))
+            .unwrap_or_default(),
+        c["store"].as_str().unwrap_or("?"),
+        c["uptime_secs"]
+    );
+    println!(
+        "registry: {} clients ({} online), {} names",
+        r["clients"], r["online"], r["names"]
+    );
+    println!();
+    println!("{:<32} {:<42} {:>8}", "SESSION", "FROM", "SECONDS");
+    for s in doc["sessions"].as_array().into_iter().flatten() {
+        println!(
+            "{:<32} {:<42} {:>8}",
+            s["name"].as_str().unwrap_or("?"),
+            s["from"].as_str().unwrap_or("?"),
+            s["secs"].as_u64().unwrap_or(0)
+        );
+    }
+    let relay = &doc["relay"];
+    println!();
+    if relay.is_object() {
+        println!("relay: {}", relay["settings"].as_str().unwrap_or("?"));
+        println!(
+            "{:>6} {:<28} {:<28} {:<32} {:>10} {:>12}",
+            "PORT", "SIDE A", "SIDE B", "REASON", "PACKETS", "BYTES"
+        );
+        for ch in relay["channels"].as_array().into_iter().flatten() {
+            println!(
+                "{:>6} {:<28} {:<28} {:<32} {:>10} {:>12}",
+                ch["port"].as_u64().unwrap_or(0),
+                ch["a"].as_str().unwrap_or("?"),
+                ch["b"].as_str().unwrap_or("?"),
+                ch["reason"].as_str().unwrap_or("?"),
+                ch["packets"].as_u64().unwrap_or(0),
+                ch["bytes"].as_u64().unwrap_or(0)
+            );
+        }
+    } else {
+        println!("relay: off");
+    }
+    println!();
+    println!("counters (non-zero):");
+    for table in [&doc["counters"], &relay["counters"]] {
+        for (k, v) in table.as_object().into_iter().flatten() {
+            if v.as_u64() != Some(0) {
+                println!("  {k:<28} {v}");
+            }
+        }
+    }
 }
 
 fn keygen(out: &Path) -> anyhow::Result<()> {

@@ -37,29 +37,30 @@ const PUSH_QUEUE: usize = 64;
 /// Relay channels one client may hold at once.
 const MAX_CHANNELS_PER_CLIENT: usize = 64;
 
-/// Counters, as `cyphonic-cloud` logs them.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Control sessions opened.
-    pub sessions: AtomicU64,
-    /// Handshakes refused (bad certificate, wrong version) or failed (not Noise to our key).
-    pub refused: AtomicU64,
-    /// Messages that did not authenticate or parse; each closes its session.
-    pub malformed: AtomicU64,
-    /// Names refused at registration (outside the certificate, taken).
-    pub names_refused: AtomicU64,
-    /// Resolutions asked.
-    pub resolves: AtomicU64,
-    /// Resolutions denied by policy.
-    pub denied: AtomicU64,
-    /// Endpoint probes accepted.
-    pub probes: AtomicU64,
-    /// Endpoint probes refused (malformed, unknown token).
-    pub probes_refused: AtomicU64,
-    /// Pairs sent through the relay.
-    pub relayed_pairs: AtomicU64,
-    /// Relay requests refused (no relay, unknown peer, policy, limits).
-    pub relays_refused: AtomicU64,
+cyphonic_telemetry::counters! {
+    /// NMS's counters.
+    pub struct Stats {
+        /// Control sessions opened.
+        sessions,
+        /// Handshakes refused (bad certificate, wrong version) or failed (not Noise to our key).
+        refused,
+        /// Messages that did not authenticate or parse; each closes its session.
+        malformed,
+        /// Names refused at registration (outside the certificate, taken).
+        names_refused,
+        /// Resolutions asked.
+        resolves,
+        /// Resolutions denied by policy.
+        denied,
+        /// Endpoint probes accepted.
+        probes,
+        /// Endpoint probes refused (malformed, unknown token).
+        probes_refused,
+        /// Pairs sent through the relay.
+        relayed_pairs,
+        /// Relay requests refused (no relay, unknown peer, policy, limits).
+        relays_refused,
+    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -89,6 +90,12 @@ struct Connected {
     tx: mpsc::Sender<CloudMsg>,
     /// The address the client reached us on (the relay's address for it, unless configured).
     local: IpAddr,
+    /// Its certificate's name.
+    name: String,
+    /// Where its session comes from.
+    from: SocketAddr,
+    /// When the session opened.
+    since: std::time::Instant,
 }
 
 /// The NMS state shared by every connection.
@@ -254,8 +261,17 @@ impl Nms {
         // Known before the client hears the welcome: its first probe may arrive at once.
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let (tx, mut pushes) = mpsc::channel(PUSH_QUEUE);
-        self.connected
-            .insert(fp.clone(), Connected { serial, tx, local });
+        self.connected.insert(
+            fp.clone(),
+            Connected {
+                serial,
+                tx,
+                local,
+                name: body.name.clone(),
+                from,
+                since: std::time::Instant::now(),
+            },
+        );
         self.tokens.insert(token, fp.clone());
         if wr.write_all(&frame).await.is_err() {
             self.tokens.remove(&token);
@@ -464,13 +480,14 @@ impl Nms {
             tracing::warn!(a = %a.name, b = %b.name, "a client holds {MAX_CHANNELS_PER_CLIENT} relay channels already");
             return None;
         }
-        let channel = match trs.channel(&a.fingerprint, &b.fingerprint, reason) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(a = %a.name, b = %b.name, error = %e, "no relay channel");
-                return None;
-            }
-        };
+        let channel =
+            match trs.channel((&a.fingerprint, &a.name), (&b.fingerprint, &b.name), reason) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(a = %a.name, b = %b.name, error = %e, "no relay channel");
+                    return None;
+                }
+            };
         let (Some(ia), Some(ib)) = (
             self.relay_side(trs, &channel, a),
             self.relay_side(trs, &channel, b),
@@ -598,6 +615,17 @@ impl Nms {
         {
             tracing::warn!(error = %e, "signal to the other instances not sent");
         }
+    }
+
+    /// The clients with a session on this instance: name, where from, for how long (s).
+    pub fn sessions(&self) -> Vec<(String, SocketAddr, u64)> {
+        let mut out: Vec<_> = self
+            .connected
+            .iter()
+            .map(|c| (c.name.clone(), c.from, c.since.elapsed().as_secs()))
+            .collect();
+        out.sort();
+        out
     }
 
     /// Pushes `msg` to the client `fp` if it is connected to this instance.

@@ -28,24 +28,22 @@ use crate::config::RelayConfig;
 /// Largest datagram relayed (a jumbo-frame underlay's; tunnel frames are smaller).
 const MAX_DATAGRAM: usize = 9216;
 
-/// Relay counters.
-#[derive(Debug, Default)]
-pub struct TrsStats {
-    /// Channels opened since start.
-    pub channels_opened: AtomicU64,
-    /// Channels open now.
-    pub channels_open: AtomicU64,
-    /// Channels NMS asked for and the relay could not open (no free port).
-    pub channels_refused: AtomicU64,
-    /// Datagrams relayed.
-    pub relayed_packets: AtomicU64,
-    /// Bytes relayed (UDP payload).
-    pub relayed_bytes: AtomicU64,
-    /// Binds accepted.
-    pub binds: AtomicU64,
-    /// Datagrams refused: from an unbound address, a bind with a wrong token, or for a side
-    /// not bound yet.
-    pub refused: AtomicU64,
+cyphonic_telemetry::counters! {
+    /// The relay's counters.
+    pub struct TrsStats {
+        /// Channels opened since start.
+        channels_opened,
+        /// Channels NMS asked for and the relay could not open (no free port).
+        channels_refused,
+        /// Datagrams relayed.
+        relayed_packets,
+        /// Bytes relayed (UDP payload).
+        relayed_bytes,
+        /// Binds accepted.
+        binds,
+        /// Datagrams refused: an unbound source, a wrong token, the other side not bound.
+        refused,
+    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -71,6 +69,8 @@ pub enum TrsError {
 pub struct ChannelSide {
     /// The client's certificate fingerprint.
     pub fingerprint: String,
+    /// Its name, for status and logs.
+    pub name: String,
     /// Its token.
     pub token: [u8; PROBE_TOKEN_LEN],
 }
@@ -84,6 +84,8 @@ pub struct Channel {
     pub sides: [ChannelSide; 2],
     /// Why it was opened.
     pub reason: RelayReason,
+    /// When.
+    pub opened: Instant,
     packets: AtomicU64,
     bytes: AtomicU64,
 }
@@ -194,14 +196,15 @@ impl Trs {
         self.address(v6, local, 0).is_some()
     }
 
-    /// The channel for the pair `a`, `b`: the open one, or a new one on a free port.
+    /// The channel for the pair `a`, `b` (fingerprint and name each): the open one, or a new
+    /// one on a free port.
     ///
     /// # Errors
     /// [`TrsError::NoPort`] when the whole port range is taken.
     pub fn channel(
         self: &Arc<Self>,
-        a: &str,
-        b: &str,
+        (a, a_name): (&str, &str),
+        (b, b_name): (&str, &str),
         reason: RelayReason,
     ) -> Result<Arc<Channel>, TrsError> {
         let key = pair_key(a, b);
@@ -229,21 +232,23 @@ impl Trs {
                 sides: [
                     ChannelSide {
                         fingerprint: a.to_owned(),
+                        name: a_name.to_owned(),
                         token: random_token(),
                     },
                     ChannelSide {
                         fingerprint: b.to_owned(),
+                        name: b_name.to_owned(),
                         token: random_token(),
                     },
                 ],
                 reason,
+                opened: Instant::now(),
                 packets: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
             });
             self.pairs.insert(key.clone(), channel.clone());
             bump(&self.stats.channels_opened);
-            bump(&self.stats.channels_open);
-            tracing::info!(port, %reason, "relay channel opened");
+            tracing::info!(port, %reason, a = a_name, b = b_name, "relay channel opened");
             tokio::spawn(self.clone().serve(key, channel.clone(), socks));
             return Ok(channel);
         }
@@ -296,7 +301,6 @@ impl Trs {
             }
         };
         self.pairs.remove_if(&key, |_, c| Arc::ptr_eq(c, &channel));
-        self.stats.channels_open.fetch_sub(1, Ordering::Relaxed);
         tracing::info!(
             port = channel.port,
             reason = why,
@@ -327,9 +331,38 @@ impl Trs {
         }
     }
 
+    /// How many ports the configured range holds: the most channels open at once.
+    pub fn port_count(&self) -> u64 {
+        u64::from(*self.config.ports.end() - *self.config.ports.start()) + 1
+    }
+
     /// How many channels are open.
     pub fn open_channels(&self) -> usize {
         self.pairs.len()
+    }
+
+    /// The open channels, for the status document.
+    pub fn channels_json(&self) -> Vec<serde_json::Value> {
+        let mut out: Vec<(u16, serde_json::Value)> = self
+            .pairs
+            .iter()
+            .map(|c| {
+                (
+                    c.port,
+                    serde_json::json!({
+                        "port": c.port,
+                        "a": c.sides[0].name,
+                        "b": c.sides[1].name,
+                        "reason": c.reason.describe(),
+                        "age_secs": c.opened.elapsed().as_secs(),
+                        "packets": c.packets.load(Ordering::Relaxed),
+                        "bytes": c.bytes.load(Ordering::Relaxed),
+                    }),
+                )
+            })
+            .collect();
+        out.sort_by_key(|(p, _)| *p);
+        out.into_iter().map(|(_, v)| v).collect()
     }
 
     /// How many open channels have `fingerprint` as a side.

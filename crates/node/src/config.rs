@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use cyphonic_crypto::Backend;
 use cyphonic_session::Identity;
-use cyphonic_settings::{AeadName, RawCloud, RawIdentity, RawPeer, Source};
+use cyphonic_settings::{AeadName, RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
 pub use cyphonic_settings::{Cloud, ConfigError, Peer};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
@@ -26,6 +26,8 @@ struct Raw {
     #[serde(default)]
     peer: Vec<RawPeer>,
     cloud: Option<RawCloud>,
+    #[serde(default)]
+    metrics: RawMetrics,
 }
 
 #[derive(Deserialize)]
@@ -171,6 +173,8 @@ pub struct Config {
     pub peers: Vec<Peer>,
     /// The control plane, if this node uses one.
     pub cloud: Option<Cloud>,
+    /// Where the Prometheus endpoint listens; off without.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
@@ -266,6 +270,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
     let d = &raw.dataplane;
     cyphonic_settings::check_pipeline(src, &d.batch_size, &d.batches_in_flight, &d.buffers)?;
     let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
+    let metrics = raw.metrics.check(src)?;
     let config = Config {
         path: src.path.to_owned(),
         interface: interface.clone(),
@@ -289,6 +294,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
         },
         peers,
         cloud,
+        metrics,
     };
     Ok((config, identity))
 }
@@ -483,7 +489,15 @@ mod tests {
         };
         assert_eq!(
             cyphonic_settings::accepted_keys::<Raw>(&probe("")),
-            ["node", "identity", "dns", "dataplane", "peer", "cloud"]
+            [
+                "node",
+                "identity",
+                "dns",
+                "dataplane",
+                "peer",
+                "cloud",
+                "metrics"
+            ]
         );
         let missing = cyphonic_settings::undocumented_keys::<Raw>(EXAMPLE, probe);
         assert!(

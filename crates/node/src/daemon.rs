@@ -69,6 +69,30 @@ fn snapshot(shared: &Shared, info: &Static, dns: &Value) -> Value {
     Value::Object(doc)
 }
 
+/// The node's own metrics: the TUN side's counters and the DNS stub's.
+#[derive(Debug)]
+struct NodeCollector {
+    shared: Arc<Shared>,
+    dns: Arc<std::sync::Mutex<Value>>,
+}
+
+impl cyphonic_telemetry::metrics::Collector for NodeCollector {
+    fn encode(
+        &self,
+        mut e: cyphonic_telemetry::metrics::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use cyphonic_tunnel::metrics::PREFIX;
+        self.shared.counters.encode(PREFIX, &mut e)?;
+        let dns = self.dns.lock().map(|d| d.clone()).unwrap_or_default();
+        cyphonic_telemetry::metrics::json_counters(
+            &mut e,
+            &format!("{PREFIX}_dns"),
+            "DNS stub",
+            &dns,
+        )
+    }
+}
+
 /// Runs the node until SIGINT or SIGTERM.
 ///
 /// # Errors
@@ -191,6 +215,18 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         egress: engine.egress.clone(),
         ingress: engine.ingress.clone(),
     });
+    let dns_status = Arc::new(std::sync::Mutex::new(Value::Null));
+    if let Some(addr) = config.metrics {
+        let node = NodeCollector {
+            shared: shared.clone(),
+            dns: dns_status.clone(),
+        };
+        cyphonic_telemetry::metrics::serve(
+            addr,
+            vec![Box::new(engine.collector()), Box::new(node)],
+        )
+        .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?;
+    }
     let reader = TunReader {
         shared: shared.clone(),
         submitter: engine.take_submitter(),
@@ -220,18 +256,13 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
     let names = vec![cyphonic_signal_name(&name, config.vip)];
     let status_socket = config.status_socket.clone();
     let result = runtime.block_on(async {
-        let listener = cyphonic_tunnel::status::bind(&status_socket).with_context(|| {
-            format!("opening the status socket {}", status_socket.display())
-        })?;
-        let dns_status = Arc::new(std::sync::Mutex::new(Value::Null));
-        let status_task = {
+        let _status = {
             let (shared, info, dns_status) = (shared.clone(), info.clone(), dns_status.clone());
-            tokio::spawn(cyphonic_tunnel::status::serve(listener, move || {
-                let dns = dns_status
-                    .lock()
-                    .map_or(Value::Null, |d| d.clone());
+            cyphonic_telemetry::status::serve(&status_socket, move || {
+                let dns = dns_status.lock().map_or(Value::Null, |d| d.clone());
                 snapshot(&shared, &info, &dns)
-            }))
+            })
+            .with_context(|| format!("opening the status socket {}", status_socket.display()))?
         };
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
@@ -278,8 +309,6 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
                 _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
             }
         }
-        status_task.abort();
-        let _ = std::fs::remove_file(&status_socket);
         Ok::<_, anyhow::Error>(())
     });
 

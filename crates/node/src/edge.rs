@@ -24,7 +24,7 @@ const READ_WAIT: Duration = Duration::from_millis(10);
 /// The smallest IPv4 header.
 const IPV4_MIN: usize = 20;
 
-cyphonic_tunnel::counters! {
+cyphonic_telemetry::counters! {
     /// Counters of the node's TUN side.
     pub struct Counters {
         /// Packets read from the TUN device.

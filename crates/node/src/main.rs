@@ -71,17 +71,10 @@ fn now_secs() -> u64 {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal as _;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    cyphonic_telemetry::logging::init(match format {
+        LogFormat::Text => cyphonic_telemetry::logging::Format::Text,
+        LogFormat::Json => cyphonic_telemetry::logging::Format::Json,
+    });
 }
 
 fn main() -> ExitCode {
@@ -106,15 +99,8 @@ fn main() -> ExitCode {
             })
             .map_err(anyhow::Error::from),
         Command::Status { socket, json } => {
-            cyphonic_tunnel::status::fetch(&socket, "cyphonic-node")
+            cyphonic_telemetry::status::show(&socket, "cyphonic-node", json, print_status)
                 .map_err(anyhow::Error::from)
-                .map(|doc| {
-                    if json {
-                        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-                    } else {
-                        print_status(&doc);
-                    }
-                })
         }
     };
     match result {

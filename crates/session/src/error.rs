@@ -66,6 +66,35 @@ pub enum HandshakeError {
     Noise(String),
 }
 
+impl HandshakeError {
+    /// A short, stable name of the reason, for counters and metrics labels: `decrypt`,
+    /// `replay`, `cert_expired`, ...
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Self::Frame(_) => "malformed",
+            Self::WrongType { .. } => "wrong_type",
+            Self::Decrypt => "decrypt",
+            Self::Payload(_) => "payload",
+            Self::Certificate(e) => match e {
+                CertError::UnknownCa => "cert_unknown_ca",
+                CertError::BadSignature => "cert_bad_signature",
+                CertError::NotYetValid { .. } => "cert_not_yet_valid",
+                CertError::Expired { .. } => "cert_expired",
+                CertError::Revoked(_) | CertError::CaRevoked(_) => "cert_revoked",
+                _ => "cert_invalid",
+            },
+            Self::KeyMismatch => "key_mismatch",
+            Self::NameMismatch { .. } => "name_mismatch",
+            Self::VipMismatch(_) => "vip_mismatch",
+            Self::Replay { .. } => "replay",
+            Self::TooFrequent => "too_frequent",
+            Self::UnknownIndex(_) => "unknown_index",
+            Self::CannotInitiate(_) => "cannot_initiate",
+            Self::Noise(_) => "noise",
+        }
+    }
+}
+
 /// Why a packet could not be sealed for a peer now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

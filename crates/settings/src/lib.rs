@@ -404,6 +404,34 @@ impl RawCloud {
     }
 }
 
+// ---- [metrics] -------------------------------------------------------------------------------
+
+/// `[metrics]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    listen: Option<Spanned<SocketAddr>>,
+}
+
+impl RawMetrics {
+    /// Where the Prometheus endpoint listens, if anywhere. A port is required; any address is
+    /// taken (loopback, or a management network: the metrics name peers and devices).
+    ///
+    /// # Errors
+    /// Port 0.
+    pub fn check(&self, src: &Source<'_>) -> Result<Option<SocketAddr>, ConfigError> {
+        match &self.listen {
+            Some(l) if l.get_ref().port() == 0 => src.err(
+                &l.span(),
+                "metrics.listen",
+                "give the port Prometheus scrapes (9464, say)",
+            ),
+            Some(l) => Ok(Some(*l.get_ref())),
+            None => Ok(None),
+        }
+    }
+}
+
 // ---- [dataplane] and [dns] -------------------------------------------------------------------
 
 /// An AEAD backend name (`ring` or `rustcrypto`).

@@ -58,6 +58,8 @@ impl Cloud {
             probe_listen: SocketAddr::new(listen.ip(), 0),
             probe_listen_alt: SocketAddr::new(listen.ip(), 0),
             relay,
+            status_socket: self._dir.path().join("cloud.sock"),
+            metrics: None,
             key: StaticKeypair::from_pem(&self.key.to_pem()).unwrap(),
             trust: pki.trust(),
             database: self.db.clone(),

@@ -53,6 +53,7 @@ pub struct Control {
     clock: Clock,
     kicks: HashMap<u32, Instant>,
     admissions: HashMap<String, Instant>,
+    refusal_log: cyphonic_telemetry::Throttle,
     /// The control plane, when configured.
     pub cloud: Option<CloudLink>,
     /// The data threads' messages.
@@ -108,6 +109,7 @@ impl Control {
             clock,
             kicks: HashMap::new(),
             admissions: HashMap::new(),
+            refusal_log: cyphonic_telemetry::Throttle::new(Duration::from_secs(1)),
             cloud,
             rx,
             cloud_answers,
@@ -372,44 +374,59 @@ impl Control {
         self.drain(slot, hooks);
     }
 
+    /// Counts a refused handshake message under `kind`, and logs it (at most once a second:
+    /// a flood of forged initiations must not become a flood of log lines).
+    fn refused(&mut self, kind: &'static str, from: SocketAddr, what: &dyn std::fmt::Display) {
+        bump(&self.shared.counters.handshake_refused);
+        *self
+            .shared
+            .handshake_refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(kind)
+            .or_default() += 1;
+        if let Some(held) = self.refusal_log.due(Instant::now()) {
+            tracing::warn!(%from, reason = kind, held_back = held, "handshake refused: {what}");
+        }
+    }
+
     fn handshake(&mut self, frame: &[u8], from: SocketAddr, at: Instant, hooks: &mut impl Hooks) {
-        let c = &self.shared.counters;
         let Ok(view) = Frame::new_checked(frame) else {
             return;
         };
         match view.msg_type() {
             MessageType::HandshakeInit => {
-                bump(&c.handshake_inits);
+                bump(&self.shared.counters.handshake_inits);
                 let init = match read_init(&self.identity, self.clock.unix_secs(at), frame) {
                     Ok(init) => init,
                     Err(e) => {
-                        bump(&c.handshake_refused);
-                        tracing::warn!(%from, reason = %e, "handshake initiation refused");
+                        self.refused(e.kind(), from, &e);
                         return;
                     }
                 };
                 let Some(slot) = self.shared.peers.by_key(&init.remote_static) else {
-                    bump(&c.handshake_refused);
+                    let what = format!("{} is not one of our peers", init.cert.body().name);
+                    self.refused("not_a_peer", from, &what);
                     self.admit(&init.cert, from, at);
                     return;
                 };
                 let result = slot.lock().handle_init(at, from, init);
                 if let Err(e) = result {
-                    bump(&c.handshake_refused);
-                    tracing::warn!(peer = %slot.name, %from, reason = %e, "handshake initiation refused");
+                    let what = format!("{}: {e}", slot.name);
+                    self.refused(e.kind(), from, &what);
                 }
                 self.drain(&slot, hooks);
             }
             MessageType::HandshakeResp => {
-                bump(&c.handshake_responses);
+                bump(&self.shared.counters.handshake_responses);
                 let Some(slot) = self.shared.peers.by_index(view.receiver_index()) else {
-                    bump(&c.handshake_refused);
+                    self.refused("unknown_index", from, &"a response for no peer of ours");
                     return;
                 };
                 let result = slot.lock().handle_response(at, from, frame);
                 if let Err(e) = result {
-                    bump(&c.handshake_refused);
-                    tracing::warn!(peer = %slot.name, %from, reason = %e, "handshake response refused");
+                    let what = format!("{}: {e}", slot.name);
+                    self.refused(e.kind(), from, &what);
                 }
                 self.drain(&slot, hooks);
             }

@@ -3,30 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Declares a counters struct: one `AtomicU64` per name, and `snapshot()` listing them with
-/// their names in declaration order.
-#[macro_export]
-macro_rules! counters {
-    ($(#[$sdoc:meta])* $vis:vis struct $ty:ident { $($(#[$doc:meta])* $name:ident,)* }) => {
-        $(#[$sdoc])*
-        #[derive(Debug, Default)]
-        $vis struct $ty {
-            $($(#[$doc])* pub $name: ::std::sync::atomic::AtomicU64,)*
-        }
-
-        impl $ty {
-            /// Every counter with its name, in declaration order.
-            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-                vec![$((
-                    stringify!($name),
-                    self.$name.load(::std::sync::atomic::Ordering::Relaxed),
-                ),)*]
-            }
-        }
-    };
-}
-
-counters! {
+cyphonic_telemetry::counters! {
     /// Counters of the tunnel engine (the pipelines count their own).
     pub struct Counters {
         /// Overlay destinations no peer's certificate covers.

@@ -196,6 +196,15 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             .expect("the submitter is taken once, by the edge thread")
     }
 
+    /// The engine's metrics collector (for `/metrics`).
+    pub fn collector(&self) -> crate::metrics::EngineCollector {
+        crate::metrics::EngineCollector::new(
+            self.shared.clone(),
+            self.egress.clone(),
+            self.ingress.clone(),
+        )
+    }
+
     /// Where the control thread tells the submitter about peers.
     pub fn to_egress(&self) -> Sender<ToEgress> {
         self.to_egress.clone()

@@ -24,6 +24,7 @@ pub mod counters;
 pub mod egress;
 pub mod engine;
 pub mod ingress;
+pub mod metrics;
 pub mod peers;
 pub mod pool;
 pub mod status;
@@ -90,6 +91,9 @@ pub struct Shared {
     pub cloud: Mutex<serde_json::Value>,
     /// Wakes the control thread when a peer's timers changed on a data thread.
     pub notify: tokio::sync::Notify,
+    /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
+    /// Written by the control thread only.
+    pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl Shared {
@@ -111,6 +115,7 @@ impl Shared {
                 control,
                 cloud: Mutex::new(cloud),
                 notify: tokio::sync::Notify::new(),
+                handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
             },
             rx,
         )

@@ -1,85 +1,15 @@
-//! The local status socket the binaries answer `status` on, and the parts of the status
-//! document the engine owns: peers, the cloud, the engine's counters, the pipelines. The
-//! socket is created with mode 0600: only root (the daemon's user) may read it.
+//! The parts of the status document the engine owns (peers, the cloud, the engine's counters,
+//! the pipelines), and their text for a terminal. The socket it is read from is
+//! `cyphonic_telemetry::status`.
 
 use std::fmt::Write as _;
-use std::io::Read as _;
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cyphonic_pipeline::{Counters as PipelineCounters, DropReason, Stats};
 use serde_json::{Map, Value, json};
-use tokio::io::AsyncWriteExt as _;
-use tokio::net::UnixListener;
 
 use crate::Shared;
-
-/// Binds the status socket (replacing a stale one), mode 0600.
-///
-/// # Errors
-/// The directory cannot be created or the socket bound.
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
-/// Answers every connection with one JSON document, `snapshot()` at that moment.
-pub async fn serve(listener: UnixListener, snapshot: impl Fn() -> Value) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let mut text = serde_json::to_vec_pretty(&snapshot()).unwrap_or_default();
-        text.push(b'\n');
-        let _ = stream.write_all(&text).await;
-    }
-}
-
-/// Why the status could not be read.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FetchError {
-    /// No daemon listens there, or we may not connect.
-    #[error("connecting to {path} (is {program} running? are you root?): {source}")]
-    Connect {
-        /// The socket.
-        path: String,
-        /// Which daemon.
-        program: &'static str,
-        /// The system's error.
-        source: std::io::Error,
-    },
-    /// The daemon did not answer in time, or the answer is not JSON.
-    #[error("reading the status: {0}")]
-    Read(String),
-}
-
-/// Reads the status document from the daemon `program` listening at `path`.
-///
-/// # Errors
-/// [`FetchError`].
-pub fn fetch(path: &Path, program: &'static str) -> Result<Value, FetchError> {
-    let mut stream =
-        std::os::unix::net::UnixStream::connect(path).map_err(|source| FetchError::Connect {
-            path: path.display().to_string(),
-            program,
-            source,
-        })?;
-    let read = |e: &dyn std::fmt::Display| FetchError::Read(e.to_string());
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| read(&e))?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).map_err(|e| read(&e))?;
-    serde_json::from_str(&text).map_err(|e| read(&e))
-}
 
 /// A pipeline's counters as the status document shows them.
 pub fn pipeline_json(s: &Stats) -> Value {
@@ -184,8 +114,8 @@ pub fn peers_text(doc: &Value) -> String {
             } else {
                 "no"
             },
-            p["tx_packets"],
-            p["rx_packets"]
+            p["tx_packets"].as_u64().unwrap_or(0),
+            p["rx_packets"].as_u64().unwrap_or(0)
         );
     }
     out

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use cyphonic_e2e::bed::{BedOptions, Side, TwoSites, iperf3};
+use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::measure::{self, PingStats, Tcp, Udp};
 
@@ -26,8 +26,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Two sites, two adapters, ping and iperf3 through the tunnel, a short report.
-    Demo,
+    /// The whole system: the cloud, two adapters with DHCP devices, a node; names, ping and
+    /// iperf3 by name; the status tables.
+    Demo {
+        /// Shorter measurements (for CI).
+        #[arg(long)]
+        short: bool,
+    },
     /// Plain kernel routing against the tunnel, and the ordering ablation; prints Markdown.
     Bench {
         /// Seconds per TCP measurement.
@@ -48,7 +53,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Demo => demo(),
+        Command::Demo { short } => demo(short),
         Command::Bench { seconds } => bench(seconds).map(|md| print!("{md}")),
         Command::Peers { counts, seconds } => peers(&counts, seconds).map(|md| print!("{md}")),
     };
@@ -65,131 +70,213 @@ fn step(n: u32, text: &str) {
     println!("\n{n}. {text}");
 }
 
-fn demo() -> anyhow::Result<()> {
-    println!(
-        "cyphonic demo: two sites joined by an encrypted overlay, all on this machine in network namespaces.\n"
-    );
-    println!(
-        "  [lanA host 100.64.1.10] -- [adapter gw1.ovl.example] -- 198.51.100.0/24 -- [router] -- 203.0.113.0/24 -- [adapter gw2.ovl.example] -- [lanB host 100.64.2.10]"
-    );
-    println!(
-        "  The LAN hosts are plain Linux hosts: no VPN software, just a default route to their adapter's vIP."
-    );
-    step(
-        1,
-        "An overlay CA for ovl.example issues a certificate to each adapter: gw1 for 100.64.1.0/24, gw2 for 100.64.2.0/24.",
-    );
-    let mut bed = TwoSites::new(&BedOptions {
-        lan_switch: true,
-        ..BedOptions::default()
-    })?;
-    println!("   CA and certificates: {}", bed.tmp().join("ca").display());
-    step(
-        2,
-        "Both adapters start (cyphonic-adapter run --config ...), each with the other as a static peer.",
-    );
-    bed.start(Side::A)?;
-    bed.start(Side::B)?;
-    println!(
-        "   running: adapter A pid {}, adapter B pid {}",
-        bed.a.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid),
-        bed.b.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid)
-    );
-    step(
-        3,
-        "lanA pings its gateway (the adapter answers ARP and ICMP itself), then lanB across the tunnel.",
-    );
-    let gw = measure::ping(&bed, Side::A, bed.a.gateway, 3, Duration::from_millis(200))?;
-    println!(
-        "   gateway 100.64.1.1: {}/{} replies, {:.3} ms average",
-        gw.received, gw.sent, gw.avg_ms
-    );
-    let first = measure::ping(&bed, Side::A, bed.b.host_ip, 5, Duration::from_millis(200))?;
-    println!(
-        "   lanB 100.64.2.10:   {}/{} replies; the first waited for the Noise IK handshake, then {:.3} ms median",
-        first.received, first.sent, first.p50_ms
-    );
-    step(
-        4,
-        "A camera joins lanB: busybox udhcpc, an unmodified DHCP client, asks adapter B for an address.",
-    );
-    let (ns, mac) = bed.add_host(Side::B, "camera")?;
-    let mut camera = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, "camera")?;
-    camera.start()?;
-    let lease = camera.wait_for(&["bound"], 1, Duration::from_secs(20))?;
-    println!(
-        "   camera {}: {}/{}, router {}, DNS {}, domain {}, MTU {}, lease {} s",
-        camera.mac,
-        lease.get("ip"),
-        lease.get("mask"),
-        lease.get("router"),
-        lease.get("dns"),
-        lease.get("domain"),
-        lease.get("mtu"),
-        lease.get("lease")
-    );
-    step(
-        5,
-        "lanA finds it by name: adapter A asks gw2's DNS through the tunnel; then lanA pings it by name.",
-    );
-    let d = dig(&bed.a.lan, bed.a.gateway, "camera.gw2.ovl.example", "A")?;
-    println!(
-        "   dig @100.64.1.1 camera.gw2.ovl.example: {} {}",
-        d.status,
-        d.answers.join(" ")
-    );
-    bed.a
-        .lan
-        .set_resolv_conf("nameserver 100.64.1.1\nsearch gw1.ovl.example\n")?;
-    let ping = bed.a.lan.exec_output(
-        "ping",
-        &["-c", "3", "-i", "0.2", "-W", "2", "camera.gw2.ovl.example"],
-    )?;
-    let text = String::from_utf8_lossy(&ping.stdout);
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("PING") || l.contains("packet loss"))
-    {
-        println!("   {line}");
-    }
-    step(
-        6,
-        "iperf3 through the tunnel: TCP both ways, then UDP at 200 Mbit/s.",
-    );
-    let t = measure::tcp(&bed, 1, 5)?;
-    println!(
-        "   TCP lanA -> lanB: {:.2} Gbit/s ({} retransmissions)",
-        t.gbps, t.retransmits
-    );
-    let r = iperf3(&bed, Side::B, &["-R"], 5)?;
-    println!(
-        "   TCP lanB -> lanA: {:.2} Gbit/s",
-        r["end"]["sum_received"]["bits_per_second"]
-            .as_f64()
-            .unwrap_or(0.0)
-            / 1e9
-    );
-    let u = measure::udp(&bed, 200, 1300, 3)?;
-    println!(
-        "   UDP 200 Mbit/s:   {:.1} Mbit/s received, {:.2}% lost, {} out of order",
-        u.received_mbps, u.loss_pct, u.out_of_order
-    );
-    step(7, "What adapter B reports (cyphonic-adapter status):");
-    let out = std::process::Command::new(&bed.bins.adapter)
-        .args([
-            "status",
-            "--socket",
-            bed.b.socket().to_str().context("path")?,
-        ])
-        .output()?;
+/// Prints a command's output, indented.
+fn show(out: &std::process::Output) {
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         println!("   {line}");
     }
-    step(
-        8,
-        "Stopping the adapters and removing every namespace, link and file of the demo.",
+}
+
+/// Asks `server` from `ns` for `name` until the answer has an address (a fresh registration
+/// takes a moment to reach the cloud): the answer, or an error after about 12 s.
+fn resolve(
+    ns: &cyphonic_e2e::Netns,
+    server: std::net::Ipv4Addr,
+    name: &str,
+) -> anyhow::Result<String> {
+    for _ in 0..24 {
+        if let Ok(d) = dig(ns, server, name, "A")
+            && d.status == "NOERROR"
+            && let Some(a) = d.answers.first()
+        {
+            return Ok(a.clone());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    anyhow::bail!("{name} did not resolve")
+}
+
+/// A ping summary line: "3/3 replies, 0.61 ms average".
+fn ping_line(ns: &cyphonic_e2e::Netns, to: &str, count: usize) -> anyhow::Result<String> {
+    let n = count.to_string();
+    let out = ns.exec_output("ping", &["-c", &n, "-i", "0.2", "-W", "2", to])?;
+    let p = measure::parse_ping(&String::from_utf8_lossy(&out.stdout), count);
+    anyhow::ensure!(p.received > 0, "no reply from {to}");
+    Ok(format!(
+        "{}/{} replies, {:.3} ms average",
+        p.received, p.sent, p.avg_ms
+    ))
+}
+
+/// iperf3 TCP from `client` to the server on `server` reached as `target`: Gbit/s.
+fn tcp_by_name(
+    server: &cyphonic_e2e::Netns,
+    client: &cyphonic_e2e::Netns,
+    target: &str,
+    secs: u64,
+) -> anyhow::Result<f64> {
+    let srv = server.spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let t = secs.to_string();
+    let out = client.exec_output("iperf3", &["-J", "-c", target, "-t", &t])?;
+    drop(srv);
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("iperf3: {}", String::from_utf8_lossy(&out.stderr)))?;
+    anyhow::ensure!(r["error"].is_null(), "iperf3: {}", r["error"]);
+    Ok(r["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9)
+}
+
+fn demo(short: bool) -> anyhow::Result<()> {
+    println!(
+        "cyphonic demo: an overlay of two sites and a host, built from network namespaces on this machine.\n"
     );
-    camera.stop()?;
+    println!(
+        "  [camera, DHCP] -- [adapter gw1.ovl.example] --+                   +-- [adapter gw2.ovl.example] -- [sensor, DHCP]"
+    );
+    println!(
+        "                       198.51.100.2              +-- [router] ----+       203.0.113.2"
+    );
+    println!(
+        "  [nodec.ovl.example: cyphonic-node, TUN] ---------+   192.0.2.66  +-- [cyphonic-cloud: AS, NMS, relay] 192.0.2.10"
+    );
+    println!(
+        "\n  The camera and the sensor are plain Linux hosts that only run a DHCP client; the adapters give them\n  an overlay address and a name, and build encrypted tunnels when a name is asked for."
+    );
+    step(
+        1,
+        "An overlay CA for ovl.example issues certificates: gw1 for 100.64.1.0/24, gw2 for 100.64.2.0/24, nodec for 100.64.3.0/24.",
+    );
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: true,
+        lan_switch: true,
+        node_c: Some(None),
+        ..BedOptions::default()
+    })?;
+    println!("   CA and certificates: {}", bed.ca_dir().display());
+    step(
+        2,
+        "The cloud runs (cyphonic-cloud serve, SQLite); both adapters and the node start with its address and key only: no peer lists.",
+    );
+    bed.start(Side::A)?;
+    bed.start(Side::B)?;
+    let bins = bed.bins.clone();
+    bed.c.as_mut().context("node C")?.start(&bins)?;
+    println!(
+        "   cloud pid {}, adapter A pid {}, adapter B pid {}, node C pid {}",
+        bed.cloud
+            .as_ref()
+            .and_then(|c| c.proc.as_ref())
+            .map_or(0, cyphonic_e2e::Proc::pid),
+        bed.a.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid),
+        bed.b.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid),
+        bed.c
+            .as_ref()
+            .and_then(|c| c.proc.as_ref())
+            .map_or(0, cyphonic_e2e::Proc::pid),
+    );
+    step(
+        3,
+        "A camera joins site A and a sensor joins site B: busybox udhcpc, an unmodified DHCP client, asks each adapter for an address.",
+    );
+    let mut devices = Vec::new();
+    for (side, name) in [(Side::A, "camera"), (Side::B, "sensor")] {
+        let (ns, mac) = bed.add_host(side, name)?;
+        let mut host = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, name)?;
+        host.start()?;
+        let lease = host.wait_for(&["bound"], 1, Duration::from_secs(20))?;
+        println!(
+            "   {name} {}: {}/{}, router {}, DNS {}, domain {}, MTU {}, lease {} s",
+            host.mac,
+            lease.get("ip"),
+            lease.get("mask"),
+            lease.get("router"),
+            lease.get("dns"),
+            lease.get("domain"),
+            lease.get("mtu"),
+            lease.get("lease")
+        );
+        host.ns
+            .set_resolv_conf(&format!("nameserver {}\n", lease.get("dns")))?;
+        devices.push(host);
+    }
+    let (camera, sensor) = (&devices[0], &devices[1]);
+    step(
+        4,
+        "The camera asks its adapter's DNS for sensor.gw2.ovl.example: adapter A asks the cloud, both adapters handshake at once, and the answer comes once the tunnel is up.",
+    );
+    let asked = std::time::Instant::now();
+    let ip = resolve(&camera.ns, bed.a.gateway, "sensor.gw2.ovl.example")?;
+    println!(
+        "   sensor.gw2.ovl.example = {ip} (answered in {:.0} ms, the tunnel included)",
+        asked.elapsed().as_secs_f64() * 1e3
+    );
+    println!(
+        "   camera -> sensor by name: {}",
+        ping_line(&camera.ns, "sensor.gw2.ovl.example", 3)?
+    );
+    step(
+        5,
+        "Node C resolves the camera's name through its own DNS stub (its resolv.conf points at it) and pings it.",
+    );
+    let node = &bed.c.as_ref().context("node C")?.ns;
+    let ip = resolve(node, cyphonic_e2e::node::VIP, "camera.gw1.ovl.example")?;
+    println!("   camera.gw1.ovl.example = {ip}");
+    println!(
+        "   node C -> camera by name: {}",
+        ping_line(node, "camera.gw1.ovl.example", 3)?
+    );
+    let secs = if short { 1 } else { 5 };
+    step(
+        6,
+        &format!("iperf3 TCP by name through the tunnels, {secs} s each."),
+    );
+    println!(
+        "   camera -> sensor: {:.2} Gbit/s",
+        tcp_by_name(&sensor.ns, &camera.ns, "sensor.gw2.ovl.example", secs)?
+    );
+    println!(
+        "   node C -> camera: {:.2} Gbit/s",
+        tcp_by_name(&camera.ns, node, "camera.gw1.ovl.example", secs)?
+    );
+    step(7, "What adapter A reports (cyphonic-adapter status):");
+    show(
+        &std::process::Command::new(&bed.bins.adapter)
+            .args([
+                "status",
+                "--socket",
+                bed.a.socket().to_str().context("path")?,
+            ])
+            .output()?,
+    );
+    step(8, "What node C reports (cyphonic-node status):");
+    let c = bed.c.as_ref().context("node C")?;
+    show(
+        &std::process::Command::new(&bed.bins.node)
+            .args(["status", "--socket", c.socket().to_str().context("path")?])
+            .output()?,
+    );
+    step(9, "What the cloud reports (cyphonic-cloud status):");
+    let cloud = bed.cloud.as_ref().context("cloud")?;
+    show(
+        &std::process::Command::new(&bed.bins.cloud)
+            .args([
+                "status",
+                "--socket",
+                cloud.dir.join("cloud.sock").to_str().context("path")?,
+            ])
+            .output()?,
+    );
+    step(
+        10,
+        "Stopping everything and removing every namespace, link and file of the demo.",
+    );
+    for mut d in devices {
+        d.stop()?;
+    }
+    bed.c.as_mut().context("node C")?.stop("TERM")?;
     bed.stop(Side::A, "TERM")?;
     bed.stop(Side::B, "TERM")?;
     drop(bed);

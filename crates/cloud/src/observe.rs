@@ -1,0 +1,208 @@
+//! What the cloud tells its operator: the status document (`cyphonic-cloud status`) and the
+//! metrics, both read from the same counters; and the registry's sizes, refreshed from the
+//! store every few seconds (a scrape must not wait for the database).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cyphonic_telemetry::Family;
+use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge};
+use serde_json::{Value, json};
+
+use crate::nms::Nms;
+use crate::store::Store;
+use crate::trs::Trs;
+
+/// How often the registry's sizes are read from the store.
+const REFRESH: Duration = Duration::from_secs(2);
+
+/// The registry's sizes, as last read.
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// Clients ever registered.
+    pub clients: AtomicU64,
+    /// Clients with a session (on any instance).
+    pub online: AtomicU64,
+    /// Names registered.
+    pub names: AtomicU64,
+}
+
+impl Registry {
+    /// Reads the sizes from `store` every few seconds, until the task is dropped.
+    pub async fn refresh(self: Arc<Self>, store: Store) {
+        loop {
+            match (store.counts().await, store.name_count().await) {
+                (Ok((clients, online)), Ok(names)) => {
+                    let set = |a: &AtomicU64, v: i64| {
+                        a.store(v.try_into().unwrap_or(0), Ordering::Relaxed);
+                    };
+                    set(&self.clients, clients);
+                    set(&self.online, online);
+                    set(&self.names, names);
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(error = %e, "reading the registry's size");
+                }
+            }
+            tokio::time::sleep(REFRESH).await;
+        }
+    }
+}
+
+/// What does not change while the cloud runs.
+#[derive(Debug)]
+pub struct Static {
+    /// The control address.
+    pub control: SocketAddr,
+    /// The probe addresses.
+    pub probes: [SocketAddr; 2],
+    /// The store, its password hidden.
+    pub store: String,
+    /// The cloud's public key.
+    pub public_key: String,
+    /// When it started.
+    pub started: Instant,
+}
+
+/// Everything the status document and the metrics read.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// NMS.
+    pub nms: Arc<Nms>,
+    /// The relay, unless off.
+    pub trs: Option<Arc<Trs>>,
+    /// The registry's sizes.
+    pub registry: Arc<Registry>,
+    /// What does not change.
+    pub info: Arc<Static>,
+}
+
+fn counters_json(pairs: Vec<(&'static str, u64)>) -> Value {
+    Value::Object(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), json!(v)))
+            .collect(),
+    )
+}
+
+impl Observed {
+    /// The status document.
+    pub fn snapshot(&self) -> Value {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let sessions: Vec<Value> = self
+            .nms
+            .sessions()
+            .into_iter()
+            .map(|(name, from, secs)| json!({ "name": name, "from": from.to_string(), "secs": secs }))
+            .collect();
+        let relay = self.trs.as_ref().map_or(Value::Null, |t| {
+            json!({
+                "settings": t.describe(),
+                "channels": t.channels_json(),
+                "counters": counters_json(t.stats.snapshot()),
+            })
+        });
+        json!({
+            "cloud": {
+                "control": self.info.control.to_string(),
+                "probes": self.info.probes.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "store": self.info.store,
+                "public_key": self.info.public_key,
+                "uptime_secs": self.info.started.elapsed().as_secs(),
+            },
+            "registry": {
+                "clients": get(&self.registry.clients),
+                "online": get(&self.registry.online),
+                "names": get(&self.registry.names),
+            },
+            "sessions": sessions,
+            "relay": relay,
+            "counters": counters_json(self.nms.stats.snapshot()),
+        })
+    }
+}
+
+#[expect(clippy::cast_precision_loss, reason = "counts as metric values")]
+fn f(v: u64) -> f64 {
+    v as f64
+}
+
+impl Collector for Observed {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let get = |a: &AtomicU64| f(a.load(Ordering::Relaxed));
+        self.nms.stats.encode("cyphonic_nms", &mut e)?;
+        gauge(
+            &mut e,
+            "cyphonic_registry_clients",
+            "Clients ever registered.",
+            get(&self.registry.clients),
+        )?;
+        gauge(
+            &mut e,
+            "cyphonic_registry_online",
+            "Clients with a control session, on any instance.",
+            get(&self.registry.online),
+        )?;
+        gauge(
+            &mut e,
+            "cyphonic_registry_names",
+            "Names registered.",
+            get(&self.registry.names),
+        )?;
+        gauge(
+            &mut e,
+            "cyphonic_nms_sessions_open",
+            "Control sessions open on this instance.",
+            f(self.nms.sessions().len() as u64),
+        )?;
+        let Some(trs) = &self.trs else {
+            return Ok(());
+        };
+        trs.stats.encode("cyphonic_relay", &mut e)?;
+        gauge(
+            &mut e,
+            "cyphonic_relay_channels_open",
+            "Relay channels open.",
+            f(trs.open_channels() as u64),
+        )?;
+        let channels = trs.channels_json();
+        let rows = |key: &str| -> Vec<(Vec<(&'static str, String)>, f64)> {
+            channels
+                .iter()
+                .map(|c| {
+                    (
+                        vec![
+                            ("port", c["port"].to_string()),
+                            ("a", c["a"].as_str().unwrap_or_default().to_owned()),
+                            ("b", c["b"].as_str().unwrap_or_default().to_owned()),
+                            (
+                                "reason",
+                                c["reason"].as_str().unwrap_or_default().to_owned(),
+                            ),
+                        ],
+                        f(c[key].as_u64().unwrap_or(0)),
+                    )
+                })
+                .collect()
+        };
+        Family::counters(
+            "cyphonic_relay_channel_bytes",
+            "Bytes each open channel relayed.",
+        )
+        .encode(&mut e, rows("bytes"))?;
+        Family::counters(
+            "cyphonic_relay_channel_packets",
+            "Datagrams each open channel relayed.",
+        )
+        .encode(&mut e, rows("packets"))?;
+        gauge(
+            &mut e,
+            "cyphonic_relay_ports",
+            "Relay ports in the configured range (the most channels at once).",
+            f(trs.port_count()),
+        )
+    }
+}

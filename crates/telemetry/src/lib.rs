@@ -1,0 +1,153 @@
+//! What the daemons tell their operators, the same way in all three:
+//!
+//! - [`metrics`]: a Prometheus (OpenMetrics) endpoint on a thread of its own, serving what a
+//!   `prometheus-client` registry encodes at each scrape; [`counters!`] declares a set of
+//!   atomic counters that status documents and scrapes both read, with their help texts;
+//!   [`Family`] writes labelled values from inside a collector.
+//! - [`logging`]: tracing's subscriber, as text for a terminal, as JSON on request, and
+//!   without timestamps or colours under systemd (journald adds its own); an env-filter.
+//! - [`status`]: the local status socket (mode 0600) each daemon's `status` command reads a
+//!   JSON document from.
+//! - [`Throttle`]: at most one log line per interval for a repeated event (a flood of bad
+//!   packets must not become a flood of log lines), with how many were held back.
+//!
+//! What it does not do: decide what to measure (each crate exports its own counters) or keep
+//! history (Prometheus does).
+
+#![forbid(unsafe_code)]
+
+pub mod logging;
+pub mod metrics;
+pub mod status;
+
+use std::time::{Duration, Instant};
+
+pub use metrics::Family;
+
+/// Declares a counters struct: one `AtomicU64` per name, `snapshot()` listing the values with
+/// their names in declaration order, and `help()` listing each name with its doc comment (the
+/// help text of its metric).
+#[macro_export]
+macro_rules! counters {
+    ($(#[$sdoc:meta])* $vis:vis struct $ty:ident { $(#[doc = $doc:literal] $name:ident,)* }) => {
+        $(#[$sdoc])*
+        #[derive(Debug, Default)]
+        $vis struct $ty {
+            $(#[doc = $doc] pub $name: ::std::sync::atomic::AtomicU64,)*
+        }
+
+        impl $ty {
+            /// Every counter with its name, in declaration order.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((
+                    stringify!($name),
+                    self.$name.load(::std::sync::atomic::Ordering::Relaxed),
+                ),)*]
+            }
+
+            /// Every counter's name with what it counts.
+            pub fn help() -> Vec<(&'static str, &'static str)> {
+                vec![$((stringify!($name), $doc.trim()),)*]
+            }
+
+            /// Writes every counter as a metric `<prefix>_<name>_total`.
+            ///
+            /// # Errors
+            /// The encoder's.
+            pub fn encode(
+                &self,
+                prefix: &str,
+                encoder: &mut $crate::metrics::DescriptorEncoder<'_>,
+            ) -> Result<(), ::std::fmt::Error> {
+                for ((name, value), (_, help)) in self.snapshot().into_iter().zip(Self::help()) {
+                    $crate::metrics::counter(encoder, &format!("{prefix}_{name}"), help, value)?;
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+/// Lets a repeated event be logged at most once per interval; says how many were held back.
+#[derive(Debug, Clone)]
+pub struct Throttle {
+    every: Duration,
+    last: Option<Instant>,
+    held: u64,
+}
+
+impl Throttle {
+    /// At most once per `every`.
+    pub const fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            held: 0,
+        }
+    }
+
+    /// Whether to log now; if so, how many occurrences were held back since the last line.
+    pub fn due(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < self.every)
+        {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(unreachable_pub)]
+
+    use super::*;
+
+    counters! {
+        /// Test counters.
+        pub struct Things {
+            /// Apples seen.
+            apples,
+            /// Pears seen.
+            pears,
+        }
+    }
+
+    #[test]
+    fn throttle_holds_back_and_counts() {
+        let mut t = Throttle::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert_eq!(t.due(t0), Some(0));
+        assert_eq!(t.due(t0 + Duration::from_secs(1)), None);
+        assert_eq!(t.due(t0 + Duration::from_secs(2)), None);
+        assert_eq!(t.due(t0 + Duration::from_secs(11)), Some(2));
+    }
+
+    #[test]
+    fn counters_snapshot_and_help_line_up() {
+        let c = Things::default();
+        c.pears.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(c.snapshot(), [("apples", 0), ("pears", 3)]);
+        assert_eq!(
+            Things::help(),
+            [("apples", "Apples seen."), ("pears", "Pears seen.")]
+        );
+        let mut r = metrics::Registry::default();
+        r.register_collector(Box::new(ThingsCollector(c)));
+        let text = metrics::render(&r).unwrap_or_default();
+        assert!(text.contains("# HELP cyphonic_pears Pears seen."), "{text}");
+        assert!(text.contains("cyphonic_pears_total 3"), "{text}");
+    }
+
+    #[derive(Debug)]
+    struct ThingsCollector(Things);
+
+    impl metrics::Collector for ThingsCollector {
+        fn encode(&self, mut e: metrics::DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+            self.0.encode("cyphonic", &mut e)
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The local status socket every daemon answers its `status` command on: a Unix socket, mode
+//! 0600 (only the daemon's user and root may read it), that answers each connection with one
+//! JSON document and closes. It runs on a thread of its own, so a busy control loop never
+//! delays it and it never delays the control loop.
+
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The socket, served; removed when this is dropped.
+#[derive(Debug)]
+pub struct StatusSocket {
+    path: PathBuf,
+}
+
+impl Drop for StatusSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds the status socket at `path` (replacing a stale one; creating its directory), mode
+/// 0600, and answers every connection with `snapshot()` from a thread (`cy-status`).
+///
+/// # Errors
+/// The directory cannot be created, the socket bound or its mode set.
+pub fn serve(
+    path: &Path,
+    snapshot: impl Fn() -> serde_json::Value + Send + 'static,
+) -> std::io::Result<StatusSocket> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("cy-status".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut stream) = conn else {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                };
+                let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+                let mut text = serde_json::to_vec_pretty(&snapshot()).unwrap_or_default();
+                text.push(b'\n');
+                let _ = stream.write_all(&text);
+            }
+        })?;
+    Ok(StatusSocket {
+        path: path.to_owned(),
+    })
+}
+
+/// Why the status could not be read.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FetchError {
+    /// No daemon listens there, or we may not connect.
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// Which daemon.
+        program: &'static str,
+        /// The system's error.
+        source: std::io::Error,
+    },
+    /// The daemon did not answer in time, or the answer is not JSON.
+    Read(String),
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Connect {
+                path,
+                program,
+                source,
+            } => write!(
+                f,
+                "connecting to {} (is {program} running? are you root or its user?): {source}",
+                path.display()
+            ),
+            Self::Read(e) => write!(f, "reading the status: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FetchError {}
+
+/// Reads the status document from the daemon `program` listening at `path`.
+///
+/// # Errors
+/// [`FetchError`].
+pub fn fetch(path: &Path, program: &'static str) -> Result<serde_json::Value, FetchError> {
+    let mut stream = UnixStream::connect(path).map_err(|source| FetchError::Connect {
+        path: path.to_owned(),
+        program,
+        source,
+    })?;
+    let read = |e: &dyn std::fmt::Display| FetchError::Read(e.to_string());
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| read(&e))?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).map_err(|e| read(&e))?;
+    serde_json::from_str(&text).map_err(|e| read(&e))
+}
+
+/// The `status` subcommand of the daemon `program`: its document from `path`, printed as
+/// JSON with `json`, else as `table` lays it out.
+///
+/// # Errors
+/// [`FetchError`].
+#[expect(clippy::print_stdout, reason = "the status subcommand's output")]
+pub fn show(
+    path: &Path,
+    program: &'static str,
+    json: bool,
+    table: impl FnOnce(&serde_json::Value),
+) -> Result<(), FetchError> {
+    let doc = fetch(path, program)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        table(&doc);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_answers_with_the_document_and_goes_away() {
+        let dir = std::env::temp_dir().join(format!("cyphonic-status-{}", std::process::id()));
+        let path = dir.join("sub/test.sock");
+        let guard =
+            serve(&path, || serde_json::json!({ "hello": 1 })).unwrap_or_else(|e| panic!("{e}"));
+        let mode = std::fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode.ok(), Some(0o600));
+        let doc = fetch(&path, "test").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(doc["hello"], 1);
+        drop(guard);
+        assert!(!path.exists());
+        let err = fetch(&path, "test").map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("is test running?"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,264 @@
+//! The engine's metrics, read at every scrape from the same counters the status document
+//! shows: the engine's events, both pipelines (drops by reason, out-of-order emissions, the
+//! reorder ring's depth and hold-time histogram), each peer (bytes, packets, route, last
+//! handshake), handshake refusals by reason, the control plane's state, the buffers.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use cyphonic_pipeline::{Counters as PipelineCounters, DropReason, HOLD_BUCKETS};
+use cyphonic_telemetry::Family;
+use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, histogram};
+
+use crate::Shared;
+
+/// Prefix of every metric name.
+pub const PREFIX: &str = "cyphonic";
+
+/// Collects the engine's metrics.
+#[derive(Debug)]
+pub struct EngineCollector {
+    shared: Arc<Shared>,
+    egress: Arc<PipelineCounters>,
+    ingress: Arc<PipelineCounters>,
+}
+
+impl EngineCollector {
+    /// Over `shared` and the two pipelines' counters.
+    pub const fn new(
+        shared: Arc<Shared>,
+        egress: Arc<PipelineCounters>,
+        ingress: Arc<PipelineCounters>,
+    ) -> Self {
+        Self {
+            shared,
+            egress,
+            ingress,
+        }
+    }
+}
+
+/// Labels of one row.
+type Labels = Vec<(&'static str, String)>;
+
+#[expect(clippy::cast_precision_loss, reason = "counters as metric values")]
+fn f(v: u64) -> f64 {
+    v as f64
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        self.shared.counters.encode(PREFIX, &mut e)?;
+        let refusals: Vec<(Labels, f64)> = self
+            .shared
+            .handshake_refusals
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (vec![("reason", (*k).to_owned())], f(*v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Family::counters(
+            "cyphonic_handshake_refusals",
+            "Handshake messages refused, by reason.",
+        )
+        .encode(&mut e, refusals)?;
+
+        // Pipelines.
+        let stats = [
+            ("egress", self.egress.snapshot()),
+            ("ingress", self.ingress.snapshot()),
+        ];
+        let per_dir = |get: &dyn Fn(&cyphonic_pipeline::Stats) -> f64| -> Vec<(Labels, f64)> {
+            stats
+                .iter()
+                .map(|(d, s)| (vec![("direction", (*d).to_owned())], get(s)))
+                .collect()
+        };
+        Family::counters(
+            "cyphonic_pipeline_submitted",
+            "Packets that entered a pipeline.",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.submitted)))?;
+        Family::counters(
+            "cyphonic_pipeline_emitted",
+            "Packets a pipeline emitted, in order.",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.emitted)))?;
+        Family::counters(
+            "cyphonic_pipeline_rejected_full",
+            "Packets refused because every batch buffer was in flight.",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.rejected_full)))?;
+        Family::counters(
+            "cyphonic_pipeline_out_of_order",
+            "Packets emitted out of arrival order (stays 0 with ordering on).",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.out_of_order)))?;
+        Family::counters(
+            "cyphonic_pipeline_held",
+            "Packets the reorder ring held for earlier ones.",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.held_packets)))?;
+        Family::gauges(
+            "cyphonic_pipeline_ring_depth_max",
+            "Most batches the reorder ring held at once.",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.ring_depth_max)))?;
+        let drops: Vec<(Labels, f64)> = stats
+            .iter()
+            .flat_map(|(d, s)| {
+                DropReason::ALL.iter().map(move |r| {
+                    (
+                        vec![
+                            ("direction", (*d).to_owned()),
+                            ("reason", r.name().to_owned()),
+                        ],
+                        f(s.dropped(*r)),
+                    )
+                })
+            })
+            .collect();
+        Family::counters(
+            "cyphonic_pipeline_dropped",
+            "Packets a pipeline dropped, by reason.",
+        )
+        .encode(&mut e, drops)?;
+        for (dir, s) in &stats {
+            // Bucket i holds hold times below 2^i microseconds; the last one, the rest.
+            let buckets: Vec<(f64, u64)> = s
+                .hold_histogram
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let bound = if i + 1 == HOLD_BUCKETS {
+                        f64::MAX
+                    } else {
+                        f64::from(1u32 << i) / 1e6
+                    };
+                    (bound, *n)
+                })
+                .collect();
+            let count: u64 = s.hold_histogram.iter().sum();
+            let sum = s.mean_hold().map_or(0.0, |m| m.as_secs_f64() * f(count));
+            histogram(
+                &mut e,
+                &format!("cyphonic_pipeline_{dir}_hold_seconds"),
+                "How long batches waited in the reorder ring for earlier ones.",
+                sum,
+                count,
+                &buckets,
+            )?;
+        }
+
+        // Peers.
+        let now = Instant::now();
+        let peers = self.shared.peers.all();
+        let mut bytes = Vec::new();
+        let mut packets = Vec::new();
+        let mut up = Vec::new();
+        let mut since = Vec::new();
+        let mut info = Vec::new();
+        for slot in &peers {
+            let (established, last) = {
+                let p = slot.lock();
+                (p.is_established(now), p.last_handshake())
+            };
+            let route = slot.route();
+            let (kind, reason) = route.relay.as_ref().map_or(("direct", String::new()), |r| {
+                ("relay", r.reason.describe().to_owned())
+            });
+            drop(route);
+            let name = slot.name.clone();
+            for (dir, v) in [("tx", &slot.tx_bytes), ("rx", &slot.rx_bytes)] {
+                bytes.push((
+                    vec![("peer", name.clone()), ("direction", dir.to_owned())],
+                    f(v.load(Ordering::Relaxed)),
+                ));
+            }
+            for (dir, v) in [("tx", &slot.tx_packets), ("rx", &slot.rx_packets)] {
+                packets.push((
+                    vec![("peer", name.clone()), ("direction", dir.to_owned())],
+                    f(v.load(Ordering::Relaxed)),
+                ));
+            }
+            up.push((
+                vec![("peer", name.clone())],
+                if established { 1.0 } else { 0.0 },
+            ));
+            if let Some(t) = last {
+                since.push((
+                    vec![("peer", name.clone())],
+                    now.saturating_duration_since(t).as_secs_f64(),
+                ));
+            }
+            info.push((
+                vec![
+                    ("peer", name),
+                    ("origin", slot.origin.to_owned()),
+                    ("route", kind.to_owned()),
+                    ("relay_reason", reason),
+                ],
+                1.0,
+            ));
+        }
+        gauge(
+            &mut e,
+            "cyphonic_peers",
+            "Peers known.",
+            f(peers.len() as u64),
+        )?;
+        Family::counters("cyphonic_peer_bytes", "Inner bytes to and from each peer.")
+            .encode(&mut e, bytes)?;
+        Family::counters(
+            "cyphonic_peer_packets",
+            "Inner packets to and from each peer.",
+        )
+        .encode(&mut e, packets)?;
+        Family::gauges(
+            "cyphonic_peer_up",
+            "Whether the tunnel to a peer has keys (1) or not (0).",
+        )
+        .encode(&mut e, up)?;
+        Family::gauges(
+            "cyphonic_peer_last_handshake_seconds",
+            "Seconds since a peer's last completed handshake.",
+        )
+        .encode(&mut e, since)?;
+        Family::gauges(
+            "cyphonic_peer_info",
+            "A peer, how we know it and how it is reached (always 1).",
+        )
+        .encode(&mut e, info)?;
+
+        // The control plane and the buffers.
+        let cloud = self
+            .shared
+            .cloud
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default();
+        if cloud.is_object() {
+            gauge(
+                &mut e,
+                "cyphonic_cloud_connected",
+                "Whether the control session with the cloud is open.",
+                if cloud["connected"] == true { 1.0 } else { 0.0 },
+            )?;
+        }
+        gauge(
+            &mut e,
+            "cyphonic_buffers_allocated",
+            "Packet buffers allocated so far (the most ever in use).",
+            f(self.shared.pool.allocated() as u64),
+        )?;
+        gauge(
+            &mut e,
+            "cyphonic_buffers_free",
+            "Packet buffers free now.",
+            f(self.shared.pool.free() as u64),
+        )
+    }
+}

@@ -1,0 +1,191 @@
+//! What operators see, checked against what a scenario sent: the Prometheus endpoints of the
+//! adapter and the cloud (scraped over HTTP inside their namespaces), and the `status`
+//! commands' text and JSON.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::lan::dig;
+use cyphonic_e2e::{http_get, metric};
+
+const METRICS: &str = "[metrics]\nlisten = \"127.0.0.1:9464\"\n";
+
+fn scrape(bed: &TwoSites, side: Side) -> String {
+    let ns = &bed.site_ref(side).adapter_ns;
+    let addr: SocketAddr = "127.0.0.1:9464".parse().unwrap();
+    let (status, body) = http_get(ns, addr, "/metrics").unwrap();
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    body
+}
+
+/// 20 pings from lanA to lanB through static peers: adapter A's metrics show exactly 20
+/// packets each way for the peer, 20 emitted by each pipeline, none out of order; the status
+/// command says the same in its table.
+#[test]
+fn adapter_metrics_count_what_the_scenario_sent() {
+    let mut bed = TwoSites::new(&BedOptions {
+        extra_a: METRICS.into(),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let before = scrape(&bed, Side::A);
+    assert_eq!(metric(&before, "cyphonic_peers"), Some(1.0), "{before}");
+    let ping = bed
+        .ping(
+            Side::A,
+            bed.b.host_ip,
+            &["-c", "20", "-i", "0.05", "-W", "2"],
+        )
+        .unwrap();
+    assert!(ping.status.success(), "{}", bed.logs());
+    let m = scrape(&bed, Side::A);
+    let peer = |dir: &str| {
+        metric(
+            &m,
+            &format!("cyphonic_peer_packets_total{{peer=\"gw2.ovl.example\",direction=\"{dir}\"}}"),
+        )
+    };
+    assert_eq!((peer("tx"), peer("rx")), (Some(20.0), Some(20.0)), "{m}");
+    for dir in ["egress", "ingress"] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!("cyphonic_pipeline_emitted_total{{direction=\"{dir}\"}}")
+            ),
+            Some(20.0),
+            "{dir}: {m}"
+        );
+        assert_eq!(
+            metric(
+                &m,
+                &format!("cyphonic_pipeline_out_of_order_total{{direction=\"{dir}\"}}")
+            ),
+            Some(0.0),
+            "{m}"
+        );
+    }
+    assert_eq!(
+        metric(&m, "cyphonic_peer_up{peer=\"gw2.ovl.example\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        metric(&m, "cyphonic_captured_total").unwrap_or(0.0) >= 20.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "cyphonic_sessions_established_total").unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        m.contains("# TYPE cyphonic_pipeline_egress_hold_seconds histogram"),
+        "{m}"
+    );
+    assert!(
+        m.contains("cyphonic_peer_info{peer=\"gw2.ovl.example\",origin=\"static\",route=\"direct\",relay_reason=\"\"} 1"),
+        "{m}"
+    );
+    // Anything but /metrics is not found.
+    let (status, _) = http_get(
+        &bed.a.adapter_ns,
+        "127.0.0.1:9464".parse().unwrap(),
+        "/secrets",
+    )
+    .unwrap();
+    assert!(status.starts_with("HTTP/1.1 404"), "{status}");
+
+    // The status command: the same figures, in the table and in JSON.
+    let out = std::process::Command::new(&bed.bins.adapter)
+        .args(["status", "--socket", bed.a.socket().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("gw2.ovl.example"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1], "static", "{row}");
+    assert_eq!(cells[4], "direct", "{row}");
+    assert_eq!(&cells[cells.len() - 2..], ["20", "20"], "{row}");
+    assert!(text.contains("out_of_order 0"), "{text}");
+    let doc = bed.status(Side::A).unwrap();
+    assert_eq!(doc["peers"][0]["tx_packets"], 20, "{doc}");
+    assert_eq!(
+        doc["counters"]["sessions_established"],
+        m.lines()
+            .find_map(|l| l.strip_prefix("cyphonic_sessions_established_total "))
+            .unwrap()
+            .parse::<u64>()
+            .unwrap(),
+        "{doc}"
+    );
+}
+
+/// The cloud's endpoint and status: both adapters online, the resolution the scenario made,
+/// the sessions by name.
+#[test]
+fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: true,
+        cloud_extra: "[metrics]\nlisten = \"127.0.0.1:9466\"\n".into(),
+        extra_a: METRICS.into(),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let gw = Ipv4Addr::new(100, 64, 1, 1);
+    let mut found = false;
+    for _ in 0..24 {
+        if dig(&bed.a.lan, gw, "host.gw2.ovl.example", "A")
+            .is_ok_and(|d| d.answers == ["100.64.2.10"])
+        {
+            found = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(found, "{}", bed.logs());
+    let cloud = bed.cloud.as_ref().unwrap();
+    let addr: SocketAddr = "127.0.0.1:9466".parse().unwrap();
+    // The registry's sizes are read every 2 s.
+    let mut m = String::new();
+    for _ in 0..30 {
+        m = http_get(&cloud.ns, addr, "/metrics").unwrap().1;
+        if metric(&m, "cyphonic_registry_online") == Some(2.0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(metric(&m, "cyphonic_registry_online"), Some(2.0), "{m}");
+    assert_eq!(metric(&m, "cyphonic_nms_sessions_open"), Some(2.0), "{m}");
+    assert!(
+        metric(&m, "cyphonic_nms_resolves_total").unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "cyphonic_nms_probes_total").unwrap_or(0.0) >= 4.0,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "cyphonic_relay_channels_open"), Some(0.0), "{m}");
+    let doc = cloud.status(&bed.bins).unwrap();
+    let names: Vec<&str> = doc["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["gw1.ovl.example", "gw2.ovl.example"], "{doc}");
+    assert_eq!(doc["registry"]["clients"], 2, "{doc}");
+    assert!(
+        doc["counters"]["resolves"].as_u64().unwrap_or(0) >= 1,
+        "{doc}"
+    );
+}
