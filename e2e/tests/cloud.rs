@@ -324,9 +324,32 @@ fn a_revoked_adapter_is_refused_by_the_cloud() {
     );
 }
 
-/// (h) Adapter B's underlay address changes in the middle of a TCP stream: the stream goes
-/// on. A follows B to its new address on B's first authenticated frame from there (roaming),
-/// and B's next endpoint probe shows the cloud the new address.
+/// Moves adapter B's underlay address from `from` to `to` the way a DHCP renewal with a new
+/// lease does: the new address comes, the old one goes (taking the default route with it),
+/// the route comes back.
+fn move_b(bed: &TwoSites, from: &str, to: &str) {
+    let ns = &bed.b.adapter_ns;
+    ns.exec(
+        "sysctl",
+        &["-qw", "net.ipv4.conf.wan.promote_secondaries=1"],
+    )
+    .unwrap();
+    ns.ip(&["addr", "add", &format!("{to}/24"), "dev", "wan"])
+        .unwrap();
+    ns.ip(&["addr", "del", &format!("{from}/24"), "dev", "wan"])
+        .unwrap();
+    ns.ip(&["route", "replace", "default", "via", "203.0.113.1"])
+        .unwrap();
+}
+
+/// (h) Adapter B's underlay address changes, twice.
+///
+/// While the tunnel is idle: B notices (netlink), tells A with an authenticated keepalive
+/// from the new address, which A follows, and reconnects to the cloud and probes again, so
+/// the cloud sees the new address too. Without the announcement A would go on sending to
+/// the old address until B next spoke, which an idle or receive-only B never does.
+///
+/// In the middle of a TCP stream from A's host to B's: the stream goes on.
 #[test]
 fn a_peer_that_changes_address_keeps_its_tunnel() {
     let bed = cloud_bed();
@@ -334,20 +357,26 @@ fn a_peer_that_changes_address_keeps_its_tunnel() {
         resolve(&bed, Side::A, "host.gw2.ovl.example"),
         ["100.64.2.10"]
     );
+    ping_ok(&bed, Side::A, Ipv4Addr::new(100, 64, 2, 10), &[]);
+    let endpoint_of_b = || bed.status(Side::A).unwrap()["peers"][0]["endpoint"].clone();
+    assert_eq!(endpoint_of_b(), "203.0.113.2:51820");
+
+    move_b(&bed, "203.0.113.2", "203.0.113.3");
+    wait_until(Duration::from_secs(5), "A to follow B to .3", || {
+        endpoint_of_b() == "203.0.113.3:51820"
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    wait_until(Duration::from_secs(10), "the cloud to see B at .3", || {
+        let s = bed.status(Side::B).unwrap();
+        s["cloud"]["connected"] == true && s["cloud"]["observed"] == "203.0.113.3:51820"
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let s = bed.status(Side::B).unwrap();
+    assert!(s["counters"]["network_changes"].as_u64() >= Some(1), "{s}");
+
     let run = IperfRun::start(&bed, Side::B, &["-i", "1"], 6).unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let ns = &bed.b.adapter_ns;
-    ns.exec(
-        "sysctl",
-        &["-qw", "net.ipv4.conf.wan.promote_secondaries=1"],
-    )
-    .unwrap();
-    ns.ip(&["addr", "add", "203.0.113.3/24", "dev", "wan"])
-        .unwrap();
-    ns.ip(&["addr", "del", "203.0.113.2/24", "dev", "wan"])
-        .unwrap();
-    ns.ip(&["route", "replace", "default", "via", "203.0.113.1"])
-        .unwrap();
+    move_b(&bed, "203.0.113.3", "203.0.113.4");
     let report = run
         .finish()
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
@@ -364,8 +393,7 @@ fn a_peer_that_changes_address_keeps_its_tunnel() {
         "the stream stalled after the move: {per_second:?}\n{}",
         bed.logs()
     );
-    let s = bed.status(Side::A).unwrap();
-    assert_eq!(s["peers"][0]["endpoint"], "203.0.113.3:51820", "{s}");
+    assert_eq!(endpoint_of_b(), "203.0.113.4:51820");
     assert!(
         bed.a.log_text().contains("peer moved to a new address"),
         "{}",

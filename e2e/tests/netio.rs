@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cyphonic_e2e::{Netns, require_root, sh, veth};
 use cyphonic_netio::{
-    DatagramMeta, FrameMeta, Interface, NetError, PacketOptions, PacketSocket, UdpOptions,
-    UdpSocket, netns,
+    AddressWatch, DatagramMeta, FrameMeta, Interface, NetError, PacketOptions, PacketSocket,
+    UdpOptions, UdpSocket, netns,
 };
 
 /// Runs `f` on a thread inside `ns` and returns its result.
@@ -304,6 +304,86 @@ fn udp_batches_over_ipv4_and_ipv6() {
         assert_eq!(rx.recv_batch(&mut bufs, &mut meta).unwrap(), 1);
         assert!(meta[0].truncated && meta[0].len == 3000, "{:?}", meta[0]);
     });
+}
+
+/// An address watch hears its own namespace's address and route changes (and reads all of a
+/// burst in one call), and nothing from another namespace.
+#[test]
+fn address_watch_hears_address_and_route_changes_in_its_namespace() {
+    require_root();
+    let ns = Netns::new("nwa").unwrap();
+    let other = Netns::new("nwb").unwrap();
+    for n in [&ns, &other] {
+        veth(n, "wan", n, "wanp").unwrap();
+    }
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let (step_tx, step) = std::sync::mpsc::channel::<()>();
+    let name = ns.name().to_owned();
+    let watcher = std::thread::spawn(move || {
+        netns::enter(&name).unwrap();
+        let watch = AddressWatch::open(Duration::from_millis(200)).unwrap();
+        let mut heard = Vec::new();
+        ready_tx.send(()).unwrap();
+        // Each step: the test changed something (or not); report what one wait saw, after
+        // giving the kernel's notifications a moment to queue.
+        while step.recv().is_ok() {
+            std::thread::sleep(Duration::from_millis(50));
+            heard.push(watch.wait().unwrap());
+            ready_tx.send(()).unwrap();
+        }
+        heard
+    });
+    let mut expect = Vec::new();
+    let mut act = |what: &dyn Fn(), changed: bool| {
+        ready.recv().unwrap();
+        what();
+        expect.push(changed);
+        step_tx.send(()).unwrap();
+    };
+    act(&|| {}, false);
+    act(
+        &|| {
+            ns.ip(&["addr", "add", "203.0.113.2/24", "dev", "wan"])
+                .unwrap();
+            ns.ip(&["addr", "add", "203.0.113.3/24", "dev", "wan"])
+                .unwrap();
+        },
+        true,
+    );
+    // The whole burst was read by the previous call.
+    act(&|| {}, false);
+    act(
+        &|| {
+            other
+                .ip(&["addr", "add", "203.0.113.9/24", "dev", "wan"])
+                .unwrap();
+        },
+        false,
+    );
+    act(
+        &|| {
+            ns.ip(&["route", "add", "default", "via", "203.0.113.1"])
+                .unwrap();
+        },
+        true,
+    );
+    act(
+        &|| {
+            ns.ip(&["addr", "add", "fd00::2/64", "dev", "wan", "nodad"])
+                .unwrap();
+        },
+        true,
+    );
+    act(
+        &|| {
+            ns.ip(&["addr", "del", "203.0.113.2/24", "dev", "wan"])
+                .unwrap();
+        },
+        true,
+    );
+    ready.recv().unwrap();
+    drop(step_tx);
+    assert_eq!(watcher.join().unwrap(), expect);
 }
 
 #[test]

@@ -15,6 +15,8 @@
 //!   off through the ethtool ioctl.
 //! - [`Tun`]: the node's overlay interface, a TUN device (opened by tun-tap) with its address,
 //!   netmask, MTU and state set through interface ioctls.
+//! - [`AddressWatch`]: news of this host's address and route changes (`NETLINK_ROUTE`
+//!   multicast), so the tunnel can tell its peers at once that it moved.
 //! - [`netns::enter`]: moves the calling thread into a named network namespace (test beds).
 //!
 //! Errors say what to do: no such interface, interface down, or which capability is missing.
@@ -29,9 +31,11 @@ mod packet;
 mod sys;
 mod tun;
 mod udp;
+mod watch;
 
 pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{FrameMeta, PacketOptions, PacketSocket};
 pub use tun::Tun;
 pub use udp::{DatagramMeta, UdpOptions, UdpSocket};
+pub use watch::AddressWatch;

@@ -379,6 +379,15 @@ impl Peer {
         }
     }
 
+    /// Our own underlay address changed: show the peer where we are now. With usable keys an
+    /// authenticated keepalive goes out at once, and the peer follows it as it follows any
+    /// authenticated frame; otherwise nothing (the next packet for the peer starts a
+    /// handshake from the new address anyway). Without this, a peer we only receive from
+    /// would keep sending to our old address until our next keepalive or its reply timer.
+    pub fn local_address_changed(&mut self, now: Instant) {
+        self.send_keepalive(now);
+    }
+
     /// Starts a handshake now if none is pending (the cloud asks for it when hole punching).
     ///
     /// # Errors

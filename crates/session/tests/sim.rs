@@ -720,6 +720,34 @@ fn roaming_follows_authenticated_frames() {
     assert_eq!(p.a.delivered, vec![b"found you".to_vec()]);
 }
 
+/// A side that only receives moves (a DHCP renewal gave it a new address): the data sent
+/// to its old address is lost until it speaks. Telling its peer at once brings the stream
+/// back within a round trip instead of after the peer's reply timer.
+#[test]
+fn a_receiver_that_moves_tells_its_peer_at_once() {
+    let mut p = Setup::new(46).build();
+    p.connect(Side::A);
+    let new_addr: std::net::SocketAddr = "198.51.100.78:51820".parse().unwrap();
+    p.a.addr = new_addr;
+    p.send(Side::B, b"lost").unwrap();
+    p.drive(SEC);
+    assert!(p.a.delivered.is_empty(), "sent to the old address");
+    let (now, before) = (p.now, p.b.keepalives);
+    p.a.peer.local_address_changed(now);
+    p.drive(SEC);
+    assert_eq!(p.b.peer.endpoint(), Some(new_addr));
+    assert_eq!(p.b.keepalives, before + 1);
+    p.send(Side::B, b"found").unwrap();
+    p.drive(SEC);
+    assert_eq!(p.a.delivered, vec![b"found".to_vec()]);
+    // Without keys there is nothing to say: no frame, no handshake.
+    let mut q = Setup::new(47).build();
+    let now = q.now;
+    q.a.peer.local_address_changed(now);
+    q.flush();
+    assert!(q.net.log.is_empty());
+}
+
 #[test]
 fn sending_never_computes_a_handshake_inline() {
     let mut p = Setup::new(45).build();

@@ -124,6 +124,7 @@ enum Cmd {
     Resolve { name: String, reply: Reply },
     Relay { peer: String },
     Admit { peer: String },
+    NetworkChanged,
 }
 
 /// The owner's side: keep the registration current, resolve names.
@@ -207,6 +208,13 @@ impl Handle {
             .map_err(|_| SignalError::Stopped)
     }
 
+    /// Our addresses or routes changed: probe the cloud again at once, so that it sees
+    /// where our tunnel socket is now, and reconnect if the address this session runs from
+    /// is no longer ours.
+    pub fn network_changed(&self) {
+        let _ = self.cmds.try_send(Cmd::NetworkChanged);
+    }
+
     /// Whether a session is open now.
     pub fn is_connected(&self) -> bool {
         *self.connected.borrow()
@@ -267,6 +275,11 @@ enum End {
     Refused(String),
 }
 
+/// Whether `ip` is still one of this host's addresses (binding to it succeeds).
+fn is_local(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
 async fn read_frame(rd: &mut OwnedReadHalf) -> std::io::Result<Vec<u8>> {
     let mut prefix = [0u8; LEN_PREFIX];
     rd.read_exact(&mut prefix).await?;
@@ -289,6 +302,7 @@ impl Task {
             let started = Instant::now();
             let end = self.session().await;
             self.connected.send_replace(false);
+            let refused = matches!(end, End::Refused(_));
             let wait = match end {
                 End::Stopped => return,
                 End::Retry(reason) => {
@@ -321,6 +335,10 @@ impl Task {
                             let _ = reply.send(Err(SignalError::NotConnected));
                         }
                         Some(Cmd::Relay { .. } | Cmd::Admit { .. }) => {}
+                        // A new address or route may be what we were missing: try now
+                        // (a refusal is not about the network, and waits).
+                        Some(Cmd::NetworkChanged) if !refused => break,
+                        Some(Cmd::NetworkChanged) => {}
                     },
                 }
             }
@@ -444,6 +462,15 @@ impl Task {
                     }
                     Some(Cmd::Relay { peer }) => Some(ClientMsg::Relay { peer }),
                     Some(Cmd::Admit { peer }) => Some(ClientMsg::Admit { peer }),
+                    Some(Cmd::NetworkChanged) => {
+                        if !is_local(local.ip()) {
+                            break End::Retry(format!("our address {} is gone", local.ip()));
+                        }
+                        for p in &probes {
+                            self.emit(p.clone());
+                        }
+                        None
+                    }
                 },
                 _ = ping.tick() => {
                     if heard.elapsed() > SILENCE {

@@ -173,6 +173,33 @@ impl Control {
                     self.drain(&slot, hooks);
                 }
             }
+            ToControl::NetworkChanged => self.network_changed(hooks),
+        }
+    }
+
+    /// Our addresses or routes changed (a DHCP renewal with a new address, an uplink
+    /// failover): a peer that only sends to us would go on sending to where we were, and a
+    /// relay channel would go on forwarding there. Show every peer with keys where we are
+    /// now (an authenticated keepalive, which it follows), bind to our relay channels again,
+    /// and have the cloud probe us again.
+    fn network_changed(&mut self, hooks: &mut impl Hooks) {
+        let now = Instant::now();
+        bump(&self.shared.counters.network_changes);
+        let slots = self.shared.peers.all();
+        tracing::debug!(
+            peers = slots.len(),
+            "our addresses or routes changed: telling peers and the cloud where we are"
+        );
+        for slot in &slots {
+            if let Some(r) = slot.route().relay.as_mut() {
+                r.bound_at = Some(now);
+                bind(&self.udp, r);
+            }
+            slot.lock().local_address_changed(now);
+            self.drain(slot, hooks);
+        }
+        if let Some(c) = self.cloud.as_ref() {
+            c.handle.network_changed();
         }
     }
 

@@ -42,6 +42,8 @@ cyphonic_telemetry::counters! {
         handshake_refused,
         /// Sessions established.
         sessions_established,
+        /// Changes of our addresses or routes, each told to the peers and the cloud.
+        network_changes,
     }
 }
 

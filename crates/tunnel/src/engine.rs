@@ -98,6 +98,53 @@ pub fn static_peers(
     Ok(PeerTable::new(slots, &keys))
 }
 
+/// How often the network watch looks at `running`, and how long its news must be quiet before
+/// it is passed on: `ip addr add`, `ip addr del`, `ip route replace` in a row (or a DHCP
+/// client's equivalent) become one announcement, not three.
+const WATCH_POLL: Duration = Duration::from_millis(200);
+/// A stream of changes is passed on at least this often.
+const WATCH_SETTLE_MAX: Duration = Duration::from_secs(1);
+
+/// Starts the thread that tells the control thread when our addresses or routes changed.
+/// Without it (netlink unavailable) the tunnel still works: peers follow us when we next
+/// send, only later.
+fn watch_network(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
+    let watch = match cyphonic_netio::AddressWatch::open(WATCH_POLL) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "not watching our addresses: peers learn of a new address only when we next send");
+            return None;
+        }
+    };
+    let run = move || {
+        let mut since: Option<std::time::Instant> = None;
+        while shared.running.load(Ordering::Relaxed) {
+            let changed = match watch.wait() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the address watch failed; no longer watching");
+                    return;
+                }
+            };
+            let now = std::time::Instant::now();
+            if changed {
+                since.get_or_insert(now);
+            }
+            if let Some(t) = since
+                && (!changed || now.saturating_duration_since(t) >= WATCH_SETTLE_MAX)
+            {
+                since = None;
+                let _ = shared.control.try_send(crate::ToControl::NetworkChanged);
+            }
+        }
+    };
+    std::thread::Builder::new()
+        .name("cy-netwatch".into())
+        .spawn(run)
+        .inspect_err(|e| tracing::warn!(error = %e, "not watching our addresses"))
+        .ok()
+}
+
 /// The engine's threads, running.
 #[derive(Debug)]
 pub struct Engine<K: Sink<Item = Incoming>> {
@@ -111,6 +158,7 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     submitter: Option<Submitter>,
     to_egress: Sender<ToEgress>,
     receiver: std::thread::JoinHandle<()>,
+    watcher: Option<std::thread::JoinHandle<()>>,
     egress_emit: Emitter<UdpSink>,
     ingress_emit: Emitter<K>,
 }
@@ -173,6 +221,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             .name("cy-udp-rx".into())
             .spawn(move || receiver.run())
             .map_err(io("starting the receive thread"))?;
+        let watcher = watch_network(shared.clone());
         Ok(Self {
             workers,
             egress,
@@ -181,6 +230,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             submitter: Some(submitter),
             to_egress,
             receiver,
+            watcher,
             egress_emit,
             ingress_emit,
         })
@@ -219,6 +269,9 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         self.shared.running.store(false, Ordering::Relaxed);
         drop(self.submitter);
         let joined = self.receiver.join();
+        if let Some(w) = self.watcher {
+            let _ = w.join();
+        }
         let _ = self.egress_emit.join();
         let _ = self.ingress_emit.join();
         joined.map_err(|_| StartError::Io {

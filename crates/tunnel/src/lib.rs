@@ -63,6 +63,8 @@ pub enum ToControl {
     },
     /// Traffic for keys we do not have from this peer's address: handshake now.
     Kick(u32),
+    /// This host's addresses or routes changed: tell the peers and the cloud where we are.
+    NetworkChanged,
 }
 
 /// Messages from the control thread to the thread that submits outgoing packets.
