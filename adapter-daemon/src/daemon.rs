@@ -127,10 +127,12 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         &UdpOptions {
             recv_buffer: d.udp_buffer,
             send_buffer: d.udp_buffer,
+            segmentation: d.udp_gso,
+            coalescing: d.udp_gro,
             ..UdpOptions::default()
         },
     )?;
-    tracing::info!(listen = %udp.local_addr()?, buffers = ?udp.buffer_sizes(), "tunnel socket bound");
+    tracing::info!(listen = %udp.local_addr()?, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
 
     let lan = Lan {
         mac: iface.mac,
@@ -226,6 +228,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             workers: d.workers,
             batch_size: d.batch_size,
             batches_in_flight: d.batches_in_flight,
+            inline_max: d.inline_max,
             ordering: d.ordering,
             queue_per_peer: d.queue_per_peer,
         },

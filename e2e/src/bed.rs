@@ -114,6 +114,9 @@ pub struct BedOptions {
     pub wire_like_lan: bool,
     /// Also switch transmit checksum offload off on the LAN hosts (no partial checksums).
     pub lan_tx_checksum_off: bool,
+    /// Leave GRO on on the gateways' LAN side (the adapters run with
+    /// `disable_offloads = false`; plain routing keeps it on).
+    pub lan_gro: bool,
     /// Peers' persistent keepalive, seconds (0 = off).
     pub persistent_keepalive: u64,
     /// Carry the underlay through an impairing relay on the router (loss, delay, reordering).
@@ -166,6 +169,7 @@ impl Default for BedOptions {
             dataplane_extra: String::new(),
             wire_like_lan: true,
             lan_tx_checksum_off: false,
+            lan_gro: false,
             persistent_keepalive: 0,
             impair: None,
             lan_switch: false,
@@ -444,6 +448,8 @@ pub struct TwoSites {
     pub c: Option<crate::node::NodeHost>,
     /// Whether hosts added to the LANs get wire-like veths (as the options said).
     wire_like_lan: bool,
+    /// Whether the gateways keep GRO on their LAN side (as the options said).
+    lan_gro: bool,
     tmp: TempDir,
 }
 
@@ -609,6 +615,7 @@ impl TwoSites {
             cloud,
             c,
             wire_like_lan: opts.wire_like_lan,
+            lan_gro: opts.lan_gro,
             tmp,
         };
         bed.write_config(Side::A, opts)?;
@@ -773,8 +780,8 @@ impl TwoSites {
         )?;
         writeln!(
             text,
-            "[dataplane]\nordering = {}\n{}\n",
-            opts.ordering, opts.dataplane_extra
+            "[dataplane]\nordering = {}\ndisable_offloads = {}\n{}\n",
+            opts.ordering, !opts.lan_gro, opts.dataplane_extra
         )?;
         writeln!(
             text,
@@ -902,7 +909,8 @@ impl TwoSites {
 
     /// Turns the two adapter namespaces into plain kernel routers (no tunnel), for the
     /// baseline of the benchmarks: same hosts, same links, the LAN hosts' default routes now
-    /// end at a kernel address. GRO stays off on the LAN side, as the adapter keeps it.
+    /// end at a kernel address. GRO on the LAN side is off, as the adapter keeps it, unless
+    /// the options asked for it.
     ///
     /// # Errors
     /// An `ip` or `sysctl` command fails (for instance, an adapter is running).
@@ -912,8 +920,8 @@ impl TwoSites {
             me.adapter_ns.ip(&["addr", "add", &prefix, "dev", "lan"])?;
             me.adapter_ns
                 .exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
-            me.adapter_ns
-                .exec("ethtool", &["-K", "lan", "gro", "off"])?;
+            let gro = if self.lan_gro { "on" } else { "off" };
+            me.adapter_ns.exec("ethtool", &["-K", "lan", "gro", gro])?;
             let other_lan = format!(
                 "{}/24",
                 Ipv4Addr::from(u32::from(other.host_ip) & 0xffff_ff00)

@@ -250,11 +250,40 @@ fn udp_batches_over_ipv4_and_ipv6() {
         let mut rx = UdpSocket::bind("[::]:0".parse().unwrap(), &UdpOptions::default()).unwrap();
         let port = rx.local_addr().unwrap().port();
         assert!(rx.buffer_sizes().0 >= 1 << 20, "{:?}", rx.buffer_sizes());
-        for (from, to) in [
-            ("198.51.100.1:0", "198.51.100.1"),
-            ("[fd00::1]:0", "fd00::1"),
+        assert!(rx.coalescing(), "this kernel has UDP GRO");
+        let plain = UdpOptions {
+            coalescing: false,
+            ..UdpOptions::default()
+        };
+        let mut rx_plain = UdpSocket::bind("[::]:0".parse().unwrap(), &plain).unwrap();
+        assert!(!rx_plain.coalescing());
+        // Sizes that all differ (no runs); then runs of equal sizes broken by shorter,
+        // longer and empty datagrams and by 64-segment and 65,000-byte limits: the segmented
+        // sends must arrive as the same datagrams, in order, with segmentation on and off.
+        let varied: Vec<Vec<u8>> = (0..100u32)
+            .map(|i| vec![i as u8; 1 + (i as usize * 13) % 1400])
+            .collect();
+        let runs: Vec<Vec<u8>> = (0..300u32)
+            .map(|i| {
+                let len = match i {
+                    _ if i % 37 == 36 => 0,
+                    _ if i % 11 == 10 => 200 + i as usize,
+                    _ if i < 100 => 1400,
+                    _ if i < 200 => 1200 + (i as usize / 20),
+                    _ => 60,
+                };
+                vec![i as u8; len]
+            })
+            .collect();
+        for (from, to, plain) in [
+            ("198.51.100.1:0", "198.51.100.1", false),
+            ("[fd00::1]:0", "fd00::1", false),
+            ("198.51.100.1:0", "198.51.100.1", true),
+            ("[fd00::1]:0", "fd00::1", true),
         ] {
-            let tx = UdpSocket::bind(from.parse().unwrap(), &UdpOptions::default()).unwrap();
+            let receiver = if plain { &mut rx_plain } else { &mut rx };
+            let port = receiver.local_addr().unwrap().port();
+            let coalescing = receiver.coalescing();
             let to: SocketAddr = format!(
                 "{}:{port}",
                 if to.contains(':') {
@@ -265,30 +294,41 @@ fn udp_batches_over_ipv4_and_ipv6() {
             )
             .parse()
             .unwrap();
-            let payloads: Vec<Vec<u8>> = (0..100u32)
-                .map(|i| vec![i as u8; 1 + (i as usize * 13) % 1400])
-                .collect();
-            let msgs: Vec<(SocketAddr, &[u8])> =
-                payloads.iter().map(|p| (to, p.as_slice())).collect();
-            let (sent, failed, err) = tx.send_batch(&msgs);
-            assert_eq!((sent, failed), (100, 0), "{err:?}");
-            let mut got = Vec::new();
-            let mut storage = vec![vec![0u8; 2048]; 64];
-            while got.len() < 100 {
-                let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
-                let mut meta = [DatagramMeta::default(); 64];
-                let n = rx.recv_batch(&mut bufs, &mut meta).unwrap();
-                assert!(n > 0, "timed out after {} datagrams", got.len());
-                for i in 0..n {
-                    assert_eq!(
-                        meta[i].from,
-                        tx.local_addr().unwrap(),
-                        "sender as the peer sees it"
+            for segmentation in [true, false] {
+                let opts = UdpOptions {
+                    segmentation,
+                    ..UdpOptions::default()
+                };
+                let tx = UdpSocket::bind(from.parse().unwrap(), &opts).unwrap();
+                for payloads in [&varied, &runs] {
+                    let msgs: Vec<(SocketAddr, &[u8])> =
+                        payloads.iter().map(|p| (to, p.as_slice())).collect();
+                    let (sent, failed, err) = tx.send_batch(&msgs);
+                    assert_eq!((sent, failed), (payloads.len(), 0), "{err:?}");
+                    assert_eq!(tx.segmentation(), segmentation, "loopback can segment");
+                    let mut got = Vec::new();
+                    let mut storage = vec![vec![0u8; 2048]; 64];
+                    while got.len() < payloads.len() {
+                        let mut bufs: Vec<&mut [u8]> =
+                            storage.iter_mut().map(Vec::as_mut_slice).collect();
+                        let mut meta = [DatagramMeta::default(); 64];
+                        let n = receiver.recv_batch(&mut bufs, &mut meta).unwrap();
+                        assert!(n > 0, "timed out after {} datagrams", got.len());
+                        for i in 0..n {
+                            assert_eq!(
+                                meta[i].from,
+                                tx.local_addr().unwrap(),
+                                "sender as the peer sees it"
+                            );
+                            got.push(bufs[i][..meta[i].len].to_vec());
+                        }
+                    }
+                    assert!(
+                        &got == payloads,
+                        "{from}, segmentation {segmentation}, coalescing {coalescing}"
                     );
-                    got.push(bufs[i][..meta[i].len].to_vec());
                 }
             }
-            assert_eq!(got, payloads);
         }
         // A datagram larger than the buffer is reported, not silently cut.
         let tx =

@@ -224,31 +224,6 @@ impl PacketSocket {
 
 /// The `tpacket_auxdata` control message among the first `len` bytes of `control`, if any.
 fn auxdata(control: &Control, len: usize) -> Option<libc::tpacket_auxdata> {
-    // SAFETY: msghdr is plain old data; we only set the control pointer and length so that the
-    // CMSG_* helpers can walk the buffer the kernel filled.
-    let mut hdr: libc::msghdr = unsafe { zeroed() };
-    hdr.msg_control = control.0.as_ptr().cast_mut().cast();
-    hdr.msg_controllen = len.min(control.0.len());
-    // SAFETY: `hdr` describes `control`, which is 8-byte aligned and at least `msg_controllen`
-    // long; CMSG_FIRSTHDR/NXTHDR stay within it and return null at the end.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&raw const hdr) };
-    while !cmsg.is_null() {
-        // SAFETY: a non-null pointer from CMSG_FIRSTHDR/NXTHDR points at a whole cmsghdr
-        // inside `control`.
-        let c = unsafe { &*cmsg };
-        let data_len = c.cmsg_len.saturating_sub(size_of::<libc::cmsghdr>());
-        if c.cmsg_level == libc::SOL_PACKET
-            && c.cmsg_type == libc::PACKET_AUXDATA
-            && data_len >= size_of::<libc::tpacket_auxdata>()
-        {
-            // SAFETY: the header says a whole tpacket_auxdata follows; the data may be
-            // unaligned for the struct, so read it unaligned.
-            return Some(unsafe {
-                std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::tpacket_auxdata>())
-            });
-        }
-        // SAFETY: as for CMSG_FIRSTHDR; `cmsg` is a header inside the buffer `hdr` describes.
-        cmsg = unsafe { libc::CMSG_NXTHDR(&raw const hdr, cmsg) };
-    }
-    None
+    // SAFETY: tpacket_auxdata is plain old data: any bytes the kernel wrote are a valid value.
+    unsafe { sys::find_control(control, len, libc::SOL_PACKET, libc::PACKET_AUXDATA) }
 }

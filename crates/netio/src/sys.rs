@@ -146,6 +146,41 @@ impl Control {
     pub(crate) const EMPTY: Self = Self([0; 64]);
 }
 
+/// The first control message of `level` and `kind` among the first `len` bytes of `control`
+/// that holds a whole `T`, if any.
+///
+/// # Safety
+/// `T` must be plain old data (every bit pattern valid), as the kernel's control structures are.
+pub(crate) unsafe fn find_control<T: Copy>(
+    control: &Control,
+    len: usize,
+    level: libc::c_int,
+    kind: libc::c_int,
+) -> Option<T> {
+    // SAFETY: msghdr is plain old data; we only set the control pointer and length so that the
+    // CMSG_* helpers can walk the buffer the kernel filled.
+    let mut hdr: libc::msghdr = unsafe { zeroed() };
+    hdr.msg_control = control.0.as_ptr().cast_mut().cast();
+    hdr.msg_controllen = len.min(control.0.len()) as _;
+    // SAFETY: `hdr` describes `control`, which is 8-byte aligned and at least `msg_controllen`
+    // long; CMSG_FIRSTHDR/NXTHDR stay within it and return null at the end.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&raw const hdr) };
+    while !cmsg.is_null() {
+        // SAFETY: a non-null pointer from CMSG_FIRSTHDR/NXTHDR points at a whole cmsghdr
+        // inside `control`.
+        let c = unsafe { &*cmsg };
+        let data_len = (c.cmsg_len as usize).saturating_sub(size_of::<libc::cmsghdr>());
+        if c.cmsg_level == level && c.cmsg_type == kind && data_len >= size_of::<T>() {
+            // SAFETY: the header says a whole T follows; the data may be unaligned for it,
+            // so read it unaligned; the caller vouches that any bytes are a valid T.
+            return Some(unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<T>()) });
+        }
+        // SAFETY: as for CMSG_FIRSTHDR; `cmsg` is a header inside the buffer `hdr` describes.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&raw const hdr, cmsg) };
+    }
+    None
+}
+
 /// What the kernel said about one received message.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Received {
@@ -371,4 +406,116 @@ mod tests {
             );
         }
     }
+}
+
+/// A run of frames one `UDP_SEGMENT` send carries: `count` frames from `start`, all
+/// `segment` bytes but the last, which may be shorter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub(crate) start: usize,
+    pub(crate) count: usize,
+    pub(crate) segment: usize,
+}
+
+/// What [`send_runs`] did.
+#[derive(Debug, Default)]
+pub(crate) struct RunsSent {
+    /// Frames the kernel took.
+    pub(crate) sent: usize,
+    /// Frames refused (a whole run fails together).
+    pub(crate) failed: usize,
+    pub(crate) last_error: Option<io::Error>,
+    /// The kernel refused segmentation itself (an old kernel, or a route through a device that
+    /// cannot checksum): the frame where that run starts. Nothing from there on was sent.
+    pub(crate) segmentation_refused_at: Option<usize>,
+}
+
+/// `sendmmsg(2)` of at most [`MAX_BATCH`] frames grouped in `runs`, each run one message: a
+/// run of several frames is one super-datagram with a `UDP_SEGMENT` control message, which the
+/// kernel (or the NIC) cuts into the original datagrams, in order. One socket buffer, one
+/// route lookup and one trip down the stack per run instead of per frame.
+pub(crate) fn send_runs(
+    fd: libc::c_int,
+    frames: &[&[u8]],
+    runs: &[Run],
+    names: &[(libc::sockaddr_storage, libc::socklen_t)],
+) -> RunsSent {
+    // CMSG_SPACE(sizeof(u16)) is 24 on 64-bit targets and 16 on 32-bit ones.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(8))]
+    struct Segment([u8; 32]);
+    assert!(frames.len() <= MAX_BATCH && runs.len() == names.len());
+    let mut out = RunsSent::default();
+    // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid; entries used are filled
+    // in below.
+    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
+    let mut controls = [Segment([0; 32]); MAX_BATCH];
+    const DATA: u32 = 2; // size_of::<u16>()
+    // SAFETY: CMSG_SPACE and CMSG_LEN only compute sizes.
+    let (space, cmsg_len) = unsafe {
+        (
+            libc::CMSG_SPACE(DATA) as usize,
+            libc::CMSG_LEN(DATA) as usize,
+        )
+    };
+    assert!(space <= size_of::<Segment>());
+    for (i, frame) in frames.iter().enumerate() {
+        iov[i].iov_base = frame.as_ptr().cast_mut().cast();
+        iov[i].iov_len = frame.len();
+    }
+    for (m, run) in runs.iter().enumerate() {
+        let h = &mut hdrs[m].msg_hdr;
+        h.msg_iov = &raw mut iov[run.start];
+        h.msg_iovlen = run.count as _;
+        h.msg_name = std::ptr::from_ref(&names[m].0).cast_mut().cast();
+        h.msg_namelen = names[m].1;
+        if run.count > 1 {
+            let segment = u16::try_from(run.segment).expect("runs are cut at 64 KB");
+            h.msg_control = controls[m].0.as_mut_ptr().cast();
+            h.msg_controllen = space as _;
+            // SAFETY: msg_control points at `space` writable, aligned bytes, so CMSG_FIRSTHDR
+            // is non-null and its data has room for the u16.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(h);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = libc::UDP_SEGMENT;
+                (*c).cmsg_len = cmsg_len as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment);
+            }
+        }
+    }
+    let mut m = 0;
+    while m < runs.len() {
+        let count = libc::c_uint::try_from(runs.len() - m).expect("at most MAX_BATCH");
+        // SAFETY: the headers point at frames, addresses and control data borrowed for the
+        // whole call; the kernel only reads through them.
+        let done = unsafe { libc::sendmmsg(fd, hdrs[m..].as_mut_ptr(), count, 0) };
+        if done < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            let run = runs[m];
+            if run.count > 1
+                && matches!(
+                    e.raw_os_error(),
+                    Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                )
+            {
+                out.segmentation_refused_at = Some(run.start);
+                out.last_error = Some(e);
+                return out;
+            }
+            out.failed += run.count;
+            out.last_error = Some(e);
+            m += 1;
+        } else {
+            let done = usize::try_from(done).expect("non-negative");
+            out.sent += runs[m..m + done].iter().map(|r| r.count).sum::<usize>();
+            m += done;
+        }
+    }
+    out
 }

@@ -4,12 +4,14 @@ use std::io;
 use std::mem::zeroed;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::NetError;
-use crate::sys::{self, MAX_BATCH, Received};
+use crate::sys::{self, MAX_BATCH, Received, Run};
 
 /// How to open a [`UdpSocket`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +23,13 @@ pub struct UdpOptions {
     pub send_buffer: usize,
     /// How long [`UdpSocket::recv_batch`] waits for a first datagram. `None` waits forever.
     pub recv_timeout: Option<Duration>,
+    /// Send runs of equal-size datagrams to one peer as one `UDP_SEGMENT` (GSO) message. Falls
+    /// back to one message per datagram by itself where the kernel refuses.
+    pub segmentation: bool,
+    /// Let the kernel hand over runs of datagrams from one sender as one buffer (UDP GRO);
+    /// [`UdpSocket::recv_batch`] splits them again, so callers still see datagrams. Costs one
+    /// copy per datagram and a 1 MiB receive area; saves the kernel's per-datagram queueing.
+    pub coalescing: bool,
 }
 
 impl Default for UdpOptions {
@@ -29,6 +38,8 @@ impl Default for UdpOptions {
             recv_buffer: 4 << 20,
             send_buffer: 4 << 20,
             recv_timeout: Some(Duration::from_millis(10)),
+            segmentation: true,
+            coalescing: true,
         }
     }
 }
@@ -61,6 +72,186 @@ pub struct UdpSocket {
     v6: bool,
     recv_buffer: usize,
     send_buffer: usize,
+    /// Segmentation offload still in use (shared by clones: one refusal turns it off for all).
+    segmentation: Arc<AtomicBool>,
+    /// The kernel coalesces received datagrams (`UDP_GRO` was accepted).
+    coalescing: bool,
+    /// Where coalesced datagrams land before they are split; made on the first receive (the
+    /// clones that only send never need one).
+    split: Option<Box<Split>>,
+}
+
+/// Coalesced receives in flight per `recvmmsg`.
+const COALESCED_MESSAGES: usize = 16;
+/// Room for one coalesced receive: a UDP datagram's largest length.
+const COALESCED_BYTES: usize = 1 << 16;
+
+/// One datagram of a coalesced receive, not yet handed out.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    offset: usize,
+    /// Bytes of it that arrived.
+    len: usize,
+    /// Its full length (more than `len` when the kernel cut the receive short).
+    full: usize,
+    from: SocketAddr,
+}
+
+/// Coalesced receives and the datagrams they hold, handed out in arrival order.
+#[derive(Debug)]
+struct Split {
+    area: Box<[u8]>,
+    segments: Vec<Segment>,
+    next: usize,
+}
+
+impl Split {
+    fn new() -> Self {
+        Self {
+            area: vec![0; COALESCED_MESSAGES * COALESCED_BYTES].into_boxed_slice(),
+            segments: Vec::with_capacity(COALESCED_MESSAGES * MAX_SEGMENTS),
+            next: 0,
+        }
+    }
+
+    /// One `recvmmsg` into the area (waiting up to the socket's timeout for the first);
+    /// records every datagram it holds.
+    fn fill(&mut self, fd: libc::c_int) -> io::Result<()> {
+        self.segments.clear();
+        self.next = 0;
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid; the kernel fills it.
+        let mut names: [libc::sockaddr_storage; COALESCED_MESSAGES] = unsafe { zeroed() };
+        let mut controls = [sys::Control::EMPTY; COALESCED_MESSAGES];
+        let mut out = [Received::default(); COALESCED_MESSAGES];
+        let mut pieces = self.area.chunks_mut(COALESCED_BYTES);
+        let mut slices: [&mut [u8]; COALESCED_MESSAGES] =
+            std::array::from_fn(|_| pieces.next().expect("the area holds every message"));
+        let got = sys::recvmmsg(
+            fd,
+            &mut slices,
+            &mut names,
+            &mut controls,
+            &mut out,
+            libc::MSG_TRUNC | libc::MSG_WAITFORONE,
+        )?;
+        for i in 0..got {
+            let Some(from) = sys::decode_addr(&names[i]) else {
+                continue;
+            };
+            // SAFETY: the UDP_GRO control message holds a C int; any value is valid.
+            let segment = unsafe {
+                sys::find_control::<libc::c_int>(
+                    &controls[i],
+                    out[i].control_len,
+                    libc::SOL_UDP,
+                    libc::UDP_GRO,
+                )
+            };
+            cut(
+                i * COALESCED_BYTES,
+                out[i].len,
+                COALESCED_BYTES,
+                segment.and_then(|s| usize::try_from(s).ok()),
+                from,
+                &mut self.segments,
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies out up to `bufs.len()` datagrams; returns how many.
+    fn take(&mut self, bufs: &mut [&mut [u8]], meta: &mut [DatagramMeta]) -> usize {
+        let mut n = 0;
+        while n < bufs.len().min(meta.len()) && self.next < self.segments.len() {
+            let s = self.segments[self.next];
+            self.next += 1;
+            let copy = s.len.min(bufs[n].len());
+            bufs[n][..copy].copy_from_slice(&self.area[s.offset..s.offset + copy]);
+            meta[n] = DatagramMeta {
+                len: s.full,
+                truncated: s.full > copy,
+                from: s.from,
+            };
+            n += 1;
+        }
+        n
+    }
+}
+
+/// The datagrams of one receive of `full` bytes at `offset` (of which at most `room` arrived),
+/// coalesced in `segment`-byte pieces (the last may be shorter) or, without a segment size, one.
+fn cut(
+    offset: usize,
+    full: usize,
+    room: usize,
+    segment: Option<usize>,
+    from: SocketAddr,
+    out: &mut Vec<Segment>,
+) {
+    let step = match segment {
+        Some(s) if s > 0 && s < full => s,
+        _ => full.max(1),
+    };
+    let mut at = 0;
+    loop {
+        let whole = step.min(full - at);
+        out.push(Segment {
+            offset: offset + at,
+            len: whole.min(room.saturating_sub(at)),
+            full: whole,
+            from,
+        });
+        at += whole;
+        // A cut-short receive ends with its first incomplete datagram.
+        if at >= full || at >= room {
+            break;
+        }
+    }
+}
+
+/// Most datagrams in one `UDP_SEGMENT` send (the kernel's `UDP_MAX_SEGMENTS`).
+const MAX_SEGMENTS: usize = 64;
+/// Most bytes in one `UDP_SEGMENT` send: the IPv4 total length leaves 65,507 for UDP payload.
+const MAX_SEGMENTED_BYTES: usize = 65_000;
+
+/// Cuts `msgs` into runs that one segmented send can carry: consecutive datagrams to the same
+/// peer, all as long as the first but the last, which may be shorter (it ends the run), at most
+/// [`MAX_SEGMENTS`] and [`MAX_SEGMENTED_BYTES`]. Order is kept: runs are taken front to back.
+/// Returns how many runs were written to `out` (which holds at least as many as `msgs`).
+fn runs(msgs: &[(SocketAddr, &[u8])], out: &mut [Run]) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < msgs.len() {
+        let (to, first) = msgs[i];
+        let segment = first.len();
+        let mut count = 1;
+        let mut bytes = segment;
+        if segment > 0 {
+            while let Some((next_to, next)) = msgs.get(i + count) {
+                if *next_to != to
+                    || next.len() > segment
+                    || next.is_empty()
+                    || count == MAX_SEGMENTS
+                    || bytes + next.len() > MAX_SEGMENTED_BYTES
+                {
+                    break;
+                }
+                count += 1;
+                bytes += next.len();
+                if next.len() < segment {
+                    break;
+                }
+            }
+        }
+        out[n] = Run {
+            start: i,
+            count,
+            segment,
+        };
+        n += 1;
+        i += count;
+    }
+    n
 }
 
 impl UdpSocket {
@@ -103,6 +294,12 @@ impl UdpSocket {
             v6: addr.is_ipv6(),
             recv_buffer,
             send_buffer,
+            segmentation: Arc::new(AtomicBool::new(opts.segmentation)),
+            // A kernel without UDP GRO (before 5.0) refuses the option: datagrams then arrive
+            // one by one, which is fine.
+            coalescing: opts.coalescing
+                && sys::setsockopt(raw, libc::SOL_UDP, libc::UDP_GRO, &1 as &libc::c_int).is_ok(),
+            split: None,
         })
     }
 
@@ -145,6 +342,13 @@ impl UdpSocket {
         bufs: &mut [&mut [u8]],
         meta: &mut [DatagramMeta],
     ) -> io::Result<usize> {
+        if self.coalescing {
+            let split = self.split.get_or_insert_with(|| Box::new(Split::new()));
+            if split.next == split.segments.len() {
+                split.fill(self.sock.as_raw_fd())?;
+            }
+            return Ok(split.take(bufs, meta));
+        }
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid; the kernel fills it.
         let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { zeroed() };
         let mut out = [Received::default(); MAX_BATCH];
@@ -197,9 +401,62 @@ impl UdpSocket {
         usize::try_from(sent).map_err(|_| io::Error::last_os_error())
     }
 
-    /// Sends datagrams in as few system calls as possible. Returns (sent, failed, last
-    /// error); a refused datagram does not stop the others.
+    /// Sends datagrams in as few system calls as possible, in order: runs of equal-size
+    /// datagrams to one peer as single segmented messages when [`UdpOptions::segmentation`] is
+    /// on. Returns (sent, failed, last error); a refused datagram does not stop the others.
     pub fn send_batch(&self, msgs: &[(SocketAddr, &[u8])]) -> (usize, usize, Option<io::Error>) {
+        if !self.segmentation.load(Ordering::Relaxed) {
+            return self.send_plain(msgs);
+        }
+        let (mut sent, mut failed, mut last) = (0, 0, None);
+        let mut frames = [&[][..]; MAX_BATCH];
+        let mut cut = [Run::default(); MAX_BATCH];
+        let mut names = [(zeroed_storage(), 0); MAX_BATCH];
+        for chunk in msgs.chunks(MAX_BATCH) {
+            let n = runs(chunk, &mut cut);
+            for (name, run) in names.iter_mut().zip(&cut[..n]) {
+                *name = sys::encode_addr(chunk[run.start].0, self.v6);
+            }
+            for (i, (_, frame)) in chunk.iter().enumerate() {
+                frames[i] = frame;
+            }
+            let r = sys::send_runs(
+                self.sock.as_raw_fd(),
+                &frames[..chunk.len()],
+                &cut[..n],
+                &names[..n],
+            );
+            sent += r.sent;
+            failed += r.failed;
+            if let Some(at) = r.segmentation_refused_at {
+                // EINVAL is about this message (a segment over the path MTU); the others mean
+                // this kernel or route cannot segment at all: stop asking.
+                if r.last_error.as_ref().and_then(io::Error::raw_os_error) != Some(libc::EINVAL) {
+                    self.segmentation.store(false, Ordering::Relaxed);
+                }
+                let (s, f, e) = self.send_plain(&chunk[at..]);
+                sent += s;
+                failed += f;
+                last = e.or(last);
+            } else {
+                last = r.last_error.or(last);
+            }
+        }
+        (sent, failed, last)
+    }
+
+    /// Whether received datagrams may arrive coalesced (on when configured and the kernel can).
+    pub const fn coalescing(&self) -> bool {
+        self.coalescing
+    }
+
+    /// Whether segmented sends are still in use (off when configured off or refused).
+    pub fn segmentation(&self) -> bool {
+        self.segmentation.load(Ordering::Relaxed)
+    }
+
+    /// One message per datagram.
+    fn send_plain(&self, msgs: &[(SocketAddr, &[u8])]) -> (usize, usize, Option<io::Error>) {
         let (mut sent, mut failed, mut last) = (0, 0, None);
         let mut frames = [&[][..]; MAX_BATCH];
         for chunk in msgs.chunks(MAX_BATCH) {
@@ -230,6 +487,9 @@ impl UdpSocket {
             v6: self.v6,
             recv_buffer: self.recv_buffer,
             send_buffer: self.send_buffer,
+            segmentation: self.segmentation.clone(),
+            coalescing: self.coalescing,
+            split: None,
         })
     }
 }
@@ -237,4 +497,127 @@ impl UdpSocket {
 fn zeroed_storage() -> libc::sockaddr_storage {
     // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
     unsafe { zeroed() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cut(msgs: &[(SocketAddr, &[u8])]) -> Vec<(usize, usize, usize)> {
+        let mut out = [Run::default(); MAX_BATCH];
+        let n = runs(msgs, &mut out);
+        out[..n]
+            .iter()
+            .map(|r| (r.start, r.count, r.segment))
+            .collect()
+    }
+
+    #[test]
+    fn runs_are_cut_where_a_segmented_send_must_end() {
+        let a: SocketAddr = "192.0.2.1:4500".parse().unwrap();
+        let b: SocketAddr = "[fd00::2]:4500".parse().unwrap();
+        let big = [0u8; 1400];
+        let small = [0u8; 100];
+        let huge = [0u8; 1500];
+        // (messages, runs as (start, count, segment size), why)
+        type Case<'a> = (
+            Vec<(SocketAddr, &'a [u8])>,
+            Vec<(usize, usize, usize)>,
+            &'a str,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            (vec![], vec![], "nothing"),
+            (vec![(a, &big)], vec![(0, 1, 1400)], "one"),
+            (
+                vec![(a, &big); 3],
+                vec![(0, 3, 1400)],
+                "equal sizes, one peer",
+            ),
+            (
+                vec![(a, &big), (a, &big), (a, &small), (a, &big)],
+                vec![(0, 3, 1400), (3, 1, 1400)],
+                "a shorter datagram ends its run",
+            ),
+            (
+                vec![(a, &big), (a, &huge)],
+                vec![(0, 1, 1400), (1, 1, 1500)],
+                "a longer one starts a new run",
+            ),
+            (
+                vec![(a, &big), (b, &big), (a, &big)],
+                vec![(0, 1, 1400), (1, 1, 1400), (2, 1, 1400)],
+                "another peer in between: order first",
+            ),
+            (
+                vec![(a, &[]), (a, &[])],
+                vec![(0, 1, 0), (1, 1, 0)],
+                "empty datagrams go alone",
+            ),
+            (vec![(a, &small); 64], vec![(0, 64, 100)], "64 segments fit"),
+            (
+                vec![(a, &huge); 50],
+                vec![(0, 43, 1500), (43, 7, 1500)],
+                "cut before 65,000 bytes",
+            ),
+        ];
+        for (msgs, want, why) in cases {
+            assert_eq!(cut(&msgs), want, "{why}");
+        }
+    }
+
+    #[test]
+    fn coalesced_receives_split_into_their_datagrams() {
+        let from: SocketAddr = "192.0.2.1:4500".parse().unwrap();
+        // (offset, full, room, segment size) -> (offset, len, full) per datagram, why
+        type Case = (
+            (usize, usize, usize, Option<usize>),
+            Vec<(usize, usize, usize)>,
+            &'static str,
+        );
+        let cases: Vec<Case> = vec![
+            ((0, 100, 65536, None), vec![(0, 100, 100)], "not coalesced"),
+            (
+                (0, 100, 65536, Some(100)),
+                vec![(0, 100, 100)],
+                "one segment",
+            ),
+            ((0, 0, 65536, None), vec![(0, 0, 0)], "an empty datagram"),
+            (
+                (65536, 3000, 65536, Some(1000)),
+                vec![
+                    (65536, 1000, 1000),
+                    (66536, 1000, 1000),
+                    (67536, 1000, 1000),
+                ],
+                "equal pieces",
+            ),
+            (
+                (0, 2500, 65536, Some(1000)),
+                vec![(0, 1000, 1000), (1000, 1000, 1000), (2000, 500, 500)],
+                "a shorter last",
+            ),
+            (
+                (0, 2500, 1500, Some(1000)),
+                vec![(0, 1000, 1000), (1000, 500, 1000)],
+                "cut short: ends with the first incomplete datagram",
+            ),
+            (
+                (0, 3000, 512, None),
+                vec![(0, 512, 3000)],
+                "one datagram cut short",
+            ),
+            (
+                (0, 100, 65536, Some(0)),
+                vec![(0, 100, 100)],
+                "a zero segment size is ignored",
+            ),
+        ];
+        for ((offset, full, room, segment), want, why) in cases {
+            let mut out = Vec::new();
+            super::cut(offset, full, room, segment, from, &mut out);
+            let got: Vec<_> = out.iter().map(|s| (s.offset, s.len, s.full)).collect();
+            assert_eq!(got, want, "{why}");
+            assert!(out.iter().all(|s| s.from == from));
+        }
+    }
 }

@@ -78,12 +78,18 @@ struct RawDataplane {
     batch_size: Spanned<usize>,
     #[serde(default = "cyphonic_settings::defaults::batches_in_flight")]
     batches_in_flight: Spanned<usize>,
+    #[serde(default = "cyphonic_settings::defaults::inline_max")]
+    inline_max: Spanned<usize>,
     #[serde(default = "cyphonic_settings::defaults::yes")]
     ordering: bool,
     #[serde(default)]
     aead: AeadName,
     #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
     udp_buffer: usize,
+    #[serde(default = "cyphonic_settings::defaults::yes")]
+    udp_gso: bool,
+    #[serde(default = "cyphonic_settings::defaults::yes")]
+    udp_gro: bool,
     #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
     queue_per_peer: usize,
     #[serde(default = "cyphonic_settings::defaults::buffers")]
@@ -96,9 +102,12 @@ impl Default for RawDataplane {
             workers: 0,
             batch_size: cyphonic_settings::defaults::batch_size(),
             batches_in_flight: cyphonic_settings::defaults::batches_in_flight(),
+            inline_max: cyphonic_settings::defaults::inline_max(),
             ordering: true,
             aead: AeadName::default(),
             udp_buffer: cyphonic_settings::defaults::socket_buffer(),
+            udp_gso: true,
+            udp_gro: true,
             queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
             buffers: cyphonic_settings::defaults::buffers(),
         }
@@ -132,12 +141,19 @@ pub struct Dataplane {
     pub batch_size: usize,
     /// Batches in flight per direction: the memory bound.
     pub batches_in_flight: usize,
+    /// Batches of at most this many packets are sealed or opened on the receiving thread
+    /// when nothing is in flight (0: never).
+    pub inline_max: usize,
     /// Emit in arrival order (false only for experiments).
     pub ordering: bool,
     /// AEAD implementation.
     pub aead: Backend,
     /// UDP socket buffer, bytes.
     pub udp_buffer: usize,
+    /// Send runs of equal-size datagrams as one segmented (GSO) message.
+    pub udp_gso: bool,
+    /// Receive runs of datagrams coalesced by the kernel (GRO), split in userspace.
+    pub udp_gro: bool,
     /// Packets queued per peer while its handshake is pending.
     pub queue_per_peer: usize,
     /// Packet buffers in all (2 KiB each): the data plane's memory ceiling.
@@ -268,7 +284,13 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
         None
     };
     let d = &raw.dataplane;
-    cyphonic_settings::check_pipeline(src, &d.batch_size, &d.batches_in_flight, &d.buffers)?;
+    cyphonic_settings::check_pipeline(
+        src,
+        &d.batch_size,
+        &d.batches_in_flight,
+        &d.inline_max,
+        &d.buffers,
+    )?;
     let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
     let metrics = raw.metrics.check(src)?;
     let config = Config {
@@ -286,9 +308,12 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             workers: d.workers,
             batch_size: *d.batch_size.get_ref(),
             batches_in_flight: *d.batches_in_flight.get_ref(),
+            inline_max: *d.inline_max.get_ref(),
             ordering: d.ordering,
             aead: d.aead.0,
             udp_buffer: d.udp_buffer,
+            udp_gso: d.udp_gso,
+            udp_gro: d.udp_gro,
             queue_per_peer: d.queue_per_peer,
             buffers: *d.buffers.get_ref(),
         },

@@ -22,6 +22,7 @@ struct Head {
     submitted: AtomicU64,
     rejected_full: AtomicU64,
     batches: AtomicU64,
+    inline_batches: AtomicU64,
 }
 
 /// Written by the emitter thread.
@@ -53,6 +54,10 @@ impl Counters {
     pub(crate) fn count_dispatch(&self, packets: usize) {
         self.head.submitted.fetch_add(packets as u64, Relaxed);
         self.head.batches.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn count_inline(&self) {
+        self.head.inline_batches.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn count_full(&self) {
@@ -97,6 +102,7 @@ impl Counters {
             emitted: self.tail.emitted.load(Relaxed),
             rejected_full: self.head.rejected_full.load(Relaxed),
             batches: self.head.batches.load(Relaxed),
+            inline_batches: self.head.inline_batches.load(Relaxed),
             out_of_order: self.tail.out_of_order.load(Relaxed),
             held_packets: self.tail.held_packets.load(Relaxed),
             held_nanos: self.tail.held_nanos.load(Relaxed),
@@ -117,8 +123,11 @@ pub struct Stats {
     pub emitted: u64,
     /// Packets refused at the head because every batch buffer was in flight.
     pub rejected_full: u64,
-    /// Batches dispatched to workers.
+    /// Batches that left the sequencer (to the workers, or inline).
     pub batches: u64,
+    /// Of those, batches processed and emitted on the sequencer's own thread because nothing
+    /// was in flight ([`crate::Config::inline_max`]).
+    pub inline_batches: u64,
     /// Packets emitted after a packet that arrived later. Stays 0 with ordering on.
     pub out_of_order: u64,
     /// Packets that waited in the reorder ring for an earlier batch.

@@ -1,6 +1,7 @@
 //! The ordered emitter: a reorder ring of batches, released strictly in sequence order.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -18,24 +19,16 @@ pub struct Emitter<K> {
 }
 
 impl<K: Sink> Emitter<K> {
+    /// Starts the emitter thread over `shared`, fed by `done_rx`.
     pub(crate) fn spawn(
         config: &Config,
-        sink: K,
+        shared: Arc<EmitShared<K>>,
         done_rx: Receiver<Batch<K::Item>>,
-        free_tx: Sender<Vec<Entry<K::Item>>>,
         counters: Arc<Counters>,
     ) -> Result<Self, BuildError> {
-        let state = EmitterState {
-            sink,
-            ring: ReorderRing::new(config.batches_in_flight),
-            ordering: config.ordering,
-            free_tx,
-            counters: counters.clone(),
-            last_emitted: None,
-        };
         let handle = std::thread::Builder::new()
             .name(config.name.clone())
-            .spawn(move || state.run(&done_rx))?;
+            .spawn(move || run(&shared, &done_rx))?;
         Ok(Self { handle, counters })
     }
 
@@ -121,9 +114,99 @@ impl<T> ReorderRing<T> {
         (seq % self.slots.len() as u64) as usize
     }
 
+    /// Passes over `seq`, which must be the next due with nothing held (it was emitted by
+    /// other means).
+    ///
+    /// # Panics
+    /// When `seq` is not the next due or items are held: a pipeline bug.
+    pub fn skip(&mut self, seq: u64) {
+        assert!(
+            seq == self.next && self.held == 0,
+            "sequence {seq} skipped at {} with {} held",
+            self.next,
+            self.held
+        );
+        self.next += 1;
+    }
+
     /// Items stored and waiting.
     pub const fn held(&self) -> usize {
         self.held
+    }
+}
+
+/// What the emitter thread and the sequencer's inline path share: the sink and the reorder
+/// ring behind one lock (whoever emits holds it), and the count of batches handed to the pool
+/// and not yet emitted.
+pub(crate) struct EmitShared<K: Sink> {
+    state: Mutex<Option<EmitterState<K>>>,
+    /// Batches dispatched to the pool and not yet emitted. Only the sequencer's thread adds
+    /// to it; the emitter subtracts once a batch is out, under the lock.
+    in_flight: AtomicUsize,
+}
+
+impl<K: Sink> EmitShared<K> {
+    pub(crate) fn new(
+        config: &Config,
+        sink: K,
+        free_tx: Sender<Vec<Entry<K::Item>>>,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Self {
+            state: Mutex::new(Some(EmitterState {
+                sink,
+                ring: ReorderRing::new(config.batches_in_flight),
+                ordering: config.ordering,
+                free_tx,
+                counters,
+                last_emitted: None,
+            })),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<EmitterState<K>>> {
+        // A panic in the sink is re-raised by `Emitter::join`; the state itself stays usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The sequencer's side of [`EmitShared`], without the sink's type.
+pub(crate) trait Inline<T>: Send + Sync {
+    /// Whether nothing is in flight: a batch processed now on the caller's thread may be
+    /// emitted right away without overtaking anything.
+    fn idle(&self) -> bool;
+    /// A batch is being handed to the pool.
+    fn dispatched(&self);
+    /// Emits batch `seq`, already processed on the caller's thread, now. Call only after
+    /// [`Inline::idle`] said so (and with no dispatch since): `seq` is then the next due.
+    /// Leaves `entries` empty, for reuse. Returns false when the emitter is gone.
+    fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<T>>) -> bool;
+}
+
+impl<K: Sink> Inline<K::Item> for EmitShared<K> {
+    fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    fn dispatched(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<K::Item>>) -> bool {
+        let mut guard = self.lock();
+        let Some(st) = guard.as_mut() else {
+            return false;
+        };
+        if st.ordering {
+            st.ring.skip(seq);
+        }
+        st.emit_entries(entries);
+        st.counters.count_inline();
+        st.sink.flush();
+        true
     }
 }
 
@@ -136,45 +219,73 @@ struct EmitterState<K: Sink> {
     last_emitted: Option<u64>,
 }
 
+/// The emitter thread: batches from the pool go through the reorder ring and out, in order;
+/// the sink flushes whenever nothing more is ready. Ends when every sender is gone (the
+/// sequencer dropped, every batch done) and returns the sink.
+fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K {
+    loop {
+        let batch = match done_rx.try_recv() {
+            Ok(b) => b,
+            Err(TryRecvError::Empty) => {
+                // Nothing more is ready: let the sink push out what it gathered.
+                if let Some(st) = shared.lock().as_mut() {
+                    st.sink.flush();
+                }
+                match done_rx.recv() {
+                    Ok(b) => b,
+                    Err(_) => break,
+                }
+            }
+            Err(TryRecvError::Disconnected) => break,
+        };
+        let mut guard = shared.lock();
+        let st = guard
+            .as_mut()
+            .expect("only this thread takes the state, at its end");
+        let released = st.release(batch);
+        shared.in_flight.fetch_sub(released, Ordering::AcqRel);
+    }
+    let mut st = shared
+        .lock()
+        .take()
+        .expect("only this thread takes the state, at its end");
+    debug_assert_eq!(st.ring.held(), 0, "batches left unreleased at shutdown");
+    st.sink.flush();
+    st.sink
+}
+
 impl<K: Sink> EmitterState<K> {
-    fn run(mut self, done_rx: &Receiver<Batch<K::Item>>) -> K {
-        loop {
-            let batch = match done_rx.try_recv() {
-                Ok(b) => b,
-                Err(TryRecvError::Empty) => {
-                    // Nothing more is ready: let the sink push out what it gathered.
-                    self.sink.flush();
-                    match done_rx.recv() {
-                        Ok(b) => b,
-                        Err(_) => break,
-                    }
-                }
-                Err(TryRecvError::Disconnected) => break,
-            };
-            if !self.ordering {
-                self.emit(batch);
-                continue;
-            }
-            let arrived = Instant::now();
-            let seq = batch.seq;
-            self.ring.insert(seq, batch, arrived);
-            while let Some((batch, arrived_at)) = self.ring.pop_next() {
-                // Every batch released here but the one that just arrived waited for it.
-                if batch.seq != seq {
-                    self.counters
-                        .record_hold(arrived_at.elapsed(), batch.entries.len());
-                }
-                self.emit(batch);
-            }
-            self.counters.record_depth(self.ring.held());
+    /// Takes a batch from the pool and emits every batch now due; returns how many.
+    fn release(&mut self, batch: Batch<K::Item>) -> usize {
+        if !self.ordering {
+            self.emit(batch);
+            return 1;
         }
-        debug_assert_eq!(self.ring.held(), 0, "batches left unreleased at shutdown");
-        self.sink.flush();
-        self.sink
+        let arrived = Instant::now();
+        let seq = batch.seq;
+        self.ring.insert(seq, batch, arrived);
+        let mut released = 0;
+        while let Some((batch, arrived_at)) = self.ring.pop_next() {
+            // Every batch released here but the one that just arrived waited for it.
+            if batch.seq != seq {
+                self.counters
+                    .record_hold(arrived_at.elapsed(), batch.entries.len());
+            }
+            self.emit(batch);
+            released += 1;
+        }
+        self.counters.record_depth(self.ring.held());
+        released
     }
 
     fn emit(&mut self, batch: Batch<K::Item>) {
         let mut entries = batch.entries;
+        self.emit_entries(&mut entries);
+        // Back to the sequencer; if it is gone the buffer is simply freed.
+        let _ = self.free_tx.try_send(entries);
+    }
+
+    fn emit_entries(&mut self, entries: &mut Vec<Entry<K::Item>>) {
         let (mut emitted, mut out_of_order) = (0, 0);
         for entry in entries.drain(..) {
             if self.last_emitted.is_some_and(|last| entry.seq < last) {
@@ -193,8 +304,6 @@ impl<K: Sink> EmitterState<K> {
             }
         }
         self.counters.count_emitted(emitted, out_of_order);
-        // Back to the sequencer; if it is gone the buffer is simply freed.
-        let _ = self.free_tx.try_send(entries);
     }
 }
 

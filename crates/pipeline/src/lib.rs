@@ -17,6 +17,10 @@
 //! - The emitter thread releases batches in sequence order through a reorder ring and calls
 //!   [`Sink::emit`] (or [`Sink::dropped`]) for every packet, in order. A packet that failed
 //!   still resolves its slot, so nothing ever waits for it.
+//! - Under light load the hand-offs are skipped: a batch of at most [`Config::inline_max`]
+//!   packets that finds nothing in flight is processed and emitted on the sequencer's thread
+//!   (the sink sits behind a lock the emitter thread takes too). Only the sequencer's thread
+//!   dispatches, so "nothing in flight" stays true while it works, and order holds.
 //!
 //! Memory is fixed at start: [`Config::batches_in_flight`] batch buffers circulate between the
 //! sequencer and the emitter. When all are in flight, [`Sequencer::push`] refuses the packet
@@ -35,6 +39,7 @@ mod sequencer;
 use std::sync::Arc;
 
 pub use counters::{Counters, HOLD_BUCKETS, Stats};
+use emitter::EmitShared;
 pub use emitter::{Emitter, ReorderRing};
 pub use sequencer::{Rejected, Sequencer};
 
@@ -151,6 +156,11 @@ pub struct Config {
     /// and the reorder ring's size. In-flight packets never exceed
     /// `batch_size * batches_in_flight`.
     pub batches_in_flight: usize,
+    /// Batches of at most this many packets are processed and emitted on the sequencer's
+    /// thread when nothing is in flight (0: never). Under light load that removes the two
+    /// thread hand-offs from a packet's path; under load batches fill up or find others in
+    /// flight, and go to the workers.
+    pub inline_max: usize,
     /// Emit in arrival order. `false` only to reproduce the papers' reordering problem.
     pub ordering: bool,
     /// Thread name of the emitter, for `top -H` and debuggers.
@@ -161,7 +171,8 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             batch_size: 32,
-            batches_in_flight: 128,
+            batches_in_flight: 1024,
+            inline_max: 8,
             ordering: true,
             name: "cyphonic-emit".into(),
         }
@@ -207,11 +218,14 @@ where
             .send(Vec::with_capacity(config.batch_size))
             .expect("sized to hold them all");
     }
-    let emitter = Emitter::spawn(config, sink, done_rx, free_tx, counters.clone())?;
+    let shared = Arc::new(EmitShared::new(config, sink, free_tx, counters.clone()));
+    let emitter = Emitter::spawn(config, shared.clone(), done_rx, counters.clone())?;
     let sequencer = Sequencer::new(
         config.batch_size,
+        config.inline_max,
         Arc::new(stage),
         pool,
+        shared,
         done_tx,
         free_rx,
         counters,

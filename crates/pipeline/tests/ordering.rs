@@ -166,8 +166,9 @@ proptest! {
         workers in 1usize..=8,
         batch_size in 1usize..=16,
         batches_in_flight in 1usize..=16,
+        inline_max in 0usize..=20,
     ) {
-        let config = Config { batch_size, batches_in_flight, ..Config::default() };
+        let config = Config { batch_size, batches_in_flight, inline_max, ..Config::default() };
         let (sink, stats, refused) = run(&pkts, workers, &config);
         let expect_emitted: Vec<usize> = pkts.iter().filter(|p| !(p.fail_in_stage || p.fail_in_sink || p.refuse_in_sequence)).map(|p| p.index).collect();
         let expect_dropped: Vec<(usize, DropReason)> = pkts.iter().filter(|p| p.fail_in_stage && !p.refuse_in_sequence).map(|p| (p.index, DropReason::Auth)).collect();
@@ -186,16 +187,63 @@ proptest! {
     }
 }
 
+/// Light load: a small batch that finds nothing in flight is processed and emitted on the
+/// caller's thread, before `flush` returns; a small batch behind one in flight goes to the
+/// workers like any other, and order holds across both paths.
+#[test]
+fn small_batches_go_inline_only_when_nothing_is_in_flight() {
+    let config = Config {
+        batch_size: 16,
+        batches_in_flight: 4,
+        inline_max: 8,
+        ..Config::default()
+    };
+    let (mut seq, emitter) = start(
+        &config,
+        pool(2),
+        DelayStage { gate: None },
+        Collect::default(),
+    )
+    .unwrap();
+    seq.push(Pkt::plain(0)).unwrap();
+    seq.flush();
+    let s = seq.stats();
+    assert_eq!((s.emitted, s.inline_batches), (1, 1), "{s:?}");
+    // A full batch of slow packets goes to the workers; the single packet after it must not
+    // overtake it.
+    for i in 1..=16 {
+        seq.push(Pkt {
+            delay_us: 2_000,
+            ..Pkt::plain(i)
+        })
+        .unwrap();
+    }
+    seq.push(Pkt::plain(17)).unwrap();
+    seq.flush();
+    let s = seq.stats();
+    assert_eq!(s.inline_batches, 1, "{s:?}");
+    assert!(s.emitted < 18, "{s:?}");
+    let counters = seq.counters().clone();
+    drop(seq);
+    let sink = emitter.join();
+    assert_eq!(sink.emitted, (0..18).collect::<Vec<_>>());
+    let s = counters.snapshot();
+    assert_eq!((s.batches, s.inline_batches, s.out_of_order), (3, 1, 0));
+}
+
 /// The control experiment: with ordering off, the same kind of load does reorder, and the
 /// out-of-order counter sees it. Without this, "out_of_order == 0" could be vacuous.
 #[test]
 fn ordering_off_reorders_and_is_counted() {
     let mut pkts: Vec<Pkt> = (0..64).map(Pkt::plain).collect();
     pkts[0].delay_us = 30_000; // the first batch is slow; later ones overtake it
+    // Inline processing off: an idle pipeline would seal the slow first packet on the
+    // pushing thread, and nothing could overtake it.
     let config = Config {
         batch_size: 1,
         batches_in_flight: 64,
         ordering: false,
+        inline_max: 0,
         ..Config::default()
     };
     let (sink, stats, _) = run(&pkts, 4, &config);
@@ -220,9 +268,11 @@ fn ordering_off_reorders_and_is_counted() {
 #[test]
 fn backpressure_is_reported_not_buffered() {
     let gate = Arc::new(AtomicBool::new(false));
+    // Inline processing off: the gate would hold the pushing thread itself.
     let config = Config {
         batch_size: 2,
         batches_in_flight: 3,
+        inline_max: 0,
         ..Config::default()
     };
     let (mut seq, emitter) = start(

@@ -480,9 +480,14 @@ pub mod defaults {
     pub fn batch_size() -> Spanned<usize> {
         Spanned::new(0..0, 32)
     }
-    /// `dataplane.batches_in_flight`: 128.
+    /// `dataplane.batches_in_flight`: 1024 (bursts arrive as many small batches: with 128, a
+    /// line-rate UDP flow ran out of batch buffers and lost 5%, measured in docs/benchmarks.md).
     pub fn batches_in_flight() -> Spanned<usize> {
-        Spanned::new(0..0, 128)
+        Spanned::new(0..0, 1024)
+    }
+    /// `dataplane.inline_max`: 8.
+    pub fn inline_max() -> Spanned<usize> {
+        Spanned::new(0..0, 8)
     }
     /// Socket buffers: 4 MiB.
     pub const fn socket_buffer() -> usize {
@@ -498,8 +503,8 @@ pub mod defaults {
     }
 }
 
-/// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to 1024 in
-/// flight, at least 256 buffers.
+/// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to 4096 in
+/// flight, inline batches of at most 1024 packets, at least 256 buffers.
 ///
 /// # Errors
 /// The first value out of range, located.
@@ -507,14 +512,26 @@ pub fn check_pipeline(
     src: &Source<'_>,
     batch_size: &Spanned<usize>,
     batches_in_flight: &Spanned<usize>,
+    inline_max: &Spanned<usize>,
     buffers: &Spanned<usize>,
 ) -> Result<(), ConfigError> {
-    for (v, k) in [
-        (batch_size, "dataplane.batch_size"),
-        (batches_in_flight, "dataplane.batches_in_flight"),
+    if *inline_max.get_ref() > 1024 {
+        return src.err(
+            &inline_max.span(),
+            "dataplane.inline_max",
+            format!("{} is outside 0..=1024", inline_max.get_ref()),
+        );
+    }
+    for (v, k, max) in [
+        (batch_size, "dataplane.batch_size", 1024),
+        (batches_in_flight, "dataplane.batches_in_flight", 4096),
     ] {
-        if !(1..=1024).contains(v.get_ref()) {
-            return src.err(&v.span(), k, format!("{} is outside 1..=1024", v.get_ref()));
+        if !(1..=max).contains(v.get_ref()) {
+            return src.err(
+                &v.span(),
+                k,
+                format!("{} is outside 1..={max}", v.get_ref()),
+            );
         }
     }
     if *buffers.get_ref() < 256 {

@@ -50,6 +50,8 @@ pub struct DataPlane {
     pub batch_size: usize,
     /// Batches in flight per direction.
     pub batches_in_flight: usize,
+    /// Batches this small are processed on the receiving thread when nothing is in flight.
+    pub inline_max: usize,
     /// Emit in arrival order (`false` only for experiments).
     pub ordering: bool,
     /// Packets held per peer while its handshake completes.
@@ -190,6 +192,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         let pconfig = |name: &str| cyphonic_pipeline::Config {
             batch_size: dp.batch_size,
             batches_in_flight: dp.batches_in_flight,
+            inline_max: dp.inline_max,
             ordering: dp.ordering,
             name: name.to_owned(),
         };

@@ -88,6 +88,16 @@ impl Collector for EngineCollector {
         )
         .encode(&mut e, per_dir(&|s| f(s.emitted)))?;
         Family::counters(
+            "cyphonic_pipeline_batches",
+            "Batches that left a pipeline's sequencer.",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.batches)))?;
+        Family::counters(
+            "cyphonic_pipeline_inline_batches",
+            "Of those, batches sealed or opened on the receiving thread (nothing in flight).",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.inline_batches)))?;
+        Family::counters(
             "cyphonic_pipeline_rejected_full",
             "Packets refused because every batch buffer was in flight.",
         )

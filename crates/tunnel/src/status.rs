@@ -22,6 +22,7 @@ pub fn pipeline_json(s: &Stats) -> Value {
         "emitted": s.emitted,
         "rejected_full": s.rejected_full,
         "batches": s.batches,
+        "inline_batches": s.inline_batches,
         "out_of_order": s.out_of_order,
         "held_packets": s.held_packets,
         "mean_hold_us": s.mean_hold().map_or(0.0, |d| d.as_secs_f64() * 1e6),

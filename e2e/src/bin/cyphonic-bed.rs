@@ -39,6 +39,26 @@ enum Command {
         #[arg(long, default_value_t = 8)]
         seconds: u64,
     },
+    /// One quick look at the tunnel with some `[dataplane]` settings (for tuning): idle RTT,
+    /// TCP with 1 and 4 streams, RTT under one stream, UDP at one rate; prints one line.
+    Tune {
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated
+        /// (`"inline_max = 0; batch_size = 16"`).
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Offered UDP rate, Mbit/s (0: as fast as possible).
+        #[arg(long, default_value_t = 800)]
+        udp: u64,
+        /// Leave GRO on on the adapters' LAN side.
+        #[arg(long)]
+        gro: bool,
+        /// Plain kernel routing instead of the tunnel (the baseline).
+        #[arg(long)]
+        plain: bool,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints Markdown.
     Peers {
@@ -56,6 +76,13 @@ fn main() -> ExitCode {
         Command::Demo { short } => demo(short),
         Command::Bench { seconds } => bench(seconds).map(|md| print!("{md}")),
         Command::Peers { counts, seconds } => peers(&counts, seconds).map(|md| print!("{md}")),
+        Command::Tune {
+            dataplane,
+            seconds,
+            udp,
+            gro,
+            plain,
+        } => tune(&dataplane, seconds, udp, gro, plain),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -333,6 +360,68 @@ fn ablation_run(opts: &BedOptions, seconds: u64) -> anyhow::Result<(Tcp, Tcp, u6
             .as_u64()
             .unwrap_or(u64::MAX),
     ))
+}
+
+/// `cyphonic-bed tune`: see [`Command::Tune`].
+fn tune(
+    dataplane: &str,
+    seconds: u64,
+    udp_mbps: u64,
+    gro: bool,
+    plain: bool,
+) -> anyhow::Result<()> {
+    let opts = BedOptions {
+        dataplane_extra: dataplane.replace(';', "\n"),
+        lan_gro: gro,
+        ..BedOptions::default()
+    };
+    let mut bed = TwoSites::new(&opts)?;
+    if plain {
+        bed.route_plainly()?;
+    } else {
+        bed.start(Side::A)?;
+        bed.start(Side::B)?;
+    }
+    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let idle = measure::ping(&bed, Side::A, bed.b.host_ip, 200, Duration::from_millis(10))?;
+    let t1 = measure::tcp(&bed, 1, seconds)?;
+    let t4 = measure::tcp(&bed, 4, seconds)?;
+    let loaded = measure::ping_under_load(&bed, 3)?;
+    let u = measure::udp(&bed, udp_mbps, UDP_SIZE, 3)?;
+    println!(
+        "{}: idle RTT {:.3}/{:.3} ms | TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr) | loaded RTT {:.3}/{:.3} ms | UDP {:.0}->{:.0} Mbit/s ({:.2}% lost, {} ooo)",
+        if plain {
+            "plain".to_owned()
+        } else {
+            format!("tunnel [{dataplane}]")
+        },
+        idle.avg_ms,
+        idle.p99_ms,
+        t1.gbps,
+        t1.retransmits,
+        t4.gbps,
+        t4.retransmits,
+        loaded.avg_ms,
+        loaded.p99_ms,
+        u.offered_mbps,
+        u.received_mbps,
+        u.loss_pct,
+        u.out_of_order
+    );
+    if !plain {
+        let s = bed.status(Side::A)?;
+        let p = &s["pipelines"];
+        println!(
+            "  adapter A: egress batches {} (inline {}), ingress batches {} (inline {}), drop_pipeline_full {}, out of order {}",
+            p["egress"]["batches"],
+            p["egress"]["inline_batches"],
+            p["ingress"]["batches"],
+            p["ingress"]["inline_batches"],
+            s["counters"]["drop_pipeline_full"],
+            p["egress"]["out_of_order"]
+        );
+    }
+    Ok(())
 }
 
 fn machine() -> String {
