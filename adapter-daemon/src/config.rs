@@ -174,6 +174,10 @@ struct RawDataplane {
     udp_gso: bool,
     #[serde(default = "cyphonic_settings::defaults::yes")]
     udp_gro: bool,
+    #[serde(default = "cyphonic_settings::defaults::cpus")]
+    cpus: Spanned<Vec<usize>>,
+    #[serde(default = "cyphonic_settings::defaults::realtime_priority")]
+    realtime_priority: Spanned<u8>,
     #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
     lan_buffer: usize,
     #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
@@ -196,6 +200,8 @@ impl Default for RawDataplane {
             udp_buffer: cyphonic_settings::defaults::socket_buffer(),
             udp_gso: true,
             udp_gro: true,
+            cpus: cyphonic_settings::defaults::cpus(),
+            realtime_priority: cyphonic_settings::defaults::realtime_priority(),
             lan_buffer: cyphonic_settings::defaults::socket_buffer(),
             queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
             buffers: cyphonic_settings::defaults::buffers(),
@@ -272,6 +278,10 @@ pub struct Dataplane {
     pub udp_gso: bool,
     /// Receive runs of datagrams coalesced by the kernel (GRO), split in userspace.
     pub udp_gro: bool,
+    /// CPUs of the data-plane threads (empty: any).
+    pub cpus: Vec<usize>,
+    /// `SCHED_FIFO` priority of the data-plane threads (0: off).
+    pub realtime_priority: u8,
     /// LAN (AF_PACKET) receive buffer, bytes.
     pub lan_buffer: usize,
     /// Packets queued per peer while its handshake is pending.
@@ -456,6 +466,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
         &d.inline_max,
         &d.buffers,
     )?;
+    cyphonic_settings::check_placement(src, &d.cpus, &d.realtime_priority)?;
     let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
     let metrics = raw.metrics.check(src)?;
     let config = Config {
@@ -482,6 +493,8 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             udp_buffer: d.udp_buffer,
             udp_gso: d.udp_gso,
             udp_gro: d.udp_gro,
+            cpus: d.cpus.get_ref().clone(),
+            realtime_priority: *d.realtime_priority.get_ref(),
             lan_buffer: d.lan_buffer,
             queue_per_peer: d.queue_per_peer,
             buffers: *d.buffers.get_ref(),
@@ -697,6 +710,8 @@ mod tests {
                 udp_buffer: 4 << 20,
                 udp_gso: true,
                 udp_gro: true,
+                cpus: Vec::new(),
+                realtime_priority: 0,
                 lan_buffer: 4 << 20,
                 queue_per_peer: 64,
                 buffers: 8192,
@@ -745,6 +760,16 @@ mod tests {
         let batch_error =
             format!(":{batch_line}: key `dataplane.batch_size`: 0 is outside 1..=1024");
         let cases: &[(&str, &str, &str)] = &[
+            (
+                "cpus = []",
+                "cpus = [2, 2]",
+                "key `dataplane.cpus`: CPU 2 is listed twice",
+            ),
+            (
+                "realtime_priority = 0",
+                "realtime_priority = 100",
+                "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
+            ),
             (
                 "gateway_vip = \"100.64.1.1\"",
                 "gateway_vip = \"100.64.9.1\"",

@@ -231,6 +231,8 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             inline_max: d.inline_max,
             ordering: d.ordering,
             queue_per_peer: d.queue_per_peer,
+            placement: cyphonic_tunnel::placement(&d.cpus, d.realtime_priority)
+                .map_err(anyhow::Error::msg)?,
         },
         &tunnel,
         &udp,
@@ -270,7 +272,13 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
     };
     let capture = std::thread::Builder::new()
         .name("cy-capture".into())
-        .spawn(move || capture.run())
+        .spawn({
+            let place = engine.place_thread();
+            move || {
+                place();
+                capture.run();
+            }
+        })
         .context("starting the capture thread")?;
 
     tracing::info!(

@@ -472,3 +472,53 @@ fn without_privileges_the_adapter_says_which_capability_it_needs() {
         "{err}"
     );
 }
+
+/// `[dataplane] cpus` and `realtime_priority` place exactly the data-plane threads (crypto
+/// workers, emitters, capture, tunnel receiver); the others stay with the normal scheduler; the
+/// tunnel carries traffic.
+#[test]
+fn data_plane_threads_are_pinned_and_real_time_when_asked() {
+    let bed = bed(&BedOptions {
+        dataplane_extra: "cpus = [0]\nrealtime_priority = 5".into(),
+        ..BedOptions::default()
+    });
+    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    let pid = bed.a.adapter.as_ref().unwrap().pid();
+    // (thread name, CPUs allowed, scheduling policy: 0 normal, 1 FIFO) of every thread.
+    let threads: Vec<(String, String, u32)> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let dir = t.unwrap().path();
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+            let cpus = read("status")
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap()
+                .trim()
+                .to_owned();
+            // The policy is the 41st field of stat; the name before the fields may hold spaces.
+            let stat = read("stat");
+            let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+            let policy = after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap();
+            (read("comm").trim().to_owned(), cpus, policy)
+        })
+        .collect();
+    let data_plane = |name: &str| {
+        name.starts_with("cy-crypto-")
+            || [
+                "cy-capture",
+                "cy-udp-rx",
+                "cy-egress-emit",
+                "cy-ingress-emit",
+            ]
+            .contains(&name)
+    };
+    let placed: Vec<_> = threads.iter().filter(|t| data_plane(&t.0)).collect();
+    assert!(placed.len() >= 5, "{threads:?}");
+    for t in &placed {
+        assert_eq!((t.1.as_str(), t.2), ("0", 1), "{t:?} of {threads:?}");
+    }
+    for t in threads.iter().filter(|t| !data_plane(&t.0)) {
+        assert_eq!(t.2, 0, "{t:?} must keep the normal scheduler");
+    }
+}

@@ -17,6 +17,7 @@
 //!   netmask, MTU and state set through interface ioctls.
 //! - [`AddressWatch`]: news of this host's address and route changes (`NETLINK_ROUTE`
 //!   multicast), so the tunnel can tell its peers at once that it moved.
+//! - [`Placement`]: optional CPU affinity and real-time priority for data-plane threads.
 //! - [`netns::enter`]: moves the calling thread into a named network namespace (test beds).
 //!
 //! Errors say what to do: no such interface, interface down, or which capability is missing.
@@ -28,6 +29,7 @@ mod error;
 mod iface;
 pub mod netns;
 mod packet;
+mod sched;
 mod sys;
 mod tun;
 mod udp;
@@ -36,6 +38,7 @@ mod watch;
 pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{FrameMeta, PacketOptions, PacketSocket};
+pub use sched::{MAX_CPUS, Placement, allowed_cpus};
 pub use tun::Tun;
 pub use udp::{DatagramMeta, UdpOptions, UdpSocket};
 pub use watch::AddressWatch;

@@ -90,6 +90,10 @@ struct RawDataplane {
     udp_gso: bool,
     #[serde(default = "cyphonic_settings::defaults::yes")]
     udp_gro: bool,
+    #[serde(default = "cyphonic_settings::defaults::cpus")]
+    cpus: Spanned<Vec<usize>>,
+    #[serde(default = "cyphonic_settings::defaults::realtime_priority")]
+    realtime_priority: Spanned<u8>,
     #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
     queue_per_peer: usize,
     #[serde(default = "cyphonic_settings::defaults::buffers")]
@@ -108,6 +112,8 @@ impl Default for RawDataplane {
             udp_buffer: cyphonic_settings::defaults::socket_buffer(),
             udp_gso: true,
             udp_gro: true,
+            cpus: cyphonic_settings::defaults::cpus(),
+            realtime_priority: cyphonic_settings::defaults::realtime_priority(),
             queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
             buffers: cyphonic_settings::defaults::buffers(),
         }
@@ -154,6 +160,10 @@ pub struct Dataplane {
     pub udp_gso: bool,
     /// Receive runs of datagrams coalesced by the kernel (GRO), split in userspace.
     pub udp_gro: bool,
+    /// CPUs of the data-plane threads (empty: any).
+    pub cpus: Vec<usize>,
+    /// `SCHED_FIFO` priority of the data-plane threads (0: off).
+    pub realtime_priority: u8,
     /// Packets queued per peer while its handshake is pending.
     pub queue_per_peer: usize,
     /// Packet buffers in all (2 KiB each): the data plane's memory ceiling.
@@ -291,6 +301,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
         &d.inline_max,
         &d.buffers,
     )?;
+    cyphonic_settings::check_placement(src, &d.cpus, &d.realtime_priority)?;
     let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
     let metrics = raw.metrics.check(src)?;
     let config = Config {
@@ -314,6 +325,8 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             udp_buffer: d.udp_buffer,
             udp_gso: d.udp_gso,
             udp_gro: d.udp_gro,
+            cpus: d.cpus.get_ref().clone(),
+            realtime_priority: *d.realtime_priority.get_ref(),
             queue_per_peer: d.queue_per_peer,
             buffers: *d.buffers.get_ref(),
         },
@@ -471,6 +484,21 @@ mod tests {
                 "batch_size = 32",
                 "batch_size = 0",
                 "key `dataplane.batch_size`: 0 is outside 1..=1024",
+            ),
+            (
+                "cpus = []",
+                "cpus = [1, 3, 1]",
+                "key `dataplane.cpus`: CPU 1 is listed twice",
+            ),
+            (
+                "cpus = []",
+                "cpus = [1024]",
+                "key `dataplane.cpus`: CPU 1024 is over 1023",
+            ),
+            (
+                "realtime_priority = 0",
+                "realtime_priority = 100",
+                "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
             ),
             (
                 "buffers = 8192",

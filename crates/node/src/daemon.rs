@@ -202,6 +202,8 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             inline_max: d.inline_max,
             ordering: d.ordering,
             queue_per_peer: d.queue_per_peer,
+            placement: cyphonic_tunnel::placement(&d.cpus, d.realtime_priority)
+                .map_err(anyhow::Error::msg)?,
         },
         &tunnel,
         &udp,
@@ -236,7 +238,13 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
     };
     let reader = std::thread::Builder::new()
         .name("cy-tun".into())
-        .spawn(move || reader.run())
+        .spawn({
+            let place = engine.place_thread();
+            move || {
+                place();
+                reader.run();
+            }
+        })
         .context("starting the TUN thread")?;
     tracing::info!(
         %name,

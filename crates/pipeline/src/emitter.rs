@@ -26,9 +26,15 @@ impl<K: Sink> Emitter<K> {
         done_rx: Receiver<Batch<K::Item>>,
         counters: Arc<Counters>,
     ) -> Result<Self, BuildError> {
+        let start = config.on_thread_start.clone();
         let handle = std::thread::Builder::new()
             .name(config.name.clone())
-            .spawn(move || run(&shared, &done_rx))?;
+            .spawn(move || {
+                if let Some(start) = start {
+                    (start.0)();
+                }
+                run(&shared, &done_rx)
+            })?;
         Ok(Self { handle, counters })
     }
 

@@ -165,7 +165,27 @@ pub struct Config {
     pub ordering: bool,
     /// Thread name of the emitter, for `top -H` and debuggers.
     pub name: String,
+    /// Run first on the emitter thread (CPU affinity, priority).
+    pub on_thread_start: Option<ThreadStart>,
 }
+
+/// Set-up run at the start of a pipeline thread.
+#[derive(Clone)]
+pub struct ThreadStart(pub Arc<dyn Fn() + Send + Sync>);
+
+impl core::fmt::Debug for ThreadStart {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("ThreadStart")
+    }
+}
+
+impl PartialEq for ThreadStart {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ThreadStart {}
 
 impl Default for Config {
     fn default() -> Self {
@@ -175,6 +195,7 @@ impl Default for Config {
             inline_max: 8,
             ordering: true,
             name: "cyphonic-emit".into(),
+            on_thread_start: None,
         }
     }
 }

@@ -497,6 +497,14 @@ pub mod defaults {
     pub const fn queue_per_peer() -> usize {
         64
     }
+    /// `dataplane.cpus`: none (wherever the scheduler puts them).
+    pub fn cpus() -> Spanned<Vec<usize>> {
+        Spanned::new(0..0, Vec::new())
+    }
+    /// `dataplane.realtime_priority`: 0 (the normal scheduler).
+    pub fn realtime_priority() -> Spanned<u8> {
+        Spanned::new(0..0, 0)
+    }
     /// `dataplane.buffers`: 8192.
     pub fn buffers() -> Spanned<usize> {
         Spanned::new(0..0, 8192)
@@ -539,6 +547,48 @@ pub fn check_pipeline(
             &buffers.span(),
             "dataplane.buffers",
             "at least 256 buffers are needed to run",
+        );
+    }
+    Ok(())
+}
+
+/// Checks `[dataplane]`'s thread placement: CPU numbers under 1024, each once; a real-time
+/// priority of 0 (off) to 99. Whether the CPUs exist on this machine is checked at start.
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_placement(
+    src: &Source<'_>,
+    cpus: &Spanned<Vec<usize>>,
+    realtime_priority: &Spanned<u8>,
+) -> Result<(), ConfigError> {
+    let list = cpus.get_ref();
+    if let Some(c) = list.iter().find(|&&c| c >= 1024) {
+        return src.err(
+            &cpus.span(),
+            "dataplane.cpus",
+            format!("CPU {c} is over 1023"),
+        );
+    }
+    if let Some((_, c)) = list
+        .iter()
+        .enumerate()
+        .find(|(i, c)| list[..*i].contains(c))
+    {
+        return src.err(
+            &cpus.span(),
+            "dataplane.cpus",
+            format!("CPU {c} is listed twice"),
+        );
+    }
+    if *realtime_priority.get_ref() > 99 {
+        return src.err(
+            &realtime_priority.span(),
+            "dataplane.realtime_priority",
+            format!(
+                "{} is outside 0 (off) ..= 99 (SCHED_FIFO priorities)",
+                realtime_priority.get_ref()
+            ),
         );
     }
     Ok(())

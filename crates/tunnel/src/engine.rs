@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use cyphonic_crypto::{Backend, Certificate, PublicKey};
-use cyphonic_netio::UdpSocket;
-use cyphonic_pipeline::{Counters as PipelineCounters, Emitter, Sink};
+use cyphonic_netio::{Placement, UdpSocket};
+use cyphonic_pipeline::{Counters as PipelineCounters, Emitter, Sink, ThreadStart};
 use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
 use crate::egress::{SealStage, Submitter, UdpSink};
@@ -56,6 +56,47 @@ pub struct DataPlane {
     pub ordering: bool,
     /// Packets held per peer while its handshake completes.
     pub queue_per_peer: usize,
+    /// CPU affinity and priority of the data-plane threads (workers, emitters, receive and
+    /// capture threads); the default leaves them to the scheduler.
+    pub placement: Placement,
+}
+
+/// The placement `[dataplane] cpus` and `realtime_priority` ask for, checked against the CPUs
+/// this process may use, and logged when it is not the default.
+///
+/// # Errors
+/// A CPU out of reach, saying which are allowed.
+pub fn placement(cpus: &[usize], realtime_priority: u8) -> Result<Placement, String> {
+    let p = Placement {
+        cpus: cpus.to_vec(),
+        realtime_priority,
+    };
+    p.check().map_err(|e| format!("dataplane.cpus: {e}"))?;
+    if !p.is_default() {
+        tracing::info!(cpus = ?p.cpus, realtime_priority, "placing the data-plane threads");
+    }
+    Ok(p)
+}
+
+/// The set-up every data-plane thread runs first: `placement`, with a warning the first time
+/// the kernel refuses (the data plane runs on, unplaced).
+fn thread_start(placement: Placement) -> ThreadStart {
+    let warned = std::sync::atomic::AtomicBool::new(false);
+    ThreadStart(Arc::new(move || {
+        if placement.is_default() {
+            return;
+        }
+        if let Err(e) = placement.apply()
+            && !warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                error = %e,
+                cpus = ?placement.cpus,
+                realtime_priority = placement.realtime_priority,
+                "could not place the data-plane threads (a real-time priority needs CAP_SYS_NICE); running unplaced"
+            );
+        }
+    }))
 }
 
 /// A peer known from configuration.
@@ -163,6 +204,7 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     watcher: Option<std::thread::JoinHandle<()>>,
     egress_emit: Emitter<UdpSink>,
     ingress_emit: Emitter<K>,
+    place: ThreadStart,
 }
 
 impl<K: Sink<Item = Incoming>> Engine<K> {
@@ -183,18 +225,22 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         } else {
             dp.workers
         };
-        let rayon = Arc::new(
+        let place = thread_start(dp.placement.clone());
+        let rayon = Arc::new({
+            let place = place.clone();
             rayon::ThreadPoolBuilder::new()
                 .num_threads(workers)
                 .thread_name(|i| format!("cy-crypto-{i}"))
-                .build()?,
-        );
+                .start_handler(move |_| (place.0)())
+                .build()?
+        });
         let pconfig = |name: &str| cyphonic_pipeline::Config {
             batch_size: dp.batch_size,
             batches_in_flight: dp.batches_in_flight,
             inline_max: dp.inline_max,
             ordering: dp.ordering,
             name: name.to_owned(),
+            on_thread_start: Some(place.clone()),
         };
         let (egress_seq, egress_emit) = cyphonic_pipeline::start(
             &pconfig("cy-egress-emit"),
@@ -222,7 +268,13 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         );
         let receiver = std::thread::Builder::new()
             .name("cy-udp-rx".into())
-            .spawn(move || receiver.run())
+            .spawn({
+                let place = place.clone();
+                move || {
+                    (place.0)();
+                    receiver.run();
+                }
+            })
             .map_err(io("starting the receive thread"))?;
         let watcher = watch_network(shared.clone());
         Ok(Self {
@@ -236,7 +288,15 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             watcher,
             egress_emit,
             ingress_emit,
+            place,
         })
+    }
+
+    /// Places the calling thread as [`DataPlane::placement`] says: for the edge thread that
+    /// feeds the tunnel (capture, TUN reader), first thing.
+    pub fn place_thread(&self) -> impl FnOnce() + Send + 'static {
+        let place = self.place.clone();
+        move || (place.0)()
     }
 
     /// The submitter, for the edge thread that feeds the tunnel (once).

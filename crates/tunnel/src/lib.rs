@@ -39,7 +39,7 @@ pub use cloud::{Asker, CloudAnswer, CloudLink, CloudSettings, Settled};
 pub use control::{Control, Hooks};
 pub use counters::{Counters, bump};
 pub use egress::{Outgoing, SealStage, Submitter, UdpSink};
-pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
+pub use engine::{DataPlane, Engine, StartError, StaticPeer, placement, static_peers};
 pub use ingress::{Incoming, OpenStage, Receiver};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
 pub use pool::{BUF_LEN, Buf, Pool, RECV_BATCH, RecvBuffers};
