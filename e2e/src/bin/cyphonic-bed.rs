@@ -316,9 +316,19 @@ struct Results {
     tcp4: Tcp,
     udp: Option<Udp>,
     udp_tried: Vec<Udp>,
+    /// UDP offered as fast as iperf3 can send (`-b 0`).
+    overload: Udp,
+    /// 1400-byte datagrams, fragmented by the LAN host at the inner MTU, at [`BIG_RATE`].
+    big: Udp,
     idle: PingStats,
     loaded: PingStats,
 }
+
+/// The adapters' default inner MTU (`adapter.inner_mtu`), which their DHCP hands out.
+const INNER_MTU: u16 = 1420;
+
+/// Offered rate of the 1400-byte UDP run, Mbit/s.
+const BIG_RATE: u64 = 400;
 
 const UDP_RATES: [u64; 10] = [100, 200, 400, 600, 800, 1000, 1250, 1500, 2000, 3000];
 const UDP_SIZE: usize = 1300;
@@ -332,12 +342,23 @@ fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Results> {
     let tcp1 = measure::tcp_median(bed, 1, seconds, RUNS)?;
     let tcp4 = measure::tcp_median(bed, 4, seconds, RUNS)?;
     let (udp, udp_tried) = measure::udp_search(bed, &UDP_RATES, UDP_SIZE, 3)?;
+    let overload = measure::udp(bed, 0, UDP_SIZE, 3)?;
+    // The LAN host takes the MTU the adapter's DHCP hands out (the default inner MTU), as a
+    // DHCP client would, so it fragments 1400-byte datagrams itself, in both beds.
+    bed.a
+        .lan
+        .ip(&["link", "set", "eth0", "mtu", &INNER_MTU.to_string()])?;
+    let big = measure::udp(bed, BIG_RATE, 1400, 3);
+    bed.a.lan.ip(&["link", "set", "eth0", "mtu", "1500"])?;
+    let big = big?;
     let loaded = measure::ping_under_load(bed, 5)?;
     Ok(Results {
         tcp1,
         tcp4,
         udp,
         udp_tried,
+        overload,
+        big,
         idle,
         loaded,
     })
@@ -475,7 +496,9 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
             eprintln!("bench: ablation, batch_size = {batch}, ordering = {ordering} ...");
             let opts = BedOptions {
                 ordering,
-                dataplane_extra: format!("batch_size = {batch}"),
+                // Every batch through the pool: inline batches never overtake anything, so
+                // they would hide what ordering does.
+                dataplane_extra: format!("batch_size = {batch}\ninline_max = 0"),
                 ..BedOptions::default()
             };
             row.push(ablation_run(&opts, seconds)?);
@@ -535,6 +558,25 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
             plain.udp.map_or(0.0, |u| u.received_mbps)
         )
     )?;
+    let lossless = |r: &Results| r.udp.map_or(0.0, |u| u.received_mbps);
+    writeln!(
+        md,
+        "| UDP offered as fast as iperf3 sends (-b 0): received (Mbit/s; loss) | {:.0}; {:.1}% | {:.0}; {:.1}% | {} of plain, {} of its own lossless rate |",
+        plain.overload.received_mbps,
+        plain.overload.loss_pct,
+        tunnel.overload.received_mbps,
+        tunnel.overload.loss_pct,
+        ratio(tunnel.overload.received_mbps, plain.overload.received_mbps),
+        ratio(tunnel.overload.received_mbps, lossless(&tunnel)),
+    )?;
+    writeln!(
+        md,
+        "| UDP, 1400-byte datagrams fragmented by the LAN host (MTU {}), {BIG_RATE} Mbit/s offered (received; loss; out-of-order) | {} | {} | {} |",
+        INNER_MTU,
+        udp_cell(&Some(plain.big)),
+        udp_cell(&Some(tunnel.big)),
+        ratio(tunnel.big.received_mbps, plain.big.received_mbps)
+    )?;
     writeln!(
         md,
         "| ping RTT idle, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | added {:.3} / {:.3} |",
@@ -571,7 +613,7 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
     writeln!(md)?;
     writeln!(
         md,
-        "Ordering ablation: the same tunnel with `dataplane.ordering = false`, at the default batch of 32 packets (whole batches overtake each other) and with `batch_size = 1` (single packets overtake each other, as in the adapter paper's conventional design)."
+        "Ordering ablation: the same tunnel with `dataplane.ordering = false`, at the default batch of 32 packets (whole batches overtake each other) and with `batch_size = 1` (single packets overtake each other, as in the adapter paper's conventional design); `inline_max = 0` in all four, so that every batch goes through the crypto pool (inline batches cannot be overtaken)."
     )?;
     writeln!(md)?;
     writeln!(
