@@ -346,6 +346,45 @@ fn udp_batches_over_ipv4_and_ipv6() {
     });
 }
 
+/// A run the kernel will not segment (its segments are over the route's MTU: EMSGSIZE) is sent
+/// one datagram at a time instead (the kernel fragments them); nothing is lost, order holds,
+/// and segmentation stays on for the runs that fit.
+#[test]
+fn udp_runs_the_kernel_refuses_to_segment_go_one_by_one() {
+    require_root();
+    let ns = Netns::new("nug").unwrap();
+    ns.ip(&["link", "set", "lo", "mtu", "1300"]).unwrap();
+    ns.ip(&["addr", "add", "198.51.100.1/32", "dev", "lo"])
+        .unwrap();
+    inside(&ns, || {
+        let mut rx =
+            UdpSocket::bind("198.51.100.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+        let to = rx.local_addr().unwrap();
+        let tx =
+            UdpSocket::bind("198.51.100.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+        let payloads: Vec<Vec<u8>> = (0..20u8)
+            .map(|i| vec![i; if i < 10 { 1400 } else { 1000 }])
+            .collect();
+        let msgs: Vec<(SocketAddr, &[u8])> = payloads.iter().map(|p| (to, p.as_slice())).collect();
+        let (sent, failed, err) = tx.send_batch(&msgs);
+        assert_eq!((sent, failed), (20, 0), "{err:?}");
+        assert!(
+            tx.segmentation(),
+            "a too-large segment does not switch segmentation off"
+        );
+        let mut got = Vec::new();
+        let mut storage = vec![vec![0u8; 2048]; 64];
+        while got.len() < payloads.len() {
+            let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut meta = [DatagramMeta::default(); 64];
+            let n = rx.recv_batch(&mut bufs, &mut meta).unwrap();
+            assert!(n > 0, "timed out after {} datagrams", got.len());
+            got.extend((0..n).map(|i| bufs[i][..meta[i].len].to_vec()));
+        }
+        assert!(got == payloads);
+    });
+}
+
 /// An address watch hears its own namespace's address and route changes (and reads all of a
 /// burst in one call), and nothing from another namespace.
 #[test]

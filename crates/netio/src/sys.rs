@@ -372,42 +372,6 @@ pub(crate) fn set_buffer(
     Ok(usize::try_from(got).unwrap_or(0))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_round_trip_and_unmap() {
-        for (text, v6) in [
-            ("192.0.2.1:51820", false),
-            ("[fd00::1]:7", true),
-            ("198.51.100.9:1", true),
-        ] {
-            let addr: SocketAddr = text.parse().unwrap();
-            let (storage, _) = encode_addr(addr, v6);
-            assert_eq!(
-                decode_addr(&storage),
-                Some(addr),
-                "{text} via v6 socket: {v6}"
-            );
-        }
-        let (storage, len) = encode_addr("192.0.2.1:5".parse().unwrap(), true);
-        assert_eq!(libc::c_int::from(storage.ss_family), libc::AF_INET6);
-        assert_eq!(len as usize, size_of::<libc::sockaddr_in6>());
-    }
-
-    #[test]
-    fn interface_names_are_checked() {
-        assert!(ifreq("eth0").is_ok());
-        for bad in ["", "sixteen-chars-xx", "a\0b"] {
-            assert!(
-                matches!(ifreq(bad), Err(NetError::BadInterfaceName(_))),
-                "{bad:?}"
-            );
-        }
-    }
-}
-
 /// A run of frames one `UDP_SEGMENT` send carries: `count` frames from `start`, all
 /// `segment` bytes but the last, which may be shorter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -425,8 +389,9 @@ pub(crate) struct RunsSent {
     /// Frames refused (a whole run fails together).
     pub(crate) failed: usize,
     pub(crate) last_error: Option<io::Error>,
-    /// The kernel refused segmentation itself (an old kernel, or a route through a device that
-    /// cannot checksum): the frame where that run starts. Nothing from there on was sent.
+    /// The kernel refused to segment a run (an old kernel, a route through a device that cannot
+    /// checksum, or segments over the route's MTU, which one datagram at a time would be
+    /// fragmented instead): the frame where that run starts. Nothing from there on was sent.
     pub(crate) segmentation_refused_at: Option<usize>,
 }
 
@@ -501,7 +466,13 @@ pub(crate) fn send_runs(
             if run.count > 1
                 && matches!(
                     e.raw_os_error(),
-                    Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    Some(
+                        libc::EIO
+                            | libc::EINVAL
+                            | libc::EMSGSIZE
+                            | libc::ENOPROTOOPT
+                            | libc::EOPNOTSUPP
+                    )
                 )
             {
                 out.segmentation_refused_at = Some(run.start);
@@ -515,7 +486,48 @@ pub(crate) fn send_runs(
             let done = usize::try_from(done).expect("non-negative");
             out.sent += runs[m..m + done].iter().map(|r| r.count).sum::<usize>();
             m += done;
+            if done == 0 {
+                // Not expected from the kernel, but never spin: count the message as refused.
+                out.failed += runs[m].count;
+                m += 1;
+            }
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_round_trip_and_unmap() {
+        for (text, v6) in [
+            ("192.0.2.1:51820", false),
+            ("[fd00::1]:7", true),
+            ("198.51.100.9:1", true),
+        ] {
+            let addr: SocketAddr = text.parse().unwrap();
+            let (storage, _) = encode_addr(addr, v6);
+            assert_eq!(
+                decode_addr(&storage),
+                Some(addr),
+                "{text} via v6 socket: {v6}"
+            );
+        }
+        let (storage, len) = encode_addr("192.0.2.1:5".parse().unwrap(), true);
+        assert_eq!(libc::c_int::from(storage.ss_family), libc::AF_INET6);
+        assert_eq!(len as usize, size_of::<libc::sockaddr_in6>());
+    }
+
+    #[test]
+    fn interface_names_are_checked() {
+        assert!(ifreq("eth0").is_ok());
+        for bad in ["", "sixteen-chars-xx", "a\0b"] {
+            assert!(
+                matches!(ifreq(bad), Err(NetError::BadInterfaceName(_))),
+                "{bad:?}"
+            );
+        }
+    }
 }

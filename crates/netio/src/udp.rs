@@ -216,9 +216,10 @@ const MAX_SEGMENTED_BYTES: usize = 65_000;
 
 /// Cuts `msgs` into runs that one segmented send can carry: consecutive datagrams to the same
 /// peer, all as long as the first but the last, which may be shorter (it ends the run), at most
-/// [`MAX_SEGMENTS`] and [`MAX_SEGMENTED_BYTES`]. Order is kept: runs are taken front to back.
-/// Returns how many runs were written to `out` (which holds at least as many as `msgs`).
-fn runs(msgs: &[(SocketAddr, &[u8])], out: &mut [Run]) -> usize {
+/// `max_segments` (1: every datagram alone) and [`MAX_SEGMENTED_BYTES`]. Order is kept: runs
+/// are taken front to back. Returns how many runs were written to `out` (which holds at least
+/// as many as `msgs`).
+fn runs(msgs: &[(SocketAddr, &[u8])], max_segments: usize, out: &mut [Run]) -> usize {
     let mut n = 0;
     let mut i = 0;
     while i < msgs.len() {
@@ -231,7 +232,7 @@ fn runs(msgs: &[(SocketAddr, &[u8])], out: &mut [Run]) -> usize {
                 if *next_to != to
                     || next.len() > segment
                     || next.is_empty()
-                    || count == MAX_SEGMENTS
+                    || count == max_segments
                     || bytes + next.len() > MAX_SEGMENTED_BYTES
                 {
                     break;
@@ -405,15 +406,19 @@ impl UdpSocket {
     /// datagrams to one peer as single segmented messages when [`UdpOptions::segmentation`] is
     /// on. Returns (sent, failed, last error); a refused datagram does not stop the others.
     pub fn send_batch(&self, msgs: &[(SocketAddr, &[u8])]) -> (usize, usize, Option<io::Error>) {
-        if !self.segmentation.load(Ordering::Relaxed) {
-            return self.send_plain(msgs);
-        }
         let (mut sent, mut failed, mut last) = (0, 0, None);
+        let mut segments = if self.segmentation.load(Ordering::Relaxed) {
+            MAX_SEGMENTS
+        } else {
+            1
+        };
         let mut frames = [&[][..]; MAX_BATCH];
         let mut cut = [Run::default(); MAX_BATCH];
         let mut names = [(zeroed_storage(), 0); MAX_BATCH];
-        for chunk in msgs.chunks(MAX_BATCH) {
-            let n = runs(chunk, &mut cut);
+        let mut rest = msgs;
+        while !rest.is_empty() {
+            let chunk = &rest[..rest.len().min(MAX_BATCH)];
+            let n = runs(chunk, segments, &mut cut);
             for (name, run) in names.iter_mut().zip(&cut[..n]) {
                 *name = sys::encode_addr(chunk[run.start].0, self.v6);
             }
@@ -429,17 +434,19 @@ impl UdpSocket {
             sent += r.sent;
             failed += r.failed;
             if let Some(at) = r.segmentation_refused_at {
-                // EINVAL is about this message (a segment over the path MTU); the others mean
-                // this kernel or route cannot segment at all: stop asking.
-                if r.last_error.as_ref().and_then(io::Error::raw_os_error) != Some(libc::EINVAL) {
+                // EMSGSIZE and EINVAL are about this run (segments over the route's MTU, which
+                // the kernel fragments when they go one by one); the others mean this kernel or
+                // route cannot segment at all: stop asking. Either way the rest of this batch
+                // goes one message per datagram.
+                let errno = r.last_error.as_ref().and_then(io::Error::raw_os_error);
+                if !matches!(errno, Some(libc::EMSGSIZE | libc::EINVAL)) {
                     self.segmentation.store(false, Ordering::Relaxed);
                 }
-                let (s, f, e) = self.send_plain(&chunk[at..]);
-                sent += s;
-                failed += f;
-                last = e.or(last);
+                segments = 1;
+                rest = &rest[at..];
             } else {
                 last = r.last_error.or(last);
+                rest = &rest[chunk.len()..];
             }
         }
         (sent, failed, last)
@@ -453,28 +460,6 @@ impl UdpSocket {
     /// Whether segmented sends are still in use (off when configured off or refused).
     pub fn segmentation(&self) -> bool {
         self.segmentation.load(Ordering::Relaxed)
-    }
-
-    /// One message per datagram.
-    fn send_plain(&self, msgs: &[(SocketAddr, &[u8])]) -> (usize, usize, Option<io::Error>) {
-        let (mut sent, mut failed, mut last) = (0, 0, None);
-        let mut frames = [&[][..]; MAX_BATCH];
-        for chunk in msgs.chunks(MAX_BATCH) {
-            let mut names = [(zeroed_storage(), 0); MAX_BATCH];
-            for (i, (to, frame)) in chunk.iter().enumerate() {
-                names[i] = sys::encode_addr(*to, self.v6);
-                frames[i] = frame;
-            }
-            let (s, f, e) = sys::sendmmsg(
-                self.sock.as_raw_fd(),
-                &frames[..chunk.len()],
-                &names[..chunk.len()],
-            );
-            sent += s;
-            failed += f;
-            last = e.or(last);
-        }
-        (sent, failed, last)
     }
 
     /// A second handle on the same socket, for another thread.
@@ -505,7 +490,7 @@ mod tests {
 
     fn cut(msgs: &[(SocketAddr, &[u8])]) -> Vec<(usize, usize, usize)> {
         let mut out = [Run::default(); MAX_BATCH];
-        let n = runs(msgs, &mut out);
+        let n = runs(msgs, MAX_SEGMENTS, &mut out);
         out[..n]
             .iter()
             .map(|r| (r.start, r.count, r.segment))
@@ -563,6 +548,17 @@ mod tests {
         for (msgs, want, why) in cases {
             assert_eq!(cut(&msgs), want, "{why}");
         }
+        // Segmentation off: every datagram is a message of its own.
+        let mut out = [Run::default(); MAX_BATCH];
+        let msgs = vec![(a, &big[..]); 3];
+        let n = runs(&msgs, 1, &mut out);
+        assert_eq!(
+            out[..n]
+                .iter()
+                .map(|r| (r.start, r.count))
+                .collect::<Vec<_>>(),
+            vec![(0, 1), (1, 1), (2, 1)]
+        );
     }
 
     #[test]
