@@ -9,8 +9,9 @@
 //!   checksum to offload (`TP_STATUS_CSUMNOTREADY` via `PACKET_AUXDATA`), and its direction.
 //!   pnet's datalink channel is not used: it makes two syscalls per packet, truncates frames
 //!   over its 4096-byte default buffer without saying so, and drops the packet direction.
-//! - [`UdpSocket`]: the tunnel socket, dual-stack, with `recvmmsg`/`sendmmsg` batches and
-//!   deliberately sized buffers.
+//! - [`UdpSocket`]: the tunnel socket, dual-stack, with `recvmmsg`/`sendmmsg` batches,
+//!   segmented sends (`UDP_SEGMENT`) and coalesced receives (`UDP_GRO`), and deliberately sized
+//!   buffers.
 //! - [`Interface`]: index, MAC, MTU, up/down; [`disable_receive_offloads`] switches GRO/LRO
 //!   off through the ethtool ioctl.
 //! - [`Tun`]: the node's overlay interface, a TUN device (opened by tun-tap) with its address,

@@ -52,7 +52,8 @@ enum Command {
         /// Offered UDP rate, Mbit/s (0: as fast as possible).
         #[arg(long, default_value_t = 800)]
         udp: u64,
-        /// Leave GRO on on the adapters' LAN side.
+        /// Leave GRO on on the gateways' LAN side (meaningful for `--plain`: the adapter cannot
+        /// take coalesced frames yet; they reach it truncated).
         #[arg(long)]
         gro: bool,
         /// Plain kernel routing instead of the tunnel (the baseline).
