@@ -434,15 +434,10 @@ impl Task {
         self.registration.mark_changed();
         let end = loop {
             let out: Option<ClientMsg> = tokio::select! {
-                f = frames.recv() => {
-                    let Some(f) = f else { break End::Retry("the cloud closed the connection".into()) };
-                    heard = Instant::now();
-                    match ch.open::<CloudMsg>(&f) {
-                        Ok(msg) => self.handle(msg, &mut pending),
-                        Err(e) => break End::Retry(format!("bad message from the cloud: {e}")),
-                    }
-                    None
-                }
+                // In this order: a registration goes out before any command issued after it (a
+                // resolve right after `register` must find us registered on the cloud's side).
+                // Only the registration is ever preferred: it is ready once per change.
+                biased;
                 changed = self.registration.changed() => {
                     if changed.is_err() {
                         break End::Stopped;
@@ -452,6 +447,15 @@ impl Task {
                         r.endpoints.push(h);
                     }
                     Some(ClientMsg::Register { endpoints: r.endpoints, names: r.names })
+                }
+                f = frames.recv() => {
+                    let Some(f) = f else { break End::Retry("the cloud closed the connection".into()) };
+                    heard = Instant::now();
+                    match ch.open::<CloudMsg>(&f) {
+                        Ok(msg) => self.handle(msg, &mut pending),
+                        Err(e) => break End::Retry(format!("bad message from the cloud: {e}")),
+                    }
+                    None
                 }
                 cmd = self.cmds.recv() => match cmd {
                     None => break End::Stopped,
