@@ -11,6 +11,8 @@
 //!   vIP blocks (cryptokey routing) and our LAN, clamps MSS, and writes the Ethernet header in
 //!   front of it for the device's MAC, or asks for an ARP request when the MAC is unknown.
 //! - [`Fragmenter`]: RFC 791 fragmentation of oversize packets without DF.
+//! - [`Segmenter`]: cuts a frame the kernel coalesced (GRO) back into the TCP segments or UDP
+//!   datagrams it was made of, each with its own headers and checksums.
 //!
 //! Frames are edited in place and replies are written into the caller's buffer: nothing here
 //! allocates, reads a clock or touches a socket. Packet views come from pnet (`pnet_packet`);
@@ -25,6 +27,7 @@ mod frag;
 mod icmp;
 mod ingress;
 mod ipv4;
+mod segment;
 mod service;
 mod tcp;
 
@@ -35,6 +38,7 @@ use ipnet::Ipv4Net;
 pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
+pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
 
 /// Length of an Ethernet II header.
