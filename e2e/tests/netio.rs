@@ -541,3 +541,183 @@ fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
         ));
     });
 }
+
+/// With GRO on and offload headers asked for, a TCP flow from a wire-like sender arrives as
+/// coalesced frames that say how they were made; the gateway's Segmenter cuts them back into
+/// segments that carry exactly the bytes the sender wrote, with valid checksums. The socket
+/// also still sends (the offload header it needs in front of each frame is added for us).
+#[test]
+fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_stream() {
+    use cyphonic_gateway::{GsoKind, Segmenter};
+    use cyphonic_netio::{Coalesced, LargeFrames};
+    use std::io::{Read, Write};
+
+    require_root();
+    let tx = Netns::new("ngs").unwrap();
+    let rx = Netns::new("ngr").unwrap();
+    veth(&tx, "gs0", &rx, "gr0").unwrap();
+    tx.ip(&["addr", "add", "198.51.100.1/24", "dev", "gs0"])
+        .unwrap();
+    rx.ip(&["addr", "add", "198.51.100.2/24", "dev", "gr0"])
+        .unwrap();
+    tx.exec("ethtool", &["-K", "gs0", "tso", "off", "gso", "off"])
+        .unwrap();
+    rx.exec("ethtool", &["-K", "gr0", "gro", "on"]).unwrap();
+    const BYTES: usize = 8 << 20;
+    const HEAD: usize = 2048;
+
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let rx_name = rx.name().to_owned();
+    let capture = std::thread::spawn(move || {
+        netns::enter(&rx_name).unwrap();
+        let iface = Interface::lookup_up("gr0").unwrap();
+        let opts = PacketOptions {
+            coalesced: true,
+            recv_timeout: Some(Duration::from_millis(50)),
+            ..PacketOptions::default()
+        };
+        let mut sock = PacketSocket::open(&iface, &opts).unwrap();
+        let listener = std::net::TcpListener::bind("198.51.100.2:5001").unwrap();
+        ready_tx.send(()).unwrap();
+        let reader = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut sink = vec![0u8; 1 << 16];
+            let mut total = 0;
+            while total < BYTES {
+                match conn.read(&mut sink).unwrap() {
+                    0 => break,
+                    n => total += n,
+                }
+            }
+            total
+        });
+        let mut large = LargeFrames::new(HEAD);
+        let mut storage = vec![vec![0u8; HEAD]; 16];
+        // (frame, whether its checksum must be whole: a frame passed on as it came may carry a
+        // partial one, which the adapter completes)
+        let mut segments: Vec<(Vec<u8>, bool)> = Vec::new();
+        let (mut coalesced, mut biggest) = (0usize, 0usize);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut quiet = 0;
+        while std::time::Instant::now() < deadline && quiet < 10 {
+            let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut meta = [FrameMeta::default(); 16];
+            let n = sock
+                .recv_batch_large(&mut bufs, &mut meta, &mut large)
+                .unwrap();
+            quiet = if n == 0 { quiet + 1 } else { 0 };
+            for i in 0..n {
+                let m = meta[i];
+                assert!(!m.truncated, "{m:?}");
+                // Only the sender's frames towards the listener (not our ACKs going out).
+                let head = &bufs[i][..m.len.min(HEAD)];
+                if head.len() < 38
+                    || head[12..14] != [8, 0]
+                    || head[36..38] != 5001u16.to_be_bytes()
+                {
+                    continue;
+                }
+                let frame = large.join(i, head, m.len).unwrap().to_vec();
+                match m.coalesced {
+                    Some(Coalesced {
+                        kind: cyphonic_netio::GsoKind::TcpV4,
+                        segment_size,
+                    }) => {
+                        coalesced += 1;
+                        biggest = biggest.max(m.len);
+                        let mut s =
+                            Segmenter::new(&frame, GsoKind::Tcp, segment_size, HEAD).unwrap();
+                        let mut out = [0u8; HEAD];
+                        while let Some(len) = s.next_into(&mut out) {
+                            segments.push((out[..len].to_vec(), true));
+                        }
+                    }
+                    None => segments.push((frame, !m.checksum_partial)),
+                    Some(other) => panic!("unexpected offload {other:?}"),
+                }
+            }
+        }
+        // The socket sends too: an experimental frame to the other side.
+        let probe = frame([0xff; 6], iface.mac, EXPERIMENTAL, 60, 9);
+        sock.send(&probe).unwrap();
+        (reader.join().unwrap(), segments, coalesced, biggest)
+    });
+    ready_rx.recv().unwrap();
+    let tx_name = tx.name().to_owned();
+    let (probe_seen, written) = std::thread::spawn(move || {
+        netns::enter(&tx_name).unwrap();
+        let iface = Interface::lookup_up("gs0").unwrap();
+        let mut watch = PacketSocket::open(&iface, &PacketOptions::default()).unwrap();
+        let mut conn = std::net::TcpStream::connect("198.51.100.2:5001").unwrap();
+        let data: Vec<u8> = (0..BYTES).map(|i| (i % 251) as u8).collect();
+        conn.write_all(&data).unwrap();
+        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        let frames = drain(&mut watch, 2048, Duration::from_secs(3));
+        let seen = frames
+            .iter()
+            .any(|(f, _)| f.len() >= 14 && f[12..14] == EXPERIMENTAL.to_be_bytes() && f[14] == 9);
+        (seen, data.len())
+    })
+    .join()
+    .unwrap();
+    let (read, segments, coalesced, biggest) = capture.join().unwrap();
+    assert_eq!(read, written, "the receiver got the whole stream");
+    assert!(
+        coalesced > 0,
+        "GRO coalesced nothing: the test proves nothing"
+    );
+    assert!(
+        biggest > 1514,
+        "coalesced frames are larger than the wire's: {biggest}"
+    );
+    assert!(
+        probe_seen,
+        "a frame sent on the socket with offload headers arrived"
+    );
+
+    // Rebuild the stream from the segments by sequence number and check every byte.
+    let mut isn = None;
+    let mut got = vec![false; BYTES];
+    let mut checked = 0;
+    for (s, whole) in &segments {
+        let ip = &s[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        assert!(total <= 1500, "every segment fits the wire: {total}");
+        let t = &ip[ihl..total];
+        let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+        if t[13] & 0x02 != 0 {
+            isn = Some(seq.wrapping_add(1));
+            continue;
+        }
+        let doff = usize::from(t[12] >> 4) * 4;
+        let payload = &t[doff..];
+        let start = seq.wrapping_sub(isn.expect("the SYN came first")) as usize;
+        for (k, b) in payload.iter().enumerate() {
+            if start + k < BYTES {
+                assert_eq!(*b, ((start + k) % 251) as u8, "byte {}", start + k);
+                got[start + k] = true;
+            }
+        }
+        if !whole {
+            continue;
+        }
+        checked += 1;
+        // The TCP checksum over the pseudo-header must come out as zero (all ones).
+        let mut sum: u32 = 0;
+        for w in [&ip[12..14], &ip[14..16], &ip[16..18], &ip[18..20]] {
+            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+        }
+        sum += 6 + t.len() as u32;
+        for c in t.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff, "TCP checksum of a segment");
+    }
+    assert!(checked > 0, "no segment's checksum was checked");
+    let missing = got.iter().filter(|g| !**g).count();
+    assert_eq!(missing, 0, "every byte of the stream was in a segment");
+}

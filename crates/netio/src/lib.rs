@@ -7,6 +7,9 @@
 //!   (`sendmmsg`). Each frame comes with [`FrameMeta`]: its real length (a frame larger than
 //!   the buffer is reported as truncated, never silently cut), whether the kernel left its
 //!   checksum to offload (`TP_STATUS_CSUMNOTREADY` via `PACKET_AUXDATA`), and its direction.
+//!   With [`PacketOptions::coalesced`] (`PACKET_VNET_HDR`), frames the kernel merged (GRO) come
+//!   whole, up to 64 KiB, the part beyond the caller's buffer in [`LargeFrames`], with
+//!   [`FrameMeta::coalesced`] saying how to cut them (protocol and segment size).
 //!   pnet's datalink channel is not used: it makes two syscalls per packet, truncates frames
 //!   over its 4096-byte default buffer without saying so, and drops the packet direction.
 //! - [`UdpSocket`]: the tunnel socket, dual-stack, with `recvmmsg`/`sendmmsg` batches,
@@ -38,7 +41,9 @@ mod watch;
 
 pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
-pub use packet::{FrameMeta, PacketOptions, PacketSocket};
+pub use packet::{
+    Coalesced, FrameMeta, GsoKind, LARGE_FRAME, LargeFrames, PacketOptions, PacketSocket,
+};
 pub use sched::{MAX_CPUS, Placement, allowed_cpus};
 pub use tun::Tun;
 pub use udp::{DatagramMeta, UdpOptions, UdpSocket};

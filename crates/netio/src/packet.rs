@@ -11,6 +11,25 @@ use crate::{Interface, NetError};
 // linux/if_packet.h
 const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const PACKET_VNET_HDR: libc::c_int = 15;
+
+// linux/virtio_net.h: `struct virtio_net_hdr` (10 bytes, host byte order) in front of every
+// frame received or sent on a socket with PACKET_VNET_HDR.
+const VNET_HDR_LEN: usize = 10;
+const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
+const VIRTIO_NET_HDR_GSO_TCPV4: u8 = 1;
+#[cfg(test)]
+const VIRTIO_NET_HDR_GSO_UDP: u8 = 3;
+const VIRTIO_NET_HDR_GSO_TCPV6: u8 = 4;
+const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
+const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
+/// A frame sent as it is: no offload asked of the kernel.
+const VNET_HDR_NONE: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
+
+/// The largest frame a [`LargeFrames`] area takes: the largest IPv4 packet plus an Ethernet
+/// header. Coalesced frames are at most this large unless the NIC does BIG TCP (then they are
+/// counted as truncated).
+pub const LARGE_FRAME: usize = 65_535 + 14;
 
 /// How to open a [`PacketSocket`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +41,11 @@ pub struct PacketOptions {
     pub recv_timeout: Option<Duration>,
     /// Kernel receive buffer, bytes. Bursts larger than this are dropped by the kernel.
     pub recv_buffer: usize,
+    /// Receive frames the kernel coalesced (GRO, LRO) or that a local sender left unsegmented
+    /// (TSO/GSO on a veth) as they are, with their offload metadata (`PACKET_VNET_HDR`):
+    /// [`FrameMeta::coalesced`] says how to cut them. Without it the kernel hands them over
+    /// just the same, but without saying how they were made.
+    pub coalesced: bool,
 }
 
 impl Default for PacketOptions {
@@ -30,6 +54,7 @@ impl Default for PacketOptions {
             promiscuous: true,
             recv_timeout: Some(Duration::from_millis(10)),
             recv_buffer: 4 << 20,
+            coalesced: false,
         }
     }
 }
@@ -50,6 +75,75 @@ pub struct FrameMeta {
     pub outgoing: bool,
     /// The VLAN tag the NIC stripped, if any.
     pub vlan: Option<u16>,
+    /// The frame is several segments the kernel merged (only with
+    /// [`PacketOptions::coalesced`]): how they were merged.
+    pub coalesced: Option<Coalesced>,
+}
+
+/// How a coalesced frame was built: cut it into segments of `segment_size` payload bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coalesced {
+    /// Which protocol's segments.
+    pub kind: GsoKind,
+    /// Payload bytes per segment (the last may have fewer).
+    pub segment_size: u16,
+}
+
+/// The protocol of a coalesced frame (`VIRTIO_NET_HDR_GSO_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GsoKind {
+    /// TCP over IPv4.
+    TcpV4,
+    /// TCP over IPv6.
+    TcpV6,
+    /// UDP datagrams (UDP GSO/GRO), over IPv4 or IPv6.
+    UdpL4,
+    /// UDP fragmentation offload (UFO, one datagram to be IP-fragmented) or a type this code
+    /// does not know.
+    Other(u8),
+}
+
+/// Room for the parts of frames that do not fit the caller's buffers, one area per slot of a
+/// batch: where coalesced frames (up to [`LARGE_FRAME`] bytes) land. About 4 MiB, allocated
+/// once; the kernel only touches the pages large frames reach.
+pub struct LargeFrames {
+    areas: Vec<Box<[u8]>>,
+    head: usize,
+}
+
+impl std::fmt::Debug for LargeFrames {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LargeFrames")
+            .field("slots", &self.areas.len())
+            .field("head", &self.head)
+            .finish()
+    }
+}
+
+impl LargeFrames {
+    /// Areas for frames whose first `head` bytes (at most) go into the caller's buffers.
+    pub fn new(head: usize) -> Self {
+        Self {
+            areas: (0..MAX_BATCH)
+                .map(|_| vec![0u8; head + LARGE_FRAME].into_boxed_slice())
+                .collect(),
+            head,
+        }
+    }
+
+    /// The whole of frame `slot` of the last [`PacketSocket::recv_batch_large`], whose first
+    /// bytes are in `buf` (the slot's buffer) and the rest in this area: copies `buf` in
+    /// front of the rest and returns the frame in one piece. `None` if `len` is not what that
+    /// call could have received.
+    pub fn join(&mut self, slot: usize, buf: &[u8], len: usize) -> Option<&[u8]> {
+        let area = self.areas.get_mut(slot)?;
+        if buf.len() > self.head || len < buf.len() || len - buf.len() > LARGE_FRAME {
+            return None;
+        }
+        let start = self.head - buf.len();
+        area[start..self.head].copy_from_slice(buf);
+        Some(&area[start..self.head + (len - buf.len())])
+    }
 }
 
 /// An `AF_PACKET` socket bound to one interface.
@@ -60,6 +154,7 @@ pub struct PacketSocket {
     ignores_outgoing: bool,
     promiscuous: bool,
     recv_buffer: usize,
+    coalesced: bool,
 }
 
 impl PacketSocket {
@@ -111,6 +206,10 @@ impl PacketSocket {
             .map_err(|e| raw_err("asking for packet auxiliary data", e))?;
         let ignores_outgoing =
             setsockopt(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one).is_ok();
+        if opts.coalesced {
+            setsockopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &one)
+                .map_err(|e| raw_err("asking for offload headers (PACKET_VNET_HDR)", e))?;
+        }
         sys::set_recv_timeout(raw, opts.recv_timeout)
             .map_err(|e| raw_err("setting the receive timeout", e))?;
         let recv_buffer =
@@ -122,6 +221,7 @@ impl PacketSocket {
             ignores_outgoing,
             promiscuous: opts.promiscuous,
             recv_buffer,
+            coalesced: opts.coalesced,
         })
     }
 
@@ -148,7 +248,8 @@ impl PacketSocket {
 
     /// Receives up to `bufs.len()` frames (at most 64) in one system call: waits for the first
     /// (up to the receive timeout), then takes what is already queued. Returns how many
-    /// arrived; `meta[i]` describes `bufs[i]`. Returns 0 on timeout.
+    /// arrived; `meta[i]` describes `bufs[i]`. Returns 0 on timeout. A frame longer than its
+    /// buffer is truncated ([`FrameMeta::truncated`]).
     ///
     /// # Errors
     /// A failing system call other than timeout or interruption.
@@ -157,30 +258,84 @@ impl PacketSocket {
         bufs: &mut [&mut [u8]],
         meta: &mut [FrameMeta],
     ) -> io::Result<usize> {
+        self.recv(bufs, meta, None)
+    }
+
+    /// Like [`Self::recv_batch`], but what does not fit `bufs[i]` goes on into `large`'s area
+    /// for slot `i`, up to [`LARGE_FRAME`] bytes in all: [`LargeFrames::join`] gives the whole
+    /// frame. `bufs[i]` must not be longer than the head `large` was made for.
+    ///
+    /// # Errors
+    /// A failing system call other than timeout or interruption.
+    pub fn recv_batch_large(
+        &mut self,
+        bufs: &mut [&mut [u8]],
+        meta: &mut [FrameMeta],
+        large: &mut LargeFrames,
+    ) -> io::Result<usize> {
+        self.recv(bufs, meta, Some(large))
+    }
+
+    fn recv(
+        &mut self,
+        bufs: &mut [&mut [u8]],
+        meta: &mut [FrameMeta],
+        large: Option<&mut LargeFrames>,
+    ) -> io::Result<usize> {
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid; the kernel overwrites it.
         let mut names: [libc::sockaddr_ll; MAX_BATCH] = unsafe { zeroed() };
         let mut controls = [Control::EMPTY; MAX_BATCH];
         let mut out = [Received::default(); MAX_BATCH];
+        let mut vnet = [VNET_HDR_NONE; MAX_BATCH];
         let n = bufs.len().min(meta.len());
-        let got = sys::recvmmsg(
+        let heads: &mut [[u8; VNET_HDR_LEN]] = if self.coalesced { &mut vnet } else { &mut [] };
+        let mut tail_slices: [&mut [u8]; MAX_BATCH] =
+            std::array::from_fn(|_| <&mut [u8]>::default());
+        let (tails, tail_room): (&mut [&mut [u8]], usize) = match large {
+            Some(large) => {
+                let head = large.head;
+                assert!(
+                    bufs[..n].iter().all(|b| b.len() <= head),
+                    "buffers longer than the LargeFrames head"
+                );
+                for (slice, area) in tail_slices.iter_mut().zip(large.areas.iter_mut()) {
+                    *slice = &mut area[head..];
+                }
+                (&mut tail_slices, LARGE_FRAME)
+            }
+            None => (&mut [], 0),
+        };
+        let got = sys::recvmmsg_scattered(
             self.fd.as_raw_fd(),
+            heads,
             &mut bufs[..n],
+            tails,
             &mut names,
             &mut controls,
             &mut out,
             libc::MSG_TRUNC | libc::MSG_WAITFORONE,
         )?;
+        let head_len = if self.coalesced { VNET_HDR_LEN } else { 0 };
         for i in 0..got {
             let aux = auxdata(&controls[i], out[i].control_len);
             let status = aux.map_or(0, |a| a.tp_status);
+            let len = out[i].len.saturating_sub(head_len);
+            let (vnet_partial, coalesced) = if self.coalesced {
+                parse_vnet(&vnet[i])
+            } else {
+                (false, None)
+            };
             meta[i] = FrameMeta {
-                len: out[i].len,
-                truncated: out[i].flags & libc::MSG_TRUNC != 0 || out[i].len > bufs[i].len(),
-                checksum_partial: status & TP_STATUS_CSUMNOTREADY != 0,
+                len,
+                truncated: out[i].flags & libc::MSG_TRUNC != 0
+                    || out[i].len < head_len
+                    || len > bufs[i].len() + tail_room,
+                checksum_partial: status & TP_STATUS_CSUMNOTREADY != 0 || vnet_partial,
                 outgoing: names[i].sll_pkttype == libc::PACKET_OUTGOING,
                 vlan: aux
                     .filter(|_| status & TP_STATUS_VLAN_VALID != 0)
                     .map(|a| a.tp_vlan_tci & 0x0fff),
+                coalesced,
             };
         }
         Ok(got)
@@ -191,20 +346,23 @@ impl PacketSocket {
     /// # Errors
     /// The system call's error (`ENOBUFS` when the device queue is full).
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
-        // SAFETY: `frame` is a live slice of `frame.len()` bytes that the kernel only reads.
-        let sent =
-            unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        if sent < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
+        match self.send_batch(&[frame]) {
+            (1, _, _) => Ok(()),
+            (_, _, Some(e)) => Err(e),
+            _ => Err(io::Error::other("the frame was not sent")),
         }
     }
 
     /// Sends frames in as few system calls as possible. Returns (sent, failed, last error);
     /// a refused frame does not stop the others.
     pub fn send_batch(&self, frames: &[&[u8]]) -> (usize, usize, Option<io::Error>) {
-        sys::sendmmsg(self.fd.as_raw_fd(), frames, &[])
+        sys::sendmmsg(self.fd.as_raw_fd(), self.send_prefix(), frames, &[])
+    }
+
+    /// What goes in front of every frame sent: a `virtio_net_hdr` asking for nothing when the
+    /// socket has them.
+    fn send_prefix(&self) -> &'static [u8] {
+        if self.coalesced { &VNET_HDR_NONE } else { &[] }
     }
 
     /// A second handle on the same socket, for sending from another thread.
@@ -218,6 +376,7 @@ impl PacketSocket {
             ignores_outgoing: self.ignores_outgoing,
             promiscuous: self.promiscuous,
             recv_buffer: self.recv_buffer,
+            coalesced: self.coalesced,
         })
     }
 }
@@ -226,4 +385,70 @@ impl PacketSocket {
 fn auxdata(control: &Control, len: usize) -> Option<libc::tpacket_auxdata> {
     // SAFETY: tpacket_auxdata is plain old data: any bytes the kernel wrote are a valid value.
     unsafe { sys::find_control(control, len, libc::SOL_PACKET, libc::PACKET_AUXDATA) }
+}
+
+/// Whether a `virtio_net_hdr` says the L4 checksum is left to offload, and how the frame was
+/// coalesced if it was.
+fn parse_vnet(h: &[u8; VNET_HDR_LEN]) -> (bool, Option<Coalesced>) {
+    let partial = h[0] & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0;
+    let kind = match h[1] & !VIRTIO_NET_HDR_GSO_ECN {
+        0 => return (partial, None),
+        VIRTIO_NET_HDR_GSO_TCPV4 => GsoKind::TcpV4,
+        VIRTIO_NET_HDR_GSO_TCPV6 => GsoKind::TcpV6,
+        VIRTIO_NET_HDR_GSO_UDP_L4 => GsoKind::UdpL4,
+        // VIRTIO_NET_HDR_GSO_UDP (3, UFO) among them.
+        other => GsoKind::Other(other),
+    };
+    // Host byte order: the header of a packet socket is not the device's little-endian one.
+    let segment_size = u16::from_ne_bytes([h[4], h[5]]);
+    (partial, Some(Coalesced { kind, segment_size }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vnet_headers_are_read_in_host_order() {
+        let mut h = [0u8; VNET_HDR_LEN];
+        assert_eq!(parse_vnet(&h), (false, None));
+        h[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+        assert_eq!(parse_vnet(&h), (true, None));
+        h[1] = VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_ECN;
+        h[2..4].copy_from_slice(&66u16.to_ne_bytes());
+        h[4..6].copy_from_slice(&1448u16.to_ne_bytes());
+        assert_eq!(
+            parse_vnet(&h),
+            (
+                true,
+                Some(Coalesced {
+                    kind: GsoKind::TcpV4,
+                    segment_size: 1448
+                })
+            )
+        );
+        h[1] = VIRTIO_NET_HDR_GSO_UDP_L4;
+        assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::UdpL4);
+        h[1] = VIRTIO_NET_HDR_GSO_UDP;
+        assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::Other(3));
+    }
+
+    #[test]
+    fn large_frames_join_head_and_tail() {
+        let mut large = LargeFrames::new(100);
+        large.areas[3][100..105].copy_from_slice(b"world");
+        assert_eq!(large.join(3, b"hello ", 11), Some(&b"hello world"[..]));
+        assert_eq!(
+            large.join(3, &[0; 101], 200),
+            None,
+            "head longer than promised"
+        );
+        assert_eq!(large.join(3, b"abc", 2), None, "shorter than its head");
+        assert_eq!(large.join(64, b"abc", 3), None, "no such slot");
+        assert_eq!(large.join(0, b"", LARGE_FRAME + 1), None);
+        assert_eq!(
+            large.join(0, b"", LARGE_FRAME).map(<[u8]>::len),
+            Some(LARGE_FRAME)
+        );
+    }
 }

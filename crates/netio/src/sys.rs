@@ -204,7 +204,31 @@ pub(crate) fn recvmmsg<N>(
     out: &mut [Received],
     flags: libc::c_int,
 ) -> io::Result<usize> {
-    let n = bufs.len().min(names.len()).min(out.len()).min(MAX_BATCH);
+    recvmmsg_scattered::<N, 0>(fd, &mut [], bufs, &mut [], names, controls, out, flags)
+}
+
+/// [`recvmmsg`] where each message may be scattered over up to three areas: `heads[i]` (a
+/// fixed-size header the kernel writes first, such as `virtio_net_hdr`; none if `heads` is
+/// empty), `bufs[i]`, then `tails[i]` (room for what does not fit `bufs[i]`; none if `tails`
+/// is empty). `out[i].len` counts all of it.
+#[expect(clippy::too_many_arguments, reason = "the parts of a recvmmsg call")]
+pub(crate) fn recvmmsg_scattered<N, const H: usize>(
+    fd: libc::c_int,
+    heads: &mut [[u8; H]],
+    bufs: &mut [&mut [u8]],
+    tails: &mut [&mut [u8]],
+    names: &mut [N],
+    controls: &mut [Control],
+    out: &mut [Received],
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    let mut n = bufs.len().min(names.len()).min(out.len()).min(MAX_BATCH);
+    if !heads.is_empty() {
+        n = n.min(heads.len());
+    }
+    if !tails.is_empty() {
+        n = n.min(tails.len());
+    }
     let want_control = !controls.is_empty();
     let n = if want_control {
         n.min(controls.len())
@@ -216,16 +240,34 @@ pub(crate) fn recvmmsg<N>(
     }
     // SAFETY: iovec and mmsghdr are plain old data; all-zero (null pointers, zero lengths) is a
     // valid value, and every entry used below is filled in before the call.
-    let mut iov: [libc::iovec; MAX_BATCH] = unsafe { zeroed() };
+    let mut iov: [[libc::iovec; 3]; MAX_BATCH] = unsafe { zeroed() };
     // SAFETY: as above.
     let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
     let name_len = libc::socklen_t::try_from(size_of::<N>()).expect("sockaddr sizes fit socklen_t");
     for i in 0..n {
-        iov[i].iov_base = bufs[i].as_mut_ptr().cast();
-        iov[i].iov_len = bufs[i].len();
+        let mut parts = 0;
+        if let Some(head) = heads.get_mut(i) {
+            iov[i][parts] = libc::iovec {
+                iov_base: head.as_mut_ptr().cast(),
+                iov_len: H,
+            };
+            parts += 1;
+        }
+        iov[i][parts] = libc::iovec {
+            iov_base: bufs[i].as_mut_ptr().cast(),
+            iov_len: bufs[i].len(),
+        };
+        parts += 1;
+        if let Some(tail) = tails.get_mut(i) {
+            iov[i][parts] = libc::iovec {
+                iov_base: tail.as_mut_ptr().cast(),
+                iov_len: tail.len(),
+            };
+            parts += 1;
+        }
         let h = &mut hdrs[i].msg_hdr;
-        h.msg_iov = &raw mut iov[i];
-        h.msg_iovlen = 1;
+        h.msg_iov = iov[i].as_mut_ptr();
+        h.msg_iovlen = parts as _;
         h.msg_name = std::ptr::from_mut(&mut names[i]).cast();
         h.msg_namelen = name_len;
         if want_control {
@@ -234,8 +276,8 @@ pub(crate) fn recvmmsg<N>(
         }
     }
     let count = libc::c_uint::try_from(n).expect("n <= MAX_BATCH");
-    // SAFETY: `hdrs[..n]` point at buffers, names and control areas that are exclusively
-    // borrowed for this call and stay alive until it returns; lengths match the allocations.
+    // SAFETY: `hdrs[..n]` point at heads, buffers, tails, names and control areas that are
+    // exclusively borrowed for this call and stay alive until it returns; lengths match the allocations.
     // A null timeout means "use the socket's SO_RCVTIMEO".
     let got = unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), count, flags, std::ptr::null_mut()) };
     if got < 0 {
@@ -259,10 +301,12 @@ pub(crate) fn recvmmsg<N>(
 }
 
 /// One or more `sendmmsg(2)` calls for `frames` (to `names[i]` when given, else to the socket's
-/// bound or connected peer). A message the kernel refuses is skipped and counted, so one bad
+/// bound or connected peer), each preceded by `prefix` if it is not empty (a packet socket's
+/// `virtio_net_hdr`). A message the kernel refuses is skipped and counted, so one bad
 /// destination does not stall the rest. Returns (sent, failed, last error).
 pub(crate) fn sendmmsg(
     fd: libc::c_int,
+    prefix: &[u8],
     frames: &[&[u8]],
     names: &[(libc::sockaddr_storage, libc::socklen_t)],
 ) -> (usize, usize, Option<io::Error>) {
@@ -272,24 +316,35 @@ pub(crate) fn sendmmsg(
         let n = (frames.len() - start).min(MAX_BATCH);
         // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid; entries used are
         // filled in below.
-        let mut iov: [libc::iovec; MAX_BATCH] = unsafe { zeroed() };
+        let mut iov: [[libc::iovec; 2]; MAX_BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
         let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
         for i in 0..n {
             let frame = frames[start + i];
-            iov[i].iov_base = frame.as_ptr().cast_mut().cast();
-            iov[i].iov_len = frame.len();
+            let mut parts = 0;
+            if !prefix.is_empty() {
+                iov[i][0] = libc::iovec {
+                    iov_base: prefix.as_ptr().cast_mut().cast(),
+                    iov_len: prefix.len(),
+                };
+                parts = 1;
+            }
+            iov[i][parts] = libc::iovec {
+                iov_base: frame.as_ptr().cast_mut().cast(),
+                iov_len: frame.len(),
+            };
             let h = &mut hdrs[i].msg_hdr;
-            h.msg_iov = &raw mut iov[i];
-            h.msg_iovlen = 1;
+            h.msg_iov = iov[i].as_mut_ptr();
+            h.msg_iovlen = (parts + 1) as _;
             if let Some((storage, len)) = names.get(start + i) {
                 h.msg_name = std::ptr::from_ref(storage).cast_mut().cast();
                 h.msg_namelen = *len;
             }
         }
         let count = libc::c_uint::try_from(n).expect("n <= MAX_BATCH");
-        // SAFETY: the headers point at frames and addresses borrowed for the whole call; the
-        // kernel only reads through them (the casts to *mut are required by the C signature).
+        // SAFETY: the headers point at the prefix, frames and addresses borrowed for the whole
+        // call; the kernel only reads through them (the casts to *mut are required by the C
+        // signature).
         let done = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), count, 0) };
         if done < 0 {
             let e = io::Error::last_os_error();
