@@ -185,7 +185,7 @@ struct RawDataplane {
     #[serde(default = "cyphonic_settings::defaults::buffers")]
     buffers: Spanned<usize>,
     #[serde(default = "cyphonic_settings::defaults::yes")]
-    disable_offloads: bool,
+    lan_gro: bool,
 }
 
 impl Default for RawDataplane {
@@ -205,7 +205,7 @@ impl Default for RawDataplane {
             lan_buffer: cyphonic_settings::defaults::socket_buffer(),
             queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
             buffers: cyphonic_settings::defaults::buffers(),
-            disable_offloads: true,
+            lan_gro: true,
         }
     }
 }
@@ -288,8 +288,9 @@ pub struct Dataplane {
     pub queue_per_peer: usize,
     /// Packet buffers in all (2 KiB each): the data plane's memory ceiling.
     pub buffers: usize,
-    /// Switch GRO/LRO off on the LAN interface at start.
-    pub disable_offloads: bool,
+    /// Take frames the LAN NIC coalesced (GRO/LRO) with their offload header and cut them
+    /// back into segments here; without it, switch GRO/LRO off on the LAN interface at start.
+    pub lan_gro: bool,
 }
 
 /// Everything the adapter needs to run, checked.
@@ -498,7 +499,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             lan_buffer: d.lan_buffer,
             queue_per_peer: d.queue_per_peer,
             buffers: *d.buffers.get_ref(),
-            disable_offloads: d.disable_offloads,
+            lan_gro: d.lan_gro,
         },
         reservations,
         peers,
@@ -715,7 +716,7 @@ mod tests {
                 lan_buffer: 4 << 20,
                 queue_per_peer: 64,
                 buffers: 8192,
-                disable_offloads: true,
+                lan_gro: true,
             }
         );
         assert!(c.reservations.is_empty() && c.peers.is_empty());

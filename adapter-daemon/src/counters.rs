@@ -10,6 +10,12 @@ cyphonic_telemetry::counters! {
     captured,
     /// Captured frames longer than the buffer (reported by the kernel, never cut silently).
     captured_truncated,
+    /// Coalesced frames (GRO/LRO, or a local sender's TSO) cut back into segments.
+    coalesced,
+    /// Segments cut from coalesced frames (each also counts as captured).
+    segments,
+    /// Coalesced frames that could not be cut (inconsistent headers, UDP fragmentation offload).
+    drop_coalesced,
     /// ARP replies sent for the gateway or proxied vIPs.
     arp_replies,
     /// ICMP echo replies from the gateway vIP.

@@ -87,7 +87,11 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
     let d = &config.dataplane;
 
     let iface = Interface::lookup_up(&config.lan_interface)?;
-    if d.disable_offloads {
+    if d.lan_gro {
+        for state in cyphonic_netio::receive_offloads(&iface.name)? {
+            tracing::info!(interface = %iface.name, offload = ?state.offload, on = ?state.now_on, "merged frames are taken as they come and cut back into segments here");
+        }
+    } else {
         for state in cyphonic_netio::disable_receive_offloads(&iface.name)? {
             match (state.was_on, state.now_on) {
                 (Some(true), Some(false)) => {
@@ -109,6 +113,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         &iface,
         &PacketOptions {
             recv_buffer: d.lan_buffer,
+            coalesced: d.lan_gro,
             ..PacketOptions::default()
         },
     )?;
@@ -269,6 +274,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         shared: shared.clone(),
         sock: capture_sock,
         submitter: engine.take_submitter(),
+        coalesced: d.lan_gro,
     };
     let capture = std::thread::Builder::new()
         .name("cy-capture".into())

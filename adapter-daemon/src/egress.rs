@@ -5,12 +5,19 @@
 //! capture thread: recvmmsg on AF_PACKET -> Lan::handle_frame -> route to a peer -> Submitter
 //!   (replies to ARP/ICMP go straight back out; DHCP and DNS go to the control thread)
 //! ```
+//!
+//! With `dataplane.lan_gro`, the socket hands over frames the NIC's GRO merged, up to 64 KiB
+//! each, with the kernel's note of how they were merged; a [`Segmenter`] cuts each back into
+//! wire-sized segments, in order, and every segment then takes the path of a frame that came
+//! alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cyphonic_gateway::{Egress, EgressDrop, Fragmenter, ReplyKind};
-use cyphonic_netio::{FrameMeta, PacketSocket};
+use cyphonic_gateway::{
+    Egress, EgressDrop, Fragmenter, GsoKind, ReplyKind, SegmentError, Segmenter,
+};
+use cyphonic_netio::{Coalesced, FrameMeta, LargeFrames, PacketSocket};
 use cyphonic_tunnel::{BUF_LEN, Buf, HEADROOM, Outgoing, RECV_BATCH, RecvBuffers, Submitter};
 use cyphonic_wire::TAG_LEN;
 
@@ -21,6 +28,15 @@ use crate::services::Client;
 /// Where a captured frame starts in its buffer, so that its IP packet (behind the 14-byte
 /// Ethernet header) lands on the tunnel header's end.
 pub const FRAME_OFFSET: usize = HEADROOM - 14;
+/// The most of a frame its buffer holds.
+const FRAME_ROOM: usize = BUF_LEN - TAG_LEN - FRAME_OFFSET;
+
+/// What the capture thread answers on the LAN with: a buffer for the reply and the ICMP
+/// error rate limit.
+struct Replies {
+    buf: [u8; BUF_LEN],
+    icmp: RateLimit,
+}
 
 /// A token bucket for the ICMP errors the gateway originates (RFC 1812 §4.3.2.8).
 struct RateLimit {
@@ -49,6 +65,8 @@ pub struct Capture {
     pub(crate) shared: Arc<Shared>,
     pub(crate) sock: PacketSocket,
     pub(crate) submitter: Submitter,
+    /// The socket hands over coalesced frames (`dataplane.lan_gro`).
+    pub(crate) coalesced: bool,
 }
 
 impl Capture {
@@ -56,19 +74,24 @@ impl Capture {
     pub fn run(mut self) {
         let shared = self.shared.clone();
         let pool = &shared.tunnel.pool;
-        let mut icmp = RateLimit {
-            tokens: 200.0,
-            last: Instant::now(),
-            per_sec: 200.0,
+        let mut replies = Replies {
+            buf: [0u8; BUF_LEN],
+            icmp: RateLimit {
+                tokens: 200.0,
+                last: Instant::now(),
+                per_sec: 200.0,
+            },
         };
-        let mut reply = [0u8; BUF_LEN];
-        let mut rx = RecvBuffers::new(FRAME_OFFSET..BUF_LEN - TAG_LEN);
+        let mut rx = RecvBuffers::new(FRAME_OFFSET..FRAME_OFFSET + FRAME_ROOM);
         let mut meta = [FrameMeta::default(); RECV_BATCH];
+        let mut large = self.coalesced.then(|| LargeFrames::new(FRAME_ROOM));
         while self.shared.tunnel.is_running() {
             self.submitter.handle_events();
             let sock = &mut self.sock;
-            let Some(received) = rx.receive(pool, |slices| sock.recv_batch(slices, &mut meta))
-            else {
+            let Some(received) = rx.receive(pool, |slices| match large.as_mut() {
+                Some(large) => sock.recv_batch_large(slices, &mut meta, large),
+                None => sock.recv_batch(slices, &mut meta),
+            }) else {
                 bump(&self.shared.tunnel.counters.drop_no_buffer);
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
@@ -85,8 +108,13 @@ impl Capture {
                 continue;
             }
             let now = Instant::now();
-            for (buf, m) in frames.zip(meta) {
-                self.handle(buf, m, now, &mut icmp, &mut reply);
+            for (slot, (buf, m)) in frames.zip(meta).enumerate() {
+                match (m.coalesced, large.as_mut()) {
+                    (Some(how), Some(large)) if !m.outgoing => {
+                        self.cut(buf, slot, m, how, large, now, &mut replies);
+                    }
+                    _ => self.handle(buf, m, now, &mut replies),
+                }
             }
             self.submitter.flush();
         }
@@ -94,14 +122,81 @@ impl Capture {
         tracing::debug!("capture thread stopped");
     }
 
-    fn handle(
+    /// Cuts the coalesced frame in `slot` into its segments and handles each as a frame of its
+    /// own, in order.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "handle's arguments and the frame's origin"
+    )]
+    fn cut(
         &mut self,
-        mut buf: Buf,
+        buf: Buf,
+        slot: usize,
         meta: FrameMeta,
+        how: Coalesced,
+        large: &mut LargeFrames,
         now: Instant,
-        icmp: &mut RateLimit,
-        reply: &mut [u8],
+        replies: &mut Replies,
     ) {
+        let shared = self.shared.clone();
+        let c = &shared.counters;
+        let pool = &shared.tunnel.pool;
+        let head = &buf[FRAME_OFFSET..FRAME_OFFSET + meta.len.min(FRAME_ROOM)];
+        let kind = match how.kind {
+            cyphonic_netio::GsoKind::TcpV4 => Some(GsoKind::Tcp),
+            cyphonic_netio::GsoKind::UdpL4 => Some(GsoKind::Udp),
+            cyphonic_netio::GsoKind::TcpV6 | cyphonic_netio::GsoKind::Other(_) => None,
+        };
+        let frame = if meta.truncated {
+            bump(&c.captured_truncated);
+            None
+        } else {
+            large.join(slot, head, meta.len)
+        };
+        let segmenter = match (frame, kind) {
+            (None, _) => Err(SegmentError::Malformed),
+            (Some(_), None) if how.kind == cyphonic_netio::GsoKind::TcpV6 => {
+                Err(SegmentError::NotIpv4)
+            }
+            (Some(_), None) => Err(SegmentError::Malformed),
+            (Some(frame), Some(kind)) => Segmenter::new(frame, kind, how.segment_size, FRAME_ROOM),
+        };
+        match segmenter {
+            Ok(mut segments) => {
+                bump(&c.coalesced);
+                loop {
+                    let Some(mut seg) = pool.take() else {
+                        bump(&shared.tunnel.counters.drop_no_buffer);
+                        break;
+                    };
+                    let Some(len) =
+                        segments.next_into(&mut seg[FRAME_OFFSET..FRAME_OFFSET + FRAME_ROOM])
+                    else {
+                        pool.put(seg);
+                        break;
+                    };
+                    bump(&c.segments);
+                    let one = FrameMeta {
+                        len,
+                        truncated: false,
+                        // The segmenter wrote whole checksums.
+                        checksum_partial: false,
+                        coalesced: None,
+                        ..meta
+                    };
+                    self.handle(seg, one, now, replies);
+                }
+            }
+            Err(SegmentError::NotIpv4) => {
+                bump(&c.captured);
+                bump(&c.drop_not_ipv4);
+            }
+            Err(_) => bump(&c.drop_coalesced),
+        }
+        pool.put(buf);
+    }
+
+    fn handle(&mut self, mut buf: Buf, meta: FrameMeta, now: Instant, replies: &mut Replies) {
         let shared = self.shared.clone();
         let c = &shared.counters;
         let pool = &shared.tunnel.pool;
@@ -113,7 +208,7 @@ impl Capture {
         if meta.truncated {
             bump(&c.captured_truncated);
         }
-        let held = meta.len.min(BUF_LEN - TAG_LEN - FRAME_OFFSET);
+        let held = meta.len.min(FRAME_ROOM);
         let frame = &mut buf[FRAME_OFFSET..FRAME_OFFSET + held];
         let verdict = if meta.vlan.is_some() {
             Egress::Drop(EgressDrop::Vlan)
@@ -123,7 +218,7 @@ impl Capture {
                 meta.len,
                 meta.checksum_partial,
                 &self.shared.table,
-                reply,
+                &mut replies.buf,
             )
         };
         match verdict {
@@ -135,9 +230,9 @@ impl Capture {
                     ReplyKind::TimeExceeded => &c.icmp_time_exceeded,
                 };
                 let is_error = matches!(kind, ReplyKind::FragNeeded | ReplyKind::TimeExceeded);
-                if is_error && !icmp.allow(now) {
+                if is_error && !replies.icmp.allow(now) {
                     bump(&c.icmp_rate_limited);
-                } else if self.sock.send(&reply[..len]).is_ok() {
+                } else if self.sock.send(&replies.buf[..len]).is_ok() {
                     bump(counter);
                 } else {
                     bump(&c.lan_send_failed);

@@ -114,8 +114,10 @@ pub struct BedOptions {
     pub wire_like_lan: bool,
     /// Also switch transmit checksum offload off on the LAN hosts (no partial checksums).
     pub lan_tx_checksum_off: bool,
-    /// Leave GRO on on the gateways' LAN side (the adapters run with
-    /// `disable_offloads = false`; plain routing keeps it on).
+    /// GRO on on the gateways' LAN side: the bed switches it on on their LAN veths and the
+    /// adapters run with `lan_gro = true` (they take coalesced frames and cut them back into
+    /// segments); plain routing keeps it on. Off: the adapters run with `lan_gro = false`
+    /// and switch GRO off themselves; plain routing turns it off too.
     pub lan_gro: bool,
     /// Peers' persistent keepalive, seconds (0 = off).
     pub persistent_keepalive: u64,
@@ -169,7 +171,7 @@ impl Default for BedOptions {
             dataplane_extra: String::new(),
             wire_like_lan: true,
             lan_tx_checksum_off: false,
-            lan_gro: false,
+            lan_gro: true,
             persistent_keepalive: 0,
             impair: None,
             lan_switch: false,
@@ -711,6 +713,9 @@ impl TwoSites {
         } else {
             veth(&lan, "eth0", &adapter_ns, "lan")?;
         }
+        if opts.lan_gro {
+            adapter_ns.exec("ethtool", &["-K", "lan", "gro", "on"])?;
+        }
         lan.ip(&["addr", "add", &format!("{host_ip}/24"), "dev", "eth0"])?;
         lan.ip(&["route", "add", "default", "via", &gateway.to_string()])?;
         if opts.wire_like_lan {
@@ -780,8 +785,8 @@ impl TwoSites {
         )?;
         writeln!(
             text,
-            "[dataplane]\nordering = {}\ndisable_offloads = {}\n{}\n",
-            opts.ordering, !opts.lan_gro, opts.dataplane_extra
+            "[dataplane]\nordering = {}\nlan_gro = {}\n{}\n",
+            opts.ordering, opts.lan_gro, opts.dataplane_extra
         )?;
         writeln!(
             text,

@@ -52,8 +52,8 @@ enum Command {
         /// Offered UDP rate, Mbit/s (0: as fast as possible).
         #[arg(long, default_value_t = 800)]
         udp: u64,
-        /// Leave GRO on on the gateways' LAN side (meaningful for `--plain`: the adapter cannot
-        /// take coalesced frames yet; they reach it truncated).
+        /// GRO on on the gateways' LAN side (the adapters take coalesced frames and cut them
+        /// back into segments, `lan_gro = true`); without it, the wire-like GRO-off profile.
         #[arg(long)]
         gro: bool,
         /// Plain kernel routing instead of the tunnel (the baseline).
@@ -434,13 +434,16 @@ fn tune(
         let s = bed.status(Side::A)?;
         let p = &s["pipelines"];
         println!(
-            "  adapter A: egress batches {} (inline {}), ingress batches {} (inline {}), drop_pipeline_full {}, out of order {}",
+            "  adapter A: egress batches {} (inline {}), ingress batches {} (inline {}), drop_pipeline_full {}, out of order {}, coalesced frames {} -> segments {} ({} refused)",
             p["egress"]["batches"],
             p["egress"]["inline_batches"],
             p["ingress"]["batches"],
             p["ingress"]["inline_batches"],
             s["counters"]["drop_pipeline_full"],
-            p["egress"]["out_of_order"]
+            p["egress"]["out_of_order"],
+            s["counters"]["coalesced"],
+            s["counters"]["segments"],
+            s["counters"]["drop_coalesced"]
         );
     }
     Ok(())
@@ -470,15 +473,19 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 fn bench(seconds: u64) -> anyhow::Result<String> {
+    let gro_off = BedOptions {
+        lan_gro: false,
+        ..BedOptions::default()
+    };
     eprintln!("bench: plain kernel routing ...");
     let plain = {
-        let bed = TwoSites::new(&BedOptions::default())?;
+        let bed = TwoSites::new(&gro_off)?;
         bed.route_plainly()?;
         measure_bed(&bed, seconds)?
     };
     eprintln!("bench: the cyphonic tunnel ...");
     let (tunnel, egress_ooo) = {
-        let mut bed = TwoSites::new(&BedOptions::default())?;
+        let mut bed = TwoSites::new(&gro_off)?;
         bed.start(Side::A)?;
         bed.start(Side::B)?;
         let r = measure_bed(&bed, seconds)?;
@@ -500,12 +507,43 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
                 // Every batch through the pool: inline batches never overtake anything, so
                 // they would hide what ordering does.
                 dataplane_extra: format!("batch_size = {batch}\ninline_max = 0"),
-                ..BedOptions::default()
+                ..gro_off.clone()
             };
             row.push(ablation_run(&opts, seconds)?);
         }
         ablation.push((batch, row));
     }
+
+    let gro_on = BedOptions {
+        lan_gro: true,
+        ..BedOptions::default()
+    };
+    eprintln!("bench: GRO on, plain kernel routing ...");
+    let plain_gro = {
+        let bed = TwoSites::new(&gro_on)?;
+        bed.route_plainly()?;
+        measure_gro(&bed, seconds)?
+    };
+    eprintln!("bench: GRO on, the cyphonic tunnel ...");
+    let (tunnel_gro, cut) = {
+        let mut bed = TwoSites::new(&gro_on)?;
+        bed.start(Side::A)?;
+        bed.start(Side::B)?;
+        let r = measure_gro(&bed, seconds)?;
+        let s = bed.status(Side::A)?;
+        let count = |k: &str| s["counters"][k].as_u64().unwrap_or(0);
+        (
+            r,
+            (
+                count("coalesced"),
+                count("segments"),
+                count("drop_coalesced"),
+                s["pipelines"]["egress"]["out_of_order"]
+                    .as_u64()
+                    .unwrap_or(u64::MAX),
+            ),
+        )
+    };
 
     let date = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
@@ -524,20 +562,11 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
         "| lanA -> lanB | plain kernel routing | cyphonic tunnel | tunnel / plain |"
     )?;
     writeln!(md, "|---|---:|---:|---:|")?;
-    for (label, p, t) in [
-        ("TCP, 1 stream", plain.tcp1, tunnel.tcp1),
-        ("TCP, 4 streams", plain.tcp4, tunnel.tcp4),
-    ] {
-        writeln!(
-            md,
-            "| {label} (Gbit/s; retransmits) | {:.2}; {} | {:.2}; {} | {} |",
-            p.gbps,
-            p.retransmits,
-            t.gbps,
-            t.retransmits,
-            ratio(t.gbps, p.gbps)
-        )?;
-    }
+    tcp_rows(
+        &mut md,
+        (plain.tcp1, plain.tcp4),
+        (tunnel.tcp1, tunnel.tcp4),
+    )?;
     let udp_cell = |u: &Option<Udp>| {
         u.map_or_else(
             || "under the lowest rate tried".to_owned(),
@@ -578,20 +607,10 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
         udp_cell(&Some(tunnel.big)),
         ratio(tunnel.big.received_mbps, plain.big.received_mbps)
     )?;
-    writeln!(
-        md,
-        "| ping RTT idle, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | added {:.3} / {:.3} |",
-        plain.idle.avg_ms,
-        plain.idle.p99_ms,
-        tunnel.idle.avg_ms,
-        tunnel.idle.p99_ms,
-        tunnel.idle.avg_ms - plain.idle.avg_ms,
-        tunnel.idle.p99_ms - plain.idle.p99_ms
-    )?;
-    writeln!(
-        md,
-        "| ping RTT while 1 TCP stream runs, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | |",
-        plain.loaded.avg_ms, plain.loaded.p99_ms, tunnel.loaded.avg_ms, tunnel.loaded.p99_ms
+    ping_rows(
+        &mut md,
+        (&plain.idle, &plain.loaded),
+        (&tunnel.idle, &tunnel.loaded),
     )?;
     writeln!(md)?;
     let tried = |v: &[Udp]| {
@@ -648,7 +667,104 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
         md,
         "Out-of-order packets emitted by adapter A's egress pipeline during the main tunnel runs: {egress_ooo}."
     )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "GRO-on profile: the same bed with GRO switched on on the gateways' LAN veths (LAN hosts still wire-like). Plain routing forwards the merged packets whole; the adapters (`lan_gro = true`, the default) take them with their offload header and cut them back into segments before sealing each."
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| lanA -> lanB, GRO on | plain kernel routing | cyphonic tunnel | tunnel / plain |"
+    )?;
+    writeln!(md, "|---|---:|---:|---:|")?;
+    tcp_rows(
+        &mut md,
+        (plain_gro.tcp1, plain_gro.tcp4),
+        (tunnel_gro.tcp1, tunnel_gro.tcp4),
+    )?;
+    ping_rows(
+        &mut md,
+        (&plain_gro.idle, &plain_gro.loaded),
+        (&tunnel_gro.idle, &tunnel_gro.loaded),
+    )?;
+    writeln!(md)?;
+    let (coalesced, segments, refused, ooo) = cut;
+    writeln!(
+        md,
+        "Adapter A in the GRO-on runs: {coalesced} coalesced frames cut into {segments} segments ({:.1} per frame), {refused} refused, {ooo} packets emitted out of order.",
+        if coalesced > 0 {
+            segments as f64 / coalesced as f64
+        } else {
+            0.0
+        }
+    )?;
     Ok(md)
+}
+
+/// The TCP rows of a plain-vs-tunnel table: (1 stream, 4 streams) of each.
+fn tcp_rows(md: &mut String, plain: (Tcp, Tcp), tunnel: (Tcp, Tcp)) -> std::fmt::Result {
+    for (label, p, t) in [
+        ("TCP, 1 stream", plain.0, tunnel.0),
+        ("TCP, 4 streams", plain.1, tunnel.1),
+    ] {
+        writeln!(
+            md,
+            "| {label} (Gbit/s; retransmits) | {:.2}; {} | {:.2}; {} | {} |",
+            p.gbps,
+            p.retransmits,
+            t.gbps,
+            t.retransmits,
+            ratio(t.gbps, p.gbps)
+        )?;
+    }
+    Ok(())
+}
+
+/// The RTT rows of a plain-vs-tunnel table: (idle, under one TCP stream) of each.
+fn ping_rows(
+    md: &mut String,
+    plain: (&PingStats, &PingStats),
+    tunnel: (&PingStats, &PingStats),
+) -> std::fmt::Result {
+    let ((pi, pl), (ti, tl)) = (plain, tunnel);
+    writeln!(
+        md,
+        "| ping RTT idle, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | added {:.3} / {:.3} |",
+        pi.avg_ms,
+        pi.p99_ms,
+        ti.avg_ms,
+        ti.p99_ms,
+        ti.avg_ms - pi.avg_ms,
+        ti.p99_ms - pi.p99_ms
+    )?;
+    writeln!(
+        md,
+        "| ping RTT while 1 TCP stream runs, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | |",
+        pl.avg_ms, pl.p99_ms, tl.avg_ms, tl.p99_ms
+    )
+}
+
+/// The GRO-on profile: idle RTT, TCP with 1 and 4 streams, RTT under one stream.
+struct GroResults {
+    tcp1: Tcp,
+    tcp4: Tcp,
+    idle: PingStats,
+    loaded: PingStats,
+}
+
+fn measure_gro(bed: &TwoSites, seconds: u64) -> anyhow::Result<GroResults> {
+    measure::ping(bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let idle = measure::ping(bed, Side::A, bed.b.host_ip, 300, Duration::from_millis(10))?;
+    let tcp1 = measure::tcp_median(bed, 1, seconds, RUNS)?;
+    let tcp4 = measure::tcp_median(bed, 4, seconds, RUNS)?;
+    let loaded = measure::ping_under_load(bed, 5)?;
+    Ok(GroResults {
+        tcp1,
+        tcp4,
+        idle,
+        loaded,
+    })
 }
 
 /// The many-peers table: a fresh bed per fleet size, the cloud and adapter A running.
