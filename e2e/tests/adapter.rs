@@ -538,3 +538,61 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
         assert_eq!(t.2, 0, "{t:?} must keep the normal scheduler");
     }
 }
+
+/// `lan_gro = true` (the default): the adapter's LAN veth merges the LAN host's wire-sized
+/// segments (GRO on), the adapter cuts them back and the data arrives intact. With
+/// `lan_gro = false` the adapter switches GRO off itself and sees only wire-sized frames.
+#[test]
+fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
+    for lan_gro in [true, false] {
+        let bed = bed(&BedOptions {
+            lan_gro,
+            ..BedOptions::default()
+        });
+        ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+        let input = bed.tmp().join("in.bin");
+        let output = bed.tmp().join("out.bin");
+        random_file(&input, 32 << 20);
+        let receive = format!("exec nc -l 5555 > {}", output.display());
+        let server = bed
+            .b
+            .lan
+            .spawn("timeout", &["60", "sh", "-c", &receive])
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let send = format!(
+            "exec nc -N -q 1 {} 5555 < {}",
+            bed.b.host_ip,
+            input.display()
+        );
+        let out = bed
+            .a
+            .lan
+            .exec_output("timeout", &["60", "sh", "-c", &send])
+            .unwrap();
+        assert!(out.status.success(), "lan_gro = {lan_gro}\n{}", bed.logs());
+        server.wait(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            sha256(&bed.b.lan, &output),
+            sha256(&bed.a.lan, &input),
+            "lan_gro = {lan_gro}: the data changed on the way"
+        );
+        let s = bed.status(Side::A).unwrap();
+        let count = |k: &str| s["counters"][k].as_u64().unwrap();
+        let gro = bed.a.adapter_ns.exec("ethtool", &["-k", "lan"]).unwrap();
+        if lan_gro {
+            assert!(gro.contains("generic-receive-offload: on"), "{gro}");
+            assert!(
+                count("coalesced") > 0 && count("segments") > 2 * count("coalesced"),
+                "GRO merged nothing, or the adapter did not cut: {}",
+                s["counters"]
+            );
+        } else {
+            assert!(gro.contains("generic-receive-offload: off"), "{gro}");
+            assert_eq!(count("coalesced"), 0, "{}", s["counters"]);
+        }
+        assert_eq!(count("drop_coalesced"), 0, "{}", s["counters"]);
+        assert_eq!(count("captured_truncated"), 0, "{}", s["counters"]);
+        assert_eq!(out_of_order(&bed, Side::A), (0, 0));
+    }
+}
