@@ -1,0 +1,439 @@
+//! Coalescing for the LAN side (GRO, done here): consecutive TCP segments of one flow, out of
+//! the tunnel in order, go to the device as one large frame that the kernel segments again
+//! (GSO, or the NIC's TSO), so the LAN side pays one trip per run instead of per segment.
+//!
+//! A run is what Linux's GRO would merge (`tcp_gro_receive`): same Ethernet header, IPv4
+//! without options, not a fragment, the same addresses, TOS, TTL and DF; TCP with the same
+//! ports, acknowledgement number, window, flags and option bytes, sequence numbers that
+//! continue each other, and payloads of one size (the last may be shorter; a shorter one or
+//! one with PSH ends the run). SYN, FIN, RST, URG and CWR segments travel alone. Every segment
+//! of a run must carry a valid TCP checksum: coalescing replaces the checksums, so it must
+//! never turn a damaged segment into a good one.
+//!
+//! [`tcp_run`] finds a run at the start of a list of frames; [`merge_headers`] turns the first
+//! frame's headers into those of the whole run (IP total length and header checksum; the TCP
+//! checksum field gets the pseudo-header sum the offload completes) and [`restore_headers`]
+//! undoes that, should the kernel refuse the merged frame.
+
+use std::net::Ipv4Addr;
+
+use crate::ipv4::{self, PROTO_TCP};
+use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, IPV4_MIN_HEADER, checksum};
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_PSH: u8 = 0x08;
+const TCP_ACK: u8 = 0x10;
+const TCP_URG: u8 = 0x20;
+const TCP_CWR: u8 = 0x80;
+/// Flags that keep a segment out of any run.
+const ALONE: u8 = TCP_SYN | TCP_FIN | TCP_RST | TCP_URG | TCP_CWR;
+const HEADERS_START: usize = ETH_HEADER_LEN + IPV4_MIN_HEADER;
+
+/// A run of frames to send as one (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpRun {
+    /// Frames in the run, the first included (at least 2).
+    pub count: usize,
+    /// Ethernet, IP and TCP headers of each frame: the first frame is sent whole, the others
+    /// from this offset on (their payload).
+    pub headers: usize,
+    /// Payload bytes of every segment but the last (the segment size the offload cuts at).
+    pub segment_size: u16,
+    /// Payload bytes of the whole run.
+    pub payload: usize,
+}
+
+/// The fields of one segment's headers that a run compares.
+struct Seg<'a> {
+    frame: &'a [u8],
+    /// TCP header length.
+    doff: usize,
+    payload: usize,
+    seq: u32,
+    flags: u8,
+}
+
+fn parse(frame: &[u8]) -> Option<Seg<'_>> {
+    if frame.len() < HEADERS_START + 20
+        || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4
+    {
+        return None;
+    }
+    let ip = &frame[ETH_HEADER_LEN..];
+    // Version 4, no options; TCP; the whole frame is the packet (no padding); not a fragment.
+    if ip[0] != 0x45
+        || ip[9] != PROTO_TCP
+        || usize::from(u16::from_be_bytes([ip[2], ip[3]])) != ip.len()
+        || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
+    {
+        return None;
+    }
+    let t = &ip[IPV4_MIN_HEADER..];
+    let doff = usize::from(t[12] >> 4) * 4;
+    if doff < 20 || doff > t.len() {
+        return None;
+    }
+    Some(Seg {
+        frame,
+        doff,
+        payload: t.len() - doff,
+        seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
+        flags: t[13],
+    })
+}
+
+/// Whether the TCP checksum of `s` is right.
+fn checksum_ok(s: &Seg<'_>) -> bool {
+    let ip = &s.frame[ETH_HEADER_LEN..];
+    let (src, dst) = addresses(ip);
+    let t = &ip[IPV4_MIN_HEADER..];
+    let stored = u16::from_be_bytes([t[16], t[17]]);
+    let computed = checksum::transport(t, src, dst, PROTO_TCP, 8);
+    // One's complement has two zeros; a sender may write either.
+    stored == computed || (computed == 0 && stored == 0xffff)
+}
+
+fn addresses(ip: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
+    (
+        Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+        Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+    )
+}
+
+/// Whether `next` may follow `prev` in a run that `first` starts.
+fn continues(first: &Seg<'_>, prev: &Seg<'_>, next: &Seg<'_>) -> bool {
+    let (f, n) = (first.frame, next.frame);
+    let headers = HEADERS_START + first.doff;
+    next.doff == first.doff
+        && next.payload > 0
+        && next.payload <= first.payload
+        && next.seq == prev.seq.wrapping_add(u32::try_from(prev.payload).unwrap_or(0))
+        && next.flags & !TCP_PSH == first.flags
+        // Ethernet header.
+        && f[..ETH_HEADER_LEN] == n[..ETH_HEADER_LEN]
+        // IP: version/IHL and TOS; flags (DF), TTL and protocol; addresses.
+        && f[14..16] == n[14..16]
+        && f[20..24] == n[20..24]
+        && f[26..34] == n[26..34]
+        // TCP: ports; acknowledgement number; data offset, flags (compared above), window;
+        // urgent pointer and options.
+        && f[34..38] == n[34..38]
+        && f[42..46] == n[42..46]
+        && f[48..50] == n[48..50]
+        && f[52..headers] == n[52..headers]
+}
+
+/// The run of segments at the start of `frames` that can go out as one frame, if the first
+/// two already make one. Runs stop at `max_count` frames and before the IP packet would pass
+/// 65,535 bytes.
+pub fn tcp_run(frames: &[&[u8]], max_count: usize) -> Option<TcpRun> {
+    let first = parse(frames.first()?)?;
+    if first.flags & ALONE != 0
+        || first.flags & TCP_ACK == 0
+        || first.flags & TCP_PSH != 0
+        || first.payload == 0
+    {
+        return None;
+    }
+    let headers = HEADERS_START + first.doff;
+    let mut prev_ok = false;
+    let mut count = 1;
+    let mut payload = first.payload;
+    let mut prev = parse(frames[0])?;
+    for frame in frames.iter().take(max_count).skip(1) {
+        let Some(next) = parse(frame) else { break };
+        if !continues(&first, &prev, &next)
+            || headers - ETH_HEADER_LEN + payload + next.payload > usize::from(u16::MAX)
+        {
+            break;
+        }
+        if !prev_ok {
+            // The first segment is checked only once a second one could join it.
+            if !checksum_ok(&first) {
+                return None;
+            }
+            prev_ok = true;
+        }
+        if !checksum_ok(&next) {
+            break;
+        }
+        count += 1;
+        payload += next.payload;
+        let last = next.payload < first.payload || next.flags & TCP_PSH != 0;
+        prev = next;
+        if last {
+            break;
+        }
+    }
+    (count > 1).then(|| TcpRun {
+        count,
+        headers,
+        segment_size: u16::try_from(first.payload).unwrap_or(u16::MAX),
+        payload,
+    })
+}
+
+/// Rewrites the first frame of `run` (`frame`, its own bytes only) to head the whole run: IP
+/// total length and header checksum, the TCP checksum field set to the pseudo-header sum that
+/// checksum offload expects (`CHECKSUM_PARTIAL`), and the PSH flag of the run's last segment
+/// (`last_flags`).
+pub fn merge_headers(frame: &mut [u8], run: &TcpRun, last_flags: u8) {
+    let ip = &mut frame[ETH_HEADER_LEN..];
+    let tcp_len = run.headers - HEADERS_START + run.payload;
+    let total = u16::try_from(IPV4_MIN_HEADER + tcp_len).unwrap_or(u16::MAX);
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
+    ip[IPV4_MIN_HEADER + 13] |= last_flags & TCP_PSH;
+    let (src, dst) = addresses(ip);
+    let sum = checksum::pseudo_header(src, dst, PROTO_TCP, tcp_len);
+    ip[IPV4_MIN_HEADER + 16..IPV4_MIN_HEADER + 18].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// Undoes [`merge_headers`] on a frame whose own payload is `frame.len() - run.headers`:
+/// its own total length, header checksum, flags (`flags`, as they were) and full TCP
+/// checksum.
+pub fn restore_headers(frame: &mut [u8], flags: u8) {
+    let ip = &mut frame[ETH_HEADER_LEN..];
+    let total = u16::try_from(ip.len()).unwrap_or(u16::MAX);
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
+    ip[IPV4_MIN_HEADER + 13] = flags;
+    let (src, dst) = addresses(ip);
+    let t = &mut ip[IPV4_MIN_HEADER..];
+    let sum = checksum::transport(t, src, dst, PROTO_TCP, 8);
+    t[16..18].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// The TCP flags of a frame [`tcp_run`] accepted (to restore or merge with).
+pub fn tcp_flags(frame: &[u8]) -> u8 {
+    frame.get(HEADERS_START + 13).copied().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::{GsoKind, Segmenter};
+    use crate::testutil::checksums_ok;
+
+    const ACK: u8 = TCP_ACK;
+
+    /// A wire frame of one TCP segment with valid checksums.
+    fn seg(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let opts = [1u8, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]; // NOP NOP timestamps
+        let total = 20 + 20 + opts.len() + payload.len();
+        let mut f = vec![0u8; ETH_HEADER_LEN + total];
+        f[..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        let ip = &mut f[ETH_HEADER_LEN..];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&u16::try_from(total).unwrap().to_be_bytes());
+        ip[4..6].copy_from_slice(&seq.to_be_bytes()[2..]);
+        ip[6] = 0x40;
+        ip[8] = 63;
+        ip[9] = PROTO_TCP;
+        ip[12..16].copy_from_slice(&[100, 64, 1, 10]);
+        ip[16..20].copy_from_slice(&[100, 64, 2, 20]);
+        ipv4::fill_header_checksum(ip, 20);
+        let t = &mut ip[20..];
+        t[0..2].copy_from_slice(&5201u16.to_be_bytes());
+        t[2..4].copy_from_slice(&40000u16.to_be_bytes());
+        t[4..8].copy_from_slice(&seq.to_be_bytes());
+        t[8..12].copy_from_slice(&99u32.to_be_bytes());
+        t[12] = 8 << 4;
+        t[13] = flags;
+        t[14..16].copy_from_slice(&1000u16.to_be_bytes());
+        t[20..32].copy_from_slice(&opts);
+        t[32..].copy_from_slice(payload);
+        let sum = checksum::transport(
+            t,
+            Ipv4Addr::new(100, 64, 1, 10),
+            Ipv4Addr::new(100, 64, 2, 20),
+            PROTO_TCP,
+            8,
+        );
+        t[16..18].copy_from_slice(&sum.to_be_bytes());
+        f
+    }
+
+    /// Makes both checksums of a frame right again after a test edited it.
+    fn refix(f: &mut [u8]) {
+        ipv4::fill_header_checksum(&mut f[14..], 20);
+        restore_headers(f, tcp_flags(f));
+    }
+
+    fn stream(sizes: &[usize], last_flags: u8) -> (Vec<Vec<u8>>, Vec<u8>) {
+        let mut seq = 0xffff_fff0u32; // wraps inside the run
+        let mut frames = Vec::new();
+        let mut data = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let payload: Vec<u8> = (0..n).map(|k| (data.len() + k).to_le_bytes()[0]).collect();
+            let flags = if i + 1 == sizes.len() {
+                ACK | last_flags
+            } else {
+                ACK
+            };
+            frames.push(seg(seq, flags, &payload));
+            seq = seq.wrapping_add(u32::try_from(n).unwrap());
+            data.extend_from_slice(&payload);
+        }
+        (frames, data)
+    }
+
+    fn run_of(frames: &[Vec<u8>]) -> Option<TcpRun> {
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        tcp_run(&refs, 64)
+    }
+
+    /// Merges like the adapter does and cuts the result like the kernel's GSO would: the
+    /// segments must be the original frames, byte for byte, bar the IP ID.
+    fn merged_then_cut(frames: &[Vec<u8>], run: &TcpRun) -> Vec<Vec<u8>> {
+        let mut first = frames[0].clone();
+        let last_flags = tcp_flags(&frames[run.count - 1]);
+        merge_headers(&mut first, run, last_flags);
+        let mut big = first;
+        for f in &frames[1..run.count] {
+            big.extend_from_slice(&f[run.headers..]);
+        }
+        assert_eq!(big.len(), run.headers + run.payload);
+        // Segmenter treats the IP header like GRO output: its checksum must be valid.
+        let mut s = Segmenter::new(&big, GsoKind::Tcp, run.segment_size, 4096).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Some(n) = s.next_into(&mut buf) {
+            out.push(buf[..n].to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn a_stream_of_full_segments_is_one_run_that_cuts_back_into_itself() {
+        let (frames, _) = stream(&[1448; 10], TCP_PSH);
+        let run = run_of(&frames).unwrap();
+        assert_eq!(
+            (run.count, run.segment_size, run.payload),
+            (10, 1448, 14480)
+        );
+        assert_eq!(run.headers, 14 + 20 + 32);
+        let cut = merged_then_cut(&frames, &run);
+        assert_eq!(cut.len(), 10);
+        for (a, b) in cut.iter().zip(&frames) {
+            assert!(checksums_ok(&a[14..]));
+            // Everything but the IP ID and the header checksum that covers it.
+            assert!(a[..18] == b[..18] && a[20..24] == b[20..24] && a[26..] == b[26..]);
+        }
+    }
+
+    #[test]
+    fn a_short_segment_or_psh_ends_the_run() {
+        let (frames, _) = stream(&[1000, 1000, 600, 1000], 0);
+        assert_eq!(
+            run_of(&frames).unwrap().count,
+            3,
+            "the short one is the last"
+        );
+        let (mut frames, _) = stream(&[1000, 1000, 1000, 1000], 0);
+        frames[1][14 + 33] |= TCP_PSH;
+        refix(&mut frames[1]);
+        let run = run_of(&frames).unwrap();
+        assert_eq!(run.count, 2, "PSH ends it");
+        let cut = merged_then_cut(&frames, &run);
+        assert_eq!(cut[0][14 + 33], ACK, "PSH only on the last");
+        assert_eq!(cut[1][14 + 33], ACK | TCP_PSH);
+        let (frames, _) = stream(&[1000, 1200], 0);
+        assert_eq!(
+            run_of(&frames),
+            None,
+            "a larger second segment is not a run"
+        );
+    }
+
+    #[test]
+    fn segments_that_differ_or_travel_alone_are_not_merged() {
+        let (base, _) = stream(&[500, 500, 500], 0);
+        let refs = |v: &[Vec<u8>]| v.to_vec();
+        // A gap in the sequence.
+        let mut gap = refs(&base);
+        gap[1] = seg(0xffff_fff0u32.wrapping_add(501), ACK, &[7; 500]);
+        assert_eq!(run_of(&gap), None);
+        // Other flags on the first.
+        for flags in [
+            TCP_SYN | ACK,
+            TCP_FIN | ACK,
+            TCP_RST | ACK,
+            TCP_URG | ACK,
+            TCP_CWR | ACK,
+            TCP_PSH | ACK,
+            0,
+        ] {
+            let mut v = refs(&base);
+            v[0] = seg(0xffff_fff0, flags, &[0; 500]);
+            assert_eq!(run_of(&v), None, "flags {flags:#x}");
+        }
+        // A different header byte anywhere that must match: TTL, destination, port, ack, window, option.
+        for at in [14 + 8, 14 + 19, 14 + 22, 14 + 31, 14 + 35, 14 + 50] {
+            let mut v = refs(&base);
+            v[1][at] ^= 1;
+            refix(&mut v[1]);
+            assert!(run_of(&[v[1].clone()]).is_none() && checksums_ok(&v[1][14..]));
+            assert_eq!(run_of(&v), None, "byte {at} differs");
+        }
+        // A damaged payload (checksum wrong) is never merged, neither first nor later.
+        let mut v = refs(&base);
+        let last = v[1].len() - 1;
+        v[1][last] ^= 0xff;
+        assert_eq!(run_of(&v), None);
+        let mut v = refs(&base);
+        let last = v[0].len() - 1;
+        v[0][last] ^= 0xff;
+        assert_eq!(run_of(&v), None);
+        let mut v = refs(&base);
+        let last = v[2].len() - 1;
+        v[2][last] ^= 0xff;
+        assert_eq!(
+            run_of(&v).unwrap().count,
+            2,
+            "the run stops before the damaged one"
+        );
+        // Not IPv4, IP options, no payload, garbage: no run, no panic.
+        let mut v = refs(&base);
+        v[0][14] = 0x46;
+        assert_eq!(run_of(&v), None);
+        let mut v = refs(&base);
+        v[1][12] = 0x86; // an IPv6 ethertype
+        assert_eq!(run_of(&v), None);
+        let (empty, _) = stream(&[0, 0], 0);
+        assert_eq!(run_of(&empty), None);
+        for len in 0..80 {
+            let junk = vec![0x45u8; len];
+            assert_eq!(tcp_run(&[&junk, &junk], 64), None);
+        }
+        assert_eq!(tcp_run(&[], 64), None);
+    }
+
+    #[test]
+    fn runs_stop_at_the_count_and_below_64_kib() {
+        let (frames, _) = stream(&[1448; 60], 0);
+        assert_eq!(
+            run_of(&frames).unwrap().count,
+            45,
+            "45 * 1448 + 52 fits, 46 would not"
+        );
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        assert_eq!(tcp_run(&refs, 7).unwrap().count, 7);
+    }
+
+    #[test]
+    fn restore_gives_back_the_frame_as_it_was() {
+        let (frames, _) = stream(&[800, 800, 800], TCP_PSH);
+        let run = run_of(&frames).unwrap();
+        let mut first = frames[0].clone();
+        let flags = tcp_flags(&first);
+        merge_headers(&mut first, &run, tcp_flags(&frames[2]));
+        assert_ne!(first, frames[0]);
+        restore_headers(&mut first, flags);
+        assert_eq!(first, frames[0]);
+    }
+}
