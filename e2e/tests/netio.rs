@@ -721,3 +721,145 @@ fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_strea
     let missing = got.iter().filter(|g| !**g).count();
     assert_eq!(missing, 0, "every byte of the stream was in a segment");
 }
+
+/// The ones'-complement sum of the IPv4 pseudo-header and the TCP segment in `ip` (a whole
+/// IPv4 packet without options): 0xffff when the TCP checksum is right.
+fn tcp_sum(ip: &[u8]) -> u32 {
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let t = &ip[ihl..total];
+    let mut sum: u32 = 6 + t.len() as u32;
+    for c in ip[12..20].chunks(2).chain(t.chunks(2)) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum
+}
+
+/// An Ethernet frame of one TCP/IPv4 segment (ACK, timestamps) with valid checksums.
+fn tcp_segment(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+    let total = 20 + 32 + payload.len();
+    let mut f = frame([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1], 0x0800, total, 0);
+    let ip = &mut f[14..];
+    ip[..20].copy_from_slice(&[
+        0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0, 198, 51, 100, 1, 198, 51, 100, 2,
+    ]);
+    ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    let mut sum: u32 = ip[..20]
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let t = &mut ip[20..];
+    t[..20].copy_from_slice(&[
+        0x9c, 0x40, 0x14, 0x51, 0, 0, 0, 0, 0, 0, 0, 7, 0x80, flags, 0x01, 0xf5, 0, 0, 0, 0,
+    ]);
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    t[20..32].copy_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
+    t[32..].copy_from_slice(payload);
+    let sum = tcp_sum(ip);
+    ip[36..38].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    assert_eq!(tcp_sum(&f[14..]), 0xffff);
+    f
+}
+
+/// Segments merged by the gateway's coalescing go out through a device that cannot segment or
+/// checksum (TSO and transmit checksumming off): the kernel cuts them in software, and what
+/// reaches the wire is the original segments with checksums it completed from the
+/// pseudo-header sum we left. Frames without offload pass as they are.
+#[test]
+fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
+    use cyphonic_netio::{Gathered, TcpGso};
+
+    require_root();
+    let ns = Netns::new("nms").unwrap();
+    veth(&ns, "ms0", &ns, "mr0").unwrap();
+    ns.exec("ethtool", &["-K", "ms0", "tso", "off", "tx", "off"])
+        .unwrap();
+    let segments: Vec<Vec<u8>> = (0..20u32)
+        .map(|i| {
+            let payload: Vec<u8> = (0..1000u32).map(|k| ((i * 1000 + k) % 251) as u8).collect();
+            tcp_segment(
+                1_000_000 + i * 1000,
+                if i == 19 { 0x18 } else { 0x10 },
+                &payload,
+            )
+        })
+        .collect();
+    let to_send = segments.clone();
+    let received = inside(&ns, move || {
+        let segments = to_send;
+        let tx_if = Interface::lookup_up("ms0").unwrap();
+        let rx_if = Interface::lookup_up("mr0").unwrap();
+        let opts = PacketOptions {
+            coalesced: true,
+            ..PacketOptions::default()
+        };
+        let tx = PacketSocket::open(&tx_if, &opts).unwrap();
+        let mut rx = PacketSocket::open(&rx_if, &PacketOptions::default()).unwrap();
+        let refs: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
+        let run = cyphonic_gateway::tcp_run(&refs, 64).unwrap();
+        assert_eq!(run.count, 20, "one run");
+        let mut first = segments[0].clone();
+        cyphonic_gateway::merge_headers(&mut first, &run, 0x18);
+        let mut parts: Vec<&[u8]> = vec![&first];
+        parts.extend(segments[1..].iter().map(|s| &s[run.headers..]));
+        // Then one frame alone, without offload.
+        let alone = frame([0xff; 6], tx_if.mac, EXPERIMENTAL, 100, 3);
+        parts.push(&alone);
+        let messages = [
+            Gathered {
+                parts: 0..20,
+                gso: Some(TcpGso {
+                    headers: run.headers as u16,
+                    tcp_start: 34,
+                    segment_size: run.segment_size,
+                }),
+            },
+            Gathered {
+                parts: 20..21,
+                gso: None,
+            },
+        ];
+        let mut refusals = Vec::new();
+        let sent = tx.send_gathered(&parts, &messages, |m, e| refusals.push((m, e.to_string())));
+        assert_eq!((sent, refusals), (2, vec![]));
+        drain(&mut rx, 2048, Duration::from_millis(500))
+    });
+    let tcp: Vec<_> = received
+        .iter()
+        .filter(|(f, _)| f[12..14] == [8, 0] && f[23] == 6)
+        .collect();
+    assert_eq!(
+        tcp.len(),
+        20,
+        "the kernel cut the merged frame into 20 segments"
+    );
+    for (i, (f, m)) in tcp.iter().enumerate() {
+        assert!(
+            !m.checksum_partial,
+            "transmit checksumming is off: all completed"
+        );
+        assert_eq!(tcp_sum(&f[14..]), 0xffff, "segment {i}: TCP checksum");
+        let want = &segments[i];
+        // Everything but the IP ID and header checksum (the kernel numbers them itself).
+        assert_eq!(f[..18], want[..18], "segment {i}");
+        assert_eq!(f[20..24], want[20..24], "segment {i}");
+        assert_eq!(
+            f[26..],
+            want[26..],
+            "segment {i}: headers, flags and payload"
+        );
+    }
+    assert!(
+        received
+            .iter()
+            .any(|(f, _)| f[12..14] == EXPERIMENTAL.to_be_bytes() && f[14] == 3),
+        "the frame without offload arrived"
+    );
+}

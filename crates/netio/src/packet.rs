@@ -103,6 +103,40 @@ pub enum GsoKind {
     Other(u8),
 }
 
+/// One message of [`PacketSocket::send_gathered`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gathered {
+    /// Which parts make the message, in order.
+    pub parts: std::ops::Range<usize>,
+    /// Cut into TCP segments on the way out, if set.
+    pub gso: Option<TcpGso>,
+}
+
+/// How the kernel is to cut a large TCP/IPv4 frame: its headers (Ethernet, IP, TCP) are
+/// copied into every segment; the TCP checksum field holds the pseudo-header sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpGso {
+    /// Bytes of Ethernet, IP and TCP headers.
+    pub headers: u16,
+    /// Where the TCP header starts (Ethernet and IP headers).
+    pub tcp_start: u16,
+    /// Payload bytes per segment.
+    pub segment_size: u16,
+}
+
+/// The `virtio_net_hdr` asking for TCP/IPv4 segmentation and checksum completion.
+fn vnet_tcp4(gso: TcpGso) -> [u8; VNET_HDR_LEN] {
+    const TCP_CHECKSUM_OFFSET: u16 = 16;
+    let mut h = [0u8; VNET_HDR_LEN];
+    h[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+    h[1] = VIRTIO_NET_HDR_GSO_TCPV4;
+    h[2..4].copy_from_slice(&gso.headers.to_ne_bytes());
+    h[4..6].copy_from_slice(&gso.segment_size.to_ne_bytes());
+    h[6..8].copy_from_slice(&gso.tcp_start.to_ne_bytes());
+    h[8..10].copy_from_slice(&TCP_CHECKSUM_OFFSET.to_ne_bytes());
+    h
+}
+
 /// Room for the parts of frames that do not fit the caller's buffers, one area per slot of a
 /// batch: where coalesced frames (up to [`LARGE_FRAME`] bytes) land. About 4 MiB, allocated
 /// once; the kernel only touches the pages large frames reach.
@@ -241,6 +275,12 @@ impl PacketSocket {
         self.promiscuous
     }
 
+    /// Whether frames carry offload headers ([`PacketOptions::coalesced`]): coalesced frames
+    /// may arrive, and [`Self::send_gathered`] can ask for segmentation.
+    pub const fn coalesced(&self) -> bool {
+        self.coalesced
+    }
+
     /// The receive buffer the kernel granted, in bytes.
     pub const fn recv_buffer(&self) -> usize {
         self.recv_buffer
@@ -365,6 +405,30 @@ impl PacketSocket {
         if self.coalesced { &VNET_HDR_NONE } else { &[] }
     }
 
+    /// Sends messages gathered from pieces, each one frame on the wire or, with `gso`, one
+    /// large TCP frame that the kernel cuts into segments on the way out (GSO, or the NIC's
+    /// TSO): message `m` is `parts[messages[m].parts]`, the first part holding the frame's
+    /// headers. Needs a socket opened with [`PacketOptions::coalesced`] for `gso`. Returns how
+    /// many messages were sent; each refused one is reported to `refused` with its index.
+    pub fn send_gathered(
+        &self,
+        parts: &[&[u8]],
+        messages: &[Gathered],
+        refused: impl FnMut(usize, io::Error),
+    ) -> usize {
+        let mut heads = [VNET_HDR_NONE; MAX_BATCH];
+        let mut ranges: [std::ops::Range<usize>; MAX_BATCH] = std::array::from_fn(|_| 0..0);
+        let n = messages.len().min(MAX_BATCH);
+        for (m, msg) in messages[..n].iter().enumerate() {
+            ranges[m] = msg.parts.clone();
+            if let Some(gso) = msg.gso {
+                heads[m] = vnet_tcp4(gso);
+            }
+        }
+        let heads: &[[u8; VNET_HDR_LEN]] = if self.coalesced { &heads[..n] } else { &[] };
+        sys::sendmmsg_gather(self.fd.as_raw_fd(), heads, parts, &ranges[..n], refused)
+    }
+
     /// A second handle on the same socket, for sending from another thread.
     ///
     /// # Errors
@@ -408,6 +472,11 @@ fn parse_vnet(h: &[u8; VNET_HDR_LEN]) -> (bool, Option<Coalesced>) {
 mod tests {
     use super::*;
 
+    const TCP4_1448: Coalesced = Coalesced {
+        kind: GsoKind::TcpV4,
+        segment_size: 1448,
+    };
+
     #[test]
     fn vnet_headers_are_read_in_host_order() {
         let mut h = [0u8; VNET_HDR_LEN];
@@ -417,20 +486,24 @@ mod tests {
         h[1] = VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_ECN;
         h[2..4].copy_from_slice(&66u16.to_ne_bytes());
         h[4..6].copy_from_slice(&1448u16.to_ne_bytes());
-        assert_eq!(
-            parse_vnet(&h),
-            (
-                true,
-                Some(Coalesced {
-                    kind: GsoKind::TcpV4,
-                    segment_size: 1448
-                })
-            )
-        );
+        assert_eq!(parse_vnet(&h), (true, Some(TCP4_1448)));
         h[1] = VIRTIO_NET_HDR_GSO_UDP_L4;
         assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::UdpL4);
         h[1] = VIRTIO_NET_HDR_GSO_UDP;
         assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::Other(3));
+    }
+
+    #[test]
+    fn tcp_segmentation_header_reads_back() {
+        let h = vnet_tcp4(TcpGso {
+            headers: 66,
+            tcp_start: 34,
+            segment_size: 1448,
+        });
+        assert_eq!(parse_vnet(&h), (true, Some(TCP4_1448)));
+        assert_eq!(u16::from_ne_bytes([h[2], h[3]]), 66);
+        assert_eq!(u16::from_ne_bytes([h[6], h[7]]), 34);
+        assert_eq!(u16::from_ne_bytes([h[8], h[9]]), 16);
     }
 
     #[test]

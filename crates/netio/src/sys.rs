@@ -367,6 +367,71 @@ pub(crate) fn sendmmsg(
     (sent, failed, last_error)
 }
 
+/// `sendmmsg(2)` of messages gathered from pieces: message `m` is `heads[m]` (if `heads` is
+/// not empty) followed by `parts[messages[m]]`. At most [`MAX_BATCH`] messages and parts. A
+/// message the kernel refuses is reported to `refused` and skipped. Returns how many were sent.
+pub(crate) fn sendmmsg_gather<const H: usize>(
+    fd: libc::c_int,
+    heads: &[[u8; H]],
+    parts: &[&[u8]],
+    messages: &[std::ops::Range<usize>],
+    mut refused: impl FnMut(usize, io::Error),
+) -> usize {
+    assert!(parts.len() <= MAX_BATCH && messages.len() <= MAX_BATCH);
+    assert!(heads.is_empty() || heads.len() >= messages.len());
+    // SAFETY: iovec and mmsghdr are plain old data; all-zero is valid; entries used are filled
+    // in below.
+    let mut iov: [libc::iovec; 2 * MAX_BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { zeroed() };
+    let mut next = 0;
+    for (m, range) in messages.iter().enumerate() {
+        let first = next;
+        if let Some(head) = heads.get(m) {
+            iov[next] = libc::iovec {
+                iov_base: head.as_ptr().cast_mut().cast(),
+                iov_len: H,
+            };
+            next += 1;
+        }
+        for part in &parts[range.clone()] {
+            iov[next] = libc::iovec {
+                iov_base: part.as_ptr().cast_mut().cast(),
+                iov_len: part.len(),
+            };
+            next += 1;
+        }
+        let h = &mut hdrs[m].msg_hdr;
+        h.msg_iov = &raw mut iov[first];
+        h.msg_iovlen = (next - first) as _;
+    }
+    let mut sent = 0;
+    let mut m = 0;
+    while m < messages.len() {
+        let count = libc::c_uint::try_from(messages.len() - m).expect("at most MAX_BATCH");
+        // SAFETY: the headers point at heads and parts borrowed for the whole call; the kernel
+        // only reads through them.
+        let done = unsafe { libc::sendmmsg(fd, hdrs[m..].as_mut_ptr(), count, 0) };
+        if done < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            refused(m, e);
+            m += 1;
+        } else {
+            let done = usize::try_from(done).expect("non-negative");
+            sent += done;
+            m += done;
+            if done == 0 {
+                refused(m, io::Error::other("sendmmsg sent nothing"));
+                m += 1;
+            }
+        }
+    }
+    sent
+}
+
 /// `setsockopt(2)` with a plain-old-data value.
 pub(crate) fn setsockopt<T>(
     fd: libc::c_int,
