@@ -186,6 +186,8 @@ struct RawDataplane {
     buffers: Spanned<usize>,
     #[serde(default = "cyphonic_settings::defaults::yes")]
     lan_gro: bool,
+    #[serde(default = "cyphonic_settings::defaults::yes")]
+    lan_gso: bool,
 }
 
 impl Default for RawDataplane {
@@ -206,6 +208,7 @@ impl Default for RawDataplane {
             queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
             buffers: cyphonic_settings::defaults::buffers(),
             lan_gro: true,
+            lan_gso: true,
         }
     }
 }
@@ -291,6 +294,9 @@ pub struct Dataplane {
     /// Take frames the LAN NIC coalesced (GRO/LRO) with their offload header and cut them
     /// back into segments here; without it, switch GRO/LRO off on the LAN interface at start.
     pub lan_gro: bool,
+    /// Send runs of TCP segments of one flow to the LAN as one frame for the kernel to cut
+    /// (GSO or the NIC's TSO).
+    pub lan_gso: bool,
 }
 
 /// Everything the adapter needs to run, checked.
@@ -500,6 +506,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             queue_per_peer: d.queue_per_peer,
             buffers: *d.buffers.get_ref(),
             lan_gro: d.lan_gro,
+            lan_gso: d.lan_gso,
         },
         reservations,
         peers,
@@ -717,6 +724,7 @@ mod tests {
                 queue_per_peer: 64,
                 buffers: 8192,
                 lan_gro: true,
+                lan_gso: true,
             }
         );
         assert!(c.reservations.is_empty() && c.peers.is_empty());

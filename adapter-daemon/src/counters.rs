@@ -86,8 +86,12 @@ cyphonic_telemetry::counters! {
     drop_neighbour_unknown,
     /// ARP requests sent for devices.
     arp_requests,
-    /// Frames sent to devices on the LAN.
+    /// Frames sent to devices on the LAN (segments of merged frames counted one by one).
     lan_sent,
+    /// Large frames sent to the LAN for the kernel to cut into TCP segments (GSO).
+    lan_merged,
+    /// TCP segments carried in those large frames.
+    lan_merged_segments,
     /// Frames the LAN interface refused.
     lan_send_failed,
     }

@@ -113,7 +113,8 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         &iface,
         &PacketOptions {
             recv_buffer: d.lan_buffer,
-            coalesced: d.lan_gro,
+            // Offload headers on the socket serve both directions.
+            coalesced: d.lan_gro || d.lan_gso,
             ..PacketOptions::default()
         },
     )?;
@@ -124,6 +125,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         recv_buffer = capture_sock.recv_buffer(),
         "capturing the LAN"
     );
+    let capture_coalesced = capture_sock.coalesced();
     let lan_tx = capture_sock
         .try_clone()
         .context("duplicating the LAN socket")?;
@@ -247,6 +249,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             batch: Vec::with_capacity(64),
             arp_sent: std::collections::HashMap::new(),
             out: [0; 64],
+            merge: d.lan_gso && capture_coalesced,
         },
     )?;
     let status = Arc::new(Static {
@@ -274,7 +277,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         shared: shared.clone(),
         sock: capture_sock,
         submitter: engine.take_submitter(),
-        coalesced: d.lan_gro,
+        coalesced: capture_coalesced,
     };
     let capture = std::thread::Builder::new()
         .name("cy-capture".into())

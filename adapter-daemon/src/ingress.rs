@@ -5,6 +5,10 @@
 //! emitter: LanSink: Incoming::accept (replay window, in order), cryptokey routing, Ethernet
 //!          header, sendmmsg on AF_PACKET
 //! ```
+//!
+//! With `dataplane.lan_gso`, consecutive TCP segments of one flow in a send batch go out as
+//! one large frame that the kernel cuts again on the way to the device (GSO, or the NIC's TSO):
+//! one trip through the LAN side's stack per run instead of per segment.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -12,8 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cyphonic_gateway::{Ingress, IngressDrop};
-use cyphonic_netio::PacketSocket;
+use cyphonic_gateway::{
+    ETH_HEADER_LEN, IPV4_MIN_HEADER, Ingress, IngressDrop, TcpRun, merge_headers, restore_headers,
+    tcp_flags, tcp_run,
+};
+use cyphonic_netio::{Gathered, PacketSocket, TcpGso};
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::Incoming;
 
@@ -31,6 +38,9 @@ pub struct LanSink {
     pub(crate) batch: Vec<Incoming>,
     pub(crate) arp_sent: HashMap<Ipv4Addr, Instant>,
     pub(crate) out: [u8; 64],
+    /// Merge runs of TCP segments into frames for the kernel to segment (`dataplane.lan_gso`;
+    /// switched off for good if the interface refuses one).
+    pub(crate) merge: bool,
 }
 
 impl LanSink {
@@ -124,17 +134,111 @@ impl Sink for LanSink {
         if self.batch.is_empty() {
             return;
         }
-        let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
-        for (slot, item) in frames.iter_mut().zip(&self.batch) {
-            *slot = &item.buf()[item.frame.clone()];
+        let n = self.batch.len().min(SEND_BATCH);
+        let mut runs: [Option<TcpRun>; SEND_BATCH] = [None; SEND_BATCH];
+        let mut flags = [0u8; SEND_BATCH];
+        if self.merge {
+            let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
+            for (slot, item) in frames.iter_mut().zip(&self.batch) {
+                *slot = &item.buf()[item.frame.clone()];
+            }
+            let mut i = 0;
+            while i < n {
+                runs[i] = tcp_run(&frames[i..n], SEND_BATCH);
+                flags[i] = tcp_flags(frames[i]);
+                let last = runs[i].map_or(i, |r| i + r.count - 1);
+                flags[last] = tcp_flags(frames[last]);
+                i = last + 1;
+            }
+            for i in 0..n {
+                if let Some(run) = runs[i] {
+                    let last_flags = flags[i + run.count - 1];
+                    let item = &mut self.batch[i];
+                    let frame = item.frame.clone();
+                    merge_headers(&mut item.buf_mut()[frame], &run, last_flags);
+                }
+            }
         }
-        let (sent, failed, err) = self.lan_tx.send_batch(&frames[..self.batch.len()]);
+        let mut refused = [false; SEND_BATCH];
+        let mut refusal = None;
+        let mut first_of = [0usize; SEND_BATCH];
+        {
+            let mut parts: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
+            let mut messages: [Gathered; SEND_BATCH] = std::array::from_fn(|_| Gathered {
+                parts: 0..0,
+                gso: None,
+            });
+            let (mut i, mut m) = (0, 0);
+            while i < n {
+                let count = runs[i].map_or(1, |r| r.count);
+                for k in 0..count {
+                    let item = &self.batch[i + k];
+                    let frame = &item.buf()[item.frame.clone()];
+                    parts[i + k] = if k == 0 {
+                        frame
+                    } else {
+                        runs[i].map_or(frame, |r| &frame[r.headers..])
+                    };
+                }
+                messages[m] = Gathered {
+                    parts: i..i + count,
+                    gso: runs[i].map(|r| TcpGso {
+                        headers: u16::try_from(r.headers).unwrap_or(u16::MAX),
+                        tcp_start: u16::try_from(ETH_HEADER_LEN + IPV4_MIN_HEADER)
+                            .unwrap_or(u16::MAX),
+                        segment_size: r.segment_size,
+                    }),
+                };
+                first_of[m] = i;
+                i += count;
+                m += 1;
+            }
+            self.lan_tx
+                .send_gathered(&parts[..n], &messages[..m], |msg, e| {
+                    refused[first_of[msg]] = true;
+                    refusal = Some(e);
+                });
+        }
         let c = &self.shared.counters;
-        c.lan_sent.fetch_add(sent as u64, Ordering::Relaxed);
+        let (mut sent, mut failed) = (0u64, 0u64);
+        let mut i = 0;
+        while i < n {
+            let count = runs[i].map_or(1, |r| r.count);
+            let segments = count as u64;
+            match (refused[i], runs[i]) {
+                (false, run) => {
+                    sent += segments;
+                    if run.is_some() {
+                        bump(&c.lan_merged);
+                        c.lan_merged_segments.fetch_add(segments, Ordering::Relaxed);
+                    }
+                }
+                (true, None) => failed += 1,
+                (true, Some(_)) => {
+                    // The interface will not segment for us: give the first frame its own
+                    // headers back, send the run one frame at a time, and stop merging.
+                    if self.merge {
+                        tracing::warn!(error = ?refusal, interface = self.lan_tx.name(), "the LAN interface refused a frame to segment: sending every frame alone from now on");
+                        self.merge = false;
+                    }
+                    let item = &mut self.batch[i];
+                    let frame = item.frame.clone();
+                    restore_headers(&mut item.buf_mut()[frame], flags[i]);
+                    let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
+                    for (slot, item) in frames.iter_mut().zip(&self.batch[i..i + count]) {
+                        *slot = &item.buf()[item.frame.clone()];
+                    }
+                    let (ok, bad, _) = self.lan_tx.send_batch(&frames[..count]);
+                    sent += ok as u64;
+                    failed += bad as u64;
+                }
+            }
+            i += count;
+        }
+        c.lan_sent.fetch_add(sent, Ordering::Relaxed);
         if failed > 0 {
-            c.lan_send_failed
-                .fetch_add(failed as u64, Ordering::Relaxed);
-            tracing::debug!(failed, error = ?err, "the LAN interface refused frames");
+            c.lan_send_failed.fetch_add(failed, Ordering::Relaxed);
+            tracing::debug!(failed, error = ?refusal, "the LAN interface refused frames");
         }
         for item in self.batch.drain(..) {
             self.shared.tunnel.pool.put(item.into_buf());

@@ -539,14 +539,16 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
     }
 }
 
-/// `lan_gro = true` (the default): the adapter's LAN veth merges the LAN host's wire-sized
-/// segments (GRO on), the adapter cuts them back and the data arrives intact. With
-/// `lan_gro = false` the adapter switches GRO off itself and sees only wire-sized frames.
+/// `lan_gro = true` and `lan_gso = true` (the defaults): the adapter's LAN veth merges the LAN
+/// host's wire-sized segments (GRO on), adapter A cuts them back, adapter B merges runs again
+/// for its LAN, and the data arrives intact. With both off, adapter A switches GRO off itself
+/// and sees only wire-sized frames, and adapter B sends every segment alone.
 #[test]
 fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
     for lan_gro in [true, false] {
         let bed = bed(&BedOptions {
             lan_gro,
+            dataplane_extra: format!("lan_gso = {lan_gro}"),
             ..BedOptions::default()
         });
         ping_ok(&bed, Side::A, bed.b.host_ip, "3");
@@ -592,6 +594,14 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
             assert_eq!(count("coalesced"), 0, "{}", s["counters"]);
         }
         assert_eq!(count("drop_coalesced"), 0, "{}", s["counters"]);
+        let b = bed.status(Side::B).unwrap();
+        let merged = b["counters"]["lan_merged_segments"].as_u64().unwrap();
+        if lan_gro {
+            assert!(merged > 1000, "adapter B merged nothing: {}", b["counters"]);
+        } else {
+            assert_eq!(merged, 0, "{}", b["counters"]);
+        }
+        assert_eq!(b["counters"]["lan_send_failed"], 0, "{}", b["counters"]);
         assert_eq!(count("captured_truncated"), 0, "{}", s["counters"]);
         assert_eq!(out_of_order(&bed, Side::A), (0, 0));
     }

@@ -445,6 +445,14 @@ fn tune(
             s["counters"]["segments"],
             s["counters"]["drop_coalesced"]
         );
+        let b = bed.status(Side::B)?;
+        println!(
+            "  adapter B: merged frames to the LAN {} carrying {} segments, lan_sent {}, lan_send_failed {}",
+            b["counters"]["lan_merged"],
+            b["counters"]["lan_merged_segments"],
+            b["counters"]["lan_sent"],
+            b["counters"]["lan_send_failed"]
+        );
     }
     Ok(())
 }
