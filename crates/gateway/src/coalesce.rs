@@ -1,23 +1,27 @@
-//! Coalescing for the LAN side (GRO, done here): consecutive TCP segments of one flow, out of
-//! the tunnel in order, go to the device as one large frame that the kernel segments again
-//! (GSO, or the NIC's TSO), so the LAN side pays one trip per run instead of per segment.
+//! Coalescing for the LAN side (GRO, done here): consecutive TCP segments or UDP datagrams of
+//! one flow, out of the tunnel in order, go to the device as one large frame that the kernel
+//! segments again (GSO, or the NIC's TSO/USO), so the LAN side pays one trip per run instead
+//! of per packet.
 //!
-//! A run is what Linux's GRO would merge (`tcp_gro_receive`): same Ethernet header, IPv4
+//! A TCP run is what Linux's GRO would merge (`tcp_gro_receive`): same Ethernet header, IPv4
 //! without options, not a fragment, the same addresses, TOS, TTL and DF; TCP with the same
 //! ports, acknowledgement number, window, flags and option bytes, sequence numbers that
 //! continue each other, and payloads of one size (the last may be shorter; a shorter one or
-//! one with PSH ends the run). SYN, FIN, RST, URG and CWR segments travel alone. Every segment
-//! of a run must carry a valid TCP checksum: coalescing replaces the checksums, so it must
-//! never turn a damaged segment into a good one.
+//! one with PSH ends the run). SYN, FIN, RST, URG and CWR segments travel alone. A UDP run
+//! (`udp_gro_receive` with UDP GRO on): the same headers but lengths and checksums, datagrams
+//! of one size (the last may be shorter), none without a checksum. Every packet of a run must
+//! carry a valid checksum: coalescing replaces the checksums, so it must never turn a damaged
+//! packet into a good one.
 //!
-//! [`tcp_run`] finds a run at the start of a list of frames; [`merge_headers`] turns the first
-//! frame's headers into those of the whole run (IP total length and header checksum; the TCP
-//! checksum field gets the pseudo-header sum the offload completes) and [`restore_headers`]
-//! undoes that, should the kernel refuse the merged frame.
+//! [`find_run`] finds a run at the start of a list of frames; [`merge_headers`] turns the first
+//! frame's headers into those of the whole run (IP total length and header checksum, UDP
+//! length; the checksum field gets the pseudo-header sum the offload completes) and
+//! [`restore_headers`] undoes that, should the kernel refuse the merged frame.
 
 use std::net::Ipv4Addr;
 
-use crate::ipv4::{self, PROTO_TCP};
+use crate::ipv4::{self, PROTO_TCP, PROTO_UDP};
+use crate::segment::GsoKind;
 use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, IPV4_MIN_HEADER, checksum};
 
 const TCP_FIN: u8 = 0x01;
@@ -30,67 +34,104 @@ const TCP_CWR: u8 = 0x80;
 /// Flags that keep a segment out of any run.
 const ALONE: u8 = TCP_SYN | TCP_FIN | TCP_RST | TCP_URG | TCP_CWR;
 const HEADERS_START: usize = ETH_HEADER_LEN + IPV4_MIN_HEADER;
+const UDP_HEADER_LEN: usize = 8;
 
 /// A run of frames to send as one (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpRun {
+pub struct Run {
+    /// TCP segments or UDP datagrams.
+    pub kind: GsoKind,
     /// Frames in the run, the first included (at least 2).
     pub count: usize,
-    /// Ethernet, IP and TCP headers of each frame: the first frame is sent whole, the others
-    /// from this offset on (their payload).
+    /// Ethernet, IP and transport headers of each frame: the first frame is sent whole, the
+    /// others from this offset on (their payload).
     pub headers: usize,
-    /// Payload bytes of every segment but the last (the segment size the offload cuts at).
+    /// Payload bytes of every packet but the last (the size the offload cuts at).
     pub segment_size: u16,
     /// Payload bytes of the whole run.
     pub payload: usize,
 }
 
-/// The fields of one segment's headers that a run compares.
+/// The fields of one packet's headers that a run compares.
 struct Seg<'a> {
     frame: &'a [u8],
-    /// TCP header length.
-    doff: usize,
+    kind: GsoKind,
+    /// Transport header length.
+    l4_header: usize,
     payload: usize,
+    /// TCP only.
     seq: u32,
     flags: u8,
 }
 
 fn parse(frame: &[u8]) -> Option<Seg<'_>> {
-    if frame.len() < HEADERS_START + 20
+    if frame.len() < HEADERS_START + UDP_HEADER_LEN
         || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4
     {
         return None;
     }
     let ip = &frame[ETH_HEADER_LEN..];
-    // Version 4, no options; TCP; the whole frame is the packet (no padding); not a fragment.
+    // Version 4, no options; the whole frame is the packet (no padding); not a fragment.
     if ip[0] != 0x45
-        || ip[9] != PROTO_TCP
         || usize::from(u16::from_be_bytes([ip[2], ip[3]])) != ip.len()
         || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
     {
         return None;
     }
-    let t = &ip[IPV4_MIN_HEADER..];
-    let doff = usize::from(t[12] >> 4) * 4;
-    if doff < 20 || doff > t.len() {
-        return None;
+    let l4 = &ip[IPV4_MIN_HEADER..];
+    match ip[9] {
+        PROTO_TCP if l4.len() >= 20 => {
+            let doff = usize::from(l4[12] >> 4) * 4;
+            (doff >= 20 && doff <= l4.len()).then(|| Seg {
+                frame,
+                kind: GsoKind::Tcp,
+                l4_header: doff,
+                payload: l4.len() - doff,
+                seq: u32::from_be_bytes([l4[4], l4[5], l4[6], l4[7]]),
+                flags: l4[13],
+            })
+        }
+        // A datagram without a checksum (zero) is left alone: merging would give it one.
+        PROTO_UDP
+            if usize::from(u16::from_be_bytes([l4[4], l4[5]])) == l4.len()
+                && l4[6..8] != [0, 0] =>
+        {
+            Some(Seg {
+                frame,
+                kind: GsoKind::Udp,
+                l4_header: UDP_HEADER_LEN,
+                payload: l4.len() - UDP_HEADER_LEN,
+                seq: 0,
+                flags: 0,
+            })
+        }
+        _ => None,
     }
-    Some(Seg {
-        frame,
-        doff,
-        payload: t.len() - doff,
-        seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
-        flags: t[13],
-    })
 }
 
-/// Whether the TCP checksum of `s` is right.
+/// Where a transport's checksum field is, in 16-bit words from its header's start.
+const fn checksum_word(kind: GsoKind) -> usize {
+    match kind {
+        GsoKind::Tcp => 8,
+        GsoKind::Udp => 3,
+    }
+}
+
+const fn proto(kind: GsoKind) -> u8 {
+    match kind {
+        GsoKind::Tcp => PROTO_TCP,
+        GsoKind::Udp => PROTO_UDP,
+    }
+}
+
+/// Whether the transport checksum of `s` is right.
 fn checksum_ok(s: &Seg<'_>) -> bool {
     let ip = &s.frame[ETH_HEADER_LEN..];
     let (src, dst) = addresses(ip);
-    let t = &ip[IPV4_MIN_HEADER..];
-    let stored = u16::from_be_bytes([t[16], t[17]]);
-    let computed = checksum::transport(t, src, dst, PROTO_TCP, 8);
+    let l4 = &ip[IPV4_MIN_HEADER..];
+    let at = 2 * checksum_word(s.kind);
+    let stored = u16::from_be_bytes([l4[at], l4[at + 1]]);
+    let computed = checksum::transport(l4, src, dst, proto(s.kind), checksum_word(s.kind));
     // One's complement has two zeros; a sender may write either.
     stored == computed || (computed == 0 && stored == 0xffff)
 }
@@ -105,40 +146,48 @@ fn addresses(ip: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
 /// Whether `next` may follow `prev` in a run that `first` starts.
 fn continues(first: &Seg<'_>, prev: &Seg<'_>, next: &Seg<'_>) -> bool {
     let (f, n) = (first.frame, next.frame);
-    let headers = HEADERS_START + first.doff;
-    next.doff == first.doff
+    let same = next.kind == first.kind
+        && next.l4_header == first.l4_header
         && next.payload > 0
         && next.payload <= first.payload
-        && next.seq == prev.seq.wrapping_add(u32::try_from(prev.payload).unwrap_or(0))
-        && next.flags & !TCP_PSH == first.flags
         // Ethernet header.
         && f[..ETH_HEADER_LEN] == n[..ETH_HEADER_LEN]
         // IP: version/IHL and TOS; flags (DF), TTL and protocol; addresses.
         && f[14..16] == n[14..16]
         && f[20..24] == n[20..24]
         && f[26..34] == n[26..34]
-        // TCP: ports; acknowledgement number; data offset, flags (compared above), window;
-        // urgent pointer and options.
-        && f[34..38] == n[34..38]
-        && f[42..46] == n[42..46]
-        && f[48..50] == n[48..50]
-        && f[52..headers] == n[52..headers]
+        // Ports.
+        && f[34..38] == n[34..38];
+    match first.kind {
+        GsoKind::Udp => same,
+        GsoKind::Tcp => {
+            let headers = HEADERS_START + first.l4_header;
+            same && next.seq == prev.seq.wrapping_add(u32::try_from(prev.payload).unwrap_or(0))
+                && next.flags & !TCP_PSH == first.flags
+                // Acknowledgement number; data offset, flags (compared above), window;
+                // urgent pointer and options.
+                && f[42..46] == n[42..46]
+                && f[48..50] == n[48..50]
+                && f[52..headers] == n[52..headers]
+        }
+    }
 }
 
-/// The run of segments at the start of `frames` that can go out as one frame, if the first
-/// two already make one. Runs stop at `max_count` frames and before the IP packet would pass
+/// The run of packets at the start of `frames` that can go out as one frame, if the first two
+/// already make one. Runs stop at `max_count` frames and before the IP packet would pass
 /// 65,535 bytes.
-pub fn tcp_run(frames: &[&[u8]], max_count: usize) -> Option<TcpRun> {
+pub fn find_run(frames: &[&[u8]], max_count: usize) -> Option<Run> {
     let first = parse(frames.first()?)?;
-    if first.flags & ALONE != 0
-        || first.flags & TCP_ACK == 0
-        || first.flags & TCP_PSH != 0
-        || first.payload == 0
+    if first.payload == 0
+        || (first.kind == GsoKind::Tcp
+            && (first.flags & ALONE != 0
+                || first.flags & TCP_ACK == 0
+                || first.flags & TCP_PSH != 0))
     {
         return None;
     }
-    let headers = HEADERS_START + first.doff;
-    let mut prev_ok = false;
+    let headers = HEADERS_START + first.l4_header;
+    let mut first_checked = false;
     let mut count = 1;
     let mut payload = first.payload;
     let mut prev = parse(frames[0])?;
@@ -149,12 +198,12 @@ pub fn tcp_run(frames: &[&[u8]], max_count: usize) -> Option<TcpRun> {
         {
             break;
         }
-        if !prev_ok {
-            // The first segment is checked only once a second one could join it.
+        if !first_checked {
+            // The first packet is checked only once a second one could join it.
             if !checksum_ok(&first) {
                 return None;
             }
-            prev_ok = true;
+            first_checked = true;
         }
         if !checksum_ok(&next) {
             break;
@@ -167,7 +216,8 @@ pub fn tcp_run(frames: &[&[u8]], max_count: usize) -> Option<TcpRun> {
             break;
         }
     }
-    (count > 1).then(|| TcpRun {
+    (count > 1).then(|| Run {
+        kind: first.kind,
         count,
         headers,
         segment_size: u16::try_from(first.payload).unwrap_or(u16::MAX),
@@ -176,37 +226,52 @@ pub fn tcp_run(frames: &[&[u8]], max_count: usize) -> Option<TcpRun> {
 }
 
 /// Rewrites the first frame of `run` (`frame`, its own bytes only) to head the whole run: IP
-/// total length and header checksum, the TCP checksum field set to the pseudo-header sum that
-/// checksum offload expects (`CHECKSUM_PARTIAL`), and the PSH flag of the run's last segment
-/// (`last_flags`).
-pub fn merge_headers(frame: &mut [u8], run: &TcpRun, last_flags: u8) {
+/// total length and header checksum, the UDP length, the transport checksum field set to the
+/// pseudo-header sum that checksum offload expects (`CHECKSUM_PARTIAL`), and for TCP the PSH
+/// flag of the run's last segment (`last_flags`).
+pub fn merge_headers(frame: &mut [u8], run: &Run, last_flags: u8) {
     let ip = &mut frame[ETH_HEADER_LEN..];
-    let tcp_len = run.headers - HEADERS_START + run.payload;
-    let total = u16::try_from(IPV4_MIN_HEADER + tcp_len).unwrap_or(u16::MAX);
+    let l4_len = run.headers - HEADERS_START + run.payload;
+    let total = u16::try_from(IPV4_MIN_HEADER + l4_len).unwrap_or(u16::MAX);
     ip[2..4].copy_from_slice(&total.to_be_bytes());
     ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
-    ip[IPV4_MIN_HEADER + 13] |= last_flags & TCP_PSH;
     let (src, dst) = addresses(ip);
-    let sum = checksum::pseudo_header(src, dst, PROTO_TCP, tcp_len);
-    ip[IPV4_MIN_HEADER + 16..IPV4_MIN_HEADER + 18].copy_from_slice(&sum.to_be_bytes());
+    let l4 = &mut ip[IPV4_MIN_HEADER..];
+    match run.kind {
+        GsoKind::Tcp => l4[13] |= last_flags & TCP_PSH,
+        GsoKind::Udp => {
+            let len = u16::try_from(l4_len).unwrap_or(u16::MAX);
+            l4[4..6].copy_from_slice(&len.to_be_bytes());
+        }
+    }
+    let sum = checksum::pseudo_header(src, dst, proto(run.kind), l4_len);
+    let at = 2 * checksum_word(run.kind);
+    l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
-/// Undoes [`merge_headers`] on a frame whose own payload is `frame.len() - run.headers`:
-/// its own total length, header checksum, flags (`flags`, as they were) and full TCP
-/// checksum.
-pub fn restore_headers(frame: &mut [u8], flags: u8) {
+/// Undoes [`merge_headers`] on a frame of kind `kind` whose own bytes are `frame`: its own
+/// total length, header checksum, UDP length, TCP flags (`flags`, as they were) and full
+/// transport checksum.
+pub fn restore_headers(frame: &mut [u8], kind: GsoKind, flags: u8) {
     let ip = &mut frame[ETH_HEADER_LEN..];
     let total = u16::try_from(ip.len()).unwrap_or(u16::MAX);
     ip[2..4].copy_from_slice(&total.to_be_bytes());
     ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
-    ip[IPV4_MIN_HEADER + 13] = flags;
     let (src, dst) = addresses(ip);
-    let t = &mut ip[IPV4_MIN_HEADER..];
-    let sum = checksum::transport(t, src, dst, PROTO_TCP, 8);
-    t[16..18].copy_from_slice(&sum.to_be_bytes());
+    let l4 = &mut ip[IPV4_MIN_HEADER..];
+    match kind {
+        GsoKind::Tcp => l4[13] = flags,
+        GsoKind::Udp => {
+            let len = u16::try_from(l4.len()).unwrap_or(u16::MAX);
+            l4[4..6].copy_from_slice(&len.to_be_bytes());
+        }
+    }
+    let word = checksum_word(kind);
+    let sum = checksum::transport(l4, src, dst, proto(kind), word);
+    l4[2 * word..2 * word + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
-/// The TCP flags of a frame [`tcp_run`] accepted (to restore or merge with).
+/// The TCP flags of a frame (0 if it is too short to have any).
 pub fn tcp_flags(frame: &[u8]) -> u8 {
     frame.get(HEADERS_START + 13).copied().unwrap_or(0)
 }
@@ -214,7 +279,7 @@ pub fn tcp_flags(frame: &[u8]) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::{GsoKind, Segmenter};
+    use crate::segment::Segmenter;
     use crate::testutil::checksums_ok;
 
     const ACK: u8 = TCP_ACK;
@@ -261,7 +326,7 @@ mod tests {
     /// Makes both checksums of a frame right again after a test edited it.
     fn refix(f: &mut [u8]) {
         ipv4::fill_header_checksum(&mut f[14..], 20);
-        restore_headers(f, tcp_flags(f));
+        restore_headers(f, GsoKind::Tcp, tcp_flags(f));
     }
 
     fn stream(sizes: &[usize], last_flags: u8) -> (Vec<Vec<u8>>, Vec<u8>) {
@@ -282,14 +347,14 @@ mod tests {
         (frames, data)
     }
 
-    fn run_of(frames: &[Vec<u8>]) -> Option<TcpRun> {
+    fn run_of(frames: &[Vec<u8>]) -> Option<Run> {
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        tcp_run(&refs, 64)
+        find_run(&refs, 64)
     }
 
     /// Merges like the adapter does and cuts the result like the kernel's GSO would: the
     /// segments must be the original frames, byte for byte, bar the IP ID.
-    fn merged_then_cut(frames: &[Vec<u8>], run: &TcpRun) -> Vec<Vec<u8>> {
+    fn merged_then_cut(frames: &[Vec<u8>], run: &Run) -> Vec<Vec<u8>> {
         let mut first = frames[0].clone();
         let last_flags = tcp_flags(&frames[run.count - 1]);
         merge_headers(&mut first, run, last_flags);
@@ -299,7 +364,7 @@ mod tests {
         }
         assert_eq!(big.len(), run.headers + run.payload);
         // Segmenter treats the IP header like GRO output: its checksum must be valid.
-        let mut s = Segmenter::new(&big, GsoKind::Tcp, run.segment_size, 4096).unwrap();
+        let mut s = Segmenter::new(&big, run.kind, run.segment_size, 4096).unwrap();
         let mut out = Vec::new();
         let mut buf = [0u8; 4096];
         while let Some(n) = s.next_into(&mut buf) {
@@ -408,9 +473,9 @@ mod tests {
         assert_eq!(run_of(&empty), None);
         for len in 0..80 {
             let junk = vec![0x45u8; len];
-            assert_eq!(tcp_run(&[&junk, &junk], 64), None);
+            assert_eq!(find_run(&[&junk, &junk], 64), None);
         }
-        assert_eq!(tcp_run(&[], 64), None);
+        assert_eq!(find_run(&[], 64), None);
     }
 
     #[test]
@@ -422,7 +487,7 @@ mod tests {
             "45 * 1448 + 52 fits, 46 would not"
         );
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        assert_eq!(tcp_run(&refs, 7).unwrap().count, 7);
+        assert_eq!(find_run(&refs, 7).unwrap().count, 7);
     }
 
     #[test]
@@ -433,7 +498,83 @@ mod tests {
         let flags = tcp_flags(&first);
         merge_headers(&mut first, &run, tcp_flags(&frames[2]));
         assert_ne!(first, frames[0]);
-        restore_headers(&mut first, flags);
+        restore_headers(&mut first, GsoKind::Tcp, flags);
         assert_eq!(first, frames[0]);
+    }
+
+    /// A wire frame of one UDP datagram with a valid checksum.
+    fn datagram(sport: u16, payload: &[u8]) -> Vec<u8> {
+        let total = 20 + 8 + payload.len();
+        let mut f = seg(0, ACK, &[]);
+        f.truncate(14 + 20);
+        f.resize(14 + total, 0);
+        let ip = &mut f[14..];
+        ip[2..4].copy_from_slice(&u16::try_from(total).unwrap().to_be_bytes());
+        ip[9] = PROTO_UDP;
+        ipv4::fill_header_checksum(ip, 20);
+        let u = &mut ip[20..];
+        u[0..2].copy_from_slice(&sport.to_be_bytes());
+        u[2..4].copy_from_slice(&5001u16.to_be_bytes());
+        u[4..6].copy_from_slice(&u16::try_from(8 + payload.len()).unwrap().to_be_bytes());
+        u[8..].copy_from_slice(payload);
+        restore_headers(&mut f, GsoKind::Udp, 0);
+        f
+    }
+
+    fn datagrams(sizes: &[usize]) -> Vec<Vec<u8>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let payload: Vec<u8> = (0..n).map(|k| (i * 31 + k).to_le_bytes()[0]).collect();
+                datagram(7000, &payload)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn udp_datagrams_of_one_size_are_one_run_that_cuts_back_into_itself() {
+        let frames = datagrams(&[1300, 1300, 1300, 1300, 777]);
+        let run = run_of(&frames).unwrap();
+        assert_eq!(
+            (
+                run.kind,
+                run.count,
+                run.segment_size,
+                run.payload,
+                run.headers
+            ),
+            (GsoKind::Udp, 5, 1300, 4 * 1300 + 777, 14 + 20 + 8)
+        );
+        let cut = merged_then_cut(&frames, &run);
+        assert_eq!(cut.len(), 5);
+        for (a, b) in cut.iter().zip(&frames) {
+            assert!(checksums_ok(&a[14..]));
+            assert!(a[..18] == b[..18] && a[20..24] == b[20..24] && a[26..] == b[26..]);
+        }
+        let mut first = frames[0].clone();
+        merge_headers(&mut first, &run, 0);
+        restore_headers(&mut first, GsoKind::Udp, 0);
+        assert_eq!(first, frames[0]);
+    }
+
+    #[test]
+    fn udp_datagrams_that_differ_are_not_merged() {
+        let base = datagrams(&[500, 500, 500]);
+        let mut v = base.clone();
+        v[1] = datagram(7001, &[1; 500]);
+        assert_eq!(run_of(&v), None, "another flow");
+        let v = datagrams(&[500, 600]);
+        assert_eq!(run_of(&v), None, "a larger second datagram");
+        let mut v = base.clone();
+        v[0][14 + 26..14 + 28].fill(0); // no checksum
+        assert_eq!(run_of(&v), None);
+        let mut v = base.clone();
+        let last = v[1].len() - 1;
+        v[1][last] ^= 1;
+        assert_eq!(run_of(&v), None, "a damaged second datagram");
+        let mut v = base.clone();
+        v.insert(1, seg(0, ACK, &[0; 500]));
+        assert_eq!(run_of(&v), None, "TCP between them");
     }
 }

@@ -11,8 +11,9 @@
 //!   vIP blocks (cryptokey routing) and our LAN, clamps MSS, and writes the Ethernet header in
 //!   front of it for the device's MAC, or asks for an ARP request when the MAC is unknown.
 //! - [`Fragmenter`]: RFC 791 fragmentation of oversize packets without DF.
-//! - [`tcp_run`], [`merge_headers`]: consecutive TCP segments of one flow going to the LAN
-//!   become one frame for the kernel to segment again (GSO), as GRO would have merged them.
+//! - [`find_run`], [`merge_headers`]: consecutive TCP segments or UDP datagrams of one flow
+//!   going to the LAN become one frame for the kernel to segment again (GSO), as GRO would
+//!   have merged them.
 //! - [`Segmenter`]: cuts a frame the kernel coalesced (GRO) back into the TCP segments or UDP
 //!   datagrams it was made of, each with its own headers and checksums.
 //!
@@ -38,7 +39,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-pub use coalesce::{TcpRun, merge_headers, restore_headers, tcp_flags, tcp_run};
+pub use coalesce::{Run, find_run, merge_headers, restore_headers, tcp_flags};
 pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
