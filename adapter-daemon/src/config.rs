@@ -294,8 +294,8 @@ pub struct Dataplane {
     /// Take frames the LAN NIC coalesced (GRO/LRO) with their offload header and cut them
     /// back into segments here; without it, switch GRO/LRO off on the LAN interface at start.
     pub lan_gro: bool,
-    /// Send runs of TCP segments of one flow to the LAN as one frame for the kernel to cut
-    /// (GSO or the NIC's TSO).
+    /// Send runs of TCP segments or UDP datagrams of one flow to the LAN as one frame for the
+    /// kernel to cut (GSO or the NIC's TSO/USO).
     pub lan_gso: bool,
 }
 

@@ -88,9 +88,9 @@ cyphonic_telemetry::counters! {
     arp_requests,
     /// Frames sent to devices on the LAN (segments of merged frames counted one by one).
     lan_sent,
-    /// Large frames sent to the LAN for the kernel to cut into TCP segments (GSO).
+    /// Large frames sent to the LAN for the kernel to cut into TCP segments or UDP datagrams.
     lan_merged,
-    /// TCP segments carried in those large frames.
+    /// Segments and datagrams carried in those large frames.
     lan_merged_segments,
     /// Frames the LAN interface refused.
     lan_send_failed,

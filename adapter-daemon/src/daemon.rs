@@ -249,7 +249,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             batch: Vec::with_capacity(64),
             arp_sent: std::collections::HashMap::new(),
             out: [0; 64],
-            merge: d.lan_gso && capture_coalesced,
+            merge: [d.lan_gso && capture_coalesced; 2],
         },
     )?;
     let status = Arc::new(Static {

@@ -6,9 +6,9 @@
 //!          header, sendmmsg on AF_PACKET
 //! ```
 //!
-//! With `dataplane.lan_gso`, consecutive TCP segments of one flow in a send batch go out as
-//! one large frame that the kernel cuts again on the way to the device (GSO, or the NIC's TSO):
-//! one trip through the LAN side's stack per run instead of per segment.
+//! With `dataplane.lan_gso`, consecutive TCP segments or UDP datagrams of one flow in a send
+//! batch go out as one large frame that the kernel cuts again on the way to the device (GSO,
+//! or the NIC's TSO/USO): one trip through the LAN side's stack per run instead of per packet.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -17,10 +17,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cyphonic_gateway::{
-    ETH_HEADER_LEN, IPV4_MIN_HEADER, Ingress, IngressDrop, TcpRun, merge_headers, restore_headers,
-    tcp_flags, tcp_run,
+    ETH_HEADER_LEN, GsoKind, IPV4_MIN_HEADER, Ingress, IngressDrop, Run, find_run, merge_headers,
+    restore_headers, tcp_flags,
 };
-use cyphonic_netio::{Gathered, PacketSocket, TcpGso};
+use cyphonic_netio::{Gathered, Gso, PacketSocket};
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::Incoming;
 
@@ -38,9 +38,18 @@ pub struct LanSink {
     pub(crate) batch: Vec<Incoming>,
     pub(crate) arp_sent: HashMap<Ipv4Addr, Instant>,
     pub(crate) out: [u8; 64],
-    /// Merge runs of TCP segments into frames for the kernel to segment (`dataplane.lan_gso`;
-    /// switched off for good if the interface refuses one).
-    pub(crate) merge: bool,
+    /// Merge runs of TCP segments and UDP datagrams into frames for the kernel to segment
+    /// (`dataplane.lan_gso`): one switch per kind ([TCP, UDP]), each turned off for good if
+    /// the interface refuses a frame of that kind (older kernels take TCP but not UDP).
+    pub(crate) merge: [bool; 2],
+}
+
+/// Which of [`LanSink::merge`]'s switches governs runs of `kind`.
+const fn merge_slot(kind: GsoKind) -> usize {
+    match kind {
+        GsoKind::Tcp => 0,
+        GsoKind::Udp => 1,
+    }
 }
 
 impl LanSink {
@@ -135,16 +144,17 @@ impl Sink for LanSink {
             return;
         }
         let n = self.batch.len().min(SEND_BATCH);
-        let mut runs: [Option<TcpRun>; SEND_BATCH] = [None; SEND_BATCH];
+        let mut runs: [Option<Run>; SEND_BATCH] = [None; SEND_BATCH];
         let mut flags = [0u8; SEND_BATCH];
-        if self.merge {
+        if self.merge.contains(&true) {
             let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
             for (slot, item) in frames.iter_mut().zip(&self.batch) {
                 *slot = &item.buf()[item.frame.clone()];
             }
             let mut i = 0;
             while i < n {
-                runs[i] = tcp_run(&frames[i..n], SEND_BATCH);
+                runs[i] =
+                    find_run(&frames[i..n], SEND_BATCH).filter(|r| self.merge[merge_slot(r.kind)]);
                 flags[i] = tcp_flags(frames[i]);
                 let last = runs[i].map_or(i, |r| i + r.count - 1);
                 flags[last] = tcp_flags(frames[last]);
@@ -182,9 +192,13 @@ impl Sink for LanSink {
                 }
                 messages[m] = Gathered {
                     parts: i..i + count,
-                    gso: runs[i].map(|r| TcpGso {
+                    gso: runs[i].map(|r| Gso {
+                        kind: match r.kind {
+                            GsoKind::Tcp => cyphonic_netio::GsoKind::TcpV4,
+                            GsoKind::Udp => cyphonic_netio::GsoKind::UdpL4,
+                        },
                         headers: u16::try_from(r.headers).unwrap_or(u16::MAX),
-                        tcp_start: u16::try_from(ETH_HEADER_LEN + IPV4_MIN_HEADER)
+                        l4_start: u16::try_from(ETH_HEADER_LEN + IPV4_MIN_HEADER)
                             .unwrap_or(u16::MAX),
                         segment_size: r.segment_size,
                     }),
@@ -214,16 +228,18 @@ impl Sink for LanSink {
                     }
                 }
                 (true, None) => failed += 1,
-                (true, Some(_)) => {
-                    // The interface will not segment for us: give the first frame its own
-                    // headers back, send the run one frame at a time, and stop merging.
-                    if self.merge {
-                        tracing::warn!(error = ?refusal, interface = self.lan_tx.name(), "the LAN interface refused a frame to segment: sending every frame alone from now on");
-                        self.merge = false;
+                (true, Some(run)) => {
+                    // The interface will not segment this kind for us: give the first frame
+                    // its own headers back, send the run one frame at a time, and stop
+                    // merging runs of this kind.
+                    let slot = merge_slot(run.kind);
+                    if self.merge[slot] {
+                        tracing::warn!(error = ?refusal, interface = self.lan_tx.name(), kind = ?run.kind, "the LAN interface refused a frame to segment: sending these packets alone from now on");
+                        self.merge[slot] = false;
                     }
                     let item = &mut self.batch[i];
                     let frame = item.frame.clone();
-                    restore_headers(&mut item.buf_mut()[frame], flags[i]);
+                    restore_headers(&mut item.buf_mut()[frame], run.kind, flags[i]);
                     let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
                     for (slot, item) in frames.iter_mut().zip(&self.batch[i..i + count]) {
                         *slot = &item.buf()[item.frame.clone()];

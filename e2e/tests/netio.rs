@@ -722,13 +722,13 @@ fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_strea
     assert_eq!(missing, 0, "every byte of the stream was in a segment");
 }
 
-/// The ones'-complement sum of the IPv4 pseudo-header and the TCP segment in `ip` (a whole
-/// IPv4 packet without options): 0xffff when the TCP checksum is right.
+/// The ones'-complement sum of the IPv4 pseudo-header and the TCP segment or UDP datagram in
+/// `ip` (a whole IPv4 packet without options): 0xffff when its checksum is right.
 fn tcp_sum(ip: &[u8]) -> u32 {
     let ihl = usize::from(ip[0] & 0x0f) * 4;
     let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
     let t = &ip[ihl..total];
-    let mut sum: u32 = 6 + t.len() as u32;
+    let mut sum: u32 = u32::from(ip[9]) + t.len() as u32;
     for c in ip[12..20].chunks(2).chain(t.chunks(2)) {
         sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
     }
@@ -768,13 +768,41 @@ fn tcp_segment(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Segments merged by the gateway's coalescing go out through a device that cannot segment or
-/// checksum (TSO and transmit checksumming off): the kernel cuts them in software, and what
-/// reaches the wire is the original segments with checksums it completed from the
-/// pseudo-header sum we left. Frames without offload pass as they are.
+/// An Ethernet frame of one UDP/IPv4 datagram with valid checksums.
+fn udp_datagram(payload: &[u8]) -> Vec<u8> {
+    let mut f = tcp_segment(0, 0x10, &[]);
+    f.truncate(14 + 20);
+    let total = 20 + 8 + payload.len();
+    f.resize(14 + total, 0);
+    let ip = &mut f[14..];
+    ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    ip[9] = 17;
+    ip[10..12].fill(0);
+    let mut sum: u32 = ip[..20]
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let u = &mut ip[20..];
+    u[..4].copy_from_slice(&[0x1b, 0x58, 0x13, 0x89]);
+    u[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    u[8..].copy_from_slice(payload);
+    let sum = !(tcp_sum(&f[14..]) as u16);
+    f[14 + 26..14 + 28].copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
+    assert_eq!(tcp_sum(&f[14..]), 0xffff);
+    f
+}
+
+/// Segments and datagrams merged by the gateway's coalescing go out through a device that
+/// cannot segment or checksum (TSO and transmit checksumming off): the kernel cuts them in
+/// software, and what reaches the wire is the original packets with checksums it completed
+/// from the pseudo-header sum we left. Frames without offload pass as they are.
 #[test]
 fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
-    use cyphonic_netio::{Gathered, TcpGso};
+    use cyphonic_netio::{Gathered, Gso};
 
     require_root();
     let ns = Netns::new("nms").unwrap();
@@ -791,9 +819,19 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
             )
         })
         .collect();
-    let to_send = segments.clone();
+    let datagrams: Vec<Vec<u8>> = (0..8u32)
+        .map(|i| {
+            let len = if i == 7 { 333 } else { 1200 };
+            udp_datagram(
+                &(0..len)
+                    .map(|k| ((i * 7 + k) % 253) as u8)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let to_send = (segments.clone(), datagrams.clone());
     let received = inside(&ns, move || {
-        let segments = to_send;
+        let (segments, datagrams) = to_send;
         let tx_if = Interface::lookup_up("ms0").unwrap();
         let rx_if = Interface::lookup_up("mr0").unwrap();
         let opts = PacketOptions {
@@ -803,7 +841,7 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
         let tx = PacketSocket::open(&tx_if, &opts).unwrap();
         let mut rx = PacketSocket::open(&rx_if, &PacketOptions::default()).unwrap();
         let refs: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
-        let run = cyphonic_gateway::tcp_run(&refs, 64).unwrap();
+        let run = cyphonic_gateway::find_run(&refs, 64).unwrap();
         assert_eq!(run.count, 20, "one run");
         let mut first = segments[0].clone();
         cyphonic_gateway::merge_headers(&mut first, &run, 0x18);
@@ -812,12 +850,21 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
         // Then one frame alone, without offload.
         let alone = frame([0xff; 6], tx_if.mac, EXPERIMENTAL, 100, 3);
         parts.push(&alone);
+        // Then a run of UDP datagrams (the last shorter).
+        let udp_refs: Vec<&[u8]> = datagrams.iter().map(Vec::as_slice).collect();
+        let udp_run = cyphonic_gateway::find_run(&udp_refs, 64).unwrap();
+        assert_eq!(udp_run.count, 8, "one UDP run");
+        let mut udp_first = datagrams[0].clone();
+        cyphonic_gateway::merge_headers(&mut udp_first, &udp_run, 0);
+        parts.push(&udp_first);
+        parts.extend(datagrams[1..].iter().map(|d| &d[udp_run.headers..]));
         let messages = [
             Gathered {
                 parts: 0..20,
-                gso: Some(TcpGso {
+                gso: Some(Gso {
+                    kind: cyphonic_netio::GsoKind::TcpV4,
                     headers: run.headers as u16,
-                    tcp_start: 34,
+                    l4_start: 34,
                     segment_size: run.segment_size,
                 }),
             },
@@ -825,10 +872,19 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
                 parts: 20..21,
                 gso: None,
             },
+            Gathered {
+                parts: 21..29,
+                gso: Some(Gso {
+                    kind: cyphonic_netio::GsoKind::UdpL4,
+                    headers: udp_run.headers as u16,
+                    l4_start: 34,
+                    segment_size: udp_run.segment_size,
+                }),
+            },
         ];
         let mut refusals = Vec::new();
         let sent = tx.send_gathered(&parts, &messages, |m, e| refusals.push((m, e.to_string())));
-        assert_eq!((sent, refusals), (2, vec![]));
+        assert_eq!((sent, refusals), (3, vec![]));
         drain(&mut rx, 2048, Duration::from_millis(500))
     });
     let tcp: Vec<_> = received
@@ -862,4 +918,20 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
             .any(|(f, _)| f[12..14] == EXPERIMENTAL.to_be_bytes() && f[14] == 3),
         "the frame without offload arrived"
     );
+    let udp: Vec<_> = received
+        .iter()
+        .filter(|(f, _)| f[12..14] == [8, 0] && f[23] == 17)
+        .collect();
+    assert_eq!(
+        udp.len(),
+        8,
+        "the kernel cut the merged frame into 8 datagrams"
+    );
+    for (i, (f, _)) in udp.iter().enumerate() {
+        assert_eq!(tcp_sum(&f[14..]), 0xffff, "datagram {i}: UDP checksum");
+        let want = &datagrams[i];
+        assert_eq!(f[..18], want[..18], "datagram {i}");
+        assert_eq!(f[20..24], want[20..24], "datagram {i}");
+        assert_eq!(f[26..], want[26..], "datagram {i}: headers and payload");
+    }
 }

@@ -42,8 +42,8 @@ mod watch;
 pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{
-    Coalesced, FrameMeta, Gathered, GsoKind, LARGE_FRAME, LargeFrames, PacketOptions, PacketSocket,
-    TcpGso,
+    Coalesced, FrameMeta, Gathered, Gso, GsoKind, LARGE_FRAME, LargeFrames, PacketOptions,
+    PacketSocket,
 };
 pub use sched::{MAX_CPUS, Placement, allowed_cpus};
 pub use tun::Tun;

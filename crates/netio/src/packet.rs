@@ -108,32 +108,41 @@ pub enum GsoKind {
 pub struct Gathered {
     /// Which parts make the message, in order.
     pub parts: std::ops::Range<usize>,
-    /// Cut into TCP segments on the way out, if set.
-    pub gso: Option<TcpGso>,
+    /// Cut into segments on the way out, if set.
+    pub gso: Option<Gso>,
 }
 
-/// How the kernel is to cut a large TCP/IPv4 frame: its headers (Ethernet, IP, TCP) are
-/// copied into every segment; the TCP checksum field holds the pseudo-header sum.
+/// How the kernel is to cut a large TCP or UDP frame: its headers (Ethernet, IP, transport)
+/// are copied into every segment; the transport checksum field holds the pseudo-header sum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpGso {
-    /// Bytes of Ethernet, IP and TCP headers.
+pub struct Gso {
+    /// TCP segments ([`GsoKind::TcpV4`], [`GsoKind::TcpV6`]) or UDP datagrams
+    /// ([`GsoKind::UdpL4`]); any other kind is sent without segmentation (and refused if it
+    /// is too large for the device).
+    pub kind: GsoKind,
+    /// Bytes of Ethernet, IP and transport headers.
     pub headers: u16,
-    /// Where the TCP header starts (Ethernet and IP headers).
-    pub tcp_start: u16,
+    /// Where the transport header starts (Ethernet and IP headers).
+    pub l4_start: u16,
     /// Payload bytes per segment.
     pub segment_size: u16,
 }
 
-/// The `virtio_net_hdr` asking for TCP/IPv4 segmentation and checksum completion.
-fn vnet_tcp4(gso: TcpGso) -> [u8; VNET_HDR_LEN] {
-    const TCP_CHECKSUM_OFFSET: u16 = 16;
+/// The `virtio_net_hdr` asking for segmentation and checksum completion.
+fn vnet_gso(gso: Gso) -> [u8; VNET_HDR_LEN] {
+    let (gso_type, checksum_offset) = match gso.kind {
+        GsoKind::TcpV4 => (VIRTIO_NET_HDR_GSO_TCPV4, 16u16),
+        GsoKind::TcpV6 => (VIRTIO_NET_HDR_GSO_TCPV6, 16),
+        GsoKind::UdpL4 => (VIRTIO_NET_HDR_GSO_UDP_L4, 6),
+        GsoKind::Other(_) => return VNET_HDR_NONE,
+    };
     let mut h = [0u8; VNET_HDR_LEN];
     h[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
-    h[1] = VIRTIO_NET_HDR_GSO_TCPV4;
+    h[1] = gso_type;
     h[2..4].copy_from_slice(&gso.headers.to_ne_bytes());
     h[4..6].copy_from_slice(&gso.segment_size.to_ne_bytes());
-    h[6..8].copy_from_slice(&gso.tcp_start.to_ne_bytes());
-    h[8..10].copy_from_slice(&TCP_CHECKSUM_OFFSET.to_ne_bytes());
+    h[6..8].copy_from_slice(&gso.l4_start.to_ne_bytes());
+    h[8..10].copy_from_slice(&checksum_offset.to_ne_bytes());
     h
 }
 
@@ -406,8 +415,8 @@ impl PacketSocket {
     }
 
     /// Sends messages gathered from pieces, each one frame on the wire or, with `gso`, one
-    /// large TCP frame that the kernel cuts into segments on the way out (GSO, or the NIC's
-    /// TSO): message `m` is `parts[messages[m].parts]`, the first part holding the frame's
+    /// large TCP or UDP frame that the kernel cuts into segments on the way out (GSO, or the
+    /// NIC's TSO/USO): message `m` is `parts[messages[m].parts]`, the first part holding the frame's
     /// headers. Needs a socket opened with [`PacketOptions::coalesced`] for `gso`. Returns how
     /// many messages were sent; each refused one is reported to `refused` with its index.
     pub fn send_gathered(
@@ -422,7 +431,7 @@ impl PacketSocket {
         for (m, msg) in messages[..n].iter().enumerate() {
             ranges[m] = msg.parts.clone();
             if let Some(gso) = msg.gso {
-                heads[m] = vnet_tcp4(gso);
+                heads[m] = vnet_gso(gso);
             }
         }
         let heads: &[[u8; VNET_HDR_LEN]] = if self.coalesced { &heads[..n] } else { &[] };
@@ -494,16 +503,22 @@ mod tests {
     }
 
     #[test]
-    fn tcp_segmentation_header_reads_back() {
-        let h = vnet_tcp4(TcpGso {
+    fn segmentation_headers_read_back() {
+        let gso = |kind| Gso {
+            kind,
             headers: 66,
-            tcp_start: 34,
+            l4_start: 34,
             segment_size: 1448,
-        });
+        };
+        let h = vnet_gso(gso(GsoKind::TcpV4));
         assert_eq!(parse_vnet(&h), (true, Some(TCP4_1448)));
         assert_eq!(u16::from_ne_bytes([h[2], h[3]]), 66);
         assert_eq!(u16::from_ne_bytes([h[6], h[7]]), 34);
         assert_eq!(u16::from_ne_bytes([h[8], h[9]]), 16);
+        let h = vnet_gso(gso(GsoKind::UdpL4));
+        assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::UdpL4);
+        assert_eq!(u16::from_ne_bytes([h[8], h[9]]), 6);
+        assert_eq!(vnet_gso(gso(GsoKind::Other(9))), VNET_HDR_NONE);
     }
 
     #[test]
