@@ -738,6 +738,19 @@ fn tcp_sum(ip: &[u8]) -> u32 {
     sum
 }
 
+/// Writes the header checksum of the 20-byte IPv4 header at the start of `ip`.
+fn fill_ip_checksum(ip: &mut [u8]) {
+    ip[10..12].fill(0);
+    let mut sum: u32 = ip[..20]
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
 /// An Ethernet frame of one TCP/IPv4 segment (ACK, timestamps) with valid checksums.
 fn tcp_segment(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     let total = 20 + 32 + payload.len();
@@ -747,14 +760,7 @@ fn tcp_segment(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
         0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 6, 0, 0, 198, 51, 100, 1, 198, 51, 100, 2,
     ]);
     ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    let mut sum: u32 = ip[..20]
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    fill_ip_checksum(ip);
     let t = &mut ip[20..];
     t[..20].copy_from_slice(&[
         0x9c, 0x40, 0x14, 0x51, 0, 0, 0, 0, 0, 0, 0, 7, 0x80, flags, 0x01, 0xf5, 0, 0, 0, 0,
@@ -777,15 +783,7 @@ fn udp_datagram(payload: &[u8]) -> Vec<u8> {
     let ip = &mut f[14..];
     ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
     ip[9] = 17;
-    ip[10..12].fill(0);
-    let mut sum: u32 = ip[..20]
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    fill_ip_checksum(ip);
     let u = &mut ip[20..];
     u[..4].copy_from_slice(&[0x1b, 0x58, 0x13, 0x89]);
     u[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
