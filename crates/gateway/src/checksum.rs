@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 
-use crate::ipv4::PROTO_UDP;
+use crate::ipv4::{PROTO_TCP, PROTO_UDP};
 
 /// One's-complement checksum of `data` (odd lengths padded with a zero byte). ip4sum sums
 /// 32-bit words into a 64-bit accumulator, which the compiler vectorises: several times
@@ -23,25 +23,33 @@ pub(crate) fn update(checksum: u16, old: u16, new: u16) -> u16 {
     !folded
 }
 
-/// The IPv4 pseudo-header sum (RFC 793 §3.1) for a transport segment of `len` bytes, folded
-/// but not complemented: what the checksum field holds for checksum offload to complete
+/// The IPv4 pseudo-header (RFC 793 §3.1, RFC 768) of a transport segment of `len` bytes.
+fn pseudo(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, len: usize) -> [u8; 12] {
+    let mut pseudo = [0u8; 12];
+    pseudo[..4].copy_from_slice(&src.octets());
+    pseudo[4..8].copy_from_slice(&dst.octets());
+    pseudo[9] = proto;
+    // A segment longer than 64 KiB cannot be in an IPv4 packet; its sum would be wrong, not
+    // unsafe.
+    let len = u16::try_from(len).unwrap_or(u16::MAX);
+    pseudo[10..12].copy_from_slice(&len.to_be_bytes());
+    pseudo
+}
+
+/// The IPv4 pseudo-header sum for a transport segment of `len` bytes, folded but not
+/// complemented: what the checksum field holds for checksum offload to complete
 /// (`CHECKSUM_PARTIAL`).
 pub(crate) fn pseudo_header(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, len: usize) -> u16 {
-    let words = |a: Ipv4Addr| {
-        let o = a.octets();
-        u32::from(u16::from_be_bytes([o[0], o[1]])) + u32::from(u16::from_be_bytes([o[2], o[3]]))
-    };
-    // `len` is an IPv4 payload length (below 64 KiB); a larger one is folded like the rest.
-    let len = u32::try_from(len).unwrap_or(u32::MAX);
-    let mut sum = u64::from(words(src))
-        + u64::from(words(dst))
-        + u64::from(proto)
-        + u64::from(len >> 16)
-        + u64::from(len & 0xffff);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
+    !internet(&pseudo(src, dst, proto, len))
+}
+
+/// Where the checksum field of a TCP or UDP header is, in bytes from the header's start.
+pub(crate) const fn field(proto: u8) -> Option<usize> {
+    match proto {
+        PROTO_TCP => Some(16),
+        PROTO_UDP => Some(6),
+        _ => None,
     }
-    u16::try_from(sum).unwrap_or(u16::MAX)
 }
 
 /// The full TCP or UDP checksum of `segment` over IPv4 (pseudo-header included), computed
@@ -54,16 +62,8 @@ pub(crate) fn transport(
     proto: u8,
     checksum_word: usize,
 ) -> u16 {
-    let mut pseudo = [0u8; 12];
-    pseudo[..4].copy_from_slice(&src.octets());
-    pseudo[4..8].copy_from_slice(&dst.octets());
-    pseudo[9] = proto;
-    // A segment longer than 64 KiB cannot be in an IPv4 packet; its sum would be wrong, not
-    // unsafe.
-    let len = u16::try_from(segment.len()).unwrap_or(u16::MAX);
-    pseudo[10..12].copy_from_slice(&len.to_be_bytes());
     let mut sum = ip4sum::Checksum::new();
-    sum.update(&pseudo);
+    sum.update(&pseudo(src, dst, proto, segment.len()));
     // Every piece but the last has an even length, so words stay aligned across pieces.
     let field = 2 * checksum_word;
     match (segment.get(..field), segment.get(field + 2..)) {
@@ -79,6 +79,25 @@ pub(crate) fn transport(
     } else {
         sum
     }
+}
+
+/// Computes the full TCP or UDP checksum of `segment` and writes it into its field. Other
+/// protocols, and segments too short to hold the field, are left as they are.
+pub(crate) fn fill_transport(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) {
+    let Some(at) = field(proto).filter(|at| segment.len() >= at + 2) else {
+        return;
+    };
+    let sum = transport(segment, src, dst, proto, at / 2);
+    segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// Whether the TCP or UDP checksum of `segment` is right: pseudo-header and segment, the
+/// field included, sum to all ones (either zero of one's complement in the field passes).
+pub(crate) fn transport_valid(segment: &[u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) -> bool {
+    let mut sum = ip4sum::Checksum::new();
+    sum.update(&pseudo(src, dst, proto, segment.len()));
+    sum.update(segment);
+    sum.finalize() == 0
 }
 
 #[cfg(test)]
@@ -116,7 +135,10 @@ mod tests {
             dst in proptest::prelude::any::<[u8; 4]>(),
             udp in proptest::prelude::any::<bool>(),
         ) {
-            proptest::prop_assert_eq!(internet(&data), pnet_packet::util::checksum(&data, usize::MAX));
+            // Of nothing, RFC 1071 gives !0 = 0xffff; pnet answers 0 there (we never sum
+            // nothing: the shortest thing summed is an 8-byte ICMP header).
+            let theirs = if data.is_empty() { 0xffff } else { pnet_packet::util::checksum(&data, usize::MAX) };
+            proptest::prop_assert_eq!(internet(&data), theirs);
             let (proto, word) = if udp { (17u8, 3usize) } else { (6, 8) };
             if data.len() >= 2 * word + 2 {
                 let (src, dst) = (Ipv4Addr::from(src), Ipv4Addr::from(dst));
@@ -130,6 +152,14 @@ mod tests {
                 );
                 let theirs = if udp && theirs == 0 { 0xffff } else { theirs };
                 proptest::prop_assert_eq!(transport(&data, src, dst, proto, word), theirs);
+                // Filled in, the checksum validates; any changed byte (but a swap of the
+                // field's two zeros) makes it fail.
+                let mut filled = data.clone();
+                fill_transport(&mut filled, src, dst, proto);
+                proptest::prop_assert!(transport_valid(&filled, src, dst, proto));
+                let last = filled.len() - 1;
+                filled[last] ^= 0x01;
+                proptest::prop_assert!(!transport_valid(&filled, src, dst, proto));
             }
         }
     }

@@ -109,14 +109,6 @@ fn parse(frame: &[u8]) -> Option<Seg<'_>> {
     }
 }
 
-/// Where a transport's checksum field is, in 16-bit words from its header's start.
-const fn checksum_word(kind: GsoKind) -> usize {
-    match kind {
-        GsoKind::Tcp => 8,
-        GsoKind::Udp => 3,
-    }
-}
-
 const fn proto(kind: GsoKind) -> u8 {
     match kind {
         GsoKind::Tcp => PROTO_TCP,
@@ -128,12 +120,7 @@ const fn proto(kind: GsoKind) -> u8 {
 fn checksum_ok(s: &Seg<'_>) -> bool {
     let ip = &s.frame[ETH_HEADER_LEN..];
     let (src, dst) = addresses(ip);
-    let l4 = &ip[IPV4_MIN_HEADER..];
-    let at = 2 * checksum_word(s.kind);
-    let stored = u16::from_be_bytes([l4[at], l4[at + 1]]);
-    let computed = checksum::transport(l4, src, dst, proto(s.kind), checksum_word(s.kind));
-    // One's complement has two zeros; a sender may write either.
-    stored == computed || (computed == 0 && stored == 0xffff)
+    checksum::transport_valid(&ip[IPV4_MIN_HEADER..], src, dst, proto(s.kind))
 }
 
 fn addresses(ip: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
@@ -244,9 +231,11 @@ pub fn merge_headers(frame: &mut [u8], run: &Run, last_flags: u8) {
             l4[4..6].copy_from_slice(&len.to_be_bytes());
         }
     }
-    let sum = checksum::pseudo_header(src, dst, proto(run.kind), l4_len);
-    let at = 2 * checksum_word(run.kind);
-    l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    let proto = proto(run.kind);
+    if let Some(at) = checksum::field(proto) {
+        let sum = checksum::pseudo_header(src, dst, proto, l4_len);
+        l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    }
 }
 
 /// Undoes [`merge_headers`] on a frame of kind `kind` whose own bytes are `frame`: its own
@@ -266,9 +255,7 @@ pub fn restore_headers(frame: &mut [u8], kind: GsoKind, flags: u8) {
             l4[4..6].copy_from_slice(&len.to_be_bytes());
         }
     }
-    let word = checksum_word(kind);
-    let sum = checksum::transport(l4, src, dst, proto(kind), word);
-    l4[2 * word..2 * word + 2].copy_from_slice(&sum.to_be_bytes());
+    checksum::fill_transport(l4, src, dst, proto(kind));
 }
 
 /// The TCP flags of a frame (0 if it is too short to have any).

@@ -142,14 +142,17 @@ pub(crate) fn complete_transport_checksum(packet: &mut [u8], h: &Header) {
     if h.is_fragment() || h.total_len > packet.len() {
         return;
     }
-    let (offset, word) = match h.proto {
-        PROTO_TCP if h.total_len - h.header_len >= 20 => (16, 8),
-        PROTO_UDP if h.total_len - h.header_len >= 8 => (6, 3),
+    match h.proto {
+        PROTO_TCP if h.total_len - h.header_len >= 20 => {}
+        PROTO_UDP if h.total_len - h.header_len >= 8 => {}
         _ => return,
-    };
-    let segment = &mut packet[h.header_len..h.total_len];
-    let sum = checksum::transport(segment, h.src, h.dst, h.proto, word);
-    segment[offset..offset + 2].copy_from_slice(&sum.to_be_bytes());
+    }
+    checksum::fill_transport(
+        &mut packet[h.header_len..h.total_len],
+        h.src,
+        h.dst,
+        h.proto,
+    );
 }
 
 #[cfg(test)]

@@ -167,31 +167,26 @@ impl<'a> Segmenter<'a> {
         ip[4..6].copy_from_slice(&id.to_be_bytes());
         ipv4::fill_header_checksum(ip, self.h.header_len);
 
-        let (segment, word) = match self.kind {
+        let l4 = &mut ip[self.h.header_len..];
+        match self.kind {
             GsoKind::Tcp => {
-                let t = &mut ip[self.h.header_len..];
-                let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+                let seq = u32::from_be_bytes([l4[4], l4[5], l4[6], l4[7]]);
                 // Sequence numbers wrap modulo 2^32; `done` is below 64 KiB.
                 let advance = u32::try_from(self.done).unwrap_or(0);
-                t[4..8].copy_from_slice(&seq.wrapping_add(advance).to_be_bytes());
+                l4[4..8].copy_from_slice(&seq.wrapping_add(advance).to_be_bytes());
                 if !last {
-                    t[13] &= !(TCP_FIN | TCP_PSH);
+                    l4[13] &= !(TCP_FIN | TCP_PSH);
                 }
                 if !first {
-                    t[13] &= !TCP_CWR;
+                    l4[13] &= !TCP_CWR;
                 }
-                (t, 8)
             }
             GsoKind::Udp => {
-                let u = &mut ip[self.h.header_len..];
                 let udp_len = u16::try_from(UDP_HEADER_LEN + chunk).unwrap_or(u16::MAX);
-                u[4..6].copy_from_slice(&udp_len.to_be_bytes());
-                (u, 3)
+                l4[4..6].copy_from_slice(&udp_len.to_be_bytes());
             }
-        };
-        let sum = checksum::transport(segment, self.h.src, self.h.dst, self.h.proto, word);
-        let at = 2 * word;
-        segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+        }
+        checksum::fill_transport(l4, self.h.src, self.h.dst, self.h.proto);
 
         self.done += chunk;
         self.index = self.index.wrapping_add(1);

@@ -96,8 +96,7 @@ pub fn udp_packet(
     udp[4..6].copy_from_slice(&u16::try_from(udp_len).ok()?.to_be_bytes());
     udp[6..8].fill(0);
     udp[UDP_HEADER..].copy_from_slice(payload);
-    let sum = checksum::transport(udp, src, dst, PROTO_UDP, 3);
-    udp[6..8].copy_from_slice(&sum.to_be_bytes());
+    checksum::fill_transport(udp, src, dst, PROTO_UDP);
     Some(total)
 }
 
