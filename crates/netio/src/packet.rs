@@ -405,13 +405,27 @@ impl PacketSocket {
     /// Sends frames in as few system calls as possible. Returns (sent, failed, last error);
     /// a refused frame does not stop the others.
     pub fn send_batch(&self, frames: &[&[u8]]) -> (usize, usize, Option<io::Error>) {
-        sys::sendmmsg(self.fd.as_raw_fd(), self.send_prefix(), frames, &[])
+        let ones: [std::ops::Range<usize>; MAX_BATCH] = std::array::from_fn(|i| i..i + 1);
+        let heads = [VNET_HDR_NONE; MAX_BATCH];
+        let (mut sent, mut failed, mut last_error) = (0, 0, None);
+        for chunk in frames.chunks(MAX_BATCH) {
+            sent += sys::sendmmsg_gather(
+                self.fd.as_raw_fd(),
+                self.heads(&heads[..chunk.len()]),
+                chunk,
+                &ones[..chunk.len()],
+                |_, e| {
+                    failed += 1;
+                    last_error = Some(e);
+                },
+            );
+        }
+        (sent, failed, last_error)
     }
 
-    /// What goes in front of every frame sent: a `virtio_net_hdr` asking for nothing when the
-    /// socket has them.
-    fn send_prefix(&self) -> &'static [u8] {
-        if self.coalesced { &VNET_HDR_NONE } else { &[] }
+    /// The `virtio_net_hdr`s to put in front of the messages, if the socket has them.
+    fn heads<'a>(&self, heads: &'a [[u8; VNET_HDR_LEN]]) -> &'a [[u8; VNET_HDR_LEN]] {
+        if self.coalesced { heads } else { &[] }
     }
 
     /// Sends messages gathered from pieces, each one frame on the wire or, with `gso`, one
@@ -434,8 +448,13 @@ impl PacketSocket {
                 heads[m] = vnet_gso(gso);
             }
         }
-        let heads: &[[u8; VNET_HDR_LEN]] = if self.coalesced { &heads[..n] } else { &[] };
-        sys::sendmmsg_gather(self.fd.as_raw_fd(), heads, parts, &ranges[..n], refused)
+        sys::sendmmsg_gather(
+            self.fd.as_raw_fd(),
+            self.heads(&heads[..n]),
+            parts,
+            &ranges[..n],
+            refused,
+        )
     }
 
     /// A second handle on the same socket, for sending from another thread.
