@@ -277,7 +277,6 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         shared: shared.clone(),
         sock: capture_sock,
         submitter: engine.take_submitter(),
-        coalesced: capture_coalesced,
     };
     let capture = std::thread::Builder::new()
         .name("cy-capture".into())

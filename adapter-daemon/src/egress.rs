@@ -65,8 +65,6 @@ pub struct Capture {
     pub(crate) shared: Arc<Shared>,
     pub(crate) sock: PacketSocket,
     pub(crate) submitter: Submitter,
-    /// The socket hands over coalesced frames (`dataplane.lan_gro`).
-    pub(crate) coalesced: bool,
 }
 
 impl Capture {
@@ -84,7 +82,9 @@ impl Capture {
         };
         let mut rx = RecvBuffers::new(FRAME_OFFSET..FRAME_OFFSET + FRAME_ROOM);
         let mut meta = [FrameMeta::default(); RECV_BATCH];
-        let mut large = self.coalesced.then(|| LargeFrames::new(FRAME_ROOM));
+        // A socket with offload headers may hand over coalesced frames (GRO, or a local
+        // sender's TSO): they need room beyond the packet buffers.
+        let mut large = self.sock.coalesced().then(|| LargeFrames::new(FRAME_ROOM));
         while self.shared.tunnel.is_running() {
             self.submitter.handle_events();
             let sock = &mut self.sock;
