@@ -289,6 +289,46 @@ fn random_file(path: &std::path::Path, len: usize) {
     std::fs::write(path, data).unwrap();
 }
 
+/// Sends a random file of `len` bytes from lanA's host to lanB's with netcat (a plain TCP
+/// transfer that ends when the last byte is acknowledged and written), each end bounded by
+/// `timeout_secs`; asserts that the sender finished. Returns (sent file, received file).
+fn send_a_to_b(
+    bed: &TwoSites,
+    len: usize,
+    timeout_secs: u64,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let input = bed.tmp().join("in.bin");
+    let output = bed.tmp().join("out.bin");
+    random_file(&input, len);
+    let timeout = timeout_secs.to_string();
+    let receive = format!("exec nc -l 5555 > {}", output.display());
+    let server = bed
+        .b
+        .lan
+        .spawn("timeout", &[&timeout, "sh", "-c", &receive])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let send = format!(
+        "exec nc -N -q 1 {} 5555 < {}",
+        bed.b.host_ip,
+        input.display()
+    );
+    let out = bed
+        .a
+        .lan
+        .exec_output("timeout", &[&timeout, "sh", "-c", &send])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        bed.logs()
+    );
+    server.wait(Duration::from_secs(30)).unwrap();
+    (input, output)
+}
+
 fn sha256(ns: &cyphonic_e2e::Netns, path: &std::path::Path) -> String {
     ns.exec("sha256sum", &[path.to_str().unwrap()])
         .unwrap()
@@ -313,35 +353,7 @@ fn a_lossy_reordering_underlay_still_delivers_intact_data() {
         ..BedOptions::default()
     });
     ping_ok(&bed, Side::A, bed.b.host_ip, "3");
-    let input = bed.tmp().join("in.bin");
-    let output = bed.tmp().join("out.bin");
-    random_file(&input, 16 << 20);
-    // netcat: a plain TCP transfer that ends when the last byte is acknowledged and written.
-    let receive = format!("exec nc -l 5555 > {}", output.display());
-    let server = bed
-        .b
-        .lan
-        .spawn("timeout", &["120", "sh", "-c", &receive])
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let send = format!(
-        "exec nc -N -q 1 {} 5555 < {}",
-        bed.b.host_ip,
-        input.display()
-    );
-    let out = bed
-        .a
-        .lan
-        .exec_output("timeout", &["120", "sh", "-c", &send])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        bed.logs()
-    );
-    server.wait(Duration::from_secs(30)).unwrap();
+    let (input, output) = send_a_to_b(&bed, 16 << 20, 120);
     let stats = &bed.relay.as_ref().unwrap().stats;
     let (dropped, reordered) = (
         stats.dropped.load(Ordering::Relaxed),
@@ -552,28 +564,7 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
             ..BedOptions::default()
         });
         ping_ok(&bed, Side::A, bed.b.host_ip, "3");
-        let input = bed.tmp().join("in.bin");
-        let output = bed.tmp().join("out.bin");
-        random_file(&input, 32 << 20);
-        let receive = format!("exec nc -l 5555 > {}", output.display());
-        let server = bed
-            .b
-            .lan
-            .spawn("timeout", &["60", "sh", "-c", &receive])
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-        let send = format!(
-            "exec nc -N -q 1 {} 5555 < {}",
-            bed.b.host_ip,
-            input.display()
-        );
-        let out = bed
-            .a
-            .lan
-            .exec_output("timeout", &["60", "sh", "-c", &send])
-            .unwrap();
-        assert!(out.status.success(), "lan_gro = {lan_gro}\n{}", bed.logs());
-        server.wait(Duration::from_secs(30)).unwrap();
+        let (input, output) = send_a_to_b(&bed, 32 << 20, 60);
         assert_eq!(
             sha256(&bed.b.lan, &output),
             sha256(&bed.a.lan, &input),

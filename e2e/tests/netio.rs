@@ -703,19 +703,7 @@ fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_strea
             continue;
         }
         checked += 1;
-        // The TCP checksum over the pseudo-header must come out as zero (all ones).
-        let mut sum: u32 = 0;
-        for w in [&ip[12..14], &ip[14..16], &ip[16..18], &ip[18..20]] {
-            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
-        }
-        sum += 6 + t.len() as u32;
-        for c in t.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-        }
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        assert_eq!(sum, 0xffff, "TCP checksum of a segment");
+        assert_eq!(l4_sum(ip), 0xffff, "TCP checksum of a segment");
     }
     assert!(checked > 0, "no segment's checksum was checked");
     let missing = got.iter().filter(|g| !**g).count();
@@ -724,7 +712,7 @@ fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_strea
 
 /// The ones'-complement sum of the IPv4 pseudo-header and the TCP segment or UDP datagram in
 /// `ip` (a whole IPv4 packet without options): 0xffff when its checksum is right.
-fn tcp_sum(ip: &[u8]) -> u32 {
+fn l4_sum(ip: &[u8]) -> u32 {
     let ihl = usize::from(ip[0] & 0x0f) * 4;
     let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
     let t = &ip[ihl..total];
@@ -768,9 +756,9 @@ fn tcp_segment(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     t[4..8].copy_from_slice(&seq.to_be_bytes());
     t[20..32].copy_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
     t[32..].copy_from_slice(payload);
-    let sum = tcp_sum(ip);
+    let sum = l4_sum(ip);
     ip[36..38].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    assert_eq!(tcp_sum(&f[14..]), 0xffff);
+    assert_eq!(l4_sum(&f[14..]), 0xffff);
     f
 }
 
@@ -788,9 +776,9 @@ fn udp_datagram(payload: &[u8]) -> Vec<u8> {
     u[..4].copy_from_slice(&[0x1b, 0x58, 0x13, 0x89]);
     u[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
     u[8..].copy_from_slice(payload);
-    let sum = !(tcp_sum(&f[14..]) as u16);
+    let sum = !(l4_sum(&f[14..]) as u16);
     f[14 + 26..14 + 28].copy_from_slice(&(if sum == 0 { 0xffff } else { sum }).to_be_bytes());
-    assert_eq!(tcp_sum(&f[14..]), 0xffff);
+    assert_eq!(l4_sum(&f[14..]), 0xffff);
     f
 }
 
@@ -885,51 +873,41 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
         assert_eq!((sent, refusals), (3, vec![]));
         drain(&mut rx, 2048, Duration::from_millis(500))
     });
-    let tcp: Vec<_> = received
-        .iter()
-        .filter(|(f, _)| f[12..14] == [8, 0] && f[23] == 6)
-        .collect();
-    assert_eq!(
-        tcp.len(),
-        20,
-        "the kernel cut the merged frame into 20 segments"
-    );
-    for (i, (f, m)) in tcp.iter().enumerate() {
-        assert!(
-            !m.checksum_partial,
-            "transmit checksumming is off: all completed"
-        );
-        assert_eq!(tcp_sum(&f[14..]), 0xffff, "segment {i}: TCP checksum");
-        let want = &segments[i];
-        // Everything but the IP ID and header checksum (the kernel numbers them itself).
-        assert_eq!(f[..18], want[..18], "segment {i}");
-        assert_eq!(f[20..24], want[20..24], "segment {i}");
-        assert_eq!(
-            f[26..],
-            want[26..],
-            "segment {i}: headers, flags and payload"
-        );
-    }
+    cut_back_into(&received, 6, &segments, "TCP segments");
     assert!(
         received
             .iter()
             .any(|(f, _)| f[12..14] == EXPERIMENTAL.to_be_bytes() && f[14] == 3),
         "the frame without offload arrived"
     );
-    let udp: Vec<_> = received
+    cut_back_into(&received, 17, &datagrams, "UDP datagrams");
+}
+
+/// Asserts that the frames of IP protocol `proto` among `received` are exactly `want`, in
+/// order, with checksums the kernel completed: everything equal but the IP ID and header
+/// checksum, which the kernel numbers itself.
+fn cut_back_into(received: &[(Vec<u8>, FrameMeta)], proto: u8, want: &[Vec<u8>], what: &str) {
+    let got: Vec<_> = received
         .iter()
-        .filter(|(f, _)| f[12..14] == [8, 0] && f[23] == 17)
+        .filter(|(f, _)| f[12..14] == [8, 0] && f[23] == proto)
         .collect();
     assert_eq!(
-        udp.len(),
-        8,
-        "the kernel cut the merged frame into 8 datagrams"
+        got.len(),
+        want.len(),
+        "the kernel cut the merged frame into {what}"
     );
-    for (i, (f, _)) in udp.iter().enumerate() {
-        assert_eq!(tcp_sum(&f[14..]), 0xffff, "datagram {i}: UDP checksum");
-        let want = &datagrams[i];
-        assert_eq!(f[..18], want[..18], "datagram {i}");
-        assert_eq!(f[20..24], want[20..24], "datagram {i}");
-        assert_eq!(f[26..], want[26..], "datagram {i}: headers and payload");
+    for (i, ((f, m), want)) in got.iter().zip(want).enumerate() {
+        assert!(
+            !m.checksum_partial,
+            "transmit checksumming is off: all completed"
+        );
+        assert_eq!(l4_sum(&f[14..]), 0xffff, "{what} {i}: checksum");
+        assert_eq!(f[..18], want[..18], "{what} {i}");
+        assert_eq!(f[20..24], want[20..24], "{what} {i}");
+        assert_eq!(
+            f[26..],
+            want[26..],
+            "{what} {i}: headers, flags and payload"
+        );
     }
 }
