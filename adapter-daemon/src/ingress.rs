@@ -44,6 +44,11 @@ pub struct LanSink {
     pub(crate) merge: [bool; 2],
 }
 
+/// The Ethernet frame the LAN sink wrote around a delivered packet.
+fn frame_of(item: &Incoming) -> &[u8] {
+    &item.buf()[item.frame.clone()]
+}
+
 /// Which of [`LanSink::merge`]'s switches governs runs of `kind`.
 const fn merge_slot(kind: GsoKind) -> usize {
     match kind {
@@ -149,7 +154,7 @@ impl Sink for LanSink {
         if self.merge.contains(&true) {
             let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
             for (slot, item) in frames.iter_mut().zip(&self.batch) {
-                *slot = &item.buf()[item.frame.clone()];
+                *slot = frame_of(item);
             }
             let mut i = 0;
             while i < n {
@@ -182,8 +187,7 @@ impl Sink for LanSink {
             while i < n {
                 let count = runs[i].map_or(1, |r| r.count);
                 for k in 0..count {
-                    let item = &self.batch[i + k];
-                    let frame = &item.buf()[item.frame.clone()];
+                    let frame = frame_of(&self.batch[i + k]);
                     parts[i + k] = if k == 0 {
                         frame
                     } else {
@@ -242,7 +246,7 @@ impl Sink for LanSink {
                     restore_headers(&mut item.buf_mut()[frame], run.kind, flags[i]);
                     let mut frames: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
                     for (slot, item) in frames.iter_mut().zip(&self.batch[i..i + count]) {
-                        *slot = &item.buf()[item.frame.clone()];
+                        *slot = frame_of(item);
                     }
                     let (ok, bad, _) = self.lan_tx.send_batch(&frames[..count]);
                     sent += ok as u64;
