@@ -97,6 +97,10 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
                 (Some(true), Some(false)) => {
                     tracing::info!(interface = %iface.name, offload = ?state.offload, "switched off: every frame arrives as it was on the wire");
                 }
+                // With lan_gso the socket has offload headers, so merged frames are still cut.
+                (_, Some(true)) if d.lan_gso => {
+                    tracing::warn!(interface = %iface.name, offload = ?state.offload, "still on: merged frames are cut back into segments here");
+                }
                 (_, Some(true)) => {
                     tracing::warn!(interface = %iface.name, offload = ?state.offload, "still on: merged frames over the inner MTU will be dropped, or answered with fragmentation-needed");
                 }
