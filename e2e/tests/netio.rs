@@ -125,7 +125,37 @@ fn packet_socket_captures_injects_and_reports_metadata() {
         let udp = std::net::UdpSocket::bind("192.0.2.2:0").unwrap();
         udp.send_to(b"partial checksum please", "192.0.2.1:9")
             .unwrap();
-        drain(&mut sock, 2048, Duration::from_millis(500))
+        let frames = drain(&mut sock, 2048, Duration::from_millis(500));
+        assert_eq!(
+            sock.take_drops().unwrap(),
+            0,
+            "a reader that kept up lost nothing"
+        );
+
+        // 5. A socket with the smallest buffer that nobody reads: the kernel drops, and says
+        // how many once (reading the count resets it).
+        let idle = PacketSocket::open(
+            &cap,
+            &PacketOptions {
+                recv_buffer: 0,
+                ..PacketOptions::default()
+            },
+        )
+        .unwrap();
+        for _ in 0..200 {
+            tx.send(&frame(
+                [0x02, 0, 0, 0, 0, 0x99],
+                peer.mac,
+                EXPERIMENTAL,
+                1000,
+                0x77,
+            ))
+            .unwrap();
+        }
+        let dropped = idle.take_drops().unwrap();
+        assert!(dropped > 100 && dropped <= 200, "{dropped} of 200 dropped");
+        assert_eq!(idle.take_drops().unwrap(), 0, "the count was reset");
+        frames
     });
 
     let ours: Vec<_> = frames
@@ -571,9 +601,13 @@ fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_strea
     let capture = std::thread::spawn(move || {
         netns::enter(&rx_name).unwrap();
         let iface = Interface::lookup_up("gr0").unwrap();
+        // A buffer that holds the whole stream: the kernel must not drop a frame while this
+        // (debug-built, shared-core) thread is late, or the bytes check below would fail for
+        // the machine's sake, not the code's.
         let opts = PacketOptions {
             coalesced: true,
             recv_timeout: Some(Duration::from_millis(50)),
+            recv_buffer: 64 << 20,
             ..PacketOptions::default()
         };
         let mut sock = PacketSocket::open(&iface, &opts).unwrap();
@@ -593,13 +627,12 @@ fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_strea
         });
         let mut large = LargeFrames::new(HEAD);
         let mut storage = vec![vec![0u8; HEAD]; 16];
-        // (frame, whether its checksum must be whole: a frame passed on as it came may carry a
-        // partial one, which the adapter completes)
-        let mut segments: Vec<(Vec<u8>, bool)> = Vec::new();
-        let (mut coalesced, mut biggest) = (0usize, 0usize);
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        // Capture first, cut afterwards, so the loop keeps up with the sender.
+        let mut captured: Vec<(Vec<u8>, FrameMeta)> = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let mut quiet = 0;
-        while std::time::Instant::now() < deadline && quiet < 10 {
+        // Until the receiver has the whole stream and the socket has then been quiet a while.
+        while std::time::Instant::now() < deadline && !(reader.is_finished() && quiet >= 4) {
             let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
             let mut meta = [FrameMeta::default(); 16];
             let n = sock
@@ -617,24 +650,30 @@ fn coalesced_frames_arrive_with_their_offload_header_and_cut_back_into_the_strea
                 {
                     continue;
                 }
-                let frame = large.join(i, head, m.len).unwrap().to_vec();
-                match m.coalesced {
-                    Some(Coalesced {
-                        kind: cyphonic_netio::GsoKind::TcpV4,
-                        segment_size,
-                    }) => {
-                        coalesced += 1;
-                        biggest = biggest.max(m.len);
-                        let mut s =
-                            Segmenter::new(&frame, GsoKind::Tcp, segment_size, HEAD).unwrap();
-                        let mut out = [0u8; HEAD];
-                        while let Some(len) = s.next_into(&mut out) {
-                            segments.push((out[..len].to_vec(), true));
-                        }
+                captured.push((large.join(i, head, m.len).unwrap().to_vec(), m));
+            }
+        }
+        assert_eq!(sock.take_drops().unwrap(), 0, "the capture lost no frame");
+        // (frame, whether its checksum must be whole: a frame passed on as it came may carry a
+        // partial one, which the adapter completes)
+        let mut segments: Vec<(Vec<u8>, bool)> = Vec::new();
+        let (mut coalesced, mut biggest) = (0usize, 0usize);
+        for (frame, m) in captured {
+            match m.coalesced {
+                Some(Coalesced {
+                    kind: cyphonic_netio::GsoKind::TcpV4,
+                    segment_size,
+                }) => {
+                    coalesced += 1;
+                    biggest = biggest.max(m.len);
+                    let mut s = Segmenter::new(&frame, GsoKind::Tcp, segment_size, HEAD).unwrap();
+                    let mut out = [0u8; HEAD];
+                    while let Some(len) = s.next_into(&mut out) {
+                        segments.push((out[..len].to_vec(), true));
                     }
-                    None => segments.push((frame, !m.checksum_partial)),
-                    Some(other) => panic!("unexpected offload {other:?}"),
                 }
+                None => segments.push((frame, !m.checksum_partial)),
+                Some(other) => panic!("unexpected offload {other:?}"),
             }
         }
         // The socket sends too: an experimental frame to the other side.

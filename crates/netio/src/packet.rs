@@ -12,6 +12,15 @@ use crate::{Interface, NetError};
 const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 const PACKET_VNET_HDR: libc::c_int = 15;
+const PACKET_STATISTICS: libc::c_int = 6;
+
+/// linux/if_packet.h `struct tpacket_stats`.
+#[repr(C)]
+#[derive(Default)]
+struct TpacketStats {
+    tp_packets: u32,
+    tp_drops: u32,
+}
 
 // linux/virtio_net.h: `struct virtio_net_hdr` (10 bytes, host byte order) in front of every
 // frame received or sent on a socket with PACKET_VNET_HDR.
@@ -455,6 +464,18 @@ impl PacketSocket {
             &ranges[..n],
             refused,
         )
+    }
+
+    /// Frames the kernel dropped for this socket since the last call (or since it opened):
+    /// its receive buffer was full because the reader fell behind. Reading the count resets
+    /// it, so only one reader of a socket should ask.
+    ///
+    /// # Errors
+    /// `getsockopt(PACKET_STATISTICS)` failing.
+    pub fn take_drops(&self) -> io::Result<u64> {
+        let stats: TpacketStats =
+            sys::getsockopt(self.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_STATISTICS)?;
+        Ok(u64::from(stats.tp_drops))
     }
 
     /// A second handle on the same socket, for sending from another thread.

@@ -410,19 +410,30 @@ pub(crate) fn set_buffer(
     if setsockopt(fd, libc::SOL_SOCKET, force, &want).is_err() {
         setsockopt(fd, libc::SOL_SOCKET, plain, &want)?;
     }
-    let mut got: libc::c_int = 0;
-    let mut len = libc::socklen_t::try_from(size_of::<libc::c_int>()).expect("fits");
-    // SAFETY: `got` and `len` are live locals of the sizes passed; the kernel writes them.
+    let got: libc::c_int = getsockopt(fd, libc::SOL_SOCKET, plain)?;
+    Ok(usize::try_from(got).unwrap_or(0))
+}
+
+/// `getsockopt(2)` of a plain-old-data value (one for which all zero bytes are valid).
+pub(crate) fn getsockopt<T: Default>(
+    fd: libc::c_int,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<T> {
+    let mut value = T::default();
+    let mut len = libc::socklen_t::try_from(size_of::<T>()).expect("option sizes fit socklen_t");
+    // SAFETY: `value` and `len` are live locals of the sizes passed; the kernel writes at most
+    // `len` bytes of plain data into `value`.
     cvt(unsafe {
         libc::getsockopt(
             fd,
-            libc::SOL_SOCKET,
-            plain,
-            (&raw mut got).cast(),
+            level,
+            name,
+            std::ptr::from_mut(&mut value).cast(),
             &raw mut len,
         )
     })?;
-    Ok(usize::try_from(got).unwrap_or(0))
+    Ok(value)
 }
 
 /// A run of frames one `UDP_SEGMENT` send carries: `count` frames from `start`, all
