@@ -10,6 +10,8 @@ cyphonic_telemetry::counters! {
     captured,
     /// Captured frames longer than the buffer (reported by the kernel, never cut silently).
     captured_truncated,
+    /// Frames the kernel dropped because capture fell behind and `dataplane.lan_buffer` filled.
+    drop_capture_overflow,
     /// Coalesced frames (GRO/LRO, or a local sender's TSO) cut back into segments.
     coalesced,
     /// Segments cut from coalesced frames (each also counts as captured).

@@ -12,6 +12,7 @@
 //! alone.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cyphonic_gateway::{
@@ -30,6 +31,8 @@ use crate::services::Client;
 pub const FRAME_OFFSET: usize = HEADROOM - 14;
 /// The most of a frame its buffer holds.
 const FRAME_ROOM: usize = BUF_LEN - TAG_LEN - FRAME_OFFSET;
+/// How often the capture thread reads the kernel's count of frames it dropped.
+const DROPS_EVERY: Duration = Duration::from_secs(1);
 
 /// What the capture thread answers on the LAN with: a buffer for the reply and the ICMP
 /// error rate limit.
@@ -85,8 +88,13 @@ impl Capture {
         // A socket with offload headers may hand over coalesced frames (GRO, or a local
         // sender's TSO): they need room beyond the packet buffers.
         let mut large = self.sock.coalesced().then(|| LargeFrames::new(FRAME_ROOM));
+        let mut drops_read = Instant::now();
         while self.shared.tunnel.is_running() {
             self.submitter.handle_events();
+            if drops_read.elapsed() >= DROPS_EVERY {
+                drops_read = Instant::now();
+                self.read_drops();
+            }
             let sock = &mut self.sock;
             let Some(received) = rx.receive(pool, |slices| match large.as_mut() {
                 Some(large) => sock.recv_batch_large(slices, &mut meta, large),
@@ -120,6 +128,21 @@ impl Capture {
         }
         rx.release(pool);
         tracing::debug!("capture thread stopped");
+    }
+
+    /// Adds what the kernel dropped for the capture socket since the last look to
+    /// `drop_capture_overflow`.
+    fn read_drops(&self) {
+        match self.sock.take_drops() {
+            Ok(0) => {}
+            Ok(n) => {
+                self.shared
+                    .counters
+                    .drop_capture_overflow
+                    .fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(error = %e, "reading the capture socket's drops failed"),
+        }
     }
 
     /// Cuts the coalesced frame in `slot` into its segments and handles each as a frame of its
