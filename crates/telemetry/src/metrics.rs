@@ -119,7 +119,8 @@ impl<'a> Family<'a> {
     }
 
     /// Writes the family: each row a set of `(label, value)` pairs and the metric's value.
-    /// Nothing is written for no rows.
+    /// A family without rows is still declared (its HELP and TYPE lines), so that dashboards
+    /// and alerts find it before its first event.
     ///
     /// # Errors
     /// The encoder's.
@@ -131,10 +132,6 @@ impl<'a> Family<'a> {
     where
         L: AsRef<[(&'r str, String)]>,
     {
-        let mut rows = rows.into_iter().peekable();
-        if rows.peek().is_none() {
-            return Ok(());
-        }
         let mut m = encoder.encode_descriptor(self.name, self.help, None, self.kind)?;
         for (labels, value) in rows {
             let labels: Vec<(&str, &str)> = labels
@@ -270,6 +267,8 @@ mod tests {
                     (vec![("peer", "gw2.ovl.example".to_owned())], 20.0),
                 ],
             )?;
+            Family::counters("cyphonic_refusals", "Refusals by reason.")
+                .encode::<Vec<_>>(&mut e, [])?;
             histogram(
                 &mut e,
                 "cyphonic_hold_seconds",
@@ -296,6 +295,8 @@ mod tests {
             "cyphonic_things_total 7",
             "cyphonic_level 2.5",
             "cyphonic_peer_bytes_total{peer=\"gw2.ovl.example\"} 20",
+            // Declared before anything was counted.
+            "# TYPE cyphonic_refusals counter",
             "cyphonic_hold_seconds_bucket{le=\"0.01\"} 3",
             "cyphonic_hold_seconds_bucket{le=\"+Inf\"} 3",
             "cyphonic_hold_seconds_count 3",
