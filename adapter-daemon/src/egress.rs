@@ -106,6 +106,12 @@ impl Capture {
             };
             let frames = match received {
                 Ok(frames) => frames,
+                Err(e) if e.kind() == std::io::ErrorKind::NetworkDown => {
+                    // Said once per time it goes down; capture resumes when it comes back up.
+                    tracing::warn!(interface = self.sock.name(), "the LAN interface went down");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
                 Err(e) => {
                     tracing::error!(error = %e, interface = self.sock.name(), "receiving from the LAN interface failed");
                     std::thread::sleep(Duration::from_millis(100));

@@ -20,7 +20,7 @@ use cyphonic_gateway::{
     ETH_HEADER_LEN, GsoKind, IPV4_MIN_HEADER, Ingress, IngressDrop, Run, find_run, merge_headers,
     restore_headers, tcp_flags,
 };
-use cyphonic_netio::{Gathered, Gso, PacketSocket};
+use cyphonic_netio::{Gathered, Gso, PacketSocket, segmentation_unsupported};
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::Incoming;
 
@@ -40,7 +40,7 @@ pub struct LanSink {
     pub(crate) out: [u8; 64],
     /// Merge runs of TCP segments and UDP datagrams into frames for the kernel to segment
     /// (`dataplane.lan_gso`): one switch per kind ([TCP, UDP]), each turned off for good if
-    /// the interface refuses a frame of that kind (older kernels take TCP but not UDP).
+    /// the interface says it does not segment that kind (older kernels take TCP but not UDP).
     pub(crate) merge: [bool; 2],
 }
 
@@ -175,6 +175,8 @@ impl Sink for LanSink {
             }
         }
         let mut refused = [false; SEND_BATCH];
+        // Per refused run: whether the answer means "this kind is never segmented here".
+        let mut unsupported = [false; SEND_BATCH];
         let mut refusal = None;
         let mut first_of = [0usize; SEND_BATCH];
         {
@@ -214,6 +216,7 @@ impl Sink for LanSink {
             self.lan_tx
                 .send_gathered(&parts[..n], &messages[..m], |msg, e| {
                     refused[first_of[msg]] = true;
+                    unsupported[first_of[msg]] = segmentation_unsupported(&e);
                     refusal = Some(e);
                 });
         }
@@ -233,11 +236,11 @@ impl Sink for LanSink {
                 }
                 (true, None) => failed += 1,
                 (true, Some(run)) => {
-                    // The interface will not segment this kind for us: give the first frame
-                    // its own headers back, send the run one frame at a time, and stop
-                    // merging runs of this kind.
+                    // Give the first frame its own headers back and send the run one frame at
+                    // a time. If the interface will not segment this kind at all, stop merging
+                    // runs of it; a passing failure (link down, queue full) leaves merging on.
                     let slot = merge_slot(run.kind);
-                    if self.merge[slot] {
+                    if unsupported[i] && self.merge[slot] {
                         tracing::warn!(error = ?refusal, interface = self.lan_tx.name(), kind = ?run.kind, "the LAN interface refused a frame to segment: sending these packets alone from now on");
                         self.merge[slot] = false;
                     }

@@ -597,3 +597,70 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
         assert_eq!(out_of_order(&bed, Side::A), (0, 0));
     }
 }
+
+/// Sends bursts of 32 equal 1200-byte UDP datagrams from LAN host A to LAN host B's discard
+/// port, one burst a millisecond (about 300 Mbit/s), for `duration`; what the send calls
+/// answer does not matter (host B answers port-unreachable).
+fn udp_bursts(bed: &TwoSites, duration: Duration) -> std::thread::JoinHandle<()> {
+    let ns = bed.a.lan.name().to_owned();
+    let to = SocketAddr::from((bed.b.host_ip, 9));
+    std::thread::spawn(move || {
+        cyphonic_netio::netns::enter(&ns).unwrap();
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let payload = [0x5a; 1200];
+        let end = std::time::Instant::now() + duration;
+        while std::time::Instant::now() < end {
+            for _ in 0..32 {
+                let _ = sock.send_to(&payload, to);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+
+/// Adapter B's LAN port goes down while datagrams for its device stream in, and comes back
+/// (a cable pulled and plugged in again): the sends that fail meanwhile are counted, and
+/// afterwards adapter B merges runs again. A passing failure must not switch merging off for
+/// good as an interface that cannot segment does.
+#[test]
+fn a_lan_link_flap_fails_sends_but_does_not_switch_merging_off() {
+    let bed = bed(&BedOptions::default());
+    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    let merged = || {
+        let b = bed.status(Side::B).unwrap();
+        let count = |k: &str| b["counters"][k].as_u64().unwrap();
+        (count("lan_merged"), count("lan_send_failed"))
+    };
+
+    udp_bursts(&bed, Duration::from_secs(1)).join().unwrap();
+    let (before, _) = merged();
+    assert!(before > 0, "no UDP run was merged: the test proves nothing");
+
+    let flow = udp_bursts(&bed, Duration::from_secs(3));
+    std::thread::sleep(Duration::from_millis(1000));
+    bed.b
+        .adapter_ns
+        .ip(&["link", "set", "lan", "down"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    bed.b.adapter_ns.ip(&["link", "set", "lan", "up"]).unwrap();
+    flow.join().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (during, failed) = merged();
+    assert!(
+        failed > 0,
+        "no send failed while the link was down: {}",
+        bed.logs()
+    );
+
+    udp_bursts(&bed, Duration::from_secs(1)).join().unwrap();
+    let (after, failed_after) = merged();
+    assert!(
+        after > during,
+        "adapter B stopped merging after the flap ({during} -> {after}): {}",
+        bed.logs()
+    );
+    assert_eq!(failed_after, failed, "sends failed with the link up again");
+    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    assert_eq!(out_of_order(&bed, Side::A), (0, 0));
+}

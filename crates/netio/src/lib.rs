@@ -43,7 +43,7 @@ pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{
     Coalesced, FrameMeta, Gathered, Gso, GsoKind, LARGE_FRAME, LargeFrames, PacketOptions,
-    PacketSocket,
+    PacketSocket, segmentation_unsupported,
 };
 pub use sched::{MAX_CPUS, Placement, allowed_cpus};
 pub use tun::Tun;

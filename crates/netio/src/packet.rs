@@ -494,6 +494,17 @@ impl PacketSocket {
     }
 }
 
+/// Whether `e`, refusing a message sent with a [`Gso`] request, means the kernel or the
+/// interface does not segment that kind at all (kernels before about 6.2 answer `EINVAL` for
+/// UDP), a lasting answer, rather than a passing failure such as the link being down or the
+/// queue full, after which asking again later is right.
+pub fn segmentation_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOPROTOOPT)
+    )
+}
+
 /// The `tpacket_auxdata` control message among the first `len` bytes of `control`, if any.
 fn auxdata(control: &Control, len: usize) -> Option<libc::tpacket_auxdata> {
     // SAFETY: tpacket_auxdata is plain old data: any bytes the kernel wrote are a valid value.
@@ -525,6 +536,21 @@ mod tests {
         kind: GsoKind::TcpV4,
         segment_size: 1448,
     };
+
+    #[test]
+    fn only_lasting_refusals_say_segmentation_is_unsupported() {
+        for errno in [libc::EINVAL, libc::EOPNOTSUPP, libc::EPROTONOSUPPORT] {
+            assert!(segmentation_unsupported(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        for errno in [libc::ENETDOWN, libc::ENOBUFS, libc::ENXIO, libc::EAGAIN] {
+            assert!(!segmentation_unsupported(&io::Error::from_raw_os_error(
+                errno
+            )));
+        }
+        assert!(!segmentation_unsupported(&io::Error::other("no errno")));
+    }
 
     #[test]
     fn vnet_headers_are_read_in_host_order() {
