@@ -11,10 +11,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use cyphonic_crypto::{Backend, Certificate};
+use cyphonic_crypto::Certificate;
 use cyphonic_session::Identity;
-use cyphonic_settings::{AeadName, RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
 pub use cyphonic_settings::{Cloud, ConfigError, Peer as StaticPeer};
+use cyphonic_settings::{RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 use toml::Spanned;
@@ -153,63 +153,15 @@ impl Default for RawDns {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDataplane {
-    #[serde(default)]
-    workers: usize,
-    #[serde(default = "cyphonic_settings::defaults::batch_size")]
-    batch_size: Spanned<usize>,
-    #[serde(default = "cyphonic_settings::defaults::batches_in_flight")]
-    batches_in_flight: Spanned<usize>,
-    #[serde(default = "cyphonic_settings::defaults::inline_max")]
-    inline_max: Spanned<usize>,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    ordering: bool,
-    #[serde(default)]
-    aead: AeadName,
-    #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
-    udp_buffer: usize,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    udp_gso: bool,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    udp_gro: bool,
-    #[serde(default = "cyphonic_settings::defaults::cpus")]
-    cpus: Spanned<Vec<usize>>,
-    #[serde(default = "cyphonic_settings::defaults::realtime_priority")]
-    realtime_priority: Spanned<u8>,
-    #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
-    lan_buffer: usize,
-    #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
-    queue_per_peer: usize,
-    #[serde(default = "cyphonic_settings::defaults::buffers")]
-    buffers: Spanned<usize>,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    lan_gro: bool,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    lan_gso: bool,
-}
-
-impl Default for RawDataplane {
-    fn default() -> Self {
-        Self {
-            workers: 0,
-            batch_size: cyphonic_settings::defaults::batch_size(),
-            batches_in_flight: cyphonic_settings::defaults::batches_in_flight(),
-            inline_max: cyphonic_settings::defaults::inline_max(),
-            ordering: true,
-            aead: AeadName::default(),
-            udp_buffer: cyphonic_settings::defaults::socket_buffer(),
-            udp_gso: true,
-            udp_gro: true,
-            cpus: cyphonic_settings::defaults::cpus(),
-            realtime_priority: cyphonic_settings::defaults::realtime_priority(),
-            lan_buffer: cyphonic_settings::defaults::socket_buffer(),
-            queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
-            buffers: cyphonic_settings::defaults::buffers(),
-            lan_gro: true,
-            lan_gso: true,
-        }
+cyphonic_settings::dataplane_table! {
+    /// `[dataplane]`: the keys every tunnel end has, and the LAN side's.
+    struct RawDataplane {
+        #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
+        lan_buffer: usize = cyphonic_settings::defaults::socket_buffer(),
+        #[serde(default = "cyphonic_settings::defaults::yes")]
+        lan_gro: bool = true,
+        #[serde(default = "cyphonic_settings::defaults::yes")]
+        lan_gso: bool = true,
     }
 }
 
@@ -259,44 +211,18 @@ pub struct Dns {
     pub ttl: u32,
 }
 
-/// Data-plane tuning.
+/// The LAN side's data-plane settings (the rest of `[dataplane]` is
+/// [`cyphonic_settings::Dataplane`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dataplane {
-    /// Crypto workers; 0 means one per core.
-    pub workers: usize,
-    /// Packets per batch handed to a worker.
-    pub batch_size: usize,
-    /// Batches in flight per direction: the memory bound.
-    pub batches_in_flight: usize,
-    /// Batches of at most this many packets are sealed or opened on the receiving thread
-    /// when nothing is in flight (0: never).
-    pub inline_max: usize,
-    /// Emit in arrival order (false only for experiments).
-    pub ordering: bool,
-    /// AEAD implementation.
-    pub aead: Backend,
-    /// UDP socket buffer, bytes.
-    pub udp_buffer: usize,
-    /// Send runs of equal-size datagrams as one segmented (GSO) message.
-    pub udp_gso: bool,
-    /// Receive runs of datagrams coalesced by the kernel (GRO), split in userspace.
-    pub udp_gro: bool,
-    /// CPUs of the data-plane threads (empty: any).
-    pub cpus: Vec<usize>,
-    /// `SCHED_FIFO` priority of the data-plane threads (0: off).
-    pub realtime_priority: u8,
+pub struct LanDataplane {
     /// LAN (AF_PACKET) receive buffer, bytes.
-    pub lan_buffer: usize,
-    /// Packets queued per peer while its handshake is pending.
-    pub queue_per_peer: usize,
-    /// Packet buffers in all (2 KiB each): the data plane's memory ceiling.
-    pub buffers: usize,
+    pub buffer: usize,
     /// Take frames the LAN NIC coalesced (GRO/LRO) with their offload header and cut them
     /// back into segments here; without it, switch GRO/LRO off on the LAN interface at start.
-    pub lan_gro: bool,
+    pub gro: bool,
     /// Send runs of TCP segments or UDP datagrams of one flow to the LAN as one frame for the
     /// kernel to cut (GSO or the NIC's TSO/USO).
-    pub lan_gso: bool,
+    pub gso: bool,
 }
 
 /// Everything the adapter needs to run, checked.
@@ -329,7 +255,9 @@ pub struct Config {
     /// The DNS service, unless switched off.
     pub dns: Option<Dns>,
     /// Data-plane tuning.
-    pub dataplane: Dataplane,
+    pub dataplane: cyphonic_settings::Dataplane,
+    /// The LAN side's part of `[dataplane]`.
+    pub lan_dataplane: LanDataplane,
     /// Fixed addresses.
     pub reservations: Vec<Reservation>,
     /// Static peers.
@@ -466,14 +394,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
     };
 
     let d = &raw.dataplane;
-    cyphonic_settings::check_pipeline(
-        src,
-        &d.batch_size,
-        &d.batches_in_flight,
-        &d.inline_max,
-        &d.buffers,
-    )?;
-    cyphonic_settings::check_placement(src, &d.cpus, &d.realtime_priority)?;
+    let dataplane = d.shared(src)?;
     let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
     let metrics = raw.metrics.check(src)?;
     let config = Config {
@@ -490,23 +411,11 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
         overlay_domain,
         dhcp,
         dns,
-        dataplane: Dataplane {
-            workers: d.workers,
-            batch_size: *d.batch_size.get_ref(),
-            batches_in_flight: *d.batches_in_flight.get_ref(),
-            inline_max: *d.inline_max.get_ref(),
-            ordering: d.ordering,
-            aead: d.aead.0,
-            udp_buffer: d.udp_buffer,
-            udp_gso: d.udp_gso,
-            udp_gro: d.udp_gro,
-            cpus: d.cpus.get_ref().clone(),
-            realtime_priority: *d.realtime_priority.get_ref(),
-            lan_buffer: d.lan_buffer,
-            queue_per_peer: d.queue_per_peer,
-            buffers: *d.buffers.get_ref(),
-            lan_gro: d.lan_gro,
-            lan_gso: d.lan_gso,
+        dataplane,
+        lan_dataplane: LanDataplane {
+            buffer: d.lan_buffer,
+            gro: d.lan_gro,
+            gso: d.lan_gso,
         },
         reservations,
         peers,
@@ -674,7 +583,7 @@ mod tests {
             c.peers[0].persistent_keepalive,
             Some(Duration::from_secs(25))
         );
-        assert_eq!(c.dataplane.aead, Backend::Ring);
+        assert_eq!(c.dataplane.aead, cyphonic_crypto::Backend::Ring);
         assert!(c.status_socket.is_absolute());
         assert_eq!(c.overlay_domain, "ovl.example");
         let dhcp = c.dhcp.unwrap();
@@ -707,25 +616,29 @@ mod tests {
             (1420, true, 51820)
         );
         assert_eq!(
-            c.dataplane,
-            Dataplane {
-                workers: 0,
-                batch_size: 32,
-                batches_in_flight: 1024,
-                inline_max: 8,
-                ordering: true,
-                aead: Backend::Ring,
-                udp_buffer: 4 << 20,
-                udp_gso: true,
-                udp_gro: true,
-                cpus: Vec::new(),
-                realtime_priority: 0,
-                lan_buffer: 4 << 20,
-                queue_per_peer: 64,
-                buffers: 8192,
-                lan_gro: true,
-                lan_gso: true,
-            }
+            (c.dataplane, c.lan_dataplane),
+            (
+                cyphonic_settings::Dataplane {
+                    workers: 0,
+                    batch_size: 32,
+                    batches_in_flight: 1024,
+                    inline_max: 8,
+                    ordering: true,
+                    aead: cyphonic_crypto::Backend::Ring,
+                    udp_buffer: 4 << 20,
+                    udp_gso: true,
+                    udp_gro: true,
+                    cpus: Vec::new(),
+                    realtime_priority: 0,
+                    queue_per_peer: 64,
+                    buffers: 8192,
+                },
+                LanDataplane {
+                    buffer: 4 << 20,
+                    gro: true,
+                    gso: true,
+                }
+            )
         );
         assert!(c.reservations.is_empty() && c.peers.is_empty());
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/cyphonic"));

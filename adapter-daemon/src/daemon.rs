@@ -85,9 +85,10 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
     let identity = Arc::new(identity);
     let name = identity.certificate().body().name.clone();
     let d = &config.dataplane;
+    let lan_side = &config.lan_dataplane;
 
     let iface = Interface::lookup_up(&config.lan_interface)?;
-    if d.lan_gro {
+    if lan_side.gro {
         for state in cyphonic_netio::receive_offloads(&iface.name)? {
             tracing::info!(interface = %iface.name, offload = ?state.offload, on = ?state.now_on, "merged frames are taken as they come and cut back into segments here");
         }
@@ -98,7 +99,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
                     tracing::info!(interface = %iface.name, offload = ?state.offload, "switched off: every frame arrives as it was on the wire");
                 }
                 // With lan_gso the socket has offload headers, so merged frames are still cut.
-                (_, Some(true)) if d.lan_gso => {
+                (_, Some(true)) if lan_side.gso => {
                     tracing::warn!(interface = %iface.name, offload = ?state.offload, "still on: merged frames are cut back into segments here");
                 }
                 (_, Some(true)) => {
@@ -116,9 +117,9 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
     let capture_sock = PacketSocket::open(
         &iface,
         &PacketOptions {
-            recv_buffer: d.lan_buffer,
+            recv_buffer: lan_side.buffer,
             // Offload headers on the socket serve both directions.
-            coalesced: d.lan_gro || d.lan_gso,
+            coalesced: lan_side.gro || lan_side.gso,
             ..PacketOptions::default()
         },
     )?;
@@ -253,7 +254,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             batch: Vec::with_capacity(64),
             arp_sent: std::collections::HashMap::new(),
             out: [0; 64],
-            merge: [d.lan_gso && capture_coalesced; 2],
+            merge: [lan_side.gso && capture_coalesced; 2],
         },
     )?;
     let status = Arc::new(Static {

@@ -6,10 +6,9 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use cyphonic_crypto::Backend;
 use cyphonic_session::Identity;
-use cyphonic_settings::{AeadName, RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
 pub use cyphonic_settings::{Cloud, ConfigError, Peer};
+use cyphonic_settings::{RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 use toml::Spanned;
@@ -69,55 +68,9 @@ impl Default for RawDns {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDataplane {
-    #[serde(default)]
-    workers: usize,
-    #[serde(default = "cyphonic_settings::defaults::batch_size")]
-    batch_size: Spanned<usize>,
-    #[serde(default = "cyphonic_settings::defaults::batches_in_flight")]
-    batches_in_flight: Spanned<usize>,
-    #[serde(default = "cyphonic_settings::defaults::inline_max")]
-    inline_max: Spanned<usize>,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    ordering: bool,
-    #[serde(default)]
-    aead: AeadName,
-    #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
-    udp_buffer: usize,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    udp_gso: bool,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    udp_gro: bool,
-    #[serde(default = "cyphonic_settings::defaults::cpus")]
-    cpus: Spanned<Vec<usize>>,
-    #[serde(default = "cyphonic_settings::defaults::realtime_priority")]
-    realtime_priority: Spanned<u8>,
-    #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
-    queue_per_peer: usize,
-    #[serde(default = "cyphonic_settings::defaults::buffers")]
-    buffers: Spanned<usize>,
-}
-
-impl Default for RawDataplane {
-    fn default() -> Self {
-        Self {
-            workers: 0,
-            batch_size: cyphonic_settings::defaults::batch_size(),
-            batches_in_flight: cyphonic_settings::defaults::batches_in_flight(),
-            inline_max: cyphonic_settings::defaults::inline_max(),
-            ordering: true,
-            aead: AeadName::default(),
-            udp_buffer: cyphonic_settings::defaults::socket_buffer(),
-            udp_gso: true,
-            udp_gro: true,
-            cpus: cyphonic_settings::defaults::cpus(),
-            realtime_priority: cyphonic_settings::defaults::realtime_priority(),
-            queue_per_peer: cyphonic_settings::defaults::queue_per_peer(),
-            buffers: cyphonic_settings::defaults::buffers(),
-        }
-    }
+cyphonic_settings::dataplane_table! {
+    /// `[dataplane]`: the keys every tunnel end has (the node adds none).
+    struct RawDataplane {}
 }
 
 fn default_interface() -> Spanned<String> {
@@ -136,38 +89,6 @@ pub struct Dns {
     pub upstream: Vec<IpAddr>,
     /// TTL of its answers, seconds.
     pub ttl: u32,
-}
-
-/// Data-plane tuning.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dataplane {
-    /// Crypto workers; 0 means one per core.
-    pub workers: usize,
-    /// Packets per batch handed to a worker.
-    pub batch_size: usize,
-    /// Batches in flight per direction: the memory bound.
-    pub batches_in_flight: usize,
-    /// Batches of at most this many packets are sealed or opened on the receiving thread
-    /// when nothing is in flight (0: never).
-    pub inline_max: usize,
-    /// Emit in arrival order (false only for experiments).
-    pub ordering: bool,
-    /// AEAD implementation.
-    pub aead: Backend,
-    /// UDP socket buffer, bytes.
-    pub udp_buffer: usize,
-    /// Send runs of equal-size datagrams as one segmented (GSO) message.
-    pub udp_gso: bool,
-    /// Receive runs of datagrams coalesced by the kernel (GRO), split in userspace.
-    pub udp_gro: bool,
-    /// CPUs of the data-plane threads (empty: any).
-    pub cpus: Vec<usize>,
-    /// `SCHED_FIFO` priority of the data-plane threads (0: off).
-    pub realtime_priority: u8,
-    /// Packets queued per peer while its handshake is pending.
-    pub queue_per_peer: usize,
-    /// Packet buffers in all (2 KiB each): the data plane's memory ceiling.
-    pub buffers: usize,
 }
 
 /// Everything the node needs to run, checked.
@@ -194,7 +115,7 @@ pub struct Config {
     /// The DNS stub, unless switched off.
     pub dns: Option<Dns>,
     /// Data-plane tuning.
-    pub dataplane: Dataplane,
+    pub dataplane: cyphonic_settings::Dataplane,
     /// Static peers.
     pub peers: Vec<Peer>,
     /// The control plane, if this node uses one.
@@ -293,15 +214,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
     } else {
         None
     };
-    let d = &raw.dataplane;
-    cyphonic_settings::check_pipeline(
-        src,
-        &d.batch_size,
-        &d.batches_in_flight,
-        &d.inline_max,
-        &d.buffers,
-    )?;
-    cyphonic_settings::check_placement(src, &d.cpus, &d.realtime_priority)?;
+    let dataplane = raw.dataplane.shared(src)?;
     let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
     let metrics = raw.metrics.check(src)?;
     let config = Config {
@@ -315,21 +228,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
         status_socket: src.resolve(&n.status_socket),
         overlay_domain: cyphonic_settings::overlay_domain(&identity),
         dns,
-        dataplane: Dataplane {
-            workers: d.workers,
-            batch_size: *d.batch_size.get_ref(),
-            batches_in_flight: *d.batches_in_flight.get_ref(),
-            inline_max: *d.inline_max.get_ref(),
-            ordering: d.ordering,
-            aead: d.aead.0,
-            udp_buffer: d.udp_buffer,
-            udp_gso: d.udp_gso,
-            udp_gro: d.udp_gro,
-            cpus: d.cpus.get_ref().clone(),
-            realtime_priority: *d.realtime_priority.get_ref(),
-            queue_per_peer: d.queue_per_peer,
-            buffers: *d.buffers.get_ref(),
-        },
+        dataplane,
         peers,
         cloud,
         metrics,

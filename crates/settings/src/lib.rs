@@ -24,6 +24,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
 
+mod dataplane;
+pub use dataplane::Dataplane;
+
 /// A configuration mistake, located.
 #[derive(Debug)]
 pub struct ConfigError {
