@@ -11,6 +11,7 @@ mod counters;
 mod daemon;
 mod egress;
 mod ingress;
+mod lan_send;
 mod leases;
 mod metrics;
 mod neighbors;
