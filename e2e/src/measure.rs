@@ -172,7 +172,9 @@ pub fn udp(bed: &TwoSites, mbps: u64, size: usize, seconds: u64) -> anyhow::Resu
 }
 
 /// Among `rates` (Mbit/s, ascending), the run that received the most while losing under 1%,
-/// and the results of every rate tried (the search stops at the second rate over 1%).
+/// and the results of every rate tried. The search stops at the second rate over 1%, then
+/// halves the gap between the highest rate under 1% and the first over it, [`REFINE`] times,
+/// so that the answer is not quantised by the ladder's steps (1000 -> 1250 is 25%).
 ///
 /// # Errors
 /// iperf3 fails.
@@ -185,22 +187,47 @@ pub fn udp_search(
     let mut best = None;
     let mut tried = Vec::new();
     let mut over = 0;
-    for &r in rates {
+    // The highest rate (as asked for) under 1% loss and the first over it.
+    let (mut below, mut above) = (None, None);
+    let mut run = |r: u64, best: &mut Option<Udp>| -> anyhow::Result<bool> {
         let u = udp(bed, r, size, seconds)?;
         tried.push(u);
-        if u.loss_pct < 1.0 {
-            if best.is_none_or(|b: Udp| u.received_mbps > b.received_mbps) {
-                best = Some(u);
-            }
+        let lossless = u.loss_pct < 1.0;
+        if lossless && best.is_none_or(|b: Udp| u.received_mbps > b.received_mbps) {
+            *best = Some(u);
+        }
+        Ok(lossless)
+    };
+    for &r in rates {
+        if run(r, &mut best)? {
+            below = Some(r);
         } else {
+            above = above.or(Some(r));
             over += 1;
             if over == 2 {
                 break;
             }
         }
     }
+    if let (Some(mut lo), Some(mut hi)) = (below, above) {
+        for _ in 0..REFINE {
+            let mid = u64::midpoint(lo, hi);
+            if lo >= hi || mid == lo {
+                break;
+            }
+            if run(mid, &mut best)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+    }
     Ok((best, tried))
 }
+
+/// How many times [`udp_search`] halves the gap around the loss threshold (3: to within 1/8
+/// of a ladder step).
+pub const REFINE: usize = 3;
 
 /// Pings from A to B every 10 ms while one TCP stream runs from A to B.
 ///
