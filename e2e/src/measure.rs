@@ -23,12 +23,17 @@ pub struct PingStats {
 
 /// Parses ping's output: one `time=X ms` per reply.
 pub fn parse_ping(output: &str, sent: usize) -> PingStats {
-    let mut times: Vec<f64> = output
+    let times: Vec<f64> = output
         .lines()
         .filter_map(|l| l.split("time=").nth(1))
         .filter_map(|t| t.split_whitespace().next())
         .filter_map(|t| t.parse().ok())
         .collect();
+    stats(times, sent)
+}
+
+/// Statistics of round-trip times in milliseconds (one per reply) out of `sent` requests.
+fn stats(mut times: Vec<f64>, sent: usize) -> PingStats {
     times.sort_by(f64::total_cmp);
     let pct = |p: f64| {
         if times.is_empty() {
@@ -228,6 +233,90 @@ pub fn udp_search(
 /// How many times [`udp_search`] halves the gap around the loss threshold (3: to within 1/8
 /// of a ladder step).
 pub const REFINE: usize = 3;
+
+/// What a round trip costs on this machine before any tunnel: answered by the kernel, and
+/// answered by a thread that waits in `recv` as the adapter's capture and receive threads do.
+#[derive(Debug, Clone, Copy)]
+pub struct WakeFloor {
+    /// ping over one veth: the kernel answers; one thread (ping) wakes per round trip.
+    pub kernel: PingStats,
+    /// UDP over the same veth, echoed by a blocked thread: two wake per round trip.
+    pub userspace: PingStats,
+}
+
+impl WakeFloor {
+    /// What one wake-up of a blocked thread adds to a round trip, milliseconds (averages).
+    pub fn per_wake_ms(&self) -> f64 {
+        self.userspace.avg_ms - self.kernel.avg_ms
+    }
+}
+
+/// Measures [`WakeFloor`] in two namespaces of its own joined by a veth (198.51.100.1 and .2):
+/// `count` pings 10 ms apart, then `count` UDP echoes 10 ms apart (the bed's idle RTT pace).
+///
+/// # Errors
+/// Namespaces, sockets or ping failing.
+pub fn wake_floor(count: usize) -> anyhow::Result<WakeFloor> {
+    use std::net::UdpSocket;
+    use std::time::Instant;
+
+    let near = crate::Netns::new("wfa")?;
+    let far = crate::Netns::new("wfb")?;
+    crate::veth(&near, "wf0", &far, "wf1")?;
+    near.ip(&["addr", "add", "198.51.100.1/24", "dev", "wf0"])?;
+    far.ip(&["addr", "add", "198.51.100.2/24", "dev", "wf1"])?;
+    let n = count.to_string();
+    let out = near.exec_output("ping", &["-c", &n, "-i", "0.01", "-W", "1", "198.51.100.2"])?;
+    let kernel = parse_ping(&String::from_utf8_lossy(&out.stdout), count);
+
+    let far_name = far.name().to_owned();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let echo = std::thread::spawn(move || -> anyhow::Result<()> {
+        cyphonic_netio::netns::enter(&far_name)?;
+        let sock = UdpSocket::bind("198.51.100.2:7000")?;
+        sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+        ready_tx.send(()).ok();
+        let mut buf = [0u8; 64];
+        // Until the client says stop, or 2 s of silence.
+        while let Ok((len, from)) = sock.recv_from(&mut buf) {
+            sock.send_to(&buf[..len], from)?;
+            if &buf[..len] == b"stop" {
+                break;
+            }
+        }
+        Ok(())
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .context("the echo thread did not start")?;
+    let near_name = near.name().to_owned();
+    let times = std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
+        cyphonic_netio::netns::enter(&near_name)?;
+        let sock = UdpSocket::bind("198.51.100.1:0")?;
+        sock.connect("198.51.100.2:7000")?;
+        sock.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut buf = [0u8; 64];
+        let mut times = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = Instant::now();
+            sock.send(b"echo")?;
+            if sock.recv(&mut buf).is_ok() {
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        sock.send(b"stop")?;
+        Ok(times)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the UDP client panicked"))??;
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
+    Ok(WakeFloor {
+        kernel,
+        userspace: stats(times, count),
+    })
+}
 
 /// Pings from A to B every 10 ms while one TCP stream runs from A to B.
 ///

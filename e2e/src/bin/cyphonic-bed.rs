@@ -60,6 +60,14 @@ enum Command {
         #[arg(long)]
         plain: bool,
     },
+    /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
+    /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
+    /// prints one line.
+    Floor {
+        /// Round trips of each kind, 10 ms apart.
+        #[arg(long, default_value_t = 300)]
+        count: usize,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints Markdown.
     Peers {
@@ -77,6 +85,16 @@ fn main() -> ExitCode {
         Command::Demo { short } => demo(short),
         Command::Bench { seconds } => bench(seconds).map(|md| print!("{md}")),
         Command::Peers { counts, seconds } => peers(&counts, seconds).map(|md| print!("{md}")),
+        Command::Floor { count } => measure::wake_floor(count).map(|f| {
+            println!(
+                "kernel-answered RTT {:.3}/{:.3} ms (avg/p99) | thread-answered UDP RTT {:.3}/{:.3} ms | one wake-up adds {:.3} ms",
+                f.kernel.avg_ms,
+                f.kernel.p99_ms,
+                f.userspace.avg_ms,
+                f.userspace.p99_ms,
+                f.per_wake_ms()
+            );
+        }),
         Command::Tune {
             dataplane,
             seconds,
