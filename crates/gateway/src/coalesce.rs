@@ -53,6 +53,7 @@ pub struct Run {
 }
 
 /// The fields of one packet's headers that a run compares.
+#[derive(Clone, Copy)]
 struct Seg<'a> {
     frame: &'a [u8],
     kind: GsoKind,
@@ -180,7 +181,7 @@ pub fn find_run(frames: &[&[u8]], max_count: usize) -> Option<Run> {
     let mut first_checked = false;
     let mut count = 1;
     let mut payload = first.payload;
-    let mut prev = parse(frames[0])?;
+    let mut prev = first;
     for frame in frames.iter().take(max_count).skip(1) {
         let Some(next) = parse(frame) else { break };
         if !continues(&first, &prev, &next)
