@@ -99,9 +99,9 @@ pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool;
             }
         }
     }
-    let mut refused = [false; SEND_BATCH];
-    // Per refused run: whether the answer means "this kind is never segmented here".
-    let mut unsupported = [false; SEND_BATCH];
+    // Per message, by its first frame: refused, and whether the answer means "this kind is
+    // never segmented here".
+    let mut refused: [Option<bool>; SEND_BATCH] = [None; SEND_BATCH];
     let mut out = Sent::default();
     {
         let mut parts: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
@@ -137,8 +137,7 @@ pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool;
             m += 1;
         }
         tx.send_gathered(&parts[..n], &messages[..m], |msg, e| {
-            refused[first_of[msg]] = true;
-            unsupported[first_of[msg]] = segmentation_unsupported(&e);
+            refused[first_of[msg]] = Some(segmentation_unsupported(&e));
             out.error = Some(e);
         });
     }
@@ -146,16 +145,16 @@ pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool;
     while i < n {
         let count = runs[i].map_or(1, |r| r.count);
         match (refused[i], runs[i]) {
-            (false, run) => {
+            (None, run) => {
                 out.sent += count as u64;
                 if run.is_some() {
                     out.merged += 1;
                     out.merged_segments += count as u64;
                 }
             }
-            (true, None) => out.failed += 1,
-            (true, Some(run)) => {
-                if unsupported[i] && merge[slot(run.kind)] {
+            (Some(_), None) => out.failed += 1,
+            (Some(unsupported), Some(run)) => {
+                if unsupported && merge[slot(run.kind)] {
                     tracing::warn!(error = ?out.error, interface = tx.name(), kind = ?run.kind, "the LAN interface refused a frame to segment: sending these packets alone from now on");
                     merge[slot(run.kind)] = false;
                 }
@@ -190,6 +189,16 @@ mod tests {
         errno: i32,
         /// What was taken: (merged frame's bytes or a lone frame, segments in it).
         taken: RefCell<Vec<(Vec<u8>, usize)>>,
+    }
+
+    impl Refusing {
+        fn new(kind: cyphonic_netio::GsoKind, errno: i32) -> Self {
+            Self {
+                kind,
+                errno,
+                taken: RefCell::new(Vec::new()),
+            }
+        }
     }
 
     impl LanTx for Refusing {
@@ -264,11 +273,7 @@ mod tests {
 
     #[test]
     fn a_kind_the_interface_cannot_segment_goes_alone_from_then_on() {
-        let tx = Refusing {
-            kind: cyphonic_netio::GsoKind::UdpL4,
-            errno: libc::EINVAL,
-            taken: RefCell::new(Vec::new()),
-        };
+        let tx = Refusing::new(cyphonic_netio::GsoKind::UdpL4, libc::EINVAL);
         let mut merge = [true, true];
         let (out, after) = send(&tx, &mut merge);
         assert_eq!(merge, [true, false], "only UDP merging stops");
@@ -294,11 +299,7 @@ mod tests {
 
     #[test]
     fn a_passing_refusal_sends_the_run_alone_but_leaves_merging_on() {
-        let tx = Refusing {
-            kind: cyphonic_netio::GsoKind::TcpV4,
-            errno: libc::ENOBUFS,
-            taken: RefCell::new(Vec::new()),
-        };
+        let tx = Refusing::new(cyphonic_netio::GsoKind::TcpV4, libc::ENOBUFS);
         let mut merge = [true, true];
         let (out, after) = send(&tx, &mut merge);
         assert_eq!(merge, [true, true]);
