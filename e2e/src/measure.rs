@@ -289,9 +289,7 @@ pub fn wake_floor(count: usize) -> anyhow::Result<WakeFloor> {
     ready_rx
         .recv_timeout(Duration::from_secs(5))
         .context("the echo thread did not start")?;
-    let near_name = near.name().to_owned();
-    let times = std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
-        cyphonic_netio::netns::enter(&near_name)?;
+    let times = crate::inject::inside(&near, move || {
         let sock = UdpSocket::bind("198.51.100.1:0")?;
         sock.connect("198.51.100.2:7000")?;
         sock.set_read_timeout(Some(Duration::from_secs(1)))?;
@@ -307,9 +305,7 @@ pub fn wake_floor(count: usize) -> anyhow::Result<WakeFloor> {
         }
         sock.send(b"stop")?;
         Ok(times)
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the UDP client panicked"))??;
+    })?;
     echo.join()
         .map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
     Ok(WakeFloor {
