@@ -214,20 +214,32 @@ pub fn udp_search(
             }
         }
     }
-    if let (Some(mut lo), Some(mut hi)) = (below, above) {
-        for _ in 0..REFINE {
-            let mid = u64::midpoint(lo, hi);
-            if lo >= hi || mid == lo {
-                break;
-            }
-            if run(mid, &mut best)? {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
+    if let (Some(lo), Some(hi)) = (below, above) {
+        bisect(lo, hi, REFINE, |r| run(r, &mut best))?;
     }
     Ok((best, tried))
+}
+
+/// Halves the gap between `lo` (passes) and `hi` (fails) up to `steps` times, asking `passes`
+/// at each midpoint; nothing when `lo` is not below `hi` (a noisy ladder) or the gap is gone.
+fn bisect(
+    mut lo: u64,
+    mut hi: u64,
+    steps: usize,
+    mut passes: impl FnMut(u64) -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    for _ in 0..steps {
+        let mid = u64::midpoint(lo, hi);
+        if lo >= hi || mid == lo {
+            break;
+        }
+        if passes(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(())
 }
 
 /// How many times [`udp_search`] halves the gap around the loss threshold (3: to within 1/8
@@ -337,6 +349,27 @@ pub fn ping_under_load(bed: &TwoSites, seconds: u64) -> anyhow::Result<PingStats
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bisect_closes_in_on_the_threshold_and_stays_inside_the_gap() {
+        let mut asked = Vec::new();
+        bisect(1250, 1500, 3, |r| {
+            asked.push(r);
+            Ok(r < 1337)
+        })
+        .unwrap();
+        assert_eq!(asked, [1375, 1312, 1343]);
+        // A lossless rate above the first lossy one (noise): nothing to halve.
+        let mut asked = Vec::new();
+        bisect(1500, 1250, 3, |r| {
+            asked.push(r);
+            Ok(true)
+        })
+        .unwrap();
+        assert!(asked.is_empty());
+        // Adjacent rates: no midpoint left.
+        bisect(10, 11, 3, |_| panic!("nothing to ask")).unwrap();
+    }
 
     #[test]
     fn parses_ping_output() {
