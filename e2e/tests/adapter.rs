@@ -664,3 +664,28 @@ fn a_lan_link_flap_fails_sends_but_does_not_switch_merging_off() {
     ping_ok(&bed, Side::A, bed.b.host_ip, "3");
     assert_eq!(out_of_order(&bed, Side::A), (0, 0));
 }
+
+/// A capture buffer too small for a burst (`lan_buffer = 4096`, a frame or two): the kernel
+/// drops what does not fit, and adapter A counts it in `drop_capture_overflow` (read from the
+/// kernel once a second) instead of losing it silently.
+#[test]
+fn frames_the_kernel_drops_before_capture_are_counted() {
+    let bed = bed(&BedOptions {
+        dataplane_extra: "lan_buffer = 4096".into(),
+        ..BedOptions::default()
+    });
+    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    let overflow = || {
+        bed.status(Side::A).unwrap()["counters"]["drop_capture_overflow"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(overflow(), 0, "nothing dropped before the burst");
+    udp_bursts(&bed, Duration::from_secs(1)).join().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        overflow() > 0,
+        "32-datagram bursts into a 4 KiB buffer dropped nothing: {}",
+        bed.logs()
+    );
+}
