@@ -155,9 +155,10 @@ fn continues(first: &Seg<'_>, prev: &Seg<'_>, next: &Seg<'_>) -> bool {
             let headers = HEADERS_START + first.l4_header;
             same && next.seq == prev.seq.wrapping_add(u32::try_from(prev.payload).unwrap_or(0))
                 && next.flags & !TCP_PSH == first.flags
-                // Acknowledgement number; data offset, flags (compared above), window;
-                // urgent pointer and options.
-                && f[42..46] == n[42..46]
+                // Acknowledgement number; the data offset byte whole (its reserved and NS
+                // bits too, as Linux compares the whole flag word); flags (compared above),
+                // window; urgent pointer and options.
+                && f[42..47] == n[42..47]
                 && f[48..50] == n[48..50]
                 && f[52..headers] == n[52..headers]
         }
@@ -428,8 +429,9 @@ mod tests {
             v[0] = seg(0xffff_fff0, flags, &[0; 500]);
             assert_eq!(run_of(&v), None, "flags {flags:#x}");
         }
-        // A different header byte anywhere that must match: TTL, destination, port, ack, window, option.
-        for at in [14 + 8, 14 + 19, 14 + 22, 14 + 31, 14 + 35, 14 + 50] {
+        // A different header byte anywhere that must match: TTL, destination, port, ack, the
+        // data offset byte's reserved/NS bits, window, option.
+        for at in [14 + 8, 14 + 19, 14 + 22, 14 + 31, 14 + 32, 14 + 35, 14 + 50] {
             let mut v = refs(&base);
             v[1][at] ^= 1;
             refix(&mut v[1]);
