@@ -572,7 +572,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
 
         /// Whatever a peer sends: damage any bytes of a run (headers mostly), cut frames short,
         /// make the checksums right again or not. Nothing panics, and whatever run is still

@@ -185,7 +185,10 @@ pub(crate) fn checksums_ok(p: &[u8]) -> bool {
         }
         IpNextHeaderProtocols::Udp => {
             let u = udp::UdpPacket::new(seg).unwrap();
-            udp::ipv4_checksum(&u, &src, &dst) == u.get_checksum()
+            let computed = udp::ipv4_checksum(&u, &src, &dst);
+            // RFC 768: a computed 0 is sent as 0xffff (0 would mean "no checksum"); pnet
+            // returns the 0.
+            computed == u.get_checksum() || (computed == 0 && u.get_checksum() == 0xffff)
         }
         IpNextHeaderProtocols::Icmp => {
             pnet_packet::util::checksum(seg, 1) == u16::from_be_bytes([seg[2], seg[3]])
