@@ -452,12 +452,13 @@ fn tune(
         let s = bed.status(Side::A)?;
         let p = &s["pipelines"];
         println!(
-            "  adapter A: egress batches {} (inline {}), ingress batches {} (inline {}), drop_pipeline_full {}, out of order {}, coalesced frames {} -> segments {} ({} refused)",
+            "  adapter A: egress batches {} (inline {}), ingress batches {} (inline {}), drop_pipeline_full {}, drop_capture_overflow {}, out of order {}, coalesced frames {} -> segments {} ({} refused)",
             p["egress"]["batches"],
             p["egress"]["inline_batches"],
             p["ingress"]["batches"],
             p["ingress"]["inline_batches"],
             s["counters"]["drop_pipeline_full"],
+            s["counters"]["drop_capture_overflow"],
             p["egress"]["out_of_order"],
             s["counters"]["coalesced"],
             s["counters"]["segments"],
