@@ -281,13 +281,11 @@ pub fn wake_floor(count: usize) -> anyhow::Result<WakeFloor> {
     let out = near.exec_output("ping", &["-c", &n, "-i", "0.01", "-W", "1", "198.51.100.2"])?;
     let kernel = parse_ping(&String::from_utf8_lossy(&out.stdout), count);
 
-    let far_name = far.name().to_owned();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    // Bound inside `far` (a socket keeps its namespace), served by a plain thread: bound
+    // before the client starts, so its first echo is not lost.
+    let sock = crate::inject::inside(&far, || Ok(UdpSocket::bind("198.51.100.2:7000")?))?;
+    sock.set_read_timeout(Some(Duration::from_secs(2)))?;
     let echo = std::thread::spawn(move || -> anyhow::Result<()> {
-        cyphonic_netio::netns::enter(&far_name)?;
-        let sock = UdpSocket::bind("198.51.100.2:7000")?;
-        sock.set_read_timeout(Some(Duration::from_secs(2)))?;
-        ready_tx.send(()).ok();
         let mut buf = [0u8; 64];
         // Until the client says stop, or 2 s of silence.
         while let Ok((len, from)) = sock.recv_from(&mut buf) {
@@ -298,9 +296,6 @@ pub fn wake_floor(count: usize) -> anyhow::Result<WakeFloor> {
         }
         Ok(())
     });
-    ready_rx
-        .recv_timeout(Duration::from_secs(5))
-        .context("the echo thread did not start")?;
     let times = crate::inject::inside(&near, move || {
         let sock = UdpSocket::bind("198.51.100.1:0")?;
         sock.connect("198.51.100.2:7000")?;
