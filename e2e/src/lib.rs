@@ -379,9 +379,8 @@ pub fn http_get(
     path: &str,
 ) -> anyhow::Result<(String, String)> {
     use std::io::{Read as _, Write as _};
-    let (name, path) = (ns.name().to_owned(), path.to_owned());
-    std::thread::spawn(move || -> anyhow::Result<(String, String)> {
-        cyphonic_netio::netns::enter(&name)?;
+    let path = path.to_owned();
+    inject::inside(ns, move || {
         let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(
@@ -396,8 +395,6 @@ pub fn http_get(
             body.to_owned(),
         ))
     })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the request thread panicked"))?
 }
 
 /// The value of the metric sample `line` (`name{labels}`) in an OpenMetrics text, if present.
