@@ -43,7 +43,7 @@ pub struct Dataplane {
 /// its `Default` is an empty table, and `shared(&self, src)` checks the shared keys into a
 /// [`Dataplane`] (errors located in `src`). The calling crate needs `serde` and `toml`.
 ///
-/// ```ignore
+/// ```
 /// cyphonic_settings::dataplane_table! {
 ///     /// The adapter's `[dataplane]`.
 ///     struct RawDataplane {
@@ -51,6 +51,20 @@ pub struct Dataplane {
 ///         lan_gro: bool = true,
 ///     }
 /// }
+///
+/// let text = "batch_size = 16\nlan_gro = false\n";
+/// let src = cyphonic_settings::Source {
+///     path: std::path::Path::new("example.toml"),
+///     text,
+///     now_secs: 0,
+/// };
+/// let raw: RawDataplane = toml::from_str(text).unwrap();
+/// assert!(!raw.lan_gro);
+/// assert_eq!(raw.shared(&src).unwrap().batch_size, 16);
+/// assert!(RawDataplane::default().lan_gro);
+/// // The shared keys are checked, and unknown keys refused.
+/// assert!(toml::from_str::<RawDataplane>("batch_size = 0").unwrap().shared(&src).is_err());
+/// assert!(toml::from_str::<RawDataplane>("lan_gso = true").is_err());
 /// ```
 #[macro_export]
 macro_rules! dataplane_table {
