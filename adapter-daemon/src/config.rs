@@ -162,6 +162,8 @@ cyphonic_settings::dataplane_table! {
         lan_gro: bool = true,
         #[serde(default = "cyphonic_settings::defaults::yes")]
         lan_gso: bool = true,
+        #[serde(default = "cyphonic_settings::defaults::yes")]
+        defer_checksums: bool = true,
     }
 }
 
@@ -223,6 +225,9 @@ pub struct LanDataplane {
     /// Send runs of TCP segments or UDP datagrams of one flow to the LAN as one frame for the
     /// kernel to cut (GSO or the NIC's TSO/USO).
     pub gso: bool,
+    /// Leave checksums left to offload (and those of segments cut here) to the tunnel's far
+    /// end (`cyphonic_wire::FLAG_CHECKSUM_DEFERRED`).
+    pub defer_checksums: bool,
 }
 
 /// Everything the adapter needs to run, checked.
@@ -416,6 +421,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             buffer: d.lan_buffer,
             gro: d.lan_gro,
             gso: d.lan_gso,
+            defer_checksums: d.defer_checksums,
         },
         reservations,
         peers,
@@ -637,6 +643,7 @@ mod tests {
                     buffer: 4 << 20,
                     gro: true,
                     gso: true,
+                    defer_checksums: true,
                 }
             )
         );

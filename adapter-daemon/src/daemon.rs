@@ -153,6 +153,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         overlay: config.overlay,
         inner_mtu: config.inner_mtu,
         mss_clamp: config.mss_clamp,
+        defer_checksums: lan_side.defer_checksums,
     };
     let timing = Timing::default();
     let peers: Vec<StaticPeer> = config
@@ -255,6 +256,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             arp_sent: std::collections::HashMap::new(),
             out: [0; 64],
             merge: [lan_side.gso && capture_coalesced; 2],
+            deferred: [false; crate::lan_send::SEND_BATCH],
         },
     )?;
     let status = Arc::new(Static {

@@ -20,7 +20,7 @@ use cyphonic_gateway::{
 };
 use cyphonic_netio::{Coalesced, FrameMeta, LargeFrames, PacketSocket};
 use cyphonic_tunnel::{BUF_LEN, Buf, HEADROOM, Outgoing, RECV_BATCH, RecvBuffers, Submitter};
-use cyphonic_wire::TAG_LEN;
+use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, TAG_LEN};
 
 use crate::counters::bump;
 use crate::daemon::{Shared, ToServices};
@@ -170,6 +170,9 @@ impl Capture {
         let shared = self.shared.clone();
         let c = &shared.counters;
         let pool = &shared.tunnel.pool;
+        // Leave the segments' checksums to the far end (Lan::handle_frame completes them
+        // where it cannot).
+        let defer = shared.lan.defer_checksums;
         let head = &buf[FRAME_OFFSET..FRAME_OFFSET + meta.len.min(FRAME_ROOM)];
         let kind = match how.kind {
             cyphonic_netio::GsoKind::TcpV4 => Some(GsoKind::Tcp),
@@ -188,7 +191,8 @@ impl Capture {
                 Err(SegmentError::NotIpv4)
             }
             (Some(_), None) => Err(SegmentError::Malformed),
-            (Some(frame), Some(kind)) => Segmenter::new(frame, kind, how.segment_size, FRAME_ROOM),
+            (Some(frame), Some(kind)) => Segmenter::new(frame, kind, how.segment_size, FRAME_ROOM)
+                .map(|s| if defer { s.with_partial_checksums() } else { s }),
         };
         match segmenter {
             Ok(mut segments) => {
@@ -208,8 +212,8 @@ impl Capture {
                     let one = FrameMeta {
                         len,
                         truncated: false,
-                        // The segmenter wrote whole checksums.
-                        checksum_partial: false,
+                        // Whole checksums, or partial ones for the tunnel's far end.
+                        checksum_partial: defer,
                         coalesced: None,
                         ..meta
                     };
@@ -268,13 +272,22 @@ impl Capture {
                 }
                 pool.put(buf);
             }
-            Egress::Forward { packet, dst } => {
+            Egress::Forward {
+                packet,
+                dst,
+                checksum_deferred,
+            } => {
                 debug_assert_eq!(
                     FRAME_OFFSET + packet.start,
                     HEADROOM,
                     "IP packet sits behind the tunnel header's room"
                 );
-                self.submitter.route(buf, packet.len(), dst, now);
+                let flags = if checksum_deferred {
+                    FLAG_CHECKSUM_DEFERRED
+                } else {
+                    0
+                };
+                self.submitter.route(buf, packet.len(), dst, flags, now);
             }
             Egress::Fragment { packet, dst } => {
                 let Some(peer) = self.shared.tunnel.peers.route(dst) else {

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cyphonic_gateway::{Ingress, IngressDrop};
+use cyphonic_gateway::{Ingress, IngressDrop, complete_deferred_checksum};
 use cyphonic_netio::PacketSocket;
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::Incoming;
+use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
 use crate::daemon::{Shared, ToServices};
@@ -38,6 +39,9 @@ pub struct LanSink {
     /// (`dataplane.lan_gso`): one switch per kind ([TCP, UDP]), each turned off for good if
     /// the interface says it does not segment that kind (older kernels take TCP but not UDP).
     pub(crate) merge: [bool; 2],
+    /// Per frame of `batch`: it came with its transport checksum deferred
+    /// (`FLAG_CHECKSUM_DEFERRED`), to be computed here or by the offload.
+    pub(crate) deferred: [bool; SEND_BATCH],
 }
 
 impl LanSink {
@@ -56,6 +60,8 @@ impl Sink for LanSink {
         };
         let c = &self.shared.counters;
         let now = item.now();
+        // Read before the Ethernet header goes where the tunnel header was.
+        let deferred = item.flags() & FLAG_CHECKSUM_DEFERRED != 0;
         let (buf, peer) = item.buf_and_peer();
         let peer_id = peer.id;
         let verdict = self.shared.lan.deliver(
@@ -68,9 +74,13 @@ impl Sink for LanSink {
         match verdict {
             Ingress::ToGateway { packet } => {
                 // DNS asks and answers, pings: served on the control thread.
+                let mut packet = item.buf()[packet].to_vec();
+                if deferred {
+                    complete_deferred_checksum(&mut packet);
+                }
                 let msg = ToServices::FromPeer {
                     peer: peer_id,
-                    packet: item.buf()[packet].to_vec(),
+                    packet,
                     at: now,
                 };
                 if self.shared.services_tx.try_send(msg).is_err() {
@@ -81,6 +91,8 @@ impl Sink for LanSink {
             }
             Ingress::Deliver { frame } => {
                 item.frame = frame;
+                // In range: the batch is flushed (emptied) as soon as it fills.
+                self.deferred[self.batch.len()] = deferred;
                 self.batch.push(item);
                 if self.batch.len() >= SEND_BATCH {
                     self.flush();
@@ -137,7 +149,12 @@ impl Sink for LanSink {
             let range = item.frame.clone();
             *slot = &mut item.buf_mut()[range];
         }
-        let out = send_frames(&self.lan_tx, &mut frames[..n], &mut self.merge);
+        let out = send_frames(
+            &self.lan_tx,
+            &mut frames[..n],
+            &self.deferred,
+            &mut self.merge,
+        );
         let c = &self.shared.counters;
         c.lan_sent.fetch_add(out.sent, Ordering::Relaxed);
         if out.merged > 0 {

@@ -6,8 +6,8 @@
 use std::io;
 
 use cyphonic_gateway::{
-    ETH_HEADER_LEN, GsoKind, IPV4_MIN_HEADER, Run, find_run, merge_headers, restore_headers,
-    tcp_flags,
+    ETH_HEADER_LEN, GsoKind, IPV4_MIN_HEADER, Run, complete_deferred_checksum, find_run,
+    merge_headers, restore_headers, tcp_flags,
 };
 use cyphonic_netio::{Gathered, Gso, PacketSocket, segmentation_unsupported};
 
@@ -73,9 +73,16 @@ const fn slot(kind: GsoKind) -> usize {
 /// allows that kind. A merged frame the interface refuses gets its own headers back and its
 /// run goes out frame by frame; if the refusal means the interface never segments that kind,
 /// its switch in `merge` goes off for good, while a passing failure (link down, queue full)
-/// leaves it on. The frames' bytes are borrowed for the headers' rewriting only: each leaves
-/// as it came.
-pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool; 2]) -> Sent {
+/// leaves it on. `deferred[i]` says that frame `i` came through the tunnel with its transport
+/// checksum deferred: a merged frame gets its checksums from the offload, a frame sent alone
+/// gets its checksum computed here. Otherwise the frames' bytes are borrowed for the headers'
+/// rewriting only: each leaves as it came.
+pub fn send_frames(
+    tx: &impl LanTx,
+    frames: &mut [&mut [u8]],
+    deferred: &[bool; SEND_BATCH],
+    merge: &mut [bool; 2],
+) -> Sent {
     let n = frames.len().min(SEND_BATCH);
     let mut runs: [Option<Run>; SEND_BATCH] = [None; SEND_BATCH];
     // The TCP flags of each run's first and last frame, as they came.
@@ -87,7 +94,8 @@ pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool;
         }
         let mut i = 0;
         while i < n {
-            runs[i] = find_run(&view[i..n], SEND_BATCH).filter(|r| merge[slot(r.kind)]);
+            runs[i] =
+                find_run(&view[i..n], &deferred[i..n], SEND_BATCH).filter(|r| merge[slot(r.kind)]);
             flags[i] = tcp_flags(view[i]);
             let last = runs[i].map_or(i, |r| i + r.count - 1);
             flags[last] = tcp_flags(view[last]);
@@ -99,6 +107,7 @@ pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool;
             }
         }
     }
+    complete_alone(frames, &runs[..n], deferred);
     // Per message, by its first frame: refused, and whether the answer means "this kind is
     // never segmented here".
     let mut refused: [Option<bool>; SEND_BATCH] = [None; SEND_BATCH];
@@ -159,6 +168,11 @@ pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool;
                     merge[slot(run.kind)] = false;
                 }
                 restore_headers(frames[i], run.kind, flags[i]);
+                for k in 1..count {
+                    if deferred[i + k] {
+                        complete_deferred_checksum(&mut frames[i + k][ETH_HEADER_LEN..]);
+                    }
+                }
                 let mut alone: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
                 for (a, f) in alone.iter_mut().zip(&frames[i..i + count]) {
                     *a = f;
@@ -174,6 +188,23 @@ pub fn send_frames(tx: &impl LanTx, frames: &mut [&mut [u8]], merge: &mut [bool;
         i += count;
     }
     out
+}
+
+/// Computes the deferred checksums of the frames that go alone (no run starts at them, and
+/// none covers them): nobody after us would.
+fn complete_alone(frames: &mut [&mut [u8]], runs: &[Option<Run>], deferred: &[bool]) {
+    let mut i = 0;
+    while i < runs.len() {
+        match runs[i] {
+            Some(run) => i += run.count,
+            None => {
+                if deferred[i] {
+                    complete_deferred_checksum(&mut frames[i][ETH_HEADER_LEN..]);
+                }
+                i += 1;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -267,8 +298,63 @@ mod tests {
     fn send(tx: &Refusing, merge: &mut [bool; 2]) -> (Sent, Vec<Vec<u8>>) {
         let mut frames = batch();
         let mut refs: Vec<&mut [u8]> = frames.iter_mut().map(Vec::as_mut_slice).collect();
-        let out = send_frames(tx, &mut refs, merge);
+        let out = send_frames(tx, &mut refs, &[false; SEND_BATCH], merge);
         (out, frames)
+    }
+
+    /// The batch as a sender that deferred its transport checksums leaves it: every field
+    /// holding something else.
+    fn deferred_batch() -> Vec<Vec<u8>> {
+        let mut frames = batch();
+        for f in &mut frames {
+            let at = if f[14 + 9] == 6 {
+                14 + 20 + 16
+            } else {
+                14 + 20 + 6
+            };
+            f[at..at + 2].copy_from_slice(&[0xde, 0xad]);
+        }
+        frames
+    }
+
+    #[test]
+    fn deferred_checksums_are_merged_unchecked_and_computed_for_frames_sent_alone() {
+        let tx = Refusing::new(cyphonic_netio::GsoKind::UdpL4, libc::EINVAL);
+        let mut merge = [true, true];
+        for round in 0..2 {
+            let mut frames = deferred_batch();
+            let mut refs: Vec<&mut [u8]> = frames.iter_mut().map(Vec::as_mut_slice).collect();
+            let out = send_frames(&tx, &mut refs, &[true; SEND_BATCH], &mut merge);
+            assert_eq!(
+                (out.sent, out.failed, out.merged, out.merged_segments),
+                (6, 0, 1, 3),
+                "round {round}"
+            );
+            let taken = tx.taken.take();
+            assert_eq!(taken.len(), 4, "round {round}");
+            assert_eq!(
+                taken[0].1, 3,
+                "the TCP run, merged though its checksums were not"
+            );
+            // The UDP datagrams went alone (refused merged, then not merged at all), each
+            // with its checksum computed: exactly the frames a non-deferring sender sends.
+            let alone: Vec<(Vec<u8>, usize)> =
+                batch()[3..].iter().map(|f| (f.clone(), 1)).collect();
+            assert_eq!(taken[1..], alone[..], "round {round}");
+        }
+        // Without merging, every frame goes alone and right.
+        let mut frames = deferred_batch();
+        let mut refs: Vec<&mut [u8]> = frames.iter_mut().map(Vec::as_mut_slice).collect();
+        let out = send_frames(&tx, &mut refs, &[true; SEND_BATCH], &mut [false, false]);
+        assert_eq!((out.sent, out.merged), (6, 0));
+        let alone: Vec<(Vec<u8>, usize)> = batch().into_iter().map(|f| (f, 1)).collect();
+        assert_eq!(tx.taken.take(), alone);
+        // Not deferred, the same spoiled frames are sent as they are, unmerged.
+        let mut frames = deferred_batch();
+        let mut refs: Vec<&mut [u8]> = frames.iter_mut().map(Vec::as_mut_slice).collect();
+        let out = send_frames(&tx, &mut refs, &[false; SEND_BATCH], &mut [true, false]);
+        assert_eq!((out.sent, out.merged), (6, 0));
+        assert_eq!(frames, deferred_batch());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use cyphonic_gateway::{Egress, Fragmenter, Lan, Neighbors};
+use cyphonic_gateway::{Egress, Fragmenter, Lan, Neighbors, complete_deferred_checksum};
 
 struct OneLease;
 
@@ -23,12 +23,16 @@ fn lan() -> Lan {
         overlay: "100.64.0.0/10".parse().expect("overlay"),
         inner_mtu: 1420,
         mss_clamp: true,
+        defer_checksums: false,
     }
 }
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else { return };
-    let lan = lan();
+    let lan = Lan {
+        defer_checksums: flags & 8 != 0,
+        ..lan()
+    };
     let mut frame = rest.to_vec();
     // Steer half the inputs past the MAC filter so the IPv4 paths get exercised.
     if flags & 1 == 1 && frame.len() >= 14 {
@@ -39,8 +43,16 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let wire_len = frame.len() + usize::from(flags >> 5);
     let mut out = [0u8; 2048];
     match lan.handle_frame(&mut frame, wire_len, flags & 4 != 0, &OneLease, &mut out) {
-        Egress::Forward { packet, .. } => {
+        Egress::Forward {
+            packet,
+            checksum_deferred,
+            ..
+        } => {
             assert!(packet.end <= frame.len() && packet.len() <= 1420);
+            if checksum_deferred {
+                // What the far end does with it.
+                assert!(complete_deferred_checksum(&mut frame[packet]));
+            }
         }
         Egress::Fragment { packet, .. } => {
             if let Ok(mut f) = Fragmenter::new(&frame[packet], 1420) {

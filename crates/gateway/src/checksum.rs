@@ -91,6 +91,17 @@ pub(crate) fn fill_transport(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, p
     segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
+/// Writes the pseudo-header sum of `segment` into its TCP or UDP checksum field: a partial
+/// checksum for offload to complete (`CHECKSUM_PARTIAL`). Other protocols, and segments too
+/// short to hold the field, are left as they are.
+pub(crate) fn fill_pseudo_header(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) {
+    let Some(at) = field(proto).filter(|at| segment.len() >= at + 2) else {
+        return;
+    };
+    let sum = pseudo_header(src, dst, proto, segment.len());
+    segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
 /// Whether the TCP or UDP checksum of `segment` is right: pseudo-header and segment, the
 /// field included, sum to all ones (either zero of one's complement in the field passes).
 pub(crate) fn transport_valid(segment: &[u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) -> bool {

@@ -119,12 +119,13 @@ const fn proto(kind: GsoKind) -> u8 {
 
 /// Whether both checksums of `s`, the IP header's and the transport's, are right. (The
 /// tunnel's ingress has checked the IP header already; merging rewrites it, so it is checked
-/// here too, at the cost of 20 bytes.)
-fn checksum_ok(s: &Seg<'_>) -> bool {
+/// here too, at the cost of 20 bytes.) A packet whose transport checksum was `deferred` by the
+/// tunnel's sender has none to check: the AEAD brought its payload intact.
+fn checksum_ok(s: &Seg<'_>, deferred: bool) -> bool {
     let ip = &s.frame[ETH_HEADER_LEN..];
     let (src, dst) = addresses(ip);
     checksum::internet(&ip[..IPV4_MIN_HEADER]) == 0
-        && checksum::transport_valid(&ip[IPV4_MIN_HEADER..], src, dst, proto(s.kind))
+        && (deferred || checksum::transport_valid(&ip[IPV4_MIN_HEADER..], src, dst, proto(s.kind)))
 }
 
 fn addresses(ip: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
@@ -167,8 +168,10 @@ fn continues(first: &Seg<'_>, prev: &Seg<'_>, next: &Seg<'_>) -> bool {
 
 /// The run of packets at the start of `frames` that can go out as one frame, if the first two
 /// already make one. Runs stop at `max_count` frames and before the IP packet would pass
-/// 65,535 bytes.
-pub fn find_run(frames: &[&[u8]], max_count: usize) -> Option<Run> {
+/// 65,535 bytes. `deferred[i]` says that frame `i` came through the tunnel with its transport
+/// checksum deferred (its field holds nothing to verify; missing entries count as `false`).
+pub fn find_run(frames: &[&[u8]], deferred: &[bool], max_count: usize) -> Option<Run> {
+    let deferred = |i: usize| deferred.get(i).copied().unwrap_or(false);
     let first = parse(frames.first()?)?;
     if first.payload == 0
         || (first.kind == GsoKind::Tcp
@@ -183,7 +186,7 @@ pub fn find_run(frames: &[&[u8]], max_count: usize) -> Option<Run> {
     let mut count = 1;
     let mut payload = first.payload;
     let mut prev = first;
-    for frame in frames.iter().take(max_count).skip(1) {
+    for (i, frame) in frames.iter().enumerate().take(max_count).skip(1) {
         let Some(next) = parse(frame) else { break };
         if !continues(&first, &prev, &next)
             || headers - ETH_HEADER_LEN + payload + next.payload > usize::from(u16::MAX)
@@ -192,12 +195,12 @@ pub fn find_run(frames: &[&[u8]], max_count: usize) -> Option<Run> {
         }
         if !first_checked {
             // The first packet is checked only once a second one could join it.
-            if !checksum_ok(&first) {
+            if !checksum_ok(&first, deferred(0)) {
                 return None;
             }
             first_checked = true;
         }
-        if !checksum_ok(&next) {
+        if !checksum_ok(&next, deferred(i)) {
             break;
         }
         count += 1;
@@ -341,7 +344,7 @@ mod tests {
 
     fn run_of(frames: &[Vec<u8>]) -> Option<Run> {
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        find_run(&refs, 64)
+        find_run(&refs, &[], 64)
     }
 
     /// Merges like the adapter does and cuts the result like the kernel's GSO would: the
@@ -466,9 +469,42 @@ mod tests {
         assert_eq!(run_of(&empty), None);
         for len in 0..80 {
             let junk = vec![0x45u8; len];
-            assert_eq!(find_run(&[&junk, &junk], 64), None);
+            assert_eq!(find_run(&[&junk, &junk], &[], 64), None);
         }
-        assert_eq!(find_run(&[], 64), None);
+        assert_eq!(find_run(&[], &[], 64), None);
+    }
+
+    #[test]
+    fn deferred_checksums_are_not_verified_but_the_ip_header_still_is() {
+        let (mut frames, _) = stream(&[1000; 4], 0);
+        // What a tunnel sender that deferred them leaves in the field: anything.
+        for f in &mut frames {
+            f[14 + 20 + 16..14 + 20 + 18].copy_from_slice(&[0xde, 0xad]);
+        }
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            find_run(&refs, &[], 64),
+            None,
+            "not deferred: checked, wrong"
+        );
+        assert_eq!(find_run(&refs, &[true; 4], 64).unwrap().count, 4);
+        assert_eq!(
+            find_run(&refs, &[true, true, false, true], 64)
+                .unwrap()
+                .count,
+            2,
+            "the run stops before the one that was not deferred"
+        );
+        // Merged and cut again, every segment has its right checksum back.
+        let run = find_run(&refs, &[true; 4], 64).unwrap();
+        for cut in merged_then_cut(&frames, &run) {
+            assert!(checksums_ok(&cut[14..]));
+        }
+        // A damaged IP header is never merged, deferred or not.
+        let mut bad = frames.clone();
+        bad[1][14 + 4] ^= 1; // the IP ID (runs do not compare it), header checksum as it was
+        let refs: Vec<&[u8]> = bad.iter().map(Vec::as_slice).collect();
+        assert_eq!(find_run(&refs, &[true; 4], 64), None);
     }
 
     #[test]
@@ -480,7 +516,7 @@ mod tests {
             "45 * 1448 + 52 fits, 46 would not"
         );
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        assert_eq!(find_run(&refs, 7).unwrap().count, 7);
+        assert_eq!(find_run(&refs, &[], 7).unwrap().count, 7);
     }
 
     #[test]
@@ -611,7 +647,7 @@ mod tests {
             let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
             for start in 0..n {
                 let _ = tcp_flags(refs[start]);
-                let Some(run) = find_run(&refs[start..], 64) else { continue };
+                let Some(run) = find_run(&refs[start..], &[], 64) else { continue };
                 let cut = merged_then_cut(&frames[start..], &run);
                 proptest::prop_assert_eq!(cut.len(), run.count);
                 for (a, b) in cut.iter().zip(&frames[start..]) {

@@ -85,12 +85,15 @@ pub enum Egress {
         udp_payload: Range<usize>,
     },
     /// Carry `frame[packet]` into the tunnel towards `dst` (TTL decremented, checksum
-    /// completed, MSS clamped, all in place).
+    /// completed or deferred, MSS clamped, all in place).
     Forward {
         /// The IPv4 packet within the frame.
         packet: Range<usize>,
         /// Its destination.
         dst: Ipv4Addr,
+        /// Its TCP or UDP checksum was left partial ([`crate::Lan::defer_checksums`]): send
+        /// it with `FLAG_CHECKSUM_DEFERRED` so that the far end completes it.
+        checksum_deferred: bool,
     },
     /// Like [`Egress::Forward`], but larger than the inner MTU without DF: split it with a
     /// [`crate::Fragmenter`] first.
@@ -249,16 +252,30 @@ impl Lan {
         }
         let ip = &mut frame[packet.clone()];
         ipv4::decrement_ttl(ip);
-        if checksum_partial {
+        let fragment = h.total_len > usize::from(self.inner_mtu);
+        // A checksum left partial goes through the tunnel as it is, for the far end to
+        // complete, unless this packet is to be fragmented (the far end could not reach the
+        // whole payload) or has no checksum to complete.
+        let checksum_deferred = checksum_partial
+            && self.defer_checksums
+            && !fragment
+            && ipv4::has_transport_checksum(ip, &h);
+        if checksum_partial && !checksum_deferred {
             ipv4::complete_transport_checksum(ip, &h);
         }
         if self.mss_clamp {
+            // Updates the checksum field incrementally: harmless on a deferred one, which the
+            // far end computes afresh.
             tcp::clamp_mss(ip, &h, self.max_mss());
         }
-        if h.total_len > usize::from(self.inner_mtu) {
+        if fragment {
             return Egress::Fragment { packet, dst: h.dst };
         }
-        Egress::Forward { packet, dst: h.dst }
+        Egress::Forward {
+            packet,
+            dst: h.dst,
+            checksum_deferred,
+        }
     }
 
     fn to_gateway(
@@ -527,7 +544,8 @@ mod tests {
             v,
             Egress::Forward {
                 packet: 14..14 + p.len(),
-                dst: REMOTE.into()
+                dst: REMOTE.into(),
+                checksum_deferred: false,
             }
         );
         assert_eq!(frame[14 + 8], 63, "TTL decremented");
@@ -679,6 +697,76 @@ mod tests {
             checksums_ok(&frame[14..]),
             "checksum completed before sealing"
         );
+    }
+
+    #[test]
+    fn partial_checksums_are_deferred_when_asked_unless_the_packet_is_fragmented() {
+        let deferring = Lan {
+            defer_checksums: true,
+            ..lan()
+        };
+        let handle = |mut frame: Vec<u8>, partial: bool| {
+            let mut out = vec![0u8; 2048];
+            let len = frame.len();
+            let v = deferring.handle_frame(&mut frame, len, partial, &leases(), &mut out);
+            (v, frame)
+        };
+        // Partial: forwarded as it is, flagged; the far end's completion makes it right.
+        let mut p = ipv4_udp(DEV, REMOTE, 1, 2, b"offloaded");
+        p[26..28].copy_from_slice(&[0x12, 0x34]);
+        let (v, mut frame) = handle(eth(GW_MAC, DEV_MAC, &p), true);
+        let Egress::Forward {
+            packet,
+            checksum_deferred: true,
+            ..
+        } = v
+        else {
+            panic!("{v:?}");
+        };
+        assert_eq!(
+            frame[14 + 26..14 + 28],
+            [0x12, 0x34],
+            "left for the far end"
+        );
+        assert!(crate::complete_deferred_checksum(&mut frame[packet]));
+        assert!(checksums_ok(&frame[14..]));
+        // A partial SYN: clamped, deferred, and right once completed.
+        let mut s = syn(1460);
+        s[12..16].copy_from_slice(&DEV);
+        ipv4::fill_header_checksum(&mut s, 20);
+        let (v, mut frame) = handle(eth(GW_MAC, DEV_MAC, &s), true);
+        assert!(
+            matches!(
+                v,
+                Egress::Forward {
+                    checksum_deferred: true,
+                    ..
+                }
+            ),
+            "{v:?}"
+        );
+        assert_eq!(u16::from_be_bytes([frame[14 + 44], frame[14 + 45]]), 1380);
+        assert!(crate::complete_deferred_checksum(&mut frame[14..]));
+        assert!(checksums_ok(&frame[14..]));
+        // A whole checksum stays whole and is not flagged.
+        let p = ipv4_udp(DEV, REMOTE, 1, 2, b"whole");
+        let (v, frame) = handle(eth(GW_MAC, DEV_MAC, &p), false);
+        assert!(matches!(
+            v,
+            Egress::Forward {
+                checksum_deferred: false,
+                ..
+            }
+        ));
+        assert!(checksums_ok(&frame[14..]));
+        // Too large for the tunnel without DF: fragmented here, so completed here.
+        let mut big = ipv4_udp(DEV, REMOTE, 1, 2, &[7u8; 1500]);
+        big[6] = 0; // no DF
+        ipv4::fill_header_checksum(&mut big, 20);
+        big[26..28].copy_from_slice(&[0x12, 0x34]);
+        let (v, frame) = handle(eth(GW_MAC, DEV_MAC, &big), true);
+        assert!(matches!(v, Egress::Fragment { .. }), "{v:?}");
+        assert!(checksums_ok(&frame[14..]), "completed before fragmenting");
     }
 
     proptest::proptest! {

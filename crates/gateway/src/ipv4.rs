@@ -135,17 +135,40 @@ pub(crate) fn write_header(
     fill_header_checksum(buf, IPV4_MIN_HEADER);
 }
 
+/// Whether `packet` (with header `h`) carries a TCP or UDP checksum that can be computed
+/// here: not a fragment, whole, with a transport header long enough to hold the field.
+pub(crate) fn has_transport_checksum(packet: &[u8], h: &Header) -> bool {
+    if h.is_fragment() || h.total_len > packet.len() {
+        return false;
+    }
+    match h.proto {
+        PROTO_TCP => h.total_len - h.header_len >= 20,
+        PROTO_UDP => h.total_len - h.header_len >= 8,
+        _ => false,
+    }
+}
+
+/// Computes the TCP or UDP checksum of an IPv4 packet that came out of the tunnel with its
+/// checksum deferred (`FLAG_CHECKSUM_DEFERRED`, docs/protocol.md §1), over the whole segment,
+/// whatever its field held. Returns whether there was one to compute; a packet without
+/// (malformed, a fragment, another protocol) is left as it is.
+pub fn complete_deferred_checksum(packet: &mut [u8]) -> bool {
+    let Ok(h) = Header::parse(packet, true) else {
+        return false;
+    };
+    if !has_transport_checksum(packet, &h) {
+        return false;
+    }
+    complete_transport_checksum(packet, &h);
+    true
+}
+
 /// Completes the TCP or UDP checksum of a packet whose checksum the sender's kernel left to
 /// offload (`CHECKSUM_PARTIAL`): the field holds only the pseudo-header sum, and nobody after
 /// us would fill it in. Recomputed from scratch over the whole segment.
 pub(crate) fn complete_transport_checksum(packet: &mut [u8], h: &Header) {
-    if h.is_fragment() || h.total_len > packet.len() {
+    if !has_transport_checksum(packet, h) {
         return;
-    }
-    match h.proto {
-        PROTO_TCP if h.total_len - h.header_len >= 20 => {}
-        PROTO_UDP if h.total_len - h.header_len >= 8 => {}
-        _ => return,
     }
     checksum::fill_transport(
         &mut packet[h.header_len..h.total_len],

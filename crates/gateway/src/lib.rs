@@ -5,8 +5,9 @@
 //!   answer on the LAN ([`Egress::Reply`]: ARP for the gateway vIP and proxy ARP for off-link
 //!   overlay vIPs, ICMP echo for the gateway, ICMP fragmentation-needed and time-exceeded),
 //!   hand it to the DHCP or DNS service, forward it into the tunnel (after anti-spoofing
-//!   against the lease table, TTL decrement, checksum completion for offloaded frames and MSS
-//!   clamping), fragment it, or drop it with a reason.
+//!   against the lease table, TTL decrement, MSS clamping, and checksum completion for
+//!   offloaded frames, or their checksums left to the far end), fragment it, or drop it with a
+//!   reason.
 //! - [`Lan::deliver`] (ingress): checks a decrypted packet against the sending peer's certified
 //!   vIP blocks (cryptokey routing) and our LAN, clamps MSS, and writes the Ethernet header in
 //!   front of it for the device's MAC, or asks for an ARP request when the MAC is unknown.
@@ -43,6 +44,7 @@ pub use coalesce::{Run, find_run, merge_headers, restore_headers, tcp_flags};
 pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
+pub use ipv4::complete_deferred_checksum;
 pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
 
@@ -86,6 +88,10 @@ pub struct Lan {
     pub inner_mtu: u16,
     /// Rewrite the MSS option of TCP SYN and SYN-ACK to fit `inner_mtu`.
     pub mss_clamp: bool,
+    /// Forward frames whose TCP or UDP checksum the kernel left partial without completing it
+    /// ([`Egress::Forward`]'s `checksum_deferred`): the tunnel's far end fills it in, or has
+    /// its NIC do it, after the AEAD has carried the payload intact.
+    pub defer_checksums: bool,
 }
 
 impl Lan {

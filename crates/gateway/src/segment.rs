@@ -72,6 +72,8 @@ pub struct Segmenter<'a> {
     done: usize,
     /// Segments already emitted.
     index: u16,
+    /// Leave transport checksums partial (see [`Segmenter::with_partial_checksums`]).
+    partial: bool,
 }
 
 impl<'a> Segmenter<'a> {
@@ -134,7 +136,19 @@ impl<'a> Segmenter<'a> {
             payload: l4.len() - l4_header,
             done: 0,
             index: 0,
+            partial: false,
         })
+    }
+
+    /// Leaves each segment's TCP or UDP checksum partial instead of computing it: the field
+    /// holds the pseudo-header sum, as the kernel's own GSO leaves it for a device that offloads
+    /// checksums (`CHECKSUM_PARTIAL`), and whoever sends the segment on completes it. Saves a
+    /// pass over every payload when the checksum is computed later anyway, or not at all
+    /// (the tunnel's deferred checksums, docs/protocol.md §1).
+    #[must_use]
+    pub const fn with_partial_checksums(mut self) -> Self {
+        self.partial = true;
+        self
     }
 
     /// How many segments the frame makes (at least one: a coalesced frame without payload is
@@ -186,7 +200,11 @@ impl<'a> Segmenter<'a> {
                 l4[4..6].copy_from_slice(&udp_len.to_be_bytes());
             }
         }
-        checksum::fill_transport(l4, self.h.src, self.h.dst, self.h.proto);
+        if self.partial {
+            checksum::fill_pseudo_header(l4, self.h.src, self.h.dst, self.h.proto);
+        } else {
+            checksum::fill_transport(l4, self.h.src, self.h.dst, self.h.proto);
+        }
 
         self.done += chunk;
         self.index = self.index.wrapping_add(1);
@@ -389,6 +407,40 @@ mod tests {
                 data,
                 "size {size}"
             );
+        }
+    }
+
+    #[test]
+    fn partial_checksums_hold_the_pseudo_header_sum_and_complete_to_the_full_ones() {
+        for (kind, frame) in [
+            (
+                GsoKind::Tcp,
+                tcp_frame(&[], &[1, 1, 1, 0], ACK | TCP_PSH, &pattern(4_001)),
+            ),
+            (GsoKind::Udp, udp_frame(&pattern(4_001))),
+        ] {
+            let full = all(&frame, kind, 1001);
+            let mut s = Segmenter::new(&frame, kind, 1001, MAX)
+                .unwrap()
+                .with_partial_checksums();
+            let mut buf = [0u8; MAX];
+            let mut n = 0;
+            while let Some(len) = s.next_into(&mut buf) {
+                let ip = &mut buf[ETH_HEADER_LEN..len];
+                let h = Header::parse(ip, true).unwrap();
+                let at = h.header_len + checksum::field(h.proto).unwrap();
+                let pseudo =
+                    checksum::pseudo_header(h.src, h.dst, h.proto, h.total_len - h.header_len);
+                assert_eq!(
+                    u16::from_be_bytes([ip[at], ip[at + 1]]),
+                    pseudo,
+                    "{kind:?} {n}"
+                );
+                assert!(crate::complete_deferred_checksum(ip));
+                assert_eq!(buf[..len], full[n][..], "{kind:?} segment {n}");
+                n += 1;
+            }
+            assert_eq!(n, full.len());
         }
     }
 

@@ -23,6 +23,7 @@ pub(crate) fn lan() -> crate::Lan {
         overlay: "100.64.0.0/10".parse().unwrap(),
         inner_mtu: 1420,
         mss_clamp: true,
+        defer_checksums: false,
     }
 }
 pub(crate) const DEV_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 10];

@@ -12,9 +12,10 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cyphonic_gateway::complete_deferred_checksum;
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::{BUF_LEN, HEADROOM, Incoming, RECV_BATCH, Submitter, bump};
-use cyphonic_wire::TAG_LEN;
+use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, TAG_LEN};
 use ipnet::Ipv4Net;
 
 use crate::daemon::Shared;
@@ -117,7 +118,7 @@ impl TunReader {
                         bump(&shared.counters.tun_read);
                         let packet = &buf[HEADROOM..HEADROOM + n];
                         match outbound(packet, shared.vip, shared.overlay, &shared.counters) {
-                            Some(dst) => self.submitter.route(buf, n, dst, Instant::now()),
+                            Some(dst) => self.submitter.route(buf, n, dst, 0, Instant::now()),
                             None => pool.put(buf),
                         }
                     }
@@ -157,12 +158,11 @@ impl Sink for TunSink {
     type Item = Incoming;
 
     fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
-        let Some((item, packet)) = item.accept(&self.shared.tunnel)? else {
+        let Some((mut item, packet)) = item.accept(&self.shared.tunnel)? else {
             return Ok(());
         };
         let c = &self.shared.counters;
-        let bytes = &item.buf()[packet];
-        let verdict = match addresses(bytes) {
+        let verdict = match addresses(&item.buf()[packet.clone()]) {
             Err(false) => Err((&c.drop_inner_not_ipv4, DropReason::Malformed)),
             Err(true) => Err((&c.drop_inner_malformed, DropReason::Malformed)),
             // Cryptokey routing: a peer speaks only for the blocks its certificate names.
@@ -184,7 +184,12 @@ impl Sink for TunSink {
             bump(counter);
             return self.drop_with(item, reason);
         }
-        let result = match self.shared.tun.send(bytes) {
+        if item.flags() & FLAG_CHECKSUM_DEFERRED != 0 {
+            // An adapter left the checksum to us (docs/protocol.md §1); the TUN device takes
+            // whole packets only.
+            complete_deferred_checksum(&mut item.buf_mut()[packet.clone()]);
+        }
+        let result = match self.shared.tun.send(&item.buf()[packet]) {
             Ok(_) => {
                 bump(&c.tun_written);
                 Ok(())

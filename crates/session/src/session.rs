@@ -110,6 +110,21 @@ impl Session {
         buf: &mut [u8],
         payload_len: usize,
     ) -> Result<usize, SendError> {
+        self.seal_flagged(counter, buf, payload_len, 0)
+    }
+
+    /// [`Session::seal`] with header `flags` (such as
+    /// [`cyphonic_wire::FLAG_CHECKSUM_DEFERRED`]), authenticated with the header.
+    ///
+    /// # Errors
+    /// [`SendError::BufferTooSmall`] when `buf` cannot hold header, payload and tag.
+    pub fn seal_flagged(
+        &self,
+        counter: u64,
+        buf: &mut [u8],
+        payload_len: usize,
+        flags: u16,
+    ) -> Result<usize, SendError> {
         let len = HEADER_LEN + payload_len + TAG_LEN;
         let Some(frame_buf) = buf.get_mut(..len) else {
             return Err(SendError::BufferTooSmall { needed: len });
@@ -121,7 +136,7 @@ impl Session {
         };
         let repr = FrameRepr {
             msg_type,
-            flags: 0,
+            flags,
             receiver_index: self.remote_index,
             counter,
             body_len: payload_len + TAG_LEN,
@@ -217,6 +232,26 @@ mod tests {
         assert_eq!((counter, &*plain), (0, &b"hello"[..]));
         b.accept_counter(counter).unwrap();
         assert!(b.check_replay(counter).is_err());
+    }
+
+    #[test]
+    fn flags_are_carried_and_authenticated() {
+        let (a, b) = pair(u64::MAX);
+        let mut buf = [0u8; 64];
+        buf[HEADER_LEN..HEADER_LEN + 5].copy_from_slice(b"hello");
+        let flag = cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
+        let len = a
+            .seal_flagged(a.reserve_counter().unwrap(), &mut buf, 5, flag)
+            .unwrap();
+        assert_eq!(Frame::new_checked(&buf[..len]).unwrap().flags(), flag);
+        let mut cleared = buf;
+        cleared[3] &= !0x01; // the flag itself: authenticated as AAD
+        assert!(matches!(
+            b.open(&mut cleared[..len]),
+            Err(RecvError::Auth(_))
+        ));
+        let (_, plain) = b.open(&mut buf[..len]).unwrap();
+        assert_eq!(&*plain, b"hello");
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub struct Outgoing {
     counter: u64,
     dest: Option<SocketAddr>,
     frame_len: usize,
+    flags: u16,
 }
 
 impl Outgoing {
@@ -52,7 +53,15 @@ impl Outgoing {
             counter: 0,
             dest: None,
             frame_len: 0,
+            flags: 0,
         }
+    }
+
+    /// The same packet, sent with header `flags` (`cyphonic_wire::FLAG_CHECKSUM_DEFERRED`).
+    #[must_use]
+    pub const fn with_flags(mut self, flags: u16) -> Self {
+        self.flags = flags;
+        self
     }
 
     /// Its buffer back (to return it to the pool).
@@ -104,7 +113,7 @@ impl Stage for SealStage {
     fn process(&self, item: &mut Outgoing) -> Result<(), DropReason> {
         let session = item.session.as_ref().ok_or(DropReason::NoSession)?;
         item.frame_len = session
-            .seal(item.counter, &mut item.buf[..], item.len)
+            .seal_flagged(item.counter, &mut item.buf[..], item.len, item.flags)
             .map_err(|_| DropReason::TooBig)?;
         Ok(())
     }
@@ -218,15 +227,22 @@ impl Submitter {
         }
     }
 
-    /// The packet at `buf[HEADROOM..][..len]` for the peer whose block holds `dst`, or counted
-    /// and dropped when no peer's does.
-    pub fn route(&mut self, buf: Buf, len: usize, dst: std::net::Ipv4Addr, now: Instant) {
+    /// The packet at `buf[HEADROOM..][..len]` for the peer whose block holds `dst`, sent with
+    /// header `flags`, or counted and dropped when no peer's block does.
+    pub fn route(
+        &mut self,
+        buf: Buf,
+        len: usize,
+        dst: std::net::Ipv4Addr,
+        flags: u16,
+        now: Instant,
+    ) {
         let Some(peer) = self.shared.peers.route(dst) else {
             bump(&self.shared.counters.drop_no_peer);
             self.shared.pool.put(buf);
             return;
         };
-        self.submit(Outgoing::new(buf, len, peer, now));
+        self.submit(Outgoing::new(buf, len, peer, now).with_flags(flags));
     }
 
     /// Hands a packet to the pipeline, or queues it behind its peer's pending handshake.

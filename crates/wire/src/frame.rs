@@ -17,6 +17,12 @@ pub const HANDSHAKE_RESP_MIN: usize = 32 + TAG_LEN;
 /// (RFC 8200 §5) after the outer IPv6 (40) and UDP (8) headers and our own header (16), so no
 /// handshake ever depends on fragmentation or path MTU discovery.
 pub const HANDSHAKE_MAX: usize = 1280 - 40 - 8 - HEADER_LEN;
+/// Data-frame flag: the inner packet's TCP or UDP checksum is left to the receiver
+/// (docs/protocol.md §1). The packet is an IPv4 TCP or UDP packet, not a fragment, whose
+/// payload the sender vouches for (the AEAD carries it intact); its checksum field holds no
+/// meaningful value. The receiver computes the checksum before the packet leaves it, or hands
+/// the packet to a device that does (checksum offload). Other flag bits are 0 in version 1.
+pub const FLAG_CHECKSUM_DEFERRED: u16 = 0x0001;
 
 /// Byte offsets of the header fields.
 pub mod field {
@@ -26,7 +32,7 @@ pub mod field {
     pub const VERSION: usize = 0;
     /// `u8` message type.
     pub const TYPE: usize = 1;
-    /// `u16` flags, zero in version 1.
+    /// `u16` flags ([`super::FLAG_CHECKSUM_DEFERRED`] on data frames; all else 0 in version 1).
     pub const FLAGS: Range<usize> = 2..4;
     /// `u32` session index chosen by the receiver of this frame.
     pub const RECEIVER: Range<usize> = 4..8;
