@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod lan;
+pub mod offload;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -37,6 +37,8 @@ pub(crate) struct Parts {
 const BURST: f64 = 4096.0;
 /// Packets per batch at the pipeline's default configuration.
 const BATCH: f64 = 32.0;
+/// Segments per coalesced frame in the offload benchmarks (benches/src/offload.rs `SEGMENTS`).
+const SEGMENTS: f64 = 45.0;
 
 pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
     let root = util::root();
@@ -50,6 +52,7 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
             "reorder_ring",
             "lan_dns",
             "lan_dhcp",
+            "deferred_checksums",
         ] {
             let _ = std::fs::remove_dir_all(criterion_dir.join(group));
         }
@@ -63,6 +66,8 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
                 "pipeline",
                 "--bench",
                 "lan",
+                "--bench",
+                "offload",
             ],
         )?;
         sections.push((MICRO, render(&collect(&criterion_dir)?)?));
@@ -245,6 +250,39 @@ fn render(r: &Results) -> anyhow::Result<String> {
     ] {
         let ns = get(r, group, function, "")?;
         writeln!(s, "| {what} | {} | {} |", duration(ns), per_second(ns))?;
+    }
+    writeln!(s)?;
+    writeln!(
+        s,
+        "LAN-side offloads per segment, a 64 KiB GRO frame of {SEGMENTS:.0} TCP segments of 1448 bytes (one core, cache-warm):"
+    )?;
+    writeln!(s)?;
+    writeln!(
+        s,
+        "| step | checksums whole | checksums deferred | deferred / whole |"
+    )?;
+    writeln!(s, "|---|---:|---:|---:|")?;
+    for (whole, deferred, what) in [
+        (
+            "cut_full",
+            "cut_partial",
+            "capture: cut the frame into segments",
+        ),
+        (
+            "run_verified",
+            "run_deferred",
+            "far end: find the run to merge for the LAN",
+        ),
+    ] {
+        let w = get(r, "deferred_checksums", whole, "")? / SEGMENTS;
+        let d = get(r, "deferred_checksums", deferred, "")? / SEGMENTS;
+        writeln!(
+            s,
+            "| {what} | {} | {} | {:.0}% |",
+            duration(w),
+            duration(d),
+            100.0 * d / w
+        )?;
     }
     Ok(s)
 }
