@@ -20,6 +20,7 @@ use clap::{Parser, Subcommand};
 use cyphonic_crypto::{
     Certificate, CertificateAuthority, Fingerprint, IssueRequest, RevocationList, StaticKeypair,
 };
+use cyphonic_telemetry::logging::Format as LogFormat;
 use ipnet::IpNet;
 
 const DAY: u64 = 24 * 3600;
@@ -73,14 +74,6 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -179,10 +172,7 @@ fn main() -> ExitCode {
 }
 
 fn serve(path: &Path, format: LogFormat) -> anyhow::Result<()> {
-    cyphonic_telemetry::logging::init(match format {
-        LogFormat::Text => cyphonic_telemetry::logging::Format::Text,
-        LogFormat::Json => cyphonic_telemetry::logging::Format::Json,
-    });
+    cyphonic_telemetry::logging::init(format);
     let config = cyphonic_cloud::config::load(path, now())?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -16,7 +16,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use cyphonic_telemetry::logging::Format as LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -56,31 +57,16 @@ enum Command {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
 fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn init_logging(format: LogFormat) {
-    cyphonic_telemetry::logging::init(match format {
-        LogFormat::Text => cyphonic_telemetry::logging::Format::Text,
-        LogFormat::Json => cyphonic_telemetry::logging::Format::Json,
-    });
-}
-
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run { config, log_format } => {
-            init_logging(log_format);
+            cyphonic_telemetry::logging::init(log_format);
             config::load(&config, now_secs())
                 .map_err(anyhow::Error::from)
                 .and_then(|(c, id)| daemon::run(&c, id))

@@ -8,8 +8,8 @@
 
 use std::io::IsTerminal as _;
 
-/// How log lines look.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How log lines look; also the daemons' `--log-format` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Format {
     /// Human-readable lines.
     #[default]
