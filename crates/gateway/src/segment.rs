@@ -15,6 +15,10 @@
 //! - UDP (`UDP_L4`, UDP GSO/GRO): every datagram gets the headers, its own IP total length and
 //!   ID, UDP length and checksum.
 //!
+//! Asked to (`with_partial_checksums`), the segmenter leaves the TCP or UDP checksum partial
+//! (the pseudo-header sum, as GSO leaves it for a NIC), for the tunnel's far end to compute:
+//! the IP header checksum is always whole.
+//!
 //! Segments are written as whole Ethernet frames into the caller's buffers, one at a time and
 //! in order, so the rest of the LAN path (anti-spoofing, TTL, MSS clamping) treats them exactly
 //! like frames that arrived separately.
