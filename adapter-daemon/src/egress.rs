@@ -192,7 +192,7 @@ impl Capture {
             }
             (Some(_), None) => Err(SegmentError::Malformed),
             (Some(frame), Some(kind)) => Segmenter::new(frame, kind, how.segment_size, FRAME_ROOM)
-                .map(|s| if defer { s.with_partial_checksums() } else { s }),
+                .map(|s| s.with_partial_checksums(defer)),
         };
         match segmenter {
             Ok(mut segments) => {

@@ -14,20 +14,6 @@ const ETH: usize = 14;
 const IP: usize = 20;
 const TCP: usize = 32;
 
-/// RFC 1071 over `data` (even length), for the fixture's IP header only.
-fn header_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks_exact(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    #[expect(clippy::cast_possible_truncation, reason = "folded to 16 bits above")]
-    let folded = sum as u16;
-    !folded
-}
-
 /// An Ethernet frame of one TCP/IPv4 packet (ACK, timestamps) from 100.64.1.10 to
 /// 100.64.2.20 carrying `SEGMENTS` segments' worth of payload, its IP header checksum right
 /// and its TCP checksum partial, as GRO hands it to a packet socket.
@@ -45,7 +31,7 @@ pub fn coalesced_tcp() -> Vec<u8> {
     ip[9] = 6;
     ip[12..16].copy_from_slice(&[100, 64, 1, 10]);
     ip[16..20].copy_from_slice(&[100, 64, 2, 20]);
-    let sum = header_checksum(&ip[..IP]);
+    let sum = ip4sum::checksum(&ip[..IP]);
     ip[10..12].copy_from_slice(&sum.to_be_bytes());
     let t = &mut ip[IP..];
     t[0..2].copy_from_slice(&40000u16.to_be_bytes());
@@ -62,18 +48,21 @@ pub fn coalesced_tcp() -> Vec<u8> {
     f
 }
 
-/// Cuts `frame` as the capture thread does, every segment into `out`; returns how many.
-pub fn cut(frame: &[u8], partial: bool, out: &mut [u8; MAX_FRAME]) -> usize {
+/// Cuts `frame` as the capture thread does, every segment into `out` and then to `each`;
+/// returns how many.
+pub fn cut(
+    frame: &[u8],
+    partial: bool,
+    out: &mut [u8; MAX_FRAME],
+    mut each: impl FnMut(&[u8]),
+) -> usize {
     let Ok(s) = Segmenter::new(frame, GsoKind::Tcp, SEGMENT, MAX_FRAME) else {
         return 0;
     };
-    let mut s = if partial {
-        s.with_partial_checksums()
-    } else {
-        s
-    };
+    let mut s = s.with_partial_checksums(partial);
     let mut n = 0;
-    while s.next_into(out).is_some() {
+    while let Some(len) = s.next_into(out) {
+        each(&out[..len]);
         n += 1;
     }
     n
@@ -82,13 +71,10 @@ pub fn cut(frame: &[u8], partial: bool, out: &mut [u8; MAX_FRAME]) -> usize {
 /// The segments of [`coalesced_tcp`], each a whole frame with right checksums: what comes
 /// out of the tunnel at the far end.
 pub fn segments() -> Vec<Vec<u8>> {
-    let frame = coalesced_tcp();
-    let mut s = Segmenter::new(&frame, GsoKind::Tcp, SEGMENT, MAX_FRAME).expect("a valid frame");
-    let mut buf = [0u8; MAX_FRAME];
     let mut out = Vec::new();
-    while let Some(n) = s.next_into(&mut buf) {
-        out.push(buf[..n].to_vec());
-    }
+    cut(&coalesced_tcp(), false, &mut [0u8; MAX_FRAME], |s| {
+        out.push(s.to_vec());
+    });
     out
 }
 
@@ -100,8 +86,8 @@ mod tests {
     fn the_frame_cuts_into_its_segments_and_they_make_one_run_either_way() {
         let frame = coalesced_tcp();
         let mut buf = [0u8; MAX_FRAME];
-        assert_eq!(cut(&frame, false, &mut buf), SEGMENTS);
-        assert_eq!(cut(&frame, true, &mut buf), SEGMENTS);
+        assert_eq!(cut(&frame, false, &mut buf, |_| {}), SEGMENTS);
+        assert_eq!(cut(&frame, true, &mut buf, |_| {}), SEGMENTS);
         let segs = segments();
         let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
         for deferred in [[false; SEGMENTS], [true; SEGMENTS]] {

@@ -692,7 +692,16 @@ mod tests {
         let mut p = ipv4_udp(DEV, REMOTE, 1, 2, b"offloaded");
         p[26..28].copy_from_slice(&[0x12, 0x34]);
         let (v, frame, _) = run(eth(GW_MAC, DEV_MAC, &p), None, true);
-        assert!(matches!(v, Egress::Forward { .. }));
+        assert!(
+            matches!(
+                v,
+                Egress::Forward {
+                    checksum_deferred: false,
+                    ..
+                }
+            ),
+            "not deferred unless asked: {v:?}"
+        );
         assert!(
             checksums_ok(&frame[14..]),
             "checksum completed before sealing"

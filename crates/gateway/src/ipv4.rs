@@ -153,22 +153,16 @@ pub(crate) fn has_transport_checksum(packet: &[u8], h: &Header) -> bool {
 /// whatever its field held. Returns whether there was one to compute; a packet without
 /// (malformed, a fragment, another protocol) is left as it is.
 pub fn complete_deferred_checksum(packet: &mut [u8]) -> bool {
-    let Ok(h) = Header::parse(packet, true) else {
-        return false;
-    };
-    if !has_transport_checksum(packet, &h) {
-        return false;
-    }
-    complete_transport_checksum(packet, &h);
-    true
+    Header::parse(packet, true).is_ok_and(|h| complete_transport_checksum(packet, &h))
 }
 
 /// Completes the TCP or UDP checksum of a packet whose checksum the sender's kernel left to
 /// offload (`CHECKSUM_PARTIAL`): the field holds only the pseudo-header sum, and nobody after
-/// us would fill it in. Recomputed from scratch over the whole segment.
-pub(crate) fn complete_transport_checksum(packet: &mut [u8], h: &Header) {
+/// us would fill it in. Recomputed from scratch over the whole segment. Returns whether there
+/// was one ([`has_transport_checksum`]).
+pub(crate) fn complete_transport_checksum(packet: &mut [u8], h: &Header) -> bool {
     if !has_transport_checksum(packet, h) {
-        return;
+        return false;
     }
     checksum::fill_transport(
         &mut packet[h.header_len..h.total_len],
@@ -176,6 +170,7 @@ pub(crate) fn complete_transport_checksum(packet: &mut [u8], h: &Header) {
         h.dst,
         h.proto,
     );
+    true
 }
 
 #[cfg(test)]

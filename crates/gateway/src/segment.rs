@@ -144,14 +144,14 @@ impl<'a> Segmenter<'a> {
         })
     }
 
-    /// Leaves each segment's TCP or UDP checksum partial instead of computing it: the field
-    /// holds the pseudo-header sum, as the kernel's own GSO leaves it for a device that offloads
-    /// checksums (`CHECKSUM_PARTIAL`), and whoever sends the segment on completes it. Saves a
-    /// pass over every payload when the checksum is computed later anyway, or not at all
-    /// (the tunnel's deferred checksums, docs/protocol.md §1).
+    /// With `partial`, leaves each segment's TCP or UDP checksum partial instead of computing
+    /// it: the field holds the pseudo-header sum, as the kernel's own GSO leaves it for a device
+    /// that offloads checksums (`CHECKSUM_PARTIAL`), and whoever sends the segment on completes
+    /// it. Saves a pass over every payload when the checksum is computed later anyway, or not
+    /// at all (the tunnel's deferred checksums, docs/protocol.md §1).
     #[must_use]
-    pub const fn with_partial_checksums(mut self) -> Self {
-        self.partial = true;
+    pub const fn with_partial_checksums(mut self, partial: bool) -> Self {
+        self.partial = partial;
         self
     }
 
@@ -426,7 +426,7 @@ mod tests {
             let full = all(&frame, kind, 1001);
             let mut s = Segmenter::new(&frame, kind, 1001, MAX)
                 .unwrap()
-                .with_partial_checksums();
+                .with_partial_checksums(true);
             let mut buf = [0u8; MAX];
             let mut n = 0;
             while let Some(len) = s.next_into(&mut buf) {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use cyphonic_netio::{DatagramMeta, UdpSocket};
 use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Stage};
 use cyphonic_session::Session;
-use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType, field};
+use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 
 use crate::counters::bump;
 use crate::peers::PeerSlot;
@@ -74,10 +74,7 @@ impl Incoming {
     /// The frame's header flags (authenticated once opened), such as
     /// `cyphonic_wire::FLAG_CHECKSUM_DEFERRED`.
     pub fn flags(&self) -> u16 {
-        u16::from_be_bytes([
-            self.buf[field::FLAGS.start],
-            self.buf[field::FLAGS.start + 1],
-        ])
+        Frame::new_unchecked(&self.buf[..]).flags()
     }
 
     /// The peer it came from.
