@@ -22,6 +22,7 @@ pub mod postgres;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -40,6 +41,48 @@ pub fn require_root() {
         Some("0"),
         "the real-kernel tests need root (network namespaces, AF_PACKET); run `cargo xtask test` as root"
     );
+}
+
+/// What this process has set up and not yet taken down: the namespaces and the processes
+/// its [`Netns`] and [`Proc`] values own. Their `Drop` removes them; [`tear_down_on_panic`]
+/// uses this list where no `Drop` runs.
+struct Live {
+    namespaces: Vec<String>,
+    pids: Vec<u32>,
+}
+
+static LIVE: Mutex<Live> = Mutex::new(Live {
+    namespaces: Vec::new(),
+    pids: Vec::new(),
+});
+
+fn live(f: impl FnOnce(&mut Live)) {
+    f(&mut LIVE.lock().unwrap_or_else(PoisonError::into_inner));
+}
+
+/// Makes a panic take down what this process set up before it ends: the processes it
+/// started (by PID) and its namespaces. A release build aborts on panic (`panic = "abort"`),
+/// which runs no `Drop`, so without this a `cyphonic-bed` that panics (writing to a closed
+/// pipe, say) would leave its adapters running in namespaces nobody removes. Call it first
+/// in a binary; test builds unwind, and their `Drop`s do the same.
+pub fn tear_down_on_panic() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        // `try_lock`: a panic while the list is held (in this thread) must still end.
+        let Ok(live) = LIVE.try_lock() else {
+            return;
+        };
+        for pid in &live.pids {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .output();
+        }
+        for name in &live.namespaces {
+            let _ = Command::new("ip").args(["netns", "del", name]).output();
+            let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(name));
+        }
+    }));
 }
 
 /// A short name unique to this process and call: `{prefix}{pid % 10000}{n}`, which keeps
@@ -90,6 +133,7 @@ impl Netns {
     pub fn new(prefix: &str) -> anyhow::Result<Self> {
         let name = unique(&format!("cy{prefix}"));
         sh("ip", &["netns", "add", &name])?;
+        live(|l| l.namespaces.push(name.clone()));
         let ns = Self { name };
         ns.ip(&["link", "set", "dev", "lo", "up"])?;
         ns.exec(
@@ -175,10 +219,10 @@ impl Netns {
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {program} in {}", self.name))?;
-        Ok(Proc {
-            child: Some(child),
-            what: format!("{program} in {}", self.name),
-        })
+        Ok(Proc::from_child(
+            child,
+            &format!("{program} in {}", self.name),
+        ))
     }
 }
 
@@ -226,6 +270,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        live(|l| l.namespaces.retain(|n| *n != self.name));
         // Deleting the namespace removes its interfaces (and the veth peers elsewhere).
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
@@ -244,10 +289,21 @@ pub struct Proc {
 impl Proc {
     /// Takes ownership of a started child (killed on drop).
     pub fn from_child(child: Child, what: &str) -> Self {
+        let pid = child.id();
+        live(|l| l.pids.push(pid));
         Self {
             child: Some(child),
             what: what.to_owned(),
         }
+    }
+
+    /// The child, no longer on the list [`tear_down_on_panic`] kills (before it is reaped
+    /// and its PID can be reused).
+    fn take(&mut self) -> anyhow::Result<Child> {
+        let child = self.child.take().context("already stopped")?;
+        let pid = child.id();
+        live(|l| l.pids.retain(|&p| p != pid));
+        Ok(child)
     }
 
     /// Its PID.
@@ -261,7 +317,7 @@ impl Proc {
     /// # Errors
     /// It does not exit in time (it is then killed).
     pub fn stop(mut self, signal: &str, within: Duration) -> anyhow::Result<Output> {
-        let child = self.child.take().context("already stopped")?;
+        let child = self.take()?;
         let _ = Command::new("kill")
             .args([&format!("-{signal}"), &child.id().to_string()])
             .output();
@@ -280,7 +336,7 @@ impl Proc {
     /// # Errors
     /// It is still running at the deadline (it is then killed).
     pub fn wait(mut self, within: Duration) -> anyhow::Result<Output> {
-        let child = self.child.take().context("already stopped")?;
+        let child = self.take()?;
         match exit_within(child, within)? {
             Ok(out) => Ok(out),
             Err(out) => bail!(
@@ -315,7 +371,7 @@ fn exit_within(mut child: Child, within: Duration) -> anyhow::Result<Result<Outp
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Ok(mut child) = self.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
