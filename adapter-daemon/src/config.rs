@@ -636,6 +636,7 @@ mod tests {
                     udp_gro: true,
                     cpus: Vec::new(),
                     realtime_priority: 0,
+                    busy_poll: Duration::ZERO,
                     queue_per_peer: 64,
                     buffers: 8192,
                 },
@@ -698,6 +699,11 @@ mod tests {
                 "realtime_priority = 0",
                 "realtime_priority = 100",
                 "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
+            ),
+            (
+                "busy_poll_us = 0",
+                "busy_poll_us = 1000001",
+                "key `dataplane.busy_poll_us`: 1000001 is outside 0 (off) ..= 1000000",
             ),
             (
                 "gateway_vip = \"100.64.1.1\"",

@@ -120,6 +120,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             recv_buffer: lan_side.buffer,
             // Offload headers on the socket serve both directions.
             coalesced: lan_side.gro || lan_side.gso,
+            busy_poll: d.busy_poll,
             ..PacketOptions::default()
         },
     )?;
@@ -141,6 +142,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             send_buffer: d.udp_buffer,
             segmentation: d.udp_gso,
             coalescing: d.udp_gro,
+            busy_poll: d.busy_poll,
             ..UdpOptions::default()
         },
     )?;

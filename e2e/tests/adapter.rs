@@ -485,6 +485,36 @@ fn without_privileges_the_adapter_says_which_capability_it_needs() {
     );
 }
 
+/// A thread of a process, from /proc.
+struct Thread {
+    name: String,
+    /// The fields of its `stat` after the name: field n of proc(5) is at index n - 3.
+    stat: Vec<String>,
+    dir: std::path::PathBuf,
+}
+
+/// Every thread of process `pid`.
+fn threads(pid: u32) -> Vec<Thread> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let dir = t.unwrap().path();
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+            // The name (in parentheses) may hold spaces: the fields start after its end.
+            let stat = read("stat");
+            let fields = stat[stat.rfind(')').unwrap() + 2..]
+                .split(' ')
+                .map(str::to_owned)
+                .collect();
+            Thread {
+                name: read("comm").trim().to_owned(),
+                stat: fields,
+                dir,
+            }
+        })
+        .collect()
+}
+
 /// `[dataplane] cpus` and `realtime_priority` place exactly the data-plane threads (crypto
 /// workers, emitters, capture, tunnel receiver); the others stay with the normal scheduler; the
 /// tunnel carries traffic.
@@ -497,22 +527,17 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
     ping_ok(&bed, Side::A, bed.b.host_ip, "3");
     let pid = bed.a.adapter.as_ref().unwrap().pid();
     // (thread name, CPUs allowed, scheduling policy: 0 normal, 1 FIFO) of every thread.
-    let threads: Vec<(String, String, u32)> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
+    let threads: Vec<(String, String, u32)> = threads(pid)
+        .into_iter()
         .map(|t| {
-            let dir = t.unwrap().path();
-            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
-            let cpus = read("status")
+            let cpus = std::fs::read_to_string(t.dir.join("status"))
+                .unwrap()
                 .lines()
                 .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
                 .unwrap()
                 .trim()
                 .to_owned();
-            // The policy is the 41st field of stat; the name before the fields may hold spaces.
-            let stat = read("stat");
-            let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-            let policy = after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap();
-            (read("comm").trim().to_owned(), cpus, policy)
+            (t.name, cpus, t.stat[41 - 3].parse().unwrap())
         })
         .collect();
     let data_plane = |name: &str| {
@@ -549,6 +574,61 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
     for t in threads.iter().filter(|t| !data_plane(&t.0)) {
         assert_eq!(t.2, 0, "{t:?} must keep the normal scheduler");
     }
+}
+
+/// CPU time (clock ticks) of adapter `pid`'s threads named `names`, summed.
+fn thread_ticks(pid: u32, names: &[&str]) -> u64 {
+    threads(pid)
+        .iter()
+        .filter(|t| names.contains(&t.name.as_str()))
+        .map(|t| {
+            // utime and stime.
+            t.stat[14 - 3].parse::<u64>().unwrap() + t.stat[15 - 3].parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+/// `busy_poll_us`: the tunnel carries traffic; while packets come, the receiving threads poll
+/// (they use CPU a sleeping thread would not); once traffic stops, they sleep again within
+/// the window, so a quiet adapter does not spin.
+#[test]
+fn busy_polling_threads_poll_while_packets_come_and_sleep_when_quiet() {
+    let bed = bed(&BedOptions {
+        dataplane_extra: "busy_poll_us = 20000".into(),
+        ..BedOptions::default()
+    });
+    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    let pid = bed.a.adapter.as_ref().unwrap().pid();
+    let receivers = ["cy-capture", "cy-udp-rx"];
+    // Clock ticks are 10 ms on Linux (USER_HZ 100).
+    let before = thread_ticks(pid, &receivers);
+    let out = bed
+        .ping(
+            Side::A,
+            bed.b.host_ip,
+            &["-c", "200", "-i", "0.005", "-W", "3"],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("200 received"),
+        "{text}
+{}",
+        bed.logs()
+    );
+    let busy = thread_ticks(pid, &receivers) - before;
+    // Two threads polling through a second of pings 5 ms apart: far more than the few ticks
+    // 400 packets cost a sleeping pair (the default's figure is 0-2 ticks).
+    assert!(busy >= 10, "{busy} ticks while pings came: not polling?");
+    std::thread::sleep(Duration::from_millis(300));
+    let quiet_from = thread_ticks(pid, &receivers);
+    std::thread::sleep(Duration::from_secs(1));
+    let quiet = thread_ticks(pid, &receivers) - quiet_from;
+    assert!(
+        quiet <= 5,
+        "{quiet} ticks in a quiet second (polled {busy} while pings came): still spinning?"
+    );
+    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
 }
 
 /// `lan_gro = true` and `lan_gso = true` (the defaults): the adapter's LAN veth merges the LAN

@@ -21,6 +21,8 @@
 //!   netmask, MTU and state set through interface ioctls.
 //! - [`AddressWatch`]: news of this host's address and route changes (`NETLINK_ROUTE`
 //!   multicast), so the tunnel can tell its peers at once that it moved.
+//! - [`BusyPoll`]: optional busy polling of a receiving socket for a while after each packet
+//!   (`MSG_DONTWAIT` and `sched_yield` instead of a sleep and a wake-up).
 //! - [`Placement`]: optional CPU affinity and real-time priority for data-plane threads.
 //! - [`netns::enter`]: moves the calling thread into a named network namespace (test beds).
 //!
@@ -29,6 +31,7 @@
 //!
 //! Packet contents are not this crate's business: it moves bytes and their metadata.
 
+mod busy;
 mod error;
 mod iface;
 pub mod netns;
@@ -39,6 +42,7 @@ mod tun;
 mod udp;
 mod watch;
 
+pub use busy::{BusyPoll, receive as busy_receive};
 pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{

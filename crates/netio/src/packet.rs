@@ -5,6 +5,7 @@ use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
+use crate::busy::{self, BusyPoll};
 use crate::sys::{self, Control, MAX_BATCH, Received, cvt, setsockopt};
 use crate::{Interface, NetError};
 
@@ -55,6 +56,9 @@ pub struct PacketOptions {
     /// [`FrameMeta::coalesced`] says how to cut them. Without it the kernel hands them over
     /// just the same, but without saying how they were made.
     pub coalesced: bool,
+    /// After a frame, keep asking for the next one without sleeping for this long (see
+    /// [`BusyPoll`]); zero: off, the receive blocks.
+    pub busy_poll: Duration,
 }
 
 impl Default for PacketOptions {
@@ -64,6 +68,7 @@ impl Default for PacketOptions {
             recv_timeout: Some(Duration::from_millis(10)),
             recv_buffer: 4 << 20,
             coalesced: false,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -207,6 +212,7 @@ pub struct PacketSocket {
     promiscuous: bool,
     recv_buffer: usize,
     coalesced: bool,
+    busy: Option<BusyPoll>,
 }
 
 impl PacketSocket {
@@ -274,6 +280,7 @@ impl PacketSocket {
             promiscuous: opts.promiscuous,
             recv_buffer,
             coalesced: opts.coalesced,
+            busy: BusyPoll::new(opts.busy_poll, opts.recv_timeout),
         })
     }
 
@@ -363,16 +370,19 @@ impl PacketSocket {
             }
             None => (&mut [], 0),
         };
-        let got = sys::recvmmsg_scattered(
-            self.fd.as_raw_fd(),
-            heads,
-            &mut bufs[..n],
-            tails,
-            &mut names,
-            &mut controls,
-            &mut out,
-            libc::MSG_TRUNC | libc::MSG_WAITFORONE,
-        )?;
+        let fd = self.fd.as_raw_fd();
+        let got = busy::receive(self.busy.as_mut(), |wait| {
+            sys::recvmmsg_scattered(
+                fd,
+                heads,
+                &mut bufs[..n],
+                tails,
+                &mut names,
+                &mut controls,
+                &mut out,
+                libc::MSG_TRUNC | libc::MSG_WAITFORONE | busy::dont_wait(wait),
+            )
+        })?;
         let head_len = if self.coalesced { VNET_HDR_LEN } else { 0 };
         for i in 0..got {
             let aux = auxdata(&controls[i], out[i].control_len);
@@ -490,6 +500,7 @@ impl PacketSocket {
             promiscuous: self.promiscuous,
             recv_buffer: self.recv_buffer,
             coalesced: self.coalesced,
+            busy: self.busy,
         })
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::NetError;
+use crate::busy::{self, BusyPoll};
 use crate::sys::{self, MAX_BATCH, Received, Run};
 
 /// How to open a [`UdpSocket`].
@@ -30,6 +31,9 @@ pub struct UdpOptions {
     /// [`UdpSocket::recv_batch`] splits them again, so callers still see datagrams. Costs one
     /// copy per datagram and a 1 MiB receive area; saves the kernel's per-datagram queueing.
     pub coalescing: bool,
+    /// After a datagram, keep asking for the next one without sleeping for this long (see
+    /// [`BusyPoll`]); zero: off, the receive blocks.
+    pub busy_poll: Duration,
 }
 
 impl Default for UdpOptions {
@@ -40,6 +44,7 @@ impl Default for UdpOptions {
             recv_timeout: Some(Duration::from_millis(10)),
             segmentation: true,
             coalescing: true,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -79,6 +84,8 @@ pub struct UdpSocket {
     /// Where coalesced datagrams land before they are split; made on the first receive (the
     /// clones that only send never need one).
     split: Option<Box<Split>>,
+    /// Busy polling on receive ([`UdpOptions::busy_poll`]).
+    busy: Option<BusyPoll>,
 }
 
 /// Coalesced receives in flight per `recvmmsg`.
@@ -116,7 +123,7 @@ impl Split {
 
     /// One `recvmmsg` into the area (waiting up to the socket's timeout for the first);
     /// records every datagram it holds.
-    fn fill(&mut self, fd: libc::c_int) -> io::Result<()> {
+    fn fill(&mut self, fd: libc::c_int, busy: Option<&mut BusyPoll>) -> io::Result<()> {
         self.segments.clear();
         self.next = 0;
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid; the kernel fills it.
@@ -126,14 +133,16 @@ impl Split {
         let mut pieces = self.area.chunks_mut(COALESCED_BYTES);
         let mut slices: [&mut [u8]; COALESCED_MESSAGES] =
             std::array::from_fn(|_| pieces.next().expect("the area holds every message"));
-        let got = sys::recvmmsg(
-            fd,
-            &mut slices,
-            &mut names,
-            &mut controls,
-            &mut out,
-            libc::MSG_TRUNC | libc::MSG_WAITFORONE,
-        )?;
+        let got = busy::receive(busy, |wait| {
+            sys::recvmmsg(
+                fd,
+                &mut slices,
+                &mut names,
+                &mut controls,
+                &mut out,
+                libc::MSG_TRUNC | libc::MSG_WAITFORONE | busy::dont_wait(wait),
+            )
+        })?;
         for i in 0..got {
             let Some(from) = sys::decode_addr(&names[i]) else {
                 continue;
@@ -301,6 +310,7 @@ impl UdpSocket {
             coalescing: opts.coalescing
                 && sys::setsockopt(raw, libc::SOL_UDP, libc::UDP_GRO, &1 as &libc::c_int).is_ok(),
             split: None,
+            busy: BusyPoll::new(opts.busy_poll, opts.recv_timeout),
         })
     }
 
@@ -346,7 +356,7 @@ impl UdpSocket {
         if self.coalescing {
             let split = self.split.get_or_insert_with(|| Box::new(Split::new()));
             if split.next == split.segments.len() {
-                split.fill(self.sock.as_raw_fd())?;
+                split.fill(self.sock.as_raw_fd(), self.busy.as_mut())?;
             }
             return Ok(split.take(bufs, meta));
         }
@@ -354,14 +364,17 @@ impl UdpSocket {
         let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { zeroed() };
         let mut out = [Received::default(); MAX_BATCH];
         let n = bufs.len().min(meta.len());
-        let got = sys::recvmmsg(
-            self.sock.as_raw_fd(),
-            &mut bufs[..n],
-            &mut names,
-            &mut [],
-            &mut out,
-            libc::MSG_TRUNC | libc::MSG_WAITFORONE,
-        )?;
+        let fd = self.sock.as_raw_fd();
+        let got = busy::receive(self.busy.as_mut(), |wait| {
+            sys::recvmmsg(
+                fd,
+                &mut bufs[..n],
+                &mut names,
+                &mut [],
+                &mut out,
+                libc::MSG_TRUNC | libc::MSG_WAITFORONE | busy::dont_wait(wait),
+            )
+        })?;
         let mut kept = 0;
         for i in 0..got {
             // A datagram without an IP source cannot be answered; it cannot happen on a UDP
@@ -475,6 +488,7 @@ impl UdpSocket {
             segmentation: self.segmentation.clone(),
             coalescing: self.coalescing,
             split: None,
+            busy: self.busy,
         })
     }
 }

@@ -400,6 +400,11 @@ mod tests {
                 "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
             ),
             (
+                "busy_poll_us = 0",
+                "busy_poll_us = 1000001",
+                "key `dataplane.busy_poll_us`: 1000001 is outside 0 (off) ..= 1000000",
+            ),
+            (
                 "buffers = 8192",
                 "lan_buffer = 8192",
                 "key `dataplane.lan_buffer`: unknown field `lan_buffer`",

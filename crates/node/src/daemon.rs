@@ -122,6 +122,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
             send_buffer: d.udp_buffer,
             segmentation: d.udp_gso,
             coalescing: d.udp_gro,
+            busy_poll: d.busy_poll,
             ..UdpOptions::default()
         },
     )?;
@@ -232,10 +233,7 @@ pub fn run(config: &Config, identity: Identity) -> anyhow::Result<()> {
         )
         .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?;
     }
-    let reader = TunReader {
-        shared: shared.clone(),
-        submitter: engine.take_submitter(),
-    };
+    let reader = TunReader::new(shared.clone(), engine.take_submitter(), d.busy_poll);
     let reader = std::thread::Builder::new()
         .name("cy-tun".into())
         .spawn({

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cyphonic_gateway::complete_deferred_checksum;
+use cyphonic_netio::BusyPoll;
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::{BUF_LEN, HEADROOM, Incoming, RECV_BATCH, Submitter, bump};
 use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, TAG_LEN};
@@ -87,11 +88,22 @@ fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &Counters) -> Option<I
 
 /// The thread that reads the TUN device.
 pub struct TunReader {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) submitter: Submitter,
+    shared: Arc<Shared>,
+    submitter: Submitter,
+    busy: Option<BusyPoll>,
 }
 
 impl TunReader {
+    /// A reader that hands what it reads to `submitter`, polling the device for `busy_poll`
+    /// after each packet (`[dataplane] busy_poll_us`; zero: it sleeps until one comes).
+    pub fn new(shared: Arc<Shared>, submitter: Submitter, busy_poll: Duration) -> Self {
+        Self {
+            shared,
+            submitter,
+            busy: BusyPoll::new(busy_poll, Some(READ_WAIT)),
+        }
+    }
+
     /// The thread's body: runs until the engine stops.
     pub fn run(mut self) {
         let shared = self.shared.clone();
@@ -107,10 +119,19 @@ impl TunReader {
                 };
                 let room = &mut buf[HEADROOM..BUF_LEN - TAG_LEN];
                 // Wait for the first packet of a round; take the rest that are there.
+                let tun = &shared.tun;
                 let got = if read == 0 {
-                    shared.tun.recv(room, READ_WAIT)
+                    cyphonic_netio::busy_receive(self.busy.as_mut(), |wait| {
+                        let got = if wait {
+                            tun.recv(room, READ_WAIT)
+                        } else {
+                            tun.try_recv(room)
+                        };
+                        got.map(Option::unwrap_or_default)
+                    })
+                    .map(|n| (n > 0).then_some(n))
                 } else {
-                    shared.tun.try_recv(room)
+                    tun.try_recv(room)
                 };
                 match got {
                     Ok(Some(n)) => {

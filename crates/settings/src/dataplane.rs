@@ -31,6 +31,9 @@ pub struct Dataplane {
     pub cpus: Vec<usize>,
     /// `SCHED_FIFO` priority of the data-plane threads (0: off).
     pub realtime_priority: u8,
+    /// How long the receiving threads keep polling their socket after a packet instead of
+    /// sleeping (`busy_poll_us`; zero: off).
+    pub busy_poll: std::time::Duration,
     /// Packets queued per peer while its handshake is pending.
     pub queue_per_peer: usize,
     /// Packet buffers in all (2 KiB each): the data plane's memory ceiling.
@@ -100,6 +103,8 @@ macro_rules! dataplane_table {
             cpus: toml::Spanned<Vec<usize>>,
             #[serde(default = "cyphonic_settings::defaults::realtime_priority")]
             realtime_priority: toml::Spanned<u8>,
+            #[serde(default = "cyphonic_settings::defaults::busy_poll_us")]
+            busy_poll_us: toml::Spanned<u32>,
             #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
             queue_per_peer: usize,
             #[serde(default = "cyphonic_settings::defaults::buffers")]
@@ -121,6 +126,7 @@ macro_rules! dataplane_table {
                     udp_gro: true,
                     cpus: $crate::defaults::cpus(),
                     realtime_priority: $crate::defaults::realtime_priority(),
+                    busy_poll_us: $crate::defaults::busy_poll_us(),
                     queue_per_peer: $crate::defaults::queue_per_peer(),
                     buffers: $crate::defaults::buffers(),
                     $( $field: $default, )*
@@ -141,7 +147,12 @@ macro_rules! dataplane_table {
                     &self.inline_max,
                     &self.buffers,
                 )?;
-                $crate::check_placement(src, &self.cpus, &self.realtime_priority)?;
+                $crate::check_placement(
+                    src,
+                    &self.cpus,
+                    &self.realtime_priority,
+                    &self.busy_poll_us,
+                )?;
                 Ok($crate::Dataplane {
                     workers: self.workers,
                     batch_size: *self.batch_size.get_ref(),
@@ -154,6 +165,9 @@ macro_rules! dataplane_table {
                     udp_gro: self.udp_gro,
                     cpus: self.cpus.get_ref().clone(),
                     realtime_priority: *self.realtime_priority.get_ref(),
+                    busy_poll: std::time::Duration::from_micros(u64::from(
+                        *self.busy_poll_us.get_ref(),
+                    )),
                     queue_per_peer: self.queue_per_peer,
                     buffers: *self.buffers.get_ref(),
                 })

@@ -508,6 +508,10 @@ pub mod defaults {
     pub fn realtime_priority() -> Spanned<u8> {
         Spanned::new(0..0, 0)
     }
+    /// `dataplane.busy_poll_us`: 0 (receiving threads sleep until a packet wakes them).
+    pub fn busy_poll_us() -> Spanned<u32> {
+        Spanned::new(0..0, 0)
+    }
     /// `dataplane.buffers`: 8192.
     pub fn buffers() -> Spanned<usize> {
         Spanned::new(0..0, 8192)
@@ -555,8 +559,13 @@ pub fn check_pipeline(
     Ok(())
 }
 
+/// The longest `dataplane.busy_poll_us`: one second.
+pub const BUSY_POLL_MAX_US: u32 = 1_000_000;
+
 /// Checks `[dataplane]`'s thread placement: CPU numbers under 1024, each once; a real-time
-/// priority of 0 (off) to 99. Whether the CPUs exist on this machine is checked at start.
+/// priority of 0 (off) to 99; busy polling of at most [`BUSY_POLL_MAX_US`], and not at a
+/// real-time priority on cores the data plane does not have to itself (`cpus` empty). Whether
+/// the CPUs exist on this machine is checked at start.
 ///
 /// # Errors
 /// The first value out of range, located.
@@ -564,6 +573,7 @@ pub fn check_placement(
     src: &Source<'_>,
     cpus: &Spanned<Vec<usize>>,
     realtime_priority: &Spanned<u8>,
+    busy_poll_us: &Spanned<u32>,
 ) -> Result<(), ConfigError> {
     let list = cpus.get_ref();
     if let Some(c) = list.iter().find(|&&c| c >= 1024) {
@@ -592,6 +602,22 @@ pub fn check_placement(
                 "{} is outside 0 (off) ..= 99 (SCHED_FIFO priorities)",
                 realtime_priority.get_ref()
             ),
+        );
+    }
+    let busy = *busy_poll_us.get_ref();
+    if busy > BUSY_POLL_MAX_US {
+        return src.err(
+            &busy_poll_us.span(),
+            "dataplane.busy_poll_us",
+            format!("{busy} is outside 0 (off) ..= {BUSY_POLL_MAX_US} (one second)"),
+        );
+    }
+    if busy > 0 && *realtime_priority.get_ref() > 0 && list.is_empty() {
+        return src.err(
+            &busy_poll_us.span(),
+            "dataplane.busy_poll_us",
+            "polling at a real-time priority keeps every other thread off the cores it runs on; \
+             give the data plane its own cores with `cpus`, or leave one of the two off",
         );
     }
     Ok(())
@@ -842,6 +868,37 @@ mod tests {
     struct Table {
         x: Option<u32>,
         y: Option<u32>,
+    }
+
+    /// Busy polling at a real-time priority needs cores of its own; either alone is fine.
+    #[test]
+    fn busy_polling_at_a_realtime_priority_needs_cpus() {
+        let text = "cpus = []\nrealtime_priority = 10\nbusy_poll_us = 50000\n";
+        let src = Source {
+            path: Path::new("t.toml"),
+            text,
+            now_secs: 0,
+        };
+        let at = |needle: &str| {
+            let start = text.find(needle).unwrap_or_default();
+            start..start + needle.len()
+        };
+        let cpus = |list: Vec<usize>| Spanned::new(at("cpus = []"), list);
+        let rt = |p: u8| Spanned::new(at("realtime_priority = 10"), p);
+        let busy = |us: u32| Spanned::new(at("busy_poll_us = 50000"), us);
+        let err = check_placement(&src, &cpus(vec![]), &rt(10), &busy(50_000))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.starts_with("t.toml:3: key `dataplane.busy_poll_us`: polling at a real-time"),
+            "{err}"
+        );
+        assert!(check_placement(&src, &cpus(vec![2, 3]), &rt(10), &busy(50_000)).is_ok());
+        assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(50_000)).is_ok());
+        assert!(check_placement(&src, &cpus(vec![]), &rt(10), &busy(0)).is_ok());
+        assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(BUSY_POLL_MAX_US)).is_ok());
+        assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(BUSY_POLL_MAX_US + 1)).is_err());
     }
 
     #[test]
