@@ -354,6 +354,9 @@ const UDP_RATES: [u64; 10] = [100, 200, 400, 600, 800, 1000, 1250, 1500, 2000, 3
 const UDP_SIZE: usize = 1300;
 /// TCP runs per figure; the median is reported.
 const RUNS: usize = 3;
+/// `dataplane.busy_poll_us` of the busy-polling runs: longer than the 10 ms between the
+/// bench's pings, so that the receiving threads poll through a whole ping run.
+const BUSY_POLL_US: u32 = 20_000;
 
 fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Results> {
     // Warm up: ARP, the handshake.
@@ -477,6 +480,15 @@ fn tune(
     Ok(())
 }
 
+/// The time now, UTC, to the minute (`2026-11-23 15:19 UTC`).
+fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -573,11 +585,21 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
         )
     };
 
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let busy = |opts: &BedOptions| -> anyhow::Result<GroResults> {
+        let mut bed = TwoSites::new(&BedOptions {
+            dataplane_extra: format!("busy_poll_us = {BUSY_POLL_US}"),
+            ..opts.clone()
+        })?;
+        bed.start(Side::A)?;
+        bed.start(Side::B)?;
+        measure_gro(&bed, seconds)
+    };
+    eprintln!("bench: busy polling, GRO off ...");
+    let busy_off = busy(&gro_off)?;
+    eprintln!("bench: busy polling, GRO on ...");
+    let busy_on = busy(&gro_on)?;
+
+    let date = utc_now();
     let mut md = String::new();
     writeln!(
         md,
@@ -728,6 +750,59 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
             0.0
         }
     )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "Busy polling: the tunnel again in both profiles with `busy_poll_us = {BUSY_POLL_US}` (off by default): the receiving threads keep polling their sockets, yielding the CPU between polls, for {} ms after each packet instead of sleeping until the kernel wakes them. Added idle RTT against plain routing in the same profile.",
+        BUSY_POLL_US / 1000
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| lanA -> lanB | GRO off, defaults | GRO off, busy polling | GRO on, defaults | GRO on, busy polling |"
+    )?;
+    writeln!(md, "|---|---:|---:|---:|---:|")?;
+    let defaults_off = GroResults {
+        tcp1: tunnel.tcp1,
+        tcp4: tunnel.tcp4,
+        idle: tunnel.idle,
+        loaded: tunnel.loaded,
+    };
+    let columns = [
+        (&defaults_off, &plain.idle),
+        (&busy_off, &plain.idle),
+        (&tunnel_gro, &plain_gro.idle),
+        (&busy_on, &plain_gro.idle),
+    ];
+    let row = |md: &mut String, label: &str, cell: &dyn Fn(&GroResults, &PingStats) -> String| {
+        let cells: Vec<String> = columns.iter().map(|(r, p)| cell(r, p)).collect();
+        writeln!(md, "| {label} | {} |", cells.join(" | "))
+    };
+    row(&mut md, "TCP, 1 stream (Gbit/s; retransmits)", &|r, _| {
+        format!("{:.2}; {}", r.tcp1.gbps, r.tcp1.retransmits)
+    })?;
+    row(&mut md, "TCP, 4 streams (Gbit/s; retransmits)", &|r, _| {
+        format!("{:.2}; {}", r.tcp4.gbps, r.tcp4.retransmits)
+    })?;
+    row(&mut md, "ping RTT idle, average / p99 (ms)", &|r, _| {
+        format!("{:.3} / {:.3}", r.idle.avg_ms, r.idle.p99_ms)
+    })?;
+    row(
+        &mut md,
+        "idle RTT added to plain routing's, average / p99 (ms)",
+        &|r, p| {
+            format!(
+                "{:.3} / {:.3}",
+                r.idle.avg_ms - p.avg_ms,
+                r.idle.p99_ms - p.p99_ms
+            )
+        },
+    )?;
+    row(
+        &mut md,
+        "ping RTT while 1 TCP stream runs, average / p99 (ms)",
+        &|r, _| format!("{:.3} / {:.3}", r.loaded.avg_ms, r.loaded.p99_ms),
+    )?;
     Ok(md)
 }
 
@@ -808,11 +883,7 @@ fn peers(counts: &[usize], seconds: u64) -> anyhow::Result<String> {
         bed.start(Side::A)?;
         rows.push(cyphonic_e2e::fleet::measure(&bed, n, seconds)?);
     }
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let date = utc_now();
     let mut md = String::new();
     writeln!(
         md,
