@@ -74,6 +74,10 @@ cyphonic_telemetry::counters! {
     drop_arp_ignored,
     /// Packets split into fragments to fit the inner MTU.
     fragmented,
+    /// Packets sent into the tunnel with their TCP/UDP checksum left to the far end.
+    checksum_deferred_sent,
+    /// Packets from peers whose TCP/UDP checksum the sender left to us (or our NIC).
+    checksum_deferred_received,
     /// Decrypted packets that are not IPv4.
     drop_inner_not_ipv4,
     /// Decrypted packets with a malformed IPv4 header.

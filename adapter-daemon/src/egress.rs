@@ -283,6 +283,7 @@ impl Capture {
                     "IP packet sits behind the tunnel header's room"
                 );
                 let flags = if checksum_deferred {
+                    bump(&c.checksum_deferred_sent);
                     FLAG_CHECKSUM_DEFERRED
                 } else {
                     0

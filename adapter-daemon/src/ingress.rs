@@ -62,6 +62,9 @@ impl Sink for LanSink {
         let now = item.now();
         // Read before the Ethernet header goes where the tunnel header was.
         let deferred = item.flags() & FLAG_CHECKSUM_DEFERRED != 0;
+        if deferred {
+            bump(&c.checksum_deferred_received);
+        }
         let (buf, peer) = item.buf_and_peer();
         let peer_id = peer.id;
         let verdict = self.shared.lan.deliver(

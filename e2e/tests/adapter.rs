@@ -634,13 +634,15 @@ fn busy_polling_threads_poll_while_packets_come_and_sleep_when_quiet() {
 /// `lan_gro = true` and `lan_gso = true` (the defaults): the adapter's LAN veth merges the LAN
 /// host's wire-sized segments (GRO on), adapter A cuts them back, adapter B merges runs again
 /// for its LAN, and the data arrives intact. With both off, adapter A switches GRO off itself
-/// and sees only wire-sized frames, and adapter B sends every segment alone.
+/// and sees only wire-sized frames, and adapter B sends every segment alone. With
+/// `defer_checksums` (the default) packets cross the tunnel with their checksums left to the
+/// far end, both ways; with it off, none does, and the data arrives intact all the same.
 #[test]
 fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
-    for lan_gro in [true, false] {
+    for (lan_gro, defer) in [(true, true), (true, false), (false, true)] {
         let bed = bed(&BedOptions {
             lan_gro,
-            dataplane_extra: format!("lan_gso = {lan_gro}"),
+            dataplane_extra: format!("lan_gso = {lan_gro}\ndefer_checksums = {defer}"),
             ..BedOptions::default()
         });
         ping_ok(&bed, Side::A, bed.b.host_ip, "3");
@@ -648,7 +650,7 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
         assert_eq!(
             sha256(&bed.b.lan, &output),
             sha256(&bed.a.lan, &input),
-            "lan_gro = {lan_gro}: the data changed on the way"
+            "lan_gro = {lan_gro}, defer_checksums = {defer}: the data changed on the way"
         );
         let s = bed.status(Side::A).unwrap();
         let count = |k: &str| s["counters"][k].as_u64().unwrap();
@@ -673,6 +675,22 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
             assert_eq!(merged, 0, "{}", b["counters"]);
         }
         assert_eq!(b["counters"]["lan_send_failed"], 0, "{}", b["counters"]);
+        // The LAN hosts leave their checksums to offload, and the cut segments are partial:
+        // with deferral on they cross the tunnel as they are (both ways: data and ACKs).
+        let deferred = [
+            count("checksum_deferred_sent"),
+            count("checksum_deferred_received"),
+            b["counters"]["checksum_deferred_sent"].as_u64().unwrap(),
+            b["counters"]["checksum_deferred_received"]
+                .as_u64()
+                .unwrap(),
+        ];
+        if defer {
+            assert!(deferred[0] > 1000 && deferred[3] > 1000, "{deferred:?}");
+            assert!(deferred[1] > 0 && deferred[2] > 0, "{deferred:?}");
+        } else {
+            assert_eq!(deferred, [0; 4], "defer_checksums = false");
+        }
         assert_eq!(count("captured_truncated"), 0, "{}", s["counters"]);
         assert_eq!(out_of_order(&bed, Side::A), (0, 0));
     }
