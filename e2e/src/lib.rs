@@ -79,8 +79,7 @@ pub fn tear_down_on_panic() {
                 .output();
         }
         for name in &live.namespaces {
-            let _ = Command::new("ip").args(["netns", "del", name]).output();
-            let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(name));
+            delete_namespace(name);
         }
     }));
 }
@@ -271,12 +270,15 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         live(|l| l.namespaces.retain(|n| *n != self.name));
-        // Deleting the namespace removes its interfaces (and the veth peers elsewhere).
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-        let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(&self.name));
+        delete_namespace(&self.name);
     }
+}
+
+/// Deletes namespace `name` (its interfaces, and the veth peers elsewhere, go with it) and
+/// its `/etc/netns` files.
+fn delete_namespace(name: &str) {
+    let _ = Command::new("ip").args(["netns", "del", name]).output();
+    let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(name));
 }
 
 /// A process a test started; killed by its PID (SIGKILL) and reaped when dropped.

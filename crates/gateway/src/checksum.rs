@@ -52,6 +52,11 @@ pub(crate) const fn field(proto: u8) -> Option<usize> {
     }
 }
 
+/// [`field`], if `segment` is long enough to hold it.
+fn field_in(segment: &[u8], proto: u8) -> Option<usize> {
+    field(proto).filter(|at| segment.len() >= at + 2)
+}
+
 /// The full TCP or UDP checksum of `segment` over IPv4 (pseudo-header included), computed
 /// with the checksum field (16-bit word number `checksum_word`) treated as zero. For UDP a
 /// result of 0 is sent as 0xffff (RFC 768: zero means "no checksum").
@@ -84,7 +89,7 @@ pub(crate) fn transport(
 /// Computes the full TCP or UDP checksum of `segment` and writes it into its field. Other
 /// protocols, and segments too short to hold the field, are left as they are.
 pub(crate) fn fill_transport(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) {
-    let Some(at) = field(proto).filter(|at| segment.len() >= at + 2) else {
+    let Some(at) = field_in(segment, proto) else {
         return;
     };
     let sum = transport(segment, src, dst, proto, at / 2);
@@ -95,7 +100,7 @@ pub(crate) fn fill_transport(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, p
 /// checksum for offload to complete (`CHECKSUM_PARTIAL`). Other protocols, and segments too
 /// short to hold the field, are left as they are.
 pub(crate) fn fill_pseudo_header(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) {
-    let Some(at) = field(proto).filter(|at| segment.len() >= at + 2) else {
+    let Some(at) = field_in(segment, proto) else {
         return;
     };
     let sum = pseudo_header(src, dst, proto, segment.len());
