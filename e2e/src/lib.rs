@@ -16,16 +16,18 @@ pub mod fleet;
 pub mod impair;
 pub mod inject;
 pub mod lan;
+mod ledger;
 pub mod measure;
 pub mod node;
 pub mod postgres;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+
+pub use ledger::{RECORDS, Swept, sweep_orphans, tear_down_on_abnormal_exit};
 
 /// Fails clearly unless we run as root.
 ///
@@ -41,47 +43,6 @@ pub fn require_root() {
         Some("0"),
         "the real-kernel tests need root (network namespaces, AF_PACKET); run `cargo xtask test` as root"
     );
-}
-
-/// What this process has set up and not yet taken down: the namespaces and the processes
-/// its [`Netns`] and [`Proc`] values own. Their `Drop` removes them; [`tear_down_on_panic`]
-/// uses this list where no `Drop` runs.
-struct Live {
-    namespaces: Vec<String>,
-    pids: Vec<u32>,
-}
-
-static LIVE: Mutex<Live> = Mutex::new(Live {
-    namespaces: Vec::new(),
-    pids: Vec::new(),
-});
-
-fn live(f: impl FnOnce(&mut Live)) {
-    f(&mut LIVE.lock().unwrap_or_else(PoisonError::into_inner));
-}
-
-/// Makes a panic take down what this process set up before it ends: the processes it
-/// started (by PID) and its namespaces. A release build aborts on panic (`panic = "abort"`),
-/// which runs no `Drop`, so without this a `cyphonic-bed` that panics (writing to a closed
-/// pipe, say) would leave its adapters running in namespaces nobody removes. Call it first
-/// in a binary; test builds unwind, and their `Drop`s do the same.
-pub fn tear_down_on_panic() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        previous(info);
-        // `try_lock`: a panic while the list is held (in this thread) must still end.
-        let Ok(live) = LIVE.try_lock() else {
-            return;
-        };
-        for pid in &live.pids {
-            let _ = Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .output();
-        }
-        for name in &live.namespaces {
-            delete_namespace(name);
-        }
-    }));
 }
 
 /// A short name unique to this process and call: `{prefix}{pid % 10000}{n}`, which keeps
@@ -130,9 +91,10 @@ impl Netns {
     /// # Errors
     /// `ip netns add` failing.
     pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        ledger::sweep_once();
         let name = unique(&format!("cy{prefix}"));
         sh("ip", &["netns", "add", &name])?;
-        live(|l| l.namespaces.push(name.clone()));
+        ledger::add_namespace(&name);
         let ns = Self { name };
         ns.ip(&["link", "set", "dev", "lo", "up"])?;
         ns.exec(
@@ -269,16 +231,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        live(|l| l.namespaces.retain(|n| *n != self.name));
-        delete_namespace(&self.name);
+        ledger::remove_namespace(&self.name);
+        ledger::delete_namespace(&self.name);
     }
-}
-
-/// Deletes namespace `name` (its interfaces, and the veth peers elsewhere, go with it) and
-/// its `/etc/netns` files.
-fn delete_namespace(name: &str) {
-    let _ = Command::new("ip").args(["netns", "del", name]).output();
-    let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(name));
 }
 
 /// A process a test started; killed by its PID (SIGKILL) and reaped when dropped.
@@ -291,20 +246,18 @@ pub struct Proc {
 impl Proc {
     /// Takes ownership of a started child (killed on drop).
     pub fn from_child(child: Child, what: &str) -> Self {
-        let pid = child.id();
-        live(|l| l.pids.push(pid));
+        ledger::add_process(child.id());
         Self {
             child: Some(child),
             what: what.to_owned(),
         }
     }
 
-    /// The child, no longer on the list [`tear_down_on_panic`] kills (before it is reaped
+    /// The child, no longer on the list [`tear_down_on_abnormal_exit`] kills (before it is reaped
     /// and its PID can be reused).
     fn take(&mut self) -> anyhow::Result<Child> {
         let child = self.child.take().context("already stopped")?;
-        let pid = child.id();
-        live(|l| l.pids.retain(|&p| p != pid));
+        ledger::remove_process(child.id());
         Ok(child)
     }
 

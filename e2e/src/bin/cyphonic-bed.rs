@@ -81,7 +81,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    cyphonic_e2e::tear_down_on_panic();
+    cyphonic_e2e::tear_down_on_abnormal_exit();
     let result = match Cli::parse().command {
         Command::Demo { short } => demo(short),
         Command::Bench { seconds } => bench(seconds).map(|md| print!("{md}")),
