@@ -20,7 +20,6 @@ mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 use cyphonic_telemetry::logging::Format as LogFormat;
@@ -63,20 +62,14 @@ enum Command {
     },
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { config, log_format } => {
             cyphonic_telemetry::logging::init(log_format);
-            config::load(&config, now_secs()).map_err(anyhow::Error::from).and_then(|(c, id)| daemon::run(&c, id))
+            config::load(&config, cyphonic_settings::now_secs()).map_err(anyhow::Error::from).and_then(|(c, id)| daemon::run(&c, id))
         }
-        Command::CheckConfig { config } => config::load(&config, now_secs()).map(|(c, id)| {
+        Command::CheckConfig { config } => config::load(&config, cyphonic_settings::now_secs()).map(|(c, id)| {
             let body = id.certificate().body();
             println!(
                 "{}: OK: adapter {} on {}, LAN block {} (gateway {}), {} reservation(s), {} static peer(s)",
@@ -116,9 +109,7 @@ fn print_status(doc: &serde_json::Value) {
     );
     print!("{}", cyphonic_tunnel::status::peers_text(doc));
     println!();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = cyphonic_settings::now_secs();
     println!("{:<16} {:<18} {:<12} NAME", "DEVICE VIP", "MAC", "LEASE");
     for l in doc["leases"].as_array().into_iter().flatten() {
         let lease = if l["reserved"].as_bool() == Some(true) {

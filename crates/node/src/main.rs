@@ -14,7 +14,6 @@ mod edge;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 use cyphonic_telemetry::logging::Format as LogFormat;
@@ -57,21 +56,15 @@ enum Command {
     },
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run { config, log_format } => {
             cyphonic_telemetry::logging::init(log_format);
-            config::load(&config, now_secs())
+            config::load(&config, cyphonic_settings::now_secs())
                 .map_err(anyhow::Error::from)
                 .and_then(|(c, id)| daemon::run(&c, id))
         }
-        Command::CheckConfig { config } => config::load(&config, now_secs())
+        Command::CheckConfig { config } => config::load(&config, cyphonic_settings::now_secs())
             .map(|(c, id)| {
                 println!(
                     "{}: OK: node {} at {} on {}, {} static peer(s){}",

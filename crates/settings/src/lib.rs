@@ -63,6 +63,13 @@ pub struct Source<'a> {
     pub now_secs: u64,
 }
 
+/// The wall clock in Unix seconds, for [`Source::now_secs`] (0 if it is before 1970).
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// Reads the file at `path` and parses it as `T`; returns it with the text (for [`Source`]).
 ///
 /// # Errors
