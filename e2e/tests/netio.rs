@@ -338,9 +338,15 @@ fn udp_batches_over_ipv4_and_ipv6() {
                     assert_eq!(tx.segmentation(), segmentation, "loopback can segment");
                     let mut got = Vec::new();
                     let mut storage = vec![vec![0u8; 2048]; 64];
+                    // Every other call offers a few buffers only, fewer than a run holds.
+                    let mut offered = [64, 5].into_iter().cycle();
                     while got.len() < payloads.len() {
-                        let mut bufs: Vec<&mut [u8]> =
-                            storage.iter_mut().map(Vec::as_mut_slice).collect();
+                        let few = offered.next().unwrap_or(64);
+                        let mut bufs: Vec<&mut [u8]> = storage
+                            .iter_mut()
+                            .take(few)
+                            .map(Vec::as_mut_slice)
+                            .collect();
                         let mut meta = [DatagramMeta::default(); 64];
                         let n = receiver.recv_batch(&mut bufs, &mut meta).unwrap();
                         assert!(n > 0, "timed out after {} datagrams", got.len());
