@@ -346,7 +346,7 @@ mod tests {
         let (gone_left, kept_left) = (netns_exists(&gone), netns_exists(&kept));
         let killed = |child: &mut std::process::Child| {
             use std::os::unix::process::ExitStatusExt;
-            child.wait().unwrap().signal() == Some(libc_sigkill())
+            child.wait().unwrap().signal() == Some(SIGKILL)
         };
         let (inside_killed, started_killed) = (killed(&mut inside), killed(&mut started));
         delete_namespace(&kept);
@@ -365,9 +365,7 @@ mod tests {
     }
 
     /// SIGKILL's number (9 on every Linux architecture).
-    const fn libc_sigkill() -> i32 {
-        9
-    }
+    const SIGKILL: i32 = 9;
 
     #[test]
     fn this_process_has_a_start_time_and_a_gone_one_has_none() {

@@ -39,8 +39,13 @@ fn out_of_order(bed: &TwoSites, side: Side) -> (u64, u64) {
 }
 
 fn ping_ok(bed: &TwoSites, from: Side, to: std::net::Ipv4Addr, count: &str) {
+    ping_every(bed, from, to, count, "0.2");
+}
+
+/// [`ping_ok`] with `interval` seconds between the pings.
+fn ping_every(bed: &TwoSites, from: Side, to: std::net::Ipv4Addr, count: &str, interval: &str) {
     let out = bed
-        .ping(from, to, &["-c", count, "-i", "0.2", "-W", "3"])
+        .ping(from, to, &["-c", count, "-i", interval, "-W", "3"])
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -602,20 +607,7 @@ fn busy_polling_threads_poll_while_packets_come_and_sleep_when_quiet() {
     let receivers = ["cy-capture", "cy-udp-rx"];
     // Clock ticks are 10 ms on Linux (USER_HZ 100).
     let before = thread_ticks(pid, &receivers);
-    let out = bed
-        .ping(
-            Side::A,
-            bed.b.host_ip,
-            &["-c", "200", "-i", "0.005", "-W", "3"],
-        )
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("200 received"),
-        "{text}
-{}",
-        bed.logs()
-    );
+    ping_every(&bed, Side::A, bed.b.host_ip, "200", "0.005");
     let busy = thread_ticks(pid, &receivers) - before;
     // Two threads polling through a second of pings 5 ms apart: far more than the few ticks
     // 400 packets cost a sleeping pair (the default's figure is 0-2 ticks).
