@@ -20,6 +20,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("dig", "dnsutils"),
     ("dnsmasq", "dnsmasq-base"),
     ("nft", "nftables"),
+    // procps brings /bin/kill, with which the bed ends its processes by PID; `command -v kill`
+    // would find the shell's builtin, so ask for `ps`, from the same package.
+    ("ps", "procps"),
 ];
 
 /// Checks for root and the tools; installs missing tools with apt-get when it can.
