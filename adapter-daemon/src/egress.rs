@@ -19,18 +19,16 @@ use cyphonic_gateway::{
     Egress, EgressDrop, Fragmenter, GsoKind, ReplyKind, SegmentError, Segmenter,
 };
 use cyphonic_netio::{Coalesced, FrameMeta, LargeFrames, PacketSocket};
-use cyphonic_tunnel::{BUF_LEN, Buf, HEADROOM, Outgoing, RECV_BATCH, RecvBuffers, Submitter};
-use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, TAG_LEN};
+use cyphonic_tunnel::{
+    BUF_LEN, Buf, FRAME_OFFSET, FRAME_ROOM, HEADROOM, Outgoing, PACKET_ROOM, RECV_BATCH,
+    RecvBuffers, Submitter,
+};
+use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
 use crate::daemon::{Shared, ToServices};
 use crate::services::Client;
 
-/// Where a captured frame starts in its buffer, so that its IP packet (behind the 14-byte
-/// Ethernet header) lands on the tunnel header's end.
-pub const FRAME_OFFSET: usize = HEADROOM - 14;
-/// The most of a frame its buffer holds.
-const FRAME_ROOM: usize = BUF_LEN - TAG_LEN - FRAME_OFFSET;
 /// How often the capture thread reads the kernel's count of frames it dropped.
 const DROPS_EVERY: Duration = Duration::from_secs(1);
 
@@ -125,14 +123,13 @@ impl Capture {
             for (slot, (buf, m)) in frames.zip(meta).enumerate() {
                 match (m.coalesced, large.as_mut()) {
                     (Some(how), Some(large)) if !m.outgoing => {
-                        self.cut(buf, slot, m, how, large, now, &mut replies);
+                        self.cut(&buf, slot, m, how, large, now, &mut replies);
                     }
                     _ => self.handle(buf, m, now, &mut replies),
                 }
             }
             self.submitter.flush();
         }
-        rx.release(pool);
         tracing::debug!("capture thread stopped");
     }
 
@@ -159,7 +156,7 @@ impl Capture {
     )]
     fn cut(
         &mut self,
-        buf: Buf,
+        buf: &Buf,
         slot: usize,
         meta: FrameMeta,
         how: Coalesced,
@@ -205,7 +202,6 @@ impl Capture {
                     let Some(len) =
                         segments.next_into(&mut seg[FRAME_OFFSET..FRAME_OFFSET + FRAME_ROOM])
                     else {
-                        pool.put(seg);
                         break;
                     };
                     bump(&c.segments);
@@ -226,7 +222,6 @@ impl Capture {
             }
             Err(_) => bump(&c.drop_coalesced),
         }
-        pool.put(buf);
     }
 
     fn handle(&mut self, mut buf: Buf, meta: FrameMeta, now: Instant, replies: &mut Replies) {
@@ -234,7 +229,6 @@ impl Capture {
         let c = &shared.counters;
         let pool = &shared.tunnel.pool;
         if meta.outgoing {
-            pool.put(buf);
             return;
         }
         bump(&c.captured);
@@ -270,7 +264,6 @@ impl Capture {
                 } else {
                     bump(&c.lan_send_failed);
                 }
-                pool.put(buf);
             }
             Egress::Forward {
                 packet,
@@ -293,7 +286,6 @@ impl Capture {
             Egress::Fragment { packet, dst } => {
                 let Some(peer) = self.shared.tunnel.peers.route(dst) else {
                     bump(&self.shared.tunnel.counters.drop_no_peer);
-                    pool.put(buf);
                     return;
                 };
                 let ip = &buf[FRAME_OFFSET + packet.start..FRAME_OFFSET + packet.end];
@@ -305,10 +297,7 @@ impl Capture {
                                 bump(&self.shared.tunnel.counters.drop_no_buffer);
                                 break;
                             };
-                            let Some(flen) =
-                                frags.next_into(&mut fbuf[HEADROOM..BUF_LEN - TAG_LEN])
-                            else {
-                                pool.put(fbuf);
+                            let Some(flen) = frags.next_into(&mut fbuf[PACKET_ROOM]) else {
                                 break;
                             };
                             self.submitter
@@ -317,13 +306,11 @@ impl Capture {
                     }
                     Err(_) => bump(&c.drop_malformed),
                 }
-                pool.put(buf);
             }
             Egress::Learn { ip, mac } => {
                 if self.shared.table.learn(ip, mac) {
                     bump(&c.arp_learned);
                 }
-                pool.put(buf);
             }
             Egress::Dhcp {
                 client_mac,
@@ -338,7 +325,6 @@ impl Capture {
                 } else {
                     bump(&c.dhcp_unserved);
                 }
-                pool.put(buf);
             }
             Egress::Dns {
                 client_mac,
@@ -359,7 +345,6 @@ impl Capture {
                 } else {
                     bump(&c.dns_unserved);
                 }
-                pool.put(buf);
             }
             Egress::Drop(reason) => {
                 bump(match reason {
@@ -375,7 +360,6 @@ impl Capture {
                     EgressDrop::NoReply => &c.drop_no_reply,
                     EgressDrop::ArpIgnored => &c.drop_arp_ignored,
                 });
-                pool.put(buf);
             }
         }
     }

@@ -44,13 +44,6 @@ pub struct LanSink {
     pub(crate) deferred: [bool; SEND_BATCH],
 }
 
-impl LanSink {
-    fn give_back(&self, item: Incoming, reason: DropReason) -> Result<(), DropReason> {
-        self.shared.tunnel.pool.put(item.into_buf());
-        Err(reason)
-    }
-}
-
 impl Sink for LanSink {
     type Item = Incoming;
 
@@ -89,7 +82,6 @@ impl Sink for LanSink {
                 if self.shared.services_tx.try_send(msg).is_err() {
                     bump(&c.drop_service_busy);
                 }
-                self.shared.tunnel.pool.put(item.into_buf());
                 Ok(())
             }
             Ingress::Deliver { frame } => {
@@ -118,7 +110,7 @@ impl Sink for LanSink {
                         bump(&c.arp_requests);
                     }
                 }
-                self.give_back(item, DropReason::Unroutable)
+                Err(DropReason::Unroutable)
             }
             Ingress::Drop(reason) => {
                 let (counter, dr) = match reason {
@@ -133,13 +125,9 @@ impl Sink for LanSink {
                     IngressDrop::TtlExpired => (&c.drop_ttl_expired, DropReason::Policy),
                 };
                 bump(counter);
-                self.give_back(item, dr)
+                Err(dr)
             }
         }
-    }
-
-    fn dropped(&mut self, item: Incoming, _reason: DropReason) {
-        self.shared.tunnel.pool.put(item.into_buf());
     }
 
     fn flush(&mut self) {
@@ -169,8 +157,7 @@ impl Sink for LanSink {
             c.lan_send_failed.fetch_add(out.failed, Ordering::Relaxed);
             tracing::debug!(failed = out.failed, error = ?out.error, "the LAN interface refused frames");
         }
-        for item in self.batch.drain(..) {
-            self.shared.tunnel.pool.put(item.into_buf());
-        }
+        // Their buffers go back to the pool.
+        self.batch.clear();
     }
 }

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use cyphonic_gateway::complete_deferred_checksum;
 use cyphonic_netio::BusyPoll;
 use cyphonic_pipeline::{DropReason, Sink};
-use cyphonic_tunnel::{BUF_LEN, HEADROOM, Incoming, RECV_BATCH, Submitter, bump};
-use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, TAG_LEN};
+use cyphonic_tunnel::{HEADROOM, Incoming, PACKET_ROOM, RECV_BATCH, Submitter, bump};
+use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 use ipnet::Ipv4Net;
 
 use crate::daemon::Shared;
@@ -117,7 +117,7 @@ impl TunReader {
                     std::thread::sleep(Duration::from_millis(1));
                     break;
                 };
-                let room = &mut buf[HEADROOM..BUF_LEN - TAG_LEN];
+                let room = &mut buf[PACKET_ROOM];
                 // Wait for the first packet of a round; take the rest that are there.
                 let tun = &shared.tun;
                 let got = if read == 0 {
@@ -138,17 +138,14 @@ impl TunReader {
                         read += 1;
                         bump(&shared.counters.tun_read);
                         let packet = &buf[HEADROOM..HEADROOM + n];
-                        match outbound(packet, shared.vip, shared.overlay, &shared.counters) {
-                            Some(dst) => self.submitter.route(buf, n, dst, 0, Instant::now()),
-                            None => pool.put(buf),
+                        if let Some(dst) =
+                            outbound(packet, shared.vip, shared.overlay, &shared.counters)
+                        {
+                            self.submitter.route(buf, n, dst, 0, Instant::now());
                         }
                     }
-                    Ok(None) => {
-                        pool.put(buf);
-                        break;
-                    }
+                    Ok(None) => break,
                     Err(e) => {
-                        pool.put(buf);
                         tracing::error!(error = %e, interface = shared.tun.name(), "reading the TUN device failed");
                         std::thread::sleep(Duration::from_millis(100));
                         break;
@@ -166,13 +163,6 @@ impl TunReader {
 /// The ingress emitter's end: packets for us go into the TUN device, in arrival order.
 pub struct TunSink {
     pub(crate) shared: Arc<Shared>,
-}
-
-impl TunSink {
-    fn drop_with(&self, item: Incoming, reason: DropReason) -> Result<(), DropReason> {
-        self.shared.tunnel.pool.put(item.into_buf());
-        Err(reason)
-    }
 }
 
 impl Sink for TunSink {
@@ -203,14 +193,14 @@ impl Sink for TunSink {
         };
         if let Err((counter, reason)) = verdict {
             bump(counter);
-            return self.drop_with(item, reason);
+            return Err(reason);
         }
         if item.flags() & FLAG_CHECKSUM_DEFERRED != 0 {
             // An adapter left the checksum to us (docs/protocol.md §1); the TUN device takes
             // whole packets only.
             complete_deferred_checksum(&mut item.buf_mut()[packet.clone()]);
         }
-        let result = match self.shared.tun.send(&item.buf()[packet]) {
+        match self.shared.tun.send(&item.buf()[packet]) {
             Ok(_) => {
                 bump(&c.tun_written);
                 Ok(())
@@ -220,13 +210,7 @@ impl Sink for TunSink {
                 tracing::debug!(error = %e, "the TUN device refused a packet");
                 Err(DropReason::Unroutable)
             }
-        };
-        self.shared.tunnel.pool.put(item.into_buf());
-        result
-    }
-
-    fn dropped(&mut self, item: Incoming, _reason: DropReason) {
-        self.shared.tunnel.pool.put(item.into_buf());
+        }
     }
 
     fn flush(&mut self) {}

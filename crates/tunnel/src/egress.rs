@@ -63,11 +63,6 @@ impl Outgoing {
         self.flags = flags;
         self
     }
-
-    /// Its buffer back (to return it to the pool).
-    pub fn into_buf(self) -> Buf {
-        self.buf
-    }
 }
 
 /// Picks the session and counter in order; seals on the workers.
@@ -152,7 +147,6 @@ impl Sink for UdpSink {
 
     fn emit(&mut self, item: Outgoing) -> Result<(), DropReason> {
         if item.dest.is_none() {
-            self.shared.pool.put(item.buf);
             return Err(DropReason::Unroutable);
         }
         item.peer.tx_packets.fetch_add(1, Ordering::Relaxed);
@@ -164,10 +158,6 @@ impl Sink for UdpSink {
             self.flush();
         }
         Ok(())
-    }
-
-    fn dropped(&mut self, item: Outgoing, _reason: DropReason) {
-        self.shared.pool.put(item.buf);
     }
 
     fn flush(&mut self) {
@@ -191,9 +181,8 @@ impl Sink for UdpSink {
                 .fetch_add(failed as u64, Ordering::Relaxed);
             tracing::debug!(failed, error = ?err, "the kernel refused tunnel datagrams");
         }
-        for item in self.batch.drain(..) {
-            self.shared.pool.put(item.buf);
-        }
+        // Their buffers go back to the pool.
+        self.batch.clear();
     }
 }
 
@@ -239,7 +228,6 @@ impl Submitter {
     ) {
         let Some(peer) = self.shared.peers.route(dst) else {
             bump(&self.shared.counters.drop_no_peer);
-            self.shared.pool.put(buf);
             return;
         };
         self.submit(Outgoing::new(buf, len, peer, now).with_flags(flags));
@@ -259,11 +247,8 @@ impl Submitter {
                 let q = self.pending.entry(id).or_default();
                 enqueue_in(&self.shared, self.queue_per_peer, q, item);
             }
-            Err(Rejected::Full(item)) => {
-                bump(&self.shared.counters.drop_pipeline_full);
-                self.shared.pool.put(item.buf);
-            }
-            Err(Rejected::Dropped(item, _)) => self.shared.pool.put(item.buf),
+            Err(Rejected::Full(_)) => bump(&self.shared.counters.drop_pipeline_full),
+            Err(Rejected::Dropped(..)) => {}
         }
     }
 
@@ -292,18 +277,14 @@ impl Submitter {
                                 self.pending.insert(id, q);
                                 break;
                             }
-                            Err(rejected) => {
-                                bump(&self.shared.counters.drop_queue);
-                                self.shared.pool.put(rejected.into_item().buf);
-                            }
+                            Err(_) => bump(&self.shared.counters.drop_queue),
                         }
                     }
                     self.seq.flush();
                 }
                 ToEgress::GaveUp(id) => {
-                    for item in self.pending.remove(&id).unwrap_or_default() {
+                    for _ in self.pending.remove(&id).unwrap_or_default() {
                         bump(&self.shared.counters.drop_queue);
-                        self.shared.pool.put(item.buf);
                     }
                 }
             }
@@ -319,7 +300,6 @@ impl Submitter {
 fn enqueue_in(shared: &Shared, limit: usize, q: &mut VecDeque<Outgoing>, item: Outgoing) {
     if q.len() >= limit {
         bump(&shared.counters.drop_queue);
-        shared.pool.put(item.buf);
     } else {
         bump(&shared.counters.queued_for_handshake);
         q.push_back(item);

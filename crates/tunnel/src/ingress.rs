@@ -66,11 +66,6 @@ impl Incoming {
         (&mut self.buf, &self.peer)
     }
 
-    /// Its buffer back (to return it to the pool).
-    pub fn into_buf(self) -> Buf {
-        self.buf
-    }
-
     /// The frame's header flags (authenticated once opened), such as
     /// `cyphonic_wire::FLAG_CHECKSUM_DEFERRED`.
     pub fn flags(&self) -> u16 {
@@ -90,13 +85,12 @@ impl Incoming {
     /// The first step of every sink, in arrival order: moves the replay window, tells the
     /// peer an authenticated frame arrived (confirming keys, following a roaming peer, waking
     /// the control thread when that matters), counts. Returns the packet to deliver and where
-    /// it lies in the buffer; a keepalive ends here (`None`, its buffer back in the pool).
+    /// it lies in the buffer; a keepalive ends here (`None`).
     ///
     /// # Errors
-    /// [`DropReason::Replay`] (the buffer is back in the pool).
+    /// [`DropReason::Replay`].
     pub fn accept(self, shared: &Shared) -> Result<Option<(Self, Range<usize>)>, DropReason> {
         if self.session.accept_counter(self.counter).is_err() {
-            shared.pool.put(self.buf);
             return Err(DropReason::Replay);
         }
         let confirmed = {
@@ -116,7 +110,6 @@ impl Incoming {
         }
         if !self.is_data {
             bump(&shared.counters.keepalives_received);
-            shared.pool.put(self.buf);
             return Ok(None);
         }
         self.peer.rx_packets.fetch_add(1, Ordering::Relaxed);
@@ -195,7 +188,6 @@ impl Receiver {
             }
             self.seq.flush();
         }
-        rx.release(&self.shared.pool);
         tracing::debug!("receive thread stopped");
     }
 
@@ -204,19 +196,16 @@ impl Receiver {
         bump(&c.udp_received);
         if m.truncated || m.len > BUF_LEN {
             bump(&c.udp_truncated);
-            self.shared.pool.put(buf);
             return;
         }
         let Ok(repr) = Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f)) else {
             bump(&c.drop_frame_malformed);
-            self.shared.pool.put(buf);
             return;
         };
         match repr.msg_type {
             MessageType::Data | MessageType::Keepalive => {
                 let Some(peer) = self.shared.peers.by_index(repr.receiver_index) else {
                     bump(&c.drop_unknown_index);
-                    self.shared.pool.put(buf);
                     return;
                 };
                 let (session, endpoint) = {
@@ -230,7 +219,6 @@ impl Receiver {
                     if endpoint == Some(m.from) {
                         let _ = self.shared.control.try_send(ToControl::Kick(peer.id));
                     }
-                    self.shared.pool.put(buf);
                     return;
                 };
                 let item = Incoming {
@@ -247,11 +235,8 @@ impl Receiver {
                 };
                 match self.seq.push(item) {
                     Ok(()) => {}
-                    Err(Rejected::Full(item)) => {
-                        bump(&c.drop_pipeline_full);
-                        self.shared.pool.put(item.buf);
-                    }
-                    Err(Rejected::Dropped(item, _)) => self.shared.pool.put(item.buf),
+                    Err(Rejected::Full(_)) => bump(&c.drop_pipeline_full),
+                    Err(Rejected::Dropped(..)) => {}
                 }
             }
             MessageType::HandshakeInit | MessageType::HandshakeResp => {
@@ -263,12 +248,8 @@ impl Receiver {
                 if self.shared.control.try_send(msg).is_err() {
                     bump(&c.drop_handshake_queue);
                 }
-                self.shared.pool.put(buf);
             }
-            _ => {
-                bump(&c.drop_frame_unhandled);
-                self.shared.pool.put(buf);
-            }
+            _ => bump(&c.drop_frame_unhandled),
         }
     }
 }

@@ -42,7 +42,10 @@ pub use egress::{Outgoing, SealStage, Submitter, UdpSink};
 pub use engine::{DataPlane, Engine, StartError, StaticPeer, placement, static_peers};
 pub use ingress::{Incoming, OpenStage, Receiver};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
-pub use pool::{BUF_LEN, Buf, Pool, RECV_BATCH, RecvBuffers};
+pub use pool::{
+    BUF_LEN, Buf, ETHERNET_HEADER, FRAME_OFFSET, FRAME_ROOM, PACKET_ROOM, Pool, RECV_BATCH,
+    RecvBuffers,
+};
 pub use upstream::Upstream;
 
 /// Where an outgoing IP packet starts in its buffer: behind room for the tunnel header, which

@@ -1,15 +1,21 @@
 //! Packet buffers: a fixed ceiling, allocated on first use and recycled, so the data plane
 //! makes no allocation per packet and its memory never grows with load.
 //!
+//! A [`Buf`] is an owned value that goes back to its pool when it is dropped (style.md rule
+//! 23): no path hands a buffer back by hand, so an early return or a dropped packet cannot
+//! leak pool capacity. Every buffer holds a reference to its pool's free list, so a buffer
+//! cannot outlive the pool it came from, whichever is dropped first.
+//!
 //! Layout of a buffer on the way out (egress): the IP packet starts at byte 16
 //! ([`crate::HEADROOM`]), right behind room for the tunnel header; the tag goes after the
-//! packet. (The adapter captures whole Ethernet frames at byte 2 so that their IP packet lands
-//! there; the node reads IP packets from TUN straight to byte 16.) On the way in: the datagram
-//! starts at byte 0, its inner IP packet at 16; the adapter writes an Ethernet header over
-//! bytes 2..16. Neither direction copies the packet.
+//! packet. (The adapter captures whole Ethernet frames at [`FRAME_OFFSET`] so that their IP
+//! packet lands there; the node reads IP packets from TUN straight to byte 16.) On the way in:
+//! the datagram starts at byte 0, its inner IP packet at 16; the adapter writes an Ethernet
+//! header over bytes 2..16. Neither direction copies the packet.
 
 use std::io;
-use std::ops::Range;
+use std::ops::{Deref, DerefMut, Range};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -18,64 +24,136 @@ use crossbeam_channel::{Receiver, Sender};
 pub const BUF_LEN: usize = 2048;
 /// Frames or datagrams a receive thread reads per system call.
 pub const RECV_BATCH: usize = 32;
+/// Bytes of an Ethernet header (destination, source, EtherType).
+pub const ETHERNET_HEADER: usize = 14;
+/// Where an Ethernet frame starts in a buffer so that its IP packet lands on
+/// [`crate::HEADROOM`]: the adapter captures frames here, and writes the Ethernet header of a
+/// delivered packet here.
+pub const FRAME_OFFSET: usize = crate::HEADROOM - ETHERNET_HEADER;
+/// The longest Ethernet frame a buffer holds at [`FRAME_OFFSET`], leaving room for the tag
+/// after its IP packet.
+pub const FRAME_ROOM: usize = BUF_LEN - cyphonic_wire::TAG_LEN - FRAME_OFFSET;
+/// The longest IP packet a buffer holds behind the tunnel header, leaving room for the tag.
+pub const PACKET_ROOM: Range<usize> = crate::HEADROOM..BUF_LEN - cyphonic_wire::TAG_LEN;
 
-/// One packet buffer.
-pub type Buf = Box<[u8; BUF_LEN]>;
+type Bytes = Box<[u8; BUF_LEN]>;
 
-/// The buffer pool.
+/// The free list: what a pool and each of its buffers share.
 #[derive(Debug)]
-pub struct Pool {
-    free_tx: Sender<Buf>,
-    free_rx: Receiver<Buf>,
+struct FreeList {
+    tx: Sender<Bytes>,
+    rx: Receiver<Bytes>,
     allocated: AtomicUsize,
     ceiling: usize,
+}
+
+/// The buffer pool. Cloning gives another handle on the same pool.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    free: Arc<FreeList>,
 }
 
 impl Pool {
     /// A pool that will hold at most `ceiling` buffers.
     pub fn new(ceiling: usize) -> Self {
-        let (free_tx, free_rx) = crossbeam_channel::bounded(ceiling);
+        let (tx, rx) = crossbeam_channel::bounded(ceiling);
         Self {
-            free_tx,
-            free_rx,
-            allocated: AtomicUsize::new(0),
-            ceiling,
+            free: Arc::new(FreeList {
+                tx,
+                rx,
+                allocated: AtomicUsize::new(0),
+                ceiling,
+            }),
         }
     }
 
-    /// A free buffer, or None when all `ceiling` buffers are in use (drop at the edge).
+    /// A free buffer, or None when all `ceiling` buffers are in use (drop at the edge). Its
+    /// bytes are whatever the last user left there.
     pub fn take(&self) -> Option<Buf> {
-        if let Ok(b) = self.free_rx.try_recv() {
-            return Some(b);
-        }
-        let grew = self
-            .allocated
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < self.ceiling).then_some(n + 1)
-            })
-            .is_ok();
-        grew.then(|| Box::new([0u8; BUF_LEN]))
-    }
-
-    /// Gives a buffer back.
-    pub fn put(&self, buf: Buf) {
-        // The channel holds `ceiling` buffers and no more than that many exist.
-        let _ = self.free_tx.try_send(buf);
+        let bytes = match self.free.rx.try_recv() {
+            Ok(b) => b,
+            Err(_) => {
+                self.free
+                    .allocated
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        (n < self.free.ceiling).then_some(n + 1)
+                    })
+                    .ok()?;
+                Box::new([0u8; BUF_LEN])
+            }
+        };
+        Some(Buf {
+            bytes: Some(bytes),
+            home: self.free.clone(),
+        })
     }
 
     /// Buffers allocated so far (the high-water mark of use).
     pub fn allocated(&self) -> usize {
-        self.allocated.load(Ordering::Relaxed)
+        self.free.allocated.load(Ordering::Relaxed)
     }
 
     /// Buffers currently free.
     pub fn free(&self) -> usize {
-        self.free_rx.len()
+        self.free.rx.len()
+    }
+
+    /// Buffers in use now (allocated and not free).
+    pub fn in_use(&self) -> usize {
+        self.allocated().saturating_sub(self.free())
+    }
+
+    /// The most buffers this pool holds.
+    pub fn ceiling(&self) -> usize {
+        self.free.ceiling
+    }
+}
+
+/// One packet buffer of [`BUF_LEN`] bytes; back to its pool when dropped.
+pub struct Buf {
+    /// `None` only inside `drop`.
+    bytes: Option<Bytes>,
+    home: Arc<FreeList>,
+}
+
+impl std::fmt::Debug for Buf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Buf")
+    }
+}
+
+impl Deref for Buf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.bytes {
+            Some(b) => &b[..],
+            None => &[],
+        }
+    }
+}
+
+impl DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match &mut self.bytes {
+            Some(b) => &mut b[..],
+            None => &mut [],
+        }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        if let Some(bytes) = self.bytes.take() {
+            // The free list holds `ceiling` buffers and no more than that many exist.
+            let _ = self.home.tx.try_send(bytes);
+        }
     }
 }
 
 /// A receive thread's buffers between system calls: topped up from the pool, handed to the
-/// socket each sliced to `range`; the filled ones leave, the rest wait for the next call.
+/// socket each sliced to `range`; the filled ones leave, the rest wait for the next call (and
+/// go back to the pool when this is dropped).
 #[derive(Debug)]
 pub struct RecvBuffers {
     bufs: Vec<Buf>,
@@ -114,13 +192,6 @@ impl RecvBuffers {
         }
         Some(recv(&mut slices[..count]).map(|n| self.bufs.drain(..n.min(count))))
     }
-
-    /// Gives every buffer back (at shutdown).
-    pub fn release(self, pool: &Pool) {
-        for b in self.bufs {
-            pool.put(b);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -128,19 +199,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ceiling_holds_and_buffers_recycle() {
+    fn the_ceiling_holds_and_dropped_buffers_return() {
         let pool = Pool::new(3);
         let bufs: Vec<Buf> = (0..3).map(|_| pool.take().unwrap()).collect();
         assert!(
             pool.take().is_none(),
             "a fourth buffer would exceed the ceiling"
         );
-        for b in bufs {
-            pool.put(b);
-        }
-        assert_eq!((pool.allocated(), pool.free()), (3, 3));
-        assert!(pool.take().is_some());
-        assert_eq!(pool.allocated(), 3);
+        assert_eq!(pool.in_use(), 3);
+        drop(bufs);
+        assert_eq!((pool.allocated(), pool.free(), pool.in_use()), (3, 3, 0));
+        let mut again = pool.take().unwrap();
+        again[0] = 9;
+        assert_eq!((again.len(), pool.allocated()), (BUF_LEN, 3));
+    }
+
+    /// A buffer keeps its pool's free list alive: dropping the pool first is harmless, and
+    /// the buffer still goes back to the list a clone of the pool sees.
+    #[test]
+    fn a_buffer_cannot_outlive_its_pool() {
+        let pool = Pool::new(2);
+        let other = pool.clone();
+        let buf = pool.take().unwrap();
+        drop(pool);
+        drop(buf);
+        assert_eq!(other.free(), 1);
+        let last = other.take().unwrap();
+        drop(other);
+        drop(last);
     }
 
     #[test]
@@ -163,8 +249,11 @@ mod tests {
             RECV_BATCH,
             "the unfilled ones wait, no new allocation"
         );
+        drop(filled);
         let again = rx.receive(&pool, |_| Ok(0)).unwrap().unwrap().count();
-        assert_eq!((again, pool.allocated()), (0, RECV_BATCH + 3));
+        assert_eq!((again, pool.allocated()), (0, RECV_BATCH));
+        drop(rx);
+        assert_eq!(pool.in_use(), 0, "the waiting buffers went back");
         let empty = Pool::new(0);
         assert!(RecvBuffers::new(0..1).receive(&empty, |_| Ok(0)).is_none());
     }
