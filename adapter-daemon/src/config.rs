@@ -1,20 +1,20 @@
 //! The adapter's configuration file: TOML, every key documented in
 //! config/adapter.example.toml, safe defaults in code, and errors that name the file, the line
 //! and the key. Certificates and keys are part of the configuration: loading reads and checks
-//! them too, so `check-config` catches every mistake `run` would. The tables the node shares
-//! (`[identity]`, `[[peer]]`, `[cloud]`, the pipeline and DNS limits) are checked by
-//! `cyphonic-settings`.
+//! them too, so `check-config` catches every mistake `run` would. The keys every tunnel end
+//! has (`listen`, `overlay`, `inner_mtu`, `status_socket`, `[identity]`, `[[peer]]`,
+//! `[cloud]`, `[metrics]`, `[dataplane]`'s shared keys, `[dns]`) are declared and checked by
+//! `cyphonic-settings`; this file adds the adapter's own: the LAN interface and gateway
+//! address, DHCP, reservations and the LAN side of `[dataplane]`.
 
 use std::collections::HashSet;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use cyphonic_crypto::Certificate;
-use cyphonic_session::Identity;
-pub use cyphonic_settings::{Cloud, ConfigError, Peer as StaticPeer};
-use cyphonic_settings::{RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
+use cyphonic_settings::{Common, ConfigError, Identity, Source};
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 use toml::Spanned;
@@ -67,43 +67,32 @@ impl<'de> Deserialize<'de> for Mac {
 
 // ---- the file as written ------------------------------------------------------------------
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Raw {
-    adapter: RawAdapter,
-    identity: RawIdentity,
-    #[serde(default)]
-    dhcp: RawDhcp,
-    #[serde(default)]
-    dns: RawDns,
-    #[serde(default)]
-    dataplane: RawDataplane,
-    #[serde(default)]
-    reservation: Vec<RawReservation>,
-    #[serde(default)]
-    peer: Vec<RawPeer>,
-    cloud: Option<RawCloud>,
-    #[serde(default)]
-    metrics: RawMetrics,
+cyphonic_settings::config_file! {
+    /// The adapter's configuration file as written.
+    struct Raw {
+        adapter: RawAdapter,
+        #[serde(default)]
+        dhcp: RawDhcp,
+        #[serde(default)]
+        reservation: Vec<RawReservation>,
+    }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAdapter {
-    lan_interface: String,
-    #[serde(default = "cyphonic_settings::defaults::listen")]
-    listen: SocketAddr,
-    gateway_vip: Spanned<Ipv4Addr>,
-    #[serde(default = "cyphonic_settings::defaults::overlay")]
-    overlay: Spanned<Ipv4Net>,
-    #[serde(default = "cyphonic_settings::defaults::inner_mtu")]
-    inner_mtu: Spanned<u16>,
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    mss_clamp: bool,
-    #[serde(default = "default_status_socket")]
-    status_socket: PathBuf,
-    #[serde(default = "default_state_dir")]
-    state_dir: PathBuf,
+cyphonic_settings::end_table! {
+    /// `[adapter]`.
+    struct RawAdapter("adapter", status_socket = "/run/cyphonic/adapter.sock") {
+        lan_interface: String,
+        gateway_vip: Spanned<Ipv4Addr>,
+        #[serde(default = "cyphonic_settings::defaults::yes")]
+        mss_clamp: bool,
+        #[serde(default = "default_state_dir")]
+        state_dir: PathBuf,
+    }
+}
+
+cyphonic_settings::dns_table! {
+    /// `[dns]`: the keys every tunnel end has (the adapter adds none).
+    struct RawDns {}
 }
 
 #[derive(Deserialize)]
@@ -132,27 +121,6 @@ impl Default for RawDhcp {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDns {
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    enabled: bool,
-    #[serde(default)]
-    upstream: Vec<Spanned<IpAddr>>,
-    #[serde(default = "cyphonic_settings::defaults::dns_ttl")]
-    ttl: Spanned<u32>,
-}
-
-impl Default for RawDns {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            upstream: Vec::new(),
-            ttl: cyphonic_settings::defaults::dns_ttl(),
-        }
-    }
-}
-
 cyphonic_settings::dataplane_table! {
     /// `[dataplane]`: the keys every tunnel end has, and the LAN side's.
     struct RawDataplane {
@@ -175,9 +143,6 @@ struct RawReservation {
     hostname: Option<Spanned<String>>,
 }
 
-fn default_status_socket() -> PathBuf {
-    PathBuf::from("/run/cyphonic/adapter.sock")
-}
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/cyphonic")
 }
@@ -204,17 +169,8 @@ pub struct Reservation {
     pub hostname: Option<String>,
 }
 
-/// The DNS service for the LAN.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dns {
-    /// Resolvers for names outside the overlay; none means such queries are refused.
-    pub upstream: Vec<IpAddr>,
-    /// TTL of our answers, seconds.
-    pub ttl: u32,
-}
-
-/// The LAN side's data-plane settings (the rest of `[dataplane]` is
-/// [`cyphonic_settings::Dataplane`]).
+/// The LAN side's data-plane settings (the rest of `[dataplane]` is the engine's
+/// [`cyphonic_settings::DataPlane`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LanDataplane {
     /// LAN (AF_PACKET) receive buffer, bytes.
@@ -233,44 +189,29 @@ pub struct LanDataplane {
 /// Everything the adapter needs to run, checked.
 #[derive(Debug)]
 pub struct Config {
-    /// The file it came from.
-    pub path: PathBuf,
+    /// What every tunnel end has (`lan_block` is its `block`).
+    pub common: Common,
     /// The internal NIC.
     pub lan_interface: String,
-    /// The tunnel's UDP address.
-    pub listen: SocketAddr,
     /// The gateway's own vIP.
     pub gateway_vip: Ipv4Addr,
-    /// Our certified LAN block (from our certificate).
-    pub lan_block: Ipv4Net,
-    /// The whole overlay.
-    pub overlay: Ipv4Net,
-    /// Inner MTU.
-    pub inner_mtu: u16,
     /// MSS clamping.
     pub mss_clamp: bool,
-    /// The status socket.
-    pub status_socket: PathBuf,
     /// Where the DHCP leases are kept.
     pub state_dir: PathBuf,
-    /// The overlay's domain (the name of the CA that issued our certificate).
-    pub overlay_domain: String,
     /// The DHCP server, unless switched off.
     pub dhcp: Option<cyphonic_vip::DhcpConfig>,
-    /// The DNS service, unless switched off.
-    pub dns: Option<Dns>,
-    /// Data-plane tuning.
-    pub dataplane: cyphonic_settings::Dataplane,
     /// The LAN side's part of `[dataplane]`.
     pub lan_dataplane: LanDataplane,
     /// Fixed addresses.
     pub reservations: Vec<Reservation>,
-    /// Static peers.
-    pub peers: Vec<StaticPeer>,
-    /// The control plane, if this adapter uses one.
-    pub cloud: Option<Cloud>,
-    /// Where the Prometheus endpoint listens; off without.
-    pub metrics: Option<SocketAddr>,
+}
+
+impl Config {
+    /// Our certified LAN block.
+    pub const fn lan_block(&self) -> Ipv4Net {
+        self.common.block
+    }
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
@@ -279,43 +220,14 @@ pub struct Config {
 /// # Errors
 /// A [`ConfigError`] naming the file, and where possible the line and key.
 pub fn load(path: &Path, now_secs: u64) -> Result<(Config, Identity), ConfigError> {
-    let (raw, text): (Raw, String) = cyphonic_settings::parse(path)?;
-    check(
-        &Source {
-            path,
-            text: &text,
-            now_secs,
-        },
-        &raw,
-    )
+    cyphonic_settings::load(path, now_secs, check)
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "one check after the other, in file order"
-)]
-fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError> {
+fn check(raw: &Raw, src: &Source<'_>) -> Result<(Config, Identity), ConfigError> {
+    let (common, identity) = raw.common(src)?;
     let a = &raw.adapter;
-    let identity = raw.identity.load(src)?;
-    let cert = identity.certificate().clone();
-
-    // Our LAN block is the certified IPv4 block.
-    let Some(lan_block) = cyphonic_settings::first_v4_block(&cert) else {
-        return src.err(
-            &raw.identity.certificate_span(),
-            "identity.certificate",
-            "the certificate names no IPv4 vIP block for the LAN",
-        );
-    };
-    let overlay_domain = cyphonic_settings::overlay_domain(&identity);
-    let overlay = *a.overlay.get_ref();
-    if !overlay.contains(&lan_block) {
-        return src.err(
-            &a.overlay.span(),
-            "adapter.overlay",
-            format!("{overlay} does not contain this adapter's block {lan_block}"),
-        );
-    }
+    let cert = identity.certificate();
+    let lan_block = common.block;
     let gw = *a.gateway_vip.get_ref();
     if !lan_block.contains(&gw) || gw == lan_block.network() || gw == lan_block.broadcast() {
         return src.err(
@@ -327,13 +239,46 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             ),
         );
     }
-    let mtu = cyphonic_settings::check_mtu(src, &a.inner_mtu, "adapter.inner_mtu")?;
+    let reservations = check_reservations(src, &raw.reservation, lan_block, gw)?;
+    let dhcp = check_dhcp(
+        src,
+        &raw.dhcp,
+        cert,
+        lan_block,
+        gw,
+        common.inner_mtu,
+        &reservations,
+    )?;
+    let d = &raw.dataplane;
+    let config = Config {
+        common,
+        lan_interface: a.lan_interface.clone(),
+        gateway_vip: gw,
+        mss_clamp: a.mss_clamp,
+        state_dir: src.resolve(&a.state_dir),
+        dhcp,
+        lan_dataplane: LanDataplane {
+            buffer: d.lan_buffer,
+            gro: d.lan_gro,
+            gso: d.lan_gso,
+            defer_checksums: d.defer_checksums,
+        },
+        reservations,
+    };
+    Ok((config, identity))
+}
 
-    // Reservations: inside the block, unique MACs and addresses, not the gateway.
+/// Reservations: inside the block, unique MACs and addresses, not the gateway.
+fn check_reservations(
+    src: &Source<'_>,
+    raw: &[RawReservation],
+    lan_block: Ipv4Net,
+    gw: Ipv4Addr,
+) -> Result<Vec<Reservation>, ConfigError> {
     let mut macs = HashSet::new();
     let mut vips = HashSet::new();
     let mut reservations = Vec::new();
-    for (i, r) in raw.reservation.iter().enumerate() {
+    for (i, r) in raw.iter().enumerate() {
         let vip = *r.vip.get_ref();
         let key = |k: &str| format!("reservation[{i}].{k}");
         if !lan_block.contains(&vip)
@@ -384,51 +329,7 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             hostname: r.hostname.as_ref().map(|h| h.get_ref().clone()),
         });
     }
-
-    // Static peers: valid certificates, blocks apart from ours and from each other.
-    let peers = cyphonic_settings::peers(src, &raw.peer, &identity, lan_block)?;
-    let dhcp = check_dhcp(src, &raw.dhcp, &cert, lan_block, gw, mtu, &reservations)?;
-    let dns = if raw.dns.enabled {
-        let upstream = cyphonic_settings::check_dns(src, &raw.dns.upstream, &raw.dns.ttl, overlay)?;
-        Some(Dns {
-            upstream,
-            ttl: *raw.dns.ttl.get_ref(),
-        })
-    } else {
-        None
-    };
-
-    let d = &raw.dataplane;
-    let dataplane = d.shared(src)?;
-    let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
-    let metrics = raw.metrics.check(src)?;
-    let config = Config {
-        path: src.path.to_owned(),
-        lan_interface: a.lan_interface.clone(),
-        listen: a.listen,
-        gateway_vip: gw,
-        lan_block,
-        overlay,
-        inner_mtu: mtu,
-        mss_clamp: a.mss_clamp,
-        status_socket: src.resolve(&a.status_socket),
-        state_dir: src.resolve(&a.state_dir),
-        overlay_domain,
-        dhcp,
-        dns,
-        dataplane,
-        lan_dataplane: LanDataplane {
-            buffer: d.lan_buffer,
-            gro: d.lan_gro,
-            gso: d.lan_gso,
-            defer_checksums: d.defer_checksums,
-        },
-        reservations,
-        peers,
-        cloud,
-        metrics,
-    };
-    Ok((config, identity))
+    Ok(reservations)
 }
 
 /// The DHCP server's configuration, checked by building a server with it: the pool must
@@ -517,11 +418,10 @@ fn check_dhcp(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU32, Ordering};
-
+    use std::net::IpAddr;
     use std::time::Duration;
 
-    use cyphonic_settings::testing::Node;
+    use cyphonic_settings::testing::{Fixture, Node, assert_documents_every_key, assert_mistakes};
 
     use super::*;
 
@@ -529,24 +429,9 @@ mod tests {
 
     /// A directory with a CA, gw1's key and certificate, gw2's certificate and the example
     /// configuration, as the example's relative paths expect. Removed on drop.
-    struct Fixture(PathBuf);
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     fn fixture() -> Fixture {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "cyphonic-config-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        cyphonic_settings::testing::write_pki(
-            &dir,
+        let f = Fixture::new(
+            "config",
             NOW,
             &[
                 Node {
@@ -563,35 +448,33 @@ mod tests {
                 },
             ],
         );
-        std::fs::write(dir.join("adapter.toml"), EXAMPLE).unwrap();
-        Fixture(dir)
+        f.write("adapter.toml", EXAMPLE);
+        f
     }
 
     const EXAMPLE: &str = include_str!("../../config/adapter.example.toml");
 
     fn load_text(f: &Fixture, text: &str) -> Result<(Config, Identity), ConfigError> {
-        let path = f.0.join("test.toml");
-        std::fs::write(&path, text).unwrap();
-        load(&path, NOW)
+        load(&f.write("test.toml", text), NOW)
     }
 
     #[test]
     fn the_example_configuration_is_valid() {
         let f = fixture();
-        let (c, id) = load(&f.0.join("adapter.toml"), NOW).unwrap();
+        let (c, id) = load(&f.path().join("adapter.toml"), NOW).unwrap();
         assert_eq!(id.certificate().body().name, "gw1.ovl.example");
-        assert_eq!(c.lan_block.to_string(), "100.64.1.0/24");
+        assert_eq!(c.lan_block().to_string(), "100.64.1.0/24");
         assert_eq!(c.gateway_vip, Ipv4Addr::new(100, 64, 1, 1));
         assert_eq!(c.reservations.len(), 2);
         assert_eq!(c.reservations[0].hostname.as_deref(), Some("sensor1"));
-        assert_eq!(c.peers.len(), 1);
+        assert_eq!(c.common.peers.len(), 1);
         assert_eq!(
-            c.peers[0].persistent_keepalive,
+            c.common.peers[0].persistent_keepalive,
             Some(Duration::from_secs(25))
         );
-        assert_eq!(c.dataplane.aead, cyphonic_crypto::Backend::Ring);
-        assert!(c.status_socket.is_absolute());
-        assert_eq!(c.overlay_domain, "ovl.example");
+        assert_eq!(c.common.dataplane.aead, cyphonic_crypto::Backend::Ring);
+        assert!(c.common.status_socket.is_absolute());
+        assert_eq!(c.common.overlay_domain, "ovl.example");
         let dhcp = c.dhcp.unwrap();
         assert_eq!(
             dhcp.pool,
@@ -603,13 +486,13 @@ mod tests {
         assert_eq!((dhcp.mtu, dhcp.domain.as_str()), (1420, "gw1.ovl.example"));
         assert_eq!(dhcp.reservations.len(), 2);
         assert_eq!(
-            c.dns,
-            Some(Dns {
+            c.common.dns,
+            Some(cyphonic_settings::Dns {
                 upstream: vec![IpAddr::from([192, 0, 2, 53])],
                 ttl: 60
             })
         );
-        assert_eq!(c.peers[0].dns, Ipv4Addr::new(100, 64, 2, 1));
+        assert_eq!(c.common.peers[0].dns, Ipv4Addr::new(100, 64, 2, 1));
     }
 
     #[test]
@@ -618,13 +501,13 @@ mod tests {
         let minimal = "[adapter]\nlan_interface = \"eth1\"\ngateway_vip = \"100.64.1.1\"\n\n[identity]\ncertificate = \"gw1.ovl.example.crt\"\nkey = \"gw1.ovl.example.key\"\nca = \"ca.crt\"\n";
         let (c, _) = load_text(&f, minimal).unwrap();
         assert_eq!(
-            (c.inner_mtu, c.mss_clamp, c.listen.port()),
+            (c.common.inner_mtu, c.mss_clamp, c.common.listen.port()),
             (1420, true, 51820)
         );
         assert_eq!(
-            (c.dataplane, c.lan_dataplane),
+            (c.common.dataplane, c.lan_dataplane),
             (
-                cyphonic_settings::Dataplane {
+                cyphonic_settings::DataPlane {
                     workers: 0,
                     batch_size: 32,
                     batches_in_flight: 1024,
@@ -634,8 +517,10 @@ mod tests {
                     udp_buffer: 4 << 20,
                     udp_gso: true,
                     udp_gro: true,
-                    cpus: Vec::new(),
-                    realtime_priority: 0,
+                    placement: cyphonic_settings::Placement {
+                        cpus: Vec::new(),
+                        realtime_priority: 0,
+                    },
                     busy_poll: Duration::ZERO,
                     queue_per_peer: 64,
                     buffers: 8192,
@@ -648,7 +533,11 @@ mod tests {
                 }
             )
         );
-        assert!(c.reservations.is_empty() && c.peers.is_empty());
+        assert!(c.reservations.is_empty() && c.common.peers.is_empty());
+        assert_eq!(
+            c.common.status_socket,
+            PathBuf::from("/run/cyphonic/adapter.sock")
+        );
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/cyphonic"));
         let dhcp = c.dhcp.unwrap();
         assert_eq!(
@@ -666,15 +555,15 @@ mod tests {
             )
         );
         assert_eq!(
-            c.dns,
-            Some(Dns {
+            c.common.dns,
+            Some(cyphonic_settings::Dns {
                 upstream: vec![],
                 ttl: 60
             })
         );
         let off = format!("{minimal}\n[dhcp]\nenabled = false\n[dns]\nenabled = false\n");
         let (c, _) = load_text(&f, &off).unwrap();
-        assert!(c.dhcp.is_none() && c.dns.is_none());
+        assert!(c.dhcp.is_none() && c.common.dns.is_none());
     }
 
     /// Each mistake is reported with the file, its line and its key.
@@ -883,31 +772,22 @@ mod tests {
                 "missing field `lan_interface`",
             ),
         ];
-        for (from, to, expect) in cases {
-            assert!(EXAMPLE.contains(from), "the example lost {from:?}");
-            let err = load_text(&f, &EXAMPLE.replacen(from, to, 1))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.starts_with(&f.0.join("test.toml").display().to_string()),
-                "{err}"
-            );
-            assert!(
-                err.contains(expect),
-                "{from:?} -> {to:?}\n  got:  {err}\n  want: {expect}"
-            );
-        }
+        assert_mistakes(&f, EXAMPLE, cases, load, NOW);
     }
 
     #[test]
     fn revoked_or_foreign_peer_certificates_are_refused() {
         let f = fixture();
         let peer = Certificate::from_pem(
-            &std::fs::read_to_string(f.0.join("peers/gw2.ovl.example.crt")).unwrap(),
+            &std::fs::read_to_string(f.path().join("peers/gw2.ovl.example.crt")).unwrap(),
         )
         .unwrap();
-        std::fs::write(f.0.join("revoked.txt"), format!("{}\n", peer.fingerprint())).unwrap();
-        let err = load(&f.0.join("adapter.toml"), NOW)
+        std::fs::write(
+            f.path().join("revoked.txt"),
+            format!("{}\n", peer.fingerprint()),
+        )
+        .unwrap();
+        let err = load(&f.path().join("adapter.toml"), NOW)
             .unwrap_err()
             .to_string();
         assert!(
@@ -915,7 +795,7 @@ mod tests {
                 && err.contains("is revoked"),
             "{err}"
         );
-        let err = load(&f.0.join("adapter.toml"), NOW + 2_000_000)
+        let err = load(&f.path().join("adapter.toml"), NOW + 2_000_000)
             .unwrap_err()
             .to_string();
         assert!(
@@ -928,32 +808,21 @@ mod tests {
     /// there (a new key without documentation fails here).
     #[test]
     fn the_example_documents_every_key() {
-        let probe = |table: &str| match table {
-            "" => "__probe = 1\n".to_owned(),
-            "cloud" => {
-                "[cloud]\naddress = \"192.0.2.1:1\"\npublic_key = \"\"\n__probe = 1\n".to_owned()
-            }
-            "reservation" | "peer" => format!("[[{table}]]\n__probe = 1\n"),
-            t => format!("[{t}]\n__probe = 1\n"),
-        };
-        assert_eq!(
-            cyphonic_settings::accepted_keys::<Raw>(&probe("")),
-            [
+        assert_documents_every_key::<Raw>(
+            EXAMPLE,
+            "config/adapter.example.toml",
+            &["reservation", "peer"],
+            &[
                 "adapter",
                 "identity",
                 "dhcp",
+                "reservation",
                 "dns",
                 "dataplane",
-                "reservation",
                 "peer",
                 "cloud",
-                "metrics"
-            ]
-        );
-        let missing = cyphonic_settings::undocumented_keys::<Raw>(EXAMPLE, probe);
-        assert!(
-            missing.is_empty(),
-            "config/adapter.example.toml does not show {missing:?}"
+                "metrics",
+            ],
         );
     }
 }

@@ -46,7 +46,7 @@ cyphonic_telemetry::counters! {
     gateway_from_peers,
     /// Packets from peers to the gateway vIP for nothing it offers.
     drop_gateway_from_peer,
-    /// Packets of the gateway's own to peers dropped: no keys in time, or the queue full.
+    /// Packets of the gateway's own to peers not handed to the engine: no such peer, no packet buffer, too large, or the engine stopping (those it drops behind a pending handshake count as its drop_queue).
     drop_gateway_to_peer,
     /// Neighbours learned from ARP.
     arp_learned,

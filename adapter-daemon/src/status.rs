@@ -1,17 +1,34 @@
-//! The adapter's status document, served on the local status socket
-//! (`cyphonic_telemetry::status`): what the engine reports, with the adapter's LAN side.
+//! The adapter's part of the status document (the shared part is
+//! `cyphonic_daemon::status`): the adapter itself, the devices with an address, the DHCP
+//! server and the DNS service. The services publish what changes ([`Published`]); the status
+//! socket and the metrics read it.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::BTreeMap;
 
-use cyphonic_pipeline::Counters as PipelineCounters;
-use serde_json::{Value, json};
+use cyphonic_daemon::status::DnsStatus;
+use serde::{Deserialize, Serialize};
 
-use crate::daemon::Shared;
+use crate::counters::Counters;
 
-/// What does not change while the daemon runs.
-#[derive(Debug)]
-pub struct Static {
+/// The adapter's status document.
+pub type Status = cyphonic_daemon::Status<AdapterStatus, Counters>;
+
+/// The adapter's part of the document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdapterStatus {
+    /// The adapter.
+    pub adapter: AdapterInfo,
+    /// Every device with an address: DHCP leases and reservations.
+    pub leases: Vec<LeaseStatus>,
+    /// The DHCP server, unless switched off.
+    pub dhcp: Option<DhcpStatus>,
+    /// The DNS service, unless switched off.
+    pub dns: Option<DnsStatus>,
+}
+
+/// The adapter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdapterInfo {
     /// Our FQDN.
     pub name: String,
     /// The LAN interface.
@@ -22,45 +39,54 @@ pub struct Static {
     pub gateway_vip: String,
     /// Our block.
     pub lan_block: String,
-    /// When the daemon started.
-    pub started: Instant,
-    /// The pipelines' counters.
-    pub egress: Arc<PipelineCounters>,
-    /// The pipelines' counters.
-    pub ingress: Arc<PipelineCounters>,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+    /// Packet buffers allocated so far.
+    pub buffers_allocated: usize,
+    /// Packet buffers free now.
+    pub buffers_free: usize,
 }
 
-/// The status document.
-pub fn snapshot(shared: &Shared, info: &Static) -> Value {
-    let now = Instant::now();
-    let (leases, dhcp, dns) = {
-        let s = shared
-            .services
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        (s.leases.clone(), s.dhcp.clone(), s.dns.clone())
-    };
-    let mut doc = cyphonic_tunnel::status::document(
-        &shared.tunnel,
-        &info.egress,
-        &info.ingress,
-        shared.counters.snapshot(),
-    );
-    doc.insert(
-        "adapter".into(),
-        json!({
-            "name": info.name,
-            "lan_interface": info.lan_interface,
-            "listen": info.listen,
-            "gateway_vip": info.gateway_vip,
-            "lan_block": info.lan_block,
-            "uptime_secs": now.saturating_duration_since(info.started).as_secs(),
-            "buffers_allocated": shared.tunnel.pool.allocated(),
-            "buffers_free": shared.tunnel.pool.free(),
-        }),
-    );
-    doc.insert("leases".into(), leases);
-    doc.insert("dhcp".into(), dhcp);
-    doc.insert("dns".into(), dns);
-    Value::Object(doc)
+/// A device with an address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// Its vIP.
+    pub vip: String,
+    /// Its MAC.
+    pub mac: String,
+    /// Its name in our zone.
+    pub name: Option<String>,
+    /// The host name it gave (DHCP option 12) or was reserved with.
+    pub hostname: Option<String>,
+    /// A reservation (never expires).
+    pub reserved: bool,
+    /// When its lease ends, unix seconds (none for reservations).
+    pub expires: Option<u64>,
+}
+
+/// The DHCP server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DhcpStatus {
+    /// The dynamic pool, `first-last`.
+    pub pool: String,
+    /// Where the leases are saved.
+    pub lease_file: String,
+    /// Leases changed and could not be saved (the log says why; saving is retried).
+    pub unsaved: bool,
+    /// The server's counters.
+    #[serde(flatten)]
+    pub stats: cyphonic_vip::Stats,
+    /// Messages not answered, by reason.
+    pub ignored_by_reason: BTreeMap<String, u64>,
+}
+
+/// What the services publish as it changes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Published {
+    /// Every device with an address.
+    pub leases: Vec<LeaseStatus>,
+    /// The DHCP server.
+    pub dhcp: Option<DhcpStatus>,
+    /// The DNS service.
+    pub dns: Option<DnsStatus>,
 }

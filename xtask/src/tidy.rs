@@ -22,10 +22,11 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-telemetry", 2, false),
     ("cyphonic-signal", 3, false),
     ("cyphonic-cloud", 3, false),
-    ("cyphonic-settings", 3, false),
-    ("cyphonic-tunnel", 4, false),
-    ("cyphonic-node", 5, false),
-    ("cyphonic-adapter", 5, false),
+    ("cyphonic-tunnel", 3, false),
+    ("cyphonic-settings", 4, false),
+    ("cyphonic-daemon", 5, false),
+    ("cyphonic-node", 6, false),
+    ("cyphonic-adapter", 6, false),
 ];
 
 /// Crates that must stay sans-IO: no clock, no sockets, no threads of their own.

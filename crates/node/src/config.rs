@@ -1,70 +1,35 @@
 //! The node's configuration file: TOML, every key documented in config/node.example.toml,
-//! safe defaults in code, errors that name the file, the line and the key. The tables it
-//! shares with the adapter (`[identity]`, `[[peer]]`, `[cloud]`, the pipeline and DNS limits)
-//! are checked by `cyphonic-settings`.
+//! safe defaults in code, errors that name the file, the line and the key. The keys every
+//! tunnel end has (`listen`, `overlay`, `inner_mtu`, `status_socket`, `[identity]`,
+//! `[[peer]]`, `[cloud]`, `[metrics]`, `[dataplane]`, `[dns]`'s upstreams and TTL) are declared
+//! and checked by `cyphonic-settings`; this file adds the node's own.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 
-use cyphonic_session::Identity;
-pub use cyphonic_settings::{Cloud, ConfigError, Peer};
-use cyphonic_settings::{RawCloud, RawIdentity, RawMetrics, RawPeer, Source};
-use ipnet::Ipv4Net;
-use serde::Deserialize;
+use cyphonic_settings::{Common, ConfigError, Identity, Source};
 use toml::Spanned;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Raw {
-    node: RawNode,
-    identity: RawIdentity,
-    #[serde(default)]
-    dns: RawDns,
-    #[serde(default)]
-    dataplane: RawDataplane,
-    #[serde(default)]
-    peer: Vec<RawPeer>,
-    cloud: Option<RawCloud>,
-    #[serde(default)]
-    metrics: RawMetrics,
+cyphonic_settings::config_file! {
+    /// The node's configuration file as written.
+    struct Raw {
+        node: RawNode,
+    }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawNode {
-    #[serde(default = "default_interface")]
-    interface: Spanned<String>,
-    #[serde(default = "cyphonic_settings::defaults::listen")]
-    listen: SocketAddr,
-    vip: Option<Spanned<Ipv4Addr>>,
-    #[serde(default = "cyphonic_settings::defaults::overlay")]
-    overlay: Spanned<Ipv4Net>,
-    #[serde(default = "cyphonic_settings::defaults::inner_mtu")]
-    inner_mtu: Spanned<u16>,
-    #[serde(default = "default_status_socket")]
-    status_socket: PathBuf,
+cyphonic_settings::end_table! {
+    /// `[node]`.
+    struct RawNode("node", status_socket = "/run/cyphonic/node.sock") {
+        #[serde(default = "default_interface")]
+        interface: Spanned<String>,
+        vip: Option<Spanned<Ipv4Addr>>,
+    }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDns {
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    enabled: bool,
-    listen: Option<Spanned<SocketAddr>>,
-    #[serde(default)]
-    upstream: Vec<Spanned<IpAddr>>,
-    #[serde(default = "cyphonic_settings::defaults::dns_ttl")]
-    ttl: Spanned<u32>,
-}
-
-impl Default for RawDns {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            listen: None,
-            upstream: Vec::new(),
-            ttl: cyphonic_settings::defaults::dns_ttl(),
-        }
+cyphonic_settings::dns_table! {
+    /// `[dns]`: the stub's own key, `listen`.
+    struct RawDns {
+        listen: Option<Spanned<SocketAddr>> = None,
     }
 }
 
@@ -76,52 +41,18 @@ cyphonic_settings::dataplane_table! {
 fn default_interface() -> Spanned<String> {
     Spanned::new(0..0, "cyo0".into())
 }
-fn default_status_socket() -> PathBuf {
-    PathBuf::from("/run/cyphonic/node.sock")
-}
-
-/// The DNS stub for the overlay zone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dns {
-    /// Where it listens.
-    pub listen: SocketAddr,
-    /// Resolvers for names outside the overlay; none means such queries are refused.
-    pub upstream: Vec<IpAddr>,
-    /// TTL of its answers, seconds.
-    pub ttl: u32,
-}
 
 /// Everything the node needs to run, checked.
 #[derive(Debug)]
 pub struct Config {
-    /// The file it came from.
-    pub path: PathBuf,
+    /// What every tunnel end has.
+    pub common: Common,
     /// The TUN interface's name.
     pub interface: String,
-    /// The tunnel's UDP address.
-    pub listen: SocketAddr,
     /// Our overlay address.
     pub vip: Ipv4Addr,
-    /// Our certified block (the first IPv4 one).
-    pub block: Ipv4Net,
-    /// The whole overlay: routed through the TUN interface.
-    pub overlay: Ipv4Net,
-    /// The TUN interface's MTU.
-    pub inner_mtu: u16,
-    /// The status socket.
-    pub status_socket: PathBuf,
-    /// The overlay's domain.
-    pub overlay_domain: String,
-    /// The DNS stub, unless switched off.
-    pub dns: Option<Dns>,
-    /// Data-plane tuning.
-    pub dataplane: cyphonic_settings::Dataplane,
-    /// Static peers.
-    pub peers: Vec<Peer>,
-    /// The control plane, if this node uses one.
-    pub cloud: Option<Cloud>,
-    /// Where the Prometheus endpoint listens; off without.
-    pub metrics: Option<SocketAddr>,
+    /// Where the DNS stub listens, unless it is switched off.
+    pub dns_listen: Option<SocketAddr>,
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
@@ -130,28 +61,13 @@ pub struct Config {
 /// # Errors
 /// A [`ConfigError`] naming the file, and where possible the line and key.
 pub fn load(path: &Path, now_secs: u64) -> Result<(Config, Identity), ConfigError> {
-    let (raw, text): (Raw, String) = cyphonic_settings::parse(path)?;
-    check(
-        &Source {
-            path,
-            text: &text,
-            now_secs,
-        },
-        &raw,
-    )
+    cyphonic_settings::load(path, now_secs, check)
 }
 
-fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError> {
+fn check(raw: &Raw, src: &Source<'_>) -> Result<(Config, Identity), ConfigError> {
+    let (common, identity) = raw.common(src)?;
     let n = &raw.node;
-    let identity = raw.identity.load(src)?;
-    let cert = identity.certificate().clone();
-    let Some(block) = cyphonic_settings::first_v4_block(&cert) else {
-        return src.err(
-            &raw.identity.certificate_span(),
-            "identity.certificate",
-            "the certificate names no IPv4 vIP block",
-        );
-    };
+    let block = common.block;
     let interface = n.interface.get_ref();
     if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ', '\0']) {
         return src.err(
@@ -176,62 +92,30 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
             "node.vip",
             format!(
                 "{vip} must be a host address inside the block {block} certified to {}",
-                cert.body().name
+                identity.certificate().body().name
             ),
         );
     }
-    let overlay = *n.overlay.get_ref();
-    if !overlay.contains(&block) {
-        return src.err(
-            &n.overlay.span(),
-            "node.overlay",
-            format!("{overlay} does not contain this node's block {block}"),
-        );
-    }
-    let mtu = cyphonic_settings::check_mtu(src, &n.inner_mtu, "node.inner_mtu")?;
-    let peers = cyphonic_settings::peers(src, &raw.peer, &identity, block)?;
-    let dns = if raw.dns.enabled {
-        let upstream = cyphonic_settings::check_dns(src, &raw.dns.upstream, &raw.dns.ttl, overlay)?;
-        let listen = match &raw.dns.listen {
-            Some(l) => {
-                let a = *l.get_ref();
-                if a.ip().is_unspecified() || a.ip().is_multicast() {
-                    return src.err(
-                        &l.span(),
-                        "dns.listen",
-                        format!("{a}: give the one address the stub answers on"),
-                    );
-                }
-                a
+    let dns_listen = match (&common.dns, &raw.dns.listen) {
+        (None, _) => None,
+        (Some(_), None) => Some(SocketAddr::from((vip, 53))),
+        (Some(_), Some(l)) => {
+            let a = *l.get_ref();
+            if a.ip().is_unspecified() || a.ip().is_multicast() {
+                return src.err(
+                    &l.span(),
+                    "dns.listen",
+                    format!("{a}: give the one address the stub answers on"),
+                );
             }
-            None => SocketAddr::from((vip, 53)),
-        };
-        Some(Dns {
-            listen,
-            upstream,
-            ttl: *raw.dns.ttl.get_ref(),
-        })
-    } else {
-        None
+            Some(a)
+        }
     };
-    let dataplane = raw.dataplane.shared(src)?;
-    let cloud = raw.cloud.as_ref().map(|c| c.check(src)).transpose()?;
-    let metrics = raw.metrics.check(src)?;
     let config = Config {
-        path: src.path.to_owned(),
+        common,
         interface: interface.clone(),
-        listen: n.listen,
         vip,
-        block,
-        overlay,
-        inner_mtu: mtu,
-        status_socket: src.resolve(&n.status_socket),
-        overlay_domain: cyphonic_settings::overlay_domain(&identity),
-        dns,
-        dataplane,
-        peers,
-        cloud,
-        metrics,
+        dns_listen,
     };
     Ok((config, identity))
 }
@@ -240,35 +124,18 @@ fn check(src: &Source<'_>, raw: &Raw) -> Result<(Config, Identity), ConfigError>
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    use cyphonic_settings::testing::Node;
+    use cyphonic_settings::testing::{Fixture, Node, assert_documents_every_key, assert_mistakes};
 
     use super::*;
 
     const NOW: u64 = 1_800_000_000;
     const EXAMPLE: &str = include_str!("../../../config/node.example.toml");
 
-    /// A directory with a CA, the node's key and certificate (100.64.3.0/24), an adapter's
-    /// certificate and the example, as its relative paths expect. Removed on drop.
-    struct Fixture(PathBuf);
-
-    impl Drop for Fixture {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
+    /// A directory with a CA, the node's key and certificate (`node_block`) and an adapter's
+    /// certificate, as the example's relative paths expect. Removed on drop.
     fn fixture(node_block: &str) -> Fixture {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "cyphonic-node-config-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        cyphonic_settings::testing::write_pki(
-            &dir,
+        Fixture::new(
+            "node-config",
             NOW,
             &[
                 Node {
@@ -284,14 +151,11 @@ mod tests {
                     with_key: false,
                 },
             ],
-        );
-        Fixture(dir)
+        )
     }
 
     fn load_text(f: &Fixture, text: &str) -> Result<(Config, Identity), ConfigError> {
-        let path = f.0.join("node.toml");
-        std::fs::write(&path, text).unwrap();
-        load(&path, NOW)
+        load(&f.write("node.toml", text), NOW)
     }
 
     #[test]
@@ -303,32 +167,33 @@ mod tests {
             (c.interface.as_str(), c.vip),
             ("cyo0", Ipv4Addr::new(100, 64, 3, 1))
         );
-        assert_eq!(c.block.to_string(), "100.64.3.0/24");
-        assert_eq!(c.peers.len(), 1);
-        assert_eq!(c.peers[0].dns, Ipv4Addr::new(100, 64, 1, 1));
-        assert_eq!(c.overlay_domain, "ovl.example");
-        assert!(c.cloud.is_some());
-        assert_eq!(
-            c.dns.as_ref().map(|d| d.listen),
-            Some("100.64.3.1:53".parse().unwrap())
-        );
+        assert_eq!(c.common.block.to_string(), "100.64.3.0/24");
+        assert_eq!(c.common.peers.len(), 1);
+        assert_eq!(c.common.peers[0].dns, Ipv4Addr::new(100, 64, 1, 1));
+        assert_eq!(c.common.overlay_domain, "ovl.example");
+        assert!(c.common.cloud.is_some());
+        assert_eq!(c.dns_listen, Some("100.64.3.1:53".parse().unwrap()));
 
         let minimal = "[node]\n\n[identity]\ncertificate = \"laptop.ovl.example.crt\"\nkey = \"laptop.ovl.example.key\"\nca = \"ca.crt\"\n";
         let (c, _) = load_text(&f, minimal).unwrap();
         assert_eq!(
-            (c.vip, c.inner_mtu, c.listen.port()),
+            (c.vip, c.common.inner_mtu, c.common.listen.port()),
             (Ipv4Addr::new(100, 64, 3, 1), 1420, 51820)
         );
+        assert_eq!(c.dns_listen, Some("100.64.3.1:53".parse().unwrap()));
         assert_eq!(
-            c.dns,
-            Some(Dns {
-                listen: "100.64.3.1:53".parse().unwrap(),
+            c.common.dns,
+            Some(cyphonic_settings::Dns {
                 upstream: vec![],
                 ttl: 60
             })
         );
-        assert_eq!(c.dataplane.batch_size, 32);
-        assert!(c.cloud.is_none() && c.peers.is_empty());
+        assert_eq!(
+            c.common.status_socket,
+            std::path::PathBuf::from("/run/cyphonic/node.sock")
+        );
+        assert_eq!(c.common.dataplane.batch_size, 32);
+        assert!(c.common.cloud.is_none() && c.common.peers.is_empty());
         // A node certified for one address uses it.
         let f = fixture("100.64.3.7/32");
         let (c, _) = load_text(&f, minimal).unwrap();
@@ -421,45 +286,25 @@ mod tests {
             ),
             ("[node]", "[nod]", "unknown field `nod`"),
         ];
-        for (from, to, expect) in cases {
-            assert!(EXAMPLE.contains(from), "the example lost {from:?}");
-            let err = load_text(&f, &EXAMPLE.replacen(from, to, 1))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains(expect),
-                "{from:?} -> {to:?}\n  got:  {err}\n  want: {expect}"
-            );
-        }
+        assert_mistakes(&f, EXAMPLE, cases, load, NOW);
     }
 
     /// config/node.example.toml sets every key the code accepts.
     #[test]
     fn the_example_documents_every_key() {
-        let probe = |table: &str| match table {
-            "" => "__probe = 1\n".to_owned(),
-            "cloud" => {
-                "[cloud]\naddress = \"192.0.2.1:1\"\npublic_key = \"\"\n__probe = 1\n".to_owned()
-            }
-            "peer" => "[[peer]]\n__probe = 1\n".to_owned(),
-            t => format!("[{t}]\n__probe = 1\n"),
-        };
-        assert_eq!(
-            cyphonic_settings::accepted_keys::<Raw>(&probe("")),
-            [
+        assert_documents_every_key::<Raw>(
+            EXAMPLE,
+            "config/node.example.toml",
+            &["peer"],
+            &[
                 "node",
                 "identity",
                 "dns",
                 "dataplane",
                 "peer",
                 "cloud",
-                "metrics"
-            ]
-        );
-        let missing = cyphonic_settings::undocumented_keys::<Raw>(EXAMPLE, probe);
-        assert!(
-            missing.is_empty(),
-            "config/node.example.toml does not show {missing:?}"
+                "metrics",
+            ],
         );
     }
 }

@@ -1,43 +1,40 @@
-//! The node's DNS stub for the overlay zone, on the control thread: a UDP socket on the node's
+//! The node's services on the control thread: its DNS stub for the overlay zone, a UDP
+//! socket on the node's
 //! vIP (port 53 by default) that answers the node's own name, asks the cloud about other
 //! overlay names (the answer comes once the tunnel is up, as on the adapter), asks static
 //! peers about names in their zones (over the tunnel: the query simply goes to the peer's DNS
 //! address, which the host routes into the TUN device), and forwards the rest to upstream
 //! resolvers or refuses it. The host's resolver points at it (docs/operations.md).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cyphonic_resolver::{Action, PeerZone, Resolver, ZoneConfig};
-use cyphonic_tunnel::{Asker, Settled, Upstream};
-use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::Name;
-use ipnet::Ipv4Net;
+use cyphonic_daemon::dns::{Dns, OwnZone, Said};
+use cyphonic_daemon::status::DnsStatus;
+use cyphonic_daemon::{Asker, Services, Settled, Upstream};
+use cyphonic_signal::NameRecord;
+use ipnet::{IpNet, Ipv4Net};
 use tokio::net::UdpSocket;
-use tokio::sync::mpsc;
 
-use crate::config::{Config, Dns};
+use crate::config::Config;
 
 const DNS_PORT: u16 = 53;
+/// The largest DNS message read over UDP.
+const MAX_MESSAGE: usize = 4096;
 
-/// The stub.
+/// The stub: the daemon core's DNS service ([`Dns`]) on a UDP socket of its own.
 pub struct Stub {
-    /// Its socket.
-    pub sock: Arc<UdpSocket>,
-    resolver: Resolver<SocketAddr>,
-    upstream: Option<Upstream>,
-    cloud: Option<Asker>,
-    /// Each static peer's DNS address, and the peer.
-    peer_dns: HashMap<Ipv4Addr, u32>,
+    sock: UdpSocket,
+    buf: Box<[u8; MAX_MESSAGE]>,
+    dns: Dns<SocketAddr>,
     /// Our own addresses: questions from anywhere else come from a peer.
     local: Ipv4Net,
-    /// Each peer's blocks, to tell which peer a question came from.
-    peer_blocks: Vec<(u32, Vec<ipnet::IpNet>)>,
-    /// Messages that went unanswered because they were malformed or unexpected.
-    pub dropped: u64,
+    /// Each static peer's blocks, to tell which peer a question came from.
+    peer_blocks: Vec<(u32, Vec<IpNet>)>,
+    /// Answers that matched no question we asked.
+    dropped: u64,
 }
 
 impl std::fmt::Debug for Stub {
@@ -48,73 +45,141 @@ impl std::fmt::Debug for Stub {
     }
 }
 
-fn fqdn(name: &str) -> anyhow::Result<Name> {
-    Name::from_ascii(format!("{}.", name.trim_end_matches('.')))
-        .with_context(|| format!("{name:?} is not a DNS name"))
+/// The node's services: its name, registered with the cloud, and the stub when it runs. What
+/// the stub counts is published for the status document and the metrics.
+#[derive(Debug)]
+pub struct NodeServices {
+    stub: Option<Stub>,
+    hosted: [NameRecord; 1],
+    status: Arc<Mutex<Option<DnsStatus>>>,
+}
+
+impl NodeServices {
+    /// The services hosting our `name` at `vip`, publishing the stub's state in `status`.
+    pub fn new(
+        stub: Option<Stub>,
+        name: &str,
+        vip: Ipv4Addr,
+        status: Arc<Mutex<Option<DnsStatus>>>,
+    ) -> Self {
+        Self {
+            stub,
+            hosted: [NameRecord {
+                name: name.to_owned(),
+                vip,
+            }],
+            status,
+        }
+    }
+
+    fn publish(&self) {
+        if let Some(s) = &self.stub {
+            *self.status.lock().unwrap_or_else(PoisonError::into_inner) = Some(s.status());
+        }
+    }
+}
+
+impl Services for NodeServices {
+    type Work = (usize, SocketAddr);
+
+    async fn next(&mut self) -> (usize, SocketAddr) {
+        match self.stub.as_mut() {
+            Some(s) => s.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn handle(&mut self, (len, from): (usize, SocketAddr), now: Instant) {
+        if let Some(s) = self.stub.as_mut() {
+            s.handle_received(now, len, from);
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        if let Some(s) = self.stub.as_mut() {
+            let expired = s.dns.timeouts(now);
+            s.say(expired);
+        }
+        self.publish();
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.stub.as_ref().and_then(|s| s.dns.poll_timeout())
+    }
+
+    fn hosted(&self) -> (u64, &[NameRecord]) {
+        (1, &self.hosted)
+    }
+
+    fn settled(&mut self, settled: Settled) {
+        if let Some(s) = self.stub.as_mut() {
+            let said = s.dns.settled(settled);
+            s.say(said);
+        }
+    }
 }
 
 impl Stub {
-    /// Binds the stub's socket (the vIP must be on the TUN device already) and sets up its
-    /// zone. Upstream results arrive on `results`'s receiver.
+    /// Binds the stub's socket on `listen` (the vIP must be on the TUN device already; call
+    /// inside the control runtime) and sets up its zone: our name at our vIP.
     ///
     /// # Errors
     /// The socket cannot be bound, a name does not parse.
-    pub async fn new(
+    pub fn new(
         config: &Config,
-        dns: &Dns,
+        listen: SocketAddr,
         name: &str,
         cloud: Option<Asker>,
-        results: mpsc::Sender<Settled>,
+        upstream: Option<Upstream>,
     ) -> anyhow::Result<Self> {
-        let sock = UdpSocket::bind(dns.listen)
-            .await
-            .with_context(|| format!("binding the DNS stub to {}", dns.listen))?;
-        let own_block = Ipv4Net::new(config.vip, 32).context("a /32")?;
-        let mut resolver = Resolver::new(ZoneConfig {
-            overlay_domain: fqdn(&config.overlay_domain)?,
-            own_name: fqdn(name)?,
-            own_ip: config.vip,
-            own_block,
-            overlay: config.overlay,
-            ttl: dns.ttl,
-            upstream: !dns.upstream.is_empty(),
-            ask_cloud: cloud.is_some(),
-        });
-        resolver.set_hosts(std::iter::empty());
-        let mut zones = Vec::new();
-        let mut peer_dns = HashMap::new();
-        let mut peer_blocks = Vec::new();
-        for (i, p) in config.peers.iter().enumerate() {
-            let id = u32::try_from(i + 1).context("too many peers")?;
-            let body = p.certificate.body();
-            zones.push(PeerZone {
-                peer: id,
-                name: fqdn(&body.name)?,
-                blocks: body.vip_blocks.clone(),
-            });
-            peer_dns.insert(p.dns, id);
-            peer_blocks.push((id, body.vip_blocks.clone()));
-        }
-        resolver.set_peers(zones);
-        let upstream = if dns.upstream.is_empty() {
-            None
-        } else {
-            Some(
-                Upstream::new(&dns.upstream, results)
-                    .context("setting up the upstream DNS resolvers")?,
-            )
+        let bound = || -> std::io::Result<UdpSocket> {
+            let std_sock = std::net::UdpSocket::bind(listen)?;
+            std_sock.set_nonblocking(true)?;
+            UdpSocket::from_std(std_sock)
         };
-        tracing::info!(listen = %dns.listen, upstream = ?dns.upstream, zone = %name, "DNS stub for the overlay");
+        let sock = bound().with_context(|| format!("binding the DNS stub to {listen}"))?;
+        let common = &config.common;
+        let own = OwnZone {
+            name: name.to_owned(),
+            ip: config.vip,
+            block: Ipv4Net::new(config.vip, 32).context("a /32")?,
+        };
+        let mut dns = Dns::new(common, &own, cloud, upstream)?;
+        dns.set_hosts(std::iter::empty());
+        let peer_blocks = (1..)
+            .zip(&common.peers)
+            .map(|(id, p)| (id, p.certificate.body().vip_blocks.clone()))
+            .collect();
+        tracing::info!(%listen, "DNS stub listening");
         Ok(Self {
-            sock: Arc::new(sock),
-            resolver,
-            upstream,
-            cloud,
-            peer_dns,
-            local: config.block,
+            sock,
+            buf: Box::new([0; MAX_MESSAGE]),
+            dns,
+            local: common.block,
             peer_blocks,
             dropped: 0,
         })
+    }
+
+    /// The next datagram on the stub's socket: its length (in the stub's buffer) and sender.
+    /// Cancel-safe. A failing receive (an ICMP error from an earlier answer, say) is logged
+    /// and retried after a moment.
+    async fn recv(&mut self) -> (usize, SocketAddr) {
+        loop {
+            match self.sock.recv_from(&mut self.buf[..]).await {
+                Ok(got) => return got,
+                Err(e) => {
+                    tracing::debug!(error = %e, "the DNS stub's receive failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
+    /// Answers the datagram [`Stub::recv`] left in the buffer.
+    fn handle_received(&mut self, now: Instant, len: usize, from: SocketAddr) {
+        let msg = self.buf[..len.min(MAX_MESSAGE)].to_vec();
+        self.handle(now, &msg, from);
     }
 
     /// The peer a datagram from `from` came from, if it came over the tunnel.
@@ -132,94 +197,45 @@ impl Stub {
     }
 
     /// A datagram arrived on the stub's socket.
-    pub fn handle(&mut self, now: Instant, msg: &[u8], from: SocketAddr) {
+    fn handle(&mut self, now: Instant, msg: &[u8], from: SocketAddr) {
         let is_response = msg.get(2).is_some_and(|b| b & 0x80 != 0);
-        if is_response {
+        let said = if is_response {
             // The answer to something we asked a static peer.
             let peer = match from.ip() {
-                IpAddr::V4(ip) if from.port() == DNS_PORT => self.peer_dns.get(&ip).copied(),
+                IpAddr::V4(ip) if from.port() == DNS_PORT => self.dns.peer_with_server(ip),
                 _ => None,
             };
-            match peer.and_then(|p| self.resolver.handle_peer_answer(msg, p)) {
-                Some((client, resp)) => self.send(&resp, client),
-                None => self.dropped += 1,
+            let said = peer.and_then(|p| self.dns.peer_answer(p, msg));
+            if said.is_none() {
+                self.dropped += 1;
             }
-            return;
-        }
-        let from_peer = self.peer_of(from);
-        let action = self.resolver.handle_query(now, msg, from, from_peer);
-        self.act(from, action);
+            said
+        } else {
+            let from_peer = self.peer_of(from);
+            self.dns.query(now, from, msg, from_peer)
+        };
+        self.say(said);
     }
 
-    fn act(&mut self, client: SocketAddr, action: Action) {
-        match action {
-            Action::Respond(resp) => self.send(&resp, client),
-            Action::AskPeer { peer, query } => {
-                if let Some((ip, _)) = self.peer_dns.iter().find(|(_, p)| **p == peer) {
-                    self.send(&query, SocketAddr::from((*ip, DNS_PORT)));
+    /// Sends what the DNS service said: answers to who asked, questions for a static peer to
+    /// its DNS server (the host routes them into the TUN device).
+    fn say(&self, said: impl IntoIterator<Item = Said<SocketAddr>>) {
+        for s in said {
+            let (msg, to) = match s {
+                Said::Answer(to, msg) => (msg, to),
+                Said::AskPeer { server, query, .. } => {
+                    (query, SocketAddr::from((server, DNS_PORT)))
                 }
+            };
+            if let Err(e) = self.sock.try_send_to(&msg, to) {
+                tracing::debug!(%to, error = %e, "DNS message not sent");
             }
-            Action::AskUpstream {
-                name,
-                record_type,
-                key,
-            } => {
-                if let Some(u) = &self.upstream {
-                    u.ask(key, name, record_type);
-                }
-            }
-            Action::AskCloud {
-                name,
-                record_type,
-                key,
-            } => match &self.cloud {
-                Some(c) => c.ask(key, name, record_type),
-                None => self.settled((key, Err(ResponseCode::ServFail))),
-            },
-            _ => self.dropped += 1,
         }
     }
 
-    fn send(&self, msg: &[u8], to: SocketAddr) {
-        if let Err(e) = self.sock.try_send_to(msg, to) {
-            tracing::debug!(%to, error = %e, "DNS answer not sent");
-        }
-    }
-
-    /// Answers SERVFAIL to what waited too long.
-    pub fn tick(&mut self, now: Instant) {
-        for (client, resp) in self.resolver.handle_timeout(now) {
-            self.send(&resp, client);
-        }
-    }
-
-    /// When [`Stub::tick`] has work.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.resolver.poll_timeout()
-    }
-
-    /// The stub's counters for the status document.
-    pub fn status(&self) -> serde_json::Value {
-        let s = self.resolver.stats();
-        serde_json::json!({
-            "listen": self.sock.local_addr().map(|a| a.to_string()).ok(),
-            "upstream": self.upstream.as_ref().map_or(&[][..], Upstream::servers).iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "queries": s.queries,
-            "authoritative": s.authoritative,
-            "asked": s.asked,
-            "nxdomain": s.nxdomain,
-            "refused": s.refused,
-            "servfail": s.servfail,
-            "dropped": s.dropped + self.dropped,
-        })
-    }
-}
-
-impl Stub {
-    /// A question parked for the cloud or upstream is settled.
-    pub fn settled(&mut self, (key, result): Settled) {
-        if let Some((client, resp)) = self.resolver.complete(key, result) {
-            self.send(&resp, client);
-        }
+    /// The stub's part of the status document.
+    fn status(&self) -> DnsStatus {
+        let listen = self.sock.local_addr().map(|a| a.to_string()).ok();
+        self.dns.status(listen, self.dropped)
     }
 }

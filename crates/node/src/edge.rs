@@ -1,265 +1,174 @@
-//! The node's edge of the engine: the TUN device. Packets the host routes into the overlay
-//! are read from it (one read per packet, straight behind the tunnel header's room in a pool
-//! buffer) and submitted; decrypted packets for us are written into it.
-//!
-//! ```text
-//! cy-tun     TUN read -> checks (IPv4, from our vIP, to the overlay) -> tunnel::Submitter
-//! cy-ingress-emit  TunSink: Incoming::accept, cryptokey routing (the inner source must lie in
-//!                  the sending peer's certified blocks), to us -> TUN write
-//! ```
+//! The node's edge of the engine: the TUN device ([`crate::tun`]) and the DNS stub
+//! ([`crate::dns`]), as the shared daemon core (`cyphonic-daemon`) runs them. It opens the
+//! device, hands the core the TUN sink, starts the `cy-tun` thread, and reports the TUN side
+//! and the stub.
 
-use std::net::Ipv4Addr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use cyphonic_gateway::complete_deferred_checksum;
-use cyphonic_netio::BusyPoll;
-use cyphonic_pipeline::{DropReason, Sink};
-use cyphonic_tunnel::{HEADROOM, Incoming, PACKET_ROOM, RECV_BATCH, Submitter, bump};
-use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
-use ipnet::Ipv4Net;
+use cyphonic_daemon::status::DnsStatus;
+use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext};
+use cyphonic_netio::Tun;
+use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, named_counters};
+use cyphonic_tunnel::Shared;
+use serde::{Deserialize, Serialize};
 
-use crate::daemon::Shared;
+use crate::config::Config;
+use crate::dns::{NodeServices, Stub};
+use crate::tun::{Counters, TunReader, TunSide, TunSink};
 
-/// How long a TUN read waits before the thread looks at its other work.
-const READ_WAIT: Duration = Duration::from_millis(10);
-/// The smallest IPv4 header.
-const IPV4_MIN: usize = 20;
+/// The node in the status document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Our FQDN.
+    pub name: String,
+    /// The TUN interface.
+    pub interface: String,
+    /// Our vIP.
+    pub vip: String,
+    /// The tunnel socket's address.
+    pub listen: String,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+}
 
-cyphonic_telemetry::counters! {
-    /// Counters of the node's TUN side.
-    pub struct Counters {
-        /// Packets read from the TUN device.
-        tun_read,
-        /// Packets from the host that are not IPv4 (IPv6 router solicitations, say).
-        drop_tun_not_ipv4,
-        /// Packets from the host with a malformed IPv4 header.
-        drop_tun_malformed,
-        /// Packets from the host from another source than our vIP.
-        drop_tun_not_our_source,
-        /// Packets from the host to a destination outside the overlay, or to ourselves.
-        drop_tun_not_overlay,
-        /// Packets written to the TUN device.
-        tun_written,
-        /// Packets the TUN device refused.
-        tun_write_failed,
-        /// Decrypted packets that are not IPv4.
-        drop_inner_not_ipv4,
-        /// Decrypted packets with a malformed IPv4 header.
-        drop_inner_malformed,
-        /// Decrypted packets whose source the sending peer is not certified for.
-        drop_source_not_certified,
-        /// Decrypted packets not addressed to us.
-        drop_not_for_us,
+/// The node's part of the status document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The node.
+    pub node: NodeInfo,
+    /// The DNS stub, when it runs.
+    pub dns: Option<DnsStatus>,
+}
+
+/// The node's status document.
+pub type Status = cyphonic_daemon::Status<NodeStatus, Counters>;
+
+/// The node's edge.
+#[derive(Debug)]
+pub struct NodeEdge<'a> {
+    config: &'a Config,
+    side: Arc<TunSide>,
+    dns: Arc<Mutex<Option<DnsStatus>>>,
+}
+
+impl<'a> NodeEdge<'a> {
+    /// Creates and configures the TUN device `config` names.
+    ///
+    /// # Errors
+    /// The device cannot be created or configured (privileges, name in use).
+    pub fn open(config: &'a Config) -> anyhow::Result<Self> {
+        let common = &config.common;
+        let tun = Tun::create(&config.interface)?;
+        tun.configure(
+            config.vip,
+            common.overlay.prefix_len(),
+            u32::from(common.inner_mtu),
+        )?;
+        tracing::info!(interface = tun.name(), vip = %config.vip, overlay = %common.overlay, mtu = common.inner_mtu, "overlay interface up");
+        Ok(Self {
+            config,
+            side: Arc::new(TunSide {
+                tun,
+                vip: config.vip,
+                block: common.block,
+                overlay: common.overlay,
+                counters: Counters::default(),
+            }),
+            dns: Arc::new(Mutex::new(None)),
+        })
     }
 }
 
-/// An IPv4 packet's source and destination, if `p` holds a well-formed IPv4 header; the error
-/// says whether it is not IPv4 at all (`false`) or malformed (`true`).
-fn addresses(p: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr), bool> {
-    let first = *p.first().ok_or(true)?;
-    if first >> 4 != 4 {
-        return Err(false);
-    }
-    let header = usize::from(first & 0x0f) * 4;
-    let total = p
-        .get(2..4)
-        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
-        .ok_or(true)?;
-    if header < IPV4_MIN || total < header || total > p.len() {
-        return Err(true);
-    }
-    let src = <[u8; 4]>::try_from(p.get(12..16).ok_or(true)?).map_err(|_| true)?;
-    let dst = <[u8; 4]>::try_from(p.get(16..20).ok_or(true)?).map_err(|_| true)?;
-    Ok((Ipv4Addr::from(src), Ipv4Addr::from(dst)))
-}
+impl Edge for NodeEdge<'_> {
+    const PROGRAM: &'static str = "cyphonic-node";
+    type Sink = TunSink;
+    type Services = NodeServices;
+    type Status = NodeStatus;
+    type Counters = Counters;
 
-/// Where a packet from the host goes: its destination in the overlay, or why it is dropped.
-fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &Counters) -> Option<Ipv4Addr> {
-    match addresses(p) {
-        Err(false) => bump(&c.drop_tun_not_ipv4),
-        Err(true) => bump(&c.drop_tun_malformed),
-        Ok((src, _)) if src != vip => bump(&c.drop_tun_not_our_source),
-        Ok((_, dst)) if !overlay.contains(&dst) || dst == vip => bump(&c.drop_tun_not_overlay),
-        Ok((_, dst)) => return Some(dst),
-    }
-    None
-}
-
-/// The thread that reads the TUN device.
-pub struct TunReader {
-    shared: Arc<Shared>,
-    submitter: Submitter,
-    busy: Option<BusyPoll>,
-}
-
-impl TunReader {
-    /// A reader that hands what it reads to `submitter`, polling the device for `busy_poll`
-    /// after each packet (`[dataplane] busy_poll_us`; zero: it sleeps until one comes).
-    pub fn new(shared: Arc<Shared>, submitter: Submitter, busy_poll: Duration) -> Self {
-        Self {
-            shared,
-            submitter,
-            busy: BusyPoll::new(busy_poll, Some(READ_WAIT)),
-        }
+    fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<TunSink> {
+        Ok(TunSink::new(self.side.clone(), shared.clone()))
     }
 
-    /// The thread's body: runs until the engine stops.
-    pub fn run(mut self) {
-        let shared = self.shared.clone();
-        let (pool, counters) = (&shared.tunnel.pool, &shared.tunnel.counters);
-        while shared.tunnel.is_running() {
-            self.submitter.handle_events();
-            let mut read = 0;
-            while read < RECV_BATCH {
-                let Some(mut buf) = pool.take() else {
-                    bump(&counters.drop_no_buffer);
-                    std::thread::sleep(Duration::from_millis(1));
-                    break;
-                };
-                let room = &mut buf[PACKET_ROOM];
-                // Wait for the first packet of a round; take the rest that are there.
-                let tun = &shared.tun;
-                let got = if read == 0 {
-                    cyphonic_netio::busy_receive(self.busy.as_mut(), |wait| {
-                        let got = if wait {
-                            tun.recv(room, READ_WAIT)
-                        } else {
-                            tun.try_recv(room)
-                        };
-                        got.map(Option::unwrap_or_default)
-                    })
-                    .map(|n| (n > 0).then_some(n))
-                } else {
-                    tun.try_recv(room)
-                };
-                match got {
-                    Ok(Some(n)) => {
-                        read += 1;
-                        bump(&shared.counters.tun_read);
-                        let packet = &buf[HEADROOM..HEADROOM + n];
-                        if let Some(dst) =
-                            outbound(packet, shared.vip, shared.overlay, &shared.counters)
-                        {
-                            self.submitter.route(buf, n, dst, 0, Instant::now());
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::error!(error = %e, interface = shared.tun.name(), "reading the TUN device failed");
-                        std::thread::sleep(Duration::from_millis(100));
-                        break;
-                    }
-                }
-            }
-            if read > 0 {
-                self.submitter.flush();
-            }
-        }
-        tracing::debug!("TUN thread stopped");
-    }
-}
-
-/// The ingress emitter's end: packets for us go into the TUN device, in arrival order.
-pub struct TunSink {
-    pub(crate) shared: Arc<Shared>,
-}
-
-impl Sink for TunSink {
-    type Item = Incoming;
-
-    fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
-        let Some((mut item, packet)) = item.accept(&self.shared.tunnel)? else {
-            return Ok(());
+    fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<NodeServices> {
+        let stub = match self.config.dns_listen {
+            Some(listen) => Some(Stub::new(
+                self.config,
+                listen,
+                &ctx.core.name,
+                ctx.cloud,
+                ctx.upstream,
+            )?),
+            None => None,
         };
-        let c = &self.shared.counters;
-        let verdict = match addresses(&item.buf()[packet.clone()]) {
-            Err(false) => Err((&c.drop_inner_not_ipv4, DropReason::Malformed)),
-            Err(true) => Err((&c.drop_inner_malformed, DropReason::Malformed)),
-            // Cryptokey routing: a peer speaks only for the blocks its certificate names.
-            Ok((src, _))
-                if !item
-                    .peer()
-                    .blocks
-                    .iter()
-                    .any(|b| b.contains(&std::net::IpAddr::V4(src))) =>
-            {
-                Err((&c.drop_source_not_certified, DropReason::Policy))
-            }
-            Ok((_, dst)) if !self.shared.block.contains(&dst) => {
-                Err((&c.drop_not_for_us, DropReason::Policy))
-            }
-            Ok(_) => Ok(()),
-        };
-        if let Err((counter, reason)) = verdict {
-            bump(counter);
-            return Err(reason);
-        }
-        if item.flags() & FLAG_CHECKSUM_DEFERRED != 0 {
-            // An adapter left the checksum to us (docs/protocol.md §1); the TUN device takes
-            // whole packets only.
-            complete_deferred_checksum(&mut item.buf_mut()[packet.clone()]);
-        }
-        match self.shared.tun.send(&item.buf()[packet]) {
-            Ok(_) => {
-                bump(&c.tun_written);
-                Ok(())
-            }
-            Err(e) => {
-                bump(&c.tun_write_failed);
-                tracing::debug!(error = %e, "the TUN device refused a packet");
-                Err(DropReason::Unroutable)
-            }
-        }
+        Ok(NodeServices::new(
+            stub,
+            &ctx.core.name,
+            self.config.vip,
+            self.dns.clone(),
+        ))
     }
 
-    fn flush(&mut self) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn packet(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
-        let mut p = vec![0u8; 28];
-        p[0] = 0x45;
-        p[2..4].copy_from_slice(&28u16.to_be_bytes());
-        p[12..16].copy_from_slice(&src);
-        p[16..20].copy_from_slice(&dst);
-        p
-    }
-
-    /// Every packet from the host either goes to an overlay destination or is counted under
-    /// its reason; nothing short or odd panics.
-    #[test]
-    fn outbound_packets_are_checked() {
-        let vip = Ipv4Addr::new(100, 64, 3, 1);
-        let overlay: Ipv4Net = "100.64.0.0/10".parse().unwrap_or_default();
-        let c = Counters::default();
-        let me = [100, 64, 3, 1];
-        assert_eq!(
-            outbound(&packet(me, [100, 64, 2, 10]), vip, overlay, &c),
-            Some(Ipv4Addr::new(100, 64, 2, 10))
+    fn start(&mut self, core: &Core) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+        let reader = TunReader::new(
+            self.side.clone(),
+            core.shared.clone(),
+            core.intake.clone(),
+            core.dataplane.busy_poll,
         );
-        let mut v6 = packet(me, [100, 64, 2, 10]);
-        v6[0] = 0x60;
-        let mut long_header = packet(me, [100, 64, 2, 10]);
-        long_header[0] = 0x4f;
-        let cases: Vec<Vec<u8>> = vec![
-            vec![],
-            vec![0x45],
-            packet(me, [100, 64, 2, 10])[..19].to_vec(),
-            v6,
-            long_header,
-            packet([100, 64, 3, 2], [100, 64, 2, 10]),
-            packet(me, [192, 0, 2, 1]),
-            packet(me, me),
-        ];
-        for p in &cases {
-            assert_eq!(outbound(p, vip, overlay, &c), None, "{p:?}");
+        Ok(vec![core.spawn("cy-tun", move || reader.run())?])
+    }
+
+    fn reporter(&self, core: &Core) -> Reporter<NodeStatus, Counters> {
+        let (side, dns) = (self.side.clone(), self.dns.clone());
+        let info = NodeInfo {
+            name: core.name.clone(),
+            interface: side.tun.name().to_owned(),
+            vip: self.config.vip.to_string(),
+            listen: core.listen.to_string(),
+            uptime_secs: 0,
+        };
+        let started = core.started;
+        Box::new(move || {
+            let status = NodeStatus {
+                node: NodeInfo {
+                    uptime_secs: started.elapsed().as_secs(),
+                    ..info.clone()
+                },
+                dns: dns.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            };
+            (status, side.counters.copied())
+        })
+    }
+
+    fn collector(&self, _core: &Core) -> Box<dyn Collector> {
+        Box::new(NodeCollector {
+            side: self.side.clone(),
+            dns: self.dns.clone(),
+        })
+    }
+}
+
+/// The node's own metrics: the TUN side's counters and the DNS stub's.
+#[derive(Debug)]
+struct NodeCollector {
+    side: Arc<TunSide>,
+    dns: Arc<Mutex<Option<DnsStatus>>>,
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use cyphonic_daemon::metrics::PREFIX;
+        self.side.counters.encode(PREFIX, &mut e)?;
+        let stats = self
+            .dns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|d| d.stats);
+        match stats {
+            Some(s) => named_counters(&mut e, &format!("{PREFIX}_dns"), "DNS stub", &s.named()),
+            None => Ok(()),
         }
-        let counts: Vec<u64> = c.snapshot().iter().map(|(_, v)| *v).collect();
-        // not IPv4, malformed, not our source, not the overlay
-        assert_eq!(&counts[1..5], &[1, 4, 1, 2], "{:?}", c.snapshot());
     }
 }

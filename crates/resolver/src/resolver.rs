@@ -98,7 +98,8 @@ pub enum Action {
 }
 
 /// Counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Stats {
     /// Queries received.
     pub queries: u64,
@@ -114,6 +115,21 @@ pub struct Stats {
     pub asked: u64,
     /// Malformed or unexpected messages dropped.
     pub dropped: u64,
+}
+
+impl Stats {
+    /// Every counter with its name, in declaration order (for metrics).
+    pub const fn named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("queries", self.queries),
+            ("authoritative", self.authoritative),
+            ("nxdomain", self.nxdomain),
+            ("refused", self.refused),
+            ("servfail", self.servfail),
+            ("asked", self.asked),
+            ("dropped", self.dropped),
+        ]
+    }
 }
 
 /// Who asked, and how the answer must be shaped for them.

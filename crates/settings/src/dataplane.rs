@@ -1,50 +1,15 @@
 //! The `[dataplane]` table: the keys every tunnel end shares (the engine's workers and
 //! batching, the AEAD, the tunnel socket, thread placement, buffers), declared once for both
-//! binaries by [`dataplane_table!`](crate::dataplane_table), and what they check into
-//! ([`Dataplane`]). A binary adds its own keys to its table (the adapter its LAN side's).
-
-use cyphonic_crypto::Backend;
-
-/// The shared `[dataplane]` keys, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Dataplane {
-    /// Crypto workers; 0 means one per core.
-    pub workers: usize,
-    /// Packets per batch handed to a worker.
-    pub batch_size: usize,
-    /// Batches in flight per direction: the memory bound.
-    pub batches_in_flight: usize,
-    /// Batches of at most this many packets are sealed or opened on the receiving thread
-    /// when nothing is in flight (0: never).
-    pub inline_max: usize,
-    /// Emit in arrival order (false only for experiments).
-    pub ordering: bool,
-    /// AEAD implementation.
-    pub aead: Backend,
-    /// UDP socket buffer, bytes.
-    pub udp_buffer: usize,
-    /// Send runs of equal-size datagrams as one segmented (GSO) message.
-    pub udp_gso: bool,
-    /// Receive runs of datagrams coalesced by the kernel (GRO), split in userspace.
-    pub udp_gro: bool,
-    /// CPUs of the data-plane threads (empty: any).
-    pub cpus: Vec<usize>,
-    /// `SCHED_FIFO` priority of the data-plane threads (0: off).
-    pub realtime_priority: u8,
-    /// How long the receiving threads keep polling their socket after a packet instead of
-    /// sleeping (`busy_poll_us`; zero: off).
-    pub busy_poll: std::time::Duration,
-    /// Packets queued per peer while its handshake is pending.
-    pub queue_per_peer: usize,
-    /// Packet buffers in all (2 KiB each): the data plane's memory ceiling.
-    pub buffers: usize,
-}
+//! binaries by [`dataplane_table!`](crate::dataplane_table), and checked into the engine's
+//! own parameter type, [`cyphonic_tunnel::DataPlane`], whose defaults are the defaults of the
+//! keys. A binary adds its own keys to its table (the adapter its LAN side's).
 
 /// Declares a binary's `[dataplane]` table as serde reads it: the shared keys (see
-/// [`Dataplane`]) with their defaults, then the binary's own fields, each with its serde
-/// attributes and its default value (`name: Type = value`). The struct refuses unknown keys,
-/// its `Default` is an empty table, and `shared(&self, src)` checks the shared keys into a
-/// [`Dataplane`] (errors located in `src`). The calling crate needs `serde` and `toml`.
+/// [`cyphonic_tunnel::DataPlane`]) with their defaults, then the binary's own fields, each
+/// with its serde attributes and its default value (`name: Type = value`). The struct refuses
+/// unknown keys, its `Default` is an empty table, and `shared(&self, src)` checks the shared
+/// keys into a [`cyphonic_tunnel::DataPlane`] (errors located in `src`). The calling crate
+/// needs `serde` and `toml`.
 ///
 /// ```
 /// cyphonic_settings::dataplane_table! {
@@ -81,7 +46,7 @@ macro_rules! dataplane_table {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct $name {
-            #[serde(default)]
+            #[serde(default = "cyphonic_settings::defaults::workers")]
             workers: usize,
             #[serde(default = "cyphonic_settings::defaults::batch_size")]
             batch_size: toml::Spanned<usize>,
@@ -89,15 +54,15 @@ macro_rules! dataplane_table {
             batches_in_flight: toml::Spanned<usize>,
             #[serde(default = "cyphonic_settings::defaults::inline_max")]
             inline_max: toml::Spanned<usize>,
-            #[serde(default = "cyphonic_settings::defaults::yes")]
+            #[serde(default = "cyphonic_settings::defaults::ordering")]
             ordering: bool,
             #[serde(default)]
             aead: $crate::AeadName,
-            #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
+            #[serde(default = "cyphonic_settings::defaults::udp_buffer")]
             udp_buffer: usize,
-            #[serde(default = "cyphonic_settings::defaults::yes")]
+            #[serde(default = "cyphonic_settings::defaults::udp_gso")]
             udp_gso: bool,
-            #[serde(default = "cyphonic_settings::defaults::yes")]
+            #[serde(default = "cyphonic_settings::defaults::udp_gro")]
             udp_gro: bool,
             #[serde(default = "cyphonic_settings::defaults::cpus")]
             cpus: toml::Spanned<Vec<usize>>,
@@ -115,15 +80,15 @@ macro_rules! dataplane_table {
         impl Default for $name {
             fn default() -> Self {
                 Self {
-                    workers: 0,
+                    workers: $crate::defaults::workers(),
                     batch_size: $crate::defaults::batch_size(),
                     batches_in_flight: $crate::defaults::batches_in_flight(),
                     inline_max: $crate::defaults::inline_max(),
-                    ordering: true,
+                    ordering: $crate::defaults::ordering(),
                     aead: $crate::AeadName::default(),
-                    udp_buffer: $crate::defaults::socket_buffer(),
-                    udp_gso: true,
-                    udp_gro: true,
+                    udp_buffer: $crate::defaults::udp_buffer(),
+                    udp_gso: $crate::defaults::udp_gso(),
+                    udp_gro: $crate::defaults::udp_gro(),
                     cpus: $crate::defaults::cpus(),
                     realtime_priority: $crate::defaults::realtime_priority(),
                     busy_poll_us: $crate::defaults::busy_poll_us(),
@@ -139,7 +104,7 @@ macro_rules! dataplane_table {
             fn shared(
                 &self,
                 src: &$crate::Source<'_>,
-            ) -> Result<$crate::Dataplane, $crate::ConfigError> {
+            ) -> Result<$crate::DataPlane, $crate::ConfigError> {
                 $crate::check_pipeline(
                     src,
                     &self.batch_size,
@@ -153,7 +118,7 @@ macro_rules! dataplane_table {
                     &self.realtime_priority,
                     &self.busy_poll_us,
                 )?;
-                Ok($crate::Dataplane {
+                Ok($crate::DataPlane {
                     workers: self.workers,
                     batch_size: *self.batch_size.get_ref(),
                     batches_in_flight: *self.batches_in_flight.get_ref(),
@@ -163,8 +128,10 @@ macro_rules! dataplane_table {
                     udp_buffer: self.udp_buffer,
                     udp_gso: self.udp_gso,
                     udp_gro: self.udp_gro,
-                    cpus: self.cpus.get_ref().clone(),
-                    realtime_priority: *self.realtime_priority.get_ref(),
+                    placement: $crate::Placement {
+                        cpus: self.cpus.get_ref().clone(),
+                        realtime_priority: *self.realtime_priority.get_ref(),
+                    },
                     busy_poll: std::time::Duration::from_micros(u64::from(
                         *self.busy_poll_us.get_ref(),
                     )),

@@ -5,8 +5,10 @@
 //! `[dataplane]` and `[dns]` limits. Every mistake is a [`ConfigError`] that names the file,
 //! and where it can the line and the dotted key (`peer[1].certificate`).
 //!
-//! Only binaries use this crate (style.md rule 7): libraries take typed values, which the
-//! binaries build from what this crate checked.
+//! Only the binaries and their shared daemon core (`cyphonic-daemon`) use this crate
+//! (style.md rule 7): libraries take typed values, which this crate builds: the engine's
+//! [`DataPlane`] and [`StaticPeer`]s directly, the rest in [`Common`] and the binaries' own
+//! configuration types.
 
 #![forbid(unsafe_code)]
 
@@ -18,14 +20,24 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cyphonic_crypto::{Backend, Certificate, PublicKey, RevocationList, StaticKeypair, TrustStore};
-use cyphonic_session::Identity;
 use ipnet::{IpNet, Ipv4Net};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use toml::Spanned;
 
 mod dataplane;
-pub use dataplane::Dataplane;
+mod end;
+pub use cyphonic_netio::Placement;
+pub use cyphonic_session::Identity;
+pub use cyphonic_tunnel::{DataPlane, StaticPeer};
+pub use end::{Common, Dns, EndKeys};
+
+/// What the declaring macros name in the calling crate's code.
+#[doc(hidden)]
+pub mod __private {
+    pub use ipnet::Ipv4Net;
+    pub use toml::Spanned;
+}
 
 /// A configuration mistake, located.
 #[derive(Debug)]
@@ -91,6 +103,27 @@ pub fn parse<T: DeserializeOwned>(path: &Path) -> Result<(T, String), ConfigErro
         }
     })?;
     Ok((raw, text))
+}
+
+/// Reads the file at `path` as a `T` and checks it with `check`, certificates at unix time
+/// `now_secs`: what a binary's `load` does.
+///
+/// # Errors
+/// The file cannot be read or parsed, or `check` refuses it.
+pub fn load<T: DeserializeOwned, R>(
+    path: &Path,
+    now_secs: u64,
+    check: impl FnOnce(&T, &Source<'_>) -> Result<R, ConfigError>,
+) -> Result<R, ConfigError> {
+    let (raw, text) = parse(path)?;
+    check(
+        &raw,
+        &Source {
+            path,
+            text: &text,
+            now_secs,
+        },
+    )
 }
 
 impl Source<'_> {
@@ -258,6 +291,17 @@ pub struct Peer {
     pub persistent_keepalive: Option<Duration>,
     /// The peer's DNS server (an adapter's gateway vIP): where names in its zone are asked.
     pub dns: Ipv4Addr,
+}
+
+impl Peer {
+    /// The peer as the engine takes it.
+    pub fn to_static(&self) -> StaticPeer {
+        StaticPeer {
+            certificate: self.certificate.clone(),
+            endpoint: self.endpoint,
+            persistent_keepalive: self.persistent_keepalive,
+        }
+    }
 }
 
 /// Checks the `[[peer]]` tables: certificates that verify under our CA, not ours, distinct,
@@ -456,10 +500,12 @@ impl<'de> Deserialize<'de> for AeadName {
 }
 
 /// The defaults both binaries give the keys they share, as serde's `default = "..."` takes
-/// them (spanned values carry an empty span: "not in the file").
+/// them (spanned values carry an empty span: "not in the file"). The `[dataplane]` ones are
+/// the engine's own ([`cyphonic_tunnel::DataPlane`]'s `Default`).
 pub mod defaults {
     use std::net::{Ipv4Addr, SocketAddr};
 
+    use cyphonic_tunnel::DataPlane;
     use ipnet::Ipv4Net;
     use toml::Spanned;
 
@@ -486,42 +532,62 @@ pub mod defaults {
     pub fn dns_ttl() -> Spanned<u32> {
         Spanned::new(0..0, 60)
     }
-    /// `dataplane.batch_size`: 32.
-    pub fn batch_size() -> Spanned<usize> {
-        Spanned::new(0..0, 32)
-    }
-    /// `dataplane.batches_in_flight`: 1024 (bursts arrive as many small batches: with 128, a
-    /// line-rate UDP flow ran out of batch buffers and lost 5%, measured in docs/benchmarks.md).
-    pub fn batches_in_flight() -> Spanned<usize> {
-        Spanned::new(0..0, 1024)
-    }
-    /// `dataplane.inline_max`: 8.
-    pub fn inline_max() -> Spanned<usize> {
-        Spanned::new(0..0, 8)
-    }
     /// Socket buffers: 4 MiB.
-    pub const fn socket_buffer() -> usize {
-        4 << 20
+    pub fn socket_buffer() -> usize {
+        DataPlane::default().udp_buffer
     }
-    /// `dataplane.queue_per_peer`: 64.
-    pub const fn queue_per_peer() -> usize {
-        64
+    /// `dataplane.workers`: 0, one per core.
+    pub fn workers() -> usize {
+        DataPlane::default().workers
+    }
+    /// `dataplane.batch_size`.
+    pub fn batch_size() -> Spanned<usize> {
+        Spanned::new(0..0, DataPlane::default().batch_size)
+    }
+    /// `dataplane.batches_in_flight`.
+    pub fn batches_in_flight() -> Spanned<usize> {
+        Spanned::new(0..0, DataPlane::default().batches_in_flight)
+    }
+    /// `dataplane.inline_max`.
+    pub fn inline_max() -> Spanned<usize> {
+        Spanned::new(0..0, DataPlane::default().inline_max)
+    }
+    /// `dataplane.ordering`.
+    pub fn ordering() -> bool {
+        DataPlane::default().ordering
+    }
+    /// `dataplane.udp_buffer`.
+    pub fn udp_buffer() -> usize {
+        DataPlane::default().udp_buffer
+    }
+    /// `dataplane.udp_gso`.
+    pub fn udp_gso() -> bool {
+        DataPlane::default().udp_gso
+    }
+    /// `dataplane.udp_gro`.
+    pub fn udp_gro() -> bool {
+        DataPlane::default().udp_gro
+    }
+    /// `dataplane.queue_per_peer`.
+    pub fn queue_per_peer() -> usize {
+        DataPlane::default().queue_per_peer
     }
     /// `dataplane.cpus`: none (wherever the scheduler puts them).
     pub fn cpus() -> Spanned<Vec<usize>> {
-        Spanned::new(0..0, Vec::new())
+        Spanned::new(0..0, DataPlane::default().placement.cpus)
     }
     /// `dataplane.realtime_priority`: 0 (the normal scheduler).
     pub fn realtime_priority() -> Spanned<u8> {
-        Spanned::new(0..0, 0)
+        Spanned::new(0..0, DataPlane::default().placement.realtime_priority)
     }
     /// `dataplane.busy_poll_us`: 0 (receiving threads sleep until a packet wakes them).
     pub fn busy_poll_us() -> Spanned<u32> {
-        Spanned::new(0..0, 0)
+        let us = DataPlane::default().busy_poll.as_micros();
+        Spanned::new(0..0, u32::try_from(us).unwrap_or(u32::MAX))
     }
-    /// `dataplane.buffers`: 8192.
+    /// `dataplane.buffers`.
     pub fn buffers() -> Spanned<usize> {
-        Spanned::new(0..0, 8192)
+        Spanned::new(0..0, DataPlane::default().buffers)
     }
 }
 
@@ -690,9 +756,118 @@ pub fn check_mtu(src: &Source<'_>, mtu: &Spanned<u16>, key: &str) -> Result<u16,
 /// Fixtures for the binaries' configuration tests: certificate files as an operator would
 /// have them. Not for production use.
 pub mod testing {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     use cyphonic_crypto::{CertificateAuthority, IssueRequest, StaticKeypair};
+
+    /// A directory with a CA and certificates ([`write_pki`]), removed on drop: where a
+    /// binary's configuration tests write their files, relative paths and all.
+    #[derive(Debug)]
+    pub struct Fixture(PathBuf);
+
+    impl Fixture {
+        /// A new directory named after `label` with the PKI of `nodes`, valid around `now`.
+        ///
+        /// # Panics
+        /// When the directory or a file cannot be written: test setup errors.
+        #[allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+        pub fn new(label: &str, now: u64, nodes: &[Node<'_>]) -> Self {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "cyphonic-{label}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            write_pki(&dir, now, nodes);
+            Self(dir)
+        }
+
+        /// The directory.
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+
+        /// Writes `text` to the file `name` in the directory; returns its path.
+        ///
+        /// # Panics
+        /// When it cannot be written.
+        #[allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+        pub fn write(&self, name: &str, text: &str) -> PathBuf {
+            let path = self.0.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// For each case `(from, to, expect)`: `example` with its first `from` replaced by `to`,
+    /// written into `fixture` and read with `load`, fails; the error names the file and says
+    /// `expect` (the line, the key, the message).
+    ///
+    /// # Panics
+    /// When a case does not hold: the test fails, saying which.
+    #[allow(clippy::missing_panics_doc)]
+    pub fn assert_mistakes<C, I>(
+        fixture: &Fixture,
+        example: &str,
+        cases: &[(&str, &str, &str)],
+        load: impl Fn(&Path, u64) -> Result<(C, I), crate::ConfigError>,
+        now: u64,
+    ) {
+        for (from, to, expect) in cases {
+            assert!(example.contains(from), "the example lost {from:?}");
+            let path = fixture.write("mistake.toml", &example.replacen(from, to, 1));
+            let err = match load(&path, now) {
+                Ok(_) => panic!("{from:?} -> {to:?} was accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.starts_with(&path.display().to_string()), "{err}");
+            assert!(
+                err.contains(expect),
+                "{from:?} -> {to:?}\n  got:  {err}\n  want: {expect}"
+            );
+        }
+    }
+
+    /// The file type `T` accepts exactly the top-level `tables` (in order), and `example` sets
+    /// every key of every table (`arrays` are written `[[...]]`): a new key without
+    /// documentation in the example file `name` fails here.
+    ///
+    /// # Panics
+    /// When it does not hold.
+    #[allow(clippy::missing_panics_doc)]
+    pub fn assert_documents_every_key<T: serde::de::DeserializeOwned>(
+        example: &str,
+        name: &str,
+        arrays: &[&str],
+        tables: &[&str],
+    ) {
+        let probe = |table: &str| probe(table, arrays);
+        assert_eq!(crate::accepted_keys::<T>(&probe("")), tables);
+        let missing = crate::undocumented_keys::<T>(example, probe);
+        assert!(missing.is_empty(), "{name} does not show {missing:?}");
+    }
+
+    /// A file with the unknown key `__probe` in `table` (`""`: at the top), for
+    /// [`crate::accepted_keys`] and [`crate::undocumented_keys`]: `arrays` are the tables
+    /// written `[[...]]`, and `[cloud]` gets the keys it requires.
+    pub fn probe(table: &str, arrays: &[&str]) -> String {
+        match table {
+            "" => "__probe = 1\n".to_owned(),
+            "cloud" => {
+                "[cloud]\naddress = \"192.0.2.1:1\"\npublic_key = \"\"\n__probe = 1\n".to_owned()
+            }
+            t if arrays.contains(&t) => format!("[[{t}]]\n__probe = 1\n"),
+            t => format!("[{t}]\n__probe = 1\n"),
+        }
+    }
 
     /// One certificate to write: its name, its block, where (relative to the directory,
     /// without extension), and whether to write its private key too.

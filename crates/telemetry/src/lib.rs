@@ -7,7 +7,7 @@
 //! - [`logging`]: tracing's subscriber, as text for a terminal, as JSON on request, and
 //!   without timestamps or colours under systemd (journald adds its own); an env-filter.
 //! - [`status`]: the local status socket (mode 0600) each daemon's `status` command reads a
-//!   JSON document from.
+//!   JSON document from (any serde type; the daemons define theirs).
 //! - [`Throttle`]: at most one log line per interval for a repeated event (a flood of bad
 //!   packets must not become a flood of log lines), with how many were held back.
 //!
@@ -15,6 +15,10 @@
 //! history (Prometheus does).
 
 #![forbid(unsafe_code)]
+
+// `counters!` names this crate by its name; its tests use the macro inside it.
+#[cfg(test)]
+extern crate self as cyphonic_telemetry;
 
 pub mod logging;
 pub mod metrics;
@@ -24,30 +28,59 @@ use std::time::{Duration, Instant};
 
 pub use metrics::Family;
 
+/// What [`counters!`] names in the calling crate's code.
+#[doc(hidden)]
+pub use serde as __serde;
+
+/// What a set of counters declared with [`counters!`] offers beyond its fields: every value
+/// with its name, for status text and metrics.
+pub trait CounterSet {
+    /// Every counter with its name, in declaration order.
+    fn snapshot(&self) -> Vec<(&'static str, u64)>;
+}
+
 /// Declares a counters struct: one `AtomicU64` per name, `snapshot()` listing the values with
-/// their names in declaration order, and `help()` listing each name with its doc comment (the
-/// help text of its metric).
+/// their names in declaration order ([`CounterSet`]), `help()` listing each name with its doc
+/// comment (the help text of its metric), `copied()` (the values now, in a struct of its
+/// own), and serde (one field per counter; missing ones read as 0), so that the same type
+/// goes into a status document and comes back out of it.
 #[macro_export]
 macro_rules! counters {
     ($(#[$sdoc:meta])* $vis:vis struct $ty:ident { $(#[doc = $doc:literal] $name:ident,)* }) => {
         $(#[$sdoc])*
-        #[derive(Debug, Default)]
+        #[derive(Debug, Default, $crate::__serde::Serialize, $crate::__serde::Deserialize)]
+        #[serde(crate = "cyphonic_telemetry::__serde", default)]
         $vis struct $ty {
             $(#[doc = $doc] pub $name: ::std::sync::atomic::AtomicU64,)*
         }
 
-        impl $ty {
-            /// Every counter with its name, in declaration order.
-            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        impl $crate::CounterSet for $ty {
+            fn snapshot(&self) -> Vec<(&'static str, u64)> {
                 vec![$((
                     stringify!($name),
                     self.$name.load(::std::sync::atomic::Ordering::Relaxed),
                 ),)*]
             }
+        }
+
+        impl $ty {
+            /// Every counter with its name, in declaration order.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                <Self as $crate::CounterSet>::snapshot(self)
+            }
 
             /// Every counter's name with what it counts.
             pub fn help() -> Vec<(&'static str, &'static str)> {
                 vec![$((stringify!($name), $doc.trim()),)*]
+            }
+
+            /// The values now, in a struct of their own.
+            pub fn copied(&self) -> Self {
+                Self {
+                    $($name: ::std::sync::atomic::AtomicU64::new(
+                        self.$name.load(::std::sync::atomic::Ordering::Relaxed),
+                    ),)*
+                }
             }
 
             /// Writes every counter as a metric `<prefix>_<name>_total`.
@@ -140,6 +173,21 @@ mod tests {
         let text = metrics::render(&r).unwrap_or_default();
         assert!(text.contains("# HELP cyphonic_pears Pears seen."), "{text}");
         assert!(text.contains("cyphonic_pears_total 3"), "{text}");
+    }
+
+    /// A copy holds the values of its moment; serde writes one field per counter and reads
+    /// missing ones as 0.
+    #[test]
+    fn counters_copy_and_go_through_serde() {
+        let c = Things::default();
+        c.apples.fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        let copy = c.copied();
+        c.apples.fetch_add(5, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(copy.snapshot(), [("apples", 2), ("pears", 0)]);
+        let json = serde_json::to_string(&copy).unwrap_or_default();
+        assert_eq!(json, r#"{"apples":2,"pears":0}"#);
+        let back: Things = serde_json::from_str(r#"{"pears":4}"#).unwrap_or_default();
+        assert_eq!(back.snapshot(), [("apples", 0), ("pears", 4)]);
     }
 
     #[derive(Debug)]

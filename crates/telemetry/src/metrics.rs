@@ -71,22 +71,20 @@ pub fn histogram(
     m.encode_histogram::<NoLabelSet>(sum, count, buckets, None)
 }
 
-/// Writes every whole number of a JSON object (a status document's table) as a counter
-/// `<prefix>_<key>`, helped as "`what`: key". Other members are left out.
+/// Writes each `(name, value)` of `table` as a counter `<prefix>_<name>`, helped as
+/// "`what`: name" (a sans-IO crate's statistics, which know nothing of metrics).
 ///
 /// # Errors
 /// The encoder's.
-pub fn json_counters(
+pub fn named_counters(
     encoder: &mut DescriptorEncoder<'_>,
     prefix: &str,
     what: &str,
-    table: &serde_json::Value,
+    table: &[(&str, u64)],
 ) -> Result<(), std::fmt::Error> {
-    for (k, v) in table.as_object().into_iter().flatten() {
-        if let Some(n) = v.as_u64() {
-            let help = format!("{what}: {}.", k.replace('_', " "));
-            counter(encoder, &format!("{prefix}_{k}"), &help, n)?;
-        }
+    for (k, v) in table {
+        let help = format!("{what}: {}.", k.replace('_', " "));
+        counter(encoder, &format!("{prefix}_{k}"), &help, *v)?;
     }
     Ok(())
 }

@@ -26,9 +26,9 @@ impl Drop for StatusSocket {
 ///
 /// # Errors
 /// The directory cannot be created, the socket bound or its mode set.
-pub fn serve(
+pub fn serve<T: serde::Serialize>(
     path: &Path,
-    snapshot: impl Fn() -> serde_json::Value + Send + 'static,
+    snapshot: impl Fn() -> T + Send + 'static,
 ) -> std::io::Result<StatusSocket> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -91,7 +91,7 @@ impl std::fmt::Display for FetchError {
 
 impl std::error::Error for FetchError {}
 
-/// Reads the status document from the daemon `program` listening at `path`.
+/// Reads the status document from the daemon `program` listening at `path`, as it came.
 ///
 /// # Errors
 /// [`FetchError`].
@@ -111,23 +111,29 @@ pub fn fetch(path: &Path, program: &'static str) -> Result<serde_json::Value, Fe
 }
 
 /// The `status` subcommand of the daemon `program`: its document from `path`, printed as
-/// JSON with `json`, else as `table` lays it out.
+/// it came with `json`, else read as a `T` and laid out by `table`. A document `T` does not
+/// read (a daemon of another version) is an error that says so.
 ///
 /// # Errors
 /// [`FetchError`].
 #[expect(clippy::print_stdout, reason = "the status subcommand's output")]
-pub fn show(
+pub fn show<T: serde::de::DeserializeOwned>(
     path: &Path,
     program: &'static str,
     json: bool,
-    table: impl FnOnce(&serde_json::Value),
+    table: impl FnOnce(&T),
 ) -> Result<(), FetchError> {
     let doc = fetch(path, program)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-    } else {
-        table(&doc);
+        return Ok(());
     }
+    let typed = T::deserialize(&doc).map_err(|e| {
+        FetchError::Read(format!(
+            "{program}'s status document is not one this command reads ({e}); `--json` shows it as it is"
+        ))
+    })?;
+    table(&typed);
     Ok(())
 }
 

@@ -1,29 +1,33 @@
-//! Egress, into the tunnel: the seal stage, the UDP sink, and the submitter that holds
+//! Intake, into the tunnel: the seal stage, the socket sink, and the submitter that holds
 //! packets behind a pending handshake.
 //!
 //! ```text
-//! edge thread: Submitter::submit -> Sequencer (session and counter in arrival order)
-//!   (packets for a peer whose handshake is pending wait in a bounded queue of that peer, in
-//!    order, until the control thread says it is up)
+//! edge thread or control thread: Intake -> Submitter -> Sequencer (session and counter in
+//!   arrival order; packets for a peer whose handshake is pending wait in a bounded queue of
+//!   that peer, in order, until the control core says it is up)
 //! workers:     SealStage::process (ChaCha20-Poly1305 in place)
-//! emitter:     UdpSink: sendmmsg, in arrival order
+//! emitter:     SocketSink: sendmmsg, in arrival order
 //! ```
+//!
+//! Every sealed packet leaves through the emitter: the edge's traffic and the edge's own
+//! packets (the adapter's DNS answers and echo replies to peers) alike go through the one
+//! [`Submitter`], behind the [`Intake`] handle that the edge thread and the control thread
+//! share. Only the handshake messages and keepalives the control core builds leave outside it.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use crossbeam_channel::Receiver;
-use cyphonic_netio::UdpSocket;
 use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Sink, Stage};
 use cyphonic_session::{SendError, Session};
 
+use crate::Shared;
 use crate::counters::bump;
 use crate::peers::PeerSlot;
 use crate::pool::Buf;
-use crate::{Shared, ToEgress};
+use crate::socket::TunnelSocket;
 
 /// Datagrams per sendmmsg.
 const SEND_BATCH: usize = 64;
@@ -116,9 +120,9 @@ impl Stage for SealStage {
 
 /// The egress emitter's end: batches sealed frames into sendmmsg, in order.
 #[derive(Debug)]
-pub struct UdpSink {
+pub struct SocketSink {
     shared: Arc<Shared>,
-    udp: UdpSocket,
+    socket: Box<dyn TunnelSocket>,
     batch: Vec<Outgoing>,
 }
 
@@ -131,18 +135,18 @@ impl std::fmt::Debug for Outgoing {
     }
 }
 
-impl UdpSink {
-    /// The sink sending on `udp`.
-    pub fn new(shared: Arc<Shared>, udp: UdpSocket) -> Self {
+impl SocketSink {
+    /// The sink sending on `socket`.
+    pub fn new(shared: Arc<Shared>, socket: Box<dyn TunnelSocket>) -> Self {
         Self {
             shared,
-            udp,
+            socket,
             batch: Vec::with_capacity(SEND_BATCH),
         }
     }
 }
 
-impl Sink for UdpSink {
+impl Sink for SocketSink {
     type Item = Outgoing;
 
     fn emit(&mut self, item: Outgoing) -> Result<(), DropReason> {
@@ -173,7 +177,7 @@ impl Sink for UdpSink {
                 n += 1;
             }
         }
-        let (sent, failed, err) = self.udp.send_batch(&msgs[..n]);
+        let (sent, failed, err) = self.socket.send_batch(&msgs[..n]);
         let c = &self.shared.counters;
         c.udp_sent.fetch_add(sent as u64, Ordering::Relaxed);
         if failed > 0 {
@@ -186,31 +190,24 @@ impl Sink for UdpSink {
     }
 }
 
-/// The edge thread's way into the tunnel: hands packets to the pipeline, or holds them
-/// behind their peer's pending handshake (bounded, in order) until the control thread says
-/// the peer is up ([`ToEgress`]).
+/// The way into the tunnel: hands packets to the pipeline, or holds them behind their peer's
+/// pending handshake (bounded, in order) until the control core says the peer is up
+/// ([`Submitter::established`]) or gave up ([`Submitter::gave_up`]). Reached through an
+/// [`Intake`] handle.
 #[derive(Debug)]
 pub struct Submitter {
     shared: Arc<Shared>,
     seq: Sequencer<SealStage>,
-    events: Receiver<ToEgress>,
     pending: HashMap<u32, VecDeque<Outgoing>>,
     queue_per_peer: usize,
 }
 
 impl Submitter {
-    /// Submits to `seq`, holding at most `queue_per_peer` packets per pending peer; `events`
-    /// come from the control thread.
-    pub fn new(
-        shared: Arc<Shared>,
-        seq: Sequencer<SealStage>,
-        events: Receiver<ToEgress>,
-        queue_per_peer: usize,
-    ) -> Self {
+    /// Submits to `seq`, holding at most `queue_per_peer` packets per pending peer.
+    pub fn new(shared: Arc<Shared>, seq: Sequencer<SealStage>, queue_per_peer: usize) -> Self {
         Self {
             shared,
             seq,
-            events,
             pending: HashMap::new(),
             queue_per_peer,
         }
@@ -257,37 +254,32 @@ impl Submitter {
         self.seq.flush();
     }
 
-    /// Acts on what the control thread said: releases the queue of a peer that came up,
-    /// drops that of one that cannot be reached.
-    pub fn handle_events(&mut self) {
-        while let Ok(event) = self.events.try_recv() {
-            match event {
-                ToEgress::Established(id) => {
-                    let Some(mut q) = self.pending.remove(&id) else {
-                        continue;
-                    };
-                    let now = Instant::now();
-                    while let Some(mut item) = q.pop_front() {
-                        item.now = now;
-                        match self.seq.push(item) {
-                            Ok(()) => {}
-                            Err(Rejected::Dropped(item, DropReason::NoSession)) => {
-                                // Not usable after all (expired again): keep waiting, in order.
-                                q.push_front(item);
-                                self.pending.insert(id, q);
-                                break;
-                            }
-                            Err(_) => bump(&self.shared.counters.drop_queue),
-                        }
-                    }
-                    self.seq.flush();
+    /// Peer `id` has keys: what waited for them goes, in order.
+    pub fn established(&mut self, id: u32) {
+        let Some(mut q) = self.pending.remove(&id) else {
+            return;
+        };
+        let now = Instant::now();
+        while let Some(mut item) = q.pop_front() {
+            item.now = now;
+            match self.seq.push(item) {
+                Ok(()) => {}
+                Err(Rejected::Dropped(item, DropReason::NoSession)) => {
+                    // Not usable after all (expired again): keep waiting, in order.
+                    q.push_front(item);
+                    self.pending.insert(id, q);
+                    break;
                 }
-                ToEgress::GaveUp(id) => {
-                    for _ in self.pending.remove(&id).unwrap_or_default() {
-                        bump(&self.shared.counters.drop_queue);
-                    }
-                }
+                Err(_) => bump(&self.shared.counters.drop_queue),
             }
+        }
+        self.seq.flush();
+    }
+
+    /// Peer `id` cannot be reached: what waited for it is dropped.
+    pub fn gave_up(&mut self, id: u32) {
+        for _ in self.pending.remove(&id).unwrap_or_default() {
+            bump(&self.shared.counters.drop_queue);
         }
     }
 
@@ -303,5 +295,49 @@ fn enqueue_in(shared: &Shared, limit: usize, q: &mut VecDeque<Outgoing>, item: O
     } else {
         bump(&shared.counters.queued_for_handshake);
         q.push_back(item);
+    }
+}
+
+/// A handle on the engine's one [`Submitter`], shared by the threads that send into the
+/// tunnel: the edge thread (a batch at a time), the control thread (packets of the edge's own,
+/// queues released when a peer comes up). One submitter keeps one arrival order and one
+/// sequencer, whoever submits; the lock is held for a batch at most, never across a wait.
+///
+/// Once the engine stops, the submitter is gone ([`Intake::lock`] holds `None`) and its
+/// pipeline drains, whatever handles are still around.
+#[derive(Debug, Clone)]
+pub struct Intake {
+    inner: Arc<Mutex<Option<Submitter>>>,
+}
+
+impl Intake {
+    /// A handle on `submitter`.
+    pub fn new(submitter: Submitter) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Some(submitter))),
+        }
+    }
+
+    /// The submitter, locked; `None` once the engine stopped. Never call this while holding
+    /// a peer's lock (the submitter takes peers' locks).
+    pub fn lock(&self) -> MutexGuard<'_, Option<Submitter>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Submits one packet and sends it on its way at once (a packet of the edge's own).
+    /// Returns false when the engine stopped.
+    pub fn submit_now(&self, item: Outgoing) -> bool {
+        let mut guard = self.lock();
+        let Some(sub) = guard.as_mut() else {
+            return false;
+        };
+        sub.submit(item);
+        sub.flush();
+        true
+    }
+
+    /// Takes the submitter out (the engine stops): its pipeline drains.
+    pub(crate) fn close(&self) {
+        drop(self.lock().take());
     }
 }

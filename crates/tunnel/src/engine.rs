@@ -1,22 +1,23 @@
 //! Starting and stopping the engine's threads: the crypto workers, the two ordered pipelines
-//! and the UDP receive thread. The binary adds its edge (the thread that feeds the
-//! [`Submitter`], the sink that delivers [`Incoming`] packets) and the control loop.
+//! and the tunnel socket's receive thread. The edge adds its own (the thread that feeds the
+//! [`Intake`], the sink that delivers [`Incoming`] packets), and the control thread drives
+//! [`crate::Control`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
 use cyphonic_crypto::{Backend, Certificate, PublicKey};
-use cyphonic_netio::{Placement, UdpSocket};
+use cyphonic_netio::{Placement, UdpOptions};
 use cyphonic_pipeline::{Counters as PipelineCounters, Emitter, Sink, ThreadStart};
 use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
-use crate::egress::{SealStage, Submitter, UdpSink};
+use crate::Shared;
+use crate::egress::{Intake, SealStage, SocketSink, Submitter};
 use crate::ingress::{Incoming, OpenStage, Receiver};
 use crate::peers::{PeerSlot, PeerTable};
-use crate::{Shared, ToEgress};
+use crate::socket::TunnelSocket;
 
 /// Why the engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -41,41 +42,89 @@ pub enum StartError {
     TooManyPeers,
 }
 
-/// How the data plane is sized (the `[dataplane]` settings of the binaries).
+/// How the data plane is sized and placed: the `[dataplane]` keys every tunnel end shares
+/// (the binaries' settings produce this type directly), with their defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataPlane {
     /// Crypto workers; 0 = one per core.
     pub workers: usize,
     /// Packets per batch handed to a worker.
     pub batch_size: usize,
-    /// Batches in flight per direction.
+    /// Batches in flight per direction: the memory bound.
     pub batches_in_flight: usize,
-    /// Batches this small are processed on the receiving thread when nothing is in flight.
+    /// Batches of at most this many packets are sealed or opened on the receiving thread
+    /// when nothing is in flight (0: never).
     pub inline_max: usize,
     /// Emit in arrival order (`false` only for experiments).
     pub ordering: bool,
+    /// The AEAD implementation of every session.
+    pub aead: Backend,
+    /// The tunnel socket's kernel buffers, bytes (each direction).
+    pub udp_buffer: usize,
+    /// Send runs of equal-size datagrams as one segmented (GSO) message.
+    pub udp_gso: bool,
+    /// Receive runs of datagrams coalesced by the kernel (GRO), split here.
+    pub udp_gro: bool,
+    /// CPU affinity and priority of the data-plane threads (workers, emitters, receive and
+    /// edge threads); the default leaves them to the scheduler.
+    pub placement: Placement,
+    /// How long the receiving threads keep polling their socket after a packet instead of
+    /// sleeping (zero: off).
+    pub busy_poll: Duration,
     /// Packets held per peer while its handshake completes.
     pub queue_per_peer: usize,
-    /// CPU affinity and priority of the data-plane threads (workers, emitters, receive and
-    /// capture threads); the default leaves them to the scheduler.
-    pub placement: Placement,
+    /// Packet buffers in all ([`crate::BUF_LEN`] bytes each): the data plane's memory ceiling.
+    pub buffers: usize,
 }
 
-/// The placement `[dataplane] cpus` and `realtime_priority` ask for, checked against the CPUs
-/// this process may use, and logged when it is not the default.
-///
-/// # Errors
-/// A CPU out of reach, saying which are allowed.
-pub fn placement(cpus: &[usize], realtime_priority: u8) -> Result<Placement, String> {
-    let p = Placement {
-        cpus: cpus.to_vec(),
-        realtime_priority,
-    };
-    p.check().map_err(|e| format!("dataplane.cpus: {e}"))?;
-    if !p.is_default() {
-        tracing::info!(cpus = ?p.cpus, realtime_priority, "placing the data-plane threads");
+impl Default for DataPlane {
+    fn default() -> Self {
+        Self {
+            workers: 0,
+            batch_size: 32,
+            // Bursts arrive as many small batches: with 128, a line-rate UDP flow ran out of
+            // batch buffers and lost 5% (docs/benchmarks.md).
+            batches_in_flight: 1024,
+            inline_max: 8,
+            ordering: true,
+            aead: Backend::default(),
+            udp_buffer: 4 << 20,
+            udp_gso: true,
+            udp_gro: true,
+            placement: Placement::default(),
+            busy_poll: Duration::ZERO,
+            queue_per_peer: 64,
+            buffers: 8192,
+        }
     }
-    Ok(p)
+}
+
+impl DataPlane {
+    /// How the tunnel socket is opened.
+    pub fn udp_options(&self) -> UdpOptions {
+        UdpOptions {
+            recv_buffer: self.udp_buffer,
+            send_buffer: self.udp_buffer,
+            segmentation: self.udp_gso,
+            coalescing: self.udp_gro,
+            busy_poll: self.busy_poll,
+            ..UdpOptions::default()
+        }
+    }
+
+    /// Checks the placement against the CPUs this process may use, and logs it when it is not
+    /// the default.
+    ///
+    /// # Errors
+    /// A CPU out of reach, saying which are allowed.
+    pub fn check_placement(&self) -> Result<(), String> {
+        let p = &self.placement;
+        p.check().map_err(|e| format!("dataplane.cpus: {e}"))?;
+        if !p.is_default() {
+            tracing::info!(cpus = ?p.cpus, realtime_priority = p.realtime_priority, "placing the data-plane threads");
+        }
+        Ok(())
+    }
 }
 
 /// The set-up every data-plane thread runs first: `placement`, with a warning the first time
@@ -194,30 +243,31 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     /// Crypto workers started.
     pub workers: usize,
     /// The egress pipeline's counters.
-    pub egress: Arc<PipelineCounters>,
+    pub egress_counters: Arc<PipelineCounters>,
     /// The ingress pipeline's counters.
-    pub ingress: Arc<PipelineCounters>,
+    pub ingress_counters: Arc<PipelineCounters>,
     shared: Arc<Shared>,
-    submitter: Option<Submitter>,
-    to_egress: Sender<ToEgress>,
+    intake: Intake,
     receiver: std::thread::JoinHandle<()>,
     watcher: Option<std::thread::JoinHandle<()>>,
-    egress_emit: Emitter<UdpSink>,
+    egress_emit: Emitter<SocketSink>,
     ingress_emit: Emitter<K>,
     place: ThreadStart,
 }
 
 impl<K: Sink<Item = Incoming>> Engine<K> {
-    /// Starts the workers, both pipelines (egress into `udp`, ingress into `sink`) and the
-    /// receive thread on `udp`.
+    /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`) and the
+    /// receive thread on `socket`; with `watch`, also the thread that tells the control
+    /// thread when this host's addresses change.
     ///
     /// # Errors
     /// [`StartError`]: a thread, the worker pool or a socket duplicate.
     pub fn start(
         dp: &DataPlane,
         shared: &Arc<Shared>,
-        udp: &UdpSocket,
+        socket: &dyn TunnelSocket,
         sink: K,
+        watch: bool,
     ) -> Result<Self, StartError> {
         let io = |what| move |source| StartError::Io { what, source };
         let workers = if dp.workers == 0 {
@@ -225,6 +275,11 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         } else {
             dp.workers
         };
+        if !dp.ordering {
+            tracing::warn!(
+                "dataplane.ordering = false: packets leave in completion order; for experiments only"
+            );
+        }
         let place = thread_start(dp.placement.clone());
         let rayon = Arc::new({
             let place = place.clone();
@@ -246,23 +301,28 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             &pconfig("cy-egress-emit"),
             rayon.clone(),
             SealStage::new(shared.clone()),
-            UdpSink::new(
+            SocketSink::new(
                 shared.clone(),
-                udp.try_clone()
+                socket
+                    .try_clone_box()
                     .map_err(io("duplicating the tunnel socket"))?,
             ),
         )?;
         let (ingress_seq, ingress_emit) =
             cyphonic_pipeline::start(&pconfig("cy-ingress-emit"), rayon, OpenStage, sink)?;
-        let (egress, ingress) = (
+        let (egress_counters, ingress_counters) = (
             egress_seq.counters().clone(),
             ingress_seq.counters().clone(),
         );
-        let (to_egress, events) = crossbeam_channel::bounded(1024);
-        let submitter = Submitter::new(shared.clone(), egress_seq, events, dp.queue_per_peer);
+        let intake = Intake::new(Submitter::new(
+            shared.clone(),
+            egress_seq,
+            dp.queue_per_peer,
+        ));
         let receiver = Receiver::new(
             shared.clone(),
-            udp.try_clone()
+            socket
+                .try_clone_box()
                 .map_err(io("duplicating the tunnel socket"))?,
             ingress_seq,
         );
@@ -276,14 +336,13 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
                 }
             })
             .map_err(io("starting the receive thread"))?;
-        let watcher = watch_network(shared.clone());
+        let watcher = watch.then(|| watch_network(shared.clone())).flatten();
         Ok(Self {
             workers,
-            egress,
-            ingress,
+            egress_counters,
+            ingress_counters,
             shared: shared.clone(),
-            submitter: Some(submitter),
-            to_egress,
+            intake,
             receiver,
             watcher,
             egress_emit,
@@ -292,54 +351,42 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         })
     }
 
-    /// Places the calling thread as [`DataPlane::placement`] says: for the edge thread that
-    /// feeds the tunnel (capture, TUN reader), first thing.
-    pub fn place_thread(&self) -> impl FnOnce() + Send + 'static {
-        let place = self.place.clone();
-        move || (place.0)()
+    /// What every data-plane thread runs first ([`DataPlane::placement`]): for the edge
+    /// threads that feed the tunnel (capture, TUN reader), to run first thing.
+    pub fn thread_start(&self) -> ThreadStart {
+        self.place.clone()
     }
 
-    /// The submitter, for the edge thread that feeds the tunnel (once).
-    ///
-    /// # Panics
-    /// When taken twice: a wiring bug.
-    pub fn take_submitter(&mut self) -> Submitter {
-        self.submitter
-            .take()
-            .expect("the submitter is taken once, by the edge thread")
+    /// A handle on the way into the tunnel, for the edge thread and the control thread.
+    pub fn intake(&self) -> Intake {
+        self.intake.clone()
     }
 
-    /// The engine's metrics collector (for `/metrics`).
-    pub fn collector(&self) -> crate::metrics::EngineCollector {
-        crate::metrics::EngineCollector::new(
-            self.shared.clone(),
-            self.egress.clone(),
-            self.ingress.clone(),
-        )
+    /// The state the engine's threads share.
+    pub const fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
-    /// Where the control thread tells the submitter about peers.
-    pub fn to_egress(&self) -> Sender<ToEgress> {
-        self.to_egress.clone()
-    }
-
-    /// Stops the data threads: the receive thread ends, and each pipeline drains once its
-    /// sequencer is gone (the edge thread drops the submitter's when it sees `running` clear).
+    /// Stops the data threads: the receive thread ends, the submitter goes (its pipeline
+    /// drains, whatever [`Intake`] handles remain), and the ingress pipeline drains once the
+    /// receive thread's sequencer is gone. Edge threads end when they see `running` clear.
+    /// Returns the ingress sink.
     ///
     /// # Errors
     /// The receive thread panicked.
-    pub fn stop(self) -> Result<(), StartError> {
+    pub fn stop(self) -> Result<K, StartError> {
         self.shared.running.store(false, Ordering::Relaxed);
-        drop(self.submitter);
+        self.intake.close();
         let joined = self.receiver.join();
         if let Some(w) = self.watcher {
             let _ = w.join();
         }
         let _ = self.egress_emit.join();
-        let _ = self.ingress_emit.join();
+        let sink = self.ingress_emit.join();
         joined.map_err(|_| StartError::Io {
             what: "the receive thread",
             source: std::io::Error::other("panicked"),
-        })
+        })?;
+        Ok(sink)
     }
 }

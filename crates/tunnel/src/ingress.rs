@@ -2,7 +2,7 @@
 //! (the adapter's LAN, the node's TUN) starts each packet with [`Incoming::accept`].
 //!
 //! ```text
-//! receive thread: recvmmsg on UDP -> frame type -> data/keepalive: find the session -> Sequencer
+//! receive thread: recvmmsg on the tunnel socket -> frame type -> data/keepalive: find the session -> Sequencer
 //!                                                 handshakes: to the control thread
 //! workers:        OpenStage::process (authenticate and decrypt in place)
 //! emitter:        the edge's sink: Incoming::accept (replay window, in order), then delivery
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cyphonic_netio::{DatagramMeta, UdpSocket};
+use cyphonic_netio::DatagramMeta;
 use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Stage};
 use cyphonic_session::Session;
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
@@ -22,6 +22,7 @@ use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 use crate::counters::bump;
 use crate::peers::PeerSlot;
 use crate::pool::{BUF_LEN, Buf, RECV_BATCH, RecvBuffers};
+use crate::socket::TunnelSocket;
 use crate::{Shared, ToControl};
 
 /// A frame on its way out of the tunnel. The datagram is `buf[..len]`; once opened, the inner
@@ -144,18 +145,96 @@ impl Stage for OpenStage {
     }
 }
 
-/// The UDP receive thread.
+/// What [`arrival`] made of a datagram.
+#[derive(Debug)]
+pub enum Arrival {
+    /// A data frame or keepalive for one of our sessions: to open, in order.
+    Sealed(Incoming),
+    /// A handshake message: for the control thread.
+    Handshake(ToControl),
+    /// Counted and dropped (truncated, malformed, unknown index, unhandled type).
+    Dropped,
+}
+
+/// The first look at a datagram from the underlay, cheap checks only: length, frame header,
+/// a session that knows its receiver index. Nothing is decrypted here.
+pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arrival {
+    let c = &shared.counters;
+    bump(&c.udp_received);
+    if m.truncated || m.len > BUF_LEN {
+        bump(&c.udp_truncated);
+        return Arrival::Dropped;
+    }
+    let Ok(repr) = Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f)) else {
+        bump(&c.drop_frame_malformed);
+        return Arrival::Dropped;
+    };
+    match repr.msg_type {
+        MessageType::Data | MessageType::Keepalive => {
+            let Some(peer) = shared.peers.by_index(repr.receiver_index) else {
+                bump(&c.drop_unknown_index);
+                return Arrival::Dropped;
+            };
+            let (session, endpoint) = {
+                let p = peer.lock();
+                (p.session_for_index(repr.receiver_index, now), p.endpoint())
+            };
+            let Some(session) = session else {
+                bump(&c.drop_unknown_index);
+                // A peer that restarted sends on keys we lost: if it speaks from where we
+                // expect it, ask the control thread to handshake now rather than wait.
+                if endpoint == Some(m.from) {
+                    let _ = shared.control.try_send(ToControl::Kick(peer.id));
+                }
+                return Arrival::Dropped;
+            };
+            Arrival::Sealed(Incoming {
+                buf,
+                len: m.len,
+                from: m.from,
+                peer,
+                session,
+                counter: repr.counter,
+                is_data: repr.msg_type == MessageType::Data,
+                now,
+                plain_len: 0,
+                frame: 0..0,
+            })
+        }
+        MessageType::HandshakeInit | MessageType::HandshakeResp => {
+            Arrival::Handshake(ToControl::Handshake {
+                frame: buf[..m.len].to_vec(),
+                from: m.from,
+                at: now,
+            })
+        }
+        _ => {
+            bump(&c.drop_frame_unhandled);
+            Arrival::Dropped
+        }
+    }
+}
+
+/// The tunnel socket's receive thread.
 #[derive(Debug)]
 pub struct Receiver {
     shared: Arc<Shared>,
-    udp: UdpSocket,
+    socket: Box<dyn TunnelSocket>,
     seq: Sequencer<OpenStage>,
 }
 
 impl Receiver {
-    /// Receives on `udp` into `seq`.
-    pub const fn new(shared: Arc<Shared>, udp: UdpSocket, seq: Sequencer<OpenStage>) -> Self {
-        Self { shared, udp, seq }
+    /// Receives on `socket` into `seq`.
+    pub fn new(
+        shared: Arc<Shared>,
+        socket: Box<dyn TunnelSocket>,
+        seq: Sequencer<OpenStage>,
+    ) -> Self {
+        Self {
+            shared,
+            socket,
+            seq,
+        }
     }
 
     /// The thread's body: runs until `shared.running` goes false.
@@ -163,9 +242,9 @@ impl Receiver {
         let mut rx = RecvBuffers::new(0..BUF_LEN);
         let mut meta = [DatagramMeta::default(); RECV_BATCH];
         while self.shared.is_running() {
-            let udp = &mut self.udp;
+            let socket = &mut self.socket;
             let Some(received) = rx.receive(&self.shared.pool, |slices| {
-                udp.recv_batch(slices, &mut meta)
+                socket.recv_batch(slices, &mut meta)
             }) else {
                 bump(&self.shared.counters.drop_no_buffer);
                 std::thread::sleep(Duration::from_millis(1));
@@ -183,73 +262,23 @@ impl Receiver {
                 continue;
             }
             let now = Instant::now();
+            let c = &self.shared.counters;
             for (buf, m) in datagrams.zip(meta) {
-                self.handle(buf, m, now);
+                match arrival(&self.shared, buf, m, now) {
+                    Arrival::Sealed(item) => match self.seq.push(item) {
+                        Ok(()) | Err(Rejected::Dropped(..)) => {}
+                        Err(Rejected::Full(_)) => bump(&c.drop_pipeline_full),
+                    },
+                    Arrival::Handshake(msg) => {
+                        if self.shared.control.try_send(msg).is_err() {
+                            bump(&c.drop_handshake_queue);
+                        }
+                    }
+                    Arrival::Dropped => {}
+                }
             }
             self.seq.flush();
         }
         tracing::debug!("receive thread stopped");
-    }
-
-    fn handle(&mut self, buf: Buf, m: DatagramMeta, now: Instant) {
-        let c = &self.shared.counters;
-        bump(&c.udp_received);
-        if m.truncated || m.len > BUF_LEN {
-            bump(&c.udp_truncated);
-            return;
-        }
-        let Ok(repr) = Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f)) else {
-            bump(&c.drop_frame_malformed);
-            return;
-        };
-        match repr.msg_type {
-            MessageType::Data | MessageType::Keepalive => {
-                let Some(peer) = self.shared.peers.by_index(repr.receiver_index) else {
-                    bump(&c.drop_unknown_index);
-                    return;
-                };
-                let (session, endpoint) = {
-                    let p = peer.lock();
-                    (p.session_for_index(repr.receiver_index, now), p.endpoint())
-                };
-                let Some(session) = session else {
-                    bump(&c.drop_unknown_index);
-                    // A peer that restarted sends on keys we lost: if it speaks from where we
-                    // expect it, ask the control thread to handshake now rather than wait.
-                    if endpoint == Some(m.from) {
-                        let _ = self.shared.control.try_send(ToControl::Kick(peer.id));
-                    }
-                    return;
-                };
-                let item = Incoming {
-                    buf,
-                    len: m.len,
-                    from: m.from,
-                    peer,
-                    session,
-                    counter: repr.counter,
-                    is_data: repr.msg_type == MessageType::Data,
-                    now,
-                    plain_len: 0,
-                    frame: 0..0,
-                };
-                match self.seq.push(item) {
-                    Ok(()) => {}
-                    Err(Rejected::Full(_)) => bump(&c.drop_pipeline_full),
-                    Err(Rejected::Dropped(..)) => {}
-                }
-            }
-            MessageType::HandshakeInit | MessageType::HandshakeResp => {
-                let msg = ToControl::Handshake {
-                    frame: buf[..m.len].to_vec(),
-                    from: m.from,
-                    at: now,
-                };
-                if self.shared.control.try_send(msg).is_err() {
-                    bump(&c.drop_handshake_queue);
-                }
-            }
-            _ => bump(&c.drop_frame_unhandled),
-        }
     }
 }

@@ -1,52 +1,57 @@
-//! The tunnel engine that the adapter and the node share: everything between an overlay
-//! packet in memory and its encrypted datagram on the underlay, and the control work that
-//! keeps tunnels up.
+//! The tunnel engine that the adapter and the node share: the data plane between an overlay
+//! packet in memory and its encrypted datagram on the underlay, and the control core that
+//! keys it (handshakes, rekeys, keepalives, roaming, relay channels).
 //!
 //! ```text
-//! edge (AF_PACKET, TUN) -> Submitter -> Sequencer -> SealStage (rayon) -> UdpSink -> UDP
-//! UDP -> Receiver -> Sequencer -> OpenStage (rayon) -> edge's sink (Incoming::accept first)
-//! control thread: Control (handshakes, peer timers, the cloud, relays) + the edge's services
+//! edge thread (AF_PACKET, TUN) -> Intake -> Submitter -> Sequencer -> SealStage (rayon)
+//!                                    -> SocketSink -> TunnelSocket
+//! TunnelSocket -> Receiver -> Sequencer -> OpenStage (rayon) -> edge's sink (Incoming::accept)
+//! control thread: Control (handshake messages, peer timers, relay channels) -> ControlEvent
 //! ```
+//!
+//! Entry points: [`Engine::start`] (the data threads), [`Control`] (driven by the control
+//! thread), [`Intake`] (the way in), [`Incoming::accept`] (the first step of every edge's
+//! sink), [`TunnelSocket`] (the seam where the UDP socket, or [`testing`]'s in-memory link,
+//! plugs in).
 //!
 //! The engine owns no interface of its own: the adapter feeds it frames captured on its LAN
 //! port, the node packets read from its TUN device, and each delivers what comes out of the
-//! tunnel its own way. Packets live in [`pool`] buffers with room for the tunnel header in
-//! front of the IP packet ([`HEADROOM`]), so nothing is copied on either path.
+//! tunnel its own way. Packets live in [`pool`] buffers that return themselves to the pool,
+//! with room for the tunnel header in front of the IP packet ([`HEADROOM`]), so nothing is
+//! copied on either path.
 //!
-//! What it deliberately does not do: parse or judge inner packets (the edges do), read
-//! configuration files, or choose threads (the binaries wire them).
+//! What it deliberately does not do: parse or judge inner packets (the edges do), talk to
+//! the cloud, read configuration files, run an async runtime, or serve status and metrics
+//! (`cyphonic-daemon` does all of that around it).
 
 #![forbid(unsafe_code)]
 
-pub mod cloud;
 pub mod control;
 pub mod counters;
 pub mod egress;
 pub mod engine;
 pub mod ingress;
-pub mod metrics;
 pub mod peers;
 pub mod pool;
-pub mod status;
-pub mod upstream;
+pub mod socket;
+pub mod testing;
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-pub use cloud::{Asker, CloudAnswer, CloudLink, CloudSettings, Settled};
-pub use control::{Control, Hooks};
+pub use control::{Control, ControlEvent};
 pub use counters::{Counters, bump};
-pub use egress::{Outgoing, SealStage, Submitter, UdpSink};
-pub use engine::{DataPlane, Engine, StartError, StaticPeer, placement, static_peers};
-pub use ingress::{Incoming, OpenStage, Receiver};
+pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
+pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
+pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
 pub use pool::{
     BUF_LEN, Buf, ETHERNET_HEADER, FRAME_OFFSET, FRAME_ROOM, PACKET_ROOM, Pool, RECV_BATCH,
     RecvBuffers,
 };
-pub use upstream::Upstream;
+pub use socket::TunnelSocket;
 
 /// Where an outgoing IP packet starts in its buffer: behind room for the tunnel header, which
 /// is written in place in front of it.
@@ -70,15 +75,6 @@ pub enum ToControl {
     NetworkChanged,
 }
 
-/// Messages from the control thread to the thread that submits outgoing packets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToEgress {
-    /// The peer has keys: send what waited for them.
-    Established(u32),
-    /// The peer cannot be reached: drop what waited for it.
-    GaveUp(u32),
-}
-
 /// State every thread shares.
 #[derive(Debug)]
 pub struct Shared {
@@ -92,8 +88,6 @@ pub struct Shared {
     pub running: AtomicBool,
     /// To the control thread (bounded; data threads only `try_send`).
     pub control: tokio::sync::mpsc::Sender<ToControl>,
-    /// The control plane's part of the status document (null without a cloud).
-    pub cloud: Mutex<serde_json::Value>,
     /// Wakes the control thread when a peer's timers changed on a data thread.
     pub notify: tokio::sync::Notify,
     /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
@@ -108,7 +102,6 @@ impl Shared {
         peers: PeerTable,
         buffers: usize,
         queue: usize,
-        cloud: serde_json::Value,
     ) -> (Self, tokio::sync::mpsc::Receiver<ToControl>) {
         let (control, rx) = tokio::sync::mpsc::channel(queue);
         (
@@ -118,7 +111,6 @@ impl Shared {
                 pool: Pool::new(buffers),
                 running: AtomicBool::new(true),
                 control,
-                cloud: Mutex::new(cloud),
                 notify: tokio::sync::Notify::new(),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
             },
@@ -134,37 +126,5 @@ impl Shared {
     /// Whether the data threads should keep running.
     pub fn is_running(&self) -> bool {
         self.running.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Every peer as the status document shows it.
-    pub fn peers_json(&self, now: Instant) -> Vec<serde_json::Value> {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.peers
-            .all()
-            .iter()
-            .map(|slot| {
-                let relay = slot.route().relay.as_ref().map(|r| {
-                    serde_json::json!({
-                        "address": r.address.to_string(),
-                        "reason": r.reason.describe(),
-                    })
-                });
-                let p = slot.lock();
-                serde_json::json!({
-                    "name": slot.name,
-                    "origin": slot.origin,
-                    "route": if relay.is_some() { "relay" } else { "direct" },
-                    "relay": relay,
-                    "vip_blocks": slot.blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    "endpoint": p.endpoint().map(|e| e.to_string()),
-                    "established": p.is_established(now),
-                    "last_handshake_secs_ago": p.last_handshake().map(|t| now.saturating_duration_since(t).as_secs()),
-                    "tx_packets": slot.tx_packets.load(Relaxed),
-                    "tx_bytes": slot.tx_bytes.load(Relaxed),
-                    "rx_packets": slot.rx_packets.load(Relaxed),
-                    "rx_bytes": slot.rx_bytes.load(Relaxed),
-                })
-            })
-            .collect()
     }
 }

@@ -7,9 +7,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
 
+use cyphonic_control::RelayReason;
 use cyphonic_crypto::PublicKey;
 use cyphonic_session::Peer;
-use cyphonic_signal::RelayReason;
 use ipnet::{IpNet, Ipv4Net};
 
 /// One peer, shared by the data threads and the control thread.

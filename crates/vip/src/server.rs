@@ -125,7 +125,8 @@ pub enum Ignore {
 }
 
 /// Counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Stats {
     /// DISCOVERs.
     pub discovers: u64,
@@ -149,6 +150,25 @@ pub struct Stats {
     pub starvation_refused: u64,
     /// New devices refused because the pool was full.
     pub pool_exhausted: u64,
+}
+
+impl Stats {
+    /// Every counter with its name, in declaration order (for metrics).
+    pub const fn named(&self) -> [(&'static str, u64); 11] {
+        [
+            ("discovers", self.discovers),
+            ("requests", self.requests),
+            ("offers", self.offers),
+            ("acks", self.acks),
+            ("naks", self.naks),
+            ("releases", self.releases),
+            ("declines", self.declines),
+            ("informs", self.informs),
+            ("ignored", self.ignored),
+            ("starvation_refused", self.starvation_refused),
+            ("pool_exhausted", self.pool_exhausted),
+        ]
+    }
 }
 
 /// A reply and where it goes on the LAN.

@@ -11,7 +11,9 @@ use cyphonic_pipeline::{Counters as PipelineCounters, DropReason, HOLD_BUCKETS};
 use cyphonic_telemetry::Family;
 use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, histogram};
 
-use crate::Shared;
+use cyphonic_tunnel::Shared;
+
+use crate::status::CloudStatus;
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "cyphonic";
@@ -22,19 +24,22 @@ pub struct EngineCollector {
     shared: Arc<Shared>,
     egress: Arc<PipelineCounters>,
     ingress: Arc<PipelineCounters>,
+    cloud: Option<Arc<std::sync::Mutex<CloudStatus>>>,
 }
 
 impl EngineCollector {
-    /// Over `shared` and the two pipelines' counters.
+    /// Over `shared`, the two pipelines' counters and the control plane's state.
     pub const fn new(
         shared: Arc<Shared>,
         egress: Arc<PipelineCounters>,
         ingress: Arc<PipelineCounters>,
+        cloud: Option<Arc<std::sync::Mutex<CloudStatus>>>,
     ) -> Self {
         Self {
             shared,
             egress,
             ingress,
+            cloud,
         }
     }
 }
@@ -244,18 +249,16 @@ impl Collector for EngineCollector {
         .encode(&mut e, info)?;
 
         // The control plane and the buffers.
-        let cloud = self
-            .shared
-            .cloud
-            .lock()
-            .map(|c| c.clone())
-            .unwrap_or_default();
-        if cloud.is_object() {
+        if let Some(cloud) = &self.cloud {
+            let connected = cloud
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .connected;
             gauge(
                 &mut e,
                 "cyphonic_cloud_connected",
                 "Whether the control session with the cloud is open.",
-                if cloud["connected"] == true { 1.0 } else { 0.0 },
+                if connected { 1.0 } else { 0.0 },
             )?;
         }
         gauge(

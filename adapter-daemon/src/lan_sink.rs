@@ -1,5 +1,5 @@
-//! Ingress, overlay to LAN: the LAN sink at the end of the engine's ingress pipeline
-//! (`cyphonic_tunnel::Receiver` and `OpenStage` before it).
+//! Overlay to LAN: the LAN sink at the end of the engine's ingress pipeline, on its emitter
+//! thread (`cyphonic_tunnel::Receiver` and `OpenStage` before it).
 //!
 //! ```text
 //! emitter: LanSink: Incoming::accept (replay window, in order), cryptokey routing, Ethernet
@@ -19,39 +19,60 @@ use std::time::{Duration, Instant};
 use cyphonic_gateway::{Ingress, IngressDrop, complete_deferred_checksum};
 use cyphonic_netio::PacketSocket;
 use cyphonic_pipeline::{DropReason, Sink};
-use cyphonic_tunnel::Incoming;
+use cyphonic_tunnel::{Incoming, Shared};
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
-use crate::daemon::{Shared, ToServices};
+use crate::lan::{LanSide, ToServices};
 use crate::lan_send::{SEND_BATCH, send_frames};
 /// At most one ARP request per device address per this interval.
 const ARP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Most device addresses whose last ARP request is remembered.
+const ARP_SENT: usize = 4096;
+
 /// The ingress emitter's end.
 pub struct LanSink {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) lan_tx: PacketSocket,
-    pub(crate) batch: Vec<Incoming>,
-    pub(crate) arp_sent: HashMap<Ipv4Addr, Instant>,
-    pub(crate) out: [u8; 64],
+    lan: Arc<LanSide>,
+    shared: Arc<Shared>,
+    lan_tx: PacketSocket,
+    batch: Vec<Incoming>,
+    arp_sent: HashMap<Ipv4Addr, Instant>,
+    out: [u8; 64],
     /// Merge runs of TCP segments and UDP datagrams into frames for the kernel to segment
     /// (`dataplane.lan_gso`): one switch per kind ([TCP, UDP]), each turned off for good if
     /// the interface says it does not segment that kind (older kernels take TCP but not UDP).
-    pub(crate) merge: [bool; 2],
+    merge: [bool; 2],
     /// Per frame of `batch`: it came with its transport checksum deferred
     /// (`FLAG_CHECKSUM_DEFERRED`), to be computed here or by the offload.
-    pub(crate) deferred: [bool; SEND_BATCH],
+    deferred: [bool; SEND_BATCH],
+}
+
+impl LanSink {
+    /// The sink sending on `lan_tx`, merging runs of segments when `merge` (lan_gso, and the
+    /// socket has offload headers).
+    pub fn new(lan: Arc<LanSide>, shared: Arc<Shared>, lan_tx: PacketSocket, merge: bool) -> Self {
+        Self {
+            lan,
+            shared,
+            lan_tx,
+            batch: Vec::with_capacity(SEND_BATCH),
+            arp_sent: HashMap::new(),
+            out: [0; 64],
+            merge: [merge; 2],
+            deferred: [false; SEND_BATCH],
+        }
+    }
 }
 
 impl Sink for LanSink {
     type Item = Incoming;
 
     fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
-        let Some((mut item, packet)) = item.accept(&self.shared.tunnel)? else {
+        let Some((mut item, packet)) = item.accept(&self.shared)? else {
             return Ok(());
         };
-        let c = &self.shared.counters;
+        let c = &self.lan.counters;
         let now = item.now();
         // Read before the Ethernet header goes where the tunnel header was.
         let deferred = item.flags() & FLAG_CHECKSUM_DEFERRED != 0;
@@ -60,11 +81,11 @@ impl Sink for LanSink {
         }
         let (buf, peer) = item.buf_and_peer();
         let peer_id = peer.id;
-        let verdict = self.shared.lan.deliver(
+        let verdict = self.lan.lan.deliver(
             &mut buf[..],
             packet,
             &peer.blocks,
-            &self.shared.table,
+            &self.lan.table,
             &mut self.out,
         );
         match verdict {
@@ -74,14 +95,11 @@ impl Sink for LanSink {
                 if deferred {
                     complete_deferred_checksum(&mut packet);
                 }
-                let msg = ToServices::FromPeer {
+                self.lan.to_services(ToServices::FromPeer {
                     peer: peer_id,
                     packet,
                     at: now,
-                };
-                if self.shared.services_tx.try_send(msg).is_err() {
-                    bump(&c.drop_service_busy);
-                }
+                });
                 Ok(())
             }
             Ingress::Deliver { frame } => {
@@ -102,7 +120,7 @@ impl Sink for LanSink {
                     .get(&ip)
                     .is_none_or(|t| now.saturating_duration_since(*t) >= ARP_INTERVAL);
                 if due {
-                    if self.arp_sent.len() > 4096 {
+                    if self.arp_sent.len() >= ARP_SENT {
                         self.arp_sent.clear();
                     }
                     self.arp_sent.insert(ip, now);
@@ -146,7 +164,7 @@ impl Sink for LanSink {
             &self.deferred,
             &mut self.merge,
         );
-        let c = &self.shared.counters;
+        let c = &self.lan.counters;
         c.lan_sent.fetch_add(out.sent, Ordering::Relaxed);
         if out.merged > 0 {
             c.lan_merged.fetch_add(out.merged, Ordering::Relaxed);

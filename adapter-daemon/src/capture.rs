@@ -1,8 +1,8 @@
-//! Egress, LAN to overlay: the capture thread. What it routes into the tunnel goes through
-//! the engine (`cyphonic_tunnel::Submitter`, its seal stage and UDP sink).
+//! LAN to overlay: the capture thread (`cy-capture`). What it routes into the tunnel goes
+//! through the engine (`cyphonic_tunnel::Intake`, its seal stage and socket sink).
 //!
 //! ```text
-//! capture thread: recvmmsg on AF_PACKET -> Lan::handle_frame -> route to a peer -> Submitter
+//! capture thread: recvmmsg on AF_PACKET -> Lan::handle_frame -> route to a peer -> Intake
 //!   (replies to ARP/ICMP go straight back out; DHCP and DNS go to the control thread)
 //! ```
 //!
@@ -20,14 +20,13 @@ use cyphonic_gateway::{
 };
 use cyphonic_netio::{Coalesced, FrameMeta, LargeFrames, PacketSocket};
 use cyphonic_tunnel::{
-    BUF_LEN, Buf, FRAME_OFFSET, FRAME_ROOM, HEADROOM, Outgoing, PACKET_ROOM, RECV_BATCH,
-    RecvBuffers, Submitter,
+    BUF_LEN, Buf, FRAME_OFFSET, FRAME_ROOM, HEADROOM, Intake, Outgoing, PACKET_ROOM, RECV_BATCH,
+    RecvBuffers, Shared, Submitter,
 };
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
-use crate::daemon::{Shared, ToServices};
-use crate::services::Client;
+use crate::lan::{Client, LanSide, ToServices};
 
 /// How often the capture thread reads the kernel's count of frames it dropped.
 const DROPS_EVERY: Duration = Duration::from_secs(1);
@@ -61,18 +60,35 @@ impl RateLimit {
     }
 }
 
-/// The capture thread: runs until `shared.running` goes false.
+/// The capture thread: runs until the engine stops.
 pub struct Capture {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) sock: PacketSocket,
-    pub(crate) submitter: Submitter,
+    lan: Arc<LanSide>,
+    shared: Arc<Shared>,
+    sock: PacketSocket,
+    intake: Intake,
 }
 
 impl Capture {
-    /// The thread's body.
+    /// The thread reading `sock` into `egress`.
+    pub const fn new(
+        lan: Arc<LanSide>,
+        shared: Arc<Shared>,
+        sock: PacketSocket,
+        intake: Intake,
+    ) -> Self {
+        Self {
+            lan,
+            shared,
+            sock,
+            intake,
+        }
+    }
+
+    /// The thread's body. Receives a batch without holding the submitter, then handles it
+    /// under one lock and sends it on its way.
     pub fn run(mut self) {
         let shared = self.shared.clone();
-        let pool = &shared.tunnel.pool;
+        let pool = &shared.pool;
         let mut replies = Replies {
             buf: [0u8; BUF_LEN],
             icmp: RateLimit {
@@ -87,8 +103,8 @@ impl Capture {
         // sender's TSO): they need room beyond the packet buffers.
         let mut large = self.sock.coalesced().then(|| LargeFrames::new(FRAME_ROOM));
         let mut drops_read = Instant::now();
-        while self.shared.tunnel.is_running() {
-            self.submitter.handle_events();
+        let intake = self.intake.clone();
+        while shared.is_running() {
             if drops_read.elapsed() >= DROPS_EVERY {
                 drops_read = Instant::now();
                 self.read_drops();
@@ -98,7 +114,7 @@ impl Capture {
                 Some(large) => sock.recv_batch_large(slices, &mut meta, large),
                 None => sock.recv_batch(slices, &mut meta),
             }) else {
-                bump(&self.shared.tunnel.counters.drop_no_buffer);
+                bump(&shared.counters.drop_no_buffer);
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             };
@@ -120,15 +136,19 @@ impl Capture {
                 continue;
             }
             let now = Instant::now();
+            let mut guard = intake.lock();
+            let Some(sub) = guard.as_mut() else {
+                break;
+            };
             for (slot, (buf, m)) in frames.zip(meta).enumerate() {
                 match (m.coalesced, large.as_mut()) {
                     (Some(how), Some(large)) if !m.outgoing => {
-                        self.cut(&buf, slot, m, how, large, now, &mut replies);
+                        self.cut(&buf, slot, m, how, large, now, &mut replies, sub);
                     }
-                    _ => self.handle(buf, m, now, &mut replies),
+                    _ => self.handle(buf, m, now, &mut replies, sub),
                 }
             }
-            self.submitter.flush();
+            sub.flush();
         }
         tracing::debug!("capture thread stopped");
     }
@@ -139,7 +159,7 @@ impl Capture {
         match self.sock.take_drops() {
             Ok(0) => {}
             Ok(n) => {
-                self.shared
+                self.lan
                     .counters
                     .drop_capture_overflow
                     .fetch_add(n, Ordering::Relaxed);
@@ -163,13 +183,14 @@ impl Capture {
         large: &mut LargeFrames,
         now: Instant,
         replies: &mut Replies,
+        sub: &mut Submitter,
     ) {
-        let shared = self.shared.clone();
-        let c = &shared.counters;
-        let pool = &shared.tunnel.pool;
+        let (lan, shared) = (self.lan.clone(), self.shared.clone());
+        let c = &lan.counters;
+        let pool = &shared.pool;
         // Leave the segments' checksums to the far end (Lan::handle_frame completes them
         // where it cannot).
-        let defer = shared.lan.defer_checksums;
+        let defer = lan.lan.defer_checksums;
         let head = &buf[FRAME_OFFSET..FRAME_OFFSET + meta.len.min(FRAME_ROOM)];
         let kind = match how.kind {
             cyphonic_netio::GsoKind::TcpV4 => Some(GsoKind::Tcp),
@@ -196,7 +217,7 @@ impl Capture {
                 bump(&c.coalesced);
                 loop {
                     let Some(mut seg) = pool.take() else {
-                        bump(&shared.tunnel.counters.drop_no_buffer);
+                        bump(&shared.counters.drop_no_buffer);
                         break;
                     };
                     let Some(len) =
@@ -213,7 +234,7 @@ impl Capture {
                         coalesced: None,
                         ..meta
                     };
-                    self.handle(seg, one, now, replies);
+                    self.handle(seg, one, now, replies, sub);
                 }
             }
             Err(SegmentError::NotIpv4) => {
@@ -224,10 +245,17 @@ impl Capture {
         }
     }
 
-    fn handle(&mut self, mut buf: Buf, meta: FrameMeta, now: Instant, replies: &mut Replies) {
-        let shared = self.shared.clone();
-        let c = &shared.counters;
-        let pool = &shared.tunnel.pool;
+    fn handle(
+        &mut self,
+        mut buf: Buf,
+        meta: FrameMeta,
+        now: Instant,
+        replies: &mut Replies,
+        sub: &mut Submitter,
+    ) {
+        let (lan, shared) = (self.lan.clone(), self.shared.clone());
+        let c = &lan.counters;
+        let pool = &shared.pool;
         if meta.outgoing {
             return;
         }
@@ -240,11 +268,11 @@ impl Capture {
         let verdict = if meta.vlan.is_some() {
             Egress::Drop(EgressDrop::Vlan)
         } else {
-            self.shared.lan.handle_frame(
+            lan.lan.handle_frame(
                 frame,
                 meta.len,
                 meta.checksum_partial,
-                &self.shared.table,
+                &lan.table,
                 &mut replies.buf,
             )
         };
@@ -281,34 +309,33 @@ impl Capture {
                 } else {
                     0
                 };
-                self.submitter.route(buf, packet.len(), dst, flags, now);
+                sub.route(buf, packet.len(), dst, flags, now);
             }
             Egress::Fragment { packet, dst } => {
-                let Some(peer) = self.shared.tunnel.peers.route(dst) else {
-                    bump(&self.shared.tunnel.counters.drop_no_peer);
+                let Some(peer) = shared.peers.route(dst) else {
+                    bump(&shared.counters.drop_no_peer);
                     return;
                 };
                 let ip = &buf[FRAME_OFFSET + packet.start..FRAME_OFFSET + packet.end];
-                match Fragmenter::new(ip, self.shared.lan.inner_mtu) {
+                match Fragmenter::new(ip, lan.lan.inner_mtu) {
                     Ok(mut frags) => {
                         bump(&c.fragmented);
                         loop {
                             let Some(mut fbuf) = pool.take() else {
-                                bump(&self.shared.tunnel.counters.drop_no_buffer);
+                                bump(&shared.counters.drop_no_buffer);
                                 break;
                             };
                             let Some(flen) = frags.next_into(&mut fbuf[PACKET_ROOM]) else {
                                 break;
                             };
-                            self.submitter
-                                .submit(Outgoing::new(fbuf, flen, peer.clone(), now));
+                            sub.submit(Outgoing::new(fbuf, flen, peer.clone(), now));
                         }
                     }
                     Err(_) => bump(&c.drop_malformed),
                 }
             }
             Egress::Learn { ip, mac } => {
-                if self.shared.table.learn(ip, mac) {
+                if lan.table.learn(ip, mac) {
                     bump(&c.arp_learned);
                 }
             }
@@ -316,9 +343,9 @@ impl Capture {
                 client_mac,
                 udp_payload,
             } => {
-                if self.shared.dhcp_on {
+                if lan.dhcp_on {
                     let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
-                    self.to_services(ToServices::Dhcp {
+                    lan.to_services(ToServices::Dhcp {
                         mac: client_mac,
                         payload,
                     });
@@ -332,9 +359,9 @@ impl Capture {
                 client_port,
                 udp_payload,
             } => {
-                if self.shared.dns_on {
+                if lan.dns_on {
                     let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
-                    self.to_services(ToServices::Dns {
+                    lan.to_services(ToServices::Dns {
                         client: Client::Lan {
                             mac: client_mac,
                             ip: client_ip,
@@ -361,13 +388,6 @@ impl Capture {
                     EgressDrop::ArpIgnored => &c.drop_arp_ignored,
                 });
             }
-        }
-    }
-
-    /// Hands a DHCP or DNS message to the control thread, never waiting for it.
-    fn to_services(&self, msg: ToServices) {
-        if self.shared.services_tx.try_send(msg).is_err() {
-            bump(&self.shared.counters.drop_service_busy);
         }
     }
 }

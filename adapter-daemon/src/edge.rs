@@ -1,0 +1,289 @@
+//! The adapter's edge of the engine, as the shared daemon core (`cyphonic-daemon`) runs it:
+//! the LAN port. It opens the port (switching its receive offloads as `[dataplane]` says),
+//! hands the core the [`LanSink`], builds the LAN services, starts the capture thread, and
+//! reports the LAN side.
+//!
+//! ```text
+//! cy-capture       AF_PACKET recvmmsg -> gateway::Lan::handle_frame -> Intake   (capture.rs)
+//!                  (ARP/ICMP replies straight back; DHCP and DNS to the services)
+//! cy-ingress-emit  LanSink: Incoming::accept, cryptokey routing, Ethernet header,
+//!                  sendmmsg (runs merged for the kernel to segment)        (lan_sink.rs)
+//! control thread   AdapterServices: DHCP and leases, DNS, the gateway address (services.rs)
+//! ```
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use cyphonic_daemon::dns::OwnZone;
+use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext};
+use cyphonic_gateway::Lan;
+use cyphonic_netio::{Interface, PacketOptions, PacketSocket};
+use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, named_counters};
+use cyphonic_tunnel::Shared;
+
+use crate::capture::Capture;
+use crate::config::{Config, Mac};
+use crate::counters::Counters;
+use crate::dhcp::Dhcp;
+use crate::gateway::Gateway;
+use crate::lan::{LanSide, SERVICES_QUEUE, ToServices};
+use crate::lan_sink::LanSink;
+use crate::names::Names;
+use crate::neighbors::LanTable;
+use crate::services::{AdapterServices, Dns};
+use crate::status::{AdapterInfo, AdapterStatus, Published};
+
+/// The adapter's edge.
+#[derive(Debug)]
+pub struct AdapterEdge<'a> {
+    config: &'a Config,
+    iface: Interface,
+    capture: Option<PacketSocket>,
+    lan: Arc<LanSide>,
+    work: Option<tokio::sync::mpsc::Receiver<ToServices>>,
+}
+
+impl<'a> AdapterEdge<'a> {
+    /// Opens the LAN port `config` names: its receive offloads as `[dataplane]` wants them,
+    /// and the capture socket.
+    ///
+    /// # Errors
+    /// The interface is missing or down, or the socket cannot be opened (privileges).
+    pub fn open(config: &'a Config) -> anyhow::Result<Self> {
+        let d = &config.common.dataplane;
+        let lan_side = &config.lan_dataplane;
+        let iface = Interface::lookup_up(&config.lan_interface)?;
+        set_receive_offloads(&iface.name, lan_side.gro, lan_side.gso)?;
+        let capture = PacketSocket::open(
+            &iface,
+            &PacketOptions {
+                recv_buffer: lan_side.buffer,
+                // Offload headers on the socket serve both directions.
+                coalesced: lan_side.gro || lan_side.gso,
+                busy_poll: d.busy_poll,
+                ..PacketOptions::default()
+            },
+        )?;
+        tracing::info!(
+            interface = %iface.name,
+            mac = %Mac(iface.mac),
+            ignores_outgoing = capture.ignores_outgoing(),
+            recv_buffer = capture.recv_buffer(),
+            "capturing the LAN"
+        );
+        let (to_services, work) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
+        let lan = Arc::new(LanSide {
+            lan: Lan {
+                mac: iface.mac,
+                gateway_ip: config.gateway_vip,
+                block: config.lan_block(),
+                overlay: config.common.overlay,
+                inner_mtu: config.common.inner_mtu,
+                mss_clamp: config.mss_clamp,
+                defer_checksums: lan_side.defer_checksums,
+            },
+            table: LanTable::new(&config.reservations),
+            counters: Counters::default(),
+            to_services,
+            dhcp_on: config.dhcp.is_some(),
+            dns_on: config.common.dns.is_some(),
+            published: Mutex::new(Published::default()),
+        });
+        Ok(Self {
+            config,
+            iface,
+            capture: Some(capture),
+            lan,
+            work: Some(work),
+        })
+    }
+
+    fn socket(&self) -> anyhow::Result<&PacketSocket> {
+        self.capture
+            .as_ref()
+            .context("the capture socket went to the capture thread")
+    }
+}
+
+/// Switches the LAN port's receive offloads (GRO/LRO) as `[dataplane]` wants them, and says
+/// what that means for the frames the adapter will see.
+fn set_receive_offloads(iface: &str, gro: bool, gso: bool) -> anyhow::Result<()> {
+    if gro {
+        for state in cyphonic_netio::receive_offloads(iface)? {
+            tracing::info!(interface = %iface, offload = ?state.offload, on = ?state.now_on, "merged frames are taken as they come and cut back into segments here");
+        }
+        return Ok(());
+    }
+    for state in cyphonic_netio::disable_receive_offloads(iface)? {
+        match (state.was_on, state.now_on) {
+            (Some(true), Some(false)) => {
+                tracing::info!(interface = %iface, offload = ?state.offload, "switched off: every frame arrives as it was on the wire");
+            }
+            // With lan_gso the socket has offload headers, so merged frames are still cut.
+            (_, Some(true)) if gso => {
+                tracing::warn!(interface = %iface, offload = ?state.offload, "still on: merged frames are cut back into segments here");
+            }
+            (_, Some(true)) => {
+                tracing::warn!(interface = %iface, offload = ?state.offload, "still on: merged frames over the inner MTU will be dropped, or answered with fragmentation-needed");
+            }
+            (_, None) => {
+                tracing::info!(interface = %iface, offload = ?state.offload, "not supported by the driver");
+            }
+            _ => {
+                tracing::debug!(interface = %iface, offload = ?state.offload, "already off");
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Edge for AdapterEdge<'_> {
+    const PROGRAM: &'static str = "cyphonic-adapter";
+    type Sink = LanSink;
+    type Services = AdapterServices;
+    type Status = AdapterStatus;
+    type Counters = Counters;
+
+    fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<LanSink> {
+        let capture = self.socket()?;
+        let lan_tx = capture.try_clone().context("duplicating the LAN socket")?;
+        let merge = self.config.lan_dataplane.gso && capture.coalesced();
+        Ok(LanSink::new(
+            self.lan.clone(),
+            shared.clone(),
+            lan_tx,
+            merge,
+        ))
+    }
+
+    fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<AdapterServices> {
+        let config = self.config;
+        let lan_tx = self
+            .socket()?
+            .try_clone()
+            .context("duplicating the LAN socket")?;
+        let dhcp = match &config.dhcp {
+            Some(cfg) => Some(Dhcp::open(
+                cfg,
+                &config.state_dir,
+                cyphonic_settings::now_secs(),
+            )?),
+            None => None,
+        };
+        let name = &ctx.core.name;
+        let own = OwnZone {
+            name: name.clone(),
+            ip: config.gateway_vip,
+            block: config.lan_block(),
+        };
+        let dns = match &config.common.dns {
+            Some(_) => Some(Dns::new(&config.common, &own, ctx.cloud, ctx.upstream)?),
+            None => None,
+        };
+        let work = self
+            .work
+            .take()
+            .context("the LAN services are built once")?;
+        Ok(AdapterServices::new(
+            self.lan.clone(),
+            work,
+            Gateway::new(self.lan.clone(), &ctx.core, lan_tx),
+            dhcp,
+            dns,
+            Names::new(&config.reservations, name, config.gateway_vip),
+        ))
+    }
+
+    fn start(&mut self, core: &Core) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+        let sock = self
+            .capture
+            .take()
+            .context("the capture thread starts once")?;
+        let capture = Capture::new(
+            self.lan.clone(),
+            core.shared.clone(),
+            sock,
+            core.intake.clone(),
+        );
+        let thread = core.spawn("cy-capture", move || capture.run())?;
+        tracing::info!(
+            lan_block = %self.config.lan_block(),
+            gateway = %self.config.gateway_vip,
+            reservations = self.config.reservations.len(),
+            "LAN side running"
+        );
+        Ok(vec![thread])
+    }
+
+    fn reporter(&self, core: &Core) -> Reporter<AdapterStatus, Counters> {
+        let (lan, shared) = (self.lan.clone(), core.shared.clone());
+        let info = AdapterInfo {
+            name: core.name.clone(),
+            lan_interface: self.iface.name.clone(),
+            listen: core.listen.to_string(),
+            gateway_vip: self.config.gateway_vip.to_string(),
+            lan_block: self.config.lan_block().to_string(),
+            uptime_secs: 0,
+            buffers_allocated: 0,
+            buffers_free: 0,
+        };
+        let started = core.started;
+        Box::new(move || {
+            let p = lan.published().clone();
+            let status = AdapterStatus {
+                adapter: AdapterInfo {
+                    uptime_secs: started.elapsed().as_secs(),
+                    buffers_allocated: shared.pool.allocated(),
+                    buffers_free: shared.pool.free(),
+                    ..info.clone()
+                },
+                leases: p.leases,
+                dhcp: p.dhcp,
+                dns: p.dns,
+            };
+            (status, lan.counters.copied())
+        })
+    }
+
+    fn collector(&self, _core: &Core) -> Box<dyn Collector> {
+        Box::new(AdapterCollector {
+            lan: self.lan.clone(),
+        })
+    }
+}
+
+/// The adapter's own metrics (its LAN side), next to the engine's: the LAN counters, the
+/// devices with an address, the DHCP server's and the DNS service's counters.
+#[derive(Debug)]
+struct AdapterCollector {
+    lan: Arc<LanSide>,
+}
+
+impl Collector for AdapterCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use cyphonic_daemon::metrics::PREFIX;
+        self.lan.counters.encode(PREFIX, &mut e)?;
+        let (devices, dhcp, dns) = {
+            let p = self.lan.published();
+            (
+                p.leases.len(),
+                p.dhcp.as_ref().map(|d| d.stats),
+                p.dns.as_ref().map(|d| d.stats),
+            )
+        };
+        #[expect(clippy::cast_precision_loss, reason = "a count of devices")]
+        gauge(
+            &mut e,
+            "cyphonic_lan_devices",
+            "Devices with an address (leases and reservations).",
+            devices as f64,
+        )?;
+        if let Some(s) = dhcp {
+            named_counters(&mut e, &format!("{PREFIX}_dhcp"), "DHCP server", &s.named())?;
+        }
+        if let Some(s) = dns {
+            named_counters(&mut e, &format!("{PREFIX}_dns"), "DNS service", &s.named())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,179 @@
+//! The gateway address: what the adapter says from its gateway vIP, on the control thread.
+//! To the devices on its LAN (DHCP and DNS replies) it sends Ethernet frames on its own clone
+//! of the LAN socket; to peers (echo replies, DNS questions and answers) it hands IP packets to
+//! the engine like any other packet, so they are sealed in order and leave through the
+//! pipeline's reorder ring, queued behind a pending handshake like the devices' traffic.
+//!
+//! ```text
+//! ingress emitter --packet for the gateway vIP--> services --> Gateway::handle_peer_packet
+//!   echo request: the reply, written into a pool buffer --> Intake --> the peer
+//!   UDP to port 53: handed back to the DNS service
+//! ```
+
+use std::net::Ipv4Addr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cyphonic_daemon::Core;
+use cyphonic_gateway::{GatewayService, gateway_service, udp_packet};
+use cyphonic_netio::PacketSocket;
+use cyphonic_tunnel::{BUF_LEN, Intake, Outgoing, PACKET_ROOM, Shared};
+
+use crate::counters::bump;
+use crate::lan::LanSide;
+
+/// What a peer's packet to the gateway vIP was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FromPeer {
+    /// An echo request, answered.
+    Answered,
+    /// A UDP datagram: for the service on `dst_port`.
+    Udp {
+        /// Its sender.
+        src: Ipv4Addr,
+        /// Its sender's port.
+        src_port: u16,
+        /// The port it was sent to.
+        dst_port: u16,
+        /// Its payload within the packet.
+        payload: Range<usize>,
+    },
+    /// Nothing the gateway offers (counted).
+    Other,
+}
+
+/// The gateway address. See the module docs.
+pub struct Gateway {
+    lan: Arc<LanSide>,
+    shared: Arc<Shared>,
+    intake: Intake,
+    lan_tx: PacketSocket,
+    frame: Box<[u8; BUF_LEN]>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("ip", &self.lan.lan.gateway_ip)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// The gateway of `lan`, sending on the LAN with `lan_tx` and to peers through `core`.
+    pub fn new(lan: Arc<LanSide>, core: &Core, lan_tx: PacketSocket) -> Self {
+        Self {
+            lan,
+            shared: core.shared.clone(),
+            intake: core.intake.clone(),
+            lan_tx,
+            frame: Box::new([0; BUF_LEN]),
+        }
+    }
+
+    /// The gateway's address.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.lan.lan.gateway_ip
+    }
+
+    /// A packet peer `peer` sent to the gateway vIP (already checked against its blocks): an
+    /// echo request is answered here, a UDP datagram is handed back.
+    pub fn handle_peer_packet(&mut self, peer: u32, packet: &[u8]) -> FromPeer {
+        bump(&self.lan.counters.gateway_from_peers);
+        match gateway_service(&self.lan.lan, packet, &mut self.frame[..]) {
+            GatewayService::Echo { len } => {
+                match self.shared.pool.take() {
+                    Some(mut buf) if len <= PACKET_ROOM.len() => {
+                        buf[PACKET_ROOM][..len].copy_from_slice(&self.frame[..len]);
+                        self.to_peer(peer, buf, len);
+                    }
+                    _ => bump(&self.lan.counters.drop_gateway_to_peer),
+                }
+                FromPeer::Answered
+            }
+            GatewayService::Udp {
+                src,
+                src_port,
+                dst_port,
+                payload,
+            } => FromPeer::Udp {
+                src,
+                src_port,
+                dst_port,
+                payload,
+            },
+            _ => {
+                bump(&self.lan.counters.drop_gateway_from_peer);
+                FromPeer::Other
+            }
+        }
+    }
+
+    /// Sends a UDP datagram from the gateway's `src_port` to `dst:dst_port` behind `peer`,
+    /// through the tunnel.
+    pub fn udp_to_peer(
+        &self,
+        peer: u32,
+        dst: Ipv4Addr,
+        src_port: u16,
+        dst_port: u16,
+        payload: &[u8],
+    ) {
+        let Some(mut buf) = self.shared.pool.take() else {
+            bump(&self.shared.counters.drop_no_buffer);
+            bump(&self.lan.counters.drop_gateway_to_peer);
+            return;
+        };
+        match udp_packet(
+            &mut buf[PACKET_ROOM],
+            self.ip(),
+            dst,
+            src_port,
+            dst_port,
+            payload,
+        ) {
+            Some(len) => self.to_peer(peer, buf, len),
+            None => bump(&self.lan.counters.drop_gateway_to_peer),
+        }
+    }
+
+    /// Hands the IP packet at `buf[HEADROOM..][..len]` to the engine for `peer`.
+    fn to_peer(&self, peer: u32, buf: cyphonic_tunnel::Buf, len: usize) {
+        let Some(slot) = self.shared.peers.by_id(peer) else {
+            bump(&self.lan.counters.drop_gateway_to_peer);
+            return;
+        };
+        if !self
+            .intake
+            .submit_now(Outgoing::new(buf, len, slot, Instant::now()))
+        {
+            bump(&self.lan.counters.drop_gateway_to_peer);
+        }
+    }
+
+    /// Sends a UDP datagram from the gateway's `src_port` to a device on the LAN; returns
+    /// whether the interface took it.
+    pub fn udp_to_lan(
+        &mut self,
+        mac: [u8; 6],
+        ip: Ipv4Addr,
+        src_port: u16,
+        dst_port: u16,
+        payload: &[u8],
+    ) -> bool {
+        let Some(len) =
+            self.lan
+                .lan
+                .udp_frame(mac, ip, src_port, dst_port, payload, &mut self.frame[..])
+        else {
+            return false;
+        };
+        if self.lan_tx.send(&self.frame[..len]).is_ok() {
+            true
+        } else {
+            bump(&self.lan.counters.lan_send_failed);
+            false
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Our devices' names: every device with an address (a DHCP lease, or a reservation, which
+//! needs no lease to have a name) gets a label in our zone (`camera.gw1.ovl.example`,
+//! deterministically: crates/vip `names`). They are what the DNS service answers, what we
+//! register with the cloud, and the leases table of the status document.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use cyphonic_signal::NameRecord;
+use cyphonic_vip::Lease;
+
+use crate::config::{Mac, Reservation};
+use crate::status::LeaseStatus;
+
+/// The names we host.
+#[derive(Debug)]
+pub struct Names {
+    /// Reserved devices, as leases that never end.
+    reserved: Vec<Lease>,
+    /// The zone every device name lives in (our FQDN).
+    zone: String,
+    /// The gateway's own address, which the zone's name points at.
+    gateway: Ipv4Addr,
+    /// The names we host (ours and our devices'), as registered with the cloud.
+    hosted: Vec<NameRecord>,
+    /// Bumped whenever `hosted` changes.
+    version: u64,
+}
+
+/// The names as [`Names::refresh`] made them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Named {
+    /// Each device's label, by address.
+    pub labels: BTreeMap<Ipv4Addr, String>,
+    /// Every device with an address, for the status document.
+    pub leases: Vec<LeaseStatus>,
+}
+
+impl Names {
+    /// The names of zone `zone` (our FQDN), whose own name is the `gateway` address.
+    pub fn new(reservations: &[Reservation], zone: &str, gateway: Ipv4Addr) -> Self {
+        Self {
+            reserved: reservations
+                .iter()
+                .map(|r| Lease {
+                    mac: r.mac.0,
+                    ip: r.vip,
+                    hostname: r.hostname.clone(),
+                    client_id: None,
+                    expires: u64::MAX,
+                    active: true,
+                })
+                .collect(),
+            zone: zone.trim_end_matches('.').to_owned(),
+            gateway,
+            hosted: Vec::new(),
+            version: 0,
+        }
+    }
+
+    /// Recomputes every device's name from the `active` leases and the reservations.
+    pub fn refresh<'a>(&mut self, active: impl Iterator<Item = &'a Lease>) -> Named {
+        let mut all: Vec<Lease> = active.cloned().collect();
+        for r in &self.reserved {
+            if !all.iter().any(|l| l.ip == r.ip) {
+                all.push(r.clone());
+            }
+        }
+        let labels = cyphonic_vip::names(&all);
+        let mut hosted: Vec<NameRecord> = labels
+            .iter()
+            .map(|(ip, label)| NameRecord {
+                name: format!("{label}.{}", self.zone),
+                vip: *ip,
+            })
+            .collect();
+        hosted.push(NameRecord {
+            name: self.zone.clone(),
+            vip: self.gateway,
+        });
+        hosted.sort();
+        if hosted != self.hosted {
+            self.hosted = hosted;
+            self.version += 1;
+        }
+        all.sort_by_key(|l| u32::from(l.ip));
+        let leases = all
+            .iter()
+            .map(|l| LeaseStatus {
+                vip: l.ip.to_string(),
+                mac: Mac(l.mac).to_string(),
+                name: labels.get(&l.ip).map(|n| format!("{n}.{}", self.zone)),
+                hostname: l.hostname.clone(),
+                reserved: self.reserved.iter().any(|r| r.ip == l.ip),
+                expires: (l.expires != u64::MAX).then_some(l.expires),
+            })
+            .collect();
+        Named {
+            labels: labels.into_iter().collect(),
+            leases,
+        }
+    }
+
+    /// The names we host, and a version that changes with them.
+    pub fn hosted(&self) -> (u64, &[NameRecord]) {
+        (self.version, &self.hosted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(n: u8, hostname: &str) -> Lease {
+        Lease {
+            mac: [2, 0, 0, 0, 0, n],
+            ip: Ipv4Addr::new(100, 64, 1, n),
+            hostname: Some(hostname.into()),
+            client_id: None,
+            expires: 1_800_000_000,
+            active: true,
+        }
+    }
+
+    /// Reservations have names without a lease; the version moves only when the names do.
+    #[test]
+    fn names_follow_leases_and_reservations() {
+        let r = Reservation {
+            mac: Mac([2, 0, 0, 0, 0, 9]),
+            vip: Ipv4Addr::new(100, 64, 1, 9),
+            hostname: Some("printer".into()),
+        };
+        let mut names = Names::new(&[r], "gw1.ovl.example.", Ipv4Addr::new(100, 64, 1, 1));
+        let named = names.refresh([].iter());
+        assert_eq!(named.leases.len(), 1);
+        assert!(named.leases[0].reserved && named.leases[0].expires.is_none());
+        let (v1, hosted) = names.hosted();
+        let hosted: Vec<&str> = hosted.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(hosted, ["gw1.ovl.example", "printer.gw1.ovl.example"]);
+        let camera = lease(20, "camera");
+        let named = names.refresh([camera.clone()].iter());
+        assert_eq!(
+            named.labels.get(&camera.ip).map(String::as_str),
+            Some("camera")
+        );
+        assert_eq!(
+            named.leases[1].name.as_deref(),
+            Some("camera.gw1.ovl.example")
+        );
+        let (v2, _) = names.hosted();
+        names.refresh([camera].iter());
+        assert_eq!((v2 > v1, names.hosted().0), (true, v2));
+    }
+}

@@ -1,0 +1,472 @@
+//! A tunnel end's side of the control plane, on the control thread: the signal client's
+//! events (peers to expect, probes to send, our observed address), peers added on demand from
+//! what the cloud says, DNS answers held until the tunnel they point into is up (design.md
+//! §6, flow 2), relays asked for when the direct path stays silent, and nodes we do not know
+//! that handshake with us asked about.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use cyphonic_crypto::{Backend, Certificate, PublicKey};
+use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
+use cyphonic_signal::{Event, Handle, NameRecord, PeerInfo, Resolution, SignalError};
+use cyphonic_tunnel::{Control, PeerSlot, Shared};
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use tokio::sync::mpsc;
+
+use crate::status::CloudStatus;
+
+/// Keepalives towards peers found through the cloud: they hold NAT mappings open.
+const CLOUD_KEEPALIVE: Duration = Duration::from_secs(25);
+/// Initiations to a peer from the cloud unanswered this long: the direct path does not work,
+/// ask the cloud for a relay. (Both sides initiate at once, so an answer normally comes
+/// within a round trip; the first retry goes out after 1 s.)
+const DIRECT_PATIENCE: Duration = Duration::from_secs(2);
+/// At most one relay request per peer per this interval.
+const RELAY_ASK_EVERY: Duration = Duration::from_secs(10);
+/// At most one question to the cloud about a node we do not know, per node, per this
+/// interval.
+const ADMIT_EVERY: Duration = Duration::from_secs(1);
+/// Nodes asked about that are remembered at most (a flood of valid strangers cannot grow
+/// memory).
+const ADMISSIONS: usize = 4096;
+/// DNS answers held for tunnels at most, all peers together.
+const AWAITING: usize = 4096;
+
+/// What settles a DNS query parked under a key: the records to answer with, or the error.
+pub type Settled = (u16, Result<Vec<Record>, ResponseCode>);
+
+/// A DNS question the cloud answered, for the query parked under `key`.
+#[derive(Debug)]
+pub struct CloudAnswer {
+    /// The resolver's key.
+    pub key: u16,
+    /// The name asked.
+    pub name: Name,
+    /// The type asked.
+    pub record_type: RecordType,
+    /// What the cloud said.
+    pub result: Result<Resolution, SignalError>,
+}
+
+/// How a DNS service asks the cloud.
+#[derive(Debug, Clone)]
+pub struct Asker {
+    handle: Handle,
+    answers: mpsc::Sender<CloudAnswer>,
+}
+
+impl Asker {
+    /// Resolves `name` in the background; the answer settles the question on the control
+    /// thread (`Services::settled`).
+    pub fn ask(&self, key: u16, name: Name, record_type: RecordType) {
+        let (handle, answers) = (self.handle.clone(), self.answers.clone());
+        tokio::spawn(async move {
+            let result = handle.resolve(&name.to_ascii()).await;
+            let _ = answers
+                .send(CloudAnswer {
+                    key,
+                    name,
+                    record_type,
+                    result,
+                })
+                .await;
+        });
+    }
+}
+
+/// Where the cloud is and what we tell it.
+#[derive(Debug, Clone)]
+pub struct CloudSettings {
+    /// NMS's control address.
+    pub address: SocketAddr,
+    /// The cloud's pinned Noise key.
+    pub public_key: PublicKey,
+    /// Endpoints to register besides the ones the cloud sees.
+    pub endpoints: Vec<SocketAddr>,
+    /// Our software and version, for the cloud's logs.
+    pub agent: String,
+    /// TTL of the DNS answers built from the cloud's.
+    pub dns_ttl: u32,
+}
+
+/// What the cloud did that the control loop hands to [`CloudLink::handle`].
+#[derive(Debug)]
+pub enum CloudWork {
+    /// An event of the signal client.
+    Event(Event),
+    /// An answer to a DNS question.
+    Answer(CloudAnswer),
+}
+
+/// How peers are made for the engine: our identity and the engine's timing.
+#[derive(Debug, Clone)]
+struct Making {
+    identity: Arc<Identity>,
+    timing: Timing,
+    clock: Clock,
+    aead: Backend,
+}
+
+/// The control plane as the control thread sees it.
+pub struct CloudLink {
+    handle: Handle,
+    events: mpsc::Receiver<Event>,
+    answers: mpsc::Receiver<CloudAnswer>,
+    endpoints: Vec<SocketAddr>,
+    registered: Option<u64>,
+    /// DNS answers waiting for a peer's tunnel, by peer id.
+    awaiting: HashMap<u32, Vec<(u16, Vec<Record>)>>,
+    admissions: HashMap<String, Instant>,
+    making: Making,
+    ttl: u32,
+    status: Arc<Mutex<CloudStatus>>,
+}
+
+impl std::fmt::Debug for CloudLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudLink")
+            .field("endpoints", &self.endpoints)
+            .field("awaiting", &self.awaiting.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CloudLink {
+    /// Starts the signal client on the current tokio runtime (call inside it) and wraps it;
+    /// returns the [`Asker`] DNS services resolve through.
+    pub fn connect(
+        settings: &CloudSettings,
+        identity: Arc<Identity>,
+        tunnel_port: u16,
+        timing: Timing,
+        clock: Clock,
+        aead: Backend,
+    ) -> (Self, Asker) {
+        let (handle, events) = cyphonic_signal::spawn(
+            cyphonic_signal::Config {
+                cloud: settings.address,
+                cloud_key: settings.public_key,
+                agent: settings.agent.clone(),
+                tunnel_port: Some(tunnel_port),
+            },
+            identity.clone(),
+        );
+        tracing::info!(cloud = %settings.address, key = %settings.public_key, "control plane: connecting");
+        let (answers_tx, answers) = mpsc::channel(256);
+        let asker = Asker {
+            handle: handle.clone(),
+            answers: answers_tx,
+        };
+        let link = Self {
+            handle,
+            events,
+            answers,
+            endpoints: settings.endpoints.clone(),
+            registered: None,
+            awaiting: HashMap::new(),
+            admissions: HashMap::new(),
+            making: Making {
+                identity,
+                timing,
+                clock,
+                aead,
+            },
+            ttl: settings.dns_ttl,
+            status: Arc::new(Mutex::new(CloudStatus {
+                address: settings.address.to_string(),
+                ..CloudStatus::default()
+            })),
+        };
+        (link, asker)
+    }
+
+    /// The control plane's part of the status document, as it changes.
+    pub fn status(&self) -> Arc<Mutex<CloudStatus>> {
+        self.status.clone()
+    }
+
+    /// The cloud's next event or answer (cancel-safe: nothing is lost when another wake-up
+    /// comes first). `None` when the signal client is gone.
+    pub async fn next(&mut self) -> Option<CloudWork> {
+        tokio::select! {
+            e = self.events.recv() => e.map(CloudWork::Event),
+            a = self.answers.recv() => a.map(CloudWork::Answer),
+        }
+    }
+
+    /// Keeps what we register with the cloud current: `names`, changed when `version` is.
+    pub fn register(&mut self, version: u64, names: &[NameRecord]) {
+        if self.registered != Some(version) {
+            self.handle.register(self.endpoints.clone(), names.to_vec());
+            self.registered = Some(version);
+        }
+    }
+
+    /// Our addresses changed: the signal client probes again, or reconnects.
+    pub fn network_changed(&self) {
+        self.handle.network_changed();
+    }
+
+    /// Acts on what the cloud did; returns the DNS questions that settle now.
+    pub fn handle(&mut self, work: CloudWork, control: &mut Control) -> Vec<Settled> {
+        match work {
+            CloudWork::Event(e) => {
+                self.event(e, control);
+                Vec::new()
+            }
+            CloudWork::Answer(a) => self.answered(a, control).into_iter().collect(),
+        }
+    }
+
+    fn event(&mut self, event: Event, control: &mut Control) {
+        {
+            let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            match &event {
+                Event::Connected { .. } => {
+                    st.connected = true;
+                    st.last_error = None;
+                }
+                Event::Disconnected { reason } | Event::Refused { reason } => {
+                    st.connected = false;
+                    st.last_error = Some(reason.clone());
+                }
+                Event::Observed(addr) => st.observed = Some(addr.to_string()),
+                _ => {}
+            }
+        }
+        match event {
+            Event::Probe { to, frame } => control.send_probe(&frame, to),
+            Event::Expect(info) => {
+                let now = Instant::now();
+                let Some(slot) = self.peer(control.shared(), &info, now) else {
+                    return;
+                };
+                // Both sides initiate at once: each side's initiation opens its NAT for the
+                // other's (hole punching).
+                tracing::info!(peer = %slot.name, endpoints = ?info.endpoints, relay = ?info.relay.as_ref().map(|r| r.address), "the cloud asks us to expect a peer: handshaking");
+                if let Some(relay) = &info.relay {
+                    control.apply_relay(&slot, relay, now);
+                }
+                if !slot.lock().is_established(now) {
+                    control.initiate(&slot, now);
+                }
+            }
+            Event::Observed(addr) => {
+                tracing::info!(%addr, "the cloud sees our tunnel socket at this address");
+            }
+            Event::Connected { observed } => {
+                tracing::info!(%observed, "control plane: connected");
+            }
+            Event::Disconnected { reason } => {
+                tracing::warn!(%reason, "control plane: disconnected; existing tunnels carry on");
+            }
+            Event::Refused { reason } => {
+                tracing::error!(%reason, "control plane: the cloud refused our certificate");
+            }
+            Event::NotPaired { peer, reason } => {
+                tracing::warn!(%peer, %reason, "the cloud will not pair us with a peer");
+            }
+            Event::NamesRefused(names) => {
+                for (name, reason) in names {
+                    tracing::warn!(%name, %reason, "the cloud refused a name");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The peer the cloud described: found in the table (its endpoint refreshed if it has no
+    /// keys yet and is not relayed), or added. `None` if its certificate does not verify
+    /// here. The relay the description may carry is the caller's to apply.
+    fn peer(&self, shared: &Shared, info: &PeerInfo, now: Instant) -> Option<Arc<PeerSlot>> {
+        let m = &self.making;
+        let cert = match Certificate::from_pem(&info.certificate) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "the cloud sent an unreadable certificate");
+                return None;
+            }
+        };
+        if let Err(e) = m.identity.trust().verify(&cert, m.clock.unix_secs(now)) {
+            tracing::warn!(name = %cert.body().name, error = %e, "the cloud sent a certificate we do not trust");
+            return None;
+        }
+        let body = cert.body();
+        if body.public_key == m.identity.public_key().0 {
+            return None;
+        }
+        let key = PublicKey(body.public_key);
+        let endpoint = info.endpoints.first().copied();
+        if let Some(slot) = shared.peers.by_key(&key) {
+            let relayed = slot.route().relay.is_some();
+            let mut p = slot.lock();
+            if let Some(e) = endpoint
+                && !relayed
+                && !p.is_established(now)
+                && p.endpoint() != Some(e)
+            {
+                p.set_endpoint(e);
+            }
+            drop(p);
+            return Some(slot);
+        }
+        let mut pc = PeerConfig::from_certificate(&cert, endpoint);
+        pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
+        let slot = shared.peers.insert(
+            |id| {
+                Arc::new(PeerSlot::new(
+                    id,
+                    &cert,
+                    "cloud",
+                    Peer::new(id, m.identity.clone(), pc, m.timing, m.clock, m.aead),
+                ))
+            },
+            key,
+        );
+        tracing::info!(peer = %slot.name, ?endpoint, blocks = ?slot.blocks, "peer added from the cloud");
+        Some(slot)
+    }
+
+    /// The cloud answered a DNS question: settled now, or once its tunnel is up (and the
+    /// handshake towards it starts, through the relay the cloud gave, if any).
+    fn answered(&mut self, a: CloudAnswer, control: &mut Control) -> Option<Settled> {
+        let now = Instant::now();
+        let (vip, info) = match a.result {
+            Ok(Resolution::Found { vip, peer }) => (vip, peer),
+            Ok(Resolution::NotFound | Resolution::Denied | Resolution::Own) => {
+                return Some((a.key, Err(ResponseCode::NXDomain)));
+            }
+            Err(_) => return Some((a.key, Err(ResponseCode::ServFail))),
+        };
+        let Some(slot) = self.peer(control.shared(), &info, now) else {
+            return Some((a.key, Err(ResponseCode::ServFail)));
+        };
+        if !slot
+            .blocks
+            .iter()
+            .any(|b| b.contains(&std::net::IpAddr::V4(vip)))
+        {
+            tracing::warn!(peer = %slot.name, %vip, "the cloud named an address outside the peer's certificate");
+            return Some((a.key, Err(ResponseCode::ServFail)));
+        }
+        let records = self.records(&a.name, a.record_type, vip);
+        if slot.lock().is_established(now) {
+            return Some((a.key, Ok(records)));
+        }
+        if self.awaiting.values().map(Vec::len).sum::<usize>() >= AWAITING {
+            return Some((a.key, Err(ResponseCode::ServFail)));
+        }
+        self.awaiting
+            .entry(slot.id)
+            .or_default()
+            .push((a.key, records));
+        if let Some(relay) = &info.relay {
+            control.apply_relay(&slot, relay, now);
+        }
+        control.initiate(&slot, now);
+        None
+    }
+
+    fn records(&self, name: &Name, record_type: RecordType, vip: Ipv4Addr) -> Vec<Record> {
+        if record_type == RecordType::A {
+            vec![Record::from_rdata(
+                name.clone(),
+                self.ttl,
+                RData::A(vip.into()),
+            )]
+        } else {
+            // The name exists, without records of this type (NODATA).
+            Vec::new()
+        }
+    }
+
+    /// A peer's tunnel is up: the DNS answers that waited for it.
+    pub fn peer_up(&mut self, peer: u32) -> Vec<Settled> {
+        self.awaiting
+            .remove(&peer)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, r)| (k, Ok(r)))
+            .collect()
+    }
+
+    /// A peer cannot be reached: its waiting answers become SERVFAIL.
+    pub fn peer_gave_up(&mut self, peer: u32) -> Vec<Settled> {
+        self.awaiting
+            .remove(&peer)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, _)| (k, Err(ResponseCode::ServFail)))
+            .collect()
+    }
+
+    /// A valid node we do not know is handshaking with us (we restarted, and it still has us
+    /// as a peer): ask the cloud whether it may, at most once per [`ADMIT_EVERY`] per node.
+    /// If so, the cloud's answer adds it, and its next initiation (or ours) succeeds.
+    pub fn admit(&mut self, cert: &Certificate, from: SocketAddr, at: Instant) {
+        let name = &cert.body().name;
+        let fingerprint = cert.fingerprint().to_string();
+        if self
+            .admissions
+            .get(&fingerprint)
+            .is_some_and(|t| at.saturating_duration_since(*t) < ADMIT_EVERY)
+        {
+            return;
+        }
+        if self.admissions.len() >= ADMISSIONS {
+            self.admissions.clear();
+        }
+        self.admissions.insert(fingerprint.clone(), at);
+        match self.handle.admit(&fingerprint) {
+            Ok(()) => {
+                tracing::info!(%from, %name, "handshake from a node we do not know: asking the cloud");
+            }
+            Err(e) => {
+                tracing::warn!(%from, %name, error = %e, "handshake from a node we do not know, and the cloud cannot be asked");
+            }
+        }
+    }
+
+    /// Keeps the cloud peers' paths working: asks the cloud for a relay for each whose
+    /// initiations have gone unanswered for [`DIRECT_PATIENCE`] (at most once per
+    /// [`RELAY_ASK_EVERY`]).
+    pub fn keep_routes(&mut self, shared: &Shared, now: Instant) {
+        for slot in shared.peers.all() {
+            if slot.origin != "cloud" {
+                continue;
+            }
+            let since = {
+                let p = slot.lock();
+                p.unanswered_since().filter(|_| !p.is_established(now))
+            };
+            let Some(since) = since else {
+                continue;
+            };
+            let mut route = slot.route();
+            if now.saturating_duration_since(since) < DIRECT_PATIENCE
+                || route
+                    .relay_asked
+                    .is_some_and(|t| now.saturating_duration_since(t) < RELAY_ASK_EVERY)
+            {
+                continue;
+            }
+            route.relay_asked = Some(now);
+            let relayed = route.relay.is_some();
+            drop(route);
+            match self.handle.request_relay(&slot.fingerprint) {
+                Ok(()) => tracing::info!(
+                    peer = %slot.name,
+                    relayed,
+                    "no answer to handshakes on this path: asking the cloud for a relay"
+                ),
+                Err(e) => {
+                    tracing::debug!(peer = %slot.name, error = %e, "relay not requested");
+                }
+            }
+        }
+    }
+}

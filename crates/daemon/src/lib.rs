@@ -1,0 +1,488 @@
+//! The shared daemon core: what every tunnel end (`cyphonic-adapter`, `cyphonic-node`) runs
+//! around the engine, written once (style.md rule 24). An end supplies only its [`Edge`]:
+//! the adapter its capture thread, its LAN sink and its LAN services; the node its TUN
+//! reader and writer and its DNS stub.
+//!
+//! ```text
+//! run(): clock, identity, the tunnel socket, static peers, Engine::start(edge's sink)
+//!        -> the edge's services and threads -> metrics endpoint
+//!        -> the control loop (one tokio current-thread runtime):
+//!             tunnel::Control  handshakes, peer timers, relay channels
+//!             CloudLink        the signal client: peers on demand, DNS answers, relays
+//!             Upstream         DNS forwarded outside the overlay
+//!             the edge's Services, the status socket, SIGINT/SIGTERM
+//!        -> stop: the engine drains, the edge's threads end
+//! ```
+//!
+//! Also here: the typed [`status`] document both ends serve and their `status` commands
+//! read, the engine's [`metrics`], and the command line both binaries share ([`cli`]).
+//!
+//! What it deliberately does not do: touch packets (the engine and the edges do), or know
+//! what an edge is made of (a LAN port, a TUN device).
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod cloud;
+pub mod dns;
+pub mod metrics;
+pub mod status;
+pub mod upstream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use cyphonic_netio::UdpSocket;
+use cyphonic_pipeline::{Sink, ThreadStart};
+use cyphonic_session::{Clock, Identity, Timing};
+use cyphonic_settings::Common;
+use cyphonic_signal::NameRecord;
+use cyphonic_telemetry::CounterSet;
+use cyphonic_telemetry::metrics::Collector;
+use cyphonic_tunnel::{Control, ControlEvent, DataPlane, Engine, Incoming, Intake, Shared};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+pub use cloud::{Asker, CloudAnswer, CloudLink, CloudSettings, CloudWork, Settled};
+pub use status::Status;
+pub use upstream::Upstream;
+
+/// Wake at least this often even with no timer due (cheap; bounds any missed wake-up).
+const MAX_SLEEP: Duration = Duration::from_millis(500);
+/// Messages the data threads may queue for the control thread.
+const CONTROL_QUEUE: usize = 1024;
+
+/// What the core hands an edge: the running engine, and what the daemon is.
+#[derive(Debug, Clone)]
+pub struct Core {
+    /// Our FQDN.
+    pub name: String,
+    /// The tunnel socket's address.
+    pub listen: SocketAddr,
+    /// When the daemon started.
+    pub started: Instant,
+    /// The engine's shared state: peers, buffers, its counters.
+    pub shared: Arc<Shared>,
+    /// The way into the tunnel (the edge thread's packets, and the services' own).
+    pub intake: Intake,
+    /// The data plane's parameters.
+    pub dataplane: DataPlane,
+    /// What every data-plane thread runs first (placement): the edge's threads too.
+    pub thread_start: ThreadStart,
+}
+
+impl Core {
+    /// Starts one of the edge's data-plane threads, `name` (`cy-capture`): placed as
+    /// `[dataplane]` says first, then `run`.
+    ///
+    /// # Errors
+    /// The thread cannot start.
+    pub fn spawn(
+        &self,
+        name: &str,
+        run: impl FnOnce() + Send + 'static,
+    ) -> anyhow::Result<std::thread::JoinHandle<()>> {
+        let place = self.thread_start.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                (place.0)();
+                run();
+            })
+            .with_context(|| format!("starting the {name} thread"))
+    }
+}
+
+/// What an edge's services get to work with.
+#[derive(Debug)]
+pub struct ServiceContext {
+    /// The running engine.
+    pub core: Core,
+    /// Asks the cloud about names, when a cloud is configured.
+    pub cloud: Option<Asker>,
+    /// Asks the upstream resolvers, when `[dns] upstream` names some.
+    pub upstream: Option<Upstream>,
+}
+
+/// The edge's part of the status document, and its counters, as they are now. Called on the
+/// status socket's thread.
+pub type Reporter<S, C> = Box<dyn Fn() -> (S, C) + Send + Sync>;
+
+/// What differs between tunnel ends: how packets enter and leave the engine, and the
+/// services next to it.
+pub trait Edge {
+    /// The program, for logs and the cloud (`cyphonic-adapter`).
+    const PROGRAM: &'static str;
+    /// The sink at the end of the ingress pipeline: where decrypted packets go.
+    type Sink: Sink<Item = Incoming>;
+    /// The services on the control thread.
+    type Services: Services;
+    /// Its part of the status document (flattened into [`Status`]).
+    type Status: Serialize + Send + 'static;
+    /// Its counters (the status document's `counters` table holds them with the engine's).
+    type Counters: Serialize + CounterSet + Send + 'static;
+
+    /// The ingress sink; called before the engine starts.
+    ///
+    /// # Errors
+    /// What the edge cannot set up.
+    fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<Self::Sink>;
+
+    /// The services; called on the control runtime (entered), once the engine runs and
+    /// before the edge's threads start.
+    ///
+    /// # Errors
+    /// What the services cannot set up (their state directory, their socket).
+    fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<Self::Services>;
+
+    /// Starts the edge's data threads: they feed `core.egress`, run `core.thread_start`
+    /// first, and end once `core.shared` stops running.
+    ///
+    /// # Errors
+    /// A thread cannot start.
+    fn start(&mut self, core: &Core) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>>;
+
+    /// Its part of the status document and its counters.
+    fn reporter(&self, core: &Core) -> Reporter<Self::Status, Self::Counters>;
+
+    /// Its metrics (next to the engine's).
+    fn collector(&self, core: &Core) -> Box<dyn Collector>;
+}
+
+/// An edge's services, on the control thread: they wait for their own work, run timers, and
+/// hear what the engine and the cloud settled.
+pub trait Services {
+    /// What woke them.
+    type Work;
+
+    /// Waits for the next piece of work. Cancel-safe: nothing is lost when another wake-up
+    /// comes first (receives on channels and sockets are).
+    fn next(&mut self) -> impl Future<Output = Self::Work>;
+
+    /// Does it.
+    fn handle(&mut self, work: Self::Work, now: Instant);
+
+    /// Runs the timers due at `now` (called on every wake-up of the control loop).
+    fn tick(&mut self, now: Instant);
+
+    /// When [`Services::tick`] has work next.
+    fn poll_timeout(&self) -> Option<Instant>;
+
+    /// The names we host, registered with the cloud, and a version that changes with them.
+    fn hosted(&self) -> (u64, &[NameRecord]);
+
+    /// A DNS question parked for the cloud or the upstream resolvers is settled.
+    fn settled(&mut self, settled: Settled);
+
+    /// A peer's keys are usable.
+    fn peer_up(&mut self, _peer: u32) {}
+
+    /// A peer could not be reached.
+    fn peer_gave_up(&mut self, _peer: u32) {}
+}
+
+/// Runs a tunnel end with `edge` until SIGINT or SIGTERM.
+///
+/// # Errors
+/// Anything that prevents starting: sockets, threads, the edge's own parts. Each says what
+/// to fix.
+pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .context("the system clock is before 1970")?;
+    let clock = Clock::new(started, unix);
+    let identity = Arc::new(identity);
+    let name = identity.certificate().body().name.clone();
+    let dp = &common.dataplane;
+    dp.check_placement().map_err(anyhow::Error::msg)?;
+
+    let udp = UdpSocket::bind(common.listen, &dp.udp_options())?;
+    let listen = udp.local_addr()?;
+    tracing::info!(%listen, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
+    let timing = Timing::default();
+    let table =
+        cyphonic_tunnel::static_peers(&identity, &common.static_peers(), timing, clock, dp.aead)?;
+    let (shared, control_rx) = Shared::new(table, dp.buffers, CONTROL_QUEUE);
+    let shared = Arc::new(shared);
+
+    // The control runtime exists before the services: the upstream resolver and the signal
+    // client spawn on it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the control runtime")?;
+    let (cloud, asker) = match &common.cloud {
+        Some(c) => {
+            let _in_runtime = runtime.enter();
+            let settings = CloudSettings {
+                address: c.address,
+                public_key: c.public_key,
+                endpoints: c.endpoints.clone(),
+                agent: format!("{} {}", E::PROGRAM, env!("CARGO_PKG_VERSION")),
+                dns_ttl: common.dns.as_ref().map_or(60, |d| d.ttl),
+            };
+            let (link, asker) = CloudLink::connect(
+                &settings,
+                identity.clone(),
+                listen.port(),
+                timing,
+                clock,
+                dp.aead,
+            );
+            (Some(link), Some(asker))
+        }
+        None => (None, None),
+    };
+    let (upstream_tx, upstream_rx) = mpsc::channel(256);
+    let upstream = match common.dns.as_ref().filter(|d| !d.upstream.is_empty()) {
+        Some(d) => {
+            let _in_runtime = runtime.enter();
+            Some(
+                Upstream::new(&d.upstream, upstream_tx)
+                    .context("setting up the upstream DNS resolvers")?,
+            )
+        }
+        None => None,
+    };
+
+    let sink = edge.sink(&shared)?;
+    let engine = Engine::start(dp, &shared, &udp, sink, true)?;
+    let core = Core {
+        name: name.clone(),
+        listen,
+        started,
+        shared: shared.clone(),
+        intake: engine.intake(),
+        dataplane: dp.clone(),
+        thread_start: engine.thread_start(),
+    };
+    let services = {
+        let _in_runtime = runtime.enter();
+        edge.services(ServiceContext {
+            core: core.clone(),
+            cloud: asker,
+            upstream,
+        })?
+    };
+    let cloud_status = cloud.as_ref().map(CloudLink::status);
+    if let Some(addr) = common.metrics {
+        let engine_metrics = metrics::EngineCollector::new(
+            shared.clone(),
+            engine.egress_counters.clone(),
+            engine.ingress_counters.clone(),
+            cloud_status.clone(),
+        );
+        cyphonic_telemetry::metrics::serve(
+            addr,
+            vec![Box::new(engine_metrics), edge.collector(&core)],
+        )
+        .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?;
+    }
+    let report = {
+        let (shared, egress, ingress) = (
+            shared.clone(),
+            engine.egress_counters.clone(),
+            engine.ingress_counters.clone(),
+        );
+        let edge_report = edge.reporter(&core);
+        move || {
+            let (edge, edge_counters) = edge_report();
+            Status {
+                version: status::VERSION,
+                edge,
+                peers: status::peers(&shared, Instant::now()),
+                cloud: cloud_status.as_ref().map(|c| {
+                    c.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone()
+                }),
+                counters: status::Counters {
+                    edge: edge_counters,
+                    engine: shared.counters.copied(),
+                },
+                pipelines: status::Pipelines {
+                    egress: (&egress.snapshot()).into(),
+                    ingress: (&ingress.snapshot()).into(),
+                },
+                buffers: status::Buffers {
+                    allocated: shared.pool.allocated(),
+                    free: shared.pool.free(),
+                },
+            }
+        }
+    };
+    let threads = edge.start(&core)?;
+    tracing::info!(
+        %name,
+        peers = common.peers.len(),
+        workers = engine.workers,
+        aead = %dp.aead,
+        "{} running",
+        E::PROGRAM
+    );
+    let control = Control::new(
+        shared.clone(),
+        identity,
+        Box::new(udp),
+        core.intake.clone(),
+        clock,
+    );
+    drop(core);
+    let result = runtime.block_on(control_loop(
+        Loop {
+            control,
+            rx: control_rx,
+            services,
+            cloud,
+            upstream: upstream_rx,
+        },
+        &common.status_socket,
+        report,
+    ));
+
+    // Stop the data threads: the submitter goes, the pipelines drain, the edge's threads see
+    // `running` clear and end.
+    let stopped = engine.stop();
+    let mut panicked = stopped.is_err();
+    for t in threads {
+        panicked |= t.join().is_err();
+    }
+    if panicked {
+        anyhow::bail!("a data thread panicked");
+    }
+    // Give the log a moment to flush before the process exits.
+    std::thread::sleep(Duration::from_millis(10));
+    result
+}
+
+/// What the control loop drives.
+struct Loop<S> {
+    control: Control,
+    rx: mpsc::Receiver<cyphonic_tunnel::ToControl>,
+    services: S,
+    cloud: Option<CloudLink>,
+    upstream: mpsc::Receiver<Settled>,
+}
+
+/// The cloud's next work, or never without a cloud.
+async fn cloud_work(cloud: &mut Option<CloudLink>) -> Option<CloudWork> {
+    match cloud {
+        Some(c) => c.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The control thread: every message, event and timer of the engine's control core, the
+/// cloud and the edge's services, until SIGINT or SIGTERM. Data threads reach it only by
+/// bounded channels and a `Notify`; nothing here makes them wait.
+async fn control_loop<S: Services, T: Serialize>(
+    mut l: Loop<S>,
+    status_socket: &std::path::Path,
+    report: impl Fn() -> T + Send + 'static,
+) -> anyhow::Result<()> {
+    let _status = cyphonic_telemetry::status::serve(status_socket, report)
+        .with_context(|| format!("opening the status socket {}", status_socket.display()))?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("installing the SIGINT handler")?;
+    let shared = l.control.shared().clone();
+    // Static peers with an endpoint start their handshakes right away (and persistent
+    // keepalive peers keep them up).
+    l.upkeep(Instant::now());
+    loop {
+        let now = Instant::now();
+        let deadline = l
+            .control
+            .next_deadline()
+            .into_iter()
+            .chain(l.services.poll_timeout())
+            .min()
+            .unwrap_or(now + MAX_SLEEP)
+            .min(now + MAX_SLEEP);
+        tokio::select! {
+            msg = l.rx.recv() => match msg {
+                Some(msg) => l.control.handle(msg),
+                None => break,
+            },
+            work = l.services.next() => l.services.handle(work, Instant::now()),
+            Some(settled) = l.upstream.recv() => l.services.settled(settled),
+            Some(work) = cloud_work(&mut l.cloud) => {
+                if let Some(c) = l.cloud.as_mut() {
+                    for s in c.handle(work, &mut l.control) {
+                        l.services.settled(s);
+                    }
+                }
+            }
+            () = shared.notify.notified() => {}
+            () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+        }
+        l.upkeep(Instant::now());
+    }
+    Ok(())
+}
+
+impl<S: Services> Loop<S> {
+    /// Timers, registrations, relay requests, and what the control core reported.
+    fn upkeep(&mut self, now: Instant) {
+        self.services.tick(now);
+        if let Some(c) = self.cloud.as_mut() {
+            let (version, names) = self.services.hosted();
+            c.register(version, names);
+        }
+        self.control.run_timers(now);
+        if let Some(c) = self.cloud.as_mut() {
+            c.keep_routes(self.control.shared(), now);
+        }
+        while let Some(event) = self.control.poll_event() {
+            match event {
+                ControlEvent::PeerUp(id) => {
+                    self.services.peer_up(id);
+                    for s in self
+                        .cloud
+                        .as_mut()
+                        .map(|c| c.peer_up(id))
+                        .unwrap_or_default()
+                    {
+                        self.services.settled(s);
+                    }
+                }
+                ControlEvent::PeerGaveUp(id) => {
+                    self.services.peer_gave_up(id);
+                    let settled = self
+                        .cloud
+                        .as_mut()
+                        .map(|c| c.peer_gave_up(id))
+                        .unwrap_or_default();
+                    for s in settled {
+                        self.services.settled(s);
+                    }
+                }
+                ControlEvent::UnknownPeer {
+                    certificate,
+                    from,
+                    at,
+                } => match self.cloud.as_mut() {
+                    Some(c) => c.admit(&certificate, from, at),
+                    // The refusal was counted and logged (throttled) by the control core.
+                    None => {
+                        let name = &certificate.body().name;
+                        tracing::debug!(%from, %name, "handshake from a valid node that is not one of our peers");
+                    }
+                },
+                ControlEvent::NetworkChanged => {
+                    if let Some(c) = self.cloud.as_ref() {
+                        c.network_changed();
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The status document: what a tunnel end serves on its status socket and its `status`
+//! command reads back. One serde type, [`Status`], for both ends of the socket, with a
+//! format [`VERSION`]; the edge adds its own part (`E`, flattened in) and its own counters
+//! (`C`, in the same `counters` table as the engine's). Also the text the `status` command
+//! prints for the parts every tunnel end has.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use cyphonic_pipeline::{DropReason, Stats};
+use cyphonic_telemetry::CounterSet;
+use cyphonic_tunnel::Shared;
+use serde::{Deserialize, Serialize};
+
+/// The format of [`Status`]. A new field that older readers may ignore keeps it; a change
+/// that would make them misread the document raises it.
+pub const VERSION: u32 = 1;
+
+/// The status document of a tunnel end with edge part `E` and edge counters `C`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Status<E, C> {
+    /// The document's format ([`VERSION`]).
+    pub version: u32,
+    /// What the edge adds (the adapter's LAN side, the node's TUN side).
+    #[serde(flatten)]
+    pub edge: E,
+    /// Every peer.
+    pub peers: Vec<PeerStatus>,
+    /// The control plane, when configured.
+    pub cloud: Option<CloudStatus>,
+    /// The edge's counters and the engine's, in one table.
+    pub counters: Counters<C>,
+    /// Both pipelines.
+    pub pipelines: Pipelines,
+    /// The packet buffers.
+    pub buffers: Buffers,
+}
+
+/// The edge's counters and the engine's, read as one table.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Counters<C> {
+    /// The edge's.
+    #[serde(flatten)]
+    pub edge: C,
+    /// The engine's.
+    #[serde(flatten)]
+    pub engine: cyphonic_tunnel::Counters,
+}
+
+impl<C: CounterSet> Counters<C> {
+    /// Every counter with its name: the edge's, then the engine's.
+    pub fn all(&self) -> Vec<(&'static str, u64)> {
+        let mut v = self.edge.snapshot();
+        v.extend(self.engine.snapshot());
+        v
+    }
+}
+
+/// One peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// Its FQDN.
+    pub name: String,
+    /// How we know it: `static` or `cloud`.
+    pub origin: String,
+    /// `direct` or `relay`.
+    pub route: String,
+    /// The relay channel, when relayed.
+    pub relay: Option<RelayStatus>,
+    /// The vIP blocks its certificate certifies.
+    pub vip_blocks: Vec<String>,
+    /// Where it is reached.
+    pub endpoint: Option<String>,
+    /// Whether it has keys now.
+    pub established: bool,
+    /// Seconds since its last completed handshake.
+    pub last_handshake_secs_ago: Option<u64>,
+    /// Inner packets sent to it.
+    pub tx_packets: u64,
+    /// Inner bytes sent to it.
+    pub tx_bytes: u64,
+    /// Inner packets received from it.
+    pub rx_packets: u64,
+    /// Inner bytes received from it.
+    pub rx_bytes: u64,
+}
+
+/// A peer's relay channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayStatus {
+    /// The channel's address.
+    pub address: String,
+    /// Why the cloud chose the relay.
+    pub reason: String,
+}
+
+/// The control plane as we see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudStatus {
+    /// NMS's address.
+    pub address: String,
+    /// Whether the control session is open.
+    pub connected: bool,
+    /// Why it last closed or was refused.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// Our tunnel socket as the cloud sees it.
+    #[serde(default)]
+    pub observed: Option<String>,
+}
+
+/// Both pipelines.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Pipelines {
+    /// Into the tunnel.
+    pub egress: PipelineStatus,
+    /// Out of the tunnel.
+    pub ingress: PipelineStatus,
+}
+
+/// One pipeline's counters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PipelineStatus {
+    /// Packets that entered it.
+    pub submitted: u64,
+    /// Packets it emitted, in order.
+    pub emitted: u64,
+    /// Packets refused because every batch buffer was in flight.
+    pub rejected_full: u64,
+    /// Batches that left its sequencer.
+    pub batches: u64,
+    /// Of those, batches processed on the receiving thread.
+    pub inline_batches: u64,
+    /// Packets emitted out of arrival order (0 with ordering on).
+    pub out_of_order: u64,
+    /// Packets the reorder ring held for earlier ones.
+    pub held_packets: u64,
+    /// Their mean hold time, microseconds.
+    pub mean_hold_us: f64,
+    /// Most batches the reorder ring held at once.
+    pub ring_depth_max: u64,
+    /// Packets dropped, by reason.
+    pub drops: BTreeMap<String, u64>,
+    /// Hold times: bucket i counts holds below 2^i microseconds.
+    pub hold_histogram_log2_us: Vec<u64>,
+}
+
+impl From<&Stats> for PipelineStatus {
+    fn from(s: &Stats) -> Self {
+        Self {
+            submitted: s.submitted,
+            emitted: s.emitted,
+            rejected_full: s.rejected_full,
+            batches: s.batches,
+            inline_batches: s.inline_batches,
+            out_of_order: s.out_of_order,
+            held_packets: s.held_packets,
+            mean_hold_us: s.mean_hold().map_or(0.0, |d| d.as_secs_f64() * 1e6),
+            ring_depth_max: s.ring_depth_max,
+            drops: DropReason::ALL
+                .iter()
+                .map(|r| (r.name().to_owned(), s.dropped(*r)))
+                .collect(),
+            hold_histogram_log2_us: s.hold_histogram.to_vec(),
+        }
+    }
+}
+
+/// A DNS service's state (the adapter's on its gateway vIP, the node's stub).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsStatus {
+    /// Where it listens (the node's stub; the adapter's answers on its gateway vIP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// The upstream resolvers it forwards to.
+    pub upstream: Vec<String>,
+    /// Its counters.
+    #[serde(flatten)]
+    pub stats: cyphonic_resolver::Stats,
+}
+
+impl DnsStatus {
+    /// The text line the `status` commands print.
+    pub fn text(&self) -> String {
+        let s = &self.stats;
+        format!(
+            "queries {}  authoritative {}  asked {}  nxdomain {}  refused {}  servfail {}  dropped {}",
+            s.queries, s.authoritative, s.asked, s.nxdomain, s.refused, s.servfail, s.dropped
+        )
+    }
+}
+
+/// The packet buffers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Buffers {
+    /// Allocated so far (the most ever in use).
+    pub allocated: usize,
+    /// Free now.
+    pub free: usize,
+}
+
+/// Every peer of `shared` as the document shows it.
+pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
+    shared
+        .peers
+        .all()
+        .iter()
+        .map(|slot| {
+            let relay = slot.route().relay.as_ref().map(|r| RelayStatus {
+                address: r.address.to_string(),
+                reason: r.reason.describe().to_owned(),
+            });
+            let p = slot.lock();
+            PeerStatus {
+                name: slot.name.clone(),
+                origin: slot.origin.to_owned(),
+                route: if relay.is_some() { "relay" } else { "direct" }.to_owned(),
+                relay,
+                vip_blocks: slot.blocks.iter().map(ToString::to_string).collect(),
+                endpoint: p.endpoint().map(|e| e.to_string()),
+                established: p.is_established(now),
+                last_handshake_secs_ago: p
+                    .last_handshake()
+                    .map(|t| now.saturating_duration_since(t).as_secs()),
+                tx_packets: slot.tx_packets.load(Relaxed),
+                tx_bytes: slot.tx_bytes.load(Relaxed),
+                rx_packets: slot.rx_packets.load(Relaxed),
+                rx_bytes: slot.rx_bytes.load(Relaxed),
+            }
+        })
+        .collect()
+}
+
+/// The cloud line and the peers table, as text for a terminal.
+pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
+    let mut out = String::new();
+    if let Some(c) = &doc.cloud {
+        let _ = writeln!(
+            out,
+            "cloud {}  {}{}{}",
+            c.address,
+            if c.connected {
+                "connected"
+            } else {
+                "NOT CONNECTED"
+            },
+            c.observed
+                .as_ref()
+                .map(|o| format!("  our tunnel socket as it sees it: {o}"))
+                .unwrap_or_default(),
+            c.last_error
+                .as_ref()
+                .map(|e| format!("  last error: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
+        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "ROUTE", "UP", "TX PKTS", "RX PKTS"
+    );
+    for p in &doc.peers {
+        let route = p
+            .relay
+            .as_ref()
+            .map_or_else(|| "direct".to_owned(), |r| format!("relay ({})", r.reason));
+        let _ = writeln!(
+            out,
+            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
+            p.name,
+            p.origin,
+            p.vip_blocks.first().map_or("-", String::as_str),
+            p.endpoint.as_deref().unwrap_or("-"),
+            route,
+            if p.established { "yes" } else { "no" },
+            p.tx_packets,
+            p.rx_packets
+        );
+    }
+    out
+}
+
+/// The counters that are not zero and the pipelines' order figures, as text.
+pub fn counters_text<E, C: CounterSet>(doc: &Status<E, C>) -> String {
+    let mut out = String::from("counters (non-zero):\n");
+    for (k, v) in doc.counters.all().into_iter().filter(|(_, v)| *v != 0) {
+        let _ = writeln!(out, "  {k:<28} {v}");
+    }
+    for (dir, p) in [
+        ("egress", &doc.pipelines.egress),
+        ("ingress", &doc.pipelines.ingress),
+    ] {
+        let _ = writeln!(
+            out,
+            "pipeline {dir}: emitted {} out_of_order {} held {} mean_hold_us {:.1}",
+            p.emitted, p.out_of_order, p.held_packets, p.mean_hold_us
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    cyphonic_telemetry::counters! {
+        /// Test counters.
+        pub struct EdgeCounters {
+            /// Frames seen.
+            frames,
+        }
+    }
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    struct Edge {
+        thing: String,
+    }
+
+    /// The document reads back as it was written, the edge's part and counters where the
+    /// readers of the JSON expect them, and what the text shows comes from it.
+    #[test]
+    fn the_document_reads_back_and_keeps_its_shape() {
+        let edge_counters = EdgeCounters::default();
+        edge_counters.frames.store(3, Relaxed);
+        let engine = cyphonic_tunnel::Counters::default();
+        engine.udp_sent.store(5, Relaxed);
+        let doc = Status {
+            version: VERSION,
+            edge: Edge { thing: "x".into() },
+            peers: vec![PeerStatus {
+                name: "gw2.ovl.example".into(),
+                origin: "static".into(),
+                route: "relay".into(),
+                relay: Some(RelayStatus {
+                    address: "192.0.2.10:40000".into(),
+                    reason: "symmetric NAT".into(),
+                }),
+                vip_blocks: vec!["100.64.2.0/24".into()],
+                endpoint: Some("203.0.113.2:51820".into()),
+                established: true,
+                last_handshake_secs_ago: Some(4),
+                tx_packets: 1,
+                tx_bytes: 2,
+                rx_packets: 3,
+                rx_bytes: 4,
+            }],
+            cloud: None,
+            counters: Counters {
+                edge: edge_counters,
+                engine,
+            },
+            pipelines: Pipelines::default(),
+            buffers: Buffers {
+                allocated: 10,
+                free: 7,
+            },
+        };
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["version"], VERSION);
+        assert_eq!(json["thing"], "x");
+        assert_eq!(json["counters"]["frames"], 3);
+        assert_eq!(json["counters"]["udp_sent"], 5);
+        assert_eq!(json["peers"][0]["relay"]["reason"], "symmetric NAT");
+        assert_eq!(json["buffers"]["free"], 7);
+        let back: Status<Edge, EdgeCounters> = serde_json::from_value(json).unwrap();
+        assert_eq!(back.edge, doc.edge);
+        assert_eq!(back.peers, doc.peers);
+        assert_eq!(back.counters.all(), doc.counters.all());
+        let text = counters_text(&back);
+        assert!(
+            text.contains("frames") && text.contains("udp_sent"),
+            "{text}"
+        );
+        assert!(!text.contains("udp_received"), "zeros are left out: {text}");
+        let table = peers_text(&back);
+        assert!(table.contains("relay (symmetric NAT)"), "{table}");
+    }
+}

@@ -1,0 +1,299 @@
+//! The node's data path: the TUN device. Packets the host routes into the overlay are read
+//! from it (one read per packet, straight behind the tunnel header's room in a pool buffer)
+//! and submitted; decrypted packets for us are written into it.
+//!
+//! ```text
+//! cy-tun     TUN read -> checks (IPv4, from our vIP, to the overlay) -> tunnel::Intake
+//! cy-ingress-emit  TunSink: Incoming::accept, cryptokey routing (the inner source must lie in
+//!                  the sending peer's certified blocks), to us -> TUN write
+//! ```
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cyphonic_gateway::complete_deferred_checksum;
+use cyphonic_netio::{BusyPoll, Tun};
+use cyphonic_pipeline::{DropReason, Sink};
+use cyphonic_tunnel::{Buf, HEADROOM, Incoming, Intake, PACKET_ROOM, RECV_BATCH, Shared, bump};
+use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
+use ipnet::Ipv4Net;
+
+/// What the TUN thread and the TUN sink share.
+#[derive(Debug)]
+pub struct TunSide {
+    /// The overlay interface.
+    pub tun: Tun,
+    /// Our vIP.
+    pub vip: Ipv4Addr,
+    /// Our certified block: what peers may send to.
+    pub block: Ipv4Net,
+    /// The overlay: what we send into the tunnel.
+    pub overlay: Ipv4Net,
+    /// The TUN side's counters.
+    pub counters: Counters,
+}
+
+/// How long a TUN read waits before the thread looks at its other work.
+const READ_WAIT: Duration = Duration::from_millis(10);
+/// The smallest IPv4 header.
+const IPV4_MIN: usize = 20;
+
+cyphonic_telemetry::counters! {
+    /// Counters of the node's TUN side.
+    pub struct Counters {
+        /// Packets read from the TUN device.
+        tun_read,
+        /// Packets from the host that are not IPv4 (IPv6 router solicitations, say).
+        drop_tun_not_ipv4,
+        /// Packets from the host with a malformed IPv4 header.
+        drop_tun_malformed,
+        /// Packets from the host from another source than our vIP.
+        drop_tun_not_our_source,
+        /// Packets from the host to a destination outside the overlay, or to ourselves.
+        drop_tun_not_overlay,
+        /// Packets written to the TUN device.
+        tun_written,
+        /// Packets the TUN device refused.
+        tun_write_failed,
+        /// Decrypted packets that are not IPv4.
+        drop_inner_not_ipv4,
+        /// Decrypted packets with a malformed IPv4 header.
+        drop_inner_malformed,
+        /// Decrypted packets whose source the sending peer is not certified for.
+        drop_source_not_certified,
+        /// Decrypted packets not addressed to us.
+        drop_not_for_us,
+    }
+}
+
+/// An IPv4 packet's source and destination, if `p` holds a well-formed IPv4 header; the error
+/// says whether it is not IPv4 at all (`false`) or malformed (`true`).
+fn addresses(p: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr), bool> {
+    let first = *p.first().ok_or(true)?;
+    if first >> 4 != 4 {
+        return Err(false);
+    }
+    let header = usize::from(first & 0x0f) * 4;
+    let total = p
+        .get(2..4)
+        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+        .ok_or(true)?;
+    if header < IPV4_MIN || total < header || total > p.len() {
+        return Err(true);
+    }
+    let src = <[u8; 4]>::try_from(p.get(12..16).ok_or(true)?).map_err(|_| true)?;
+    let dst = <[u8; 4]>::try_from(p.get(16..20).ok_or(true)?).map_err(|_| true)?;
+    Ok((Ipv4Addr::from(src), Ipv4Addr::from(dst)))
+}
+
+/// Where a packet from the host goes: its destination in the overlay, or why it is dropped.
+fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &Counters) -> Option<Ipv4Addr> {
+    match addresses(p) {
+        Err(false) => bump(&c.drop_tun_not_ipv4),
+        Err(true) => bump(&c.drop_tun_malformed),
+        Ok((src, _)) if src != vip => bump(&c.drop_tun_not_our_source),
+        Ok((_, dst)) if !overlay.contains(&dst) || dst == vip => bump(&c.drop_tun_not_overlay),
+        Ok((_, dst)) => return Some(dst),
+    }
+    None
+}
+
+/// The thread that reads the TUN device.
+pub struct TunReader {
+    side: Arc<TunSide>,
+    shared: Arc<Shared>,
+    intake: Intake,
+    busy: Option<BusyPoll>,
+}
+
+impl TunReader {
+    /// A reader that hands what it reads to `egress`, polling the device for `busy_poll`
+    /// after each packet (`[dataplane] busy_poll_us`; zero: it sleeps until one comes).
+    pub fn new(
+        side: Arc<TunSide>,
+        shared: Arc<Shared>,
+        intake: Intake,
+        busy_poll: Duration,
+    ) -> Self {
+        Self {
+            side,
+            shared,
+            intake,
+            busy: BusyPoll::new(busy_poll, Some(READ_WAIT)),
+        }
+    }
+
+    /// The thread's body: runs until the engine stops. Waits for a packet without holding
+    /// the submitter, then takes the rest that are there (up to [`RECV_BATCH`]) under one
+    /// lock, and sends them on their way.
+    pub fn run(mut self) {
+        let (side, shared) = (self.side.clone(), self.shared.clone());
+        let (pool, counters) = (&shared.pool, &shared.counters);
+        while shared.is_running() {
+            let Some(mut first) = pool.take() else {
+                bump(&counters.drop_no_buffer);
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            let tun = &side.tun;
+            let got = cyphonic_netio::busy_receive(self.busy.as_mut(), |wait| {
+                let room = &mut first[PACKET_ROOM];
+                let got = if wait {
+                    tun.recv(room, READ_WAIT)
+                } else {
+                    tun.try_recv(room)
+                };
+                got.map(Option::unwrap_or_default)
+            });
+            let n = match got {
+                Ok(0) => continue,
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, interface = tun.name(), "reading the TUN device failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let mut guard = self.intake.lock();
+            let Some(sub) = guard.as_mut() else {
+                break;
+            };
+            let now = Instant::now();
+            let mut submit = |buf: Buf, n: usize| {
+                bump(&side.counters.tun_read);
+                let packet = &buf[HEADROOM..HEADROOM + n];
+                if let Some(dst) = outbound(packet, side.vip, side.overlay, &side.counters) {
+                    sub.route(buf, n, dst, 0, now);
+                }
+            };
+            submit(first, n);
+            for _ in 1..RECV_BATCH {
+                let Some(mut buf) = pool.take() else {
+                    bump(&counters.drop_no_buffer);
+                    break;
+                };
+                match tun.try_recv(&mut buf[PACKET_ROOM]) {
+                    Ok(Some(n)) => submit(buf, n),
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::error!(error = %e, interface = tun.name(), "reading the TUN device failed");
+                        break;
+                    }
+                }
+            }
+            sub.flush();
+        }
+        tracing::debug!("TUN thread stopped");
+    }
+}
+
+/// The ingress emitter's end: packets for us go into the TUN device, in arrival order.
+pub struct TunSink {
+    side: Arc<TunSide>,
+    shared: Arc<Shared>,
+}
+
+impl TunSink {
+    /// The sink writing into `side`'s device.
+    pub const fn new(side: Arc<TunSide>, shared: Arc<Shared>) -> Self {
+        Self { side, shared }
+    }
+}
+
+impl Sink for TunSink {
+    type Item = Incoming;
+
+    fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
+        let Some((mut item, packet)) = item.accept(&self.shared)? else {
+            return Ok(());
+        };
+        let c = &self.side.counters;
+        let verdict = match addresses(&item.buf()[packet.clone()]) {
+            Err(false) => Err((&c.drop_inner_not_ipv4, DropReason::Malformed)),
+            Err(true) => Err((&c.drop_inner_malformed, DropReason::Malformed)),
+            // Cryptokey routing: a peer speaks only for the blocks its certificate names.
+            Ok((src, _))
+                if !item
+                    .peer()
+                    .blocks
+                    .iter()
+                    .any(|b| b.contains(&std::net::IpAddr::V4(src))) =>
+            {
+                Err((&c.drop_source_not_certified, DropReason::Policy))
+            }
+            Ok((_, dst)) if !self.side.block.contains(&dst) => {
+                Err((&c.drop_not_for_us, DropReason::Policy))
+            }
+            Ok(_) => Ok(()),
+        };
+        if let Err((counter, reason)) = verdict {
+            bump(counter);
+            return Err(reason);
+        }
+        if item.flags() & FLAG_CHECKSUM_DEFERRED != 0 {
+            // An adapter left the checksum to us (docs/protocol.md §1); the TUN device takes
+            // whole packets only.
+            complete_deferred_checksum(&mut item.buf_mut()[packet.clone()]);
+        }
+        match self.side.tun.send(&item.buf()[packet]) {
+            Ok(_) => {
+                bump(&c.tun_written);
+                Ok(())
+            }
+            Err(e) => {
+                bump(&c.tun_write_failed);
+                tracing::debug!(error = %e, "the TUN device refused a packet");
+                Err(DropReason::Unroutable)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+        let mut p = vec![0u8; 28];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&28u16.to_be_bytes());
+        p[12..16].copy_from_slice(&src);
+        p[16..20].copy_from_slice(&dst);
+        p
+    }
+
+    /// Every packet from the host either goes to an overlay destination or is counted under
+    /// its reason; nothing short or odd panics.
+    #[test]
+    fn outbound_packets_are_checked() {
+        let vip = Ipv4Addr::new(100, 64, 3, 1);
+        let overlay: Ipv4Net = "100.64.0.0/10".parse().unwrap_or_default();
+        let c = Counters::default();
+        let me = [100, 64, 3, 1];
+        assert_eq!(
+            outbound(&packet(me, [100, 64, 2, 10]), vip, overlay, &c),
+            Some(Ipv4Addr::new(100, 64, 2, 10))
+        );
+        let mut v6 = packet(me, [100, 64, 2, 10]);
+        v6[0] = 0x60;
+        let mut long_header = packet(me, [100, 64, 2, 10]);
+        long_header[0] = 0x4f;
+        let cases: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0x45],
+            packet(me, [100, 64, 2, 10])[..19].to_vec(),
+            v6,
+            long_header,
+            packet([100, 64, 3, 2], [100, 64, 2, 10]),
+            packet(me, [192, 0, 2, 1]),
+            packet(me, me),
+        ];
+        for p in &cases {
+            assert_eq!(outbound(p, vip, overlay, &c), None, "{p:?}");
+        }
+        let counts: Vec<u64> = c.snapshot().iter().map(|(_, v)| *v).collect();
+        // not IPv4, malformed, not our source, not the overlay
+        assert_eq!(&counts[1..5], &[1, 4, 1, 2], "{:?}", c.snapshot());
+    }
+}

@@ -1,0 +1,308 @@
+//! What every tunnel end's file has besides `[dataplane]`: in its own table (`[adapter]`,
+//! `[node]`) the keys `listen`, `overlay`, `inner_mtu` and `status_socket`; the tables
+//! `[identity]`, `[[peer]]`, `[cloud]` and `[metrics]`; and in `[dns]` the keys `enabled`,
+//! `upstream` and `ttl`. Each is declared once, here ([`end_table!`](crate::end_table),
+//! [`dns_table!`](crate::dns_table), [`config_file!`](crate::config_file)), and checked once,
+//! into [`Common`]; a binary declares and checks only what is its own.
+//!
+//! Macros rather than serde's `flatten`: flattening loses toml's spans (errors could no longer
+//! name the line) and defeats `deny_unknown_fields`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use cyphonic_session::Identity;
+use cyphonic_tunnel::{DataPlane, StaticPeer};
+use ipnet::Ipv4Net;
+use toml::Spanned;
+
+use crate::{
+    Cloud, ConfigError, Peer, RawCloud, RawIdentity, RawMetrics, RawPeer, Source, check_dns,
+    check_mtu, first_v4_block, overlay_domain, peers,
+};
+
+/// The shared keys of a binary's own table, as written (what [`end_table!`](crate::end_table)
+/// declares gives them).
+#[derive(Debug, Clone, Copy)]
+pub struct EndKeys<'a> {
+    /// The table's name (`adapter`, `node`), for error messages.
+    pub table: &'static str,
+    /// `listen`.
+    pub listen: SocketAddr,
+    /// `overlay`.
+    pub overlay: &'a Spanned<Ipv4Net>,
+    /// `inner_mtu`.
+    pub inner_mtu: &'a Spanned<u16>,
+    /// `status_socket`, or the binary's default.
+    pub status_socket: &'a Path,
+}
+
+/// The shared part of `[dns]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dns {
+    /// Resolvers for names outside the overlay; none means such queries are refused.
+    pub upstream: Vec<IpAddr>,
+    /// TTL of the answers given, seconds.
+    pub ttl: u32,
+}
+
+/// What every tunnel end is configured with, checked.
+#[derive(Debug)]
+pub struct Common {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// The tunnel's UDP address.
+    pub listen: SocketAddr,
+    /// Our certified IPv4 block (the first one of our certificate).
+    pub block: Ipv4Net,
+    /// The whole overlay.
+    pub overlay: Ipv4Net,
+    /// The overlay's domain (the name of the CA that issued our certificate).
+    pub overlay_domain: String,
+    /// The largest inner IP packet carried.
+    pub inner_mtu: u16,
+    /// The status socket.
+    pub status_socket: PathBuf,
+    /// The data plane.
+    pub dataplane: DataPlane,
+    /// Static peers.
+    pub peers: Vec<Peer>,
+    /// The control plane, if used.
+    pub cloud: Option<Cloud>,
+    /// Where the Prometheus endpoint listens; off without.
+    pub metrics: Option<SocketAddr>,
+    /// The DNS service's shared settings, unless switched off.
+    pub dns: Option<Dns>,
+}
+
+impl Common {
+    /// Checks the keys every tunnel end has and reads our identity.
+    ///
+    /// # Errors
+    /// The first mistake, located.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one per shared table, called by config_file!"
+    )]
+    pub fn check(
+        src: &Source<'_>,
+        end: EndKeys<'_>,
+        identity: &RawIdentity,
+        raw_peers: &[RawPeer],
+        cloud: Option<&RawCloud>,
+        metrics: &RawMetrics,
+        dataplane: DataPlane,
+        dns: Option<(&[Spanned<IpAddr>], &Spanned<u32>)>,
+    ) -> Result<(Self, Identity), ConfigError> {
+        let table = end.table;
+        let identity = identity_and_block(src, identity)?;
+        let (identity, block) = identity;
+        let overlay = *end.overlay.get_ref();
+        if !overlay.contains(&block) {
+            return src.err(
+                &end.overlay.span(),
+                &format!("{table}.overlay"),
+                format!("{overlay} does not contain this {table}'s block {block}"),
+            );
+        }
+        let inner_mtu = check_mtu(src, end.inner_mtu, &format!("{table}.inner_mtu"))?;
+        let peers = peers(src, raw_peers, &identity, block)?;
+        let dns = dns
+            .map(|(upstream, ttl)| {
+                check_dns(src, upstream, ttl, overlay).map(|upstream| Dns {
+                    upstream,
+                    ttl: *ttl.get_ref(),
+                })
+            })
+            .transpose()?;
+        let cloud = cloud.map(|c| c.check(src)).transpose()?;
+        let metrics = metrics.check(src)?;
+        let common = Self {
+            path: src.path.to_owned(),
+            listen: end.listen,
+            block,
+            overlay,
+            overlay_domain: overlay_domain(&identity),
+            inner_mtu,
+            status_socket: src.resolve(end.status_socket),
+            dataplane,
+            peers,
+            cloud,
+            metrics,
+            dns,
+        };
+        Ok((common, identity))
+    }
+
+    /// The static peers as the engine takes them.
+    pub fn static_peers(&self) -> Vec<StaticPeer> {
+        self.peers.iter().map(Peer::to_static).collect()
+    }
+}
+
+/// Our identity, and the block our certificate certifies.
+fn identity_and_block(
+    src: &Source<'_>,
+    raw: &RawIdentity,
+) -> Result<(Identity, Ipv4Net), ConfigError> {
+    let identity = raw.load(src)?;
+    match first_v4_block(identity.certificate()) {
+        Some(block) => Ok((identity, block)),
+        None => src.err(
+            &raw.certificate_span(),
+            "identity.certificate",
+            "the certificate names no IPv4 vIP block",
+        ),
+    }
+}
+
+/// Declares a binary's own table (`[adapter]`, `[node]`) as serde reads it: the binary's
+/// fields, then the keys every tunnel end has in it (`listen`, `overlay`, `inner_mtu`,
+/// `status_socket`, whose default the binary gives). `end(&self)` hands the shared keys to
+/// [`Common::check`]. The calling crate needs `serde`.
+#[macro_export]
+macro_rules! end_table {
+    (
+        $(#[$meta:meta])*
+        struct $name:ident ($table:literal, status_socket = $socket:literal) {
+            $( $(#[$field_meta:meta])* $field:ident : $ty:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $name {
+            $( $(#[$field_meta])* $field: $ty, )*
+            #[serde(default = "cyphonic_settings::defaults::listen")]
+            listen: std::net::SocketAddr,
+            #[serde(default = "cyphonic_settings::defaults::overlay")]
+            overlay: $crate::__private::Spanned<$crate::__private::Ipv4Net>,
+            #[serde(default = "cyphonic_settings::defaults::inner_mtu")]
+            inner_mtu: $crate::__private::Spanned<u16>,
+            #[serde(default = "default_status_socket")]
+            status_socket: std::path::PathBuf,
+        }
+
+        fn default_status_socket() -> std::path::PathBuf {
+            std::path::PathBuf::from($socket)
+        }
+
+        impl $name {
+            /// The keys every tunnel end has in this table.
+            fn end(&self) -> $crate::EndKeys<'_> {
+                $crate::EndKeys {
+                    table: $table,
+                    listen: self.listen,
+                    overlay: &self.overlay,
+                    inner_mtu: &self.inner_mtu,
+                    status_socket: &self.status_socket,
+                }
+            }
+        }
+    };
+}
+
+/// Declares a binary's `[dns]` table: `enabled`, the binary's own fields (`name: Type =
+/// default`), `upstream` and `ttl`. `shared(&self)` hands the shared keys to
+/// [`Common::check`] (`None` when switched off). The calling crate needs `serde`.
+#[macro_export]
+macro_rules! dns_table {
+    (
+        $(#[$meta:meta])*
+        struct $name:ident {
+            $( $(#[$field_meta:meta])* $field:ident : $ty:ty = $default:expr, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $name {
+            #[serde(default = "cyphonic_settings::defaults::yes")]
+            enabled: bool,
+            $( $(#[$field_meta])* $field: $ty, )*
+            #[serde(default)]
+            upstream: Vec<$crate::__private::Spanned<std::net::IpAddr>>,
+            #[serde(default = "cyphonic_settings::defaults::dns_ttl")]
+            ttl: $crate::__private::Spanned<u32>,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    enabled: true,
+                    $( $field: $default, )*
+                    upstream: Vec::new(),
+                    ttl: $crate::defaults::dns_ttl(),
+                }
+            }
+        }
+
+        impl $name {
+            /// The shared keys, unless the service is switched off.
+            #[allow(clippy::type_complexity)]
+            fn shared(
+                &self,
+            ) -> Option<(
+                &[$crate::__private::Spanned<std::net::IpAddr>],
+                &$crate::__private::Spanned<u32>,
+            )> {
+                self.enabled.then_some((&self.upstream[..], &self.ttl))
+            }
+        }
+    };
+}
+
+/// Declares a binary's configuration file as serde reads it: its own table first, then
+/// `[identity]`, the binary's other tables, and the tables every tunnel end has: `[dns]` and
+/// `[dataplane]` (declared by the binary as `RawDns` with [`dns_table!`](crate::dns_table) and
+/// `RawDataplane` with [`dataplane_table!`](crate::dataplane_table)), `[[peer]]`, `[cloud]`,
+/// `[metrics]`. `common(&self, src)` checks all the shared keys into a [`Common`] and reads
+/// our identity. The calling crate needs `serde`.
+#[macro_export]
+macro_rules! config_file {
+    (
+        $(#[$meta:meta])*
+        struct $name:ident {
+            $own:ident : $own_ty:ty,
+            $( $(#[$field_meta:meta])* $field:ident : $ty:ty, )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $name {
+            $own: $own_ty,
+            identity: $crate::RawIdentity,
+            $( $(#[$field_meta])* $field: $ty, )*
+            #[serde(default)]
+            dns: RawDns,
+            #[serde(default)]
+            dataplane: RawDataplane,
+            #[serde(default)]
+            peer: Vec<$crate::RawPeer>,
+            cloud: Option<$crate::RawCloud>,
+            #[serde(default)]
+            metrics: $crate::RawMetrics,
+        }
+
+        impl $name {
+            /// The keys every tunnel end has, checked, and our identity.
+            fn common(
+                &self,
+                src: &$crate::Source<'_>,
+            ) -> Result<($crate::Common, $crate::Identity), $crate::ConfigError> {
+                let dataplane = self.dataplane.shared(src)?;
+                $crate::Common::check(
+                    src,
+                    self.$own.end(),
+                    &self.identity,
+                    &self.peer,
+                    self.cloud.as_ref(),
+                    &self.metrics,
+                    dataplane,
+                    self.dns.shared(),
+                )
+            }
+        }
+    };
+}
