@@ -1,13 +1,17 @@
-//! Sealing throughput: the bare AEAD loop on one thread, then the ordered pipeline with the
-//! same work at one worker and at one worker per core, for both AEAD backends and three packet
-//! sizes. For each backend and size the three run back to back, so their ratios compare
-//! measurements taken moments apart (`cargo xtask bench` turns them into docs/benchmarks.md).
+//! Sealing and opening throughput of the engine's production stages: the bare seal (or
+//! open) calls on one thread, then the ordered pipeline with the production stage
+//! (`cyphonic_tunnel::SealStage`, `OpenStage`) at one worker and at one worker per core, for
+//! both AEAD backends and three packet sizes. For each backend and size the three run back to
+//! back, so their ratios compare measurements taken moments apart (`cargo xtask bench` turns
+//! them into docs/benchmarks.md). Preparing each burst (pool buffers, frames) is not timed.
 //! Then the pipeline's own cost (a do-nothing stage) and the reorder ring alone.
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use cyphonic_benches::{BURST, NoopStage, PipelineBench, SIZES, SealStage, packets, seal_packet};
-use cyphonic_crypto::{Backend, Key};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use cyphonic_benches::engine::{Opening, Sealing, StageBench};
+use cyphonic_benches::{BURST, NoopStage, PipelineBench, SIZES};
+use cyphonic_crypto::Backend;
 use cyphonic_pipeline::ReorderRing;
+use cyphonic_tunnel::OpenStage;
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
@@ -18,27 +22,53 @@ fn seal(c: &mut Criterion) {
     group.throughput(Throughput::Elements(BURST as u64));
     for backend in Backend::ALL {
         for size in SIZES {
-            let key = backend.key(&Key::from_bytes([7; 32]));
-            let mut burst = packets(size, BURST);
-            let mut counter = 0u64;
-            group.bench_function(
-                BenchmarkId::new(format!("{}/{size}", backend.name()), "bare"),
-                |b| {
-                    b.iter(|| {
-                        for p in &mut burst {
-                            counter += 1;
-                            p.set_counter(counter);
-                            seal_packet(&*key, p).expect("sealing a benchmark packet");
-                        }
-                    });
-                },
-            );
+            let sealing = Sealing::new(backend, size);
+            let f = format!("{}/{size}", backend.name());
+            group.bench_function(BenchmarkId::new(&f, "bare"), |b| {
+                b.iter_batched_ref(
+                    || sealing.bare_burst(),
+                    |bufs| sealing.seal_bare(bufs),
+                    BatchSize::PerIteration,
+                );
+            });
             for workers in [1, cores()] {
-                let mut bench = PipelineBench::new(SealStage::new(backend), workers, size);
-                let id =
-                    BenchmarkId::new(format!("{}/{size}", backend.name()), format!("{workers}w"));
-                group.bench_function(id, |b| b.iter(|| bench.run_burst()));
-                assert!(bench.finish(), "the pipeline reordered packets");
+                let mut bench = StageBench::new(sealing.stage(), workers);
+                group.bench_function(BenchmarkId::new(&f, format!("{workers}w")), |b| {
+                    b.iter_batched(
+                        || sealing.burst(),
+                        |burst| assert_eq!(bench.run_burst(burst), 0, "a packet failed to seal"),
+                        BatchSize::PerIteration,
+                    );
+                });
+            }
+        }
+    }
+    group.finish();
+}
+
+fn open(c: &mut Criterion) {
+    let mut group = c.benchmark_group("open");
+    group.throughput(Throughput::Elements(BURST as u64));
+    for backend in Backend::ALL {
+        for size in SIZES {
+            let opening = Opening::new(backend, size);
+            let f = format!("{}/{size}", backend.name());
+            group.bench_function(BenchmarkId::new(&f, "bare"), |b| {
+                b.iter_batched_ref(
+                    || opening.bare_burst(),
+                    |frames| assert_eq!(opening.open_bare(frames), 0, "a frame failed to open"),
+                    BatchSize::PerIteration,
+                );
+            });
+            for workers in [1, cores()] {
+                let mut bench = StageBench::new(OpenStage, workers);
+                group.bench_function(BenchmarkId::new(&f, format!("{workers}w")), |b| {
+                    b.iter_batched(
+                        || opening.burst(),
+                        |burst| assert_eq!(bench.run_burst(burst), 0, "a frame failed to open"),
+                        BatchSize::PerIteration,
+                    );
+                });
             }
         }
     }
@@ -92,6 +122,6 @@ fn reorder_ring(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(3));
-    targets = seal, pipeline_overhead, reorder_ring
+    targets = seal, open, pipeline_overhead, reorder_ring
 }
 criterion_main!(benches);

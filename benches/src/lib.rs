@@ -1,12 +1,14 @@
 //! Fixtures shared by the criterion benchmarks in `benches/`, kept here so that they are
 //! compiled and tested like other code (a benchmark of a broken fixture measures nothing).
 //!
-//! The bare AEAD loop and the pipeline's seal stage call the same [`seal_packet`], so their
-//! ratio measures exactly what the pipeline adds: sequencing, batching, hand-off to a worker,
-//! the reorder ring and emission.
+//! [`engine`] feeds the production seal and open stages of the tunnel engine; its bare loops
+//! make the same seal and open calls on one thread, so their ratio measures what the engine
+//! adds around the AEAD: the peer lookup and counter in order, batching, the hand-off to a
+//! worker, the reorder ring and emission. [`NoopStage`] measures the pipeline's own cost.
 
 #![forbid(unsafe_code)]
 
+pub mod engine;
 pub mod lan;
 pub mod offload;
 
@@ -14,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
-use cyphonic_crypto::{Backend, Key, PacketKey, TAG_LEN};
 use cyphonic_pipeline::{Config, DropReason, Emitter, Sequencer, Sink, Stage};
 
 /// Inner packet sizes measured: small, medium, and the default inner MTU.
@@ -22,6 +23,7 @@ pub const SIZES: [usize; 3] = [64, 512, 1420];
 /// Packets per measured burst.
 pub const BURST: usize = 4096;
 const HDR: usize = 16;
+const TAG: usize = 16;
 
 /// A preallocated frame buffer: header, payload, room for the tag.
 #[derive(Debug)]
@@ -33,18 +35,13 @@ pub struct Packet {
 impl Packet {
     /// A packet carrying `size` payload bytes.
     pub fn new(size: usize) -> Self {
-        let mut buf = vec![0u8; HDR + size + TAG_LEN].into_boxed_slice();
+        let mut buf = vec![0u8; HDR + size + TAG].into_boxed_slice();
         buf[0] = 1;
         buf[1] = 3;
         for (b, i) in buf[HDR..HDR + size].iter_mut().zip((0..=u8::MAX).cycle()) {
             *b = i;
         }
         Self { buf, counter: 0 }
-    }
-
-    /// Sets the counter the next seal uses.
-    pub fn set_counter(&mut self, counter: u64) {
-        self.counter = counter;
     }
 
     /// The whole frame.
@@ -56,44 +53,6 @@ impl Packet {
 /// `n` packets of `size` payload bytes.
 pub fn packets(size: usize, n: usize) -> Vec<Packet> {
     (0..n).map(|_| Packet::new(size)).collect()
-}
-
-/// Seals one packet in place with its counter: the unit of work of both measurements.
-pub fn seal_packet(key: &dyn PacketKey, p: &mut Packet) -> Result<(), DropReason> {
-    p.buf[8..16].copy_from_slice(&p.counter.to_be_bytes());
-    let (hdr, body) = p.buf.split_at_mut(HDR);
-    key.seal(p.counter, hdr, body)
-        .map_err(|_| DropReason::TooBig)
-}
-
-/// The seal stage: counters in arrival order on the sequencer, sealing on workers.
-#[derive(Debug)]
-pub struct SealStage {
-    key: Box<dyn PacketKey>,
-    next_counter: AtomicU64,
-}
-
-impl SealStage {
-    /// A stage sealing with a fixed test key on `backend`.
-    pub fn new(backend: Backend) -> Self {
-        Self {
-            key: backend.key(&Key::from_bytes([7; 32])),
-            next_counter: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Stage for SealStage {
-    type Item = Packet;
-
-    fn sequence(&self, p: &mut Packet) -> Result<(), DropReason> {
-        p.counter = self.next_counter.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn process(&self, p: &mut Packet) -> Result<(), DropReason> {
-        seal_packet(&*self.key, p)
-    }
 }
 
 /// A stage that only numbers packets: measures the pipeline's own cost per packet.
@@ -209,30 +168,6 @@ impl<S: Stage<Item = Packet>> PipelineBench<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pipeline_fixture_seals_like_the_bare_loop() {
-        for backend in Backend::ALL {
-            let mut bench = PipelineBench::new(SealStage::new(backend), 2, 100);
-            bench.run_burst();
-            bench.run_burst();
-            // Buffer i was sealed with counter i, then again with BURST + i: redo it by hand.
-            let key = backend.key(&Key::from_bytes([7; 32]));
-            for i in [0, 1, 777, BURST - 1] {
-                let mut expected = Packet::new(100);
-                for counter in [i as u64, (BURST + i) as u64] {
-                    expected.counter = counter;
-                    seal_packet(&*key, &mut expected).unwrap();
-                }
-                assert_eq!(
-                    bench.packets[i].frame(),
-                    expected.frame(),
-                    "{backend} packet {i}"
-                );
-            }
-            assert!(bench.finish());
-        }
-    }
 
     #[test]
     fn noop_pipeline_keeps_order() {
