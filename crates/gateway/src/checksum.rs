@@ -2,7 +2,10 @@
 
 use std::net::Ipv4Addr;
 
-use crate::ipv4::{PROTO_TCP, PROTO_UDP};
+/// IP protocol number of TCP.
+pub(crate) const PROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub(crate) const PROTO_UDP: u8 = 17;
 
 /// One's-complement checksum of `data` (odd lengths padded with a zero byte). ip4sum sums
 /// 32-bit words into a 64-bit accumulator, which the compiler vectorises: several times

@@ -5,10 +5,10 @@ use std::net::Ipv4Addr;
 use crate::IPV4_MIN_HEADER;
 use crate::checksum;
 
-/// Protocol numbers we look at.
+/// Protocol numbers we look at (the transport ones are the checksum module's: it knows where
+/// their checksums lie).
 pub(crate) const PROTO_ICMP: u8 = 1;
-pub(crate) const PROTO_TCP: u8 = 6;
-pub(crate) const PROTO_UDP: u8 = 17;
+pub(crate) use crate::checksum::{PROTO_TCP, PROTO_UDP};
 
 const FLAG_DF: u16 = 0x4000;
 const FLAG_MF: u16 = 0x2000;
