@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::bed::TempDir;
+use crate::hosts::TempDir;
 use crate::{Netns, Proc, wait_until};
 
 /// Which DHCP client a host runs.

@@ -13,6 +13,7 @@
 
 pub mod bed;
 pub mod fleet;
+pub mod hosts;
 pub mod impair;
 pub mod inject;
 pub mod lan;

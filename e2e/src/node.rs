@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::bed::{Bins, CloudHost, Nat, nat_router};
+use crate::hosts::{Bins, CloudHost, Nat, nat_router};
 use crate::{Netns, Proc, sh, veth};
 
 /// Node C's name.

@@ -1,0 +1,288 @@
+//! The hosts a test bed is made of, apart from its sites: where the binaries are, scratch
+//! directories, the cloud's host, NAT routers. A leaf of the bed: the two-site bed
+//! (`bed.rs`) and node hosts (`node.rs`) both build on it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::{Netns, Proc, unique, veth};
+
+/// Where the binaries under test are.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    /// `cyphonic-adapter`.
+    pub adapter: PathBuf,
+    /// `cyphonic-cloud`.
+    pub cloud: PathBuf,
+    /// `cyphonic-node`.
+    pub node: PathBuf,
+}
+
+impl Bins {
+    /// `$CYPHONIC_BIN_DIR`, or the target directory this test binary was built into.
+    ///
+    /// # Errors
+    /// The binaries are not built.
+    pub fn find() -> anyhow::Result<Self> {
+        let dir = match std::env::var_os("CYPHONIC_BIN_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => {
+                let exe = std::env::current_exe()?;
+                // target/<profile>/deps/<test> -> target/<profile>
+                exe.parent()
+                    .and_then(Path::parent)
+                    .context("cannot find the target directory")?
+                    .to_owned()
+            }
+        };
+        let bins = Self {
+            adapter: dir.join("cyphonic-adapter"),
+            cloud: dir.join("cyphonic-cloud"),
+            node: dir.join("cyphonic-node"),
+        };
+        for b in [&bins.adapter, &bins.cloud, &bins.node] {
+            if !b.exists() {
+                bail!(
+                    "{} is not built; run `cargo xtask test` (or `cargo build -p cyphonic-adapter -p cyphonic-cloud -p cyphonic-node`)",
+                    b.display()
+                );
+            }
+        }
+        Ok(bins)
+    }
+}
+
+/// A directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A new empty directory under the system's temporary directory.
+    ///
+    /// # Errors
+    /// It cannot be created.
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        let path = std::env::temp_dir().join(unique(&format!("cyphonic-{prefix}-")));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self(path))
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How the NAT in front of adapter B maps addresses (nftables masquerade).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nat {
+    /// Keeps the source port when it can, one mapping per source (cone-like).
+    PortPreserving,
+    /// A random port for every new destination (`fully-random`): a symmetric NAT.
+    Symmetric,
+}
+
+/// The cloud's host, dual-stack: `[wan router] toc 192.0.2.1/26 fd00:192:0:2::1/64 -- wan
+/// 192.0.2.10/26 fd00:192:0:2::10/64 [cloud]`.
+#[derive(Debug)]
+pub struct CloudHost {
+    /// Its namespace.
+    pub ns: Netns,
+    /// Its directory (configuration, key, CA certificate, database, log).
+    pub dir: PathBuf,
+    /// NMS's control address.
+    pub address: SocketAddr,
+    /// NMS's control address over IPv6.
+    pub address6: SocketAddr,
+    /// The cloud's public key, as the adapters pin it.
+    pub public_key: String,
+    /// The running `cyphonic-cloud serve`.
+    pub proc: Option<Proc>,
+}
+
+impl CloudHost {
+    const IP: [u8; 4] = [192, 0, 2, 10];
+
+    /// The cloud's host behind the router `wan` (its port `toc`), with its key, the CA of
+    /// `ca_dir` and a configuration with `extra` lines (not started).
+    pub(crate) fn new(
+        wan: &Netns,
+        bins: &Bins,
+        ca_dir: &Path,
+        tmp: &Path,
+        extra: &str,
+    ) -> anyhow::Result<Self> {
+        let ns = Netns::new("cloud")?;
+        veth(&ns, "wan", wan, "toc")?;
+        // 192.0.2.0/26; node C's segment is 192.0.2.64/26, and the upper half is the private
+        // side of a NAT (`nat_router`).
+        wan.ip(&["addr", "add", "192.0.2.1/26", "dev", "toc"])?;
+        ns.ip(&["addr", "add", "192.0.2.10/26", "dev", "wan"])?;
+        ns.ip(&["route", "add", "default", "via", "192.0.2.1"])?;
+        wan.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:192:0:2::1/64",
+            "dev",
+            "toc",
+            "nodad",
+        ])?;
+        ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:192:0:2::10/64",
+            "dev",
+            "wan",
+            "nodad",
+        ])?;
+        ns.ip(&["-6", "route", "add", "default", "via", "fd00:192:0:2::1"])?;
+        let dir = tmp.join("cloud");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::copy(ca_dir.join("ca.crt"), dir.join("ca.crt"))?;
+        let key = dir.join("cloud.key");
+        let out = Command::new(&bins.cloud)
+            .args(["keygen", "--out", key.to_str().context("path")?])
+            .output()?;
+        if !out.status.success() {
+            bail!("keygen: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let public_key = String::from_utf8(out.stdout)?.trim().to_owned();
+        std::fs::write(
+            dir.join("cloud.toml"),
+            // Top-level keys first: `extra` may open a table.
+            format!(
+                "listen = \"[::]:7000\"\nprobe_listen = \"[::]:7001\"\nprobe_listen_alt = \"[::]:7002\"\nkey = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\nstatus_socket = \"cloud.sock\"\n{extra}"
+            ),
+        )?;
+        Ok(Self {
+            ns,
+            dir,
+            address: SocketAddr::from((Self::IP, 7000)),
+            address6: "[fd00:192:0:2::10]:7000".parse()?,
+            public_key,
+            proc: None,
+        })
+    }
+
+    /// The cloud's log.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("cloud.log")
+    }
+
+    /// The running cloud's status document.
+    ///
+    /// # Errors
+    /// `cyphonic-cloud status` fails.
+    pub fn status(&self, bins: &Bins) -> anyhow::Result<Value> {
+        let out = Command::new(&bins.cloud)
+            .args([
+                "status",
+                "--json",
+                "--socket",
+                self.dir.join("cloud.sock").to_str().context("path")?,
+            ])
+            .output()?;
+        if !out.status.success() {
+            bail!("status failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// Starts `cyphonic-cloud serve` and waits until it accepts connections.
+    ///
+    /// # Errors
+    /// It exits or does not listen within 10 s (its log is in the error).
+    pub fn start(&mut self, bins: &Bins) -> anyhow::Result<()> {
+        let config = self.dir.join("cloud.toml");
+        let log = self.log();
+        let ready =
+            || std::fs::read_to_string(&log).is_ok_and(|t| t.contains("cyphonic-cloud serving"));
+        self.proc = Some(self.ns.daemon(
+            &bins.cloud,
+            &["serve", "--config", config.to_str().context("path")?],
+            &self.log(),
+            ready,
+        )?);
+        Ok(())
+    }
+
+    /// Stops it with `signal` and waits.
+    ///
+    /// # Errors
+    /// It was not running or did not stop.
+    pub fn stop(&mut self, signal: &str) -> anyhow::Result<()> {
+        let p = self.proc.take().context("the cloud is not running")?;
+        p.stop(signal, Duration::from_secs(10))?;
+        Ok(())
+    }
+}
+
+/// A NAT router between a host and the router: `[host] wan 192.0.2.130/25 -- in
+/// 192.0.2.129/25 [natX] out <public> -- <wan_if> [wan router]`, masquerading what leaves by
+/// `out`.
+pub fn nat_router(
+    label: &str,
+    wan: &Netns,
+    wan_if: &str,
+    adapter_ns: &Netns,
+    public: &str,
+    router: &str,
+    kind: Nat,
+) -> anyhow::Result<Netns> {
+    let ns = Netns::new(&format!("nat{label}"))?;
+    veth(&ns, "out", wan, wan_if)?;
+    ns.ip(&["addr", "add", public, "dev", "out"])?;
+    ns.ip(&["route", "add", "default", "via", router])?;
+    veth(adapter_ns, "wan", &ns, "in")?;
+    ns.ip(&["addr", "add", "192.0.2.129/25", "dev", "in"])?;
+    adapter_ns.ip(&["addr", "add", "192.0.2.130/25", "dev", "wan"])?;
+    adapter_ns.ip(&["route", "add", "default", "via", "192.0.2.129"])?;
+    ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+    ns.exec("nft", &["add", "table", "ip", "nat"])?;
+    ns.exec(
+        "nft",
+        &["add chain ip nat post { type nat hook postrouting priority 100 ; }"],
+    )?;
+    let mut rule = vec![
+        "add",
+        "rule",
+        "ip",
+        "nat",
+        "post",
+        "oifname",
+        "out",
+        "masquerade",
+    ];
+    if kind == Nat::Symmetric {
+        rule.push("fully-random");
+    }
+    ns.exec("nft", &rule)?;
+    Ok(ns)
+}
+
+/// The MAC of `iface` in `ns` (`aa:bb:...`).
+///
+/// # Errors
+/// `ip` fails or shows no MAC.
+pub fn mac_of(ns: &Netns, iface: &str) -> anyhow::Result<String> {
+    let link = ns.ip(&["-o", "link", "show", "dev", iface])?;
+    Ok(link
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .context("no MAC")?
+        .to_owned())
+}
