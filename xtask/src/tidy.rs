@@ -63,7 +63,128 @@ fn check_all(root: &Path) -> anyhow::Result<Vec<String>> {
     problems.extend(layering(root, &members)?);
     problems.extend(sans_io(root)?);
     problems.extend(units(root)?);
+    problems.extend(import_circles(root, &members)?);
     Ok(problems)
+}
+
+/// The modules of each crate form a tree of imports (style.md rule 25): no file imports,
+/// through any chain of `crate::` paths, a file that imports it back. The crate root (its
+/// table of contents and re-exports) is left out; so is code below `#[cfg(test)]`.
+fn import_circles(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for member in members {
+        let src = root.join(member).join("src");
+        if !src.exists() {
+            continue;
+        }
+        let modules = crate_modules(&src)?;
+        let names: Vec<&str> = modules.iter().map(|(m, _)| m.as_str()).collect();
+        let edges: Vec<Vec<usize>> = modules
+            .iter()
+            .map(|(_, text)| {
+                let code = code_of(text);
+                names
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| imports(&code, n))
+                    .map(|(i, _)| i)
+                    .collect()
+            })
+            .collect();
+        if let Some(circle) = find_circle(&edges) {
+            let shown: Vec<String> = circle
+                .iter()
+                .map(|i| format!("{member}/src/{}.rs", names[*i]))
+                .collect();
+            problems.push(format!("import circle: {}", shown.join(" -> ")));
+        }
+    }
+    Ok(problems)
+}
+
+/// The modules of a crate as (path below `src` without `.rs`, e.g. `bin/x` or `a/b`, text),
+/// without the crate roots.
+fn crate_modules(src: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for file in rust_files(src)? {
+        let rel = file.strip_prefix(src).unwrap_or(&file).with_extension("");
+        let name = rel.to_string_lossy().replace('\\', "/");
+        let name = name.strip_suffix("/mod").unwrap_or(&name).to_owned();
+        if ["lib", "main"].contains(&name.as_str()) || name.starts_with("bin/") {
+            continue;
+        }
+        out.push((name, std::fs::read_to_string(&file)?));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A file's code as the checks read it: what comes before its tests (style.md rule 14 puts
+/// them at the bottom), without comment lines.
+fn code_of(text: &str) -> String {
+    let before_tests = text.split("#[cfg(test)]").next().unwrap_or_default();
+    before_tests
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Whether `code` names module `module` through a `crate::` path (`use crate::a::X`,
+/// `crate::a::f()`, `use crate::{a, b}`).
+fn imports(code: &str, module: &str) -> bool {
+    let path = module.replace('/', "::");
+    let direct = format!("crate::{path}");
+    code.match_indices(&direct).any(|(i, m)| {
+        let next = code[i + m.len()..].chars().next();
+        !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    }) || code.split("crate::{").skip(1).any(|group| {
+        group
+            .split('}')
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .any(|item| item.trim().split("::").next() == Some(path.as_str()))
+    })
+}
+
+/// A circle in the graph `edges` (node -> nodes), as the nodes along it, if there is one.
+fn find_circle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
+    // 0: not seen, 1: on the current path, 2: done.
+    fn visit(
+        n: usize,
+        edges: &[Vec<usize>],
+        state: &mut [u8],
+        path: &mut Vec<usize>,
+    ) -> Option<Vec<usize>> {
+        state[n] = 1;
+        path.push(n);
+        for &m in &edges[n] {
+            if m == n {
+                continue;
+            }
+            if state[m] == 1 {
+                let start = path.iter().position(|&p| p == m).unwrap_or_default();
+                let mut circle = path[start..].to_vec();
+                circle.push(m);
+                return Some(circle);
+            }
+            if state[m] == 0
+                && let Some(c) = visit(m, edges, state, path)
+            {
+                return Some(c);
+            }
+        }
+        path.pop();
+        state[n] = 2;
+        None
+    }
+    let mut state = vec![0u8; edges.len()];
+    (0..edges.len()).find_map(|n| {
+        (state[n] == 0)
+            .then(|| visit(n, edges, &mut state, &mut Vec::new()))
+            .flatten()
+    })
 }
 
 /// Capabilities a unit may grant: raw and admin network access (the adapter's AF_PACKET and
@@ -304,12 +425,7 @@ fn sans_io(root: &Path) -> anyhow::Result<Vec<String>> {
             let text = std::fs::read_to_string(&file)?;
             // Unit tests sit at the bottom of a file (style.md rule 14) and may use anything;
             // comments may name what the code must not do.
-            let before_tests = text.split("#[cfg(test)]").next().unwrap_or_default();
-            let code: String = before_tests
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("//"))
-                .collect::<Vec<_>>()
-                .join("\n");
+            let code = code_of(&text);
             for word in FORBIDDEN {
                 if code.contains(word) {
                     let shown = file
@@ -376,6 +492,30 @@ mod tests {
     #[test]
     fn systemd_units_are_hardened() {
         assert_clean(&units(&util::root()).unwrap());
+    }
+
+    #[test]
+    fn no_import_circles_between_files() {
+        let root = util::root();
+        assert_clean(&import_circles(&root, &members(&root).unwrap()).unwrap());
+    }
+
+    #[test]
+    fn import_circles_are_found() {
+        let code = |uses: &str| code_of(&format!("{uses}\n#[cfg(test)]\nuse crate::c;\n"));
+        assert!(imports(&code("use crate::a::X;"), "a"));
+        assert!(imports(&code("use crate::{a::X, b};"), "b"));
+        assert!(!imports(&code("use crate::ab::X;"), "a"));
+        assert!(
+            !imports(&code("/// see [`crate::a`]"), "a"),
+            "comments do not count"
+        );
+        assert!(!imports(&code(""), "c"), "test code does not count");
+        assert_eq!(find_circle(&[vec![1], vec![2], vec![]]), None);
+        assert_eq!(
+            find_circle(&[vec![1], vec![2], vec![0]]),
+            Some(vec![0, 1, 2, 0])
+        );
     }
 
     #[test]
