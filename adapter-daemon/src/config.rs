@@ -188,7 +188,7 @@ pub struct LanDataplane {
 
 /// Everything the adapter needs to run, checked.
 #[derive(Debug)]
-pub struct Config {
+pub struct AdapterConfig {
     /// What every tunnel end has (`lan_block` is its `block`).
     pub common: Common,
     /// The internal NIC.
@@ -207,7 +207,7 @@ pub struct Config {
     pub reservations: Vec<Reservation>,
 }
 
-impl Config {
+impl AdapterConfig {
     /// Our certified LAN block.
     pub const fn lan_block(&self) -> Ipv4Net {
         self.common.block
@@ -219,11 +219,11 @@ impl Config {
 ///
 /// # Errors
 /// A [`ConfigError`] naming the file, and where possible the line and key.
-pub fn load(path: &Path, now_secs: u64) -> Result<(Config, Identity), ConfigError> {
+pub fn load(path: &Path, now_secs: u64) -> Result<(AdapterConfig, Identity), ConfigError> {
     cyphonic_settings::load(path, now_secs, check)
 }
 
-fn check(raw: &Raw, src: &Source<'_>) -> Result<(Config, Identity), ConfigError> {
+fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), ConfigError> {
     let (common, identity) = raw.common(src)?;
     let a = &raw.adapter;
     let cert = identity.certificate();
@@ -250,7 +250,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(Config, Identity), ConfigError>
         &reservations,
     )?;
     let d = &raw.dataplane;
-    let config = Config {
+    let config = AdapterConfig {
         common,
         lan_interface: a.lan_interface.clone(),
         gateway_vip: gw,
@@ -454,7 +454,7 @@ mod tests {
 
     const EXAMPLE: &str = include_str!("../../config/adapter.example.toml");
 
-    fn load_text(f: &Fixture, text: &str) -> Result<(Config, Identity), ConfigError> {
+    fn load_text(f: &Fixture, text: &str) -> Result<(AdapterConfig, Identity), ConfigError> {
         load(&f.write("test.toml", text), NOW)
     }
 

@@ -1,11 +1,11 @@
 //! The adapter's own data-plane counters (its LAN side): one atomic per event, written by the
-//! data threads, read by status. The tunnel engine counts its own (`cyphonic_tunnel::Counters`).
+//! data threads, read by status. The tunnel engine counts its own (`cyphonic_tunnel::EngineCounters`).
 
 pub use cyphonic_tunnel::bump;
 
 cyphonic_telemetry::counters! {
     /// Counters of the adapter's LAN side.
-    pub struct Counters {
+    pub struct LanCounters {
     /// Frames read from the LAN interface.
     captured,
     /// Captured frames longer than the buffer (reported by the kernel, never cut silently).

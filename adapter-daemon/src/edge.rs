@@ -22,8 +22,8 @@ use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, named_cou
 use cyphonic_tunnel::Shared;
 
 use crate::capture::Capture;
-use crate::config::{Config, Mac};
-use crate::counters::Counters;
+use crate::config::{AdapterConfig, Mac};
+use crate::counters::LanCounters;
 use crate::dhcp::Dhcp;
 use crate::gateway::Gateway;
 use crate::lan::{LanSide, SERVICES_QUEUE, ToServices};
@@ -36,7 +36,7 @@ use crate::status::{AdapterInfo, AdapterStatus, Published};
 /// The adapter's edge.
 #[derive(Debug)]
 pub struct AdapterEdge<'a> {
-    config: &'a Config,
+    config: &'a AdapterConfig,
     iface: Interface,
     capture: Option<PacketSocket>,
     lan: Arc<LanSide>,
@@ -49,7 +49,7 @@ impl<'a> AdapterEdge<'a> {
     ///
     /// # Errors
     /// The interface is missing or down, or the socket cannot be opened (privileges).
-    pub fn open(config: &'a Config) -> anyhow::Result<Self> {
+    pub fn open(config: &'a AdapterConfig) -> anyhow::Result<Self> {
         let d = &config.common.dataplane;
         let lan_side = &config.lan_dataplane;
         let iface = Interface::lookup_up(&config.lan_interface)?;
@@ -83,7 +83,7 @@ impl<'a> AdapterEdge<'a> {
                 defer_checksums: lan_side.defer_checksums,
             },
             table: LanTable::new(&config.reservations),
-            counters: Counters::default(),
+            counters: LanCounters::default(),
             to_services,
             dhcp_on: config.dhcp.is_some(),
             dns_on: config.common.dns.is_some(),
@@ -142,7 +142,7 @@ impl Edge for AdapterEdge<'_> {
     type Sink = LanSink;
     type Services = AdapterServices;
     type Status = AdapterStatus;
-    type Counters = Counters;
+    type Counters = LanCounters;
 
     fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<LanSink> {
         let capture = self.socket()?;
@@ -215,7 +215,7 @@ impl Edge for AdapterEdge<'_> {
         Ok(vec![thread])
     }
 
-    fn reporter(&self, core: &Core) -> Reporter<AdapterStatus, Counters> {
+    fn reporter(&self, core: &Core) -> Reporter<AdapterStatus, LanCounters> {
         let (lan, shared) = (self.lan.clone(), core.shared.clone());
         let info = AdapterInfo {
             name: core.name.clone(),

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use cyphonic_gateway::Lan;
 
-use crate::counters::{Counters, bump};
+use crate::counters::{LanCounters, bump};
 use crate::neighbors::LanTable;
 use crate::status::Published;
 
@@ -76,7 +76,7 @@ pub struct LanSide {
     /// Who holds which address.
     pub table: LanTable,
     /// The LAN side's counters.
-    pub counters: Counters,
+    pub counters: LanCounters,
     /// To the LAN services (bounded; `try_send` only).
     pub to_services: tokio::sync::mpsc::Sender<ToServices>,
     /// Whether the DHCP server runs (otherwise DHCP messages are only counted).

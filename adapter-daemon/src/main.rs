@@ -27,9 +27,9 @@ use cyphonic_daemon::cli::Program;
 use cyphonic_daemon::status::{counters_text, peers_text};
 use cyphonic_settings::Identity;
 
-use crate::config::Config;
+use crate::config::AdapterConfig;
 use crate::edge::AdapterEdge;
-use crate::status::Status;
+use crate::status::AdapterDocument;
 
 fn main() -> ExitCode {
     cyphonic_daemon::cli::main(&Program {
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     })
 }
 
-fn describe(c: &Config, id: &Identity) -> String {
+fn describe(c: &AdapterConfig, id: &Identity) -> String {
     format!(
         "{}: OK: adapter {} on {}, LAN block {} (gateway {}), {} reservation(s), {} static peer(s)",
         c.common.path.display(),
@@ -59,11 +59,11 @@ fn describe(c: &Config, id: &Identity) -> String {
     )
 }
 
-fn run(c: &Config, identity: Identity) -> anyhow::Result<()> {
+fn run(c: &AdapterConfig, identity: Identity) -> anyhow::Result<()> {
     cyphonic_daemon::run(&c.common, identity, AdapterEdge::open(c)?)
 }
 
-fn print_status(doc: &Status) {
+fn print_status(doc: &AdapterDocument) {
     let a = &doc.edge.adapter;
     println!(
         "adapter {}  lan {} ({}, gateway {})  listen {}  up {} s",

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use cyphonic_daemon::status::DnsStatus;
 use serde::{Deserialize, Serialize};
 
-use crate::counters::Counters;
+use crate::counters::LanCounters;
 
 /// The adapter's status document.
-pub type Status = cyphonic_daemon::Status<AdapterStatus, Counters>;
+pub type AdapterDocument = cyphonic_daemon::Status<AdapterStatus, LanCounters>;
 
 /// The adapter's part of the document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use cyphonic_cloud::config::RelayConfig;
 use cyphonic_cloud::store::Store;
-use cyphonic_cloud::{Config, Policy};
+use cyphonic_cloud::{CloudConfig, Policy};
 use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_e2e::bed::TempDir;
 use cyphonic_e2e::postgres::Postgres;
@@ -127,7 +127,7 @@ async fn instance(
     url: &str,
     relay_ports: std::ops::RangeInclusive<u16>,
 ) -> cyphonic_cloud::Running {
-    cyphonic_cloud::start(Config {
+    cyphonic_cloud::start(CloudConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),

@@ -13,7 +13,7 @@ use crate::policy::{Policy, Rule};
 
 /// What `serve` needs, checked.
 #[derive(Debug)]
-pub struct Config {
+pub struct CloudConfig {
     /// NMS control sessions (TCP).
     pub listen: SocketAddr,
     /// Endpoint probes (UDP).
@@ -142,7 +142,7 @@ fn default_database() -> String {
 ///
 /// # Errors
 /// Unreadable or invalid configuration, key or CA files.
-pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<Config> {
+pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("{}: cannot read the configuration: {e}", path.display()))?;
     let raw: Raw = toml::from_str(&text).map_err(|e| {
@@ -243,7 +243,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<Config> {
     } else {
         dir.join(&raw.status_socket)
     };
-    Ok(Config {
+    Ok(CloudConfig {
         listen: raw.listen,
         probe_listen: raw.probe_listen,
         probe_listen_alt,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-pub use config::Config;
+pub use config::CloudConfig;
 pub use nms::Nms;
 pub use policy::{Policy, Rule};
 pub use store::Store;
@@ -85,7 +85,7 @@ impl Running {
 ///
 /// # Errors
 /// A socket cannot be bound or the store cannot be opened.
-pub async fn start(config: Config) -> anyhow::Result<Running> {
+pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
     let store = Store::open(&config.database)
         .await
         .with_context(|| format!("opening the store {}", redact(&config.database)))?;
@@ -191,7 +191,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 ///
 /// # Errors
 /// A socket cannot be bound or the store cannot be opened.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
+pub async fn serve(config: CloudConfig) -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     let running = start(config).await?;

@@ -300,7 +300,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .clone()
                 }),
-                counters: status::Counters {
+                counters: status::CounterTable {
                     edge: edge_counters,
                     engine: shared.counters.copied(),
                 },

@@ -31,7 +31,7 @@ pub struct Status<E, C> {
     /// The control plane, when configured.
     pub cloud: Option<CloudStatus>,
     /// The edge's counters and the engine's, in one table.
-    pub counters: Counters<C>,
+    pub counters: CounterTable<C>,
     /// Both pipelines.
     pub pipelines: Pipelines,
     /// The packet buffers.
@@ -40,16 +40,16 @@ pub struct Status<E, C> {
 
 /// The edge's counters and the engine's, read as one table.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct Counters<C> {
+pub struct CounterTable<C> {
     /// The edge's.
     #[serde(flatten)]
     pub edge: C,
     /// The engine's.
     #[serde(flatten)]
-    pub engine: cyphonic_tunnel::Counters,
+    pub engine: cyphonic_tunnel::EngineCounters,
 }
 
-impl<C: CounterSet> Counters<C> {
+impl<C: CounterSet> CounterTable<C> {
     /// Every counter with its name: the edge's, then the engine's.
     pub fn all(&self) -> Vec<(&'static str, u64)> {
         let mut v = self.edge.snapshot();
@@ -326,7 +326,7 @@ mod tests {
     fn the_document_reads_back_and_keeps_its_shape() {
         let edge_counters = EdgeCounters::default();
         edge_counters.frames.store(3, Relaxed);
-        let engine = cyphonic_tunnel::Counters::default();
+        let engine = cyphonic_tunnel::EngineCounters::default();
         engine.udp_sent.store(5, Relaxed);
         let doc = Status {
             version: VERSION,
@@ -349,7 +349,7 @@ mod tests {
                 rx_bytes: 4,
             }],
             cloud: None,
-            counters: Counters {
+            counters: CounterTable {
                 edge: edge_counters,
                 engine,
             },

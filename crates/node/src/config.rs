@@ -44,7 +44,7 @@ fn default_interface() -> Spanned<String> {
 
 /// Everything the node needs to run, checked.
 #[derive(Debug)]
-pub struct Config {
+pub struct NodeConfig {
     /// What every tunnel end has.
     pub common: Common,
     /// The TUN interface's name.
@@ -60,11 +60,11 @@ pub struct Config {
 ///
 /// # Errors
 /// A [`ConfigError`] naming the file, and where possible the line and key.
-pub fn load(path: &Path, now_secs: u64) -> Result<(Config, Identity), ConfigError> {
+pub fn load(path: &Path, now_secs: u64) -> Result<(NodeConfig, Identity), ConfigError> {
     cyphonic_settings::load(path, now_secs, check)
 }
 
-fn check(raw: &Raw, src: &Source<'_>) -> Result<(Config, Identity), ConfigError> {
+fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigError> {
     let (common, identity) = raw.common(src)?;
     let n = &raw.node;
     let block = common.block;
@@ -111,7 +111,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(Config, Identity), ConfigError>
             Some(a)
         }
     };
-    let config = Config {
+    let config = NodeConfig {
         common,
         interface: interface.clone(),
         vip,
@@ -154,7 +154,7 @@ mod tests {
         )
     }
 
-    fn load_text(f: &Fixture, text: &str) -> Result<(Config, Identity), ConfigError> {
+    fn load_text(f: &Fixture, text: &str) -> Result<(NodeConfig, Identity), ConfigError> {
         load(&f.write("node.toml", text), NOW)
     }
 

@@ -18,7 +18,7 @@ use cyphonic_signal::NameRecord;
 use ipnet::{IpNet, Ipv4Net};
 use tokio::net::UdpSocket;
 
-use crate::config::Config;
+use crate::config::NodeConfig;
 
 const DNS_PORT: u16 = 53;
 /// The largest DNS message read over UDP.
@@ -126,7 +126,7 @@ impl Stub {
     /// # Errors
     /// The socket cannot be bound, a name does not parse.
     pub fn new(
-        config: &Config,
+        config: &NodeConfig,
         listen: SocketAddr,
         name: &str,
         cloud: Option<Asker>,

@@ -12,9 +12,9 @@ use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, named_counters};
 use cyphonic_tunnel::Shared;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::config::NodeConfig;
 use crate::dns::{NodeServices, Stub};
-use crate::tun::{Counters, TunReader, TunSide, TunSink};
+use crate::tun::{TunCounters, TunReader, TunSide, TunSink};
 
 /// The node in the status document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,12 +41,12 @@ pub struct NodeStatus {
 }
 
 /// The node's status document.
-pub type Status = cyphonic_daemon::Status<NodeStatus, Counters>;
+pub type NodeDocument = cyphonic_daemon::Status<NodeStatus, TunCounters>;
 
 /// The node's edge.
 #[derive(Debug)]
 pub struct NodeEdge<'a> {
-    config: &'a Config,
+    config: &'a NodeConfig,
     side: Arc<TunSide>,
     dns: Arc<Mutex<Option<DnsStatus>>>,
 }
@@ -56,7 +56,7 @@ impl<'a> NodeEdge<'a> {
     ///
     /// # Errors
     /// The device cannot be created or configured (privileges, name in use).
-    pub fn open(config: &'a Config) -> anyhow::Result<Self> {
+    pub fn open(config: &'a NodeConfig) -> anyhow::Result<Self> {
         let common = &config.common;
         let tun = Tun::create(&config.interface)?;
         tun.configure(
@@ -72,7 +72,7 @@ impl<'a> NodeEdge<'a> {
                 vip: config.vip,
                 block: common.block,
                 overlay: common.overlay,
-                counters: Counters::default(),
+                counters: TunCounters::default(),
             }),
             dns: Arc::new(Mutex::new(None)),
         })
@@ -84,7 +84,7 @@ impl Edge for NodeEdge<'_> {
     type Sink = TunSink;
     type Services = NodeServices;
     type Status = NodeStatus;
-    type Counters = Counters;
+    type Counters = TunCounters;
 
     fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<TunSink> {
         Ok(TunSink::new(self.side.clone(), shared.clone()))
@@ -119,7 +119,7 @@ impl Edge for NodeEdge<'_> {
         Ok(vec![core.spawn("cy-tun", move || reader.run())?])
     }
 
-    fn reporter(&self, core: &Core) -> Reporter<NodeStatus, Counters> {
+    fn reporter(&self, core: &Core) -> Reporter<NodeStatus, TunCounters> {
         let (side, dns) = (self.side.clone(), self.dns.clone());
         let info = NodeInfo {
             name: core.name.clone(),

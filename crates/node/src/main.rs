@@ -17,8 +17,8 @@ use std::process::ExitCode;
 use cyphonic_daemon::cli::Program;
 use cyphonic_daemon::status::{counters_text, peers_text};
 
-use crate::config::Config;
-use crate::edge::{NodeEdge, Status};
+use crate::config::NodeConfig;
+use crate::edge::{NodeDocument, NodeEdge};
 
 fn main() -> ExitCode {
     cyphonic_daemon::cli::main(&Program {
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     })
 }
 
-fn describe(c: &Config, id: &cyphonic_settings::Identity) -> String {
+fn describe(c: &NodeConfig, id: &cyphonic_settings::Identity) -> String {
     format!(
         "{}: OK: node {} at {} on {}, {} static peer(s){}",
         c.common.path.display(),
@@ -51,11 +51,11 @@ fn describe(c: &Config, id: &cyphonic_settings::Identity) -> String {
     )
 }
 
-fn run(c: &Config, identity: cyphonic_settings::Identity) -> anyhow::Result<()> {
+fn run(c: &NodeConfig, identity: cyphonic_settings::Identity) -> anyhow::Result<()> {
     cyphonic_daemon::run(&c.common, identity, NodeEdge::open(c)?)
 }
 
-fn print_status(doc: &Status) {
+fn print_status(doc: &NodeDocument) {
     let n = &doc.edge.node;
     println!(
         "node {}  {} on {}  listen {}  up {} s",

@@ -31,7 +31,7 @@ pub struct TunSide {
     /// The overlay: what we send into the tunnel.
     pub overlay: Ipv4Net,
     /// The TUN side's counters.
-    pub counters: Counters,
+    pub counters: TunCounters,
 }
 
 /// How long a TUN read waits before the thread looks at its other work.
@@ -41,7 +41,7 @@ const IPV4_MIN: usize = 20;
 
 cyphonic_telemetry::counters! {
     /// Counters of the node's TUN side.
-    pub struct Counters {
+    pub struct TunCounters {
         /// Packets read from the TUN device.
         tun_read,
         /// Packets from the host that are not IPv4 (IPv6 router solicitations, say).
@@ -88,7 +88,7 @@ fn addresses(p: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr), bool> {
 }
 
 /// Where a packet from the host goes: its destination in the overlay, or why it is dropped.
-fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &Counters) -> Option<Ipv4Addr> {
+fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &TunCounters) -> Option<Ipv4Addr> {
     match addresses(p) {
         Err(false) => bump(&c.drop_tun_not_ipv4),
         Err(true) => bump(&c.drop_tun_malformed),
@@ -269,7 +269,7 @@ mod tests {
     fn outbound_packets_are_checked() {
         let vip = Ipv4Addr::new(100, 64, 3, 1);
         let overlay: Ipv4Net = "100.64.0.0/10".parse().unwrap_or_default();
-        let c = Counters::default();
+        let c = TunCounters::default();
         let me = [100, 64, 3, 1];
         assert_eq!(
             outbound(&packet(me, [100, 64, 2, 10]), vip, overlay, &c),

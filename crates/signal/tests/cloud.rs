@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cyphonic_cloud::config::RelayConfig;
-use cyphonic_cloud::{Config, Policy, Rule};
+use cyphonic_cloud::{CloudConfig, Policy, Rule};
 use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_session::Identity;
 use cyphonic_signal::testing::Pki;
@@ -53,7 +53,7 @@ impl Cloud {
         listen: SocketAddr,
         relay: Option<RelayConfig>,
     ) -> cyphonic_cloud::Running {
-        let config = Config {
+        let config = CloudConfig {
             listen,
             probe_listen: SocketAddr::new(listen.ip(), 0),
             probe_listen_alt: SocketAddr::new(listen.ip(), 0),

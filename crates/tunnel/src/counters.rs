@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 cyphonic_telemetry::counters! {
     /// Counters of the tunnel engine (the pipelines count their own).
-    pub struct Counters {
+    pub struct EngineCounters {
         /// Overlay destinations no peer's certificate covers.
         drop_no_peer,
         /// Packets queued while a handshake is pending.

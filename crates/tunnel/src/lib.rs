@@ -42,7 +42,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 pub use control::{Control, ControlEvent};
-pub use counters::{Counters, bump};
+pub use counters::{EngineCounters, bump};
 pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
 pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
 pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
@@ -81,7 +81,7 @@ pub struct Shared {
     /// The peers.
     pub peers: PeerTable,
     /// The engine's counters.
-    pub counters: Counters,
+    pub counters: EngineCounters,
     /// Packet buffers.
     pub pool: Pool,
     /// Cleared to stop the data threads.
@@ -107,7 +107,7 @@ impl Shared {
         (
             Self {
                 peers,
-                counters: Counters::default(),
+                counters: EngineCounters::default(),
                 pool: Pool::new(buffers),
                 running: AtomicBool::new(true),
                 control,
