@@ -32,13 +32,45 @@ pub enum Side {
     B,
 }
 
+/// How to build one site.
+#[derive(Debug, Clone, Default)]
+pub struct SiteOptions {
+    /// Put the adapter behind a NAT router of this kind (its own address 192.0.2.130, the
+    /// NAT's public one the site's usual address).
+    pub nat: Option<Nat>,
+    /// Give the adapter an IPv6 underlay only (the site's network spelt into fd00::/16): the
+    /// cloud, dual-stack, is then the only place where it meets an IPv4-only site.
+    pub v6_only: bool,
+    /// Extra configuration for the adapter (whole tables such as `[dhcp]`, appended).
+    pub extra: String,
+    /// Revoke the adapter's certificate at the CA before the cloud starts (the cloud reads
+    /// the CA's `revoked.txt` as `revocations`).
+    pub revoked: bool,
+}
+
+/// The cloud of a bed: `cyphonic-cloud serve` on its own host behind the router
+/// (192.0.2.10); the adapters get no static peers and find each other through it.
+#[derive(Debug, Clone, Default)]
+pub struct CloudOptions {
+    /// Extra lines for its configuration (`[policy]`, say).
+    pub extra: String,
+}
+
 /// How to build the bed.
 #[derive(Debug, Clone)]
 pub struct BedOptions {
+    /// Site A.
+    pub a: SiteOptions,
+    /// Site B.
+    pub b: SiteOptions,
+    /// The cloud; without one the adapters are each other's static peers.
+    pub cloud: Option<CloudOptions>,
     /// `dataplane.ordering` of both adapters.
     pub ordering: bool,
     /// Extra lines for both adapters' `[dataplane]` section.
     pub dataplane_extra: String,
+    /// Peers' persistent keepalive, seconds (0 = off).
+    pub persistent_keepalive: u64,
     /// Make the LAN hosts' veths behave like a wire (TSO and GSO off), as a real NIC would
     /// segment before the wire.
     pub wire_like_lan: bool,
@@ -49,34 +81,11 @@ pub struct BedOptions {
     /// segments); plain routing keeps it on. Off: the adapters run with `lan_gro = false`
     /// and switch GRO off themselves; plain routing turns it off too.
     pub lan_gro: bool,
-    /// Peers' persistent keepalive, seconds (0 = off).
-    pub persistent_keepalive: u64,
-    /// Carry the underlay through an impairing relay on the router (loss, delay, reordering).
-    pub impair: Option<Impairment>,
     /// Put a switch (a bridge in a namespace of its own) on each LAN, so that more hosts can
     /// join it with [`TwoSites::add_host`]. Off for the benchmarks: a bridge costs a little.
     pub lan_switch: bool,
-    /// Extra configuration for adapter A (whole tables such as `[dhcp]`, appended).
-    pub extra_a: String,
-    /// Extra configuration for adapter B.
-    pub extra_b: String,
-    /// Run `cyphonic-cloud serve` on its own host behind the router (192.0.2.10) and give the
-    /// adapters no static peers: they find each other through it.
-    pub cloud: bool,
-    /// Extra lines for the cloud's configuration (`[policy]`, `revocations`).
-    pub cloud_extra: String,
-    /// Revoke adapter B's certificate at the CA before the cloud starts (the cloud reads the
-    /// CA's `revoked.txt` as `revocations`).
-    pub revoke_b: bool,
-    /// Put adapter B behind a NAT router (its own address 192.0.2.130, the NAT's public one
-    /// 203.0.113.2).
-    pub nat_b: Option<Nat>,
-    /// Put adapter A behind a NAT router (its own address 192.0.2.130, the NAT's public one
-    /// 198.51.100.2).
-    pub nat_a: Option<Nat>,
-    /// Give adapter B an IPv6 underlay only (fd00:203:0:113::2/64): the cloud, dual-stack,
-    /// is the only place where it and adapter A (IPv4 only) meet.
-    pub v6_only_b: bool,
+    /// Carry the underlay through an impairing relay on the router (loss, delay, reordering).
+    pub impair: Option<Impairment>,
     /// The router drops UDP between the two sites' underlay networks: only the cloud (and its
     /// relay) reach both. Hole punching has no chance.
     pub block_direct: bool,
@@ -88,24 +97,29 @@ pub struct BedOptions {
 impl Default for BedOptions {
     fn default() -> Self {
         Self {
+            a: SiteOptions::default(),
+            b: SiteOptions::default(),
+            cloud: None,
             ordering: true,
             dataplane_extra: String::new(),
+            persistent_keepalive: 0,
             wire_like_lan: true,
             lan_tx_checksum_off: false,
             lan_gro: true,
-            persistent_keepalive: 0,
-            impair: None,
             lan_switch: false,
-            extra_a: String::new(),
-            extra_b: String::new(),
-            cloud: false,
-            cloud_extra: String::new(),
-            revoke_b: false,
-            nat_b: None,
-            nat_a: None,
-            v6_only_b: false,
+            impair: None,
             block_direct: false,
             node_c: None,
+        }
+    }
+}
+
+impl BedOptions {
+    /// The options of `side`.
+    pub const fn site(&self, side: Side) -> &SiteOptions {
+        match side {
+            Side::A => &self.a,
+            Side::B => &self.b,
         }
     }
 }
@@ -174,6 +188,56 @@ fn plug(switch: &Netns, ports: &mut u32, ns: &Netns, ns_if: &str) -> anyhow::Res
     Ok(())
 }
 
+/// How [`TwoSites::ping_ok`] pings: `count` echo requests `interval` seconds apart, each
+/// waited for `wait` seconds, with ping's further `args`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ping<'a> {
+    /// Echo requests.
+    pub count: u32,
+    /// Seconds between them.
+    pub interval: &'a str,
+    /// Seconds each reply may take.
+    pub wait: u32,
+    /// More arguments (`-s 1400`, `-p <pattern>`).
+    pub args: &'a [&'a str],
+}
+
+impl Default for Ping<'_> {
+    fn default() -> Self {
+        Self::count(3)
+    }
+}
+
+impl<'a> Ping<'a> {
+    /// `count` requests, 0.2 s apart, each waited for 2 s.
+    pub const fn count(count: u32) -> Self {
+        Self {
+            count,
+            interval: "0.2",
+            wait: 2,
+            args: &[],
+        }
+    }
+
+    /// The same, `interval` seconds apart.
+    #[must_use]
+    pub const fn interval(self, interval: &'a str) -> Self {
+        Self { interval, ..self }
+    }
+
+    /// The same, each reply waited for `wait` seconds.
+    #[must_use]
+    pub const fn wait(self, wait: u32) -> Self {
+        Self { wait, ..self }
+    }
+
+    /// The same, with ping's further `args`.
+    #[must_use]
+    pub const fn args(self, args: &'a [&'a str]) -> Self {
+        Self { args, ..self }
+    }
+}
+
 /// The bed.
 #[derive(Debug)]
 pub struct TwoSites {
@@ -204,6 +268,17 @@ impl TwoSites {
         self.tmp.path().join("ca")
     }
 
+    /// Builds the bed and starts both adapters: what most tests and measurements want.
+    ///
+    /// # Errors
+    /// As [`TwoSites::new`] and [`TwoSites::start`].
+    pub fn up(opts: &BedOptions) -> anyhow::Result<Self> {
+        let mut bed = Self::new(opts)?;
+        bed.start(Side::A)?;
+        bed.start(Side::B)?;
+        Ok(bed)
+    }
+
     /// Builds the namespaces, certificates and configurations (adapters not started).
     ///
     /// # Errors
@@ -213,17 +288,8 @@ impl TwoSites {
         let bins = Bins::find()?;
         let tmp = TempDir::new("bed")?;
         let wan = Netns::new("wan")?;
-        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, opts.nat_a, false, opts)?;
-        let mut b = Self::site(
-            "B",
-            &wan,
-            "tob",
-            [203, 0, 113],
-            2,
-            opts.nat_b,
-            opts.v6_only_b,
-            opts,
-        )?;
+        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, &opts.a, opts)?;
+        let mut b = Self::site("B", &wan, "tob", [203, 0, 113], 2, &opts.b, opts)?;
         wan.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
         wan.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
         if opts.block_direct {
@@ -314,9 +380,10 @@ impl TwoSites {
             b.dir.join("gw2.ovl.example.crt"),
             a.dir.join("peers/gw2.ovl.example.crt"),
         )?;
-        let cloud = if opts.cloud {
+        let cloud = if let Some(cloud_opts) = &opts.cloud {
             let mut extra = String::new();
-            if opts.revoke_b {
+            let revoked = [(&a, &opts.a, "gw1"), (&b, &opts.b, "gw2")];
+            for (site, _, name) in revoked.iter().filter(|(_, o, _)| o.revoked) {
                 sh(
                     cloud,
                     &[
@@ -324,15 +391,20 @@ impl TwoSites {
                         "revoke",
                         "--dir",
                         ca.to_str().context("path")?,
-                        b.dir.join("gw2.ovl.example.crt").to_str().context("path")?,
+                        site.dir
+                            .join(format!("{name}.ovl.example.crt"))
+                            .to_str()
+                            .context("path")?,
                     ],
                 )?;
+            }
+            if revoked.iter().any(|(_, o, _)| o.revoked) {
                 extra.push_str(&format!(
                     "revocations = \"{}\"\n",
                     ca.join("revoked.txt").display()
                 ));
             }
-            extra.push_str(&opts.cloud_extra);
+            extra.push_str(&cloud_opts.extra);
             let mut c = CloudHost::new(&wan, &bins, &ca, tmp.path(), &extra)?;
             c.start(&bins)?;
             Some(c)
@@ -368,17 +440,16 @@ impl TwoSites {
         Ok(bed)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn site(
         label: &str,
         wan: &Netns,
         wan_if: &str,
         net: [u8; 3],
         n: u8,
-        nat: Option<Nat>,
-        v6_only: bool,
+        own: &SiteOptions,
         opts: &BedOptions,
     ) -> anyhow::Result<Site> {
+        let (nat, v6_only) = (own.nat, own.v6_only);
         let lan = Netns::new(&format!("lan{label}"))?;
         let adapter_ns = Netns::new(&format!("ad{label}"))?;
         let switch = if opts.lan_switch {
@@ -554,10 +625,7 @@ impl TwoSites {
                 me.peer_endpoint, opts.persistent_keepalive
             )?;
         }
-        text.push_str(match side {
-            Side::A => &opts.extra_a,
-            Side::B => &opts.extra_b,
-        });
+        text.push_str(&opts.site(side).extra);
         std::fs::write(me.config(), text)?;
         Ok(())
     }
@@ -653,6 +721,34 @@ impl TwoSites {
         all.push(to.to_string());
         let refs: Vec<&str> = all.iter().map(String::as_str).collect();
         self.site_ref(from).lan.exec_output("ping", &refs)
+    }
+
+    /// Pings `to` from the host `from` (a site's LAN host, node C, a device) as `ping` says,
+    /// and fails the test unless every request was answered; the message has the bed's logs.
+    ///
+    /// # Panics
+    /// When ping cannot run, or a request went unanswered.
+    #[track_caller]
+    pub fn ping_ok(&self, from: &Netns, to: impl std::fmt::Display, ping: Ping<'_>) {
+        let (count, wait, to) = (
+            ping.count.to_string(),
+            ping.wait.to_string(),
+            to.to_string(),
+        );
+        let mut args = vec!["-c", &count, "-i", ping.interval, "-W", &wait];
+        args.extend_from_slice(ping.args);
+        args.push(&to);
+        let out = from
+            .exec_output("ping", &args)
+            .unwrap_or_else(|e| panic!("ping {to} from {}: {e}", from.name()));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(&format!(" {count} received")),
+            "ping {to} from {}:\n{text}{}\n{}",
+            from.name(),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
     }
 
     /// Turns the two adapter namespaces into plain kernel routers (no tunnel), for the

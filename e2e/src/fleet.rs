@@ -28,7 +28,7 @@ pub struct Fleet {
 }
 
 /// What one fleet size measured.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FleetFigures {
     /// Nodes.
     pub nodes: usize,

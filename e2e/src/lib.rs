@@ -21,6 +21,7 @@ mod ledger;
 pub mod measure;
 pub mod node;
 pub mod postgres;
+pub mod report;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -3,22 +3,31 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
 
 use crate::bed::{IperfRun, Side, TwoSites, iperf3};
 
-/// Round-trip times from one ping run.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Round-trip times from one ping run (NaN without replies; `null` in JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PingStats {
     /// Requests sent.
     pub sent: usize,
     /// Replies received.
     pub received: usize,
     /// Mean RTT, milliseconds.
+    #[serde(deserialize_with = "nan_if_null")]
     pub avg_ms: f64,
     /// Median RTT.
+    #[serde(deserialize_with = "nan_if_null")]
     pub p50_ms: f64,
     /// 99th percentile RTT.
+    #[serde(deserialize_with = "nan_if_null")]
     pub p99_ms: f64,
+}
+
+/// A number that JSON wrote as `null` because it was NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Parses ping's output: one `time=X ms` per reply.
@@ -82,7 +91,7 @@ pub fn ping(
 }
 
 /// A TCP result.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Tcp {
     /// Goodput at the receiver, Gbit/s.
     pub gbps: f64,
@@ -124,7 +133,7 @@ pub fn tcp(bed: &TwoSites, streams: usize, seconds: u64) -> anyhow::Result<Tcp> 
 }
 
 /// A UDP result at one offered rate.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Udp {
     /// Offered rate, Mbit/s.
     pub offered_mbps: f64,

@@ -11,15 +11,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, IperfRun, Side, TwoSites, iperf3};
+use cyphonic_e2e::bed::{BedOptions, IperfRun, Ping, Side, TwoSites, iperf3};
 use cyphonic_e2e::impair::Impairment;
 use cyphonic_e2e::inject;
 
 fn bed(opts: &BedOptions) -> TwoSites {
-    let mut bed = TwoSites::new(opts).unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
-    bed
+    TwoSites::up(opts).unwrap()
 }
 
 fn mac(text: &str) -> [u8; 6] {
@@ -38,31 +35,14 @@ fn out_of_order(bed: &TwoSites, side: Side) -> (u64, u64) {
     )
 }
 
-fn ping_ok(bed: &TwoSites, from: Side, to: std::net::Ipv4Addr, count: &str) {
-    ping_every(bed, from, to, count, "0.2");
-}
-
-/// [`ping_ok`] with `interval` seconds between the pings.
-fn ping_every(bed: &TwoSites, from: Side, to: std::net::Ipv4Addr, count: &str, interval: &str) {
-    let out = bed
-        .ping(from, to, &["-c", count, "-i", interval, "-W", "3"])
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains(&format!("{count} received")),
-        "ping {to} from {from:?}:\n{text}\n{}",
-        bed.logs()
-    );
-}
-
 #[test]
 fn ping_both_ways_and_the_gateway_answers() {
     let bed = bed(&BedOptions::default());
     // The gateway vIP answers ARP and ping itself.
-    ping_ok(&bed, Side::A, bed.a.gateway, "3");
+    bed.ping_ok(&bed.a.lan, bed.a.gateway, Ping::count(3).wait(3));
     // Across the tunnel, both ways. The first packet waits in the handshake queue: none is lost.
-    ping_ok(&bed, Side::A, bed.b.host_ip, "5");
-    ping_ok(&bed, Side::B, bed.a.host_ip, "5");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(5).wait(3));
+    bed.ping_ok(&bed.b.lan, bed.a.host_ip, Ping::count(5).wait(3));
     for side in [Side::A, Side::B] {
         let s = bed.status(side).unwrap();
         assert_eq!(s["peers"][0]["established"], true, "{s}");
@@ -107,7 +87,7 @@ fn tcp_both_ways_and_udp_arrive_in_order() {
 #[test]
 fn spoofed_source_ip_or_mac_is_dropped_and_counted() {
     let bed = bed(&BedOptions::default());
-    ping_ok(&bed, Side::A, bed.b.host_ip, "2");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
     let before = bed.counter(Side::A, "drop_spoofed").unwrap();
     let gw_mac = {
         let s = bed
@@ -169,7 +149,7 @@ fn spoofed_source_ip_or_mac_is_dropped_and_counted() {
 #[test]
 fn forged_replayed_and_garbage_underlay_frames_are_dropped_while_tcp_runs() {
     let bed = bed(&BedOptions::default());
-    ping_ok(&bed, Side::A, bed.b.host_ip, "2");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
     let to_b: SocketAddr = SocketAddr::new(bed.b.underlay, 51820);
     let status_before = bed.status(Side::B).unwrap();
     std::thread::scope(|s| {
@@ -251,7 +231,7 @@ fn forged_replayed_and_garbage_underlay_frames_are_dropped_while_tcp_runs() {
 #[test]
 fn a_restarted_adapter_is_reached_again_by_itself() {
     let mut bed = bed(&BedOptions::default());
-    ping_ok(&bed, Side::A, bed.b.host_ip, "2");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
     let run = IperfRun::start(&bed, Side::B, &["-i", "1"], 14).unwrap();
     std::thread::sleep(Duration::from_secs(3));
     bed.stop(Side::B, "KILL").unwrap();
@@ -357,7 +337,7 @@ fn a_lossy_reordering_underlay_still_delivers_intact_data() {
         impair: Some(imp),
         ..BedOptions::default()
     });
-    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     let (input, output) = send_a_to_b(&bed, 16 << 20, 120);
     let stats = &bed.relay.as_ref().unwrap().stats;
     let (dropped, reordered) = (
@@ -388,7 +368,7 @@ fn a_lossy_reordering_underlay_still_delivers_intact_data() {
 #[test]
 fn oversize_df_gets_frag_needed_and_tcp_works_at_lan_mtu_1500_by_mss_clamping() {
     let bed = bed(&BedOptions::default());
-    ping_ok(&bed, Side::A, bed.b.host_ip, "2");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
     // The LAN hosts keep MTU 1500 and would send 1460-byte segments: the adapters clamp the
     // MSS in SYN and SYN-ACK, so TCP never needs fragmentation-needed.
     assert!(
@@ -529,7 +509,7 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
         dataplane_extra: "cpus = [0]\nrealtime_priority = 5".into(),
         ..BedOptions::default()
     });
-    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     let pid = bed.a.adapter.as_ref().unwrap().pid();
     // (thread name, CPUs allowed, scheduling policy: 0 normal, 1 FIFO) of every thread.
     let threads: Vec<(String, String, u32)> = threads(pid)
@@ -602,12 +582,16 @@ fn busy_polling_threads_poll_while_packets_come_and_sleep_when_quiet() {
         dataplane_extra: "busy_poll_us = 20000".into(),
         ..BedOptions::default()
     });
-    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     let pid = bed.a.adapter.as_ref().unwrap().pid();
     let receivers = ["cy-capture", "cy-udp-rx"];
     // Clock ticks are 10 ms on Linux (USER_HZ 100).
     let before = thread_ticks(pid, &receivers);
-    ping_every(&bed, Side::A, bed.b.host_ip, "200", "0.005");
+    bed.ping_ok(
+        &bed.a.lan,
+        bed.b.host_ip,
+        Ping::count(200).interval("0.005").wait(3),
+    );
     let busy = thread_ticks(pid, &receivers) - before;
     // Two threads polling through a second of pings 5 ms apart: far more than the few ticks
     // 400 packets cost a sleeping pair (the default's figure is 0-2 ticks).
@@ -620,7 +604,7 @@ fn busy_polling_threads_poll_while_packets_come_and_sleep_when_quiet() {
         quiet <= 5,
         "{quiet} ticks in a quiet second (polled {busy} while pings came): still spinning?"
     );
-    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
 }
 
 /// `lan_gro = true` and `lan_gso = true` (the defaults): the adapter's LAN veth merges the LAN
@@ -637,7 +621,7 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
             dataplane_extra: format!("lan_gso = {lan_gro}\ndefer_checksums = {defer}"),
             ..BedOptions::default()
         });
-        ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+        bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
         let (input, output) = send_a_to_b(&bed, 32 << 20, 60);
         assert_eq!(
             sha256(&bed.b.lan, &output),
@@ -715,7 +699,7 @@ fn udp_bursts(bed: &TwoSites, duration: Duration) -> std::thread::JoinHandle<()>
 #[test]
 fn a_lan_link_flap_fails_sends_but_does_not_switch_merging_off() {
     let bed = bed(&BedOptions::default());
-    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     let merged = || {
         let b = bed.status(Side::B).unwrap();
         let count = |k: &str| b["counters"][k].as_u64().unwrap();
@@ -762,7 +746,7 @@ fn a_lan_link_flap_fails_sends_but_does_not_switch_merging_off() {
         !log.contains("receiving from the LAN interface failed"),
         "adapter B's log: {log}"
     );
-    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     assert_eq!(out_of_order(&bed, Side::A), (0, 0));
 }
 
@@ -775,7 +759,7 @@ fn frames_the_kernel_drops_before_capture_are_counted() {
         dataplane_extra: "lan_buffer = 4096".into(),
         ..BedOptions::default()
     });
-    ping_ok(&bed, Side::A, bed.b.host_ip, "3");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     let overflow = || {
         bed.status(Side::A).unwrap()["counters"]["drop_capture_overflow"]
             .as_u64()

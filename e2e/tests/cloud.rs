@@ -8,7 +8,9 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, IperfRun, Nat, Side, TwoSites};
+use cyphonic_e2e::bed::{
+    BedOptions, CloudOptions, IperfRun, Nat, Ping, Side, SiteOptions, TwoSites,
+};
 use cyphonic_e2e::inject::count_frames_containing_each;
 use cyphonic_e2e::lan::dig;
 use cyphonic_e2e::wait_until;
@@ -20,15 +22,15 @@ fn cloud_bed() -> TwoSites {
 }
 
 fn bed_with(nat_b: Option<Nat>) -> TwoSites {
-    let mut bed = TwoSites::new(&BedOptions {
-        cloud: true,
-        nat_b,
+    TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        b: SiteOptions {
+            nat: nat_b,
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     })
-    .unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
-    bed
+    .unwrap()
 }
 
 fn count(text: &str, what: &str) -> usize {
@@ -262,14 +264,13 @@ fn direct_through_nat(nat: Nat) {
 /// crates/signal/tests/cloud.rs.)
 #[test]
 fn a_policy_denial_is_nxdomain_and_no_tunnel() {
-    let mut bed = TwoSites::new(&BedOptions {
-        cloud: true,
-        cloud_extra: "[policy]\ndefault = \"deny\"\n".into(),
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions {
+            extra: "[policy]\ndefault = \"deny\"\n".into(),
+        }),
         ..BedOptions::default()
     })
     .unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
     // The name exists (gw2 registers it) but may not be reached: ask until the cloud has
     // gw2's registration, which the denial counter in its log shows.
     let cloud_log = bed.cloud.as_ref().unwrap().log();
@@ -298,14 +299,15 @@ fn a_policy_denial_is_nxdomain_and_no_tunnel() {
 /// resolve, and B says why in its log.
 #[test]
 fn a_revoked_adapter_is_refused_by_the_cloud() {
-    let mut bed = TwoSites::new(&BedOptions {
-        cloud: true,
-        revoke_b: true,
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        b: SiteOptions {
+            revoked: true,
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     })
     .unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
     wait_until(Duration::from_secs(10), "B refused", || {
         bed.b
             .log_text()
@@ -357,7 +359,7 @@ fn a_peer_that_changes_address_keeps_its_tunnel() {
         resolve(&bed, Side::A, "host.gw2.ovl.example"),
         ["100.64.2.10"]
     );
-    ping_ok(&bed, Side::A, Ipv4Addr::new(100, 64, 2, 10), &[]);
+    bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
     let endpoint_of_b = || bed.status(Side::A).unwrap()["peers"][0]["endpoint"].clone();
     assert_eq!(endpoint_of_b(), "203.0.113.2:51820");
 
@@ -402,14 +404,11 @@ fn a_peer_that_changes_address_keeps_its_tunnel() {
 }
 
 fn bed_of(opts: &BedOptions) -> TwoSites {
-    let mut bed = TwoSites::new(&BedOptions {
-        cloud: true,
+    TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
         ..opts.clone()
     })
-    .unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
-    bed
+    .unwrap()
 }
 
 /// The relay both adapters talk through: (A's channel address, B's), after checking both
@@ -428,18 +427,6 @@ fn relayed(bed: &TwoSites, reason: &str) -> (String, String) {
     (addresses.remove(0), addresses.remove(0))
 }
 
-fn ping_ok(bed: &TwoSites, from: Side, to: Ipv4Addr, extra: &[&str]) {
-    let mut args = vec!["-c", "3", "-i", "0.2", "-W", "2"];
-    args.extend_from_slice(extra);
-    let out = bed.ping(from, to, &args).unwrap();
-    assert!(
-        out.status.success(),
-        "ping {from:?} -> {to}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        bed.logs()
-    );
-}
-
 /// (c) Both adapters behind NATs, B's symmetric: hole punching cannot work, the cloud sees it
 /// in B's two probes and pairs them through its relay from the first question. The relay
 /// carries the traffic and cannot read it: a capture on the cloud's host during pings with a
@@ -447,8 +434,14 @@ fn ping_ok(bed: &TwoSites, from: Side, to: Ipv4Addr, extra: &[&str]) {
 #[test]
 fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plaintext() {
     let bed = bed_of(&BedOptions {
-        nat_a: Some(Nat::PortPreserving),
-        nat_b: Some(Nat::Symmetric),
+        a: SiteOptions {
+            nat: Some(Nat::PortPreserving),
+            ..SiteOptions::default()
+        },
+        b: SiteOptions {
+            nat: Some(Nat::Symmetric),
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     });
     assert_eq!(
@@ -482,11 +475,10 @@ fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plain
             )
         });
         std::thread::sleep(Duration::from_millis(300));
-        ping_ok(
-            &bed,
-            Side::A,
+        bed.ping_ok(
+            &bed.a.lan,
             Ipv4Addr::new(100, 64, 2, 10),
-            &["-c", "10", "-s", "1000", "-p", pattern],
+            Ping::count(10).args(&["-s", "1000", "-p", pattern]),
         );
         let at_relay = at_relay.join().unwrap().unwrap();
         let at_lan_b = at_lan_b.join().unwrap().unwrap();
@@ -508,7 +500,7 @@ fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plain
         resolve(&bed, Side::B, "host.gw1.ovl.example"),
         ["100.64.1.10"]
     );
-    ping_ok(&bed, Side::B, Ipv4Addr::new(100, 64, 1, 10), &[]);
+    bed.ping_ok(&bed.b.lan, Ipv4Addr::new(100, 64, 1, 10), Ping::default());
     let log = std::fs::read_to_string(bed.cloud.as_ref().unwrap().log()).unwrap();
     assert!(
         log.contains("pair relayed") && log.contains("reason=symmetric NAT"),
@@ -521,7 +513,10 @@ fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plain
 #[test]
 fn an_ipv4_only_adapter_and_an_ipv6_only_adapter_meet_through_the_relay() {
     let bed = bed_of(&BedOptions {
-        v6_only_b: true,
+        b: SiteOptions {
+            v6_only: true,
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     });
     assert_eq!(
@@ -535,7 +530,7 @@ fn an_ipv4_only_adapter_and_an_ipv6_only_adapter_meet_through_the_relay() {
         bed.status(Side::B).unwrap()["cloud"]["observed"],
         "[fd00:203:0:113::2]:51820"
     );
-    ping_ok(&bed, Side::A, Ipv4Addr::new(100, 64, 2, 10), &[]);
+    bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
     let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &[], 2).unwrap();
     let bps = report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
@@ -549,7 +544,7 @@ fn an_ipv4_only_adapter_and_an_ipv6_only_adapter_meet_through_the_relay() {
         resolve(&bed, Side::B, "host.gw1.ovl.example"),
         ["100.64.1.10"]
     );
-    ping_ok(&bed, Side::B, Ipv4Addr::new(100, 64, 1, 10), &[]);
+    bed.ping_ok(&bed.b.lan, Ipv4Addr::new(100, 64, 1, 10), Ping::default());
 }
 
 /// When the cloud expects the direct path to work and it does not (here the router drops
@@ -566,7 +561,7 @@ fn when_no_handshake_gets_through_directly_the_pair_falls_back_to_the_relay() {
         ["100.64.2.10"]
     );
     relayed(&bed, "no handshake on the direct path");
-    ping_ok(&bed, Side::A, Ipv4Addr::new(100, 64, 2, 10), &[]);
+    bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
     assert!(
         bed.a
             .log_text()

@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, Side, SiteOptions, TwoSites};
 use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_vip::testing::{MessageType, client_message};
@@ -16,17 +16,20 @@ use serde_json::Value;
 fn switched(extra_a: &str, extra_b: &str) -> BedOptions {
     BedOptions {
         lan_switch: true,
-        extra_a: extra_a.to_owned(),
-        extra_b: extra_b.to_owned(),
+        a: SiteOptions {
+            extra: extra_a.to_owned(),
+            ..SiteOptions::default()
+        },
+        b: SiteOptions {
+            extra: extra_b.to_owned(),
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     }
 }
 
 fn bed(opts: &BedOptions) -> TwoSites {
-    let mut bed = TwoSites::new(opts).unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
-    bed
+    TwoSites::up(opts).unwrap()
 }
 
 fn host(bed: &mut TwoSites, side: Side, kind: DhcpClient, hostname: &str) -> DhcpHost {

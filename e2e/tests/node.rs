@@ -8,7 +8,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, Nat, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Nat, Ping, Side, SiteOptions, TwoSites};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::node::{NAME, VIP};
 use cyphonic_e2e::{Netns, wait_until};
@@ -20,16 +20,17 @@ const CAMERA: &str = "camera.gw1.ovl.example";
 /// (behind `nat_a`), everything started; and a camera on lanA that got its address by DHCP
 /// and uses adapter A's DNS, as its lease says.
 fn bed(nat_a: Option<Nat>, nat_c: Option<Nat>) -> (TwoSites, DhcpHost, Ipv4Addr) {
-    let mut bed = TwoSites::new(&BedOptions {
-        cloud: true,
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
         lan_switch: true,
-        nat_a,
+        a: SiteOptions {
+            nat: nat_a,
+            ..SiteOptions::default()
+        },
         node_c: Some(nat_c),
         ..BedOptions::default()
     })
     .unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
     let bins = bed.bins.clone();
     bed.c.as_mut().unwrap().start(&bins).unwrap();
     let (ns, mac) = bed.add_host(Side::A, "camera").unwrap();
@@ -58,19 +59,6 @@ fn resolve(bed: &TwoSites, ns: &Netns, server: Ipv4Addr, name: &str) -> Vec<Stri
         std::thread::sleep(Duration::from_millis(500));
     }
     panic!("{name}: no answer from {server}\n{}", bed.logs());
-}
-
-fn ping_ok(bed: &TwoSites, ns: &Netns, to: &str) {
-    let out = ns
-        .exec_output("ping", &["-c", "3", "-i", "0.2", "-W", "2", to])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ping {to}: {}{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        bed.logs()
-    );
 }
 
 /// iperf3 from `client` to the server on `server`, reached as `target`, with `args`, for
@@ -125,13 +113,13 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
     // The node's stub answers its own name, and asks the cloud for the camera's.
     assert_eq!(resolve(&bed, node, VIP, NAME), [VIP.to_string()]);
     assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
-    ping_ok(&bed, node, CAMERA);
+    bed.ping_ok(node, CAMERA, Ping::default());
     // And the camera, through adapter A's DNS, finds the node.
     assert_eq!(
         resolve(&bed, &cam.ns, Ipv4Addr::new(100, 64, 1, 1), NAME),
         [VIP.to_string()]
     );
-    ping_ok(&bed, &cam.ns, NAME);
+    bed.ping_ok(&cam.ns, NAME, Ping::default());
 
     for (server, client, target, what) in [
         (&cam.ns, node, CAMERA, "node -> camera"),
@@ -183,8 +171,8 @@ fn a_node_behind_a_port_preserving_nat_talks_directly() {
     let (bed, cam, cam_ip) = bed(None, Some(Nat::PortPreserving));
     let node = node_ns(&bed);
     assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
-    ping_ok(&bed, node, CAMERA);
-    ping_ok(&bed, &cam.ns, NAME);
+    bed.ping_ok(node, CAMERA, Ping::default());
+    bed.ping_ok(&cam.ns, NAME, Ping::default());
     let s = node_status(&bed);
     assert_eq!(s["peers"][0]["route"], "direct", "{s}");
     assert_eq!(s["cloud"]["observed"], "192.0.2.66:51820", "{s}");
@@ -196,8 +184,8 @@ fn a_node_behind_a_symmetric_nat_facing_a_nat_is_relayed() {
     let (bed, cam, cam_ip) = bed(Some(Nat::PortPreserving), Some(Nat::Symmetric));
     let node = node_ns(&bed);
     assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
-    ping_ok(&bed, node, CAMERA);
-    ping_ok(&bed, &cam.ns, NAME);
+    bed.ping_ok(node, CAMERA, Ping::default());
+    bed.ping_ok(&cam.ns, NAME, Ping::default());
     let s = node_status(&bed);
     assert_eq!(s["peers"][0]["route"], "relay", "{s}");
     assert_eq!(s["peers"][0]["relay"]["reason"], "symmetric NAT", "{s}");
@@ -221,7 +209,7 @@ fn a_restarted_node_is_reached_again() {
         resolve(&bed, node_ns(&bed), VIP, CAMERA),
         [cam_ip.to_string()]
     );
-    ping_ok(&bed, node_ns(&bed), CAMERA);
+    bed.ping_ok(node_ns(&bed), CAMERA, Ping::default());
     let bins = bed.bins.clone();
     let c = bed.c.as_mut().unwrap();
     c.stop("TERM").unwrap();
@@ -243,5 +231,5 @@ fn a_restarted_node_is_reached_again() {
         "{}",
         bed.logs()
     );
-    ping_ok(&bed, node_ns(&bed), CAMERA);
+    bed.ping_ok(node_ns(&bed), CAMERA, Ping::default());
 }

@@ -7,7 +7,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Side, SiteOptions, TwoSites};
 use cyphonic_e2e::lan::dig;
 use cyphonic_e2e::{http_get, metric};
 
@@ -27,13 +27,14 @@ fn scrape(bed: &TwoSites, side: Side) -> String {
 /// command says the same in its table.
 #[test]
 fn adapter_metrics_count_what_the_scenario_sent() {
-    let mut bed = TwoSites::new(&BedOptions {
-        extra_a: METRICS.into(),
+    let bed = TwoSites::up(&BedOptions {
+        a: SiteOptions {
+            extra: METRICS.into(),
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     })
     .unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
     let before = scrape(&bed, Side::A);
     assert_eq!(metric(&before, "cyphonic_peers"), Some(1.0), "{before}");
     let ping = bed
@@ -132,15 +133,17 @@ fn adapter_metrics_count_what_the_scenario_sent() {
 /// the sessions by name.
 #[test]
 fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
-    let mut bed = TwoSites::new(&BedOptions {
-        cloud: true,
-        cloud_extra: "[metrics]\nlisten = \"127.0.0.1:9466\"\n".into(),
-        extra_a: METRICS.into(),
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions {
+            extra: "[metrics]\nlisten = \"127.0.0.1:9466\"\n".into(),
+        }),
+        a: SiteOptions {
+            extra: METRICS.into(),
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     })
     .unwrap();
-    bed.start(Side::A).unwrap();
-    bed.start(Side::B).unwrap();
     let gw = Ipv4Addr::new(100, 64, 1, 1);
     let mut found = false;
     for _ in 0..24 {

@@ -76,7 +76,8 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
     if parts.e2e || parts.peers {
         crate::bed::prerequisites()?;
         let bin = crate::bed::build_release(&root)?;
-        let bed = |what: &str| -> anyhow::Result<String> {
+        // The bed measures and prints its figures as JSON; the Markdown is written here.
+        let bed = |what: &str| -> anyhow::Result<Vec<u8>> {
             let out = std::process::Command::new(bin.join("cyphonic-bed"))
                 .arg(what)
                 .env("CYPHONIC_BIN_DIR", &bin)
@@ -86,13 +87,17 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
             if !out.status.success() {
                 bail!("cyphonic-bed {what} failed ({})", out.status);
             }
-            Ok(String::from_utf8(out.stdout)?)
+            Ok(out.stdout)
         };
         if parts.e2e {
-            sections.push((E2E, bed("bench")?));
+            let report = serde_json::from_slice(&bed("bench")?)
+                .context("reading cyphonic-bed bench's report")?;
+            sections.push((E2E, crate::report::bench(&report)?));
         }
         if parts.peers {
-            sections.push((PEERS, bed("peers")?));
+            let report = serde_json::from_slice(&bed("peers")?)
+                .context("reading cyphonic-bed peers's report")?;
+            sections.push((PEERS, crate::report::peers(&report)?));
         }
     }
     let path = root.join("docs/benchmarks.md");

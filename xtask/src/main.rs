@@ -16,6 +16,7 @@ mod bed;
 mod bench;
 mod dist;
 mod fuzz;
+mod report;
 mod tidy;
 mod util;
 

@@ -4,15 +4,17 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout, clippy::cast_precision_loss)]
 
-use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Side, TwoSites};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
-use cyphonic_e2e::measure::{self, PingStats, Tcp, Udp};
+use cyphonic_e2e::measure;
+use cyphonic_e2e::report::{
+    Ablation, AblationRow, BenchReport, Cut, Measured, PeersReport, Profile, Quick,
+};
 
 #[derive(Parser)]
 #[command(
@@ -33,7 +35,9 @@ enum Command {
         #[arg(long)]
         short: bool,
     },
-    /// Plain kernel routing against the tunnel, and the ordering ablation; prints Markdown.
+    /// Plain kernel routing against the tunnel, the ordering ablation, GRO on, busy polling;
+    /// prints the figures as JSON (`cargo xtask bench` renders them into
+    /// docs/benchmarks.md).
     Bench {
         /// Seconds per TCP measurement.
         #[arg(long, default_value_t = 8)]
@@ -69,7 +73,7 @@ enum Command {
         count: usize,
     },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
-    /// memory and threads per fleet size); prints Markdown.
+    /// memory and threads per fleet size); prints the figures as JSON.
     Peers {
         /// Fleet sizes, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "1,5,10,50")]
@@ -84,8 +88,8 @@ fn main() -> ExitCode {
     cyphonic_e2e::tear_down_on_abnormal_exit();
     let result = match Cli::parse().command {
         Command::Demo { short } => demo(short),
-        Command::Bench { seconds } => bench(seconds).map(|md| print!("{md}")),
-        Command::Peers { counts, seconds } => peers(&counts, seconds).map(|md| print!("{md}")),
+        Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
+        Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
         Command::Floor { count } => measure::wake_floor(count).map(|f| {
             println!(
                 "kernel-answered RTT {:.3}/{:.3} ms (avg/p99) | thread-answered UDP RTT {:.3}/{:.3} ms | one wake-up adds {:.3} ms",
@@ -197,7 +201,7 @@ fn demo(short: bool) -> anyhow::Result<()> {
         "An overlay CA for ovl.example issues certificates: gw1 for 100.64.1.0/24, gw2 for 100.64.2.0/24, nodec for 100.64.3.0/24.",
     );
     let mut bed = TwoSites::new(&BedOptions {
-        cloud: true,
+        cloud: Some(CloudOptions::default()),
         lan_switch: true,
         node_c: Some(None),
         ..BedOptions::default()
@@ -331,19 +335,6 @@ fn demo(short: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Results {
-    tcp1: Tcp,
-    tcp4: Tcp,
-    udp: Option<Udp>,
-    udp_tried: Vec<Udp>,
-    /// UDP offered as fast as iperf3 can send (`-b 0`).
-    overload: Udp,
-    /// 1400-byte datagrams, fragmented by the LAN host at the inner MTU, at [`BIG_RATE`].
-    big: Udp,
-    idle: PingStats,
-    loaded: PingStats,
-}
-
 /// The adapters' default inner MTU (`adapter.inner_mtu`), which their DHCP hands out.
 const INNER_MTU: u16 = 1420;
 
@@ -358,7 +349,7 @@ const RUNS: usize = 3;
 /// bench's pings, so that the receiving threads poll through a whole ping run.
 const BUSY_POLL_US: u32 = 20_000;
 
-fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Results> {
+fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Profile> {
     // Warm up: ARP, the handshake.
     measure::ping(bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
     let idle = measure::ping(bed, Side::A, bed.b.host_ip, 300, Duration::from_millis(10))?;
@@ -375,7 +366,7 @@ fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Results> {
     bed.a.lan.ip(&["link", "set", "eth0", "mtu", "1500"])?;
     let big = big?;
     let loaded = measure::ping_under_load(bed, 5)?;
-    Ok(Results {
+    Ok(Profile {
         tcp1,
         tcp4,
         udp,
@@ -389,21 +380,23 @@ fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Results> {
 
 /// TCP with 1 and 4 streams through a tunnel built with `opts`, and adapter A's count of
 /// packets emitted out of order.
-fn ablation_run(opts: &BedOptions, seconds: u64) -> anyhow::Result<(Tcp, Tcp, u64)> {
-    let mut bed = TwoSites::new(opts)?;
-    bed.start(Side::A)?;
-    bed.start(Side::B)?;
+fn ablation_run(opts: &BedOptions, seconds: u64) -> anyhow::Result<Ablation> {
+    let bed = TwoSites::up(opts)?;
     measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
-    let t1 = measure::tcp_median(&bed, 1, seconds, RUNS)?;
-    let t4 = measure::tcp_median(&bed, 4, seconds, RUNS)?;
-    let s = bed.status(Side::A)?;
-    Ok((
-        t1,
-        t4,
-        s["pipelines"]["egress"]["out_of_order"]
-            .as_u64()
-            .unwrap_or(u64::MAX),
-    ))
+    let tcp1 = measure::tcp_median(&bed, 1, seconds, RUNS)?;
+    let tcp4 = measure::tcp_median(&bed, 4, seconds, RUNS)?;
+    Ok(Ablation {
+        tcp1,
+        tcp4,
+        out_of_order: egress_out_of_order(&bed)?,
+    })
+}
+
+/// Packets adapter A's egress pipeline emitted out of order so far.
+fn egress_out_of_order(bed: &TwoSites) -> anyhow::Result<u64> {
+    Ok(bed.status(Side::A)?["pipelines"]["egress"]["out_of_order"]
+        .as_u64()
+        .unwrap_or(u64::MAX))
 }
 
 /// `cyphonic-bed tune`: see [`Command::Tune`].
@@ -480,6 +473,12 @@ fn tune(
     Ok(())
 }
 
+/// Prints a report as JSON, for `cargo xtask bench` to render.
+fn print_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(report)?);
+    Ok(())
+}
+
 /// The time now, UTC, to the minute (`2026-11-23 15:19 UTC`).
 fn utc_now() -> String {
     std::process::Command::new("date")
@@ -504,15 +503,7 @@ fn machine() -> String {
     format!("{cpu}, {cores} cores, Linux {}", kernel.trim())
 }
 
-fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 {
-        format!("{:.0}%", 100.0 * a / b)
-    } else {
-        "-".into()
-    }
-}
-
-fn bench(seconds: u64) -> anyhow::Result<String> {
+fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
     let gro_off = BedOptions {
         lan_gro: false,
         ..BedOptions::default()
@@ -524,23 +515,14 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
         measure_bed(&bed, seconds)?
     };
     eprintln!("bench: the cyphonic tunnel ...");
-    let (tunnel, egress_ooo) = {
-        let mut bed = TwoSites::new(&gro_off)?;
-        bed.start(Side::A)?;
-        bed.start(Side::B)?;
+    let (tunnel, tunnel_out_of_order) = {
+        let bed = TwoSites::up(&gro_off)?;
         let r = measure_bed(&bed, seconds)?;
-        let s = bed.status(Side::A)?;
-        (
-            r,
-            s["pipelines"]["egress"]["out_of_order"]
-                .as_u64()
-                .unwrap_or(u64::MAX),
-        )
+        (r, egress_out_of_order(&bed)?)
     };
     let mut ablation = Vec::new();
     for batch in [32usize, 1] {
-        let mut row = Vec::new();
-        for ordering in [true, false] {
+        let run = |ordering| {
             eprintln!("bench: ablation, batch_size = {batch}, ordering = {ordering} ...");
             let opts = BedOptions {
                 ordering,
@@ -549,9 +531,13 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
                 dataplane_extra: format!("batch_size = {batch}\ninline_max = 0"),
                 ..gro_off.clone()
             };
-            row.push(ablation_run(&opts, seconds)?);
-        }
-        ablation.push((batch, row));
+            ablation_run(&opts, seconds)
+        };
+        ablation.push(AblationRow {
+            batch,
+            ordered: run(true)?,
+            unordered: run(false)?,
+        });
     }
 
     let gro_on = BedOptions {
@@ -566,304 +552,66 @@ fn bench(seconds: u64) -> anyhow::Result<String> {
     };
     eprintln!("bench: GRO on, the cyphonic tunnel ...");
     let (tunnel_gro, cut) = {
-        let mut bed = TwoSites::new(&gro_on)?;
-        bed.start(Side::A)?;
-        bed.start(Side::B)?;
+        let bed = TwoSites::up(&gro_on)?;
         let r = measure_gro(&bed, seconds)?;
-        let s = bed.status(Side::A)?;
-        let count = |k: &str| s["counters"][k].as_u64().unwrap_or(0);
-        (
-            r,
-            (
-                count("coalesced"),
-                count("segments"),
-                count("drop_coalesced"),
-                s["pipelines"]["egress"]["out_of_order"]
-                    .as_u64()
-                    .unwrap_or(u64::MAX),
-            ),
-        )
+        let count = |k: &str| bed.counter(Side::A, k).unwrap_or(0);
+        let cut = Cut {
+            coalesced: count("coalesced"),
+            segments: count("segments"),
+            refused: count("drop_coalesced"),
+            out_of_order: egress_out_of_order(&bed)?,
+        };
+        (r, cut)
     };
 
-    let busy = |opts: &BedOptions| -> anyhow::Result<GroResults> {
-        let mut bed = TwoSites::new(&BedOptions {
+    let busy = |opts: &BedOptions| -> anyhow::Result<Quick> {
+        let bed = TwoSites::up(&BedOptions {
             dataplane_extra: format!("busy_poll_us = {BUSY_POLL_US}"),
             ..opts.clone()
         })?;
-        bed.start(Side::A)?;
-        bed.start(Side::B)?;
         measure_gro(&bed, seconds)
     };
     eprintln!("bench: busy polling, GRO off ...");
     let busy_off = busy(&gro_off)?;
     eprintln!("bench: busy polling, GRO on ...");
     let busy_on = busy(&gro_on)?;
+    Ok(BenchReport {
+        measured: measured(seconds),
+        runs: RUNS,
+        udp_size: UDP_SIZE,
+        udp_refine: measure::REFINE,
+        inner_mtu: INNER_MTU,
+        big_rate: BIG_RATE,
+        busy_poll_us: BUSY_POLL_US,
+        plain,
+        tunnel,
+        tunnel_out_of_order,
+        ablation,
+        plain_gro,
+        tunnel_gro,
+        cut,
+        busy_off,
+        busy_on,
+    })
+}
 
-    let date = utc_now();
-    let mut md = String::new();
-    writeln!(
-        md,
-        "Measured {date} on {}. All five hosts share the machine's cores. Profile: LAN hosts wire-like (TSO and GSO off on their veth, transmit checksum offload on), GRO off on the gateways' LAN side; adapters at their defaults (one crypto worker per core each); release build; TCP figures are medians of {RUNS} runs of {seconds} s; UDP rates 3 s each, {UDP_SIZE}-byte datagrams, 2 MiB UDP socket buffers.",
-        machine()
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "| lanA -> lanB | plain kernel routing | cyphonic tunnel | tunnel / plain |"
-    )?;
-    writeln!(md, "|---|---:|---:|---:|")?;
-    tcp_rows(
-        &mut md,
-        (plain.tcp1, plain.tcp4),
-        (tunnel.tcp1, tunnel.tcp4),
-    )?;
-    let udp_cell = |u: &Option<Udp>| {
-        u.map_or_else(
-            || "under the lowest rate tried".to_owned(),
-            |u| {
-                format!(
-                    "{:.0}; {:.2}% lost; {} out of order",
-                    u.received_mbps, u.loss_pct, u.out_of_order
-                )
-            },
-        )
-    };
-    writeln!(
-        md,
-        "| UDP, most received with < 1% loss (Mbit/s; loss; out-of-order) | {} | {} | {} |",
-        udp_cell(&plain.udp),
-        udp_cell(&tunnel.udp),
-        ratio(
-            tunnel.udp.map_or(0.0, |u| u.received_mbps),
-            plain.udp.map_or(0.0, |u| u.received_mbps)
-        )
-    )?;
-    let lossless = |r: &Results| r.udp.map_or(0.0, |u| u.received_mbps);
-    writeln!(
-        md,
-        "| UDP offered as fast as iperf3 sends (-b 0): received (Mbit/s; loss) | {:.0}; {:.1}% | {:.0}; {:.1}% | {} of plain, {} of its own lossless rate |",
-        plain.overload.received_mbps,
-        plain.overload.loss_pct,
-        tunnel.overload.received_mbps,
-        tunnel.overload.loss_pct,
-        ratio(tunnel.overload.received_mbps, plain.overload.received_mbps),
-        ratio(tunnel.overload.received_mbps, lossless(&tunnel)),
-    )?;
-    writeln!(
-        md,
-        "| UDP, 1400-byte datagrams fragmented by the LAN host (MTU {}), {BIG_RATE} Mbit/s offered (received; loss; out-of-order) | {} | {} | {} |",
-        INNER_MTU,
-        udp_cell(&Some(plain.big)),
-        udp_cell(&Some(tunnel.big)),
-        ratio(tunnel.big.received_mbps, plain.big.received_mbps)
-    )?;
-    ping_rows(
-        &mut md,
-        (&plain.idle, &plain.loaded),
-        (&tunnel.idle, &tunnel.loaded),
-    )?;
-    writeln!(md)?;
-    let tried = |v: &[Udp]| {
-        v.iter()
-            .map(|u| {
-                format!(
-                    "{:.0}→{:.0} ({:.1}%)",
-                    u.offered_mbps, u.received_mbps, u.loss_pct
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    writeln!(
-        md,
-        "UDP rates tried (a ladder, then the gap around 1% loss halved up to {} times), offered → received Mbit/s (loss): plain {}; tunnel {}.",
-        measure::REFINE,
-        tried(&plain.udp_tried),
-        tried(&tunnel.udp_tried)
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "Ordering ablation: the same tunnel with `dataplane.ordering = false`, at the default batch of 32 packets (whole batches overtake each other) and with `batch_size = 1` (single packets overtake each other, as in the adapter paper's conventional design); `inline_max = 0` in all four, so that every batch goes through the crypto pool (inline batches cannot be overtaken)."
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "| TCP lanA -> lanB, Gbit/s (retransmits) | ordered | unordered | unordered / ordered | packets emitted out of order (ordered / unordered) |"
-    )?;
-    writeln!(md, "|---|---:|---:|---:|---:|")?;
-    for (batch, row) in &ablation {
-        let ((o1, o4, oo), (u1, u4, uo)) = (row[0], row[1]);
-        writeln!(
-            md,
-            "| batch {batch}, 1 stream | {:.2} ({}) | {:.2} ({}) | {} | {oo} / {uo} |",
-            o1.gbps,
-            o1.retransmits,
-            u1.gbps,
-            u1.retransmits,
-            ratio(u1.gbps, o1.gbps)
-        )?;
-        writeln!(
-            md,
-            "| batch {batch}, 4 streams | {:.2} ({}) | {:.2} ({}) | {} | |",
-            o4.gbps,
-            o4.retransmits,
-            u4.gbps,
-            u4.retransmits,
-            ratio(u4.gbps, o4.gbps)
-        )?;
+/// Where and when, with `seconds` per measurement.
+fn measured(seconds: u64) -> Measured {
+    Measured {
+        date: utc_now(),
+        machine: machine(),
+        seconds,
     }
-    writeln!(md)?;
-    writeln!(
-        md,
-        "Out-of-order packets emitted by adapter A's egress pipeline during the main tunnel runs: {egress_ooo}."
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "GRO-on profile: the same bed with GRO switched on on the gateways' LAN veths (LAN hosts still wire-like). Plain routing forwards the merged packets whole; the adapters (`lan_gro = true`, the default) take them with their offload header and cut them back into segments before sealing each."
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "| lanA -> lanB, GRO on | plain kernel routing | cyphonic tunnel | tunnel / plain |"
-    )?;
-    writeln!(md, "|---|---:|---:|---:|")?;
-    tcp_rows(
-        &mut md,
-        (plain_gro.tcp1, plain_gro.tcp4),
-        (tunnel_gro.tcp1, tunnel_gro.tcp4),
-    )?;
-    ping_rows(
-        &mut md,
-        (&plain_gro.idle, &plain_gro.loaded),
-        (&tunnel_gro.idle, &tunnel_gro.loaded),
-    )?;
-    writeln!(md)?;
-    let (coalesced, segments, refused, ooo) = cut;
-    writeln!(
-        md,
-        "Adapter A in the GRO-on runs: {coalesced} coalesced frames cut into {segments} segments ({:.1} per frame), {refused} refused, {ooo} packets emitted out of order.",
-        if coalesced > 0 {
-            segments as f64 / coalesced as f64
-        } else {
-            0.0
-        }
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "Busy polling: the tunnel again in both profiles with `busy_poll_us = {BUSY_POLL_US}` (off by default): the receiving threads keep polling their sockets, yielding the CPU between polls, for {} ms after each packet instead of sleeping until the kernel wakes them. Added idle RTT against plain routing in the same profile.",
-        BUSY_POLL_US / 1000
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "| lanA -> lanB | GRO off, defaults | GRO off, busy polling | GRO on, defaults | GRO on, busy polling |"
-    )?;
-    writeln!(md, "|---|---:|---:|---:|---:|")?;
-    let defaults_off = GroResults {
-        tcp1: tunnel.tcp1,
-        tcp4: tunnel.tcp4,
-        idle: tunnel.idle,
-        loaded: tunnel.loaded,
-    };
-    let columns = [
-        (&defaults_off, &plain.idle),
-        (&busy_off, &plain.idle),
-        (&tunnel_gro, &plain_gro.idle),
-        (&busy_on, &plain_gro.idle),
-    ];
-    let row = |md: &mut String, label: &str, cell: &dyn Fn(&GroResults, &PingStats) -> String| {
-        let cells: Vec<String> = columns.iter().map(|(r, p)| cell(r, p)).collect();
-        writeln!(md, "| {label} | {} |", cells.join(" | "))
-    };
-    row(&mut md, "TCP, 1 stream (Gbit/s; retransmits)", &|r, _| {
-        format!("{:.2}; {}", r.tcp1.gbps, r.tcp1.retransmits)
-    })?;
-    row(&mut md, "TCP, 4 streams (Gbit/s; retransmits)", &|r, _| {
-        format!("{:.2}; {}", r.tcp4.gbps, r.tcp4.retransmits)
-    })?;
-    row(&mut md, "ping RTT idle, average / p99 (ms)", &|r, _| {
-        format!("{:.3} / {:.3}", r.idle.avg_ms, r.idle.p99_ms)
-    })?;
-    row(
-        &mut md,
-        "idle RTT added to plain routing's, average / p99 (ms)",
-        &|r, p| {
-            format!(
-                "{:.3} / {:.3}",
-                r.idle.avg_ms - p.avg_ms,
-                r.idle.p99_ms - p.p99_ms
-            )
-        },
-    )?;
-    row(
-        &mut md,
-        "ping RTT while 1 TCP stream runs, average / p99 (ms)",
-        &|r, _| format!("{:.3} / {:.3}", r.loaded.avg_ms, r.loaded.p99_ms),
-    )?;
-    Ok(md)
 }
 
-/// The TCP rows of a plain-vs-tunnel table: (1 stream, 4 streams) of each.
-fn tcp_rows(md: &mut String, plain: (Tcp, Tcp), tunnel: (Tcp, Tcp)) -> std::fmt::Result {
-    for (label, p, t) in [
-        ("TCP, 1 stream", plain.0, tunnel.0),
-        ("TCP, 4 streams", plain.1, tunnel.1),
-    ] {
-        writeln!(
-            md,
-            "| {label} (Gbit/s; retransmits) | {:.2}; {} | {:.2}; {} | {} |",
-            p.gbps,
-            p.retransmits,
-            t.gbps,
-            t.retransmits,
-            ratio(t.gbps, p.gbps)
-        )?;
-    }
-    Ok(())
-}
-
-/// The RTT rows of a plain-vs-tunnel table: (idle, under one TCP stream) of each.
-fn ping_rows(
-    md: &mut String,
-    plain: (&PingStats, &PingStats),
-    tunnel: (&PingStats, &PingStats),
-) -> std::fmt::Result {
-    let ((pi, pl), (ti, tl)) = (plain, tunnel);
-    writeln!(
-        md,
-        "| ping RTT idle, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | added {:.3} / {:.3} |",
-        pi.avg_ms,
-        pi.p99_ms,
-        ti.avg_ms,
-        ti.p99_ms,
-        ti.avg_ms - pi.avg_ms,
-        ti.p99_ms - pi.p99_ms
-    )?;
-    writeln!(
-        md,
-        "| ping RTT while 1 TCP stream runs, average / p99 (ms) | {:.3} / {:.3} | {:.3} / {:.3} | |",
-        pl.avg_ms, pl.p99_ms, tl.avg_ms, tl.p99_ms
-    )
-}
-
-/// The GRO-on profile: idle RTT, TCP with 1 and 4 streams, RTT under one stream.
-struct GroResults {
-    tcp1: Tcp,
-    tcp4: Tcp,
-    idle: PingStats,
-    loaded: PingStats,
-}
-
-fn measure_gro(bed: &TwoSites, seconds: u64) -> anyhow::Result<GroResults> {
+/// A quick profile: idle RTT, TCP with 1 and 4 streams, RTT under one stream.
+fn measure_gro(bed: &TwoSites, seconds: u64) -> anyhow::Result<Quick> {
     measure::ping(bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
     let idle = measure::ping(bed, Side::A, bed.b.host_ip, 300, Duration::from_millis(10))?;
     let tcp1 = measure::tcp_median(bed, 1, seconds, RUNS)?;
     let tcp4 = measure::tcp_median(bed, 4, seconds, RUNS)?;
     let loaded = measure::ping_under_load(bed, 5)?;
-    Ok(GroResults {
+    Ok(Quick {
         tcp1,
         tcp4,
         idle,
@@ -871,46 +619,20 @@ fn measure_gro(bed: &TwoSites, seconds: u64) -> anyhow::Result<GroResults> {
     })
 }
 
-/// The many-peers table: a fresh bed per fleet size, the cloud and adapter A running.
-fn peers(counts: &[usize], seconds: u64) -> anyhow::Result<String> {
+/// Many nodes: a fresh bed per fleet size, the cloud and adapter A running.
+fn peers(counts: &[usize], seconds: u64) -> anyhow::Result<PeersReport> {
     let mut rows = Vec::new();
     for &n in counts {
         eprintln!("bench: {n} node(s) ...");
         let mut bed = TwoSites::new(&BedOptions {
-            cloud: true,
+            cloud: Some(CloudOptions::default()),
             ..BedOptions::default()
         })?;
         bed.start(Side::A)?;
         rows.push(cyphonic_e2e::fleet::measure(&bed, n, seconds)?);
     }
-    let date = utc_now();
-    let mut md = String::new();
-    writeln!(
-        md,
-        "Measured {date} on {}. Every node, the adapter, the router, the cloud and the LAN host share the machine's cores; release build; each node resolves the LAN host's name through its DNS stub (which builds its tunnel through the cloud), then node 0 pings the host 300 times 10 ms apart with every tunnel up, then every node runs iperf3 TCP to the host at once for {seconds} s.",
-        machine()
-    )?;
-    writeln!(md)?;
-    writeln!(
-        md,
-        "| nodes | tunnels at adapter A | RTT node 0 -> host, average / p99 (ms) | TCP, all nodes at once (Gbit/s) | slowest node (Mbit/s) | CPU during TCP, adapter A / all nodes (% of a core) | adapter A RSS (MiB) | adapter A threads |"
-    )?;
-    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|")?;
-    for r in &rows {
-        writeln!(
-            md,
-            "| {} | {} | {:.3} / {:.3} | {:.2} | {:.0} | {:.0} / {:.0} | {:.1} | {} |",
-            r.nodes,
-            r.adapter_peers,
-            r.rtt.avg_ms,
-            r.rtt.p99_ms,
-            r.aggregate_gbps,
-            r.slowest_gbps * 1e3,
-            r.adapter_cpu_pct,
-            r.nodes_cpu_pct,
-            r.adapter_rss_kib as f64 / 1024.0,
-            r.adapter_threads
-        )?;
-    }
-    Ok(md)
+    Ok(PeersReport {
+        measured: measured(seconds),
+        rows,
+    })
 }

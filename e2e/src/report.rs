@@ -1,0 +1,135 @@
+//! What `cyphonic-bed bench` and `cyphonic-bed peers` measured, as data: they print these as
+//! JSON, and `cargo xtask bench` renders them into docs/benchmarks.md. The figures are taken
+//! here; the prose and tables around them are xtask's.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fleet::FleetFigures;
+use crate::measure::{PingStats, Tcp, Udp};
+
+/// Where and when a report was measured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Measured {
+    /// UTC, to the minute.
+    pub date: String,
+    /// The CPU, its cores, the kernel.
+    pub machine: String,
+    /// Seconds per TCP measurement.
+    pub seconds: u64,
+}
+
+/// One bed measured in the main profile (GRO off on the gateways' LAN side).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    /// TCP, 1 stream.
+    pub tcp1: Tcp,
+    /// TCP, 4 streams.
+    pub tcp4: Tcp,
+    /// The most UDP received with under 1% loss; `None` when even the lowest rate lost more.
+    pub udp: Option<Udp>,
+    /// Every UDP rate tried on the way there.
+    pub udp_tried: Vec<Udp>,
+    /// UDP offered as fast as iperf3 sends (`-b 0`).
+    pub overload: Udp,
+    /// 1400-byte datagrams, fragmented by the LAN host at the inner MTU.
+    pub big: Udp,
+    /// Ping RTT, idle.
+    pub idle: PingStats,
+    /// Ping RTT while one TCP stream runs.
+    pub loaded: PingStats,
+}
+
+/// A bed in a quicker profile (GRO on, or busy polling): TCP and RTT only.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Quick {
+    /// TCP, 1 stream.
+    pub tcp1: Tcp,
+    /// TCP, 4 streams.
+    pub tcp4: Tcp,
+    /// Ping RTT, idle.
+    pub idle: PingStats,
+    /// Ping RTT while one TCP stream runs.
+    pub loaded: PingStats,
+}
+
+/// One run of the ordering ablation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Ablation {
+    /// TCP, 1 stream.
+    pub tcp1: Tcp,
+    /// TCP, 4 streams.
+    pub tcp4: Tcp,
+    /// Packets adapter A's egress pipeline emitted out of order.
+    pub out_of_order: u64,
+}
+
+/// The ordering ablation at one batch size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AblationRow {
+    /// `dataplane.batch_size`.
+    pub batch: usize,
+    /// `ordering = true`.
+    pub ordered: Ablation,
+    /// `ordering = false`.
+    pub unordered: Ablation,
+}
+
+/// What adapter A did with GRO-merged frames in the GRO-on runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    /// Coalesced frames taken.
+    pub coalesced: u64,
+    /// Segments cut from them.
+    pub segments: u64,
+    /// Coalesced frames that could not be cut.
+    pub refused: u64,
+    /// Packets emitted out of order.
+    pub out_of_order: u64,
+}
+
+/// `cyphonic-bed bench`: plain kernel routing against the tunnel, the ordering ablation,
+/// the GRO-on profile and busy polling.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// Where and when.
+    pub measured: Measured,
+    /// TCP runs per figure (the median is reported).
+    pub runs: usize,
+    /// UDP datagram size, bytes.
+    pub udp_size: usize,
+    /// Halvings of the gap around 1% loss in the UDP search.
+    pub udp_refine: usize,
+    /// The inner MTU the LAN host fragments the big datagrams at.
+    pub inner_mtu: u16,
+    /// Offered rate of the big datagrams, Mbit/s.
+    pub big_rate: u64,
+    /// `dataplane.busy_poll_us` of the busy-polling runs.
+    pub busy_poll_us: u32,
+    /// Plain routing, GRO off.
+    pub plain: Profile,
+    /// The tunnel, GRO off.
+    pub tunnel: Profile,
+    /// Packets adapter A's egress pipeline emitted out of order in the tunnel runs.
+    pub tunnel_out_of_order: u64,
+    /// The ordering ablation, by batch size.
+    pub ablation: Vec<AblationRow>,
+    /// Plain routing, GRO on.
+    pub plain_gro: Quick,
+    /// The tunnel, GRO on.
+    pub tunnel_gro: Quick,
+    /// Adapter A's cutting in the GRO-on tunnel runs.
+    pub cut: Cut,
+    /// The tunnel with busy polling, GRO off.
+    pub busy_off: Quick,
+    /// The tunnel with busy polling, GRO on.
+    pub busy_on: Quick,
+}
+
+/// `cyphonic-bed peers`: many nodes against one adapter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeersReport {
+    /// Where and when (`seconds`: of TCP per fleet).
+    pub measured: Measured,
+    /// One row per fleet size.
+    pub rows: Vec<FleetFigures>,
+}
