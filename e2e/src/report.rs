@@ -7,6 +7,38 @@ use serde::{Deserialize, Serialize};
 use crate::fleet::FleetFigures;
 use crate::measure::{PingStats, Tcp, Udp};
 
+/// The time now, UTC, to the minute (`2026-11-23 15:19 UTC`).
+pub fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// This machine's CPU and its cores (`Intel Xeon ..., 2 cores`).
+pub fn cpu() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    format!("{model}, {cores} cores")
+}
+
+/// The running kernel's release.
+pub fn kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
 /// Where and when a report was measured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Measured {

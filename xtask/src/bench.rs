@@ -185,7 +185,7 @@ fn render(r: &Results) -> anyhow::Result<String> {
     writeln!(
         s,
         "Measured {} on {}.",
-        util::output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default(),
+        cyphonic_e2e::report::utc_now(),
         machine()
     )?;
     writeln!(s)?;
@@ -335,19 +335,10 @@ fn rate(pps: f64, bytes: f64) -> String {
 }
 
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let rustc = util::output("rustc", &["--version"]).unwrap_or_default();
     format!(
-        "{cpu}, {cores} cores, {} {}, {rustc}",
+        "{}, {} {}, {rustc}",
+        cyphonic_e2e::report::cpu(),
         std::env::consts::OS,
         std::env::consts::ARCH
     )

@@ -13,7 +13,7 @@ use cyphonic_e2e::bed::{BedOptions, CloudOptions, Side, TwoSites};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::measure;
 use cyphonic_e2e::report::{
-    Ablation, AblationRow, BenchReport, Cut, Measured, PeersReport, Profile, Quick,
+    self, Ablation, AblationRow, BenchReport, Cut, Measured, PeersReport, Profile, Quick,
 };
 
 #[derive(Parser)]
@@ -479,30 +479,6 @@ fn print_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The time now, UTC, to the minute (`2026-11-23 15:19 UTC`).
-fn utc_now() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cpu}, {cores} cores, Linux {}", kernel.trim())
-}
-
 fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
     let gro_off = BedOptions {
         lan_gro: false,
@@ -598,8 +574,8 @@ fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
 /// Where and when, with `seconds` per measurement.
 fn measured(seconds: u64) -> Measured {
     Measured {
-        date: utc_now(),
-        machine: machine(),
+        date: report::utc_now(),
+        machine: format!("{}, Linux {}", report::cpu(), report::kernel()),
         seconds,
     }
 }
