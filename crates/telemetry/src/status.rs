@@ -112,7 +112,7 @@ pub fn fetch(path: &Path, program: &'static str) -> Result<serde_json::Value, Fe
 
 /// The `status` subcommand of the daemon `program`: its document from `path`, printed as
 /// it came with `json`, else read as a `T` and laid out by `table`. A document `T` does not
-/// read (a daemon of another version) is an error that says so.
+/// read is an error that says so.
 ///
 /// # Errors
 /// [`FetchError`].
