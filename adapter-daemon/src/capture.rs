@@ -175,7 +175,7 @@ impl Capture {
         reason = "handle's arguments and the frame's origin"
     )]
     fn cut(
-        &mut self,
+        &self,
         buf: &Buf,
         slot: usize,
         meta: FrameMeta,
@@ -185,7 +185,7 @@ impl Capture {
         replies: &mut Replies,
         sub: &mut Submitter,
     ) {
-        let (lan, shared) = (self.lan.clone(), self.shared.clone());
+        let (lan, shared) = (&*self.lan, &*self.shared);
         let c = &lan.counters;
         let pool = &shared.pool;
         // Leave the segments' checksums to the far end (Lan::handle_frame completes them
@@ -246,14 +246,14 @@ impl Capture {
     }
 
     fn handle(
-        &mut self,
+        &self,
         mut buf: Buf,
         meta: FrameMeta,
         now: Instant,
         replies: &mut Replies,
         sub: &mut Submitter,
     ) {
-        let (lan, shared) = (self.lan.clone(), self.shared.clone());
+        let (lan, shared) = (&*self.lan, &*self.shared);
         let c = &lan.counters;
         let pool = &shared.pool;
         if meta.outgoing {
