@@ -421,7 +421,9 @@ mod tests {
     use std::net::IpAddr;
     use std::time::Duration;
 
-    use cyphonic_settings::testing::{Fixture, Node, assert_documents_every_key, assert_mistakes};
+    use cyphonic_settings::testing::{
+        Fixture, Node, SHARED_MISTAKES, assert_documents_every_key, assert_mistakes,
+    };
 
     use super::*;
 
@@ -580,21 +582,6 @@ mod tests {
             format!(":{batch_line}: key `dataplane.batch_size`: 0 is outside 1..=1024");
         let cases: &[(&str, &str, &str)] = &[
             (
-                "cpus = []",
-                "cpus = [2, 2]",
-                "key `dataplane.cpus`: CPU 2 is listed twice",
-            ),
-            (
-                "realtime_priority = 0",
-                "realtime_priority = 100",
-                "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
-            ),
-            (
-                "busy_poll_us = 0",
-                "busy_poll_us = 1000001",
-                "key `dataplane.busy_poll_us`: 1000001 is outside 0 (off) ..= 1000000",
-            ),
-            (
                 "gateway_vip = \"100.64.1.1\"",
                 "gateway_vip = \"100.64.9.1\"",
                 ":18: key `adapter.gateway_vip`: 100.64.9.1 must be a host address inside the block 100.64.1.0/24",
@@ -641,16 +628,6 @@ mod tests {
             ),
             ("batch_size = 32", "batch_size = 0", &batch_error),
             (
-                "aead = \"ring\"",
-                "aead = \"aes\"",
-                "key `dataplane.aead`: unknown AEAD backend \"aes\"",
-            ),
-            (
-                "\nordering = true",
-                "\nordring = true",
-                "key `dataplane.ordring`: unknown field `ordring`",
-            ),
-            (
                 "inner_mtu = 1420",
                 "inner_mtu = 9000",
                 "key `adapter.inner_mtu`: 9000 is outside 576..=1480",
@@ -689,11 +666,6 @@ mod tests {
                 "overlay = \"100.64.0.0/10\"",
                 "overlay = \"100.96.0.0/11\"",
                 "key `adapter.overlay`: 100.96.0.0/11 does not contain",
-            ),
-            (
-                "buffers = 8192",
-                "buffers = 10",
-                "key `dataplane.buffers`: at least 256",
             ),
             (
                 "pool = \"100.64.1.100-100.64.1.199\"",
@@ -756,11 +728,6 @@ mod tests {
                 "key `peer[0].dns`: 100.64.3.1 is not inside gw2.ovl.example's certified blocks",
             ),
             (
-                "public_key = \"5b0f",
-                "public_key = \"zz0f",
-                "key `cloud.public_key`: expected the 64 hex digits",
-            ),
-            (
                 "endpoints = [\"198.51.100.2:51820\"]",
                 "endpoints = [\"0.0.0.0:51820\"]",
                 "key `cloud.endpoints`: 0.0.0.0:51820 cannot be reached by peers",
@@ -773,6 +740,7 @@ mod tests {
             ),
         ];
         assert_mistakes(&f, EXAMPLE, cases, load, NOW);
+        assert_mistakes(&f, EXAMPLE, SHARED_MISTAKES, load, NOW);
     }
 
     #[test]

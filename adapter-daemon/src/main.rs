@@ -21,10 +21,10 @@ mod neighbors;
 mod services;
 mod status;
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use cyphonic_daemon::cli::Program;
-use cyphonic_daemon::status::{counters_text, peers_text};
+use cyphonic_daemon::cli::{EdgeText, Names};
 use cyphonic_settings::Identity;
 
 use crate::config::AdapterConfig;
@@ -32,18 +32,7 @@ use crate::edge::AdapterEdge;
 use crate::status::AdapterDocument;
 
 fn main() -> ExitCode {
-    cyphonic_daemon::cli::main(&Program {
-        name: "cyphonic-adapter",
-        noun: "adapter",
-        about: "Puts the devices on this gateway's LAN port onto the cyphonic overlay",
-        shows: "peers, leases and counters",
-        example: "config/adapter.example.toml",
-        socket: "/run/cyphonic/adapter.sock",
-        load: config::load,
-        describe,
-        run,
-        print_status,
-    })
+    cyphonic_daemon::cli::main(&NAMES, config::load, describe, run, status_text)
 }
 
 fn describe(c: &AdapterConfig, id: &Identity) -> String {
@@ -63,16 +52,16 @@ fn run(c: &AdapterConfig, identity: Identity) -> anyhow::Result<()> {
     cyphonic_daemon::run(&c.common, identity, AdapterEdge::open(c)?)
 }
 
-fn print_status(doc: &AdapterDocument) {
+/// The adapter's lines of the status table: its head line, and its devices, DHCP and DNS.
+fn status_text(doc: &AdapterDocument) -> EdgeText {
     let a = &doc.edge.adapter;
-    println!(
+    let head = format!(
         "adapter {}  lan {} ({}, gateway {})  listen {}  up {} s",
         a.name, a.lan_interface, a.lan_block, a.gateway_vip, a.listen, a.uptime_secs
     );
-    print!("{}", peers_text(doc));
-    println!();
+    let mut t = String::from("\n");
     let now = cyphonic_settings::now_secs();
-    println!("{:<16} {:<18} {:<12} NAME", "DEVICE VIP", "MAC", "LEASE");
+    let _ = writeln!(t, "{:<16} {:<18} {:<12} NAME", "DEVICE VIP", "MAC", "LEASE");
     for l in &doc.edge.leases {
         let lease = if l.reserved {
             "reserved".to_owned()
@@ -81,17 +70,13 @@ fn print_status(doc: &AdapterDocument) {
         } else {
             "-".to_owned()
         };
-        println!(
-            "{:<16} {:<18} {:<12} {}",
-            l.vip,
-            l.mac,
-            lease,
-            l.name.as_deref().unwrap_or("-")
-        );
+        let name = l.name.as_deref().unwrap_or("-");
+        let _ = writeln!(t, "{:<16} {:<18} {lease:<12} {name}", l.vip, l.mac);
     }
     if let Some(d) = &doc.edge.dhcp {
         let s = &d.stats;
-        println!(
+        let _ = writeln!(
+            t,
             "dhcp: pool {}  discovers {}  offers {}  acks {}  naks {}  ignored {}  starvation_refused {}  pool_exhausted {}{}",
             d.pool,
             s.discovers,
@@ -109,8 +94,15 @@ fn print_status(doc: &AdapterDocument) {
         );
     }
     if let Some(d) = &doc.edge.dns {
-        println!("dns: {}", d.text());
+        let _ = writeln!(t, "dns: {}", d.text());
     }
-    println!();
-    print!("{}", counters_text(doc));
+    EdgeText { head, sections: t }
 }
+
+/// What the command line says.
+const NAMES: Names = Names {
+    name: "cyphonic-adapter",
+    about: "Puts the devices on this gateway's LAN port onto the cyphonic overlay",
+    shows: "peers, leases and counters",
+    socket: "/run/cyphonic/adapter.sock",
+};

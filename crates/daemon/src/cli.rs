@@ -11,7 +11,9 @@ use cyphonic_telemetry::logging::Format as LogFormat;
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 
-use crate::status::{Status, VERSION};
+use cyphonic_telemetry::CounterSet;
+
+use crate::status::{Status, VERSION, counters_text, peers_text};
 
 #[derive(Parser)]
 struct Cli {
@@ -48,53 +50,74 @@ enum Command {
 
 /// Reads and checks a configuration file at a unix time: the configuration and our identity.
 pub type Load<C> = fn(&Path, u64) -> Result<(C, Identity), ConfigError>;
+/// `check-config`'s report of a good configuration.
+pub type Describe<C> = fn(&C, &Identity) -> String;
+/// Runs the daemon.
+pub type Run<C> = fn(&C, Identity) -> anyhow::Result<()>;
 
-/// A tunnel end's program: what its command line says, and what each command does. `C` is its
-/// configuration, `E` and `K` the edge's part of its status document and its counters.
-#[derive(Debug)]
-pub struct Program<C, E, K> {
+/// The edge's lines of the `status` table: its head line, and its sections (each starting
+/// with a blank line), printed after the peers and before the counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EdgeText {
+    /// The first line: what the daemon is and where.
+    pub head: String,
+    /// Its own tables.
+    pub sections: String,
+}
+
+/// What a tunnel end's command line says. The rest follows from the binary's name
+/// (`cyphonic-<noun>`): the help texts and the example configuration
+/// (`config/<noun>.example.toml`).
+#[derive(Debug, Clone, Copy)]
+pub struct Names {
     /// The binary (`cyphonic-adapter`).
     pub name: &'static str,
-    /// The daemon in a word, for help texts (`adapter`).
-    pub noun: &'static str,
     /// What it does, one line.
     pub about: &'static str,
     /// What `status` shows (`peers, leases and counters`).
     pub shows: &'static str,
-    /// The example configuration, named in `run --config`'s help.
-    pub example: &'static str,
     /// The status socket's default path.
     pub socket: &'static str,
-    /// Reads and checks a configuration at a unix time.
-    pub load: Load<C>,
-    /// `check-config`'s report of a good configuration.
-    pub describe: fn(&C, &Identity) -> String,
-    /// Runs the daemon.
-    pub run: fn(&C, Identity) -> anyhow::Result<()>,
-    /// Prints the status document as a table.
-    pub print_status: fn(&Status<E, K>),
 }
 
-/// Parses the command line and runs the command; prints errors as `<name>: error: ...`.
+impl Names {
+    /// The daemon in a word (`adapter`).
+    pub fn noun(&self) -> &'static str {
+        self.name.strip_prefix("cyphonic-").unwrap_or(self.name)
+    }
+}
+
+/// Parses the command line of the program `names` describes and runs the command: `load` reads
+/// a configuration, `describe` reports a good one (`check-config`), `run` runs the daemon,
+/// `status_text` gives the edge's lines of the status table. Errors print as
+/// `<name>: error: ...`.
 #[expect(clippy::print_stdout, reason = "check-config's report")]
-pub fn main<C, E: DeserializeOwned, K: DeserializeOwned>(p: &Program<C, E, K>) -> ExitCode {
+pub fn main<C, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
+    names: &Names,
+    load: Load<C>,
+    describe: Describe<C>,
+    run: Run<C>,
+    status_text: fn(&Status<E, K>) -> EdgeText,
+) -> ExitCode {
+    let noun = names.noun();
     let command = Cli::command()
-        .name(p.name)
-        .bin_name(p.name)
+        .name(names.name)
+        .bin_name(names.name)
         .version(env!("CARGO_PKG_VERSION"))
-        .about(p.about)
+        .about(names.about)
         .mut_subcommand("run", |s| {
-            s.about(format!("Run the {}", p.noun))
-                .mut_arg("config", |a| {
-                    a.help(format!("The configuration file (see {})", p.example))
-                })
+            s.about(format!("Run the {noun}")).mut_arg("config", |a| {
+                a.help(format!(
+                    "The configuration file (see config/{noun}.example.toml)"
+                ))
+            })
         })
         .mut_subcommand("status", |s| {
-            s.about(format!("Show the running {}'s {}", p.noun, p.shows))
+            s.about(format!("Show the running {noun}'s {}", names.shows))
                 .mut_arg("socket", |a| {
                     a.required(false)
-                        .default_value(p.socket)
-                        .help(format!("The status socket of the running {}", p.noun))
+                        .default_value(names.socket)
+                        .help(format!("The status socket of the running {noun}"))
                 })
         });
     let cli = match Cli::from_arg_matches(&command.get_matches()) {
@@ -105,19 +128,19 @@ pub fn main<C, E: DeserializeOwned, K: DeserializeOwned>(p: &Program<C, E, K>) -
     let result = match cli.command {
         Command::Run { config, log_format } => {
             cyphonic_telemetry::logging::init(log_format);
-            (p.load)(&config, now)
+            load(&config, now)
                 .map_err(anyhow::Error::from)
-                .and_then(|(c, id)| (p.run)(&c, id))
+                .and_then(|(c, id)| run(&c, id))
         }
-        Command::CheckConfig { config } => (p.load)(&config, now)
-            .map(|(c, id)| println!("{}", (p.describe)(&c, &id)))
+        Command::CheckConfig { config } => load(&config, now)
+            .map(|(c, id)| println!("{}", describe(&c, &id)))
             .map_err(anyhow::Error::from),
-        Command::Status { socket, json } => show_status(p, &socket, json),
+        Command::Status { socket, json } => show_status(names, status_text, &socket, json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{}: error: {e:#}", p.name);
+            eprintln!("{}: error: {e:#}", names.name);
             ExitCode::FAILURE
         }
     }
@@ -126,12 +149,13 @@ pub fn main<C, E: DeserializeOwned, K: DeserializeOwned>(p: &Program<C, E, K>) -
 /// `status`: the running daemon's document as it came with `json`, else as a table, when it
 /// is of the format this program reads.
 #[expect(clippy::print_stdout, reason = "the status command's output")]
-fn show_status<C, E: DeserializeOwned, K: DeserializeOwned>(
-    p: &Program<C, E, K>,
+fn show_status<E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
+    names: &Names,
+    status_text: fn(&Status<E, K>) -> EdgeText,
     socket: &Path,
     json: bool,
 ) -> anyhow::Result<()> {
-    let doc = cyphonic_telemetry::status::fetch(socket, p.name)?;
+    let doc = cyphonic_telemetry::status::fetch(socket, names.name)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
@@ -140,14 +164,26 @@ fn show_status<C, E: DeserializeOwned, K: DeserializeOwned>(
     if version != Some(u64::from(VERSION)) {
         anyhow::bail!(
             "the running {} writes status format {}, this command reads format {VERSION}: use `--json`, or the command of the running version",
-            p.noun,
+            names.noun(),
             version.map_or_else(|| "without a version".to_owned(), |v| v.to_string())
         );
     }
-    let typed = Status::<E, K>::deserialize(&doc)
-        .map_err(|e| anyhow::anyhow!("the {}'s status document does not read: {e}", p.noun))?;
-    (p.print_status)(&typed);
+    let typed = Status::<E, K>::deserialize(&doc).map_err(|e| {
+        anyhow::anyhow!("the {}'s status document does not read: {e}", names.noun())
+    })?;
+    print!("{}", table(&typed, &status_text(&typed)));
     Ok(())
+}
+
+/// The status table: the edge's head line, the peers, the edge's sections, the counters.
+fn table<E, K: CounterSet>(doc: &Status<E, K>, edge: &EdgeText) -> String {
+    format!(
+        "{}\n{}{}\n{}",
+        edge.head,
+        peers_text(doc),
+        edge.sections,
+        counters_text(doc)
+    )
 }
 
 #[cfg(test)]
@@ -174,25 +210,18 @@ mod tests {
 
     static PRINTED: AtomicU32 = AtomicU32::new(0);
 
-    fn program() -> Program<(), Edge, TestCounters> {
-        Program {
-            name: "cyphonic-test",
-            noun: "test",
-            about: "",
-            shows: "",
-            example: "",
-            socket: "",
-            load: |path, now| {
-                cyphonic_settings::load(path, now, |_: &serde::de::IgnoredAny, _| {
-                    unreachable!("this test loads no configuration")
-                })
-            },
-            describe: |(), _| String::new(),
-            run: |(), _| Ok(()),
-            print_status: |doc| {
-                assert_eq!(doc.edge.thing, "x");
-                PRINTED.fetch_add(1, Ordering::Relaxed);
-            },
+    const NAMES: Names = Names {
+        name: "cyphonic-test",
+        about: "",
+        shows: "",
+        socket: "",
+    };
+
+    fn status_text(doc: &Status<Edge, TestCounters>) -> EdgeText {
+        PRINTED.fetch_add(1, Ordering::Relaxed);
+        EdgeText {
+            head: format!("test {}", doc.edge.thing),
+            sections: "\nour section\n".into(),
         }
     }
 
@@ -219,20 +248,57 @@ mod tests {
         let (ours, newer) = (dir.join("ours.sock"), dir.join("newer.sock"));
         let _a = cyphonic_telemetry::status::serve(&ours, move || doc(VERSION)).unwrap();
         let _b = cyphonic_telemetry::status::serve(&newer, move || doc(VERSION + 1)).unwrap();
-        let p = program();
-        show_status(&p, &ours, false).unwrap();
+        show_status(&NAMES, status_text, &ours, false).unwrap();
         assert_eq!(PRINTED.load(Ordering::Relaxed), 1);
-        let err = show_status(&p, &newer, false).unwrap_err().to_string();
+        let err = show_status(&NAMES, status_text, &newer, false)
+            .unwrap_err()
+            .to_string();
         assert!(
-            err.contains(&format!("writes status format {}", VERSION + 1)),
+            err.contains(&format!("test writes status format {}", VERSION + 1)),
             "{err}"
         );
-        show_status(&p, &newer, true).unwrap();
+        show_status(&NAMES, status_text, &newer, true).unwrap();
         assert_eq!(
             PRINTED.load(Ordering::Relaxed),
             1,
             "no table for another format"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The table: the edge's head line, the peers, the edge's sections, the counters.
+    #[test]
+    fn the_table_puts_the_edge_around_the_peers() {
+        let doc: Status<Edge, TestCounters> = Status {
+            version: VERSION,
+            edge: Edge { thing: "x".into() },
+            peers: Vec::new(),
+            cloud: None,
+            counters: CounterTable {
+                edge: TestCounters::default(),
+                engine: cyphonic_tunnel::EngineCounters::default(),
+            },
+            pipelines: Pipelines::default(),
+            buffers: Buffers::default(),
+        };
+        doc.counters.edge.things.store(2, Ordering::Relaxed);
+        let text = table(
+            &doc,
+            &EdgeText {
+                head: "HEAD".into(),
+                sections: "\nSECTION\n".into(),
+            },
+        );
+        let (head, peers, section, counters) = (
+            text.find("HEAD"),
+            text.find("PEER"),
+            text.find("SECTION"),
+            text.find("things"),
+        );
+        assert!(
+            head < peers && peers < section && section < counters,
+            "{text}"
+        );
+        assert!(text.contains("SECTION\n\ncounters (non-zero):"), "{text}");
     }
 }

@@ -124,7 +124,9 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use cyphonic_settings::testing::{Fixture, Node, assert_documents_every_key, assert_mistakes};
+    use cyphonic_settings::testing::{
+        Fixture, Node, SHARED_MISTAKES, assert_documents_every_key, assert_mistakes,
+    };
 
     use super::*;
 
@@ -245,31 +247,6 @@ mod tests {
                 "key `dns.upstream[0]`: 100.64.1.1 cannot be an upstream resolver",
             ),
             (
-                "batch_size = 32",
-                "batch_size = 0",
-                "key `dataplane.batch_size`: 0 is outside 1..=1024",
-            ),
-            (
-                "cpus = []",
-                "cpus = [1, 3, 1]",
-                "key `dataplane.cpus`: CPU 1 is listed twice",
-            ),
-            (
-                "cpus = []",
-                "cpus = [1024]",
-                "key `dataplane.cpus`: CPU 1024 is over 1023",
-            ),
-            (
-                "realtime_priority = 0",
-                "realtime_priority = 100",
-                "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
-            ),
-            (
-                "busy_poll_us = 0",
-                "busy_poll_us = 1000001",
-                "key `dataplane.busy_poll_us`: 1000001 is outside 0 (off) ..= 1000000",
-            ),
-            (
                 "buffers = 8192",
                 "lan_buffer = 8192",
                 "key `dataplane.lan_buffer`: unknown field `lan_buffer`",
@@ -279,14 +256,10 @@ mod tests {
                 "certificate = \"laptop.ovl.example.crt\"",
                 "key `peer[0].certificate`: this is our own certificate",
             ),
-            (
-                "public_key = \"5b0f",
-                "public_key = \"zz0f",
-                "key `cloud.public_key`: expected the 64 hex digits",
-            ),
             ("[node]", "[nod]", "unknown field `nod`"),
         ];
         assert_mistakes(&f, EXAMPLE, cases, load, NOW);
+        assert_mistakes(&f, EXAMPLE, SHARED_MISTAKES, load, NOW);
     }
 
     /// config/node.example.toml sets every key the code accepts.

@@ -14,25 +14,13 @@ mod tun;
 
 use std::process::ExitCode;
 
-use cyphonic_daemon::cli::Program;
-use cyphonic_daemon::status::{counters_text, peers_text};
+use cyphonic_daemon::cli::{EdgeText, Names};
 
 use crate::config::NodeConfig;
 use crate::edge::{NodeDocument, NodeEdge};
 
 fn main() -> ExitCode {
-    cyphonic_daemon::cli::main(&Program {
-        name: "cyphonic-node",
-        noun: "node",
-        about: "Puts this host onto the cyphonic overlay through a TUN interface",
-        shows: "peers and counters",
-        example: "config/node.example.toml",
-        socket: "/run/cyphonic/node.sock",
-        load: config::load,
-        describe,
-        run,
-        print_status,
-    })
+    cyphonic_daemon::cli::main(&NAMES, config::load, describe, run, status_text)
 }
 
 fn describe(c: &NodeConfig, id: &cyphonic_settings::Identity) -> String {
@@ -55,17 +43,28 @@ fn run(c: &NodeConfig, identity: cyphonic_settings::Identity) -> anyhow::Result<
     cyphonic_daemon::run(&c.common, identity, NodeEdge::open(c)?)
 }
 
-fn print_status(doc: &NodeDocument) {
+/// The node's lines of the status table: its head line, and its DNS stub.
+fn status_text(doc: &NodeDocument) -> EdgeText {
     let n = &doc.edge.node;
-    println!(
-        "node {}  {} on {}  listen {}  up {} s",
-        n.name, n.vip, n.interface, n.listen, n.uptime_secs
-    );
-    print!("{}", peers_text(doc));
-    if let Some(d) = &doc.edge.dns {
-        println!();
-        println!("dns {}: {}", d.listen.as_deref().unwrap_or("?"), d.text());
+    EdgeText {
+        head: format!(
+            "node {}  {} on {}  listen {}  up {} s",
+            n.name, n.vip, n.interface, n.listen, n.uptime_secs
+        ),
+        sections: doc.edge.dns.as_ref().map_or_else(String::new, |d| {
+            format!(
+                "\ndns {}: {}\n",
+                d.listen.as_deref().unwrap_or("?"),
+                d.text()
+            )
+        }),
     }
-    println!();
-    print!("{}", counters_text(doc));
 }
+
+/// What the command line says.
+const NAMES: Names = Names {
+    name: "cyphonic-node",
+    about: "Puts this host onto the cyphonic overlay through a TUN interface",
+    shows: "peers and counters",
+    socket: "/run/cyphonic/node.sock",
+};

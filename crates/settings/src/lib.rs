@@ -807,6 +807,61 @@ pub mod testing {
         }
     }
 
+    /// Mistakes in the keys every tunnel end has, as [`assert_mistakes`] takes them: each
+    /// binary's example file must refuse them all, with these messages.
+    pub const SHARED_MISTAKES: &[(&str, &str, &str)] = &[
+        (
+            "cpus = []",
+            "cpus = [2, 2]",
+            "key `dataplane.cpus`: CPU 2 is listed twice",
+        ),
+        (
+            "cpus = []",
+            "cpus = [1024]",
+            "key `dataplane.cpus`: CPU 1024 is over 1023",
+        ),
+        (
+            "realtime_priority = 0",
+            "realtime_priority = 100",
+            "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
+        ),
+        (
+            "busy_poll_us = 0",
+            "busy_poll_us = 1000001",
+            "key `dataplane.busy_poll_us`: 1000001 is outside 0 (off) ..= 1000000",
+        ),
+        (
+            "batch_size = 32",
+            "batch_size = 0",
+            "key `dataplane.batch_size`: 0 is outside 1..=1024",
+        ),
+        (
+            "aead = \"ring\"",
+            "aead = \"aes\"",
+            "key `dataplane.aead`: unknown AEAD backend \"aes\"",
+        ),
+        (
+            "\nordering = true",
+            "\nordring = true",
+            "key `dataplane.ordring`: unknown field `ordring`",
+        ),
+        (
+            "buffers = 8192",
+            "buffers = 10",
+            "key `dataplane.buffers`: at least 256",
+        ),
+        (
+            "inner_mtu = 1420",
+            "inner_mtu = 9000",
+            "inner_mtu`: 9000 is outside 576..=1480",
+        ),
+        (
+            "public_key = \"5b0f",
+            "public_key = \"zz0f",
+            "key `cloud.public_key`: expected the 64 hex digits",
+        ),
+    ];
+
     /// For each case `(from, to, expect)`: `example` with its first `from` replaced by `to`,
     /// written into `fixture` and read with `load`, fails; the error names the file and says
     /// `expect` (the line, the key, the message).
