@@ -225,26 +225,28 @@ mod tests {
         }
     }
 
+    /// An empty status document of format `version`.
+    fn status(version: u32) -> Status<Edge, TestCounters> {
+        Status {
+            version,
+            edge: Edge { thing: "x".into() },
+            peers: Vec::new(),
+            cloud: None,
+            counters: CounterTable {
+                edge: TestCounters::default(),
+                engine: cyphonic_tunnel::EngineCounters::default(),
+            },
+            pipelines: Pipelines::default(),
+            buffers: Buffers::default(),
+        }
+    }
+
     /// The table is printed from a document of this format; another format is refused with a
     /// message that says which, and `--json` still shows it.
     #[test]
     fn status_reads_its_own_format_only() {
         let dir = std::env::temp_dir().join(format!("cyphonic-cli-{}", std::process::id()));
-        let doc = |version: u32| {
-            serde_json::to_value(Status {
-                version,
-                edge: Edge { thing: "x".into() },
-                peers: Vec::new(),
-                cloud: None,
-                counters: CounterTable {
-                    edge: TestCounters::default(),
-                    engine: cyphonic_tunnel::EngineCounters::default(),
-                },
-                pipelines: Pipelines::default(),
-                buffers: Buffers::default(),
-            })
-            .unwrap_or_default()
-        };
+        let doc = |version: u32| serde_json::to_value(status(version)).unwrap_or_default();
         let (ours, newer) = (dir.join("ours.sock"), dir.join("newer.sock"));
         let _a = cyphonic_telemetry::status::serve(&ours, move || doc(VERSION)).unwrap();
         let _b = cyphonic_telemetry::status::serve(&newer, move || doc(VERSION + 1)).unwrap();
@@ -269,18 +271,7 @@ mod tests {
     /// The table: the edge's head line, the peers, the edge's sections, the counters.
     #[test]
     fn the_table_puts_the_edge_around_the_peers() {
-        let doc: Status<Edge, TestCounters> = Status {
-            version: VERSION,
-            edge: Edge { thing: "x".into() },
-            peers: Vec::new(),
-            cloud: None,
-            counters: CounterTable {
-                edge: TestCounters::default(),
-                engine: cyphonic_tunnel::EngineCounters::default(),
-            },
-            pipelines: Pipelines::default(),
-            buffers: Buffers::default(),
-        };
+        let doc = status(VERSION);
         doc.counters.edge.things.store(2, Ordering::Relaxed);
         let text = table(
             &doc,
