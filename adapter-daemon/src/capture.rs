@@ -69,7 +69,7 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// The thread reading `sock` into `egress`.
+    /// The thread reading `sock` into `intake`.
     pub const fn new(
         lan: Arc<LanSide>,
         shared: Arc<Shared>,

@@ -21,7 +21,6 @@ use tokio::sync::mpsc;
 
 use crate::counters::bump;
 use crate::dhcp::Dhcp;
-
 use crate::gateway::{FromPeer, Gateway};
 use crate::lan::{Client, LanSide, ToServices};
 use crate::names::Names;

@@ -1,17 +1,16 @@
 //! The command line both tunnel ends share: `run --config FILE [--log-format FORMAT]`,
-//! `check-config FILE`, `status [--socket PATH] [--json]`. Each binary describes itself in a
-//! [`Program`] and hands it to [`main`]; its `main.rs` only wires.
+//! `check-config FILE`, `status [--socket PATH] [--json]`. Each binary names itself in
+//! [`Names`] and hands them, with its four functions, to [`main`]; its `main.rs` only wires.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use cyphonic_settings::{ConfigError, Identity};
+use cyphonic_telemetry::CounterSet;
 use cyphonic_telemetry::logging::Format as LogFormat;
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
-
-use cyphonic_telemetry::CounterSet;
 
 use crate::status::{Status, VERSION, counters_text, peers_text};
 

@@ -138,7 +138,7 @@ pub trait Edge {
     /// What the services cannot set up (their state directory, their socket).
     fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<Self::Services>;
 
-    /// Starts the edge's data threads: they feed `core.egress`, run `core.thread_start`
+    /// Starts the edge's data threads: they feed `core.intake`, run `core.thread_start`
     /// first, and end once `core.shared` stops running.
     ///
     /// # Errors

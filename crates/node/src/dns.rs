@@ -1,10 +1,10 @@
 //! The node's services on the control thread: its DNS stub for the overlay zone, a UDP
-//! socket on the node's
-//! vIP (port 53 by default) that answers the node's own name, asks the cloud about other
-//! overlay names (the answer comes once the tunnel is up, as on the adapter), asks static
-//! peers about names in their zones (over the tunnel: the query simply goes to the peer's DNS
-//! address, which the host routes into the TUN device), and forwards the rest to upstream
-//! resolvers or refuses it. The host's resolver points at it (docs/operations.md).
+//! socket on the node's vIP (port 53 by default) that answers the node's own name, asks the
+//! cloud about other overlay names (the answer comes once the tunnel is up, as on the
+//! adapter), asks static peers about names in their zones (over the tunnel: the query simply
+//! goes to the peer's DNS address, which the host routes into the TUN device), and forwards
+//! the rest to upstream resolvers or refuses it. The host's resolver points at it
+//! (docs/operations.md).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};

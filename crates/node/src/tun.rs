@@ -108,7 +108,7 @@ pub struct TunReader {
 }
 
 impl TunReader {
-    /// A reader that hands what it reads to `egress`, polling the device for `busy_poll`
+    /// A reader that hands what it reads to `intake`, polling the device for `busy_poll`
     /// after each packet (`[dataplane] busy_poll_us`; zero: it sleeps until one comes).
     pub fn new(
         side: Arc<TunSide>,

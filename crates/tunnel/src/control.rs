@@ -86,7 +86,7 @@ fn bind(socket: &dyn TunnelSocket, relay: &Relay) {
 
 impl Control {
     /// The core over `shared`, as `identity`, sending handshakes on `socket` and releasing
-    /// queued packets into `egress`.
+    /// queued packets into `intake`.
     pub fn new(
         shared: Arc<Shared>,
         identity: Arc<Identity>,
