@@ -566,6 +566,9 @@ mod tests {
         let off = format!("{minimal}\n[dhcp]\nenabled = false\n[dns]\nenabled = false\n");
         let (c, _) = load_text(&f, &off).unwrap();
         assert!(c.dhcp.is_none() && c.common.dns.is_none());
+        assert_eq!(c.common.dns_ttl(), 60, "answers from the cloud keep a TTL");
+        let (c, _) = load_text(&f, &format!("{minimal}\n[dns]\nttl = 300\n")).unwrap();
+        assert_eq!(c.common.dns_ttl(), 300);
     }
 
     /// Each mistake is reported with the file, its line and its key.

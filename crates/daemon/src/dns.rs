@@ -92,7 +92,7 @@ impl<C: Copy> Dns<C> {
             own_ip: own.ip,
             own_block: own.block,
             overlay: common.overlay,
-            ttl: common.dns.as_ref().map_or(60, |d| d.ttl),
+            ttl: common.dns_ttl(),
             upstream: upstream.is_some(),
             ask_cloud: cloud.is_some(),
         });

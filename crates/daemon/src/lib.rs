@@ -223,7 +223,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
                 public_key: c.public_key,
                 endpoints: c.endpoints.clone(),
                 agent: format!("{} {}", E::PROGRAM, env!("CARGO_PKG_VERSION")),
-                dns_ttl: common.dns.as_ref().map_or(60, |d| d.ttl),
+                dns_ttl: common.dns_ttl(),
             };
             let (link, asker) = CloudLink::connect(
                 &settings,

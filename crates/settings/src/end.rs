@@ -134,6 +134,14 @@ impl Common {
         Ok((common, identity))
     }
 
+    /// TTL of the DNS answers we give, seconds (`dns.ttl`, or its default when the DNS service
+    /// is switched off: answers built from the cloud's still carry one).
+    pub fn dns_ttl(&self) -> u32 {
+        self.dns
+            .as_ref()
+            .map_or_else(|| *crate::defaults::dns_ttl().get_ref(), |d| d.ttl)
+    }
+
     /// The static peers as the engine takes them.
     pub fn static_peers(&self) -> Vec<StaticPeer> {
         self.peers.iter().map(Peer::to_static).collect()
