@@ -412,11 +412,7 @@ async fn control_loop<S: Services, T: Serialize>(
             work = l.services.next() => l.services.handle(work, Instant::now()),
             Some(settled) = l.upstream.recv() => l.services.settled(settled),
             Some(work) = cloud_work(&mut l.cloud) => {
-                if let Some(c) = l.cloud.as_mut() {
-                    for s in c.handle(work, &mut l.control) {
-                        l.services.settled(s);
-                    }
-                }
+                l.settle_from_cloud(|c, control| c.handle(work, control));
             }
             () = shared.notify.notified() => {}
             () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
@@ -429,6 +425,16 @@ async fn control_loop<S: Services, T: Serialize>(
 }
 
 impl<S: Services> Loop<S> {
+    /// Runs `f` on the cloud link (nothing without a cloud) and hands the services the DNS
+    /// questions it settled.
+    fn settle_from_cloud(&mut self, f: impl FnOnce(&mut CloudLink, &mut Control) -> Vec<Settled>) {
+        if let Some(c) = self.cloud.as_mut() {
+            for s in f(c, &mut self.control) {
+                self.services.settled(s);
+            }
+        }
+    }
+
     /// Timers, registrations, relay requests, and what the control core reported.
     fn upkeep(&mut self, now: Instant) {
         self.services.tick(now);
@@ -444,25 +450,11 @@ impl<S: Services> Loop<S> {
             match event {
                 ControlEvent::PeerUp(id) => {
                     self.services.peer_up(id);
-                    for s in self
-                        .cloud
-                        .as_mut()
-                        .map(|c| c.peer_up(id))
-                        .unwrap_or_default()
-                    {
-                        self.services.settled(s);
-                    }
+                    self.settle_from_cloud(|c, _| c.peer_up(id));
                 }
                 ControlEvent::PeerGaveUp(id) => {
                     self.services.peer_gave_up(id);
-                    let settled = self
-                        .cloud
-                        .as_mut()
-                        .map(|c| c.peer_gave_up(id))
-                        .unwrap_or_default();
-                    for s in settled {
-                        self.services.settled(s);
-                    }
+                    self.settle_from_cloud(|c, _| c.peer_gave_up(id));
                 }
                 ControlEvent::UnknownPeer {
                     certificate,

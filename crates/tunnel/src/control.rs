@@ -26,6 +26,8 @@ use crate::{Shared, ToControl};
 
 /// At most one handshake started because of unknown-index traffic per peer per this interval.
 const KICK_INTERVAL: Duration = Duration::from_secs(1);
+/// Peers whose last such handshake is remembered at most (peers come and go with the cloud).
+const KICKS: usize = 4096;
 /// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
 /// the channel must know where we are.
 const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
@@ -159,7 +161,7 @@ impl Control {
                 {
                     return;
                 }
-                if self.kicks.len() >= MAX_EVENTS {
+                if self.kicks.len() >= KICKS {
                     self.kicks.clear();
                 }
                 self.kicks.insert(id, now);
