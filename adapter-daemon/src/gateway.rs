@@ -83,13 +83,11 @@ impl Gateway {
         bump(&self.lan.counters.gateway_from_peers);
         match gateway_service(&self.lan.lan, packet, &mut self.frame[..]) {
             GatewayService::Echo { len } => {
-                match self.shared.pool.take() {
-                    Some(mut buf) if len <= PACKET_ROOM.len() => {
-                        buf[PACKET_ROOM][..len].copy_from_slice(&self.frame[..len]);
-                        self.to_peer(peer, buf, len);
-                    }
-                    _ => bump(&self.lan.counters.drop_gateway_to_peer),
-                }
+                let reply = &self.frame[..len];
+                self.to_peer(peer, |room| {
+                    room.get_mut(..len)?.copy_from_slice(reply);
+                    Some(len)
+                });
                 FromPeer::Answered
             }
             GatewayService::Udp {
@@ -120,34 +118,29 @@ impl Gateway {
         dst_port: u16,
         payload: &[u8],
     ) {
+        let src = self.ip();
+        self.to_peer(peer, |room| {
+            udp_packet(room, src, dst, src_port, dst_port, payload)
+        });
+    }
+
+    /// Hands `peer` an IP packet of the gateway's own: `write` puts it into a pool buffer's
+    /// room behind the tunnel header and returns its length (`None`: it does not fit), and
+    /// the engine seals and sends it in order with the devices' traffic. What cannot go is
+    /// counted.
+    fn to_peer(&self, peer: u32, write: impl FnOnce(&mut [u8]) -> Option<usize>) {
         let Some(mut buf) = self.shared.pool.take() else {
             bump(&self.shared.counters.drop_no_buffer);
             bump(&self.lan.counters.drop_gateway_to_peer);
             return;
         };
-        match udp_packet(
-            &mut buf[PACKET_ROOM],
-            self.ip(),
-            dst,
-            src_port,
-            dst_port,
-            payload,
-        ) {
-            Some(len) => self.to_peer(peer, buf, len),
-            None => bump(&self.lan.counters.drop_gateway_to_peer),
-        }
-    }
-
-    /// Hands the IP packet at `buf[HEADROOM..][..len]` to the engine for `peer`.
-    fn to_peer(&self, peer: u32, buf: cyphonic_tunnel::Buf, len: usize) {
-        let Some(slot) = self.shared.peers.by_id(peer) else {
-            bump(&self.lan.counters.drop_gateway_to_peer);
-            return;
-        };
-        if !self
-            .intake
-            .submit_now(Outgoing::new(buf, len, slot, Instant::now()))
-        {
+        let sent = write(&mut buf[PACKET_ROOM]).is_some_and(|len| {
+            self.shared.peers.by_id(peer).is_some_and(|slot| {
+                self.intake
+                    .submit_now(Outgoing::new(buf, len, slot, Instant::now()))
+            })
+        });
+        if !sent {
             bump(&self.lan.counters.drop_gateway_to_peer);
         }
     }
