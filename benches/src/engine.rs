@@ -11,7 +11,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 use cyphonic_crypto::Backend;
 use cyphonic_netio::DatagramMeta;
-use cyphonic_pipeline::{Config, DropReason, Emitter, Sequencer, Sink, Stage};
+use cyphonic_pipeline::{DropReason, Emitter, Sequencer, Sink, Stage};
 use cyphonic_session::Session;
 use cyphonic_tunnel::{
     Arrival, BUF_LEN, HEADROOM, Incoming, Outgoing, PeerSlot, SealStage, Shared, arrival,
@@ -224,12 +224,6 @@ pub struct StageBench<S: Stage> {
 impl<S: Stage> StageBench<S> {
     /// `stage` on `workers` rayon threads, at the engine's default pipeline configuration.
     pub fn new(stage: S, workers: usize) -> Self {
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(workers)
-                .build()
-                .expect("rayon pool"),
-        );
         let (tx, done) = crossbeam_channel::bounded(1);
         let sink = Count {
             burst: BURST,
@@ -238,8 +232,7 @@ impl<S: Stage> StageBench<S> {
             done: tx,
             _item: std::marker::PhantomData,
         };
-        let (seq, emitter) =
-            cyphonic_pipeline::start(&Config::default(), pool, stage, sink).expect("pipeline");
+        let (seq, emitter) = crate::start(stage, workers, sink);
         Self {
             seq: Some(seq),
             emitter: Some(emitter),
@@ -250,14 +243,7 @@ impl<S: Stage> StageBench<S> {
     /// Pushes a burst through and waits until all of it left; returns how many packets the
     /// stage dropped.
     pub fn run_burst(&mut self, burst: Vec<S::Item>) -> u64 {
-        let seq = self.seq.as_mut().expect("running");
-        for item in burst {
-            assert!(
-                seq.push_wait(item).is_ok(),
-                "the benchmark pipeline refused a packet"
-            );
-        }
-        seq.flush();
+        crate::push_burst(self.seq.as_mut().expect("running"), burst);
         self.done.recv().expect("the emitter reports every burst")
     }
 }

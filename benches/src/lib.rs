@@ -55,6 +55,39 @@ pub fn packets(size: usize, n: usize) -> Vec<Packet> {
     (0..n).map(|_| Packet::new(size)).collect()
 }
 
+/// A pipeline of `stage` on `workers` rayon threads into `sink`, at the engine's default
+/// pipeline configuration.
+///
+/// # Panics
+/// If it cannot start.
+pub fn start<S: Stage, K: Sink<Item = S::Item>>(
+    stage: S,
+    workers: usize,
+    sink: K,
+) -> (Sequencer<S>, Emitter<K>) {
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(workers)
+            .build()
+            .expect("rayon pool"),
+    );
+    cyphonic_pipeline::start(&Config::default(), pool, stage, sink).expect("pipeline")
+}
+
+/// Pushes `burst` into `seq`, waiting for room, and sends it on its way.
+///
+/// # Panics
+/// If the pipeline refuses an item (it stopped).
+pub fn push_burst<S: Stage>(seq: &mut Sequencer<S>, burst: impl IntoIterator<Item = S::Item>) {
+    for item in burst {
+        assert!(
+            seq.push_wait(item).is_ok(),
+            "the benchmark pipeline refused a packet"
+        );
+    }
+    seq.flush();
+}
+
 /// A stage that only numbers packets: measures the pipeline's own cost per packet.
 #[derive(Debug, Default)]
 pub struct NoopStage {
@@ -115,12 +148,6 @@ impl<S: Stage<Item = Packet>> PipelineBench<S> {
     /// # Panics
     /// If the pipeline cannot start.
     pub fn new(stage: S, workers: usize, size: usize) -> Self {
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(workers)
-                .build()
-                .expect("rayon pool"),
-        );
         let (back_tx, back) = crossbeam_channel::bounded(1);
         let sink = Gather {
             burst: BURST,
@@ -129,8 +156,7 @@ impl<S: Stage<Item = Packet>> PipelineBench<S> {
             in_order: true,
             expected: 0,
         };
-        let (seq, emitter) =
-            cyphonic_pipeline::start(&Config::default(), pool, stage, sink).expect("pipeline");
+        let (seq, emitter) = start(stage, workers, sink);
         Self {
             seq: Some(seq),
             emitter: Some(emitter),
@@ -144,13 +170,7 @@ impl<S: Stage<Item = Packet>> PipelineBench<S> {
     /// # Panics
     /// If the pipeline refuses a packet or stops.
     pub fn run_burst(&mut self) {
-        let seq = self.seq.as_mut().expect("running");
-        for p in self.packets.drain(..) {
-            if seq.push_wait(p).is_err() {
-                panic!("the benchmark pipeline refused a packet");
-            }
-        }
-        seq.flush();
+        push_burst(self.seq.as_mut().expect("running"), self.packets.drain(..));
         self.packets = self.back.recv().expect("the emitter returns every burst");
     }
 
