@@ -102,6 +102,34 @@ pub enum CloudWork {
     Answer(CloudAnswer),
 }
 
+/// DNS answers held until the tunnel they point into is up, by peer id: [`AWAITING`] at
+/// most, all peers together.
+#[derive(Debug, Default)]
+struct Awaiting {
+    by_peer: HashMap<u32, Vec<(u16, Vec<Record>)>>,
+    held: usize,
+}
+
+impl Awaiting {
+    /// Holds the answer `records` to the query parked under `key` for `peer`'s tunnel;
+    /// false (and nothing held) when [`AWAITING`] answers wait already.
+    fn hold(&mut self, peer: u32, key: u16, records: Vec<Record>) -> bool {
+        if self.held >= AWAITING {
+            return false;
+        }
+        self.by_peer.entry(peer).or_default().push((key, records));
+        self.held += 1;
+        true
+    }
+
+    /// What waited for `peer`, in the order it came.
+    fn release(&mut self, peer: u32) -> Vec<(u16, Vec<Record>)> {
+        let released = self.by_peer.remove(&peer).unwrap_or_default();
+        self.held -= released.len();
+        released
+    }
+}
+
 /// How peers are made for the engine: our identity and the engine's timing.
 #[derive(Debug, Clone)]
 struct Making {
@@ -118,8 +146,7 @@ pub struct CloudLink {
     answers: mpsc::Receiver<CloudAnswer>,
     endpoints: Vec<SocketAddr>,
     registered: Option<u64>,
-    /// DNS answers waiting for a peer's tunnel, by peer id.
-    awaiting: HashMap<u32, Vec<(u16, Vec<Record>)>>,
+    awaiting: Awaiting,
     admissions: HashMap<String, Instant>,
     making: Making,
     ttl: u32,
@@ -130,7 +157,7 @@ impl std::fmt::Debug for CloudLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CloudLink")
             .field("endpoints", &self.endpoints)
-            .field("awaiting", &self.awaiting.len())
+            .field("awaiting", &self.awaiting.held)
             .finish_non_exhaustive()
     }
 }
@@ -167,7 +194,7 @@ impl CloudLink {
             answers,
             endpoints: settings.endpoints.clone(),
             registered: None,
-            awaiting: HashMap::new(),
+            awaiting: Awaiting::default(),
             admissions: HashMap::new(),
             making: Making {
                 identity,
@@ -357,13 +384,9 @@ impl CloudLink {
         if slot.lock().is_established(now) {
             return Some((a.key, Ok(records)));
         }
-        if self.awaiting.values().map(Vec::len).sum::<usize>() >= AWAITING {
+        if !self.awaiting.hold(slot.id, a.key, records) {
             return Some((a.key, Err(ResponseCode::ServFail)));
         }
-        self.awaiting
-            .entry(slot.id)
-            .or_default()
-            .push((a.key, records));
         if let Some(relay) = &info.relay {
             control.apply_relay(&slot, relay, now);
         }
@@ -387,8 +410,7 @@ impl CloudLink {
     /// A peer's tunnel is up: the DNS answers that waited for it.
     pub fn peer_up(&mut self, peer: u32) -> Vec<Settled> {
         self.awaiting
-            .remove(&peer)
-            .unwrap_or_default()
+            .release(peer)
             .into_iter()
             .map(|(k, r)| (k, Ok(r)))
             .collect()
@@ -397,8 +419,7 @@ impl CloudLink {
     /// A peer cannot be reached: its waiting answers become SERVFAIL.
     pub fn peer_gave_up(&mut self, peer: u32) -> Vec<Settled> {
         self.awaiting
-            .remove(&peer)
-            .unwrap_or_default()
+            .release(peer)
             .into_iter()
             .map(|(k, _)| (k, Err(ResponseCode::ServFail)))
             .collect()
@@ -468,5 +489,36 @@ impl CloudLink {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers wait per peer and leave in order, and no more than [`AWAITING`] wait in all:
+    /// a flood of questions for peers that never come up cannot grow memory.
+    #[test]
+    fn held_answers_are_bounded_and_leave_in_order() {
+        let mut a = Awaiting::default();
+        for key in 0..3 {
+            assert!(a.hold(7, key, Vec::new()));
+        }
+        let first_key = 3;
+        for i in first_key..AWAITING {
+            let key = u16::try_from(i).unwrap_or(u16::MAX);
+            assert!(a.hold(8, key, Vec::new()), "answer {i} held");
+        }
+        assert!(!a.hold(9, 1, Vec::new()), "the bound holds");
+        let keys: Vec<u16> = a.release(7).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, [0, 1, 2]);
+        assert!(a.release(7).is_empty());
+        for key in 1..=3 {
+            assert!(a.hold(9, key, Vec::new()), "released answers make room");
+        }
+        assert!(!a.hold(9, 4, Vec::new()), "and no more than they held");
+        assert_eq!(a.release(8).len(), AWAITING - 3);
+        assert_eq!(a.release(9).len(), 3);
+        assert_eq!(a.held, 0);
     }
 }
