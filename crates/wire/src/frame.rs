@@ -308,6 +308,18 @@ impl FrameRepr {
                 field: "receiver index",
             });
         }
+        // Only data frames define a flag; an unknown bit is a version this one does not speak.
+        let allowed_flags = if kind == MessageType::Data {
+            FLAG_CHECKSUM_DEFERRED
+        } else {
+            0
+        };
+        if frame.flags() & !allowed_flags != 0 {
+            return Err(Error::Reserved {
+                kind,
+                field: "flags",
+            });
+        }
         if zero_counter && frame.counter() != 0 {
             return Err(Error::Reserved {
                 kind,
@@ -379,15 +391,15 @@ mod tests {
     #[test]
     fn emits_what_it_parses() {
         let repr = FrameRepr {
-            msg_type: MessageType::Keepalive,
-            flags: 0x8001,
+            msg_type: MessageType::Data,
+            flags: FLAG_CHECKSUM_DEFERRED,
             receiver_index: 42,
             counter: u64::MAX - 1,
-            body_len: TAG_LEN,
+            body_len: TAG_LEN + 1,
         };
         let mut buf = vec![0u8; repr.buffer_len()];
         repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
-        assert_eq!(&buf[..16], &hex!("01 04 8001 0000002a fffffffffffffffe"));
+        assert_eq!(&buf[..16], &hex!("01 03 0001 0000002a fffffffffffffffe"));
         assert_eq!(
             FrameRepr::parse(&Frame::new_checked(&buf[..]).unwrap()),
             Ok(repr)
@@ -456,6 +468,19 @@ mod tests {
         check(&frame(1, 0, 5, 96), reserved(HandshakeInit, "counter"));
         check(&frame(2, 5, 1, 48), reserved(HandshakeResp, "counter"));
         check(&frame(5, 5, 1, 16), reserved(Relay, "counter"));
+        // Flags: data frames define bit 0 only; every other type defines none.
+        let flagged = |ty, receiver, body, flags: u16| {
+            let mut f = frame(ty, receiver, 0, body);
+            f[2..4].copy_from_slice(&flags.to_be_bytes());
+            f
+        };
+        check(&flagged(3, 7, 17, 0x0002), reserved(Data, "flags"));
+        check(&flagged(3, 7, 17, 0x8001), reserved(Data, "flags"));
+        check(&flagged(4, 7, 16, 0x0001), reserved(Keepalive, "flags"));
+        check(&flagged(1, 0, 96, 0x0100), reserved(HandshakeInit, "flags"));
+        check(&flagged(2, 7, 48, 0x0001), reserved(HandshakeResp, "flags"));
+        check(&flagged(6, 0, 16, 0x0001), reserved(EndpointProbe, "flags"));
+        check(&flagged(3, 7, 17, FLAG_CHECKSUM_DEFERRED), Ok(Data));
     }
 
     #[test]
