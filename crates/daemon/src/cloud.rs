@@ -343,13 +343,22 @@ impl CloudLink {
         }
         let mut pc = PeerConfig::from_certificate(&cert, endpoint);
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
+        let indices = shared.peers.indices().clone();
         let slot = shared.peers.insert(
             |id| {
                 Arc::new(PeerSlot::new(
                     id,
                     &cert,
                     "cloud",
-                    Peer::new(id, m.identity.clone(), pc, m.timing, m.clock, m.aead),
+                    Peer::new(
+                        id,
+                        m.identity.clone(),
+                        indices,
+                        pc,
+                        m.timing,
+                        m.clock,
+                        m.aead,
+                    ),
                 ))
             },
             key,

@@ -205,7 +205,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
     tracing::info!(%listen, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
     let timing = Timing::default();
     let table =
-        cyphonic_tunnel::static_peers(&identity, &common.static_peers(), timing, clock, dp.aead)?;
+        cyphonic_tunnel::static_peers(&identity, &common.static_peers(), timing, clock, dp.aead);
     let (shared, control_rx) = Shared::new(table, dp.buffers, CONTROL_QUEUE);
     let shared = Arc::new(shared);
 

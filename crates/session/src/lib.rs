@@ -15,19 +15,23 @@
 //! (the keys of one handshake, shareable with crypto workers), [`read_init`] (the device-level
 //! first step for an incoming initiation, before its peer is known).
 //!
+//! Session indices are random and unique across a device's peers ([`Indices`], one table the
+//! driver shares between its peers and looks frames up in).
+//!
 //! What it deliberately does not do: queue user packets while a handshake is pending (the
-//! driver owns buffers), allocate session indices across peers (a peer's indices are
-//! `peer_id << 8 | generation`, so the driver routes by `index >> 8`), or decide policy.
+//! driver owns buffers), or decide policy.
 #![forbid(unsafe_code)]
 
 mod clock;
 mod error;
 mod handshake;
+mod index;
 mod peer;
 mod session;
 
 pub use clock::{Clock, Timing};
 pub use error::{HandshakeError, IdentityError, RecvError, SendError};
 pub use handshake::{Identity, IncomingInit, read_init};
-pub use peer::{Event, MAX_PEER_ID, Peer, PeerConfig, Received, Transmit};
+pub use index::Indices;
+pub use peer::{Event, Peer, PeerConfig, Received, Transmit};
 pub use session::Session;

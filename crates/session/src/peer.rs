@@ -18,10 +18,8 @@ use ipnet::IpNet;
 use crate::clock::{Clock, Timing};
 use crate::error::{HandshakeError, RecvError, SendError};
 use crate::handshake::{self, Identity, IncomingInit};
+use crate::index::{Indices, LocalIndex};
 use crate::session::Session;
-
-/// Largest peer id: a peer's session indices are `id << 8 | generation`.
-pub const MAX_PEER_ID: u32 = (1 << 24) - 1;
 
 /// What we know and expect of a peer before talking to it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -117,12 +115,14 @@ pub enum Received<'a> {
     Keepalive,
 }
 
-/// The initiator side of a handshake in progress. `state` is `None` once a response failed to
-/// decrypt (snow's state is not reusable after a failed read): the attempt then only waits for
-/// its retry time, when a fresh initiation goes out.
+/// The initiator side of a handshake in progress. A response that fails to decrypt leaves it
+/// as it was (snow restores its state after a failed read), so a forged response cannot take
+/// the place of the genuine one. `state` is `None` once a response decrypted (it came from
+/// the responder) but was refused: the attempt then only waits for its retry time, when a
+/// fresh initiation goes out.
 struct Pending {
     state: Option<snow::HandshakeState>,
-    local_index: u32,
+    local_index: LocalIndex,
     retry_at: Instant,
 }
 
@@ -130,6 +130,7 @@ struct Pending {
 pub struct Peer {
     id: u32,
     identity: Arc<Identity>,
+    indices: Arc<Indices>,
     config: PeerConfig,
     timing: Timing,
     clock: Clock,
@@ -141,7 +142,6 @@ pub struct Peer {
     /// Start of the current series of unanswered initiations.
     attempts_since: Option<Instant>,
     retry_backoff: Duration,
-    generation: u8,
     last_timestamp_sent: u64,
 
     current: Option<Arc<Session>>,
@@ -173,28 +173,30 @@ impl core::fmt::Debug for Peer {
                 &self.remote_cert.as_ref().map(|c| c.body().name.clone()),
             )
             .field("current", &self.current)
-            .field("pending", &self.pending.as_ref().map(|p| p.local_index))
+            .field(
+                "pending",
+                &self.pending.as_ref().map(|p| p.local_index.value()),
+            )
             .finish_non_exhaustive()
     }
 }
 
 impl Peer {
-    /// A peer with id `id` (at most [`MAX_PEER_ID`]; the driver keeps ids unique).
-    ///
-    /// # Panics
-    /// If `id` exceeds [`MAX_PEER_ID`]: a driver bug, not input.
+    /// A peer with id `id` (the driver keeps ids unique), taking its session indices from
+    /// `indices`, the table the driver looks frames up in.
     pub fn new(
         id: u32,
         identity: Arc<Identity>,
+        indices: Arc<Indices>,
         config: PeerConfig,
         timing: Timing,
         clock: Clock,
         backend: Backend,
     ) -> Self {
-        assert!(id <= MAX_PEER_ID, "peer id {id} exceeds 24 bits");
         Self {
             id,
             identity,
+            indices,
             endpoint: config.endpoint,
             config,
             timing,
@@ -204,7 +206,6 @@ impl Peer {
             pending: None,
             attempts_since: None,
             retry_backoff: timing.handshake_retry_initial,
-            generation: 0,
             last_timestamp_sent: 0,
             current: None,
             previous: None,
@@ -222,7 +223,7 @@ impl Peer {
         }
     }
 
-    /// The driver's id of this peer (`index >> 8` of its sessions).
+    /// The driver's id of this peer (what [`Indices::peer_of`] answers for its sessions).
     pub const fn id(&self) -> u32 {
         self.id
     }
@@ -425,7 +426,7 @@ impl Peer {
         let local_index = self.next_index();
         let cert = init.cert.clone();
         let (timestamp, remote_index) = (init.timestamp, init.sender_index);
-        let (frame, keys) = handshake::write_response(&self.identity, init, local_index)?;
+        let (frame, keys) = handshake::write_response(&self.identity, init, local_index.value())?;
         self.newest_init_timestamp = Some(timestamp);
         self.last_init_accepted = Some(now);
         let session = Session::new(
@@ -453,8 +454,9 @@ impl Peer {
     ///
     /// # Errors
     /// [`HandshakeError`]: not for a pending handshake, not decryptable, certificate refused
-    /// or not the expected one. A response that fails to decrypt consumes the pending state
-    /// (snow's state is not reusable after a failed read); the next retry starts afresh.
+    /// or not the expected one. A response that does not decrypt changes nothing: the genuine
+    /// one is still accepted after it. One that decrypts (so the responder sent it) but is
+    /// refused ends the attempt; the next retry starts afresh.
     pub fn handle_response(
         &mut self,
         now: Instant,
@@ -466,26 +468,34 @@ impl Peer {
             .config
             .remote_static
             .ok_or(HandshakeError::CannotInitiate("static key"))?;
-        let Some(mut state) = self
+        let unix_secs = self.clock.unix_secs(now);
+        let Some(state) = self
             .pending
             .as_mut()
-            .filter(|p| p.local_index == index)
-            .and_then(|p| p.state.take())
+            .filter(|p| p.local_index.value() == index)
+            .and_then(|p| p.state.as_mut())
         else {
             return Err(HandshakeError::UnknownIndex(index));
         };
-        // On failure the pending attempt stays, stateless, until its retry time.
-        let response = handshake::read_response(
-            &self.identity,
-            &mut state,
-            &remote,
-            self.clock.unix_secs(now),
-            frame,
-        )?;
-        self.config.check(&response.cert)?;
-        self.pending = None;
+        let result = handshake::read_response(&self.identity, state, &remote, unix_secs, frame)
+            .and_then(|r| self.config.check(&r.cert).map(|()| r));
+        let response = match result {
+            Ok(r) => r,
+            Err(e) => {
+                if state.is_handshake_finished() {
+                    // The responder's own message, refused: this attempt is spent.
+                    if let Some(p) = self.pending.as_mut() {
+                        p.state = None;
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let Some(pending) = self.pending.take() else {
+            return Err(HandshakeError::UnknownIndex(index));
+        };
         let session = Arc::new(Session::new(
-            index,
+            pending.local_index,
             response.sender_index,
             true,
             now,
@@ -677,9 +687,8 @@ impl Peer {
         }
     }
 
-    fn next_index(&mut self) -> u32 {
-        self.generation = self.generation.wrapping_add(1);
-        self.id << 8 | u32::from(self.generation)
+    fn next_index(&self) -> LocalIndex {
+        self.indices.allocate(self.id)
     }
 
     /// Asks for a handshake without computing it; see [`Peer::send_session`].
@@ -712,7 +721,7 @@ impl Peer {
         // Strictly increasing even if the wall clock stalls, so the peer never sees a replay.
         let timestamp = self.clock.unix_nanos(now).max(self.last_timestamp_sent + 1);
         let (state, frame) =
-            handshake::write_init(&self.identity, &remote, local_index, timestamp)?;
+            handshake::write_init(&self.identity, &remote, local_index.value(), timestamp)?;
         self.last_timestamp_sent = timestamp;
         self.attempts_since.get_or_insert(now);
         self.pending = Some(Pending {

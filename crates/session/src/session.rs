@@ -10,10 +10,12 @@ use cyphonic_crypto::{Backend, Key, PacketKey, ReplayError, ReplayWindow, TAG_LE
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 
 use crate::error::{RecvError, SendError};
+use crate::index::LocalIndex;
 
 /// One direction-pair of keys between us and a peer, from one handshake.
 pub struct Session {
-    local_index: u32,
+    /// Held as long as the keys live: packets in flight keep their index registered.
+    local_index: LocalIndex,
     remote_index: u32,
     initiator: bool,
     created: Instant,
@@ -38,7 +40,7 @@ impl fmt::Debug for Session {
 
 impl Session {
     pub(crate) fn new(
-        local_index: u32,
+        local_index: LocalIndex,
         remote_index: u32,
         initiator: bool,
         created: Instant,
@@ -61,7 +63,7 @@ impl Session {
 
     /// Our index: frames to us carry it as receiver index.
     pub const fn local_index(&self) -> u32 {
-        self.local_index
+        self.local_index.value()
     }
 
     /// The peer's index: our frames carry it as receiver index.
@@ -160,7 +162,7 @@ impl Session {
             MessageType::Data | MessageType::Keepalive => {}
             other => return Err(RecvError::WrongType(other)),
         }
-        if repr.receiver_index != self.local_index {
+        if repr.receiver_index != self.local_index() {
             return Err(RecvError::UnknownIndex(repr.receiver_index));
         }
         let (header, body) = frame.split_at_mut(HEADER_LEN);
@@ -195,12 +197,16 @@ impl Session {
 mod tests {
     use super::*;
 
+    /// Two ends of one set of keys.
     fn pair(limit: u64) -> (Session, Session) {
         let now = Instant::now();
         let (k1, k2) = ([1u8; 32], [2u8; 32]);
+        let indices = crate::Indices::seeded(1);
+        let (ia, ib) = (indices.allocate(1), indices.allocate(2));
+        let (a_index, b_index) = (ia.value(), ib.value());
         let a = Session::new(
-            0x100,
-            0x200,
+            ia,
+            b_index,
             true,
             now,
             Backend::Ring,
@@ -208,8 +214,8 @@ mod tests {
             limit,
         );
         let b = Session::new(
-            0x200,
-            0x100,
+            ib,
+            a_index,
             false,
             now,
             Backend::RustCrypto,
@@ -264,9 +270,10 @@ mod tests {
             MessageType::Keepalive
         );
         // a cannot open its own frame: the index is b's.
+        let b_index = b.local_index();
         assert!(matches!(
             a.open(&mut { buf }[..len]),
-            Err(RecvError::UnknownIndex(0x200))
+            Err(RecvError::UnknownIndex(i)) if i == b_index
         ));
         let mut flipped = buf;
         flipped[9] ^= 1; // counter byte: authenticated as AAD

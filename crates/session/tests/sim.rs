@@ -383,18 +383,55 @@ fn truncated_and_garbage_handshakes_are_typed_errors() {
         p.a.peer.handle_response(now, from, &fake),
         Err(HandshakeError::UnknownIndex(0x199))
     );
-    let pending_index = u32::from_be_bytes(init[4..8].try_into().unwrap()) | 0x101; // A's id 1, generation 1
-    let mut garbage = vec![1u8, 2, 0, 0];
-    garbage.extend(pending_index.to_be_bytes());
-    garbage.extend([0u8; 8]);
-    garbage.extend((0..80).map(|i| i as u8));
-    assert_eq!(
-        p.a.peer.handle_response(now, from, &garbage),
-        Err(HandshakeError::Decrypt)
-    );
-    // The failed response did not wedge A: its retry completes the handshake.
+    // Nothing wedged A: the handshake completes.
     p.drive(10 * SEC);
     assert!(p.a.peer.is_established(p.now), "{:?}", p.a.handshake_errors);
+}
+
+/// An attacker on the path sees B's response go by (its receiver index is in clear) and races
+/// forged responses with that index to A: garbage, and the genuine one with a bit flipped. A
+/// refuses them, and the genuine response arriving after them still completes the handshake
+/// at once, with no retry.
+#[test]
+fn forged_responses_do_not_break_a_pending_handshake() {
+    let mut p = Setup::new(47).build();
+    p.a.peer.initiate(p.now).unwrap();
+    // The initiation reaches B (5 ms), whose response is then on its way back.
+    p.drive(Duration::from_millis(6));
+    let genuine = p.net.log.last().unwrap().clone();
+    assert_eq!(
+        Frame::new_checked(&genuine.frame[..]).unwrap().msg_type(),
+        MessageType::HandshakeResp
+    );
+    let index = &genuine.frame[4..8];
+    let mut garbage = vec![1u8, 2, 0, 0];
+    garbage.extend_from_slice(index);
+    garbage.extend([0u8; 8]);
+    garbage.extend((0..(genuine.frame.len() - 16)).map(|i| i as u8));
+    let mut flipped = genuine.frame.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    for forged in [garbage, flipped] {
+        p.deliver(Packet {
+            frame: forged,
+            ..genuine.clone()
+        });
+    }
+    assert_eq!(
+        p.a.handshake_errors,
+        vec![HandshakeError::Decrypt, HandshakeError::Decrypt]
+    );
+    assert!(!p.a.peer.is_established(p.now));
+    // The genuine response arrives (10 ms) and completes the handshake.
+    p.drive(Duration::from_millis(10));
+    assert!(p.a.peer.is_established(p.now), "{:?}", p.a.handshake_errors);
+    let inits = p
+        .net
+        .log
+        .iter()
+        .filter(|pk| pk.frame[1] == u8::from(MessageType::HandshakeInit))
+        .count();
+    assert_eq!(inits, 1, "no retry was needed");
 }
 
 #[test]
@@ -784,6 +821,7 @@ fn restarted_peer_is_recovered_by_the_reply_timeout() {
     p.b.peer = cyphonic_session::Peer::new(
         2,
         p.b.identity.clone(),
+        cyphonic_session::Indices::new(),
         b_config,
         Timing::default(),
         p.clock,

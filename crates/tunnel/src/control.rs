@@ -24,10 +24,8 @@ use crate::peers::{PeerSlot, Relay};
 use crate::socket::TunnelSocket;
 use crate::{Shared, ToControl};
 
-/// At most one handshake started because of unknown-index traffic per peer per this interval.
-const KICK_INTERVAL: Duration = Duration::from_secs(1);
-/// Peers whose last such handshake is remembered at most (peers come and go with the cloud).
-const KICKS: usize = 4096;
+/// The peers' addresses, for kicks, are looked up again at most this often.
+const ENDPOINTS_FRESH: Duration = Duration::from_secs(1);
 /// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
 /// the channel must know where we are.
 const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
@@ -65,7 +63,8 @@ pub struct Control {
     socket: Box<dyn TunnelSocket>,
     intake: Intake,
     clock: Clock,
-    kicks: HashMap<u32, Instant>,
+    /// Peers by the address we reach them at, and when that was read: what a kick looks up.
+    endpoints: (HashMap<SocketAddr, u32>, Option<Instant>),
     refusal_log: cyphonic_telemetry::Throttle,
     events: VecDeque<ControlEvent>,
 }
@@ -102,7 +101,7 @@ impl Control {
             socket,
             intake,
             clock,
-            kicks: HashMap::new(),
+            endpoints: (HashMap::new(), None),
             refusal_log: cyphonic_telemetry::Throttle::new(Duration::from_secs(1)),
             events: VecDeque::new(),
         }
@@ -152,26 +151,40 @@ impl Control {
     pub fn handle(&mut self, msg: ToControl) {
         match msg {
             ToControl::Handshake { frame, from, at } => self.handshake(&frame, from, at),
-            ToControl::Kick(id) => {
-                let now = Instant::now();
-                if self
-                    .kicks
-                    .get(&id)
-                    .is_some_and(|t| now.saturating_duration_since(*t) < KICK_INTERVAL)
-                {
-                    return;
-                }
-                if self.kicks.len() >= KICKS {
-                    self.kicks.clear();
-                }
-                self.kicks.insert(id, now);
-                if let Some(slot) = self.shared.peers.by_id(id) {
-                    tracing::info!(peer = %slot.name, "traffic on unknown keys from the peer's address: handshaking");
-                    self.initiate(&slot, now);
-                }
-            }
+            ToControl::Kick(from) => self.kick(from),
             ToControl::NetworkChanged => self.network_changed(),
         }
+    }
+
+    /// Frames on keys we do not have came from `from` (the data threads' [`crate::KickGate`]
+    /// lets at most one a second through per source): a peer we have no keys with that we
+    /// reach at that address most likely kept keys we lost in a restart. Handshake with it
+    /// now instead of waiting until it notices. Anyone else is ignored, so frames spoofed
+    /// from a peer's address cost at most a handshake a second while we have no keys anyway.
+    fn kick(&mut self, from: SocketAddr) {
+        let now = Instant::now();
+        let (endpoints, read_at) = &mut self.endpoints;
+        if read_at.is_none_or(|t| now.saturating_duration_since(t) >= ENDPOINTS_FRESH) {
+            *endpoints = self
+                .shared
+                .peers
+                .all()
+                .iter()
+                .filter_map(|s| Some((s.lock().endpoint()?, s.id)))
+                .collect();
+            *read_at = Some(now);
+        }
+        let Some(slot) = endpoints
+            .get(&from)
+            .and_then(|id| self.shared.peers.by_id(*id))
+        else {
+            return;
+        };
+        if slot.lock().is_established(now) {
+            return;
+        }
+        tracing::info!(peer = %slot.name, "traffic on unknown keys from the peer's address: handshaking");
+        self.initiate(&slot, now);
     }
 
     /// Starts a handshake with `slot` now (unless one is under way), and sends it.

@@ -37,9 +37,6 @@ pub enum StartError {
         /// The error.
         source: std::io::Error,
     },
-    /// More static peers than session indices can tell apart.
-    #[error("too many peers")]
-    TooManyPeers,
 }
 
 /// How the data plane is sized and placed: the `[dataplane]` keys every tunnel end shares
@@ -160,34 +157,31 @@ pub struct StaticPeer {
 }
 
 /// The peer table of `peers` (ids 1, 2, ...), as `identity` talks to them.
-///
-/// # Errors
-/// [`StartError::TooManyPeers`].
 pub fn static_peers(
     identity: &Arc<Identity>,
     peers: &[StaticPeer],
     timing: Timing,
     clock: Clock,
     aead: Backend,
-) -> Result<PeerTable, StartError> {
-    let mut slots = Vec::new();
-    let mut keys = Vec::new();
-    for (i, p) in peers.iter().enumerate() {
-        let id = u32::try_from(i + 1)
-            .ok()
-            .filter(|id| *id <= cyphonic_session::MAX_PEER_ID)
-            .ok_or(StartError::TooManyPeers)?;
+) -> PeerTable {
+    let table = PeerTable::default();
+    for p in peers {
         let mut pc = PeerConfig::from_certificate(&p.certificate, p.endpoint);
         pc.persistent_keepalive = p.persistent_keepalive;
-        keys.push(PublicKey(p.certificate.body().public_key));
-        slots.push(Arc::new(PeerSlot::new(
-            id,
-            &p.certificate,
-            "static",
-            Peer::new(id, identity.clone(), pc, timing, clock, aead),
-        )));
+        let indices = table.indices().clone();
+        table.insert(
+            |id| {
+                Arc::new(PeerSlot::new(
+                    id,
+                    &p.certificate,
+                    "static",
+                    Peer::new(id, identity.clone(), indices, pc, timing, clock, aead),
+                ))
+            },
+            PublicKey(p.certificate.body().public_key),
+        );
     }
-    Ok(PeerTable::new(slots, &keys))
+    table
 }
 
 /// How often the network watch looks at `running`, and how long its news must be quiet before

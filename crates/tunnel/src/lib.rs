@@ -45,7 +45,7 @@ pub use control::{Control, ControlEvent};
 pub use counters::{EngineCounters, bump};
 pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
 pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
-pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
+pub use ingress::{Arrival, Incoming, KickGate, OpenStage, Receiver, arrival};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
 pub use pool::{
     BUF_LEN, Buf, ETHERNET_HEADER, FRAME_OFFSET, FRAME_ROOM, PACKET_ROOM, Pool, RECV_BATCH,
@@ -69,8 +69,9 @@ pub enum ToControl {
         /// When it arrived.
         at: Instant,
     },
-    /// Traffic for keys we do not have from this peer's address: handshake now.
-    Kick(u32),
+    /// Traffic for keys we do not have came from this address: if a peer of ours is there,
+    /// handshake with it now (it kept keys we lost). Admitted by [`Shared::kick_gate`].
+    Kick(SocketAddr),
     /// This host's addresses or routes changed: tell the peers and the cloud where we are.
     NetworkChanged,
 }
@@ -90,6 +91,8 @@ pub struct Shared {
     pub control: tokio::sync::mpsc::Sender<ToControl>,
     /// Wakes the control thread when a peer's timers changed on a data thread.
     pub notify: tokio::sync::Notify,
+    /// Bounds the [`ToControl::Kick`]s frames on unknown keys may send.
+    pub kick_gate: KickGate,
     /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
     /// Written by the control thread only.
     pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
@@ -112,6 +115,7 @@ impl Shared {
                 running: AtomicBool::new(true),
                 control,
                 notify: tokio::sync::Notify::new(),
+                kick_gate: KickGate::default(),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
             },
             rx,

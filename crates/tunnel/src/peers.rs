@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use cyphonic_control::RelayReason;
 use cyphonic_crypto::PublicKey;
-use cyphonic_session::Peer;
+use cyphonic_session::{Indices, Peer};
 use ipnet::{IpNet, Ipv4Net};
 
 /// One peer, shared by the data threads and the control thread.
@@ -20,7 +20,8 @@ use ipnet::{IpNet, Ipv4Net};
 /// microseconds, once per peer every two minutes).
 #[derive(Debug)]
 pub struct PeerSlot {
-    /// The peer's id (its session indices are `id << 8 | generation`).
+    /// The peer's id, what [`PeerTable::by_id`] finds it by (its session indices are random:
+    /// [`PeerTable::by_index`]).
     pub id: u32,
     /// Its FQDN.
     pub name: String,
@@ -104,10 +105,18 @@ impl PeerSlot {
 
 /// All peers, with the lookups the data plane needs. Static peers are there from the start;
 /// the cloud adds more while running (`insert`). Readers take a read lock for one lookup and
-/// leave with an `Arc`; the control thread takes the write lock only to add a peer.
-#[derive(Debug, Default)]
+/// leave with an `Arc`; the control thread takes the write lock only to add a peer. The
+/// peers' session indices live in [`PeerTable::indices`], which they allocate from.
+#[derive(Debug)]
 pub struct PeerTable {
     inner: RwLock<Inner>,
+    indices: Arc<Indices>,
+}
+
+impl Default for PeerTable {
+    fn default() -> Self {
+        Self::new(Indices::new())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -119,13 +128,17 @@ struct Inner {
 }
 
 impl PeerTable {
-    /// Builds the table from `slots`, whose ids must be 1, 2, 3, ...
-    pub fn new(slots: Vec<Arc<PeerSlot>>, keys: &[PublicKey]) -> Self {
-        let table = Self::default();
-        for (slot, key) in slots.into_iter().zip(keys) {
-            table.insert(|_| slot, *key);
+    /// An empty table whose peers take their session indices from `indices`.
+    pub fn new(indices: Arc<Indices>) -> Self {
+        Self {
+            inner: RwLock::default(),
+            indices,
         }
-        table
+    }
+
+    /// The session indices of every peer in the table: give it to each new [`Peer`].
+    pub const fn indices(&self) -> &Arc<Indices> {
+        &self.indices
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
@@ -159,9 +172,10 @@ impl PeerTable {
             .map(|(_, i)| t.slots[*i].clone())
     }
 
-    /// The peer owning session index `index`.
+    /// The peer owning the live session index `index` (one hash lookup: an index nobody
+    /// allocated costs nothing more).
     pub fn by_index(&self, index: u32) -> Option<Arc<PeerSlot>> {
-        self.by_id(index >> 8)
+        self.by_id(self.indices.peer_of(index)?)
     }
 
     /// The peer with id `id`.

@@ -388,8 +388,7 @@ pub fn keyed(aead: Backend, buffers: usize) -> (Arc<Shared>, Arc<Shared>) {
             endpoint: Some(endpoint),
             persistent_keepalive: None,
         };
-        let table = crate::static_peers(identity, &[peer], Timing::default(), clock, aead)
-            .expect("one peer fits");
+        let table = crate::static_peers(identity, &[peer], Timing::default(), clock, aead);
         Arc::new(Shared::new(table, buffers, 16).0)
     };
     let (a, b) = (side(&id_a, cert_b, addr_b), side(&id_b, cert_a, addr_a));
@@ -470,8 +469,7 @@ impl End {
         initiate: bool,
     ) -> Self {
         let socket = link.socket(addr);
-        let table =
-            crate::static_peers(identity, &[peer], timing, clock, dp.aead).expect("one peer fits");
+        let table = crate::static_peers(identity, &[peer], timing, clock, dp.aead);
         let (shared, rx) = Shared::new(table, dp.buffers, 1024);
         let shared = Arc::new(shared);
         let (tx, delivered) = crossbeam_channel::bounded(DELIVERED);
@@ -616,6 +614,8 @@ pub struct Pair {
     pub a: End,
     /// The second engine.
     pub b: End,
+    /// What `b` is started from: its identity and its peer, `a`.
+    b_setup: (Arc<Identity>, StaticPeer, Clock),
 }
 
 impl Pair {
@@ -645,18 +645,42 @@ impl Pair {
             clock,
             true,
         );
+        let b_peer = peer(cert_a, addr_a);
         let b = End::start(
             &link,
             addr_b,
             Ipv4Addr::new(100, 64, 2, 1),
             &id_b,
-            peer(cert_a, addr_a),
+            b_peer.clone(),
             dp,
             timing,
             clock,
             false,
         );
-        Self { link, a, b }
+        Self {
+            link,
+            a,
+            b,
+            b_setup: (id_b, b_peer, clock),
+        }
+    }
+
+    /// Restarts `b`: its engine stops and a new one starts at the same address with the same
+    /// identity and peer, and no memory of keys or session indices. It does not initiate.
+    pub fn restart_b(&mut self, dp: &DataPlane, timing: Timing) {
+        self.b.stop();
+        let (identity, peer, clock) = &self.b_setup;
+        self.b = End::start(
+            &self.link,
+            self.b.socket.addr(),
+            self.b.vip,
+            identity,
+            peer.clone(),
+            dp,
+            timing,
+            *clock,
+            false,
+        );
     }
 
     /// Waits up to `within` until both ends have keys for each other.

@@ -376,3 +376,106 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
     assert_eq!(got_b, (0..100).collect::<Vec<_>>());
     assert_no_buffer_leaks(p);
 }
+
+/// Without the keys nobody can name a session. A blind sweep over receiver indices (every
+/// index the old `peer << 8 | generation` scheme gave the first 16 peers, which held the live
+/// one, and random ones) reaches no session: each frame is counted as an unknown index and
+/// none costs a decryption. A frame
+/// for the live index with a bad tag is opened, refused and counted as such.
+#[test]
+fn forged_data_frames_cost_no_decryption() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = pair(7);
+    p.link.record(true);
+    send(&p.a, p.b.vip, 0, 10);
+    assert_eq!(p.b.wait_delivered(10, Duration::from_secs(2)).len(), 10);
+    let template = p
+        .link
+        .recorded()
+        .into_iter()
+        .find(|d| Frame::new_checked(&d.bytes[..]).is_ok_and(|f| f.msg_type() == MessageType::Data))
+        .expect("a data frame to B");
+    let ingress = || p.b.pipelines().0;
+    let opened_before = ingress().submitted;
+    let auth_before = ingress().dropped(DropReason::Auth);
+    let c = &p.b.shared.counters;
+    let unknown_before = c.drop_unknown_index.load(Relaxed);
+    let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(7);
+    let swept = (0..16u32 << 8)
+        .chain(std::iter::repeat_with(|| rand::Rng::random::<u32>(&mut rng)).take(4096));
+    let mut sent = 0;
+    for (n, index) in swept.enumerate() {
+        let mut forged = template.bytes.clone();
+        forged[4..8].copy_from_slice(&index.to_be_bytes());
+        p.link.inject(template.from, template.to, &forged);
+        sent += 1;
+        if n % 256 == 255 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.drop_unknown_index.load(Relaxed) < unknown_before + sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(c.drop_unknown_index.load(Relaxed), unknown_before + sent);
+    assert_eq!(
+        ingress().submitted,
+        opened_before,
+        "no forged frame reached the crypto workers"
+    );
+    // The live index with a bad tag (and a fresh counter, past the replay check).
+    let mut bad_tag = template.bytes.clone();
+    bad_tag[8..16].copy_from_slice(&1_000_000u64.to_be_bytes());
+    let last = bad_tag.len() - 1;
+    bad_tag[last] ^= 1;
+    p.link.inject(template.from, template.to, &bad_tag);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while ingress().dropped(DropReason::Auth) == auth_before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(ingress().dropped(DropReason::Auth), auth_before + 1);
+    assert!(p.b.delivered().is_empty(), "nothing forged was delivered");
+    send(&p.a, p.b.vip, 10, 10);
+    assert_eq!(
+        seqs(&p.b.wait_delivered(10, Duration::from_secs(2))),
+        (10..20).collect::<Vec<_>>()
+    );
+    assert_no_buffer_leaks(p);
+}
+
+/// B restarts and forgets its keys and session indices while A keeps sending on the old keys.
+/// B cannot tell from an index whose it was (indices are random), so it finds A by the address
+/// the frames come from and handshakes at once, long before A's own reply timeout (15 s)
+/// would.
+#[test]
+fn a_restarted_end_handshakes_with_the_peer_still_sending_to_it() {
+    let mut p = pair(8);
+    send(&p.a, p.b.vip, 0, 10);
+    assert_eq!(p.b.wait_delivered(10, Duration::from_secs(2)).len(), 10);
+    p.restart_b(&dataplane(), timing());
+    let restarted = Instant::now();
+    let mut n = 10;
+    while !p.b.peer().lock().is_established(Instant::now())
+        && restarted.elapsed() < Duration::from_secs(5)
+    {
+        send(&p.a, p.b.vip, n, 1);
+        n += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = restarted.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "B did not handshake: {:?}",
+        p.b.shared.counters
+    );
+    assert!(p.b.events().contains(&ControlEvent::PeerUp(1)));
+    // New keys on both sides: traffic flows both ways again.
+    assert!(p.wait_established(Duration::from_secs(2)));
+    p.b.delivered();
+    send(&p.a, p.b.vip, 1000, 10);
+    assert_eq!(
+        seqs(&p.b.wait_delivered(10, Duration::from_secs(2))),
+        (1000..1010).collect::<Vec<_>>()
+    );
+    assert_no_buffer_leaks(p);
+}

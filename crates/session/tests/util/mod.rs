@@ -14,8 +14,8 @@ use cyphonic_crypto::{
     TrustStore,
 };
 use cyphonic_session::{
-    Clock, Event, HandshakeError, Identity, Peer, PeerConfig, Received, RecvError, SendError,
-    Timing, read_init,
+    Clock, Event, HandshakeError, Identity, Indices, Peer, PeerConfig, Received, RecvError,
+    SendError, Timing, read_init,
 };
 use cyphonic_wire::{Frame, MessageType};
 use rand::rngs::SmallRng;
@@ -212,7 +212,16 @@ impl Setup {
         let clock = Clock::new(now, Duration::from_secs(T0));
         let node =
             |identity: Arc<Identity>, config: PeerConfig, id: u32, addr: &str, backend| Node {
-                peer: Peer::new(id, identity.clone(), config, self.timing, clock, backend),
+                peer: Peer::new(
+                    id,
+                    identity.clone(),
+                    // Each side is a device of its own, with its own index table.
+                    Indices::seeded(self.seed ^ u64::from(id)),
+                    config,
+                    self.timing,
+                    clock,
+                    backend,
+                ),
                 identity,
                 addr: addr.parse().unwrap(),
                 delivered: Vec::new(),
