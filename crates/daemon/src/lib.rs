@@ -250,7 +250,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
     };
 
     let sink = edge.sink(&shared)?;
-    let engine = Engine::start(dp, &shared, &udp, sink, true)?;
+    let engine = Engine::start(dp, &shared, &udp, sink, (identity.clone(), clock), true)?;
     let core = Core {
         name: name.clone(),
         listen,
@@ -324,13 +324,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
         "{} running",
         E::PROGRAM
     );
-    let control = Control::new(
-        shared.clone(),
-        identity,
-        Box::new(udp),
-        core.intake.clone(),
-        clock,
-    );
+    let control = Control::new(shared.clone(), Box::new(udp), core.intake.clone());
     drop(core);
     let result = runtime.block_on(control_loop(
         Loop {

@@ -1,8 +1,10 @@
-//! The engine's control core, on the control thread: handshake messages, the peers' timers
-//! (handshakes, keepalives, rekeys, expiry), news that our addresses changed, and the relay
-//! channels peers are reached through. It builds handshake messages (the Diffie-Hellman work)
-//! off the data threads, tells the [`Intake`] when a peer's queued packets may go, and
-//! reports what its driver acts on as [`ControlEvent`]s ([`Control::poll_event`]).
+//! The engine's control core, on the control thread: the peers' timers (handshakes started,
+//! retried and given up, keepalives, rekeys, expiry), news that our addresses changed, and
+//! the relay channels peers are reached through. It builds the initiations it starts (the
+//! Diffie-Hellman work) off the data threads, tells the [`Intake`] when a peer's queued
+//! packets may go, and reports what its driver acts on as [`ControlEvent`]s
+//! ([`Control::poll_event`]). Handshake messages from the underlay are answered on the
+//! handshake thread ([`crate::handshakes`]), not here.
 //!
 //! It owns no runtime and no thread: whoever drives it (the daemons' control loop, a test)
 //! feeds it the data threads' [`ToControl`] messages and calls [`Control::run_timers`] by
@@ -15,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_control::RelayInfo;
 use cyphonic_crypto::Certificate;
-use cyphonic_session::{Clock, Event, Identity, read_init};
-use cyphonic_wire::{Frame, MessageType};
+use cyphonic_session::{Event, Transmit};
 
 use crate::counters::bump;
 use crate::egress::Intake;
@@ -59,13 +60,10 @@ pub enum ControlEvent {
 /// The control core. See the module docs.
 pub struct Control {
     shared: Arc<Shared>,
-    identity: Arc<Identity>,
     socket: Box<dyn TunnelSocket>,
     intake: Intake,
-    clock: Clock,
     /// Peers by the address we reach them at, and when that was read: what a kick looks up.
     endpoints: (HashMap<SocketAddr, u32>, Option<Instant>),
-    refusal_log: cyphonic_telemetry::Throttle,
     events: VecDeque<ControlEvent>,
 }
 
@@ -74,6 +72,24 @@ impl std::fmt::Debug for Control {
         f.debug_struct("Control")
             .field("events", &self.events.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// Sends a peer's handshake messages and keepalives, counting each.
+pub(crate) fn send_transmits(
+    shared: &Shared,
+    socket: &dyn TunnelSocket,
+    slot: &PeerSlot,
+    transmits: Vec<Transmit>,
+) {
+    for t in transmits {
+        match socket.send_to(&t.frame, t.destination) {
+            Ok(_) => bump(&shared.counters.udp_sent),
+            Err(e) => {
+                bump(&shared.counters.udp_send_failed);
+                tracing::debug!(peer = %slot.name, to = %t.destination, error = %e, "sending a handshake or keepalive failed");
+            }
+        }
     }
 }
 
@@ -86,23 +102,14 @@ fn bind(socket: &dyn TunnelSocket, relay: &Relay) {
 }
 
 impl Control {
-    /// The core over `shared`, as `identity`, sending handshakes on `socket` and releasing
-    /// queued packets into `intake`.
-    pub fn new(
-        shared: Arc<Shared>,
-        identity: Arc<Identity>,
-        socket: Box<dyn TunnelSocket>,
-        intake: Intake,
-        clock: Clock,
-    ) -> Self {
+    /// The core over `shared`, sending handshakes on `socket` and releasing queued packets
+    /// into `intake`.
+    pub fn new(shared: Arc<Shared>, socket: Box<dyn TunnelSocket>, intake: Intake) -> Self {
         Self {
             shared,
-            identity,
             socket,
             intake,
-            clock,
             endpoints: (HashMap::new(), None),
-            refusal_log: cyphonic_telemetry::Throttle::new(Duration::from_secs(1)),
             events: VecDeque::new(),
         }
     }
@@ -150,7 +157,15 @@ impl Control {
     /// Handles a message from a data thread.
     pub fn handle(&mut self, msg: ToControl) {
         match msg {
-            ToControl::Handshake { frame, from, at } => self.handshake(&frame, from, at),
+            ToControl::UnknownPeer {
+                certificate,
+                from,
+                at,
+            } => self.push_event(ControlEvent::UnknownPeer {
+                certificate,
+                from,
+                at,
+            }),
             ToControl::Kick(from) => self.kick(from),
             ToControl::NetworkChanged => self.network_changed(),
         }
@@ -262,70 +277,6 @@ impl Control {
         self.events.push_back(event);
     }
 
-    /// Counts a refused handshake message under `kind`, and logs it (at most once a second:
-    /// a flood of forged initiations must not become a flood of log lines).
-    fn refused(&mut self, kind: &'static str, from: SocketAddr, what: &dyn std::fmt::Display) {
-        bump(&self.shared.counters.handshake_refused);
-        *self
-            .shared
-            .handshake_refusals
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(kind)
-            .or_default() += 1;
-        if let Some(held) = self.refusal_log.due(Instant::now()) {
-            tracing::warn!(%from, reason = kind, held_back = held, "handshake refused: {what}");
-        }
-    }
-
-    fn handshake(&mut self, frame: &[u8], from: SocketAddr, at: Instant) {
-        let Ok(view) = Frame::new_checked(frame) else {
-            return;
-        };
-        match view.msg_type() {
-            MessageType::HandshakeInit => {
-                bump(&self.shared.counters.handshake_inits);
-                let init = match read_init(&self.identity, self.clock.unix_secs(at), frame) {
-                    Ok(init) => init,
-                    Err(e) => {
-                        self.refused(e.kind(), from, &e);
-                        return;
-                    }
-                };
-                let Some(slot) = self.shared.peers.by_key(&init.remote_static) else {
-                    let what = format!("{} is not one of our peers", init.cert.body().name);
-                    self.refused("not_a_peer", from, &what);
-                    self.push_event(ControlEvent::UnknownPeer {
-                        certificate: Box::new(init.cert),
-                        from,
-                        at,
-                    });
-                    return;
-                };
-                let result = slot.lock().handle_init(at, from, init);
-                if let Err(e) = result {
-                    let what = format!("{}: {e}", slot.name);
-                    self.refused(e.kind(), from, &what);
-                }
-                self.drain(&slot);
-            }
-            MessageType::HandshakeResp => {
-                bump(&self.shared.counters.handshake_responses);
-                let Some(slot) = self.shared.peers.by_index(view.receiver_index()) else {
-                    self.refused("unknown_index", from, &"a response for no peer of ours");
-                    return;
-                };
-                let result = slot.lock().handle_response(at, from, frame);
-                if let Err(e) = result {
-                    let what = format!("{}: {e}", slot.name);
-                    self.refused(e.kind(), from, &what);
-                }
-                self.drain(&slot);
-            }
-            _ => {}
-        }
-    }
-
     /// Sends what the peer wants sent and acts on what happened to it.
     pub fn drain(&mut self, slot: &Arc<PeerSlot>) {
         let (transmits, events): (Vec<_>, Vec<_>) = {
@@ -335,15 +286,7 @@ impl Control {
                 std::iter::from_fn(|| peer.poll_event()).collect(),
             )
         };
-        for t in transmits {
-            match self.socket.send_to(&t.frame, t.destination) {
-                Ok(_) => bump(&self.shared.counters.udp_sent),
-                Err(e) => {
-                    bump(&self.shared.counters.udp_send_failed);
-                    tracing::debug!(peer = %slot.name, to = %t.destination, error = %e, "sending a handshake or keepalive failed");
-                }
-            }
-        }
+        send_transmits(&self.shared, &*self.socket, slot, transmits);
         for event in events {
             match event {
                 Event::Established { initiator, rekey } => {

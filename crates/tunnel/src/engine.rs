@@ -15,6 +15,7 @@ use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
 use crate::Shared;
 use crate::egress::{Intake, SealStage, SocketSink, Submitter};
+use crate::handshakes::Handshakes;
 use crate::ingress::{Incoming, OpenStage, Receiver};
 use crate::peers::{PeerSlot, PeerTable};
 use crate::socket::TunnelSocket;
@@ -243,6 +244,7 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     shared: Arc<Shared>,
     intake: Intake,
     receiver: std::thread::JoinHandle<()>,
+    handshaker: std::thread::JoinHandle<()>,
     watcher: Option<std::thread::JoinHandle<()>>,
     egress_emit: Emitter<SocketSink>,
     ingress_emit: Emitter<K>,
@@ -250,9 +252,10 @@ pub struct Engine<K: Sink<Item = Incoming>> {
 }
 
 impl<K: Sink<Item = Incoming>> Engine<K> {
-    /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`) and the
-    /// receive thread on `socket`; with `watch`, also the thread that tells the control
-    /// thread when this host's addresses change.
+    /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`), the
+    /// receive thread on `socket` and the handshake thread, which answers as `identity`;
+    /// with `watch`, also the thread that tells the control thread when this host's
+    /// addresses change.
     ///
     /// # Errors
     /// [`StartError`]: a thread, the worker pool or a socket duplicate.
@@ -261,6 +264,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         shared: &Arc<Shared>,
         socket: &dyn TunnelSocket,
         sink: K,
+        (identity, clock): (Arc<Identity>, Clock),
         watch: bool,
     ) -> Result<Self, StartError> {
         let io = |what| move |source| StartError::Io { what, source };
@@ -313,12 +317,26 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             egress_seq,
             dp.queue_per_peer,
         ));
+        let (handshakes, queue) = Handshakes::new(
+            shared.clone(),
+            identity,
+            socket
+                .try_clone_box()
+                .map_err(io("duplicating the tunnel socket"))?,
+            clock,
+        );
+        // Not placed: handshake work must not take the data plane's reserved CPUs.
+        let handshaker = std::thread::Builder::new()
+            .name("cy-handshake".into())
+            .spawn(move || handshakes.run())
+            .map_err(io("starting the handshake thread"))?;
         let receiver = Receiver::new(
             shared.clone(),
             socket
                 .try_clone_box()
                 .map_err(io("duplicating the tunnel socket"))?,
             ingress_seq,
+            queue,
         );
         let receiver = std::thread::Builder::new()
             .name("cy-udp-rx".into())
@@ -338,6 +356,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             shared: shared.clone(),
             intake,
             receiver,
+            handshaker,
             watcher,
             egress_emit,
             ingress_emit,
@@ -372,6 +391,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         self.shared.running.store(false, Ordering::Relaxed);
         self.intake.close();
         let joined = self.receiver.join();
+        let _ = self.handshaker.join();
         if let Some(w) = self.watcher {
             let _ = w.join();
         }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! receive thread: recvmmsg on the tunnel socket -> frame type -> data/keepalive: find the session -> Sequencer
-//!                                                 handshakes: to the control thread
+//!                                                 handshakes: to the handshake thread
 //! workers:        OpenStage::process (authenticate and decrypt in place)
 //! emitter:        the edge's sink: Incoming::accept (replay window, in order), then delivery
 //! ```
@@ -20,6 +20,7 @@ use cyphonic_session::Session;
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 
 use crate::counters::bump;
+use crate::handshakes::{HandshakeMsg, HandshakeQueue};
 use crate::peers::PeerSlot;
 use crate::pool::{BUF_LEN, Buf, RECV_BATCH, RecvBuffers};
 use crate::socket::TunnelSocket;
@@ -150,8 +151,8 @@ impl Stage for OpenStage {
 pub enum Arrival {
     /// A data frame or keepalive for one of our sessions: to open, in order.
     Sealed(Incoming),
-    /// A handshake message: for the control thread.
-    Handshake(ToControl),
+    /// A handshake message: for the handshake thread.
+    Handshake(HandshakeMsg),
     /// Counted and dropped (truncated, malformed, unknown index, unhandled type).
     Dropped,
 }
@@ -198,8 +199,13 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
                 frame: 0..0,
             })
         }
+        MessageType::HandshakeResp if shared.peers.by_index(repr.receiver_index).is_none() => {
+            // A response to no handshake of ours: nothing to spend on it.
+            bump(&c.drop_unknown_index);
+            Arrival::Dropped
+        }
         MessageType::HandshakeInit | MessageType::HandshakeResp => {
-            Arrival::Handshake(ToControl::Handshake {
+            Arrival::Handshake(HandshakeMsg {
                 frame: buf[..m.len].to_vec(),
                 from: m.from,
                 at: now,
@@ -268,19 +274,22 @@ pub struct Receiver {
     shared: Arc<Shared>,
     socket: Box<dyn TunnelSocket>,
     seq: Sequencer<OpenStage>,
+    handshakes: HandshakeQueue,
 }
 
 impl Receiver {
-    /// Receives on `socket` into `seq`.
+    /// Receives on `socket`: sealed frames into `seq`, handshake messages into `handshakes`.
     pub fn new(
         shared: Arc<Shared>,
         socket: Box<dyn TunnelSocket>,
         seq: Sequencer<OpenStage>,
+        handshakes: HandshakeQueue,
     ) -> Self {
         Self {
             shared,
             socket,
             seq,
+            handshakes,
         }
     }
 
@@ -317,7 +326,7 @@ impl Receiver {
                         Err(Rejected::Full(_)) => bump(&c.drop_pipeline_full),
                     },
                     Arrival::Handshake(msg) => {
-                        if self.shared.control.try_send(msg).is_err() {
+                        if !self.handshakes.push(msg) {
                             bump(&c.drop_handshake_queue);
                         }
                     }

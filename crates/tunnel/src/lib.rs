@@ -6,7 +6,8 @@
 //! edge thread (AF_PACKET, TUN) -> Intake -> Submitter -> Sequencer -> SealStage (rayon)
 //!                                    -> SocketSink -> TunnelSocket
 //! TunnelSocket -> Receiver -> Sequencer -> OpenStage (rayon) -> edge's sink (Incoming::accept)
-//! control thread: Control (handshake messages, peer timers, relay channels) -> ControlEvent
+//! handshake thread: Handshakes (handshake messages from the underlay, answered)
+//! control thread: Control (peer timers, relay channels) -> ControlEvent
 //! ```
 //!
 //! Entry points: [`Engine::start`] (the data threads), [`Control`] (driven by the control
@@ -30,6 +31,7 @@ pub mod control;
 pub mod counters;
 pub mod egress;
 pub mod engine;
+pub mod handshakes;
 pub mod ingress;
 pub mod peers;
 pub mod pool;
@@ -45,6 +47,7 @@ pub use control::{Control, ControlEvent};
 pub use counters::{EngineCounters, bump};
 pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
 pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
+pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, KickGate, OpenStage, Receiver, arrival};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
 pub use pool::{
@@ -57,16 +60,17 @@ pub use socket::TunnelSocket;
 /// is written in place in front of it.
 pub const HEADROOM: usize = cyphonic_wire::HEADER_LEN;
 
-/// Messages from the data threads to the control thread.
+/// Messages from the data threads and the handshake thread to the control thread.
 #[derive(Debug)]
 pub enum ToControl {
-    /// A handshake message from the underlay.
-    Handshake {
-        /// The whole frame.
-        frame: Vec<u8>,
-        /// Its sender.
+    /// A valid node that is not one of our peers sent an initiation
+    /// ([`ControlEvent::UnknownPeer`]).
+    UnknownPeer {
+        /// Its verified certificate.
+        certificate: Box<cyphonic_crypto::Certificate>,
+        /// Where it spoke from.
         from: SocketAddr,
-        /// When it arrived.
+        /// When.
         at: Instant,
     },
     /// Traffic for keys we do not have came from this address: if a peer of ours is there,
@@ -94,7 +98,7 @@ pub struct Shared {
     /// Bounds the [`ToControl::Kick`]s frames on unknown keys may send.
     pub kick_gate: KickGate,
     /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
-    /// Written by the control thread only.
+    /// Written by the handshake thread only.
     pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 

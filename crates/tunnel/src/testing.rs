@@ -477,15 +477,10 @@ impl End {
             shared: shared.clone(),
             delivered: tx,
         };
-        let engine = Engine::start(dp, &shared, &socket, sink, false).expect("the engine starts");
+        let engine = Engine::start(dp, &shared, &socket, sink, (identity.clone(), clock), false)
+            .expect("the engine starts");
         let intake = engine.intake();
-        let mut control = Control::new(
-            shared.clone(),
-            identity.clone(),
-            Box::new(socket.clone()),
-            intake.clone(),
-            clock,
-        );
+        let mut control = Control::new(shared.clone(), Box::new(socket.clone()), intake.clone());
         let driving = Arc::new(AtomicBool::new(true));
         let events = Arc::new(Mutex::new(Vec::new()));
         let driver = {

@@ -479,3 +479,71 @@ fn a_restarted_end_handshakes_with_the_peer_still_sending_to_it() {
     );
     assert_no_buffer_leaks(p);
 }
+
+/// An attacker replays a recorded initiation at B as fast as B can check them (each costs B
+/// two Diffie-Hellman operations and a signature check before the replay shows). B's own
+/// rekey with A still completes during the flood: the response to it does not queue behind
+/// the initiations. Data keeps flowing, and the flood is counted.
+#[test]
+fn a_flood_of_initiations_does_not_stop_our_rekeys() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = pair(9);
+    p.link.record(true);
+    p.a.peer().lock().initiate(Instant::now()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let init = loop {
+        let found = p.link.recorded().into_iter().find(|d| {
+            Frame::new_checked(&d.bytes[..])
+                .is_ok_and(|f| f.msg_type() == MessageType::HandshakeInit)
+        });
+        if let Some(d) = found {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "A sent no initiation");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    p.link.record(false);
+    assert!(p.wait_established(Duration::from_secs(2)));
+    let flooding = std::sync::atomic::AtomicBool::new(true);
+    let rekeyed = std::thread::scope(|s| {
+        s.spawn(|| {
+            // About 20,000 a second, more than B can check, less than its socket holds.
+            while flooding.load(Relaxed) {
+                for _ in 0..20 {
+                    p.link.inject(init.from, init.to, &init.bytes);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let before = p.b.peer().lock().last_handshake();
+        p.b.peer().lock().initiate(Instant::now()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut rekeyed = false;
+        while Instant::now() < deadline && !rekeyed {
+            send(&p.a, p.b.vip, 0, 1);
+            std::thread::sleep(Duration::from_millis(20));
+            rekeyed = p.b.peer().lock().last_handshake() != before;
+        }
+        flooding.store(false, Relaxed);
+        rekeyed
+    });
+    let c = &p.b.shared.counters;
+    assert!(
+        rekeyed,
+        "B's rekey did not complete: {:?}",
+        p.b.shared.handshake_refusals
+    );
+    assert!(c.handshake_inits.load(Relaxed) > 100, "{c:?}");
+    assert!(
+        c.drop_handshake_queue.load(Relaxed) > 0,
+        "the flood overflowed: {c:?}"
+    );
+    p.b.delivered();
+    send(&p.a, p.b.vip, 100, 10);
+    assert_eq!(
+        seqs(&p.b.wait_delivered(10, Duration::from_secs(2))),
+        (100..110).collect::<Vec<_>>()
+    );
+    assert_no_buffer_leaks(p);
+}
