@@ -343,9 +343,8 @@ impl CloudLink {
         }
         let mut pc = PeerConfig::from_certificate(&cert, endpoint);
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
-        let indices = shared.peers.indices().clone();
         let slot = shared.peers.insert(
-            |id| {
+            |id, indices| {
                 Arc::new(PeerSlot::new(
                     id,
                     &cert,

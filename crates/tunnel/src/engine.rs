@@ -169,9 +169,8 @@ pub fn static_peers(
     for p in peers {
         let mut pc = PeerConfig::from_certificate(&p.certificate, p.endpoint);
         pc.persistent_keepalive = p.persistent_keepalive;
-        let indices = table.indices().clone();
         table.insert(
-            |id| {
+            |id, indices| {
                 Arc::new(PeerSlot::new(
                     id,
                     &p.certificate,

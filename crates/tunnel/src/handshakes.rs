@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
 use cyphonic_session::{Clock, Identity, read_init};
 use cyphonic_wire::{Frame, MessageType};
 
@@ -61,10 +61,7 @@ impl HandshakeQueue {
             Ok(MessageType::HandshakeResp) => &self.responses,
             _ => &self.initiations,
         };
-        !matches!(
-            queue.try_send(msg),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
-        )
+        queue.try_send(msg).is_ok()
     }
 }
 

@@ -136,7 +136,8 @@ impl PeerTable {
         }
     }
 
-    /// The session indices of every peer in the table: give it to each new [`Peer`].
+    /// The session indices of every peer in the table ([`PeerTable::insert`] hands them to
+    /// each new [`Peer`]).
     pub const fn indices(&self) -> &Arc<Indices> {
         &self.indices
     }
@@ -145,12 +146,20 @@ impl PeerTable {
         self.inner.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds the peer `make` builds from its id (the next one), with Noise key `key`; returns
-    /// it. Its certified blocks become routes.
-    pub fn insert(&self, make: impl FnOnce(u32) -> Arc<PeerSlot>, key: PublicKey) -> Arc<PeerSlot> {
+    /// Adds the peer `make` builds from its id (the next one) and the table's session
+    /// indices (its [`Peer`] must allocate from them, or its frames are never found), with
+    /// Noise key `key`; returns it. Its certified blocks become routes.
+    pub fn insert(
+        &self,
+        make: impl FnOnce(u32, Arc<Indices>) -> Arc<PeerSlot>,
+        key: PublicKey,
+    ) -> Arc<PeerSlot> {
         let mut t = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         let i = t.slots.len();
-        let slot = make(u32::try_from(i + 1).unwrap_or(u32::MAX));
+        let slot = make(
+            u32::try_from(i + 1).unwrap_or(u32::MAX),
+            self.indices.clone(),
+        );
         for b in &slot.blocks {
             if let IpNet::V4(v4) = b {
                 t.routes.push((*v4, i));
