@@ -260,12 +260,51 @@ pub fn send_udp(
     to: SocketAddr,
     payloads: Vec<Vec<u8>>,
 ) -> anyhow::Result<()> {
+    send_udp_paced(ns, bind, to, payloads, Duration::ZERO)
+}
+
+/// Like [`send_udp`], with `gap` between datagrams, so a burst of ours does not itself
+/// overflow a receiver that is busy with other traffic.
+///
+/// # Errors
+/// The namespace cannot be entered or the socket cannot be bound.
+pub fn send_udp_paced(
+    ns: &Netns,
+    bind: SocketAddr,
+    to: SocketAddr,
+    payloads: Vec<Vec<u8>>,
+    gap: Duration,
+) -> anyhow::Result<()> {
     inside(ns, move || {
         let sock = UdpSocket::bind(bind)?;
         for p in payloads {
             // Datagrams the kernel refuses (none expected) are not the test's subject.
             let _ = sock.send_to(&p, to);
+            if !gap.is_zero() {
+                std::thread::sleep(gap);
+            }
         }
         Ok(())
     })
+}
+
+/// The kernel's count of UDP datagrams dropped in `ns` because a socket's receive buffer
+/// was full (`RcvbufErrors` in `/proc/net/snmp`): datagrams no daemon ever saw.
+///
+/// # Errors
+/// The namespace cannot be entered or the file has no such field.
+pub fn udp_rcvbuf_errors(ns: &Netns) -> anyhow::Result<u64> {
+    let snmp = ns.exec("cat", &["/proc/net/snmp"])?;
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next(), udp.next());
+    let (Some(names), Some(values)) = (names, values) else {
+        anyhow::bail!("no Udp lines in /proc/net/snmp");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .map(|(_, v)| v.parse::<u64>())
+        .ok_or_else(|| anyhow::anyhow!("no RcvbufErrors in /proc/net/snmp"))?
+        .map_err(Into::into)
 }
