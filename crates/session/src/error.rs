@@ -55,6 +55,17 @@ pub enum HandshakeError {
     /// Initiations arriving faster than [`crate::Timing::init_min_interval`].
     #[error("initiations arrive too fast; this one is ignored")]
     TooFrequent,
+    /// An initiation whose payload names another sender index than its header.
+    #[error("initiation's header says index {header}, its payload {payload}")]
+    IndexMismatch {
+        /// The index in the clear header.
+        header: u32,
+        /// The index in the encrypted payload.
+        payload: u32,
+    },
+    /// A cookie-reply that does not open: forged, or for an initiation we no longer wait on.
+    #[error("cookie-reply does not open for our pending initiation")]
+    Cookie,
     /// A response for a handshake we have not started (or already finished).
     #[error("no pending handshake has index {0}")]
     UnknownIndex(u32),
@@ -89,6 +100,8 @@ impl HandshakeError {
             Self::Replay { .. } => "replay",
             Self::TooFrequent => "too_frequent",
             Self::UnknownIndex(_) => "unknown_index",
+            Self::IndexMismatch { .. } => "index_mismatch",
+            Self::Cookie => "cookie",
             Self::CannotInitiate(_) => "cannot_initiate",
             Self::Noise(_) => "noise",
         }

@@ -6,19 +6,25 @@
 //!      -> e, es, s, ss      handshake-init; payload: sender index, timestamp, initiator cert
 //!      <- e, ee, se         handshake-resp; payload: sender index, responder cert
 //! ```
+//! Each frame ends with mac1 and mac2 ([`crate::cookie`]); the initiator's index is also in
+//! the init's header, in clear, and must equal the one in its payload.
 //! After the second message both sides split the chaining key into two transport keys
 //! (Noise spec §5.2 `Split()`): the first for initiator-to-responder, the second for the reverse.
 
 use core::fmt;
 
+use cyphonic_crypto::MacKeys;
 use cyphonic_crypto::{Certificate, Key, PublicKey, StaticKeypair, TrustStore, noise};
-use cyphonic_wire::{Frame, FrameRepr, HANDSHAKE_MAX, HEADER_LEN, MessageType};
+use cyphonic_wire::{Frame, FrameRepr, HANDSHAKE_MAX, HEADER_LEN, MAC_LEN, MessageType};
 use zeroize::Zeroize;
 
+use crate::cookie;
 use crate::error::{HandshakeError, IdentityError};
 
 /// Bound into every handshake hash: a message from another protocol or version never verifies.
-pub(crate) const PROLOGUE: &[u8] = b"cyphonic tunnel v1";
+pub(crate) const PROLOGUE: &[u8] = b"cyphonic tunnel v2";
+/// Room for the Noise message in a handshake body: all but the two MACs.
+const NOISE_MAX: usize = HANDSHAKE_MAX - 2 * MAC_LEN;
 const INDEX_LEN: usize = 4;
 const TIMESTAMP_LEN: usize = 8;
 
@@ -117,22 +123,32 @@ impl fmt::Debug for IncomingInit {
 /// learn and verify the initiator's certificate at unix time `now_secs`. The caller then picks
 /// the peer by [`IncomingInit::remote_static`] (or creates one) and calls its `handle_init`.
 ///
+/// The frame's MACs are the caller's to check first ([`crate::CookieChecker`]).
+///
 /// # Errors
-/// [`HandshakeError`]: malformed frame, not decryptable, malformed payload, refused
-/// certificate, or a certificate for another key than the one that spoke.
+/// [`HandshakeError`]: malformed frame, not decryptable, malformed payload, an index in the
+/// payload other than the header's, refused certificate, or a certificate for another key
+/// than the one that spoke.
 pub fn read_init(
     identity: &Identity,
     now_secs: u64,
     frame: &[u8],
 ) -> Result<IncomingInit, HandshakeError> {
-    let body = handshake_body(frame, MessageType::HandshakeInit)?;
+    let (repr, body) = handshake_body(frame, MessageType::HandshakeInit)?;
     let mut state = noise::responder(&identity.keypair, PROLOGUE).map_err(|e| noise_err(&e))?;
-    let mut payload = [0u8; HANDSHAKE_MAX];
+    let mut payload = [0u8; NOISE_MAX];
     let len = state
         .read_message(body, &mut payload)
         .map_err(|_| HandshakeError::Decrypt)?;
     let payload = &payload[..len];
     let (index, rest) = split_array::<INDEX_LEN>(payload)?;
+    let index = u32::from_be_bytes(index);
+    if index != repr.receiver_index {
+        return Err(HandshakeError::IndexMismatch {
+            header: repr.receiver_index,
+            payload: index,
+        });
+    }
     let (timestamp, cert_bytes) = split_array::<TIMESTAMP_LEN>(rest)?;
     let cert = Certificate::decode(cert_bytes)?;
     identity.trust.verify(&cert, now_secs)?;
@@ -149,12 +165,13 @@ pub fn read_init(
         state,
         remote_static: PublicKey(remote_static),
         cert,
-        sender_index: u32::from_be_bytes(index),
+        sender_index: index,
         timestamp: u64::from_be_bytes(timestamp),
     })
 }
 
-/// Starts a handshake towards `remote`: returns the initiator state and the init frame.
+/// Starts a handshake towards `remote`: returns the initiator state and the init frame, its
+/// MACs still zero (the caller seals them, with a cookie if it has one).
 pub(crate) fn write_init(
     identity: &Identity,
     remote: &PublicKey,
@@ -169,7 +186,12 @@ pub(crate) fn write_init(
         identity.cert.encoded(),
     ]
     .concat();
-    let frame = write_frame(&mut state, MessageType::HandshakeInit, 0, &payload)?;
+    let frame = write_frame(
+        &mut state,
+        MessageType::HandshakeInit,
+        sender_index,
+        &payload,
+    )?;
     Ok((state, frame))
 }
 
@@ -180,12 +202,13 @@ pub(crate) fn write_response(
     sender_index: u32,
 ) -> Result<(Vec<u8>, (Key, Key)), HandshakeError> {
     let payload = [&sender_index.to_be_bytes()[..], identity.cert.encoded()].concat();
-    let frame = write_frame(
+    let mut frame = write_frame(
         &mut init.state,
         MessageType::HandshakeResp,
         init.sender_index,
         &payload,
     )?;
+    cookie::seal_macs(&mut frame, &MacKeys::new(&init.remote_static), None);
     let (i2r, r2i) = split(&mut init.state);
     Ok((frame, (r2i, i2r)))
 }
@@ -206,8 +229,8 @@ pub(crate) fn read_response(
     now_secs: u64,
     frame: &[u8],
 ) -> Result<Response, HandshakeError> {
-    let body = handshake_body(frame, MessageType::HandshakeResp)?;
-    let mut payload = [0u8; HANDSHAKE_MAX];
+    let (_, body) = handshake_body(frame, MessageType::HandshakeResp)?;
+    let mut payload = [0u8; NOISE_MAX];
     let len = state
         .read_message(body, &mut payload)
         .map_err(|_| HandshakeError::Decrypt)?;
@@ -240,7 +263,11 @@ pub(crate) fn response_receiver(frame: &[u8]) -> Result<u32, HandshakeError> {
     Ok(repr.receiver_index)
 }
 
-fn handshake_body(frame: &[u8], expected: MessageType) -> Result<&[u8], HandshakeError> {
+/// The header and the Noise message of a handshake frame (its body without the MACs).
+fn handshake_body(
+    frame: &[u8],
+    expected: MessageType,
+) -> Result<(FrameRepr, &[u8]), HandshakeError> {
     let view = Frame::new_checked(frame)?;
     let repr = FrameRepr::parse(&view)?;
     if repr.msg_type != expected {
@@ -249,7 +276,8 @@ fn handshake_body(frame: &[u8], expected: MessageType) -> Result<&[u8], Handshak
             got: repr.msg_type,
         });
     }
-    Ok(&frame[HEADER_LEN..])
+    // The parser checked the body's length: it holds both MACs.
+    Ok((repr, &frame[HEADER_LEN..frame.len() - 2 * MAC_LEN]))
 }
 
 fn write_frame(
@@ -260,15 +288,17 @@ fn write_frame(
 ) -> Result<Vec<u8>, HandshakeError> {
     let mut frame = vec![0u8; HEADER_LEN + HANDSHAKE_MAX];
     let len = state
-        .write_message(payload, &mut frame[HEADER_LEN..])
+        .write_message(payload, &mut frame[HEADER_LEN..HEADER_LEN + NOISE_MAX])
         .map_err(|e| noise_err(&e))?;
-    frame.truncate(HEADER_LEN + len);
+    // The MACs follow, zero until sealed.
+    let body_len = len + 2 * MAC_LEN;
+    frame.truncate(HEADER_LEN + body_len);
     let repr = FrameRepr {
         msg_type,
         flags: 0,
         receiver_index,
         counter: 0,
-        body_len: len,
+        body_len,
     };
     repr.emit(&mut Frame::new_unchecked(&mut frame[..]));
     Ok(frame)

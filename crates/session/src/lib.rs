@@ -15,6 +15,10 @@
 //! (the keys of one handshake, shareable with crypto workers), [`read_init`] (the device-level
 //! first step for an incoming initiation, before its peer is known).
 //!
+//! In front of every handshake sit WireGuard's cheap checks ([`CookieChecker`]: mac1 always,
+//! mac2 and cookie-replies when the driver is under load); a [`Peer`] seals them on what it
+//! sends and keeps the cookie a responder hands it.
+//!
 //! Session indices are random and unique across a device's peers ([`Indices`], one table the
 //! driver shares between its peers and looks frames up in).
 //!
@@ -23,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 mod clock;
+mod cookie;
 mod error;
 mod handshake;
 mod index;
@@ -30,6 +35,7 @@ mod peer;
 mod session;
 
 pub use clock::{Clock, Timing};
+pub use cookie::{COOKIE_LIFETIME, CookieChecker};
 pub use error::{HandshakeError, IdentityError, RecvError, SendError};
 pub use handshake::{Identity, IncomingInit, read_init};
 pub use index::Indices;

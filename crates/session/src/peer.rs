@@ -11,11 +11,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cyphonic_crypto::{Backend, Certificate, PublicKey};
-use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType, TAG_LEN};
+use cyphonic_crypto::{Backend, Certificate, Cookie, MacKeys, PublicKey};
+use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MAC_LEN, MessageType, TAG_LEN};
 use ipnet::IpNet;
 
 use crate::clock::{Clock, Timing};
+use crate::cookie::{self, COOKIE_LIFETIME};
 use crate::error::{HandshakeError, RecvError, SendError};
 use crate::handshake::{self, Identity, IncomingInit};
 use crate::index::{Indices, LocalIndex};
@@ -124,6 +125,8 @@ struct Pending {
     state: Option<snow::HandshakeState>,
     local_index: LocalIndex,
     retry_at: Instant,
+    /// The mac1 of the initiation sent: a cookie-reply for it is sealed to it.
+    mac1: [u8; MAC_LEN],
 }
 
 /// The state machine for one remote peer. See the crate docs.
@@ -143,6 +146,8 @@ pub struct Peer {
     attempts_since: Option<Instant>,
     retry_backoff: Duration,
     last_timestamp_sent: u64,
+    /// The responder's last cookie and when it came: mac2 on our initiations while fresh.
+    cookie: Option<(Cookie, Instant)>,
 
     current: Option<Arc<Session>>,
     previous: Option<Arc<Session>>,
@@ -207,6 +212,7 @@ impl Peer {
             attempts_since: None,
             retry_backoff: timing.handshake_retry_initial,
             last_timestamp_sent: 0,
+            cookie: None,
             current: None,
             previous: None,
             next: None,
@@ -524,6 +530,42 @@ impl Peer {
         Ok(())
     }
 
+    /// Takes the cookie a responder under load sent for our pending initiation; the next
+    /// initiation (at the ordinary retry time, not at once) carries mac2 with it.
+    ///
+    /// # Errors
+    /// [`HandshakeError::UnknownIndex`] when no pending initiation has the frame's index,
+    /// [`HandshakeError::Cookie`] when it does not open for that initiation.
+    pub fn handle_cookie_reply(
+        &mut self,
+        now: Instant,
+        frame: &[u8],
+    ) -> Result<(), HandshakeError> {
+        let view = Frame::new_checked(frame)?;
+        let repr = FrameRepr::parse(&view)?;
+        if repr.msg_type != MessageType::CookieReply {
+            return Err(HandshakeError::WrongType {
+                expected: MessageType::CookieReply,
+                got: repr.msg_type,
+            });
+        }
+        let remote = self
+            .config
+            .remote_static
+            .ok_or(HandshakeError::CannotInitiate("static key"))?;
+        let Some(pending) = self
+            .pending
+            .as_ref()
+            .filter(|p| p.local_index.value() == repr.receiver_index)
+        else {
+            return Err(HandshakeError::UnknownIndex(repr.receiver_index));
+        };
+        let cookie = cookie::open_reply(frame, &MacKeys::new(&remote), &pending.mac1)
+            .ok_or(HandshakeError::Cookie)?;
+        self.cookie = Some((cookie, now));
+        Ok(())
+    }
+
     /// Seals `payload` for the peer into `out` (header, ciphertext, tag) and returns the frame
     /// length: the sequential path, for control traffic and tests. The adapter's data plane
     /// uses [`Peer::send_session`] and seals on its crypto workers instead.
@@ -720,14 +762,20 @@ impl Peer {
         let local_index = self.next_index();
         // Strictly increasing even if the wall clock stalls, so the peer never sees a replay.
         let timestamp = self.clock.unix_nanos(now).max(self.last_timestamp_sent + 1);
-        let (state, frame) =
+        let (state, mut frame) =
             handshake::write_init(&self.identity, &remote, local_index.value(), timestamp)?;
+        let cookie = self
+            .cookie
+            .filter(|(_, at)| now.saturating_duration_since(*at) < COOKIE_LIFETIME)
+            .map(|(c, _)| c);
+        let mac1 = cookie::seal_macs(&mut frame, &MacKeys::new(&remote), cookie.as_ref());
         self.last_timestamp_sent = timestamp;
         self.attempts_since.get_or_insert(now);
         self.pending = Some(Pending {
             state: Some(state),
             local_index,
             retry_at: now + self.retry_backoff,
+            mac1,
         });
         self.transmits.push_back(Transmit { destination, frame });
         Ok(())

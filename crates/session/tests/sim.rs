@@ -15,19 +15,20 @@ use std::time::Duration;
 
 use cyphonic_crypto::{CertError, Certificate, RevocationList};
 use cyphonic_session::{Event, HandshakeError, RecvError, SendError, Timing, read_init};
-use cyphonic_wire::{Frame, MessageType};
+use cyphonic_wire::{Frame, MAC_LEN, MessageType, VERSION};
 use rand::{Rng, SeedableRng};
 use util::*;
 
 /// Builds a handshake-init by hand, as an attacker could, following docs/protocol.md §2:
-/// Noise IK message 1 from `noise_key` to `responder`, payload index | timestamp | `cert`.
+/// Noise IK message 1 from `noise_key` to `responder`, payload index | timestamp | `cert`,
+/// index 7 in the header, MACs left zero (the driver checks those, not `read_init`).
 fn forge_init(
     noise_key: &cyphonic_crypto::StaticKeypair,
     responder: &cyphonic_crypto::PublicKey,
     cert: &[u8],
 ) -> Vec<u8> {
     let mut hs =
-        cyphonic_crypto::noise::initiator(noise_key, responder, b"cyphonic tunnel v1").unwrap();
+        cyphonic_crypto::noise::initiator(noise_key, responder, b"cyphonic tunnel v2").unwrap();
     let payload = [
         &7u32.to_be_bytes()[..],
         &(T0 * 1_000_000_000).to_be_bytes(),
@@ -36,9 +37,8 @@ fn forge_init(
     .concat();
     let mut frame = vec![0u8; 1300];
     let n = hs.write_message(&payload, &mut frame[16..]).unwrap();
-    frame.truncate(16 + n);
-    frame[0] = 1;
-    frame[1] = 1;
+    frame.truncate(16 + n + 2 * MAC_LEN);
+    frame[..8].copy_from_slice(&[VERSION, 1, 0, 0, 0, 0, 0, 7]);
     frame
 }
 
@@ -229,7 +229,7 @@ fn certificate_for_another_key_is_refused() {
     // Payloads too short to hold index, timestamp and a certificate.
     for cut in [0, 3, 11, 12, 40] {
         let mut hs =
-            cyphonic_crypto::noise::initiator(&thief_key, &b_public, b"cyphonic tunnel v1")
+            cyphonic_crypto::noise::initiator(&thief_key, &b_public, b"cyphonic tunnel v2")
                 .unwrap();
         let payload = [
             &7u32.to_be_bytes()[..],
@@ -239,8 +239,8 @@ fn certificate_for_another_key_is_refused() {
         .concat();
         let mut frame = vec![0u8; 1300];
         let n = hs.write_message(&payload[..cut], &mut frame[16..]).unwrap();
-        frame.truncate(16 + n);
-        frame[..2].copy_from_slice(&[1, 1]);
+        frame.truncate(16 + n + 2 * MAC_LEN);
+        frame[..8].copy_from_slice(&[VERSION, 1, 0, 0, 0, 0, 0, 7]);
         let err = read_init(&b_id, T0, &frame).unwrap_err();
         assert!(
             matches!(
@@ -341,8 +341,9 @@ fn truncated_and_garbage_handshakes_are_typed_errors() {
             "len {len}: {err}"
         );
     }
-    // Every single flipped bit in the Noise message makes it undecryptable.
-    for i in 16..init.len() {
+    // Every single flipped bit in the Noise message makes it undecryptable (the MACs after
+    // it are the driver's to check: crates/session/src/cookie.rs tests them).
+    for i in 16..init.len() - 2 * MAC_LEN {
         let mut bad = init.clone();
         bad[i] ^= 0x40;
         assert_eq!(
@@ -354,7 +355,7 @@ fn truncated_and_garbage_handshakes_are_typed_errors() {
     // Random garbage of plausible sizes with a valid header.
     let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
     for _ in 0..500 {
-        let len = rng.random_range(96..1216);
+        let len = rng.random_range(128..1216);
         let mut g: Vec<u8> = (0..16 + len).map(|_| rng.random()).collect();
         g[..16].copy_from_slice(&init[..16]);
         assert_eq!(
@@ -377,8 +378,8 @@ fn truncated_and_garbage_handshakes_are_typed_errors() {
     // A response nobody asked for, and garbage in place of a real response.
     let now = p.now;
     let from = ADDR_B.parse().unwrap();
-    let mut fake = vec![1u8, 2, 0, 0, 0, 0, 0x01, 0x99, 0, 0, 0, 0, 0, 0, 0, 0];
-    fake.extend([0u8; 64]);
+    let mut fake = vec![VERSION, 2, 0, 0, 0, 0, 0x01, 0x99, 0, 0, 0, 0, 0, 0, 0, 0];
+    fake.extend([0u8; 96]);
     assert_eq!(
         p.a.peer.handle_response(now, from, &fake),
         Err(HandshakeError::UnknownIndex(0x199))
@@ -404,12 +405,13 @@ fn forged_responses_do_not_break_a_pending_handshake() {
         MessageType::HandshakeResp
     );
     let index = &genuine.frame[4..8];
-    let mut garbage = vec![1u8, 2, 0, 0];
+    let mut garbage = vec![VERSION, 2, 0, 0];
     garbage.extend_from_slice(index);
     garbage.extend([0u8; 8]);
     garbage.extend((0..(genuine.frame.len() - 16)).map(|i| i as u8));
     let mut flipped = genuine.frame.clone();
-    let last = flipped.len() - 1;
+    // The last byte of the Noise message (the MACs after it are the driver's to check).
+    let last = flipped.len() - 2 * MAC_LEN - 1;
     flipped[last] ^= 1;
     for forged in [garbage, flipped] {
         p.deliver(Packet {
@@ -454,7 +456,7 @@ fn garbage_and_forged_data_frames_are_dropped() {
         let len = rng.random_range(0..200);
         let mut g: Vec<u8> = (0..len).map(|_| rng.random()).collect();
         if g.len() >= 16 && rng.random_bool(0.5) {
-            g[0] = 1;
+            g[0] = VERSION;
             g[1] = 3;
             g[4..8].copy_from_slice(&b_index.to_be_bytes());
         }
@@ -462,7 +464,7 @@ fn garbage_and_forged_data_frames_are_dropped() {
     }
     // Roaming only follows authenticated frames: garbage from elsewhere does not move B.
     let evil: std::net::SocketAddr = "192.0.2.66:4444".parse().unwrap();
-    let mut forged = vec![1u8, 3, 0, 0];
+    let mut forged = vec![VERSION, 3, 0, 0];
     forged.extend(b_index.to_be_bytes());
     forged.extend(7u64.to_be_bytes());
     forged.extend([0u8; 40]);
@@ -878,4 +880,58 @@ fn redirect_restarts_a_pending_handshake_at_the_new_endpoint() {
     p.a.peer.redirect(ADDR_B.parse().unwrap(), now).unwrap();
     p.flush();
     assert_eq!(p.a.established_count(), 1);
+}
+
+/// B is under load and answers A's initiation with a cookie-reply (docs/protocol.md §2, MACs
+/// and cookies). A refuses forged ones and ones for another initiation, keeps its handshake
+/// pending, sends nothing at once, and its retry carries a mac2 that B's checker accepts for
+/// A's address, and for no other.
+#[test]
+fn a_cookie_reply_puts_mac2_on_the_next_initiation() {
+    use cyphonic_crypto::CookieSecret;
+    use cyphonic_session::CookieChecker;
+    let mut p = Setup::new(48).build();
+    let now = p.now;
+    let a_addr = p.a.addr;
+    let mut checker = CookieChecker::new(
+        &p.b.identity.public_key(),
+        CookieSecret::random().unwrap(),
+        now,
+    );
+    p.a.peer.initiate(now).unwrap();
+    let init = p.a.peer.poll_transmit().unwrap().frame;
+    assert!(checker.check_mac1(&init));
+    assert!(!checker.check_mac2(&init, a_addr, now), "no cookie yet");
+    let reply = checker.reply(&init, a_addr, now).unwrap();
+    // Forged (a flipped bit), or for another index: refused, nothing learnt.
+    let mut forged = reply.clone();
+    forged[40] ^= 1;
+    assert_eq!(
+        p.a.peer.handle_cookie_reply(now, &forged),
+        Err(HandshakeError::Cookie)
+    );
+    let mut elsewhere = reply.clone();
+    elsewhere[7] ^= 1;
+    assert!(matches!(
+        p.a.peer.handle_cookie_reply(now, &elsewhere),
+        Err(HandshakeError::UnknownIndex(_))
+    ));
+    // Sealed to another initiation's mac1 (the attacker's own, to A's index): refused.
+    let mut other = init.clone();
+    let mac1_at = other.len() - 2 * MAC_LEN;
+    other[mac1_at] ^= 1;
+    let reply_to_other = checker.reply(&other, a_addr, now).unwrap();
+    assert_eq!(
+        p.a.peer.handle_cookie_reply(now, &reply_to_other),
+        Err(HandshakeError::Cookie)
+    );
+    p.a.peer.handle_cookie_reply(now, &reply).unwrap();
+    assert!(p.a.peer.poll_transmit().is_none(), "no resend at once");
+    let retry = p.a.peer.poll_timeout().unwrap();
+    p.a.peer.handle_timeout(retry);
+    let again = p.a.peer.poll_transmit().unwrap().frame;
+    assert_eq!(again[1], u8::from(MessageType::HandshakeInit));
+    assert!(checker.check_mac1(&again));
+    assert!(checker.check_mac2(&again, a_addr, retry));
+    assert!(!checker.check_mac2(&again, ADDR_B.parse().unwrap(), retry));
 }

@@ -26,11 +26,21 @@ cyphonic_telemetry::counters! {
         udp_truncated,
         /// Datagrams that are not a valid tunnel frame.
         drop_frame_malformed,
+        /// Tunnel frames of another protocol version (a peer or the cloud not upgraded).
+        drop_frame_version,
+        /// Handshake messages whose mac1 is wrong: not addressed to our key, or junk.
+        drop_handshake_mac,
+        /// Initiations under load from a source past its rate.
+        drop_handshake_rate,
+        /// Cookie-replies sent: initiations under load without a valid mac2.
+        cookie_replies_sent,
+        /// Cookie-replies received and taken (a responder under load asked us for proof).
+        cookie_replies_received,
         /// Frames of a type we do not handle here (relay, probe).
         drop_frame_unhandled,
         /// Data frames for a session index no live session has.
         drop_unknown_index,
-        /// Handshake messages dropped because the control queue was full.
+        /// Handshake messages dropped because their queue to the handshake thread was full.
         drop_handshake_queue,
         /// Keepalives received.
         keepalives_received,

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{Backend, Certificate, PublicKey};
 use cyphonic_netio::{Placement, UdpOptions};
@@ -15,6 +15,7 @@ use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
 use crate::Shared;
 use crate::egress::{Intake, SealStage, SocketSink, Submitter};
+use crate::gate::HandshakeGate;
 use crate::handshakes::Handshakes;
 use crate::ingress::{Incoming, OpenStage, Receiver};
 use crate::peers::{PeerSlot, PeerTable};
@@ -203,7 +204,7 @@ fn watch_network(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
         }
     };
     let run = move || {
-        let mut since: Option<std::time::Instant> = None;
+        let mut since: Option<Instant> = None;
         while shared.running.load(Ordering::Relaxed) {
             let changed = match watch.wait() {
                 Ok(c) => c,
@@ -212,7 +213,7 @@ fn watch_network(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
                     return;
                 }
             };
-            let now = std::time::Instant::now();
+            let now = Instant::now();
             if changed {
                 since.get_or_insert(now);
             }
@@ -316,6 +317,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             egress_seq,
             dp.queue_per_peer,
         ));
+        let identity_key = identity.public_key();
         let (handshakes, queue) = Handshakes::new(
             shared.clone(),
             identity,
@@ -329,6 +331,8 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             .name("cy-handshake".into())
             .spawn(move || handshakes.run())
             .map_err(io("starting the handshake thread"))?;
+        let gate = HandshakeGate::new(&identity_key, Instant::now())
+            .map_err(io("seeding the handshake cookie secret"))?;
         let receiver = Receiver::new(
             shared.clone(),
             socket
@@ -336,6 +340,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
                 .map_err(io("duplicating the tunnel socket"))?,
             ingress_seq,
             queue,
+            gate,
         );
         let receiver = std::thread::Builder::new()
             .name("cy-udp-rx".into())

@@ -4,8 +4,9 @@
 //! whether it is genuine; here a flood of them costs this thread, never the others.
 //!
 //! ```text
-//! receive thread --(responses, 64)----> handshake thread: responses first, then initiations
-//!                --(initiations, 256)->   read_init / handle_init / handle_response
+//! receive thread --(responses and cookie-replies, 64)-> handshake thread: those first
+//!  (HandshakeGate)--(initiations, 256)----------------->  read_init / handle_init /
+//!                                                         handle_response / handle_cookie_reply
 //!                                         -> the peer's transmits, on the tunnel socket
 //!                                         -> keys changed: wake the control thread
 //!                                         -> a stranger with a valid certificate: ToControl
@@ -13,6 +14,7 @@
 //!
 //! Each class has its own bounded queue, and responses (to handshakes we started: rekeys,
 //! new peers) are served before initiations, so no flood of initiations delays a response.
+//! What gets into the queues at all is the receive thread's [`crate::HandshakeGate`]'s call.
 //! A full queue drops the message and counts it (`drop_handshake_queue`).
 
 use std::net::SocketAddr;
@@ -29,7 +31,7 @@ use crate::socket::TunnelSocket;
 use crate::{Shared, ToControl};
 
 /// Initiations waiting at most: about a tenth of a second of work on a Pi 4.
-const INITIATIONS: usize = 256;
+pub const INITIATIONS: usize = 256;
 /// Responses waiting at most (one per handshake we started, and those are few at a time).
 const RESPONSES: usize = 64;
 /// How often an idle handshake thread looks whether the engine is stopping.
@@ -54,14 +56,20 @@ pub struct HandshakeQueue {
 }
 
 impl HandshakeQueue {
-    /// Queues `msg` by its type (anything but a response counts as an initiation); false
-    /// when its queue is full (or the handshake thread is gone).
+    /// Queues `msg` by its type (responses and cookie-replies, answers to handshakes we
+    /// started, in one queue; anything else counts as an initiation); false when its queue
+    /// is full (or the handshake thread is gone).
     pub fn push(&self, msg: HandshakeMsg) -> bool {
         let queue = match Frame::new_checked(&msg.frame[..]).map(|f| f.msg_type()) {
-            Ok(MessageType::HandshakeResp) => &self.responses,
+            Ok(MessageType::HandshakeResp | MessageType::CookieReply) => &self.responses,
             _ => &self.initiations,
         };
         queue.try_send(msg).is_ok()
+    }
+
+    /// Initiations waiting: how loaded the handshake thread is.
+    pub fn initiations_waiting(&self) -> usize {
+        self.initiations.len()
     }
 }
 
@@ -184,6 +192,24 @@ impl Handshakes {
                     self.refused(e.kind(), from, &what);
                 }
                 self.flush(&slot);
+            }
+            MessageType::CookieReply => {
+                let Some(slot) = self.shared.peers.by_index(view.receiver_index()) else {
+                    self.refused(
+                        "unknown_index",
+                        from,
+                        &"a cookie-reply for no handshake of ours",
+                    );
+                    return;
+                };
+                let result = slot.lock().handle_cookie_reply(at, frame);
+                match result {
+                    Ok(()) => bump(&self.shared.counters.cookie_replies_received),
+                    Err(e) => {
+                        let what = format!("{}: {e}", slot.name);
+                        self.refused(e.kind(), from, &what);
+                    }
+                }
             }
             MessageType::HandshakeResp => {
                 bump(&self.shared.counters.handshake_responses);

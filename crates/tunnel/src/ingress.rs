@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! receive thread: recvmmsg on the tunnel socket -> frame type -> data/keepalive: find the session -> Sequencer
-//!                                                 handshakes: to the handshake thread
+//!                                                 handshakes: HandshakeGate -> the handshake thread
 //! workers:        OpenStage::process (authenticate and decrypt in place)
 //! emitter:        the edge's sink: Incoming::accept (replay window, in order), then delivery
 //! ```
@@ -20,6 +20,7 @@ use cyphonic_session::Session;
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 
 use crate::counters::bump;
+use crate::gate::{Admission, HandshakeGate};
 use crate::handshakes::{HandshakeMsg, HandshakeQueue};
 use crate::peers::PeerSlot;
 use crate::pool::{BUF_LEN, Buf, RECV_BATCH, RecvBuffers};
@@ -151,8 +152,11 @@ impl Stage for OpenStage {
 pub enum Arrival {
     /// A data frame or keepalive for one of our sessions: to open, in order.
     Sealed(Incoming),
-    /// A handshake message: for the handshake thread.
+    /// A handshake message (or a cookie-reply to one of ours): for the handshake thread,
+    /// once the [`crate::HandshakeGate`] lets it through.
     Handshake(HandshakeMsg),
+    /// A frame of another protocol version than ours (counted; the caller may say so).
+    OtherVersion(u8),
     /// Counted and dropped (truncated, malformed, unknown index, unhandled type).
     Dropped,
 }
@@ -166,9 +170,16 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
         bump(&c.udp_truncated);
         return Arrival::Dropped;
     }
-    let Ok(repr) = Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f)) else {
-        bump(&c.drop_frame_malformed);
-        return Arrival::Dropped;
+    let repr = match Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f)) {
+        Ok(repr) => repr,
+        Err(cyphonic_wire::Error::Version(version)) => {
+            bump(&c.drop_frame_version);
+            return Arrival::OtherVersion(version);
+        }
+        Err(_) => {
+            bump(&c.drop_frame_malformed);
+            return Arrival::Dropped;
+        }
     };
     match repr.msg_type {
         MessageType::Data | MessageType::Keepalive => {
@@ -199,12 +210,14 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
                 frame: 0..0,
             })
         }
-        MessageType::HandshakeResp if shared.peers.by_index(repr.receiver_index).is_none() => {
-            // A response to no handshake of ours: nothing to spend on it.
+        MessageType::HandshakeResp | MessageType::CookieReply
+            if shared.peers.by_index(repr.receiver_index).is_none() =>
+        {
+            // An answer to no handshake of ours: nothing to spend on it.
             bump(&c.drop_unknown_index);
             Arrival::Dropped
         }
-        MessageType::HandshakeInit | MessageType::HandshakeResp => {
+        MessageType::HandshakeInit | MessageType::HandshakeResp | MessageType::CookieReply => {
             Arrival::Handshake(HandshakeMsg {
                 frame: buf[..m.len].to_vec(),
                 from: m.from,
@@ -275,21 +288,58 @@ pub struct Receiver {
     socket: Box<dyn TunnelSocket>,
     seq: Sequencer<OpenStage>,
     handshakes: HandshakeQueue,
+    gate: HandshakeGate,
+    version_log: cyphonic_telemetry::Throttle,
 }
 
+/// How often frames of another protocol version are logged, at most.
+const VERSION_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
 impl Receiver {
-    /// Receives on `socket`: sealed frames into `seq`, handshake messages into `handshakes`.
+    /// Receives on `socket`: sealed frames into `seq`, handshake messages through `gate`
+    /// into `handshakes`.
     pub fn new(
         shared: Arc<Shared>,
         socket: Box<dyn TunnelSocket>,
         seq: Sequencer<OpenStage>,
         handshakes: HandshakeQueue,
+        gate: HandshakeGate,
     ) -> Self {
         Self {
             shared,
             socket,
             seq,
             handshakes,
+            gate,
+            version_log: cyphonic_telemetry::Throttle::new(VERSION_LOG_INTERVAL),
+        }
+    }
+
+    /// Lets a handshake message through the gate into its queue, or answers it with a
+    /// cookie-reply, or drops it; every outcome but queueing is counted.
+    fn handshake(&mut self, msg: HandshakeMsg) {
+        let c = &self.shared.counters;
+        let Ok(kind) = Frame::new_checked(&msg.frame[..]).map(|f| f.msg_type()) else {
+            return;
+        };
+        let waiting = self.handshakes.initiations_waiting();
+        match self
+            .gate
+            .admit(c, &msg.frame, kind, msg.from, msg.at, waiting)
+        {
+            Admission::Queue => {
+                if !self.handshakes.push(msg) {
+                    bump(&c.drop_handshake_queue);
+                }
+            }
+            Admission::Reply(reply) => {
+                if self.socket.send_to(&reply, msg.from).is_ok() {
+                    bump(&c.udp_sent);
+                } else {
+                    bump(&c.udp_send_failed);
+                }
+            }
+            Admission::Dropped => {}
         }
     }
 
@@ -318,16 +368,24 @@ impl Receiver {
                 continue;
             }
             let now = Instant::now();
-            let c = &self.shared.counters;
             for (buf, m) in datagrams.zip(meta) {
                 match arrival(&self.shared, buf, m, now) {
                     Arrival::Sealed(item) => match self.seq.push(item) {
                         Ok(()) | Err(Rejected::Dropped(..)) => {}
-                        Err(Rejected::Full(_)) => bump(&c.drop_pipeline_full),
+                        Err(Rejected::Full(_)) => bump(&self.shared.counters.drop_pipeline_full),
                     },
-                    Arrival::Handshake(msg) => {
-                        if !self.handshakes.push(msg) {
-                            bump(&c.drop_handshake_queue);
+                    Arrival::Handshake(msg) => self.handshake(msg),
+                    Arrival::OtherVersion(version) => {
+                        if let Some(held) = self.version_log.due(now) {
+                            tracing::warn!(
+                                from = %m.from,
+                                version,
+                                ours = cyphonic_wire::VERSION,
+                                held_back = held,
+                                "a tunnel frame of another protocol version: that end (a peer, or \
+                                 the cloud) runs another release; tunnels need both ends on one \
+                                 version (docs/protocol.md, Versions)"
+                            );
                         }
                     }
                     Arrival::Dropped => {}

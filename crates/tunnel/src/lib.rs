@@ -6,7 +6,8 @@
 //! edge thread (AF_PACKET, TUN) -> Intake -> Submitter -> Sequencer -> SealStage (rayon)
 //!                                    -> SocketSink -> TunnelSocket
 //! TunnelSocket -> Receiver -> Sequencer -> OpenStage (rayon) -> edge's sink (Incoming::accept)
-//! handshake thread: Handshakes (handshake messages from the underlay, answered)
+//! handshake thread: Handshakes (handshake messages from the underlay, answered), behind the
+//!                   receive thread's HandshakeGate (mac1, cookies under load, per-source rates)
 //! control thread: Control (peer timers, relay channels) -> ControlEvent
 //! ```
 //!
@@ -31,6 +32,7 @@ pub mod control;
 pub mod counters;
 pub mod egress;
 pub mod engine;
+pub mod gate;
 pub mod handshakes;
 pub mod ingress;
 pub mod peers;
@@ -47,6 +49,7 @@ pub use control::{Control, ControlEvent};
 pub use counters::{EngineCounters, bump};
 pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
 pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
+pub use gate::{Admission, HandshakeGate};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, KickGate, OpenStage, Receiver, arrival};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};

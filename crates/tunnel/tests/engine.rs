@@ -300,6 +300,8 @@ fn replayed_forged_and_garbage_frames_are_dropped() {
         + c.drop_frame_unhandled
             .load(std::sync::atomic::Ordering::Relaxed)
         + c.drop_unknown_index
+            .load(std::sync::atomic::Ordering::Relaxed)
+        + c.drop_frame_version
             .load(std::sync::atomic::Ordering::Relaxed);
     assert!(malformed >= 4, "garbage counted: {malformed}");
     send(&p.a, p.b.vip, 50, 50);
@@ -480,16 +482,13 @@ fn a_restarted_end_handshakes_with_the_peer_still_sending_to_it() {
     assert_no_buffer_leaks(p);
 }
 
-/// An attacker replays a recorded initiation at B as fast as B can check them (each costs B
-/// two Diffie-Hellman operations and a signature check before the replay shows). B's own
-/// rekey with A still completes during the flood: the response to it does not queue behind
-/// the initiations. Data keeps flowing, and the flood is counted.
-#[test]
-fn a_flood_of_initiations_does_not_stop_our_rekeys() {
-    use std::sync::atomic::Ordering::Relaxed;
-    let p = pair(9);
+/// A's first initiation to B, recorded on the link as A starts a handshake.
+fn first_initiation(p: &Pair) -> cyphonic_tunnel::testing::Datagram {
     p.link.record(true);
-    p.a.peer().lock().initiate(Instant::now()).unwrap();
+    p.a.peer()
+        .lock()
+        .initiate(Instant::now())
+        .expect("A knows B: it can initiate");
     let deadline = Instant::now() + Duration::from_secs(2);
     let init = loop {
         let found = p.link.recorded().into_iter().find(|d| {
@@ -503,6 +502,20 @@ fn a_flood_of_initiations_does_not_stop_our_rekeys() {
         std::thread::sleep(Duration::from_millis(5));
     };
     p.link.record(false);
+    init
+}
+
+/// An attacker replays a recorded initiation at B faster than B could check them (each would
+/// cost B two Diffie-Hellman operations and a signature check before the replay shows). Its
+/// mac1 is right, so it passes the first check; B comes under load, and from then on answers
+/// initiations without a cookie's mac2 with a cookie-reply instead of the handshake work. B's
+/// own rekey with A still completes during the flood (the response does not queue behind the
+/// initiations), the queue never overflows, data keeps flowing, and the flood is counted.
+#[test]
+fn a_flood_of_initiations_does_not_stop_our_rekeys() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = pair(9);
+    let init = first_initiation(&p);
     assert!(p.wait_established(Duration::from_secs(2)));
     let flooding = std::sync::atomic::AtomicBool::new(true);
     let rekeyed = std::thread::scope(|s| {
@@ -534,16 +547,68 @@ fn a_flood_of_initiations_does_not_stop_our_rekeys() {
         "B's rekey did not complete: {:?}",
         p.b.shared.handshake_refusals
     );
-    assert!(c.handshake_inits.load(Relaxed) > 100, "{c:?}");
+    assert!(c.cookie_replies_sent.load(Relaxed) > 1000, "{c:?}");
     assert!(
-        c.drop_handshake_queue.load(Relaxed) > 0,
-        "the flood overflowed: {c:?}"
+        c.handshake_inits.load(Relaxed) < 500,
+        "the handshake thread did the flood's work: {c:?}"
     );
+    assert_eq!(c.drop_handshake_queue.load(Relaxed), 0, "{c:?}");
     p.b.delivered();
     send(&p.a, p.b.vip, 100, 10);
     assert_eq!(
         seqs(&p.b.wait_delivered(10, Duration::from_secs(2))),
         (100..110).collect::<Vec<_>>()
+    );
+    assert_no_buffer_leaks(p);
+}
+
+/// While initiations with a right mac1 flood B from a forged address, A starts a handshake
+/// with B. B is under load: A's initiation gets a cookie-reply, A's retry carries the cookie's
+/// mac2, passes B's gate and completes the handshake. Initiations with a wrong mac1 (a blind
+/// flood) are dropped before they are queued.
+#[test]
+fn under_load_a_genuine_initiator_gets_through_with_a_cookie() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = pair(10);
+    let init = first_initiation(&p);
+    assert!(p.wait_established(Duration::from_secs(2)));
+    let forged_from: std::net::SocketAddr = "203.0.113.66:9999".parse().unwrap();
+    let mut blind = init.bytes.clone();
+    let mac1_at = blind.len() - 32;
+    blind[mac1_at] ^= 1;
+    let flooding = std::sync::atomic::AtomicBool::new(true);
+    let done = std::thread::scope(|s| {
+        s.spawn(|| {
+            while flooding.load(Relaxed) {
+                for _ in 0..20 {
+                    p.link.inject(forged_from, init.to, &init.bytes);
+                    p.link.inject(forged_from, init.to, &blind);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let before = p.a.peer().lock().last_handshake();
+        p.a.peer().lock().initiate(Instant::now()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(4);
+        let mut done = false;
+        while Instant::now() < deadline && !done {
+            std::thread::sleep(Duration::from_millis(20));
+            done = p.a.peer().lock().last_handshake() != before;
+        }
+        flooding.store(false, Relaxed);
+        done
+    });
+    let (a, b) = (&p.a.shared.counters, &p.b.shared.counters);
+    assert!(done, "A's handshake did not complete: {b:?}\n{a:?}");
+    assert!(a.cookie_replies_received.load(Relaxed) >= 1, "{a:?}");
+    assert!(b.cookie_replies_sent.load(Relaxed) > 100, "{b:?}");
+    assert!(b.drop_handshake_mac.load(Relaxed) > 100, "{b:?}");
+    assert_eq!(b.drop_handshake_queue.load(Relaxed), 0, "{b:?}");
+    send(&p.a, p.b.vip, 0, 10);
+    assert_eq!(
+        seqs(&p.b.wait_delivered(10, Duration::from_secs(2))),
+        (0..10).collect::<Vec<_>>()
     );
     assert_no_buffer_leaks(p);
 }

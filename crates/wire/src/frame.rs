@@ -2,17 +2,23 @@
 
 use core::fmt;
 
-/// The only frame version this crate speaks.
-pub const VERSION: u8 = 1;
+/// The only frame version this crate speaks (docs/protocol.md, *Versions*).
+pub const VERSION: u8 = 2;
 /// Length of the fixed header; the header is also the AEAD additional data of data frames.
 pub const HEADER_LEN: usize = 16;
 /// Length of the Poly1305 authentication tag that ends every data and keepalive frame.
 pub const TAG_LEN: usize = 16;
-/// Smallest Noise IK first message: ephemeral key (32), encrypted static key (32 + 16),
-/// and the tag of the (possibly empty) encrypted payload (16).
-pub const HANDSHAKE_INIT_MIN: usize = 32 + 32 + TAG_LEN + TAG_LEN;
-/// Smallest Noise IK second message: ephemeral key (32) and the payload tag (16).
-pub const HANDSHAKE_RESP_MIN: usize = 32 + TAG_LEN;
+/// Length of each of the two MACs (`mac1`, `mac2`) that end every handshake body.
+pub const MAC_LEN: usize = 16;
+/// Smallest handshake-init body: the smallest Noise IK first message (ephemeral key 32,
+/// encrypted static key 32 + 16, the tag of the possibly empty payload 16), then two MACs.
+pub const HANDSHAKE_INIT_MIN: usize = 32 + 32 + TAG_LEN + TAG_LEN + 2 * MAC_LEN;
+/// Smallest handshake-resp body: the smallest Noise IK second message (ephemeral key 32 and
+/// the payload tag 16), then two MACs.
+pub const HANDSHAKE_RESP_MIN: usize = 32 + TAG_LEN + 2 * MAC_LEN;
+/// Length of a cookie-reply body: a 24-byte nonce, then a 16-byte cookie sealed with
+/// XChaCha20-Poly1305 (16 + 16).
+pub const COOKIE_REPLY_LEN: usize = 24 + 16 + TAG_LEN;
 /// Largest handshake body. A handshake frame must fit the IPv6 minimum MTU of 1280 bytes
 /// (RFC 8200 §5) after the outer IPv6 (40) and UDP (8) headers and our own header (16), so no
 /// handshake ever depends on fragmentation or path MTU discovery.
@@ -57,6 +63,9 @@ pub enum MessageType {
     Relay,
     /// An underlay endpoint probe sent to the cloud so it can see the NAT-mapped address.
     EndpointProbe,
+    /// A responder under load asks the initiator to prove its source address (a cookie for
+    /// `mac2`); the index is the initiator's.
+    CookieReply,
     /// A type this version does not know; kept so that views round-trip.
     Unknown(u8),
 }
@@ -70,6 +79,7 @@ impl From<u8> for MessageType {
             4 => Self::Keepalive,
             5 => Self::Relay,
             6 => Self::EndpointProbe,
+            7 => Self::CookieReply,
             other => Self::Unknown(other),
         }
     }
@@ -84,6 +94,7 @@ impl From<MessageType> for u8 {
             MessageType::Keepalive => 4,
             MessageType::Relay => 5,
             MessageType::EndpointProbe => 6,
+            MessageType::CookieReply => 7,
             MessageType::Unknown(other) => other,
         }
     }
@@ -98,6 +109,7 @@ impl fmt::Display for MessageType {
             Self::Keepalive => f.write_str("keepalive"),
             Self::Relay => f.write_str("relay"),
             Self::EndpointProbe => f.write_str("endpoint-probe"),
+            Self::CookieReply => f.write_str("cookie-reply"),
             Self::Unknown(raw) => write!(f, "unknown type {raw}"),
         }
     }
@@ -130,6 +142,12 @@ pub enum Error {
         min: usize,
         /// Largest valid body.
         max: usize,
+    },
+    /// A handshake-init without its sender's index (it must not be zero).
+    #[error("{kind} frame without a sender index")]
+    NoIndex {
+        /// The frame's type.
+        kind: MessageType,
     },
     /// A header field that must be zero for this type is not.
     #[error("{kind} frame has a non-zero {field} field")]
@@ -187,7 +205,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
         u16::from_be_bytes(self.array(field::FLAGS.start))
     }
 
-    /// The receiver's session index (bytes 4..8).
+    /// The receiver's session index (bytes 4..8); a handshake-init's sender index.
     pub fn receiver_index(&self) -> u32 {
         u32::from_be_bytes(self.array(field::RECEIVER.start))
     }
@@ -258,14 +276,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
     }
 }
 
-/// The parsed header of a valid version-1 frame, with its body length.
+/// The parsed header of a valid version-2 frame, with its body length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameRepr {
     /// The message type; never [`MessageType::Unknown`] after [`FrameRepr::parse`].
     pub msg_type: MessageType,
     /// Flags, carried through unchanged (authenticated as part of the header on data frames).
     pub flags: u16,
-    /// The receiver's session index (the relay channel for [`MessageType::Relay`]).
+    /// The receiver's session index (the relay channel for [`MessageType::Relay`], the
+    /// sender's index for [`MessageType::HandshakeInit`]).
     pub receiver_index: u32,
     /// The counter, the AEAD nonce of data and keepalive frames.
     pub counter: u64,
@@ -284,14 +303,15 @@ impl FrameRepr {
         }
         let kind = frame.msg_type();
         let body_len = frame.body().len();
-        let (min, max, zero_receiver, zero_counter) = match kind {
-            MessageType::HandshakeInit => (HANDSHAKE_INIT_MIN, HANDSHAKE_MAX, true, true),
-            MessageType::HandshakeResp => (HANDSHAKE_RESP_MIN, HANDSHAKE_MAX, false, true),
+        let (min, max, zero_counter) = match kind {
+            MessageType::HandshakeInit => (HANDSHAKE_INIT_MIN, HANDSHAKE_MAX, true),
+            MessageType::HandshakeResp => (HANDSHAKE_RESP_MIN, HANDSHAKE_MAX, true),
             // A data frame carries at least one byte of inner packet; an empty one is a keepalive.
-            MessageType::Data => (TAG_LEN + 1, usize::MAX, false, false),
-            MessageType::Keepalive => (TAG_LEN, TAG_LEN, false, false),
-            MessageType::Relay => (HEADER_LEN, usize::MAX, false, true),
-            MessageType::EndpointProbe => (0, HANDSHAKE_MAX, false, false),
+            MessageType::Data => (TAG_LEN + 1, usize::MAX, false),
+            MessageType::Keepalive => (TAG_LEN, TAG_LEN, false),
+            MessageType::Relay => (HEADER_LEN, usize::MAX, true),
+            MessageType::EndpointProbe => (0, HANDSHAKE_MAX, false),
+            MessageType::CookieReply => (COOKIE_REPLY_LEN, COOKIE_REPLY_LEN, true),
             MessageType::Unknown(raw) => return Err(Error::UnknownType(raw)),
         };
         if body_len < min || body_len > max {
@@ -302,11 +322,8 @@ impl FrameRepr {
                 max,
             });
         }
-        if zero_receiver && frame.receiver_index() != 0 {
-            return Err(Error::Reserved {
-                kind,
-                field: "receiver index",
-            });
+        if kind == MessageType::HandshakeInit && frame.receiver_index() == 0 {
+            return Err(Error::NoIndex { kind });
         }
         // Only data frames define a flag; an unknown bit is a version this one does not speak.
         let allowed_flags = if kind == MessageType::Data {
@@ -358,16 +375,16 @@ mod tests {
     use super::*;
     use hex_literal::hex;
 
-    /// A data frame: version 1, type 3, no flags, receiver 0x0a0b0c0d, counter 7, 17-byte body.
+    /// A data frame: version 2, type 3, no flags, receiver 0x0a0b0c0d, counter 7, 17-byte body.
     const DATA: [u8; 33] = hex!(
-        "01 03 0000 0a0b0c0d 0000000000000007"
+        "02 03 0000 0a0b0c0d 0000000000000007"
         "ff 00112233445566778899aabbccddeeff"
     );
 
     #[test]
     fn views_data_frame() {
         let frame = Frame::new_checked(&DATA[..]).unwrap();
-        assert_eq!(frame.version(), 1);
+        assert_eq!(frame.version(), 2);
         assert_eq!(frame.msg_type(), MessageType::Data);
         assert_eq!(frame.flags(), 0);
         assert_eq!(frame.receiver_index(), 0x0a0b_0c0d);
@@ -399,7 +416,7 @@ mod tests {
         };
         let mut buf = vec![0u8; repr.buffer_len()];
         repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
-        assert_eq!(&buf[..16], &hex!("01 03 0001 0000002a fffffffffffffffe"));
+        assert_eq!(&buf[..16], &hex!("02 03 0001 0000002a fffffffffffffffe"));
         assert_eq!(
             FrameRepr::parse(&Frame::new_checked(&buf[..]).unwrap()),
             Ok(repr)
@@ -427,9 +444,11 @@ mod tests {
         use MessageType::*;
         check(&[], Err(Error::Truncated { len: 0 }));
         check(&DATA[..15], Err(Error::Truncated { len: 15 }));
-        let mut v2 = DATA;
-        v2[0] = 2;
-        check(&v2, Err(Error::Version(2)));
+        for version in [0, 1, 3, 255] {
+            let mut other = DATA;
+            other[0] = version;
+            check(&other, Err(Error::Version(version)));
+        }
         check(&frame(0, 1, 1, 40), Err(Error::UnknownType(0)));
         check(&frame(200, 1, 1, 40), Err(Error::UnknownType(200)));
         let body = |kind, len, min, max| {
@@ -444,17 +463,19 @@ mod tests {
         check(&frame(3, 1, 1, 0), body(Data, 0, 17, usize::MAX));
         check(&frame(4, 1, 1, 17), body(Keepalive, 17, 16, 16));
         check(
-            &frame(1, 0, 0, 95),
-            body(HandshakeInit, 95, 96, HANDSHAKE_MAX),
+            &frame(1, 1, 0, 127),
+            body(HandshakeInit, 127, 128, HANDSHAKE_MAX),
         );
         check(
-            &frame(1, 0, 0, HANDSHAKE_MAX + 1),
-            body(HandshakeInit, 1217, 96, 1216),
+            &frame(1, 1, 0, HANDSHAKE_MAX + 1),
+            body(HandshakeInit, 1217, 128, 1216),
         );
         check(
-            &frame(2, 9, 0, 47),
-            body(HandshakeResp, 47, 48, HANDSHAKE_MAX),
+            &frame(2, 9, 0, 79),
+            body(HandshakeResp, 79, 80, HANDSHAKE_MAX),
         );
+        check(&frame(7, 9, 0, 55), body(CookieReply, 55, 56, 56));
+        check(&frame(7, 9, 0, 57), body(CookieReply, 57, 56, 56));
         check(&frame(5, 9, 0, 15), body(Relay, 15, 16, usize::MAX));
         check(
             &frame(6, 0, 0, HANDSHAKE_MAX + 1),
@@ -462,11 +483,14 @@ mod tests {
         );
         let reserved = |kind, field| Err(Error::Reserved { kind, field });
         check(
-            &frame(1, 5, 0, 96),
-            reserved(HandshakeInit, "receiver index"),
+            &frame(1, 0, 0, 128),
+            Err(Error::NoIndex {
+                kind: HandshakeInit,
+            }),
         );
-        check(&frame(1, 0, 5, 96), reserved(HandshakeInit, "counter"));
-        check(&frame(2, 5, 1, 48), reserved(HandshakeResp, "counter"));
+        check(&frame(1, 5, 5, 128), reserved(HandshakeInit, "counter"));
+        check(&frame(2, 5, 1, 80), reserved(HandshakeResp, "counter"));
+        check(&frame(7, 5, 1, 56), reserved(CookieReply, "counter"));
         check(&frame(5, 5, 1, 16), reserved(Relay, "counter"));
         // Flags: data frames define bit 0 only; every other type defines none.
         let flagged = |ty, receiver, body, flags: u16| {
@@ -477,8 +501,12 @@ mod tests {
         check(&flagged(3, 7, 17, 0x0002), reserved(Data, "flags"));
         check(&flagged(3, 7, 17, 0x8001), reserved(Data, "flags"));
         check(&flagged(4, 7, 16, 0x0001), reserved(Keepalive, "flags"));
-        check(&flagged(1, 0, 96, 0x0100), reserved(HandshakeInit, "flags"));
-        check(&flagged(2, 7, 48, 0x0001), reserved(HandshakeResp, "flags"));
+        check(
+            &flagged(1, 7, 128, 0x0100),
+            reserved(HandshakeInit, "flags"),
+        );
+        check(&flagged(2, 7, 80, 0x0001), reserved(HandshakeResp, "flags"));
+        check(&flagged(7, 7, 56, 0x0001), reserved(CookieReply, "flags"));
         check(&flagged(6, 0, 16, 0x0001), reserved(EndpointProbe, "flags"));
         check(&flagged(3, 7, 17, FLAG_CHECKSUM_DEFERRED), Ok(Data));
     }
@@ -486,9 +514,10 @@ mod tests {
     #[test]
     fn valid_frames_of_each_type() {
         use MessageType::*;
-        check(&frame(1, 0, 0, 96), Ok(HandshakeInit));
-        check(&frame(1, 0, 0, HANDSHAKE_MAX), Ok(HandshakeInit));
-        check(&frame(2, 7, 0, 48), Ok(HandshakeResp));
+        check(&frame(1, 7, 0, 128), Ok(HandshakeInit));
+        check(&frame(1, 7, 0, HANDSHAKE_MAX), Ok(HandshakeInit));
+        check(&frame(2, 7, 0, 80), Ok(HandshakeResp));
+        check(&frame(7, 7, 0, 56), Ok(CookieReply));
         check(&frame(3, 7, 9, 17), Ok(Data));
         check(&frame(3, 7, 9, 65_000), Ok(Data));
         check(&frame(4, 7, 9, 16), Ok(Keepalive));
@@ -520,6 +549,10 @@ mod tests {
             (MessageType::Keepalive, format!("exactly {TAG_LEN}")),
             (MessageType::Relay, format!(">= {HEADER_LEN}")),
             (MessageType::EndpointProbe, format!("0 ..= {HANDSHAKE_MAX}")),
+            (
+                MessageType::CookieReply,
+                format!("exactly {COOKIE_REPLY_LEN}"),
+            ),
         ];
         for (ty, length_rule) in rows {
             let prefix = format!("| {} | {ty} |", u8::from(ty));
@@ -533,6 +566,8 @@ mod tests {
             );
         }
         assert!(doc.contains(&format!("| {HEADER_LEN} | .. | body |")));
+        assert!(doc.starts_with(&format!("# cyphonic wire protocol, version {VERSION}\n")));
+        assert!(doc.contains(&format!("|  version = {VERSION}  |")));
         assert!(doc.contains(&format!(
             "40 (IPv6) + 8 (UDP) + {HEADER_LEN} + {HANDSHAKE_MAX} = 1280"
         )));
@@ -550,10 +585,10 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_frames_round_trip(ty in 1u8..=6, counter: u64, receiver: u32, body in 0usize..1300) {
+        fn mutated_valid_frames_round_trip(ty in 1u8..=7, counter: u64, receiver: u32, body in 0usize..1300) {
             let mut v = frame(ty, receiver, counter, body);
-            // Half the time, make reserved fields legal so most inputs parse.
-            if counter % 2 == 0 { v[4..16].fill(0); }
+            // Half the time, make the counter legal for every type so most inputs parse.
+            if counter % 2 == 0 { v[8..16].fill(0); }
             crate::roundtrip_check(&v);
         }
     }

@@ -1,0 +1,278 @@
+//! The cheap checks in front of a handshake: WireGuard's `mac1`, `mac2` and cookies
+//! (docs/protocol.md §2, *MACs and cookies*; WireGuard whitepaper §5.4.4 to §5.4.7), on the
+//! RustCrypto `blake2` and `chacha20poly1305` crates.
+//!
+//! ```text
+//! mac1   = MAC(BLAKE2s("mac1----" || S_r), bytes)     MacKeys::mac1
+//! mac2   = MAC(cookie, bytes)                         mac
+//! cookie = MAC(secret, source ip || port)             CookieSecret::cookie
+//! sealed = XChaCha20-Poly1305(BLAKE2s("cookie--" || S_r), nonce, aad = mac1, cookie)
+//! ```
+//!
+//! `MAC` is keyed BLAKE2s with a 16-byte output. Which bytes each MAC covers, when a cookie
+//! is asked for and how long it lives are the session crate's business; this module only
+//! computes.
+
+use core::fmt;
+use std::net::SocketAddr;
+
+use blake2::digest::{FixedOutput, KeyInit, Mac, Update};
+use blake2::{Blake2s256, Blake2sMac, Digest};
+use chacha20poly1305::{AeadInOut, KeyInit as AeadKeyInit, XChaCha20Poly1305};
+use ring::rand::SecureRandom;
+use zeroize::{Zeroize, ZeroizeOnDrop};
+
+use crate::PublicKey;
+
+/// Length of `mac1`, `mac2` and a cookie.
+pub const MAC_LEN: usize = 16;
+/// Length of a cookie-reply's nonce.
+pub const NONCE_LEN: usize = 24;
+/// Length of a sealed cookie: nonce, encrypted cookie, tag.
+pub const SEALED_LEN: usize = NONCE_LEN + MAC_LEN + 16;
+
+const LABEL_MAC1: &[u8] = b"mac1----";
+const LABEL_COOKIE: &[u8] = b"cookie--";
+
+/// A cookie: what a responder under load wants to see as the key of `mac2`.
+pub type Cookie = [u8; MAC_LEN];
+
+/// Keyed BLAKE2s with a 16-byte output over `parts`, in order.
+fn keyed_mac(key: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
+    // Every key here is 16 or 32 bytes, within BLAKE2s's 32: this cannot fail.
+    let Ok(mut mac) = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(key)
+    else {
+        unreachable!("BLAKE2s keys of at most 32 bytes are valid");
+    };
+    for part in parts {
+        Update::update(&mut mac, part);
+    }
+    mac.finalize_fixed().into()
+}
+
+/// Keyed BLAKE2s-128 of `bytes`: `mac2` under a cookie.
+pub fn mac(key: &Cookie, bytes: &[u8]) -> [u8; MAC_LEN] {
+    keyed_mac(key, &[bytes])
+}
+
+/// Whether `tag` is the keyed BLAKE2s-128 of `bytes` under `key`, compared in constant time.
+pub fn verify_mac(key: &Cookie, bytes: &[u8], tag: &[u8]) -> bool {
+    verify(key, bytes, tag)
+}
+
+fn verify(key: &[u8], bytes: &[u8], tag: &[u8]) -> bool {
+    let Ok(mut mac) = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(key)
+    else {
+        return false;
+    };
+    Update::update(&mut mac, bytes);
+    mac.verify_slice(tag).is_ok()
+}
+
+fn hash(label: &[u8], key: &PublicKey) -> [u8; 32] {
+    let mut h = Blake2s256::new();
+    Digest::update(&mut h, label);
+    Digest::update(&mut h, key.0);
+    h.finalize().into()
+}
+
+/// The two keys one static public key implies: the key of `mac1` on messages *to* it, and
+/// the key that seals cookies *from* it.
+#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+pub struct MacKeys {
+    mac1: [u8; 32],
+    cookie: [u8; 32],
+}
+
+impl fmt::Debug for MacKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MacKeys([derived])")
+    }
+}
+
+impl MacKeys {
+    /// The keys of `receiver`'s static key.
+    pub fn new(receiver: &PublicKey) -> Self {
+        Self {
+            mac1: hash(LABEL_MAC1, receiver),
+            cookie: hash(LABEL_COOKIE, receiver),
+        }
+    }
+
+    /// `mac1` over `bytes`.
+    pub fn mac1(&self, bytes: &[u8]) -> [u8; MAC_LEN] {
+        keyed_mac(&self.mac1, &[bytes])
+    }
+
+    /// Whether `tag` is `mac1` over `bytes`, compared in constant time.
+    pub fn verify_mac1(&self, bytes: &[u8], tag: &[u8]) -> bool {
+        verify(&self.mac1, bytes, tag)
+    }
+
+    /// Seals `cookie` for the initiator whose initiation carried `mac1`, under the fresh
+    /// random `nonce`: `nonce || ciphertext || tag`.
+    pub fn seal_cookie(
+        &self,
+        cookie: &Cookie,
+        nonce: &[u8; NONCE_LEN],
+        mac1: &[u8; MAC_LEN],
+    ) -> [u8; SEALED_LEN] {
+        let aead = <XChaCha20Poly1305 as AeadKeyInit>::new(&self.cookie.into());
+        let mut out = [0u8; SEALED_LEN];
+        out[..NONCE_LEN].copy_from_slice(nonce);
+        let (text, tag_out) = out[NONCE_LEN..].split_at_mut(MAC_LEN);
+        text.copy_from_slice(cookie);
+        // A 16-byte message is far within XChaCha20-Poly1305's limits: sealing cannot fail.
+        if let Ok(tag) = aead.encrypt_inout_detached(&(*nonce).into(), mac1, text.into()) {
+            tag_out.copy_from_slice(&tag);
+        }
+        out
+    }
+
+    /// Opens a sealed cookie from this key's owner, for our initiation that carried `mac1`.
+    /// `None` when it is not authentic (forged, or for another initiation).
+    pub fn open_cookie(&self, sealed: &[u8], mac1: &[u8; MAC_LEN]) -> Option<Cookie> {
+        if sealed.len() != SEALED_LEN {
+            return None;
+        }
+        let (nonce, rest) = sealed.split_at(NONCE_LEN);
+        let (text, tag) = rest.split_at(MAC_LEN);
+        let nonce: [u8; NONCE_LEN] = nonce.try_into().ok()?;
+        let tag: [u8; 16] = tag.try_into().ok()?;
+        let mut cookie: Cookie = text.try_into().ok()?;
+        let aead = <XChaCha20Poly1305 as AeadKeyInit>::new(&self.cookie.into());
+        aead.decrypt_inout_detached(&nonce.into(), mac1, (&mut cookie[..]).into(), &tag.into())
+            .ok()?;
+        Some(cookie)
+    }
+}
+
+/// A responder's cookie secret: 32 random bytes; the caller replaces it every two minutes.
+#[derive(Zeroize, ZeroizeOnDrop)]
+pub struct CookieSecret([u8; 32]);
+
+impl fmt::Debug for CookieSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CookieSecret([redacted])")
+    }
+}
+
+impl CookieSecret {
+    /// A fresh secret from the operating system's generator.
+    ///
+    /// # Errors
+    /// The generator failing.
+    pub fn random() -> Result<Self, ring::error::Unspecified> {
+        let mut secret = [0u8; 32];
+        ring::rand::SystemRandom::new().fill(&mut secret)?;
+        Ok(Self(secret))
+    }
+
+    /// A secret from known bytes, for tests.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The cookie of a source address: MAC over its IP (4 or 16 bytes) and port.
+    pub fn cookie(&self, source: SocketAddr) -> Cookie {
+        let port = source.port().to_be_bytes();
+        match source.ip() {
+            std::net::IpAddr::V4(ip) => keyed_mac(&self.0, &[&ip.octets(), &port]),
+            std::net::IpAddr::V6(ip) => keyed_mac(&self.0, &[&ip.octets(), &port]),
+        }
+    }
+}
+
+/// A fresh random cookie-reply nonce.
+///
+/// # Errors
+/// The generator failing.
+pub fn random_nonce() -> Result<[u8; NONCE_LEN], ring::error::Unspecified> {
+    let mut nonce = [0u8; NONCE_LEN];
+    ring::rand::SystemRandom::new().fill(&mut nonce)?;
+    Ok(nonce)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> PublicKey {
+        PublicKey([b; 32])
+    }
+
+    #[test]
+    fn macs_depend_on_key_message_and_label() {
+        let a = MacKeys::new(&key(1));
+        let b = MacKeys::new(&key(2));
+        assert_ne!(a.mac1(b"x"), b.mac1(b"x"));
+        assert_ne!(a.mac1(b"x"), a.mac1(b"y"));
+        assert!(a.verify_mac1(b"x", &a.mac1(b"x")));
+        assert!(!a.verify_mac1(b"x", &b.mac1(b"x")));
+        assert!(!a.verify_mac1(b"x", &a.mac1(b"x")[..15]));
+        // mac1 and cookie keys differ (labels), and a 16-byte key works for mac2.
+        assert_ne!(a.mac1, a.cookie);
+        let cookie = [7u8; MAC_LEN];
+        assert!(verify_mac(&cookie, b"frame", &mac(&cookie, b"frame")));
+        assert!(!verify_mac(
+            &[8u8; MAC_LEN],
+            b"frame",
+            &mac(&cookie, b"frame")
+        ));
+    }
+
+    /// Known answers from an independent implementation (CPython's `hashlib.blake2s`, which
+    /// wraps the BLAKE2 reference code): `blake2s(msg, key=k, digest_size=16)`.
+    #[test]
+    fn known_answers_from_an_independent_blake2s() {
+        use hex_literal::hex;
+        // k = blake2s(b"mac1----" + bytes([9] * 32)).digest(); msg b"hello"
+        assert_eq!(
+            MacKeys::new(&key(9)).mac1(b"hello"),
+            hex!("6378d135d40369182ea2e459e11afeb2")
+        );
+        // key bytes([5] * 32); msg 192.0.2.1 and port 51820, big-endian
+        let source: SocketAddr = "192.0.2.1:51820".parse().unwrap();
+        assert_eq!(
+            CookieSecret::from_bytes([5; 32]).cookie(source),
+            hex!("8a80c158e4cc5fcd6d75cb8b3a02e36b")
+        );
+        // a 16-byte key: bytes([7] * 16); msg b"frame"
+        assert_eq!(
+            mac(&[7; 16], b"frame"),
+            hex!("81d3d32d7c18e6cdab17ae610fd8a1a5")
+        );
+    }
+
+    #[test]
+    fn sealed_cookies_open_only_for_their_initiation_and_responder() {
+        let responder = MacKeys::new(&key(3));
+        let cookie = [0x42u8; MAC_LEN];
+        let mac1 = [1u8; MAC_LEN];
+        let nonce = random_nonce().unwrap();
+        let sealed = responder.seal_cookie(&cookie, &nonce, &mac1);
+        assert_eq!(responder.open_cookie(&sealed, &mac1), Some(cookie));
+        assert_eq!(responder.open_cookie(&sealed, &[2u8; MAC_LEN]), None);
+        assert_eq!(MacKeys::new(&key(4)).open_cookie(&sealed, &mac1), None);
+        let mut bad = sealed;
+        bad[30] ^= 1;
+        assert_eq!(responder.open_cookie(&bad, &mac1), None);
+        assert_eq!(responder.open_cookie(&sealed[..55], &mac1), None);
+    }
+
+    #[test]
+    fn cookies_bind_address_port_and_secret() {
+        let s = CookieSecret::from_bytes([5; 32]);
+        let a: SocketAddr = "192.0.2.1:51820".parse().unwrap();
+        let b: SocketAddr = "192.0.2.1:51821".parse().unwrap();
+        let c: SocketAddr = "[fd00::1]:51820".parse().unwrap();
+        assert_eq!(s.cookie(a), s.cookie(a));
+        assert_ne!(s.cookie(a), s.cookie(b));
+        assert_ne!(s.cookie(a), s.cookie(c));
+        assert_ne!(s.cookie(a), CookieSecret::from_bytes([6; 32]).cookie(a));
+        assert_ne!(
+            CookieSecret::random().unwrap().cookie(a),
+            CookieSecret::random().unwrap().cookie(a)
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! The handshake's cheap checks at frame level (docs/protocol.md §2, *MACs and cookies*):
+//! where mac1 and mac2 sit in a handshake frame, what they cover, how a responder checks them
+//! and answers with a cookie-reply, and how an initiator opens one.
+//!
+//! ```text
+//! handshake frame = header || noise || mac1 || mac2
+//!                   \____ mac1 covers ____/
+//!                   \________ mac2 covers ________/
+//! ```
+//!
+//! The responder's half, [`CookieChecker`], runs on the driver's receive path before anything
+//! is queued or decrypted; the initiator's half lives in [`crate::Peer`].
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cyphonic_crypto::PublicKey;
+use cyphonic_crypto::cookie::{self, Cookie, CookieSecret, MAC_LEN, MacKeys};
+use cyphonic_wire::{COOKIE_REPLY_LEN, Frame, FrameRepr, HEADER_LEN, MessageType};
+
+/// How long a responder keeps its cookie secret, and so how long an initiator uses a cookie.
+pub const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
+
+/// The frame's bytes before mac1, mac1, and mac2; `None` for a frame too short to carry them.
+fn split_macs(frame: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let mac2_at = frame.len().checked_sub(MAC_LEN)?;
+    let mac1_at = mac2_at.checked_sub(MAC_LEN)?;
+    (mac1_at >= HEADER_LEN).then(|| {
+        (
+            &frame[..mac1_at],
+            &frame[mac1_at..mac2_at],
+            &frame[mac2_at..],
+        )
+    })
+}
+
+/// Writes mac1 (keyed for the frame's `receiver`) and mac2 (under `cookie`, or zeros) into the
+/// last 32 bytes of a handshake frame the caller built; returns mac1.
+pub(crate) fn seal_macs(
+    frame: &mut [u8],
+    receiver: &MacKeys,
+    cookie: Option<&Cookie>,
+) -> [u8; MAC_LEN] {
+    let len = frame.len();
+    let mac1 = receiver.mac1(&frame[..len - 2 * MAC_LEN]);
+    frame[len - 2 * MAC_LEN..len - MAC_LEN].copy_from_slice(&mac1);
+    let mac2 = cookie.map_or([0; MAC_LEN], |c| cookie::mac(c, &frame[..len - MAC_LEN]));
+    frame[len - MAC_LEN..].copy_from_slice(&mac2);
+    mac1
+}
+
+/// The cookie in a cookie-reply `frame` from the responder whose keys are `responder`, for
+/// our initiation that carried `mac1`; `None` when it is not authentic.
+pub(crate) fn open_reply(
+    frame: &[u8],
+    responder: &MacKeys,
+    mac1: &[u8; MAC_LEN],
+) -> Option<Cookie> {
+    responder.open_cookie(frame.get(HEADER_LEN..)?, mac1)
+}
+
+/// The responder's cheap checks, for whoever reads handshake frames off the socket: mac1 on
+/// every handshake message, mac2 and cookie-replies under load. Its secret is replaced every
+/// [`COOKIE_LIFETIME`].
+#[derive(Debug)]
+pub struct CookieChecker {
+    ours: MacKeys,
+    secret: CookieSecret,
+    born: Instant,
+}
+
+impl CookieChecker {
+    /// Checks for frames addressed to `ours` (our static key), starting with `secret` at `now`.
+    pub fn new(ours: &PublicKey, secret: CookieSecret, now: Instant) -> Self {
+        Self {
+            ours: MacKeys::new(ours),
+            secret,
+            born: now,
+        }
+    }
+
+    /// Whether a handshake frame's mac1 is right: its sender knows our static key.
+    pub fn check_mac1(&self, frame: &[u8]) -> bool {
+        split_macs(frame).is_some_and(|(covered, mac1, _)| self.ours.verify_mac1(covered, mac1))
+    }
+
+    /// Whether a handshake frame's mac2 is the MAC under the current cookie of `from`: its
+    /// sender receives at that address.
+    pub fn check_mac2(&mut self, frame: &[u8], from: SocketAddr, now: Instant) -> bool {
+        let cookie = self.cookie(from, now);
+        frame.len() >= HEADER_LEN + 2 * MAC_LEN
+            && cookie::verify_mac(
+                &cookie,
+                &frame[..frame.len() - MAC_LEN],
+                &frame[frame.len() - MAC_LEN..],
+            )
+    }
+
+    /// The cookie-reply to the initiation `frame` from `from`, or `None` when `frame` is not a
+    /// handshake-init or no random nonce could be had.
+    pub fn reply(&mut self, frame: &[u8], from: SocketAddr, now: Instant) -> Option<Vec<u8>> {
+        let view = Frame::new_checked(frame).ok()?;
+        let repr = FrameRepr::parse(&view).ok()?;
+        if repr.msg_type != MessageType::HandshakeInit {
+            return None;
+        }
+        let (_, mac1, _) = split_macs(frame)?;
+        let mac1: [u8; MAC_LEN] = mac1.try_into().ok()?;
+        let cookie = self.cookie(from, now);
+        let nonce = cookie::random_nonce().ok()?;
+        let sealed = self.ours.seal_cookie(&cookie, &nonce, &mac1);
+        let mut out = vec![0u8; HEADER_LEN + COOKIE_REPLY_LEN];
+        FrameRepr {
+            msg_type: MessageType::CookieReply,
+            flags: 0,
+            receiver_index: repr.receiver_index,
+            counter: 0,
+            body_len: COOKIE_REPLY_LEN,
+        }
+        .emit(&mut Frame::new_unchecked(&mut out[..]));
+        out[HEADER_LEN..].copy_from_slice(&sealed);
+        Some(out)
+    }
+
+    /// The current cookie of `from`, replacing the secret first when it is due.
+    fn cookie(&mut self, from: SocketAddr, now: Instant) -> Cookie {
+        if now.saturating_duration_since(self.born) >= COOKIE_LIFETIME {
+            // Should the system's generator fail, the old secret serves on until it does not.
+            if let Ok(secret) = CookieSecret::random() {
+                self.secret = secret;
+                self.born = now;
+            }
+        }
+        self.secret.cookie(from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handshake_frame(kind: MessageType, index: u32, noise: usize) -> Vec<u8> {
+        let mut f = vec![0u8; HEADER_LEN + noise + 2 * MAC_LEN];
+        FrameRepr {
+            msg_type: kind,
+            flags: 0,
+            receiver_index: index,
+            counter: 0,
+            body_len: noise + 2 * MAC_LEN,
+        }
+        .emit(&mut Frame::new_unchecked(&mut f[..]));
+        f[HEADER_LEN..HEADER_LEN + noise].fill(0x5a);
+        f
+    }
+
+    #[test]
+    fn mac1_binds_the_receiver_and_every_byte_before_it() {
+        let ours = PublicKey([1; 32]);
+        let now = Instant::now();
+        let checker = CookieChecker::new(&ours, CookieSecret::from_bytes([2; 32]), now);
+        let mut f = handshake_frame(MessageType::HandshakeInit, 7, 96);
+        seal_macs(&mut f, &MacKeys::new(&ours), None);
+        assert!(checker.check_mac1(&f));
+        for at in [
+            0,
+            5,
+            HEADER_LEN,
+            f.len() - 2 * MAC_LEN - 1,
+            f.len() - MAC_LEN - 1,
+        ] {
+            let mut g = f.clone();
+            g[at] ^= 1;
+            assert!(!checker.check_mac1(&g), "byte {at} is covered");
+        }
+        // mac2 is not covered by mac1.
+        let mut g = f.clone();
+        let last = g.len() - 1;
+        g[last] ^= 1;
+        assert!(checker.check_mac1(&g));
+        let mut other = f.clone();
+        seal_macs(&mut other, &MacKeys::new(&PublicKey([3; 32])), None);
+        assert!(!checker.check_mac1(&other), "keyed for someone else");
+        assert!(!checker.check_mac1(&f[..HEADER_LEN + 2 * MAC_LEN - 1]));
+    }
+
+    /// The whole round: no mac2, a cookie-reply, the initiator opens it and its next
+    /// initiation passes, from that address only, until the secret is replaced.
+    #[test]
+    fn a_cookie_reply_gives_the_initiator_a_mac2_for_its_address_only() {
+        let responder = PublicKey([1; 32]);
+        let keys = MacKeys::new(&responder);
+        let t0 = Instant::now();
+        let mut checker = CookieChecker::new(&responder, CookieSecret::from_bytes([2; 32]), t0);
+        let from: SocketAddr = "192.0.2.7:40000".parse().unwrap();
+        let mut init = handshake_frame(MessageType::HandshakeInit, 0x1234, 96);
+        let mac1 = seal_macs(&mut init, &keys, None);
+        assert!(!checker.check_mac2(&init, from, t0));
+        let reply = checker.reply(&init, from, t0).expect("a reply");
+        assert_eq!(reply.len(), HEADER_LEN + COOKIE_REPLY_LEN);
+        let view = Frame::new_checked(&reply[..]).unwrap();
+        let repr = FrameRepr::parse(&view).unwrap();
+        assert_eq!(repr.msg_type, MessageType::CookieReply);
+        assert_eq!(repr.receiver_index, 0x1234);
+        // Only the initiation that carried this mac1 opens it.
+        assert_eq!(open_reply(&reply, &keys, &[0; MAC_LEN]), None);
+        let cookie = open_reply(&reply, &keys, &mac1).expect("authentic");
+        let mut again = handshake_frame(MessageType::HandshakeInit, 0x1235, 96);
+        seal_macs(&mut again, &keys, Some(&cookie));
+        assert!(checker.check_mac1(&again));
+        assert!(checker.check_mac2(&again, from, t0 + Duration::from_secs(1)));
+        let elsewhere: SocketAddr = "192.0.2.8:40000".parse().unwrap();
+        assert!(!checker.check_mac2(&again, elsewhere, t0));
+        // A response is never answered with a cookie.
+        let resp = handshake_frame(MessageType::HandshakeResp, 9, 48);
+        assert_eq!(checker.reply(&resp, from, t0), None);
+        // The secret is replaced after its lifetime: the old cookie no longer passes.
+        assert!(!checker.check_mac2(&again, from, t0 + COOKIE_LIFETIME));
+    }
+}
