@@ -288,6 +288,38 @@ pub fn send_udp_paced(
     })
 }
 
+/// Starts sending `payload` from `bind` to `to` inside `ns` at about `rate` datagrams a
+/// second for `duration`, on a thread of its own that stops by itself; joining it gives how
+/// many were sent, or why it could not start (the namespace, the socket).
+pub fn spawn_flood_udp(
+    ns: &Netns,
+    bind: SocketAddr,
+    to: SocketAddr,
+    payload: Vec<u8>,
+    rate: u32,
+    duration: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<u64>> {
+    let name = ns.name().to_owned();
+    std::thread::spawn(move || {
+        netns::enter(&name).with_context(|| format!("entering {name}"))?;
+        let sock = UdpSocket::bind(bind)?;
+        let start = Instant::now();
+        let mut sent = 0u64;
+        while start.elapsed() < duration {
+            // Catch up to where the rate says we should be, then sleep a millisecond.
+            let due = start.elapsed().as_micros() * u128::from(rate) / 1_000_000;
+            let due = u64::try_from(due).unwrap_or(u64::MAX);
+            while sent < due {
+                // A full socket buffer is the flood's own problem, not the test's.
+                let _ = sock.send_to(&payload, to);
+                sent += 1;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(sent)
+    })
+}
+
 /// The kernel's count of UDP datagrams dropped in `ns` because a socket's receive buffer
 /// was full (`RcvbufErrors` in `/proc/net/snmp`): datagrams no daemon ever saw.
 ///

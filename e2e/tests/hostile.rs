@@ -1,0 +1,111 @@
+//! Hostile networks: attacks driven from namespaces the test owns (the router between the
+//! sites, a device on a LAN) while real clients keep working, asserting on what the clients
+//! see and on the adapters' counters. Every load is bounded in time.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use cyphonic_e2e::inject;
+use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
+
+/// A's first initiation to B, captured on the router as it crosses it.
+fn capture_initiation(bed: &TwoSites) -> Vec<u8> {
+    std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            inject::capture_udp(&bed.wan, "toa", 51820, 1, Duration::from_secs(6), |p| {
+                p.len() > 16 && p[0] == cyphonic_wire::VERSION && p[1] == 1
+            })
+        });
+        // The capture socket is open well before the first packet asks for a handshake.
+        std::thread::sleep(Duration::from_millis(500));
+        bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+        let mut frames = capture.join().unwrap().unwrap();
+        assert_eq!(frames.len(), 1, "no initiation crossed the router");
+        frames.remove(0)
+    })
+}
+
+/// An attacker on the underlay replays a captured initiation at B, 20,000 a second from a
+/// forged address, for 12 seconds (each one would cost B two Diffie-Hellman operations and a
+/// signature check before it shows as a replay). Meanwhile a new device on B's LAN gets a
+/// lease, B answers DNS, and A, restarted with no keys, handshakes with B again through the
+/// flood: B asks for cookies, A's retry carries one and gets through.
+#[test]
+fn a_handshake_flood_leaves_handshakes_dhcp_and_dns_served() {
+    let mut bed = TwoSites::up(&BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let init = capture_initiation(&bed);
+    let to_b = SocketAddr::new(bed.b.underlay, 51820);
+    let forged: SocketAddr = "203.0.113.1:0".parse().unwrap();
+    let flood = inject::spawn_flood_udp(
+        &bed.wan,
+        forged,
+        to_b,
+        init,
+        20_000,
+        Duration::from_secs(12),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let started = Instant::now();
+    // DHCP and DNS on B's LAN.
+    let (ns, mac) = bed.add_host(Side::B, "newcomer").unwrap();
+    let mut device = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, "newcomer").unwrap();
+    device.start().unwrap();
+    let bound = device.wait_for(&["bound"], 1, Duration::from_secs(8));
+    let answer = dig(&bed.b.lan, bed.b.gateway, "gw2.ovl.example", "A");
+    // A restarts, keys lost: its first packets need a new handshake with B, under the flood.
+    bed.stop(Side::A, "TERM").unwrap();
+    bed.start(Side::A).unwrap();
+    let ping = bed
+        .a
+        .lan
+        .exec_output(
+            "ping",
+            &[
+                "-c",
+                "20",
+                "-i",
+                "0.2",
+                "-W",
+                "1",
+                &bed.b.host_ip.to_string(),
+            ],
+        )
+        .unwrap();
+    let during = started.elapsed();
+    let sent = flood.join().unwrap().unwrap();
+    let logs = bed.logs();
+    bound.unwrap_or_else(|e| panic!("no lease during the flood: {e}\n{logs}"));
+    let answer = answer.unwrap_or_else(|e| panic!("no DNS answer during the flood: {e}\n{logs}"));
+    assert_eq!(answer.status, "NOERROR", "{answer:?}");
+    let text = String::from_utf8_lossy(&ping.stdout).into_owned();
+    assert!(
+        ping.status.success(),
+        "A and B did not handshake during the flood:\n{text}\n{logs}"
+    );
+    assert!(
+        during < Duration::from_secs(11),
+        "the checks ran past the flood"
+    );
+    assert!(sent > 50_000, "the flood sent only {sent}");
+    let counter = |side, name| bed.counter(side, name).unwrap();
+    eprintln!(
+        "flood: {sent} sent; B: {} initiations checked, {} cookie-replies, {} over rate, \
+         {} queue drops; A: {} cookies taken; the checks took {during:?}",
+        counter(Side::B, "handshake_inits"),
+        counter(Side::B, "cookie_replies_sent"),
+        counter(Side::B, "drop_handshake_rate"),
+        counter(Side::B, "drop_handshake_queue"),
+        counter(Side::A, "cookie_replies_received"),
+    );
+    assert!(counter(Side::B, "cookie_replies_sent") > 1000, "{logs}");
+    assert!(counter(Side::A, "cookie_replies_received") >= 1, "{logs}");
+    assert_eq!(counter(Side::B, "drop_handshake_queue"), 0, "{logs}");
+    device.stop().unwrap();
+}
