@@ -452,10 +452,10 @@ fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plain
     assert_eq!(a_relay, b_relay, "one channel, one IP version");
     assert!(a_relay.starts_with("192.0.2.10:"), "{a_relay}");
 
-    // The payload pattern, in the clear on both LANs; data frames start with version 1, type 3.
+    // The payload pattern, in the clear on both LANs; data frames start with our version, type 3.
     let pattern = "c0ffee00deadbeef0badf00dfeedface";
     let marker = vec![0xde, 0xad, 0xbe, 0xef, 0x0b, 0xad, 0xf0, 0x0d];
-    let data_frame = vec![0x01, 0x03, 0x00, 0x00];
+    let data_frame = vec![cyphonic_wire::VERSION, 0x03, 0x00, 0x00];
     let cloud_ns = &bed.cloud.as_ref().unwrap().ns;
     std::thread::scope(|scope| {
         let at_relay = scope.spawn(|| {
