@@ -26,6 +26,7 @@ use cyphonic_tunnel::{
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
+use crate::forward_guard::ForwardGuard;
 use crate::lan::{Client, LanSide, ToServices};
 
 /// How often the capture thread reads the kernel's count of frames it dropped.
@@ -66,21 +67,27 @@ pub struct Capture {
     shared: Arc<Shared>,
     sock: PacketSocket,
     intake: Intake,
+    guard: ForwardGuard,
+    /// Whether the guard's failure was said already (said once, not every second).
+    guard_failed: bool,
 }
 
 impl Capture {
-    /// The thread reading `sock` into `intake`.
+    /// The thread reading `sock` into `intake`, holding `guard` on the LAN port.
     pub const fn new(
         lan: Arc<LanSide>,
         shared: Arc<Shared>,
         sock: PacketSocket,
         intake: Intake,
+        guard: ForwardGuard,
     ) -> Self {
         Self {
             lan,
             shared,
             sock,
             intake,
+            guard,
+            guard_failed: false,
         }
     }
 
@@ -108,6 +115,7 @@ impl Capture {
             if drops_read.elapsed() >= DROPS_EVERY {
                 drops_read = Instant::now();
                 self.read_drops();
+                self.hold_guard();
             }
             let sock = &mut self.sock;
             let Some(received) = rx.receive(pool, |slices| match large.as_mut() {
@@ -151,6 +159,28 @@ impl Capture {
             sub.flush();
         }
         tracing::debug!("capture thread stopped");
+    }
+
+    /// Puts the LAN port's forwarding settings back if something changed them.
+    fn hold_guard(&mut self) {
+        match self.guard.enforce() {
+            Ok(restored) if restored.is_empty() => {}
+            Ok(restored) => {
+                self.lan
+                    .counters
+                    .forwarding_guard_restored
+                    .fetch_add(restored.len() as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    settings = ?restored,
+                    "something on this host changed the LAN port's forwarding settings; put back"
+                );
+            }
+            Err(e) if !self.guard_failed => {
+                self.guard_failed = true;
+                tracing::warn!(error = %e, "cannot hold the LAN port's forwarding settings");
+            }
+            Err(_) => {}
+        }
     }
 
     /// Adds what the kernel dropped for the capture socket since the last look to

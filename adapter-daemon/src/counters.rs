@@ -12,6 +12,8 @@ cyphonic_telemetry::counters! {
     captured_truncated,
     /// Frames the kernel dropped because capture fell behind and `dataplane.lan_buffer` filled.
     drop_capture_overflow,
+    /// LAN-port sysctls put back after something else changed them (forwarding or IPv6 turned on; forward_guard.rs).
+    forwarding_guard_restored,
     /// Coalesced frames (GRO/LRO, or a local sender's TSO) cut back into segments.
     coalesced,
     /// Segments cut from coalesced frames (each also counts as captured).

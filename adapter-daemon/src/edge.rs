@@ -25,6 +25,7 @@ use crate::capture::Capture;
 use crate::config::{AdapterConfig, Mac};
 use crate::counters::LanCounters;
 use crate::dhcp::Dhcp;
+use crate::forward_guard::ForwardGuard;
 use crate::gateway::Gateway;
 use crate::lan::{LanSide, SERVICES_QUEUE, ToServices};
 use crate::lan_sink::LanSink;
@@ -64,9 +65,11 @@ impl<'a> AdapterEdge<'a> {
                 ..PacketOptions::default()
             },
         )?;
+        let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);
         tracing::info!(
             interface = %iface.name,
             mac = %Mac(iface.mac),
+            gateway_mac = %Mac(gateway_mac),
             ignores_outgoing = capture.ignores_outgoing(),
             recv_buffer = capture.recv_buffer(),
             "capturing the LAN"
@@ -74,7 +77,8 @@ impl<'a> AdapterEdge<'a> {
         let (to_services, work) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
         let lan = Arc::new(LanSide {
             lan: Lan {
-                mac: iface.mac,
+                mac: gateway_mac,
+                host_mac: iface.mac,
                 gateway_ip: config.gateway_vip,
                 block: config.lan_block(),
                 overlay: config.common.overlay,
@@ -199,11 +203,23 @@ impl Edge for AdapterEdge<'_> {
             .capture
             .take()
             .context("the capture thread starts once")?;
+        let guard = ForwardGuard::new(&self.iface.name);
+        match guard.enforce() {
+            Ok(changed) if !changed.is_empty() => {
+                tracing::info!(settings = ?changed, "LAN port: the kernel neither forwards nor takes IPv6 from it");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot set the LAN port's forwarding settings; devices' frames still never reach the kernel's IP stack (they are addressed to the gateway's own MAC)"
+            ),
+        }
         let capture = Capture::new(
             self.lan.clone(),
             core.shared.clone(),
             sock,
             core.intake.clone(),
+            guard,
         );
         let thread = core.spawn("cy-capture", move || capture.run())?;
         tracing::info!(
@@ -220,6 +236,7 @@ impl Edge for AdapterEdge<'_> {
         let info = AdapterInfo {
             name: core.name.clone(),
             lan_interface: self.iface.name.clone(),
+            gateway_mac: Mac(self.lan.lan.mac).to_string(),
             listen: core.listen.to_string(),
             gateway_vip: self.config.gateway_vip.to_string(),
             lan_block: self.config.lan_block().to_string(),

@@ -11,6 +11,7 @@ mod config;
 mod counters;
 mod dhcp;
 mod edge;
+mod forward_guard;
 mod gateway;
 mod lan;
 mod lan_send;
@@ -56,8 +57,8 @@ fn run(c: &AdapterConfig, identity: Identity) -> anyhow::Result<()> {
 fn status_text(doc: &AdapterDocument) -> EdgeText {
     let a = &doc.edge.adapter;
     let head = format!(
-        "adapter {}  lan {} ({}, gateway {})  listen {}  up {} s",
-        a.name, a.lan_interface, a.lan_block, a.gateway_vip, a.listen, a.uptime_secs
+        "adapter {}  lan {} ({}, gateway {} at {})  listen {}  up {} s",
+        a.name, a.lan_interface, a.lan_block, a.gateway_vip, a.gateway_mac, a.listen, a.uptime_secs
     );
     let mut t = String::from("\n");
     let now = cyphonic_settings::now_secs();

@@ -33,6 +33,9 @@ pub struct AdapterInfo {
     pub name: String,
     /// The LAN interface.
     pub lan_interface: String,
+    /// The MAC devices reach the gateway at (not the interface's own: `gateway_mac`).
+    #[serde(default)]
+    pub gateway_mac: String,
     /// The tunnel socket's address.
     pub listen: String,
     /// The gateway vIP.

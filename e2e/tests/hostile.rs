@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites, mac_of};
 use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 
@@ -109,3 +109,76 @@ fn a_handshake_flood_leaves_handshakes_dhcp_and_dns_served() {
     assert_eq!(counter(Side::B, "drop_handshake_queue"), 0, "{logs}");
     device.stop().unwrap();
 }
+
+/// The adapter's host forwards IPv4 (`ip_forward=1`: Docker and many images turn it on) and
+/// its uplink's default route covers every destination. A device's pings to the other site
+/// still leave only sealed, and so do frames a device addresses to the host's own MAC: on the
+/// router side of A's uplink, no frame carries the device's and its peer's addresses in clear,
+/// while every ping is answered through the tunnel.
+#[test]
+fn no_device_packet_leaves_in_clear_even_with_forwarding_on() {
+    let bed = TwoSites::up(&BedOptions::default()).unwrap();
+    let ns = &bed.a.adapter_ns;
+    // As Docker does: this also turns every interface's own `forwarding` on, the LAN port's
+    // included; the adapter puts that back.
+    ns.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
+        .unwrap();
+    // The bed's adapters already have a default route out of the uplink.
+    let routes = ns.ip(&["route", "show", "default"]).unwrap();
+    assert!(routes.contains("dev wan"), "{routes}");
+    cyphonic_e2e::wait_until(
+        Duration::from_secs(3),
+        "the guard put forwarding back",
+        || {
+            bed.counter(Side::A, "forwarding_guard_restored")
+                .is_ok_and(|n| n >= 1)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let lan_forwarding = ns.exec("sysctl", &["-n", "net.ipv4.conf.lan.forwarding"]);
+    assert_eq!(lan_forwarding.unwrap().trim(), "0");
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+    // A device that addresses the host's own MAC (it can learn it from the kernel's ARP
+    // answers for the host's other addresses) instead of the gateway's.
+    let parse = |m: &str| -> [u8; 6] {
+        let v: Vec<u8> = m
+            .split(':')
+            .map(|x| u8::from_str_radix(x, 16).unwrap())
+            .collect();
+        v.try_into().unwrap()
+    };
+    let nic = parse(&mac_of(ns, "lan").unwrap());
+    let device = parse(&bed.a.host_mac);
+    let to_host: Vec<Vec<u8>> = (0..10u16)
+        .map(|i| {
+            let (src, dst) = (bed.a.host_ip, bed.b.host_ip);
+            inject::udp_frame(nic, device, src, dst, 40000 + i, 9, b"in clear?")
+        })
+        .collect();
+    // Source and destination, as they follow each other in an IPv4 header.
+    let mut clear = bed.a.host_ip.octets().to_vec();
+    clear.extend(bed.b.host_ip.octets());
+    let to = bed.b.host_ip.to_string();
+    let (seen, ping) = std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            inject::count_frames_containing(&bed.wan, "toa", clear, Duration::from_secs(5))
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        inject::send_frames(&bed.a.lan, "eth0", to_host).unwrap();
+        let args = ["-c", "10", "-i", "0.2", "-W", "2", to.as_str()];
+        let ping = bed.a.lan.exec_output("ping", &args).unwrap();
+        (capture.join().unwrap().unwrap(), ping)
+    });
+    let text = String::from_utf8_lossy(&ping.stdout).into_owned();
+    assert_eq!(
+        seen,
+        0,
+        "{seen} frames left A in clear\n{text}\n{}",
+        bed.logs()
+    );
+    assert!(
+        text.contains("10 received"),
+        "the pings did not all go through the tunnel:\n{text}"
+    );
+}
+

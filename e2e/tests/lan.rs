@@ -607,7 +607,12 @@ fn garbage_dhcp_and_dns_are_counted_and_dropped() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // Broken IPv4 and UDP headers around port 67 and 53.
-    let gw_mac = parse_mac(&cyphonic_e2e::bed::mac_of(&bed.a.adapter_ns, "lan").unwrap());
+    // Devices reach the gateway at its own MAC, not the LAN interface's (gateway_mac).
+    let gw_mac = parse_mac(before["adapter"]["gateway_mac"].as_str().unwrap());
+    assert_ne!(
+        gw_mac,
+        parse_mac(&cyphonic_e2e::bed::mac_of(&bed.a.adapter_ns, "lan").unwrap())
+    );
     let mut broken = Vec::new();
     for (dst, port) in [(Ipv4Addr::BROADCAST, 67), (bed.a.gateway, 53)] {
         let good = inject::udp_frame(gw_mac, mac, bed.a.host_ip, dst, 5353, port, b"\x00\x00");

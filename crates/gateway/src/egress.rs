@@ -133,7 +133,10 @@ impl Lan {
         let dst_mac = mac_at(frame, 0);
         let src_mac = mac_at(frame, 6);
         let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
-        if src_mac == self.mac || !(dst_mac == self.mac || dst_mac == BROADCAST) {
+        if src_mac == self.mac
+            || src_mac == self.host_mac
+            || !(dst_mac == self.mac || dst_mac == BROADCAST)
+        {
             return Egress::Drop(EgressDrop::NotForUs);
         }
         match ethertype {
@@ -585,6 +588,16 @@ mod tests {
             Egress::Drop(NotForUs),
         );
         check(eth(GW_MAC, GW_MAC, &to_remote(DEV)), Egress::Drop(NotForUs));
+        // Frames to the host's own MAC are the kernel's business (never a device's way out),
+        // and frames from it are the host's own.
+        check(
+            eth(HOST_MAC, DEV_MAC, &to_remote(DEV)),
+            Egress::Drop(NotForUs),
+        );
+        check(
+            eth(GW_MAC, HOST_MAC, &to_remote(DEV)),
+            Egress::Drop(NotForUs),
+        );
         let mut v6 = eth(GW_MAC, DEV_MAC, &to_remote(DEV));
         v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
         check(v6, Egress::Drop(NotIpv4));

@@ -73,11 +73,32 @@ pub trait Neighbors {
     }
 }
 
+/// The MAC the gateway answers with on the LAN, derived from the internal NIC's own `nic`:
+/// locally administered, unicast, stable across restarts, and never the NIC's own MAC.
+///
+/// Devices address their frames to it, and the host's kernel takes IP in only from frames
+/// for its own MAC (`PACKET_HOST`): whatever its `ip_forward` and routes say, it never sees a
+/// device's packet as one to forward, so none leaves the host in clear beside the sealed copy.
+/// The capture still receives them, since the LAN port is promiscuous.
+pub const fn gateway_mac(nic: [u8; 6]) -> [u8; 6] {
+    [
+        (nic[0] | 0x02) & !0x01,
+        nic[1] ^ 0x5a,
+        nic[2],
+        nic[3],
+        nic[4],
+        nic[5],
+    ]
+}
+
 /// The adapter's view of its LAN segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lan {
-    /// The internal NIC's MAC: frames to the gateway carry it.
+    /// The gateway's MAC ([`gateway_mac`]): frames to the gateway carry it, and it is the
+    /// source of every frame the adapter sends on the LAN.
     pub mac: [u8; 6],
+    /// The internal NIC's own MAC: frames from it are the host's, not a device's.
+    pub host_mac: [u8; 6],
     /// The gateway's own vIP (the devices' default router and DNS server).
     pub gateway_ip: Ipv4Addr,
     /// The certified vIP block the devices' addresses come from.
@@ -116,3 +137,28 @@ pub(crate) fn write_eth(buf: &mut [u8], dst: [u8; 6], src: [u8; 6], ethertype: u
 
 #[cfg(test)]
 pub(crate) mod testutil;
+
+#[cfg(test)]
+mod tests {
+    use super::gateway_mac;
+
+    /// The gateway's MAC is never the NIC's, is unicast and locally administered, and is the
+    /// same every time for one NIC (devices' ARP caches stay right across restarts).
+    #[test]
+    fn the_gateway_mac_is_never_the_nics_own() {
+        for nic in [
+            [0x00, 0x1b, 0x21, 0x3a, 0x4b, 0x5c],
+            [0x02, 0xaa, 0, 0, 0, 1],
+            [0xfe, 0x5a, 1, 2, 3, 4],
+            [0xdc, 0xa6, 0x32, 0x01, 0x02, 0x03],
+            [0xff; 6],
+            [0; 6],
+        ] {
+            let gw = gateway_mac(nic);
+            assert_ne!(gw, nic);
+            assert_eq!(gw[0] & 0x01, 0, "unicast");
+            assert_eq!(gw[0] & 0x02, 0x02, "locally administered");
+            assert_eq!(gw, gateway_mac(nic));
+        }
+    }
+}

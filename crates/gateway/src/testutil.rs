@@ -13,11 +13,14 @@ use pnet_packet::tcp::{self, MutableTcpPacket, TcpFlags, TcpOption};
 use pnet_packet::udp::{self, MutableUdpPacket};
 
 pub(crate) const GW_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
+/// The NIC's own MAC under the gateway's.
+pub(crate) const HOST_MAC: [u8; 6] = [0x02, 0xf0, 0, 0, 0, 1];
 
 /// The LAN of the tests: gateway 100.64.1.1 in 100.64.1.0/24, overlay 100.64.0.0/10.
 pub(crate) fn lan() -> crate::Lan {
     crate::Lan {
         mac: GW_MAC,
+        host_mac: HOST_MAC,
         gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
         block: "100.64.1.0/24".parse().unwrap(),
         overlay: "100.64.0.0/10".parse().unwrap(),
