@@ -7,9 +7,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites, mac_of};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Ping, Side, TwoSites, mac_of};
 use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
+use cyphonic_e2e::node::{NAME, VIP};
 
 /// A's first initiation to B, captured on the router as it crosses it.
 fn capture_initiation(bed: &TwoSites) -> Vec<u8> {
@@ -182,3 +183,53 @@ fn no_device_packet_leaves_in_clear_even_with_forwarding_on() {
     );
 }
 
+/// Node C's DNS stub serves the node only. A neighbour on the node's segment (the router,
+/// given a route to the node's vIP) asks it and gets nothing, not even a refusal; a device at
+/// a peer's site gets the node's own name and is refused anything else (the stub would be an
+/// open resolver otherwise); the node itself is served as before.
+#[test]
+fn the_node_dns_stub_serves_the_node_and_gives_peers_its_own_zone_only() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        node_c: Some(None),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let bins = bed.bins.clone();
+    bed.c.as_mut().unwrap().start(&bins).unwrap();
+    let node = bed.c.as_ref().unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "the node's stub answers", || {
+        dig(&node.ns, VIP, NAME, "A").is_ok_and(|d| d.status == "NOERROR")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let via = node.underlay.to_string();
+    bed.wan
+        .ip(&["route", "add", &format!("{VIP}/32"), "via", &via])
+        .unwrap();
+    let neighbour = dig(&bed.wan, VIP, NAME, "A");
+    assert!(
+        neighbour.is_err(),
+        "a neighbour was answered: {neighbour:?}"
+    );
+    // A device behind adapter A, over the tunnel: adapter A finds the node through the
+    // cloud when a device asks its name.
+    cyphonic_e2e::wait_until(
+        Duration::from_secs(12),
+        "adapter A resolves the node",
+        || dig(&bed.a.lan, bed.a.gateway, NAME, "A").is_ok_and(|d| !d.answers.is_empty()),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    bed.ping_ok(&bed.a.lan, VIP, Ping::count(2).wait(3));
+    let own = dig(&bed.a.lan, VIP, NAME, "A").unwrap();
+    assert_eq!(
+        (own.status.as_str(), own.answers.clone()),
+        ("NOERROR", vec![VIP.to_string()])
+    );
+    let other = dig(&bed.a.lan, VIP, "host.gw2.ovl.example", "A").unwrap();
+    assert_eq!(other.status, "REFUSED", "{other:?}");
+    let status = node.status(&bed.bins).unwrap();
+    assert!(
+        status["dns"]["dropped"].as_u64().unwrap_or(0) >= 1,
+        "{status}"
+    );
+}

@@ -15,7 +15,7 @@ use cyphonic_daemon::dns::{Dns, OwnZone, Said};
 use cyphonic_daemon::status::DnsStatus;
 use cyphonic_daemon::{Asker, Services, Settled, Upstream};
 use cyphonic_signal::NameRecord;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::Ipv4Net;
 use tokio::net::UdpSocket;
 
 use crate::config::NodeConfig;
@@ -24,15 +24,38 @@ const DNS_PORT: u16 = 53;
 /// The largest DNS message read over UDP.
 const MAX_MESSAGE: usize = 4096;
 
+/// Who sent a DNS message to the stub.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sender {
+    /// This node: loopback, or its own vIP.
+    Node,
+    /// A peer, by id.
+    Peer(u32),
+    /// Anyone else.
+    Stranger,
+}
+
+/// Who sent a datagram from `from`: the node itself (loopback, its own `vip`), a peer (an
+/// address in a peer's certified blocks, which only the tunnel delivers), or a stranger (a
+/// neighbour on the node's LAN that routed to our vIP, say).
+fn sender(vip: Ipv4Addr, peer_of: impl Fn(Ipv4Addr) -> Option<u32>, from: SocketAddr) -> Sender {
+    match from.ip() {
+        ip if ip.is_loopback() || ip == IpAddr::V4(vip) => Sender::Node,
+        IpAddr::V4(ip) => peer_of(ip).map_or(Sender::Stranger, Sender::Peer),
+        IpAddr::V6(_) => Sender::Stranger,
+    }
+}
+
 /// The stub: the daemon core's DNS service ([`Dns`]) on a UDP socket of its own.
 pub struct Stub {
     sock: UdpSocket,
     buf: Box<[u8; MAX_MESSAGE]>,
     dns: Dns<SocketAddr>,
-    /// Our own addresses: questions from anywhere else come from a peer.
-    local: Ipv4Net,
-    /// Each static peer's blocks, to tell which peer a question came from.
-    peer_blocks: Vec<(u32, Vec<IpNet>)>,
+    /// Our vIP: with loopback, the only addresses the node itself asks from.
+    vip: Ipv4Addr,
+    /// The engine's peers (static and from the cloud), to tell which peer a question came
+    /// from by their certified blocks.
+    shared: Arc<cyphonic_tunnel::Shared>,
     /// Answers that matched no question we asked.
     dropped: u64,
 }
@@ -131,6 +154,7 @@ impl Stub {
         name: &str,
         cloud: Option<Asker>,
         upstream: Option<Upstream>,
+        shared: Arc<cyphonic_tunnel::Shared>,
     ) -> anyhow::Result<Self> {
         let bound = || -> std::io::Result<UdpSocket> {
             let std_sock = std::net::UdpSocket::bind(listen)?;
@@ -146,17 +170,14 @@ impl Stub {
         };
         let mut dns = Dns::new(common, &own, cloud, upstream)?;
         dns.set_hosts(std::iter::empty());
-        let peer_blocks = (1..)
-            .zip(&common.peers)
-            .map(|(id, p)| (id, p.certificate.body().vip_blocks.clone()))
-            .collect();
+
         tracing::info!(%listen, "DNS stub listening");
         Ok(Self {
             sock,
             buf: Box::new([0; MAX_MESSAGE]),
             dns,
-            local: common.block,
-            peer_blocks,
+            vip: config.vip,
+            shared,
             dropped: 0,
         })
     }
@@ -182,20 +203,6 @@ impl Stub {
         self.handle(now, &msg, from);
     }
 
-    /// The peer a datagram from `from` came from, if it came over the tunnel.
-    fn peer_of(&self, from: SocketAddr) -> Option<u32> {
-        let IpAddr::V4(ip) = from.ip() else {
-            return None;
-        };
-        if self.local.contains(&ip) || ip.is_loopback() {
-            return None;
-        }
-        self.peer_blocks
-            .iter()
-            .find(|(_, blocks)| blocks.iter().any(|b| b.contains(&from.ip())))
-            .map(|(id, _)| *id)
-    }
-
     /// A datagram arrived on the stub's socket.
     fn handle(&mut self, now: Instant, msg: &[u8], from: SocketAddr) {
         let is_response = msg.get(2).is_some_and(|b| b & 0x80 != 0);
@@ -211,8 +218,18 @@ impl Stub {
             }
             said
         } else {
-            let from_peer = self.peer_of(from);
-            self.dns.query(now, from, msg, from_peer)
+            let peers = &self.shared.peers;
+            match sender(self.vip, |ip| peers.route(ip).map(|p| p.id), from) {
+                Sender::Node => self.dns.query(now, from, msg, None),
+                // A peer gets our own zone and nothing else (the DNS service sees to that).
+                Sender::Peer(peer) => self.dns.query(now, from, msg, Some(peer)),
+                Sender::Stranger => {
+                    // The stub serves this node only: no answer, not even a refusal.
+                    self.dropped += 1;
+                    tracing::debug!(%from, "DNS question from outside this node and its peers dropped");
+                    None
+                }
+            }
         };
         self.say(said);
     }
@@ -237,5 +254,32 @@ impl Stub {
     fn status(&self) -> DnsStatus {
         let listen = self.sock.local_addr().map(|a| a.to_string()).ok();
         self.dns.status(listen, self.dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stub serves the node (loopback, its own vIP), answers peers from their certified
+    /// blocks (the DNS service gives them our zone only), and nobody else: not a neighbour on
+    /// the node's LAN, not another address of the node's own block.
+    #[test]
+    fn the_stub_serves_the_node_and_its_peers_only() {
+        let vip = Ipv4Addr::new(100, 64, 3, 1);
+        let block: Ipv4Net = "100.64.2.0/24".parse().unwrap();
+        let peers = |ip: Ipv4Addr| block.contains(&ip).then_some(7);
+        let at = |ip: &str| SocketAddr::new(ip.parse().unwrap(), 40000);
+        assert_eq!(sender(vip, peers, at("127.0.0.1")), Sender::Node);
+        assert_eq!(sender(vip, peers, at("::1")), Sender::Node);
+        assert_eq!(sender(vip, peers, at("100.64.3.1")), Sender::Node);
+        assert_eq!(sender(vip, peers, at("100.64.2.10")), Sender::Peer(7));
+        for stranger in ["192.0.2.7", "100.64.3.2", "100.64.9.9", "fd00::7"] {
+            assert_eq!(
+                sender(vip, peers, at(stranger)),
+                Sender::Stranger,
+                "{stranger}"
+            );
+        }
     }
 }

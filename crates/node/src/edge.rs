@@ -70,7 +70,6 @@ impl<'a> NodeEdge<'a> {
             side: Arc::new(TunSide {
                 tun,
                 vip: config.vip,
-                block: common.block,
                 overlay: common.overlay,
                 counters: TunCounters::default(),
             }),
@@ -98,6 +97,7 @@ impl Edge for NodeEdge<'_> {
                 &ctx.core.name,
                 ctx.cloud,
                 ctx.upstream,
+                ctx.core.shared.clone(),
             )?),
             None => None,
         };

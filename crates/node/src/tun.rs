@@ -26,8 +26,6 @@ pub struct TunSide {
     pub tun: Tun,
     /// Our vIP.
     pub vip: Ipv4Addr,
-    /// Our certified block: what peers may send to.
-    pub block: Ipv4Net,
     /// The overlay: what we send into the tunnel.
     pub overlay: Ipv4Net,
     /// The TUN side's counters.
@@ -62,7 +60,7 @@ cyphonic_telemetry::counters! {
         drop_inner_malformed,
         /// Decrypted packets whose source the sending peer is not certified for.
         drop_source_not_certified,
-        /// Decrypted packets not addressed to us.
+        /// Decrypted packets not addressed to our vIP.
         drop_not_for_us,
     }
 }
@@ -97,6 +95,31 @@ fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &TunCounters) -> Optio
         Ok((_, dst)) => return Some(dst),
     }
     None
+}
+
+/// Whether a decrypted packet from a peer certified for `blocks` may go into the TUN device:
+/// only a well-formed IPv4 packet from those blocks (cryptokey routing) to our own `vip`.
+/// Another address of our block, or its broadcast, would be the host's to route on, out of
+/// the tunnel and in clear. The error names the counter and the pipeline's drop reason.
+fn inbound<'c>(
+    p: &[u8],
+    blocks: &[ipnet::IpNet],
+    vip: Ipv4Addr,
+    c: &'c TunCounters,
+) -> Result<(), (&'c std::sync::atomic::AtomicU64, DropReason)> {
+    match addresses(p) {
+        Err(false) => Err((&c.drop_inner_not_ipv4, DropReason::Malformed)),
+        Err(true) => Err((&c.drop_inner_malformed, DropReason::Malformed)),
+        Ok((src, _))
+            if !blocks
+                .iter()
+                .any(|b| b.contains(&std::net::IpAddr::V4(src))) =>
+        {
+            Err((&c.drop_source_not_certified, DropReason::Policy))
+        }
+        Ok((_, dst)) if dst != vip => Err((&c.drop_not_for_us, DropReason::Policy)),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// The thread that reads the TUN device.
@@ -209,24 +232,12 @@ impl Sink for TunSink {
             return Ok(());
         };
         let c = &self.side.counters;
-        let verdict = match addresses(&item.buf()[packet.clone()]) {
-            Err(false) => Err((&c.drop_inner_not_ipv4, DropReason::Malformed)),
-            Err(true) => Err((&c.drop_inner_malformed, DropReason::Malformed)),
-            // Cryptokey routing: a peer speaks only for the blocks its certificate names.
-            Ok((src, _))
-                if !item
-                    .peer()
-                    .blocks
-                    .iter()
-                    .any(|b| b.contains(&std::net::IpAddr::V4(src))) =>
-            {
-                Err((&c.drop_source_not_certified, DropReason::Policy))
-            }
-            Ok((_, dst)) if !self.side.block.contains(&dst) => {
-                Err((&c.drop_not_for_us, DropReason::Policy))
-            }
-            Ok(_) => Ok(()),
-        };
+        let verdict = inbound(
+            &item.buf()[packet.clone()],
+            &item.peer().blocks,
+            self.side.vip,
+            c,
+        );
         if let Err((counter, reason)) = verdict {
             bump(counter);
             return Err(reason);
@@ -295,5 +306,33 @@ mod tests {
         let counts: Vec<u64> = c.snapshot().iter().map(|(_, v)| *v).collect();
         // not IPv4, malformed, not our source, not the overlay
         assert_eq!(&counts[1..5], &[1, 4, 1, 2], "{:?}", c.snapshot());
+    }
+
+    /// A peer's packet goes into the TUN device only from its certified blocks and only to
+    /// our own vIP: not to another address of our block, nor its broadcast.
+    #[test]
+    fn inbound_packets_go_only_to_our_vip() {
+        let vip = Ipv4Addr::new(100, 64, 3, 1);
+        let blocks: Vec<ipnet::IpNet> = vec!["100.64.2.0/24".parse().unwrap_or_default()];
+        let c = TunCounters::default();
+        let peer = [100, 64, 2, 10];
+        assert!(inbound(&packet(peer, [100, 64, 3, 1]), &blocks, vip, &c).is_ok());
+        for (p, counter) in [
+            (packet(peer, [100, 64, 3, 2]), &c.drop_not_for_us),
+            (packet(peer, [100, 64, 3, 3]), &c.drop_not_for_us),
+            (packet(peer, [255, 255, 255, 255]), &c.drop_not_for_us),
+            (packet(peer, [192, 0, 2, 1]), &c.drop_not_for_us),
+            (
+                packet([100, 64, 9, 9], [100, 64, 3, 1]),
+                &c.drop_source_not_certified,
+            ),
+            (
+                packet(peer, [100, 64, 3, 1])[..10].to_vec(),
+                &c.drop_inner_malformed,
+            ),
+        ] {
+            let got = inbound(&p, &blocks, vip, &c).map_err(|(counter, _)| counter as *const _);
+            assert_eq!(got, Err(counter as *const _), "{p:?}");
+        }
     }
 }
