@@ -74,6 +74,18 @@ impl<'a> AdapterEdge<'a> {
             recv_buffer = capture.recv_buffer(),
             "capturing the LAN"
         );
+        // Before the engine starts: turning the port's IPv6 off removes its link-local
+        // address, which the engine's network watcher would take for an uplink change.
+        match ForwardGuard::new(&iface.name).enforce() {
+            Ok(changed) if !changed.is_empty() => {
+                tracing::info!(settings = ?changed, "LAN port: the kernel neither forwards nor takes IPv6 from it");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot set the LAN port's forwarding settings; devices' frames still never reach the kernel's IP stack (they are addressed to the gateway's own MAC)"
+            ),
+        }
         let (to_services, work) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
         let lan = Arc::new(LanSide {
             lan: Lan {
@@ -204,16 +216,6 @@ impl Edge for AdapterEdge<'_> {
             .take()
             .context("the capture thread starts once")?;
         let guard = ForwardGuard::new(&self.iface.name);
-        match guard.enforce() {
-            Ok(changed) if !changed.is_empty() => {
-                tracing::info!(settings = ?changed, "LAN port: the kernel neither forwards nor takes IPv6 from it");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(
-                error = %e,
-                "cannot set the LAN port's forwarding settings; devices' frames still never reach the kernel's IP stack (they are addressed to the gateway's own MAC)"
-            ),
-        }
         let capture = Capture::new(
             self.lan.clone(),
             core.shared.clone(),

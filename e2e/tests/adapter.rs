@@ -89,18 +89,9 @@ fn spoofed_source_ip_or_mac_is_dropped_and_counted() {
     let bed = bed(&BedOptions::default());
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
     let before = bed.counter(Side::A, "drop_spoofed").unwrap();
-    let gw_mac = {
-        let s = bed
-            .a
-            .adapter_ns
-            .ip(&["-o", "link", "show", "dev", "lan"])
-            .unwrap();
-        mac(s
-            .split_whitespace()
-            .skip_while(|w| *w != "link/ether")
-            .nth(1)
-            .unwrap())
-    };
+    // Devices reach the gateway at its own MAC (status: adapter.gateway_mac).
+    let status = bed.status(Side::A).unwrap();
+    let gw_mac = mac(status["adapter"]["gateway_mac"].as_str().unwrap());
     let real_mac = mac(&bed.a.host_mac);
     let marker = b"cyphonic-spoof-marker";
     let frames = vec![
