@@ -165,3 +165,43 @@ pub struct PeersReport {
     /// One row per fleet size.
     pub rows: Vec<FleetFigures>,
 }
+
+/// The adapter under a handshake flood (`cyphonic-bed attack`): one row per offered rate,
+/// the first without a flood.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttackReport {
+    /// Where and when.
+    pub measured: Measured,
+    /// DHCP DISCOVERs the device on lanB sends a second during each row.
+    pub dhcp_per_sec: u64,
+    /// The rows, by rate.
+    pub rows: Vec<AttackRow>,
+}
+
+/// One flood rate: a replayed initiation sent at B from a forged address while lanA's host
+/// runs TCP to lanB's, then pings it, and a device on lanB asks for DHCP offers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttackRow {
+    /// Initiations a second offered (0: no flood).
+    pub rate: u32,
+    /// Initiations sent during the row.
+    pub sent: u64,
+    /// TCP goodput lanA -> lanB, Gbit/s.
+    pub tcp_gbps: f64,
+    /// Ping lanA -> lanB after the TCP run, flood still on.
+    pub rtt: PingStats,
+    /// CPU of B's control thread (timers, DHCP, DNS), % of a core, over the row.
+    pub control_cpu_pct: f64,
+    /// CPU of B's handshake thread, % of a core.
+    pub handshake_cpu_pct: f64,
+    /// CPU of B's receive thread (where the handshake gate runs), % of a core.
+    pub receive_cpu_pct: f64,
+    /// Initiations B's handshake thread checked.
+    pub checked: u64,
+    /// Cookie-replies B sent.
+    pub cookie_replies: u64,
+    /// DHCP DISCOVERs the device sent during the row.
+    pub dhcp_asked: u64,
+    /// DHCP replies B sent during the row.
+    pub dhcp_answered: u64,
+}

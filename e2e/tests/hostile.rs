@@ -12,23 +12,6 @@ use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::node::{NAME, VIP};
 
-/// A's first initiation to B, captured on the router as it crosses it.
-fn capture_initiation(bed: &TwoSites) -> Vec<u8> {
-    std::thread::scope(|s| {
-        let capture = s.spawn(|| {
-            inject::capture_udp(&bed.wan, "toa", 51820, 1, Duration::from_secs(6), |p| {
-                p.len() > 16 && p[0] == cyphonic_wire::VERSION && p[1] == 1
-            })
-        });
-        // The capture socket is open well before the first packet asks for a handshake.
-        std::thread::sleep(Duration::from_millis(500));
-        bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
-        let mut frames = capture.join().unwrap().unwrap();
-        assert_eq!(frames.len(), 1, "no initiation crossed the router");
-        frames.remove(0)
-    })
-}
-
 /// An attacker on the underlay replays a captured initiation at B, 20,000 a second from a
 /// forged address, for 12 seconds (each one would cost B two Diffie-Hellman operations and a
 /// signature check before it shows as a replay). Meanwhile a new device on B's LAN gets a
@@ -41,7 +24,7 @@ fn a_handshake_flood_leaves_handshakes_dhcp_and_dns_served() {
         ..BedOptions::default()
     })
     .unwrap();
-    let init = capture_initiation(&bed);
+    let init = cyphonic_e2e::attack::capture_initiation(&bed).unwrap();
     let to_b = SocketAddr::new(bed.b.underlay, 51820);
     let forged: SocketAddr = "203.0.113.1:0".parse().unwrap();
     let flood = inject::spawn_flood_udp(

@@ -18,6 +18,10 @@ const E2E: (&str, &str) = (
     "<!-- xtask bench e2e: begin -->",
     "<!-- xtask bench e2e: end -->",
 );
+const ATTACK: (&str, &str) = (
+    "<!-- xtask bench attack: begin -->",
+    "<!-- xtask bench attack: end -->",
+);
 const PEERS: (&str, &str) = (
     "<!-- xtask bench peers: begin -->",
     "<!-- xtask bench peers: end -->",
@@ -30,6 +34,8 @@ pub(crate) struct Parts {
     pub(crate) micro: bool,
     /// Plain routing against the tunnel, and the ordering ablation.
     pub(crate) e2e: bool,
+    /// The adapter under a handshake flood.
+    pub(crate) attack: bool,
     /// Many nodes against one adapter.
     pub(crate) peers: bool,
 }
@@ -73,7 +79,7 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
         )?;
         sections.push((MICRO, render(&collect(&criterion_dir)?)?));
     }
-    if parts.e2e || parts.peers {
+    if parts.e2e || parts.attack || parts.peers {
         crate::bed::prerequisites()?;
         let bin = crate::bed::build_release(&root)?;
         // The bed measures and prints its figures as JSON; the Markdown is written here.
@@ -93,6 +99,11 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
             let report = serde_json::from_slice(&bed("bench")?)
                 .context("reading cyphonic-bed bench's report")?;
             sections.push((E2E, crate::report::bench(&report)?));
+        }
+        if parts.attack {
+            let report = serde_json::from_slice(&bed("attack")?)
+                .context("reading cyphonic-bed attack's report")?;
+            sections.push((ATTACK, crate::report::attack(&report)?));
         }
         if parts.peers {
             let report = serde_json::from_slice(&bed("peers")?)

@@ -46,9 +46,13 @@ enum Command {
         /// The criterion benchmarks.
         #[arg(long)]
         micro: bool,
-        /// Plain routing against the tunnel, and the ordering ablation.
+        /// Plain routing against the tunnel, the ordering ablation, and the adapter under a
+        /// handshake flood.
         #[arg(long)]
         e2e: bool,
+        /// Only the adapter under a handshake flood (part of `--e2e`).
+        #[arg(long)]
+        attack: bool,
         /// Many nodes against one adapter.
         #[arg(long)]
         peers: bool,
@@ -90,14 +94,16 @@ fn main() -> ExitCode {
             no_write,
             micro,
             e2e,
+            attack,
             peers,
         } => {
-            let all = !(micro || e2e || peers);
+            let all = !(micro || e2e || attack || peers);
             bench::run(
                 !no_write,
                 bench::Parts {
                     micro: micro || all,
                     e2e: e2e || all,
+                    attack: attack || e2e || all,
                     peers: peers || all,
                 },
             )

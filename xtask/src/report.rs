@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use cyphonic_e2e::measure::{PingStats, Tcp, Udp};
-use cyphonic_e2e::report::{BenchReport, PeersReport, Quick};
+use cyphonic_e2e::report::{AttackReport, BenchReport, PeersReport, Quick};
 
 fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 {
@@ -295,6 +295,51 @@ pub(crate) fn peers(r: &PeersReport) -> Result<String, std::fmt::Error> {
             f.adapter_cpu_pct,
             f.nodes_cpu_pct,
             f.adapter_threads
+        )?;
+    }
+    Ok(md)
+}
+
+/// The "under attack" table: each flood rate against the row without one, in one run.
+pub(crate) fn attack(r: &AttackReport) -> Result<String, std::fmt::Error> {
+    let m = &r.measured;
+    let mut md = String::new();
+    writeln!(
+        md,
+        "Measured {} on {}. The two-site bed (release build, every host on the machine's cores); for each row a replayed initiation is sent at adapter B from a forged address at the offered rate, while lanA's host runs iperf3 TCP to lanB's host for {} s, then pings it 20 times 0.1 s apart, and a device on lanB sends {} DHCP DISCOVERs a second. Ratios are to the row without a flood, from the same run.",
+        m.date, m.machine, m.seconds, r.dhcp_per_sec
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| flood (initiations/s) | sent | TCP (Gbit/s) | TCP ratio | RTT average (ms) | RTT ratio | replies | CPU of B's control / handshake / receive thread (% of a core) | initiations checked | cookie-replies | DHCP answered |"
+    )?;
+    writeln!(
+        md,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )?;
+    let Some(base) = r.rows.first() else {
+        return Ok(md);
+    };
+    for row in &r.rows {
+        writeln!(
+            md,
+            "| {} | {} | {:.2} | {} | {:.3} | {} | {}/{} | {:.0} / {:.0} / {:.0} | {} | {} | {}/{} |",
+            row.rate,
+            row.sent,
+            row.tcp_gbps,
+            ratio(row.tcp_gbps, base.tcp_gbps),
+            row.rtt.avg_ms,
+            ratio(row.rtt.avg_ms, base.rtt.avg_ms),
+            row.rtt.received,
+            row.rtt.sent,
+            row.control_cpu_pct,
+            row.handshake_cpu_pct,
+            row.receive_cpu_pct,
+            row.checked,
+            row.cookie_replies,
+            row.dhcp_answered,
+            row.dhcp_asked,
         )?;
     }
     Ok(md)

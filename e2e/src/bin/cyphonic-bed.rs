@@ -13,7 +13,8 @@ use cyphonic_e2e::bed::{BedOptions, CloudOptions, Side, TwoSites};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::measure;
 use cyphonic_e2e::report::{
-    self, Ablation, AblationRow, BenchReport, Cut, Measured, PeersReport, Profile, Quick,
+    self, Ablation, AblationRow, AttackReport, AttackRow, BenchReport, Cut, Measured, PeersReport,
+    Profile, Quick,
 };
 
 #[derive(Parser)]
@@ -41,6 +42,13 @@ enum Command {
     Bench {
         /// Seconds per TCP measurement.
         #[arg(long, default_value_t = 8)]
+        seconds: u64,
+    },
+    /// The adapter under a handshake flood: TCP, RTT, its threads' CPU and DHCP answers
+    /// without a flood and at 10,000 and 50,000 initiations a second; prints JSON.
+    Attack {
+        /// Seconds of TCP per rate.
+        #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
     /// One quick look at the tunnel with some `[dataplane]` settings (for tuning): idle RTT,
@@ -89,6 +97,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Demo { short } => demo(short),
         Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
+        Command::Attack { seconds } => attack(seconds).and_then(|r| print_json(&r)),
         Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
         Command::Floor { count } => measure::wake_floor(count).map(|f| {
             println!(
@@ -572,6 +581,125 @@ fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
 }
 
 /// Where and when, with `seconds` per measurement.
+/// The offered flood rates of `attack`, initiations a second (0: none).
+const ATTACK_RATES: [u32; 3] = [0, 10_000, 50_000];
+/// DHCP DISCOVERs the device on lanB sends a second during each row.
+const DHCP_PER_SEC: u64 = 10;
+
+fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
+    use cyphonic_e2e::{attack, inject};
+    use std::net::SocketAddr;
+    use std::time::Instant;
+    let mut bed = TwoSites::up(&BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    })?;
+    let init = attack::capture_initiation(&bed)?;
+    let (asker_ns, asker_mac) = bed.add_host(Side::B, "asker")?;
+    let asker_mac: Vec<u8> = asker_mac
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()?;
+    let asker_mac: [u8; 6] = asker_mac
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("a MAC of six bytes"))?;
+    let pid = bed.b.adapter.as_ref().context("adapter B runs")?.pid();
+    let to_b = SocketAddr::new(bed.b.underlay, 51820);
+    let forged: SocketAddr = "203.0.113.1:0".parse()?;
+    let target = bed.b.host_ip.to_string();
+    let mut rows = Vec::new();
+    for rate in ATTACK_RATES {
+        eprintln!("bench: attack, {rate} initiations a second ...");
+        // Long enough for the settling second, TCP, the pings, and a margin.
+        let flood_for = Duration::from_secs(seconds + 6);
+        let flood = (rate > 0).then(|| {
+            inject::spawn_flood_udp(&bed.wan, forged, to_b, init.clone(), rate, flood_for)
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        let counter = |name: &str| bed.counter(Side::B, name).unwrap_or(0);
+        let (checked0, cookies0, dhcp0) = (
+            counter("handshake_inits"),
+            counter("cookie_replies_sent"),
+            counter("dhcp_sent"),
+        );
+        let ticks0 = attack::thread_ticks(pid)?;
+        let start = Instant::now();
+        let stop_asking = std::sync::atomic::AtomicBool::new(false);
+        let (tcp, rtt, asked) = std::thread::scope(|s| -> anyhow::Result<_> {
+            let asking = s.spawn(|| -> anyhow::Result<u64> {
+                let mut asked = 0u64;
+                while !stop_asking.load(std::sync::atomic::Ordering::Relaxed) {
+                    let msg = cyphonic_vip::testing::client_message(
+                        cyphonic_vip::testing::MessageType::Discover,
+                        asker_mac,
+                        u32::try_from(asked).unwrap_or(0) + 1,
+                        vec![],
+                        std::net::Ipv4Addr::UNSPECIFIED,
+                        true,
+                    );
+                    let frame = inject::udp_frame(
+                        [0xff; 6],
+                        asker_mac,
+                        std::net::Ipv4Addr::UNSPECIFIED,
+                        std::net::Ipv4Addr::BROADCAST,
+                        68,
+                        67,
+                        &msg,
+                    );
+                    inject::send_frames(&asker_ns, "eth0", vec![frame])?;
+                    asked += 1;
+                    std::thread::sleep(Duration::from_millis(1000 / DHCP_PER_SEC));
+                }
+                Ok(asked)
+            });
+            let tcp = tcp_by_name(&bed.b.lan, &bed.a.lan, &target, seconds);
+            let ping = bed
+                .a
+                .lan
+                .exec_output("ping", &["-c", "20", "-i", "0.1", "-W", "2", &target]);
+            stop_asking.store(true, std::sync::atomic::Ordering::Relaxed);
+            let asked = asking
+                .join()
+                .map_err(|_| anyhow::anyhow!("the DHCP asker panicked"))??;
+            let rtt = measure::parse_ping(&String::from_utf8_lossy(&ping?.stdout), 20);
+            Ok((tcp?, rtt, asked))
+        })?;
+        let elapsed = start.elapsed().as_secs_f64();
+        // The last replies are on their way for a moment.
+        std::thread::sleep(Duration::from_millis(300));
+        let ticks1 = attack::thread_ticks(pid)?;
+        let cpu = |name: &str| {
+            let used =
+                ticks1.get(name).copied().unwrap_or(0) - ticks0.get(name).copied().unwrap_or(0);
+            used as f64 / attack::TICKS_PER_SEC / elapsed * 100.0
+        };
+        let sent = match flood {
+            Some(f) => f
+                .join()
+                .map_err(|_| anyhow::anyhow!("the flood thread panicked"))??,
+            None => 0,
+        };
+        rows.push(AttackRow {
+            rate,
+            sent,
+            tcp_gbps: tcp,
+            rtt,
+            control_cpu_pct: cpu("control"),
+            handshake_cpu_pct: cpu("cy-handshake"),
+            receive_cpu_pct: cpu("cy-udp-rx"),
+            checked: counter("handshake_inits") - checked0,
+            cookie_replies: counter("cookie_replies_sent") - cookies0,
+            dhcp_asked: asked,
+            dhcp_answered: counter("dhcp_sent") - dhcp0,
+        });
+    }
+    Ok(AttackReport {
+        measured: measured(seconds),
+        dhcp_per_sec: DHCP_PER_SEC,
+        rows,
+    })
+}
+
 fn measured(seconds: u64) -> Measured {
     Measured {
         date: report::utc_now(),
