@@ -18,6 +18,7 @@ impl Neighbors for OneLease {
 fn lan() -> Lan {
     Lan {
         mac: [0x02, 0xaa, 0, 0, 0, 1],
+        host_mac: [0x02, 0xf0, 0, 0, 0, 1],
         gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
         block: "100.64.1.0/24".parse().expect("block"),
         overlay: "100.64.0.0/10".parse().expect("overlay"),
