@@ -187,8 +187,15 @@ impl DnsStatus {
     pub fn text(&self) -> String {
         let s = &self.stats;
         format!(
-            "queries {}  authoritative {}  asked {}  nxdomain {}  refused {}  servfail {}  dropped {}",
-            s.queries, s.authoritative, s.asked, s.nxdomain, s.refused, s.servfail, s.dropped
+            "queries {}  authoritative {}  asked {}  nxdomain {}  refused {}  servfail {}  dropped {}  rebinding {}",
+            s.queries,
+            s.authoritative,
+            s.asked,
+            s.nxdomain,
+            s.refused,
+            s.servfail,
+            s.dropped,
+            s.rebinding
         )
     }
 }

@@ -13,6 +13,9 @@ use ipnet::{IpNet, Ipv4Net};
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 /// Queries waiting at once; more are refused with SERVFAIL (bounded memory under a flood).
 const MAX_PENDING: usize = 1024;
+/// How long the key of a question given up on (SERVFAIL) stays out of use while its lookup
+/// may still answer: longer than any upstream or cloud lookup lives.
+const KEY_QUARANTINE: Duration = Duration::from_secs(60);
 /// The UDP payload we advertise and send at most with EDNS: fits one unfragmented datagram on
 /// any path (the DNS flag day 2020 value), and the LAN's frames.
 const EDNS_PAYLOAD: u16 = 1232;
@@ -115,11 +118,14 @@ pub struct Stats {
     pub asked: u64,
     /// Malformed or unexpected messages dropped.
     pub dropped: u64,
+    /// Upstream answer records dropped for pointing into the overlay, private, loopback or
+    /// link-local ranges (DNS rebinding).
+    pub rebinding: u64,
 }
 
 impl Stats {
     /// Every counter with its name, in declaration order (for metrics).
-    pub const fn named(&self) -> [(&'static str, u64); 7] {
+    pub const fn named(&self) -> [(&'static str, u64); 8] {
         [
             ("queries", self.queries),
             ("authoritative", self.authoritative),
@@ -128,7 +134,34 @@ impl Stats {
             ("servfail", self.servfail),
             ("asked", self.asked),
             ("dropped", self.dropped),
+            ("rebinding", self.rebinding),
         ]
+    }
+}
+
+/// Whether an address lies where an answer from outside must not point (DNS rebinding): the
+/// overlay and shared address space (100.64.0.0/10), private ranges (RFC 1918, IPv6 ULA),
+/// loopback, link-local, unspecified; IPv4-mapped IPv6 addresses are judged as IPv4.
+fn inward(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_private()
+                || v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || (o[0] == 100 && o[1] & 0xc0 == 64)
+        }
+        std::net::IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return inward(std::net::IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || s[0] & 0xfe00 == 0xfc00
+                || s[0] & 0xffc0 == 0xfe80
+        }
     }
 }
 
@@ -159,6 +192,9 @@ struct Pending<C> {
     deadline: Instant,
     /// Which peer was asked (answers from anyone else are not believed).
     peer: Option<u32>,
+    /// Asked of the upstream resolvers: their addresses must lie outside the overlay and
+    /// private ranges.
+    upstream: bool,
 }
 
 /// The resolver; `C` is whatever the driver needs to answer the client later.
@@ -169,6 +205,10 @@ pub struct Resolver<C> {
     reverse: HashMap<Ipv4Addr, Name>,
     peers: Vec<PeerZone>,
     pending: HashMap<u16, Pending<C>>,
+    /// Keys of questions given up on whose upstream or cloud lookup may still answer: not
+    /// handed out again until that answer came or [`KEY_QUARANTINE`] passed, so a late
+    /// answer can never settle another question parked under the same key.
+    quarantined: HashMap<u16, Instant>,
     next_id: u16,
     stats: Stats,
 }
@@ -182,6 +222,7 @@ impl<C> Resolver<C> {
             reverse: HashMap::new(),
             peers: Vec::new(),
             pending: HashMap::new(),
+            quarantined: HashMap::new(),
             next_id: 1,
             stats: Stats::default(),
         }
@@ -298,7 +339,7 @@ impl<C> Resolver<C> {
                 ));
             }
             if self.cfg.ask_cloud {
-                let Some(key) = self.park(now, &to, question, client, None) else {
+                let Some(key) = self.park(now, &to, question, client, None, false) else {
                     return Action::Respond(self.error(
                         &to,
                         Some(question),
@@ -322,7 +363,7 @@ impl<C> Resolver<C> {
         }
         // Outside the overlay.
         if self.cfg.upstream {
-            let Some(key) = self.park(now, &to, question, client, None) else {
+            let Some(key) = self.park(now, &to, question, client, None, true) else {
                 return Action::Respond(self.error(&to, Some(question), ResponseCode::ServFail));
             };
             return Action::AskUpstream {
@@ -357,12 +398,13 @@ impl<C> Resolver<C> {
         }
         let p = self.pending.remove(&key)?;
         let rcode = a.metadata.response_code;
-        // Only records about the asked name, from the peer's zone, pass through.
-        let zone = self
-            .peers
-            .iter()
-            .find(|z| z.peer == from_peer)
-            .map(|z| z.name.clone());
+        // Only records about the asked name, from the peer's zone, pass through; and an
+        // address only inside the blocks the peer's certificate names (a peer cannot point
+        // our devices at another site, or outside the overlay).
+        let peer = self.peers.iter().find(|z| z.peer == from_peer);
+        let zone = peer.map(|z| z.name.clone());
+        let certified =
+            |ip: std::net::IpAddr| peer.is_some_and(|z| z.blocks.iter().any(|b| b.contains(&ip)));
         let answers: Vec<Record> = a
             .answers
             .into_iter()
@@ -371,6 +413,11 @@ impl<C> Resolver<C> {
                     || zone
                         .as_ref()
                         .is_some_and(|z| z.zone_of(&r.name.to_lowercase()))
+            })
+            .filter(|r| match &r.data {
+                RData::A(a) => certified(std::net::IpAddr::V4(a.0)),
+                RData::AAAA(a) => certified(std::net::IpAddr::V6(a.0)),
+                _ => true,
             })
             .collect();
         if rcode == ResponseCode::NXDomain {
@@ -388,11 +435,27 @@ impl<C> Resolver<C> {
         key: u16,
         result: Result<Vec<Record>, ResponseCode>,
     ) -> Option<(C, Vec<u8>)> {
+        if self.quarantined.remove(&key).is_some() {
+            // The answer to a question given up on: its asker had SERVFAIL already.
+            self.stats.dropped += 1;
+            return None;
+        }
         let p = self.pending.remove(&key)?;
-        let (rcode, answers) = match result {
+        let (rcode, mut answers) = match result {
             Ok(records) => (ResponseCode::NoError, records),
             Err(code) => (code, Vec::new()),
         };
+        if p.upstream {
+            // DNS rebinding: a name outside the overlay must not lead devices into it, or to
+            // private, loopback or link-local addresses.
+            let before = answers.len();
+            answers.retain(|r| match &r.data {
+                RData::A(a) => !inward(std::net::IpAddr::V4(a.0)),
+                RData::AAAA(a) => !inward(std::net::IpAddr::V6(a.0)),
+                _ => true,
+            });
+            self.stats.rebinding += (before - answers.len()) as u64;
+        }
         match rcode {
             ResponseCode::NXDomain => self.stats.nxdomain += 1,
             ResponseCode::ServFail => self.stats.servfail += 1,
@@ -410,9 +473,15 @@ impl<C> Resolver<C> {
             .filter(|(_, p)| p.deadline <= now)
             .map(|(k, _)| *k)
             .collect();
+        self.quarantined
+            .retain(|_, since| now.saturating_duration_since(*since) < KEY_QUARANTINE);
         let mut out = Vec::new();
         for key in expired {
             if let Some(p) = self.pending.remove(&key) {
+                if p.peer.is_none() {
+                    // An upstream or cloud lookup is still out under this key.
+                    self.quarantined.insert(key, now);
+                }
                 self.stats.servfail += 1;
                 out.push((
                     p.client,
@@ -436,7 +505,7 @@ impl<C> Resolver<C> {
         client: C,
         peer: u32,
     ) -> Action {
-        let Some(key) = self.park(now, to, question, client, Some(peer)) else {
+        let Some(key) = self.park(now, to, question, client, Some(peer), false) else {
             return Action::Respond(self.error(to, Some(question), ResponseCode::ServFail));
         };
         let mut q = Message::new(key, MessageType::Query, OpCode::Query);
@@ -462,16 +531,24 @@ impl<C> Resolver<C> {
         question: &Query,
         client: C,
         peer: Option<u32>,
+        upstream: bool,
     ) -> Option<u16> {
         if self.pending.len() >= MAX_PENDING {
             self.stats.servfail += 1;
             return None;
         }
         // Sequential ids are fine here: answers are matched on id, peer and question, and
-        // come over authenticated tunnels or from the resolver library.
+        // come over authenticated tunnels or from the resolver library; keys in use or in
+        // quarantine are skipped.
         let mut key = self.next_id;
-        while self.pending.contains_key(&key) {
+        let mut tried = 0u32;
+        while self.pending.contains_key(&key) || self.quarantined.contains_key(&key) {
             key = key.wrapping_add(1);
+            tried += 1;
+            if tried > u32::from(u16::MAX) {
+                self.stats.servfail += 1;
+                return None;
+            }
         }
         self.next_id = key.wrapping_add(1);
         self.stats.asked += 1;
@@ -483,6 +560,7 @@ impl<C> Resolver<C> {
                 query: question.clone(),
                 deadline: now + ASK_TIMEOUT,
                 peer,
+                upstream,
             },
         );
         Some(key)

@@ -194,6 +194,15 @@ fn a_peers_zone_is_asked_of_the_peer() {
         60,
         RData::A(A(Ipv4Addr::new(192, 0, 2, 66))),
     ));
+    // Planted: the asked name, pointed at another site and outside the overlay: a peer's
+    // addresses are believed only inside its certified blocks (100.64.2.0/24).
+    for elsewhere in [Ipv4Addr::new(100, 64, 1, 10), Ipv4Addr::new(192, 0, 2, 67)] {
+        answer.add_answer(Record::from_rdata(
+            name("sensor9.gw2.ovl.example."),
+            60,
+            RData::A(A(elsewhere)),
+        ));
+    }
     let bytes = answer.to_vec().unwrap();
     assert!(
         r.handle_peer_answer(&bytes, 3).is_none(),
@@ -464,4 +473,85 @@ fn large_answers_respect_the_clients_udp_size() {
     let (_, resp) = r.complete(key, Ok(doubled)).unwrap();
     assert!(resp.len() <= 1232);
     assert!(Message::from_vec(&resp).unwrap().metadata.truncation);
+}
+
+/// DNS rebinding: an upstream answer for a name outside the overlay may not point devices
+/// into the overlay or at private, loopback or link-local addresses; those records are
+/// dropped and counted, public ones pass. The cloud's answers (overlay names) are not judged
+/// so.
+#[test]
+fn upstream_answers_pointing_inward_are_dropped() {
+    use hickory_proto::rr::rdata::AAAA;
+    let mut r = resolver(true, false);
+    let Action::AskUpstream { key, .. } = r.handle_query(
+        Instant::now(),
+        &query(4, "evil.example.com.", RecordType::A),
+        "c",
+        None,
+    ) else {
+        panic!()
+    };
+    let at = |data| Record::from_rdata(name("evil.example.com."), 60, data);
+    let records = vec![
+        at(RData::A(A(Ipv4Addr::new(100, 64, 1, 10)))),
+        at(RData::A(A(Ipv4Addr::new(100, 127, 255, 1)))),
+        at(RData::A(A(Ipv4Addr::new(10, 0, 0, 1)))),
+        at(RData::A(A(Ipv4Addr::new(172, 16, 5, 5)))),
+        at(RData::A(A(Ipv4Addr::new(192, 168, 1, 1)))),
+        at(RData::A(A(Ipv4Addr::new(127, 0, 0, 1)))),
+        at(RData::A(A(Ipv4Addr::new(169, 254, 169, 254)))),
+        at(RData::A(A(Ipv4Addr::UNSPECIFIED))),
+        at(RData::AAAA(AAAA("fd7a::1".parse().unwrap()))),
+        at(RData::AAAA(AAAA("fe80::1".parse().unwrap()))),
+        at(RData::AAAA(AAAA("::1".parse().unwrap()))),
+        at(RData::AAAA(AAAA("::ffff:10.0.0.1".parse().unwrap()))),
+        // Public: these pass.
+        at(RData::A(A(Ipv4Addr::new(192, 0, 2, 80)))),
+        at(RData::A(A(Ipv4Addr::new(100, 128, 0, 1)))),
+        at(RData::AAAA(AAAA("2001:db8::80".parse().unwrap()))),
+    ];
+    let (_, resp) = r.complete(key, Ok(records)).unwrap();
+    let m = Message::from_vec(&resp).unwrap();
+    assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(
+        a_records(&m),
+        vec![Ipv4Addr::new(192, 0, 2, 80), Ipv4Addr::new(100, 128, 0, 1)]
+    );
+    assert_eq!(m.answers.len(), 3, "{:?}", m.answers);
+    assert_eq!(r.stats().rebinding, 12);
+}
+
+/// A question given up on (SERVFAIL after the timeout) keeps its key out of use while its
+/// upstream lookup may still answer: 66,000 later questions never get that key, and the late
+/// answer settles nothing (counted as dropped) instead of answering whoever holds the key
+/// next.
+#[test]
+fn a_late_upstream_answer_cannot_settle_another_question() {
+    let mut r = resolver(true, false);
+    let t0 = Instant::now();
+    let ask = |r: &mut Resolver<&'static str>, id: u16, qname: &str, at: Instant| {
+        let Action::AskUpstream { key, .. } =
+            r.handle_query(at, &query(id, qname, RecordType::A), "c", None)
+        else {
+            panic!("not asked upstream")
+        };
+        key
+    };
+    let first = ask(&mut r, 1, "first.example.com.", t0);
+    let later = t0 + Duration::from_secs(4);
+    assert_eq!(r.handle_timeout(later).len(), 1, "SERVFAIL for the first");
+    // Enough questions to go round the whole key space, each settled at once.
+    for i in 0..66_000u32 {
+        let key = ask(&mut r, 2, "other.example.com.", later);
+        assert_ne!(key, first, "question {i} got the key of one still out");
+        r.complete(key, Ok(vec![])).unwrap();
+    }
+    let dropped = r.stats().dropped;
+    let late = Record::from_rdata(
+        name("first.example.com."),
+        60,
+        RData::A(A(Ipv4Addr::new(192, 0, 2, 1))),
+    );
+    assert!(r.complete(first, Ok(vec![late])).is_none());
+    assert_eq!(r.stats().dropped, dropped + 1);
 }
