@@ -149,7 +149,7 @@ impl Dhcp {
                 if table.leased_mac(l.ip) == Some(l.mac) {
                     tracing::debug!(vip = %l.ip, mac = %Mac(l.mac), "lease renewed");
                 } else {
-                    tracing::info!(vip = %l.ip, mac = %Mac(l.mac), hostname = l.hostname.as_deref().unwrap_or(""), "lease granted");
+                    tracing::info!(vip = %l.ip, mac = %Mac(l.mac), hostname = %cyphonic_telemetry::Untrusted(l.hostname.as_deref().unwrap_or("")), "lease granted");
                 }
             }
             LeaseEvent::Released(l) => {

@@ -395,7 +395,7 @@ impl Nms {
         }
         for (name, reason) in &refused {
             bump(&self.stats.names_refused);
-            tracing::info!(client = %body.name, %name, %reason, "name refused");
+            tracing::info!(client = %body.name, name = %cyphonic_telemetry::Untrusted(name), %reason, "name refused");
         }
         tracing::debug!(client = %body.name, names = ok.len(), ?endpoints, "registered");
         CloudMsg::Registered {
@@ -425,7 +425,7 @@ impl Nms {
         }
         if !self.policy.allows(asker, target.body()) {
             bump(&self.stats.denied);
-            tracing::info!(asker = %asker.name, %name, "resolution denied by policy");
+            tracing::info!(asker = %asker.name, name = %cyphonic_telemetry::Untrusted(name), "resolution denied by policy");
             return Ok(Resolution::Denied);
         }
         // Tell the target to expect the asker; both start handshaking at once. Through the

@@ -26,6 +26,7 @@ pub mod status;
 
 use std::time::{Duration, Instant};
 
+pub use logging::Untrusted;
 pub use metrics::Family;
 
 /// What [`counters!`] names in the calling crate's code.
