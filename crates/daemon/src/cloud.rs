@@ -355,7 +355,7 @@ impl CloudLink {
                         indices,
                         pc,
                         m.timing,
-                        m.clock,
+                        m.clock.clone(),
                         m.aead,
                     ),
                 ))

@@ -205,7 +205,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
     tracing::info!(%listen, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
     let timing = Timing::default();
     let table =
-        cyphonic_tunnel::static_peers(&identity, &common.static_peers(), timing, clock, dp.aead);
+        cyphonic_tunnel::static_peers(&identity, &common.static_peers(), timing, &clock, dp.aead);
     let (shared, control_rx) = Shared::new(table, dp.buffers, CONTROL_QUEUE);
     let shared = Arc::new(shared);
 
@@ -230,7 +230,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
                 identity.clone(),
                 listen.port(),
                 timing,
-                clock,
+                clock.clone(),
                 dp.aead,
             );
             (Some(link), Some(asker))
@@ -250,7 +250,14 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
     };
 
     let sink = edge.sink(&shared)?;
-    let engine = Engine::start(dp, &shared, &udp, sink, (identity.clone(), clock), true)?;
+    let engine = Engine::start(
+        dp,
+        &shared,
+        &udp,
+        sink,
+        (identity.clone(), clock.clone()),
+        true,
+    )?;
     let core = Core {
         name: name.clone(),
         listen,
@@ -333,6 +340,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
             services,
             cloud,
             upstream: upstream_rx,
+            clock,
         },
         &common.status_socket,
         report,
@@ -360,6 +368,8 @@ struct Loop<S> {
     services: S,
     cloud: Option<CloudLink>,
     upstream: mpsc::Receiver<Settled>,
+    /// The wall-clock mapping every thread's certificate checks and handshake timestamps use.
+    clock: Clock,
 }
 
 /// The cloud's next work, or never without a cloud.
@@ -431,6 +441,16 @@ impl<S: Services> Loop<S> {
 
     /// Timers, registrations, relay requests, and what the control core reported.
     fn upkeep(&mut self, now: Instant) {
+        // A Pi without a real-time clock starts before NTP has set the time: once it is set,
+        // certificates and handshake timestamps follow (forward only; session::Clock).
+        if let Ok(wall) = SystemTime::now().duration_since(UNIX_EPOCH)
+            && let Some(jump) = self.clock.follow(now, wall)
+        {
+            tracing::warn!(
+                forward_secs = jump.as_secs(),
+                "the wall clock was set forward (NTP?): certificates are checked against the new time"
+            );
+        }
         self.services.tick(now);
         if let Some(c) = self.cloud.as_mut() {
             let (version, names) = self.services.hosted();

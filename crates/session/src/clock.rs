@@ -1,22 +1,35 @@
 //! Time as an argument: the monotonic `now` every call takes, and the session timers.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Maps the driver's monotonic `now` to wall-clock time, which certificates (validity) and
-/// handshake timestamps (replay protection across restarts) need. Built once by the driver from
+/// handshake timestamps (replay protection across restarts) need. Built by the driver from
 /// `Instant::now()` and `SystemTime::now()`; tests build it from any pair.
-#[derive(Debug, Clone, Copy)]
+///
+/// Copies share one mapping. A Raspberry Pi has no real-time clock and may start long before
+/// NTP sets the time: the driver calls [`Clock::follow`] now and then with the wall clock it
+/// reads, and every copy follows a clock that was set forward. Never backward: handshake
+/// timestamps must keep increasing across the change, and certificate checks must not return
+/// to a time already left.
+#[derive(Debug, Clone)]
 pub struct Clock {
     origin: Instant,
-    unix_at_origin: Duration,
+    /// Nanoseconds since the unix epoch at `origin`.
+    unix_at_origin: Arc<AtomicU64>,
 }
+
+/// How far the wall clock must be ahead of the mapping before [`Clock::follow`] moves it:
+/// less is NTP's slewing, not a clock being set.
+const FOLLOW_TOLERANCE: Duration = Duration::from_secs(1);
 
 impl Clock {
     /// `origin` and `unix_at_origin` name the same moment.
-    pub const fn new(origin: Instant, unix_at_origin: Duration) -> Self {
+    pub fn new(origin: Instant, unix_at_origin: Duration) -> Self {
         Self {
             origin,
-            unix_at_origin,
+            unix_at_origin: Arc::new(AtomicU64::new(nanos(unix_at_origin))),
         }
     }
 
@@ -27,7 +40,23 @@ impl Clock {
 
     /// Wall-clock time at `now`, as a duration since the unix epoch.
     pub fn unix(&self, now: Instant) -> Duration {
-        self.unix_at_origin + now.saturating_duration_since(self.origin)
+        Duration::from_nanos(self.unix_at_origin.load(Ordering::Relaxed))
+            + now.saturating_duration_since(self.origin)
+    }
+
+    /// The driver read the wall clock `wall` (since the unix epoch) at `now`: if it is more
+    /// than a second ahead of this mapping (the clock was set, by NTP say), the mapping moves
+    /// forward to it, for every copy. Returns how far it moved; a wall clock behind the
+    /// mapping changes nothing.
+    pub fn follow(&self, now: Instant, wall: Duration) -> Option<Duration> {
+        let at_origin = wall.checked_sub(now.saturating_duration_since(self.origin))?;
+        let current = Duration::from_nanos(self.unix_at_origin.load(Ordering::Relaxed));
+        if at_origin <= current + FOLLOW_TOLERANCE {
+            return None;
+        }
+        self.unix_at_origin
+            .fetch_max(nanos(at_origin), Ordering::Relaxed);
+        Some(at_origin - current)
     }
 
     /// Whole seconds since the unix epoch at `now`, as certificates count them.
@@ -39,6 +68,11 @@ impl Clock {
     pub fn unix_nanos(&self, now: Instant) -> u64 {
         u64::try_from(self.unix(now).as_nanos()).unwrap_or(u64::MAX)
     }
+}
+
+/// Nanoseconds of a duration, saturating in the year 2554.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Session timers and limits. The defaults follow WireGuard's, whose reasoning carries over

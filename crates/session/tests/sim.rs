@@ -826,7 +826,7 @@ fn restarted_peer_is_recovered_by_the_reply_timeout() {
         cyphonic_session::Indices::new(),
         b_config,
         Timing::default(),
-        p.clock,
+        p.clock.clone(),
         cyphonic_crypto::Backend::RustCrypto,
     );
     let restart = p.now;
@@ -934,4 +934,56 @@ fn a_cookie_reply_puts_mac2_on_the_next_initiation() {
     assert!(checker.check_mac1(&again));
     assert!(checker.check_mac2(&again, a_addr, retry));
     assert!(!checker.check_mac2(&again, ADDR_B.parse().unwrap(), retry));
+}
+
+/// A Raspberry Pi has no real-time clock: A starts believing it is 1970, so B's certificate
+/// is "not yet valid" and A's handshakes fail. Once the wall clock is set (NTP) and the
+/// driver tells the clock (`Clock::follow`), A's next attempt completes. The clock only moves
+/// forward, and A's handshake timestamps keep increasing through the change.
+#[test]
+fn a_wall_clock_set_after_start_is_followed() {
+    let mut p = Setup::new(49).build();
+    let early = cyphonic_session::Clock::new(p.now, Duration::from_secs(1_000));
+    let a_config = cyphonic_session::PeerConfig::from_certificate(
+        p.b.identity.certificate(),
+        Some(ADDR_B.parse().unwrap()),
+    );
+    p.a.peer = cyphonic_session::Peer::new(
+        1,
+        p.a.identity.clone(),
+        cyphonic_session::Indices::new(),
+        a_config,
+        Timing::default(),
+        early.clone(),
+        cyphonic_crypto::Backend::Ring,
+    );
+    p.a.peer.initiate(p.now).unwrap();
+    p.drive(SEC / 2);
+    assert!(!p.a.peer.is_established(p.now));
+    assert!(
+        p.a.handshake_errors
+            .iter()
+            .any(|e| e.kind() == "cert_not_yet_valid"),
+        "{:?}",
+        p.a.handshake_errors
+    );
+    // NTP sets the clock. A wall clock behind the mapping, or within a second of it, changes
+    // nothing; the real time moves every copy of the clock forward.
+    let since = p.now - early.origin();
+    assert_eq!(early.follow(p.now, Duration::from_secs(999) + since), None);
+    assert_eq!(
+        early.follow(p.now, Duration::from_millis(1_500) + since),
+        None
+    );
+    let wall = Duration::from_secs(T0) + since;
+    assert!(early.follow(p.now, wall).is_some());
+    assert_eq!(early.unix_secs(p.now), wall.as_secs());
+    assert_eq!(
+        early.follow(p.now, Duration::from_secs(1_000) + since),
+        None,
+        "never back"
+    );
+    assert_eq!(early.unix_secs(p.now), wall.as_secs());
+    p.drive(10 * SEC);
+    assert!(p.a.peer.is_established(p.now), "{:?}", p.a.handshake_errors);
 }

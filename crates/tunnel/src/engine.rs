@@ -163,7 +163,7 @@ pub fn static_peers(
     identity: &Arc<Identity>,
     peers: &[StaticPeer],
     timing: Timing,
-    clock: Clock,
+    clock: &Clock,
     aead: Backend,
 ) -> PeerTable {
     let table = PeerTable::default();
@@ -176,7 +176,15 @@ pub fn static_peers(
                     id,
                     &p.certificate,
                     "static",
-                    Peer::new(id, identity.clone(), indices, pc, timing, clock, aead),
+                    Peer::new(
+                        id,
+                        identity.clone(),
+                        indices,
+                        pc,
+                        timing,
+                        clock.clone(),
+                        aead,
+                    ),
                 ))
             },
             PublicKey(p.certificate.body().public_key),

@@ -388,7 +388,7 @@ pub fn keyed(aead: Backend, buffers: usize) -> (Arc<Shared>, Arc<Shared>) {
             endpoint: Some(endpoint),
             persistent_keepalive: None,
         };
-        let table = crate::static_peers(identity, &[peer], Timing::default(), clock, aead);
+        let table = crate::static_peers(identity, &[peer], Timing::default(), &clock, aead);
         Arc::new(Shared::new(table, buffers, 16).0)
     };
     let (a, b) = (side(&id_a, cert_b, addr_b), side(&id_b, cert_a, addr_a));
@@ -469,7 +469,7 @@ impl End {
         initiate: bool,
     ) -> Self {
         let socket = link.socket(addr);
-        let table = crate::static_peers(identity, &[peer], timing, clock, dp.aead);
+        let table = crate::static_peers(identity, &[peer], timing, &clock, dp.aead);
         let (shared, rx) = Shared::new(table, dp.buffers, 1024);
         let shared = Arc::new(shared);
         let (tx, delivered) = crossbeam_channel::bounded(DELIVERED);
@@ -637,7 +637,7 @@ impl Pair {
             peer(cert_b, addr_b),
             dp,
             timing,
-            clock,
+            clock.clone(),
             true,
         );
         let b_peer = peer(cert_a, addr_a);
@@ -649,7 +649,7 @@ impl Pair {
             b_peer.clone(),
             dp,
             timing,
-            clock,
+            clock.clone(),
             false,
         );
         Self {
@@ -673,7 +673,7 @@ impl Pair {
             peer.clone(),
             dp,
             timing,
-            *clock,
+            clock.clone(),
             false,
         );
     }

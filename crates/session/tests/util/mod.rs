@@ -219,7 +219,8 @@ impl Setup {
                     Indices::seeded(self.seed ^ u64::from(id)),
                     config,
                     self.timing,
-                    clock,
+                    // Each device reads its own clock; all start at the same wall time.
+                    Clock::new(now, Duration::from_secs(T0)),
                     backend,
                 ),
                 identity,
