@@ -34,6 +34,8 @@ cyphonic_telemetry::counters! {
     dhcp_received,
     /// DHCP replies sent on the LAN.
     dhcp_sent,
+    /// DHCP ACKs not sent because the lease they grant could not be saved (the client retries).
+    dhcp_unsaved_silent,
     /// DHCP messages seen while the DHCP server is switched off.
     dhcp_unserved,
     /// DNS messages handed to the DNS service (from the LAN and from peers).

@@ -107,6 +107,14 @@ impl Dhcp {
         }
     }
 
+    /// Whether `reply` may leave now: not an ACK granting a lease that is not on disk yet
+    /// (the save failed). Staying silent makes the client retry, and its retry finds the
+    /// lease saved, or stays unanswered again: a device never holds a lease a restart
+    /// would forget.
+    pub fn releasable(&self, reply: &Reply) -> bool {
+        !(reply.grants && self.unsaved)
+    }
+
     /// Expires leases due at unix time `unix`; returns whether anything is to settle.
     pub fn tick(&mut self, unix: u64) -> bool {
         let due = self.unsaved || self.server.poll_timeout().is_some_and(|t| t <= unix);
@@ -193,5 +201,83 @@ impl Dhcp {
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cyphonic_vip::testing::{DhcpOption, MessageType, client_message};
+
+    use super::*;
+
+    fn config() -> DhcpConfig {
+        DhcpConfig {
+            server: Ipv4Addr::new(100, 64, 1, 1),
+            block: "100.64.1.0/24".parse().unwrap(),
+            pool: (
+                Ipv4Addr::new(100, 64, 1, 100),
+                Ipv4Addr::new(100, 64, 1, 199),
+            ),
+            lease_secs: 3600,
+            mtu: 1420,
+            domain: "gw1.ovl.example".into(),
+            reservations: vec![],
+            new_lease_share: 1.0,
+            new_lease_window_secs: 60,
+        }
+    }
+
+    /// While the lease file cannot be written, the ACK that would grant a lease does not
+    /// leave (the client retries); the OFFER before it may. Once saving works again, the
+    /// retried REQUEST gets its ACK.
+    #[test]
+    fn no_ack_leaves_for_a_lease_that_is_not_on_disk() {
+        let dir = std::env::temp_dir().join(format!("cy-dhcp-unsaved-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let unix = 1_800_000_000;
+        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
+        let table = LanTable::new(&[]);
+        let now = Instant::now();
+        let mac = [0x02, 0xbb, 0, 0, 0, 7];
+        let discover = client_message(
+            MessageType::Discover,
+            mac,
+            1,
+            vec![],
+            Ipv4Addr::UNSPECIFIED,
+            false,
+        );
+        let offer = d.handle(unix, mac, &discover).unwrap();
+        d.settle(now, &table);
+        assert!(d.releasable(&offer), "an offer promises nothing");
+        let ip = cyphonic_vip::testing::yiaddr(&offer.payload);
+        let request = client_message(
+            MessageType::Request,
+            mac,
+            2,
+            vec![
+                DhcpOption::ServerIdentifier(Ipv4Addr::new(100, 64, 1, 1)),
+                DhcpOption::RequestedIpAddress(ip),
+            ],
+            Ipv4Addr::UNSPECIFIED,
+            false,
+        );
+        // The state directory goes away: saving fails.
+        std::fs::remove_dir_all(&dir).unwrap();
+        let ack = d.handle(unix, mac, &request).unwrap();
+        d.settle(now, &table);
+        assert!(ack.grants);
+        assert!(!d.releasable(&ack), "an ACK for a lease not on disk left");
+        // Back again: the client's retry is answered, the lease saved first.
+        std::fs::create_dir_all(&dir).unwrap();
+        let ack = d.handle(unix + 4, mac, &request).unwrap();
+        d.settle(now, &table);
+        assert!(d.releasable(&ack));
+        assert!(
+            std::fs::read_to_string(dir.join("leases.json"))
+                .unwrap()
+                .contains(&ip.to_string())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

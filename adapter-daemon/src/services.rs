@@ -75,8 +75,16 @@ impl AdapterServices {
         };
         bump(&self.lan.counters.dhcp_received);
         let reply = d.handle(cyphonic_settings::now_secs(), mac, payload);
-        // Bindings are on disk before the reply that grants them leaves.
+        // Bindings are on disk before the reply that grants them leaves; when they cannot
+        // be saved, the ACK does not leave at all.
         self.settle(now);
+        let reply = reply.filter(|r| {
+            let ok = self.dhcp.as_ref().is_some_and(|d| d.releasable(r));
+            if !ok {
+                bump(&self.lan.counters.dhcp_unsaved_silent);
+            }
+            ok
+        });
         if let Some(reply) = reply
             && self.gateway.udp_to_lan(
                 reply.dst_mac,

@@ -28,6 +28,14 @@ pub use server::{DhcpConfig, Ignore, Lease, LeaseEvent, Reply, Reservation, Serv
 pub mod testing {
     pub use crate::server::client_message;
     pub use dhcproto::v4::{DhcpOption, MessageType};
+
+    /// The address a server's reply (an encoded DHCP message) offers or grants; unspecified
+    /// when it does not decode.
+    pub fn yiaddr(reply: &[u8]) -> std::net::Ipv4Addr {
+        use dhcproto::Decodable as _;
+        dhcproto::v4::Message::decode(&mut dhcproto::Decoder::new(reply))
+            .map_or(std::net::Ipv4Addr::UNSPECIFIED, |m| m.yiaddr())
+    }
 }
 
 /// A configuration the server cannot work with.
