@@ -199,17 +199,47 @@ pub struct Submitter {
     shared: Arc<Shared>,
     seq: Sequencer<SealStage>,
     pending: HashMap<u32, VecDeque<Outgoing>>,
+    /// Packets in `pending`, all peers together.
+    queued: usize,
     queue_per_peer: usize,
+    /// At most this many packets wait in all: many pending peers cannot take the pool's
+    /// buffers from everything else (capture, the LAN services, established tunnels).
+    queue_total: usize,
 }
 
+/// The share of the packet buffers that packets waiting for handshakes may hold, all peers
+/// together.
+pub const QUEUED_SHARE_OF_BUFFERS: usize = 4;
+
 impl Submitter {
-    /// Submits to `seq`, holding at most `queue_per_peer` packets per pending peer.
-    pub fn new(shared: Arc<Shared>, seq: Sequencer<SealStage>, queue_per_peer: usize) -> Self {
+    /// Submits to `seq`, holding at most `queue_per_peer` packets per pending peer and
+    /// `queue_total` in all.
+    pub fn new(
+        shared: Arc<Shared>,
+        seq: Sequencer<SealStage>,
+        queue_per_peer: usize,
+        queue_total: usize,
+    ) -> Self {
         Self {
             shared,
             seq,
             pending: HashMap::new(),
+            queued: 0,
             queue_per_peer,
+            queue_total,
+        }
+    }
+
+    /// Queues `item` at the back of its peer's queue `id`, or counts it dropped when that
+    /// queue, or all queues together, are full.
+    fn enqueue(&mut self, id: u32, item: Outgoing) {
+        let q = self.pending.entry(id).or_default();
+        if q.len() >= self.queue_per_peer || self.queued >= self.queue_total {
+            bump(&self.shared.counters.drop_queue);
+        } else {
+            bump(&self.shared.counters.queued_for_handshake);
+            q.push_back(item);
+            self.queued += 1;
         }
     }
 
@@ -234,16 +264,13 @@ impl Submitter {
     /// A peer with queued packets gets new ones queued too, so nothing overtakes them.
     pub fn submit(&mut self, item: Outgoing) {
         let id = item.peer.id;
-        if let Some(q) = self.pending.get_mut(&id).filter(|q| !q.is_empty()) {
-            enqueue_in(&self.shared, self.queue_per_peer, q, item);
+        if self.pending.get(&id).is_some_and(|q| !q.is_empty()) {
+            self.enqueue(id, item);
             return;
         }
         match self.seq.push(item) {
             Ok(()) => {}
-            Err(Rejected::Dropped(item, DropReason::NoSession)) => {
-                let q = self.pending.entry(id).or_default();
-                enqueue_in(&self.shared, self.queue_per_peer, q, item);
-            }
+            Err(Rejected::Dropped(item, DropReason::NoSession)) => self.enqueue(id, item),
             Err(Rejected::Full(_)) => bump(&self.shared.counters.drop_pipeline_full),
             Err(Rejected::Dropped(..)) => {}
         }
@@ -263,14 +290,17 @@ impl Submitter {
         while let Some(mut item) = q.pop_front() {
             item.now = now;
             match self.seq.push(item) {
-                Ok(()) => {}
+                Ok(()) => self.queued -= 1,
                 Err(Rejected::Dropped(item, DropReason::NoSession)) => {
                     // Not usable after all (expired again): keep waiting, in order.
                     q.push_front(item);
                     self.pending.insert(id, q);
                     break;
                 }
-                Err(_) => bump(&self.shared.counters.drop_queue),
+                Err(_) => {
+                    self.queued -= 1;
+                    bump(&self.shared.counters.drop_queue);
+                }
             }
         }
         self.seq.flush();
@@ -279,6 +309,7 @@ impl Submitter {
     /// Peer `id` cannot be reached: what waited for it is dropped.
     pub fn gave_up(&mut self, id: u32) {
         for _ in self.pending.remove(&id).unwrap_or_default() {
+            self.queued -= 1;
             bump(&self.shared.counters.drop_queue);
         }
     }
@@ -286,15 +317,6 @@ impl Submitter {
     /// The pipeline's counters.
     pub fn counters(&self) -> &Arc<cyphonic_pipeline::Counters> {
         self.seq.counters()
-    }
-}
-
-fn enqueue_in(shared: &Shared, limit: usize, q: &mut VecDeque<Outgoing>, item: Outgoing) {
-    if q.len() >= limit {
-        bump(&shared.counters.drop_queue);
-    } else {
-        bump(&shared.counters.queued_for_handshake);
-        q.push_back(item);
     }
 }
 

@@ -70,7 +70,8 @@ pub struct DataPlane {
     /// How long the receiving threads keep polling their socket after a packet instead of
     /// sleeping (zero: off).
     pub busy_poll: Duration,
-    /// Packets held per peer while its handshake completes.
+    /// Packets held per peer while its handshake completes (and a quarter of `buffers` for
+    /// all peers together).
     pub queue_per_peer: usize,
     /// Packet buffers in all ([`crate::BUF_LEN`] bytes each): the data plane's memory ceiling.
     pub buffers: usize,
@@ -324,6 +325,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             shared.clone(),
             egress_seq,
             dp.queue_per_peer,
+            dp.buffers / crate::egress::QUEUED_SHARE_OF_BUFFERS,
         ));
         let identity_key = identity.public_key();
         let (handshakes, queue) = Handshakes::new(

@@ -333,7 +333,7 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
     }
     let pool = p.a.shared.pool.clone();
     let grabbing = AtomicBool::new(true);
-    std::thread::scope(|s| {
+    let sent = std::thread::scope(|s| {
         // Takes every buffer A's pool has, and every one that comes back, until told to stop.
         let grabber = s.spawn(|| {
             let mut held = Vec::new();
@@ -351,9 +351,15 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
             !p.a.send(p.b.vip, &packet(0, 100)),
             "no buffer to send with"
         );
-        send(&p.b, p.a.vip, 0, 200);
+        // B keeps sending until A's receive thread finds no buffer to take: on a busy
+        // machine the grabber may not run for a while, and A recycles its own buffers.
         let deadline = Instant::now() + Duration::from_secs(3);
+        let mut n = 0;
         while p.a.shared.counters.drop_no_buffer.load(Relaxed) == 0 && Instant::now() < deadline {
+            if n < 900 {
+                send(&p.b, p.a.vip, n, 20);
+                n += 20;
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(
@@ -363,10 +369,12 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
         drop(stop);
         let held = grabber.join().unwrap_or_default();
         assert!(held.len() > 200, "{} buffers held", held.len());
+        n
     });
     // The held buffers are back: what waited on the link arrives, then the new traffic.
     send(&p.b, p.a.vip, 1000, 100);
-    let got = seqs(&p.a.wait_delivered(300, Duration::from_secs(5)));
+    let got =
+        seqs(&p.a.wait_delivered(usize::try_from(sent).unwrap() + 100, Duration::from_secs(5)));
     assert!(strictly_increasing(&got), "in order");
     assert!(
         got.ends_with(&(1000..1100).collect::<Vec<_>>()),
@@ -610,5 +618,43 @@ fn under_load_a_genuine_initiator_gets_through_with_a_cookie() {
         seqs(&p.b.wait_delivered(10, Duration::from_secs(2))),
         (0..10).collect::<Vec<_>>()
     );
+    assert_no_buffer_leaks(p);
+}
+
+/// Packets waiting for handshakes hold pool buffers: each peer's queue is bounded, and so are
+/// all queues together (a quarter of the buffers), so that peers that never answer cannot
+/// take the buffers everything else needs. Here B goes away and A's keys expire: of 100
+/// packets for B, a quarter of A's 256 buffers (64) wait, the rest are counted dropped,
+/// though A's per-peer queue would hold 200.
+#[test]
+fn packets_waiting_for_handshakes_hold_at_most_a_quarter_of_the_buffers() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let timing = Timing {
+        rekey_after_time: Duration::from_millis(150),
+        reject_after_time: Duration::from_millis(250),
+        ..timing()
+    };
+    let dp = DataPlane {
+        buffers: 256,
+        queue_per_peer: 200,
+        ..dataplane()
+    };
+    let mut p = Pair::new(11, &dp, timing);
+    assert!(p.wait_established(Duration::from_secs(5)));
+    p.b.stop();
+    // A's keys expire unanswered.
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(!p.a.peer().lock().is_established(Instant::now()));
+    let c = &p.a.shared.counters;
+    let (queued, dropped) = (
+        c.queued_for_handshake.load(Relaxed),
+        c.drop_queue.load(Relaxed),
+    );
+    for n in 0..100 {
+        assert!(p.a.send(p.b.vip, &packet(n, 200)), "packet {n} not taken");
+    }
+    assert_eq!(c.queued_for_handshake.load(Relaxed) - queued, 64, "{c:?}");
+    assert_eq!(c.drop_queue.load(Relaxed) - dropped, 36, "{c:?}");
+    assert!(p.a.shared.pool.in_use() <= 64 + 2 * cyphonic_tunnel::RECV_BATCH);
     assert_no_buffer_leaks(p);
 }
