@@ -375,10 +375,13 @@ impl Capture {
             } => {
                 if lan.dhcp_on {
                     let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
-                    lan.to_services(ToServices::Dhcp {
-                        mac: client_mac,
-                        payload,
-                    });
+                    lan.to_services(
+                        ToServices::Dhcp {
+                            mac: client_mac,
+                            payload,
+                        },
+                        now,
+                    );
                 } else {
                     bump(&c.dhcp_unserved);
                 }
@@ -391,14 +394,17 @@ impl Capture {
             } => {
                 if lan.dns_on {
                     let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
-                    lan.to_services(ToServices::Dns {
-                        client: Client::Lan {
-                            mac: client_mac,
-                            ip: client_ip,
-                            port: client_port,
+                    lan.to_services(
+                        ToServices::Dns {
+                            client: Client::Lan {
+                                mac: client_mac,
+                                ip: client_ip,
+                                port: client_port,
+                            },
+                            payload,
                         },
-                        payload,
-                    });
+                        now,
+                    );
                 } else {
                     bump(&c.dns_unserved);
                 }

@@ -44,6 +44,8 @@ cyphonic_telemetry::counters! {
     dns_sent,
     /// DNS queries seen while the DNS service is switched off.
     dns_unserved,
+    /// DHCP, DNS or gateway messages from a source over its rate (DHCP per MAC, the rest per source address).
+    drop_service_rate,
     /// DHCP or DNS messages dropped because the control thread's queue was full (a flood).
     drop_service_busy,
     /// Packets from peers to the gateway vIP (DNS, ping).

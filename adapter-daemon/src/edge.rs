@@ -27,7 +27,10 @@ use crate::counters::LanCounters;
 use crate::dhcp::Dhcp;
 use crate::forward_guard::ForwardGuard;
 use crate::gateway::Gateway;
-use crate::lan::{LanSide, SERVICES_QUEUE, ToServices};
+use crate::lan::{
+    DHCP_BURST, DHCP_PER_MAC, DHCP_QUEUE, LanSide, RATE_SLOTS, SERVICE_BURST, SERVICE_PER_SOURCE,
+    SERVICES_QUEUE, ServiceQueues,
+};
 use crate::lan_sink::LanSink;
 use crate::names::Names;
 use crate::neighbors::LanTable;
@@ -41,7 +44,7 @@ pub struct AdapterEdge<'a> {
     iface: Interface,
     capture: Option<PacketSocket>,
     lan: Arc<LanSide>,
-    work: Option<tokio::sync::mpsc::Receiver<ToServices>>,
+    work: Option<ServiceQueues>,
 }
 
 impl<'a> AdapterEdge<'a> {
@@ -86,7 +89,8 @@ impl<'a> AdapterEdge<'a> {
                 "cannot set the LAN port's forwarding settings; devices' frames still never reach the kernel's IP stack (they are addressed to the gateway's own MAC)"
             ),
         }
-        let (to_services, work) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
+        let (to_services, other) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
+        let (to_dhcp, dhcp) = tokio::sync::mpsc::channel(DHCP_QUEUE);
         let lan = Arc::new(LanSide {
             lan: Lan {
                 mac: gateway_mac,
@@ -101,6 +105,13 @@ impl<'a> AdapterEdge<'a> {
             table: LanTable::new(&config.reservations),
             counters: LanCounters::default(),
             to_services,
+            to_dhcp,
+            dhcp_rate: cyphonic_tunnel::RateTable::new(RATE_SLOTS, DHCP_PER_MAC, DHCP_BURST),
+            service_rate: cyphonic_tunnel::RateTable::new(
+                RATE_SLOTS,
+                SERVICE_PER_SOURCE,
+                SERVICE_BURST,
+            ),
             dhcp_on: config.dhcp.is_some(),
             dns_on: config.common.dns.is_some(),
             published: Mutex::new(Published::default()),
@@ -110,7 +121,7 @@ impl<'a> AdapterEdge<'a> {
             iface,
             capture: Some(capture),
             lan,
-            work: Some(work),
+            work: Some(ServiceQueues { dhcp, other }),
         })
     }
 

@@ -96,11 +96,14 @@ impl Sink for LanSink {
                 if deferred {
                     complete_deferred_checksum(&mut packet);
                 }
-                self.lan.to_services(ToServices::FromPeer {
-                    peer: peer_id,
-                    packet,
-                    at: now,
-                });
+                self.lan.to_services(
+                    ToServices::FromPeer {
+                        peer: peer_id,
+                        packet,
+                        at: now,
+                    },
+                    now,
+                );
                 Ok(())
             }
             Ingress::Deliver { frame } => {

@@ -17,12 +17,11 @@ use std::time::Instant;
 use cyphonic_daemon::dns::Said;
 use cyphonic_daemon::{Services, Settled};
 use cyphonic_signal::NameRecord;
-use tokio::sync::mpsc;
 
 use crate::counters::bump;
 use crate::dhcp::Dhcp;
 use crate::gateway::{FromPeer, Gateway};
-use crate::lan::{Client, LanSide, ToServices};
+use crate::lan::{Client, LanSide, ServiceQueues, ToServices};
 use crate::names::Names;
 
 const DNS_PORT: u16 = 53;
@@ -36,7 +35,7 @@ pub type Dns = cyphonic_daemon::dns::Dns<Client>;
 #[derive(Debug)]
 pub struct AdapterServices {
     lan: Arc<LanSide>,
-    work: mpsc::Receiver<ToServices>,
+    work: ServiceQueues,
     gateway: Gateway,
     dhcp: Option<Dhcp>,
     dns: Option<Dns>,
@@ -48,7 +47,7 @@ impl AdapterServices {
     /// as grants: into the anti-spoofing table and the names before any frame is captured.
     pub fn new(
         lan: Arc<LanSide>,
-        work: mpsc::Receiver<ToServices>,
+        work: ServiceQueues,
         gateway: Gateway,
         dhcp: Option<Dhcp>,
         dns: Option<Dns>,
@@ -196,10 +195,13 @@ impl Services for AdapterServices {
     type Work = ToServices;
 
     async fn next(&mut self) -> ToServices {
-        match self.work.recv().await {
-            Some(w) => w,
+        // DHCP first: a flood of DNS never delays a device getting its address.
+        tokio::select! {
+            biased;
+            Some(w) = self.work.dhcp.recv() => w,
+            Some(w) = self.work.other.recv() => w,
             // Every sender is gone: the data threads stopped.
-            None => std::future::pending().await,
+            else => std::future::pending().await,
         }
     }
 

@@ -216,3 +216,55 @@ fn the_node_dns_stub_serves_the_node_and_gives_peers_its_own_zone_only() {
         "{status}"
     );
 }
+
+/// A DNS query for `name` (type A), as a device's resolver would send it.
+fn dns_query(id: u16, name: &str) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend([0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.') {
+        q.push(u8::try_from(label.len()).unwrap());
+        q.extend(label.as_bytes());
+    }
+    q.extend([0, 0, 1, 0, 1]);
+    q
+}
+
+/// A device at site B floods adapter A's DNS with 5,000 questions a second through the
+/// tunnel, for 10 s. Meanwhile a new device on A's LAN gets its lease and A's own device is
+/// answered: DHCP has a queue of its own, and the flood spends only its source's rate.
+#[test]
+fn a_dns_flood_from_another_site_leaves_local_dhcp_and_dns_served() {
+    let mut bed = TwoSites::up(&BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.ping_ok(&bed.b.lan, bed.a.host_ip, Ping::count(2).wait(3));
+    let from = SocketAddr::new(bed.b.host_ip.into(), 0);
+    let to = SocketAddr::new(bed.a.gateway.into(), 53);
+    let query = dns_query(0x4242, "gw1.ovl.example");
+    let flood =
+        inject::spawn_flood_udp(&bed.b.lan, from, to, query, 5_000, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    let (ns, mac) = bed.add_host(Side::A, "newcomer").unwrap();
+    let mut device = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, "newcomer").unwrap();
+    device.start().unwrap();
+    let bound = device.wait_for(&["bound"], 1, Duration::from_secs(8));
+    let answer = dig(&bed.a.lan, bed.a.gateway, "gw1.ovl.example", "A");
+    let sent = flood.join().unwrap().unwrap();
+    let logs = bed.logs();
+    bound.unwrap_or_else(|e| panic!("no lease during the DNS flood: {e}\n{logs}"));
+    let answer = answer.unwrap_or_else(|e| panic!("no DNS answer during the flood: {e}\n{logs}"));
+    assert_eq!(answer.status, "NOERROR", "{answer:?}");
+    let counter = |name| bed.counter(Side::A, name).unwrap();
+    eprintln!(
+        "DNS flood: {sent} sent; A: {} over their source's rate, {} queue drops, {} DNS received",
+        counter("drop_service_rate"),
+        counter("drop_service_busy"),
+        counter("dns_received"),
+    );
+    assert!(sent > 40_000, "the flood sent only {sent}");
+    assert!(counter("drop_service_rate") > 10_000, "{logs}");
+    assert_eq!(counter("drop_service_busy"), 0, "{logs}");
+    device.stop().unwrap();
+}

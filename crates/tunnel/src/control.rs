@@ -171,7 +171,7 @@ impl Control {
         }
     }
 
-    /// Frames on keys we do not have came from `from` (the data threads' [`crate::KickGate`]
+    /// Frames on keys we do not have came from `from` (the data threads' [`Shared::kick_gate`](crate::Shared::kick_gate)
     /// lets at most one a second through per source): a peer we have no keys with that we
     /// reach at that address most likely kept keys we lost in a restart. Handshake with it
     /// now instead of waiting until it notices. Anyone else is ignored, so frames spoofed

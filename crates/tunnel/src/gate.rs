@@ -15,8 +15,7 @@
 //! meant for [`LOAD_HOLD`] after it last was. Everything here costs a BLAKE2s or two and no
 //! state per source beyond a fixed table.
 
-use std::hash::BuildHasher;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{CookieSecret, PublicKey};
@@ -24,6 +23,7 @@ use cyphonic_session::CookieChecker;
 use cyphonic_wire::MessageType;
 
 use crate::counters::{EngineCounters, bump};
+use crate::limit::{RateTable, source_key};
 
 /// Initiations waiting before the responder counts as under load: an eighth of the queue.
 pub const LOAD_THRESHOLD: usize = crate::handshakes::INITIATIONS / 8;
@@ -47,54 +47,11 @@ pub enum Admission {
     Dropped,
 }
 
-/// Per-source rate limits in a fixed table: each slot is a GCRA (a token bucket in one
-/// number, its "theoretical arrival time"). Sources share a slot only by a hash collision
-/// under a random key, which an attacker cannot aim at a victim.
-#[derive(Debug)]
-struct SourceLimiter {
-    origin: Instant,
-    /// Per slot, the theoretical arrival time, in microseconds after `origin`.
-    tat: Vec<u64>,
-    hasher: std::hash::RandomState,
-}
-
-impl SourceLimiter {
-    fn new(now: Instant) -> Self {
-        Self {
-            origin: now,
-            tat: vec![0; SOURCE_SLOTS],
-            hasher: std::hash::RandomState::new(),
-        }
-    }
-
-    fn admit(&mut self, ip: IpAddr, now: Instant) -> bool {
-        let key: u64 = match ip {
-            IpAddr::V4(v4) => u64::from(u32::from(v4)),
-            // A /64 is what one IPv6 host is usually given: limit it as one source.
-            IpAddr::V6(v6) => {
-                let o = v6.octets();
-                u64::from_be_bytes([o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]]) | 1 << 63
-            }
-        };
-        let slot = usize::try_from(self.hasher.hash_one(key) % SOURCE_SLOTS as u64).unwrap_or(0);
-        let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let interval = 1_000_000 / u64::from(PER_SOURCE_RATE);
-        let tolerance = interval * u64::from(PER_SOURCE_BURST - 1);
-        let now = us(now.saturating_duration_since(self.origin));
-        let tat = self.tat[slot].max(now);
-        if tat - now > tolerance {
-            return false;
-        }
-        self.tat[slot] = tat + interval;
-        true
-    }
-}
-
 /// The receive thread's handshake gate. See the module docs.
 #[derive(Debug)]
 pub struct HandshakeGate {
     checker: CookieChecker,
-    limiter: SourceLimiter,
+    limiter: RateTable,
     loaded_until: Option<Instant>,
 }
 
@@ -108,7 +65,7 @@ impl HandshakeGate {
             .map_err(|_| std::io::Error::other("the system's random generator failed"))?;
         Ok(Self {
             checker: CookieChecker::new(ours, secret, now),
-            limiter: SourceLimiter::new(now),
+            limiter: RateTable::new(SOURCE_SLOTS, PER_SOURCE_RATE, PER_SOURCE_BURST),
             loaded_until: None,
         })
     }
@@ -155,43 +112,10 @@ impl HandshakeGate {
                 None => Admission::Dropped,
             };
         }
-        if !self.limiter.admit(from.ip(), now) {
+        if !self.limiter.admit(source_key(from.ip()), now) {
             bump(&counters.drop_handshake_rate);
             return Admission::Dropped;
         }
         Admission::Queue
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_source_gets_its_burst_then_its_rate() {
-        let t0 = Instant::now();
-        let mut l = SourceLimiter::new(t0);
-        let a: IpAddr = "192.0.2.1".parse().unwrap();
-        let admitted = (0..20).filter(|_| l.admit(a, t0)).count();
-        assert_eq!(admitted, PER_SOURCE_BURST as usize);
-        // Other sources are not held back by the first (but for the odd collision of slots).
-        let others = (2..=201u8)
-            .filter(|i| l.admit(IpAddr::from([198, 51, 100, *i]), t0))
-            .count();
-        assert!(others >= 190, "{others} of 200 other sources admitted");
-        // Over a second, about the rate gets through.
-        let mut got = 0;
-        for ms in (0..1000).step_by(5) {
-            if l.admit(a, t0 + Duration::from_millis(ms)) {
-                got += 1;
-            }
-        }
-        assert!((19..=21).contains(&got), "{got} in a second");
-        // One IPv6 /64 is one source.
-        let mut v6 = SourceLimiter::new(t0);
-        let admitted = (0..20u16)
-            .filter(|i| v6.admit(IpAddr::from([0xfd00, 0, 0, 1, 0, 0, 0, *i]), t0))
-            .count();
-        assert_eq!(admitted, PER_SOURCE_BURST as usize);
     }
 }

@@ -231,54 +231,15 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
     }
 }
 
-/// How often frames on unknown keys from one source may ask the control thread to look for
-/// a peer there.
-const KICK_INTERVAL: Duration = Duration::from_secs(1);
-/// Sources are hashed into this many slots, so that the gate has a fixed size: frames with
-/// random indices from spoofed sources make at most this many requests per interval.
-const KICK_SLOTS: usize = 64;
+/// Slots of [`Shared::kick_gate`]: frames with random indices from spoofed sources make at
+/// most this many requests a second, one per slot.
+pub const KICK_SLOTS: usize = 64;
 
-/// Bounds what frames on unknown keys can make the control thread do, without per-source
-/// state: a source address hashes to a slot, and a slot lets one request through per
-/// [`KICK_INTERVAL`]. A flood from many sources can delay a genuine peer's turn by an interval
-/// or so (its slot is busy), never starve it for longer.
-#[derive(Debug)]
-pub struct KickGate {
-    origin: Instant,
-    /// Per slot, when it next admits a request (milliseconds after `origin`).
-    next: [std::sync::atomic::AtomicU64; KICK_SLOTS],
-    hasher: std::hash::RandomState,
-}
-
-impl Default for KickGate {
-    fn default() -> Self {
-        Self {
-            origin: Instant::now(),
-            next: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(0)),
-            hasher: std::hash::RandomState::new(),
-        }
-    }
-}
-
-impl KickGate {
-    /// Whether a frame on unknown keys from `from` may ask the control thread now.
-    pub fn admit(&self, from: SocketAddr, now: Instant) -> bool {
-        use std::hash::BuildHasher;
-        let hash = self.hasher.hash_one(from).to_le_bytes();
-        let slot = &self.next[usize::from(hash[0]) % KICK_SLOTS];
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let now_ms = ms(now.saturating_duration_since(self.origin));
-        let due = slot.load(Ordering::Relaxed);
-        now_ms >= due
-            && slot
-                .compare_exchange(
-                    due,
-                    now_ms + ms(KICK_INTERVAL),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-    }
+/// The gate on what frames on unknown keys can make the control thread do: one request a
+/// second per hashed source slot. A flood from many sources can delay a genuine peer's turn by
+/// a second or so (its slot is busy), never starve it for longer.
+pub fn kick_gate() -> crate::limit::RateTable {
+    crate::limit::RateTable::new(KICK_SLOTS, 1, 1)
 }
 
 /// The tunnel socket's receive thread.

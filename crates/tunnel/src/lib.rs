@@ -35,6 +35,7 @@ pub mod engine;
 pub mod gate;
 pub mod handshakes;
 pub mod ingress;
+pub mod limit;
 pub mod peers;
 pub mod pool;
 pub mod socket;
@@ -51,7 +52,8 @@ pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
 pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
 pub use gate::{Admission, HandshakeGate};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
-pub use ingress::{Arrival, Incoming, KickGate, OpenStage, Receiver, arrival};
+pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
+pub use limit::{RateTable, source_key};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
 pub use pool::{
     BUF_LEN, Buf, ETHERNET_HEADER, FRAME_OFFSET, FRAME_ROOM, PACKET_ROOM, Pool, RECV_BATCH,
@@ -99,7 +101,7 @@ pub struct Shared {
     /// Wakes the control thread when a peer's timers changed on a data thread.
     pub notify: tokio::sync::Notify,
     /// Bounds the [`ToControl::Kick`]s frames on unknown keys may send.
-    pub kick_gate: KickGate,
+    pub kick_gate: RateTable,
     /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
     /// Written by the handshake thread only.
     pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
@@ -122,7 +124,7 @@ impl Shared {
                 running: AtomicBool::new(true),
                 control,
                 notify: tokio::sync::Notify::new(),
-                kick_gate: KickGate::default(),
+                kick_gate: ingress::kick_gate(),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
             },
             rx,
