@@ -601,7 +601,16 @@ fn garbage_dhcp_and_dns_are_counted_and_dropped() {
     let mac = parse_mac(&bed.a.host_mac);
     let dhcp = dhcp_garbage(mac);
     let dhcp_sent = dhcp.len() as u64;
-    let frames: Vec<Vec<u8>> = dhcp.iter().map(|p| dhcp_broadcast(mac, p)).collect();
+    // Each from a MAC of its own: one device is held to a few DHCP messages a second
+    // (drop_service_rate), and here every message is to reach the parser.
+    let frames: Vec<Vec<u8>> = dhcp
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let [hi, lo] = u16::try_from(i).unwrap().to_be_bytes();
+            dhcp_broadcast([0x02, 0xdd, 0, 0, hi, lo], p)
+        })
+        .collect();
     for chunk in frames.chunks(20) {
         inject::send_frames(&bed.a.lan, "eth0", chunk.to_vec()).unwrap();
         std::thread::sleep(Duration::from_millis(20));
