@@ -70,11 +70,11 @@ pub enum ToServices {
 pub const SERVICES_QUEUE: usize = 256;
 /// DHCP messages waiting at most, in a queue of their own: no DNS flood, from the LAN or from
 /// another site, can take DHCP's place.
-pub const DHCP_QUEUE: usize = 64;
+pub const DHCP_QUEUE: usize = 256;
 /// DHCP messages a second one MAC may have served (after a burst of [`DHCP_BURST`]).
-pub const DHCP_PER_MAC: u32 = 5;
+pub const DHCP_PER_MAC: u32 = 20;
 /// DHCP messages one MAC may send at once.
-pub const DHCP_BURST: u32 = 10;
+pub const DHCP_BURST: u32 = 40;
 /// DNS messages (from a LAN device) or packets for the gateway (from a peer's device) a
 /// second one source may have served, after a burst of [`SERVICE_BURST`].
 pub const SERVICE_PER_SOURCE: u32 = 100;
