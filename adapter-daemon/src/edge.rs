@@ -11,7 +11,7 @@
 //! control thread   AdapterServices: DHCP and leases, DNS, the gateway address (services.rs)
 //! ```
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use cyphonic_daemon::dns::OwnZone;
@@ -27,15 +27,12 @@ use crate::counters::LanCounters;
 use crate::dhcp::Dhcp;
 use crate::forward_guard::ForwardGuard;
 use crate::gateway::Gateway;
-use crate::lan::{
-    DHCP_BURST, DHCP_PER_MAC, DHCP_QUEUE, LanSide, RATE_SLOTS, SERVICE_BURST, SERVICE_PER_SOURCE,
-    SERVICES_QUEUE, ServiceQueues,
-};
+use crate::lan::{LanSide, ServiceQueues};
 use crate::lan_sink::LanSink;
 use crate::names::Names;
 use crate::neighbors::LanTable;
 use crate::services::{AdapterServices, Dns};
-use crate::status::{AdapterInfo, AdapterStatus, Published};
+use crate::status::{AdapterInfo, AdapterStatus};
 
 /// The adapter's edge.
 #[derive(Debug)]
@@ -89,10 +86,8 @@ impl<'a> AdapterEdge<'a> {
                 "cannot set the LAN port's forwarding settings; devices' frames still never reach the kernel's IP stack (they are addressed to the gateway's own MAC)"
             ),
         }
-        let (to_services, other) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
-        let (to_dhcp, dhcp) = tokio::sync::mpsc::channel(DHCP_QUEUE);
-        let lan = Arc::new(LanSide {
-            lan: Lan {
+        let (lan, work) = LanSide::new(
+            Lan {
                 mac: gateway_mac,
                 host_mac: iface.mac,
                 gateway_ip: config.gateway_vip,
@@ -102,26 +97,17 @@ impl<'a> AdapterEdge<'a> {
                 mss_clamp: config.mss_clamp,
                 defer_checksums: lan_side.defer_checksums,
             },
-            table: LanTable::new(&config.reservations),
-            counters: LanCounters::default(),
-            to_services,
-            to_dhcp,
-            dhcp_rate: cyphonic_tunnel::RateTable::new(RATE_SLOTS, DHCP_PER_MAC, DHCP_BURST),
-            service_rate: cyphonic_tunnel::RateTable::new(
-                RATE_SLOTS,
-                SERVICE_PER_SOURCE,
-                SERVICE_BURST,
-            ),
-            dhcp_on: config.dhcp.is_some(),
-            dns_on: config.common.dns.is_some(),
-            published: Mutex::new(Published::default()),
-        });
+            LanTable::new(&config.reservations),
+            config.dhcp.is_some(),
+            config.common.dns.is_some(),
+        );
+        let lan = Arc::new(lan);
         Ok(Self {
             config,
             iface,
             capture: Some(capture),
             lan,
-            work: Some(ServiceQueues { dhcp, other }),
+            work: Some(work),
         })
     }
 

@@ -118,6 +118,30 @@ pub struct LanSide {
 }
 
 impl LanSide {
+    /// The LAN side of `lan`, with who holds which address in `table`, and the services'
+    /// ends of its queues (their bounds and per-source rates are this module's constants).
+    pub fn new(lan: Lan, table: LanTable, dhcp_on: bool, dns_on: bool) -> (Self, ServiceQueues) {
+        let (to_services, other) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
+        let (to_dhcp, dhcp) = tokio::sync::mpsc::channel(DHCP_QUEUE);
+        let side = Self {
+            lan,
+            table,
+            counters: LanCounters::default(),
+            to_services,
+            to_dhcp,
+            dhcp_rate: cyphonic_tunnel::RateTable::new(RATE_SLOTS, DHCP_PER_MAC, DHCP_BURST),
+            service_rate: cyphonic_tunnel::RateTable::new(
+                RATE_SLOTS,
+                SERVICE_PER_SOURCE,
+                SERVICE_BURST,
+            ),
+            dhcp_on,
+            dns_on,
+            published: Mutex::new(Published::default()),
+        };
+        (side, ServiceQueues { dhcp, other })
+    }
+
     /// Hands work to the services, never waiting: DHCP into its own queue, the rest into
     /// theirs, each source within its rate; a source over its rate, or a full queue, drops
     /// it, counted.
@@ -162,34 +186,17 @@ mod tests {
     use super::*;
 
     fn lan_side() -> (LanSide, ServiceQueues) {
-        let (to_services, other) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
-        let (to_dhcp, dhcp) = tokio::sync::mpsc::channel(DHCP_QUEUE);
-        let side = LanSide {
-            lan: Lan {
-                mac: [0x02, 0xaa, 0, 0, 0, 1],
-                host_mac: [0x02, 0xf0, 0, 0, 0, 1],
-                gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
-                block: "100.64.1.0/24".parse().unwrap(),
-                overlay: "100.64.0.0/10".parse().unwrap(),
-                inner_mtu: 1420,
-                mss_clamp: true,
-                defer_checksums: false,
-            },
-            table: LanTable::new(&[]),
-            counters: LanCounters::default(),
-            to_services,
-            to_dhcp,
-            dhcp_rate: cyphonic_tunnel::RateTable::new(RATE_SLOTS, DHCP_PER_MAC, DHCP_BURST),
-            service_rate: cyphonic_tunnel::RateTable::new(
-                RATE_SLOTS,
-                SERVICE_PER_SOURCE,
-                SERVICE_BURST,
-            ),
-            dhcp_on: true,
-            dns_on: true,
-            published: Mutex::new(Published::default()),
+        let lan = Lan {
+            mac: [0x02, 0xaa, 0, 0, 0, 1],
+            host_mac: [0x02, 0xf0, 0, 0, 0, 1],
+            gateway_ip: Ipv4Addr::new(100, 64, 1, 1),
+            block: "100.64.1.0/24".parse().unwrap(),
+            overlay: "100.64.0.0/10".parse().unwrap(),
+            inner_mtu: 1420,
+            mss_clamp: true,
+            defer_checksums: false,
         };
-        (side, ServiceQueues { dhcp, other })
+        LanSide::new(lan, LanTable::new(&[]), true, true)
     }
 
     fn dns_from_peer(ip: Ipv4Addr) -> ToServices {
