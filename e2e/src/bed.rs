@@ -19,7 +19,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::hosts::nat_router;
-pub use crate::hosts::{Bins, CloudHost, Nat, TempDir, mac_of};
+pub use crate::hosts::{Bins, CloudHost, Nat, TempDir, mac_of, parse_mac};
 use crate::impair::{Impairment, Relay};
 use crate::{Netns, Proc, sh, unique, veth};
 

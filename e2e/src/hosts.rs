@@ -273,6 +273,21 @@ pub fn nat_router(
     Ok(ns)
 }
 
+/// A MAC written `aa:bb:cc:dd:ee:ff`, as `ip` and the status documents write it.
+///
+/// # Errors
+/// Not six hexadecimal bytes separated by colons.
+pub fn parse_mac(text: &str) -> anyhow::Result<[u8; 6]> {
+    let bytes = text
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .with_context(|| format!("{text:?} is not a MAC"))?;
+    bytes
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("{text:?} is not six bytes"))
+}
+
 /// The MAC of `iface` in `ns` (`aa:bb:...`).
 ///
 /// # Errors
@@ -285,4 +300,26 @@ pub fn mac_of(ns: &Netns, iface: &str) -> anyhow::Result<String> {
         .nth(1)
         .context("no MAC")?
         .to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_mac;
+
+    #[test]
+    fn macs_parse_strictly() {
+        assert_eq!(
+            parse_mac("02:aa:0b:C0:00:ff").unwrap(),
+            [0x02, 0xaa, 0x0b, 0xc0, 0x00, 0xff]
+        );
+        for bad in [
+            "",
+            "02:aa:0b:c0:00",
+            "02:aa:0b:c0:00:ff:01",
+            "02:aa:0b:c0:00:gg",
+            "02aa0bc000ff",
+        ] {
+            assert!(parse_mac(bad).is_err(), "{bad:?}");
+        }
+    }
 }

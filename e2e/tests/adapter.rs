@@ -20,11 +20,7 @@ fn bed(opts: &BedOptions) -> TwoSites {
 }
 
 fn mac(text: &str) -> [u8; 6] {
-    let mut m = [0u8; 6];
-    for (b, p) in m.iter_mut().zip(text.split(':')) {
-        *b = u8::from_str_radix(p, 16).unwrap();
-    }
-    m
+    cyphonic_e2e::bed::parse_mac(text).unwrap()
 }
 
 fn out_of_order(bed: &TwoSites, side: Side) -> (u64, u64) {

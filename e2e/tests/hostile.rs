@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cyphonic_e2e::bed::{BedOptions, CloudOptions, Ping, Side, TwoSites, mac_of};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Ping, Side, TwoSites, mac_of, parse_mac};
 use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::node::{NAME, VIP};
@@ -124,15 +124,8 @@ fn no_device_packet_leaves_in_clear_even_with_forwarding_on() {
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
     // A device that addresses the host's own MAC (it can learn it from the kernel's ARP
     // answers for the host's other addresses) instead of the gateway's.
-    let parse = |m: &str| -> [u8; 6] {
-        let v: Vec<u8> = m
-            .split(':')
-            .map(|x| u8::from_str_radix(x, 16).unwrap())
-            .collect();
-        v.try_into().unwrap()
-    };
-    let nic = parse(&mac_of(ns, "lan").unwrap());
-    let device = parse(&bed.a.host_mac);
+    let nic = parse_mac(&mac_of(ns, "lan").unwrap()).unwrap();
+    let device = parse_mac(&bed.a.host_mac).unwrap();
     let to_host: Vec<Vec<u8>> = (0..10u16)
         .map(|i| {
             let (src, dst) = (bed.a.host_ip, bed.b.host_ip);

@@ -156,11 +156,7 @@ fn udhcpc_and_dhclient_get_renew_reboot_and_release_leases() {
 }
 
 fn parse_mac(text: &str) -> [u8; 6] {
-    let mut mac = [0u8; 6];
-    for (b, part) in mac.iter_mut().zip(text.split(':')) {
-        *b = u8::from_str_radix(part, 16).unwrap();
-    }
-    mac
+    cyphonic_e2e::bed::parse_mac(text).unwrap()
 }
 
 /// A renewal as a device in RENEWING/REBINDING state sends it: `ciaddr` set, no server

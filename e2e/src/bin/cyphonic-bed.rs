@@ -596,13 +596,7 @@ fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
     })?;
     let init = attack::capture_initiation(&bed)?;
     let (asker_ns, asker_mac) = bed.add_host(Side::B, "asker")?;
-    let asker_mac: Vec<u8> = asker_mac
-        .split(':')
-        .map(|x| u8::from_str_radix(x, 16))
-        .collect::<Result<_, _>>()?;
-    let asker_mac: [u8; 6] = asker_mac
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("a MAC of six bytes"))?;
+    let asker_mac = cyphonic_e2e::bed::parse_mac(&asker_mac)?;
     let pid = bed.b.adapter.as_ref().context("adapter B runs")?.pid();
     let to_b = SocketAddr::new(bed.b.underlay, 51820);
     let forged: SocketAddr = "203.0.113.1:0".parse()?;
