@@ -21,17 +21,12 @@ use cyphonic_wire::{COOKIE_REPLY_LEN, Frame, FrameRepr, HEADER_LEN, MessageType}
 /// How long a responder keeps its cookie secret, and so how long an initiator uses a cookie.
 pub const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
 
-/// The frame's bytes before mac1, mac1, and mac2; `None` for a frame too short to carry them.
-fn split_macs(frame: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
-    let mac2_at = frame.len().checked_sub(MAC_LEN)?;
-    let mac1_at = mac2_at.checked_sub(MAC_LEN)?;
-    (mac1_at >= HEADER_LEN).then(|| {
-        (
-            &frame[..mac1_at],
-            &frame[mac1_at..mac2_at],
-            &frame[mac2_at..],
-        )
-    })
+/// Where mac1 and mac2 start in a handshake frame of `len` bytes; `None` for a frame too
+/// short to carry them after its header. mac1 covers `..mac1`, mac2 covers `..mac2`.
+fn mac_offsets(len: usize) -> Option<(usize, usize)> {
+    let mac2 = len.checked_sub(MAC_LEN)?;
+    let mac1 = mac2.checked_sub(MAC_LEN)?;
+    (mac1 >= HEADER_LEN).then_some((mac1, mac2))
 }
 
 /// Writes mac1 (keyed for the frame's `receiver`) and mac2 (under `cookie`, or zeros) into the
@@ -41,11 +36,13 @@ pub(crate) fn seal_macs(
     receiver: &MacKeys,
     cookie: Option<&Cookie>,
 ) -> [u8; MAC_LEN] {
-    let len = frame.len();
-    let mac1 = receiver.mac1(&frame[..len - 2 * MAC_LEN]);
-    frame[len - 2 * MAC_LEN..len - MAC_LEN].copy_from_slice(&mac1);
-    let mac2 = cookie.map_or([0; MAC_LEN], |c| cookie::mac(c, &frame[..len - MAC_LEN]));
-    frame[len - MAC_LEN..].copy_from_slice(&mac2);
+    let Some((at1, at2)) = mac_offsets(frame.len()) else {
+        unreachable!("handshake frames are built with room for their MACs");
+    };
+    let mac1 = receiver.mac1(&frame[..at1]);
+    frame[at1..at2].copy_from_slice(&mac1);
+    let mac2 = cookie.map_or([0; MAC_LEN], |c| cookie::mac(c, &frame[..at2]));
+    frame[at2..].copy_from_slice(&mac2);
     mac1
 }
 
@@ -81,19 +78,18 @@ impl CookieChecker {
 
     /// Whether a handshake frame's mac1 is right: its sender knows our static key.
     pub fn check_mac1(&self, frame: &[u8]) -> bool {
-        split_macs(frame).is_some_and(|(covered, mac1, _)| self.ours.verify_mac1(covered, mac1))
+        mac_offsets(frame.len())
+            .is_some_and(|(at1, at2)| self.ours.verify_mac1(&frame[..at1], &frame[at1..at2]))
     }
 
     /// Whether a handshake frame's mac2 is the MAC under the current cookie of `from`: its
     /// sender receives at that address.
     pub fn check_mac2(&mut self, frame: &[u8], from: SocketAddr, now: Instant) -> bool {
+        let Some((_, at2)) = mac_offsets(frame.len()) else {
+            return false;
+        };
         let cookie = self.cookie(from, now);
-        frame.len() >= HEADER_LEN + 2 * MAC_LEN
-            && cookie::verify_mac(
-                &cookie,
-                &frame[..frame.len() - MAC_LEN],
-                &frame[frame.len() - MAC_LEN..],
-            )
+        cookie::verify_mac(&cookie, &frame[..at2], &frame[at2..])
     }
 
     /// The cookie-reply to the initiation `frame` from `from`, or `None` when `frame` is not a
@@ -104,8 +100,8 @@ impl CookieChecker {
         if repr.msg_type != MessageType::HandshakeInit {
             return None;
         }
-        let (_, mac1, _) = split_macs(frame)?;
-        let mac1: [u8; MAC_LEN] = mac1.try_into().ok()?;
+        let (at1, at2) = mac_offsets(frame.len())?;
+        let mac1: [u8; MAC_LEN] = frame[at1..at2].try_into().ok()?;
         let cookie = self.cookie(from, now);
         let nonce = cookie::random_nonce().ok()?;
         let sealed = self.ours.seal_cookie(&cookie, &nonce, &mac1);
