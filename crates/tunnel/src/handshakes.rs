@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use cyphonic_session::{Clock, Identity, read_init};
+use cyphonic_session::{Clock, HandshakeError, Identity, read_init};
 use cyphonic_wire::{Frame, MessageType};
 
 use crate::counters::bump;
@@ -159,6 +159,12 @@ impl Handshakes {
         }
     }
 
+    /// Counts and logs what peer `slot`'s state machine refused, naming the peer.
+    fn refused_by(&mut self, slot: &PeerSlot, from: SocketAddr, e: &HandshakeError) {
+        let what = format!("{}: {e}", slot.name);
+        self.refused(e.kind(), from, &what);
+    }
+
     /// Answers one handshake message.
     pub fn handle(&mut self, msg: &HandshakeMsg) {
         let HandshakeMsg { frame, from, at } = msg;
@@ -188,8 +194,7 @@ impl Handshakes {
                 };
                 let result = slot.lock().handle_init(at, from, init);
                 if let Err(e) = result {
-                    let what = format!("{}: {e}", slot.name);
-                    self.refused(e.kind(), from, &what);
+                    self.refused_by(&slot, from, &e);
                 }
                 self.flush(&slot);
             }
@@ -205,10 +210,7 @@ impl Handshakes {
                 let result = slot.lock().handle_cookie_reply(at, frame);
                 match result {
                     Ok(()) => bump(&self.shared.counters.cookie_replies_received),
-                    Err(e) => {
-                        let what = format!("{}: {e}", slot.name);
-                        self.refused(e.kind(), from, &what);
-                    }
+                    Err(e) => self.refused_by(&slot, from, &e),
                 }
             }
             MessageType::HandshakeResp => {
@@ -223,8 +225,7 @@ impl Handshakes {
                 };
                 let result = slot.lock().handle_response(at, from, frame);
                 if let Err(e) = result {
-                    let what = format!("{}: {e}", slot.name);
-                    self.refused(e.kind(), from, &what);
+                    self.refused_by(&slot, from, &e);
                 }
                 self.flush(&slot);
             }
