@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use cyphonic_control::{
-    ClientMsg, CloudMsg, Hello, ServerHandshake, Welcome, check_name, probe_token,
+    ClientMsg, CloudMsg, Hello, Probe, ServerHandshake, Welcome, bind_token, check_name,
 };
 use cyphonic_crypto::{CertBody, CertificateAuthority, IssueRequest, StaticKeypair};
 
@@ -34,7 +34,10 @@ fn fixtures() -> &'static (StaticKeypair, CertBody) {
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let (cloud_key, body) = fixtures();
     let _ = ServerHandshake::accept(cloud_key, data);
-    let _ = probe_token(data);
+    let _ = bind_token(data);
+    if let Some(p) = Probe::parse(data) {
+        let _ = p.verify(&[7; 16]);
+    }
     let _ = serde_json::from_slice::<Hello>(data);
     let _ = serde_json::from_slice::<Welcome>(data);
     let _ = serde_json::from_slice::<CloudMsg>(data);

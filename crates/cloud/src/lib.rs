@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod guard;
 pub mod nms;
 pub mod observe;
 pub mod policy;

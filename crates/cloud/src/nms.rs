@@ -7,18 +7,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cyphonic_control::channel::{LEN_PREFIX, frame_len};
+use cyphonic_control::channel::{LEN_PREFIX, MAX_HELLO_FRAME, frame_len};
+use cyphonic_control::probe::PROBE_KEY_LEN;
 use cyphonic_control::{
-    ClientMsg, CloudMsg, NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, ServerHandshake,
-    VERSION, Welcome, check_name, probe_token,
+    ClientMsg, CloudMsg, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe, RelayInfo, RelayReason,
+    Resolution, ServerHandshake, VERSION, Welcome, check_name,
 };
 use cyphonic_crypto::{CertBody, CertKind, Certificate, StaticKeypair, TrustStore};
 use dashmap::DashMap;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
+use crate::guard::{Freshness, MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE, Requests, Ticket, Unproven};
 use crate::policy::Policy;
 use crate::route;
 use crate::store::{ClientRow, Store};
@@ -26,8 +28,9 @@ use crate::trs::{Channel, Trs};
 
 /// A client that says nothing for this long is gone (clients ping every 15 s).
 const IDLE: Duration = Duration::from_secs(60);
-/// A connection must finish its handshake within this.
-const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
+/// A connection must send its first message within this, and, once welcomed, prove itself
+/// (its first transport message) within this again.
+const HANDSHAKE_TIME: Duration = Duration::from_secs(5);
 /// Endpoints one client may register.
 const MAX_ENDPOINTS: usize = 16;
 /// Names one client may register.
@@ -40,10 +43,18 @@ const MAX_CHANNELS_PER_CLIENT: usize = 64;
 cyphonic_telemetry::counters! {
     /// NMS's counters.
     pub struct Stats {
-        /// Control sessions opened.
+        /// Control sessions opened (proven: the client's first message decrypted).
         sessions,
-        /// Handshakes refused (bad certificate, wrong version) or failed (not Noise to our key).
+        /// Handshakes refused (bad certificate, wrong version) or failed (not Noise to our key, a first frame over the limit, nothing in time).
         refused,
+        /// First messages whose timestamp was not fresh for their identity: replays.
+        replays,
+        /// Connections closed at once: too many unproven ones, in all or from their source.
+        connections_refused,
+        /// Welcomed sessions that never proved themselves (no first message in time).
+        unproven,
+        /// Requests that waited for their class's rate.
+        throttled,
         /// Messages that did not authenticate or parse; each closes its session.
         malformed,
         /// Names refused at registration (outside the certificate, taken).
@@ -54,8 +65,10 @@ cyphonic_telemetry::counters! {
         denied,
         /// Endpoint probes accepted.
         probes,
-        /// Endpoint probes refused (malformed, unknown token).
+        /// Endpoint probes refused (malformed, unknown token, bad MAC, an old counter).
         probes_refused,
+        /// Observed addresses written to the store (only when they changed).
+        endpoint_writes,
         /// Pairs sent through the relay.
         relayed_pairs,
         /// Relay requests refused (no relay, unknown peer, policy, limits).
@@ -98,6 +111,21 @@ struct Connected {
     since: std::time::Instant,
 }
 
+/// Where a session's probes come from, per probe port: written by the probe readers, acted on
+/// by the session.
+type Seen = [Option<SocketAddr>; 2];
+
+/// What the probe readers know of one session.
+#[derive(Debug)]
+struct ProbeSession {
+    /// The key of its probes' MAC.
+    key: [u8; PROBE_KEY_LEN],
+    /// The last counter accepted, per port.
+    counters: [u64; 2],
+    /// Tells the session where its probes come from.
+    seen: watch::Sender<Seen>,
+}
+
 /// The NMS state shared by every connection.
 #[derive(Debug)]
 pub struct Nms {
@@ -108,8 +136,10 @@ pub struct Nms {
     probe_ports: Vec<u16>,
     trs: Option<Arc<Trs>>,
     connected: DashMap<String, Connected>,
-    tokens: DashMap<[u8; 16], String>,
+    tokens: DashMap<[u8; PROBE_TOKEN_LEN], ProbeSession>,
     serial: AtomicU64,
+    unproven: Arc<Unproven>,
+    freshness: Arc<Freshness>,
     /// Counters.
     pub stats: Stats,
 }
@@ -120,7 +150,7 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn random_token() -> Option<[u8; 16]> {
+fn random16() -> Option<[u8; 16]> {
     use ring::rand::SecureRandom as _;
     let mut t = [0u8; 16];
     ring::rand::SystemRandom::new().fill(&mut t).ok()?;
@@ -155,12 +185,46 @@ fn admit(
     Ok((cert, pem))
 }
 
-async fn read_frame(rd: &mut OwnedReadHalf) -> std::io::Result<Vec<u8>> {
+/// The next frame, refused (as `InvalidData`) when its prefix announces more than `max` bytes:
+/// nothing is allocated or read for it.
+async fn read_frame(rd: &mut OwnedReadHalf, max: usize) -> std::io::Result<Vec<u8>> {
     let mut prefix = [0u8; LEN_PREFIX];
     rd.read_exact(&mut prefix).await?;
-    let mut buf = vec![0; frame_len(prefix)];
+    let len = frame_len(prefix);
+    if len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes where at most {max} may come"),
+        ));
+    }
+    let mut buf = vec![0; len];
     rd.read_exact(&mut buf).await?;
     Ok(buf)
+}
+
+/// Seals and writes `msg`; why the session must end when that fails.
+async fn send(
+    ch: &mut cyphonic_control::Channel,
+    wr: &mut OwnedWriteHalf,
+    msg: &CloudMsg,
+) -> Result<(), &'static str> {
+    let frame = ch.seal(msg).map_err(|_| "oversize message")?;
+    wr.write_all(&frame).await.map_err(|_| "write failed")
+}
+
+/// A session that passed the handshake and proved itself.
+struct Open {
+    ch: cyphonic_control::Channel,
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    fp: String,
+    body: CertBody,
+    /// Its first message: the proof.
+    first: ClientMsg,
+    /// Where its probes come from.
+    seen: watch::Receiver<Seen>,
+    /// Holds the identity's handshake timestamp in memory while the session lives.
+    _live: crate::guard::Live,
 }
 
 impl Nms {
@@ -184,20 +248,27 @@ impl Nms {
             connected: DashMap::new(),
             tokens: DashMap::new(),
             serial: AtomicU64::new(0),
+            unproven: Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE),
+            freshness: Freshness::new(),
             stats: Stats::default(),
         }
     }
 
     /// Accepts control sessions on `listener` until the task is dropped; its sessions end
-    /// with it.
+    /// with it. A connection beyond the unproven caps is closed at once.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         let mut sessions = tokio::task::JoinSet::new();
         loop {
             match listener.accept().await {
                 Ok((stream, from)) => {
                     while sessions.try_join_next().is_some() {}
+                    let Some(ticket) = self.unproven.enter(from.ip()) else {
+                        bump(&self.stats.connections_refused);
+                        tracing::debug!(%from, "too many unproven control connections: closed");
+                        continue;
+                    };
                     let me = self.clone();
-                    sessions.spawn(async move { me.session(stream, from).await });
+                    sessions.spawn(async move { me.session(stream, from, ticket).await });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accepting a control connection");
@@ -207,16 +278,51 @@ impl Nms {
         }
     }
 
-    async fn session(self: Arc<Self>, stream: TcpStream, from: SocketAddr) {
+    /// Connections that have not proven themselves, now.
+    pub fn unproven_now(&self) -> usize {
+        self.unproven.held()
+    }
+
+    async fn session(self: Arc<Self>, stream: TcpStream, from: SocketAddr, ticket: Ticket) {
         let _ = stream.set_nodelay(true);
         // A dual-stack listener shows IPv4 clients as ::ffff:a.b.c.d.
         let from = canonical(from);
         let local = stream
             .local_addr()
             .map_or(IpAddr::from([0, 0, 0, 0]), |l| l.ip().to_canonical());
-        let (mut rd, mut wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        let Some(token) = random16() else {
+            return;
+        };
+        let Some(open) = self.open(rd, wr, from, token).await else {
+            self.tokens.remove(&token);
+            return;
+        };
+        // Proven: from here on it is the client's session and may replace an older one.
+        drop(ticket);
+        self.run(open, from, local, token).await;
+        self.tokens.remove(&token);
+    }
+
+    /// The handshake, up to the client's proof: its first transport message, which only the
+    /// holder of the handshake's ephemeral key can make. A replayed first message gets no
+    /// further than the freshness check; a fresh one that never proves itself replaces
+    /// nothing and ends here.
+    async fn open(
+        &self,
+        mut rd: OwnedReadHalf,
+        mut wr: OwnedWriteHalf,
+        from: SocketAddr,
+        token: [u8; PROBE_TOKEN_LEN],
+    ) -> Option<Open> {
         let opened = tokio::time::timeout(HANDSHAKE_TIME, async {
-            let first = read_frame(&mut rd).await.ok()?;
+            let first = match read_frame(&mut rd, MAX_HELLO_FRAME).await {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::debug!(%from, error = %e, "no first control message");
+                    return None;
+                }
+            };
             match ServerHandshake::accept(&self.key, &first) {
                 Ok(hs) => Some(hs),
                 Err(e) => {
@@ -228,8 +334,17 @@ impl Nms {
         .await;
         let Ok(Some(hs)) = opened else {
             bump(&self.stats.refused);
-            return;
+            return None;
         };
+        let (key, timestamp) = (hs.remote_static(), hs.hello().timestamp);
+        if self
+            .freshness
+            .is_replay(&key, timestamp, std::time::Instant::now())
+        {
+            bump(&self.stats.replays);
+            tracing::debug!(%from, client = %key, "a control handshake seen before (a replay, or the client's clock went back): closed");
+            return None;
+        }
         let (cert, pem) = match admit(&self.trust, &hs, unix_now()) {
             Ok(ok) => ok,
             Err(reason) => {
@@ -238,29 +353,84 @@ impl Nms {
                 if let Ok((_, frame)) = hs.answer(&Welcome::Refused { reason }) {
                     let _ = wr.write_all(&frame).await;
                 }
-                return;
+                return None;
             }
         };
-        let Some(token) = random_token() else {
-            return;
+        let live = self
+            .freshness
+            .admit(key, timestamp, std::time::Instant::now());
+        let probe_key = random16()?;
+        let (mut ch, frame) = hs
+            .answer(&Welcome::Accepted {
+                version: VERSION,
+                probe_token: token,
+                probe_key,
+                probe_ports: self.probe_ports.clone(),
+                observed: from,
+            })
+            .ok()?;
+        // Known before the client hears the welcome: its first probe may arrive at once.
+        let (seen_tx, seen) = watch::channel(Seen::default());
+        self.tokens.insert(
+            token,
+            ProbeSession {
+                key: probe_key,
+                counters: [0; 2],
+                seen: seen_tx,
+            },
+        );
+        wr.write_all(&frame).await.ok()?;
+        let body = cert.body().clone();
+        let Ok(Ok(first)) = tokio::time::timeout(
+            HANDSHAKE_TIME,
+            read_frame(&mut rd, cyphonic_control::channel::MAX_FRAME),
+        )
+        .await
+        else {
+            bump(&self.stats.unproven);
+            tracing::info!(name = %body.name, %from, "a welcomed control session sent nothing in time: closed, replacing nothing");
+            return None;
         };
-        let Ok((mut ch, frame)) = hs.answer(&Welcome::Accepted {
-            version: VERSION,
-            probe_token: token,
-            probe_ports: self.probe_ports.clone(),
-            observed: from,
-        }) else {
-            return;
+        let first = match ch.open::<ClientMsg>(&first) {
+            Ok(m) => m,
+            Err(e) => {
+                bump(&self.stats.malformed);
+                tracing::info!(name = %body.name, %from, error = %e, "a welcomed control session's first message does not open: closed, replacing nothing");
+                return None;
+            }
         };
         let fp = cert.fingerprint().to_string();
-        let body = cert.body().clone();
         if let Err(e) = self.store.client_online(&fp, &body.name, &pem).await {
             tracing::error!(error = %e, "store");
-            return;
+            return None;
         }
-        // Known before the client hears the welcome: its first probe may arrive at once.
+        Some(Open {
+            ch,
+            rd,
+            wr,
+            fp,
+            body,
+            first,
+            seen,
+            _live: live,
+        })
+    }
+
+    /// A proven session, until it ends.
+    async fn run(&self, open: Open, from: SocketAddr, local: IpAddr, token: [u8; 16]) {
+        let Open {
+            mut ch,
+            mut rd,
+            mut wr,
+            fp,
+            body,
+            first,
+            mut seen,
+            _live,
+        } = open;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let (tx, mut pushes) = mpsc::channel(PUSH_QUEUE);
+        // Replaces the identity's older session, if any: its push queue closes and it ends.
         self.connected.insert(
             fp.clone(),
             Connected {
@@ -272,50 +442,91 @@ impl Nms {
                 since: std::time::Instant::now(),
             },
         );
-        self.tokens.insert(token, fp.clone());
-        if wr.write_all(&frame).await.is_err() {
-            self.tokens.remove(&token);
-            self.connected.remove_if(&fp, |_, c| c.serial == serial);
-            return;
-        }
         bump(&self.stats.sessions);
         tracing::info!(name = %body.name, %from, "control session open");
 
         // The reader runs apart, so that waiting for a frame is never cut half-way.
         let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(16);
         let reader = tokio::spawn(async move {
-            while let Ok(f) = read_frame(&mut rd).await {
+            while let Ok(f) = read_frame(&mut rd, cyphonic_control::channel::MAX_FRAME).await {
                 if frames_tx.send(f).await.is_err() {
                     break;
                 }
             }
         });
-        let why = loop {
-            let out = tokio::select! {
-                f = tokio::time::timeout(IDLE, frames.recv()) => match f {
-                    Err(_) => break "idle",
-                    Ok(None) => break "closed",
-                    Ok(Some(f)) => match ch.open::<ClientMsg>(&f) {
-                        Ok(msg) => self.handle(&fp, &body, msg).await,
-                        Err(e) => {
-                            bump(&self.stats.malformed);
-                            tracing::info!(name = %body.name, error = %e, "malformed control message");
-                            break "malformed message";
+        let requests = Requests::default();
+        let mut written = Seen::default();
+        let mut next = Some(first);
+        let why = 'session: loop {
+            let msg = match next.take() {
+                Some(m) => m,
+                None => {
+                    let out = tokio::select! {
+                        f = tokio::time::timeout(IDLE, frames.recv()) => match f {
+                            Err(_) => break 'session "idle",
+                            Ok(None) => break 'session "closed",
+                            Ok(Some(f)) => match ch.open::<ClientMsg>(&f) {
+                                Ok(msg) => msg,
+                                Err(e) => {
+                                    bump(&self.stats.malformed);
+                                    tracing::info!(name = %body.name, error = %e, "malformed control message");
+                                    break 'session "malformed message";
+                                }
+                            },
+                        },
+                        p = pushes.recv() => match p {
+                            Some(p) => {
+                                if let Err(why) = send(&mut ch, &mut wr, &p).await {
+                                    break 'session why;
+                                }
+                                continue 'session;
+                            }
+                            None => break 'session "replaced by a newer session",
+                        },
+                        changed = seen.changed() => {
+                            if changed.is_err() {
+                                break 'session "probe state lost";
+                            }
+                            let now = *seen.borrow_and_update();
+                            if let Some(o) = self.observed(&fp, now, &mut written).await
+                                && let Err(why) = send(&mut ch, &mut wr, &o).await
+                            {
+                                break 'session why;
+                            }
+                            continue 'session;
                         }
-                    },
-                },
-                p = pushes.recv() => match p {
-                    Some(p) => Some(p),
-                    None => break "replaced by a newer session",
-                },
-            };
-            if let Some(out) = out {
-                let Ok(frame) = ch.seal(&out) else {
-                    break "oversize message";
-                };
-                if wr.write_all(&frame).await.is_err() {
-                    break "write failed";
+                    };
+                    out
                 }
+            };
+            // Each class of request at its own rate: over it, this session waits (its
+            // pushes still go out) and the client's own writes back up.
+            let mut counted = false;
+            while let Some(wait) = requests.wait(&msg) {
+                if !counted {
+                    bump(&self.stats.throttled);
+                    counted = true;
+                }
+                let sleep = tokio::time::sleep(wait);
+                tokio::pin!(sleep);
+                loop {
+                    tokio::select! {
+                        () = &mut sleep => break,
+                        p = pushes.recv() => match p {
+                            Some(p) => {
+                                if let Err(why) = send(&mut ch, &mut wr, &p).await {
+                                    break 'session why;
+                                }
+                            }
+                            None => break 'session "replaced by a newer session",
+                        },
+                    }
+                }
+            }
+            if let Some(out) = self.handle(&fp, &body, msg).await
+                && let Err(why) = send(&mut ch, &mut wr, &out).await
+            {
+                break 'session why;
             }
         };
         reader.abort();
@@ -328,6 +539,28 @@ impl Nms {
             tracing::error!(error = %e, "store");
         }
         tracing::info!(name = %body.name, %from, reason = why, "control session closed");
+    }
+
+    /// Writes to the store the probe sources that changed since `written`; the answer for the
+    /// client when the first port's did.
+    async fn observed(&self, fp: &str, now: Seen, written: &mut Seen) -> Option<CloudMsg> {
+        let mut out = None;
+        for (alt, (now, written)) in now.iter().zip(written.iter_mut()).enumerate() {
+            let Some(addr) = *now else { continue };
+            if *written == Some(addr) {
+                continue;
+            }
+            if let Err(e) = self.store.observed(fp, addr, alt == 1).await {
+                tracing::error!(error = %e, "store");
+                continue;
+            }
+            bump(&self.stats.endpoint_writes);
+            *written = Some(addr);
+            if alt == 0 {
+                out = Some(CloudMsg::Observed { endpoint: addr });
+            }
+        }
+        out
     }
 
     async fn handle(&self, fp: &str, body: &CertBody, msg: ClientMsg) -> Option<CloudMsg> {
@@ -681,33 +914,35 @@ impl Nms {
     }
 
     /// Reads endpoint probes on `sock` until the task is dropped; `alt` for the second probe
-    /// port, whose observations only serve to recognise symmetric NATs.
+    /// port, whose observations only serve to recognise symmetric NATs. Cheap per probe: a
+    /// map lookup and a MAC; the session it names does any store work.
     pub async fn probes(self: Arc<Self>, sock: UdpSocket, alt: bool) {
         let mut buf = vec![0u8; 2048];
+        let port = usize::from(alt);
         loop {
             let Ok((n, from)) = sock.recv_from(&mut buf).await else {
                 continue;
             };
             let from = canonical(from);
-            let Some(token) = probe_token(&buf[..n]) else {
-                bump(&self.stats.probes_refused);
-                continue;
-            };
-            let Some(fp) = self.tokens.get(&token).map(|f| f.clone()) else {
-                bump(&self.stats.probes_refused);
-                continue;
-            };
-            bump(&self.stats.probes);
-            if let Err(e) = self.store.observed(&fp, from, alt).await {
-                tracing::error!(error = %e, "store");
-                continue;
-            }
-            if alt {
-                continue;
-            }
-            if let Some(c) = self.connected.get(&fp) {
-                let _ = c.tx.try_send(CloudMsg::Observed { endpoint: from });
-            }
+            let accepted = Probe::parse(&buf[..n]).is_some_and(|probe| {
+                self.tokens.get_mut(&probe.token).is_some_and(|mut s| {
+                    let fresh = probe.counter > s.counters[port] && probe.verify(&s.key);
+                    if fresh {
+                        s.counters[port] = probe.counter;
+                        s.seen.send_if_modified(|seen| {
+                            let changed = seen[port] != Some(from);
+                            seen[port] = Some(from);
+                            changed
+                        });
+                    }
+                    fresh
+                })
+            });
+            bump(if accepted {
+                &self.stats.probes
+            } else {
+                &self.stats.probes_refused
+            });
         }
     }
 }

@@ -119,6 +119,7 @@ impl Observed {
                 "names": get(&self.registry.names),
             },
             "sessions": sessions,
+            "unproven_connections": self.nms.unproven_now(),
             "relay": relay,
             "counters": counters_json(self.nms.stats.snapshot()),
         })
@@ -157,6 +158,12 @@ impl Collector for Observed {
             "cyphonic_nms_sessions_open",
             "Control sessions open on this instance.",
             f(self.nms.sessions().len() as u64),
+        )?;
+        gauge(
+            &mut e,
+            "cyphonic_nms_unproven_connections",
+            "Control connections that have not proven themselves yet (handshaking).",
+            f(self.nms.unproven_now() as u64),
         )?;
         let Some(trs) = &self.trs else {
             return Ok(());

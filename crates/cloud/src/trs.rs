@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use cyphonic_control::{PROBE_TOKEN_LEN, RelayReason, probe_token};
+use cyphonic_control::{PROBE_TOKEN_LEN, RelayReason, bind_token};
 use dashmap::DashMap;
 use tokio::net::UdpSocket;
 
@@ -213,6 +213,11 @@ impl Trs {
         }
         let (first, last) = (*self.config.ports.start(), *self.config.ports.end());
         let span = u32::from(last - first) + 1;
+        // Every port taken: refuse at once rather than try to bind each of them.
+        if self.pairs.len() >= span as usize {
+            bump(&self.stats.channels_refused);
+            return Err(TrsError::NoPort { first, last });
+        }
         let mut cursor = self
             .cursor
             .lock()
@@ -408,7 +413,7 @@ impl Relaying<'_> {
     async fn handle(&mut self, datagram: &mut [u8], from: SocketAddr) {
         let from = canonical(from);
         let stats = &self.trs.stats;
-        if let Some(token) = probe_token(datagram) {
+        if let Some(token) = bind_token(datagram) {
             // A bind: the side whose token it carries now lives at `from`.
             let side = self
                 .channel

@@ -21,6 +21,11 @@ pub const PROLOGUE: &[u8] = b"cyphonic control v1";
 /// The largest Noise message, and so the largest frame on the stream (after the prefix).
 pub const MAX_FRAME: usize = 65_535;
 
+/// The largest first frame (the client's handshake message with its [`Hello`]): a
+/// certificate's encoding is at most 1024 bytes, so a real `Hello` is far below this. The
+/// cloud reads no more from a connection that announces a longer one.
+pub const MAX_HELLO_FRAME: usize = 4096;
+
 /// Bytes of the length prefix.
 pub const LEN_PREFIX: usize = 2;
 
@@ -87,7 +92,8 @@ impl ClientHandshake {
     /// write (length prefix included).
     ///
     /// # Errors
-    /// [`ChannelError::TooLarge`] for an oversize certificate; Noise errors are not expected.
+    /// [`ChannelError::TooLarge`] for a `Hello` whose frame would pass [`MAX_HELLO_FRAME`]
+    /// (an oversize certificate or agent); Noise errors are not expected.
     pub fn start(
         local: &StaticKeypair,
         cloud: &PublicKey,
@@ -97,6 +103,9 @@ impl ClientHandshake {
         let payload = to_json(hello)?;
         let mut buf = vec![0; MAX_FRAME];
         let n = state.write_message(&payload, &mut buf)?;
+        if n > MAX_HELLO_FRAME {
+            return Err(ChannelError::TooLarge(n));
+        }
         Ok((Self { state }, framed(&buf[..n])))
     }
 

@@ -8,15 +8,14 @@
 
 pub mod channel;
 pub mod msg;
-
-/// Bytes of an endpoint probe's token.
-pub const PROBE_TOKEN_LEN: usize = 16;
+pub mod probe;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
     ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, VERSION,
     Welcome,
 };
+pub use probe::{PROBE_TOKEN_LEN, Probe, Prober, bind_frame, bind_token};
 
 use std::net::IpAddr;
 
@@ -68,34 +67,4 @@ pub fn check_name(body: &CertBody, record: &NameRecord) -> Result<(), NameError>
         return Err(NameError::OutsideBlocks);
     }
     Ok(())
-}
-
-/// An endpoint probe (docs/protocol.md §1, type 6): sent from the tunnel socket to the
-/// cloud's probe port so that the cloud sees the address a NAT maps that socket to. The body
-/// is the session's token from [`Welcome::Accepted`].
-pub fn probe_frame(token: &[u8; PROBE_TOKEN_LEN]) -> Vec<u8> {
-    use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
-    let mut buf = vec![0u8; HEADER_LEN + PROBE_TOKEN_LEN];
-    let mut frame = Frame::new_unchecked(&mut buf[..]);
-    FrameRepr {
-        msg_type: MessageType::EndpointProbe,
-        flags: 0,
-        receiver_index: 0,
-        counter: 0,
-        body_len: PROBE_TOKEN_LEN,
-    }
-    .emit(&mut frame);
-    frame.body_mut().copy_from_slice(token);
-    buf
-}
-
-/// The token of a well-formed endpoint probe, or `None` for anything else.
-pub fn probe_token(payload: &[u8]) -> Option<[u8; PROBE_TOKEN_LEN]> {
-    use cyphonic_wire::{Frame, FrameRepr, MessageType};
-    let frame = Frame::new_checked(payload).ok()?;
-    let repr = FrameRepr::parse(&frame).ok()?;
-    if repr.msg_type != MessageType::EndpointProbe {
-        return None;
-    }
-    frame.body().try_into().ok()
 }

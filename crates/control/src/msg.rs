@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 
 /// The payload of the first handshake message, client to cloud.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,6 +17,12 @@ pub const VERSION: u16 = 1;
 pub struct Hello {
     /// The protocol version the client speaks.
     pub version: u16,
+    /// The client's wall clock in nanoseconds since the Unix epoch, strictly greater than in
+    /// its previous handshake: the cloud refuses a `Hello` it has seen (a replay) by this.
+    /// (Absent in version 1: it reads as 0, so that an old client hears which version the
+    /// cloud speaks.)
+    #[serde(default)]
+    pub timestamp: u64,
     /// The client's certificate (text armor). Its Noise key must be the handshake's.
     pub certificate: String,
     /// Software and version, for the cloud's logs.
@@ -34,6 +40,8 @@ pub enum Welcome {
         /// Send this in an endpoint probe from the tunnel socket to each of `probe_ports`, so
         /// that the cloud sees the address the NAT maps that socket to.
         probe_token: [u8; 16],
+        /// The key of the probes' MAC: only this session can make probes the cloud accepts.
+        probe_key: [u8; 16],
         /// The cloud's UDP ports for endpoint probes (on the address the client connected to).
         /// Two ports show the cloud whether the NAT keeps one mapping for every destination
         /// or makes a new one per destination (a symmetric NAT, which hole punching cannot

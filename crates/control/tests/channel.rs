@@ -35,7 +35,8 @@ fn body(name: &str, block: &str) -> CertBody {
 
 fn hello() -> Hello {
     Hello {
-        version: 1,
+        version: 2,
+        timestamp: 1,
         certificate: "CERT".into(),
         agent: "test".into(),
     }
@@ -43,8 +44,9 @@ fn hello() -> Hello {
 
 fn welcome() -> Welcome {
     Welcome::Accepted {
-        version: 1,
+        version: 2,
         probe_token: [9; 16],
+        probe_key: [8; 16],
         probe_ports: vec![7001, 7002],
         observed: "198.51.100.2:40000".parse().unwrap(),
     }
@@ -203,6 +205,30 @@ fn message_shapes_are_stable() {
         serde_json::to_string(&o).unwrap(),
         r#"{"type":"observed","endpoint":"203.0.113.5:4000"}"#
     );
+    // A version-1 Hello (no timestamp) still reads, so that the cloud can answer it with the
+    // version it speaks.
+    let v1: Hello =
+        serde_json::from_str(r#"{"version":1,"certificate":"CERT","agent":"old"}"#).unwrap();
+    assert_eq!((v1.version, v1.timestamp), (1, 0));
+}
+
+/// The cloud reads no first frame above MAX_HELLO_FRAME, so a client never writes one.
+#[test]
+fn a_hello_that_would_pass_the_first_frame_limit_is_not_sent() {
+    let (client, cloud) = (
+        StaticKeypair::generate().unwrap(),
+        StaticKeypair::generate().unwrap(),
+    );
+    let (_, first) = ClientHandshake::start(&client, &cloud.public(), &hello()).unwrap();
+    assert!(first.len() <= cyphonic_control::channel::MAX_HELLO_FRAME);
+    let big = Hello {
+        agent: "x".repeat(cyphonic_control::channel::MAX_HELLO_FRAME),
+        ..hello()
+    };
+    assert!(matches!(
+        ClientHandshake::start(&client, &cloud.public(), &big),
+        Err(ChannelError::TooLarge(n)) if n > cyphonic_control::channel::MAX_HELLO_FRAME
+    ));
 }
 
 #[test]
@@ -263,17 +289,17 @@ proptest! {
 }
 
 #[test]
-fn probes_round_trip_and_nothing_else_passes_for_one() {
+fn binds_round_trip_and_nothing_else_passes_for_one() {
     let token = [0xab; 16];
-    let frame = cyphonic_control::probe_frame(&token);
+    let frame = cyphonic_control::bind_frame(&token);
     assert_eq!(frame.len(), 32);
     assert_eq!(frame[1], 6, "type 6, endpoint probe");
-    assert_eq!(cyphonic_control::probe_token(&frame), Some(token));
+    assert_eq!(cyphonic_control::bind_token(&frame), Some(token));
     let mut short = frame.clone();
     short.pop();
-    assert_eq!(cyphonic_control::probe_token(&short), None);
+    assert_eq!(cyphonic_control::bind_token(&short), None);
     let mut other = frame.clone();
     other[1] = 4;
-    assert_eq!(cyphonic_control::probe_token(&other), None);
-    assert_eq!(cyphonic_control::probe_token(&[]), None);
+    assert_eq!(cyphonic_control::bind_token(&other), None);
+    assert_eq!(cyphonic_control::bind_token(&[]), None);
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use cyphonic_control::channel::{LEN_PREFIX, frame_len};
 use cyphonic_control::{
-    Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Resolution,
-    VERSION, Welcome, probe_frame,
+    Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Prober, Resolution,
+    VERSION, Welcome,
 };
 use cyphonic_crypto::PublicKey;
 use cyphonic_session::Identity;
@@ -242,6 +242,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
         connected: connected_tx,
         events,
         cache: cache.clone(),
+        timestamp: 0,
     };
     tokio::spawn(task.run());
     (
@@ -263,6 +264,18 @@ struct Task {
     connected: watch::Sender<bool>,
     events: mpsc::Sender<Event>,
     cache: Arc<Cache>,
+    /// The timestamp of our last `Hello`: the next one is greater (the cloud refuses one it
+    /// has seen as a replay).
+    timestamp: u64,
+}
+
+/// The wall clock in nanoseconds since the Unix epoch, or one more than `last` when the clock
+/// has not moved past it (it stood still, or was set back).
+fn next_timestamp(last: u64) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    now.max(last.saturating_add(1))
 }
 
 /// How a session ended.
@@ -346,7 +359,7 @@ impl Task {
     }
 
     async fn open(
-        &self,
+        &mut self,
     ) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr), End> {
         let retry = |what: &str, e: &dyn std::fmt::Display| End::Retry(format!("{what}: {e}"));
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.config.cloud))
@@ -356,8 +369,10 @@ impl Task {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().map_err(|e| retry("connect", &e))?;
         let (mut rd, mut wr) = stream.into_split();
+        self.timestamp = next_timestamp(self.timestamp);
         let hello = Hello {
             version: VERSION,
+            timestamp: self.timestamp,
             certificate: self.identity.certificate().to_pem(),
             agent: self.config.agent.clone(),
         };
@@ -385,6 +400,7 @@ impl Task {
         };
         let Welcome::Accepted {
             probe_token,
+            probe_key,
             probe_ports,
             observed,
             ..
@@ -398,22 +414,29 @@ impl Task {
             .config
             .tunnel_port
             .map(|p| SocketAddr::new(local.ip().to_canonical(), p));
-        let frame = probe_frame(&probe_token);
-        let probes: Vec<Event> = probe_ports
+        let mut prober = Prober::new(probe_token, probe_key);
+        let probe_to: Vec<SocketAddr> = probe_ports
             .iter()
             .take(2)
-            .map(|p| Event::Probe {
-                to: SocketAddr::new(self.config.cloud.ip(), *p),
-                frame: frame.clone(),
-            })
+            .map(|p| SocketAddr::new(self.config.cloud.ip(), *p))
             .collect();
+        // Every probe carries the next counter: the cloud refuses a copy of an old one.
+        let mut probes = move || -> Vec<Event> {
+            probe_to
+                .iter()
+                .map(|&to| Event::Probe {
+                    to,
+                    frame: prober.next_frame(),
+                })
+                .collect()
+        };
         tracing::info!(cloud = %self.config.cloud, %observed, "control session open");
         // What the cloud told us before may be stale.
         self.cache.clear();
         self.connected.send_replace(true);
         self.emit(Event::Connected { observed });
-        for p in &probes {
-            self.emit(p.clone());
+        for p in probes() {
+            self.emit(p);
         }
 
         let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(16);
@@ -470,8 +493,8 @@ impl Task {
                         if !is_local(local.ip()) {
                             break End::Retry(format!("our address {} is gone", local.ip()));
                         }
-                        for p in &probes {
-                            self.emit(p.clone());
+                        for p in probes() {
+                            self.emit(p);
                         }
                         None
                     }
@@ -486,8 +509,8 @@ impl Task {
                     Some(ClientMsg::Ping {})
                 }
                 _ = probing.tick() => {
-                    for p in &probes {
-                        self.emit(p.clone());
+                    for p in probes() {
+                        self.emit(p);
                     }
                     None
                 }
@@ -538,5 +561,21 @@ impl Task {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn handshake_timestamps_only_grow_even_when_the_clock_does_not() {
+        let a = super::next_timestamp(0);
+        assert!(
+            a > 1_600_000_000_000_000_000,
+            "the wall clock, in nanoseconds"
+        );
+        let b = super::next_timestamp(a);
+        assert!(b > a);
+        // A clock behind the last Hello (set back, or a restart before NTP): one more.
+        assert_eq!(super::next_timestamp(u64::MAX - 5), u64::MAX - 4);
     }
 }

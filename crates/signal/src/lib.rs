@@ -14,4 +14,4 @@ pub mod testing;
 
 pub use cache::{Cache, FOUND_TTL, NEGATIVE_TTL};
 pub use client::{Config, Event, Handle, RESOLVE_TIMEOUT, SignalError, spawn};
-pub use cyphonic_control::{NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, probe_frame};
+pub use cyphonic_control::{NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, bind_frame};

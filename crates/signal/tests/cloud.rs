@@ -197,13 +197,20 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     h1.resolve("cam.gw2.ovl.example").await.unwrap();
     assert_eq!(running.nms.stats.resolves.load(Ordering::Relaxed), asked);
 
-    // Hostile bytes: a garbage probe, a garbage handshake, a probe with an unknown token.
+    // Hostile bytes: a garbage probe, a garbage handshake, a probe with an unknown token, a
+    // copy of gw2's accepted probe (from another address: a replay), and a probe with gw2's
+    // token under another key.
     let refused = running.nms.stats.refused.load(Ordering::Relaxed);
     tunnel.send_to(b"\x01\x06garbage", to).await.unwrap();
-    tunnel
-        .send_to(&cyphonic_control::probe_frame(&[0; 16]), to)
-        .await
-        .unwrap();
+    let mut stranger = cyphonic_control::Prober::new([0; 16], [0; 16]);
+    tunnel.send_to(&stranger.next_frame(), to).await.unwrap();
+    let elsewhere = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    elsewhere.send_to(&frame, to).await.unwrap();
+    let token = cyphonic_control::Probe::parse(&frame).unwrap().token;
+    let mut forger = cyphonic_control::Prober::new(token, [0; 16]);
+    for _ in 0..5 {
+        elsewhere.send_to(&forger.next_frame(), to).await.unwrap();
+    }
     let mut tcp = tokio::net::TcpStream::connect(running.control)
         .await
         .unwrap();
@@ -211,14 +218,29 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     tcp.write_all(&[0x55; 40]).await.unwrap();
     let stats = &running.nms.stats;
     for _ in 0..50 {
-        if stats.probes_refused.load(Ordering::Relaxed) >= 2
+        if stats.probes_refused.load(Ordering::Relaxed) >= 8
             && stats.refused.load(Ordering::Relaxed) > refused
         {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(stats.probes_refused.load(Ordering::Relaxed), 2);
+    assert_eq!(stats.probes_refused.load(Ordering::Relaxed), 8);
+    assert_eq!(
+        stats.probes.load(Ordering::Relaxed),
+        1,
+        "only gw2's own probe"
+    );
+    assert_eq!(
+        h2.resolve("gw2.ovl.example").await.unwrap(),
+        Resolution::Own
+    );
+    // The replay from elsewhere moved nothing: peers are still sent to the tunnel socket.
+    h1.cache().clear();
+    let Resolution::Found { peer, .. } = h1.resolve("cam.gw2.ovl.example").await.unwrap() else {
+        panic!("not found");
+    };
+    assert_eq!(peer.endpoints[0], observed);
     assert_eq!(stats.refused.load(Ordering::Relaxed), refused + 1);
     assert!(h1.is_connected() && h2.is_connected());
     running.stop();
@@ -400,7 +422,7 @@ impl Tunnel {
 
     async fn bind(&self, relay: &RelayInfo) {
         self.sock
-            .send_to(&cyphonic_signal::probe_frame(&relay.token), relay.address)
+            .send_to(&cyphonic_signal::bind_frame(&relay.token), relay.address)
             .await
             .unwrap();
     }
@@ -500,7 +522,7 @@ async fn an_ipv4_client_and_an_ipv6_client_meet_through_the_relay() {
     let mut forged = ra.clone();
     forged.token[0] ^= 1;
     stranger
-        .send_to(&cyphonic_signal::probe_frame(&forged.token), ra.address)
+        .send_to(&cyphonic_signal::bind_frame(&forged.token), ra.address)
         .await
         .unwrap();
     stranger.send_to(b"now?", ra.address).await.unwrap();
@@ -509,7 +531,7 @@ async fn an_ipv4_client_and_an_ipv6_client_meet_through_the_relay() {
     // A side that moves binds again from its new address (its token is its proof).
     let moved = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     moved
-        .send_to(&cyphonic_signal::probe_frame(&ra.token), ra.address)
+        .send_to(&cyphonic_signal::bind_frame(&ra.token), ra.address)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -588,5 +610,251 @@ async fn an_idle_channel_closes_and_frees_its_port() {
     assert_eq!(trs.open_channels(), 0, "the idle channel is still open");
     // Its port is free again.
     tokio::net::UdpSocket::bind(r.address).await.unwrap();
+    running.stop();
+}
+
+/// A control client driven by hand, frame by frame, the way an attacker (or a stalled client)
+/// would: it can keep its first frame to replay it, stop after the welcome, flood requests.
+struct Manual {
+    rd: tokio::net::tcp::OwnedReadHalf,
+    wr: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl Manual {
+    /// A TCP connection to `at` from `source` (a loopback address), no bytes sent yet.
+    async fn connect(at: SocketAddr, source: [u8; 4]) -> Self {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind(SocketAddr::from((source, 0))).unwrap();
+        let (rd, wr) = sock.connect(at).await.unwrap().into_split();
+        Self { rd, wr }
+    }
+
+    /// The first frame of a handshake as `id`, with `timestamp`.
+    fn hello(
+        cloud: &Cloud,
+        id: &Identity,
+        timestamp: u64,
+    ) -> (cyphonic_control::ClientHandshake, Vec<u8>) {
+        let hello = cyphonic_control::Hello {
+            version: cyphonic_control::VERSION,
+            timestamp,
+            certificate: id.certificate().to_pem(),
+            agent: "manual".into(),
+        };
+        cyphonic_control::ClientHandshake::start(id.keypair(), &cloud.key.public(), &hello).unwrap()
+    }
+
+    /// A proven session as `id` from `source`, its first frame kept.
+    async fn session(
+        cloud: &Cloud,
+        at: SocketAddr,
+        source: [u8; 4],
+        id: &Identity,
+        timestamp: u64,
+    ) -> (Self, cyphonic_control::Channel, Vec<u8>) {
+        let mut c = Self::connect(at, source).await;
+        let (hs, first) = Self::hello(cloud, id, timestamp);
+        let mut ch = c.open(hs, &first).await;
+        assert!(c.alive(&mut ch).await);
+        (c, ch, first)
+    }
+
+    async fn write(&mut self, bytes: &[u8]) {
+        self.wr.write_all(bytes).await.unwrap();
+    }
+
+    /// The next frame (without its prefix), or `None` when the cloud closed the connection;
+    /// within five seconds.
+    async fn frame(&mut self) -> Option<Vec<u8>> {
+        use tokio::io::AsyncReadExt as _;
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let mut prefix = [0u8; 2];
+            self.rd.read_exact(&mut prefix).await.ok()?;
+            let mut buf = vec![0; usize::from(u16::from_be_bytes(prefix))];
+            self.rd.read_exact(&mut buf).await.ok()?;
+            Some(buf)
+        })
+        .await
+        .expect("the cloud neither answered nor closed within 5 s")
+    }
+
+    /// Handshakes with `first` and reads the welcome: the open channel.
+    async fn open(
+        &mut self,
+        hs: cyphonic_control::ClientHandshake,
+        first: &[u8],
+    ) -> cyphonic_control::Channel {
+        self.write(first).await;
+        let answer = self.frame().await.expect("a welcome");
+        let (ch, welcome) = hs.finish(&answer).unwrap();
+        assert!(matches!(
+            welcome,
+            cyphonic_control::Welcome::Accepted { .. }
+        ));
+        ch
+    }
+
+    async fn send(
+        &mut self,
+        ch: &mut cyphonic_control::Channel,
+        msg: &cyphonic_control::ClientMsg,
+    ) {
+        let frame = ch.seal(msg).unwrap();
+        self.write(&frame).await;
+    }
+
+    async fn recv(
+        &mut self,
+        ch: &mut cyphonic_control::Channel,
+    ) -> Option<cyphonic_control::CloudMsg> {
+        let f = self.frame().await?;
+        Some(ch.open(&f).unwrap())
+    }
+
+    /// Pings and waits for the pong (skipping pushes): the session is alive.
+    async fn alive(&mut self, ch: &mut cyphonic_control::Channel) -> bool {
+        self.send(ch, &cyphonic_control::ClientMsg::Ping {}).await;
+        while let Some(m) = self.recv(ch).await {
+            if m == (cyphonic_control::CloudMsg::Pong {}) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+async fn until_counted(c: &std::sync::atomic::AtomicU64, at_least: u64) -> u64 {
+    for _ in 0..100 {
+        if c.load(Ordering::Relaxed) >= at_least {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.load(Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_or_unproven_handshake_neither_replaces_nor_disconnects_the_client() {
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let stats = &running.nms.stats;
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+
+    // The real client's session, its first frame captured on the way.
+    let (mut real, mut ch, captured) =
+        Manual::session(&cloud, running.control, [127, 0, 0, 1], &gw1, 1_000).await;
+    assert_eq!(stats.sessions.load(Ordering::Relaxed), 1);
+
+    // The attacker replays the captured frame: closed without a word, before any certificate
+    // check, and the real session goes on.
+    let mut replay = Manual::connect(running.control, [127, 0, 0, 2]).await;
+    replay.write(&captured).await;
+    assert_eq!(replay.frame().await, None, "no welcome for a replay");
+    assert_eq!(stats.replays.load(Ordering::Relaxed), 1);
+    assert!(
+        real.alive(&mut ch).await,
+        "the real session survives the replay"
+    );
+
+    // A fresh handshake of the same identity that never proves itself (a stalled client, or
+    // a replay of a first frame the cloud never saw): welcomed, but it replaces nothing and
+    // is closed when no first message comes.
+    let mut stalled = Manual::connect(running.control, [127, 0, 0, 3]).await;
+    let (hs, first) = Manual::hello(&cloud, &gw1, 2_000);
+    let _unused = stalled.open(hs, &first).await;
+    assert!(
+        real.alive(&mut ch).await,
+        "an unproven session replaces nothing"
+    );
+    assert_eq!(stalled.frame().await, None, "closed for want of proof");
+    assert_eq!(until_counted(&stats.unproven, 1).await, 1);
+    assert!(real.alive(&mut ch).await);
+    assert_eq!(stats.sessions.load(Ordering::Relaxed), 1);
+
+    // The genuine client reconnecting (a newer timestamp, and it proves itself) replaces the
+    // old session.
+    let (mut again, mut ch2, first) =
+        Manual::session(&cloud, running.control, [127, 0, 0, 1], &gw1, 3_000).await;
+    assert_eq!(real.frame().await, None, "the older session is replaced");
+    assert_eq!(stats.sessions.load(Ordering::Relaxed), 2);
+    // Its older frames stay replays.
+    let mut replay = Manual::connect(running.control, [127, 0, 0, 2]).await;
+    replay.write(&first).await;
+    assert_eq!(replay.frame().await, None);
+    assert_eq!(stats.replays.load(Ordering::Relaxed), 2);
+    assert!(again.alive(&mut ch2).await);
+    running.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unproven_connections_are_capped_and_oversize_first_frames_closed() {
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let stats = &running.nms.stats;
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+
+    // Eight silent connections from one source hold its share; the ninth is closed at once.
+    let mut idle = Vec::new();
+    for _ in 0..cyphonic_cloud::guard::MAX_UNPROVEN_PER_SOURCE {
+        idle.push(Manual::connect(running.control, [127, 0, 0, 5]).await);
+    }
+    let mut ninth = Manual::connect(running.control, [127, 0, 0, 5]).await;
+    assert_eq!(ninth.frame().await, None);
+    assert_eq!(until_counted(&stats.connections_refused, 1).await, 1);
+    // A client from another source is served meanwhile.
+    let (_real, _ch, _) = Manual::session(&cloud, running.control, [127, 0, 0, 1], &gw1, 1).await;
+
+    // A first frame announced above the limit: closed before its body is read.
+    let refused = stats.refused.load(Ordering::Relaxed);
+    let mut big = Manual::connect(running.control, [127, 0, 0, 6]).await;
+    let len = u16::try_from(cyphonic_control::channel::MAX_HELLO_FRAME + 1).unwrap();
+    big.write(&len.to_be_bytes()).await;
+    assert_eq!(big.frame().await, None);
+    assert_eq!(
+        until_counted(&stats.refused, refused + 1).await,
+        refused + 1
+    );
+
+    // The silent ones are closed by the handshake timeout and the source is served again.
+    for c in &mut idle {
+        assert_eq!(c.frame().await, None);
+    }
+    let (_later, _ch2, _) = Manual::session(&cloud, running.control, [127, 0, 0, 5], &gw1, 2).await;
+    running.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_request_rate_waits_and_loses_nothing() {
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let (mut c, mut ch, _) =
+        Manual::session(&cloud, running.control, [127, 0, 0, 1], &gw1, 1).await;
+    // 150 resolutions at once: the burst (100) is served at once, the rest at 50/s; every one
+    // is answered, in order.
+    let n: u64 = 150;
+    for id in 1..=n {
+        let msg = cyphonic_control::ClientMsg::Resolve {
+            id,
+            name: format!("n{id}.ovl.example"),
+        };
+        c.send(&mut ch, &msg).await;
+    }
+    let mut ids = Vec::new();
+    while ids.len() < 150 {
+        match c.recv(&mut ch).await.expect("answers") {
+            cyphonic_control::CloudMsg::Resolved { id, resolution, .. } => {
+                assert_eq!(resolution, Resolution::NotFound);
+                ids.push(id);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(ids, (1..=n).collect::<Vec<_>>());
+    assert!(running.nms.stats.throttled.load(Ordering::Relaxed) >= 1);
+    assert!(c.alive(&mut ch).await);
     running.stop();
 }

@@ -95,7 +95,7 @@ pub(crate) fn send_transmits(
 
 /// Binds our tunnel socket's address to a relay channel.
 fn bind(socket: &dyn TunnelSocket, relay: &Relay) {
-    let frame = cyphonic_control::probe_frame(&relay.token);
+    let frame = cyphonic_control::bind_frame(&relay.token);
     if let Err(e) = socket.send_to(&frame, relay.address) {
         tracing::debug!(relay = %relay.address, error = %e, "relay bind not sent");
     }
