@@ -3,7 +3,9 @@
 //! Every load is bounded in time and sent inside the bed's own namespaces.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
@@ -33,6 +35,174 @@ pub fn capture_initiation(bed: &TwoSites) -> anyhow::Result<Vec<u8>> {
             .next()
             .context("no initiation crossed the router")
     })
+}
+
+/// The first control frame (its length prefix and the Noise message: a `Hello`) of the next
+/// TCP connection to `port` that arrives on `iface` of `ns`, put together from its segments
+/// (a `Hello` with a certificate is larger than one segment). Run it while a client
+/// connects; on a thread of its own (join it with [`inject::joined`]). It fails when no such
+/// connection sent a whole first frame within `within`.
+pub fn spawn_capture_first_control_frame(
+    ns: &crate::Netns,
+    iface: &str,
+    port: u16,
+    within: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<Vec<u8>>> {
+    use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
+    let iface = iface.to_owned();
+    inject::spawn_inside(ns, move || {
+        let i = Interface::lookup_up(&iface)?;
+        let mut sock = PacketSocket::open(&i, &PacketOptions::default())?;
+        let deadline = Instant::now() + within;
+        // Offloads may hand the socket segments merged far beyond the MTU.
+        let mut storage = vec![vec![0u8; 65_600]; 4];
+        // The connection: its source, and the sequence number of its first byte.
+        let mut flow: Option<((IpAddr, u16), u32)> = None;
+        let mut stream: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+        while Instant::now() < deadline {
+            let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut meta = [FrameMeta::default(); 4];
+            let n = sock.recv_batch(&mut bufs, &mut meta)?;
+            for (b, m) in bufs[..n].iter().zip(&meta) {
+                let f = &b[..m.len.min(b.len())];
+                // Ethernet, IPv4, TCP to `port`.
+                if f.len() < 34 || f[12..14] != [0x08, 0x00] || f[23] != 6 {
+                    continue;
+                }
+                let ihl = usize::from(f[14] & 0x0f) * 4;
+                let total = usize::from(u16::from_be_bytes([f[16], f[17]]));
+                let tcp = 14 + ihl;
+                if f.len() < tcp + 20 || u16::from_be_bytes([f[tcp + 2], f[tcp + 3]]) != port {
+                    continue;
+                }
+                let src = (
+                    IpAddr::from([f[26], f[27], f[28], f[29]]),
+                    u16::from_be_bytes([f[tcp], f[tcp + 1]]),
+                );
+                let seq = u32::from_be_bytes(f[tcp + 4..tcp + 8].try_into()?);
+                let flags = f[tcp + 13];
+                if flags & 0x12 == 0x02 {
+                    // A SYN: a new connection; its data starts one after.
+                    flow = Some((src, seq.wrapping_add(1)));
+                    stream.clear();
+                    continue;
+                }
+                let Some((from, isn)) = flow else { continue };
+                if src != from {
+                    continue;
+                }
+                let data = tcp + usize::from(f[tcp + 12] >> 4) * 4;
+                let end = (14 + total).min(f.len());
+                if data < end {
+                    stream.insert(seq.wrapping_sub(isn), f[data..end].to_vec());
+                }
+                // Contiguous bytes from the start, as far as they go.
+                let mut bytes = Vec::new();
+                for (&at, seg) in &stream {
+                    let at = usize::try_from(at)?;
+                    if at > bytes.len() {
+                        break;
+                    }
+                    let skip = bytes.len() - at;
+                    if skip < seg.len() {
+                        bytes.extend_from_slice(&seg[skip..]);
+                    }
+                }
+                if bytes.len() >= 2 {
+                    let want = 2 + usize::from(u16::from_be_bytes([bytes[0], bytes[1]]));
+                    if bytes.len() >= want {
+                        bytes.truncate(want);
+                        return Ok(bytes);
+                    }
+                }
+            }
+        }
+        anyhow::bail!("no whole first frame to port {port} crossed {iface} within {within:?}")
+    })
+}
+
+/// Connects from `ns` to `to`, writes `bytes` and returns whatever comes back before the
+/// other side closes (or `within` passes).
+///
+/// # Errors
+/// The connection cannot be made.
+pub fn tcp_exchange(
+    ns: &crate::Netns,
+    to: SocketAddr,
+    bytes: Vec<u8>,
+    within: Duration,
+) -> anyhow::Result<Vec<u8>> {
+    inject::inside(ns, move || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+        s.write_all(&bytes)?;
+        s.set_read_timeout(Some(within))?;
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        Ok(out)
+    })
+}
+
+/// What a connection flood saw.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConnectionFlood {
+    /// Connections made.
+    pub opened: u64,
+    /// Of those, closed by the other side within 200 ms without a byte.
+    pub closed_at_once: u64,
+}
+
+/// Opens `per_sec` TCP connections a second from `ns` to `to`, for `duration`, sending
+/// nothing on them and keeping each until the other side closes it or the flood ends (a
+/// "slowloris"). On a thread of its own.
+pub fn spawn_connection_flood(
+    ns: &crate::Netns,
+    to: SocketAddr,
+    per_sec: u32,
+    duration: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<ConnectionFlood>> {
+    inject::spawn_inside(ns, move || {
+        let mut held = Vec::new();
+        let mut seen = ConnectionFlood::default();
+        let gap = Duration::from_secs(1) / per_sec.max(1);
+        let end = Instant::now() + duration;
+        let mut next = Instant::now();
+        while Instant::now() < end {
+            if let Ok(s) = TcpStream::connect_timeout(&to, Duration::from_millis(500)) {
+                seen.opened += 1;
+                s.set_read_timeout(Some(Duration::from_millis(200)))?;
+                held.push((s, Instant::now(), false));
+            }
+            // Which ones the other side closed, and how soon.
+            for (s, opened, closed) in &mut held {
+                if *closed {
+                    continue;
+                }
+                s.set_nonblocking(true)?;
+                let mut b = [0u8; 1];
+                if matches!(s.read(&mut b), Ok(0)) {
+                    *closed = true;
+                    if opened.elapsed() < Duration::from_millis(200) {
+                        seen.closed_at_once += 1;
+                    }
+                }
+            }
+            held.retain(|(_, _, closed)| !closed);
+            next += gap;
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        Ok(seen)
+    })
+}
+
+/// Open file descriptors of process `pid` (its sockets among them).
+///
+/// # Errors
+/// The process is gone.
+pub fn open_fds(pid: u32) -> anyhow::Result<usize> {
+    let dir = format!("/proc/{pid}/fd");
+    Ok(std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {dir}"))?
+        .count())
 }
 
 /// CPU time (user and system, in clock ticks) each thread of process `pid` has used, by
@@ -86,7 +256,7 @@ mod tests {
         let busy = std::thread::Builder::new()
             .name("cy-busy-1".into())
             .spawn(|| {
-                let t = std::time::Instant::now();
+                let t = Instant::now();
                 let mut x = 0u64;
                 while t.elapsed() < Duration::from_millis(300) {
                     x = x.wrapping_add(1);

@@ -18,13 +18,28 @@ pub fn inside<T: Send + 'static>(
     ns: &Netns,
     f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
 ) -> anyhow::Result<T> {
+    joined(spawn_inside(ns, f))
+}
+
+/// Starts `f` on a thread inside `ns` and returns at once (join it with [`joined`]).
+pub fn spawn_inside<T: Send + 'static>(
+    ns: &Netns,
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> std::thread::JoinHandle<anyhow::Result<T>> {
     let name = ns.name().to_owned();
     std::thread::spawn(move || {
         netns::enter(&name).with_context(|| format!("entering {name}"))?;
         f()
     })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the thread inside the namespace panicked"))?
+}
+
+/// What a thread from [`spawn_inside`] returned.
+///
+/// # Errors
+/// Its own, or that it panicked.
+pub fn joined<T>(t: std::thread::JoinHandle<anyhow::Result<T>>) -> anyhow::Result<T> {
+    t.join()
+        .map_err(|_| anyhow::anyhow!("the thread inside the namespace panicked"))?
 }
 
 /// One's-complement checksum (RFC 1071), for hand-made headers.
@@ -220,8 +235,20 @@ pub fn capture_udp(
     within: Duration,
     keep: fn(&[u8]) -> bool,
 ) -> anyhow::Result<Vec<Vec<u8>>> {
+    joined(spawn_capture_udp(ns, iface, port, count, within, keep))
+}
+
+/// [`capture_udp`], started on a thread of its own (join it with [`joined`]).
+pub fn spawn_capture_udp(
+    ns: &Netns,
+    iface: &str,
+    port: u16,
+    count: usize,
+    within: Duration,
+    keep: fn(&[u8]) -> bool,
+) -> std::thread::JoinHandle<anyhow::Result<Vec<Vec<u8>>>> {
     let iface = iface.to_owned();
-    inside(ns, move || {
+    spawn_inside(ns, move || {
         let i = Interface::lookup_up(&iface)?;
         let mut sock = PacketSocket::open(&i, &PacketOptions::default())?;
         let mut out = Vec::new();

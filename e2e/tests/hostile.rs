@@ -261,3 +261,117 @@ fn a_dns_flood_from_another_site_leaves_local_dhcp_and_dns_served() {
     assert_eq!(counter("drop_service_busy"), 0, "{logs}");
     device.stop().unwrap();
 }
+
+/// The cloud's counter `name`.
+fn cloud_counter(bed: &TwoSites, name: &str) -> u64 {
+    let cloud = bed.cloud.as_ref().unwrap();
+    cloud.status(&bed.bins).unwrap()["counters"][name]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// An on-path attacker (the router between the sites and the cloud) captures adapter A's first control
+/// message and an endpoint probe as A reconnects, and replays both from its own address: the
+/// cloud answers neither, A keeps its session and the address the cloud gives its peers. Then
+/// the attacker opens 200 silent connections a second to the control port for 10 s while
+/// adapter B restarts: the cloud holds at most its per-source share of them, B gets its
+/// session back during the flood, and names resolve on both sides.
+#[test]
+fn the_cloud_turns_away_replayed_handshakes_and_probes_and_bounds_a_connection_flood() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let sessions = |bed: &TwoSites| cloud_counter(bed, "sessions");
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "both adapters connected", || {
+        sessions(&bed) >= 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let control = bed.cloud.as_ref().unwrap().address;
+    let probe_port = SocketAddr::new(control.ip(), 7001);
+
+    // A reconnects while the router captures.
+    bed.stop(Side::A, "TERM").unwrap();
+    let hello = cyphonic_e2e::attack::spawn_capture_first_control_frame(
+        &bed.wan,
+        "toa",
+        control.port(),
+        Duration::from_secs(10),
+    );
+    let probe = inject::spawn_capture_udp(&bed.wan, "toa", 7001, 1, Duration::from_secs(10), |p| {
+        p.len() == 56 && p[1] == 6
+    });
+    // The capture sockets are open well before A connects.
+    std::thread::sleep(Duration::from_millis(500));
+    bed.start(Side::A).unwrap();
+    let (hello, probe) = (inject::joined(hello), inject::joined(probe));
+    let (hello, probe) = (hello.unwrap(), probe.unwrap().remove(0));
+    let a_connected = |bed: &TwoSites| {
+        bed.status(Side::A).is_ok_and(|s| {
+            s["cloud"]["connected"] == true && s["cloud"]["observed"] == "198.51.100.2:51820"
+        })
+    };
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "A connected again", || {
+        a_connected(&bed)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let opened = sessions(&bed);
+
+    let answer =
+        cyphonic_e2e::attack::tcp_exchange(&bed.wan, control, hello, Duration::from_secs(8))
+            .unwrap();
+    assert!(answer.is_empty(), "the replay got {} bytes", answer.len());
+    let router: SocketAddr = "192.0.2.1:0".parse().unwrap();
+    inject::send_udp(&bed.wan, router, probe_port, vec![probe; 3]).unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "the replays counted", || {
+        cloud_counter(&bed, "replays") == 1 && cloud_counter(&bed, "probes_refused") >= 3
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert_eq!(sessions(&bed), opened, "the replay opened a session");
+    assert!(a_connected(&bed), "{}", bed.logs());
+    let d = dig(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example", "A").unwrap();
+    assert_eq!(d.answers, ["100.64.2.10"], "{d:?}\n{}", bed.logs());
+
+    // The connection flood, and B restarting through it.
+    let pid = bed.cloud.as_ref().unwrap().proc.as_ref().unwrap().pid();
+    let fds_before = cyphonic_e2e::attack::open_fds(pid).unwrap();
+    let flood = cyphonic_e2e::attack::spawn_connection_flood(
+        &bed.wan,
+        control,
+        200,
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    bed.stop(Side::B, "TERM").unwrap();
+    bed.start(Side::B).unwrap();
+    let mut most_fds = 0;
+    let back = cyphonic_e2e::wait_until(Duration::from_secs(8), "B connected again", || {
+        most_fds = most_fds.max(cyphonic_e2e::attack::open_fds(pid).unwrap_or(0));
+        sessions(&bed) > opened
+    });
+    while !flood.is_finished() {
+        most_fds = most_fds.max(cyphonic_e2e::attack::open_fds(pid).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let seen = flood.join().unwrap().unwrap();
+    let refused = cloud_counter(&bed, "connections_refused");
+    eprintln!(
+        "connection flood: {} opened, {} closed at once, {refused} refused by the cloud; its open files {fds_before} before, at most {most_fds} during",
+        seen.opened, seen.closed_at_once
+    );
+    back.unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(seen.opened > 1_000, "{seen:?}");
+    // The source's share is 8 at a time, each held at most 5 s (the handshake timeout): over
+    // 10 s at most 8 x 3 were let in; the rest were closed as they came.
+    assert!(
+        seen.opened.saturating_sub(refused) <= 24 && refused > 1_000,
+        "{seen:?} {refused}"
+    );
+    assert!(
+        most_fds < fds_before + 16,
+        "{most_fds} open files during the flood"
+    );
+    let d = dig(&bed.b.lan, bed.b.gateway, "gw1.ovl.example", "A").unwrap();
+    assert_eq!(d.answers, ["100.64.1.1"], "{d:?}\n{}", bed.logs());
+}
