@@ -36,6 +36,19 @@ pub enum Client {
     },
 }
 
+/// Questions waiting are counted per device (its vIP), or per peer and address behind it:
+/// not per port.
+impl cyphonic_resolver::Client for Client {
+    type Source = (u32, Ipv4Addr);
+
+    fn source(&self) -> (u32, Ipv4Addr) {
+        match *self {
+            Self::Lan { ip, .. } => (0, ip),
+            Self::Peer { peer, ip, .. } => (peer, ip),
+        }
+    }
+}
+
 /// Work for the LAN services (DHCP, DNS, the gateway address), on the control thread. A
 /// channel of its own, so that a flood from the LAN can never crowd out handshakes.
 #[derive(Debug)]
@@ -149,11 +162,11 @@ impl LanSide {
         let (queue, admitted) = match &msg {
             ToServices::Dhcp { mac, .. } => (&self.to_dhcp, self.dhcp_rate.admit(mac, now)),
             ToServices::Dns { client, .. } => {
-                let source = match client {
-                    Client::Lan { ip, .. } => (0, *ip),
-                    Client::Peer { peer, ip, .. } => (*peer, *ip),
-                };
-                (&self.to_services, self.service_rate.admit(source, now))
+                use cyphonic_resolver::Client as _;
+                (
+                    &self.to_services,
+                    self.service_rate.admit(client.source(), now),
+                )
             }
             ToServices::FromPeer { peer, packet, .. } => {
                 let src = packet

@@ -11,7 +11,7 @@ use cyphonic_resolver::{Action, PeerZone, Resolver, ZoneConfig};
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::Name;
 
-fn resolver() -> Resolver<u8> {
+fn resolver() -> Resolver<u32> {
     let name = |s: &str| Name::from_str(s).expect("name");
     let mut r = Resolver::new(ZoneConfig {
         overlay_domain: name("ovl.example."),

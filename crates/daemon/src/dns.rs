@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use cyphonic_resolver::{Action, PeerZone, Resolver, ZoneConfig};
+use cyphonic_resolver::{Action, Client, PeerZone, Resolver, ZoneConfig};
 use cyphonic_settings::Common;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::Name;
@@ -47,7 +47,7 @@ pub struct OwnZone {
 }
 
 /// The DNS service. See the module docs.
-pub struct Dns<C> {
+pub struct Dns<C: Client> {
     resolver: Resolver<C>,
     upstream: Option<Upstream>,
     cloud: Option<Asker>,
@@ -55,7 +55,7 @@ pub struct Dns<C> {
     peer_dns: HashMap<u32, Ipv4Addr>,
 }
 
-impl<C> std::fmt::Debug for Dns<C> {
+impl<C: Client> std::fmt::Debug for Dns<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dns")
             .field("upstream", &self.upstream)
@@ -73,7 +73,7 @@ pub fn fqdn(name: &str) -> anyhow::Result<Name> {
         .with_context(|| format!("{name:?} is not a DNS name"))
 }
 
-impl<C: Copy> Dns<C> {
+impl<C: Client> Dns<C> {
     /// The service for `own` in `common`'s overlay: its static peers' zones asked over the
     /// tunnel (peer ids 1, 2, ... in configuration order, as the engine numbers them), the
     /// cloud and the upstream resolvers asked when given.

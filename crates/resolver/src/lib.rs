@@ -20,4 +20,6 @@
 
 mod resolver;
 
-pub use resolver::{Action, Drop, PeerZone, Resolver, Stats, ZoneConfig};
+pub use resolver::{
+    Action, Client, Drop, MAX_PENDING_PER_CLIENT, PeerZone, Resolver, Stats, ZoneConfig,
+};

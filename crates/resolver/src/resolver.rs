@@ -13,6 +13,9 @@ use ipnet::{IpNet, Ipv4Net};
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 /// Queries waiting at once; more are refused with SERVFAIL (bounded memory under a flood).
 const MAX_PENDING: usize = 1024;
+/// Queries of one client waiting at once: one device cannot take every place. (A browser
+/// opening a page asks a few dozen names at most.)
+pub const MAX_PENDING_PER_CLIENT: u16 = 32;
 /// How long the key of a question given up on (SERVFAIL) stays out of use while its lookup
 /// may still answer: longer than any upstream or cloud lookup lives.
 const KEY_QUARANTINE: Duration = Duration::from_secs(60);
@@ -121,11 +124,13 @@ pub struct Stats {
     /// Upstream answer records dropped for pointing into the overlay, private, loopback or
     /// link-local ranges (DNS rebinding).
     pub rebinding: u64,
+    /// Queries answered SERVFAIL because their client had [`MAX_PENDING_PER_CLIENT`] waiting.
+    pub client_busy: u64,
 }
 
 impl Stats {
     /// Every counter with its name, in declaration order (for metrics).
-    pub const fn named(&self) -> [(&'static str, u64); 8] {
+    pub const fn named(&self) -> [(&'static str, u64); 9] {
         [
             ("queries", self.queries),
             ("authoritative", self.authoritative),
@@ -135,6 +140,7 @@ impl Stats {
             ("asked", self.asked),
             ("dropped", self.dropped),
             ("rebinding", self.rebinding),
+            ("client_busy", self.client_busy),
         ]
     }
 }
@@ -197,9 +203,47 @@ struct Pending<C> {
     upstream: bool,
 }
 
+/// Whoever asked a question, as the driver knows it (where the answer goes), and who that is
+/// for the cap on questions waiting per client.
+pub trait Client: Copy {
+    /// Who the client is: questions waiting are counted per source (a device's address, not
+    /// its port: a flood from many ports of one device is one client).
+    type Source: std::hash::Hash + Eq + Copy + std::fmt::Debug;
+
+    /// This client's source.
+    fn source(&self) -> Self::Source;
+}
+
+/// Clients named by their address and port: counted by address.
+impl Client for std::net::SocketAddr {
+    type Source = std::net::IpAddr;
+
+    fn source(&self) -> std::net::IpAddr {
+        self.ip()
+    }
+}
+
+/// Clients numbered by the driver: each number is a source.
+impl Client for u32 {
+    type Source = Self;
+
+    fn source(&self) -> Self {
+        *self
+    }
+}
+
+/// Clients named by a label (tests and tools): each label is a source.
+impl Client for &'static str {
+    type Source = Self;
+
+    fn source(&self) -> Self {
+        self
+    }
+}
+
 /// The resolver; `C` is whatever the driver needs to answer the client later.
 #[derive(Debug)]
-pub struct Resolver<C> {
+pub struct Resolver<C: Client> {
     cfg: ZoneConfig,
     hosts: HashMap<Name, Ipv4Addr>,
     reverse: HashMap<Ipv4Addr, Name>,
@@ -209,11 +253,13 @@ pub struct Resolver<C> {
     /// handed out again until that answer came or [`KEY_QUARANTINE`] passed, so a late
     /// answer can never settle another question parked under the same key.
     quarantined: HashMap<u16, Instant>,
+    /// Questions waiting, per client source (no entry at zero).
+    per_client: HashMap<C::Source, u16>,
     next_id: u16,
     stats: Stats,
 }
 
-impl<C> Resolver<C> {
+impl<C: Client> Resolver<C> {
     /// A resolver for `cfg`'s zone, with no device names yet.
     pub fn new(cfg: ZoneConfig) -> Self {
         Self {
@@ -223,6 +269,7 @@ impl<C> Resolver<C> {
             peers: Vec::new(),
             pending: HashMap::new(),
             quarantined: HashMap::new(),
+            per_client: HashMap::new(),
             next_id: 1,
             stats: Stats::default(),
         }
@@ -396,7 +443,7 @@ impl<C> Resolver<C> {
             self.stats.dropped += 1;
             return None;
         }
-        let p = self.pending.remove(&key)?;
+        let p = self.unpark(key)?;
         let rcode = a.metadata.response_code;
         // Only records about the asked name, from the peer's zone, pass through; and an
         // address only inside the blocks the peer's certificate names (a peer cannot point
@@ -440,7 +487,7 @@ impl<C> Resolver<C> {
             self.stats.dropped += 1;
             return None;
         }
-        let p = self.pending.remove(&key)?;
+        let p = self.unpark(key)?;
         let (rcode, mut answers) = match result {
             Ok(records) => (ResponseCode::NoError, records),
             Err(code) => (code, Vec::new()),
@@ -477,7 +524,7 @@ impl<C> Resolver<C> {
             .retain(|_, since| now.saturating_duration_since(*since) < KEY_QUARANTINE);
         let mut out = Vec::new();
         for key in expired {
-            if let Some(p) = self.pending.remove(&key) {
+            if let Some(p) = self.unpark(key) {
                 if p.peer.is_none() {
                     // An upstream or cloud lookup is still out under this key.
                     self.quarantined.insert(key, now);
@@ -516,14 +563,27 @@ impl<C> Resolver<C> {
         match q.to_vec() {
             Ok(query) => Action::AskPeer { peer, query },
             Err(_) => {
-                self.pending.remove(&key);
+                self.unpark(key);
                 Action::Respond(self.error(to, Some(question), ResponseCode::ServFail))
             }
         }
     }
 
+    /// Forgets the query waiting under `key`, and that its client has it waiting.
+    fn unpark(&mut self, key: u16) -> Option<Pending<C>> {
+        let p = self.pending.remove(&key)?;
+        let source = p.client.source();
+        if let Some(n) = self.per_client.get_mut(&source) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_client.remove(&source);
+            }
+        }
+        Some(p)
+    }
+
     /// Remembers a query we are asking someone about; returns its new id, or None when too
-    /// many are waiting already.
+    /// many are waiting already, in all or for its client.
     fn park(
         &mut self,
         now: Instant,
@@ -534,6 +594,16 @@ impl<C> Resolver<C> {
         upstream: bool,
     ) -> Option<u16> {
         if self.pending.len() >= MAX_PENDING {
+            self.stats.servfail += 1;
+            return None;
+        }
+        let source = client.source();
+        if self
+            .per_client
+            .get(&source)
+            .is_some_and(|n| *n >= MAX_PENDING_PER_CLIENT)
+        {
+            self.stats.client_busy += 1;
             self.stats.servfail += 1;
             return None;
         }
@@ -552,6 +622,7 @@ impl<C> Resolver<C> {
         }
         self.next_id = key.wrapping_add(1);
         self.stats.asked += 1;
+        *self.per_client.entry(source).or_insert(0) += 1;
         self.pending.insert(
             key,
             Pending {

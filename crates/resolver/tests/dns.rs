@@ -398,13 +398,18 @@ fn malformed_and_unexpected_messages() {
 
 #[test]
 fn a_flood_of_forwarded_queries_stays_bounded() {
-    let mut r = resolver(true, false);
+    // A hundred clients (numbered), none of them over its own share.
+    let mut r: Resolver<u32> = Resolver::new(config(true, false));
     let now = Instant::now();
     let mut servfail = 0;
     for i in 0..3000u16 {
-        if let Action::Respond(_) =
-            r.handle_query(now, &query(i, "www.example.com.", RecordType::A), "c", None)
-        {
+        let client = u32::from(i % 100);
+        if let Action::Respond(_) = r.handle_query(
+            now,
+            &query(i, "www.example.com.", RecordType::A),
+            client,
+            None,
+        ) {
             servfail += 1;
         }
     }
@@ -413,6 +418,59 @@ fn a_flood_of_forwarded_queries_stays_bounded() {
         3000 - 1024,
         "at most 1024 queries wait; the rest get SERVFAIL at once"
     );
+    assert_eq!(r.stats().client_busy, 0);
+}
+
+#[test]
+fn one_client_cannot_take_every_place_for_waiting_questions() {
+    let mut r = resolver(true, false);
+    let now = Instant::now();
+    let ask = |r: &mut Resolver<&'static str>, id: u16, who: &'static str| {
+        r.handle_query(
+            now,
+            &query(id, "www.example.com.", RecordType::A),
+            who,
+            None,
+        )
+    };
+    let mut keys = Vec::new();
+    for id in 0..100 {
+        match ask(&mut r, id, "flooder") {
+            Action::AskUpstream { key, .. } => keys.push(key),
+            Action::Respond(bytes) => {
+                let m = Message::from_vec(&bytes).unwrap();
+                assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let cap = usize::from(cyphonic_resolver::MAX_PENDING_PER_CLIENT);
+    assert_eq!(keys.len(), cap);
+    assert_eq!(r.stats().client_busy, 100 - cap as u64);
+    // Another device is served meanwhile.
+    assert!(matches!(
+        ask(&mut r, 1, "device"),
+        Action::AskUpstream { .. }
+    ));
+    // An answer frees the flooder one place, and only one.
+    assert!(r.complete(keys[0], Ok(vec![])).is_some());
+    assert!(matches!(
+        ask(&mut r, 200, "flooder"),
+        Action::AskUpstream { .. }
+    ));
+    assert!(matches!(ask(&mut r, 201, "flooder"), Action::Respond(_)));
+    // A timeout frees them all.
+    let later = now + Duration::from_secs(10);
+    assert_eq!(r.handle_timeout(later).len(), cap + 1);
+    assert!(matches!(
+        r.handle_query(
+            later,
+            &query(300, "www.example.com.", RecordType::A),
+            "flooder",
+            None
+        ),
+        Action::AskUpstream { .. }
+    ));
 }
 
 proptest::proptest! {
