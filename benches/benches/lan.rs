@@ -5,7 +5,9 @@
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use cyphonic_benches::lan::{DEVICES, NOW, dhcp_server, mac, query, renewal, resolver};
+use cyphonic_benches::lan::{
+    DEVICES, NOW, dhcp_server, discover, flood_mac, flood_server, mac, query, renewal, resolver,
+};
 use cyphonic_resolver::Action;
 use hickory_proto::rr::RecordType;
 
@@ -51,5 +53,28 @@ fn dhcp(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, dns, dhcp);
+/// A DISCOVER from a new MAC on a /16 pool while a flood has `k` offers outstanding: what
+/// choosing an address costs must not grow with `k`.
+fn dhcp_flood(c: &mut Criterion) {
+    let mut group = c.benchmark_group("lan_dhcp_flood");
+    group.sample_size(20);
+    for k in [0u32, 1_000, 10_000] {
+        let base = flood_server(k);
+        let m = flood_mac(k);
+        let msg = discover(m);
+        group.bench_function(format!("discover_{k}_offers"), |b| {
+            b.iter_batched(
+                || base.clone(),
+                |mut s| {
+                    let r = s.handle(NOW, &msg, m);
+                    (r, s)
+                },
+                criterion::BatchSize::LargeInput,
+            );
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, dns, dhcp, dhcp_flood);
 criterion_main!(benches);

@@ -120,6 +120,56 @@ pub fn dhcp_server() -> Server {
     s
 }
 
+/// The MAC of flooding device `n`.
+pub const fn flood_mac(n: u32) -> [u8; 6] {
+    let b = n.to_be_bytes();
+    [0x02, 0xf1, b[0], b[1], b[2], b[3]]
+}
+
+/// A DISCOVER from `mac`, as a new device (or a flood with random MACs) sends it.
+pub fn discover(mac: [u8; 6]) -> Vec<u8> {
+    client_message(
+        MessageType::Discover,
+        mac,
+        1,
+        vec![],
+        Ipv4Addr::UNSPECIFIED,
+        false,
+    )
+}
+
+/// A DHCP server for a /16 (100.64.0.0/16, pool .0.10 to .255.250, no bindings) in the middle
+/// of a DISCOVER flood: `outstanding` offers made to flooding MACs and not taken yet.
+pub fn flood_server(outstanding: u32) -> Server {
+    let mut s = Server::new(
+        DhcpConfig {
+            server: Ipv4Addr::new(100, 64, 0, 1),
+            block: "100.64.0.0/16".parse().expect("block"),
+            pool: (
+                Ipv4Addr::new(100, 64, 0, 10),
+                Ipv4Addr::new(100, 64, 255, 250),
+            ),
+            lease_secs: 3600,
+            mtu: 1420,
+            domain: "gw1.ovl.example".into(),
+            reservations: Vec::new(),
+            new_lease_share: 1.0,
+            new_lease_window_secs: 60,
+        },
+        Vec::new(),
+        NOW,
+    )
+    .expect("a benchmark DHCP config");
+    for n in 0..outstanding {
+        let m = flood_mac(n);
+        s.handle(NOW, &discover(m), m)
+            .expect("an offer")
+            .expect("an offer");
+    }
+    while s.poll_event().is_some() {}
+    s
+}
+
 /// `yiaddr` of a BOOTP message (bytes 16..20).
 pub fn yiaddr(msg: &[u8]) -> Ipv4Addr {
     let b: [u8; 4] = msg[16..20].try_into().expect("a BOOTP message");
@@ -168,5 +218,10 @@ mod tests {
         let renew = renewal(&s, 5);
         let ack = s.handle(NOW + 1800, &renew, mac(5)).unwrap().unwrap();
         assert_eq!(yiaddr(&ack.payload), Ipv4Addr::new(100, 64, 1, 25));
+        // Every flooding device got an address of its own, and the next one does too.
+        let mut f = flood_server(100);
+        let m = flood_mac(100);
+        let offer = f.handle(NOW, &discover(m), m).unwrap().unwrap();
+        assert_eq!(yiaddr(&offer.payload), Ipv4Addr::new(100, 64, 0, 110));
     }
 }

@@ -59,6 +59,7 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
             "reorder_ring",
             "lan_dns",
             "lan_dhcp",
+            "lan_dhcp_flood",
             "deferred_checksums",
         ] {
             let _ = std::fs::remove_dir_all(criterion_dir.join(group));
@@ -278,6 +279,19 @@ fn render(r: &Results) -> anyhow::Result<String> {
     ] {
         let ns = get(r, group, function, "")?;
         writeln!(s, "| {what} | {} | {} |", duration(ns), per_second(ns))?;
+    }
+    writeln!(s)?;
+    writeln!(
+        s,
+        "DHCP under a DISCOVER flood, a /16 pool: one DISCOVER from a new device while the flood has offers out (choosing the address must not grow with them):"
+    )?;
+    writeln!(s)?;
+    writeln!(s, "| offers out | time each | ratio to none out |")?;
+    writeln!(s, "|---:|---:|---:|")?;
+    let none = get(r, "lan_dhcp_flood", "discover_0_offers", "")?;
+    for k in ["0", "1000", "10000"] {
+        let ns = get(r, "lan_dhcp_flood", &format!("discover_{k}_offers"), "")?;
+        writeln!(s, "| {k} | {} | {:.2} |", duration(ns), ns / none)?;
     }
     writeln!(s)?;
     writeln!(

@@ -191,7 +191,7 @@ const DECLINE_HOLD: u64 = 600;
 const BROADCAST_MAC: [u8; 6] = [0xff; 6];
 
 /// The DHCP server. See the crate docs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Server {
     cfg: DhcpConfig,
     by_mac: HashMap<[u8; 6], Lease>,
@@ -199,15 +199,23 @@ pub struct Server {
     /// The device each address was last bound to (active or ended).
     last_holder: HashMap<Ipv4Addr, [u8; 6]>,
     offers: HashMap<[u8; 6], (Ipv4Addr, u64)>,
+    /// The same offers by address (device, until when): whether an address is offered to
+    /// someone else is one lookup, whatever the number of offers out.
+    offered: HashMap<Ipv4Addr, ([u8; 6], u64)>,
     declined: HashMap<Ipv4Addr, u64>,
     reserved_ips: HashMap<Ipv4Addr, [u8; 6]>,
-    /// Pool addresses never bound to any device: the first choice for newcomers.
+    /// Pool addresses never bound to any device and not offered now: the first choice for
+    /// newcomers (its first element is free, so choosing one is flat in the number of offers
+    /// out).
     unused: BTreeSet<u32>,
     /// Addresses the pool can hand out dynamically.
     pool_size: usize,
     recent_new: VecDeque<u64>,
     events: VecDeque<LeaseEvent>,
     dirty: bool,
+    /// The second leases and offers were last expired at: at most one sweep a second, however
+    /// many messages come (times are whole seconds).
+    swept: Option<u64>,
     stats: Stats,
 }
 
@@ -251,6 +259,7 @@ impl Server {
             by_ip: HashMap::new(),
             last_holder: HashMap::new(),
             offers: HashMap::new(),
+            offered: HashMap::new(),
             declined: HashMap::new(),
             reserved_ips,
             unused,
@@ -258,6 +267,7 @@ impl Server {
             recent_new: VecDeque::new(),
             events: VecDeque::new(),
             dirty: false,
+            swept: None,
             stats: Stats::default(),
         };
         for mut lease in saved {
@@ -371,7 +381,7 @@ impl Server {
             _ => None,
         };
         let ip = self.choose(now, mac, requested)?;
-        self.offers.insert(mac, (ip, now + OFFER_HOLD));
+        self.offer(mac, ip, now + OFFER_HOLD);
         self.stats.offers += 1;
         Ok(self.reply(req, MessageType::Offer, ip, true))
     }
@@ -466,7 +476,7 @@ impl Server {
             // SELECTING: the device picked an offer.
             (Some(sid), _) => {
                 if sid != self.cfg.server {
-                    self.offers.remove(&mac);
+                    self.withdraw(mac);
                     return Err(Ignore::OtherServer);
                 }
                 let Some(ip) = requested else {
@@ -553,7 +563,7 @@ impl Server {
             expires: now + u64::from(self.cfg.lease_secs),
             active: true,
         };
-        self.offers.remove(&mac);
+        self.withdraw(mac);
         self.by_ip.insert(wanted, mac);
         self.unused.remove(&u32::from(wanted));
         if let Some(prev) = self.last_holder.insert(wanted, mac).filter(|m| *m != mac) {
@@ -588,7 +598,7 @@ impl Server {
         if !ours {
             return;
         }
-        self.offers.remove(&mac);
+        self.withdraw(mac);
         if let Some(lease) = self.by_mac.get_mut(&mac).filter(|l| l.ip == ip) {
             lease.active = false;
             self.by_ip.remove(&ip);
@@ -612,7 +622,21 @@ impl Server {
     }
 
     fn expire(&mut self, now: u64) {
-        self.offers.retain(|_, (_, t)| *t > now);
+        // Everything due at `now` went in the sweep of this second; what was made since ends
+        // later.
+        if self.swept == Some(now) {
+            return;
+        }
+        self.swept = Some(now);
+        let lapsed: Vec<[u8; 6]> = self
+            .offers
+            .iter()
+            .filter(|(_, (_, t))| *t <= now)
+            .map(|(m, _)| *m)
+            .collect();
+        for mac in lapsed {
+            self.withdraw(mac);
+        }
         self.declined.retain(|_, t| *t > now);
         for lease in self
             .by_mac
@@ -677,15 +701,41 @@ impl Server {
         let reserved_other = self.reserved_ips.get(&ip).is_some_and(|m| *m != mac);
         let bound_other = self.by_ip.get(&ip).is_some_and(|m| *m != mac);
         let offered_other = self
-            .offers
-            .iter()
-            .any(|(m, (o, t))| *o == ip && *m != mac && *t > now);
+            .offered
+            .get(&ip)
+            .is_some_and(|(m, t)| *m != mac && *t > now);
         let declined = self.declined.get(&ip).is_some_and(|t| *t > now);
         let special = ip == self.cfg.server
             || ip == self.cfg.block.network()
             || ip == self.cfg.block.broadcast()
             || !self.cfg.block.contains(&ip);
         !(reserved_other || bound_other || offered_other || declined || special)
+    }
+
+    /// Offers `ip` to `mac` until `until` (replacing its earlier offer); the address leaves
+    /// the never-used set while offered.
+    fn offer(&mut self, mac: [u8; 6], ip: Ipv4Addr, until: u64) {
+        if self.offers.get(&mac).is_some_and(|(o, _)| *o != ip) {
+            self.withdraw(mac);
+        }
+        self.offers.insert(mac, (ip, until));
+        self.offered.insert(ip, (mac, until));
+        self.unused.remove(&u32::from(ip));
+    }
+
+    /// Takes back `mac`'s offer, if any: an address nobody was ever bound to goes back to the
+    /// never-used set.
+    fn withdraw(&mut self, mac: [u8; 6]) {
+        let Some((ip, _)) = self.offers.remove(&mac) else {
+            return;
+        };
+        if self.offered.get(&ip).is_some_and(|(m, _)| *m == mac) {
+            self.offered.remove(&ip);
+        }
+        if !self.last_holder.contains_key(&ip) && !self.by_ip.contains_key(&ip) && self.in_pool(ip)
+        {
+            self.unused.insert(u32::from(ip));
+        }
     }
 
     fn is_bound(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {

@@ -619,3 +619,53 @@ proptest::proptest! {
         let _ = s.handle(T0, &data, mac(1));
     }
 }
+
+fn offer_to(s: &mut Server, now: u64, m: [u8; 6]) -> Option<Ipv4Addr> {
+    let d = client_message(MessageType::Discover, m, 1, vec![], ZERO, false);
+    s.handle(now, &d, m)
+        .ok()
+        .flatten()
+        .map(|r| parse(&r).yiaddr())
+}
+
+#[test]
+fn outstanding_offers_keep_their_addresses_and_lapsed_ones_come_back() {
+    let mut s = server(10, 20);
+    // Offers out at once each hold an address of their own.
+    let offered: Vec<Ipv4Addr> = (1..=5)
+        .map(|n| offer_to(&mut s, T0, mac(n)).unwrap())
+        .collect();
+    let mut distinct = offered.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 5, "{offered:?}");
+    assert_eq!(offered[0], Ipv4Addr::new(100, 64, 1, 10));
+    // Asked again, a device gets the same offer, and nobody else gets it.
+    assert_eq!(offer_to(&mut s, T0, mac(1)), Some(offered[0]));
+    assert_eq!(
+        offer_to(&mut s, T0, mac(6)),
+        Some(Ipv4Addr::new(100, 64, 1, 15))
+    );
+    // A taken offer is bound; lapsed ones return to the never-used addresses, first one
+    // first.
+    let r = client_message(
+        MessageType::Request,
+        mac(2),
+        2,
+        vec![DhcpOption::ServerIdentifier(GW), opt_ip(offered[1])],
+        ZERO,
+        false,
+    );
+    assert_eq!(
+        kind(&s.handle(T0, &r, mac(2)).unwrap().unwrap()),
+        MessageType::Ack
+    );
+    let later = T0 + 61;
+    s.handle_timeout(later);
+    assert_eq!(offer_to(&mut s, later, mac(7)), Some(offered[0]));
+    assert_eq!(
+        offer_to(&mut s, later, mac(8)),
+        Some(offered[2]),
+        "offered[1] is bound"
+    );
+}
