@@ -36,6 +36,8 @@ cyphonic_telemetry::counters! {
     dhcp_sent,
     /// DHCP ACKs not sent because the lease they grant could not be saved (the client retries).
     dhcp_unsaved_silent,
+    /// DHCP ACKs that waited for their new lease to be written (sent once it was).
+    dhcp_ack_waited,
     /// DHCP messages seen while the DHCP server is switched off.
     dhcp_unserved,
     /// DNS messages handed to the DNS service (from the LAN and from peers).

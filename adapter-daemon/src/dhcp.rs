@@ -1,11 +1,14 @@
 //! The DHCP server on the LAN (crates/vip) with its leases on disk ([`crate::leases`]), on
-//! the control thread. A binding is saved (atomically) before the ACK that grants it leaves,
-//! as RFC 2131 §4.3.2 asks; every change settles into the anti-spoofing table before any
-//! reply goes out.
+//! the control thread; the file is written by the lease writer's thread, at most once a
+//! second. A new binding is on disk before the ACK that grants it leaves, as RFC 2131 §4.3.2
+//! asks: the ACK waits for the write (and is dropped, the client retrying, when the write
+//! does not come in time). A renewal of a binding already on disk leaves at once: the file
+//! says how far renewals may have reached ([`RENEWAL_WINDOW`] past its write), and loading
+//! honours it. Every change settles into the anti-spoofing table before any reply goes out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -14,20 +17,48 @@ use cyphonic_telemetry::Throttle;
 use cyphonic_vip::{DhcpConfig, Ignore, Lease, LeaseEvent, Reply};
 
 use crate::config::Mac;
-use crate::leases::LeaseStore;
+use crate::leases::{LeaseStore, Snapshot, Writer, Written};
 use crate::neighbors::LanTable;
 use crate::status::DhcpStatus;
 
 /// Warnings about refused devices or failed saves at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(30);
+/// A renewal leaves before its new expiry is on disk only while the last write is at most
+/// this old (seconds); the file says renewals reach this far past it.
+pub const RENEWAL_WINDOW: u64 = 10;
+/// How long an ACK waits for its binding to reach the disk before it is dropped (the client
+/// retries).
+const HOLD: Duration = Duration::from_secs(3);
+/// ACKs waiting for the disk at most (more: the oldest is dropped).
+const MAX_HELD: usize = 256;
+
+/// An ACK waiting for its binding to be on disk.
+#[derive(Debug)]
+struct Held {
+    /// The snapshot that must be written first.
+    generation: u64,
+    until: Instant,
+    reply: Reply,
+}
 
 /// The DHCP server and its lease file.
 pub struct Dhcp {
     server: cyphonic_vip::Server,
-    store: LeaseStore,
+    path: PathBuf,
+    writer: Writer,
+    lease_secs: u32,
     pool: (Ipv4Addr, Ipv4Addr),
     ignored: BTreeMap<&'static str, u64>,
-    unsaved: bool,
+    /// The newest snapshot handed to the writer.
+    generation: u64,
+    /// What the writer reported last, and the unix time of the last snapshot it wrote.
+    written: Written,
+    written_at: u64,
+    /// When each snapshot was taken (unix time), until written.
+    taken_at: VecDeque<(u64, u64)>,
+    /// Per active binding, the snapshot it first appeared in.
+    bound_in: HashMap<(Ipv4Addr, [u8; 6]), u64>,
+    held: VecDeque<Held>,
     save_failed: Throttle,
     refused: Throttle,
 }
@@ -36,9 +67,20 @@ impl std::fmt::Debug for Dhcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dhcp")
             .field("pool", &self.pool)
-            .field("unsaved", &self.unsaved)
+            .field("generation", &self.generation)
+            .field("written", &self.written)
+            .field("held", &self.held.len())
             .finish_non_exhaustive()
     }
+}
+
+/// What becomes of a reply.
+#[derive(Debug)]
+pub enum Verdict {
+    /// It may leave now.
+    Send(Reply),
+    /// It waits for the disk ([`Dhcp::release`] hands it back).
+    Held,
 }
 
 const fn ignore_name(why: Ignore) -> &'static str {
@@ -76,19 +118,28 @@ impl Dhcp {
         let count = loaded.leases.iter().filter(|l| l.active).count();
         let server = cyphonic_vip::Server::new(cfg.clone(), loaded.leases, unix)
             .context("the DHCP configuration")?;
+        let path = store.path();
         tracing::info!(
             pool = %format!("{}-{}", cfg.pool.0, cfg.pool.1),
             lease_secs = cfg.lease_secs,
             saved = count,
-            file = %store.path().display(),
+            file = %path.display(),
             "DHCP server on the LAN"
         );
+        let writer = Writer::spawn(store).context("starting the lease writer")?;
         Ok(Self {
             server,
-            store,
+            path,
+            writer,
+            lease_secs: cfg.lease_secs,
             pool: cfg.pool,
             ignored: BTreeMap::new(),
-            unsaved: false,
+            generation: 0,
+            written: Written::default(),
+            written_at: unix,
+            taken_at: VecDeque::new(),
+            bound_in: HashMap::new(),
+            held: VecDeque::new(),
             save_failed: Throttle::new(WARN_EVERY),
             refused: Throttle::new(WARN_EVERY),
         })
@@ -107,43 +158,109 @@ impl Dhcp {
         }
     }
 
-    /// Whether `reply` may leave now: not an ACK granting a lease that is not on disk yet
-    /// (the save failed). Staying silent makes the client retry, and its retry finds the
-    /// lease saved, or stays unanswered again: a device never holds a lease a restart
-    /// would forget.
-    pub fn releasable(&self, reply: &Reply) -> bool {
-        !(reply.grants && self.unsaved)
+    /// Whether `reply` (to `mac`, made at unix time `unix`) may leave now. An ACK waits when
+    /// its binding is not on disk yet, or when the disk has not been written for
+    /// [`RENEWAL_WINDOW`] (the writer is failing) and something is pending.
+    pub fn admit(&mut self, reply: Reply, mac: [u8; 6], unix: u64, now: Instant) -> Verdict {
+        let Some(ip) = reply.grants else {
+            return Verdict::Send(reply);
+        };
+        let first = self
+            .bound_in
+            .get(&(ip, mac))
+            .copied()
+            .unwrap_or(self.generation);
+        let current =
+            self.written.generation >= self.generation || unix <= self.written_at + RENEWAL_WINDOW;
+        if first <= self.written.generation && current {
+            return Verdict::Send(reply);
+        }
+        if self.held.len() >= MAX_HELD {
+            self.held.pop_front();
+        }
+        self.held.push_back(Held {
+            generation: self.generation,
+            until: now + HOLD,
+            reply,
+        });
+        Verdict::Held
+    }
+
+    /// Takes in what the writer reported: the held ACKs whose binding is now on disk, and
+    /// how many waited too long and are dropped (their clients retry).
+    pub fn release(&mut self, now: Instant) -> (Vec<Reply>, u64) {
+        let written = self.writer.written();
+        if written.generation > self.written.generation {
+            while let Some(&(generation, at)) = self.taken_at.front() {
+                if generation > written.generation {
+                    break;
+                }
+                self.written_at = at;
+                self.taken_at.pop_front();
+            }
+        }
+        if let Some(e) = &written.error
+            && written.failures > self.written.failures
+            && let Some(held) = self.save_failed.due(now)
+        {
+            tracing::error!(file = %self.path.display(), error = %e, also_failed = held, "cannot save the DHCP leases; they are kept in memory, saving is retried, and new leases wait for it");
+        }
+        self.written = written;
+        let mut ready = Vec::new();
+        let mut dropped = 0;
+        for h in std::mem::take(&mut self.held) {
+            if h.generation <= self.written.generation {
+                ready.push(h.reply);
+            } else if h.until <= now {
+                dropped += 1;
+            } else {
+                self.held.push_back(h);
+            }
+        }
+        (ready, dropped)
+    }
+
+    /// Resolves when the writer has something new to report.
+    pub async fn written_changed(&mut self) {
+        self.writer.changed().await;
     }
 
     /// Expires leases due at unix time `unix`; returns whether anything is to settle.
     pub fn tick(&mut self, unix: u64) -> bool {
-        let due = self.unsaved || self.server.poll_timeout().is_some_and(|t| t <= unix);
+        let due = self.server.poll_timeout().is_some_and(|t| t <= unix);
         if due {
             self.server.handle_timeout(unix);
         }
         due
     }
 
-    /// Applies what the server did: logs its events, saves the bindings, and puts the
-    /// active leases into the anti-spoofing `table`. Returns whether the leases changed.
-    pub fn settle(&mut self, now: Instant, table: &LanTable) -> bool {
+    /// Applies what the server did at unix time `unix`: logs its events, hands the bindings
+    /// to the writer when they changed, and puts the active leases into the anti-spoofing
+    /// `table`. Returns whether the leases changed.
+    pub fn settle(&mut self, now: Instant, unix: u64, table: &LanTable) -> bool {
         let mut changed = false;
         while let Some(event) = self.server.poll_event() {
             changed = true;
             self.log(event, now, table);
         }
         if self.server.take_dirty() {
-            self.unsaved = true;
-        }
-        if self.unsaved {
-            match self.store.save(&self.server.leases()) {
-                Ok(()) => self.unsaved = false,
-                Err(e) => {
-                    if let Some(held) = self.save_failed.due(now) {
-                        tracing::error!(file = %self.store.path().display(), error = %e, also_failed = held, "cannot save the DHCP leases; they are kept in memory and saving is retried");
-                    }
-                }
+            self.generation += 1;
+            let leases = self.server.leases();
+            let generation = self.generation;
+            self.bound_in.retain(|(ip, mac), _| {
+                leases
+                    .binary_search_by_key(&(u32::from(*ip), *mac), |l| (u32::from(l.ip), l.mac))
+                    .is_ok_and(|i| leases[i].active)
+            });
+            for l in leases.iter().filter(|l| l.active) {
+                self.bound_in.entry((l.ip, l.mac)).or_insert(generation);
             }
+            self.taken_at.push_back((generation, unix));
+            self.writer.submit(Snapshot {
+                generation,
+                renewals_until: unix + RENEWAL_WINDOW + u64::from(self.lease_secs),
+                leases,
+            });
         }
         if changed {
             table.replace_leases(self.server.active().map(|l| (l.ip, l.mac)).collect());
@@ -192,8 +309,10 @@ impl Dhcp {
     pub fn status(&self) -> DhcpStatus {
         DhcpStatus {
             pool: format!("{}-{}", self.pool.0, self.pool.1),
-            lease_file: self.store.path().display().to_string(),
-            unsaved: self.unsaved,
+            lease_file: self.path.display().to_string(),
+            unsaved: self.generation > self.written.generation,
+            lease_writes: self.written.writes,
+            lease_write_failures: self.written.failures,
             stats: self.server.stats(),
             ignored_by_reason: self
                 .ignored
@@ -227,18 +346,22 @@ mod tests {
         }
     }
 
-    /// While the lease file cannot be written, the ACK that would grant a lease does not
-    /// leave (the client retries); the OFFER before it may. Once saving works again, the
-    /// retried REQUEST gets its ACK.
-    #[test]
-    fn no_ack_leaves_for_a_lease_that_is_not_on_disk() {
-        let dir = std::env::temp_dir().join(format!("cy-dhcp-unsaved-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let unix = 1_800_000_000;
-        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
-        let table = LanTable::new(&[]);
-        let now = Instant::now();
-        let mac = [0x02, 0xbb, 0, 0, 0, 7];
+    fn request(mac: [u8; 6], xid: u32, ip: Ipv4Addr) -> Vec<u8> {
+        client_message(
+            MessageType::Request,
+            mac,
+            xid,
+            vec![
+                DhcpOption::ServerIdentifier(Ipv4Addr::new(100, 64, 1, 1)),
+                DhcpOption::RequestedIpAddress(ip),
+            ],
+            Ipv4Addr::UNSPECIFIED,
+            false,
+        )
+    }
+
+    /// The offer `mac` gets (it promises nothing: it leaves at once).
+    fn offered(d: &mut Dhcp, unix: u64, mac: [u8; 6], table: &LanTable) -> Ipv4Addr {
         let discover = client_message(
             MessageType::Discover,
             mac,
@@ -248,36 +371,118 @@ mod tests {
             false,
         );
         let offer = d.handle(unix, mac, &discover).unwrap();
-        d.settle(now, &table);
-        assert!(d.releasable(&offer), "an offer promises nothing");
+        d.settle(Instant::now(), unix, table);
         let ip = cyphonic_vip::testing::yiaddr(&offer.payload);
-        let request = client_message(
-            MessageType::Request,
-            mac,
-            2,
-            vec![
-                DhcpOption::ServerIdentifier(Ipv4Addr::new(100, 64, 1, 1)),
-                DhcpOption::RequestedIpAddress(ip),
-            ],
-            Ipv4Addr::UNSPECIFIED,
-            false,
-        );
-        // The state directory goes away: saving fails.
-        std::fs::remove_dir_all(&dir).unwrap();
-        let ack = d.handle(unix, mac, &request).unwrap();
-        d.settle(now, &table);
-        assert!(ack.grants);
-        assert!(!d.releasable(&ack), "an ACK for a lease not on disk left");
-        // Back again: the client's retry is answered, the lease saved first.
+        assert!(matches!(
+            d.admit(offer, mac, unix, Instant::now()),
+            Verdict::Send(_)
+        ));
+        ip
+    }
+
+    /// The held ACKs released once the writer has reported `what`, within five seconds.
+    fn released_when(d: &mut Dhcp, what: impl Fn(&Written) -> bool) -> (Vec<Reply>, u64) {
+        for _ in 0..100 {
+            if what(&d.writer.written()) {
+                return d.release(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the writer never got there: {:?}", d.writer.written());
+    }
+
+    fn dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("cy-dhcp-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let ack = d.handle(unix + 4, mac, &request).unwrap();
-        d.settle(now, &table);
-        assert!(d.releasable(&ack));
+        dir
+    }
+
+    /// A new lease's ACK waits for the lease file; while the file cannot be written it never
+    /// leaves (the client retries), and once the disk is back the retry's ACK leaves after
+    /// the write.
+    #[test]
+    fn no_ack_leaves_for_a_lease_that_is_not_on_disk() {
+        let dir = dir("unsaved");
+        let unix = 1_800_000_000;
+        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
+        let table = LanTable::new(&[]);
+        let mac = [0x02, 0xbb, 0, 0, 0, 7];
+        let ip = offered(&mut d, unix, mac, &table);
+        // The state directory goes away: writing fails.
+        std::fs::remove_dir_all(&dir).unwrap();
+        let ack = d.handle(unix, mac, &request(mac, 2, ip)).unwrap();
+        assert_eq!(ack.grants, Some(ip));
+        d.settle(Instant::now(), unix, &table);
+        assert!(matches!(
+            d.admit(ack, mac, unix, Instant::now()),
+            Verdict::Held
+        ));
+        let (ready, _) = released_when(&mut d, |w| w.failures >= 1);
+        assert!(ready.is_empty(), "an ACK for a lease not on disk left");
+        assert!(d.status().unsaved);
+        // It waited long enough: dropped.
+        let (ready, dropped) = d.release(Instant::now() + HOLD);
+        assert_eq!((ready.len(), dropped), (0, 1));
+        // Back again: the client's retry waits for the write, then leaves.
+        std::fs::create_dir_all(&dir).unwrap();
+        let ack = d.handle(unix + 4, mac, &request(mac, 3, ip)).unwrap();
+        d.settle(Instant::now(), unix + 4, &table);
+        assert!(matches!(
+            d.admit(ack, mac, unix + 4, Instant::now()),
+            Verdict::Held
+        ));
+        let generation = d.generation;
+        let (ready, _) = released_when(&mut d, |w| w.generation >= generation);
+        assert_eq!(ready.len(), 1);
         assert!(
             std::fs::read_to_string(dir.join("leases.json"))
                 .unwrap()
                 .contains(&ip.to_string())
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Renewals of a lease on disk leave at once, and a burst of them is one or two writes,
+    /// not one each; the file then says renewals may reach a lease time past it.
+    #[test]
+    fn renewals_leave_at_once_and_their_writes_are_coalesced() {
+        let dir = dir("renewals");
+        let unix = 1_800_000_000;
+        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
+        let table = LanTable::new(&[]);
+        let mac = [0x02, 0xbb, 0, 0, 0, 8];
+        let ip = offered(&mut d, unix, mac, &table);
+        let ack = d.handle(unix, mac, &request(mac, 2, ip)).unwrap();
+        d.settle(Instant::now(), unix, &table);
+        assert!(matches!(
+            d.admit(ack, mac, unix, Instant::now()),
+            Verdict::Held
+        ));
+        let generation = d.generation;
+        let (ready, _) = released_when(&mut d, |w| w.generation >= generation);
+        assert_eq!(ready.len(), 1);
+        let writes = d.writer.written().writes;
+        for n in 0..100 {
+            let t = unix + 1;
+            let ack = d.handle(t, mac, &request(mac, 10 + n, ip)).unwrap();
+            d.settle(Instant::now(), t, &table);
+            assert!(
+                matches!(d.admit(ack, mac, t, Instant::now()), Verdict::Send(_)),
+                "renewal {n} waited"
+            );
+        }
+        let generation = d.generation;
+        released_when(&mut d, |w| w.generation >= generation);
+        let burst = d.writer.written().writes - writes;
+        assert!((1..=2).contains(&burst), "{burst} writes for 100 renewals");
+        let text = std::fs::read_to_string(dir.join("leases.json")).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            doc["renewals_until"],
+            unix + 1 + RENEWAL_WINDOW + 3600,
+            "{text}"
+        );
+        drop(d);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,11 +1,19 @@
 //! The DHCP leases on disk: one JSON file in the state directory, replaced atomically (write a
 //! temporary file, fsync it, rename it over the old one, fsync the directory), so a power cut
 //! or `kill -9` at any moment leaves either the old file or the new one, never a torn one.
+//!
+//! The [`Writer`] does the writing on a thread of its own, at most once a second, always the
+//! newest state: the control thread never waits for the disk, and a burst of renewals is one
+//! write. The file says until when a renewal answered after it may have extended an active
+//! lease (`renewals_until`); loading keeps every active lease at least that long, so a
+//! renewal not yet written when the power went is honoured after the restart.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use cyphonic_vip::Lease;
 use serde::{Deserialize, Serialize};
@@ -13,9 +21,16 @@ use serde::{Deserialize, Serialize};
 const FILE: &str = "leases.json";
 const VERSION: u32 = 1;
 
+/// At most one write in this long: a burst of changes is one write.
+pub const WRITE_EVERY: Duration = Duration::from_secs(1);
+
 #[derive(Serialize, Deserialize)]
 struct OnDisk {
     version: u32,
+    /// Active leases hold at least until this unix time: renewals answered before the next
+    /// write reach no further. (Absent in older files: 0, nothing to add.)
+    #[serde(default)]
+    renewals_until: u64,
     leases: Vec<Lease>,
 }
 
@@ -28,7 +43,8 @@ pub struct LeaseStore {
 /// What loading found.
 #[derive(Debug)]
 pub struct Loaded {
-    /// The saved leases (empty when there was no file, or it was unreadable).
+    /// The saved leases (empty when there was no file, or it was unreadable); active ones
+    /// last at least until the file's `renewals_until`.
     pub leases: Vec<Lease>,
     /// A file that could not be read, moved aside to this path.
     pub moved_aside: Option<(PathBuf, String)>,
@@ -78,8 +94,12 @@ impl LeaseStore {
         };
         let reason = match serde_json::from_slice::<OnDisk>(&text) {
             Ok(d) if d.version == VERSION => {
+                let mut leases = d.leases;
+                for l in leases.iter_mut().filter(|l| l.active) {
+                    l.expires = l.expires.max(d.renewals_until);
+                }
                 return Ok(Loaded {
-                    leases: d.leases,
+                    leases,
                     moved_aside: None,
                 });
             }
@@ -94,13 +114,15 @@ impl LeaseStore {
         })
     }
 
-    /// Replaces the saved leases with `leases`, atomically and durably.
+    /// Replaces the saved leases with `leases`, atomically and durably; active leases are to
+    /// hold at least until `renewals_until` when loaded.
     ///
     /// # Errors
     /// Writing, syncing or renaming fails (disk full, read-only); the old file is intact.
-    pub fn save(&self, leases: &[Lease]) -> std::io::Result<()> {
+    pub fn save(&self, leases: &[Lease], renewals_until: u64) -> std::io::Result<()> {
         let doc = OnDisk {
             version: VERSION,
+            renewals_until,
             leases: leases.to_vec(),
         };
         let bytes = serde_json::to_vec_pretty(&doc).map_err(std::io::Error::other)?;
@@ -116,6 +138,175 @@ impl LeaseStore {
         drop(f);
         fs::rename(&tmp, self.path())?;
         File::open(&self.dir)?.sync_all()
+    }
+}
+
+/// The server's state at one moment, to be written.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Its number: later snapshots have greater ones.
+    pub generation: u64,
+    /// Active leases hold at least until this unix time when loaded.
+    pub renewals_until: u64,
+    /// Every binding.
+    pub leases: Vec<Lease>,
+}
+
+/// What the writer has done.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Written {
+    /// The newest snapshot on disk (0: none yet).
+    pub generation: u64,
+    /// Files written.
+    pub writes: u64,
+    /// Writes that failed.
+    pub failures: u64,
+    /// Why the last write failed, while it has not succeeded since.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    next: Option<Snapshot>,
+    stop: bool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    slot: Mutex<Slot>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Writes snapshots of the leases on a thread of its own: the newest one, at most once per
+/// [`WRITE_EVERY`]; a failed write is tried again (with the newest state) a period later.
+/// Dropping it writes what is pending, then stops the thread.
+#[derive(Debug)]
+pub struct Writer {
+    shared: Arc<Shared>,
+    done: tokio::sync::watch::Receiver<Written>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts the writer of `store`.
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    pub fn spawn(store: LeaseStore) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared::default());
+        let (tx, done) = tokio::sync::watch::channel(Written::default());
+        let thread = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("cy-leases".into())
+                .spawn(move || write_loop(&store, &shared, &tx))?
+        };
+        Ok(Self {
+            shared,
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands over the newest state (replacing any older one not written yet).
+    pub fn submit(&self, snapshot: Snapshot) {
+        let mut slot = self.shared.lock();
+        if slot
+            .next
+            .as_ref()
+            .is_none_or(|s| s.generation < snapshot.generation)
+        {
+            slot.next = Some(snapshot);
+        }
+        drop(slot);
+        self.shared.wake.notify_one();
+    }
+
+    /// What has been written so far.
+    pub fn written(&self) -> Written {
+        self.done.borrow().clone()
+    }
+
+    /// Resolves when the writer has more to report (never, once its thread is gone).
+    pub async fn changed(&mut self) {
+        if self.done.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn write_loop(store: &LeaseStore, shared: &Shared, done: &tokio::sync::watch::Sender<Written>) {
+    let mut last: Option<Instant> = None;
+    loop {
+        let mut slot = shared.lock();
+        // Wait for something to write, and for the period since the last write to pass
+        // (a stop cuts the wait short: what is pending is written at once).
+        loop {
+            let due = last.map_or(Duration::ZERO, |t| {
+                (t + WRITE_EVERY).saturating_duration_since(Instant::now())
+            });
+            if slot.next.is_some() && (due.is_zero() || slot.stop) {
+                break;
+            }
+            if slot.stop {
+                return;
+            }
+            slot = if slot.next.is_some() {
+                shared
+                    .wake
+                    .wait_timeout(slot, due)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
+            } else {
+                shared
+                    .wake
+                    .wait(slot)
+                    .unwrap_or_else(PoisonError::into_inner)
+            };
+        }
+        let Some(snapshot) = slot.next.take() else {
+            continue;
+        };
+        let stopping = slot.stop;
+        drop(slot);
+        last = Some(Instant::now());
+        match store.save(&snapshot.leases, snapshot.renewals_until) {
+            Ok(()) => done.send_modify(|w| {
+                w.generation = w.generation.max(snapshot.generation);
+                w.writes += 1;
+                w.error = None;
+            }),
+            Err(e) => {
+                done.send_modify(|w| {
+                    w.failures += 1;
+                    w.error = Some(e.to_string());
+                });
+                if stopping {
+                    return;
+                }
+                // Try again with it, unless something newer came meanwhile.
+                let mut slot = shared.lock();
+                if slot.next.is_none() {
+                    slot.next = Some(snapshot);
+                }
+            }
+        }
     }
 }
 
@@ -145,8 +336,8 @@ mod tests {
         let d = dir("roundtrip");
         let store = LeaseStore::open(&d).unwrap();
         assert!(store.load(0).unwrap().leases.is_empty());
-        store.save(&[lease(10), lease(11)]).unwrap();
-        store.save(&[lease(10), lease(11), lease(12)]).unwrap();
+        store.save(&[lease(10), lease(11)], 0).unwrap();
+        store.save(&[lease(10), lease(11), lease(12)], 0).unwrap();
         let loaded = store.load(0).unwrap();
         assert_eq!(loaded.leases, vec![lease(10), lease(11), lease(12)]);
         assert!(loaded.moved_aside.is_none());
@@ -158,7 +349,7 @@ mod tests {
     fn a_damaged_file_is_moved_aside_not_trusted() {
         let d = dir("damaged");
         let store = LeaseStore::open(&d).unwrap();
-        store.save(&[lease(10)]).unwrap();
+        store.save(&[lease(10)], 0).unwrap();
         let full = fs::read(store.path()).unwrap();
         fs::write(store.path(), &full[..full.len() / 2]).unwrap();
         let loaded = store.load(42).unwrap();
@@ -168,8 +359,79 @@ mod tests {
         assert!(aside.exists() && !store.path().exists(), "{reason}");
         // A leftover temporary file from a write cut short is simply overwritten.
         fs::write(d.join("leases.json.tmp"), b"{ half").unwrap();
-        store.save(&[lease(11)]).unwrap();
+        store.save(&[lease(11)], 0).unwrap();
         assert_eq!(store.load(0).unwrap().leases, vec![lease(11)]);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn active_leases_load_at_least_until_renewals_until() {
+        let d = dir("renewals");
+        let store = LeaseStore::open(&d).unwrap();
+        let mut ended = lease(12);
+        ended.active = false;
+        store
+            .save(&[lease(10), ended.clone()], 1_800_000_500)
+            .unwrap();
+        let loaded = store.load(0).unwrap().leases;
+        assert_eq!(
+            loaded[0].expires, 1_800_000_500,
+            "a renewal may have reached there"
+        );
+        assert_eq!(loaded[1], ended, "an ended lease stays ended");
+        // A file from before the field: nothing added.
+        fs::write(
+            store.path(),
+            serde_json::to_vec(&serde_json::json!({"version": 1, "leases": [lease(10)]})).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(store.load(0).unwrap().leases, vec![lease(10)]);
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn wait_for(w: &Writer, what: impl Fn(&Written) -> bool) -> Written {
+        for _ in 0..100 {
+            let now = w.written();
+            if what(&now) {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the writer did not get there: {:?}", w.written());
+    }
+
+    #[test]
+    fn the_writer_coalesces_bursts_retries_failures_and_flushes_on_drop() {
+        let d = dir("writer");
+        let w = Writer::spawn(LeaseStore::open(&d).unwrap()).unwrap();
+        let snap = |generation: u64, n: u8| Snapshot {
+            generation,
+            renewals_until: 0,
+            leases: (10..10 + n).map(lease).collect(),
+        };
+        w.submit(snap(1, 1));
+        wait_for(&w, |x| x.generation == 1);
+        // A burst within the period: written once, the newest state.
+        for g in 2..=50 {
+            w.submit(snap(g, 2));
+        }
+        let after = wait_for(&w, |x| x.generation == 50);
+        assert_eq!(after.writes, 2, "{after:?}");
+        let store = LeaseStore::open(&d).unwrap();
+        assert_eq!(store.load(0).unwrap().leases.len(), 2);
+        // The directory goes away: the write fails, is reported, and is tried again.
+        fs::remove_dir_all(&d).unwrap();
+        w.submit(snap(51, 3));
+        let failing = wait_for(&w, |x| x.failures >= 1);
+        assert_eq!(failing.generation, 50);
+        assert!(failing.error.is_some());
+        fs::create_dir_all(&d).unwrap();
+        let back = wait_for(&w, |x| x.generation == 51);
+        assert_eq!(back.error, None);
+        // Dropping it writes what is pending at once.
+        w.submit(snap(52, 4));
+        drop(w);
+        assert_eq!(store.load(0).unwrap().leases.len(), 4);
         fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -17,9 +17,10 @@ use std::time::Instant;
 use cyphonic_daemon::dns::Said;
 use cyphonic_daemon::{Services, Settled};
 use cyphonic_signal::NameRecord;
+use cyphonic_vip::Reply;
 
 use crate::counters::bump;
-use crate::dhcp::Dhcp;
+use crate::dhcp::{Dhcp, Verdict};
 use crate::gateway::{FromPeer, Gateway};
 use crate::lan::{Client, LanSide, ServiceQueues, ToServices};
 use crate::names::Names;
@@ -30,6 +31,15 @@ const DHCP_CLIENT_PORT: u16 = 68;
 
 /// The DNS service on the gateway vIP, answering devices on the LAN and peers.
 pub type Dns = cyphonic_daemon::dns::Dns<Client>;
+
+/// What wakes the services: work from their queues, or the lease writer's report.
+#[derive(Debug)]
+pub enum Work {
+    /// From the capture thread or the LAN sink.
+    Queued(ToServices),
+    /// The lease writer wrote (or failed to): ACKs waiting for the disk may leave.
+    LeasesWritten,
+}
 
 /// The LAN services. See the module docs.
 #[derive(Debug)]
@@ -61,7 +71,7 @@ impl AdapterServices {
             dns,
             names,
         };
-        services.settle(Instant::now());
+        services.settle(Instant::now(), cyphonic_settings::now_secs());
         services.refresh_names();
         services.publish();
         services
@@ -73,26 +83,44 @@ impl AdapterServices {
             return;
         };
         bump(&self.lan.counters.dhcp_received);
-        let reply = d.handle(cyphonic_settings::now_secs(), mac, payload);
-        // Bindings are on disk before the reply that grants them leaves; when they cannot
-        // be saved, the ACK does not leave at all.
-        self.settle(now);
-        let reply = reply.filter(|r| {
-            let ok = self.dhcp.as_ref().is_some_and(|d| d.releasable(r));
-            if !ok {
-                bump(&self.lan.counters.dhcp_unsaved_silent);
-            }
-            ok
-        });
-        if let Some(reply) = reply
-            && self.gateway.udp_to_lan(
-                reply.dst_mac,
-                reply.dst_ip,
-                DHCP_SERVER_PORT,
-                DHCP_CLIENT_PORT,
-                &reply.payload,
-            )
-        {
+        let unix = cyphonic_settings::now_secs();
+        let reply = d.handle(unix, mac, payload);
+        // The bindings it made settle first; an ACK whose binding is not on disk yet waits
+        // for the lease writer.
+        self.settle(now, unix);
+        let Some(d) = self.dhcp.as_mut() else {
+            return;
+        };
+        match reply.map(|r| d.admit(r, mac, unix, now)) {
+            Some(Verdict::Send(reply)) => self.send_dhcp(&reply),
+            Some(Verdict::Held) => bump(&self.lan.counters.dhcp_ack_waited),
+            None => {}
+        }
+    }
+
+    /// The lease writer reported (or time passed): held ACKs whose binding is on disk leave;
+    /// those that waited too long are dropped (their clients retry).
+    fn release_dhcp(&mut self, now: Instant) {
+        let Some(d) = self.dhcp.as_mut() else {
+            return;
+        };
+        let (ready, dropped) = d.release(now);
+        for _ in 0..dropped {
+            bump(&self.lan.counters.dhcp_unsaved_silent);
+        }
+        for reply in &ready {
+            self.send_dhcp(reply);
+        }
+    }
+
+    fn send_dhcp(&mut self, reply: &Reply) {
+        if self.gateway.udp_to_lan(
+            reply.dst_mac,
+            reply.dst_ip,
+            DHCP_SERVER_PORT,
+            DHCP_CLIENT_PORT,
+            &reply.payload,
+        ) {
             bump(&self.lan.counters.dhcp_sent);
         }
     }
@@ -160,11 +188,11 @@ impl AdapterServices {
     }
 
     /// Applies what the DHCP server did; the names follow when the leases changed.
-    fn settle(&mut self, now: Instant) {
+    fn settle(&mut self, now: Instant, unix: u64) {
         let changed = self
             .dhcp
             .as_mut()
-            .is_some_and(|d| d.settle(now, &self.lan.table));
+            .is_some_and(|d| d.settle(now, unix, &self.lan.table));
         if changed {
             self.refresh_names();
         }
@@ -192,30 +220,41 @@ impl AdapterServices {
 }
 
 impl Services for AdapterServices {
-    type Work = ToServices;
+    type Work = Work;
 
-    async fn next(&mut self) -> ToServices {
+    async fn next(&mut self) -> Work {
+        let (work, dhcp) = (&mut self.work, &mut self.dhcp);
+        let written = async {
+            match dhcp.as_mut() {
+                Some(d) => d.written_changed().await,
+                None => std::future::pending().await,
+            }
+        };
         // DHCP first: a flood of DNS never delays a device getting its address.
         tokio::select! {
             biased;
-            Some(w) = self.work.dhcp.recv() => w,
-            Some(w) = self.work.other.recv() => w,
+            Some(w) = work.dhcp.recv() => Work::Queued(w),
+            () = written => Work::LeasesWritten,
+            Some(w) = work.other.recv() => Work::Queued(w),
             // Every sender is gone: the data threads stopped.
             else => std::future::pending().await,
         }
     }
 
-    fn handle(&mut self, work: ToServices, now: Instant) {
+    fn handle(&mut self, work: Work, now: Instant) {
         match work {
-            ToServices::Dhcp { mac, payload } => self.dhcp(now, mac, &payload),
-            ToServices::Dns { client, payload } => {
+            Work::Queued(ToServices::Dhcp { mac, payload }) => self.dhcp(now, mac, &payload),
+            Work::Queued(ToServices::Dns { client, payload }) => {
                 if let Some(dns) = self.dns.as_mut() {
                     bump(&self.lan.counters.dns_received);
                     let said = dns.query(now, client, &payload, None);
                     self.say(said);
                 }
             }
-            ToServices::FromPeer { peer, packet, at } => self.handle_peer_packet(at, peer, &packet),
+            Work::Queued(ToServices::FromPeer { peer, packet, at }) => {
+                self.handle_peer_packet(at, peer, &packet);
+            }
+            Work::LeasesWritten => self.release_dhcp(now),
         }
         self.publish();
     }
@@ -224,9 +263,10 @@ impl Services for AdapterServices {
     fn tick(&mut self, now: Instant) {
         let unix = cyphonic_settings::now_secs();
         if self.dhcp.as_mut().is_some_and(|d| d.tick(unix)) {
-            self.settle(now);
+            self.settle(now, unix);
             self.publish();
         }
+        self.release_dhcp(now);
         let expired = self
             .dns
             .as_mut()

@@ -74,8 +74,15 @@ pub struct DhcpStatus {
     pub pool: String,
     /// Where the leases are saved.
     pub lease_file: String,
-    /// Leases changed and could not be saved (the log says why; saving is retried).
+    /// Leases changed and are not on disk yet (written at most once a second; when this
+    /// stays, the writes fail: the log says why, and they are retried).
     pub unsaved: bool,
+    /// Lease files written.
+    #[serde(default)]
+    pub lease_writes: u64,
+    /// Lease file writes that failed.
+    #[serde(default)]
+    pub lease_write_failures: u64,
     /// The server's counters.
     #[serde(flatten)]
     pub stats: cyphonic_vip::Stats,

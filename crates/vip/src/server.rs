@@ -180,8 +180,8 @@ pub struct Reply {
     pub dst_ip: Ipv4Addr,
     /// Destination MAC (the client's, or broadcast).
     pub dst_mac: [u8; 6],
-    /// An ACK that grants (or renews) a lease: it must not leave before the lease is stored.
-    pub grants: bool,
+    /// The address an ACK grants (or renews): it must not leave before the lease is stored.
+    pub grants: Option<Ipv4Addr>,
 }
 
 /// How long an offer holds its address for the device it was made to, seconds.
@@ -803,7 +803,7 @@ impl Server {
             payload,
             dst_ip,
             dst_mac,
-            grants: kind == MessageType::Ack && yiaddr != Ipv4Addr::UNSPECIFIED,
+            grants: (kind == MessageType::Ack && yiaddr != Ipv4Addr::UNSPECIFIED).then_some(yiaddr),
         }
     }
 }
