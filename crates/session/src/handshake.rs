@@ -280,7 +280,7 @@ fn handshake_body(
     Ok((repr, &frame[HEADER_LEN..frame.len() - 2 * MAC_LEN]))
 }
 
-fn write_frame(
+pub(crate) fn write_frame(
     state: &mut snow::HandshakeState,
     msg_type: MessageType,
     receiver_index: u32,

@@ -33,6 +33,8 @@ mod handshake;
 mod index;
 mod peer;
 mod session;
+#[doc(hidden)]
+pub mod sim;
 
 pub use clock::{Clock, Timing};
 pub use cookie::{COOKIE_LIFETIME, CookieChecker};

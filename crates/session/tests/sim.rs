@@ -8,16 +8,14 @@
     clippy::needless_pass_by_value
 )]
 
-mod util;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
 use cyphonic_crypto::{CertError, Certificate, RevocationList};
+use cyphonic_session::sim::*;
 use cyphonic_session::{Event, HandshakeError, RecvError, SendError, Timing, read_init};
 use cyphonic_wire::{Frame, MAC_LEN, MessageType, VERSION};
 use rand::{Rng, SeedableRng};
-use util::*;
 
 /// Builds a handshake-init by hand, as an attacker could, following docs/protocol.md §2:
 /// Noise IK message 1 from `noise_key` to `responder`, payload index | timestamp | `cert`,

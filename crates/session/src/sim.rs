@@ -1,7 +1,16 @@
 //! A deterministic two-peer simulator: a fake clock, a seeded network with loss, latency and
-//! reordering, and a minimal driver for each side. No sleeps, no sockets, no threads.
+//! reordering, and a minimal driver for each side. No sleeps, no sockets, no threads. For the
+//! simulation tests (tests/sim.rs) and the fuzz targets; not for production use.
 
-#![allow(dead_code, missing_docs, unreachable_pub)]
+#![allow(
+    missing_debug_implementations,
+    missing_docs,
+    unreachable_pub,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::missing_panics_doc,
+    clippy::must_use_candidate
+)]
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -9,13 +18,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::{
+    Clock, Event, HandshakeError, Identity, IncomingInit, Indices, Peer, PeerConfig, Received,
+    RecvError, SendError, Timing, read_init,
+};
 use cyphonic_crypto::{
     Backend, Certificate, CertificateAuthority, IssueRequest, RevocationList, StaticKeypair,
     TrustStore,
-};
-use cyphonic_session::{
-    Clock, Event, HandshakeError, Identity, Indices, Peer, PeerConfig, Received, RecvError,
-    SendError, Timing, read_init,
 };
 use cyphonic_wire::{Frame, MessageType};
 use rand::rngs::SmallRng;
@@ -387,4 +396,44 @@ impl Pair {
         self.node(side).peer.initiate(now).unwrap();
         self.drive(Duration::from_secs(10));
     }
+}
+
+/// A handshake-init as anyone holding `noise_key` can build it: Noise IK message 1 to
+/// `responder` around any `payload` (the real one is index, timestamp, certificate), with
+/// `header_index` in the clear header and both MACs sealed for `responder` (docs/protocol.md
+/// §2). What reaches `read_init` past the MAC check.
+pub fn init_frame(
+    noise_key: &StaticKeypair,
+    responder: &cyphonic_crypto::PublicKey,
+    header_index: u32,
+    payload: &[u8],
+) -> Option<Vec<u8>> {
+    let mut state =
+        cyphonic_crypto::noise::initiator(noise_key, responder, crate::handshake::PROLOGUE).ok()?;
+    let mut frame = crate::handshake::write_frame(
+        &mut state,
+        MessageType::HandshakeInit,
+        header_index,
+        payload,
+    )
+    .ok()?;
+    crate::cookie::seal_macs(&mut frame, &cyphonic_crypto::MacKeys::new(responder), None);
+    Some(frame)
+}
+
+/// A handshake-resp as the responder of `init` can build it: Noise IK message 2 around any
+/// `payload` (the real one is index, certificate), to `receiver_index` (the initiator's), MACs
+/// sealed for the initiator.
+pub fn response_frame(init: IncomingInit, receiver_index: u32, payload: &[u8]) -> Option<Vec<u8>> {
+    let remote = init.remote_static;
+    let mut state = init.state;
+    let mut frame = crate::handshake::write_frame(
+        &mut state,
+        MessageType::HandshakeResp,
+        receiver_index,
+        payload,
+    )
+    .ok()?;
+    crate::cookie::seal_macs(&mut frame, &cyphonic_crypto::MacKeys::new(&remote), None);
+    Some(frame)
 }
