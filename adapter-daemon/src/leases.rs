@@ -16,23 +16,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use cyphonic_vip::Lease;
-use serde::{Deserialize, Serialize};
 
 const FILE: &str = "leases.json";
-const VERSION: u32 = 1;
 
 /// At most one write in this long: a burst of changes is one write.
 pub const WRITE_EVERY: Duration = Duration::from_secs(1);
-
-#[derive(Serialize, Deserialize)]
-struct OnDisk {
-    version: u32,
-    /// Active leases hold at least until this unix time: renewals answered before the next
-    /// write reach no further. (Absent in older files: 0, nothing to add.)
-    #[serde(default)]
-    renewals_until: u64,
-    leases: Vec<Lease>,
-}
 
 /// Where the leases live.
 #[derive(Debug)]
@@ -92,19 +80,14 @@ impl LeaseStore {
             }
             Err(e) => return Err(e),
         };
-        let reason = match serde_json::from_slice::<OnDisk>(&text) {
-            Ok(d) if d.version == VERSION => {
-                let mut leases = d.leases;
-                for l in leases.iter_mut().filter(|l| l.active) {
-                    l.expires = l.expires.max(d.renewals_until);
-                }
+        let reason = match cyphonic_vip::file::decode(&text) {
+            Ok(leases) => {
                 return Ok(Loaded {
                     leases,
                     moved_aside: None,
                 });
             }
-            Ok(d) => format!("unknown format version {}", d.version),
-            Err(e) => e.to_string(),
+            Err(reason) => reason,
         };
         let aside = self.dir.join(format!("{FILE}.corrupt-{now}"));
         fs::rename(&path, &aside)?;
@@ -120,12 +103,8 @@ impl LeaseStore {
     /// # Errors
     /// Writing, syncing or renaming fails (disk full, read-only); the old file is intact.
     pub fn save(&self, leases: &[Lease], renewals_until: u64) -> std::io::Result<()> {
-        let doc = OnDisk {
-            version: VERSION,
-            renewals_until,
-            leases: leases.to_vec(),
-        };
-        let bytes = serde_json::to_vec_pretty(&doc).map_err(std::io::Error::other)?;
+        let bytes =
+            cyphonic_vip::file::encode(leases, renewals_until).map_err(std::io::Error::other)?;
         let tmp = self.dir.join(format!("{FILE}.tmp"));
         let mut f = OpenOptions::new()
             .write(true)

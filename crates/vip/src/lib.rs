@@ -13,10 +13,13 @@
 //!   [`Server::leases`].
 //! - [`names`] derives each lease's DNS label, deterministically.
 //!
+//! - [`file`] is the lease file's format.
+//!
 //! Sans-IO: no sockets, no clock (time is unix seconds, passed in), no files. The driver
 //! persists leases atomically and frames replies on the LAN.
 #![forbid(unsafe_code)]
 
+pub mod file;
 mod names;
 mod server;
 
