@@ -270,22 +270,28 @@ impl Server {
             swept: None,
             stats: Stats::default(),
         };
+        // Newest first: when a damaged or edited file names a device twice, or gives one
+        // address to two devices, the binding that lasts longest wins and the others end.
+        let mut saved = saved;
+        saved.sort_by_key(|l| (std::cmp::Reverse(l.expires), u32::from(l.ip), l.mac));
         for mut lease in saved {
-            // A saved binding that no longer fits (block changed, reservation moved) is dropped.
+            // A saved binding that no longer fits (block changed, reservation moved) is dropped,
+            // and so is an older one of a device already loaded.
             if !server.cfg.block.contains(&lease.ip)
                 || server
                     .reserved_ips
                     .get(&lease.ip)
                     .is_some_and(|m| *m != lease.mac)
+                || server.by_mac.contains_key(&lease.mac)
             {
                 server.dirty = true;
                 continue;
             }
-            if lease.active && lease.expires <= now {
+            if lease.active && (lease.expires <= now || server.by_ip.contains_key(&lease.ip)) {
                 lease.active = false;
                 server.dirty = true;
             }
-            server.last_holder.insert(lease.ip, lease.mac);
+            server.last_holder.entry(lease.ip).or_insert(lease.mac);
             server.unused.remove(&u32::from(lease.ip));
             if lease.active {
                 server.by_ip.insert(lease.ip, lease.mac);

@@ -669,3 +669,46 @@ fn outstanding_offers_keep_their_addresses_and_lapsed_ones_come_back() {
         "offered[1] is bound"
     );
 }
+
+/// A damaged or edited lease file can name one address for two devices, or one device twice
+/// (found by the `lease_file` fuzz target): the binding that lasts longest wins, the others
+/// end, and no address is ever held by two devices.
+#[test]
+fn a_lease_file_with_conflicting_bindings_loads_without_a_double_holder() {
+    let lease = |n: u8, ip: u8, expires: u64| Lease {
+        mac: mac(n),
+        ip: Ipv4Addr::new(100, 64, 1, ip),
+        hostname: None,
+        client_id: None,
+        expires,
+        active: true,
+    };
+    let saved = vec![
+        lease(1, 120, T0 + 100),
+        lease(2, 120, T0 + 900),
+        lease(3, 130, T0 + 100),
+        lease(3, 131, T0 + 500),
+    ];
+    let s = Server::new(config(100, 200), saved, T0).unwrap();
+    let mut active: Vec<(u8, Ipv4Addr)> = s.active().map(|l| (l.mac[5], l.ip)).collect();
+    active.sort();
+    assert_eq!(
+        active,
+        vec![
+            (2, Ipv4Addr::new(100, 64, 1, 120)),
+            (3, Ipv4Addr::new(100, 64, 1, 131)),
+        ]
+    );
+    // The device that lost the address is offered another one, not the held one.
+    let mut s = s;
+    let d = client_message(
+        MessageType::Discover,
+        mac(1),
+        1,
+        vec![opt_ip(Ipv4Addr::new(100, 64, 1, 120))],
+        ZERO,
+        false,
+    );
+    let offer = s.handle(T0, &d, mac(1)).unwrap().unwrap();
+    assert_ne!(parse(&offer).yiaddr(), Ipv4Addr::new(100, 64, 1, 120));
+}
