@@ -369,12 +369,16 @@ fn machine() -> String {
     )
 }
 
-fn replace_between(doc: &str, (begin, end): (&str, &str), body: &str) -> anyhow::Result<String> {
+pub(crate) fn replace_between(
+    doc: &str,
+    (begin, end): (&str, &str),
+    body: &str,
+) -> anyhow::Result<String> {
     let (Some(b), Some(e)) = (doc.find(begin), doc.find(end)) else {
-        bail!("docs/benchmarks.md lacks the markers {begin} / {end}");
+        bail!("the document lacks the markers {begin} / {end}");
     };
     if e < b {
-        bail!("docs/benchmarks.md: end marker before begin marker");
+        bail!("the document has its end marker before its begin marker");
     }
     Ok(format!("{}{begin}\n{body}{}", &doc[..b], &doc[e..]))
 }

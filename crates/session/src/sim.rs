@@ -216,8 +216,10 @@ impl Setup {
         }
     }
 
-    pub fn build(self) -> Pair {
-        let now = Instant::now();
+    /// The pair, its simulated time starting at `origin` (the caller reads the clock: this
+    /// crate does not).
+    pub fn build(self, origin: Instant) -> Pair {
+        let now = origin;
         let clock = Clock::new(now, Duration::from_secs(T0));
         let node =
             |identity: Arc<Identity>, config: PeerConfig, id: u32, addr: &str, backend| Node {

@@ -9,7 +9,7 @@
 )]
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{CertError, Certificate, RevocationList};
 use cyphonic_session::sim::*;
@@ -44,7 +44,7 @@ const SEC: Duration = Duration::from_secs(1);
 
 #[test]
 fn handshake_then_data_both_ways() {
-    let mut p = Setup::new(1).build();
+    let mut p = Setup::new(1).build(Instant::now());
     // The first packet finds no keys and starts the handshake (the driver queues it).
     assert_eq!(p.send(Side::A, b"early"), Err(SendError::NoSession));
     p.drive(SEC);
@@ -83,7 +83,7 @@ fn handshake_then_data_both_ways() {
 /// The responder refuses the initiator with `expect`; the initiator keeps retrying and
 /// eventually gives up, and no keys ever exist.
 fn refused_by_responder(setup: Setup, expect: HandshakeError) {
-    let mut p = setup.build();
+    let mut p = setup.build(Instant::now());
     p.connect(Side::A);
     assert_eq!(
         p.b.handshake_errors.first(),
@@ -137,7 +137,7 @@ fn expired_certificate_is_refused() {
         cyphonic_session::PeerConfig::from_certificate(&cert, Some(ADDR_A.parse().unwrap()));
     s.a_identity = identity(NodeKeys { keypair, cert }, &ca, RevocationList::default());
     s.b_identity = identity(b_keys, &ca, RevocationList::default());
-    let mut p = s.build();
+    let mut p = s.build(Instant::now());
     p.drive(5 * SEC);
     p.connect(Side::A);
     assert_eq!(
@@ -275,7 +275,7 @@ fn name_mismatch_is_refused_on_both_sides() {
     // The initiator expects gw9 where gw2 answers.
     let mut s = Setup::new(6);
     s.a_config.expect_name = Some("gw9.ovl.example".into());
-    let mut p = s.build();
+    let mut p = s.build(Instant::now());
     p.connect(Side::A);
     assert_eq!(
         p.a.handshake_errors[0],
@@ -296,7 +296,7 @@ fn vip_mismatch_is_refused() {
 
 #[test]
 fn replayed_initiation_is_refused() {
-    let mut p = Setup::new(8).build();
+    let mut p = Setup::new(8).build(Instant::now());
     p.connect(Side::A);
     assert!(p.a.peer.is_established(p.now));
     let init = p
@@ -326,7 +326,7 @@ fn replayed_initiation_is_refused() {
 
 #[test]
 fn truncated_and_garbage_handshakes_are_typed_errors() {
-    let mut p = Setup::new(9).build();
+    let mut p = Setup::new(9).build(Instant::now());
     p.a.peer.initiate(p.now).unwrap();
     p.flush();
     let init = p.net.log[0].frame.clone();
@@ -393,7 +393,7 @@ fn truncated_and_garbage_handshakes_are_typed_errors() {
 /// at once, with no retry.
 #[test]
 fn forged_responses_do_not_break_a_pending_handshake() {
-    let mut p = Setup::new(47).build();
+    let mut p = Setup::new(47).build(Instant::now());
     p.a.peer.initiate(p.now).unwrap();
     // The initiation reaches B (5 ms), whose response is then on its way back.
     p.drive(Duration::from_millis(6));
@@ -436,7 +436,7 @@ fn forged_responses_do_not_break_a_pending_handshake() {
 
 #[test]
 fn garbage_and_forged_data_frames_are_dropped() {
-    let mut p = Setup::new(10).build();
+    let mut p = Setup::new(10).build(Instant::now());
     p.connect(Side::A);
     let now = p.now;
     let from = ADDR_A.parse().unwrap();
@@ -478,7 +478,7 @@ fn garbage_and_forged_data_frames_are_dropped() {
 
 #[test]
 fn replayed_data_frame_is_dropped() {
-    let mut p = Setup::new(11).build();
+    let mut p = Setup::new(11).build(Instant::now());
     p.connect(Side::A);
     p.send(Side::A, b"once").unwrap();
     p.drive(SEC);
@@ -497,7 +497,7 @@ fn replayed_data_frame_is_dropped() {
 
 #[test]
 fn simultaneous_initiation_converges() {
-    let mut p = Setup::new(12).build();
+    let mut p = Setup::new(12).build(Instant::now());
     let now = p.now;
     p.a.peer.initiate(now).unwrap();
     p.b.peer.initiate(now).unwrap();
@@ -523,7 +523,7 @@ fn simultaneous_initiation_converges() {
 /// accepted exactly once, none fails authentication or the replay window, and the sender never
 /// loses its keys after the first handshake.
 fn rekey_under_traffic(seed: u64, loss: f64, jitter: Duration) {
-    let mut p = Setup::new(seed).build();
+    let mut p = Setup::new(seed).build(Instant::now());
     p.net.loss = loss;
     p.net.jitter = jitter;
     // The first handshake may itself lose messages: retry until established.
@@ -620,7 +620,7 @@ fn message_limit_rekeys_and_counters_are_never_reused() {
         reject_after_messages: 80,
         ..Timing::default()
     };
-    let mut p = s.build();
+    let mut p = s.build(Instant::now());
     p.connect(Side::A);
     let mut failures = 0;
     for i in 0..2000u32 {
@@ -665,7 +665,7 @@ fn message_limit_rekeys_and_counters_are_never_reused() {
 
 #[test]
 fn passive_keepalive_answers_one_way_traffic() {
-    let mut p = Setup::new(40).build();
+    let mut p = Setup::new(40).build(Instant::now());
     p.connect(Side::A);
     let before = p.a.keepalives;
     p.send(Side::A, b"one way").unwrap();
@@ -685,7 +685,7 @@ fn passive_keepalive_answers_one_way_traffic() {
 fn persistent_keepalive_keeps_an_idle_peer_up() {
     let mut s = Setup::new(41);
     s.a_config.persistent_keepalive = Some(Duration::from_secs(25));
-    let mut p = s.build();
+    let mut p = s.build(Instant::now());
     // No traffic at all: the persistent keepalive alone brings the tunnel up and keeps it.
     p.drive(2 * SEC);
     assert!(p.a.peer.is_established(p.now));
@@ -697,7 +697,7 @@ fn persistent_keepalive_keeps_an_idle_peer_up() {
 
 #[test]
 fn idle_sessions_expire_and_come_back_on_demand() {
-    let mut p = Setup::new(42).build();
+    let mut p = Setup::new(42).build(Instant::now());
     p.connect(Side::A);
     p.drive(Duration::from_secs(181));
     assert!(p.a.events.contains(&Event::Expired) && p.b.events.contains(&Event::Expired));
@@ -717,7 +717,7 @@ fn idle_sessions_expire_and_come_back_on_demand() {
 
 #[test]
 fn unanswered_handshakes_back_off_then_give_up() {
-    let mut p = Setup::new(43).build();
+    let mut p = Setup::new(43).build(Instant::now());
     p.net.partitioned = true;
     assert_eq!(p.send(Side::A, b"x"), Err(SendError::NoSession));
     p.drive(Duration::from_secs(100));
@@ -738,7 +738,7 @@ fn unanswered_handshakes_back_off_then_give_up() {
 
 #[test]
 fn roaming_follows_authenticated_frames() {
-    let mut p = Setup::new(44).build();
+    let mut p = Setup::new(44).build(Instant::now());
     p.connect(Side::A);
     // A's NAT mapping changes: its frames now come from a new address.
     let new_addr: std::net::SocketAddr = "198.51.100.77:40000".parse().unwrap();
@@ -762,7 +762,7 @@ fn roaming_follows_authenticated_frames() {
 /// back within a round trip instead of after the peer's reply timer.
 #[test]
 fn a_receiver_that_moves_tells_its_peer_at_once() {
-    let mut p = Setup::new(46).build();
+    let mut p = Setup::new(46).build(Instant::now());
     p.connect(Side::A);
     let new_addr: std::net::SocketAddr = "198.51.100.78:51820".parse().unwrap();
     p.a.addr = new_addr;
@@ -778,7 +778,7 @@ fn a_receiver_that_moves_tells_its_peer_at_once() {
     p.drive(SEC);
     assert_eq!(p.a.delivered, vec![b"found".to_vec()]);
     // Without keys there is nothing to say: no frame, no handshake.
-    let mut q = Setup::new(47).build();
+    let mut q = Setup::new(47).build(Instant::now());
     let now = q.now;
     q.a.peer.local_address_changed(now);
     q.flush();
@@ -787,7 +787,7 @@ fn a_receiver_that_moves_tells_its_peer_at_once() {
 
 #[test]
 fn sending_never_computes_a_handshake_inline() {
-    let mut p = Setup::new(45).build();
+    let mut p = Setup::new(45).build(Instant::now());
     let now = p.now;
     assert_eq!(
         p.a.peer.send_session(now).unwrap_err(),
@@ -808,7 +808,7 @@ fn sending_never_computes_a_handshake_inline() {
 /// that its data goes unanswered and handshakes again within the reply timeout.
 #[test]
 fn restarted_peer_is_recovered_by_the_reply_timeout() {
-    let mut p = Setup::new(46).build();
+    let mut p = Setup::new(46).build(Instant::now());
     p.connect(Side::A);
     p.send(Side::A, b"before").unwrap();
     p.drive(SEC);
@@ -857,7 +857,7 @@ fn redirect_restarts_a_pending_handshake_at_the_new_endpoint() {
     let mut setup = Setup::new(9);
     // A knows B at an address where nobody listens.
     setup.a_config.endpoint = Some("192.0.2.99:51820".parse().unwrap());
-    let mut p = setup.build();
+    let mut p = setup.build(Instant::now());
     let start = p.now;
     p.a.peer.initiate(start).unwrap();
     p.drive(Duration::from_millis(500));
@@ -888,7 +888,7 @@ fn redirect_restarts_a_pending_handshake_at_the_new_endpoint() {
 fn a_cookie_reply_puts_mac2_on_the_next_initiation() {
     use cyphonic_crypto::CookieSecret;
     use cyphonic_session::CookieChecker;
-    let mut p = Setup::new(48).build();
+    let mut p = Setup::new(48).build(Instant::now());
     let now = p.now;
     let a_addr = p.a.addr;
     let mut checker = CookieChecker::new(
@@ -940,7 +940,7 @@ fn a_cookie_reply_puts_mac2_on_the_next_initiation() {
 /// forward, and A's handshake timestamps keep increasing through the change.
 #[test]
 fn a_wall_clock_set_after_start_is_followed() {
-    let mut p = Setup::new(49).build();
+    let mut p = Setup::new(49).build(Instant::now());
     let early = cyphonic_session::Clock::new(p.now, Duration::from_secs(1_000));
     let a_config = cyphonic_session::PeerConfig::from_certificate(
         p.b.identity.certificate(),

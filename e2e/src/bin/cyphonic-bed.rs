@@ -29,6 +29,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Captures real traffic on the bed (tunnel frames both ways, a control handshake's first
+    /// message, endpoint probes) and writes it as fuzz seeds under DIR/<target>/.
+    Seeds {
+        /// The seed directory (fuzz/seeds).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// The whole system: the cloud, two adapters with DHCP devices, a node; names, ping and
     /// iperf3 by name; the status tables.
     Demo {
@@ -96,6 +103,7 @@ fn main() -> ExitCode {
     cyphonic_e2e::tear_down_on_abnormal_exit();
     let result = match Cli::parse().command {
         Command::Demo { short } => demo(short),
+        Command::Seeds { out } => seeds(&out),
         Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
         Command::Attack { seconds } => attack(seconds).and_then(|r| print_json(&r)),
         Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
@@ -585,6 +593,91 @@ fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
 const ATTACK_RATES: [u32; 3] = [0, 10_000, 50_000];
 /// DHCP DISCOVERs the device on lanB sends a second during each row.
 const DHCP_PER_SEC: u64 = 10;
+
+/// Real frames off the bed, as fuzz seeds: each target's directory gets the captures its
+/// input is made of.
+fn seeds(out: &std::path::Path) -> anyhow::Result<()> {
+    use cyphonic_e2e::{attack, inject};
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        ..BedOptions::default()
+    })?;
+    let control = bed.cloud.as_ref().context("the cloud runs")?.address;
+    // A's control handshake and probes, as it reconnects.
+    bed.stop(Side::A, "TERM")?;
+    let hello = attack::spawn_capture_first_control_frame(
+        &bed.wan,
+        "toa",
+        control.port(),
+        Duration::from_secs(10),
+    );
+    let probes =
+        inject::spawn_capture_udp(&bed.wan, "toa", 7001, 2, Duration::from_secs(10), |p| {
+            p.get(1) == Some(&6)
+        });
+    std::thread::sleep(Duration::from_millis(500));
+    bed.start(Side::A)?;
+    let hello = inject::joined(hello)?;
+    let probes = inject::joined(probes)?;
+    // The tunnel's frames both ways while a device pings across: initiation, response,
+    // keepalives and data.
+    let from_a =
+        inject::spawn_capture_udp(&bed.wan, "toa", 51820, 8, Duration::from_secs(10), |_| true);
+    let from_b =
+        inject::spawn_capture_udp(&bed.wan, "tob", 51820, 8, Duration::from_secs(10), |_| true);
+    std::thread::sleep(Duration::from_millis(500));
+    // A's device asks B's device's name: the cloud pairs the adapters, the tunnel comes up.
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "A resolves B's device", || {
+        dig(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example", "A")
+            .is_ok_and(|d| !d.answers.is_empty())
+    })?;
+    bed.ping_ok(
+        &bed.a.lan,
+        bed.b.host_ip,
+        cyphonic_e2e::bed::Ping::count(4).wait(3),
+    );
+    let mut tunnel = inject::joined(from_a)?;
+    tunnel.extend(inject::joined(from_b)?);
+    let write = |target: &str, name: &str, bytes: &[u8]| -> anyhow::Result<()> {
+        let dir = out.join(target);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(name), bytes)?;
+        Ok(())
+    };
+    let kind = |f: &[u8]| {
+        f.get(1).map_or_else(
+            || "empty".to_owned(),
+            |t| {
+                cyphonic_wire::MessageType::from(*t)
+                    .to_string()
+                    .replace(' ', "-")
+            },
+        )
+    };
+    for (i, f) in tunnel.iter().enumerate() {
+        write("wire_frame", &format!("captured-{i:02}-{}", kind(f)), f)?;
+        if f.get(1) == Some(&1) {
+            write("handshake_init", &format!("captured-{i:02}"), f)?;
+        }
+    }
+    // `ServerHandshake::accept` takes the frame without its length prefix.
+    write(
+        "control_message",
+        "captured-hello",
+        hello.get(2..).unwrap_or_default(),
+    )?;
+    for (i, p) in probes.iter().enumerate() {
+        write("control_message", &format!("captured-probe-{i}"), p)?;
+    }
+    println!(
+        "{} tunnel frames, a control hello of {} bytes and {} probes written under {}",
+        tunnel.len(),
+        hello.len(),
+        probes.len(),
+        out.display()
+    );
+    Ok(())
+}
 
 fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
     use cyphonic_e2e::{attack, inject};
