@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use cyphonic_control::{PROBE_TOKEN_LEN, RelayReason, bind_token};
+use cyphonic_control::relay::{Sides, Verdict};
+use cyphonic_control::{PROBE_TOKEN_LEN, RelayReason};
 use dashmap::DashMap;
 use tokio::net::UdpSocket;
 
@@ -277,7 +278,7 @@ impl Trs {
             channel: &channel,
             socks: &socks,
             v6: &v6,
-            bound: [None, None],
+            sides: Sides::new([channel.sides[0].token, channel.sides[1].token]),
             last: Instant::now(),
         };
         let idle = self.config.idle;
@@ -387,17 +388,6 @@ async fn recv_second(socks: &[UdpSocket], buf: &mut [u8]) -> std::io::Result<(us
     }
 }
 
-/// Compares tokens in time independent of where they differ: a sender cannot learn a token
-/// byte by byte from how fast binds are refused.
-fn same_token(a: &[u8; PROBE_TOKEN_LEN], b: &[u8; PROBE_TOKEN_LEN]) -> bool {
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
-fn canonical(a: SocketAddr) -> SocketAddr {
-    SocketAddr::new(a.ip().to_canonical(), a.port())
-}
-
 /// One channel's state while it runs.
 struct Relaying<'a> {
     trs: &'a Trs,
@@ -405,43 +395,26 @@ struct Relaying<'a> {
     socks: &'a [UdpSocket],
     /// Whether each socket is the IPv6 one.
     v6: &'a [bool],
-    bound: [Option<SocketAddr>; 2],
+    sides: Sides,
     last: Instant,
 }
 
 impl Relaying<'_> {
     async fn handle(&mut self, datagram: &mut [u8], from: SocketAddr) {
-        let from = canonical(from);
         let stats = &self.trs.stats;
-        if let Some(token) = bind_token(datagram) {
-            // A bind: the side whose token it carries now lives at `from`.
-            let side = self
-                .channel
-                .sides
-                .iter()
-                .position(|s| same_token(&s.token, &token));
-            match side {
-                Some(i) => {
-                    if self.bound[i] != Some(from) {
-                        tracing::info!(port = self.channel.port, side = i, %from, "relay: side bound");
-                    }
-                    self.bound[i] = Some(from);
-                    bump(&stats.binds);
+        let to = match self.sides.datagram(datagram, from) {
+            Verdict::Bound { side, changed } => {
+                if changed {
+                    tracing::info!(port = self.channel.port, side, %from, "relay: side bound");
                 }
-                None => bump(&stats.refused),
+                bump(&stats.binds);
+                return;
             }
-            return;
-        }
-        let to = if Some(from) == self.bound[0] {
-            self.bound[1]
-        } else if Some(from) == self.bound[1] {
-            self.bound[0]
-        } else {
-            None
-        };
-        let Some(to) = to else {
-            bump(&stats.refused);
-            return;
+            Verdict::Refused(_) => {
+                bump(&stats.refused);
+                return;
+            }
+            Verdict::Forward { to } => to,
         };
         let Some(sock) = self
             .socks

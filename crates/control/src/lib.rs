@@ -9,6 +9,7 @@
 pub mod channel;
 pub mod msg;
 pub mod probe;
+pub mod relay;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
