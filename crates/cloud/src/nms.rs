@@ -563,6 +563,14 @@ impl Nms {
         out
     }
 
+    /// Serves one message of the client holding `cert` as its session would, without a
+    /// session: for the fuzz targets and tests that drive NMS directly.
+    #[doc(hidden)]
+    pub async fn serve_message(&self, cert: &Certificate, msg: ClientMsg) -> Option<CloudMsg> {
+        let fp = cert.fingerprint().to_string();
+        self.handle(&fp, cert.body(), msg).await
+    }
+
     async fn handle(&self, fp: &str, body: &CertBody, msg: ClientMsg) -> Option<CloudMsg> {
         match msg {
             ClientMsg::Ping {} => Some(CloudMsg::Pong {}),

@@ -1,0 +1,153 @@
+//! NMS under sequences of control messages from three authenticated clients, against a fresh
+//! in-memory SQLite store each run: registrations with names in and out of each
+//! certificate's zone and blocks, resolutions of registered, foreign and arbitrary names,
+//! relay and admission requests for real and made-up peers, pings. Every request gets the
+//! answer of its kind (never the registry's error), a resolution answers with the asked id,
+//! and what it finds is another client's certificate whose blocks hold the address.
+#![no_main]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::OnceLock;
+
+use arbitrary::Arbitrary;
+use cyphonic_cloud::{Nms, Policy, Rule, Store};
+use cyphonic_control::{ClientMsg, CloudMsg, NameRecord, Resolution};
+use cyphonic_crypto::{
+    Certificate, CertificateAuthority, IssueRequest, RevocationList, StaticKeypair, TrustStore,
+};
+
+struct Fixtures {
+    runtime: tokio::runtime::Runtime,
+    trust: TrustStore,
+    clients: Vec<Certificate>,
+}
+
+fn fixtures() -> &'static Fixtures {
+    static F: OnceLock<Fixtures> = OnceLock::new();
+    F.get_or_init(|| {
+        let ca = CertificateAuthority::generate("ovl.example", &["100.64.0.0/10".parse().unwrap()], 0, u64::MAX)
+            .expect("CA");
+        let clients = (1..=3u8)
+            .map(|n| {
+                ca.issue(&IssueRequest {
+                    name: format!("gw{n}.ovl.example"),
+                    vip_blocks: vec![format!("100.64.{n}.0/24").parse().unwrap()],
+                    public_key: StaticKeypair::generate().expect("key").public().0,
+                    groups: vec![if n == 3 { "cameras".into() } else { "sites".into() }],
+                    not_before: 0,
+                    not_after: u64::MAX,
+                })
+                .expect("cert")
+            })
+            .collect();
+        Fixtures {
+            runtime: tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime"),
+            trust: TrustStore::new(vec![ca.certificate().clone()], RevocationList::default()).expect("trust"),
+            clients,
+        }
+    })
+}
+
+#[derive(Arbitrary, Debug)]
+enum Name {
+    /// `<label>.gw<client>.ovl.example`, or the client's own name for label 0.
+    Of { client: u8, label: u8 },
+    Raw(String),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Peer {
+    Client(u8),
+    Raw(String),
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Register { endpoints: Vec<([u8; 4], u16)>, names: Vec<(Name, [u8; 4])> },
+    Resolve { id: u64, name: Name },
+    Relay(Peer),
+    Admit(Peer),
+    Ping,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    /// Sites may reach sites, not cameras (else everyone reaches everyone).
+    policy: bool,
+    ops: Vec<(u8, Op)>,
+}
+
+fn name(n: &Name) -> String {
+    match n {
+        Name::Of { client, label: 0 } => format!("gw{}.ovl.example", client % 4 + 1),
+        Name::Of { client, label } => format!("h{label}.gw{}.ovl.example", client % 4 + 1),
+        Name::Raw(s) => s.chars().take(300).collect(),
+    }
+}
+
+fn peer(p: &Peer, clients: &[Certificate]) -> String {
+    match p {
+        Peer::Client(i) => clients[usize::from(*i) % clients.len()].fingerprint().to_string(),
+        Peer::Raw(s) => s.chars().take(100).collect(),
+    }
+}
+
+libfuzzer_sys::fuzz_target!(|input: Input| {
+    let f = fixtures();
+    f.runtime.block_on(async {
+        let store = Store::open("sqlite::memory:").await.expect("an in-memory store");
+        for c in &f.clients {
+            store
+                .client_online(&c.fingerprint().to_string(), &c.body().name, &c.to_pem())
+                .await
+                .expect("online");
+        }
+        let policy = if input.policy {
+            Policy {
+                allow_by_default: false,
+                rules: vec![Rule { from: "sites".into(), to: "sites".into() }],
+            }
+        } else {
+            Policy::default()
+        };
+        let nms = Nms::new(StaticKeypair::generate().expect("key"), f.trust.clone(), store, policy, vec![7001, 7002], None);
+        for (who, op) in input.ops.into_iter().take(32) {
+            let me = &f.clients[usize::from(who) % f.clients.len()];
+            let msg = match &op {
+                Op::Register { endpoints, names } => ClientMsg::Register {
+                    endpoints: endpoints.iter().take(20).map(|(ip, port)| SocketAddr::from((*ip, *port))).collect(),
+                    names: names
+                        .iter()
+                        .take(20)
+                        .map(|(n, vip)| NameRecord { name: name(n), vip: Ipv4Addr::from(*vip) })
+                        .collect(),
+                },
+                Op::Resolve { id, name: n } => ClientMsg::Resolve { id: *id, name: name(n) },
+                Op::Relay(p) => ClientMsg::Relay { peer: peer(p, &f.clients) },
+                Op::Admit(p) => ClientMsg::Admit { peer: peer(p, &f.clients) },
+                Op::Ping => ClientMsg::Ping {},
+            };
+            let answer = nms.serve_message(me, msg.clone()).await;
+            match (&msg, answer) {
+                (ClientMsg::Register { names, .. }, Some(CloudMsg::Registered { accepted, refused })) => {
+                    assert!(accepted + refused.len() <= names.len());
+                }
+                (ClientMsg::Resolve { id, .. }, Some(CloudMsg::Resolved { id: got, resolution, .. })) => {
+                    assert_eq!(*id, got);
+                    if let Resolution::Found { vip, peer } = resolution {
+                        let cert = Certificate::from_pem(&peer.certificate).expect("a certificate");
+                        assert_ne!(cert.fingerprint(), me.fingerprint(), "found itself");
+                        assert!(cert.body().covers(vip.into()), "{vip} outside {:?}", cert.body().vip_blocks);
+                    }
+                }
+                (ClientMsg::Relay { .. } | ClientMsg::Admit { .. }, Some(CloudMsg::Expect { peer })) => {
+                    let cert = Certificate::from_pem(&peer.certificate).expect("a certificate");
+                    assert_ne!(cert.fingerprint(), me.fingerprint(), "paired with itself");
+                }
+                (ClientMsg::Relay { .. } | ClientMsg::Admit { .. }, Some(CloudMsg::NotPaired { .. })) => {}
+                (ClientMsg::Ping {}, Some(CloudMsg::Pong {})) => {}
+                (m, a) => panic!("{m:?} was answered {a:?}"),
+            }
+        }
+    });
+});
