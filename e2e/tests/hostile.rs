@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cyphonic_e2e::bed::{BedOptions, CloudOptions, Ping, Side, TwoSites, mac_of, parse_mac};
+use cyphonic_e2e::impair::Impairment;
 use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::node::{NAME, VIP};
@@ -374,4 +375,72 @@ fn the_cloud_turns_away_replayed_handshakes_and_probes_and_bounds_a_connection_f
     );
     let d = dig(&bed.b.lan, bed.b.gateway, "gw1.ovl.example", "A").unwrap();
     assert_eq!(d.answers, ["100.64.1.1"], "{d:?}\n{}", bed.logs());
+}
+
+/// Forged handshake responses cannot break a handshake. The underlay between the sites runs
+/// through the router's relay, which holds every datagram back by 300 ms (this kernel has no
+/// netem); the moment A's first initiation reaches the router, the router answers A with 20
+/// forged responses for that initiation's index (mac1 right, since A's public key is no
+/// secret; a Noise message that does not decrypt). A refuses each and keeps waiting: B's
+/// genuine response completes the handshake, and A never initiates a second time.
+#[test]
+fn forged_responses_do_not_break_a_pending_handshake_on_the_wire() {
+    let bed = TwoSites::up(&BedOptions {
+        impair: Some(Impairment {
+            loss: 0.0,
+            delay: Duration::from_millis(300),
+            reorder: 0.0,
+            reorder_extra: Duration::ZERO,
+        }),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let pem = std::fs::read_to_string(bed.a.dir.join("gw1.ovl.example.crt")).unwrap();
+    let a_key = cyphonic_crypto::PublicKey(
+        cyphonic_crypto::Certificate::from_pem(&pem)
+            .unwrap()
+            .body()
+            .public_key,
+    );
+    let is_init = |p: &[u8]| p.len() > 16 && p[0] == cyphonic_wire::VERSION && p[1] == 1;
+    // A sends to the relay's address on its side.
+    let relay = bed.a.peer_endpoint.port();
+    let inits =
+        inject::spawn_capture_udp(&bed.wan, "toa", relay, 5, Duration::from_secs(5), is_init);
+    let first =
+        inject::spawn_capture_udp(&bed.wan, "toa", relay, 1, Duration::from_secs(5), is_init);
+    let to_a = SocketAddr::new(bed.a.underlay, 51820);
+    let router: SocketAddr = "198.51.100.1:0".parse().unwrap();
+    let wan = &bed.wan;
+    let forger = std::thread::scope(|s| {
+        let forger = s.spawn(move || -> anyhow::Result<usize> {
+            let init = inject::joined(first)?
+                .pop()
+                .ok_or_else(|| anyhow::anyhow!("no initiation"))?;
+            let index = u32::from_be_bytes(init[4..8].try_into()?);
+            let forged: Vec<Vec<u8>> = (0..20u8)
+                .map(|n| cyphonic_session::sim::forged_response(&a_key, index, &[n; 400]))
+                .collect();
+            let count = forged.len();
+            inject::send_udp_paced(wan, router, to_a, forged, Duration::from_millis(1))?;
+            Ok(count)
+        });
+        // The capture sockets are open well before A's device starts the handshake.
+        std::thread::sleep(Duration::from_millis(500));
+        bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
+        forger.join().unwrap()
+    });
+    let forged = forger.unwrap();
+    let inits = inject::joined(inits).unwrap();
+    let refused = bed.counter(Side::A, "handshake_refused").unwrap();
+    eprintln!(
+        "{forged} forged responses; A refused {refused} responses and sent {} initiations",
+        inits.len()
+    );
+    assert!(
+        refused >= 20,
+        "A refused {refused} of {forged} forged responses\n{}",
+        bed.logs()
+    );
+    assert_eq!(inits.len(), 1, "A had to start over\n{}", bed.logs());
 }

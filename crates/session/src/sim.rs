@@ -439,3 +439,27 @@ pub fn response_frame(init: IncomingInit, receiver_index: u32, payload: &[u8]) -
     crate::cookie::seal_macs(&mut frame, &cyphonic_crypto::MacKeys::new(&remote), None);
     Some(frame)
 }
+
+/// A handshake-resp as anyone can forge it without the responder's keys: `noise` (a Noise
+/// message that will not decrypt) for `receiver_index`, with mac1 right for `initiator`, whose
+/// public key is no secret. What passes the MAC check and reaches the pending handshake.
+pub fn forged_response(
+    initiator: &cyphonic_crypto::PublicKey,
+    receiver_index: u32,
+    noise: &[u8],
+) -> Vec<u8> {
+    use cyphonic_wire::{FrameRepr, HEADER_LEN, MAC_LEN};
+    let body_len = noise.len() + 2 * MAC_LEN;
+    let mut frame = vec![0u8; HEADER_LEN + body_len];
+    FrameRepr {
+        msg_type: MessageType::HandshakeResp,
+        flags: 0,
+        receiver_index,
+        counter: 0,
+        body_len,
+    }
+    .emit(&mut Frame::new_unchecked(&mut frame[..]));
+    frame[HEADER_LEN..HEADER_LEN + noise.len()].copy_from_slice(noise);
+    crate::cookie::seal_macs(&mut frame, &cyphonic_crypto::MacKeys::new(initiator), None);
+    frame
+}
