@@ -666,8 +666,14 @@ impl Manual {
     /// The next frame (without its prefix), or `None` when the cloud closed the connection;
     /// within five seconds.
     async fn frame(&mut self) -> Option<Vec<u8>> {
+        self.frame_within(Duration::from_secs(5)).await
+    }
+
+    /// The same, within `limit` (longer than the cloud's own 5-s handshake timeout, when that
+    /// is what is waited for).
+    async fn frame_within(&mut self, limit: Duration) -> Option<Vec<u8>> {
         use tokio::io::AsyncReadExt as _;
-        tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::time::timeout(limit, async {
             let mut prefix = [0u8; 2];
             self.rd.read_exact(&mut prefix).await.ok()?;
             let mut buf = vec![0; usize::from(u16::from_be_bytes(prefix))];
@@ -675,7 +681,7 @@ impl Manual {
             Some(buf)
         })
         .await
-        .expect("the cloud neither answered nor closed within 5 s")
+        .expect("the cloud neither answered nor closed in time")
     }
 
     /// Handshakes with `first` and reads the welcome: the open channel.
@@ -767,7 +773,11 @@ async fn a_replayed_or_unproven_handshake_neither_replaces_nor_disconnects_the_c
         real.alive(&mut ch).await,
         "an unproven session replaces nothing"
     );
-    assert_eq!(stalled.frame().await, None, "closed for want of proof");
+    assert_eq!(
+        stalled.frame_within(Duration::from_secs(10)).await,
+        None,
+        "closed for want of proof"
+    );
     assert_eq!(until_counted(&stats.unproven, 1).await, 1);
     assert!(real.alive(&mut ch).await);
     assert_eq!(stats.sessions.load(Ordering::Relaxed), 1);
@@ -819,7 +829,7 @@ async fn unproven_connections_are_capped_and_oversize_first_frames_closed() {
 
     // The silent ones are closed by the handshake timeout and the source is served again.
     for c in &mut idle {
-        assert_eq!(c.frame().await, None);
+        assert_eq!(c.frame_within(Duration::from_secs(10)).await, None);
     }
     let (_later, _ch2, _) = Manual::session(&cloud, running.control, [127, 0, 0, 5], &gw1, 2).await;
     running.stop();
