@@ -167,8 +167,9 @@ fn renewal_frame(mac: [u8; 6], ip: Ipv4Addr, xid: u32) -> Vec<u8> {
 }
 
 /// Leases outlive the adapter: a clean restart (SIGTERM), and kill -9 in the middle of a
-/// stream of lease writes, leave a lease file that loads, with the same address and name,
-/// and the device renews its address from the restarted adapter.
+/// stream of renewals (answered at once, the lease file written at most once a second),
+/// leave a lease file that loads, with the same address and name, and the device renews its
+/// address from the restarted adapter.
 #[test]
 fn leases_survive_restart_and_kill_during_writes() {
     let mut bed = bed(&switched(SHORT_LEASES, ""));
@@ -201,9 +202,12 @@ fn leases_survive_restart_and_kill_during_writes() {
     assert_eq!(l["vip"], ip.to_string());
     assert_eq!(l["name"], "printer.gw1.ovl.example");
 
-    // kill -9 while renewals stream in, each ACK preceded by a write of the lease file.
+    // kill -9 while renewals stream in: each is answered at once, and the lease file is
+    // written at most once a second, always whole.
     let mac = parse_mac(&dev.mac);
-    let writes_before = s["dhcp"]["acks"].as_u64().unwrap();
+    let count = |s: &Value, what: &str| s["dhcp"][what].as_u64().unwrap_or(0);
+    let (acks_before, writes_before) = (count(&s, "acks"), count(&s, "lease_writes"));
+    let mut seen = (0, 0);
     let (sent, killed_after) = std::thread::scope(|scope| {
         // From the device itself, as its own renewals would come.
         let flood = scope.spawn(|| {
@@ -213,19 +217,34 @@ fn leases_survive_restart_and_kill_during_writes() {
             })
         });
         let started = std::time::Instant::now();
-        cyphonic_e2e::wait_until(Duration::from_secs(3), "lease writes", || {
-            bed.status(Side::A)
-                .is_ok_and(|s| s["dhcp"]["acks"].as_u64().unwrap_or(0) > writes_before + 50)
+        cyphonic_e2e::wait_until(Duration::from_secs(3), "renewals answered", || {
+            bed.status(Side::A).is_ok_and(|s| {
+                seen = (
+                    count(&s, "acks") - acks_before,
+                    count(&s, "lease_writes") - writes_before,
+                );
+                seen.0 > 50
+            })
         })
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
         bed.stop(Side::A, "KILL").unwrap();
         let killed_after = started.elapsed();
         (flood.join().unwrap().unwrap(), killed_after)
     });
+    eprintln!(
+        "{} renewals answered with {} lease file writes in {killed_after:?}",
+        seen.0, seen.1
+    );
     assert!(sent > 100, "only {sent} renewals sent");
     assert!(
         killed_after < Duration::from_secs(3),
         "the kill came after the stream"
+    );
+    assert!(
+        seen.1 <= killed_after.as_secs() + 2,
+        "{} writes for {} renewals in {killed_after:?}: not coalesced",
+        seen.1,
+        seen.0
     );
     let text = saved(&bed).to_string();
     assert!(text.contains(&ip.to_string()), "{text}");
