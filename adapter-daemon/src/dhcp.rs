@@ -51,11 +51,8 @@ pub struct Dhcp {
     ignored: BTreeMap<&'static str, u64>,
     /// The newest snapshot handed to the writer.
     generation: u64,
-    /// What the writer reported last, and the unix time of the last snapshot it wrote.
+    /// What the writer reported last.
     written: Written,
-    written_at: u64,
-    /// When each snapshot was taken (unix time), until written.
-    taken_at: VecDeque<(u64, u64)>,
     /// Per active binding, the snapshot it first appeared in.
     bound_in: HashMap<(Ipv4Addr, [u8; 6]), u64>,
     held: VecDeque<Held>,
@@ -126,7 +123,7 @@ impl Dhcp {
             file = %path.display(),
             "DHCP server on the LAN"
         );
-        let writer = Writer::spawn(store).context("starting the lease writer")?;
+        let writer = Writer::spawn(store, unix).context("starting the lease writer")?;
         Ok(Self {
             server,
             path,
@@ -135,9 +132,10 @@ impl Dhcp {
             pool: cfg.pool,
             ignored: BTreeMap::new(),
             generation: 0,
-            written: Written::default(),
-            written_at: unix,
-            taken_at: VecDeque::new(),
+            written: Written {
+                taken_at: unix,
+                ..Written::default()
+            },
             bound_in: HashMap::new(),
             held: VecDeque::new(),
             save_failed: Throttle::new(WARN_EVERY),
@@ -170,8 +168,8 @@ impl Dhcp {
             .get(&(ip, mac))
             .copied()
             .unwrap_or(self.generation);
-        let current =
-            self.written.generation >= self.generation || unix <= self.written_at + RENEWAL_WINDOW;
+        let current = self.written.generation >= self.generation
+            || unix <= self.written.taken_at + RENEWAL_WINDOW;
         if first <= self.written.generation && current {
             return Verdict::Send(reply);
         }
@@ -190,15 +188,6 @@ impl Dhcp {
     /// how many waited too long and are dropped (their clients retry).
     pub fn release(&mut self, now: Instant) -> (Vec<Reply>, u64) {
         let written = self.writer.written();
-        if written.generation > self.written.generation {
-            while let Some(&(generation, at)) = self.taken_at.front() {
-                if generation > written.generation {
-                    break;
-                }
-                self.written_at = at;
-                self.taken_at.pop_front();
-            }
-        }
         if let Some(e) = &written.error
             && written.failures > self.written.failures
             && let Some(held) = self.save_failed.due(now)
@@ -255,9 +244,9 @@ impl Dhcp {
             for l in leases.iter().filter(|l| l.active) {
                 self.bound_in.entry((l.ip, l.mac)).or_insert(generation);
             }
-            self.taken_at.push_back((generation, unix));
             self.writer.submit(Snapshot {
                 generation,
+                taken_at: unix,
                 renewals_until: unix + RENEWAL_WINDOW + u64::from(self.lease_secs),
                 leases,
             });

@@ -125,6 +125,8 @@ impl LeaseStore {
 pub struct Snapshot {
     /// Its number: later snapshots have greater ones.
     pub generation: u64,
+    /// When it was taken (unix time).
+    pub taken_at: u64,
     /// Active leases hold at least until this unix time when loaded.
     pub renewals_until: u64,
     /// Every binding.
@@ -136,6 +138,8 @@ pub struct Snapshot {
 pub struct Written {
     /// The newest snapshot on disk (0: none yet).
     pub generation: u64,
+    /// When that snapshot was taken (unix time); at start, when the file was loaded.
+    pub taken_at: u64,
     /// Files written.
     pub writes: u64,
     /// Writes that failed.
@@ -173,13 +177,16 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer of `store`.
+    /// Starts the writer of `store`, whose file was loaded at unix time `loaded_at`.
     ///
     /// # Errors
     /// The thread cannot be started.
-    pub fn spawn(store: LeaseStore) -> std::io::Result<Self> {
+    pub fn spawn(store: LeaseStore, loaded_at: u64) -> std::io::Result<Self> {
         let shared = Arc::new(Shared::default());
-        let (tx, done) = tokio::sync::watch::channel(Written::default());
+        let (tx, done) = tokio::sync::watch::channel(Written {
+            taken_at: loaded_at,
+            ..Written::default()
+        });
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
@@ -267,7 +274,10 @@ fn write_loop(store: &LeaseStore, shared: &Shared, done: &tokio::sync::watch::Se
         last = Some(Instant::now());
         match store.save(&snapshot.leases, snapshot.renewals_until) {
             Ok(()) => done.send_modify(|w| {
-                w.generation = w.generation.max(snapshot.generation);
+                if snapshot.generation > w.generation {
+                    w.generation = snapshot.generation;
+                    w.taken_at = snapshot.taken_at;
+                }
                 w.writes += 1;
                 w.error = None;
             }),
@@ -382,9 +392,10 @@ mod tests {
     #[test]
     fn the_writer_coalesces_bursts_retries_failures_and_flushes_on_drop() {
         let d = dir("writer");
-        let w = Writer::spawn(LeaseStore::open(&d).unwrap()).unwrap();
+        let w = Writer::spawn(LeaseStore::open(&d).unwrap(), 0).unwrap();
         let snap = |generation: u64, n: u8| Snapshot {
             generation,
+            taken_at: generation,
             renewals_until: 0,
             leases: (10..10 + n).map(lease).collect(),
         };
