@@ -169,24 +169,19 @@ pub fn spawn_connection_flood(
         while Instant::now() < end {
             if let Ok(s) = TcpStream::connect_timeout(&to, Duration::from_millis(500)) {
                 seen.opened += 1;
-                s.set_read_timeout(Some(Duration::from_millis(200)))?;
-                held.push((s, Instant::now(), false));
+                // Looked at without waiting, below.
+                s.set_nonblocking(true)?;
+                held.push((s, Instant::now()));
             }
             // Which ones the other side closed, and how soon.
-            for (s, opened, closed) in &mut held {
-                if *closed {
-                    continue;
-                }
-                s.set_nonblocking(true)?;
+            held.retain_mut(|(s, opened)| {
                 let mut b = [0u8; 1];
-                if matches!(s.read(&mut b), Ok(0)) {
-                    *closed = true;
-                    if opened.elapsed() < Duration::from_millis(200) {
-                        seen.closed_at_once += 1;
-                    }
+                let closed = matches!(s.read(&mut b), Ok(0));
+                if closed && opened.elapsed() < Duration::from_millis(200) {
+                    seen.closed_at_once += 1;
                 }
-            }
-            held.retain(|(_, _, closed)| !closed);
+                !closed
+            });
             next += gap;
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
         }
