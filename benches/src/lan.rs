@@ -60,16 +60,13 @@ pub fn query(id: u16, qname: &str, qtype: RecordType) -> Vec<u8> {
     m.to_vec().expect("a benchmark query")
 }
 
-/// gw1's DHCP server with [`DEVICES`] devices bound (pool 100.64.1.20-254).
-pub fn dhcp_server() -> Server {
-    let mut s = Server::new(
+/// A DHCP server at `server` for `block`, handing out `pool`, with no bindings yet.
+fn server(server: Ipv4Addr, block: &str, pool: (Ipv4Addr, Ipv4Addr)) -> Server {
+    Server::new(
         DhcpConfig {
-            server: GW,
-            block: "100.64.1.0/24".parse().expect("block"),
-            pool: (
-                Ipv4Addr::new(100, 64, 1, 20),
-                Ipv4Addr::new(100, 64, 1, 254),
-            ),
+            server,
+            block: block.parse().expect("block"),
+            pool,
             lease_secs: 3600,
             mtu: 1420,
             domain: "gw1.ovl.example".into(),
@@ -80,22 +77,23 @@ pub fn dhcp_server() -> Server {
         Vec::new(),
         NOW,
     )
-    .expect("a benchmark DHCP config");
+    .expect("a benchmark DHCP config")
+}
+
+/// gw1's DHCP server with [`DEVICES`] devices bound (pool 100.64.1.20-254).
+pub fn dhcp_server() -> Server {
+    let mut s = server(
+        GW,
+        "100.64.1.0/24",
+        (
+            Ipv4Addr::new(100, 64, 1, 20),
+            Ipv4Addr::new(100, 64, 1, 254),
+        ),
+    );
     for n in 0..DEVICES {
         let m = mac(n);
         let offer = s
-            .handle(
-                NOW,
-                &client_message(
-                    MessageType::Discover,
-                    m,
-                    1,
-                    vec![],
-                    Ipv4Addr::UNSPECIFIED,
-                    false,
-                ),
-                m,
-            )
+            .handle(NOW, &discover(m), m)
             .expect("an offer")
             .expect("an offer");
         let ip = yiaddr(&offer.payload);
@@ -141,25 +139,14 @@ pub fn discover(mac: [u8; 6]) -> Vec<u8> {
 /// A DHCP server for a /16 (100.64.0.0/16, pool .0.10 to .255.250, no bindings) in the middle
 /// of a DISCOVER flood: `outstanding` offers made to flooding MACs and not taken yet.
 pub fn flood_server(outstanding: u32) -> Server {
-    let mut s = Server::new(
-        DhcpConfig {
-            server: Ipv4Addr::new(100, 64, 0, 1),
-            block: "100.64.0.0/16".parse().expect("block"),
-            pool: (
-                Ipv4Addr::new(100, 64, 0, 10),
-                Ipv4Addr::new(100, 64, 255, 250),
-            ),
-            lease_secs: 3600,
-            mtu: 1420,
-            domain: "gw1.ovl.example".into(),
-            reservations: Vec::new(),
-            new_lease_share: 1.0,
-            new_lease_window_secs: 60,
-        },
-        Vec::new(),
-        NOW,
-    )
-    .expect("a benchmark DHCP config");
+    let mut s = server(
+        Ipv4Addr::new(100, 64, 0, 1),
+        "100.64.0.0/16",
+        (
+            Ipv4Addr::new(100, 64, 0, 10),
+            Ipv4Addr::new(100, 64, 255, 250),
+        ),
+    );
     for n in 0..outstanding {
         let m = flood_mac(n);
         s.handle(NOW, &discover(m), m)
