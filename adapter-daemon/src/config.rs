@@ -187,7 +187,7 @@ pub struct LanDataplane {
 }
 
 /// Everything the adapter needs to run, checked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct AdapterConfig {
     /// What every tunnel end has (`lan_block` is its `block`).
     pub common: Common,
@@ -208,6 +208,29 @@ pub struct AdapterConfig {
 }
 
 impl AdapterConfig {
+    /// The adapter's own keys that differ in `new`: each takes effect at a restart (the
+    /// keys every tunnel end has are compared by the daemon core).
+    pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
+        [
+            (
+                "adapter.lan_interface",
+                self.lan_interface != new.lan_interface,
+            ),
+            ("adapter.gateway_vip", self.gateway_vip != new.gateway_vip),
+            ("adapter.mss_clamp", self.mss_clamp != new.mss_clamp),
+            ("adapter.state_dir", self.state_dir != new.state_dir),
+            ("[dhcp]", self.dhcp != new.dhcp),
+            (
+                "[dataplane] (LAN side)",
+                self.lan_dataplane != new.lan_dataplane,
+            ),
+            ("[[reservation]]", self.reservations != new.reservations),
+        ]
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+    }
+
     /// Our certified LAN block.
     pub const fn lan_block(&self) -> Ipv4Net {
         self.common.block
@@ -746,8 +769,11 @@ mod tests {
         assert_mistakes(&f, EXAMPLE, SHARED_MISTAKES, load, NOW);
     }
 
+    /// A revoked peer does not make the file wrong (revocation lists go to a whole fleet,
+    /// apart from each site's peers): it is loaded, marked, and left out of the peers the
+    /// table holds. An expired certificate is still a mistake.
     #[test]
-    fn revoked_or_foreign_peer_certificates_are_refused() {
+    fn revoked_peers_are_left_out_and_expired_certificates_refused() {
         let f = fixture();
         let peer = Certificate::from_pem(
             &std::fs::read_to_string(f.path().join("peers/gw2.ovl.example.crt")).unwrap(),
@@ -758,14 +784,10 @@ mod tests {
             format!("{}\n", peer.fingerprint()),
         )
         .unwrap();
-        let err = load(&f.path().join("adapter.toml"), NOW)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("key `peer[0].certificate`: gw2.ovl.example refused: certificate")
-                && err.contains("is revoked"),
-            "{err}"
-        );
+        let (c, _) = load(&f.path().join("adapter.toml"), NOW).unwrap();
+        assert_eq!(c.common.peers.len(), 1);
+        assert!(c.common.peers[0].revoked);
+        assert_eq!(c.common.active_peers().count(), 0);
         let err = load(&f.path().join("adapter.toml"), NOW + 2_000_000)
             .unwrap_err()
             .to_string();

@@ -190,7 +190,13 @@ impl Edge for AdapterEdge<'_> {
             block: config.lan_block(),
         };
         let dns = match &config.common.dns {
-            Some(_) => Some(Dns::new(&config.common, &own, ctx.cloud, ctx.upstream)?),
+            Some(_) => Some(Dns::new(
+                &config.common,
+                &own,
+                &ctx.peers,
+                ctx.cloud,
+                ctx.upstream,
+            )?),
             None => None,
         };
         let work = self

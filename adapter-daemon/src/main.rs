@@ -25,7 +25,7 @@ mod status;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use cyphonic_daemon::cli::{EdgeText, Names};
+use cyphonic_daemon::cli::{EdgeText, Names, Reread};
 use cyphonic_settings::Identity;
 
 use crate::config::AdapterConfig;
@@ -49,8 +49,12 @@ fn describe(c: &AdapterConfig, id: &Identity) -> String {
     )
 }
 
-fn run(c: &AdapterConfig, identity: Identity) -> anyhow::Result<()> {
-    cyphonic_daemon::run(&c.common, identity, AdapterEdge::open(c)?)
+fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> anyhow::Result<()> {
+    let reload =
+        cyphonic_daemon::cli::reloader(c.clone(), reread, AdapterConfig::needs_restart, |c| {
+            c.common
+        });
+    cyphonic_daemon::run(&c.common, identity, AdapterEdge::open(c)?, reload)
 }
 
 /// The adapter's lines of the status table: its head line, and its devices, DHCP and DNS.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cyphonic_daemon::dns::Said;
-use cyphonic_daemon::{Services, Settled};
+use cyphonic_daemon::{Services, Settled, StaticPeers, Upstream};
 use cyphonic_signal::NameRecord;
 use cyphonic_vip::Reply;
 
@@ -221,6 +221,20 @@ impl AdapterServices {
 
 impl Services for AdapterServices {
     type Work = Work;
+
+    fn set_peers(&mut self, peers: &StaticPeers) {
+        if let Some(dns) = self.dns.as_mut()
+            && let Err(e) = dns.set_peers(peers)
+        {
+            tracing::error!(error = %e, "the static peers' zones stay as they were");
+        }
+    }
+
+    fn set_upstream(&mut self, upstream: Option<Upstream>) {
+        if let Some(dns) = self.dns.as_mut() {
+            dns.set_upstream(upstream);
+        }
+    }
 
     async fn next(&mut self) -> Work {
         let (work, dhcp) = (&mut self.work, &mut self.dhcp);

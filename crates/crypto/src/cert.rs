@@ -768,6 +768,11 @@ impl TrustStore {
         Ok(Self { cas, revoked })
     }
 
+    /// The revocation list.
+    pub const fn revocations(&self) -> &RevocationList {
+        &self.revoked
+    }
+
     /// The revocation list, to add to it as the cloud publishes revocations.
     pub fn revocations_mut(&mut self) -> &mut RevocationList {
         &mut self.revoked

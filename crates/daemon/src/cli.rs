@@ -51,8 +51,28 @@ enum Command {
 pub type Load<C> = fn(&Path, u64) -> Result<(C, Identity), ConfigError>;
 /// `check-config`'s report of a good configuration.
 pub type Describe<C> = fn(&C, &Identity) -> String;
+/// Reads the configuration file `run` was started with again (SIGHUP), at the time of the call.
+pub type Reread<C> = Box<dyn FnMut() -> Result<(C, Identity), ConfigError>>;
 /// Runs the daemon.
-pub type Run<C> = fn(&C, Identity) -> anyhow::Result<()>;
+pub type Run<C> = fn(&C, Identity, Reread<C>) -> anyhow::Result<()>;
+
+/// The daemon core's [`crate::Reloader`] from a binary's `reread`: each of the binary's own
+/// keys that differs from the configuration it `started` with (as `changed` lists them) is
+/// named in the log as waiting for a restart; `common` takes the shared part.
+pub fn reloader<C: 'static>(
+    started: C,
+    mut reread: Reread<C>,
+    changed: fn(&C, &C) -> Vec<&'static str>,
+    common: fn(C) -> cyphonic_settings::Common,
+) -> crate::Reloader {
+    Box::new(move || {
+        let (new, identity) = reread()?;
+        for key in changed(&started, &new) {
+            tracing::warn!(key, "changed in the file: takes effect at the next restart");
+        }
+        Ok((common(new), identity))
+    })
+}
 
 /// The edge's lines of the `status` table: its head line, and its sections (each starting
 /// with a blank line), printed after the peers and before the counters.
@@ -91,7 +111,7 @@ impl Names {
 /// `status_text` gives the edge's lines of the status table. Errors print as
 /// `<name>: error: ...`.
 #[expect(clippy::print_stdout, reason = "check-config's report")]
-pub fn main<C, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
+pub fn main<C: 'static, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
     names: &Names,
     load: Load<C>,
     describe: Describe<C>,
@@ -127,9 +147,11 @@ pub fn main<C, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
     let result = match cli.command {
         Command::Run { config, log_format } => {
             cyphonic_telemetry::logging::init(log_format);
+            let path = config.clone();
+            let reread: Reread<C> = Box::new(move || load(&path, cyphonic_settings::now_secs()));
             load(&config, now)
                 .map_err(anyhow::Error::from)
-                .and_then(|(c, id)| run(&c, id))
+                .and_then(|(c, id)| run(&c, id, reread))
         }
         Command::CheckConfig { config } => load(&config, now)
             .map(|(c, id)| println!("{}", describe(&c, &id)))

@@ -9,8 +9,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use cyphonic_crypto::{Backend, Certificate, PublicKey};
-use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
+use cyphonic_crypto::{Certificate, PublicKey};
+use cyphonic_session::PeerConfig;
 use cyphonic_signal::{Event, Handle, NameRecord, PeerInfo, Resolution, SignalError};
 use cyphonic_tunnel::{Control, PeerSlot, Shared};
 use hickory_proto::op::ResponseCode;
@@ -130,15 +130,6 @@ impl Awaiting {
     }
 }
 
-/// How peers are made for the engine: our identity and the engine's timing.
-#[derive(Debug, Clone)]
-struct Making {
-    identity: Arc<Identity>,
-    timing: Timing,
-    clock: Clock,
-    aead: Backend,
-}
-
 /// The control plane as the control thread sees it.
 pub struct CloudLink {
     handle: Handle,
@@ -148,7 +139,6 @@ pub struct CloudLink {
     registered: Option<u64>,
     awaiting: Awaiting,
     admissions: HashMap<String, Instant>,
-    making: Making,
     ttl: u32,
     status: Arc<Mutex<CloudStatus>>,
 }
@@ -163,16 +153,10 @@ impl std::fmt::Debug for CloudLink {
 }
 
 impl CloudLink {
-    /// Starts the signal client on the current tokio runtime (call inside it) and wraps it;
-    /// returns the [`Asker`] DNS services resolve through.
-    pub fn connect(
-        settings: &CloudSettings,
-        identity: Arc<Identity>,
-        tunnel_port: u16,
-        timing: Timing,
-        clock: Clock,
-        aead: Backend,
-    ) -> (Self, Asker) {
+    /// Starts the signal client on the current tokio runtime (call inside it), as the
+    /// identity of the tunnel end `shared`, and wraps it; returns the [`Asker`] DNS services
+    /// resolve through.
+    pub fn connect(settings: &CloudSettings, shared: &Shared, tunnel_port: u16) -> (Self, Asker) {
         let (handle, events) = cyphonic_signal::spawn(
             cyphonic_signal::Config {
                 cloud: settings.address,
@@ -180,7 +164,7 @@ impl CloudLink {
                 agent: settings.agent.clone(),
                 tunnel_port: Some(tunnel_port),
             },
-            identity.clone(),
+            shared.identity(),
         );
         tracing::info!(cloud = %settings.address, key = %settings.public_key, "control plane: connecting");
         let (answers_tx, answers) = mpsc::channel(256);
@@ -196,12 +180,6 @@ impl CloudLink {
             registered: None,
             awaiting: Awaiting::default(),
             admissions: HashMap::new(),
-            making: Making {
-                identity,
-                timing,
-                clock,
-                aead,
-            },
             ttl: settings.dns_ttl,
             status: Arc::new(Mutex::new(CloudStatus {
                 address: settings.address.to_string(),
@@ -310,7 +288,6 @@ impl CloudLink {
     /// keys yet and is not relayed), or added. `None` if its certificate does not verify
     /// here. The relay the description may carry is the caller's to apply.
     fn peer(&self, shared: &Shared, info: &PeerInfo, now: Instant) -> Option<Arc<PeerSlot>> {
-        let m = &self.making;
         let cert = match Certificate::from_pem(&info.certificate) {
             Ok(c) => c,
             Err(e) => {
@@ -318,12 +295,13 @@ impl CloudLink {
                 return None;
             }
         };
-        if let Err(e) = m.identity.trust().verify(&cert, m.clock.unix_secs(now)) {
+        let identity = shared.identity();
+        if let Err(e) = identity.trust().verify(&cert, shared.clock.unix_secs(now)) {
             tracing::warn!(name = %cert.body().name, error = %e, "the cloud sent a certificate we do not trust");
             return None;
         }
         let body = cert.body();
-        if body.public_key == m.identity.public_key().0 {
+        if body.public_key == identity.public_key().0 {
             return None;
         }
         let key = PublicKey(body.public_key);
@@ -343,25 +321,7 @@ impl CloudLink {
         }
         let mut pc = PeerConfig::from_certificate(&cert, endpoint);
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
-        let slot = shared.peers.insert(
-            |id, indices| {
-                Arc::new(PeerSlot::new(
-                    id,
-                    &cert,
-                    "cloud",
-                    Peer::new(
-                        id,
-                        m.identity.clone(),
-                        indices,
-                        pc,
-                        m.timing,
-                        m.clock.clone(),
-                        m.aead,
-                    ),
-                ))
-            },
-            key,
-        );
+        let slot = shared.add_peer(&cert, "cloud", pc);
         tracing::info!(peer = %slot.name, ?endpoint, blocks = ?slot.blocks, "peer added from the cloud");
         Some(slot)
     }

@@ -17,7 +17,7 @@ use hickory_proto::rr::Name;
 use ipnet::Ipv4Net;
 
 use crate::status::DnsStatus;
-use crate::{Asker, Settled, Upstream};
+use crate::{Asker, Settled, StaticPeers, Upstream};
 
 /// What the DNS service says, for the edge to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,19 +74,20 @@ pub fn fqdn(name: &str) -> anyhow::Result<Name> {
 }
 
 impl<C: Client> Dns<C> {
-    /// The service for `own` in `common`'s overlay: its static peers' zones asked over the
-    /// tunnel (peer ids 1, 2, ... in configuration order, as the engine numbers them), the
-    /// cloud and the upstream resolvers asked when given.
+    /// The service for `own` in `common`'s overlay: the zones of the static `peers` (by the
+    /// ids the engine gave them) asked over the tunnel, the cloud and the upstream resolvers
+    /// asked when given.
     ///
     /// # Errors
     /// A name does not parse.
     pub fn new(
         common: &Common,
         own: &OwnZone,
+        peers: &StaticPeers,
         cloud: Option<Asker>,
         upstream: Option<Upstream>,
     ) -> anyhow::Result<Self> {
-        let mut resolver = Resolver::new(ZoneConfig {
+        let resolver = Resolver::new(ZoneConfig {
             overlay_domain: fqdn(&common.overlay_domain)?,
             own_name: fqdn(&own.name)?,
             own_ip: own.ip,
@@ -96,26 +97,44 @@ impl<C: Client> Dns<C> {
             upstream: upstream.is_some(),
             ask_cloud: cloud.is_some(),
         });
-        let mut zones = Vec::new();
-        let mut peer_dns = HashMap::new();
-        for (i, p) in common.peers.iter().enumerate() {
-            let peer = u32::try_from(i + 1).context("too many peers")?;
-            let body = p.certificate.body();
-            zones.push(PeerZone {
-                peer,
-                name: fqdn(&body.name)?,
-                blocks: body.vip_blocks.clone(),
-            });
-            peer_dns.insert(peer, p.dns);
-        }
-        resolver.set_peers(zones);
         tracing::info!(upstream = ?upstream.as_ref().map(Upstream::servers), zone = %own.name, cloud = cloud.is_some(), "DNS service for the overlay");
-        Ok(Self {
+        let mut dns = Self {
             resolver,
             upstream,
             cloud,
-            peer_dns,
-        })
+            peer_dns: HashMap::new(),
+        };
+        dns.set_peers(peers)?;
+        Ok(dns)
+    }
+
+    /// The static peers whose zones are asked over the tunnel, from now on.
+    ///
+    /// # Errors
+    /// A name does not parse (the zones stay as they were).
+    pub fn set_peers(&mut self, peers: &StaticPeers) -> anyhow::Result<()> {
+        let mut zones = Vec::new();
+        let mut peer_dns = HashMap::new();
+        for (peer, p) in peers {
+            let body = p.certificate.body();
+            zones.push(PeerZone {
+                peer: *peer,
+                name: fqdn(&body.name)?,
+                blocks: body.vip_blocks.clone(),
+            });
+            peer_dns.insert(*peer, p.dns);
+        }
+        self.resolver.set_peers(zones);
+        self.peer_dns = peer_dns;
+        Ok(())
+    }
+
+    /// The upstream resolvers asked from now on (`None`: names outside the overlay are
+    /// refused). Questions already with the old ones are answered from there.
+    pub fn set_upstream(&mut self, upstream: Option<Upstream>) {
+        tracing::info!(upstream = ?upstream.as_ref().map(Upstream::servers), "DNS upstream resolvers");
+        self.resolver.set_upstream(upstream.is_some());
+        self.upstream = upstream;
     }
 
     /// A query from `client`; `from_peer` when it came over the tunnel from that peer (which

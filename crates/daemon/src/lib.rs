@@ -42,7 +42,8 @@ use cyphonic_settings::Common;
 use cyphonic_signal::NameRecord;
 use cyphonic_telemetry::CounterSet;
 use cyphonic_telemetry::metrics::Collector;
-use cyphonic_tunnel::{Control, ControlEvent, DataPlane, Engine, Incoming, Intake, Shared};
+use cyphonic_tunnel::control::Removal;
+use cyphonic_tunnel::{Control, ControlEvent, DataPlane, Engine, Incoming, Intake, Local, Shared};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -96,6 +97,14 @@ impl Core {
     }
 }
 
+/// The static peers in the peer table, each with the id the engine gave it.
+pub type StaticPeers = Vec<(u32, cyphonic_settings::Peer)>;
+
+/// Reads the configuration file again, as at start (every check, file:line: key errors): the
+/// keys every end has and our identity. The edge's own keys take effect at a restart; the
+/// reader names those that changed in the log.
+pub type Reloader = Box<dyn FnMut() -> anyhow::Result<(Common, Identity)>>;
+
 /// What an edge's services get to work with.
 #[derive(Debug)]
 pub struct ServiceContext {
@@ -105,6 +114,8 @@ pub struct ServiceContext {
     pub cloud: Option<Asker>,
     /// Asks the upstream resolvers, when `[dns] upstream` names some.
     pub upstream: Option<Upstream>,
+    /// The static peers, by their ids in the engine.
+    pub peers: StaticPeers,
 }
 
 /// The edge's part of the status document, and its counters, as they are now. Called on the
@@ -182,14 +193,26 @@ pub trait Services {
 
     /// A peer could not be reached.
     fn peer_gave_up(&mut self, _peer: u32) {}
+
+    /// The static peers are now these (a reload, a peer removed).
+    fn set_peers(&mut self, peers: &StaticPeers);
+
+    /// The upstream resolvers are now these (a reload changed `[dns] upstream`).
+    fn set_upstream(&mut self, upstream: Option<Upstream>);
 }
 
-/// Runs a tunnel end with `edge` until SIGINT or SIGTERM.
+/// Runs a tunnel end with `edge` until SIGINT or SIGTERM; on SIGHUP, reads the configuration
+/// again with `reload` and applies what can change while running.
 ///
 /// # Errors
 /// Anything that prevents starting: sockets, threads, the edge's own parts. Each says what
 /// to fix.
-pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow::Result<()> {
+pub fn run<E: Edge>(
+    common: &Common,
+    identity: Identity,
+    mut edge: E,
+    reload: Reloader,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -204,9 +227,14 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
     let listen = udp.local_addr()?;
     tracing::info!(%listen, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
     let timing = Timing::default();
-    let table =
-        cyphonic_tunnel::static_peers(&identity, &common.static_peers(), timing, &clock, dp.aead);
-    let (shared, control_rx) = Shared::new(table, dp.buffers, CONTROL_QUEUE);
+    let local = Local {
+        identity: identity.clone(),
+        clock: clock.clone(),
+        timing,
+        aead: dp.aead,
+    };
+    let (shared, control_rx) = Shared::new(local, dp.buffers, CONTROL_QUEUE);
+    let peers = add_static_peers(&shared, common, Vec::new());
     let shared = Arc::new(shared);
 
     // The control runtime exists before the services: the upstream resolver and the signal
@@ -225,39 +253,19 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
                 agent: format!("{} {}", E::PROGRAM, env!("CARGO_PKG_VERSION")),
                 dns_ttl: common.dns_ttl(),
             };
-            let (link, asker) = CloudLink::connect(
-                &settings,
-                identity.clone(),
-                listen.port(),
-                timing,
-                clock.clone(),
-                dp.aead,
-            );
+            let (link, asker) = CloudLink::connect(&settings, &shared, listen.port());
             (Some(link), Some(asker))
         }
         None => (None, None),
     };
     let (upstream_tx, upstream_rx) = mpsc::channel(256);
-    let upstream = match common.dns.as_ref().filter(|d| !d.upstream.is_empty()) {
-        Some(d) => {
-            let _in_runtime = runtime.enter();
-            Some(
-                Upstream::new(&d.upstream, upstream_tx)
-                    .context("setting up the upstream DNS resolvers")?,
-            )
-        }
-        None => None,
+    let upstream = {
+        let _in_runtime = runtime.enter();
+        upstream_for(common, &upstream_tx)?
     };
 
     let sink = edge.sink(&shared)?;
-    let engine = Engine::start(
-        dp,
-        &shared,
-        &udp,
-        sink,
-        (identity.clone(), clock.clone()),
-        true,
-    )?;
+    let engine = Engine::start(dp, &shared, &udp, sink, true)?;
     let core = Core {
         name: name.clone(),
         listen,
@@ -273,6 +281,7 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
             core: core.clone(),
             cloud: asker,
             upstream,
+            peers: peers.clone(),
         })?
     };
     let cloud_status = cloud.as_ref().map(CloudLink::status);
@@ -341,8 +350,13 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
             cloud,
             upstream: upstream_rx,
             clock,
+            running: Running {
+                common: common.clone(),
+                peers,
+                reload,
+                upstream: upstream_tx,
+            },
         },
-        &common.status_socket,
         report,
     ));
 
@@ -361,6 +375,52 @@ pub fn run<E: Edge>(common: &Common, identity: Identity, mut edge: E) -> anyhow:
     result
 }
 
+/// The upstream resolvers `common` names, answering into `tx`; none without.
+///
+/// # Errors
+/// The resolver cannot be set up.
+fn upstream_for(common: &Common, tx: &mpsc::Sender<Settled>) -> anyhow::Result<Option<Upstream>> {
+    match common.dns.as_ref().filter(|d| !d.upstream.is_empty()) {
+        Some(d) => Upstream::new(&d.upstream, tx.clone())
+            .map(Some)
+            .context("setting up the upstream DNS resolvers"),
+        None => Ok(None),
+    }
+}
+
+/// Puts `common`'s static peers that are not revoked into the peer table, except those of
+/// `kept` (already there, with their ids); returns all of them by id.
+fn add_static_peers(shared: &Shared, common: &Common, mut kept: StaticPeers) -> StaticPeers {
+    for p in &common.peers {
+        let name = &p.certificate.body().name;
+        if p.revoked {
+            tracing::warn!(peer = %name, "static peer's certificate is revoked: not a peer");
+        } else if !kept.iter().any(|(_, k)| same_peer(k, p)) {
+            let slot = shared.add_static_peer(&p.to_static());
+            tracing::debug!(peer = %name, id = slot.id, "static peer added");
+            kept.push((slot.id, p.clone()));
+        }
+    }
+    kept
+}
+
+/// Whether two static peers are the same to the engine: certificate, endpoint, keepalive.
+fn same_peer(a: &cyphonic_settings::Peer, b: &cyphonic_settings::Peer) -> bool {
+    a.certificate.fingerprint() == b.certificate.fingerprint()
+        && a.endpoint == b.endpoint
+        && a.persistent_keepalive == b.persistent_keepalive
+}
+
+/// What the daemon runs with now, and how to read its configuration again.
+struct Running {
+    common: Common,
+    /// The static peers in the table, by id.
+    peers: StaticPeers,
+    reload: Reloader,
+    /// Where upstream resolvers made on reload answer.
+    upstream: mpsc::Sender<Settled>,
+}
+
 /// What the control loop drives.
 struct Loop<S> {
     control: Control,
@@ -370,6 +430,7 @@ struct Loop<S> {
     upstream: mpsc::Receiver<Settled>,
     /// The wall-clock mapping every thread's certificate checks and handshake timestamps use.
     clock: Clock,
+    running: Running,
 }
 
 /// The cloud's next work, or never without a cloud.
@@ -385,11 +446,13 @@ async fn cloud_work(cloud: &mut Option<CloudLink>) -> Option<CloudWork> {
 /// bounded channels and a `Notify`; nothing here makes them wait.
 async fn control_loop<S: Services, T: Serialize>(
     mut l: Loop<S>,
-    status_socket: &std::path::Path,
     report: impl Fn() -> T + Send + 'static,
 ) -> anyhow::Result<()> {
-    let _status = cyphonic_telemetry::status::serve(status_socket, report)
+    let status_socket = l.running.common.status_socket.clone();
+    let _status = cyphonic_telemetry::status::serve(&status_socket, report)
         .with_context(|| format!("opening the status socket {}", status_socket.display()))?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
@@ -420,6 +483,7 @@ async fn control_loop<S: Services, T: Serialize>(
             }
             () = shared.notify.notified() => {}
             () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
+            _ = hup.recv() => l.reload(Instant::now()),
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
         }
@@ -429,6 +493,92 @@ async fn control_loop<S: Services, T: Serialize>(
 }
 
 impl<S: Services> Loop<S> {
+    /// SIGHUP: reads the configuration file again; a file with any mistake is refused whole
+    /// and the running configuration stays. Otherwise the trust (CAs, revocations) applies at
+    /// once (peers it no longer trusts leave), static peers follow the file (a changed one is
+    /// replaced, an unchanged one keeps its tunnel), the upstream resolvers change; what
+    /// needs a restart is named in the log.
+    fn reload(&mut self, now: Instant) {
+        tracing::info!(file = %self.running.common.path.display(), "SIGHUP: reading the configuration again");
+        let (common, identity) = match (self.running.reload)() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("the configuration is refused, the running one stays: {e:#}");
+                return;
+            }
+        };
+        let ours = self.control.shared().identity();
+        let unix = self.clock.unix_secs(now);
+        let same_cert = |a: &Identity, b: &Identity| {
+            let (a, b) = (a.certificate().body(), b.certificate().body());
+            a.name == b.name && a.vip_blocks == b.vip_blocks && a.groups == b.groups
+        };
+        let identity = if identity.public_key() == ours.public_key() && same_cert(&identity, &ours)
+        {
+            identity
+        } else {
+            tracing::warn!(
+                "identity.key or what our certificate certifies changed: takes effect at the next restart (the trust applies now)"
+            );
+            match ours.with_trust(identity.trust().clone(), unix) {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::error!(
+                        "the configuration is refused, the running one stays: our running certificate does not verify under its trust: {e}"
+                    );
+                    return;
+                }
+            }
+        };
+        for key in self.running.common.needs_restart(&common) {
+            tracing::warn!(key, "changed in the file: takes effect at the next restart");
+        }
+        let removed = self.control.set_identity(&Arc::new(identity), now);
+        // Static peers: those gone from the file, or changed, leave; new ones come.
+        let (kept, gone): (StaticPeers, StaticPeers) = std::mem::take(&mut self.running.peers)
+            .into_iter()
+            .partition(|(_, old)| common.active_peers().any(|p| same_peer(p, old)));
+        for (id, _) in &gone {
+            if let Some(slot) = self.control.shared().peers.by_id(*id) {
+                self.control
+                    .remove(&slot, &Removal::Dropped("no longer configured as it was"));
+            }
+        }
+        // The kept ones take the file's other settings (their DNS server).
+        let kept = kept
+            .into_iter()
+            .filter(|(id, _)| self.control.shared().peers.by_id(*id).is_some())
+            .filter_map(|(id, old)| {
+                common
+                    .active_peers()
+                    .find(|p| same_peer(p, &old))
+                    .map(|p| (id, p.clone()))
+            })
+            .collect();
+        self.running.peers = add_static_peers(self.control.shared(), &common, kept);
+        self.services.set_peers(&self.running.peers);
+        let upstreams = |c: &Common| {
+            c.dns
+                .as_ref()
+                .map(|d| d.upstream.clone())
+                .unwrap_or_default()
+        };
+        if upstreams(&common) != upstreams(&self.running.common) {
+            match upstream_for(&common, &self.running.upstream) {
+                Ok(u) => self.services.set_upstream(u),
+                Err(e) => tracing::error!("the upstream resolvers stay as they were: {e:#}"),
+            }
+        }
+        tracing::info!(
+            revoked = self.control.shared().identity().trust().revocations().len(),
+            peers_removed = removed.len() + gone.len(),
+            static_peers = self.running.peers.len(),
+            "configuration reloaded"
+        );
+        self.running.common = common;
+        self.upkeep(now);
+    }
+
     /// Runs `f` on the cloud link (nothing without a cloud) and hands the services the DNS
     /// questions it settled.
     fn settle_from_cloud(&mut self, f: impl FnOnce(&mut CloudLink, &mut Control) -> Vec<Settled>) {
@@ -469,6 +619,15 @@ impl<S: Services> Loop<S> {
                 ControlEvent::PeerGaveUp(id) => {
                     self.services.peer_gave_up(id);
                     self.settle_from_cloud(|c, _| c.peer_gave_up(id));
+                }
+                ControlEvent::PeerRemoved(id) => {
+                    self.services.peer_gave_up(id);
+                    self.settle_from_cloud(|c, _| c.peer_gave_up(id));
+                    let before = self.running.peers.len();
+                    self.running.peers.retain(|(p, _)| *p != id);
+                    if self.running.peers.len() != before {
+                        self.services.set_peers(&self.running.peers);
+                    }
                 }
                 ControlEvent::UnknownPeer {
                     certificate,

@@ -43,7 +43,7 @@ fn default_interface() -> Spanned<String> {
 }
 
 /// Everything the node needs to run, checked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NodeConfig {
     /// What every tunnel end has.
     pub common: Common,
@@ -53,6 +53,21 @@ pub struct NodeConfig {
     pub vip: Ipv4Addr,
     /// Where the DNS stub listens, unless it is switched off.
     pub dns_listen: Option<SocketAddr>,
+}
+
+impl NodeConfig {
+    /// The node's own keys that differ in `new`: each takes effect at a restart (the keys
+    /// every tunnel end has are compared by the daemon core).
+    pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
+        [
+            ("node.interface", self.interface != new.interface),
+            ("node.vip", self.vip != new.vip),
+            ("dns.listen", self.dns_listen != new.dns_listen),
+        ]
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+    }
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the

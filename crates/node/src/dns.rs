@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use cyphonic_daemon::dns::{Dns, OwnZone, Said};
 use cyphonic_daemon::status::DnsStatus;
-use cyphonic_daemon::{Asker, Services, Settled, Upstream};
+use cyphonic_daemon::{Asker, Services, Settled, StaticPeers, Upstream};
 use cyphonic_signal::NameRecord;
 use ipnet::Ipv4Net;
 use tokio::net::UdpSocket;
@@ -126,6 +126,20 @@ impl Services for NodeServices {
         self.publish();
     }
 
+    fn set_peers(&mut self, peers: &StaticPeers) {
+        if let Some(s) = self.stub.as_mut()
+            && let Err(e) = s.dns.set_peers(peers)
+        {
+            tracing::error!(error = %e, "the static peers' zones stay as they were");
+        }
+    }
+
+    fn set_upstream(&mut self, upstream: Option<Upstream>) {
+        if let Some(s) = self.stub.as_mut() {
+            s.dns.set_upstream(upstream);
+        }
+    }
+
     fn poll_timeout(&self) -> Option<Instant> {
         self.stub.as_ref().and_then(|s| s.dns.poll_timeout())
     }
@@ -152,8 +166,8 @@ impl Stub {
         config: &NodeConfig,
         listen: SocketAddr,
         name: &str,
-        cloud: Option<Asker>,
-        upstream: Option<Upstream>,
+        peers: &StaticPeers,
+        (cloud, upstream): (Option<Asker>, Option<Upstream>),
         shared: Arc<cyphonic_tunnel::Shared>,
     ) -> anyhow::Result<Self> {
         let bound = || -> std::io::Result<UdpSocket> {
@@ -168,7 +182,7 @@ impl Stub {
             ip: config.vip,
             block: Ipv4Net::new(config.vip, 32).context("a /32")?,
         };
-        let mut dns = Dns::new(common, &own, cloud, upstream)?;
+        let mut dns = Dns::new(common, &own, peers, cloud, upstream)?;
         dns.set_hosts(std::iter::empty());
 
         tracing::info!(%listen, "DNS stub listening");

@@ -14,7 +14,7 @@ mod tun;
 
 use std::process::ExitCode;
 
-use cyphonic_daemon::cli::{EdgeText, Names};
+use cyphonic_daemon::cli::{EdgeText, Names, Reread};
 
 use crate::config::NodeConfig;
 use crate::edge::{NodeDocument, NodeEdge};
@@ -39,8 +39,14 @@ fn describe(c: &NodeConfig, id: &cyphonic_settings::Identity) -> String {
     )
 }
 
-fn run(c: &NodeConfig, identity: cyphonic_settings::Identity) -> anyhow::Result<()> {
-    cyphonic_daemon::run(&c.common, identity, NodeEdge::open(c)?)
+fn run(
+    c: &NodeConfig,
+    identity: cyphonic_settings::Identity,
+    reread: Reread<NodeConfig>,
+) -> anyhow::Result<()> {
+    let reload =
+        cyphonic_daemon::cli::reloader(c.clone(), reread, NodeConfig::needs_restart, |c| c.common);
+    cyphonic_daemon::run(&c.common, identity, NodeEdge::open(c)?, reload)
 }
 
 /// The node's lines of the status table: its head line, and its DNS stub.

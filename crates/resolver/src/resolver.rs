@@ -299,6 +299,11 @@ impl<C: Client> Resolver<C> {
         self.peers = peers;
     }
 
+    /// Whether names outside the overlay are asked of upstream resolvers (else REFUSED).
+    pub const fn set_upstream(&mut self, upstream: bool) {
+        self.cfg.upstream = upstream;
+    }
+
     /// Counters.
     pub const fn stats(&self) -> Stats {
         self.stats

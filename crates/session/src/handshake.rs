@@ -68,6 +68,16 @@ impl Identity {
         })
     }
 
+    /// The same key and certificate, trusting `trust` instead (new revocations, other CAs),
+    /// checked as [`Identity::new`] checks.
+    ///
+    /// # Errors
+    /// [`IdentityError`]: our own certificate does not verify under `trust`.
+    pub fn with_trust(&self, trust: TrustStore, now_secs: u64) -> Result<Self, IdentityError> {
+        let keypair = StaticKeypair::from_secret(zeroize::Zeroizing::new(*self.keypair.secret()));
+        Self::new(keypair, self.cert.clone(), trust, now_secs)
+    }
+
     /// Our certificate.
     pub const fn certificate(&self) -> &Certificate {
         &self.cert

@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use cyphonic_session::Identity;
-use cyphonic_tunnel::{DataPlane, StaticPeer};
+use cyphonic_tunnel::DataPlane;
 use ipnet::Ipv4Net;
 use toml::Spanned;
 
@@ -47,7 +47,7 @@ pub struct Dns {
 }
 
 /// What every tunnel end is configured with, checked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Common {
     /// The file it came from.
     pub path: PathBuf,
@@ -142,9 +142,31 @@ impl Common {
             .map_or_else(|| *crate::defaults::dns_ttl().get_ref(), |d| d.ttl)
     }
 
-    /// The static peers as the engine takes them.
-    pub fn static_peers(&self) -> Vec<StaticPeer> {
-        self.peers.iter().map(Peer::to_static).collect()
+    /// The keys that differ in `new` and take effect only at a restart (a reload keeps the
+    /// running values): sockets, addresses, the data plane, the cloud, the DNS service's
+    /// presence and TTL. What a reload applies is not among them: the trust (CAs and
+    /// revocations), static peers, DNS upstreams.
+    pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
+        let dns = |c: &Self| c.dns.as_ref().map(|d| d.ttl);
+        [
+            ("listen", self.listen != new.listen),
+            ("identity.certificate (its block)", self.block != new.block),
+            ("overlay", self.overlay != new.overlay),
+            ("inner_mtu", self.inner_mtu != new.inner_mtu),
+            ("status_socket", self.status_socket != new.status_socket),
+            ("[dataplane]", self.dataplane != new.dataplane),
+            ("[cloud]", self.cloud != new.cloud),
+            ("[metrics]", self.metrics != new.metrics),
+            ("dns.enabled, dns.ttl", dns(self) != dns(new)),
+        ]
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+    }
+
+    /// The static peers that are not revoked: those the peer table holds.
+    pub fn active_peers(&self) -> impl Iterator<Item = &Peer> {
+        self.peers.iter().filter(|p| !p.revoked)
     }
 }
 

@@ -19,7 +19,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cyphonic_crypto::{Backend, Certificate, PublicKey, RevocationList, StaticKeypair, TrustStore};
+use cyphonic_crypto::{
+    Backend, CertError, Certificate, PublicKey, RevocationList, StaticKeypair, TrustStore,
+};
 use ipnet::{IpNet, Ipv4Net};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -291,6 +293,11 @@ pub struct Peer {
     pub persistent_keepalive: Option<Duration>,
     /// The peer's DNS server (an adapter's gateway vIP): where names in its zone are asked.
     pub dns: Ipv4Addr,
+    /// Its certificate is on our revocation list: it is left out of the peer table (and its
+    /// zone out of DNS) until the list no longer names it. Revocation lists are handed out
+    /// to a whole fleet, apart from each site's peers, so a revoked peer does not make the
+    /// file wrong.
+    pub revoked: bool,
 }
 
 impl Peer {
@@ -324,10 +331,11 @@ pub fn peers(
         let pcert = Certificate::from_pem(&src.read(&p.certificate, &key)?)
             .or_else(|e| src.err(&span, &key, e.to_string()))?;
         let body = pcert.body().clone();
-        identity
-            .trust()
-            .verify(&pcert, src.now_secs)
-            .or_else(|e| src.err(&span, &key, format!("{} refused: {e}", body.name)))?;
+        let revoked = match identity.trust().verify(&pcert, src.now_secs) {
+            Ok(()) => false,
+            Err(CertError::Revoked(_)) => true,
+            Err(e) => return src.err(&span, &key, format!("{} refused: {e}", body.name)),
+        };
         if body.public_key == ours.public_key {
             return src.err(&span, &key, "this is our own certificate");
         }
@@ -397,6 +405,7 @@ pub fn peers(
                 .filter(|s| *s > 0)
                 .map(Duration::from_secs),
             dns,
+            revoked,
         });
     }
     Ok(peers)

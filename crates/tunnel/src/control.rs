@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cyphonic_control::RelayInfo;
-use cyphonic_crypto::Certificate;
-use cyphonic_session::{Event, Transmit};
+use cyphonic_crypto::{CertError, Certificate};
+use cyphonic_session::{Event, Identity, Transmit};
 
 use crate::counters::bump;
 use crate::egress::Intake;
@@ -30,6 +30,8 @@ const ENDPOINTS_FRESH: Duration = Duration::from_secs(1);
 /// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
 /// the channel must know where we are.
 const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
+/// Peers' certificates are compared with the clock this often.
+const EXPIRY_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Events held for the driver at most; older ones are dropped (a driver that never polls
 /// must not grow memory).
 const MAX_EVENTS: usize = 4096;
@@ -55,6 +57,30 @@ pub enum ControlEvent {
     },
     /// Our addresses or routes changed; the peers and relays were told.
     NetworkChanged,
+    /// A peer left the table: its certificate no longer verifies (revoked, expired, its CA
+    /// no longer trusted), or its driver removed it. Its sessions ended, its queued packets
+    /// were dropped; what waited for it is to be failed.
+    PeerRemoved(u32),
+}
+
+/// Why a peer left the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Removal {
+    /// Its certificate (the one we know it by, or the one it presented) no longer verifies.
+    Untrusted(CertError),
+    /// Its driver took it out (configuration no longer names it, a newer certificate of the
+    /// same name replaced it).
+    Dropped(&'static str),
+}
+
+impl std::fmt::Display for Removal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Untrusted(e) => write!(f, "certificate no longer trusted: {e}"),
+            Self::Dropped(why) => f.write_str(why),
+        }
+    }
 }
 
 /// The control core. See the module docs.
@@ -65,6 +91,8 @@ pub struct Control {
     /// Peers by the address we reach them at, and when that was read: what a kick looks up.
     endpoints: (HashMap<SocketAddr, u32>, Option<Instant>),
     events: VecDeque<ControlEvent>,
+    /// When certificates' ends were last compared with the clock.
+    expiry_checked: Option<Instant>,
 }
 
 impl std::fmt::Debug for Control {
@@ -111,6 +139,81 @@ impl Control {
             intake,
             endpoints: (HashMap::new(), None),
             events: VecDeque::new(),
+            expiry_checked: None,
+        }
+    }
+
+    /// Takes on `identity` (a renewed certificate, new revocations, other trusted CAs; the
+    /// static key stays): handshakes from now on are made and checked with it, and every
+    /// peer whose certificate (the one we know it by, or the one it last presented) no
+    /// longer verifies leaves at once ([`Control::remove`]). Returns the peers removed.
+    pub fn set_identity(
+        &mut self,
+        identity: &Arc<Identity>,
+        now: Instant,
+    ) -> Vec<(String, Removal)> {
+        self.shared.replace_identity(identity.clone());
+        let unix = self.shared.clock.unix_secs(now);
+        let mut removed = Vec::new();
+        for slot in self.shared.peers.all() {
+            let verdict = {
+                let mut peer = slot.lock();
+                peer.set_identity(identity.clone());
+                std::iter::once(&slot.certificate)
+                    .chain(peer.certificate())
+                    .try_for_each(|c| identity.trust().verify(c, unix))
+            };
+            if let Err(e) = verdict {
+                let why = Removal::Untrusted(e);
+                self.remove(&slot, &why);
+                removed.push((slot.name.clone(), why));
+            }
+        }
+        removed
+    }
+
+    /// Takes `slot` out of the peer table: its routes and sessions end at once (frames on its
+    /// session indices find nothing, packets for its blocks find no route), its queued
+    /// packets are dropped, and the driver hears [`ControlEvent::PeerRemoved`].
+    pub fn remove(&mut self, slot: &Arc<PeerSlot>, why: &Removal) {
+        if self.shared.peers.remove(slot.id).is_none() {
+            return;
+        }
+        bump(&self.shared.counters.peers_removed);
+        tracing::warn!(peer = %slot.name, origin = slot.origin, reason = %why, "peer removed: its sessions end");
+        if let Some(sub) = self.intake.lock().as_mut() {
+            sub.gave_up(slot.id);
+        }
+        self.endpoints.1 = None;
+        self.push_event(ControlEvent::PeerRemoved(slot.id));
+    }
+
+    /// Removes the peers whose certificate ended by `now` (checked at most once a second: a
+    /// comparison per peer, no signature).
+    fn remove_expired(&mut self, now: Instant) {
+        if self
+            .expiry_checked
+            .is_some_and(|t| now.saturating_duration_since(t) < EXPIRY_CHECK_EVERY)
+        {
+            return;
+        }
+        self.expiry_checked = Some(now);
+        let unix = self.shared.clock.unix_secs(now);
+        for slot in self.shared.peers.all() {
+            let ended = {
+                let peer = slot.lock();
+                std::iter::once(&slot.certificate)
+                    .chain(peer.certificate())
+                    .map(|c| c.body().not_after)
+                    .find(|end| *end <= unix)
+            };
+            if let Some(not_after) = ended {
+                let why = Removal::Untrusted(CertError::Expired {
+                    not_after,
+                    now: unix,
+                });
+                self.remove(&slot, &why);
+            }
         }
     }
 
@@ -134,8 +237,10 @@ impl Control {
         self.events.pop_front()
     }
 
-    /// Runs the peers' timers due at `now`, and binds to relay channels again when due.
+    /// Runs the peers' timers due at `now`, binds to relay channels again when due, and
+    /// removes peers whose certificates expired.
     pub fn run_timers(&mut self, now: Instant) {
+        self.remove_expired(now);
         for slot in &self.shared.peers.all() {
             {
                 let mut peer = slot.lock();

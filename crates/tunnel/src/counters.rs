@@ -54,6 +54,8 @@ cyphonic_telemetry::counters! {
         sessions_established,
         /// Changes of our addresses or routes, each told to the peers and the cloud.
         network_changes,
+        /// Peers removed: certificate no longer trusted (revoked, expired), unconfigured, or replaced.
+        peers_removed,
     }
 }
 

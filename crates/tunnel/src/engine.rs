@@ -8,17 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cyphonic_crypto::{Backend, Certificate, PublicKey};
+use cyphonic_crypto::{Backend, Certificate};
 use cyphonic_netio::{Placement, UdpOptions};
 use cyphonic_pipeline::{Counters as PipelineCounters, Emitter, Sink, ThreadStart};
-use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
 use crate::Shared;
 use crate::egress::{Intake, SealStage, SocketSink, Submitter};
 use crate::gate::HandshakeGate;
 use crate::handshakes::Handshakes;
 use crate::ingress::{Incoming, OpenStage, Receiver};
-use crate::peers::{PeerSlot, PeerTable};
+
 use crate::socket::TunnelSocket;
 
 /// Why the engine could not start.
@@ -159,41 +158,6 @@ pub struct StaticPeer {
     pub persistent_keepalive: Option<Duration>,
 }
 
-/// The peer table of `peers` (ids 1, 2, ...), as `identity` talks to them.
-pub fn static_peers(
-    identity: &Arc<Identity>,
-    peers: &[StaticPeer],
-    timing: Timing,
-    clock: &Clock,
-    aead: Backend,
-) -> PeerTable {
-    let table = PeerTable::default();
-    for p in peers {
-        let mut pc = PeerConfig::from_certificate(&p.certificate, p.endpoint);
-        pc.persistent_keepalive = p.persistent_keepalive;
-        table.insert(
-            |id, indices| {
-                Arc::new(PeerSlot::new(
-                    id,
-                    &p.certificate,
-                    "static",
-                    Peer::new(
-                        id,
-                        identity.clone(),
-                        indices,
-                        pc,
-                        timing,
-                        clock.clone(),
-                        aead,
-                    ),
-                ))
-            },
-            PublicKey(p.certificate.body().public_key),
-        );
-    }
-    table
-}
-
 /// How often the network watch looks at `running`, and how long its news must be quiet before
 /// it is passed on: `ip addr add`, `ip addr del`, `ip route replace` in a row (or a DHCP
 /// client's equivalent) become one announcement, not three.
@@ -262,7 +226,8 @@ pub struct Engine<K: Sink<Item = Incoming>> {
 
 impl<K: Sink<Item = Incoming>> Engine<K> {
     /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`), the
-    /// receive thread on `socket` and the handshake thread, which answers as `identity`;
+    /// receive thread on `socket` and the handshake thread, which answers as the shared
+    /// state's identity;
     /// with `watch`, also the thread that tells the control thread when this host's
     /// addresses change.
     ///
@@ -273,7 +238,6 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         shared: &Arc<Shared>,
         socket: &dyn TunnelSocket,
         sink: K,
-        (identity, clock): (Arc<Identity>, Clock),
         watch: bool,
     ) -> Result<Self, StartError> {
         let io = |what| move |source| StartError::Io { what, source };
@@ -327,14 +291,14 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             dp.queue_per_peer,
             dp.buffers / crate::egress::QUEUED_SHARE_OF_BUFFERS,
         ));
-        let identity_key = identity.public_key();
+        // Our static key stays for the life of the engine (only certificates and trust are
+        // replaced while running), so the gate's mac1 key does too.
+        let identity_key = shared.identity().public_key();
         let (handshakes, queue) = Handshakes::new(
             shared.clone(),
-            identity,
             socket
                 .try_clone_box()
                 .map_err(io("duplicating the tunnel socket"))?,
-            clock,
         );
         // Not placed: handshake work must not take the data plane's reserved CPUs.
         let handshaker = std::thread::Builder::new()

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use cyphonic_session::{Clock, HandshakeError, Identity, read_init};
+use cyphonic_session::{HandshakeError, read_init};
 use cyphonic_wire::{Frame, MessageType};
 
 use crate::counters::bump;
@@ -76,9 +76,7 @@ impl HandshakeQueue {
 /// The handshake thread's state. See the module docs.
 pub struct Handshakes {
     shared: Arc<Shared>,
-    identity: Arc<Identity>,
     socket: Box<dyn TunnelSocket>,
-    clock: Clock,
     initiations: Receiver<HandshakeMsg>,
     responses: Receiver<HandshakeMsg>,
     refusal_log: cyphonic_telemetry::Throttle,
@@ -94,22 +92,15 @@ impl std::fmt::Debug for Handshakes {
 }
 
 impl Handshakes {
-    /// The handshake thread's state and the queue that feeds it, answering as `identity`
-    /// on `socket`.
-    pub fn new(
-        shared: Arc<Shared>,
-        identity: Arc<Identity>,
-        socket: Box<dyn TunnelSocket>,
-        clock: Clock,
-    ) -> (Self, HandshakeQueue) {
+    /// The handshake thread's state and the queue that feeds it, answering as the shared
+    /// state's identity of the moment on `socket`.
+    pub fn new(shared: Arc<Shared>, socket: Box<dyn TunnelSocket>) -> (Self, HandshakeQueue) {
         let (initiations_tx, initiations) = crossbeam_channel::bounded(INITIATIONS);
         let (responses_tx, responses) = crossbeam_channel::bounded(RESPONSES);
         (
             Self {
                 shared,
-                identity,
                 socket,
-                clock,
                 initiations,
                 responses,
                 refusal_log: cyphonic_telemetry::Throttle::new(Duration::from_secs(1)),
@@ -175,7 +166,8 @@ impl Handshakes {
         match view.msg_type() {
             MessageType::HandshakeInit => {
                 bump(&self.shared.counters.handshake_inits);
-                let init = match read_init(&self.identity, self.clock.unix_secs(at), frame) {
+                let identity = self.shared.identity();
+                let init = match read_init(&identity, self.shared.clock.unix_secs(at), frame) {
                     Ok(init) => init,
                     Err(e) => {
                         self.refused(e.kind(), from, &e);
@@ -252,7 +244,6 @@ impl Handshakes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::PeerTable;
     use crate::testing::{Link, test_ca, test_identity};
 
     fn frame(kind: MessageType, receiver: u32) -> Vec<u8> {
@@ -267,15 +258,16 @@ mod tests {
     /// the first message the handshake thread takes.
     #[test]
     fn responses_have_their_own_queue_and_go_first() {
-        let (shared, _rx) = Shared::new(PeerTable::default(), 16, 16);
         let (identity, _) = test_identity(&test_ca(), "gw1.ovl.example", "100.64.1.0/24");
-        let socket = Link::new(1).socket(SocketAddr::from(([192, 0, 2, 1], 51820)));
-        let (handshakes, queue) = Handshakes::new(
-            Arc::new(shared),
+        let local = crate::Local {
             identity,
-            Box::new(socket),
-            Clock::new(Instant::now(), Duration::ZERO),
-        );
+            clock: cyphonic_session::Clock::new(Instant::now(), Duration::ZERO),
+            timing: cyphonic_session::Timing::default(),
+            aead: cyphonic_crypto::Backend::default(),
+        };
+        let (shared, _rx) = Shared::new(local, 16, 16);
+        let socket = Link::new(1).socket(SocketAddr::from(([192, 0, 2, 1], 51820)));
+        let (handshakes, queue) = Handshakes::new(Arc::new(shared), Box::new(socket));
         let msg = |kind| HandshakeMsg {
             frame: frame(
                 kind,

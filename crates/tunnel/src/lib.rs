@@ -42,14 +42,17 @@ pub mod socket;
 pub mod testing;
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
+
+use cyphonic_crypto::{Backend, Certificate, PublicKey};
+use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
 pub use control::{Control, ControlEvent};
 pub use counters::{EngineCounters, bump};
 pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
-pub use engine::{DataPlane, Engine, StartError, StaticPeer, static_peers};
+pub use engine::{DataPlane, Engine, StartError, StaticPeer};
 pub use gate::{Admission, HandshakeGate};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
@@ -72,7 +75,7 @@ pub enum ToControl {
     /// ([`ControlEvent::UnknownPeer`]).
     UnknownPeer {
         /// Its verified certificate.
-        certificate: Box<cyphonic_crypto::Certificate>,
+        certificate: Box<Certificate>,
         /// Where it spoke from.
         from: SocketAddr,
         /// When.
@@ -85,11 +88,34 @@ pub enum ToControl {
     NetworkChanged,
 }
 
+/// Who a tunnel end is, and how it makes its peers: the same for static peers and for those
+/// the cloud brings.
+#[derive(Debug, Clone)]
+pub struct Local {
+    /// Our key, certificate and trust.
+    pub identity: Arc<Identity>,
+    /// Unix time for certificate checks and handshake timestamps.
+    pub clock: Clock,
+    /// The peers' handshake and key timers.
+    pub timing: Timing,
+    /// The AEAD implementation their keys use.
+    pub aead: Backend,
+}
+
 /// State every thread shares.
 #[derive(Debug)]
 pub struct Shared {
     /// The peers.
     pub peers: PeerTable,
+    /// Who we are and whom we trust: what handshakes are answered as and checked against.
+    /// Replaced whole when the trust changes ([`Control::set_identity`]).
+    identity: RwLock<Arc<Identity>>,
+    /// Unix time for certificate checks.
+    pub clock: Clock,
+    /// The peers' timers.
+    timing: Timing,
+    /// The AEAD the peers' keys use.
+    aead: Backend,
     /// The engine's counters.
     pub counters: EngineCounters,
     /// Packet buffers.
@@ -108,17 +134,22 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The shared state over `peers`, with at most `buffers` packet buffers; returns the
-    /// control thread's end of its channel (`queue` messages deep).
+    /// The shared state of the tunnel end `local`, with no peers yet and at most `buffers`
+    /// packet buffers; returns the control thread's end of its channel (`queue` messages
+    /// deep).
     pub fn new(
-        peers: PeerTable,
+        local: Local,
         buffers: usize,
         queue: usize,
     ) -> (Self, tokio::sync::mpsc::Receiver<ToControl>) {
         let (control, rx) = tokio::sync::mpsc::channel(queue);
         (
             Self {
-                peers,
+                peers: PeerTable::default(),
+                identity: RwLock::new(local.identity),
+                clock: local.clock,
+                timing: local.timing,
+                aead: local.aead,
                 counters: EngineCounters::default(),
                 pool: Pool::new(buffers),
                 running: AtomicBool::new(true),
@@ -129,6 +160,60 @@ impl Shared {
             },
             rx,
         )
+    }
+
+    /// Who we are now, and whom we trust.
+    pub fn identity(&self) -> Arc<Identity> {
+        self.identity
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces who we are and whom we trust (the control core's
+    /// [`Control::set_identity`] also re-checks the peers).
+    pub(crate) fn replace_identity(&self, identity: Arc<Identity>) {
+        *self
+            .identity
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = identity;
+    }
+
+    /// Adds a peer with certificate `cert`, known as `origin` (`"static"`, `"cloud"`) and
+    /// expected to be as `config` says, talking to it as who we are now.
+    pub fn add_peer(
+        &self,
+        cert: &Certificate,
+        origin: &'static str,
+        config: PeerConfig,
+    ) -> Arc<PeerSlot> {
+        let identity = self.identity();
+        self.peers.insert(
+            |id, indices| {
+                Arc::new(PeerSlot::new(
+                    id,
+                    cert,
+                    origin,
+                    Peer::new(
+                        id,
+                        identity,
+                        indices,
+                        config,
+                        self.timing,
+                        self.clock.clone(),
+                        self.aead,
+                    ),
+                ))
+            },
+            PublicKey(cert.body().public_key),
+        )
+    }
+
+    /// Adds a peer known from configuration.
+    pub fn add_static_peer(&self, p: &StaticPeer) -> Arc<PeerSlot> {
+        let mut config = PeerConfig::from_certificate(&p.certificate, p.endpoint);
+        config.persistent_keepalive = p.persistent_keepalive;
+        self.add_peer(&p.certificate, "static", config)
     }
 
     /// Wakes the control thread (never blocks).

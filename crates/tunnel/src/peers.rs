@@ -1,14 +1,14 @@
 //! The peers a client talks to, how packets find them, and how each is reached (directly
 //! or through a relay channel).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
 
 use cyphonic_control::RelayReason;
-use cyphonic_crypto::PublicKey;
+use cyphonic_crypto::{Certificate, PublicKey};
 use cyphonic_session::{Indices, Peer};
 use ipnet::{IpNet, Ipv4Net};
 
@@ -31,6 +31,9 @@ pub struct PeerSlot {
     pub origin: &'static str,
     /// Its certificate's fingerprint (hex): how the cloud knows it.
     pub fingerprint: String,
+    /// Its certificate: the one configured (a static peer) or the cloud gave. Checked again
+    /// whenever our trust changes, and its expiry on every timer run.
+    pub certificate: Certificate,
     /// How we reach it: directly, or through a relay channel.
     pub route: Mutex<Route>,
     /// The session state machine.
@@ -69,12 +72,7 @@ pub struct Route {
 
 impl PeerSlot {
     /// A peer slot with zeroed counters and a direct route.
-    pub fn new(
-        id: u32,
-        cert: &cyphonic_crypto::Certificate,
-        origin: &'static str,
-        peer: Peer,
-    ) -> Self {
+    pub fn new(id: u32, cert: &Certificate, origin: &'static str, peer: Peer) -> Self {
         let body = cert.body();
         Self {
             id,
@@ -82,6 +80,7 @@ impl PeerSlot {
             blocks: body.vip_blocks.clone(),
             origin,
             fingerprint: cert.fingerprint().to_string(),
+            certificate: cert.clone(),
             route: Mutex::new(Route::default()),
             peer: Mutex::new(peer),
             tx_packets: AtomicU64::new(0),
@@ -104,9 +103,12 @@ impl PeerSlot {
 }
 
 /// All peers, with the lookups the data plane needs. Static peers are there from the start;
-/// the cloud adds more while running (`insert`). Readers take a read lock for one lookup and
-/// leave with an `Arc`; the control thread takes the write lock only to add a peer. The
-/// peers' session indices live in [`PeerTable::indices`], which they allocate from.
+/// the cloud adds more while running (`insert`); a peer whose certificate no longer verifies,
+/// or that configuration no longer names, leaves (`remove`). Ids are never reused, so a
+/// session index or a queue that still names a removed peer finds nothing. Readers take a
+/// read lock for one lookup and leave with an `Arc`; the control thread takes the write lock
+/// only to add or remove a peer. The peers' session indices live in [`PeerTable::indices`],
+/// which they allocate from.
 #[derive(Debug)]
 pub struct PeerTable {
     inner: RwLock<Inner>,
@@ -121,10 +123,12 @@ impl Default for PeerTable {
 
 #[derive(Debug, Default)]
 struct Inner {
-    slots: Vec<Arc<PeerSlot>>,
+    slots: BTreeMap<u32, Arc<PeerSlot>>,
     /// IPv4 routes, most specific first.
-    routes: Vec<(Ipv4Net, usize)>,
-    by_key: HashMap<PublicKey, usize>,
+    routes: Vec<(Ipv4Net, u32)>,
+    by_key: HashMap<PublicKey, u32>,
+    /// The last id handed out.
+    last_id: u32,
 }
 
 impl PeerTable {
@@ -146,30 +150,43 @@ impl PeerTable {
         self.inner.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds the peer `make` builds from its id (the next one) and the table's session
-    /// indices (its [`Peer`] must allocate from them, or its frames are never found), with
-    /// Noise key `key`; returns it. Its certified blocks become routes.
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds the peer `make` builds from its id (a new one) and the table's session indices
+    /// (its [`Peer`] must allocate from them, or its frames are never found), with Noise key
+    /// `key`; returns it. Its certified blocks become routes.
     pub fn insert(
         &self,
         make: impl FnOnce(u32, Arc<Indices>) -> Arc<PeerSlot>,
         key: PublicKey,
     ) -> Arc<PeerSlot> {
-        let mut t = self.inner.write().unwrap_or_else(PoisonError::into_inner);
-        let i = t.slots.len();
-        let slot = make(
-            u32::try_from(i + 1).unwrap_or(u32::MAX),
-            self.indices.clone(),
-        );
+        let mut t = self.write();
+        t.last_id = t.last_id.saturating_add(1);
+        let id = t.last_id;
+        let slot = make(id, self.indices.clone());
         for b in &slot.blocks {
             if let IpNet::V4(v4) = b {
-                t.routes.push((*v4, i));
+                t.routes.push((*v4, id));
             }
         }
         t.routes
             .sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
-        t.by_key.insert(key, i);
-        t.slots.push(slot.clone());
+        t.by_key.insert(key, id);
+        t.slots.insert(id, slot.clone());
         slot
+    }
+
+    /// Takes the peer with id `id` out of the table: its routes, its key and its sessions
+    /// (their indices find nothing from now on, and go back when the last handle on the peer
+    /// drops). Returns it, if it was there.
+    pub fn remove(&self, id: u32) -> Option<Arc<PeerSlot>> {
+        let mut t = self.write();
+        let slot = t.slots.remove(&id)?;
+        t.routes.retain(|(_, i)| *i != id);
+        t.by_key.retain(|_, i| *i != id);
+        Some(slot)
     }
 
     /// The peer whose certified block holds `dst` (longest prefix).
@@ -178,7 +195,7 @@ impl PeerTable {
         t.routes
             .iter()
             .find(|(net, _)| net.contains(&dst))
-            .map(|(_, i)| t.slots[*i].clone())
+            .and_then(|(_, id)| t.slots.get(id).cloned())
     }
 
     /// The peer owning the live session index `index` (one hash lookup: an index nobody
@@ -189,18 +206,32 @@ impl PeerTable {
 
     /// The peer with id `id`.
     pub fn by_id(&self, id: u32) -> Option<Arc<PeerSlot>> {
-        let id = usize::try_from(id).ok()?;
-        self.read().slots.get(id.checked_sub(1)?).cloned()
+        self.read().slots.get(&id).cloned()
     }
 
     /// The peer with Noise static key `key`.
     pub fn by_key(&self, key: &PublicKey) -> Option<Arc<PeerSlot>> {
         let t = self.read();
-        t.by_key.get(key).map(|i| t.slots[*i].clone())
+        t.by_key.get(key).and_then(|id| t.slots.get(id).cloned())
     }
 
-    /// Every peer.
+    /// The peer whose certificate names `name`.
+    pub fn by_name(&self, name: &str) -> Option<Arc<PeerSlot>> {
+        self.read().slots.values().find(|s| s.name == name).cloned()
+    }
+
+    /// Every peer, by id.
     pub fn all(&self) -> Vec<Arc<PeerSlot>> {
-        self.read().slots.clone()
+        self.read().slots.values().cloned().collect()
+    }
+
+    /// How many peers there are.
+    pub fn len(&self) -> usize {
+        self.read().slots.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.read().slots.is_empty()
     }
 }

@@ -388,8 +388,15 @@ pub fn keyed(aead: Backend, buffers: usize) -> (Arc<Shared>, Arc<Shared>) {
             endpoint: Some(endpoint),
             persistent_keepalive: None,
         };
-        let table = crate::static_peers(identity, &[peer], Timing::default(), &clock, aead);
-        Arc::new(Shared::new(table, buffers, 16).0)
+        let local = crate::Local {
+            identity: identity.clone(),
+            clock: clock.clone(),
+            timing: Timing::default(),
+            aead,
+        };
+        let shared = Shared::new(local, buffers, 16).0;
+        shared.add_static_peer(&peer);
+        Arc::new(shared)
     };
     let (a, b) = (side(&id_a, cert_b, addr_b), side(&id_b, cert_a, addr_a));
     let (to_b, to_a) = (
@@ -445,7 +452,11 @@ pub struct End {
     driving: Arc<AtomicBool>,
     delivered: crossbeam_channel::Receiver<Vec<u8>>,
     events: Arc<Mutex<Vec<ControlEvent>>>,
+    commands: crossbeam_channel::Sender<Command>,
 }
+
+/// Work for an end's control core, run on its driver thread.
+type Command = Box<dyn FnOnce(&mut Control) + Send>;
 
 /// How long a driver sleeps between looks at its control core.
 const DRIVE_EVERY: Duration = Duration::from_millis(1);
@@ -462,27 +473,33 @@ impl End {
         addr: SocketAddr,
         vip: Ipv4Addr,
         identity: &Arc<Identity>,
-        peer: StaticPeer,
+        peer: &StaticPeer,
         dp: &DataPlane,
         timing: Timing,
         clock: Clock,
         initiate: bool,
     ) -> Self {
         let socket = link.socket(addr);
-        let table = crate::static_peers(identity, &[peer], timing, &clock, dp.aead);
-        let (shared, rx) = Shared::new(table, dp.buffers, 1024);
+        let local = crate::Local {
+            identity: identity.clone(),
+            clock,
+            timing,
+            aead: dp.aead,
+        };
+        let (shared, rx) = Shared::new(local, dp.buffers, 1024);
+        shared.add_static_peer(peer);
         let shared = Arc::new(shared);
         let (tx, delivered) = crossbeam_channel::bounded(DELIVERED);
         let sink = Collect {
             shared: shared.clone(),
             delivered: tx,
         };
-        let engine = Engine::start(dp, &shared, &socket, sink, (identity.clone(), clock), false)
-            .expect("the engine starts");
+        let engine = Engine::start(dp, &shared, &socket, sink, false).expect("the engine starts");
         let intake = engine.intake();
         let mut control = Control::new(shared.clone(), Box::new(socket.clone()), intake.clone());
         let driving = Arc::new(AtomicBool::new(true));
         let events = Arc::new(Mutex::new(Vec::new()));
+        let (commands, commanded) = crossbeam_channel::unbounded::<Command>();
         let driver = {
             let (driving, events) = (driving.clone(), events.clone());
             let mut rx = rx;
@@ -494,6 +511,9 @@ impl End {
                 while driving.load(Ordering::Relaxed) {
                     while let Ok(msg) = rx.try_recv() {
                         control.handle(msg);
+                    }
+                    for command in commanded.try_iter() {
+                        command(&mut control);
                     }
                     control.run_timers(Instant::now());
                     while let Some(e) = control.poll_event() {
@@ -516,7 +536,26 @@ impl End {
             driving,
             delivered,
             events,
+            commands,
         }
+    }
+
+    /// Runs `command` on the end's control core (on its driver thread) and returns what it
+    /// returned, once it ran.
+    ///
+    /// # Panics
+    /// When the driver is gone (the end stopped).
+    pub fn control<T: Send + 'static>(
+        &self,
+        command: impl FnOnce(&mut Control) -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands
+            .send(Box::new(move |c| {
+                let _ = tx.send(command(c));
+            }))
+            .expect("the driver runs");
+        rx.recv().expect("the driver ran the command")
     }
 
     /// Sends `payload` as the inner packet to `dst` (an address in the other end's block).
@@ -634,7 +673,7 @@ impl Pair {
             addr_a,
             Ipv4Addr::new(100, 64, 1, 1),
             &id_a,
-            peer(cert_b, addr_b),
+            &peer(cert_b, addr_b),
             dp,
             timing,
             clock.clone(),
@@ -646,7 +685,7 @@ impl Pair {
             addr_b,
             Ipv4Addr::new(100, 64, 2, 1),
             &id_b,
-            b_peer.clone(),
+            &b_peer,
             dp,
             timing,
             clock.clone(),
@@ -670,7 +709,7 @@ impl Pair {
             self.b.socket.addr(),
             self.b.vip,
             identity,
-            peer.clone(),
+            peer,
             dp,
             timing,
             clock.clone(),

@@ -658,3 +658,99 @@ fn packets_waiting_for_handshakes_hold_at_most_a_quarter_of_the_buffers() {
     assert!(p.a.shared.pool.in_use() <= 64 + 2 * cyphonic_tunnel::RECV_BATCH);
     assert_no_buffer_leaks(p);
 }
+
+/// A peer revoked while its tunnel carries traffic leaves at once: what it still sends on its
+/// keys is no longer delivered, packets for its block find no peer, nothing stays queued for
+/// it, and when it comes back its handshakes are refused as revoked.
+#[test]
+fn a_peer_revoked_while_carrying_traffic_is_cut_off_at_once() {
+    use cyphonic_crypto::{CertError, RevocationList, TrustStore};
+    use cyphonic_tunnel::control::Removal;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    let mut p = pair(21);
+    send(&p.b, p.a.vip, 0, 100);
+    assert_eq!(p.a.wait_delivered(100, Duration::from_secs(5)).len(), 100);
+
+    let ours = p.a.shared.identity();
+    let b_cert = p.a.peer().certificate.clone();
+    let mut revoked = RevocationList::default();
+    revoked.revoke(b_cert.fingerprint());
+    let trust = TrustStore::new(ours.trust().cas().to_vec(), revoked).expect("a trust store");
+    let now_secs = p.a.shared.clock.unix_secs(Instant::now());
+    let revoking = std::sync::Arc::new(ours.with_trust(trust, now_secs).expect("still valid"));
+    let removed =
+        p.a.control(move |c| c.set_identity(&revoking, Instant::now()));
+    assert_eq!(
+        removed,
+        vec![(
+            "gw2.ovl.example".to_owned(),
+            Removal::Untrusted(CertError::Revoked(b_cert.fingerprint()))
+        )]
+    );
+    assert!(p.a.shared.peers.is_empty());
+    assert!(p.a.events().contains(&ControlEvent::PeerRemoved(1)));
+    assert_eq!(p.a.shared.counters.peers_removed.load(Relaxed), 1);
+
+    // B still has its keys and goes on sending: A delivers none of it.
+    let unknown_before = p.a.shared.counters.drop_unknown_index.load(Relaxed);
+    send(&p.b, p.a.vip, 100, 50);
+    assert!(p.a.wait_delivered(1, Duration::from_secs(1)).is_empty());
+    assert!(p.a.shared.counters.drop_unknown_index.load(Relaxed) >= unknown_before + 50);
+    // A's packets for B's block find no peer.
+    let no_peer_before = p.a.shared.counters.drop_no_peer.load(Relaxed);
+    send(&p.a, p.b.vip, 0, 5);
+    assert_eq!(
+        p.a.shared.counters.drop_no_peer.load(Relaxed),
+        no_peer_before + 5
+    );
+
+    // B restarts without keys and handshakes: refused as revoked, and nothing gets through.
+    p.restart_b(&dataplane(), timing());
+    let refused = || {
+        p.a.shared
+            .handshake_refusals
+            .lock()
+            .map(|r| r.get("cert_revoked").copied().unwrap_or(0))
+            .unwrap_or(0)
+    };
+    let restarted = Instant::now();
+    let mut n = 200;
+    while refused() == 0 && restarted.elapsed() < Duration::from_secs(5) {
+        send(&p.b, p.a.vip, n, 1);
+        n += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(refused() >= 1, "B's handshakes were not refused as revoked");
+    assert!(p.a.delivered().is_empty());
+    assert!(p.a.shared.peers.is_empty());
+    assert!(!p.b.peer().lock().is_established(Instant::now()));
+    assert_no_buffer_leaks(p);
+}
+
+/// Trust is checked continuously: once the clock passes the end of a peer's certificate, the
+/// peer leaves within a second, without waiting for its next rekey.
+#[test]
+fn a_peer_whose_certificate_expires_leaves_at_once() {
+    let p = pair(22);
+    send(&p.b, p.a.vip, 0, 10);
+    assert_eq!(p.a.wait_delivered(10, Duration::from_secs(5)).len(), 10);
+    let not_after = p.a.peer().certificate.body().not_after;
+    // The wall clock is set past the end (both ends share the test's clock).
+    let now = Instant::now();
+    assert!(
+        p.a.shared
+            .clock
+            .follow(now, Duration::from_secs(not_after + 1))
+            .is_some()
+    );
+    let deadline = now + Duration::from_secs(3);
+    while !p.a.shared.peers.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(p.a.shared.peers.is_empty(), "the expired peer stayed");
+    assert!(p.a.events().contains(&ControlEvent::PeerRemoved(1)));
+    send(&p.b, p.a.vip, 10, 10);
+    assert!(p.a.wait_delivered(1, Duration::from_secs(1)).is_empty());
+    assert_no_buffer_leaks(p);
+}
