@@ -676,6 +676,20 @@ impl TwoSites {
         proc.stop(signal, Duration::from_secs(10))
     }
 
+    /// Sends a site's running adapter `signal` (HUP: read the configuration again).
+    ///
+    /// # Errors
+    /// It is not running, or kill fails.
+    pub fn signal(&self, side: Side, signal: &str) -> anyhow::Result<()> {
+        let proc = self
+            .site_ref(side)
+            .adapter
+            .as_ref()
+            .context("the adapter is not running")?;
+        sh("kill", &["-s", signal, &proc.pid().to_string()])?;
+        Ok(())
+    }
+
     /// The running adapter's status document.
     ///
     /// # Errors
