@@ -114,10 +114,42 @@ fn adapter_metrics_count_what_the_scenario_sent() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells[1], "static", "{row}");
     assert_eq!(cells[4], "direct", "{row}");
-    assert_eq!(&cells[cells.len() - 2..], ["20", "20"], "{row}");
+    assert_eq!(
+        &cells[cells.len() - 3..cells.len() - 1],
+        ["20", "20"],
+        "{row}"
+    );
     assert!(text.contains("out_of_order 0"), "{text}");
     let doc = bed.status(Side::A).unwrap();
     assert_eq!(doc["peers"][0]["tx_packets"], 20, "{doc}");
+    // Certificate expiry: ours and the peer's, the same in the table, the JSON and metrics.
+    let ours = doc["certificate"]["not_after"].as_u64().unwrap();
+    let theirs = doc["peers"][0]["certificate_expires"].as_u64().unwrap();
+    let at = doc["at"].as_u64().unwrap();
+    assert!(ours > at && theirs > at, "{doc}");
+    assert_eq!(doc["certificate"]["name"], "gw1.ovl.example", "{doc}");
+    assert_eq!(
+        metric(&m, "cyphonic_certificate_expiry_timestamp_seconds"),
+        Some(ours as f64),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "cyphonic_peer_certificate_expiry_timestamp_seconds{peer=\"gw2.ovl.example\"}"
+        ),
+        Some(theirs as f64),
+        "{m}"
+    );
+    let days = format!("{}d", (theirs - at) / 86_400);
+    assert_eq!(cells[cells.len() - 1], days, "{row}");
+    assert!(
+        text.contains(&format!(
+            "certificate gw1.ovl.example  expires in {}d",
+            (ours - at) / 86_400
+        )),
+        "{text}"
+    );
     assert_eq!(
         doc["counters"]["sessions_established"],
         m.lines()

@@ -251,6 +251,8 @@ mod tests {
         Status {
             version,
             edge: Edge { thing: "x".into() },
+            at: 0,
+            certificate: None,
             peers: Vec::new(),
             cloud: None,
             counters: CounterTable {

@@ -25,6 +25,7 @@
 pub mod cli;
 pub mod cloud;
 pub mod dns;
+pub mod expiry;
 pub mod metrics;
 pub mod status;
 pub mod upstream;
@@ -307,10 +308,15 @@ pub fn run<E: Edge>(
         let edge_report = edge.reporter(&core);
         move || {
             let (edge, edge_counters) = edge_report();
+            let now = Instant::now();
             Status {
                 version: status::VERSION,
                 edge,
-                peers: status::peers(&shared, Instant::now()),
+                at: shared.clock.unix_secs(now),
+                certificate: Some(status::CertificateStatus::of(
+                    shared.identity().certificate(),
+                )),
+                peers: status::peers(&shared, now),
                 cloud: cloud_status.as_ref().map(|c| {
                     c.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -356,6 +362,7 @@ pub fn run<E: Edge>(
                 reload,
                 upstream: upstream_tx,
             },
+            expiry: expiry::Watch::default(),
         },
         report,
     ));
@@ -431,6 +438,8 @@ struct Loop<S> {
     /// The wall-clock mapping every thread's certificate checks and handshake timestamps use.
     clock: Clock,
     running: Running,
+    /// When certificates' expiry is looked at next.
+    expiry: expiry::Watch,
 }
 
 /// The cloud's next work, or never without a cloud.
@@ -576,6 +585,7 @@ impl<S: Services> Loop<S> {
             "configuration reloaded"
         );
         self.running.common = common;
+        self.expiry.soon();
         self.upkeep(now);
     }
 
@@ -599,6 +609,20 @@ impl<S: Services> Loop<S> {
             tracing::warn!(
                 forward_secs = jump.as_secs(),
                 "the wall clock was set forward (NTP?): certificates are checked against the new time"
+            );
+        }
+        if self.expiry.due(now) {
+            let shared = self.control.shared();
+            let peers: Vec<_> = shared
+                .peers
+                .all()
+                .iter()
+                .map(|s| (s.name.clone(), s.certificate.clone()))
+                .collect();
+            expiry::log(
+                shared.identity().certificate(),
+                &peers,
+                self.clock.unix_secs(now),
             );
         }
         self.services.tick(now);

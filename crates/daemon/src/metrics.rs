@@ -176,7 +176,12 @@ impl Collector for EngineCollector {
         let mut up = Vec::new();
         let mut since = Vec::new();
         let mut info = Vec::new();
+        let mut expiry = Vec::new();
         for slot in &peers {
+            expiry.push((
+                vec![("peer", slot.name.clone())],
+                f(slot.certificate_expires()),
+            ));
             let (established, last) = {
                 let p = slot.lock();
                 (p.is_established(now), p.last_handshake())
@@ -242,6 +247,17 @@ impl Collector for EngineCollector {
             "Seconds since a peer's last completed handshake.",
         )
         .encode(&mut e, since)?;
+        Family::gauges(
+            "cyphonic_peer_certificate_expiry_timestamp_seconds",
+            "When a peer's certificate ends (unix seconds): the peer leaves then.",
+        )
+        .encode(&mut e, expiry)?;
+        gauge(
+            &mut e,
+            "cyphonic_certificate_expiry_timestamp_seconds",
+            "When our own certificate ends (unix seconds): peers refuse us from then on.",
+            f(self.shared.identity().certificate().body().not_after),
+        )?;
         Family::gauges(
             "cyphonic_peer_info",
             "A peer, how we know it and how it is reached (always 1).",

@@ -26,6 +26,12 @@ pub struct Status<E, C> {
     /// What the edge adds (the adapter's LAN side, the node's TUN side).
     #[serde(flatten)]
     pub edge: E,
+    /// When the document was made (unix seconds; 0 from daemons before it was added).
+    #[serde(default)]
+    pub at: u64,
+    /// Our own certificate.
+    #[serde(default)]
+    pub certificate: Option<CertificateStatus>,
     /// Every peer.
     pub peers: Vec<PeerStatus>,
     /// The control plane, when configured.
@@ -58,6 +64,28 @@ impl<C: CounterSet> CounterTable<C> {
     }
 }
 
+/// A certificate: whose it is and when it ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CertificateStatus {
+    /// The name it certifies.
+    pub name: String,
+    /// Its fingerprint (hex), as revocation lists name it.
+    pub fingerprint: String,
+    /// When it ends (unix seconds, exclusive).
+    pub not_after: u64,
+}
+
+impl CertificateStatus {
+    /// What the document shows of `cert`.
+    pub fn of(cert: &cyphonic_crypto::Certificate) -> Self {
+        Self {
+            name: cert.body().name.clone(),
+            fingerprint: cert.fingerprint().to_string(),
+            not_after: cert.body().not_after,
+        }
+    }
+}
+
 /// One peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerStatus {
@@ -85,6 +113,10 @@ pub struct PeerStatus {
     pub rx_packets: u64,
     /// Inner bytes received from it.
     pub rx_bytes: u64,
+    /// When its certificate ends (unix seconds): the earlier of the one we know it by and
+    /// the one it presented. 0 from daemons before it was added.
+    #[serde(default)]
+    pub certificate_expires: u64,
 }
 
 /// A peer's relay channel.
@@ -220,6 +252,7 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
                 address: r.address.to_string(),
                 reason: r.reason.describe().to_owned(),
             });
+            let certificate_expires = slot.certificate_expires();
             let p = slot.lock();
             PeerStatus {
                 name: slot.name.clone(),
@@ -236,14 +269,39 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
                 tx_bytes: slot.tx_bytes.load(Relaxed),
                 rx_packets: slot.rx_packets.load(Relaxed),
                 rx_bytes: slot.rx_bytes.load(Relaxed),
+                certificate_expires,
             }
         })
         .collect()
 }
 
+/// How long until `not_after`, seen at unix time `at`, in a word: `29d`, `7h`, `12m`,
+/// `expired`; `-` when unknown (0).
+pub fn time_left(not_after: u64, at: u64) -> String {
+    const HOUR: u64 = 3600;
+    const DAY: u64 = 24 * HOUR;
+    match not_after.checked_sub(at) {
+        _ if not_after == 0 || at == 0 => "-".to_owned(),
+        None | Some(0) => "expired".to_owned(),
+        Some(left) if left >= 2 * DAY => format!("{}d", left / DAY),
+        Some(left) if left >= 2 * HOUR => format!("{}h", left / HOUR),
+        Some(left) => format!("{}m", left.div_ceil(60)),
+    }
+}
+
 /// The cloud line and the peers table, as text for a terminal.
 pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     let mut out = String::new();
+    if let Some(c) = &doc.certificate {
+        let _ = writeln!(
+            out,
+            "certificate {}  expires in {} (unix {})  fingerprint {}",
+            c.name,
+            time_left(c.not_after, doc.at),
+            c.not_after,
+            c.fingerprint
+        );
+    }
     if let Some(c) = &doc.cloud {
         let _ = writeln!(
             out,
@@ -267,8 +325,8 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
-        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "ROUTE", "UP", "TX PKTS", "RX PKTS"
+        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10} {:>8}",
+        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "ROUTE", "UP", "TX PKTS", "RX PKTS", "EXPIRES"
     );
     for p in &doc.peers {
         let route = p
@@ -277,7 +335,7 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             .map_or_else(|| "direct".to_owned(), |r| format!("relay ({})", r.reason));
         let _ = writeln!(
             out,
-            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10}",
+            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10} {:>8}",
             p.name,
             p.origin,
             p.vip_blocks.first().map_or("-", String::as_str),
@@ -285,7 +343,8 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             route,
             if p.established { "yes" } else { "no" },
             p.tx_packets,
-            p.rx_packets
+            p.rx_packets,
+            time_left(p.certificate_expires, doc.at)
         );
     }
     out
@@ -354,7 +413,14 @@ mod tests {
                 tx_bytes: 2,
                 rx_packets: 3,
                 rx_bytes: 4,
+                certificate_expires: 1_000_000 + 9 * 3600,
             }],
+            at: 1_000_000,
+            certificate: Some(CertificateStatus {
+                name: "gw1.ovl.example".into(),
+                fingerprint: "ab".repeat(32),
+                not_after: 1_000_000 + 30 * 86_400 + 5,
+            }),
             cloud: None,
             counters: CounterTable {
                 edge: edge_counters,
@@ -385,5 +451,44 @@ mod tests {
         assert!(!text.contains("udp_received"), "zeros are left out: {text}");
         let table = peers_text(&back);
         assert!(table.contains("relay (symmetric NAT)"), "{table}");
+        assert!(
+            table.contains("certificate gw1.ovl.example  expires in 30d"),
+            "{table}"
+        );
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("gw2.ovl.example") && l.ends_with(" 9h")),
+            "{table}"
+        );
+        // A document from an older daemon, without the new fields, still reads.
+        let mut old = serde_json::to_value(&doc).unwrap();
+        old.as_object_mut().unwrap().remove("certificate");
+        old.as_object_mut().unwrap().remove("at");
+        old["peers"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("certificate_expires");
+        let back: Status<Edge, EdgeCounters> = serde_json::from_value(old).unwrap();
+        assert_eq!((back.at, back.peers[0].certificate_expires), (0, 0));
+        assert!(peers_text(&back).lines().any(|l| l.ends_with(" -")));
+    }
+
+    #[test]
+    fn time_left_says_it_in_a_word() {
+        let at = 1_700_000_000;
+        for (left, word) in [
+            (0, "expired"),
+            (59, "1m"),
+            (2 * 3600 - 1, "120m"),
+            (2 * 3600, "2h"),
+            (2 * 86_400, "2d"),
+            (400 * 86_400, "400d"),
+        ] {
+            assert_eq!(time_left(at + left, at), word, "{left}");
+        }
+        assert_eq!(time_left(at - 5, at), "expired");
+        assert_eq!(time_left(0, at), "-");
+        assert_eq!(time_left(at, 0), "-");
     }
 }

@@ -200,14 +200,8 @@ impl Control {
         self.expiry_checked = Some(now);
         let unix = self.shared.clock.unix_secs(now);
         for slot in self.shared.peers.all() {
-            let ended = {
-                let peer = slot.lock();
-                std::iter::once(&slot.certificate)
-                    .chain(peer.certificate())
-                    .map(|c| c.body().not_after)
-                    .find(|end| *end <= unix)
-            };
-            if let Some(not_after) = ended {
+            let not_after = slot.certificate_expires();
+            if not_after <= unix {
                 let why = Removal::Untrusted(CertError::Expired {
                     not_after,
                     now: unix,

@@ -90,6 +90,15 @@ impl PeerSlot {
         }
     }
 
+    /// When the peer's certificate ends (unix seconds): the earlier end of the one we know
+    /// it by and the one it last presented.
+    pub fn certificate_expires(&self) -> u64 {
+        let presented = self.lock().certificate().map(|c| c.body().not_after);
+        presented.map_or(self.certificate.body().not_after, |p| {
+            p.min(self.certificate.body().not_after)
+        })
+    }
+
     /// Locks the route (recovering a poisoned lock, as [`PeerSlot::lock`]).
     pub fn route(&self) -> MutexGuard<'_, Route> {
         self.route.lock().unwrap_or_else(PoisonError::into_inner)
