@@ -247,7 +247,7 @@ impl CloudLink {
             Event::Probe { to, frame } => control.send_probe(&frame, to),
             Event::Expect(info) => {
                 let now = Instant::now();
-                let Some(slot) = self.peer(control.shared(), &info, now) else {
+                let Some(slot) = self.peer(control, &info, now) else {
                     return;
                 };
                 // Both sides initiate at once: each side's initiation opens its NAT for the
@@ -287,7 +287,8 @@ impl CloudLink {
     /// The peer the cloud described: found in the table (its endpoint refreshed if it has no
     /// keys yet and is not relayed), or added. `None` if its certificate does not verify
     /// here. The relay the description may carry is the caller's to apply.
-    fn peer(&self, shared: &Shared, info: &PeerInfo, now: Instant) -> Option<Arc<PeerSlot>> {
+    fn peer(&self, control: &mut Control, info: &PeerInfo, now: Instant) -> Option<Arc<PeerSlot>> {
+        let shared = control.shared().clone();
         let cert = match Certificate::from_pem(&info.certificate) {
             Ok(c) => c,
             Err(e) => {
@@ -321,7 +322,7 @@ impl CloudLink {
         }
         let mut pc = PeerConfig::from_certificate(&cert, endpoint);
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
-        let slot = shared.add_peer(&cert, "cloud", pc);
+        let slot = control.add_cloud_peer(&cert, pc).ok()?;
         tracing::info!(peer = %slot.name, ?endpoint, blocks = ?slot.blocks, "peer added from the cloud");
         Some(slot)
     }
@@ -337,7 +338,7 @@ impl CloudLink {
             }
             Err(_) => return Some((a.key, Err(ResponseCode::ServFail))),
         };
-        let Some(slot) = self.peer(control.shared(), &info, now) else {
+        let Some(slot) = self.peer(control, &info, now) else {
             return Some((a.key, Err(ResponseCode::ServFail)));
         };
         if !slot

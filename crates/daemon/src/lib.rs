@@ -617,7 +617,7 @@ impl<S: Services> Loop<S> {
                 .peers
                 .all()
                 .iter()
-                .map(|s| (s.name.clone(), s.certificate.clone()))
+                .map(|s| (s.name.clone(), s.current_certificate()))
                 .collect();
             expiry::log(
                 shared.identity().certificate(),

@@ -63,6 +63,40 @@ pub enum ControlEvent {
     PeerRemoved(u32),
 }
 
+/// Peers in the table at most: a cloud peer beyond it is refused ([`Refusal::TableFull`]).
+pub const MAX_PEERS: usize = 16_384;
+
+/// Why a peer the cloud described was not added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// A block of its certificate overlaps ours, a static peer's or another peer's (other
+    /// than an older certificate of its own name, which it replaces).
+    Overlap {
+        /// Its block.
+        block: ipnet::IpNet,
+        /// Whose block it overlaps: `us`, or a peer's name.
+        with: String,
+    },
+    /// A static peer has its name: configuration wins over the cloud.
+    StaticName,
+    /// The table holds a newer certificate of its name.
+    Older,
+    /// The table is full ([`MAX_PEERS`]).
+    TableFull,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Overlap { block, with } => write!(f, "its block {block} overlaps {with}'s"),
+            Self::StaticName => f.write_str("a static peer has its name"),
+            Self::Older => f.write_str("a newer certificate of its name is already a peer"),
+            Self::TableFull => write!(f, "the peer table is full ({MAX_PEERS})"),
+        }
+    }
+}
+
 /// Why a peer left the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -145,8 +179,8 @@ impl Control {
 
     /// Takes on `identity` (a renewed certificate, new revocations, other trusted CAs; the
     /// static key stays): handshakes from now on are made and checked with it, and every
-    /// peer whose certificate (the one we know it by, or the one it last presented) no
-    /// longer verifies leaves at once ([`Control::remove`]). Returns the peers removed.
+    /// peer whose current certificate no longer verifies, or whose known one is revoked,
+    /// leaves at once ([`Control::remove`]). Returns the peers removed.
     pub fn set_identity(
         &mut self,
         identity: &Arc<Identity>,
@@ -154,14 +188,15 @@ impl Control {
     ) -> Vec<(String, Removal)> {
         self.shared.replace_identity(identity.clone());
         let unix = self.shared.clock.unix_secs(now);
+        let trust = identity.trust();
         let mut removed = Vec::new();
         for slot in self.shared.peers.all() {
-            let verdict = {
-                let mut peer = slot.lock();
-                peer.set_identity(identity.clone());
-                std::iter::once(&slot.certificate)
-                    .chain(peer.certificate())
-                    .try_for_each(|c| identity.trust().verify(c, unix))
+            slot.lock().set_identity(identity.clone());
+            let known = slot.certificate.fingerprint();
+            let verdict = if trust.revocations().contains(&known) {
+                Err(CertError::Revoked(known))
+            } else {
+                trust.verify(&slot.current_certificate(), unix)
             };
             if let Err(e) = verdict {
                 let why = Removal::Untrusted(e);
@@ -170,6 +205,81 @@ impl Control {
             }
         }
         removed
+    }
+
+    /// Adds a peer the cloud described, with certificate `cert` (already verified) and
+    /// `config`, unless it conflicts with what the table holds: its blocks must not overlap
+    /// ours, a static peer's or another peer's, and its name must not be a static peer's. A
+    /// certificate of the same name as a cloud peer's (a re-keyed or renewed peer) replaces
+    /// that peer, unless it is the older of the two: routes move to the new one and the old
+    /// one's sessions end. Refusals are counted (`peers_refused`) and logged.
+    ///
+    /// # Errors
+    /// [`Refusal`]: why it was not added.
+    pub fn add_cloud_peer(
+        &mut self,
+        cert: &Certificate,
+        config: cyphonic_session::PeerConfig,
+    ) -> Result<Arc<PeerSlot>, Refusal> {
+        let checked = self.check_cloud_peer(cert);
+        let replaced = match checked {
+            Ok(r) => r,
+            Err(why) => {
+                bump(&self.shared.counters.peers_refused);
+                tracing::warn!(peer = %cert.body().name, reason = %why, "peer from the cloud refused");
+                return Err(why);
+            }
+        };
+        if let Some(old) = replaced {
+            self.remove(
+                &old,
+                &Removal::Dropped("replaced by a newer certificate of its name"),
+            );
+        }
+        Ok(self.shared.add_peer(cert, "cloud", config))
+    }
+
+    /// What adding `cert` would replace, or why it may not be added.
+    fn check_cloud_peer(&self, cert: &Certificate) -> Result<Option<Arc<PeerSlot>>, Refusal> {
+        let body = cert.body();
+        let identity = self.shared.identity();
+        let ours = identity.certificate().body();
+        let overlap = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(b) || b.contains(a);
+        for block in &body.vip_blocks {
+            if ours.vip_blocks.iter().any(|o| overlap(o, block)) {
+                return Err(Refusal::Overlap {
+                    block: *block,
+                    with: "us".into(),
+                });
+            }
+        }
+        let mut replaced = None;
+        for slot in self.shared.peers.all() {
+            if slot.name == body.name {
+                if slot.origin != "cloud" {
+                    return Err(Refusal::StaticName);
+                }
+                if slot.certificate.body().not_before > body.not_before {
+                    return Err(Refusal::Older);
+                }
+                replaced = Some(slot);
+                continue;
+            }
+            if let Some(block) = body
+                .vip_blocks
+                .iter()
+                .find(|b| slot.blocks.iter().any(|o| overlap(o, b)))
+            {
+                return Err(Refusal::Overlap {
+                    block: *block,
+                    with: slot.name.clone(),
+                });
+            }
+        }
+        if replaced.is_none() && self.shared.peers.len() >= MAX_PEERS {
+            return Err(Refusal::TableFull);
+        }
+        Ok(replaced)
     }
 
     /// Takes `slot` out of the peer table: its routes and sessions end at once (frames on its

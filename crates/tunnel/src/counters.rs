@@ -56,6 +56,8 @@ cyphonic_telemetry::counters! {
         network_changes,
         /// Peers removed: certificate no longer trusted (revoked, expired), unconfigured, or replaced.
         peers_removed,
+        /// Peers from the cloud refused: a block overlapping ours or another peer's, a static peer's name, an older certificate, a full table.
+        peers_refused,
     }
 }
 

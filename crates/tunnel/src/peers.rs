@@ -31,8 +31,8 @@ pub struct PeerSlot {
     pub origin: &'static str,
     /// Its certificate's fingerprint (hex): how the cloud knows it.
     pub fingerprint: String,
-    /// Its certificate: the one configured (a static peer) or the cloud gave. Checked again
-    /// whenever our trust changes, and its expiry on every timer run.
+    /// Its certificate: the one configured (a static peer) or the cloud gave. The one it
+    /// presents in handshakes may be newer ([`PeerSlot::current_certificate`]).
     pub certificate: Certificate,
     /// How we reach it: directly, or through a relay channel.
     pub route: Mutex<Route>,
@@ -90,13 +90,19 @@ impl PeerSlot {
         }
     }
 
-    /// When the peer's certificate ends (unix seconds): the earlier end of the one we know
-    /// it by and the one it last presented.
+    /// The certificate that speaks for the peer now: the one it last presented in a
+    /// handshake (a renewed one, say), else the one we know it by.
+    pub fn current_certificate(&self) -> Certificate {
+        self.lock()
+            .certificate()
+            .cloned()
+            .unwrap_or_else(|| self.certificate.clone())
+    }
+
+    /// When the peer's current certificate ends (unix seconds).
     pub fn certificate_expires(&self) -> u64 {
         let presented = self.lock().certificate().map(|c| c.body().not_after);
-        presented.map_or(self.certificate.body().not_after, |p| {
-            p.min(self.certificate.body().not_after)
-        })
+        presented.unwrap_or(self.certificate.body().not_after)
     }
 
     /// Locks the route (recovering a poisoned lock, as [`PeerSlot::lock`]).

@@ -754,3 +754,78 @@ fn a_peer_whose_certificate_expires_leaves_at_once() {
     assert!(p.a.wait_delivered(1, Duration::from_secs(1)).is_empty());
     assert_no_buffer_leaks(p);
 }
+
+/// The peer table follows identity: a cloud peer whose blocks overlap ours, a static peer's
+/// or another peer's is refused, so is one with a static peer's name or an older certificate
+/// of a peer's name; a newer certificate of a cloud peer's name (re-keyed) replaces it at
+/// once, routes and all. Every refusal is counted.
+#[test]
+fn cloud_peers_are_refused_on_overlap_and_replaced_by_a_newer_certificate_of_their_name() {
+    use cyphonic_crypto::{IssueRequest, StaticKeypair};
+    use cyphonic_session::PeerConfig;
+    use cyphonic_tunnel::control::Refusal;
+    use cyphonic_tunnel::testing::{T0, test_ca};
+    use std::net::Ipv4Addr;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    const DAY: u64 = 86_400;
+    let p = pair(23);
+    let ca = test_ca();
+    let cert = |name: &str, block: &str, not_before: u64| {
+        let key = StaticKeypair::generate().expect("a key");
+        ca.issue(&IssueRequest {
+            name: name.into(),
+            vip_blocks: vec![block.parse().expect("a block")],
+            public_key: key.public().0,
+            groups: vec![],
+            not_before,
+            not_after: T0 + 10 * DAY,
+        })
+        .expect("a certificate")
+    };
+    let add = |c: cyphonic_crypto::Certificate| {
+        p.a.control(move |ctl| {
+            let config = PeerConfig::from_certificate(&c, None);
+            ctl.add_cloud_peer(&c, config).map(|s| s.id)
+        })
+    };
+    let overlap = |block: &str, with: &str| Refusal::Overlap {
+        block: block.parse().expect("a block"),
+        with: with.into(),
+    };
+    assert_eq!(
+        add(cert("gw9.ovl.example", "100.64.1.128/25", T0 - DAY)),
+        Err(overlap("100.64.1.128/25", "us"))
+    );
+    assert_eq!(
+        add(cert("gw9.ovl.example", "100.64.0.0/16", T0 - DAY)),
+        Err(overlap("100.64.0.0/16", "us"))
+    );
+    assert_eq!(
+        add(cert("gw9.ovl.example", "100.64.2.0/25", T0 - DAY)),
+        Err(overlap("100.64.2.0/25", "gw2.ovl.example"))
+    );
+    assert_eq!(
+        add(cert("gw2.ovl.example", "100.64.9.0/24", T0 - DAY)),
+        Err(Refusal::StaticName)
+    );
+    let first = add(cert("gw3.ovl.example", "100.64.3.0/24", T0 - DAY)).expect("added");
+    assert_eq!(
+        add(cert("gw4.ovl.example", "100.64.3.16/28", T0 - DAY)),
+        Err(overlap("100.64.3.16/28", "gw3.ovl.example"))
+    );
+    assert_eq!(
+        add(cert("gw3.ovl.example", "100.64.3.0/24", T0 - 2 * DAY)),
+        Err(Refusal::Older)
+    );
+    assert_eq!(p.a.shared.counters.peers_refused.load(Relaxed), 6);
+    // Re-keyed under the same name: the new certificate takes its place and its routes.
+    let newer = add(cert("gw3.ovl.example", "100.64.3.0/24", T0)).expect("replaced");
+    assert_ne!(newer, first);
+    assert!(p.a.shared.peers.by_id(first).is_none());
+    let routed = p.a.shared.peers.route(Ipv4Addr::new(100, 64, 3, 7));
+    assert_eq!(routed.map(|s| s.id), Some(newer));
+    assert!(p.a.events().contains(&ControlEvent::PeerRemoved(first)));
+    assert_eq!(p.a.shared.peers.len(), 2, "gw2 and the new gw3");
+    assert_no_buffer_leaks(p);
+}
