@@ -141,8 +141,8 @@ pub enum CertError {
     /// A vIP block the issuing CA may not certify.
     #[error("vIP block {0} lies outside every block of the issuing CA")]
     BlockOutsideCa(IpNet),
-    /// A name outside the issuing CA's domain.
-    #[error("name {name:?} is not inside the CA's domain {domain:?}")]
+    /// A node name that is not below the issuing CA's domain (the domain itself included).
+    #[error("name {name:?} is not below the CA's domain {domain:?}")]
     NameOutsideCa {
         /// The certificate's name.
         name: String,
@@ -647,7 +647,7 @@ impl CertificateAuthority {
     /// Any content error, with the offending value.
     pub fn issue(&self, req: &IssueRequest) -> Result<Certificate, CertError> {
         let ca = &self.cert.body;
-        if !is_within_domain(&req.name, &ca.name) {
+        if !is_below_domain(&req.name, &ca.name) {
             return Err(CertError::NameOutsideCa {
                 name: req.name.clone(),
                 domain: ca.name.clone(),
@@ -677,10 +677,12 @@ impl CertificateAuthority {
     }
 }
 
-/// Whether `name` is `domain` itself or a name below it.
-fn is_within_domain(name: &str, domain: &str) -> bool {
+/// Whether `name` lies below `domain` (not `domain` itself: a node named after the overlay
+/// domain could host every name one label below it, its siblings' among them).
+fn is_below_domain(name: &str, domain: &str) -> bool {
     name.strip_suffix(domain)
-        .is_some_and(|rest| rest.is_empty() || rest.ends_with('.'))
+        .and_then(|rest| rest.strip_suffix('.'))
+        .is_some_and(|label| !label.is_empty())
 }
 
 /// A set of revoked certificate fingerprints. Text form: one hex fingerprint per line,
@@ -827,7 +829,7 @@ impl TrustStore {
                 });
             }
         }
-        if !is_within_domain(&body.name, &ca.body.name) {
+        if !is_below_domain(&body.name, &ca.body.name) {
             return Err(CertError::NameOutsideCa {
                 name: body.name.clone(),
                 domain: ca.body.name.clone(),
@@ -1013,6 +1015,23 @@ mod tests {
                 domain: "ovl.example".into(),
             },
         );
+        // The domain itself: such a node could host every sibling's name.
+        let squat = CertError::NameOutsideCa {
+            name: "ovl.example".into(),
+            domain: "ovl.example".into(),
+        };
+        check(&request("ovl.example", "100.64.1.0/24"), squat.clone());
+        // One an older CA signed anyway does not verify either.
+        let body = CertBody {
+            name: "ovl.example".into(),
+            ..ca.issue(&request("gw1.ovl.example", "100.64.1.0/24"))
+                .unwrap()
+                .body
+        };
+        let forged = Certificate::sign(body, &ca.key).unwrap();
+        let trust =
+            TrustStore::new(vec![ca.certificate().clone()], RevocationList::default()).unwrap();
+        assert_eq!(trust.verify(&forged, forged.body.not_before), Err(squat));
         check(
             &request("gw1.ovl.example", "10.0.0.0/24"),
             CertError::BlockOutsideCa(net("10.0.0.0/24")),
@@ -1130,8 +1149,10 @@ mod tests {
         ] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
-        assert!(is_within_domain("ovl.example", "ovl.example"));
-        assert!(is_within_domain("a.ovl.example", "ovl.example"));
-        assert!(!is_within_domain("aovl.example", "ovl.example"));
+        assert!(!is_below_domain("ovl.example", "ovl.example"));
+        assert!(!is_below_domain(".ovl.example", "ovl.example"));
+        assert!(is_below_domain("a.ovl.example", "ovl.example"));
+        assert!(is_below_domain("b.a.ovl.example", "ovl.example"));
+        assert!(!is_below_domain("aovl.example", "ovl.example"));
     }
 }
