@@ -34,11 +34,11 @@ fn runtime() -> tokio::runtime::Runtime {
 /// What the NMS relies on, whatever the database.
 async fn conformance(store: &Store) {
     store
-        .client_online("fp1", "gw1.ovl.example", "CERT1")
+        .client_online("fp1", ("gw1.ovl.example", "ca1"), "CERT1")
         .await
         .unwrap();
     store
-        .client_online("fp2", "gw2.ovl.example", "CERT2")
+        .client_online("fp2", ("gw2.ovl.example", "ca1"), "CERT2")
         .await
         .unwrap();
     let e1: SocketAddr = "198.51.100.2:51820".parse().unwrap();
@@ -66,7 +66,13 @@ async fn conformance(store: &Store) {
         )
         .await
         .unwrap();
-    assert_eq!(taken, ["cam.gw1.ovl.example"]);
+    assert_eq!(
+        taken,
+        [(
+            "cam.gw1.ovl.example".to_owned(),
+            "registered by another client".to_owned()
+        )]
+    );
     let found = store.lookup("cam.gw1.ovl.example").await.unwrap().unwrap();
     assert_eq!(found.vip, Ipv4Addr::new(100, 64, 1, 100));
     assert_eq!(found.owner.fingerprint, "fp1");
@@ -101,6 +107,81 @@ async fn conformance(store: &Store) {
         store.client("fp2").await.unwrap().unwrap().name,
         "gw2.ovl.example"
     );
+    identities(store).await;
+}
+
+/// Names belong to (issuing CA, certificate name), not to one certificate.
+async fn identities(store: &Store) {
+    let gw1 = [rec("gw1.ovl.example", [100, 64, 1, 1])];
+    // gw1 renewed (new fingerprint, same CA and name): it takes its names over at once.
+    store
+        .client_online("fp1b", ("gw1.ovl.example", "ca1"), "CERT1B")
+        .await
+        .unwrap();
+    let refused = store.register("fp1b", &[], &gw1).await.unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
+    assert_eq!(found.owner.fingerprint, "fp1b");
+    // The same name from another CA is another identity: it takes nothing over.
+    store
+        .client_online("fp1x", ("gw1.ovl.example", "ca2"), "CERT1X")
+        .await
+        .unwrap();
+    let refused = store
+        .register("fp1x", &[], &[rec("cam.gw1.ovl.example", [100, 64, 1, 7])])
+        .await
+        .unwrap();
+    assert!(refused.is_empty(), "a free name: {refused:?}");
+    let refused = store
+        .register("fp1b", &[], &[rec("cam.gw1.ovl.example", [100, 64, 1, 8])])
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        [(
+            "cam.gw1.ovl.example".to_owned(),
+            "registered by another client".to_owned()
+        )]
+    );
+    // Another member's certificate name cannot be registered as a device's, and a member
+    // takes its own name back from a client that registered it for a device.
+    let refused = store
+        .register(
+            "fp2",
+            &[],
+            &[
+                rec("gw1.ovl.example", [100, 64, 2, 5]),
+                rec("sensor.gw2.ovl.example", [100, 64, 2, 6]),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        refused,
+        [(
+            "gw1.ovl.example".to_owned(),
+            "the name of another member".to_owned()
+        )]
+    );
+    store
+        .client_online("fp9", ("sensor.gw2.ovl.example", "ca1"), "CERT9")
+        .await
+        .unwrap();
+    let refused = store
+        .register(
+            "fp9",
+            &[],
+            &[rec("sensor.gw2.ovl.example", [100, 64, 2, 6])],
+        )
+        .await
+        .unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    let found = store
+        .lookup("sensor.gw2.ovl.example")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.owner.fingerprint, "fp9");
 }
 
 #[test]

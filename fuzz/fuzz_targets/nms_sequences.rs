@@ -98,7 +98,11 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
         let store = Store::open("sqlite::memory:").await.expect("an in-memory store");
         for c in &f.clients {
             store
-                .client_online(&c.fingerprint().to_string(), &c.body().name, &c.to_pem())
+                .client_online(
+                    &c.fingerprint().to_string(),
+                    (&c.body().name, &hex::encode(c.body().issuer)),
+                    &c.to_pem(),
+                )
                 .await
                 .expect("online");
         }

@@ -400,7 +400,12 @@ impl Nms {
             }
         };
         let fp = cert.fingerprint().to_string();
-        if let Err(e) = self.store.client_online(&fp, &body.name, &pem).await {
+        let issuer = hex::encode(body.issuer);
+        if let Err(e) = self
+            .store
+            .client_online(&fp, (&body.name, &issuer), &pem)
+            .await
+        {
             tracing::error!(error = %e, "store");
             return None;
         }
@@ -622,9 +627,9 @@ impl Nms {
         }
         match self.store.register(fp, &endpoints, &ok).await {
             Ok(taken) => {
-                for t in taken {
+                for (t, why) in taken {
                     ok.retain(|n| n.name != t);
-                    refused.push((t, "registered by another client".into()));
+                    refused.push((t, why));
                 }
             }
             Err(e) => {

@@ -143,18 +143,19 @@ impl Store {
     pub async fn client_online(
         &self,
         fingerprint: &str,
-        name: &str,
+        (name, issuer): (&str, &str),
         certificate: &str,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at) \
-             VALUES ($1, $2, $3, '[]', NULL, 1, $4) \
-             ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4",
+            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer) \
+             VALUES ($1, $2, $3, '[]', NULL, 1, $4, $5) \
+             ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5",
         )
         .bind(fingerprint)
         .bind(name)
         .bind(certificate)
         .bind(unix_now())
+        .bind(issuer)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -184,8 +185,12 @@ impl Store {
         Ok(())
     }
 
-    /// Replaces a client's endpoints and names. Names another client holds are not taken
-    /// over: they are returned as refused.
+    /// Replaces a client's endpoints and names. Names belong to an identity (the issuing CA
+    /// and the certificate's name): what an older certificate of the same identity held is
+    /// released first, so a renewed or re-keyed client keeps its names. A certificate's own
+    /// name is its holder's, taken back from a client that registered it for a device; the
+    /// certificate name of another member is refused, and so is a name another client holds.
+    /// Returns the refused names, each with why.
     ///
     /// # Errors
     /// Database failures.
@@ -194,21 +199,51 @@ impl Store {
         fingerprint: &str,
         endpoints: &[SocketAddr],
         names: &[NameRecord],
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<(String, String)>, StoreError> {
         let endpoints = serde_json::to_string(endpoints).unwrap_or_else(|_| "[]".into());
         let mut tx = self.pool.begin().await?;
+        let me = sqlx::query("SELECT name, issuer FROM clients WHERE fingerprint = $1")
+            .bind(fingerprint)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let (my_name, my_issuer): (String, String) = match me {
+            Some(row) => (row.try_get(0)?, row.try_get(1)?),
+            None => (String::new(), String::new()),
+        };
         sqlx::query("UPDATE clients SET endpoints = $2, updated_at = $3 WHERE fingerprint = $1")
             .bind(fingerprint)
             .bind(&endpoints)
             .bind(unix_now())
             .execute(&mut *tx)
             .await?;
-        sqlx::query("DELETE FROM names WHERE owner = $1")
-            .bind(fingerprint)
-            .execute(&mut *tx)
-            .await?;
-        let mut taken = Vec::new();
+        sqlx::query(
+            "DELETE FROM names WHERE owner = $1 OR owner IN (SELECT fingerprint FROM clients \
+             WHERE name = $2 AND (issuer = $3 OR issuer = ''))",
+        )
+        .bind(fingerprint)
+        .bind(&my_name)
+        .bind(&my_issuer)
+        .execute(&mut *tx)
+        .await?;
+        let mut refused = Vec::new();
         for n in names {
+            if n.name == my_name {
+                sqlx::query(
+                    "DELETE FROM names WHERE name = $1 AND owner IN \
+                     (SELECT fingerprint FROM clients WHERE name <> $1)",
+                )
+                .bind(&n.name)
+                .execute(&mut *tx)
+                .await?;
+            } else if sqlx::query("SELECT 1 AS member FROM clients WHERE name = $1")
+                .bind(&n.name)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some()
+            {
+                refused.push((n.name.clone(), "the name of another member".to_owned()));
+                continue;
+            }
             let done = sqlx::query(
                 "INSERT INTO names (name, vip, owner) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
             )
@@ -218,11 +253,11 @@ impl Store {
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 0 {
-                taken.push(n.name.clone());
+                refused.push((n.name.clone(), "registered by another client".to_owned()));
             }
         }
         tx.commit().await?;
-        Ok(taken)
+        Ok(refused)
     }
 
     /// Records the address a client's endpoint probe came from: to the probe port, or
