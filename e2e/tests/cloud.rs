@@ -570,3 +570,76 @@ fn when_no_handshake_gets_through_directly_the_pair_falls_back_to_the_relay() {
         bed.logs()
     );
 }
+
+/// The peer table and the registry follow identity: adapter B is re-keyed (a new key and a
+/// new certificate of the same name) and restarted. Its names are its own again at once (they
+/// belong to the CA and the name, not to the old certificate), and when B's host reaches A,
+/// A takes the new certificate in place of the old peer (routes and all): traffic flows both
+/// ways, and A's peer is the new certificate.
+#[test]
+fn a_peer_re_keyed_under_the_same_name_is_used_at_once() {
+    let mut bed = cloud_bed();
+    let b_host = resolve(&bed, Side::A, "host.gw2.ovl.example");
+    bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(3).wait(3));
+    let old = bed.status(Side::A).unwrap()["peers"][0]["name"].clone();
+    assert_eq!(old, "gw2.ovl.example");
+
+    // A new key and certificate for gw2, issued into a scratch directory and put in place.
+    let fresh = bed.b.dir.join("rekeyed");
+    let ca = bed.ca_dir();
+    cyphonic_e2e::sh(
+        bed.bins.cloud.to_str().unwrap(),
+        &[
+            "ca",
+            "issue",
+            "--dir",
+            ca.to_str().unwrap(),
+            "--name",
+            "gw2.ovl.example",
+            "--vip-block",
+            "100.64.2.0/24",
+            "--out",
+            fresh.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    bed.stop(Side::B, "TERM").unwrap();
+    for f in ["gw2.ovl.example.crt", "gw2.ovl.example.key"] {
+        std::fs::copy(fresh.join(f), bed.b.dir.join(f)).unwrap();
+    }
+    let new_cert = std::fs::read_to_string(fresh.join("gw2.ovl.example.crt")).unwrap();
+    let new_fp = cyphonic_crypto::Certificate::from_pem(&new_cert)
+        .unwrap()
+        .fingerprint()
+        .to_string();
+    bed.start(Side::B).unwrap();
+
+    // B's host reaches A's by name: the cloud tells A to expect the new gw2.
+    let a_host = resolve(&bed, Side::B, "host.gw1.ovl.example");
+    bed.ping_ok(&bed.b.lan, &a_host[0], Ping::count(3).wait(5));
+    bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(3).wait(3));
+    let s = bed.status(Side::A).unwrap();
+    let peers = s["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "the old gw2 was replaced: {s}");
+    assert_eq!(bed.counter(Side::A, "peers_removed").unwrap(), 1, "{s}");
+    let log = bed.a.log_text();
+    assert!(
+        log.contains("replaced by a newer certificate of its name"),
+        "{log}"
+    );
+    // The registry gives gw2's own name to the new certificate (it was refused to it before
+    // names followed identity: the old certificate held them).
+    assert_eq!(
+        resolve(&bed, Side::A, "gw2.ovl.example"),
+        ["100.64.2.1"],
+        "{}",
+        bed.logs()
+    );
+    let cloud_log = std::fs::read_to_string(bed.cloud.as_ref().unwrap().log()).unwrap();
+    assert!(
+        !cloud_log.contains("registered by another client"),
+        "{cloud_log}"
+    );
+    // A talks to the new key: its peer is the new certificate.
+    assert_eq!(peers[0]["fingerprint"], new_fp, "{s}");
+}

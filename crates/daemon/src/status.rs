@@ -117,6 +117,10 @@ pub struct PeerStatus {
     /// the one it presented. 0 from daemons before it was added.
     #[serde(default)]
     pub certificate_expires: u64,
+    /// The fingerprint of its current certificate (what revocation lists name); empty from
+    /// daemons before it was added.
+    #[serde(default)]
+    pub fingerprint: String,
 }
 
 /// A peer's relay channel.
@@ -252,7 +256,7 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
                 address: r.address.to_string(),
                 reason: r.reason.describe().to_owned(),
             });
-            let certificate_expires = slot.certificate_expires();
+            let current = slot.current_certificate();
             let p = slot.lock();
             PeerStatus {
                 name: slot.name.clone(),
@@ -269,7 +273,8 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
                 tx_bytes: slot.tx_bytes.load(Relaxed),
                 rx_packets: slot.rx_packets.load(Relaxed),
                 rx_bytes: slot.rx_bytes.load(Relaxed),
-                certificate_expires,
+                certificate_expires: current.body().not_after,
+                fingerprint: current.fingerprint().to_string(),
             }
         })
         .collect()
@@ -414,6 +419,7 @@ mod tests {
                 rx_packets: 3,
                 rx_bytes: 4,
                 certificate_expires: 1_000_000 + 9 * 3600,
+                fingerprint: "cd".repeat(32),
             }],
             at: 1_000_000,
             certificate: Some(CertificateStatus {
