@@ -815,6 +815,7 @@ mod tests {
                 "peer",
                 "cloud",
                 "metrics",
+                "log",
             ],
         );
     }

@@ -212,7 +212,8 @@ impl Netns {
             .map_or_else(|| "daemon".into(), |n| n.to_string_lossy().into_owned());
         let child = self
             .command(program.to_str().context("program path")?, args)
-            .env("RUST_LOG", "info")
+            // Their own default (info) or their file's `[log] level`, never the runner's.
+            .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)

@@ -70,15 +70,26 @@ fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
             .unwrap()
     };
     let before = sent(&bed);
+    //    The log level becomes debug.
+    assert!(
+        !bed.a.log_text().contains(" DEBUG "),
+        "debug before it was asked for"
+    );
+    let debug = "\n[log]\nlevel = \"debug\"\n";
     let changed = base
         .replace("hostname = \"host\"", "hostname = \"renamed\"")
         .replace("[adapter]\n", "[adapter]\nlisten = \"[::]:51999\"\n");
-    write_a(&bed, &changed, "\n[dns]\nupstream = [\"198.51.100.53\"]\n");
+    write_a(
+        &bed,
+        &changed,
+        &format!("\n[dns]\nupstream = [\"198.51.100.53\"]\n{debug}"),
+    );
     let log = reload_a(&bed, 2);
     for line in [
         "key=\"[[reservation]]\"",
         "key=\"listen\"",
         "DNS upstream resolvers upstream=Some([198.51.100.53])",
+        "log filter set level=\"debug\"",
     ] {
         assert!(log.contains(line), "no {line:?} in\n{log}");
     }
@@ -101,7 +112,7 @@ fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
     )
     .unwrap();
     std::fs::copy(ca.join("revoked.txt"), bed.a.dir.join("revoked.txt")).unwrap();
-    write_a(&bed, &base, "");
+    write_a(&bed, &base, debug);
     let revoked_at = Instant::now();
     let log = reload_a(&bed, 3);
     assert!(log.contains("peer removed"), "{log}");
@@ -132,6 +143,8 @@ fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
 
     // 4. The list emptied again: B is a peer again, without a restart.
     std::fs::write(bed.a.dir.join("revoked.txt"), "# none\n").unwrap();
-    reload_a(&bed, 4);
+    let log = reload_a(&bed, 4);
+    // At debug level now: the peer's return is logged.
+    assert!(log.contains("static peer added"), "{log}");
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(5));
 }

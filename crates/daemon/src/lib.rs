@@ -223,6 +223,7 @@ pub fn run<E: Edge>(
     let name = identity.certificate().body().name.clone();
     let dp = &common.dataplane;
     dp.check_placement().map_err(anyhow::Error::msg)?;
+    apply_log_level(None, common.log_level.as_deref());
 
     let udp = UdpSocket::bind(common.listen, &dp.udp_options())?;
     let listen = udp.local_addr()?;
@@ -392,6 +393,23 @@ fn upstream_for(common: &Common, tx: &mpsc::Sender<Settled>) -> anyhow::Result<O
             .map(Some)
             .context("setting up the upstream DNS resolvers"),
         None => Ok(None),
+    }
+}
+
+/// Sets the log filter `[log] level` names, when it differs from `was` (`RUST_LOG`, when set,
+/// wins; without either, `info`).
+fn apply_log_level(was: Option<&str>, level: Option<&str>) {
+    if was == level {
+        return;
+    }
+    if cyphonic_telemetry::logging::env_filter_set() {
+        tracing::info!(level = ?level, "RUST_LOG is set: it keeps deciding what is logged, not log.level");
+        return;
+    }
+    let directives = level.unwrap_or(cyphonic_telemetry::logging::DEFAULT_FILTER);
+    match cyphonic_telemetry::logging::set_filter(directives) {
+        Ok(()) => tracing::info!(level = directives, "log filter set"),
+        Err(e) => tracing::error!(error = %e, "the log filter stays as it was"),
     }
 }
 
@@ -566,6 +584,10 @@ impl<S: Services> Loop<S> {
             .collect();
         self.running.peers = add_static_peers(self.control.shared(), &common, kept);
         self.services.set_peers(&self.running.peers);
+        apply_log_level(
+            self.running.common.log_level.as_deref(),
+            common.log_level.as_deref(),
+        );
         let upstreams = |c: &Common| {
             c.dns
                 .as_ref()

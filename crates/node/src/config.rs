@@ -292,6 +292,7 @@ mod tests {
                 "peer",
                 "cloud",
                 "metrics",
+                "log",
             ],
         );
     }

@@ -17,8 +17,8 @@ use ipnet::Ipv4Net;
 use toml::Spanned;
 
 use crate::{
-    Cloud, ConfigError, Peer, RawCloud, RawIdentity, RawMetrics, RawPeer, Source, check_dns,
-    check_mtu, first_v4_block, overlay_domain, peers,
+    Cloud, ConfigError, Peer, RawCloud, RawIdentity, RawLog, RawMetrics, RawPeer, Source,
+    check_dns, check_mtu, first_v4_block, overlay_domain, peers,
 };
 
 /// The shared keys of a binary's own table, as written (what [`end_table!`](crate::end_table)
@@ -73,6 +73,8 @@ pub struct Common {
     pub metrics: Option<SocketAddr>,
     /// The DNS service's shared settings, unless switched off.
     pub dns: Option<Dns>,
+    /// The log filter (`[log] level`), unless left to `RUST_LOG` or the default.
+    pub log_level: Option<String>,
 }
 
 impl Common {
@@ -90,7 +92,7 @@ impl Common {
         identity: &RawIdentity,
         raw_peers: &[RawPeer],
         cloud: Option<&RawCloud>,
-        metrics: &RawMetrics,
+        (metrics, log): (&RawMetrics, &RawLog),
         dataplane: DataPlane,
         dns: Option<(&[Spanned<IpAddr>], &Spanned<u32>)>,
     ) -> Result<(Self, Identity), ConfigError> {
@@ -117,6 +119,7 @@ impl Common {
             .transpose()?;
         let cloud = cloud.map(|c| c.check(src)).transpose()?;
         let metrics = metrics.check(src)?;
+        let log_level = log.check(src)?;
         let common = Self {
             path: src.path.to_owned(),
             listen: end.listen,
@@ -130,6 +133,7 @@ impl Common {
             cloud,
             metrics,
             dns,
+            log_level,
         };
         Ok((common, identity))
     }
@@ -145,7 +149,7 @@ impl Common {
     /// The keys that differ in `new` and take effect only at a restart (a reload keeps the
     /// running values): sockets, addresses, the data plane, the cloud, the DNS service's
     /// presence and TTL. What a reload applies is not among them: the trust (CAs and
-    /// revocations), static peers, DNS upstreams.
+    /// revocations), static peers, DNS upstreams, the log level.
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         let dns = |c: &Self| c.dns.as_ref().map(|d| d.ttl);
         [
@@ -313,6 +317,8 @@ macro_rules! config_file {
             cloud: Option<$crate::RawCloud>,
             #[serde(default)]
             metrics: $crate::RawMetrics,
+            #[serde(default)]
+            log: $crate::RawLog,
         }
 
         impl $name {
@@ -328,7 +334,7 @@ macro_rules! config_file {
                     &self.identity,
                     &self.peer,
                     self.cloud.as_ref(),
-                    &self.metrics,
+                    (&self.metrics, &self.log),
                     dataplane,
                     self.dns.shared(),
                 )

@@ -495,6 +495,35 @@ impl RawMetrics {
     }
 }
 
+// ---- [log] -----------------------------------------------------------------------------------
+
+/// `[log]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    level: Option<Spanned<String>>,
+}
+
+impl RawLog {
+    /// The log filter the file asks for (`RUST_LOG`'s syntax), if any.
+    ///
+    /// # Errors
+    /// Directives that do not parse.
+    pub fn check(&self, src: &Source<'_>) -> Result<Option<String>, ConfigError> {
+        match &self.level {
+            Some(l) => match cyphonic_telemetry::logging::check_filter(l.get_ref()) {
+                Ok(()) => Ok(Some(l.get_ref().clone())),
+                Err(e) => src.err(
+                    &l.span(),
+                    "log.level",
+                    format!("{e} (examples: \"info\", \"warn,cyphonic_tunnel=debug\")"),
+                ),
+            },
+            None => Ok(None),
+        }
+    }
+}
+
 // ---- [dataplane] and [dns] -------------------------------------------------------------------
 
 /// An AEAD backend name (`ring` or `rustcrypto`).
@@ -819,6 +848,11 @@ pub mod testing {
     /// Mistakes in the keys every tunnel end has, as [`assert_mistakes`] takes them: each
     /// binary's example file must refuse them all, with these messages.
     pub const SHARED_MISTAKES: &[(&str, &str, &str)] = &[
+        (
+            "level = \"info\"",
+            "level = \"cyphonic_tunnel=loud\"",
+            "key `log.level`: ",
+        ),
         (
             "cpus = []",
             "cpus = [2, 2]",

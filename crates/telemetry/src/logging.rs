@@ -7,6 +7,15 @@
 //! floods held back with a [`crate::Throttle`].
 
 use std::io::IsTerminal as _;
+use std::sync::OnceLock;
+
+/// Replaces the running filter (set by [`init`]); the subscriber's type differs per format,
+/// so a closure holds its reload handle.
+type SetFilter = Box<dyn Fn(tracing_subscriber::EnvFilter) -> Result<(), String> + Send + Sync>;
+static SET_FILTER: OnceLock<SetFilter> = OnceLock::new();
+
+/// The filter when neither `RUST_LOG` nor a configuration names one.
+pub const DEFAULT_FILTER: &str = "info";
 
 /// How log lines look; also the daemons' `--log-format` argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -24,18 +33,54 @@ fn under_journald() -> bool {
     std::env::var_os("JOURNAL_STREAM").is_some()
 }
 
-/// Installs the subscriber for the process. Call once, first thing.
+/// Installs the subscriber for the process. Call once, first thing. Its filter is
+/// `RUST_LOG`'s, else `info`, until [`set_filter`] replaces it.
 pub fn init(format: Format) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    match (format, under_journald()) {
-        (Format::Json, _) => builder.json().init(),
-        (Format::Text, true) => builder.with_ansi(false).without_time().init(),
-        (Format::Text, false) => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    macro_rules! install {
+        ($builder:expr) => {{
+            // Last: the reload handle is typed by the format chosen before it.
+            let b = $builder.with_filter_reloading();
+            let handle = b.reload_handle();
+            let _ = SET_FILTER.set(Box::new(move |f| {
+                handle.reload(f).map_err(|e| e.to_string())
+            }));
+            b.init();
+        }};
     }
+    match (format, under_journald()) {
+        (Format::Json, _) => install!(builder.json()),
+        (Format::Text, true) => install!(builder.with_ansi(false).without_time()),
+        (Format::Text, false) => install!(builder.with_ansi(std::io::stderr().is_terminal())),
+    }
+}
+
+/// Checks filter directives as `RUST_LOG` takes them (`info`, `warn,cyphonic_tunnel=debug`).
+///
+/// # Errors
+/// What is wrong with them.
+pub fn check_filter(directives: &str) -> Result<(), String> {
+    tracing_subscriber::EnvFilter::try_new(directives)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Whether `RUST_LOG` is set: it then wins over a configuration's filter.
+pub fn env_filter_set() -> bool {
+    std::env::var_os(tracing_subscriber::EnvFilter::DEFAULT_ENV).is_some()
+}
+
+/// Replaces the filter of the subscriber [`init`] installed (nothing without one).
+///
+/// # Errors
+/// The directives do not parse, or the subscriber is gone.
+pub fn set_filter(directives: &str) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(directives).map_err(|e| e.to_string())?;
+    SET_FILTER.get().map_or(Ok(()), |set| set(filter))
 }
 
 /// A string a peer or a device chose (a DHCP hostname, a name asked for), for log fields:
