@@ -515,6 +515,13 @@ impl Server {
             }
             // RENEWING (unicast) or REBINDING (broadcast): ciaddr is the device's address.
             (None, None) if ciaddr != Ipv4Addr::UNSPECIFIED => {
+                if self.reserved_elsewhere(mac, ciaddr)
+                    || self.reserved_ips.get(&ciaddr).is_some_and(|m| *m != mac)
+                {
+                    // Its reservation moved, or its address is reserved for another device
+                    // now (a reload): off to another address.
+                    return Ok(self.nak(req));
+                }
                 if self.is_bound(ciaddr, mac)
                     || self
                         .cfg
@@ -552,14 +559,23 @@ impl Server {
             Some(DhcpOption::ClientIdentifier(id)) => Some(id.clone()),
             _ => self.by_mac.get(&mac).and_then(|l| l.client_id.clone()),
         };
-        // A device moving to another address gives up its old one.
+        // A device moving to another address gives up its old one: back to the pool (its
+        // binding record moves with the device, so nothing else would ever free it).
         if let Some(old) = self
             .by_mac
             .get(&mac)
-            .filter(|l| l.active && l.ip != wanted)
+            .filter(|l| l.ip != wanted)
             .map(|l| l.ip)
         {
-            self.by_ip.remove(&old);
+            if self.by_ip.get(&old) == Some(&mac) {
+                self.by_ip.remove(&old);
+            }
+            if self.last_holder.get(&old) == Some(&mac) {
+                self.last_holder.remove(&old);
+                if self.in_pool(old) && !self.offered.contains_key(&old) {
+                    self.unused.insert(u32::from(old));
+                }
+            }
         }
         let lease = Lease {
             mac,
@@ -656,6 +672,57 @@ impl Server {
         }
     }
 
+    /// Replaces the reservations (a reload), keeping every binding the new ones allow. A
+    /// binding of an address now reserved to another device ends at once (`Released`: that
+    /// device's traffic is refused from now on, its next renewal is NAKed, and the reserved
+    /// device may take the address); so does an offer of it. A device whose reservation moved
+    /// keeps its old binding until it renews, and is then NAKed towards its reserved address.
+    /// Addresses no longer reserved join the pool, as never used when nobody ever held them.
+    pub fn set_reservations(&mut self, reservations: Vec<Reservation>) {
+        let old: Vec<Ipv4Addr> = self.reserved_ips.keys().copied().collect();
+        self.reserved_ips = reservations.iter().map(|r| (r.ip, r.mac)).collect();
+        self.cfg.reservations = reservations;
+        let displaced: Vec<(Ipv4Addr, [u8; 6])> = self
+            .by_ip
+            .iter()
+            .filter(|(ip, mac)| self.reserved_ips.get(ip).is_some_and(|m| m != *mac))
+            .map(|(ip, mac)| (*ip, *mac))
+            .collect();
+        for (ip, mac) in displaced {
+            self.by_ip.remove(&ip);
+            if let Some(lease) = self.by_mac.get_mut(&mac) {
+                lease.active = false;
+                self.events.push_back(LeaseEvent::Released(lease.clone()));
+            }
+            self.dirty = true;
+        }
+        let offered_away: Vec<[u8; 6]> = self
+            .offered
+            .iter()
+            .filter(|(ip, (mac, _))| self.reserved_ips.get(ip).is_some_and(|m| m != mac))
+            .map(|(_, (mac, _))| *mac)
+            .collect();
+        for mac in offered_away {
+            self.withdraw(mac);
+        }
+        for ip in self.reserved_ips.keys() {
+            self.unused.remove(&u32::from(*ip));
+        }
+        for ip in old {
+            if self.in_pool(ip)
+                && !self.last_holder.contains_key(&ip)
+                && !self.by_ip.contains_key(&ip)
+                && !self.offered.contains_key(&ip)
+            {
+                self.unused.insert(u32::from(ip));
+            }
+        }
+        let (first, last) = (u32::from(self.cfg.pool.0), u32::from(self.cfg.pool.1));
+        self.pool_size = (first..=last)
+            .filter(|n| self.assignable(Ipv4Addr::from(*n)))
+            .count();
+    }
+
     /// The next change.
     pub fn poll_event(&mut self) -> Option<LeaseEvent> {
         self.events.pop_front()
@@ -742,6 +809,14 @@ impl Server {
         {
             self.unused.insert(u32::from(ip));
         }
+    }
+
+    /// Whether `mac` has a reservation, for another address than `ip`.
+    fn reserved_elsewhere(&self, mac: [u8; 6], ip: Ipv4Addr) -> bool {
+        self.cfg
+            .reservations
+            .iter()
+            .any(|r| r.mac == mac && r.ip != ip)
     }
 
     fn is_bound(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {

@@ -712,3 +712,76 @@ fn a_lease_file_with_conflicting_bindings_loads_without_a_double_holder() {
     let offer = s.handle(T0, &d, mac(1)).unwrap().unwrap();
     assert_ne!(parse(&offer).yiaddr(), Ipv4Addr::new(100, 64, 1, 120));
 }
+
+/// Reservations replaced while running (a reload): a device bound to an address now reserved
+/// for another loses it at once and is NAKed at its renewal, the reserved device gets the
+/// address, a device whose reservation moved is NAKed towards its new one, and an address no
+/// longer reserved joins the pool.
+#[test]
+fn reservations_replaced_while_running_move_devices_and_free_addresses() {
+    let mut s = server(45, 55);
+    let (plc, cam, newcomer) = (mac(0xee), mac(1), mac(2));
+    assert_eq!(dora(&mut s, T0, plc, None), Ipv4Addr::new(100, 64, 1, 50));
+    let cam_ip = dora(&mut s, T0, cam, None);
+    while s.poll_event().is_some() {}
+    // Now: the camera's address is reserved for the newcomer, the PLC's moved to .60, and
+    // .50 is reserved for nobody.
+    s.set_reservations(vec![
+        Reservation {
+            mac: newcomer,
+            ip: cam_ip,
+            hostname: Some("door".into()),
+        },
+        Reservation {
+            mac: plc,
+            ip: Ipv4Addr::new(100, 64, 1, 60),
+            hostname: None,
+        },
+    ]);
+    let Some(LeaseEvent::Released(l)) = s.poll_event() else {
+        panic!("the camera's binding did not end")
+    };
+    assert_eq!((l.mac, l.ip), (cam, cam_ip));
+    assert!(
+        s.poll_event().is_none(),
+        "the PLC keeps its binding until it renews"
+    );
+    assert!(s.take_dirty());
+    let renew = |s: &mut Server, m, ip| {
+        let r = s
+            .handle(
+                T0 + 1800,
+                &client_message(MessageType::Request, m, 9, vec![], ip, false),
+                m,
+            )
+            .unwrap()
+            .unwrap();
+        kind(&r)
+    };
+    assert_eq!(renew(&mut s, cam, cam_ip), MessageType::Nak);
+    assert_eq!(
+        renew(&mut s, plc, Ipv4Addr::new(100, 64, 1, 50)),
+        MessageType::Nak
+    );
+    assert_eq!(dora(&mut s, T0 + 1800, newcomer, None), cam_ip);
+    assert_eq!(
+        dora(&mut s, T0 + 1800, plc, None),
+        Ipv4Addr::new(100, 64, 1, 60)
+    );
+    // The camera gets another address, and .50 (held before, no longer reserved) can go to
+    // a device again once its old holder is elsewhere.
+    let again = dora(&mut s, T0 + 1800, cam, None);
+    assert_ne!(again, cam_ip);
+    let mut given = Vec::new();
+    for n in 10..=30 {
+        if let Ok(Some(o)) = s.handle(
+            T0 + 1800,
+            &client_message(MessageType::Discover, mac(n), 1, vec![], ZERO, false),
+            mac(n),
+        ) {
+            given.push(parse(&o).yiaddr());
+        }
+    }
+    assert!(given.contains(&Ipv4Addr::new(100, 64, 1, 50)), "{given:?}");
+    assert!(!given.contains(&cam_ip) && !given.contains(&again));
+}
