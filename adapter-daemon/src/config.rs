@@ -207,9 +207,32 @@ pub struct AdapterConfig {
     pub reservations: Vec<Reservation>,
 }
 
+/// A DHCP configuration but for its reservations (which a reload applies).
+fn without_reservations(
+    dhcp: &Option<cyphonic_vip::DhcpConfig>,
+) -> Option<cyphonic_vip::DhcpConfig> {
+    dhcp.clone().map(|d| cyphonic_vip::DhcpConfig {
+        reservations: Vec::new(),
+        ..d
+    })
+}
+
+/// The reservations as the DHCP server takes them.
+pub fn dhcp_reservations(reservations: &[Reservation]) -> Vec<cyphonic_vip::Reservation> {
+    reservations
+        .iter()
+        .map(|r| cyphonic_vip::Reservation {
+            mac: r.mac.0,
+            ip: r.vip,
+            hostname: r.hostname.clone(),
+        })
+        .collect()
+}
+
 impl AdapterConfig {
     /// The adapter's own keys that differ in `new`: each takes effect at a restart (the
-    /// keys every tunnel end has are compared by the daemon core).
+    /// keys every tunnel end has are compared by the daemon core; `[[reservation]]` changes
+    /// while running).
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         [
             (
@@ -219,12 +242,14 @@ impl AdapterConfig {
             ("adapter.gateway_vip", self.gateway_vip != new.gateway_vip),
             ("adapter.mss_clamp", self.mss_clamp != new.mss_clamp),
             ("adapter.state_dir", self.state_dir != new.state_dir),
-            ("[dhcp]", self.dhcp != new.dhcp),
+            (
+                "[dhcp]",
+                without_reservations(&self.dhcp) != without_reservations(&new.dhcp),
+            ),
             (
                 "[dataplane] (LAN side)",
                 self.lan_dataplane != new.lan_dataplane,
             ),
-            ("[[reservation]]", self.reservations != new.reservations),
         ]
         .into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))
@@ -405,14 +430,7 @@ fn check_dhcp(
         lease_secs: *d.lease_time.get_ref(),
         mtu,
         domain: name.clone(),
-        reservations: reservations
-            .iter()
-            .map(|r| cyphonic_vip::Reservation {
-                mac: r.mac.0,
-                ip: r.vip,
-                hostname: r.hostname.clone(),
-            })
-            .collect(),
+        reservations: dhcp_reservations(reservations),
         new_lease_share: *d.new_lease_share.get_ref(),
         new_lease_window_secs: *d.new_lease_window.get_ref(),
     };

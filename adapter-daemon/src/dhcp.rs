@@ -289,6 +289,11 @@ impl Dhcp {
         }
     }
 
+    /// Replaces the reservations (a reload); [`Dhcp::settle`] applies what it changed.
+    pub fn set_reservations(&mut self, reservations: Vec<cyphonic_vip::Reservation>) {
+        self.server.set_reservations(reservations);
+    }
+
     /// The active leases.
     pub fn active(&self) -> impl Iterator<Item = &Lease> {
         self.server.active()

@@ -209,7 +209,10 @@ impl Edge for AdapterEdge<'_> {
             Gateway::new(self.lan.clone(), &ctx.core, lan_tx),
             dhcp,
             dns,
-            Names::new(&config.reservations, name, config.gateway_vip),
+            (
+                Names::new(&config.reservations, name, config.gateway_vip),
+                config.reservations.clone(),
+            ),
         ))
     }
 

@@ -52,7 +52,7 @@ fn describe(c: &AdapterConfig, id: &Identity) -> String {
 fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> anyhow::Result<()> {
     let reload =
         cyphonic_daemon::cli::reloader(c.clone(), reread, AdapterConfig::needs_restart, |c| {
-            c.common
+            (c.common, c.reservations)
         });
     cyphonic_daemon::run(&c.common, identity, AdapterEdge::open(c)?, reload)
 }

@@ -39,23 +39,30 @@ pub struct Named {
 impl Names {
     /// The names of zone `zone` (our FQDN), whose own name is the `gateway` address.
     pub fn new(reservations: &[Reservation], zone: &str, gateway: Ipv4Addr) -> Self {
-        Self {
-            reserved: reservations
-                .iter()
-                .map(|r| Lease {
-                    mac: r.mac.0,
-                    ip: r.vip,
-                    hostname: r.hostname.clone(),
-                    client_id: None,
-                    expires: u64::MAX,
-                    active: true,
-                })
-                .collect(),
+        let mut names = Self {
+            reserved: Vec::new(),
             zone: zone.trim_end_matches('.').to_owned(),
             gateway,
             hosted: Vec::new(),
             version: 0,
-        }
+        };
+        names.set_reservations(reservations);
+        names
+    }
+
+    /// Replaces the reservations (a reload); the next [`Names::refresh`] names them.
+    pub fn set_reservations(&mut self, reservations: &[Reservation]) {
+        self.reserved = reservations
+            .iter()
+            .map(|r| Lease {
+                mac: r.mac.0,
+                ip: r.vip,
+                hostname: r.hostname.clone(),
+                client_id: None,
+                expires: u64::MAX,
+                active: true,
+            })
+            .collect();
     }
 
     /// Recomputes every device's name from the `active` leases and the reservations.

@@ -16,19 +16,35 @@ const MAX_LEARNED: usize = 4096;
 /// The LAN's address table.
 #[derive(Debug)]
 pub struct LanTable {
-    reserved: HashMap<Ipv4Addr, [u8; 6]>,
-    leases: RwLock<HashMap<Ipv4Addr, [u8; 6]>>,
+    /// Reservations and leases: what anti-spoofing reads, one lock for both.
+    held: RwLock<Held>,
     learned: RwLock<HashMap<Ipv4Addr, [u8; 6]>>,
+}
+
+/// Who holds which address: by reservation (fixed until a reload) or by DHCP lease.
+#[derive(Debug, Default)]
+struct Held {
+    reserved: HashMap<Ipv4Addr, [u8; 6]>,
+    leases: HashMap<Ipv4Addr, [u8; 6]>,
 }
 
 impl LanTable {
     /// A table holding `reservations` and no leases yet.
     pub fn new(reservations: &[Reservation]) -> Self {
-        Self {
-            reserved: reservations.iter().map(|r| (r.vip, r.mac.0)).collect(),
-            leases: RwLock::new(HashMap::new()),
+        let table = Self {
+            held: RwLock::default(),
             learned: RwLock::new(HashMap::new()),
-        }
+        };
+        table.set_reservations(reservations);
+        table
+    }
+
+    /// Replaces the reservations (a reload).
+    pub fn set_reservations(&self, reservations: &[Reservation]) {
+        self.held
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reserved = reservations.iter().map(|r| (r.vip, r.mac.0)).collect();
     }
 
     /// Replaces the DHCP leases (reservations stay in force whatever their lease does).
@@ -42,7 +58,10 @@ impl LanTable {
                 }
             }
         }
-        *self.leases.write().unwrap_or_else(PoisonError::into_inner) = leases;
+        self.held
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .leases = leases;
     }
 
     /// Records what ARP said about `ip`. Returns whether it was new or changed.
@@ -61,13 +80,11 @@ impl LanTable {
 
 impl Neighbors for LanTable {
     fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
-        self.reserved.get(&ip).copied().or_else(|| {
-            self.leases
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&ip)
-                .copied()
-        })
+        let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        held.reserved
+            .get(&ip)
+            .or_else(|| held.leases.get(&ip))
+            .copied()
     }
 
     fn neighbor_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
@@ -93,7 +110,7 @@ mod tests {
             vip: Ipv4Addr::new(100, 64, 1, 10),
             hostname: None,
         };
-        let t = LanTable::new(&[r]);
+        let t = LanTable::new(std::slice::from_ref(&r));
         let ip = Ipv4Addr::new(100, 64, 1, 50);
         assert!(t.learn(ip, [2, 0, 0, 0, 0, 9]));
         assert_eq!(t.leased_mac(ip), None, "ARP never authorises a source");
@@ -104,6 +121,16 @@ mod tests {
         assert_eq!(t.neighbor_mac(ip), None, "the stale ARP entry went too");
         assert_eq!(
             t.leased_mac(Ipv4Addr::new(100, 64, 1, 10)),
+            Some([2, 0, 0, 0, 0, 1])
+        );
+        // A reload moves the reservation: the old address is no longer the device's.
+        t.set_reservations(&[Reservation {
+            vip: Ipv4Addr::new(100, 64, 1, 11),
+            ..r
+        }]);
+        assert_eq!(t.leased_mac(Ipv4Addr::new(100, 64, 1, 10)), None);
+        assert_eq!(
+            t.leased_mac(Ipv4Addr::new(100, 64, 1, 11)),
             Some([2, 0, 0, 0, 0, 1])
         );
     }

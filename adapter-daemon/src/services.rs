@@ -19,6 +19,7 @@ use cyphonic_daemon::{Services, Settled, StaticPeers, Upstream};
 use cyphonic_signal::NameRecord;
 use cyphonic_vip::Reply;
 
+use crate::config::Reservation;
 use crate::counters::bump;
 use crate::dhcp::{Dhcp, Verdict};
 use crate::gateway::{FromPeer, Gateway};
@@ -50,6 +51,8 @@ pub struct AdapterServices {
     dhcp: Option<Dhcp>,
     dns: Option<Dns>,
     names: Names,
+    /// The reservations in force (a reload may replace them).
+    reservations: Vec<Reservation>,
 }
 
 impl AdapterServices {
@@ -61,7 +64,7 @@ impl AdapterServices {
         gateway: Gateway,
         dhcp: Option<Dhcp>,
         dns: Option<Dns>,
-        names: Names,
+        (names, reservations): (Names, Vec<Reservation>),
     ) -> Self {
         let mut services = Self {
             lan,
@@ -70,6 +73,7 @@ impl AdapterServices {
             dhcp,
             dns,
             names,
+            reservations,
         };
         services.settle(Instant::now(), cyphonic_settings::now_secs());
         services.refresh_names();
@@ -221,6 +225,28 @@ impl AdapterServices {
 
 impl Services for AdapterServices {
     type Work = Work;
+    type Reload = Vec<Reservation>;
+
+    /// The reservations change while running: the anti-spoofing table, DHCP (a device bound
+    /// to an address now reserved for another loses it at once) and the names follow.
+    fn reload(&mut self, reservations: Vec<Reservation>, now: Instant) {
+        if reservations == self.reservations {
+            return;
+        }
+        tracing::info!(
+            reservations = reservations.len(),
+            "reservations changed: applied"
+        );
+        self.lan.table.set_reservations(&reservations);
+        self.names.set_reservations(&reservations);
+        if let Some(d) = self.dhcp.as_mut() {
+            d.set_reservations(crate::config::dhcp_reservations(&reservations));
+        }
+        self.reservations = reservations;
+        self.settle(now, cyphonic_settings::now_secs());
+        self.refresh_names();
+        self.publish();
+    }
 
     fn set_peers(&mut self, peers: &StaticPeers) {
         if let Some(dns) = self.dns.as_mut()

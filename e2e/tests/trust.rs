@@ -7,7 +7,14 @@
 use std::time::{Duration, Instant};
 
 use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use cyphonic_e2e::lan::dig;
 use cyphonic_e2e::{sh, wait_until};
+
+/// What A's DNS answers for `name` from A's LAN: its status and addresses.
+fn ask_a(bed: &TwoSites, name: &str) -> (String, Vec<String>) {
+    let d = dig(&bed.a.lan, bed.a.gateway, name, "A").unwrap();
+    (d.status, d.answers)
+}
 
 /// Site A's configuration with `revocations = "revoked.txt"` in `[identity]`, and `extra`
 /// after everything else.
@@ -43,6 +50,11 @@ fn reload_a(bed: &TwoSites, count: usize) -> String {
 fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
     let bed = TwoSites::up(&BedOptions::default()).unwrap();
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
+    let host = bed.a.host_ip.to_string();
+    assert_eq!(
+        ask_a(&bed, "host.gw1.ovl.example"),
+        ("NOERROR".to_owned(), vec![host.clone()])
+    );
     let base = std::fs::read_to_string(bed.a.config()).unwrap();
     std::fs::write(bed.a.dir.join("revoked.txt"), "# none\n").unwrap();
 
@@ -61,8 +73,9 @@ fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
     assert!(!log.contains("DNS upstream resolvers"), "{log}");
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
 
-    // 2. A good file: the new upstream applies, a changed reservation and listen port are
-    //    named as waiting for a restart, and the unchanged static peer keeps its tunnel.
+    // 2. A good file: the new upstream and the renamed reservation apply, a changed listen
+    //    port is named as waiting for a restart, and the unchanged static peer keeps its
+    //    tunnel.
     // A peer slot that is kept keeps its counters; a replaced one starts from zero.
     let sent = |bed: &TwoSites| {
         bed.status(Side::A).unwrap()["peers"][0]["tx_packets"]
@@ -86,16 +99,36 @@ fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
     );
     let log = reload_a(&bed, 2);
     for line in [
-        "key=\"[[reservation]]\"",
+        "reservations changed: applied",
         "key=\"listen\"",
         "DNS upstream resolvers upstream=Some([198.51.100.53])",
         "log filter set level=\"debug\"",
     ] {
         assert!(log.contains(line), "no {line:?} in\n{log}");
     }
+    assert!(!log.contains("key=\"[[reservation]]\""), "{log}");
+    assert_eq!(
+        ask_a(&bed, "renamed.gw1.ovl.example"),
+        ("NOERROR".to_owned(), vec![host.clone()])
+    );
+    assert_eq!(ask_a(&bed, "host.gw1.ovl.example").0, "NXDOMAIN");
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     assert_eq!(bed.counter(Side::A, "peers_removed").unwrap(), 0);
     assert!(sent(&bed) >= before + 3, "the unchanged peer was replaced");
+
+    // 2b. The host's reservation given to another MAC: its address is no longer its own, and
+    //     what it sends from it is dropped as spoofed.
+    let mac = bed.a.host_mac.clone();
+    let stolen = changed.replace(&format!("mac = \"{mac}\""), "mac = \"02:00:00:00:09:09\"");
+    assert_ne!(stolen, changed);
+    write_a(&bed, &stolen, debug);
+    reload_a(&bed, 3);
+    let spoofed = bed.counter(Side::A, "drop_spoofed").unwrap();
+    let out = bed
+        .ping(Side::A, bed.b.host_ip, &["-c", "3", "-i", "0.2", "-W", "1"])
+        .unwrap();
+    assert!(!out.status.success(), "the host still got through");
+    assert!(bed.counter(Side::A, "drop_spoofed").unwrap() >= spoofed + 3);
 
     // 3. B revoked: within seconds, nothing passes and A no longer has B as a peer.
     let cert_b = bed.b.dir.join("gw2.ovl.example.crt");
@@ -114,7 +147,7 @@ fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
     std::fs::copy(ca.join("revoked.txt"), bed.a.dir.join("revoked.txt")).unwrap();
     write_a(&bed, &base, debug);
     let revoked_at = Instant::now();
-    let log = reload_a(&bed, 3);
+    let log = reload_a(&bed, 4);
     assert!(log.contains("peer removed"), "{log}");
     let s = bed.status(Side::A).unwrap();
     assert_eq!(s["peers"].as_array().unwrap().len(), 0, "{s}");
@@ -143,7 +176,7 @@ fn sighup_revokes_a_static_peer_at_once_and_a_broken_file_changes_nothing() {
 
     // 4. The list emptied again: B is a peer again, without a restart.
     std::fs::write(bed.a.dir.join("revoked.txt"), "# none\n").unwrap();
-    let log = reload_a(&bed, 4);
+    let log = reload_a(&bed, 5);
     // At debug level now: the peer's return is logged.
     assert!(log.contains("static peer added"), "{log}");
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(5));

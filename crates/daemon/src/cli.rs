@@ -58,19 +58,21 @@ pub type Run<C> = fn(&C, Identity, Reread<C>) -> anyhow::Result<()>;
 
 /// The daemon core's [`crate::Reloader`] from a binary's `reread`: each of the binary's own
 /// keys that differs from the configuration it `started` with (as `changed` lists them) is
-/// named in the log as waiting for a restart; `common` takes the shared part.
-pub fn reloader<C: 'static>(
+/// named in the log as waiting for a restart; `split` parts the shared keys from what the
+/// edge's services take.
+pub fn reloader<C: 'static, R: 'static>(
     started: C,
     mut reread: Reread<C>,
     changed: fn(&C, &C) -> Vec<&'static str>,
-    common: fn(C) -> cyphonic_settings::Common,
-) -> crate::Reloader {
+    split: fn(C) -> (cyphonic_settings::Common, R),
+) -> crate::Reloader<R> {
     Box::new(move || {
         let (new, identity) = reread()?;
         for key in changed(&started, &new) {
             tracing::warn!(key, "changed in the file: takes effect at the next restart");
         }
-        Ok((common(new), identity))
+        let (common, edge) = split(new);
+        Ok((common, identity, edge))
     })
 }
 

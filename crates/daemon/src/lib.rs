@@ -102,9 +102,9 @@ impl Core {
 pub type StaticPeers = Vec<(u32, cyphonic_settings::Peer)>;
 
 /// Reads the configuration file again, as at start (every check, file:line: key errors): the
-/// keys every end has and our identity. The edge's own keys take effect at a restart; the
-/// reader names those that changed in the log.
-pub type Reloader = Box<dyn FnMut() -> anyhow::Result<(Common, Identity)>>;
+/// keys every end has, our identity, and what the edge's services take of its own keys
+/// (`R`). The reader names the edge's keys that take effect only at a restart.
+pub type Reloader<R> = Box<dyn FnMut() -> anyhow::Result<(Common, Identity, R)>>;
 
 /// What an edge's services get to work with.
 #[derive(Debug)]
@@ -169,6 +169,8 @@ pub trait Edge {
 pub trait Services {
     /// What woke them.
     type Work;
+    /// What they take of a configuration read again (SIGHUP).
+    type Reload;
 
     /// Waits for the next piece of work. Cancel-safe: nothing is lost when another wake-up
     /// comes first (receives on channels and sockets are).
@@ -195,6 +197,9 @@ pub trait Services {
     /// A peer could not be reached.
     fn peer_gave_up(&mut self, _peer: u32) {}
 
+    /// The configuration file was read again (SIGHUP) and accepted: their part of it.
+    fn reload(&mut self, edge: Self::Reload, now: Instant);
+
     /// The static peers are now these (a reload, a peer removed).
     fn set_peers(&mut self, peers: &StaticPeers);
 
@@ -212,7 +217,7 @@ pub fn run<E: Edge>(
     common: &Common,
     identity: Identity,
     mut edge: E,
-    reload: Reloader,
+    reload: Reloader<<E::Services as Services>::Reload>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     let unix = SystemTime::now()
@@ -437,17 +442,17 @@ fn same_peer(a: &cyphonic_settings::Peer, b: &cyphonic_settings::Peer) -> bool {
 }
 
 /// What the daemon runs with now, and how to read its configuration again.
-struct Running {
+struct Running<R> {
     common: Common,
     /// The static peers in the table, by id.
     peers: StaticPeers,
-    reload: Reloader,
+    reload: Reloader<R>,
     /// Where upstream resolvers made on reload answer.
     upstream: mpsc::Sender<Settled>,
 }
 
 /// What the control loop drives.
-struct Loop<S> {
+struct Loop<S: Services> {
     control: Control,
     rx: mpsc::Receiver<cyphonic_tunnel::ToControl>,
     services: S,
@@ -455,7 +460,7 @@ struct Loop<S> {
     upstream: mpsc::Receiver<Settled>,
     /// The wall-clock mapping every thread's certificate checks and handshake timestamps use.
     clock: Clock,
-    running: Running,
+    running: Running<S::Reload>,
     /// When certificates' expiry is looked at next.
     expiry: expiry::Watch,
 }
@@ -527,7 +532,7 @@ impl<S: Services> Loop<S> {
     /// needs a restart is named in the log.
     fn reload(&mut self, now: Instant) {
         tracing::info!(file = %self.running.common.path.display(), "SIGHUP: reading the configuration again");
-        let (common, identity) = match (self.running.reload)() {
+        let (common, identity, edge) = match (self.running.reload)() {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!("the configuration is refused, the running one stays: {e:#}");
@@ -600,6 +605,7 @@ impl<S: Services> Loop<S> {
                 Err(e) => tracing::error!("the upstream resolvers stay as they were: {e:#}"),
             }
         }
+        self.services.reload(edge, now);
         tracing::info!(
             revoked = self.control.shared().identity().trust().revocations().len(),
             peers_removed = removed.len() + gone.len(),

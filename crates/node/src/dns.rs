@@ -104,6 +104,7 @@ impl NodeServices {
 
 impl Services for NodeServices {
     type Work = (usize, SocketAddr);
+    type Reload = ();
 
     async fn next(&mut self) -> (usize, SocketAddr) {
         match self.stub.as_mut() {
@@ -125,6 +126,10 @@ impl Services for NodeServices {
         }
         self.publish();
     }
+
+    /// The node's own keys (interface, vIP, the stub's address) all take effect at a
+    /// restart: nothing here changes.
+    fn reload(&mut self, (): (), _now: Instant) {}
 
     fn set_peers(&mut self, peers: &StaticPeers) {
         if let Some(s) = self.stub.as_mut()

@@ -45,7 +45,9 @@ fn run(
     reread: Reread<NodeConfig>,
 ) -> anyhow::Result<()> {
     let reload =
-        cyphonic_daemon::cli::reloader(c.clone(), reread, NodeConfig::needs_restart, |c| c.common);
+        cyphonic_daemon::cli::reloader(c.clone(), reread, NodeConfig::needs_restart, |c| {
+            (c.common, ())
+        });
     cyphonic_daemon::run(&c.common, identity, NodeEdge::open(c)?, reload)
 }
 
