@@ -642,4 +642,58 @@ fn a_peer_re_keyed_under_the_same_name_is_used_at_once() {
     );
     // A talks to the new key: its peer is the new certificate.
     assert_eq!(peers[0]["fingerprint"], new_fp, "{s}");
+
+    // The fleet view shows both of gw2's certificates: the new one online with its names,
+    // the old one offline with none. An online member is not removed.
+    let config = bed.cloud.as_ref().unwrap().dir.join("cloud.toml");
+    let members = |args: &[&str]| {
+        let mut all = vec!["members"];
+        all.extend_from_slice(args);
+        all.extend(["--config", config.to_str().unwrap()]);
+        std::process::Command::new(&bed.bins.cloud)
+            .args(&all)
+            .output()
+            .unwrap()
+    };
+    let out = members(&["show", "gw2.ovl.example", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let certs = shown.as_array().unwrap();
+    assert_eq!(certs.len(), 2, "{shown}");
+    let new = certs.iter().find(|c| c["fingerprint"] == new_fp).unwrap();
+    let old = certs.iter().find(|c| c["fingerprint"] != new_fp).unwrap();
+    assert_eq!(
+        (new["online"].clone(), old["online"].clone()),
+        (true.into(), false.into())
+    );
+    let names: Vec<&str> = new["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"gw2.ovl.example") && names.contains(&"host.gw2.ovl.example"),
+        "{shown}"
+    );
+    assert!(old["names"].as_array().unwrap().is_empty(), "{shown}");
+    let out = members(&["list"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("gw1.ovl.example") && l.contains(" yes ")),
+        "{table}"
+    );
+    let out = members(&["remove", "gw2.ovl.example"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("gw2.ovl.example is online"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

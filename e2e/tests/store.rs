@@ -108,6 +108,49 @@ async fn conformance(store: &Store) {
         "gw2.ovl.example"
     );
     identities(store).await;
+    fleet(store).await;
+}
+
+/// The fleet view: every certificate a member used, online or not, with the names it hosts;
+/// removing a member forgets its certificates and names, but never one that is online.
+async fn fleet(store: &Store) {
+    let members = store.members().await.unwrap();
+    let gw1: Vec<_> = members
+        .iter()
+        .filter(|m| m.client.name == "gw1.ovl.example")
+        .map(|m| m.client.fingerprint.as_str())
+        .collect();
+    assert_eq!(gw1.len(), 3, "fp1, fp1b and fp1x: {gw1:?}");
+    // fp1b's last registration asked only for a name fp1x holds: it hosts nothing now.
+    let holder = |fp: &str| members.iter().find(|m| m.client.fingerprint == fp).unwrap();
+    assert!(holder("fp1b").names.is_empty());
+    assert_eq!(
+        holder("fp1x").names,
+        [(
+            "cam.gw1.ovl.example".to_owned(),
+            Ipv4Addr::new(100, 64, 1, 7)
+        )]
+    );
+    assert!(holder("fp1x").last_seen > 0);
+    assert!(holder("fp2").client.online);
+    assert!(matches!(
+        store.remove_member("gw2.ovl.example").await,
+        Err(cyphonic_cloud::store::StoreError::Online(_))
+    ));
+    store.client_offline("fp1b").await.unwrap();
+    store.client_offline("fp1x").await.unwrap();
+    assert_eq!(store.remove_member("gw1.ovl.example").await.unwrap(), 3);
+    assert!(store.lookup("gw1.ovl.example").await.unwrap().is_none());
+    assert!(store.lookup("cam.gw1.ovl.example").await.unwrap().is_none());
+    assert!(
+        store
+            .members()
+            .await
+            .unwrap()
+            .iter()
+            .all(|m| m.client.name != "gw1.ovl.example")
+    );
+    assert_eq!(store.remove_member("gw1.ovl.example").await.unwrap(), 0);
 }
 
 /// Names belong to (issuing CA, certificate name), not to one certificate.
@@ -196,8 +239,14 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             assert_eq!(store.is_shared(), url.starts_with("postgres"));
             conformance(&store).await;
             // Opening again runs no migration twice and keeps the data.
+            let names = store.name_count().await.unwrap();
+            assert!(names >= 1, "{url}: nothing left to keep");
             let again = Store::open(&url).await.unwrap();
-            assert_eq!(again.name_count().await.unwrap(), 2, "{url}");
+            assert_eq!(again.name_count().await.unwrap(), names, "{url}");
+            assert_eq!(
+                again.members().await.unwrap(),
+                store.members().await.unwrap()
+            );
         });
     }
 }

@@ -1,12 +1,15 @@
 //! `cyphonic-cloud`: the control plane of the overlay. `serve --config FILE` runs the AS/NMS
 //! services (the library, `cyphonic_cloud`); `keygen` makes the cloud's Noise key; `ca ...` is
 //! the offline certificate authority (like nebula-cert): create the overlay CA, issue node
-//! certificates with fresh Noise keys, revoke, list.
+//! certificates with fresh Noise keys, revoke, list; `members` is the fleet as the registry
+//! knows it (list, show, remove).
 //!
 //! A CA directory holds `ca.crt` (give it to every node), `ca.key` (keep it offline; mode
 //! 0600), `revoked.txt` (publish it) and `issued/` (a copy of every certificate issued).
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
+
+mod members;
 
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
@@ -62,6 +65,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The fleet as the registry knows it: list members, show one (its certificates and the
+    /// names it hosts: its devices), remove one.
+    #[command(subcommand)]
+    Members(members::Members),
     /// Check a configuration file and the files it names, then exit.
     CheckConfig {
         /// The configuration file.
@@ -161,6 +168,7 @@ fn main() -> ExitCode {
             );
         }),
         Command::Keygen { out } => keygen(&out),
+        Command::Members(m) => members::run(m, now()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -27,6 +27,9 @@ pub enum StoreError {
         /// What did not parse.
         what: String,
     },
+    /// The member has a control session open.
+    #[error("{0} is online: revoke its certificate (or stop it) first")]
+    Online(String),
 }
 
 /// A registered client as the registry holds it.
@@ -59,6 +62,18 @@ impl ClientRow {
         }
         out
     }
+}
+
+/// A member as the fleet view shows it: a client and its registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The client.
+    pub client: ClientRow,
+    /// When it last connected, registered or was seen by a probe, or went offline (unix
+    /// seconds).
+    pub last_seen: u64,
+    /// The names it hosts (its own and its devices'), with their vIPs, by name.
+    pub names: Vec<(String, Ipv4Addr)>,
 }
 
 /// A name and who hosts it.
@@ -322,6 +337,75 @@ impl Store {
         })?;
         let owner = client_row(&row, 1)?;
         Ok(Some(NameRow { vip, owner }))
+    }
+
+    /// Every client the registry knows (each certificate apart: a renewed member shows its
+    /// older certificates too), by name, then by when it was last seen, with its names.
+    ///
+    /// # Errors
+    /// Database failures, or a row this version cannot read.
+    pub async fn members(&self) -> Result<Vec<Member>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt, \
+             updated_at FROM clients ORDER BY name, updated_at",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let names = sqlx::query("SELECT owner, name, vip FROM names ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        let mut members = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let client = client_row(row, 0)?;
+            let last_seen: i64 = row.try_get(7)?;
+            let mut held = Vec::new();
+            for n in &names {
+                let owner: String = n.try_get(0)?;
+                if owner == client.fingerprint {
+                    let vip: String = n.try_get(2)?;
+                    let vip = vip.parse().map_err(|_| StoreError::Corrupt {
+                        table: "names",
+                        what: format!("vip {vip:?}"),
+                    })?;
+                    held.push((n.try_get(1)?, vip));
+                }
+            }
+            members.push(Member {
+                client,
+                last_seen: u64::try_from(last_seen).unwrap_or(0),
+                names: held,
+            });
+        }
+        Ok(members)
+    }
+
+    /// Forgets every client whose certificate names `name`, with the names they host;
+    /// returns how many were forgotten. One that is online is not: its session would register
+    /// again (revoke it first, or stop it).
+    ///
+    /// # Errors
+    /// Database failures; [`StoreError::Online`] for a member with a session.
+    pub async fn remove_member(&self, name: &str) -> Result<usize, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let online = sqlx::query("SELECT 1 AS online FROM clients WHERE name = $1 AND online <> 0")
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if online.is_some() {
+            return Err(StoreError::Online(name.to_owned()));
+        }
+        sqlx::query(
+            "DELETE FROM names WHERE owner IN (SELECT fingerprint FROM clients WHERE name = $1)",
+        )
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+        let done = sqlx::query("DELETE FROM clients WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 
     /// How many clients are registered, and how many of them are online.

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use cyphonic_pipeline::{DropReason, Stats};
 use cyphonic_telemetry::CounterSet;
+use cyphonic_telemetry::status::time_left;
 use cyphonic_tunnel::Shared;
 use serde::{Deserialize, Serialize};
 
@@ -280,20 +281,6 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
         .collect()
 }
 
-/// How long until `not_after`, seen at unix time `at`, in a word: `29d`, `7h`, `12m`,
-/// `expired`; `-` when unknown (0).
-pub fn time_left(not_after: u64, at: u64) -> String {
-    const HOUR: u64 = 3600;
-    const DAY: u64 = 24 * HOUR;
-    match not_after.checked_sub(at) {
-        _ if not_after == 0 || at == 0 => "-".to_owned(),
-        None | Some(0) => "expired".to_owned(),
-        Some(left) if left >= 2 * DAY => format!("{}d", left / DAY),
-        Some(left) if left >= 2 * HOUR => format!("{}h", left / HOUR),
-        Some(left) => format!("{}m", left.div_ceil(60)),
-    }
-}
-
 /// The cloud line and the peers table, as text for a terminal.
 pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     let mut out = String::new();
@@ -478,23 +465,5 @@ mod tests {
         let back: Status<Edge, EdgeCounters> = serde_json::from_value(old).unwrap();
         assert_eq!((back.at, back.peers[0].certificate_expires), (0, 0));
         assert!(peers_text(&back).lines().any(|l| l.ends_with(" -")));
-    }
-
-    #[test]
-    fn time_left_says_it_in_a_word() {
-        let at = 1_700_000_000;
-        for (left, word) in [
-            (0, "expired"),
-            (59, "1m"),
-            (2 * 3600 - 1, "120m"),
-            (2 * 3600, "2h"),
-            (2 * 86_400, "2d"),
-            (400 * 86_400, "400d"),
-        ] {
-            assert_eq!(time_left(at + left, at), word, "{left}");
-        }
-        assert_eq!(time_left(at - 5, at), "expired");
-        assert_eq!(time_left(0, at), "-");
-        assert_eq!(time_left(at, 0), "-");
     }
 }

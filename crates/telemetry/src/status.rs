@@ -131,9 +131,71 @@ pub fn show(
     Ok(())
 }
 
+const HOUR: u64 = 3600;
+const DAY: u64 = 24 * HOUR;
+
+/// How long until `not_after`, seen at unix time `at`, in a word: `29d`, `7h`, `12m`,
+/// `expired`; `-` when unknown (0).
+pub fn time_left(not_after: u64, at: u64) -> String {
+    match not_after.checked_sub(at) {
+        _ if not_after == 0 || at == 0 => "-".to_owned(),
+        None | Some(0) => "expired".to_owned(),
+        Some(left) if left >= 2 * DAY => format!("{}d", left / DAY),
+        Some(left) if left >= 2 * HOUR => format!("{}h", left / HOUR),
+        Some(left) => format!("{}m", left.div_ceil(60)),
+    }
+}
+
+/// How long ago `then` was, seen at unix time `at`, in a word: `now`, `40s`, `12m`, `7h`,
+/// `29d`; `-` when unknown (0).
+pub fn age(then: u64, at: u64) -> String {
+    match at.checked_sub(then) {
+        _ if then == 0 || at == 0 => "-".to_owned(),
+        None | Some(0) => "now".to_owned(),
+        Some(s) if s < 120 => format!("{s}s"),
+        Some(s) if s < 2 * HOUR => format!("{}m", s / 60),
+        Some(s) if s < 2 * DAY => format!("{}h", s / HOUR),
+        Some(s) => format!("{}d", s / DAY),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn time_left_says_it_in_a_word() {
+        let at = 1_700_000_000;
+        for (left, word) in [
+            (0, "expired"),
+            (59, "1m"),
+            (2 * 3600 - 1, "120m"),
+            (2 * 3600, "2h"),
+            (2 * 86_400, "2d"),
+            (400 * 86_400, "400d"),
+        ] {
+            assert_eq!(time_left(at + left, at), word, "{left}");
+        }
+        assert_eq!(time_left(at - 5, at), "expired");
+        assert_eq!(time_left(0, at), "-");
+        assert_eq!(time_left(at, 0), "-");
+    }
+
+    #[test]
+    fn age_says_it_in_a_word() {
+        let at = 1_700_000_000;
+        for (ago, word) in [
+            (0, "now"),
+            (40, "40s"),
+            (720, "12m"),
+            (7 * 3600, "7h"),
+            (29 * 86_400, "29d"),
+        ] {
+            assert_eq!(age(at - ago, at), word, "{ago}");
+        }
+        assert_eq!(age(at + 5, at), "now");
+        assert_eq!(age(0, at), "-");
+    }
 
     #[test]
     fn the_socket_answers_with_the_document_and_goes_away() {

@@ -1,0 +1,227 @@
+//! `cyphonic-cloud members`: the fleet as the registry knows it. `list` (every member's
+//! certificates, online or when last seen, expiry, how many names), `show NAME` (its
+//! certificates, groups, blocks, endpoints and the names it hosts: its devices) and
+//! `remove NAME` (forget it and its names), in tables or JSON. Read from the store the
+//! configuration names, so on PostgreSQL it shows the whole fleet of every instance.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use cyphonic_cloud::store::{Member, Store};
+use cyphonic_crypto::Certificate;
+use cyphonic_telemetry::status::{age, time_left};
+use serde::Serialize;
+
+/// What `members` does.
+#[derive(Subcommand)]
+pub(crate) enum Members {
+    /// Every member the registry knows (each certificate apart: a renewed member shows its
+    /// older certificates as offline).
+    List {
+        /// The cloud's configuration file (its `database`).
+        #[arg(long)]
+        config: std::path::PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One member: its certificates, groups, blocks, endpoints and the names it hosts.
+    Show {
+        /// The member's name (its certificate's).
+        name: String,
+        /// The cloud's configuration file.
+        #[arg(long)]
+        config: std::path::PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a member and the names it hosts (not while it is online). Its certificate
+    /// stays valid: revoke it too (`ca revoke`), or it registers again when it reconnects.
+    Remove {
+        /// The member's name.
+        name: String,
+        /// The cloud's configuration file.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+}
+
+/// A member's certificate as the fleet view shows it.
+#[derive(Debug, Serialize)]
+struct View {
+    name: String,
+    fingerprint: String,
+    online: bool,
+    last_seen: u64,
+    not_before: u64,
+    not_after: u64,
+    groups: Vec<String>,
+    vip_blocks: Vec<String>,
+    endpoints: Vec<SocketAddr>,
+    observed: Option<SocketAddr>,
+    names: Vec<Hosted>,
+}
+
+/// A name a member hosts.
+#[derive(Debug, Serialize)]
+struct Hosted {
+    name: String,
+    vip: Ipv4Addr,
+}
+
+impl View {
+    fn of(m: &Member) -> Self {
+        let body = Certificate::from_pem(&m.client.certificate)
+            .ok()
+            .map(|c| c.body().clone());
+        Self {
+            name: m.client.name.clone(),
+            fingerprint: m.client.fingerprint.clone(),
+            online: m.client.online,
+            last_seen: m.last_seen,
+            not_before: body.as_ref().map_or(0, |b| b.not_before),
+            not_after: body.as_ref().map_or(0, |b| b.not_after),
+            groups: body.as_ref().map_or_else(Vec::new, |b| b.groups.clone()),
+            vip_blocks: body.as_ref().map_or_else(Vec::new, |b| {
+                b.vip_blocks.iter().map(ToString::to_string).collect()
+            }),
+            endpoints: m.client.endpoints.clone(),
+            observed: m.client.observed,
+            names: m
+                .names
+                .iter()
+                .map(|(name, vip)| Hosted {
+                    name: name.clone(),
+                    vip: *vip,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Runs `members`, at unix time `now`.
+///
+/// # Errors
+/// The configuration or the store cannot be read; no such member; a member online.
+pub(crate) fn run(cmd: Members, now: u64) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let open = |config: &Path| {
+        let c = cyphonic_cloud::config::load(config, now)?;
+        runtime
+            .block_on(Store::open(&c.database))
+            .with_context(|| format!("opening {}", cyphonic_cloud::redact(&c.database)))
+    };
+    match cmd {
+        Members::List { config, json } => {
+            let store = open(&config)?;
+            let views: Vec<View> = runtime
+                .block_on(store.members())?
+                .iter()
+                .map(View::of)
+                .collect();
+            print(json, &views, || list_text(&views, now))
+        }
+        Members::Show { name, config, json } => {
+            let store = open(&config)?;
+            let views: Vec<View> = runtime
+                .block_on(store.members())?
+                .iter()
+                .filter(|m| m.client.name == name)
+                .map(View::of)
+                .collect();
+            anyhow::ensure!(!views.is_empty(), "no member named {name}");
+            print(json, &views, || show_text(&views, now))
+        }
+        Members::Remove { name, config } => {
+            let store = open(&config)?;
+            let removed = runtime.block_on(store.remove_member(&name))?;
+            anyhow::ensure!(removed > 0, "no member named {name}");
+            say(&format!(
+                "removed {name} ({removed} certificate(s)) and the names it hosted; its certificate is still valid until revoked (ca revoke)"
+            ));
+            Ok(())
+        }
+    }
+}
+
+#[expect(clippy::print_stdout, reason = "the command's output")]
+fn say(text: &str) {
+    println!("{text}");
+}
+
+fn print(json: bool, views: &[View], text: impl FnOnce() -> String) -> anyhow::Result<()> {
+    if json {
+        say(&serde_json::to_string_pretty(views)?);
+    } else {
+        say(text().trim_end());
+    }
+    Ok(())
+}
+
+fn list_text(views: &[View], now: u64) -> String {
+    use std::fmt::Write as _;
+    let mut t = format!(
+        "{:<32} {:<7} {:<10} {:<8} {:>5}  {}\n",
+        "MEMBER", "ONLINE", "LAST SEEN", "EXPIRES", "NAMES", "FINGERPRINT"
+    );
+    for v in views {
+        let _ = writeln!(
+            t,
+            "{:<32} {:<7} {:<10} {:<8} {:>5}  {}",
+            v.name,
+            if v.online { "yes" } else { "no" },
+            age(v.last_seen, now),
+            time_left(v.not_after, now),
+            v.names.len(),
+            v.fingerprint
+        );
+    }
+    t
+}
+
+fn show_text(views: &[View], now: u64) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    for v in views {
+        let _ = writeln!(t, "member {}  certificate {}", v.name, v.fingerprint);
+        let _ = writeln!(
+            t,
+            "  {}  last seen {}  expires in {} (unix {})",
+            if v.online { "online" } else { "offline" },
+            age(v.last_seen, now),
+            time_left(v.not_after, now),
+            v.not_after
+        );
+        let _ = writeln!(
+            t,
+            "  blocks {}  groups {}",
+            v.vip_blocks.join(" "),
+            if v.groups.is_empty() {
+                "-".to_owned()
+            } else {
+                v.groups.join(" ")
+            }
+        );
+        let endpoints: Vec<String> = v.endpoints.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            t,
+            "  endpoints {}  seen at {}",
+            if endpoints.is_empty() {
+                "-".to_owned()
+            } else {
+                endpoints.join(" ")
+            },
+            v.observed.map_or_else(|| "-".to_owned(), |o| o.to_string())
+        );
+        for n in &v.names {
+            let _ = writeln!(t, "  {:<40} {}", n.name, n.vip);
+        }
+    }
+    t
+}
