@@ -697,3 +697,63 @@ fn a_peer_re_keyed_under_the_same_name_is_used_at_once() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Peers found through the cloud leave the table after `idle_peer_timeout` without traffic
+/// (their keepalives end with them), and traffic brings them back: a device that kept the
+/// address (it asks DNS nothing) reaches the peer again within seconds, through the cloud's
+/// pairing.
+#[test]
+fn an_idle_cloud_peer_leaves_and_traffic_brings_it_back() {
+    let idle = || SiteOptions {
+        extra: "idle_peer_timeout = 5\n".into(),
+        ..SiteOptions::default()
+    };
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        a: idle(),
+        b: idle(),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let b_host = resolve(&bed, Side::A, "host.gw2.ovl.example");
+    bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(2).wait(3));
+    let peers = |bed: &TwoSites, side| bed.status(side).unwrap()["peers"].as_array().unwrap().len();
+    assert_eq!(peers(&bed, Side::A), 1);
+    wait_until(Duration::from_secs(15), "A evicts the idle gw2", || {
+        peers(&bed, Side::A) == 0
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(
+        bed.a.log_text().contains("peer idle: removed"),
+        "{}",
+        bed.logs()
+    );
+
+    // The device pings the address it already has: the first packets find no peer and ask
+    // for it; the cloud pairs the two again and the rest are answered.
+    let out = bed
+        .ping(
+            Side::A,
+            b_host[0].parse().unwrap(),
+            &["-c", "10", "-i", "0.5", "-W", "2"],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let received: u32 = text
+        .split(" received")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // For the record: how many of the first packets the re-pairing cost.
+    eprintln!("after eviction: {received} of 10 answered");
+    assert!(received >= 6, "{text}\n{}", bed.logs());
+    assert!(
+        bed.a
+            .log_text()
+            .contains("traffic for an idle peer's block: asking the cloud"),
+        "{}",
+        bed.logs()
+    );
+    assert_eq!(peers(&bed, Side::A), 1);
+}

@@ -398,6 +398,27 @@ impl CloudLink {
     /// as a peer): ask the cloud whether it may, at most once per [`ADMIT_EVERY`] per node.
     /// If so, the cloud's answer adds it, and its next initiation (or ours) succeeds.
     pub fn admit(&mut self, cert: &Certificate, from: SocketAddr, at: Instant) {
+        self.ask_pairing(
+            cert,
+            at,
+            ("handshake from a node we do not know", Some(from)),
+        );
+    }
+
+    /// Traffic wants a peer evicted for idleness: ask the cloud to pair us with it again
+    /// (the same request as [`CloudLink::admit`]; policy is checked again).
+    pub fn wake(&mut self, cert: &Certificate, at: Instant) {
+        self.ask_pairing(cert, at, ("traffic for an idle peer's block", None));
+    }
+
+    /// Asks the cloud to pair us with the holder of `cert` (`Admit`), at most once per
+    /// [`ADMIT_EVERY`] per certificate.
+    fn ask_pairing(
+        &mut self,
+        cert: &Certificate,
+        at: Instant,
+        (why, from): (&str, Option<SocketAddr>),
+    ) {
         let name = &cert.body().name;
         let fingerprint = cert.fingerprint().to_string();
         if self
@@ -412,11 +433,9 @@ impl CloudLink {
         }
         self.admissions.insert(fingerprint.clone(), at);
         match self.handle.admit(&fingerprint) {
-            Ok(()) => {
-                tracing::info!(%from, %name, "handshake from a node we do not know: asking the cloud");
-            }
+            Ok(()) => tracing::info!(?from, %name, "{why}: asking the cloud"),
             Err(e) => {
-                tracing::warn!(%from, %name, error = %e, "handshake from a node we do not know, and the cloud cannot be asked");
+                tracing::warn!(?from, %name, error = %e, "{why}, and the cloud cannot be asked");
             }
         }
     }

@@ -352,7 +352,8 @@ pub fn run<E: Edge>(
         "{} running",
         E::PROGRAM
     );
-    let control = Control::new(shared.clone(), Box::new(udp), core.intake.clone());
+    let mut control = Control::new(shared.clone(), Box::new(udp), core.intake.clone());
+    control.set_idle_timeout(common.cloud.as_ref().map(|c| c.idle_peer_timeout));
     drop(core);
     let result = runtime.block_on(control_loop(
         Loop {
@@ -693,6 +694,11 @@ impl<S: Services> Loop<S> {
                         tracing::debug!(%from, %name, "handshake from a valid node that is not one of our peers");
                     }
                 },
+                ControlEvent::Wanted(certificate) => {
+                    if let Some(c) = self.cloud.as_mut() {
+                        c.wake(&certificate, now);
+                    }
+                }
                 ControlEvent::NetworkChanged => {
                     if let Some(c) = self.cloud.as_ref() {
                         c.network_changed();

@@ -421,6 +421,13 @@ pub struct RawCloud {
     public_key: Spanned<String>,
     #[serde(default)]
     endpoints: Vec<Spanned<SocketAddr>>,
+    #[serde(default = "default_idle_peer_timeout")]
+    idle_peer_timeout: Spanned<u64>,
+}
+
+/// Ten minutes without traffic.
+fn default_idle_peer_timeout() -> Spanned<u64> {
+    Spanned::new(0..0, 600)
 }
 
 /// Where the cloud is (`[cloud]`), checked.
@@ -432,6 +439,8 @@ pub struct Cloud {
     pub public_key: PublicKey,
     /// Tunnel endpoints to register besides the one the cloud observes.
     pub endpoints: Vec<SocketAddr>,
+    /// Peers found through the cloud leave the table after this long without traffic.
+    pub idle_peer_timeout: Duration,
 }
 
 impl RawCloud {
@@ -459,10 +468,19 @@ impl RawCloud {
                 );
             }
         }
+        let idle = *self.idle_peer_timeout.get_ref();
+        if !(5..=86_400).contains(&idle) {
+            return src.err(
+                &self.idle_peer_timeout.span(),
+                "cloud.idle_peer_timeout",
+                format!("{idle} s: give 5 to 86400 seconds"),
+            );
+        }
         Ok(Cloud {
             address: self.address,
             public_key: PublicKey(key),
             endpoints: self.endpoints.iter().map(|e| *e.get_ref()).collect(),
+            idle_peer_timeout: Duration::from_secs(idle),
         })
     }
 }

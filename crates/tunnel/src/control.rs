@@ -30,8 +30,13 @@ const ENDPOINTS_FRESH: Duration = Duration::from_secs(1);
 /// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
 /// the channel must know where we are.
 const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
-/// Peers' certificates are compared with the clock this often.
+/// Peers' certificates are compared with the clock, and cloud peers' activity looked at,
+/// this often.
 const EXPIRY_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Cloud peers evicted for idleness that are remembered, to wake on traffic, at most.
+pub const MAX_DORMANT: usize = 1024;
+/// A dormant peer is asked for again at most this often.
+pub const WAKE_EVERY: Duration = Duration::from_secs(2);
 /// Events held for the driver at most; older ones are dropped (a driver that never polls
 /// must not grow memory).
 const MAX_EVENTS: usize = 4096;
@@ -57,6 +62,9 @@ pub enum ControlEvent {
     },
     /// Our addresses or routes changed; the peers and relays were told.
     NetworkChanged,
+    /// Traffic for the block of a cloud peer evicted for idleness: ask the cloud to pair us
+    /// with it again (at most every [`WAKE_EVERY`] per peer).
+    Wanted(Box<Certificate>),
     /// A peer left the table: its certificate no longer verifies (revoked, expired, its CA
     /// no longer trusted), or its driver removed it. Its sessions ended, its queued packets
     /// were dropped; what waited for it is to be failed.
@@ -97,6 +105,9 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// What [`Removal::Dropped`] says of a cloud peer evicted for idleness.
+pub const IDLE: &str = "idle: no traffic either way for the idle timeout";
+
 /// Why a peer left the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -127,6 +138,21 @@ pub struct Control {
     events: VecDeque<ControlEvent>,
     /// When certificates' ends were last compared with the clock.
     expiry_checked: Option<Instant>,
+    /// Cloud peers with no inner traffic this long leave the table; `None`: never.
+    idle_timeout: Option<Duration>,
+    /// Each cloud peer's inner packets (both ways) when last looked at, and since when
+    /// that count stands.
+    activity: HashMap<u32, (u64, Instant)>,
+    /// Cloud peers evicted for idleness, oldest first: traffic for their blocks wakes them.
+    dormant: VecDeque<Dormant>,
+}
+
+/// A cloud peer evicted for idleness.
+#[derive(Debug)]
+struct Dormant {
+    blocks: Vec<ipnet::IpNet>,
+    certificate: Certificate,
+    asked: Option<Instant>,
 }
 
 impl std::fmt::Debug for Control {
@@ -174,7 +200,18 @@ impl Control {
             endpoints: (HashMap::new(), None),
             events: VecDeque::new(),
             expiry_checked: None,
+            idle_timeout: None,
+            activity: HashMap::new(),
+            dormant: VecDeque::new(),
         }
+    }
+
+    /// Evicts cloud peers with no inner traffic either way for `timeout` (keepalives do not
+    /// count): their keepalives stop, and the table holds only peers in use. Traffic for an
+    /// evicted peer's block later asks for it again ([`ControlEvent::Wanted`]). `None`:
+    /// never (the default).
+    pub const fn set_idle_timeout(&mut self, timeout: Option<Duration>) {
+        self.idle_timeout = timeout;
     }
 
     /// Takes on `identity` (a renewed certificate, new revocations, other trusted CAs; the
@@ -236,6 +273,10 @@ impl Control {
                 &Removal::Dropped("replaced by a newer certificate of its name"),
             );
         }
+        // Back from idleness (or renewed): no longer dormant.
+        self.dormant
+            .retain(|d| d.certificate.body().name != cert.body().name);
+        self.count_dormant();
         Ok(self.shared.add_peer(cert, "cloud", config))
     }
 
@@ -290,7 +331,12 @@ impl Control {
             return;
         }
         bump(&self.shared.counters.peers_removed);
-        tracing::warn!(peer = %slot.name, origin = slot.origin, reason = %why, "peer removed: its sessions end");
+        self.activity.remove(&slot.id);
+        if *why == Removal::Dropped(IDLE) {
+            tracing::info!(peer = %slot.name, "peer idle: removed until traffic wants it again");
+        } else {
+            tracing::warn!(peer = %slot.name, origin = slot.origin, reason = %why, "peer removed: its sessions end");
+        }
         if let Some(sub) = self.intake.lock().as_mut() {
             sub.gave_up(slot.id);
         }
@@ -298,9 +344,10 @@ impl Control {
         self.push_event(ControlEvent::PeerRemoved(slot.id));
     }
 
-    /// Removes the peers whose certificate ended by `now` (checked at most once a second: a
-    /// comparison per peer, no signature).
-    fn remove_expired(&mut self, now: Instant) {
+    /// Removes the peers whose certificate ended by `now`, and the cloud peers idle past
+    /// the idle timeout (checked at most once a second: a comparison or two per peer, no
+    /// signature).
+    fn check_peers(&mut self, now: Instant) {
         if self
             .expiry_checked
             .is_some_and(|t| now.saturating_duration_since(t) < EXPIRY_CHECK_EVERY)
@@ -317,8 +364,62 @@ impl Control {
                     now: unix,
                 });
                 self.remove(&slot, &why);
+            } else if let Some(idle) = self.idle_timeout
+                && slot.origin == "cloud"
+                && now.saturating_duration_since(self.idle_since(&slot, now)) >= idle
+            {
+                self.remove(&slot, &Removal::Dropped(IDLE));
+                if self.dormant.len() >= MAX_DORMANT {
+                    self.dormant.pop_front();
+                }
+                self.dormant.push_back(Dormant {
+                    blocks: slot.blocks.clone(),
+                    certificate: slot.current_certificate(),
+                    asked: None,
+                });
+                self.count_dormant();
             }
         }
+    }
+
+    /// Since when `slot` has carried no inner packet either way (as far as the looks once a
+    /// second tell).
+    fn idle_since(&mut self, slot: &PeerSlot, now: Instant) -> Instant {
+        let packets = slot.tx_packets.load(std::sync::atomic::Ordering::Relaxed)
+            + slot.rx_packets.load(std::sync::atomic::Ordering::Relaxed);
+        let seen = self.activity.entry(slot.id).or_insert((packets, now));
+        if seen.0 != packets {
+            *seen = (packets, now);
+        }
+        seen.1
+    }
+
+    /// Tells the data threads whether any peer is dormant.
+    fn count_dormant(&self) {
+        self.shared
+            .dormant
+            .store(self.dormant.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A packet for `dst` found no peer: if a dormant peer's block holds it, ask for that
+    /// peer ([`ControlEvent::Wanted`]), at most every [`WAKE_EVERY`].
+    fn wanted(&mut self, dst: std::net::Ipv4Addr) {
+        let now = Instant::now();
+        let Some(d) = self.dormant.iter_mut().find(|d| {
+            d.blocks
+                .iter()
+                .any(|b| b.contains(&std::net::IpAddr::V4(dst)))
+        }) else {
+            return;
+        };
+        if d.asked
+            .is_some_and(|t| now.saturating_duration_since(t) < WAKE_EVERY)
+        {
+            return;
+        }
+        d.asked = Some(now);
+        let certificate = Box::new(d.certificate.clone());
+        self.push_event(ControlEvent::Wanted(certificate));
     }
 
     /// The state the engine's threads share.
@@ -344,7 +445,7 @@ impl Control {
     /// Runs the peers' timers due at `now`, binds to relay channels again when due, and
     /// removes peers whose certificates expired.
     pub fn run_timers(&mut self, now: Instant) {
-        self.remove_expired(now);
+        self.check_peers(now);
         for slot in &self.shared.peers.all() {
             {
                 let mut peer = slot.lock();
@@ -377,6 +478,7 @@ impl Control {
             }),
             ToControl::Kick(from) => self.kick(from),
             ToControl::NetworkChanged => self.network_changed(),
+            ToControl::NoRoute(dst) => self.wanted(dst),
         }
     }
 

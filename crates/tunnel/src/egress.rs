@@ -255,6 +255,13 @@ impl Submitter {
     ) {
         let Some(peer) = self.shared.peers.route(dst) else {
             bump(&self.shared.counters.drop_no_peer);
+            // An idle peer evicted from the table may cover it: the control core asks the
+            // cloud to pair us again (TCP's retransmission then finds the tunnel).
+            if self.shared.dormant.load(Ordering::Relaxed) > 0
+                && self.shared.wake_gate.admit(dst, now)
+            {
+                let _ = self.shared.control.try_send(crate::ToControl::NoRoute(dst));
+            }
             return;
         };
         self.submit(Outgoing::new(buf, len, peer, now).with_flags(flags));

@@ -86,6 +86,9 @@ pub enum ToControl {
     Kick(SocketAddr),
     /// This host's addresses or routes changed: tell the peers and the cloud where we are.
     NetworkChanged,
+    /// A packet for `dst` found no peer while peers evicted for idleness are remembered
+    /// ([`Shared::dormant`]): one of them may cover it. Admitted by [`Shared::wake_gate`].
+    NoRoute(std::net::Ipv4Addr),
 }
 
 /// Who a tunnel end is, and how it makes its peers: the same for static peers and for those
@@ -128,6 +131,11 @@ pub struct Shared {
     pub notify: tokio::sync::Notify,
     /// Bounds the [`ToControl::Kick`]s frames on unknown keys may send.
     pub kick_gate: RateTable,
+    /// Bounds the [`ToControl::NoRoute`]s packets without a peer may send (per destination).
+    pub wake_gate: RateTable,
+    /// Peers evicted for idleness that the control core remembers: while none are, a packet
+    /// without a peer costs nothing more than its drop.
+    pub dormant: std::sync::atomic::AtomicUsize,
     /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
     /// Written by the handshake thread only.
     pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
@@ -156,6 +164,8 @@ impl Shared {
                 control,
                 notify: tokio::sync::Notify::new(),
                 kick_gate: ingress::kick_gate(),
+                wake_gate: RateTable::new(1024, 1, 1),
+                dormant: std::sync::atomic::AtomicUsize::new(0),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
             },
             rx,

@@ -829,3 +829,75 @@ fn cloud_peers_are_refused_on_overlap_and_replaced_by_a_newer_certificate_of_the
     assert_eq!(p.a.shared.peers.len(), 2, "gw2 and the new gw3");
     assert_no_buffer_leaks(p);
 }
+
+/// A cloud peer idle past the idle timeout leaves the table (its keepalives stop with it); a
+/// static peer, however idle, stays. A packet for the evicted peer's block then asks for it
+/// again, at most every WAKE_EVERY, and nothing is asked for a block no evicted peer had.
+#[test]
+fn idle_cloud_peers_are_evicted_and_traffic_asks_for_them_again() {
+    use cyphonic_crypto::{IssueRequest, StaticKeypair};
+    use cyphonic_session::PeerConfig;
+    use cyphonic_tunnel::testing::{T0, test_ca};
+    use std::net::Ipv4Addr;
+
+    let p = pair(24);
+    let ca = test_ca();
+    let key = StaticKeypair::generate().expect("a key");
+    let cert = ca
+        .issue(&IssueRequest {
+            name: "gw3.ovl.example".into(),
+            vip_blocks: vec!["100.64.3.0/24".parse().expect("a block")],
+            public_key: key.public().0,
+            groups: vec![],
+            not_before: T0 - 86_400,
+            not_after: T0 + 86_400,
+        })
+        .expect("a certificate");
+    let c = cert.clone();
+    let id = p.a.control(move |ctl| {
+        ctl.set_idle_timeout(Some(Duration::from_millis(1500)));
+        let config = PeerConfig::from_certificate(&c, None);
+        ctl.add_cloud_peer(&c, config).expect("added").id
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while p.a.shared.peers.by_id(id).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        p.a.shared.peers.by_id(id).is_none(),
+        "the idle cloud peer stayed"
+    );
+    assert!(p.a.peer().origin == "static", "the static peer stays");
+    assert!(p.a.events().contains(&ControlEvent::PeerRemoved(id)));
+    let wanted = |p: &Pair| {
+        p.a.events()
+            .iter()
+            .filter(|e| matches!(e, ControlEvent::Wanted(c) if c.body().name == "gw3.ovl.example"))
+            .count()
+    };
+    // Traffic for a block nobody had asks for nothing.
+    send(&p.a, Ipv4Addr::new(100, 64, 9, 9), 0, 3);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(wanted(&p), 0);
+    // Traffic for gw3's block asks for it, once for a burst.
+    send(&p.a, Ipv4Addr::new(100, 64, 3, 7), 0, 20);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while wanted(&p) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(wanted(&p), 1);
+    // The same certificate added again: it is no longer dormant.
+    let c = cert.clone();
+    let again = p.a.control(move |ctl| {
+        let config = PeerConfig::from_certificate(&c, None);
+        ctl.add_cloud_peer(&c, config).expect("added again").id
+    });
+    assert!(p.a.shared.peers.by_id(again).is_some());
+    assert_eq!(
+        p.a.shared
+            .dormant
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_no_buffer_leaks(p);
+}
