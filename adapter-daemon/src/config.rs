@@ -790,6 +790,36 @@ mod tests {
     /// A revoked peer does not make the file wrong (revocation lists go to a whole fleet,
     /// apart from each site's peers): it is loaded, marked, and left out of the peers the
     /// table holds. An expired certificate is still a mistake.
+    /// The cloud by name and as several instances, with two pinned keys while its key is
+    /// being replaced: all kept, in order.
+    #[test]
+    fn the_cloud_may_be_several_instances_by_name_with_two_keys() {
+        let f = fixture();
+        let key = "5b0f5a3e27c1a8f3d2e4b6c8a0f1e2d3c4b5a69788796a5b4c3d2e1f0a1b2c3d";
+        let text = EXAMPLE
+            .replace(
+                "address = \"192.0.2.10:7000\"",
+                "address = [\"cloud.ovl-ops.example:7000\", \"192.0.2.11:7000\", \"[fd00::10]:7000\"]",
+            )
+            .replace(
+                &format!("public_key = \"{key}\""),
+                &format!("public_key = [\"{key}\", \"{}\"]", "ab".repeat(32)),
+            );
+        f.write("adapter.toml", &text);
+        let (c, _) = load(&f.path().join("adapter.toml"), NOW).unwrap();
+        let cloud = c.common.cloud.unwrap();
+        assert_eq!(
+            cloud.addresses,
+            [
+                "cloud.ovl-ops.example:7000",
+                "192.0.2.11:7000",
+                "[fd00::10]:7000"
+            ]
+        );
+        assert_eq!(cloud.public_keys.len(), 2);
+        assert_eq!(cloud.public_keys[1].0, [0xab; 32]);
+    }
+
     #[test]
     fn revoked_peers_are_left_out_and_expired_certificates_refused() {
         let f = fixture();

@@ -689,6 +689,19 @@ fn a_peer_re_keyed_under_the_same_name_is_used_at_once() {
             .any(|l| l.starts_with("gw1.ovl.example") && l.contains(" yes ")),
         "{table}"
     );
+    // Removing gw2 forgets its old certificate; the online one stays, and then nothing
+    // offline is left to remove.
+    let out = members(&["remove", "gw2.ovl.example"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("removed 1 offline certificate(s)"));
+    let out = members(&["show", "gw2.ovl.example", "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown.as_array().unwrap().len(), 1, "{shown}");
+    assert_eq!(shown[0]["fingerprint"], new_fp);
     let out = members(&["remove", "gw2.ovl.example"]);
     assert!(!out.status.success());
     assert!(

@@ -38,8 +38,9 @@ pub(crate) enum Members {
         #[arg(long)]
         json: bool,
     },
-    /// Forget a member and the names it hosts (not while it is online). Its certificate
-    /// stays valid: revoke it too (`ca revoke`), or it registers again when it reconnects.
+    /// Forget a member's offline certificates and the names they host (all of a member that
+    /// is gone; the older ones of a renewed member). An online one stays. A certificate stays
+    /// valid: revoke it too (`ca revoke`), or it registers again when it reconnects.
     Remove {
         /// The member's name.
         name: String,
@@ -143,7 +144,7 @@ pub(crate) fn run(cmd: Members, now: u64) -> anyhow::Result<()> {
             let removed = runtime.block_on(store.remove_member(&name))?;
             anyhow::ensure!(removed > 0, "no member named {name}");
             say(&format!(
-                "removed {name} ({removed} certificate(s)) and the names it hosted; its certificate is still valid until revoked (ca revoke)"
+                "removed {removed} offline certificate(s) of {name} and the names they hosted; a certificate stays valid until revoked (ca revoke)"
             ));
             Ok(())
         }

@@ -379,32 +379,35 @@ impl Store {
         Ok(members)
     }
 
-    /// Forgets every client whose certificate names `name`, with the names they host;
-    /// returns how many were forgotten. One that is online is not: its session would register
-    /// again (revoke it first, or stop it).
+    /// Forgets the offline clients whose certificate names `name` (a member's older
+    /// certificates, or all of a member that is gone), with the names they host; returns how
+    /// many were forgotten. An online one stays: its session would register again (revoke it
+    /// first, or stop it).
     ///
     /// # Errors
-    /// Database failures; [`StoreError::Online`] for a member with a session.
+    /// Database failures; [`StoreError::Online`] when the only certificates of `name` are
+    /// online.
     pub async fn remove_member(&self, name: &str) -> Result<usize, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let online = sqlx::query("SELECT 1 AS online FROM clients WHERE name = $1 AND online <> 0")
-            .bind(name)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if online.is_some() {
-            return Err(StoreError::Online(name.to_owned()));
-        }
         sqlx::query(
-            "DELETE FROM names WHERE owner IN (SELECT fingerprint FROM clients WHERE name = $1)",
+            "DELETE FROM names WHERE owner IN \
+             (SELECT fingerprint FROM clients WHERE name = $1 AND online = 0)",
         )
         .bind(name)
         .execute(&mut *tx)
         .await?;
-        let done = sqlx::query("DELETE FROM clients WHERE name = $1")
+        let done = sqlx::query("DELETE FROM clients WHERE name = $1 AND online = 0")
             .bind(name)
             .execute(&mut *tx)
             .await?;
+        let online = sqlx::query("SELECT 1 AS online FROM clients WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?;
         tx.commit().await?;
+        if done.rows_affected() == 0 && online.is_some() {
+            return Err(StoreError::Online(name.to_owned()));
+        }
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 

@@ -81,10 +81,10 @@ impl Asker {
 /// Where the cloud is and what we tell it.
 #[derive(Debug, Clone)]
 pub struct CloudSettings {
-    /// NMS's control address.
-    pub address: SocketAddr,
-    /// The cloud's pinned Noise key.
-    pub public_key: PublicKey,
+    /// The cloud's instances (NMS's control address), tried in turn.
+    pub addresses: Vec<String>,
+    /// The cloud's pinned Noise keys.
+    pub public_keys: Vec<PublicKey>,
     /// Endpoints to register besides the ones the cloud sees.
     pub endpoints: Vec<SocketAddr>,
     /// Our software and version, for the cloud's logs.
@@ -159,14 +159,14 @@ impl CloudLink {
     pub fn connect(settings: &CloudSettings, shared: &Shared, tunnel_port: u16) -> (Self, Asker) {
         let (handle, events) = cyphonic_signal::spawn(
             cyphonic_signal::Config {
-                cloud: settings.address,
-                cloud_key: settings.public_key,
+                clouds: settings.addresses.clone(),
+                cloud_keys: settings.public_keys.clone(),
                 agent: settings.agent.clone(),
                 tunnel_port: Some(tunnel_port),
             },
             shared.identity(),
         );
-        tracing::info!(cloud = %settings.address, key = %settings.public_key, "control plane: connecting");
+        tracing::info!(cloud = ?settings.addresses, keys = ?settings.public_keys, "control plane: connecting");
         let (answers_tx, answers) = mpsc::channel(256);
         let asker = Asker {
             handle: handle.clone(),
@@ -182,7 +182,7 @@ impl CloudLink {
             admissions: HashMap::new(),
             ttl: settings.dns_ttl,
             status: Arc::new(Mutex::new(CloudStatus {
-                address: settings.address.to_string(),
+                address: settings.addresses.join(" "),
                 ..CloudStatus::default()
             })),
         };
@@ -231,9 +231,10 @@ impl CloudLink {
         {
             let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
             match &event {
-                Event::Connected { .. } => {
+                Event::Connected { cloud, .. } => {
                     st.connected = true;
                     st.last_error = None;
+                    st.address = cloud.to_string();
                 }
                 Event::Disconnected { reason } | Event::Refused { reason } => {
                     st.connected = false;
@@ -263,8 +264,8 @@ impl CloudLink {
             Event::Observed(addr) => {
                 tracing::info!(%addr, "the cloud sees our tunnel socket at this address");
             }
-            Event::Connected { observed } => {
-                tracing::info!(%observed, "control plane: connected");
+            Event::Connected { observed, cloud } => {
+                tracing::info!(%cloud, %observed, "control plane: connected");
             }
             Event::Disconnected { reason } => {
                 tracing::warn!(%reason, "control plane: disconnected; existing tunnels carry on");

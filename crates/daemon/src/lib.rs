@@ -254,8 +254,8 @@ pub fn run<E: Edge>(
         Some(c) => {
             let _in_runtime = runtime.enter();
             let settings = CloudSettings {
-                address: c.address,
-                public_key: c.public_key,
+                addresses: c.addresses.clone(),
+                public_keys: c.public_keys.clone(),
                 endpoints: c.endpoints.clone(),
                 agent: format!("{} {}", E::PROGRAM, env!("CARGO_PKG_VERSION")),
                 dns_ttl: common.dns_ttl(),

@@ -136,7 +136,7 @@ pub struct RelayStatus {
 /// The control plane as we see it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloudStatus {
-    /// NMS's address.
+    /// The cloud instance of the session (the configured addresses until one answered).
     pub address: String,
     /// Whether the control session is open.
     pub connected: bool,

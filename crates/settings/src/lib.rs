@@ -417,12 +417,50 @@ pub fn peers(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCloud {
-    address: SocketAddr,
-    public_key: Spanned<String>,
+    address: Spanned<OneOrMore>,
+    public_key: Spanned<OneOrMore>,
     #[serde(default)]
     endpoints: Vec<Spanned<SocketAddr>>,
     #[serde(default = "default_idle_peer_timeout")]
     idle_peer_timeout: Spanned<u64>,
+}
+
+/// A key that takes one string or a list of them (`address = "a"`, `address = ["a", "b"]`).
+/// (Errors point at the whole value: toml's spans do not survive serde's untagged enums.)
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMore {
+    One(String),
+    More(Vec<String>),
+}
+
+impl OneOrMore {
+    fn items(&self) -> Vec<&String> {
+        match self {
+            Self::One(one) => vec![one],
+            Self::More(more) => more.iter().collect(),
+        }
+    }
+}
+
+/// Checks a cloud address, `host:port` or an IP address and port; returns it as written.
+fn cloud_address(text: &str) -> Result<String, String> {
+    if text.parse::<SocketAddr>().is_ok() {
+        return Ok(text.to_owned());
+    }
+    let bad = || {
+        format!(
+            "{text:?} is not host:port or an IP address and port (192.0.2.10:7000, cloud.example.net:7000, [2001:db8::10]:7000)"
+        )
+    };
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if port == 0 || host.is_empty() || host.contains(['[', ']', ':']) {
+        return Err(bad());
+    }
+    cyphonic_crypto::validate_name(&host.to_ascii_lowercase())
+        .map_err(|e| format!("{text:?}: {e}"))?;
+    Ok(text.to_owned())
 }
 
 /// Ten minutes without traffic.
@@ -433,10 +471,11 @@ fn default_idle_peer_timeout() -> Spanned<u64> {
 /// Where the cloud is (`[cloud]`), checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cloud {
-    /// NMS's control address.
-    pub address: SocketAddr,
-    /// Its Noise public key, pinned.
-    pub public_key: PublicKey,
+    /// The cloud's instances (NMS's control address): `host:port` or an IP address and
+    /// port, tried in turn.
+    pub addresses: Vec<String>,
+    /// Its Noise public keys, pinned (more than one while the key is being replaced).
+    pub public_keys: Vec<PublicKey>,
     /// Tunnel endpoints to register besides the one the cloud observes.
     pub endpoints: Vec<SocketAddr>,
     /// Peers found through the cloud leave the table after this long without traffic.
@@ -449,14 +488,36 @@ impl RawCloud {
     /// # Errors
     /// A key that is not 64 hex digits, an endpoint nobody can reach.
     pub fn check(&self, src: &Source<'_>) -> Result<Cloud, ConfigError> {
-        let text = self.public_key.get_ref();
-        let mut key = [0u8; 32];
-        if hex::decode_to_slice(text.trim(), &mut key).is_err() {
-            return src.err(
-                &self.public_key.span(),
-                "cloud.public_key",
-                "expected the 64 hex digits `cyphonic-cloud keygen` printed",
+        let mut public_keys = Vec::new();
+        for text in self.public_key.get_ref().items() {
+            let mut key = [0u8; 32];
+            if hex::decode_to_slice(text.trim(), &mut key).is_err() {
+                return src.err(
+                    &self.public_key.span(),
+                    "cloud.public_key",
+                    "expected the 64 hex digits `cyphonic-cloud keygen` printed",
+                );
+            }
+            public_keys.push(PublicKey(key));
+        }
+        let mut addresses = Vec::new();
+        for text in self.address.get_ref().items() {
+            addresses.push(
+                cloud_address(text)
+                    .or_else(|e| src.err(&self.address.span(), "cloud.address", e))?,
             );
+        }
+        for (key, span, count) in [
+            ("cloud.address", self.address.span(), addresses.len()),
+            (
+                "cloud.public_key",
+                self.public_key.span(),
+                public_keys.len(),
+            ),
+        ] {
+            if count == 0 {
+                return src.err(&span, key, "give at least one");
+            }
         }
         for e in &self.endpoints {
             let ip = e.get_ref().ip();
@@ -477,8 +538,8 @@ impl RawCloud {
             );
         }
         Ok(Cloud {
-            address: self.address,
-            public_key: PublicKey(key),
+            addresses,
+            public_keys,
             endpoints: self.endpoints.iter().map(|e| *e.get_ref()).collect(),
             idle_peer_timeout: Duration::from_secs(idle),
         })
@@ -866,6 +927,21 @@ pub mod testing {
     /// Mistakes in the keys every tunnel end has, as [`assert_mistakes`] takes them: each
     /// binary's example file must refuse them all, with these messages.
     pub const SHARED_MISTAKES: &[(&str, &str, &str)] = &[
+        (
+            "address = \"192.0.2.10:7000\"",
+            "address = \"cloud..example:7000\"",
+            "key `cloud.address`: \"cloud..example:7000\": invalid name",
+        ),
+        (
+            "address = \"192.0.2.10:7000\"",
+            "address = [\"192.0.2.10:7000\", \"cloud.example.net\"]",
+            "key `cloud.address`: \"cloud.example.net\" is not host:port",
+        ),
+        (
+            "address = \"192.0.2.10:7000\"",
+            "address = []",
+            "key `cloud.address`: give at least one",
+        ),
         (
             "level = \"info\"",
             "level = \"cyphonic_tunnel=loud\"",

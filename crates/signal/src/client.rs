@@ -23,10 +23,13 @@ use crate::cache::Cache;
 /// Where the cloud is and how to know it.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// NMS's control address (TCP).
-    pub cloud: SocketAddr,
-    /// The cloud's Noise public key, pinned: nothing else is believed.
-    pub cloud_key: PublicKey,
+    /// The cloud's instances (NMS's control address, TCP), tried in turn until one answers:
+    /// `host:port`, or an address. A host name is looked up at each attempt, so DNS may move
+    /// the cloud.
+    pub clouds: Vec<String>,
+    /// The cloud's Noise public keys, pinned: nothing else is believed. More than one while
+    /// the cloud's key is being replaced; each is tried until one answers.
+    pub cloud_keys: Vec<PublicKey>,
     /// Our software and version, for the cloud's logs.
     pub agent: String,
     /// The tunnel socket's port. With it, the address we reach the cloud from, at this port,
@@ -43,6 +46,8 @@ pub enum Event {
     Connected {
         /// Our TCP source address as the cloud sees it.
         observed: SocketAddr,
+        /// The cloud instance the session is with.
+        cloud: SocketAddr,
     },
     /// The cloud refused our certificate; we try again later (it may be renewed or the
     /// revocation lifted), slowly.
@@ -243,6 +248,9 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
         events,
         cache: cache.clone(),
         timestamp: 0,
+        first: 0,
+        key: 0,
+        at: None,
     };
     tokio::spawn(task.run());
     (
@@ -267,6 +275,13 @@ struct Task {
     /// The timestamp of our last `Hello`: the next one is greater (the cloud refuses one it
     /// has seen as a replay).
     timestamp: u64,
+    /// Which of `config.clouds` is tried first: the one that answered last, or, once its
+    /// session ended, the next one.
+    first: usize,
+    /// Which of `config.cloud_keys` answered last.
+    key: usize,
+    /// The instance of the session open now (or last open).
+    at: Option<SocketAddr>,
 }
 
 /// The wall clock in nanoseconds since the Unix epoch, or one more than `last` when the clock
@@ -319,7 +334,11 @@ impl Task {
             let wait = match end {
                 End::Stopped => return,
                 End::Retry(reason) => {
-                    tracing::info!(cloud = %self.config.cloud, %reason, "control session ended; reconnecting");
+                    tracing::info!(cloud = ?self.at, %reason, "control session ended; reconnecting");
+                    // The instance we had may be gone: the next one is tried first.
+                    if self.at.take().is_some() {
+                        self.first = (self.first + 1) % self.config.clouds.len().max(1);
+                    }
                     self.emit(Event::Disconnected { reason });
                     if started.elapsed() > BACKOFF_MAX {
                         backoff = BACKOFF_MIN;
@@ -329,7 +348,7 @@ impl Task {
                     w
                 }
                 End::Refused(reason) => {
-                    tracing::warn!(cloud = %self.config.cloud, %reason, "the cloud refused us");
+                    tracing::warn!(cloud = ?self.at, %reason, "the cloud refused us");
                     self.emit(Event::Refused { reason });
                     BACKOFF_MAX
                 }
@@ -358,11 +377,58 @@ impl Task {
         }
     }
 
+    /// Opens a session with the first instance that answers, trying `config.clouds` in turn
+    /// from [`Task::first`] (each name looked up now, each of its addresses) and, at each,
+    /// the pinned keys from the one that answered last. A refusal ends the search: every
+    /// instance shares the same registry and rules.
     async fn open(
         &mut self,
     ) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr), End> {
-        let retry = |what: &str, e: &dyn std::fmt::Display| End::Retry(format!("{what}: {e}"));
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.config.cloud))
+        let targets = self.config.clouds.len();
+        let keys = self.config.cloud_keys.len();
+        let mut last = End::Retry("no cloud address or key configured".into());
+        for t in 0..targets {
+            let which = (self.first + t) % targets;
+            let target = self.config.clouds[which].clone();
+            let addrs =
+                match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(&target)).await
+                {
+                    Ok(Ok(addrs)) => addrs.collect::<Vec<_>>(),
+                    Ok(Err(e)) => {
+                        last = End::Retry(format!("looking up {target}: {e}"));
+                        continue;
+                    }
+                    Err(e) => {
+                        last = End::Retry(format!("looking up {target}: {e}"));
+                        continue;
+                    }
+                };
+            for addr in addrs {
+                for k in 0..keys {
+                    let key_at = (self.key + k) % keys;
+                    match self.open_at(addr, self.config.cloud_keys[key_at]).await {
+                        Ok(open) => {
+                            (self.first, self.key, self.at) = (which, key_at, Some(addr));
+                            return Ok(open);
+                        }
+                        Err(End::Refused(reason)) => return Err(End::Refused(reason)),
+                        Err(e) => last = e,
+                    }
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// One attempt: the instance at `cloud`, pinned to `key`.
+    async fn open_at(
+        &mut self,
+        cloud: SocketAddr,
+        key: PublicKey,
+    ) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr), End> {
+        let retry =
+            |what: &str, e: &dyn std::fmt::Display| End::Retry(format!("{cloud}: {what}: {e}"));
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(cloud))
             .await
             .map_err(|e| retry("connect", &e))?
             .map_err(|e| retry("connect", &e))?;
@@ -376,9 +442,8 @@ impl Task {
             certificate: self.identity.certificate().to_pem(),
             agent: self.config.agent.clone(),
         };
-        let (hs, first) =
-            ClientHandshake::start(self.identity.keypair(), &self.config.cloud_key, &hello)
-                .map_err(|e| retry("handshake", &e))?;
+        let (hs, first) = ClientHandshake::start(self.identity.keypair(), &key, &hello)
+            .map_err(|e| retry("handshake", &e))?;
         wr.write_all(&first)
             .await
             .map_err(|e| retry("handshake", &e))?;
@@ -418,7 +483,7 @@ impl Task {
         let probe_to: Vec<SocketAddr> = probe_ports
             .iter()
             .take(2)
-            .map(|p| SocketAddr::new(self.config.cloud.ip(), *p))
+            .filter_map(|p| Some(SocketAddr::new(self.at?.ip(), *p)))
             .collect();
         // Every probe carries the next counter: the cloud refuses a copy of an old one.
         let mut probes = move || -> Vec<Event> {
@@ -430,11 +495,13 @@ impl Task {
                 })
                 .collect()
         };
-        tracing::info!(cloud = %self.config.cloud, %observed, "control session open");
+        tracing::info!(cloud = ?self.at, %observed, "control session open");
         // What the cloud told us before may be stale.
         self.cache.clear();
         self.connected.send_replace(true);
-        self.emit(Event::Connected { observed });
+        if let Some(cloud) = self.at {
+            self.emit(Event::Connected { observed, cloud });
+        }
         for p in probes() {
             self.emit(p);
         }

@@ -72,8 +72,8 @@ impl Cloud {
 fn client(cloud: &Cloud, at: SocketAddr, id: Arc<Identity>) -> (Handle, mpsc::Receiver<Event>) {
     cyphonic_signal::spawn(
         cyphonic_signal::Config {
-            cloud: at,
-            cloud_key: cloud.key.public(),
+            clouds: vec![at.to_string()],
+            cloud_keys: vec![cloud.key.public()],
             agent: "test".into(),
             tunnel_port: None,
         },
@@ -361,8 +361,8 @@ impl Tunnel {
         let sock = tokio::net::UdpSocket::bind((ip, 0)).await.unwrap();
         let (handle, events) = cyphonic_signal::spawn(
             cyphonic_signal::Config {
-                cloud: at,
-                cloud_key: cloud.key.public(),
+                clouds: vec![at.to_string()],
+                cloud_keys: vec![cloud.key.public()],
                 agent: "test".into(),
                 tunnel_port: Some(sock.local_addr().unwrap().port()),
             },
