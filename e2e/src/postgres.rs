@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::bed::TempDir;
-use crate::{Proc, wait_until};
+use crate::{Netns, Proc, wait_until};
 
 /// A running server. `url()` reaches database `postgres` as the superuser `cyphonic`.
 #[derive(Debug)]
@@ -39,27 +39,44 @@ fn bin_dir() -> anyhow::Result<PathBuf> {
         .context("no PostgreSQL version under /usr/lib/postgresql")
 }
 
-/// `program` as the `postgres` user; `setpriv` execs it in place, so the PID we hold is the
-/// server's own and signals reach it.
-fn as_postgres(program: &Path) -> Command {
-    let mut c = Command::new("setpriv");
-    c.args([
+/// `program` as the `postgres` user, in namespace `ns` if given; `ip netns exec` and
+/// `setpriv` exec it in place, so the PID we hold is the server's own and signals reach it.
+fn as_postgres(program: &Path, ns: Option<&Netns>) -> Command {
+    let setpriv = [
+        "setpriv",
         "--reuid=postgres",
         "--regid=postgres",
         "--clear-groups",
         "--",
-    ])
-    .arg(program)
-    .current_dir("/");
+    ];
+    let mut c = match ns {
+        Some(ns) => ns.command(setpriv[0], &setpriv[1..]),
+        None => {
+            let mut c = Command::new(setpriv[0]);
+            c.args(&setpriv[1..]);
+            c
+        }
+    };
+    c.arg(program).current_dir("/");
     c
 }
 
 impl Postgres {
-    /// Creates and starts a server; waits until it accepts connections.
+    /// Creates and starts a server on this host's loopback; waits until it accepts
+    /// connections.
     ///
     /// # Errors
     /// PostgreSQL is not installed, or does not come up within 20 s (its log is in the error).
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_in(None)
+    }
+
+    /// The same, on the loopback of namespace `ns` (for daemons running there), or of this
+    /// host without one.
+    ///
+    /// # Errors
+    /// As [`Postgres::start`].
+    pub fn start_in(ns: Option<&Netns>) -> anyhow::Result<Self> {
         crate::require_root();
         let bin = bin_dir()?;
         let dir = TempDir::new("pg")?;
@@ -73,7 +90,7 @@ impl Postgres {
                 dir.path().to_str().context("path")?,
             ],
         )?;
-        let out = as_postgres(&bin.join("initdb"))
+        let out = as_postgres(&bin.join("initdb"), None)
             .args(["-D", data.to_str().context("path")?])
             .args(["-U", "cyphonic", "-A", "trust", "--no-sync", "-E", "UTF8"])
             .output()?;
@@ -84,7 +101,7 @@ impl Postgres {
         let log = dir.path().join("server.log");
         let log_file = std::fs::File::create(&log)?;
         crate::sh("chown", &["postgres", log.to_str().context("path")?])?;
-        let child = as_postgres(&bin.join("postgres"))
+        let child = as_postgres(&bin.join("postgres"), ns)
             .args(["-D", data.to_str().context("path")?])
             .args(["-p", &port.to_string()])
             .args(["-c", "listen_addresses=127.0.0.1"])
@@ -103,10 +120,17 @@ impl Postgres {
             Duration::from_secs(20),
             "PostgreSQL accepting connections",
             || {
-                Command::new(bin.join("pg_isready"))
-                    .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q"])
-                    .status()
-                    .is_ok_and(|s| s.success())
+                let isready = bin.join("pg_isready");
+                let args = ["-h", "127.0.0.1", "-p", &port.to_string(), "-q"];
+                let mut c = match ns {
+                    Some(ns) => ns.command(isready.to_str().unwrap_or("pg_isready"), &args),
+                    None => {
+                        let mut c = Command::new(&isready);
+                        c.args(args);
+                        c
+                    }
+                };
+                c.status().is_ok_and(|s| s.success())
             },
         );
         if let Err(e) = ready {

@@ -770,3 +770,96 @@ fn an_idle_cloud_peer_leaves_and_traffic_brings_it_back() {
     );
     assert_eq!(peers(&bed, Side::A), 1);
 }
+
+/// Two cloud instances (the real binaries) on one PostgreSQL in the cloud's namespace, at
+/// 192.0.2.10 and 192.0.2.11; both adapters are given both. The instance adapter A has its
+/// session with is killed (-9): A moves to the other within seconds, registers again, and
+/// names resolve. The time it took is printed for docs/benchmarks.md.
+#[test]
+fn killing_the_cloud_instance_a_client_uses_moves_it_to_the_other() {
+    let mut bed = cloud_bed();
+    let bins = bed.bins.clone();
+    let cloud = bed.cloud.as_mut().unwrap();
+    let pg = cyphonic_e2e::postgres::Postgres::start_in(Some(&cloud.ns)).unwrap();
+    cloud.stop("TERM").unwrap();
+    let path = cloud.dir.join("cloud.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let one = text
+        .replace(
+            "database = \"sqlite://cloud.db\"",
+            &format!("database = \"{}\"", pg.url()),
+        )
+        .replace("\"[::]:700", "\"192.0.2.10:700");
+    assert_ne!(one, text);
+    std::fs::write(&path, &one).unwrap();
+    // Instance two: the same key, CA and database; its own address, relay ports and socket.
+    let dir2 = cloud.dir.join("two");
+    std::fs::create_dir_all(&dir2).unwrap();
+    for f in ["cloud.key", "ca.crt"] {
+        std::fs::copy(cloud.dir.join(f), dir2.join(f)).unwrap();
+    }
+    std::fs::write(
+        dir2.join("cloud.toml"),
+        format!(
+            "{}\n[relay]\nports = \"51000-51099\"\n",
+            one.replace("192.0.2.10:", "192.0.2.11:")
+        ),
+    )
+    .unwrap();
+    cloud
+        .ns
+        .ip(&["addr", "add", "192.0.2.11/26", "dev", "wan"])
+        .unwrap();
+    cloud.start(&bins).unwrap();
+    let log2 = dir2.join("cloud.log");
+    let _two = cloud
+        .ns
+        .daemon(
+            &bins.cloud,
+            &[
+                "serve",
+                "--config",
+                dir2.join("cloud.toml").to_str().unwrap(),
+            ],
+            &log2,
+            || std::fs::read_to_string(&log2).is_ok_and(|t| t.contains("cyphonic-cloud serving")),
+        )
+        .unwrap();
+    for side in [Side::A, Side::B] {
+        let config = bed.site_ref(side).config();
+        let text = std::fs::read_to_string(&config).unwrap();
+        let both = text.replace(
+            "address = \"192.0.2.10:7000\"",
+            "address = [\"192.0.2.10:7000\", \"192.0.2.11:7000\"]",
+        );
+        assert_ne!(both, text);
+        std::fs::write(&config, both).unwrap();
+        bed.stop(side, "TERM").unwrap();
+        bed.start(side).unwrap();
+    }
+    let b_host = resolve(&bed, Side::A, "host.gw2.ovl.example");
+    bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(2).wait(3));
+    let instance = |bed: &TwoSites| {
+        let s = bed.status(Side::A).unwrap();
+        (s["cloud"]["connected"] == true)
+            .then(|| s["cloud"]["address"].as_str().unwrap_or("").to_owned())
+    };
+    assert_eq!(instance(&bed).as_deref(), Some("192.0.2.10:7000"));
+
+    let killed = std::time::Instant::now();
+    bed.cloud.as_mut().unwrap().stop("KILL").unwrap();
+    wait_until(Duration::from_secs(20), "A on the other instance", || {
+        instance(&bed).as_deref() == Some("192.0.2.11:7000")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let moved = killed.elapsed();
+    // A name not asked before: the answer comes from the registry through instance two.
+    assert_eq!(resolve(&bed, Side::A, "gw2.ovl.example"), ["100.64.2.1"]);
+    let resolved = killed.elapsed();
+    eprintln!(
+        "failover (real binaries): session with the other instance after {moved:?}, a new name resolved after {resolved:?}"
+    );
+    assert!(moved < Duration::from_secs(10), "{moved:?}");
+    bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(2).wait(3));
+    drop(pg);
+}
