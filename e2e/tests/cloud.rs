@@ -863,3 +863,80 @@ fn killing_the_cloud_instance_a_client_uses_moves_it_to_the_other() {
     bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(2).wait(3));
     drop(pg);
 }
+
+/// The cloud reloaded (SIGHUP): a broken file changes nothing; with adapter B's certificate
+/// on its revocation list, B's session is closed at once, its names are released (a name of
+/// B's no longer resolves for A), and B is refused when it reconnects.
+#[test]
+fn the_cloud_reloaded_with_a_revocation_cuts_the_client_off_and_releases_its_names() {
+    let bed = cloud_bed();
+    let b_host = resolve(&bed, Side::A, "host.gw2.ovl.example");
+    bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(2).wait(3));
+    let cloud = bed.cloud.as_ref().unwrap();
+    let path = cloud.dir.join("cloud.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cloud_log = || std::fs::read_to_string(cloud.log()).unwrap_or_default();
+    let hup = || {
+        let pid = cloud.proc.as_ref().unwrap().pid().to_string();
+        cyphonic_e2e::sh("kill", &["-s", "HUP", &pid]).unwrap();
+    };
+
+    // A mistake: refused, nothing changes.
+    std::fs::write(&path, format!("listen = \"nowhere\"\n{text}")).unwrap();
+    hup();
+    wait_until(Duration::from_secs(5), "the refusal", || {
+        cloud_log().contains("the configuration is refused, the running one stays")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(bed.status(Side::B).unwrap()["cloud"]["connected"] == true);
+
+    // B revoked.
+    let ca = bed.ca_dir();
+    cyphonic_e2e::sh(
+        bed.bins.cloud.to_str().unwrap(),
+        &[
+            "ca",
+            "revoke",
+            "--dir",
+            ca.to_str().unwrap(),
+            bed.b.dir.join("gw2.ovl.example.crt").to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "revocations = \"{}\"\n{text}",
+            ca.join("revoked.txt").display()
+        ),
+    )
+    .unwrap();
+    hup();
+    wait_until(Duration::from_secs(5), "the reload", || {
+        cloud_log().contains("configuration reloaded cut_off=1")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(
+        cloud_log().contains("control session closed: the certificate is no longer trusted"),
+        "{}",
+        bed.logs()
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "B refused when it reconnects",
+        || bed.b.log_text().contains("the cloud refused us"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(bed.status(Side::B).unwrap()["cloud"]["connected"] == false);
+    // A name of B's A never asked for is not found any more.
+    let d = dig(&bed.a.lan, GW_A, "gw2.ovl.example", "A").unwrap();
+    assert!(d.answers.is_empty(), "{d:?}");
+    let out = std::process::Command::new(&bed.bins.cloud)
+        .args(["members", "show", "gw2.ovl.example", "--json", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown[0]["online"], false, "{shown}");
+    assert!(shown[0]["names"].as_array().unwrap().is_empty(), "{shown}");
+}

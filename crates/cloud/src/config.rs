@@ -137,6 +137,50 @@ fn default_database() -> String {
     "sqlite:///var/lib/cyphonic/cloud.db".into()
 }
 
+/// What of a configuration takes effect only at a restart (a reload applies the trust and
+/// the policy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restart {
+    listen: [SocketAddr; 3],
+    key: cyphonic_crypto::PublicKey,
+    database: String,
+    relay: bool,
+    metrics: Option<SocketAddr>,
+    status_socket: PathBuf,
+}
+
+impl Restart {
+    /// The restart-only part of `c`.
+    pub fn of(c: &CloudConfig) -> Self {
+        Self {
+            listen: [c.listen, c.probe_listen, c.probe_listen_alt],
+            key: c.key.public(),
+            database: c.database.clone(),
+            relay: c.relay.is_some(),
+            metrics: c.metrics,
+            status_socket: c.status_socket.clone(),
+        }
+    }
+
+    /// The keys that differ in `new`.
+    pub fn changed(&self, new: &Self) -> Vec<&'static str> {
+        [
+            (
+                "listen, probe_listen, probe_listen_alt",
+                self.listen != new.listen,
+            ),
+            ("key", self.key != new.key),
+            ("database", self.database != new.database),
+            ("[relay]", self.relay != new.relay),
+            ("[metrics]", self.metrics != new.metrics),
+            ("status_socket", self.status_socket != new.status_socket),
+        ]
+        .into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+    }
+}
+
 /// Reads and checks the configuration at `path`, with the files it names. Errors name the
 /// file, and where possible the line and key.
 ///

@@ -188,17 +188,46 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
     })
 }
 
-/// Runs the services of `config` until SIGINT or SIGTERM.
+/// Runs the services of `config` until SIGINT or SIGTERM. On SIGHUP, `reread` reads the
+/// configuration again: a file with any mistake is refused whole (the running configuration
+/// stays); otherwise the CAs, the revocations and the policy apply at once (clients no longer
+/// trusted lose their session and their names, [`Nms::reload`]), and what needs a restart
+/// is named in the log.
 ///
 /// # Errors
 /// A socket cannot be bound or the store cannot be opened.
-pub async fn serve(config: CloudConfig) -> anyhow::Result<()> {
+pub async fn serve(
+    config: CloudConfig,
+    mut reread: impl FnMut() -> anyhow::Result<CloudConfig>,
+) -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
+    let started = config::Restart::of(&config);
     let running = start(config).await?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reading the configuration again");
+                let new = match reread() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::error!("the configuration is refused, the running one stays: {e:#}");
+                        continue;
+                    }
+                };
+                for key in started.changed(&config::Restart::of(&new)) {
+                    tracing::warn!(key, "changed in the file: takes effect at the next restart");
+                }
+                match running.nms.reload(new.trust, new.policy).await {
+                    Ok(cut) => tracing::info!(cut_off = cut.len(), "configuration reloaded"),
+                    Err(e) => tracing::error!(error = %e, "reloaded, but the registry could not be checked against the new trust"),
+                }
+            }
+        }
     }
     running.stop();
     Ok(())

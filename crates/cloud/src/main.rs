@@ -187,7 +187,9 @@ fn serve(path: &Path, format: LogFormat) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?
-        .block_on(cyphonic_cloud::serve(config))
+        .block_on(cyphonic_cloud::serve(config, || {
+            cyphonic_cloud::config::load(path, now())
+        }))
 }
 
 fn print_status(doc: &serde_json::Value) {

@@ -130,9 +130,11 @@ struct ProbeSession {
 #[derive(Debug)]
 pub struct Nms {
     key: StaticKeypair,
-    trust: TrustStore,
+    /// The CAs and revocations clients are checked against; replaced by a reload.
+    trust: std::sync::RwLock<Arc<TrustStore>>,
     store: Store,
-    policy: Policy,
+    /// Who may resolve whom; replaced by a reload.
+    policy: std::sync::RwLock<Arc<Policy>>,
     probe_ports: Vec<u16>,
     trs: Option<Arc<Trs>>,
     connected: DashMap<String, Connected>,
@@ -240,9 +242,9 @@ impl Nms {
     ) -> Self {
         Self {
             key,
-            trust,
+            trust: std::sync::RwLock::new(Arc::new(trust)),
             store,
-            policy,
+            policy: std::sync::RwLock::new(Arc::new(policy)),
             probe_ports,
             trs,
             connected: DashMap::new(),
@@ -345,7 +347,7 @@ impl Nms {
             tracing::debug!(%from, client = %key, "a control handshake seen before (a replay, or the client's clock went back): closed");
             return None;
         }
-        let (cert, pem) = match admit(&self.trust, &hs, unix_now()) {
+        let (cert, pem) = match admit(&self.trust(), &hs, unix_now()) {
             Ok(ok) => ok,
             Err(reason) => {
                 bump(&self.stats.refused);
@@ -486,7 +488,7 @@ impl Nms {
                                 }
                                 continue 'session;
                             }
-                            None => break 'session "replaced by a newer session",
+                            None => break 'session "replaced by a newer session, or cut off",
                         },
                         changed = seen.changed() => {
                             if changed.is_err() {
@@ -523,7 +525,7 @@ impl Nms {
                                     break 'session why;
                                 }
                             }
-                            None => break 'session "replaced by a newer session",
+                            None => break 'session "replaced by a newer session, or cut off",
                         },
                     }
                 }
@@ -666,10 +668,10 @@ impl Nms {
             return Ok(Resolution::NotFound);
         };
         // The target's certificate may have been revoked or expired since it registered.
-        if self.trust.verify(&target, unix_now()).is_err() {
+        if self.trust().verify(&target, unix_now()).is_err() {
             return Ok(Resolution::NotFound);
         }
-        if !self.policy.allows(asker, target.body()) {
+        if !self.policy().allows(asker, target.body()) {
             bump(&self.stats.denied);
             tracing::info!(asker = %asker.name, name = %cyphonic_telemetry::Untrusted(name), "resolution denied by policy");
             return Ok(Resolution::Denied);
@@ -795,11 +797,12 @@ impl Nms {
         let Ok(cert) = Certificate::from_pem(&target.certificate) else {
             return refuse("unknown peer");
         };
-        if self.trust.verify(&cert, unix_now()).is_err() {
+        if self.trust().verify(&cert, unix_now()).is_err() {
             return refuse("unknown peer");
         }
         // The tunnel exists because one of the two may reach the other.
-        if !self.policy.allows(asker, cert.body()) && !self.policy.allows(cert.body(), asker) {
+        let policy = self.policy();
+        if !policy.allows(asker, cert.body()) && !policy.allows(cert.body(), asker) {
             bump(&self.stats.denied);
             return refuse("denied by policy");
         }
@@ -861,6 +864,65 @@ impl Nms {
         {
             tracing::warn!(error = %e, "signal to the other instances not sent");
         }
+    }
+
+    /// The CAs and revocations clients are checked against now.
+    fn trust(&self) -> Arc<TrustStore> {
+        self.trust
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Who may resolve whom, now.
+    fn policy(&self) -> Arc<Policy> {
+        self.policy
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Takes on `trust` and `policy` (a reload): every client in the registry whose
+    /// certificate no longer verifies loses its names, and its session here ends at once (it
+    /// is refused when it comes back). Returns the names of the clients cut off.
+    ///
+    /// # Errors
+    /// The registry cannot be read.
+    pub async fn reload(
+        &self,
+        trust: TrustStore,
+        policy: Policy,
+    ) -> Result<Vec<String>, crate::store::StoreError> {
+        *self
+            .trust
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(trust);
+        *self
+            .policy
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(policy);
+        let trust = self.trust();
+        let now = unix_now();
+        let mut cut = Vec::new();
+        for m in self.store.members().await? {
+            let verdict = Certificate::from_pem(&m.client.certificate)
+                .map_err(|e| e.to_string())
+                .and_then(|c| trust.verify(&c, now).map_err(|e| e.to_string()));
+            let Err(why) = verdict else {
+                continue;
+            };
+            let fp = &m.client.fingerprint;
+            self.store.release_names(fp).await?;
+            if self.connected.remove(fp).is_some() {
+                tracing::warn!(client = %m.client.name, reason = %why, "control session closed: the certificate is no longer trusted");
+                self.store.client_offline(fp).await?;
+            }
+            if !m.names.is_empty() || m.client.online {
+                tracing::info!(client = %m.client.name, names = m.names.len(), reason = %why, "names released: the certificate is no longer trusted");
+            }
+            cut.push(m.client.name.clone());
+        }
+        Ok(cut)
     }
 
     /// The clients with a session on this instance: name, where from, for how long (s).

@@ -411,6 +411,18 @@ impl Store {
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 
+    /// Releases every name `fingerprint` holds (its certificate is no longer trusted).
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn release_names(&self, fingerprint: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM names WHERE owner = $1")
+            .bind(fingerprint)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// How many clients are registered, and how many of them are online.
     ///
     /// # Errors
