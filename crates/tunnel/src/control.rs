@@ -32,7 +32,7 @@ const ENDPOINTS_FRESH: Duration = Duration::from_secs(1);
 const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
 /// Peers' certificates are compared with the clock, and cloud peers' activity looked at,
 /// this often.
-const EXPIRY_CHECK_EVERY: Duration = Duration::from_secs(1);
+const PEER_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Cloud peers evicted for idleness that are remembered, to wake on traffic, at most.
 pub const MAX_DORMANT: usize = 1024;
 /// A dormant peer is asked for again at most this often.
@@ -105,15 +105,14 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// What [`Removal::Dropped`] says of a cloud peer evicted for idleness.
-pub const IDLE: &str = "idle: no traffic either way for the idle timeout";
-
 /// Why a peer left the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Removal {
     /// Its certificate (the one we know it by, or the one it presented) no longer verifies.
     Untrusted(CertError),
+    /// A cloud peer with no traffic either way for the idle timeout.
+    Idle,
     /// Its driver took it out (configuration no longer names it, a newer certificate of the
     /// same name replaced it).
     Dropped(&'static str),
@@ -123,6 +122,7 @@ impl std::fmt::Display for Removal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Untrusted(e) => write!(f, "certificate no longer trusted: {e}"),
+            Self::Idle => f.write_str("idle: no traffic either way for the idle timeout"),
             Self::Dropped(why) => f.write_str(why),
         }
     }
@@ -136,8 +136,8 @@ pub struct Control {
     /// Peers by the address we reach them at, and when that was read: what a kick looks up.
     endpoints: (HashMap<SocketAddr, u32>, Option<Instant>),
     events: VecDeque<ControlEvent>,
-    /// When certificates' ends were last compared with the clock.
-    expiry_checked: Option<Instant>,
+    /// When the peers were last checked for expiry and idleness.
+    peers_checked: Option<Instant>,
     /// Cloud peers with no inner traffic this long leave the table; `None`: never.
     idle_timeout: Option<Duration>,
     /// Each cloud peer's inner packets (both ways) when last looked at, and since when
@@ -199,7 +199,7 @@ impl Control {
             intake,
             endpoints: (HashMap::new(), None),
             events: VecDeque::new(),
-            expiry_checked: None,
+            peers_checked: None,
             idle_timeout: None,
             activity: HashMap::new(),
             dormant: VecDeque::new(),
@@ -332,7 +332,7 @@ impl Control {
         }
         bump(&self.shared.counters.peers_removed);
         self.activity.remove(&slot.id);
-        if *why == Removal::Dropped(IDLE) {
+        if *why == Removal::Idle {
             tracing::info!(peer = %slot.name, "peer idle: removed until traffic wants it again");
         } else {
             tracing::warn!(peer = %slot.name, origin = slot.origin, reason = %why, "peer removed: its sessions end");
@@ -349,12 +349,12 @@ impl Control {
     /// signature).
     fn check_peers(&mut self, now: Instant) {
         if self
-            .expiry_checked
-            .is_some_and(|t| now.saturating_duration_since(t) < EXPIRY_CHECK_EVERY)
+            .peers_checked
+            .is_some_and(|t| now.saturating_duration_since(t) < PEER_CHECK_EVERY)
         {
             return;
         }
-        self.expiry_checked = Some(now);
+        self.peers_checked = Some(now);
         let unix = self.shared.clock.unix_secs(now);
         for slot in self.shared.peers.all() {
             let not_after = slot.certificate_expires();
@@ -368,7 +368,7 @@ impl Control {
                 && slot.origin == "cloud"
                 && now.saturating_duration_since(self.idle_since(&slot, now)) >= idle
             {
-                self.remove(&slot, &Removal::Dropped(IDLE));
+                self.remove(&slot, &Removal::Idle);
                 if self.dormant.len() >= MAX_DORMANT {
                     self.dormant.pop_front();
                 }

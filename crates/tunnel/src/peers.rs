@@ -230,11 +230,6 @@ impl PeerTable {
         t.by_key.get(key).and_then(|id| t.slots.get(id).cloned())
     }
 
-    /// The peer whose certificate names `name`.
-    pub fn by_name(&self, name: &str) -> Option<Arc<PeerSlot>> {
-        self.read().slots.values().find(|s| s.name == name).cloned()
-    }
-
     /// Every peer, by id.
     pub fn all(&self) -> Vec<Arc<PeerSlot>> {
         self.read().slots.values().cloned().collect()
