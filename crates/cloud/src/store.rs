@@ -354,26 +354,27 @@ impl Store {
         let names = sqlx::query("SELECT owner, name, vip FROM names ORDER BY name")
             .fetch_all(&self.pool)
             .await?;
+        // Each client's names, grouped once (not looked up per client).
+        let mut held: std::collections::HashMap<String, Vec<(String, Ipv4Addr)>> =
+            std::collections::HashMap::new();
+        for n in &names {
+            let vip: String = n.try_get(2)?;
+            let vip = vip.parse().map_err(|_| StoreError::Corrupt {
+                table: "names",
+                what: format!("vip {vip:?}"),
+            })?;
+            held.entry(n.try_get(0)?)
+                .or_default()
+                .push((n.try_get(1)?, vip));
+        }
         let mut members = Vec::with_capacity(rows.len());
         for row in &rows {
             let client = client_row(row, 0)?;
             let last_seen: i64 = row.try_get(7)?;
-            let mut held = Vec::new();
-            for n in &names {
-                let owner: String = n.try_get(0)?;
-                if owner == client.fingerprint {
-                    let vip: String = n.try_get(2)?;
-                    let vip = vip.parse().map_err(|_| StoreError::Corrupt {
-                        table: "names",
-                        what: format!("vip {vip:?}"),
-                    })?;
-                    held.push((n.try_get(1)?, vip));
-                }
-            }
             members.push(Member {
+                names: held.remove(&client.fingerprint).unwrap_or_default(),
                 client,
                 last_seen: u64::try_from(last_seen).unwrap_or(0),
-                names: held,
             });
         }
         Ok(members)
