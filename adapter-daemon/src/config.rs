@@ -234,7 +234,7 @@ impl AdapterConfig {
     /// keys every tunnel end has are compared by the daemon core; `[[reservation]]` changes
     /// while running).
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
-        [
+        cyphonic_settings::changed_keys([
             (
                 "adapter.lan_interface",
                 self.lan_interface != new.lan_interface,
@@ -250,10 +250,7 @@ impl AdapterConfig {
                 "[dataplane] (LAN side)",
                 self.lan_dataplane != new.lan_dataplane,
             ),
-        ]
-        .into_iter()
-        .filter_map(|(key, changed)| changed.then_some(key))
-        .collect()
+        ])
     }
 
     /// Our certified LAN block.

@@ -59,14 +59,11 @@ impl NodeConfig {
     /// The node's own keys that differ in `new`: each takes effect at a restart (the keys
     /// every tunnel end has are compared by the daemon core).
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
-        [
+        cyphonic_settings::changed_keys([
             ("node.interface", self.interface != new.interface),
             ("node.vip", self.vip != new.vip),
             ("dns.listen", self.dns_listen != new.dns_listen),
-        ]
-        .into_iter()
-        .filter_map(|(key, changed)| changed.then_some(key))
-        .collect()
+        ])
     }
 }
 

@@ -152,7 +152,7 @@ impl Common {
     /// revocations), static peers, DNS upstreams, the log level.
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         let dns = |c: &Self| c.dns.as_ref().map(|d| d.ttl);
-        [
+        crate::changed_keys([
             ("listen", self.listen != new.listen),
             ("identity.certificate (its block)", self.block != new.block),
             ("overlay", self.overlay != new.overlay),
@@ -162,10 +162,7 @@ impl Common {
             ("[cloud]", self.cloud != new.cloud),
             ("[metrics]", self.metrics != new.metrics),
             ("dns.enabled, dns.ttl", dns(self) != dns(new)),
-        ]
-        .into_iter()
-        .filter_map(|(key, changed)| changed.then_some(key))
-        .collect()
+        ])
     }
 
     /// The static peers that are not revoked: those the peer table holds.

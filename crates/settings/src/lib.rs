@@ -173,6 +173,14 @@ impl Source<'_> {
     }
 }
 
+/// The keys of `keys` whose values changed (`(key, changed)` pairs): what a reload names as
+/// waiting for a restart.
+pub fn changed_keys<const N: usize>(keys: [(&'static str, bool); N]) -> Vec<&'static str> {
+    keys.into_iter()
+        .filter_map(|(key, changed)| changed.then_some(key))
+        .collect()
+}
+
 // ---- [identity] ------------------------------------------------------------------------------
 
 /// `[identity]` as written.
