@@ -238,6 +238,22 @@ impl<'a> Ping<'a> {
     }
 }
 
+/// Revokes `cert` in the CA at `ca` (appends to its `revoked.txt`).
+fn ca_revoke(bins: &Bins, ca: &Path, cert: &Path) -> anyhow::Result<()> {
+    let cloud = bins.cloud.to_str().context("binary path")?;
+    sh(
+        cloud,
+        &[
+            "ca",
+            "revoke",
+            "--dir",
+            ca.to_str().context("path")?,
+            cert.to_str().context("path")?,
+        ],
+    )?;
+    Ok(())
+}
+
 /// The bed.
 #[derive(Debug)]
 pub struct TwoSites {
@@ -263,6 +279,22 @@ pub struct TwoSites {
 }
 
 impl TwoSites {
+    /// Revokes a site's certificate in the overlay CA (its `revoked.txt`).
+    ///
+    /// # Errors
+    /// `cyphonic-cloud ca revoke` fails.
+    pub fn revoke(&self, side: Side) -> anyhow::Result<()> {
+        let name = match side {
+            Side::A => "gw1",
+            Side::B => "gw2",
+        };
+        let cert = self
+            .site_ref(side)
+            .dir
+            .join(format!("{name}.ovl.example.crt"));
+        ca_revoke(&self.bins, &self.ca_dir(), &cert)
+    }
+
     /// The overlay CA's directory (`ca.crt`, `ca.key`), to issue more certificates.
     pub fn ca_dir(&self) -> PathBuf {
         self.tmp.path().join("ca")
@@ -384,18 +416,10 @@ impl TwoSites {
             let mut extra = String::new();
             let revoked = [(&a, &opts.a, "gw1"), (&b, &opts.b, "gw2")];
             for (site, _, name) in revoked.iter().filter(|(_, o, _)| o.revoked) {
-                sh(
-                    cloud,
-                    &[
-                        "ca",
-                        "revoke",
-                        "--dir",
-                        ca.to_str().context("path")?,
-                        site.dir
-                            .join(format!("{name}.ovl.example.crt"))
-                            .to_str()
-                            .context("path")?,
-                    ],
+                ca_revoke(
+                    &bins,
+                    &ca,
+                    &site.dir.join(format!("{name}.ovl.example.crt")),
                 )?;
             }
             if revoked.iter().any(|(_, o, _)| o.revoked) {

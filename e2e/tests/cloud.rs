@@ -892,17 +892,7 @@ fn the_cloud_reloaded_with_a_revocation_cuts_the_client_off_and_releases_its_nam
 
     // B revoked.
     let ca = bed.ca_dir();
-    cyphonic_e2e::sh(
-        bed.bins.cloud.to_str().unwrap(),
-        &[
-            "ca",
-            "revoke",
-            "--dir",
-            ca.to_str().unwrap(),
-            bed.b.dir.join("gw2.ovl.example.crt").to_str().unwrap(),
-        ],
-    )
-    .unwrap();
+    bed.revoke(Side::B).unwrap();
     std::fs::write(
         &path,
         format!(
