@@ -38,7 +38,9 @@ pub const CA_KEY_LABEL: &str = "CYPHONIC CA PRIVATE KEY";
 /// What a certificate is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CertKind {
-    /// A self-signed root: its key signs node certificates, its blocks bound theirs.
+    /// A CA: a self-signed root, or an issuing CA a root delegated to (its issuer is the
+    /// root's key; the AS signs online with it while the root stays offline). Its key signs
+    /// node certificates, its domain and blocks bound theirs.
     Ca,
     /// An adapter or node: its key is the Noise static key used in handshakes.
     Node,
@@ -199,6 +201,9 @@ pub enum CertError {
     /// The system's random number generator failed.
     #[error("random number generator failed")]
     Rng,
+    /// An issuing CA that another issuing CA signed: chains are one level deep.
+    #[error("an issuing CA may not delegate further: chains are root -> issuing CA -> node")]
+    ChainTooLong,
 }
 
 /// The signed content of a certificate.
@@ -512,6 +517,11 @@ impl Certificate {
             .collect()
     }
 
+    /// Whether this is a root: a CA certificate its own key signs.
+    pub fn is_root(&self) -> bool {
+        self.body.kind == CertKind::Ca && self.body.issuer == self.body.public_key
+    }
+
     fn signed_message(&self) -> Vec<u8> {
         let tbs = &self.encoded[..self.encoded.len() - SIGNATURE_LEN];
         [SIGNING_CONTEXT, tbs].concat()
@@ -587,12 +597,7 @@ impl CertificateAuthority {
         not_before: u64,
         not_after: u64,
     ) -> Result<Self, CertError> {
-        let rng = ring::rand::SystemRandom::new();
-        let doc = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| CertError::Rng)?;
-        let pkcs8 = Zeroizing::new(doc.as_ref().to_vec());
-        let key = Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| CertError::InvalidKey)?;
-        let mut public_key = [0u8; PUBLIC_KEY_LEN];
-        public_key.copy_from_slice(key.public_key().as_ref());
+        let (key, pkcs8, public_key) = new_signing_key()?;
         let body = CertBody {
             kind: CertKind::Ca,
             name: domain.to_owned(),
@@ -624,13 +629,65 @@ impl CertificateAuthority {
         if key.public_key().as_ref() != cert.body.public_key {
             return Err(CertError::KeyMismatch);
         }
-        if !cert.signature_verifies_under(&cert.body.public_key) {
+        // A root signs itself; an issuing CA's signature is checked by whoever trusts it,
+        // against its root (TrustStore).
+        if cert.is_root() && !cert.signature_verifies_under(&cert.body.public_key) {
             return Err(CertError::BadSignature);
         }
         Ok(Self { key, pkcs8, cert })
     }
 
-    /// The CA's self-signed certificate, which every node trusts.
+    /// Creates an issuing CA under this root: a new key whose certificate, signed here, may
+    /// certify names below `domain` (this CA's domain or one below it) and addresses inside
+    /// `vip_blocks` (inside this CA's), from `not_before` to `not_after` (inside this CA's
+    /// validity). The cloud's AS issues online with it; the root's key can stay offline.
+    ///
+    /// # Errors
+    /// This CA is itself an issuing CA, or the content lies outside it.
+    pub fn delegate(
+        &self,
+        domain: &str,
+        vip_blocks: &[IpNet],
+        not_before: u64,
+        not_after: u64,
+    ) -> Result<Self, CertError> {
+        let root = &self.cert.body;
+        if !self.cert.is_root() {
+            return Err(CertError::ChainTooLong);
+        }
+        if domain != root.name && !is_below_domain(domain, &root.name) {
+            return Err(CertError::NameOutsideCa {
+                name: domain.to_owned(),
+                domain: root.name.clone(),
+            });
+        }
+        let blocks: Vec<IpNet> = vip_blocks.iter().map(IpNet::trunc).collect();
+        if let Some(b) = blocks.iter().find(|b| !root.covers_block(b)) {
+            return Err(CertError::BlockOutsideCa(*b));
+        }
+        if not_before < root.not_before || not_after > root.not_after {
+            return Err(CertError::ValidityOutsideCa {
+                not_before,
+                not_after,
+            });
+        }
+        let (key, pkcs8, public_key) = new_signing_key()?;
+        let body = CertBody {
+            kind: CertKind::Ca,
+            name: domain.to_owned(),
+            vip_blocks: blocks,
+            public_key,
+            issuer: root.public_key,
+            groups: Vec::new(),
+            not_before,
+            not_after,
+        };
+        let cert = Certificate::sign(body, &self.key)?;
+        Ok(Self { key, pkcs8, cert })
+    }
+
+    /// The CA's certificate: a root's is self-signed and every node trusts it; an issuing
+    /// CA's travels with what it issues (in the cloud's welcome, and in enrollment).
     pub const fn certificate(&self) -> &Certificate {
         &self.cert
     }
@@ -675,6 +732,20 @@ impl CertificateAuthority {
         };
         Certificate::sign(body, &self.key)
     }
+}
+
+/// A CA's Ed25519 key, its PKCS#8 document (wiped when dropped) and its public half.
+type SigningKey = (Ed25519KeyPair, Zeroizing<Vec<u8>>, [u8; PUBLIC_KEY_LEN]);
+
+/// A fresh Ed25519 key for a CA.
+fn new_signing_key() -> Result<SigningKey, CertError> {
+    let rng = ring::rand::SystemRandom::new();
+    let doc = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| CertError::Rng)?;
+    let pkcs8 = Zeroizing::new(doc.as_ref().to_vec());
+    let key = Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| CertError::InvalidKey)?;
+    let mut public_key = [0u8; PUBLIC_KEY_LEN];
+    public_key.copy_from_slice(key.public_key().as_ref());
+    Ok((key, pkcs8, public_key))
 }
 
 /// Whether `name` lies below `domain` (not `domain` itself: a node named after the overlay
@@ -749,25 +820,83 @@ pub struct TrustStore {
 }
 
 impl TrustStore {
-    /// Trusts these CA certificates. Each must be a well-formed, self-signed CA certificate.
+    /// Trusts these CA certificates: self-signed roots, and issuing CAs each signed by one of
+    /// those roots and inside it (domain, blocks, validity). A chain is one level deep.
     ///
     /// # Errors
-    /// [`CertError::WrongKind`] or [`CertError::BadSignature`] for the first bad one.
+    /// [`CertError::WrongKind`] or [`CertError::BadSignature`] for a bad root; for an issuing
+    /// CA, [`CertError::UnknownCa`] (its root is not among `cas`) or what [`Self::add_issuer`]
+    /// says.
     pub fn new(cas: Vec<Certificate>, revoked: RevocationList) -> Result<Self, CertError> {
-        for ca in &cas {
+        let (roots, issuing): (Vec<_>, Vec<_>) = cas.into_iter().partition(Certificate::is_root);
+        for ca in &roots {
             if ca.body.kind != CertKind::Ca {
                 return Err(CertError::WrongKind {
                     expected: CertKind::Ca,
                     got: ca.body.kind,
                 });
             }
-            if ca.body.issuer != ca.body.public_key
-                || !ca.signature_verifies_under(&ca.body.public_key)
-            {
+            if !ca.signature_verifies_under(&ca.body.public_key) {
                 return Err(CertError::BadSignature);
             }
         }
-        Ok(Self { cas, revoked })
+        let mut store = Self {
+            cas: roots,
+            revoked,
+        };
+        for ca in issuing {
+            store.add_issuer(ca)?;
+        }
+        Ok(store)
+    }
+
+    /// Trusts an issuing CA (one the cloud's AS signs with): a CA certificate signed by one of
+    /// our roots, naming the root's domain or one below it, its blocks inside the root's and
+    /// its validity inside the root's. Returns whether it was new. (Whether it or its root is
+    /// revoked or out of date is checked with every certificate it issued.)
+    ///
+    /// # Errors
+    /// Not a CA certificate, no trusted root signed it, the signature or the constraints do
+    /// not hold, or a root's key signed it as an issuing CA's issuing CA.
+    pub fn add_issuer(&mut self, ca: Certificate) -> Result<bool, CertError> {
+        let body = &ca.body;
+        if body.kind != CertKind::Ca {
+            return Err(CertError::WrongKind {
+                expected: CertKind::Ca,
+                got: body.kind,
+            });
+        }
+        if ca.is_root() {
+            return Err(CertError::UnknownCa);
+        }
+        let root = match self.cas.iter().find(|r| r.body.public_key == body.issuer) {
+            Some(r) if r.is_root() => r,
+            Some(_) => return Err(CertError::ChainTooLong),
+            None => return Err(CertError::UnknownCa),
+        };
+        if !ca.signature_verifies_under(&root.body.public_key) {
+            return Err(CertError::BadSignature);
+        }
+        if body.name != root.body.name && !is_below_domain(&body.name, &root.body.name) {
+            return Err(CertError::NameOutsideCa {
+                name: body.name.clone(),
+                domain: root.body.name.clone(),
+            });
+        }
+        if let Some(b) = body.vip_blocks.iter().find(|b| !root.body.covers_block(b)) {
+            return Err(CertError::BlockOutsideCa(*b));
+        }
+        if body.not_before < root.body.not_before || body.not_after > root.body.not_after {
+            return Err(CertError::ValidityOutsideCa {
+                not_before: body.not_before,
+                not_after: body.not_after,
+            });
+        }
+        if self.cas.iter().any(|c| c == &ca) {
+            return Ok(false);
+        }
+        self.cas.push(ca);
+        Ok(true)
     }
 
     /// The revocation list.
@@ -780,14 +909,14 @@ impl TrustStore {
         &mut self.revoked
     }
 
-    /// The trusted CA certificates.
+    /// The trusted CA certificates: roots and issuing CAs.
     pub fn cas(&self) -> &[Certificate] {
         &self.cas
     }
 
-    /// Decides whether to believe a node certificate at unix time `now`: issued by a trusted CA,
-    /// signature valid, neither it nor its CA revoked, inside its validity and the CA's, its
-    /// name and blocks inside the CA's.
+    /// Decides whether to believe a node certificate at unix time `now`: issued by a trusted CA
+    /// (a root, or an issuing CA under one), signature valid, neither it nor any CA above it
+    /// revoked, inside its validity and theirs, its name and blocks inside its issuer's.
     ///
     /// # Errors
     /// The first check that fails, as a typed reason.
@@ -807,15 +936,32 @@ impl TrustStore {
         if !cert.signature_verifies_under(&ca.body.public_key) {
             return Err(CertError::BadSignature);
         }
-        let ca_fp = ca.fingerprint();
-        if self.revoked.contains(&ca_fp) {
-            return Err(CertError::CaRevoked(ca_fp));
+        // An issuing CA was checked against its root when it was trusted; the root is
+        // still there (the list only grows), and must be neither revoked nor out of date.
+        let root = if ca.is_root() {
+            None
+        } else {
+            Some(
+                self.cas
+                    .iter()
+                    .find(|r| r.is_root() && r.body.public_key == ca.body.issuer)
+                    .ok_or(CertError::UnknownCa)?,
+            )
+        };
+        for c in [Some(ca), root].into_iter().flatten() {
+            let ca_fp = c.fingerprint();
+            if self.revoked.contains(&ca_fp) {
+                return Err(CertError::CaRevoked(ca_fp));
+            }
         }
         let fp = cert.fingerprint();
         if self.revoked.contains(&fp) {
             return Err(CertError::Revoked(fp));
         }
-        for validity in [body, &ca.body] {
+        for validity in [Some(body), Some(&ca.body), root.map(|r| &r.body)]
+            .into_iter()
+            .flatten()
+        {
             if now < validity.not_before {
                 return Err(CertError::NotYetValid {
                     not_before: validity.not_before,
@@ -1154,5 +1300,88 @@ mod tests {
         assert!(is_below_domain("a.ovl.example", "ovl.example"));
         assert!(is_below_domain("b.a.ovl.example", "ovl.example"));
         assert!(!is_below_domain("aovl.example", "ovl.example"));
+    }
+
+    /// root -> issuing CA -> node: the node verifies where the issuing CA is trusted, under
+    /// the issuing CA's constraints; revoking or expiring either CA above it ends it; the
+    /// issuing CA cannot delegate, nor step outside its root.
+    #[test]
+    fn an_issuing_ca_chains_to_its_root_and_stays_inside_it() {
+        let root = ca();
+        let issuing = root
+            .delegate("ovl.example", &[net("100.64.128.0/17")], T0, T0 + YEAR)
+            .unwrap();
+        assert!(!issuing.certificate().is_root() && root.certificate().is_root());
+        let cert = issuing
+            .issue(&request("gw9.ovl.example", "100.64.130.0/24"))
+            .unwrap();
+        // Only the root: the issuing CA is unknown.
+        assert_eq!(
+            trust(&root).verify(&cert, T0 + 10),
+            Err(CertError::UnknownCa)
+        );
+        let both = vec![root.certificate().clone(), issuing.certificate().clone()];
+        let store = TrustStore::new(both.clone(), RevocationList::default()).unwrap();
+        store.verify(&cert, T0 + 10).unwrap();
+        // Learned later, as a client learns it from the cloud.
+        let mut learned = trust(&root);
+        assert_eq!(learned.add_issuer(issuing.certificate().clone()), Ok(true));
+        assert_eq!(learned.add_issuer(issuing.certificate().clone()), Ok(false));
+        learned.verify(&cert, T0 + 10).unwrap();
+        // Outside the issuing CA's blocks, though inside the root's.
+        assert!(matches!(
+            issuing.issue(&request("gw8.ovl.example", "100.64.1.0/24")),
+            Err(CertError::BlockOutsideCa(_))
+        ));
+        // Its validity ends: so does the node's.
+        assert!(matches!(
+            store.verify(&cert, T0 + YEAR),
+            Err(CertError::Expired { .. })
+        ));
+        // Revoked, the issuing CA or the root, the node goes with it.
+        for revoked in [issuing.certificate(), root.certificate()] {
+            let mut list = RevocationList::default();
+            list.revoke(revoked.fingerprint());
+            let store = TrustStore::new(both.clone(), list).unwrap();
+            assert!(matches!(
+                store.verify(&cert, T0 + 10),
+                Err(CertError::CaRevoked(_))
+            ));
+        }
+        // No further delegation, and nothing outside the root.
+        assert_eq!(
+            issuing
+                .delegate("ovl.example", &[net("100.64.128.0/18")], T0, T0 + YEAR)
+                .unwrap_err(),
+            CertError::ChainTooLong
+        );
+        assert!(matches!(
+            root.delegate("other.example", &[net("100.64.0.0/16")], T0, T0 + YEAR),
+            Err(CertError::NameOutsideCa { .. })
+        ));
+        assert!(matches!(
+            root.delegate("ovl.example", &[net("10.0.0.0/8")], T0, T0 + YEAR),
+            Err(CertError::BlockOutsideCa(_))
+        ));
+        // An issuing CA of another root is not believed.
+        let other = CertificateAuthority::generate(
+            "ovl.example",
+            &[net("100.64.0.0/10")],
+            T0,
+            T0 + 10 * YEAR,
+        )
+        .unwrap();
+        let stranger = other
+            .delegate("ovl.example", &[net("100.64.0.0/16")], T0, T0 + YEAR)
+            .unwrap();
+        assert_eq!(
+            trust(&root).add_issuer(stranger.certificate().clone()),
+            Err(CertError::UnknownCa)
+        );
+        // The issuing CA's key and certificate load back.
+        let again =
+            CertificateAuthority::from_pem(&issuing.key_pem(), &issuing.certificate().to_pem())
+                .unwrap();
+        assert_eq!(again.certificate(), issuing.certificate());
     }
 }
