@@ -35,6 +35,8 @@ pub struct CloudConfig {
     pub database: String,
     /// Who may resolve whom.
     pub policy: Policy,
+    /// Online issuing (enrollment and renewal); `None` without `[enroll]`.
+    pub enroll: Option<crate::enroll::Issuer>,
 }
 
 /// The relay's settings.
@@ -81,6 +83,22 @@ struct Raw {
     status_socket: PathBuf,
     #[serde(default)]
     metrics: RawMetrics,
+    enroll: Option<RawEnroll>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnroll {
+    certificate: Spanned<PathBuf>,
+    key: Spanned<PathBuf>,
+    pool: Option<Spanned<Vec<String>>>,
+    #[serde(default = "default_lifetime")]
+    lifetime: Spanned<u64>,
+}
+
+/// A week.
+fn default_lifetime() -> Spanned<u64> {
+    Spanned::new(0..0, 7 * 24 * 3600)
 }
 
 #[derive(Deserialize, Default)]
@@ -147,6 +165,7 @@ pub struct Restart {
     relay: bool,
     metrics: Option<SocketAddr>,
     status_socket: PathBuf,
+    enroll: Option<(cyphonic_crypto::Fingerprint, Vec<ipnet::IpNet>, u64)>,
 }
 
 impl Restart {
@@ -159,6 +178,10 @@ impl Restart {
             relay: c.relay.is_some(),
             metrics: c.metrics,
             status_socket: c.status_socket.clone(),
+            enroll: c
+                .enroll
+                .as_ref()
+                .map(|e| (e.certificate().fingerprint(), e.pool.clone(), e.lifetime)),
         }
     }
 
@@ -174,6 +197,7 @@ impl Restart {
             ("[relay]", self.relay != new.relay),
             ("[metrics]", self.metrics != new.metrics),
             ("status_socket", self.status_socket != new.status_socket),
+            ("[enroll]", self.enroll != new.enroll),
         ]
         .into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))
@@ -225,8 +249,12 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             .map_err(|e| err(r.span(), "revocations", e.to_string()))?,
         None => RevocationList::default(),
     };
-    let trust =
+    let mut trust =
         TrustStore::new(cas, revoked).map_err(|e| err(raw.ca.span(), "ca", e.to_string()))?;
+    let enroll = match &raw.enroll {
+        Some(e) => Some(enroll(e, &mut trust, now_secs, &read, &err)?),
+        None => None,
+    };
     for ca in trust.cas() {
         let b = ca.body();
         if b.not_after <= now_secs {
@@ -301,7 +329,85 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             allow_by_default,
             rules: raw.policy.rule,
         },
+        enroll,
     })
+}
+
+/// `[enroll]`: the issuing CA (trusted from here on: members it enrolled connect), its pool
+/// and the default lifetime.
+fn enroll(
+    raw: &RawEnroll,
+    trust: &mut TrustStore,
+    now_secs: u64,
+    read: &dyn Fn(&Spanned<PathBuf>, &str) -> anyhow::Result<String>,
+    err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
+) -> anyhow::Result<crate::enroll::Issuer> {
+    let cert_text = read(&raw.certificate, "enroll.certificate")?;
+    let key_text = read(&raw.key, "enroll.key")?;
+    let ca = cyphonic_crypto::CertificateAuthority::from_pem(&key_text, &cert_text)
+        .map_err(|e| err(raw.key.span(), "enroll.key", e.to_string()))?;
+    let cert = ca.certificate().clone();
+    if !cert.is_root() {
+        trust.add_issuer(cert.clone()).map_err(|e| {
+            err(
+                raw.certificate.span(),
+                "enroll.certificate",
+                format!("not an issuing CA under `ca`: {e}"),
+            )
+        })?;
+    } else if !trust.cas().contains(&cert) {
+        return Err(err(
+            raw.certificate.span(),
+            "enroll.certificate",
+            "a root that `ca` does not list".into(),
+        ));
+    }
+    if cert.body().not_after <= now_secs {
+        return Err(err(
+            raw.certificate.span(),
+            "enroll.certificate",
+            "the issuing CA has expired".into(),
+        ));
+    }
+    let roots: Vec<Certificate> = trust
+        .cas()
+        .iter()
+        .filter(|r| r.is_root() && r.body().public_key == cert.body().issuer)
+        .cloned()
+        .collect();
+    let pool = match &raw.pool {
+        None => cert.body().vip_blocks.clone(),
+        Some(p) => {
+            let mut out = Vec::new();
+            for text in p.get_ref() {
+                let block: ipnet::IpNet = text.parse().map_err(|_| {
+                    err(
+                        p.span(),
+                        "enroll.pool",
+                        format!("{text:?} is not a CIDR block"),
+                    )
+                })?;
+                if !cert.body().covers_block(&block) {
+                    return Err(err(
+                        p.span(),
+                        "enroll.pool",
+                        format!("{block} lies outside the issuing CA's blocks"),
+                    ));
+                }
+                out.push(block.trunc());
+            }
+            out
+        }
+    };
+    let lifetime = *raw.lifetime.get_ref();
+    if !(crate::enroll::MIN_LIFETIME..=365 * 24 * 3600).contains(&lifetime) {
+        return Err(err(
+            raw.lifetime.span(),
+            "enroll.lifetime",
+            format!("{lifetime} s: give 30 to 31536000 seconds"),
+        ));
+    }
+    Ok(crate::enroll::Issuer::new(ca, roots, pool, lifetime))
 }
 
 fn relay(

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod enroll;
 pub mod guard;
 pub mod nms;
 pub mod observe;
@@ -116,14 +117,17 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
     );
     let public = config.key.public();
     let trs = config.relay.map(|r| Arc::new(Trs::new(r)));
-    let nms = Arc::new(Nms::new(
-        config.key,
-        config.trust,
-        store.clone(),
-        config.policy,
-        vec![probe_addr.port(), probe_alt_addr.port()],
-        trs.clone(),
-    ));
+    let nms = Arc::new(
+        Nms::new(
+            config.key,
+            config.trust,
+            store.clone(),
+            config.policy,
+            vec![probe_addr.port(), probe_alt_addr.port()],
+            trs.clone(),
+        )
+        .with_issuer(config.enroll),
+    );
     let (clients, online) = store.counts().await?;
     tracing::info!(
         %control,

@@ -1,8 +1,9 @@
 //! `cyphonic-cloud`: the control plane of the overlay. `serve --config FILE` runs the AS/NMS
 //! services (the library, `cyphonic_cloud`); `keygen` makes the cloud's Noise key; `ca ...` is
 //! the offline certificate authority (like nebula-cert): create the overlay CA, issue node
-//! certificates with fresh Noise keys, revoke, list; `members` is the fleet as the registry
-//! knows it (list, show, remove).
+//! certificates with fresh Noise keys, delegate to the issuing CA the cloud signs with online,
+//! revoke, list; `members` is the fleet as the registry knows it (list, show, remove); `token`
+//! makes, lists and revokes enrollment tokens.
 //!
 //! A CA directory holds `ca.crt` (give it to every node), `ca.key` (keep it offline; mode
 //! 0600), `revoked.txt` (publish it) and `issued/` (a copy of every certificate issued).
@@ -10,6 +11,7 @@
 #![allow(clippy::print_stdout)]
 
 mod members;
+mod tokens;
 
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
@@ -69,6 +71,9 @@ enum Command {
     /// names it hosts: its devices), remove one.
     #[command(subcommand)]
     Members(members::Members),
+    /// Enrollment tokens: create one for a new adapter or node, list them, revoke one.
+    #[command(subcommand)]
+    Token(tokens::Tokens),
     /// Check a configuration file and the files it names, then exit.
     CheckConfig {
         /// The configuration file.
@@ -139,6 +144,23 @@ enum Ca {
         #[arg(long)]
         fingerprint: Option<String>,
     },
+    /// Make the issuing CA the cloud's AS signs with online (enrollment, renewal), under
+    /// this root: writes `issuing.crt` and `issuing.key` (mode 0600) to OUT, for the cloud's
+    /// `[enroll]`. The root's key can then stay offline.
+    Delegate {
+        /// The (root) CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The blocks the issuing CA may hand out (repeatable). Default: the root's.
+        #[arg(long = "vip-block")]
+        vip_blocks: Vec<IpNet>,
+        /// Validity in days (at most to the root's end).
+        #[arg(long, default_value_t = 365)]
+        days: u64,
+        /// Where to write issuing.crt and issuing.key (created).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// List the certificates this CA issued.
     List {
         /// The CA directory.
@@ -169,6 +191,7 @@ fn main() -> ExitCode {
         }),
         Command::Keygen { out } => keygen(&out),
         Command::Members(m) => members::run(m, now()),
+        Command::Token(t) => tokens::run(t, now()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -379,6 +402,42 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 "issued {name} ({}) -> {}",
                 cert.fingerprint(),
                 cert_path.display()
+            );
+        }
+        Ca::Delegate {
+            dir,
+            vip_blocks,
+            days,
+            out,
+        } => {
+            let root = load_ca(&dir)?;
+            let body = root.certificate().body();
+            let blocks = if vip_blocks.is_empty() {
+                body.vip_blocks.clone()
+            } else {
+                vip_blocks
+            };
+            let t = now();
+            let issuing = root.delegate(
+                &body.name,
+                &blocks,
+                t.saturating_sub(SKEW).max(body.not_before),
+                (t + days * DAY).min(body.not_after),
+            )?;
+            fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            write_new(&out.join("issuing.key"), &issuing.key_pem(), true)?;
+            write_new(
+                &out.join("issuing.crt"),
+                &issuing.certificate().to_pem(),
+                false,
+            )?;
+            let shown: Vec<String> = blocks.iter().map(ToString::to_string).collect();
+            println!(
+                "issuing CA for {} ({}) in {} (fingerprint {}); name it in the cloud's [enroll]",
+                body.name,
+                shown.join(" "),
+                out.display(),
+                issuing.certificate().fingerprint()
             );
         }
         Ca::Revoke {

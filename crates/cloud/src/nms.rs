@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cyphonic_control::channel::{LEN_PREFIX, MAX_HELLO_FRAME, frame_len};
 use cyphonic_control::probe::PROBE_KEY_LEN;
 use cyphonic_control::{
-    ClientMsg, CloudMsg, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe, RelayInfo, RelayReason,
-    Resolution, ServerHandshake, VERSION, Welcome, check_name,
+    ClientMsg, CloudMsg, MIN_VERSION, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe, RelayInfo,
+    RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
 };
 use cyphonic_crypto::{CertBody, CertKind, Certificate, StaticKeypair, TrustStore};
 use dashmap::DashMap;
@@ -73,6 +73,14 @@ cyphonic_telemetry::counters! {
         relayed_pairs,
         /// Relay requests refused (no relay, unknown peer, policy, limits).
         relays_refused,
+        /// Enrollment tokens redeemed: certificates issued to new members.
+        enrolled,
+        /// Enrollments refused (unknown, used, expired or revoked token; no issuing here).
+        enroll_refused,
+        /// Certificates renewed.
+        renewed,
+        /// Renewals refused (too early, expired, outside the issuing CA, no issuing here).
+        renew_refused,
     }
 }
 
@@ -142,6 +150,8 @@ pub struct Nms {
     serial: AtomicU64,
     unproven: Arc<Unproven>,
     freshness: Arc<Freshness>,
+    /// Online issuing: enrollment and renewal (`[enroll]`).
+    issuer: Option<crate::enroll::Issuer>,
     /// Counters.
     pub stats: Stats,
 }
@@ -166,9 +176,9 @@ fn admit(
     now: u64,
 ) -> Result<(Certificate, String), String> {
     let hello = hs.hello();
-    if hello.version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&hello.version) {
         return Err(format!(
-            "protocol version {} is not spoken here (this cloud speaks {VERSION})",
+            "protocol version {} is not spoken here (this cloud speaks {MIN_VERSION} to {VERSION})",
             hello.version
         ));
     }
@@ -252,8 +262,16 @@ impl Nms {
             serial: AtomicU64::new(0),
             unproven: Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE),
             freshness: Freshness::new(),
+            issuer: None,
             stats: Stats::default(),
         }
+    }
+
+    /// Issues online with `issuer`: enrolls members that bring a token, renews certificates.
+    #[must_use]
+    pub fn with_issuer(mut self, issuer: Option<crate::enroll::Issuer>) -> Self {
+        self.issuer = issuer;
+        self
     }
 
     /// Accepts control sessions on `listener` until the task is dropped; its sessions end
@@ -347,6 +365,23 @@ impl Nms {
             tracing::debug!(%from, client = %key, "a control handshake seen before (a replay, or the client's clock went back): closed");
             return None;
         }
+        if hs.hello().enroll.is_some() {
+            let welcome = match self.redeem(&hs).await {
+                Ok(w) => {
+                    bump(&self.stats.enrolled);
+                    w
+                }
+                Err(reason) => {
+                    bump(&self.stats.enroll_refused);
+                    tracing::info!(%from, %reason, "enrollment refused");
+                    Welcome::Refused { reason }
+                }
+            };
+            if let Ok((_, frame)) = hs.answer(&welcome) {
+                let _ = wr.write_all(&frame).await;
+            }
+            return None;
+        }
         let (cert, pem) = match admit(&self.trust(), &hs, unix_now()) {
             Ok(ok) => ok,
             Err(reason) => {
@@ -362,13 +397,21 @@ impl Nms {
             .freshness
             .admit(key, timestamp, std::time::Instant::now());
         let probe_key = random16()?;
+        let version = hs.hello().version;
+        let issuers = match &self.issuer {
+            Some(i) if version >= 3 && !i.certificate().is_root() => {
+                vec![i.certificate().to_pem()]
+            }
+            _ => Vec::new(),
+        };
         let (mut ch, frame) = hs
             .answer(&Welcome::Accepted {
-                version: VERSION,
+                version,
                 probe_token: token,
                 probe_key,
                 probe_ports: self.probe_ports.clone(),
                 observed: from,
+                issuers,
             })
             .ok()?;
         // Known before the client hears the welcome: its first probe may arrive at once.
@@ -578,9 +621,88 @@ impl Nms {
         self.handle(&fp, cert.body(), msg).await
     }
 
+    /// An enrollment: the token checked and redeemed, the certificate issued for the
+    /// handshake's key (docs/protocol.md §4, Enrollment); or why not, in words for the client.
+    async fn redeem(&self, hs: &ServerHandshake) -> Result<Welcome, String> {
+        use crate::enroll::{Token, TokenError};
+        let hello = hs.hello();
+        if hello.version < 3 {
+            return Err("enrollment needs control version 3".into());
+        }
+        let issuer = self
+            .issuer
+            .as_ref()
+            .ok_or("this cloud does not enroll (no [enroll] in its configuration)")?;
+        let token =
+            Token::parse(hello.enroll.as_deref().unwrap_or_default()).map_err(|e| e.to_string())?;
+        let unavailable = |e: crate::store::StoreError| {
+            tracing::error!(error = %e, "store");
+            "the registry is unavailable; try again".to_owned()
+        };
+        let row = self
+            .store
+            .token(&token.id)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| TokenError::Unknown.to_string())?;
+        let now = unix_now();
+        token.check(&row, now).map_err(|e| e.to_string())?;
+        let cert = issuer.enroll(&row, hs.remote_static().0, now)?;
+        let fp = cert.fingerprint().to_string();
+        if !self
+            .store
+            .redeem_token(&token.id, now, &fp)
+            .await
+            .map_err(unavailable)?
+        {
+            return Err(TokenError::Used.to_string());
+        }
+        tracing::info!(name = %row.name, token = %token.id, fingerprint = %fp, "enrolled");
+        let pems = |certs: &[Certificate]| certs.iter().map(Certificate::to_pem).collect();
+        Ok(Welcome::Enrolled {
+            certificate: cert.to_pem(),
+            chain: pems(&issuer.chain()),
+            roots: pems(issuer.roots()),
+        })
+    }
+
+    /// A renewal of the session's certificate `body` (docs/protocol.md §4, Renewal).
+    fn renew(&self, body: &CertBody) -> CloudMsg {
+        let now = unix_now();
+        let verdict = (|| {
+            let issuer = self
+                .issuer
+                .as_ref()
+                .ok_or("this cloud does not issue certificates")?;
+            if now >= body.not_after {
+                return Err("the certificate has expired".to_owned());
+            }
+            let half = body.not_before + (body.not_after - body.not_before) / 2;
+            if now < half {
+                return Err("too early: ask once two thirds of the validity have passed".into());
+            }
+            issuer.renew(body, now)
+        })();
+        match verdict {
+            Ok(cert) => {
+                bump(&self.stats.renewed);
+                tracing::info!(name = %body.name, fingerprint = %cert.fingerprint(), not_after = cert.body().not_after, "certificate renewed");
+                CloudMsg::Renewed {
+                    certificate: cert.to_pem(),
+                }
+            }
+            Err(reason) => {
+                bump(&self.stats.renew_refused);
+                tracing::info!(name = %body.name, %reason, "renewal refused");
+                CloudMsg::NotRenewed { reason }
+            }
+        }
+    }
+
     async fn handle(&self, fp: &str, body: &CertBody, msg: ClientMsg) -> Option<CloudMsg> {
         match msg {
             ClientMsg::Ping {} => Some(CloudMsg::Pong {}),
+            ClientMsg::Renew {} => Some(self.renew(body)),
             ClientMsg::Register { endpoints, names } => {
                 Some(self.register(fp, body, endpoints, names).await)
             }

@@ -448,6 +448,175 @@ impl Store {
     }
 }
 
+/// An enrollment token as the registry holds it (its secret only hashed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    /// Names the token (16 hex digits); not secret.
+    pub id: String,
+    /// SHA-256 of the secret, hex.
+    pub secret_sha256: String,
+    /// The name the certificate will carry.
+    pub name: String,
+    /// Its vIP blocks.
+    pub blocks: Vec<ipnet::IpNet>,
+    /// Its groups.
+    pub groups: Vec<String>,
+    /// The certificate's lifetime, seconds.
+    pub lifetime: u64,
+    /// When the token was made (unix seconds).
+    pub created_at: u64,
+    /// When it stops being accepted.
+    pub expires_at: u64,
+    /// When it was redeemed.
+    pub used_at: Option<u64>,
+    /// The fingerprint of the certificate it was redeemed for.
+    pub used_by: Option<String>,
+    /// When it was revoked.
+    pub revoked_at: Option<u64>,
+}
+
+impl TokenRow {
+    /// What may be done with it at unix time `now`, in a word: `live`, `used`, `revoked` or
+    /// `expired`.
+    pub fn state(&self, now: u64) -> &'static str {
+        if self.used_at.is_some() {
+            "used"
+        } else if self.revoked_at.is_some() {
+            "revoked"
+        } else if now >= self.expires_at {
+            "expired"
+        } else {
+            "live"
+        }
+    }
+}
+
+const TOKEN_COLUMNS: &str = "id, secret_sha256, name, blocks, member_groups, lifetime, created_at, \
+     expires_at, used_at, used_by, revoked_at";
+
+fn token_row(row: &sqlx::any::AnyRow) -> Result<TokenRow, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt {
+        table: "tokens",
+        what,
+    };
+    let secs = |v: i64| u64::try_from(v).unwrap_or(0);
+    let opt = |v: Option<i64>| v.map(secs);
+    let blocks: String = row.try_get(3)?;
+    let groups: String = row.try_get(4)?;
+    Ok(TokenRow {
+        id: row.try_get(0)?,
+        secret_sha256: row.try_get(1)?,
+        name: row.try_get(2)?,
+        blocks: serde_json::from_str::<Vec<String>>(&blocks)
+            .ok()
+            .and_then(|b| b.iter().map(|b| b.parse().ok()).collect())
+            .ok_or_else(|| corrupt(format!("blocks {blocks:?}")))?,
+        groups: serde_json::from_str(&groups).map_err(|_| corrupt(format!("groups {groups:?}")))?,
+        lifetime: secs(row.try_get(5)?),
+        created_at: secs(row.try_get(6)?),
+        expires_at: secs(row.try_get(7)?),
+        used_at: opt(row.try_get(8)?),
+        used_by: row.try_get(9)?,
+        revoked_at: opt(row.try_get(10)?),
+    })
+}
+
+fn db_secs(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// Writes a new token.
+    ///
+    /// # Errors
+    /// Database failures (an id already taken among them).
+    pub async fn add_token(&self, t: &TokenRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO tokens (id, secret_sha256, name, blocks, member_groups, lifetime, created_at, \
+             expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&t.id)
+        .bind(&t.secret_sha256)
+        .bind(&t.name)
+        .bind(
+            serde_json::to_string(&t.blocks.iter().map(ToString::to_string).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        )
+        .bind(serde_json::to_string(&t.groups).unwrap_or_default())
+        .bind(db_secs(t.lifetime))
+        .bind(db_secs(t.created_at))
+        .bind(db_secs(t.expires_at))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every token, newest first.
+    ///
+    /// # Errors
+    /// Database failures, unreadable rows.
+    pub async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_at DESC, id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(token_row).collect()
+    }
+
+    /// The token `id`.
+    ///
+    /// # Errors
+    /// Database failures, an unreadable row.
+    pub async fn token(&self, id: &str) -> Result<Option<TokenRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(token_row).transpose()
+    }
+
+    /// Revokes the token `id` unless it was used or revoked; returns whether it was.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn revoke_token(&self, id: &str, now: u64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE tokens SET revoked_at = $2 WHERE id = $1 AND used_at IS NULL \
+             AND revoked_at IS NULL",
+        )
+        .bind(id)
+        .bind(db_secs(now))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Redeems the token `id` for the certificate `fingerprint`: one update that succeeds
+    /// only while it is unused, not revoked and unexpired at `now`, so that two instances
+    /// cannot both redeem it. Returns whether it did.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn redeem_token(
+        &self,
+        id: &str,
+        now: u64,
+        fingerprint: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE tokens SET used_at = $2, used_by = $3 WHERE id = $1 AND used_at IS NULL \
+             AND revoked_at IS NULL AND expires_at > $2",
+        )
+        .bind(id)
+        .bind(db_secs(now))
+        .bind(fingerprint)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
 /// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online,
 /// observed_alt` starting at column `at`.
 fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreError> {

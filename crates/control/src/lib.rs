@@ -13,8 +13,8 @@ pub mod relay;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
-    ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, VERSION,
-    Welcome,
+    ClientMsg, CloudMsg, Hello, MIN_VERSION, NameRecord, PeerInfo, RelayInfo, RelayReason,
+    Resolution, VERSION, Welcome,
 };
 pub use probe::{PROBE_TOKEN_LEN, Probe, Prober, bind_frame, bind_token};
 

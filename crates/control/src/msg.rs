@@ -9,7 +9,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
+
+/// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
+pub const MIN_VERSION: u16 = 2;
 
 /// The payload of the first handshake message, client to cloud.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,8 +26,13 @@ pub struct Hello {
     /// cloud speaks.)
     #[serde(default)]
     pub timestamp: u64,
-    /// The client's certificate (text armor). Its Noise key must be the handshake's.
+    /// The client's certificate (text armor). Its Noise key must be the handshake's. Empty
+    /// when enrolling.
     pub certificate: String,
+    /// An enrollment token (`<id>.<secret>`, version 3): the client has no certificate yet and
+    /// asks the cloud's AS for one certifying the handshake's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enroll: Option<String>,
     /// Software and version, for the cloud's logs.
     pub agent: String,
 }
@@ -49,6 +57,22 @@ pub enum Welcome {
         probe_ports: Vec<u16>,
         /// The client's TCP source address as the cloud sees it.
         observed: SocketAddr,
+        /// The cloud's issuing CA certificates (text armor; version 3, when the cloud issues):
+        /// clients trust each once it verifies under one of their roots, so that members
+        /// the AS enrolled verify, and they know that the cloud renews.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        issuers: Vec<String>,
+    },
+    /// The token in `Hello.enroll` was good: the certificate the AS issued for the
+    /// handshake's key. The cloud closes the connection after this; the client connects
+    /// again with the certificate.
+    Enrolled {
+        /// The new certificate (text armor).
+        certificate: String,
+        /// The issuing CA's certificate that signed it.
+        chain: Vec<String>,
+        /// The roots the chain leads to.
+        roots: Vec<String>,
     },
     /// The certificate did not pass (unknown CA, expired, revoked, key mismatch) or the
     /// version is not spoken. The cloud closes the connection after this.
@@ -103,6 +127,9 @@ pub enum ClientMsg {
     },
     /// Liveness: the cloud answers [`CloudMsg::Pong`].
     Ping {},
+    /// (Version 3.) Issue me a certificate like the session's with a new validity:
+    /// answered by [`CloudMsg::Renewed`] or [`CloudMsg::NotRenewed`].
+    Renew {},
 }
 
 /// A peer as the cloud describes it to a client that is about to handshake with it.
@@ -230,6 +257,16 @@ pub enum CloudMsg {
     Pong {},
     /// A message the cloud could not accept; the session stays open.
     Error {
+        /// Why, in words.
+        reason: String,
+    },
+    /// (Version 3.) The answer to [`ClientMsg::Renew`]: the new certificate (text armor).
+    Renewed {
+        /// Same name, blocks, groups and key as the session's; a new validity.
+        certificate: String,
+    },
+    /// (Version 3.) The cloud will not renew the session's certificate, and says why.
+    NotRenewed {
         /// Why, in words.
         reason: String,
     },

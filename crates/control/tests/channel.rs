@@ -38,6 +38,7 @@ fn hello() -> Hello {
         version: 2,
         timestamp: 1,
         certificate: "CERT".into(),
+        enroll: None,
         agent: "test".into(),
     }
 }
@@ -49,7 +50,40 @@ fn welcome() -> Welcome {
         probe_key: [8; 16],
         probe_ports: vec![7001, 7002],
         observed: "198.51.100.2:40000".parse().unwrap(),
+        issuers: Vec::new(),
     }
+}
+
+/// Version 3 adds fields a version-2 peer would refuse (unknown fields are errors): they are
+/// left out when empty, so that what a version-3 cloud says to a version-2 client, and what a
+/// version-3 client says when it is not enrolling, reads as version 2 did.
+#[test]
+fn version_3_fields_are_absent_unless_used() {
+    let json = serde_json::to_string(&welcome()).unwrap();
+    assert!(!json.contains("issuers"), "{json}");
+    let json = serde_json::to_string(&hello()).unwrap();
+    assert!(!json.contains("enroll"), "{json}");
+    // A version-2 client's hello, as it wrote it, still reads.
+    let v2: Hello =
+        serde_json::from_str(r#"{"version":2,"timestamp":5,"certificate":"CERT","agent":"old"}"#)
+            .unwrap();
+    assert_eq!(v2.enroll, None);
+    // An enrollment hello and answer round-trip.
+    let enrolling = Hello {
+        certificate: String::new(),
+        enroll: Some("00112233.aabb".into()),
+        ..hello()
+    };
+    let back: Hello = serde_json::from_str(&serde_json::to_string(&enrolling).unwrap()).unwrap();
+    assert_eq!(back, enrolling);
+    let enrolled = Welcome::Enrolled {
+        certificate: "C".into(),
+        chain: vec!["I".into()],
+        roots: vec!["R".into()],
+    };
+    let json = serde_json::to_string(&enrolled).unwrap();
+    assert!(json.contains(r#""result":"enrolled""#), "{json}");
+    assert_eq!(serde_json::from_str::<Welcome>(&json).unwrap(), enrolled);
 }
 
 /// Strips the length prefix, checking it.

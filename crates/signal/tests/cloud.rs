@@ -64,6 +64,7 @@ impl Cloud {
             trust: pki.trust(),
             database: self.db.clone(),
             policy,
+            enroll: None,
         };
         cyphonic_cloud::start(config).await.unwrap()
     }
@@ -639,6 +640,7 @@ impl Manual {
             version: cyphonic_control::VERSION,
             timestamp,
             certificate: id.certificate().to_pem(),
+            enroll: None,
             agent: "manual".into(),
         };
         cyphonic_control::ClientHandshake::start(id.keypair(), &cloud.key.public(), &hello).unwrap()

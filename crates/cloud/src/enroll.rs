@@ -1,0 +1,385 @@
+//! The AS's online half (docs/protocol.md §4, Enrollment and Renewal): enrollment tokens,
+//! block allocation, and issuing with the issuing CA a root delegated to (the root's key
+//! stays offline). Sans-IO: the store and the sessions are the callers'.
+
+use core::fmt;
+
+use cyphonic_crypto::{CertBody, Certificate, CertificateAuthority, IssueRequest};
+use ipnet::IpNet;
+
+use crate::store::TokenRow;
+
+/// Certificates start this long before now: a client whose clock is a little behind the
+/// cloud's does not refuse the certificate it was just given.
+pub const SKEW: u64 = 60;
+/// A token lives this long unless told otherwise.
+pub const TOKEN_EXPIRY: u64 = 24 * 3600;
+/// The longest a token may live.
+pub const MAX_TOKEN_EXPIRY: u64 = 30 * 24 * 3600;
+/// The shortest certificate lifetime (renewal runs at two thirds of it).
+pub const MIN_LIFETIME: u64 = 30;
+
+/// An enrollment token: `<id>.<secret>`, the id 16 hex digits (names the token; not secret),
+/// the secret 64 hex digits (32 random bytes; the registry keeps only its SHA-256).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token {
+    /// Names the token.
+    pub id: String,
+    secret: [u8; 32],
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.id, hex::encode(self.secret))
+    }
+}
+
+/// Why a token is not accepted; the words go back to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Not `<16 hex>.<64 hex>`.
+    #[error("the enrollment token is malformed (expected <16 hex digits>.<64 hex digits>)")]
+    Malformed,
+    /// No such token, or the secret does not match (the same words for both).
+    #[error("the enrollment token is not known here")]
+    Unknown,
+    /// Redeemed before.
+    #[error("the enrollment token has been used already")]
+    Used,
+    /// Past its expiry.
+    #[error("the enrollment token has expired")]
+    Expired,
+    /// Revoked by an operator.
+    #[error("the enrollment token has been revoked")]
+    Revoked,
+}
+
+impl Token {
+    /// A new random token.
+    ///
+    /// # Errors
+    /// The system's random number generator failed.
+    pub fn generate() -> anyhow::Result<Self> {
+        use ring::rand::SecureRandom as _;
+        let rng = ring::rand::SystemRandom::new();
+        let (mut id, mut secret) = ([0u8; 8], [0u8; 32]);
+        rng.fill(&mut id)
+            .and_then(|()| rng.fill(&mut secret))
+            .map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
+        Ok(Self {
+            id: hex::encode(id),
+            secret,
+        })
+    }
+
+    /// Reads a token's text (surrounding white space ignored).
+    ///
+    /// # Errors
+    /// [`TokenError::Malformed`].
+    pub fn parse(text: &str) -> Result<Self, TokenError> {
+        let (id, secret) = text.trim().split_once('.').ok_or(TokenError::Malformed)?;
+        let mut raw_id = [0u8; 8];
+        let mut raw = [0u8; 32];
+        hex::decode_to_slice(id, &mut raw_id).map_err(|_| TokenError::Malformed)?;
+        hex::decode_to_slice(secret, &mut raw).map_err(|_| TokenError::Malformed)?;
+        Ok(Self {
+            id: id.to_ascii_lowercase(),
+            secret: raw,
+        })
+    }
+
+    /// SHA-256 of the secret, hex: what the registry keeps.
+    pub fn secret_sha256(&self) -> String {
+        hex::encode(ring::digest::digest(&ring::digest::SHA256, &self.secret))
+    }
+
+    /// Whether `row` is this token and may be redeemed at `now`.
+    ///
+    /// # Errors
+    /// Which rule it breaks.
+    pub fn check(&self, row: &TokenRow, now: u64) -> Result<(), TokenError> {
+        // Digests are compared, not secrets: how long the comparison takes tells an attacker
+        // about a hash of what they sent, which brings them no closer to the secret.
+        if row.id != self.id || row.secret_sha256 != self.secret_sha256() {
+            return Err(TokenError::Unknown);
+        }
+        match row.state(now) {
+            "used" => Err(TokenError::Used),
+            "revoked" => Err(TokenError::Revoked),
+            "expired" => Err(TokenError::Expired),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The first block of prefix length `prefix` inside `pool` (in order, each pool block from
+/// its start, aligned) that overlaps none of `taken`.
+pub fn allocate(pool: &[IpNet], prefix: u8, taken: &[IpNet]) -> Option<IpNet> {
+    pool.iter().find_map(|p| {
+        if prefix < p.prefix_len() {
+            return None;
+        }
+        p.subnets(prefix)
+            .ok()?
+            .find(|c| !taken.iter().any(|t| t.contains(c) || c.contains(t)))
+    })
+}
+
+/// The issuing CA and what it hands out.
+#[derive(Debug)]
+pub struct Issuer {
+    ca: CertificateAuthority,
+    /// The roots above it (itself when the cloud issues with a root).
+    roots: Vec<Certificate>,
+    /// Blocks tokens are allocated from.
+    pub pool: Vec<IpNet>,
+    /// A token's certificate lifetime unless it says otherwise, seconds.
+    pub lifetime: u64,
+}
+
+impl Issuer {
+    /// Issues with `ca`, which chains to `roots`; allocates from `pool`.
+    pub const fn new(
+        ca: CertificateAuthority,
+        roots: Vec<Certificate>,
+        pool: Vec<IpNet>,
+        lifetime: u64,
+    ) -> Self {
+        Self {
+            ca,
+            roots,
+            pool,
+            lifetime,
+        }
+    }
+
+    /// The issuing CA's certificate.
+    pub const fn certificate(&self) -> &Certificate {
+        self.ca.certificate()
+    }
+
+    /// The chain a client is given with an enrolled certificate: the issuing CA, unless the
+    /// cloud issues with a root.
+    pub fn chain(&self) -> Vec<Certificate> {
+        if self.ca.certificate().is_root() {
+            Vec::new()
+        } else {
+            vec![self.ca.certificate().clone()]
+        }
+    }
+
+    /// The roots the chain leads to.
+    pub fn roots(&self) -> &[Certificate] {
+        &self.roots
+    }
+
+    /// The certificate a token is redeemed for: its name, blocks and groups, for `public_key`,
+    /// from [`SKEW`] before `now` for the token's lifetime (at most to the CA's end).
+    ///
+    /// # Errors
+    /// The token asks for what the issuing CA cannot certify.
+    pub fn enroll(
+        &self,
+        token: &TokenRow,
+        public_key: [u8; 32],
+        now: u64,
+    ) -> Result<Certificate, String> {
+        self.issue(
+            &token.name,
+            &token.blocks,
+            &token.groups,
+            public_key,
+            now,
+            token.lifetime,
+        )
+    }
+
+    /// A certificate like the one `b` is the body of (name, blocks, groups, key) with a new validity of the same
+    /// length from now (at most to the CA's end).
+    ///
+    /// # Errors
+    /// `cert` lies outside what the issuing CA can certify.
+    pub fn renew(&self, b: &CertBody, now: u64) -> Result<Certificate, String> {
+        let lifetime = b
+            .not_after
+            .saturating_sub(b.not_before)
+            .saturating_sub(SKEW)
+            .max(MIN_LIFETIME);
+        self.issue(
+            &b.name,
+            &b.vip_blocks,
+            &b.groups,
+            b.public_key,
+            now,
+            lifetime,
+        )
+    }
+
+    fn issue(
+        &self,
+        name: &str,
+        blocks: &[IpNet],
+        groups: &[String],
+        public_key: [u8; 32],
+        now: u64,
+        lifetime: u64,
+    ) -> Result<Certificate, String> {
+        let ca = self.ca.certificate().body();
+        let not_before = now.saturating_sub(SKEW).max(ca.not_before);
+        let not_after = now.saturating_add(lifetime).min(ca.not_after);
+        if not_after <= now {
+            return Err("the issuing CA has expired: renew it (`ca delegate`)".into());
+        }
+        self.ca
+            .issue(&IssueRequest {
+                name: name.to_owned(),
+                vip_blocks: blocks.to_vec(),
+                public_key,
+                groups: groups.to_vec(),
+                not_before,
+                not_after,
+            })
+            .map_err(|e| format!("the issuing CA cannot certify this: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn tokens_read_back_and_check_their_state() {
+        let t = Token::generate().unwrap();
+        let text = t.to_string();
+        assert_eq!(text.len(), 16 + 1 + 64);
+        let again = Token::parse(&format!("  {text}\n")).unwrap();
+        assert_eq!(again, t);
+        for bad in [
+            "",
+            "abc",
+            "0011223344556677",
+            &text[..text.len() - 1],
+            &text.replace('.', ""),
+        ] {
+            assert_eq!(Token::parse(bad), Err(TokenError::Malformed), "{bad:?}");
+        }
+        let mut row = TokenRow {
+            id: t.id.clone(),
+            secret_sha256: t.secret_sha256(),
+            name: "gw.ovl.example".into(),
+            blocks: vec![net("100.64.9.0/24")],
+            groups: Vec::new(),
+            lifetime: 60,
+            created_at: 100,
+            expires_at: 200,
+            used_at: None,
+            used_by: None,
+            revoked_at: None,
+        };
+        assert_eq!(t.check(&row, 150), Ok(()));
+        assert_eq!(t.check(&row, 200), Err(TokenError::Expired));
+        let other = Token::generate().unwrap();
+        let forged = Token {
+            id: t.id.clone(),
+            secret: other.secret,
+        };
+        assert_eq!(forged.check(&row, 150), Err(TokenError::Unknown));
+        row.revoked_at = Some(120);
+        assert_eq!(t.check(&row, 150), Err(TokenError::Revoked));
+        row.used_at = Some(110);
+        assert_eq!(t.check(&row, 150), Err(TokenError::Used));
+    }
+
+    #[test]
+    fn allocation_skips_every_overlap_and_stays_aligned_in_the_pool() {
+        let pool = [net("100.64.128.0/22")];
+        assert_eq!(allocate(&pool, 24, &[]), Some(net("100.64.128.0/24")));
+        // A larger block covering the first, a smaller one inside the second.
+        let taken = [net("100.64.128.0/23"), net("100.64.130.7/32")];
+        assert_eq!(allocate(&pool, 24, &taken), Some(net("100.64.131.0/24")));
+        assert_eq!(allocate(&pool, 32, &taken), Some(net("100.64.130.0/32")));
+        // Full, or a prefix shorter than the pool's.
+        let full = [net("100.64.128.0/22")];
+        assert_eq!(allocate(&pool, 24, &full), None);
+        assert_eq!(allocate(&pool, 20, &[]), None);
+        // The next pool block when the first is full.
+        let two = [net("100.64.128.0/24"), net("100.64.200.0/24")];
+        assert_eq!(
+            allocate(&two, 24, &[net("100.64.128.0/24")]),
+            Some(net("100.64.200.0/24"))
+        );
+    }
+
+    #[test]
+    fn renewal_keeps_what_is_certified_and_the_lifetime() {
+        let t0 = 1_800_000_000;
+        let root = CertificateAuthority::generate(
+            "ovl.example",
+            &[net("100.64.0.0/10")],
+            t0,
+            t0 + 1_000_000,
+        )
+        .unwrap();
+        let issuing = root
+            .delegate("ovl.example", &[net("100.64.128.0/17")], t0, t0 + 500_000)
+            .unwrap();
+        let issuer = Issuer::new(
+            issuing,
+            vec![root.certificate().clone()],
+            vec![net("100.64.128.0/17")],
+            600,
+        );
+        let row = TokenRow {
+            id: "00".into(),
+            secret_sha256: String::new(),
+            name: "n1.ovl.example".into(),
+            blocks: vec![net("100.64.130.0/24")],
+            groups: vec!["iot".into()],
+            lifetime: 600,
+            created_at: t0,
+            expires_at: t0 + 10,
+            used_at: None,
+            used_by: None,
+            revoked_at: None,
+        };
+        let cert = issuer.enroll(&row, [7; 32], t0 + 100).unwrap();
+        assert_eq!(cert.body().not_before, t0 + 100 - SKEW);
+        assert_eq!(cert.body().not_after, t0 + 700);
+        let renewed = issuer.renew(cert.body(), t0 + 500).unwrap();
+        let (a, b) = (cert.body(), renewed.body());
+        assert_eq!(
+            (&a.name, &a.vip_blocks, &a.groups, a.public_key),
+            (&b.name, &b.vip_blocks, &b.groups, b.public_key)
+        );
+        assert_eq!(b.not_after, t0 + 1100);
+        assert_ne!(cert.fingerprint(), renewed.fingerprint());
+        // Capped at the issuing CA's end; refused once it is over.
+        assert_eq!(
+            issuer
+                .renew(cert.body(), t0 + 499_900)
+                .unwrap()
+                .body()
+                .not_after,
+            t0 + 500_000
+        );
+        assert!(issuer.renew(cert.body(), t0 + 500_000).is_err());
+        // Outside the issuing CA's blocks: refused.
+        let outside = TokenRow {
+            blocks: vec![net("100.64.1.0/24")],
+            ..row
+        };
+        assert!(issuer.enroll(&outside, [7; 32], t0 + 100).is_err());
+    }
+}

@@ -1,0 +1,278 @@
+//! `cyphonic-cloud token`: enrollment tokens (docs/protocol.md §4, Enrollment). `create`
+//! binds a one-time token to a name, a block (given, or allocated from `[enroll] pool`
+//! without overlapping any other member's or live token's), groups and a certificate
+//! lifetime, stores it hashed and prints it once; `list` shows every token and its state;
+//! `revoke` makes an unused one worthless. Works on the registry the configuration names, so
+//! on PostgreSQL every instance sees the same tokens.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::Subcommand;
+use cyphonic_cloud::enroll::{MAX_TOKEN_EXPIRY, MIN_LIFETIME, TOKEN_EXPIRY, Token, allocate};
+use cyphonic_cloud::store::{Store, TokenRow};
+use cyphonic_crypto::{Certificate, validate_name};
+use cyphonic_telemetry::status::time_left;
+use ipnet::IpNet;
+use serde::Serialize;
+
+/// What `token` does.
+#[derive(Subcommand)]
+pub(crate) enum Tokens {
+    /// Make a one-time enrollment token for a new adapter or node, and print it (once: only
+    /// its hash is kept).
+    Create {
+        /// The cloud's configuration file (its `database` and `[enroll]`).
+        #[arg(long)]
+        config: PathBuf,
+        /// The member's FQDN, below the overlay domain.
+        #[arg(long)]
+        name: String,
+        /// Its vIP block, given (repeatable)...
+        #[arg(long = "vip-block", conflicts_with = "prefix")]
+        vip_blocks: Vec<IpNet>,
+        /// ...or allocated from `[enroll] pool` with this prefix length (24 for an adapter's
+        /// LAN, 32 for a node).
+        #[arg(long, required_unless_present = "vip_blocks")]
+        prefix: Option<u8>,
+        /// Policy groups (repeatable).
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// Lifetime of its certificates in seconds (renewed automatically at two thirds).
+        /// Default: `[enroll] lifetime`.
+        #[arg(long)]
+        lifetime: Option<u64>,
+        /// Seconds until the token expires unused (at most 30 days).
+        #[arg(long, default_value_t = TOKEN_EXPIRY)]
+        expires: u64,
+    },
+    /// Every token: what it is bound to, and whether it is live, used, expired or revoked.
+    List {
+        /// The cloud's configuration file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an unused token (by its id, the part before the dot).
+    Revoke {
+        /// The token's id.
+        id: String,
+        /// The cloud's configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+/// A token as `list` shows it (never its secret or hash).
+#[derive(Debug, Serialize)]
+struct View {
+    id: String,
+    name: String,
+    vip_blocks: Vec<String>,
+    groups: Vec<String>,
+    lifetime: u64,
+    state: &'static str,
+    created_at: u64,
+    expires_at: u64,
+    used_at: Option<u64>,
+    used_by: Option<String>,
+    revoked_at: Option<u64>,
+}
+
+#[expect(clippy::print_stdout, reason = "the command's output")]
+fn say(text: &str) {
+    println!("{text}");
+}
+
+pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let open = |config: &std::path::Path| {
+        let c = cyphonic_cloud::config::load(config, now)?;
+        let store = runtime
+            .block_on(Store::open(&c.database))
+            .with_context(|| format!("opening {}", cyphonic_cloud::redact(&c.database)))?;
+        anyhow::Ok((c, store))
+    };
+    match cmd {
+        Tokens::Create {
+            config,
+            name,
+            vip_blocks,
+            prefix,
+            groups,
+            lifetime,
+            expires,
+        } => {
+            let (c, store) = open(&config)?;
+            let Some(issuer) = c.enroll else {
+                bail!(
+                    "{} has no [enroll] section: this cloud cannot enroll",
+                    config.display()
+                );
+            };
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            validate_name(&name)?;
+            if !(1..=MAX_TOKEN_EXPIRY).contains(&expires) {
+                bail!("--expires {expires}: give 1 to {MAX_TOKEN_EXPIRY} seconds");
+            }
+            let lifetime = lifetime.unwrap_or(issuer.lifetime);
+            if lifetime < MIN_LIFETIME {
+                bail!("--lifetime {lifetime}: give at least {MIN_LIFETIME} seconds");
+            }
+            let tokens = runtime.block_on(store.tokens())?;
+            if let Some(t) = tokens
+                .iter()
+                .find(|t| t.name == name && t.state(now) == "live")
+            {
+                bail!(
+                    "token {} for {name} is still live: revoke it first (token revoke {})",
+                    t.id,
+                    t.id
+                );
+            }
+            // Blocks held by others: members of another name, live or used tokens of
+            // another name.
+            let mut taken: Vec<IpNet> = Vec::new();
+            for m in runtime.block_on(store.members())? {
+                if m.client.name == name {
+                    continue;
+                }
+                if let Ok(cert) = Certificate::from_pem(&m.client.certificate) {
+                    taken.extend(cert.body().vip_blocks.iter().copied());
+                }
+            }
+            for t in &tokens {
+                if t.name != name && matches!(t.state(now), "live" | "used") {
+                    taken.extend(t.blocks.iter().copied());
+                }
+            }
+            let blocks = match prefix {
+                Some(p) => vec![allocate(&issuer.pool, p, &taken).with_context(|| {
+                    format!(
+                        "no free /{p} left in the enrollment pool {}",
+                        issuer
+                            .pool
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    )
+                })?],
+                None => {
+                    let blocks: Vec<IpNet> = vip_blocks.iter().map(IpNet::trunc).collect();
+                    if let Some((b, t)) = blocks.iter().find_map(|b| {
+                        taken
+                            .iter()
+                            .find(|t| t.contains(b) || b.contains(*t))
+                            .map(|t| (b, t))
+                    }) {
+                        bail!("{b} overlaps {t}, which another member or token holds");
+                    }
+                    blocks
+                }
+            };
+            // What the issuing CA cannot certify fails now, not at the device.
+            let probe = TokenRow {
+                id: String::new(),
+                secret_sha256: String::new(),
+                name: name.clone(),
+                blocks: blocks.clone(),
+                groups: groups.clone(),
+                lifetime,
+                created_at: now,
+                expires_at: now + expires,
+                used_at: None,
+                used_by: None,
+                revoked_at: None,
+            };
+            issuer
+                .enroll(&probe, [0; 32], now)
+                .map_err(|e| anyhow::anyhow!(e))?;
+            let token = Token::generate()?;
+            let row = TokenRow {
+                id: token.id.clone(),
+                secret_sha256: token.secret_sha256(),
+                ..probe
+            };
+            runtime.block_on(store.add_token(&row))?;
+            let shown: Vec<String> = blocks.iter().map(ToString::to_string).collect();
+            say(&format!(
+                "token {} for {name} ({}), certificates for {lifetime} s, expires in {}:\n{token}\n\
+                 on the device: cyphonic-adapter enroll --config FILE --token TOKEN (or cyphonic-node)",
+                token.id,
+                shown.join(" "),
+                time_left(now + expires, now)
+            ));
+            Ok(())
+        }
+        Tokens::List { config, json } => {
+            let (_, store) = open(&config)?;
+            let views: Vec<View> = runtime
+                .block_on(store.tokens())?
+                .into_iter()
+                .map(|t| View {
+                    state: t.state(now),
+                    vip_blocks: t.blocks.iter().map(ToString::to_string).collect(),
+                    id: t.id,
+                    name: t.name,
+                    groups: t.groups,
+                    lifetime: t.lifetime,
+                    created_at: t.created_at,
+                    expires_at: t.expires_at,
+                    used_at: t.used_at,
+                    used_by: t.used_by,
+                    revoked_at: t.revoked_at,
+                })
+                .collect();
+            if json {
+                say(&serde_json::to_string_pretty(&views)?);
+                return Ok(());
+            }
+            let mut text = format!(
+                "{:<16} {:<32} {:<20} {:<8} {:<8} {}",
+                "TOKEN", "NAME", "VIP BLOCKS", "STATE", "EXPIRES", "USED BY"
+            );
+            for v in &views {
+                text.push_str(&format!(
+                    "\n{:<16} {:<32} {:<20} {:<8} {:<8} {}",
+                    v.id,
+                    v.name,
+                    v.vip_blocks.join(","),
+                    v.state,
+                    if v.state == "live" {
+                        time_left(v.expires_at, now)
+                    } else {
+                        "-".to_owned()
+                    },
+                    v.used_by.as_deref().unwrap_or("-")
+                ));
+            }
+            say(&text);
+            Ok(())
+        }
+        Tokens::Revoke { id, config } => {
+            let (_, store) = open(&config)?;
+            let id = id.trim().to_ascii_lowercase();
+            match runtime.block_on(store.token(&id))? {
+                None => bail!("no token {id}"),
+                Some(t) if t.used_at.is_some() => bail!(
+                    "token {id} was used already (by {}): revoke that certificate instead",
+                    t.used_by.as_deref().unwrap_or("?")
+                ),
+                Some(_) => {
+                    if runtime.block_on(store.revoke_token(&id, now))? {
+                        say(&format!("revoked token {id}"));
+                    } else {
+                        say(&format!("token {id} was revoked already"));
+                    }
+                    Ok(())
+                }
+            }
+        }
+    }
+}
