@@ -82,7 +82,7 @@ cyphonic_settings::end_table! {
     /// `[adapter]`.
     struct RawAdapter("adapter", status_socket = "/run/cyphonic/adapter.sock") {
         lan_interface: String,
-        gateway_vip: Spanned<Ipv4Addr>,
+        gateway_vip: Option<Spanned<Ipv4Addr>>,
         #[serde(default = "cyphonic_settings::defaults::yes")]
         mss_clamp: bool,
         #[serde(default = "default_state_dir")]
@@ -273,10 +273,14 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
     let a = &raw.adapter;
     let cert = identity.certificate();
     let lan_block = common.block;
-    let gw = *a.gateway_vip.get_ref();
+    // Unset: the block's first host address (an enrolled adapter learns its block only
+    // from its certificate).
+    let first_host = Ipv4Addr::from(u32::from(lan_block.network()).saturating_add(1));
+    let gw = a.gateway_vip.as_ref().map_or(first_host, |g| *g.get_ref());
+    let gw_span = a.gateway_vip.as_ref().map_or(0..0, Spanned::span);
     if !lan_block.contains(&gw) || gw == lan_block.network() || gw == lan_block.broadcast() {
         return src.err(
-            &a.gateway_vip.span(),
+            &gw_span,
             "adapter.gateway_vip",
             format!(
                 "{gw} must be a host address inside the block {lan_block} certified to {}",
@@ -625,7 +629,7 @@ mod tests {
             (
                 "gateway_vip = \"100.64.1.1\"",
                 "gateway_vip = \"100.64.9.1\"",
-                ":18: key `adapter.gateway_vip`: 100.64.9.1 must be a host address inside the block 100.64.1.0/24",
+                ":19: key `adapter.gateway_vip`: 100.64.9.1 must be a host address inside the block 100.64.1.0/24",
             ),
             (
                 "gateway_vip = \"100.64.1.1\"",

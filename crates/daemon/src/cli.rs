@@ -31,6 +31,17 @@ enum Command {
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
     },
+    /// Join the overlay with an enrollment token (`cyphonic-cloud token create`): make our
+    /// Noise key (unless `[identity] key` exists), get our certificate from the cloud named
+    /// in `[cloud]`, and write it and the CA bundle where `[identity]` says. Then `run`.
+    Enroll {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The token (default: `[identity] token`).
+        #[arg(long)]
+        token: Option<String>,
+    },
     /// Check a configuration file (and the certificates and keys it names) and exit.
     CheckConfig {
         /// The configuration file.
@@ -146,18 +157,43 @@ pub fn main<C: 'static, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
         Err(e) => e.exit(),
     };
     let now = cyphonic_settings::now_secs();
+    let agent = format!("{} {}", names.name, env!("CARGO_PKG_VERSION"));
     let result = match cli.command {
         Command::Run { config, log_format } => {
             cyphonic_telemetry::logging::init(log_format);
             let path = config.clone();
             let reread: Reread<C> = Box::new(move || load(&path, cyphonic_settings::now_secs()));
-            load(&config, now)
-                .map_err(anyhow::Error::from)
+            // With `[identity] token` and no certificate yet: enroll first.
+            crate::enroll::enroll(&config, None, crate::enroll::Existing::Keep, &agent, now)
+                .and_then(|_| load(&config, cyphonic_settings::now_secs()).map_err(Into::into))
                 .and_then(|(c, id)| run(&c, id, reread))
         }
-        Command::CheckConfig { config } => load(&config, now)
-            .map(|(c, id)| println!("{}", describe(&c, &id)))
-            .map_err(anyhow::Error::from),
+        Command::Enroll { config, token } => {
+            cyphonic_telemetry::logging::init(LogFormat::Text);
+            crate::enroll::enroll(
+                &config,
+                token.as_deref(),
+                crate::enroll::Existing::Refuse,
+                &agent,
+                now,
+            )
+            .map(|_| {
+                println!(
+                    "enrolled: start it with `{} run --config {}`",
+                    names.name,
+                    config.display()
+                );
+            })
+        }
+        Command::CheckConfig { config } => match crate::enroll::pending(&config, now) {
+            Some(waiting) => {
+                println!("{waiting}");
+                Ok(())
+            }
+            None => load(&config, now)
+                .map(|(c, id)| println!("{}", describe(&c, &id)))
+                .map_err(anyhow::Error::from),
+        },
         Command::Status { socket, json } => show_status(names, status_text, &socket, json),
     };
     match result {

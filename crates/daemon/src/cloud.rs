@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{Certificate, PublicKey};
-use cyphonic_session::PeerConfig;
+use cyphonic_session::{Identity, PeerConfig};
 use cyphonic_signal::{Event, Handle, NameRecord, PeerInfo, Resolution, SignalError};
 use cyphonic_tunnel::{Control, PeerSlot, Shared};
 use hickory_proto::op::ResponseCode;
@@ -91,6 +91,8 @@ pub struct CloudSettings {
     pub agent: String,
     /// TTL of the DNS answers built from the cloud's.
     pub dns_ttl: u32,
+    /// Where our certificate is: a renewed one replaces it.
+    pub certificate_file: std::path::PathBuf,
 }
 
 /// What the cloud did that the control loop hands to [`CloudLink::handle`].
@@ -141,6 +143,9 @@ pub struct CloudLink {
     admissions: HashMap<String, Instant>,
     ttl: u32,
     status: Arc<Mutex<CloudStatus>>,
+    certificate_file: std::path::PathBuf,
+    /// The cloud's issuing CAs we trust (learned from its welcome; kept across reloads).
+    issuers: Vec<Certificate>,
 }
 
 impl std::fmt::Debug for CloudLink {
@@ -185,6 +190,8 @@ impl CloudLink {
                 address: settings.addresses.join(" "),
                 ..CloudStatus::default()
             })),
+            certificate_file: settings.certificate_file.clone(),
+            issuers: Vec::new(),
         };
         (link, asker)
     }
@@ -281,8 +288,93 @@ impl CloudLink {
                     tracing::warn!(%name, %reason, "the cloud refused a name");
                 }
             }
+            Event::Issuers(cas) => self.learn_issuers(cas, control),
+            Event::Renewed(cert) => self.renewed(&cert, control),
             _ => {}
         }
+    }
+
+    /// Trusts the cloud's issuing CAs that verify under our roots (members the AS enrolled
+    /// then verify here), now and after reloads.
+    fn learn_issuers(&mut self, cas: Vec<Certificate>, control: &mut Control) {
+        let fresh: Vec<Certificate> = cas
+            .into_iter()
+            .filter(|c| !self.issuers.contains(c))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let id = control.shared().identity();
+        let mut trust = id.trust().clone();
+        for ca in fresh {
+            match trust.add_issuer(ca.clone()) {
+                Ok(_) => {
+                    tracing::info!(issuer = %ca.fingerprint(), blocks = ?ca.body().vip_blocks, "trusting the cloud's issuing CA");
+                    self.issuers.push(ca);
+                }
+                Err(e) => {
+                    tracing::warn!(issuer = %ca.fingerprint(), error = %e, "the cloud's issuing CA does not verify under our roots: not trusted");
+                }
+            }
+        }
+        match id.with_trust(trust, control.shared().clock.unix_secs(now)) {
+            Ok(new) => {
+                control.set_identity(&Arc::new(new), now);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the issuing CAs left our trust unusable: not taken on");
+            }
+        }
+    }
+
+    /// `identity` (read from the file again) with the issuing CAs learned from the cloud:
+    /// what a reload takes on.
+    pub fn with_learned(&self, identity: Identity, unix: u64) -> Identity {
+        if self.issuers.is_empty() {
+            return identity;
+        }
+        let mut trust = identity.trust().clone();
+        for ca in &self.issuers {
+            let _ = trust.add_issuer(ca.clone());
+        }
+        identity.with_trust(trust, unix).unwrap_or(identity)
+    }
+
+    /// Our identity changed (a reload with a renewed certificate): the control session is
+    /// opened again with it.
+    pub fn set_identity(&self, identity: Arc<Identity>) {
+        self.handle.set_identity(identity);
+    }
+
+    /// The cloud renewed our certificate: written over the old file (atomically), taken on
+    /// for new handshakes, every peer with a tunnel rekeyed at once (so that it learns the
+    /// new certificate long before the old one ends; traffic keeps flowing on the old keys
+    /// meanwhile), and the control session opened again with it.
+    fn renewed(&mut self, cert: &Certificate, control: &mut Control) {
+        let now = Instant::now();
+        let shared = control.shared().clone();
+        let unix = shared.clock.unix_secs(now);
+        let id = match shared.identity().with_certificate(cert.clone(), unix) {
+            Ok(id) => Arc::new(id),
+            Err(e) => {
+                tracing::error!(error = %e, "the renewed certificate does not verify here: the old one stays");
+                return;
+            }
+        };
+        if let Err(e) = crate::files::replace(&self.certificate_file, &cert.to_pem(), 0o644) {
+            tracing::error!(file = %self.certificate_file.display(), error = %e, "the renewed certificate could not be written: it is used until the next restart");
+        }
+        control.set_identity(&id, now);
+        let mut rekeyed = 0;
+        for slot in shared.peers.all() {
+            if slot.lock().is_established(now) {
+                control.initiate(&slot, now);
+                rekeyed += 1;
+            }
+        }
+        tracing::info!(fingerprint = %cert.fingerprint(), not_after = cert.body().not_after, rekeyed, "certificate renewed");
+        self.handle.set_identity(id);
     }
 
     /// The peer the cloud described: found in the table (its endpoint refreshed if it has no

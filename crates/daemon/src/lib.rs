@@ -25,7 +25,9 @@
 pub mod cli;
 pub mod cloud;
 pub mod dns;
+pub mod enroll;
 pub mod expiry;
+pub mod files;
 pub mod metrics;
 pub mod status;
 pub mod upstream;
@@ -259,6 +261,7 @@ pub fn run<E: Edge>(
                 endpoints: c.endpoints.clone(),
                 agent: format!("{} {}", E::PROGRAM, env!("CARGO_PKG_VERSION")),
                 dns_ttl: common.dns_ttl(),
+                certificate_file: common.certificate_file.clone(),
             };
             let (link, asker) = CloudLink::connect(&settings, &shared, listen.port());
             (Some(link), Some(asker))
@@ -566,7 +569,16 @@ impl<S: Services> Loop<S> {
         for key in self.running.common.needs_restart(&common) {
             tracing::warn!(key, "changed in the file: takes effect at the next restart");
         }
-        let removed = self.control.set_identity(&Arc::new(identity), now);
+        // The cloud's issuing CAs stay trusted; a renewed certificate in the file reaches
+        // the control session too.
+        let identity = Arc::new(match self.cloud.as_ref() {
+            Some(c) => c.with_learned(identity, unix),
+            None => identity,
+        });
+        let removed = self.control.set_identity(&identity, now);
+        if let Some(c) = self.cloud.as_ref() {
+            c.set_identity(identity);
+        }
         // Static peers: those gone from the file, or changed, leave; new ones come.
         let (kept, gone): (StaticPeers, StaticPeers) = std::mem::take(&mut self.running.peers)
             .into_iter()

@@ -78,6 +78,20 @@ impl Identity {
         Self::new(keypair, self.cert.clone(), trust, now_secs)
     }
 
+    /// The same key and trust with `cert` instead (a renewed certificate), checked as
+    /// [`Identity::new`] checks.
+    ///
+    /// # Errors
+    /// [`IdentityError`]: `cert` certifies another key or does not verify under our trust.
+    pub fn with_certificate(
+        &self,
+        cert: Certificate,
+        now_secs: u64,
+    ) -> Result<Self, IdentityError> {
+        let keypair = StaticKeypair::from_secret(zeroize::Zeroizing::new(*self.keypair.secret()));
+        Self::new(keypair, cert, self.trust.clone(), now_secs)
+    }
+
     /// Our certificate.
     pub const fn certificate(&self) -> &Certificate {
         &self.cert

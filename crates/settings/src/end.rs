@@ -75,6 +75,8 @@ pub struct Common {
     pub dns: Option<Dns>,
     /// The log filter (`[log] level`), unless left to `RUST_LOG` or the default.
     pub log_level: Option<String>,
+    /// Where our certificate is: a renewed one is written there.
+    pub certificate_file: PathBuf,
 }
 
 impl Common {
@@ -97,6 +99,7 @@ impl Common {
         dns: Option<(&[Spanned<IpAddr>], &Spanned<u32>)>,
     ) -> Result<(Self, Identity), ConfigError> {
         let table = end.table;
+        let certificate_file = identity.files(src).certificate;
         let identity = identity_and_block(src, identity)?;
         let (identity, block) = identity;
         let overlay = *end.overlay.get_ref();
@@ -134,6 +137,7 @@ impl Common {
             metrics,
             dns,
             log_level,
+            certificate_file,
         };
         Ok((common, identity))
     }

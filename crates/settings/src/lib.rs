@@ -191,9 +191,36 @@ pub struct RawIdentity {
     key: Spanned<PathBuf>,
     ca: Spanned<PathBuf>,
     revocations: Option<Spanned<PathBuf>>,
+    token: Option<String>,
+}
+
+/// Where our identity's files are (resolved against the configuration's directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityFiles {
+    /// Our certificate.
+    pub certificate: PathBuf,
+    /// Our Noise private key.
+    pub key: PathBuf,
+    /// The CA bundle (roots, and issuing CAs).
+    pub ca: PathBuf,
 }
 
 impl RawIdentity {
+    /// Where our certificate, key and CA bundle are.
+    pub fn files(&self, src: &Source<'_>) -> IdentityFiles {
+        IdentityFiles {
+            certificate: src.resolve(self.certificate.get_ref()),
+            key: src.resolve(self.key.get_ref()),
+            ca: src.resolve(self.ca.get_ref()),
+        }
+    }
+
+    /// The enrollment token (`[identity] token`): used when the certificate file does not
+    /// exist yet.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// Where the certificate key is written (to locate errors about what it certifies).
     pub fn certificate_span(&self) -> Range<usize> {
         self.certificate.span()

@@ -10,7 +10,7 @@ use cyphonic_control::{
     Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Prober, Resolution,
     VERSION, Welcome,
 };
-use cyphonic_crypto::PublicKey;
+use cyphonic_crypto::{Certificate, PublicKey, StaticKeypair};
 use cyphonic_session::Identity;
 use rand::{Rng as _, SeedableRng as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -81,6 +81,12 @@ pub enum Event {
         /// The cloud's reason.
         reason: String,
     },
+    /// The cloud's issuing CAs (from its welcome): trust each that verifies under one of our
+    /// roots, so that members it enrolled verify.
+    Issuers(Vec<Certificate>),
+    /// The cloud renewed our certificate (it certifies our key and name): take it on, write
+    /// it, and hand the new identity to [`Handle::set_identity`], which reconnects with it.
+    Renewed(Certificate),
 }
 
 /// Why a request to the cloud did not get an answer.
@@ -112,6 +118,12 @@ const PROBE_EVERY: Duration = Duration::from_secs(20);
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const EVENTS: usize = 256;
+/// How often whether a renewal is due is checked.
+const RENEW_CHECK: Duration = Duration::from_secs(5);
+/// A renewal asked for and not taken on within this is asked for again.
+const RENEW_RETRY: Duration = Duration::from_secs(15);
+/// After the cloud refused a renewal.
+const RENEW_REFUSED: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Registration {
@@ -136,6 +148,7 @@ enum Cmd {
 #[derive(Debug, Clone)]
 pub struct Handle {
     cmds: mpsc::Sender<Cmd>,
+    identity: Arc<watch::Sender<Arc<Identity>>>,
     registration: Arc<watch::Sender<Registration>>,
     connected: watch::Receiver<bool>,
     cache: Arc<Cache>,
@@ -153,6 +166,19 @@ impl Handle {
                 false
             } else {
                 *r = new;
+                true
+            }
+        });
+    }
+
+    /// Our identity changed (a renewed certificate, a reload): the session is opened again
+    /// with it at once. The same certificate changes nothing.
+    pub fn set_identity(&self, identity: Arc<Identity>) {
+        self.identity.send_if_modified(|id| {
+            if id.certificate() == identity.certificate() {
+                false
+            } else {
+                *id = identity;
                 true
             }
         });
@@ -239,9 +265,11 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
     let (connected_tx, connected) = watch::channel(false);
     let (events, event_rx) = mpsc::channel(EVENTS);
     let cache = Arc::new(Cache::default());
+    let (identity_tx, identity) = watch::channel(identity);
     let task = Task {
         config,
         identity,
+        renew_after: None,
         cmds: cmd_rx,
         registration: reg_rx,
         connected: connected_tx,
@@ -256,6 +284,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
     (
         Handle {
             cmds,
+            identity: Arc::new(identity_tx),
             registration: Arc::new(registration),
             connected,
             cache,
@@ -266,7 +295,9 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
 
 struct Task {
     config: Config,
-    identity: Arc<Identity>,
+    identity: watch::Receiver<Arc<Identity>>,
+    /// No renewal is asked for before this (one is pending, or the cloud said no).
+    renew_after: Option<Instant>,
     cmds: mpsc::Receiver<Cmd>,
     registration: watch::Receiver<Registration>,
     connected: watch::Sender<bool>,
@@ -293,6 +324,141 @@ fn next_timestamp(last: u64) -> u64 {
     now.max(last.saturating_add(1))
 }
 
+/// What connecting and the control handshake give: the channel, the stream's halves, the
+/// cloud's answer and our local address.
+type Opened = (Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr);
+
+/// Connects to the instance at `cloud`, pinned to `key`, as `keypair`, with `hello`; errors
+/// in words, naming the instance.
+async fn handshake(
+    cloud: SocketAddr,
+    key: PublicKey,
+    keypair: &StaticKeypair,
+    hello: &Hello,
+) -> Result<Opened, String> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{cloud}: {what}: {e}");
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(cloud))
+        .await
+        .map_err(|e| fail("connect", &e))?
+        .map_err(|e| fail("connect", &e))?;
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().map_err(|e| fail("connect", &e))?;
+    let (mut rd, mut wr) = stream.into_split();
+    let (hs, first) =
+        ClientHandshake::start(keypair, &key, hello).map_err(|e| fail("handshake", &e))?;
+    wr.write_all(&first)
+        .await
+        .map_err(|e| fail("handshake", &e))?;
+    let answer = tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut rd))
+        .await
+        .map_err(|e| fail("handshake", &e))?
+        .map_err(|e| fail("handshake", &e))?;
+    let (ch, welcome) = hs.finish(&answer).map_err(|e| fail("handshake", &e))?;
+    Ok((ch, rd, wr, welcome, local))
+}
+
+/// What the cloud's AS issued for an enrollment.
+#[derive(Debug, Clone)]
+pub struct Enrolled {
+    /// Our certificate.
+    pub certificate: Certificate,
+    /// The issuing CA that signed it.
+    pub chain: Vec<Certificate>,
+    /// The roots above it.
+    pub roots: Vec<Certificate>,
+}
+
+/// Why an enrollment failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnrollError {
+    /// The cloud refused the token, and says why.
+    #[error("the cloud refused the enrollment: {0}")]
+    Refused(String),
+    /// No instance answered.
+    #[error("no cloud instance answered: {0}")]
+    Unreachable(String),
+    /// The answer makes no sense (not an enrollment, unreadable certificates).
+    #[error("the cloud's answer is not an enrollment: {0}")]
+    Invalid(String),
+}
+
+/// Enrolls `keypair` with the cloud of `config` using `token` (docs/protocol.md §4,
+/// Enrollment): each instance and pinned key in turn until one answers. The certificates are
+/// returned as the cloud sent them; checking them against our trust is the caller's.
+///
+/// # Errors
+/// [`EnrollError`]: refused (the reason is the cloud's), unreachable, or a strange answer.
+pub async fn enroll(
+    config: &Config,
+    keypair: &StaticKeypair,
+    token: &str,
+) -> Result<Enrolled, EnrollError> {
+    let hello = Hello {
+        version: VERSION,
+        timestamp: next_timestamp(0),
+        certificate: String::new(),
+        enroll: Some(token.trim().to_owned()),
+        agent: config.agent.clone(),
+    };
+    let mut last = "no cloud address or key configured".to_owned();
+    for target in &config.clouds {
+        let addrs =
+            match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(target)).await {
+                Ok(Ok(a)) => a.collect::<Vec<_>>(),
+                Ok(Err(e)) => {
+                    last = format!("looking up {target}: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    last = format!("looking up {target}: {e}");
+                    continue;
+                }
+            };
+        for addr in addrs {
+            for key in &config.cloud_keys {
+                match handshake(addr, *key, keypair, &hello).await {
+                    Ok((_, _, _, Welcome::Refused { reason }, _)) => {
+                        return Err(EnrollError::Refused(reason));
+                    }
+                    Ok((
+                        _,
+                        _,
+                        _,
+                        Welcome::Enrolled {
+                            certificate,
+                            chain,
+                            roots,
+                        },
+                        _,
+                    )) => {
+                        let all = |pems: &[String]| {
+                            pems.iter()
+                                .map(|p| Certificate::from_pem(p))
+                                .collect::<Result<Vec<_>, _>>()
+                                .map_err(|e| EnrollError::Invalid(e.to_string()))
+                        };
+                        return Ok(Enrolled {
+                            certificate: Certificate::from_pem(&certificate)
+                                .map_err(|e| EnrollError::Invalid(e.to_string()))?,
+                            chain: all(&chain)?,
+                            roots: all(&roots)?,
+                        });
+                    }
+                    Ok(_) => {
+                        return Err(EnrollError::Invalid(
+                            "a session was opened instead (this cloud does not speak enrollment)"
+                                .into(),
+                        ));
+                    }
+                    Err(e) => last = e,
+                }
+            }
+        }
+    }
+    Err(EnrollError::Unreachable(last))
+}
+
 /// How a session ended.
 enum End {
     /// The owner is gone: stop.
@@ -301,6 +467,8 @@ enum End {
     Retry(String),
     /// The cloud refused us: try again, slowly.
     Refused(String),
+    /// Our certificate changed: open a new session with it at once, at the same instance.
+    Renewed,
 }
 
 /// Whether `ip` is still one of this host's addresses (binding to it succeeds).
@@ -333,6 +501,11 @@ impl Task {
             let refused = matches!(end, End::Refused(_));
             let wait = match end {
                 End::Stopped => return,
+                End::Renewed => {
+                    tracing::info!(cloud = ?self.at, "our certificate changed: reconnecting with it");
+                    backoff = BACKOFF_MIN;
+                    continue;
+                }
                 End::Retry(reason) => {
                     tracing::info!(cloud = ?self.at, %reason, "control session ended; reconnecting");
                     // The instance we had may be gone: the next one is tried first.
@@ -426,36 +599,25 @@ impl Task {
         cloud: SocketAddr,
         key: PublicKey,
     ) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr), End> {
-        let retry =
-            |what: &str, e: &dyn std::fmt::Display| End::Retry(format!("{cloud}: {what}: {e}"));
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(cloud))
-            .await
-            .map_err(|e| retry("connect", &e))?
-            .map_err(|e| retry("connect", &e))?;
-        let _ = stream.set_nodelay(true);
-        let local = stream.local_addr().map_err(|e| retry("connect", &e))?;
-        let (mut rd, mut wr) = stream.into_split();
         self.timestamp = next_timestamp(self.timestamp);
+        let identity = self.identity.borrow_and_update().clone();
         let hello = Hello {
             version: VERSION,
             timestamp: self.timestamp,
-            certificate: self.identity.certificate().to_pem(),
+            certificate: identity.certificate().to_pem(),
+            enroll: None,
             agent: self.config.agent.clone(),
         };
-        let (hs, first) = ClientHandshake::start(self.identity.keypair(), &key, &hello)
-            .map_err(|e| retry("handshake", &e))?;
-        wr.write_all(&first)
+        let (ch, rd, wr, welcome, local) = handshake(cloud, key, identity.keypair(), &hello)
             .await
-            .map_err(|e| retry("handshake", &e))?;
-        let answer = tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut rd))
-            .await
-            .map_err(|e| retry("handshake", &e))?
-            .map_err(|e| retry("handshake", &e))?;
-        let (ch, welcome) = hs.finish(&answer).map_err(|e| retry("handshake", &e))?;
-        if let Welcome::Refused { reason } = welcome {
-            return Err(End::Refused(reason));
+            .map_err(End::Retry)?;
+        match welcome {
+            Welcome::Refused { reason } => Err(End::Refused(reason)),
+            Welcome::Enrolled { .. } => Err(End::Retry(format!(
+                "{cloud}: answered a session with an enrollment"
+            ))),
+            accepted @ Welcome::Accepted { .. } => Ok((ch, rd, wr, accepted, local)),
         }
-        Ok((ch, rd, wr, welcome, local))
     }
 
     async fn session(&mut self) -> End {
@@ -464,15 +626,26 @@ impl Task {
             Err(end) => return end,
         };
         let Welcome::Accepted {
+            version,
             probe_token,
             probe_key,
             probe_ports,
             observed,
-            ..
+            issuers,
         } = welcome
         else {
             return End::Retry("unexpected welcome".into());
         };
+        let issuers: Vec<Certificate> = issuers
+            .iter()
+            .filter_map(|pem| Certificate::from_pem(pem).ok())
+            .collect();
+        if !issuers.is_empty() {
+            self.emit(Event::Issuers(issuers));
+        }
+        // Version 3 renews; asked for when due, checked every few seconds.
+        let renews = version >= 3;
+        let mut renewal = tokio::time::interval(RENEW_CHECK);
         // Our own address, as a candidate: the one the cloud saw us come from is ours when
         // no NAT stands between.
         let host = self
@@ -581,6 +754,14 @@ impl Task {
                     }
                     None
                 }
+                _ = renewal.tick(), if renews => self.renewal_due().then_some(ClientMsg::Renew {}),
+                changed = self.identity.changed() => {
+                    if changed.is_err() {
+                        break End::Stopped;
+                    }
+                    self.renew_after = None;
+                    break End::Renewed;
+                }
             };
             if let Some(out) = out {
                 let frame = match ch.seal(&out) {
@@ -602,8 +783,53 @@ impl Task {
         end
     }
 
-    fn handle(&self, msg: CloudMsg, pending: &mut Pending) {
+    /// Whether to ask for a renewal now: two thirds of our certificate's validity have passed,
+    /// and no renewal is pending (asked less than [`RENEW_RETRY`] ago) or was refused lately.
+    fn renewal_due(&mut self) -> bool {
+        let now = Instant::now();
+        if self.renew_after.is_some_and(|t| now < t) {
+            return false;
+        }
+        let body = self.identity.borrow().certificate().body().clone();
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let due = body.not_before + (body.not_after.saturating_sub(body.not_before)) / 3 * 2;
+        if unix < due {
+            return false;
+        }
+        tracing::info!(
+            not_after = body.not_after,
+            "asking the cloud to renew our certificate"
+        );
+        self.renew_after = Some(now + RENEW_RETRY);
+        true
+    }
+
+    fn handle(&mut self, msg: CloudMsg, pending: &mut Pending) {
         match msg {
+            CloudMsg::Renewed { certificate } => {
+                let ours = self.identity.borrow().certificate().body().clone();
+                match Certificate::from_pem(&certificate) {
+                    Ok(c)
+                        if c.body().public_key == ours.public_key
+                            && c.body().name == ours.name
+                            && c.body().vip_blocks == ours.vip_blocks =>
+                    {
+                        self.emit(Event::Renewed(c));
+                    }
+                    Ok(_) => tracing::warn!(
+                        "the cloud renewed our certificate into one for another key, name or blocks: ignored"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the cloud sent an unreadable renewed certificate");
+                    }
+                }
+            }
+            CloudMsg::NotRenewed { reason } => {
+                tracing::warn!(%reason, "the cloud will not renew our certificate: asking again in an hour");
+                self.renew_after = Some(Instant::now() + RENEW_REFUSED);
+            }
             CloudMsg::Resolved { id, resolution, .. } => {
                 if let Some((name, reply)) = pending.remove(&id) {
                     self.cache.put(&name, resolution.clone(), Instant::now());

@@ -13,5 +13,7 @@ mod client;
 pub mod testing;
 
 pub use cache::{Cache, FOUND_TTL, NEGATIVE_TTL};
-pub use client::{Config, Event, Handle, RESOLVE_TIMEOUT, SignalError, spawn};
+pub use client::{
+    Config, EnrollError, Enrolled, Event, Handle, RESOLVE_TIMEOUT, SignalError, enroll, spawn,
+};
 pub use cyphonic_control::{NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, bind_frame};

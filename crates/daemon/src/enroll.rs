@@ -1,0 +1,189 @@
+//! Enrollment (docs/protocol.md §4, Enrollment) from a tunnel end's side: with only the
+//! cloud's address, its pinned key and a token, make our Noise key here (it never leaves the
+//! device), ask the cloud's AS for a certificate, check it, and write the certificate and the
+//! CA bundle where `[identity]` names them. `cyphonic-adapter enroll` (and `-node`) does it
+//! on demand; `run` does it first when `[identity] token` is set and the certificate file
+//! does not exist yet.
+
+use std::path::Path;
+
+use anyhow::{Context as _, bail};
+use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
+use cyphonic_settings::{IdentityFiles, RawCloud, RawIdentity, Source};
+use serde::Deserialize;
+
+/// The two tables enrollment reads; the rest of the file is checked once we have a
+/// certificate (it may depend on the block we are given).
+#[derive(Deserialize)]
+struct Enrolling {
+    identity: RawIdentity,
+    cloud: Option<RawCloud>,
+}
+
+/// What to do when the certificate exists already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// Nothing: we are enrolled (`run`).
+    Keep,
+    /// Refuse, saying so (`enroll`: enrolling again needs the old certificate moved away).
+    Refuse,
+}
+
+/// Enrolls the tunnel end whose configuration is `path`, with `token` (or `[identity] token`),
+/// unless its certificate exists (`existing` says what that means). Returns whether it
+/// enrolled. `agent` names us in the cloud's logs.
+///
+/// # Errors
+/// The file's `[identity]` or `[cloud]` is wrong, no token, the cloud refused or could not be
+/// reached, the certificate does not verify, or a file cannot be written.
+pub fn enroll(
+    path: &Path,
+    token: Option<&str>,
+    existing: Existing,
+    agent: &str,
+    now_secs: u64,
+) -> anyhow::Result<bool> {
+    let (raw, text): (Enrolling, String) = cyphonic_settings::parse(path)?;
+    let src = Source {
+        path,
+        text: &text,
+        now_secs,
+    };
+    let files = raw.identity.files(&src);
+    let token = token.or_else(|| raw.identity.token());
+    if files.certificate.exists() {
+        return match existing {
+            Existing::Keep => Ok(false),
+            Existing::Refuse => bail!(
+                "{} exists: this end is enrolled already (move it away to enroll again)",
+                files.certificate.display()
+            ),
+        };
+    }
+    let Some(token) = token else {
+        if existing == Existing::Keep {
+            // Nothing to enroll with: loading reports the missing certificate.
+            return Ok(false);
+        }
+        bail!("no token: give --token, or `token` in [identity]");
+    };
+    let Some(cloud) = &raw.cloud else {
+        bail!(
+            "{}: enrollment needs [cloud] (its address and public key)",
+            path.display()
+        );
+    };
+    let cloud = cloud.check(&src)?;
+    let keypair = own_key(&files.key)?;
+    let config = cyphonic_signal::Config {
+        clouds: cloud.addresses,
+        cloud_keys: cloud.public_keys,
+        agent: agent.to_owned(),
+        tunnel_port: None,
+    };
+    let enrolled = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?
+        .block_on(cyphonic_signal::enroll(&config, &keypair, token))?;
+    let bundle = check(&files, &keypair, &enrolled, now_secs)?;
+    let cert = &enrolled.certificate;
+    crate::files::replace(&files.ca, &bundle, 0o644)
+        .with_context(|| format!("writing {}", files.ca.display()))?;
+    crate::files::replace(&files.certificate, &cert.to_pem(), 0o644)
+        .with_context(|| format!("writing {}", files.certificate.display()))?;
+    let b = cert.body();
+    tracing::info!(
+        name = %b.name,
+        blocks = ?b.vip_blocks,
+        groups = ?b.groups,
+        not_after = b.not_after,
+        certificate = %files.certificate.display(),
+        "enrolled"
+    );
+    Ok(true)
+}
+
+/// When the certificate file of the configuration at `path` does not exist yet and a token
+/// is set, what `check-config` says instead of checking: the rest of the file may depend on
+/// the block the cloud will allocate, and `run` enrolls first. `None` otherwise (checked
+/// as usual).
+pub fn pending(path: &Path, now_secs: u64) -> Option<String> {
+    let (raw, text): (Enrolling, String) = cyphonic_settings::parse(path).ok()?;
+    let src = Source {
+        path,
+        text: &text,
+        now_secs,
+    };
+    let files = raw.identity.files(&src);
+    (!files.certificate.exists() && raw.identity.token().is_some() && raw.cloud.is_some()).then(
+        || {
+            format!(
+                "{}: not enrolled yet ({} does not exist): `run` enrolls with [identity] token first; check again after",
+                path.display(),
+                files.certificate.display()
+            )
+        },
+    )
+}
+
+/// Our Noise key: the one in the key file, or a new one written there (mode 0600).
+fn own_key(path: &Path) -> anyhow::Result<StaticKeypair> {
+    if path.exists() {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        return StaticKeypair::from_pem(&text)
+            .with_context(|| format!("{} is not a Noise private key", path.display()));
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let key = StaticKeypair::generate()?;
+    crate::files::replace(path, &key.to_pem(), 0o600)
+        .with_context(|| format!("writing {}", path.display()))?;
+    tracing::info!(key = %path.display(), public = %key.public(), "made our Noise key");
+    Ok(key)
+}
+
+/// Checks what the cloud issued: it certifies our key and verifies under our roots (those of
+/// the CA file when it exists: the cloud cannot make us trust a root we did not; else the
+/// roots the cloud sent, believed because its key is pinned) and the chain. Returns the CA
+/// bundle to write: the roots and the chain.
+fn check(
+    files: &IdentityFiles,
+    keypair: &StaticKeypair,
+    enrolled: &cyphonic_signal::Enrolled,
+    now_secs: u64,
+) -> anyhow::Result<String> {
+    let cert = &enrolled.certificate;
+    if cert.body().public_key != keypair.public().0 {
+        bail!("the cloud issued a certificate for another key");
+    }
+    let roots: Vec<Certificate> = if files.ca.exists() {
+        let text = std::fs::read_to_string(&files.ca)
+            .with_context(|| format!("reading {}", files.ca.display()))?;
+        Certificate::all_from_pem(&text)
+            .with_context(|| format!("reading {}", files.ca.display()))?
+            .into_iter()
+            .filter(Certificate::is_root)
+            .collect()
+    } else {
+        enrolled.roots.clone()
+    };
+    let mut trust = TrustStore::new(roots.clone(), RevocationList::default())
+        .context("the roots do not hold")?;
+    for ca in &enrolled.chain {
+        trust
+            .add_issuer(ca.clone())
+            .context("the cloud's issuing CA does not verify under our roots")?;
+    }
+    trust
+        .verify(cert, now_secs)
+        .context("the issued certificate does not verify")?;
+    Ok(roots
+        .iter()
+        .chain(&enrolled.chain)
+        .map(Certificate::to_pem)
+        .collect::<Vec<_>>()
+        .join(""))
+}
