@@ -54,7 +54,14 @@ pub struct SiteOptions {
 pub struct CloudOptions {
     /// Extra lines for its configuration (`[policy]`, say).
     pub extra: String,
+    /// Enroll online: the root delegates to an issuing CA for 100.64.128.0/17 (`ca
+    /// delegate`), which the cloud's `[enroll]` names, with certificates of this many
+    /// seconds.
+    pub enroll: Option<u64>,
 }
+
+/// The blocks the cloud's issuing CA hands out, with [`CloudOptions::enroll`].
+pub const ENROLL_POOL: &str = "100.64.128.0/17";
 
 /// How to build the bed.
 #[derive(Debug, Clone)]
@@ -429,6 +436,28 @@ impl TwoSites {
                 ));
             }
             extra.push_str(&cloud_opts.extra);
+            if let Some(lifetime) = cloud_opts.enroll {
+                let issuing = tmp.path().join("issuing");
+                sh(
+                    cloud,
+                    &[
+                        "ca",
+                        "delegate",
+                        "--dir",
+                        ca.to_str().context("path")?,
+                        "--vip-block",
+                        ENROLL_POOL,
+                        "--out",
+                        issuing.to_str().context("path")?,
+                    ],
+                )?;
+                writeln!(
+                    extra,
+                    "\n[enroll]\ncertificate = \"{}\"\nkey = \"{}\"\nlifetime = {lifetime}",
+                    issuing.join("issuing.crt").display(),
+                    issuing.join("issuing.key").display()
+                )?;
+            }
             let mut c = CloudHost::new(&wan, &bins, &ca, tmp.path(), &extra)?;
             c.start(&bins)?;
             Some(c)
@@ -600,6 +629,48 @@ impl TwoSites {
         }
         let mac = mac_of(&ns, "eth0")?;
         Ok((ns, mac))
+    }
+
+    /// A device that joins `side`'s LAN (the bed must have `lan_switch`) and takes its
+    /// address by DHCP, asking for `hostname`, and uses the DNS server its lease names.
+    /// Returns it with its address.
+    ///
+    /// # Errors
+    /// No switch, no lease within 20 s (the bed's logs are in the error).
+    pub fn dhcp_device(
+        &mut self,
+        side: Side,
+        hostname: &str,
+    ) -> anyhow::Result<(crate::lan::DhcpHost, Ipv4Addr)> {
+        let (ns, mac) = self.add_host(side, hostname)?;
+        let mut dev = crate::lan::DhcpHost::new(ns, mac, crate::lan::DhcpClient::Udhcpc, hostname)?;
+        dev.start()?;
+        let lease = dev
+            .wait_for(&["bound"], 1, Duration::from_secs(20))
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))?;
+        let ip: Ipv4Addr = lease.get("ip").parse()?;
+        dev.ns
+            .set_resolv_conf(&format!("nameserver {}\n", lease.get("dns")))?;
+        Ok((dev, ip))
+    }
+
+    /// Asks `server` from `ns` for `name` until the answer has addresses (names take a
+    /// moment to be registered, and "not found" is cached 5 s), for about 12 s; the
+    /// addresses.
+    ///
+    /// # Panics
+    /// No answer with addresses in that time (the bed's logs in the message).
+    pub fn resolve(&self, ns: &Netns, server: Ipv4Addr, name: &str) -> Vec<String> {
+        for _ in 0..24 {
+            if let Ok(d) = crate::lan::dig(ns, server, name, "A")
+                && d.status == "NOERROR"
+                && !d.answers.is_empty()
+            {
+                return d.answers;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        panic!("{name}: no answer from {server}\n{}", self.logs());
     }
 
     /// (Re)writes a site's configuration file.

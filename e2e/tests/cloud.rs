@@ -267,6 +267,7 @@ fn a_policy_denial_is_nxdomain_and_no_tunnel() {
     let bed = TwoSites::up(&BedOptions {
         cloud: Some(CloudOptions {
             extra: "[policy]\ndefault = \"deny\"\n".into(),
+            ..CloudOptions::default()
         }),
         ..BedOptions::default()
     })

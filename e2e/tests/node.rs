@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use cyphonic_e2e::bed::{BedOptions, CloudOptions, Nat, Ping, Side, SiteOptions, TwoSites};
-use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
+use cyphonic_e2e::lan::DhcpHost;
 use cyphonic_e2e::node::{NAME, VIP};
 use cyphonic_e2e::{Netns, wait_until};
 use serde_json::Value;
@@ -33,32 +33,8 @@ fn bed(nat_a: Option<Nat>, nat_c: Option<Nat>) -> (TwoSites, DhcpHost, Ipv4Addr)
     .unwrap();
     let bins = bed.bins.clone();
     bed.c.as_mut().unwrap().start(&bins).unwrap();
-    let (ns, mac) = bed.add_host(Side::A, "camera").unwrap();
-    let mut cam = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, "camera").unwrap();
-    cam.start().unwrap();
-    let lease = cam
-        .wait_for(&["bound"], 1, Duration::from_secs(20))
-        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
-    let ip: Ipv4Addr = lease.get("ip").parse().unwrap();
-    cam.ns
-        .set_resolv_conf(&format!("nameserver {}\n", lease.get("dns")))
-        .unwrap();
+    let (cam, ip) = bed.dhcp_device(Side::A, "camera").unwrap();
     (bed, cam, ip)
-}
-
-/// Asks `server` from `ns` for `name` until the answer has addresses (names take a moment to
-/// be registered, and "not found" is cached 5 s), for about 12 s.
-fn resolve(bed: &TwoSites, ns: &Netns, server: Ipv4Addr, name: &str) -> Vec<String> {
-    for _ in 0..24 {
-        if let Ok(d) = dig(ns, server, name, "A")
-            && d.status == "NOERROR"
-            && !d.answers.is_empty()
-        {
-            return d.answers;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    panic!("{name}: no answer from {server}\n{}", bed.logs());
 }
 
 /// iperf3 from `client` to the server on `server`, reached as `target`, with `args`, for
@@ -111,12 +87,12 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
     let (bed, cam, cam_ip) = bed(None, None);
     let node = node_ns(&bed);
     // The node's stub answers its own name, and asks the cloud for the camera's.
-    assert_eq!(resolve(&bed, node, VIP, NAME), [VIP.to_string()]);
-    assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
+    assert_eq!(bed.resolve(node, VIP, NAME), [VIP.to_string()]);
+    assert_eq!(bed.resolve(node, VIP, CAMERA), [cam_ip.to_string()]);
     bed.ping_ok(node, CAMERA, Ping::default());
     // And the camera, through adapter A's DNS, finds the node.
     assert_eq!(
-        resolve(&bed, &cam.ns, Ipv4Addr::new(100, 64, 1, 1), NAME),
+        bed.resolve(&cam.ns, Ipv4Addr::new(100, 64, 1, 1), NAME),
         [VIP.to_string()]
     );
     bed.ping_ok(&cam.ns, NAME, Ping::default());
@@ -170,7 +146,7 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
 fn a_node_behind_a_port_preserving_nat_talks_directly() {
     let (bed, cam, cam_ip) = bed(None, Some(Nat::PortPreserving));
     let node = node_ns(&bed);
-    assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
+    assert_eq!(bed.resolve(node, VIP, CAMERA), [cam_ip.to_string()]);
     bed.ping_ok(node, CAMERA, Ping::default());
     bed.ping_ok(&cam.ns, NAME, Ping::default());
     let s = node_status(&bed);
@@ -183,7 +159,7 @@ fn a_node_behind_a_port_preserving_nat_talks_directly() {
 fn a_node_behind_a_symmetric_nat_facing_a_nat_is_relayed() {
     let (bed, cam, cam_ip) = bed(Some(Nat::PortPreserving), Some(Nat::Symmetric));
     let node = node_ns(&bed);
-    assert_eq!(resolve(&bed, node, VIP, CAMERA), [cam_ip.to_string()]);
+    assert_eq!(bed.resolve(node, VIP, CAMERA), [cam_ip.to_string()]);
     bed.ping_ok(node, CAMERA, Ping::default());
     bed.ping_ok(&cam.ns, NAME, Ping::default());
     let s = node_status(&bed);
@@ -206,7 +182,7 @@ fn a_node_behind_a_symmetric_nat_facing_a_nat_is_relayed() {
 fn a_restarted_node_is_reached_again() {
     let (mut bed, cam, cam_ip) = bed(None, None);
     assert_eq!(
-        resolve(&bed, node_ns(&bed), VIP, CAMERA),
+        bed.resolve(node_ns(&bed), VIP, CAMERA),
         [cam_ip.to_string()]
     );
     bed.ping_ok(node_ns(&bed), CAMERA, Ping::default());

@@ -168,6 +168,7 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
     let bed = TwoSites::up(&BedOptions {
         cloud: Some(CloudOptions {
             extra: "[metrics]\nlisten = \"127.0.0.1:9466\"\n".into(),
+            ..CloudOptions::default()
         }),
         a: SiteOptions {
             extra: METRICS.into(),

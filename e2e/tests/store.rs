@@ -32,6 +32,56 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// What the NMS relies on, whatever the database.
+/// Enrollment tokens: written, read back, revoked once; redeemed once only, never when
+/// expired or revoked (one conditional update: two instances cannot both redeem one).
+async fn tokens(store: &Store) {
+    use cyphonic_cloud::store::TokenRow;
+    let row = |id: &str, expires_at: u64| TokenRow {
+        id: id.into(),
+        secret_sha256: "ab".repeat(32),
+        name: format!("{id}.ovl.example"),
+        blocks: vec!["100.64.128.0/24".parse().unwrap()],
+        groups: vec!["site".into()],
+        lifetime: 600,
+        created_at: 1_000,
+        expires_at,
+        used_at: None,
+        used_by: None,
+        revoked_at: None,
+    };
+    for t in [row("t1", 2_000), row("t2", 2_000), row("t3", 1_500)] {
+        store.add_token(&t).await.unwrap();
+    }
+    assert_eq!(store.token("t1").await.unwrap(), Some(row("t1", 2_000)));
+    assert_eq!(store.token("nope").await.unwrap(), None);
+    // Once, and only once.
+    assert!(store.redeem_token("t1", 1_100, "fp-a").await.unwrap());
+    assert!(!store.redeem_token("t1", 1_101, "fp-b").await.unwrap());
+    let used = store.token("t1").await.unwrap().unwrap();
+    assert_eq!(
+        (used.used_at, used.used_by.as_deref()),
+        (Some(1_100), Some("fp-a"))
+    );
+    assert_eq!(used.state(1_200), "used");
+    // A used token cannot be revoked; a live one can, once; then it cannot be redeemed.
+    assert!(!store.revoke_token("t1", 1_200).await.unwrap());
+    assert!(store.revoke_token("t2", 1_200).await.unwrap());
+    assert!(!store.revoke_token("t2", 1_201).await.unwrap());
+    assert!(!store.redeem_token("t2", 1_300, "fp-c").await.unwrap());
+    // Expired.
+    assert!(!store.redeem_token("t3", 1_500, "fp-d").await.unwrap());
+    let states: Vec<(String, &str)> = store
+        .tokens()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| (t.id.clone(), t.state(1_600)))
+        .collect();
+    for want in [("t1", "used"), ("t2", "revoked"), ("t3", "expired")] {
+        assert!(states.contains(&(want.0.to_owned(), want.1)), "{states:?}");
+    }
+}
+
 async fn conformance(store: &Store) {
     store
         .client_online("fp1", ("gw1.ovl.example", "ca1"), "CERT1")
@@ -238,6 +288,7 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             let store = Store::open(&url).await.unwrap();
             assert_eq!(store.is_shared(), url.starts_with("postgres"));
             conformance(&store).await;
+            tokens(&store).await;
             // Opening again runs no migration twice and keeps the data.
             let names = store.name_count().await.unwrap();
             assert!(names >= 1, "{url}: nothing left to keep");
@@ -274,6 +325,7 @@ async fn instance(
         trust: pki.trust(),
         database: url.to_owned(),
         policy: Policy::default(),
+        enroll: None,
     })
     .await
     .unwrap()

@@ -1,0 +1,309 @@
+//! Enrollment and renewal with the real binaries (docs/protocol.md §4): a fresh adapter given
+//! only the cloud's address, its key and a one-time token joins, gets its certificate and
+//! block from the cloud's issuing CA, and its DHCP devices are reached by name from node C;
+//! the token does not work twice, and expired, revoked or malformed tokens are refused with
+//! a clear message. With certificates of about a minute, a transfer through the enrolled
+//! adapter runs across several renewals without a stall. See e2e/src/bed.rs for the
+//! topology.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, ENROLL_POOL, Ping, Side, TwoSites};
+use cyphonic_e2e::lan::DhcpHost;
+use cyphonic_e2e::node::{NAME, VIP};
+use serde_json::Value;
+
+/// The name the token binds site B's adapter to.
+const GW: &str = "gw9.ovl.example";
+const CAMERA: &str = "camera.gw9.ovl.example";
+
+/// What a command printed (both streams): `Ok` when it succeeded.
+fn outcome(out: &std::process::Output) -> Result<String, String> {
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// `cyphonic-cloud token ARGS --config <the bed's cloud>`: its output, or its error.
+fn token_cmd(bed: &TwoSites, args: &[&str]) -> Result<String, String> {
+    let config = bed.cloud.as_ref().unwrap().dir.join("cloud.toml");
+    let mut all = vec!["token"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--config", config.to_str().unwrap()]);
+    let out = std::process::Command::new(&bed.bins.cloud)
+        .args(&all)
+        .output()
+        .unwrap();
+    outcome(&out)
+}
+
+/// A new token for `name` (more `args` after), as `token create` prints it.
+fn create_token(bed: &TwoSites, name: &str, args: &[&str]) -> String {
+    let mut all = vec!["create", "--name", name];
+    all.extend_from_slice(args);
+    let out = token_cmd(bed, &all).unwrap_or_else(|e| panic!("token create: {e}"));
+    out.lines()
+        .find(|l| l.len() == 81 && l.as_bytes()[16] == b'.')
+        .unwrap_or_else(|| panic!("no token in {out}"))
+        .to_owned()
+}
+
+/// Site B's configuration for an adapter that has nothing yet but the cloud and (maybe) a
+/// token: no certificate, key or CA file; no gateway address (it follows from the block).
+fn fresh_config(bed: &TwoSites, dir: &Path, token: Option<&str>) -> std::path::PathBuf {
+    let cloud = bed.cloud.as_ref().unwrap();
+    let token = token
+        .map(|t| format!("token = \"{t}\"\n"))
+        .unwrap_or_default();
+    let path = dir.join("adapter.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[adapter]\nlan_interface = \"lan\"\nstatus_socket = \"adapter.sock\"\nstate_dir = \"state\"\n\n\
+             [identity]\ncertificate = \"gw9.crt\"\nkey = \"gw9.key\"\nca = \"ca.crt\"\n{token}\n\
+             [cloud]\naddress = \"{}\"\npublic_key = \"{}\"\n",
+            cloud.address, cloud.public_key
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `cyphonic-adapter enroll --config CONFIG --token TOKEN` in site B's adapter namespace:
+/// its output, or its error.
+fn enroll(bed: &TwoSites, config: &Path, token: &str) -> Result<String, String> {
+    let out = bed
+        .b
+        .adapter_ns
+        .exec_output(
+            bed.bins.adapter.to_str().unwrap(),
+            &[
+                "enroll",
+                "--config",
+                config.to_str().unwrap(),
+                "--token",
+                token,
+            ],
+        )
+        .unwrap();
+    outcome(&out)
+}
+
+/// The bed with a cloud that enrolls (certificates of `lifetime` seconds), a switch on each
+/// LAN and node C; site B's adapter enrolled with a token in its `[identity]` (`run` enrolls
+/// first) and started; a camera on lanB with a DHCP lease. Adapter A is not started.
+fn enrolled_bed(lifetime: u64) -> (TwoSites, DhcpHost, Ipv4Addr) {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: Some(CloudOptions {
+            enroll: Some(lifetime),
+            ..CloudOptions::default()
+        }),
+        lan_switch: true,
+        node_c: Some(None),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let token = create_token(&bed, GW, &["--prefix", "24", "--group", "site"]);
+    let config = fresh_config(&bed, &bed.b.dir.clone(), Some(&token));
+    assert_eq!(config, bed.b.config(), "the bed's site file moved");
+    // Not enrolled yet: the unit's check-config passes, and says why it checked nothing.
+    let out = std::process::Command::new(&bed.bins.adapter)
+        .args(["check-config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("not enrolled yet"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bed.start(Side::B).unwrap();
+    let bins = bed.bins.clone();
+    bed.c.as_mut().unwrap().start(&bins).unwrap();
+    let (cam, ip) = bed.dhcp_device(Side::B, "camera").unwrap();
+    (bed, cam, ip)
+}
+
+/// A fresh adapter with only a token joins: its key is made on the spot (mode 0600), its
+/// certificate comes from the cloud's issuing CA with the block allocated from the pool,
+/// and its DHCP camera is reached by name from node C (which learns the issuing CA from
+/// the cloud). The token cannot be used twice; expired, revoked and malformed tokens are
+/// refused, each with a message that says which.
+#[test]
+fn a_fresh_adapter_joins_with_a_token_and_its_devices_are_reached_by_name() {
+    let (bed, cam, cam_ip) = enrolled_bed(7 * 24 * 3600);
+    let pool: ipnet::Ipv4Net = ENROLL_POOL.parse().unwrap();
+    assert!(
+        pool.contains(&cam_ip),
+        "the camera's {cam_ip} outside {pool}"
+    );
+
+    // Its own key, its certificate and block.
+    use std::os::unix::fs::PermissionsExt as _;
+    let key_mode = std::fs::metadata(bed.b.dir.join("gw9.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(key_mode & 0o777, 0o600);
+    let s = bed.status(Side::B).unwrap();
+    assert_eq!(s["certificate"]["name"], GW, "{s}");
+    let log = bed.b.log_text();
+    assert!(log.contains("enrolled"), "{log}");
+
+    // Reached by name from node C, and back.
+    let node = &bed.c.as_ref().unwrap().ns;
+    assert_eq!(bed.resolve(node, VIP, CAMERA), [cam_ip.to_string()]);
+    bed.ping_ok(node, CAMERA, Ping::default());
+    let gateway = cam.default_route().unwrap();
+    assert_eq!(bed.resolve(&cam.ns, gateway, NAME), [VIP.to_string()]);
+    bed.ping_ok(&cam.ns, NAME, Ping::default());
+    let node_log = bed.c.as_ref().unwrap().log_text();
+    assert!(
+        node_log.contains("trusting the cloud's issuing CA"),
+        "{node_log}"
+    );
+
+    // The token is spent: another device cannot use it.
+    let token = std::fs::read_to_string(bed.b.config())
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("token = \""))
+        .unwrap()
+        .trim_end_matches('"')
+        .to_owned();
+    let other = cyphonic_e2e::hosts::TempDir::new("enroll-again").unwrap();
+    let again = fresh_config(&bed, other.path(), None);
+    let err = enroll(&bed, &again, &token).unwrap_err();
+    assert!(err.contains("has been used already"), "{err}");
+    assert!(!other.path().join("gw9.crt").exists());
+
+    // Revoked before use.
+    let revoked = create_token(&bed, "gw10.ovl.example", &["--prefix", "24"]);
+    let id = &revoked[..16];
+    let out = token_cmd(&bed, &["revoke", id]).unwrap();
+    assert!(out.contains("revoked token"), "{out}");
+    let err = enroll(&bed, &again, &revoked).unwrap_err();
+    assert!(err.contains("has been revoked"), "{err}");
+
+    // Expired before use.
+    let expired = create_token(
+        &bed,
+        "gw11.ovl.example",
+        &["--prefix", "24", "--expires", "1"],
+    );
+    std::thread::sleep(Duration::from_millis(2100));
+    let err = enroll(&bed, &again, &expired).unwrap_err();
+    assert!(err.contains("has expired"), "{err}");
+
+    // Not a token, or one the cloud never made.
+    let err = enroll(&bed, &again, "not-a-token").unwrap_err();
+    assert!(err.contains("malformed"), "{err}");
+    let unknown = format!("0123456789abcdef.{}", "ab".repeat(32));
+    let err = enroll(&bed, &again, &unknown).unwrap_err();
+    assert!(err.contains("not known here"), "{err}");
+    assert!(!other.path().join("gw9.crt").exists());
+
+    // The fleet view: one used, one revoked, one expired; none shows its secret.
+    let list: Value = serde_json::from_str(&token_cmd(&bed, &["list", "--json"]).unwrap()).unwrap();
+    let states: Vec<(&str, &str)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["state"].as_str().unwrap()))
+        .collect();
+    for want in [
+        (GW, "used"),
+        ("gw10.ovl.example", "revoked"),
+        ("gw11.ovl.example", "expired"),
+    ] {
+        assert!(states.contains(&want), "{want:?} in {states:?}");
+    }
+    assert!(
+        !list.to_string().contains(&token[17..]),
+        "a secret in {list}"
+    );
+    let cloud = bed.cloud.as_ref().unwrap().status(&bed.bins).unwrap();
+    assert_eq!(cloud["counters"]["enrolled"], 1, "{cloud}");
+    assert!(
+        cloud["counters"]["enroll_refused"].as_u64().unwrap_or(0) >= 4,
+        "{cloud}"
+    );
+}
+
+/// With certificates of a minute, the enrolled adapter renews several times while iperf3
+/// runs from node C to its camera: every one-second interval carries traffic (no stall: the
+/// node learns each new certificate from a rekey long before the old one ends), and names
+/// still resolve afterwards.
+#[test]
+fn renewals_of_minute_long_certificates_do_not_stall_a_transfer() {
+    let (bed, cam, cam_ip) = enrolled_bed(60);
+    let node = &bed.c.as_ref().unwrap().ns;
+    assert_eq!(bed.resolve(node, VIP, CAMERA), [cam_ip.to_string()]);
+    bed.ping_ok(node, CAMERA, Ping::default());
+    let first = bed.status(Side::B).unwrap()["certificate"]["fingerprint"].clone();
+
+    let srv = cam
+        .ns
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = node
+        .exec_output("iperf3", &["-J", "-c", CAMERA, "-t", "75", "-b", "20M"])
+        .unwrap();
+    drop(srv);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3: {e}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            bed.logs()
+        )
+    });
+    assert!(report["error"].is_null(), "{report}\n{}", bed.logs());
+    let intervals: Vec<f64> = report["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0))
+        .collect();
+    assert!(intervals.len() >= 74, "{} intervals", intervals.len());
+    let slowest = intervals.iter().copied().fold(f64::INFINITY, f64::min);
+    eprintln!(
+        "75 s at 20 Mbit/s across renewals: slowest 1-s interval {:.1} Mbit/s",
+        slowest / 1e6
+    );
+    assert!(
+        slowest > 2e6,
+        "an interval fell to {slowest} bit/s: {intervals:?}\n{}",
+        bed.logs()
+    );
+
+    // Renewed several times, and the node knows the latest certificate.
+    let log = bed.b.log_text();
+    let renewals = log.matches("certificate renewed").count();
+    eprintln!("{renewals} renewals during the transfer and the setup");
+    assert!(renewals >= 2, "{renewals} renewals\n{log}");
+    let now = bed.status(Side::B).unwrap();
+    assert_ne!(now["certificate"]["fingerprint"], first, "{now}");
+    let cloud = bed.cloud.as_ref().unwrap().status(&bed.bins).unwrap();
+    assert!(
+        cloud["counters"]["renewed"].as_u64().unwrap_or(0) >= 2,
+        "{cloud}"
+    );
+    // Names follow the renewed certificate: the adapter's own, asked for the first time
+    // now, from the node; the node's from the camera.
+    assert_eq!(
+        bed.resolve(node, VIP, GW),
+        [cam.default_route().unwrap().to_string()]
+    );
+    let gateway = cam.default_route().unwrap();
+    assert_eq!(bed.resolve(&cam.ns, gateway, NAME), [VIP.to_string()]);
+}
