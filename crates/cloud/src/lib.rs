@@ -178,6 +178,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         tokio::spawn(nms.clone().probes(probe, false)),
         tokio::spawn(nms.clone().probes(probe_alt, true)),
         tokio::spawn(nms.clone().signals()),
+        tokio::spawn(nms.clone().revocations()),
     ];
     Ok(Running {
         nms,

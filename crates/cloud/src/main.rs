@@ -74,6 +74,23 @@ enum Command {
     /// Enrollment tokens: create one for a new adapter or node, list them, revoke one.
     #[command(subcommand)]
     Token(tokens::Tokens),
+    /// Revoke a member online: every certificate the registry knows of NAME (or the one
+    /// --fingerprint names). Every cloud instance cuts its session and names within about
+    /// 2 s and tells every client, which end their tunnels with it at once.
+    Revoke {
+        /// The member's name.
+        #[arg(
+            required_unless_present = "fingerprint",
+            conflicts_with = "fingerprint"
+        )]
+        name: Option<String>,
+        /// Or one certificate's fingerprint (hex).
+        #[arg(long)]
+        fingerprint: Option<String>,
+        /// The cloud's configuration file (its `database`).
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Check a configuration file and the files it names, then exit.
     CheckConfig {
         /// The configuration file.
@@ -192,6 +209,11 @@ fn main() -> ExitCode {
         Command::Keygen { out } => keygen(&out),
         Command::Members(m) => members::run(m, now()),
         Command::Token(t) => tokens::run(t, now()),
+        Command::Revoke {
+            name,
+            fingerprint,
+            config,
+        } => revoke_online(name, fingerprint, &config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -277,6 +299,47 @@ fn print_status(doc: &serde_json::Value) {
             }
         }
     }
+}
+
+fn revoke_online(
+    name: Option<String>,
+    fingerprint: Option<String>,
+    config: &Path,
+) -> anyhow::Result<()> {
+    let c = cyphonic_cloud::config::load(config, now())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async {
+        let store = cyphonic_cloud::Store::open(&c.database)
+            .await
+            .with_context(|| format!("opening {}", cyphonic_cloud::redact(&c.database)))?;
+        let (fps, label) = match (name, fingerprint) {
+            (Some(name), _) => {
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                let fps = store.fingerprints_named(&name).await?;
+                if fps.is_empty() {
+                    bail!("the registry knows no certificate of {name}");
+                }
+                (fps, name)
+            }
+            (None, Some(fp)) => {
+                let fp: Fingerprint = fp.parse()?;
+                (vec![fp.to_string()], String::new())
+            }
+            (None, None) => bail!("name a member or --fingerprint"),
+        };
+        let added = store.revoke(&fps, &label, now()).await?;
+        println!(
+            "revoked {added} certificate(s) ({} already); the cloud cuts them off and tells every client within about 2 s",
+            fps.len() - added
+        );
+        for fp in &fps {
+            println!("  {fp}");
+        }
+        Ok(())
+    })
 }
 
 fn keygen(out: &Path) -> anyhow::Result<()> {

@@ -13,7 +13,7 @@ use cyphonic_control::{
     ClientMsg, CloudMsg, MIN_VERSION, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe, RelayInfo,
     RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
 };
-use cyphonic_crypto::{CertBody, CertKind, Certificate, StaticKeypair, TrustStore};
+use cyphonic_crypto::{CertBody, CertKind, Certificate, Fingerprint, StaticKeypair, TrustStore};
 use dashmap::DashMap;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -39,6 +39,11 @@ const MAX_NAMES: usize = 1024;
 const PUSH_QUEUE: usize = 64;
 /// Relay channels one client may hold at once.
 const MAX_CHANNELS_PER_CLIENT: usize = 64;
+/// Fingerprints in one `revoked` message (65 bytes of JSON each: a message stays far below a
+/// frame).
+const REVOKED_PER_MESSAGE: usize = 500;
+/// How often the registry's online revocations are read.
+const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
 
 cyphonic_telemetry::counters! {
     /// NMS's counters.
@@ -117,6 +122,8 @@ struct Connected {
     from: SocketAddr,
     /// When the session opened.
     since: std::time::Instant,
+    /// The control version it speaks: what may be pushed to it.
+    version: u16,
 }
 
 /// Where a session's probes come from, per probe port: written by the probe readers, acted on
@@ -152,6 +159,8 @@ pub struct Nms {
     freshness: Arc<Freshness>,
     /// Online issuing: enrollment and renewal (`[enroll]`).
     issuer: Option<crate::enroll::Issuer>,
+    /// The registry's online revocations taken on so far (kept across reloads of the file).
+    revoked_online: std::sync::Mutex<Vec<Fingerprint>>,
     /// Counters.
     pub stats: Stats,
 }
@@ -237,6 +246,8 @@ struct Open {
     seen: watch::Receiver<Seen>,
     /// Holds the identity's handshake timestamp in memory while the session lives.
     _live: crate::guard::Live,
+    /// The control version it speaks.
+    version: u16,
 }
 
 impl Nms {
@@ -263,6 +274,7 @@ impl Nms {
             unproven: Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE),
             freshness: Freshness::new(),
             issuer: None,
+            revoked_online: std::sync::Mutex::new(Vec::new()),
             stats: Stats::default(),
         }
     }
@@ -463,6 +475,7 @@ impl Nms {
             first,
             seen,
             _live: live,
+            version,
         })
     }
 
@@ -477,6 +490,7 @@ impl Nms {
             first,
             mut seen,
             _live,
+            version,
         } = open;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let (tx, mut pushes) = mpsc::channel(PUSH_QUEUE);
@@ -490,10 +504,29 @@ impl Nms {
                 name: body.name.clone(),
                 from,
                 since: std::time::Instant::now(),
+                version,
             },
         );
         bump(&self.stats.sessions);
         tracing::info!(name = %body.name, %from, "control session open");
+        // What was revoked online, so that a client that was away learns it.
+        if version >= 3 {
+            let all: Vec<String> = self
+                .online_revocations()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            for chunk in all.chunks(REVOKED_PER_MESSAGE) {
+                let msg = CloudMsg::Revoked {
+                    fingerprints: chunk.to_vec(),
+                };
+                if let Err(why) = send(&mut ch, &mut wr, &msg).await {
+                    tracing::info!(name = %body.name, reason = why, "control session closed");
+                    self.connected.remove_if(&fp, |_, c| c.serial == serial);
+                    return;
+                }
+            }
+        }
 
         // The reader runs apart, so that waiting for a frame is never cut half-way.
         let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(16);
@@ -1012,9 +1045,12 @@ impl Nms {
     /// The registry cannot be read.
     pub async fn reload(
         &self,
-        trust: TrustStore,
+        mut trust: TrustStore,
         policy: Policy,
     ) -> Result<Vec<String>, crate::store::StoreError> {
+        for fp in self.online_revocations() {
+            trust.revocations_mut().revoke(fp);
+        }
         *self
             .trust
             .write()
@@ -1023,6 +1059,79 @@ impl Nms {
             .policy
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(policy);
+        self.cut_untrusted().await
+    }
+
+    /// What was revoked online and taken on so far.
+    fn online_revocations(&self) -> Vec<Fingerprint> {
+        self.revoked_online
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Takes on the registry's online revocations (`cyphonic-cloud revoke`), every
+    /// [`REVOCATIONS_EVERY`], until the task is dropped: each new one joins the trust, its
+    /// holder is cut off ([`Nms::cut_untrusted`]) and every version-3 session is told.
+    pub async fn revocations(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(REVOCATIONS_EVERY);
+        loop {
+            tick.tick().await;
+            let listed = match self.store.revocations().await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the registry's revocations");
+                    continue;
+                }
+            };
+            let known = self.online_revocations();
+            let fresh: Vec<Fingerprint> = listed
+                .iter()
+                .filter_map(|fp| fp.parse().ok())
+                .filter(|fp| !known.contains(fp))
+                .collect();
+            if fresh.is_empty() {
+                continue;
+            }
+            self.revoked_online
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(fresh.iter().copied());
+            let mut trust = (*self.trust()).clone();
+            for fp in &fresh {
+                trust.revocations_mut().revoke(*fp);
+            }
+            *self
+                .trust
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(trust);
+            match self.cut_untrusted().await {
+                Ok(cut) => {
+                    tracing::warn!(revoked = fresh.len(), cut_off = ?cut, "certificates revoked online");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "revoked online, but the registry could not be checked");
+                }
+            }
+            let text: Vec<String> = fresh.iter().map(ToString::to_string).collect();
+            for chunk in text.chunks(REVOKED_PER_MESSAGE) {
+                for c in &self.connected {
+                    if c.version >= 3 {
+                        let msg = CloudMsg::Revoked {
+                            fingerprints: chunk.to_vec(),
+                        };
+                        if c.tx.try_send(msg).is_err() {
+                            tracing::warn!(client = %c.name, "push queue full: a revocation was not pushed (it learns it when it reconnects)");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every client in the registry whose certificate no longer verifies under the trust
+    /// loses its names, and its session here ends at once. Returns their names.
+    async fn cut_untrusted(&self) -> Result<Vec<String>, crate::store::StoreError> {
         let trust = self.trust();
         let now = unix_now();
         let mut cut = Vec::new();

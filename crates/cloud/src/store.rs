@@ -617,6 +617,76 @@ impl Store {
     }
 }
 
+impl Store {
+    /// The fingerprints of every certificate the registry knows for `name`: those that
+    /// connected, and those tokens were redeemed for.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn fingerprints_named(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let mut out: Vec<String> = Vec::new();
+        for row in sqlx::query("SELECT fingerprint FROM clients WHERE name = $1")
+            .bind(name)
+            .fetch_all(&self.pool)
+            .await?
+        {
+            out.push(row.try_get(0)?);
+        }
+        for row in sqlx::query("SELECT used_by FROM tokens WHERE name = $1 AND used_by IS NOT NULL")
+            .bind(name)
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let fp: String = row.try_get(0)?;
+            if !out.contains(&fp) {
+                out.push(fp);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records `fingerprints` (of certificates named `name`) as revoked at `now`; returns
+    /// how many were not revoked before.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn revoke(
+        &self,
+        fingerprints: &[String],
+        name: &str,
+        now: u64,
+    ) -> Result<usize, StoreError> {
+        let mut added = 0;
+        for fp in fingerprints {
+            let done = sqlx::query(
+                "INSERT INTO revocations (fingerprint, name, revoked_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (fingerprint) DO NOTHING",
+            )
+            .bind(fp)
+            .bind(name)
+            .bind(db_secs(now))
+            .execute(&self.pool)
+            .await?;
+            added += usize::try_from(done.rows_affected()).unwrap_or(0);
+        }
+        Ok(added)
+    }
+
+    /// Every fingerprint revoked online, oldest first.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn revocations(&self) -> Result<Vec<String>, StoreError> {
+        let rows =
+            sqlx::query("SELECT fingerprint FROM revocations ORDER BY revoked_at, fingerprint")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>(0).map_err(StoreError::from))
+            .collect()
+    }
+}
+
 /// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online,
 /// observed_alt` starting at column `at`.
 fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreError> {

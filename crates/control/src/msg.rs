@@ -270,4 +270,10 @@ pub enum CloudMsg {
         /// Why, in words.
         reason: String,
     },
+    /// (Version 3.) Certificates revoked online (fingerprints, hex): believe none of them
+    /// from now on; end sessions with peers holding them.
+    Revoked {
+        /// The fingerprints (at most 500 per message).
+        fingerprints: Vec<String>,
+    },
 }
