@@ -104,6 +104,23 @@ pub enum CloudWork {
     Answer(CloudAnswer),
 }
 
+/// Changes our trust store with `change` and takes it on at once (peers it no longer trusts
+/// leave); returns those that left.
+///
+/// # Errors
+/// Our own certificate does not verify under the changed trust: nothing changes.
+fn change_trust(
+    control: &mut Control,
+    change: impl FnOnce(&mut cyphonic_crypto::TrustStore),
+) -> Result<Vec<(String, cyphonic_tunnel::control::Removal)>, cyphonic_session::IdentityError> {
+    let now = Instant::now();
+    let id = control.shared().identity();
+    let mut trust = id.trust().clone();
+    change(&mut trust);
+    let new = id.with_trust(trust, control.shared().clock.unix_secs(now))?;
+    Ok(control.set_identity(&Arc::new(new), now))
+}
+
 /// DNS answers held until the tunnel they point into is up, by peer id: [`AWAITING`] at
 /// most, all peers together.
 #[derive(Debug, Default)]
@@ -146,6 +163,8 @@ pub struct CloudLink {
     certificate_file: std::path::PathBuf,
     /// The cloud's issuing CAs we trust (learned from its welcome; kept across reloads).
     issuers: Vec<Certificate>,
+    /// What the cloud revoked online (kept across reloads).
+    revoked: Vec<cyphonic_crypto::Fingerprint>,
 }
 
 impl std::fmt::Debug for CloudLink {
@@ -192,6 +211,7 @@ impl CloudLink {
             })),
             certificate_file: settings.certificate_file.clone(),
             issuers: Vec::new(),
+            revoked: Vec::new(),
         };
         (link, asker)
     }
@@ -290,6 +310,7 @@ impl CloudLink {
             }
             Event::Issuers(cas) => self.learn_issuers(cas, control),
             Event::Renewed(cert) => self.renewed(&cert, control),
+            Event::Revoked(fps) => self.revoked(fps, control),
             _ => {}
         }
     }
@@ -304,39 +325,73 @@ impl CloudLink {
         if fresh.is_empty() {
             return;
         }
-        let now = Instant::now();
-        let id = control.shared().identity();
-        let mut trust = id.trust().clone();
-        for ca in fresh {
-            match trust.add_issuer(ca.clone()) {
-                Ok(_) => {
-                    tracing::info!(issuer = %ca.fingerprint(), blocks = ?ca.body().vip_blocks, "trusting the cloud's issuing CA");
-                    self.issuers.push(ca);
-                }
-                Err(e) => {
-                    tracing::warn!(issuer = %ca.fingerprint(), error = %e, "the cloud's issuing CA does not verify under our roots: not trusted");
+        let issuers = &mut self.issuers;
+        let changed = change_trust(control, |trust| {
+            for ca in fresh {
+                match trust.add_issuer(ca.clone()) {
+                    Ok(_) => {
+                        tracing::info!(issuer = %ca.fingerprint(), blocks = ?ca.body().vip_blocks, "trusting the cloud's issuing CA");
+                        issuers.push(ca);
+                    }
+                    Err(e) => {
+                        tracing::warn!(issuer = %ca.fingerprint(), error = %e, "the cloud's issuing CA does not verify under our roots: not trusted");
+                    }
                 }
             }
+        });
+        if let Err(e) = changed {
+            tracing::warn!(error = %e, "the issuing CAs left our trust unusable: not taken on");
         }
-        match id.with_trust(trust, control.shared().clock.unix_secs(now)) {
-            Ok(new) => {
-                control.set_identity(&Arc::new(new), now);
+    }
+
+    /// The cloud revoked certificates online: none of them is believed from now on, and
+    /// every peer holding one leaves the table at once (its sessions end, its handshakes are
+    /// refused).
+    fn revoked(&mut self, fps: Vec<cyphonic_crypto::Fingerprint>, control: &mut Control) {
+        let fresh: Vec<_> = fps
+            .into_iter()
+            .filter(|f| !self.revoked.contains(f))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        self.revoked.extend(fresh.iter().copied());
+        // Answers the cloud gave before may name a revoked peer.
+        self.handle.cache().clear();
+        let changed = change_trust(control, |trust| {
+            for fp in &fresh {
+                trust.revocations_mut().revoke(*fp);
+            }
+        });
+        match changed {
+            Ok(removed) => {
+                for (peer, why) in &removed {
+                    tracing::warn!(%peer, reason = %why, "peer removed: revoked by the cloud");
+                }
+                tracing::info!(
+                    revoked = fresh.len(),
+                    peers_removed = removed.len(),
+                    "revocations from the cloud applied"
+                );
             }
             Err(e) => {
-                tracing::warn!(error = %e, "the issuing CAs left our trust unusable: not taken on");
+                tracing::error!(error = %e, "the cloud revoked our own certificate");
             }
         }
     }
 
-    /// `identity` (read from the file again) with the issuing CAs learned from the cloud:
-    /// what a reload takes on.
+    /// `identity` (read from the file again) with the issuing CAs learned from the cloud and
+    /// the revocations it pushed: what a reload takes on.
     pub fn with_learned(&self, identity: Identity, unix: u64) -> Identity {
-        if self.issuers.is_empty() {
+        if self.issuers.is_empty() && self.revoked.is_empty() {
             return identity;
         }
         let mut trust = identity.trust().clone();
         for ca in &self.issuers {
             let _ = trust.add_issuer(ca.clone());
+        }
+        for fp in &self.revoked {
+            trust.revocations_mut().revoke(*fp);
         }
         identity.with_trust(trust, unix).unwrap_or(identity)
     }

@@ -10,7 +10,7 @@ use cyphonic_control::{
     Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Prober, Resolution,
     VERSION, Welcome,
 };
-use cyphonic_crypto::{Certificate, PublicKey, StaticKeypair};
+use cyphonic_crypto::{Certificate, Fingerprint, PublicKey, StaticKeypair};
 use cyphonic_session::Identity;
 use rand::{Rng as _, SeedableRng as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -87,6 +87,8 @@ pub enum Event {
     /// The cloud renewed our certificate (it certifies our key and name): take it on, write
     /// it, and hand the new identity to [`Handle::set_identity`], which reconnects with it.
     Renewed(Certificate),
+    /// Certificates revoked online: believe none of them, end tunnels with their holders.
+    Revoked(Vec<Fingerprint>),
 }
 
 /// Why a request to the cloud did not get an answer.
@@ -824,6 +826,16 @@ impl Task {
                     Err(e) => {
                         tracing::warn!(error = %e, "the cloud sent an unreadable renewed certificate");
                     }
+                }
+            }
+            CloudMsg::Revoked { fingerprints } => {
+                let fps: Vec<Fingerprint> =
+                    fingerprints.iter().filter_map(|f| f.parse().ok()).collect();
+                if fps.len() < fingerprints.len() {
+                    tracing::warn!("the cloud sent revocations that are not fingerprints: skipped");
+                }
+                if !fps.is_empty() {
+                    self.emit(Event::Revoked(fps));
                 }
             }
             CloudMsg::NotRenewed { reason } => {
