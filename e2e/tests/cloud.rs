@@ -931,3 +931,83 @@ fn the_cloud_reloaded_with_a_revocation_cuts_the_client_off_and_releases_its_nam
     assert_eq!(shown[0]["online"], false, "{shown}");
     assert!(shown[0]["names"].as_array().unwrap().is_empty(), "{shown}");
 }
+
+/// Revoked online, with traffic flowing (`cyphonic-cloud revoke NAME`, no reload anywhere):
+/// within a few seconds the cloud closes B's session and releases its names, A is told and
+/// drops B from its peer table (pings stop; B's handshakes are refused), B is refused when
+/// it reconnects, and B's names no longer resolve, even the one A had cached.
+#[test]
+fn a_member_revoked_online_loses_its_tunnels_within_seconds() {
+    let bed = cloud_bed();
+    let b_host = resolve(&bed, Side::A, "host.gw2.ovl.example");
+    bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(2).wait(3));
+    let peers = |bed: &TwoSites| {
+        bed.status(Side::A).unwrap()["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(peers(&bed), ["gw2.ovl.example"]);
+
+    let cloud = bed.cloud.as_ref().unwrap();
+    let config = cloud.dir.join("cloud.toml");
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(&bed.bins.cloud)
+        .args(["revoke", "gw2.ovl.example", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(Duration::from_secs(8), "A to drop gw2", || {
+        peers(&bed).is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let dropped = started.elapsed();
+    eprintln!("revoked online: A dropped B after {dropped:?}");
+    let a_log = bed.a.log_text();
+    assert!(
+        a_log.contains("peer removed: revoked by the cloud"),
+        "{a_log}"
+    );
+    // Nothing passes any more: no reply at all to three more pings.
+    let after = bed.ping(Side::A, b_host[0].parse().unwrap(), &["-c", "3", "-W", "1"]);
+    assert!(!after.unwrap().status.success(), "{}", bed.logs());
+    // B is refused when it comes back; its names are gone, even from A's cache.
+    wait_until(
+        Duration::from_secs(10),
+        "B refused when it reconnects",
+        || bed.b.log_text().contains("the cloud refused us"),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    for name in ["host.gw2.ovl.example", "gw2.ovl.example"] {
+        let d = dig(&bed.a.lan, GW_A, name, "A").unwrap();
+        assert!(d.answers.is_empty(), "{name}: {d:?}");
+    }
+    let cloud_log = std::fs::read_to_string(cloud.log()).unwrap_or_default();
+    assert!(
+        cloud_log.contains("certificates revoked online"),
+        "{cloud_log}"
+    );
+    assert!(peers(&bed).is_empty());
+    // A client that was away hears of it when it connects: A restarted is told again.
+    let mut bed = bed;
+    let applied = |bed: &TwoSites| {
+        bed.a
+            .log_text()
+            .matches("revocations from the cloud applied")
+            .count()
+    };
+    assert_eq!(applied(&bed), 1);
+    bed.stop(Side::A, "TERM").unwrap();
+    bed.start(Side::A).unwrap();
+    wait_until(Duration::from_secs(10), "A told again", || {
+        applied(&bed) == 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+}
