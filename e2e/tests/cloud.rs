@@ -13,6 +13,7 @@ use cyphonic_e2e::bed::{
 };
 use cyphonic_e2e::inject::count_frames_containing_each;
 use cyphonic_e2e::lan::dig;
+use cyphonic_e2e::node::{Attach, NodeHost, NodeSpec};
 use cyphonic_e2e::wait_until;
 
 const GW_A: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
@@ -1010,4 +1011,53 @@ fn a_member_revoked_online_loses_its_tunnels_within_seconds() {
         applied(&bed) == 2
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+}
+
+/// A member whose certified block overlaps ours (a CA mistake, or a squatter the CA was
+/// tricked into certifying) is never made a peer: A refuses it when the cloud describes it,
+/// counts and logs why, and no tunnel forms; the node likewise refuses A.
+#[test]
+fn a_cloud_peer_whose_block_overlaps_ours_is_refused() {
+    let bed = cloud_bed();
+    let spec = NodeSpec {
+        name: "squat.ovl.example".into(),
+        block: "100.64.1.128/25".into(),
+        attach: Attach::Own(None),
+    };
+    let mut node = NodeHost::new(
+        &bed.wan,
+        &bed.bins,
+        &bed.ca_dir(),
+        bed.tmp(),
+        bed.cloud.as_ref().unwrap(),
+        &spec,
+    )
+    .unwrap();
+    node.start(&bed.bins).unwrap();
+    wait_until(Duration::from_secs(12), "A to refuse the squatter", || {
+        let _ = dig(&bed.a.lan, GW_A, "squat.ovl.example", "A");
+        bed.counter(Side::A, "peers_refused").unwrap_or(0) >= 1
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let log = bed.a.log_text();
+    assert!(
+        log.contains("peer from the cloud refused")
+            && log.contains("its block 100.64.1.128/25 overlaps us's"),
+        "{log}"
+    );
+    let d = dig(&bed.a.lan, GW_A, "squat.ovl.example", "A").unwrap();
+    assert!(d.answers.is_empty(), "{d:?}");
+    let peers = bed.status(Side::A).unwrap()["peers"].clone();
+    assert!(!peers.to_string().contains("squat.ovl.example"), "{peers}");
+    // The node was told to expect A, and refused it for the same reason.
+    let node_status = node.status(&bed.bins).unwrap();
+    assert!(
+        node_status["counters"]["peers_refused"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1,
+        "{node_status}\n{}",
+        node.log_text()
+    );
+    node.stop("TERM").unwrap();
 }
