@@ -185,6 +185,12 @@ fn a_fresh_adapter_joins_with_a_token_and_its_devices_are_reached_by_name() {
     assert!(err.contains("has been used already"), "{err}");
     assert!(!other.path().join("gw9.crt").exists());
 
+    // The name is taken: a new token for it needs --replace (a replacement device).
+    let err = token_cmd(&bed, &["create", "--name", GW, "--prefix", "24"]).unwrap_err();
+    assert!(err.contains("is a member already"), "{err}");
+    let replacement = create_token(&bed, GW, &["--prefix", "24", "--replace"]);
+    token_cmd(&bed, &["revoke", &replacement[..16]]).unwrap();
+
     // Revoked before use.
     let revoked = create_token(&bed, "gw10.ovl.example", &["--prefix", "24"]);
     let id = &revoked[..16];

@@ -404,6 +404,39 @@ fn two_cloud_instances_serve_one_overlay_through_postgresql() {
         assert_eq!(relayed.reason, RelayReason::NoDirectHandshake);
         assert_eq!(relayed.address.ip().to_string(), "127.0.0.1");
         assert_eq!(one.trs.as_ref().unwrap().open_channels(), 1);
+        // gw1 revoked online (the registry both share): instance 1 cuts gw1 off, and gw2,
+        // on instance 2, is told within a few seconds.
+        let gw1_fp = gw1.certificate().fingerprint();
+        let store = Store::open(&url).await.unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(
+            store
+                .revoke(&[gw1_fp.to_string()], "gw1.ovl.example", 1)
+                .await
+                .unwrap(),
+            1
+        );
+        let told = tokio::time::timeout(Duration::from_secs(8), async {
+            loop {
+                if let Some(Event::Revoked(fps)) = e2.recv().await {
+                    return fps;
+                }
+            }
+        })
+        .await
+        .expect("the revocation did not cross instances");
+        assert_eq!(told, [gw1_fp]);
+        eprintln!(
+            "revoked on the shared registry: told on the other instance after {:?}",
+            started.elapsed()
+        );
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while h1.is_connected() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .expect("instance 1 kept the revoked client's session");
         one.stop();
         two.stop();
     });

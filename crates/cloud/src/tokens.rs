@@ -45,6 +45,11 @@ pub(crate) enum Tokens {
         /// Seconds until the token expires unused (at most 30 days).
         #[arg(long, default_value_t = TOKEN_EXPIRY)]
         expires: u64,
+        /// The name is a member already: enroll a replacement (a new device for it). Revoke
+        /// the old certificate once the new one is up (`cyphonic-cloud revoke
+        /// --fingerprint`).
+        #[arg(long)]
+        replace: bool,
     },
     /// Every token: what it is bound to, and whether it is live, used, expired or revoked.
     List {
@@ -107,6 +112,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             groups,
             lifetime,
             expires,
+            replace,
         } => {
             let (c, store) = open(&config)?;
             let Some(issuer) = c.enroll else {
@@ -135,10 +141,16 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                     t.id
                 );
             }
+            let members = runtime.block_on(store.members())?;
+            if !replace && members.iter().any(|m| m.client.name == name) {
+                bail!(
+                    "{name} is a member already (cyphonic-cloud members show {name}); give --replace to enroll a replacement device for it"
+                );
+            }
             // Blocks held by others: members of another name, live or used tokens of
             // another name.
             let mut taken: Vec<IpNet> = Vec::new();
-            for m in runtime.block_on(store.members())? {
+            for m in members {
                 if m.client.name == name {
                     continue;
                 }
