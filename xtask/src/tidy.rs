@@ -15,6 +15,7 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-session", 1, false),
     ("cyphonic-gateway", 1, false),
     ("cyphonic-vip", 1, false),
+    ("cyphonic-filter", 1, false),
     ("cyphonic-resolver", 1, false),
     ("cyphonic-control", 1, false),
     ("cyphonic-pipeline", 2, false),
@@ -36,6 +37,7 @@ const SANS_IO: &[&str] = &[
     "crates/session",
     "crates/gateway",
     "crates/vip",
+    "crates/filter",
     "crates/resolver",
     "crates/control",
 ];

@@ -1,0 +1,704 @@
+//! Per-device policy where packets arrive and leave, sans-IO (issue "Policy per device"): a
+//! stateful filter over the inner IPv4 packets of one tunnel end.
+//!
+//! A [`RuleSet`] says which new flows may start: from an address set, to an address set, of a
+//! protocol, to ports; the control plane compiles it from groups, members and devices, so a
+//! rule here is a few prefix checks. Everything else is denied. A flow a rule allowed is kept
+//! in a bounded flow table, and its replies pass without a rule: direction matters. The table
+//! tells a new TCP connection (a SYN without ACK) from the rest of one, keeps UDP and ICMP
+//! echo flows, matches ICMP errors to the flow they concern, and lets later fragments of an
+//! allowed flow through. Flows time out; when the table is full the oldest flow goes (and is
+//! counted). A new rule set applies to new flows at once and cuts existing flows it no longer
+//! allows.
+//!
+//! The same filter runs on both sides of a tunnel: the sending end drops a denied new flow
+//! before it is sealed ([`Direction::Out`]), the receiving end drops what a peer sends that
+//! no rule allows ([`Direction::In`]). No I/O, no clock of its own: the caller gives `now`.
+
+#![forbid(unsafe_code)]
+
+mod packet;
+mod rules;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+pub use packet::FlowKey;
+pub use rules::{Proto, Rule, RuleSet};
+
+use packet::{FIN, RST, Seen};
+use rules::TCP;
+
+/// Which way a packet travels through this tunnel end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// From our side (the LAN, the host) into the tunnel.
+    Out,
+    /// From the tunnel to our side.
+    In,
+}
+
+/// Why a packet was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// It would open a flow no rule allows.
+    NoRule,
+    /// It belongs to no flow and cannot open one (a TCP segment other than a SYN, an echo
+    /// reply): a flow that was cut, expired or never allowed.
+    NoFlow,
+    /// An ICMP error or a later fragment about no flow we keep.
+    Stray,
+    /// The packet of a flow travelling the way only its replies may (a spoofed reply).
+    WrongWay,
+    /// Not an IPv4 packet the filter can read.
+    Malformed,
+}
+
+impl Reason {
+    /// Every reason, in the order [`Stats::drops`] counts them.
+    pub const ALL: [Self; 5] = [
+        Self::NoRule,
+        Self::NoFlow,
+        Self::Stray,
+        Self::WrongWay,
+        Self::Malformed,
+    ];
+
+    /// In a word, for counters and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NoRule => "no_rule",
+            Self::NoFlow => "no_flow",
+            Self::Stray => "stray",
+            Self::WrongWay => "wrong_way",
+            Self::Malformed => "malformed",
+        }
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What to do with a packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Let it through.
+    Pass,
+    /// Drop it, for this reason.
+    Drop(Reason),
+}
+
+/// How long a flow lives without a packet, by what it has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A TCP connection whose SYN went out and that has not been answered.
+    pub tcp_opening: Duration,
+    /// A TCP connection both sides have spoken on.
+    pub tcp_open: Duration,
+    /// A TCP connection after a FIN.
+    pub tcp_closing: Duration,
+    /// After a RST (not renewed by packets).
+    pub tcp_reset: Duration,
+    /// A UDP or other flow with no reply yet.
+    pub datagram: Duration,
+    /// A UDP or other flow that was answered.
+    pub datagram_replied: Duration,
+    /// An ICMP echo flow.
+    pub icmp: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            tcp_opening: Duration::from_secs(30),
+            tcp_open: Duration::from_secs(2 * 3600),
+            tcp_closing: Duration::from_secs(60),
+            tcp_reset: Duration::from_secs(5),
+            datagram: Duration::from_secs(30),
+            datagram_replied: Duration::from_secs(180),
+            icmp: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where a flow stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    TcpOpening,
+    TcpOpen,
+    TcpClosing,
+    TcpReset,
+    Datagram { replied: bool },
+    Icmp,
+}
+
+/// One flow: which way it was opened, the rule that allowed it, where it stands.
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    dir: Direction,
+    rule: u32,
+    state: State,
+    expires: Instant,
+    /// Its place in the order flows were made (eviction takes the oldest).
+    serial: u64,
+}
+
+/// What the filter did, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets let through.
+    pub passed: u64,
+    /// Flows opened.
+    pub opened: u64,
+    /// Packets dropped, by [`Reason`] (in [`Reason::ALL`]'s order).
+    pub drops: [u64; 5],
+    /// Flows removed because they timed out.
+    pub expired: u64,
+    /// Flows removed to make room for new ones (the oldest first).
+    pub evicted: u64,
+    /// Flows cut because a new rule set no longer allows them.
+    pub cut: u64,
+    /// Flows opened, by the rule that allowed them.
+    pub opened_by_rule: HashMap<u32, u64>,
+}
+
+impl Stats {
+    /// Drops for `reason`.
+    pub const fn dropped(&self, reason: Reason) -> u64 {
+        self.drops[reason.index()]
+    }
+}
+
+/// The filter of one tunnel end.
+#[derive(Debug)]
+pub struct Filter {
+    rules: RuleSet,
+    flows: HashMap<FlowKey, Flow>,
+    /// Flows by (protocol, one end, the other): later fragments carry no ports.
+    pairs: HashMap<(u8, Ipv4Addr, Ipv4Addr), u32>,
+    /// Keys in the order their flows were made, with the serial they had (stale entries are
+    /// skipped).
+    order: VecDeque<(FlowKey, u64)>,
+    serial: u64,
+    capacity: usize,
+    timeouts: Timeouts,
+    stats: Stats,
+}
+
+impl Filter {
+    /// A filter enforcing `rules`, keeping at most `capacity` flows (at least one).
+    pub fn new(rules: RuleSet, capacity: usize, timeouts: Timeouts) -> Self {
+        Self {
+            rules,
+            flows: HashMap::new(),
+            pairs: HashMap::new(),
+            order: VecDeque::new(),
+            serial: 0,
+            capacity: capacity.max(1),
+            timeouts,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The rules in force.
+    pub const fn rules(&self) -> &RuleSet {
+        &self.rules
+    }
+
+    /// Flows kept now.
+    pub fn flows(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// The counters.
+    pub const fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Decides on `packet` (an IPv4 packet) travelling `dir` at `now`.
+    pub fn check(&mut self, packet: &[u8], dir: Direction, now: Instant) -> Verdict {
+        let verdict = match packet::parse(packet) {
+            None => Verdict::Drop(Reason::Malformed),
+            Some(Seen::Flow { key, flags, opens }) => self.flow_packet(key, flags, opens, dir, now),
+            Some(Seen::IcmpError { about }) => {
+                if self.live(&about, now) || self.live(&about.reversed(), now) {
+                    Verdict::Pass
+                } else {
+                    Verdict::Drop(Reason::Stray)
+                }
+            }
+            Some(Seen::Fragment { proto, src, dst }) => {
+                if self.pairs.contains_key(&(proto, src, dst))
+                    || self.pairs.contains_key(&(proto, dst, src))
+                {
+                    Verdict::Pass
+                } else {
+                    Verdict::Drop(Reason::Stray)
+                }
+            }
+        };
+        match verdict {
+            Verdict::Pass => self.stats.passed += 1,
+            Verdict::Drop(r) => self.stats.drops[r.index()] += 1,
+        }
+        verdict
+    }
+
+    /// Whether a flow `key` is kept and not timed out.
+    fn live(&self, key: &FlowKey, now: Instant) -> bool {
+        self.flows.get(key).is_some_and(|f| f.expires > now)
+    }
+
+    fn flow_packet(
+        &mut self,
+        key: FlowKey,
+        flags: u8,
+        opens: bool,
+        dir: Direction,
+        now: Instant,
+    ) -> Verdict {
+        let t = self.timeouts;
+        for (k, reply) in [(key, false), (key.reversed(), true)] {
+            let Some(flow) = self.flows.get_mut(&k) else {
+                continue;
+            };
+            if flow.expires <= now {
+                self.remove(&k);
+                self.stats.expired += 1;
+                break;
+            }
+            // Its own packets go the way it was opened; replies the other way.
+            if (flow.dir == dir) == reply {
+                return Verdict::Drop(Reason::WrongWay);
+            }
+            flow.state = match flow.state {
+                _ if key.proto == TCP && flags & RST != 0 => State::TcpReset,
+                State::TcpReset => State::TcpReset,
+                _ if key.proto == TCP && flags & FIN != 0 => State::TcpClosing,
+                State::TcpOpening if reply => State::TcpOpen,
+                State::Datagram { .. } if reply => State::Datagram { replied: true },
+                s => s,
+            };
+            let ttl = match flow.state {
+                State::TcpOpening => t.tcp_opening,
+                State::TcpOpen => t.tcp_open,
+                State::TcpClosing => t.tcp_closing,
+                State::TcpReset => t.tcp_reset,
+                State::Datagram { replied: false } => t.datagram,
+                State::Datagram { replied: true } => t.datagram_replied,
+                State::Icmp => t.icmp,
+            };
+            // A reset flow ends soon whatever follows.
+            if flow.state != State::TcpReset || flags & RST != 0 {
+                flow.expires = now + ttl;
+            }
+            return Verdict::Pass;
+        }
+        if !opens {
+            return Verdict::Drop(Reason::NoFlow);
+        }
+        let Some(rule) = self
+            .rules
+            .first_allowing(key.proto, key.src, key.dst, key.dport)
+        else {
+            return Verdict::Drop(Reason::NoRule);
+        };
+        let state = match key.proto {
+            TCP => State::TcpOpening,
+            rules::ICMP => State::Icmp,
+            _ => State::Datagram { replied: false },
+        };
+        let ttl = match state {
+            State::TcpOpening => t.tcp_opening,
+            State::Icmp => t.icmp,
+            _ => t.datagram,
+        };
+        self.insert(key, dir, rule, state, now + ttl);
+        Verdict::Pass
+    }
+
+    fn insert(&mut self, key: FlowKey, dir: Direction, rule: u32, state: State, expires: Instant) {
+        while self.flows.len() >= self.capacity {
+            let Some((old, serial)) = self.order.pop_front() else {
+                break;
+            };
+            if self.flows.get(&old).is_some_and(|f| f.serial == serial) {
+                self.remove(&old);
+                self.stats.evicted += 1;
+            }
+        }
+        self.serial += 1;
+        self.flows.insert(
+            key,
+            Flow {
+                dir,
+                rule,
+                state,
+                expires,
+                serial: self.serial,
+            },
+        );
+        *self.pairs.entry((key.proto, key.src, key.dst)).or_default() += 1;
+        self.order.push_back((key, self.serial));
+        // Entries of flows gone before their turn: keep the order list near the table's size.
+        if self.order.len() > 2 * self.capacity + 64 {
+            let flows = &self.flows;
+            self.order
+                .retain(|(k, s)| flows.get(k).is_some_and(|f| f.serial == *s));
+        }
+        self.stats.opened += 1;
+        *self.stats.opened_by_rule.entry(rule).or_default() += 1;
+    }
+
+    fn remove(&mut self, key: &FlowKey) {
+        if self.flows.remove(key).is_some() {
+            let pair = (key.proto, key.src, key.dst);
+            if let Some(n) = self.pairs.get_mut(&pair) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pairs.remove(&pair);
+                }
+            }
+        }
+    }
+
+    /// Removes the flows that timed out by `now` (call it now and then, once a second say);
+    /// returns how many.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let gone: Vec<FlowKey> = self
+            .flows
+            .iter()
+            .filter(|(_, f)| f.expires <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &gone {
+            self.remove(k);
+        }
+        self.stats.expired += gone.len() as u64;
+        gone.len()
+    }
+
+    /// Enforces `rules` from now on: new flows are judged by them, and every kept flow they
+    /// no longer allow is cut (its next packet is dropped as [`Reason::NoFlow`], unless it
+    /// may open a flow again and a rule allows it). Returns how many were cut.
+    pub fn set_rules(&mut self, rules: RuleSet) -> usize {
+        let mut cut = Vec::new();
+        for (k, f) in &mut self.flows {
+            match rules.first_allowing(k.proto, k.src, k.dst, k.dport) {
+                Some(rule) => f.rule = rule,
+                None => cut.push(*k),
+            }
+        }
+        for k in &cut {
+            self.remove(k);
+        }
+        self.stats.cut += cut.len() as u64;
+        self.rules = rules;
+        cut.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::packet::testing::*;
+    use super::packet::{ACK, SYN};
+    use super::*;
+
+    const OPS: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 9);
+    const IOT: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 7);
+    const IOT2: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 8);
+
+    fn net(s: &str) -> ipnet::Ipv4Net {
+        s.parse().unwrap_or_default()
+    }
+
+    /// ops (100.64.1.0/24) may open tcp/22 and ping to iot (100.64.2.0/24).
+    fn ops_to_iot() -> RuleSet {
+        RuleSet {
+            version: 1,
+            rules: vec![
+                Rule {
+                    id: 1,
+                    from: vec![net("100.64.1.0/24")],
+                    to: vec![net("100.64.2.0/24")],
+                    proto: Proto::Tcp,
+                    ports: vec![22..=22],
+                },
+                Rule {
+                    id: 2,
+                    from: vec![net("100.64.1.0/24")],
+                    to: vec![net("100.64.2.0/24")],
+                    proto: Proto::Icmp,
+                    ports: Vec::new(),
+                },
+                Rule {
+                    id: 3,
+                    from: vec![net("100.64.1.0/24")],
+                    to: vec![net("100.64.2.0/24")],
+                    proto: Proto::Udp,
+                    ports: vec![5000..=5010],
+                },
+            ],
+        }
+    }
+
+    fn filter() -> Filter {
+        Filter::new(ops_to_iot(), 1000, Timeouts::default())
+    }
+
+    /// The iot side's end: ops opens (arriving In), replies go Out; iot cannot open.
+    #[test]
+    fn direction_matters_replies_pass_and_nothing_opens_the_other_way() {
+        let mut f = filter();
+        let t = Instant::now();
+        // ops -> iot ssh arrives; the camera answers; the conversation goes on.
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, SYN), Direction::In, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40000, SYN | ACK), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::In, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40000, ACK), Direction::Out, t),
+            Verdict::Pass
+        );
+        // iot -> ops: no rule, at the sender (Out) and, had it been sent, at a receiver.
+        assert_eq!(
+            f.check(&tcp(IOT, 41000, OPS, 22, SYN), Direction::Out, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        // ops -> iot on another port: no rule.
+        assert_eq!(
+            f.check(&tcp(OPS, 40001, IOT, 23, SYN), Direction::In, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        // A segment that is not a SYN cannot open: no flow.
+        assert_eq!(
+            f.check(&tcp(OPS, 40002, IOT, 22, ACK), Direction::In, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        // A packet of the flow travelling the reply's way, with the opener's addresses: spoofed.
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, t),
+            Verdict::Drop(Reason::WrongWay)
+        );
+        // Ping: request opens, reply passes; an unasked reply does not.
+        assert_eq!(
+            f.check(&echo(OPS, IOT, 9, false), Direction::In, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&echo(IOT, OPS, 9, true), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&echo(IOT, OPS, 10, false), Direction::Out, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        assert_eq!(
+            f.check(&echo(OPS, IOT, 11, true), Direction::In, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        let s = f.stats();
+        assert_eq!(s.opened, 2);
+        assert_eq!(s.opened_by_rule.get(&1), Some(&1));
+        assert_eq!(s.dropped(Reason::NoRule), 3);
+        assert_eq!(s.dropped(Reason::NoFlow), 2);
+        assert_eq!(s.dropped(Reason::WrongWay), 1);
+        assert_eq!(s.passed, 6);
+    }
+
+    /// ICMP errors and later fragments pass only for a flow that is kept.
+    #[test]
+    fn icmp_errors_and_fragments_follow_their_flow() {
+        let mut f = filter();
+        let t = Instant::now();
+        let sent = udp(OPS, 5555, IOT, 5000);
+        assert_eq!(f.check(&sent, Direction::Out, t), Verdict::Pass);
+        // The camera's port is closed: its error comes back In.
+        let unreachable = icmp_error(IOT, OPS, 3, &sent);
+        assert_eq!(f.check(&unreachable, Direction::In, t), Verdict::Pass);
+        // An error about a flow nobody opened.
+        let other = icmp_error(IOT2, OPS, 3, &udp(OPS, 1, IOT2, 9));
+        assert_eq!(
+            f.check(&other, Direction::In, t),
+            Verdict::Drop(Reason::Stray)
+        );
+        // A later fragment between the two passes; between others it does not.
+        let mut frag = udp(OPS, 5555, IOT, 5000);
+        frag[7] = 0x20;
+        assert_eq!(f.check(&frag, Direction::Out, t), Verdict::Pass);
+        let mut stray = udp(IOT2, 1, OPS, 2);
+        stray[7] = 0x20;
+        assert_eq!(
+            f.check(&stray, Direction::In, t),
+            Verdict::Drop(Reason::Stray)
+        );
+        assert_eq!(
+            f.check(&[0x45, 0], Direction::In, t),
+            Verdict::Drop(Reason::Malformed)
+        );
+    }
+
+    /// Flows time out by what they have seen; a reset connection goes soon.
+    #[test]
+    fn flows_time_out() {
+        let mut f = filter();
+        let t = Instant::now();
+        let to = Timeouts::default();
+        assert_eq!(
+            f.check(&udp(OPS, 5555, IOT, 5000), Direction::Out, t),
+            Verdict::Pass
+        );
+        // Unanswered: gone after `datagram`.
+        let later = t + to.datagram + Duration::from_millis(1);
+        assert_eq!(
+            f.check(&udp(IOT, 5000, OPS, 5555), Direction::In, later),
+            Verdict::Drop(Reason::NoRule)
+        );
+        // Answered, it lives longer.
+        assert_eq!(
+            f.check(&udp(OPS, 5556, IOT, 5000), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&udp(IOT, 5000, OPS, 5556), Direction::In, t),
+            Verdict::Pass
+        );
+        let t2 = t + to.datagram * 2;
+        assert_eq!(
+            f.check(&udp(IOT, 5000, OPS, 5556), Direction::In, t2),
+            Verdict::Pass
+        );
+        // TCP: open for hours, reset for seconds.
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, SYN), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40000, SYN | ACK), Direction::In, t),
+            Verdict::Pass
+        );
+        let hour = t + Duration::from_secs(3600);
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, hour),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40000, RST | ACK), Direction::In, hour),
+            Verdict::Pass
+        );
+        let after = hour + to.tcp_reset + Duration::from_millis(1);
+        assert_eq!(f.flows(), 2);
+        assert_eq!(f.expire(hour), 1, "the UDP flow, idle for an hour");
+        assert_eq!(f.expire(after), 1, "the reset connection");
+        assert_eq!(f.flows(), 0);
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, after),
+            Verdict::Drop(Reason::NoFlow)
+        );
+    }
+
+    /// A rule removed cuts its flows at once; a rule added lets new flows through at once.
+    #[test]
+    fn a_new_rule_set_cuts_what_it_no_longer_allows() {
+        let mut f = filter();
+        let t = Instant::now();
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, SYN), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&echo(OPS, IOT, 3, false), Direction::Out, t),
+            Verdict::Pass
+        );
+        // ssh no longer allowed, ping still.
+        let mut rules = ops_to_iot();
+        rules.rules.retain(|r| r.id != 1);
+        rules.version = 2;
+        assert_eq!(f.set_rules(rules), 1);
+        assert_eq!(f.stats().cut, 1);
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40000, SYN | ACK), Direction::In, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        assert_eq!(
+            f.check(&echo(IOT, OPS, 3, true), Direction::In, t),
+            Verdict::Pass
+        );
+        // iot may now open ssh to ops.
+        let mut rules = ops_to_iot();
+        rules.rules.push(Rule {
+            id: 9,
+            from: vec![net("100.64.2.0/24")],
+            to: vec![net("100.64.1.0/24")],
+            proto: Proto::Tcp,
+            ports: vec![22..=22],
+        });
+        f.set_rules(rules);
+        assert_eq!(
+            f.check(&tcp(IOT, 41000, OPS, 22, SYN), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert_eq!(f.rules().version, 1);
+    }
+
+    /// Many short flows: the table stays at its size, the oldest go first, counted.
+    #[test]
+    fn a_full_table_evicts_the_oldest_flows() {
+        let mut f = Filter::new(ops_to_iot(), 100, Timeouts::default());
+        let t = Instant::now();
+        for port in 0..1000u16 {
+            let p = udp(OPS, 10_000 + port, IOT, 5000);
+            assert_eq!(f.check(&p, Direction::Out, t), Verdict::Pass);
+            assert!(f.flows() <= 100);
+        }
+        assert_eq!(f.flows(), 100);
+        assert_eq!(f.stats().evicted, 900);
+        // The newest are kept, the oldest are not.
+        assert_eq!(
+            f.check(&udp(IOT, 5000, OPS, 10_999), Direction::In, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&udp(IOT, 5000, OPS, 10_000), Direction::In, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        assert!(f.order.len() <= 2 * 100 + 64);
+    }
+
+    proptest::proptest! {
+        /// Whatever arrives, in any order and direction: no panic, the table within its
+        /// bound, and every pass either a flow's packet or one a rule allows.
+        #[test]
+        fn any_traffic_keeps_the_table_bounded(
+            packets in proptest::collection::vec(
+                (0u8..4, 0u16..6, 0u16..6, proptest::prelude::any::<bool>(), 0u8..0x20),
+                0..400,
+            ),
+        ) {
+            let mut f = Filter::new(ops_to_iot(), 16, Timeouts::default());
+            let t = Instant::now();
+            for (i, (kind, a, b, inbound, flags)) in packets.into_iter().enumerate() {
+                let (src, dst) = if i % 2 == 0 { (OPS, IOT) } else { (IOT, OPS) };
+                let p = match kind {
+                    0 => tcp(src, 40000 + a, dst, 20 + b, flags),
+                    1 => udp(src, 5000 + a, dst, 5000 + b),
+                    2 => echo(src, dst, a, b % 2 == 0),
+                    _ => icmp_error(dst, src, 3, &udp(src, 5000 + a, dst, 5000 + b)),
+                };
+                let dir = if inbound { Direction::In } else { Direction::Out };
+                let _ = f.check(&p, dir, t + Duration::from_secs(u64::from(a)));
+                proptest::prop_assert!(f.flows() <= 16);
+            }
+        }
+    }
+}
