@@ -700,7 +700,7 @@ impl Nms {
     }
 
     /// A renewal of the session's certificate `body` (docs/protocol.md §4, Renewal).
-    fn renew(&self, body: &CertBody) -> CloudMsg {
+    async fn renew(&self, body: &CertBody) -> CloudMsg {
         let now = unix_now();
         let verdict = (|| {
             let issuer = self
@@ -716,6 +716,29 @@ impl Nms {
             }
             issuer.renew(body, now)
         })();
+        // The registry knows the new certificate before its holder uses it: a revocation of
+        // the name finds it.
+        let verdict = match verdict {
+            Ok(cert) => {
+                let issuer = hex::encode(cert.body().issuer);
+                match self
+                    .store
+                    .issued(
+                        &cert.fingerprint().to_string(),
+                        (&body.name, &issuer),
+                        &cert.to_pem(),
+                    )
+                    .await
+                {
+                    Ok(()) => Ok(cert),
+                    Err(e) => {
+                        tracing::error!(error = %e, "store");
+                        Err("the registry is unavailable; try again".to_owned())
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
         match verdict {
             Ok(cert) => {
                 bump(&self.stats.renewed);
@@ -735,7 +758,7 @@ impl Nms {
     async fn handle(&self, fp: &str, body: &CertBody, msg: ClientMsg) -> Option<CloudMsg> {
         match msg {
             ClientMsg::Ping {} => Some(CloudMsg::Pong {}),
-            ClientMsg::Renew {} => Some(self.renew(body)),
+            ClientMsg::Renew {} => Some(self.renew(body).await),
             ClientMsg::Register { endpoints, names } => {
                 Some(self.register(fp, body, endpoints, names).await)
             }

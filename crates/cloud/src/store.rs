@@ -176,6 +176,32 @@ impl Store {
         Ok(())
     }
 
+    /// Records a certificate the AS just issued (a renewal) as an offline client, so that
+    /// the registry knows it before its holder connects with it (`revoke NAME` finds it).
+    /// A certificate already known stays as it is.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn issued(
+        &self,
+        fingerprint: &str,
+        (name, issuer): (&str, &str),
+        certificate: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer) \
+             VALUES ($1, $2, $3, '[]', NULL, 0, $4, $5) ON CONFLICT (fingerprint) DO NOTHING",
+        )
+        .bind(fingerprint)
+        .bind(name)
+        .bind(certificate)
+        .bind(unix_now())
+        .bind(issuer)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Marks a client offline (its names stay: a tunnel to it may still work).
     ///
     /// # Errors
