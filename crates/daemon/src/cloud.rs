@@ -93,6 +93,8 @@ pub struct CloudSettings {
     pub dns_ttl: u32,
     /// Where our certificate is: a renewed one replaces it.
     pub certificate_file: std::path::PathBuf,
+    /// Where our CA bundle is: the issuing CA of a renewed certificate joins it.
+    pub ca_file: std::path::PathBuf,
 }
 
 /// What the cloud did that the control loop hands to [`CloudLink::handle`].
@@ -102,6 +104,35 @@ pub enum CloudWork {
     Event(Event),
     /// An answer to a DNS question.
     Answer(CloudAnswer),
+}
+
+/// Adds the issuing CA of `cert` (one of `issuers`, learned from the cloud) to the CA file
+/// `ca_file` unless the file holds it.
+///
+/// # Errors
+/// The file cannot be read or replaced.
+fn keep_issuer(
+    ca_file: &std::path::Path,
+    issuers: &[Certificate],
+    cert: &Certificate,
+) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(ca_file)?;
+    let held = Certificate::all_from_pem(&text).unwrap_or_default();
+    let issuer = cert.body().issuer;
+    if held.iter().any(|c| c.body().public_key == issuer) {
+        return Ok(());
+    }
+    let Some(ca) = issuers.iter().find(|c| c.body().public_key == issuer) else {
+        return Ok(());
+    };
+    let mut bundle = text;
+    if !bundle.ends_with('\n') && !bundle.is_empty() {
+        bundle.push('\n');
+    }
+    bundle.push_str(&ca.to_pem());
+    crate::files::replace(ca_file, &bundle, 0o644)?;
+    tracing::info!(file = %ca_file.display(), issuer = %ca.fingerprint(), "the cloud's issuing CA added to our CA file");
+    Ok(())
 }
 
 /// Changes our trust store with `change` and takes it on at once (peers it no longer trusts
@@ -161,6 +192,7 @@ pub struct CloudLink {
     ttl: u32,
     status: Arc<Mutex<CloudStatus>>,
     certificate_file: std::path::PathBuf,
+    ca_file: std::path::PathBuf,
     /// The cloud's issuing CAs we trust (learned from its welcome; kept across reloads).
     issuers: Vec<Certificate>,
     /// What the cloud revoked online (kept across reloads).
@@ -210,6 +242,7 @@ impl CloudLink {
                 ..CloudStatus::default()
             })),
             certificate_file: settings.certificate_file.clone(),
+            ca_file: settings.ca_file.clone(),
             issuers: Vec::new(),
             revoked: Vec::new(),
         };
@@ -417,6 +450,12 @@ impl CloudLink {
                 return;
             }
         };
+        // Signed by an issuing CA our CA file lacks (a certificate issued offline, renewed
+        // online): the CA joins the file first, so that the certificate loads after a restart.
+        if let Err(e) = keep_issuer(&self.ca_file, &self.issuers, cert) {
+            tracing::error!(file = %self.ca_file.display(), error = %e, "the renewed certificate's issuing CA could not be added: the old certificate stays");
+            return;
+        }
         if let Err(e) = crate::files::replace(&self.certificate_file, &cert.to_pem(), 0o644) {
             tracing::error!(file = %self.certificate_file.display(), error = %e, "the renewed certificate could not be written: it is used until the next restart");
         }
@@ -656,5 +695,43 @@ mod tests {
         assert_eq!(a.release(8).len(), AWAITING - 3);
         assert_eq!(a.release(9).len(), 3);
         assert_eq!(a.held, 0);
+    }
+
+    /// A certificate issued offline and renewed online is signed by the cloud's issuing CA:
+    /// that CA joins the CA file (once), so that the file and the certificate still load
+    /// together after a restart.
+    #[test]
+    fn a_renewed_certificates_issuing_ca_joins_the_ca_file_once() {
+        use cyphonic_crypto::{CertificateAuthority, IssueRequest, RevocationList, TrustStore};
+        let t0 = 1_800_000_000;
+        let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap_or_else(|_| unreachable!());
+        let root =
+            CertificateAuthority::generate("ovl.example", &[net("100.64.0.0/10")], t0, t0 + 1000)
+                .unwrap_or_else(|_| unreachable!());
+        let issuing = root
+            .delegate("ovl.example", &[net("100.64.128.0/17")], t0, t0 + 900)
+            .unwrap_or_else(|_| unreachable!());
+        let renewed = issuing
+            .issue(&IssueRequest {
+                name: "gw.ovl.example".into(),
+                vip_blocks: vec![net("100.64.130.0/24")],
+                public_key: [5; 32],
+                groups: Vec::new(),
+                not_before: t0,
+                not_after: t0 + 100,
+            })
+            .unwrap_or_else(|_| unreachable!());
+        let dir = tempfile::tempdir().unwrap_or_else(|_| unreachable!());
+        let ca_file = dir.path().join("ca.crt");
+        std::fs::write(&ca_file, root.certificate().to_pem()).unwrap_or_else(|_| unreachable!());
+        let issuers = vec![issuing.certificate().clone()];
+        for _ in 0..2 {
+            keep_issuer(&ca_file, &issuers, &renewed).unwrap_or_else(|_| unreachable!());
+        }
+        let text = std::fs::read_to_string(&ca_file).unwrap_or_default();
+        let cas = Certificate::all_from_pem(&text).unwrap_or_default();
+        assert_eq!(cas.len(), 2, "{text}");
+        let trust = TrustStore::new(cas, RevocationList::default());
+        assert!(trust.is_ok_and(|t| t.verify(&renewed, t0 + 10).is_ok()));
     }
 }

@@ -262,6 +262,7 @@ pub fn run<E: Edge>(
                 agent: format!("{} {}", E::PROGRAM, env!("CARGO_PKG_VERSION")),
                 dns_ttl: common.dns_ttl(),
                 certificate_file: common.certificate_file.clone(),
+                ca_file: common.ca_file.clone(),
             };
             let (link, asker) = CloudLink::connect(&settings, &shared, listen.port());
             (Some(link), Some(asker))

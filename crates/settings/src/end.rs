@@ -77,6 +77,8 @@ pub struct Common {
     pub log_level: Option<String>,
     /// Where our certificate is: a renewed one is written there.
     pub certificate_file: PathBuf,
+    /// Where our CA bundle is: the issuing CA of a renewed certificate joins it.
+    pub ca_file: PathBuf,
 }
 
 impl Common {
@@ -99,7 +101,8 @@ impl Common {
         dns: Option<(&[Spanned<IpAddr>], &Spanned<u32>)>,
     ) -> Result<(Self, Identity), ConfigError> {
         let table = end.table;
-        let certificate_file = identity.files(src).certificate;
+        let files = identity.files(src);
+        let (certificate_file, ca_file) = (files.certificate, files.ca);
         let identity = identity_and_block(src, identity)?;
         let (identity, block) = identity;
         let overlay = *end.overlay.get_ref();
@@ -138,6 +141,7 @@ impl Common {
             dns,
             log_level,
             certificate_file,
+            ca_file,
         };
         Ok((common, identity))
     }
