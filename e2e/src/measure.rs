@@ -166,10 +166,16 @@ pub fn udp(bed: &TwoSites, mbps: u64, size: usize, seconds: u64) -> anyhow::Resu
     )?;
     let sent = &r["end"]["sum"];
     let streams = r["end"]["streams"].as_array().context("no streams")?;
+    // Per stream only (iperf3's sum has no such field); a stream without it is an error, not
+    // a zero.
     let out_of_order = streams
         .iter()
-        .filter_map(|s| s["udp"]["out_of_order"].as_u64())
-        .sum();
+        .map(|s| {
+            s["udp"]["out_of_order"]
+                .as_u64()
+                .context("an iperf3 stream without out_of_order")
+        })
+        .sum::<anyhow::Result<u64>>()?;
     let received = r["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .or_else(|| sent["bits_per_second"].as_f64())

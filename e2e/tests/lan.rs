@@ -205,7 +205,13 @@ fn leases_survive_restart_and_kill_during_writes() {
     // kill -9 while renewals stream in: each is answered at once, and the lease file is
     // written at most once a second, always whole.
     let mac = parse_mac(&dev.mac);
-    let count = |s: &Value, what: &str| s["dhcp"][what].as_u64().unwrap_or(0);
+    // A counter that is not there is an error, not a zero (the write bound below would pass
+    // on nothing).
+    let count = |s: &Value, what: &str| {
+        s["dhcp"][what]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no dhcp.{what} in the status: {s}"))
+    };
     let (acks_before, writes_before) = (count(&s, "acks"), count(&s, "lease_writes"));
     let mut seen = (0, 0);
     let (sent, killed_after) = std::thread::scope(|scope| {
