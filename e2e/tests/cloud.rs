@@ -1049,15 +1049,17 @@ fn a_cloud_peer_whose_block_overlaps_ours_is_refused() {
     assert!(d.answers.is_empty(), "{d:?}");
     let peers = bed.status(Side::A).unwrap()["peers"].clone();
     assert!(!peers.to_string().contains("squat.ovl.example"), "{peers}");
-    // The node was told to expect A, and refused it for the same reason.
-    let node_status = node.status(&bed.bins).unwrap();
-    assert!(
-        node_status["counters"]["peers_refused"]
-            .as_u64()
+    // The node was told to expect A, and refused it for the same reason (the cloud tells
+    // the node as it answers A: wait for it too).
+    let refused_by_node = || {
+        node.status(&bed.bins)
+            .ok()
+            .and_then(|s| s["counters"]["peers_refused"].as_u64())
             .unwrap_or(0)
-            >= 1,
-        "{node_status}\n{}",
-        node.log_text()
-    );
+    };
+    wait_until(Duration::from_secs(5), "the node to refuse A", || {
+        refused_by_node() >= 1
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.log_text()));
     node.stop("TERM").unwrap();
 }
