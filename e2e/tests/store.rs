@@ -32,6 +32,30 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// What the NMS relies on, whatever the database.
+/// Online revocations: recorded once each, counted, listed; the names' certificates found.
+async fn revocations(store: &Store) {
+    assert_eq!(store.revocation_count().await.unwrap(), 0);
+    let fps = ["aa".repeat(32), "bb".repeat(32)];
+    assert_eq!(store.revoke(&fps, "gw9.ovl.example", 5).await.unwrap(), 2);
+    assert_eq!(
+        store.revoke(&fps[..1], "gw9.ovl.example", 6).await.unwrap(),
+        0
+    );
+    assert_eq!(store.revocation_count().await.unwrap(), 2);
+    assert_eq!(store.revocations().await.unwrap(), fps);
+    // The certificates the registry knows of a name: connected ones, and what tokens were
+    // redeemed for (`tokens` redeemed t1's for fp-a).
+    let named = store.fingerprints_named("t1.ovl.example").await.unwrap();
+    assert_eq!(named, ["fp-a"]);
+    assert!(
+        store
+            .fingerprints_named("nobody.ovl.example")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// Enrollment tokens: written, read back, revoked once; redeemed once only, never when
 /// expired or revoked (one conditional update: two instances cannot both redeem one).
 async fn tokens(store: &Store) {
@@ -289,6 +313,7 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             assert_eq!(store.is_shared(), url.starts_with("postgres"));
             conformance(&store).await;
             tokens(&store).await;
+            revocations(&store).await;
             // Opening again runs no migration twice and keeps the data.
             let names = store.name_count().await.unwrap();
             assert!(names >= 1, "{url}: nothing left to keep");

@@ -160,7 +160,7 @@ pub struct Nms {
     /// Online issuing: enrollment and renewal (`[enroll]`).
     issuer: Option<crate::enroll::Issuer>,
     /// The registry's online revocations taken on so far (kept across reloads of the file).
-    revoked_online: std::sync::Mutex<Vec<Fingerprint>>,
+    revoked_online: std::sync::Mutex<std::collections::HashSet<Fingerprint>>,
     /// Counters.
     pub stats: Stats,
 }
@@ -274,7 +274,7 @@ impl Nms {
             unproven: Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE),
             freshness: Freshness::new(),
             issuer: None,
-            revoked_online: std::sync::Mutex::new(Vec::new()),
+            revoked_online: std::sync::Mutex::new(std::collections::HashSet::new()),
             stats: Stats::default(),
         }
     }
@@ -712,7 +712,7 @@ impl Nms {
             }
             let half = body.not_before + (body.not_after - body.not_before) / 2;
             if now < half {
-                return Err("too early: ask once two thirds of the validity have passed".into());
+                return Err("too early: ask once half of the validity has passed".into());
             }
             issuer.renew(body, now)
         })();
@@ -1087,10 +1087,23 @@ impl Nms {
 
     /// What was revoked online and taken on so far.
     fn online_revocations(&self) -> Vec<Fingerprint> {
+        let mut all: Vec<Fingerprint> = self
+            .revoked_online
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect();
+        all.sort();
+        all
+    }
+
+    /// How many revocations were taken on so far.
+    fn online_revocation_count(&self) -> usize {
         self.revoked_online
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .len()
     }
 
     /// Takes on the registry's online revocations (`cyphonic-cloud revoke`), every
@@ -1100,6 +1113,16 @@ impl Nms {
         let mut tick = tokio::time::interval(REVOCATIONS_EVERY);
         loop {
             tick.tick().await;
+            // Revocations are never deleted: an unchanged count means nothing new, and the
+            // list is read only when it grew.
+            match self.store.revocation_count().await {
+                Ok(n) if n == self.online_revocation_count() => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "counting the registry's revocations");
+                    continue;
+                }
+            }
             let listed = match self.store.revocations().await {
                 Ok(l) => l,
                 Err(e) => {
@@ -1107,19 +1130,20 @@ impl Nms {
                     continue;
                 }
             };
-            let known = self.online_revocations();
-            let fresh: Vec<Fingerprint> = listed
-                .iter()
-                .filter_map(|fp| fp.parse().ok())
-                .filter(|fp| !known.contains(fp))
-                .collect();
+            let fresh: Vec<Fingerprint> = {
+                let mut known = self
+                    .revoked_online
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                listed
+                    .iter()
+                    .filter_map(|fp| fp.parse().ok())
+                    .filter(|fp| known.insert(*fp))
+                    .collect()
+            };
             if fresh.is_empty() {
                 continue;
             }
-            self.revoked_online
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .extend(fresh.iter().copied());
             let mut trust = (*self.trust()).clone();
             for fp in &fresh {
                 trust.revocations_mut().revoke(*fp);

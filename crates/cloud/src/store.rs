@@ -698,6 +698,17 @@ impl Store {
         Ok(added)
     }
 
+    /// How many fingerprints were revoked online.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn revocation_count(&self) -> Result<usize, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) FROM revocations")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+    }
+
     /// Every fingerprint revoked online, oldest first.
     ///
     /// # Errors

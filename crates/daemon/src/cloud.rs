@@ -196,7 +196,7 @@ pub struct CloudLink {
     /// The cloud's issuing CAs we trust (learned from its welcome; kept across reloads).
     issuers: Vec<Certificate>,
     /// What the cloud revoked online (kept across reloads).
-    revoked: Vec<cyphonic_crypto::Fingerprint>,
+    revoked: std::collections::HashSet<cyphonic_crypto::Fingerprint>,
 }
 
 impl std::fmt::Debug for CloudLink {
@@ -244,7 +244,7 @@ impl CloudLink {
             certificate_file: settings.certificate_file.clone(),
             ca_file: settings.ca_file.clone(),
             issuers: Vec::new(),
-            revoked: Vec::new(),
+            revoked: std::collections::HashSet::new(),
         };
         (link, asker)
     }
@@ -383,12 +383,11 @@ impl CloudLink {
     fn revoked(&mut self, fps: Vec<cyphonic_crypto::Fingerprint>, control: &mut Control) {
         let fresh: Vec<_> = fps
             .into_iter()
-            .filter(|f| !self.revoked.contains(f))
+            .filter(|f| self.revoked.insert(*f))
             .collect();
         if fresh.is_empty() {
             return;
         }
-        self.revoked.extend(fresh.iter().copied());
         // Answers the cloud gave before may name a revoked peer.
         self.handle.cache().clear();
         let changed = change_trust(control, |trust| {
