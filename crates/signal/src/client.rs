@@ -556,9 +556,7 @@ impl Task {
     /// from [`Task::first`] (each name looked up now, each of its addresses) and, at each,
     /// the pinned keys from the one that answered last. A refusal ends the search: every
     /// instance shares the same registry and rules.
-    async fn open(
-        &mut self,
-    ) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr), End> {
+    async fn open(&mut self) -> Result<Opened, End> {
         let targets = self.config.clouds.len();
         let keys = self.config.cloud_keys.len();
         let mut last = End::Retry("no cloud address or key configured".into());
@@ -596,11 +594,7 @@ impl Task {
     }
 
     /// One attempt: the instance at `cloud`, pinned to `key`.
-    async fn open_at(
-        &mut self,
-        cloud: SocketAddr,
-        key: PublicKey,
-    ) -> Result<(Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr), End> {
+    async fn open_at(&mut self, cloud: SocketAddr, key: PublicKey) -> Result<Opened, End> {
         self.timestamp = next_timestamp(self.timestamp);
         let identity = self.identity.borrow_and_update().clone();
         let hello = Hello {
