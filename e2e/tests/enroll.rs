@@ -171,6 +171,26 @@ fn a_fresh_adapter_joins_with_a_token_and_its_devices_are_reached_by_name() {
         "{node_log}"
     );
 
+    // The node's reload keeps what it learned from the cloud: the issuing CA stays trusted
+    // (the file names only the root), so the enrolled adapter stays its peer.
+    let node_host = bed.c.as_ref().unwrap();
+    let pid = node_host.proc.as_ref().unwrap().pid().to_string();
+    cyphonic_e2e::sh("kill", &["-s", "HUP", &pid]).unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "the node's reload", || {
+        node_host.log_text().contains("configuration reloaded")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", node_host.log_text()));
+    assert!(
+        !node_host.log_text().contains("peer removed"),
+        "{}",
+        node_host.log_text()
+    );
+    bed.ping_ok(node, CAMERA, Ping::default());
+
+    // Enrolled already: enrolling again is refused, and says why.
+    let err = enroll(&bed, &bed.b.config(), "0123456789abcdef.00").unwrap_err();
+    assert!(err.contains("enrolled already"), "{err}");
+
     // The token is spent: another device cannot use it.
     let token = std::fs::read_to_string(bed.b.config())
         .unwrap()
