@@ -306,15 +306,9 @@ fn revoke_online(
     fingerprint: Option<String>,
     config: &Path,
 ) -> anyhow::Result<()> {
-    let c = cyphonic_cloud::config::load(config, now())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(async {
-        let store = cyphonic_cloud::Store::open(&c.database)
-            .await
-            .with_context(|| format!("opening {}", cyphonic_cloud::redact(&c.database)))?;
+    let registry = Registry::open(config, now())?;
+    let store = &registry.store;
+    registry.block_on(async {
         let (fps, label) = match (name, fingerprint) {
             (Some(name), _) => {
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
@@ -340,6 +334,41 @@ fn revoke_online(
         }
         Ok(())
     })
+}
+
+/// The registry a cloud configuration names, opened for a one-shot command (`members`,
+/// `token`, `revoke`), with the runtime that drives its queries.
+pub(crate) struct Registry {
+    /// The configuration, checked.
+    pub(crate) config: cyphonic_cloud::CloudConfig,
+    /// Its store.
+    pub(crate) store: cyphonic_cloud::Store,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Registry {
+    /// Reads the configuration at `path` (certificates checked at unix time `now`) and opens
+    /// its store.
+    pub(crate) fn open(path: &Path, now: u64) -> anyhow::Result<Self> {
+        let config = cyphonic_cloud::config::load(path, now)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        let store = runtime
+            .block_on(cyphonic_cloud::Store::open(&config.database))
+            .with_context(|| format!("opening {}", cyphonic_cloud::redact(&config.database)))?;
+        Ok(Self {
+            config,
+            store,
+            runtime,
+        })
+    }
+
+    /// Runs `f` (a query on [`Registry::store`]) to its end.
+    pub(crate) fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
 }
 
 fn keygen(out: &Path) -> anyhow::Result<()> {

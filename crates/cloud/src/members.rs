@@ -7,9 +7,8 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
-use anyhow::Context as _;
 use clap::Subcommand;
-use cyphonic_cloud::store::{Member, Store};
+use cyphonic_cloud::store::Member;
 use cyphonic_crypto::Certificate;
 use cyphonic_telemetry::status::{age, time_left};
 use serde::Serialize;
@@ -108,30 +107,21 @@ impl View {
 /// # Errors
 /// The configuration or the store cannot be read; no such member; a member online.
 pub(crate) fn run(cmd: Members, now: u64) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let open = |config: &Path| {
-        let c = cyphonic_cloud::config::load(config, now)?;
-        runtime
-            .block_on(Store::open(&c.database))
-            .with_context(|| format!("opening {}", cyphonic_cloud::redact(&c.database)))
-    };
+    let open = |config: &Path| crate::Registry::open(config, now);
     match cmd {
         Members::List { config, json } => {
-            let store = open(&config)?;
-            let views: Vec<View> = runtime
-                .block_on(store.members())?
+            let registry = open(&config)?;
+            let views: Vec<View> = registry
+                .block_on(registry.store.members())?
                 .iter()
                 .map(View::of)
                 .collect();
             print(json, &views, || list_text(&views, now))
         }
         Members::Show { name, config, json } => {
-            let store = open(&config)?;
-            let views: Vec<View> = runtime
-                .block_on(store.members())?
+            let registry = open(&config)?;
+            let views: Vec<View> = registry
+                .block_on(registry.store.members())?
                 .iter()
                 .filter(|m| m.client.name == name)
                 .map(View::of)
@@ -140,8 +130,8 @@ pub(crate) fn run(cmd: Members, now: u64) -> anyhow::Result<()> {
             print(json, &views, || show_text(&views, now))
         }
         Members::Remove { name, config } => {
-            let store = open(&config)?;
-            let removed = runtime.block_on(store.remove_member(&name))?;
+            let registry = open(&config)?;
+            let removed = registry.block_on(registry.store.remove_member(&name))?;
             anyhow::ensure!(removed > 0, "no member named {name}");
             say(&format!(
                 "removed {removed} offline certificate(s) of {name} and the names they hosted; a certificate stays valid until revoked (ca revoke)"

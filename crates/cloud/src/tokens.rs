@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use cyphonic_cloud::enroll::{MAX_TOKEN_EXPIRY, MIN_LIFETIME, TOKEN_EXPIRY, Token, allocate};
-use cyphonic_cloud::store::{Store, TokenRow};
+use cyphonic_cloud::store::TokenRow;
 use cyphonic_crypto::{Certificate, validate_name};
 use cyphonic_telemetry::status::time_left;
 use ipnet::IpNet;
@@ -92,17 +92,7 @@ fn say(text: &str) {
 }
 
 pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let open = |config: &std::path::Path| {
-        let c = cyphonic_cloud::config::load(config, now)?;
-        let store = runtime
-            .block_on(Store::open(&c.database))
-            .with_context(|| format!("opening {}", cyphonic_cloud::redact(&c.database)))?;
-        anyhow::Ok((c, store))
-    };
+    let open = |config: &std::path::Path| crate::Registry::open(config, now);
     match cmd {
         Tokens::Create {
             config,
@@ -114,8 +104,9 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             expires,
             replace,
         } => {
-            let (c, store) = open(&config)?;
-            let Some(issuer) = c.enroll else {
+            let registry = open(&config)?;
+            let store = &registry.store;
+            let Some(issuer) = &registry.config.enroll else {
                 bail!(
                     "{} has no [enroll] section: this cloud cannot enroll",
                     config.display()
@@ -130,7 +121,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             if lifetime < MIN_LIFETIME {
                 bail!("--lifetime {lifetime}: give at least {MIN_LIFETIME} seconds");
             }
-            let tokens = runtime.block_on(store.tokens())?;
+            let tokens = registry.block_on(store.tokens())?;
             if let Some(t) = tokens
                 .iter()
                 .find(|t| t.name == name && t.state(now) == "live")
@@ -141,7 +132,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                     t.id
                 );
             }
-            let members = runtime.block_on(store.members())?;
+            let members = registry.block_on(store.members())?;
             if !replace && members.iter().any(|m| m.client.name == name) {
                 bail!(
                     "{name} is a member already (cyphonic-cloud members show {name}); give --replace to enroll a replacement device for it"
@@ -211,7 +202,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 secret_sha256: token.secret_sha256(),
                 ..probe
             };
-            runtime.block_on(store.add_token(&row))?;
+            registry.block_on(store.add_token(&row))?;
             let shown: Vec<String> = blocks.iter().map(ToString::to_string).collect();
             say(&format!(
                 "token {} for {name} ({}), certificates for {lifetime} s, expires in {}:\n{token}\n\
@@ -223,9 +214,9 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             Ok(())
         }
         Tokens::List { config, json } => {
-            let (_, store) = open(&config)?;
-            let views: Vec<View> = runtime
-                .block_on(store.tokens())?
+            let registry = open(&config)?;
+            let views: Vec<View> = registry
+                .block_on(registry.store.tokens())?
                 .into_iter()
                 .map(|t| View {
                     state: t.state(now),
@@ -268,16 +259,17 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             Ok(())
         }
         Tokens::Revoke { id, config } => {
-            let (_, store) = open(&config)?;
+            let registry = open(&config)?;
+            let store = &registry.store;
             let id = id.trim().to_ascii_lowercase();
-            match runtime.block_on(store.token(&id))? {
+            match registry.block_on(store.token(&id))? {
                 None => bail!("no token {id}"),
                 Some(t) if t.used_at.is_some() => bail!(
                     "token {id} was used already (by {}): revoke that certificate instead",
                     t.used_by.as_deref().unwrap_or("?")
                 ),
                 Some(_) => {
-                    if runtime.block_on(store.revoke_token(&id, now))? {
+                    if registry.block_on(store.revoke_token(&id, now))? {
                         say(&format!("revoked token {id}"));
                     } else {
                         say(&format!("token {id} was revoked already"));
