@@ -178,6 +178,15 @@ fn random16() -> Option<[u8; 16]> {
     Some(t)
 }
 
+/// `fps` as `revoked` messages of at most [`REVOKED_PER_MESSAGE`] fingerprints.
+fn revoked_messages(fps: &[Fingerprint]) -> Vec<CloudMsg> {
+    fps.chunks(REVOKED_PER_MESSAGE)
+        .map(|chunk| CloudMsg::Revoked {
+            fingerprints: chunk.iter().map(ToString::to_string).collect(),
+        })
+        .collect()
+}
+
 /// A handshake verdict: the certificate, or why it was refused.
 fn admit(
     trust: &TrustStore,
@@ -511,15 +520,7 @@ impl Nms {
         tracing::info!(name = %body.name, %from, "control session open");
         // What was revoked online, so that a client that was away learns it.
         if version >= 3 {
-            let all: Vec<String> = self
-                .online_revocations()
-                .iter()
-                .map(ToString::to_string)
-                .collect();
-            for chunk in all.chunks(REVOKED_PER_MESSAGE) {
-                let msg = CloudMsg::Revoked {
-                    fingerprints: chunk.to_vec(),
-                };
+            for msg in revoked_messages(&self.online_revocations()) {
                 if let Err(why) = send(&mut ch, &mut wr, &msg).await {
                     tracing::info!(name = %body.name, reason = why, "control session closed");
                     self.connected.remove_if(&fp, |_, c| c.serial == serial);
@@ -1160,16 +1161,10 @@ impl Nms {
                     tracing::error!(error = %e, "revoked online, but the registry could not be checked");
                 }
             }
-            let text: Vec<String> = fresh.iter().map(ToString::to_string).collect();
-            for chunk in text.chunks(REVOKED_PER_MESSAGE) {
+            for msg in revoked_messages(&fresh) {
                 for c in &self.connected {
-                    if c.version >= 3 {
-                        let msg = CloudMsg::Revoked {
-                            fingerprints: chunk.to_vec(),
-                        };
-                        if c.tx.try_send(msg).is_err() {
-                            tracing::warn!(client = %c.name, "push queue full: a revocation was not pushed (it learns it when it reconnects)");
-                        }
+                    if c.version >= 3 && c.tx.try_send(msg.clone()).is_err() {
+                        tracing::warn!(client = %c.name, "push queue full: a revocation was not pushed (it learns it when it reconnects)");
                     }
                 }
             }

@@ -158,22 +158,17 @@ impl Store {
     pub async fn client_online(
         &self,
         fingerprint: &str,
-        (name, issuer): (&str, &str),
+        identity: (&str, &str),
         certificate: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer) \
-             VALUES ($1, $2, $3, '[]', NULL, 1, $4, $5) \
-             ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5",
+        self.put_client(
+            "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5",
+            1,
+            fingerprint,
+            identity,
+            certificate,
         )
-        .bind(fingerprint)
-        .bind(name)
-        .bind(certificate)
-        .bind(unix_now())
-        .bind(issuer)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Records a certificate the AS just issued (a renewal) as an offline client, so that
@@ -185,18 +180,39 @@ impl Store {
     pub async fn issued(
         &self,
         fingerprint: &str,
+        identity: (&str, &str),
+        certificate: &str,
+    ) -> Result<(), StoreError> {
+        self.put_client(
+            "ON CONFLICT (fingerprint) DO NOTHING",
+            0,
+            fingerprint,
+            identity,
+            certificate,
+        )
+        .await
+    }
+
+    /// Inserts a client row with no endpoints, `online` as given; `on_conflict` says what
+    /// happens to a row already there.
+    async fn put_client(
+        &self,
+        on_conflict: &str,
+        online: i64,
+        fingerprint: &str,
         (name, issuer): (&str, &str),
         certificate: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        sqlx::query(&format!(
             "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer) \
-             VALUES ($1, $2, $3, '[]', NULL, 0, $4, $5) ON CONFLICT (fingerprint) DO NOTHING",
-        )
+             VALUES ($1, $2, $3, '[]', NULL, $6, $4, $5) {on_conflict}"
+        ))
         .bind(fingerprint)
         .bind(name)
         .bind(certificate)
         .bind(unix_now())
         .bind(issuer)
+        .bind(online)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -326,6 +326,16 @@ fn next_timestamp(last: u64) -> u64 {
     now.max(last.saturating_add(1))
 }
 
+/// The addresses of a cloud instance, `host:port` or an address, looked up now; why not, in
+/// words.
+async fn addresses(target: &str) -> Result<Vec<SocketAddr>, String> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(target)).await {
+        Ok(Ok(addrs)) => Ok(addrs.collect()),
+        Ok(Err(e)) => Err(format!("looking up {target}: {e}")),
+        Err(e) => Err(format!("looking up {target}: {e}")),
+    }
+}
+
 /// What connecting and the control handshake give: the channel, the stream's halves, the
 /// cloud's answer and our local address.
 type Opened = (Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr);
@@ -405,18 +415,13 @@ pub async fn enroll(
     };
     let mut last = "no cloud address or key configured".to_owned();
     for target in &config.clouds {
-        let addrs =
-            match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(target)).await {
-                Ok(Ok(a)) => a.collect::<Vec<_>>(),
-                Ok(Err(e)) => {
-                    last = format!("looking up {target}: {e}");
-                    continue;
-                }
-                Err(e) => {
-                    last = format!("looking up {target}: {e}");
-                    continue;
-                }
-            };
+        let addrs = match addresses(target).await {
+            Ok(a) => a,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
         for addr in addrs {
             for key in &config.cloud_keys {
                 match handshake(addr, *key, keypair, &hello).await {
@@ -563,19 +568,13 @@ impl Task {
         for t in 0..targets {
             let which = (self.first + t) % targets;
             let target = self.config.clouds[which].clone();
-            let addrs =
-                match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(&target)).await
-                {
-                    Ok(Ok(addrs)) => addrs.collect::<Vec<_>>(),
-                    Ok(Err(e)) => {
-                        last = End::Retry(format!("looking up {target}: {e}"));
-                        continue;
-                    }
-                    Err(e) => {
-                        last = End::Retry(format!("looking up {target}: {e}"));
-                        continue;
-                    }
-                };
+            let addrs = match addresses(&target).await {
+                Ok(a) => a,
+                Err(e) => {
+                    last = End::Retry(e);
+                    continue;
+                }
+            };
             for addr in addrs {
                 for k in 0..keys {
                     let key_at = (self.key + k) % keys;
