@@ -19,6 +19,7 @@
 
 mod packet;
 mod rules;
+mod spec;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 
 pub use packet::FlowKey;
 pub use rules::{Proto, Rule, RuleSet};
+pub use spec::{Allow, Directory, RuleSpec, SpecError, compile, parse_allow};
 
 use packet::{FIN, RST, Seen};
 use rules::TCP;
@@ -154,6 +156,9 @@ pub struct Stats {
     pub opened: u64,
     /// Packets dropped, by [`Reason`] (in [`Reason::ALL`]'s order).
     pub drops: [u64; 5],
+    /// Of those, the packets that came from the tunnel ([`Direction::In`]): what peers sent
+    /// that no rule lets in.
+    pub drops_in: [u64; 5],
     /// Flows removed because they timed out.
     pub expired: u64,
     /// Flows removed to make room for new ones (the oldest first).
@@ -168,6 +173,11 @@ impl Stats {
     /// Drops for `reason`.
     pub const fn dropped(&self, reason: Reason) -> u64 {
         self.drops[reason.index()]
+    }
+
+    /// Drops for `reason` of packets that came from the tunnel.
+    pub const fn dropped_in(&self, reason: Reason) -> u64 {
+        self.drops_in[reason.index()]
     }
 }
 
@@ -241,7 +251,12 @@ impl Filter {
         };
         match verdict {
             Verdict::Pass => self.stats.passed += 1,
-            Verdict::Drop(r) => self.stats.drops[r.index()] += 1,
+            Verdict::Drop(r) => {
+                self.stats.drops[r.index()] += 1;
+                if dir == Direction::In {
+                    self.stats.drops_in[r.index()] += 1;
+                }
+            }
         }
         verdict
     }
@@ -261,6 +276,10 @@ impl Filter {
     ) -> Verdict {
         let t = self.timeouts;
         for (k, reply) in [(key, false), (key.reversed(), true)] {
+            // An echo request is never the reply to one (same identifier the other way).
+            if reply && opens && key.proto == rules::ICMP {
+                continue;
+            }
             let Some(flow) = self.flows.get_mut(&k) else {
                 continue;
             };
@@ -507,13 +526,22 @@ mod tests {
             f.check(&echo(OPS, IOT, 11, true), Direction::In, t),
             Verdict::Drop(Reason::NoFlow)
         );
+        // An echo request the other way with the flow's identifier is no reply to it.
+        assert_eq!(
+            f.check(&echo(IOT, OPS, 9, false), Direction::Out, t),
+            Verdict::Drop(Reason::NoRule)
+        );
         let s = f.stats();
         assert_eq!(s.opened, 2);
         assert_eq!(s.opened_by_rule.get(&1), Some(&1));
-        assert_eq!(s.dropped(Reason::NoRule), 3);
+        assert_eq!(s.dropped(Reason::NoRule), 4);
         assert_eq!(s.dropped(Reason::NoFlow), 2);
         assert_eq!(s.dropped(Reason::WrongWay), 1);
         assert_eq!(s.passed, 6);
+        // Of the drops, those that came from the tunnel.
+        assert_eq!(s.dropped_in(Reason::NoRule), 1);
+        assert_eq!(s.dropped_in(Reason::NoFlow), 2);
+        assert_eq!(s.dropped_in(Reason::WrongWay), 0);
     }
 
     /// ICMP errors and later fragments pass only for a flow that is kept.
