@@ -8,6 +8,8 @@ cyphonic_telemetry::counters! {
     pub struct EngineCounters {
         /// Overlay destinations no peer's certificate covers.
         drop_no_peer,
+        /// Packets the per-device policy dropped, both ways (its status says why).
+        drop_policy,
         /// Packets queued while a handshake is pending.
         queued_for_handshake,
         /// Queued packets dropped: the queue was full or the handshake failed.

@@ -269,7 +269,18 @@ impl Submitter {
 
     /// Hands a packet to the pipeline, or queues it behind its peer's pending handshake.
     /// A peer with queued packets gets new ones queued too, so nothing overtakes them.
+    /// A new flow no rule allows is dropped here, before it costs a handshake or a seal
+    /// (counted by the policy).
     pub fn submit(&mut self, item: Outgoing) {
+        let packet = item.buf.get(crate::HEADROOM..crate::HEADROOM + item.len);
+        if !packet.is_some_and(|p| {
+            self.shared
+                .policy
+                .allows(p, crate::policy::Direction::Out, item.now)
+        }) {
+            bump(&self.shared.counters.drop_policy);
+            return;
+        }
         let id = item.peer.id;
         if self.pending.get(&id).is_some_and(|q| !q.is_empty()) {
             self.enqueue(id, item);

@@ -91,7 +91,8 @@ impl Incoming {
     /// it lies in the buffer; a keepalive ends here (`None`).
     ///
     /// # Errors
-    /// [`DropReason::Replay`].
+    /// [`DropReason::Replay`]; [`DropReason::Policy`] for a packet the policy does not let
+    /// in.
     pub fn accept(self, shared: &Shared) -> Result<Option<(Self, Range<usize>)>, DropReason> {
         if self.session.accept_counter(self.counter).is_err() {
             return Err(DropReason::Replay);
@@ -115,11 +116,21 @@ impl Incoming {
             bump(&shared.counters.keepalives_received);
             return Ok(None);
         }
+        let packet = HEADER_LEN..HEADER_LEN + self.plain_len;
+        // Authenticated and in order: now the policy's flow table may learn from it.
+        let allowed = self.buf.get(packet.clone()).is_some_and(|p| {
+            shared
+                .policy
+                .allows(p, crate::policy::Direction::In, self.now)
+        });
+        if !allowed {
+            bump(&shared.counters.drop_policy);
+            return Err(DropReason::Policy);
+        }
         self.peer.rx_packets.fetch_add(1, Ordering::Relaxed);
         self.peer
             .rx_bytes
             .fetch_add(self.plain_len as u64, Ordering::Relaxed);
-        let packet = HEADER_LEN..HEADER_LEN + self.plain_len;
         Ok(Some((self, packet)))
     }
 }

@@ -37,6 +37,7 @@ pub mod handshakes;
 pub mod ingress;
 pub mod limit;
 pub mod peers;
+pub mod policy;
 pub mod pool;
 pub mod socket;
 pub mod testing;
@@ -58,6 +59,7 @@ pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
 pub use limit::{RateTable, source_key};
 pub use peers::{PeerSlot, PeerTable, Relay, Route};
+pub use policy::{Policy, PolicyReport, PolicySettings};
 pub use pool::{
     BUF_LEN, Buf, ETHERNET_HEADER, FRAME_OFFSET, FRAME_ROOM, PACKET_ROOM, Pool, RECV_BATCH,
     RecvBuffers,
@@ -139,6 +141,8 @@ pub struct Shared {
     /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
     /// Written by the handshake thread only.
     pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Per-device policy: which new flows may pass, both ways.
+    pub policy: Policy,
 }
 
 impl Shared {
@@ -167,6 +171,7 @@ impl Shared {
                 wake_gate: RateTable::new(1024, 1, 1),
                 dormant: std::sync::atomic::AtomicUsize::new(0),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
+                policy: Policy::default(),
             },
             rx,
         )
