@@ -141,6 +141,8 @@ struct RawReservation {
     mac: Spanned<Mac>,
     vip: Spanned<Ipv4Addr>,
     hostname: Option<Spanned<String>>,
+    #[serde(default)]
+    groups: Vec<Spanned<String>>,
 }
 
 fn default_state_dir() -> PathBuf {
@@ -167,6 +169,8 @@ pub struct Reservation {
     pub vip: Ipv4Addr,
     /// Its name on the overlay, if given.
     pub hostname: Option<String>,
+    /// The groups `[policy]` rules may name it by.
+    pub groups: Vec<String>,
 }
 
 /// The LAN side's data-plane settings (the rest of `[dataplane]` is the engine's
@@ -227,6 +231,12 @@ pub fn dhcp_reservations(reservations: &[Reservation]) -> Vec<cyphonic_vip::Rese
             hostname: r.hostname.clone(),
         })
         .collect()
+}
+
+impl AsRef<Common> for AdapterConfig {
+    fn as_ref(&self) -> &Common {
+        &self.common
+    }
 }
 
 impl AdapterConfig {
@@ -298,6 +308,18 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         common.inner_mtu,
         &reservations,
     )?;
+    // The devices `[policy]` may name: the reservations, by hostname and groups.
+    let devices: Vec<cyphonic_settings::Device> = reservations
+        .iter()
+        .map(|r| cyphonic_settings::Device {
+            name: r.hostname.clone(),
+            vip: r.vip,
+            groups: r.groups.clone(),
+        })
+        .collect();
+    // Peers ask our DNS service at the gateway address, when it runs.
+    let dns = common.dns.is_some().then_some(gw);
+    let common = raw.with_policy(src, common, &identity, &devices, dns)?;
     let d = &raw.dataplane;
     let config = AdapterConfig {
         common,
@@ -372,10 +394,21 @@ fn check_reservations(
                 );
             }
         }
+        for (j, g) in r.groups.iter().enumerate() {
+            let name = g.get_ref();
+            if name.is_empty() || name.parse::<Ipv4Addr>().is_ok() || name.contains('/') {
+                return src.err(
+                    &g.span(),
+                    &key(&format!("groups[{j}]")),
+                    format!("{name:?} is not a group's name (a word, not an address)"),
+                );
+            }
+        }
         reservations.push(Reservation {
             mac: *r.mac.get_ref(),
             vip,
             hostname: r.hostname.as_ref().map(|h| h.get_ref().clone()),
+            groups: r.groups.iter().map(|g| g.get_ref().clone()).collect(),
         });
     }
     Ok(reservations)
@@ -537,6 +570,54 @@ mod tests {
             })
         );
         assert_eq!(c.common.peers[0].dns, Ipv4Addr::new(100, 64, 2, 1));
+        // [policy]: sensors (sensor1, by its reservation's group) to the nvr; the peer to
+        // sensor1 and .11 (icmp and udp: two compiled rules under number 2).
+        let policy = c.common.policy.clone().unwrap();
+        assert_eq!(policy.flows, 16384);
+        let rules = &policy.rules;
+        // Three written (rule 2 twice: icmp, udp), then DNS (udp, tcp) as rule 0.
+        assert_eq!(rules.rules.len(), 5);
+
+        let (sensor1, other, nvr, peer) = (
+            Ipv4Addr::new(100, 64, 1, 10),
+            Ipv4Addr::new(100, 64, 1, 11),
+            Ipv4Addr::new(100, 64, 2, 20),
+            Ipv4Addr::new(100, 64, 2, 9),
+        );
+        assert_eq!(rules.first_allowing(6, sensor1, nvr, 554), Some(1));
+        assert_eq!(rules.first_allowing(6, other, nvr, 554), None);
+        assert_eq!(rules.first_allowing(6, nvr, sensor1, 554), None);
+        assert_eq!(rules.first_allowing(1, peer, other, 0), Some(2));
+        assert_eq!(rules.first_allowing(17, peer, sensor1, 5050), Some(2));
+        assert_eq!(rules.first_allowing(17, peer, sensor1, 5101), None);
+        // Three written (rule 2 twice: icmp, udp), then DNS to the gateway and the peer's
+        // DNS server (udp, tcp) as rule 0.
+        let gw2_dns = Ipv4Addr::new(100, 64, 2, 1);
+        assert_eq!(rules.first_allowing(17, sensor1, gw2_dns, 53), Some(0));
+        assert_eq!(
+            rules.first_allowing(6, peer, Ipv4Addr::new(100, 64, 1, 1), 53),
+            Some(0)
+        );
+        assert_eq!(rules.first_allowing(17, peer, sensor1, 53), None);
+        // The dry run reads names the way the rules do.
+        let ask = |from: &str, to: &str, what: &str| {
+            cyphonic_daemon::cli::dry_run(&c.common, from, to, what)
+                .map_err(|e| e.to_string())
+                .map(|(allowed, answer)| (allowed, answer.contains("by rule 1")))
+        };
+        assert_eq!(ask("sensor1", "nvr", "tcp/554"), Ok((true, true)));
+        assert_eq!(ask("100.64.1.11", "nvr", "tcp/554").map(|a| a.0), Ok(false));
+        assert_eq!(ask("sensor1", "nvr", "tcp/22").map(|a| a.0), Ok(false));
+        assert!(
+            ask("sensors", "nvr", "tcp/554").is_ok(),
+            "a group of one device"
+        );
+        assert!(
+            ask("gw2.ovl.example", "sensor1", "icmp").is_err_and(|e| e.contains("100.64.2.0/24")),
+            "a block is not one address"
+        );
+        assert!(ask("sensor1", "nvr", "any").is_err());
+        assert!(ask("sensor9", "nvr", "icmp").is_err());
     }
 
     #[test]
@@ -672,6 +753,36 @@ mod tests {
                 "key `reservation[0].hostname`: \"Sensor_1\" is not a DNS label",
             ),
             ("batch_size = 32", "batch_size = 0", &batch_error),
+            (
+                "groups = [\"sensors\"]",
+                "groups = [\"100.64.1.0\"]",
+                "key `reservation[0].groups[0]`: \"100.64.1.0\" is not a group's name",
+            ),
+            (
+                "to = [\"nvr\"]",
+                "to = [\"nvrs\"]",
+                "key `policy.rule[0].to[0]`: `nvrs` is not a group, a device, a member or an address",
+            ),
+            (
+                "allow = [\"tcp/554\"]",
+                "allow = [\"tcp/554\", \"icmp/8\"]",
+                "key `policy.rule[0].allow[1]`: `icmp/8`: only tcp and udp have ports",
+            ),
+            (
+                "allow = [\"tcp/554\"]",
+                "allow = []",
+                "key `policy.rule[0].allow`: allows nothing",
+            ),
+            (
+                "members = [\"100.64.2.20\"]",
+                "members = [\"sensors\", \"camera9\"]",
+                "key `policy.group[0].members[1]`: `camera9` is not a group above",
+            ),
+            (
+                "flows = 16384",
+                "flows = 0",
+                "key `policy.flows`: must be 1 to 1048576",
+            ),
             (
                 "inner_mtu = 1420",
                 "inner_mtu = 9000",
@@ -865,6 +976,7 @@ mod tests {
                 "cloud",
                 "metrics",
                 "log",
+                "policy",
             ],
         );
     }

@@ -136,6 +136,7 @@ mod tests {
             mac: Mac([2, 0, 0, 0, 0, 9]),
             vip: Ipv4Addr::new(100, 64, 1, 9),
             hostname: Some("printer".into()),
+            groups: Vec::new(),
         };
         let mut names = Names::new(&[r], "gw1.ovl.example.", Ipv4Addr::new(100, 64, 1, 1));
         let named = names.refresh([].iter());

@@ -109,6 +109,7 @@ mod tests {
             mac: Mac([2, 0, 0, 0, 0, 1]),
             vip: Ipv4Addr::new(100, 64, 1, 10),
             hostname: None,
+            groups: Vec::new(),
         };
         let t = LanTable::new(std::slice::from_ref(&r));
         let ip = Ipv4Addr::new(100, 64, 1, 50);

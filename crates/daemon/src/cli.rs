@@ -1,5 +1,6 @@
 //! The command line both tunnel ends share: `run --config FILE [--log-format FORMAT]`,
-//! `check-config FILE`, `status [--socket PATH] [--json]`. Each binary names itself in
+//! `enroll --config FILE`, `check-config FILE`, `policy --config FILE FROM TO WHAT`,
+//! `status [--socket PATH] [--json]`. Each binary names itself in
 //! [`Names`] and hands them, with its four functions, to [`main`]; its `main.rs` only wires.
 
 use std::path::{Path, PathBuf};
@@ -46,6 +47,19 @@ enum Command {
     CheckConfig {
         /// The configuration file.
         config: PathBuf,
+    },
+    /// Answer from a configuration file's `[policy]` whether FROM may open WHAT to TO, and
+    /// by which rule (exit status 0: allowed, 1: denied).
+    Policy {
+        /// The configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Who opens: a device, a member or an address (one address).
+        from: String,
+        /// To whom: the same.
+        to: String,
+        /// What: tcp/PORT, udp/PORT or icmp.
+        what: String,
     },
     /// Show the running daemon's state.
     Status {
@@ -124,7 +138,11 @@ impl Names {
 /// `status_text` gives the edge's lines of the status table. Errors print as
 /// `<name>: error: ...`.
 #[expect(clippy::print_stdout, reason = "check-config's report")]
-pub fn main<C: 'static, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
+pub fn main<
+    C: AsRef<cyphonic_settings::Common> + 'static,
+    E: DeserializeOwned,
+    K: CounterSet + DeserializeOwned,
+>(
     names: &Names,
     load: Load<C>,
     describe: Describe<C>,
@@ -195,6 +213,24 @@ pub fn main<C: 'static, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
                 .map_err(anyhow::Error::from),
         },
         Command::Status { socket, json } => show_status(names, status_text, &socket, json),
+        Command::Policy {
+            config,
+            from,
+            to,
+            what,
+        } => match load(&config, now)
+            .map_err(anyhow::Error::from)
+            .and_then(|(c, _)| dry_run(c.as_ref(), &from, &to, &what))
+        {
+            Ok((allowed, answer)) => {
+                println!("{answer}");
+                if !allowed {
+                    return ExitCode::FAILURE;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -203,6 +239,63 @@ pub fn main<C: 'static, E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
             ExitCode::FAILURE
         }
     }
+}
+
+/// The policy's dry run: whether `from` may open `what` (`tcp/554`) to `to` under the
+/// rules of `common`, and the answer in words.
+///
+/// # Errors
+/// A name that is not one address, `what` that does not read.
+pub fn dry_run(
+    common: &cyphonic_settings::Common,
+    from: &str,
+    to: &str,
+    what: &str,
+) -> anyhow::Result<(bool, String)> {
+    use cyphonic_filter::Proto;
+    let one = |name: &str| -> anyhow::Result<std::net::Ipv4Addr> {
+        match common.policy_names.resolve(name).as_deref() {
+            Some([net]) if net.prefix_len() == 32 => Ok(net.addr()),
+            Some(nets) if !nets.is_empty() => anyhow::bail!(
+                "`{name}` stands for {}: give one device or address",
+                nets.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Some(_) => anyhow::bail!("`{name}` stands for no address (a revoked peer?)"),
+            None => anyhow::bail!("`{name}` is not a device, a member or an address"),
+        }
+    };
+    let (src, dst) = (one(from)?, one(to)?);
+    let (proto, ports) = cyphonic_filter::parse_allow(what).map_err(anyhow::Error::msg)?;
+    let (number, port) = match (proto, ports) {
+        (Proto::Tcp, Some(p)) => (6, *p.start()),
+        (Proto::Udp, Some(p)) => (17, *p.start()),
+        (Proto::Icmp, _) => (1, 0),
+        _ => anyhow::bail!("`{what}`: give tcp/PORT, udp/PORT or icmp"),
+    };
+    let flow = format!("{from} ({src}) opening {what} to {to} ({dst})");
+    let Some(policy) = &common.policy else {
+        return Ok((
+            true,
+            format!(
+                "allowed: {flow}: no [policy] in this file, every flow between certified addresses passes"
+            ),
+        ));
+    };
+    Ok(match policy.rules.first_allowing(number, src, dst, port) {
+        Some(rule) => (
+            true,
+            format!("allowed: {flow}, by rule {rule} ([[policy.rule]] number {rule} in the file)"),
+        ),
+        None => (
+            false,
+            format!(
+                "denied: {flow}: no rule allows it (replies to flows {to} opens are another matter)"
+            ),
+        ),
+    })
 }
 
 /// `status`: the running daemon's document as it came with `json`, else as a table, when it
@@ -299,6 +392,7 @@ mod tests {
             },
             pipelines: Pipelines::default(),
             buffers: Buffers::default(),
+            policy: None,
         }
     }
 

@@ -244,6 +244,10 @@ pub fn run<E: Edge>(
     };
     let (shared, control_rx) = Shared::new(local, dp.buffers, CONTROL_QUEUE);
     let peers = add_static_peers(&shared, common, Vec::new());
+    if let Some(p) = &common.policy {
+        shared.policy.set(Some(p));
+        tracing::info!(rules = p.rules.rules.len(), version = %format_args!("{:x}", p.rules.version), flows = p.flows, "per-device policy in force: new flows only as its rules allow");
+    }
     let shared = Arc::new(shared);
 
     // The control runtime exists before the services: the upstream resolver and the signal
@@ -344,6 +348,7 @@ pub fn run<E: Edge>(
                     allocated: shared.pool.allocated(),
                     free: shared.pool.free(),
                 },
+                policy: shared.policy.report().as_ref().map(Into::into),
             }
         }
     };
@@ -619,6 +624,20 @@ impl<S: Services> Loop<S> {
                 Err(e) => tracing::error!("the upstream resolvers stay as they were: {e:#}"),
             }
         }
+        if common.policy != self.running.common.policy {
+            let cut = self.control.shared().policy.set(common.policy.as_ref());
+            match &common.policy {
+                Some(p) => tracing::info!(
+                    rules = p.rules.rules.len(),
+                    version = %format_args!("{:x}", p.rules.version),
+                    flows_cut = cut,
+                    "the per-device policy changed: new flows follow it, flows it no longer allows are cut"
+                ),
+                None => tracing::warn!(
+                    "[policy] is gone: every flow between certified addresses passes"
+                ),
+            }
+        }
         self.services.reload(edge, now);
         tracing::info!(
             revoked = self.control.shared().identity().trust().revocations().len(),
@@ -668,6 +687,7 @@ impl<S: Services> Loop<S> {
             );
         }
         self.services.tick(now);
+        self.control.shared().policy.expire(now);
         if let Some(c) = self.cloud.as_mut() {
             let (version, names) = self.services.hosted();
             c.register(version, names);

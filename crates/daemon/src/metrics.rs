@@ -277,6 +277,64 @@ impl Collector for EngineCollector {
                 if connected { 1.0 } else { 0.0 },
             )?;
         }
+        if let Some(p) = self.shared.policy.report() {
+            use cyphonic_tunnel::policy::Reason;
+            gauge(
+                &mut e,
+                "cyphonic_policy_flows",
+                "Flows the per-device policy keeps now.",
+                f(p.flows as u64),
+            )?;
+            gauge(
+                &mut e,
+                "cyphonic_policy_version",
+                "The version of the per-device rules in force.",
+                f(p.version),
+            )?;
+            let s = &p.stats;
+            let drops: Vec<(Labels, f64)> = Reason::ALL
+                .iter()
+                .flat_map(|r| {
+                    let (all, inbound) = (s.dropped(*r), s.dropped_in(*r));
+                    [("in", inbound), ("out", all.saturating_sub(inbound))].map(|(dir, n)| {
+                        (
+                            vec![
+                                ("direction", dir.to_owned()),
+                                ("reason", r.name().to_owned()),
+                            ],
+                            f(n),
+                        )
+                    })
+                })
+                .collect();
+            Family::counters(
+                "cyphonic_policy_dropped",
+                "Packets the per-device policy dropped, by direction (in: from the tunnel) and reason.",
+            )
+            .encode(&mut e, drops)?;
+            let opened: Vec<(Labels, f64)> = s
+                .opened_by_rule
+                .iter()
+                .map(|(rule, n)| (vec![("rule", rule.to_string())], f(*n)))
+                .collect();
+            Family::counters(
+                "cyphonic_policy_flows_opened",
+                "Flows the per-device policy let open, by rule (its place in the list, from 1).",
+            )
+            .encode(&mut e, opened)?;
+            Family::counters(
+                "cyphonic_policy_flows_removed",
+                "Flows the policy forgot, by why: expired, evicted (the table was full), cut (the rules changed).",
+            )
+            .encode(
+                &mut e,
+                vec![
+                    (vec![("why", "expired".to_owned())], f(s.expired)),
+                    (vec![("why", "evicted".to_owned())], f(s.evicted)),
+                    (vec![("why", "cut".to_owned())], f(s.cut)),
+                ],
+            )?;
+        }
         gauge(
             &mut e,
             "cyphonic_buffers_allocated",

@@ -43,6 +43,65 @@ pub struct Status<E, C> {
     pub pipelines: Pipelines,
     /// The packet buffers.
     pub buffers: Buffers,
+    /// The per-device policy, when rules are in force.
+    #[serde(default)]
+    pub policy: Option<PolicyStatus>,
+}
+
+/// The per-device policy: the rules in force, the flow table, what was dropped and why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyStatus {
+    /// The rule set's version.
+    pub version: u64,
+    /// Rules in force (one per protocol a written rule allows).
+    pub rules: usize,
+    /// Flows kept now.
+    pub flows: usize,
+    /// Flows kept at most.
+    pub capacity: usize,
+    /// Packets let through.
+    pub passed: u64,
+    /// Flows opened.
+    pub opened: u64,
+    /// Flows opened, by rule number (its place in the list, from 1).
+    pub opened_by_rule: BTreeMap<u32, u64>,
+    /// Packets dropped, by reason (`no_rule`, `no_flow`, `stray`, `wrong_way`, `malformed`).
+    pub dropped: BTreeMap<String, u64>,
+    /// Of those, the packets that came from the tunnel, by reason.
+    pub dropped_in: BTreeMap<String, u64>,
+    /// Flows forgotten after their timeout.
+    pub expired: u64,
+    /// Flows evicted (the oldest) to make room.
+    pub evicted: u64,
+    /// Flows cut because the rules changed.
+    pub cut: u64,
+}
+
+impl From<&cyphonic_tunnel::PolicyReport> for PolicyStatus {
+    fn from(r: &cyphonic_tunnel::PolicyReport) -> Self {
+        use cyphonic_tunnel::policy::Reason;
+        let s = &r.stats;
+        let by_reason = |get: &dyn Fn(Reason) -> u64| {
+            Reason::ALL
+                .iter()
+                .map(|r| (r.name().to_owned(), get(*r)))
+                .collect()
+        };
+        Self {
+            version: r.version,
+            rules: r.rules,
+            flows: r.flows,
+            capacity: r.capacity,
+            passed: s.passed,
+            opened: s.opened,
+            opened_by_rule: s.opened_by_rule.iter().map(|(k, v)| (*k, *v)).collect(),
+            dropped: by_reason(&|r| s.dropped(r)),
+            dropped_in: by_reason(&|r| s.dropped_in(r)),
+            expired: s.expired,
+            evicted: s.evicted,
+            cut: s.cut,
+        }
+    }
 }
 
 /// The edge's counters and the engine's, read as one table.
@@ -314,6 +373,28 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
                 .unwrap_or_default()
         );
     }
+    if let Some(p) = &doc.policy {
+        let dropped: Vec<String> = p
+            .dropped
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(r, n)| format!("{r} {n}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "policy version {:x}  rules {}  flows {}/{}  opened {}  dropped {}",
+            p.version,
+            p.rules,
+            p.flows,
+            p.capacity,
+            p.opened,
+            if dropped.is_empty() {
+                "none".to_owned()
+            } else {
+                dropped.join(", ")
+            }
+        );
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -424,8 +505,17 @@ mod tests {
                 allocated: 10,
                 free: 7,
             },
+            policy: Some(PolicyStatus {
+                version: 0xabc,
+                rules: 3,
+                flows: 2,
+                capacity: 16,
+                dropped: [("no_rule".to_owned(), 4), ("stray".to_owned(), 0)].into(),
+                ..PolicyStatus::default()
+            }),
         };
         let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["policy"]["dropped"]["no_rule"], 4);
         assert_eq!(json["version"], VERSION);
         assert_eq!(json["thing"], "x");
         assert_eq!(json["counters"]["frames"], 3);
@@ -450,6 +540,11 @@ mod tests {
         );
         assert!(
             table
+                .contains("policy version abc  rules 3  flows 2/16  opened 0  dropped no_rule 4\n"),
+            "{table}"
+        );
+        assert!(
+            table
                 .lines()
                 .any(|l| l.starts_with("gw2.ovl.example") && l.ends_with(" 9h")),
             "{table}"
@@ -457,6 +552,7 @@ mod tests {
         // A document from an older daemon, without the new fields, still reads.
         let mut old = serde_json::to_value(&doc).unwrap();
         old.as_object_mut().unwrap().remove("certificate");
+        old.as_object_mut().unwrap().remove("policy");
         old.as_object_mut().unwrap().remove("at");
         old["peers"][0]
             .as_object_mut()

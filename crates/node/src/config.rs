@@ -55,6 +55,12 @@ pub struct NodeConfig {
     pub dns_listen: Option<SocketAddr>,
 }
 
+impl AsRef<Common> for NodeConfig {
+    fn as_ref(&self) -> &Common {
+        &self.common
+    }
+}
+
 impl NodeConfig {
     /// The node's own keys that differ in `new`: each takes effect at a restart (the keys
     /// every tunnel end has are compared by the daemon core).
@@ -123,6 +129,12 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
             Some(a)
         }
     };
+    // Peers ask the DNS stub when it listens on our vIP.
+    let dns = dns_listen.and_then(|a| match a.ip() {
+        std::net::IpAddr::V4(ip) if ip == vip => Some(ip),
+        _ => None,
+    });
+    let common = raw.with_policy(src, common, &identity, &[], dns)?;
     let config = NodeConfig {
         common,
         interface: interface.clone(),
@@ -290,6 +302,7 @@ mod tests {
                 "cloud",
                 "metrics",
                 "log",
+                "policy",
             ],
         );
     }

@@ -79,6 +79,12 @@ pub struct Common {
     pub certificate_file: PathBuf,
     /// Where our CA bundle is: the issuing CA of a renewed certificate joins it.
     pub ca_file: PathBuf,
+    /// Per-device policy from `[policy]`; without the table none (everything between
+    /// certified addresses passes). Set by `with_policy` (declared by
+    /// [`config_file!`](crate::config_file)) once the binary checked its devices.
+    pub policy: Option<cyphonic_tunnel::PolicySettings>,
+    /// The names the policy's rules may use (members, devices, groups), for the dry run.
+    pub policy_names: cyphonic_filter::Directory,
 }
 
 impl Common {
@@ -142,6 +148,8 @@ impl Common {
             log_level,
             certificate_file,
             ca_file,
+            policy: None,
+            policy_names: cyphonic_filter::Directory::new(),
         };
         Ok((common, identity))
     }
@@ -157,7 +165,7 @@ impl Common {
     /// The keys that differ in `new` and take effect only at a restart (a reload keeps the
     /// running values): sockets, addresses, the data plane, the cloud, the DNS service's
     /// presence and TTL. What a reload applies is not among them: the trust (CAs and
-    /// revocations), static peers, DNS upstreams, the log level.
+    /// revocations), static peers, DNS upstreams, the log level, the policy.
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         let dns = |c: &Self| c.dns.as_ref().map(|d| d.ttl);
         crate::changed_keys([
@@ -295,7 +303,7 @@ macro_rules! dns_table {
 /// `[identity]`, the binary's other tables, and the tables every tunnel end has: `[dns]` and
 /// `[dataplane]` (declared by the binary as `RawDns` with [`dns_table!`](crate::dns_table) and
 /// `RawDataplane` with [`dataplane_table!`](crate::dataplane_table)), `[[peer]]`, `[cloud]`,
-/// `[metrics]`. `common(&self, src)` checks all the shared keys into a [`Common`] and reads
+/// `[metrics]`, `[log]`, `[policy]`. `common(&self, src)` checks all the shared keys into a [`Common`] and reads
 /// our identity. The calling crate needs `serde`.
 #[macro_export]
 macro_rules! config_file {
@@ -324,10 +332,39 @@ macro_rules! config_file {
             metrics: $crate::RawMetrics,
             #[serde(default)]
             log: $crate::RawLog,
+            policy: Option<$crate::RawPolicy>,
         }
 
         impl $name {
-            /// The keys every tunnel end has, checked, and our identity.
+            /// `common` with `[policy]` checked and compiled: its rules may name `devices`
+            /// (checked already) besides members and addresses; `dns` is our DNS service's
+            /// address, if peers may ask it.
+            fn with_policy(
+                &self,
+                src: &$crate::Source<'_>,
+                mut common: $crate::Common,
+                identity: &$crate::Identity,
+                devices: &[$crate::Device],
+                dns: Option<std::net::Ipv4Addr>,
+            ) -> Result<$crate::Common, $crate::ConfigError> {
+                let names = $crate::directory(identity, &common.peers, devices);
+                match &self.policy {
+                    Some(p) => {
+                        let servers: Vec<std::net::Ipv4Addr> = dns
+                            .into_iter()
+                            .chain(common.active_peers().map(|p| p.dns))
+                            .collect();
+                        let (policy, names) = p.check(src, names, common.overlay, &servers)?;
+                        common.policy = Some(policy);
+                        common.policy_names = names;
+                    }
+                    None => common.policy_names = names,
+                }
+                Ok(common)
+            }
+
+            /// The keys every tunnel end has, checked (but `[policy]`: see `with_policy`),
+            /// and our identity.
             fn common(
                 &self,
                 src: &$crate::Source<'_>,

@@ -29,10 +29,12 @@ use toml::Spanned;
 
 mod dataplane;
 mod end;
+mod policy;
 pub use cyphonic_netio::Placement;
 pub use cyphonic_session::Identity;
 pub use cyphonic_tunnel::{DataPlane, StaticPeer};
 pub use end::{Common, Dns, EndKeys};
+pub use policy::{DNS_RULE, Device, RawPolicy, directory};
 
 /// What the declaring macros name in the calling crate's code.
 #[doc(hidden)]

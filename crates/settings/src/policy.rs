@@ -1,0 +1,224 @@
+//! `[policy]`: per-device rules a tunnel end enforces without a cloud (issue "Policy per
+//! device"). Rules name groups, devices (the adapter's reservations, by hostname), members
+//! (our certificate's name, a static peer's) and the groups in members' certificates, or
+//! addresses; they compile with the same code the cloud uses (`cyphonic_filter::compile`).
+//!
+//! ```toml
+//! [policy]
+//! flows = 16384
+//!
+//! [[policy.group]]
+//! name = "nvr"
+//! members = ["100.64.2.20"]
+//!
+//! [[policy.rule]]
+//! from = ["cameras"]
+//! to = ["nvr"]
+//! allow = ["tcp/554"]
+//! ```
+
+use std::hash::{Hash, Hasher};
+use std::net::Ipv4Addr;
+
+use cyphonic_filter::{Directory, Proto, Rule, RuleSpec, compile};
+use cyphonic_session::Identity;
+use cyphonic_tunnel::PolicySettings;
+use cyphonic_tunnel::policy::DEFAULT_FLOWS;
+use ipnet::Ipv4Net;
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::{ConfigError, Peer, Source};
+
+/// The number of the rule that lets DNS through between the ends' DNS servers.
+pub const DNS_RULE: u32 = 0;
+
+/// Most flows `policy.flows` may ask for (a flow costs about 100 bytes).
+const MAX_FLOWS: usize = 1 << 20;
+
+/// A device of ours that rules may name: a reservation with a hostname.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Its hostname, if it has one.
+    pub name: Option<String>,
+    /// Its address.
+    pub vip: Ipv4Addr,
+    /// The groups it is in (`reservation.groups`).
+    pub groups: Vec<String>,
+}
+
+/// `[policy]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(default)]
+    flows: Option<Spanned<usize>>,
+    #[serde(default)]
+    group: Vec<RawGroup>,
+    #[serde(default)]
+    rule: Vec<RawRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: Spanned<String>,
+    members: Spanned<Vec<Spanned<String>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    from: Spanned<Vec<Spanned<String>>>,
+    to: Spanned<Vec<Spanned<String>>>,
+    allow: Spanned<Vec<Spanned<String>>>,
+}
+
+/// The names rules may use at this end: our certificate (its name and groups), the static
+/// peers' (theirs), our devices (hostname and groups).
+pub fn directory(identity: &Identity, peers: &[Peer], devices: &[Device]) -> Directory {
+    let mut dir = Directory::new();
+    // A revoked peer keeps its names with nothing behind them: a rule naming it is not a
+    // mistake (revocation lists go to a whole fleet), it just matches nobody.
+    let certs = std::iter::once((identity.certificate(), false))
+        .chain(peers.iter().map(|p| (&p.certificate, p.revoked)));
+    for (cert, revoked) in certs {
+        let body = cert.body();
+        let blocks: Vec<Ipv4Net> = body
+            .vip_blocks
+            .iter()
+            .filter_map(|b| match b {
+                ipnet::IpNet::V4(n) if !revoked => Some(*n),
+                _ => None,
+            })
+            .collect();
+        dir.add(&body.name, blocks.iter().copied());
+        for g in &body.groups {
+            dir.add(g, blocks.iter().copied());
+        }
+    }
+    for d in devices {
+        if let Some(name) = &d.name {
+            dir.add(name, [Ipv4Net::from(d.vip)]);
+        }
+        for g in &d.groups {
+            dir.add(g, [Ipv4Net::from(d.vip)]);
+        }
+    }
+    dir
+}
+
+impl RawPolicy {
+    /// Checks the table against the names `dir` knows: groups first (a group may name
+    /// groups above it), then the rules, compiled, with rule 0 after them: DNS (udp and
+    /// tcp 53) from anywhere in `overlay` to `dns_servers` (ours and the static peers'),
+    /// so that names keep resolving between the ends whatever the rules say. Returns the
+    /// rules, and `dir` with the groups (for the dry run).
+    ///
+    /// # Errors
+    /// The first mistake, located.
+    pub fn check(
+        &self,
+        src: &Source<'_>,
+        mut dir: Directory,
+        overlay: Ipv4Net,
+        dns_servers: &[Ipv4Addr],
+    ) -> Result<(PolicySettings, Directory), ConfigError> {
+        let flows = match &self.flows {
+            None => DEFAULT_FLOWS,
+            Some(f) if (1..=MAX_FLOWS).contains(f.get_ref()) => *f.get_ref(),
+            Some(f) => {
+                return src.err(
+                    &f.span(),
+                    "policy.flows",
+                    format!("must be 1 to {MAX_FLOWS}"),
+                );
+            }
+        };
+        for (i, g) in self.group.iter().enumerate() {
+            let name = g.name.get_ref();
+            if name.is_empty()
+                || name.parse::<Ipv4Net>().is_ok()
+                || name.parse::<Ipv4Addr>().is_ok()
+            {
+                return src.err(
+                    &g.name.span(),
+                    &format!("policy.group[{i}].name"),
+                    "a group's name is a word, not empty and not an address",
+                );
+            }
+            if g.members.get_ref().is_empty() {
+                return src.err(
+                    &g.members.span(),
+                    &format!("policy.group[{i}].members"),
+                    "the group has no members",
+                );
+            }
+            let mut blocks = Vec::new();
+            for (j, m) in g.members.get_ref().iter().enumerate() {
+                match dir.resolve(m.get_ref()) {
+                    Some(b) => blocks.extend(b),
+                    None => {
+                        return src.err(
+                            &m.span(),
+                            &format!("policy.group[{i}].members[{j}]"),
+                            format!(
+                                "`{}` is not a group above, a device, a member or an address",
+                                m.get_ref()
+                            ),
+                        );
+                    }
+                }
+            }
+            dir.add(name, blocks);
+        }
+        let strings = |v: &Spanned<Vec<Spanned<String>>>| {
+            v.get_ref().iter().map(|s| s.get_ref().clone()).collect()
+        };
+        let specs: Vec<RuleSpec> = self
+            .rule
+            .iter()
+            .map(|r| RuleSpec {
+                from: strings(&r.from),
+                to: strings(&r.to),
+                allow: strings(&r.allow),
+            })
+            .collect();
+        let mut rules = match compile(&specs, &dir, 0) {
+            Ok(rules) => rules,
+            Err(e) => {
+                let raw = &self.rule[e.rule];
+                let field = match e.field {
+                    "from" => &raw.from,
+                    "to" => &raw.to,
+                    _ => &raw.allow,
+                };
+                let (span, key) = match field.get_ref().get(e.item) {
+                    Some(item) => (
+                        item.span(),
+                        format!("policy.rule[{}].{}[{}]", e.rule, e.field, e.item),
+                    ),
+                    None => (field.span(), format!("policy.rule[{}].{}", e.rule, e.field)),
+                };
+                return src.err(&span, &key, e.message);
+            }
+        };
+        if !dns_servers.is_empty() {
+            let to: Vec<Ipv4Net> = dns_servers.iter().map(|ip| Ipv4Net::from(*ip)).collect();
+            for proto in [Proto::Udp, Proto::Tcp] {
+                rules.rules.push(Rule {
+                    id: DNS_RULE,
+                    from: vec![overlay],
+                    to: to.clone(),
+                    proto,
+                    ports: vec![53..=53],
+                });
+            }
+        }
+        // The same rules give the same version, across reloads and restarts.
+        let mut h = std::hash::DefaultHasher::new();
+        format!("{:?}", rules.rules).hash(&mut h);
+        rules.version = h.finish() >> 16;
+        Ok((PolicySettings { rules, flows }, dir))
+    }
+}

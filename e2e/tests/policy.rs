@@ -1,0 +1,400 @@
+//! Per-device policy with the real binaries (issue "Policy per device"), from the adapters'
+//! own files (`[policy]`, static peers): one-way rules, rules that name single devices,
+//! rules changed by SIGHUP while flows run, a full flow table. See e2e/src/bed.rs for the
+//! topology: site A's host is 100.64.1.10, site B's 100.64.2.10.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use cyphonic_e2e::{Netns, inject, wait_until};
+use serde_json::Value;
+
+/// A TCP service inside a namespace that accepts every connection and counts the bytes it
+/// reads; it stops when dropped (or after a minute at most).
+struct Sink {
+    bytes: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Sink {
+    fn start(ns: &Netns, at: SocketAddr) -> Self {
+        let bytes = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, s) = (bytes.clone(), stop.clone());
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        drop(inject::spawn_inside(ns, move || {
+            let listener = TcpListener::bind(at)?;
+            listener.set_nonblocking(true)?;
+            let _ = ready_tx.send(());
+            let end = Instant::now() + Duration::from_secs(60);
+            let mut conns: Vec<TcpStream> = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !s.load(Ordering::Relaxed) && Instant::now() < end {
+                if let Ok((c, _)) = listener.accept() {
+                    c.set_nonblocking(true)?;
+                    conns.push(c);
+                }
+                conns.retain_mut(|c| match c.read(&mut buf) {
+                    Ok(0) => false,
+                    Ok(n) => {
+                        b.fetch_add(n as u64, Ordering::Relaxed);
+                        true
+                    }
+                    Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                });
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(())
+        }));
+        ready
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the sink did not start");
+        Self { bytes, stop }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether a TCP connection from `ns` to `to` opens within 2 s.
+fn connects(ns: &Netns, to: SocketAddr) -> bool {
+    inject::inside(ns, move || {
+        Ok(TcpStream::connect_timeout(&to, Duration::from_secs(2)).is_ok())
+    })
+    .unwrap()
+}
+
+/// Counts the datagrams that reach `at` inside `ns` within `within` (on a thread).
+fn count_udp(
+    ns: &Netns,
+    at: SocketAddr,
+    within: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<u64>> {
+    inject::spawn_inside(ns, move || {
+        let sock = std::net::UdpSocket::bind(at)?;
+        sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let end = Instant::now() + within;
+        let (mut got, mut buf) = (0, [0u8; 2048]);
+        while Instant::now() < end {
+            if sock.recv(&mut buf).is_ok() {
+                got += 1;
+            }
+        }
+        Ok(got)
+    })
+}
+
+/// Whether any of three pings from a site's host to `to` is answered (1 s each).
+fn pings(bed: &TwoSites, from: Side, to: Ipv4Addr) -> bool {
+    let out = bed
+        .ping(from, to, &["-c", "3", "-i", "0.2", "-W", "1"])
+        .unwrap();
+    out.status.success()
+}
+
+/// A site's `[policy]` status table.
+fn policy(bed: &TwoSites, side: Side) -> Value {
+    bed.status(side).unwrap()["policy"].clone()
+}
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+/// `[policy]` with one rule per `(from, to, allow)`.
+fn rules(flows: Option<u32>, rules: &[(&str, &str, &[&str])]) -> String {
+    let mut text = String::from("\n[policy]\n");
+    if let Some(f) = flows {
+        text.push_str(&format!("flows = {f}\n"));
+    }
+    for (from, to, allow) in rules {
+        let allow: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+        text.push_str(&format!(
+            "\n[[policy.rule]]\nfrom = [\"{from}\"]\nto = [\"{to}\"]\nallow = [{}]\n",
+            allow.join(", ")
+        ));
+    }
+    text
+}
+
+/// Rewrites a site's file as the bed wrote it with `extra` appended, sends SIGHUP and waits
+/// until the log says it was reloaded (`count` reloads so far).
+fn reload(bed: &TwoSites, side: Side, base: &str, extra: &str, count: usize) {
+    let site = bed.site_ref(side);
+    std::fs::write(site.config(), format!("{base}{extra}")).unwrap();
+    bed.signal(side, "HUP").unwrap();
+    wait_until(Duration::from_secs(5), "the reload", || {
+        site.log_text().matches("configuration reloaded").count() >= count
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+}
+
+/// ops (site A) may open tcp/22 and ping to iot (site B); replies flow. iot opens nothing
+/// to ops: with B enforcing nothing (a misbehaving member), A drops it where it arrives and
+/// counts it; once B has the same rules, B drops it before sealing and A sees nothing more.
+#[test]
+fn one_way_rules_let_ops_open_and_iot_only_answer() {
+    let mut opts = BedOptions::default();
+    opts.a.extra = rules(
+        None,
+        &[("gw1.ovl.example", "gw2.ovl.example", &["tcp/22", "icmp"])],
+    );
+    let bed = TwoSites::up(&opts).unwrap();
+    let (a, b) = (bed.a.host_ip, bed.b.host_ip);
+    let _b22 = Sink::start(&bed.b.lan, (b, 22).into());
+    let _b23 = Sink::start(&bed.b.lan, (b, 23).into());
+    let _a22 = Sink::start(&bed.a.lan, (a, 22).into());
+
+    bed.ping_ok(&bed.a.lan, b, Ping::count(3).wait(3));
+    assert!(connects(&bed.a.lan, (b, 22).into()), "{}", bed.logs());
+    assert!(
+        !connects(&bed.a.lan, (b, 23).into()),
+        "tcp/23 is not allowed"
+    );
+    assert!(!pings(&bed, Side::B, a), "iot pinged ops");
+    assert!(
+        !connects(&bed.b.lan, (a, 22).into()),
+        "iot opened tcp/22 to ops"
+    );
+    // What nothing answers shows where it ends: at A, before ops' host.
+    let heard = count_udp(&bed.a.lan, (a, 9999).into(), Duration::from_secs(2));
+    std::thread::sleep(Duration::from_millis(200));
+    inject::send_udp(
+        &bed.b.lan,
+        (b, 0).into(),
+        (a, 9999).into(),
+        vec![vec![1; 100]; 5],
+    )
+    .unwrap();
+    assert_eq!(
+        inject::joined(heard).unwrap(),
+        0,
+        "iot's datagrams reached ops"
+    );
+
+    let p = policy(&bed, Side::A);
+    // Three pings, at least one SYN and five datagrams from B, dropped where they arrived.
+    assert!(n(&p["dropped_in"]["no_rule"]) >= 9, "{p}");
+    // The SYN to port 23 (and its retry), dropped before sealing.
+    assert!(
+        n(&p["dropped"]["no_rule"]) > n(&p["dropped_in"]["no_rule"]),
+        "{p}"
+    );
+    assert!(n(&p["opened_by_rule"]["1"]) >= 2, "ping and ssh: {p}");
+    assert!(n(&p["flows"]) >= 1, "{p}");
+    assert!(
+        bed.counter(Side::A, "drop_policy").unwrap() >= 5,
+        "the engine's counter"
+    );
+    assert!(policy(&bed, Side::B).is_null(), "B enforces nothing yet");
+    assert!(
+        bed.a
+            .log_text()
+            .contains("policy dropped a packet (a sample)"),
+        "a sample is logged"
+    );
+
+    // B takes the same rules: its hosts' attempts end at B now.
+    let base_b = std::fs::read_to_string(bed.b.config()).unwrap();
+    let same = rules(
+        None,
+        &[("gw1.ovl.example", "gw2.ovl.example", &["tcp/22", "icmp"])],
+    );
+    reload(&bed, Side::B, &base_b, &same, 1);
+    let before = n(&policy(&bed, Side::A)["dropped_in"]["no_rule"]);
+    assert!(!pings(&bed, Side::B, a));
+    let pb = policy(&bed, Side::B);
+    assert!(
+        n(&pb["dropped"]["no_rule"]) >= 3 && n(&pb["dropped_in"]["no_rule"]) == 0,
+        "B drops its own hosts' pings before sealing: {pb}"
+    );
+    assert_eq!(
+        n(&policy(&bed, Side::A)["dropped_in"]["no_rule"]),
+        before,
+        "nothing reached A"
+    );
+    // ops still reaches iot, through both ends' rules.
+    bed.ping_ok(&bed.a.lan, b, Ping::count(3).wait(3));
+    assert!(connects(&bed.a.lan, (b, 22).into()));
+}
+
+/// Two cameras behind the same adapter, in different groups (their reservations'): camera1
+/// may reach the NVR (site B's host) on tcp/554 and nothing else; camera2 may not. The dry
+/// run says the same, naming the rule.
+#[test]
+fn a_rule_names_single_devices_behind_one_adapter() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let mut cams = Vec::new();
+    for (label, ip) in [("cam1", "100.64.1.21"), ("cam2", "100.64.1.22")] {
+        let (ns, mac) = bed.add_host(Side::A, label).unwrap();
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
+            .unwrap();
+        ns.ip(&["route", "add", "default", "via", "100.64.1.1"])
+            .unwrap();
+        cams.push((ns, mac));
+    }
+    let nvr = bed.b.host_ip;
+    opts.a.extra = format!(
+        "\n[[reservation]]\nmac = \"{}\"\nvip = \"100.64.1.21\"\nhostname = \"camera1\"\ngroups = [\"cameras\"]\n\n[[reservation]]\nmac = \"{}\"\nvip = \"100.64.1.22\"\nhostname = \"camera2\"\ngroups = [\"doorbells\"]\n\n[policy]\n\n[[policy.group]]\nname = \"nvr\"\nmembers = [\"{nvr}\"]\n\n[[policy.rule]]\nfrom = [\"cameras\"]\nto = [\"nvr\"]\nallow = [\"tcp/554\"]\n",
+        cams[0].1, cams[1].1
+    );
+    // The NVR's site lets in what camera1 opens to its host, and nothing else.
+    opts.b.extra = rules(None, &[("100.64.1.21", "host", &["tcp/554"])]);
+    bed.write_config(Side::A, &opts).unwrap();
+    bed.write_config(Side::B, &opts).unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let _rtsp = Sink::start(&bed.b.lan, (nvr, 554).into());
+    let _web = Sink::start(&bed.b.lan, (nvr, 80).into());
+
+    let (cam1, cam2) = (&cams[0].0, &cams[1].0);
+    assert!(connects(cam1, (nvr, 554).into()), "{}", bed.logs());
+    assert!(!connects(cam1, (nvr, 80).into()), "camera1 reached port 80");
+    assert!(
+        !connects(cam2, (nvr, 554).into()),
+        "camera2 reached the NVR"
+    );
+    let ping = cam1
+        .exec_output(
+            "ping",
+            &["-c", "2", "-i", "0.2", "-W", "1", &nvr.to_string()],
+        )
+        .unwrap();
+    assert!(!ping.status.success(), "camera1 pinged the NVR");
+    let p = policy(&bed, Side::A);
+    assert!(n(&p["opened_by_rule"]["1"]) >= 1, "{p}");
+    assert!(n(&p["dropped"]["no_rule"]) >= 4, "{p}");
+    assert_eq!(
+        n(&policy(&bed, Side::B)["dropped_in"]["no_rule"]),
+        0,
+        "A stopped all of it before sealing"
+    );
+
+    // The dry run, from A's file.
+    let ask = |from: &str, what: &str| {
+        let out = std::process::Command::new(&bed.bins.adapter)
+            .args(["policy", "--config", bed.a.config().to_str().unwrap()])
+            .args([from, "nvr", what])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (yes, said) = ask("camera1", "tcp/554");
+    assert!(yes && said.contains("by rule 1"), "{said}");
+    let (yes, said) = ask("camera2", "tcp/554");
+    assert!(!yes && said.starts_with("denied"), "{said}");
+    let (yes, _) = ask("camera1", "tcp/80");
+    assert!(!yes);
+}
+
+/// A rule removed by SIGHUP while a TCP flow runs cuts it within seconds (nothing more
+/// arrives, a new connection fails); added back, new connections pass again; the adapter
+/// is never restarted.
+#[test]
+fn rules_changed_by_reload_cut_and_open_flows_without_a_restart() {
+    let with_tcp = rules(
+        None,
+        &[("gw1.ovl.example", "gw2.ovl.example", &["tcp/7000", "icmp"])],
+    );
+    let without = rules(None, &[("gw1.ovl.example", "gw2.ovl.example", &["icmp"])]);
+    let mut opts = BedOptions::default();
+    opts.a.extra = with_tcp.clone();
+    let bed = TwoSites::up(&opts).unwrap();
+    let base_a = std::fs::read_to_string(bed.a.config())
+        .unwrap()
+        .replace(&with_tcp, "");
+    let pid = bed.a.adapter.as_ref().unwrap().pid();
+    let b = bed.b.host_ip;
+    let sink = Sink::start(&bed.b.lan, (b, 7000).into());
+
+    // A stream of 1 KB every 50 ms for 12 s at most.
+    let streaming = inject::spawn_inside(&bed.a.lan, move || {
+        let mut s = TcpStream::connect_timeout(&(b, 7000).into(), Duration::from_secs(3))?;
+        s.set_write_timeout(Some(Duration::from_millis(500)))?;
+        let end = Instant::now() + Duration::from_secs(12);
+        while Instant::now() < end {
+            let _ = s.write_all(&[7u8; 1000]);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    });
+    wait_until(Duration::from_secs(5), "the stream to flow", || {
+        sink.bytes() >= 10_000
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+
+    reload(&bed, Side::A, &base_a, &without, 1);
+    std::thread::sleep(Duration::from_secs(1));
+    let at_cut = sink.bytes();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        sink.bytes(),
+        at_cut,
+        "the stream still flows after its rule went"
+    );
+    let p = policy(&bed, Side::A);
+    assert!(n(&p["cut"]) >= 1, "{p}");
+    assert!(!connects(&bed.a.lan, (b, 7000).into()));
+    bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
+
+    reload(&bed, Side::A, &base_a, &with_tcp, 2);
+    let started = Instant::now();
+    assert!(connects(&bed.a.lan, (b, 7000).into()), "{}", bed.logs());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(bed.a.adapter.as_ref().unwrap().pid(), pid, "no restart");
+    inject::joined(streaming).unwrap();
+}
+
+/// Many short flows against a small table: it never holds more than its size, the oldest
+/// flows make room and are counted, and the tunnel carries on.
+#[test]
+fn a_full_flow_table_evicts_the_oldest_and_counts() {
+    let mut opts = BedOptions::default();
+    opts.a.extra = rules(
+        Some(32),
+        &[(
+            "gw1.ovl.example",
+            "gw2.ovl.example",
+            &["udp/1000-1999", "icmp"],
+        )],
+    );
+    let bed = TwoSites::up(&opts).unwrap();
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+    let (a, b) = (bed.a.host_ip, bed.b.host_ip);
+    // 300 flows: one datagram each to a port of its own.
+    inject::inside(&bed.a.lan, move || {
+        let sock = std::net::UdpSocket::bind(SocketAddr::from((a, 0)))?;
+        for port in 1000..1300u16 {
+            let _ = sock.send_to(b"x", SocketAddr::from((b, port)));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    })
+    .unwrap();
+    let p = policy(&bed, Side::A);
+    assert_eq!(n(&p["capacity"]), 32, "{p}");
+    assert!(n(&p["flows"]) <= 32, "{p}");
+    assert!(n(&p["opened"]) >= 300, "{p}");
+    assert!(n(&p["evicted"]) >= 300 - 32, "{p}");
+    bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
+}
