@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use cyphonic_e2e::hosts::Bins;
 use cyphonic_e2e::{Netns, inject, wait_until};
 use serde_json::Value;
 
@@ -397,4 +398,95 @@ fn a_full_flow_table_evicts_the_oldest_and_counts() {
     assert!(n(&p["opened"]) >= 300, "{p}");
     assert!(n(&p["evicted"]) >= 300 - 32, "{p}");
     bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
+}
+
+/// `[policy]` in the cloud's file with `default = "deny"`.
+fn cloud_policy(allow: &[&str]) -> String {
+    let allow: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "[policy]\ndefault = \"deny\"\n\n[[policy.rule]]\nfrom = \"host.gw1.ovl.example\"\nto = \"host.gw2.ovl.example\"\nallow = [{}]\n",
+        allow.join(", ")
+    )
+}
+
+/// Waits until a site enforces a policy whose version differs from `not` with `rules` rules
+/// (at least one); returns its version.
+fn wait_policy(bed: &TwoSites, side: Side, not: Option<u64>, what: &str) -> u64 {
+    let mut version = None;
+    wait_until(Duration::from_secs(10), what, || {
+        let p = policy(bed, side);
+        version = p["version"].as_u64().filter(|v| Some(*v) != not);
+        version.is_some() && n(&p["rules"]) >= 1
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    version.unwrap_or_default()
+}
+
+/// The cloud compiles its rules per adapter and pushes them; the adapters enforce them both
+/// ways (one-way: A's host may open tcp/7000 and ping to B's, B's may not even resolve A's
+/// name); with the cloud stopped, and across an adapter's restart without it, the rules
+/// stay as last pushed; a rule the cloud's reload removes cuts the flow within seconds.
+#[test]
+fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(cyphonic_e2e::bed::CloudOptions {
+            extra: cloud_policy(&["tcp/7000", "icmp"]),
+            ..Default::default()
+        }),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let (a, b) = (bed.a.host_ip, bed.b.host_ip);
+    let va = wait_policy(&bed, Side::A, None, "A to get the cloud's rules");
+    wait_policy(&bed, Side::B, None, "B to get the cloud's rules");
+    let _b7000 = Sink::start(&bed.b.lan, (b, 7000).into());
+    let _b7001 = Sink::start(&bed.b.lan, (b, 7001).into());
+
+    // A's host resolves B's by name: the cloud pairs them (the rule goes A -> B).
+    let found = bed.resolve(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example");
+    assert_eq!(found, vec![b.to_string()]);
+    bed.ping_ok(&bed.a.lan, b, Ping::count(3).wait(3));
+    assert!(connects(&bed.a.lan, (b, 7000).into()), "{}", bed.logs());
+    assert!(!connects(&bed.a.lan, (b, 7001).into()));
+    // B's host may open nothing to A's, and may not resolve it.
+    assert!(!pings(&bed, Side::B, a));
+    let d = cyphonic_e2e::lan::dig(&bed.b.lan, bed.b.gateway, "host.gw1.ovl.example", "A").unwrap();
+    assert_eq!(d.status, "NXDOMAIN", "{d:?}");
+    assert!(n(&policy(&bed, Side::B)["dropped"]["no_rule"]) >= 3);
+
+    // The cloud stops: the rules hold.
+    bed.cloud.as_mut().unwrap().stop("TERM").unwrap();
+    assert!(connects(&bed.a.lan, (b, 7000).into()));
+    assert!(!connects(&bed.a.lan, (b, 7001).into()));
+    assert!(!pings(&bed, Side::B, a));
+    // A restarts without the cloud: it enforces what the cloud sent last.
+    bed.stop(Side::A, "TERM").unwrap();
+    bed.start(Side::A).unwrap();
+    let p = policy(&bed, Side::A);
+    assert_eq!(p["version"].as_u64(), Some(va), "{p}");
+    assert!(
+        bed.a
+            .log_text()
+            .contains("enforcing the policy the cloud sent last"),
+        "{}",
+        bed.a.log_text()
+    );
+
+    // The cloud comes back with tcp/7000 gone: B's and A's sets change, the flow is cut.
+    let config = bed.cloud.as_ref().unwrap().dir.join("cloud.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let fewer = text.replace(
+        &cloud_policy(&["tcp/7000", "icmp"]),
+        &cloud_policy(&["icmp"]),
+    );
+    assert_ne!(fewer, text);
+    std::fs::write(&config, fewer).unwrap();
+    let bins = Bins::find().unwrap();
+    bed.cloud.as_mut().unwrap().start(&bins).unwrap();
+    let vb = n(&policy(&bed, Side::B)["version"]);
+    wait_policy(&bed, Side::B, Some(vb), "B to get the new rules");
+    wait_policy(&bed, Side::A, Some(va), "A to get the new rules");
+    bed.resolve(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example");
+    bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
+    assert!(!connects(&bed.a.lan, (b, 7000).into()), "{}", bed.logs());
 }

@@ -15,7 +15,7 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-session", 1, false),
     ("cyphonic-gateway", 1, false),
     ("cyphonic-vip", 1, false),
-    ("cyphonic-filter", 1, false),
+    ("cyphonic-filter", 0, false),
     ("cyphonic-resolver", 1, false),
     ("cyphonic-control", 1, false),
     ("cyphonic-pipeline", 2, false),

@@ -9,7 +9,7 @@ use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::policy::{Policy, Rule};
+use crate::policy::{Group, Policy, Rule};
 
 /// What `serve` needs, checked.
 #[derive(Debug)]
@@ -142,7 +142,41 @@ struct RawPolicy {
     #[serde(default)]
     default: Option<Spanned<String>>,
     #[serde(default)]
-    rule: Vec<Rule>,
+    group: Vec<RawGroup>,
+    #[serde(default)]
+    rule: Vec<RawRule>,
+}
+
+/// One name, or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Names {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Names {
+    fn list(&self) -> Vec<String> {
+        match self {
+            Self::One(n) => vec![n.clone()],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: Spanned<String>,
+    members: Spanned<Names>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    from: Spanned<Names>,
+    to: Spanned<Names>,
+    allow: Option<Spanned<Vec<String>>>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -325,11 +359,78 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         key,
         trust,
         database,
-        policy: Policy {
-            allow_by_default,
-            rules: raw.policy.rule,
-        },
+        policy: policy(&raw.policy, allow_by_default, &err)?,
         enroll,
+    })
+}
+
+/// `[policy]`'s groups and rules, checked: names and lists not empty, `allow` items that
+/// read (`tcp/22`, `udp/5000-5100`, `icmp`, `any`; without `allow`, `any`).
+fn policy(
+    raw: &RawPolicy,
+    allow_by_default: bool,
+    err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
+) -> anyhow::Result<Policy> {
+    let mut groups = Vec::new();
+    for (i, g) in raw.group.iter().enumerate() {
+        let name = g.name.get_ref();
+        if name.is_empty() || name == "*" || name.contains('/') {
+            return Err(err(
+                g.name.span(),
+                &format!("policy.group[{i}].name"),
+                "a group's name is a word, not empty, \"*\" or an address".into(),
+            ));
+        }
+        let members = g.members.get_ref().list();
+        if members.is_empty() || members.iter().any(String::is_empty) {
+            return Err(err(
+                g.members.span(),
+                &format!("policy.group[{i}].members"),
+                "list at least one member, device, group, pattern or address (none empty)".into(),
+            ));
+        }
+        groups.push(Group {
+            name: name.clone(),
+            members,
+        });
+    }
+    let mut rules = Vec::new();
+    for (i, r) in raw.rule.iter().enumerate() {
+        let side = |s: &Spanned<Names>, key: &str| {
+            let names = s.get_ref().list();
+            if names.is_empty() || names.iter().any(String::is_empty) {
+                return Err(err(
+                    s.span(),
+                    &format!("policy.rule[{i}].{key}"),
+                    "name at least one group, member, device or address (none empty)".into(),
+                ));
+            }
+            Ok(names)
+        };
+        let (from, to) = (side(&r.from, "from")?, side(&r.to, "to")?);
+        let allow = match &r.allow {
+            None => vec!["any".to_owned()],
+            Some(a) => {
+                if a.get_ref().is_empty() {
+                    return Err(err(
+                        a.span(),
+                        &format!("policy.rule[{i}].allow"),
+                        "allows nothing: give tcp/PORT, udp/PORT, icmp or any".into(),
+                    ));
+                }
+                for item in a.get_ref() {
+                    cyphonic_filter::parse_allow(item)
+                        .map_err(|m| err(a.span(), &format!("policy.rule[{i}].allow"), m))?;
+                }
+                a.get_ref().clone()
+            }
+        };
+        rules.push(Rule { from, to, allow });
+    }
+    Ok(Policy {
+        allow_by_default,
+        groups,
+        rules,
     })
 }
 
@@ -549,5 +650,45 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+        // [policy]: groups and rules, one name or a list, `allow` defaulting to any.
+        let with_policy = |policy: &str| {
+            let t = text.replace("[policy]\ndefault = \"allow\"\n", policy);
+            assert_ne!(t, text, "the example's [policy] changed shape");
+            std::fs::write(&path, &t).unwrap();
+            (load(&path, 1_800_000_000), t)
+        };
+        let (c, _) = with_policy(
+            "[policy]\ndefault = \"deny\"\n[[policy.group]]\nname = \"cams\"\nmembers = \"cam*.gw2.ovl.example\"\n[[policy.rule]]\nfrom = \"ops\"\nto = [\"cams\", \"100.64.2.0/24\"]\n[[policy.rule]]\nfrom = [\"cams\"]\nto = \"nvr.gw2.ovl.example\"\nallow = [\"tcp/554\", \"icmp\"]\n",
+        );
+        let p = c.unwrap().policy;
+        assert!(!p.allow_by_default);
+        assert_eq!(p.groups[0].members, vec!["cam*.gw2.ovl.example".to_owned()]);
+        assert_eq!(p.rules[0].to.len(), 2);
+        assert_eq!(p.rules[0].allow, vec!["any".to_owned()]);
+        assert_eq!(p.rules[1].allow.len(), 2);
+        for (bad, key, says) in [
+            ("allow = [\"tcp/0\"]", "policy.rule[0].allow", "not a port"),
+            ("allow = []", "policy.rule[0].allow", "allows nothing"),
+            ("to = []", "policy.rule[0].to", "at least one"),
+        ] {
+            let rule = if bad.starts_with("to") {
+                format!("from = \"ops\"\n{bad}\n")
+            } else {
+                format!("from = \"ops\"\nto = \"iot\"\n{bad}\n")
+            };
+            let (e, t) = with_policy(&format!(
+                "[policy]\ndefault = \"deny\"\n[[policy.rule]]\n{rule}"
+            ));
+            let e = e.unwrap_err().to_string();
+            let line = t.lines().position(|l| l == bad).unwrap() + 1;
+            assert!(
+                e.contains(&format!("cloud.toml:{line}: key `{key}`")) && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+        let (e, _) = with_policy(
+            "[policy]\ndefault = \"deny\"\n[[policy.group]]\nname = \"*\"\nmembers = [\"x\"]\n",
+        );
+        assert!(e.unwrap_err().to_string().contains("policy.group[0].name"));
     }
 }

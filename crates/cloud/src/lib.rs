@@ -23,7 +23,7 @@ use anyhow::Context as _;
 
 pub use config::CloudConfig;
 pub use nms::Nms;
-pub use policy::{Policy, Rule};
+pub use policy::{Compiled, Policy, Rule};
 pub use store::Store;
 pub use trs::Trs;
 
@@ -128,6 +128,8 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         )
         .with_issuer(config.enroll),
     );
+    // Sessions open with the policy compiled, not with an empty one.
+    nms.compile_policy().await?;
     let (clients, online) = store.counts().await?;
     tracing::info!(
         %control,
@@ -179,6 +181,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         tokio::spawn(nms.clone().probes(probe_alt, true)),
         tokio::spawn(nms.clone().signals()),
         tokio::spawn(nms.clone().revocations()),
+        tokio::spawn(nms.clone().policies()),
     ];
     Ok(Running {
         nms,

@@ -91,6 +91,19 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Answer from the configuration's `[policy]` and the registry whether FROM may open WHAT
+    /// to TO, and by which rule (exit status 0: allowed, 1: denied).
+    Policy {
+        /// The cloud's configuration file (its `[policy]` and `database`).
+        #[arg(long)]
+        config: PathBuf,
+        /// Who opens: a registered name (`camera1.gw1.ovl.example`) or an address.
+        from: String,
+        /// To whom: the same.
+        to: String,
+        /// What: tcp/PORT, udp/PORT or icmp.
+        what: String,
+    },
     /// Check a configuration file and the files it names, then exit.
     CheckConfig {
         /// The configuration file.
@@ -214,6 +227,16 @@ fn main() -> ExitCode {
             fingerprint,
             config,
         } => revoke_online(name, fingerprint, &config),
+        Command::Policy {
+            config,
+            from,
+            to,
+            what,
+        } => match policy_check(&config, &from, &to, &what) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::FAILURE,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -299,6 +322,65 @@ fn print_status(doc: &serde_json::Value) {
             }
         }
     }
+}
+
+/// `policy`: prints whether `from` may open `what` to `to` under the policy compiled against
+/// the registry as it is now; returns whether it may.
+fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Result<bool> {
+    let registry = Registry::open(config, now())?;
+    let store = &registry.store;
+    let (proto, port) = cyphonic_filter::parse_flow(what).map_err(anyhow::Error::msg)?;
+    registry.block_on(async {
+        let address = |name: &str| {
+            let name = name.to_owned();
+            async move {
+                if let Ok(ip) = name.parse::<std::net::Ipv4Addr>() {
+                    return Ok(ip);
+                }
+                let lower = name.trim_end_matches('.').to_ascii_lowercase();
+                match store.lookup(&lower).await? {
+                    Some(row) => Ok(row.vip),
+                    None => bail!("`{name}` is not a registered name or an address"),
+                }
+            }
+        };
+        let (src, dst) = (address(from).await?, address(to).await?);
+        let policy = &registry.config.policy;
+        let flow = format!("{from} ({src}) opening {what} to {to} ({dst})");
+        if policy.allow_by_default {
+            println!("allowed: {flow}: [policy] default = \"allow\" enforces nothing");
+            return Ok(true);
+        }
+        let mut trust = registry.config.trust.clone();
+        for fp in store.revocations().await? {
+            if let Ok(fp) = fp.parse() {
+                trust.revocations_mut().revoke(fp);
+            }
+        }
+        let members = store.members().await?;
+        let compiled = policy
+            .compile(&cyphonic_cloud::policy::entries(&members, &trust, now()))
+            .map_err(anyhow::Error::msg)?;
+        Ok(match compiled.first_allowing(proto, src, dst, port) {
+            Some(n) => {
+                let rule = usize::try_from(n)
+                    .ok()
+                    .and_then(|n| policy.rules.get(n.checked_sub(1)?));
+                match rule {
+                    Some(r) => println!(
+                        "allowed: {flow}, by rule {n}: from {:?} to {:?} allow {:?}",
+                        r.from, r.to, r.allow
+                    ),
+                    None => println!("allowed: {flow}, by rule {n}"),
+                }
+                true
+            }
+            None => {
+                println!("denied: {flow}: no rule allows it (default = \"deny\")");
+                false
+            }
+        })
+    })
 }
 
 fn revoke_online(

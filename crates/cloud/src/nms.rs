@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, watch};
 
 use crate::guard::{Freshness, MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE, Requests, Ticket, Unproven};
-use crate::policy::Policy;
+use crate::policy::{Compiled, Policy, v4_blocks};
 use crate::route;
 use crate::store::{ClientRow, Store};
 use crate::trs::{Channel, Trs};
@@ -42,7 +42,8 @@ const MAX_CHANNELS_PER_CLIENT: usize = 64;
 /// Fingerprints in one `revoked` message (65 bytes of JSON each: a message stays far below a
 /// frame).
 const REVOKED_PER_MESSAGE: usize = 500;
-/// How often the registry's online revocations are read.
+/// How often the registry's online revocations are read, and the policy recompiled when
+/// the registry changed.
 const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
 
 cyphonic_telemetry::counters! {
@@ -148,8 +149,12 @@ pub struct Nms {
     /// The CAs and revocations clients are checked against; replaced by a reload.
     trust: std::sync::RwLock<Arc<TrustStore>>,
     store: Store,
-    /// Who may resolve whom; replaced by a reload.
+    /// Who may reach whom, as configured; replaced by a reload.
     policy: std::sync::RwLock<Arc<Policy>>,
+    /// The policy compiled against the registry: what clients enforce and pairing follows.
+    compiled: watch::Sender<Arc<Compiled>>,
+    /// Changes with every reload and every revocation: the policy is compiled again.
+    policy_generation: AtomicU64,
     probe_ports: Vec<u16>,
     trs: Option<Arc<Trs>>,
     connected: DashMap<String, Connected>,
@@ -275,6 +280,8 @@ impl Nms {
             trust: std::sync::RwLock::new(Arc::new(trust)),
             store,
             policy: std::sync::RwLock::new(Arc::new(policy)),
+            compiled: watch::Sender::new(Arc::new(Compiled::default())),
+            policy_generation: AtomicU64::new(0),
             probe_ports,
             trs,
             connected: DashMap::new(),
@@ -529,6 +536,21 @@ impl Nms {
             }
         }
 
+        // Version 4 enforces the per-device policy: its rules now, and whenever they change.
+        let mut policy_rx = self.compiled.subscribe();
+        let mut policy_sent: Option<Option<u64>> = None;
+        if version >= 4 {
+            let (v, msgs) = self.policy_for(&body);
+            for msg in &msgs {
+                if let Err(why) = send(&mut ch, &mut wr, msg).await {
+                    tracing::info!(name = %body.name, reason = why, "control session closed");
+                    self.connected.remove_if(&fp, |_, c| c.serial == serial);
+                    return;
+                }
+            }
+            policy_sent = Some(v);
+        }
+
         // The reader runs apart, so that waiting for a frame is never cut half-way.
         let (frames_tx, mut frames) = mpsc::channel::<Vec<u8>>(16);
         let reader = tokio::spawn(async move {
@@ -567,6 +589,23 @@ impl Nms {
                             }
                             None => break 'session "replaced by a newer session, or cut off",
                         },
+                        changed = policy_rx.changed(), if version >= 4 => {
+                            if changed.is_err() {
+                                break 'session "policy state lost";
+                            }
+                            policy_rx.borrow_and_update();
+                            let (v, msgs) = self.policy_for(&body);
+                            if policy_sent != Some(v) {
+                                for msg in &msgs {
+                                    if let Err(why) = send(&mut ch, &mut wr, msg).await {
+                                        break 'session why;
+                                    }
+                                }
+                                tracing::debug!(name = %body.name, version = ?v, parts = msgs.len(), "policy sent");
+                                policy_sent = Some(v);
+                            }
+                            continue 'session;
+                        }
                         changed = seen.changed() => {
                             if changed.is_err() {
                                 break 'session "probe state lost";
@@ -850,7 +889,12 @@ impl Nms {
         if self.trust().verify(&target, unix_now()).is_err() {
             return Ok(Resolution::NotFound);
         }
-        if !self.policy().allows(asker, target.body()) {
+        // The asker must be allowed to open something to the target.
+        if !self
+            .policy_between((fp, asker), (&found.owner.fingerprint, target.body()))
+            .await?
+            .opens(&v4_blocks(asker), &v4_blocks(target.body()))
+        {
             bump(&self.stats.denied);
             tracing::info!(asker = %asker.name, name = %cyphonic_telemetry::Untrusted(name), "resolution denied by policy");
             return Ok(Resolution::Denied);
@@ -980,8 +1024,17 @@ impl Nms {
             return refuse("unknown peer");
         }
         // The tunnel exists because one of the two may reach the other.
-        let policy = self.policy();
-        if !policy.allows(asker, cert.body()) && !policy.allows(cert.body(), asker) {
+        let between = match self
+            .policy_between((fp, asker), (&target.fingerprint, cert.body()))
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                return refuse("the registry is unavailable");
+            }
+        };
+        if !between.pairs(&v4_blocks(asker), &v4_blocks(cert.body())) {
             bump(&self.stats.denied);
             return refuse("denied by policy");
         }
@@ -1053,12 +1106,128 @@ impl Nms {
             .clone()
     }
 
-    /// Who may resolve whom, now.
+    /// Who may reach whom, as configured now.
     fn policy(&self) -> Arc<Policy> {
         self.policy
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// The policy compiled against the registry, now.
+    pub fn compiled(&self) -> Arc<Compiled> {
+        self.compiled.borrow().clone()
+    }
+
+    /// Compiles the policy against the registry's members whose certificates are trusted,
+    /// with the names they registered; sessions hear of a change. Returns whether it
+    /// changed.
+    ///
+    /// # Errors
+    /// The registry cannot be read.
+    pub async fn compile_policy(&self) -> Result<bool, crate::store::StoreError> {
+        let members = self.store.members().await?;
+        Ok(self.compile_from(&members))
+    }
+
+    fn compile_from(&self, members: &[crate::store::Member]) -> bool {
+        let entries = crate::policy::entries(members, &self.trust(), unix_now());
+        let compiled = match self.policy().compile(&entries) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "the policy does not compile: the last one stays");
+                return false;
+            }
+        };
+        let changed = self.compiled.send_if_modified(|old| {
+            if **old == compiled {
+                return false;
+            }
+            *old = Arc::new(compiled.clone());
+            true
+        });
+        if changed {
+            tracing::info!(
+                enforce = compiled.enforce,
+                rules = compiled.rules.rules.len(),
+                version = %format_args!("{:x}", compiled.rules.version),
+                members = entries.len(),
+                "policy compiled against the registry: clients get their rules"
+            );
+        }
+        changed
+    }
+
+    /// The policy compiled for two clients alone, each with the names it registered: what
+    /// decides whether they may be paired, at once, without waiting for the compilation
+    /// over the whole registry (a rule between the two can only name their own devices,
+    /// which lie in their own blocks).
+    async fn policy_between(
+        &self,
+        a: (&str, &CertBody),
+        b: (&str, &CertBody),
+    ) -> Result<Compiled, crate::store::StoreError> {
+        let policy = self.policy();
+        if policy.allow_by_default {
+            return Ok(Compiled::default());
+        }
+        let mut entries = Vec::with_capacity(2);
+        for (fp, body) in [a, b] {
+            entries.push(crate::policy::Entry {
+                name: body.name.clone(),
+                blocks: v4_blocks(body),
+                groups: body.groups.clone(),
+                devices: self.store.names_of(fp).await?,
+            });
+        }
+        Ok(policy.compile(&entries).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the policy does not compile: nobody is paired");
+            Compiled {
+                enforce: true,
+                rules: cyphonic_filter::RuleSet::default(),
+            }
+        }))
+    }
+
+    /// Compiles the policy again every [`REVOCATIONS_EVERY`] when the registry's members or
+    /// names changed, or a reload or a revocation happened, until the task is dropped.
+    pub async fn policies(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(REVOCATIONS_EVERY);
+        let mut last: Option<u64> = None;
+        loop {
+            tick.tick().await;
+            let members = match self.store.members().await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the registry for the policy");
+                    continue;
+                }
+            };
+            let signature = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::hash::DefaultHasher::new();
+                self.policy_generation.load(Ordering::Relaxed).hash(&mut h);
+                for m in &members {
+                    (&m.client.fingerprint, &m.names).hash(&mut h);
+                }
+                h.finish()
+            };
+            if last == Some(signature) {
+                continue;
+            }
+            last = Some(signature);
+            self.compile_from(&members);
+        }
+    }
+
+    /// The `policy` messages for a client with `body`'s blocks: its part of the compiled
+    /// policy, and that part's version (`None` when nothing is enforced).
+    fn policy_for(&self, body: &CertBody) -> (Option<u64>, Vec<CloudMsg>) {
+        let set = self.compiled.borrow().for_client(&v4_blocks(body));
+        (
+            set.as_ref().map(|s| s.version),
+            cyphonic_control::policy::messages(set.as_ref()),
+        )
     }
 
     /// Takes on `trust` and `policy` (a reload): every client in the registry whose
@@ -1083,6 +1252,7 @@ impl Nms {
             .policy
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(policy);
+        self.policy_generation.fetch_add(1, Ordering::Relaxed);
         self.cut_untrusted().await
     }
 
@@ -1153,6 +1323,7 @@ impl Nms {
                 .trust
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(trust);
+            self.policy_generation.fetch_add(1, Ordering::Relaxed);
             match self.cut_untrusted().await {
                 Ok(cut) => {
                     tracing::warn!(revoked = fresh.len(), cut_off = ?cut, "certificates revoked online");

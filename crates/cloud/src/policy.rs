@@ -1,25 +1,77 @@
-//! Who may resolve (and so reach) whom, by the groups in certificates.
+//! Who may reach whom (issue "Policy per device"). The cloud's `[policy]` names groups,
+//! members (certificates' names and groups), devices (names members registered) and
+//! addresses; against the registry it compiles into one [`RuleSet`] of addresses
+//! ([`Policy::compile`]), from which each client gets the rules that concern it
+//! ([`Compiled::for_client`], docs/protocol.md §4 *Policy*), and by which the cloud pairs
+//! clients ([`Compiled::pairs`]).
 
-use cyphonic_crypto::CertBody;
-use serde::Deserialize;
+use cyphonic_crypto::{CertBody, Certificate, TrustStore};
+use cyphonic_filter::{Directory, RuleSet, RuleSpec, compile};
+use ipnet::Ipv4Net;
 
-/// One rule: clients in group `from` may resolve names hosted by clients in group `to`.
-/// `"*"` matches any certificate, with or without groups.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    /// The asker's group.
-    pub from: String,
-    /// The target's group.
-    pub to: String,
+use crate::store::Member;
+
+/// A certificate's IPv4 blocks.
+pub fn v4_blocks(body: &CertBody) -> Vec<Ipv4Net> {
+    body.vip_blocks
+        .iter()
+        .filter_map(|b| match b {
+            ipnet::IpNet::V4(n) => Some(*n),
+            ipnet::IpNet::V6(_) => None,
+        })
+        .collect()
 }
 
-/// The rules, and what happens when none matches.
+/// The registry's `members` whose certificates `trust` believes at unix time `now`, as the
+/// policy sees them.
+pub fn entries(members: &[Member], trust: &TrustStore, now: u64) -> Vec<Entry> {
+    members
+        .iter()
+        .filter_map(|m| {
+            let cert = Certificate::from_pem(&m.client.certificate).ok()?;
+            trust.verify(&cert, now).ok()?;
+            let body = cert.body();
+            Some(Entry {
+                name: body.name.clone(),
+                blocks: v4_blocks(body),
+                groups: body.groups.clone(),
+                devices: m.names.clone(),
+            })
+        })
+        .collect()
+}
+
+/// One rule: members or devices of `from` may open flows of `allow` to those of `to`.
+/// `"*"` matches everyone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// Who may open.
+    pub from: Vec<String>,
+    /// To whom.
+    pub to: Vec<String>,
+    /// What (`tcp/22`, `udp/5000-5100`, `icmp`, `any`; checked when the file is read).
+    pub allow: Vec<String>,
+}
+
+/// A named group: members, devices, groups above, addresses, or patterns (`cam*.gw1.ovl.example`)
+/// over the names of members and devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// Its name.
+    pub name: String,
+    /// What it holds.
+    pub members: Vec<String>,
+}
+
+/// The policy as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    /// With no matching rule: allow (an open overlay) or deny (only what rules allow).
+    /// With no matching rule: allow (an open overlay, nothing enforced per device) or deny
+    /// (only what rules allow, enforced by every client).
     pub allow_by_default: bool,
-    /// The rules.
+    /// Named groups.
+    pub groups: Vec<Group>,
+    /// The rules, numbered from 1 in this order.
     pub rules: Vec<Rule>,
 }
 
@@ -27,19 +79,324 @@ impl Default for Policy {
     fn default() -> Self {
         Self {
             allow_by_default: true,
+            groups: Vec::new(),
             rules: Vec::new(),
         }
     }
 }
 
+/// A member as the policy sees it: its certificate's name, blocks and groups, and the
+/// devices (names) it registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The certificate's name.
+    pub name: String,
+    /// Its IPv4 blocks.
+    pub blocks: Vec<Ipv4Net>,
+    /// The certificate's groups.
+    pub groups: Vec<String>,
+    /// The names it registered (its own and its devices'), with their addresses.
+    pub devices: Vec<(String, std::net::Ipv4Addr)>,
+}
+
+/// The policy compiled against the registry (by default: nothing enforced).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Compiled {
+    /// Whether clients enforce rules (`default = "deny"`).
+    pub enforce: bool,
+    /// Every rule, in addresses.
+    pub rules: RuleSet,
+}
+
+fn overlaps(a: &Ipv4Net, b: &Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+fn meets(nets: &[Ipv4Net], blocks: &[Ipv4Net]) -> bool {
+    nets.iter().any(|n| blocks.iter().any(|b| overlaps(n, b)))
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters.
+fn glob(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return pattern == name;
+    };
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    if !name.starts_with(first) || !name[first.len()..].ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(at) => rest = &rest[at + mid.len()..],
+            None => return false,
+        }
+    }
+    name.len() >= first.len() + last.len()
+}
+
 impl Policy {
-    /// Whether `asker` may resolve names of `target`.
-    pub fn allows(&self, asker: &CertBody, target: &CertBody) -> bool {
-        let matches = |pattern: &str, body: &CertBody| pattern == "*" || body.in_group(pattern);
-        self.allow_by_default
-            || self
+    /// Compiles the policy against `members`. Names nobody holds (a device not registered
+    /// yet, a group nobody is in) stand for no address: the rule matches nothing through
+    /// them until someone does.
+    ///
+    /// # Errors
+    /// An `allow` item that does not read (checked when the file is read: not expected).
+    pub fn compile(&self, members: &[Entry]) -> Result<Compiled, String> {
+        if self.allow_by_default {
+            return Ok(Compiled::default());
+        }
+        let mut dir = Directory::new();
+        let mut names: Vec<&str> = Vec::new();
+        for m in members {
+            dir.add(&m.name, m.blocks.iter().copied());
+            names.push(&m.name);
+            for g in &m.groups {
+                dir.add(g, m.blocks.iter().copied());
+            }
+            for (d, vip) in &m.devices {
+                dir.add(d, [Ipv4Net::from(*vip)]);
+                names.push(d);
+            }
+        }
+        dir.add("*", ["0.0.0.0/0".parse().unwrap_or_default()]);
+        for g in &self.groups {
+            let mut blocks = Vec::new();
+            for item in &g.members {
+                if item.contains('*') && item != "*" {
+                    for n in names.iter().filter(|n| glob(item, n)) {
+                        blocks.extend(dir.resolve(n).unwrap_or_default());
+                    }
+                } else {
+                    blocks.extend(dir.resolve(item).unwrap_or_default());
+                }
+            }
+            dir.add(&g.name, blocks);
+        }
+        let specs: Vec<RuleSpec> = self
+            .rules
+            .iter()
+            .map(|r| RuleSpec {
+                from: r.from.clone(),
+                to: r.to.clone(),
+                allow: r.allow.clone(),
+            })
+            .collect();
+        for n in specs.iter().flat_map(|s| s.from.iter().chain(&s.to)) {
+            if dir.resolve(n).is_none() {
+                dir.add(n, []);
+            }
+        }
+        let mut rules = compile(&specs, &dir, 0).map_err(|e| e.message)?;
+        // Rules whose sides name nobody yet can allow nothing.
+        rules
+            .rules
+            .retain(|r| !r.from.is_empty() && !r.to.is_empty());
+        rules.version = version_of(&rules);
+        Ok(Compiled {
+            enforce: true,
+            rules,
+        })
+    }
+}
+
+/// A version for a set of rules: the same rules give the same version anywhere.
+fn version_of(rules: &RuleSet) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    format!("{:?}", rules.rules).hash(&mut h);
+    h.finish() >> 16
+}
+
+impl Compiled {
+    /// The rules that concern a client with `blocks` (their `from` or `to` meets one), as
+    /// the set it enforces; `None` when nothing is enforced.
+    pub fn for_client(&self, blocks: &[Ipv4Net]) -> Option<RuleSet> {
+        if !self.enforce {
+            return None;
+        }
+        let mut set = RuleSet {
+            version: 0,
+            rules: self
+                .rules
                 .rules
                 .iter()
-                .any(|r| matches(&r.from, asker) && matches(&r.to, target))
+                .filter(|r| meets(&r.from, blocks) || meets(&r.to, blocks))
+                .cloned()
+                .collect(),
+        };
+        set.version = version_of(&set);
+        Some(set)
+    }
+
+    /// Whether some rule lets an address in `a` open a flow to one in `b` (always, when
+    /// nothing is enforced): whether `a` may resolve `b`.
+    pub fn opens(&self, a: &[Ipv4Net], b: &[Ipv4Net]) -> bool {
+        !self.enforce
+            || self
+                .rules
+                .rules
+                .iter()
+                .any(|r| meets(&r.from, a) && meets(&r.to, b))
+    }
+
+    /// Whether clients with blocks `a` and `b` may be paired: some rule lets one open a flow
+    /// to the other (always, when nothing is enforced).
+    pub fn pairs(&self, a: &[Ipv4Net], b: &[Ipv4Net]) -> bool {
+        self.opens(a, b) || self.opens(b, a)
+    }
+
+    /// The rule that lets `src` open `proto` (IP protocol number) to `dst`:`port`, by
+    /// number; `None` when none does (and when nothing is enforced: everything passes).
+    pub fn first_allowing(
+        &self,
+        proto: u8,
+        src: std::net::Ipv4Addr,
+        dst: std::net::Ipv4Addr,
+        port: u16,
+    ) -> Option<u32> {
+        self.rules.first_allowing(proto, src, dst, port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap_or_default()
+    }
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| (*x).to_owned()).collect()
+    }
+
+    fn fleet() -> Vec<Entry> {
+        vec![
+            Entry {
+                name: "gw1.ovl.example".into(),
+                blocks: vec![net("100.64.1.0/24")],
+                groups: v(&["ops"]),
+                devices: vec![
+                    ("gw1.ovl.example".into(), [100, 64, 1, 1].into()),
+                    ("laptop.gw1.ovl.example".into(), [100, 64, 1, 10].into()),
+                ],
+            },
+            Entry {
+                name: "gw2.ovl.example".into(),
+                blocks: vec![net("100.64.2.0/24")],
+                groups: v(&["iot"]),
+                devices: vec![
+                    ("cam-1.gw2.ovl.example".into(), [100, 64, 2, 21].into()),
+                    ("cam-2.gw2.ovl.example".into(), [100, 64, 2, 22].into()),
+                    ("nvr.gw2.ovl.example".into(), [100, 64, 2, 30].into()),
+                ],
+            },
+            Entry {
+                name: "gw3.ovl.example".into(),
+                blocks: vec![net("100.64.3.0/24")],
+                groups: Vec::new(),
+                devices: Vec::new(),
+            },
+        ]
+    }
+
+    fn deny(groups: Vec<Group>, rules: Vec<Rule>) -> Policy {
+        Policy {
+            allow_by_default: false,
+            groups,
+            rules,
+        }
+    }
+
+    #[test]
+    fn patterns_match_names() {
+        assert!(glob("cam*.gw2.ovl.example", "cam-1.gw2.ovl.example"));
+        assert!(glob("*.gw2.ovl.example", "nvr.gw2.ovl.example"));
+        assert!(!glob("cam*.gw2.ovl.example", "nvr.gw2.ovl.example"));
+        assert!(glob("a*b*c", "abc") && glob("a*b*c", "axxbyyc") && !glob("a*b*c", "acb"));
+        assert!(!glob("ab*ba", "aba"), "the ends may not overlap");
+        assert!(glob("exact", "exact") && !glob("exact", "exactly"));
+    }
+
+    /// Groups of certificates, devices by name and pattern, one-way rules: what each client
+    /// is sent and whom the cloud pairs.
+    #[test]
+    fn rules_compile_per_client_and_pairing_follows_them() {
+        let p = deny(
+            vec![Group {
+                name: "cameras".into(),
+                members: v(&["cam*.gw2.ovl.example", "unknown-device.gw9.ovl.example"]),
+            }],
+            vec![
+                Rule {
+                    from: v(&["ops"]),
+                    to: v(&["iot"]),
+                    allow: v(&["tcp/22", "icmp"]),
+                },
+                Rule {
+                    from: v(&["cameras"]),
+                    to: v(&["nvr.gw2.ovl.example"]),
+                    allow: v(&["tcp/554"]),
+                },
+                Rule {
+                    from: v(&["not-registered-yet.gw3.ovl.example"]),
+                    to: v(&["*"]),
+                    allow: v(&["any"]),
+                },
+            ],
+        );
+        let c = p.compile(&fleet()).unwrap_or_default();
+        assert!(c.enforce);
+        let (laptop, cam1, cam2, nvr) = (
+            [100, 64, 1, 10].into(),
+            [100, 64, 2, 21].into(),
+            [100, 64, 2, 22].into(),
+            [100, 64, 2, 30].into(),
+        );
+        assert_eq!(c.first_allowing(6, laptop, nvr, 22), Some(1));
+        assert_eq!(c.first_allowing(6, nvr, laptop, 22), None, "one way");
+        assert_eq!(c.first_allowing(6, cam1, nvr, 554), Some(2));
+        assert_eq!(c.first_allowing(6, cam2, nvr, 554), Some(2));
+        assert_eq!(c.first_allowing(6, nvr, cam1, 554), None);
+        // gw1 gets rule 1 (two protocols); gw2 rules 1 and 2; gw3 nothing.
+        let gw1 = c.for_client(&[net("100.64.1.0/24")]).unwrap_or_default();
+        assert_eq!(gw1.rules.len(), 2);
+        let gw2 = c.for_client(&[net("100.64.2.0/24")]).unwrap_or_default();
+        assert_eq!(gw2.rules.len(), 3);
+        let gw3 = c.for_client(&[net("100.64.3.0/24")]);
+        assert!(gw3.as_ref().is_some_and(|s| s.rules.is_empty()), "{gw3:?}");
+        assert_ne!(gw1.version, gw2.version);
+        // Pairing: gw1 with gw2 (one way is enough); gw3 with nobody. gw1 may resolve gw2's
+        // names, not the other way.
+        assert!(c.opens(&[net("100.64.1.0/24")], &[net("100.64.2.0/24")]));
+        assert!(!c.opens(&[net("100.64.2.0/24")], &[net("100.64.1.0/24")]));
+        assert!(c.pairs(&[net("100.64.1.0/24")], &[net("100.64.2.0/24")]));
+        assert!(c.pairs(&[net("100.64.2.0/24")], &[net("100.64.1.0/24")]));
+        assert!(!c.pairs(&[net("100.64.3.0/24")], &[net("100.64.1.0/24")]));
+        // The same policy over the same registry: the same versions.
+        assert_eq!(p.compile(&fleet()).ok(), Some(c.clone()));
+        // A device registering changes what a pattern holds, and the versions.
+        let mut more = fleet();
+        more[1]
+            .devices
+            .push(("cam-3.gw2.ovl.example".into(), [100, 64, 2, 23].into()));
+        let c2 = p.compile(&more).unwrap_or_default();
+        assert_eq!(
+            c2.first_allowing(6, [100, 64, 2, 23].into(), nvr, 554),
+            Some(2)
+        );
+        assert_ne!(c2.rules.version, c.rules.version);
+    }
+
+    #[test]
+    fn allow_by_default_enforces_nothing() {
+        let c = Policy::default().compile(&fleet()).unwrap_or_default();
+        assert!(!c.enforce);
+        assert_eq!(c.for_client(&[net("100.64.1.0/24")]), None);
+        assert!(c.pairs(&[net("100.64.3.0/24")], &[net("100.64.1.0/24")]));
     }
 }

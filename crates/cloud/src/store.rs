@@ -381,6 +381,27 @@ impl Store {
         Ok(Some(NameRow { vip, owner }))
     }
 
+    /// The names the client `fingerprint` hosts, with their vIPs.
+    ///
+    /// # Errors
+    /// Database failures, or a row this version cannot read.
+    pub async fn names_of(&self, fingerprint: &str) -> Result<Vec<(String, Ipv4Addr)>, StoreError> {
+        let rows = sqlx::query("SELECT name, vip FROM names WHERE owner = $1 ORDER BY name")
+            .bind(fingerprint)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let vip: String = r.try_get(1)?;
+                let vip = vip.parse().map_err(|_| StoreError::Corrupt {
+                    table: "names",
+                    what: format!("vip {vip:?}"),
+                })?;
+                Ok((r.try_get(0)?, vip))
+            })
+            .collect()
+    }
+
     /// Every client the registry knows (each certificate apart: a renewed member shows its
     /// older certificates too), by name, then by when it was last seen, with its names.
     ///

@@ -1,5 +1,6 @@
 //! The control protocol between the cloud (NMS) and its clients (adapters, nodes), sans-IO:
-//! the messages ([`msg`]), the Noise channel that carries them ([`channel`]), and the rule for
+//! the messages ([`msg`]), the Noise channel that carries them ([`channel`]), the per-device
+//! policy cut into messages and put together again ([`policy`]), and the rule for
 //! which names a certificate lets a client host ([`check_name`]). docs/protocol.md §3 is the
 //! specification. The drivers, `cyphonic-signal` (client) and `cyphonic-cloud` (server), own
 //! the sockets.
@@ -8,14 +9,16 @@
 
 pub mod channel;
 pub mod msg;
+pub mod policy;
 pub mod probe;
 pub mod relay;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
-    ClientMsg, CloudMsg, Hello, MIN_VERSION, NameRecord, PeerInfo, RelayInfo, RelayReason,
-    Resolution, VERSION, Welcome,
+    ClientMsg, CloudMsg, Hello, MIN_VERSION, NameRecord, PeerInfo, PolicyProto, PolicyRule,
+    RelayInfo, RelayReason, Resolution, VERSION, Welcome,
 };
+pub use policy::{Assembler, PolicyError};
 pub use probe::{PROBE_TOKEN_LEN, Probe, Prober, bind_frame, bind_token};
 
 use std::net::IpAddr;

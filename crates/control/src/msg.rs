@@ -6,10 +6,12 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
+use ipnet::Ipv4Net;
+
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -276,4 +278,47 @@ pub enum CloudMsg {
         /// The fingerprints (at most 500 per message).
         fingerprints: Vec<String>,
     },
+    /// (Version 4.) A part of the per-device rules this client enforces
+    /// ([`crate::policy`]).
+    Policy {
+        /// The set's version (every part of a set carries it).
+        version: u64,
+        /// `false`: the cloud enforces nothing per device (no rules follow).
+        enforce: bool,
+        /// This part's rules.
+        rules: Vec<PolicyRule>,
+        /// More parts of this set follow.
+        more: bool,
+    },
+}
+
+/// A rule's protocol on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyProto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// ICMP echo.
+    Icmp,
+    /// Everything.
+    Any,
+}
+
+/// (Version 4.) One rule of a client's per-device policy on the wire: addresses only
+/// ([`crate::policy`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRule {
+    /// The rule's number in the cloud's file.
+    pub id: u32,
+    /// Who may open.
+    pub from: Vec<Ipv4Net>,
+    /// To whom.
+    pub to: Vec<Ipv4Net>,
+    /// What.
+    pub proto: PolicyProto,
+    /// Destination port ranges, inclusive; empty: every port.
+    pub ports: Vec<(u16, u16)>,
 }

@@ -239,6 +239,23 @@ fn message_shapes_are_stable() {
         serde_json::to_string(&o).unwrap(),
         r#"{"type":"observed","endpoint":"203.0.113.5:4000"}"#
     );
+    // The policy message as docs/protocol.md §4 *Policy* shows it.
+    let p = CloudMsg::Policy {
+        version: 8_034_712_255,
+        enforce: true,
+        rules: vec![cyphonic_control::PolicyRule {
+            id: 3,
+            from: vec!["100.64.1.21/32".parse().unwrap()],
+            to: vec!["100.64.2.0/24".parse().unwrap()],
+            proto: cyphonic_control::PolicyProto::Tcp,
+            ports: vec![(554, 554)],
+        }],
+        more: false,
+    };
+    assert_eq!(
+        serde_json::to_string(&p).unwrap(),
+        r#"{"type":"policy","version":8034712255,"enforce":true,"rules":[{"id":3,"from":["100.64.1.21/32"],"to":["100.64.2.0/24"],"proto":"tcp","ports":[[554,554]]}],"more":false}"#
+    );
     // A version-1 Hello (no timestamp) still reads, so that the cloud can answer it with the
     // version it speaks.
     let v1: Hello =

@@ -252,7 +252,6 @@ pub fn dry_run(
     to: &str,
     what: &str,
 ) -> anyhow::Result<(bool, String)> {
-    use cyphonic_filter::Proto;
     let one = |name: &str| -> anyhow::Result<std::net::Ipv4Addr> {
         match common.policy_names.resolve(name).as_deref() {
             Some([net]) if net.prefix_len() == 32 => Ok(net.addr()),
@@ -268,13 +267,7 @@ pub fn dry_run(
         }
     };
     let (src, dst) = (one(from)?, one(to)?);
-    let (proto, ports) = cyphonic_filter::parse_allow(what).map_err(anyhow::Error::msg)?;
-    let (number, port) = match (proto, ports) {
-        (Proto::Tcp, Some(p)) => (6, *p.start()),
-        (Proto::Udp, Some(p)) => (17, *p.start()),
-        (Proto::Icmp, _) => (1, 0),
-        _ => anyhow::bail!("`{what}`: give tcp/PORT, udp/PORT or icmp"),
-    };
+    let (number, port) = cyphonic_filter::parse_flow(what).map_err(anyhow::Error::msg)?;
     let flow = format!("{from} ({src}) opening {what} to {to} ({dst})");
     let Some(policy) = &common.policy else {
         return Ok((

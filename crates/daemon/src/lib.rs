@@ -29,6 +29,7 @@ pub mod enroll;
 pub mod expiry;
 pub mod files;
 pub mod metrics;
+pub mod rules;
 pub mod status;
 pub mod upstream;
 
@@ -244,10 +245,6 @@ pub fn run<E: Edge>(
     };
     let (shared, control_rx) = Shared::new(local, dp.buffers, CONTROL_QUEUE);
     let peers = add_static_peers(&shared, common, Vec::new());
-    if let Some(p) = &common.policy {
-        shared.policy.set(Some(p));
-        tracing::info!(rules = p.rules.rules.len(), version = %format_args!("{:x}", p.rules.version), flows = p.flows, "per-device policy in force: new flows only as its rules allow");
-    }
     let shared = Arc::new(shared);
 
     // The control runtime exists before the services: the upstream resolver and the signal
@@ -273,6 +270,22 @@ pub fn run<E: Edge>(
         }
         None => (None, None),
     };
+    // The file's [policy], or with a cloud the set it sent last (kept beside our certificate).
+    let rules = match &common.cloud {
+        Some(_) => rules::Rules::with_cloud(
+            common.policy.clone(),
+            common
+                .certificate_file
+                .parent()
+                .unwrap_or(std::path::Path::new("."))
+                .join(rules::STORED),
+        ),
+        None => rules::Rules::from_file(common.policy.clone()),
+    };
+    rules.apply(&shared);
+    if let Some(p) = rules.effective() {
+        tracing::info!(rules = p.rules.rules.len(), version = %format_args!("{:x}", p.rules.version), flows = p.flows, "per-device policy in force: new flows only as its rules allow");
+    }
     let (upstream_tx, upstream_rx) = mpsc::channel(256);
     let upstream = {
         let _in_runtime = runtime.enter();
@@ -370,6 +383,7 @@ pub fn run<E: Edge>(
             rx: control_rx,
             services,
             cloud,
+            rules,
             upstream: upstream_rx,
             clock,
             running: Running {
@@ -467,6 +481,8 @@ struct Loop<S: Services> {
     rx: mpsc::Receiver<cyphonic_tunnel::ToControl>,
     services: S,
     cloud: Option<CloudLink>,
+    /// The per-device rules in force, and where they came from.
+    rules: rules::Rules,
     upstream: mpsc::Receiver<Settled>,
     /// The wall-clock mapping every thread's certificate checks and handshake timestamps use.
     clock: Clock,
@@ -521,7 +537,11 @@ async fn control_loop<S: Services, T: Serialize>(
             work = l.services.next() => l.services.handle(work, Instant::now()),
             Some(settled) = l.upstream.recv() => l.services.settled(settled),
             Some(work) = cloud_work(&mut l.cloud) => {
-                l.settle_from_cloud(|c, control| c.handle(work, control));
+                if let CloudWork::Event(cyphonic_signal::Event::Policy(set)) = work {
+                    l.cloud_policy(set);
+                } else {
+                    l.settle_from_cloud(|c, control| c.handle(work, control));
+                }
             }
             () = shared.notify.notified() => {}
             () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
@@ -624,19 +644,8 @@ impl<S: Services> Loop<S> {
                 Err(e) => tracing::error!("the upstream resolvers stay as they were: {e:#}"),
             }
         }
-        if common.policy != self.running.common.policy {
-            let cut = self.control.shared().policy.set(common.policy.as_ref());
-            match &common.policy {
-                Some(p) => tracing::info!(
-                    rules = p.rules.rules.len(),
-                    version = %format_args!("{:x}", p.rules.version),
-                    flows_cut = cut,
-                    "the per-device policy changed: new flows follow it, flows it no longer allows are cut"
-                ),
-                None => tracing::warn!(
-                    "[policy] is gone: every flow between certified addresses passes"
-                ),
-            }
+        if self.rules.set_file(common.policy.clone()) {
+            self.apply_rules("the file's [policy]");
         }
         self.services.reload(edge, now);
         tracing::info!(
@@ -648,6 +657,31 @@ impl<S: Services> Loop<S> {
         self.running.common = common;
         self.expiry.soon();
         self.upkeep(now);
+    }
+
+    /// The cloud sent its per-device rules (`None`: it enforces none).
+    fn cloud_policy(&mut self, set: Option<cyphonic_filter::RuleSet>) {
+        if self.rules.set_cloud(set) {
+            self.apply_rules("the cloud");
+        }
+    }
+
+    /// Puts the rules in force into the data plane (after `from` changed them) and says so.
+    fn apply_rules(&self, from: &str) {
+        let cut = self.rules.apply(self.control.shared());
+        match self.rules.effective() {
+            Some(p) => tracing::info!(
+                from,
+                rules = p.rules.rules.len(),
+                version = %format_args!("{:x}", p.rules.version),
+                flows_cut = cut,
+                "the per-device policy changed: new flows follow it, flows it no longer allows are cut"
+            ),
+            None => tracing::warn!(
+                from,
+                "no per-device policy any more: every flow between certified addresses passes"
+            ),
+        }
     }
 
     /// Runs `f` on the cloud link (nothing without a cloud) and hands the services the DNS

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 pub use packet::FlowKey;
 pub use rules::{Proto, Rule, RuleSet};
-pub use spec::{Allow, Directory, RuleSpec, SpecError, compile, parse_allow};
+pub use spec::{Allow, Directory, RuleSpec, SpecError, compile, parse_allow, parse_flow};
 
 use packet::{FIN, RST, Seen};
 use rules::TCP;

@@ -59,6 +59,20 @@ pub fn parse_allow(text: &str) -> Result<Allow, String> {
     Ok((proto, Some(range)))
 }
 
+/// Reads a flow to ask about (`tcp/554`, `udp/53`, `icmp`): its IP protocol number and
+/// destination port (0 for ICMP).
+///
+/// # Errors
+/// It is not one port of tcp or udp, or icmp.
+pub fn parse_flow(text: &str) -> Result<(u8, u16), String> {
+    match parse_allow(text)? {
+        (Proto::Tcp, Some(p)) if p.start() == p.end() => Ok((crate::rules::TCP, *p.start())),
+        (Proto::Udp, Some(p)) if p.start() == p.end() => Ok((crate::rules::UDP, *p.start())),
+        (Proto::Icmp, _) => Ok((crate::rules::ICMP, 0)),
+        _ => Err(format!("`{text}`: give tcp/PORT, udp/PORT or icmp")),
+    }
+}
+
 /// The names rules may use, each standing for address blocks: groups (the union of their
 /// members'), devices, members.
 #[derive(Debug, Clone, Default)]
@@ -249,6 +263,12 @@ mod tests {
             parse_allow("icmp/8").is_err_and(|e| e.contains("only tcp and udp have ports")),
             "the reason is given"
         );
+        assert_eq!(parse_flow("tcp/554"), Ok((TCP, 554)));
+        assert_eq!(parse_flow("udp/53"), Ok((UDP, 53)));
+        assert_eq!(parse_flow("icmp"), Ok((ICMP, 0)));
+        for bad in ["tcp", "tcp/1-2", "any", "udp/x"] {
+            assert!(parse_flow(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

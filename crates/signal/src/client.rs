@@ -89,6 +89,9 @@ pub enum Event {
     Renewed(Certificate),
     /// Certificates revoked online: believe none of them, end tunnels with their holders.
     Revoked(Vec<Fingerprint>),
+    /// (Version 4.) The per-device rules the cloud compiled for us, whole: enforce them (and
+    /// keep them across outages and restarts); `None`: the cloud enforces nothing per device.
+    Policy(Option<cyphonic_filter::RuleSet>),
 }
 
 /// Why a request to the cloud did not get an answer.
@@ -272,6 +275,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
         config,
         identity,
         renew_after: None,
+        policy: cyphonic_control::Assembler::default(),
         cmds: cmd_rx,
         registration: reg_rx,
         connected: connected_tx,
@@ -300,6 +304,8 @@ struct Task {
     identity: watch::Receiver<Arc<Identity>>,
     /// No renewal is asked for before this (one is pending, or the cloud said no).
     renew_after: Option<Instant>,
+    /// The parts of a policy set that arrived so far.
+    policy: cyphonic_control::Assembler,
     cmds: mpsc::Receiver<Cmd>,
     registration: watch::Receiver<Registration>,
     connected: watch::Sender<bool>,
@@ -640,6 +646,8 @@ impl Task {
         }
         // Version 3 renews; asked for when due, checked every few seconds.
         let renews = version >= 3;
+        // A policy set half received in an earlier session is not finished in this one.
+        self.policy = cyphonic_control::Assembler::default();
         let mut renewal = tokio::time::interval(RENEW_CHECK);
         // Our own address, as a candidate: the one the cloud saw us come from is ours when
         // no NAT stands between.
@@ -709,8 +717,8 @@ impl Task {
                 f = frames.recv() => {
                     let Some(f) = f else { break End::Retry("the cloud closed the connection".into()) };
                     heard = Instant::now();
-                    match ch.open::<CloudMsg>(&f) {
-                        Ok(msg) => self.handle(msg, &mut pending),
+                    match ch.open::<CloudMsg>(&f).map_err(|e| e.to_string()).and_then(|msg| self.handle(msg, &mut pending)) {
+                        Ok(()) => {}
                         Err(e) => break End::Retry(format!("bad message from the cloud: {e}")),
                     }
                     None
@@ -801,8 +809,23 @@ impl Task {
         true
     }
 
-    fn handle(&mut self, msg: CloudMsg, pending: &mut Pending) {
+    /// Acts on a message from the cloud; an error ends the session.
+    fn handle(&mut self, msg: CloudMsg, pending: &mut Pending) -> Result<(), String> {
         match msg {
+            CloudMsg::Policy {
+                version,
+                enforce,
+                rules,
+                more,
+            } => {
+                if let Some(set) = self
+                    .policy
+                    .take(version, enforce, &rules, more)
+                    .map_err(|e| e.to_string())?
+                {
+                    self.emit(Event::Policy(set));
+                }
+            }
             CloudMsg::Renewed { certificate } => {
                 let ours = self.identity.borrow().certificate().body().clone();
                 match Certificate::from_pem(&certificate) {
@@ -859,6 +882,7 @@ impl Task {
                 }
             }
         }
+        Ok(())
     }
 }
 

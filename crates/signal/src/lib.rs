@@ -16,4 +16,6 @@ pub use cache::{Cache, FOUND_TTL, NEGATIVE_TTL};
 pub use client::{
     Config, EnrollError, Enrolled, Event, Handle, RESOLVE_TIMEOUT, SignalError, enroll, spawn,
 };
-pub use cyphonic_control::{NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution, bind_frame};
+pub use cyphonic_control::{
+    NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason, Resolution, bind_frame,
+};

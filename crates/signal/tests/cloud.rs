@@ -255,9 +255,11 @@ async fn names_outside_the_certificate_revoked_certificates_and_policy_are_refus
     let cloud = Cloud::new();
     let policy = Policy {
         allow_by_default: false,
+        groups: Vec::new(),
         rules: vec![Rule {
-            from: "ops".into(),
-            to: "*".into(),
+            from: vec!["ops".into()],
+            to: vec!["*".into()],
+            allow: vec!["any".into()],
         }],
     };
     let running = cloud.start(&pki, policy, 0).await;
@@ -302,6 +304,93 @@ async fn names_outside_the_certificate_revoked_certificates_and_policy_are_refus
         hops.resolve("cam.gw1.ovl.example").await.unwrap(),
         Resolution::NotFound
     );
+    running.stop();
+}
+
+/// The cloud compiles its per-device rules against the registry and pushes each client the
+/// ones that concern it: a device that registers joins a pattern's group within seconds, a
+/// reload changes the rules, `default = "allow"` takes them all back. Resolution follows the
+/// direction of the rules: ops may resolve the camera, the camera's gateway not ops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_is_compiled_per_client_and_pushed_as_it_changes() {
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let v = |s: &[&str]| s.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+    let policy = |allow: &[&str]| Policy {
+        allow_by_default: false,
+        groups: vec![cyphonic_cloud::policy::Group {
+            name: "cameras".into(),
+            members: v(&["cam*.gw2.ovl.example"]),
+        }],
+        rules: vec![Rule {
+            from: v(&["ops"]),
+            to: v(&["cameras"]),
+            allow: v(allow),
+        }],
+    };
+    let running = cloud.start(&pki, policy(&["tcp/554"]), 0).await;
+    let ops = pki.identity("ops.ovl.example", "100.64.3.0/24", &["ops"]);
+    let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+    let gw4 = pki.identity("gw4.ovl.example", "100.64.4.0/24", &[]);
+    let (hops, mut eops) = client(&cloud, running.control, ops);
+    let (h2, mut e2) = client(&cloud, running.control, gw2);
+    let (_h4, mut e4) = client(&cloud, running.control, gw4);
+    let policy_event = |e: Event| match e {
+        Event::Policy(set) => Some(set),
+        _ => None,
+    };
+    // Before the camera registers, the rule names nobody: an empty set (deny all).
+    let first = next(&mut eops, policy_event).await;
+    assert!(
+        first.as_ref().is_some_and(|s| s.rules.is_empty()),
+        "{first:?}"
+    );
+    hops.register(vec![], vec![rec("ops.ovl.example", [100, 64, 3, 1])]);
+    h2.register(vec![], vec![rec("cam1.gw2.ovl.example", [100, 64, 2, 21])]);
+    let (ops_ip, cam) = (Ipv4Addr::new(100, 64, 3, 1), Ipv4Addr::new(100, 64, 2, 21));
+    let with_rule = |e: Event| match e {
+        Event::Policy(Some(s)) if !s.rules.is_empty() => Some(s),
+        _ => None,
+    };
+    // (The registry is compiled again within 2 s of the registration.)
+    let set = next(&mut eops, with_rule).await;
+    assert_eq!(set.first_allowing(6, ops_ip, cam, 554), Some(1));
+    assert_eq!(set.first_allowing(6, ops_ip, cam, 22), None);
+    assert_eq!(set.first_allowing(6, cam, ops_ip, 554), None);
+    let set2 = next(&mut e2, with_rule).await;
+    assert_eq!(set2.first_allowing(6, ops_ip, cam, 554), Some(1));
+    // gw4 is in no rule: it enforces an empty set, and is paired with nobody.
+    let set4 = next(&mut e4, policy_event).await;
+    assert!(set4.is_some_and(|s| s.rules.is_empty()));
+    // ops resolves the camera; the camera's gateway may not resolve ops.
+    assert!(matches!(
+        resolved(&hops, "cam1.gw2.ovl.example").await,
+        Resolution::Found { .. }
+    ));
+    assert_eq!(resolved(&h2, "ops.ovl.example").await, Resolution::Denied);
+
+    // A reload with another port: a new set, another version.
+    running
+        .nms
+        .reload(pki.trust(), policy(&["tcp/554", "tcp/80"]))
+        .await
+        .unwrap();
+    let again = next(&mut eops, |e| match e {
+        Event::Policy(Some(s)) if s.version != set.version => Some(s),
+        _ => None,
+    })
+    .await;
+    assert_eq!(again.first_allowing(6, ops_ip, cam, 80), Some(1));
+    // default = "allow": nothing is enforced any more.
+    running
+        .nms
+        .reload(pki.trust(), Policy::default())
+        .await
+        .unwrap();
+    next(&mut eops, |e| {
+        matches!(e, Event::Policy(None)).then_some(())
+    })
+    .await;
     running.stop();
 }
 
