@@ -329,12 +329,12 @@ async fn the_policy_is_compiled_per_client_and_pushed_as_it_changes() {
         }],
     };
     let running = cloud.start(&pki, policy(&["tcp/554"]), 0).await;
-    let ops = pki.identity("ops.ovl.example", "100.64.3.0/24", &["ops"]);
+    let ops_id = pki.identity("ops.ovl.example", "100.64.3.0/24", &["ops"]);
     let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
-    let gw4 = pki.identity("gw4.ovl.example", "100.64.4.0/24", &[]);
-    let (hops, mut eops) = client(&cloud, running.control, ops);
+    let gw4_id = pki.identity("gw4.ovl.example", "100.64.4.0/24", &[]);
+    let (hops, mut eops) = client(&cloud, running.control, ops_id.clone());
     let (h2, mut e2) = client(&cloud, running.control, gw2);
-    let (_h4, mut e4) = client(&cloud, running.control, gw4);
+    let (_h4, mut e4) = client(&cloud, running.control, gw4_id.clone());
     let policy_event = |e: Event| match e {
         Event::Policy(set) => Some(set),
         _ => None,
@@ -368,6 +368,32 @@ async fn the_policy_is_compiled_per_client_and_pushed_as_it_changes() {
         Resolution::Found { .. }
     ));
     assert_eq!(resolved(&h2, "ops.ovl.example").await, Resolution::Denied);
+    // Pairing on request follows the rules either way: gw2 may be paired with ops (ops may
+    // open to its camera) but not with gw4, which no rule names, by relay or by admission.
+    let fp = |id: &Identity| id.certificate().fingerprint().to_string();
+    let (ops_fp, gw4_fp) = (fp(&ops_id), fp(&gw4_id));
+    let not_paired = |e: Event| match e {
+        Event::NotPaired { peer, reason } => Some((peer, reason)),
+        _ => None,
+    };
+    h2.admit(&gw4_fp).unwrap();
+    assert_eq!(
+        next(&mut e2, not_paired).await,
+        (gw4_fp.clone(), "denied by policy".to_owned())
+    );
+    h2.request_relay(&gw4_fp).unwrap();
+    assert_eq!(
+        next(&mut e2, not_paired).await,
+        (gw4_fp, "denied by policy".to_owned())
+    );
+    h2.admit(&ops_fp).unwrap();
+    let expected = next(&mut e2, |e| match e {
+        Event::Expect(peer) => Some(peer),
+        Event::NotPaired { reason, .. } => panic!("not paired: {reason}"),
+        _ => None,
+    })
+    .await;
+    assert_eq!(expected.certificate, ops_id.certificate().to_pem());
 
     // A reload with another port: a new set, another version.
     running
