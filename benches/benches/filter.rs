@@ -2,7 +2,8 @@
 //! of packets in the same run: what policy costs the tunnel as a ratio. A burst of 1420-byte
 //! TCP segments spread over 10,000 established flows under 300 rules (the common case: a
 //! flow-table hit), then new flows judged by those 300 rules (the first allowed by the last
-//! rule, or denied after all of them), then the bare seal of the same burst with the default
+//! rule, all 300 about its destination or spread over 300 destinations; or denied), then the
+//! bare seal of the same burst with the default
 //! AEAD. `cargo xtask bench` turns the ratio into docs/benchmarks.md.
 
 use std::net::Ipv4Addr;
@@ -41,6 +42,21 @@ fn rules() -> RuleSet {
         ports: Vec::new(),
     });
     RuleSet { version: 1, rules }
+}
+
+/// The same 300 rules spread over 300 destinations (one device each), only the last about
+/// 100.64.2.0/24: what the index by destination is for.
+fn spread_rules() -> RuleSet {
+    let mut set = rules();
+    let others = usize::try_from(RULES).unwrap_or(0) - 1;
+    for (i, r) in set.rules.iter_mut().enumerate().take(others) {
+        r.to = vec![
+            format!("100.66.{}.{}/32", i / 250, i % 250 + 1)
+                .parse()
+                .unwrap_or_default(),
+        ];
+    }
+    set
 }
 
 /// A TCP segment of `len` bytes from 100.64.1.9:`sport` to `dst`:443 with `flags`.
@@ -93,6 +109,17 @@ fn filter(c: &mut Criterion) {
     group.bench_function("new_allowed_by_rule_300", |b| {
         b.iter_batched_ref(
             || Filter::new(rules(), 65_536, Timeouts::default()),
+            |f| {
+                for p in &syns {
+                    assert_eq!(f.check(p, Direction::Out, now), Verdict::Pass);
+                }
+            },
+            BatchSize::LargeInput,
+        );
+    });
+    group.bench_function("new_allowed_by_rule_300_spread", |b| {
+        b.iter_batched_ref(
+            || Filter::new(spread_rules(), 65_536, Timeouts::default()),
             |f| {
                 for p in &syns {
                     assert_eq!(f.check(p, Direction::Out, now), Verdict::Pass);

@@ -343,10 +343,17 @@ fn render(r: &Results) -> anyhow::Result<String> {
             "established_10k_flows_300_rules",
             "a packet of one of 10,000 established flows",
         ),
-        ("new_allowed_by_rule_300", "a new flow, allowed by rule 300"),
+        (
+            "new_allowed_by_rule_300",
+            "a new flow, allowed by rule 300 (all 300 about its destination)",
+        ),
+        (
+            "new_allowed_by_rule_300_spread",
+            "a new flow, allowed by rule 300 (the others about 299 other destinations)",
+        ),
         (
             "new_denied_after_300_rules",
-            "a new flow, denied after all 300",
+            "a new flow to a destination no rule names",
         ),
         ("seal_1420_yardstick", "sealing it (the yardstick)"),
     ] {

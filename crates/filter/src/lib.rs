@@ -30,7 +30,7 @@ pub use rules::{Proto, Rule, RuleSet};
 pub use spec::{Allow, Directory, RuleSpec, SpecError, compile, parse_allow, parse_flow};
 
 use packet::{FIN, RST, Seen};
-use rules::TCP;
+use rules::{Index, TCP};
 
 /// Which way a packet travels through this tunnel end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,6 +185,8 @@ impl Stats {
 #[derive(Debug)]
 pub struct Filter {
     rules: RuleSet,
+    /// `rules` by destination.
+    index: Index,
     flows: HashMap<FlowKey, Flow>,
     /// Flows by (protocol, one end, the other): later fragments carry no ports.
     pairs: HashMap<(u8, Ipv4Addr, Ipv4Addr), u32>,
@@ -201,6 +203,7 @@ impl Filter {
     /// A filter enforcing `rules`, keeping at most `capacity` flows (at least one).
     pub fn new(rules: RuleSet, capacity: usize, timeouts: Timeouts) -> Self {
         Self {
+            index: Index::new(&rules),
             rules,
             flows: HashMap::new(),
             pairs: HashMap::new(),
@@ -318,9 +321,9 @@ impl Filter {
         if !opens {
             return Verdict::Drop(Reason::NoFlow);
         }
-        let Some(rule) = self
-            .rules
-            .first_allowing(key.proto, key.src, key.dst, key.dport)
+        let Some(rule) =
+            self.index
+                .first_allowing(&self.rules, key.proto, key.src, key.dst, key.dport)
         else {
             return Verdict::Drop(Reason::NoRule);
         };
@@ -403,9 +406,10 @@ impl Filter {
     /// no longer allow is cut (its next packet is dropped as [`Reason::NoFlow`], unless it
     /// may open a flow again and a rule allows it). Returns how many were cut.
     pub fn set_rules(&mut self, rules: RuleSet) -> usize {
+        let index = Index::new(&rules);
         let mut cut = Vec::new();
         for (k, f) in &mut self.flows {
-            match rules.first_allowing(k.proto, k.src, k.dst, k.dport) {
+            match index.first_allowing(&rules, k.proto, k.src, k.dst, k.dport) {
                 Some(rule) => f.rule = rule,
                 None => cut.push(*k),
             }
@@ -415,6 +419,7 @@ impl Filter {
         }
         self.stats.cut += cut.len() as u64;
         self.rules = rules;
+        self.index = index;
         cut.len()
     }
 }

@@ -1,6 +1,7 @@
 //! Rules as the data plane sees them: compiled by the control plane from groups, members and
 //! devices into address sets, so that one rule is a handful of prefix checks.
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::ops::RangeInclusive;
 
@@ -91,9 +92,128 @@ impl RuleSet {
     }
 }
 
+/// A rule set indexed by destination: for each prefix length its rules' `to` lists use, the
+/// rules (by position, in order) whose `to` holds each network of that length. A new flow
+/// then costs a hash lookup per length in use and a look at the few rules that can concern
+/// its destination, not a scan of every rule.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Index {
+    by_len: Vec<(u8, HashMap<u32, Vec<usize>>)>,
+}
+
+fn mask(addr: u32, len: u8) -> u32 {
+    match len {
+        0 => 0,
+        l => addr & (u32::MAX << (32 - u32::from(l.min(32)))),
+    }
+}
+
+impl Index {
+    pub(crate) fn new(set: &RuleSet) -> Self {
+        let mut by_len: Vec<(u8, HashMap<u32, Vec<usize>>)> = Vec::new();
+        for (pos, rule) in set.rules.iter().enumerate() {
+            for net in &rule.to {
+                let len = net.prefix_len();
+                let slot = match by_len.iter().position(|(l, _)| *l == len) {
+                    Some(i) => i,
+                    None => {
+                        by_len.push((len, HashMap::new()));
+                        by_len.len() - 1
+                    }
+                };
+                let list = by_len[slot]
+                    .1
+                    .entry(mask(u32::from(net.network()), len))
+                    .or_default();
+                if list.last() != Some(&pos) {
+                    list.push(pos);
+                }
+            }
+        }
+        Self { by_len }
+    }
+
+    /// What [`RuleSet::first_allowing`] answers for `set` (the set this index was made of).
+    pub(crate) fn first_allowing(
+        &self,
+        set: &RuleSet,
+        proto: u8,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        dport: u16,
+    ) -> Option<u32> {
+        let mut best: Option<usize> = None;
+        for (len, map) in &self.by_len {
+            let Some(positions) = map.get(&mask(u32::from(dst), *len)) else {
+                continue;
+            };
+            for &p in positions {
+                if best.is_some_and(|b| p >= b) {
+                    break;
+                }
+                if set
+                    .rules
+                    .get(p)
+                    .is_some_and(|r| r.allows(proto, src, dst, dport))
+                {
+                    best = Some(p);
+                    break;
+                }
+            }
+        }
+        best.and_then(|p| set.rules.get(p)).map(|r| r.id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The index answers exactly what the scan of every rule answers, whatever the
+        /// rules' prefixes (any length, overlapping), protocols and ports.
+        #[test]
+        fn the_index_agrees_with_the_scan(
+            rules in proptest::collection::vec(
+                (
+                    proptest::collection::vec((0u32..16, 20u8..=32), 1..3),
+                    proptest::collection::vec((0u32..16, 0u8..=32), 1..3),
+                    0u8..4,
+                    proptest::option::of((0u16..8, 0u16..4)),
+                ),
+                0..40,
+            ),
+            probes in proptest::collection::vec((0u32..16, 0u32..16, 0u8..3, 0u16..12), 1..60),
+        ) {
+            let addr = |i: u32| Ipv4Addr::from(0x6440_0000 + i * 37);
+            let net = |(i, len): (u32, u8)| {
+                Ipv4Net::new(addr(i), len).map(|n| n.trunc()).unwrap_or_default()
+            };
+            let set = RuleSet {
+                version: 1,
+                rules: rules
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (from, to, proto, ports))| Rule {
+                        id: u32::try_from(i).unwrap_or(0) + 1,
+                        from: from.into_iter().map(net).collect(),
+                        to: to.into_iter().map(net).collect(),
+                        proto: [Proto::Any, Proto::Tcp, Proto::Udp, Proto::Icmp][usize::from(proto)],
+                        ports: ports.map(|(a, w)| vec![a..=a + w]).unwrap_or_default(),
+                    })
+                    .collect(),
+            };
+            let index = Index::new(&set);
+            for (s, d, proto, port) in probes {
+                let proto = [TCP, UDP, ICMP][usize::from(proto)];
+                let (src, dst) = (addr(s), addr(d));
+                proptest::prop_assert_eq!(
+                    index.first_allowing(&set, proto, src, dst, port),
+                    set.first_allowing(proto, src, dst, port)
+                );
+            }
+        }
+    }
 
     fn net(s: &str) -> Ipv4Net {
         s.parse().unwrap_or_else(|_| Ipv4Net::default())
