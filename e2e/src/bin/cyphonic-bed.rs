@@ -87,6 +87,24 @@ enum Command {
         #[arg(long, default_value_t = 300)]
         count: usize,
     },
+    /// The per-device policy's cost end to end: TCP with 1 and 4 streams, no policy against
+    /// `rules` rules (the one that allows last) with `flows` other flows kept, switched by
+    /// SIGHUP on both adapters of one bed, `rounds` times each; prints one line per run and
+    /// the ratios.
+    Policy {
+        /// Rules in force.
+        #[arg(long, default_value_t = 300)]
+        rules: usize,
+        /// Flows opened (one UDP datagram each) before measuring.
+        #[arg(long, default_value_t = 10_000)]
+        flows: u16,
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Rounds (each: without, then with the policy).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints the figures as JSON.
     Peers {
@@ -124,6 +142,12 @@ fn main() -> ExitCode {
             gro,
             plain,
         } => tune(&dataplane, seconds, udp, gro, plain),
+        Command::Policy {
+            rules,
+            flows,
+            seconds,
+            rounds,
+        } => policy_cost(rules, flows, seconds, rounds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -414,6 +438,118 @@ fn egress_out_of_order(bed: &TwoSites) -> anyhow::Result<u64> {
     Ok(bed.status(Side::A)?["pipelines"]["egress"]["out_of_order"]
         .as_u64()
         .unwrap_or(u64::MAX))
+}
+
+/// `[policy]` with `rules` rules: `rules - 1` that allow nothing on the bed (other
+/// addresses), then the one that lets A's block open anything to B's, and `flows` room.
+fn policy_table(rules: usize, flows: usize) -> String {
+    let mut t = format!("\n[policy]\nflows = {flows}\n");
+    for i in 0..rules.saturating_sub(1) {
+        t.push_str(&format!(
+            "\n[[policy.rule]]\nfrom = [\"100.64.{}.0/24\"]\nto = [\"100.64.{}.0/24\"]\nallow = [\"tcp/{}\", \"udp/{}\"]\n",
+            100 + i % 100,
+            200 + i % 50,
+            1000 + i,
+            1000 + i
+        ));
+    }
+    t.push_str("\n[[policy.rule]]\nfrom = [\"gw1.ovl.example\"]\nto = [\"gw2.ovl.example\"]\nallow = [\"any\"]\n");
+    t
+}
+
+/// `cyphonic-bed policy`: see [`Command::Policy`].
+fn policy_cost(rules: usize, flows: u16, seconds: u64, rounds: usize) -> anyhow::Result<()> {
+    let opts = BedOptions {
+        lan_gro: false,
+        ..BedOptions::default()
+    };
+    let bed = TwoSites::up(&opts)?;
+    let base: Vec<String> = [Side::A, Side::B]
+        .iter()
+        .map(|s| std::fs::read_to_string(bed.site_ref(*s).config()))
+        .collect::<Result<_, _>>()?;
+    let table = policy_table(rules, usize::from(flows) + 6000);
+    let mut reloads = 0;
+    let mut set = |on: bool| -> anyhow::Result<()> {
+        reloads += 1;
+        for (side, text) in [Side::A, Side::B].iter().zip(&base) {
+            let site = bed.site_ref(*side);
+            let extra = if on { table.as_str() } else { "" };
+            std::fs::write(site.config(), format!("{text}{extra}"))?;
+            bed.signal(*side, "HUP")?;
+            cyphonic_e2e::wait_until(Duration::from_secs(10), "the reload", || {
+                site.log_text().matches("configuration reloaded").count() >= reloads
+            })?;
+        }
+        Ok(())
+    };
+    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        set(false)?;
+        let t = (
+            measure::tcp(&bed, 1, seconds)?,
+            measure::tcp(&bed, 4, seconds)?,
+        );
+        println!(
+            "round {round} no policy: TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr)",
+            t.0.gbps, t.0.retransmits, t.1.gbps, t.1.retransmits
+        );
+        off.push(t);
+        set(true)?;
+        // The other flows: one datagram each from A's host to B's, to ports of their own.
+        let (a, b) = (bed.a.host_ip, bed.b.host_ip);
+        cyphonic_e2e::inject::inside(&bed.a.lan, move || {
+            let sock = std::net::UdpSocket::bind((a, 0))?;
+            for port in 0..flows {
+                let _ = sock.send_to(b"x", (b, 20_000 + port));
+                if port % 64 == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            Ok(())
+        })?;
+        let t = (
+            measure::tcp(&bed, 1, seconds)?,
+            measure::tcp(&bed, 4, seconds)?,
+        );
+        let p = &bed.status(Side::A)?["policy"];
+        let q = &bed.status(Side::B)?["policy"];
+        println!(
+            "round {round} {rules} rules: TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr) | A: {} flows, {} dropped; B: {} flows, {} dropped",
+            t.0.gbps,
+            t.0.retransmits,
+            t.1.gbps,
+            t.1.retransmits,
+            p["flows"],
+            p["dropped"],
+            q["flows"],
+            q["dropped"]
+        );
+        on.push(t);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    for (label, pick) in [
+        (
+            "TCP1",
+            (|t: &(measure::Tcp, measure::Tcp)| t.0.gbps) as fn(&_) -> f64,
+        ),
+        ("TCP4", |t| t.1.gbps),
+    ] {
+        let (mut a, mut b): (Vec<f64>, Vec<f64>) = (
+            off.iter().map(pick).collect(),
+            on.iter().map(pick).collect(),
+        );
+        let (a, b) = (median(&mut a), median(&mut b));
+        println!(
+            "{label}: median {a:.2} Gbit/s without policy, {b:.2} with {rules} rules and {flows} flows: {:.0}%",
+            100.0 * b / a
+        );
+    }
+    Ok(())
 }
 
 /// `cyphonic-bed tune`: see [`Command::Tune`].
