@@ -439,6 +439,9 @@ fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
     let (a, b) = (bed.a.host_ip, bed.b.host_ip);
     let va = wait_policy(&bed, Side::A, None, "A to get the cloud's rules");
     wait_policy(&bed, Side::B, None, "B to get the cloud's rules");
+    let cloud = bed.cloud.as_ref().unwrap().status(&bed.bins).unwrap();
+    assert_eq!(cloud["policy"]["enforce"], true, "{cloud}");
+    assert_eq!(cloud["policy"]["rules"], 2, "tcp and icmp: {cloud}");
     let _b7000 = Sink::start(&bed.b.lan, (b, 7000).into());
     let _b7001 = Sink::start(&bed.b.lan, (b, 7001).into());
 

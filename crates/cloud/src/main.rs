@@ -281,6 +281,16 @@ fn print_status(doc: &serde_json::Value) {
         "registry: {} clients ({} online), {} names",
         r["clients"], r["online"], r["names"]
     );
+    let p = &doc["policy"];
+    if p["enforce"].as_bool() == Some(true) {
+        println!(
+            "policy: enforced by the clients, {} rules compiled against the registry, version {:x}",
+            p["rules"],
+            p["version"].as_u64().unwrap_or(0)
+        );
+    } else {
+        println!("policy: default = \"allow\", nothing enforced per device");
+    }
     println!();
     println!("{:<32} {:<42} {:>8}", "SESSION", "FROM", "SECONDS");
     for s in doc["sessions"].as_array().into_iter().flatten() {

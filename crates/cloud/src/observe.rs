@@ -92,6 +92,7 @@ impl Observed {
     /// The status document.
     pub fn snapshot(&self) -> Value {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let policy = self.nms.compiled();
         let sessions: Vec<Value> = self
             .nms
             .sessions()
@@ -119,6 +120,11 @@ impl Observed {
                 "names": get(&self.registry.names),
             },
             "sessions": sessions,
+            "policy": {
+                "enforce": policy.enforce,
+                "version": policy.rules.version,
+                "rules": policy.rules.rules.len(),
+            },
             "unproven_connections": self.nms.unproven_now(),
             "relay": relay,
             "counters": counters_json(self.nms.stats.snapshot()),
@@ -152,6 +158,19 @@ impl Collector for Observed {
             "cyphonic_registry_names",
             "Names registered.",
             get(&self.registry.names),
+        )?;
+        let policy = self.nms.compiled();
+        gauge(
+            &mut e,
+            "cyphonic_policy_rules",
+            "Rules of the per-device policy compiled against the registry (0 with default = allow).",
+            f(policy.rules.rules.len() as u64),
+        )?;
+        gauge(
+            &mut e,
+            "cyphonic_policy_version",
+            "The version of the compiled per-device policy (changes with the rules and the registry).",
+            f(policy.rules.version),
         )?;
         gauge(
             &mut e,
