@@ -117,12 +117,26 @@ impl Incoming {
             return Ok(None);
         }
         let packet = HEADER_LEN..HEADER_LEN + self.plain_len;
-        // Authenticated and in order: now the policy's flow table may learn from it.
-        let allowed = self.buf.get(packet.clone()).is_some_and(|p| {
-            shared
-                .policy
-                .allows(p, crate::policy::Direction::In, self.now)
-        });
+        // Authenticated and in order: now the policy's flow table may learn from it, if the
+        // peer may send from its source (otherwise the edge drops it as not certified: a
+        // peer must not fill our flow table in another peer's name).
+        let allowed = !shared.policy.is_on()
+            || self.buf.get(packet.clone()).is_some_and(|p| {
+                let certified = p
+                    .get(12..16)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .map(std::net::Ipv4Addr::from)
+                    .is_some_and(|src| {
+                        self.peer
+                            .blocks
+                            .iter()
+                            .any(|b| b.contains(&std::net::IpAddr::V4(src)))
+                    });
+                !certified
+                    || shared
+                        .policy
+                        .allows(p, crate::policy::Direction::In, self.now)
+            });
         if !allowed {
             bump(&shared.counters.drop_policy);
             return Err(DropReason::Policy);

@@ -70,6 +70,11 @@ impl Policy {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether rules are in force (one atomic load).
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
     /// Whether `packet` (an IPv4 packet) travelling `dir` may pass; a drop is counted (and
     /// now and then logged).
     pub fn allows(&self, packet: &[u8], dir: Direction, now: Instant) -> bool {

@@ -901,3 +901,101 @@ fn idle_cloud_peers_are_evicted_and_traffic_asks_for_them_again() {
     );
     assert_no_buffer_leaks(p);
 }
+
+/// A UDP packet from `src` to `dst`:`port`.
+fn udp(src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut p = vec![0u8; 40];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&40u16.to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
+    p[20..22].copy_from_slice(&5000u16.to_be_bytes());
+    p[22..24].copy_from_slice(&port.to_be_bytes());
+    p[24..26].copy_from_slice(&20u16.to_be_bytes());
+    p
+}
+
+/// The policy in the engine: the receiving end drops what no rule lets in, the sending end
+/// what no rule lets out, both counted; a peer sending from an address its certificate does
+/// not cover leaves no flow in the receiver's table (the edge drops such a packet): it cannot
+/// fill the table in another peer's name.
+#[test]
+fn the_policy_drops_both_ways_and_spoofed_sources_leave_no_flows() {
+    use cyphonic_filter::{Proto, Rule, RuleSet};
+    use cyphonic_tunnel::PolicySettings;
+    let p = pair(21);
+    let (a, b) = (&p.a, &p.b);
+    let everyone = "100.64.0.0/10".parse().unwrap_or_default();
+    let b_block = ipnet::Ipv4Net::new(b.vip, 24).unwrap_or_default().trunc();
+    let settings = PolicySettings {
+        rules: RuleSet {
+            version: 1,
+            rules: vec![Rule {
+                id: 1,
+                from: vec![everyone],
+                to: vec![b_block],
+                proto: Proto::Udp,
+                ports: vec![7..=7],
+            }],
+        },
+        flows: 64,
+    };
+    b.shared.policy.set(Some(&settings));
+    assert!(a.send(b.vip, &udp(a.vip, b.vip, 7)));
+    assert!(a.send(b.vip, &udp(a.vip, b.vip, 8)));
+    let got = b.wait_delivered(2, Duration::from_secs(2));
+    assert_eq!(got.len(), 1, "only port 7 gets in");
+    assert_eq!(got[0][23], 7);
+    let report = b
+        .shared
+        .policy
+        .report()
+        .unwrap_or_else(|| panic!("no policy"));
+    assert_eq!(report.flows, 1);
+    assert_eq!(
+        report
+            .stats
+            .dropped_in(cyphonic_tunnel::policy::Reason::NoRule),
+        1
+    );
+    // From an address outside A's block (but one a rule would let open flows): no flow.
+    let spoofed = std::net::Ipv4Addr::new(100, 64, 99, 9);
+    assert!(a.send(b.vip, &udp(spoofed, b.vip, 7)));
+    std::thread::sleep(Duration::from_millis(300));
+    let report = b
+        .shared
+        .policy
+        .report()
+        .unwrap_or_else(|| panic!("no policy"));
+    assert_eq!(report.flows, 1, "a spoofed source made a flow");
+    // The sending end: A's rules let nothing out; counted, nothing sealed.
+    a.shared.policy.set(Some(&PolicySettings {
+        rules: RuleSet::default(),
+        flows: 64,
+    }));
+    let sent = a
+        .shared
+        .counters
+        .udp_sent
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(a.send(b.vip, &udp(a.vip, b.vip, 7)));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        a.shared
+            .counters
+            .drop_policy
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        a.shared
+            .counters
+            .udp_sent
+            .load(std::sync::atomic::Ordering::Relaxed),
+        sent,
+        "a denied packet was sealed and sent"
+    );
+    assert_no_buffer_leaks(p);
+}
