@@ -543,6 +543,8 @@ impl End {
     /// Runs `command` on the end's control core (on its driver thread) and returns what it
     /// returned, once it ran.
     ///
+    /// The events the command made the core report are in [`End::events`] when it returns.
+    ///
     /// # Panics
     /// When the driver is gone (the end stopped).
     pub fn control<T: Send + 'static>(
@@ -550,9 +552,19 @@ impl End {
         command: impl FnOnce(&mut Control) -> T + Send + 'static,
     ) -> T {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let events = self.events.clone();
         self.commands
             .send(Box::new(move |c| {
-                let _ = tx.send(command(c));
+                let result = command(c);
+                // What the command made the core report is in `events` before the caller
+                // has the result (a caller that looks at once would race the driver).
+                while let Some(e) = c.poll_event() {
+                    events
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(e);
+                }
+                let _ = tx.send(result);
             }))
             .expect("the driver runs");
         rx.recv().expect("the driver ran the command")
