@@ -333,6 +333,16 @@ async fn instance(
     url: &str,
     relay_ports: std::ops::RangeInclusive<u16>,
 ) -> cyphonic_cloud::Running {
+    instance_with(pki, key, url, relay_ports, Policy::default()).await
+}
+
+async fn instance_with(
+    pki: &Pki,
+    key: &StaticKeypair,
+    url: &str,
+    relay_ports: std::ops::RangeInclusive<u16>,
+    policy: Policy,
+) -> cyphonic_cloud::Running {
     cyphonic_cloud::start(CloudConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -349,7 +359,7 @@ async fn instance(
         key: StaticKeypair::from_pem(&key.to_pem()).unwrap(),
         trust: pki.trust(),
         database: url.to_owned(),
-        policy: Policy::default(),
+        policy,
         enroll: None,
     })
     .await
@@ -462,6 +472,67 @@ fn two_cloud_instances_serve_one_overlay_through_postgresql() {
         })
         .await
         .expect("instance 1 kept the revoked client's session");
+        one.stop();
+        two.stop();
+    });
+}
+
+/// (ii) The per-device policy across instances: a camera registered through instance 2
+/// joins a pattern's group, and gw1, on instance 1, gets the rule that names it within
+/// seconds (each instance compiles from the registry they share).
+#[test]
+fn the_policy_follows_registrations_across_instances() {
+    let rt = runtime();
+    let pg = Postgres::start().unwrap();
+    let url = pg.url();
+    rt.block_on(async {
+        let v = |s: &[&str]| s.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        let policy = Policy {
+            allow_by_default: false,
+            groups: vec![cyphonic_cloud::policy::Group {
+                name: "cameras".into(),
+                members: v(&["cam*.gw2.ovl.example"]),
+            }],
+            rules: vec![cyphonic_cloud::Rule {
+                from: v(&["gw1.ovl.example"]),
+                to: v(&["cameras"]),
+                allow: v(&["tcp/554"]),
+            }],
+        };
+        let pki = Pki::new();
+        let key = StaticKeypair::generate().unwrap();
+        let one = instance_with(&pki, &key, &url, 41_240..=41_249, policy.clone()).await;
+        let two = instance_with(&pki, &key, &url, 41_250..=41_259, policy).await;
+        let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+        let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+        let config = |at: SocketAddr| cyphonic_signal::Config {
+            clouds: vec![at.to_string()],
+            cloud_keys: vec![key.public()],
+            agent: "test".into(),
+            tunnel_port: None,
+        };
+        let (_h1, mut e1) = cyphonic_signal::spawn(config(one.control), gw1);
+        let (h2, _e2) = cyphonic_signal::spawn(config(two.control), gw2);
+        h2.register(vec![], vec![rec("cam7.gw2.ovl.example", [100, 64, 2, 70])]);
+        let started = std::time::Instant::now();
+        let set = tokio::time::timeout(Duration::from_secs(8), async {
+            loop {
+                if let Some(Event::Policy(Some(s))) = e1.recv().await
+                    && !s.rules.is_empty()
+                {
+                    return s;
+                }
+            }
+        })
+        .await
+        .expect("the registration on instance 2 never reached gw1's rules on instance 1");
+        eprintln!(
+            "registered on instance 2: rule on instance 1's client after {:?}",
+            started.elapsed()
+        );
+        let (gw1_ip, cam) = (Ipv4Addr::new(100, 64, 1, 5), Ipv4Addr::new(100, 64, 2, 70));
+        assert_eq!(set.first_allowing(6, gw1_ip, cam, 554), Some(1));
+        assert_eq!(set.first_allowing(6, cam, gw1_ip, 554), None);
         one.stop();
         two.stop();
     });
