@@ -75,6 +75,10 @@ pub struct PolicyStatus {
     pub evicted: u64,
     /// Flows cut because the rules changed.
     pub cut: u64,
+    /// Of the flows opened, TCP connections taken up in the middle (begun before the rules
+    /// were enforced, or evicted, and allowed by a rule).
+    #[serde(default)]
+    pub picked_up: u64,
 }
 
 impl From<&cyphonic_tunnel::PolicyReport> for PolicyStatus {
@@ -100,6 +104,7 @@ impl From<&cyphonic_tunnel::PolicyReport> for PolicyStatus {
             expired: s.expired,
             evicted: s.evicted,
             cut: s.cut,
+            picked_up: s.picked_up,
         }
     }
 }

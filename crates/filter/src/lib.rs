@@ -165,6 +165,10 @@ pub struct Stats {
     pub evicted: u64,
     /// Flows cut because a new rule set no longer allows them.
     pub cut: u64,
+    /// Of the flows opened, TCP connections taken up in the middle (a segment other than a
+    /// SYN that a rule lets its sender open: begun before the rules were enforced, or
+    /// evicted).
+    pub picked_up: u64,
     /// Flows opened, by the rule that allowed them.
     pub opened_by_rule: HashMap<u32, u64>,
 }
@@ -319,7 +323,7 @@ impl Filter {
             return Verdict::Pass;
         }
         if !opens {
-            return Verdict::Drop(Reason::NoFlow);
+            return self.pick_up(key, flags, dir, now);
         }
         let Some(rule) =
             self.index
@@ -338,6 +342,33 @@ impl Filter {
             _ => t.datagram,
         };
         self.insert(key, dir, rule, state, now + ttl);
+        Verdict::Pass
+    }
+
+    /// A TCP segment of no flow we keep, other than a SYN: a connection that began before
+    /// these rules were enforced (the filter was just switched on, the tunnel end restarted)
+    /// or whose flow was evicted. When a rule lets its sender open it, it is taken up as an
+    /// open connection (as conntrack's loose pickup does), so that an allowed connection
+    /// survives; anything else has no flow. A RST never makes one. Only the opener's side
+    /// can take a connection up: the other side's segments go to the opener's port, which
+    /// no rule names.
+    fn pick_up(&mut self, key: FlowKey, flags: u8, dir: Direction, now: Instant) -> Verdict {
+        if key.proto != TCP || flags & RST != 0 {
+            return Verdict::Drop(Reason::NoFlow);
+        }
+        let Some(rule) =
+            self.index
+                .first_allowing(&self.rules, key.proto, key.src, key.dst, key.dport)
+        else {
+            return Verdict::Drop(Reason::NoFlow);
+        };
+        let (state, ttl) = if flags & FIN == 0 {
+            (State::TcpOpen, self.timeouts.tcp_open)
+        } else {
+            (State::TcpClosing, self.timeouts.tcp_closing)
+        };
+        self.insert(key, dir, rule, state, now + ttl);
+        self.stats.picked_up += 1;
         Verdict::Pass
     }
 
@@ -504,9 +535,27 @@ mod tests {
             f.check(&tcp(OPS, 40001, IOT, 23, SYN), Direction::In, t),
             Verdict::Drop(Reason::NoRule)
         );
-        // A segment that is not a SYN cannot open: no flow.
+        // A segment that is not a SYN, from the side a rule lets open: a connection begun
+        // before the rules (or evicted), taken up. From the other side, or a RST: no flow.
         assert_eq!(
             f.check(&tcp(OPS, 40002, IOT, 22, ACK), Direction::In, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40002, ACK), Direction::Out, t),
+            Verdict::Pass,
+            "its replies pass"
+        );
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40003, ACK), Direction::Out, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        assert_eq!(
+            f.check(&tcp(OPS, 40004, IOT, 22, RST), Direction::In, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        assert_eq!(
+            f.check(&tcp(OPS, 40005, IOT, 23, ACK), Direction::In, t),
             Verdict::Drop(Reason::NoFlow)
         );
         // A packet of the flow travelling the reply's way, with the opener's addresses: spoofed.
@@ -537,15 +586,15 @@ mod tests {
             Verdict::Drop(Reason::NoRule)
         );
         let s = f.stats();
-        assert_eq!(s.opened, 2);
-        assert_eq!(s.opened_by_rule.get(&1), Some(&1));
+        assert_eq!((s.opened, s.picked_up), (3, 1));
+        assert_eq!(s.opened_by_rule.get(&1), Some(&2));
         assert_eq!(s.dropped(Reason::NoRule), 4);
-        assert_eq!(s.dropped(Reason::NoFlow), 2);
+        assert_eq!(s.dropped(Reason::NoFlow), 4);
         assert_eq!(s.dropped(Reason::WrongWay), 1);
-        assert_eq!(s.passed, 6);
+        assert_eq!(s.passed, 8);
         // Of the drops, those that came from the tunnel.
         assert_eq!(s.dropped_in(Reason::NoRule), 1);
-        assert_eq!(s.dropped_in(Reason::NoFlow), 2);
+        assert_eq!(s.dropped_in(Reason::NoFlow), 3);
         assert_eq!(s.dropped_in(Reason::WrongWay), 0);
     }
 
@@ -634,10 +683,17 @@ mod tests {
         assert_eq!(f.expire(hour), 1, "the UDP flow, idle for an hour");
         assert_eq!(f.expire(after), 1, "the reset connection");
         assert_eq!(f.flows(), 0);
+        // Gone: the other side's segments have no flow; the opener's are taken up again
+        // (the rule still lets it open the connection).
         assert_eq!(
-            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, after),
+            f.check(&tcp(IOT, 22, OPS, 40000, ACK), Direction::In, after),
             Verdict::Drop(Reason::NoFlow)
         );
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, after),
+            Verdict::Pass
+        );
+        assert_eq!(f.stats().picked_up, 1);
     }
 
     /// A rule removed cuts its flows at once; a rule added lets new flows through at once.
