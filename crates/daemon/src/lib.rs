@@ -279,6 +279,7 @@ pub fn run<E: Edge>(
                 .parent()
                 .unwrap_or(std::path::Path::new("."))
                 .join(rules::STORED),
+            common.dns_rules.clone(),
         ),
         None => rules::Rules::from_file(common.policy.clone()),
     };
@@ -644,7 +645,10 @@ impl<S: Services> Loop<S> {
                 Err(e) => tracing::error!("the upstream resolvers stay as they were: {e:#}"),
             }
         }
-        if self.rules.set_file(common.policy.clone()) {
+        if self
+            .rules
+            .set_file(common.policy.clone(), common.dns_rules.clone())
+        {
             self.apply_rules("the file's [policy]");
         }
         self.services.reload(edge, now);

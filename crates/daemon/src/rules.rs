@@ -27,6 +27,8 @@ pub struct Rules {
     file: Option<PolicySettings>,
     cloud: Option<RuleSet>,
     stored: Option<PathBuf>,
+    /// Rule 0, which the cloud's set gets too (the file's has it already).
+    dns: Vec<cyphonic_filter::Rule>,
 }
 
 impl Rules {
@@ -36,12 +38,17 @@ impl Rules {
             file,
             cloud: None,
             stored: None,
+            dns: Vec::new(),
         }
     }
 
     /// With a cloud: the set kept at `stored` from an earlier run, if any, wins over the
-    /// file's until the cloud says otherwise.
-    pub fn with_cloud(file: Option<PolicySettings>, stored: PathBuf) -> Self {
+    /// file's until the cloud says otherwise; the cloud's set ends with `dns` (rule 0).
+    pub fn with_cloud(
+        file: Option<PolicySettings>,
+        stored: PathBuf,
+        dns: Vec<cyphonic_filter::Rule>,
+    ) -> Self {
         let cloud = match read(&stored) {
             Ok(set) => set,
             Err(e) => {
@@ -56,17 +63,22 @@ impl Rules {
             file,
             cloud,
             stored: Some(stored),
+            dns,
         }
     }
 
-    /// What is enforced: the cloud's set (flows as the file's `[policy] flows` says, or the
-    /// default), else the file's, else nothing.
+    /// What is enforced: the cloud's set with rule 0 (flows as the file's `[policy] flows`
+    /// says, or the default), else the file's, else nothing.
     pub fn effective(&self) -> Option<PolicySettings> {
         match &self.cloud {
-            Some(rules) => Some(PolicySettings {
-                rules: rules.clone(),
-                flows: self.file.as_ref().map_or(DEFAULT_FLOWS, |f| f.flows),
-            }),
+            Some(set) => {
+                let mut rules = set.clone();
+                rules.rules.extend(self.dns.iter().cloned());
+                Some(PolicySettings {
+                    rules,
+                    flows: self.file.as_ref().map_or(DEFAULT_FLOWS, |f| f.flows),
+                })
+            }
             None => self.file.clone(),
         }
     }
@@ -76,11 +88,18 @@ impl Rules {
         shared.policy.set(self.effective().as_ref())
     }
 
-    /// The file was read again: its `[policy]` is now `file`. Whether what is in force
-    /// changed.
-    pub fn set_file(&mut self, file: Option<PolicySettings>) -> bool {
+    /// The file was read again: its `[policy]` is now `file`, rule 0 `dns`. Whether what
+    /// is in force changed.
+    pub fn set_file(
+        &mut self,
+        file: Option<PolicySettings>,
+        dns: Vec<cyphonic_filter::Rule>,
+    ) -> bool {
         let before = self.effective();
         self.file = file;
+        if self.stored.is_some() {
+            self.dns = dns;
+        }
         before != self.effective()
     }
 
@@ -164,7 +183,7 @@ mod tests {
             rules: RuleSet::default(),
             flows: 99,
         };
-        let mut r = Rules::with_cloud(Some(file.clone()), path.clone());
+        let mut r = Rules::with_cloud(Some(file.clone()), path.clone(), Vec::new());
         assert_eq!(r.effective(), Some(file.clone()));
         assert!(r.set_cloud(Some(set(5))));
         assert!(!r.set_cloud(Some(set(5))), "the same set changes nothing");
@@ -175,7 +194,7 @@ mod tests {
             "{e:?}"
         );
         // A restart: the kept set applies before the cloud is heard from.
-        let again = Rules::with_cloud(None, path.clone());
+        let again = Rules::with_cloud(None, path.clone(), Vec::new());
         let e = again.effective();
         assert!(
             e.as_ref()
@@ -187,6 +206,25 @@ mod tests {
         assert!(!path.exists());
         // A damaged file: the file's rules apply (and it says so in the log).
         std::fs::write(&path, "{").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(Rules::with_cloud(None, path).effective(), None);
+        assert_eq!(
+            Rules::with_cloud(None, path.clone(), Vec::new()).effective(),
+            None
+        );
+        // The cloud's set ends with rule 0 (DNS between the ends).
+        let dns = vec![Rule {
+            id: 0,
+            from: vec!["100.64.0.0/10".parse().unwrap_or_default()],
+            to: vec!["100.64.2.1/32".parse().unwrap_or_default()],
+            proto: Proto::Udp,
+            ports: vec![53..=53],
+        }];
+        let mut r = Rules::with_cloud(None, path, dns);
+        r.set_cloud(Some(set(6)));
+        let e = r.effective().map(|e| e.rules).unwrap_or_default();
+        assert_eq!((e.version, e.rules.len()), (6, 2));
+        assert_eq!(
+            e.first_allowing(17, [100, 64, 1, 9].into(), [100, 64, 2, 1].into(), 53),
+            Some(0)
+        );
     }
 }

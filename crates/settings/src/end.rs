@@ -85,6 +85,9 @@ pub struct Common {
     pub policy: Option<cyphonic_tunnel::PolicySettings>,
     /// The names the policy's rules may use (members, devices, groups), for the dry run.
     pub policy_names: cyphonic_filter::Directory,
+    /// Rule 0 of every rule set this end enforces ([`crate::dns_rules`]): DNS to our DNS
+    /// service and the static peers'.
+    pub dns_rules: Vec<cyphonic_filter::Rule>,
 }
 
 impl Common {
@@ -150,6 +153,7 @@ impl Common {
             ca_file,
             policy: None,
             policy_names: cyphonic_filter::Directory::new(),
+            dns_rules: Vec::new(),
         };
         Ok((common, identity))
     }
@@ -348,12 +352,13 @@ macro_rules! config_file {
                 dns: Option<std::net::Ipv4Addr>,
             ) -> Result<$crate::Common, $crate::ConfigError> {
                 let names = $crate::directory(identity, &common.peers, devices);
+                let servers: Vec<std::net::Ipv4Addr> = dns
+                    .into_iter()
+                    .chain(common.active_peers().map(|p| p.dns))
+                    .collect();
+                common.dns_rules = $crate::dns_rules(common.overlay, &servers);
                 match &self.policy {
                     Some(p) => {
-                        let servers: Vec<std::net::Ipv4Addr> = dns
-                            .into_iter()
-                            .chain(common.active_peers().map(|p| p.dns))
-                            .collect();
                         let (policy, names) = p.check(src, names, common.overlay, &servers)?;
                         common.policy = Some(policy);
                         common.policy_names = names;

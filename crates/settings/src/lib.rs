@@ -34,7 +34,7 @@ pub use cyphonic_netio::Placement;
 pub use cyphonic_session::Identity;
 pub use cyphonic_tunnel::{DataPlane, StaticPeer};
 pub use end::{Common, Dns, EndKeys};
-pub use policy::{DNS_RULE, Device, RawPolicy, directory};
+pub use policy::{DNS_RULE, Device, RawPolicy, directory, dns_rules};
 
 /// What the declaring macros name in the calling crate's code.
 #[doc(hidden)]

@@ -33,6 +33,26 @@ use crate::{ConfigError, Peer, Source};
 /// The number of the rule that lets DNS through between the ends' DNS servers.
 pub const DNS_RULE: u32 = 0;
 
+/// Rule 0: DNS (udp and tcp 53) from anywhere in `overlay` to `servers` (our DNS service and
+/// the static peers'), which every rule set an end enforces ends with, its file's or the
+/// cloud's: names keep resolving between the ends whatever the rules say.
+pub fn dns_rules(overlay: Ipv4Net, servers: &[Ipv4Addr]) -> Vec<Rule> {
+    if servers.is_empty() {
+        return Vec::new();
+    }
+    let to: Vec<Ipv4Net> = servers.iter().map(|ip| Ipv4Net::from(*ip)).collect();
+    [Proto::Udp, Proto::Tcp]
+        .into_iter()
+        .map(|proto| Rule {
+            id: DNS_RULE,
+            from: vec![overlay],
+            to: to.clone(),
+            proto,
+            ports: vec![53..=53],
+        })
+        .collect()
+}
+
 /// Most flows `policy.flows` may ask for (a flow costs about 100 bytes).
 const MAX_FLOWS: usize = 1 << 20;
 
@@ -203,18 +223,7 @@ impl RawPolicy {
                 return src.err(&span, &key, e.message);
             }
         };
-        if !dns_servers.is_empty() {
-            let to: Vec<Ipv4Net> = dns_servers.iter().map(|ip| Ipv4Net::from(*ip)).collect();
-            for proto in [Proto::Udp, Proto::Tcp] {
-                rules.rules.push(Rule {
-                    id: DNS_RULE,
-                    from: vec![overlay],
-                    to: to.clone(),
-                    proto,
-                    ports: vec![53..=53],
-                });
-            }
-        }
+        rules.rules.extend(dns_rules(overlay, dns_servers));
         // The same rules give the same version, across reloads and restarts.
         let mut h = std::hash::DefaultHasher::new();
         format!("{:?}", rules.rules).hash(&mut h);
