@@ -1196,6 +1196,14 @@ impl Nms {
         let mut last: Option<u64> = None;
         loop {
             tick.tick().await;
+            // Nothing to compile with `default = "allow"`: the registry is not read.
+            if self.policy().allow_by_default {
+                if self.compiled.borrow().enforce {
+                    self.compile_from(&[]);
+                }
+                last = None;
+                continue;
+            }
             let members = match self.store.members().await {
                 Ok(m) => m,
                 Err(e) => {
