@@ -109,7 +109,12 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
         let policy = if input.policy {
             Policy {
                 allow_by_default: false,
-                rules: vec![Rule { from: "sites".into(), to: "sites".into() }],
+                groups: Vec::new(),
+                rules: vec![Rule {
+                    from: vec!["sites".into()],
+                    to: vec!["sites".into()],
+                    allow: vec!["any".into()],
+                }],
             }
         } else {
             Policy::default()
