@@ -409,14 +409,14 @@ fn cloud_policy(allow: &[&str]) -> String {
     )
 }
 
-/// Waits until a site enforces a policy whose version differs from `not` with `rules` rules
-/// (at least one); returns its version.
-fn wait_policy(bed: &TwoSites, side: Side, not: Option<u64>, what: &str) -> u64 {
+/// Waits until a site enforces a policy whose version differs from `not` with at least
+/// `rules` rules (the cloud's and the site's own rule 0, DNS, two); returns its version.
+fn wait_policy(bed: &TwoSites, side: Side, not: Option<u64>, rules: u64, what: &str) -> u64 {
     let mut version = None;
     wait_until(Duration::from_secs(10), what, || {
         let p = policy(bed, side);
         version = p["version"].as_u64().filter(|v| Some(*v) != not);
-        version.is_some() && n(&p["rules"]) >= 1
+        version.is_some() && n(&p["rules"]) >= rules
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
     version.unwrap_or_default()
@@ -437,8 +437,9 @@ fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
     })
     .unwrap();
     let (a, b) = (bed.a.host_ip, bed.b.host_ip);
-    let va = wait_policy(&bed, Side::A, None, "A to get the cloud's rules");
-    wait_policy(&bed, Side::B, None, "B to get the cloud's rules");
+    // The cloud's two (tcp, icmp) once both hosts' names are registered, and rule 0.
+    let va = wait_policy(&bed, Side::A, None, 4, "A to get the cloud's rules");
+    wait_policy(&bed, Side::B, None, 4, "B to get the cloud's rules");
     let cloud = bed.cloud.as_ref().unwrap().status(&bed.bins).unwrap();
     assert_eq!(cloud["policy"]["enforce"], true, "{cloud}");
     assert_eq!(cloud["policy"]["rules"], 2, "tcp and icmp: {cloud}");
@@ -487,8 +488,8 @@ fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
     let bins = Bins::find().unwrap();
     bed.cloud.as_mut().unwrap().start(&bins).unwrap();
     let vb = n(&policy(&bed, Side::B)["version"]);
-    wait_policy(&bed, Side::B, Some(vb), "B to get the new rules");
-    wait_policy(&bed, Side::A, Some(va), "A to get the new rules");
+    wait_policy(&bed, Side::B, Some(vb), 3, "B to get the new rules");
+    wait_policy(&bed, Side::A, Some(va), 3, "A to get the new rules");
     bed.resolve(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example");
     bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
     assert!(!connects(&bed.a.lan, (b, 7000).into()), "{}", bed.logs());
