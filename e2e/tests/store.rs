@@ -327,6 +327,16 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
     }
 }
 
+/// A signal client's configuration for the clouds at `at`, pinning `key`.
+fn client_config(key: &StaticKeypair, at: &[SocketAddr]) -> cyphonic_signal::Config {
+    cyphonic_signal::Config {
+        clouds: at.iter().map(ToString::to_string).collect(),
+        cloud_keys: vec![key.public()],
+        agent: "test".into(),
+        tunnel_port: None,
+    }
+}
+
 async fn instance(
     pki: &Pki,
     key: &StaticKeypair,
@@ -381,12 +391,7 @@ fn two_cloud_instances_serve_one_overlay_through_postgresql() {
         let two = instance(&pki, &key, &url, 41_210..=41_219).await;
         let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
         let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
-        let config = |at: SocketAddr| cyphonic_signal::Config {
-            clouds: vec![at.to_string()],
-            cloud_keys: vec![key.public()],
-            agent: "test".into(),
-            tunnel_port: None,
-        };
+        let config = |at: SocketAddr| client_config(&key, &[at]);
         let (h1, _e1) = cyphonic_signal::spawn(config(one.control), gw1.clone());
         let gw2_fp = gw2.certificate().fingerprint().to_string();
         let (h2, mut e2) = cyphonic_signal::spawn(config(two.control), gw2);
@@ -505,12 +510,7 @@ fn the_policy_follows_registrations_across_instances() {
         let two = instance_with(&pki, &key, &url, 41_250..=41_259, policy).await;
         let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
         let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
-        let config = |at: SocketAddr| cyphonic_signal::Config {
-            clouds: vec![at.to_string()],
-            cloud_keys: vec![key.public()],
-            agent: "test".into(),
-            tunnel_port: None,
-        };
+        let config = |at: SocketAddr| client_config(&key, &[at]);
         let (_h1, mut e1) = cyphonic_signal::spawn(config(one.control), gw1);
         let (h2, _e2) = cyphonic_signal::spawn(config(two.control), gw2);
         h2.register(vec![], vec![rec("cam7.gw2.ovl.example", [100, 64, 2, 70])]);
@@ -600,15 +600,7 @@ fn a_client_fails_over_between_cloud_instances() {
         );
         let first = connected(&mut e1).await;
         assert_eq!(first.port(), one.control.port(), "localhost is instance one");
-        let (h2, _e2) = cyphonic_signal::spawn(
-            cyphonic_signal::Config {
-                clouds: vec![two.control.to_string()],
-                cloud_keys: vec![key.public()],
-                agent: "test".into(),
-                tunnel_port: None,
-            },
-            gw2,
-        );
+        let (h2, _e2) = cyphonic_signal::spawn(client_config(&key, &[two.control]), gw2);
         h2.register(vec![], vec![rec("cam.gw2.ovl.example", [100, 64, 2, 100])]);
         assert_eq!(resolves(&h1).await, Ipv4Addr::new(100, 64, 2, 100));
         // Instance one stops: gw1 moves to instance two.

@@ -288,6 +288,18 @@ fn print_status(doc: &serde_json::Value) {
             p["rules"],
             p["version"].as_u64().unwrap_or(0)
         );
+        let unresolved: Vec<&str> = p["unresolved"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str())
+            .collect();
+        if !unresolved.is_empty() {
+            println!(
+                "  standing for nobody now (not registered, an empty group, or a typo): {}",
+                unresolved.join(", ")
+            );
+        }
     } else {
         println!("policy: default = \"allow\", nothing enforced per device");
     }

@@ -1154,6 +1154,9 @@ impl Nms {
                 members = entries.len(),
                 "policy compiled against the registry: clients get their rules"
             );
+            if !compiled.unresolved.is_empty() {
+                tracing::info!(names = ?compiled.unresolved, "policy rules name what stands for nobody now (not registered, nobody in the group, or a typo): they match nothing through these");
+            }
         }
         changed
     }
@@ -1184,7 +1187,7 @@ impl Nms {
             tracing::error!(error = %e, "the policy does not compile: nobody is paired");
             Compiled {
                 enforce: true,
-                rules: cyphonic_filter::RuleSet::default(),
+                ..Compiled::default()
             }
         }))
     }

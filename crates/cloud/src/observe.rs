@@ -124,6 +124,7 @@ impl Observed {
                 "enforce": policy.enforce,
                 "version": policy.rules.version,
                 "rules": policy.rules.rules.len(),
+                "unresolved": policy.unresolved,
             },
             "unproven_connections": self.nms.unproven_now(),
             "relay": relay,

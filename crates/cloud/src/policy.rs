@@ -106,6 +106,9 @@ pub struct Compiled {
     pub enforce: bool,
     /// Every rule, in addresses.
     pub rules: RuleSet,
+    /// Names the rules use that stand for nobody now (a device not registered, a group
+    /// nobody is in, a typo): their rules match nothing through them.
+    pub unresolved: Vec<String>,
 }
 
 fn overlaps(a: &Ipv4Net, b: &Ipv4Net) -> bool {
@@ -185,7 +188,11 @@ impl Policy {
                 allow: r.allow.clone(),
             })
             .collect();
+        let mut unresolved = Vec::new();
         for n in specs.iter().flat_map(|s| s.from.iter().chain(&s.to)) {
+            if dir.resolve(n).is_none_or(|b| b.is_empty()) && !unresolved.contains(n) {
+                unresolved.push(n.clone());
+            }
             if dir.resolve(n).is_none() {
                 dir.add(n, []);
             }
@@ -199,6 +206,7 @@ impl Policy {
         Ok(Compiled {
             enforce: true,
             rules,
+            unresolved,
         })
     }
 }
@@ -351,6 +359,7 @@ mod tests {
         );
         let c = p.compile(&fleet()).unwrap_or_default();
         assert!(c.enforce);
+        assert_eq!(c.unresolved, vec!["not-registered-yet.gw3.ovl.example".to_owned()]);
         let (laptop, cam1, cam2, nvr) = (
             [100, 64, 1, 10].into(),
             [100, 64, 2, 21].into(),
