@@ -359,7 +359,10 @@ mod tests {
         );
         let c = p.compile(&fleet()).unwrap_or_default();
         assert!(c.enforce);
-        assert_eq!(c.unresolved, vec!["not-registered-yet.gw3.ovl.example".to_owned()]);
+        assert_eq!(
+            c.unresolved,
+            vec!["not-registered-yet.gw3.ovl.example".to_owned()]
+        );
         let (laptop, cam1, cam2, nvr) = (
             [100, 64, 1, 10].into(),
             [100, 64, 2, 21].into(),
