@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, watch};
 
 use crate::guard::{Freshness, MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE, Requests, Ticket, Unproven};
-use crate::policy::{Compiled, Policy, v4_blocks};
+use crate::policy::{Compiled, Policy};
 use crate::route;
 use crate::store::{ClientRow, Store};
 use crate::trs::{Channel, Trs};
@@ -893,7 +893,7 @@ impl Nms {
         if !self
             .policy_between((fp, asker), (&found.owner.fingerprint, target.body()))
             .await?
-            .opens(&v4_blocks(asker), &v4_blocks(target.body()))
+            .opens(&asker.v4_blocks(), &target.body().v4_blocks())
         {
             bump(&self.stats.denied);
             tracing::info!(asker = %asker.name, name = %cyphonic_telemetry::Untrusted(name), "resolution denied by policy");
@@ -1034,7 +1034,7 @@ impl Nms {
                 return refuse("the registry is unavailable");
             }
         };
-        if !between.pairs(&v4_blocks(asker), &v4_blocks(cert.body())) {
+        if !between.pairs(&asker.v4_blocks(), &cert.body().v4_blocks()) {
             bump(&self.stats.denied);
             return refuse("denied by policy");
         }
@@ -1178,7 +1178,7 @@ impl Nms {
         for (fp, body) in [a, b] {
             entries.push(crate::policy::Entry {
                 name: body.name.clone(),
-                blocks: v4_blocks(body),
+                blocks: body.v4_blocks(),
                 groups: body.groups.clone(),
                 devices: self.store.names_of(fp).await?,
             });
@@ -1234,7 +1234,7 @@ impl Nms {
     /// The `policy` messages for a client with `body`'s blocks: its part of the compiled
     /// policy, and that part's version (`None` when nothing is enforced).
     fn policy_for(&self, body: &CertBody) -> (Option<u64>, Vec<CloudMsg>) {
-        let set = self.compiled.borrow().for_client(&v4_blocks(body));
+        let set = self.compiled.borrow().for_client(&body.v4_blocks());
         (
             set.as_ref().map(|s| s.version),
             cyphonic_control::policy::messages(set.as_ref()),

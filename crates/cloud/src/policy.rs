@@ -5,22 +5,11 @@
 //! ([`Compiled::for_client`], docs/protocol.md §4 *Policy*), and by which the cloud pairs
 //! clients ([`Compiled::pairs`]).
 
-use cyphonic_crypto::{CertBody, Certificate, TrustStore};
+use cyphonic_crypto::{Certificate, TrustStore};
 use cyphonic_filter::{Directory, RuleSet, RuleSpec, compile};
 use ipnet::Ipv4Net;
 
 use crate::store::Member;
-
-/// A certificate's IPv4 blocks.
-pub fn v4_blocks(body: &CertBody) -> Vec<Ipv4Net> {
-    body.vip_blocks
-        .iter()
-        .filter_map(|b| match b {
-            ipnet::IpNet::V4(n) => Some(*n),
-            ipnet::IpNet::V6(_) => None,
-        })
-        .collect()
-}
 
 /// The registry's `members` whose certificates `trust` believes at unix time `now`, as the
 /// policy sees them.
@@ -33,7 +22,7 @@ pub fn entries(members: &[Member], trust: &TrustStore, now: u64) -> Vec<Entry> {
             let body = cert.body();
             Some(Entry {
                 name: body.name.clone(),
-                blocks: v4_blocks(body),
+                blocks: body.v4_blocks(),
                 groups: body.groups.clone(),
                 devices: m.names.clone(),
             })
@@ -190,10 +179,11 @@ impl Policy {
             .collect();
         let mut unresolved = Vec::new();
         for n in specs.iter().flat_map(|s| s.from.iter().chain(&s.to)) {
-            if dir.resolve(n).is_none_or(|b| b.is_empty()) && !unresolved.contains(n) {
+            let found = dir.resolve(n);
+            if found.as_ref().is_none_or(Vec::is_empty) && !unresolved.contains(n) {
                 unresolved.push(n.clone());
             }
-            if dir.resolve(n).is_none() {
+            if found.is_none() {
                 dir.add(n, []);
             }
         }

@@ -239,6 +239,17 @@ impl CertBody {
         self.vip_blocks.iter().any(|b| b.contains(block))
     }
 
+    /// The certified IPv4 blocks, in order.
+    pub fn v4_blocks(&self) -> Vec<ipnet::Ipv4Net> {
+        self.vip_blocks
+            .iter()
+            .filter_map(|b| match b {
+                IpNet::V4(n) => Some(*n),
+                IpNet::V6(_) => None,
+            })
+            .collect()
+    }
+
     /// Whether the certificate names `group`.
     pub fn in_group(&self, group: &str) -> bool {
         self.groups.iter().any(|g| g == group)

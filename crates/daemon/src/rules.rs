@@ -97,9 +97,7 @@ impl Rules {
     ) -> bool {
         let before = self.effective();
         self.file = file;
-        if self.stored.is_some() {
-            self.dns = dns;
-        }
+        self.dns = dns;
         before != self.effective()
     }
 

@@ -301,10 +301,7 @@ pub fn overlay_domain(identity: &Identity) -> String {
 
 /// The first IPv4 block a certificate certifies.
 pub fn first_v4_block(cert: &Certificate) -> Option<Ipv4Net> {
-    cert.body().vip_blocks.iter().find_map(|b| match b {
-        IpNet::V4(v4) => Some(*v4),
-        IpNet::V6(_) => None,
-    })
+    cert.body().v4_blocks().first().copied()
 }
 
 // ---- [[peer]] --------------------------------------------------------------------------------

@@ -104,14 +104,11 @@ pub fn directory(identity: &Identity, peers: &[Peer], devices: &[Device]) -> Dir
         .chain(peers.iter().map(|p| (&p.certificate, p.revoked)));
     for (cert, revoked) in certs {
         let body = cert.body();
-        let blocks: Vec<Ipv4Net> = body
-            .vip_blocks
-            .iter()
-            .filter_map(|b| match b {
-                ipnet::IpNet::V4(n) if !revoked => Some(*n),
-                _ => None,
-            })
-            .collect();
+        let blocks = if revoked {
+            Vec::new()
+        } else {
+            body.v4_blocks()
+        };
         dir.add(&body.name, blocks.iter().copied());
         for g in &body.groups {
             dir.add(g, blocks.iter().copied());
