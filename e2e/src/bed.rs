@@ -785,6 +785,25 @@ impl TwoSites {
         Ok(())
     }
 
+    /// Sends a site's adapter SIGHUP and waits (5 s at most) until its log shows `count`
+    /// reloads ended since it started, taken (`configuration reloaded`) or refused (`the
+    /// running one stays`); returns the log.
+    ///
+    /// # Errors
+    /// It is not running, or the reload did not end in time.
+    pub fn reload(&self, side: Side, count: usize) -> anyhow::Result<String> {
+        self.signal(side, "HUP")?;
+        let site = self.site_ref(side);
+        let ended = |log: &str| {
+            log.matches("configuration reloaded").count()
+                + log.matches("the running one stays").count()
+        };
+        crate::wait_until(Duration::from_secs(5), "the reload to end", || {
+            ended(&site.log_text()) >= count
+        })?;
+        Ok(site.log_text())
+    }
+
     /// The running adapter's status document.
     ///
     /// # Errors

@@ -30,15 +30,8 @@ fn write_a(bed: &TwoSites, base: &str, extra: &str) {
 /// Sends SIGHUP to A and waits until its log says how the reload ended (`count` reloads so
 /// far); returns the log.
 fn reload_a(bed: &TwoSites, count: usize) -> String {
-    bed.signal(Side::A, "HUP").unwrap();
-    let ended = |log: &str| {
-        log.matches("configuration reloaded").count() + log.matches("the running one stays").count()
-    };
-    wait_until(Duration::from_secs(5), "the reload to end", || {
-        ended(&bed.a.log_text()) >= count
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
-    bed.a.log_text()
+    bed.reload(Side::A, count)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()))
 }
 
 /// A static-peer pair without a cloud: SIGHUP on A with a broken file changes nothing (the
