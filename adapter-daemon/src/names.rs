@@ -73,7 +73,12 @@ impl Names {
                 all.push(r.clone());
             }
         }
-        let labels = cyphonic_vip::names(&all);
+        // A reservation's name is the operator's: no leased device takes it by asking.
+        let labels = cyphonic_vip::names(&all, |ip| {
+            self.reserved
+                .iter()
+                .any(|r| r.ip == ip && r.hostname.is_some())
+        });
         let mut hosted: Vec<NameRecord> = labels
             .iter()
             .map(|(ip, label)| NameRecord {
@@ -156,7 +161,22 @@ mod tests {
             Some("camera.gw1.ovl.example")
         );
         let (v2, _) = names.hosted();
-        names.refresh([camera].iter());
+        names.refresh([camera.clone()].iter());
         assert_eq!((v2 > v1, names.hosted().0), (true, v2));
+        // A device at a lower address that calls itself `printer` does not take the
+        // reserved printer's name (nor what DNS and the cloud's rules give it).
+        let rogue = lease(5, "Printer");
+        let named = names.refresh([rogue.clone(), camera].iter());
+        assert_eq!(
+            named
+                .labels
+                .get(&Ipv4Addr::new(100, 64, 1, 9))
+                .map(String::as_str),
+            Some("printer")
+        );
+        assert_eq!(
+            named.labels.get(&rogue.ip).map(String::as_str),
+            Some("printer-5")
+        );
     }
 }

@@ -41,19 +41,25 @@ fn sanitize(hostname: &str) -> String {
         .to_owned()
 }
 
-/// The label of every active lease. When two devices want the same label, the one with the
-/// lower address keeps it and the others get their address's last byte appended
-/// (`sensor`, `sensor-23`): the result depends only on the set of leases, never on the order
-/// in which they were granted, so names survive restarts.
-pub fn names<'a>(leases: impl IntoIterator<Item = &'a Lease>) -> HashMap<Ipv4Addr, String> {
-    let mut wanted: Vec<(Ipv4Addr, String)> = leases
+/// The label of every active lease. When two devices want the same label, a `pinned` one
+/// (a reservation: the operator named it) keeps it over one that only asked for it (a
+/// leased device's hostname is whatever the device says), and among equals the one with
+/// the lower address; the others get their address's last byte appended (`sensor`,
+/// `sensor-23`). The result depends only on the set of leases, never on the order in which
+/// they were granted, so names survive restarts; and no device on the LAN can take a
+/// reserved device's name (its DNS answers, the rules that name it) by claiming it.
+pub fn names<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    pinned: impl Fn(Ipv4Addr) -> bool,
+) -> HashMap<Ipv4Addr, String> {
+    let mut wanted: Vec<(bool, Ipv4Addr, String)> = leases
         .into_iter()
-        .map(|l| (l.ip, label_for(l.hostname.as_deref(), l.mac)))
+        .map(|l| (!pinned(l.ip), l.ip, label_for(l.hostname.as_deref(), l.mac)))
         .collect();
     wanted.sort();
     let mut taken: HashMap<String, Ipv4Addr> = HashMap::new();
     let mut out = HashMap::new();
-    for (ip, label) in wanted {
+    for (_, ip, label) in wanted {
         let mut unique = label.clone();
         let mut n = 0u32;
         while taken.contains_key(&unique) {
@@ -109,10 +115,17 @@ mod tests {
         ];
         let mut b = a.clone();
         b.reverse();
-        let na = names(&a);
-        assert_eq!(na, names(&b));
+        let na = names(&a, |_| false);
+        assert_eq!(na, names(&b, |_| false));
         assert_eq!(na[&Ipv4Addr::new(100, 64, 1, 20)], "sensor");
         assert_eq!(na[&Ipv4Addr::new(100, 64, 1, 30)], "sensor-30");
         assert_eq!(na[&Ipv4Addr::new(100, 64, 1, 40)], "cam");
+        // A reserved device keeps its name against a leased one at a lower address that
+        // asks for it (a device may send any hostname).
+        let reserved = Ipv4Addr::new(100, 64, 1, 30);
+        let nr = names(&a, |ip| ip == reserved);
+        assert_eq!(nr, names(&b, |ip| ip == reserved));
+        assert_eq!(nr[&reserved], "sensor");
+        assert_eq!(nr[&Ipv4Addr::new(100, 64, 1, 20)], "sensor-20");
     }
 }
