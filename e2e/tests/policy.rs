@@ -448,6 +448,11 @@ fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
     let found = bed.resolve(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example");
     assert_eq!(found, vec![b.to_string()]);
     bed.ping_ok(&bed.a.lan, b, Ping::count(3).wait(3));
+    // Each side was told which way flows may start.
+    for (side, allowed) in [(Side::A, "out"), (Side::B, "in")] {
+        let peers = bed.status(side).unwrap()["peers"].clone();
+        assert_eq!(peers[0]["allowed"], allowed, "{side:?}: {peers}");
+    }
     assert!(connects(&bed.a.lan, (b, 7000).into()), "{}", bed.logs());
     assert!(!connects(&bed.a.lan, (b, 7001).into()));
     // B's host may open nothing to A's, and may not resolve it.
@@ -491,4 +496,79 @@ fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
     bed.resolve(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example");
     bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
     assert!(!connects(&bed.a.lan, (b, 7000).into()), "{}", bed.logs());
+}
+
+/// A member the rules leave out gets no tunnel by initiating: site A, told of B by its own
+/// file (a static peer, handshaking every second) while the cloud's `default = "deny"` has
+/// no rule between them, keeps handshaking; B asks the cloud whether to admit it and is
+/// refused, so B answers nothing and the two never share keys. Once the cloud's reload adds
+/// a rule (A's host may ping B's), B's next question is answered, the tunnel comes up, and
+/// each side is told which way flows may start: A out, B in.
+#[test]
+fn a_member_no_rule_allows_gets_no_tunnel_by_initiating() {
+    let deny_all = "[policy]\ndefault = \"deny\"\n";
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(cyphonic_e2e::bed::CloudOptions {
+            extra: deny_all.to_owned(),
+            ..Default::default()
+        }),
+        a: cyphonic_e2e::bed::SiteOptions {
+            extra: "\n[[peer]]\ncertificate = \"peers/gw2.ovl.example.crt\"\nendpoint = \"203.0.113.2:51820\"\npersistent_keepalive = 1\n".to_owned(),
+            ..Default::default()
+        },
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let cloud = bed.cloud.as_ref().unwrap();
+    let counter = |name: &str| n(&cloud.status(&bed.bins).unwrap()["counters"][name]);
+    let peers = |side: Side| bed.status(side).unwrap()["peers"].clone();
+    // Rule 0 alone (DNS, udp and tcp): the cloud's set is empty.
+    wait_policy(&bed, Side::B, None, 2, "B to get the cloud's (empty) rules");
+    wait_until(Duration::from_secs(10), "B to ask about A, refused", || {
+        bed.b
+            .log_text()
+            .contains("the cloud will not pair us with a peer")
+            && counter("denied") >= 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(
+        bed.b.log_text().contains("denied by policy"),
+        "{}",
+        bed.b.log_text()
+    );
+    // Seconds of initiations later: no keys anywhere, no peer at B.
+    std::thread::sleep(Duration::from_secs(3));
+    let (pa, pb) = (peers(Side::A), peers(Side::B));
+    assert!(
+        pa.as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["established"] == false),
+        "{pa}"
+    );
+    assert_eq!(pb.as_array().map(Vec::len), Some(0), "{pb}");
+    assert!(!pings(&bed, Side::A, bed.b.host_ip));
+
+    // The cloud's reload adds the rule: admitted, the tunnel comes up, the ping passes.
+    let path = cloud.dir.join("cloud.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let with_rule = text.replace(deny_all, &cloud_policy(&["icmp"]));
+    assert_ne!(with_rule, text);
+    std::fs::write(&path, with_rule).unwrap();
+    let pid = cloud.proc.as_ref().unwrap().pid().to_string();
+    cyphonic_e2e::sh("kill", &["-s", "HUP", &pid]).unwrap();
+    wait_until(Duration::from_secs(15), "B to admit A", || {
+        peers(Side::B)
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["established"] == true))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+    let pb = peers(Side::B);
+    assert_eq!(pb[0]["name"], "gw1.ovl.example", "{pb}");
+    assert_eq!(pb[0]["allowed"], "in", "{pb}");
+    assert!(
+        !pings(&bed, Side::B, bed.a.host_ip),
+        "B's host opens nothing to A's"
+    );
 }

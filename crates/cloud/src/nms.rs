@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cyphonic_control::channel::{LEN_PREFIX, MAX_HELLO_FRAME, frame_len};
 use cyphonic_control::probe::PROBE_KEY_LEN;
 use cyphonic_control::{
-    ClientMsg, CloudMsg, MIN_VERSION, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe, RelayInfo,
-    RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
+    Allowed, ClientMsg, CloudMsg, MIN_VERSION, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe,
+    RelayInfo, RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
 };
 use cyphonic_crypto::{CertBody, CertKind, Certificate, Fingerprint, StaticKeypair, TrustStore};
 use dashmap::DashMap;
@@ -237,13 +237,20 @@ async fn read_frame(rd: &mut OwnedReadHalf, max: usize) -> std::io::Result<Vec<u
     Ok(buf)
 }
 
-/// Seals and writes `msg`; why the session must end when that fails.
+/// Seals and writes `msg` as a client speaking `version` reads it; why the session must end
+/// when that fails.
 async fn send(
     ch: &mut cyphonic_control::Channel,
     wr: &mut OwnedWriteHalf,
+    version: u16,
     msg: &CloudMsg,
 ) -> Result<(), &'static str> {
-    let frame = ch.seal(msg).map_err(|_| "oversize message")?;
+    let sealed = if version < VERSION {
+        ch.seal(&msg.clone().for_version(version))
+    } else {
+        ch.seal(msg)
+    };
+    let frame = sealed.map_err(|_| "oversize message")?;
     wr.write_all(&frame).await.map_err(|_| "write failed")
 }
 
@@ -528,7 +535,7 @@ impl Nms {
         // What was revoked online, so that a client that was away learns it.
         if version >= 3 {
             for msg in revoked_messages(&self.online_revocations()) {
-                if let Err(why) = send(&mut ch, &mut wr, &msg).await {
+                if let Err(why) = send(&mut ch, &mut wr, version, &msg).await {
                     tracing::info!(name = %body.name, reason = why, "control session closed");
                     self.connected.remove_if(&fp, |_, c| c.serial == serial);
                     return;
@@ -542,7 +549,7 @@ impl Nms {
         if version >= 4 {
             let (v, msgs) = self.policy_for(&body);
             for msg in &msgs {
-                if let Err(why) = send(&mut ch, &mut wr, msg).await {
+                if let Err(why) = send(&mut ch, &mut wr, version, msg).await {
                     tracing::info!(name = %body.name, reason = why, "control session closed");
                     self.connected.remove_if(&fp, |_, c| c.serial == serial);
                     return;
@@ -582,7 +589,7 @@ impl Nms {
                         },
                         p = pushes.recv() => match p {
                             Some(p) => {
-                                if let Err(why) = send(&mut ch, &mut wr, &p).await {
+                                if let Err(why) = send(&mut ch, &mut wr, version, &p).await {
                                     break 'session why;
                                 }
                                 continue 'session;
@@ -597,7 +604,7 @@ impl Nms {
                             let (v, msgs) = self.policy_for(&body);
                             if policy_sent != Some(v) {
                                 for msg in &msgs {
-                                    if let Err(why) = send(&mut ch, &mut wr, msg).await {
+                                    if let Err(why) = send(&mut ch, &mut wr, version, msg).await {
                                         break 'session why;
                                     }
                                 }
@@ -612,7 +619,7 @@ impl Nms {
                             }
                             let now = *seen.borrow_and_update();
                             if let Some(o) = self.observed(&fp, now, &mut written).await
-                                && let Err(why) = send(&mut ch, &mut wr, &o).await
+                                && let Err(why) = send(&mut ch, &mut wr, version, &o).await
                             {
                                 break 'session why;
                             }
@@ -637,7 +644,7 @@ impl Nms {
                         () = &mut sleep => break,
                         p = pushes.recv() => match p {
                             Some(p) => {
-                                if let Err(why) = send(&mut ch, &mut wr, &p).await {
+                                if let Err(why) = send(&mut ch, &mut wr, version, &p).await {
                                     break 'session why;
                                 }
                             }
@@ -647,7 +654,7 @@ impl Nms {
                 }
             }
             if let Some(out) = self.handle(&fp, &body, msg).await
-                && let Err(why) = send(&mut ch, &mut wr, &out).await
+                && let Err(why) = send(&mut ch, &mut wr, version, &out).await
             {
                 break 'session why;
             }
@@ -890,11 +897,11 @@ impl Nms {
             return Ok(Resolution::NotFound);
         }
         // The asker must be allowed to open something to the target.
-        if !self
+        let between = self
             .policy_between((fp, asker), (&found.owner.fingerprint, target.body()))
-            .await?
-            .opens(&asker.v4_blocks(), &target.body().v4_blocks())
-        {
+            .await?;
+        let blocks = (asker.v4_blocks(), target.body().v4_blocks());
+        if !between.opens(&blocks.0, &blocks.1) {
             bump(&self.stats.denied);
             tracing::info!(asker = %asker.name, name = %cyphonic_telemetry::Untrusted(name), "resolution denied by policy");
             return Ok(Resolution::Denied);
@@ -914,6 +921,7 @@ impl Nms {
             (None, _) => None,
         };
         let (mine, theirs) = relays.map_or((None, None), |(m, t)| (Some(m), Some(t)));
+        let allowed = between.allowed(&blocks.0, &blocks.1);
         self.signal(
             &target_row.fingerprint,
             CloudMsg::Expect {
@@ -921,6 +929,7 @@ impl Nms {
                     certificate: me.certificate.clone(),
                     endpoints: me.reach(),
                     relay: theirs,
+                    allowed: allowed.map(Allowed::mirror),
                 },
             },
         )
@@ -931,6 +940,7 @@ impl Nms {
                 certificate: target_row.certificate.clone(),
                 endpoints: target_row.reach(),
                 relay: mine,
+                allowed,
             },
         })
     }
@@ -1034,10 +1044,12 @@ impl Nms {
                 return refuse("the registry is unavailable");
             }
         };
-        if !between.pairs(&asker.v4_blocks(), &cert.body().v4_blocks()) {
+        let blocks = (asker.v4_blocks(), cert.body().v4_blocks());
+        if !between.pairs(&blocks.0, &blocks.1) {
             bump(&self.stats.denied);
             return refuse("denied by policy");
         }
+        let allowed = between.allowed(&blocks.0, &blocks.1);
         let reason = if relay {
             Some(RelayReason::NoDirectHandshake)
         } else {
@@ -1061,6 +1073,7 @@ impl Nms {
                             certificate: me.certificate.clone(),
                             endpoints: me.reach(),
                             relay: Some(theirs),
+                            allowed: allowed.map(Allowed::mirror),
                         },
                     },
                 )
@@ -1077,6 +1090,7 @@ impl Nms {
                 certificate: target.certificate.clone(),
                 endpoints: target.reach(),
                 relay: mine,
+                allowed,
             },
         }
     }

@@ -5,6 +5,7 @@
 //! ([`Compiled::for_client`], docs/protocol.md §4 *Policy*), and by which the cloud pairs
 //! clients ([`Compiled::pairs`]).
 
+use cyphonic_control::Allowed;
 use cyphonic_crypto::{Certificate, TrustStore};
 use cyphonic_filter::{Directory, RuleSet, RuleSpec, compile};
 use ipnet::Ipv4Net;
@@ -239,6 +240,16 @@ impl Compiled {
                 .rules
                 .iter()
                 .any(|r| meets(&r.from, a) && meets(&r.to, b))
+    }
+
+    /// Which way flows may start between clients with blocks `a` and `b`, seen from `a`:
+    /// what each side of a pair is told (docs/protocol.md §4 *Policy*, Directions). `None`
+    /// when nothing is enforced, or no way is open.
+    pub fn allowed(&self, a: &[Ipv4Net], b: &[Ipv4Net]) -> Option<Allowed> {
+        if !self.enforce {
+            return None;
+        }
+        Allowed::from_sides(self.opens(a, b), self.opens(b, a))
     }
 
     /// Whether clients with blocks `a` and `b` may be paired: some rule lets one open a flow

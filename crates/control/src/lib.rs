@@ -15,8 +15,8 @@ pub mod relay;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
-    ClientMsg, CloudMsg, Hello, MIN_VERSION, NameRecord, PeerInfo, PolicyProto, PolicyRule,
-    RelayInfo, RelayReason, Resolution, VERSION, Welcome,
+    Allowed, ClientMsg, CloudMsg, Hello, MIN_VERSION, NameRecord, PeerInfo, PolicyProto,
+    PolicyRule, RelayInfo, RelayReason, Resolution, VERSION, Welcome,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{PROBE_TOKEN_LEN, Probe, Prober, bind_frame, bind_token};

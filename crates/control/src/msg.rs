@@ -11,7 +11,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -147,6 +147,60 @@ pub struct PeerInfo {
     /// channel instead of `endpoints`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay: Option<RelayInfo>,
+    /// (Version 5.) Which way the cloud's rules let flows start between the receiver and
+    /// this peer; absent when the cloud enforces nothing per device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<Allowed>,
+}
+
+/// Which way flows may start between a client and a peer, seen from the client
+/// (docs/protocol.md §4 *Policy*, Directions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Allowed {
+    /// Each side may open flows to the other.
+    Both,
+    /// We may open flows to the peer; it may only answer.
+    Out,
+    /// The peer may open flows to us; we may only answer.
+    In,
+}
+
+impl Allowed {
+    /// From whether we may open flows to the peer and it to us; `None` when neither may.
+    pub const fn from_sides(out: bool, inward: bool) -> Option<Self> {
+        match (out, inward) {
+            (true, true) => Some(Self::Both),
+            (true, false) => Some(Self::Out),
+            (false, true) => Some(Self::In),
+            (false, false) => None,
+        }
+    }
+
+    /// The same directions seen from the peer.
+    #[must_use]
+    pub const fn mirror(self) -> Self {
+        match self {
+            Self::Both => Self::Both,
+            Self::Out => Self::In,
+            Self::In => Self::Out,
+        }
+    }
+
+    /// In words, for logs and status.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::Both => "both ways",
+            Self::Out => "we open, it answers",
+            Self::In => "it opens, we answer",
+        }
+    }
+}
+
+impl std::fmt::Display for Allowed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
 }
 
 /// A relay channel (TRS) the cloud allocated for one pair of clients. Frames sent to
@@ -290,6 +344,26 @@ pub enum CloudMsg {
         /// More parts of this set follow.
         more: bool,
     },
+}
+
+impl CloudMsg {
+    /// This message as a client speaking control `version` may read it: what its version
+    /// lacks taken out (a version-4 client's `peer` has no `allowed`). Messages a version
+    /// lacks altogether are the sender's to hold back.
+    #[must_use]
+    pub fn for_version(mut self, version: u16) -> Self {
+        if version < 5 {
+            match &mut self {
+                Self::Expect { peer }
+                | Self::Resolved {
+                    resolution: Resolution::Found { peer, .. },
+                    ..
+                } => peer.allowed = None,
+                _ => {}
+            }
+        }
+        self
+    }
 }
 
 /// A rule's protocol on the wire.

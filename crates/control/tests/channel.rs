@@ -263,6 +263,58 @@ fn message_shapes_are_stable() {
     assert_eq!((v1.version, v1.timestamp), (1, 0));
 }
 
+/// `allowed` (version 5) reads as docs/protocol.md shows it, and a version-4 client, whose
+/// `peer` refuses unknown fields, gets its messages without it.
+#[test]
+fn directions_go_to_version_5_and_are_taken_out_for_version_4() {
+    use cyphonic_control::{Allowed, PeerInfo, Resolution};
+    let peer = PeerInfo {
+        certificate: "CERT".into(),
+        endpoints: vec![SocketAddr::from(([203, 0, 113, 2], 51820))],
+        relay: None,
+        allowed: Some(Allowed::Out),
+    };
+    let expect = CloudMsg::Expect { peer: peer.clone() };
+    assert_eq!(
+        serde_json::to_string(&expect).unwrap(),
+        r#"{"type":"expect","peer":{"certificate":"CERT","endpoints":["203.0.113.2:51820"],"allowed":"out"}}"#
+    );
+    assert_eq!(expect.clone().for_version(5), expect);
+    let found = CloudMsg::Resolved {
+        id: 1,
+        name: "host.gw2.ovl.example".into(),
+        resolution: Resolution::Found {
+            vip: Ipv4Addr::new(100, 64, 2, 10),
+            peer,
+        },
+    };
+    for msg in [expect, found] {
+        let old = serde_json::to_string(&msg.for_version(4)).unwrap();
+        assert!(!old.contains("allowed"), "{old}");
+        // What a version-4 peer reads: the same shape without the field.
+        let back: CloudMsg = serde_json::from_str(&old).unwrap();
+        assert!(matches!(
+            back,
+            CloudMsg::Expect {
+                peer: PeerInfo { allowed: None, .. }
+            } | CloudMsg::Resolved {
+                resolution: Resolution::Found {
+                    peer: PeerInfo { allowed: None, .. },
+                    ..
+                },
+                ..
+            }
+        ));
+    }
+    assert_eq!(Allowed::from_sides(true, false), Some(Allowed::Out));
+    assert_eq!(
+        Allowed::from_sides(false, true).map(Allowed::mirror),
+        Some(Allowed::Out)
+    );
+    assert_eq!(Allowed::from_sides(false, false), None);
+    assert_eq!(Allowed::Both.mirror(), Allowed::Both);
+}
+
 /// The cloud reads no first frame above MAX_HELLO_FRAME, so a client never writes one.
 #[test]
 fn a_hello_that_would_pass_the_first_frame_limit_is_not_sent() {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{Certificate, PublicKey};
 use cyphonic_session::{Identity, PeerConfig};
-use cyphonic_signal::{Event, Handle, NameRecord, PeerInfo, Resolution, SignalError};
+use cyphonic_signal::{Allowed, Event, Handle, NameRecord, PeerInfo, Resolution, SignalError};
 use cyphonic_tunnel::{Control, PeerSlot, Shared};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
@@ -494,7 +494,14 @@ impl CloudLink {
         let key = PublicKey(body.public_key);
         let endpoint = info.endpoints.first().copied();
         if let Some(slot) = shared.peers.by_key(&key) {
-            let relayed = slot.route().relay.is_some();
+            let relayed = {
+                let mut route = slot.route();
+                if route.allowed != info.allowed {
+                    tracing::info!(peer = %slot.name, allowed = info.allowed.map_or("not said", Allowed::describe), "the cloud says which way flows may start with this peer");
+                    route.allowed = info.allowed;
+                }
+                route.relay.is_some()
+            };
             let mut p = slot.lock();
             if let Some(e) = endpoint
                 && !relayed
@@ -509,7 +516,8 @@ impl CloudLink {
         let mut pc = PeerConfig::from_certificate(&cert, endpoint);
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
         let slot = control.add_cloud_peer(&cert, pc).ok()?;
-        tracing::info!(peer = %slot.name, ?endpoint, blocks = ?slot.blocks, "peer added from the cloud");
+        slot.route().allowed = info.allowed;
+        tracing::info!(peer = %slot.name, ?endpoint, blocks = ?slot.blocks, allowed = info.allowed.map_or("not said", Allowed::describe), "peer added from the cloud");
         Some(slot)
     }
 

@@ -162,6 +162,11 @@ pub struct PeerStatus {
     pub route: String,
     /// The relay channel, when relayed.
     pub relay: Option<RelayStatus>,
+    /// Which way flows may start with it, as the cloud said when it paired us: `both`,
+    /// `out` (we open, it answers) or `in` (it opens, we answer); absent when the cloud
+    /// enforces nothing per device (or for a static peer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<cyphonic_signal::Allowed>,
     /// The vIP blocks its certificate certifies.
     pub vip_blocks: Vec<String>,
     /// Where it is reached.
@@ -317,10 +322,14 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
         .all()
         .iter()
         .map(|slot| {
-            let relay = slot.route().relay.as_ref().map(|r| RelayStatus {
-                address: r.address.to_string(),
-                reason: r.reason.describe().to_owned(),
-            });
+            let (relay, allowed) = {
+                let route = slot.route();
+                let relay = route.relay.as_ref().map(|r| RelayStatus {
+                    address: r.address.to_string(),
+                    reason: r.reason.describe().to_owned(),
+                });
+                (relay, route.allowed)
+            };
             let current = slot.current_certificate();
             let p = slot.lock();
             PeerStatus {
@@ -328,6 +337,7 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
                 origin: slot.origin.to_owned(),
                 route: if relay.is_some() { "relay" } else { "direct" }.to_owned(),
                 relay,
+                allowed,
                 vip_blocks: slot.blocks.iter().map(ToString::to_string).collect(),
                 endpoint: p.endpoint().map(|e| e.to_string()),
                 established: p.is_established(now),
@@ -403,8 +413,17 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10} {:>8}",
-        "PEER", "ORIGIN", "VIP BLOCK", "ENDPOINT", "ROUTE", "UP", "TX PKTS", "RX PKTS", "EXPIRES"
+        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:<7} {:>10} {:>10} {:>8}",
+        "PEER",
+        "ORIGIN",
+        "VIP BLOCK",
+        "ENDPOINT",
+        "ROUTE",
+        "UP",
+        "ALLOWED",
+        "TX PKTS",
+        "RX PKTS",
+        "EXPIRES"
     );
     for p in &doc.peers {
         let route = p
@@ -413,13 +432,18 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             .map_or_else(|| "direct".to_owned(), |r| format!("relay ({})", r.reason));
         let _ = writeln!(
             out,
-            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:>10} {:>10} {:>8}",
+            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:<7} {:>10} {:>10} {:>8}",
             p.name,
             p.origin,
             p.vip_blocks.first().map_or("-", String::as_str),
             p.endpoint.as_deref().unwrap_or("-"),
             route,
             if p.established { "yes" } else { "no" },
+            p.allowed.map_or("-", |a| match a {
+                cyphonic_signal::Allowed::Both => "both",
+                cyphonic_signal::Allowed::Out => "out",
+                cyphonic_signal::Allowed::In => "in",
+            }),
             p.tx_packets,
             p.rx_packets,
             time_left(p.certificate_expires, doc.at)
@@ -483,6 +507,7 @@ mod tests {
                     address: "192.0.2.10:40000".into(),
                     reason: "symmetric NAT".into(),
                 }),
+                allowed: Some(cyphonic_signal::Allowed::Out),
                 vip_blocks: vec!["100.64.2.0/24".into()],
                 endpoint: Some("203.0.113.2:51820".into()),
                 established: true,
@@ -526,6 +551,7 @@ mod tests {
         assert_eq!(json["counters"]["frames"], 3);
         assert_eq!(json["counters"]["udp_sent"], 5);
         assert_eq!(json["peers"][0]["relay"]["reason"], "symmetric NAT");
+        assert_eq!(json["peers"][0]["allowed"], "out");
         assert_eq!(json["buffers"]["free"], 7);
         let back: Status<Edge, EdgeCounters> = serde_json::from_value(json).unwrap();
         assert_eq!(back.edge, doc.edge);
@@ -539,6 +565,7 @@ mod tests {
         assert!(!text.contains("udp_received"), "zeros are left out: {text}");
         let table = peers_text(&back);
         assert!(table.contains("relay (symmetric NAT)"), "{table}");
+        assert!(table.contains(" yes   out  "), "{table}");
         assert!(
             table.contains("certificate gw1.ovl.example  expires in 30d"),
             "{table}"

@@ -73,6 +73,7 @@ mod tests {
                 vip: [100, 64, 2, 100].into(),
                 peer: cyphonic_control::PeerInfo {
                     relay: None,
+                    allowed: None,
                     certificate: String::new(),
                     endpoints: vec![],
                 },

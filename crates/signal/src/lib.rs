@@ -17,5 +17,5 @@ pub use client::{
     Config, EnrollError, Enrolled, Event, Handle, RESOLVE_TIMEOUT, SignalError, enroll, spawn,
 };
 pub use cyphonic_control::{
-    NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason, Resolution, bind_frame,
+    Allowed, NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason, Resolution, bind_frame,
 };

@@ -15,7 +15,9 @@ use cyphonic_cloud::{CloudConfig, Policy, Rule};
 use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_session::Identity;
 use cyphonic_signal::testing::Pki;
-use cyphonic_signal::{Event, Handle, NameRecord, RelayInfo, RelayReason, Resolution};
+use cyphonic_signal::{
+    Allowed, Event, Handle, NameRecord, PeerInfo, RelayInfo, RelayReason, Resolution,
+};
 use tokio::io::AsyncWriteExt as _;
 use tokio::sync::mpsc;
 
@@ -362,11 +364,18 @@ async fn the_policy_is_compiled_per_client_and_pushed_as_it_changes() {
     // gw4 is in no rule: it enforces an empty set, and is paired with nobody.
     let set4 = next(&mut e4, policy_event).await;
     assert!(set4.is_some_and(|s| s.rules.is_empty()));
-    // ops resolves the camera; the camera's gateway may not resolve ops.
-    assert!(matches!(
-        resolved(&hops, "cam1.gw2.ovl.example").await,
-        Resolution::Found { .. }
-    ));
+    // ops resolves the camera, and is told it may open flows to gw2, which may only answer;
+    // gw2 is told the mirror of that. The camera's gateway may not resolve ops.
+    match resolved(&hops, "cam1.gw2.ovl.example").await {
+        Resolution::Found { peer, .. } => assert_eq!(peer.allowed, Some(Allowed::Out)),
+        other => panic!("{other:?}"),
+    }
+    let told = next(&mut e2, |e| match e {
+        Event::Expect(peer) => Some(peer),
+        _ => None,
+    })
+    .await;
+    assert_eq!(told.allowed, Some(Allowed::In));
     assert_eq!(resolved(&h2, "ops.ovl.example").await, Resolution::Denied);
     // Pairing on request follows the rules either way: gw2 may be paired with ops (ops may
     // open to its camera) but not with gw4, which no rule names, by relay or by admission.
@@ -394,6 +403,7 @@ async fn the_policy_is_compiled_per_client_and_pushed_as_it_changes() {
     })
     .await;
     assert_eq!(expected.certificate, ops_id.certificate().to_pem());
+    assert_eq!(expected.allowed, Some(Allowed::In));
 
     // A reload with another port: a new set, another version.
     running
@@ -431,9 +441,13 @@ async fn clients_come_back_after_the_cloud_restarts_and_the_registry_survives() 
     let (h1, mut e1) = client(&cloud, running.control, gw1);
     let (h2, _e2) = client(&cloud, running.control, gw2);
     h2.register(vec![], vec![rec("cam.gw2.ovl.example", [100, 64, 2, 100])]);
+    // Nothing enforced per device: no directions are said.
     assert!(matches!(
         resolved(&h1, "cam.gw2.ovl.example").await,
-        Resolution::Found { .. }
+        Resolution::Found {
+            peer: PeerInfo { allowed: None, .. },
+            ..
+        }
     ));
     next(&mut e1, |e| {
         matches!(e, Event::Connected { .. }).then_some(())
@@ -528,7 +542,7 @@ impl Tunnel {
         .expect("no such event within 5 s")
     }
 
-    async fn expect(&mut self) -> cyphonic_signal::PeerInfo {
+    async fn expect(&mut self) -> PeerInfo {
         self.until(|e, _| match e {
             Event::Expect(p) => Some(p),
             _ => None,

@@ -68,6 +68,9 @@ pub struct Route {
     pub relay: Option<Relay>,
     /// When we last asked the cloud for a relay because the direct path failed.
     pub relay_asked: Option<Instant>,
+    /// Which way the cloud's rules let flows start with this peer, as the cloud last said
+    /// when it paired us (`None`: it enforces nothing per device, or never said).
+    pub allowed: Option<cyphonic_control::Allowed>,
 }
 
 impl PeerSlot {
