@@ -612,6 +612,11 @@ mod tests {
             ask("sensors", "nvr", "tcp/554").is_ok(),
             "a group of one device"
         );
+        assert_eq!(
+            ask("all-sensors", "nvr", "tcp/554"),
+            Ok((true, true)),
+            "a group by pattern: sensor1"
+        );
         assert!(
             ask("gw2.ovl.example", "sensor1", "icmp").is_err_and(|e| e.contains("100.64.2.0/24")),
             "a block is not one address"
@@ -777,6 +782,11 @@ mod tests {
                 "members = [\"100.64.2.20\"]",
                 "members = [\"sensors\", \"camera9\"]",
                 "key `policy.group[0].members[1]`: `camera9` is not a group above",
+            ),
+            (
+                "members = [\"sensor*\"]",
+                "members = [\"printer*\"]",
+                "key `policy.group[1].members[0]`: `printer*` matches no device or member",
             ),
             (
                 "flows = 16384",

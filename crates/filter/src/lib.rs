@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 pub use packet::FlowKey;
 pub use rules::{Proto, Rule, RuleSet};
-pub use spec::{Allow, Directory, RuleSpec, SpecError, compile, parse_allow, parse_flow};
+pub use spec::{
+    Allow, Directory, RuleSpec, SpecError, compile, glob, is_pattern, parse_allow, parse_flow,
+};
 
 use packet::{FIN, RST, Seen};
 use rules::{Index, TCP};

@@ -74,10 +74,41 @@ pub fn parse_flow(text: &str) -> Result<(u8, u16), String> {
 }
 
 /// The names rules may use, each standing for address blocks: groups (the union of their
-/// members'), devices, members.
+/// members'), devices, members. Patterns (`cam*`, `*.gw2.ovl.example`) match the names of
+/// devices and members ([`Directory::add_named`]), never groups.
 #[derive(Debug, Clone, Default)]
 pub struct Directory {
     names: HashMap<String, Vec<Ipv4Net>>,
+    /// The devices' and members' names, in order (patterns match these).
+    named: std::collections::BTreeSet<String>,
+}
+
+/// Whether `item` is a pattern: it has a `*` and is not `*` alone (everyone, where the
+/// directory has it).
+pub fn is_pattern(item: &str) -> bool {
+    item.contains('*') && item != "*"
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return pattern == name;
+    };
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    if name.len() < first.len() + last.len() || !name.starts_with(first) || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(at) => rest = &rest[at + mid.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 impl Directory {
@@ -94,6 +125,28 @@ impl Directory {
                 entry.push(b);
             }
         }
+    }
+
+    /// A device or a member: `name` stands for `blocks` (too), and patterns match it.
+    pub fn add_named(&mut self, name: &str, blocks: impl IntoIterator<Item = Ipv4Net>) {
+        self.named.insert(name.to_owned());
+        self.add(name, blocks);
+    }
+
+    /// What `pattern` stands for: the blocks of every device and member whose name it
+    /// matches, in name order; `None` when it matches none.
+    pub fn matching(&self, pattern: &str) -> Option<Vec<Ipv4Net>> {
+        let mut out = Vec::new();
+        let mut any = false;
+        for name in self.named.iter().filter(|n| glob(pattern, n)) {
+            any = true;
+            for b in self.names.get(name).into_iter().flatten() {
+                if !out.contains(b) {
+                    out.push(*b);
+                }
+            }
+        }
+        any.then_some(out)
     }
 
     /// Whether `name` is known.
@@ -220,6 +273,30 @@ pub fn compile(specs: &[RuleSpec], dir: &Directory, version: u64) -> Result<Rule
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn patterns_match_names_of_devices_and_members_only() {
+        use super::{Directory, Ipv4Net, glob, is_pattern};
+        assert!(glob("cam*.gw2.ovl.example", "cam-1.gw2.ovl.example"));
+        assert!(glob("*.gw2.ovl.example", "nvr.gw2.ovl.example"));
+        assert!(!glob("cam*.gw2.ovl.example", "nvr.gw2.ovl.example"));
+        assert!(glob("a*b*c", "abc") && glob("a*b*c", "axxbyyc") && !glob("a*b*c", "acb"));
+        assert!(!glob("ab*ba", "aba"), "the ends may not overlap");
+        assert!(glob("exact", "exact") && !glob("exact", "exactly"));
+        assert!(is_pattern("cam*") && !is_pattern("*") && !is_pattern("cam1"));
+        let net = |s: &str| s.parse::<Ipv4Net>().unwrap_or_default();
+        let mut dir = Directory::new();
+        dir.add_named("cam2", [net("100.64.1.22/32")]);
+        dir.add_named("cam1", [net("100.64.1.21/32")]);
+        dir.add_named("nvr", [net("100.64.1.20/32")]);
+        dir.add("cameras-group", [net("100.64.1.99/32")]);
+        assert_eq!(
+            dir.matching("cam*"),
+            Some(vec![net("100.64.1.21/32"), net("100.64.1.22/32")]),
+            "name order, groups left out"
+        );
+        assert_eq!(dir.matching("printer*"), None);
+    }
+
     use super::*;
     use crate::rules::{ICMP, TCP, UDP};
 

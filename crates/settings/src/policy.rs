@@ -1,7 +1,8 @@
 //! `[policy]`: per-device rules a tunnel end enforces without a cloud (issue "Policy per
 //! device"). Rules name groups, devices (the adapter's reservations, by hostname), members
 //! (our certificate's name, a static peer's) and the groups in members' certificates, or
-//! addresses; they compile with the same code the cloud uses (`cyphonic_filter::compile`).
+//! addresses; a group may also take in devices and members by pattern (`cam*`). They compile
+//! with the same code the cloud uses (`cyphonic_filter::compile`).
 //!
 //! ```toml
 //! [policy]
@@ -20,7 +21,7 @@
 use std::hash::{Hash, Hasher};
 use std::net::Ipv4Addr;
 
-use cyphonic_filter::{Directory, Proto, Rule, RuleSpec, compile};
+use cyphonic_filter::{Directory, Proto, Rule, RuleSpec, compile, is_pattern};
 use cyphonic_session::Identity;
 use cyphonic_tunnel::PolicySettings;
 use cyphonic_tunnel::policy::DEFAULT_FLOWS;
@@ -109,14 +110,14 @@ pub fn directory(identity: &Identity, peers: &[Peer], devices: &[Device]) -> Dir
         } else {
             body.v4_blocks()
         };
-        dir.add(&body.name, blocks.iter().copied());
+        dir.add_named(&body.name, blocks.iter().copied());
         for g in &body.groups {
             dir.add(g, blocks.iter().copied());
         }
     }
     for d in devices {
         if let Some(name) = &d.name {
-            dir.add(name, [Ipv4Net::from(d.vip)]);
+            dir.add_named(name, [Ipv4Net::from(d.vip)]);
         }
         for g in &d.groups {
             dir.add(g, [Ipv4Net::from(d.vip)]);
@@ -173,16 +174,22 @@ impl RawPolicy {
             }
             let mut blocks = Vec::new();
             for (j, m) in g.members.get_ref().iter().enumerate() {
-                match dir.resolve(m.get_ref()) {
+                let item = m.get_ref();
+                let (found, missing) = if is_pattern(item) {
+                    (dir.matching(item), "matches no device or member")
+                } else {
+                    (
+                        dir.resolve(item),
+                        "is not a group above, a device, a member or an address",
+                    )
+                };
+                match found {
                     Some(b) => blocks.extend(b),
                     None => {
                         return src.err(
                             &m.span(),
                             &format!("policy.group[{i}].members[{j}]"),
-                            format!(
-                                "`{}` is not a group above, a device, a member or an address",
-                                m.get_ref()
-                            ),
+                            format!("`{item}` {missing}"),
                         );
                     }
                 }
