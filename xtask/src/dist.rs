@@ -2,13 +2,14 @@
 //! (binaries, systemd units, example configurations, documentation, a postinst that creates
 //! the service user and directories) and a tarball.
 //!
-//! Cross-compiling for the Raspberry Pi 4 (`aarch64-unknown-linux-gnu`) needs two things
-//! these build machines lack and cannot download: the target's Rust standard library
-//! (`rustup target add aarch64-unknown-linux-gnu`) and Debian's `gcc-aarch64-linux-gnu`
-//! (the linker, and the C compiler for ring's assembly and tun-tap's ioctl helper). `dist`
-//! checks for both before building and says what to install. The command lines and
-//! environment it uses are unit-tested here; the x86_64 package is built and installed into a
-//! scratch root by `cargo xtask test`.
+//! Cross-compiling for the Raspberry Pi 4 (`aarch64-unknown-linux-gnu`) needs two things:
+//! the target's Rust standard library and Debian's `gcc-aarch64-linux-gnu` (the linker, and
+//! the C compiler for ring's assembly and tun-tap's ioctl helper). rustup cannot download a
+//! standard library on these build machines; Debian ships one for its own newer compiler
+//! (`rustc-web`, at /usr/bin/rustc, with `libstd-rust-web-dev:arm64`), which `dist` then
+//! uses through `RUSTC` ([`rustc_for`]). `dist` checks for both before building and says
+//! what to install. The command lines and environment it uses are unit-tested here;
+//! `cargo xtask test` builds both packages and installs them into scratch roots.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -118,11 +119,31 @@ fn missing(target: &Target, has_gcc: bool, has_std: bool) -> Vec<String> {
     }
     if !has_std {
         out.push(format!(
-            "the Rust standard library for {} (rustup target add {}, on a machine that can download it)",
-            target.triple, target.triple
+            "the Rust standard library for {} (Debian: dpkg --add-architecture {}; apt-get update; apt-get install rustc-web libstd-rust-web-dev:{}, which dist then uses; or rustup target add {}, on a machine that can download it)",
+            target.triple, target.deb_arch, target.deb_arch, target.triple
         ));
     }
     out
+}
+
+/// Whether `rustc` has a standard library for `triple`.
+fn has_std(rustc: &str, triple: &str) -> bool {
+    util::output(rustc, &["--print", "target-libdir", "--target", triple]).is_some_and(|d| {
+        std::fs::read_dir(&d).is_ok_and(|mut entries| {
+            entries.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libstd-")))
+        })
+    })
+}
+
+/// The compiler to build `target` with: `$RUSTC`, else the toolchain's own `rustc`, else
+/// Debian's `/usr/bin/rustc` (rustc-web), the first that has the target's standard library;
+/// `None` when none has.
+pub(crate) fn rustc_for(target: &Target) -> Option<String> {
+    let mut candidates: Vec<String> = std::env::var("RUSTC").into_iter().collect();
+    candidates.extend(["rustc".to_owned(), "/usr/bin/rustc".to_owned()]);
+    candidates
+        .into_iter()
+        .find(|r| (target.cross.is_none() && r == "rustc") || has_std(r, target.triple))
 }
 
 /// What a build for `target` lacks on this machine.
@@ -130,16 +151,28 @@ fn missing_for(target: &Target) -> Vec<String> {
     let has_gcc = target.cross.is_none_or(|prefix| {
         util::output("sh", &["-c", &format!("command -v {prefix}-gcc")]).is_some()
     });
-    let libdir = util::output(
-        "rustc",
-        &["--print", "target-libdir", "--target", target.triple],
-    );
-    let has_std = libdir.is_some_and(|d| {
-        std::fs::read_dir(&d).is_ok_and(|mut entries| {
-            entries.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libstd-")))
-        })
-    });
-    missing(target, has_gcc, has_std)
+    missing(target, has_gcc, rustc_for(target).is_some())
+}
+
+/// The environment of a build of `target`: [`build`]'s, and `RUSTC` when the compiler
+/// with the target's standard library is not the toolchain's own.
+///
+/// # Errors
+/// Something the build needs is missing (said what, with the remedy).
+pub(crate) fn environment(target: &Target, b: &Build) -> anyhow::Result<Vec<(String, String)>> {
+    let missing = missing_for(target);
+    if !missing.is_empty() {
+        bail!(
+            "cannot build for {}; missing: {}.\nSee docs/operations.md, \"Packaging for the Raspberry Pi\".",
+            target.triple,
+            missing.join("; ")
+        );
+    }
+    let mut env = b.env.clone();
+    if let Some(rustc) = rustc_for(target).filter(|r| r != "rustc") {
+        env.push(("RUSTC".to_owned(), rustc));
+    }
+    Ok(env)
 }
 
 /// The Debian control file.
@@ -303,19 +336,12 @@ fn version() -> &'static str {
 pub(crate) fn run(triple: &str, profile: &str) -> anyhow::Result<PathBuf> {
     let root = util::root();
     let target = target(triple)?;
-    let missing = missing_for(&target);
-    if !missing.is_empty() {
-        bail!(
-            "cannot build for {}; missing: {}.\nSee docs/operations.md, \"Packaging for the Raspberry Pi\".",
-            target.triple,
-            missing.join("; ")
-        );
-    }
     let b = build(&target, profile);
+    let env = environment(&target, &b)?;
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.args(&b.args).current_dir(&root);
-    for (k, v) in &b.env {
+    for (k, v) in &env {
         cmd.env(k, v);
     }
     util::run(&mut cmd, &format!("cargo {}", b.args.join(" ")))?;
@@ -466,10 +492,65 @@ pub(crate) fn check_install(deb: &Path) -> anyhow::Result<()> {
             "xtask: {} installs into a scratch root as expected",
             deb.display()
         );
+        verify_units(&scratch)?;
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result
+}
+
+/// Checks the installed units with systemd's own tools, on `root` (where the package was
+/// installed): `systemd-analyze verify` must have nothing to say (it exits 0 even on an
+/// unknown key, so any output fails), and `systemd-analyze security` rates each unit, which
+/// is printed (docs/operations.md records the figures). The units they name from systemd
+/// itself, and `/bin/kill`, are copied from this machine into `root` first.
+///
+/// # Errors
+/// systemd-analyze is missing, or says something about a unit.
+fn verify_units(root: &Path) -> anyhow::Result<()> {
+    let units = root.join("lib/systemd/system");
+    for e in std::fs::read_dir("/lib/systemd/system").context("this machine's systemd units")? {
+        let e = e?;
+        let to = units.join(e.file_name());
+        if !to.exists() && e.file_type()?.is_file() {
+            std::fs::copy(e.path(), &to)?;
+        }
+    }
+    std::fs::create_dir_all(root.join("bin"))?;
+    std::fs::copy("/bin/kill", root.join("bin/kill")).context("/bin/kill")?;
+    let root_arg = format!("--root={}", root.display());
+    let paths: Vec<String> = PROGRAMS
+        .iter()
+        .map(|p| format!("/lib/systemd/system/{p}.service"))
+        .collect();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&root_arg)
+        .args(&paths)
+        .output()
+        .context("systemd-analyze (Debian: apt-get install systemd)")?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify:\n{said}"
+    );
+    for p in PROGRAMS {
+        let out = Command::new("systemd-analyze")
+            .args(["security", "--offline=yes", &root_arg, &format!("{p}.service")])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let overall = text
+            .lines()
+            .find(|l| l.contains("Overall exposure level"))
+            .with_context(|| format!("systemd-analyze security {p}: {text}"))?;
+        eprintln!("xtask: {}", overall.trim_start_matches('→').trim());
+    }
+    eprintln!("xtask: systemd-analyze verify: the units are clean");
+    Ok(())
 }
 
 #[cfg(test)]
@@ -540,6 +621,10 @@ mod tests {
         );
         assert!(
             both.contains("rustup target add aarch64-unknown-linux-gnu"),
+            "{both}"
+        );
+        assert!(
+            both.contains("apt-get install rustc-web libstd-rust-web-dev:arm64"),
             "{both}"
         );
     }

@@ -214,16 +214,34 @@ pub async fn serve(
         .context("installing the SIGHUP handler")?;
     let started = config::Restart::of(&config);
     let running = start(config).await?;
+    // Every socket is open: systemd may call the unit active, and watch it from here.
+    cyphonic_telemetry::service::ready();
+    let mut watchdog = cyphonic_telemetry::service::Watchdog::from_env(std::time::Instant::now());
     loop {
+        let ping = watchdog
+            .as_ref()
+            .map(cyphonic_telemetry::service::Watchdog::due);
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
+            () = async {
+                match ping {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Some(w) = watchdog.as_mut() {
+                    w.kick(std::time::Instant::now());
+                }
+            }
             _ = hup.recv() => {
+                cyphonic_telemetry::service::reloading();
                 tracing::info!("SIGHUP: reading the configuration again");
                 let new = match reread() {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::error!("the configuration is refused, the running one stays: {e:#}");
+                        cyphonic_telemetry::service::ready();
                         continue;
                     }
                 };
@@ -234,9 +252,11 @@ pub async fn serve(
                     Ok(cut) => tracing::info!(cut_off = cut.len(), "configuration reloaded"),
                     Err(e) => tracing::error!(error = %e, "reloaded, but the registry could not be checked against the new trust"),
                 }
+                cyphonic_telemetry::service::ready();
             }
         }
     }
+    cyphonic_telemetry::service::stopping();
     running.stop();
     Ok(())
 }

@@ -202,23 +202,33 @@ enum Ca {
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Ca(ca) => run_ca(ca),
-        Command::Serve { config, log_format } => serve(&config, log_format),
+        Command::Serve { config, log_format } => {
+            cyphonic_telemetry::logging::init(log_format);
+            match cyphonic_cloud::config::load(&config, now()) {
+                Ok(c) => serve(&config, c),
+                Err(e) => return config_refused(&e),
+            }
+        }
         Command::Status { socket, json } => {
             cyphonic_telemetry::status::show(&socket, "cyphonic-cloud", json, print_status)
                 .map_err(anyhow::Error::from)
         }
-        Command::CheckConfig { config } => cyphonic_cloud::config::load(&config, now()).map(|c| {
-            println!(
-                "{}: ok (control {}, probes {} and {}, relay {}, store {}, public key {})",
-                config.display(),
-                c.listen,
-                c.probe_listen,
-                c.probe_listen_alt,
-                if c.relay.is_some() { "on" } else { "off" },
-                cyphonic_cloud::redact(&c.database),
-                c.key.public()
-            );
-        }),
+        Command::CheckConfig { config } => match cyphonic_cloud::config::load(&config, now()) {
+            Ok(c) => {
+                println!(
+                    "{}: ok (control {}, probes {} and {}, relay {}, store {}, public key {})",
+                    config.display(),
+                    c.listen,
+                    c.probe_listen,
+                    c.probe_listen_alt,
+                    if c.relay.is_some() { "on" } else { "off" },
+                    cyphonic_cloud::redact(&c.database),
+                    c.key.public()
+                );
+                Ok(())
+            }
+            Err(e) => return config_refused(&e),
+        },
         Command::Keygen { out } => keygen(&out),
         Command::Members(m) => members::run(m, now()),
         Command::Token(t) => tokens::run(t, now()),
@@ -247,9 +257,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(path: &Path, format: LogFormat) -> anyhow::Result<()> {
-    cyphonic_telemetry::logging::init(format);
-    let config = cyphonic_cloud::config::load(path, now())?;
+/// A configuration refused: said on stderr (the journal, under systemd), and exit status 78
+/// (EX_CONFIG), which the unit keeps from restarting in a loop.
+fn config_refused(e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("cyphonic-cloud: error: {e:#}");
+    ExitCode::from(cyphonic_telemetry::service::EXIT_CONFIG)
+}
+
+fn serve(path: &Path, config: cyphonic_cloud::CloudConfig) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -182,9 +182,17 @@ pub fn main<
             let path = config.clone();
             let reread: Reread<C> = Box::new(move || load(&path, cyphonic_settings::now_secs()));
             // With `[identity] token` and no certificate yet: enroll first.
-            crate::enroll::enroll(&config, None, crate::enroll::Existing::Keep, &agent, now)
-                .and_then(|_| load(&config, cyphonic_settings::now_secs()).map_err(Into::into))
-                .and_then(|(c, id)| run(&c, id, reread))
+            match crate::enroll::enroll(&config, None, crate::enroll::Existing::Keep, &agent, now) {
+                // The file does not read: a configuration matter, as below.
+                Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
+                    return config_refused(names, &format!("{e:#}"));
+                }
+                Err(e) => Err(e),
+                Ok(_) => match load(&config, cyphonic_settings::now_secs()) {
+                    Ok((c, id)) => run(&c, id, reread),
+                    Err(e) => return config_refused(names, &e),
+                },
+            }
         }
         Command::Enroll { config, token } => {
             cyphonic_telemetry::logging::init(LogFormat::Text);
@@ -208,9 +216,13 @@ pub fn main<
                 println!("{waiting}");
                 Ok(())
             }
-            None => load(&config, now)
-                .map(|(c, id)| println!("{}", describe(&c, &id)))
-                .map_err(anyhow::Error::from),
+            None => match load(&config, now) {
+                Ok((c, id)) => {
+                    println!("{}", describe(&c, &id));
+                    Ok(())
+                }
+                Err(e) => return config_refused(names, &e),
+            },
         },
         Command::Status { socket, json } => show_status(names, status_text, &socket, json),
         Command::Policy {
@@ -239,6 +251,13 @@ pub fn main<
             ExitCode::FAILURE
         }
     }
+}
+
+/// A configuration refused: said on stderr (the journal, under systemd), and exit status 78
+/// (EX_CONFIG), which the units keep from restarting in a loop.
+fn config_refused(names: &Names, e: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("{}: error: {e}", names.name);
+    ExitCode::from(cyphonic_telemetry::service::EXIT_CONFIG)
 }
 
 /// The policy's dry run: whether `from` may open `what` (`tcp/554`) to `to` under the

@@ -520,6 +520,9 @@ async fn control_loop<S: Services, T: Serialize>(
     // Static peers with an endpoint start their handshakes right away (and persistent
     // keepalive peers keep them up).
     l.upkeep(Instant::now());
+    // The data plane and this loop run: systemd may call the unit active, and watch it.
+    cyphonic_telemetry::service::ready();
+    let mut watchdog = cyphonic_telemetry::service::Watchdog::from_env(Instant::now());
     loop {
         let now = Instant::now();
         let deadline = l
@@ -546,12 +549,22 @@ async fn control_loop<S: Services, T: Serialize>(
             }
             () = shared.notify.notified() => {}
             () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
-            _ = hup.recv() => l.reload(Instant::now()),
+            _ = hup.recv() => {
+                cyphonic_telemetry::service::reloading();
+                l.reload(Instant::now());
+                cyphonic_telemetry::service::ready();
+            }
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
         }
-        l.upkeep(Instant::now());
+        let now = Instant::now();
+        l.upkeep(now);
+        // Pinged from here: a loop stuck anywhere above misses its pings and is restarted.
+        if let Some(w) = watchdog.as_mut() {
+            w.kick(now);
+        }
     }
+    cyphonic_telemetry::service::stopping();
     Ok(())
 }
 

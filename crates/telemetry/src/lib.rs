@@ -5,7 +5,10 @@
 //!   atomic counters that status documents and scrapes both read, with their help texts;
 //!   [`Family`] writes labelled values from inside a collector.
 //! - [`logging`]: tracing's subscriber, as text for a terminal, as JSON on request, and
-//!   without timestamps or colours under systemd (journald adds its own); an env-filter.
+//!   under systemd without timestamps or colours (journald adds its own) and with each
+//!   line's syslog priority; an env-filter.
+//! - [`service`]: what systemd hears (`Type=notify`: ready, reloading, stopping; the
+//!   watchdog's pings) and the exit status of a refused configuration (78).
 //! - [`status`]: the local status socket (mode 0600) each daemon's `status` command reads a
 //!   JSON document from (any serde type; the daemons define theirs).
 //! - [`Throttle`]: at most one log line per interval for a repeated event (a flood of bad
@@ -22,6 +25,7 @@ extern crate self as cyphonic_telemetry;
 
 pub mod logging;
 pub mod metrics;
+pub mod service;
 pub mod status;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! Logs through tracing. Text for a terminal (with colours when it is one), one JSON object
 //! per line on request, and under systemd (`JOURNAL_STREAM` set) text without timestamps and
-//! colours: journald stamps each line itself. `RUST_LOG` filters (default `info`).
+//! colours, each line led by its syslog priority (`<4>` for a warning: sd-daemon(3)), so
+//! that journald stamps it itself and `journalctl -p warning` shows the warnings.
+//! `RUST_LOG` filters (default `info`).
 //!
 //! What is logged is each crate's business; their rule is one line per state change (a peer
 //! up or down, a lease granted or expired, a relay chosen and why), never key material, and
@@ -54,8 +56,42 @@ pub fn init(format: Format) {
     }
     match (format, under_journald()) {
         (Format::Json, _) => install!(builder.json()),
-        (Format::Text, true) => install!(builder.with_ansi(false).without_time()),
+        (Format::Text, true) => install!(
+            builder.with_ansi(false).event_format(Journald(
+                tracing_subscriber::fmt::format()
+                    .with_ansi(false)
+                    .without_time()
+            ))
+        ),
         (Format::Text, false) => install!(builder.with_ansi(std::io::stderr().is_terminal())),
+    }
+}
+
+/// An event format that leads each line with the syslog priority of its level, as journald
+/// reads lines on a service's stderr: error 3, warning 4, info 6, debug and trace 7.
+#[derive(Debug)]
+pub struct Journald<F>(pub F);
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for Journald<F>
+where
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let priority = match *event.metadata().level() {
+            tracing::Level::ERROR => 3,
+            tracing::Level::WARN => 4,
+            tracing::Level::INFO => 6,
+            _ => 7,
+        };
+        write!(writer, "<{priority}>")?;
+        self.0.format_event(ctx, writer, event)
     }
 }
 
@@ -113,7 +149,58 @@ impl std::fmt::Display for Untrusted<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::Untrusted;
+    use super::{Journald, Untrusted};
+
+    /// Lines for journald lead with their priority: what `journalctl -p` filters on.
+    #[test]
+    fn journald_lines_carry_their_priority() {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .event_format(Journald(
+                tracing_subscriber::fmt::format()
+                    .with_ansi(false)
+                    .without_time(),
+            ))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!("e");
+            tracing::warn!(peer = "gw2", "w");
+            tracing::info!("i");
+            tracing::debug!("d");
+        });
+        let text = String::from_utf8(
+            buf.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+        )
+        .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        for (line, p) in lines.iter().zip(["<3>", "<4>", "<6>", "<7>"]) {
+            assert!(line.starts_with(p), "{line}");
+        }
+        assert!(lines[1].contains("peer=\"gw2\""), "{text}");
+    }
 
     #[test]
     fn untrusted_strings_cannot_forge_or_flood_log_lines() {

@@ -1,0 +1,86 @@
+//! What a daemon tells its service manager (sd_notify(3), through the `sd-notify` crate):
+//! ready, reloading, stopping, and the watchdog's pings. Without systemd (no
+//! `NOTIFY_SOCKET`), every call does nothing.
+
+use std::time::{Duration, Instant};
+
+use sd_notify::NotifyState;
+
+/// The exit status of a configuration the program refuses (EX_CONFIG in sysexits.h). The
+/// units name it in `RestartPreventExitStatus=`: restarting would not mend the file.
+pub const EXIT_CONFIG: u8 = 78;
+
+fn notify(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::warn!(error = %e, "the service manager could not be told");
+    }
+}
+
+/// The daemon serves: systemd marks the unit active (`Type=notify`).
+pub fn ready() {
+    notify(&[NotifyState::Ready]);
+}
+
+/// The daemon reads its configuration again ([`ready`] follows when it is done).
+pub fn reloading() {
+    notify(&[NotifyState::Reloading]);
+}
+
+/// The daemon is shutting down.
+pub fn stopping() {
+    notify(&[NotifyState::Stopping]);
+}
+
+/// The watchdog systemd keeps on this process (`WatchdogSec=`): pinged at half its period
+/// from the loop whose liveness it stands for.
+#[derive(Debug, Clone)]
+pub struct Watchdog {
+    every: Duration,
+    next: Instant,
+}
+
+impl Watchdog {
+    /// The watchdog systemd set for this process, or `None` (no `WatchdogSec=`, or not
+    /// under systemd).
+    pub fn from_env(now: Instant) -> Option<Self> {
+        let mut usec = 0;
+        (sd_notify::watchdog_enabled(false, &mut usec) && usec > 0)
+            .then(|| Self::every(Duration::from_micros(usec) / 2, now))
+    }
+
+    /// A watchdog pinged every `every`, the first time at once.
+    pub fn every(every: Duration, now: Instant) -> Self {
+        Self { every, next: now }
+    }
+
+    /// When the next ping is due.
+    pub fn due(&self) -> Instant {
+        self.next
+    }
+
+    /// Pings when due (returns whether it did).
+    pub fn kick(&mut self, now: Instant) -> bool {
+        if now < self.next {
+            return false;
+        }
+        notify(&[NotifyState::Watchdog]);
+        self.next = now + self.every;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_is_pinged_once_per_period() {
+        let t0 = Instant::now();
+        let mut w = Watchdog::every(Duration::from_secs(15), t0);
+        assert!(w.kick(t0), "the first ping goes at once");
+        assert!(!w.kick(t0 + Duration::from_secs(14)));
+        assert_eq!(w.due(), t0 + Duration::from_secs(15));
+        assert!(w.kick(t0 + Duration::from_secs(16)));
+        assert_eq!(w.due(), t0 + Duration::from_secs(31));
+    }
+}

@@ -1,0 +1,202 @@
+//! What systemd sees of the daemons (issue "The appliance for real", item 3), with a stand-in
+//! for its notification socket: READY=1 only once the data plane runs, the watchdog's pings,
+//! RELOADING=1 then READY=1 around a reload, STOPPING=1 at the end; log lines led by their
+//! syslog priority under journald; exit status 78 for a configuration refused, which the
+//! units keep from restarting.
+
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use cyphonic_e2e::hosts::Bins;
+
+/// The service manager's end of `NOTIFY_SOCKET`.
+struct Manager {
+    sock: UnixDatagram,
+    path: PathBuf,
+}
+
+impl Manager {
+    fn new() -> Self {
+        let path = std::env::temp_dir().join(format!("cyphonic-notify-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let sock = UnixDatagram::bind(&path).unwrap();
+        Self { sock, path }
+    }
+
+    /// The messages that arrive within `within`, until one has the line `line` (included);
+    /// `None` if it does not come.
+    fn until(&self, line: &str, within: Duration) -> Option<Vec<String>> {
+        let end = Instant::now() + within;
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            self.sock
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            let Ok(n) = self.sock.recv(&mut buf) else {
+                break;
+            };
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let done = msg.lines().any(|l| l == line);
+            seen.push(msg);
+            if done {
+                return Some(seen);
+            }
+        }
+        None
+    }
+}
+
+impl Manager {
+    /// Drops what arrived so far.
+    fn drain(&self) {
+        let mut buf = [0u8; 4096];
+        self.sock.set_nonblocking(true).unwrap();
+        while self.sock.recv(&mut buf).is_ok() {}
+        self.sock.set_nonblocking(false).unwrap();
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Site A's adapter run as systemd would run it (`Type=notify`, `WatchdogSec=2`, under
+/// journald), against the stand-in: ready only when its sockets are up, and it carries
+/// traffic then; the watchdog pinged every second; a reload and the stop are announced.
+#[test]
+fn the_adapter_tells_systemd_it_is_ready_reloading_and_stopping_and_pings_the_watchdog() {
+    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
+    bed.stop(Side::A, "TERM").unwrap();
+    let manager = Manager::new();
+    let site = bed.site_ref(Side::A);
+    let _ = std::fs::remove_file(site.socket());
+    let script = format!(
+        "export NOTIFY_SOCKET={} WATCHDOG_USEC=2000000 WATCHDOG_PID=$$ JOURNAL_STREAM=8:1; exec {} run --config {}",
+        manager.path.display(),
+        bed.bins.adapter.display(),
+        site.config().display()
+    );
+    let log = site.dir.join("under-systemd.log");
+    let proc = site
+        .adapter_ns
+        .daemon(Path::new("/bin/sh"), &["-c", &script], &log, || true)
+        .unwrap();
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // READY=1, once the status socket (opened after the data plane) answers.
+    let first = manager
+        .until("READY=1", Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no READY=1:\n{}", text()));
+    assert!(site.socket().exists(), "ready before the status socket");
+    assert!(
+        text().contains("cyphonic-adapter running"),
+        "ready before the data plane:\n{}",
+        text()
+    );
+    assert_eq!(
+        first.iter().filter(|m| m.contains("READY=1")).count(),
+        1,
+        "{first:?}"
+    );
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+
+    // The watchdog, pinged at half its period (1 s, give or take the loop's wake-ups): it
+    // keeps coming, and does not flood.
+    manager.drain();
+    let start = Instant::now();
+    let mut pings = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        if manager
+            .until("WATCHDOG=1", Duration::from_millis(2_000))
+            .is_some()
+        {
+            pings += 1;
+        }
+    }
+    assert!((2..=6).contains(&pings), "{pings} pings in 4 s");
+
+    // A reload: RELOADING=1, then READY=1 again.
+    let pid = proc.pid().to_string();
+    cyphonic_e2e::sh("kill", &["-s", "HUP", &pid]).unwrap();
+    let reload = manager
+        .until("READY=1", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no READY=1 after the reload:\n{}", text()));
+    assert!(
+        reload.iter().any(|m| m.lines().any(|l| l == "RELOADING=1")),
+        "{reload:?}"
+    );
+
+    // Lines carry their priority for journald.
+    let lines = text();
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.starts_with("<6>") && l.contains("cyphonic-adapter running")),
+        "{lines}"
+    );
+    assert!(
+        !lines
+            .lines()
+            .any(|l| l.contains("running") && !l.starts_with('<')),
+        "{lines}"
+    );
+
+    // The stop: STOPPING=1, and a clean exit.
+    let out = proc.stop("TERM", Duration::from_secs(10)).unwrap();
+    assert!(
+        manager
+            .until("STOPPING=1", Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        text()
+    );
+    assert!(out.status.success(), "{:?}", out.status);
+}
+
+/// A configuration the program refuses ends `run`, `serve` and `check-config` with status 78
+/// (EX_CONFIG: the units' `RestartPreventExitStatus=78`), the reason on stderr; another
+/// failure keeps status 1.
+#[test]
+fn a_refused_configuration_exits_78() {
+    let bins = Bins::find().unwrap();
+    let dir = std::env::temp_dir().join(format!("cyphonic-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "[adapter]\nlan_interface = 7\n").unwrap();
+    let b = broken.to_str().unwrap();
+    let runs: [(&Path, &[&str]); 5] = [
+        (&bins.adapter, &["run", "--config", b]),
+        (&bins.adapter, &["check-config", b]),
+        (&bins.node, &["run", "--config", b]),
+        (&bins.cloud, &["serve", "--config", b]),
+        (&bins.cloud, &["check-config", b]),
+    ];
+    for (program, args) in runs {
+        let out = std::process::Command::new(program)
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(78),
+            "{} {args:?}: {stderr}",
+            program.display()
+        );
+        assert!(stderr.contains("error"), "{stderr}");
+    }
+    // Not a configuration matter: a status socket nobody serves.
+    let out = std::process::Command::new(&bins.adapter)
+        .args(["status", "--socket", dir.join("none").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(1));
+}
