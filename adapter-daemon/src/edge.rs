@@ -140,7 +140,7 @@ fn set_receive_offloads(iface: &str, gro: bool, gso: bool) -> anyhow::Result<()>
                 tracing::warn!(interface = %iface, offload = ?state.offload, "still on: merged frames over the inner MTU will be dropped, or answered with fragmentation-needed");
             }
             (_, None) => {
-                tracing::info!(interface = %iface, offload = ?state.offload, "not supported by the driver");
+                tracing::info!(interface = %iface, offload = ?state.offload, "not supported by the driver (or the kernel interface: state unknown)");
             }
             _ => {
                 tracing::debug!(interface = %iface, offload = ?state.offload, "already off");

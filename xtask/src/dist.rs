@@ -170,6 +170,11 @@ pub(crate) fn environment(target: &Target, b: &Build) -> anyhow::Result<Vec<(Str
     }
     let mut env = b.env.clone();
     if let Some(rustc) = rustc_for(target).filter(|r| r != "rustc") {
+        // Its rustdoc beside it, for doctests (rustc-web ships /usr/bin/rustdoc).
+        let rustdoc = Path::new(&rustc).with_file_name("rustdoc");
+        if rustdoc.exists() {
+            env.push(("RUSTDOC".to_owned(), rustdoc.display().to_string()));
+        }
         env.push(("RUSTC".to_owned(), rustc));
     }
     Ok(env)
@@ -430,6 +435,8 @@ pub(crate) fn check_install(deb: &Path) -> anyhow::Result<()> {
                 "--force-script-chrootless",
                 "--force-not-root",
                 "--force-depends",
+                // The scratch database knows no foreign architecture (the arm64 package).
+                "--force-architecture",
                 &format!("--log={}", scratch.join("var/log/dpkg.log").display()),
                 "--install",
                 deb.to_str().context("path")?,
@@ -540,7 +547,12 @@ fn verify_units(root: &Path) -> anyhow::Result<()> {
     );
     for p in PROGRAMS {
         let out = Command::new("systemd-analyze")
-            .args(["security", "--offline=yes", &root_arg, &format!("{p}.service")])
+            .args([
+                "security",
+                "--offline=yes",
+                &root_arg,
+                &format!("{p}.service"),
+            ])
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout);
         let overall = text

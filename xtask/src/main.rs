@@ -14,6 +14,7 @@
 
 mod bed;
 mod bench;
+mod cross;
 mod dist;
 mod fuzz;
 mod report;
@@ -80,6 +81,14 @@ enum Command {
         #[arg(long)]
         check_install: bool,
     },
+    /// The Raspberry Pi's architecture here: the unit tier built for aarch64 and run under
+    /// qemu-user, then the short demo with the aarch64 builds of the cloud and the node
+    /// under the emulator (part of `test`).
+    Arm64 {
+        /// Only the unit tier.
+        #[arg(long)]
+        unit: bool,
+    },
     /// Check repository consistency: ARCHITECTURE.md code map, crate layering, lint headers.
     Tidy,
     /// Run the main job on embedded defaults.
@@ -120,6 +129,7 @@ fn main() -> ExitCode {
                 Ok(())
             }
         }),
+        Command::Arm64 { unit } => arm64(unit),
         Command::Tidy => tidy::run(),
         Command::Demo => demo(),
     };
@@ -188,6 +198,12 @@ fn test() -> anyhow::Result<()> {
         let deb = dist::run("x86_64-unknown-linux-gnu", "dev")?;
         dist::check_install(&deb)?;
     }
+    // The Pi's architecture: the unit tier under the emulator, the demo with the emulated
+    // cloud and node, and the arm64 package (of the programs the demo just built).
+    cross::test(&root)?;
+    cross::smoke(&root, &root.join("target/debug"))?;
+    let deb = dist::run(cross::TRIPLE, "dev")?;
+    dist::check_install(&deb)?;
     // The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly and
     // sanitizers); make sure they still compile against the current APIs.
     // Sharing the target directory reuses the workspace's compiled dependencies.
@@ -203,6 +219,19 @@ fn test() -> anyhow::Result<()> {
         ],
     )?;
     eprintln!("xtask: all checks passed");
+    Ok(())
+}
+
+/// The aarch64 tier: the unit tests under the emulator, then (unless `unit_only`) the short
+/// demo by the emulated programs, with the bed's own tools built for this machine.
+fn arm64(unit_only: bool) -> anyhow::Result<()> {
+    let root = util::root();
+    cross::test(&root)?;
+    if !unit_only {
+        bed::prerequisites()?;
+        bed::build(&root, &[])?;
+        cross::smoke(&root, &root.join("target/debug"))?;
+    }
     Ok(())
 }
 

@@ -1,0 +1,199 @@
+//! The Raspberry Pi's architecture, tested on this one: the unit tier built for
+//! `aarch64-unknown-linux-gnu` and run under qemu-user, and the demo (the cloud, two adapters,
+//! DHCP devices, a node, ping and iperf3 by name) with the aarch64 builds of the cloud and
+//! the node under the emulator. Endianness, alignment, atomics and the AEAD backends of the
+//! Pi's architecture are exercised here rather than first on a gateway.
+//!
+//! The adapters of that demo stay native: qemu-user (Debian 12's 7.2) does not translate
+//! `SOL_PACKET` socket options (`PACKET_ADD_MEMBERSHIP`, `PACKET_VERSION`, ...), so the
+//! adapter's capture socket cannot be set up under it (`Protocol not available`). The
+//! adapter's code is in the unit tier; running its program on arm64 needs a whole emulated
+//! machine (qemu-system-aarch64).
+//!
+//! binfmt_misc need not be set up: the emulator is called explicitly, as cargo's target
+//! runner for the tests, and from small wrapper scripts for the programs the bed starts.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+
+use crate::{dist, util};
+
+/// The Pi's target.
+pub(crate) const TRIPLE: &str = "aarch64-unknown-linux-gnu";
+
+/// Debian's aarch64 libraries for cross-compiling (libc6-arm64-cross), where the emulator
+/// finds the dynamic loader and libc when the machine has no arm64 libc of its own.
+const SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// The arm64 dynamic loader of a multiarch libc6:arm64 (which libstd-rust-web-dev:arm64
+/// brings).
+const MULTIARCH_LOADER: &str = "/lib/ld-linux-aarch64.so.1";
+
+/// The emulator and its arguments, to put before an aarch64 program; empty on an aarch64
+/// machine.
+pub(crate) fn runner() -> Vec<String> {
+    if std::env::consts::ARCH == "aarch64" {
+        return Vec::new();
+    }
+    runner_for(Path::new(MULTIARCH_LOADER).exists())
+}
+
+/// The emulator's command line. With a multiarch libc6:arm64 it runs programs with that
+/// libc and its own loader, found at their usual paths. Pointing it at the cross sysroot
+/// (`-L`) then would pair the sysroot's loader with the multiarch libc.so.6 (the loader looks
+/// for it where the sysroot has none, and the emulator falls back to the machine's path):
+/// two builds of glibc whose shared state differs, and the first thread a program starts
+/// spins for ever in pthread_create (seen with Debian 12's 2.36-8cross1 and 2.36-9+deb12u14).
+fn runner_for(multiarch: bool) -> Vec<String> {
+    let mut r = vec!["qemu-aarch64-static".to_owned()];
+    if !multiarch {
+        r.extend(["-L".to_owned(), SYSROOT.to_owned()]);
+    }
+    r
+}
+
+/// The environment of a cargo command for the Pi: the cross toolchain, the compiler with
+/// the target's standard library, and the emulator as the runner of what cargo runs.
+fn environment(profile: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let target = dist::target(TRIPLE)?;
+    let b = dist::build(&target, profile);
+    let mut env = dist::environment(&target, &b)?;
+    let runner = runner();
+    if !runner.is_empty() {
+        anyhow::ensure!(
+            util::output("sh", &["-c", "command -v qemu-aarch64-static"]).is_some(),
+            "running aarch64 programs here needs the emulator: apt-get install qemu-user-static"
+        );
+        let upper = TRIPLE.to_uppercase().replace('-', "_");
+        env.push((format!("CARGO_TARGET_{upper}_RUNNER"), runner.join(" ")));
+    }
+    Ok(env)
+}
+
+fn cargo(root: &Path, args: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(args).current_dir(root);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    util::run(&mut cmd, &format!("cargo {}", args.join(" ")))
+}
+
+/// The unit tier (every unit and integration test that needs no privileges; not the
+/// doctests, whose examples the native tier runs) built for the Pi and run under the
+/// emulator.
+///
+/// # Errors
+/// The toolchain or the emulator is missing (said with the remedy), or a test fails.
+pub(crate) fn test(root: &Path) -> anyhow::Result<()> {
+    let env = environment("dev")?;
+    cargo(
+        root,
+        &[
+            "test",
+            "--workspace",
+            "--exclude",
+            "cyphonic-e2e",
+            "--exclude",
+            "xtask",
+            "--locked",
+            "--lib",
+            "--bins",
+            "--tests",
+            "--target",
+            TRIPLE,
+        ],
+        &env,
+    )
+}
+
+/// The programs the emulated demo runs as aarch64 builds (see the module's note on the
+/// adapter).
+const EMULATED: [&str; 2] = ["cyphonic-node", "cyphonic-cloud"];
+
+/// Builds the three programs for the Pi (`profile`; the package needs all three) and
+/// writes, in `target/<triple>/run`, a script per program for the bed: the [`EMULATED`]
+/// ones run their aarch64 build under the emulator, the adapter its build in `host_bins`.
+/// Returns that directory, to hand the bed as `CYPHONIC_BIN_DIR`.
+///
+/// # Errors
+/// The build fails, or a script cannot be written.
+pub(crate) fn programs(root: &Path, profile: &str, host_bins: &Path) -> anyhow::Result<PathBuf> {
+    let target = dist::target(TRIPLE)?;
+    let b = dist::build(&target, profile);
+    let env = environment(profile)?;
+    let args: Vec<&str> = b.args.iter().map(String::as_str).collect();
+    cargo(root, &args, &env)?;
+    let bins = root.join(&b.out);
+    let run = root.join("target").join(TRIPLE).join("run");
+    std::fs::create_dir_all(&run)?;
+    for p in ["cyphonic-adapter", "cyphonic-node", "cyphonic-cloud"] {
+        let script = run.join(p);
+        let text = if EMULATED.contains(&p) {
+            wrapper(&runner(), &bins.join(p))
+        } else {
+            wrapper(&[], &host_bins.join(p))
+        };
+        std::fs::write(&script, text).with_context(|| format!("writing {}", script.display()))?;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(run)
+}
+
+/// A script that runs `program` under `runner` with the script's arguments; `exec`, so that
+/// the PID the bed knows (and signals) is the program's.
+fn wrapper(runner: &[String], program: &Path) -> String {
+    let mut line = runner.join(" ");
+    if !line.is_empty() {
+        line.push(' ');
+    }
+    format!(
+        "#!/bin/sh\n# Written by cargo xtask: runs the aarch64 build of this program here.\nexec {line}{} \"$@\"\n",
+        program.display()
+    )
+}
+
+/// The demo, short, with the Pi's builds of the cloud and the node under the emulator: two
+/// adapters each handing a DHCP lease to a device, the node resolving a device by name
+/// through the emulated cloud, pinging it and sending iperf3 through the tunnel. The bed
+/// itself (namespaces, clients) and the adapters run natively, from `host_bins`.
+///
+/// # Errors
+/// A build fails, or the demo does (a name not resolved, a ping unanswered).
+pub(crate) fn smoke(root: &Path, host_bins: &Path) -> anyhow::Result<()> {
+    let run = programs(root, "dev", host_bins)?;
+    util::run(
+        Command::new(host_bins.join("cyphonic-bed"))
+            .args(["demo", "--short"])
+            .env("CYPHONIC_BIN_DIR", &run),
+        "cyphonic-bed demo --short (the cloud's and the node's aarch64 builds, emulated)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wrapper_execs_the_program_under_the_runner() {
+        assert_eq!(runner_for(true), ["qemu-aarch64-static"]);
+        let runner = runner_for(false);
+        let w = wrapper(&runner, Path::new("/t/cyphonic-adapter"));
+        assert!(w.starts_with("#!/bin/sh\n"), "{w}");
+        assert!(
+            w.ends_with(
+                "\nexec qemu-aarch64-static -L /usr/aarch64-linux-gnu /t/cyphonic-adapter \"$@\"\n"
+            ),
+            "{w}"
+        );
+        let native = wrapper(&[], Path::new("/t/cyphonic-node"));
+        assert!(
+            native.ends_with("\nexec /t/cyphonic-node \"$@\"\n"),
+            "{native}"
+        );
+    }
+}
