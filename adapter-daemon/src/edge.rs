@@ -53,6 +53,10 @@ impl<'a> AdapterEdge<'a> {
     pub fn open(config: &'a AdapterConfig) -> anyhow::Result<Self> {
         let d = &config.common.dataplane;
         let lan_side = &config.lan_dataplane;
+        // The LAN port is ours: down (nothing on the host configures it), we bring it up.
+        if Interface::bring_up(&config.lan_interface)? {
+            tracing::info!(interface = %config.lan_interface, "the LAN port was down: brought up");
+        }
         let iface = Interface::lookup_up(&config.lan_interface)?;
         set_receive_offloads(&iface.name, lan_side.gro, lan_side.gso)?;
         let capture = PacketSocket::open(

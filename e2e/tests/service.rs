@@ -200,3 +200,25 @@ fn a_refused_configuration_exits_78() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// The LAN port is the adapter's: left down at boot (nothing on the host configures it),
+/// the adapter brings it up itself and serves.
+#[test]
+fn the_adapter_brings_a_lan_port_that_is_down_up() {
+    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
+    bed.stop(Side::A, "TERM").unwrap();
+    bed.a
+        .adapter_ns
+        .exec("ip", &["link", "set", "lan", "down"])
+        .unwrap();
+    bed.start(Side::A)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(
+        bed.a
+            .log_text()
+            .contains("the LAN port was down: brought up"),
+        "{}",
+        bed.a.log_text()
+    );
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+}

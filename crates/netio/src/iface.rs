@@ -82,6 +82,30 @@ impl Interface {
         })
     }
 
+    /// Sets the interface up (`IFF_UP`) if it is down; returns whether it was down. Needs
+    /// `CAP_NET_ADMIN` for that.
+    ///
+    /// # Errors
+    /// No such interface, or it cannot be set up.
+    pub fn bring_up(name: &str) -> Result<bool, NetError> {
+        let io_err = |op, e| NetError::from_io(op, name, "CAP_NET_ADMIN", e);
+        let fd = ioctl_socket().map_err(|e| io_err("opening an ioctl socket", e))?;
+        let mut req = ifreq(name)?;
+        ifreq_ioctl(&fd, libc::SIOCGIFFLAGS, &mut req)
+            .map_err(|e| io_err("reading the interface flags", e))?;
+        // SAFETY: SIOCGIFFLAGS succeeded, so the kernel wrote the `ifru_flags` member.
+        let flags = unsafe { req.ifr_ifru.ifru_flags };
+        if libc::c_int::from(flags) & libc::IFF_UP != 0 {
+            return Ok(false);
+        }
+        // IFF_UP is 1: it fits the 16-bit flags field.
+        let up = libc::c_short::try_from(libc::IFF_UP).unwrap_or(1);
+        req.ifr_ifru.ifru_flags = flags | up;
+        ifreq_ioctl(&fd, libc::SIOCSIFFLAGS, &mut req)
+            .map_err(|e| io_err("setting the interface up", e))?;
+        Ok(true)
+    }
+
     /// Like [`Interface::lookup`], but an interface that is down is an error.
     ///
     /// # Errors
