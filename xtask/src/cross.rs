@@ -57,10 +57,8 @@ fn runner_for(multiarch: bool) -> Vec<String> {
 
 /// The environment of a cargo command for the Pi: the cross toolchain, the compiler with
 /// the target's standard library, and the emulator as the runner of what cargo runs.
-fn environment(profile: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let target = dist::target(TRIPLE)?;
-    let b = dist::build(&target, profile);
-    let mut env = dist::environment(&target, &b)?;
+fn environment(target: &dist::Target, b: &dist::Build) -> anyhow::Result<Vec<(String, String)>> {
+    let mut env = dist::environment(target, b)?;
     let runner = runner();
     if !runner.is_empty() {
         anyhow::ensure!(
@@ -73,16 +71,6 @@ fn environment(profile: &str) -> anyhow::Result<Vec<(String, String)>> {
     Ok(env)
 }
 
-fn cargo(root: &Path, args: &[&str], env: &[(String, String)]) -> anyhow::Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(args).current_dir(root);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    util::run(&mut cmd, &format!("cargo {}", args.join(" ")))
-}
-
 /// The unit tier (every unit and integration test that needs no privileges; not the
 /// doctests, whose examples the native tier runs) built for the Pi and run under the
 /// emulator.
@@ -90,8 +78,9 @@ fn cargo(root: &Path, args: &[&str], env: &[(String, String)]) -> anyhow::Result
 /// # Errors
 /// The toolchain or the emulator is missing (said with the remedy), or a test fails.
 pub(crate) fn test(root: &Path) -> anyhow::Result<()> {
-    let env = environment("dev")?;
-    cargo(
+    let target = dist::target(TRIPLE)?;
+    let env = environment(&target, &dist::build(&target, "dev"))?;
+    util::cargo_with(
         root,
         &[
             "test",
@@ -125,9 +114,9 @@ const EMULATED: [&str; 2] = ["cyphonic-node", "cyphonic-cloud"];
 pub(crate) fn programs(root: &Path, profile: &str, host_bins: &Path) -> anyhow::Result<PathBuf> {
     let target = dist::target(TRIPLE)?;
     let b = dist::build(&target, profile);
-    let env = environment(profile)?;
+    let env = environment(&target, &b)?;
     let args: Vec<&str> = b.args.iter().map(String::as_str).collect();
-    cargo(root, &args, &env)?;
+    util::cargo_with(root, &args, &env)?;
     let bins = root.join(&b.out);
     let run = root.join("target").join(TRIPLE).join("run");
     std::fs::create_dir_all(&run)?;

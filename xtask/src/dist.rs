@@ -146,12 +146,13 @@ pub(crate) fn rustc_for(target: &Target) -> Option<String> {
         .find(|r| (target.cross.is_none() && r == "rustc") || has_std(r, target.triple))
 }
 
-/// What a build for `target` lacks on this machine.
-fn missing_for(target: &Target) -> Vec<String> {
+/// What a build for `target` lacks on this machine, given whether a compiler has its
+/// standard library (`has_std`).
+fn missing_for(target: &Target, has_std: bool) -> Vec<String> {
     let has_gcc = target.cross.is_none_or(|prefix| {
         util::output("sh", &["-c", &format!("command -v {prefix}-gcc")]).is_some()
     });
-    missing(target, has_gcc, rustc_for(target).is_some())
+    missing(target, has_gcc, has_std)
 }
 
 /// The environment of a build of `target`: [`build`]'s, and `RUSTC` when the compiler
@@ -160,7 +161,8 @@ fn missing_for(target: &Target) -> Vec<String> {
 /// # Errors
 /// Something the build needs is missing (said what, with the remedy).
 pub(crate) fn environment(target: &Target, b: &Build) -> anyhow::Result<Vec<(String, String)>> {
-    let missing = missing_for(target);
+    let rustc = rustc_for(target);
+    let missing = missing_for(target, rustc.is_some());
     if !missing.is_empty() {
         bail!(
             "cannot build for {}; missing: {}.\nSee docs/operations.md, \"Packaging for the Raspberry Pi\".",
@@ -169,7 +171,7 @@ pub(crate) fn environment(target: &Target, b: &Build) -> anyhow::Result<Vec<(Str
         );
     }
     let mut env = b.env.clone();
-    if let Some(rustc) = rustc_for(target).filter(|r| r != "rustc") {
+    if let Some(rustc) = rustc.filter(|r| r != "rustc") {
         // Its rustdoc beside it, for doctests (rustc-web ships /usr/bin/rustdoc).
         let rustdoc = Path::new(&rustc).with_file_name("rustdoc");
         if rustdoc.exists() {
@@ -343,13 +345,8 @@ pub(crate) fn run(triple: &str, profile: &str) -> anyhow::Result<PathBuf> {
     let target = target(triple)?;
     let b = build(&target, profile);
     let env = environment(&target, &b)?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(&b.args).current_dir(&root);
-    for (k, v) in &env {
-        cmd.env(k, v);
-    }
-    util::run(&mut cmd, &format!("cargo {}", b.args.join(" ")))?;
+    let args: Vec<&str> = b.args.iter().map(String::as_str).collect();
+    util::cargo_with(&root, &args, &env)?;
     let dist = root.join("target/dist");
     let name = format!("cyphonic_{}_{}", version(), target.deb_arch);
     let staged = dist.join(&name);

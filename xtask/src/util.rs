@@ -15,9 +15,21 @@ pub(crate) fn root() -> PathBuf {
 
 /// Runs `cargo <args>` in `dir`, echoing it, failing on a non-zero exit.
 pub(crate) fn cargo(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    cargo_with(dir, args, &[])
+}
+
+/// [`cargo`] with more environment variables (a cross build's toolchain).
+pub(crate) fn cargo_with(
+    dir: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> anyhow::Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(
-        Command::new(cargo).args(args).current_dir(dir),
+        Command::new(cargo)
+            .args(args)
+            .current_dir(dir)
+            .envs(env.iter().map(|(k, v)| (k, v))),
         &format!("cargo {}", args.join(" ")),
     )
 }

@@ -26,6 +26,7 @@ use cyphonic_crypto::{
     Certificate, CertificateAuthority, Fingerprint, IssueRequest, RevocationList, StaticKeypair,
 };
 use cyphonic_telemetry::logging::Format as LogFormat;
+use cyphonic_telemetry::service::config_refused;
 use ipnet::IpNet;
 
 const DAY: u64 = 24 * 3600;
@@ -206,7 +207,7 @@ fn main() -> ExitCode {
             cyphonic_telemetry::logging::init(log_format);
             match cyphonic_cloud::config::load(&config, now()) {
                 Ok(c) => serve(&config, c),
-                Err(e) => return config_refused(&e),
+                Err(e) => return config_refused("cyphonic-cloud", &e),
             }
         }
         Command::Status { socket, json } => {
@@ -227,7 +228,7 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             }
-            Err(e) => return config_refused(&e),
+            Err(e) => return config_refused("cyphonic-cloud", &e),
         },
         Command::Keygen { out } => keygen(&out),
         Command::Members(m) => members::run(m, now()),
@@ -255,13 +256,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// A configuration refused: said on stderr (the journal, under systemd), and exit status 78
-/// (EX_CONFIG), which the unit keeps from restarting in a loop.
-fn config_refused(e: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("cyphonic-cloud: error: {e:#}");
-    ExitCode::from(cyphonic_telemetry::service::EXIT_CONFIG)
 }
 
 fn serve(path: &Path, config: cyphonic_cloud::CloudConfig) -> anyhow::Result<()> {

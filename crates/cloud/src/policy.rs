@@ -7,7 +7,7 @@
 
 use cyphonic_control::Allowed;
 use cyphonic_crypto::{Certificate, TrustStore};
-use cyphonic_filter::{Directory, RuleSet, RuleSpec, compile, is_pattern};
+use cyphonic_filter::{Directory, RuleSet, RuleSpec, compile};
 use ipnet::Ipv4Net;
 
 use crate::store::Member;
@@ -134,11 +134,7 @@ impl Policy {
         for g in &self.groups {
             let mut blocks = Vec::new();
             for item in &g.members {
-                if is_pattern(item) {
-                    blocks.extend(dir.matching(item).unwrap_or_default());
-                } else {
-                    blocks.extend(dir.resolve(item).unwrap_or_default());
-                }
+                blocks.extend(dir.member(item).unwrap_or_default());
             }
             dir.add(&g.name, blocks);
         }

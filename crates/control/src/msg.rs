@@ -187,6 +187,15 @@ impl Allowed {
         }
     }
 
+    /// Its name on the wire and in status (`both`, `out`, `in`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Both => "both",
+            Self::Out => "out",
+            Self::In => "in",
+        }
+    }
+
     /// In words, for logs and status.
     pub const fn describe(self) -> &'static str {
         match self {

@@ -185,12 +185,15 @@ pub fn main<
             match crate::enroll::enroll(&config, None, crate::enroll::Existing::Keep, &agent, now) {
                 // The file does not read: a configuration matter, as below.
                 Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
-                    return config_refused(names, &format!("{e:#}"));
+                    return cyphonic_telemetry::service::config_refused(
+                        names.name,
+                        &format!("{e:#}"),
+                    );
                 }
                 Err(e) => Err(e),
                 Ok(_) => match load(&config, cyphonic_settings::now_secs()) {
                     Ok((c, id)) => run(&c, id, reread),
-                    Err(e) => return config_refused(names, &e),
+                    Err(e) => return cyphonic_telemetry::service::config_refused(names.name, &e),
                 },
             }
         }
@@ -221,7 +224,7 @@ pub fn main<
                     println!("{}", describe(&c, &id));
                     Ok(())
                 }
-                Err(e) => return config_refused(names, &e),
+                Err(e) => return cyphonic_telemetry::service::config_refused(names.name, &e),
             },
         },
         Command::Status { socket, json } => show_status(names, status_text, &socket, json),
@@ -251,13 +254,6 @@ pub fn main<
             ExitCode::FAILURE
         }
     }
-}
-
-/// A configuration refused: said on stderr (the journal, under systemd), and exit status 78
-/// (EX_CONFIG), which the units keep from restarting in a loop.
-fn config_refused(names: &Names, e: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("{}: error: {e}", names.name);
-    ExitCode::from(cyphonic_telemetry::service::EXIT_CONFIG)
 }
 
 /// The policy's dry run: whether `from` may open `what` (`tcp/554`) to `to` under the

@@ -439,11 +439,7 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             p.endpoint.as_deref().unwrap_or("-"),
             route,
             if p.established { "yes" } else { "no" },
-            p.allowed.map_or("-", |a| match a {
-                cyphonic_signal::Allowed::Both => "both",
-                cyphonic_signal::Allowed::Out => "out",
-                cyphonic_signal::Allowed::In => "in",
-            }),
+            p.allowed.map_or("-", cyphonic_signal::Allowed::name),
             p.tx_packets,
             p.rx_packets,
             time_left(p.certificate_expires, doc.at)

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 pub use packet::FlowKey;
 pub use rules::{Proto, Rule, RuleSet};
 pub use spec::{
-    Allow, Directory, RuleSpec, SpecError, compile, glob, is_pattern, parse_allow, parse_flow,
+    Allow, Directory, RuleSpec, SpecError, compile, is_pattern, parse_allow, parse_flow,
 };
 
 use packet::{FIN, RST, Seen};

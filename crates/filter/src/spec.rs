@@ -90,7 +90,7 @@ pub fn is_pattern(item: &str) -> bool {
 }
 
 /// Whether `name` matches `pattern`, where `*` stands for any run of characters.
-pub fn glob(pattern: &str, name: &str) -> bool {
+fn glob(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
         return pattern == name;
@@ -147,6 +147,16 @@ impl Directory {
             }
         }
         any.then_some(out)
+    }
+
+    /// What an item of a group's members stands for: a pattern's matches
+    /// ([`Directory::matching`]), or the name or address it is ([`Directory::resolve`]).
+    pub fn member(&self, item: &str) -> Option<Vec<Ipv4Net>> {
+        if is_pattern(item) {
+            self.matching(item)
+        } else {
+            self.resolve(item)
+        }
     }
 
     /// Whether `name` is known.

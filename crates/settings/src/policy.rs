@@ -175,15 +175,12 @@ impl RawPolicy {
             let mut blocks = Vec::new();
             for (j, m) in g.members.get_ref().iter().enumerate() {
                 let item = m.get_ref();
-                let (found, missing) = if is_pattern(item) {
-                    (dir.matching(item), "matches no device or member")
+                let missing = if is_pattern(item) {
+                    "matches no device or member"
                 } else {
-                    (
-                        dir.resolve(item),
-                        "is not a group above, a device, a member or an address",
-                    )
+                    "is not a group above, a device, a member or an address"
                 };
-                match found {
+                match dir.member(item) {
                     Some(b) => blocks.extend(b),
                     None => {
                         return src.err(

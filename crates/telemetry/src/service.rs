@@ -10,6 +10,13 @@ use sd_notify::NotifyState;
 /// units name it in `RestartPreventExitStatus=`: restarting would not mend the file.
 pub const EXIT_CONFIG: u8 = 78;
 
+/// A configuration the program refuses: said on stderr (the journal, under systemd) as
+/// `<program>: error: ...`, and the exit status [`EXIT_CONFIG`].
+pub fn config_refused(program: &str, e: &dyn std::fmt::Display) -> std::process::ExitCode {
+    eprintln!("{program}: error: {e:#}");
+    std::process::ExitCode::from(EXIT_CONFIG)
+}
+
 fn notify(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(false, states) {
         tracing::warn!(error = %e, "the service manager could not be told");
