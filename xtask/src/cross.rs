@@ -71,53 +71,53 @@ fn environment(target: &dist::Target, b: &dist::Build) -> anyhow::Result<Vec<(St
     Ok(env)
 }
 
+/// What the aarch64 tier builds and tests: every package but the end-to-end tests (which
+/// need the bed's privileges) and xtask; libraries, programs and their tests.
+const SELECTION: [&str; 9] = [
+    "--workspace",
+    "--exclude",
+    "cyphonic-e2e",
+    "--exclude",
+    "xtask",
+    "--locked",
+    "--lib",
+    "--bins",
+    "--tests",
+];
+
 /// The unit tier (every unit and integration test that needs no privileges; not the
 /// doctests, whose examples the native tier runs) built for the Pi and run under the
-/// emulator.
+/// emulator. One build makes the tests and the programs together (`cargo build --bins
+/// --tests`): building the programs apart would resolve the dependencies' features without
+/// the dev-dependencies and compile many of them a second time. Returns the directory of the
+/// aarch64 programs, for [`smoke`] and the package.
 ///
 /// # Errors
 /// The toolchain or the emulator is missing (said with the remedy), or a test fails.
-pub(crate) fn test(root: &Path) -> anyhow::Result<()> {
+pub(crate) fn test(root: &Path) -> anyhow::Result<PathBuf> {
     let target = dist::target(TRIPLE)?;
-    let env = environment(&target, &dist::build(&target, "dev"))?;
-    util::cargo_with(
-        root,
-        &[
-            "test",
-            "--workspace",
-            "--exclude",
-            "cyphonic-e2e",
-            "--exclude",
-            "xtask",
-            "--locked",
-            "--lib",
-            "--bins",
-            "--tests",
-            "--target",
-            TRIPLE,
-        ],
-        &env,
-    )
+    let b = dist::build(&target, "dev");
+    let env = environment(&target, &b)?;
+    for command in ["build", "test"] {
+        let mut args = vec![command];
+        args.extend_from_slice(&SELECTION);
+        args.extend_from_slice(&["--target", TRIPLE]);
+        util::cargo_with(root, &args, &env)?;
+    }
+    Ok(root.join(&b.out))
 }
 
 /// The programs the emulated demo runs as aarch64 builds (see the module's note on the
 /// adapter).
 const EMULATED: [&str; 2] = ["cyphonic-node", "cyphonic-cloud"];
 
-/// Builds the three programs for the Pi (`profile`; the package needs all three) and
-/// writes, in `target/<triple>/run`, a script per program for the bed: the [`EMULATED`]
-/// ones run their aarch64 build under the emulator, the adapter its build in `host_bins`.
-/// Returns that directory, to hand the bed as `CYPHONIC_BIN_DIR`.
+/// Writes, in `target/<triple>/run`, a script per program for the bed: the [`EMULATED`]
+/// ones run their aarch64 build from `bins` under the emulator, the adapter its build in
+/// `host_bins`. Returns that directory, to hand the bed as `CYPHONIC_BIN_DIR`.
 ///
 /// # Errors
-/// The build fails, or a script cannot be written.
-pub(crate) fn programs(root: &Path, profile: &str, host_bins: &Path) -> anyhow::Result<PathBuf> {
-    let target = dist::target(TRIPLE)?;
-    let b = dist::build(&target, profile);
-    let env = environment(&target, &b)?;
-    let args: Vec<&str> = b.args.iter().map(String::as_str).collect();
-    util::cargo_with(root, &args, &env)?;
-    let bins = root.join(&b.out);
+/// A script cannot be written.
+fn scripts(root: &Path, bins: &Path, host_bins: &Path) -> anyhow::Result<PathBuf> {
     let run = root.join("target").join(TRIPLE).join("run");
     std::fs::create_dir_all(&run)?;
     for p in ["cyphonic-adapter", "cyphonic-node", "cyphonic-cloud"] {
@@ -146,15 +146,16 @@ fn wrapper(runner: &[String], program: &Path) -> String {
     )
 }
 
-/// The demo, short, with the Pi's builds of the cloud and the node under the emulator: two
-/// adapters each handing a DHCP lease to a device, the node resolving a device by name
-/// through the emulated cloud, pinging it and sending iperf3 through the tunnel. The bed
-/// itself (namespaces, clients) and the adapters run natively, from `host_bins`.
+/// The demo, short, with the Pi's builds of the cloud and the node (from `bins`, which
+/// [`test`] built) under the emulator: two adapters each handing a DHCP lease to a device,
+/// the node resolving a device by name through the emulated cloud, pinging it and sending
+/// iperf3 through the tunnel. The bed itself (namespaces, clients) and the adapters run
+/// natively, from `host_bins`.
 ///
 /// # Errors
-/// A build fails, or the demo does (a name not resolved, a ping unanswered).
-pub(crate) fn smoke(root: &Path, host_bins: &Path) -> anyhow::Result<()> {
-    let run = programs(root, "dev", host_bins)?;
+/// The demo fails (a name not resolved, a ping unanswered).
+pub(crate) fn smoke(root: &Path, bins: &Path, host_bins: &Path) -> anyhow::Result<()> {
+    let run = scripts(root, bins, host_bins)?;
     util::run(
         Command::new(host_bins.join("cyphonic-bed"))
             .args(["demo", "--short"])

@@ -347,16 +347,22 @@ pub(crate) fn run(triple: &str, profile: &str) -> anyhow::Result<PathBuf> {
     let env = environment(&target, &b)?;
     let args: Vec<&str> = b.args.iter().map(String::as_str).collect();
     util::cargo_with(&root, &args, &env)?;
+    package(triple, &root.join(&b.out), profile)
+}
+
+/// Packages the programs already built in `bins` for `triple` (`profile` chooses the
+/// compression); returns the .deb's path. `cargo xtask test` packages what its tiers built
+/// rather than building the programs once more with another feature set.
+///
+/// # Errors
+/// A program is missing from `bins`, or packaging fails.
+pub(crate) fn package(triple: &str, bins: &Path, profile: &str) -> anyhow::Result<PathBuf> {
+    let root = util::root();
+    let target = target(triple)?;
     let dist = root.join("target/dist");
     let name = format!("cyphonic_{}_{}", version(), target.deb_arch);
     let staged = dist.join(&name);
-    stage(
-        &root,
-        &root.join(&b.out),
-        &staged,
-        version(),
-        target.deb_arch,
-    )?;
+    stage(&root, bins, &staged, version(), target.deb_arch)?;
     let deb = dist.join(format!("{name}.deb"));
     // A quick check's large unoptimised binaries need no strong (slow) compression.
     let compression = if profile == "release" {

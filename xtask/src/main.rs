@@ -195,14 +195,18 @@ fn test() -> anyhow::Result<()> {
     // The package: the x86_64 .deb, from the binaries just built (dev profile: the packaging
     // is what is checked here), installed into a scratch root.
     if std::env::consts::ARCH == "x86_64" {
-        let deb = dist::run("x86_64-unknown-linux-gnu", "dev")?;
+        let deb = dist::package(
+            "x86_64-unknown-linux-gnu",
+            &root.join("target/debug"),
+            "dev",
+        )?;
         dist::check_install(&deb)?;
     }
     // The Pi's architecture: the unit tier under the emulator, the demo with the emulated
-    // cloud and node, and the arm64 package (of the programs the demo just built).
-    cross::test(&root)?;
-    cross::smoke(&root, &root.join("target/debug"))?;
-    let deb = dist::run(cross::TRIPLE, "dev")?;
+    // cloud and node, and the arm64 package (of the programs the unit tier built).
+    let arm64 = cross::test(&root)?;
+    cross::smoke(&root, &arm64, &root.join("target/debug"))?;
+    let deb = dist::package(cross::TRIPLE, &arm64, "dev")?;
     dist::check_install(&deb)?;
     // The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly and
     // sanitizers); make sure they still compile against the current APIs.
@@ -226,11 +230,11 @@ fn test() -> anyhow::Result<()> {
 /// demo by the emulated programs, with the bed's own tools built for this machine.
 fn arm64(unit_only: bool) -> anyhow::Result<()> {
     let root = util::root();
-    cross::test(&root)?;
+    let arm64 = cross::test(&root)?;
     if !unit_only {
         bed::prerequisites()?;
         bed::build(&root, &[])?;
-        cross::smoke(&root, &root.join("target/debug"))?;
+        cross::smoke(&root, &arm64, &root.join("target/debug"))?;
     }
     Ok(())
 }
