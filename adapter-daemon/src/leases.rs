@@ -8,13 +8,13 @@
 //! lease (`renewals_until`); loading keeps every active lease at least that long, so a
 //! renewal not yet written when the power went is honoured after the restart.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+use std::fs::{self, File};
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use cyphonic_telemetry::files::{self, Access};
 use cyphonic_vip::Lease;
 
 const FILE: &str = "leases.json";
@@ -105,18 +105,7 @@ impl LeaseStore {
     pub fn save(&self, leases: &[Lease], renewals_until: u64) -> std::io::Result<()> {
         let bytes =
             cyphonic_vip::file::encode(leases, renewals_until).map_err(std::io::Error::other)?;
-        let tmp = self.dir.join(format!("{FILE}.tmp"));
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, self.path())?;
-        File::open(&self.dir)?.sync_all()
+        files::replace(&self.path(), bytes, Access::Secret)
     }
 }
 
@@ -330,7 +319,11 @@ mod tests {
         let loaded = store.load(0).unwrap();
         assert_eq!(loaded.leases, vec![lease(10), lease(11), lease(12)]);
         assert!(loaded.moved_aside.is_none());
-        assert!(!d.join("leases.json.tmp").exists());
+        let names: Vec<_> = fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["leases.json"], "no temporary left");
         fs::remove_dir_all(&d).unwrap();
     }
 
@@ -347,9 +340,11 @@ mod tests {
         assert_eq!(aside, d.join("leases.json.corrupt-42"));
         assert!(aside.exists() && !store.path().exists(), "{reason}");
         // A leftover temporary file from a write cut short is simply overwritten.
-        fs::write(d.join("leases.json.tmp"), b"{ half").unwrap();
+        let tmp = d.join(format!(".leases.json.{}.tmp", std::process::id()));
+        fs::write(&tmp, b"{ half").unwrap();
         store.save(&[lease(11)], 0).unwrap();
         assert_eq!(store.load(0).unwrap().leases, vec![lease(11)]);
+        assert!(!tmp.exists());
         fs::remove_dir_all(&d).unwrap();
     }
 

@@ -15,7 +15,6 @@ mod tokens;
 
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,6 +24,7 @@ use clap::{Parser, Subcommand};
 use cyphonic_crypto::{
     Certificate, CertificateAuthority, Fingerprint, IssueRequest, RevocationList, StaticKeypair,
 };
+use cyphonic_telemetry::files::{self, Access};
 use cyphonic_telemetry::logging::Format as LogFormat;
 use cyphonic_telemetry::service::config_refused;
 use ipnet::IpNet;
@@ -497,16 +497,16 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Writes `contents` to a new file; `secret` files get mode 0600. Never overwrites.
+/// Writes `contents` to a new file, never over an existing one; a `secret` file is readable
+/// by its owner and, in a directory closed to others (the packages' /etc/cyphonic), by the
+/// directory's group (the service user): see `cyphonic_telemetry::files`.
 fn write_new(path: &Path, contents: &str, secret: bool) -> anyhow::Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(if secret { 0o600 } else { 0o644 })
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    file.write_all(contents.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
+    let access = if secret {
+        Access::Secret
+    } else {
+        Access::Public
+    };
+    files::create(path, contents, access).with_context(|| format!("creating {}", path.display()))
 }
 
 fn load_ca(dir: &Path) -> anyhow::Result<CertificateAuthority> {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use cyphonic_crypto::{Certificate, PublicKey};
 use cyphonic_session::{Identity, PeerConfig};
 use cyphonic_signal::{Allowed, Event, Handle, NameRecord, PeerInfo, Resolution, SignalError};
+use cyphonic_telemetry::files::{self, Access};
 use cyphonic_tunnel::{Control, PeerSlot, Shared};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
@@ -130,7 +131,7 @@ fn keep_issuer(
         bundle.push('\n');
     }
     bundle.push_str(&ca.to_pem());
-    crate::files::replace(ca_file, &bundle, 0o644)?;
+    files::replace(ca_file, &bundle, Access::Public)?;
     tracing::info!(file = %ca_file.display(), issuer = %ca.fingerprint(), "the cloud's issuing CA added to our CA file");
     Ok(())
 }
@@ -455,7 +456,7 @@ impl CloudLink {
             tracing::error!(file = %self.ca_file.display(), error = %e, "the renewed certificate's issuing CA could not be added: the old certificate stays");
             return;
         }
-        if let Err(e) = crate::files::replace(&self.certificate_file, &cert.to_pem(), 0o644) {
+        if let Err(e) = files::replace(&self.certificate_file, cert.to_pem(), Access::Public) {
             tracing::error!(file = %self.certificate_file.display(), error = %e, "the renewed certificate could not be written: it is used until the next restart");
         }
         control.set_identity(&id, now);

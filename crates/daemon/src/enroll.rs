@@ -10,6 +10,7 @@ use std::path::Path;
 use anyhow::{Context as _, bail};
 use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
 use cyphonic_settings::{IdentityFiles, RawCloud, RawIdentity, Source};
+use cyphonic_telemetry::files::{self as file_io, Access};
 use serde::Deserialize;
 
 /// The two tables enrollment reads; the rest of the file is checked once we have a
@@ -88,9 +89,9 @@ pub fn enroll(
         .block_on(cyphonic_signal::enroll(&config, &keypair, token))?;
     let bundle = check(&files, &keypair, &enrolled, now_secs)?;
     let cert = &enrolled.certificate;
-    crate::files::replace(&files.ca, &bundle, 0o644)
+    file_io::replace(&files.ca, &bundle, Access::Public)
         .with_context(|| format!("writing {}", files.ca.display()))?;
-    crate::files::replace(&files.certificate, &cert.to_pem(), 0o644)
+    file_io::replace(&files.certificate, cert.to_pem(), Access::Public)
         .with_context(|| format!("writing {}", files.certificate.display()))?;
     let b = cert.body();
     tracing::info!(
@@ -139,7 +140,7 @@ fn own_key(path: &Path) -> anyhow::Result<StaticKeypair> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let key = StaticKeypair::generate()?;
-    crate::files::replace(path, &key.to_pem(), 0o600)
+    file_io::replace(path, key.to_pem(), Access::Secret)
         .with_context(|| format!("writing {}", path.display()))?;
     tracing::info!(key = %path.display(), public = %key.public(), "made our Noise key");
     Ok(key)

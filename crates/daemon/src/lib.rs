@@ -27,7 +27,6 @@ pub mod cloud;
 pub mod dns;
 pub mod enroll;
 pub mod expiry;
-pub mod files;
 pub mod metrics;
 pub mod rules;
 pub mod status;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use cyphonic_filter::RuleSet;
 use cyphonic_signal::PolicyRule;
+use cyphonic_telemetry::files::{self, Access};
 use cyphonic_tunnel::policy::DEFAULT_FLOWS;
 use cyphonic_tunnel::{PolicySettings, Shared};
 use serde::{Deserialize, Serialize};
@@ -150,7 +151,7 @@ fn write(path: &Path, set: Option<&RuleSet>) -> std::io::Result<()> {
         rules: set.rules.iter().map(PolicyRule::from).collect(),
     };
     let text = serde_json::to_string(&stored).map_err(std::io::Error::other)?;
-    crate::files::replace(path, &text, 0o644)
+    files::replace(path, &text, Access::Public)
 }
 
 #[cfg(test)]

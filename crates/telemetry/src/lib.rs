@@ -7,6 +7,8 @@
 //! - [`logging`]: tracing's subscriber, as text for a terminal, as JSON on request, and
 //!   under systemd without timestamps or colours (journald adds its own) and with each
 //!   line's syslog priority; an env-filter.
+//! - [`files`]: keys, certificates and cached state written whole, with modes that let the
+//!   service user (and nobody else) read a key.
 //! - [`service`]: what systemd hears (`Type=notify`: ready, reloading, stopping; the
 //!   watchdog's pings) and the exit status of a refused configuration (78).
 //! - [`status`]: the local status socket (mode 0600) each daemon's `status` command reads a
@@ -23,6 +25,7 @@
 #[cfg(test)]
 extern crate self as cyphonic_telemetry;
 
+pub mod files;
 pub mod logging;
 pub mod metrics;
 pub mod service;
