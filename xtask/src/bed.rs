@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 use crate::util;
 
@@ -104,4 +104,96 @@ pub(crate) fn build(root: &Path, profile_args: &[&str]) -> anyhow::Result<()> {
 pub(crate) fn build_release(root: &Path) -> anyhow::Result<PathBuf> {
     build(root, &["--release"])?;
     Ok(root.join("target/release"))
+}
+
+/// The kernel tier's test programs (the e2e package's tests, which the workspace build
+/// made), found through `cargo test --no-run` over the same selection as that build, so
+/// nothing is compiled again (`cargo test -p cyphonic-e2e` would resolve other features and
+/// compile the dependencies again).
+///
+/// # Errors
+/// The programs cannot be listed, or there are none.
+pub(crate) fn kernel_tier_programs(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "test",
+            "--workspace",
+            "--locked",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .current_dir(root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("listing the test programs (cargo test --no-run)")?;
+    anyhow::ensure!(out.status.success(), "cargo test --no-run failed");
+    let programs = test_programs(
+        &String::from_utf8_lossy(&out.stdout),
+        &root.join("e2e/Cargo.toml"),
+    );
+    anyhow::ensure!(!programs.is_empty(), "no e2e test programs were built");
+    Ok(programs)
+}
+
+/// Runs the kernel tier's test `programs` one test at a time, from the package's directory
+/// as `cargo test` would.
+///
+/// # Errors
+/// A program cannot be started, or a test fails.
+pub(crate) fn kernel_tier(root: &Path, programs: &[PathBuf]) -> anyhow::Result<()> {
+    let e2e = root.join("e2e");
+    for p in programs {
+        util::run(
+            Command::new(p)
+                .arg("--test-threads=1")
+                .current_dir(&e2e)
+                .env("CARGO_MANIFEST_DIR", &e2e),
+            &format!("{} --test-threads=1", p.display()),
+        )?;
+    }
+    Ok(())
+}
+
+/// The integration-test programs of the package whose manifest is `manifest`, from cargo's
+/// JSON messages, in the order cargo built them.
+fn test_programs(messages: &str, manifest: &Path) -> Vec<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["manifest_path"].as_str().map(Path::new) == Some(manifest)
+                && m["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "test"))
+        })
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_tier_runs_the_e2e_packages_test_programs_only() {
+        let messages = [
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"executable":"/r/target/debug/deps/cloud-1"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/crates/signal/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"executable":"/r/target/debug/deps/cloud-2"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["lib"],"name":"cyphonic_e2e"},"executable":"/r/target/debug/deps/cyphonic_e2e-3"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["bin"],"name":"cyphonic-bed"},"executable":"/r/target/debug/cyphonic-bed"}"#,
+            r#"{"reason":"build-finished","success":true}"#,
+            "not json",
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"node"},"executable":"/r/target/debug/deps/node-4"}"#,
+        ]
+        .join("\n");
+        assert_eq!(
+            test_programs(&messages, Path::new("/r/e2e/Cargo.toml")),
+            [
+                PathBuf::from("/r/target/debug/deps/cloud-1"),
+                PathBuf::from("/r/target/debug/deps/node-4")
+            ]
+        );
+    }
 }

@@ -72,13 +72,18 @@ fn environment(target: &dist::Target, b: &dist::Build) -> anyhow::Result<Vec<(St
 }
 
 /// What the aarch64 tier builds and tests: every package but the end-to-end tests (which
-/// need the bed's privileges) and xtask; libraries, programs and their tests.
-const SELECTION: [&str; 9] = [
+/// need the bed's privileges), xtask and the benchmarks; libraries, programs and their
+/// tests.
+const SELECTION: [&str; 11] = [
     "--workspace",
     "--exclude",
     "cyphonic-e2e",
     "--exclude",
     "xtask",
+    // The benchmarks' crate: criterion's tree, and nothing of the Pi's code paths that
+    // the other crates' tests do not exercise.
+    "--exclude",
+    "cyphonic-benches",
     "--locked",
     "--lib",
     "--bins",
@@ -99,12 +104,33 @@ pub(crate) fn test(root: &Path) -> anyhow::Result<PathBuf> {
     let b = dist::build(&target, "dev");
     let env = environment(&target, &b)?;
     for command in ["build", "test"] {
-        let mut args = vec![command];
-        args.extend_from_slice(&SELECTION);
-        args.extend_from_slice(&["--target", TRIPLE]);
+        let args = cargo_args(command);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         util::cargo_with(root, &args, &env)?;
     }
     Ok(root.join(&b.out))
+}
+
+/// `cargo <command>` over [`SELECTION`] for the Pi.
+fn cargo_args(command: &str) -> Vec<String> {
+    let mut args = vec![command.to_owned()];
+    args.extend(SELECTION.iter().map(|s| (*s).to_owned()));
+    args.extend(["--target".to_owned(), TRIPLE.to_owned()]);
+    args
+}
+
+/// Environment variables for a command.
+pub(crate) type Env = Vec<(String, String)>;
+
+/// The build [`test`] starts with, as cargo's arguments and environment, for running it
+/// ahead (`cargo xtask test` does, in the background, while the kernel tier runs).
+///
+/// # Errors
+/// The toolchain or the emulator is missing (said with the remedy).
+pub(crate) fn build_command() -> anyhow::Result<(Vec<String>, Env)> {
+    let target = dist::target(TRIPLE)?;
+    let env = environment(&target, &dist::build(&target, "dev"))?;
+    Ok((cargo_args("build"), env))
 }
 
 /// The programs the emulated demo runs as aarch64 builds (see the module's note on the

@@ -15,6 +15,7 @@
 mod bed;
 mod bench;
 mod cross;
+mod deb;
 mod dist;
 mod fuzz;
 mod report;
@@ -66,9 +67,9 @@ enum Command {
         /// Targets to run (default: all).
         targets: Vec<String>,
     },
-    /// Build the three programs for a target and package them: a .deb (binaries, systemd
-    /// units, example configurations, docs, a postinst for the service user) and a tarball,
-    /// in target/dist.
+    /// Build the three programs for a target and package them, in target/dist/<arch>: a
+    /// .deb per program (binary, unit, configuration, maintainer scripts), cyphonic-common
+    /// (the service user, shared directories, documents) and a tarball of the same files.
     Dist {
         /// The target: x86_64-unknown-linux-gnu, or aarch64-unknown-linux-gnu for the
         /// Raspberry Pi 4 (needs its Rust standard library and gcc-aarch64-linux-gnu).
@@ -77,7 +78,11 @@ enum Command {
         /// Cargo profile: release for a package to ship, dev for a quick check.
         #[arg(long, default_value = "release")]
         profile: String,
-        /// Then install the .deb into a scratch root and check what landed (as CI does).
+        /// Package the programs already built in this directory instead of building them.
+        #[arg(long, value_name = "DIR")]
+        prebuilt: Option<std::path::PathBuf>,
+        /// Then lint the packages and install, upgrade, remove and purge them in a scratch
+        /// root, checking each step (as CI does).
         #[arg(long)]
         check_install: bool,
     },
@@ -121,10 +126,16 @@ fn main() -> ExitCode {
         Command::Dist {
             target,
             profile,
+            prebuilt,
             check_install,
-        } => dist::run(&target, &profile).and_then(|deb| {
+        } => match prebuilt {
+            Some(bins) => dist::package(&target, &bins, &profile),
+            None => dist::run(&target, &profile),
+        }
+        .and_then(|debs| {
             if check_install {
-                dist::check_install(&deb)
+                deb::lint(&debs)?;
+                deb::check_install(&debs)
             } else {
                 Ok(())
             }
@@ -157,6 +168,21 @@ fn test() -> anyhow::Result<()> {
             "warnings",
         ],
     )?;
+    // One build for the whole native tier, every package with its dev-dependencies: a
+    // build of some packages, or without their tests, resolves the dependencies' features
+    // differently and compiles dozens of them again (the bed's programs and the kernel
+    // tier's tests each did, 4 minutes apiece on a fresh machine).
+    util::cargo(
+        &root,
+        &[
+            "build",
+            "--workspace",
+            "--locked",
+            "--lib",
+            "--bins",
+            "--tests",
+        ],
+    )?;
     // Unit tier: everything that needs no privileges.
     util::cargo(
         &root,
@@ -168,22 +194,22 @@ fn test() -> anyhow::Result<()> {
             "--locked",
         ],
     )?;
-    // The kernel tier runs the real binaries.
-    bed::build(&root, &[])?;
-    // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries and real tools.
-    // Needs root; fails (never skips) without it. One test at a time: they share the CPUs
-    // with the daemons they start.
-    util::cargo(
-        &root,
-        &[
-            "test",
-            "-p",
-            "cyphonic-e2e",
-            "--locked",
-            "--",
-            "--test-threads=1",
-        ],
-    )?;
+    // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries (just built) and
+    // real tools. Needs root; fails (never skips) without it. One test at a time: they share
+    // the CPUs with the daemons they start.
+    let e2e = bed::kernel_tier_programs(&root)?;
+    // Meanwhile, at the lowest priority, the builds that need no privileges and nothing of
+    // the kernel tier: the Pi's (tests and programs; the longest build of the run) and the
+    // fuzz targets' check (they live outside the workspace: cargo-fuzz builds them with
+    // nightly and sanitizers; this makes sure they still compile against the current APIs).
+    // The kernel tier mostly waits on its network, and its daemons come first.
+    let background = spawn_background_builds(&root)?;
+    let kernel = bed::kernel_tier(&root, &e2e);
+    let built = background
+        .join()
+        .map_err(|_| anyhow::anyhow!("the background builds panicked"))?;
+    kernel?;
+    built?;
     // The short demo, from the binaries just built: what `cargo xtask demo` shows, with
     // shorter measurements.
     util::run(
@@ -192,38 +218,79 @@ fn test() -> anyhow::Result<()> {
             .env("CYPHONIC_BIN_DIR", root.join("target/debug")),
         "cyphonic-bed demo --short",
     )?;
-    // The package: the x86_64 .deb, from the binaries just built (dev profile: the packaging
-    // is what is checked here), installed into a scratch root.
+    // The packages: the amd64 ones, from the binaries just built (dev profile: the
+    // packaging is what is checked here), linted, then installed, upgraded, removed and
+    // purged in a scratch root.
     if std::env::consts::ARCH == "x86_64" {
-        let deb = dist::package(
+        let debs = dist::package(
             "x86_64-unknown-linux-gnu",
             &root.join("target/debug"),
             "dev",
         )?;
-        dist::check_install(&deb)?;
+        deb::lint(&debs)?;
+        deb::check_install(&debs)?;
     }
-    // The Pi's architecture: the unit tier under the emulator, the demo with the emulated
-    // cloud and node, and the arm64 package (of the programs the unit tier built).
+    // The Pi's architecture: the unit tier under the emulator (built in the background), the
+    // demo with the emulated cloud and node, and the arm64 packages of the programs built
+    // with the tests.
     let arm64 = cross::test(&root)?;
     cross::smoke(&root, &arm64, &root.join("target/debug"))?;
-    let deb = dist::package(cross::TRIPLE, &arm64, "dev")?;
-    dist::check_install(&deb)?;
-    // The fuzz targets live outside the workspace (cargo-fuzz builds them with nightly and
-    // sanitizers); make sure they still compile against the current APIs.
-    // Sharing the target directory reuses the workspace's compiled dependencies.
-    util::cargo(
-        &root,
-        &[
-            "check",
-            "--manifest-path",
-            "fuzz/Cargo.toml",
-            "--bins",
-            "--target-dir",
-            "target",
-        ],
-    )?;
+    let debs = dist::package(cross::TRIPLE, &arm64, "dev")?;
+    deb::lint(&debs)?;
+    deb::check_install(&debs)?;
     eprintln!("xtask: all checks passed");
     Ok(())
+}
+
+/// Starts, on a thread, the Pi's build ([`cross::build_command`]) and then the fuzz targets'
+/// check, both at the lowest CPU priority (`nice -n 19`), their output in
+/// target/background-builds.log (said in full if one fails). Sharing the target directory
+/// reuses the workspace's compiled dependencies for the fuzz check.
+///
+/// # Errors
+/// The Pi's toolchain is missing (said with the remedy), or the log cannot be created.
+fn spawn_background_builds(
+    root: &std::path::Path,
+) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
+    let cross = cross::build_command()?;
+    let fuzz: Vec<String> = [
+        "check",
+        "--manifest-path",
+        "fuzz/Cargo.toml",
+        "--bins",
+        "--target-dir",
+        "target",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let log_path = root.join("target/background-builds.log");
+    let log = std::fs::File::create(&log_path)?;
+    let root = root.to_owned();
+    eprintln!(
+        "xtask: in the background (nice 19; output in {}): cargo {} / cargo {}",
+        log_path.display(),
+        cross.0.join(" "),
+        fuzz.join(" ")
+    );
+    Ok(std::thread::spawn(move || {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        for (args, env) in [cross, (fuzz, Vec::new())] {
+            let status = std::process::Command::new("nice")
+                .args(["-n", "19", &cargo])
+                .args(&args)
+                .current_dir(&root)
+                .envs(env)
+                .stdout(log.try_clone()?)
+                .stderr(log.try_clone()?)
+                .status()?;
+            if !status.success() {
+                let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+                anyhow::bail!("`cargo {}` failed ({status}):\n{said}", args.join(" "));
+            }
+        }
+        eprintln!("xtask: the background builds are done");
+        Ok(())
+    }))
 }
 
 /// The aarch64 tier: the unit tests under the emulator, then (unless `unit_only`) the short

@@ -1,0 +1,922 @@
+//! The Debian packages, one per program and one they share:
+//!
+//! - `cyphonic-common` (`Architecture: all`): the service user `cyphonic`, the directories
+//!   the programs share (`/etc/cyphonic`, `/var/lib/cyphonic`), the documents and example
+//!   configurations. Purging it removes the state.
+//! - `cyphonic-adapter`, `cyphonic-node`, `cyphonic-cloud`: the program (stripped), its
+//!   systemd unit, its configuration in `/etc/cyphonic` as a conffile (the example; the
+//!   daemon refuses it, exit 78, until the site's names and keys are in), maintainer scripts
+//!   that restart a running service on upgrade and stop it on removal (config/debian/).
+//!   Their shared-library dependencies are computed from the binary by `dpkg-shlibdeps`.
+//!
+//! Built with `dpkg-deb` from staged trees; checked by `lintian` (errors fail; the warnings
+//! and why they stay are in docs/operations.md) and by installing, upgrading, removing and
+//! purging them in a scratch root ([`check_install`]).
+
+use std::fmt::Write as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, ensure};
+
+use crate::util;
+
+/// A program's package.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Program {
+    /// The package, the binary and the unit's name.
+    pub(crate) name: &'static str,
+    /// Its configuration file in /etc/cyphonic (a conffile).
+    config: &'static str,
+    /// The example it is shipped as (config/).
+    example: &'static str,
+    /// The control file's synopsis.
+    synopsis: &'static str,
+    /// The control file's long description, one paragraph.
+    description: &'static str,
+}
+
+/// The programs, each in its own package.
+pub(crate) const PROGRAMS: [Program; 3] = [
+    Program {
+        name: "cyphonic-adapter",
+        config: "adapter.toml",
+        example: "adapter.example.toml",
+        synopsis: "overlay gateway for devices that cannot run VPN software",
+        description: "The adapter runs on a gateway with two ports. Devices plugged into its LAN port get an overlay address and name by DHCP, and their traffic is carried end-to-end encrypted (ChaCha20-Poly1305 over UDP) to the other members of the overlay.",
+    },
+    Program {
+        name: "cyphonic-node",
+        config: "node.toml",
+        example: "node.example.toml",
+        synopsis: "overlay member for a single host",
+        description: "The node puts the host it runs on onto the overlay through a TUN interface, with its own certificate, and resolves the overlay's names for it.",
+    },
+    Program {
+        name: "cyphonic-cloud",
+        config: "cloud.toml",
+        example: "cloud.example.toml",
+        synopsis: "identity, signalling and relay service of the overlay",
+        description: "The cloud enrolls members and certifies them, tells them where their peers are, answers for the overlay's names, pushes policy and revocations, and relays traffic where no direct path exists.",
+    },
+];
+
+/// The shared package.
+pub(crate) const COMMON: &str = "cyphonic-common";
+
+/// Documents shipped in /usr/share/doc/cyphonic-common.
+const DOCS: [&str; 5] = [
+    "README.md",
+    "ARCHITECTURE.md",
+    "docs/operations.md",
+    "docs/protocol.md",
+    "docs/grafana-dashboard.json",
+];
+
+const MAINTAINER: &str = "cyphonic developers <dev@example.invalid>";
+
+/// The package version: the workspace's.
+pub(crate) fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// A control file. `arch` is `all` for the common package; `depends` is the `Depends`
+/// field's value.
+pub(crate) fn control(
+    package: &str,
+    arch: &str,
+    installed_kib: u64,
+    depends: &str,
+    synopsis: &str,
+    description: &str,
+) -> String {
+    let mut c = String::new();
+    let _ = writeln!(c, "Package: {package}");
+    let _ = writeln!(c, "Source: cyphonic");
+    let _ = writeln!(c, "Version: {}", version());
+    let _ = writeln!(c, "Architecture: {arch}");
+    let _ = writeln!(c, "Maintainer: {MAINTAINER}");
+    let _ = writeln!(c, "Installed-Size: {installed_kib}");
+    let _ = writeln!(c, "Depends: {depends}");
+    let _ = writeln!(c, "Section: net");
+    let _ = writeln!(c, "Priority: optional");
+    let _ = writeln!(c, "Description: {synopsis}");
+    for line in wrap(description, 78) {
+        let _ = writeln!(c, " {line}");
+    }
+    c
+}
+
+/// `text` in lines of at most `width` characters (words are not split).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split_whitespace() {
+        let line = lines.last_mut().expect("never empty");
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(word.to_owned());
+        } else {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(word);
+        }
+    }
+    lines
+}
+
+/// The copyright file every package carries (machine-readable, DEP-5).
+const COPYRIGHT: &str = "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: cyphonic
+Upstream-Contact: cyphonic developers <dev@example.invalid>
+
+Files: *
+Copyright: 2026 cyphonic developers
+License: Apache-2.0 or MIT
+
+License: Apache-2.0
+ On Debian systems, the full text of the Apache License, Version 2.0 can be found in
+ /usr/share/common-licenses/Apache-2.0.
+
+License: MIT
+ Permission is hereby granted, free of charge, to any person obtaining a copy of this
+ software and associated documentation files (the \"Software\"), to deal in the Software
+ without restriction, including without limitation the rights to use, copy, modify, merge,
+ publish, distribute, sublicense, and/or sell copies of the Software, and to permit persons
+ to whom the Software is furnished to do so, subject to the following conditions:
+ .
+ The above copyright notice and this permission notice shall be included in all copies or
+ substantial portions of the Software.
+ .
+ THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED,
+ INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR
+ PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE
+ FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR
+ OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER
+ DEALINGS IN THE SOFTWARE.
+";
+
+/// The Debian changelog of a native package: one entry for this version, dated `date`
+/// (RFC 2822).
+fn changelog(date: &str) -> String {
+    format!(
+        "cyphonic ({}) unstable; urgency=medium\n\n  * Release {}: see /usr/share/doc/cyphonic-common/README.md.\n\n -- {MAINTAINER}  {date}\n",
+        version(),
+        version()
+    )
+}
+
+/// The date of the last commit, RFC 2822 (the changelog's date: a package built twice from
+/// one commit is the same package); now, outside a git checkout.
+fn release_date(root: &Path) -> String {
+    let epoch = util::output(
+        "git",
+        &[
+            "-C",
+            &root.display().to_string(),
+            "log",
+            "-1",
+            "--format=%ct",
+        ],
+    )
+    .unwrap_or_default();
+    let at = if epoch.is_empty() {
+        "now".to_owned()
+    } else {
+        format!("@{epoch}")
+    };
+    util::output("date", &["-u", "-R", "-d", &at]).unwrap_or_default()
+}
+
+/// A maintainer script from config/debian, for `program` where it is a template.
+fn script(root: &Path, file: &str, program: Option<&Program>) -> anyhow::Result<String> {
+    let path = root.join("config/debian").join(file);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(match program {
+        Some(p) => text
+            .replace("@PROGRAM@", p.name)
+            .replace("@CONFIG@", p.config),
+        None => text,
+    })
+}
+
+/// Copies `from` to `to`, creating directories, with `mode`.
+fn put(from: &Path, to: &Path, mode: u32) -> anyhow::Result<()> {
+    let bytes = std::fs::read(from).with_context(|| format!("reading {}", from.display()))?;
+    write(to, bytes, mode)
+}
+
+/// Writes `contents` to `to`, creating directories, with `mode`.
+fn write(to: &Path, contents: impl AsRef<[u8]>, mode: u32) -> anyhow::Result<()> {
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(to, contents).with_context(|| format!("writing {}", to.display()))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+/// Every file below `dir` with its size.
+fn walk(dir: &Path) -> anyhow::Result<Vec<(PathBuf, u64)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.is_dir() {
+            out.extend(walk(&entry.path())?);
+        } else {
+            out.push((entry.path(), meta.len()));
+        }
+    }
+    Ok(out)
+}
+
+/// The installed size of a staged tree, in KiB (what `Installed-Size` says).
+fn installed_kib(tree: &Path) -> anyhow::Result<u64> {
+    let bytes: u64 = walk(tree)?
+        .iter()
+        .filter(|(p, _)| !p.strip_prefix(tree).is_ok_and(|r| r.starts_with("DEBIAN")))
+        .map(|(_, len)| *len)
+        .sum();
+    Ok(bytes.div_ceil(1024))
+}
+
+/// The doc directory every package has: its copyright and changelog.
+fn doc_dir(tree: &Path, package: &str, changelog_text: &str) -> anyhow::Result<()> {
+    let doc = tree.join("usr/share/doc").join(package);
+    write(&doc.join("copyright"), COPYRIGHT, 0o644)?;
+    write(&doc.join("changelog"), changelog_text, 0o644)?;
+    util::run(
+        Command::new("gzip")
+            .args(["-9", "-n", "-f"])
+            .arg(doc.join("changelog")),
+        "gzip the changelog",
+    )
+}
+
+/// How to build the packages of one architecture.
+#[derive(Debug)]
+pub(crate) struct Packaging<'a> {
+    /// Debian's name for the architecture of the programs.
+    pub(crate) arch: &'a str,
+    /// The `strip` for that architecture's binaries.
+    pub(crate) strip: &'a str,
+    /// dpkg-deb's compression option.
+    pub(crate) compression: &'a str,
+}
+
+/// Stages and builds every package from the programs in `bins` under `out`
+/// (`out/debian/<package>` are the staged trees; dpkg-shlibdeps wants them there). Returns
+/// the .deb files, the common one first.
+///
+/// # Errors
+/// A program is missing, a tool fails.
+pub(crate) fn build(
+    root: &Path,
+    how: &Packaging<'_>,
+    bins: &Path,
+    out: &Path,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let compression = how.compression;
+    let work = out.join("debian");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    // dpkg-shlibdeps reads debian/control of the "source" it runs in.
+    write(
+        &work.join("control"),
+        "Source: cyphonic\n\nPackage: cyphonic-adapter\nArchitecture: any\n",
+        0o644,
+    )?;
+    let log = changelog(&release_date(root));
+    let mut debs = Vec::new();
+
+    let tree = work.join(COMMON);
+    for doc in DOCS {
+        let name = Path::new(doc).file_name().context("a file name")?;
+        put(
+            &root.join(doc),
+            &tree.join("usr/share/doc").join(COMMON).join(name),
+            0o644,
+        )?;
+    }
+    for p in &PROGRAMS {
+        put(
+            &root.join("config").join(p.example),
+            &tree
+                .join("usr/share/doc")
+                .join(COMMON)
+                .join("examples")
+                .join(p.example),
+            0o644,
+        )?;
+    }
+    std::fs::create_dir_all(tree.join("etc/cyphonic"))?;
+    doc_dir(&tree, COMMON, &log)?;
+    let size = installed_kib(&tree)?;
+    write(
+        &tree.join("DEBIAN/control"),
+        control(
+            COMMON,
+            "all",
+            size,
+            "passwd",
+            "shared files of the cyphonic overlay's programs",
+            "The service user the cyphonic programs run as, the directories they share, and the documentation with example configurations.",
+        ),
+        0o644,
+    )?;
+    write(
+        &tree.join("DEBIAN/postinst"),
+        &script(root, "common.postinst", None)?,
+        0o755,
+    )?;
+    write(
+        &tree.join("DEBIAN/postrm"),
+        &script(root, "common.postrm", None)?,
+        0o755,
+    )?;
+    debs.push(pack(&tree, out, COMMON, "all", compression)?);
+
+    let strip = how.strip;
+    for p in &PROGRAMS {
+        let tree = work.join(p.name);
+        let bin = tree.join("usr/bin").join(p.name);
+        put(&bins.join(p.name), &bin, 0o755)?;
+        // As dh_strip does; a panic still names its file and line.
+        util::run(
+            Command::new(strip)
+                .args([
+                    "--remove-section=.comment",
+                    "--remove-section=.note",
+                    "--strip-unneeded",
+                ])
+                .arg(&bin),
+            &format!("{strip} {}", p.name),
+        )?;
+        put(
+            &root.join("config").join(format!("{}.service", p.name)),
+            &tree
+                .join("lib/systemd/system")
+                .join(format!("{}.service", p.name)),
+            0o644,
+        )?;
+        put(
+            &root.join("config").join(p.example),
+            &tree.join("etc/cyphonic").join(p.config),
+            0o644,
+        )?;
+        doc_dir(&tree, p.name, &log)?;
+        let shlibs = shlibdeps(&work, &bin)?;
+        let size = installed_kib(&tree)?;
+        write(
+            &tree.join("DEBIAN/control"),
+            control(
+                p.name,
+                how.arch,
+                size,
+                &format!("{shlibs}, {COMMON} (= {})", version()),
+                p.synopsis,
+                p.description,
+            ),
+            0o644,
+        )?;
+        write(
+            &tree.join("DEBIAN/conffiles"),
+            format!("/etc/cyphonic/{}\n", p.config),
+            0o644,
+        )?;
+        for (file, name) in [
+            ("program.postinst", "postinst"),
+            ("program.prerm", "prerm"),
+            ("program.postrm", "postrm"),
+        ] {
+            write(
+                &tree.join("DEBIAN").join(name),
+                &script(root, file, Some(p))?,
+                0o755,
+            )?;
+        }
+        debs.push(pack(&tree, out, p.name, how.arch, compression)?);
+    }
+    Ok(debs)
+}
+
+/// The `shlibs:Depends` of `binary` (versioned: what its symbols need), from
+/// dpkg-shlibdeps run in `work` (which holds debian/control).
+fn shlibdeps(work: &Path, binary: &Path) -> anyhow::Result<String> {
+    let source = work.parent().context("the staging directory")?;
+    let relative = binary.strip_prefix(source).unwrap_or(binary);
+    let out = Command::new("dpkg-shlibdeps")
+        .arg("-O")
+        .arg(format!("-e{}", relative.display()))
+        .current_dir(source)
+        .output()
+        .context("dpkg-shlibdeps (Debian: apt-get install dpkg-dev)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "dpkg-shlibdeps {}: {}",
+        binary.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let depends = text
+        .lines()
+        .find_map(|l| l.strip_prefix("shlibs:Depends="))
+        .with_context(|| format!("dpkg-shlibdeps said no dependencies: {text}"))?;
+    ensure!(
+        depends.contains("libc6 (>="),
+        "dpkg-shlibdeps gave no versioned libc6: {depends}"
+    );
+    Ok(depends.trim().to_owned())
+}
+
+/// Builds `<package>_<version>_<arch>.deb` in `out` from `tree`.
+fn pack(
+    tree: &Path,
+    out: &Path,
+    package: &str,
+    arch: &str,
+    compression: &str,
+) -> anyhow::Result<PathBuf> {
+    let deb = out.join(format!("{package}_{}_{arch}.deb", version()));
+    util::run(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", compression, "--build"])
+            .arg(tree)
+            .arg(&deb),
+        "dpkg-deb --build",
+    )?;
+    Ok(deb)
+}
+
+/// Runs lintian on `debs`: an error fails; what it says is printed (the warnings and
+/// informational tags that stay are listed, with their reasons, in docs/operations.md).
+///
+/// # Errors
+/// lintian is missing or reports an error.
+pub(crate) fn lint(debs: &[PathBuf]) -> anyhow::Result<()> {
+    let out = Command::new("lintian")
+        .args(["--fail-on", "error", "--tag-display-limit", "0"])
+        .args(debs)
+        .output()
+        .context("lintian (Debian: apt-get install lintian)")?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    eprint!("{said}");
+    ensure!(
+        out.status.success(),
+        "lintian found errors in the packages:\n{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("xtask: lintian: no errors in {} packages", debs.len());
+    Ok(())
+}
+
+/// A scratch Debian root to install the packages into: dpkg runs the maintainer scripts
+/// chrooted into it, as on a real system. Its /usr is this machine's, seen through an overlay
+/// (the packages' files land in the overlay's upper layer, this machine's /usr is not
+/// touched), mounted in a private mount namespace for each command, so nothing stays mounted.
+/// `systemctl` and `deb-systemd-invoke` are stubs that log what the scripts asked of them, and
+/// /run/systemd/system exists: the scripts act as under a running systemd.
+struct Scratch {
+    /// Everything: the root, the overlay's layers.
+    base: PathBuf,
+    /// The root dpkg installs into.
+    root: PathBuf,
+    /// The overlay's upper layer: what the packages put in /usr.
+    usr: PathBuf,
+}
+
+/// The log the stubs write, inside the root.
+const SERVICE_LOG: &str = "var/log/cyphonic-services.log";
+
+/// The search path of dpkg and the maintainer scripts.
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+impl Scratch {
+    fn new(base: &Path) -> anyhow::Result<Self> {
+        let _ = std::fs::remove_dir_all(base);
+        let root = base.join("root");
+        let usr = base.join("upper");
+        for d in [
+            "var/lib/dpkg/info",
+            "var/lib/dpkg/updates",
+            "var/log",
+            "tmp",
+            "usr",
+        ] {
+            std::fs::create_dir_all(root.join(d))?;
+        }
+        std::fs::create_dir_all(root.join("run/systemd/system"))?;
+        std::fs::create_dir_all(base.join("work"))?;
+        for (link, to) in [
+            ("bin", "usr/bin"),
+            ("sbin", "usr/sbin"),
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+        ] {
+            std::os::unix::fs::symlink(to, root.join(link))?;
+        }
+        for (file, text, mode) in [
+            ("var/lib/dpkg/status", "", 0o644),
+            ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n", 0o644),
+            ("etc/group", "root:x:0:\n", 0o644),
+            ("etc/shadow", "root:*:19000:0:99999:7:::\n", 0o640),
+            ("etc/gshadow", "root:*::\n", 0o640),
+        ] {
+            write(&root.join(file), text, mode)?;
+        }
+        if Path::new("/etc/login.defs").exists() {
+            put(
+                Path::new("/etc/login.defs"),
+                &root.join("etc/login.defs"),
+                0o644,
+            )?;
+        }
+        std::fs::create_dir_all(root.join("dev"))?;
+        util::run(
+            Command::new("mknod")
+                .args(["-m", "666"])
+                .arg(root.join("dev/null"))
+                .args(["c", "1", "3"]),
+            "mknod dev/null (scratch root)",
+        )?;
+        for stub in ["systemctl", "deb-systemd-invoke"] {
+            write(
+                &usr.join("local/sbin").join(stub),
+                format!("#!/bin/sh\necho \"{stub} $*\" >> /{SERVICE_LOG}\n"),
+                0o755,
+            )?;
+        }
+        Ok(Self {
+            base: base.to_owned(),
+            root,
+            usr,
+        })
+    }
+
+    /// Runs `program args` in a private mount namespace with the root's /usr mounted.
+    fn run(&self, program: &str, args: &[String], what: &str) -> anyhow::Result<()> {
+        let overlay = format!(
+            "lowerdir=/usr,upperdir={},workdir={}",
+            self.usr.display(),
+            self.base.join("work").display()
+        );
+        util::run(
+            Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                .arg("mount -t overlay overlay -o \"$1\" \"$2\" && shift 2 && exec \"$@\"")
+                .arg("sh")
+                .arg(overlay)
+                .arg(self.root.join("usr"))
+                .arg(program)
+                .args(args)
+                .env("PATH", PATH)
+                .stdin(std::process::Stdio::null()),
+            what,
+        )
+    }
+
+    /// dpkg on the root: dependencies outside our packages are not there, nor is the
+    /// foreign architecture; a changed configuration is kept, as an administrator would.
+    fn dpkg(&self, args: &[String]) -> anyhow::Result<()> {
+        let mut all = vec![
+            format!("--root={}", self.root.display()),
+            "--force-depends".to_owned(),
+            "--force-architecture".to_owned(),
+            "--force-confold".to_owned(),
+            format!("--log={}", self.root.join("var/log/dpkg.log").display()),
+        ];
+        all.extend_from_slice(args);
+        self.run(
+            "dpkg",
+            &all,
+            &format!("dpkg {} (scratch root)", args.join(" ")),
+        )
+    }
+
+    /// What the maintainer scripts asked of systemd since the last call; the log restarts.
+    fn services(&self) -> anyhow::Result<String> {
+        let path = self.root.join(SERVICE_LOG);
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        write(&path, "", 0o644)?;
+        Ok(text)
+    }
+
+    /// A file of the root (below /usr: where the packages put it, the upper layer).
+    fn path(&self, p: &str) -> PathBuf {
+        match p.strip_prefix("usr/") {
+            Some(rest) => self.usr.join(rest),
+            None => self.root.join(p),
+        }
+    }
+
+    /// The field `field` of an installed package, from the root's dpkg database.
+    fn field(&self, package: &str, field: &str) -> String {
+        util::output(
+            "dpkg-query",
+            &[
+                &format!("--admindir={}", self.root.join("var/lib/dpkg").display()),
+                "-W",
+                &format!("-f=${{{field}}}"),
+                package,
+            ],
+        )
+        .unwrap_or_default()
+    }
+}
+
+/// Installs, upgrades, removes and purges `debs` (the common package and the programs) in a
+/// scratch root, and checks each step: the files, the service user and the modes of its
+/// directories and of the configurations, the conffiles and the computed dependencies, the
+/// units (systemd-analyze), what the maintainer scripts ask of systemd (nothing started on a
+/// first installation; running services restarted on upgrade; stopped on removal), that an
+/// administrator's edits and the state survive upgrade and removal, and that purge removes
+/// the state but not keys an administrator put in /etc/cyphonic. The scratch root is
+/// removed afterwards.
+///
+/// # Errors
+/// A step fails, or a check does.
+pub(crate) fn check_install(debs: &[PathBuf]) -> anyhow::Result<()> {
+    let base = std::env::temp_dir().join(format!("cyphonic-deb-{}", std::process::id()));
+    let result = Scratch::new(&base).and_then(|s| check_steps(&s, debs));
+    let _ = std::fs::remove_dir_all(&base);
+    result
+}
+
+fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
+    let files: Vec<String> = debs.iter().map(|d| d.display().to_string()).collect();
+    let mut install = vec!["--install".to_owned()];
+    install.extend(files.iter().cloned());
+    s.dpkg(&install)?;
+
+    // The user, the shared directories.
+    let passwd = std::fs::read_to_string(s.path("etc/passwd"))?;
+    let user = passwd
+        .lines()
+        .find(|l| l.starts_with("cyphonic:"))
+        .context("the postinst created no cyphonic user")?;
+    let uid: u32 = user.split(':').nth(2).context("uid")?.parse()?;
+    let gid: u32 = user.split(':').nth(3).context("gid")?.parse()?;
+    ensure!(
+        user.ends_with(":/var/lib/cyphonic:/usr/sbin/nologin") && uid != 0,
+        "the cyphonic user: {user}"
+    );
+    let mode = |p: &str| -> anyhow::Result<(u32, u32, u32)> {
+        let m = std::fs::metadata(s.path(p)).with_context(|| format!("/{p} is missing"))?;
+        Ok((m.mode() & 0o7777, m.uid(), m.gid()))
+    };
+    ensure!(
+        mode("etc/cyphonic")? == (0o750, 0, gid),
+        "/etc/cyphonic: {:o} {:?}",
+        mode("etc/cyphonic")?.0,
+        mode("etc/cyphonic")?
+    );
+    ensure!(
+        mode("var/lib/cyphonic")? == (0o700, uid, gid),
+        "/var/lib/cyphonic: {:?}",
+        mode("var/lib/cyphonic")?
+    );
+    ensure!(
+        s.path("usr/share/doc/cyphonic-common/examples/adapter.example.toml")
+            .exists(),
+        "no example configuration"
+    );
+
+    // Each program: its binary, unit, configuration (a conffile, readable by the service
+    // user and root only) and dependencies.
+    for p in &PROGRAMS {
+        let bin = format!("usr/bin/{}", p.name);
+        ensure!(mode(&bin)?.0 == 0o755, "/{bin}: {:?}", mode(&bin)?);
+        let unit =
+            std::fs::read_to_string(s.path(&format!("usr/lib/systemd/system/{}.service", p.name)))
+                .or_else(|_| {
+                    std::fs::read_to_string(
+                        s.path(&format!("lib/systemd/system/{}.service", p.name)),
+                    )
+                })
+                .with_context(|| format!("{}.service not installed", p.name))?;
+        ensure!(
+            unit.contains(&format!("ExecStart=/usr/bin/{} ", p.name)),
+            "{}.service does not start /usr/bin/{}",
+            p.name,
+            p.name
+        );
+        let config = format!("etc/cyphonic/{}", p.config);
+        ensure!(
+            mode(&config)? == (0o640, 0, gid),
+            "/{config}: {:?}",
+            mode(&config)?
+        );
+        let conffiles = s.field(p.name, "Conffiles");
+        ensure!(
+            conffiles.contains(&format!("/{config} ")),
+            "{}: conffiles {conffiles:?}",
+            p.name
+        );
+        let depends = s.field(p.name, "Depends");
+        ensure!(
+            depends.contains("libc6 (>= ")
+                && depends.contains(&format!("{COMMON} (= {})", version())),
+            "{}: Depends: {depends}",
+            p.name
+        );
+    }
+    let said = s.services()?;
+    ensure!(
+        !said.contains("start") && !said.contains("stop"),
+        "a first installation must start nothing; the scripts asked: {said}"
+    );
+    verify_units(s)?;
+
+    // State, an administrator's key, edit and `systemctl enable`; then the upgrade.
+    write(&s.path("var/lib/cyphonic/leases.json"), "{}", 0o600)?;
+    write(&s.path("etc/cyphonic/gw.key"), "secret", 0o640)?;
+    let edited = format!(
+        "{}\n# edited by the administrator\n",
+        std::fs::read_to_string(s.path("etc/cyphonic/adapter.toml"))?
+    );
+    write(&s.path("etc/cyphonic/adapter.toml"), &edited, 0o640)?;
+    let wants = s.path("etc/systemd/system/multi-user.target.wants");
+    std::fs::create_dir_all(&wants)?;
+    std::os::unix::fs::symlink(
+        "/lib/systemd/system/cyphonic-adapter.service",
+        wants.join("cyphonic-adapter.service"),
+    )?;
+    s.dpkg(&install)?;
+    let said = s.services()?;
+    for p in &PROGRAMS {
+        ensure!(
+            said.contains(&format!(
+                "deb-systemd-invoke try-restart {}.service",
+                p.name
+            )),
+            "an upgrade must restart a running {}; the scripts asked: {said}",
+            p.name
+        );
+    }
+    ensure!(
+        !said.contains(" stop "),
+        "an upgrade stopped a service: {said}"
+    );
+    ensure!(
+        std::fs::read_to_string(s.path("etc/cyphonic/adapter.toml"))? == edited,
+        "the upgrade lost the administrator's edit of adapter.toml"
+    );
+    ensure!(
+        s.path("var/lib/cyphonic/leases.json").exists(),
+        "the upgrade lost the state"
+    );
+
+    // Removal: services stopped, binaries gone, configuration and state kept.
+    let mut remove = vec!["--remove".to_owned()];
+    remove.extend(PROGRAMS.iter().map(|p| p.name.to_owned()));
+    s.dpkg(&remove)?;
+    let said = s.services()?;
+    for p in &PROGRAMS {
+        ensure!(
+            said.contains(&format!("deb-systemd-invoke stop {}.service", p.name)),
+            "removing {} must stop it; the scripts asked: {said}",
+            p.name
+        );
+        ensure!(
+            !s.path(&format!("usr/bin/{}", p.name)).exists(),
+            "{} stayed after removal",
+            p.name
+        );
+        ensure!(
+            s.path(&format!("etc/cyphonic/{}", p.config)).exists(),
+            "removal (not purge) took /etc/cyphonic/{}",
+            p.config
+        );
+    }
+    ensure!(
+        s.path("var/lib/cyphonic/leases.json").exists(),
+        "removal (not purge) took the state"
+    );
+
+    // Purge: configurations, state and the enable link go; the administrator's key stays.
+    let mut purge = vec!["--purge".to_owned()];
+    purge.extend(PROGRAMS.iter().map(|p| p.name.to_owned()));
+    purge.push(COMMON.to_owned());
+    s.dpkg(&purge)?;
+    for p in &PROGRAMS {
+        ensure!(
+            !s.path(&format!("etc/cyphonic/{}", p.config)).exists(),
+            "purge left /etc/cyphonic/{}",
+            p.config
+        );
+    }
+    ensure!(
+        !s.path("var/lib/cyphonic").exists(),
+        "purge left /var/lib/cyphonic"
+    );
+    ensure!(
+        std::fs::symlink_metadata(wants.join("cyphonic-adapter.service")).is_err(),
+        "purge left the unit's enable link"
+    );
+    ensure!(
+        s.path("etc/cyphonic/gw.key").exists(),
+        "purge removed a key the administrator put in /etc/cyphonic"
+    );
+    eprintln!(
+        "xtask: {} packages install, upgrade, remove and purge in a scratch root as expected",
+        debs.len()
+    );
+    Ok(())
+}
+
+/// Checks the installed units with systemd's own tools, on the scratch root (whose /usr,
+/// this machine's, has the units they name from systemd itself, and /bin/kill):
+/// `systemd-analyze verify` must have nothing to say (it exits 0 even on an unknown key, so
+/// any output fails), and `systemd-analyze security` rates each unit, which is printed
+/// (docs/operations.md records the figures).
+///
+/// # Errors
+/// systemd-analyze is missing, or says something about a unit.
+fn verify_units(s: &Scratch) -> anyhow::Result<()> {
+    let root_arg = format!("--root={}", s.root.display());
+    let log = s.base.join("analyze.log");
+    let mut args = vec![
+        "-c".to_owned(),
+        "systemd-analyze verify \"$@\" > \"$0\" 2>&1".to_owned(),
+        log.display().to_string(),
+        root_arg.clone(),
+    ];
+    args.extend(
+        PROGRAMS
+            .iter()
+            .map(|p| format!("/lib/systemd/system/{}.service", p.name)),
+    );
+    s.run("sh", &args, "systemd-analyze verify (scratch root)")?;
+    let said = std::fs::read_to_string(&log)?;
+    ensure!(said.trim().is_empty(), "systemd-analyze verify:\n{said}");
+    for p in &PROGRAMS {
+        let args = vec![
+            "-c".to_owned(),
+            "systemd-analyze security --offline=yes \"$1\" \"$2\" > \"$0\" 2>&1".to_owned(),
+            log.display().to_string(),
+            root_arg.clone(),
+            format!("{}.service", p.name),
+        ];
+        s.run("sh", &args, &format!("systemd-analyze security {}", p.name))?;
+        let text = std::fs::read_to_string(&log)?;
+        let overall = text
+            .lines()
+            .find(|l| l.contains("Overall exposure level"))
+            .with_context(|| format!("systemd-analyze security {}: {text}", p.name))?;
+        eprintln!("xtask: {}", overall.trim_start_matches('→').trim());
+    }
+    eprintln!("xtask: systemd-analyze verify: the units are clean");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_files_name_package_architecture_and_dependencies() {
+        let c = control(
+            "cyphonic-node",
+            "arm64",
+            12_000,
+            "libc6 (>= 2.34), cyphonic-common (= 0.1.0)",
+            "cyphonic-node: overlay member for a single host",
+            &"word ".repeat(40),
+        );
+        assert!(
+            c.starts_with(&format!(
+                "Package: cyphonic-node\nSource: cyphonic\nVersion: {}\nArchitecture: arm64\n",
+                version()
+            )),
+            "{c}"
+        );
+        assert!(
+            c.contains("\nDepends: libc6 (>= 2.34), cyphonic-common (= 0.1.0)\n"),
+            "{c}"
+        );
+        let long: Vec<&str> = c
+            .lines()
+            .skip_while(|l| !l.starts_with("Description:"))
+            .skip(1)
+            .collect();
+        assert!(long.len() > 1, "{c}");
+        assert!(
+            long.iter().all(|l| l.starts_with(' ') && l.len() <= 80),
+            "{c}"
+        );
+    }
+
+    #[test]
+    fn every_template_names_its_program() {
+        let root = util::root();
+        for p in &PROGRAMS {
+            for file in ["program.postinst", "program.prerm", "program.postrm"] {
+                let text = script(&root, file, Some(p)).unwrap_or_else(|e| panic!("{e}"));
+                assert!(!text.contains('@'), "{file}: {text}");
+                assert!(text.contains(p.name), "{file}");
+            }
+        }
+    }
+}
