@@ -174,12 +174,16 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         ),
         None => None,
     };
+    let signals = nms
+        .listen_for_signals()
+        .await
+        .context("listening for other instances' signals in the shared store")?;
     let tasks = vec![
         tokio::spawn(registry.refresh(store.clone())),
         tokio::spawn(nms.clone().serve(listener)),
         tokio::spawn(nms.clone().probes(probe, false)),
         tokio::spawn(nms.clone().probes(probe_alt, true)),
-        tokio::spawn(nms.clone().signals()),
+        tokio::spawn(nms.clone().signals(signals)),
         tokio::spawn(nms.clone().revocations()),
         tokio::spawn(nms.clone().policies()),
     ];

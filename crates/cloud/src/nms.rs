@@ -15,6 +15,7 @@ use cyphonic_control::{
 };
 use cyphonic_crypto::{CertBody, CertKind, Certificate, Fingerprint, StaticKeypair, TrustStore};
 use dashmap::DashMap;
+use sqlx::postgres::PgListener;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -1416,28 +1417,31 @@ impl Nms {
         true
     }
 
-    /// Delivers signals other instances sent through the shared store (PostgreSQL
-    /// LISTEN/NOTIFY) to clients connected here, until the task is dropped. Returns at once
-    /// for a store that is not shared.
-    pub async fn signals(self: Arc<Self>) {
+    /// Starts listening for the signals other instances send through the shared store
+    /// (PostgreSQL LISTEN/NOTIFY); `None` for a store that is not shared. The cloud does this
+    /// before it serves: a signal sent to a client here before the LISTEN is in place would
+    /// be lost (PostgreSQL keeps no notification for a session that was not listening).
+    ///
+    /// # Errors
+    /// The store cannot be reached.
+    pub async fn listen_for_signals(&self) -> Result<Option<PgListener>, sqlx::Error> {
         if !self.store.is_shared() {
-            return;
+            return Ok(None);
         }
+        let mut l = PgListener::connect(self.store.url()).await?;
+        l.listen(crate::store::SIGNAL_CHANNEL).await?;
+        tracing::info!("listening for signals from other cloud instances");
+        Ok(Some(l))
+    }
+
+    /// Delivers the signals `listener` ([`Nms::listen_for_signals`]) hears to clients
+    /// connected here, until the task is dropped, listening again when the connection is
+    /// lost. Returns at once without a listener (a store that is not shared).
+    pub async fn signals(self: Arc<Self>, listener: Option<PgListener>) {
+        let Some(mut listener) = listener else {
+            return;
+        };
         loop {
-            let listener = async {
-                let mut l = sqlx::postgres::PgListener::connect(self.store.url()).await?;
-                l.listen(crate::store::SIGNAL_CHANNEL).await?;
-                Ok::<_, sqlx::Error>(l)
-            };
-            let mut listener = match listener.await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "listening for other instances' signals; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            tracing::info!("listening for signals from other cloud instances");
             loop {
                 match listener.recv().await {
                     Ok(n) => match serde_json::from_str::<Signal>(n.payload()) {
@@ -1454,6 +1458,16 @@ impl Nms {
                     }
                 }
             }
+            listener = loop {
+                match self.listen_for_signals().await {
+                    Ok(Some(l)) => break l,
+                    Ok(None) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listening for other instances' signals; retrying");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            };
         }
     }
 
