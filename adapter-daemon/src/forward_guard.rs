@@ -12,6 +12,9 @@
 //! - `net/ipv4/conf/<lan>/forwarding = 0`: IPv4 arriving on the LAN port is never routed on.
 //! - `net/ipv6/conf/<lan>/disable_ipv6 = 1`: the kernel drops IPv6 arriving on it (the overlay
 //!   carries devices' IPv4; capture does not need the kernel's IPv6).
+//! - `net/ipv4/conf/<lan>/arp_ignore = 8`: the kernel answers no ARP on it, for none of the
+//!   host's addresses, so devices do not learn the NIC's own MAC (or the host's other
+//!   addresses) from the kernel; the gateway answers ARP for its vIP itself.
 
 use std::io;
 use std::path::PathBuf;
@@ -46,6 +49,10 @@ impl ForwardGuard {
                 Setting {
                     path: root.join("ipv6/conf").join(iface).join("disable_ipv6"),
                     value: "1",
+                },
+                Setting {
+                    path: root.join("ipv4/conf").join(iface).join("arp_ignore"),
+                    value: "8",
                 },
             ],
         }
@@ -85,8 +92,10 @@ mod tests {
         std::fs::create_dir_all(&v6).unwrap();
         std::fs::write(v4.join("forwarding"), "1\n").unwrap();
         std::fs::write(v6.join("disable_ipv6"), "0\n").unwrap();
+        std::fs::write(v4.join("arp_ignore"), "0\n").unwrap();
         let guard = ForwardGuard::under(&root, "lan0");
-        assert_eq!(guard.enforce().unwrap().len(), 2);
+        assert_eq!(guard.enforce().unwrap().len(), 3);
+        assert_eq!(std::fs::read_to_string(v4.join("arp_ignore")).unwrap(), "8");
         assert_eq!(std::fs::read_to_string(v4.join("forwarding")).unwrap(), "0");
         assert_eq!(
             std::fs::read_to_string(v6.join("disable_ipv6")).unwrap(),
