@@ -202,34 +202,15 @@ fn test() -> anyhow::Result<()> {
     // the kernel tier: the Pi's (tests and programs; the longest build of the run) and the
     // fuzz targets' check (they live outside the workspace: cargo-fuzz builds them with
     // nightly and sanitizers; this makes sure they still compile against the current APIs).
-    // The kernel tier mostly waits on its network, and its daemons come first.
+    // The kernel tier mostly waits on its network, and its daemons come first. The native
+    // demo and packages follow the kernel tier while the Pi's build may still run.
     let background = spawn_background_builds(&root)?;
-    let kernel = bed::kernel_tier(&root, &e2e);
+    let native = bed::kernel_tier(&root, &e2e).and_then(|()| native_demo_and_packages(&root));
     let built = background
         .join()
         .map_err(|_| anyhow::anyhow!("the background builds panicked"))?;
-    kernel?;
+    native?;
     built?;
-    // The short demo, from the binaries just built: what `cargo xtask demo` shows, with
-    // shorter measurements.
-    util::run(
-        std::process::Command::new(root.join("target/debug/cyphonic-bed"))
-            .args(["demo", "--short"])
-            .env("CYPHONIC_BIN_DIR", root.join("target/debug")),
-        "cyphonic-bed demo --short",
-    )?;
-    // The packages: the amd64 ones, from the binaries just built (dev profile: the
-    // packaging is what is checked here), linted, then installed, upgraded, removed and
-    // purged in a scratch root.
-    if std::env::consts::ARCH == "x86_64" {
-        let debs = dist::package(
-            "x86_64-unknown-linux-gnu",
-            &root.join("target/debug"),
-            "dev",
-        )?;
-        deb::lint(&debs)?;
-        deb::check_install(&debs)?;
-    }
     // The Pi's architecture: the unit tier under the emulator (built in the background), the
     // demo with the emulated cloud and node, and the arm64 packages of the programs built
     // with the tests.
@@ -242,8 +223,34 @@ fn test() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts, on a thread, the Pi's build ([`cross::build_command`]) and then the fuzz targets'
-/// check, both at the lowest CPU priority (`nice -n 19`), their output in
+/// The short demo, from the binaries just built (what `cargo xtask demo` shows, with
+/// shorter measurements); then the amd64 packages of those binaries (dev profile: the
+/// packaging is what is checked here), linted, installed, upgraded, removed and purged in a
+/// scratch root.
+///
+/// # Errors
+/// The demo fails, or a package check does.
+fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
+    util::run(
+        std::process::Command::new(root.join("target/debug/cyphonic-bed"))
+            .args(["demo", "--short"])
+            .env("CYPHONIC_BIN_DIR", root.join("target/debug")),
+        "cyphonic-bed demo --short",
+    )?;
+    if std::env::consts::ARCH == "x86_64" {
+        let debs = dist::package(
+            "x86_64-unknown-linux-gnu",
+            &root.join("target/debug"),
+            "dev",
+        )?;
+        deb::lint(&debs)?;
+        deb::check_install(&debs)?;
+    }
+    Ok(())
+}
+
+/// Starts, on a thread, the fuzz targets' check and then the Pi's build
+/// ([`cross::build_command`]), both at the lowest CPU priority (`nice -n 19`), their output in
 /// target/background-builds.log (said in full if one fails). Sharing the target directory
 /// reuses the workspace's compiled dependencies for the fuzz check.
 ///
@@ -267,14 +274,14 @@ fn spawn_background_builds(
     let log = std::fs::File::create(&log_path)?;
     let root = root.to_owned();
     eprintln!(
-        "xtask: in the background (nice 19; output in {}): cargo {} / cargo {}",
+        "xtask: in the background (nice 19; output in {}): cargo {}, then cargo {}",
         log_path.display(),
-        cross.0.join(" "),
-        fuzz.join(" ")
+        fuzz.join(" "),
+        cross.0.join(" ")
     );
     Ok(std::thread::spawn(move || {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        for (args, env) in [cross, (fuzz, Vec::new())] {
+        for (args, env) in [(fuzz, Vec::new()), cross] {
             let status = std::process::Command::new("nice")
                 .args(["-n", "19", &cargo])
                 .args(&args)
