@@ -114,8 +114,7 @@ pub(crate) fn build_release(root: &Path) -> anyhow::Result<PathBuf> {
 /// # Errors
 /// The programs cannot be listed, or there are none.
 pub(crate) fn kernel_tier_programs(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let out = Command::new(util::cargo_program())
         .args([
             "test",
             "--workspace",

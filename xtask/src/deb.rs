@@ -666,17 +666,13 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
         let m = std::fs::metadata(s.path(p)).with_context(|| format!("/{p} is missing"))?;
         Ok((m.mode() & 0o7777, m.uid(), m.gid()))
     };
-    ensure!(
-        mode("etc/cyphonic")? == (0o750, 0, gid),
-        "/etc/cyphonic: {:o} {:?}",
-        mode("etc/cyphonic")?.0,
-        mode("etc/cyphonic")?
-    );
-    ensure!(
-        mode("var/lib/cyphonic")? == (0o700, uid, gid),
-        "/var/lib/cyphonic: {:?}",
-        mode("var/lib/cyphonic")?
-    );
+    for (dir, expected) in [
+        ("etc/cyphonic", (0o750, 0, gid)),
+        ("var/lib/cyphonic", (0o700, uid, gid)),
+    ] {
+        let found = mode(dir)?;
+        ensure!(found == expected, "/{dir}: (mode, uid, gid) {found:?}");
+    }
     ensure!(
         s.path("usr/share/doc/cyphonic-common/examples/adapter.example.toml")
             .exists(),
@@ -687,14 +683,11 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
     // user and root only) and dependencies.
     for p in &PROGRAMS {
         let bin = format!("usr/bin/{}", p.name);
-        ensure!(mode(&bin)?.0 == 0o755, "/{bin}: {:?}", mode(&bin)?);
+        let found = mode(&bin)?;
+        ensure!(found.0 == 0o755, "/{bin}: {found:?}");
+        // dpkg put it in /lib/systemd/system, that is /usr/lib (the root is merged).
         let unit =
             std::fs::read_to_string(s.path(&format!("usr/lib/systemd/system/{}.service", p.name)))
-                .or_else(|_| {
-                    std::fs::read_to_string(
-                        s.path(&format!("lib/systemd/system/{}.service", p.name)),
-                    )
-                })
                 .with_context(|| format!("{}.service not installed", p.name))?;
         ensure!(
             unit.contains(&format!("ExecStart=/usr/bin/{} ", p.name)),
@@ -703,11 +696,8 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
             p.name
         );
         let config = format!("etc/cyphonic/{}", p.config);
-        ensure!(
-            mode(&config)? == (0o640, 0, gid),
-            "/{config}: {:?}",
-            mode(&config)?
-        );
+        let found = mode(&config)?;
+        ensure!(found == (0o640, 0, gid), "/{config}: {found:?}");
         let conffiles = s.field(p.name, "Conffiles");
         ensure!(
             conffiles.contains(&format!("/{config} ")),

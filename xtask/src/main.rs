@@ -280,7 +280,7 @@ fn spawn_background_builds(
         cross.0.join(" ")
     );
     Ok(std::thread::spawn(move || {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let cargo = util::cargo_program();
         for (args, env) in [(fuzz, Vec::new()), cross] {
             let status = std::process::Command::new("nice")
                 .args(["-n", "19", &cargo])

@@ -13,6 +13,11 @@ pub(crate) fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The cargo that runs xtask (`$CARGO`), else `cargo` from the path.
+pub(crate) fn cargo_program() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
 /// Runs `cargo <args>` in `dir`, echoing it, failing on a non-zero exit.
 pub(crate) fn cargo(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     cargo_with(dir, args, &[])
@@ -24,9 +29,8 @@ pub(crate) fn cargo_with(
     args: &[&str],
     env: &[(String, String)],
 ) -> anyhow::Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     run(
-        Command::new(cargo)
+        Command::new(cargo_program())
             .args(args)
             .current_dir(dir)
             .envs(env.iter().map(|(k, v)| (k, v))),
