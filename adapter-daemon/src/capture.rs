@@ -26,8 +26,8 @@ use cyphonic_tunnel::{
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
-use crate::forward_guard::ForwardGuard;
 use crate::lan::{Client, LanSide, ToServices};
+use crate::port_guard::PortGuard;
 
 /// How often the capture thread reads the kernel's count of frames it dropped.
 const DROPS_EVERY: Duration = Duration::from_secs(1);
@@ -67,7 +67,7 @@ pub struct Capture {
     shared: Arc<Shared>,
     sock: PacketSocket,
     intake: Intake,
-    guard: ForwardGuard,
+    guard: PortGuard,
     /// Whether the guard's failure was said already (said once, not every second).
     guard_failed: bool,
 }
@@ -79,7 +79,7 @@ impl Capture {
         shared: Arc<Shared>,
         sock: PacketSocket,
         intake: Intake,
-        guard: ForwardGuard,
+        guard: PortGuard,
     ) -> Self {
         Self {
             lan,
@@ -161,7 +161,7 @@ impl Capture {
         tracing::debug!("capture thread stopped");
     }
 
-    /// Puts the LAN port's forwarding settings back if something changed them.
+    /// Puts the LAN port's guard back (settings, filter, no address) if something changed it.
     fn hold_guard(&mut self) {
         match self.guard.enforce() {
             Ok(restored) if restored.is_empty() => {}
@@ -171,13 +171,13 @@ impl Capture {
                     .forwarding_guard_restored
                     .fetch_add(restored.len() as u64, Ordering::Relaxed);
                 tracing::warn!(
-                    settings = ?restored,
-                    "something on this host changed the LAN port's forwarding settings; put back"
+                    changed = ?restored,
+                    "something on this host changed the LAN port (a setting, the ingress drop filter or an address); put back"
                 );
             }
             Err(e) if !self.guard_failed => {
                 self.guard_failed = true;
-                tracing::warn!(error = %e, "cannot hold the LAN port's forwarding settings");
+                tracing::warn!(error = %e, "cannot hold the LAN port closed to this host's kernel");
             }
             Err(_) => {}
         }

@@ -12,7 +12,7 @@ cyphonic_telemetry::counters! {
     captured_truncated,
     /// Frames the kernel dropped because capture fell behind and `dataplane.lan_buffer` filled.
     drop_capture_overflow,
-    /// LAN-port sysctls put back after something else changed them (forwarding or IPv6 turned on; forward_guard.rs).
+    /// What the LAN port's guard put back after something else on the host changed it: a sysctl (forwarding or IPv6 turned on), the ingress drop filter, an IPv4 address removed (port_guard.rs).
     forwarding_guard_restored,
     /// Coalesced frames (GRO/LRO, or a local sender's TSO) cut back into segments.
     coalesced,

@@ -25,12 +25,12 @@ use crate::capture::Capture;
 use crate::config::{AdapterConfig, Mac};
 use crate::counters::LanCounters;
 use crate::dhcp::Dhcp;
-use crate::forward_guard::ForwardGuard;
 use crate::gateway::Gateway;
 use crate::lan::{LanSide, ServiceQueues};
 use crate::lan_sink::LanSink;
 use crate::names::Names;
 use crate::neighbors::LanTable;
+use crate::port_guard::PortGuard;
 use crate::services::{AdapterServices, Dns};
 use crate::status::{AdapterInfo, AdapterStatus};
 
@@ -80,14 +80,14 @@ impl<'a> AdapterEdge<'a> {
         );
         // Before the engine starts: turning the port's IPv6 off removes its link-local
         // address, which the engine's network watcher would take for an uplink change.
-        match ForwardGuard::new(&iface.name).enforce() {
+        match PortGuard::new(&iface.name, iface.index).enforce() {
             Ok(changed) if !changed.is_empty() => {
-                tracing::info!(settings = ?changed, "LAN port: the kernel neither forwards nor takes IPv6 from it");
+                tracing::info!(changed = ?changed, "LAN port: closed to this host's kernel (no address, no IPv6, no forwarding, every frame dropped after capture)");
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(
                 error = %e,
-                "cannot set the LAN port's forwarding settings; devices' frames still never reach the kernel's IP stack (they are addressed to the gateway's own MAC)"
+                "cannot close the LAN port to this host's kernel entirely; frames devices address to the gateway still never reach the kernel's IP stack (they carry the gateway's own MAC)"
             ),
         }
         let (lan, work) = LanSide::new(
@@ -225,7 +225,7 @@ impl Edge for AdapterEdge<'_> {
             .capture
             .take()
             .context("the capture thread starts once")?;
-        let guard = ForwardGuard::new(&self.iface.name);
+        let guard = PortGuard::new(&self.iface.name, self.iface.index);
         let capture = Capture::new(
             self.lan.clone(),
             core.shared.clone(),

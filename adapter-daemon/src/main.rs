@@ -11,7 +11,6 @@ mod config;
 mod counters;
 mod dhcp;
 mod edge;
-mod forward_guard;
 mod gateway;
 mod lan;
 mod lan_send;
@@ -19,6 +18,7 @@ mod lan_sink;
 mod leases;
 mod names;
 mod neighbors;
+mod port_guard;
 mod services;
 mod status;
 

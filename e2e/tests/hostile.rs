@@ -160,6 +160,129 @@ fn no_device_packet_leaves_in_clear_even_with_forwarding_on() {
     );
 }
 
+/// The LAN port is the adapter's: the host's kernel takes no frame from it. A device sends
+/// UDP to a closed port of the adapter host's uplink address, addressed to the NIC's own MAC
+/// (the weak host model would answer it on any interface, with no reverse-path check here):
+/// no "port unreachable" comes back, while the same probe from the router, on the uplink,
+/// is answered. An address put on the port and the filter removed (`tc qdisc del`) are both
+/// put back within the guard's second, counted, and devices keep working. After the adapter
+/// stops, the port stays closed; only removing the filter by hand opens it, and then the
+/// device's probe is answered (the probe can see an open port).
+#[test]
+fn the_lan_port_is_closed_to_the_hosts_kernel() {
+    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
+    let ns = &bed.a.adapter_ns;
+    for key in ["all", "lan", "wan"] {
+        ns.exec(
+            "sysctl",
+            &["-qw", &format!("net.ipv4.conf.{key}.rp_filter=0")],
+        )
+        .unwrap();
+    }
+    let filter_shown = |ns: &cyphonic_e2e::Netns| {
+        ns.exec("tc", &["filter", "show", "dev", "lan", "ingress"])
+            .unwrap()
+    };
+    let shown = filter_shown(ns);
+    assert!(
+        shown.contains("bpf") && shown.contains("direct-action"),
+        "no drop filter on A's LAN port: {shown}"
+    );
+    let uplink = match bed.a.underlay {
+        std::net::IpAddr::V4(ip) => ip,
+        std::net::IpAddr::V6(ip) => panic!("A's uplink is IPv4 in this bed: {ip}"),
+    };
+    let router: std::net::Ipv4Addr = "198.51.100.1".parse().unwrap();
+    let nic = parse_mac(&mac_of(ns, "lan").unwrap()).unwrap();
+    let wan_mac = parse_mac(&mac_of(ns, "wan").unwrap()).unwrap();
+    let toa_mac = parse_mac(&mac_of(&bed.wan, "toa").unwrap()).unwrap();
+    let device = parse_mac(&bed.a.host_mac).unwrap();
+    let device_ip = bed.a.host_ip;
+    // An ICMP port unreachable from the uplink address to `to`: its IPv4 source and
+    // destination followed by type 3, code 3.
+    let unreachable_to = |to: std::net::Ipv4Addr| {
+        let mut needle = uplink.octets().to_vec();
+        needle.extend(to.octets());
+        needle.extend([3, 3]);
+        needle
+    };
+    let from_device = || {
+        (0..5u16)
+            .map(|i| inject::udp_frame(nic, device, device_ip, uplink, 40200 + i, 9, b"probe"))
+            .collect::<Vec<_>>()
+    };
+    // Both answers, if any, leave A by the uplink (A routes the device's address there).
+    let probe = |bed: &TwoSites, with_router: bool| {
+        std::thread::scope(|s| {
+            let capture = s.spawn(|| {
+                inject::count_frames_containing_each(
+                    &bed.wan,
+                    "toa",
+                    vec![unreachable_to(device_ip), unreachable_to(router)],
+                    Duration::from_secs(3),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            inject::send_frames(&bed.a.lan, "eth0", from_device()).unwrap();
+            if with_router {
+                let frames = (0..5u16)
+                    .map(|i| {
+                        inject::udp_frame(wan_mac, toa_mac, router, uplink, 40300 + i, 9, b"probe")
+                    })
+                    .collect();
+                inject::send_frames(&bed.wan, "toa", frames).unwrap();
+            }
+            capture.join().unwrap().unwrap()
+        })
+    };
+    let seen = probe(&bed, true);
+    assert!(
+        seen[1] >= 1,
+        "the router's probe of the uplink was not answered: the probe is broken"
+    );
+    assert_eq!(
+        seen[0],
+        0,
+        "A's kernel answered a device on the LAN port\n{}",
+        bed.logs()
+    );
+    // Something on the host puts an address on the port and removes the filter.
+    let restored = bed.counter(Side::A, "forwarding_guard_restored").unwrap();
+    ns.ip(&["addr", "add", "192.0.2.77/24", "dev", "lan"])
+        .unwrap();
+    ns.exec("tc", &["qdisc", "del", "dev", "lan", "clsact"])
+        .unwrap();
+    cyphonic_e2e::wait_until(
+        Duration::from_secs(3),
+        "the guard put the port back",
+        || {
+            bed.counter(Side::A, "forwarding_guard_restored")
+                .is_ok_and(|n| n >= restored + 2)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let addresses = ns.ip(&["-4", "addr", "show", "dev", "lan"]).unwrap();
+    assert!(!addresses.contains("inet "), "{addresses}");
+    assert!(filter_shown(ns).contains("direct-action"));
+    let log = std::fs::read_to_string(bed.a.log()).unwrap();
+    assert!(
+        log.contains("address 192.0.2.77/24 removed") && log.contains("ingress drop filter"),
+        "the log does not say what was put back\n{log}"
+    );
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+    // Stopped, the adapter leaves the port closed.
+    bed.stop(Side::A, "TERM").unwrap();
+    let ns = &bed.a.adapter_ns;
+    assert!(filter_shown(ns).contains("direct-action"));
+    assert_eq!(probe(&bed, false)[0], 0, "the port opened when A stopped");
+    ns.exec("tc", &["qdisc", "del", "dev", "lan", "clsact"])
+        .unwrap();
+    assert!(
+        probe(&bed, false)[0] >= 1,
+        "with the filter removed by hand, the kernel did not answer: the probe cannot see an open port"
+    );
+}
+
 /// Node C's DNS stub serves the node only. A neighbour on the node's segment (the router,
 /// given a route to the node's vIP) asks it and gets nothing, not even a refusal; a device at
 /// a peer's site gets the node's own name and is refused anything else (the stub would be an

@@ -21,6 +21,10 @@
 //!   netmask, MTU and state set through interface ioctls.
 //! - [`AddressWatch`]: news of this host's address and route changes (`NETLINK_ROUTE`
 //!   multicast), so the tunnel can tell its peers at once that it moved.
+//! - [`Rtnl`]: routing-netlink requests that keep the kernel's IP stack off the adapter's
+//!   LAN port: its IPv4 addresses removed, and an ingress filter (tc `clsact`, a one-instruction
+//!   classic `bpf` program in direct-action mode) that drops every frame after the capture
+//!   socket has seen it.
 //! - [`BusyPoll`]: optional busy polling of a receiving socket for a while after each packet
 //!   (`MSG_DONTWAIT` and `sched_yield` instead of a sleep and a wake-up).
 //! - [`Placement`]: optional CPU affinity and real-time priority for data-plane threads.
@@ -36,6 +40,7 @@ mod error;
 mod iface;
 pub mod netns;
 mod packet;
+mod rtnl;
 mod sched;
 mod sys;
 mod tun;
@@ -49,6 +54,7 @@ pub use packet::{
     Coalesced, FrameMeta, Gathered, Gso, GsoKind, LARGE_FRAME, LargeFrames, PacketOptions,
     PacketSocket, segmentation_unsupported,
 };
+pub use rtnl::{INGRESS_DROP_PRIORITY, Rtnl};
 pub use sched::{MAX_CPUS, Placement, allowed_cpus};
 pub use tun::Tun;
 pub use udp::{DatagramMeta, UdpOptions, UdpSocket};
