@@ -1,0 +1,413 @@
+//! `cargo xtask image`: a Raspberry Pi 4 SD-card image that boots to a running adapter.
+//!
+//! Debian bookworm for arm64, made by mmdebstrap from Debian's own packages: systemd, the
+//! kernel (`linux-image-arm64`) and the Pi's boot firmware (`raspi-firmware`, which puts the
+//! firmware, device trees, kernel, initrd, `config.txt` and `cmdline.txt` on the FAT boot
+//! partition), networkd, timesyncd, an SSH server that stays off, and our arm64 packages
+//! (`cyphonic-common`, `cyphonic-adapter`). The files that make it an appliance are in
+//! `config/image/`: the networkd files (the uplink eth0 by DHCP, the LAN port eth1 left to
+//! the adapter) and the first-boot step that takes the operator's files from the boot
+//! partition's `cyphonic/` folder, which any laptop can write.
+//!
+//! The image is two partitions in an MBR table, made without mounting anything (no loop
+//! devices): a FAT32 boot partition (`mkfs.vfat`, filled by `mcopy`) and an ext4 root
+//! (`mkfs.ext4 -d`), written into the image file at their offsets.
+//!
+//! The arm64 packages' maintainer scripts run under qemu-user: the build registers
+//! `qemu-aarch64-static` with binfmt_misc if it is not registered (and mounts binfmt_misc if
+//! it is not mounted), from qemu-user-static's own `/usr/lib/binfmt.d/qemu-aarch64.conf`.
+//!
+//! `--check` boots the image under qemu-system-aarch64 (e2e `image.rs`, see there).
+
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, ensure};
+
+use crate::{deb, dist, util};
+
+/// Debian's packages the image is made of, beside the essential ones.
+const PACKAGES: &[&str] = &[
+    "systemd",
+    "systemd-sysv",
+    "systemd-timesyncd",
+    "udev",
+    "kmod",
+    "iproute2",
+    "netbase",
+    "ca-certificates",
+    "e2fsprogs",
+    "dosfstools",
+    "initramfs-tools",
+    "linux-image-arm64",
+    "raspi-firmware",
+    "openssh-server",
+];
+
+/// Where the boot partition starts, and its size (MiB).
+const BOOT_START_MIB: u64 = 4;
+const BOOT_MIB: u64 = 256;
+
+/// The file systems' labels: Debian's Raspberry Pi images' own, which raspi-firmware's
+/// `cmdline.txt` names (`root=LABEL=RASPIROOT`).
+const ROOT_LABEL: &str = "RASPIROOT";
+const BOOT_LABEL: &str = "RASPIFIRM";
+
+/// The tools the build needs, with the Debian package of each.
+const TOOLS: &[(&str, &str)] = &[
+    ("mmdebstrap", "mmdebstrap"),
+    ("mkfs.vfat", "dosfstools"),
+    ("mcopy", "mtools"),
+    ("mkfs.ext4", "e2fsprogs"),
+    ("sfdisk", "fdisk"),
+    ("qemu-aarch64-static", "qemu-user-static"),
+];
+
+/// Builds the image at `out` (default `target/image/cyphonic-pi4-<version>-arm64.img`) from
+/// the arm64 packages in `packages` (default: built now with `cargo xtask dist --target
+/// aarch64-unknown-linux-gnu`); then boots it if `check`.
+pub(crate) fn run(
+    packages: Option<PathBuf>,
+    out: Option<PathBuf>,
+    check: bool,
+) -> anyhow::Result<()> {
+    let root = util::root();
+    let work = root.join("target/image");
+    let out =
+        out.unwrap_or_else(|| work.join(format!("cyphonic-pi4-{}-arm64.img", deb::version())));
+    for (tool, package) in TOOLS {
+        ensure!(
+            util::output("sh", &["-c", &format!("command -v {tool}")]).is_some(),
+            "{tool} is missing: apt-get install {package}"
+        );
+    }
+    let debs = arm64_packages(packages)?;
+    binfmt_aarch64()?;
+    fs::create_dir_all(&work)?;
+    let tree = work.join("root");
+    if tree.exists() {
+        // An interrupted mmdebstrap can leave the host's /proc, /sys and /dev/pts mounted
+        // in its tree: removing through them would be a disaster.
+        let mounted = mounts_under(&tree)?;
+        ensure!(
+            mounted.is_empty(),
+            "an earlier build left mounts in {}: umount {} first",
+            tree.display(),
+            mounted.join(" ")
+        );
+        fs::remove_dir_all(&tree)?;
+    }
+    bootstrap(&root, &tree, &debs)?;
+    assemble(&root, &tree, &work, &out)?;
+    eprintln!("xtask: image: {}", out.display());
+    if check {
+        boot_check(&root, &out)?;
+    }
+    Ok(())
+}
+
+/// The two packages the image installs, from `dir` or built now.
+fn arm64_packages(dir: Option<PathBuf>) -> anyhow::Result<Vec<PathBuf>> {
+    let debs = match dir {
+        Some(d) => fs::read_dir(&d)
+            .with_context(|| format!("reading {}", d.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect(),
+        None => dist::run("aarch64-unknown-linux-gnu", "release")?,
+    };
+    let pick = |prefix: &str, suffix: &str| {
+        debs.iter()
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
+            })
+            .cloned()
+            .with_context(|| format!("no {prefix}*{suffix} among the packages"))
+    };
+    Ok(vec![
+        pick("cyphonic-common_", "_all.deb")?,
+        pick("cyphonic-adapter_", "_arm64.deb")?,
+    ])
+}
+
+/// Registers qemu-user for arm64 binaries with binfmt_misc, unless it is.
+fn binfmt_aarch64() -> anyhow::Result<()> {
+    let dir = Path::new("/proc/sys/fs/binfmt_misc");
+    if !dir.join("register").exists() {
+        util::run(
+            Command::new("mount")
+                .args(["-t", "binfmt_misc", "binfmt_misc"])
+                .arg(dir),
+            "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc",
+        )?;
+    }
+    if dir.join("qemu-aarch64").exists() {
+        return Ok(());
+    }
+    let conf = fs::read_to_string("/usr/lib/binfmt.d/qemu-aarch64.conf")
+        .context("qemu-user-static's binfmt entry: apt-get install qemu-user-static")?;
+    let line = conf
+        .lines()
+        .find(|l| l.starts_with(":qemu-aarch64:"))
+        .context("no :qemu-aarch64: line in /usr/lib/binfmt.d/qemu-aarch64.conf")?;
+    eprintln!("xtask: registering qemu-aarch64 with binfmt_misc (arm64 maintainer scripts)");
+    fs::write(dir.join("register"), line).context("registering qemu-aarch64 (needs root)")?;
+    Ok(())
+}
+
+/// Makes the root tree with mmdebstrap, then makes it the appliance
+/// (`config/image/customize.sh`).
+fn bootstrap(root: &Path, tree: &Path, debs: &[PathBuf]) -> anyhow::Result<()> {
+    let mut include: Vec<String> = PACKAGES.iter().map(|p| (*p).to_owned()).collect();
+    for d in debs {
+        include.push(fs::canonicalize(d)?.display().to_string());
+    }
+    let customize = root.join("config/image/customize.sh");
+    let files = root.join("config/image");
+    let mut cmd = Command::new("mmdebstrap");
+    cmd.args([
+        "--arch=arm64",
+        "--variant=minbase",
+        "--components=main,non-free-firmware",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        "--dpkgopt=path-include=/usr/share/doc/cyphonic-common/*",
+    ])
+    .arg(format!("--include={}", include.join(",")))
+    // Makes our .deb files, named by path, visible to the chrooted dpkg (and removes them
+    // after): mmdebstrap's own hook for that.
+    .arg("--hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount")
+    .arg(format!(
+        "--customize-hook=sh {} \"$1\" {}",
+        customize.display(),
+        files.display()
+    ))
+    .args(["bookworm"])
+    .arg(tree)
+    .arg("http://deb.debian.org/debian");
+    util::run(
+        &mut cmd,
+        "mmdebstrap (Debian bookworm arm64 with the adapter)",
+    )
+}
+
+/// Writes the image: the boot partition from `tree/boot/firmware`, the root file system
+/// from the rest of `tree`.
+fn assemble(root: &Path, tree: &Path, work: &Path, out: &Path) -> anyhow::Result<()> {
+    let firmware = tree.join("boot/firmware");
+    ensure!(
+        firmware.join("config.txt").exists() && firmware.join("cmdline.txt").exists(),
+        "raspi-firmware left no config.txt and cmdline.txt in {}",
+        firmware.display()
+    );
+    // The boot partition: the firmware's files and the operator's folder.
+    let boot = work.join("boot.vfat");
+    let _ = fs::remove_file(&boot);
+    util::run(
+        Command::new("mkfs.vfat")
+            .args(["-C", "-F", "32", "-n", BOOT_LABEL])
+            .arg(&boot)
+            .arg((BOOT_MIB * 1024).to_string()),
+        "mkfs.vfat (boot partition)",
+    )?;
+    let mut entries: Vec<PathBuf> = fs::read_dir(&firmware)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    let mut mcopy = Command::new("mcopy");
+    mcopy
+        .args(["-s", "-p", "-i"])
+        .arg(&boot)
+        .args(&entries)
+        .arg("::");
+    util::run(&mut mcopy, "mcopy (the firmware onto the boot partition)")?;
+    util::run(
+        Command::new("mmd").arg("-i").arg(&boot).arg("::cyphonic"),
+        "mmd ::cyphonic",
+    )?;
+    util::run(
+        Command::new("mcopy")
+            .arg("-i")
+            .arg(&boot)
+            .arg(root.join("config/image/README.txt"))
+            .arg("::cyphonic/README.txt"),
+        "mcopy README.txt",
+    )?;
+    // The root file system: everything but the boot partition's files (a mount point).
+    let aside = work.join("firmware");
+    if aside.exists() {
+        fs::remove_dir_all(&aside)?;
+    }
+    fs::rename(&firmware, &aside)?;
+    fs::create_dir(&firmware)?;
+    let used = dir_size(tree)?;
+    // Room for the file system's own tables, upgrades and logs: half again and 512 MiB.
+    let root_mib = used / (1 << 20) * 3 / 2 + 512;
+    let rootfs = work.join("root.ext4");
+    let _ = fs::remove_file(&rootfs);
+    let made = util::run(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-L", ROOT_LABEL, "-d"])
+            .arg(tree)
+            .arg(&rootfs)
+            .arg(format!("{root_mib}M")),
+        "mkfs.ext4 -d (root file system)",
+    );
+    fs::remove_dir(&firmware)?;
+    fs::rename(&aside, &firmware)?;
+    made?;
+    // The disk: an MBR table, the two partitions at their offsets.
+    let root_start = BOOT_START_MIB + BOOT_MIB;
+    let total = (root_start + root_mib) << 20;
+    let _ = fs::remove_file(out);
+    {
+        let f = fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        f.set_len(total)?;
+    }
+    let table = partition_table(root_mib);
+    let mut sfdisk = Command::new("sfdisk");
+    sfdisk
+        .arg("--quiet")
+        .arg(out)
+        .stdin(std::process::Stdio::piped());
+    eprintln!("xtask: $ sfdisk {} <<< {table:?}", out.display());
+    let mut child = sfdisk.spawn().context("starting sfdisk")?;
+    child
+        .stdin
+        .take()
+        .context("sfdisk's input")?
+        .write_all(table.as_bytes())?;
+    let status = child.wait()?;
+    ensure!(status.success(), "sfdisk failed ({status})");
+    write_at(out, &boot, BOOT_START_MIB << 20)?;
+    write_at(out, &rootfs, root_start << 20)?;
+    fs::remove_file(&boot)?;
+    fs::remove_file(&rootfs)?;
+    Ok(())
+}
+
+/// The sfdisk script: a bootable FAT32 (LBA) partition, then Linux, in 512-byte sectors.
+fn partition_table(root_mib: u64) -> String {
+    let mib = 2048; // sectors
+    format!(
+        "label: dos\nstart={}, size={}, type=c, bootable\nstart={}, size={}, type=83\n",
+        BOOT_START_MIB * mib,
+        BOOT_MIB * mib,
+        (BOOT_START_MIB + BOOT_MIB) * mib,
+        root_mib * mib
+    )
+}
+
+/// Copies `part` into `disk` at byte `offset`.
+fn write_at(disk: &Path, part: &Path, offset: u64) -> anyhow::Result<()> {
+    let mut d = fs::OpenOptions::new().write(true).open(disk)?;
+    d.seek(SeekFrom::Start(offset))?;
+    let mut p = fs::File::open(part)?;
+    std::io::copy(&mut p, &mut d)?;
+    d.sync_all()?;
+    Ok(())
+}
+
+/// Mount points at or under `dir`, deepest first.
+fn mounts_under(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let dir = fs::canonicalize(dir)?;
+    let mounts = fs::read_to_string("/proc/self/mounts")?;
+    let mut under: Vec<String> = mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|m| Path::new(m).starts_with(&dir))
+        .map(str::to_owned)
+        .collect();
+    under.sort_by(|a, b| b.cmp(a));
+    Ok(under)
+}
+
+/// Bytes in the files under `dir` (not following links).
+fn dir_size(dir: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d)? {
+            let e = e?;
+            let meta = e.metadata()?;
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Boots the image under qemu-system-aarch64 in the bed (e2e `image.rs`, ignored by the
+/// kernel tier because it takes minutes).
+fn boot_check(root: &Path, image: &Path) -> anyhow::Result<()> {
+    ensure!(
+        util::output("sh", &["-c", "command -v qemu-system-aarch64"]).is_some(),
+        "qemu-system-aarch64 is missing: apt-get install qemu-system-arm"
+    );
+    util::cargo(root, &["build", "--locked", "--bins"])?;
+    let image = fs::canonicalize(image)?;
+    let mut cmd = Command::new(util::cargo_program());
+    cmd.args([
+        "test",
+        "--locked",
+        "-p",
+        "cyphonic-e2e",
+        "--test",
+        "image",
+        "--",
+        "--ignored",
+        "--nocapture",
+    ])
+    .current_dir(root.join("e2e"))
+    .env("CYPHONIC_IMAGE", &image);
+    util::run(&mut cmd, "the image's boot check (e2e image.rs)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_partitions_follow_each_other_on_mib_boundaries() {
+        let t = partition_table(1000);
+        assert!(t.starts_with("label: dos\n"));
+        assert!(t.contains("start=8192, size=524288, type=c, bootable"));
+        assert!(t.contains("start=532480, size=2048000, type=83"));
+    }
+
+    #[test]
+    fn the_image_carries_the_kernel_the_firmware_and_no_ssh_password_path() {
+        for p in [
+            "linux-image-arm64",
+            "raspi-firmware",
+            "systemd-sysv",
+            "openssh-server",
+        ] {
+            assert!(PACKAGES.contains(&p), "{p}");
+        }
+        let script = fs::read_to_string(util::root().join("config/image/customize.sh")).unwrap();
+        assert!(
+            script.contains("systemctl disable ssh.service"),
+            "SSH is off by default"
+        );
+        assert!(script.contains("passwd -l root"), "no root password");
+    }
+
+    #[test]
+    fn missing_packages_are_named() {
+        let dir = std::env::temp_dir().join(format!("cy-image-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("cyphonic-common_0.1.0_all.deb"), b"").unwrap();
+        let e = arm64_packages(Some(dir.clone())).unwrap_err().to_string();
+        assert!(e.contains("cyphonic-adapter_"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
