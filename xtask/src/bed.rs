@@ -35,34 +35,7 @@ pub(crate) fn prerequisites() -> anyhow::Result<()> {
             "the bed builds network namespaces and needs root: run this as root (e.g. sudo -E cargo xtask ...)"
         );
     }
-    let missing: Vec<&str> = TOOLS
-        .iter()
-        .filter(|(tool, _)| util::output("sh", &["-c", &format!("command -v {tool}")]).is_none())
-        .map(|(_, pkg)| *pkg)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    if util::output("sh", &["-c", "command -v apt-get"]).is_none() {
-        bail!("missing tools; install the packages: {}", missing.join(" "));
-    }
-    eprintln!(
-        "xtask: installing what the bed needs: {}",
-        missing.join(" ")
-    );
-    util::run(
-        Command::new("apt-get").args(["update", "-qq"]),
-        "apt-get update",
-    )?;
-    let mut install = Command::new("apt-get");
-    install
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive");
-    util::run(
-        &mut install,
-        &format!("apt-get install {}", missing.join(" ")),
-    )
+    util::install_missing("the bed", TOOLS)
 }
 
 /// The packages and binaries the test bed runs: the adapter, the cloud (and CA tool), the

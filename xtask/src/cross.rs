@@ -62,7 +62,7 @@ fn environment(target: &dist::Target, b: &dist::Build) -> anyhow::Result<Vec<(St
     let runner = runner();
     if !runner.is_empty() {
         anyhow::ensure!(
-            util::output("sh", &["-c", "command -v qemu-aarch64-static"]).is_some(),
+            util::has_command("qemu-aarch64-static"),
             "running aarch64 programs here needs the emulator: apt-get install qemu-user-static"
         );
         let upper = TRIPLE.to_uppercase().replace('-', "_");

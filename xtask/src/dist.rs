@@ -135,9 +135,9 @@ pub(crate) fn rustc_for(target: &Target) -> Option<String> {
 /// What a build for `target` lacks on this machine, given whether a compiler has its
 /// standard library (`has_std`).
 fn missing_for(target: &Target, has_std: bool) -> Vec<String> {
-    let has_gcc = target.cross.is_none_or(|prefix| {
-        util::output("sh", &["-c", &format!("command -v {prefix}-gcc")]).is_some()
-    });
+    let has_gcc = target
+        .cross
+        .is_none_or(|prefix| util::has_command(&format!("{prefix}-gcc")));
     missing(target, has_gcc, has_std)
 }
 

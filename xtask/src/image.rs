@@ -26,7 +26,7 @@ use std::process::Command;
 
 use anyhow::{Context, ensure};
 
-use crate::{deb, dist, util};
+use crate::{bed, deb, dist, util};
 
 /// Debian's packages the image is made of, beside the essential ones.
 const PACKAGES: &[&str] = &[
@@ -77,12 +77,7 @@ pub(crate) fn run(
     let work = root.join("target/image");
     let out =
         out.unwrap_or_else(|| work.join(format!("cyphonic-pi4-{}-arm64.img", deb::version())));
-    for (tool, package) in TOOLS {
-        ensure!(
-            util::output("sh", &["-c", &format!("command -v {tool}")]).is_some(),
-            "{tool} is missing: apt-get install {package}"
-        );
-    }
+    util::install_missing("the image", TOOLS)?;
     let debs = arm64_packages(packages)?;
     binfmt_aarch64()?;
     fs::create_dir_all(&work)?;
@@ -348,10 +343,13 @@ fn dir_size(dir: &Path) -> anyhow::Result<u64> {
 /// Boots the image under qemu-system-aarch64 in the bed (e2e `image.rs`, ignored by the
 /// kernel tier because it takes minutes).
 fn boot_check(root: &Path, image: &Path) -> anyhow::Result<()> {
-    ensure!(
-        util::output("sh", &["-c", "command -v qemu-system-aarch64"]).is_some(),
-        "qemu-system-aarch64 is missing: apt-get install qemu-system-arm"
-    );
+    // The bed's tools (the test builds the two-site bed around the emulator) and the
+    // emulator itself.
+    bed::prerequisites()?;
+    util::install_missing(
+        "the image's boot check",
+        &[("qemu-system-aarch64", "qemu-system-arm")],
+    )?;
     util::cargo(root, &["build", "--locked", "--bins"])?;
     let image = fs::canonicalize(image)?;
     let mut cmd = Command::new(util::cargo_program());

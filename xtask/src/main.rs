@@ -97,8 +97,8 @@ enum Command {
     },
     /// Build the Raspberry Pi 4 SD-card image (Debian bookworm arm64, the Pi's firmware and
     /// kernel, the adapter's arm64 packages, SSH off, first boot from the boot partition's
-    /// cyphonic/ folder) in target/image/. Needs root, mmdebstrap, dosfstools, mtools,
-    /// fdisk and qemu-user-static.
+    /// cyphonic/ folder) in target/image/. Needs root; installs mmdebstrap, dosfstools,
+    /// mtools, fdisk and qemu-user-static with apt-get when they are missing.
     Image {
         /// The arm64 packages to install (default: built now, as `dist --target
         /// aarch64-unknown-linux-gnu` does).

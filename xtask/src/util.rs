@@ -55,3 +55,41 @@ pub(crate) fn output(program: &str, args: &[&str]) -> Option<String> {
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
+
+/// Whether `tool` is on the path.
+pub(crate) fn has_command(tool: &str) -> bool {
+    output("sh", &["-c", &format!("command -v {tool}")]).is_some()
+}
+
+/// Installs with apt-get the Debian packages of the `tools` (program, package) that are not
+/// on the path; `what` names who needs them.
+///
+/// # Errors
+/// Tools missing and apt-get absent or failing.
+pub(crate) fn install_missing(what: &str, tools: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(tool, _)| !has_command(tool))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !has_command("apt-get") {
+        bail!("missing tools; install the packages: {}", missing.join(" "));
+    }
+    eprintln!("xtask: installing what {what} needs: {}", missing.join(" "));
+    run(
+        Command::new("apt-get").args(["update", "-qq"]),
+        "apt-get update",
+    )?;
+    let mut install = Command::new("apt-get");
+    install
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive");
+    run(
+        &mut install,
+        &format!("apt-get install {}", missing.join(" ")),
+    )
+}
