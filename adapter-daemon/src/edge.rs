@@ -40,6 +40,8 @@ pub struct AdapterEdge<'a> {
     config: &'a AdapterConfig,
     iface: Interface,
     capture: Option<PacketSocket>,
+    /// The LAN port's guard, held once at open and then every second by the capture thread.
+    guard: Option<PortGuard>,
     lan: Arc<LanSide>,
     work: Option<ServiceQueues>,
 }
@@ -80,7 +82,8 @@ impl<'a> AdapterEdge<'a> {
         );
         // Before the engine starts: turning the port's IPv6 off removes its link-local
         // address, which the engine's network watcher would take for an uplink change.
-        match PortGuard::new(&iface.name, iface.index).enforce() {
+        let mut guard = PortGuard::new(&iface.name, iface.index);
+        match guard.enforce() {
             Ok(changed) if !changed.is_empty() => {
                 tracing::info!(changed = ?changed, "LAN port: closed to this host's kernel (no address, no IPv6, no forwarding, every frame dropped after capture)");
             }
@@ -110,6 +113,7 @@ impl<'a> AdapterEdge<'a> {
             config,
             iface,
             capture: Some(capture),
+            guard: Some(guard),
             lan,
             work: Some(work),
         })
@@ -225,7 +229,10 @@ impl Edge for AdapterEdge<'_> {
             .capture
             .take()
             .context("the capture thread starts once")?;
-        let guard = PortGuard::new(&self.iface.name, self.iface.index);
+        let guard = self
+            .guard
+            .take()
+            .context("the port guard goes to the capture thread once")?;
         let capture = Capture::new(
             self.lan.clone(),
             core.shared.clone(),

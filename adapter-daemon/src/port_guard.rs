@@ -135,7 +135,9 @@ fn hold_kernel_off(rtnl: &mut Rtnl, index: u32, restored: &mut Vec<String>) -> i
         rtnl.install_ingress_drop(index).map_err(filter)?;
         restored.push("ingress drop filter".to_owned());
     }
-    let addresses: Vec<(Ipv4Addr, u8)> = rtnl.ipv4_addresses(index)?;
+    let addresses: Vec<(Ipv4Addr, u8)> = rtnl
+        .ipv4_addresses(index)
+        .map_err(|e| io::Error::new(e.kind(), format!("the port's addresses: {e}")))?;
     for (ip, len) in addresses {
         match rtnl.remove_ipv4_address(index, ip, len) {
             Ok(true) => restored.push(format!("address {ip}/{len} removed")),

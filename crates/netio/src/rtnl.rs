@@ -82,9 +82,6 @@ impl Rtnl {
         let mut sock = Socket::new(NETLINK_ROUTE)?;
         sock.bind_auto()?;
         sock.connect(&SocketAddr::new(0, 0))?;
-        // Errors come back with the kernel's message ("Error: Exclusivity flag on"), not only
-        // a number; the number is what is kept.
-        sock.set_ext_ack(true).ok();
         Ok(Self { sock, seq: 0 })
     }
 
