@@ -14,7 +14,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
@@ -22,19 +21,9 @@ use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
 /// Where the boot partition starts in the image (xtask image.rs: 4 MiB).
 const BOOT_OFFSET: &str = "@@4M";
 
-/// Runs a command, failing with its output.
+/// Runs a command, failing with its output (the bed's own runner).
 fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    cyphonic_e2e::sh(program, args).unwrap()
 }
 
 /// `mtools`' name for the boot partition of `disk`.
