@@ -15,6 +15,7 @@ pub mod attack;
 pub mod bed;
 pub mod fleet;
 pub mod hosts;
+pub mod image;
 pub mod impair;
 pub mod inject;
 pub mod lan;

@@ -17,7 +17,8 @@
 //! `qemu-aarch64-static` with binfmt_misc if it is not registered (and mounts binfmt_misc if
 //! it is not mounted), from qemu-user-static's own `/usr/lib/binfmt.d/qemu-aarch64.conf`.
 //!
-//! `--check` boots the image under qemu-system-aarch64 (e2e `image.rs`, see there).
+//! `--check` boots the image under qemu-system-aarch64 (`cyphonic-bed image-check`,
+//! e2e/src/image.rs, see there).
 
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
@@ -340,8 +341,8 @@ fn dir_size(dir: &Path) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-/// Boots the image under qemu-system-aarch64 in the bed (e2e `image.rs`, ignored by the
-/// kernel tier because it takes minutes).
+/// Boots the image under qemu-system-aarch64 in the bed (`cyphonic-bed image-check`,
+/// e2e/src/image.rs).
 fn boot_check(root: &Path, image: &Path) -> anyhow::Result<()> {
     // The bed's tools (the test builds the two-site bed around the emulator) and the
     // emulator itself.
@@ -351,22 +352,13 @@ fn boot_check(root: &Path, image: &Path) -> anyhow::Result<()> {
         &[("qemu-system-aarch64", "qemu-system-arm")],
     )?;
     util::cargo(root, &["build", "--locked", "--bins"])?;
-    let image = fs::canonicalize(image)?;
-    let mut cmd = Command::new(util::cargo_program());
-    cmd.args([
-        "test",
-        "--locked",
-        "-p",
-        "cyphonic-e2e",
-        "--test",
-        "image",
-        "--",
-        "--ignored",
-        "--nocapture",
-    ])
-    .current_dir(root.join("e2e"))
-    .env("CYPHONIC_IMAGE", &image);
-    util::run(&mut cmd, "the image's boot check (e2e image.rs)")
+    let bins = root.join("target/debug");
+    let mut cmd = Command::new(bins.join("cyphonic-bed"));
+    cmd.arg("image-check")
+        .arg("--image")
+        .arg(fs::canonicalize(image)?)
+        .env("CYPHONIC_BIN_DIR", &bins);
+    util::run(&mut cmd, "cyphonic-bed image-check")
 }
 
 #[cfg(test)]

@@ -105,6 +105,14 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// Boots the Raspberry Pi image under qemu-system-aarch64 as one site of the bed and
+    /// checks that its adapter comes up from the boot partition's files, leases an address
+    /// and reaches the other site (`cargo xtask image --check`).
+    ImageCheck {
+        /// The image file.
+        #[arg(long)]
+        image: std::path::PathBuf,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints the figures as JSON.
     Peers {
@@ -133,6 +141,12 @@ fn main() -> ExitCode {
                 f.userspace.avg_ms,
                 f.userspace.p99_ms,
                 f.per_wake_ms()
+            );
+        }),
+        Command::ImageCheck { image } => cyphonic_e2e::image::boot_check(&image).map(|up| {
+            println!(
+                "image check passed: the adapter was up {:.1} s after power-on",
+                up.as_secs_f64()
             );
         }),
         Command::Tune {

@@ -1,30 +1,27 @@
-//! The Raspberry Pi image, booted: `cargo xtask image --check` runs this with
-//! `CYPHONIC_IMAGE` naming the image (it is ignored otherwise: it takes minutes).
+//! The Raspberry Pi image, booted: `cyphonic-bed image-check --image FILE`, which
+//! `cargo xtask image --check` runs (not part of `cargo xtask test`: the image takes half an
+//! hour to build).
 //!
 //! The Pi's own board is not emulated by the QEMU at hand, so the image's kernel, initrd and
 //! disk boot on qemu-system-aarch64's `virt` machine, two virtio NICs standing for the Pi's
 //! port (eth0, the uplink) and the USB adapter (eth1, the LAN). Site A of the two-site bed
 //! is the appliance: its adapter namespace holds the emulator, whose NICs are bridged to the
-//! bed's uplink and LAN links. Site B is the native adapter. The test writes the operator's
+//! bed's uplink and LAN links. Site B is the native adapter. The check writes the operator's
 //! files into a copy of the image's boot partition (mtools, no mount), exactly as an operator
 //! would from a laptop, and checks that systemd brings the adapter up from them: a device on
 //! A's LAN gets its lease by DHCP from the appliance, resolves a name at the other site, and
 //! pings across the tunnel; the first-boot report on the boot partition says what was taken.
 
-#![allow(clippy::unwrap_used)]
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use anyhow::{Context, anyhow, ensure};
+
+use crate::bed::{BedOptions, Ping, Side, TwoSites};
+use crate::sh;
 
 /// Where the boot partition starts in the image (xtask image.rs: 4 MiB).
 const BOOT_OFFSET: &str = "@@4M";
-
-/// Runs a command, failing with its output (the bed's own runner).
-fn run(program: &str, args: &[&str]) -> String {
-    cyphonic_e2e::sh(program, args).unwrap()
-}
 
 /// `mtools`' name for the boot partition of `disk`.
 fn fat(disk: &Path) -> String {
@@ -32,89 +29,93 @@ fn fat(disk: &Path) -> String {
 }
 
 /// Copies `from` (a host file) to `to` (a path on the boot partition).
-fn put(disk: &Path, from: &Path, to: &str) {
-    run(
+fn put(disk: &Path, from: &Path, to: &str) -> anyhow::Result<()> {
+    sh(
         "mcopy",
         &[
             "-o",
             "-i",
             &fat(disk),
-            from.to_str().unwrap(),
+            from.to_str().context("path")?,
             &format!("::{to}"),
         ],
-    );
+    )?;
+    Ok(())
 }
 
 /// A file of the boot partition, read.
-fn get(disk: &Path, path: &str) -> String {
-    run("mtype", &["-i", &fat(disk), &format!("::{path}")])
+fn get(disk: &Path, path: &str) -> anyhow::Result<String> {
+    sh("mtype", &["-i", &fat(disk), &format!("::{path}")])
 }
 
 /// The kernel and initrd `config.txt` names (raspi-firmware copies them to the boot
 /// partition), extracted into `dir`.
-fn kernel_and_initrd(disk: &Path, dir: &Path) -> (PathBuf, PathBuf) {
-    let config = get(disk, "config.txt");
+fn kernel_and_initrd(disk: &Path, dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let config = get(disk, "config.txt")?;
     let kernel = config
         .lines()
         .find_map(|l| l.trim().strip_prefix("kernel="))
-        .unwrap_or_else(|| panic!("no kernel= in config.txt:\n{config}"))
+        .with_context(|| format!("no kernel= in config.txt:\n{config}"))?
         .trim()
         .to_owned();
     let initrd = config
         .lines()
         .find_map(|l| l.trim().strip_prefix("initramfs "))
         .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no initramfs in config.txt:\n{config}"))
+        .with_context(|| format!("no initramfs in config.txt:\n{config}"))?
         .to_owned();
     let (k, i) = (dir.join("kernel"), dir.join("initrd"));
     for (from, to) in [(&kernel, &k), (&initrd, &i)] {
-        run(
+        sh(
             "mcopy",
             &[
                 "-o",
                 "-i",
                 &fat(disk),
                 &format!("::{from}"),
-                to.to_str().unwrap(),
+                to.to_str().context("path")?,
             ],
-        );
+        )?;
     }
-    (k, i)
+    Ok((k, i))
 }
 
-#[test]
-#[ignore = "boots the Pi image under qemu-system-aarch64 (minutes); cargo xtask image --check"]
-fn the_image_boots_to_an_adapter_that_serves_its_lan_and_reaches_the_other_site() {
-    let image = PathBuf::from(
-        std::env::var_os("CYPHONIC_IMAGE").expect("CYPHONIC_IMAGE names the image to boot"),
-    );
+/// Boots `image` as site A of a two-site bed and checks it serves its LAN and reaches site
+/// B (the module's documentation says how); returns how long after power-on its adapter
+/// was up.
+///
+/// # Errors
+/// Any check failing, with the emulator's console in the message where it helps.
+///
+/// # Panics
+/// As the bed's own checks do (`TwoSites::resolve`, `TwoSites::ping_ok`), with the bed's logs.
+pub fn boot_check(image: &Path) -> anyhow::Result<Duration> {
     let mut bed = TwoSites::new(&BedOptions {
         lan_switch: true,
         ..BedOptions::default()
-    })
-    .unwrap();
-    bed.start(Side::B).unwrap();
+    })?;
+    bed.start(Side::B)?;
     let work = bed.a.dir.join("appliance");
-    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&work)?;
     // A copy of the card, as the operator's laptop would write it.
     let disk = work.join("card.img");
-    run(
+    sh(
         "cp",
         &[
             "--sparse=always",
-            image.to_str().unwrap(),
-            disk.to_str().unwrap(),
+            image.to_str().context("path")?,
+            disk.to_str().context("path")?,
         ],
-    );
-    let (kernel, initrd) = kernel_and_initrd(&disk, &work);
-    let cmdline = get(&disk, "cmdline.txt");
-    assert!(
+    )?;
+    let (kernel, initrd) = kernel_and_initrd(&disk, &work)?;
+    let cmdline = get(&disk, "cmdline.txt")?;
+    ensure!(
         cmdline.contains("root=LABEL=RASPIROOT") && cmdline.contains("net.ifnames=0"),
         "cmdline.txt: {cmdline}"
     );
     // The operator's files: the bed's configuration of site A, for the Pi's ports, and a
     // static uplink (the bed's uplink has no DHCP server).
-    let config = std::fs::read_to_string(bed.a.config()).unwrap();
+    let config = std::fs::read_to_string(bed.a.config())?;
     let config: String = config
         .lines()
         .filter(|l| !l.starts_with("status_socket") && !l.starts_with("state_dir"))
@@ -127,41 +128,39 @@ fn the_image_boots_to_an_adapter_that_serves_its_lan_and_reaches_the_other_site(
         })
         .collect::<Vec<_>>()
         .join("\n");
-    std::fs::write(work.join("adapter.toml"), config).unwrap();
+    std::fs::write(work.join("adapter.toml"), config)?;
     std::fs::write(
         work.join("uplink.network"),
         "[Match]\nName=eth0\n\n[Network]\nAddress=198.51.100.2/24\nGateway=198.51.100.1\n",
-    )
-    .unwrap();
-    run("mmd", &["-D", "s", "-i", &fat(&disk), "::cyphonic/peers"]);
+    )?;
+    sh("mmd", &["-D", "s", "-i", &fat(&disk), "::cyphonic/peers"])?;
     for name in ["gw1.ovl.example.crt", "gw1.ovl.example.key", "ca.crt"] {
-        put(&disk, &bed.a.dir.join(name), &format!("cyphonic/{name}"));
+        put(&disk, &bed.a.dir.join(name), &format!("cyphonic/{name}"))?;
     }
     put(
         &disk,
         &bed.a.dir.join("peers/gw2.ovl.example.crt"),
         "cyphonic/peers/gw2.ovl.example.crt",
-    );
+    )?;
     put(
         &disk,
         &work.join("uplink.network"),
         "cyphonic/uplink.network",
-    );
-    put(&disk, &work.join("adapter.toml"), "cyphonic/adapter.toml");
+    )?;
+    put(&disk, &work.join("adapter.toml"), "cyphonic/adapter.toml")?;
 
     // Site A's adapter namespace becomes the appliance's cable ends: its uplink and LAN
     // links bridged to the emulator's two taps, its own address given up to the appliance.
     let ns = &bed.a.adapter_ns;
-    ns.ip(&["addr", "flush", "dev", "wan"]).unwrap();
+    ns.ip(&["addr", "flush", "dev", "wan"])?;
     for (bridge, link, tap) in [("brw", "wan", "tap0"), ("brl", "lan", "tap1")] {
-        ns.ip(&["link", "add", bridge, "type", "bridge"]).unwrap();
-        ns.ip(&["tuntap", "add", "dev", tap, "mode", "tap"])
-            .unwrap();
+        ns.ip(&["link", "add", bridge, "type", "bridge"])?;
+        ns.ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
         for port in [link, tap] {
-            ns.ip(&["link", "set", port, "master", bridge]).unwrap();
-            ns.ip(&["link", "set", port, "up"]).unwrap();
+            ns.ip(&["link", "set", port, "master", bridge])?;
+            ns.ip(&["link", "set", port, "up"])?;
         }
-        ns.ip(&["link", "set", bridge, "up"]).unwrap();
+        ns.ip(&["link", "set", bridge, "up"])?;
     }
     let console = work.join("console.log");
     let append = format!(
@@ -188,9 +187,9 @@ fn the_image_boots_to_an_adapter_that_serves_its_lan_and_reaches_the_other_site(
         &format!("file:{}", console.display()),
         "-no-reboot",
         "-kernel",
-        kernel.to_str().unwrap(),
+        kernel.to_str().context("path")?,
         "-initrd",
-        initrd.to_str().unwrap(),
+        initrd.to_str().context("path")?,
         "-append",
         &append,
         "-drive",
@@ -207,58 +206,60 @@ fn the_image_boots_to_an_adapter_that_serves_its_lan_and_reaches_the_other_site(
         "virtio-net-pci,netdev=lan,mac=52:54:00:00:01:02,romfile=",
     ];
     let started = Instant::now();
-    let mut vm = ns
-        .daemon(
-            Path::new("/usr/bin/qemu-system-aarch64"),
-            &args,
-            &work.join("qemu.log"),
-            || true,
-        )
-        .unwrap();
+    let mut vm = ns.daemon(
+        Path::new("/usr/bin/qemu-system-aarch64"),
+        &args,
+        &work.join("qemu.log"),
+        || true,
+    )?;
     let shown = || std::fs::read_to_string(&console).unwrap_or_default();
-    // Booted when the adapter says it captures the LAN.
-    let booted = cyphonic_e2e::wait_until(
+    // Booted when the adapter says it captures the LAN; given up if the emulator stops.
+    let mut stopped = false;
+    let booted = crate::wait_until(
         Duration::from_secs(600),
         "the appliance's adapter capturing its LAN",
         || {
-            assert!(
-                vm.running(),
-                "the emulator stopped: {}\nconsole:\n{}",
-                std::fs::read_to_string(work.join("qemu.log")).unwrap_or_default(),
-                shown()
-            );
-            shown().contains("capturing the LAN")
+            stopped = !vm.running();
+            stopped || shown().contains("capturing the LAN")
         },
     );
     let boot_time = started.elapsed();
-    booted.unwrap_or_else(|e| panic!("{e}\nconsole:\n{}", shown()));
-    eprintln!("image: the adapter was up {boot_time:?} after power-on");
+    ensure!(
+        !stopped,
+        "the emulator stopped: {}\nconsole:\n{}",
+        std::fs::read_to_string(work.join("qemu.log")).unwrap_or_default(),
+        shown()
+    );
+    booted.map_err(|e| anyhow!("{e}\nconsole:\n{}", shown()))?;
     let (device, ip) = bed
         .dhcp_device(Side::A, "sensor")
-        .unwrap_or_else(|e| panic!("no lease from the appliance: {e}\nconsole:\n{}", shown()));
-    assert!(
+        .map_err(|e| anyhow!("no lease from the appliance: {e}\nconsole:\n{}", shown()))?;
+    ensure!(
         ip.octets()[..3] == [100, 64, 1],
         "leased {ip}, outside A's block"
     );
     let names = bed.resolve(&device.ns, bed.a.gateway, "host.gw2.ovl.example");
-    assert_eq!(names, vec![bed.b.host_ip.to_string()]);
+    ensure!(
+        names == vec![bed.b.host_ip.to_string()],
+        "host.gw2.ovl.example: {names:?}"
+    );
     bed.ping_ok(&device.ns, bed.b.host_ip, Ping::count(5).wait(5));
     drop(vm);
     // What the first boot took, as the operator reads it back on the laptop.
-    let report = get(&disk, "cyphonic/imported.txt");
-    assert!(
+    let report = get(&disk, "cyphonic/imported.txt")?;
+    ensure!(
         report.contains("installed /etc/cyphonic/adapter.toml: checked"),
         "{report}"
     );
-    assert!(
+    ensure!(
         report.contains("removed gw1.ovl.example.key from the boot partition"),
         "{report}"
     );
-    let left = run("mdir", &["-b", "-i", &fat(&disk), "::cyphonic"]);
-    assert!(!left.contains(".key"), "a key stayed on the card: {left}");
+    let left = sh("mdir", &["-b", "-i", &fat(&disk), "::cyphonic"])?;
+    ensure!(!left.contains(".key"), "a key stayed on the card: {left}");
     let console = shown();
     for unit in ["cyphonic-firstboot.service", "cyphonic-adapter.service"] {
-        assert!(
+        ensure!(
             console.contains(&format!("Finished {unit}"))
                 || console.contains(&format!("Started {unit}")),
             "{unit} not started\n{console}"
@@ -266,7 +267,8 @@ fn the_image_boots_to_an_adapter_that_serves_its_lan_and_reaches_the_other_site(
     }
     // The LAN port held closed under the unit's sandbox, and nothing on the image (networkd
     // leaves eth1 unmanaged) fighting the adapter over it.
-    assert!(!console.contains("cannot close the LAN port"), "{console}");
-    assert!(!console.contains("cannot hold the LAN port"), "{console}");
-    assert!(!console.contains("changed the LAN port"), "{console}");
+    ensure!(!console.contains("cannot close the LAN port"), "{console}");
+    ensure!(!console.contains("cannot hold the LAN port"), "{console}");
+    ensure!(!console.contains("changed the LAN port"), "{console}");
+    Ok(boot_time)
 }
