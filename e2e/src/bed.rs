@@ -824,6 +824,17 @@ impl TwoSites {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// A counter from the cloud's status.
+    ///
+    /// # Errors
+    /// No cloud, `cyphonic-cloud status` fails, or it has no such counter.
+    pub fn cloud_counter(&self, name: &str) -> anyhow::Result<u64> {
+        let cloud = self.cloud.as_ref().context("the bed has no cloud")?;
+        cloud.status(&self.bins)?["counters"][name]
+            .as_u64()
+            .with_context(|| format!("the cloud has no counter {name}"))
+    }
+
     /// A counter from a site's status.
     ///
     /// # Errors

@@ -446,11 +446,24 @@ fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plain
         },
         ..BedOptions::default()
     });
+    // The first question must find what the probes show: both ports' sources of both
+    // adapters recorded (an adapter probes both at once, as its session opens).
+    wait_until(Duration::from_secs(10), "both adapters' probes", || {
+        bed.cloud_counter("endpoint_writes").unwrap() >= 4
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
     assert_eq!(
         resolve(&bed, Side::A, "host.gw2.ovl.example"),
         ["100.64.2.10"]
     );
     let (a_relay, b_relay) = relayed(&bed, "symmetric NAT");
+    // Paired through the relay by the answer to the question, not after a failed direct try.
+    assert_eq!(
+        bed.cloud_counter("relay_requests").unwrap(),
+        0,
+        "{}",
+        bed.logs()
+    );
     assert_eq!(a_relay, b_relay, "one channel, one IP version");
     assert!(a_relay.starts_with("192.0.2.10:"), "{a_relay}");
 

@@ -388,10 +388,7 @@ fn a_dns_flood_from_another_site_leaves_local_dhcp_and_dns_served() {
 
 /// The cloud's counter `name`.
 fn cloud_counter(bed: &TwoSites, name: &str) -> u64 {
-    let cloud = bed.cloud.as_ref().unwrap();
-    cloud.status(&bed.bins).unwrap()["counters"][name]
-        .as_u64()
-        .unwrap_or(0)
+    bed.cloud_counter(name).unwrap()
 }
 
 /// An on-path attacker (the router between the sites and the cloud) captures adapter A's first control

@@ -78,6 +78,8 @@ cyphonic_telemetry::counters! {
         endpoint_writes,
         /// Pairs sent through the relay.
         relayed_pairs,
+        /// Relay channels asked for by clients whose direct handshakes found no path.
+        relay_requests,
         /// Relay requests refused (no relay, unknown peer, policy, limits).
         relays_refused,
         /// Enrollment tokens redeemed: certificates issued to new members.
@@ -1008,6 +1010,9 @@ impl Nms {
     /// handshaking with a client that does not know it). Both need policy to let one of the two
     /// reach the other. Whoever gets a relay channel is told about it.
     async fn pair(&self, fp: &str, asker: &CertBody, peer: &str, relay: bool) -> CloudMsg {
+        if relay {
+            bump(&self.stats.relay_requests);
+        }
         let refuse = |reason: &str| {
             bump(&self.stats.relays_refused);
             tracing::info!(asker = %asker.name, %reason, relay, "pairing refused");
@@ -1052,7 +1057,7 @@ impl Nms {
         }
         let allowed = between.allowed(&blocks.0, &blocks.1);
         let reason = if relay {
-            Some(RelayReason::NoDirectHandshake)
+            Some(route::why_relay_was_asked(&me, &target))
         } else {
             route::choose(&me, &target)
         };

@@ -74,6 +74,13 @@ pub fn choose(a: &ClientRow, b: &ClientRow) -> Option<RelayReason> {
     None
 }
 
+/// Why the pair must be relayed when one side asks for it (its direct handshakes found no
+/// path): what the probes show by now, if they explain it (a side's second probe may have come
+/// after the first question), or the failed handshakes.
+pub fn why_relay_was_asked(a: &ClientRow, b: &ClientRow) -> RelayReason {
+    choose(a, b).unwrap_or(RelayReason::NoDirectHandshake)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -162,5 +169,16 @@ mod tests {
         ] {
             assert_eq!(choose(&a, &b), expect, "{a:?}\n{b:?}");
         }
+    }
+
+    #[test]
+    fn a_relay_asked_for_names_what_the_probes_show_by_then() {
+        use RelayReason::{NoDirectHandshake, SymmetricNat};
+        assert_eq!(why_relay_was_asked(&cone(), &cone()), NoDirectHandshake);
+        assert_eq!(
+            why_relay_was_asked(&public4(), &symmetric()),
+            NoDirectHandshake
+        );
+        assert_eq!(why_relay_was_asked(&cone(), &symmetric()), SymmetricNat);
     }
 }
