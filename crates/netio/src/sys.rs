@@ -63,6 +63,51 @@ pub(crate) fn ifreq_ioctl(
 
 /// Encodes `addr` for a socket of family v6 (`v6_socket`, dual-stack: IPv4 peers become
 /// v4-mapped) or v4.
+/// `sendmsg` of one datagram `buf` to `name` with one control message carrying an `int`:
+/// `(level, type, value)`.
+pub(crate) fn send_with_int_cmsg(
+    fd: libc::c_int,
+    buf: &[u8],
+    name: (libc::sockaddr_storage, libc::socklen_t),
+    (level, kind, value): (libc::c_int, libc::c_int, libc::c_int),
+) -> io::Result<usize> {
+    const DATA: u32 = 4; // size_of::<c_int>()
+    // SAFETY: CMSG_SPACE and CMSG_LEN only compute sizes.
+    let (space, cmsg_len) = unsafe {
+        (
+            libc::CMSG_SPACE(DATA) as usize,
+            libc::CMSG_LEN(DATA) as usize,
+        )
+    };
+    assert!(space <= size_of::<Control>());
+    let mut control = Control::EMPTY;
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr().cast_mut().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain old data; all-zero is valid; the fields used are set below.
+    let mut hdr: libc::msghdr = unsafe { zeroed() };
+    hdr.msg_name = std::ptr::from_ref(&name.0).cast_mut().cast();
+    hdr.msg_namelen = name.1;
+    hdr.msg_iov = &raw mut iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = control.0.as_mut_ptr().cast();
+    hdr.msg_controllen = space as _;
+    // SAFETY: msg_control points at `space` writable, aligned bytes, so CMSG_FIRSTHDR is
+    // non-null and its data has room for the int.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&raw const hdr);
+        (*c).cmsg_level = level;
+        (*c).cmsg_type = kind;
+        (*c).cmsg_len = cmsg_len as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), value);
+    }
+    // SAFETY: the header points at the datagram, the address and the control data, all live
+    // for the call; the kernel only reads through them.
+    let sent = unsafe { libc::sendmsg(fd, &raw const hdr, 0) };
+    usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+}
+
 pub(crate) fn encode_addr(
     addr: SocketAddr,
     v6_socket: bool,

@@ -415,6 +415,27 @@ impl UdpSocket {
         usize::try_from(sent).map_err(|_| io::Error::last_os_error())
     }
 
+    /// Sends one datagram with an IP TTL (IPv6 hop limit) of `hops` instead of the socket's,
+    /// for this datagram only (a control message: the other threads sending on the socket
+    /// keep theirs). A hole punch goes out this way.
+    ///
+    /// # Errors
+    /// The system call's error.
+    pub fn send_to_hops(&self, buf: &[u8], to: SocketAddr, hops: u8) -> io::Result<usize> {
+        // An IPv4 destination, mapped or not, takes the IPv4 option, even on an IPv6 socket.
+        let (level, kind) = if to.ip().to_canonical().is_ipv4() {
+            (libc::IPPROTO_IP, libc::IP_TTL)
+        } else {
+            (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT)
+        };
+        sys::send_with_int_cmsg(
+            self.sock.as_raw_fd(),
+            buf,
+            sys::encode_addr(to, self.v6),
+            (level, kind, libc::c_int::from(hops)),
+        )
+    }
+
     /// Sends datagrams in as few system calls as possible, in order: runs of equal-size
     /// datagrams to one peer as single segmented messages when [`UdpOptions::segmentation`] is
     /// on. Returns (sent, failed, last error); a refused datagram does not stop the others.
@@ -501,6 +522,72 @@ fn zeroed_storage() -> libc::sockaddr_storage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The TTL (hop limit) the datagram waiting on `rx` arrived with, read with
+    /// IP_RECVTTL / IPV6_RECVHOPLIMIT, and its length.
+    fn arrived_hops(rx: &std::net::UdpSocket, v6: bool) -> (usize, libc::c_int) {
+        let (level, ask, kind) = if v6 {
+            (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_RECVHOPLIMIT,
+                libc::IPV6_HOPLIMIT,
+            )
+        } else {
+            (libc::IPPROTO_IP, libc::IP_RECVTTL, libc::IP_TTL)
+        };
+        let on: libc::c_int = 1;
+        // SAFETY: a valid socket and a live int of the size given.
+        let rc = unsafe {
+            libc::setsockopt(
+                rx.as_raw_fd(),
+                level,
+                ask,
+                std::ptr::from_ref(&on).cast(),
+                4,
+            )
+        };
+        assert_eq!(rc, 0);
+        let mut buf = [0u8; 64];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut control = sys::Control::EMPTY;
+        // SAFETY: plain old data, all-zero valid.
+        let mut hdr: libc::msghdr = unsafe { zeroed() };
+        hdr.msg_iov = &raw mut iov;
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = control.0.as_mut_ptr().cast();
+        hdr.msg_controllen = control.0.len() as _;
+        // SAFETY: the header points at live buffers for the call.
+        let n = unsafe { libc::recvmsg(rx.as_raw_fd(), &raw mut hdr, 0) };
+        let n = usize::try_from(n).unwrap();
+        // SAFETY: an int is plain old data.
+        let hops = unsafe {
+            sys::find_control::<libc::c_int>(&control, hdr.msg_controllen as usize, level, kind)
+        };
+        (n, hops.unwrap())
+    }
+
+    #[test]
+    fn a_datagram_sent_with_a_hop_limit_carries_it_and_the_socket_keeps_its_own() {
+        for (bind, v6) in [("127.0.0.1:0", false), ("[::1]:0", true)] {
+            let Ok(rx) = std::net::UdpSocket::bind(bind) else {
+                assert!(v6, "no IPv4 loopback");
+                continue; // a host without IPv6
+            };
+            rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let to = rx.local_addr().unwrap();
+            // The tunnel's socket: dual-stack, sending to IPv4 as mapped addresses.
+            let tx = UdpSocket::bind("[::]:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+            assert_eq!(tx.send_to_hops(b"punch", to, 2).unwrap(), 5);
+            assert_eq!(arrived_hops(&rx, v6), (5, 2), "{bind}");
+            tx.send_to(b"normal", to).unwrap();
+            let (n, hops) = arrived_hops(&rx, v6);
+            assert_eq!(n, 6);
+            assert!(hops > 2, "the socket's own limit is back: {hops}");
+        }
+    }
 
     fn cut(msgs: &[(SocketAddr, &[u8])]) -> Vec<(usize, usize, usize)> {
         let mut out = [Run::default(); MAX_BATCH];
