@@ -162,6 +162,9 @@ pub struct Peer {
     awaiting_reply_since: Option<Instant>,
     /// A handshake was asked for on the data path; `handle_timeout` builds it.
     handshake_requested: bool,
+    /// Initiations wait until then (the lead of a hole punch, docs/protocol.md §4): one asked
+    /// for meanwhile goes out when the hold ends, unless keys exist by then.
+    hold_until: Option<Instant>,
     last_handshake: Option<Instant>,
 
     transmits: VecDeque<Transmit>,
@@ -223,6 +226,7 @@ impl Peer {
             passive_keepalive_at: None,
             awaiting_reply_since: None,
             handshake_requested: false,
+            hold_until: None,
             last_handshake: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -395,12 +399,25 @@ impl Peer {
         self.send_keepalive(now);
     }
 
-    /// Starts a handshake now if none is pending (the cloud asks for it when hole punching).
+    /// Starts a handshake now if none is pending (the cloud asks for it when hole punching), or
+    /// when the hold of [`Peer::hold_initiations_until`] ends.
     ///
     /// # Errors
     /// [`HandshakeError::CannotInitiate`] without the peer's static key or endpoint.
     pub fn initiate(&mut self, now: Instant) -> Result<(), HandshakeError> {
         self.start_handshake(now)
+    }
+
+    /// Sends no initiation before `until` (a hole punch's lead: our punch has opened our NAT,
+    /// the peer's must open its own before our initiation arrives there). One asked for
+    /// meanwhile goes out at `until`, unless keys exist by then (the peer's initiation came
+    /// first and was answered: answering is never held).
+    pub fn hold_initiations_until(&mut self, until: Instant) {
+        self.hold_until = Some(until);
+    }
+
+    fn held(&self, now: Instant) -> bool {
+        self.hold_until.is_some_and(|h| now < h)
     }
 
     /// Answers an initiation that [`handshake::read_init`] accepted for this peer.
@@ -621,8 +638,11 @@ impl Peer {
             .flatten()
             .map(|s| s.created() + self.timing.reject_after_time);
         let keepalive = self.current.as_ref().and(self.passive_keepalive_at);
-        // A requested handshake is due at once: the clock's origin lies before any `now`.
-        let requested = self.handshake_requested.then_some(self.clock.origin());
+        // A requested handshake is due at once (the clock's origin lies before any `now`), or
+        // when a hold ends.
+        let requested = self
+            .handshake_requested
+            .then(|| self.hold_until.unwrap_or(self.clock.origin()));
         let reply = self
             .awaiting_reply_since
             .map(|t| t + self.timing.reply_timeout);
@@ -638,6 +658,10 @@ impl Peer {
     /// Runs the timers due at `now`: expiry, handshake retries, keepalives.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire(now);
+        if self.hold_until.take_if(|h| now >= *h).is_some() && self.is_established(now) {
+            // The peer's initiation won the race: the held one is not needed.
+            self.handshake_requested = false;
+        }
         if std::mem::take(&mut self.handshake_requested) {
             let _ = self.start_handshake(now);
         }
@@ -748,6 +772,10 @@ impl Peer {
     }
 
     fn start_handshake(&mut self, now: Instant) -> Result<(), HandshakeError> {
+        if self.held(now) {
+            self.handshake_requested = true;
+            return Ok(());
+        }
         self.handshake_requested = false;
         if self.pending.is_some() {
             return Ok(());
