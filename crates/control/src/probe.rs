@@ -119,6 +119,17 @@ impl<'a> Probe<'a> {
     }
 }
 
+/// A hole punch (docs/protocol.md §4, hole punching): a type-6 frame with an empty body, sent
+/// with a small TTL so that it opens our NAT towards a peer and dies before the peer's NAT.
+pub fn punch_frame() -> Vec<u8> {
+    endpoint_probe(0)
+}
+
+/// Whether `payload` is a hole punch.
+pub fn is_punch(payload: &[u8]) -> bool {
+    probe_body(payload).is_some_and(<[u8]>::is_empty)
+}
+
 /// A bind to a relay channel: a type-6 frame whose body is the side's token.
 pub fn bind_frame(token: &[u8; PROBE_TOKEN_LEN]) -> Vec<u8> {
     let mut buf = endpoint_probe(PROBE_TOKEN_LEN);
@@ -136,6 +147,20 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_punch_is_an_empty_probe_and_nothing_else_is() {
+        let punch = punch_frame();
+        assert_eq!(punch.len(), HEADER_LEN);
+        assert!(is_punch(&punch));
+        assert!(Probe::parse(&punch).is_none());
+        assert_eq!(bind_token(&punch), None);
+        assert!(!is_punch(&bind_frame(&[7; PROBE_TOKEN_LEN])));
+        let mut other = punch.clone();
+        other[1] = 4;
+        assert!(!is_punch(&other));
+        assert!(!is_punch(&punch[..HEADER_LEN - 1]));
+    }
 
     #[test]
     fn probes_verify_under_their_key_only_and_count_up() {

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{Certificate, PublicKey};
 use cyphonic_session::{Identity, PeerConfig};
-use cyphonic_signal::{Allowed, Event, Handle, NameRecord, PeerInfo, Resolution, SignalError};
+use cyphonic_signal::{
+    Allowed, Event, Handle, NameRecord, PeerInfo, RelayInfo, Resolution, SignalError,
+};
 use cyphonic_telemetry::files::{self, Access};
 use cyphonic_tunnel::{Control, PeerSlot, Shared};
 use hickory_proto::op::ResponseCode;
@@ -26,6 +28,11 @@ const CLOUD_KEEPALIVE: Duration = Duration::from_secs(25);
 /// ask the cloud for a relay. (Both sides initiate at once, so an answer normally comes
 /// within a round trip; the first retry goes out after 1 s.)
 const DIRECT_PATIENCE: Duration = Duration::from_secs(2);
+/// A peer with keys whose handshakes (a rekey, or one started because our data went
+/// unanswered) go unanswered this long: the path died under the keys (a NAT on the way
+/// rebinding, a firewall's state lost). Two attempts (at 0 and 1 s) go unanswered first, so
+/// that one lost packet on a working path does not move it.
+const ESTABLISHED_PATIENCE: Duration = Duration::from_secs(3);
 /// At most one relay request per peer per this interval.
 const RELAY_ASK_EVERY: Duration = Duration::from_secs(10);
 /// At most one question to the cloud about a node we do not know, per node, per this
@@ -153,6 +160,12 @@ fn change_trust(
     Ok(control.set_identity(&Arc::new(new), now))
 }
 
+/// Whether `addr` (where the cloud sees our tunnel socket) is the socket itself: one of our
+/// own addresses, at our port. Otherwise a NAT stands between.
+fn is_ours(addr: SocketAddr, tunnel_port: u16) -> bool {
+    addr.port() == tunnel_port && std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), 0)).is_ok()
+}
+
 /// DNS answers held until the tunnel they point into is up, by peer id: [`AWAITING`] at
 /// most, all peers together.
 #[derive(Debug, Default)]
@@ -198,6 +211,11 @@ pub struct CloudLink {
     issuers: Vec<Certificate>,
     /// What the cloud revoked online (kept across reloads).
     revoked: std::collections::HashSet<cyphonic_crypto::Fingerprint>,
+    /// Our tunnel socket's port.
+    tunnel_port: u16,
+    /// Whether our tunnel socket is behind a NAT, as the cloud's probes show (assumed until
+    /// they do): new direct peers are hole-punched for first.
+    behind_nat: bool,
 }
 
 impl std::fmt::Debug for CloudLink {
@@ -246,6 +264,8 @@ impl CloudLink {
             ca_file: settings.ca_file.clone(),
             issuers: Vec::new(),
             revoked: std::collections::HashSet::new(),
+            tunnel_port,
+            behind_nat: true,
         };
         (link, asker)
     }
@@ -315,18 +335,19 @@ impl CloudLink {
                 // Both sides initiate at once: each side's initiation opens its NAT for the
                 // other's (hole punching).
                 tracing::info!(peer = %slot.name, endpoints = ?info.endpoints, relay = ?info.relay.as_ref().map(|r| r.address), "the cloud asks us to expect a peer: handshaking");
-                if let Some(relay) = &info.relay {
-                    control.apply_relay(&slot, relay, now);
-                }
-                if !slot.lock().is_established(now) {
-                    control.initiate(&slot, now);
-                }
+                self.initiate(control, &slot, info.relay.as_ref(), now);
             }
             Event::Observed(addr) => {
-                tracing::info!(%addr, "the cloud sees our tunnel socket at this address");
+                self.behind_nat = !is_ours(addr, self.tunnel_port);
+                tracing::info!(%addr, behind_nat = self.behind_nat, "the cloud sees our tunnel socket at this address");
             }
             Event::Connected { observed, cloud } => {
                 tracing::info!(%cloud, %observed, "control plane: connected");
+                // A relay asked for on a session that died may never have arrived, nor its
+                // answer: paths still unanswered are asked about again on this one at once.
+                for slot in control.shared().peers.all() {
+                    slot.route().relay_asked = None;
+                }
             }
             Event::Disconnected { reason } => {
                 tracing::warn!(%reason, "control plane: disconnected; existing tunnels carry on");
@@ -551,11 +572,30 @@ impl CloudLink {
         if !self.awaiting.hold(slot.id, a.key, records) {
             return Some((a.key, Err(ResponseCode::ServFail)));
         }
-        if let Some(relay) = &info.relay {
-            control.apply_relay(&slot, relay, now);
-        }
-        control.initiate(&slot, now);
+        self.initiate(control, &slot, info.relay.as_ref(), now);
         None
+    }
+
+    /// Reaches a peer the cloud described: through `relay` if it gave one (a peer with keys
+    /// moves there too: the cloud gives one when a side's path died); and without keys, a
+    /// handshake, after a hole punch when the path is direct and we are behind a NAT.
+    fn initiate(
+        &self,
+        control: &mut Control,
+        slot: &Arc<PeerSlot>,
+        relay: Option<&RelayInfo>,
+        now: Instant,
+    ) {
+        if let Some(relay) = relay {
+            control.apply_relay(slot, relay, now);
+        }
+        if slot.lock().is_established(now) {
+            return;
+        }
+        if relay.is_none() && self.behind_nat && slot.route().relay.is_none() {
+            control.punch(slot, now);
+        }
+        control.initiate(slot, now);
     }
 
     fn records(&self, name: &Name, record_type: RecordType, vip: Ipv4Addr) -> Vec<Record> {
@@ -636,22 +676,27 @@ impl CloudLink {
     }
 
     /// Keeps the cloud peers' paths working: asks the cloud for a relay for each whose
-    /// initiations have gone unanswered for [`DIRECT_PATIENCE`] (at most once per
-    /// [`RELAY_ASK_EVERY`]).
+    /// initiations have gone unanswered for [`DIRECT_PATIENCE`], or [`ESTABLISHED_PATIENCE`]
+    /// while it still has keys (at most once per [`RELAY_ASK_EVERY`]).
     pub fn keep_routes(&mut self, shared: &Shared, now: Instant) {
         for slot in shared.peers.all() {
             if slot.origin != "cloud" {
                 continue;
             }
-            let since = {
+            let (since, patience) = {
                 let p = slot.lock();
-                p.unanswered_since().filter(|_| !p.is_established(now))
+                let patience = if p.is_established(now) {
+                    ESTABLISHED_PATIENCE
+                } else {
+                    DIRECT_PATIENCE
+                };
+                (p.unanswered_since(), patience)
             };
             let Some(since) = since else {
                 continue;
             };
             let mut route = slot.route();
-            if now.saturating_duration_since(since) < DIRECT_PATIENCE
+            if now.saturating_duration_since(since) < patience
                 || route
                     .relay_asked
                     .is_some_and(|t| now.saturating_duration_since(t) < RELAY_ASK_EVERY)

@@ -30,6 +30,11 @@ const ENDPOINTS_FRESH: Duration = Duration::from_secs(1);
 /// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
 /// the channel must know where we are.
 const RELAY_BIND_EVERY: Duration = Duration::from_secs(20);
+/// A hole punch's TTL: enough to leave our NAT (the next hop), too little to reach the peer's.
+pub const PUNCH_HOPS: u8 = 2;
+/// How long initiations wait after a hole punch: longer than the cloud's two messages to the
+/// pair can arrive apart, so that the peer's punch has opened its NAT before ours arrives.
+pub const PUNCH_LEAD: Duration = Duration::from_millis(100);
 /// Peers' certificates are compared with the clock, and cloud peers' activity looked at,
 /// this often.
 const PEER_CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -544,7 +549,8 @@ impl Control {
     }
 
     /// Reaches `slot` through the relay channel `info` from now on (binding our address to it
-    /// first), unless it already is; a peer without keys is handshaken with there.
+    /// first), unless it already is; a peer without keys is handshaken with there, and one
+    /// with keys sends there from now on.
     pub fn apply_relay(&mut self, slot: &Arc<PeerSlot>, info: &RelayInfo, now: Instant) {
         let mut route = slot.route();
         let fresh = route
@@ -564,14 +570,35 @@ impl Control {
             tracing::info!(peer = %slot.name, relay = %info.address, reason = %info.reason, "peer relayed");
         }
         drop(route);
+        // A new channel moves a peer with keys too: the cloud gives one when a side's
+        // handshakes found no answer, so the path under those keys is dead.
         let mut peer = slot.lock();
-        if !peer.is_established(now)
+        if (fresh || !peer.is_established(now))
             && let Err(e) = peer.redirect(info.address, now)
         {
             tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
         }
         drop(peer);
         self.drain(slot);
+    }
+
+    /// Punches a hole for `slot` (docs/protocol.md §4, hole punching): a punch at TTL 2 to
+    /// its endpoint opens our NAT towards it, and our initiations wait [`PUNCH_LEAD`] for the
+    /// peer's punch to open its NAT. For a peer we learned of from the cloud while behind a
+    /// NAT, before initiating.
+    pub fn punch(&mut self, slot: &Arc<PeerSlot>, now: Instant) {
+        let mut peer = slot.lock();
+        let Some(to) = peer.endpoint() else {
+            return;
+        };
+        match self
+            .socket
+            .send_to_hops(&cyphonic_control::probe::punch_frame(), to, PUNCH_HOPS)
+        {
+            Ok(_) => bump(&self.shared.counters.punches_sent),
+            Err(e) => tracing::debug!(%to, error = %e, "hole punch not sent"),
+        }
+        peer.hold_initiations_until(now + PUNCH_LEAD);
     }
 
     /// Sends `frame` (an endpoint probe the cloud asked for) from the tunnel socket.

@@ -56,6 +56,10 @@ cyphonic_telemetry::counters! {
         sessions_established,
         /// Changes of our addresses or routes, each told to the peers and the cloud.
         network_changes,
+        /// Hole punches sent (a frame at TTL 2 towards a new peer, from behind our NAT).
+        punches_sent,
+        /// Hole punches that reached us (dropped: they only open NATs on the way).
+        punches_received,
         /// Peers removed: certificate no longer trusted (revoked, expired), unconfigured, or replaced.
         peers_removed,
         /// Peers from the cloud refused: a block overlapping ours or another peer's, a static peer's name, an older certificate, a full table.

@@ -249,6 +249,10 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
                 at: now,
             })
         }
+        MessageType::EndpointProbe if cyphonic_control::probe::is_punch(&buf[..m.len]) => {
+            bump(&c.punches_received);
+            Arrival::Dropped
+        }
         _ => {
             bump(&c.drop_frame_unhandled);
             Arrival::Dropped

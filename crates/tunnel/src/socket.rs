@@ -37,6 +37,13 @@ pub trait TunnelSocket: Send + std::fmt::Debug {
     /// The socket refused it.
     fn send_to(&self, buf: &[u8], to: SocketAddr) -> io::Result<usize>;
 
+    /// Sends one datagram with an IP TTL (IPv6 hop limit) of `hops`, for this one only (a
+    /// hole punch).
+    ///
+    /// # Errors
+    /// The socket refused it.
+    fn send_to_hops(&self, buf: &[u8], to: SocketAddr, hops: u8) -> io::Result<usize>;
+
     /// Another handle on the same socket, for another thread.
     ///
     /// # Errors
@@ -65,6 +72,10 @@ impl TunnelSocket for UdpSocket {
 
     fn send_to(&self, buf: &[u8], to: SocketAddr) -> io::Result<usize> {
         Self::send_to(self, buf, to)
+    }
+
+    fn send_to_hops(&self, buf: &[u8], to: SocketAddr, hops: u8) -> io::Result<usize> {
+        Self::send_to_hops(self, buf, to, hops)
     }
 
     fn try_clone_box(&self) -> io::Result<Box<dyn TunnelSocket>> {

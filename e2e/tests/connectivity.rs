@@ -1,0 +1,191 @@
+//! Connectivity where users are (issue 25): both sites behind NATs, a NAT that changes its
+//! mapping mid-stream, two symmetric NATs; on the two-site bed with the cloud behind the
+//! router, nftables NATs in front of the adapters, real clients on the LANs.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a test: panics are failures; Mbit/s are small and positive"
+)]
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use cyphonic_e2e::bed::{
+    BedOptions, CloudOptions, IperfRun, Nat, Ping, Side, SiteOptions, TwoSites,
+};
+use cyphonic_e2e::wait_until;
+
+const GW_A: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
+const GW_B: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 1);
+const HOST_A: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 10);
+const HOST_B: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 10);
+
+/// Both sites behind NATs of these kinds, with the cloud; started, and the cloud has recorded
+/// both probes of both adapters (what it decides the route from).
+fn behind(a: Nat, b: Nat) -> TwoSites {
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        a: SiteOptions {
+            nat: Some(a),
+            ..SiteOptions::default()
+        },
+        b: SiteOptions {
+            nat: Some(b),
+            ..SiteOptions::default()
+        },
+        ..BedOptions::default()
+    })
+    .unwrap();
+    wait_until(Duration::from_secs(10), "both adapters' probes", || {
+        bed.cloud_counter("endpoint_writes").unwrap() >= 4
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    bed
+}
+
+/// A's host asks for B's host by name, then each pings the other.
+fn meet(bed: &TwoSites) {
+    assert_eq!(
+        bed.resolve(&bed.a.lan, GW_A, "host.gw2.ovl.example"),
+        [HOST_B.to_string()]
+    );
+    bed.ping_ok(&bed.a.lan, HOST_B, Ping::default());
+    bed.ping_ok(&bed.b.lan, HOST_A, Ping::default());
+}
+
+/// A site's only peer in its status document.
+fn peer(bed: &TwoSites, side: Side) -> serde_json::Value {
+    bed.status(side).unwrap()["peers"][0].clone()
+}
+
+/// Both sites behind port-preserving NATs, as two offices are: the cloud tells each the
+/// other's public mapping, both initiate at once, each side's first packets open its own NAT
+/// for the other's, and the tunnel is direct: no relay asked for, none given.
+#[test]
+fn two_sites_behind_port_preserving_nats_punch_a_direct_path() {
+    let bed = behind(Nat::PortPreserving, Nat::PortPreserving);
+    meet(&bed);
+    // Each talks to the other's NAT (the NATs' public addresses are the sites' 198.51.100.2
+    // and 203.0.113.2; the adapters' own are private, 192.0.2.130).
+    for (side, nat) in [(Side::A, "203.0.113.2:"), (Side::B, "198.51.100.2:")] {
+        let p = peer(&bed, side);
+        assert_eq!(p["route"], "direct", "{side:?}: {p}\n{}", bed.logs());
+        assert_eq!(p["established"], true, "{side:?}: {p}");
+        let endpoint = p["endpoint"].as_str().unwrap_or_default();
+        assert!(endpoint.starts_with(nat), "{side:?} talks to {endpoint}");
+    }
+    assert_eq!(bed.cloud_counter("relay_requests").unwrap(), 0);
+    assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 0);
+    // Each punched first (TTL 2: the punches died at the router, none arrived).
+    for side in [Side::A, Side::B] {
+        assert_eq!(bed.counter(side, "punches_sent").unwrap(), 1, "{side:?}");
+        assert_eq!(
+            bed.counter(side, "punches_received").unwrap(),
+            0,
+            "{side:?}"
+        );
+    }
+    // B's side asks for A's name: the same tunnel.
+    assert_eq!(
+        bed.resolve(&bed.b.lan, GW_B, "host.gw1.ovl.example"),
+        [HOST_A.to_string()]
+    );
+    let run = IperfRun::start(&bed, Side::B, &[], 2).unwrap();
+    let report = run
+        .finish()
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!(bps > 10e6, "TCP through the punched path: {bps} bit/s");
+    assert_eq!(peer(&bed, Side::A)["route"], "direct");
+}
+
+/// Both sites behind symmetric NATs: neither can be reached at the port the cloud saw, so the
+/// cloud pairs them through its relay from the first question, and says why.
+#[test]
+fn behind_two_symmetric_nats_the_pair_is_relayed_with_the_reason() {
+    let bed = behind(Nat::Symmetric, Nat::Symmetric);
+    meet(&bed);
+    for side in [Side::A, Side::B] {
+        let p = peer(&bed, side);
+        assert_eq!(p["route"], "relay", "{side:?}: {p}\n{}", bed.logs());
+        assert_eq!(p["relay"]["reason"], "symmetric NAT", "{side:?}: {p}");
+        assert_eq!(p["endpoint"], p["relay"]["address"], "{side:?}: {p}");
+    }
+    assert_eq!(bed.cloud_counter("relay_requests").unwrap(), 0);
+    assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 1);
+}
+
+/// Both sites behind port-preserving NATs, a TCP stream from A's host to B's; B's NAT gets a
+/// new public address mid-stream (as a carrier-grade NAT or a re-dialled line does) and
+/// forgets its mappings. Adapter B sees nothing change; A's NAT lets nothing in from B's new
+/// address, and A's packets go to B's old one. Both notice their data going unanswered (5 s)
+/// and their handshakes too (3 s more), ask the cloud, and move to its relay, keys and all:
+/// the stream goes on.
+#[test]
+fn a_nat_that_changes_its_mapping_mid_stream_does_not_end_the_stream() {
+    let bed = behind(Nat::PortPreserving, Nat::PortPreserving);
+    bed.resolve(&bed.a.lan, GW_A, "host.gw2.ovl.example");
+    bed.ping_ok(&bed.a.lan, HOST_B, Ping::default());
+    assert_eq!(peer(&bed, Side::A)["route"], "direct");
+    let run = IperfRun::start(&bed, Side::B, &["-i", "1"], 30).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    eprintln!("B's NAT rebinds at unix {:.3}", at.as_secs_f64());
+    let nat = bed.b.nat.as_ref().unwrap();
+    nat.exec(
+        "sysctl",
+        &["-qw", "net.ipv4.conf.out.promote_secondaries=1"],
+    )
+    .unwrap();
+    nat.ip(&["addr", "add", "203.0.113.5/24", "dev", "out"])
+        .unwrap();
+    // Deleting the address masqueraded to drops its mappings (the kernel's masquerade
+    // forgets connections through an address that went).
+    nat.ip(&["addr", "del", "203.0.113.2/24", "dev", "out"])
+        .unwrap();
+    nat.ip(&["route", "replace", "default", "via", "203.0.113.1"])
+        .unwrap();
+    let report = run
+        .finish()
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let mbit: Vec<u64> = report["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["sum"]["bits_per_second"].as_f64().unwrap() / 1e6) as u64)
+        .collect();
+    let gap = longest_gap(&mbit);
+    eprintln!("Mbit/s per second, B's NAT rebound after 3 s: {mbit:?}; longest gap {gap} s");
+    assert!(mbit.len() >= 28, "{report}");
+    assert!(
+        mbit[mbit.len() - 5..].iter().all(|m| *m >= 1),
+        "the stream did not come back: {mbit:?}\n{}",
+        bed.logs()
+    );
+    for side in [Side::A, Side::B] {
+        let p = peer(&bed, side);
+        assert_eq!(p["route"], "relay", "{side:?}: {p}");
+        assert_eq!(
+            p["relay"]["reason"], "no handshake on the direct path",
+            "{side:?}"
+        );
+        assert_eq!(p["endpoint"], p["relay"]["address"], "{side:?}: {p}");
+    }
+    assert!(bed.cloud_counter("relay_requests").unwrap() >= 1);
+    for (side, log) in [("A", bed.a.log_text()), ("B", bed.b.log_text())] {
+        for line in log.lines().filter(|l| l.contains("peer relayed")) {
+            eprintln!("{side}: {line}");
+        }
+    }
+}
+
+/// The longest run of seconds below 1 Mbit/s.
+fn longest_gap(mbit: &[u64]) -> usize {
+    mbit.split(|m| *m >= 1).map(<[u64]>::len).max().unwrap_or(0)
+}
