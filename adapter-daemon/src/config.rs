@@ -654,6 +654,8 @@ mod tests {
                     busy_poll: Duration::ZERO,
                     queue_per_peer: 64,
                     buffers: 8192,
+                    rekey_after: Duration::from_secs(120),
+                    rekey_after_messages: 1 << 60,
                 },
                 LanDataplane {
                     buffer: 4 << 20,

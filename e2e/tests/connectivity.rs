@@ -1,6 +1,7 @@
 //! Connectivity where users are (issue 25): both sites behind NATs, a NAT that changes its
-//! mapping mid-stream, two symmetric NATs; on the two-site bed with the cloud behind the
-//! router, nftables NATs in front of the adapters, real clients on the LANs.
+//! mapping mid-stream, two symmetric NATs, two IPv6-only sites, real rekeys; on the two-site
+//! bed with the cloud behind the router, nftables NATs in front of the adapters, real clients
+//! on the LANs.
 
 #![allow(
     clippy::unwrap_used,
@@ -154,12 +155,7 @@ fn a_nat_that_changes_its_mapping_mid_stream_does_not_end_the_stream() {
     let report = run
         .finish()
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
-    let mbit: Vec<u64> = report["intervals"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| (i["sum"]["bits_per_second"].as_f64().unwrap() / 1e6) as u64)
-        .collect();
+    let mbit = per_second(&report);
     let gap = longest_gap(&mbit);
     eprintln!("Mbit/s per second, B's NAT rebound after 3 s: {mbit:?}; longest gap {gap} s");
     assert!(mbit.len() >= 28, "{report}");
@@ -188,4 +184,104 @@ fn a_nat_that_changes_its_mapping_mid_stream_does_not_end_the_stream() {
 /// The longest run of seconds below 1 Mbit/s.
 fn longest_gap(mbit: &[u64]) -> usize {
     mbit.split(|m| *m >= 1).map(<[u64]>::len).max().unwrap_or(0)
+}
+
+/// Two IPv6-only sites (no NAT, no IPv4 between them): the cloud hands each the other's IPv6
+/// endpoint, and the tunnel is direct over IPv6; ping both ways and TCP by name.
+#[test]
+fn two_ipv6_only_sites_talk_directly_over_ipv6() {
+    let v6 = SiteOptions {
+        v6_only: true,
+        ..SiteOptions::default()
+    };
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        a: v6.clone(),
+        b: v6,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    meet(&bed);
+    for (side, other) in [
+        (Side::A, "[fd00:203:0:113::2]:51820"),
+        (Side::B, "[fd00:198:51:100::2]:51820"),
+    ] {
+        let p = peer(&bed, side);
+        assert_eq!(p["route"], "direct", "{side:?}: {p}\n{}", bed.logs());
+        assert_eq!(p["endpoint"], other, "{side:?}: {p}");
+    }
+    let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &[], 2).unwrap();
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!(bps > 10e6, "TCP over the IPv6 path: {bps} bit/s");
+    assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 0);
+}
+
+/// The per-second Mbit/s of an iperf3 report.
+fn per_second(report: &serde_json::Value) -> Vec<u64> {
+    report["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["sum"]["bits_per_second"].as_f64().unwrap() / 1e6) as u64)
+        .collect()
+}
+
+/// Two static peers rotating keys every 2 s (`danger_rekey_after_secs`, for tests; the
+/// default is 120 s): a 12-s TCP stream goes through about six rekeys without a second below
+/// 1 Mbit/s, and no more rekeys happen than the interval allows (no rekey storm).
+#[test]
+fn a_tcp_stream_carries_on_across_many_rekeys() {
+    let bed = TwoSites::up(&BedOptions {
+        dataplane_extra: "danger_rekey_after_secs = 2\n".into(),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.ping_ok(&bed.a.lan, HOST_B, Ping::count(2).wait(3));
+    let before = bed.counter(Side::A, "rekeys").unwrap();
+    let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &["-i", "1"], 12).unwrap();
+    let rekeys = bed.counter(Side::A, "rekeys").unwrap() - before;
+    let mbit = per_second(&report);
+    eprintln!("Mbit/s per second with keys rotated every 2 s: {mbit:?}; {rekeys} rekeys");
+    assert!(
+        mbit.iter().all(|m| *m >= 1),
+        "a stall at a rekey: {mbit:?}\n{}",
+        bed.logs()
+    );
+    assert!(
+        (4..=8).contains(&rekeys),
+        "{rekeys} rekeys in 12 s at one per 2 s\n{}",
+        bed.logs()
+    );
+    let b = bed.counter(Side::B, "rekeys").unwrap();
+    assert!(b >= 4, "B saw {b} rekeys");
+    assert!(bed.a.log_text().contains("danger_ keys in [dataplane]"));
+}
+
+/// Keys rotate after 20,000 messages (`danger_rekey_after_messages`; the default is 2^60): a
+/// 3-s TCP stream, hundreds of thousands of packets, rekeys many times on the counter alone
+/// (the time limit, 120 s, is far away) and carries on.
+#[test]
+fn keys_rotate_on_the_message_count_too() {
+    let bed = TwoSites::up(&BedOptions {
+        dataplane_extra: "danger_rekey_after_messages = 20000\n".into(),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.ping_ok(&bed.a.lan, HOST_B, Ping::count(2).wait(3));
+    let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &["-i", "1"], 3).unwrap();
+    let rekeys = bed.counter(Side::A, "rekeys").unwrap();
+    let sent = bed.counter(Side::A, "udp_sent").unwrap();
+    let mbit = per_second(&report);
+    eprintln!(
+        "Mbit/s per second, keys rotated every 20000 messages: {mbit:?}; {rekeys} rekeys for {sent} datagrams"
+    );
+    assert!(mbit.iter().all(|m| *m >= 1), "{mbit:?}\n{}", bed.logs());
+    assert!(sent > 100_000, "only {sent} datagrams");
+    assert!(
+        rekeys >= 3,
+        "{rekeys} rekeys for {sent} datagrams at one per 20000\n{}",
+        bed.logs()
+    );
 }

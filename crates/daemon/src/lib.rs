@@ -40,7 +40,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use cyphonic_netio::UdpSocket;
 use cyphonic_pipeline::{Sink, ThreadStart};
-use cyphonic_session::{Clock, Identity, Timing};
+use cyphonic_session::{Clock, Identity};
 use cyphonic_settings::Common;
 use cyphonic_signal::NameRecord;
 use cyphonic_telemetry::CounterSet;
@@ -235,7 +235,10 @@ pub fn run<E: Edge>(
     let udp = UdpSocket::bind(common.listen, &dp.udp_options())?;
     let listen = udp.local_addr()?;
     tracing::info!(%listen, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
-    let timing = Timing::default();
+    let timing = dp.timing();
+    if dp.rekeys_shortened() {
+        tracing::warn!(rekey_after = ?dp.rekey_after, rekey_after_messages = dp.rekey_after_messages, "danger_ keys in [dataplane]: keys rotate sooner than the defaults (for tests)");
+    }
     let local = Local {
         identity: identity.clone(),
         clock: clock.clone(),

@@ -74,6 +74,10 @@ macro_rules! dataplane_table {
             queue_per_peer: usize,
             #[serde(default = "cyphonic_settings::defaults::buffers")]
             buffers: toml::Spanned<usize>,
+            #[serde(default = "cyphonic_settings::defaults::rekey_after_secs")]
+            danger_rekey_after_secs: toml::Spanned<u64>,
+            #[serde(default = "cyphonic_settings::defaults::rekey_after_messages")]
+            danger_rekey_after_messages: toml::Spanned<u64>,
             $( $(#[$field_meta])* $field: $ty, )*
         }
 
@@ -94,6 +98,8 @@ macro_rules! dataplane_table {
                     busy_poll_us: $crate::defaults::busy_poll_us(),
                     queue_per_peer: $crate::defaults::queue_per_peer(),
                     buffers: $crate::defaults::buffers(),
+                    danger_rekey_after_secs: $crate::defaults::rekey_after_secs(),
+                    danger_rekey_after_messages: $crate::defaults::rekey_after_messages(),
                     $( $field: $default, )*
                 }
             }
@@ -118,6 +124,11 @@ macro_rules! dataplane_table {
                     &self.realtime_priority,
                     &self.busy_poll_us,
                 )?;
+                $crate::check_rekey(
+                    src,
+                    &self.danger_rekey_after_secs,
+                    &self.danger_rekey_after_messages,
+                )?;
                 Ok($crate::DataPlane {
                     workers: self.workers,
                     batch_size: *self.batch_size.get_ref(),
@@ -137,6 +148,10 @@ macro_rules! dataplane_table {
                     )),
                     queue_per_peer: self.queue_per_peer,
                     buffers: *self.buffers.get_ref(),
+                    rekey_after: std::time::Duration::from_secs(
+                        *self.danger_rekey_after_secs.get_ref(),
+                    ),
+                    rekey_after_messages: *self.danger_rekey_after_messages.get_ref(),
                 })
             }
         }

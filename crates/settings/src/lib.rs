@@ -740,6 +740,57 @@ pub mod defaults {
     pub fn buffers() -> Spanned<usize> {
         Spanned::new(0..0, DataPlane::default().buffers)
     }
+    /// `dataplane.danger_rekey_after_secs`: the session's 120 s.
+    pub fn rekey_after_secs() -> Spanned<u64> {
+        Spanned::new(0..0, DataPlane::default().rekey_after.as_secs())
+    }
+    /// `dataplane.danger_rekey_after_messages`: the session's 2^60.
+    pub fn rekey_after_messages() -> Spanned<u64> {
+        Spanned::new(0..0, DataPlane::default().rekey_after_messages)
+    }
+}
+
+/// The fewest seconds `danger_rekey_after_secs` may say: a handshake and its confirmation
+/// take a round trip or two, keys must outlive them.
+pub const REKEY_AFTER_SECS_MIN: u64 = 2;
+/// The fewest messages `danger_rekey_after_messages` may say: at line rate a rekey every few
+/// milliseconds, which the handshake rate limits still bear.
+pub const REKEY_AFTER_MESSAGES_MIN: u64 = 10_000;
+
+/// Checks the `danger_` rekey keys: only ever shorter than the defaults (they exist so tests
+/// can see many rekeys; a longer interval would weaken the keys), never below a floor.
+///
+/// # Errors
+/// A value outside its range, located in `src`.
+pub fn check_rekey(
+    src: &Source<'_>,
+    secs: &Spanned<u64>,
+    messages: &Spanned<u64>,
+) -> Result<(), ConfigError> {
+    let d = DataPlane::default();
+    let max_secs = d.rekey_after.as_secs();
+    if !(REKEY_AFTER_SECS_MIN..=max_secs).contains(secs.get_ref()) {
+        return src.err(
+            &secs.span(),
+            "dataplane.danger_rekey_after_secs",
+            format!(
+                "{} is outside {REKEY_AFTER_SECS_MIN} ..= {max_secs} (shorter than the default only)",
+                secs.get_ref()
+            ),
+        );
+    }
+    let max_messages = d.rekey_after_messages;
+    if !(REKEY_AFTER_MESSAGES_MIN..=max_messages).contains(messages.get_ref()) {
+        return src.err(
+            &messages.span(),
+            "dataplane.danger_rekey_after_messages",
+            format!(
+                "{} is outside {REKEY_AFTER_MESSAGES_MIN} ..= {max_messages} (fewer than the default only)",
+                messages.get_ref()
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to 4096 in
@@ -1020,6 +1071,16 @@ pub mod testing {
             "buffers = 8192",
             "buffers = 10",
             "key `dataplane.buffers`: at least 256",
+        ),
+        (
+            "danger_rekey_after_secs = 120",
+            "danger_rekey_after_secs = 600",
+            "key `dataplane.danger_rekey_after_secs`: 600 is outside 2 ..= 120 (shorter than the default only)",
+        ),
+        (
+            "danger_rekey_after_messages = 1152921504606846976",
+            "danger_rekey_after_messages = 100",
+            "key `dataplane.danger_rekey_after_messages`: 100 is outside 10000 ..= 1152921504606846976 (fewer than the default only)",
         ),
         (
             "inner_mtu = 1420",

@@ -630,6 +630,7 @@ impl Control {
                 Event::Established { initiator, rekey } => {
                     bump(&self.shared.counters.sessions_established);
                     if rekey {
+                        bump(&self.shared.counters.rekeys);
                         tracing::debug!(peer = %slot.name, initiator, "keys rotated");
                     } else {
                         tracing::info!(peer = %slot.name, initiator, "peer up");

@@ -56,6 +56,8 @@ cyphonic_telemetry::counters! {
         sessions_established,
         /// Changes of our addresses or routes, each told to the peers and the cloud.
         network_changes,
+        /// Keys rotated (handshakes on a live session, either side initiating).
+        rekeys,
         /// Hole punches sent (a frame at TTL 2 towards a new peer, from behind our NAT).
         punches_sent,
         /// Hole punches that reached us (dropped: they only open NATs on the way).

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cyphonic_crypto::{Backend, Certificate};
 use cyphonic_netio::{Placement, UdpOptions};
 use cyphonic_pipeline::{Counters as PipelineCounters, Emitter, Sink, ThreadStart};
+use cyphonic_session::Timing;
 
 use crate::Shared;
 use crate::egress::{Intake, SealStage, SocketSink, Submitter};
@@ -74,6 +75,11 @@ pub struct DataPlane {
     pub queue_per_peer: usize,
     /// Packet buffers in all ([`crate::BUF_LEN`] bytes each): the data plane's memory ceiling.
     pub buffers: usize,
+    /// Keys are rotated when this old (`danger_rekey_after_secs`: only ever shorter than the
+    /// default, for tests that must see many rekeys).
+    pub rekey_after: Duration,
+    /// Keys are rotated after this many messages (`danger_rekey_after_messages`: likewise).
+    pub rekey_after_messages: u64,
 }
 
 impl Default for DataPlane {
@@ -94,11 +100,29 @@ impl Default for DataPlane {
             busy_poll: Duration::ZERO,
             queue_per_peer: 64,
             buffers: 8192,
+            rekey_after: Timing::default().rekey_after_time,
+            rekey_after_messages: Timing::default().rekey_after_messages,
         }
     }
 }
 
 impl DataPlane {
+    /// The session timers: the defaults, with the rekey thresholds set here.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            rekey_after_time: self.rekey_after,
+            rekey_after_messages: self.rekey_after_messages,
+            ..Timing::default()
+        }
+    }
+
+    /// Whether a `danger_` key shortened the rekey thresholds (logged at start).
+    pub fn rekeys_shortened(&self) -> bool {
+        let d = Timing::default();
+        self.rekey_after != d.rekey_after_time
+            || self.rekey_after_messages != d.rekey_after_messages
+    }
+
     /// How the tunnel socket is opened.
     pub fn udp_options(&self) -> UdpOptions {
         UdpOptions {
