@@ -16,12 +16,14 @@ use std::time::Duration;
 use cyphonic_e2e::bed::{
     BedOptions, CloudOptions, IperfRun, Nat, Ping, Side, SiteOptions, TwoSites,
 };
-use cyphonic_e2e::wait_until;
+use cyphonic_e2e::node::VIP as NODE_VIP;
+use cyphonic_e2e::{Netns, veth, wait_until};
 
 const GW_A: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
 const GW_B: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 1);
 const HOST_A: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 10);
 const HOST_B: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 10);
+const CAMERA: &str = "camera.gw1.ovl.example";
 
 /// Both sites behind NATs of these kinds, with the cloud; started, and the cloud has recorded
 /// both probes of both adapters (what it decides the route from).
@@ -218,7 +220,7 @@ fn two_ipv6_only_sites_talk_directly_over_ipv6() {
     assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 0);
 }
 
-/// The per-second Mbit/s of an iperf3 report.
+/// The Mbit/s of each interval of an iperf3 report (seconds, or what `-i` asked).
 fn per_second(report: &serde_json::Value) -> Vec<u64> {
     report["intervals"]
         .as_array()
@@ -283,5 +285,179 @@ fn keys_rotate_on_the_message_count_too() {
         rekeys >= 3,
         "{rekeys} rekeys for {sent} datagrams at one per 20000\n{}",
         bed.logs()
+    );
+}
+
+/// Moves the node's underlay the way a laptop's network changes: the new address comes on
+/// `to` (with the default route through `gateway`), then the old one on `from` goes.
+fn move_node(ns: &Netns, (to, address, gateway): (&str, &str, &str), (from, old): (&str, &str)) {
+    ns.ip(&["addr", "add", address, "dev", to]).unwrap();
+    ns.ip(&["route", "replace", "default", "via", gateway, "dev", to])
+        .unwrap();
+    ns.ip(&["addr", "del", old, "dev", from]).unwrap();
+}
+
+/// The longest run of seconds below 1 Mbit/s in `mbit[from..to]`.
+fn gap_in(mbit: &[u64], from: usize, to: usize) -> usize {
+    longest_gap(&mbit[from.min(mbit.len())..to.min(mbit.len())])
+}
+
+/// Node C (the laptop case) roams during a TCP stream to a camera behind adapter A: to
+/// another network (a new address), behind a NAT, and out of it again. Each time the node
+/// notices (netlink), tells adapter A from where it is now (an authenticated keepalive, which
+/// A follows) and the cloud (it probes again); the stream goes on after each move.
+#[test]
+fn a_roaming_node_keeps_its_stream() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        lan_switch: true,
+        node_c: Some(None),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let bins = bed.bins.clone();
+    bed.c.as_mut().unwrap().start(&bins).unwrap();
+    let (cam, cam_ip) = bed.dhcp_device(Side::A, "camera").unwrap();
+    let node = &bed.c.as_ref().unwrap().ns;
+    assert_eq!(bed.resolve(node, NODE_VIP, CAMERA), [cam_ip.to_string()]);
+    bed.ping_ok(node, CAMERA, Ping::default());
+    // Two more networks on the router: a second segment for the node, and one for a NAT
+    // (port-preserving) whose inside the node can join.
+    veth(node, "wan2", &bed.wan, "tonc2").unwrap();
+    bed.wan
+        .ip(&["addr", "add", "192.0.2.193/28", "dev", "tonc2"])
+        .unwrap();
+    let nat = Netns::new("natR").unwrap();
+    veth(&nat, "out", &bed.wan, "tonc3").unwrap();
+    bed.wan
+        .ip(&["addr", "add", "192.0.2.209/28", "dev", "tonc3"])
+        .unwrap();
+    nat.ip(&["addr", "add", "192.0.2.210/28", "dev", "out"])
+        .unwrap();
+    nat.ip(&["route", "add", "default", "via", "192.0.2.209"])
+        .unwrap();
+    veth(node, "wan3", &nat, "in").unwrap();
+    nat.ip(&["addr", "add", "192.0.2.129/25", "dev", "in"])
+        .unwrap();
+    nat.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
+        .unwrap();
+    nat.exec("nft", &["add", "table", "ip", "nat"]).unwrap();
+    nat.exec(
+        "nft",
+        &["add chain ip nat post { type nat hook postrouting priority 100 ; }"],
+    )
+    .unwrap();
+    nat.exec("nft", &["add rule ip nat post oifname out masquerade"])
+        .unwrap();
+
+    let server = cam
+        .ns
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "40"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let moves = [4, 10, 16];
+    let out = std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            node.exec_output(
+                "iperf3",
+                &[
+                    "-J",
+                    "-c",
+                    CAMERA,
+                    "-t",
+                    "24",
+                    "-i",
+                    "0.1",
+                    "--connect-timeout",
+                    "3000",
+                ],
+            )
+        });
+        let started = std::time::Instant::now();
+        let at = |secs: u64| {
+            let due = Duration::from_secs(secs);
+            std::thread::sleep(due.saturating_sub(started.elapsed()));
+        };
+        at(moves[0]);
+        move_node(
+            node,
+            ("wan2", "192.0.2.194/28", "192.0.2.193"),
+            ("wan", "192.0.2.66/26"),
+        );
+        at(moves[1]);
+        move_node(
+            node,
+            ("wan3", "192.0.2.130/25", "192.0.2.129"),
+            ("wan2", "192.0.2.194/28"),
+        );
+        at(moves[2]);
+        move_node(
+            node,
+            ("wan2", "192.0.2.194/28", "192.0.2.193"),
+            ("wan3", "192.0.2.130/25"),
+        );
+        client.join().unwrap().unwrap()
+    });
+    drop(server);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3: {e}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            bed.logs()
+        )
+    });
+    assert!(report["error"].is_null(), "{report}\n{}", bed.logs());
+    // Mbit/s in tenths of a second; the moves' positions in them.
+    let mbit = per_second(&report);
+    let tick = |secs: u64| usize::try_from(secs * 10).unwrap();
+    let segments = [
+        ("to another network", tick(moves[0]), tick(moves[1])),
+        ("behind a NAT", tick(moves[1]), tick(moves[2])),
+        ("out of the NAT", tick(moves[2]), mbit.len()),
+    ];
+    let gaps: Vec<(&str, f64)> = segments
+        .iter()
+        .map(|(what, from, to)| (*what, gap_in(&mbit, *from, *to) as f64 / 10.0))
+        .collect();
+    eprintln!(
+        "the node moved at {moves:?} s; longest gaps in seconds (0.1-s intervals below 1 Mbit/s): {gaps:?}"
+    );
+    assert!(mbit.len() >= 230, "{} intervals", mbit.len());
+    // After every move the stream carried data again before the next one.
+    for (what, from, to) in segments {
+        assert!(
+            mbit[from..to].iter().any(|m| *m >= 1),
+            "nothing got through after the move {what}: {mbit:?}\n{}",
+            bed.logs()
+        );
+    }
+    assert!(
+        mbit[mbit.len() - 10..].iter().all(|m| *m >= 1),
+        "{mbit:?}\n{}",
+        bed.logs()
+    );
+    let s = bed.status(Side::A).unwrap();
+    let p = s["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "nodec.ovl.example")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        p["endpoint"], "192.0.2.194:51820",
+        "A follows the node: {p}"
+    );
+    assert_eq!(p["route"], "direct", "{p}");
+    // A followed every move, the NAT's address included.
+    let log = bed.a.log_text();
+    let moved: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("peer moved to a new address peer=nodec.ovl.example"))
+        .collect();
+    assert!(moved.len() >= 3, "{moved:#?}");
+    assert!(
+        moved.iter().any(|l| l.contains("new=192.0.2.210:")),
+        "never through the NAT: {moved:#?}"
     );
 }
