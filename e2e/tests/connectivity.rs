@@ -461,3 +461,89 @@ fn a_roaming_node_keeps_its_stream() {
         "never through the NAT: {moved:#?}"
     );
 }
+
+/// A relayed pair whose one side moves: node C behind a symmetric NAT, adapter A behind a NAT,
+/// so the cloud relays them; mid-stream the node's NAT takes a new public address and
+/// forgets its mappings. The relay drops what comes from an address not bound to the channel;
+/// the node's data goes unanswered, it asks the cloud again, gets the same channel and binds
+/// it from where it is now: the stream goes on, still relayed.
+#[test]
+fn a_relayed_side_whose_nat_moves_binds_again_and_keeps_its_stream() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        lan_switch: true,
+        a: SiteOptions {
+            nat: Some(Nat::PortPreserving),
+            ..SiteOptions::default()
+        },
+        node_c: Some(Some(Nat::Symmetric)),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let bins = bed.bins.clone();
+    bed.c.as_mut().unwrap().start(&bins).unwrap();
+    let (cam, cam_ip) = bed.dhcp_device(Side::A, "camera").unwrap();
+    let c = bed.c.as_ref().unwrap();
+    assert_eq!(bed.resolve(&c.ns, NODE_VIP, CAMERA), [cam_ip.to_string()]);
+    bed.ping_ok(&c.ns, CAMERA, Ping::default());
+    let node_peer = || c.status(&bed.bins).unwrap()["peers"][0].clone();
+    assert_eq!(node_peer()["route"], "relay", "{}", node_peer());
+
+    let server = cam
+        .ns
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "40"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let nat = c.nat.as_ref().unwrap();
+    let out = std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            c.ns.exec_output("iperf3", &["-J", "-c", CAMERA, "-t", "25", "-i", "1"])
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        eprintln!("the node's NAT moves at unix {:.3}", at.as_secs_f64());
+        nat.exec(
+            "sysctl",
+            &["-qw", "net.ipv4.conf.out.promote_secondaries=1"],
+        )
+        .unwrap();
+        nat.ip(&["addr", "add", "192.0.2.67/26", "dev", "out"])
+            .unwrap();
+        nat.ip(&["addr", "del", "192.0.2.66/26", "dev", "out"])
+            .unwrap();
+        nat.ip(&["route", "replace", "default", "via", "192.0.2.65"])
+            .unwrap();
+        client.join().unwrap().unwrap()
+    });
+    drop(server);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3: {e}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            bed.logs()
+        )
+    });
+    let mbit = per_second(&report);
+    eprintln!(
+        "Mbit/s per second, the node's NAT moved after 3 s (relayed): {mbit:?}; longest gap {} s",
+        longest_gap(&mbit)
+    );
+    assert!(mbit.len() >= 23, "{report}");
+    assert!(
+        mbit[mbit.len() - 5..].iter().all(|m| *m >= 1),
+        "the stream did not come back: {mbit:?}\n{}",
+        bed.logs()
+    );
+    let p = node_peer();
+    assert_eq!(p["route"], "relay", "{p}");
+    let cloud = std::fs::read_to_string(bed.cloud.as_ref().unwrap().log()).unwrap();
+    assert!(
+        cloud.contains("relay: side bound") && cloud.contains("from=192.0.2.67:"),
+        "the node never bound from its NAT's new address:\n{cloud}"
+    );
+    for line in cloud.lines().filter(|l| l.contains("side bound")) {
+        eprintln!("cloud: {line}");
+    }
+}

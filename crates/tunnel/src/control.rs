@@ -549,8 +549,8 @@ impl Control {
     }
 
     /// Reaches `slot` through the relay channel `info` from now on (binding our address to it
-    /// first), unless it already is; a peer without keys is handshaken with there, and one
-    /// with keys sends there from now on.
+    /// first; binding again when it already is); a peer without keys is handshaken with there,
+    /// and one with keys sends there from now on.
     pub fn apply_relay(&mut self, slot: &Arc<PeerSlot>, info: &RelayInfo, now: Instant) {
         let mut route = slot.route();
         let fresh = route
@@ -568,6 +568,12 @@ impl Control {
             bind(&*self.socket, &r);
             route.relay = Some(r);
             tracing::info!(peer = %slot.name, relay = %info.address, reason = %info.reason, "peer relayed");
+        } else if let Some(r) = route.relay.as_mut() {
+            // The same channel again: a side asked because its path through it went silent
+            // (a NAT on the way moved us, and the relay drops what comes from an unbound
+            // address). Bind again at once rather than at the next refresh.
+            r.bound_at = Some(now);
+            bind(&*self.socket, r);
         }
         drop(route);
         // A new channel moves a peer with keys too: the cloud gives one when a side's
