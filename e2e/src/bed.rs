@@ -41,6 +41,10 @@ pub struct SiteOptions {
     /// Give the adapter an IPv6 underlay only (the site's network spelt into fd00::/16): the
     /// cloud, dual-stack, is then the only place where it meets an IPv4-only site.
     pub v6_only: bool,
+    /// Give the adapter (without NAT) an IPv6 address besides its IPv4 one, the site's network
+    /// spelt into fd00::/16 as for `v6_only`, and register it with the cloud
+    /// (`[cloud] endpoints`).
+    pub dual_stack: bool,
     /// Extra configuration for the adapter (whole tables such as `[dhcp]`, appended).
     pub extra: String,
     /// Revoke the adapter's certificate at the CA before the cloud starts (the cloud reads
@@ -551,6 +555,35 @@ impl TwoSites {
                 veth(&adapter_ns, "wan", wan, wan_if)?;
                 adapter_ns.ip(&["addr", "add", &format!("{public}/24"), "dev", "wan"])?;
                 adapter_ns.ip(&["route", "add", "default", "via", &router])?;
+                if own.dual_stack {
+                    let net6 = format!("fd00:{x}:{y}:{z}::");
+                    wan.ip(&[
+                        "-6",
+                        "addr",
+                        "add",
+                        &format!("{net6}1/64"),
+                        "dev",
+                        wan_if,
+                        "nodad",
+                    ])?;
+                    adapter_ns.ip(&[
+                        "-6",
+                        "addr",
+                        "add",
+                        &format!("{net6}2/64"),
+                        "dev",
+                        "wan",
+                        "nodad",
+                    ])?;
+                    adapter_ns.ip(&[
+                        "-6",
+                        "route",
+                        "add",
+                        "default",
+                        "via",
+                        &format!("{net6}1"),
+                    ])?;
+                }
                 (public.into(), None)
             }
             Some(_) if v6_only => bail!("no NAT on an IPv6-only site in this bed"),
@@ -710,9 +743,14 @@ impl TwoSites {
             };
             writeln!(
                 text,
-                "[cloud]\naddress = \"{address}\"\npublic_key = \"{}\"\n",
+                "[cloud]\naddress = \"{address}\"\npublic_key = \"{}\"",
                 cloud.public_key
             )?;
+            if let (true, IpAddr::V4(v4)) = (opts.site(side).dual_stack, me.underlay) {
+                let [x, y, z, _] = v4.octets();
+                writeln!(text, "endpoints = [\"[fd00:{x}:{y}:{z}::2]:51820\"]")?;
+            }
+            writeln!(text)?;
         } else {
             writeln!(
                 text,

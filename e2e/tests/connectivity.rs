@@ -134,36 +134,34 @@ fn a_nat_that_changes_its_mapping_mid_stream_does_not_end_the_stream() {
     bed.resolve(&bed.a.lan, GW_A, "host.gw2.ovl.example");
     bed.ping_ok(&bed.a.lan, HOST_B, Ping::default());
     assert_eq!(peer(&bed, Side::A)["route"], "direct");
-    let run = IperfRun::start(&bed, Side::B, &["-i", "1"], 30).unwrap();
-    std::thread::sleep(Duration::from_secs(3));
-    let at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    eprintln!("B's NAT rebinds at unix {:.3}", at.as_secs_f64());
-    let nat = bed.b.nat.as_ref().unwrap();
-    nat.exec(
-        "sysctl",
-        &["-qw", "net.ipv4.conf.out.promote_secondaries=1"],
-    )
-    .unwrap();
-    nat.ip(&["addr", "add", "203.0.113.5/24", "dev", "out"])
-        .unwrap();
-    // Deleting the address masqueraded to drops its mappings (the kernel's masquerade
-    // forgets connections through an address that went).
-    nat.ip(&["addr", "del", "203.0.113.2/24", "dev", "out"])
-        .unwrap();
-    nat.ip(&["route", "replace", "default", "via", "203.0.113.1"])
-        .unwrap();
+    let run = IperfRun::start(&bed, Side::B, &["-i", "1"], STREAM_SECS).unwrap();
+    let host_b = HOST_B.to_string();
+    let pings = std::thread::scope(|s| {
+        let pings = s.spawn(|| ping_replies(&bed.a.lan, &host_b, STREAM_SECS - 1));
+        std::thread::sleep(Duration::from_secs(3));
+        let at = unix_now();
+        rebind_b(&bed);
+        (pings.join().unwrap(), at)
+    });
     let report = run
         .finish()
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
     let mbit = per_second(&report);
-    let gap = longest_gap(&mbit);
-    eprintln!("Mbit/s per second, B's NAT rebound after 3 s: {mbit:?}; longest gap {gap} s");
-    assert!(mbit.len() >= 28, "{report}");
+    let (replies, at) = pings;
+    let silence = silence_across(&replies, at);
+    eprintln!(
+        "B's NAT rebound 3 s in: pings silent for {silence:?} s; TCP Mbit/s per second {mbit:?}, longest gap {} s",
+        longest_gap(&mbit)
+    );
     assert!(
-        mbit[mbit.len() - 5..].iter().all(|m| *m >= 1),
-        "the stream did not come back: {mbit:?}\n{}",
+        silence.is_some_and(|s| s < 20.0),
+        "pings silent for {silence:?} s\n{}",
+        bed.logs()
+    );
+    assert!(mbit.len() >= 33, "{report}");
+    assert!(
+        mbit[mbit.len() - 3..].iter().all(|m| *m >= 1),
+        "the TCP stream did not come back: {mbit:?}\n{}",
         bed.logs()
     );
     for side in [Side::A, Side::B] {
@@ -183,9 +181,67 @@ fn a_nat_that_changes_its_mapping_mid_stream_does_not_end_the_stream() {
     }
 }
 
+/// How long the path-change tests' TCP streams run: long enough for TCP's retransmission
+/// backoff (0.2 s doubling: tries at 12.6 s and 25.4 s after a loss) to find the mended path.
+const STREAM_SECS: u64 = 35;
+
+/// B's NAT takes a new public address and forgets its mappings (the kernel's masquerade
+/// forgets connections through an address that went).
+fn rebind_b(bed: &TwoSites) {
+    let nat = bed.b.nat.as_ref().unwrap();
+    nat.exec(
+        "sysctl",
+        &["-qw", "net.ipv4.conf.out.promote_secondaries=1"],
+    )
+    .unwrap();
+    nat.ip(&["addr", "add", "203.0.113.5/24", "dev", "out"])
+        .unwrap();
+    nat.ip(&["addr", "del", "203.0.113.2/24", "dev", "out"])
+        .unwrap();
+    nat.ip(&["route", "replace", "default", "via", "203.0.113.1"])
+        .unwrap();
+}
+
 /// The longest run of seconds below 1 Mbit/s.
 fn longest_gap(mbit: &[u64]) -> usize {
     mbit.split(|m| *m >= 1).map(<[u64]>::len).max().unwrap_or(0)
+}
+
+/// Now, in unix seconds.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Pings `to` from `ns` five times a second for `secs` seconds (it ends by itself): the unix
+/// times of the replies.
+fn ping_replies(ns: &Netns, to: &str, secs: u64) -> Vec<f64> {
+    let count = (secs * 5).to_string();
+    let out = ns
+        .exec_output(
+            "ping",
+            &["-D", "-n", "-i", "0.2", "-W", "1", "-c", &count, to],
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .collect()
+}
+
+/// The path's longest silence from `at` on: the longest wait between ping replies, from the
+/// last one before `at`, in seconds; `None` when none came after `at`.
+fn silence_across(replies: &[f64], at: f64) -> Option<f64> {
+    let first = replies.iter().rposition(|t| *t <= at).unwrap_or(0);
+    if !replies.iter().any(|t| *t > at) {
+        return None;
+    }
+    let mut times = vec![at.min(replies[first])];
+    times.extend(&replies[first..]);
+    times.windows(2).map(|w| w[1] - w[0]).reduce(f64::max)
 }
 
 /// Two IPv6-only sites (no NAT, no IPv4 between them): the cloud hands each the other's IPv6
@@ -491,19 +547,18 @@ fn a_relayed_side_whose_nat_moves_binds_again_and_keeps_its_stream() {
 
     let server = cam
         .ns
-        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "40"])
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "60"])
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let nat = c.nat.as_ref().unwrap();
-    let out = std::thread::scope(|s| {
+    let secs = STREAM_SECS.to_string();
+    let (out, replies, at) = std::thread::scope(|s| {
         let client = s.spawn(|| {
-            c.ns.exec_output("iperf3", &["-J", "-c", CAMERA, "-t", "25", "-i", "1"])
+            c.ns.exec_output("iperf3", &["-J", "-c", CAMERA, "-t", &secs, "-i", "1"])
         });
+        let pings = s.spawn(|| ping_replies(&c.ns, CAMERA, STREAM_SECS - 1));
         std::thread::sleep(Duration::from_secs(3));
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        eprintln!("the node's NAT moves at unix {:.3}", at.as_secs_f64());
+        let at = unix_now();
         nat.exec(
             "sysctl",
             &["-qw", "net.ipv4.conf.out.promote_secondaries=1"],
@@ -515,7 +570,7 @@ fn a_relayed_side_whose_nat_moves_binds_again_and_keeps_its_stream() {
             .unwrap();
         nat.ip(&["route", "replace", "default", "via", "192.0.2.65"])
             .unwrap();
-        client.join().unwrap().unwrap()
+        (client.join().unwrap().unwrap(), pings.join().unwrap(), at)
     });
     drop(server);
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
@@ -526,14 +581,22 @@ fn a_relayed_side_whose_nat_moves_binds_again_and_keeps_its_stream() {
         )
     });
     let mbit = per_second(&report);
+    let silence = silence_across(&replies, at);
     eprintln!(
-        "Mbit/s per second, the node's NAT moved after 3 s (relayed): {mbit:?}; longest gap {} s",
+        "the node's NAT moved 3 s in (relayed): pings silent for {silence:?} s; TCP Mbit/s per second {mbit:?}, longest gap {} s",
         longest_gap(&mbit)
     );
-    assert!(mbit.len() >= 23, "{report}");
     assert!(
-        mbit[mbit.len() - 5..].iter().all(|m| *m >= 1),
-        "the stream did not come back: {mbit:?}\n{}",
+        silence.is_some_and(|s| s < 20.0),
+        "pings silent for {silence:?} s\n{}",
+        bed.logs()
+    );
+    assert!(mbit.len() >= 33, "{report}");
+    assert!(
+        mbit[mbit.len() - 3..].iter().all(|m| *m >= 1),
+        "the TCP stream did not come back: {mbit:?}\nnode: {}\nA: {}\n{}",
+        c.status(&bed.bins).unwrap(),
+        bed.status(Side::A).unwrap(),
         bed.logs()
     );
     let p = node_peer();
@@ -543,7 +606,45 @@ fn a_relayed_side_whose_nat_moves_binds_again_and_keeps_its_stream() {
         cloud.contains("relay: side bound") && cloud.contains("from=192.0.2.67:"),
         "the node never bound from its NAT's new address:\n{cloud}"
     );
-    for line in cloud.lines().filter(|l| l.contains("side bound")) {
-        eprintln!("cloud: {line}");
+}
+
+/// Two dual-stack sites whose IPv4 path between them is blocked (the router drops UDP
+/// between their IPv4 networks; the cloud stays reachable): the cloud gives each the other's
+/// IPv4 mapping first and its IPv6 endpoint after; initiations go to both, IPv6 answers, and
+/// the tunnel is direct over IPv6 with no relay asked for.
+#[test]
+fn dual_stack_sites_use_the_ip_version_that_works() {
+    let dual = SiteOptions {
+        dual_stack: true,
+        ..SiteOptions::default()
+    };
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        a: dual.clone(),
+        b: dual,
+        block_direct: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    meet(&bed);
+    for (side, other) in [
+        (Side::A, "[fd00:203:0:113::2]:51820"),
+        (Side::B, "[fd00:198:51:100::2]:51820"),
+    ] {
+        let p = peer(&bed, side);
+        assert_eq!(p["route"], "direct", "{side:?}: {p}\n{}", bed.logs());
+        assert_eq!(p["endpoint"], other, "{side:?}: {p}");
     }
+    assert_eq!(
+        bed.cloud_counter("relay_requests").unwrap(),
+        0,
+        "{}",
+        bed.logs()
+    );
+    assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 0);
+    let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &[], 2).unwrap();
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap();
+    assert!(bps > 10e6, "TCP over the IPv6 path: {bps} bit/s");
 }

@@ -15,7 +15,7 @@ use cyphonic_signal::{
     Allowed, Event, Handle, NameRecord, PeerInfo, RelayInfo, Resolution, SignalError,
 };
 use cyphonic_telemetry::files::{self, Access};
-use cyphonic_tunnel::{Control, PeerSlot, Shared};
+use cyphonic_tunnel::{Control, MAX_CANDIDATES, PeerSlot, Shared};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::sync::mpsc;
@@ -158,6 +158,23 @@ fn change_trust(
     change(&mut trust);
     let new = id.with_trust(trust, control.shared().clock.unix_secs(now))?;
     Ok(control.set_identity(&Arc::new(new), now))
+}
+
+/// The addresses of a peer to try besides its first (the cloud's list, in its order): at
+/// most [`MAX_CANDIDATES`], each once, none of them our own socket (a peer behind another NAT
+/// may have the same private address as we do).
+fn candidates(endpoints: &[SocketAddr], tunnel_port: u16) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for e in endpoints.iter().skip(1) {
+        if out.len() < MAX_CANDIDATES
+            && Some(e) != endpoints.first()
+            && !out.contains(e)
+            && !is_ours(*e, tunnel_port)
+        {
+            out.push(*e);
+        }
+    }
+    out
 }
 
 /// Whether `addr` (where the cloud sees our tunnel socket) is the socket itself: one of our
@@ -524,21 +541,29 @@ impl CloudLink {
                 }
                 route.relay.is_some()
             };
-            let mut p = slot.lock();
-            if let Some(e) = endpoint
-                && !relayed
-                && !p.is_established(now)
-                && p.endpoint() != Some(e)
-            {
-                p.set_endpoint(e);
+            let refreshed = {
+                let mut p = slot.lock();
+                let refresh = endpoint.filter(|_| !relayed && !p.is_established(now));
+                if let Some(e) = refresh
+                    && p.endpoint() != Some(e)
+                {
+                    p.set_endpoint(e);
+                }
+                refresh.is_some()
+            };
+            if refreshed {
+                slot.route().candidates = candidates(&info.endpoints, self.tunnel_port);
             }
-            drop(p);
             return Some(slot);
         }
         let mut pc = PeerConfig::from_certificate(&cert, endpoint);
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
         let slot = control.add_cloud_peer(&cert, pc).ok()?;
-        slot.route().allowed = info.allowed;
+        {
+            let mut route = slot.route();
+            route.allowed = info.allowed;
+            route.candidates = candidates(&info.endpoints, self.tunnel_port);
+        }
         tracing::info!(peer = %slot.name, ?endpoint, blocks = ?slot.blocks, allowed = info.allowed.map_or("not said", Allowed::describe), "peer added from the cloud");
         Some(slot)
     }
@@ -723,6 +748,34 @@ impl CloudLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn candidates_are_the_other_addresses_once_and_bounded() {
+        let a = |s: &str| {
+            s.parse::<SocketAddr>()
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+        };
+        let first = a("203.0.113.2:51820");
+        assert_eq!(candidates(&[], 51820), Vec::<SocketAddr>::new());
+        assert_eq!(candidates(&[first], 51820), Vec::<SocketAddr>::new());
+        let list = [
+            first,
+            a("[fd00:203:0:113::2]:51820"),
+            first,
+            // Our own socket (loopback is ours everywhere): not a candidate; the same
+            // address at another port is someone else.
+            a("127.0.0.1:51820"),
+            a("127.0.0.1:51821"),
+            a("[fd00:203:0:113::2]:51820"),
+            a("192.0.2.131:51820"),
+            a("192.0.2.132:51820"),
+        ];
+        assert_eq!(
+            candidates(&list, 51820),
+            [list[1], list[4], list[6]],
+            "not the first, not ours, no repeats, at most {MAX_CANDIDATES}"
+        );
+    }
 
     /// Answers wait per peer and leave in order, and no more than [`AWAITING`] wait in all:
     /// a flood of questions for peers that never come up cannot grow memory.

@@ -267,6 +267,18 @@ impl Peer {
         Ok(())
     }
 
+    /// Sends a pending initiation again now instead of at its next retry (the path under it
+    /// was just repaired: bound again to a relay channel). Nothing when none is pending.
+    ///
+    /// # Errors
+    /// [`HandshakeError`] when the new initiation cannot be built.
+    pub fn retry_now(&mut self, now: Instant) -> Result<(), HandshakeError> {
+        if self.pending.take().is_some() {
+            self.start_handshake(now)?;
+        }
+        Ok(())
+    }
+
     /// Since when initiations to this peer have gone unanswered (`None` when none is
     /// pending). A caller may try another path after a while.
     pub const fn unanswered_since(&self) -> Option<Instant> {

@@ -175,12 +175,21 @@ pub(crate) fn send_transmits(
     slot: &PeerSlot,
     transmits: Vec<Transmit>,
 ) {
+    let send = |frame: &[u8], to: SocketAddr| match socket.send_to(frame, to) {
+        Ok(_) => bump(&shared.counters.udp_sent),
+        Err(e) => {
+            bump(&shared.counters.udp_send_failed);
+            tracing::debug!(peer = %slot.name, %to, error = %e, "sending a handshake or keepalive failed");
+        }
+    };
     for t in transmits {
-        match socket.send_to(&t.frame, t.destination) {
-            Ok(_) => bump(&shared.counters.udp_sent),
-            Err(e) => {
-                bump(&shared.counters.udp_send_failed);
-                tracing::debug!(peer = %slot.name, to = %t.destination, error = %e, "sending a handshake or keepalive failed");
+        send(&t.frame, t.destination);
+        // An initiation goes to the peer's other addresses too, while it has some (until
+        // keys exist): whichever path answers first is the one (the answer's source).
+        if t.frame.get(1) == Some(&u8::from(cyphonic_wire::MessageType::HandshakeInit)) {
+            let candidates = slot.route().candidates.clone();
+            for to in candidates.into_iter().filter(|c| *c != t.destination) {
+                send(&t.frame, to);
             }
         }
     }
@@ -571,9 +580,16 @@ impl Control {
         } else if let Some(r) = route.relay.as_mut() {
             // The same channel again: a side asked because its path through it went silent
             // (a NAT on the way moved us, and the relay drops what comes from an unbound
-            // address). Bind again at once rather than at the next refresh.
+            // address). Bind again at once rather than at the next refresh, and send a
+            // pending initiation through it now rather than at its next retry.
             r.bound_at = Some(now);
             bind(&*self.socket, r);
+            drop(route);
+            if let Err(e) = slot.lock().retry_now(now) {
+                tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
+            }
+            self.drain(slot);
+            return;
         }
         drop(route);
         // A new channel moves a peer with keys too: the cloud gives one when a side's
@@ -593,16 +609,17 @@ impl Control {
     /// peer's punch to open its NAT. For a peer we learned of from the cloud while behind a
     /// NAT, before initiating.
     pub fn punch(&mut self, slot: &Arc<PeerSlot>, now: Instant) {
+        let candidates = slot.route().candidates.clone();
         let mut peer = slot.lock();
-        let Some(to) = peer.endpoint() else {
+        let Some(first) = peer.endpoint() else {
             return;
         };
-        match self
-            .socket
-            .send_to_hops(&cyphonic_control::probe::punch_frame(), to, PUNCH_HOPS)
-        {
-            Ok(_) => bump(&self.shared.counters.punches_sent),
-            Err(e) => tracing::debug!(%to, error = %e, "hole punch not sent"),
+        let frame = cyphonic_control::probe::punch_frame();
+        for to in std::iter::once(first).chain(candidates) {
+            match self.socket.send_to_hops(&frame, to, PUNCH_HOPS) {
+                Ok(_) => bump(&self.shared.counters.punches_sent),
+                Err(e) => tracing::debug!(%to, error = %e, "hole punch not sent"),
+            }
         }
         peer.hold_initiations_until(now + PUNCH_LEAD);
     }
@@ -635,6 +652,8 @@ impl Control {
             match event {
                 Event::Established { initiator, rekey } => {
                     bump(&self.shared.counters.sessions_established);
+                    // A path answered: the other addresses are not tried any more.
+                    slot.route().candidates.clear();
                     if rekey {
                         bump(&self.shared.counters.rekeys);
                         tracing::debug!(peer = %slot.name, initiator, "keys rotated");

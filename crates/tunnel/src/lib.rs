@@ -58,7 +58,7 @@ pub use gate::{Admission, HandshakeGate};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
 pub use limit::{RateTable, source_key};
-pub use peers::{PeerSlot, PeerTable, Relay, Route};
+pub use peers::{MAX_CANDIDATES, PeerSlot, PeerTable, Relay, Route};
 pub use policy::{Policy, PolicyReport, PolicySettings};
 pub use pool::{
     BUF_LEN, Buf, ETHERNET_HEADER, FRAME_OFFSET, FRAME_ROOM, PACKET_ROOM, Pool, RECV_BATCH,

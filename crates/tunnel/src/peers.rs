@@ -71,7 +71,14 @@ pub struct Route {
     /// Which way the cloud's rules let flows start with this peer, as the cloud last said
     /// when it paired us (`None`: it enforces nothing per device, or never said).
     pub allowed: Option<cyphonic_control::Allowed>,
+    /// The peer's other addresses the cloud gave (another IP version, a private address),
+    /// at most [`MAX_CANDIDATES`]: until keys exist, our initiations go there too, and the
+    /// first path to answer is the one the peer is reached on.
+    pub candidates: Vec<SocketAddr>,
 }
+
+/// Addresses of a peer tried besides its first.
+pub const MAX_CANDIDATES: usize = 3;
 
 impl PeerSlot {
     /// A peer slot with zeroed counters and a direct route.
