@@ -529,6 +529,26 @@ fn inits_from(p: &Pair, from: SocketAddr) -> usize {
         .count()
 }
 
+/// A pending initiation sent again at once (its path was just repaired), not at its next
+/// retry; nothing when none is pending.
+#[test]
+fn retry_now_resends_a_pending_initiation_only() {
+    let mut p = Setup::new(15).build(Instant::now());
+    p.net.partitioned = true;
+    p.a.peer.retry_now(p.now).unwrap();
+    p.flush();
+    assert_eq!(inits_from(&p, p.a.addr), 0, "nothing pending, nothing sent");
+    p.a.peer.initiate(p.now).unwrap();
+    p.flush();
+    assert_eq!(inits_from(&p, p.a.addr), 1);
+    p.net.partitioned = false;
+    p.a.peer.retry_now(p.now).unwrap();
+    p.flush();
+    assert_eq!(inits_from(&p, p.a.addr), 2, "sent again at once");
+    p.drive(100 * MS);
+    assert!(p.a.peer.is_established(p.now), "well before the 1-s retry");
+}
+
 /// A hole punch's lead: an initiation asked for during the hold goes out when it ends, not
 /// before, and the timer says when.
 #[test]
