@@ -148,11 +148,13 @@ impl NodeHost {
                 dir.to_str().context("path")?,
             ],
         )?;
+        // The cloud's IPv4 address first, its IPv6 one for when the node has only IPv6 (a
+        // laptop that roams onto an IPv6-only network).
         std::fs::write(
             dir.join("node.toml"),
             format!(
-                "[node]\nstatus_socket = \"node.sock\"\n\n[identity]\ncertificate = \"{name}.crt\"\nkey = \"{name}.key\"\nca = \"ca.crt\"\n\n[cloud]\naddress = \"{}\"\npublic_key = \"{}\"\n",
-                cloud.address, cloud.public_key
+                "[node]\nstatus_socket = \"node.sock\"\n\n[identity]\ncertificate = \"{name}.crt\"\nkey = \"{name}.key\"\nca = \"ca.crt\"\n\n[cloud]\naddress = [\"{}\", \"{}\"]\npublic_key = \"{}\"\n",
+                cloud.address, cloud.address6, cloud.public_key
             ),
         )?;
         // Names in the overlay through the node's stub (docs/operations.md shows the same for

@@ -648,3 +648,103 @@ fn dual_stack_sites_use_the_ip_version_that_works() {
         .unwrap();
     assert!(bps > 10e6, "TCP over the IPv6 path: {bps} bit/s");
 }
+
+/// Node C (public, IPv4) streams TCP to a camera behind adapter A (IPv4 only), then roams onto
+/// an IPv6-only network. Its control session moves to the cloud's IPv6 address, its probes
+/// show only IPv6, and its handshakes towards A's IPv4 address cannot leave: it asks the cloud,
+/// which pairs the two through its relay (reachable on both versions), reason `no common IP
+/// version`; the stream goes on.
+#[test]
+fn a_node_that_roams_from_ipv4_to_ipv6_meets_its_ipv4_peer_through_the_relay() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        lan_switch: true,
+        node_c: Some(None),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let bins = bed.bins.clone();
+    bed.c.as_mut().unwrap().start(&bins).unwrap();
+    let (cam, cam_ip) = bed.dhcp_device(Side::A, "camera").unwrap();
+    let c = bed.c.as_ref().unwrap();
+    assert_eq!(bed.resolve(&c.ns, NODE_VIP, CAMERA), [cam_ip.to_string()]);
+    bed.ping_ok(&c.ns, CAMERA, Ping::default());
+    let node_peer = || c.status(&bins).unwrap()["peers"][0].clone();
+    assert_eq!(node_peer()["route"], "direct", "{}", node_peer());
+    // The IPv6-only network: another router port.
+    veth(&c.ns, "wan2", &bed.wan, "tonc2").unwrap();
+    bed.wan
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:192:0:3::1/64",
+            "dev",
+            "tonc2",
+            "nodad",
+        ])
+        .unwrap();
+
+    let server = cam
+        .ns
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "60"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let secs = STREAM_SECS.to_string();
+    let (out, replies, at) = std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            c.ns.exec_output("iperf3", &["-J", "-c", CAMERA, "-t", &secs, "-i", "1"])
+        });
+        let pings = s.spawn(|| ping_replies(&c.ns, CAMERA, STREAM_SECS - 1));
+        std::thread::sleep(Duration::from_secs(3));
+        let at = unix_now();
+        c.ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            "fd00:192:0:3::2/64",
+            "dev",
+            "wan2",
+            "nodad",
+        ])
+        .unwrap();
+        c.ns.ip(&["-6", "route", "add", "default", "via", "fd00:192:0:3::1"])
+            .unwrap();
+        c.ns.ip(&["addr", "del", "192.0.2.66/26", "dev", "wan"])
+            .unwrap();
+        (client.join().unwrap().unwrap(), pings.join().unwrap(), at)
+    });
+    drop(server);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3: {e}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            bed.logs()
+        )
+    });
+    let mbit = per_second(&report);
+    let silence = silence_across(&replies, at);
+    eprintln!(
+        "the node moved from IPv4 to IPv6 3 s in: pings silent for {silence:?} s; TCP Mbit/s per second {mbit:?}, longest gap {} s",
+        longest_gap(&mbit)
+    );
+    assert!(
+        silence.is_some_and(|s| s < 20.0),
+        "pings silent for {silence:?} s\n{}",
+        bed.logs()
+    );
+    assert!(
+        mbit.len() >= 33 && mbit[mbit.len() - 3..].iter().all(|m| *m >= 1),
+        "the TCP stream did not come back: {mbit:?}\n{}",
+        bed.logs()
+    );
+    let p = node_peer();
+    assert_eq!(p["route"], "relay", "{p}");
+    assert_eq!(p["relay"]["reason"], "no common IP version", "{p}");
+    assert!(
+        p["relay"]["address"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("[fd00:192:0:2::10]:")),
+        "the node reaches the relay over IPv6: {p}"
+    );
+}

@@ -117,8 +117,7 @@ fn n(v: &Value) -> u64 {
 
 /// A count that must be there: an equality on [`n`] would hold for a field that went away.
 fn count(v: &Value) -> u64 {
-    v.as_u64()
-        .unwrap_or_else(|| panic!("not a count: {v}"))
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
 
 /// `[policy]` with one rule per `(from, to, allow)`.
