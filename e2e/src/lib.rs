@@ -24,6 +24,7 @@ pub mod measure;
 pub mod node;
 pub mod postgres;
 pub mod report;
+pub mod soak;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

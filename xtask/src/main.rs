@@ -25,6 +25,7 @@ mod util;
 
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -113,6 +114,19 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// The soak (release builds, needs root): the cloud, two adapters and a node on the bed
+    /// for hours, with devices coming and going, names, traffic bursts, rekeys every 30 s,
+    /// restarts of the cloud and an adapter, loss switched on and off; every daemon's memory,
+    /// open files, threads and buffers sampled each minute into target/soak/. Fails on a
+    /// stall or on growth.
+    Soak {
+        /// Hours to run.
+        #[arg(long, default_value_t = 2.0)]
+        hours: f64,
+        /// Minutes to run instead (a short check).
+        #[arg(long)]
+        minutes: Option<u64>,
+    },
     /// Check repository consistency: ARCHITECTURE.md code map, crate layering, lint headers.
     Tidy,
     /// Run the main job on embedded defaults.
@@ -167,6 +181,18 @@ fn main() -> ExitCode {
         } => image::run(packages, out, check),
         Command::Tidy => tidy::run(),
         Command::Demo => demo(),
+        Command::Soak { hours, minutes } => soak(minutes.map_or_else(
+            || {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "hours of a soak: small and positive"
+                )]
+                let secs = (hours.max(0.0) * 3600.0) as u64;
+                secs
+            },
+            |m| m * 60,
+        )),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -175,6 +201,26 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo xtask soak`: the release builds, then `cyphonic-bed soak` for `seconds`.
+fn soak(seconds: u64) -> anyhow::Result<()> {
+    let root = util::root();
+    bed::prerequisites()?;
+    let bin = bed::build_release(&root)?;
+    let out = root.join("target/soak");
+    let status = std::process::Command::new(bin.join("cyphonic-bed"))
+        .args(["soak", "--seconds", &seconds.to_string(), "--out"])
+        .arg(&out)
+        .env("CYPHONIC_BIN_DIR", &bin)
+        .status()
+        .context("running cyphonic-bed soak")?;
+    anyhow::ensure!(
+        status.success(),
+        "the soak failed ({status}); samples in {}",
+        out.display()
+    );
+    Ok(())
 }
 
 fn test() -> anyhow::Result<()> {

@@ -113,6 +113,21 @@ enum Command {
         #[arg(long)]
         image: std::path::PathBuf,
     },
+    /// The soak: the cloud, two adapters and a node for a long time, with devices coming and
+    /// going, names, traffic bursts, rekeys, restarts and loss switched on and off; every
+    /// daemon's memory, files, threads and buffers recorded each cycle into OUT
+    /// (`samples.csv`, `report.json`). Fails on a stall or on growth.
+    Soak {
+        /// How long, seconds.
+        #[arg(long)]
+        seconds: u64,
+        /// One cycle (a device, names, traffic, a sample), seconds.
+        #[arg(long, default_value_t = 60)]
+        cycle: u64,
+        /// Where the samples go.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints the figures as JSON.
     Peers {
@@ -133,6 +148,24 @@ fn main() -> ExitCode {
         Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
         Command::Attack { seconds } => attack(seconds).and_then(|r| print_json(&r)),
         Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
+        Command::Soak {
+            seconds,
+            cycle,
+            out,
+        } => cyphonic_e2e::soak::run(
+            seconds,
+            Duration::from_secs(cycle),
+            &cyphonic_e2e::soak::Bounds::default(),
+            &out,
+        )
+        .map(|r| {
+            println!(
+                "soak: {} cycles in {} s, no stall, no growth beyond the bounds; samples in {}",
+                r.cycles,
+                r.seconds,
+                out.display()
+            );
+        }),
         Command::Floor { count } => measure::wake_floor(count).map(|f| {
             println!(
                 "kernel-answered RTT {:.3}/{:.3} ms (avg/p99) | thread-answered UDP RTT {:.3}/{:.3} ms | one wake-up adds {:.3} ms",
