@@ -524,65 +524,43 @@ impl TwoSites {
         let [x, y, z] = net;
         let router = format!("{x}.{y}.{z}.1");
         let public = Ipv4Addr::new(x, y, z, 2);
+        // fd00:198:51:100::/64 and fd00:203:0:113::/64: the site's IPv4 network spelt into
+        // the IPv6 plan; the router at ::1, the adapter at ::2 (its address returned).
+        let ipv6 = || -> anyhow::Result<IpAddr> {
+            let net6 = format!("fd00:{x}:{y}:{z}::");
+            let (router6, own6) = (format!("{net6}1"), format!("{net6}2"));
+            wan.ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{router6}/64"),
+                "dev",
+                wan_if,
+                "nodad",
+            ])?;
+            adapter_ns.ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{own6}/64"),
+                "dev",
+                "wan",
+                "nodad",
+            ])?;
+            adapter_ns.ip(&["-6", "route", "add", "default", "via", &router6])?;
+            Ok(own6.parse()?)
+        };
         let (underlay, nat_ns): (IpAddr, _) = match nat {
             None if v6_only => {
-                // fd00:198:51:100::/64 and fd00:203:0:113::/64: the site's IPv4 network
-                // spelt into the IPv6 plan.
-                let net6 = format!("fd00:{x}:{y}:{z}::");
                 veth(&adapter_ns, "wan", wan, wan_if)?;
-                wan.ip(&[
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{net6}1/64"),
-                    "dev",
-                    wan_if,
-                    "nodad",
-                ])?;
-                adapter_ns.ip(&[
-                    "-6",
-                    "addr",
-                    "add",
-                    &format!("{net6}2/64"),
-                    "dev",
-                    "wan",
-                    "nodad",
-                ])?;
-                adapter_ns.ip(&["-6", "route", "add", "default", "via", &format!("{net6}1")])?;
-                (format!("{net6}2").parse()?, None)
+                (ipv6()?, None)
             }
             None => {
                 veth(&adapter_ns, "wan", wan, wan_if)?;
                 adapter_ns.ip(&["addr", "add", &format!("{public}/24"), "dev", "wan"])?;
                 adapter_ns.ip(&["route", "add", "default", "via", &router])?;
                 if own.dual_stack {
-                    let net6 = format!("fd00:{x}:{y}:{z}::");
-                    wan.ip(&[
-                        "-6",
-                        "addr",
-                        "add",
-                        &format!("{net6}1/64"),
-                        "dev",
-                        wan_if,
-                        "nodad",
-                    ])?;
-                    adapter_ns.ip(&[
-                        "-6",
-                        "addr",
-                        "add",
-                        &format!("{net6}2/64"),
-                        "dev",
-                        "wan",
-                        "nodad",
-                    ])?;
-                    adapter_ns.ip(&[
-                        "-6",
-                        "route",
-                        "add",
-                        "default",
-                        "via",
-                        &format!("{net6}1"),
-                    ])?;
+                    ipv6()?;
                 }
                 (public.into(), None)
             }
