@@ -259,21 +259,33 @@ fn two_ipv6_only_sites_talk_directly_over_ipv6() {
         ..BedOptions::default()
     })
     .unwrap();
-    meet(&bed);
+    direct_over_ipv6(&bed);
+}
+
+/// The two sites meet by name, each talks directly to the other's IPv6 address (no relay
+/// asked for nor given), and TCP flows over that path.
+fn direct_over_ipv6(bed: &TwoSites) {
+    meet(bed);
     for (side, other) in [
         (Side::A, "[fd00:203:0:113::2]:51820"),
         (Side::B, "[fd00:198:51:100::2]:51820"),
     ] {
-        let p = peer(&bed, side);
+        let p = peer(bed, side);
         assert_eq!(p["route"], "direct", "{side:?}: {p}\n{}", bed.logs());
         assert_eq!(p["endpoint"], other, "{side:?}: {p}");
     }
-    let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &[], 2).unwrap();
+    assert_eq!(
+        bed.cloud_counter("relay_requests").unwrap(),
+        0,
+        "{}",
+        bed.logs()
+    );
+    assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 0);
+    let report = cyphonic_e2e::bed::iperf3(bed, Side::B, &[], 2).unwrap();
     let bps = report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .unwrap();
     assert!(bps > 10e6, "TCP over the IPv6 path: {bps} bit/s");
-    assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 0);
 }
 
 /// The Mbit/s of each interval of an iperf3 report (seconds, or what `-i` asked).
@@ -626,27 +638,7 @@ fn dual_stack_sites_use_the_ip_version_that_works() {
         ..BedOptions::default()
     })
     .unwrap();
-    meet(&bed);
-    for (side, other) in [
-        (Side::A, "[fd00:203:0:113::2]:51820"),
-        (Side::B, "[fd00:198:51:100::2]:51820"),
-    ] {
-        let p = peer(&bed, side);
-        assert_eq!(p["route"], "direct", "{side:?}: {p}\n{}", bed.logs());
-        assert_eq!(p["endpoint"], other, "{side:?}: {p}");
-    }
-    assert_eq!(
-        bed.cloud_counter("relay_requests").unwrap(),
-        0,
-        "{}",
-        bed.logs()
-    );
-    assert_eq!(bed.cloud_counter("relayed_pairs").unwrap(), 0);
-    let report = cyphonic_e2e::bed::iperf3(&bed, Side::B, &[], 2).unwrap();
-    let bps = report["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap();
-    assert!(bps > 10e6, "TCP over the IPv6 path: {bps} bit/s");
+    direct_over_ipv6(&bed);
 }
 
 /// Node C (public, IPv4) streams TCP to a camera behind adapter A (IPv4 only), then roams onto
