@@ -14,7 +14,9 @@ use anyhow::{Context, bail};
 
 use crate::bed::{Side, TwoSites};
 use crate::lan::dig;
-use crate::measure::{PingStats, parse_ping};
+pub use cyphonic_report::FleetFigures;
+
+use crate::measure::parse_ping;
 use crate::node::{Attach, NodeHost, NodeSpec};
 
 /// Nodes at most (the /26 the fleet lives in).
@@ -25,29 +27,6 @@ pub const MAX_NODES: usize = 60;
 pub struct Fleet {
     /// The nodes, running.
     pub nodes: Vec<NodeHost>,
-}
-
-/// What one fleet size measured.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct FleetFigures {
-    /// Nodes.
-    pub nodes: usize,
-    /// Ping from node 0 to the host behind adapter A while every node has a tunnel.
-    pub rtt: PingStats,
-    /// TCP from every node to the host at once, summed, Gbit/s.
-    pub aggregate_gbps: f64,
-    /// The slowest node's share of it, Gbit/s.
-    pub slowest_gbps: f64,
-    /// Adapter A's resident memory afterwards, KiB.
-    pub adapter_rss_kib: u64,
-    /// Adapter A's threads.
-    pub adapter_threads: u64,
-    /// Adapter A's CPU time during the TCP run, in percent of one core.
-    pub adapter_cpu_pct: f64,
-    /// All nodes' CPU time during the TCP run, summed, in percent of one core.
-    pub nodes_cpu_pct: f64,
-    /// Tunnels adapter A has established.
-    pub adapter_peers: usize,
 }
 
 impl Fleet {

@@ -23,8 +23,10 @@ mod ledger;
 pub mod measure;
 pub mod node;
 pub mod postgres;
-pub mod report;
 pub mod soak;
+
+/// What the bed measured, as data (a crate of its own: xtask reads it).
+pub use cyphonic_report as report;
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

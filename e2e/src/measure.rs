@@ -2,76 +2,9 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
-use serde::{Deserialize, Serialize};
-
 use crate::bed::{IperfRun, Side, TwoSites, iperf3};
-
-/// Round-trip times from one ping run (NaN without replies; `null` in JSON).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct PingStats {
-    /// Requests sent.
-    pub sent: usize,
-    /// Replies received.
-    pub received: usize,
-    /// Mean RTT, milliseconds.
-    #[serde(deserialize_with = "nan_if_null")]
-    pub avg_ms: f64,
-    /// Median RTT.
-    #[serde(deserialize_with = "nan_if_null")]
-    pub p50_ms: f64,
-    /// 99th percentile RTT.
-    #[serde(deserialize_with = "nan_if_null")]
-    pub p99_ms: f64,
-}
-
-/// A number that JSON wrote as `null` because it was NaN.
-fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
-}
-
-/// Parses ping's output: one `time=X ms` per reply.
-pub fn parse_ping(output: &str, sent: usize) -> PingStats {
-    let times: Vec<f64> = output
-        .lines()
-        .filter_map(|l| l.split("time=").nth(1))
-        .filter_map(|t| t.split_whitespace().next())
-        .filter_map(|t| t.parse().ok())
-        .collect();
-    stats(times, sent)
-}
-
-/// Statistics of round-trip times in milliseconds (one per reply) out of `sent` requests.
-fn stats(mut times: Vec<f64>, sent: usize) -> PingStats {
-    times.sort_by(f64::total_cmp);
-    let pct = |p: f64| {
-        if times.is_empty() {
-            f64::NAN
-        } else {
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                clippy::cast_precision_loss,
-                reason = "an index into a short list"
-            )]
-            let i = ((times.len() as f64 * p).ceil() as usize).clamp(1, times.len()) - 1;
-            times[i]
-        }
-    };
-    #[expect(clippy::cast_precision_loss, reason = "a count of pings")]
-    let avg = if times.is_empty() {
-        f64::NAN
-    } else {
-        times.iter().sum::<f64>() / times.len() as f64
-    };
-    PingStats {
-        sent,
-        received: times.len(),
-        avg_ms: avg,
-        p50_ms: pct(0.5),
-        p99_ms: pct(0.99),
-    }
-}
+use anyhow::Context as _;
+pub use cyphonic_report::{PingStats, Tcp, Udp, parse_ping, stats};
 
 /// Pings `to` from `from`'s LAN host `count` times, `interval` apart.
 ///
@@ -88,15 +21,6 @@ pub fn ping(
     let i = format!("{:.3}", interval.as_secs_f64());
     let out = bed.ping(from, to, &["-c", &c, "-i", &i, "-W", "2"])?;
     Ok(parse_ping(&String::from_utf8_lossy(&out.stdout), count))
-}
-
-/// A TCP result.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Tcp {
-    /// Goodput at the receiver, Gbit/s.
-    pub gbps: f64,
-    /// Retransmitted segments.
-    pub retransmits: u64,
 }
 
 /// The median (by goodput) of `runs` TCP measurements, to tame a shared machine's noise.
@@ -130,19 +54,6 @@ pub fn tcp(bed: &TwoSites, streams: usize, seconds: u64) -> anyhow::Result<Tcp> 
             / 1e9,
         retransmits: r["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
     })
-}
-
-/// A UDP result at one offered rate.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Udp {
-    /// Offered rate, Mbit/s.
-    pub offered_mbps: f64,
-    /// Received rate, Mbit/s.
-    pub received_mbps: f64,
-    /// Lost datagrams, percent.
-    pub loss_pct: f64,
-    /// Datagrams the receiver saw out of order.
-    pub out_of_order: u64,
 }
 
 /// iperf3 UDP from A to B at `mbps` with `size`-byte datagrams (`0` = as fast as possible).
@@ -379,20 +290,5 @@ mod tests {
         assert!(asked.is_empty());
         // Adjacent rates: no midpoint left.
         bisect(10, 11, 3, |_| panic!("nothing to ask")).unwrap();
-    }
-
-    #[test]
-    fn parses_ping_output() {
-        let out = "PING 100.64.2.10 (100.64.2.10) 56(84) bytes of data.\n\
-                   64 bytes from 100.64.2.10: icmp_seq=1 ttl=62 time=0.412 ms\n\
-                   64 bytes from 100.64.2.10: icmp_seq=2 ttl=62 time=0.300 ms\n\
-                   64 bytes from 100.64.2.10: icmp_seq=3 ttl=62 time=1.5 ms\n\
-                   \n--- 100.64.2.10 ping statistics ---\n";
-        let s = parse_ping(out, 4);
-        assert_eq!((s.sent, s.received), (4, 3));
-        assert!((s.avg_ms - 0.737_333).abs() < 1e-3);
-        assert!((s.p50_ms - 0.412).abs() < 1e-9);
-        assert!((s.p99_ms - 1.5).abs() < 1e-9);
-        assert!(parse_ping("", 5).avg_ms.is_nan());
     }
 }

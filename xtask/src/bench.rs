@@ -200,7 +200,7 @@ fn render(r: &Results) -> anyhow::Result<String> {
     writeln!(
         s,
         "Measured {} on {}.",
-        cyphonic_e2e::report::utc_now(),
+        cyphonic_report::utc_now(),
         machine()
     )?;
     writeln!(s)?;
@@ -402,7 +402,7 @@ fn machine() -> String {
     let rustc = util::output("rustc", &["--version"]).unwrap_or_default();
     format!(
         "{}, {} {}, {rustc}",
-        cyphonic_e2e::report::cpu(),
+        cyphonic_report::cpu(),
         std::env::consts::OS,
         std::env::consts::ARCH
     )

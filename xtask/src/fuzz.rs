@@ -100,9 +100,9 @@ pub(crate) fn run(seconds: u64, targets: &[String]) -> anyhow::Result<()> {
     if chosen.len() == all.len() {
         let mut body = format!(
             "Each target run for {seconds} s on {} ({}), from its corpus and seeds, {}.\n\n",
-            cyphonic_e2e::report::cpu(),
+            cyphonic_report::cpu(),
             util::output("rustup", &["run", "nightly", "rustc", "--version"]).unwrap_or_default(),
-            cyphonic_e2e::report::utc_now(),
+            cyphonic_report::utc_now(),
         );
         body.push_str("| target | executions | per second | edges covered | corpus |\n");
         body.push_str("|---|---:|---:|---:|---:|\n");

@@ -1,11 +1,10 @@
 //! docs/benchmarks.md's end-to-end tables, rendered from what `cyphonic-bed bench` and
-//! `cyphonic-bed peers` measured (their JSON reports, `cyphonic_e2e::report`): the bed takes
+//! `cyphonic-bed peers` measured (their JSON reports, `cyphonic_report`): the bed takes
 //! the figures, the words and tables around them are written here.
 
 use std::fmt::Write as _;
 
-use cyphonic_e2e::measure::{PingStats, Tcp, Udp};
-use cyphonic_e2e::report::{AttackReport, BenchReport, PeersReport, Quick};
+use cyphonic_report::{AttackReport, BenchReport, PeersReport, PingStats, Quick, Tcp, Udp};
 
 fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 {
@@ -347,7 +346,7 @@ pub(crate) fn attack(r: &AttackReport) -> Result<String, std::fmt::Error> {
 
 #[cfg(test)]
 mod tests {
-    use cyphonic_e2e::report::{Ablation, AblationRow, Cut, Measured, Profile};
+    use cyphonic_report::{Ablation, AblationRow, Cut, Measured, Profile};
 
     use super::*;
 

@@ -1,11 +1,10 @@
-//! What `cyphonic-bed bench` and `cyphonic-bed peers` measured, as data: they print these as
-//! JSON, and `cargo xtask bench` renders them into docs/benchmarks.md. The figures are taken
-//! here; the prose and tables around them are xtask's.
+//! What `cyphonic-bed bench`, `peers` and `attack` measured, as data: the bed (cyphonic-e2e)
+//! prints these as JSON, and `cargo xtask bench` renders them into docs/benchmarks.md. A
+//! crate of its own so that xtask reads them without building the bed and its dependencies.
+//! The figures are taken in cyphonic-e2e; the prose and tables around them are xtask's.
+#![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
-
-use crate::fleet::FleetFigures;
-use crate::measure::{PingStats, Tcp, Udp};
 
 /// The time now, UTC, to the minute (`2026-11-23 15:19 UTC`).
 pub fn utc_now() -> String {
@@ -204,4 +203,135 @@ pub struct AttackRow {
     pub dhcp_asked: u64,
     /// DHCP replies B sent during the row.
     pub dhcp_answered: u64,
+}
+
+/// Round-trip times from one ping run (NaN without replies; `null` in JSON).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PingStats {
+    /// Requests sent.
+    pub sent: usize,
+    /// Replies received.
+    pub received: usize,
+    /// Mean RTT, milliseconds.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub avg_ms: f64,
+    /// Median RTT.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub p50_ms: f64,
+    /// 99th percentile RTT.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub p99_ms: f64,
+}
+
+/// A number that JSON wrote as `null` because it was NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// Parses ping's output: one `time=X ms` per reply.
+pub fn parse_ping(output: &str, sent: usize) -> PingStats {
+    let times: Vec<f64> = output
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next())
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    stats(times, sent)
+}
+
+/// Statistics of round-trip times in milliseconds (one per reply) out of `sent` requests.
+pub fn stats(mut times: Vec<f64>, sent: usize) -> PingStats {
+    times.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        if times.is_empty() {
+            f64::NAN
+        } else {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss,
+                reason = "an index into a short list"
+            )]
+            let i = ((times.len() as f64 * p).ceil() as usize).clamp(1, times.len()) - 1;
+            times[i]
+        }
+    };
+    #[expect(clippy::cast_precision_loss, reason = "a count of pings")]
+    let avg = if times.is_empty() {
+        f64::NAN
+    } else {
+        times.iter().sum::<f64>() / times.len() as f64
+    };
+    PingStats {
+        sent,
+        received: times.len(),
+        avg_ms: avg,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    }
+}
+
+/// A TCP result.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tcp {
+    /// Goodput at the receiver, Gbit/s.
+    pub gbps: f64,
+    /// Retransmitted segments.
+    pub retransmits: u64,
+}
+
+/// A UDP result at one offered rate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Udp {
+    /// Offered rate, Mbit/s.
+    pub offered_mbps: f64,
+    /// Received rate, Mbit/s.
+    pub received_mbps: f64,
+    /// Lost datagrams, percent.
+    pub loss_pct: f64,
+    /// Datagrams the receiver saw out of order.
+    pub out_of_order: u64,
+}
+
+/// What one fleet size measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FleetFigures {
+    /// Nodes.
+    pub nodes: usize,
+    /// Ping from node 0 to the host behind adapter A while every node has a tunnel.
+    pub rtt: PingStats,
+    /// TCP from every node to the host at once, summed, Gbit/s.
+    pub aggregate_gbps: f64,
+    /// The slowest node's share of it, Gbit/s.
+    pub slowest_gbps: f64,
+    /// Adapter A's resident memory afterwards, KiB.
+    pub adapter_rss_kib: u64,
+    /// Adapter A's threads.
+    pub adapter_threads: u64,
+    /// Adapter A's CPU time during the TCP run, in percent of one core.
+    pub adapter_cpu_pct: f64,
+    /// All nodes' CPU time during the TCP run, summed, in percent of one core.
+    pub nodes_cpu_pct: f64,
+    /// Tunnels adapter A has established.
+    pub adapter_peers: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ping_output() {
+        let out = "PING 100.64.2.10 (100.64.2.10) 56(84) bytes of data.\n\
+                   64 bytes from 100.64.2.10: icmp_seq=1 ttl=62 time=0.412 ms\n\
+                   64 bytes from 100.64.2.10: icmp_seq=2 ttl=62 time=0.300 ms\n\
+                   64 bytes from 100.64.2.10: icmp_seq=3 ttl=62 time=1.5 ms\n\
+                   \n--- 100.64.2.10 ping statistics ---\n";
+        let s = parse_ping(out, 4);
+        assert_eq!((s.sent, s.received), (4, 3));
+        assert!((s.avg_ms - 0.737_333).abs() < 1e-3);
+        assert!((s.p50_ms - 0.412).abs() < 1e-9);
+        assert!((s.p99_ms - 1.5).abs() < 1e-9);
+        assert!(parse_ping("", 5).avg_ms.is_nan());
+    }
 }
