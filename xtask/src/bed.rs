@@ -127,21 +127,31 @@ pub(crate) fn kernel_tier(root: &Path, programs: &[PathBuf]) -> anyhow::Result<(
     Ok(())
 }
 
-/// The integration-test programs of the package whose manifest is `manifest`, from cargo's
-/// JSON messages, in the order cargo built them.
+/// The test programs of the package whose manifest is `manifest`, from cargo's JSON
+/// messages: its library's unit tests (the bed's own logic: parsers, the soak's judgement
+/// and plot), then its integration tests, each in the order cargo built them. Only test
+/// builds have an executable; the library itself and the bed's program do not count.
 fn test_programs(messages: &str, manifest: &Path) -> Vec<PathBuf> {
-    messages
+    let artifacts: Vec<serde_json::Value> = messages
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|m| {
             m["reason"] == "compiler-artifact"
                 && m["manifest_path"].as_str().map(Path::new) == Some(manifest)
-                && m["target"]["kind"]
-                    .as_array()
-                    .is_some_and(|k| k.iter().any(|k| k == "test"))
+                && m["profile"]["test"] == true
         })
-        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .collect()
+        .collect();
+    let of_kind = |kind: &'static str| {
+        artifacts
+            .iter()
+            .filter(move |m| {
+                m["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == kind))
+            })
+            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+    };
+    of_kind("lib").chain(of_kind("test")).collect()
 }
 
 #[cfg(test)]
@@ -151,18 +161,22 @@ mod tests {
     #[test]
     fn the_kernel_tier_runs_the_e2e_packages_test_programs_only() {
         let messages = [
-            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"executable":"/r/target/debug/deps/cloud-1"}"#,
-            r#"{"reason":"compiler-artifact","manifest_path":"/r/crates/signal/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"executable":"/r/target/debug/deps/cloud-2"}"#,
-            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["lib"],"name":"cyphonic_e2e"},"executable":"/r/target/debug/deps/cyphonic_e2e-3"}"#,
-            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["bin"],"name":"cyphonic-bed"},"executable":"/r/target/debug/cyphonic-bed"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"profile":{"test":true},"executable":"/r/target/debug/deps/cloud-1"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/crates/signal/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"profile":{"test":true},"executable":"/r/target/debug/deps/cloud-2"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["lib"],"name":"cyphonic_e2e"},"profile":{"test":false},"executable":null}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["bin"],"name":"cyphonic-bed"},"profile":{"test":false},"executable":"/r/target/debug/cyphonic-bed"}"#,
             r#"{"reason":"build-finished","success":true}"#,
             "not json",
-            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"node"},"executable":"/r/target/debug/deps/node-4"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"node"},"profile":{"test":true},"executable":"/r/target/debug/deps/node-4"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["lib"],"name":"cyphonic_e2e"},"profile":{"test":true},"executable":"/r/target/debug/deps/cyphonic_e2e-5"}"#,
         ]
         .join("\n");
+        // The library's unit tests first (seconds), then the integration tests; never the
+        // bed's program or another package's tests.
         assert_eq!(
             test_programs(&messages, Path::new("/r/e2e/Cargo.toml")),
             [
+                PathBuf::from("/r/target/debug/deps/cyphonic_e2e-5"),
                 PathBuf::from("/r/target/debug/deps/cloud-1"),
                 PathBuf::from("/r/target/debug/deps/node-4")
             ]
