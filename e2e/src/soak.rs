@@ -19,6 +19,14 @@ use serde::Serialize;
 use crate::bed::{BedOptions, CloudOptions, Side, TwoSites};
 use crate::lan::DhcpHost;
 
+pub mod plot;
+
+/// The daemons sampled, by the names samples carry.
+pub const DAEMONS: [&str; 4] = ["adapter-a", "adapter-b", "node-c", "cloud"];
+
+/// The first line of `samples.csv`.
+pub const CSV_HEADER: &str = "at,daemon,pid,rss_kib,fds,threads,buffers\n";
+
 /// One daemon's figures at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Figures {
@@ -199,7 +207,7 @@ pub fn run(
         samples: Vec::new(),
         events: Vec::new(),
     };
-    let mut csv = String::from("at,daemon,pid,rss_kib,fds,threads,buffers\n");
+    let mut csv = String::from(CSV_HEADER);
     let mut devices: Vec<DhcpHost> = Vec::new();
     let mut lossy = false;
     let mut n = 0u64;
@@ -265,17 +273,14 @@ pub fn run(
         for (daemon, pid, buffers) in daemons(&bed)? {
             let figures = figures(pid, buffers)
                 .with_context(|| format!("cycle {n}: {daemon} (pid {pid}) is gone"))?;
-            let _ = writeln!(
-                csv,
-                "{at},{daemon},{pid},{},{},{},{}",
-                figures.rss_kib, figures.fds, figures.threads, figures.buffers
-            );
-            report.samples.push(Sample {
+            let sample = Sample {
                 daemon,
                 at,
                 pid,
                 figures,
-            });
+            };
+            csv.push_str(&plot::csv_line(&sample));
+            report.samples.push(sample);
         }
         report.cycles = n;
         report.seconds = at;
@@ -284,7 +289,7 @@ pub fn run(
         eprintln!("soak: cycle {n} done at {at} s");
         std::thread::sleep(cycle.saturating_sub(cycle_start.elapsed()));
     }
-    let grown: Vec<String> = ["adapter-a", "adapter-b", "node-c", "cloud"]
+    let grown: Vec<String> = DAEMONS
         .iter()
         .filter_map(|d| growth(&report.samples, d, bounds))
         .collect();

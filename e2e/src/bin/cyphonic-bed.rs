@@ -128,6 +128,13 @@ enum Command {
         #[arg(long)]
         out: std::path::PathBuf,
     },
+    /// Draws a soak's curves (OUT/samples.csv, OUT/report.json) into OUT/soak.png, as every
+    /// soak does at its end: for a run made before, or to draw it again.
+    SoakPlot {
+        /// The soak's directory.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints the figures as JSON.
     Peers {
@@ -138,6 +145,26 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+}
+
+/// The soak, then its curves, drawn whether it passed or not (a failed run's are the ones
+/// most worth seeing).
+fn soak(seconds: u64, cycle: Duration, out: &std::path::Path) -> anyhow::Result<()> {
+    let run = cyphonic_e2e::soak::run(seconds, cycle, &cyphonic_e2e::soak::Bounds::default(), out);
+    let plot = cyphonic_e2e::soak::plot::render_dir(out);
+    if let (Err(_), Err(e)) = (&run, &plot) {
+        eprintln!("cyphonic-bed: no curves either: {e:#}");
+    }
+    let report = run?;
+    let png = plot?;
+    println!(
+        "soak: {} cycles in {} s, no stall, no growth beyond the bounds; samples in {}, curves in {}",
+        report.cycles,
+        report.seconds,
+        out.display(),
+        png.display()
+    );
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -152,19 +179,9 @@ fn main() -> ExitCode {
             seconds,
             cycle,
             out,
-        } => cyphonic_e2e::soak::run(
-            seconds,
-            Duration::from_secs(cycle),
-            &cyphonic_e2e::soak::Bounds::default(),
-            &out,
-        )
-        .map(|r| {
-            println!(
-                "soak: {} cycles in {} s, no stall, no growth beyond the bounds; samples in {}",
-                r.cycles,
-                r.seconds,
-                out.display()
-            );
+        } => soak(seconds, Duration::from_secs(cycle), &out),
+        Command::SoakPlot { out } => cyphonic_e2e::soak::plot::render_dir(&out).map(|png| {
+            println!("soak: curves in {}", png.display());
         }),
         Command::Floor { count } => measure::wake_floor(count).map(|f| {
             println!(
