@@ -163,7 +163,7 @@ pub fn render(samples: &[Sample], marks: &Marks, cycles: u64, path: &Path) -> an
     )]
     let minutes = |s: u64| s as f64 / 60.0;
     let title = format!(
-        "cyphonic soak: {cycles} cycles in {:.0} min; cloud restarted {}x (red), adapter B {}x (grey); underlay loss shaded",
+        "cyphonic soak: {cycles} cycles in {:.0} min; cloud restarted {}x (red), adapter B {}x (black); underlay loss shaded",
         minutes(end),
         marks.cloud.len(),
         marks.adapter.len()
@@ -204,7 +204,7 @@ pub fn render(samples: &[Sample], marks: &Marks, cycles: u64, path: &Path) -> an
             .cloud
             .iter()
             .map(|a| (a, RGBColor(214, 39, 40)))
-            .chain(marks.adapter.iter().map(|a| (a, RGBColor(150, 150, 150))))
+            .chain(marks.adapter.iter().map(|a| (a, RGBColor(40, 40, 40))))
         {
             let x = minutes(*at);
             chart
