@@ -275,7 +275,9 @@ fn test() -> anyhow::Result<()> {
     // The kernel tier mostly waits on its network, and its daemons come first. The native
     // demo and packages follow the kernel tier while the Pi's build may still run.
     let background = spawn_background_builds(&root)?;
-    let native = bed::kernel_tier(&root, &e2e).and_then(|()| native_demo_and_packages(&root));
+    let native = bed::kernel_tier(&root, &e2e)
+        .and_then(|()| native_demo_and_packages(&root))
+        .and_then(|()| short_soak(&root));
     let built = background
         .join()
         .map_err(|_| anyhow::anyhow!("the background builds panicked"))?;
@@ -317,6 +319,23 @@ fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
         deb::check_install(&debs)?;
     }
     Ok(())
+}
+
+/// The soak's five-minute version (`cargo xtask soak` runs it for hours): 20-s cycles of
+/// devices joining and leaving, names, traffic, rekeys, restarts and loss, by the binaries
+/// just built; a stall or growth fails. Its samples and curves stay in target/soak-ci.
+///
+/// # Errors
+/// The soak fails.
+fn short_soak(root: &std::path::Path) -> anyhow::Result<()> {
+    let out = root.join("target/soak-ci");
+    util::run(
+        std::process::Command::new(root.join("target/debug/cyphonic-bed"))
+            .args(["soak", "--seconds", "300", "--cycle", "20", "--out"])
+            .arg(&out)
+            .env("CYPHONIC_BIN_DIR", root.join("target/debug")),
+        "cyphonic-bed soak --seconds 300 --cycle 20",
+    )
 }
 
 /// Starts, on a thread, the fuzz targets' check and then the Pi's build
