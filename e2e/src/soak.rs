@@ -333,16 +333,20 @@ fn check(
 
 /// Every daemon's name, process and packet buffers allocated.
 fn daemons(bed: &TwoSites) -> anyhow::Result<Vec<(&'static str, u32, u64)>> {
-    let buffers = |status: &serde_json::Value| status["buffers"]["allocated"].as_u64().unwrap_or(0);
+    let buffers = |status: &serde_json::Value| {
+        status["buffers"]["allocated"]
+            .as_u64()
+            .with_context(|| format!("no buffers.allocated in the status: {status}"))
+    };
     let mut out = Vec::new();
     for (daemon, side) in [("adapter-a", Side::A), ("adapter-b", Side::B)] {
         let site = bed.site_ref(side);
         let pid = site.adapter.as_ref().context("adapter not running")?.pid();
-        out.push((daemon, pid, buffers(&bed.status(side)?)));
+        out.push((daemon, pid, buffers(&bed.status(side)?)?));
     }
     let c = bed.c.as_ref().context("node C")?;
     let pid = c.proc.as_ref().context("node not running")?.pid();
-    out.push(("node-c", pid, buffers(&c.status(&bed.bins)?)));
+    out.push(("node-c", pid, buffers(&c.status(&bed.bins)?)?));
     let cloud = bed.cloud.as_ref().context("the cloud")?;
     let pid = cloud.proc.as_ref().context("cloud not running")?.pid();
     out.push(("cloud", pid, 0));
