@@ -26,6 +26,10 @@ const PEERS: (&str, &str) = (
     "<!-- xtask bench peers: begin -->",
     "<!-- xtask bench peers: end -->",
 );
+const INSTRUCTIONS: (&str, &str) = (
+    "<!-- xtask bench instructions: begin -->",
+    "<!-- xtask bench instructions: end -->",
+);
 
 /// Which parts `cargo xtask bench` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +42,8 @@ pub(crate) struct Parts {
     pub(crate) attack: bool,
     /// Many nodes against one adapter.
     pub(crate) peers: bool,
+    /// Instructions per packet under callgrind.
+    pub(crate) instructions: bool,
 }
 /// Packets per criterion iteration (benches/src/lib.rs `BURST`).
 const BURST: f64 = 4096.0;
@@ -82,6 +88,9 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
             ],
         )?;
         sections.push((MICRO, render(&collect(&criterion_dir)?)?));
+    }
+    if parts.instructions {
+        sections.push((INSTRUCTIONS, crate::instructions::run(&root)?));
     }
     if parts.e2e || parts.attack || parts.peers {
         crate::bed::prerequisites()?;

@@ -19,6 +19,7 @@ mod deb;
 mod dist;
 mod fuzz;
 mod image;
+mod instructions;
 mod report;
 mod tidy;
 mod util;
@@ -60,6 +61,10 @@ enum Command {
         /// Many nodes against one adapter.
         #[arg(long)]
         peers: bool,
+        /// Instructions per packet under callgrind (needs valgrind; installs
+        /// iai-callgrind-runner if missing).
+        #[arg(long)]
+        instructions: bool,
     },
     /// Run the cargo-fuzz targets (needs the nightly toolchain; installs cargo-fuzz if absent).
     Fuzz {
@@ -143,8 +148,9 @@ fn main() -> ExitCode {
             e2e,
             attack,
             peers,
+            instructions,
         } => {
-            let all = !(micro || e2e || attack || peers);
+            let all = !(micro || e2e || attack || peers || instructions);
             bench::run(
                 !no_write,
                 bench::Parts {
@@ -152,6 +158,7 @@ fn main() -> ExitCode {
                     e2e: e2e || all,
                     attack: attack || e2e || all,
                     peers: peers || all,
+                    instructions: instructions || all,
                 },
             )
         }
