@@ -88,6 +88,19 @@ fn adapter_metrics_count_what_the_scenario_sent() {
         m.contains("# TYPE cyphonic_pipeline_egress_hold_seconds histogram"),
         "{m}"
     );
+    // Where the packets waited: each of the 20 is counted once in every stage's histogram.
+    for dir in ["egress", "ingress"] {
+        for stage in ["batching", "queued", "processing", "total"] {
+            assert_eq!(
+                metric(
+                    &m,
+                    &format!("cyphonic_pipeline_{dir}_{stage}_seconds_count")
+                ),
+                Some(20.0),
+                "{dir} {stage}: {m}"
+            );
+        }
+    }
     assert!(
         m.contains("cyphonic_peer_info{peer=\"gw2.ovl.example\",origin=\"static\",route=\"direct\",relay_reason=\"\"} 1"),
         "{m}"
@@ -122,6 +135,13 @@ fn adapter_metrics_count_what_the_scenario_sent() {
     assert!(text.contains("out_of_order 0"), "{text}");
     let doc = bed.status(Side::A).unwrap();
     assert_eq!(doc["peers"][0]["tx_packets"], 20, "{doc}");
+    let total = &doc["pipelines"]["egress"]["waits"]["total"];
+    assert_eq!(total["packets"], 20, "{doc}");
+    assert!(
+        total["mean_us"].as_f64().is_some_and(|us| us > 0.0),
+        "{doc}"
+    );
+    assert!(text.contains("total_us "), "{text}");
     // Certificate expiry: ours and the peer's, the same in the table, the JSON and metrics.
     let ours = doc["certificate"]["not_after"].as_u64().unwrap();
     let theirs = doc["peers"][0]["certificate_expires"].as_u64().unwrap();

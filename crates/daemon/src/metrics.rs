@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use cyphonic_pipeline::{Counters as PipelineCounters, DropReason, HOLD_BUCKETS};
+use cyphonic_pipeline::{Counters as PipelineCounters, DropReason, HOLD_BUCKETS, Wait};
 use cyphonic_telemetry::Family;
 use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, histogram};
 
@@ -142,30 +142,22 @@ impl Collector for EngineCollector {
         )
         .encode(&mut e, drops)?;
         for (dir, s) in &stats {
-            // Bucket i holds hold times below 2^i microseconds; the last one, the rest.
-            let buckets: Vec<(f64, u64)> = s
-                .hold_histogram
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    let bound = if i + 1 == HOLD_BUCKETS {
-                        f64::MAX
-                    } else {
-                        f64::from(1u32 << i) / 1e6
-                    };
-                    (bound, *n)
-                })
-                .collect();
-            let count: u64 = s.hold_histogram.iter().sum();
-            let sum = s.mean_hold().map_or(0.0, |m| m.as_secs_f64() * f(count));
-            histogram(
+            log2_us_histogram(
                 &mut e,
                 &format!("cyphonic_pipeline_{dir}_hold_seconds"),
                 "How long batches waited in the reorder ring for earlier ones.",
-                sum,
-                count,
-                &buckets,
+                &s.hold_histogram,
+                s.mean_hold(),
             )?;
+            for w in Wait::ALL {
+                log2_us_histogram(
+                    &mut e,
+                    &format!("cyphonic_pipeline_{dir}_{}_seconds", w.name()),
+                    wait_help(w),
+                    &s.waits[w.index()],
+                    s.mean_wait(w),
+                )?;
+            }
         }
 
         // Peers.
@@ -348,4 +340,46 @@ impl Collector for EngineCollector {
             f(self.shared.pool.free() as u64),
         )
     }
+}
+
+/// What each [`Wait`] histogram measures.
+const fn wait_help(w: Wait) -> &'static str {
+    match w {
+        Wait::Batching => "How long packets waited for their batch to leave the sequencer.",
+        Wait::Queued => "How long batches waited for a worker thread (0 when processed inline).",
+        Wait::Processing => "How long batches took to seal or open and reach the emitter.",
+        Wait::Total => {
+            "How long packets took through the pipeline, from joining a batch to the sink."
+        }
+    }
+}
+
+/// A histogram whose bucket i counts waits below 2^i microseconds (the last: the rest), with
+/// the mean wait for its sum.
+fn log2_us_histogram(
+    e: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    counts: &[u64; HOLD_BUCKETS],
+    mean: Option<std::time::Duration>,
+) -> Result<(), std::fmt::Error> {
+    let buckets: Vec<(f64, u64)> = counts
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let bound = if i + 1 == HOLD_BUCKETS {
+                f64::MAX
+            } else {
+                f64::from(1u32 << i) / 1e6
+            };
+            (bound, *n)
+        })
+        .collect();
+    let count: u64 = counts.iter().sum();
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a packet count, for a sum in seconds"
+    )]
+    let sum = mean.map_or(0.0, |m| m.as_secs_f64() * count as f64);
+    histogram(e, name, help, sum, count, &buckets)
 }

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use cyphonic_pipeline::{DropReason, Stats};
+use cyphonic_pipeline::{DropReason, Stats, Wait};
 use cyphonic_telemetry::CounterSet;
 use cyphonic_telemetry::status::time_left;
 use cyphonic_tunnel::Shared;
@@ -252,6 +252,20 @@ pub struct PipelineStatus {
     pub drops: BTreeMap<String, u64>,
     /// Hold times: bucket i counts holds below 2^i microseconds.
     pub hold_histogram_log2_us: Vec<u64>,
+    /// Where packets waited, by stage (`batching`, `queued`, `processing`, `total`).
+    pub waits: BTreeMap<String, WaitStatus>,
+}
+
+/// One stage's waits in a pipeline ([`cyphonic_pipeline::Wait`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WaitStatus {
+    /// Packets counted.
+    pub packets: u64,
+    /// Their mean wait, microseconds.
+    pub mean_us: f64,
+    /// Bucket i counts waits below 2^i microseconds.
+    pub histogram_log2_us: Vec<u64>,
 }
 
 impl From<&Stats> for PipelineStatus {
@@ -271,6 +285,17 @@ impl From<&Stats> for PipelineStatus {
                 .map(|r| (r.name().to_owned(), s.dropped(*r)))
                 .collect(),
             hold_histogram_log2_us: s.hold_histogram.to_vec(),
+            waits: Wait::ALL
+                .iter()
+                .map(|w| {
+                    let status = WaitStatus {
+                        packets: s.waited(*w),
+                        mean_us: s.mean_wait(*w).map_or(0.0, |d| d.as_secs_f64() * 1e6),
+                        histogram_log2_us: s.waits[w.index()].to_vec(),
+                    };
+                    (w.name().to_owned(), status)
+                })
+                .collect(),
         }
     }
 }
@@ -458,11 +483,16 @@ pub fn counters_text<E, C: CounterSet>(doc: &Status<E, C>) -> String {
         ("egress", &doc.pipelines.egress),
         ("ingress", &doc.pipelines.ingress),
     ] {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "pipeline {dir}: emitted {} out_of_order {} held {} mean_hold_us {:.1}",
             p.emitted, p.out_of_order, p.held_packets, p.mean_hold_us
         );
+        // Mean waits, by stage, where packets went through.
+        for (stage, w) in p.waits.iter().filter(|(_, w)| w.packets > 0) {
+            let _ = write!(out, " {stage}_us {:.1}", w.mean_us);
+        }
+        out.push('\n');
     }
     out
 }

@@ -6,15 +6,59 @@
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
 use crate::DropReason;
 
-/// Buckets of the hold-time histogram: bucket `i` counts packets held less than `2^i` µs
-/// (the last bucket takes everything longer).
+/// Buckets of the hold-time and wait histograms: bucket `i` counts packets that waited less
+/// than `2^i` µs (the last bucket takes everything longer).
 pub const HOLD_BUCKETS: usize = 24;
+
+/// Where a packet waits in a pipeline, from the moment it joins a batch until the sink takes
+/// it. Every packet that leaves the pipeline (emitted or dropped by the stage) is counted once
+/// in each, with its batch's times. The wait in the reorder ring is [`Stats::hold_histogram`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Its batch filling: from the batch's first packet until the batch left the sequencer
+    /// (full, or flushed at the end of a receive burst).
+    Batching,
+    /// The batch waiting for a worker thread (0 for a batch processed inline).
+    Queued,
+    /// The batch being sealed or opened, then handed to the emitter's thread.
+    Processing,
+    /// The whole way: from its batch's first packet to the sink.
+    Total,
+}
+
+impl Wait {
+    /// Every stage, in [`Wait::index`] order.
+    pub const ALL: [Self; 4] = [Self::Batching, Self::Queued, Self::Processing, Self::Total];
+    /// How many there are.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// Its position in [`Stats::waits`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its name in status and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Batching => "batching",
+            Self::Queued => "queued",
+            Self::Processing => "processing",
+            Self::Total => "total",
+        }
+    }
+}
+
+/// The log2-µs bucket of `d`.
+fn bucket(d: Duration) -> usize {
+    let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    ((u64::BITS - micros.leading_zeros()) as usize).min(HOLD_BUCKETS - 1)
+}
 
 /// Written by the sequencer thread.
 #[derive(Debug, Default)]
@@ -35,6 +79,8 @@ struct Tail {
     ring_depth: AtomicU64,
     ring_depth_max: AtomicU64,
     hold_histogram: [AtomicU64; HOLD_BUCKETS],
+    waits: [[AtomicU64; HOLD_BUCKETS]; Wait::COUNT],
+    wait_nanos: [AtomicU64; Wait::COUNT],
 }
 
 /// Live counters of one pipeline. Read them with [`Counters::snapshot`].
@@ -71,11 +117,38 @@ impl Counters {
         }
     }
 
+    /// Records that `packets` waited `d` in `stage`. Called by whoever holds the emitter's
+    /// state (its thread, or the sequencer's emitting inline), once per batch.
+    pub(crate) fn record_wait(&self, stage: Wait, d: Duration, packets: usize) {
+        let packets = packets as u64;
+        self.tail.waits[stage.index()][bucket(d)].fetch_add(packets, Relaxed);
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.tail.wait_nanos[stage.index()].fetch_add(nanos.saturating_mul(packets), Relaxed);
+    }
+
+    /// Records a batch of `packets` that passed `times`, reached the emitter's side at
+    /// `arrived` and was emitted at `now`, in every [`Wait`].
+    pub(crate) fn record_waits(
+        &self,
+        times: &crate::Times,
+        arrived: Instant,
+        now: Instant,
+        packets: usize,
+    ) {
+        let between = |a: Instant, b: Instant| b.saturating_duration_since(a);
+        for (stage, d) in [
+            (Wait::Batching, between(times.opened, times.dispatched)),
+            (Wait::Queued, between(times.dispatched, times.started)),
+            (Wait::Processing, between(times.started, arrived)),
+            (Wait::Total, between(times.opened, now)),
+        ] {
+            self.record_wait(stage, d, packets);
+        }
+    }
+
     pub(crate) fn record_hold(&self, held: Duration, packets: usize) {
         let packets = packets as u64;
-        let micros = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
-        let bucket = (u64::BITS - micros.leading_zeros()) as usize;
-        self.tail.hold_histogram[bucket.min(HOLD_BUCKETS - 1)].fetch_add(packets, Relaxed);
+        self.tail.hold_histogram[bucket(held)].fetch_add(packets, Relaxed);
         self.tail.held_packets.fetch_add(packets, Relaxed);
         let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
         self.tail
@@ -110,6 +183,10 @@ impl Counters {
             ring_depth_max: self.tail.ring_depth_max.load(Relaxed),
             drops: core::array::from_fn(|i| self.drops[i].load(Relaxed)),
             hold_histogram: core::array::from_fn(|i| self.tail.hold_histogram[i].load(Relaxed)),
+            waits: core::array::from_fn(|w| {
+                core::array::from_fn(|i| self.tail.waits[w][i].load(Relaxed))
+            }),
+            wait_nanos: core::array::from_fn(|w| self.tail.wait_nanos[w].load(Relaxed)),
         }
     }
 }
@@ -142,6 +219,10 @@ pub struct Stats {
     pub drops: [u64; DropReason::COUNT],
     /// Held packets per hold-time bucket ([`HOLD_BUCKETS`]).
     pub hold_histogram: [u64; HOLD_BUCKETS],
+    /// Packets per wait bucket ([`HOLD_BUCKETS`]), for each [`Wait`] by its index.
+    pub waits: [[u64; HOLD_BUCKETS]; Wait::COUNT],
+    /// Sum of each [`Wait`]'s waits over its packets, nanoseconds.
+    pub wait_nanos: [u64; Wait::COUNT],
 }
 
 impl Stats {
@@ -153,6 +234,17 @@ impl Stats {
     /// All drops and refusals by the stage, the sink and the sequencer.
     pub fn dropped_total(&self) -> u64 {
         self.drops.iter().sum()
+    }
+
+    /// Packets counted in `stage` (the same for every stage once the pipeline is idle).
+    pub fn waited(&self, stage: Wait) -> u64 {
+        self.waits[stage.index()].iter().sum()
+    }
+
+    /// Mean wait of the packets in `stage`.
+    pub fn mean_wait(&self, stage: Wait) -> Option<Duration> {
+        let n = self.waited(stage);
+        (n > 0).then(|| Duration::from_nanos(self.wait_nanos[stage.index()] / n))
     }
 
     /// Mean wait of held packets.

@@ -8,7 +8,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::counters::Counters;
-use crate::{Batch, BuildError, Config, Entry, Sink};
+use crate::{Batch, BuildError, Config, Entry, Sink, Times};
 
 /// The emitter thread of a pipeline. [`Emitter::join`] waits for it to drain and returns the
 /// sink.
@@ -189,7 +189,7 @@ pub(crate) trait Inline<T>: Send + Sync {
     /// Emits batch `seq`, already processed on the caller's thread, now. Call only after
     /// [`Inline::idle`] said so (and with no dispatch since): `seq` is then the next due.
     /// Leaves `entries` empty, for reuse. Returns false when the emitter is gone.
-    fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<T>>) -> bool;
+    fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<T>>, times: Times) -> bool;
 }
 
 impl<K: Sink> Inline<K::Item> for EmitShared<K> {
@@ -201,7 +201,7 @@ impl<K: Sink> Inline<K::Item> for EmitShared<K> {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<K::Item>>) -> bool {
+    fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<K::Item>>, times: Times) -> bool {
         let mut guard = self.lock();
         let Some(st) = guard.as_mut() else {
             return false;
@@ -209,6 +209,8 @@ impl<K: Sink> Inline<K::Item> for EmitShared<K> {
         if st.ordering {
             st.ring.skip(seq);
         }
+        let now = Instant::now();
+        st.counters.record_waits(&times, now, now, entries.len());
         st.emit_entries(entries);
         st.counters.count_inline();
         st.sink.flush();
@@ -263,28 +265,33 @@ fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K
 impl<K: Sink> EmitterState<K> {
     /// Takes a batch from the pool and emits every batch now due; returns how many.
     fn release(&mut self, batch: Batch<K::Item>) -> usize {
+        let arrived = Instant::now();
         if !self.ordering {
-            self.emit(batch);
+            self.emit(batch, arrived, arrived);
             return 1;
         }
-        let arrived = Instant::now();
         let seq = batch.seq;
         self.ring.insert(seq, batch, arrived);
         let mut released = 0;
         while let Some((batch, arrived_at)) = self.ring.pop_next() {
             // Every batch released here but the one that just arrived waited for it.
             if batch.seq != seq {
-                self.counters
-                    .record_hold(arrived_at.elapsed(), batch.entries.len());
+                self.counters.record_hold(
+                    arrived.saturating_duration_since(arrived_at),
+                    batch.entries.len(),
+                );
             }
-            self.emit(batch);
+            self.emit(batch, arrived_at, arrived);
             released += 1;
         }
         self.counters.record_depth(self.ring.held());
         released
     }
 
-    fn emit(&mut self, batch: Batch<K::Item>) {
+    /// Emits `batch`, which reached this thread at `arrived`, now (`now`).
+    fn emit(&mut self, batch: Batch<K::Item>, arrived: Instant, now: Instant) {
+        self.counters
+            .record_waits(&batch.times, arrived, now, batch.entries.len());
         let mut entries = batch.entries;
         self.emit_entries(&mut entries);
         // Back to the sequencer; if it is gone the buffer is simply freed.

@@ -37,8 +37,9 @@ mod emitter;
 mod sequencer;
 
 use std::sync::Arc;
+use std::time::Instant;
 
-pub use counters::{Counters, HOLD_BUCKETS, Stats};
+pub use counters::{Counters, HOLD_BUCKETS, Stats, Wait};
 use emitter::EmitShared;
 pub use emitter::{Emitter, ReorderRing};
 pub use sequencer::{Rejected, Sequencer};
@@ -267,4 +268,16 @@ struct Entry<T> {
 struct Batch<T> {
     seq: u64,
     entries: Vec<Entry<T>>,
+    times: Times,
+}
+
+/// When a batch passed each point before the emitter: what [`Wait`]s are measured from.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    /// Its first packet joined it.
+    opened: Instant,
+    /// It left the sequencer.
+    dispatched: Instant,
+    /// A worker (or, inline, the sequencer's thread) began on it.
+    started: Instant,
 }

@@ -1,12 +1,13 @@
 //! The sequencer: stamps arrival order, batches, hands batches to the pool.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::counters::Counters;
 use crate::emitter::Inline;
-use crate::{Batch, DropReason, Entry, Stage, Stats};
+use crate::{Batch, DropReason, Entry, Stage, Stats, Times};
 
 /// A packet the sequencer did not take, handed back to the caller.
 #[derive(Debug, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub struct Sequencer<S: Stage> {
     done_tx: Sender<Batch<S::Item>>,
     free_rx: Receiver<Vec<Entry<S::Item>>>,
     filling: Option<Vec<Entry<S::Item>>>,
+    /// When the filling batch got its first packet.
+    opened: Instant,
     next_seq: u64,
     next_batch: u64,
     counters: Arc<Counters>,
@@ -75,6 +78,7 @@ impl<S: Stage> Sequencer<S> {
             done_tx,
             free_rx,
             filling: None,
+            opened: Instant::now(),
             next_seq: 0,
             next_batch: 0,
             counters,
@@ -142,6 +146,9 @@ impl<S: Stage> Sequencer<S> {
             .filling
             .as_mut()
             .expect("a batch buffer was taken above");
+        if batch.is_empty() {
+            self.opened = Instant::now();
+        }
         batch.push(Entry {
             seq: self.next_seq,
             item,
@@ -161,6 +168,12 @@ impl<S: Stage> Sequencer<S> {
         self.counters.count_dispatch(entries.len());
         let seq = self.next_batch;
         self.next_batch += 1;
+        let dispatched = Instant::now();
+        let times = Times {
+            opened: self.opened,
+            dispatched,
+            started: dispatched,
+        };
         // Light load: a small batch with nothing in flight is sealed or opened here and
         // emitted at once. Nothing can overtake it (only this thread dispatches), and it
         // saves two thread wake-ups (worker, emitter): most of a gateway's added latency.
@@ -168,19 +181,24 @@ impl<S: Stage> Sequencer<S> {
             for entry in &mut entries {
                 entry.verdict = self.stage.process(&mut entry.item);
             }
-            if self.inline.emit_now(seq, &mut entries) {
+            if self.inline.emit_now(seq, &mut entries, times) {
                 self.filling = Some(entries);
             }
             return;
         }
         self.inline.dispatched();
-        let batch = Batch { seq, entries };
+        let batch = Batch {
+            seq,
+            entries,
+            times,
+        };
         let stage = self.stage.clone();
         let done = self.done_tx.clone();
         // FIFO: batches start in the order they were sealed off, which keeps reordering (and
         // so the emitter's hold time) small.
         self.pool.spawn_fifo(move || {
             let mut batch = batch;
+            batch.times.started = Instant::now();
             for entry in &mut batch.entries {
                 entry.verdict = stage.process(&mut entry.item);
             }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cyphonic_pipeline::{Config, DropReason, Rejected, Sink, Stage, start};
+use cyphonic_pipeline::{Config, DropReason, Rejected, Sink, Stage, Wait, start};
 use proptest::prelude::*;
 
 /// A test packet: its input position, how long its processing takes, and its fate.
@@ -262,6 +262,54 @@ fn ordering_off_reorders_and_is_counted() {
         stats.held_packets >= 1 && stats.mean_hold().unwrap() > Duration::ZERO,
         "{stats:?}"
     );
+}
+
+/// Every packet that leaves is counted once in each wait, and the waits add up: a batch of
+/// packets that take 2 ms each shows it in `processing`, and `total` is never less.
+#[test]
+fn waits_count_every_packet_and_show_where_time_went() {
+    let mut pkts: Vec<Pkt> = (0..16).map(Pkt::plain).collect();
+    for p in &mut pkts {
+        p.delay_us = 2_000; // slept; `run` flushes every 7 packets, so batches hold 1 to 4
+    }
+    pkts[5].fail_in_stage = true; // dropped by the stage: still counted
+    let config = Config {
+        batch_size: 4,
+        batches_in_flight: 8,
+        inline_max: 0,
+        ..Config::default()
+    };
+    let (sink, stats, _) = run(&pkts, 2, &config);
+    assert_eq!(sink.emitted.len() + sink.dropped.len(), 16);
+    for w in Wait::ALL {
+        assert_eq!(stats.waited(w), 16, "{}: {stats:?}", w.name());
+    }
+    let mean = |w: Wait| stats.mean_wait(w).unwrap();
+    assert!(
+        mean(Wait::Processing) >= Duration::from_millis(2),
+        "{stats:?}"
+    );
+    assert!(mean(Wait::Total) >= mean(Wait::Processing), "{stats:?}");
+    assert!(mean(Wait::Total) >= mean(Wait::Batching), "{stats:?}");
+    // Bucket 11 holds waits of 1.0-2.0 ms: no packet's processing wait is below it.
+    assert_eq!(
+        stats.waits[Wait::Processing.index()][..11]
+            .iter()
+            .sum::<u64>(),
+        0,
+        "{stats:?}"
+    );
+
+    // Inline: the same packets one at a time on the pushing thread, never queued.
+    let config = Config {
+        batch_size: 1,
+        inline_max: 1,
+        ..Config::default()
+    };
+    let (_, stats, _) = run(&pkts[..4], 2, &config);
+    assert_eq!(stats.inline_batches, 4, "{stats:?}");
+    assert_eq!(stats.waits[Wait::Queued.index()][0], 4, "{stats:?}");
+    assert!(stats.mean_wait(Wait::Processing).unwrap() >= Duration::from_millis(2));
 }
 
 /// A full pipeline refuses at the head and says so; memory stays bounded; waiting works.
