@@ -15,10 +15,13 @@
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
+use std::time::Instant;
 
 use cyphonic_benches::engine::{Opening, Sealing};
+use cyphonic_benches::filter::{ACK, CAMERA, FLOWS, SYN, rules, segment as tcp};
 use cyphonic_benches::offload::{self, MAX_FRAME, SEGMENTS};
 use cyphonic_crypto::Backend;
+use cyphonic_filter::{Direction, Filter, Timeouts, Verdict};
 use cyphonic_gateway::{Egress, Lan, Neighbors};
 use iai_callgrind::{library_benchmark, library_benchmark_group, main};
 
@@ -142,9 +145,41 @@ fn coalesce(mut segments: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     segments
 }
 
+/// The policy filter with 300 rules and 10,000 flows open, and `BATCH` packets: segments of
+/// those flows (`established`), or the first of new flows the last rule allows (`new`).
+fn to_filter(established: bool) -> (Filter, Vec<Vec<u8>>, Instant) {
+    let now = Instant::now();
+    let mut f = Filter::new(rules(), 65_536, Timeouts::default());
+    for port in 0..FLOWS {
+        let syn = tcp(10_000 + port, CAMERA, SYN, 60);
+        assert_eq!(f.check(&syn, Direction::Out, now), Verdict::Pass);
+    }
+    let packets = (0..BATCH)
+        .map(|i| {
+            let i = u16::try_from(i).expect("a small batch");
+            if established {
+                tcp(10_000 + i * 97, CAMERA, ACK, PACKET)
+            } else {
+                tcp(40_000 + i, CAMERA, SYN, 60)
+            }
+        })
+        .collect();
+    (f, packets, now)
+}
+
+#[library_benchmark]
+#[bench::established_x64(to_filter(true))]
+#[bench::new_by_rule_300_x64(to_filter(false))]
+fn filter((mut f, packets, now): (Filter, Vec<Vec<u8>>, Instant)) -> (Filter, Vec<Vec<u8>>) {
+    for p in &packets {
+        assert_eq!(f.check(p, Direction::Out, now), Verdict::Pass);
+    }
+    (f, packets)
+}
+
 library_benchmark_group!(
     name = per_packet;
-    benchmarks = seal, open, classify, segment, coalesce
+    benchmarks = seal, open, classify, filter, segment, coalesce
 );
 
 main!(library_benchmark_groups = per_packet);

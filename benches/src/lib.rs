@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod filter;
 pub mod lan;
 pub mod offload;
 
