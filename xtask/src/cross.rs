@@ -72,12 +72,14 @@ fn environment(target: &dist::Target, b: &dist::Build) -> anyhow::Result<Vec<(St
 }
 
 /// What the aarch64 tier builds and tests: every package but the end-to-end tests (which
-/// need the bed's privileges), xtask and the benchmarks; libraries, programs and their
-/// tests.
-const SELECTION: [&str; 11] = [
+/// need the bed's privileges) and their reports, xtask and the benchmarks; libraries,
+/// programs and their tests.
+const SELECTION: [&str; 13] = [
     "--workspace",
     "--exclude",
     "cyphonic-e2e",
+    "--exclude",
+    "cyphonic-report",
     "--exclude",
     "xtask",
     // The benchmarks' crate: criterion's tree, and nothing of the Pi's code paths that
