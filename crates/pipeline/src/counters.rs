@@ -54,10 +54,28 @@ impl Wait {
     }
 }
 
-/// The log2-µs bucket of `d`.
-fn bucket(d: Duration) -> usize {
-    let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-    ((u64::BITS - micros.leading_zeros()) as usize).min(HOLD_BUCKETS - 1)
+/// Packets by how long they waited (bucket `i`: below `2^i` µs) and the sum of their waits:
+/// the reorder ring's hold and each [`Wait`] are one of these.
+#[derive(Debug, Default)]
+struct Log2Histogram {
+    buckets: [AtomicU64; HOLD_BUCKETS],
+    nanos: AtomicU64,
+}
+
+impl Log2Histogram {
+    /// Records that `packets` waited `d` each.
+    fn record(&self, d: Duration, packets: usize) {
+        let packets = packets as u64;
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let bucket = ((u64::BITS - micros.leading_zeros()) as usize).min(HOLD_BUCKETS - 1);
+        self.buckets[bucket].fetch_add(packets, Relaxed);
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_add(nanos.saturating_mul(packets), Relaxed);
+    }
+
+    fn counts(&self) -> [u64; HOLD_BUCKETS] {
+        core::array::from_fn(|i| self.buckets[i].load(Relaxed))
+    }
 }
 
 /// Written by the sequencer thread.
@@ -74,13 +92,10 @@ struct Head {
 struct Tail {
     emitted: AtomicU64,
     out_of_order: AtomicU64,
-    held_packets: AtomicU64,
-    held_nanos: AtomicU64,
     ring_depth: AtomicU64,
     ring_depth_max: AtomicU64,
-    hold_histogram: [AtomicU64; HOLD_BUCKETS],
-    waits: [[AtomicU64; HOLD_BUCKETS]; Wait::COUNT],
-    wait_nanos: [AtomicU64; Wait::COUNT],
+    hold: Log2Histogram,
+    waits: [Log2Histogram; Wait::COUNT],
 }
 
 /// Live counters of one pipeline. Read them with [`Counters::snapshot`].
@@ -117,17 +132,9 @@ impl Counters {
         }
     }
 
-    /// Records that `packets` waited `d` in `stage`. Called by whoever holds the emitter's
-    /// state (its thread, or the sequencer's emitting inline), once per batch.
-    pub(crate) fn record_wait(&self, stage: Wait, d: Duration, packets: usize) {
-        let packets = packets as u64;
-        self.tail.waits[stage.index()][bucket(d)].fetch_add(packets, Relaxed);
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.tail.wait_nanos[stage.index()].fetch_add(nanos.saturating_mul(packets), Relaxed);
-    }
-
     /// Records a batch of `packets` that passed `times`, reached the emitter's side at
-    /// `arrived` and was emitted at `now`, in every [`Wait`].
+    /// `arrived` and was emitted at `now`, in every [`Wait`]. Called by whoever holds the
+    /// emitter's state (its thread, or the sequencer's emitting inline), once per batch.
     pub(crate) fn record_waits(
         &self,
         times: &crate::Times,
@@ -142,18 +149,12 @@ impl Counters {
             (Wait::Processing, between(times.started, arrived)),
             (Wait::Total, between(times.opened, now)),
         ] {
-            self.record_wait(stage, d, packets);
+            self.tail.waits[stage.index()].record(d, packets);
         }
     }
 
     pub(crate) fn record_hold(&self, held: Duration, packets: usize) {
-        let packets = packets as u64;
-        self.tail.hold_histogram[bucket(held)].fetch_add(packets, Relaxed);
-        self.tail.held_packets.fetch_add(packets, Relaxed);
-        let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
-        self.tail
-            .held_nanos
-            .fetch_add(nanos.saturating_mul(packets), Relaxed);
+        self.tail.hold.record(held, packets);
     }
 
     pub(crate) fn record_depth(&self, depth: usize) {
@@ -170,6 +171,7 @@ impl Counters {
     /// A copy for reports (each field is read once, atomically). Packets are counted as
     /// submitted when their batch leaves the sequencer.
     pub fn snapshot(&self) -> Stats {
+        let hold_histogram = self.tail.hold.counts();
         Stats {
             submitted: self.head.submitted.load(Relaxed),
             emitted: self.tail.emitted.load(Relaxed),
@@ -177,16 +179,14 @@ impl Counters {
             batches: self.head.batches.load(Relaxed),
             inline_batches: self.head.inline_batches.load(Relaxed),
             out_of_order: self.tail.out_of_order.load(Relaxed),
-            held_packets: self.tail.held_packets.load(Relaxed),
-            held_nanos: self.tail.held_nanos.load(Relaxed),
+            held_packets: hold_histogram.iter().sum(),
+            held_nanos: self.tail.hold.nanos.load(Relaxed),
             ring_depth: self.tail.ring_depth.load(Relaxed),
             ring_depth_max: self.tail.ring_depth_max.load(Relaxed),
             drops: core::array::from_fn(|i| self.drops[i].load(Relaxed)),
-            hold_histogram: core::array::from_fn(|i| self.tail.hold_histogram[i].load(Relaxed)),
-            waits: core::array::from_fn(|w| {
-                core::array::from_fn(|i| self.tail.waits[w][i].load(Relaxed))
-            }),
-            wait_nanos: core::array::from_fn(|w| self.tail.wait_nanos[w].load(Relaxed)),
+            hold_histogram,
+            waits: core::array::from_fn(|w| self.tail.waits[w].counts()),
+            wait_nanos: core::array::from_fn(|w| self.tail.waits[w].nanos.load(Relaxed)),
         }
     }
 }
