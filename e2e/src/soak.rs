@@ -27,6 +27,15 @@ pub const DAEMONS: [&str; 4] = ["adapter-a", "adapter-b", "node-c", "cloud"];
 /// The first line of `samples.csv`.
 pub const CSV_HEADER: &str = "at,daemon,pid,rss_kib,fds,threads,buffers\n";
 
+/// The events a run records (`report.json`'s `events`) that its plot marks.
+pub const CLOUD_RESTARTED: &str = "cloud restarted";
+/// Adapter B restarted.
+pub const ADAPTER_RESTARTED: &str = "adapter B restarted";
+/// Loss on the underlay switched on.
+pub const LOSS_ON: &str = "2 % UDP loss on the underlay on";
+/// ... and off.
+pub const LOSS_OFF: &str = "2 % UDP loss on the underlay off";
+
 /// One daemon's figures at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Figures {
@@ -128,6 +137,50 @@ pub fn growth(samples: &[Sample], daemon: &str, bounds: &Bounds) -> Option<Strin
         }
     }
     (!out.is_empty()).then(|| format!("{daemon}: {}", out.trim_end_matches("; ")))
+}
+
+/// Reads `samples.csv` as a run writes it.
+///
+/// # Errors
+/// A line that is not `at,daemon,pid,rss_kib,fds,threads,buffers` with a known daemon.
+pub fn read_samples(csv: &str) -> anyhow::Result<Vec<Sample>> {
+    csv.lines()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, line)| {
+            let bad = || format!("samples.csv line {}: {line:?}", i + 1);
+            let f: Vec<&str> = line.split(',').collect();
+            let [at, daemon, pid, rss, fds, threads, buffers] = f[..] else {
+                anyhow::bail!("{}: not seven fields", bad());
+            };
+            let daemon = DAEMONS
+                .iter()
+                .find(|d| **d == daemon)
+                .with_context(|| format!("{}: unknown daemon", bad()))?;
+            let n = |v: &str| v.parse::<u64>().with_context(bad);
+            Ok(Sample {
+                daemon,
+                at: n(at)?,
+                pid: pid.parse().with_context(bad)?,
+                figures: Figures {
+                    rss_kib: n(rss)?,
+                    fds: n(fds)?,
+                    threads: n(threads)?,
+                    buffers: n(buffers)?,
+                },
+            })
+        })
+        .collect()
+}
+
+/// One line of `samples.csv`.
+pub fn csv_line(s: &Sample) -> String {
+    let f = &s.figures;
+    format!(
+        "{},{},{},{},{},{},{}\n",
+        s.at, s.daemon, s.pid, f.rss_kib, f.fds, f.threads, f.buffers
+    )
 }
 
 /// `pid`'s figures from /proc, and `buffers` as given.
@@ -252,21 +305,18 @@ pub fn run(
             } else {
                 bed.wan.exec("nft", &["flush chain inet soak loss"])?;
             }
-            note(format!(
-                "2 % UDP loss on the underlay {}",
-                if lossy { "on" } else { "off" }
-            ));
+            note(if lossy { LOSS_ON } else { LOSS_OFF }.into());
         }
         if n.is_multiple_of(5) {
             let cloud = bed.cloud.as_mut().context("the cloud")?;
             cloud.stop("TERM")?;
             cloud.start(&bins)?;
-            note("cloud restarted".into());
+            note(CLOUD_RESTARTED.into());
         }
         if n.is_multiple_of(7) {
             bed.stop(Side::B, "TERM")?;
             bed.start(Side::B)?;
-            note("adapter B restarted".into());
+            note(ADAPTER_RESTARTED.into());
         }
         // The figures.
         let at = started.elapsed().as_secs();
@@ -279,7 +329,7 @@ pub fn run(
                 pid,
                 figures,
             };
-            csv.push_str(&plot::csv_line(&sample));
+            csv.push_str(&csv_line(&sample));
             report.samples.push(sample);
         }
         report.cycles = n;
@@ -373,6 +423,35 @@ mod tests {
                 },
             })
             .collect()
+    }
+
+    #[test]
+    fn samples_read_back_as_written_and_bad_lines_are_named() {
+        let s = Sample {
+            daemon: "node-c",
+            at: 120,
+            pid: 77,
+            figures: Figures {
+                rss_kib: 9000,
+                fds: 31,
+                threads: 9,
+                buffers: 512,
+            },
+        };
+        let csv = format!("{}{}", CSV_HEADER, csv_line(&s));
+        let back = read_samples(&csv).unwrap_or_default();
+        assert_eq!(back.len(), 1);
+        assert_eq!(
+            (back[0].daemon, back[0].at, back[0].pid, back[0].figures),
+            ("node-c", 120, 77, s.figures)
+        );
+        let unknown = read_samples("h\n1,gateway,2,3,4,5,6\n").unwrap_err();
+        assert!(
+            format!("{unknown:#}").contains("line 2") && format!("{unknown:#}").contains("unknown"),
+            "{unknown:#}"
+        );
+        assert!(read_samples("h\n1,cloud,2,3,4,5\n").is_err());
+        assert!(read_samples("h\n1,cloud,2,3,x,5,6\n").is_err());
     }
 
     #[test]

@@ -11,7 +11,9 @@ use anyhow::{Context as _, anyhow};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::{DAEMONS, Figures, Sample};
+use super::{
+    ADAPTER_RESTARTED, CLOUD_RESTARTED, DAEMONS, Figures, LOSS_OFF, LOSS_ON, Sample, read_samples,
+};
 
 /// Where the plot's font is looked for (Debian's `fonts-dejavu-core`).
 const FONTS: [&str; 2] = [
@@ -42,50 +44,6 @@ const PANELS: [Panel; 4] = [
     ("Packet buffers allocated", |f| f.buffers as f64),
 ];
 
-/// Reads `samples.csv` as a run writes it.
-///
-/// # Errors
-/// A line that is not `at,daemon,pid,rss_kib,fds,threads,buffers` with a known daemon.
-pub fn read_samples(csv: &str) -> anyhow::Result<Vec<Sample>> {
-    csv.lines()
-        .enumerate()
-        .skip(1)
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, line)| {
-            let bad = || format!("samples.csv line {}: {line:?}", i + 1);
-            let f: Vec<&str> = line.split(',').collect();
-            let [at, daemon, pid, rss, fds, threads, buffers] = f[..] else {
-                anyhow::bail!("{}: not seven fields", bad());
-            };
-            let daemon = DAEMONS
-                .iter()
-                .find(|d| **d == daemon)
-                .with_context(|| format!("{}: unknown daemon", bad()))?;
-            let n = |v: &str| v.parse::<u64>().with_context(bad);
-            Ok(Sample {
-                daemon,
-                at: n(at)?,
-                pid: pid.parse().with_context(bad)?,
-                figures: Figures {
-                    rss_kib: n(rss)?,
-                    fds: n(fds)?,
-                    threads: n(threads)?,
-                    buffers: n(buffers)?,
-                },
-            })
-        })
-        .collect()
-}
-
-/// One line of `samples.csv`.
-pub fn csv_line(s: &Sample) -> String {
-    let f = &s.figures;
-    format!(
-        "{},{},{},{},{},{},{}\n",
-        s.at, s.daemon, s.pid, f.rss_kib, f.fds, f.threads, f.buffers
-    )
-}
-
 /// What the curves are drawn over: restarts and the periods of loss, in seconds.
 #[derive(Debug, Default, PartialEq)]
 pub struct Marks {
@@ -104,10 +62,10 @@ impl Marks {
         let mut lossy_since = None;
         for (at, what) in events {
             match what.as_str() {
-                "cloud restarted" => marks.cloud.push(*at),
-                "adapter B restarted" => marks.adapter.push(*at),
-                w if w.ends_with("loss on the underlay on") => lossy_since = Some(*at),
-                w if w.ends_with("loss on the underlay off") => {
+                CLOUD_RESTARTED => marks.cloud.push(*at),
+                ADAPTER_RESTARTED => marks.adapter.push(*at),
+                LOSS_ON => lossy_since = Some(*at),
+                LOSS_OFF => {
                     if let Some(from) = lossy_since.take() {
                         marks.loss.push((from, *at));
                     }
@@ -266,43 +224,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn samples_read_back_as_written_and_bad_lines_are_named() {
-        let s = Sample {
-            daemon: "node-c",
-            at: 120,
-            pid: 77,
-            figures: Figures {
-                rss_kib: 9000,
-                fds: 31,
-                threads: 9,
-                buffers: 512,
-            },
-        };
-        let csv = format!("{}{}", super::super::CSV_HEADER, csv_line(&s));
-        let back = read_samples(&csv).unwrap_or_default();
-        assert_eq!(back.len(), 1);
-        assert_eq!(
-            (back[0].daemon, back[0].at, back[0].pid, back[0].figures),
-            ("node-c", 120, 77, s.figures)
-        );
-        let unknown = read_samples("h\n1,gateway,2,3,4,5,6\n").unwrap_err();
-        assert!(
-            format!("{unknown:#}").contains("line 2") && format!("{unknown:#}").contains("unknown"),
-            "{unknown:#}"
-        );
-        assert!(read_samples("h\n1,cloud,2,3,4,5\n").is_err());
-        assert!(read_samples("h\n1,cloud,2,3,x,5,6\n").is_err());
-    }
-
-    #[test]
     fn events_become_restarts_and_loss_periods() {
         let ev = |at: u64, w: &str| (at, w.to_owned());
         let events = [
-            ev(60, "2 % UDP loss on the underlay on"),
-            ev(100, "cloud restarted"),
-            ev(120, "2 % UDP loss on the underlay off"),
-            ev(140, "adapter B restarted"),
-            ev(180, "2 % UDP loss on the underlay on"),
+            ev(60, LOSS_ON),
+            ev(100, CLOUD_RESTARTED),
+            ev(120, LOSS_OFF),
+            ev(140, ADAPTER_RESTARTED),
+            ev(180, LOSS_ON),
+            ev(190, "something else"),
         ];
         assert_eq!(
             Marks::from_events(&events, 200),
