@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::bed::{Side, TwoSites};
-use crate::lan::dig;
 pub use cyphonic_report::FleetFigures;
 
+use crate::bed::{Side, TwoSites};
+use crate::lan::dig;
 use crate::measure::parse_ping;
 use crate::node::{Attach, NodeHost, NodeSpec};
 

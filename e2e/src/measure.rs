@@ -2,9 +2,10 @@
 
 use std::time::Duration;
 
-use crate::bed::{IperfRun, Side, TwoSites, iperf3};
 use anyhow::Context as _;
 pub use cyphonic_report::{PingStats, Tcp, Udp, parse_ping, stats};
+
+use crate::bed::{IperfRun, Side, TwoSites, iperf3};
 
 /// Pings `to` from `from`'s LAN host `count` times, `interval` apart.
 ///

@@ -88,13 +88,13 @@ fn rows(output: &str) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for line in output.lines().filter(|l| l.trim_start().starts_with('{')) {
         let b: Bench = serde_json::from_str(line).context("an iai-callgrind summary line")?;
-        let case = b.id.unwrap_or_default();
-        let packets: u32 = case
+        let id = b.id.unwrap_or_default();
+        let (case, packets): (&str, u32) = id
             .rsplit_once("_x")
-            .and_then(|(_, n)| n.parse().ok())
+            .and_then(|(case, n)| Some((case, n.parse().ok()?)))
             .with_context(|| {
                 format!(
-                    "{}: the id {case:?} does not end in _x<packets>",
+                    "{}: the id {id:?} does not end in _x<packets>",
                     b.function_name
                 )
             })?;
@@ -118,8 +118,8 @@ fn rows(output: &str) -> anyhow::Result<Vec<Row>> {
         rows.push(Row {
             instructions: per("Ir")?,
             cycles: per("EstimatedCycles")?,
+            case: case.to_owned(),
             function: b.function_name,
-            case: case[..case.len() - format!("_x{packets}").len()].to_owned(),
         });
     }
     if rows.is_empty() {
