@@ -26,7 +26,6 @@ mod util;
 
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -215,19 +214,31 @@ fn soak(seconds: u64) -> anyhow::Result<()> {
     let root = util::root();
     bed::prerequisites()?;
     let bin = bed::build_release(&root)?;
-    let out = root.join("target/soak");
-    let status = std::process::Command::new(bin.join("cyphonic-bed"))
-        .args(["soak", "--seconds", &seconds.to_string(), "--out"])
-        .arg(&out)
-        .env("CYPHONIC_BIN_DIR", &bin)
-        .status()
-        .context("running cyphonic-bed soak")?;
-    anyhow::ensure!(
-        status.success(),
-        "the soak failed ({status}); samples in {}",
-        out.display()
-    );
-    Ok(())
+    run_soak(&bin, seconds, 60, &root.join("target/soak"))
+}
+
+/// `cyphonic-bed soak` from `bin` (and the daemons beside it) for `seconds` in cycles of
+/// `cycle` seconds, its samples and curves into `out`.
+///
+/// # Errors
+/// The soak fails (a stall, growth, or a daemon gone).
+fn run_soak(
+    bin: &std::path::Path,
+    seconds: u64,
+    cycle: u64,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    let (seconds, cycle) = (seconds.to_string(), cycle.to_string());
+    util::run(
+        std::process::Command::new(bin.join("cyphonic-bed"))
+            .args(["soak", "--seconds", &seconds, "--cycle", &cycle, "--out"])
+            .arg(out)
+            .env("CYPHONIC_BIN_DIR", bin),
+        &format!(
+            "cyphonic-bed soak --seconds {seconds} --cycle {cycle} (samples and curves in {})",
+            out.display()
+        ),
+    )
 }
 
 fn test() -> anyhow::Result<()> {
@@ -335,13 +346,11 @@ fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
 /// # Errors
 /// The soak fails.
 fn short_soak(root: &std::path::Path) -> anyhow::Result<()> {
-    let out = root.join("target/soak-ci");
-    util::run(
-        std::process::Command::new(root.join("target/debug/cyphonic-bed"))
-            .args(["soak", "--seconds", "300", "--cycle", "20", "--out"])
-            .arg(&out)
-            .env("CYPHONIC_BIN_DIR", root.join("target/debug")),
-        "cyphonic-bed soak --seconds 300 --cycle 20",
+    run_soak(
+        &root.join("target/debug"),
+        300,
+        20,
+        &root.join("target/soak-ci"),
     )
 }
 
