@@ -979,6 +979,16 @@ impl Drop for TwoSites {
     }
 }
 
+/// The scheduling class of a bed's bulk senders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// As started: they compete with the gateways for the same cores.
+    Default,
+    /// `SCHED_IDLE` (`chrt --idle 0`): they run only when nothing else wants the core, as if
+    /// they were the separate machines they are in real life.
+    Idle,
+}
+
 /// An iperf3 measurement in progress: a one-shot server and a client, both owned here (they
 /// are killed if this is dropped), borrowing nothing from the bed.
 #[derive(Debug)]
@@ -1000,19 +1010,39 @@ impl IperfRun {
         args: &[&str],
         seconds: u64,
     ) -> anyhow::Result<Self> {
+        Self::start_at(bed, server, args, seconds, Priority::Default)
+    }
+
+    /// [`IperfRun::start`] with both iperf3 processes at `priority`.
+    ///
+    /// # Errors
+    /// A process cannot start.
+    pub fn start_at(
+        bed: &TwoSites,
+        server: Side,
+        args: &[&str],
+        seconds: u64,
+        priority: Priority,
+    ) -> anyhow::Result<Self> {
         let (srv, cli) = match server {
             Side::A => (&bed.a, &bed.b),
             Side::B => (&bed.b, &bed.a),
         };
-        let server_proc = srv
-            .lan
-            .spawn("iperf3", &["-s", "-1", "--idle-timeout", "30"])?;
+        let run = |ns: &Netns, args: &[&str]| match priority {
+            Priority::Default => ns.spawn("iperf3", args),
+            Priority::Idle => {
+                let mut all = vec!["--idle", "0", "iperf3"];
+                all.extend_from_slice(args);
+                ns.spawn("chrt", &all)
+            }
+        };
+        let server_proc = run(&srv.lan, &["-s", "-1", "--idle-timeout", "30"])?;
         std::thread::sleep(Duration::from_millis(300));
         let host = srv.host_ip.to_string();
         let secs = seconds.to_string();
         let mut all = vec!["-J", "-c", host.as_str(), "-t", secs.as_str()];
         all.extend_from_slice(args);
-        let client = cli.lan.spawn("iperf3", &all)?;
+        let client = run(&cli.lan, &all)?;
         Ok(Self {
             server: server_proc,
             client,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 pub use cyphonic_report::{PingStats, Tcp, Udp, parse_ping, stats};
 
-use crate::bed::{IperfRun, Side, TwoSites, iperf3};
+use crate::bed::{IperfRun, Priority, Side, TwoSites, iperf3};
 
 /// Pings `to` from `from`'s LAN host `count` times, `interval` apart.
 ///
@@ -253,7 +253,19 @@ pub fn wake_floor(count: usize) -> anyhow::Result<WakeFloor> {
 /// # Errors
 /// ping or iperf3 fails.
 pub fn ping_under_load(bed: &TwoSites, seconds: u64) -> anyhow::Result<PingStats> {
-    let run = IperfRun::start(bed, Side::B, &[], seconds + 2)?;
+    ping_under_load_at(bed, seconds, Priority::Default)
+}
+
+/// [`ping_under_load`] with the TCP stream's two ends at `priority`.
+///
+/// # Errors
+/// ping or iperf3 fails.
+pub fn ping_under_load_at(
+    bed: &TwoSites,
+    seconds: u64,
+    priority: Priority,
+) -> anyhow::Result<PingStats> {
+    let run = IperfRun::start_at(bed, Side::B, &[], seconds + 2, priority)?;
     std::thread::sleep(Duration::from_secs(1));
     #[expect(clippy::cast_possible_truncation, reason = "a few hundred pings")]
     let count = (seconds * 100) as usize;
@@ -268,9 +280,133 @@ pub fn ping_under_load(bed: &TwoSites, seconds: u64) -> anyhow::Result<PingStats
     stats
 }
 
+/// Where one pipeline's packets waited, by stage, as the status document reports it:
+/// cumulative log2-microsecond histograms and means (`pipelines.<dir>.waits`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Waits {
+    /// Stage name, then (packets, total microseconds, histogram).
+    stages: std::collections::BTreeMap<String, (u64, f64, Vec<u64>)>,
+}
+
+impl Waits {
+    /// Reads pipeline `dir` (`egress`, `ingress`) out of a daemon's status document.
+    #[must_use]
+    pub fn read(status: &serde_json::Value, dir: &str) -> Self {
+        let mut stages = std::collections::BTreeMap::new();
+        if let Some(waits) = status["pipelines"][dir]["waits"].as_object() {
+            for (name, w) in waits {
+                let packets = w["packets"].as_u64().unwrap_or(0);
+                #[expect(clippy::cast_precision_loss, reason = "a mean")]
+                let total = w["mean_us"].as_f64().unwrap_or(0.0) * packets as f64;
+                let hist = w["histogram_log2_us"]
+                    .as_array()
+                    .map(|b| b.iter().map(|v| v.as_u64().unwrap_or(0)).collect())
+                    .unwrap_or_default();
+                stages.insert(name.clone(), (packets, total, hist));
+            }
+        }
+        Self { stages }
+    }
+
+    /// What was counted after `before` was read.
+    #[must_use]
+    pub fn since(&self, before: &Self) -> Self {
+        let stages = self
+            .stages
+            .iter()
+            .map(|(name, (n, total, hist))| {
+                let (n0, total0, hist0) = before.stages.get(name).cloned().unwrap_or_default();
+                let hist = hist
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v.saturating_sub(hist0.get(i).copied().unwrap_or(0)))
+                    .collect();
+                (name.clone(), (n.saturating_sub(n0), total - total0, hist))
+            })
+            .collect();
+        Self { stages }
+    }
+
+    /// The stages, each with its packets, mean wait and the bound under which `q` of its
+    /// waits fall (a power of two, microseconds).
+    #[must_use]
+    pub fn summary(&self, q: f64) -> Vec<(String, u64, f64, Option<u64>)> {
+        self.stages
+            .iter()
+            .map(|(name, (n, total, hist))| {
+                #[expect(clippy::cast_precision_loss, reason = "a mean")]
+                let mean = if *n == 0 { 0.0 } else { total / *n as f64 };
+                (name.clone(), *n, mean, log2_quantile(hist, q))
+            })
+            .collect()
+    }
+}
+
+/// The upper bound (2^i microseconds) of the bucket where quantile `q` of a log2 histogram
+/// falls; `None` when it is empty.
+#[must_use]
+pub fn log2_quantile(hist: &[u64], q: f64) -> Option<u64> {
+    let total: u64 = hist.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    #[expect(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a rank among counted packets"
+    )]
+    let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (i, n) in hist.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            return Some(1u64 << i.min(63));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quantile_of_a_log2_histogram_is_its_buckets_upper_bound() {
+        assert_eq!(log2_quantile(&[], 0.99), None);
+        assert_eq!(log2_quantile(&[0, 0, 0], 0.5), None);
+        // 90 waits under 2 us, 9 under 8 us, 1 under 1024 us.
+        let mut h = vec![0; 11];
+        h[1] = 90;
+        h[3] = 9;
+        h[10] = 1;
+        assert_eq!(log2_quantile(&h, 0.5), Some(2));
+        assert_eq!(log2_quantile(&h, 0.9), Some(2));
+        assert_eq!(log2_quantile(&h, 0.99), Some(8));
+        assert_eq!(log2_quantile(&h, 1.0), Some(1024));
+    }
+
+    #[test]
+    fn waits_between_two_readings_are_their_difference() {
+        let doc = |n: u64, mean: f64, hist: &[u64]| {
+            serde_json::json!({"pipelines": {"egress": {"waits": {
+                "total": {"packets": n, "mean_us": mean, "histogram_log2_us": hist}
+            }}}})
+        };
+        let before = Waits::read(&doc(10, 2.0, &[0, 10, 0]), "egress");
+        let after = Waits::read(&doc(20, 11.0, &[0, 10, 10]), "egress");
+        let s = after.since(&before).summary(0.5);
+        assert_eq!(s.len(), 1);
+        let (name, n, mean, p50) = &s[0];
+        assert_eq!((name.as_str(), *n, *p50), ("total", 10, Some(4)));
+        // (20 * 11 - 10 * 2) / 10
+        assert!((mean - 20.0).abs() < 1e-9, "{mean}");
+        assert!(
+            Waits::read(&doc(1, 1.0, &[1]), "ingress")
+                .summary(0.5)
+                .is_empty()
+        );
+    }
 
     #[test]
     fn bisect_closes_in_on_the_threshold_and_stays_inside_the_gap() {

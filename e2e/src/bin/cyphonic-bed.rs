@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use cyphonic_e2e::bed::{BedOptions, CloudOptions, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Priority, Side, TwoSites};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::measure;
 use cyphonic_e2e::report::{
@@ -73,6 +73,28 @@ enum Command {
         udp: u64,
         /// GRO on on the gateways' LAN side (the adapters take coalesced frames and cut them
         /// back into segments, `lan_gro = true`); without it, the wire-like GRO-off profile.
+        #[arg(long)]
+        gro: bool,
+        /// Plain kernel routing instead of the tunnel (the baseline).
+        #[arg(long)]
+        plain: bool,
+    },
+    /// Where a sparse flow waits while a bulk one runs: RTT idle (`count` pings 10 ms
+    /// apart), then while one TCP stream runs with its two ends at default priority and at
+    /// idle priority (`chrt --idle 0`, as if they were machines of their own); for the
+    /// tunnel, where adapter A's egress and adapter B's ingress packets waited meanwhile.
+    /// Prints lines.
+    Latency {
+        /// Pings idle, 10 ms apart.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// Seconds of each loaded phase (100 pings a second).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated.
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// GRO on on the gateways' LAN side.
         #[arg(long)]
         gro: bool,
         /// Plain kernel routing instead of the tunnel (the baseline).
@@ -206,6 +228,13 @@ fn main() -> ExitCode {
             gro,
             plain,
         } => tune(&dataplane, seconds, udp, gro, plain),
+        Command::Latency {
+            count,
+            seconds,
+            dataplane,
+            gro,
+            plain,
+        } => latency(&dataplane, count, seconds, gro, plain),
         Command::Policy {
             rules,
             flows,
@@ -616,14 +645,9 @@ fn policy_cost(rules: usize, flows: u16, seconds: u64, rounds: usize) -> anyhow:
     Ok(())
 }
 
-/// `cyphonic-bed tune`: see [`Command::Tune`].
-fn tune(
-    dataplane: &str,
-    seconds: u64,
-    udp_mbps: u64,
-    gro: bool,
-    plain: bool,
-) -> anyhow::Result<()> {
+/// The bed of `tune` and `latency`: plain routing, or both adapters with `dataplane` lines
+/// (`;`-separated) in their `[dataplane]`; GRO on the gateways' LAN side or not.
+fn quick_bed(dataplane: &str, gro: bool, plain: bool) -> anyhow::Result<TwoSites> {
     let opts = BedOptions {
         dataplane_extra: dataplane.replace(';', "\n"),
         lan_gro: gro,
@@ -636,6 +660,18 @@ fn tune(
         bed.start(Side::A)?;
         bed.start(Side::B)?;
     }
+    Ok(bed)
+}
+
+/// `cyphonic-bed tune`: see [`Command::Tune`].
+fn tune(
+    dataplane: &str,
+    seconds: u64,
+    udp_mbps: u64,
+    gro: bool,
+    plain: bool,
+) -> anyhow::Result<()> {
+    let bed = quick_bed(dataplane, gro, plain)?;
     measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
     let idle = measure::ping(&bed, Side::A, bed.b.host_ip, 200, Duration::from_millis(10))?;
     let t1 = measure::tcp(&bed, 1, seconds)?;
@@ -686,6 +722,91 @@ fn tune(
             b["counters"]["lan_sent"],
             b["counters"]["lan_send_failed"]
         );
+    }
+    Ok(())
+}
+
+/// See `Command::Latency`.
+fn latency(
+    dataplane: &str,
+    count: usize,
+    seconds: u64,
+    gro: bool,
+    plain: bool,
+) -> anyhow::Result<()> {
+    let bed = quick_bed(dataplane, gro, plain)?;
+    println!(
+        "{}{}",
+        if plain {
+            "plain".to_owned()
+        } else {
+            format!("tunnel [{dataplane}]")
+        },
+        if gro { ", GRO on" } else { ", GRO off" }
+    );
+    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let line = |phase: &str, p: &measure::PingStats| {
+        println!(
+            "  {phase}: RTT avg {:.3} p50 {:.3} p99 {:.3} ms ({} of {} answered)",
+            p.avg_ms, p.p50_ms, p.p99_ms, p.received, p.sent
+        );
+    };
+    type Snapshot = (measure::Waits, measure::Waits, u64);
+    let snapshot = |bed: &TwoSites| -> anyhow::Result<Option<Snapshot>> {
+        if plain {
+            return Ok(None);
+        }
+        let a = bed.status(Side::A)?;
+        Ok(Some((
+            measure::Waits::read(&a, "egress"),
+            measure::Waits::read(&bed.status(Side::B)?, "ingress"),
+            a["pipelines"]["egress"]["express"].as_u64().unwrap_or(0),
+        )))
+    };
+    let waits = |before: Option<Snapshot>, after: Option<Snapshot>| {
+        let (Some(before), Some(after)) = (before, after) else {
+            return;
+        };
+        println!(
+            "    A egress: {} packets by the express lane",
+            after.2.saturating_sub(before.2)
+        );
+        for (name, b, a) in [
+            ("A egress", &before.0, &after.0),
+            ("B ingress", &before.1, &after.1),
+        ] {
+            let stages = a
+                .since(b)
+                .summary(0.99)
+                .into_iter()
+                .map(|(stage, n, mean, p99)| {
+                    format!(
+                        "{stage} {mean:.0}/{} us ({n})",
+                        p99.map_or("-".to_owned(), |v| format!("<{v}"))
+                    )
+                })
+                .collect::<Vec<_>>();
+            println!("    {name} waits, mean/p99: {}", stages.join(", "));
+        }
+    };
+    let before = snapshot(&bed)?;
+    let idle = measure::ping(
+        &bed,
+        Side::A,
+        bed.b.host_ip,
+        count,
+        Duration::from_millis(10),
+    )?;
+    line("idle", &idle);
+    waits(before, snapshot(&bed)?);
+    for (phase, priority) in [
+        ("1 TCP stream, default priority", Priority::Default),
+        ("1 TCP stream, idle priority", Priority::Idle),
+    ] {
+        let before = snapshot(&bed)?;
+        let loaded = measure::ping_under_load_at(&bed, seconds, priority)?;
+        line(phase, &loaded);
+        waits(before, snapshot(&bed)?);
     }
     Ok(())
 }
