@@ -642,6 +642,7 @@ mod tests {
                     batch_size: 32,
                     batches_in_flight: 1024,
                     inline_max: 8,
+                    sparse_rate: 1000,
                     ordering: true,
                     aead: cyphonic_crypto::Backend::Ring,
                     udp_buffer: 4 << 20,

@@ -134,6 +134,22 @@ fn adapter_metrics_count_what_the_scenario_sent() {
     );
     assert!(text.contains("out_of_order 0"), "{text}");
     let doc = bed.status(Side::A).unwrap();
+    // 20 pings 50 ms apart: a sparse flow, each sent at once by the express lane on the way
+    // out (the way in has none), but for any that waited for the tunnel's handshake (released
+    // in order behind it).
+    let queued = doc["counters"]["queued_for_handshake"].as_u64().unwrap();
+    assert!(queued <= 2, "{doc}");
+    assert!(
+        text.contains(&format!(
+            "pipeline egress: emitted 20 express {} ",
+            20 - queued
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("pipeline ingress: emitted 20 express 0 "),
+        "{text}"
+    );
     assert_eq!(doc["peers"][0]["tx_packets"], 20, "{doc}");
     let total = &doc["pipelines"]["egress"]["waits"]["total"];
     assert_eq!(total["packets"], 20, "{doc}");

@@ -113,6 +113,11 @@ impl Collector for EngineCollector {
         )
         .encode(&mut e, per_dir(&|s| f(s.out_of_order)))?;
         Family::counters(
+            "cyphonic_pipeline_express",
+            "Packets of sparse flows sent at once, ahead of bulk flows' batches (egress).",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.express)))?;
+        Family::counters(
             "cyphonic_pipeline_held",
             "Packets the reorder ring held for earlier ones.",
         )

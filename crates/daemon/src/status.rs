@@ -242,6 +242,9 @@ pub struct PipelineStatus {
     pub inline_batches: u64,
     /// Packets emitted out of arrival order (0 with ordering on).
     pub out_of_order: u64,
+    /// Packets of sparse flows sent at once, ahead of bulk flows' batches (egress).
+    #[serde(default)]
+    pub express: u64,
     /// Packets the reorder ring held for earlier ones.
     pub held_packets: u64,
     /// Their mean hold time, microseconds.
@@ -277,6 +280,7 @@ impl From<&Stats> for PipelineStatus {
             batches: s.batches,
             inline_batches: s.inline_batches,
             out_of_order: s.out_of_order,
+            express: s.express,
             held_packets: s.held_packets,
             mean_hold_us: s.mean_hold().map_or(0.0, |d| d.as_secs_f64() * 1e6),
             ring_depth_max: s.ring_depth_max,
@@ -485,8 +489,8 @@ pub fn counters_text<E, C: CounterSet>(doc: &Status<E, C>) -> String {
     ] {
         let _ = write!(
             out,
-            "pipeline {dir}: emitted {} out_of_order {} held {} mean_hold_us {:.1}",
-            p.emitted, p.out_of_order, p.held_packets, p.mean_hold_us
+            "pipeline {dir}: emitted {} express {} out_of_order {} held {} mean_hold_us {:.1}",
+            p.emitted, p.express, p.out_of_order, p.held_packets, p.mean_hold_us
         );
         // Mean waits, by stage, where packets went through.
         for (stage, w) in p.waits.iter().filter(|(_, w)| w.packets > 0) {

@@ -25,7 +25,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-pub use packet::FlowKey;
+pub use packet::{FlowKey, flow_of};
 pub use rules::{Proto, Rule, RuleSet};
 pub use spec::{
     Allow, Directory, RuleSpec, SpecError, compile, is_pattern, parse_allow, parse_flow,

@@ -174,6 +174,72 @@ pub(crate) fn parse(packet: &[u8]) -> Option<Seen> {
     })
 }
 
+/// The flow `packet` (an IPv4 packet) belongs to, for scheduling rather than policy: its
+/// protocol, addresses and ports (for ICMP echo the identifier; for other protocols and ICMP
+/// errors none). Every fragment of a datagram, the first included, gets the key without
+/// ports, so that a datagram's fragments stay one flow. `None` for anything but IPv4.
+/// Reads fixed offsets only: no options are walked, nothing is verified.
+pub fn flow_of(packet: &[u8]) -> Option<FlowKey> {
+    let ip = Ipv4Packet::new(packet)?;
+    let ihl = usize::from(ip.get_header_length()) * 4;
+    if ip.get_version() != 4 || ihl < 20 {
+        return None;
+    }
+    let proto = ip.get_next_level_protocol().0;
+    let fragment = ip.get_fragment_offset() != 0 || ip.get_flags() & 1 != 0;
+    let (sport, dport) = match (fragment, packet.get(ihl..)) {
+        (false, Some(l4)) if proto == TCP || proto == UDP || proto == ICMP => {
+            let (s, d, _) = transport(proto, l4).unwrap_or((0, 0, 0));
+            if proto == ICMP && ICMP_ERRORS.contains(&l4.first().copied().unwrap_or(0)) {
+                (0, 0)
+            } else {
+                (s, d)
+            }
+        }
+        _ => (0, 0),
+    };
+    Some(FlowKey {
+        proto,
+        src: ip.get_source(),
+        dst: ip.get_destination(),
+        sport,
+        dport,
+    })
+}
+
+#[cfg(test)]
+mod flow_tests {
+    use super::testing::{ipv4, tcp};
+    use super::*;
+
+    #[test]
+    fn a_flow_is_its_five_tuple_and_fragments_stay_together() {
+        let (a, b) = (Ipv4Addr::new(100, 64, 0, 2), Ipv4Addr::new(100, 64, 1, 2));
+        let key = |proto, sport, dport| FlowKey {
+            proto,
+            src: a,
+            dst: b,
+            sport,
+            dport,
+        };
+        assert_eq!(flow_of(&tcp(a, 4000, b, 22, ACK)), Some(key(TCP, 4000, 22)));
+        let echo = ipv4(ICMP, a, b, &[8, 0, 0, 0, 0x12, 0x34, 0, 1]);
+        assert_eq!(flow_of(&echo), Some(key(ICMP, 0x1234, 0x1234)));
+        let error = ipv4(ICMP, a, b, &[3, 4, 0, 0, 0, 0, 5, 0x78]);
+        assert_eq!(flow_of(&error), Some(key(ICMP, 0, 0)));
+        // A first fragment (more fragments set) and a later one: the same flow, no ports.
+        let mut first = ipv4(UDP, a, b, &[0x0f, 0xa0, 0, 53, 0, 8, 0, 0]);
+        first[6] = 0x20;
+        let mut later = ipv4(UDP, a, b, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        later[7] = 0xb9;
+        assert_eq!(flow_of(&first), Some(key(UDP, 0, 0)));
+        assert_eq!(flow_of(&later), Some(key(UDP, 0, 0)));
+        assert_eq!(flow_of(&[0x60; 40]), None);
+        assert_eq!(flow_of(&[0x45; 3]), None);
+        assert_eq!(flow_of(&[0x41; 40]), None);
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     //! IPv4 packets for the tests.

@@ -92,6 +92,7 @@ struct Head {
 struct Tail {
     emitted: AtomicU64,
     out_of_order: AtomicU64,
+    express: AtomicU64,
     ring_depth: AtomicU64,
     ring_depth_max: AtomicU64,
     hold: Log2Histogram,
@@ -119,6 +120,13 @@ impl Counters {
 
     pub(crate) fn count_inline(&self) {
         self.head.inline_batches.fetch_add(1, Relaxed);
+    }
+
+    /// A sparse flow's packet went by the express lane (`emitted`: 1 if the sink took it).
+    pub(crate) fn count_express(&self, emitted: u64) {
+        self.head.submitted.fetch_add(1, Relaxed);
+        self.tail.express.fetch_add(1, Relaxed);
+        self.tail.emitted.fetch_add(emitted, Relaxed);
     }
 
     pub(crate) fn count_full(&self) {
@@ -179,6 +187,7 @@ impl Counters {
             batches: self.head.batches.load(Relaxed),
             inline_batches: self.head.inline_batches.load(Relaxed),
             out_of_order: self.tail.out_of_order.load(Relaxed),
+            express: self.tail.express.load(Relaxed),
             held_packets: hold_histogram.iter().sum(),
             held_nanos: self.tail.hold.nanos.load(Relaxed),
             ring_depth: self.tail.ring_depth.load(Relaxed),
@@ -205,8 +214,12 @@ pub struct Stats {
     /// Of those, batches processed and emitted on the sequencer's own thread because nothing
     /// was in flight ([`crate::Config::inline_max`]).
     pub inline_batches: u64,
-    /// Packets emitted after a packet that arrived later. Stays 0 with ordering on.
+    /// Packets emitted after a packet that arrived later. Stays 0 with ordering on (the
+    /// express lane's packets are not among them: they overtake other flows by design).
     pub out_of_order: u64,
+    /// Packets of sparse flows that went by the express lane
+    /// ([`crate::Sequencer::push_flow`]), emitted at once ahead of other flows' batches.
+    pub express: u64,
     /// Packets that waited in the reorder ring for an earlier batch.
     pub held_packets: u64,
     /// Sum of their waits, in nanoseconds.

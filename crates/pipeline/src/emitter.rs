@@ -8,7 +8,8 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::counters::Counters;
-use crate::{Batch, BuildError, Config, Entry, Sink, Times};
+use crate::flows::{InFlight, NO_FLOW};
+use crate::{Batch, BuildError, Config, DropReason, Entry, Sink, Times};
 
 /// The emitter thread of a pipeline. [`Emitter::join`] waits for it to drain and returns the
 /// sink.
@@ -157,6 +158,7 @@ impl<K: Sink> EmitShared<K> {
         sink: K,
         free_tx: Sender<Vec<Entry<K::Item>>>,
         counters: Arc<Counters>,
+        flows: Option<Arc<InFlight>>,
     ) -> Self {
         Self {
             state: Mutex::new(Some(EmitterState {
@@ -166,6 +168,7 @@ impl<K: Sink> EmitShared<K> {
                 free_tx,
                 counters,
                 last_emitted: None,
+                flows,
             })),
             in_flight: AtomicUsize::new(0),
         }
@@ -190,6 +193,9 @@ pub(crate) trait Inline<T>: Send + Sync {
     /// [`Inline::idle`] said so (and with no dispatch since): `seq` is then the next due.
     /// Leaves `entries` empty, for reuse. Returns false when the emitter is gone.
     fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<T>>, times: Times) -> bool;
+    /// Emits a sparse flow's packet, processed on the caller's thread, now, outside the
+    /// ring: after whatever the sink holds, ahead of every batch still in flight.
+    fn emit_express(&self, item: T, verdict: Result<(), DropReason>, times: Times);
 }
 
 impl<K: Sink> Inline<K::Item> for EmitShared<K> {
@@ -216,6 +222,31 @@ impl<K: Sink> Inline<K::Item> for EmitShared<K> {
         st.sink.flush();
         true
     }
+
+    fn emit_express(&self, item: K::Item, verdict: Result<(), DropReason>, times: Times) {
+        let mut guard = self.lock();
+        let Some(st) = guard.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        st.counters.record_waits(&times, now, now, 1);
+        let emitted = match verdict {
+            Ok(()) => match st.sink.emit(item) {
+                Ok(()) => 1,
+                Err(reason) => {
+                    st.counters.count_drop(reason);
+                    0
+                }
+            },
+            Err(reason) => {
+                st.counters.count_drop(reason);
+                st.sink.dropped(item, reason);
+                0
+            }
+        };
+        st.counters.count_express(emitted);
+        st.sink.flush();
+    }
 }
 
 struct EmitterState<K: Sink> {
@@ -225,6 +256,8 @@ struct EmitterState<K: Sink> {
     free_tx: Sender<Vec<Entry<K::Item>>>,
     counters: Arc<Counters>,
     last_emitted: Option<u64>,
+    /// Packets in flight per flow bucket, released here as they leave.
+    flows: Option<Arc<InFlight>>,
 }
 
 /// The emitter thread: batches from the pool go through the reorder ring and out, in order;
@@ -305,6 +338,11 @@ impl<K: Sink> EmitterState<K> {
                 out_of_order += 1;
             }
             self.last_emitted = Some(self.last_emitted.map_or(entry.seq, |l| l.max(entry.seq)));
+            if entry.flow != NO_FLOW
+                && let Some(flows) = &self.flows
+            {
+                flows.release(entry.flow);
+            }
             match entry.verdict {
                 Ok(()) => match self.sink.emit(entry.item) {
                     Ok(()) => emitted += 1,

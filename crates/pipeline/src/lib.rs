@@ -22,6 +22,13 @@
 //!   (the sink sits behind a lock the emitter thread takes too). Only the sequencer's thread
 //!   dispatches, so "nothing in flight" stays true while it works, and order holds.
 //!
+//! - Sparse flows skip the queue ([`Sequencer::push_flow`], fq_codel's new-flow queue in
+//!   spirit): a packet whose flow has nothing in flight and keeps to
+//!   [`Config::sparse_rate`] is stamped, processed and emitted on the caller's thread at
+//!   once, outside the ring, ahead of other flows' batches; a ping does not wait behind a
+//!   download. A flow's own packets never overtake each other: while one is in flight the
+//!   next queues behind it (`flows.rs`).
+//!
 //! Memory is fixed at start: [`Config::batches_in_flight`] batch buffers circulate between the
 //! sequencer and the emitter. When all are in flight, [`Sequencer::push`] refuses the packet
 //! ([`Rejected::Full`]) and the caller drops it at the edge (or waits with
@@ -34,6 +41,7 @@
 
 mod counters;
 mod emitter;
+mod flows;
 mod sequencer;
 
 use std::sync::Arc;
@@ -42,6 +50,7 @@ use std::time::Instant;
 pub use counters::{Counters, HOLD_BUCKETS, Stats, Wait};
 use emitter::EmitShared;
 pub use emitter::{Emitter, ReorderRing};
+pub use flows::{FLOW_BUCKETS, MEMORY};
 pub use sequencer::{Rejected, Sequencer};
 
 /// Why a packet left the pipeline without being emitted. Counted per reason.
@@ -162,6 +171,16 @@ pub struct Config {
     /// thread hand-offs from a packet's path; under load batches fill up or find others in
     /// flight, and go to the workers.
     pub inline_max: usize,
+    /// Packets a second a flow may send and still count as sparse ([`Sequencer::push_flow`]):
+    /// a packet of a sparse flow with nothing of its flow in flight is processed and emitted
+    /// at once on the caller's thread, ahead of other flows' packets in flight. 0: no
+    /// express lane (every packet queues in arrival order).
+    pub sparse_rate: u32,
+    /// The burst a sparse flow may send at once, packets.
+    pub sparse_burst: u32,
+    /// Packets a second the express lane takes in all, whatever the number of sparse flows:
+    /// the most work it puts on the caller's thread.
+    pub express_rate: u32,
     /// Emit in arrival order. `false` only to reproduce the papers' reordering problem.
     pub ordering: bool,
     /// Thread name of the emitter, for `top -H` and debuggers.
@@ -194,6 +213,9 @@ impl Default for Config {
             batch_size: 32,
             batches_in_flight: 1024,
             inline_max: 8,
+            sparse_rate: 1000,
+            sparse_burst: 32,
+            express_rate: 20_000,
             ordering: true,
             name: "cyphonic-emit".into(),
             on_thread_start: None,
@@ -240,17 +262,24 @@ where
             .send(Vec::with_capacity(config.batch_size))
             .expect("sized to hold them all");
     }
-    let shared = Arc::new(EmitShared::new(config, sink, free_tx, counters.clone()));
+    let flows = flows::FlowTable::new(config.sparse_rate, config.sparse_burst, config.express_rate);
+    let shared = Arc::new(EmitShared::new(
+        config,
+        sink,
+        free_tx,
+        counters.clone(),
+        flows.as_ref().map(flows::FlowTable::in_flight),
+    ));
     let emitter = Emitter::spawn(config, shared.clone(), done_rx, counters.clone())?;
     let sequencer = Sequencer::new(
-        config.batch_size,
-        config.inline_max,
+        config,
         Arc::new(stage),
         pool,
         shared,
         done_tx,
         free_rx,
         counters,
+        flows,
     );
     Ok((sequencer, emitter))
 }
@@ -261,6 +290,8 @@ struct Entry<T> {
     seq: u64,
     item: T,
     verdict: Result<(), DropReason>,
+    /// Its flow's bucket, whose count of packets in flight it holds until it leaves.
+    flow: flows::Bucket,
 }
 
 /// A batch on its way from the sequencer through a worker to the emitter.

@@ -7,7 +7,8 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::counters::Counters;
 use crate::emitter::Inline;
-use crate::{Batch, DropReason, Entry, Stage, Stats, Times};
+use crate::flows::{Bucket, FlowTable, NO_FLOW};
+use crate::{Batch, Config, DropReason, Entry, Stage, Stats, Times};
 
 /// A packet the sequencer did not take, handed back to the caller.
 #[derive(Debug, PartialEq, Eq)]
@@ -45,6 +46,8 @@ pub struct Sequencer<S: Stage> {
     next_seq: u64,
     next_batch: u64,
     counters: Arc<Counters>,
+    /// The sparse flows' table; `None` without an express lane.
+    flows: Option<FlowTable>,
 }
 
 impl<S: Stage> core::fmt::Debug for Sequencer<S> {
@@ -60,18 +63,18 @@ impl<S: Stage> core::fmt::Debug for Sequencer<S> {
 impl<S: Stage> Sequencer<S> {
     #[expect(clippy::too_many_arguments, reason = "wired once, by `crate::start`")]
     pub(crate) fn new(
-        batch_size: usize,
-        inline_max: usize,
+        config: &Config,
         stage: Arc<S>,
         pool: Arc<rayon::ThreadPool>,
         inline: Arc<dyn Inline<S::Item>>,
         done_tx: Sender<Batch<S::Item>>,
         free_rx: Receiver<Vec<Entry<S::Item>>>,
         counters: Arc<Counters>,
+        flows: Option<FlowTable>,
     ) -> Self {
         Self {
-            batch_size,
-            inline_max,
+            batch_size: config.batch_size,
+            inline_max: config.inline_max,
             stage,
             pool,
             inline,
@@ -82,6 +85,7 @@ impl<S: Stage> Sequencer<S> {
             next_seq: 0,
             next_batch: 0,
             counters,
+            flows,
         }
     }
 
@@ -91,6 +95,39 @@ impl<S: Stage> Sequencer<S> {
     /// # Errors
     /// [`Rejected`] with the packet when every batch buffer is in flight or the stage refused.
     pub fn push(&mut self, item: S::Item) -> Result<(), Rejected<S::Item>> {
+        self.push_in(item, NO_FLOW)
+    }
+
+    /// Takes a packet of `flow` (whatever identifies a flow to the caller: its addresses,
+    /// protocol and ports). A packet of a sparse flow (nothing of the flow in flight, the
+    /// flow within [`Config::sparse_rate`], the lane within [`Config::express_rate`]) is
+    /// stamped, processed and emitted at once on this thread: it overtakes other flows'
+    /// packets in flight, never its own flow's. Any other packet is taken as by
+    /// [`Sequencer::push`], and counts as its flow's until it leaves. Never blocks (but an
+    /// express packet waits for the emitter's lock).
+    ///
+    /// # Errors
+    /// [`Rejected`] with the packet when every batch buffer is in flight or the stage refused.
+    pub fn push_flow(
+        &mut self,
+        item: S::Item,
+        flow: &impl std::hash::Hash,
+    ) -> Result<(), Rejected<S::Item>> {
+        let Some(flows) = self.flows.as_mut() else {
+            return self.push_in(item, NO_FLOW);
+        };
+        let bucket = flows.bucket(flow);
+        // The open batch's stamp is recent enough to pace by under load; a packet that opens
+        // a batch (light load) reads the clock anyway.
+        let open = self.filling.as_ref().is_some_and(|b| !b.is_empty());
+        let now = if open { self.opened } else { Instant::now() };
+        if flows.sparse(bucket, now) {
+            return self.express(item, now);
+        }
+        self.push_in(item, bucket)
+    }
+
+    fn push_in(&mut self, item: S::Item, flow: Bucket) -> Result<(), Rejected<S::Item>> {
         if self.filling.is_none() {
             match self.free_rx.try_recv() {
                 Ok(buf) => self.filling = Some(buf),
@@ -100,7 +137,24 @@ impl<S: Stage> Sequencer<S> {
                 }
             }
         }
-        self.stamp_and_add(item)
+        self.stamp_and_add(item, flow)
+    }
+
+    /// A sparse flow's packet: stamped, processed and emitted now, outside the ring.
+    fn express(&mut self, mut item: S::Item, arrived: Instant) -> Result<(), Rejected<S::Item>> {
+        if let Err(reason) = self.stage.sequence(&mut item) {
+            self.counters.count_drop(reason);
+            return Err(Rejected::Dropped(item, reason));
+        }
+        let started = Instant::now();
+        let verdict = self.stage.process(&mut item);
+        let times = Times {
+            opened: arrived.min(started),
+            dispatched: started,
+            started,
+        };
+        self.inline.emit_express(item, verdict, times);
+        Ok(())
     }
 
     /// Like [`Sequencer::push`], but when every batch buffer is in flight it waits for the
@@ -116,7 +170,7 @@ impl<S: Stage> Sequencer<S> {
                 Err(_) => return Err(Rejected::Full(item)),
             }
         }
-        self.stamp_and_add(item)
+        self.stamp_and_add(item, NO_FLOW)
     }
 
     /// Sends the partial batch now. Call when the source has nothing more at the moment (end
@@ -137,7 +191,7 @@ impl<S: Stage> Sequencer<S> {
         &self.counters
     }
 
-    fn stamp_and_add(&mut self, mut item: S::Item) -> Result<(), Rejected<S::Item>> {
+    fn stamp_and_add(&mut self, mut item: S::Item, flow: Bucket) -> Result<(), Rejected<S::Item>> {
         if let Err(reason) = self.stage.sequence(&mut item) {
             self.counters.count_drop(reason);
             return Err(Rejected::Dropped(item, reason));
@@ -153,7 +207,13 @@ impl<S: Stage> Sequencer<S> {
             seq: self.next_seq,
             item,
             verdict: Ok(()),
+            flow,
         });
+        if flow != NO_FLOW
+            && let Some(flows) = &self.flows
+        {
+            flows.add(flow);
+        }
         self.next_seq += 1;
         if batch.len() >= self.batch_size {
             self.dispatch();

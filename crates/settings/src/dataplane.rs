@@ -54,6 +54,8 @@ macro_rules! dataplane_table {
             batches_in_flight: toml::Spanned<usize>,
             #[serde(default = "cyphonic_settings::defaults::inline_max")]
             inline_max: toml::Spanned<usize>,
+            #[serde(default = "cyphonic_settings::defaults::sparse_rate")]
+            sparse_rate: u32,
             #[serde(default = "cyphonic_settings::defaults::ordering")]
             ordering: bool,
             #[serde(default)]
@@ -88,6 +90,7 @@ macro_rules! dataplane_table {
                     batch_size: $crate::defaults::batch_size(),
                     batches_in_flight: $crate::defaults::batches_in_flight(),
                     inline_max: $crate::defaults::inline_max(),
+                    sparse_rate: $crate::defaults::sparse_rate(),
                     ordering: $crate::defaults::ordering(),
                     aead: $crate::AeadName::default(),
                     udp_buffer: $crate::defaults::udp_buffer(),
@@ -134,6 +137,7 @@ macro_rules! dataplane_table {
                     batch_size: *self.batch_size.get_ref(),
                     batches_in_flight: *self.batches_in_flight.get_ref(),
                     inline_max: *self.inline_max.get_ref(),
+                    sparse_rate: self.sparse_rate,
                     ordering: self.ordering,
                     aead: self.aead.0,
                     udp_buffer: self.udp_buffer,

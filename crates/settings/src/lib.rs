@@ -703,6 +703,10 @@ pub mod defaults {
     pub fn inline_max() -> Spanned<usize> {
         Spanned::new(0..0, DataPlane::default().inline_max)
     }
+    /// `dataplane.sparse_rate`.
+    pub fn sparse_rate() -> u32 {
+        DataPlane::default().sparse_rate
+    }
     /// `dataplane.ordering`.
     pub fn ordering() -> bool {
         DataPlane::default().ordering

@@ -286,7 +286,13 @@ impl Submitter {
             self.enqueue(id, item);
             return;
         }
-        match self.seq.push(item) {
+        // A packet of a sparse flow may go ahead of bulk flows' batches (never of its own).
+        let flow = packet.and_then(cyphonic_filter::flow_of);
+        let pushed = match flow {
+            Some(flow) => self.seq.push_flow(item, &flow),
+            None => self.seq.push(item),
+        };
+        match pushed {
             Ok(()) => {}
             Err(Rejected::Dropped(item, DropReason::NoSession)) => self.enqueue(id, item),
             Err(Rejected::Full(_)) => bump(&self.shared.counters.drop_pipeline_full),

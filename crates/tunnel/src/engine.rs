@@ -54,6 +54,10 @@ pub struct DataPlane {
     /// Batches of at most this many packets are sealed or opened on the receiving thread
     /// when nothing is in flight (0: never).
     pub inline_max: usize,
+    /// Packets a second a flow may send out and still take the express lane past bulk
+    /// flows' batches, when nothing of its own is in flight (0: no express lane;
+    /// [`cyphonic_pipeline::Config::sparse_rate`]).
+    pub sparse_rate: u32,
     /// Emit in arrival order (`false` only for experiments).
     pub ordering: bool,
     /// The AEAD implementation of every session.
@@ -91,6 +95,7 @@ impl Default for DataPlane {
             // batch buffers and lost 5% (docs/benchmarks.md).
             batches_in_flight: 1024,
             inline_max: 8,
+            sparse_rate: cyphonic_pipeline::Config::default().sparse_rate,
             ordering: true,
             aead: Backend::default(),
             udp_buffer: 4 << 20,
@@ -284,16 +289,20 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
                 .start_handler(move |_| (place.0)())
                 .build()?
         });
-        let pconfig = |name: &str| cyphonic_pipeline::Config {
+        // Only the way out knows flows (the edge's packets, before sealing): the express lane
+        // is the egress pipeline's.
+        let pconfig = |name: &str, sparse_rate: u32| cyphonic_pipeline::Config {
             batch_size: dp.batch_size,
             batches_in_flight: dp.batches_in_flight,
             inline_max: dp.inline_max,
+            sparse_rate,
             ordering: dp.ordering,
             name: name.to_owned(),
             on_thread_start: Some(place.clone()),
+            ..cyphonic_pipeline::Config::default()
         };
         let (egress_seq, egress_emit) = cyphonic_pipeline::start(
-            &pconfig("cy-egress-emit"),
+            &pconfig("cy-egress-emit", dp.sparse_rate),
             rayon.clone(),
             SealStage::new(shared.clone()),
             SocketSink::new(
@@ -304,7 +313,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             ),
         )?;
         let (ingress_seq, ingress_emit) =
-            cyphonic_pipeline::start(&pconfig("cy-ingress-emit"), rayon, OpenStage, sink)?;
+            cyphonic_pipeline::start(&pconfig("cy-ingress-emit", 0), rayon, OpenStage, sink)?;
         let (egress_counters, ingress_counters) = (
             egress_seq.counters().clone(),
             ingress_seq.counters().clone(),
