@@ -236,20 +236,22 @@ fn forged_replayed_and_garbage_underlay_frames_are_dropped_while_tcp_runs() {
 }
 
 /// Pings while one TCP stream runs: each ping is a sparse flow's packet and goes by adapter
-/// A's express lane, ahead of the stream's batches; the stream's packets do not (they queue in
-/// order); nothing leaves out of order and every ping is answered.
+/// A's express lane, ahead of the stream's batches, flagged so that adapter B opens it ahead
+/// of its own queue too; the stream's packets do not (they queue in order); nothing leaves
+/// out of order and every ping is answered.
 #[test]
 fn pings_skip_the_queue_of_a_bulk_stream() {
     let bed = bed(&BedOptions::default());
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
     let express = |bed: &TwoSites| {
-        let s = bed.status(Side::A).unwrap();
+        let (a, b) = (bed.status(Side::A).unwrap(), bed.status(Side::B).unwrap());
         (
-            s["pipelines"]["egress"]["express"].as_u64().unwrap(),
-            s["pipelines"]["egress"]["emitted"].as_u64().unwrap(),
+            a["pipelines"]["egress"]["express"].as_u64().unwrap(),
+            a["pipelines"]["egress"]["emitted"].as_u64().unwrap(),
+            b["pipelines"]["ingress"]["express"].as_u64().unwrap(),
         )
     };
-    let (express_before, emitted_before) = express(&bed);
+    let (express_before, emitted_before, b_before) = express(&bed);
     let run = IperfRun::start(&bed, Side::B, &[], 5).unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let ping = bed
@@ -268,10 +270,11 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
         "{text}\n{}",
         bed.logs()
     );
-    let (express_after, emitted_after) = express(&bed);
-    let (express, emitted) = (
+    let (express_after, emitted_after, b_after) = express(&bed);
+    let (express, emitted, b_express) = (
         express_after - express_before,
         emitted_after - emitted_before,
+        b_after - b_before,
     );
     let bits = report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
@@ -284,6 +287,11 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
         "{express} express of {emitted} emitted ({bits} bit/s)"
     );
     assert!(emitted > 10_000, "{emitted} emitted ({bits} bit/s)");
+    // B took them ahead too (but for any its lane or window turned away).
+    assert!(
+        (40..=express).contains(&b_express),
+        "B: {b_express} of A's {express}"
+    );
     assert_eq!(out_of_order(&bed, Side::A), (0, 0));
     assert_eq!(out_of_order(&bed, Side::B), (0, 0));
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::counters::Counters;
-use crate::flows::{InFlight, NO_FLOW};
+use crate::flows::Emitted;
 use crate::{Batch, BuildError, Config, DropReason, Entry, Sink, Times};
 
 /// The emitter thread of a pipeline. [`Emitter::join`] waits for it to drain and returns the
@@ -158,7 +158,7 @@ impl<K: Sink> EmitShared<K> {
         sink: K,
         free_tx: Sender<Vec<Entry<K::Item>>>,
         counters: Arc<Counters>,
-        flows: Option<Arc<InFlight>>,
+        flows: Option<Arc<Emitted>>,
     ) -> Self {
         Self {
             state: Mutex::new(Some(EmitterState {
@@ -189,6 +189,8 @@ pub(crate) trait Inline<T>: Send + Sync {
     fn idle(&self) -> bool;
     /// A batch is being handed to the pool.
     fn dispatched(&self);
+    /// Batches handed to the pool and not yet emitted.
+    fn in_flight(&self) -> usize;
     /// Emits batch `seq`, already processed on the caller's thread, now. Call only after
     /// [`Inline::idle`] said so (and with no dispatch since): `seq` is then the next due.
     /// Leaves `entries` empty, for reuse. Returns false when the emitter is gone.
@@ -205,6 +207,10 @@ impl<K: Sink> Inline<K::Item> for EmitShared<K> {
 
     fn dispatched(&self) {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
     }
 
     fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<K::Item>>, times: Times) -> bool {
@@ -256,8 +262,8 @@ struct EmitterState<K: Sink> {
     free_tx: Sender<Vec<Entry<K::Item>>>,
     counters: Arc<Counters>,
     last_emitted: Option<u64>,
-    /// Packets in flight per flow bucket, released here as they leave.
-    flows: Option<Arc<InFlight>>,
+    /// How far this has emitted, for the sparse flows' table.
+    flows: Option<Arc<Emitted>>,
 }
 
 /// The emitter thread: batches from the pool go through the reorder ring and out, in order;
@@ -332,17 +338,17 @@ impl<K: Sink> EmitterState<K> {
     }
 
     fn emit_entries(&mut self, entries: &mut Vec<Entry<K::Item>>) {
+        if let (Some(flows), Some(last)) = (&self.flows, entries.last()) {
+            // In order: everything up to the batch's last packet is out once this returns
+            // (the lock is held until then, and an express packet takes it too).
+            flows.up_to(last.seq);
+        }
         let (mut emitted, mut out_of_order) = (0, 0);
         for entry in entries.drain(..) {
             if self.last_emitted.is_some_and(|last| entry.seq < last) {
                 out_of_order += 1;
             }
             self.last_emitted = Some(self.last_emitted.map_or(entry.seq, |l| l.max(entry.seq)));
-            if entry.flow != NO_FLOW
-                && let Some(flows) = &self.flows
-            {
-                flows.release(entry.flow);
-            }
             match entry.verdict {
                 Ok(()) => match self.sink.emit(entry.item) {
                     Ok(()) => emitted += 1,

@@ -2,18 +2,26 @@
 //! in the pipeline and sends slowly (a ping, a DNS question, a keystroke, an ACK now and then)
 //! need not wait behind the batches of a bulk flow. The caller names each packet's flow; the
 //! flow hashes (keyed, so that nobody can aim at another flow's bucket) into a fixed table of
-//! buckets, each with the count of its packets in flight and its pace.
+//! buckets, each with the sequence number of its last queued packet, when that was queued,
+//! and its pace. All of it lives on the sequencer's thread; the emitter publishes one number
+//! per batch, how far it has emitted (it emits in sequence order), so the bulk path pays no
+//! shared write per packet.
 //!
 //! The pace is a GCRA (the virtual-scheduling form of a token bucket) per bucket: every packet
 //! moves the bucket's theoretical arrival time `tat` one interval (`1 / rate`) on, and a
-//! packet is sparse when `tat` lies less than `burst` intervals ahead of now. Every packet
-//! counts, sparse or not, so a bulk flow's `tat` runs ahead; it is held at most [`MEMORY`]
-//! ahead, so a bulk flow that falls quiet counts as sparse again after about that long, by
-//! which time its last packets have long left both ends' pipelines.
+//! packet keeps to the pace when `tat` lies less than `burst` intervals ahead of now. Every
+//! packet counts, sparse or not, so a bulk flow's `tat` runs ahead; it is held at most
+//! [`MEMORY`] ahead, so a bulk flow that falls quiet counts as sparse again after about that
+//! long.
+//!
+//! A packet is sparse when its bucket keeps to its pace, its last queued packet has been
+//! emitted and was queued at least [`SETTLE`] ago: every earlier packet of the flow has left
+//! this end, and a receiver that takes the packet ahead of its own queue (docs/protocol.md
+//! §1, `FLAG_SPARSE`) reorders the flow only if it held one of them for longer than that
+//! (less what it waited here).
 
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Buckets in a flow table: flows hash into these.
@@ -23,26 +31,32 @@ pub const FLOW_BUCKETS: usize = 4096;
 /// has been quiet about this long.
 pub const MEMORY: Duration = Duration::from_millis(100);
 
-/// A bucket index, kept with each packet in flight; [`NO_FLOW`] for packets pushed without one.
+/// How long after a flow's last packet was queued its next may take the express lane.
+pub const SETTLE: Duration = Duration::from_millis(10);
+
+/// A bucket index.
 pub(crate) type Bucket = u16;
 
 /// The bucket of a packet pushed without a flow.
 pub(crate) const NO_FLOW: Bucket = Bucket::MAX;
 
-/// Packets in flight per bucket: added by the sequencer, released by whoever emits.
-#[derive(Debug)]
-pub(crate) struct InFlight(Box<[AtomicU32]>);
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
-impl InFlight {
-    fn new() -> Self {
-        Self((0..FLOW_BUCKETS).map(|_| AtomicU32::new(0)).collect())
+/// How far the emitter has emitted: one past the highest sequence number out (in order, so
+/// every lower one is out too). Written once per batch.
+#[derive(Debug, Default)]
+pub(crate) struct Emitted(AtomicU64);
+
+impl Emitted {
+    /// Packets up to `seq` have left.
+    pub(crate) fn up_to(&self, seq: u64) {
+        self.0.fetch_max(seq + 1, Relaxed);
     }
 
-    /// A packet of `bucket` left the pipeline (emitted or dropped).
-    pub(crate) fn release(&self, bucket: Bucket) {
-        if let Some(n) = self.0.get(usize::from(bucket)) {
-            n.fetch_sub(1, Relaxed);
-        }
+    fn get(&self) -> u64 {
+        self.0.load(Relaxed)
     }
 }
 
@@ -65,17 +79,21 @@ impl Pace {
     /// Counts a packet at `now` (ns) against `tat`; whether it kept to the pace.
     fn count(self, tat: &mut u64, now: u64) -> bool {
         let kept = tat.saturating_sub(now) <= self.tolerance;
-        let memory = u64::try_from(MEMORY.as_nanos()).unwrap_or(u64::MAX);
-        *tat = ((*tat).max(now) + self.interval).min(now + memory.max(self.tolerance));
+        *tat = ((*tat).max(now) + self.interval).min(now + nanos(MEMORY).max(self.tolerance));
         kept
     }
 }
 
-/// The sequencer's side: the buckets' paces and the key, and the shared in-flight counts.
+/// The sequencer's side: per bucket its pace, its last queued packet and when; the key; and
+/// the emitter's progress.
 #[derive(Debug)]
 pub(crate) struct FlowTable {
-    in_flight: Arc<InFlight>,
+    emitted: std::sync::Arc<Emitted>,
     tat: Box<[u64]>,
+    /// One past the sequence number of the bucket's last queued packet (0: none yet).
+    last: Box<[u64]>,
+    /// When that was queued, ns since `base` (0: never).
+    queued_at: Box<[u64]>,
     /// The express lane as a whole: a bound on the work the caller's thread takes on.
     lane_tat: u64,
     flow: Pace,
@@ -89,8 +107,10 @@ impl FlowTable {
     /// at `lane_rate`; `None` when `rate` is 0 (no express lane).
     pub(crate) fn new(rate: u32, burst: u32, lane_rate: u32) -> Option<Self> {
         (rate > 0).then(|| Self {
-            in_flight: Arc::new(InFlight::new()),
+            emitted: std::sync::Arc::default(),
             tat: vec![0; FLOW_BUCKETS].into_boxed_slice(),
+            last: vec![0; FLOW_BUCKETS].into_boxed_slice(),
+            queued_at: vec![0; FLOW_BUCKETS].into_boxed_slice(),
             lane_tat: 0,
             flow: Pace::new(rate, burst),
             lane: Pace::new(lane_rate.max(rate), burst.saturating_mul(2)),
@@ -99,9 +119,13 @@ impl FlowTable {
         })
     }
 
-    /// The counts the emitting side releases.
-    pub(crate) fn in_flight(&self) -> Arc<InFlight> {
-        self.in_flight.clone()
+    /// What the emitting side moves on.
+    pub(crate) fn emitted(&self) -> std::sync::Arc<Emitted> {
+        self.emitted.clone()
+    }
+
+    fn ns(&self, at: Instant) -> u64 {
+        nanos(at.saturating_duration_since(self.base))
     }
 
     /// `flow`'s bucket.
@@ -115,18 +139,25 @@ impl FlowTable {
     }
 
     /// Counts a packet of `bucket` arriving at `now`; whether it may go ahead of the queue:
-    /// nothing of its bucket in flight, the bucket within its pace and the lane within its.
-    pub(crate) fn sparse(&mut self, bucket: Bucket, now: Instant) -> bool {
+    /// `room` (the pipeline has room for it to overtake), its bucket within its pace, its last
+    /// queued packet out and settled, and the lane within its pace.
+    pub(crate) fn sparse(&mut self, bucket: Bucket, now: Instant, room: bool) -> bool {
         let i = usize::from(bucket);
-        let ns =
-            u64::try_from(now.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX);
+        let ns = self.ns(now);
         let paced = self.flow.count(&mut self.tat[i], ns);
-        paced && self.in_flight.0[i].load(Relaxed) == 0 && self.lane.count(&mut self.lane_tat, ns)
+        paced
+            && room
+            && self.emitted.get() >= self.last[i]
+            && (self.queued_at[i] == 0 || ns >= self.queued_at[i].saturating_add(nanos(SETTLE)))
+            && self.lane.count(&mut self.lane_tat, ns)
     }
 
-    /// A packet of `bucket` joined a batch.
-    pub(crate) fn add(&self, bucket: Bucket) {
-        self.in_flight.0[usize::from(bucket)].fetch_add(1, Relaxed);
+    /// Packet `seq` of `bucket` joined a batch at `now`.
+    pub(crate) fn queued(&mut self, bucket: Bucket, seq: u64, now: Instant) {
+        let i = usize::from(bucket);
+        self.last[i] = seq + 1;
+        // 0 stands for "never".
+        self.queued_at[i] = self.ns(now).max(1);
     }
 }
 
@@ -170,23 +201,26 @@ mod tests {
     }
 
     #[test]
-    fn a_flow_with_packets_in_flight_is_not_sparse_until_they_leave() {
+    fn a_flow_with_a_packet_in_flight_is_not_sparse_until_it_left_and_settled() {
         let mut table = FlowTable::new(1000, 32, 20_000).unwrap();
-        let now = Instant::now();
+        let now = Instant::now() + MEMORY;
         let b = table.bucket(&("flow", 1));
-        assert!(table.sparse(b, now));
-        table.add(b);
-        assert!(!table.sparse(b, now));
-        let in_flight = table.in_flight();
-        in_flight.release(b);
-        assert!(table.sparse(b, now));
+        assert!(table.sparse(b, now, true));
+        assert!(!table.sparse(b, now, false), "no room");
+        table.queued(b, 7, now);
+        assert!(!table.sparse(b, now + SETTLE, true), "in flight");
+        table.emitted().up_to(6);
+        assert!(!table.sparse(b, now + SETTLE, true), "still in flight");
+        table.emitted().up_to(7);
+        assert!(!table.sparse(b, now + SETTLE / 2, true), "not settled");
+        assert!(table.sparse(b, now + SETTLE, true));
         // Another flow is not held back by this one's packets.
-        table.add(b);
+        table.queued(b, 8, now + SETTLE);
         let other = (0..100)
             .map(|i| table.bucket(&("other", i)))
             .find(|o| *o != b)
             .unwrap();
-        assert!(table.sparse(other, now));
+        assert!(table.sparse(other, now + SETTLE, true));
     }
 
     #[test]
@@ -194,11 +228,11 @@ mod tests {
         // Flows at 1000/s each with bursts of 4, the lane at 1000/s with bursts of 8: many
         // fresh flows at once get the lane's burst, not more.
         let mut table = FlowTable::new(1000, 4, 1000).unwrap();
-        let now = Instant::now();
+        let now = Instant::now() + MEMORY;
         let granted = (0..100u32)
             .filter(|i| {
                 let b = table.bucket(i);
-                table.sparse(b, now)
+                table.sparse(b, now, true)
             })
             .count();
         assert_eq!(granted, 8);

@@ -50,7 +50,7 @@ use std::time::Instant;
 pub use counters::{Counters, HOLD_BUCKETS, Stats, Wait};
 use emitter::EmitShared;
 pub use emitter::{Emitter, ReorderRing};
-pub use flows::{FLOW_BUCKETS, MEMORY};
+pub use flows::{FLOW_BUCKETS, MEMORY, SETTLE};
 pub use sequencer::{Rejected, Sequencer};
 
 /// Why a packet left the pipeline without being emitted. Counted per reason.
@@ -126,6 +126,10 @@ pub trait Stage: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Runs on the caller's thread, after [`Stage::sequence`], on a packet the express lane
+    /// takes ahead of the queue ([`Sequencer::push_flow`]): the place to mark it as such.
+    fn expressed(&self, _item: &mut Self::Item) {}
+
     /// Runs on a worker, in any order relative to other packets: seal or open.
     ///
     /// # Errors
@@ -181,6 +185,10 @@ pub struct Config {
     /// Packets a second the express lane takes in all, whatever the number of sparse flows:
     /// the most work it puts on the caller's thread.
     pub express_rate: u32,
+    /// An express packet never overtakes more than this many packets in flight: what a
+    /// receiver's replay window must hold beside it (a sealed packet's counter is assigned in
+    /// arrival order, so an overtaken packet arrives that far behind).
+    pub express_window: usize,
     /// Emit in arrival order. `false` only to reproduce the papers' reordering problem.
     pub ordering: bool,
     /// Thread name of the emitter, for `top -H` and debuggers.
@@ -216,6 +224,7 @@ impl Default for Config {
             sparse_rate: 1000,
             sparse_burst: 32,
             express_rate: 20_000,
+            express_window: 4096,
             ordering: true,
             name: "cyphonic-emit".into(),
             on_thread_start: None,
@@ -262,13 +271,22 @@ where
             .send(Vec::with_capacity(config.batch_size))
             .expect("sized to hold them all");
     }
-    let flows = flows::FlowTable::new(config.sparse_rate, config.sparse_burst, config.express_rate);
+    // Only an ordered pipeline knows a flow's packets are out once a later one is.
+    let flows = flows::FlowTable::new(
+        if config.ordering {
+            config.sparse_rate
+        } else {
+            0
+        },
+        config.sparse_burst,
+        config.express_rate,
+    );
     let shared = Arc::new(EmitShared::new(
         config,
         sink,
         free_tx,
         counters.clone(),
-        flows.as_ref().map(flows::FlowTable::in_flight),
+        flows.as_ref().map(flows::FlowTable::emitted),
     ));
     let emitter = Emitter::spawn(config, shared.clone(), done_rx, counters.clone())?;
     let sequencer = Sequencer::new(
@@ -290,8 +308,6 @@ struct Entry<T> {
     seq: u64,
     item: T,
     verdict: Result<(), DropReason>,
-    /// Its flow's bucket, whose count of packets in flight it holds until it leaves.
-    flow: flows::Bucket,
 }
 
 /// A batch on its way from the sequencer through a worker to the emitter.

@@ -33,6 +33,7 @@ impl<T> Rejected<T> {
 pub struct Sequencer<S: Stage> {
     batch_size: usize,
     inline_max: usize,
+    express_window: usize,
     stage: Arc<S>,
     pool: Arc<rayon::ThreadPool>,
     // Before `done_tx`: dropped first, so that once the emitter sees the channel close it
@@ -75,6 +76,7 @@ impl<S: Stage> Sequencer<S> {
         Self {
             batch_size: config.batch_size,
             inline_max: config.inline_max,
+            express_window: config.express_window,
             stage,
             pool,
             inline,
@@ -100,9 +102,10 @@ impl<S: Stage> Sequencer<S> {
 
     /// Takes a packet of `flow` (whatever identifies a flow to the caller: its addresses,
     /// protocol and ports). A packet of a sparse flow (nothing of the flow in flight, the
-    /// flow within [`Config::sparse_rate`], the lane within [`Config::express_rate`]) is
-    /// stamped, processed and emitted at once on this thread: it overtakes other flows'
-    /// packets in flight, never its own flow's. Any other packet is taken as by
+    /// flow within [`Config::sparse_rate`], its last queued packet out and queued 10 ms ago, the
+    /// lane within [`Config::express_rate`], at most [`Config::express_window`] packets to
+    /// overtake) is stamped, marked ([`Stage::expressed`]), processed and emitted at once on
+    /// this thread: it overtakes other flows' packets in flight, never its own flow's. Any other packet is taken as by
     /// [`Sequencer::push`], and counts as its flow's until it leaves. Never blocks (but an
     /// express packet waits for the emitter's lock).
     ///
@@ -119,9 +122,15 @@ impl<S: Stage> Sequencer<S> {
         let bucket = flows.bucket(flow);
         // The open batch's stamp is recent enough to pace by under load; a packet that opens
         // a batch (light load) reads the clock anyway.
-        let open = self.filling.as_ref().is_some_and(|b| !b.is_empty());
-        let now = if open { self.opened } else { Instant::now() };
-        if flows.sparse(bucket, now) {
+        let filling = self.filling.as_ref().map_or(0, Vec::len);
+        let now = if filling > 0 {
+            self.opened
+        } else {
+            Instant::now()
+        };
+        // What it would overtake (at most): every batch in flight, full, and the open one.
+        let room = self.inline.in_flight() * self.batch_size + filling <= self.express_window;
+        if flows.sparse(bucket, now, room) {
             return self.express(item, now);
         }
         self.push_in(item, bucket)
@@ -146,6 +155,7 @@ impl<S: Stage> Sequencer<S> {
             self.counters.count_drop(reason);
             return Err(Rejected::Dropped(item, reason));
         }
+        self.stage.expressed(&mut item);
         let started = Instant::now();
         let verdict = self.stage.process(&mut item);
         let times = Times {
@@ -207,12 +217,11 @@ impl<S: Stage> Sequencer<S> {
             seq: self.next_seq,
             item,
             verdict: Ok(()),
-            flow,
         });
         if flow != NO_FLOW
-            && let Some(flows) = &self.flows
+            && let Some(flows) = &mut self.flows
         {
-            flows.add(flow);
+            flows.queued(flow, self.next_seq, self.opened);
         }
         self.next_seq += 1;
         if batch.len() >= self.batch_size {

@@ -452,12 +452,18 @@ struct Flowing {
     index: usize,
     blocked: bool,
     delay_us: u32,
+    /// Set by the stage when the express lane took it.
+    marked: bool,
 }
 
 struct GateStage(Arc<AtomicBool>);
 
 impl Stage for GateStage {
     type Item = Flowing;
+
+    fn expressed(&self, item: &mut Flowing) {
+        item.marked = true;
+    }
 
     fn process(&self, item: &mut Flowing) -> Result<(), DropReason> {
         while item.blocked && !self.0.load(Ordering::Acquire) {
@@ -472,15 +478,45 @@ impl Stage for GateStage {
 }
 
 #[derive(Default)]
-struct Arrivals(Arc<std::sync::Mutex<Vec<(u8, usize)>>>);
+struct Arrivals {
+    seen: Arc<std::sync::Mutex<Vec<(u8, usize)>>>,
+    marked: Arc<std::sync::Mutex<Vec<usize>>>,
+}
 
 impl Sink for Arrivals {
     type Item = Flowing;
 
     fn emit(&mut self, item: Flowing) -> Result<(), DropReason> {
-        self.0.lock().unwrap().push((item.flow, item.index));
+        self.seen.lock().unwrap().push((item.flow, item.index));
+        if item.marked {
+            self.marked.lock().unwrap().push(item.index);
+        }
         Ok(())
     }
+}
+
+/// A pipeline for the express-lane tests: batches of 4, nothing inline (so batches wait for
+/// `gate` on the workers), flows at 100 packets a second one at a time, the lane at 1000, at
+/// most `window` packets overtaken.
+fn stuck_lane(
+    gate: &Arc<AtomicBool>,
+    window: usize,
+    sink: Arrivals,
+) -> (
+    cyphonic_pipeline::Sequencer<GateStage>,
+    cyphonic_pipeline::Emitter<Arrivals>,
+) {
+    let config = Config {
+        batch_size: 4,
+        batches_in_flight: 8,
+        inline_max: 0,
+        sparse_rate: 100,
+        sparse_burst: 1,
+        express_rate: 1000,
+        express_window: window,
+        ..Config::default()
+    };
+    start(&config, pool(2), GateStage(gate.clone()), sink).unwrap()
 }
 
 /// fq_codel's promise, in the pipeline: a sparse flow's packet goes out while a bulk flow's
@@ -489,18 +525,9 @@ impl Sink for Arrivals {
 #[test]
 fn a_sparse_flow_overtakes_a_stuck_bulk_flow_but_no_flow_overtakes_itself() {
     let gate = Arc::new(AtomicBool::new(false));
-    let config = Config {
-        batch_size: 4,
-        batches_in_flight: 8,
-        inline_max: 0,
-        sparse_rate: 100,
-        sparse_burst: 1,
-        express_rate: 1000,
-        ..Config::default()
-    };
     let sink = Arrivals::default();
-    let seen = sink.0.clone();
-    let (mut seq, emitter) = start(&config, pool(2), GateStage(gate.clone()), sink).unwrap();
+    let (seen, marked) = (sink.seen.clone(), sink.marked.clone());
+    let (mut seq, emitter) = stuck_lane(&gate, 4096, sink);
     let mut index = 0;
     let mut push = |seq: &mut cyphonic_pipeline::Sequencer<GateStage>, flow: u8, blocked| {
         let p = Flowing {
@@ -508,6 +535,7 @@ fn a_sparse_flow_overtakes_a_stuck_bulk_flow_but_no_flow_overtakes_itself() {
             index,
             blocked,
             delay_us: 0,
+            marked: false,
         };
         index += 1;
         seq.push_flow(p, &flow).unwrap();
@@ -539,6 +567,8 @@ fn a_sparse_flow_overtakes_a_stuck_bulk_flow_but_no_flow_overtakes_itself() {
     expect.extend((1..=8).map(|i| (1, i)));
     expect.extend([(2, 10), (2, 11)]);
     assert_eq!(out(), expect);
+    // The stage marked exactly the two the lane took.
+    assert_eq!(*marked.lock().unwrap(), [0, 9]);
     let stats = counters.snapshot();
     assert_eq!(stats.express, 2, "{stats:?}");
     assert_eq!((stats.emitted, stats.submitted), (12, 12), "{stats:?}");
@@ -571,11 +601,11 @@ proptest! {
             ..Config::default()
         };
         let sink = Arrivals::default();
-        let seen = sink.0.clone();
+        let seen = sink.seen.clone();
         let gate = Arc::new(AtomicBool::new(true));
         let (mut seq, emitter) = start(&config, pool(workers), GateStage(gate), sink).unwrap();
         for (index, (flow, delay_us)) in pkts.iter().copied().enumerate() {
-            let mut p = Flowing { flow, index, blocked: false, delay_us };
+            let mut p = Flowing { flow, index, blocked: false, delay_us, marked: false };
             loop {
                 match seq.push_flow(p, &flow) {
                     Ok(()) => break,
@@ -606,4 +636,41 @@ proptest! {
         // A flow's first packet is always sparse.
         prop_assert!(stats.express > 0);
     }
+}
+
+/// The lane never lets a packet overtake more than `express_window` packets in flight (a
+/// receiver's replay window must hold them): beyond it, a sparse flow's packet queues.
+#[test]
+fn an_express_packet_overtakes_at_most_the_window() {
+    let gate = Arc::new(AtomicBool::new(false));
+    let sink = Arrivals::default();
+    let seen = sink.seen.clone();
+    let (mut seq, emitter) = stuck_lane(&gate, 8, sink);
+    let packet = |flow: u8, index: usize, blocked: bool| Flowing {
+        flow,
+        index,
+        blocked,
+        delay_us: 0,
+        marked: false,
+    };
+    // Flow 1 uses its one sparse packet, then two batches of it are stuck: 8 in flight.
+    seq.push_flow(packet(1, 0, false), &1u8).unwrap();
+    for i in 1..=8 {
+        seq.push_flow(packet(1, i, true), &1u8).unwrap();
+    }
+    // Flow 2 may overtake 8.
+    seq.push_flow(packet(2, 9, false), &2u8).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(1, 0), (2, 9)]);
+    // A third stuck batch: 12 in flight, more than the window. Flow 3 queues.
+    for i in 10..14 {
+        seq.push_flow(packet(1, i, true), &1u8).unwrap();
+    }
+    seq.push_flow(packet(3, 14, true), &3u8).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(1, 0), (2, 9)]);
+    let counters = seq.counters().clone();
+    gate.store(true, Ordering::Release);
+    drop(seq);
+    emitter.join();
+    assert_eq!(seen.lock().unwrap().last(), Some(&(3, 14)));
+    assert_eq!(counters.snapshot().express, 2);
 }

@@ -22,7 +22,7 @@ use crate::cookie;
 use crate::error::{HandshakeError, IdentityError};
 
 /// Bound into every handshake hash: a message from another protocol or version never verifies.
-pub(crate) const PROLOGUE: &[u8] = b"cyphonic tunnel v2";
+pub(crate) const PROLOGUE: &[u8] = b"cyphonic tunnel v3";
 /// Room for the Noise message in a handshake body: all but the two MACs.
 const NOISE_MAX: usize = HANDSHAKE_MAX - 2 * MAC_LEN;
 const INDEX_LEN: usize = 4;

@@ -27,7 +27,7 @@ fn forge_init(
     cert: &[u8],
 ) -> Vec<u8> {
     let mut hs =
-        cyphonic_crypto::noise::initiator(noise_key, responder, b"cyphonic tunnel v2").unwrap();
+        cyphonic_crypto::noise::initiator(noise_key, responder, b"cyphonic tunnel v3").unwrap();
     let payload = [
         &7u32.to_be_bytes()[..],
         &(T0 * 1_000_000_000).to_be_bytes(),
@@ -229,7 +229,7 @@ fn certificate_for_another_key_is_refused() {
     // Payloads too short to hold index, timestamp and a certificate.
     for cut in [0, 3, 11, 12, 40] {
         let mut hs =
-            cyphonic_crypto::noise::initiator(&thief_key, &b_public, b"cyphonic tunnel v2")
+            cyphonic_crypto::noise::initiator(&thief_key, &b_public, b"cyphonic tunnel v3")
                 .unwrap();
         let payload = [
             &7u32.to_be_bytes()[..],

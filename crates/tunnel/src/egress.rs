@@ -109,6 +109,11 @@ impl Stage for SealStage {
         }
     }
 
+    fn expressed(&self, item: &mut Outgoing) {
+        // The receiver may take it ahead of its own queue too (docs/protocol.md §1).
+        item.flags |= cyphonic_wire::FLAG_SPARSE;
+    }
+
     fn process(&self, item: &mut Outgoing) -> Result<(), DropReason> {
         let session = item.session.as_ref().ok_or(DropReason::NoSession)?;
         item.frame_len = session

@@ -55,8 +55,9 @@ pub struct DataPlane {
     /// when nothing is in flight (0: never).
     pub inline_max: usize,
     /// Packets a second a flow may send out and still take the express lane past bulk
-    /// flows' batches, when nothing of its own is in flight (0: no express lane;
-    /// [`cyphonic_pipeline::Config::sparse_rate`]).
+    /// flows' batches, when nothing of its own is in flight, flagged so that the receiver
+    /// may open it ahead of its queue too ([`cyphonic_pipeline::Config::sparse_rate`]). 0: no
+    /// express lane, either way (flagged frames from peers then queue like the rest).
     pub sparse_rate: u32,
     /// Emit in arrival order (`false` only for experiments).
     pub ordering: bool,
@@ -289,8 +290,9 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
                 .start_handler(move |_| (place.0)())
                 .build()?
         });
-        // Only the way out knows flows (the edge's packets, before sealing): the express lane
-        // is the egress pipeline's.
+        // Only the way out knows flows (the edge's packets, before sealing). The way in takes
+        // ahead the frames the sender flagged as sparse, each peer's in order, paced only by
+        // the lane as a whole.
         let pconfig = |name: &str, sparse_rate: u32| cyphonic_pipeline::Config {
             batch_size: dp.batch_size,
             batches_in_flight: dp.batches_in_flight,
@@ -312,8 +314,19 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
                     .map_err(io("duplicating the tunnel socket"))?,
             ),
         )?;
-        let (ingress_seq, ingress_emit) =
-            cyphonic_pipeline::start(&pconfig("cy-ingress-emit", 0), rayon, OpenStage, sink)?;
+        let (ingress_seq, ingress_emit) = cyphonic_pipeline::start(
+            &pconfig(
+                "cy-ingress-emit",
+                if dp.sparse_rate == 0 {
+                    0
+                } else {
+                    cyphonic_pipeline::Config::default().express_rate
+                },
+            ),
+            rayon,
+            OpenStage,
+            sink,
+        )?;
         let (egress_counters, ingress_counters) = (
             egress_seq.counters().clone(),
             ingress_seq.counters().clone(),

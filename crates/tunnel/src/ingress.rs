@@ -360,10 +360,23 @@ impl Receiver {
             let now = Instant::now();
             for (buf, m) in datagrams.zip(meta) {
                 match arrival(&self.shared, buf, m, now) {
-                    Arrival::Sealed(item) => match self.seq.push(item) {
-                        Ok(()) | Err(Rejected::Dropped(..)) => {}
-                        Err(Rejected::Full(_)) => bump(&self.shared.counters.drop_pipeline_full),
-                    },
+                    Arrival::Sealed(item) => {
+                        // The sender took it ahead of its queue: it may go ahead of ours too,
+                        // but never ahead of another such frame of the same peer.
+                        let pushed =
+                            if item.is_data && item.flags() & cyphonic_wire::FLAG_SPARSE != 0 {
+                                let peer = item.peer.id;
+                                self.seq.push_flow(item, &peer)
+                            } else {
+                                self.seq.push(item)
+                            };
+                        match pushed {
+                            Ok(()) | Err(Rejected::Dropped(..)) => {}
+                            Err(Rejected::Full(_)) => {
+                                bump(&self.shared.counters.drop_pipeline_full);
+                            }
+                        }
+                    }
                     Arrival::Handshake(msg) => self.handshake(msg),
                     Arrival::OtherVersion(version) => {
                         if let Some(held) = self.version_log.due(now) {

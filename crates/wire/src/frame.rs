@@ -3,7 +3,7 @@
 use core::fmt;
 
 /// The only frame version this crate speaks (docs/protocol.md, *Versions*).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Length of the fixed header; the header is also the AEAD additional data of data frames.
 pub const HEADER_LEN: usize = 16;
 /// Length of the Poly1305 authentication tag that ends every data and keepalive frame.
@@ -27,8 +27,14 @@ pub const HANDSHAKE_MAX: usize = 1280 - 40 - 8 - HEADER_LEN;
 /// (docs/protocol.md §1). The packet is an IPv4 TCP or UDP packet, not a fragment, whose
 /// payload the sender vouches for (the AEAD carries it intact); its checksum field holds no
 /// meaningful value. The receiver computes the checksum before the packet leaves it, or hands
-/// the packet to a device that does (checksum offload). Other flag bits are 0 in version 1.
+/// the packet to a device that does (checksum offload).
 pub const FLAG_CHECKSUM_DEFERRED: u16 = 0x0001;
+/// Data-frame flag (version 3): the sender took the packet ahead of its own queue, its flow
+/// having had nothing waiting there for a while and keeping to a sparse pace; a receiver may
+/// open and deliver it ahead of frames that arrived before it (docs/protocol.md §1).
+pub const FLAG_SPARSE: u16 = 0x0002;
+/// The flags a data frame may carry; every other bit, and any bit of another type, is 0.
+pub const DATA_FLAGS: u16 = FLAG_CHECKSUM_DEFERRED | FLAG_SPARSE;
 
 /// Byte offsets of the header fields.
 pub mod field {
@@ -38,7 +44,7 @@ pub mod field {
     pub const VERSION: usize = 0;
     /// `u8` message type.
     pub const TYPE: usize = 1;
-    /// `u16` flags ([`super::FLAG_CHECKSUM_DEFERRED`] on data frames; all else 0 in version 1).
+    /// `u16` flags ([`super::DATA_FLAGS`] on data frames; all else 0).
     pub const FLAGS: Range<usize> = 2..4;
     /// `u32` session index chosen by the receiver of this frame.
     pub const RECEIVER: Range<usize> = 4..8;
@@ -327,7 +333,7 @@ impl FrameRepr {
         }
         // Only data frames define a flag; an unknown bit is a version this one does not speak.
         let allowed_flags = if kind == MessageType::Data {
-            FLAG_CHECKSUM_DEFERRED
+            DATA_FLAGS
         } else {
             0
         };
@@ -377,14 +383,14 @@ mod tests {
 
     /// A data frame: version 2, type 3, no flags, receiver 0x0a0b0c0d, counter 7, 17-byte body.
     const DATA: [u8; 33] = hex!(
-        "02 03 0000 0a0b0c0d 0000000000000007"
+        "03 03 0000 0a0b0c0d 0000000000000007"
         "ff 00112233445566778899aabbccddeeff"
     );
 
     #[test]
     fn views_data_frame() {
         let frame = Frame::new_checked(&DATA[..]).unwrap();
-        assert_eq!(frame.version(), 2);
+        assert_eq!(frame.version(), 3);
         assert_eq!(frame.msg_type(), MessageType::Data);
         assert_eq!(frame.flags(), 0);
         assert_eq!(frame.receiver_index(), 0x0a0b_0c0d);
@@ -409,14 +415,14 @@ mod tests {
     fn emits_what_it_parses() {
         let repr = FrameRepr {
             msg_type: MessageType::Data,
-            flags: FLAG_CHECKSUM_DEFERRED,
+            flags: FLAG_CHECKSUM_DEFERRED | FLAG_SPARSE,
             receiver_index: 42,
             counter: u64::MAX - 1,
             body_len: TAG_LEN + 1,
         };
         let mut buf = vec![0u8; repr.buffer_len()];
         repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
-        assert_eq!(&buf[..16], &hex!("02 03 0001 0000002a fffffffffffffffe"));
+        assert_eq!(&buf[..16], &hex!("03 03 0003 0000002a fffffffffffffffe"));
         assert_eq!(
             FrameRepr::parse(&Frame::new_checked(&buf[..]).unwrap()),
             Ok(repr)
@@ -444,7 +450,7 @@ mod tests {
         use MessageType::*;
         check(&[], Err(Error::Truncated { len: 0 }));
         check(&DATA[..15], Err(Error::Truncated { len: 15 }));
-        for version in [0, 1, 3, 255] {
+        for version in [0, 1, 2, 4, 255] {
             let mut other = DATA;
             other[0] = version;
             check(&other, Err(Error::Version(version)));
@@ -492,13 +498,13 @@ mod tests {
         check(&frame(2, 5, 1, 80), reserved(HandshakeResp, "counter"));
         check(&frame(7, 5, 1, 56), reserved(CookieReply, "counter"));
         check(&frame(5, 5, 1, 16), reserved(Relay, "counter"));
-        // Flags: data frames define bit 0 only; every other type defines none.
+        // Flags: data frames define bits 0 and 1 only; every other type defines none.
         let flagged = |ty, receiver, body, flags: u16| {
             let mut f = frame(ty, receiver, 0, body);
             f[2..4].copy_from_slice(&flags.to_be_bytes());
             f
         };
-        check(&flagged(3, 7, 17, 0x0002), reserved(Data, "flags"));
+        check(&flagged(3, 7, 17, 0x0004), reserved(Data, "flags"));
         check(&flagged(3, 7, 17, 0x8001), reserved(Data, "flags"));
         check(&flagged(4, 7, 16, 0x0001), reserved(Keepalive, "flags"));
         check(
@@ -508,7 +514,13 @@ mod tests {
         check(&flagged(2, 7, 80, 0x0001), reserved(HandshakeResp, "flags"));
         check(&flagged(7, 7, 56, 0x0001), reserved(CookieReply, "flags"));
         check(&flagged(6, 0, 16, 0x0001), reserved(EndpointProbe, "flags"));
+        check(
+            &flagged(4, 7, 16, FLAG_SPARSE),
+            reserved(Keepalive, "flags"),
+        );
         check(&flagged(3, 7, 17, FLAG_CHECKSUM_DEFERRED), Ok(Data));
+        check(&flagged(3, 7, 17, FLAG_SPARSE), Ok(Data));
+        check(&flagged(3, 7, 17, DATA_FLAGS), Ok(Data));
     }
 
     #[test]
