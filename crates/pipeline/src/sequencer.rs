@@ -101,13 +101,14 @@ impl<S: Stage> Sequencer<S> {
     }
 
     /// Takes a packet of `flow` (whatever identifies a flow to the caller: its addresses,
-    /// protocol and ports). A packet of a sparse flow (nothing of the flow in flight, the
-    /// flow within [`Config::sparse_rate`], its last queued packet out and queued 10 ms ago, the
-    /// lane within [`Config::express_rate`], at most [`Config::express_window`] packets to
-    /// overtake) is stamped, marked ([`Stage::expressed`]), processed and emitted at once on
-    /// this thread: it overtakes other flows' packets in flight, never its own flow's. Any other packet is taken as by
-    /// [`Sequencer::push`], and counts as its flow's until it leaves. Never blocks (but an
-    /// express packet waits for the emitter's lock).
+    /// protocol and ports). A packet of a sparse flow (the flow within
+    /// [`Config::sparse_rate`], its last queued packet out and queued at least
+    /// [`crate::SETTLE`] ago, the lane within [`Config::express_rate`], at most
+    /// [`Config::express_window`] packets to overtake) is stamped, marked
+    /// ([`Stage::expressed`]), processed and emitted at once on this thread: it overtakes
+    /// other flows' packets in flight, never its own flow's. Any other packet is taken as by
+    /// [`Sequencer::push_behind`]. Never blocks (but an express packet waits for the
+    /// emitter's lock).
     ///
     /// # Errors
     /// [`Rejected`] with the packet when every batch buffer is in flight or the stage refused.
@@ -133,6 +134,21 @@ impl<S: Stage> Sequencer<S> {
         if flows.sparse(bucket, now, room) {
             return self.express(item, now);
         }
+        self.push_in(item, bucket)
+    }
+
+    /// Takes a packet of `flow` into the queue, as [`Sequencer::push`] does, never by the
+    /// express lane, and counts it as its flow's: no later packet of the flow overtakes it.
+    /// For packets that waited elsewhere first (behind a handshake, say).
+    ///
+    /// # Errors
+    /// [`Rejected`] with the packet when every batch buffer is in flight or the stage refused.
+    pub fn push_behind(
+        &mut self,
+        item: S::Item,
+        flow: &impl std::hash::Hash,
+    ) -> Result<(), Rejected<S::Item>> {
+        let bucket = self.flows.as_ref().map_or(NO_FLOW, |f| f.bucket(flow));
         self.push_in(item, bucket)
     }
 

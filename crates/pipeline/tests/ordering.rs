@@ -495,6 +495,17 @@ impl Sink for Arrivals {
     }
 }
 
+/// A packet of `flow` for the express-lane tests, processed at once or held by the gate.
+fn flowing(flow: u8, index: usize, blocked: bool) -> Flowing {
+    Flowing {
+        flow,
+        index,
+        blocked,
+        delay_us: 0,
+        marked: false,
+    }
+}
+
 /// A pipeline for the express-lane tests: batches of 4, nothing inline (so batches wait for
 /// `gate` on the workers), flows at 100 packets a second one at a time, the lane at 1000, at
 /// most `window` packets overtaken.
@@ -646,26 +657,19 @@ fn an_express_packet_overtakes_at_most_the_window() {
     let sink = Arrivals::default();
     let seen = sink.seen.clone();
     let (mut seq, emitter) = stuck_lane(&gate, 8, sink);
-    let packet = |flow: u8, index: usize, blocked: bool| Flowing {
-        flow,
-        index,
-        blocked,
-        delay_us: 0,
-        marked: false,
-    };
     // Flow 1 uses its one sparse packet, then two batches of it are stuck: 8 in flight.
-    seq.push_flow(packet(1, 0, false), &1u8).unwrap();
+    seq.push_flow(flowing(1, 0, false), &1u8).unwrap();
     for i in 1..=8 {
-        seq.push_flow(packet(1, i, true), &1u8).unwrap();
+        seq.push_flow(flowing(1, i, true), &1u8).unwrap();
     }
     // Flow 2 may overtake 8.
-    seq.push_flow(packet(2, 9, false), &2u8).unwrap();
+    seq.push_flow(flowing(2, 9, false), &2u8).unwrap();
     assert_eq!(*seen.lock().unwrap(), [(1, 0), (2, 9)]);
     // A third stuck batch: 12 in flight, more than the window. Flow 3 queues.
     for i in 10..14 {
-        seq.push_flow(packet(1, i, true), &1u8).unwrap();
+        seq.push_flow(flowing(1, i, true), &1u8).unwrap();
     }
-    seq.push_flow(packet(3, 14, true), &3u8).unwrap();
+    seq.push_flow(flowing(3, 14, true), &3u8).unwrap();
     assert_eq!(*seen.lock().unwrap(), [(1, 0), (2, 9)]);
     let counters = seq.counters().clone();
     gate.store(true, Ordering::Release);
@@ -673,4 +677,26 @@ fn an_express_packet_overtakes_at_most_the_window() {
     emitter.join();
     assert_eq!(seen.lock().unwrap().last(), Some(&(3, 14)));
     assert_eq!(counters.snapshot().express, 2);
+}
+
+/// A packet pushed behind the queue as its flow's (it waited elsewhere first) holds the
+/// flow's next packets behind it, though the flow never used the lane before.
+#[test]
+fn a_packet_pushed_behind_holds_its_flow_out_of_the_lane() {
+    let gate = Arc::new(AtomicBool::new(false));
+    let sink = Arrivals::default();
+    let seen = sink.seen.clone();
+    let (mut seq, emitter) = stuck_lane(&gate, 4096, sink);
+    seq.push_behind(flowing(5, 0, true), &5u8).unwrap();
+    seq.flush();
+    seq.push_flow(flowing(5, 1, true), &5u8).unwrap();
+    // Another flow still may go ahead.
+    seq.push_flow(flowing(6, 2, false), &6u8).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(6, 2)]);
+    let counters = seq.counters().clone();
+    gate.store(true, Ordering::Release);
+    drop(seq);
+    emitter.join();
+    assert_eq!(*seen.lock().unwrap(), [(6, 2), (5, 0), (5, 1)]);
+    assert_eq!(counters.snapshot().express, 1);
 }

@@ -318,7 +318,17 @@ impl Submitter {
         let now = Instant::now();
         while let Some(mut item) = q.pop_front() {
             item.now = now;
-            match self.seq.push(item) {
+            // Queued as their flows' packets: a later packet of the same flow must not take
+            // the express lane past them.
+            let flow = item
+                .buf
+                .get(crate::HEADROOM..crate::HEADROOM + item.len)
+                .and_then(cyphonic_filter::flow_of);
+            let pushed = match flow {
+                Some(flow) => self.seq.push_behind(item, &flow),
+                None => self.seq.push(item),
+            };
+            match pushed {
                 Ok(()) => self.queued -= 1,
                 Err(Rejected::Dropped(item, DropReason::NoSession)) => {
                     // Not usable after all (expired again): keep waiting, in order.
