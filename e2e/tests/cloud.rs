@@ -467,17 +467,25 @@ fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plain
     assert_eq!(a_relay, b_relay, "one channel, one IP version");
     assert!(a_relay.starts_with("192.0.2.10:"), "{a_relay}");
 
-    // The payload pattern, in the clear on both LANs; data frames start with our version, type 3.
+    // The payload pattern, in the clear on both LANs; data frames start with our version, type
+    // 3 and their flags (pings go flagged as sparse, unless they queued).
     let pattern = "c0ffee00deadbeef0badf00dfeedface";
     let marker = vec![0xde, 0xad, 0xbe, 0xef, 0x0b, 0xad, 0xf0, 0x0d];
-    let data_frame = vec![cyphonic_wire::VERSION, 0x03, 0x00, 0x00];
+    let data_frame = |flags: u16| {
+        let [hi, lo] = flags.to_be_bytes();
+        vec![cyphonic_wire::VERSION, 0x03, hi, lo]
+    };
     let cloud_ns = &bed.cloud.as_ref().unwrap().ns;
     std::thread::scope(|scope| {
         let at_relay = scope.spawn(|| {
             count_frames_containing_each(
                 cloud_ns,
                 "wan",
-                vec![marker.clone(), data_frame.clone()],
+                vec![
+                    marker.clone(),
+                    data_frame(0),
+                    data_frame(cyphonic_wire::FLAG_SPARSE),
+                ],
                 Duration::from_secs(4),
             )
         });
@@ -505,7 +513,7 @@ fn behind_two_nats_one_symmetric_the_pair_is_relayed_and_the_relay_sees_no_plain
             "the payload never reached lanB: {at_lan_b:?}"
         );
         assert!(
-            at_relay[1] >= 10,
+            at_relay[1] + at_relay[2] >= 10,
             "the relay carried no tunnel frames: {at_relay:?}"
         );
         assert_eq!(at_relay[0], 0, "plaintext at the relay");
