@@ -185,6 +185,12 @@ impl Link {
         self.send(from, to, bytes);
     }
 
+    /// Datagrams waiting for `to` to receive them: a flood that keeps this bounded stays
+    /// within what a socket holds however slowly `to` reads (under an emulator, say).
+    pub fn queued(&self, to: SocketAddr) -> usize {
+        self.state().inboxes.get(&to).map_or(0, BinaryHeap::len)
+    }
+
     fn send(&self, from: SocketAddr, to: SocketAddr, bytes: &[u8]) {
         let now = Instant::now();
         let mut st = self.state();
