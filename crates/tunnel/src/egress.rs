@@ -61,6 +61,11 @@ impl Outgoing {
         }
     }
 
+    /// The IP packet, if its length fits the buffer.
+    fn packet(&self) -> Option<&[u8]> {
+        self.buf.get(crate::HEADROOM..crate::HEADROOM + self.len)
+    }
+
     /// The same packet, sent with header `flags` (`cyphonic_wire::FLAG_CHECKSUM_DEFERRED`).
     #[must_use]
     pub const fn with_flags(mut self, flags: u16) -> Self {
@@ -277,7 +282,7 @@ impl Submitter {
     /// A new flow no rule allows is dropped here, before it costs a handshake or a seal
     /// (counted by the policy).
     pub fn submit(&mut self, item: Outgoing) {
-        let packet = item.buf.get(crate::HEADROOM..crate::HEADROOM + item.len);
+        let packet = item.packet();
         if !packet.is_some_and(|p| {
             self.shared
                 .policy
@@ -320,10 +325,7 @@ impl Submitter {
             item.now = now;
             // Queued as their flows' packets: a later packet of the same flow must not take
             // the express lane past them.
-            let flow = item
-                .buf
-                .get(crate::HEADROOM..crate::HEADROOM + item.len)
-                .and_then(cyphonic_filter::flow_of);
+            let flow = item.packet().and_then(cyphonic_filter::flow_of);
             let pushed = match flow {
                 Some(flow) => self.seq.push_behind(item, &flow),
                 None => self.seq.push(item),
