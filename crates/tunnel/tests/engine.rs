@@ -316,7 +316,7 @@ fn replayed_forged_and_garbage_frames_are_dropped() {
 /// its counters; once they come back, traffic flows both ways again and nothing leaked.
 #[test]
 fn pool_exhaustion_is_counted_and_recovered_from() {
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
     let dp = DataPlane {
         buffers: 256,
         ..dataplane()
@@ -333,32 +333,42 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
     }
     let pool = p.a.shared.pool.clone();
     let grabbing = AtomicBool::new(true);
+    let grabbed = AtomicUsize::new(0);
     let sent = std::thread::scope(|s| {
         // Takes every buffer A's pool has, and every one that comes back, until told to stop.
         let grabber = s.spawn(|| {
             let mut held = Vec::new();
             while grabbing.load(Relaxed) {
                 match pool.take() {
-                    Some(b) => held.push(b),
+                    Some(b) => {
+                        held.push(b);
+                        grabbed.store(held.len(), Relaxed);
+                    }
                     None => std::thread::yield_now(),
                 }
             }
             held
         });
         let stop = Stop(&grabbing);
-        std::thread::sleep(Duration::from_millis(20));
+        // On a busy machine the grabber may not run for a while: B sends only once it holds
+        // the pool (all but what A's threads keep at hand).
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while grabbed.load(Relaxed) <= 200 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert!(
             !p.a.send(p.b.vip, &packet(0, 100)),
             "no buffer to send with"
         );
-        // B keeps sending until A's receive thread finds no buffer to take: on a busy
-        // machine the grabber may not run for a while, and A recycles its own buffers.
-        let deadline = Instant::now() + Duration::from_secs(3);
+        // B sends bursts until A's receive thread finds no buffer to take: a burst takes
+        // every buffer A's receive thread holds at once, but A may win some back from the
+        // pool before the grabber does, for a while.
+        let deadline = Instant::now() + Duration::from_secs(5);
         let mut n = 0;
         while p.a.shared.counters.drop_no_buffer.load(Relaxed) == 0 && Instant::now() < deadline {
-            if n < 900 {
-                send(&p.b, p.a.vip, n, 20);
-                n += 20;
+            if n < 2000 {
+                send(&p.b, p.a.vip, n, 100);
+                n += 100;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -372,12 +382,12 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
         n
     });
     // The held buffers are back: what waited on the link arrives, then the new traffic.
-    send(&p.b, p.a.vip, 1000, 100);
+    send(&p.b, p.a.vip, sent, 100);
     let got =
         seqs(&p.a.wait_delivered(usize::try_from(sent).unwrap() + 100, Duration::from_secs(5)));
     assert!(strictly_increasing(&got), "in order");
     assert!(
-        got.ends_with(&(1000..1100).collect::<Vec<_>>()),
+        got.ends_with(&(sent..sent + 100).collect::<Vec<_>>()),
         "traffic flows again: {} packets",
         got.len()
     );
