@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use crate::hosts::nat_router;
 pub use crate::hosts::{Bins, CloudHost, Nat, TempDir, mac_of, parse_mac};
-use crate::impair::{Impairment, Relay};
+use crate::impair::{ImpairedLink, Impairment};
 use crate::{Netns, Proc, sh, unique, veth};
 
 /// The two sites.
@@ -50,6 +50,9 @@ pub struct SiteOptions {
     /// Revoke the adapter's certificate at the CA before the cloud starts (the cloud reads
     /// the CA's `revoked.txt` as `revocations`).
     pub revoked: bool,
+    /// Carry the adapter's underlay link to the router through an impaired link (loss,
+    /// delay, jitter, reordering as netem would; [`ImpairedLink`]). Not behind a NAT.
+    pub impair: Option<Impairment>,
 }
 
 /// The cloud of a bed: `cyphonic-cloud serve` on its own host behind the router
@@ -95,8 +98,6 @@ pub struct BedOptions {
     /// Put a switch (a bridge in a namespace of its own) on each LAN, so that more hosts can
     /// join it with [`TwoSites::add_host`]. Off for the benchmarks: a bridge costs a little.
     pub lan_switch: bool,
-    /// Carry the underlay through an impairing relay on the router (loss, delay, reordering).
-    pub impair: Option<Impairment>,
     /// The router drops UDP between the two sites' underlay networks: only the cloud (and its
     /// relay) reach both. Hole punching has no chance.
     pub block_direct: bool,
@@ -118,7 +119,6 @@ impl Default for BedOptions {
             lan_tx_checksum_off: false,
             lan_gro: true,
             lan_switch: false,
-            impair: None,
             block_direct: false,
             node_c: None,
         }
@@ -154,12 +154,14 @@ pub struct Site {
     pub gateway: Ipv4Addr,
     /// The adapter's underlay address.
     pub underlay: IpAddr,
-    /// Where this adapter reaches its peer (the peer's address, or the relay's).
+    /// Where this adapter reaches its peer (the other site's underlay address).
     pub peer_endpoint: SocketAddr,
     /// The running adapter.
     pub adapter: Option<Proc>,
     /// The LAN switch, with the options' `lan_switch`.
     pub switch: Option<Netns>,
+    /// The impaired link between the adapter and the router, with the site's `impair`.
+    pub link: Option<ImpairedLink>,
     ports: u32,
 }
 
@@ -276,8 +278,6 @@ pub struct TwoSites {
     pub wan: Netns,
     /// The binaries.
     pub bins: Bins,
-    /// The impairing relay, when the options asked for one.
-    pub relay: Option<Relay>,
     /// The cloud, with [`BedOptions::cloud`] (started by [`TwoSites::new`]).
     pub cloud: Option<CloudHost>,
     /// Node C, with [`BedOptions::node_c`] (not started).
@@ -354,30 +354,8 @@ impl TwoSites {
                 )?;
             }
         }
-        // By default each adapter reaches the other directly; with an impairment, through
-        // the relay's address on its own side.
         a.peer_endpoint = SocketAddr::from((b.underlay, 51820));
         b.peer_endpoint = SocketAddr::from((a.underlay, 51820));
-        let relay = match opts.impair {
-            Some(imp) => {
-                let relay_a = SocketAddr::from(([198, 51, 100, 1], 51821));
-                let relay_b = SocketAddr::from(([203, 0, 113, 1], 51821));
-                a.peer_endpoint = relay_a;
-                b.peer_endpoint = relay_b;
-                let to_a = SocketAddr::from((a.underlay, 51820));
-                let to_b = SocketAddr::from((b.underlay, 51820));
-                Some(Relay::start(
-                    wan.name(),
-                    relay_a,
-                    to_a,
-                    relay_b,
-                    to_b,
-                    imp,
-                    0x00c0_ffee,
-                )?)
-            }
-            None => None,
-        };
 
         // The overlay CA and the two adapters' certificates, as an operator makes them.
         let ca = tmp.path().join("ca");
@@ -485,7 +463,6 @@ impl TwoSites {
             b,
             wan,
             bins,
-            relay,
             cloud,
             c,
             wire_like_lan: opts.wire_like_lan,
@@ -550,13 +527,32 @@ impl TwoSites {
             adapter_ns.ip(&["-6", "route", "add", "default", "via", &router6])?;
             Ok(own6.parse()?)
         };
+        // The adapter's link to the router: a veth, or an impaired link when asked for.
+        let mut link = None;
+        let mut wire = || -> anyhow::Result<()> {
+            match own.impair {
+                Some(imp) => {
+                    let seed = 0x00c0_ffee ^ u64::from(n);
+                    link = Some(ImpairedLink::wire(
+                        &adapter_ns,
+                        "wan",
+                        wan,
+                        wan_if,
+                        imp,
+                        seed,
+                    )?);
+                }
+                None => veth(&adapter_ns, "wan", wan, wan_if)?,
+            }
+            Ok(())
+        };
         let (underlay, nat_ns): (IpAddr, _) = match nat {
             None if v6_only => {
-                veth(&adapter_ns, "wan", wan, wan_if)?;
+                wire()?;
                 (ipv6()?, None)
             }
             None => {
-                veth(&adapter_ns, "wan", wan, wan_if)?;
+                wire()?;
                 adapter_ns.ip(&["addr", "add", &format!("{public}/24"), "dev", "wan"])?;
                 adapter_ns.ip(&["route", "add", "default", "via", &router])?;
                 if own.dual_stack {
@@ -565,6 +561,7 @@ impl TwoSites {
                 (public.into(), None)
             }
             Some(_) if v6_only => bail!("no NAT on an IPv6-only site in this bed"),
+            Some(_) if own.impair.is_some() => bail!("no impaired link behind a NAT in this bed"),
             Some(kind) => (
                 Ipv4Addr::new(192, 0, 2, 130).into(),
                 Some(nat_router(
@@ -615,6 +612,7 @@ impl TwoSites {
             peer_endpoint,
             adapter: None,
             switch,
+            link,
             ports,
         })
     }
@@ -964,13 +962,15 @@ impl TwoSites {
 
 impl Drop for TwoSites {
     fn drop(&mut self) {
-        // Processes and the relay first (they hold the namespaces' sockets), then directories.
+        // Processes and the impaired links first (they hold the namespaces' sockets), then
+        // directories.
         self.a.adapter.take();
         self.b.adapter.take();
         if let Some(c) = self.c.as_mut() {
             c.proc.take();
         }
-        self.relay.take();
+        self.a.link.take();
+        self.b.link.take();
         if let Some(c) = self.cloud.as_mut() {
             c.proc.take();
         }

@@ -1,107 +1,183 @@
-//! An impaired underlay: a UDP relay on the router that drops, delays and reorders datagrams.
+//! An impaired underlay link: what `tc netem` does, done in userspace on a wire of its own.
 //!
 //! design.md §7 names `tc netem` for this, but the kernels of these machines are built without
-//! `sch_netem` (and without loadable modules), so the impairment lives here, in userspace,
-//! inside the router's namespace. Each adapter is pointed at the relay's address on its side
-//! and sees its peer there, as behind a NAT; the relay forwards to the other adapter.
+//! `sch_netem` (and without loadable modules). So the link between two namespaces gets a
+//! namespace of its own in the middle, which carries Ethernet frames across in userspace (one
+//! `AF_PACKET` socket on each side, a thread per direction) and drops, delays, jitters and
+//! reorders them on the way, independently per direction, with netem's meanings:
 //!
 //! ```text
-//! adapterA --> 198.51.100.1:51821 [relay: loss, delay, reorder] 203.0.113.1:51821 --> adapterB
+//! adapter B's wan <-veth-> [a  link namespace: loss, delay ± jitter, reorder  b] <-veth-> router
 //! ```
+//!
+//! The link is transparent: nothing on either side is configured differently, tunnel frames
+//! and plainly routed ones (the benchmarks' baseline) cross the same impairment. The ends that
+//! send into it have segmentation and checksum offloads off, as a real wire would see the
+//! frames: every frame that crosses is whole, at most the MTU, with its checksums done.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cyphonic_netio::netns;
+use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
 
-/// What the relay does to each datagram, independently per direction.
+use crate::{Netns, inject, veth};
+
+/// What the link does to each frame, independently per direction, as netem's
+/// `delay <delay> <jitter> loss <loss> reorder <reorder>` would.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Impairment {
-    /// Probability of dropping a datagram.
+    /// Probability of dropping a frame.
     pub loss: f64,
-    /// Delay of every datagram.
+    /// Delay of every frame (not chosen for reordering).
     pub delay: Duration,
-    /// Probability of holding a datagram back by `reorder_extra`, so later ones overtake it.
+    /// Each frame's delay is drawn uniformly from `delay ± jitter` (at least zero). As in
+    /// netem, frames leave in the order of their due times, so jitter reorders by itself.
+    pub jitter: Duration,
+    /// Probability that a frame is sent at once, without its delay, overtaking the frames
+    /// still held (netem's `reorder`).
     pub reorder: f64,
-    /// How long a reordered datagram is held back in addition to `delay`.
-    pub reorder_extra: Duration,
 }
 
-/// Counts of what the relay did.
+impl Impairment {
+    /// No impairment at all: the link still crosses userspace (the clean row of a table).
+    pub const NONE: Self = Self {
+        loss: 0.0,
+        delay: Duration::ZERO,
+        jitter: Duration::ZERO,
+        reorder: 0.0,
+    };
+
+    /// The same impairment as netem's arguments, e.g. `delay 2ms 2ms loss 0.25% reorder 0.5%`.
+    pub fn netem(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.delay.is_zero() || !self.jitter.is_zero() {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            parts.push(format!("delay {}ms", ms(self.delay)));
+            if !self.jitter.is_zero() {
+                parts.push(format!("{}ms", ms(self.jitter)));
+            }
+        }
+        if self.loss > 0.0 {
+            parts.push(format!("loss {}%", self.loss * 100.0));
+        }
+        if self.reorder > 0.0 {
+            parts.push(format!("reorder {}%", self.reorder * 100.0));
+        }
+        if parts.is_empty() {
+            "none".to_owned()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+/// Counts of what the link did, both directions together.
 #[derive(Debug, Default)]
-pub struct RelayStats {
-    /// Datagrams forwarded.
+pub struct LinkStats {
+    /// Frames carried across.
     pub forwarded: AtomicU64,
-    /// Datagrams dropped on purpose.
+    /// Frames dropped on purpose (`loss`).
     pub dropped: AtomicU64,
-    /// Datagrams held back to reorder them.
+    /// Frames sent at once, ahead of those held (`reorder`).
     pub reordered: AtomicU64,
+    /// Frames dropped because the link already held [`LIMIT`] in that direction (netem's
+    /// `limit`); more than none means the measurement hit the link, not the tunnel.
+    pub overflow: AtomicU64,
+    /// Frames that could not be carried whole (too long for the buffer, a checksum left to
+    /// offload, refused by the kernel): more than none is a fault of the bed.
+    pub faults: AtomicU64,
 }
 
-/// The relay; stops and joins its threads when dropped.
+/// Frames held per direction at most, as netem's `limit` (its default is 1000; a few
+/// milliseconds of a gigabit need more).
+pub const LIMIT: usize = 20_000;
+
+/// The link; stops its threads when dropped, then deletes its namespace.
 #[derive(Debug)]
-pub struct Relay {
+pub struct ImpairedLink {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     /// What it did.
-    pub stats: Arc<RelayStats>,
+    pub stats: Arc<LinkStats>,
+    /// The namespace in the middle (dropped after the threads are joined).
+    ns: Netns,
 }
 
-impl Relay {
-    /// Starts the relay inside namespace `ns`: datagrams to `side_a` go to `to_b` (sent from
-    /// `side_b`), datagrams to `side_b` go to `to_a` (sent from `side_a`).
+impl ImpairedLink {
+    /// Wires `near_if` in `near` to `far_if` in `far` (both made here, both up) through a
+    /// namespace in the middle that impairs both directions with `imp`; `seed` makes the
+    /// random choices repeatable.
     ///
     /// # Errors
-    /// The namespace cannot be entered or the sockets bound.
-    pub fn start(
-        ns: &str,
-        side_a: SocketAddr,
-        to_a: SocketAddr,
-        side_b: SocketAddr,
-        to_b: SocketAddr,
+    /// A namespace, veth, `ethtool` or socket step failing.
+    pub fn wire(
+        near: &Netns,
+        near_if: &str,
+        far: &Netns,
+        far_if: &str,
         imp: Impairment,
         seed: u64,
     ) -> anyhow::Result<Self> {
+        let ns = Netns::new("link")?;
+        veth(near, near_if, &ns, "a")?;
+        veth(&ns, "b", far, far_if)?;
+        // The ends that send into the link segment and checksum every frame themselves; the
+        // link's own ends take frames as they come (no GRO).
+        near.exec(
+            "ethtool",
+            &["-K", near_if, "tx", "off", "tso", "off", "gso", "off"],
+        )?;
+        far.exec(
+            "ethtool",
+            &["-K", far_if, "tx", "off", "tso", "off", "gso", "off"],
+        )?;
+        for end in ["a", "b"] {
+            ns.exec("ethtool", &["-K", end, "gro", "off"])?;
+        }
+        let (a, b) = inject::inside(&ns, || {
+            let open = |name: &str| -> anyhow::Result<PacketSocket> {
+                let iface = Interface::lookup_up(name)?;
+                let opts = PacketOptions {
+                    recv_timeout: Some(Duration::from_micros(100)),
+                    recv_buffer: 8 << 20,
+                    ..PacketOptions::default()
+                };
+                PacketSocket::open(&iface, &opts).with_context(|| format!("opening {name}"))
+            };
+            Ok((open("a")?, open("b")?))
+        })?;
         let stop = Arc::new(AtomicBool::new(false));
-        let stats = Arc::new(RelayStats::default());
-        let name = ns.to_owned();
-        // Bind both sockets inside the namespace, on a thread that enters it.
-        let (sa, sb) = std::thread::spawn(move || -> anyhow::Result<(UdpSocket, UdpSocket)> {
-            netns::enter(&name).with_context(|| format!("entering {name}"))?;
-            let sa = UdpSocket::bind(side_a)?;
-            let sb = UdpSocket::bind(side_b)?;
-            for s in [&sa, &sb] {
-                s.set_read_timeout(Some(Duration::from_millis(1)))?;
-            }
-            Ok((sa, sb))
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("relay setup panicked"))??;
+        let stats = Arc::new(LinkStats::default());
         let mut threads = Vec::new();
-        for (rx, tx, to, seed) in [
-            (sa.try_clone()?, sb.try_clone()?, to_b, seed),
-            (sb, sa, to_a, seed ^ 0x5555),
+        for (rx, tx, seed) in [
+            (a.try_clone()?, b.try_clone()?, seed),
+            (b, a, seed ^ 0x5555_5555),
         ] {
             let (stop, stats) = (stop.clone(), stats.clone());
             threads.push(std::thread::spawn(move || {
-                forward(&rx, &tx, to, imp, seed, &stop, &stats);
+                carry(rx, &tx, imp, seed, &stop, &stats);
             }));
         }
         Ok(Self {
             stop,
             threads,
             stats,
+            ns,
         })
+    }
+
+    /// The namespace in the middle.
+    pub const fn ns(&self) -> &Netns {
+        &self.ns
     }
 }
 
-impl Drop for Relay {
+impl Drop for ImpairedLink {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
@@ -110,50 +186,108 @@ impl Drop for Relay {
     }
 }
 
-fn forward(
-    rx: &UdpSocket,
-    tx: &UdpSocket,
-    to: SocketAddr,
+/// Uniform random numbers in [0, 1) from a xorshift generator: repeatable from its seed.
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> f64 {
+        let x = &mut self.0;
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        (*x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One direction: frames from `rx` wait in a queue ordered by due time (netem's tfifo), and
+/// leave by `tx` when due.
+fn carry(
+    mut rx: PacketSocket,
+    tx: &PacketSocket,
     imp: Impairment,
     seed: u64,
     stop: &AtomicBool,
-    stats: &RelayStats,
+    stats: &LinkStats,
 ) {
-    let mut rng = seed | 1;
-    let mut random = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        (rng >> 11) as f64 / (1u64 << 53) as f64
-    };
-    let mut held: BinaryHeap<Reverse<(Instant, u64)>> = BinaryHeap::new();
-    let mut bodies = std::collections::HashMap::new();
+    const BATCH: usize = 32;
+    let mut random = Random(seed | 1);
+    let mut held: BinaryHeap<Reverse<(Instant, u64, Vec<u8>)>> = BinaryHeap::new();
     let mut seq = 0u64;
-    let mut buf = [0u8; 65536];
+    let mut store = vec![[0u8; 2048]; BATCH];
+    let mut meta = [FrameMeta::default(); BATCH];
+    let count = |c: &AtomicU64| {
+        c.fetch_add(1, Ordering::Relaxed);
+    };
     while !stop.load(Ordering::Relaxed) {
-        if let Ok(n) = rx.recv(&mut buf) {
-            if random() < imp.loss {
-                stats.dropped.fetch_add(1, Ordering::Relaxed);
+        let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|b| &mut b[..]).collect();
+        let n = rx.recv_batch(&mut bufs, &mut meta).unwrap_or(0);
+        let now = Instant::now();
+        for (buf, m) in bufs.iter().zip(&meta).take(n) {
+            if m.outgoing {
+                continue;
+            }
+            if m.truncated || m.checksum_partial {
+                count(&stats.faults);
+            } else if random.next() < imp.loss {
+                count(&stats.dropped);
+            } else if held.len() >= LIMIT {
+                count(&stats.overflow);
             } else {
-                let mut due = Instant::now() + imp.delay;
-                if random() < imp.reorder {
-                    due += imp.reorder_extra;
-                    stats.reordered.fetch_add(1, Ordering::Relaxed);
-                }
+                let due = if random.next() < imp.reorder {
+                    count(&stats.reordered);
+                    now
+                } else {
+                    let spread = imp.jitter.as_secs_f64() * (2.0 * random.next() - 1.0);
+                    now + Duration::from_secs_f64((imp.delay.as_secs_f64() + spread).max(0.0))
+                };
                 seq += 1;
-                held.push(Reverse((due, seq)));
-                bodies.insert(seq, buf[..n].to_vec());
+                held.push(Reverse((due, seq, buf[..m.len].to_vec())));
             }
         }
         let now = Instant::now();
-        while held.peek().is_some_and(|Reverse((t, _))| *t <= now) {
-            let Some(Reverse((_, id))) = held.pop() else {
+        while held.peek().is_some_and(|Reverse((due, _, _))| *due <= now) {
+            let Some(Reverse((_, _, frame))) = held.pop() else {
                 break;
             };
-            if let Some(body) = bodies.remove(&id) {
-                let _ = tx.send_to(&body, to);
-                stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            match tx.send(&frame) {
+                Ok(()) => count(&stats.forwarded),
+                Err(_) => count(&stats.faults),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netem_arguments_name_each_impairment() {
+        let imp = Impairment {
+            loss: 0.0025,
+            delay: Duration::from_millis(2),
+            jitter: Duration::from_millis(2),
+            reorder: 0.005,
+        };
+        assert_eq!(imp.netem(), "delay 2ms 2ms loss 0.25% reorder 0.5%");
+        assert_eq!(Impairment::NONE.netem(), "none");
+        let delay_only = Impairment {
+            delay: Duration::from_millis(300),
+            ..Impairment::NONE
+        };
+        assert_eq!(delay_only.netem(), "delay 300ms");
+    }
+
+    #[test]
+    fn random_numbers_are_uniform_in_the_unit_interval() {
+        let mut r = Random(0x00c0_ffee | 1);
+        let draws: Vec<f64> = (0..100_000).map(|_| r.next()).collect();
+        assert!(draws.iter().all(|x| (0.0..1.0).contains(x)));
+        let below = draws.iter().filter(|x| **x < 0.0025).count();
+        // 250 expected; a generator stuck high or low would be far off.
+        assert!(
+            (150..350).contains(&below),
+            "{below} of 100,000 below 0.0025"
+        );
     }
 }

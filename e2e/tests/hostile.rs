@@ -7,7 +7,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use cyphonic_e2e::bed::{BedOptions, CloudOptions, Ping, Side, TwoSites, mac_of, parse_mac};
+use cyphonic_e2e::bed::{
+    BedOptions, CloudOptions, Ping, Side, SiteOptions, TwoSites, mac_of, parse_mac,
+};
 use cyphonic_e2e::impair::Impairment;
 use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
@@ -502,21 +504,22 @@ fn the_cloud_turns_away_replayed_handshakes_and_probes_and_bounds_a_connection_f
     assert_eq!(d.answers, ["100.64.1.1"], "{d:?}\n{}", bed.logs());
 }
 
-/// Forged handshake responses cannot break a handshake. The underlay between the sites runs
-/// through the router's relay, which holds every datagram back by 300 ms (this kernel has no
-/// netem); the moment A's first initiation reaches the router, the router answers A with 20
+/// Forged handshake responses cannot break a handshake. Adapter B's link to the router holds
+/// every frame back by 300 ms each way (an impaired link: this kernel has no netem); the
+/// moment A's first initiation reaches the router, the router answers A with 20
 /// forged responses for that initiation's index (mac1 right, since A's public key is no
 /// secret; a Noise message that does not decrypt). A refuses each and keeps waiting: B's
 /// genuine response completes the handshake, and A never initiates a second time.
 #[test]
 fn forged_responses_do_not_break_a_pending_handshake_on_the_wire() {
     let bed = TwoSites::up(&BedOptions {
-        impair: Some(Impairment {
-            loss: 0.0,
-            delay: Duration::from_millis(300),
-            reorder: 0.0,
-            reorder_extra: Duration::ZERO,
-        }),
+        b: SiteOptions {
+            impair: Some(Impairment {
+                delay: Duration::from_millis(300),
+                ..Impairment::NONE
+            }),
+            ..SiteOptions::default()
+        },
         ..BedOptions::default()
     })
     .unwrap();
@@ -528,12 +531,17 @@ fn forged_responses_do_not_break_a_pending_handshake_on_the_wire() {
             .public_key,
     );
     let is_init = |p: &[u8]| p.len() > 16 && p[0] == cyphonic_wire::VERSION && p[1] == 1;
-    // A sends to the relay's address on its side.
-    let relay = bed.a.peer_endpoint.port();
+    // The router learns B's MAC first: an ARP exchange over the slow link would add 600 ms
+    // to the first initiation's way and A would rightly try again.
+    bed.wan
+        .exec("ping", &["-c", "1", "-W", "3", &bed.b.underlay.to_string()])
+        .unwrap();
+    // A's initiations pass the router before B's slow link.
+    let port = bed.a.peer_endpoint.port();
     let inits =
-        inject::spawn_capture_udp(&bed.wan, "toa", relay, 5, Duration::from_secs(5), is_init);
+        inject::spawn_capture_udp(&bed.wan, "toa", port, 5, Duration::from_secs(5), is_init);
     let first =
-        inject::spawn_capture_udp(&bed.wan, "toa", relay, 1, Duration::from_secs(5), is_init);
+        inject::spawn_capture_udp(&bed.wan, "toa", port, 1, Duration::from_secs(5), is_init);
     let to_a = SocketAddr::new(bed.a.underlay, 51820);
     let router: SocketAddr = "198.51.100.1:0".parse().unwrap();
     let wan = &bed.wan;
