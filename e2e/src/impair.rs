@@ -143,7 +143,8 @@ impl ImpairedLink {
             let open = |name: &str| -> anyhow::Result<PacketSocket> {
                 let iface = Interface::lookup_up(name)?;
                 let opts = PacketOptions {
-                    recv_timeout: Some(Duration::from_micros(100)),
+                    // Only read when ppoll said a frame is there: the timeout never runs.
+                    recv_timeout: Some(Duration::from_millis(10)),
                     recv_buffer: 8 << 20,
                     ..PacketOptions::default()
                 };
@@ -210,17 +211,27 @@ fn carry(
     stats: &LinkStats,
 ) {
     const BATCH: usize = 32;
+    const IDLE: Duration = Duration::from_millis(10);
     let mut random = Random(seed | 1);
     let mut held: BinaryHeap<Reverse<(Instant, u64, Vec<u8>)>> = BinaryHeap::new();
     let mut seq = 0u64;
+    let mut leaving = Vec::new();
     let mut store = vec![[0u8; 2048]; BATCH];
     let mut meta = [FrameMeta::default(); BATCH];
     let count = |c: &AtomicU64| {
         c.fetch_add(1, Ordering::Relaxed);
     };
     while !stop.load(Ordering::Relaxed) {
+        // Wake for the next frame or the next due time, whichever comes first (at most 10
+        // ms, to see `stop`): a receive timeout would be rounded to the kernel's tick.
+        let next = held.peek().map_or(IDLE, |Reverse((due, _, _))| {
+            due.saturating_duration_since(Instant::now()).min(IDLE)
+        });
         let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|b| &mut b[..]).collect();
-        let n = rx.recv_batch(&mut bufs, &mut meta).unwrap_or(0);
+        let n = match rx.wait_readable(next) {
+            Ok(true) => rx.recv_batch(&mut bufs, &mut meta).unwrap_or(0),
+            _ => 0,
+        };
         let now = Instant::now();
         for (buf, m) in bufs.iter().zip(&meta).take(n) {
             if m.outgoing {
@@ -249,10 +260,14 @@ fn carry(
             let Some(Reverse((_, _, frame))) = held.pop() else {
                 break;
             };
-            match tx.send(&frame) {
-                Ok(()) => count(&stats.forwarded),
-                Err(_) => count(&stats.faults),
-            }
+            leaving.push(frame);
+        }
+        if !leaving.is_empty() {
+            let frames: Vec<&[u8]> = leaving.iter().map(Vec::as_slice).collect();
+            let (sent, failed, _) = tx.send_batch(&frames);
+            stats.forwarded.fetch_add(sent as u64, Ordering::Relaxed);
+            stats.faults.fetch_add(failed as u64, Ordering::Relaxed);
+            leaving.clear();
         }
     }
 }
@@ -260,6 +275,8 @@ fn carry(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bed::mac_of;
+    use crate::measure::{PingStats, parse_ping};
 
     #[test]
     fn netem_arguments_name_each_impairment() {
@@ -276,6 +293,110 @@ mod tests {
             ..Impairment::NONE
         };
         assert_eq!(delay_only.netem(), "delay 300ms");
+    }
+
+    /// Two hosts on an impaired link (192.0.2.1 and .2), and ping's figures between them:
+    /// `count` requests `interval` apart.
+    fn ping_across(imp: Impairment, count: usize, interval: &str) -> (PingStats, LinkStats) {
+        crate::require_root();
+        let (near, far) = (Netns::new("ln").unwrap(), Netns::new("lf").unwrap());
+        let link = ImpairedLink::wire(&near, "x", &far, "y", imp, 7).unwrap();
+        near.ip(&["addr", "add", "192.0.2.1/24", "dev", "x"])
+            .unwrap();
+        far.ip(&["addr", "add", "192.0.2.2/24", "dev", "y"])
+            .unwrap();
+        // Each knows the other's MAC: ARP across a lossy link would cost the first second.
+        for (ns, dev, ip, other, other_dev) in [
+            (&near, "x", "192.0.2.2", &far, "y"),
+            (&far, "y", "192.0.2.1", &near, "x"),
+        ] {
+            let mac = mac_of(other, other_dev).unwrap();
+            ns.ip(&[
+                "neigh",
+                "replace",
+                ip,
+                "lladdr",
+                &mac,
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ])
+            .unwrap();
+        }
+        let out = near
+            .exec_output(
+                "ping",
+                &[
+                    "-c",
+                    &count.to_string(),
+                    "-i",
+                    interval,
+                    "-W",
+                    "1",
+                    "192.0.2.2",
+                ],
+            )
+            .unwrap();
+        let stats = parse_ping(&String::from_utf8_lossy(&out.stdout), count);
+        let s = &link.stats;
+        let counts = LinkStats::default();
+        for (to, from) in [
+            (&counts.forwarded, &s.forwarded),
+            (&counts.dropped, &s.dropped),
+            (&counts.reordered, &s.reordered),
+            (&counts.overflow, &s.overflow),
+            (&counts.faults, &s.faults),
+        ] {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        (stats, counts)
+    }
+
+    #[test]
+    fn the_link_delays_each_way_within_its_jitter() {
+        let imp = Impairment {
+            delay: Duration::from_millis(10),
+            jitter: Duration::from_millis(5),
+            ..Impairment::NONE
+        };
+        let (ping, link) = ping_across(imp, 40, "0.02");
+        // Each way 5 to 15 ms: a round trip 10 to 30 ms, 20 on average (and a few ms of
+        // slack for a busy machine).
+        assert_eq!(ping.received, 40, "{ping:?}");
+        assert!(
+            (15.0..25.0).contains(&ping.avg_ms) && ping.p99_ms < 36.0,
+            "{ping:?}"
+        );
+        assert_eq!(
+            (link.dropped.into_inner(), link.faults.into_inner()),
+            (0, 0)
+        );
+    }
+
+    #[test]
+    fn the_link_drops_its_share_and_sends_its_share_at_once() {
+        let imp = Impairment {
+            loss: 0.3,
+            delay: Duration::from_millis(20),
+            reorder: 0.5,
+            ..Impairment::NONE
+        };
+        let (ping, link) = ping_across(imp, 300, "0.005");
+        // A round trip survives both ways: 0.7 x 0.7 = 49%, a few points either side.
+        let share = ping.received as f64 / 300.0;
+        assert!((0.37..0.61).contains(&share), "{ping:?}");
+        // Half of what survives goes at once: round trips of 0, 20 or 40 ms.
+        assert!(ping.p50_ms < 30.0 && ping.p99_ms > 35.0, "{ping:?}");
+        let (dropped, reordered, forwarded) = (
+            link.dropped.into_inner(),
+            link.reordered.into_inner(),
+            link.forwarded.into_inner(),
+        );
+        assert!(
+            dropped > 100 && reordered > 100 && forwarded > 2 * reordered - 100,
+            "{dropped} dropped, {reordered} reordered, {forwarded} forwarded"
+        );
     }
 
     #[test]

@@ -203,6 +203,50 @@ fn packet_socket_captures_injects_and_reports_metadata() {
 }
 
 /// The MAC of `name` in `ns`, as `ip` prints it.
+/// `wait_readable` says whether a frame is there: false after its timeout on a quiet
+/// interface, true at once when one waits, and false again once it was read.
+#[test]
+fn packet_socket_waits_for_a_frame() {
+    require_root();
+    let ns = Netns::new("nio").unwrap();
+    // No IPv6 and no addresses: nothing of the kernel's own crosses the veth.
+    ns.exec(
+        "sysctl",
+        &[
+            "-qw",
+            "net.ipv6.conf.all.disable_ipv6=1",
+            "net.ipv6.conf.default.disable_ipv6=1",
+        ],
+    )
+    .unwrap();
+    veth(&ns, "cap0", &ns, "peer0").unwrap();
+    inside(&ns, || {
+        let cap = Interface::lookup("cap0").unwrap();
+        let peer = Interface::lookup("peer0").unwrap();
+        let mut sock = PacketSocket::open(&cap, &PacketOptions::default()).unwrap();
+        let tx = PacketSocket::open(&peer, &PacketOptions::default()).unwrap();
+        // Whatever came before (nothing, as set up) is read off first.
+        let mut buf = vec![0u8; 2048];
+        let mut meta = [FrameMeta::default(); 1];
+        while sock.wait_readable(Duration::from_millis(200)).unwrap() {
+            sock.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap();
+        }
+        assert!(!sock.wait_readable(Duration::from_millis(5)).unwrap());
+        tx.send(&frame(
+            [0x02, 0, 0, 0, 0, 0x99],
+            peer.mac,
+            EXPERIMENTAL,
+            46,
+            7,
+        ))
+        .unwrap();
+        assert!(sock.wait_readable(Duration::from_secs(2)).unwrap());
+        assert_eq!(sock.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap(), 1);
+        assert_eq!(buf[14], 7, "the marker of the frame sent");
+        assert!(!sock.wait_readable(Duration::ZERO).unwrap());
+    });
+}
+
 fn mac_in(ns: &Netns, name: &str) -> String {
     let name = name.to_owned();
     let mac = inside(ns, move || Interface::lookup(&name).unwrap().mac);
