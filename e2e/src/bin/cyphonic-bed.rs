@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use cyphonic_e2e::bed::{BedOptions, CloudOptions, Priority, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Priority, Side, SiteOptions, TwoSites};
+use cyphonic_e2e::impair::{ImpairedLink, Impairment};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::measure;
 use cyphonic_e2e::report::{
@@ -100,6 +101,18 @@ enum Command {
         /// Plain kernel routing instead of the tunnel (the baseline).
         #[arg(long)]
         plain: bool,
+    },
+    /// TCP through the tunnel against plain routing, both across the same impaired link
+    /// between adapter B and the router (netem's `delay`, jitter, `loss` and `reorder`, done
+    /// in userspace): one row per impairment, up to `delay 2ms 2ms loss 0.25% reorder 0.5%`;
+    /// prints a Markdown table.
+    Impair {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Measurements per row and side (the median and the range are reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
     },
     /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
     /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
@@ -241,6 +254,7 @@ fn main() -> ExitCode {
             seconds,
             rounds,
         } => policy_cost(rules, flows, seconds, rounds),
+        Command::Impair { seconds, runs } => impairment_table(seconds, runs),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -645,15 +659,19 @@ fn policy_cost(rules: usize, flows: u16, seconds: u64, rounds: usize) -> anyhow:
     Ok(())
 }
 
-/// The bed of `tune` and `latency`: plain routing, or both adapters with `dataplane` lines
-/// (`;`-separated) in their `[dataplane]`; GRO on the gateways' LAN side or not.
-fn quick_bed(dataplane: &str, gro: bool, plain: bool) -> anyhow::Result<TwoSites> {
-    let opts = BedOptions {
+/// The bed of `tune` and `latency`: `dataplane` lines (`;`-separated) for both adapters'
+/// `[dataplane]`, GRO on the gateways' LAN side or not.
+fn tuned(dataplane: &str, gro: bool) -> BedOptions {
+    BedOptions {
         dataplane_extra: dataplane.replace(';', "\n"),
         lan_gro: gro,
         ..BedOptions::default()
-    };
-    let mut bed = TwoSites::new(&opts)?;
+    }
+}
+
+/// A bed of `opts` routed plainly, or with both adapters running.
+fn quick_bed(opts: &BedOptions, plain: bool) -> anyhow::Result<TwoSites> {
+    let mut bed = TwoSites::new(opts)?;
     if plain {
         bed.route_plainly()?;
     } else {
@@ -661,6 +679,109 @@ fn quick_bed(dataplane: &str, gro: bool, plain: bool) -> anyhow::Result<TwoSites
         bed.start(Side::B)?;
     }
     Ok(bed)
+}
+
+/// The rows of [`Command::Impair`]: each impairment alone, then all together.
+fn impairments() -> [Impairment; 5] {
+    let ms = Duration::from_millis;
+    let all = Impairment {
+        loss: 0.0025,
+        delay: ms(2),
+        jitter: ms(2),
+        reorder: 0.005,
+    };
+    [
+        Impairment::NONE,
+        Impairment {
+            delay: ms(2),
+            jitter: ms(2),
+            ..Impairment::NONE
+        },
+        Impairment {
+            loss: 0.0025,
+            ..Impairment::NONE
+        },
+        Impairment {
+            delay: ms(2),
+            reorder: 0.005,
+            ..Impairment::NONE
+        },
+        all,
+    ]
+}
+
+/// `cyphonic-bed impair`: see [`Command::Impair`].
+fn impairment_table(seconds: u64, runs: usize) -> anyhow::Result<()> {
+    println!(
+        "| underlay impairment (netem terms) | tunnel TCP, Mbit/s: median (range; its retransmits) | plain TCP, the same | tunnel / plain, medians | the link, tunnel runs: dropped / reordered / forwarded frames |"
+    );
+    println!("|---|---:|---:|---:|---|");
+    for imp in impairments() {
+        let opts = BedOptions {
+            b: SiteOptions {
+                impair: Some(imp),
+                ..SiteOptions::default()
+            },
+            ..BedOptions::default()
+        };
+        // The runs of one side, sorted by goodput: the median and the range go in the table.
+        let side = |plain: bool| -> anyhow::Result<(Vec<measure::Tcp>, String)> {
+            let bed = quick_bed(&opts, plain)?;
+            measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+            let mut all = (0..runs.max(1))
+                .map(|_| measure::tcp(&bed, 1, seconds))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            all.sort_by(|a, b| a.gbps.total_cmp(&b.gbps));
+            Ok((all, link_counts(bed.b.link.as_ref())))
+        };
+        let cell = |all: &[measure::Tcp]| {
+            let mbps = |t: &measure::Tcp| t.gbps * 1e3;
+            let median = &all[all.len() / 2];
+            format!(
+                "{:.0} ({:.0}-{:.0}; {})",
+                mbps(median),
+                mbps(&all[0]),
+                mbps(&all[all.len() - 1]),
+                median.retransmits
+            )
+        };
+        let (tunnel, link) = side(false)?;
+        let (plain, _) = side(true)?;
+        let median = |all: &[measure::Tcp]| all[all.len() / 2].gbps;
+        println!(
+            "| {} | {} | {} | {:.2} | {link} |",
+            imp.netem(),
+            cell(&tunnel),
+            cell(&plain),
+            median(&tunnel) / median(&plain)
+        );
+    }
+    Ok(())
+}
+
+/// What an impaired link did, for a table cell; a fault or an overflow is said, as it
+/// would make the row a measurement of the link.
+fn link_counts(link: Option<&ImpairedLink>) -> String {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(link) = link else {
+        return "-".to_owned();
+    };
+    let s = &link.stats;
+    let mut text = format!(
+        "{} / {} / {}",
+        s.dropped.load(Relaxed),
+        s.reordered.load(Relaxed),
+        s.forwarded.load(Relaxed)
+    );
+    for (what, n) in [
+        ("overflow", s.overflow.load(Relaxed)),
+        ("faults", s.faults.load(Relaxed)),
+    ] {
+        if n > 0 {
+            text.push_str(&format!(", {n} {what}"));
+        }
+    }
+    text
 }
 
 /// `cyphonic-bed tune`: see [`Command::Tune`].
@@ -671,7 +792,7 @@ fn tune(
     gro: bool,
     plain: bool,
 ) -> anyhow::Result<()> {
-    let bed = quick_bed(dataplane, gro, plain)?;
+    let bed = quick_bed(&tuned(dataplane, gro), plain)?;
     measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
     let idle = measure::ping(&bed, Side::A, bed.b.host_ip, 200, Duration::from_millis(10))?;
     let t1 = measure::tcp(&bed, 1, seconds)?;
@@ -734,7 +855,7 @@ fn latency(
     gro: bool,
     plain: bool,
 ) -> anyhow::Result<()> {
-    let bed = quick_bed(dataplane, gro, plain)?;
+    let bed = quick_bed(&tuned(dataplane, gro), plain)?;
     println!(
         "{}{}",
         if plain {
