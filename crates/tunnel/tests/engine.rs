@@ -317,8 +317,12 @@ fn replayed_forged_and_garbage_frames_are_dropped() {
 #[test]
 fn pool_exhaustion_is_counted_and_recovered_from() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    // Every batch goes to the workers: one processed inline on the receive thread gives its
+    // buffers back before that thread asks for more, and A could go on with the few buffers
+    // it holds for ever, never finding the pool empty.
     let dp = DataPlane {
         buffers: 256,
+        inline_max: 0,
         ..dataplane()
     };
     let p = Pair::new(6, &dp, timing());
@@ -361,20 +365,28 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
             "no buffer to send with"
         );
         // B sends bursts until A's receive thread finds no buffer to take: a burst takes
-        // every buffer A's receive thread holds at once, but A may win some back from the
-        // pool before the grabber does, for a while.
+        // every buffer A's receive thread holds at once, and they come back to the pool
+        // (where the grabber waits) only once a worker is done with them.
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut n = 0;
         while p.a.shared.counters.drop_no_buffer.load(Relaxed) == 0 && Instant::now() < deadline {
-            if n < 2000 {
-                send(&p.b, p.a.vip, n, 100);
-                n += 100;
+            // B's own pool may run short under load too: what it cannot send now, it
+            // sends in a later burst (the sequence numbers stay contiguous).
+            for _ in 0..100 {
+                if n >= 2000 || !p.b.send(p.a.vip, &packet(n, 200)) {
+                    break;
+                }
+                n += 1;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(
             p.a.shared.counters.drop_no_buffer.load(Relaxed) > 0,
-            "the receive thread counts the buffers it cannot take"
+            "the receive thread counts the buffers it cannot take: {} grabbed, {n} sent, A received {}, pool: {} in use, {} free",
+            grabbed.load(Relaxed),
+            p.a.shared.counters.udp_received.load(Relaxed),
+            pool.in_use(),
+            pool.free()
         );
         drop(stop);
         let held = grabber.join().unwrap_or_default();
