@@ -184,20 +184,27 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
 
 /// Asks `name` from `side`'s LAN host through its adapter until an answer with addresses
 /// comes (the names may take a moment to be registered, and the adapter caches "not found"
-/// for 5 s), for about 12 s at most.
+/// for 5 s), for about 12 s of answers at most. A question may also go unanswered: a name
+/// behind the other adapter is answered by it, through a tunnel that may still be on its way
+/// up (2 s of handshakes on a blocked direct path, then the relay), longer than dig waits.
 fn resolve(bed: &TwoSites, side: Side, name: &str) -> Vec<String> {
     let (lan, gw) = match side {
         Side::A => (&bed.a.lan, GW_A),
         Side::B => (&bed.b.lan, Ipv4Addr::new(100, 64, 2, 1)),
     };
+    let mut last = None;
     for _ in 0..24 {
-        let d = dig(lan, gw, name, "A").unwrap();
-        if d.status == "NOERROR" && !d.answers.is_empty() {
-            return d.answers;
+        match dig(lan, gw, name, "A") {
+            Ok(d) if d.status == "NOERROR" && !d.answers.is_empty() => return d.answers,
+            Ok(d) => last = Some(format!("{d:?}")),
+            Err(e) => last = Some(format!("{e:#}")),
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    panic!("{name}: no answer from {side:?}\n{}", bed.logs());
+    panic!(
+        "{name}: no answer from {side:?}; the last: {last:?}\n{}",
+        bed.logs()
+    );
 }
 
 /// (b) Adapter B behind a port-preserving NAT: the cloud sees B's tunnel socket at the NAT's
