@@ -114,6 +114,25 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// Where UDP bursts are lost: iperf3 UDP from lanA to lanB (`-w 2M`) at each rate and
+    /// datagram size, with what each place on the way dropped meanwhile (adapter A's capture
+    /// socket and pipeline, the kernel's UDP receive queues at adapter B and at lanB, B's
+    /// pipeline) and how many fragmentation-needed A sent. lanA's MTU stays 1500, so
+    /// datagrams over the tunnel's MTU go through path MTU discovery. Prints a Markdown table.
+    Bursts {
+        /// Seconds per rate.
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        /// Offered rates, Mbit/s, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "200,400,600,800,1000")]
+        rates: Vec<u64>,
+        /// Datagram sizes (UDP payload bytes), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1300,1400")]
+        sizes: Vec<usize>,
+        /// GRO on on the gateways' LAN side.
+        #[arg(long)]
+        gro: bool,
+    },
     /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
     /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
     /// prints one line.
@@ -255,6 +274,12 @@ fn main() -> ExitCode {
             rounds,
         } => policy_cost(rules, flows, seconds, rounds),
         Command::Impair { seconds, runs } => impairment_table(seconds, runs),
+        Command::Bursts {
+            seconds,
+            rates,
+            sizes,
+            gro,
+        } => bursts(seconds, &rates, &sizes, gro),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -757,6 +782,91 @@ fn impairment_table(seconds: u64, runs: usize) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `cyphonic-bed bursts`: see [`Command::Bursts`].
+fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Result<()> {
+    let bed = quick_bed(&tuned("", gro), false)?;
+    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    // What every place counted so far, in the table's order.
+    let places = |bed: &TwoSites| -> anyhow::Result<[u64; 7]> {
+        let (a, b) = (bed.status(Side::A)?, bed.status(Side::B)?);
+        let n = |s: &serde_json::Value, name: &str| s["counters"][name].as_u64().unwrap_or(0);
+        Ok([
+            n(&a, "icmp_frag_needed"),
+            n(&a, "drop_capture_overflow"),
+            n(&a, "drop_pipeline_full"),
+            n(&a, "udp_send_failed"),
+            udp_rcvbuf_errors(&bed.b.adapter_ns)?,
+            n(&b, "drop_pipeline_full"),
+            udp_rcvbuf_errors(&bed.b.lan)?,
+        ])
+    };
+    println!(
+        "| datagram, bytes | offered, Mbit/s | received, Mbit/s | lost | A: frag-needed sent | A: capture socket overflow | A: pipeline full | A: sends refused | B: UDP socket overflow (kernel) | B: pipeline full | lanB: iperf3 socket overflow (kernel) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &size in sizes {
+        // The path MTU exchange first, as its own step: a connected UDP socket (iperf3's)
+        // that gets the fragmentation-needed reports EMSGSIZE on its next send, and iperf3
+        // quits on it. Pings as large as the datagrams (the same IP length), with DF, let
+        // lanA's kernel learn the path's MTU; datagrams over it then leave lanA in fragments.
+        let before = places(&bed)?;
+        let probe = bed.ping(
+            Side::A,
+            bed.b.host_ip,
+            &[
+                "-c",
+                "2",
+                "-i",
+                "0.2",
+                "-W",
+                "1",
+                "-M",
+                "want",
+                "-s",
+                &size.to_string(),
+            ],
+        )?;
+        let after = places(&bed)?;
+        println!(
+            "| {size} | path MTU exchange: {} fragmentation-needed; ping's 2 requests: {} |  |  |  |  |  |  |  |  |  |",
+            after[0].saturating_sub(before[0]),
+            String::from_utf8_lossy(&probe.stdout)
+                .lines()
+                .find(|l| l.contains("transmitted"))
+                .unwrap_or("no summary")
+        );
+        for &rate in rates {
+            let before = places(&bed)?;
+            let u = measure::udp(&bed, rate, size, seconds)?;
+            let after = places(&bed)?;
+            let counts = after
+                .iter()
+                .zip(before)
+                .map(|(a, b)| a.saturating_sub(b).to_string())
+                .collect::<Vec<_>>();
+            println!(
+                "| {size} | {:.0} | {:.0} | {:.2}% | {} |",
+                u.offered_mbps,
+                u.received_mbps,
+                u.loss_pct,
+                counts.join(" | ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's count of UDP datagrams dropped for a full receive buffer in `ns` (IPv4 and
+/// IPv6), since the namespace was made.
+fn udp_rcvbuf_errors(ns: &cyphonic_e2e::Netns) -> anyhow::Result<u64> {
+    let out = ns.exec("nstat", &["-asz", "UdpRcvbufErrors", "Udp6RcvbufErrors"])?;
+    Ok(out
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum())
 }
 
 /// What an impaired link did, for a table cell; a fault or an overflow is said, as it
