@@ -495,24 +495,7 @@ impl PacketSocket {
     /// # Errors
     /// `ppoll(2)` failing otherwise.
     pub fn wait_readable(&self, within: Duration) -> io::Result<bool> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let timeout = libc::timespec {
-            tv_sec: libc::time_t::try_from(within.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::from(within.subsec_nanos()),
-        };
-        // SAFETY: `pfd` is a live, exclusively borrowed pollfd and we pass a count of 1;
-        // `timeout` is a live timespec; a null signal mask leaves the mask as it is.
-        let ready =
-            cvt(unsafe { libc::ppoll(&raw mut pfd, 1, &raw const timeout, std::ptr::null()) });
-        match ready {
-            Ok(n) => Ok(n > 0),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
-            Err(e) => Err(e),
-        }
+        sys::wait_readable(self.fd.as_raw_fd(), within)
     }
 
     /// A second handle on the same socket, for sending from another thread.

@@ -27,6 +27,28 @@ pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// Waits up to `within` for `fd` to be readable, to the microsecond (`ppoll(2)`: a
+/// high-resolution timer, where a receive timeout is rounded to the kernel's tick). True
+/// when it is; false on timeout or interruption.
+pub(crate) fn wait_readable(fd: libc::c_int, within: std::time::Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let timeout = libc::timespec {
+        tv_sec: libc::time_t::try_from(within.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(within.subsec_nanos()),
+    };
+    // SAFETY: `pfd` is a live, exclusively borrowed pollfd and we pass a count of 1;
+    // `timeout` is a live timespec; a null signal mask leaves the mask as it is.
+    match cvt(unsafe { libc::ppoll(&raw mut pfd, 1, &raw const timeout, std::ptr::null()) }) {
+        Ok(n) => Ok(n > 0),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// A datagram socket to run interface ioctls on.
 pub(crate) fn ioctl_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2) call with constant arguments; no pointers involved.

@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd as _;
 use std::time::Duration;
 
 use crate::NetError;
-use crate::sys::{cvt, ifreq, ifreq_ioctl, ioctl_socket, short};
+use crate::sys::{self, cvt, ifreq, ifreq_ioctl, ioctl_socket, short};
 
 /// A TUN device.
 #[derive(Debug)]
@@ -110,19 +110,8 @@ impl Tun {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
-        let mut pfd = libc::pollfd {
-            fd: self.iface.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: `pfd` is a live, exclusively borrowed pollfd; we pass a count of 1.
-        let ready = cvt(unsafe { libc::poll(&raw mut pfd, 1, ms) });
-        match ready {
-            Ok(0) => return Ok(None),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
-            Err(e) => return Err(e),
+        if !sys::wait_readable(self.iface.as_raw_fd(), timeout)? {
+            return Ok(None);
         }
         match self.iface.recv(buf) {
             Ok(n) => Ok(Some(n)),
