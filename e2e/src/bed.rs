@@ -154,8 +154,6 @@ pub struct Site {
     pub gateway: Ipv4Addr,
     /// The adapter's underlay address.
     pub underlay: IpAddr,
-    /// Where this adapter reaches its peer (the other site's underlay address).
-    pub peer_endpoint: SocketAddr,
     /// The running adapter.
     pub adapter: Option<Proc>,
     /// The LAN switch, with the options' `lan_switch`.
@@ -174,6 +172,12 @@ impl Site {
     /// The adapter's status socket.
     pub fn socket(&self) -> PathBuf {
         self.dir.join("adapter.sock")
+    }
+
+    /// Where the adapter's tunnel socket is reached: its underlay address, the port of the
+    /// configurations the bed writes. The other site's static peer endpoint.
+    pub fn endpoint(&self) -> SocketAddr {
+        SocketAddr::from((self.underlay, 51820))
     }
 
     /// The adapter's log file.
@@ -331,8 +335,8 @@ impl TwoSites {
         let bins = Bins::find()?;
         let tmp = TempDir::new("bed")?;
         let wan = Netns::new("wan")?;
-        let mut a = Self::site("A", &wan, "toa", [198, 51, 100], 1, &opts.a, opts)?;
-        let mut b = Self::site("B", &wan, "tob", [203, 0, 113], 2, &opts.b, opts)?;
+        let a = Self::site("A", &wan, "toa", [198, 51, 100], 1, &opts.a, opts)?;
+        let b = Self::site("B", &wan, "tob", [203, 0, 113], 2, &opts.b, opts)?;
         wan.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
         wan.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
         if opts.block_direct {
@@ -354,8 +358,6 @@ impl TwoSites {
                 )?;
             }
         }
-        a.peer_endpoint = SocketAddr::from((b.underlay, 51820));
-        b.peer_endpoint = SocketAddr::from((a.underlay, 51820));
 
         // The overlay CA and the two adapters' certificates, as an operator makes them.
         let ca = tmp.path().join("ca");
@@ -580,7 +582,6 @@ impl TwoSites {
         let gateway = Ipv4Addr::new(100, 64, n, 1);
         let dir = std::env::temp_dir().join(unique(&format!("cyphonic-site{label}-")));
         std::fs::create_dir_all(&dir)?;
-        let peer_endpoint = SocketAddr::from((underlay, 51820));
         let mut ports = 0;
         if let Some(sw) = &switch {
             plug(sw, &mut ports, &adapter_ns, "lan")?;
@@ -609,7 +610,6 @@ impl TwoSites {
             host_mac,
             gateway,
             underlay,
-            peer_endpoint,
             adapter: None,
             switch,
             link,
@@ -687,9 +687,9 @@ impl TwoSites {
     /// # Errors
     /// Writing fails.
     pub fn write_config(&mut self, side: Side, opts: &BedOptions) -> anyhow::Result<()> {
-        let (me, name, peer_name) = match side {
-            Side::A => (&self.a, "gw1.ovl.example", "gw2.ovl.example"),
-            Side::B => (&self.b, "gw2.ovl.example", "gw1.ovl.example"),
+        let (me, peer, name, peer_name) = match side {
+            Side::A => (&self.a, &self.b, "gw1.ovl.example", "gw2.ovl.example"),
+            Side::B => (&self.b, &self.a, "gw2.ovl.example", "gw1.ovl.example"),
         };
         let mut text = String::new();
         writeln!(
@@ -731,7 +731,8 @@ impl TwoSites {
             writeln!(
                 text,
                 "[[peer]]\ncertificate = \"peers/{peer_name}.crt\"\nendpoint = \"{}\"\npersistent_keepalive = {}\n",
-                me.peer_endpoint, opts.persistent_keepalive
+                peer.endpoint(),
+                opts.persistent_keepalive
             )?;
         }
         text.push_str(&opts.site(side).extra);

@@ -537,7 +537,7 @@ fn forged_responses_do_not_break_a_pending_handshake_on_the_wire() {
         .exec("ping", &["-c", "1", "-W", "3", &bed.b.underlay.to_string()])
         .unwrap();
     // A's initiations pass the router before B's slow link.
-    let port = bed.a.peer_endpoint.port();
+    let port = bed.b.endpoint().port();
     let inits =
         inject::spawn_capture_udp(&bed.wan, "toa", port, 5, Duration::from_secs(5), is_init);
     let first =

@@ -202,7 +202,6 @@ fn packet_socket_captures_injects_and_reports_metadata() {
     );
 }
 
-/// The MAC of `name` in `ns`, as `ip` prints it.
 /// `wait_readable` says whether a frame is there: false after its timeout on a quiet
 /// interface, true at once when one waits, and false again once it was read.
 #[test]
@@ -247,6 +246,7 @@ fn packet_socket_waits_for_a_frame() {
     });
 }
 
+/// The MAC of `name` in `ns`, as `ip` prints it.
 fn mac_in(ns: &Netns, name: &str) -> String {
     let name = name.to_owned();
     let mac = inside(ns, move || Interface::lookup(&name).unwrap().mac);
