@@ -791,14 +791,19 @@ fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Re
     // What every place counted so far, in the table's order.
     let places = |bed: &TwoSites| -> anyhow::Result<[u64; 7]> {
         let (a, b) = (bed.status(Side::A)?, bed.status(Side::B)?);
-        let n = |s: &serde_json::Value, name: &str| s["counters"][name].as_u64().unwrap_or(0);
+        // A counter missing from the status is an error, not a zero.
+        let n = |s: &serde_json::Value, name: &str| {
+            s["counters"][name]
+                .as_u64()
+                .with_context(|| format!("no counter {name}"))
+        };
         Ok([
-            n(&a, "icmp_frag_needed"),
-            n(&a, "drop_capture_overflow"),
-            n(&a, "drop_pipeline_full"),
-            n(&a, "udp_send_failed"),
+            n(&a, "icmp_frag_needed")?,
+            n(&a, "drop_capture_overflow")?,
+            n(&a, "drop_pipeline_full")?,
+            n(&a, "udp_send_failed")?,
             udp_rcvbuf_errors(&bed.b.adapter_ns)?,
-            n(&b, "drop_pipeline_full"),
+            n(&b, "drop_pipeline_full")?,
             udp_rcvbuf_errors(&bed.b.lan)?,
         ])
     };
@@ -862,11 +867,14 @@ fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Re
 /// IPv6), since the namespace was made.
 fn udp_rcvbuf_errors(ns: &cyphonic_e2e::Netns) -> anyhow::Result<u64> {
     let out = ns.exec("nstat", &["-asz", "UdpRcvbufErrors", "Udp6RcvbufErrors"])?;
-    Ok(out
+    let values: Vec<u64> = out
         .lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum())
+        .collect();
+    // Both counters, or the count would be a silent zero.
+    anyhow::ensure!(values.len() == 2, "nstat in {}: {out}", ns.name());
+    Ok(values.iter().sum())
 }
 
 /// What an impaired link did, for a table cell; a fault or an overflow is said, as it
