@@ -6,7 +6,7 @@
 use std::io;
 
 use cyphonic_gateway::{
-    ETH_HEADER_LEN, GsoKind, IPV4_MIN_HEADER, Run, complete_deferred_checksum, find_run,
+    ETH_HEADER_LEN, Framing, GsoKind, IPV4_MIN_HEADER, Run, complete_deferred_checksum, find_run,
     merge_headers, restore_headers, tcp_flags,
 };
 use cyphonic_netio::{Gathered, Gso, PacketSocket, segmentation_unsupported};
@@ -94,11 +94,11 @@ pub fn send_frames(
         }
         let mut i = 0;
         while i < n {
-            runs[i] =
-                find_run(&view[i..n], &deferred[i..n], SEND_BATCH).filter(|r| merge[slot(r.kind)]);
-            flags[i] = tcp_flags(view[i]);
+            runs[i] = find_run(Framing::Ethernet, &view[i..n], &deferred[i..n], SEND_BATCH)
+                .filter(|r| merge[slot(r.kind)]);
+            flags[i] = tcp_flags(Framing::Ethernet, view[i]);
             let last = runs[i].map_or(i, |r| i + r.count - 1);
-            flags[last] = tcp_flags(view[last]);
+            flags[last] = tcp_flags(Framing::Ethernet, view[last]);
             i = last + 1;
         }
         for i in 0..n {
@@ -167,7 +167,7 @@ pub fn send_frames(
                     tracing::warn!(error = ?out.error, interface = tx.name(), kind = ?run.kind, "the LAN interface refused a frame to segment: sending these packets alone from now on");
                     merge[slot(run.kind)] = false;
                 }
-                restore_headers(frames[i], run.kind, flags[i]);
+                restore_headers(Framing::Ethernet, frames[i], run.kind, flags[i]);
                 for k in 1..count {
                     if deferred[i + k] {
                         complete_deferred_checksum(&mut frames[i + k][ETH_HEADER_LEN..]);
@@ -281,8 +281,8 @@ mod tests {
             f[48..50].copy_from_slice(&512u16.to_be_bytes());
         }
         f.extend_from_slice(payload);
-        let flags = tcp_flags(&f);
-        restore_headers(&mut f, kind, flags);
+        let flags = tcp_flags(Framing::Ethernet, &f);
+        restore_headers(Framing::Ethernet, &mut f, kind, flags);
         f
     }
 

@@ -136,8 +136,13 @@ fn coalesce(mut segments: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     let (run, last) = {
         let refs: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
         let deferred = [false; SEGMENTS];
-        let run = cyphonic_gateway::find_run(&refs, &deferred, 64).expect("one run");
-        (run, cyphonic_gateway::tcp_flags(refs[SEGMENTS - 1]))
+        let run =
+            cyphonic_gateway::find_run(cyphonic_gateway::Framing::Ethernet, &refs, &deferred, 64)
+                .expect("one run");
+        (
+            run,
+            cyphonic_gateway::tcp_flags(cyphonic_gateway::Framing::Ethernet, refs[SEGMENTS - 1]),
+        )
     };
     assert_eq!(run.count, SEGMENTS);
     // The first frame carries the run's headers, edited in place as the sender does.

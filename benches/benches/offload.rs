@@ -25,7 +25,14 @@ fn checksums(c: &mut Criterion) {
         ("run_deferred", [true; SEGMENTS]),
     ] {
         group.bench_function(name, |b| {
-            b.iter(|| find_run(black_box(&refs), &deferred, 64));
+            b.iter(|| {
+                find_run(
+                    cyphonic_gateway::Framing::Ethernet,
+                    black_box(&refs),
+                    &deferred,
+                    64,
+                )
+            });
         });
     }
     group.finish();

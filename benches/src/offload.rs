@@ -91,7 +91,13 @@ mod tests {
         let segs = segments();
         let refs: Vec<&[u8]> = segs.iter().map(Vec::as_slice).collect();
         for deferred in [[false; SEGMENTS], [true; SEGMENTS]] {
-            let run = cyphonic_gateway::find_run(&refs, &deferred, 64).expect("one run");
+            let run = cyphonic_gateway::find_run(
+                cyphonic_gateway::Framing::Ethernet,
+                &refs,
+                &deferred,
+                64,
+            )
+            .expect("one run");
             assert_eq!(run.count, SEGMENTS);
         }
     }

@@ -916,7 +916,8 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
         let tx = PacketSocket::open(&tx_if, &opts).unwrap();
         let mut rx = PacketSocket::open(&rx_if, &PacketOptions::default()).unwrap();
         let refs: Vec<&[u8]> = segments.iter().map(Vec::as_slice).collect();
-        let run = cyphonic_gateway::find_run(&refs, &[], 64).unwrap();
+        let run = cyphonic_gateway::find_run(cyphonic_gateway::Framing::Ethernet, &refs, &[], 64)
+            .unwrap();
         assert_eq!(run.count, 20, "one run");
         let mut first = segments[0].clone();
         cyphonic_gateway::merge_headers(&mut first, &run, 0x18);
@@ -927,7 +928,9 @@ fn merged_tcp_frames_are_cut_by_the_kernel_into_the_original_segments() {
         parts.push(&alone);
         // Then a run of UDP datagrams (the last shorter).
         let udp_refs: Vec<&[u8]> = datagrams.iter().map(Vec::as_slice).collect();
-        let udp_run = cyphonic_gateway::find_run(&udp_refs, &[], 64).unwrap();
+        let udp_run =
+            cyphonic_gateway::find_run(cyphonic_gateway::Framing::Ethernet, &udp_refs, &[], 64)
+                .unwrap();
         assert_eq!(udp_run.count, 8, "one UDP run");
         let mut udp_first = datagrams[0].clone();
         cyphonic_gateway::merge_headers(&mut udp_first, &udp_run, 0);

@@ -22,7 +22,7 @@ use std::net::Ipv4Addr;
 
 use crate::ipv4::{self, PROTO_TCP, PROTO_UDP};
 use crate::segment::GsoKind;
-use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, IPV4_MIN_HEADER, checksum};
+use crate::{ETHERTYPE_IPV4, Framing, IPV4_MIN_HEADER, checksum};
 
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
@@ -33,7 +33,6 @@ const TCP_URG: u8 = 0x20;
 const TCP_CWR: u8 = 0x80;
 /// Flags that keep a segment out of any run.
 const ALONE: u8 = TCP_SYN | TCP_FIN | TCP_RST | TCP_URG | TCP_CWR;
-const HEADERS_START: usize = ETH_HEADER_LEN + IPV4_MIN_HEADER;
 const UDP_HEADER_LEN: usize = 8;
 
 /// A run of frames to send as one (see the module documentation).
@@ -41,10 +40,12 @@ const UDP_HEADER_LEN: usize = 8;
 pub struct Run {
     /// TCP segments or UDP datagrams.
     pub kind: GsoKind,
+    /// What is in front of each IP packet.
+    pub framing: Framing,
     /// Frames in the run, the first included (at least 2).
     pub count: usize,
-    /// Ethernet, IP and transport headers of each frame: the first frame is sent whole, the
-    /// others from this offset on (their payload).
+    /// Link (if any), IP and transport headers of each frame: the first frame is sent whole,
+    /// the others from this offset on (their payload).
     pub headers: usize,
     /// Payload bytes of every packet but the last (the size the offload cuts at).
     pub segment_size: u16,
@@ -56,6 +57,8 @@ pub struct Run {
 #[derive(Clone, Copy)]
 struct Seg<'a> {
     frame: &'a [u8],
+    /// Link header bytes in front of the IP packet.
+    link: usize,
     kind: GsoKind,
     /// Transport header length.
     l4_header: usize,
@@ -65,13 +68,15 @@ struct Seg<'a> {
     flags: u8,
 }
 
-fn parse(frame: &[u8]) -> Option<Seg<'_>> {
-    if frame.len() < HEADERS_START + UDP_HEADER_LEN
-        || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4
+fn parse(framing: Framing, frame: &[u8]) -> Option<Seg<'_>> {
+    let link = framing.header_len();
+    if frame.len() < link + IPV4_MIN_HEADER + UDP_HEADER_LEN
+        || (framing == Framing::Ethernet
+            && u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4)
     {
         return None;
     }
-    let ip = &frame[ETH_HEADER_LEN..];
+    let ip = &frame[link..];
     // Version 4, no options; the whole frame is the packet (no padding); not a fragment.
     if ip[0] != 0x45
         || usize::from(u16::from_be_bytes([ip[2], ip[3]])) != ip.len()
@@ -85,6 +90,7 @@ fn parse(frame: &[u8]) -> Option<Seg<'_>> {
             let doff = usize::from(l4[12] >> 4) * 4;
             (doff >= 20 && doff <= l4.len()).then(|| Seg {
                 frame,
+                link,
                 kind: GsoKind::Tcp,
                 l4_header: doff,
                 payload: l4.len() - doff,
@@ -99,6 +105,7 @@ fn parse(frame: &[u8]) -> Option<Seg<'_>> {
         {
             Some(Seg {
                 frame,
+                link,
                 kind: GsoKind::Udp,
                 l4_header: UDP_HEADER_LEN,
                 payload: l4.len() - UDP_HEADER_LEN,
@@ -122,7 +129,7 @@ const fn proto(kind: GsoKind) -> u8 {
 /// here too, at the cost of 20 bytes.) A packet whose transport checksum was `deferred` by the
 /// tunnel's sender has none to check: the AEAD brought its payload intact.
 fn checksum_ok(s: &Seg<'_>, deferred: bool) -> bool {
-    let ip = &s.frame[ETH_HEADER_LEN..];
+    let ip = &s.frame[s.link..];
     let (src, dst) = addresses(ip);
     checksum::internet(&ip[..IPV4_MIN_HEADER]) == 0
         && (deferred || checksum::transport_valid(&ip[IPV4_MIN_HEADER..], src, dst, proto(s.kind)))
@@ -137,31 +144,32 @@ fn addresses(ip: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
 
 /// Whether `next` may follow `prev` in a run that `first` starts.
 fn continues(first: &Seg<'_>, prev: &Seg<'_>, next: &Seg<'_>) -> bool {
-    let (f, n) = (first.frame, next.frame);
+    let link = first.link;
+    // The link headers, then the IP packets (offsets from here on are the packets').
+    let (f, n) = (&first.frame[link..], &next.frame[link..]);
     let same = next.kind == first.kind
         && next.l4_header == first.l4_header
         && next.payload > 0
         && next.payload <= first.payload
-        // Ethernet header.
-        && f[..ETH_HEADER_LEN] == n[..ETH_HEADER_LEN]
+        && first.frame[..link] == next.frame[..link]
         // IP: version/IHL and TOS; flags (DF), TTL and protocol; addresses.
-        && f[14..16] == n[14..16]
-        && f[20..24] == n[20..24]
-        && f[26..34] == n[26..34]
+        && f[0..2] == n[0..2]
+        && f[6..10] == n[6..10]
+        && f[12..20] == n[12..20]
         // Ports.
-        && f[34..38] == n[34..38];
+        && f[20..24] == n[20..24];
     match first.kind {
         GsoKind::Udp => same,
         GsoKind::Tcp => {
-            let headers = HEADERS_START + first.l4_header;
+            let headers = IPV4_MIN_HEADER + first.l4_header;
             same && next.seq == prev.seq.wrapping_add(u32::try_from(prev.payload).unwrap_or(0))
                 && next.flags & !TCP_PSH == first.flags
                 // Acknowledgement number; the data offset byte whole (its reserved and NS
                 // bits too, as Linux compares the whole flag word); flags (compared above),
                 // window; urgent pointer and options.
-                && f[42..47] == n[42..47]
-                && f[48..50] == n[48..50]
-                && f[52..headers] == n[52..headers]
+                && f[28..33] == n[28..33]
+                && f[34..36] == n[34..36]
+                && f[38..headers] == n[38..headers]
         }
     }
 }
@@ -170,9 +178,16 @@ fn continues(first: &Seg<'_>, prev: &Seg<'_>, next: &Seg<'_>) -> bool {
 /// already make one. Runs stop at `max_count` frames and before the IP packet would pass
 /// 65,535 bytes. `deferred[i]` says that frame `i` came through the tunnel with its transport
 /// checksum deferred (its field holds nothing to verify; missing entries count as `false`).
-pub fn find_run(frames: &[&[u8]], deferred: &[bool], max_count: usize) -> Option<Run> {
+/// Every frame has `framing` in front of its IP packet.
+pub fn find_run(
+    framing: Framing,
+    frames: &[&[u8]],
+    deferred: &[bool],
+    max_count: usize,
+) -> Option<Run> {
     let deferred = |i: usize| deferred.get(i).copied().unwrap_or(false);
-    let first = parse(frames.first()?)?;
+    let link = framing.header_len();
+    let first = parse(framing, frames.first()?)?;
     if first.payload == 0
         || (first.kind == GsoKind::Tcp
             && (first.flags & ALONE != 0
@@ -181,15 +196,17 @@ pub fn find_run(frames: &[&[u8]], deferred: &[bool], max_count: usize) -> Option
     {
         return None;
     }
-    let headers = HEADERS_START + first.l4_header;
+    let headers = link + IPV4_MIN_HEADER + first.l4_header;
     let mut first_checked = false;
     let mut count = 1;
     let mut payload = first.payload;
     let mut prev = first;
     for (i, frame) in frames.iter().enumerate().take(max_count).skip(1) {
-        let Some(next) = parse(frame) else { break };
+        let Some(next) = parse(framing, frame) else {
+            break;
+        };
         if !continues(&first, &prev, &next)
-            || headers - ETH_HEADER_LEN + payload + next.payload > usize::from(u16::MAX)
+            || headers - link + payload + next.payload > usize::from(u16::MAX)
         {
             break;
         }
@@ -213,6 +230,7 @@ pub fn find_run(frames: &[&[u8]], deferred: &[bool], max_count: usize) -> Option
     }
     (count > 1).then(|| Run {
         kind: first.kind,
+        framing,
         count,
         headers,
         segment_size: u16::try_from(first.payload).unwrap_or(u16::MAX),
@@ -225,8 +243,9 @@ pub fn find_run(frames: &[&[u8]], deferred: &[bool], max_count: usize) -> Option
 /// pseudo-header sum that checksum offload expects (`CHECKSUM_PARTIAL`), and for TCP the PSH
 /// flag of the run's last segment (`last_flags`).
 pub fn merge_headers(frame: &mut [u8], run: &Run, last_flags: u8) {
-    let ip = &mut frame[ETH_HEADER_LEN..];
-    let l4_len = run.headers - HEADERS_START + run.payload;
+    let link = run.framing.header_len();
+    let ip = &mut frame[link..];
+    let l4_len = run.headers - link - IPV4_MIN_HEADER + run.payload;
     let total = u16::try_from(IPV4_MIN_HEADER + l4_len).unwrap_or(u16::MAX);
     ip[2..4].copy_from_slice(&total.to_be_bytes());
     ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
@@ -246,11 +265,11 @@ pub fn merge_headers(frame: &mut [u8], run: &Run, last_flags: u8) {
     }
 }
 
-/// Undoes [`merge_headers`] on a frame of kind `kind` whose own bytes are `frame`: its own
-/// total length, header checksum, UDP length, TCP flags (`flags`, as they were) and full
-/// transport checksum.
-pub fn restore_headers(frame: &mut [u8], kind: GsoKind, flags: u8) {
-    let ip = &mut frame[ETH_HEADER_LEN..];
+/// Undoes [`merge_headers`] on a frame of kind `kind` whose own bytes are `frame` (with
+/// `framing` in front of its IP packet): its own total length, header checksum, UDP length,
+/// TCP flags (`flags`, as they were) and full transport checksum.
+pub fn restore_headers(framing: Framing, frame: &mut [u8], kind: GsoKind, flags: u8) {
+    let ip = &mut frame[framing.header_len()..];
     let total = u16::try_from(ip.len()).unwrap_or(u16::MAX);
     ip[2..4].copy_from_slice(&total.to_be_bytes());
     ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
@@ -266,14 +285,19 @@ pub fn restore_headers(frame: &mut [u8], kind: GsoKind, flags: u8) {
     checksum::fill_transport(l4, src, dst, proto(kind));
 }
 
-/// The TCP flags of a frame (0 if it is too short to have any).
-pub fn tcp_flags(frame: &[u8]) -> u8 {
-    frame.get(HEADERS_START + 13).copied().unwrap_or(0)
+/// The TCP flags of a frame with `framing` in front of its IP packet (0 if it is too short to
+/// have any).
+pub fn tcp_flags(framing: Framing, frame: &[u8]) -> u8 {
+    frame
+        .get(framing.header_len() + IPV4_MIN_HEADER + 13)
+        .copied()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ETH_HEADER_LEN;
     use crate::segment::Segmenter;
     use crate::testutil::checksums_ok;
 
@@ -321,7 +345,12 @@ mod tests {
     /// Makes both checksums of a frame right again after a test edited it.
     fn refix(f: &mut [u8]) {
         ipv4::fill_header_checksum(&mut f[14..], 20);
-        restore_headers(f, GsoKind::Tcp, tcp_flags(f));
+        restore_headers(
+            Framing::Ethernet,
+            f,
+            GsoKind::Tcp,
+            tcp_flags(Framing::Ethernet, f),
+        );
     }
 
     fn stream(sizes: &[usize], last_flags: u8) -> (Vec<Vec<u8>>, Vec<u8>) {
@@ -344,14 +373,60 @@ mod tests {
 
     fn run_of(frames: &[Vec<u8>]) -> Option<Run> {
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        find_run(&refs, &[], 64)
+        find_run(Framing::Ethernet, &refs, &[], 64)
+    }
+
+    /// Bare IP packets (a TUN device's) make the same runs as the same packets in Ethernet
+    /// frames, merge into the same packet and are restored the same way.
+    #[test]
+    fn bare_ip_packets_make_the_same_runs() {
+        let (frames, _) = stream(&[100, 100, 100, 60], TCP_PSH | ACK);
+        let eth: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let bare: Vec<&[u8]> = frames.iter().map(|f| &f[ETH_HEADER_LEN..]).collect();
+        let a = find_run(Framing::Ethernet, &eth, &[], 64).unwrap();
+        let b = find_run(Framing::Ip, &bare, &[], 64).unwrap();
+        assert_eq!(a.count, 4);
+        assert_eq!(
+            (b.count, b.kind, b.segment_size, b.payload, b.headers),
+            (
+                a.count,
+                a.kind,
+                a.segment_size,
+                a.payload,
+                a.headers - ETH_HEADER_LEN
+            )
+        );
+        let mut merged = frames[0].clone();
+        merge_headers(&mut merged, &a, tcp_flags(Framing::Ethernet, eth[3]));
+        let mut merged_bare = bare[0].to_vec();
+        merge_headers(&mut merged_bare, &b, tcp_flags(Framing::Ip, bare[3]));
+        assert_eq!(merged_bare, merged[ETH_HEADER_LEN..]);
+        restore_headers(
+            Framing::Ip,
+            &mut merged_bare,
+            b.kind,
+            tcp_flags(Framing::Ip, bare[0]),
+        );
+        assert_eq!(merged_bare, bare[0]);
+        // A difference in the IP or TCP headers stops a bare run as it stops a framed one.
+        let mut other = frames.clone();
+        other[2][ETH_HEADER_LEN + 8] -= 1; // TTL
+        ipv4::fill_header_checksum(&mut other[2][ETH_HEADER_LEN..], IPV4_MIN_HEADER);
+        let bare: Vec<&[u8]> = other.iter().map(|f| &f[ETH_HEADER_LEN..]).collect();
+        assert_eq!(
+            find_run(Framing::Ip, &bare, &[true; 4], 64).unwrap().count,
+            2
+        );
+        // Ethernet framing is not read into a bare packet, nor the other way round.
+        assert_eq!(find_run(Framing::Ethernet, &bare, &[], 64), None);
+        assert_eq!(find_run(Framing::Ip, &eth, &[], 64), None);
     }
 
     /// Merges like the adapter does and cuts the result like the kernel's GSO would: the
     /// segments must be the original frames, byte for byte, bar the IP ID.
     fn merged_then_cut(frames: &[Vec<u8>], run: &Run) -> Vec<Vec<u8>> {
         let mut first = frames[0].clone();
-        let last_flags = tcp_flags(&frames[run.count - 1]);
+        let last_flags = tcp_flags(Framing::Ethernet, &frames[run.count - 1]);
         merge_headers(&mut first, run, last_flags);
         let mut big = first;
         for f in &frames[1..run.count] {
@@ -469,9 +544,9 @@ mod tests {
         assert_eq!(run_of(&empty), None);
         for len in 0..80 {
             let junk = vec![0x45u8; len];
-            assert_eq!(find_run(&[&junk, &junk], &[], 64), None);
+            assert_eq!(find_run(Framing::Ethernet, &[&junk, &junk], &[], 64), None);
         }
-        assert_eq!(find_run(&[], &[], 64), None);
+        assert_eq!(find_run(Framing::Ethernet, &[], &[], 64), None);
     }
 
     #[test]
@@ -483,20 +558,25 @@ mod tests {
         }
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         assert_eq!(
-            find_run(&refs, &[], 64),
+            find_run(Framing::Ethernet, &refs, &[], 64),
             None,
             "not deferred: checked, wrong"
         );
-        assert_eq!(find_run(&refs, &[true; 4], 64).unwrap().count, 4);
         assert_eq!(
-            find_run(&refs, &[true, true, false, true], 64)
+            find_run(Framing::Ethernet, &refs, &[true; 4], 64)
+                .unwrap()
+                .count,
+            4
+        );
+        assert_eq!(
+            find_run(Framing::Ethernet, &refs, &[true, true, false, true], 64)
                 .unwrap()
                 .count,
             2,
             "the run stops before the one that was not deferred"
         );
         // Merged and cut again, every segment has its right checksum back.
-        let run = find_run(&refs, &[true; 4], 64).unwrap();
+        let run = find_run(Framing::Ethernet, &refs, &[true; 4], 64).unwrap();
         for cut in merged_then_cut(&frames, &run) {
             assert!(checksums_ok(&cut[14..]));
         }
@@ -504,7 +584,7 @@ mod tests {
         let mut bad = frames.clone();
         bad[1][14 + 4] ^= 1; // the IP ID (runs do not compare it), header checksum as it was
         let refs: Vec<&[u8]> = bad.iter().map(Vec::as_slice).collect();
-        assert_eq!(find_run(&refs, &[true; 4], 64), None);
+        assert_eq!(find_run(Framing::Ethernet, &refs, &[true; 4], 64), None);
     }
 
     #[test]
@@ -516,7 +596,7 @@ mod tests {
             "45 * 1448 + 52 fits, 46 would not"
         );
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        assert_eq!(find_run(&refs, &[], 7).unwrap().count, 7);
+        assert_eq!(find_run(Framing::Ethernet, &refs, &[], 7).unwrap().count, 7);
     }
 
     #[test]
@@ -524,10 +604,10 @@ mod tests {
         let (frames, _) = stream(&[800, 800, 800], TCP_PSH);
         let run = run_of(&frames).unwrap();
         let mut first = frames[0].clone();
-        let flags = tcp_flags(&first);
-        merge_headers(&mut first, &run, tcp_flags(&frames[2]));
+        let flags = tcp_flags(Framing::Ethernet, &first);
+        merge_headers(&mut first, &run, tcp_flags(Framing::Ethernet, &frames[2]));
         assert_ne!(first, frames[0]);
-        restore_headers(&mut first, GsoKind::Tcp, flags);
+        restore_headers(Framing::Ethernet, &mut first, GsoKind::Tcp, flags);
         assert_eq!(first, frames[0]);
     }
 
@@ -546,7 +626,7 @@ mod tests {
         u[2..4].copy_from_slice(&5001u16.to_be_bytes());
         u[4..6].copy_from_slice(&u16::try_from(8 + payload.len()).unwrap().to_be_bytes());
         u[8..].copy_from_slice(payload);
-        restore_headers(&mut f, GsoKind::Udp, 0);
+        restore_headers(Framing::Ethernet, &mut f, GsoKind::Udp, 0);
         f
     }
 
@@ -583,7 +663,7 @@ mod tests {
         }
         let mut first = frames[0].clone();
         merge_headers(&mut first, &run, 0);
-        restore_headers(&mut first, GsoKind::Udp, 0);
+        restore_headers(Framing::Ethernet, &mut first, GsoKind::Udp, 0);
         assert_eq!(first, frames[0]);
     }
 
@@ -639,11 +719,11 @@ mod tests {
             }
             if refixed {
                 for f in &mut frames {
-                    if parse(f).is_some() {
+                    if parse(Framing::Ethernet, f).is_some() {
                         let kind = if f[14 + 9] == PROTO_UDP { GsoKind::Udp } else { GsoKind::Tcp };
                         ipv4::fill_header_checksum(&mut f[14..], 20);
-                        let flags = tcp_flags(f);
-                        restore_headers(f, kind, flags);
+                        let flags = tcp_flags(Framing::Ethernet, f);
+                        restore_headers(Framing::Ethernet, f, kind, flags);
                     }
                 }
             }
@@ -651,11 +731,11 @@ mod tests {
             // comes out of the tunnel: anything in that field.
             let mut truth = frames.clone();
             for (i, f) in frames.iter_mut().enumerate() {
-                if deferred[i] && parse(f).is_some() {
+                if deferred[i] && parse(Framing::Ethernet, f).is_some() {
                     let udp = f[14 + 9] == PROTO_UDP;
                     let kind = if udp { GsoKind::Udp } else { GsoKind::Tcp };
-                    let flags = tcp_flags(f);
-                    restore_headers(&mut truth[i], kind, flags);
+                    let flags = tcp_flags(Framing::Ethernet, f);
+                    restore_headers(Framing::Ethernet, &mut truth[i], kind, flags);
                     if let Some(at) = checksum::field(f[14 + 9]) {
                         f[14 + 20 + at..][..2].copy_from_slice(&spoil.to_be_bytes());
                     }
@@ -663,8 +743,8 @@ mod tests {
             }
             let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
             for start in 0..n {
-                let _ = tcp_flags(refs[start]);
-                let Some(run) = find_run(&refs[start..], &deferred[start..n], 64) else { continue };
+                let _ = tcp_flags(Framing::Ethernet, refs[start]);
+                let Some(run) = find_run(Framing::Ethernet, &refs[start..], &deferred[start..n], 64) else { continue };
                 let cut = merged_then_cut(&frames[start..], &run);
                 proptest::prop_assert_eq!(cut.len(), run.count);
                 for (a, b) in cut.iter().zip(&truth[start..]) {
@@ -677,8 +757,8 @@ mod tests {
                     );
                 }
                 let mut first = frames[start].clone();
-                merge_headers(&mut first, &run, tcp_flags(&frames[start + run.count - 1]));
-                restore_headers(&mut first, run.kind, tcp_flags(&frames[start]));
+                merge_headers(&mut first, &run, tcp_flags(Framing::Ethernet, &frames[start + run.count - 1]));
+                restore_headers(Framing::Ethernet, &mut first, run.kind, tcp_flags(Framing::Ethernet, &frames[start]));
                 proptest::prop_assert_eq!(&first, &truth[start]);
             }
         }

@@ -173,6 +173,39 @@ pub(crate) fn complete_transport_checksum(packet: &mut [u8], h: &Header) -> bool
     true
 }
 
+/// Finishes a transport checksum that a host's stack left to offload, at `start` and
+/// `offset` as its offload header said (the field holds the pseudo-header sum). With `defer`,
+/// an IPv4 TCP or UDP packet that is not a fragment, summed from its transport header, stays
+/// as it is, for the tunnel's far end (`Some(true)`: send it with `FLAG_CHECKSUM_DEFERRED`,
+/// docs/protocol.md §1). Otherwise the sum from `start` to the end goes into the field, as
+/// the kernel's `skb_checksum_help` does (`Some(false)`). `None` when the field does not lie
+/// inside the packet.
+pub fn finish_partial_checksum(
+    packet: &mut [u8],
+    start: usize,
+    offset: usize,
+    defer: bool,
+) -> Option<bool> {
+    if defer
+        && let Ok(h) = Header::parse(packet, true)
+        && h.total_len == packet.len()
+        && start == h.header_len
+        && checksum::field(h.proto) == Some(offset)
+        && has_transport_checksum(packet, &h)
+    {
+        return Some(true);
+    }
+    let at = start.checked_add(offset)?;
+    if at.checked_add(2)? > packet.len() {
+        return None;
+    }
+    let sum = checksum::internet(&packet[start..]);
+    // A zero result is sent as all ones (zero means "no checksum" to UDP).
+    let sum = if sum == 0 { 0xffff } else { sum };
+    packet[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    Some(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +265,68 @@ mod tests {
         let h = Header::parse(&p, true).unwrap();
         complete_transport_checksum(&mut p, &h);
         assert_eq!(u16::from_be_bytes([p[26], p[27]]), good);
+    }
+
+    /// A checksum a host left partial, finished generically, is the right checksum again;
+    /// deferred (TCP and UDP only), it stays; a place outside the packet is refused.
+    #[test]
+    fn partial_checksums_are_left_to_offload_and_finished() {
+        use crate::testutil::{checksums_ok, ipv4_echo, ipv4_tcp};
+        for good in [
+            ipv4_udp(
+                [100, 64, 1, 10],
+                [100, 64, 2, 20],
+                1234,
+                9,
+                b"partial checksum",
+            ),
+            ipv4_tcp(
+                [100, 64, 1, 10],
+                [100, 64, 2, 20],
+                0x18,
+                None,
+                b"a tcp payload!",
+            ),
+        ] {
+            assert!(checksums_ok(&good));
+            // What a host's stack leaves: the pseudo-header sum in the field.
+            let mut p = good.clone();
+            let h = Header::parse(&p, true).unwrap();
+            let (start, offset) = (h.header_len, checksum::field(h.proto).unwrap());
+            checksum::fill_pseudo_header(&mut p[start..], h.src, h.dst, h.proto);
+            assert_ne!(p, good);
+            let partial = p.clone();
+            assert_eq!(
+                finish_partial_checksum(&mut p, start, offset, true),
+                Some(true)
+            );
+            assert_eq!(p, partial, "deferred: left as it is");
+            assert_eq!(
+                finish_partial_checksum(&mut p, start, offset, false),
+                Some(false)
+            );
+            assert_eq!(p, good);
+            let mut p = partial.clone();
+            // A sum that does not start at the transport header is finished here, even
+            // when deferring is allowed.
+            assert_eq!(
+                finish_partial_checksum(&mut p, start, offset, true),
+                Some(true)
+            );
+            assert_eq!(finish_partial_checksum(&mut p, 0, 10, true), Some(false));
+            let mut p = partial.clone();
+            assert_eq!(
+                finish_partial_checksum(&mut p, partial.len() - 1, 0, false),
+                None
+            );
+            assert_eq!(finish_partial_checksum(&mut p, usize::MAX, 2, false), None);
+            assert_eq!(p, partial);
+        }
+        // ICMP has no checksum to defer: finished here, even when deferring is allowed.
+        let mut echo = ipv4_echo([100, 64, 1, 10], [100, 64, 2, 20], b"ping");
+        let good = echo.clone();
+        echo[22..24].fill(0);
+        assert_eq!(finish_partial_checksum(&mut echo, 20, 2, true), Some(false));
+        assert_eq!(echo, good);
     }
 }

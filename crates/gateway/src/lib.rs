@@ -44,7 +44,7 @@ pub use coalesce::{Run, find_run, merge_headers, restore_headers, tcp_flags};
 pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
-pub use ipv4::complete_deferred_checksum;
+pub use ipv4::{complete_deferred_checksum, finish_partial_checksum};
 pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
 
@@ -58,6 +58,25 @@ pub const ETHERTYPE_ARP: u16 = 0x0806;
 pub const BROADCAST: [u8; 6] = [0xff; 6];
 /// Smallest IPv4 header.
 pub const IPV4_MIN_HEADER: usize = 20;
+
+/// What comes in front of the IP packet in the frames a function is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// An untagged Ethernet header (the adapter's LAN side).
+    Ethernet,
+    /// Nothing: bare IP packets (the node's TUN device).
+    Ip,
+}
+
+impl Framing {
+    /// Bytes in front of the IP packet.
+    pub const fn header_len(self) -> usize {
+        match self {
+            Self::Ethernet => ETH_HEADER_LEN,
+            Self::Ip => 0,
+        }
+    }
+}
 /// IPv4 plus TCP headers without options: MSS = MTU - this (RFC 879).
 pub const IPV4_TCP_HEADERS: u16 = 40;
 

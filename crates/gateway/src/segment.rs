@@ -64,9 +64,11 @@ pub enum SegmentError {
 #[derive(Debug)]
 pub struct Segmenter<'a> {
     frame: &'a [u8],
+    /// Link header bytes in front of the IP packet (Ethernet's, or none).
+    link: usize,
     h: Header,
     kind: GsoKind,
-    /// Ethernet, IP and transport headers: copied in front of every segment.
+    /// Link, IP and transport headers: copied in front of every segment.
     headers: usize,
     /// Payload bytes per segment (the last may have fewer).
     size: usize,
@@ -98,7 +100,32 @@ impl<'a> Segmenter<'a> {
         {
             return Err(SegmentError::NotIpv4);
         }
-        let ip = &frame[ETH_HEADER_LEN..];
+        Self::after(frame, ETH_HEADER_LEN, kind, size, max_frame)
+    }
+
+    /// [`Segmenter::new`] for an IP packet without a link header (a TUN device's super-packet):
+    /// the segments are IP packets of at most `max_packet` bytes.
+    ///
+    /// # Errors
+    /// As [`Segmenter::new`].
+    pub fn ip(
+        packet: &'a [u8],
+        kind: GsoKind,
+        size: u16,
+        max_packet: usize,
+    ) -> Result<Self, SegmentError> {
+        Self::after(packet, 0, kind, size, max_packet)
+    }
+
+    /// Prepares to cut `frame`, whose IP packet starts after `link` bytes of link header.
+    fn after(
+        frame: &'a [u8],
+        link: usize,
+        kind: GsoKind,
+        size: u16,
+        max_frame: usize,
+    ) -> Result<Self, SegmentError> {
+        let ip = &frame[link..];
         let h = Header::parse(ip, true).map_err(|e| match e {
             ipv4::Invalid::NotIpv4 => SegmentError::NotIpv4,
             ipv4::Invalid::Malformed => SegmentError::Malformed,
@@ -126,13 +153,14 @@ impl<'a> Segmenter<'a> {
         if size == 0 {
             return Err(SegmentError::ZeroSize);
         }
-        let headers = ETH_HEADER_LEN + h.header_len + l4_header;
+        let headers = link + h.header_len + l4_header;
         let size = usize::from(size);
         if headers + size > max_frame {
             return Err(SegmentError::TooLarge);
         }
         Ok(Self {
-            frame: &frame[..ETH_HEADER_LEN + h.total_len],
+            frame: &frame[..link + h.total_len],
+            link,
             h,
             kind,
             headers,
@@ -176,8 +204,8 @@ impl<'a> Segmenter<'a> {
         let from = self.headers + self.done;
         out[self.headers..].copy_from_slice(&self.frame[from..from + chunk]);
 
-        let ip_len = len - ETH_HEADER_LEN;
-        let ip = &mut out[ETH_HEADER_LEN..];
+        let ip_len = len - self.link;
+        let ip = &mut out[self.link..];
         // Lengths fit: the segment is shorter than the coalesced packet, whose length was a u16.
         let total = u16::try_from(ip_len).unwrap_or(u16::MAX);
         ip[2..4].copy_from_slice(&total.to_be_bytes());
@@ -294,6 +322,66 @@ mod tests {
         }
         assert_eq!(out.len(), expected, "count() agrees with what came out");
         out
+    }
+
+    /// A TUN device's super-packet (no link header) is cut exactly like the same packet in an
+    /// Ethernet frame: the same IP packets, partial checksums or whole.
+    #[test]
+    fn ip_packets_are_cut_like_frames() {
+        for (frame, kind, size) in [
+            (
+                tcp_frame(
+                    &[],
+                    &[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2],
+                    ACK,
+                    &pattern(5000),
+                ),
+                GsoKind::Tcp,
+                1380,
+            ),
+            (udp_frame(&pattern(3000)), GsoKind::Udp, 1200),
+        ] {
+            for partial in [false, true] {
+                let framed = {
+                    let mut s = Segmenter::new(&frame, kind, size, MAX)
+                        .unwrap()
+                        .with_partial_checksums(partial);
+                    let mut out = Vec::new();
+                    let mut buf = [0u8; MAX];
+                    while let Some(len) = s.next_into(&mut buf) {
+                        out.push(buf[ETH_HEADER_LEN..len].to_vec());
+                    }
+                    out
+                };
+                let mut s =
+                    Segmenter::ip(&frame[ETH_HEADER_LEN..], kind, size, MAX - ETH_HEADER_LEN)
+                        .unwrap()
+                        .with_partial_checksums(partial);
+                assert_eq!(s.count(), framed.len());
+                let mut buf = [0u8; MAX];
+                let mut bare = Vec::new();
+                while let Some(len) = s.next_into(&mut buf) {
+                    bare.push(buf[..len].to_vec());
+                }
+                assert_eq!(bare, framed, "{kind:?}, partial {partial}");
+                assert!(framed.len() > 2);
+                if !partial {
+                    assert!(bare.iter().all(|p| checksums_ok(p)));
+                }
+            }
+        }
+        // Too large a segment for the caller's packets, and not IPv4, are refused.
+        let frame = udp_frame(&pattern(3000));
+        assert_eq!(
+            Segmenter::ip(&frame[ETH_HEADER_LEN..], GsoKind::Udp, 1200, 1200).err(),
+            Some(SegmentError::TooLarge)
+        );
+        let mut v6 = frame[ETH_HEADER_LEN..].to_vec();
+        v6[0] = 0x60;
+        assert_eq!(
+            Segmenter::ip(&v6, GsoKind::Udp, 1200, MAX).err(),
+            Some(SegmentError::NotIpv4)
+        );
     }
 
     /// Checks every segment of a TCP frame and returns their payloads joined.
