@@ -24,7 +24,7 @@ use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
 use crate::lan::{LanSide, ToServices};
-use crate::lan_send::{SEND_BATCH, send_frames};
+use cyphonic_offload::{SEND_BATCH, send_frames};
 
 /// At most one ARP request per device address per this interval.
 const ARP_INTERVAL: Duration = Duration::from_secs(1);

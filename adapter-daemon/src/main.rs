@@ -13,7 +13,6 @@ mod dhcp;
 mod edge;
 mod gateway;
 mod lan;
-mod lan_send;
 mod lan_sink;
 mod leases;
 mod names;

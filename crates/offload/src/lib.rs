@@ -1,21 +1,33 @@
-//! Sending a batch of frames to the LAN devices: runs of one flow merged into one frame for
-//! the kernel to segment (`dataplane.lan_gso`), the rest one by one, and what to do when the
-//! interface refuses a merged frame. Kept apart from the LAN sink so that the refusals, which
-//! this machine's kernel never gives, can be tested with a stand-in for the socket.
+//! Sending a batch of packets out of a tunnel end's edge with segmentation offload: runs of
+//! one flow (the gateway's [`find_run`]) merged into one frame for the kernel to segment
+//! (GSO, or the NIC's TSO/USO), the rest one by one, and what to do when the device refuses a
+//! merged frame. One piece of code for both edges: the adapter's LAN port (Ethernet frames on
+//! a packet socket, `dataplane.lan_gso`) and the node's TUN device (bare IP packets, with
+//! `dataplane.tun_offload`). Kept apart from the sinks so that the refusals, which this
+//! machine's kernel never gives, can be tested with a stand-in for the device.
+//!
+//! ```text
+//! sink.flush -> send_frames: find_run / merge_headers (gateway) -> FrameTx::send_gathered
+//!                            refused: restore_headers, the run alone -> FrameTx::send_batch
+//! ```
+
+#![forbid(unsafe_code)]
 
 use std::io;
 
 use cyphonic_gateway::{
-    ETH_HEADER_LEN, Framing, GsoKind, IPV4_MIN_HEADER, Run, complete_deferred_checksum, find_run,
-    merge_headers, restore_headers, tcp_flags,
+    Framing, GsoKind, IPV4_MIN_HEADER, Run, complete_deferred_checksum, find_run, merge_headers,
+    restore_headers, tcp_flags,
 };
 use cyphonic_netio::{Gathered, Gso, PacketSocket, segmentation_unsupported};
 
 /// The most frames one call sends.
 pub const SEND_BATCH: usize = 64;
 
-/// What sends frames on the LAN: the packet socket (a test's stand-in in the tests).
-pub trait LanTx {
+/// What sends the frames: the LAN port's packet socket (a test's stand-in in the tests).
+pub trait FrameTx {
+    /// What is in front of each IP packet it is given.
+    fn framing(&self) -> Framing;
     /// [`PacketSocket::send_gathered`].
     fn send_gathered(
         &self,
@@ -29,7 +41,10 @@ pub trait LanTx {
     fn name(&self) -> &str;
 }
 
-impl LanTx for PacketSocket {
+impl FrameTx for PacketSocket {
+    fn framing(&self) -> Framing {
+        Framing::Ethernet
+    }
     fn send_gathered(
         &self,
         parts: &[&[u8]],
@@ -53,8 +68,9 @@ pub struct Sent {
     pub sent: u64,
     /// Frames it refused.
     pub failed: u64,
-    /// Merged frames it took, and the segments in them.
+    /// Merged frames it took.
     pub merged: u64,
+    /// The segments in them.
     pub merged_segments: u64,
     /// The last refusal.
     pub error: Option<io::Error>,
@@ -68,7 +84,7 @@ const fn slot(kind: GsoKind) -> usize {
     }
 }
 
-/// Sends the first [`SEND_BATCH`] of `frames` (whole Ethernet frames, in order): runs of TCP
+/// Sends the first [`SEND_BATCH`] of `frames` (whole frames as `tx` takes them, in order): runs of TCP
 /// segments or UDP datagrams of one flow as one merged frame, while `merge` ([TCP, UDP])
 /// allows that kind. A merged frame the interface refuses gets its own headers back and its
 /// run goes out frame by frame; if the refusal means the interface never segments that kind,
@@ -78,12 +94,13 @@ const fn slot(kind: GsoKind) -> usize {
 /// gets its checksum computed here. Otherwise the frames' bytes are borrowed for the headers'
 /// rewriting only: each leaves as it came.
 pub fn send_frames(
-    tx: &impl LanTx,
+    tx: &impl FrameTx,
     frames: &mut [&mut [u8]],
     deferred: &[bool; SEND_BATCH],
     merge: &mut [bool; 2],
 ) -> Sent {
     let n = frames.len().min(SEND_BATCH);
+    let framing = tx.framing();
     let mut runs: [Option<Run>; SEND_BATCH] = [None; SEND_BATCH];
     // The TCP flags of each run's first and last frame, as they came.
     let mut flags = [0u8; SEND_BATCH];
@@ -94,11 +111,11 @@ pub fn send_frames(
         }
         let mut i = 0;
         while i < n {
-            runs[i] = find_run(Framing::Ethernet, &view[i..n], &deferred[i..n], SEND_BATCH)
+            runs[i] = find_run(framing, &view[i..n], &deferred[i..n], SEND_BATCH)
                 .filter(|r| merge[slot(r.kind)]);
-            flags[i] = tcp_flags(Framing::Ethernet, view[i]);
+            flags[i] = tcp_flags(framing, view[i]);
             let last = runs[i].map_or(i, |r| i + r.count - 1);
-            flags[last] = tcp_flags(Framing::Ethernet, view[last]);
+            flags[last] = tcp_flags(framing, view[last]);
             i = last + 1;
         }
         for i in 0..n {
@@ -107,7 +124,7 @@ pub fn send_frames(
             }
         }
     }
-    complete_alone(frames, &runs[..n], deferred);
+    complete_alone(framing, frames, &runs[..n], deferred);
     // Per message, by its first frame: refused, and whether the answer means "this kind is
     // never segmented here".
     let mut refused: [Option<bool>; SEND_BATCH] = [None; SEND_BATCH];
@@ -137,7 +154,8 @@ pub fn send_frames(
                         GsoKind::Udp => cyphonic_netio::GsoKind::UdpL4,
                     },
                     headers: u16::try_from(r.headers).unwrap_or(u16::MAX),
-                    l4_start: u16::try_from(ETH_HEADER_LEN + IPV4_MIN_HEADER).unwrap_or(u16::MAX),
+                    l4_start: u16::try_from(framing.header_len() + IPV4_MIN_HEADER)
+                        .unwrap_or(u16::MAX),
                     segment_size: r.segment_size,
                 }),
             };
@@ -164,13 +182,14 @@ pub fn send_frames(
             (Some(_), None) => out.failed += 1,
             (Some(unsupported), Some(run)) => {
                 if unsupported && merge[slot(run.kind)] {
-                    tracing::warn!(error = ?out.error, interface = tx.name(), kind = ?run.kind, "the LAN interface refused a frame to segment: sending these packets alone from now on");
+                    tracing::warn!(error = ?out.error, interface = tx.name(), kind = ?run.kind, "the interface refused a frame to segment: sending these packets alone from now on");
                     merge[slot(run.kind)] = false;
                 }
-                restore_headers(Framing::Ethernet, frames[i], run.kind, flags[i]);
+                restore_headers(framing, frames[i], run.kind, flags[i]);
                 for k in 1..count {
                     if deferred[i + k] {
-                        complete_deferred_checksum(&mut frames[i + k][ETH_HEADER_LEN..]);
+                        let link = framing.header_len();
+                        complete_deferred_checksum(&mut frames[i + k][link..]);
                     }
                 }
                 let mut alone: [&[u8]; SEND_BATCH] = [&[]; SEND_BATCH];
@@ -192,14 +211,19 @@ pub fn send_frames(
 
 /// Computes the deferred checksums of the frames that go alone (no run starts at them, and
 /// none covers them): nobody after us would.
-fn complete_alone(frames: &mut [&mut [u8]], runs: &[Option<Run>], deferred: &[bool]) {
+fn complete_alone(
+    framing: Framing,
+    frames: &mut [&mut [u8]],
+    runs: &[Option<Run>],
+    deferred: &[bool],
+) {
     let mut i = 0;
     while i < runs.len() {
         match runs[i] {
             Some(run) => i += run.count,
             None => {
                 if deferred[i] {
-                    complete_deferred_checksum(&mut frames[i][ETH_HEADER_LEN..]);
+                    complete_deferred_checksum(&mut frames[i][framing.header_len()..]);
                 }
                 i += 1;
             }
@@ -216,6 +240,7 @@ mod tests {
     /// A LAN interface that refuses merged frames of one kind with one error, and records
     /// what it took.
     struct Refusing {
+        framing: Framing,
         kind: cyphonic_netio::GsoKind,
         errno: i32,
         /// What was taken: (merged frame's bytes or a lone frame, segments in it).
@@ -225,6 +250,7 @@ mod tests {
     impl Refusing {
         fn new(kind: cyphonic_netio::GsoKind, errno: i32) -> Self {
             Self {
+                framing: Framing::Ethernet,
                 kind,
                 errno,
                 taken: RefCell::new(Vec::new()),
@@ -232,7 +258,10 @@ mod tests {
         }
     }
 
-    impl LanTx for Refusing {
+    impl FrameTx for Refusing {
+        fn framing(&self) -> Framing {
+            self.framing
+        }
         fn send_gathered(
             &self,
             parts: &[&[u8]],
@@ -395,5 +424,65 @@ mod tests {
             batch()[..3],
             "the refused TCP run's first frame is whole again"
         );
+    }
+
+    /// Bare IP packets (the node's TUN device) are merged and sent exactly like the same
+    /// packets in Ethernet frames: the same messages without the Ethernet headers, offload
+    /// notes counted from the IP header.
+    #[test]
+    fn bare_packets_go_as_their_frames_would() {
+        let framed = Refusing::new(cyphonic_netio::GsoKind::UdpL4, libc::EINVAL);
+        let (out, _) = send(&framed, &mut [true, true]);
+        let mut bare = Refusing::new(cyphonic_netio::GsoKind::UdpL4, libc::EINVAL);
+        bare.framing = Framing::Ip;
+        let mut packets: Vec<Vec<u8>> = batch().into_iter().map(|f| f[14..].to_vec()).collect();
+        let mut refs: Vec<&mut [u8]> = packets.iter_mut().map(Vec::as_mut_slice).collect();
+        let mut merge = [true, true];
+        let bare_out = send_frames(&bare, &mut refs, &[false; SEND_BATCH], &mut merge);
+        assert_eq!(merge, [true, false]);
+        assert_eq!(
+            (bare_out.sent, bare_out.merged, bare_out.merged_segments),
+            (out.sent, out.merged, out.merged_segments)
+        );
+        let (framed, bare) = (framed.taken.take(), bare.taken.take());
+        assert_eq!(framed.len(), bare.len());
+        for ((f, fn_), (b, bn)) in framed.iter().zip(&bare) {
+            assert_eq!((&f[14..], fn_), (&b[..], bn));
+        }
+        // The TCP run's note, as the device gets it.
+        let mut packets: Vec<Vec<u8>> = batch().into_iter().map(|f| f[14..].to_vec()).collect();
+        let gso = bare_gso(&mut packets);
+        assert_eq!((gso.headers, gso.l4_start), (40, 20));
+    }
+
+    /// The offload note of the first merged message of `packets`, sent bare.
+    fn bare_gso(packets: &mut [Vec<u8>]) -> Gso {
+        struct Note(std::cell::Cell<Option<Gso>>);
+        impl FrameTx for Note {
+            fn framing(&self) -> Framing {
+                Framing::Ip
+            }
+            fn send_gathered(
+                &self,
+                _: &[&[u8]],
+                messages: &[Gathered],
+                _: impl FnMut(usize, io::Error),
+            ) -> usize {
+                if self.0.get().is_none() {
+                    self.0.set(messages.iter().find_map(|m| m.gso));
+                }
+                messages.len()
+            }
+            fn send_batch(&self, frames: &[&[u8]]) -> (usize, usize, Option<io::Error>) {
+                (frames.len(), 0, None)
+            }
+            fn name(&self) -> &str {
+                "tun0"
+            }
+        }
+        let note = Note(std::cell::Cell::new(None));
+        let mut refs: Vec<&mut [u8]> = packets.iter_mut().map(Vec::as_mut_slice).collect();
+        send_frames(&note, &mut refs, &[false; SEND_BATCH], &mut [true, true]);
+        note.0.get().expect("a merged message")
     }
 }
