@@ -567,11 +567,12 @@ fn namespaces_are_removed_when_dropped() {
 fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
     use std::net::Ipv4Addr;
 
-    use cyphonic_netio::Tun;
+    use cyphonic_netio::{LargeFrames, PartialChecksum, Tun};
     require_root();
     let ns = Netns::new("tun").unwrap();
     inside(&ns, || {
-        let tun = Tun::create("cytest%d").unwrap();
+        let tun = Tun::create("cytest%d", false).unwrap();
+        assert_eq!(tun.offloads(), None);
         let name = tun.name().to_owned();
         assert!(name.starts_with("cytest"), "{name}");
         tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, 1400)
@@ -584,11 +585,16 @@ fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
         host.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         host.send_to(b"into the tunnel", "100.64.9.2:9999").unwrap();
         let mut buf = [0u8; 2048];
-        let n = tun
-            .recv(&mut buf, Duration::from_secs(2))
+        let mut large = LargeFrames::with_slots(buf.len(), 1);
+        let read = tun
+            .recv(&mut buf, &mut large, Duration::from_secs(2))
             .unwrap()
             .expect("the host's packet");
-        let packet = &buf[..n];
+        assert_eq!(
+            (read.checksum, read.coalesced, read.truncated),
+            (None, None, false)
+        );
+        let packet = &buf[..read.len];
         assert_eq!(packet[0] >> 4, 4, "IPv4, with no packet-info header");
         assert_eq!(&packet[16..20], &[100, 64, 9, 2]);
         assert!(packet.ends_with(b"into the tunnel"));
@@ -603,12 +609,27 @@ fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
             port,
             b"out of the tunnel",
         );
-        tun.send(&frame[14..]).unwrap();
+        tun.send(&frame[14..], None).unwrap();
+        assert!(
+            tun.send(
+                &frame[14..],
+                Some(PartialChecksum {
+                    start: 20,
+                    offset: 6
+                })
+            )
+            .is_err(),
+            "no partial checksum without offloads"
+        );
         let (n, from) = host.recv_from(&mut buf).unwrap();
         assert_eq!(&buf[..n], b"out of the tunnel");
         assert_eq!(from, "100.64.9.2:9999".parse::<SocketAddr>().unwrap());
 
-        assert_eq!(tun.recv(&mut buf, Duration::from_millis(50)).unwrap(), None);
+        assert_eq!(
+            tun.recv(&mut buf, &mut large, Duration::from_millis(50))
+                .unwrap(),
+            None
+        );
         drop(tun);
         assert!(matches!(
             Interface::lookup(&name),
@@ -616,9 +637,128 @@ fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
         ));
         // A name the kernel cannot take is refused before asking it.
         assert!(matches!(
-            Tun::create("a-name-far-too-long-for-linux"),
+            Tun::create("a-name-far-too-long-for-linux", false),
             Err(NetError::BadInterfaceName(_))
         ));
+    });
+}
+
+/// A TUN device with offloads: a `UDP_SEGMENT` send from the host arrives as one super-packet
+/// that says how to cut it (where the kernel has USO, Linux 6.2+; otherwise as datagrams), its
+/// checksum left to us, and the gateway's segmenter cuts it into the datagrams sent, with
+/// right checksums. Written in with its checksum left partial, a packet reaches its socket;
+/// the same bytes without that note are dropped by the host's stack as damaged.
+#[test]
+fn an_offloading_tun_device_hands_over_super_packets_and_takes_partial_checksums() {
+    use std::net::Ipv4Addr;
+
+    use cyphonic_gateway::{GsoKind, Segmenter};
+    use cyphonic_netio::{LargeFrames, PartialChecksum, Tun, UdpOptions, UdpSocket};
+    require_root();
+    let ns = Netns::new("tuno").unwrap();
+    inside(&ns, || {
+        let tun = Tun::create("cyoff%d", true).unwrap();
+        let offloads = tun.offloads().expect("offloads on");
+        assert!(offloads.tcp);
+        tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, 1400)
+            .unwrap();
+        let mut host = UdpSocket::bind(
+            "100.64.9.1:0".parse().unwrap(),
+            &UdpOptions {
+                recv_timeout: Some(Duration::from_millis(500)),
+                coalescing: false,
+                ..UdpOptions::default()
+            },
+        )
+        .unwrap();
+        let to: SocketAddr = "100.64.9.2:9999".parse().unwrap();
+        let datagrams: Vec<Vec<u8>> = (0..5u8)
+            .map(|d| (0..1000u16).map(|i| d ^ (i % 251) as u8).collect())
+            .collect();
+        let msgs: Vec<(SocketAddr, &[u8])> = datagrams.iter().map(|d| (to, &d[..])).collect();
+        assert_eq!(host.send_batch(&msgs).0, 5);
+
+        let mut buf = [0u8; 2048];
+        let mut large = LargeFrames::with_slots(buf.len(), 1);
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let mut super_packets = 0;
+        while got.len() < 5 {
+            let read = tun
+                .recv(&mut buf, &mut large, Duration::from_secs(2))
+                .unwrap()
+                .expect("the host's datagrams");
+            assert!(!read.truncated);
+            let sum = read.checksum.expect("the checksum left to us");
+            assert_eq!((sum.start, sum.offset), (20, 6));
+            let head = read.len.min(buf.len());
+            let packet = large.join(0, &buf[..head], read.len).unwrap().to_vec();
+            match read.coalesced {
+                Some(how) => {
+                    assert!(offloads.udp, "a super-packet only with USO");
+                    assert_eq!(how.kind, cyphonic_netio::GsoKind::UdpL4);
+                    assert_eq!(how.segment_size, 1000);
+                    assert_eq!(packet.len(), 20 + 8 + 5000);
+                    super_packets += 1;
+                    let mut cut =
+                        Segmenter::ip(&packet, GsoKind::Udp, how.segment_size, 1500).unwrap();
+                    let mut seg = [0u8; 1500];
+                    while let Some(n) = cut.next_into(&mut seg) {
+                        got.push(seg[..n].to_vec());
+                    }
+                }
+                None => {
+                    let mut p = packet;
+                    let sum = cyphonic_gateway::finish_partial_checksum(&mut p, 20, 6, false);
+                    assert_eq!(sum, Some(false));
+                    got.push(p);
+                }
+            }
+        }
+        assert_eq!(got.len(), 5);
+        assert_eq!(
+            super_packets,
+            usize::from(offloads.udp),
+            "one send, one read with USO"
+        );
+        for (p, d) in got.iter().zip(&datagrams) {
+            assert_eq!(&p[28..], &d[..], "the datagrams as sent, in order");
+            assert_eq!(l4_sum(p), 0xffff, "UDP checksum");
+        }
+
+        // Into the device: a datagram whose checksum field holds only the pseudo-header sum.
+        let port = host.local_addr().unwrap().port();
+        let frame = cyphonic_e2e::inject::udp_frame(
+            [0; 6],
+            [0; 6],
+            Ipv4Addr::new(100, 64, 9, 2),
+            Ipv4Addr::new(100, 64, 9, 1),
+            9999,
+            port,
+            b"checksum left to the host",
+        );
+        let mut partial = frame[14..].to_vec();
+        // What a partial checksum's field holds: the pseudo-header sum.
+        let pseudo = pseudo_sum(&partial);
+        partial[26..28].copy_from_slice(&pseudo.to_be_bytes());
+        assert_ne!(l4_sum(&partial), 0xffff);
+        let note = PartialChecksum {
+            start: 20,
+            offset: 6,
+        };
+        let mut bufs = [[0u8; 2048]; 1];
+        let mut meta = [DatagramMeta::default(); 1];
+        let mut recv = |host: &mut UdpSocket| {
+            let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            let n = host.recv_batch(&mut refs, &mut meta).unwrap();
+            (n > 0).then(|| bufs[0][..meta[0].len].to_vec())
+        };
+        tun.send(&partial, None).unwrap();
+        assert_eq!(recv(&mut host), None, "a wrong checksum is dropped");
+        tun.send(&partial, Some(note)).unwrap();
+        assert_eq!(
+            recv(&mut host).as_deref(),
+            Some(&b"checksum left to the host"[..])
+        );
     });
 }
 
@@ -813,6 +953,20 @@ fn l4_sum(ip: &[u8]) -> u32 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     sum
+}
+
+/// The IPv4 pseudo-header sum of the TCP segment or UDP datagram in `ip` (a whole IPv4 packet
+/// without options), folded and not complemented: what checksum offload expects in the field.
+fn pseudo_sum(ip: &[u8]) -> u16 {
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let mut sum: u32 = u32::from(ip[9]) + (total - 20) as u32;
+    for c in ip[12..20].chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
 }
 
 /// Writes the header checksum of the 20-byte IPv4 header at the start of `ip`.

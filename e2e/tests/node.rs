@@ -144,6 +144,23 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
         s["counters"]["tun_written"].as_u64().unwrap_or(0) > 1000,
         "{s}"
     );
+    // The node's TUN offloads are on by default: the host's TCP went out as super-packets,
+    // cut here.
+    let count = |k: &str| s["counters"][k].as_u64().unwrap_or(u64::MAX);
+    assert!(count("tun_coalesced") > 0, "{s}");
+    assert!(count("tun_segments") >= 2 * count("tun_coalesced"), "{s}");
+    assert_eq!(
+        (count("drop_tun_coalesced"), count("drop_tun_truncated")),
+        (0, 0),
+        "{s}"
+    );
+    // And the camera's came into the host's stack as super-packets, runs merged here.
+    assert!(count("tun_merged") > 0, "{s}");
+    assert!(
+        count("tun_merged_segments") >= 2 * count("tun_merged"),
+        "{s}"
+    );
+    assert_eq!(count("tun_write_failed"), 0, "{s}");
 }
 
 /// Behind a port-preserving NAT the node's tunnel is direct.

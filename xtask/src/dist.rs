@@ -3,7 +3,7 @@
 //!
 //! Cross-compiling for the Raspberry Pi 4 (`aarch64-unknown-linux-gnu`) needs two things:
 //! the target's Rust standard library and Debian's `gcc-aarch64-linux-gnu` (the linker, and
-//! the C compiler for ring's assembly and tun-tap's ioctl helper). rustup cannot download a
+//! the C compiler for ring's assembly). rustup cannot download a
 //! standard library on these build machines; Debian ships one for its own newer compiler
 //! (`rustc-web`, at /usr/bin/rustc, with `libstd-rust-web-dev:arm64`), which `dist` then
 //! uses through `RUSTC` ([`rustc_for`]). `dist` checks for both before building and says
@@ -238,7 +238,7 @@ mod tests {
     use super::*;
 
     /// The Pi's build: the aarch64 target, Debian's cross gcc as linker and C compiler (ring
-    /// and tun-tap compile C), binaries under target/aarch64-unknown-linux-gnu/release.
+    /// compiles C), binaries under target/aarch64-unknown-linux-gnu/release.
     #[test]
     fn the_pi_build_uses_the_cross_toolchain() {
         let t = target("aarch64-unknown-linux-gnu").unwrap_or_else(|e| panic!("{e}"));

@@ -17,8 +17,9 @@
 //!   buffers.
 //! - [`Interface`]: index, MAC, MTU, up/down; [`disable_receive_offloads`] switches GRO/LRO
 //!   off through the ethtool ioctl.
-//! - [`Tun`]: the node's overlay interface, a TUN device (opened by tun-tap) with its address,
-//!   netmask, MTU and state set through interface ioctls.
+//! - [`Tun`]: the node's overlay interface, a TUN device with its address, netmask, MTU and
+//!   state set through interface ioctls; optionally with offloads (`IFF_VNET_HDR`: TCP and
+//!   UDP super-packets and partial checksums both ways).
 //! - [`AddressWatch`]: news of this host's address and route changes (`NETLINK_ROUTE`
 //!   multicast), so the tunnel can tell its peers at once that it moved.
 //! - [`Rtnl`]: routing-netlink requests that keep the kernel's IP stack off the adapter's
@@ -45,17 +46,19 @@ mod sched;
 mod sys;
 mod tun;
 mod udp;
+mod vnet;
 mod watch;
 
 pub use busy::{BusyPoll, receive as busy_receive};
 pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{
-    Coalesced, FrameMeta, Gathered, Gso, GsoKind, LARGE_FRAME, LargeFrames, PacketOptions,
-    PacketSocket, segmentation_unsupported,
+    FrameMeta, Gathered, LARGE_FRAME, LargeFrames, PacketOptions, PacketSocket,
+    segmentation_unsupported,
 };
 pub use rtnl::{INGRESS_DROP_PRIORITY, Rtnl};
 pub use sched::{MAX_CPUS, Placement, allowed_cpus};
-pub use tun::Tun;
+pub use tun::{Tun, TunOffloads, TunPacket};
 pub use udp::{DatagramMeta, UdpOptions, UdpSocket};
+pub use vnet::{Coalesced, Gso, GsoKind, PartialChecksum};
 pub use watch::AddressWatch;

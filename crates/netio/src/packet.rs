@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::busy::{self, BusyPoll};
 use crate::sys::{self, Control, MAX_BATCH, Received, cvt, setsockopt};
+use crate::vnet::{Coalesced, Gso, VNET_HDR_LEN, VNET_HDR_NONE, parse_vnet, vnet_gso};
 use crate::{Interface, NetError};
 
 // linux/if_packet.h
@@ -22,19 +23,6 @@ struct TpacketStats {
     tp_packets: u32,
     tp_drops: u32,
 }
-
-// linux/virtio_net.h: `struct virtio_net_hdr` (10 bytes, host byte order) in front of every
-// frame received or sent on a socket with PACKET_VNET_HDR.
-const VNET_HDR_LEN: usize = 10;
-const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
-const VIRTIO_NET_HDR_GSO_TCPV4: u8 = 1;
-#[cfg(test)]
-const VIRTIO_NET_HDR_GSO_UDP: u8 = 3;
-const VIRTIO_NET_HDR_GSO_TCPV6: u8 = 4;
-const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
-const VIRTIO_NET_HDR_GSO_ECN: u8 = 0x80;
-/// A frame sent as it is: no offload asked of the kernel.
-const VNET_HDR_NONE: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
 
 /// The largest frame a [`LargeFrames`] area takes: the largest IPv4 packet plus an Ethernet
 /// header. Coalesced frames are at most this large unless the NIC does BIG TCP (then they are
@@ -94,29 +82,6 @@ pub struct FrameMeta {
     pub coalesced: Option<Coalesced>,
 }
 
-/// How a coalesced frame was built: cut it into segments of `segment_size` payload bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Coalesced {
-    /// Which protocol's segments.
-    pub kind: GsoKind,
-    /// Payload bytes per segment (the last may have fewer).
-    pub segment_size: u16,
-}
-
-/// The protocol of a coalesced frame (`VIRTIO_NET_HDR_GSO_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GsoKind {
-    /// TCP over IPv4.
-    TcpV4,
-    /// TCP over IPv6.
-    TcpV6,
-    /// UDP datagrams (UDP GSO/GRO), over IPv4 or IPv6.
-    UdpL4,
-    /// UDP fragmentation offload (UFO, one datagram to be IP-fragmented) or a type this code
-    /// does not know.
-    Other(u8),
-}
-
 /// One message of [`PacketSocket::send_gathered`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gathered {
@@ -124,40 +89,6 @@ pub struct Gathered {
     pub parts: std::ops::Range<usize>,
     /// Cut into segments on the way out, if set.
     pub gso: Option<Gso>,
-}
-
-/// How the kernel is to cut a large TCP or UDP frame: its headers (Ethernet, IP, transport)
-/// are copied into every segment; the transport checksum field holds the pseudo-header sum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gso {
-    /// TCP segments ([`GsoKind::TcpV4`], [`GsoKind::TcpV6`]) or UDP datagrams
-    /// ([`GsoKind::UdpL4`]); any other kind is sent without segmentation (and refused if it
-    /// is too large for the device).
-    pub kind: GsoKind,
-    /// Bytes of Ethernet, IP and transport headers.
-    pub headers: u16,
-    /// Where the transport header starts (Ethernet and IP headers).
-    pub l4_start: u16,
-    /// Payload bytes per segment.
-    pub segment_size: u16,
-}
-
-/// The `virtio_net_hdr` asking for segmentation and checksum completion.
-fn vnet_gso(gso: Gso) -> [u8; VNET_HDR_LEN] {
-    let (gso_type, checksum_offset) = match gso.kind {
-        GsoKind::TcpV4 => (VIRTIO_NET_HDR_GSO_TCPV4, 16u16),
-        GsoKind::TcpV6 => (VIRTIO_NET_HDR_GSO_TCPV6, 16),
-        GsoKind::UdpL4 => (VIRTIO_NET_HDR_GSO_UDP_L4, 6),
-        GsoKind::Other(_) => return VNET_HDR_NONE,
-    };
-    let mut h = [0u8; VNET_HDR_LEN];
-    h[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
-    h[1] = gso_type;
-    h[2..4].copy_from_slice(&gso.headers.to_ne_bytes());
-    h[4..6].copy_from_slice(&gso.segment_size.to_ne_bytes());
-    h[6..8].copy_from_slice(&gso.l4_start.to_ne_bytes());
-    h[8..10].copy_from_slice(&checksum_offset.to_ne_bytes());
-    h
 }
 
 /// Room for the parts of frames that do not fit the caller's buffers, one area per slot of a
@@ -180,15 +111,33 @@ impl std::fmt::Debug for LargeFrames {
 impl LargeFrames {
     /// Areas for frames whose first `head` bytes (at most) go into the caller's buffers.
     pub fn new(head: usize) -> Self {
+        Self::with_slots(head, MAX_BATCH)
+    }
+
+    /// Areas for `slots` frames (a reader of one frame at a time needs one), each with room
+    /// for a `head` in front.
+    pub fn with_slots(head: usize, slots: usize) -> Self {
         Self {
-            areas: (0..MAX_BATCH)
+            areas: (0..slots)
                 .map(|_| vec![0u8; head + LARGE_FRAME].into_boxed_slice())
                 .collect(),
             head,
         }
     }
 
-    /// The whole of frame `slot` of the last [`PacketSocket::recv_batch_large`], whose first
+    /// Where the rest of frame `slot` goes: its area beyond the head.
+    pub(crate) fn tail_mut(&mut self, slot: usize) -> Option<&mut [u8]> {
+        let head = self.head;
+        self.areas.get_mut(slot).map(|a| &mut a[head..])
+    }
+
+    /// The head these areas were made for.
+    pub(crate) const fn head(&self) -> usize {
+        self.head
+    }
+
+    /// The whole of frame `slot` of the last [`PacketSocket::recv_batch_large`] (or packet of the
+    /// last [`crate::Tun::recv`]), whose first
     /// bytes are in `buf` (the slot's buffer) and the rest in this area: copies `buf` in
     /// front of the rest and returns the frame in one piece. `None` if `len` is not what that
     /// call could have received.
@@ -532,31 +481,9 @@ fn auxdata(control: &Control, len: usize) -> Option<libc::tpacket_auxdata> {
     unsafe { sys::find_control(control, len, libc::SOL_PACKET, libc::PACKET_AUXDATA) }
 }
 
-/// Whether a `virtio_net_hdr` says the L4 checksum is left to offload, and how the frame was
-/// coalesced if it was.
-fn parse_vnet(h: &[u8; VNET_HDR_LEN]) -> (bool, Option<Coalesced>) {
-    let partial = h[0] & VIRTIO_NET_HDR_F_NEEDS_CSUM != 0;
-    let kind = match h[1] & !VIRTIO_NET_HDR_GSO_ECN {
-        0 => return (partial, None),
-        VIRTIO_NET_HDR_GSO_TCPV4 => GsoKind::TcpV4,
-        VIRTIO_NET_HDR_GSO_TCPV6 => GsoKind::TcpV6,
-        VIRTIO_NET_HDR_GSO_UDP_L4 => GsoKind::UdpL4,
-        // VIRTIO_NET_HDR_GSO_UDP (3, UFO) among them.
-        other => GsoKind::Other(other),
-    };
-    // Host byte order: the header of a packet socket is not the device's little-endian one.
-    let segment_size = u16::from_ne_bytes([h[4], h[5]]);
-    (partial, Some(Coalesced { kind, segment_size }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const TCP4_1448: Coalesced = Coalesced {
-        kind: GsoKind::TcpV4,
-        segment_size: 1448,
-    };
 
     #[test]
     fn only_lasting_refusals_say_segmentation_is_unsupported() {
@@ -571,41 +498,6 @@ mod tests {
             )));
         }
         assert!(!segmentation_unsupported(&io::Error::other("no errno")));
-    }
-
-    #[test]
-    fn vnet_headers_are_read_in_host_order() {
-        let mut h = [0u8; VNET_HDR_LEN];
-        assert_eq!(parse_vnet(&h), (false, None));
-        h[0] = VIRTIO_NET_HDR_F_NEEDS_CSUM;
-        assert_eq!(parse_vnet(&h), (true, None));
-        h[1] = VIRTIO_NET_HDR_GSO_TCPV4 | VIRTIO_NET_HDR_GSO_ECN;
-        h[2..4].copy_from_slice(&66u16.to_ne_bytes());
-        h[4..6].copy_from_slice(&1448u16.to_ne_bytes());
-        assert_eq!(parse_vnet(&h), (true, Some(TCP4_1448)));
-        h[1] = VIRTIO_NET_HDR_GSO_UDP_L4;
-        assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::UdpL4);
-        h[1] = VIRTIO_NET_HDR_GSO_UDP;
-        assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::Other(3));
-    }
-
-    #[test]
-    fn segmentation_headers_read_back() {
-        let gso = |kind| Gso {
-            kind,
-            headers: 66,
-            l4_start: 34,
-            segment_size: 1448,
-        };
-        let h = vnet_gso(gso(GsoKind::TcpV4));
-        assert_eq!(parse_vnet(&h), (true, Some(TCP4_1448)));
-        assert_eq!(u16::from_ne_bytes([h[2], h[3]]), 66);
-        assert_eq!(u16::from_ne_bytes([h[6], h[7]]), 34);
-        assert_eq!(u16::from_ne_bytes([h[8], h[9]]), 16);
-        let h = vnet_gso(gso(GsoKind::UdpL4));
-        assert_eq!(parse_vnet(&h).1.unwrap().kind, GsoKind::UdpL4);
-        assert_eq!(u16::from_ne_bytes([h[8], h[9]]), 6);
-        assert_eq!(vnet_gso(gso(GsoKind::Other(9))), VNET_HDR_NONE);
     }
 
     #[test]

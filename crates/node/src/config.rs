@@ -34,8 +34,13 @@ cyphonic_settings::dns_table! {
 }
 
 cyphonic_settings::dataplane_table! {
-    /// `[dataplane]`: the keys every tunnel end has (the node adds none).
-    struct RawDataplane {}
+    /// `[dataplane]`: the keys every tunnel end has, and the TUN side's.
+    struct RawDataplane {
+        #[serde(default = "cyphonic_settings::defaults::yes")]
+        tun_offload: bool = true,
+        #[serde(default = "cyphonic_settings::defaults::yes")]
+        defer_checksums: bool = true,
+    }
 }
 
 fn default_interface() -> Spanned<String> {
@@ -53,6 +58,12 @@ pub struct NodeConfig {
     pub vip: Ipv4Addr,
     /// Where the DNS stub listens, unless it is switched off.
     pub dns_listen: Option<SocketAddr>,
+    /// `dataplane.tun_offload`: the TUN device with offloads (super-packets and partial
+    /// checksums both ways).
+    pub tun_offload: bool,
+    /// `dataplane.defer_checksums`: with offloads, checksums the host left partial go through
+    /// the tunnel for the far end to complete (docs/protocol.md §1).
+    pub defer_checksums: bool,
 }
 
 impl AsRef<Common> for NodeConfig {
@@ -69,6 +80,11 @@ impl NodeConfig {
             ("node.interface", self.interface != new.interface),
             ("node.vip", self.vip != new.vip),
             ("dns.listen", self.dns_listen != new.dns_listen),
+            ("dataplane.tun_offload", self.tun_offload != new.tun_offload),
+            (
+                "dataplane.defer_checksums",
+                self.defer_checksums != new.defer_checksums,
+            ),
         ])
     }
 }
@@ -140,6 +156,8 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
         interface: interface.clone(),
         vip,
         dns_listen,
+        tun_offload: raw.dataplane.tun_offload,
+        defer_checksums: raw.dataplane.defer_checksums,
     };
     Ok((config, identity))
 }

@@ -58,19 +58,21 @@ impl<'a> NodeEdge<'a> {
     /// The device cannot be created or configured (privileges, name in use).
     pub fn open(config: &'a NodeConfig) -> anyhow::Result<Self> {
         let common = &config.common;
-        let tun = Tun::create(&config.interface)?;
+        let tun = Tun::create(&config.interface, config.tun_offload)?;
         tun.configure(
             config.vip,
             common.overlay.prefix_len(),
             u32::from(common.inner_mtu),
         )?;
-        tracing::info!(interface = tun.name(), vip = %config.vip, overlay = %common.overlay, mtu = common.inner_mtu, "overlay interface up");
+        let offloads = tun.offloads();
+        tracing::info!(interface = tun.name(), vip = %config.vip, overlay = %common.overlay, mtu = common.inner_mtu, ?offloads, "overlay interface up");
         Ok(Self {
             config,
             side: Arc::new(TunSide {
                 tun,
                 vip: config.vip,
                 overlay: common.overlay,
+                defer_checksums: config.defer_checksums && offloads.is_some(),
                 counters: TunCounters::default(),
             }),
             dns: Arc::new(Mutex::new(None)),

@@ -19,12 +19,13 @@ use cyphonic_gateway::{
     Framing, GsoKind, IPV4_MIN_HEADER, Run, complete_deferred_checksum, find_run, merge_headers,
     restore_headers, tcp_flags,
 };
-use cyphonic_netio::{Gathered, Gso, PacketSocket, segmentation_unsupported};
+use cyphonic_netio::{Gathered, Gso, PacketSocket, Tun, segmentation_unsupported};
 
 /// The most frames one call sends.
 pub const SEND_BATCH: usize = 64;
 
-/// What sends the frames: the LAN port's packet socket (a test's stand-in in the tests).
+/// What sends the frames: the LAN port's packet socket, the node's TUN device (a test's
+/// stand-in in the tests).
 pub trait FrameTx {
     /// What is in front of each IP packet it is given.
     fn framing(&self) -> Framing;
@@ -44,6 +45,26 @@ pub trait FrameTx {
 impl FrameTx for PacketSocket {
     fn framing(&self) -> Framing {
         Framing::Ethernet
+    }
+    fn send_gathered(
+        &self,
+        parts: &[&[u8]],
+        messages: &[Gathered],
+        refused: impl FnMut(usize, io::Error),
+    ) -> usize {
+        Self::send_gathered(self, parts, messages, refused)
+    }
+    fn send_batch(&self, frames: &[&[u8]]) -> (usize, usize, Option<io::Error>) {
+        Self::send_batch(self, frames)
+    }
+    fn name(&self) -> &str {
+        Self::name(self)
+    }
+}
+
+impl FrameTx for Tun {
+    fn framing(&self) -> Framing {
+        Framing::Ip
     }
     fn send_gathered(
         &self,
