@@ -103,7 +103,7 @@ fn process_figures(pid: u32) -> (u64, u64) {
 }
 
 /// CPU time process `pid` has used (user + system), in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
+pub fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces, in parentheses): utime is the
     // 14th field of the line, stime the 15th.
@@ -116,7 +116,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on every Linux we run on).
-fn ticks_per_second() -> f64 {
+pub fn ticks_per_second() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

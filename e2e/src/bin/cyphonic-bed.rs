@@ -12,11 +12,11 @@ use clap::{Parser, Subcommand};
 use cyphonic_e2e::bed::{BedOptions, CloudOptions, Priority, Side, SiteOptions, TwoSites};
 use cyphonic_e2e::impair::{ImpairedLink, Impairment};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
-use cyphonic_e2e::measure;
 use cyphonic_e2e::report::{
     self, Ablation, AblationRow, AttackReport, AttackRow, BenchReport, Cut, Measured, PeersReport,
     Profile, Quick,
 };
+use cyphonic_e2e::{fleet, measure};
 
 #[derive(Parser)]
 #[command(
@@ -132,6 +132,22 @@ enum Command {
         /// GRO on on the gateways' LAN side.
         #[arg(long)]
         gro: bool,
+    },
+    /// The node against the devices: iperf3 TCP from node C to the host behind adapter A,
+    /// and back, against the same from the host behind adapter B (device to device through
+    /// two adapters), in one bed, with the node's TUN offloads on and then off
+    /// (`dataplane.tun_offload`, the node restarted between); prints a Markdown table.
+    Node {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Measurements of each kind per setting (the median and the range are reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Another build of `cyphonic-node` (the commit before, say) for a last row, run with
+        /// the same configuration but no `[dataplane]` table.
+        #[arg(long)]
+        baseline: Option<std::path::PathBuf>,
     },
     /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
     /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
@@ -274,6 +290,11 @@ fn main() -> ExitCode {
             rounds,
         } => policy_cost(rules, flows, seconds, rounds),
         Command::Impair { seconds, runs } => impairment_table(seconds, runs),
+        Command::Node {
+            seconds,
+            runs,
+            baseline,
+        } => node_table(seconds, runs, baseline),
         Command::Bursts {
             seconds,
             rates,
@@ -779,6 +800,100 @@ fn impairment_table(seconds: u64, runs: usize) -> anyhow::Result<()> {
             cell(&tunnel),
             cell(&plain),
             median(&tunnel) / median(&plain)
+        );
+    }
+    Ok(())
+}
+
+/// Goodputs in Gbit/s as a table cell: "median (lowest-highest)" in Mbit/s.
+fn median_cell(all: &mut [f64]) -> (f64, String) {
+    all.sort_by(f64::total_cmp);
+    let median = all[all.len() / 2];
+    let cell = format!(
+        "{:.0} ({:.0}-{:.0})",
+        median * 1e3,
+        all[0] * 1e3,
+        all[all.len() - 1] * 1e3
+    );
+    (median, cell)
+}
+
+/// `cyphonic-bed node`: see [`Command::Node`].
+fn node_table(
+    seconds: u64,
+    runs: usize,
+    baseline: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        node_c: Some(None),
+        ..BedOptions::default()
+    })?;
+    let host = bed.a.host_ip.to_string();
+    let config = bed.c.as_ref().context("node C")?.dir.join("node.toml");
+    let base = std::fs::read_to_string(&config)?;
+    // B's host asks B for A's host by name: adapter B learns adapter A from the cloud.
+    resolve(&bed.b.lan, bed.b.gateway, "host.gw1.ovl.example")?;
+    measure::ping(&bed, Side::B, bed.a.host_ip, 3, Duration::from_millis(100))?;
+    println!(
+        "| node's TUN offloads | node -> device, Mbit/s | node's CPU per Gbit/s sent (% of a core) | device -> node | device -> device (through two adapters) | node -> device / device -> device, medians |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    // (row, the node's binary, its [dataplane] table)
+    let mut rows = vec![
+        (
+            "on".to_owned(),
+            bed.bins.node.clone(),
+            "[dataplane]\ntun_offload = true\n",
+        ),
+        (
+            "off".to_owned(),
+            bed.bins.node.clone(),
+            "[dataplane]\ntun_offload = false\n",
+        ),
+    ];
+    if let Some(b) = baseline {
+        rows.push((format!("the commit before (`{}`)", b.display()), b, ""));
+    }
+    for (row, binary, dataplane) in rows {
+        let mut bins = bed.bins.clone();
+        bins.node = binary;
+        let c = bed.c.as_mut().context("node C")?;
+        if c.proc.is_some() {
+            c.stop("TERM")?;
+        }
+        std::fs::write(&config, format!("{base}\n{dataplane}"))?;
+        c.start(&bins)?;
+        let c = bed.c.as_ref().context("node C")?;
+        let (node_ns, vip) = (&c.ns, c.vip);
+        // The name through the node's stub builds the tunnel; a few pings see it up.
+        resolve(node_ns, vip, "host.gw1.ovl.example")?;
+        ping_line(node_ns, &host, 3)?;
+        let lan_a = &bed.a.lan;
+        let pid = c.proc.as_ref().context("node C runs")?.pid();
+        let (mut out, mut back, mut d2d, mut cpu) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs.max(1) {
+            let (ticks, started) = (fleet::cpu_ticks(pid), std::time::Instant::now());
+            let gbps = tcp_by_name(lan_a, node_ns, &host, seconds)?;
+            let used = (fleet::cpu_ticks(pid) - ticks) as f64 / fleet::ticks_per_second();
+            // Cores the node used, per Gbit/s it carried.
+            cpu.push(used / started.elapsed().as_secs_f64() / gbps);
+            out.push(gbps);
+            back.push(tcp_by_name(node_ns, lan_a, &vip.to_string(), seconds)?);
+            // From B's host to A's: the same receiving side as the node's runs.
+            let r = cyphonic_e2e::bed::iperf3(&bed, Side::A, &[], seconds)?;
+            let bps = r["end"]["sum_received"]["bits_per_second"].as_f64();
+            d2d.push(bps.context("no bits_per_second")? / 1e9);
+        }
+        let (out_median, out_cell) = median_cell(&mut out);
+        let (_, back_cell) = median_cell(&mut back);
+        let (d2d_median, d2d_cell) = median_cell(&mut d2d);
+        cpu.sort_by(f64::total_cmp);
+        println!(
+            "| {row} | {out_cell} | {:.0}% | {back_cell} | {d2d_cell} | {:.2} |",
+            cpu[cpu.len() / 2] * 100.0,
+            out_median / d2d_median
         );
     }
     Ok(())
@@ -1380,7 +1495,7 @@ fn peers(counts: &[usize], seconds: u64) -> anyhow::Result<PeersReport> {
             ..BedOptions::default()
         })?;
         bed.start(Side::A)?;
-        rows.push(cyphonic_e2e::fleet::measure(&bed, n, seconds)?);
+        rows.push(fleet::measure(&bed, n, seconds)?);
     }
     Ok(PeersReport {
         measured: measured(seconds),
