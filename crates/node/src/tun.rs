@@ -181,8 +181,9 @@ impl TunReader {
     }
 
     /// The thread's body: runs until the engine stops. Waits for a packet without holding
-    /// the submitter, then takes the rest that are there (up to [`RECV_BATCH`] packets, a
-    /// super-packet's segments counted) under one lock, and sends them on their way.
+    /// the submitter, then takes the rest that are there (up to [`RECV_BATCH`] reads, and
+    /// fewer once that many packets, a super-packet's segments counted, went in) under one
+    /// lock, and sends them on their way.
     pub fn run(mut self) {
         let (side, shared) = (self.side.clone(), self.shared.clone());
         let (pool, counters) = (&shared.pool, &shared.counters);
@@ -219,7 +220,11 @@ impl TunReader {
             };
             let now = Instant::now();
             let mut submitted = take(&side, &shared, large, first, packet, sub, now);
-            while submitted < RECV_BATCH {
+            // At most RECV_BATCH reads, and fewer once a super-packet's segments fill it.
+            for _ in 1..RECV_BATCH {
+                if submitted >= RECV_BATCH {
+                    break;
+                }
                 let Some(mut buf) = pool.take() else {
                     bump(&counters.drop_no_buffer);
                     break;
