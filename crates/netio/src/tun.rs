@@ -7,8 +7,11 @@
 //! a NIC with TSO, USO and checksum offload: it hands over TCP and UDP super-packets of up to
 //! 64 KiB with a `virtio_net_hdr` saying how to cut them ([`TunPacket::coalesced`]), and
 //! leaves transport checksums partial ([`TunPacket::checksum`]). One read then carries what
-//! took dozens. Packets written in carry the same header, so a packet whose checksum nobody
-//! computed yet can go in as it is ([`Tun::send`]).
+//! took dozens. Packets written in carry the same header, so a run of one flow can go in as
+//! one super-packet whose checksum the host's stack takes as done ([`Tun::send_gathered`]),
+//! and a packet whose checksum nobody computed yet can go in as it is ([`Tun::send`] with a
+//! partial checksum note; the node's sink does not use that yet: it computes the checksum of
+//! a packet that goes in alone).
 //!
 //! The device is opened here rather than by the tun-tap crate, whose C helper fixes the flags
 //! to `IFF_TUN | IFF_NO_PI` and so cannot ask for `IFF_VNET_HDR`.
