@@ -334,6 +334,7 @@ fn client_config(key: &StaticKeypair, at: &[SocketAddr]) -> cyphonic_signal::Con
         cloud_keys: vec![key.public()],
         agent: "test".into(),
         tunnel_port: None,
+        source: None,
     }
 }
 
@@ -595,6 +596,7 @@ fn a_client_fails_over_between_cloud_instances() {
                 cloud_keys: vec![old_key.public(), key.public()],
                 agent: "test".into(),
                 tunnel_port: None,
+                source: None,
             },
             gw1,
         );

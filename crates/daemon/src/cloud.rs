@@ -255,6 +255,7 @@ impl CloudLink {
                 cloud_keys: settings.public_keys.clone(),
                 agent: settings.agent.clone(),
                 tunnel_port: Some(tunnel_port),
+                source: None,
             },
             shared.identity(),
         );

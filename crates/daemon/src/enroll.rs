@@ -81,6 +81,7 @@ pub fn enroll(
         cloud_keys: cloud.public_keys,
         agent: agent.to_owned(),
         tunnel_port: None,
+        source: None,
     };
     let enrolled = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -36,6 +36,9 @@ pub struct Config {
     /// is registered as an endpoint too: when it is also where our probes come from, the
     /// cloud knows we are not behind a NAT.
     pub tunnel_port: Option<u16>,
+    /// The address to connect from, on a host with several (`None`: the kernel's choice for
+    /// the route to the cloud).
+    pub source: Option<std::net::IpAddr>,
 }
 
 /// What the session tells its owner.
@@ -70,6 +73,12 @@ pub enum Event {
         to: SocketAddr,
         /// The UDP payload.
         frame: Vec<u8>,
+    },
+    /// The cloud took our registration (sent on connecting and on every change): it
+    /// accepted this many names (those it refused come as [`Event::NamesRefused`]).
+    Registered {
+        /// Names accepted.
+        accepted: usize,
     },
     /// The cloud refused some of our names.
     NamesRefused(Vec<(String, String)>),
@@ -346,16 +355,33 @@ async fn addresses(target: &str) -> Result<Vec<SocketAddr>, String> {
 /// cloud's answer and our local address.
 type Opened = (Channel, OwnedReadHalf, OwnedWriteHalf, Welcome, SocketAddr);
 
-/// Connects to the instance at `cloud`, pinned to `key`, as `keypair`, with `hello`; errors
-/// in words, naming the instance.
-async fn handshake(
+/// A TCP connection to `cloud`, from `source` when given.
+async fn connect(
     cloud: SocketAddr,
+    source: Option<std::net::IpAddr>,
+) -> std::io::Result<TcpStream> {
+    let Some(ip) = source else {
+        return TcpStream::connect(cloud).await;
+    };
+    let socket = if cloud.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.bind(SocketAddr::new(ip, 0))?;
+    socket.connect(cloud).await
+}
+
+/// Connects to the instance at `cloud` (from `source` when given), pinned to `key`, as
+/// `keypair`, with `hello`; errors in words, naming the instance.
+async fn handshake(
+    (cloud, source): (SocketAddr, Option<std::net::IpAddr>),
     key: PublicKey,
     keypair: &StaticKeypair,
     hello: &Hello,
 ) -> Result<Opened, String> {
     let fail = |what: &str, e: &dyn std::fmt::Display| format!("{cloud}: {what}: {e}");
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(cloud))
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect(cloud, source))
         .await
         .map_err(|e| fail("connect", &e))?
         .map_err(|e| fail("connect", &e))?;
@@ -430,7 +456,7 @@ pub async fn enroll(
         };
         for addr in addrs {
             for key in &config.cloud_keys {
-                match handshake(addr, *key, keypair, &hello).await {
+                match handshake((addr, config.source), *key, keypair, &hello).await {
                     Ok((_, _, _, Welcome::Refused { reason }, _)) => {
                         return Err(EnrollError::Refused(reason));
                     }
@@ -609,9 +635,10 @@ impl Task {
             enroll: None,
             agent: self.config.agent.clone(),
         };
-        let (ch, rd, wr, welcome, local) = handshake(cloud, key, identity.keypair(), &hello)
-            .await
-            .map_err(End::Retry)?;
+        let (ch, rd, wr, welcome, local) =
+            handshake((cloud, self.config.source), key, identity.keypair(), &hello)
+                .await
+                .map_err(End::Retry)?;
         match welcome {
             Welcome::Refused { reason } => Err(End::Refused(reason)),
             Welcome::Enrolled { .. } => Err(End::Retry(format!(
@@ -868,6 +895,7 @@ impl Task {
             CloudMsg::Observed { endpoint } => self.emit(Event::Observed(endpoint)),
             CloudMsg::Registered { accepted, refused } => {
                 tracing::debug!(accepted, refused = refused.len(), "registered");
+                self.emit(Event::Registered { accepted });
                 if !refused.is_empty() {
                     self.emit(Event::NamesRefused(refused));
                 }

@@ -79,6 +79,7 @@ fn client(cloud: &Cloud, at: SocketAddr, id: Arc<Identity>) -> (Handle, mpsc::Re
             cloud_keys: vec![cloud.key.public()],
             agent: "test".into(),
             tunnel_port: None,
+            source: None,
         },
         id,
     )
@@ -495,6 +496,7 @@ impl Tunnel {
                 cloud_keys: vec![cloud.key.public()],
                 agent: "test".into(),
                 tunnel_port: Some(sock.local_addr().unwrap().port()),
+                source: None,
             },
             id.clone(),
         );
