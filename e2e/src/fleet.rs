@@ -102,6 +102,11 @@ fn process_figures(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("Threads:"))
 }
 
+/// The resident memory of process `pid`, KiB (0 when it is gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    process_figures(pid).0
+}
+
 /// CPU time process `pid` has used (user + system), in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

@@ -21,6 +21,7 @@ pub mod inject;
 pub mod lan;
 mod ledger;
 pub mod measure;
+pub mod members;
 pub mod node;
 pub mod postgres;
 pub mod soak;

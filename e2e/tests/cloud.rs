@@ -1091,3 +1091,28 @@ fn a_cloud_peer_whose_block_overlaps_ours_is_refused() {
     .unwrap_or_else(|e| panic!("{e}\n{}", node.log_text()));
     node.stop("TERM").unwrap();
 }
+
+/// The members driver (`cyphonic-bed members`) against the real cloud binary: 50 signal
+/// clients from one process, each with its own certificate and IPv6 source address, all
+/// register and each resolves another's name to its vIP.
+#[test]
+fn fifty_members_from_one_process_register_and_resolve() {
+    use cyphonic_e2e::members::{MembersBed, MembersOptions};
+    let bed = MembersBed::new(50, false).unwrap();
+    let f = bed
+        .run(&MembersOptions {
+            members: 50,
+            concurrency: 16,
+            postgres: false,
+            idle_seconds: 0,
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}",
+                std::fs::read_to_string(bed.cloud.log()).unwrap_or_default()
+            )
+        });
+    assert_eq!(f.registered, 50, "{f:?}");
+    assert_eq!((f.resolved, f.resolve_failed), (50, 0), "{f:?}");
+    assert!(f.cloud_rss_kib.1 > 0, "{f:?}");
+}

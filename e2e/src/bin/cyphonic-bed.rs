@@ -149,6 +149,25 @@ enum Command {
         #[arg(long)]
         baseline: Option<std::path::PathBuf>,
     },
+    /// Many members against the cloud (issue 24, item 4): for each count, a fresh cloud (one
+    /// instance on SQLite, or with `--postgres` two on one PostgreSQL, members alternating
+    /// between them) and that many signal clients from this process, each with its own
+    /// certificate and IPv6 source address: registrations, then one resolution each, then
+    /// the cloud idle with all of them connected. Prints a Markdown table.
+    Members {
+        /// Member counts, comma-separated (at most 65,535).
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+        counts: Vec<usize>,
+        /// Registrations (resolutions) in progress at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Two instances on PostgreSQL instead of one on SQLite.
+        #[arg(long)]
+        postgres: bool,
+        /// Seconds of idleness measured with every member connected.
+        #[arg(long, default_value_t = 10)]
+        idle: u64,
+    },
     /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
     /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
     /// prints one line.
@@ -301,6 +320,12 @@ fn main() -> ExitCode {
             sizes,
             gro,
         } => bursts(seconds, &rates, &sizes, gro),
+        Command::Members {
+            counts,
+            concurrency,
+            postgres,
+            idle,
+        } => members_table(&counts, concurrency, postgres, idle),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -816,6 +841,54 @@ fn median_cell(all: &mut [f64]) -> (f64, String) {
         all[all.len() - 1] * 1e3
     );
     (median, cell)
+}
+
+/// `cyphonic-bed members`: see [`Command::Members`].
+fn members_table(
+    counts: &[usize],
+    concurrency: usize,
+    postgres: bool,
+    idle: u64,
+) -> anyhow::Result<()> {
+    use cyphonic_e2e::members::{MembersBed, MembersOptions};
+    println!(
+        "| store | members | registered | registrations/s | registration p50 / p99, ms | resolved (failed) | resolutions/s | resolution p50 / p99, ms | cloud RSS before / after, MiB | cloud KiB per member | database, bytes per member | cloud CPU idle, % of a core | driver RSS, MiB |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &members in counts {
+        let bed = MembersBed::new(members, postgres)?;
+        let f = bed.run(&MembersOptions {
+            members,
+            concurrency,
+            postgres,
+            idle_seconds: idle,
+        })?;
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let db = f.database_bytes.map_or_else(
+            || "-".to_owned(),
+            |b| format!("{:.0}", b as f64 / members.max(1) as f64),
+        );
+        println!(
+            "| {} | {} | {} | {:.0} | {:.1} / {:.1} | {} ({}) | {:.0} | {:.2} / {:.2} | {:.1} / {:.1} | {:.1} | {db} | {:.1} | {:.1} |",
+            f.store,
+            f.members,
+            f.registered,
+            f.registrations_per_second(),
+            f.register_ms.0,
+            f.register_ms.1,
+            f.resolved,
+            f.resolve_failed,
+            f.resolutions_per_second(),
+            f.resolve_ms.0,
+            f.resolve_ms.1,
+            mib(f.cloud_rss_kib.0),
+            mib(f.cloud_rss_kib.1),
+            f.cloud_kib_per_member(),
+            f.idle_cpu_percent,
+            mib(f.driver_rss_kib),
+        );
+    }
+    Ok(())
 }
 
 /// `cyphonic-bed node`: see [`Command::Node`].

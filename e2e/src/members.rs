@@ -1,0 +1,477 @@
+//! Many members of the overlay from one process, against the real cloud (issue 24, item 4):
+//! `cyphonic-bed members`. Each member is a real signal client (`cyphonic_signal::spawn`)
+//! with its own certificate from a test CA and its own IPv6 source address (each in a /64 of
+//! its own, so that the cloud's per-source limits see them as the separate hosts they would
+//! be), on one namespace's interface:
+//!
+//! ```text
+//! [members] toc fd00:192:0:2::1/64, fd00:d:0:<i>::1/128 ... -- wan fd00:192:0:2::10/64 [cloud]
+//!                                                                   (and ::11: the second
+//!                                                                    instance on PostgreSQL)
+//! ```
+//!
+//! The driver runs every member on one thread (a current-thread tokio runtime inside the
+//! members' namespace), so that the cloud has the other core. Every load is bounded: each
+//! phase has a deadline, and the bed is removed on drop.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use cyphonic_control::{NameRecord, Resolution};
+use cyphonic_crypto::PublicKey;
+use cyphonic_session::Identity;
+use cyphonic_signal::testing::Pki;
+use cyphonic_signal::{Event, Handle};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+use crate::bed::TempDir;
+use crate::hosts::{Bins, CloudHost};
+use crate::postgres::Postgres;
+use crate::{Netns, Proc, fleet, inject};
+
+/// Members at most (their addresses are `fd00:d:0:<i>::1`, `i` < 65,536).
+pub const MAX_MEMBERS: usize = 65_535;
+/// How long one member's registration or resolution may take before it counts as failed.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct MembersOptions {
+    /// Members.
+    pub members: usize,
+    /// Registrations (or resolutions) in progress at once.
+    pub concurrency: usize,
+    /// PostgreSQL with two cloud instances (members alternate between them) instead of one
+    /// instance on SQLite.
+    pub postgres: bool,
+    /// Seconds with every member connected and nothing asked, for the cloud's idle CPU.
+    pub idle_seconds: u64,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct MembersFigures {
+    /// `sqlite, 1 instance` or `postgresql, 2 instances`.
+    pub store: String,
+    /// Members started.
+    pub members: usize,
+    /// Members whose registration the cloud confirmed.
+    pub registered: usize,
+    /// From the first member's start to the last confirmation.
+    pub register_secs: f64,
+    /// One member's time from start (TCP, Noise handshake, certificate check, the store's
+    /// write) to the confirmation: median and 99th percentile, ms.
+    pub register_ms: (f64, f64),
+    /// Resolutions answered with the name's owner.
+    pub resolved: usize,
+    /// Resolutions that failed (an error, a timeout or not found).
+    pub resolve_failed: usize,
+    /// From the first resolution to the last answer.
+    pub resolve_secs: f64,
+    /// One resolution: median and 99th percentile, ms.
+    pub resolve_ms: (f64, f64),
+    /// The cloud instances' resident memory before the members came and with all of them
+    /// connected, KiB (summed over instances).
+    pub cloud_rss_kib: (u64, u64),
+    /// The database's size on disk with every member registered, bytes (SQLite only).
+    pub database_bytes: Option<u64>,
+    /// The cloud instances' CPU with every member connected and idle, % of a core (summed).
+    pub idle_cpu_percent: f64,
+    /// This driver's resident memory with every member connected, KiB.
+    pub driver_rss_kib: u64,
+}
+
+impl MembersFigures {
+    /// Registrations per second.
+    pub fn registrations_per_second(&self) -> f64 {
+        rate(self.registered, self.register_secs)
+    }
+
+    /// Resolutions per second.
+    pub fn resolutions_per_second(&self) -> f64 {
+        rate(self.resolved, self.resolve_secs)
+    }
+
+    /// The cloud's resident memory per member, KiB.
+    pub fn cloud_kib_per_member(&self) -> f64 {
+        let grown = self.cloud_rss_kib.1.saturating_sub(self.cloud_rss_kib.0);
+        rate(
+            usize::try_from(grown).unwrap_or(usize::MAX),
+            self.members as f64,
+        )
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn rate(n: usize, per: f64) -> f64 {
+    if per > 0.0 { n as f64 / per } else { 0.0 }
+}
+
+/// Member `i`'s source address: `fd00:d:0:<i>::1`, a /64 of its own.
+pub fn member_address(i: usize) -> IpAddr {
+    let i = u16::try_from(i).unwrap_or(u16::MAX);
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xd, 0, i, 0, 0, 0, 1))
+}
+
+/// Member `i`'s name and vIP: `m<i>.ovl.example` at 100.80.0.0 + `i` (its certificate's
+/// block is that /32).
+pub fn member_name(i: usize) -> NameRecord {
+    let i = u32::try_from(i).unwrap_or(u32::MAX);
+    NameRecord {
+        name: format!("m{i}.ovl.example"),
+        vip: Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 80, 0, 0)) + i),
+    }
+}
+
+/// The cloud (one instance on SQLite, or two on one PostgreSQL) and the members' namespace.
+#[derive(Debug)]
+pub struct MembersBed {
+    /// Where the members run.
+    pub ns: Netns,
+    /// The cloud's host (its first instance).
+    pub cloud: CloudHost,
+    /// The second instance, on PostgreSQL.
+    pub second: Option<Proc>,
+    /// The CA that issued the members' certificates, which the cloud trusts.
+    pub pki: Pki,
+    pg: Option<Postgres>,
+    _tmp: TempDir,
+}
+
+impl MembersBed {
+    /// Builds and starts it; `members` source addresses are put on the members' interface.
+    ///
+    /// # Errors
+    /// A namespace, address, process or the database failing to start.
+    pub fn new(members: usize, postgres: bool) -> anyhow::Result<Self> {
+        if members > MAX_MEMBERS {
+            bail!("at most {MAX_MEMBERS} members");
+        }
+        let bins = Bins::find()?;
+        let tmp = TempDir::new("cy-members-")?;
+        let pki = Pki::new();
+        let ca_dir = tmp.path().join("ca");
+        std::fs::create_dir_all(&ca_dir)?;
+        std::fs::write(ca_dir.join("ca.crt"), pki.ca.certificate().to_pem())?;
+        let ns = Netns::new("members")?;
+        let mut cloud = CloudHost::new(&ns, &bins, &ca_dir, tmp.path(), "")?;
+        add_addresses(&ns, members, tmp.path())?;
+        let (pg, second) = if postgres {
+            let pg = Postgres::start_in(Some(&cloud.ns))?;
+            let second = two_instances(&mut cloud, &bins, &pg)?;
+            (Some(pg), Some(second))
+        } else {
+            cloud.start(&bins)?;
+            (None, None)
+        };
+        Ok(Self {
+            ns,
+            cloud,
+            second,
+            pki,
+            pg,
+            _tmp: tmp,
+        })
+    }
+
+    /// The cloud instances' control addresses (IPv6).
+    pub fn addresses(&self) -> Vec<String> {
+        let mut at = vec![self.cloud.address6.to_string()];
+        if self.second.is_some() {
+            at.push(SECOND.to_owned());
+        }
+        at
+    }
+
+    /// The cloud instances' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.cloud
+            .proc
+            .iter()
+            .chain(self.second.iter())
+            .map(Proc::pid)
+            .collect()
+    }
+
+    /// Issues `n` member identities (member `i` is [`member_name`]`(i)`).
+    pub fn identities(&self, n: usize) -> Vec<Arc<Identity>> {
+        (0..n)
+            .map(|i| {
+                let r = member_name(i);
+                self.pki.identity(&r.name, &format!("{}/32", r.vip), &[])
+            })
+            .collect()
+    }
+
+    /// Runs the members: registrations, then one resolution each, then idleness.
+    ///
+    /// # Errors
+    /// The cloud's key is unreadable, or the driver's thread failed.
+    pub fn run(&self, opts: &MembersOptions) -> anyhow::Result<MembersFigures> {
+        let key = parse_key(self.cloud.public_key.trim()).context("the cloud's public key")?;
+        let identities = self.identities(opts.members);
+        let database = (self.pg.is_none()).then(|| self.cloud.dir.join("cloud.db"));
+        let store = if self.pg.is_some() {
+            "postgresql, 2 instances"
+        } else {
+            "sqlite, 1 instance"
+        };
+        let drive = Drive {
+            clouds: self.addresses(),
+            key,
+            pids: self.pids(),
+            opts: opts.clone(),
+            database,
+            store: store.to_owned(),
+        };
+        inject::joined(inject::spawn_inside(&self.ns, move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(drive.run(identities))
+        }))
+    }
+}
+
+/// A Noise public key as `cyphonic-cloud keygen` prints it (hex).
+fn parse_key(hex: &str) -> Option<PublicKey> {
+    let mut key = [0u8; 32];
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    for (i, b) in key.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(PublicKey(key))
+}
+
+/// The second instance's control address.
+const SECOND: &str = "[fd00:192:0:2::11]:7000";
+
+/// Moves the cloud onto `pg` with its first instance on fd00:192:0:2::10 and starts a second
+/// on ::11 (the same key, CA and database; its own relay ports and socket); returns the
+/// second.
+fn two_instances(cloud: &mut CloudHost, bins: &Bins, pg: &Postgres) -> anyhow::Result<Proc> {
+    let path = cloud.dir.join("cloud.toml");
+    let text = std::fs::read_to_string(&path)?;
+    let one = text
+        .replace(
+            "database = \"sqlite://cloud.db\"",
+            &format!("database = \"{}\"", pg.url()),
+        )
+        .replace("\"[::]:700", "\"[fd00:192:0:2::10]:700");
+    if one == text {
+        bail!("the cloud's configuration has changed shape");
+    }
+    std::fs::write(&path, &one)?;
+    let dir2 = cloud.dir.join("two");
+    std::fs::create_dir_all(&dir2)?;
+    for f in ["cloud.key", "ca.crt"] {
+        std::fs::copy(cloud.dir.join(f), dir2.join(f))?;
+    }
+    std::fs::write(
+        dir2.join("cloud.toml"),
+        format!(
+            "{}\n[relay]\nports = \"51000-51099\"\n",
+            one.replace("[fd00:192:0:2::10]:", "[fd00:192:0:2::11]:")
+        ),
+    )?;
+    cloud.ns.ip(&[
+        "-6",
+        "addr",
+        "add",
+        "fd00:192:0:2::11/64",
+        "dev",
+        "wan",
+        "nodad",
+    ])?;
+    cloud.start(bins)?;
+    let log2 = dir2.join("cloud.log");
+    let config2 = dir2.join("cloud.toml");
+    cloud.ns.daemon(
+        &bins.cloud,
+        &["serve", "--config", config2.to_str().context("path")?],
+        &log2,
+        || std::fs::read_to_string(&log2).is_ok_and(|t| t.contains("cyphonic-cloud serving")),
+    )
+}
+
+/// Puts member addresses 0..n on the members' interface (`toc`), in one `ip -batch`.
+fn add_addresses(ns: &Netns, n: usize, tmp: &std::path::Path) -> anyhow::Result<()> {
+    let mut batch = String::new();
+    for i in 0..n {
+        batch.push_str(&format!(
+            "addr add {}/128 dev toc nodad\n",
+            member_address(i)
+        ));
+    }
+    let file = tmp.join("addresses.batch");
+    std::fs::write(&file, batch)?;
+    ns.ip(&["-6", "-batch", file.to_str().context("path")?])?;
+    Ok(())
+}
+
+/// The driver's part, moved onto its thread.
+struct Drive {
+    clouds: Vec<String>,
+    key: PublicKey,
+    pids: Vec<u32>,
+    opts: MembersOptions,
+    database: Option<std::path::PathBuf>,
+    store: String,
+}
+
+/// A member that registered: its handle and events (kept, or its session ends).
+type Member = (Handle, mpsc::Receiver<Event>);
+
+impl Drive {
+    async fn run(self, identities: Vec<Arc<Identity>>) -> anyhow::Result<MembersFigures> {
+        let n = identities.len();
+        let rss_before: u64 = self.pids.iter().map(|p| fleet::rss_kib(*p)).sum();
+        let (members, register_ms, register_secs) = self.register(identities).await?;
+        let registered = members.iter().filter(|m| m.is_some()).count();
+        let rss_after: u64 = self.pids.iter().map(|p| fleet::rss_kib(*p)).sum();
+        let database_bytes = self.database.as_ref().map(|db| {
+            ["", "-wal"]
+                .iter()
+                .filter_map(|s| std::fs::metadata(format!("{}{s}", db.display())).ok())
+                .map(|m| m.len())
+                .sum()
+        });
+        let (resolved, resolve_failed, resolve_ms, resolve_secs) =
+            resolve(&members, &self.opts).await;
+        // Idle: every member connected, nothing asked (pings and probes keep sessions).
+        let ticks = |pids: &[u32]| pids.iter().map(|p| fleet::cpu_ticks(*p)).sum::<u64>();
+        let (t0, c0) = (Instant::now(), ticks(&self.pids));
+        tokio::time::sleep(Duration::from_secs(self.opts.idle_seconds)).await;
+        #[allow(clippy::cast_precision_loss)]
+        let idle_cpu_percent = (ticks(&self.pids) - c0) as f64
+            / fleet::ticks_per_second()
+            / t0.elapsed().as_secs_f64()
+            * 100.0;
+        let driver_rss_kib = fleet::rss_kib(std::process::id());
+        drop(members);
+        Ok(MembersFigures {
+            store: self.store,
+            members: n,
+            registered,
+            register_secs,
+            register_ms,
+            resolved,
+            resolve_failed,
+            resolve_secs,
+            resolve_ms,
+            cloud_rss_kib: (rss_before, rss_after),
+            database_bytes,
+            idle_cpu_percent,
+            driver_rss_kib,
+        })
+    }
+
+    /// Starts every member, at most `concurrency` not yet confirmed at once; each registers
+    /// its name. Returns the members (`None`: not confirmed within [`PATIENCE`]), the
+    /// median and p99 time to confirmation, and the whole phase's seconds.
+    async fn register(
+        &self,
+        identities: Vec<Arc<Identity>>,
+    ) -> anyhow::Result<(Vec<Option<Member>>, (f64, f64), f64)> {
+        let n = identities.len();
+        let gate = Arc::new(Semaphore::new(self.opts.concurrency.max(1)));
+        let started = Instant::now();
+        let mut set = JoinSet::new();
+        for (i, identity) in identities.into_iter().enumerate() {
+            let permit = gate.clone().acquire_owned().await?;
+            // Members alternate between the instances: each tries its own first.
+            let mut clouds = self.clouds.clone();
+            let turn = i % clouds.len().max(1);
+            clouds.rotate_left(turn);
+            let config = cyphonic_signal::Config {
+                clouds,
+                cloud_keys: vec![self.key],
+                agent: "cyphonic-bed members".into(),
+                tunnel_port: None,
+                source: Some(member_address(i)),
+            };
+            set.spawn(async move {
+                let t = Instant::now();
+                let (handle, mut events) = cyphonic_signal::spawn(config, identity);
+                handle.register(Vec::new(), vec![member_name(i)]);
+                let confirmed = tokio::time::timeout(PATIENCE, async {
+                    while let Some(e) = events.recv().await {
+                        if let Event::Registered { accepted: 1 } = e {
+                            return true;
+                        }
+                    }
+                    false
+                })
+                .await
+                .unwrap_or(false);
+                drop(permit);
+                (i, confirmed.then(|| ((handle, events), t.elapsed())))
+            });
+        }
+        let mut members: Vec<Option<Member>> = (0..n).map(|_| None).collect();
+        let mut times = Vec::with_capacity(n);
+        while let Some(joined) = set.join_next().await {
+            let (i, done) = joined?;
+            if let Some((m, took)) = done {
+                members[i] = Some(m);
+                times.push(took);
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        Ok((members, percentiles(&mut times), secs))
+    }
+}
+
+/// Every registered member resolves another's name once (member `i` the name of member
+/// `(i + n/2 + 1) mod n`, so that with two instances about half the answers cross between
+/// them), at most `concurrency` at once. Returns the answered and failed counts, the median
+/// and p99 time, and the phase's seconds.
+async fn resolve(
+    members: &[Option<Member>],
+    opts: &MembersOptions,
+) -> (usize, usize, (f64, f64), f64) {
+    let n = members.len();
+    let gate = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for (i, m) in members.iter().enumerate() {
+        let Some((handle, _)) = m else { continue };
+        let Ok(permit) = gate.clone().acquire_owned().await else {
+            break;
+        };
+        let handle = handle.clone();
+        let target = member_name((i + n / 2 + 1) % n);
+        set.spawn(async move {
+            let t = Instant::now();
+            let answer = tokio::time::timeout(PATIENCE, handle.resolve(&target.name)).await;
+            drop(permit);
+            let found =
+                matches!(answer, Ok(Ok(Resolution::Found { vip, .. })) if vip == target.vip);
+            found.then(|| t.elapsed())
+        });
+    }
+    let (mut times, mut failed) = (Vec::new(), 0);
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(Some(took)) => times.push(took),
+            _ => failed += 1,
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    (times.len(), failed, percentiles(&mut times), secs)
+}
+
+/// The median and 99th percentile of `times`, ms (zeros for none).
+fn percentiles(times: &mut [Duration]) -> (f64, f64) {
+    if times.is_empty() {
+        return (0.0, 0.0);
+    }
+    times.sort_unstable();
+    let at = |q: usize| times[(times.len() - 1) * q / 100].as_secs_f64() * 1000.0;
+    (at(50), at(99))
+}
