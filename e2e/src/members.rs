@@ -211,7 +211,11 @@ impl MembersBed {
     /// # Errors
     /// The cloud's key is unreadable, or the driver's thread failed.
     pub fn run(&self, opts: &MembersOptions) -> anyhow::Result<MembersFigures> {
-        let key = parse_key(self.cloud.public_key.trim()).context("the cloud's public key")?;
+        let key: PublicKey = self
+            .cloud
+            .public_key
+            .parse()
+            .context("the cloud's public key")?;
         let identities = self.identities(opts.members);
         let database = (self.pg.is_none()).then(|| self.cloud.dir.join("cloud.db"));
         let store = if self.pg.is_some() {
@@ -234,18 +238,6 @@ impl MembersBed {
             rt.block_on(drive.run(identities))
         }))
     }
-}
-
-/// A Noise public key as `cyphonic-cloud keygen` prints it (hex).
-fn parse_key(hex: &str) -> Option<PublicKey> {
-    let mut key = [0u8; 32];
-    if hex.len() != 64 || !hex.is_ascii() {
-        return None;
-    }
-    for (i, b) in key.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(PublicKey(key))
 }
 
 /// The second instance's control address.

@@ -570,9 +570,10 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             let ca = load_ca(&dir)?;
             let (key, public) = match public_key {
                 Some(hex) => {
-                    let mut k = [0u8; 32];
-                    decode_hex(hex.trim(), &mut k).context("--public-key must be 64 hex digits")?;
-                    (None, k)
+                    let k = hex
+                        .parse::<cyphonic_crypto::PublicKey>()
+                        .context("--public-key must be 64 hex digits")?;
+                    (None, k.0)
                 }
                 None => {
                     let kp = StaticKeypair::generate()?;
@@ -713,16 +714,6 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 );
             }
         }
-    }
-    Ok(())
-}
-
-fn decode_hex(s: &str, out: &mut [u8]) -> anyhow::Result<()> {
-    if s.len() != out.len() * 2 {
-        bail!("expected {} hex digits, got {}", out.len() * 2, s.len());
-    }
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)?;
     }
     Ok(())
 }

@@ -24,6 +24,17 @@ impl fmt::Display for PublicKey {
     }
 }
 
+/// 64 hex digits, as `Display` writes them (and `cyphonic-cloud keygen` prints them).
+impl core::str::FromStr for PublicKey {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut key = [0u8; 32];
+        hex::decode_to_slice(s.trim(), &mut key).map_err(|_| KeyError::Hex)?;
+        Ok(Self(key))
+    }
+}
+
 impl fmt::Debug for PublicKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PublicKey({self})")
@@ -45,7 +56,7 @@ impl fmt::Debug for StaticKeypair {
     }
 }
 
-/// A damaged or absent Noise private key.
+/// A damaged or absent Noise key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
@@ -58,6 +69,9 @@ pub enum KeyError {
     /// The system's random number generator failed.
     #[error("random number generator failed")]
     Rng,
+    /// A public key's text is not 64 hex digits.
+    #[error("a Noise public key is 64 hex digits")]
+    Hex,
 }
 
 impl StaticKeypair {
@@ -161,6 +175,23 @@ mod tests {
             StaticKeypair::from_pem(&pem::encode(NOISE_KEY_LABEL, &[1; 31])),
             Err(KeyError::Length(31))
         ));
+    }
+
+    #[test]
+    fn public_keys_parse_as_they_print_and_nothing_else() {
+        let public = StaticKeypair::generate().unwrap().public();
+        assert_eq!(public.to_string().parse::<PublicKey>(), Ok(public));
+        assert_eq!(format!(" {public}\n").parse::<PublicKey>(), Ok(public));
+        let text = public.to_string();
+        for bad in [
+            "",
+            &text[..63],
+            &format!("{text}0"),
+            &format!("{}g", &text[..63]),
+            &"é".repeat(32),
+        ] {
+            assert_eq!(bad.parse::<PublicKey>(), Err(KeyError::Hex), "{bad:?}");
+        }
     }
 
     /// RFC 7748 §6.1: Alice's private key and public key.

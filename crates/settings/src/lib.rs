@@ -524,15 +524,14 @@ impl RawCloud {
     pub fn check(&self, src: &Source<'_>) -> Result<Cloud, ConfigError> {
         let mut public_keys = Vec::new();
         for text in self.public_key.get_ref().items() {
-            let mut key = [0u8; 32];
-            if hex::decode_to_slice(text.trim(), &mut key).is_err() {
+            let Ok(key) = text.parse::<PublicKey>() else {
                 return src.err(
                     &self.public_key.span(),
                     "cloud.public_key",
                     "expected the 64 hex digits `cyphonic-cloud keygen` printed",
                 );
-            }
-            public_keys.push(PublicKey(key));
+            };
+            public_keys.push(key);
         }
         let mut addresses = Vec::new();
         for text in self.address.get_ref().items() {
