@@ -119,6 +119,62 @@ async fn resolved(h: &Handle, name: &str) -> Resolution {
     h.resolve(name).await.unwrap()
 }
 
+/// A client given a source address connects from it (the cloud sees it), and hears the
+/// cloud confirm its registration with the count of names accepted; a source it cannot
+/// connect from (IPv6 towards an IPv4 cloud) is a failed connection, retried, never a
+/// session from another address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_connects_from_its_source_and_hears_its_registration_confirmed() {
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let config = |source: &str| cyphonic_signal::Config {
+        clouds: vec![running.control.to_string()],
+        cloud_keys: vec![cloud.key.public()],
+        agent: "test".into(),
+        tunnel_port: None,
+        source: Some(source.parse().unwrap()),
+    };
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let (h1, mut e1) = cyphonic_signal::spawn(config("127.0.0.2"), gw1);
+    let observed = next(&mut e1, |e| match e {
+        Event::Connected { observed, .. } => Some(observed),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        observed.ip(),
+        "127.0.0.2".parse::<std::net::IpAddr>().unwrap()
+    );
+    h1.register(
+        Vec::new(),
+        vec![
+            rec("gw1.ovl.example", [100, 64, 1, 1]),
+            rec("gw1.ovl.example", [100, 64, 1, 1]),
+            rec("elsewhere.ovl.example", [100, 64, 1, 2]),
+        ],
+    );
+    let accepted = next(&mut e1, |e| match e {
+        Event::Registered { accepted } => Some(accepted),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        accepted, 1,
+        "the duplicate is one name; the other is outside the zone"
+    );
+
+    let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+    let (_h2, mut e2) = cyphonic_signal::spawn(config("::1"), gw2);
+    let reason = next(&mut e2, |e| match e {
+        Event::Connected { observed, .. } => panic!("connected from {observed}"),
+        Event::Disconnected { reason } => Some(reason),
+        _ => None,
+    })
+    .await;
+    assert!(reason.contains("connect"), "{reason}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     let pki = Pki::new();
