@@ -2,7 +2,7 @@
 //! directories, the cloud's host, NAT routers. A leaf of the bed: the two-site bed
 //! (`bed.rs`) and node hosts (`node.rs`) both build on it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -217,6 +217,70 @@ impl CloudHost {
             ready,
         )?);
         Ok(())
+    }
+
+    /// Moves the cloud onto the shared store at `database` (a PostgreSQL URL), its instance
+    /// listening on `first` only, and starts a second instance on `second` (added to the
+    /// cloud's interface with that prefix length): the same key, CA and database, its own
+    /// address, relay ports, status socket and log (in `dir/two`). The first instance is
+    /// (re)started; the second is returned.
+    ///
+    /// # Errors
+    /// The configuration is not of the shape [`CloudHost::new`] writes, or an instance
+    /// does not start.
+    pub fn two_instances(
+        &mut self,
+        bins: &Bins,
+        database: &str,
+        (first, (second, prefix)): (IpAddr, (IpAddr, u8)),
+    ) -> anyhow::Result<Proc> {
+        if self.proc.is_some() {
+            self.stop("TERM")?;
+        }
+        let host = |ip: IpAddr| match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("[{v6}]"),
+        };
+        let path = self.dir.join("cloud.toml");
+        let text = std::fs::read_to_string(&path)?;
+        let one = text
+            .replace(
+                "database = \"sqlite://cloud.db\"",
+                &format!("database = \"{database}\""),
+            )
+            .replace("\"[::]:700", &format!("\"{}:700", host(first)));
+        if one == text {
+            bail!("the cloud's configuration is not of the shape CloudHost::new writes");
+        }
+        std::fs::write(&path, &one)?;
+        let dir2 = self.dir.join("two");
+        std::fs::create_dir_all(&dir2)?;
+        for f in ["cloud.key", "ca.crt"] {
+            std::fs::copy(self.dir.join(f), dir2.join(f))?;
+        }
+        std::fs::write(
+            dir2.join("cloud.toml"),
+            format!(
+                "{}\n[relay]\nports = \"51000-51099\"\n",
+                one.replace(&format!("{}:", host(first)), &format!("{}:", host(second)))
+            ),
+        )?;
+        let address = format!("{second}/{prefix}");
+        if second.is_ipv4() {
+            self.ns.ip(&["addr", "add", &address, "dev", "wan"])?;
+        } else {
+            self.ns
+                .ip(&["-6", "addr", "add", &address, "dev", "wan", "nodad"])?;
+        }
+        self.start(bins)?;
+        let log2 = dir2.join("cloud.log");
+        let config2 = dir2.join("cloud.toml");
+        self.ns.daemon(
+            &bins.cloud,
+            &["serve", "--config", config2.to_str().context("path")?],
+            &log2,
+            || std::fs::read_to_string(&log2).is_ok_and(|t| t.contains("cyphonic-cloud serving")),
+        )
     }
 
     /// Stops it with `signal` and waits.

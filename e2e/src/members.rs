@@ -14,7 +14,7 @@
 //! members' namespace), so that the cloud has the other core. Every load is bounded: each
 //! phase has a deadline, and the bed is removed on drop.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,16 +37,11 @@ pub const MAX_MEMBERS: usize = 65_535;
 /// How long one member's registration or resolution may take before it counts as failed.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// What to run.
+/// How to run the bed's members.
 #[derive(Debug, Clone)]
 pub struct MembersOptions {
-    /// Members.
-    pub members: usize,
     /// Registrations (or resolutions) in progress at once.
     pub concurrency: usize,
-    /// PostgreSQL with two cloud instances (members alternate between them) instead of one
-    /// instance on SQLite.
-    pub postgres: bool,
     /// Seconds with every member connected and nothing asked, for the cloud's idle CPU.
     pub idle_seconds: u64,
 }
@@ -137,12 +132,16 @@ pub struct MembersBed {
     pub second: Option<Proc>,
     /// The CA that issued the members' certificates, which the cloud trusts.
     pub pki: Pki,
+    /// Members (each has its source address on the members' interface).
+    members: usize,
     pg: Option<Postgres>,
     _tmp: TempDir,
 }
 
 impl MembersBed {
-    /// Builds and starts it; `members` source addresses are put on the members' interface.
+    /// Builds and starts it for `members` members (their source addresses are put on the
+    /// members' interface), with two cloud instances on PostgreSQL (members alternate
+    /// between them) or one on SQLite.
     ///
     /// # Errors
     /// A namespace, address, process or the database failing to start.
@@ -161,7 +160,7 @@ impl MembersBed {
         add_addresses(&ns, members, tmp.path())?;
         let (pg, second) = if postgres {
             let pg = Postgres::start_in(Some(&cloud.ns))?;
-            let second = two_instances(&mut cloud, &bins, &pg)?;
+            let second = cloud.two_instances(&bins, &pg.url(), IPV6_INSTANCES)?;
             (Some(pg), Some(second))
         } else {
             cloud.start(&bins)?;
@@ -172,6 +171,7 @@ impl MembersBed {
             cloud,
             second,
             pki,
+            members,
             pg,
             _tmp: tmp,
         })
@@ -181,7 +181,7 @@ impl MembersBed {
     pub fn addresses(&self) -> Vec<String> {
         let mut at = vec![self.cloud.address6.to_string()];
         if self.second.is_some() {
-            at.push(SECOND.to_owned());
+            at.push(SocketAddr::new(IPV6_INSTANCES.1.0, self.cloud.address6.port()).to_string());
         }
         at
     }
@@ -196,9 +196,9 @@ impl MembersBed {
             .collect()
     }
 
-    /// Issues `n` member identities (member `i` is [`member_name`]`(i)`).
-    pub fn identities(&self, n: usize) -> Vec<Arc<Identity>> {
-        (0..n)
+    /// Issues the members' identities (member `i` is [`member_name`]`(i)`).
+    pub fn identities(&self) -> Vec<Arc<Identity>> {
+        (0..self.members)
             .map(|i| {
                 let r = member_name(i);
                 self.pki.identity(&r.name, &format!("{}/32", r.vip), &[])
@@ -216,7 +216,7 @@ impl MembersBed {
             .public_key
             .parse()
             .context("the cloud's public key")?;
-        let identities = self.identities(opts.members);
+        let identities = self.identities();
         let database = (self.pg.is_none()).then(|| self.cloud.dir.join("cloud.db"));
         let store = if self.pg.is_some() {
             "postgresql, 2 instances"
@@ -240,56 +240,15 @@ impl MembersBed {
     }
 }
 
-/// The second instance's control address.
-const SECOND: &str = "[fd00:192:0:2::11]:7000";
-
-/// Moves the cloud onto `pg` with its first instance on fd00:192:0:2::10 and starts a second
-/// on ::11 (the same key, CA and database; its own relay ports and socket); returns the
-/// second.
-fn two_instances(cloud: &mut CloudHost, bins: &Bins, pg: &Postgres) -> anyhow::Result<Proc> {
-    let path = cloud.dir.join("cloud.toml");
-    let text = std::fs::read_to_string(&path)?;
-    let one = text
-        .replace(
-            "database = \"sqlite://cloud.db\"",
-            &format!("database = \"{}\"", pg.url()),
-        )
-        .replace("\"[::]:700", "\"[fd00:192:0:2::10]:700");
-    if one == text {
-        bail!("the cloud's configuration has changed shape");
-    }
-    std::fs::write(&path, &one)?;
-    let dir2 = cloud.dir.join("two");
-    std::fs::create_dir_all(&dir2)?;
-    for f in ["cloud.key", "ca.crt"] {
-        std::fs::copy(cloud.dir.join(f), dir2.join(f))?;
-    }
-    std::fs::write(
-        dir2.join("cloud.toml"),
-        format!(
-            "{}\n[relay]\nports = \"51000-51099\"\n",
-            one.replace("[fd00:192:0:2::10]:", "[fd00:192:0:2::11]:")
-        ),
-    )?;
-    cloud.ns.ip(&[
-        "-6",
-        "addr",
-        "add",
-        "fd00:192:0:2::11/64",
-        "dev",
-        "wan",
-        "nodad",
-    ])?;
-    cloud.start(bins)?;
-    let log2 = dir2.join("cloud.log");
-    let config2 = dir2.join("cloud.toml");
-    cloud.ns.daemon(
-        &bins.cloud,
-        &["serve", "--config", config2.to_str().context("path")?],
-        &log2,
-        || std::fs::read_to_string(&log2).is_ok_and(|t| t.contains("cyphonic-cloud serving")),
-    )
-}
+/// The cloud instances' addresses on PostgreSQL: the first's, and the second's with the
+/// prefix length of its network.
+const IPV6_INSTANCES: (IpAddr, (IpAddr, u8)) = (
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0x192, 0, 2, 0, 0, 0, 0x10)),
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0x192, 0, 2, 0, 0, 0, 0x11)),
+        64,
+    ),
+);
 
 /// Puts member addresses 0..n on the members' interface (`toc`), in one `ip -batch`.
 fn add_addresses(ns: &Netns, n: usize, tmp: &std::path::Path) -> anyhow::Result<()> {

@@ -811,48 +811,14 @@ fn killing_the_cloud_instance_a_client_uses_moves_it_to_the_other() {
     let bins = bed.bins.clone();
     let cloud = bed.cloud.as_mut().unwrap();
     let pg = cyphonic_e2e::postgres::Postgres::start_in(Some(&cloud.ns)).unwrap();
-    cloud.stop("TERM").unwrap();
-    let path = cloud.dir.join("cloud.toml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let one = text
-        .replace(
-            "database = \"sqlite://cloud.db\"",
-            &format!("database = \"{}\"", pg.url()),
-        )
-        .replace("\"[::]:700", "\"192.0.2.10:700");
-    assert_ne!(one, text);
-    std::fs::write(&path, &one).unwrap();
-    // Instance two: the same key, CA and database; its own address, relay ports and socket.
-    let dir2 = cloud.dir.join("two");
-    std::fs::create_dir_all(&dir2).unwrap();
-    for f in ["cloud.key", "ca.crt"] {
-        std::fs::copy(cloud.dir.join(f), dir2.join(f)).unwrap();
-    }
-    std::fs::write(
-        dir2.join("cloud.toml"),
-        format!(
-            "{}\n[relay]\nports = \"51000-51099\"\n",
-            one.replace("192.0.2.10:", "192.0.2.11:")
-        ),
-    )
-    .unwrap();
-    cloud
-        .ns
-        .ip(&["addr", "add", "192.0.2.11/26", "dev", "wan"])
-        .unwrap();
-    cloud.start(&bins).unwrap();
-    let log2 = dir2.join("cloud.log");
     let _two = cloud
-        .ns
-        .daemon(
-            &bins.cloud,
-            &[
-                "serve",
-                "--config",
-                dir2.join("cloud.toml").to_str().unwrap(),
-            ],
-            &log2,
-            || std::fs::read_to_string(&log2).is_ok_and(|t| t.contains("cyphonic-cloud serving")),
+        .two_instances(
+            &bins,
+            &pg.url(),
+            (
+                Ipv4Addr::new(192, 0, 2, 10).into(),
+                (Ipv4Addr::new(192, 0, 2, 11).into(), 26),
+            ),
         )
         .unwrap();
     for side in [Side::A, Side::B] {
@@ -1101,9 +1067,7 @@ fn fifty_members_from_one_process_register_and_resolve() {
     let bed = MembersBed::new(50, false).unwrap();
     let f = bed
         .run(&MembersOptions {
-            members: 50,
             concurrency: 16,
-            postgres: false,
             idle_seconds: 0,
         })
         .unwrap_or_else(|e| {

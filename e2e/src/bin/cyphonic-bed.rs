@@ -858,9 +858,7 @@ fn members_table(
     for &members in counts {
         let bed = MembersBed::new(members, postgres)?;
         let f = bed.run(&MembersOptions {
-            members,
             concurrency,
-            postgres,
             idle_seconds: idle,
         })?;
         let mib = |kib: u64| kib as f64 / 1024.0;
