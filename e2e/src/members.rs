@@ -299,7 +299,7 @@ impl Drive {
         let (t0, c0) = (Instant::now(), ticks(&self.pids));
         tokio::time::sleep(Duration::from_secs(self.opts.idle_seconds)).await;
         #[allow(clippy::cast_precision_loss)]
-        let idle_cpu_percent = (ticks(&self.pids) - c0) as f64
+        let idle_cpu_percent = ticks(&self.pids).saturating_sub(c0) as f64
             / fleet::ticks_per_second()
             / t0.elapsed().as_secs_f64()
             * 100.0;
