@@ -66,6 +66,13 @@ pub fn echo_frame(
     f.extend_from_slice(&dst_mac);
     f.extend_from_slice(&src_mac);
     f.extend_from_slice(&[0x08, 0x00]);
+    f.extend_from_slice(&echo_packet(src, dst, marker));
+    f
+}
+
+/// An IPv4 packet with an ICMP echo request from `src` to `dst` carrying `marker`
+/// (identifier 0x4242, sequence 1).
+pub fn echo_packet(src: Ipv4Addr, dst: Ipv4Addr, marker: &[u8]) -> Vec<u8> {
     let total = u16::try_from(20 + 8 + marker.len()).unwrap_or(u16::MAX);
     let mut ip = vec![0x45, 0, 0, 0, 0x12, 0x34, 0x40, 0, 64, 1, 0, 0];
     ip[2..4].copy_from_slice(&total.to_be_bytes());
@@ -77,9 +84,19 @@ pub fn echo_frame(
     icmp.extend_from_slice(marker);
     let sum = checksum(&icmp);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&icmp);
-    f
+    ip.extend_from_slice(&icmp);
+    ip
+}
+
+/// The marker of an ICMP echo reply in the IPv4 packet `packet` from `from` (the data after
+/// the ICMP header), if it is one.
+pub fn echo_reply_marker(packet: &[u8], from: Ipv4Addr) -> Option<&[u8]> {
+    let ihl = usize::from(packet.first()? & 0x0f) * 4;
+    let is_reply = packet.first()? >> 4 == 4
+        && *packet.get(9)? == 1
+        && packet.get(12..16)? == from.octets()
+        && *packet.get(ihl)? == 0;
+    is_reply.then(|| packet.get(ihl + 8..)).flatten()
 }
 
 /// An Ethernet frame with a UDP datagram (checksum left 0: "none", valid for IPv4), such as

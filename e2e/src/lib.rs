@@ -25,6 +25,7 @@ pub mod members;
 pub mod node;
 pub mod postgres;
 pub mod soak;
+pub mod swarm;
 
 /// What the bed measured, as data (a crate of its own: xtask reads it).
 pub use cyphonic_report as report;

@@ -35,7 +35,7 @@ use crate::{Netns, Proc, fleet, inject};
 /// Members at most (their addresses are `fd00:d:0:<i>::1`, `i` < 65,536).
 pub const MAX_MEMBERS: usize = 65_535;
 /// How long one member's registration or resolution may take before it counts as failed.
-const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// How to run the bed's members.
 #[derive(Debug, Clone)]
@@ -101,22 +101,32 @@ impl MembersFigures {
 }
 
 #[allow(clippy::cast_precision_loss)]
-fn rate(n: usize, per: f64) -> f64 {
+pub(crate) fn rate(n: usize, per: f64) -> f64 {
     if per > 0.0 { n as f64 / per } else { 0.0 }
 }
 
 /// Member `i`'s source address: `fd00:d:0:<i>::1`, a /64 of its own.
 pub fn member_address(i: usize) -> IpAddr {
-    let i = u16::try_from(i).unwrap_or(u16::MAX);
-    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xd, 0, i, 0, 0, 0, 1))
+    numbered_address(0xd, i)
 }
 
 /// Member `i`'s name and vIP: `m<i>.ovl.example` at 100.80.0.0 + `i` (its certificate's
 /// block is that /32).
 pub fn member_name(i: usize) -> NameRecord {
+    numbered_name('m', i)
+}
+
+/// Host `i`'s address in `fd00:<net>::/32`: `fd00:<net>:0:<i>::1`, a /64 of its own.
+pub(crate) fn numbered_address(net: u16, i: usize) -> IpAddr {
+    let i = u16::try_from(i).unwrap_or(u16::MAX);
+    IpAddr::V6(Ipv6Addr::new(0xfd00, net, 0, i, 0, 0, 0, 1))
+}
+
+/// Member `i`'s name and vIP: `<letter><i>.ovl.example` at 100.80.0.0 + `i`.
+pub(crate) fn numbered_name(letter: char, i: usize) -> NameRecord {
     let i = u32::try_from(i).unwrap_or(u32::MAX);
     NameRecord {
-        name: format!("m{i}.ovl.example"),
+        name: format!("{letter}{i}.ovl.example"),
         vip: Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 80, 0, 0)) + i),
     }
 }
@@ -157,7 +167,7 @@ impl MembersBed {
         std::fs::write(ca_dir.join("ca.crt"), pki.ca.certificate().to_pem())?;
         let ns = Netns::new("members")?;
         let mut cloud = CloudHost::new(&ns, &bins, &ca_dir, tmp.path(), "")?;
-        add_addresses(&ns, members, tmp.path())?;
+        add_addresses(&ns, "toc", (0..members).map(member_address), tmp.path())?;
         let (pg, second) = if postgres {
             let pg = Postgres::start_in(Some(&cloud.ns))?;
             let second = cloud.two_instances(&bins, &pg.url(), IPV6_INSTANCES)?;
@@ -250,14 +260,17 @@ const IPV6_INSTANCES: (IpAddr, (IpAddr, u8)) = (
     ),
 );
 
-/// Puts member addresses 0..n on the members' interface (`toc`), in one `ip -batch`.
-fn add_addresses(ns: &Netns, n: usize, tmp: &std::path::Path) -> anyhow::Result<()> {
+/// Puts `addresses` (IPv6) on `ns`'s interface `iface`, in one `ip -batch` (a file in
+/// `tmp`): thousands take a second, not minutes.
+pub(crate) fn add_addresses(
+    ns: &Netns,
+    iface: &str,
+    addresses: impl Iterator<Item = IpAddr>,
+    tmp: &std::path::Path,
+) -> anyhow::Result<()> {
     let mut batch = String::new();
-    for i in 0..n {
-        batch.push_str(&format!(
-            "addr add {}/128 dev toc nodad\n",
-            member_address(i)
-        ));
+    for a in addresses {
+        batch.push_str(&format!("addr add {a}/128 dev {iface} nodad\n"));
     }
     let file = tmp.join("addresses.batch");
     std::fs::write(&file, batch)?;
@@ -276,13 +289,24 @@ struct Drive {
 }
 
 /// A member that registered: its handle and events (kept, or its session ends).
-type Member = (Handle, mpsc::Receiver<Event>);
+pub(crate) type Member = (Handle, mpsc::Receiver<Event>);
 
 impl Drive {
     async fn run(self, identities: Vec<Arc<Identity>>) -> anyhow::Result<MembersFigures> {
         let n = identities.len();
         let rss_before: u64 = self.pids.iter().map(|p| fleet::rss_kib(*p)).sum();
-        let (members, register_ms, register_secs) = self.register(identities).await?;
+        let joining = identities
+            .into_iter()
+            .enumerate()
+            .map(|(i, identity)| Joining {
+                identity,
+                source: member_address(i),
+                tunnel: None,
+                name: member_name(i),
+            })
+            .collect();
+        let (members, register_ms, register_secs) =
+            register(&self.clouds, self.key, joining, self.opts.concurrency).await?;
         let registered = members.iter().filter(|m| m.is_some()).count();
         let rss_after: u64 = self.pids.iter().map(|p| fleet::rss_kib(*p)).sum();
         let database_bytes = self.database.as_ref().map(|db| {
@@ -321,61 +345,84 @@ impl Drive {
             driver_rss_kib,
         })
     }
+}
 
-    /// Starts every member, at most `concurrency` not yet confirmed at once; each registers
-    /// its name. Returns the members (`None`: not confirmed within [`PATIENCE`]), the
-    /// median and p99 time to confirmation, and the whole phase's seconds.
-    async fn register(
-        &self,
-        identities: Vec<Arc<Identity>>,
-    ) -> anyhow::Result<(Vec<Option<Member>>, (f64, f64), f64)> {
-        let n = identities.len();
-        let gate = Arc::new(Semaphore::new(self.opts.concurrency.max(1)));
-        let started = Instant::now();
-        let mut set = JoinSet::new();
-        for (i, identity) in identities.into_iter().enumerate() {
-            let permit = gate.clone().acquire_owned().await?;
-            // Members alternate between the instances: each tries its own first.
-            let mut clouds = self.clouds.clone();
-            let turn = i % clouds.len().max(1);
-            clouds.rotate_left(turn);
-            let config = cyphonic_signal::Config {
-                clouds,
-                cloud_keys: vec![self.key],
-                agent: "cyphonic-bed members".into(),
-                tunnel_port: None,
-                source: Some(member_address(i)),
-            };
-            set.spawn(async move {
-                let t = Instant::now();
-                let (handle, mut events) = cyphonic_signal::spawn(config, identity);
-                handle.register(Vec::new(), vec![member_name(i)]);
-                let confirmed = tokio::time::timeout(PATIENCE, async {
-                    while let Some(e) = events.recv().await {
-                        if let Event::Registered { accepted: 1 } = e {
-                            return true;
-                        }
-                    }
-                    false
-                })
-                .await
-                .unwrap_or(false);
-                drop(permit);
-                (i, confirmed.then(|| ((handle, events), t.elapsed())))
-            });
+/// One member to start: who it is, where it connects from, the tunnel endpoint it
+/// registers (if it has a tunnel socket), and the name it registers.
+pub(crate) struct Joining {
+    pub identity: Arc<Identity>,
+    pub source: IpAddr,
+    pub tunnel: Option<SocketAddr>,
+    pub name: NameRecord,
+}
+
+/// Starts every member against `clouds`, at most `concurrency` not yet confirmed at once
+/// (see [`join`]). Returns the members (`None`: not confirmed within [`PATIENCE`]), the
+/// median and p99 time to confirmation, and the whole phase's seconds.
+async fn register(
+    clouds: &[String],
+    key: PublicKey,
+    joining: Vec<Joining>,
+    concurrency: usize,
+) -> anyhow::Result<(Vec<Option<Member>>, (f64, f64), f64)> {
+    let n = joining.len();
+    let gate = Arc::new(Semaphore::new(concurrency.max(1)));
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for (i, member) in joining.into_iter().enumerate() {
+        let permit = gate.clone().acquire_owned().await?;
+        let clouds = clouds.to_vec();
+        set.spawn(async move {
+            let t = Instant::now();
+            let joined = join(clouds, i, key, member).await;
+            drop(permit);
+            (i, joined.map(|m| (m, t.elapsed())))
+        });
+    }
+    let mut members: Vec<Option<Member>> = (0..n).map(|_| None).collect();
+    let mut times = Vec::with_capacity(n);
+    while let Some(joined) = set.join_next().await {
+        let (i, done) = joined?;
+        if let Some((m, took)) = done {
+            members[i] = Some(m);
+            times.push(took);
         }
-        let mut members: Vec<Option<Member>> = (0..n).map(|_| None).collect();
-        let mut times = Vec::with_capacity(n);
-        while let Some(joined) = set.join_next().await {
-            let (i, done) = joined?;
-            if let Some((m, took)) = done {
-                members[i] = Some(m);
-                times.push(took);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    Ok((members, percentiles(&mut times), secs))
+}
+
+/// Starts member number `i` (a signal client) against `clouds`, trying them in turn from
+/// its own position in the list (members alternate between instances); it registers its
+/// endpoint and name. Returns it once the cloud confirmed, or `None` after [`PATIENCE`].
+pub(crate) async fn join(
+    mut clouds: Vec<String>,
+    i: usize,
+    key: PublicKey,
+    member: Joining,
+) -> Option<Member> {
+    let turn = i % clouds.len().max(1);
+    clouds.rotate_left(turn);
+    let config = cyphonic_signal::Config {
+        clouds,
+        cloud_keys: vec![key],
+        agent: "cyphonic-bed members".into(),
+        tunnel_port: member.tunnel.map(|t| t.port()),
+        source: Some(member.source),
+    };
+    let (handle, mut events) = cyphonic_signal::spawn(config, member.identity);
+    handle.register(member.tunnel.into_iter().collect(), vec![member.name]);
+    let confirmed = tokio::time::timeout(PATIENCE, async {
+        while let Some(e) = events.recv().await {
+            if let Event::Registered { accepted: 1 } = e {
+                return true;
             }
         }
-        let secs = started.elapsed().as_secs_f64();
-        Ok((members, percentiles(&mut times), secs))
-    }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    confirmed.then_some((handle, events))
 }
 
 /// Every registered member resolves another's name once (member `i` the name of member
@@ -418,7 +465,7 @@ async fn resolve(
 }
 
 /// The median and 99th percentile of `times`, ms (zeros for none).
-fn percentiles(times: &mut [Duration]) -> (f64, f64) {
+pub(crate) fn percentiles(times: &mut [Duration]) -> (f64, f64) {
     if times.is_empty() {
         return (0.0, 0.0);
     }

@@ -1080,3 +1080,40 @@ fn fifty_members_from_one_process_register_and_resolve() {
     assert_eq!((f.resolved, f.resolve_failed), (50, 0), "{f:?}");
     assert!(f.cloud_rss_kib.1 > 0, "{f:?}");
 }
+
+/// The swarm (`cyphonic-bed swarm`) against the real adapter and cloud: 30 peers from one
+/// process, each with its own certificate, IPv6 address, control session and tunnel
+/// socket, all join the adapter through the cloud, every ping through the adapter to the
+/// host behind it comes back, and every peer handshakes again when all are asked at once.
+#[test]
+fn thirty_peers_from_one_process_join_the_adapter_and_ping_through_it() {
+    use cyphonic_e2e::bed::Side;
+    use cyphonic_e2e::swarm::{SwarmBed, SwarmOptions, peer_name};
+    let bed = SwarmBed::new(30).unwrap();
+    let f = bed
+        .run(&SwarmOptions {
+            concurrency: 8,
+            pings: 60,
+            idle_seconds: 0,
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.bed.logs()));
+    let logs = || bed.bed.logs();
+    assert_eq!((f.registered, f.up), (30, 30), "{f:?}\n{}", logs());
+    assert_eq!(f.pings, (60, 0), "{f:?}\n{}", logs());
+    assert_eq!(f.rekeyed, 30, "{f:?}\n{}", logs());
+    // The adapter holds each peer once, by its certificate's name, and counted every
+    // session: 30 joins and 30 rekeys at least.
+    let status = bed.bed.status(Side::A).unwrap();
+    let mut names: Vec<String> = status["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = (0..30).map(|i| peer_name(i).name).collect();
+    want.sort();
+    assert_eq!(names, want, "{status}");
+    assert!(f.handshakes[1] >= 60, "{f:?}");
+    assert!(f.adapter_rss_kib.1 > 0, "{f:?}");
+}

@@ -168,6 +168,25 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         idle: u64,
     },
+    /// Many peers speaking the tunnel protocol against one adapter (issue 24, item 4): for
+    /// each count, a fresh bed (its cloud, adapter A dual-stack) and that many peers from
+    /// this process, each with its own certificate, IPv6 address, control session and
+    /// tunnel socket: pairings with the adapter, pings through it to the host behind it,
+    /// then the adapter idle with every peer up. Prints a Markdown table.
+    Swarm {
+        /// Peer counts, comma-separated (at most 16,000).
+        #[arg(long, value_delimiter = ',', default_value = "1,100,1000,10000")]
+        counts: Vec<usize>,
+        /// Registrations (pairings) in progress at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Pings through the adapter, one at a time, spread over the peers.
+        #[arg(long, default_value_t = 1000)]
+        pings: usize,
+        /// Seconds of idleness measured with every peer up.
+        #[arg(long, default_value_t = 10)]
+        idle: u64,
+    },
     /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
     /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
     /// prints one line.
@@ -326,6 +345,12 @@ fn main() -> ExitCode {
             postgres,
             idle,
         } => members_table(&counts, concurrency, postgres, idle),
+        Command::Swarm {
+            counts,
+            concurrency,
+            pings,
+            idle,
+        } => swarm_table(&counts, concurrency, pings, idle),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -882,6 +907,60 @@ fn members_table(
             mib(f.cloud_rss_kib.0),
             mib(f.cloud_rss_kib.1),
             f.cloud_kib_per_member(),
+            f.idle_cpu_percent,
+            mib(f.driver_rss_kib),
+        );
+    }
+    Ok(())
+}
+
+/// `cyphonic-bed swarm`: see [`Command::Swarm`].
+fn swarm_table(
+    counts: &[usize],
+    concurrency: usize,
+    pings: usize,
+    idle: u64,
+) -> anyhow::Result<()> {
+    use cyphonic_e2e::swarm::{SwarmBed, SwarmOptions};
+    println!(
+        "| peers | registered | up | joined/s | resolve to keys p50 / p99, ms | storm: rekeyed | storm: handshakes/s | storm: ask to keys p50 / p99, ms | pings answered (lost) | RTT mean / p50 / p99, ms | adapter RSS before / after, MiB | adapter bytes per peer | adapter CPU idle, % of a core | adapter: inits, sessions, refused, cookies, queue drops | driver RSS, MiB |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+    for &peers in counts {
+        let bed = SwarmBed::new(peers)?;
+        let f = bed.run(&SwarmOptions {
+            concurrency,
+            pings,
+            idle_seconds: idle,
+        })?;
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let [inits, sessions, refused, cookies, queue] = f.handshakes;
+        if !f.refusal_reasons.is_empty() {
+            eprintln!(
+                "{peers} peers: the adapter refused handshakes for {}",
+                f.refusal_reasons.join(", ")
+            );
+        }
+        println!(
+            "| {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.0} | {:.1} / {:.1} | {} ({}) | {:.3} / {:.3} / {:.3} | {:.1} / {:.1} | {:.0} | {:.1} | {inits}, {sessions}, {refused}, {cookies}, {queue} | {:.1} |",
+            f.peers,
+            f.registered,
+            f.up,
+            f.joins_per_second(),
+            f.join_ms.0,
+            f.join_ms.1,
+            f.rekeyed,
+            f.handshakes_per_second(),
+            f.storm_ms.0,
+            f.storm_ms.1,
+            f.pings.0,
+            f.pings.1,
+            f.rtt_ms.0,
+            f.rtt_ms.1,
+            f.rtt_ms.2,
+            mib(f.adapter_rss_kib.0),
+            mib(f.adapter_rss_kib.1),
+            f.adapter_bytes_per_peer(),
             f.idle_cpu_percent,
             mib(f.driver_rss_kib),
         );
