@@ -309,27 +309,29 @@ impl Control {
             }
         }
         let mut replaced = None;
-        for slot in self.shared.peers.all() {
+        // Under the table's read lock, without a copy of it: this runs for every peer the
+        // cloud adds, and there may be thousands.
+        let refusal = self.shared.peers.find_map(|slot| {
             if slot.name == body.name {
                 if slot.origin != "cloud" {
-                    return Err(Refusal::StaticName);
+                    return Some(Refusal::StaticName);
                 }
                 if slot.certificate.body().not_before > body.not_before {
-                    return Err(Refusal::Older);
+                    return Some(Refusal::Older);
                 }
-                replaced = Some(slot);
-                continue;
+                replaced = Some(slot.clone());
+                return None;
             }
-            if let Some(block) = body
-                .vip_blocks
+            body.vip_blocks
                 .iter()
                 .find(|b| slot.blocks.iter().any(|o| overlap(o, b)))
-            {
-                return Err(Refusal::Overlap {
+                .map(|block| Refusal::Overlap {
                     block: *block,
                     with: slot.name.clone(),
-                });
-            }
+                })
+        });
+        if let Some(why) = refusal {
+            return Err(why);
         }
         if replaced.is_none() && self.shared.peers.len() >= MAX_PEERS {
             return Err(Refusal::TableFull);

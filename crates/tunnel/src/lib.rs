@@ -39,6 +39,7 @@ pub mod limit;
 pub mod peers;
 pub mod policy;
 pub mod pool;
+pub mod routes;
 pub mod socket;
 pub mod testing;
 

@@ -10,7 +10,9 @@ use std::time::Instant;
 use cyphonic_control::RelayReason;
 use cyphonic_crypto::{Certificate, PublicKey};
 use cyphonic_session::{Indices, Peer};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
+
+use crate::routes::Routes;
 
 /// One peer, shared by the data threads and the control thread.
 ///
@@ -150,7 +152,7 @@ impl Default for PeerTable {
 struct Inner {
     slots: BTreeMap<u32, Arc<PeerSlot>>,
     /// IPv4 routes, most specific first.
-    routes: Vec<(Ipv4Net, u32)>,
+    routes: Routes,
     by_key: HashMap<PublicKey, u32>,
     /// The last id handed out.
     last_id: u32,
@@ -193,11 +195,9 @@ impl PeerTable {
         let slot = make(id, self.indices.clone());
         for b in &slot.blocks {
             if let IpNet::V4(v4) = b {
-                t.routes.push((*v4, id));
+                t.routes.insert(*v4, id);
             }
         }
-        t.routes
-            .sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
         t.by_key.insert(key, id);
         t.slots.insert(id, slot.clone());
         slot
@@ -209,8 +209,15 @@ impl PeerTable {
     pub fn remove(&self, id: u32) -> Option<Arc<PeerSlot>> {
         let mut t = self.write();
         let slot = t.slots.remove(&id)?;
-        t.routes.retain(|(_, i)| *i != id);
-        t.by_key.retain(|_, i| *i != id);
+        for b in &slot.blocks {
+            if let IpNet::V4(v4) = b {
+                t.routes.remove(*v4, id);
+            }
+        }
+        let key = PublicKey(slot.certificate.body().public_key);
+        if t.by_key.get(&key) == Some(&id) {
+            t.by_key.remove(&key);
+        }
         Some(slot)
     }
 
@@ -218,9 +225,8 @@ impl PeerTable {
     pub fn route(&self, dst: Ipv4Addr) -> Option<Arc<PeerSlot>> {
         let t = self.read();
         t.routes
-            .iter()
-            .find(|(net, _)| net.contains(&dst))
-            .and_then(|(_, id)| t.slots.get(id).cloned())
+            .lookup(dst)
+            .and_then(|id| t.slots.get(&id).cloned())
     }
 
     /// The peer owning the live session index `index` (one hash lookup: an index nobody
@@ -238,6 +244,13 @@ impl PeerTable {
     pub fn by_key(&self, key: &PublicKey) -> Option<Arc<PeerSlot>> {
         let t = self.read();
         t.by_key.get(key).and_then(|id| t.slots.get(id).cloned())
+    }
+
+    /// The first answer of `f` over the peers, by id, without copying the table: `f` runs
+    /// under its read lock, so it must not add or remove peers (and a peer's own locks are
+    /// best left alone).
+    pub fn find_map<T>(&self, f: impl FnMut(&Arc<PeerSlot>) -> Option<T>) -> Option<T> {
+        self.read().slots.values().find_map(f)
     }
 
     /// Every peer, by id.
