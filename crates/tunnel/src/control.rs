@@ -23,6 +23,7 @@ use crate::counters::bump;
 use crate::egress::Intake;
 use crate::peers::{PeerSlot, Relay};
 use crate::socket::TunnelSocket;
+use crate::timers::Timers;
 use crate::{Shared, ToControl};
 
 /// The peers' addresses, for kicks, are looked up again at most this often.
@@ -38,6 +39,10 @@ pub const PUNCH_LEAD: Duration = Duration::from_millis(100);
 /// Peers' certificates are compared with the clock, and cloud peers' activity looked at,
 /// this often.
 const PEER_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Every peer's timers are looked at this often (between, only the peers due and those the
+/// data threads name): what other threads changed without waking us is seen this late at
+/// most, and relay binds are sent again on this beat.
+pub const TIMER_SCAN_EVERY: Duration = Duration::from_secs(1);
 /// Cloud peers evicted for idleness that are remembered, to wake on traffic, at most.
 pub const MAX_DORMANT: usize = 1024;
 /// A dormant peer is asked for again at most this often.
@@ -150,6 +155,10 @@ pub struct Control {
     activity: HashMap<u32, (u64, Instant)>,
     /// Cloud peers evicted for idleness, oldest first: traffic for their blocks wakes them.
     dormant: VecDeque<Dormant>,
+    /// The peers' next deadlines, set whenever this core has touched a peer.
+    timers: Timers,
+    /// When every peer's timers were last looked at.
+    scanned: Option<Instant>,
 }
 
 /// A cloud peer evicted for idleness.
@@ -217,6 +226,8 @@ impl Control {
             idle_timeout: None,
             activity: HashMap::new(),
             dormant: VecDeque::new(),
+            timers: Timers::default(),
+            scanned: None,
         }
     }
 
@@ -443,14 +454,13 @@ impl Control {
         &self.shared
     }
 
-    /// The next moment a peer's timer is due.
+    /// The next moment a peer's timer is due (or every peer is to be looked at).
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.shared
-            .peers
-            .all()
-            .iter()
-            .filter_map(|s| s.lock().poll_timeout())
-            .min()
+        let scan = self.scanned.map(|t| t + TIMER_SCAN_EVERY);
+        match (self.timers.first(), scan) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The next thing that happened, for the driver.
@@ -458,11 +468,30 @@ impl Control {
         self.events.pop_front()
     }
 
-    /// Runs the peers' timers due at `now`, binds to relay channels again when due, and
-    /// removes peers whose certificates expired.
+    /// Runs the peers' timers due at `now` and acts on what the peers the data threads woke
+    /// us for have to say; every [`TIMER_SCAN_EVERY`], looks at every peer instead, binds to
+    /// relay channels again when due, and removes peers whose certificates expired. The
+    /// work between scans is the peers due, not all of them.
     pub fn run_timers(&mut self, now: Instant) {
         self.check_peers(now);
-        for slot in &self.shared.peers.all() {
+        let (woken, overflow) = self.shared.take_woken();
+        let full = overflow
+            || self
+                .scanned
+                .is_none_or(|t| now.saturating_duration_since(t) >= TIMER_SCAN_EVERY);
+        let slots: Vec<Arc<PeerSlot>> = if full {
+            self.scanned = Some(now);
+            self.shared.peers.all()
+        } else {
+            let mut ids = woken;
+            ids.extend(self.timers.take_due(now));
+            ids.sort_unstable();
+            ids.dedup();
+            ids.into_iter()
+                .filter_map(|id| self.shared.peers.by_id(id))
+                .collect()
+        };
+        for slot in &slots {
             {
                 let mut peer = slot.lock();
                 if peer.poll_timeout().is_some_and(|t| t <= now) {
@@ -470,12 +499,24 @@ impl Control {
                 }
             }
             self.drain(slot);
-            if let Some(r) = slot.route().relay.as_mut()
+            if full
+                && let Some(r) = slot.route().relay.as_mut()
                 && r.bound_at
                     .is_none_or(|t| now.saturating_duration_since(t) >= RELAY_BIND_EVERY)
             {
                 r.bound_at = Some(now);
                 bind(&*self.socket, r);
+            }
+        }
+        if full {
+            // Peers that left keep no deadline.
+            let gone: Vec<u32> = self
+                .timers
+                .ids()
+                .filter(|id| self.shared.peers.by_id(*id).is_none())
+                .collect();
+            for id in gone {
+                self.timers.set(id, None);
             }
         }
     }
@@ -644,6 +685,7 @@ impl Control {
     pub fn drain(&mut self, slot: &Arc<PeerSlot>) {
         let (transmits, events): (Vec<_>, Vec<_>) = {
             let mut peer = slot.lock();
+            self.timers.set(slot.id, peer.poll_timeout());
             (
                 std::iter::from_fn(|| peer.poll_transmit()).collect(),
                 std::iter::from_fn(|| peer.poll_event()).collect(),

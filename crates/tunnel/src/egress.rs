@@ -98,7 +98,7 @@ impl Stage for SealStage {
         let due = peer.poll_timeout().is_some_and(|t| t <= item.now);
         drop(peer);
         if due {
-            self.shared.wake_control();
+            self.shared.wake_control_for(item.peer.id);
         }
         match result {
             Ok(session) => {

@@ -236,7 +236,7 @@ impl Handshakes {
         };
         crate::control::send_transmits(&self.shared, &*self.socket, slot, transmits);
         if events {
-            self.shared.wake_control();
+            self.shared.wake_control_for(slot.id);
         }
     }
 }

@@ -110,7 +110,7 @@ impl Incoming {
         if confirmed {
             // Keys confirmed (or the peer moved): the control thread acts on it now, not at
             // its next wake-up: packets and DNS answers may be waiting for these keys.
-            shared.wake_control();
+            shared.wake_control_for(self.peer.id);
         }
         if !self.is_data {
             bump(&shared.counters.keepalives_received);

@@ -42,6 +42,7 @@ pub mod pool;
 pub mod routes;
 pub mod socket;
 pub mod testing;
+pub mod timers;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -108,6 +109,17 @@ pub struct Local {
     pub aead: Backend,
 }
 
+/// Peers a data thread woke the control thread for that it holds at most until the control
+/// thread takes them; past this, the control thread looks at every peer.
+pub const MAX_WOKEN: usize = 4096;
+
+/// See [`Shared::wake_control_for`].
+#[derive(Debug, Default)]
+struct Woken {
+    ids: Vec<u32>,
+    overflow: bool,
+}
+
 /// State every thread shares.
 #[derive(Debug)]
 pub struct Shared {
@@ -132,6 +144,8 @@ pub struct Shared {
     pub control: tokio::sync::mpsc::Sender<ToControl>,
     /// Wakes the control thread when a peer's timers changed on a data thread.
     pub notify: tokio::sync::Notify,
+    /// The peers the data threads woke the control thread for ([`Shared::wake_control_for`]).
+    woken: Mutex<Woken>,
     /// Bounds the [`ToControl::Kick`]s frames on unknown keys may send.
     pub kick_gate: RateTable,
     /// Bounds the [`ToControl::NoRoute`]s packets without a peer may send (per destination).
@@ -168,6 +182,7 @@ impl Shared {
                 running: AtomicBool::new(true),
                 control,
                 notify: tokio::sync::Notify::new(),
+                woken: Mutex::new(Woken::default()),
                 kick_gate: ingress::kick_gate(),
                 wake_gate: RateTable::new(1024, 1, 1),
                 dormant: std::sync::atomic::AtomicUsize::new(0),
@@ -235,6 +250,29 @@ impl Shared {
     /// Wakes the control thread (never blocks).
     pub fn wake_control(&self) {
         self.notify.notify_one();
+    }
+
+    /// Wakes the control thread for peer `id`, whose timers are due or whose state machine
+    /// has news (keys, a new address): the control core runs that peer at once, and need
+    /// not look at every other ([`Control::run_timers`]). Never blocks for long: a short
+    /// lock, and past [`MAX_WOKEN`] peers the core is told to look at all of them instead.
+    pub fn wake_control_for(&self, id: u32) {
+        {
+            let mut w = self.woken.lock().unwrap_or_else(PoisonError::into_inner);
+            if w.ids.len() < MAX_WOKEN {
+                w.ids.push(id);
+            } else {
+                w.overflow = true;
+            }
+        }
+        self.notify.notify_one();
+    }
+
+    /// The peers woken for since the last call, and whether more were than the list holds.
+    pub(crate) fn take_woken(&self) -> (Vec<u32>, bool) {
+        let mut w = self.woken.lock().unwrap_or_else(PoisonError::into_inner);
+        let overflow = std::mem::take(&mut w.overflow);
+        (std::mem::take(&mut w.ids), overflow)
     }
 
     /// Whether the data threads should keep running.
