@@ -33,6 +33,10 @@ const DIRECT_PATIENCE: Duration = Duration::from_secs(2);
 /// rebinding, a firewall's state lost). Two attempts (at 0 and 1 s) go unanswered first, so
 /// that one lost packet on a working path does not move it.
 const ESTABLISHED_PATIENCE: Duration = Duration::from_secs(3);
+/// The cloud peers' paths are looked at this often (a walk over every peer: at 10,000 on
+/// every wake-up of the control loop it cost the adapter a good part of a core; the
+/// patience above is seconds).
+const KEEP_ROUTES_EVERY: Duration = Duration::from_millis(250);
 /// At most one relay request per peer per this interval.
 const RELAY_ASK_EVERY: Duration = Duration::from_secs(10);
 /// At most one question to the cloud about a node we do not know, per node, per this
@@ -220,6 +224,8 @@ pub struct CloudLink {
     registered: Option<u64>,
     awaiting: Awaiting,
     admissions: HashMap<String, Instant>,
+    /// When the cloud peers' paths were last looked at ([`CloudLink::keep_routes`]).
+    routes_kept: Option<Instant>,
     ttl: u32,
     status: Arc<Mutex<CloudStatus>>,
     certificate_file: std::path::PathBuf,
@@ -273,6 +279,7 @@ impl CloudLink {
             registered: None,
             awaiting: Awaiting::default(),
             admissions: HashMap::new(),
+            routes_kept: None,
             ttl: settings.dns_ttl,
             status: Arc::new(Mutex::new(CloudStatus {
                 address: settings.addresses.join(" "),
@@ -703,8 +710,16 @@ impl CloudLink {
 
     /// Keeps the cloud peers' paths working: asks the cloud for a relay for each whose
     /// initiations have gone unanswered for [`DIRECT_PATIENCE`], or [`ESTABLISHED_PATIENCE`]
-    /// while it still has keys (at most once per [`RELAY_ASK_EVERY`]).
+    /// while it still has keys (at most once per [`RELAY_ASK_EVERY`]). Looks every
+    /// [`KEEP_ROUTES_EVERY`].
     pub fn keep_routes(&mut self, shared: &Shared, now: Instant) {
+        if self
+            .routes_kept
+            .is_some_and(|t| now.saturating_duration_since(t) < KEEP_ROUTES_EVERY)
+        {
+            return;
+        }
+        self.routes_kept = Some(now);
         for slot in shared.peers.all() {
             if slot.origin != "cloud" {
                 continue;
