@@ -36,8 +36,12 @@ const HANDSHAKE_TIME: Duration = Duration::from_secs(5);
 const MAX_ENDPOINTS: usize = 16;
 /// Names one client may register.
 const MAX_NAMES: usize = 1024;
-/// Messages waiting to be pushed to one client.
-const PUSH_QUEUE: usize = 64;
+/// Messages waiting to be pushed to one client. An adapter is told to expect each node that
+/// resolves one of its names: 64 nodes resolving at once filled a queue of 64 while the
+/// adapter took each (a handshake to start), and the `expect`s past it were lost, each
+/// peer then joining seconds later through its own retries and the adapter's `admit`s
+/// (issue 24, the swarm). Slots are allocated as they fill, not up front.
+const PUSH_QUEUE: usize = 1024;
 /// Relay channels one client may hold at once.
 const MAX_CHANNELS_PER_CLIENT: usize = 64;
 /// Fingerprints in one `revoked` message (65 bytes of JSON each: a message stays far below a
@@ -78,6 +82,8 @@ cyphonic_telemetry::counters! {
         endpoint_writes,
         /// Pairs sent through the relay.
         relayed_pairs,
+        /// Messages for a client dropped because its push queue was full (it reads too slowly, or is swamped).
+        pushes_dropped,
         /// Relay channels asked for by clients whose direct handshakes found no path.
         relay_requests,
         /// Relay requests refused (no relay, unknown peer, policy, limits).
@@ -1417,7 +1423,8 @@ impl Nms {
             return false;
         };
         if c.tx.try_send(msg).is_err() {
-            tracing::warn!("push queue full: a message to a client was dropped");
+            bump(&self.stats.pushes_dropped);
+            tracing::warn!(to = %c.name, "push queue full: a message to a client was dropped");
         }
         true
     }
