@@ -32,13 +32,14 @@ use cyphonic_crypto::{
 use cyphonic_session::{
     Clock, Event as PeerEvent, Identity, Indices, Peer, PeerConfig, Received, Timing, read_init,
 };
+use cyphonic_vip::Lease;
 use cyphonic_wire::{Frame, MessageType};
 use ipnet::{IpNet, Ipv4Net};
 use tokio::net::UdpSocket;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::bed::{BedOptions, CloudOptions, SiteOptions, TwoSites};
+use crate::bed::{BedOptions, CloudOptions, Side, SiteOptions, TwoSites};
 use crate::hosts::TempDir;
 use crate::members::{self, Joining, PATIENCE, percentiles};
 use crate::{Netns, fleet, inject, sh, veth};
@@ -95,6 +96,9 @@ pub struct SwarmFigures {
     /// established, handshake messages refused, cookie replies sent (it was under load),
     /// handshake messages dropped at a full queue.
     pub handshakes: [u64; 5],
+    /// Devices with a lease at adapter A at the end (its status; the reserved LAN host
+    /// included).
+    pub leases: usize,
     /// Why the adapter refused handshake messages, as its log says (it logs one refusal a
     /// second): each reason once.
     pub refusal_reasons: Vec<String>,
@@ -152,15 +156,15 @@ pub struct SwarmBed {
 
 impl SwarmBed {
     /// Builds and starts it for `peers` peers (their addresses are put on the swarm's
-    /// interface).
+    /// interface), adapter A starting with `leases` devices' leases in its lease file.
     ///
     /// # Errors
     /// A namespace, address, process or certificate failing.
-    pub fn new(peers: usize) -> anyhow::Result<Self> {
+    pub fn new(peers: usize, leases: usize) -> anyhow::Result<Self> {
         if peers > MAX_PEERS {
             bail!("at most {MAX_PEERS} peers");
         }
-        let bed = TwoSites::up(&BedOptions {
+        let mut bed = TwoSites::new(&BedOptions {
             a: SiteOptions {
                 dual_stack: true,
                 ..SiteOptions::default()
@@ -168,6 +172,9 @@ impl SwarmBed {
             cloud: Some(CloudOptions::default()),
             ..BedOptions::default()
         })?;
+        write_leases(&bed.a.lease_file(), leases)?;
+        bed.start(Side::A)?;
+        bed.start(Side::B)?;
         let tmp = TempDir::new("cy-swarm-")?;
         let ns = Netns::new("swarm")?;
         veth(&ns, "wan", &bed.wan, "tosw")?;
@@ -231,7 +238,7 @@ impl SwarmBed {
             rt.block_on(drive.run(identities))
         }))?;
         figures.adapter_rss_kib.0 = before;
-        let status = self.bed.status(crate::bed::Side::A)?;
+        let status = self.bed.status(Side::A)?;
         let counter = |name: &str| {
             status
                 .pointer(&format!("/counters/{name}"))
@@ -246,6 +253,7 @@ impl SwarmBed {
             "drop_handshake_queue",
         ]
         .map(counter);
+        figures.leases = status["leases"].as_array().map_or(0, Vec::len);
         let log = self.bed.a.log_text();
         let mut reasons: Vec<String> = log
             .lines()
@@ -290,6 +298,43 @@ impl SwarmBed {
             Identity::new(key, cert, trust, now).map_err(|e| anyhow::anyhow!("peer {i}: {e}"))?,
         ))
     }
+}
+
+/// Devices adapter A's LAN may hold leases for here: its /24 less the network, broadcast,
+/// gateway (.1) and LAN host (.10) addresses.
+pub const MAX_LEASES: usize = 250;
+
+/// Writes a lease file (the one the adapter keeps, and reads when it starts) with `n` active
+/// leases, a day long, for devices `dev<i>` at 100.64.1.2 upwards (past the LAN host's .10):
+/// what `n` devices that got their addresses by DHCP before a restart leave in it.
+fn write_leases(file: &std::path::Path, n: usize) -> anyhow::Result<()> {
+    if n > MAX_LEASES {
+        bail!("at most {MAX_LEASES} leases");
+    }
+    let expires = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+        + 86_400;
+    let leases: Vec<Lease> = (0..n)
+        .map(|i| {
+            let host = u8::try_from(if i < 8 { i + 2 } else { i + 3 }).unwrap_or(u8::MAX);
+            let [hi, lo] = u16::try_from(i).unwrap_or(u16::MAX).to_be_bytes();
+            Lease {
+                mac: [0x02, 0xde, 0x71, 0xce, hi, lo],
+                ip: Ipv4Addr::new(100, 64, 1, host),
+                hostname: Some(format!("dev{i}")),
+                client_id: None,
+                expires,
+                active: true,
+            }
+        })
+        .collect();
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(file, cyphonic_vip::file::encode(&leases, 0)?)?;
+    Ok(())
 }
 
 /// Raises this process's soft limit on open descriptors to its hard limit, which must be
@@ -498,6 +543,7 @@ impl Drive {
             adapter_rss_kib: (0, after),
             idle_cpu_percent,
             handshakes: [0; 5],
+            leases: 0,
             refusal_reasons: Vec::new(),
             driver_rss_kib,
         })

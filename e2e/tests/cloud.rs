@@ -1085,11 +1085,12 @@ fn fifty_members_from_one_process_register_and_resolve() {
 /// process, each with its own certificate, IPv6 address, control session and tunnel
 /// socket, all join the adapter through the cloud, every ping through the adapter to the
 /// host behind it comes back, and every peer handshakes again when all are asked at once.
+/// The adapter started with 20 devices' leases in its lease file, and holds them.
 #[test]
 fn thirty_peers_from_one_process_join_the_adapter_and_ping_through_it() {
     use cyphonic_e2e::bed::Side;
     use cyphonic_e2e::swarm::{SwarmBed, SwarmOptions, peer_name};
-    let bed = SwarmBed::new(30).unwrap();
+    let bed = SwarmBed::new(30, 20).unwrap();
     let f = bed
         .run(&SwarmOptions {
             concurrency: 8,
@@ -1116,4 +1117,6 @@ fn thirty_peers_from_one_process_join_the_adapter_and_ping_through_it() {
     assert_eq!(names, want, "{status}");
     assert!(f.handshakes[1] >= 60, "{f:?}");
     assert!(f.adapter_rss_kib.1 > 0, "{f:?}");
+    // The lease file it started with: 20 devices, and the reserved LAN host.
+    assert_eq!(f.leases, 21, "{status}");
 }

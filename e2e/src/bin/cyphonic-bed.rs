@@ -186,6 +186,9 @@ enum Command {
         /// Seconds of idleness measured with every peer up.
         #[arg(long, default_value_t = 10)]
         idle: u64,
+        /// Adapter A starts with this many devices' leases in its lease file (at most 250).
+        #[arg(long, default_value_t = 0)]
+        leases: usize,
     },
     /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
     /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
@@ -350,7 +353,8 @@ fn main() -> ExitCode {
             concurrency,
             pings,
             idle,
-        } => swarm_table(&counts, concurrency, pings, idle),
+            leases,
+        } => swarm_table(&counts, concurrency, pings, idle, leases),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -920,14 +924,15 @@ fn swarm_table(
     concurrency: usize,
     pings: usize,
     idle: u64,
+    leases: usize,
 ) -> anyhow::Result<()> {
     use cyphonic_e2e::swarm::{SwarmBed, SwarmOptions};
     println!(
-        "| peers | registered | up | joined/s | resolve to keys p50 / p99, ms | storm: rekeyed | storm: handshakes/s | storm: ask to keys p50 / p99, ms | pings answered (lost) | RTT mean / p50 / p99, ms | adapter RSS before / after, MiB | adapter bytes per peer | adapter CPU idle, % of a core | adapter: inits, sessions, refused, cookies, queue drops | driver RSS, MiB |"
+        "| peers | leases | registered | up | joined/s | resolve to keys p50 / p99, ms | storm: rekeyed | storm: handshakes/s | storm: ask to keys p50 / p99, ms | pings answered (lost) | RTT mean / p50 / p99, ms | adapter RSS before / after, MiB | adapter bytes per peer | adapter CPU idle, % of a core | adapter: inits, sessions, refused, cookies, queue drops | driver RSS, MiB |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for &peers in counts {
-        let bed = SwarmBed::new(peers)?;
+        let bed = SwarmBed::new(peers, leases)?;
         let f = bed.run(&SwarmOptions {
             concurrency,
             pings,
@@ -942,8 +947,9 @@ fn swarm_table(
             );
         }
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.0} | {:.1} / {:.1} | {} ({}) | {:.3} / {:.3} / {:.3} | {:.1} / {:.1} | {:.0} | {:.1} | {inits}, {sessions}, {refused}, {cookies}, {queue} | {:.1} |",
+            "| {} | {} | {} | {} | {:.0} | {:.1} / {:.1} | {} | {:.0} | {:.1} / {:.1} | {} ({}) | {:.3} / {:.3} / {:.3} | {:.1} / {:.1} | {:.0} | {:.1} | {inits}, {sessions}, {refused}, {cookies}, {queue} | {:.1} |",
             f.peers,
+            f.leases,
             f.registered,
             f.up,
             f.joins_per_second(),
