@@ -299,6 +299,12 @@ impl Peer {
         self.last_handshake
     }
 
+    /// When a handshake last completed, or an initiation from the peer was last answered
+    /// (keys not confirmed yet): the peer is about to use the tunnel.
+    pub fn last_handshake_seen(&self) -> Option<Instant> {
+        self.last_handshake.max(self.last_init_accepted)
+    }
+
     /// Replaces our identity (a renewed certificate, new revocations).
     pub fn set_identity(&mut self, identity: Arc<Identity>) {
         self.identity = identity;

@@ -43,6 +43,10 @@ const PEER_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// data threads name): what other threads changed without waking us is seen this late at
 /// most, and relay binds are sent again on this beat.
 pub const TIMER_SCAN_EVERY: Duration = Duration::from_secs(1);
+/// A cloud peer that handshook with us this recently is not evicted for idleness, whatever
+/// its traffic: its other side wants it (the two sides' idle timers run out together, and
+/// the side whose traffic came back first handshakes with the side about to evict it).
+const HANDSHAKE_IS_ACTIVITY: Duration = Duration::from_secs(10);
 /// Cloud peers evicted for idleness that are remembered, to wake on traffic, at most.
 pub const MAX_DORMANT: usize = 1024;
 /// A dormant peer is asked for again at most this often.
@@ -394,6 +398,10 @@ impl Control {
             } else if let Some(idle) = self.idle_timeout
                 && slot.origin == "cloud"
                 && now.saturating_duration_since(self.idle_since(&slot, now)) >= idle
+                && slot
+                    .lock()
+                    .last_handshake_seen()
+                    .is_none_or(|t| now.saturating_duration_since(t) >= HANDSHAKE_IS_ACTIVITY)
             {
                 self.remove(&slot, &Removal::Idle);
                 if self.dormant.len() >= MAX_DORMANT {
