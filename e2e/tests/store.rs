@@ -314,6 +314,11 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             conformance(&store).await;
             tokens(&store).await;
             revocations(&store).await;
+            if !store.is_shared() {
+                // SQLite runs with a write-ahead log (one fsync a transaction).
+                let wal = dir.path().join("cloud.db-wal");
+                assert!(wal.exists(), "no {}", wal.display());
+            }
             // Opening again runs no migration twice and keeps the data.
             let names = store.name_count().await.unwrap();
             assert!(names >= 1, "{url}: nothing left to keep");
