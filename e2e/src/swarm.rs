@@ -25,16 +25,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, bail};
 use cyphonic_control::{NameRecord, Resolution};
-use cyphonic_crypto::{
-    Backend, Certificate, CertificateAuthority, IssueRequest, PublicKey, RevocationList,
-    StaticKeypair, TrustStore,
-};
+use cyphonic_crypto::{Backend, Certificate, CertificateAuthority, PublicKey, RevocationList};
 use cyphonic_session::{
     Clock, Event as PeerEvent, Identity, Indices, Peer, PeerConfig, Received, Timing, read_init,
 };
+use cyphonic_signal::testing::Pki;
 use cyphonic_vip::Lease;
 use cyphonic_wire::{Frame, MessageType};
-use ipnet::{IpNet, Ipv4Net};
 use tokio::net::UdpSocket;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -149,7 +146,7 @@ pub struct SwarmBed {
     /// Where the peers run.
     pub ns: Netns,
     /// The bed's CA, which issues the peers' certificates.
-    ca: CertificateAuthority,
+    pki: Pki,
     peers: usize,
     _tmp: TempDir,
 }
@@ -194,7 +191,10 @@ impl SwarmBed {
         Ok(Self {
             bed,
             ns,
-            ca,
+            pki: Pki {
+                ca,
+                revoked: RevocationList::default(),
+            },
             peers,
             _tmp: tmp,
         })
@@ -220,9 +220,12 @@ impl SwarmBed {
             .pid();
         // A descriptor a peer (its tunnel socket), and its control session's while it joins.
         raise_nofile(self.peers + 2 * opts.concurrency + 256)?;
-        let identities = (0..self.peers)
-            .map(|i| self.identity(i))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let identities: Vec<Arc<Identity>> = (0..self.peers)
+            .map(|i| {
+                let r = peer_name(i);
+                self.pki.identity(&r.name, &format!("{}/32", r.vip), &[])
+            })
+            .collect();
         let drive = Drive {
             clouds: vec![cloud.address6.to_string()],
             key,
@@ -268,38 +271,6 @@ impl SwarmBed {
     }
 }
 
-impl SwarmBed {
-    /// Peer `i`'s key and certificate ([`peer_name`]), valid as long as the CA.
-    fn identity(&self, i: usize) -> anyhow::Result<Arc<Identity>> {
-        let r = peer_name(i);
-        let ca = self.ca.certificate().body();
-        let key = StaticKeypair::generate().map_err(|e| anyhow::anyhow!("a key: {e}"))?;
-        let cert = self
-            .ca
-            .issue(&IssueRequest {
-                name: r.name,
-                vip_blocks: vec![IpNet::from(Ipv4Net::from(r.vip))],
-                public_key: key.public().0,
-                groups: Vec::new(),
-                not_before: ca.not_before,
-                not_after: ca.not_after,
-            })
-            .map_err(|e| anyhow::anyhow!("peer {i}'s certificate: {e}"))?;
-        let trust = TrustStore::new(
-            vec![self.ca.certificate().clone()],
-            RevocationList::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("the bed's CA: {e}"))?;
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
-        Ok(Arc::new(
-            Identity::new(key, cert, trust, now).map_err(|e| anyhow::anyhow!("peer {i}: {e}"))?,
-        ))
-    }
-}
-
 /// Devices adapter A's LAN may hold leases for here: its /24 less the network, broadcast,
 /// gateway (.1) and LAN host (.10) addresses.
 pub const MAX_LEASES: usize = 250;
@@ -311,11 +282,7 @@ fn write_leases(file: &std::path::Path, n: usize) -> anyhow::Result<()> {
     if n > MAX_LEASES {
         bail!("at most {MAX_LEASES} leases");
     }
-    let expires = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-        + 86_400;
+    let expires = cyphonic_signal::testing::now() + 86_400;
     let leases: Vec<Lease> = (0..n)
         .map(|i| {
             let host = u8::try_from(if i < 8 { i + 2 } else { i + 3 }).unwrap_or(u8::MAX);

@@ -53,13 +53,16 @@ impl Pki {
         TrustStore::new(vec![self.ca.certificate().clone()], self.revoked.clone()).unwrap()
     }
 
-    /// A new identity `name` for `block` (`"100.64.1.0/24"`) in `groups`, valid one day.
+    /// A new identity `name` for `block` (`"100.64.1.0/24"`) in `groups`, valid one day
+    /// (within the CA's own validity: a CA loaded from elsewhere may be younger or end
+    /// sooner).
     ///
     /// # Panics
     /// For a name or block the CA refuses.
     #[allow(clippy::unwrap_used)]
     pub fn identity(&self, name: &str, block: &str, groups: &[&str]) -> Arc<Identity> {
         let key = StaticKeypair::generate().unwrap();
+        let ca = self.ca.certificate().body();
         let cert = self
             .ca
             .issue(&IssueRequest {
@@ -67,8 +70,8 @@ impl Pki {
                 vip_blocks: vec![block.parse().unwrap()],
                 public_key: key.public().0,
                 groups: groups.iter().map(|g| (*g).to_owned()).collect(),
-                not_before: 0,
-                not_after: now() + 86_400,
+                not_before: ca.not_before,
+                not_after: ca.not_after.min(now() + 86_400),
             })
             .unwrap();
         Arc::new(Identity::new(key, cert, self.trust(), now()).unwrap())
