@@ -145,6 +145,7 @@ impl Opening {
                     len: f.len(),
                     truncated: false,
                     from: self.from,
+                    queued: None,
                 };
                 match arrival(&self.shared, buf, meta, now) {
                     Arrival::Sealed(item) => item,

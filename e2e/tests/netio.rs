@@ -77,7 +77,16 @@ fn packet_socket_captures_injects_and_reports_metadata() {
     let frames = inside(&ns, || {
         let cap = Interface::lookup("cap0").unwrap();
         let peer = Interface::lookup("peer0").unwrap();
-        let mut sock = PacketSocket::open(&cap, &PacketOptions::default()).unwrap();
+        let mut sock = PacketSocket::open(
+            &cap,
+            &PacketOptions {
+                timestamps: true,
+                ..PacketOptions::default()
+            },
+        )
+        .unwrap();
+        // The kernel switches receive stamps on shortly after a socket asks (deferred work).
+        std::thread::sleep(Duration::from_millis(100));
         let tx = PacketSocket::open(
             &peer,
             &PacketOptions {
@@ -171,6 +180,13 @@ fn packet_socket_captures_injects_and_reports_metadata() {
         markers,
         (0..10).collect::<Vec<u8>>(),
         "ten frames, in order"
+    );
+    // Each carries the kernel's receive stamp: how long it waited before the read.
+    assert!(
+        ours.iter()
+            .all(|(_, m)| m.queued.is_some_and(|d| d < Duration::from_secs(2))),
+        "{:?}",
+        ours.iter().map(|(_, m)| m.queued).collect::<Vec<_>>()
     );
     assert!(
         !ours.iter().any(|(f, _)| f.len() > 14 && f[14] == 0xee),

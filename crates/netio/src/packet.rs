@@ -47,6 +47,10 @@ pub struct PacketOptions {
     /// After a frame, keep asking for the next one without sleeping for this long (see
     /// [`BusyPoll`]); zero: off, the receive blocks.
     pub busy_poll: Duration,
+    /// Have the kernel stamp each frame as it comes in, so [`FrameMeta::queued`] says how long
+    /// it waited for us (`SO_TIMESTAMPNS`; the kernel then reads its clock for every packet
+    /// this host receives, a few tens of nanoseconds).
+    pub timestamps: bool,
 }
 
 impl Default for PacketOptions {
@@ -57,6 +61,7 @@ impl Default for PacketOptions {
             recv_buffer: 4 << 20,
             coalesced: false,
             busy_poll: Duration::ZERO,
+            timestamps: false,
         }
     }
 }
@@ -80,6 +85,9 @@ pub struct FrameMeta {
     /// The frame is several segments the kernel merged (only with
     /// [`PacketOptions::coalesced`]): how they were merged.
     pub coalesced: Option<Coalesced>,
+    /// How long it waited between the kernel's first sight of it and the receive that read
+    /// it (the host's backlog and this socket's queue), with [`PacketOptions::timestamps`].
+    pub queued: Option<Duration>,
 }
 
 /// One message of [`PacketSocket::send_gathered`].
@@ -161,6 +169,7 @@ pub struct PacketSocket {
     promiscuous: bool,
     recv_buffer: usize,
     coalesced: bool,
+    timestamps: bool,
     busy: Option<BusyPoll>,
 }
 
@@ -217,6 +226,9 @@ impl PacketSocket {
             setsockopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &one)
                 .map_err(|e| raw_err("asking for offload headers (PACKET_VNET_HDR)", e))?;
         }
+        if opts.timestamps {
+            sys::ask_timestamps(raw).map_err(|e| raw_err("asking for receive timestamps", e))?;
+        }
         sys::set_recv_timeout(raw, opts.recv_timeout)
             .map_err(|e| raw_err("setting the receive timeout", e))?;
         let recv_buffer =
@@ -229,6 +241,7 @@ impl PacketSocket {
             promiscuous: opts.promiscuous,
             recv_buffer,
             coalesced: opts.coalesced,
+            timestamps: opts.timestamps,
             busy: BusyPoll::new(opts.busy_poll, opts.recv_timeout),
         })
     }
@@ -333,6 +346,11 @@ impl PacketSocket {
             )
         })?;
         let head_len = if self.coalesced { VNET_HDR_LEN } else { 0 };
+        let now = if self.timestamps && got > 0 {
+            Some(sys::realtime())
+        } else {
+            None
+        };
         for i in 0..got {
             let aux = auxdata(&controls[i], out[i].control_len);
             let status = aux.map_or(0, |a| a.tp_status);
@@ -353,6 +371,7 @@ impl PacketSocket {
                     .filter(|_| status & TP_STATUS_VLAN_VALID != 0)
                     .map(|a| a.tp_vlan_tci & 0x0fff),
                 coalesced,
+                queued: now.and_then(|now| sys::queued_for(&controls[i], out[i].control_len, now)),
             };
         }
         Ok(got)
@@ -459,6 +478,7 @@ impl PacketSocket {
             promiscuous: self.promiscuous,
             recv_buffer: self.recv_buffer,
             coalesced: self.coalesced,
+            timestamps: self.timestamps,
             busy: self.busy,
         })
     }

@@ -203,14 +203,54 @@ pub(crate) fn decode_addr(storage: &libc::sockaddr_storage) -> Option<SocketAddr
 /// Largest batch of one `recvmmsg`/`sendmmsg` call.
 pub(crate) const MAX_BATCH: usize = 64;
 
-/// Room for the control messages we ask for (one `tpacket_auxdata`), 8-byte aligned as
-/// `cmsghdr` requires.
+/// Room for the control messages we ask for (a `tpacket_auxdata` or a `UDP_GRO` int, and a
+/// receive timestamp), 8-byte aligned as `cmsghdr` requires.
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
-pub(crate) struct Control(pub(crate) [u8; 64]);
+pub(crate) struct Control(pub(crate) [u8; 96]);
 
 impl Control {
-    pub(crate) const EMPTY: Self = Self([0; 64]);
+    pub(crate) const EMPTY: Self = Self([0; 96]);
+}
+
+/// `SO_TIMESTAMPNS` (asm-generic/socket.h's `SO_TIMESTAMPNS_OLD`, which carries the C library's
+/// `struct timespec`: 64-bit seconds on our 64-bit targets). Its control message type
+/// (`SCM_TIMESTAMPNS`) has the same value.
+const SO_TIMESTAMPNS: libc::c_int = 35;
+
+/// Asks the kernel to stamp every message with the time it took it in (`SO_TIMESTAMPNS`):
+/// [`queued_for`] then says how long a message waited before it was read. The stamp is
+/// taken where the kernel first sees the packet (the device's receive path), so the wait
+/// includes the backlog queue and the socket's receive queue. The kernel switches stamping
+/// on shortly after the first socket asks (deferred work); a packet that arrived before is
+/// stamped when read, and reads as no wait.
+pub(crate) fn ask_timestamps(fd: libc::c_int) -> io::Result<()> {
+    setsockopt(fd, libc::SOL_SOCKET, SO_TIMESTAMPNS, &1 as &libc::c_int)
+}
+
+/// The real-time clock now, to hold against receive stamps (which are on that clock).
+pub(crate) fn realtime() -> libc::timespec {
+    // SAFETY: timespec is plain old data; clock_gettime fills it.
+    let mut now: libc::timespec = unsafe { zeroed() };
+    // SAFETY: `now` is a live timespec; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &raw mut now) };
+    now
+}
+
+/// How long the message whose control data is `control[..len]` waited between the kernel's
+/// stamp and `now`; `None` without a stamp (not asked for, or a kernel that gave none). A
+/// clock that stepped back between the two reads as zero.
+pub(crate) fn queued_for(
+    control: &Control,
+    len: usize,
+    now: libc::timespec,
+) -> Option<std::time::Duration> {
+    // SAFETY: SCM_TIMESTAMPNS carries a struct timespec; any bit pattern is a valid one.
+    let stamp =
+        unsafe { find_control::<libc::timespec>(control, len, libc::SOL_SOCKET, SO_TIMESTAMPNS) }?;
+    let nanos = |t: libc::timespec| i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec);
+    let waited = u64::try_from(nanos(now) - nanos(stamp)).unwrap_or(0);
+    Some(std::time::Duration::from_nanos(waited))
 }
 
 /// The first control message of `level` and `kind` among the first `len` bytes of `control`

@@ -34,6 +34,9 @@ pub struct UdpOptions {
     /// After a datagram, keep asking for the next one without sleeping for this long (see
     /// [`BusyPoll`]); zero: off, the receive blocks.
     pub busy_poll: Duration,
+    /// Have the kernel stamp each datagram as it comes in, so [`DatagramMeta::queued`] says
+    /// how long it waited for us (`SO_TIMESTAMPNS`).
+    pub timestamps: bool,
 }
 
 impl Default for UdpOptions {
@@ -45,6 +48,7 @@ impl Default for UdpOptions {
             segmentation: true,
             coalescing: true,
             busy_poll: Duration::ZERO,
+            timestamps: false,
         }
     }
 }
@@ -58,6 +62,10 @@ pub struct DatagramMeta {
     pub truncated: bool,
     /// The sender (IPv4 senders on a dual-stack socket are reported as IPv4).
     pub from: SocketAddr,
+    /// How long it waited between the kernel's first sight of it and the receive that read
+    /// it (the host's backlog and this socket's queue), with [`UdpOptions::timestamps`]. The
+    /// datagrams of one coalesced receive share the first one's.
+    pub queued: Option<Duration>,
 }
 
 impl Default for DatagramMeta {
@@ -66,6 +74,7 @@ impl Default for DatagramMeta {
             len: 0,
             truncated: false,
             from: SocketAddr::from(([0, 0, 0, 0], 0)),
+            queued: None,
         }
     }
 }
@@ -86,6 +95,8 @@ pub struct UdpSocket {
     split: Option<Box<Split>>,
     /// Busy polling on receive ([`UdpOptions::busy_poll`]).
     busy: Option<BusyPoll>,
+    /// Datagrams carry the kernel's receive stamp ([`UdpOptions::timestamps`]).
+    timestamps: bool,
 }
 
 /// Coalesced receives in flight per `recvmmsg`.
@@ -102,6 +113,7 @@ struct Segment {
     /// Its full length (more than `len` when the kernel cut the receive short).
     full: usize,
     from: SocketAddr,
+    queued: Option<Duration>,
 }
 
 /// Coalesced receives and the datagrams they hold, handed out in arrival order.
@@ -123,7 +135,12 @@ impl Split {
 
     /// One `recvmmsg` into the area (waiting up to the socket's timeout for the first);
     /// records every datagram it holds.
-    fn fill(&mut self, fd: libc::c_int, busy: Option<&mut BusyPoll>) -> io::Result<()> {
+    fn fill(
+        &mut self,
+        fd: libc::c_int,
+        busy: Option<&mut BusyPoll>,
+        timestamps: bool,
+    ) -> io::Result<()> {
         self.segments.clear();
         self.next = 0;
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid; the kernel fills it.
@@ -143,10 +160,12 @@ impl Split {
                 libc::MSG_TRUNC | libc::MSG_WAITFORONE | busy::dont_wait(wait),
             )
         })?;
+        let now = (timestamps && got > 0).then(sys::realtime);
         for i in 0..got {
             let Some(from) = sys::decode_addr(&names[i]) else {
                 continue;
             };
+            let queued = now.and_then(|now| sys::queued_for(&controls[i], out[i].control_len, now));
             // SAFETY: the UDP_GRO control message holds a C int; any value is valid.
             let segment = unsafe {
                 sys::find_control::<libc::c_int>(
@@ -161,7 +180,7 @@ impl Split {
                 out[i].len,
                 COALESCED_BYTES,
                 segment.and_then(|s| usize::try_from(s).ok()),
-                from,
+                (from, queued),
                 &mut self.segments,
             );
         }
@@ -180,6 +199,7 @@ impl Split {
                 len: s.full,
                 truncated: s.full > copy,
                 from: s.from,
+                queued: s.queued,
             };
             n += 1;
         }
@@ -194,7 +214,7 @@ fn cut(
     full: usize,
     room: usize,
     segment: Option<usize>,
-    from: SocketAddr,
+    (from, queued): (SocketAddr, Option<Duration>),
     out: &mut Vec<Segment>,
 ) {
     let step = match segment {
@@ -209,6 +229,7 @@ fn cut(
             len: whole.min(room.saturating_sub(at)),
             full: whole,
             from,
+            queued,
         });
         at += whole;
         // A cut-short receive ends with its first incomplete datagram.
@@ -299,6 +320,9 @@ impl UdpSocket {
                 .map_err(|e| io_err("sizing the UDP send buffer", e))?;
         sys::set_recv_timeout(raw, opts.recv_timeout)
             .map_err(|e| io_err("setting the receive timeout", e))?;
+        if opts.timestamps {
+            sys::ask_timestamps(raw).map_err(|e| io_err("asking for receive timestamps", e))?;
+        }
         Ok(Self {
             sock,
             v6: addr.is_ipv6(),
@@ -311,6 +335,7 @@ impl UdpSocket {
                 && sys::setsockopt(raw, libc::SOL_UDP, libc::UDP_GRO, &1 as &libc::c_int).is_ok(),
             split: None,
             busy: BusyPoll::new(opts.busy_poll, opts.recv_timeout),
+            timestamps: opts.timestamps,
         })
     }
 
@@ -356,13 +381,19 @@ impl UdpSocket {
         if self.coalescing {
             let split = self.split.get_or_insert_with(|| Box::new(Split::new()));
             if split.next == split.segments.len() {
-                split.fill(self.sock.as_raw_fd(), self.busy.as_mut())?;
+                split.fill(self.sock.as_raw_fd(), self.busy.as_mut(), self.timestamps)?;
             }
             return Ok(split.take(bufs, meta));
         }
         // SAFETY: sockaddr_storage is plain old data; all-zero is valid; the kernel fills it.
         let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { zeroed() };
         let mut out = [Received::default(); MAX_BATCH];
+        let mut stamps = [sys::Control::EMPTY; MAX_BATCH];
+        let controls: &mut [sys::Control] = if self.timestamps {
+            &mut stamps
+        } else {
+            &mut []
+        };
         let n = bufs.len().min(meta.len());
         let fd = self.sock.as_raw_fd();
         let got = busy::receive(self.busy.as_mut(), |wait| {
@@ -370,11 +401,12 @@ impl UdpSocket {
                 fd,
                 &mut bufs[..n],
                 &mut names,
-                &mut [],
+                controls,
                 &mut out,
                 libc::MSG_TRUNC | libc::MSG_WAITFORONE | busy::dont_wait(wait),
             )
         })?;
+        let now = (self.timestamps && got > 0).then(sys::realtime);
         let mut kept = 0;
         for i in 0..got {
             // A datagram without an IP source cannot be answered; it cannot happen on a UDP
@@ -389,6 +421,7 @@ impl UdpSocket {
                 len: out[i].len,
                 truncated: out[i].flags & libc::MSG_TRUNC != 0,
                 from,
+                queued: now.and_then(|now| sys::queued_for(&stamps[i], out[i].control_len, now)),
             };
             kept += 1;
         }
@@ -510,6 +543,7 @@ impl UdpSocket {
             coalescing: self.coalescing,
             split: None,
             busy: self.busy,
+            timestamps: self.timestamps,
         })
     }
 }
@@ -586,6 +620,41 @@ mod tests {
             let (n, hops) = arrived_hops(&rx, v6);
             assert_eq!(n, 6);
             assert!(hops > 2, "the socket's own limit is back: {hops}");
+        }
+    }
+
+    #[test]
+    fn with_timestamps_a_datagram_says_how_long_it_waited_in_the_kernel() {
+        for (timestamps, coalescing) in [(true, false), (true, true), (false, false)] {
+            let opts = UdpOptions {
+                timestamps,
+                coalescing,
+                recv_timeout: Some(Duration::from_secs(2)),
+                ..UdpOptions::default()
+            };
+            let mut rx = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+            let to = rx.local_addr().unwrap();
+            let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            // The kernel switches its receive stamps on shortly after the first socket asks
+            // (a deferred work item); until then it stamps at the read.
+            std::thread::sleep(Duration::from_millis(100));
+            tx.send_to(b"waits", to).unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+            let mut buf = [0u8; 64];
+            let mut meta = [DatagramMeta::default()];
+            assert_eq!(rx.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap(), 1);
+            assert_eq!(meta[0].len, 5);
+            let why = format!("timestamps {timestamps}, coalescing {coalescing}");
+            match meta[0].queued {
+                Some(d) => {
+                    assert!(timestamps, "{why}");
+                    assert!(
+                        d >= Duration::from_millis(29) && d < Duration::from_secs(2),
+                        "{d:?}, {why}"
+                    );
+                }
+                None => assert!(!timestamps, "{why}"),
+            }
         }
     }
 
@@ -711,7 +780,7 @@ mod tests {
         ];
         for ((offset, full, room, segment), want, why) in cases {
             let mut out = Vec::new();
-            super::cut(offset, full, room, segment, from, &mut out);
+            super::cut(offset, full, room, segment, (from, None), &mut out);
             let got: Vec<_> = out.iter().map(|s| (s.offset, s.len, s.full)).collect();
             assert_eq!(got, want, "{why}");
             assert!(out.iter().all(|s| s.from == from));

@@ -296,6 +296,8 @@ impl TunnelSocket for LinkSocket {
                         len: p.bytes.len(),
                         truncated: len < p.bytes.len(),
                         from: p.from,
+                        // Due at `p.at`: waiting since is this link's socket queue.
+                        queued: Some(now.saturating_duration_since(p.at)),
                     };
                     got += 1;
                 }
