@@ -110,6 +110,7 @@ impl Capture {
         // sender's TSO): they need room beyond the packet buffers.
         let mut large = self.sock.coalesced().then(|| LargeFrames::new(FRAME_ROOM));
         let mut drops_read = Instant::now();
+        let mut queued = cyphonic_pipeline::WaitTally::default();
         let intake = self.intake.clone();
         while shared.is_running() {
             if drops_read.elapsed() >= DROPS_EVERY {
@@ -149,6 +150,9 @@ impl Capture {
                 break;
             };
             for (slot, (buf, m)) in frames.zip(meta).enumerate() {
+                if let Some(d) = m.queued {
+                    queued.add(d);
+                }
                 match (m.coalesced, large.as_mut()) {
                     (Some(how), Some(large)) if !m.outgoing => {
                         self.cut(&buf, slot, m, how, large, now, &mut replies, sub);
@@ -157,6 +161,7 @@ impl Capture {
                 }
             }
             sub.flush();
+            sub.counters().record_socket(&mut queued);
         }
         tracing::debug!("capture thread stopped");
     }
@@ -339,7 +344,7 @@ impl Capture {
                 } else {
                     0
                 };
-                sub.route(buf, packet.len(), dst, flags, now);
+                sub.route(buf, packet.len(), dst, flags, (now, meta.queued));
             }
             Egress::Fragment { packet, dst } => {
                 let Some(peer) = shared.peers.route(dst) else {
@@ -358,7 +363,10 @@ impl Capture {
                             let Some(flen) = frags.next_into(&mut fbuf[PACKET_ROOM]) else {
                                 break;
                             };
-                            sub.submit(Outgoing::new(fbuf, flen, peer.clone(), now));
+                            sub.submit(
+                                Outgoing::new(fbuf, flen, peer.clone(), now)
+                                    .with_queued(meta.queued),
+                            );
                         }
                     }
                     Err(_) => bump(&c.drop_malformed),

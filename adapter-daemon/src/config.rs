@@ -643,6 +643,8 @@ mod tests {
                     batches_in_flight: 1024,
                     inline_max: 8,
                     sparse_rate: 1000,
+                    aqm: None,
+                    socket_timestamps: false,
                     ordering: true,
                     aead: cyphonic_crypto::Backend::Ring,
                     udp_buffer: 4 << 20,

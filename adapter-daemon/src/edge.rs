@@ -68,6 +68,8 @@ impl<'a> AdapterEdge<'a> {
                 // Offload headers on the socket serve both directions.
                 coalesced: lan_side.gro || lan_side.gso,
                 busy_poll: d.busy_poll,
+                // The queue manager judges frames by their wait in the kernel.
+                timestamps: d.socket_timestamps || d.aqm.is_some(),
                 ..PacketOptions::default()
             },
         )?;

@@ -350,6 +350,12 @@ impl Collector for EngineCollector {
 /// What each [`Wait`] histogram measures.
 const fn wait_help(w: Wait) -> &'static str {
     match w {
+        Wait::Socket => {
+            "How long packets waited in the kernel (backlog and socket queue) before the pipeline's edge read them."
+        }
+        Wait::SocketExpress => {
+            "How long the express lane's packets (sparse flows) waited in the kernel before the pipeline's edge read them."
+        }
         Wait::Batching => "How long packets waited for their batch to leave the sequencer.",
         Wait::Queued => "How long batches waited for a worker thread (0 when processed inline).",
         Wait::Processing => "How long batches took to seal or open and reach the emitter.",

@@ -288,7 +288,7 @@ fn take(
             }
         }
     }
-    sub.route(buf, read.len, dst, flags, now);
+    sub.route(buf, read.len, dst, flags, (now, None));
     1
 }
 
@@ -335,7 +335,7 @@ fn cut(
             break;
         };
         bump(&c.tun_segments);
-        sub.route(seg, len, dst, flags, now);
+        sub.route(seg, len, dst, flags, (now, None));
         submitted += 1;
     }
     submitted

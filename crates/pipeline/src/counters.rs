@@ -16,11 +16,24 @@ use crate::DropReason;
 /// than `2^i` µs (the last bucket takes everything longer).
 pub const HOLD_BUCKETS: usize = 24;
 
-/// Where a packet waits in a pipeline, from the moment it joins a batch until the sink takes
-/// it. Every packet that leaves the pipeline (emitted or dropped by the stage) is counted once
-/// in each, with its batch's times. The wait in the reorder ring is [`Stats::hold_histogram`].
+/// Where a packet waits on its way through a pipeline: before it (in the kernel, until the
+/// edge read it), then from the moment it joins a batch until the sink takes it. Every packet
+/// that leaves the pipeline (emitted or dropped by the stage) is counted once in each stage
+/// but [`Wait::Socket`], with its batch's times. The wait in the reorder ring is
+/// [`Stats::hold_histogram`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
+    /// In the kernel, before the edge read it: from the kernel's first sight of the packet
+    /// (the device's receive path) through the host's backlog and the socket's receive queue.
+    /// Counted for every frame or datagram the edge read that carried the kernel's stamp
+    /// (also those that never entered the pipeline, such as ARP), when the edge reports it
+    /// ([`Counters::record_socket`]).
+    Socket,
+    /// Of the packets the express lane took ([`crate::Sequencer::push_flow`]), the same wait
+    /// in the kernel: what a sparse flow's packet still waits behind bulk flows' packets in
+    /// a queue the pipeline does not order (recorded by the sequencer from
+    /// [`crate::Stage::waited`]).
+    SocketExpress,
     /// Its batch filling: from the batch's first packet until the batch left the sequencer
     /// (full, or flushed at the end of a receive burst).
     Batching,
@@ -28,15 +41,24 @@ pub enum Wait {
     Queued,
     /// The batch being sealed or opened, then handed to the emitter's thread.
     Processing,
-    /// The whole way: from its batch's first packet to the sink.
+    /// The whole way through the pipeline: from its batch's first packet to the sink.
     Total,
 }
 
 impl Wait {
     /// Every stage, in [`Wait::index`] order.
-    pub const ALL: [Self; 4] = [Self::Batching, Self::Queued, Self::Processing, Self::Total];
+    pub const ALL: [Self; 6] = [
+        Self::Socket,
+        Self::SocketExpress,
+        Self::Batching,
+        Self::Queued,
+        Self::Processing,
+        Self::Total,
+    ];
     /// How many there are.
     pub const COUNT: usize = Self::ALL.len();
+    /// The stages inside the pipeline: every packet that leaves it is counted in each.
+    pub const PIPELINE: [Self; 4] = [Self::Batching, Self::Queued, Self::Processing, Self::Total];
 
     /// Its position in [`Stats::waits`].
     pub const fn index(self) -> usize {
@@ -46,6 +68,8 @@ impl Wait {
     /// Its name in status and metrics.
     pub const fn name(self) -> &'static str {
         match self {
+            Self::Socket => "socket",
+            Self::SocketExpress => "socket_express",
             Self::Batching => "batching",
             Self::Queued => "queued",
             Self::Processing => "processing",
@@ -66,15 +90,54 @@ impl Log2Histogram {
     /// Records that `packets` waited `d` each.
     fn record(&self, d: Duration, packets: usize) {
         let packets = packets as u64;
-        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let bucket = ((u64::BITS - micros.leading_zeros()) as usize).min(HOLD_BUCKETS - 1);
-        self.buckets[bucket].fetch_add(packets, Relaxed);
+        self.buckets[bucket_of(d)].fetch_add(packets, Relaxed);
         let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.nanos.fetch_add(nanos.saturating_mul(packets), Relaxed);
     }
 
     fn counts(&self) -> [u64; HOLD_BUCKETS] {
         core::array::from_fn(|i| self.buckets[i].load(Relaxed))
+    }
+
+    /// Adds `tally` in, one atomic add per bucket it used.
+    fn add(&self, tally: &WaitTally) {
+        for (bucket, &n) in self.buckets.iter().zip(&tally.buckets) {
+            if n > 0 {
+                bucket.fetch_add(n, Relaxed);
+            }
+        }
+        self.nanos.fetch_add(tally.nanos, Relaxed);
+    }
+}
+
+/// Bucket of a wait in a log2 histogram: below `2^i` µs, the last takes the rest.
+fn bucket_of(d: Duration) -> usize {
+    let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    ((u64::BITS - micros.leading_zeros()) as usize).min(HOLD_BUCKETS - 1)
+}
+
+/// Waits counted on the edge's own thread, packet by packet, without atomics, then added to
+/// the shared histogram at once ([`Counters::record_socket`]) once per receive.
+#[derive(Debug, Clone, Default)]
+pub struct WaitTally {
+    buckets: [u64; HOLD_BUCKETS],
+    nanos: u64,
+    packets: u64,
+}
+
+impl WaitTally {
+    /// Counts one packet that waited `d`.
+    pub fn add(&mut self, d: Duration) {
+        self.buckets[bucket_of(d)] += 1;
+        self.nanos = self
+            .nanos
+            .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self.packets += 1;
+    }
+
+    /// Packets counted since the last flush.
+    pub const fn packets(&self) -> u64 {
+        self.packets
     }
 }
 
@@ -85,6 +148,10 @@ struct Head {
     rejected_full: AtomicU64,
     batches: AtomicU64,
     inline_batches: AtomicU64,
+    /// [`Wait::Socket`], written by the edge's receiving thread.
+    socket: Log2Histogram,
+    /// [`Wait::SocketExpress`], written by the sequencer.
+    socket_express: Log2Histogram,
 }
 
 /// Written by the emitter thread.
@@ -161,6 +228,20 @@ impl Counters {
         }
     }
 
+    /// Adds the kernel queue waits the edge counted in `tally` ([`Wait::Socket`]) and clears
+    /// it. For the thread that reads the pipeline's input.
+    pub fn record_socket(&self, tally: &mut WaitTally) {
+        if tally.packets > 0 {
+            self.head.socket.add(tally);
+            *tally = WaitTally::default();
+        }
+    }
+
+    /// An express packet had waited `d` in the kernel before the edge read it.
+    pub(crate) fn record_express_socket(&self, d: Duration) {
+        self.head.socket_express.record(d, 1);
+    }
+
     pub(crate) fn record_hold(&self, held: Duration, packets: usize) {
         self.tail.hold.record(held, packets);
     }
@@ -169,6 +250,16 @@ impl Counters {
         let depth = depth as u64;
         self.tail.ring_depth.store(depth, Relaxed);
         self.tail.ring_depth_max.fetch_max(depth, Relaxed);
+    }
+
+    fn wait_histogram(&self, index: usize) -> &Log2Histogram {
+        if index == Wait::Socket.index() {
+            &self.head.socket
+        } else if index == Wait::SocketExpress.index() {
+            &self.head.socket_express
+        } else {
+            &self.tail.waits[index]
+        }
     }
 
     /// Packets dropped for `reason`.
@@ -194,8 +285,8 @@ impl Counters {
             ring_depth_max: self.tail.ring_depth_max.load(Relaxed),
             drops: core::array::from_fn(|i| self.drops[i].load(Relaxed)),
             hold_histogram,
-            waits: core::array::from_fn(|w| self.tail.waits[w].counts()),
-            wait_nanos: core::array::from_fn(|w| self.tail.waits[w].nanos.load(Relaxed)),
+            waits: core::array::from_fn(|w| self.wait_histogram(w).counts()),
+            wait_nanos: core::array::from_fn(|w| self.wait_histogram(w).nanos.load(Relaxed)),
         }
     }
 }
@@ -249,7 +340,8 @@ impl Stats {
         self.drops.iter().sum()
     }
 
-    /// Packets counted in `stage` (the same for every stage once the pipeline is idle).
+    /// Packets counted in `stage` (the same for every stage of [`Wait::PIPELINE`] once the
+    /// pipeline is idle).
     pub fn waited(&self, stage: Wait) -> u64 {
         self.waits[stage.index()].iter().sum()
     }

@@ -39,6 +39,7 @@
 //! This crate knows nothing of keys, sockets or packets' contents: stages and sinks do.
 #![forbid(unsafe_code)]
 
+mod codel;
 mod counters;
 mod emitter;
 mod flows;
@@ -47,7 +48,8 @@ mod sequencer;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use counters::{Counters, HOLD_BUCKETS, Stats, Wait};
+pub use codel::Aqm;
+pub use counters::{Counters, HOLD_BUCKETS, Stats, Wait, WaitTally};
 use emitter::EmitShared;
 pub use emitter::{Emitter, ReorderRing};
 pub use flows::{FLOW_BUCKETS, MEMORY, SETTLE};
@@ -73,11 +75,14 @@ pub enum DropReason {
     TooBig,
     /// The destination could not take it (full socket, unknown neighbour).
     Unroutable,
+    /// A bulk packet dropped by the queue manager ([`Config::aqm`]) to tell its sender the
+    /// queue before the pipeline is standing.
+    Congestion,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::NoSession,
         Self::KeyExhausted,
         Self::Auth,
@@ -86,6 +91,7 @@ impl DropReason {
         Self::Policy,
         Self::TooBig,
         Self::Unroutable,
+        Self::Congestion,
     ];
     /// Number of reasons.
     pub const COUNT: usize = Self::ALL.len();
@@ -106,6 +112,7 @@ impl DropReason {
             Self::Policy => "policy",
             Self::TooBig => "too_big",
             Self::Unroutable => "unroutable",
+            Self::Congestion => "congestion",
         }
     }
 }
@@ -129,6 +136,12 @@ pub trait Stage: Send + Sync + 'static {
     /// Runs on the caller's thread, after [`Stage::sequence`], on a packet the express lane
     /// takes ahead of the queue ([`Sequencer::push_flow`]): the place to mark it as such.
     fn expressed(&self, _item: &mut Self::Item) {}
+
+    /// How long the packet waited before the pipeline got it (in the kernel's queues), if
+    /// the edge knows: what the queue manager ([`Config::aqm`]) judges.
+    fn waited(&self, _item: &Self::Item) -> Option<std::time::Duration> {
+        None
+    }
 
     /// Runs on a worker, in any order relative to other packets: seal or open.
     ///
@@ -189,6 +202,9 @@ pub struct Config {
     /// receiver's replay window must hold beside it (a sealed packet's counter is assigned in
     /// arrival order, so an overtaken packet arrives that far behind).
     pub express_window: usize,
+    /// Drop bulk packets (never the express lane's) by CoDel's law when the wait before the
+    /// pipeline ([`Stage::waited`]) stands above [`Aqm::target`]; `None`: off.
+    pub aqm: Option<Aqm>,
     /// Emit in arrival order. `false` only to reproduce the papers' reordering problem.
     pub ordering: bool,
     /// Thread name of the emitter, for `top -H` and debuggers.
@@ -225,6 +241,7 @@ impl Default for Config {
             sparse_burst: 32,
             express_rate: 20_000,
             express_window: 4096,
+            aqm: None,
             ordering: true,
             name: "cyphonic-emit".into(),
             on_thread_start: None,

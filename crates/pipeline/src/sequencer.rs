@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
+use crate::codel::Codel;
 use crate::counters::Counters;
 use crate::emitter::Inline;
 use crate::flows::{Bucket, FlowTable, NO_FLOW};
@@ -49,6 +50,8 @@ pub struct Sequencer<S: Stage> {
     counters: Arc<Counters>,
     /// The sparse flows' table; `None` without an express lane.
     flows: Option<FlowTable>,
+    /// The bulk packets' queue manager ([`Config::aqm`]).
+    codel: Option<Codel>,
 }
 
 impl<S: Stage> core::fmt::Debug for Sequencer<S> {
@@ -88,6 +91,7 @@ impl<S: Stage> Sequencer<S> {
             next_batch: 0,
             counters,
             flows,
+            codel: config.aqm.map(|aqm| Codel::new(aqm, Instant::now())),
         }
     }
 
@@ -106,7 +110,8 @@ impl<S: Stage> Sequencer<S> {
     /// [`crate::SETTLE`] ago, the lane within [`Config::express_rate`], at most
     /// [`Config::express_window`] packets to overtake) is stamped, marked
     /// ([`Stage::expressed`]), processed and emitted at once on this thread: it overtakes
-    /// other flows' packets in flight, never its own flow's. Any other packet is taken as by
+    /// other flows' packets in flight, never its own flow's. Any other packet is judged by
+    /// the queue manager ([`Config::aqm`], by [`Stage::waited`]), then taken as by
     /// [`Sequencer::push_behind`]. Never blocks (but an express packet waits for the
     /// emitter's lock).
     ///
@@ -133,6 +138,12 @@ impl<S: Stage> Sequencer<S> {
         let room = self.inline.in_flight() * self.batch_size + filling <= self.express_window;
         if flows.sparse(bucket, now, room) {
             return self.express(item, now);
+        }
+        if let (Some(codel), Some(waited)) = (self.codel.as_mut(), self.stage.waited(&item))
+            && codel.drop(waited, now)
+        {
+            self.counters.count_drop(DropReason::Congestion);
+            return Err(Rejected::Dropped(item, DropReason::Congestion));
         }
         self.push_in(item, bucket)
     }
@@ -172,6 +183,9 @@ impl<S: Stage> Sequencer<S> {
             return Err(Rejected::Dropped(item, reason));
         }
         self.stage.expressed(&mut item);
+        if let Some(waited) = self.stage.waited(&item) {
+            self.counters.record_express_socket(waited);
+        }
         let started = Instant::now();
         let verdict = self.stage.process(&mut item);
         let times = Times {

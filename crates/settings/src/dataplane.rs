@@ -56,6 +56,12 @@ macro_rules! dataplane_table {
             inline_max: toml::Spanned<usize>,
             #[serde(default = "cyphonic_settings::defaults::sparse_rate")]
             sparse_rate: u32,
+            #[serde(default = "cyphonic_settings::defaults::aqm_target_us")]
+            aqm_target_us: toml::Spanned<u32>,
+            #[serde(default = "cyphonic_settings::defaults::aqm_interval_ms")]
+            aqm_interval_ms: toml::Spanned<u32>,
+            #[serde(default)]
+            socket_timestamps: bool,
             #[serde(default = "cyphonic_settings::defaults::ordering")]
             ordering: bool,
             #[serde(default)]
@@ -91,6 +97,9 @@ macro_rules! dataplane_table {
                     batches_in_flight: $crate::defaults::batches_in_flight(),
                     inline_max: $crate::defaults::inline_max(),
                     sparse_rate: $crate::defaults::sparse_rate(),
+                    aqm_target_us: $crate::defaults::aqm_target_us(),
+                    aqm_interval_ms: $crate::defaults::aqm_interval_ms(),
+                    socket_timestamps: false,
                     ordering: $crate::defaults::ordering(),
                     aead: $crate::AeadName::default(),
                     udp_buffer: $crate::defaults::udp_buffer(),
@@ -132,12 +141,15 @@ macro_rules! dataplane_table {
                     &self.danger_rekey_after_secs,
                     &self.danger_rekey_after_messages,
                 )?;
+                let aqm = $crate::check_aqm(src, &self.aqm_target_us, &self.aqm_interval_ms)?;
                 Ok($crate::DataPlane {
                     workers: self.workers,
                     batch_size: *self.batch_size.get_ref(),
                     batches_in_flight: *self.batches_in_flight.get_ref(),
                     inline_max: *self.inline_max.get_ref(),
                     sparse_rate: self.sparse_rate,
+                    aqm,
+                    socket_timestamps: self.socket_timestamps,
                     ordering: self.ordering,
                     aead: self.aead.0,
                     udp_buffer: self.udp_buffer,

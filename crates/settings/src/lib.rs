@@ -706,6 +706,16 @@ pub mod defaults {
     pub fn sparse_rate() -> u32 {
         DataPlane::default().sparse_rate
     }
+    /// `dataplane.aqm_target_us`: 0 (off; CoDel's is 5 ms).
+    pub fn aqm_target_us() -> Spanned<u32> {
+        let target = DataPlane::default().aqm.map_or(0, |a| a.target.as_micros());
+        Spanned::new(0..0, u32::try_from(target).unwrap_or(u32::MAX))
+    }
+    /// `dataplane.aqm_interval_ms`: CoDel's 100 ms.
+    pub fn aqm_interval_ms() -> Spanned<u32> {
+        let interval = cyphonic_tunnel::Aqm::default().interval.as_millis();
+        Spanned::new(0..0, u32::try_from(interval).unwrap_or(u32::MAX))
+    }
     /// `dataplane.ordering`.
     pub fn ordering() -> bool {
         DataPlane::default().ordering
@@ -835,6 +845,40 @@ pub fn check_pipeline(
         );
     }
     Ok(())
+}
+
+/// The longest `dataplane.aqm_interval_ms`: ten seconds.
+pub const AQM_INTERVAL_MAX_MS: u32 = 10_000;
+
+/// Checks `[dataplane]`'s queue manager: a target of 0 (off) or one below the interval, an
+/// interval of 1 ms to [`AQM_INTERVAL_MAX_MS`]; the engine's setting.
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_aqm(
+    src: &Source<'_>,
+    target_us: &Spanned<u32>,
+    interval_ms: &Spanned<u32>,
+) -> Result<Option<cyphonic_tunnel::Aqm>, ConfigError> {
+    let (target, interval) = (*target_us.get_ref(), *interval_ms.get_ref());
+    if !(1..=AQM_INTERVAL_MAX_MS).contains(&interval) {
+        return src.err(
+            &interval_ms.span(),
+            "dataplane.aqm_interval_ms",
+            format!("{interval} is outside 1..={AQM_INTERVAL_MAX_MS}"),
+        );
+    }
+    if u64::from(target) >= u64::from(interval) * 1000 {
+        return src.err(
+            &target_us.span(),
+            "dataplane.aqm_target_us",
+            format!("{target} µs is not below the interval ({interval} ms)"),
+        );
+    }
+    Ok((target > 0).then(|| cyphonic_tunnel::Aqm {
+        target: Duration::from_micros(u64::from(target)),
+        interval: Duration::from_millis(u64::from(interval)),
+    }))
 }
 
 /// The longest `dataplane.busy_poll_us`: one second.
@@ -1049,6 +1093,16 @@ pub mod testing {
             "realtime_priority = 0",
             "realtime_priority = 100",
             "key `dataplane.realtime_priority`: 100 is outside 0 (off) ..= 99",
+        ),
+        (
+            "aqm_interval_ms = 100",
+            "aqm_interval_ms = 0",
+            "key `dataplane.aqm_interval_ms`: 0 is outside 1..=10000",
+        ),
+        (
+            "aqm_target_us = 0",
+            "aqm_target_us = 100000",
+            "key `dataplane.aqm_target_us`: 100000 µs is not below the interval (100 ms)",
         ),
         (
             "busy_poll_us = 0",
@@ -1371,6 +1425,37 @@ mod tests {
         assert!(check_placement(&src, &cpus(vec![]), &rt(10), &busy(0)).is_ok());
         assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(BUSY_POLL_MAX_US)).is_ok());
         assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(BUSY_POLL_MAX_US + 1)).is_err());
+    }
+
+    #[test]
+    fn the_queue_manager_is_off_by_default_and_takes_a_target_below_its_interval() {
+        let src = Source {
+            path: Path::new("t.toml"),
+            text: "",
+            now_secs: 0,
+        };
+        let v = |n: u32| Spanned::new(0..0, n);
+        assert_eq!(
+            check_aqm(
+                &src,
+                &defaults::aqm_target_us(),
+                &defaults::aqm_interval_ms()
+            )
+            .ok(),
+            Some(None),
+            "off by default"
+        );
+        assert_eq!(
+            check_aqm(&src, &v(5000), &v(100)).ok(),
+            Some(Some(cyphonic_tunnel::Aqm {
+                target: Duration::from_millis(5),
+                interval: Duration::from_millis(100),
+            }))
+        );
+        assert!(check_aqm(&src, &v(0), &v(100)).is_ok_and(|a| a.is_none()));
+        assert!(check_aqm(&src, &v(99_999), &v(100)).is_ok());
+        assert!(check_aqm(&src, &v(100_000), &v(100)).is_err());
+        assert!(check_aqm(&src, &v(1000), &v(AQM_INTERVAL_MAX_MS + 1)).is_err());
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct Outgoing {
     dest: Option<SocketAddr>,
     frame_len: usize,
     flags: u16,
+    /// How long it waited in the kernel before the edge read it, if the edge knows.
+    queued: Option<std::time::Duration>,
 }
 
 impl Outgoing {
@@ -58,7 +60,16 @@ impl Outgoing {
             dest: None,
             frame_len: 0,
             flags: 0,
+            queued: None,
         }
+    }
+
+    /// The same packet, which waited `queued` in the kernel before the edge read it (judged
+    /// by the queue manager, [`crate::DataPlane::aqm`]).
+    #[must_use]
+    pub const fn with_queued(mut self, queued: Option<std::time::Duration>) -> Self {
+        self.queued = queued;
+        self
     }
 
     /// The IP packet, if its length fits the buffer.
@@ -112,6 +123,10 @@ impl Stage for SealStage {
             Err(SendError::NoSession) => Err(DropReason::NoSession),
             Err(_) => Err(DropReason::Unroutable),
         }
+    }
+
+    fn waited(&self, item: &Outgoing) -> Option<std::time::Duration> {
+        item.queued
     }
 
     fn expressed(&self, item: &mut Outgoing) {
@@ -254,14 +269,15 @@ impl Submitter {
     }
 
     /// The packet at `buf[HEADROOM..][..len]` for the peer whose block holds `dst`, sent with
-    /// header `flags`, or counted and dropped when no peer's block does.
+    /// header `flags`, or counted and dropped when no peer's block does; it arrived at `now`
+    /// after waiting `queued` in the kernel ([`Outgoing::with_queued`]).
     pub fn route(
         &mut self,
         buf: Buf,
         len: usize,
         dst: std::net::Ipv4Addr,
         flags: u16,
-        now: Instant,
+        (now, queued): (Instant, Option<std::time::Duration>),
     ) {
         let Some(peer) = self.shared.peers.route(dst) else {
             bump(&self.shared.counters.drop_no_peer);
@@ -274,7 +290,11 @@ impl Submitter {
             }
             return;
         };
-        self.submit(Outgoing::new(buf, len, peer, now).with_flags(flags));
+        self.submit(
+            Outgoing::new(buf, len, peer, now)
+                .with_flags(flags)
+                .with_queued(queued),
+        );
     }
 
     /// Hands a packet to the pipeline, or queues it behind its peer's pending handshake.

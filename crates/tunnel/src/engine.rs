@@ -59,6 +59,14 @@ pub struct DataPlane {
     /// may open it ahead of its queue too ([`cyphonic_pipeline::Config::sparse_rate`]). 0: no
     /// express lane, either way (flagged frames from peers then queue like the rest).
     pub sparse_rate: u32,
+    /// CoDel on the way out: bulk packets are dropped by its law when the wait in the
+    /// kernel before the edge read them stands above the target (the express lane's never);
+    /// `None`: off, the edge's socket drops at its tail when full.
+    pub aqm: Option<cyphonic_pipeline::Aqm>,
+    /// Have the kernel stamp what the sockets receive, so the pipelines' `socket` waits say
+    /// how long packets waited in the kernel (the capture socket's are stamped whenever `aqm`
+    /// is on). Off by default: it may cost a few percent of throughput (docs/benchmarks.md).
+    pub socket_timestamps: bool,
     /// Emit in arrival order (`false` only for experiments).
     pub ordering: bool,
     /// The AEAD implementation of every session.
@@ -97,6 +105,8 @@ impl Default for DataPlane {
             batches_in_flight: 1024,
             inline_max: 8,
             sparse_rate: cyphonic_pipeline::Config::default().sparse_rate,
+            aqm: None,
+            socket_timestamps: false,
             ordering: true,
             aead: Backend::default(),
             udp_buffer: 4 << 20,
@@ -137,6 +147,7 @@ impl DataPlane {
             segmentation: self.udp_gso,
             coalescing: self.udp_gro,
             busy_poll: self.busy_poll,
+            timestamps: self.socket_timestamps,
             ..UdpOptions::default()
         }
     }
@@ -298,13 +309,21 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             batches_in_flight: dp.batches_in_flight,
             inline_max: dp.inline_max,
             sparse_rate,
+            aqm: None,
             ordering: dp.ordering,
             name: name.to_owned(),
             on_thread_start: Some(place.clone()),
             ..cyphonic_pipeline::Config::default()
         };
+        // The queue manager judges the way out only: there it tells the devices' TCP senders
+        // of a standing queue at the edge's socket. On the way in the frames are a peer's
+        // (already judged at its edge); the flagged ones the lane does not take queue as
+        // they came.
         let (egress_seq, egress_emit) = cyphonic_pipeline::start(
-            &pconfig("cy-egress-emit", dp.sparse_rate),
+            &cyphonic_pipeline::Config {
+                aqm: dp.aqm,
+                ..pconfig("cy-egress-emit", dp.sparse_rate)
+            },
             rayon.clone(),
             SealStage::new(shared.clone()),
             SocketSink::new(

@@ -39,6 +39,8 @@ pub struct Incoming {
     is_data: bool,
     now: Instant,
     plain_len: usize,
+    /// How long it waited in the kernel before the receive thread read it.
+    queued: Option<Duration>,
     /// Where the edge put what it delivers (an Ethernet frame around the packet, say).
     pub frame: Range<usize>,
 }
@@ -156,6 +158,10 @@ pub struct OpenStage;
 impl Stage for OpenStage {
     type Item = Incoming;
 
+    fn waited(&self, item: &Incoming) -> Option<Duration> {
+        item.queued
+    }
+
     fn sequence(&self, item: &mut Incoming) -> Result<(), DropReason> {
         item.session
             .check_replay(item.counter)
@@ -232,6 +238,7 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
                 is_data: repr.msg_type == MessageType::Data,
                 now,
                 plain_len: 0,
+                queued: m.queued,
                 frame: 0..0,
             })
         }
@@ -337,6 +344,7 @@ impl Receiver {
     pub fn run(mut self) {
         let mut rx = RecvBuffers::new(0..BUF_LEN);
         let mut meta = [DatagramMeta::default(); RECV_BATCH];
+        let mut queued = cyphonic_pipeline::WaitTally::default();
         while self.shared.is_running() {
             let socket = &mut self.socket;
             let Some(received) = rx.receive(&self.shared.pool, |slices| {
@@ -359,6 +367,9 @@ impl Receiver {
             }
             let now = Instant::now();
             for (buf, m) in datagrams.zip(meta) {
+                if let Some(d) = m.queued {
+                    queued.add(d);
+                }
                 match arrival(&self.shared, buf, m, now) {
                     Arrival::Sealed(item) => {
                         // The sender took it ahead of its queue: it may go ahead of ours too,
@@ -395,6 +406,7 @@ impl Receiver {
                 }
             }
             self.seq.flush();
+            self.seq.counters().record_socket(&mut queued);
         }
         tracing::debug!("receive thread stopped");
     }

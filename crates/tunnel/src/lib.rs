@@ -54,6 +54,7 @@ use cyphonic_session::{Clock, Identity, Peer, PeerConfig, Timing};
 
 pub use control::{Control, ControlEvent};
 pub use counters::{EngineCounters, bump};
+pub use cyphonic_pipeline::Aqm;
 pub use egress::{Intake, Outgoing, SealStage, SocketSink, Submitter};
 pub use engine::{DataPlane, Engine, StartError, StaticPeer};
 pub use gate::{Admission, HandshakeGate};

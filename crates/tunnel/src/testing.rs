@@ -596,7 +596,7 @@ impl End {
         let Some(sub) = guard.as_mut() else {
             return false;
         };
-        sub.route(buf, len, dst, 0, Instant::now());
+        sub.route(buf, len, dst, 0, (Instant::now(), None));
         sub.flush();
         true
     }
