@@ -253,10 +253,11 @@ pub fn wake_floor(count: usize) -> anyhow::Result<WakeFloor> {
 /// # Errors
 /// ping or iperf3 fails.
 pub fn ping_under_load(bed: &TwoSites, seconds: u64) -> anyhow::Result<PingStats> {
-    ping_under_load_at(bed, seconds, Priority::Default)
+    Ok(ping_under_load_at(bed, seconds, Priority::Default)?.0)
 }
 
-/// [`ping_under_load`] with the TCP stream's two ends at `priority`.
+/// [`ping_under_load`] with the TCP stream's two ends at `priority`; also what the stream
+/// carried meanwhile.
 ///
 /// # Errors
 /// ping or iperf3 fails.
@@ -264,7 +265,7 @@ pub fn ping_under_load_at(
     bed: &TwoSites,
     seconds: u64,
     priority: Priority,
-) -> anyhow::Result<PingStats> {
+) -> anyhow::Result<(PingStats, Tcp)> {
     let run = IperfRun::start_at(bed, Side::B, &[], seconds + 2, priority)?;
     std::thread::sleep(Duration::from_secs(1));
     #[expect(clippy::cast_possible_truncation, reason = "a few hundred pings")]
@@ -275,9 +276,16 @@ pub fn ping_under_load_at(
         bed.b.host_ip,
         count,
         Duration::from_millis(10),
-    );
-    run.finish()?;
-    stats
+    )?;
+    let r = run.finish()?;
+    let stream = Tcp {
+        gbps: r["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .context("no bits_per_second")?
+            / 1e9,
+        retransmits: r["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+    };
+    Ok((stats, stream))
 }
 
 /// Where one pipeline's packets waited, by stage, as the status document reports it:

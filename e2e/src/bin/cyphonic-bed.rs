@@ -1261,16 +1261,25 @@ fn latency(
             p.avg_ms, p.p50_ms, p.p99_ms, p.received, p.sent
         );
     };
-    type Snapshot = (measure::Waits, measure::Waits, u64);
+    // Each pipeline a ping crosses: the request out of A and into B (behind the stream's
+    // data), the reply out of B and into A (behind its acknowledgements).
+    type Snapshot = (Vec<(&'static str, measure::Waits)>, u64, u64);
     let snapshot = |bed: &TwoSites| -> anyhow::Result<Option<Snapshot>> {
         if plain {
             return Ok(None);
         }
-        let a = bed.status(Side::A)?;
+        let (a, b) = (bed.status(Side::A)?, bed.status(Side::B)?);
         Ok(Some((
-            measure::Waits::read(&a, "egress"),
-            measure::Waits::read(&bed.status(Side::B)?, "ingress"),
+            vec![
+                ("A egress", measure::Waits::read(&a, "egress")),
+                ("B ingress", measure::Waits::read(&b, "ingress")),
+                ("B egress", measure::Waits::read(&b, "egress")),
+                ("A ingress", measure::Waits::read(&a, "ingress")),
+            ],
             a["pipelines"]["egress"]["express"].as_u64().unwrap_or(0),
+            a["pipelines"]["egress"]["drops"]["congestion"]
+                .as_u64()
+                .unwrap_or(0),
         )))
     };
     let waits = |before: Option<Snapshot>, after: Option<Snapshot>| {
@@ -1278,13 +1287,11 @@ fn latency(
             return;
         };
         println!(
-            "    A egress: {} packets by the express lane",
+            "    A egress: {} packets by the express lane, {} dropped by the queue manager",
+            after.1.saturating_sub(before.1),
             after.2.saturating_sub(before.2)
         );
-        for (name, b, a) in [
-            ("A egress", &before.0, &after.0),
-            ("B ingress", &before.1, &after.1),
-        ] {
+        for ((name, b), (_, a)) in before.0.iter().zip(&after.0) {
             let stages = a
                 .since(b)
                 .summary(0.99)
@@ -1314,8 +1321,12 @@ fn latency(
         ("1 TCP stream, idle priority", Priority::Idle),
     ] {
         let before = snapshot(&bed)?;
-        let loaded = measure::ping_under_load_at(&bed, seconds, priority)?;
+        let (loaded, stream) = measure::ping_under_load_at(&bed, seconds, priority)?;
         line(phase, &loaded);
+        println!(
+            "    the stream: {:.2} Gbit/s, {} retransmits",
+            stream.gbps, stream.retransmits
+        );
         waits(before, snapshot(&bed)?);
     }
     Ok(())
