@@ -9,7 +9,7 @@ use std::time::Duration;
 use cyphonic_e2e::{Netns, require_root, sh, veth};
 use cyphonic_netio::{
     AddressWatch, DatagramMeta, FrameMeta, Interface, NetError, PacketOptions, PacketSocket,
-    UdpOptions, UdpSocket, netns,
+    UdpOptions, UdpSocket, netns, wait_any,
 };
 
 /// Runs `f` on a thread inside `ns` and returns its result.
@@ -50,6 +50,93 @@ fn drain(sock: &mut PacketSocket, buf_len: usize, within: Duration) -> Vec<(Vec<
 }
 
 const EXPERIMENTAL: u16 = 0x88b5; // IEEE local experimental ethertype
+
+/// A capture group shares an interface's frames by flow: each flow's frames reach one of its
+/// sockets, in order; flows spread over them.
+#[test]
+fn a_capture_group_keeps_each_flow_on_one_socket_in_order() {
+    require_root();
+    let ns = Netns::new("nfo").unwrap();
+    veth(&ns, "cap0", &ns, "peer0").unwrap();
+    ns.ip(&["addr", "add", "192.0.2.2/24", "dev", "peer0"])
+        .unwrap();
+    let cap_mac = mac_in(&ns, "cap0");
+    ns.ip(&[
+        "neigh",
+        "add",
+        "192.0.2.1",
+        "lladdr",
+        &cap_mac,
+        "dev",
+        "peer0",
+    ])
+    .unwrap();
+    let per_socket = inside(&ns, || {
+        let cap = Interface::lookup("cap0").unwrap();
+        let opts = PacketOptions {
+            recv_timeout: None,
+            ..PacketOptions::default()
+        };
+        let mut group = PacketSocket::open_group(&cap, &opts, 4).unwrap();
+        assert_eq!(group.len(), 4);
+        // A second group on the same interface gets an id of its own (no clash).
+        assert_eq!(PacketSocket::open_group(&cap, &opts, 2).unwrap().len(), 2);
+        // 16 flows (source ports), 5 datagrams each, interleaved.
+        let senders: Vec<_> = (0..16)
+            .map(|_| std::net::UdpSocket::bind("192.0.2.2:0").unwrap())
+            .collect();
+        for seq in 0..5u8 {
+            for (flow, s) in senders.iter().enumerate() {
+                s.send_to(&[0xfa, flow as u8, seq], "192.0.2.1:9").unwrap();
+            }
+        }
+        let mut per_socket = vec![Vec::new(); group.len()];
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while per_socket.iter().map(Vec::len).sum::<usize>() < 80
+            && std::time::Instant::now() < deadline
+        {
+            let ready = wait_any(&group, Duration::from_millis(100)).unwrap();
+            for (i, sock) in group.iter_mut().enumerate() {
+                if ready & 1 << i == 0 {
+                    continue;
+                }
+                let mut storage = vec![vec![0u8; 256]; 16];
+                let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+                let mut meta = [FrameMeta::default(); 16];
+                let n = sock.try_recv_batch(&mut bufs, &mut meta, None).unwrap();
+                for (buf, m) in bufs.iter().zip(&meta).take(n) {
+                    // Ethernet, IPv4 without options, UDP: the payload starts at 42.
+                    let f = &buf[..m.len];
+                    if f.len() >= 45 && f[23] == 17 && f[42] == 0xfa {
+                        per_socket[i].push((f[43], f[44]));
+                    }
+                }
+            }
+        }
+        per_socket
+    });
+    assert_eq!(
+        per_socket.iter().map(Vec::len).sum::<usize>(),
+        80,
+        "{per_socket:?}"
+    );
+    let mut home = [None; 16];
+    for (i, got) in per_socket.iter().enumerate() {
+        for &(flow, _) in got {
+            let at = home[flow as usize].get_or_insert(i);
+            assert_eq!(*at, i, "flow {flow} reached two sockets: {per_socket:?}");
+        }
+        for flow in 0..16u8 {
+            let seqs: Vec<u8> = got.iter().filter(|f| f.0 == flow).map(|f| f.1).collect();
+            assert!(
+                seqs.is_empty() || seqs == [0, 1, 2, 3, 4],
+                "flow {flow}: {seqs:?}"
+            );
+        }
+    }
+    let used = per_socket.iter().filter(|s| !s.is_empty()).count();
+    assert!(used >= 2, "16 flows all on one socket: {per_socket:?}");
+}
 
 #[test]
 fn packet_socket_captures_injects_and_reports_metadata() {

@@ -54,7 +54,7 @@ pub use error::NetError;
 pub use iface::{Interface, Offload, OffloadState, disable_receive_offloads, receive_offloads};
 pub use packet::{
     FrameMeta, Gathered, LARGE_FRAME, LargeFrames, PacketOptions, PacketSocket,
-    segmentation_unsupported,
+    segmentation_unsupported, wait_any,
 };
 pub use rtnl::{INGRESS_DROP_PRIORITY, Rtnl};
 pub use sched::{MAX_CPUS, Placement, allowed_cpus};

@@ -15,6 +15,10 @@ const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
 const PACKET_VNET_HDR: libc::c_int = 15;
 const PACKET_STATISTICS: libc::c_int = 6;
+// linux/if_packet.h: fanout, spreading frames by flow hash, with an id the kernel picks.
+const PACKET_FANOUT: libc::c_int = 18;
+const PACKET_FANOUT_HASH: libc::c_int = 0;
+const PACKET_FANOUT_FLAG_UNIQUEID: libc::c_int = 0x2000;
 
 /// linux/if_packet.h `struct tpacket_stats`.
 #[repr(C)]
@@ -273,6 +277,51 @@ impl PacketSocket {
         self.recv_buffer
     }
 
+    /// Opens `queues` sockets on `iface` that share its frames by flow (`PACKET_FANOUT` by
+    /// the kernel's flow hash): every frame of one flow (addresses, protocol and ports) goes
+    /// to the same socket, in order, and different flows spread over the sockets, each with
+    /// its own receive queue, so that a reader taking a batch from each in turn serves a
+    /// light flow without waiting for a heavy one's queue. One socket (`queues` <= 1) is
+    /// [`PacketSocket::open`]. Read them with [`PacketSocket::try_recv_batch`] and wait with
+    /// [`wait_any`].
+    ///
+    /// # Errors
+    /// As [`PacketSocket::open`], or the kernel refusing the group.
+    pub fn open_group(
+        iface: &Interface,
+        opts: &PacketOptions,
+        queues: usize,
+    ) -> Result<Vec<Self>, NetError> {
+        let first = Self::open(iface, opts)?;
+        if queues <= 1 {
+            return Ok(vec![first]);
+        }
+        let fanout_err =
+            |e| NetError::from_io("joining a fanout group", &iface.name, "CAP_NET_RAW", e);
+        let kind = PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_UNIQUEID;
+        // Id 0 with the unique flag: the kernel picks an id no other group has; read it back.
+        setsockopt(
+            first.fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            PACKET_FANOUT,
+            &(kind << 16),
+        )
+        .map_err(fanout_err)?;
+        let arg: libc::c_int =
+            sys::getsockopt(first.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_FANOUT)
+                .map_err(fanout_err)?;
+        // The kernel keeps the group's flags without the unique-id one; joiners match them.
+        let join = (arg & 0xffff) | (PACKET_FANOUT_HASH << 16);
+        let mut group = vec![first];
+        for _ in 1..queues {
+            let sock = Self::open(iface, opts)?;
+            setsockopt(sock.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_FANOUT, &join)
+                .map_err(fanout_err)?;
+            group.push(sock);
+        }
+        Ok(group)
+    }
+
     /// Receives up to `bufs.len()` frames (at most 64) in one system call: waits for the first
     /// (up to the receive timeout), then takes what is already queued. Returns how many
     /// arrived; `meta[i]` describes `bufs[i]`. Returns 0 on timeout. A frame longer than its
@@ -285,7 +334,21 @@ impl PacketSocket {
         bufs: &mut [&mut [u8]],
         meta: &mut [FrameMeta],
     ) -> io::Result<usize> {
-        self.recv(bufs, meta, None)
+        self.recv(bufs, meta, None, true)
+    }
+
+    /// [`Self::recv_batch`] (or, with `large`, [`Self::recv_batch_large`]) without waiting:
+    /// takes what is queued, 0 when nothing is.
+    ///
+    /// # Errors
+    /// A failing system call other than interruption.
+    pub fn try_recv_batch(
+        &mut self,
+        bufs: &mut [&mut [u8]],
+        meta: &mut [FrameMeta],
+        large: Option<&mut LargeFrames>,
+    ) -> io::Result<usize> {
+        self.recv(bufs, meta, large, false)
     }
 
     /// Like [`Self::recv_batch`], but what does not fit `bufs[i]` goes on into `large`'s area
@@ -300,7 +363,7 @@ impl PacketSocket {
         meta: &mut [FrameMeta],
         large: &mut LargeFrames,
     ) -> io::Result<usize> {
-        self.recv(bufs, meta, Some(large))
+        self.recv(bufs, meta, Some(large), true)
     }
 
     fn recv(
@@ -308,6 +371,7 @@ impl PacketSocket {
         bufs: &mut [&mut [u8]],
         meta: &mut [FrameMeta],
         large: Option<&mut LargeFrames>,
+        wait: bool,
     ) -> io::Result<usize> {
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid; the kernel overwrites it.
         let mut names: [libc::sockaddr_ll; MAX_BATCH] = unsafe { zeroed() };
@@ -333,18 +397,23 @@ impl PacketSocket {
             None => (&mut [], 0),
         };
         let fd = self.fd.as_raw_fd();
-        let got = busy::receive(self.busy.as_mut(), |wait| {
+        let mut call = |wait| {
             sys::recvmmsg_scattered(
                 fd,
-                heads,
+                &mut *heads,
                 &mut bufs[..n],
-                tails,
+                &mut *tails,
                 &mut names,
                 &mut controls,
                 &mut out,
                 libc::MSG_TRUNC | libc::MSG_WAITFORONE | busy::dont_wait(wait),
             )
-        })?;
+        };
+        let got = if wait {
+            busy::receive(self.busy.as_mut(), call)?
+        } else {
+            call(false)?
+        };
         let head_len = if self.coalesced { VNET_HDR_LEN } else { 0 };
         let now = if self.timestamps && got > 0 {
             Some(sys::realtime())
@@ -482,6 +551,17 @@ impl PacketSocket {
             busy: self.busy,
         })
     }
+}
+
+/// Waits up to `within` (zero: not at all) until one of `socks` (at most 64) has a frame to
+/// read (`ppoll(2)`); returns which have, bit `i` for `socks[i]` (0 on timeout or
+/// interruption).
+///
+/// # Errors
+/// `ppoll(2)` failing otherwise.
+pub fn wait_any(socks: &[PacketSocket], within: Duration) -> io::Result<u64> {
+    let fds: Vec<libc::c_int> = socks.iter().take(64).map(|s| s.fd.as_raw_fd()).collect();
+    sys::readable(&fds, within)
 }
 
 /// Whether `e`, refusing a message sent with a [`Gso`] request, means the kernel or the

@@ -49,6 +49,44 @@ pub(crate) fn wait_readable(fd: libc::c_int, within: std::time::Duration) -> io:
     }
 }
 
+/// [`wait_readable`] for several: which of `fds` (at most 64) are readable, bit `i` for
+/// `fds[i]`; 0 on timeout or interruption.
+pub(crate) fn readable(fds: &[libc::c_int], within: std::time::Duration) -> io::Result<u64> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .take(64)
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let timeout = libc::timespec {
+        tv_sec: libc::time_t::try_from(within.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(within.subsec_nanos()),
+    };
+    let count = libc::nfds_t::try_from(pfds.len()).unwrap_or(libc::nfds_t::MAX);
+    // SAFETY: `pfds` is a live, exclusively borrowed array of `count` pollfds; `timeout` is a
+    // live timespec; a null signal mask leaves the mask as it is.
+    let polled = unsafe {
+        libc::ppoll(
+            pfds.as_mut_ptr(),
+            count,
+            &raw const timeout,
+            std::ptr::null(),
+        )
+    };
+    match cvt(polled) {
+        Ok(_) => Ok(pfds
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.revents != 0)
+            .fold(0, |mask, (i, _)| mask | 1 << i)),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
 /// A datagram socket to run interface ioctls on.
 pub(crate) fn ioctl_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2) call with constant arguments; no pointers involved.
