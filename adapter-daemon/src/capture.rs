@@ -61,11 +61,34 @@ impl RateLimit {
     }
 }
 
+/// How long the capture thread waits for a frame before it looks at its other work.
+const RECV_WAIT: Duration = Duration::from_millis(10);
+
+/// What one receive on a capture socket gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Batch {
+    Frames,
+    Nothing,
+    /// The engine stopped.
+    Stop,
+}
+
+/// The capture thread's receive state, shared by its sockets.
+struct Reading {
+    buffers: RecvBuffers,
+    meta: [FrameMeta; RECV_BATCH],
+    large: Option<LargeFrames>,
+    /// Waits in the kernel, counted per frame and added to the pipeline's once per batch.
+    queued: cyphonic_pipeline::WaitTally,
+}
+
 /// The capture thread: runs until the engine stops.
 pub struct Capture {
     lan: Arc<LanSide>,
     shared: Arc<Shared>,
-    sock: PacketSocket,
+    /// The capture sockets: one, or a fanout group sharing the port's frames by flow. The
+    /// first also sends the thread's replies.
+    socks: Vec<PacketSocket>,
     intake: Intake,
     guard: PortGuard,
     /// Whether the guard's failure was said already (said once, not every second).
@@ -73,18 +96,19 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// The thread reading `sock` into `intake`, holding `guard` on the LAN port.
+    /// The thread reading `socks` (at least one) into `intake`, holding `guard` on the LAN
+    /// port.
     pub const fn new(
         lan: Arc<LanSide>,
         shared: Arc<Shared>,
-        sock: PacketSocket,
+        socks: Vec<PacketSocket>,
         intake: Intake,
         guard: PortGuard,
     ) -> Self {
         Self {
             lan,
             shared,
-            sock,
+            socks,
             intake,
             guard,
             guard_failed: false,
@@ -92,10 +116,12 @@ impl Capture {
     }
 
     /// The thread's body. Receives a batch without holding the submitter, then handles it
-    /// under one lock and sends it on its way.
+    /// under one lock and sends it on its way. With several capture sockets (a fanout group,
+    /// `dataplane.lan_queues`), takes a batch from each in turn without waiting, and waits
+    /// for any once all were empty: a light flow's frames wait for at most a batch of each
+    /// other socket, not for a heavy flow's whole queue.
     pub fn run(mut self) {
         let shared = self.shared.clone();
-        let pool = &shared.pool;
         let mut replies = Replies {
             buf: [0u8; BUF_LEN],
             icmp: RateLimit {
@@ -104,66 +130,117 @@ impl Capture {
                 per_sec: 200.0,
             },
         };
-        let mut rx = RecvBuffers::new(FRAME_OFFSET..FRAME_OFFSET + FRAME_ROOM);
-        let mut meta = [FrameMeta::default(); RECV_BATCH];
-        // A socket with offload headers may hand over coalesced frames (GRO, or a local
-        // sender's TSO): they need room beyond the packet buffers.
-        let mut large = self.sock.coalesced().then(|| LargeFrames::new(FRAME_ROOM));
+        let mut rx = Reading {
+            buffers: RecvBuffers::new(FRAME_OFFSET..FRAME_OFFSET + FRAME_ROOM),
+            meta: [FrameMeta::default(); RECV_BATCH],
+            // A socket with offload headers may hand over coalesced frames (GRO, or a local
+            // sender's TSO): they need room beyond the packet buffers.
+            large: self.socks[0]
+                .coalesced()
+                .then(|| LargeFrames::new(FRAME_ROOM)),
+            queued: cyphonic_pipeline::WaitTally::default(),
+        };
         let mut drops_read = Instant::now();
-        let mut queued = cyphonic_pipeline::WaitTally::default();
-        let intake = self.intake.clone();
+        let queues = self.socks.len();
+        let mut busy = false;
         while shared.is_running() {
             if drops_read.elapsed() >= DROPS_EVERY {
                 drops_read = Instant::now();
                 self.read_drops();
                 self.hold_guard();
             }
-            let sock = &mut self.sock;
-            let Some(received) = rx.receive(pool, |slices| match large.as_mut() {
-                Some(large) => sock.recv_batch_large(slices, &mut meta, large),
-                None => sock.recv_batch(slices, &mut meta),
-            }) else {
-                bump(&shared.counters.drop_no_buffer);
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            };
-            let frames = match received {
-                Ok(frames) => frames,
-                Err(e) if e.kind() == std::io::ErrorKind::NetworkDown => {
-                    // Said once per time it goes down; capture resumes when it comes back up.
-                    tracing::warn!(interface = self.sock.name(), "the LAN interface went down");
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
+            if queues == 1 {
+                if self.take_batch(0, true, &mut rx, &mut replies) == Batch::Stop {
+                    break;
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, interface = self.sock.name(), "receiving from the LAN interface failed");
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            };
-            if frames.len() == 0 {
                 continue;
             }
-            let now = Instant::now();
-            let mut guard = intake.lock();
-            let Some(sub) = guard.as_mut() else {
-                break;
-            };
-            for (slot, (buf, m)) in frames.zip(meta).enumerate() {
-                if let Some(d) = m.queued {
-                    queued.add(d);
-                }
-                match (m.coalesced, large.as_mut()) {
-                    (Some(how), Some(large)) if !m.outgoing => {
-                        self.cut(&buf, slot, m, how, large, now, &mut replies, sub);
+            // Which sockets have frames: asked without waiting after a round that found
+            // some, else waiting for the first.
+            let within = if busy { Duration::ZERO } else { RECV_WAIT };
+            let ready = cyphonic_netio::wait_any(&self.socks, within).unwrap_or(0);
+            busy = false;
+            for i in (0..queues).filter(|i| ready & 1 << i != 0) {
+                match self.take_batch(i, false, &mut rx, &mut replies) {
+                    Batch::Stop => {
+                        tracing::debug!("capture thread stopped");
+                        return;
                     }
-                    _ => self.handle(buf, m, now, &mut replies, sub),
+                    Batch::Frames => busy = true,
+                    Batch::Nothing => {}
                 }
             }
-            sub.flush();
-            sub.counters().record_socket(&mut queued);
         }
         tracing::debug!("capture thread stopped");
+    }
+
+    /// Receives one batch from capture socket `i` (waiting up to its timeout, or not) and
+    /// handles it.
+    fn take_batch(
+        &mut self,
+        i: usize,
+        wait: bool,
+        rx: &mut Reading,
+        replies: &mut Replies,
+    ) -> Batch {
+        let shared = self.shared.clone();
+        let pool = &shared.pool;
+        let sock = &mut self.socks[i];
+        let (meta, large) = (&mut rx.meta, &mut rx.large);
+        let Some(received) = rx.buffers.receive(pool, |slices| {
+            if wait {
+                match large.as_mut() {
+                    Some(large) => sock.recv_batch_large(slices, meta, large),
+                    None => sock.recv_batch(slices, meta),
+                }
+            } else {
+                sock.try_recv_batch(slices, meta, large.as_mut())
+            }
+        }) else {
+            bump(&shared.counters.drop_no_buffer);
+            std::thread::sleep(Duration::from_millis(1));
+            return Batch::Nothing;
+        };
+        let frames = match received {
+            Ok(frames) => frames,
+            Err(e) if e.kind() == std::io::ErrorKind::NetworkDown => {
+                // Said once per time it goes down; capture resumes when it comes back up.
+                tracing::warn!(
+                    interface = self.socks[i].name(),
+                    "the LAN interface went down"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+                return Batch::Nothing;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, interface = self.socks[i].name(), "receiving from the LAN interface failed");
+                std::thread::sleep(Duration::from_millis(100));
+                return Batch::Nothing;
+            }
+        };
+        if frames.len() == 0 {
+            return Batch::Nothing;
+        }
+        let now = Instant::now();
+        let intake = self.intake.clone();
+        let mut guard = intake.lock();
+        let Some(sub) = guard.as_mut() else {
+            return Batch::Stop;
+        };
+        for (slot, (buf, m)) in frames.zip(rx.meta).enumerate() {
+            if let Some(d) = m.queued {
+                rx.queued.add(d);
+            }
+            match (m.coalesced, rx.large.as_mut()) {
+                (Some(how), Some(large)) if !m.outgoing => {
+                    self.cut(&buf, slot, m, how, large, now, replies, sub);
+                }
+                _ => self.handle(buf, m, now, replies, sub),
+            }
+        }
+        sub.flush();
+        sub.counters().record_socket(&mut rx.queued);
+        Batch::Frames
     }
 
     /// Puts the LAN port's guard back (settings, filter, no address) if something changed it.
@@ -191,15 +268,17 @@ impl Capture {
     /// Adds what the kernel dropped for the capture socket since the last look to
     /// `drop_capture_overflow`.
     fn read_drops(&self) {
-        match self.sock.take_drops() {
-            Ok(0) => {}
-            Ok(n) => {
-                self.lan
-                    .counters
-                    .drop_capture_overflow
-                    .fetch_add(n, Ordering::Relaxed);
+        for sock in &self.socks {
+            match sock.take_drops() {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.lan
+                        .counters
+                        .drop_capture_overflow
+                        .fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!(error = %e, "reading the capture socket's drops failed"),
             }
-            Err(e) => tracing::debug!(error = %e, "reading the capture socket's drops failed"),
         }
     }
 
@@ -322,7 +401,7 @@ impl Capture {
                 let is_error = matches!(kind, ReplyKind::FragNeeded | ReplyKind::TimeExceeded);
                 if is_error && !replies.icmp.allow(now) {
                     bump(&c.icmp_rate_limited);
-                } else if self.sock.send(&replies.buf[..len]).is_ok() {
+                } else if self.socks[0].send(&replies.buf[..len]).is_ok() {
                     bump(counter);
                 } else {
                     bump(&c.lan_send_failed);

@@ -132,6 +132,8 @@ cyphonic_settings::dataplane_table! {
         lan_gso: bool = true,
         #[serde(default = "cyphonic_settings::defaults::yes")]
         defer_checksums: bool = true,
+        #[serde(default = "default_lan_queues")]
+        lan_queues: Spanned<usize> = default_lan_queues(),
     }
 }
 
@@ -144,6 +146,14 @@ struct RawReservation {
     #[serde(default)]
     groups: Vec<Spanned<String>>,
 }
+
+/// `dataplane.lan_queues`: one capture socket.
+fn default_lan_queues() -> Spanned<usize> {
+    Spanned::new(0..0, 1)
+}
+
+/// The most capture sockets `dataplane.lan_queues` may ask for.
+const LAN_QUEUES_MAX: usize = 16;
 
 fn default_state_dir() -> PathBuf {
     PathBuf::from("/var/lib/cyphonic")
@@ -188,6 +198,10 @@ pub struct LanDataplane {
     /// Leave checksums left to offload (and those of segments cut here) to the tunnel's far
     /// end (`cyphonic_wire::FLAG_CHECKSUM_DEFERRED`).
     pub defer_checksums: bool,
+    /// Capture sockets sharing the LAN port's frames by flow hash (a fanout group), read in
+    /// turn: a light flow's frames then wait behind at most a batch of a heavy flow's, not
+    /// its whole queue. 1: one socket.
+    pub queues: usize,
 }
 
 /// Everything the adapter needs to run, checked.
@@ -321,6 +335,13 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
     let dns = common.dns.is_some().then_some(gw);
     let common = raw.with_policy(src, common, &identity, &devices, dns)?;
     let d = &raw.dataplane;
+    if !(1..=LAN_QUEUES_MAX).contains(d.lan_queues.get_ref()) {
+        return src.err(
+            &d.lan_queues.span(),
+            "dataplane.lan_queues",
+            format!("{} is outside 1..={LAN_QUEUES_MAX}", d.lan_queues.get_ref()),
+        );
+    }
     let config = AdapterConfig {
         common,
         lan_interface: a.lan_interface.clone(),
@@ -333,6 +354,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             gro: d.lan_gro,
             gso: d.lan_gso,
             defer_checksums: d.defer_checksums,
+            queues: *d.lan_queues.get_ref(),
         },
         reservations,
     };
@@ -665,6 +687,7 @@ mod tests {
                     gro: true,
                     gso: true,
                     defer_checksums: true,
+                    queues: 1,
                 }
             )
         );
@@ -717,6 +740,11 @@ mod tests {
         let batch_error =
             format!(":{batch_line}: key `dataplane.batch_size`: 0 is outside 1..=1024");
         let cases: &[(&str, &str, &str)] = &[
+            (
+                "lan_queues = 1",
+                "lan_queues = 17",
+                "key `dataplane.lan_queues`: 17 is outside 1..=16",
+            ),
             (
                 "gateway_vip = \"100.64.1.1\"",
                 "gateway_vip = \"100.64.9.1\"",

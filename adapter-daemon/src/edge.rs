@@ -39,7 +39,8 @@ use crate::status::{AdapterInfo, AdapterStatus};
 pub struct AdapterEdge<'a> {
     config: &'a AdapterConfig,
     iface: Interface,
-    capture: Option<PacketSocket>,
+    /// The capture sockets (a fanout group with `lan_queues` > 1); the first also sends.
+    capture: Option<Vec<PacketSocket>>,
     /// The LAN port's guard, held once at open and then every second by the capture thread.
     guard: Option<PortGuard>,
     lan: Arc<LanSide>,
@@ -61,7 +62,7 @@ impl<'a> AdapterEdge<'a> {
         }
         let iface = Interface::lookup_up(&config.lan_interface)?;
         set_receive_offloads(&iface.name, lan_side.gro, lan_side.gso)?;
-        let capture = PacketSocket::open(
+        let capture = PacketSocket::open_group(
             &iface,
             &PacketOptions {
                 recv_buffer: lan_side.buffer,
@@ -72,14 +73,16 @@ impl<'a> AdapterEdge<'a> {
                 timestamps: d.socket_timestamps || d.aqm.is_some(),
                 ..PacketOptions::default()
             },
+            lan_side.queues,
         )?;
         let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);
         tracing::info!(
             interface = %iface.name,
             mac = %Mac(iface.mac),
             gateway_mac = %Mac(gateway_mac),
-            ignores_outgoing = capture.ignores_outgoing(),
-            recv_buffer = capture.recv_buffer(),
+            ignores_outgoing = capture[0].ignores_outgoing(),
+            recv_buffer = capture[0].recv_buffer(),
+            queues = capture.len(),
             "capturing the LAN"
         );
         // Before the engine starts: turning the port's IPv6 off removes its link-local
@@ -124,6 +127,7 @@ impl<'a> AdapterEdge<'a> {
     fn socket(&self) -> anyhow::Result<&PacketSocket> {
         self.capture
             .as_ref()
+            .and_then(|c| c.first())
             .context("the capture socket went to the capture thread")
     }
 }

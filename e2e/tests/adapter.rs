@@ -753,6 +753,31 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
     }
 }
 
+/// `lan_queues = 4`: adapter A captures with a fanout group of four sockets sharing the LAN
+/// port's frames by flow; a transfer arrives intact, pings are answered meanwhile and after,
+/// and nothing is reordered.
+#[test]
+fn a_capture_group_of_four_sockets_carries_the_lan_intact() {
+    let bed = bed(&BedOptions {
+        dataplane_extra: "lan_queues = 4".into(),
+        ..BedOptions::default()
+    });
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
+    // The adapter's packet sockets: the group's four (and nothing else of ours).
+    let sockets = bed.a.adapter_ns.exec("cat", &["/proc/net/packet"]).unwrap();
+    assert!(sockets.lines().count() > 4, "{sockets}");
+    let (input, output) = send_a_to_b(&bed, 16 << 20, 60);
+    assert_eq!(
+        sha256(&bed.b.lan, &output),
+        sha256(&bed.a.lan, &input),
+        "the data changed on the way"
+    );
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(5).wait(3));
+    assert_eq!(out_of_order(&bed, Side::A), (0, 0));
+    let s = bed.status(Side::A).unwrap();
+    assert_eq!(s["counters"]["captured_truncated"], 0, "{}", s["counters"]);
+}
+
 /// Sends bursts of 32 equal 1200-byte UDP datagrams from LAN host A to LAN host B's discard
 /// port, one burst a millisecond (about 300 Mbit/s), for `duration`; what the send calls
 /// answer does not matter (host B answers port-unreachable).
