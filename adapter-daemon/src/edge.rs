@@ -85,6 +85,11 @@ impl<'a> AdapterEdge<'a> {
             queues = capture.len(),
             "capturing the LAN"
         );
+        if (d.socket_timestamps || d.aqm.is_some()) && !capture[0].timestamps() {
+            tracing::warn!(
+                "the kernel refused receive stamps on the capture socket: no socket waits, and the queue manager (dataplane.aqm_target_us) has nothing to judge"
+            );
+        }
         // Before the engine starts: turning the port's IPv6 off removes its link-local
         // address, which the engine's network watcher would take for an uplink change.
         let mut guard = PortGuard::new(&iface.name, iface.index);

@@ -230,9 +230,9 @@ impl PacketSocket {
             setsockopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &one)
                 .map_err(|e| raw_err("asking for offload headers (PACKET_VNET_HDR)", e))?;
         }
-        if opts.timestamps {
-            sys::ask_timestamps(raw).map_err(|e| raw_err("asking for receive timestamps", e))?;
-        }
+        // Stamps only measure: a kernel (or an emulator) that refuses them leaves the frames
+        // without (`queued` stays `None`; `Self::timestamps` says so).
+        let timestamps = opts.timestamps && sys::ask_timestamps(raw).is_ok();
         sys::set_recv_timeout(raw, opts.recv_timeout)
             .map_err(|e| raw_err("setting the receive timeout", e))?;
         let recv_buffer =
@@ -245,7 +245,7 @@ impl PacketSocket {
             promiscuous: opts.promiscuous,
             recv_buffer,
             coalesced: opts.coalesced,
-            timestamps: opts.timestamps,
+            timestamps,
             busy: BusyPoll::new(opts.busy_poll, opts.recv_timeout),
         })
     }
@@ -275,6 +275,12 @@ impl PacketSocket {
     /// The receive buffer the kernel granted, in bytes.
     pub const fn recv_buffer(&self) -> usize {
         self.recv_buffer
+    }
+
+    /// Whether frames carry the kernel's receive stamp ([`PacketOptions::timestamps`] asked
+    /// for and granted).
+    pub const fn timestamps(&self) -> bool {
+        self.timestamps
     }
 
     /// Opens `queues` sockets on `iface` that share its frames by flow (`PACKET_FANOUT` by
