@@ -183,7 +183,7 @@ impl Capture {
         rx: &mut Reading,
         replies: &mut Replies,
     ) -> Batch {
-        let shared = self.shared.clone();
+        let shared = &*self.shared;
         let pool = &shared.pool;
         let sock = &mut self.socks[i];
         let (meta, large) = (&mut rx.meta, &mut rx.large);
@@ -222,8 +222,7 @@ impl Capture {
             return Batch::Nothing;
         }
         let now = Instant::now();
-        let intake = self.intake.clone();
-        let mut guard = intake.lock();
+        let mut guard = self.intake.lock();
         let Some(sub) = guard.as_mut() else {
             return Batch::Stop;
         };

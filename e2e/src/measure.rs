@@ -47,7 +47,11 @@ pub fn tcp_median(
 /// iperf3 fails.
 pub fn tcp(bed: &TwoSites, streams: usize, seconds: u64) -> anyhow::Result<Tcp> {
     let p = streams.to_string();
-    let r = iperf3(bed, Side::B, &["-P", &p], seconds)?;
+    tcp_report(&iperf3(bed, Side::B, &["-P", &p], seconds)?)
+}
+
+/// The rate and retransmits of an iperf3 TCP client's JSON report.
+fn tcp_report(r: &serde_json::Value) -> anyhow::Result<Tcp> {
     Ok(Tcp {
         gbps: r["end"]["sum_received"]["bits_per_second"]
             .as_f64()
@@ -277,15 +281,7 @@ pub fn ping_under_load_at(
         count,
         Duration::from_millis(10),
     )?;
-    let r = run.finish()?;
-    let stream = Tcp {
-        gbps: r["end"]["sum_received"]["bits_per_second"]
-            .as_f64()
-            .context("no bits_per_second")?
-            / 1e9,
-        retransmits: r["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
-    };
-    Ok((stats, stream))
+    Ok((stats, tcp_report(&run.finish()?)?))
 }
 
 /// Where one pipeline's packets waited, by stage, as the status document reports it:

@@ -566,8 +566,11 @@ impl PacketSocket {
 /// # Errors
 /// `ppoll(2)` failing otherwise.
 pub fn wait_any(socks: &[PacketSocket], within: Duration) -> io::Result<u64> {
-    let fds: Vec<libc::c_int> = socks.iter().take(64).map(|s| s.fd.as_raw_fd()).collect();
-    sys::readable(&fds, within)
+    let mut fds = [-1; 64];
+    for (fd, s) in fds.iter_mut().zip(socks) {
+        *fd = s.fd.as_raw_fd();
+    }
+    sys::readable(&fds[..socks.len().min(64)], within)
 }
 
 /// Whether `e`, refusing a message sent with a [`Gso`] request, means the kernel or the

@@ -31,36 +31,22 @@ pub(crate) fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
 /// high-resolution timer, where a receive timeout is rounded to the kernel's tick). True
 /// when it is; false on timeout or interruption.
 pub(crate) fn wait_readable(fd: libc::c_int, within: std::time::Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let timeout = libc::timespec {
-        tv_sec: libc::time_t::try_from(within.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(within.subsec_nanos()),
-    };
-    // SAFETY: `pfd` is a live, exclusively borrowed pollfd and we pass a count of 1;
-    // `timeout` is a live timespec; a null signal mask leaves the mask as it is.
-    match cvt(unsafe { libc::ppoll(&raw mut pfd, 1, &raw const timeout, std::ptr::null()) }) {
-        Ok(n) => Ok(n > 0),
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
-        Err(e) => Err(e),
-    }
+    readable(&[fd], within).map(|ready| ready != 0)
 }
 
 /// [`wait_readable`] for several: which of `fds` (at most 64) are readable, bit `i` for
 /// `fds[i]`; 0 on timeout or interruption.
 pub(crate) fn readable(fds: &[libc::c_int], within: std::time::Duration) -> io::Result<u64> {
-    let mut pfds: Vec<libc::pollfd> = fds
-        .iter()
-        .take(64)
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    // On the stack: the capture thread asks once per round.
+    let mut all = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 64];
+    let pfds = &mut all[..fds.len().min(64)];
+    for (p, &fd) in pfds.iter_mut().zip(fds) {
+        p.fd = fd;
+    }
     let timeout = libc::timespec {
         tv_sec: libc::time_t::try_from(within.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: libc::c_long::from(within.subsec_nanos()),
