@@ -146,6 +146,9 @@ impl WaitTally {
 struct Head {
     submitted: AtomicU64,
     rejected_full: AtomicU64,
+    over_bytes: AtomicU64,
+    over_time: AtomicU64,
+    batch_buffers: AtomicU64,
     batches: AtomicU64,
     inline_batches: AtomicU64,
     /// [`Wait::Socket`], written by the edge's receiving thread.
@@ -198,6 +201,23 @@ impl Counters {
 
     pub(crate) fn count_full(&self) {
         self.head.rejected_full.fetch_add(1, Relaxed);
+    }
+
+    /// A packet refused because the bytes in flight reached the budget.
+    pub(crate) fn count_over_bytes(&self) {
+        self.head.over_bytes.fetch_add(1, Relaxed);
+        self.count_full();
+    }
+
+    /// A packet refused because the oldest batch in flight was out too long.
+    pub(crate) fn count_over_time(&self) {
+        self.head.over_time.fetch_add(1, Relaxed);
+        self.count_full();
+    }
+
+    /// A batch buffer was made (on first use).
+    pub(crate) fn count_batch_buffer(&self) {
+        self.head.batch_buffers.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn count_emitted(&self, emitted: u64, out_of_order: u64) {
@@ -275,6 +295,9 @@ impl Counters {
             submitted: self.head.submitted.load(Relaxed),
             emitted: self.tail.emitted.load(Relaxed),
             rejected_full: self.head.rejected_full.load(Relaxed),
+            rejected_bytes: self.head.over_bytes.load(Relaxed),
+            rejected_late: self.head.over_time.load(Relaxed),
+            batch_buffers: self.head.batch_buffers.load(Relaxed),
             batches: self.head.batches.load(Relaxed),
             inline_batches: self.head.inline_batches.load(Relaxed),
             out_of_order: self.tail.out_of_order.load(Relaxed),
@@ -298,8 +321,18 @@ pub struct Stats {
     pub submitted: u64,
     /// Packets the sink's `emit` accepted.
     pub emitted: u64,
-    /// Packets refused at the head because every batch buffer was in flight.
+    /// Packets refused at the head because the in-flight budget was spent: the bytes
+    /// ([`Stats::rejected_bytes`]), the time ([`Stats::rejected_late`]) or every batch
+    /// buffer (the rest).
     pub rejected_full: u64,
+    /// Of those, refused because the bytes in flight reached [`crate::Config::in_flight_bytes`].
+    pub rejected_bytes: u64,
+    /// Of those, refused because the oldest batch in flight was out longer than
+    /// [`crate::Config::in_flight_time`].
+    pub rejected_late: u64,
+    /// Batch buffers made so far (on first use; at most [`crate::Config::batches_in_flight`]):
+    /// the most batches a burst has needed in flight at once, give or take one.
+    pub batch_buffers: u64,
     /// Batches that left the sequencer (to the workers, or inline).
     pub batches: u64,
     /// Of those, batches processed and emitted on the sequencer's own thread because nothing

@@ -150,6 +150,9 @@ pub(crate) struct EmitShared<K: Sink> {
     /// Batches dispatched to the pool and not yet emitted. Only the sequencer's thread adds
     /// to it; the emitter subtracts once a batch is out, under the lock.
     in_flight: AtomicUsize,
+    /// What those batches' packets count for in the in-flight budget ([`Stage::bytes`]),
+    /// kept the same way.
+    bytes_in_flight: AtomicUsize,
 }
 
 impl<K: Sink> EmitShared<K> {
@@ -171,6 +174,7 @@ impl<K: Sink> EmitShared<K> {
                 flows,
             })),
             in_flight: AtomicUsize::new(0),
+            bytes_in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -187,10 +191,12 @@ pub(crate) trait Inline<T>: Send + Sync {
     /// Whether nothing is in flight: a batch processed now on the caller's thread may be
     /// emitted right away without overtaking anything.
     fn idle(&self) -> bool;
-    /// A batch is being handed to the pool.
-    fn dispatched(&self);
+    /// A batch whose packets count `bytes` is being handed to the pool.
+    fn dispatched(&self, bytes: usize);
     /// Batches handed to the pool and not yet emitted.
     fn in_flight(&self) -> usize;
+    /// What their packets count for in the in-flight budget.
+    fn bytes_in_flight(&self) -> usize;
     /// Emits batch `seq`, already processed on the caller's thread, now. Call only after
     /// [`Inline::idle`] said so (and with no dispatch since): `seq` is then the next due.
     /// Leaves `entries` empty, for reuse. Returns false when the emitter is gone.
@@ -205,12 +211,17 @@ impl<K: Sink> Inline<K::Item> for EmitShared<K> {
         self.in_flight.load(Ordering::Acquire) == 0
     }
 
-    fn dispatched(&self) {
+    fn dispatched(&self, bytes: usize) {
+        self.bytes_in_flight.fetch_add(bytes, Ordering::AcqRel);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
     }
 
     fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
+    }
+
+    fn bytes_in_flight(&self) -> usize {
+        self.bytes_in_flight.load(Ordering::Acquire)
     }
 
     fn emit_now(&self, seq: u64, entries: &mut Vec<Entry<K::Item>>, times: Times) -> bool {
@@ -289,7 +300,8 @@ fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K
         let st = guard
             .as_mut()
             .expect("only this thread takes the state, at its end");
-        let released = st.release(batch);
+        let (released, bytes) = st.release(batch);
+        shared.bytes_in_flight.fetch_sub(bytes, Ordering::AcqRel);
         shared.in_flight.fetch_sub(released, Ordering::AcqRel);
     }
     let mut st = shared
@@ -302,17 +314,20 @@ fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K
 }
 
 impl<K: Sink> EmitterState<K> {
-    /// Takes a batch from the pool and emits every batch now due; returns how many.
-    fn release(&mut self, batch: Batch<K::Item>) -> usize {
+    /// Takes `batch` from a worker and emits every batch now due, in order; returns how
+    /// many left and what their packets counted for in the budget.
+    fn release(&mut self, batch: Batch<K::Item>) -> (usize, usize) {
         let arrived = Instant::now();
         if !self.ordering {
+            let bytes = batch.bytes;
             self.emit(batch, arrived, arrived);
-            return 1;
+            return (1, bytes);
         }
         let seq = batch.seq;
         self.ring.insert(seq, batch, arrived);
-        let mut released = 0;
+        let (mut released, mut bytes) = (0, 0);
         while let Some((batch, arrived_at)) = self.ring.pop_next() {
+            bytes += batch.bytes;
             // Every batch released here but the one that just arrived waited for it.
             if batch.seq != seq {
                 self.counters.record_hold(
@@ -324,7 +339,7 @@ impl<K: Sink> EmitterState<K> {
             released += 1;
         }
         self.counters.record_depth(self.ring.held());
-        released
+        (released, bytes)
     }
 
     /// Emits `batch`, which reached this thread at `arrived`, now (`now`).

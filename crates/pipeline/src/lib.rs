@@ -29,10 +29,15 @@
 //!   download. A flow's own packets never overtake each other: while one is in flight the
 //!   next queues behind it (`flows.rs`).
 //!
-//! Memory is fixed at start: [`Config::batches_in_flight`] batch buffers circulate between the
-//! sequencer and the emitter. When all are in flight, [`Sequencer::push`] refuses the packet
+//! The in-flight budget is bytes and time, not a count of packets: a new batch is not opened
+//! while the packets between the sequencer and the emitter hold [`Config::in_flight_bytes`]
+//! (as [`Stage::bytes`] counts them), nor while the oldest batch in flight has been out
+//! longer than [`Config::in_flight_time`]; [`Sequencer::push`] then refuses the packet
 //! ([`Rejected::Full`]) and the caller drops it at the edge (or waits with
-//! [`Sequencer::push_wait`]): memory never grows with load.
+//! [`Sequencer::push_wait`]). A burst of small packets, which arrives as many small batches,
+//! is held as long as it is small in bytes and young. [`Config::batches_in_flight`] caps the
+//! batch buffers (and sizes the reorder ring): they are made on first use and reused most
+//! recent first, so memory grows to the largest burst met, never past the cap.
 //!
 //! [`Config::ordering`] `= false` exists only to reproduce the papers' problem in experiments.
 //!
@@ -143,6 +148,12 @@ pub trait Stage: Send + Sync + 'static {
         None
     }
 
+    /// What the packet counts for in the in-flight budget ([`Config::in_flight_bytes`]): its
+    /// length. A stage that says nothing (0) is bounded by time and batch buffers only.
+    fn bytes(&self, _item: &Self::Item) -> usize {
+        0
+    }
+
     /// Runs on a worker, in any order relative to other packets: seal or open.
     ///
     /// # Errors
@@ -179,10 +190,18 @@ pub struct Config {
     /// Largest batch handed to a worker. Larger amortises more; smaller keeps latency down
     /// under light load (a partial batch leaves on [`Sequencer::flush`]).
     pub batch_size: usize,
-    /// Batches that may be between the sequencer and the emitter at once: the memory bound,
-    /// and the reorder ring's size. In-flight packets never exceed
-    /// `batch_size * batches_in_flight`.
+    /// Batches that may be between the sequencer and the emitter at once: the cap on batch
+    /// buffers (made on first use) and the reorder ring's size. In-flight packets never
+    /// exceed `batch_size * batches_in_flight`. Set it so that the byte and time budgets bind
+    /// first: a burst of small packets comes as many batches of a few packets each.
     pub batches_in_flight: usize,
+    /// Bytes ([`Stage::bytes`]) that may be in flight: no new batch opens past them (0: no
+    /// bound but the batch buffers).
+    pub in_flight_bytes: usize,
+    /// No new batch opens while the oldest batch in flight was handed to the workers longer
+    /// ago than this: the pipeline is behind, and holding more would only add delay (zero:
+    /// no bound by time). Measured with [`Config::ordering`] only.
+    pub in_flight_time: std::time::Duration,
     /// Batches of at most this many packets are processed and emitted on the sequencer's
     /// thread when nothing is in flight (0: never). Under light load that removes the two
     /// thread hand-offs from a packet's path; under load batches fill up or find others in
@@ -235,7 +254,9 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             batch_size: 32,
-            batches_in_flight: 1024,
+            batches_in_flight: 4096,
+            in_flight_bytes: 16 << 20,
+            in_flight_time: std::time::Duration::from_millis(100),
             inline_max: 8,
             sparse_rate: 1000,
             sparse_burst: 32,
@@ -282,12 +303,8 @@ where
     }
     let counters = Arc::new(Counters::default());
     let (done_tx, done_rx) = crossbeam_channel::bounded(config.batches_in_flight);
+    // Batch buffers come back here; the sequencer makes them on first use.
     let (free_tx, free_rx) = crossbeam_channel::bounded(config.batches_in_flight);
-    for _ in 0..config.batches_in_flight {
-        free_tx
-            .send(Vec::with_capacity(config.batch_size))
-            .expect("sized to hold them all");
-    }
     // Only an ordered pipeline knows a flow's packets are out once a later one is.
     let flows = flows::FlowTable::new(
         if config.ordering {
@@ -332,6 +349,8 @@ struct Entry<T> {
 struct Batch<T> {
     seq: u64,
     entries: Vec<Entry<T>>,
+    /// What its packets count for in the in-flight budget.
+    bytes: usize,
     times: Times,
 }
 

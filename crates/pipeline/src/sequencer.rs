@@ -1,7 +1,8 @@
 //! The sequencer: stamps arrival order, batches, hands batches to the pool.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -14,7 +15,8 @@ use crate::{Batch, Config, DropReason, Entry, Stage, Stats, Times};
 /// A packet the sequencer did not take, handed back to the caller.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Rejected<T> {
-    /// Every batch buffer is in flight: drop at the edge (counted as `rejected_full`), or wait.
+    /// The in-flight budget is spent (bytes, time or batch buffers): drop at the edge
+    /// (counted as `rejected_full`), or wait.
     Full(T),
     /// [`Stage::sequence`] refused it (counted under its reason).
     Dropped(T, DropReason),
@@ -42,7 +44,24 @@ pub struct Sequencer<S: Stage> {
     inline: Arc<dyn Inline<S::Item>>,
     done_tx: Sender<Batch<S::Item>>,
     free_rx: Receiver<Vec<Entry<S::Item>>>,
+    /// Batch buffers back from the emitter, the most recently used last (taken first: the
+    /// others stay cold).
+    free: Vec<Vec<Entry<S::Item>>>,
+    /// Batch buffers made so far, at most `max_batches`.
+    made: usize,
+    max_batches: usize,
+    max_bytes: usize,
+    /// Zero: no bound by time.
+    max_time: Duration,
+    /// When each batch still in flight was dispatched, oldest first (with ordering, batches
+    /// leave the emitter in this order).
+    out: VecDeque<Instant>,
+    /// Batches dispatched to the workers so far, and of those forgotten from `out`.
+    sent: u64,
+    forgotten: u64,
     filling: Option<Vec<Entry<S::Item>>>,
+    /// What the filling batch's packets count for in the budget.
+    filling_bytes: usize,
     /// When the filling batch got its first packet.
     opened: Instant,
     next_seq: u64,
@@ -85,7 +104,20 @@ impl<S: Stage> Sequencer<S> {
             inline,
             done_tx,
             free_rx,
+            free: Vec::new(),
+            made: 0,
+            max_batches: config.batches_in_flight,
+            max_bytes: config.in_flight_bytes,
+            max_time: if config.ordering {
+                config.in_flight_time
+            } else {
+                Duration::ZERO
+            },
+            out: VecDeque::new(),
+            sent: 0,
+            forgotten: 0,
             filling: None,
+            filling_bytes: 0,
             opened: Instant::now(),
             next_seq: 0,
             next_batch: 0,
@@ -165,15 +197,58 @@ impl<S: Stage> Sequencer<S> {
 
     fn push_in(&mut self, item: S::Item, flow: Bucket) -> Result<(), Rejected<S::Item>> {
         if self.filling.is_none() {
-            match self.free_rx.try_recv() {
-                Ok(buf) => self.filling = Some(buf),
-                Err(_) => {
+            if self.over_budget() {
+                return Err(Rejected::Full(item));
+            }
+            match self.batch_buffer() {
+                Some(buf) => self.filling = Some(buf),
+                None => {
                     self.counters.count_full();
                     return Err(Rejected::Full(item));
                 }
             }
         }
         self.stamp_and_add(item, flow)
+    }
+
+    /// Whether the in-flight budget is spent (counted if so): the bytes, or the time the
+    /// oldest batch in flight has been out.
+    fn over_budget(&mut self) -> bool {
+        if self.max_bytes > 0 && self.inline.bytes_in_flight() >= self.max_bytes {
+            self.counters.count_over_bytes();
+            return true;
+        }
+        if self.max_time.is_zero() {
+            return false;
+        }
+        // Batches leave in dispatch order: those no longer in flight are the oldest.
+        let left = self.sent - self.inline.in_flight() as u64;
+        while self.forgotten < left && self.out.pop_front().is_some() {
+            self.forgotten += 1;
+        }
+        if self
+            .out
+            .front()
+            .is_some_and(|oldest| oldest.elapsed() > self.max_time)
+        {
+            self.counters.count_over_time();
+            return true;
+        }
+        false
+    }
+
+    /// A free batch buffer: the one used last, or a new one while fewer than
+    /// `batches_in_flight` were made; `None` when all are in flight.
+    fn batch_buffer(&mut self) -> Option<Vec<Entry<S::Item>>> {
+        self.free.extend(self.free_rx.try_iter());
+        if let Some(buf) = self.free.pop() {
+            return Some(buf);
+        }
+        (self.made < self.max_batches).then(|| {
+            self.made += 1;
+            self.counters.count_batch_buffer();
+            Vec::with_capacity(self.batch_size)
+        })
     }
 
     /// A sparse flow's packet: stamped, processed and emitted now, outside the ring.
@@ -198,17 +273,22 @@ impl<S: Stage> Sequencer<S> {
     }
 
     /// Like [`Sequencer::push`], but when every batch buffer is in flight it waits for the
-    /// emitter to release one (backpressure) instead of refusing.
+    /// emitter to release one (backpressure) instead of refusing. The byte and time budgets
+    /// do not apply: the caller waits instead of dropping.
     ///
     /// # Errors
     /// [`Rejected::Dropped`] when the stage refused the packet.
     pub fn push_wait(&mut self, item: S::Item) -> Result<(), Rejected<S::Item>> {
         if self.filling.is_none() {
-            match self.free_rx.recv() {
-                Ok(buf) => self.filling = Some(buf),
-                // The emitter is gone: nothing can flow any more.
-                Err(_) => return Err(Rejected::Full(item)),
-            }
+            let buf = match self.batch_buffer() {
+                Some(buf) => buf,
+                None => match self.free_rx.recv() {
+                    Ok(buf) => buf,
+                    // The emitter is gone: nothing can flow any more.
+                    Err(_) => return Err(Rejected::Full(item)),
+                },
+            };
+            self.filling = Some(buf);
         }
         self.stamp_and_add(item, NO_FLOW)
     }
@@ -243,6 +323,7 @@ impl<S: Stage> Sequencer<S> {
         if batch.is_empty() {
             self.opened = Instant::now();
         }
+        self.filling_bytes += self.stage.bytes(&item);
         batch.push(Entry {
             seq: self.next_seq,
             item,
@@ -265,6 +346,7 @@ impl<S: Stage> Sequencer<S> {
             return;
         };
         self.counters.count_dispatch(entries.len());
+        let bytes = std::mem::take(&mut self.filling_bytes);
         let seq = self.next_batch;
         self.next_batch += 1;
         let dispatched = Instant::now();
@@ -285,10 +367,13 @@ impl<S: Stage> Sequencer<S> {
             }
             return;
         }
-        self.inline.dispatched();
+        self.inline.dispatched(bytes);
+        self.sent += 1;
+        self.out.push_back(dispatched);
         let batch = Batch {
             seq,
             entries,
+            bytes,
             times,
         };
         let stage = self.stage.clone();
