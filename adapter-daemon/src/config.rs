@@ -662,7 +662,9 @@ mod tests {
                 cyphonic_settings::DataPlane {
                     workers: 0,
                     batch_size: 32,
-                    batches_in_flight: 1024,
+                    batches_in_flight: 4096,
+                    in_flight_bytes: 16 << 20,
+                    in_flight_time: Duration::from_millis(100),
                     inline_max: 8,
                     sparse_rate: 1000,
                     aqm: None,

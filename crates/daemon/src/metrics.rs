@@ -104,9 +104,24 @@ impl Collector for EngineCollector {
         .encode(&mut e, per_dir(&|s| f(s.inline_batches)))?;
         Family::counters(
             "cyphonic_pipeline_rejected_full",
-            "Packets refused because every batch buffer was in flight.",
+            "Packets refused because the in-flight budget was spent (bytes, time or batch buffers).",
         )
         .encode(&mut e, per_dir(&|s| f(s.rejected_full)))?;
+        Family::counters(
+            "cyphonic_pipeline_rejected_bytes",
+            "Of those, refused for the bytes in flight (dataplane.in_flight_bytes).",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.rejected_bytes)))?;
+        Family::counters(
+            "cyphonic_pipeline_rejected_late",
+            "Of those, refused because the oldest batch in flight was out too long (dataplane.in_flight_ms).",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.rejected_late)))?;
+        Family::gauges(
+            "cyphonic_pipeline_batch_buffers",
+            "Batch buffers made so far: the most batches a burst needed in flight at once.",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.batch_buffers)))?;
         Family::counters(
             "cyphonic_pipeline_out_of_order",
             "Packets emitted out of arrival order (stays 0 with ordering on).",

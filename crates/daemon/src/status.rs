@@ -234,8 +234,16 @@ pub struct PipelineStatus {
     pub submitted: u64,
     /// Packets it emitted, in order.
     pub emitted: u64,
-    /// Packets refused because every batch buffer was in flight.
+    /// Packets refused because the in-flight budget was spent (bytes, time or batch
+    /// buffers).
     pub rejected_full: u64,
+    /// Of those, refused for the bytes in flight (`dataplane.in_flight_bytes`).
+    pub rejected_bytes: u64,
+    /// Of those, refused because the oldest batch in flight was out too long
+    /// (`dataplane.in_flight_ms`).
+    pub rejected_late: u64,
+    /// Batch buffers made so far: the most batches a burst needed in flight at once.
+    pub batch_buffers: u64,
     /// Batches that left its sequencer.
     pub batches: u64,
     /// Of those, batches processed on the receiving thread.
@@ -277,6 +285,9 @@ impl From<&Stats> for PipelineStatus {
             submitted: s.submitted,
             emitted: s.emitted,
             rejected_full: s.rejected_full,
+            rejected_bytes: s.rejected_bytes,
+            rejected_late: s.rejected_late,
+            batch_buffers: s.batch_buffers,
             batches: s.batches,
             inline_batches: s.inline_batches,
             out_of_order: s.out_of_order,

@@ -52,6 +52,10 @@ macro_rules! dataplane_table {
             batch_size: toml::Spanned<usize>,
             #[serde(default = "cyphonic_settings::defaults::batches_in_flight")]
             batches_in_flight: toml::Spanned<usize>,
+            #[serde(default = "cyphonic_settings::defaults::in_flight_bytes")]
+            in_flight_bytes: toml::Spanned<usize>,
+            #[serde(default = "cyphonic_settings::defaults::in_flight_ms")]
+            in_flight_ms: toml::Spanned<u32>,
             #[serde(default = "cyphonic_settings::defaults::inline_max")]
             inline_max: toml::Spanned<usize>,
             #[serde(default = "cyphonic_settings::defaults::sparse_rate")]
@@ -95,6 +99,8 @@ macro_rules! dataplane_table {
                     workers: $crate::defaults::workers(),
                     batch_size: $crate::defaults::batch_size(),
                     batches_in_flight: $crate::defaults::batches_in_flight(),
+                    in_flight_bytes: $crate::defaults::in_flight_bytes(),
+                    in_flight_ms: $crate::defaults::in_flight_ms(),
                     inline_max: $crate::defaults::inline_max(),
                     sparse_rate: $crate::defaults::sparse_rate(),
                     aqm_target_us: $crate::defaults::aqm_target_us(),
@@ -130,6 +136,7 @@ macro_rules! dataplane_table {
                     &self.inline_max,
                     &self.buffers,
                 )?;
+                $crate::check_in_flight(src, &self.in_flight_bytes, &self.in_flight_ms)?;
                 $crate::check_placement(
                     src,
                     &self.cpus,
@@ -146,6 +153,10 @@ macro_rules! dataplane_table {
                     workers: self.workers,
                     batch_size: *self.batch_size.get_ref(),
                     batches_in_flight: *self.batches_in_flight.get_ref(),
+                    in_flight_bytes: *self.in_flight_bytes.get_ref(),
+                    in_flight_time: std::time::Duration::from_millis(u64::from(
+                        *self.in_flight_ms.get_ref(),
+                    )),
                     inline_max: *self.inline_max.get_ref(),
                     sparse_rate: self.sparse_rate,
                     aqm,

@@ -698,6 +698,15 @@ pub mod defaults {
     pub fn batches_in_flight() -> Spanned<usize> {
         Spanned::new(0..0, DataPlane::default().batches_in_flight)
     }
+    /// `dataplane.in_flight_bytes`: 16 MiB.
+    pub fn in_flight_bytes() -> Spanned<usize> {
+        Spanned::new(0..0, DataPlane::default().in_flight_bytes)
+    }
+    /// `dataplane.in_flight_ms`: 100.
+    pub fn in_flight_ms() -> Spanned<u32> {
+        let ms = DataPlane::default().in_flight_time.as_millis();
+        Spanned::new(0..0, u32::try_from(ms).unwrap_or(u32::MAX))
+    }
     /// `dataplane.inline_max`.
     pub fn inline_max() -> Spanned<usize> {
         Spanned::new(0..0, DataPlane::default().inline_max)
@@ -806,8 +815,9 @@ pub fn check_rekey(
     Ok(())
 }
 
-/// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to 4096 in
-/// flight, inline batches of at most 1024 packets, at least 256 buffers.
+/// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to
+/// [`BATCHES_IN_FLIGHT_MAX`] in flight, inline batches of at most 1024 packets, at least 256
+/// buffers.
 ///
 /// # Errors
 /// The first value out of range, located.
@@ -827,7 +837,11 @@ pub fn check_pipeline(
     }
     for (v, k, max) in [
         (batch_size, "dataplane.batch_size", 1024),
-        (batches_in_flight, "dataplane.batches_in_flight", 4096),
+        (
+            batches_in_flight,
+            "dataplane.batches_in_flight",
+            BATCHES_IN_FLIGHT_MAX,
+        ),
     ] {
         if !(1..=max).contains(v.get_ref()) {
             return src.err(
@@ -842,6 +856,44 @@ pub fn check_pipeline(
             &buffers.span(),
             "dataplane.buffers",
             "at least 256 buffers are needed to run",
+        );
+    }
+    Ok(())
+}
+
+/// The most batch buffers per direction (`dataplane.batches_in_flight`).
+pub const BATCHES_IN_FLIGHT_MAX: usize = 16_384;
+
+/// The smallest byte budget in flight (`dataplane.in_flight_bytes`) but 0: 64 KiB, some
+/// batches of full frames.
+pub const IN_FLIGHT_BYTES_MIN: usize = 64 << 10;
+
+/// The longest time budget in flight (`dataplane.in_flight_ms`): ten seconds.
+pub const IN_FLIGHT_MS_MAX: u32 = 10_000;
+
+/// Checks `[dataplane]`'s in-flight budget: bytes 0 (no bound) or at least
+/// [`IN_FLIGHT_BYTES_MIN`], milliseconds 0 (no bound) to [`IN_FLIGHT_MS_MAX`].
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_in_flight(
+    src: &Source<'_>,
+    bytes: &Spanned<usize>,
+    ms: &Spanned<u32>,
+) -> Result<(), ConfigError> {
+    let b = *bytes.get_ref();
+    if b != 0 && b < IN_FLIGHT_BYTES_MIN {
+        return src.err(
+            &bytes.span(),
+            "dataplane.in_flight_bytes",
+            format!("{b} is below {IN_FLIGHT_BYTES_MIN} (0: no bound)"),
+        );
+    }
+    if *ms.get_ref() > IN_FLIGHT_MS_MAX {
+        return src.err(
+            &ms.span(),
+            "dataplane.in_flight_ms",
+            format!("{} is outside 0..={IN_FLIGHT_MS_MAX}", ms.get_ref()),
         );
     }
     Ok(())
@@ -1113,6 +1165,21 @@ pub mod testing {
             "batch_size = 32",
             "batch_size = 0",
             "key `dataplane.batch_size`: 0 is outside 1..=1024",
+        ),
+        (
+            "batches_in_flight = 4096",
+            "batches_in_flight = 16385",
+            "key `dataplane.batches_in_flight`: 16385 is outside 1..=16384",
+        ),
+        (
+            "in_flight_bytes = 16777216",
+            "in_flight_bytes = 1000",
+            "key `dataplane.in_flight_bytes`: 1000 is below 65536 (0: no bound)",
+        ),
+        (
+            "in_flight_ms = 100",
+            "in_flight_ms = 10001",
+            "key `dataplane.in_flight_ms`: 10001 is outside 0..=10000",
         ),
         (
             "aead = \"ring\"",

@@ -129,6 +129,10 @@ impl Stage for SealStage {
         item.queued
     }
 
+    fn bytes(&self, item: &Outgoing) -> usize {
+        item.len
+    }
+
     fn expressed(&self, item: &mut Outgoing) {
         // The receiver may take it ahead of its own queue too (docs/protocol.md §1).
         item.flags |= cyphonic_wire::FLAG_SPARSE;

@@ -49,8 +49,16 @@ pub struct DataPlane {
     pub workers: usize,
     /// Packets per batch handed to a worker.
     pub batch_size: usize,
-    /// Batches in flight per direction: the memory bound.
+    /// Batch buffers per direction at most (made on first use): the reorder ring's size,
+    /// set so that the byte and time budgets bind first.
     pub batches_in_flight: usize,
+    /// Bytes of packets in flight per direction (between the receiving thread and the
+    /// emitter) before new packets are refused (`drop_pipeline_full`); 0: no bound but the
+    /// batch buffers.
+    pub in_flight_bytes: usize,
+    /// New packets are refused while the oldest batch in flight was handed to the workers
+    /// longer ago than this (zero: no bound by time).
+    pub in_flight_time: Duration,
     /// Batches of at most this many packets are sealed or opened on the receiving thread
     /// when nothing is in flight (0: never).
     pub inline_max: usize,
@@ -101,8 +109,11 @@ impl Default for DataPlane {
             workers: 0,
             batch_size: 32,
             // Bursts arrive as many small batches: with 128, a line-rate UDP flow ran out of
-            // batch buffers and lost 5% (docs/benchmarks.md).
-            batches_in_flight: 1024,
+            // batch buffers and lost 5%; with 1024, trains of small datagrams did
+            // (docs/benchmarks.md). The budget is the bytes and the time below.
+            batches_in_flight: cyphonic_pipeline::Config::default().batches_in_flight,
+            in_flight_bytes: cyphonic_pipeline::Config::default().in_flight_bytes,
+            in_flight_time: cyphonic_pipeline::Config::default().in_flight_time,
             inline_max: 8,
             sparse_rate: cyphonic_pipeline::Config::default().sparse_rate,
             aqm: None,
@@ -307,6 +318,8 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         let pconfig = |name: &str, sparse_rate: u32| cyphonic_pipeline::Config {
             batch_size: dp.batch_size,
             batches_in_flight: dp.batches_in_flight,
+            in_flight_bytes: dp.in_flight_bytes,
+            in_flight_time: dp.in_flight_time,
             inline_max: dp.inline_max,
             sparse_rate,
             aqm: None,

@@ -162,6 +162,10 @@ impl Stage for OpenStage {
         item.queued
     }
 
+    fn bytes(&self, item: &Incoming) -> usize {
+        item.len
+    }
+
     fn sequence(&self, item: &mut Incoming) -> Result<(), DropReason> {
         item.session
             .check_replay(item.counter)
