@@ -1,6 +1,6 @@
 //! Measurements on the bed with real tools: ping RTT statistics, iperf3 TCP and UDP.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 pub use cyphonic_report::{PingStats, Tcp, Udp, parse_ping, stats};
@@ -369,6 +369,120 @@ pub fn log2_quantile(hist: &[u64], q: f64) -> Option<u64> {
         }
     }
     None
+}
+
+/// UDP from lanA to lanB in trains: `train` datagrams of `size` bytes sent back to back
+/// (`sendmmsg`, as fast as lanA's kernel takes them: a line-rate burst), the trains spaced so
+/// that the rate holds at `mbps` on average (of payload, as iperf3 counts), for `seconds`.
+/// iperf3 cannot send bursts of more than 1,000 datagrams, nor back to back; this can. The
+/// receiver counts each datagram's number once, and those that came after a later one.
+///
+/// # Errors
+/// A namespace cannot be entered, or a socket cannot be opened.
+pub fn udp_trains(
+    bed: &TwoSites,
+    mbps: u64,
+    size: usize,
+    seconds: u64,
+    train: usize,
+) -> anyhow::Result<Udp> {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use cyphonic_netio::{DatagramMeta, UdpOptions, UdpSocket};
+
+    const PORT: u16 = 5299;
+    let (size, train) = (size.max(8), train.max(1));
+    let to = SocketAddr::from((bed.b.host_ip, PORT));
+    let duration = Duration::from_secs(seconds);
+    let sent_all = Arc::new(AtomicBool::new(false));
+    // The receiver's buffer is large: what it drops would measure it, not the path.
+    let opts = UdpOptions {
+        recv_buffer: 64 << 20,
+        send_buffer: 4 << 20,
+        recv_timeout: Some(Duration::from_millis(50)),
+        segmentation: false,
+        coalescing: false,
+        ..UdpOptions::default()
+    };
+    let receiver = {
+        let (sent_all, opts) = (sent_all.clone(), opts.clone());
+        crate::inject::spawn_inside(&bed.b.lan, move || {
+            let mut sock = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, PORT)), &opts)?;
+            let mut seen = std::collections::HashSet::new();
+            let (mut next, mut out_of_order) = (0u64, 0u64);
+            let mut store = vec![[0u8; 2048]; 64];
+            let mut meta = [DatagramMeta::default(); 64];
+            let mut quiet_since: Option<Instant> = None;
+            loop {
+                let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|b| &mut b[..]).collect();
+                let n = sock.recv_batch(&mut bufs, &mut meta)?;
+                for (buf, m) in store.iter().zip(&meta).take(n) {
+                    let Some(id) = buf.get(..8).filter(|_| m.len >= 8) else {
+                        continue;
+                    };
+                    let id = u64::from_be_bytes(id.try_into().unwrap_or_default());
+                    if id < next {
+                        out_of_order += 1;
+                    }
+                    next = next.max(id + 1);
+                    seen.insert(id);
+                }
+                // Done once the sender finished and nothing came for half a second.
+                if n == 0 && sent_all.load(Ordering::Relaxed) {
+                    let since = *quiet_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_millis(500) {
+                        break;
+                    }
+                } else {
+                    quiet_since = None;
+                }
+            }
+            Ok((seen.len() as u64, out_of_order))
+        })
+    };
+    // Let the receiver bind before the first train.
+    std::thread::sleep(Duration::from_millis(200));
+    let sender = crate::inject::spawn_inside(&bed.a.lan, move || {
+        let sock = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)), &opts)?;
+        let bits = (size * 8 * train) as f64;
+        let period = Duration::from_secs_f64(bits / (mbps.max(1) as f64 * 1e6));
+        let mut payloads = vec![vec![0u8; size]; train];
+        let (start, mut sent, mut refused) = (Instant::now(), 0u64, 0u64);
+        let mut due = start;
+        while start.elapsed() < duration {
+            for p in &mut payloads {
+                p[..8].copy_from_slice(&sent.to_be_bytes());
+                sent += 1;
+            }
+            let msgs: Vec<(SocketAddr, &[u8])> =
+                payloads.iter().map(|p| (to, p.as_slice())).collect();
+            let (_, failed, _) = sock.send_batch(&msgs);
+            refused += failed as u64;
+            due += period;
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+        }
+        Ok((sent, refused, start.elapsed()))
+    });
+    let sent = crate::inject::joined(sender);
+    sent_all.store(true, Ordering::Relaxed);
+    let (received, out_of_order) = crate::inject::joined(receiver)?;
+    let (sent, refused, took) = sent?;
+    let mbit = |n: u64| (n * size as u64 * 8) as f64 / took.as_secs_f64() / 1e6;
+    let offered = sent - refused;
+    Ok(Udp {
+        offered_mbps: mbit(offered),
+        received_mbps: mbit(received),
+        loss_pct: if offered == 0 {
+            0.0
+        } else {
+            100.0 * offered.saturating_sub(received) as f64 / offered as f64
+        },
+        out_of_order,
+    })
 }
 
 #[cfg(test)]

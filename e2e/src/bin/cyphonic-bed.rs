@@ -132,6 +132,18 @@ enum Command {
         /// GRO on on the gateways' LAN side.
         #[arg(long)]
         gro: bool,
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated.
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// Threads that keep the CPUs busy at default priority while each rate runs (a
+        /// machine with other work, as in the run): 0 for none.
+        #[arg(long, default_value_t = 0)]
+        busy: usize,
+        /// Send in trains of this many datagrams back to back (the bed's own sender, not
+        /// iperf3): the rate holds on average, the arrivals come as line-rate bursts. 0:
+        /// iperf3, paced as it paces.
+        #[arg(long, default_value_t = 0)]
+        train: usize,
     },
     /// The node against the devices: iperf3 TCP from node C to the host behind adapter A,
     /// and back, against the same from the host behind adapter B (device to device through
@@ -341,7 +353,10 @@ fn main() -> ExitCode {
             rates,
             sizes,
             gro,
-        } => bursts(seconds, &rates, &sizes, gro),
+            dataplane,
+            busy,
+            train,
+        } => bursts(seconds, &rates, &sizes, &tuned(&dataplane, gro), busy, train),
         Command::Members {
             counts,
             concurrency,
@@ -1056,11 +1071,18 @@ fn node_table(
 }
 
 /// `cyphonic-bed bursts`: see [`Command::Bursts`].
-fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Result<()> {
-    let bed = quick_bed(&tuned("", gro), false)?;
+fn bursts(
+    seconds: u64,
+    rates: &[u64],
+    sizes: &[usize],
+    opts: &BedOptions,
+    busy: usize,
+    train: usize,
+) -> anyhow::Result<()> {
+    let bed = quick_bed(opts, false)?;
     measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
     // What every place counted so far, in the table's order.
-    let places = |bed: &TwoSites| -> anyhow::Result<[u64; 7]> {
+    let places = |bed: &TwoSites| -> anyhow::Result<[u64; 8]> {
         let (a, b) = (bed.status(Side::A)?, bed.status(Side::B)?);
         // A counter missing from the status is an error, not a zero.
         let n = |s: &serde_json::Value, name: &str| {
@@ -1072,6 +1094,7 @@ fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Re
             n(&a, "icmp_frag_needed")?,
             n(&a, "drop_capture_overflow")?,
             n(&a, "drop_pipeline_full")?,
+            n(&a, "drop_no_buffer")?,
             n(&a, "udp_send_failed")?,
             udp_rcvbuf_errors(&bed.b.adapter_ns)?,
             n(&b, "drop_pipeline_full")?,
@@ -1079,9 +1102,9 @@ fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Re
         ])
     };
     println!(
-        "| datagram, bytes | offered, Mbit/s | received, Mbit/s | lost | A: frag-needed sent | A: capture socket overflow | A: pipeline full | A: sends refused | B: UDP socket overflow (kernel) | B: pipeline full | lanB: iperf3 socket overflow (kernel) |"
+        "| datagram, bytes | offered, Mbit/s | received, Mbit/s | lost | A: frag-needed sent | A: capture socket overflow | A: pipeline full | A: no buffer | A: sends refused | B: UDP socket overflow (kernel) | B: pipeline full | lanB: iperf3 socket overflow (kernel) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &size in sizes {
         // The path MTU exchange first, as its own step: a connected UDP socket (iperf3's)
         // that gets the fragmentation-needed reports EMSGSIZE on its next send, and iperf3
@@ -1106,7 +1129,7 @@ fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Re
         )?;
         let after = places(&bed)?;
         println!(
-            "| {size} | path MTU exchange: {} fragmentation-needed; ping's 2 requests: {} |  |  |  |  |  |  |  |  |  |",
+            "| {size} | path MTU exchange: {} fragmentation-needed; ping's 2 requests: {} |  |  |  |  |  |  |  |  |  |  |",
             after[0].saturating_sub(before[0]),
             String::from_utf8_lossy(&probe.stdout)
                 .lines()
@@ -1115,7 +1138,14 @@ fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Re
         );
         for &rate in rates {
             let before = places(&bed)?;
-            let u = measure::udp(&bed, rate, size, seconds)?;
+            let u = {
+                let _hogs = Hogs::start(busy);
+                if train > 0 {
+                    measure::udp_trains(&bed, rate, size, seconds, train)?
+                } else {
+                    measure::udp(&bed, rate, size, seconds)?
+                }
+            };
             let after = places(&bed)?;
             let counts = after
                 .iter()
@@ -1131,7 +1161,51 @@ fn bursts(seconds: u64, rates: &[u64], sizes: &[usize], gro: bool) -> anyhow::Re
             );
         }
     }
+    // How far the bursts reached into adapter A's egress pipeline: the batch buffers it
+    // needed at once, and what its in-flight budget refused.
+    let egress = &bed.status(Side::A)?["pipelines"]["egress"];
+    println!(
+        "\nadapter A egress: batch buffers made {}, refused {} (for bytes {}, for time {})",
+        egress["batch_buffers"],
+        egress["rejected_full"],
+        egress["rejected_bytes"],
+        egress["rejected_late"]
+    );
     Ok(())
+}
+
+/// Threads that spin at default priority until dropped: other work on the machine.
+struct Hogs {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Hogs {
+    fn start(n: usize) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005) + 1);
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The kernel's count of UDP datagrams dropped for a full receive buffer in `ns` (IPv4 and
@@ -1212,12 +1286,16 @@ fn tune(
         let s = bed.status(Side::A)?;
         let p = &s["pipelines"];
         println!(
-            "  adapter A: egress batches {} (inline {}), ingress batches {} (inline {}), drop_pipeline_full {}, drop_capture_overflow {}, out of order {}, coalesced frames {} -> segments {} ({} refused)",
+            "  adapter A: egress batches {} (inline {}, buffers {}), ingress batches {} (inline {}, buffers {}), drop_pipeline_full {} (egress for bytes {}, time {}), drop_capture_overflow {}, out of order {}, coalesced frames {} -> segments {} ({} refused)",
             p["egress"]["batches"],
             p["egress"]["inline_batches"],
+            p["egress"]["batch_buffers"],
             p["ingress"]["batches"],
             p["ingress"]["inline_batches"],
+            p["ingress"]["batch_buffers"],
             s["counters"]["drop_pipeline_full"],
+            p["egress"]["rejected_bytes"],
+            p["egress"]["rejected_late"],
             s["counters"]["drop_capture_overflow"],
             p["egress"]["out_of_order"],
             s["counters"]["coalesced"],
@@ -1226,11 +1304,15 @@ fn tune(
         );
         let b = bed.status(Side::B)?;
         println!(
-            "  adapter B: merged frames to the LAN {} carrying {} segments, lan_sent {}, lan_send_failed {}",
+            "  adapter B: merged frames to the LAN {} carrying {} segments, lan_sent {}, lan_send_failed {}, drop_pipeline_full {} (ingress for bytes {}, time {}; buffers {})",
             b["counters"]["lan_merged"],
             b["counters"]["lan_merged_segments"],
             b["counters"]["lan_sent"],
-            b["counters"]["lan_send_failed"]
+            b["counters"]["lan_send_failed"],
+            b["counters"]["drop_pipeline_full"],
+            b["pipelines"]["ingress"]["rejected_bytes"],
+            b["pipelines"]["ingress"]["rejected_late"],
+            b["pipelines"]["ingress"]["batch_buffers"]
         );
     }
     Ok(())
