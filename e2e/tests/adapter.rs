@@ -77,6 +77,19 @@ fn tcp_both_ways_and_udp_arrive_in_order() {
             (0, 0),
             "the pipelines emitted out of order"
         );
+        // The in-flight budget is reported: batch buffers were made as the streams needed
+        // them (not all 4,096 up front), and what was refused is split by cause.
+        let s = bed.status(side).unwrap();
+        for dir in ["egress", "ingress"] {
+            let p = &s["pipelines"][dir];
+            let made = p["batch_buffers"].as_u64().unwrap();
+            assert!((1..4096).contains(&made), "{dir}: {p}");
+            let n = |k: &str| p[k].as_u64().unwrap();
+            assert!(
+                n("rejected_bytes") + n("rejected_late") <= n("rejected_full"),
+                "{p}"
+            );
+        }
     }
 }
 
