@@ -221,11 +221,7 @@ impl<S: Stage> Sequencer<S> {
         if self.max_time.is_zero() {
             return false;
         }
-        // Batches leave in dispatch order: those no longer in flight are the oldest.
-        let left = self.sent - self.inline.in_flight() as u64;
-        while self.forgotten < left && self.out.pop_front().is_some() {
-            self.forgotten += 1;
-        }
+        self.forget_left();
         if self
             .out
             .front()
@@ -235,6 +231,15 @@ impl<S: Stage> Sequencer<S> {
             return true;
         }
         false
+    }
+
+    /// Forgets the dispatch times of the batches that left the emitter: batches leave in
+    /// dispatch order, so those no longer in flight are the oldest.
+    fn forget_left(&mut self) {
+        let left = self.sent - self.inline.in_flight() as u64;
+        while self.forgotten < left && self.out.pop_front().is_some() {
+            self.forgotten += 1;
+        }
     }
 
     /// A free batch buffer: the one used last, or a new one while fewer than
@@ -368,8 +373,17 @@ impl<S: Stage> Sequencer<S> {
             return;
         }
         self.inline.dispatched(bytes);
-        self.sent += 1;
-        self.out.push_back(dispatched);
+        if !self.max_time.is_zero() {
+            self.sent += 1;
+            self.out.push_back(dispatched);
+            // Bounded by what is in flight, whichever way packets are pushed (the emitter
+            // counts a release after handing its buffers back: at most one ring's worth more).
+            self.forget_left();
+            debug_assert!(
+                self.out.len() <= 2 * self.max_batches,
+                "dispatch times kept past what is in flight"
+            );
+        }
         let batch = Batch {
             seq,
             entries,
