@@ -40,6 +40,14 @@ impl Bins {
                     .to_owned()
             }
         };
+        Self::at(&dir)
+    }
+
+    /// The three binaries in `dir`.
+    ///
+    /// # Errors
+    /// One of them is not there.
+    pub fn at(dir: &Path) -> anyhow::Result<Self> {
         let bins = Self {
             adapter: dir.join("cyphonic-adapter"),
             cloud: dir.join("cyphonic-cloud"),

@@ -7,6 +7,20 @@ pub use cyphonic_report::{PingStats, Tcp, Udp, parse_ping, stats};
 
 use crate::bed::{IperfRun, Priority, Side, TwoSites, iperf3};
 
+/// lanA's host pings lanB's `count` times 10 ms apart: the latency commands' idle phase.
+///
+/// # Errors
+/// ping cannot run.
+pub fn idle_pings(bed: &TwoSites, count: usize) -> anyhow::Result<PingStats> {
+    ping(
+        bed,
+        Side::A,
+        bed.b.host_ip,
+        count,
+        Duration::from_millis(10),
+    )
+}
+
 /// Pings `to` from `from`'s LAN host `count` times, `interval` apart.
 ///
 /// # Errors

@@ -26,6 +26,13 @@ const PEERS: (&str, &str) = (
     "<!-- xtask bench peers: begin -->",
     "<!-- xtask bench peers: end -->",
 );
+const LATENCY: (&str, &str) = (
+    "<!-- xtask bench latency: begin -->",
+    "<!-- xtask bench latency: end -->",
+);
+/// The setting the latency part measures beside the defaults: the data plane at real-time
+/// priority, the one setting that met issue 24's loaded rows on the bed.
+const LATENCY_SETTING: &str = "realtime_priority = 10";
 const INSTRUCTIONS: (&str, &str) = (
     "<!-- xtask bench instructions: begin -->",
     "<!-- xtask bench instructions: end -->",
@@ -44,6 +51,8 @@ pub(crate) struct Parts {
     pub(crate) peers: bool,
     /// Instructions per packet under callgrind.
     pub(crate) instructions: bool,
+    /// Issue 24's latency rows.
+    pub(crate) latency: bool,
 }
 /// Packets per criterion iteration (benches/src/lib.rs `BURST`).
 const BURST: f64 = 4096.0;
@@ -52,7 +61,8 @@ const BATCH: f64 = 32.0;
 /// Segments per coalesced frame in the offload benchmarks (benches/src/offload.rs `SEGMENTS`).
 const SEGMENTS: f64 = 45.0;
 
-pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
+/// Runs `parts`; `base`: the commit before's daemons, a column of the latency table.
+pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Result<()> {
     let root = util::root();
     let mut sections = Vec::new();
     if parts.micro {
@@ -92,13 +102,14 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
     if parts.instructions {
         sections.push((INSTRUCTIONS, crate::instructions::run(&root)?));
     }
-    if parts.e2e || parts.attack || parts.peers {
+    if parts.e2e || parts.attack || parts.peers || parts.latency {
         crate::bed::prerequisites()?;
         let bin = crate::bed::build_release(&root)?;
         // The bed measures and prints its figures as JSON; the Markdown is written here.
-        let bed = |what: &str| -> anyhow::Result<Vec<u8>> {
+        let bed_with = |what: &str, args: &[&std::ffi::OsStr]| -> anyhow::Result<Vec<u8>> {
             let out = std::process::Command::new(bin.join("cyphonic-bed"))
                 .arg(what)
+                .args(args)
                 .env("CYPHONIC_BIN_DIR", &bin)
                 .stderr(std::process::Stdio::inherit())
                 .output()
@@ -108,6 +119,7 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
             }
             Ok(out.stdout)
         };
+        let bed = |what: &str| bed_with(what, &[]);
         if parts.e2e {
             let report = serde_json::from_slice(&bed("bench")?)
                 .context("reading cyphonic-bed bench's report")?;
@@ -122,6 +134,16 @@ pub(crate) fn run(write: bool, parts: Parts) -> anyhow::Result<()> {
             let report = serde_json::from_slice(&bed("peers")?)
                 .context("reading cyphonic-bed peers's report")?;
             sections.push((PEERS, crate::report::peers(&report)?));
+        }
+        if parts.latency {
+            let mut args: Vec<&std::ffi::OsStr> =
+                vec!["--setting".as_ref(), LATENCY_SETTING.as_ref()];
+            if let Some(dir) = base {
+                args.extend(["--base".as_ref(), dir.as_os_str()]);
+            }
+            let report = serde_json::from_slice(&bed_with("latency-table", &args)?)
+                .context("reading cyphonic-bed latency-table's report")?;
+            sections.push((LATENCY, crate::report::latency(&report)?));
         }
     }
     let path = root.join("docs/benchmarks.md");

@@ -64,6 +64,15 @@ enum Command {
         /// iai-callgrind-runner if missing).
         #[arg(long)]
         instructions: bool,
+        /// Issue 24's latency rows: 1,000 pings idle and under one TCP stream (its ends at
+        /// default and at idle priority), plain routing against the tunnel at its defaults
+        /// and with `realtime_priority = 10`, two alternating rounds.
+        #[arg(long)]
+        latency: bool,
+        /// For `--latency`: a directory holding the commit before's three daemons, run as a
+        /// column of their own (the rows' "2x over the commit before").
+        #[arg(long, value_name = "DIR")]
+        base: Option<std::path::PathBuf>,
     },
     /// Run the cargo-fuzz targets (needs the nightly toolchain; installs cargo-fuzz if absent).
     Fuzz {
@@ -148,8 +157,10 @@ fn main() -> ExitCode {
             attack,
             peers,
             instructions,
+            latency,
+            base,
         } => {
-            let all = !(micro || e2e || attack || peers || instructions);
+            let all = !(micro || e2e || attack || peers || instructions || latency);
             bench::run(
                 !no_write,
                 bench::Parts {
@@ -158,7 +169,9 @@ fn main() -> ExitCode {
                     attack: attack || e2e || all,
                     peers: peers || all,
                     instructions: instructions || all,
+                    latency: latency || all,
                 },
+                base.as_deref(),
             )
         }
         Command::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),

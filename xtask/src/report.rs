@@ -4,7 +4,10 @@
 
 use std::fmt::Write as _;
 
-use cyphonic_report::{AttackReport, BenchReport, PeersReport, PingStats, Quick, Tcp, Udp};
+use cyphonic_report::{
+    AttackReport, BenchReport, LatencyColumn, LatencyReport, LatencyRole, LatencyRound,
+    PeersReport, PingStats, Quick, Tcp, Udp,
+};
 
 fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 {
@@ -299,6 +302,109 @@ pub(crate) fn peers(r: &PeersReport) -> Result<String, std::fmt::Error> {
     Ok(md)
 }
 
+/// Issue 24's latency rows (`cyphonic-bed latency-table`): every round of every column,
+/// then the rows read from the means of the rounds.
+pub(crate) fn latency(r: &LatencyReport) -> Result<String, std::fmt::Error> {
+    let m = &r.measured;
+    let mut md = String::new();
+    let order = r
+        .columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    writeln!(
+        md,
+        "Measured {} on {}. The two-site bed, GRO off, release builds, every host on the machine's cores. Each round runs every column once, in this order: {order}. Per column and round: {} pings 10 ms apart idle, then {} while one iperf3 TCP stream runs from lanA to lanB with its two ends at default priority, then {} with its ends at idle priority (`chrt --idle 0`, as if they were machines of their own). Cells: average / p99 in ms, one per round.",
+        m.date,
+        m.machine,
+        r.count,
+        m.seconds * 100,
+        m.seconds * 100
+    )?;
+    writeln!(md)?;
+    write!(md, "| RTT, ms |")?;
+    for c in &r.columns {
+        write!(md, " {} |", c.name)?;
+    }
+    writeln!(md)?;
+    writeln!(md, "|---|{}", "---:|".repeat(r.columns.len()))?;
+    type Cell = fn(&LatencyRound) -> String;
+    let rows: [(&str, Cell); 4] = [
+        ("idle", |x| ping_cell(&x.idle)),
+        ("1 TCP stream, ends at default priority", |x| {
+            ping_cell(&x.loaded)
+        }),
+        ("1 TCP stream, ends at idle priority", |x| {
+            ping_cell(&x.loaded_idle_ends)
+        }),
+        (
+            "the stream meanwhile, Gbit/s (default / idle priority)",
+            |x| format!("{:.2} / {:.2}", x.stream.gbps, x.stream_idle_ends.gbps),
+        ),
+    ];
+    for (name, cell) in rows {
+        write!(md, "| {name} |")?;
+        for c in &r.columns {
+            let cells = c.rounds.iter().map(cell).collect::<Vec<_>>();
+            write!(md, " {} |", cells.join("; "))?;
+        }
+        writeln!(md)?;
+    }
+    writeln!(md)?;
+    let find = |role: LatencyRole| r.columns.iter().find(|c| c.role == role);
+    let plain = find(LatencyRole::Plain);
+    let base = find(LatencyRole::Base);
+    writeln!(md, "Issue 24's rows, from the means of the rounds:")?;
+    writeln!(md)?;
+    for c in r.columns.iter().filter(|c| c.role != LatencyRole::Plain) {
+        let idle_avg = mean(c, |x| x.idle.avg_ms);
+        let idle_p99 = mean(c, |x| x.idle.p99_ms);
+        let mut parts = Vec::new();
+        if let Some(p) = plain {
+            parts.push(format!(
+                "idle RTT added to plain routing's {:.3} ms on average (target 0.15) and {:.3} ms at the p99 (target 0.5)",
+                idle_avg - mean(p, |x| x.idle.avg_ms),
+                idle_p99 - mean(p, |x| x.idle.p99_ms)
+            ));
+        }
+        let loaded_p99 = mean(c, |x| x.loaded.p99_ms);
+        match base {
+            Some(b) if c.role != LatencyRole::Base => parts.push(format!(
+                "p99 under the stream {loaded_p99:.2} ms, the base's / this = {:.1}x (target 2x)",
+                mean(b, |x| x.loaded.p99_ms) / loaded_p99
+            )),
+            _ => parts.push(format!("p99 under the stream {loaded_p99:.2} ms")),
+        }
+        parts.push(format!(
+            "with the ends at idle priority {:.2} ms above the idle p99 (target 1 ms)",
+            mean(c, |x| x.loaded_idle_ends.p99_ms) - idle_p99
+        ));
+        let stream = mean(c, |x| x.stream.gbps);
+        match base {
+            Some(b) if c.role != LatencyRole::Base => parts.push(format!(
+                "the stream {stream:.2} Gbit/s, {} of the base's",
+                ratio(stream, mean(b, |x| x.stream.gbps))
+            )),
+            _ => parts.push(format!("the stream {stream:.2} Gbit/s")),
+        }
+        writeln!(md, "- {}: {}.", c.name, parts.join("; "))?;
+    }
+    Ok(md)
+}
+
+/// A ping run's average and p99, ms.
+fn ping_cell(p: &PingStats) -> String {
+    format!("{:.3} / {:.3}", p.avg_ms, p.p99_ms)
+}
+
+/// The mean over a column's rounds of one figure.
+fn mean(c: &LatencyColumn, f: impl Fn(&LatencyRound) -> f64) -> f64 {
+    #[expect(clippy::cast_precision_loss, reason = "a handful of rounds")]
+    let n = c.rounds.len().max(1) as f64;
+    c.rounds.iter().map(f).sum::<f64>() / n
+}
+
 /// The "under attack" table: each flood rate against the row without one, in one run.
 pub(crate) fn attack(r: &AttackReport) -> Result<String, std::fmt::Error> {
     let m = &r.measured;
@@ -455,6 +561,92 @@ mod tests {
             md.contains("| batch 32, 1 stream | 1.00 (0) | 1.00 (0) | 100% | 3 / 3 |"),
             "{md}"
         );
+    }
+
+    /// The latency report renders every round and reads the rows from the means: against
+    /// plain routing (added idle RTT) and against the base (the p99's ratio).
+    #[test]
+    fn a_latency_report_reads_the_rows_from_the_rounds() {
+        let round = |idle: f64, loaded_p99: f64, gbps: f64| LatencyRound {
+            idle: PingStats {
+                sent: 1000,
+                received: 1000,
+                avg_ms: idle,
+                p50_ms: idle,
+                p99_ms: idle * 2.0,
+            },
+            loaded: PingStats {
+                sent: 1000,
+                received: 1000,
+                avg_ms: 1.0,
+                p50_ms: 1.0,
+                p99_ms: loaded_p99,
+            },
+            stream: Tcp {
+                gbps,
+                retransmits: 0,
+            },
+            loaded_idle_ends: PingStats {
+                sent: 1000,
+                received: 1000,
+                avg_ms: 0.5,
+                p50_ms: 0.5,
+                p99_ms: 1.5,
+            },
+            stream_idle_ends: Tcp {
+                gbps: gbps / 2.0,
+                retransmits: 0,
+            },
+        };
+        let column = |name: &str, role, rounds| LatencyColumn {
+            name: name.into(),
+            role,
+            rounds,
+        };
+        let report = LatencyReport {
+            measured: Measured {
+                date: "2026-11-28 23:00 UTC".into(),
+                machine: "test CPU".into(),
+                seconds: 10,
+            },
+            count: 1000,
+            columns: vec![
+                column(
+                    "plain routing",
+                    LatencyRole::Plain,
+                    vec![round(0.05, 0.1, 4.0), round(0.07, 0.1, 4.0)],
+                ),
+                column(
+                    "base",
+                    LatencyRole::Base,
+                    vec![round(0.2, 6.0, 3.0), round(0.2, 8.0, 3.0)],
+                ),
+                column(
+                    "defaults",
+                    LatencyRole::Defaults,
+                    vec![round(0.16, 2.0, 3.3), round(0.2, 1.5, 2.7)],
+                ),
+            ],
+        };
+        let json = serde_json::to_string(&report).unwrap();
+        let back: LatencyReport = serde_json::from_str(&json).unwrap();
+        let md = latency(&back).unwrap();
+        assert!(
+            md.contains("| idle | 0.050 / 0.100; 0.070 / 0.140 | 0.200 / 0.400; 0.200 / 0.400 | 0.160 / 0.320; 0.200 / 0.400 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| the stream meanwhile, Gbit/s (default / idle priority) | 4.00 / 2.00; 4.00 / 2.00 |"),
+            "{md}"
+        );
+        // Idle added: 0.18 - 0.06 on average, 0.36 - 0.12 at the p99; the p99 under load 7.0
+        // (base) against 1.75: 4.0x; idle ends 1.5 - 0.36; the stream 3.0 of 3.0.
+        assert!(
+            md.contains("- defaults: idle RTT added to plain routing's 0.120 ms on average (target 0.15) and 0.240 ms at the p99 (target 0.5); p99 under the stream 1.75 ms, the base's / this = 4.0x (target 2x); with the ends at idle priority 1.14 ms above the idle p99 (target 1 ms); the stream 3.00 Gbit/s, 100% of the base's."),
+            "{md}"
+        );
+        assert!(md.contains("- base: idle RTT added"), "{md}");
+        assert!(!md.contains("- plain routing:"), "{md}");
     }
 
     /// A ping run without replies (NaN) goes through JSON as null and back.

@@ -156,6 +156,59 @@ pub struct BenchReport {
     pub busy_on: Quick,
 }
 
+/// `cyphonic-bed latency-table`: issue 24's latency rows in one run. Columns alternate
+/// within each round (plain routing, the commit before if given, the tunnel at its
+/// defaults, the tunnel with each extra setting), so that their ratios share the hour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatencyReport {
+    /// Where and when (`seconds`: of each loaded phase, 100 pings a second).
+    pub measured: Measured,
+    /// Pings in each idle phase, 10 ms apart.
+    pub count: usize,
+    /// The columns, each with one entry per round.
+    pub columns: Vec<LatencyColumn>,
+}
+
+/// What a column of [`LatencyReport`] runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LatencyRole {
+    /// Plain kernel routing: the floor.
+    Plain,
+    /// The adapter of an earlier build (the commit before), at its defaults.
+    Base,
+    /// This build at its defaults.
+    Defaults,
+    /// This build with extra `[dataplane]` lines.
+    Setting,
+}
+
+/// One column of [`LatencyReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatencyColumn {
+    /// Its heading (`plain routing`, `defaults`, `realtime_priority = 10`).
+    pub name: String,
+    /// What it runs.
+    pub role: LatencyRole,
+    /// One per round.
+    pub rounds: Vec<LatencyRound>,
+}
+
+/// One round of one column: pings idle, then under one TCP stream whose two ends run at
+/// default priority, then at idle priority (`chrt --idle 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LatencyRound {
+    /// Idle.
+    pub idle: PingStats,
+    /// Under the stream, its ends at default priority.
+    pub loaded: PingStats,
+    /// That stream.
+    pub stream: Tcp,
+    /// Under the stream, its ends at idle priority.
+    pub loaded_idle_ends: PingStats,
+    /// That stream.
+    pub stream_idle_ends: Tcp,
+}
+
 /// `cyphonic-bed peers`: many nodes against one adapter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PeersReport {

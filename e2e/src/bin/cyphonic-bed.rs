@@ -13,8 +13,8 @@ use cyphonic_e2e::bed::{BedOptions, CloudOptions, Priority, Side, SiteOptions, T
 use cyphonic_e2e::impair::{ImpairedLink, Impairment};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::report::{
-    self, Ablation, AblationRow, AttackReport, AttackRow, BenchReport, Cut, Measured, PeersReport,
-    Profile, Quick,
+    self, Ablation, AblationRow, AttackReport, AttackRow, BenchReport, Cut, LatencyColumn,
+    LatencyReport, LatencyRole, LatencyRound, Measured, PeersReport, Profile, Quick,
 };
 use cyphonic_e2e::{fleet, measure};
 
@@ -101,6 +101,27 @@ enum Command {
         /// Plain kernel routing instead of the tunnel (the baseline).
         #[arg(long)]
         plain: bool,
+    },
+    /// Issue 24's latency rows in one run, as JSON (`cargo xtask bench --latency` renders
+    /// them): `latency`'s three phases for plain routing, the adapter of an earlier build
+    /// (`--base`), this build at its defaults and with each `--setting`, the columns
+    /// alternating within each round.
+    LatencyTable {
+        /// Rounds (each runs every column once).
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Pings idle, 10 ms apart.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// Seconds of each loaded phase (100 pings a second).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// A directory holding an earlier build's three daemons (the commit before).
+        #[arg(long, value_name = "DIR")]
+        base: Option<std::path::PathBuf>,
+        /// `[dataplane]` lines (`;`-separated) for a column of their own; repeatable.
+        #[arg(long)]
+        setting: Vec<String>,
     },
     /// TCP through the tunnel against plain routing, both across the same impaired link
     /// between adapter B and the router (netem's `delay`, jitter, `loss` and `reorder`, done
@@ -336,6 +357,14 @@ fn main() -> ExitCode {
             gro,
             plain,
         } => latency(&dataplane, count, seconds, gro, plain),
+        Command::LatencyTable {
+            rounds,
+            count,
+            seconds,
+            base,
+            setting,
+        } => latency_table(rounds, count, seconds, base.as_deref(), &setting)
+            .and_then(|r| print_json(&r)),
         Command::Policy {
             rules,
             flows,
@@ -1389,13 +1418,7 @@ fn latency(
         }
     };
     let before = snapshot(&bed)?;
-    let idle = measure::ping(
-        &bed,
-        Side::A,
-        bed.b.host_ip,
-        count,
-        Duration::from_millis(10),
-    )?;
+    let idle = measure::idle_pings(&bed, count)?;
     line("idle", &idle);
     waits(before, snapshot(&bed)?);
     for (phase, priority) in [
@@ -1412,6 +1435,82 @@ fn latency(
         waits(before, snapshot(&bed)?);
     }
     Ok(())
+}
+
+/// See `Command::LatencyTable`.
+fn latency_table(
+    rounds: usize,
+    count: usize,
+    seconds: u64,
+    base: Option<&std::path::Path>,
+    settings: &[String],
+) -> anyhow::Result<LatencyReport> {
+    // Each column: its heading, its role, its `[dataplane]` lines, the daemons it runs.
+    let mut plan: Vec<(
+        String,
+        LatencyRole,
+        String,
+        Option<cyphonic_e2e::hosts::Bins>,
+    )> = vec![(
+        "plain routing".into(),
+        LatencyRole::Plain,
+        String::new(),
+        None,
+    )];
+    if let Some(dir) = base {
+        let bins = cyphonic_e2e::hosts::Bins::at(dir)?;
+        plan.push(("base".into(), LatencyRole::Base, String::new(), Some(bins)));
+    }
+    plan.push((
+        "defaults".into(),
+        LatencyRole::Defaults,
+        String::new(),
+        None,
+    ));
+    for s in settings {
+        plan.push((s.clone(), LatencyRole::Setting, s.clone(), None));
+    }
+    let mut columns: Vec<LatencyColumn> = plan
+        .iter()
+        .map(|(name, role, _, _)| LatencyColumn {
+            name: name.clone(),
+            role: role.clone(),
+            rounds: Vec::new(),
+        })
+        .collect();
+    for round in 1..=rounds {
+        for ((name, role, dataplane, bins), column) in plan.iter().zip(&mut columns) {
+            eprintln!("latency-table: round {round} of {rounds}, {name} ...");
+            let mut bed = TwoSites::new(&tuned(dataplane, false))?;
+            if *role == LatencyRole::Plain {
+                bed.route_plainly()?;
+            } else {
+                if let Some(bins) = bins {
+                    bed.bins = bins.clone();
+                }
+                bed.start(Side::A)?;
+                bed.start(Side::B)?;
+            }
+            // Warm up: ARP, the handshake.
+            measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+            let idle = measure::idle_pings(&bed, count)?;
+            let (loaded, stream) = measure::ping_under_load_at(&bed, seconds, Priority::Default)?;
+            let (loaded_idle_ends, stream_idle_ends) =
+                measure::ping_under_load_at(&bed, seconds, Priority::Idle)?;
+            column.rounds.push(LatencyRound {
+                idle,
+                loaded,
+                stream,
+                loaded_idle_ends,
+                stream_idle_ends,
+            });
+        }
+    }
+    Ok(LatencyReport {
+        measured: measured(seconds),
+        count,
+        columns,
+    })
 }
 
 /// Prints a report as JSON, for `cargo xtask bench` to render.
