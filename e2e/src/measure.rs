@@ -7,6 +7,15 @@ pub use cyphonic_report::{PingStats, Tcp, Udp, parse_ping, stats};
 
 use crate::bed::{IperfRun, Priority, Side, TwoSites, iperf3};
 
+/// lanA's host pings lanB's three times, 100 ms apart, for what a first packet sets up (ARP,
+/// the tunnel's handshake) before anything is measured.
+///
+/// # Errors
+/// ping cannot run.
+pub fn warm_up(bed: &TwoSites) -> anyhow::Result<()> {
+    ping(bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100)).map(drop)
+}
+
 /// lanA's host pings lanB's `count` times 10 ms apart: the latency commands' idle phase.
 ///
 /// # Errors

@@ -368,25 +368,27 @@ pub(crate) fn latency(r: &LatencyReport) -> Result<String, std::fmt::Error> {
                 idle_p99 - mean(p, |x| x.idle.p99_ms)
             ));
         }
+        // The base is measured against, not against itself.
+        let against = base.filter(|_| c.role != LatencyRole::Base);
         let loaded_p99 = mean(c, |x| x.loaded.p99_ms);
-        match base {
-            Some(b) if c.role != LatencyRole::Base => parts.push(format!(
+        match against {
+            Some(b) => parts.push(format!(
                 "p99 under the stream {loaded_p99:.2} ms, the base's / this = {:.1}x (target 2x)",
                 mean(b, |x| x.loaded.p99_ms) / loaded_p99
             )),
-            _ => parts.push(format!("p99 under the stream {loaded_p99:.2} ms")),
+            None => parts.push(format!("p99 under the stream {loaded_p99:.2} ms")),
         }
         parts.push(format!(
             "with the ends at idle priority {:.2} ms above the idle p99 (target 1 ms)",
             mean(c, |x| x.loaded_idle_ends.p99_ms) - idle_p99
         ));
         let stream = mean(c, |x| x.stream.gbps);
-        match base {
-            Some(b) if c.role != LatencyRole::Base => parts.push(format!(
+        match against {
+            Some(b) => parts.push(format!(
                 "the stream {stream:.2} Gbit/s, {} of the base's",
                 ratio(stream, mean(b, |x| x.stream.gbps))
             )),
-            _ => parts.push(format!("the stream {stream:.2} Gbit/s")),
+            None => parts.push(format!("the stream {stream:.2} Gbit/s")),
         }
         writeln!(md, "- {}: {}.", c.name, parts.join("; "))?;
     }

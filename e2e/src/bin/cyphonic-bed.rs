@@ -642,8 +642,7 @@ const RUNS: usize = 3;
 const BUSY_POLL_US: u32 = 20_000;
 
 fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Profile> {
-    // Warm up: ARP, the handshake.
-    measure::ping(bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    measure::warm_up(bed)?;
     let idle = measure::ping(bed, Side::A, bed.b.host_ip, 300, Duration::from_millis(10))?;
     let tcp1 = measure::tcp_median(bed, 1, seconds, RUNS)?;
     let tcp4 = measure::tcp_median(bed, 4, seconds, RUNS)?;
@@ -674,7 +673,7 @@ fn measure_bed(bed: &TwoSites, seconds: u64) -> anyhow::Result<Profile> {
 /// packets emitted out of order.
 fn ablation_run(opts: &BedOptions, seconds: u64) -> anyhow::Result<Ablation> {
     let bed = TwoSites::up(opts)?;
-    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    measure::warm_up(&bed)?;
     let tcp1 = measure::tcp_median(&bed, 1, seconds, RUNS)?;
     let tcp4 = measure::tcp_median(&bed, 4, seconds, RUNS)?;
     Ok(Ablation {
@@ -734,7 +733,7 @@ fn policy_cost(rules: usize, flows: u16, seconds: u64, rounds: usize) -> anyhow:
         }
         Ok(())
     };
-    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    measure::warm_up(&bed)?;
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         set(false)?;
@@ -813,12 +812,20 @@ fn tuned(dataplane: &str, gro: bool) -> BedOptions {
     }
 }
 
-/// A bed of `opts` routed plainly, or with both adapters running.
-fn quick_bed(opts: &BedOptions, plain: bool) -> anyhow::Result<TwoSites> {
+/// A bed of `opts` routed plainly, or with both adapters running: `daemons`' when given
+/// (an earlier build's), else the bed's own.
+fn quick_bed(
+    opts: &BedOptions,
+    plain: bool,
+    daemons: Option<&cyphonic_e2e::hosts::Bins>,
+) -> anyhow::Result<TwoSites> {
     let mut bed = TwoSites::new(opts)?;
     if plain {
         bed.route_plainly()?;
     } else {
+        if let Some(bins) = daemons {
+            bed.bins = bins.clone();
+        }
         bed.start(Side::A)?;
         bed.start(Side::B)?;
     }
@@ -870,8 +877,8 @@ fn impairment_table(seconds: u64, runs: usize) -> anyhow::Result<()> {
         };
         // The runs of one side, sorted by goodput: the median and the range go in the table.
         let side = |plain: bool| -> anyhow::Result<(Vec<measure::Tcp>, String)> {
-            let bed = quick_bed(&opts, plain)?;
-            measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+            let bed = quick_bed(&opts, plain, None)?;
+            measure::warm_up(&bed)?;
             let mut all = (0..runs.max(1))
                 .map(|_| measure::tcp(&bed, 1, seconds))
                 .collect::<anyhow::Result<Vec<_>>>()?;
@@ -1108,8 +1115,8 @@ fn bursts(
     busy: usize,
     train: usize,
 ) -> anyhow::Result<()> {
-    let bed = quick_bed(opts, false)?;
-    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let bed = quick_bed(opts, false, None)?;
+    measure::warm_up(&bed)?;
     // What every place counted so far, in the table's order.
     let places = |bed: &TwoSites| -> anyhow::Result<[u64; 8]> {
         let (a, b) = (bed.status(Side::A)?, bed.status(Side::B)?);
@@ -1284,8 +1291,8 @@ fn tune(
     gro: bool,
     plain: bool,
 ) -> anyhow::Result<()> {
-    let bed = quick_bed(&tuned(dataplane, gro), plain)?;
-    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    let bed = quick_bed(&tuned(dataplane, gro), plain, None)?;
+    measure::warm_up(&bed)?;
     let idle = measure::ping(&bed, Side::A, bed.b.host_ip, 200, Duration::from_millis(10))?;
     let t1 = measure::tcp(&bed, 1, seconds)?;
     let t4 = measure::tcp(&bed, 4, seconds)?;
@@ -1355,7 +1362,7 @@ fn latency(
     gro: bool,
     plain: bool,
 ) -> anyhow::Result<()> {
-    let bed = quick_bed(&tuned(dataplane, gro), plain)?;
+    let bed = quick_bed(&tuned(dataplane, gro), plain, None)?;
     println!(
         "{}{}",
         if plain {
@@ -1365,7 +1372,7 @@ fn latency(
         },
         if gro { ", GRO on" } else { ", GRO off" }
     );
-    measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    measure::warm_up(&bed)?;
     let line = |phase: &str, p: &measure::PingStats| {
         println!(
             "  {phase}: RTT avg {:.3} p50 {:.3} p99 {:.3} ms ({} of {} answered)",
@@ -1445,54 +1452,38 @@ fn latency_table(
     base: Option<&std::path::Path>,
     settings: &[String],
 ) -> anyhow::Result<LatencyReport> {
-    // Each column: its heading, its role, its `[dataplane]` lines, the daemons it runs.
-    let mut plan: Vec<(
-        String,
-        LatencyRole,
-        String,
-        Option<cyphonic_e2e::hosts::Bins>,
-    )> = vec![(
-        "plain routing".into(),
-        LatencyRole::Plain,
+    // Each column, with its `[dataplane]` lines and the daemons it runs (`None`: this build's).
+    let column = |name: &str, role| LatencyColumn {
+        name: name.into(),
+        role,
+        rounds: Vec::new(),
+    };
+    let mut plan = vec![(
+        column("plain routing", LatencyRole::Plain),
         String::new(),
         None,
     )];
     if let Some(dir) = base {
         let bins = cyphonic_e2e::hosts::Bins::at(dir)?;
-        plan.push(("base".into(), LatencyRole::Base, String::new(), Some(bins)));
+        plan.push((column("base", LatencyRole::Base), String::new(), Some(bins)));
     }
     plan.push((
-        "defaults".into(),
-        LatencyRole::Defaults,
+        column("defaults", LatencyRole::Defaults),
         String::new(),
         None,
     ));
     for s in settings {
-        plan.push((s.clone(), LatencyRole::Setting, s.clone(), None));
+        plan.push((column(s, LatencyRole::Setting), s.clone(), None));
     }
-    let mut columns: Vec<LatencyColumn> = plan
-        .iter()
-        .map(|(name, role, _, _)| LatencyColumn {
-            name: name.clone(),
-            role: role.clone(),
-            rounds: Vec::new(),
-        })
-        .collect();
     for round in 1..=rounds {
-        for ((name, role, dataplane, bins), column) in plan.iter().zip(&mut columns) {
-            eprintln!("latency-table: round {round} of {rounds}, {name} ...");
-            let mut bed = TwoSites::new(&tuned(dataplane, false))?;
-            if *role == LatencyRole::Plain {
-                bed.route_plainly()?;
-            } else {
-                if let Some(bins) = bins {
-                    bed.bins = bins.clone();
-                }
-                bed.start(Side::A)?;
-                bed.start(Side::B)?;
-            }
-            // Warm up: ARP, the handshake.
-            measure::ping(&bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+        for (column, dataplane, bins) in &mut plan {
+            eprintln!(
+                "latency-table: round {round} of {rounds}, {} ...",
+                column.name
+            );
+            let plain = column.role == LatencyRole::Plain;
+            let bed = quick_bed(&tuned(dataplane, false), plain, bins.as_ref())?;
+            measure::warm_up(&bed)?;
             let idle = measure::idle_pings(&bed, count)?;
             let (loaded, stream) = measure::ping_under_load_at(&bed, seconds, Priority::Default)?;
             let (loaded_idle_ends, stream_idle_ends) =
@@ -1506,6 +1497,7 @@ fn latency_table(
             });
         }
     }
+    let columns = plan.into_iter().map(|(column, _, _)| column).collect();
     Ok(LatencyReport {
         measured: measured(seconds),
         count,
@@ -1820,7 +1812,7 @@ fn measured(seconds: u64) -> Measured {
 
 /// A quick profile: idle RTT, TCP with 1 and 4 streams, RTT under one stream.
 fn measure_gro(bed: &TwoSites, seconds: u64) -> anyhow::Result<Quick> {
-    measure::ping(bed, Side::A, bed.b.host_ip, 3, Duration::from_millis(100))?;
+    measure::warm_up(bed)?;
     let idle = measure::ping(bed, Side::A, bed.b.host_ip, 300, Duration::from_millis(10))?;
     let tcp1 = measure::tcp_median(bed, 1, seconds, RUNS)?;
     let tcp4 = measure::tcp_median(bed, 4, seconds, RUNS)?;
