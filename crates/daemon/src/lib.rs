@@ -139,7 +139,8 @@ pub trait Edge {
     /// Its counters (the status document's `counters` table holds them with the engine's).
     type Counters: Serialize + CounterSet + Send + 'static;
 
-    /// The ingress sink; called before the engine starts.
+    /// An ingress sink; called twice before the engine starts: the emitter's, and the
+    /// express lane's own (used on the tunnel receiver's thread, beside the first).
     ///
     /// # Errors
     /// What the edge cannot set up.
@@ -295,8 +296,8 @@ pub fn run<E: Edge>(
         upstream_for(common, &upstream_tx)?
     };
 
-    let sink = edge.sink(&shared)?;
-    let engine = Engine::start(dp, &shared, &udp, sink, true)?;
+    let (sink, express) = (edge.sink(&shared)?, edge.sink(&shared)?);
+    let engine = Engine::start(dp, &shared, &udp, sink, Some(express), true)?;
     let core = Core {
         name: name.clone(),
         listen,

@@ -172,6 +172,8 @@ impl<K: Sink> EmitShared<K> {
                 counters,
                 last_emitted: None,
                 flows,
+                unpublished: None,
+                unflushed: 0,
             })),
             in_flight: AtomicUsize::new(0),
             bytes_in_flight: AtomicUsize::new(0),
@@ -236,7 +238,7 @@ impl<K: Sink> Inline<K::Item> for EmitShared<K> {
         st.counters.record_waits(&times, now, now, entries.len());
         st.emit_entries(entries);
         st.counters.count_inline();
-        st.sink.flush();
+        st.flush();
         true
     }
 
@@ -245,24 +247,8 @@ impl<K: Sink> Inline<K::Item> for EmitShared<K> {
         let Some(st) = guard.as_mut() else {
             return;
         };
-        let now = Instant::now();
-        st.counters.record_waits(&times, now, now, 1);
-        let emitted = match verdict {
-            Ok(()) => match st.sink.emit(item) {
-                Ok(()) => 1,
-                Err(reason) => {
-                    st.counters.count_drop(reason);
-                    0
-                }
-            },
-            Err(reason) => {
-                st.counters.count_drop(reason);
-                st.sink.dropped(item, reason);
-                0
-            }
-        };
-        st.counters.count_express(emitted);
-        st.sink.flush();
+        emit_one(&mut st.sink, &st.counters, item, verdict, times);
+        st.flush();
     }
 }
 
@@ -273,8 +259,47 @@ struct EmitterState<K: Sink> {
     free_tx: Sender<Vec<Entry<K::Item>>>,
     counters: Arc<Counters>,
     last_emitted: Option<u64>,
-    /// How far this has emitted, for the sparse flows' table.
+    /// How far this has emitted, for the sparse flows' table: published once the sink has
+    /// flushed ([`EmitterState::flush`]).
     flows: Option<Arc<Emitted>>,
+    /// The highest sequence number handed to the sink and not yet published.
+    unpublished: Option<u64>,
+    /// Packets handed to the sink since it last flushed.
+    unflushed: usize,
+}
+
+/// Packets handed to the sink after which the emitter has it flush even while more batches
+/// are ready (a sink's own send batch, `sendmmsg`): the sparse flows' table learns they are
+/// out no later than that.
+const PUBLISH_EVERY: usize = 64;
+
+/// Emits one express packet into `sink` and flushes it: the express lane's last step, on the
+/// sequencer's thread, in the emitter's sink (under its lock) or in a sink of its own
+/// ([`crate::start_with_express`]).
+pub(crate) fn emit_one<T: Send + 'static>(
+    sink: &mut dyn Sink<Item = T>,
+    counters: &Counters,
+    item: T,
+    verdict: Result<(), DropReason>,
+    times: Times,
+) {
+    let now = Instant::now();
+    counters.record_waits(&times, now, now, 1);
+    let emitted = match verdict {
+        Ok(()) => match sink.emit(item) {
+            Ok(()) => 1,
+            Err(reason) => {
+                counters.count_drop(reason);
+                0
+            }
+        },
+        Err(reason) => {
+            counters.count_drop(reason);
+            sink.dropped(item, reason);
+            0
+        }
+    };
+    counters.count_express(emitted);
 }
 
 /// The emitter thread: batches from the pool go through the reorder ring and out, in order;
@@ -287,7 +312,7 @@ fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K
             Err(TryRecvError::Empty) => {
                 // Nothing more is ready: let the sink push out what it gathered.
                 if let Some(st) = shared.lock().as_mut() {
-                    st.sink.flush();
+                    st.flush();
                 }
                 match done_rx.recv() {
                     Ok(b) => b,
@@ -309,7 +334,7 @@ fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K
         .take()
         .expect("only this thread takes the state, at its end");
     debug_assert_eq!(st.ring.held(), 0, "batches left unreleased at shutdown");
-    st.sink.flush();
+    st.flush();
     st.sink
 }
 
@@ -339,7 +364,21 @@ impl<K: Sink> EmitterState<K> {
             released += 1;
         }
         self.counters.record_depth(self.ring.held());
+        if self.unflushed >= PUBLISH_EVERY {
+            self.flush();
+        }
         (released, bytes)
+    }
+
+    /// Has the sink push out what it gathered; only then does the sparse flows' table count
+    /// those packets as out, so that an express packet sent after it learns so (on any
+    /// thread, without this lock) cannot overtake them.
+    fn flush(&mut self) {
+        self.sink.flush();
+        self.unflushed = 0;
+        if let (Some(flows), Some(seq)) = (&self.flows, self.unpublished.take()) {
+            flows.up_to(seq);
+        }
     }
 
     /// Emits `batch`, which reached this thread at `arrived`, now (`now`).
@@ -353,10 +392,10 @@ impl<K: Sink> EmitterState<K> {
     }
 
     fn emit_entries(&mut self, entries: &mut Vec<Entry<K::Item>>) {
-        if let (Some(flows), Some(last)) = (&self.flows, entries.last()) {
-            // In order: everything up to the batch's last packet is out once this returns
-            // (the lock is held until then, and an express packet takes it too).
-            flows.up_to(last.seq);
+        if let Some(last) = entries.last() {
+            // In order: everything up to the batch's last packet is out once the sink flushes.
+            self.unpublished = Some(last.seq);
+            self.unflushed += entries.len();
         }
         let (mut emitted, mut out_of_order) = (0, 0);
         for entry in entries.drain(..) {

@@ -4,8 +4,9 @@
 //! flow hashes (keyed, so that nobody can aim at another flow's bucket) into a fixed table of
 //! buckets, each with the sequence number of its last queued packet, when that was queued,
 //! and its pace. All of it lives on the sequencer's thread; the emitter publishes one number
-//! per batch, how far it has emitted (it emits in sequence order), so the bulk path pays no
-//! shared write per packet.
+//! each time its sink flushes, how far it has emitted (it emits in sequence order, and a
+//! packet counts as out once the sink has sent it), so the bulk path pays no shared write
+//! per packet.
 //!
 //! The pace is a GCRA (the virtual-scheduling form of a token bucket) per bucket: every packet
 //! moves the bucket's theoretical arrival time `tat` one interval (`1 / rate`) on, and a
@@ -45,7 +46,7 @@ fn nanos(d: Duration) -> u64 {
 }
 
 /// How far the emitter has emitted: one past the highest sequence number out (in order, so
-/// every lower one is out too). Written once per batch.
+/// every lower one is out too). Written once per flush of the emitter's sink.
 #[derive(Debug, Default)]
 pub(crate) struct Emitted(AtomicU64);
 

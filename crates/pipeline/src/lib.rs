@@ -27,7 +27,9 @@
 //!   [`Config::sparse_rate`] is stamped, processed and emitted on the caller's thread at
 //!   once, outside the ring, ahead of other flows' batches; a ping does not wait behind a
 //!   download. A flow's own packets never overtake each other: while one is in flight the
-//!   next queues behind it (`flows.rs`).
+//!   next queues behind it (`flows.rs`); the emitter counts a packet as out only once its
+//!   sink has flushed it. With a sink of its own ([`start_with_express`]) the lane does not
+//!   wait for the emitter's lock either.
 //!
 //! The in-flight budget is bytes and time, not a count of packets: a new batch is not opened
 //! while the packets between the sequencer and the emitter hold [`Config::in_flight_bytes`]
@@ -298,6 +300,29 @@ where
     S: Stage,
     K: Sink<Item = S::Item>,
 {
+    start_with_express(config, pool, stage, sink, None)
+}
+
+/// Starts a pipeline as [`start`] does, whose express lane ([`Sequencer::push_flow`]) emits
+/// into `express` when given: a second sink to the same place (another handle on the socket),
+/// used on the sequencer's thread only, so that an express packet never waits for the
+/// emitter's lock while the emitter sends a bulk batch. The emitter tells the sparse flows'
+/// table that a packet is out only once its sink has flushed it, so an express packet still
+/// never overtakes its own flow's.
+///
+/// # Errors
+/// [`BuildError`] for an invalid configuration or when the thread cannot be spawned.
+pub fn start_with_express<S, K>(
+    config: &Config,
+    pool: Arc<rayon::ThreadPool>,
+    stage: S,
+    sink: K,
+    express: Option<K>,
+) -> Result<(Sequencer<S>, Emitter<K>), BuildError>
+where
+    S: Stage,
+    K: Sink<Item = S::Item>,
+{
     if config.batch_size == 0 || config.batches_in_flight == 0 {
         return Err(BuildError::Config);
     }
@@ -332,6 +357,7 @@ where
         free_rx,
         counters,
         flows,
+        express.map(|k| Box::new(k) as Box<dyn Sink<Item = S::Item>>),
     );
     Ok((sequencer, emitter))
 }

@@ -71,6 +71,9 @@ pub struct Sequencer<S: Stage> {
     flows: Option<FlowTable>,
     /// The bulk packets' queue manager ([`Config::aqm`]).
     codel: Option<Codel>,
+    /// Where the express lane's packets go: a sink of its own, or `None`: the emitter's,
+    /// under its lock ([`crate::start_with_express`]).
+    express_sink: Option<Box<dyn crate::Sink<Item = S::Item>>>,
 }
 
 impl<S: Stage> core::fmt::Debug for Sequencer<S> {
@@ -94,6 +97,7 @@ impl<S: Stage> Sequencer<S> {
         free_rx: Receiver<Vec<Entry<S::Item>>>,
         counters: Arc<Counters>,
         flows: Option<FlowTable>,
+        express_sink: Option<Box<dyn crate::Sink<Item = S::Item>>>,
     ) -> Self {
         Self {
             batch_size: config.batch_size,
@@ -124,6 +128,7 @@ impl<S: Stage> Sequencer<S> {
             counters,
             flows,
             codel: config.aqm.map(|aqm| Codel::new(aqm, Instant::now())),
+            express_sink,
         }
     }
 
@@ -144,8 +149,8 @@ impl<S: Stage> Sequencer<S> {
     /// ([`Stage::expressed`]), processed and emitted at once on this thread: it overtakes
     /// other flows' packets in flight, never its own flow's. Any other packet is judged by
     /// the queue manager ([`Config::aqm`], by [`Stage::waited`]), then taken as by
-    /// [`Sequencer::push_behind`]. Never blocks (but an express packet waits for the
-    /// emitter's lock).
+    /// [`Sequencer::push_behind`]. Never blocks (but without a sink of its own,
+    /// [`crate::start_with_express`], an express packet waits for the emitter's lock).
     ///
     /// # Errors
     /// [`Rejected`] with the packet when every batch buffer is in flight or the stage refused.
@@ -273,7 +278,15 @@ impl<S: Stage> Sequencer<S> {
             dispatched: started,
             started,
         };
-        self.inline.emit_express(item, verdict, times);
+        match self.express_sink.as_mut() {
+            // Not behind the emitter's lock: the emitter may be sending a bulk batch (or
+            // waiting for a core with the lock held) meanwhile.
+            Some(sink) => {
+                crate::emitter::emit_one(sink.as_mut(), &self.counters, item, verdict, times);
+                sink.flush();
+            }
+            None => self.inline.emit_express(item, verdict, times),
+        }
         Ok(())
     }
 

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cyphonic_pipeline::{Config, DropReason, Rejected, Sink, Stage, Wait, start};
+use cyphonic_pipeline::{
+    Config, DropReason, Rejected, Sink, Stage, Wait, start, start_with_express,
+};
 use proptest::prelude::*;
 
 /// A test packet: its input position, how long its processing takes, and its fate.
@@ -477,7 +479,9 @@ impl Stage for GateStage {
     }
 }
 
-#[derive(Default)]
+/// Every packet in the order it reached a sink; clones record into the same lists (the
+/// emitter's sink and the express lane's own).
+#[derive(Default, Clone)]
 struct Arrivals {
     seen: Arc<std::sync::Mutex<Vec<(u8, usize)>>>,
     marked: Arc<std::sync::Mutex<Vec<usize>>>,
@@ -517,7 +521,12 @@ fn stuck_lane(
     cyphonic_pipeline::Sequencer<GateStage>,
     cyphonic_pipeline::Emitter<Arrivals>,
 ) {
-    let config = Config {
+    start(&lane_config(window), pool(2), GateStage(gate.clone()), sink).unwrap()
+}
+
+/// The express-lane tests' pipeline settings (see [`stuck_lane`]).
+fn lane_config(window: usize) -> Config {
+    Config {
         batch_size: 4,
         batches_in_flight: 8,
         inline_max: 0,
@@ -526,8 +535,7 @@ fn stuck_lane(
         express_rate: 1000,
         express_window: window,
         ..Config::default()
-    };
-    start(&config, pool(2), GateStage(gate.clone()), sink).unwrap()
+    }
 }
 
 /// fq_codel's promise, in the pipeline: a sparse flow's packet goes out while a bulk flow's
@@ -601,6 +609,7 @@ proptest! {
         batch_size in 1usize..=8,
         inline_max in 0usize..=8,
         sparse_burst in 1u32..=8,
+        own_sink in any::<bool>(),
     ) {
         let config = Config {
             batch_size,
@@ -614,7 +623,11 @@ proptest! {
         let sink = Arrivals::default();
         let seen = sink.seen.clone();
         let gate = Arc::new(AtomicBool::new(true));
-        let (mut seq, emitter) = start(&config, pool(workers), GateStage(gate), sink).unwrap();
+        // With a sink of its own the lane does not take the emitter's lock: only the order
+        // in which the emitter says packets are out keeps a flow's packets in order.
+        let express = own_sink.then(|| sink.clone());
+        let (mut seq, emitter) =
+            start_with_express(&config, pool(workers), GateStage(gate), sink, express).unwrap();
         for (index, (flow, delay_us)) in pkts.iter().copied().enumerate() {
             let mut p = Flowing { flow, index, blocked: false, delay_us, marked: false };
             loop {
@@ -699,4 +712,86 @@ fn a_packet_pushed_behind_holds_its_flow_out_of_the_lane() {
     emitter.join();
     assert_eq!(*seen.lock().unwrap(), [(6, 2), (5, 0), (5, 1)]);
     assert_eq!(counters.snapshot().express, 1);
+}
+
+/// The emitter's sink stuck in a send (as when the emitter thread waits for a core in the
+/// middle of a `sendmmsg`): flow 1's packets wait in it until `release`.
+struct StuckSink {
+    inner: Arrivals,
+    entered: Arc<AtomicBool>,
+    release: Arc<AtomicBool>,
+}
+
+impl Sink for StuckSink {
+    type Item = Flowing;
+
+    fn emit(&mut self, item: Flowing) -> Result<(), DropReason> {
+        if item.flow == 1 {
+            self.entered.store(true, Ordering::Release);
+            while !self.release.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+        }
+        self.inner.emit(item)
+    }
+}
+
+/// With a sink of its own, a sparse flow's packet leaves while the emitter is stuck in its
+/// sink with the lock held, and still no flow overtakes itself: flow 1's packets stuck in
+/// the emitter's sink are not out, so flow 1's next packet queues behind them.
+#[test]
+fn the_express_lane_with_a_sink_of_its_own_does_not_wait_for_a_stuck_emitter() {
+    let open = Arc::new(AtomicBool::new(true));
+    let arrivals = Arrivals::default();
+    let seen = arrivals.seen.clone();
+    let (entered, release) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let sink = StuckSink {
+        inner: arrivals.clone(),
+        entered: entered.clone(),
+        release: release.clone(),
+    };
+    let config = lane_config(Config::default().express_window);
+    // The lane's own sink never sticks.
+    let own = StuckSink {
+        inner: arrivals,
+        entered: Arc::new(AtomicBool::new(false)),
+        release: Arc::new(AtomicBool::new(true)),
+    };
+    let (mut seq, emitter) =
+        start_with_express(&config, pool(2), GateStage(open), sink, Some(own)).unwrap();
+    // Flow 1: its first packet exceeds no pace but is a bulk flow's from the second on; push
+    // behind so that all four take the queue, and wait until the emitter is stuck in them.
+    for i in 0..4 {
+        seq.push_behind(flowing(1, i, false), &1u8).unwrap();
+    }
+    seq.flush();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !entered.load(Ordering::Acquire) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the emitter never reached its sink"
+        );
+        std::thread::yield_now();
+    }
+    // Flow 2 goes by its own sink at once (with the emitter's lock it would wait here).
+    seq.push_flow(flowing(2, 4, false), &2u8).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(2, 4)]);
+    // Flow 1, within its pace again, is not out yet: it queues behind its stuck packets.
+    std::thread::sleep(Duration::from_millis(30));
+    seq.push_flow(flowing(1, 5, false), &1u8).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(2, 4)]);
+    let counters = seq.counters().clone();
+    release.store(true, Ordering::Release);
+    drop(seq);
+    emitter.join();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(2, 4), (1, 0), (1, 1), (1, 2), (1, 3), (1, 5)]
+    );
+    let stats = counters.snapshot();
+    assert_eq!(stats.express, 1, "{stats:?}");
+    assert_eq!((stats.emitted, stats.submitted), (6, 6), "{stats:?}");
 }

@@ -277,7 +277,8 @@ pub struct Engine<K: Sink<Item = Incoming>> {
 }
 
 impl<K: Sink<Item = Incoming>> Engine<K> {
-    /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`), the
+    /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`; the
+    /// ingress express lane into `express`, a second sink to the same place, if given), the
     /// receive thread on `socket` and the handshake thread, which answers as the shared
     /// state's identity;
     /// with `watch`, also the thread that tells the control thread when this host's
@@ -290,6 +291,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         shared: &Arc<Shared>,
         socket: &dyn TunnelSocket,
         sink: K,
+        express: Option<K>,
         watch: bool,
     ) -> Result<Self, StartError> {
         let io = |what| move |source| StartError::Io { what, source };
@@ -332,21 +334,27 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         // of a standing queue at the edge's socket. On the way in the frames are a peer's
         // (already judged at its edge); the flagged ones the lane does not take queue as
         // they came.
-        let (egress_seq, egress_emit) = cyphonic_pipeline::start(
+        // Each pipeline's express lane sends through a sink of its own, on the thread that
+        // reads (the edge's or the receiver): it never waits for the emitter's lock.
+        let socket_sink = || -> Result<SocketSink, StartError> {
+            Ok(SocketSink::new(
+                shared.clone(),
+                socket
+                    .try_clone_box()
+                    .map_err(io("duplicating the tunnel socket"))?,
+            ))
+        };
+        let (egress_seq, egress_emit) = cyphonic_pipeline::start_with_express(
             &cyphonic_pipeline::Config {
                 aqm: dp.aqm,
                 ..pconfig("cy-egress-emit", dp.sparse_rate)
             },
             rayon.clone(),
             SealStage::new(shared.clone()),
-            SocketSink::new(
-                shared.clone(),
-                socket
-                    .try_clone_box()
-                    .map_err(io("duplicating the tunnel socket"))?,
-            ),
+            socket_sink()?,
+            Some(socket_sink()?),
         )?;
-        let (ingress_seq, ingress_emit) = cyphonic_pipeline::start(
+        let (ingress_seq, ingress_emit) = cyphonic_pipeline::start_with_express(
             &pconfig(
                 "cy-ingress-emit",
                 if dp.sparse_rate == 0 {
@@ -358,6 +366,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             rayon,
             OpenStage,
             sink,
+            express,
         )?;
         let (egress_counters, ingress_counters) = (
             egress_seq.counters().clone(),

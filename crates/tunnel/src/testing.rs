@@ -432,7 +432,7 @@ pub fn keyed(aead: Backend, buffers: usize) -> (Arc<Shared>, Arc<Shared>) {
 }
 
 /// The ingress sink of a [`Pair`]'s engines: every packet delivered, in order, as bytes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Collect {
     shared: Arc<Shared>,
     delivered: crossbeam_channel::Sender<Vec<u8>>,
@@ -508,7 +508,8 @@ impl End {
             shared: shared.clone(),
             delivered: tx,
         };
-        let engine = Engine::start(dp, &shared, &socket, sink, false).expect("the engine starts");
+        let engine = Engine::start(dp, &shared, &socket, sink.clone(), Some(sink), false)
+            .expect("the engine starts");
         let intake = engine.intake();
         let mut control = Control::new(shared.clone(), Box::new(socket.clone()), intake.clone());
         let driving = Arc::new(AtomicBool::new(true));
