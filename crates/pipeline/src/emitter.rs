@@ -273,9 +273,9 @@ struct EmitterState<K: Sink> {
 /// out no later than that.
 const PUBLISH_EVERY: usize = 64;
 
-/// Emits one express packet into `sink` and flushes it: the express lane's last step, on the
-/// sequencer's thread, in the emitter's sink (under its lock) or in a sink of its own
-/// ([`crate::start_with_express`]).
+/// Emits one express packet into `sink` and counts it: the express lane's last step, on the
+/// sequencer's thread, into the emitter's sink (under its lock) or into a sink of its own
+/// ([`crate::start_with_express`]). The caller flushes the sink after it.
 pub(crate) fn emit_one<T: Send + 'static>(
     sink: &mut dyn Sink<Item = T>,
     counters: &Counters,

@@ -762,8 +762,8 @@ fn the_express_lane_with_a_sink_of_its_own_does_not_wait_for_a_stuck_emitter() {
     };
     let (mut seq, emitter) =
         start_with_express(&config, pool(2), GateStage(open), sink, Some(own)).unwrap();
-    // Flow 1: its first packet exceeds no pace but is a bulk flow's from the second on; push
-    // behind so that all four take the queue, and wait until the emitter is stuck in them.
+    // Flow 1's four packets take the queue (pushed behind: never by the lane); wait until
+    // the emitter is stuck in its sink with them.
     for i in 0..4 {
         seq.push_behind(flowing(1, i, false), &1u8).unwrap();
     }

@@ -330,10 +330,6 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             on_thread_start: Some(place.clone()),
             ..cyphonic_pipeline::Config::default()
         };
-        // The queue manager judges the way out only: there it tells the devices' TCP senders
-        // of a standing queue at the edge's socket. On the way in the frames are a peer's
-        // (already judged at its edge); the flagged ones the lane does not take queue as
-        // they came.
         // Each pipeline's express lane sends through a sink of its own, on the thread that
         // reads (the edge's or the receiver): it never waits for the emitter's lock.
         let socket_sink = || -> Result<SocketSink, StartError> {
@@ -344,6 +340,10 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
                     .map_err(io("duplicating the tunnel socket"))?,
             ))
         };
+        // The queue manager judges the way out only: there it tells the devices' TCP senders
+        // of a standing queue at the edge's socket. On the way in the frames are a peer's
+        // (already judged at its edge); the flagged ones the lane does not take queue as
+        // they came.
         let (egress_seq, egress_emit) = cyphonic_pipeline::start_with_express(
             &cyphonic_pipeline::Config {
                 aqm: dp.aqm,
