@@ -451,4 +451,80 @@ mod tests {
         r.insert(1, (), Instant::now());
         r.insert(1, (), Instant::now());
     }
+
+    /// A sink that records what it took and how much of it it has flushed.
+    #[derive(Default)]
+    struct Flushing {
+        taken: usize,
+        flushed: usize,
+    }
+
+    impl Sink for Flushing {
+        type Item = u64;
+
+        fn emit(&mut self, _: u64) -> Result<(), DropReason> {
+            self.taken += 1;
+            Ok(())
+        }
+
+        fn flush(&mut self) {
+            self.flushed = self.taken;
+        }
+    }
+
+    fn batch(seq: u64, first: u64, packets: u64) -> Batch<u64> {
+        let now = Instant::now();
+        Batch {
+            seq,
+            entries: (first..first + packets)
+                .map(|s| Entry {
+                    seq: s,
+                    item: s,
+                    verdict: Ok(()),
+                })
+                .collect(),
+            bytes: 0,
+            times: Times {
+                opened: now,
+                dispatched: now,
+                started: now,
+            },
+        }
+    }
+
+    /// The sparse flows' table counts a packet as out only once the sink has flushed it, and
+    /// the emitter flushes once it has handed `PUBLISH_EVERY` packets, though more batches
+    /// are ready (an express packet sent on another thread relies on both).
+    #[test]
+    fn what_is_out_follows_the_sink_s_flushes_at_least_every_64_packets() {
+        let flows = Arc::new(Emitted::default());
+        let (free_tx, _free_rx) = crossbeam_channel::bounded(8);
+        let mut st = EmitterState {
+            sink: Flushing::default(),
+            ring: ReorderRing::new(8),
+            ordering: true,
+            free_tx,
+            counters: Arc::new(Counters::default()),
+            last_emitted: None,
+            flows: Some(flows.clone()),
+            unpublished: None,
+            unflushed: 0,
+        };
+        // Handed, not flushed: not out.
+        st.release(batch(0, 0, 32));
+        assert_eq!((st.sink.taken, st.sink.flushed, flows.get()), (32, 0, 0));
+        // 64 handed: flushed and out.
+        st.release(batch(1, 32, 32));
+        assert_eq!((st.sink.flushed, flows.get()), (64, 64));
+        // A batch ahead of its turn is neither; its predecessor releases both.
+        st.release(batch(3, 96, 32));
+        assert_eq!((st.sink.taken, flows.get()), (64, 64));
+        st.release(batch(2, 64, 32));
+        assert_eq!((st.sink.flushed, flows.get()), (128, 128));
+        // Fewer than 64: out once the emitter flushes (when nothing more is ready).
+        st.release(batch(4, 128, 8));
+        assert_eq!(flows.get(), 128);
+        st.flush();
+        assert_eq!((st.sink.flushed, flows.get()), (136, 136));
+    }
 }

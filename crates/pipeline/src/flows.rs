@@ -56,7 +56,7 @@ impl Emitted {
         self.0.fetch_max(seq + 1, Relaxed);
     }
 
-    fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
 }
