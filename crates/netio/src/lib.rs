@@ -14,7 +14,9 @@
 //!   over its 4096-byte default buffer without saying so, and drops the packet direction.
 //! - [`UdpSocket`]: the tunnel socket, dual-stack, with `recvmmsg`/`sendmmsg` batches,
 //!   segmented sends (`UDP_SEGMENT`) and coalesced receives (`UDP_GRO`), and deliberately sized
-//!   buffers.
+//!   buffers; [`UdpSocket::steered`] opens a second socket on its port to which the kernel
+//!   steers the datagrams a classic BPF program ([`cbpf`]) picks, each socket with its own
+//!   queue.
 //! - [`Interface`]: index, MAC, MTU, up/down; [`disable_receive_offloads`] switches GRO/LRO
 //!   off through the ethtool ioctl.
 //! - [`Tun`]: the node's overlay interface, a TUN device with its address, netmask, MTU and
@@ -37,6 +39,7 @@
 //! Packet contents are not this crate's business: it moves bytes and their metadata.
 
 mod busy;
+pub mod cbpf;
 mod error;
 mod iface;
 pub mod netns;

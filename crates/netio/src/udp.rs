@@ -37,6 +37,10 @@ pub struct UdpOptions {
     /// Have the kernel stamp each datagram as it comes in, so [`DatagramMeta::queued`] says
     /// how long it waited for us (`SO_TIMESTAMPNS`).
     pub timestamps: bool,
+    /// Open the port for a steered companion ([`UdpSocket::steered`]): `SO_REUSEPORT`, after
+    /// making sure nobody holds the port already (a second daemon on it still fails to
+    /// bind, as without).
+    pub steering: bool,
 }
 
 impl Default for UdpOptions {
@@ -49,6 +53,7 @@ impl Default for UdpOptions {
             coalescing: true,
             busy_poll: Duration::ZERO,
             timestamps: false,
+            steering: false,
         }
     }
 }
@@ -97,7 +102,13 @@ pub struct UdpSocket {
     busy: Option<BusyPoll>,
     /// Datagrams carry the kernel's receive stamp ([`UdpOptions::timestamps`]).
     timestamps: bool,
+    /// Bound with `SO_REUSEPORT` ([`UdpOptions::steering`]).
+    steering: bool,
 }
+
+/// `SO_ATTACH_REUSEPORT_CBPF` (`asm-generic/socket.h`; the same on x86-64 and arm64), which
+/// the libc crate does not export for glibc targets.
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 
 /// Coalesced receives in flight per `recvmmsg`.
 const COALESCED_MESSAGES: usize = 16;
@@ -309,8 +320,29 @@ impl UdpSocket {
             }
             other => (other.map_err(|e| io_err("opening a UDP socket", e))?, addr),
         };
+        if opts.steering {
+            // A port someone holds stays refused: bind it once without sharing first (and let
+            // it go), so that only our own companion can join the port.
+            if addr.port() != 0 {
+                Self::open(addr)
+                    .and_then(|probe| probe.bind(&addr.into()))
+                    .map_err(|e| io_err("binding the UDP socket", e))?;
+            }
+            sock.set_reuse_port(true)
+                .map_err(|e| io_err("sharing the UDP port with a steered socket", e))?;
+        }
         sock.bind(&addr.into())
             .map_err(|e| io_err("binding the UDP socket", e))?;
+        Self::finish(sock, addr, opts, &io_err)
+    }
+
+    /// The options beyond the bind.
+    fn finish(
+        sock: Socket,
+        addr: SocketAddr,
+        opts: &UdpOptions,
+        io_err: &dyn Fn(&'static str, io::Error) -> NetError,
+    ) -> Result<Self, NetError> {
         let raw = sock.as_raw_fd();
         let recv_buffer =
             sys::set_buffer(raw, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, opts.recv_buffer)
@@ -336,7 +368,62 @@ impl UdpSocket {
             split: None,
             busy: BusyPoll::new(opts.busy_poll, opts.recv_timeout),
             timestamps,
+            steering: opts.steering,
         })
+    }
+
+    /// A second socket on this one's port (bound with [`UdpOptions::steering`]) to which the
+    /// kernel steers the datagrams `program` picks: the program sees each datagram's payload
+    /// from offset 0 and answers 1 for the companion, 0 for this socket (the port's sockets
+    /// in the order they were bound). Each socket has its own queue, so what the program
+    /// picks never waits behind the rest. The companion is opened with `opts` (its own
+    /// buffers; coalescing as asked), and ends its share of the port when dropped.
+    ///
+    /// # Errors
+    /// This socket was not opened for steering, the kernel refused the program (before
+    /// Linux 4.5 it has no such option), or the bind failed.
+    pub fn steered(
+        &self,
+        program: &[crate::cbpf::Insn],
+        opts: &UdpOptions,
+    ) -> Result<Self, NetError> {
+        let addr = self
+            .local_addr()
+            .map_err(|e| NetError::from_io("reading the UDP socket's address", "", "", e))?;
+        let target = addr.to_string();
+        let io_err = |op, e| NetError::from_io(op, &target, "CAP_NET_BIND_SERVICE", e);
+        if !self.steering {
+            return Err(io_err(
+                "steering datagrams to a second socket",
+                io::Error::other("the socket was not opened for steering"),
+            ));
+        }
+        let mut insns: Vec<libc::sock_filter> = program.iter().map(|i| i.raw()).collect();
+        let fprog =
+            crate::cbpf::program(&mut insns).map_err(|e| io_err("steering datagrams", e))?;
+        // The group's program, attached before the companion joins: until it does, the
+        // program's 1 names no socket and the kernel falls back to this one.
+        sys::setsockopt(
+            self.sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            &fprog,
+        )
+        .map_err(|e| io_err("attaching the steering program", e))?;
+        let sock = Self::open(addr).map_err(|e| io_err("opening a UDP socket", e))?;
+        sock.set_reuse_port(true)
+            .map_err(|e| io_err("sharing the UDP port with a steered socket", e))?;
+        sock.bind(&addr.into())
+            .map_err(|e| io_err("binding the steered UDP socket", e))?;
+        Self::finish(
+            sock,
+            addr,
+            &UdpOptions {
+                steering: true,
+                ..opts.clone()
+            },
+            &io_err,
+        )
     }
 
     fn open(addr: SocketAddr) -> io::Result<Socket> {
@@ -550,6 +637,7 @@ impl UdpSocket {
             split: None,
             busy: self.busy,
             timestamps: self.timestamps,
+            steering: self.steering,
         })
     }
 }
@@ -627,6 +715,74 @@ mod tests {
             assert_eq!(n, 6);
             assert!(hops > 2, "the socket's own limit is back: {hops}");
         }
+    }
+
+    /// What `sock` receives within a short wait, as the first byte of each datagram.
+    fn first_bytes(sock: &mut UdpSocket) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut store = [[0u8; 64]; 8];
+        loop {
+            let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|b| &mut b[..]).collect();
+            let mut meta = [DatagramMeta::default(); 8];
+            let n = sock.recv_batch(&mut bufs, &mut meta).unwrap();
+            if n == 0 {
+                return got;
+            }
+            got.extend(bufs[..n].iter().map(|b| b[0]));
+        }
+    }
+
+    #[test]
+    fn a_steered_companion_gets_what_its_program_picks_and_only_that() {
+        use crate::cbpf;
+        // Datagrams whose first byte is 0xAA go to the companion (1), the rest stay (0).
+        let program = [
+            cbpf::load_byte(0),
+            cbpf::jump_eq(0xAA, 0, 1),
+            cbpf::ret(1),
+            cbpf::ret(0),
+        ];
+        let opts = UdpOptions {
+            steering: true,
+            coalescing: false,
+            recv_timeout: Some(Duration::from_millis(50)),
+            ..UdpOptions::default()
+        };
+        for (bind, to_ip) in [
+            ("[::]:0", "127.0.0.1"),
+            ("[::]:0", "::1"),
+            ("127.0.0.1:0", "127.0.0.1"),
+        ] {
+            let Ok(mut main) = UdpSocket::bind(bind.parse().unwrap(), &opts) else {
+                continue; // a host without IPv6
+            };
+            let mut companion = main.steered(&program, &opts).unwrap();
+            let port = main.local_addr().unwrap().port();
+            let to = SocketAddr::new(to_ip.parse().unwrap(), port);
+            let Ok(tx) = std::net::UdpSocket::bind(SocketAddr::new(to.ip(), 0)) else {
+                continue;
+            };
+            for first in [1u8, 0xAA, 2, 0xAA, 3, 4, 0xAA] {
+                tx.send_to(&[first, 9, 9, 9], to).unwrap();
+            }
+            // An empty datagram: the program's load past the end answers 0, this socket.
+            tx.send_to(&[], to).unwrap();
+            let (mine, its) = (first_bytes(&mut main), first_bytes(&mut companion));
+            assert_eq!(its, [0xAA, 0xAA, 0xAA], "{bind} <- {to}");
+            assert_eq!(mine, [1, 2, 3, 4, 0], "{bind} <- {to}");
+            // The port stays ours: a second daemon on it is refused, steering or not.
+            let again = SocketAddr::new(main.local_addr().unwrap().ip(), port);
+            assert!(UdpSocket::bind(again, &opts).is_err());
+            assert!(UdpSocket::bind(again, &UdpOptions::default()).is_err());
+            drop(companion);
+            // Without the companion its share comes back here.
+            tx.send_to(&[0xAA], to).unwrap();
+            assert_eq!(first_bytes(&mut main), [0xAA], "{bind} <- {to}");
+        }
+        // A socket not opened for steering has no companion.
+        let plain =
+            UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &UdpOptions::default()).unwrap();
+        assert!(plain.steered(&program, &opts).is_err());
     }
 
     #[test]

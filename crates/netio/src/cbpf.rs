@@ -1,0 +1,95 @@
+//! Classic BPF programs, the few instructions the kernel runs to steer a packet to one of a
+//! group of sockets (`SO_ATTACH_REUSEPORT_CBPF`). Classic, not eBPF: no `bpf()` system call, no
+//! privilege, no verifier-dependent kernel feature; the kernel checks the program when it is
+//! attached. The caller writes the program (netio knows no packet format); these are
+//! `linux/filter.h`'s encodings.
+
+/// One instruction, the fields of `struct sock_filter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Insn {
+    code: u16,
+    jt: u8,
+    jf: u8,
+    k: u32,
+}
+
+impl Insn {
+    pub(crate) const fn raw(self) -> libc::sock_filter {
+        libc::sock_filter {
+            code: self.code,
+            jt: self.jt,
+            jf: self.jf,
+            k: self.k,
+        }
+    }
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "linux/filter.h's opcodes are 16-bit values"
+)]
+const fn insn(code: u32, jt: u8, jf: u8, k: u32) -> Insn {
+    Insn {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// `ldb [k]`: the accumulator takes the byte at offset `k` (of the payload the program sees).
+/// A program that loads past the packet's end returns 0 there and then.
+pub const fn load_byte(k: u32) -> Insn {
+    insn(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, k)
+}
+
+/// `ldh [k]`: the accumulator takes the big-endian 16-bit value at offset `k`.
+pub const fn load_half(k: u32) -> Insn {
+    insn(libc::BPF_LD | libc::BPF_H | libc::BPF_ABS, 0, 0, k)
+}
+
+/// `jeq #k, jt, jf`: skips `jt` instructions if the accumulator equals `k`, else `jf`.
+pub const fn jump_eq(k: u32, jt: u8, jf: u8) -> Insn {
+    insn(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, jt, jf, k)
+}
+
+/// `jset #k, jt, jf`: skips `jt` instructions if the accumulator has a bit of `k` set, else
+/// `jf`.
+pub const fn jump_set(k: u32, jt: u8, jf: u8) -> Insn {
+    insn(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K, jt, jf, k)
+}
+
+/// `ret #k`: the program's answer (for a socket group, the index of the socket).
+pub const fn ret(k: u32) -> Insn {
+    insn(libc::BPF_RET | libc::BPF_K, 0, 0, k)
+}
+
+/// What the kernel runs, in the layout `setsockopt` takes.
+pub(crate) fn program(insns: &mut [libc::sock_filter]) -> std::io::Result<libc::sock_fprog> {
+    let len = u16::try_from(insns.len())
+        .ok()
+        .filter(|l| (1..=4096).contains(l))
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(libc::sock_fprog {
+        len,
+        filter: insns.as_mut_ptr(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_encode_as_linux_filter_h_does() {
+        // From `tcpdump -dd` and linux/filter.h: ldb [1] = 0x30, ldh [2] = 0x28, jeq = 0x15,
+        // jset = 0x45, ret #k = 0x06.
+        assert_eq!(load_byte(1).code, 0x30);
+        assert_eq!(load_half(2).code, 0x28);
+        let j = jump_eq(3, 1, 2);
+        assert_eq!((j.code, j.jt, j.jf, j.k), (0x15, 1, 2, 3));
+        assert_eq!(jump_set(2, 0, 1).code, 0x45);
+        assert_eq!((ret(7).code, ret(7).k), (0x06, 7));
+        assert!(program(&mut []).is_err(), "an empty program");
+    }
+}
