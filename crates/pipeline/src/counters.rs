@@ -163,6 +163,7 @@ struct Tail {
     emitted: AtomicU64,
     out_of_order: AtomicU64,
     express: AtomicU64,
+    lane: AtomicU64,
     ring_depth: AtomicU64,
     ring_depth_max: AtomicU64,
     hold: Log2Histogram,
@@ -197,6 +198,11 @@ impl Counters {
         self.head.submitted.fetch_add(1, Relaxed);
         self.tail.express.fetch_add(1, Relaxed);
         self.tail.emitted.fetch_add(emitted, Relaxed);
+    }
+
+    /// Of those, one a lane of its own took ([`crate::Lane`]).
+    pub(crate) fn count_lane(&self) {
+        self.tail.lane.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn count_full(&self) {
@@ -302,6 +308,7 @@ impl Counters {
             inline_batches: self.head.inline_batches.load(Relaxed),
             out_of_order: self.tail.out_of_order.load(Relaxed),
             express: self.tail.express.load(Relaxed),
+            lane: self.tail.lane.load(Relaxed),
             held_packets: hold_histogram.iter().sum(),
             held_nanos: self.tail.hold.nanos.load(Relaxed),
             ring_depth: self.tail.ring_depth.load(Relaxed),
@@ -344,6 +351,9 @@ pub struct Stats {
     /// Packets of sparse flows that went by the express lane
     /// ([`crate::Sequencer::push_flow`]), emitted at once ahead of other flows' batches.
     pub express: u64,
+    /// Of those, packets a lane of its own took ([`crate::Lane`]: read by a thread of its
+    /// own, from a source the kernel steered them to).
+    pub lane: u64,
     /// Packets that waited in the reorder ring for an earlier batch.
     pub held_packets: u64,
     /// Sum of their waits, in nanoseconds.

@@ -29,7 +29,10 @@
 //!   download. A flow's own packets never overtake each other: while one is in flight the
 //!   next queues behind it (`flows.rs`); the emitter counts a packet as out only once its
 //!   sink has flushed it. With a sink of its own ([`start_with_express`]) the lane does not
-//!   wait for the emitter's lock either.
+//!   wait for the emitter's lock either. A [`Lane`] ([`Sequencer::lane`]) does the same
+//!   work on a thread of its own, for a source that carries only sparse traffic (a socket
+//!   the kernel steers flagged frames to): nothing of the bulk flows is ever read ahead of
+//!   it.
 //!
 //! The in-flight budget is bytes and time, not a count of packets: a new batch is not opened
 //! while the packets between the sequencer and the emitter hold [`Config::in_flight_bytes`]
@@ -50,6 +53,7 @@ mod codel;
 mod counters;
 mod emitter;
 mod flows;
+mod lane;
 mod sequencer;
 
 use std::sync::Arc;
@@ -60,6 +64,7 @@ pub use counters::{Counters, HOLD_BUCKETS, Stats, Wait, WaitTally};
 use emitter::EmitShared;
 pub use emitter::{Emitter, ReorderRing};
 pub use flows::{FLOW_BUCKETS, MEMORY, SETTLE};
+pub use lane::Lane;
 pub use sequencer::{Rejected, Sequencer};
 
 /// Why a packet left the pipeline without being emitted. Counted per reason.

@@ -37,6 +37,8 @@ pub struct Sequencer<S: Stage> {
     batch_size: usize,
     inline_max: usize,
     express_window: usize,
+    /// A [`crate::Lane`]'s pace and burst, and how long it waits for room.
+    lane_pace: (u32, usize, Duration),
     stage: Arc<S>,
     pool: Arc<rayon::ThreadPool>,
     // Before `done_tx`: dropped first, so that once the emitter sees the channel close it
@@ -103,6 +105,11 @@ impl<S: Stage> Sequencer<S> {
             batch_size: config.batch_size,
             inline_max: config.inline_max,
             express_window: config.express_window,
+            lane_pace: (
+                config.express_rate,
+                config.sparse_burst as usize * 2,
+                config.in_flight_time,
+            ),
             stage,
             pool,
             inline,
@@ -262,22 +269,8 @@ impl<S: Stage> Sequencer<S> {
     }
 
     /// A sparse flow's packet: stamped, processed and emitted now, outside the ring.
-    fn express(&mut self, mut item: S::Item, arrived: Instant) -> Result<(), Rejected<S::Item>> {
-        if let Err(reason) = self.stage.sequence(&mut item) {
-            self.counters.count_drop(reason);
-            return Err(Rejected::Dropped(item, reason));
-        }
-        self.stage.expressed(&mut item);
-        if let Some(waited) = self.stage.waited(&item) {
-            self.counters.record_express_socket(waited);
-        }
-        let started = Instant::now();
-        let verdict = self.stage.process(&mut item);
-        let times = Times {
-            opened: arrived.min(started),
-            dispatched: started,
-            started,
-        };
+    fn express(&mut self, item: S::Item, arrived: Instant) -> Result<(), Rejected<S::Item>> {
+        let (item, verdict, times) = express_work(&*self.stage, &self.counters, item, arrived)?;
         match self.express_sink.as_mut() {
             // Not behind the emitter's lock: the emitter may be sending a bulk batch (or
             // waiting for a core with the lock held) meanwhile.
@@ -317,6 +310,25 @@ impl<S: Stage> Sequencer<S> {
         if self.filling.as_ref().is_some_and(|b| !b.is_empty()) {
             self.dispatch();
         }
+    }
+
+    /// A lane of its own beside this pipeline, for another thread: it takes packets as the
+    /// express lane does and emits them into `sink` (another handle on the same place),
+    /// paced at [`Config::express_rate`], never overtaking more than
+    /// [`Config::express_window`] packets in flight here. See [`crate::Lane`].
+    pub fn lane<K: crate::Sink<Item = S::Item>>(&self, sink: K) -> crate::Lane<S> {
+        let (rate, burst, wait_max) = self.lane_pace;
+        crate::Lane::new(
+            self.stage.clone(),
+            Box::new(sink),
+            self.inline.clone(),
+            self.counters.clone(),
+            self.batch_size,
+            self.express_window,
+            wait_max,
+            rate,
+            burst,
+        )
     }
 
     /// A snapshot of the pipeline's counters.
@@ -417,6 +429,39 @@ impl<S: Stage> Sequencer<S> {
             let _ = done.send(batch);
         });
     }
+}
+
+/// A packet the express lane worked on: it, its verdict, its times.
+pub(crate) type Worked<T> = (T, Result<(), DropReason>, Times);
+
+/// The express lane's work on a packet that arrived at `arrived`, on the caller's thread:
+/// stamped ([`Stage::sequence`]), marked ([`Stage::expressed`]), its wait in the kernel
+/// recorded, processed. Returns it with its verdict and times, for the caller to emit.
+///
+/// # Errors
+/// [`Rejected::Dropped`] when the stage refused it (counted).
+pub(crate) fn express_work<S: Stage>(
+    stage: &S,
+    counters: &Counters,
+    mut item: S::Item,
+    arrived: Instant,
+) -> Result<Worked<S::Item>, Rejected<S::Item>> {
+    if let Err(reason) = stage.sequence(&mut item) {
+        counters.count_drop(reason);
+        return Err(Rejected::Dropped(item, reason));
+    }
+    stage.expressed(&mut item);
+    if let Some(waited) = stage.waited(&item) {
+        counters.record_express_socket(waited);
+    }
+    let started = Instant::now();
+    let verdict = stage.process(&mut item);
+    let times = Times {
+        opened: arrived.min(started),
+        dispatched: started,
+        started,
+    };
+    Ok((item, verdict, times))
 }
 
 impl<S: Stage> Drop for Sequencer<S> {

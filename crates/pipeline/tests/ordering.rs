@@ -795,3 +795,92 @@ fn the_express_lane_with_a_sink_of_its_own_does_not_wait_for_a_stuck_emitter() {
     assert_eq!(stats.express, 1, "{stats:?}");
     assert_eq!((stats.emitted, stats.submitted), (6, 6), "{stats:?}");
 }
+
+/// A lane of its own ([`cyphonic_pipeline::Lane`], on another thread) emits at once while
+/// the pipeline beside it is stuck, marks its packets as the express lane's, and overtakes
+/// no more than the window: past it, it waits for the pipeline to drain and gives up after
+/// `in_flight_time`.
+#[test]
+fn a_lane_of_its_own_emits_at_once_within_the_window_and_waits_beyond_it() {
+    let gate = Arc::new(AtomicBool::new(false));
+    let sink = Arrivals::default();
+    let (seen, marked) = (sink.seen.clone(), sink.marked.clone());
+    let config = Config {
+        in_flight_time: Duration::from_millis(30),
+        ..lane_config(8)
+    };
+    let (mut seq, emitter) =
+        start(&config, pool(2), GateStage(gate.clone()), sink.clone()).unwrap();
+    let mut lane = seq.lane(sink);
+    // Two batches of flow 1 stuck on the workers: 8 in flight, as many as the window.
+    for i in 0..8 {
+        seq.push(flowing(1, i, true)).unwrap();
+    }
+    let stuck = std::thread::spawn(move || {
+        lane.push(flowing(2, 8, false)).unwrap();
+        lane.flush();
+        lane
+    });
+    let mut lane = stuck.join().unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(2, 8)]);
+    assert_eq!(*marked.lock().unwrap(), [8]);
+    // A third batch: 12 in flight. The lane waits, then refuses.
+    for i in 9..13 {
+        seq.push(flowing(1, i, true)).unwrap();
+    }
+    let asked = std::time::Instant::now();
+    assert!(matches!(
+        lane.push(flowing(3, 13, false)),
+        Err(Rejected::Full(_))
+    ));
+    assert!(asked.elapsed() >= Duration::from_millis(30));
+    // Once the pipeline drains below the window, the lane's packet goes, after the rest.
+    let counters = seq.counters().clone();
+    gate.store(true, Ordering::Release);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut refused = 0;
+    while let Err(Rejected::Full(_)) = lane.push(flowing(3, 14, false)) {
+        // A slow machine may take longer than 30 ms to drain.
+        refused += 1;
+        assert!(std::time::Instant::now() < deadline, "never drained");
+    }
+    drop(seq);
+    emitter.join();
+    assert_eq!(seen.lock().unwrap().len(), 14);
+    let stats = counters.snapshot();
+    assert_eq!((stats.express, stats.lane), (2, 2), "{stats:?}");
+    assert_eq!(stats.rejected_full, 1 + refused, "{stats:?}");
+}
+
+/// The lane's pace: a burst at once, then one packet per interval of `express_rate`
+/// (`allowance` waits for it; only the lower bound is checked, sleeps never end early).
+#[test]
+fn a_lane_takes_a_burst_then_keeps_to_its_rate() {
+    let config = Config {
+        express_rate: 200,
+        sparse_burst: 2,
+        ..lane_config(8)
+    };
+    let sink = Arrivals::default();
+    let (seq, emitter) = start(
+        &config,
+        pool(1),
+        GateStage(Arc::new(AtomicBool::new(true))),
+        sink.clone(),
+    )
+    .unwrap();
+    let mut lane = seq.lane(sink.clone());
+    // A burst of twice the flows' burst.
+    assert_eq!(lane.allowance(64), 4);
+    assert_eq!(lane.allowance(2), 2, "no more than asked");
+    for i in 0..4 {
+        lane.push(flowing(1, i, false)).unwrap();
+    }
+    // Spent: the next packet waits about one interval (5 ms at 200 a second).
+    let asked = std::time::Instant::now();
+    assert_eq!(lane.allowance(64), 1);
+    assert!(asked.elapsed() >= Duration::from_millis(4));
+    drop(seq);
+    emitter.join();
+    assert_eq!(sink.seen.lock().unwrap().len(), 4);
+}

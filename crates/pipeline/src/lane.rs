@@ -1,0 +1,139 @@
+//! A lane of its own: the express lane's work (stamp, process, emit at once) on a thread of
+//! its own, reading from a source of its own that carries only sparse traffic (a socket the
+//! kernel steers the flagged frames to). Every packet it takes goes out on its thread, one at
+//! a time and in the order taken, so a flow whose packets all come this way is never
+//! reordered by it; it never waits behind the pipeline's bulk batches, nor for the emitter's
+//! lock (it has its own sink).
+//!
+//! What it keeps from the pipeline beside it: the stage, the counters, and the bound on what
+//! an express packet may overtake ([`crate::Config::express_window`]): while more than that
+//! is in flight beside it, a packet waits (at most [`crate::Config::in_flight_time`]) for the
+//! pipeline to drain, or is refused. (The batch being filled there, at most one batch, is
+//! the other thread's and not counted: the window, half a replay window, leaves room for it.) The pace of the lane as a whole is the caller's: it
+//! reads at most [`Lane::allowance`] packets at a time, so that a flood on the lane's source
+//! costs at most the lane's rate ([`crate::Config::express_rate`]), and the kernel drops the
+//! rest at that source.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::counters::Counters;
+use crate::emitter::Inline;
+use crate::{Rejected, Sink, Stage};
+
+/// The express lane on a thread of its own; made by [`crate::Sequencer::lane`].
+pub struct Lane<S: Stage> {
+    stage: Arc<S>,
+    sink: Box<dyn Sink<Item = S::Item>>,
+    beside: Arc<dyn Inline<S::Item>>,
+    counters: Arc<Counters>,
+    batch_size: usize,
+    express_window: usize,
+    wait_max: Duration,
+    /// The lane's pace (a token bucket): packets it may take now, and when it last filled.
+    tokens: f64,
+    filled: Instant,
+    rate: f64,
+    burst: f64,
+}
+
+impl<S: Stage> core::fmt::Debug for Lane<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Lane")
+            .field("rate", &self.rate)
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long the lane sleeps while the pipeline beside it has too much in flight to overtake.
+const ROOM_POLL: Duration = Duration::from_micros(50);
+
+impl<S: Stage> Lane<S> {
+    #[expect(clippy::too_many_arguments, reason = "wired once, by the sequencer")]
+    pub(crate) fn new(
+        stage: Arc<S>,
+        sink: Box<dyn Sink<Item = S::Item>>,
+        beside: Arc<dyn Inline<S::Item>>,
+        counters: Arc<Counters>,
+        batch_size: usize,
+        express_window: usize,
+        wait_max: Duration,
+        rate: u32,
+        burst: usize,
+    ) -> Self {
+        #[expect(clippy::cast_precision_loss, reason = "a burst of packets, small")]
+        let burst = burst.max(1) as f64;
+        Self {
+            stage,
+            sink,
+            beside,
+            counters,
+            batch_size,
+            express_window,
+            wait_max,
+            tokens: burst,
+            filled: Instant::now(),
+            rate: f64::from(rate.max(1)),
+            burst,
+        }
+    }
+
+    /// How many packets the lane may take now, at most `want`; when none, waits until one
+    /// (the lane's pace: [`crate::Config::express_rate`], bursts of the caller's batch).
+    /// Read no more than this from the source, and the rest waits there (or is dropped
+    /// there, counted by the source, when it is full).
+    pub fn allowance(&mut self, want: usize) -> usize {
+        loop {
+            let now = Instant::now();
+            let elapsed = now.saturating_duration_since(self.filled).as_secs_f64();
+            self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+            self.filled = now;
+            if self.tokens >= 1.0 {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "tokens lie in 1..=burst, a small positive count"
+                )]
+                let whole = self.tokens as usize;
+                return whole.min(want);
+            }
+            std::thread::sleep(Duration::from_secs_f64((1.0 - self.tokens) / self.rate));
+        }
+    }
+
+    /// Stamps ([`Stage::sequence`]), marks ([`Stage::expressed`]), processes and emits
+    /// `item` now, on this thread, once the pipeline beside has no more in flight than an
+    /// express packet may overtake. Counts as one of the lane's packets, and spends one of
+    /// [`Lane::allowance`]'s.
+    ///
+    /// # Errors
+    /// [`Rejected::Dropped`] when the stage refused it; [`Rejected::Full`] when the pipeline
+    /// beside did not drain below the window in time.
+    pub fn push(&mut self, item: S::Item) -> Result<(), Rejected<S::Item>> {
+        self.tokens = (self.tokens - 1.0).max(0.0);
+        let arrived = Instant::now();
+        while self.beside.in_flight() * self.batch_size > self.express_window {
+            if arrived.elapsed() > self.wait_max {
+                self.counters.count_full();
+                return Err(Rejected::Full(item));
+            }
+            std::thread::sleep(ROOM_POLL);
+        }
+        let (item, verdict, times) =
+            crate::sequencer::express_work(&*self.stage, &self.counters, item, arrived)?;
+        crate::emitter::emit_one(self.sink.as_mut(), &self.counters, item, verdict, times);
+        self.counters.count_lane();
+        Ok(())
+    }
+
+    /// Lets the sink send what it gathered: call after each read's packets.
+    pub fn flush(&mut self) {
+        self.sink.flush();
+    }
+
+    /// The live counters (the pipeline's beside it).
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+}
