@@ -679,6 +679,8 @@ mod tests {
                         realtime_priority: 0,
                     },
                     busy_poll: Duration::ZERO,
+                    sparse_socket: true,
+                    sparse_priority: 20,
                     queue_per_peer: 64,
                     buffers: 8192,
                     rekey_after: Duration::from_secs(120),

@@ -250,8 +250,9 @@ fn forged_replayed_and_garbage_underlay_frames_are_dropped_while_tcp_runs() {
 
 /// Pings while one TCP stream runs: each ping is a sparse flow's packet and goes by adapter
 /// A's express lane, ahead of the stream's batches, flagged so that adapter B opens it ahead
-/// of its own queue too; the stream's packets do not (they queue in order); nothing leaves
-/// out of order and every ping is answered.
+/// of its own queue too (its kernel steers them to the tunnel socket's sparse companion); the
+/// stream's packets do not (they queue in order); nothing leaves out of order and every ping
+/// is answered.
 #[test]
 fn pings_skip_the_queue_of_a_bulk_stream() {
     let bed = bed(&BedOptions::default());
@@ -262,9 +263,10 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
             a["pipelines"]["egress"]["express"].as_u64().unwrap(),
             a["pipelines"]["egress"]["emitted"].as_u64().unwrap(),
             b["pipelines"]["ingress"]["express"].as_u64().unwrap(),
+            b["pipelines"]["ingress"]["lane"].as_u64().unwrap(),
         )
     };
-    let (express_before, emitted_before, b_before) = express(&bed);
+    let (express_before, emitted_before, b_before, b_lane_before) = express(&bed);
     let run = IperfRun::start(&bed, Side::B, &[], 5).unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let ping = bed
@@ -283,11 +285,12 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
         "{text}\n{}",
         bed.logs()
     );
-    let (express_after, emitted_after, b_after) = express(&bed);
-    let (express, emitted, b_express) = (
+    let (express_after, emitted_after, b_after, b_lane_after) = express(&bed);
+    let (express, emitted, b_express, b_lane) = (
         express_after - express_before,
         emitted_after - emitted_before,
         b_after - b_before,
+        b_lane_after - b_lane_before,
     );
     let bits = report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
@@ -304,6 +307,12 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
     assert!(
         (40..=express).contains(&b_express),
         "B: {b_express} of A's {express}"
+    );
+    // The kernel steered the flagged frames to B's sparse socket, past the stream's frames
+    // in the tunnel socket's queue, and its own thread opened them.
+    assert!(
+        (40..=b_express).contains(&b_lane),
+        "B: {b_lane} by the sparse socket's lane of {b_express}"
     );
     assert_eq!(out_of_order(&bed, Side::A), (0, 0));
     assert_eq!(out_of_order(&bed, Side::B), (0, 0));

@@ -136,7 +136,8 @@ fn adapter_metrics_count_what_the_scenario_sent() {
     let doc = bed.status(Side::A).unwrap();
     // 20 pings 50 ms apart: a sparse flow, each sent at once by the express lane on the way
     // out, but for any that waited for the tunnel's handshake (released in order behind it);
-    // the 20 replies came flagged as sparse by B and were opened ahead of the queue here.
+    // the 20 replies came flagged as sparse by B, the kernel steered them to the tunnel
+    // socket's sparse companion, and its thread opened them at once (the lane).
     let queued = doc["counters"]["queued_for_handshake"].as_u64().unwrap();
     assert!(queued <= 2, "{doc}");
     assert!(
@@ -147,7 +148,7 @@ fn adapter_metrics_count_what_the_scenario_sent() {
         "{text}"
     );
     assert!(
-        text.contains("pipeline ingress: emitted 20 express 20 "),
+        text.contains("pipeline ingress: emitted 20 express 20 lane 20 "),
         "{text}"
     );
     assert_eq!(doc["peers"][0]["tx_packets"], 20, "{doc}");

@@ -139,8 +139,9 @@ pub trait Edge {
     /// Its counters (the status document's `counters` table holds them with the engine's).
     type Counters: Serialize + CounterSet + Send + 'static;
 
-    /// An ingress sink; called twice before the engine starts: the emitter's, and the
-    /// express lane's own (used on the tunnel receiver's thread, beside the first).
+    /// An ingress sink; called two or three times before the engine starts: the emitter's,
+    /// the express lane's own (used on the tunnel receiver's thread, beside the first), and
+    /// with `dataplane.sparse_socket` the sparse receive thread's.
     ///
     /// # Errors
     /// What the edge cannot set up.
@@ -297,7 +298,12 @@ pub fn run<E: Edge>(
     };
 
     let (sink, express) = (edge.sink(&shared)?, edge.sink(&shared)?);
-    let engine = Engine::start(dp, &shared, &udp, sink, Some(express), true)?;
+    let lane = if dp.steers_sparse() {
+        Some(edge.sink(&shared)?)
+    } else {
+        None
+    };
+    let engine = Engine::start(dp, &shared, &udp, sink, Some(express), lane, true)?;
     let core = Core {
         name: name.clone(),
         listen,

@@ -133,6 +133,11 @@ impl Collector for EngineCollector {
         )
         .encode(&mut e, per_dir(&|s| f(s.express)))?;
         Family::counters(
+            "cyphonic_pipeline_lane",
+            "Of the express packets, those a thread of their own read from a socket of their own (ingress: the tunnel socket's sparse companion).",
+        )
+        .encode(&mut e, per_dir(&|s| f(s.lane)))?;
+        Family::counters(
             "cyphonic_pipeline_held",
             "Packets the reorder ring held for earlier ones.",
         )

@@ -250,9 +250,14 @@ pub struct PipelineStatus {
     pub inline_batches: u64,
     /// Packets emitted out of arrival order (0 with ordering on).
     pub out_of_order: u64,
-    /// Packets of sparse flows sent at once, ahead of bulk flows' batches (egress).
+    /// Packets of sparse flows sent at once, ahead of bulk flows' batches (egress), or
+    /// frames flagged sparse opened at once (ingress).
     #[serde(default)]
     pub express: u64,
+    /// Of those, packets a thread of their own read from a socket of their own (ingress:
+    /// the tunnel socket's sparse companion, `dataplane.sparse_socket`).
+    #[serde(default)]
+    pub lane: u64,
     /// Packets the reorder ring held for earlier ones.
     pub held_packets: u64,
     /// Their mean hold time, microseconds.
@@ -292,6 +297,7 @@ impl From<&Stats> for PipelineStatus {
             inline_batches: s.inline_batches,
             out_of_order: s.out_of_order,
             express: s.express,
+            lane: s.lane,
             held_packets: s.held_packets,
             mean_hold_us: s.mean_hold().map_or(0.0, |d| d.as_secs_f64() * 1e6),
             ring_depth_max: s.ring_depth_max,
@@ -500,8 +506,8 @@ pub fn counters_text<E, C: CounterSet>(doc: &Status<E, C>) -> String {
     ] {
         let _ = write!(
             out,
-            "pipeline {dir}: emitted {} express {} out_of_order {} held {} mean_hold_us {:.1}",
-            p.emitted, p.express, p.out_of_order, p.held_packets, p.mean_hold_us
+            "pipeline {dir}: emitted {} express {} lane {} out_of_order {} held {} mean_hold_us {:.1}",
+            p.emitted, p.express, p.lane, p.out_of_order, p.held_packets, p.mean_hold_us
         );
         // Mean waits, by stage, where packets went through.
         for (stage, w) in p.waits.iter().filter(|(_, w)| w.packets > 0) {

@@ -82,6 +82,10 @@ macro_rules! dataplane_table {
             realtime_priority: toml::Spanned<u8>,
             #[serde(default = "cyphonic_settings::defaults::busy_poll_us")]
             busy_poll_us: toml::Spanned<u32>,
+            #[serde(default = "cyphonic_settings::defaults::yes")]
+            sparse_socket: bool,
+            #[serde(default = "cyphonic_settings::defaults::sparse_priority")]
+            sparse_priority: toml::Spanned<u8>,
             #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
             queue_per_peer: usize,
             #[serde(default = "cyphonic_settings::defaults::buffers")]
@@ -114,6 +118,8 @@ macro_rules! dataplane_table {
                     cpus: $crate::defaults::cpus(),
                     realtime_priority: $crate::defaults::realtime_priority(),
                     busy_poll_us: $crate::defaults::busy_poll_us(),
+                    sparse_socket: true,
+                    sparse_priority: $crate::defaults::sparse_priority(),
                     queue_per_peer: $crate::defaults::queue_per_peer(),
                     buffers: $crate::defaults::buffers(),
                     danger_rekey_after_secs: $crate::defaults::rekey_after_secs(),
@@ -143,6 +149,7 @@ macro_rules! dataplane_table {
                     &self.realtime_priority,
                     &self.busy_poll_us,
                 )?;
+                $crate::check_priority(src, &self.sparse_priority, "dataplane.sparse_priority")?;
                 $crate::check_rekey(
                     src,
                     &self.danger_rekey_after_secs,
@@ -173,6 +180,8 @@ macro_rules! dataplane_table {
                     busy_poll: std::time::Duration::from_micros(u64::from(
                         *self.busy_poll_us.get_ref(),
                     )),
+                    sparse_socket: self.sparse_socket,
+                    sparse_priority: *self.sparse_priority.get_ref(),
                     queue_per_peer: self.queue_per_peer,
                     buffers: *self.buffers.get_ref(),
                     rekey_after: std::time::Duration::from_secs(

@@ -753,6 +753,10 @@ pub mod defaults {
     pub fn realtime_priority() -> Spanned<u8> {
         Spanned::new(0..0, DataPlane::default().placement.realtime_priority)
     }
+    /// `dataplane.sparse_priority`: the sparse lanes' threads' SCHED_FIFO priority.
+    pub fn sparse_priority() -> Spanned<u8> {
+        Spanned::new(0..0, DataPlane::default().sparse_priority)
+    }
     /// `dataplane.busy_poll_us`: 0 (receiving threads sleep until a packet wakes them).
     pub fn busy_poll_us() -> Spanned<u32> {
         let us = DataPlane::default().busy_poll.as_micros();
@@ -968,16 +972,7 @@ pub fn check_placement(
             format!("CPU {c} is listed twice"),
         );
     }
-    if *realtime_priority.get_ref() > 99 {
-        return src.err(
-            &realtime_priority.span(),
-            "dataplane.realtime_priority",
-            format!(
-                "{} is outside 0 (off) ..= 99 (SCHED_FIFO priorities)",
-                realtime_priority.get_ref()
-            ),
-        );
-    }
+    check_priority(src, realtime_priority, "dataplane.realtime_priority")?;
     let busy = *busy_poll_us.get_ref();
     if busy > BUSY_POLL_MAX_US {
         return src.err(
@@ -992,6 +987,28 @@ pub fn check_placement(
             "dataplane.busy_poll_us",
             "polling at a real-time priority keeps every other thread off the cores it runs on; \
              give the data plane its own cores with `cpus`, or leave one of the two off",
+        );
+    }
+    Ok(())
+}
+
+/// Checks a SCHED_FIFO priority, `key`: 0 (off) to 99.
+///
+/// # Errors
+/// The value out of range, located.
+pub fn check_priority(
+    src: &Source<'_>,
+    priority: &Spanned<u8>,
+    key: &str,
+) -> Result<(), ConfigError> {
+    if *priority.get_ref() > 99 {
+        return src.err(
+            &priority.span(),
+            key,
+            format!(
+                "{} is outside 0 (off) ..= 99 (SCHED_FIFO priorities)",
+                priority.get_ref()
+            ),
         );
     }
     Ok(())

@@ -91,6 +91,17 @@ pub struct DataPlane {
     /// How long the receiving threads keep polling their socket after a packet instead of
     /// sleeping (zero: off).
     pub busy_poll: Duration,
+    /// Have the kernel steer the data frames peers flagged sparse to a second socket on the
+    /// tunnel's port, read by a thread of its own that opens and delivers them at once
+    /// (with the express lane on, `sparse_rate` > 0): a ping from a peer never waits behind
+    /// the bulk frames in the tunnel socket's queue, nor behind the receive thread's work.
+    pub sparse_socket: bool,
+    /// `SCHED_FIFO` priority of the threads that read only sparse traffic (the sparse
+    /// sockets' lanes; 0: the normal scheduler). They carry at most the express lane's rate
+    /// ([`cyphonic_pipeline::Config::express_rate`]), so they run the moment a packet
+    /// comes without taking the bulk flows' cores. Needs `CAP_SYS_NICE` or an
+    /// `RLIMIT_RTPRIO` at least this high; refused, they run at normal priority (warned).
+    pub sparse_priority: u8,
     /// Packets held per peer while its handshake completes (and a quarter of `buffers` for
     /// all peers together).
     pub queue_per_peer: usize,
@@ -125,6 +136,8 @@ impl Default for DataPlane {
             udp_gro: true,
             placement: Placement::default(),
             busy_poll: Duration::ZERO,
+            sparse_socket: true,
+            sparse_priority: 20,
             queue_per_peer: 64,
             buffers: 8192,
             rekey_after: Timing::default().rekey_after_time,
@@ -159,6 +172,27 @@ impl DataPlane {
             coalescing: self.udp_gro,
             busy_poll: self.busy_poll,
             timestamps: self.socket_timestamps,
+            steering: self.steers_sparse(),
+            ..UdpOptions::default()
+        }
+    }
+
+    /// Whether the tunnel socket gets a sparse companion ([`DataPlane::sparse_socket`]).
+    pub const fn steers_sparse(&self) -> bool {
+        self.sparse_socket && self.sparse_rate > 0
+    }
+
+    /// How the sparse companion is opened: a queue of its own for a paced lane (1 MiB holds
+    /// its burst many times over), stamps as the tunnel socket's, nothing to coalesce or
+    /// segment, no busy polling.
+    fn sparse_options(&self) -> UdpOptions {
+        UdpOptions {
+            recv_buffer: SPARSE_BUFFER,
+            send_buffer: SPARSE_BUFFER,
+            segmentation: false,
+            coalescing: false,
+            timestamps: self.socket_timestamps,
+            steering: true,
             ..UdpOptions::default()
         }
     }
@@ -176,6 +210,39 @@ impl DataPlane {
         }
         Ok(())
     }
+}
+
+/// The sparse companion's kernel buffers, bytes.
+const SPARSE_BUFFER: usize = 1 << 20;
+
+/// The set-up of a thread that reads only sparse traffic: `placement`, then the real-time
+/// `priority` (if any), each refusal warned once (the thread runs on, at normal priority).
+fn sparse_thread_start(placement: &Placement, priority: u8) -> ThreadStart {
+    let (place, warned, floor) = (
+        thread_start(placement.clone()),
+        std::sync::atomic::AtomicBool::new(false),
+        placement.realtime_priority,
+    );
+    ThreadStart(Arc::new(move || {
+        (place.0)();
+        // Never below the data plane's own (`realtime_priority`), which the placement set.
+        if priority <= floor {
+            return;
+        }
+        let raised = Placement {
+            cpus: Vec::new(),
+            realtime_priority: priority,
+        };
+        if let Err(e) = raised.apply()
+            && !warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                error = %e,
+                sparse_priority = priority,
+                "could not give the sparse lanes' threads a real-time priority (it needs CAP_SYS_NICE or LimitRTPRIO, and RestrictRealtime=no); they run at normal priority, sparse flows then wait longer under load"
+            );
+        }
+    }))
 }
 
 /// The set-up every data-plane thread runs first: `placement`, with a warning the first time
@@ -257,6 +324,39 @@ fn watch_network(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
         .ok()
 }
 
+/// Opens the tunnel socket's sparse companion and starts its receive thread, delivering
+/// through `lane`; `None` (warned) where the socket has none or the kernel refuses: the
+/// flagged frames then take the tunnel socket's express lane, as without.
+fn start_sparse(
+    dp: &DataPlane,
+    shared: &Arc<Shared>,
+    socket: &dyn TunnelSocket,
+    lane: cyphonic_pipeline::Lane<OpenStage>,
+    place: &ThreadStart,
+) -> Result<Option<std::thread::JoinHandle<()>>, StartError> {
+    let companion = match socket.sparse_companion(&dp.sparse_options()) {
+        Ok(Some(c)) => c,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::warn!(error = %e, "no socket of its own for the peers' sparse frames (dataplane.sparse_socket): they queue in the tunnel socket's");
+            return Ok(None);
+        }
+    };
+    let receiver = Receiver::sparse(shared.clone(), companion, lane);
+    let place = place.clone();
+    std::thread::Builder::new()
+        .name("cy-udp-rx-sparse".into())
+        .spawn(move || {
+            (place.0)();
+            receiver.run();
+        })
+        .map(Some)
+        .map_err(|source| StartError::Io {
+            what: "starting the sparse receive thread",
+            source,
+        })
+}
+
 /// The engine's threads, running.
 #[derive(Debug)]
 pub struct Engine<K: Sink<Item = Incoming>> {
@@ -269,18 +369,23 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     shared: Arc<Shared>,
     intake: Intake,
     receiver: std::thread::JoinHandle<()>,
+    /// The sparse companion's receive thread, if it has one.
+    sparse: Option<std::thread::JoinHandle<()>>,
     handshaker: std::thread::JoinHandle<()>,
     watcher: Option<std::thread::JoinHandle<()>>,
     egress_emit: Emitter<SocketSink>,
     ingress_emit: Emitter<K>,
     place: ThreadStart,
+    place_sparse: ThreadStart,
 }
 
 impl<K: Sink<Item = Incoming>> Engine<K> {
     /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`; the
     /// ingress express lane into `express`, a second sink to the same place, if given), the
     /// receive thread on `socket` and the handshake thread, which answers as the shared
-    /// state's identity;
+    /// state's identity; with [`DataPlane::sparse_socket`] and a third sink `lane`, the
+    /// receive thread of the socket's sparse companion, delivering into `lane` (where the
+    /// socket has none, or the kernel refuses, the tunnel runs without, warned);
     /// with `watch`, also the thread that tells the control thread when this host's
     /// addresses change.
     ///
@@ -292,6 +397,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         socket: &dyn TunnelSocket,
         sink: K,
         express: Option<K>,
+        lane: Option<K>,
         watch: bool,
     ) -> Result<Self, StartError> {
         let io = |what| move |source| StartError::Io { what, source };
@@ -306,6 +412,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             );
         }
         let place = thread_start(dp.placement.clone());
+        let place_sparse = sparse_thread_start(&dp.placement, dp.sparse_priority);
         let rayon = Arc::new({
             let place = place.clone();
             rayon::ThreadPoolBuilder::new()
@@ -372,6 +479,10 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             egress_seq.counters().clone(),
             ingress_seq.counters().clone(),
         );
+        let sparse = match lane.filter(|_| dp.steers_sparse()) {
+            Some(lane) => start_sparse(dp, shared, socket, ingress_seq.lane(lane), &place_sparse)?,
+            None => None,
+        };
         let intake = Intake::new(Submitter::new(
             shared.clone(),
             egress_seq,
@@ -421,11 +532,13 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             shared: shared.clone(),
             intake,
             receiver,
+            sparse,
             handshaker,
             watcher,
             egress_emit,
             ingress_emit,
             place,
+            place_sparse,
         })
     }
 
@@ -433,6 +546,12 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
     /// threads that feed the tunnel (capture, TUN reader), to run first thing.
     pub fn thread_start(&self) -> ThreadStart {
         self.place.clone()
+    }
+
+    /// What a thread that reads only sparse traffic runs first: the placement, then
+    /// [`DataPlane::sparse_priority`]. For the edge's own sparse lane.
+    pub fn sparse_thread_start(&self) -> ThreadStart {
+        self.place_sparse.clone()
     }
 
     /// A handle on the way into the tunnel, for the edge thread and the control thread.
@@ -456,12 +575,19 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         self.shared.running.store(false, Ordering::Relaxed);
         self.intake.close();
         let joined = self.receiver.join();
+        let sparse_joined = self.sparse.map(std::thread::JoinHandle::join);
         let _ = self.handshaker.join();
         if let Some(w) = self.watcher {
             let _ = w.join();
         }
         let _ = self.egress_emit.join();
         let sink = self.ingress_emit.join();
+        if let Some(Err(_)) = sparse_joined {
+            return Err(StartError::Io {
+                what: "the sparse receive thread",
+                source: std::io::Error::other("panicked"),
+            });
+        }
         joined.map_err(|_| StartError::Io {
             what: "the receive thread",
             source: std::io::Error::other("panicked"),

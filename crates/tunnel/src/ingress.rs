@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cyphonic_netio::DatagramMeta;
-use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Stage};
+use cyphonic_pipeline::{DropReason, Lane, Rejected, Sequencer, Stage};
 use cyphonic_session::Session;
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 
@@ -282,15 +282,33 @@ pub fn kick_gate() -> crate::limit::RateTable {
     crate::limit::RateTable::new(KICK_SLOTS, 1, 1)
 }
 
-/// The tunnel socket's receive thread.
+/// A receive thread: the tunnel socket's, or its sparse companion's.
 #[derive(Debug)]
 pub struct Receiver {
     shared: Arc<Shared>,
     socket: Box<dyn TunnelSocket>,
-    seq: Sequencer<OpenStage>,
-    handshakes: HandshakeQueue,
-    gate: HandshakeGate,
+    into: Into,
     version_log: cyphonic_telemetry::Throttle,
+}
+
+/// Where a receive thread's frames go.
+#[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per receive thread, made once and never moved after"
+)]
+enum Into {
+    /// The tunnel socket's: sealed frames into the ingress pipeline, handshake messages
+    /// through the gate into their queue.
+    Pipeline {
+        seq: Sequencer<OpenStage>,
+        handshakes: HandshakeQueue,
+        gate: HandshakeGate,
+    },
+    /// The sparse companion's ([`crate::socket::sparse_program`]): flagged data frames, each
+    /// opened and delivered at once on this thread ([`Lane`]). Nothing else is steered there;
+    /// anything else that came would be dropped and counted.
+    Lane(Lane<OpenStage>),
 }
 
 /// How often frames of another protocol version are logged, at most.
@@ -309,9 +327,25 @@ impl Receiver {
         Self {
             shared,
             socket,
-            seq,
-            handshakes,
-            gate,
+            into: Into::Pipeline {
+                seq,
+                handshakes,
+                gate,
+            },
+            version_log: cyphonic_telemetry::Throttle::new(VERSION_LOG_INTERVAL),
+        }
+    }
+
+    /// Receives on the tunnel socket's sparse companion: every data frame into `lane`.
+    pub fn sparse(
+        shared: Arc<Shared>,
+        socket: Box<dyn TunnelSocket>,
+        lane: Lane<OpenStage>,
+    ) -> Self {
+        Self {
+            shared,
+            socket,
+            into: Into::Lane(lane),
             version_log: cyphonic_telemetry::Throttle::new(VERSION_LOG_INTERVAL),
         }
     }
@@ -320,16 +354,20 @@ impl Receiver {
     /// cookie-reply, or drops it; every outcome but queueing is counted.
     fn handshake(&mut self, msg: HandshakeMsg) {
         let c = &self.shared.counters;
+        let Into::Pipeline {
+            handshakes, gate, ..
+        } = &mut self.into
+        else {
+            bump(&c.drop_frame_unhandled);
+            return;
+        };
         let Ok(kind) = Frame::new_checked(&msg.frame[..]).map(|f| f.msg_type()) else {
             return;
         };
-        let waiting = self.handshakes.initiations_waiting();
-        match self
-            .gate
-            .admit(c, &msg.frame, kind, msg.from, msg.at, waiting)
-        {
+        let waiting = handshakes.initiations_waiting();
+        match gate.admit(c, &msg.frame, kind, msg.from, msg.at, waiting) {
             Admission::Queue => {
-                if !self.handshakes.push(msg) {
+                if !handshakes.push(msg) {
                     bump(&c.drop_handshake_queue);
                 }
             }
@@ -350,9 +388,15 @@ impl Receiver {
         let mut meta = [DatagramMeta::default(); RECV_BATCH];
         let mut queued = cyphonic_pipeline::WaitTally::default();
         while self.shared.is_running() {
+            // The lane reads no faster than its pace: the rest waits in its socket.
+            let want = match &mut self.into {
+                Into::Lane(lane) => lane.allowance(RECV_BATCH),
+                Into::Pipeline { .. } => RECV_BATCH,
+            };
             let socket = &mut self.socket;
             let Some(received) = rx.receive(&self.shared.pool, |slices| {
-                socket.recv_batch(slices, &mut meta)
+                let n = slices.len().min(want);
+                socket.recv_batch(&mut slices[..n], &mut meta[..n])
             }) else {
                 bump(&self.shared.counters.drop_no_buffer);
                 std::thread::sleep(Duration::from_millis(1));
@@ -376,15 +420,21 @@ impl Receiver {
                 }
                 match arrival(&self.shared, buf, m, now) {
                     Arrival::Sealed(item) => {
-                        // The sender took it ahead of its queue: it may go ahead of ours too,
-                        // but never ahead of another such frame of the same peer.
-                        let pushed =
-                            if item.is_data && item.flags() & cyphonic_wire::FLAG_SPARSE != 0 {
+                        let pushed = match &mut self.into {
+                            // The sender took it ahead of its queue: it may go ahead of ours
+                            // too, but never ahead of another such frame of the same peer.
+                            Into::Pipeline { seq, .. }
+                                if item.is_data
+                                    && item.flags() & cyphonic_wire::FLAG_SPARSE != 0 =>
+                            {
                                 let peer = item.peer.id;
-                                self.seq.push_flow(item, &peer)
-                            } else {
-                                self.seq.push(item)
-                            };
+                                seq.push_flow(item, &peer)
+                            }
+                            Into::Pipeline { seq, .. } => seq.push(item),
+                            // One at a time, in the order read: no flagged frame of a peer
+                            // overtakes another.
+                            Into::Lane(lane) => lane.push(item),
+                        };
                         match pushed {
                             Ok(()) | Err(Rejected::Dropped(..)) => {}
                             Err(Rejected::Full(_)) => {
@@ -409,8 +459,17 @@ impl Receiver {
                     Arrival::Dropped => {}
                 }
             }
-            self.seq.flush();
-            self.seq.counters().record_socket(&mut queued);
+            let counters = match &mut self.into {
+                Into::Pipeline { seq, .. } => {
+                    seq.flush();
+                    seq.counters()
+                }
+                Into::Lane(lane) => {
+                    lane.flush();
+                    lane.counters()
+                }
+            };
+            counters.record_socket(&mut queued);
         }
         tracing::debug!("receive thread stopped");
     }

@@ -10,7 +10,8 @@
 use std::io;
 use std::net::SocketAddr;
 
-use cyphonic_netio::{DatagramMeta, UdpSocket};
+use cyphonic_netio::{DatagramMeta, UdpOptions, UdpSocket, cbpf};
+use cyphonic_wire::{FLAG_SPARSE, MessageType, VERSION, field};
 
 /// A datagram socket on the underlay, as the engine uses it. Each thread owns its own handle
 /// ([`TunnelSocket::try_clone_box`]).
@@ -55,6 +56,43 @@ pub trait TunnelSocket: Send + std::fmt::Debug {
     /// # Errors
     /// It cannot be read.
     fn local_addr(&self) -> io::Result<SocketAddr>;
+
+    /// A second socket on this one's port to which the underlay steers the data frames
+    /// flagged sparse ([`sparse_program`]), with a queue of its own, opened with `opts`;
+    /// `None` where the socket has no such thing (the default: the in-memory link).
+    ///
+    /// # Errors
+    /// The kernel refused (the socket was not opened for steering, or the kernel is older
+    /// than Linux 4.5).
+    fn sparse_companion(&self, opts: &UdpOptions) -> io::Result<Option<Box<dyn TunnelSocket>>> {
+        let _ = opts;
+        Ok(None)
+    }
+}
+
+/// The classic BPF program that steers a datagram to the sparse companion (answers 1) when it
+/// is a data frame of our version flagged `FLAG_SPARSE` (docs/protocol.md §1), and to the
+/// tunnel socket (0) otherwise. The flag is a hint, unauthenticated until the frame opens: a
+/// forged one only moves the datagram to the companion, which takes no more than the express
+/// lane's rate and opens nothing it would not have opened anyway.
+pub fn sparse_program() -> [cbpf::Insn; 8] {
+    let data = u32::from(u8::from(MessageType::Data));
+    #[expect(clippy::cast_possible_truncation, reason = "header offsets: 0 to 3")]
+    let (version, kind, flags) = (
+        field::VERSION as u32,
+        field::TYPE as u32,
+        field::FLAGS.start as u32,
+    );
+    [
+        cbpf::load_byte(version),
+        cbpf::jump_eq(u32::from(VERSION), 0, 5),
+        cbpf::load_byte(kind),
+        cbpf::jump_eq(data, 0, 3),
+        cbpf::load_half(flags),
+        cbpf::jump_set(u32::from(FLAG_SPARSE), 0, 1),
+        cbpf::ret(1),
+        cbpf::ret(0),
+    ]
 }
 
 impl TunnelSocket for UdpSocket {
@@ -84,5 +122,119 @@ impl TunnelSocket for UdpSocket {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         Self::local_addr(self)
+    }
+
+    fn sparse_companion(&self, opts: &UdpOptions) -> io::Result<Option<Box<dyn TunnelSocket>>> {
+        let companion = self
+            .steered(&sparse_program(), opts)
+            .map_err(io::Error::other)?;
+        Ok(Some(Box::new(companion)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, Frame, FrameRepr, HEADER_LEN};
+
+    use super::*;
+
+    /// A frame of `kind` with `flags` and a body of `body` bytes, as a peer would send it
+    /// (the body's contents do not matter to the steering).
+    fn frame(kind: MessageType, flags: u16, body: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; HEADER_LEN + body];
+        let repr = FrameRepr {
+            msg_type: kind,
+            flags,
+            receiver_index: 7,
+            counter: 0,
+            body_len: body,
+        };
+        repr.emit(&mut Frame::new_unchecked(&mut bytes[..]));
+        bytes
+    }
+
+    /// What `socket` receives within a short wait: each datagram's version, type and flags
+    /// (zeros for one shorter than a header).
+    fn received(socket: &mut dyn TunnelSocket) -> Vec<(u8, u8, u16)> {
+        let mut got = Vec::new();
+        let mut store = vec![[0u8; 2048]; 8];
+        loop {
+            let mut bufs: Vec<&mut [u8]> = store.iter_mut().map(|b| &mut b[..]).collect();
+            let mut meta = [DatagramMeta::default(); 8];
+            let n = socket.recv_batch(&mut bufs, &mut meta).unwrap();
+            if n == 0 {
+                return got;
+            }
+            for (b, m) in bufs[..n].iter().zip(&meta) {
+                got.push(if m.len < HEADER_LEN {
+                    (0, 0, 0)
+                } else {
+                    let f = Frame::new_unchecked(&b[..m.len]);
+                    (f.version(), u8::from(f.msg_type()), f.flags())
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn the_kernel_steers_flagged_data_frames_to_the_sparse_companion_and_nothing_else() {
+        let opts = UdpOptions {
+            steering: true,
+            recv_timeout: Some(Duration::from_millis(50)),
+            ..UdpOptions::default()
+        };
+        let mut main = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+        let mut companion = main
+            .sparse_companion(&UdpOptions {
+                coalescing: false,
+                ..opts.clone()
+            })
+            .unwrap()
+            .expect("a real socket has a companion");
+        let to = TunnelSocket::local_addr(&main).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let data = u8::from(MessageType::Data);
+        let sent = [
+            frame(MessageType::Data, FLAG_SPARSE, 100),
+            frame(MessageType::Data, 0, 1400),
+            frame(MessageType::Data, FLAG_SPARSE | FLAG_CHECKSUM_DEFERRED, 100),
+            frame(MessageType::Data, FLAG_CHECKSUM_DEFERRED, 1400),
+            // Only data frames are steered, whatever their flags say.
+            frame(MessageType::Keepalive, FLAG_SPARSE, 16),
+            frame(MessageType::HandshakeInit, FLAG_SPARSE, 200),
+        ];
+        for bytes in &sent {
+            tx.send_to(bytes, to).unwrap();
+        }
+        // Another version's flagged data frame, and a datagram too short to hold a header.
+        let mut other = frame(MessageType::Data, FLAG_SPARSE, 100);
+        other[field::VERSION] = VERSION + 1;
+        tx.send_to(&other, to).unwrap();
+        tx.send_to(&[VERSION, data], to).unwrap();
+        let (v, keepalive, init) = (
+            VERSION,
+            u8::from(MessageType::Keepalive),
+            u8::from(MessageType::HandshakeInit),
+        );
+        assert_eq!(
+            received(companion.as_mut()),
+            [
+                (v, data, FLAG_SPARSE),
+                (v, data, FLAG_SPARSE | FLAG_CHECKSUM_DEFERRED)
+            ]
+        );
+        assert_eq!(
+            received(&mut main),
+            [
+                (v, data, 0),
+                (v, data, FLAG_CHECKSUM_DEFERRED),
+                (v, keepalive, FLAG_SPARSE),
+                (v, init, FLAG_SPARSE),
+                (v + 1, data, FLAG_SPARSE),
+                (0, 0, 0),
+            ]
+        );
     }
 }

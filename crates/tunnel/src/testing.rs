@@ -508,8 +508,16 @@ impl End {
             shared: shared.clone(),
             delivered: tx,
         };
-        let engine = Engine::start(dp, &shared, &socket, sink.clone(), Some(sink), false)
-            .expect("the engine starts");
+        let engine = Engine::start(
+            dp,
+            &shared,
+            &socket,
+            sink.clone(),
+            Some(sink.clone()),
+            Some(sink),
+            false,
+        )
+        .expect("the engine starts");
         let intake = engine.intake();
         let mut control = Control::new(shared.clone(), Box::new(socket.clone()), intake.clone());
         let driving = Arc::new(AtomicBool::new(true));

@@ -1381,7 +1381,7 @@ fn latency(
     };
     // Each pipeline a ping crosses: the request out of A and into B (behind the stream's
     // data), the reply out of B and into A (behind its acknowledgements).
-    type Snapshot = (Vec<(&'static str, measure::Waits)>, u64, u64);
+    type Snapshot = (Vec<(&'static str, measure::Waits)>, u64, u64, u64);
     let snapshot = |bed: &TwoSites| -> anyhow::Result<Option<Snapshot>> {
         if plain {
             return Ok(None);
@@ -1398,6 +1398,7 @@ fn latency(
             a["pipelines"]["egress"]["drops"]["congestion"]
                 .as_u64()
                 .unwrap_or(0),
+            b["pipelines"]["ingress"]["lane"].as_u64().unwrap_or(0),
         )))
     };
     let waits = |before: Option<Snapshot>, after: Option<Snapshot>| {
@@ -1408,6 +1409,10 @@ fn latency(
             "    A egress: {} packets by the express lane, {} dropped by the queue manager",
             after.1.saturating_sub(before.1),
             after.2.saturating_sub(before.2)
+        );
+        println!(
+            "    B ingress: {} frames by the sparse socket's lane",
+            after.3.saturating_sub(before.3)
         );
         for ((name, b), (_, a)) in before.0.iter().zip(&after.0) {
             let stages = a
