@@ -1,5 +1,6 @@
 //! Classic BPF programs, the few instructions the kernel runs to steer a packet to one of a
-//! group of sockets (`SO_ATTACH_REUSEPORT_CBPF`). Classic, not eBPF: no `bpf()` system call, no
+//! group of sockets (`SO_ATTACH_REUSEPORT_CBPF`) or to let a socket queue only some frames
+//! (`SO_ATTACH_FILTER`). Classic, not eBPF: no `bpf()` system call, no
 //! privilege, no verifier-dependent kernel feature; the kernel checks the program when it is
 //! attached. The caller writes the program (netio knows no packet format); these are
 //! `linux/filter.h`'s encodings.
@@ -48,6 +49,38 @@ pub const fn load_half(k: u32) -> Insn {
     insn(libc::BPF_LD | libc::BPF_H | libc::BPF_ABS, 0, 0, k)
 }
 
+/// `ldh [x + k]`: the accumulator takes the big-endian 16-bit value at offset `x + k`.
+pub const fn load_half_at_x(k: u32) -> Insn {
+    insn(libc::BPF_LD | libc::BPF_H | libc::BPF_IND, 0, 0, k)
+}
+
+/// `ldxb 4*([k]&0xf)`: the index register takes four times the low nibble of the byte at
+/// `k` (an IPv4 header's length, from its first byte).
+pub const fn load_x_ipv4_header_len(k: u32) -> Insn {
+    insn(libc::BPF_LDX | libc::BPF_B | libc::BPF_MSH, 0, 0, k)
+}
+
+/// `ld #len`: the accumulator takes the packet's length.
+pub const fn load_len() -> Insn {
+    insn(libc::BPF_LD | libc::BPF_W | libc::BPF_LEN, 0, 0, 0)
+}
+
+/// `sub #k`: the accumulator less `k` (wrapping).
+pub const fn sub(k: u32) -> Insn {
+    insn(libc::BPF_ALU | libc::BPF_SUB | libc::BPF_K, 0, 0, k)
+}
+
+/// `jge #k, jt, jf`: skips `jt` instructions if the accumulator is at least `k`, else `jf`.
+pub const fn jump_ge(k: u32, jt: u8, jf: u8) -> Insn {
+    insn(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, jt, jf, k)
+}
+
+/// `jge x, jt, jf`: skips `jt` instructions if the accumulator is at least the index
+/// register, else `jf`.
+pub const fn jump_ge_x(jt: u8, jf: u8) -> Insn {
+    insn(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_X, jt, jf, 0)
+}
+
 /// `jeq #k, jt, jf`: skips `jt` instructions if the accumulator equals `k`, else `jf`.
 pub const fn jump_eq(k: u32, jt: u8, jf: u8) -> Insn {
     insn(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, jt, jf, k)
@@ -89,6 +122,14 @@ mod tests {
         let j = jump_eq(3, 1, 2);
         assert_eq!((j.code, j.jt, j.jf, j.k), (0x15, 1, 2, 3));
         assert_eq!(jump_set(2, 0, 1).code, 0x45);
+        // ldh [x + 14] = 0x48, ldxb 4*([14]&0xf) = 0xb1.
+        assert_eq!((load_half_at_x(14).code, load_half_at_x(14).k), (0x48, 14));
+        assert_eq!(load_x_ipv4_header_len(14).code, 0xb1);
+        // ld #len = 0x80, sub #k = 0x14, jge #k = 0x35, jge x = 0x3d.
+        assert_eq!(load_len().code, 0x80);
+        assert_eq!((sub(18).code, sub(18).k), (0x14, 18));
+        assert_eq!(jump_ge(34, 0, 1).code, 0x35);
+        assert_eq!(jump_ge_x(0, 1).code, 0x3d);
         assert_eq!((ret(7).code, ret(7).k), (0x06, 7));
         assert!(program(&mut []).is_err(), "an empty program");
     }

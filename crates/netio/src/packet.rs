@@ -55,6 +55,12 @@ pub struct PacketOptions {
     /// it waited for us (`SO_TIMESTAMPNS`; the kernel then reads its clock for every packet
     /// this host receives, a few tens of nanoseconds).
     pub timestamps: bool,
+    /// A classic BPF program the kernel runs on every frame for this socket before queueing
+    /// it (`SO_ATTACH_FILTER`): it answers how many bytes to keep, 0 to leave the frame out
+    /// (netio's [`crate::cbpf`]). Attached before the socket is bound, so nothing it leaves
+    /// out is ever queued. In a fanout group the kernel first picks the socket, then runs its
+    /// filter: what one socket's filter leaves out no other socket of the group gets.
+    pub filter: Option<Vec<crate::cbpf::Insn>>,
 }
 
 impl Default for PacketOptions {
@@ -66,6 +72,7 @@ impl Default for PacketOptions {
             coalesced: false,
             busy_poll: Duration::ZERO,
             timestamps: false,
+            filter: None,
         }
     }
 }
@@ -200,6 +207,13 @@ impl PacketSocket {
         // SAFETY: `fd` was just returned by socket(2); we are its only owner.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let raw = fd.as_raw_fd();
+        if let Some(program) = &opts.filter {
+            let mut insns: Vec<libc::sock_filter> = program.iter().map(|i| i.raw()).collect();
+            let fprog = crate::cbpf::program(&mut insns)
+                .map_err(|e| raw_err("attaching the capture filter", e))?;
+            setsockopt(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+                .map_err(|e| raw_err("attaching the capture filter", e))?;
+        }
 
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before we fill it in.
         let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
