@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::counters::Counters;
 use crate::emitter::Inline;
+use crate::flows::FlowTable;
 use crate::{Rejected, Sink, Stage};
 
 /// The express lane on a thread of its own; made by [`crate::Sequencer::lane`].
@@ -30,6 +31,10 @@ pub struct Lane<S: Stage> {
     batch_size: usize,
     express_window: usize,
     wait_max: Duration,
+    /// The flows' paces, for [`Lane::push_flow`] (`None` without an express lane's flows).
+    flows: Option<FlowTable>,
+    /// Packets [`Lane::push_flow`] took unmarked, and of those how many are out (flushed).
+    unmarked: u64,
     /// The lane's pace (a token bucket): packets it may take now, and when it last filled.
     tokens: f64,
     filled: Instant,
@@ -58,9 +63,8 @@ impl<S: Stage> Lane<S> {
         counters: Arc<Counters>,
         batch_size: usize,
         express_window: usize,
-        wait_max: Duration,
-        rate: u32,
-        burst: usize,
+        (wait_max, rate, burst): (Duration, u32, usize),
+        flows: Option<FlowTable>,
     ) -> Self {
         #[expect(clippy::cast_precision_loss, reason = "a burst of packets, small")]
         let burst = burst.max(1) as f64;
@@ -72,6 +76,8 @@ impl<S: Stage> Lane<S> {
             batch_size,
             express_window,
             wait_max,
+            flows,
+            unmarked: 0,
             tokens: burst,
             filled: Instant::now(),
             rate: f64::from(rate.max(1)),
@@ -111,6 +117,36 @@ impl<S: Stage> Lane<S> {
     /// [`Rejected::Dropped`] when the stage refused it; [`Rejected::Full`] when the pipeline
     /// beside did not drain below the window in time.
     pub fn push(&mut self, item: S::Item) -> Result<(), Rejected<S::Item>> {
+        self.take(item, true)
+    }
+
+    /// As [`Lane::push`], for a packet of `flow` (as [`crate::Sequencer::push_flow`] names
+    /// flows), marked only while its flow is sparse by the express lane's rules (its pace,
+    /// and its last unmarked packet out and [`crate::SETTLE`] ago): a receiver that takes
+    /// marked packets ahead of its queue then reorders no flow. Every packet goes out now,
+    /// marked or not: all of a flow's packets that come this way go out in order.
+    ///
+    /// # Errors
+    /// As [`Lane::push`].
+    pub fn push_flow(
+        &mut self,
+        item: S::Item,
+        flow: &impl std::hash::Hash,
+    ) -> Result<(), Rejected<S::Item>> {
+        let Some(flows) = self.flows.as_mut() else {
+            return self.take(item, true);
+        };
+        let now = Instant::now();
+        let bucket = flows.bucket(flow);
+        if flows.sparse(bucket, now, true) {
+            return self.take(item, true);
+        }
+        flows.queued(bucket, self.unmarked, now);
+        self.unmarked += 1;
+        self.take(item, false)
+    }
+
+    fn take(&mut self, item: S::Item, mark: bool) -> Result<(), Rejected<S::Item>> {
         self.tokens = (self.tokens - 1.0).max(0.0);
         let arrived = Instant::now();
         while self.beside.in_flight() * self.batch_size > self.express_window {
@@ -121,7 +157,7 @@ impl<S: Stage> Lane<S> {
             std::thread::sleep(ROOM_POLL);
         }
         let (item, verdict, times) =
-            crate::sequencer::express_work(&*self.stage, &self.counters, item, arrived)?;
+            crate::sequencer::express_work(&*self.stage, &self.counters, item, arrived, mark)?;
         crate::emitter::emit_one(self.sink.as_mut(), &self.counters, item, verdict, times);
         self.counters.count_lane();
         Ok(())
@@ -130,6 +166,9 @@ impl<S: Stage> Lane<S> {
     /// Lets the sink send what it gathered: call after each read's packets.
     pub fn flush(&mut self) {
         self.sink.flush();
+        if let (Some(flows), Some(last)) = (&self.flows, self.unmarked.checked_sub(1)) {
+            flows.emitted().up_to(last);
+        }
     }
 
     /// The live counters (the pipeline's beside it).

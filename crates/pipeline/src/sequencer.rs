@@ -37,8 +37,10 @@ pub struct Sequencer<S: Stage> {
     batch_size: usize,
     inline_max: usize,
     express_window: usize,
-    /// A [`crate::Lane`]'s pace and burst, and how long it waits for room.
+    /// A [`crate::Lane`]'s pace and burst, and how long it waits for room; its flows'
+    /// pace (0: without flows) and burst.
     lane_pace: (u32, usize, Duration),
+    lane_flows: (u32, u32),
     stage: Arc<S>,
     pool: Arc<rayon::ThreadPool>,
     // Before `done_tx`: dropped first, so that once the emitter sees the channel close it
@@ -109,6 +111,14 @@ impl<S: Stage> Sequencer<S> {
                 config.express_rate,
                 config.sparse_burst as usize * 2,
                 config.in_flight_time,
+            ),
+            lane_flows: (
+                if config.ordering {
+                    config.sparse_rate
+                } else {
+                    0
+                },
+                config.sparse_burst,
             ),
             stage,
             pool,
@@ -270,7 +280,8 @@ impl<S: Stage> Sequencer<S> {
 
     /// A sparse flow's packet: stamped, processed and emitted now, outside the ring.
     fn express(&mut self, item: S::Item, arrived: Instant) -> Result<(), Rejected<S::Item>> {
-        let (item, verdict, times) = express_work(&*self.stage, &self.counters, item, arrived)?;
+        let (item, verdict, times) =
+            express_work(&*self.stage, &self.counters, item, arrived, true)?;
         match self.express_sink.as_mut() {
             // Not behind the emitter's lock: the emitter may be sending a bulk batch (or
             // waiting for a core with the lock held) meanwhile.
@@ -318,6 +329,7 @@ impl<S: Stage> Sequencer<S> {
     /// [`Config::express_window`] packets in flight here. See [`crate::Lane`].
     pub fn lane<K: crate::Sink<Item = S::Item>>(&self, sink: K) -> crate::Lane<S> {
         let (rate, burst, wait_max) = self.lane_pace;
+        let (flow_rate, flow_burst) = self.lane_flows;
         crate::Lane::new(
             self.stage.clone(),
             Box::new(sink),
@@ -325,9 +337,8 @@ impl<S: Stage> Sequencer<S> {
             self.counters.clone(),
             self.batch_size,
             self.express_window,
-            wait_max,
-            rate,
-            burst,
+            (wait_max, rate, burst),
+            FlowTable::new(flow_rate, flow_burst, rate),
         )
     }
 
@@ -435,8 +446,8 @@ impl<S: Stage> Sequencer<S> {
 pub(crate) type Worked<T> = (T, Result<(), DropReason>, Times);
 
 /// The express lane's work on a packet that arrived at `arrived`, on the caller's thread:
-/// stamped ([`Stage::sequence`]), marked ([`Stage::expressed`]), its wait in the kernel
-/// recorded, processed. Returns it with its verdict and times, for the caller to emit.
+/// stamped ([`Stage::sequence`]), marked ([`Stage::expressed`]) if `mark`, its wait in the
+/// kernel recorded, processed. Returns it with its verdict and times, for the caller to emit.
 ///
 /// # Errors
 /// [`Rejected::Dropped`] when the stage refused it (counted).
@@ -445,12 +456,15 @@ pub(crate) fn express_work<S: Stage>(
     counters: &Counters,
     mut item: S::Item,
     arrived: Instant,
+    mark: bool,
 ) -> Result<Worked<S::Item>, Rejected<S::Item>> {
     if let Err(reason) = stage.sequence(&mut item) {
         counters.count_drop(reason);
         return Err(Rejected::Dropped(item, reason));
     }
-    stage.expressed(&mut item);
+    if mark {
+        stage.expressed(&mut item);
+    }
     if let Some(waited) = stage.waited(&item) {
         counters.record_express_socket(waited);
     }

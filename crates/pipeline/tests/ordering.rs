@@ -884,3 +884,46 @@ fn a_lane_takes_a_burst_then_keeps_to_its_rate() {
     emitter.join();
     assert_eq!(sink.seen.lock().unwrap().len(), 4);
 }
+
+/// A lane of its own marks a flow's packets only while the flow is sparse by the express
+/// lane's rules (its pace; its last unmarked packet out, flushed, and settled), and sends
+/// every packet at once, marked or not, in the order taken.
+#[test]
+fn a_lane_marks_a_flow_only_while_it_keeps_to_its_pace() {
+    // Flows at 10 packets a second, one at a time.
+    let config = Config {
+        sparse_rate: 10,
+        ..lane_config(8)
+    };
+    let sink = Arrivals::default();
+    let (seen, marked) = (sink.seen.clone(), sink.marked.clone());
+    let (seq, emitter) = start(
+        &config,
+        pool(1),
+        GateStage(Arc::new(AtomicBool::new(true))),
+        sink.clone(),
+    )
+    .unwrap();
+    let mut lane = seq.lane(sink);
+    lane.push_flow(flowing(1, 0, false), &1u8).unwrap();
+    // Faster than its pace: out at once, unmarked.
+    lane.push_flow(flowing(1, 1, false), &1u8).unwrap();
+    // Another flow is not held back by it.
+    lane.push_flow(flowing(2, 2, false), &2u8).unwrap();
+    // Within its pace again (two packets: 200 ms), settled, but its last unmarked packet is
+    // not flushed: unmarked.
+    std::thread::sleep(Duration::from_millis(250));
+    lane.push_flow(flowing(1, 3, false), &1u8).unwrap();
+    lane.flush();
+    // Flushed, paced and settled: marked.
+    std::thread::sleep(Duration::from_millis(250));
+    lane.push_flow(flowing(1, 4, false), &1u8).unwrap();
+    lane.flush();
+    drop(seq);
+    emitter.join();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(1, 0), (1, 1), (2, 2), (1, 3), (1, 4)]
+    );
+    assert_eq!(*marked.lock().unwrap(), [0, 2, 4]);
+}
