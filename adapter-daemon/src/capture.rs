@@ -21,7 +21,7 @@ use cyphonic_gateway::{
 use cyphonic_netio::{Coalesced, FrameMeta, LargeFrames, PacketSocket};
 use cyphonic_tunnel::{
     BUF_LEN, Buf, FRAME_OFFSET, FRAME_ROOM, HEADROOM, Intake, Outgoing, PACKET_ROOM, RECV_BATCH,
-    RecvBuffers, Shared, Submitter,
+    RecvBuffers, Shared, SparseSubmitter, Submit,
 };
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
@@ -90,20 +90,21 @@ pub struct Capture {
     /// first also sends the thread's replies.
     socks: Vec<PacketSocket>,
     intake: Intake,
-    guard: PortGuard,
+    /// The LAN port's guard: held by the main capture thread (the sparse one has none).
+    guard: Option<PortGuard>,
     /// Whether the guard's failure was said already (said once, not every second).
     guard_failed: bool,
 }
 
 impl Capture {
     /// The thread reading `socks` (at least one) into `intake`, holding `guard` on the LAN
-    /// port.
+    /// port (the main capture thread), or none (the sparse capture thread).
     pub const fn new(
         lan: Arc<LanSide>,
         shared: Arc<Shared>,
         socks: Vec<PacketSocket>,
         intake: Intake,
-        guard: PortGuard,
+        guard: Option<PortGuard>,
     ) -> Self {
         Self {
             lan,
@@ -120,7 +121,18 @@ impl Capture {
     /// `dataplane.lan_queues`), takes a batch from each in turn without waiting, and waits
     /// for any once all were empty: a light flow's frames wait for at most a batch of each
     /// other socket, not for a heavy flow's whole queue.
-    pub fn run(mut self) {
+    pub fn run(self) {
+        self.run_into(None);
+    }
+
+    /// The sparse capture thread's body: reads its one socket (the sparse class,
+    /// `steer::lan_filter`) no faster than the sparse lane's pace, and sends what it routes
+    /// into the tunnel through `sparse`, sealed and sent on this thread.
+    pub fn run_sparse(self, sparse: SparseSubmitter) {
+        self.run_into(Some(sparse));
+    }
+
+    fn run_into(mut self, mut sparse: Option<SparseSubmitter>) {
         let shared = self.shared.clone();
         let mut replies = Replies {
             buf: [0u8; BUF_LEN],
@@ -146,11 +158,11 @@ impl Capture {
         while shared.is_running() {
             if drops_read.elapsed() >= DROPS_EVERY {
                 drops_read = Instant::now();
-                self.read_drops();
+                self.read_drops(sparse.is_some());
                 self.hold_guard();
             }
             if queues == 1 {
-                if self.take_batch(0, true, &mut rx, &mut replies) == Batch::Stop {
+                if self.take_batch(0, true, &mut rx, &mut replies, sparse.as_mut()) == Batch::Stop {
                     break;
                 }
                 continue;
@@ -161,7 +173,7 @@ impl Capture {
             let ready = cyphonic_netio::wait_any(&self.socks, within).unwrap_or(0);
             busy = false;
             for i in (0..queues).filter(|i| ready & 1 << i != 0) {
-                match self.take_batch(i, false, &mut rx, &mut replies) {
+                match self.take_batch(i, false, &mut rx, &mut replies, None) {
                     Batch::Stop => {
                         tracing::debug!("capture thread stopped");
                         return;
@@ -175,19 +187,26 @@ impl Capture {
     }
 
     /// Receives one batch from capture socket `i` (waiting up to its timeout, or not) and
-    /// handles it.
+    /// handles it: into the intake, or with `sparse` through the sparse lane (reading no more
+    /// than its pace allows).
     fn take_batch(
         &mut self,
         i: usize,
         wait: bool,
         rx: &mut Reading,
         replies: &mut Replies,
+        mut sparse: Option<&mut SparseSubmitter>,
     ) -> Batch {
         let shared = &*self.shared;
         let pool = &shared.pool;
+        let want = sparse
+            .as_mut()
+            .map_or(RECV_BATCH, |s| s.allowance(RECV_BATCH));
         let sock = &mut self.socks[i];
         let (meta, large) = (&mut rx.meta, &mut rx.large);
         let Some(received) = rx.buffers.receive(pool, |slices| {
+            let n = slices.len().min(want);
+            let (slices, meta) = (&mut slices[..n], &mut meta[..n]);
             if wait {
                 match large.as_mut() {
                     Some(large) => sock.recv_batch_large(slices, meta, large),
@@ -204,11 +223,14 @@ impl Capture {
         let frames = match received {
             Ok(frames) => frames,
             Err(e) if e.kind() == std::io::ErrorKind::NetworkDown => {
-                // Said once per time it goes down; capture resumes when it comes back up.
-                tracing::warn!(
-                    interface = self.socks[i].name(),
-                    "the LAN interface went down"
-                );
+                // Said once per time it goes down (by the main capture thread; the sparse one
+                // sees it too); capture resumes when it comes back up.
+                if sparse.is_none() {
+                    tracing::warn!(
+                        interface = self.socks[i].name(),
+                        "the LAN interface went down"
+                    );
+                }
                 std::thread::sleep(Duration::from_millis(100));
                 return Batch::Nothing;
             }
@@ -222,29 +244,65 @@ impl Capture {
             return Batch::Nothing;
         }
         let now = Instant::now();
+        let take_all = |sub: &mut dyn Submit| {
+            for (slot, (buf, m)) in frames.zip(rx.meta).enumerate() {
+                self.take_frame(
+                    buf,
+                    slot,
+                    m,
+                    now,
+                    (&mut rx.queued, &mut rx.large),
+                    replies,
+                    sub,
+                );
+            }
+            sub.flush();
+            sub.counters().record_socket(&mut rx.queued);
+        };
+        if let Some(sub) = sparse {
+            take_all(sub);
+            return Batch::Frames;
+        }
         let mut guard = self.intake.lock();
         let Some(sub) = guard.as_mut() else {
             return Batch::Stop;
         };
-        for (slot, (buf, m)) in frames.zip(rx.meta).enumerate() {
-            if let Some(d) = m.queued {
-                rx.queued.add(d);
-            }
-            match (m.coalesced, rx.large.as_mut()) {
-                (Some(how), Some(large)) if !m.outgoing => {
-                    self.cut(&buf, slot, m, how, large, now, replies, sub);
-                }
-                _ => self.handle(buf, m, now, replies, sub),
-            }
-        }
-        sub.flush();
-        sub.counters().record_socket(&mut rx.queued);
+        take_all(sub);
         Batch::Frames
+    }
+
+    /// One frame of a batch (in `slot`): counted, cut if coalesced, handled.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "handle's arguments and the frame's origin"
+    )]
+    fn take_frame(
+        &self,
+        buf: Buf,
+        slot: usize,
+        m: FrameMeta,
+        now: Instant,
+        (queued, large): (&mut cyphonic_pipeline::WaitTally, &mut Option<LargeFrames>),
+        replies: &mut Replies,
+        sub: &mut dyn Submit,
+    ) {
+        if let Some(d) = m.queued {
+            queued.add(d);
+        }
+        match (m.coalesced, large.as_mut()) {
+            (Some(how), Some(large)) if !m.outgoing => {
+                self.cut(&buf, slot, m, how, large, now, replies, sub);
+            }
+            _ => self.handle(buf, m, now, replies, sub),
+        }
     }
 
     /// Puts the LAN port's guard back (settings, filter, no address) if something changed it.
     fn hold_guard(&mut self) {
-        match self.guard.enforce() {
+        let Some(guard) = self.guard.as_mut() else {
+            return;
+        };
+        match guard.enforce() {
             Ok(restored) if restored.is_empty() => {}
             Ok(restored) => {
                 self.lan
@@ -264,17 +322,20 @@ impl Capture {
         }
     }
 
-    /// Adds what the kernel dropped for the capture socket since the last look to
-    /// `drop_capture_overflow`.
-    fn read_drops(&self) {
+    /// Adds what the kernel dropped for the capture sockets since the last look to
+    /// `drop_capture_overflow` (`drop_sparse_overflow` for the sparse capture socket).
+    fn read_drops(&self, sparse: bool) {
+        let c = &self.lan.counters;
+        let counter = if sparse {
+            &c.drop_sparse_overflow
+        } else {
+            &c.drop_capture_overflow
+        };
         for sock in &self.socks {
             match sock.take_drops() {
                 Ok(0) => {}
                 Ok(n) => {
-                    self.lan
-                        .counters
-                        .drop_capture_overflow
-                        .fetch_add(n, Ordering::Relaxed);
+                    counter.fetch_add(n, Ordering::Relaxed);
                 }
                 Err(e) => tracing::debug!(error = %e, "reading the capture socket's drops failed"),
             }
@@ -296,7 +357,7 @@ impl Capture {
         large: &mut LargeFrames,
         now: Instant,
         replies: &mut Replies,
-        sub: &mut Submitter,
+        sub: &mut dyn Submit,
     ) {
         let (lan, shared) = (&*self.lan, &*self.shared);
         let c = &lan.counters;
@@ -364,7 +425,7 @@ impl Capture {
         meta: FrameMeta,
         now: Instant,
         replies: &mut Replies,
-        sub: &mut Submitter,
+        sub: &mut dyn Submit,
     ) {
         let (lan, shared) = (&*self.lan, &*self.shared);
         let c = &lan.counters;

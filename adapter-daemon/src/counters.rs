@@ -12,6 +12,8 @@ cyphonic_telemetry::counters! {
     captured_truncated,
     /// Frames the kernel dropped because capture fell behind and `dataplane.lan_buffer` filled.
     drop_capture_overflow,
+    /// Of the sparse class (ARP, ICMP, DNS, DHCP: `dataplane.sparse_socket`), frames the kernel dropped at the sparse capture socket: they came faster than the sparse lane's pace (20,000 a second) lets it read.
+    drop_sparse_overflow,
     /// What the LAN port's guard put back after something else on the host changed it: a sysctl (forwarding or IPv6 turned on), the ingress drop filter, an IPv4 address removed (port_guard.rs).
     forwarding_guard_restored,
     /// Coalesced frames (GRO/LRO, or a local sender's TSO) cut back into segments.

@@ -33,6 +33,7 @@ use crate::neighbors::LanTable;
 use crate::port_guard::PortGuard;
 use crate::services::{AdapterServices, Dns};
 use crate::status::{AdapterInfo, AdapterStatus};
+use crate::steer;
 
 /// The adapter's edge.
 #[derive(Debug)]
@@ -41,6 +42,8 @@ pub struct AdapterEdge<'a> {
     iface: Interface,
     /// The capture sockets (a fanout group with `lan_queues` > 1); the first also sends.
     capture: Option<Vec<PacketSocket>>,
+    /// The sparse class's capture socket (`dataplane.sparse_socket`), for its thread.
+    sparse_capture: Option<PacketSocket>,
     /// The LAN port's guard, held once at open and then every second by the capture thread.
     guard: Option<PortGuard>,
     lan: Arc<LanSide>,
@@ -62,19 +65,34 @@ impl<'a> AdapterEdge<'a> {
         }
         let iface = Interface::lookup_up(&config.lan_interface)?;
         set_receive_offloads(&iface.name, lan_side.gro, lan_side.gso)?;
-        let capture = PacketSocket::open_group(
-            &iface,
-            &PacketOptions {
-                recv_buffer: lan_side.buffer,
-                // Offload headers on the socket serve both directions.
-                coalesced: lan_side.gro || lan_side.gso,
-                busy_poll: d.busy_poll,
-                // The queue manager judges frames by their wait in the kernel.
-                timestamps: d.socket_timestamps || d.aqm.is_some(),
-                ..PacketOptions::default()
-            },
-            lan_side.queues,
-        )?;
+        let opts = PacketOptions {
+            recv_buffer: lan_side.buffer,
+            // Offload headers on the socket serve both directions.
+            coalesced: lan_side.gro || lan_side.gso,
+            busy_poll: d.busy_poll,
+            // The queue manager judges frames by their wait in the kernel.
+            timestamps: d.socket_timestamps || d.aqm.is_some(),
+            // With a sparse capture socket, the others leave its frames to it.
+            filter: d.steers_sparse().then(|| steer::lan_filter(false)),
+            ..PacketOptions::default()
+        };
+        let capture = PacketSocket::open_group(&iface, &opts, lan_side.queues)?;
+        // The sparse class (ARP, ICMP, DNS, DHCP) in a socket of its own, read by a thread of
+        // its own: a ping never waits behind a download's frames.
+        let sparse_capture = d
+            .steers_sparse()
+            .then(|| {
+                PacketSocket::open(
+                    &iface,
+                    &PacketOptions {
+                        recv_buffer: SPARSE_BUFFER,
+                        busy_poll: std::time::Duration::ZERO,
+                        filter: Some(steer::lan_filter(true)),
+                        ..opts.clone()
+                    },
+                )
+            })
+            .transpose()?;
         let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);
         tracing::info!(
             interface = %iface.name,
@@ -83,6 +101,7 @@ impl<'a> AdapterEdge<'a> {
             ignores_outgoing = capture[0].ignores_outgoing(),
             recv_buffer = capture[0].recv_buffer(),
             queues = capture.len(),
+            sparse_socket = sparse_capture.is_some(),
             "capturing the LAN"
         );
         if (d.socket_timestamps || d.aqm.is_some()) && !capture[0].timestamps() {
@@ -123,6 +142,7 @@ impl<'a> AdapterEdge<'a> {
             config,
             iface,
             capture: Some(capture),
+            sparse_capture,
             guard: Some(guard),
             lan,
             work: Some(work),
@@ -136,6 +156,9 @@ impl<'a> AdapterEdge<'a> {
             .context("the capture socket went to the capture thread")
     }
 }
+
+/// The sparse capture socket's kernel buffer, bytes: the sparse class is small and paced.
+const SPARSE_BUFFER: usize = 1 << 20;
 
 /// Switches the LAN port's receive offloads (GRO/LRO) as `[dataplane]` wants them, and says
 /// what that means for the frames the adapter will see.
@@ -249,16 +272,33 @@ impl Edge for AdapterEdge<'_> {
             core.shared.clone(),
             sock,
             core.intake.clone(),
-            guard,
+            Some(guard),
         );
-        let thread = core.spawn("cy-capture", move || capture.run())?;
+        let mut threads = vec![core.spawn("cy-capture", move || capture.run())?];
+        if let Some(sock) = self.sparse_capture.take() {
+            let sparse = Capture::new(
+                self.lan.clone(),
+                core.shared.clone(),
+                vec![sock],
+                core.intake.clone(),
+                None,
+            );
+            // The other capture sockets leave the sparse class to this one: without its
+            // thread those frames would be lost, so its absence is an error.
+            threads.push(
+                core.spawn_sparse("cy-sparse-cap", move |sub| sparse.run_sparse(sub))?
+                    .context(
+                        "the sparse capture socket is open but the engine has no sparse lane",
+                    )?,
+            );
+        }
         tracing::info!(
             lan_block = %self.config.lan_block(),
             gateway = %self.config.gateway_vip,
             reservations = self.config.reservations.len(),
             "LAN side running"
         );
-        Ok(vec![thread])
+        Ok(threads)
     }
 
     fn reporter(&self, core: &Core) -> Reporter<AdapterStatus, LanCounters> {

@@ -20,6 +20,7 @@ mod neighbors;
 mod port_guard;
 mod services;
 mod status;
+mod steer;
 
 use std::fmt::Write as _;
 use std::process::ExitCode;

@@ -248,8 +248,9 @@ fn forged_replayed_and_garbage_underlay_frames_are_dropped_while_tcp_runs() {
     assert_eq!(out_of_order(&bed, Side::B), (0, 0));
 }
 
-/// Pings while one TCP stream runs: each ping is a sparse flow's packet and goes by adapter
-/// A's express lane, ahead of the stream's batches, flagged so that adapter B opens it ahead
+/// Pings while one TCP stream runs: each ping is a sparse flow's packet, which adapter A's
+/// kernel puts in its sparse capture socket and whose thread seals and sends it at once,
+/// ahead of the stream's batches, flagged so that adapter B opens it ahead
 /// of its own queue too (its kernel steers them to the tunnel socket's sparse companion); the
 /// stream's packets do not (they queue in order); nothing leaves out of order and every ping
 /// is answered.
@@ -260,13 +261,15 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
     let express = |bed: &TwoSites| {
         let (a, b) = (bed.status(Side::A).unwrap(), bed.status(Side::B).unwrap());
         (
-            a["pipelines"]["egress"]["express"].as_u64().unwrap(),
+            a["pipelines"]["egress"]["express"].as_u64().unwrap()
+                - a["pipelines"]["egress"]["lane"].as_u64().unwrap(),
+            a["pipelines"]["egress"]["lane"].as_u64().unwrap(),
             a["pipelines"]["egress"]["emitted"].as_u64().unwrap(),
             b["pipelines"]["ingress"]["express"].as_u64().unwrap(),
             b["pipelines"]["ingress"]["lane"].as_u64().unwrap(),
         )
     };
-    let (express_before, emitted_before, b_before, b_lane_before) = express(&bed);
+    let (express_before, lane_before, emitted_before, b_before, b_lane_before) = express(&bed);
     let run = IperfRun::start(&bed, Side::B, &[], 5).unwrap();
     std::thread::sleep(Duration::from_secs(1));
     let ping = bed
@@ -285,9 +288,10 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
         "{text}\n{}",
         bed.logs()
     );
-    let (express_after, emitted_after, b_after, b_lane_after) = express(&bed);
-    let (express, emitted, b_express, b_lane) = (
+    let (express_after, lane_after, emitted_after, b_after, b_lane_after) = express(&bed);
+    let (express, lane, emitted, b_express, b_lane) = (
         express_after - express_before,
+        lane_after - lane_before,
         emitted_after - emitted_before,
         b_after - b_before,
         b_lane_after - b_lane_before,
@@ -295,13 +299,18 @@ fn pings_skip_the_queue_of_a_bulk_stream() {
     let bits = report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .unwrap();
-    // The 40 pings, and the first packets of the stream and of iperf3's control connection,
-    // until they outran their pace (bursts of 32); a flow that hashed into the stream's bucket
-    // (1 in 4096) would queue.
+    // The 40 pings went by A's sparse capture socket and its thread (the lane, every one of
+    // them, flagged); the first packets of the stream and of iperf3's control connection by
+    // the capture thread's express lane, until they outran their pace (bursts of 32).
+    assert_eq!(
+        lane, 40,
+        "{lane} by the lane, {express} express of {emitted} emitted"
+    );
     assert!(
-        (40..=200).contains(&express),
+        (1..=160).contains(&express),
         "{express} express of {emitted} emitted ({bits} bit/s)"
     );
+    let express = express + lane;
     assert!(emitted > 10_000, "{emitted} emitted ({bits} bit/s)");
     // B took them ahead too (but for any its lane or window turned away).
     assert!(
@@ -604,8 +613,9 @@ fn threads(pid: u32) -> Vec<Thread> {
 }
 
 /// `[dataplane] cpus` and `realtime_priority` place exactly the data-plane threads (crypto
-/// workers, emitters, capture, tunnel receiver); the others stay with the normal scheduler; the
-/// tunnel carries traffic.
+/// workers, emitters, capture, tunnel receiver, the two sparse threads, which run at
+/// `sparse_priority`); the others stay with the normal scheduler; the tunnel carries
+/// traffic.
 #[test]
 fn data_plane_threads_are_pinned_and_real_time_when_asked() {
     let bed = bed(&BedOptions {
@@ -635,6 +645,8 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
                 "cy-udp-rx",
                 "cy-egress-emit",
                 "cy-ingress-emit",
+                "cy-sparse-cap",
+                "cy-sparse-rx",
             ]
             .contains(&name)
     };
@@ -645,7 +657,7 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
         .status()
         .is_ok_and(|s| s.success());
     let placed: Vec<_> = threads.iter().filter(|t| data_plane(&t.0)).collect();
-    assert!(placed.len() >= 5, "{threads:?}");
+    assert!(placed.len() >= 7, "{threads:?}");
     for t in &placed {
         assert_eq!(
             (t.1.as_str(), t.2),
@@ -661,6 +673,46 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
     }
     for t in threads.iter().filter(|t| !data_plane(&t.0)) {
         assert_eq!(t.2, 0, "{t:?} must keep the normal scheduler");
+    }
+}
+
+/// At the defaults only the two threads that read sparse traffic (ARP, ICMP, DNS, DHCP from
+/// the LAN; flagged frames from peers) run at a real-time priority, `sparse_priority` 20;
+/// every other thread keeps the normal scheduler.
+#[test]
+fn only_the_sparse_threads_run_at_real_time_priority_by_default() {
+    let bed = bed(&BedOptions::default());
+    bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(2).wait(3));
+    let pid = bed.a.adapter.as_ref().unwrap().pid();
+    let realtime = std::process::Command::new("chrt")
+        .args(["-f", "20", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    // (thread name, scheduling policy: 0 normal, 1 FIFO; real-time priority).
+    let threads: Vec<(String, u32, u32)> = threads(pid)
+        .into_iter()
+        .map(|t| {
+            (
+                t.name,
+                t.stat[41 - 3].parse().unwrap(),
+                t.stat[40 - 3].parse().unwrap(),
+            )
+        })
+        .collect();
+    let sparse = ["cy-sparse-cap", "cy-sparse-rx"];
+    for name in sparse {
+        let t = threads.iter().find(|t| t.0 == name);
+        let want = if realtime { (1, 20) } else { (0, 0) };
+        assert_eq!(t.map(|t| (t.1, t.2)), Some(want), "{name} of {threads:?}");
+    }
+    for t in threads.iter().filter(|t| !sparse.contains(&t.0.as_str())) {
+        assert_eq!(t.1, 0, "{t:?} must keep the normal scheduler");
+    }
+    if !realtime {
+        assert!(
+            bed.logs()
+                .contains("could not give the sparse lanes' threads")
+        );
     }
 }
 
@@ -682,7 +734,10 @@ fn thread_ticks(pid: u32, names: &[&str]) -> u64 {
 #[test]
 fn busy_polling_threads_poll_while_packets_come_and_sleep_when_quiet() {
     let bed = bed(&BedOptions {
-        dataplane_extra: "busy_poll_us = 20000".into(),
+        // Pings go to the sparse threads by default, which never poll (at their real-time
+        // priority that would keep everything else off their core): here they take the
+        // capture thread and the tunnel receiver, whose polling this is about.
+        dataplane_extra: "busy_poll_us = 20000\nsparse_socket = false".into(),
         ..BedOptions::default()
     });
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));

@@ -140,9 +140,11 @@ fn adapter_metrics_count_what_the_scenario_sent() {
     // socket's sparse companion, and its thread opened them at once (the lane).
     let queued = doc["counters"]["queued_for_handshake"].as_u64().unwrap();
     assert!(queued <= 2, "{doc}");
+    // The capture's sparse socket took the pings, and its thread sent them (the lane).
     assert!(
         text.contains(&format!(
-            "pipeline egress: emitted 20 express {} ",
+            "pipeline egress: emitted 20 express {} lane {} ",
+            20 - queued,
             20 - queued
         )),
         "{text}"

@@ -46,7 +46,10 @@ use cyphonic_signal::NameRecord;
 use cyphonic_telemetry::CounterSet;
 use cyphonic_telemetry::metrics::Collector;
 use cyphonic_tunnel::control::Removal;
-use cyphonic_tunnel::{Control, ControlEvent, DataPlane, Engine, Incoming, Intake, Local, Shared};
+use cyphonic_tunnel::{
+    Control, ControlEvent, DataPlane, Engine, Incoming, Intake, Local, Shared, SparseIntake,
+    SparseSubmitter,
+};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
@@ -76,6 +79,9 @@ pub struct Core {
     pub dataplane: DataPlane,
     /// What every data-plane thread runs first (placement): the edge's threads too.
     pub thread_start: ThreadStart,
+    /// The way into the tunnel for an edge thread that reads only sparse traffic, and what
+    /// such a thread runs first (placement, then `dataplane.sparse_priority`).
+    pub sparse: (SparseIntake, ThreadStart),
 }
 
 impl Core {
@@ -96,6 +102,31 @@ impl Core {
                 (place.0)();
                 run();
             })
+            .with_context(|| format!("starting the {name} thread"))
+    }
+
+    /// Starts the edge's thread that reads only sparse traffic, `name`, with its way into
+    /// the tunnel; `None` (nothing started) when there is none (`dataplane.sparse_socket`
+    /// off, or taken already).
+    ///
+    /// # Errors
+    /// The thread cannot start.
+    pub fn spawn_sparse(
+        &self,
+        name: &str,
+        run: impl FnOnce(SparseSubmitter) + Send + 'static,
+    ) -> anyhow::Result<Option<std::thread::JoinHandle<()>>> {
+        let Some(submitter) = self.sparse.0.take() else {
+            return Ok(None);
+        };
+        let place = self.sparse.1.clone();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                (place.0)();
+                run(submitter);
+            })
+            .map(Some)
             .with_context(|| format!("starting the {name} thread"))
     }
 }
@@ -312,6 +343,7 @@ pub fn run<E: Edge>(
         intake: engine.intake(),
         dataplane: dp.clone(),
         thread_start: engine.thread_start(),
+        sparse: (engine.sparse_intake(), engine.sparse_thread_start()),
     };
     let services = {
         let _in_runtime = runtime.enter();

@@ -27,7 +27,7 @@ use cyphonic_netio::{BusyPoll, Coalesced, LargeFrames, Tun, TunPacket};
 use cyphonic_offload::{SEND_BATCH, send_frames};
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::{
-    Buf, HEADROOM, Incoming, Intake, PACKET_ROOM, RECV_BATCH, Shared, Submitter, bump,
+    Buf, HEADROOM, Incoming, Intake, PACKET_ROOM, RECV_BATCH, Shared, Submit, Submitter, bump,
 };
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 use ipnet::Ipv4Net;

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use cyphonic_pipeline::{DropReason, Rejected, Sequencer, Sink, Stage};
+use cyphonic_pipeline::{DropReason, Lane, Rejected, Sequencer, Sink, Stage};
 use cyphonic_session::{SendError, Session};
 
 use crate::Shared;
@@ -267,38 +267,10 @@ impl Submitter {
             bump(&self.shared.counters.drop_queue);
         } else {
             bump(&self.shared.counters.queued_for_handshake);
+            item.peer.held.fetch_add(1, Ordering::Relaxed);
             q.push_back(item);
             self.queued += 1;
         }
-    }
-
-    /// The packet at `buf[HEADROOM..][..len]` for the peer whose block holds `dst`, sent with
-    /// header `flags`, or counted and dropped when no peer's block does; it arrived at `now`
-    /// after waiting `queued` in the kernel ([`Outgoing::with_queued`]).
-    pub fn route(
-        &mut self,
-        buf: Buf,
-        len: usize,
-        dst: std::net::Ipv4Addr,
-        flags: u16,
-        (now, queued): (Instant, Option<std::time::Duration>),
-    ) {
-        let Some(peer) = self.shared.peers.route(dst) else {
-            bump(&self.shared.counters.drop_no_peer);
-            // An idle peer evicted from the table may cover it: the control core asks the
-            // cloud to pair us again (TCP's retransmission then finds the tunnel).
-            if self.shared.dormant.load(Ordering::Relaxed) > 0
-                && self.shared.wake_gate.admit(dst, now)
-            {
-                let _ = self.shared.control.try_send(crate::ToControl::NoRoute(dst));
-            }
-            return;
-        };
-        self.submit(
-            Outgoing::new(buf, len, peer, now)
-                .with_flags(flags)
-                .with_queued(queued),
-        );
     }
 
     /// Hands a packet to the pipeline, or queues it behind its peer's pending handshake.
@@ -306,15 +278,10 @@ impl Submitter {
     /// A new flow no rule allows is dropped here, before it costs a handshake or a seal
     /// (counted by the policy).
     pub fn submit(&mut self, item: Outgoing) {
-        let packet = item.packet();
-        if !packet.is_some_and(|p| {
-            self.shared
-                .policy
-                .allows(p, crate::policy::Direction::Out, item.now)
-        }) {
-            bump(&self.shared.counters.drop_policy);
+        if !allowed(&self.shared, &item) {
             return;
         }
+        let packet = item.packet();
         let id = item.peer.id;
         if self.pending.get(&id).is_some_and(|q| !q.is_empty()) {
             self.enqueue(id, item);
@@ -347,6 +314,7 @@ impl Submitter {
         let now = Instant::now();
         while let Some(mut item) = q.pop_front() {
             item.now = now;
+            let slot = item.peer.clone();
             // Queued as their flows' packets: a later packet of the same flow must not take
             // the express lane past them.
             let flow = item.packet().and_then(cyphonic_filter::flow_of);
@@ -355,7 +323,7 @@ impl Submitter {
                 None => self.seq.push(item),
             };
             match pushed {
-                Ok(()) => self.queued -= 1,
+                Ok(()) => self.released(&slot),
                 Err(Rejected::Dropped(item, DropReason::NoSession)) => {
                     // Not usable after all (expired again): keep waiting, in order.
                     q.push_front(item);
@@ -363,7 +331,7 @@ impl Submitter {
                     break;
                 }
                 Err(_) => {
-                    self.queued -= 1;
+                    self.released(&slot);
                     bump(&self.shared.counters.drop_queue);
                 }
             }
@@ -373,15 +341,188 @@ impl Submitter {
 
     /// Peer `id` cannot be reached: what waited for it is dropped.
     pub fn gave_up(&mut self, id: u32) {
-        for _ in self.pending.remove(&id).unwrap_or_default() {
-            self.queued -= 1;
+        for item in self.pending.remove(&id).unwrap_or_default() {
+            self.released(&item.peer);
             bump(&self.shared.counters.drop_queue);
         }
+    }
+
+    /// A packet of `peer`'s that waited behind its handshake left the queue.
+    fn released(&mut self, peer: &PeerSlot) {
+        self.queued -= 1;
+        peer.held.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The pipeline's counters.
     pub fn counters(&self) -> &Arc<cyphonic_pipeline::Counters> {
         self.seq.counters()
+    }
+}
+
+/// Whether the policy lets `item` out: a new flow no rule allows is dropped before it costs
+/// a handshake or a seal (counted by the policy, and as `drop_policy`).
+fn allowed(shared: &Shared, item: &Outgoing) -> bool {
+    let ok = item.packet().is_some_and(|p| {
+        shared
+            .policy
+            .allows(p, crate::policy::Direction::Out, item.now)
+    });
+    if !ok {
+        bump(&shared.counters.drop_policy);
+    }
+    ok
+}
+
+/// Where an edge thread's packets go into the tunnel: the [`Submitter`] (under the
+/// [`Intake`]'s lock), or the sparse lane's own ([`SparseSubmitter`]).
+pub trait Submit {
+    /// The packet at `buf[HEADROOM..][..len]` for the peer whose block holds `dst`, sent with
+    /// header `flags`, or counted and dropped when no peer's block does; it arrived at `now`
+    /// after waiting `queued` in the kernel ([`Outgoing::with_queued`]).
+    fn route(
+        &mut self,
+        buf: Buf,
+        len: usize,
+        dst: std::net::Ipv4Addr,
+        flags: u16,
+        at: (Instant, Option<std::time::Duration>),
+    ) {
+        if let Some(item) = outgoing(self.shared(), buf, len, dst, flags, at) {
+            self.submit(item);
+        }
+    }
+
+    /// Sends one packet into the tunnel (or holds it behind its peer's handshake).
+    fn submit(&mut self, item: Outgoing);
+
+    /// Sends what was gathered on its way (call after each batch read).
+    fn flush(&mut self);
+
+    /// The counters of the pipeline it feeds.
+    fn counters(&self) -> &Arc<cyphonic_pipeline::Counters>;
+
+    /// The state the engine's threads share.
+    fn shared(&self) -> &Shared;
+}
+
+impl Submit for Submitter {
+    fn submit(&mut self, item: Outgoing) {
+        Self::submit(self, item);
+    }
+
+    fn flush(&mut self) {
+        Self::flush(self);
+    }
+
+    fn counters(&self) -> &Arc<cyphonic_pipeline::Counters> {
+        Self::counters(self)
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+/// The packet for the peer whose block holds `dst`; `None` (counted, the control core told
+/// when a dormant peer may cover it) when no peer's does.
+fn outgoing(
+    shared: &Shared,
+    buf: Buf,
+    len: usize,
+    dst: std::net::Ipv4Addr,
+    flags: u16,
+    (now, queued): (Instant, Option<std::time::Duration>),
+) -> Option<Outgoing> {
+    let Some(peer) = shared.peers.route(dst) else {
+        bump(&shared.counters.drop_no_peer);
+        // An idle peer evicted from the table may cover it: the control core asks the
+        // cloud to pair us again (TCP's retransmission then finds the tunnel).
+        if shared.dormant.load(Ordering::Relaxed) > 0 && shared.wake_gate.admit(dst, now) {
+            let _ = shared.control.try_send(crate::ToControl::NoRoute(dst));
+        }
+        return None;
+    };
+    Some(
+        Outgoing::new(buf, len, peer, now)
+            .with_flags(flags)
+            .with_queued(queued),
+    )
+}
+
+/// The way into the tunnel for a thread that reads only sparse traffic (the adapter's sparse
+/// capture socket): each packet is sealed and sent at once on that thread ([`Lane`]),
+/// flagged `FLAG_SPARSE` while its flow keeps to the sparse pace. A packet whose peer has no
+/// keys yet, or has packets waiting for them, goes through the [`Intake`] instead, behind
+/// them.
+#[derive(Debug)]
+pub struct SparseSubmitter {
+    shared: Arc<Shared>,
+    lane: Lane<SealStage>,
+    intake: Intake,
+}
+
+impl SparseSubmitter {
+    /// Sends through `lane`, falling back on `intake`.
+    pub const fn new(shared: Arc<Shared>, lane: Lane<SealStage>, intake: Intake) -> Self {
+        Self {
+            shared,
+            lane,
+            intake,
+        }
+    }
+
+    /// How many packets the lane may take now, at most `want` (waits for one): read no more.
+    pub fn allowance(&mut self, want: usize) -> usize {
+        self.lane.allowance(want)
+    }
+
+    /// Through the submitter, behind what waits there; false once the engine stopped.
+    fn behind(&self, item: Outgoing) -> bool {
+        let mut guard = self.intake.lock();
+        let Some(sub) = guard.as_mut() else {
+            return false;
+        };
+        sub.submit(item);
+        sub.flush();
+        true
+    }
+}
+
+impl Submit for SparseSubmitter {
+    fn submit(&mut self, item: Outgoing) {
+        if !allowed(&self.shared, &item) {
+            return;
+        }
+        if item.peer.held.load(Ordering::Relaxed) > 0 {
+            self.behind(item);
+            return;
+        }
+        let flow = item.packet().and_then(cyphonic_filter::flow_of);
+        let pushed = match flow {
+            Some(flow) => self.lane.push_flow(item, &flow),
+            None => self.lane.push(item),
+        };
+        match pushed {
+            // No keys yet: it waits for the handshake with the rest.
+            Err(Rejected::Dropped(item, DropReason::NoSession)) => {
+                self.behind(item);
+            }
+            Ok(()) | Err(Rejected::Dropped(..)) => {}
+            Err(Rejected::Full(_)) => bump(&self.shared.counters.drop_pipeline_full),
+        }
+    }
+
+    fn flush(&mut self) {
+        self.lane.flush();
+    }
+
+    /// The egress pipeline's counters (the lane counts there).
+    fn counters(&self) -> &Arc<cyphonic_pipeline::Counters> {
+        self.lane.counters()
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.shared
     }
 }
 

@@ -14,7 +14,7 @@ use cyphonic_pipeline::{Counters as PipelineCounters, Emitter, Sink, ThreadStart
 use cyphonic_session::Timing;
 
 use crate::Shared;
-use crate::egress::{Intake, SealStage, SocketSink, Submitter};
+use crate::egress::{Intake, SealStage, SocketSink, SparseSubmitter, Submitter};
 use crate::gate::HandshakeGate;
 use crate::handshakes::Handshakes;
 use crate::ingress::{Incoming, OpenStage, Receiver};
@@ -345,7 +345,7 @@ fn start_sparse(
     let receiver = Receiver::sparse(shared.clone(), companion, lane);
     let place = place.clone();
     std::thread::Builder::new()
-        .name("cy-udp-rx-sparse".into())
+        .name("cy-sparse-rx".into())
         .spawn(move || {
             (place.0)();
             receiver.run();
@@ -355,6 +355,21 @@ fn start_sparse(
             what: "starting the sparse receive thread",
             source,
         })
+}
+
+/// Holds the [`SparseSubmitter`] until the edge's sparse thread takes it.
+#[derive(Debug, Clone)]
+pub struct SparseIntake(Arc<std::sync::Mutex<Option<SparseSubmitter>>>);
+
+impl SparseIntake {
+    /// The sparse lane's way into the tunnel; `None` when it was taken, or there is none
+    /// (`dataplane.sparse_socket` off, no express lane).
+    pub fn take(&self) -> Option<SparseSubmitter> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }
 
 /// The engine's threads, running.
@@ -368,6 +383,7 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     pub ingress_counters: Arc<PipelineCounters>,
     shared: Arc<Shared>,
     intake: Intake,
+    sparse_intake: SparseIntake,
     receiver: std::thread::JoinHandle<()>,
     /// The sparse companion's receive thread, if it has one.
     sparse: Option<std::thread::JoinHandle<()>>,
@@ -483,12 +499,23 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             Some(lane) => start_sparse(dp, shared, socket, ingress_seq.lane(lane), &place_sparse)?,
             None => None,
         };
+        // The edge's sparse lane (the adapter's sparse capture socket) sends through a
+        // socket handle of its own, beside the pipeline.
+        let egress_lane = if dp.steers_sparse() {
+            Some(egress_seq.lane(socket_sink()?))
+        } else {
+            None
+        };
         let intake = Intake::new(Submitter::new(
             shared.clone(),
             egress_seq,
             dp.queue_per_peer,
             dp.buffers / crate::egress::QUEUED_SHARE_OF_BUFFERS,
         ));
+        let sparse_intake =
+            SparseIntake(Arc::new(std::sync::Mutex::new(egress_lane.map(|lane| {
+                SparseSubmitter::new(shared.clone(), lane, intake.clone())
+            }))));
         // Our static key stays for the life of the engine (only certificates and trust are
         // replaced while running), so the gate's mac1 key does too.
         let identity_key = shared.identity().public_key();
@@ -531,6 +558,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             ingress_counters,
             shared: shared.clone(),
             intake,
+            sparse_intake,
             receiver,
             sparse,
             handshaker,
@@ -552,6 +580,12 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
     /// [`DataPlane::sparse_priority`]. For the edge's own sparse lane.
     pub fn sparse_thread_start(&self) -> ThreadStart {
         self.place_sparse.clone()
+    }
+
+    /// The way into the tunnel for the edge's thread that reads only sparse traffic, once
+    /// ([`SparseIntake::take`]); with [`DataPlane::sparse_socket`].
+    pub fn sparse_intake(&self) -> SparseIntake {
+        self.sparse_intake.clone()
     }
 
     /// A handle on the way into the tunnel, for the edge thread and the control thread.

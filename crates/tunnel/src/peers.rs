@@ -48,6 +48,9 @@ pub struct PeerSlot {
     pub rx_packets: AtomicU64,
     /// Inner bytes received from it.
     pub rx_bytes: AtomicU64,
+    /// Its packets waiting behind its handshake in the submitter: while any do, the sparse
+    /// lane sends its packets through the submitter too, behind them.
+    pub held: AtomicU64,
 }
 
 /// A relay channel towards a peer (from the cloud).
@@ -99,6 +102,7 @@ impl PeerSlot {
             tx_bytes: AtomicU64::new(0),
             rx_packets: AtomicU64::new(0),
             rx_bytes: AtomicU64::new(0),
+            held: AtomicU64::new(0),
         }
     }
 

@@ -31,6 +31,7 @@ use cyphonic_session::{Clock, Identity, Timing};
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 
+use crate::egress::Submit;
 use crate::socket::TunnelSocket;
 use crate::{
     Control, ControlEvent, DataPlane, Engine, HEADROOM, Incoming, Intake, PACKET_ROOM, PeerSlot,
