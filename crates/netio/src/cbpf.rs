@@ -15,7 +15,7 @@ pub struct Insn {
 }
 
 impl Insn {
-    pub(crate) const fn raw(self) -> libc::sock_filter {
+    const fn raw(self) -> libc::sock_filter {
         libc::sock_filter {
             code: self.code,
             jt: self.jt,
@@ -97,16 +97,22 @@ pub const fn ret(k: u32) -> Insn {
     insn(libc::BPF_RET | libc::BPF_K, 0, 0, k)
 }
 
-/// What the kernel runs, in the layout `setsockopt` takes.
-pub(crate) fn program(insns: &mut [libc::sock_filter]) -> std::io::Result<libc::sock_fprog> {
+/// Attaches `program` to socket `fd` as socket option `name` (`SO_ATTACH_FILTER`,
+/// `SO_ATTACH_REUSEPORT_CBPF`); the kernel checks it there.
+///
+/// # Errors
+/// An empty program or one over 4096 instructions (`EINVAL`), or the kernel's refusal.
+pub(crate) fn attach(fd: libc::c_int, name: libc::c_int, program: &[Insn]) -> std::io::Result<()> {
+    let mut insns: Vec<libc::sock_filter> = program.iter().map(|i| i.raw()).collect();
     let len = u16::try_from(insns.len())
         .ok()
         .filter(|l| (1..=4096).contains(l))
         .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    Ok(libc::sock_fprog {
+    let fprog = libc::sock_fprog {
         len,
         filter: insns.as_mut_ptr(),
-    })
+    };
+    crate::sys::setsockopt(fd, libc::SOL_SOCKET, name, &fprog)
 }
 
 #[cfg(test)]
@@ -131,6 +137,9 @@ mod tests {
         assert_eq!(jump_ge(34, 0, 1).code, 0x35);
         assert_eq!(jump_ge_x(0, 1).code, 0x3d);
         assert_eq!((ret(7).code, ret(7).k), (0x06, 7));
-        assert!(program(&mut []).is_err(), "an empty program");
+        assert!(
+            attach(-1, libc::SO_ATTACH_FILTER, &[]).is_err(),
+            "an empty program"
+        );
     }
 }

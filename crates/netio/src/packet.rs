@@ -208,10 +208,7 @@ impl PacketSocket {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let raw = fd.as_raw_fd();
         if let Some(program) = &opts.filter {
-            let mut insns: Vec<libc::sock_filter> = program.iter().map(|i| i.raw()).collect();
-            let fprog = crate::cbpf::program(&mut insns)
-                .map_err(|e| raw_err("attaching the capture filter", e))?;
-            setsockopt(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+            crate::cbpf::attach(raw, libc::SO_ATTACH_FILTER, program)
                 .map_err(|e| raw_err("attaching the capture filter", e))?;
         }
 

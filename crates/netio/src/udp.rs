@@ -405,18 +405,10 @@ impl UdpSocket {
                 io::Error::other("the socket was not opened for steering"),
             ));
         }
-        let mut insns: Vec<libc::sock_filter> = program.iter().map(|i| i.raw()).collect();
-        let fprog =
-            crate::cbpf::program(&mut insns).map_err(|e| io_err("steering datagrams", e))?;
         // The group's program, attached before the companion joins: until it does, the
         // program's 1 names no socket and the kernel falls back to this one.
-        sys::setsockopt(
-            self.sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_ATTACH_REUSEPORT_CBPF,
-            &fprog,
-        )
-        .map_err(|e| io_err("attaching the steering program", e))?;
+        crate::cbpf::attach(self.sock.as_raw_fd(), SO_ATTACH_REUSEPORT_CBPF, program)
+            .map_err(|e| io_err("attaching the steering program", e))?;
         let sock = Self::open(addr).map_err(|e| io_err("opening a UDP socket", e))?;
         sock.set_reuse_port(true)
             .map_err(|e| io_err("sharing the UDP port with a steered socket", e))?;

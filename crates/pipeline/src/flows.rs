@@ -120,6 +120,22 @@ impl FlowTable {
         })
     }
 
+    /// A table of its own with this one's paces (for another thread: a [`crate::Lane`]),
+    /// its own key and its own count of what is out.
+    pub(crate) fn sibling(&self) -> Self {
+        Self {
+            emitted: std::sync::Arc::default(),
+            tat: vec![0; FLOW_BUCKETS].into_boxed_slice(),
+            last: vec![0; FLOW_BUCKETS].into_boxed_slice(),
+            queued_at: vec![0; FLOW_BUCKETS].into_boxed_slice(),
+            lane_tat: 0,
+            flow: self.flow,
+            lane: self.lane,
+            base: Instant::now(),
+            key: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
     /// What the emitting side moves on.
     pub(crate) fn emitted(&self) -> std::sync::Arc<Emitted> {
         self.emitted.clone()

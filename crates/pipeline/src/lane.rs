@@ -9,10 +9,11 @@
 //! an express packet may overtake ([`crate::Config::express_window`]): while more than that
 //! is in flight beside it, a packet waits (at most [`crate::Config::in_flight_time`]) for the
 //! pipeline to drain, or is refused. (The batch being filled there, at most one batch, is
-//! the other thread's and not counted: the window, half a replay window, leaves room for it.) The pace of the lane as a whole is the caller's: it
-//! reads at most [`Lane::allowance`] packets at a time, so that a flood on the lane's source
-//! costs at most the lane's rate ([`crate::Config::express_rate`]), and the kernel drops the
-//! rest at that source.
+//! the other thread's and not counted: the window, half a replay window, leaves room for
+//! it.) The pace of the lane as a whole is the caller's: it reads at most
+//! [`Lane::allowance`] packets at a time, so that a flood on the lane's source costs at most
+//! the lane's rate ([`crate::Config::express_rate`]), and the kernel drops the rest at that
+//! source.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

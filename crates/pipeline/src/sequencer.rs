@@ -37,10 +37,8 @@ pub struct Sequencer<S: Stage> {
     batch_size: usize,
     inline_max: usize,
     express_window: usize,
-    /// A [`crate::Lane`]'s pace and burst, and how long it waits for room; its flows'
-    /// pace (0: without flows) and burst.
+    /// A [`crate::Lane`]'s pace and burst, and how long it waits for room.
     lane_pace: (u32, usize, Duration),
-    lane_flows: (u32, u32),
     stage: Arc<S>,
     pool: Arc<rayon::ThreadPool>,
     // Before `done_tx`: dropped first, so that once the emitter sees the channel close it
@@ -111,14 +109,6 @@ impl<S: Stage> Sequencer<S> {
                 config.express_rate,
                 config.sparse_burst as usize * 2,
                 config.in_flight_time,
-            ),
-            lane_flows: (
-                if config.ordering {
-                    config.sparse_rate
-                } else {
-                    0
-                },
-                config.sparse_burst,
             ),
             stage,
             pool,
@@ -329,7 +319,6 @@ impl<S: Stage> Sequencer<S> {
     /// [`Config::express_window`] packets in flight here. See [`crate::Lane`].
     pub fn lane<K: crate::Sink<Item = S::Item>>(&self, sink: K) -> crate::Lane<S> {
         let (rate, burst, wait_max) = self.lane_pace;
-        let (flow_rate, flow_burst) = self.lane_flows;
         crate::Lane::new(
             self.stage.clone(),
             Box::new(sink),
@@ -338,7 +327,7 @@ impl<S: Stage> Sequencer<S> {
             self.batch_size,
             self.express_window,
             (wait_max, rate, burst),
-            FlowTable::new(flow_rate, flow_burst, rate),
+            self.flows.as_ref().map(FlowTable::sibling),
         )
     }
 
