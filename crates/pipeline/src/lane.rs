@@ -86,11 +86,18 @@ impl<S: Stage> Lane<S> {
         }
     }
 
-    /// How many packets the lane may take now, at most `want`; when none, waits until one
+    /// How many packets the lane may take now, at most `want`; when none, waits until `want`
     /// (the lane's pace: [`crate::Config::express_rate`], bursts of the caller's batch).
     /// Read no more than this from the source, and the rest waits there (or is dropped
     /// there, counted by the source, when it is full).
+    ///
+    /// Out of tokens, the source is sending faster than the pace (a flood): the lane then
+    /// waits for a batch's worth rather than for one packet's, so that the flood costs its
+    /// thread a wake-up per batch, not per packet (a wake-up costs more than the packet:
+    /// 0.01-0.05 ms on the bench's VM, docs/benchmarks.md). Within the pace it never waits.
     pub fn allowance(&mut self, want: usize) -> usize {
+        #[expect(clippy::cast_precision_loss, reason = "a batch of packets, small")]
+        let batch = (want.max(1) as f64).min(self.burst);
         loop {
             let now = Instant::now();
             let elapsed = now.saturating_duration_since(self.filled).as_secs_f64();
@@ -105,7 +112,7 @@ impl<S: Stage> Lane<S> {
                 let whole = self.tokens as usize;
                 return whole.min(want);
             }
-            std::thread::sleep(Duration::from_secs_f64((1.0 - self.tokens) / self.rate));
+            std::thread::sleep(Duration::from_secs_f64((batch - self.tokens) / self.rate));
         }
     }
 

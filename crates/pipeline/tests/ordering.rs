@@ -852,8 +852,9 @@ fn a_lane_of_its_own_emits_at_once_within_the_window_and_waits_beyond_it() {
     assert_eq!(stats.rejected_full, 1 + refused, "{stats:?}");
 }
 
-/// The lane's pace: a burst at once, then one packet per interval of `express_rate`
-/// (`allowance` waits for it; only the lower bound is checked, sleeps never end early).
+/// The lane's pace: a burst at once, then one packet per interval of `express_rate`;
+/// once spent, `allowance` waits for as many as asked (up to the burst), so that a flood
+/// costs a wake-up per batch (only the lower bound is checked, sleeps never end early).
 #[test]
 fn a_lane_takes_a_burst_then_keeps_to_its_rate() {
     let config = Config {
@@ -876,13 +877,21 @@ fn a_lane_takes_a_burst_then_keeps_to_its_rate() {
     for i in 0..4 {
         lane.push(flowing(1, i, false)).unwrap();
     }
-    // Spent: the next packet waits about one interval (5 ms at 200 a second).
+    // Spent: asked for many, it waits for a burst's worth (4 intervals of 5 ms at 200 a
+    // second), not for the first packet's.
     let asked = std::time::Instant::now();
-    assert_eq!(lane.allowance(64), 1);
+    assert_eq!(lane.allowance(64), 4);
+    assert!(asked.elapsed() >= Duration::from_millis(19));
+    for i in 4..8 {
+        lane.push(flowing(1, i, false)).unwrap();
+    }
+    // Asked for one, it waits for one (about one interval).
+    let asked = std::time::Instant::now();
+    assert_eq!(lane.allowance(1), 1);
     assert!(asked.elapsed() >= Duration::from_millis(4));
     drop(seq);
     emitter.join();
-    assert_eq!(sink.seen.lock().unwrap().len(), 4);
+    assert_eq!(sink.seen.lock().unwrap().len(), 8);
 }
 
 /// A lane of its own marks a flow's packets only while the flow is sparse by the express
