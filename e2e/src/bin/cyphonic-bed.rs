@@ -102,6 +102,26 @@ enum Command {
         #[arg(long)]
         plain: bool,
     },
+    /// A device flooding the sparse class while a bulk stream runs (issue 24; the adapter's
+    /// sparse capture socket and its real-time thread): per round, one TCP stream from lanA
+    /// to lanB alone, then the same beside lanA sending 64-byte UDP datagrams to lanB's port
+    /// 53 as fast as iperf3 can (the DNS class, which the adapter's sparse socket carries),
+    /// with what adapter A's sparse side took and dropped and its thread's CPU meanwhile.
+    /// Prints lines.
+    Flood {
+        /// Seconds of each TCP measurement.
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        /// Rounds (each measures the stream alone, then beside the flood).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated.
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// Plain kernel routing instead of the tunnel (the baseline).
+        #[arg(long)]
+        plain: bool,
+    },
     /// Issue 24's latency rows in one run, as JSON (`cargo xtask bench --latency` renders
     /// them): `latency`'s three phases for plain routing, the adapter of an earlier build
     /// (`--base`), this build at its defaults and with each `--setting`, the columns
@@ -357,6 +377,12 @@ fn main() -> ExitCode {
             gro,
             plain,
         } => latency(&dataplane, count, seconds, gro, plain),
+        Command::Flood {
+            seconds,
+            rounds,
+            dataplane,
+            plain,
+        } => flood(seconds, rounds, &dataplane, plain),
         Command::LatencyTable {
             rounds,
             count,
@@ -1349,6 +1375,100 @@ fn tune(
             b["pipelines"]["ingress"]["rejected_bytes"],
             b["pipelines"]["ingress"]["rejected_late"],
             b["pipelines"]["ingress"]["batch_buffers"]
+        );
+    }
+    Ok(())
+}
+
+/// CPU time (clock ticks, 10 ms each) of process `pid`'s threads named `name`, summed.
+fn thread_ticks(pid: u32, name: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .map(|stat| {
+            // utime and stime: fields 14 and 15, counted after the name's closing parenthesis.
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .map_or("", |(_, rest)| rest)
+                .split_whitespace()
+                .collect();
+            let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+            field(14).unwrap_or(0) + field(15).unwrap_or(0)
+        })
+        .sum()
+}
+
+/// See `Command::Flood`.
+fn flood(seconds: u64, rounds: usize, dataplane: &str, plain: bool) -> anyhow::Result<()> {
+    let bed = quick_bed(&tuned(dataplane, false), plain, None)?;
+    measure::warm_up(&bed)?;
+    println!(
+        "{}",
+        if plain {
+            "plain".to_owned()
+        } else {
+            format!("tunnel [{dataplane}]")
+        }
+    );
+    // Plain routing has no adapter: its figures read 0.
+    let pid = bed.a.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid);
+    let host = bed.b.host_ip.to_string();
+    let sparse = |bed: &TwoSites| -> (u64, u64) {
+        bed.status(Side::A).map_or((0, 0), |s| {
+            (
+                s["counters"]["drop_sparse_overflow"].as_u64().unwrap_or(0),
+                s["pipelines"]["egress"]["lane"].as_u64().unwrap_or(0),
+            )
+        })
+    };
+    for round in 1..=rounds {
+        let alone = measure::tcp(&bed, 1, seconds)?;
+        println!(
+            "round {round}: 1 TCP stream alone {:.2} Gbit/s ({} retransmits)",
+            alone.gbps, alone.retransmits
+        );
+        let (before, ticks) = (sparse(&bed), thread_ticks(pid, "cy-sparse-cap"));
+        let server = bed.b.lan.spawn("iperf3", &["-s", "-1", "-p", "53"])?;
+        std::thread::sleep(Duration::from_millis(300));
+        let secs = (seconds + 3).to_string();
+        let flood = bed.a.lan.spawn(
+            "iperf3",
+            &[
+                "-J", "-u", "-c", &host, "-p", "53", "-b", "0", "-l", "64", "-t", &secs,
+            ],
+        )?;
+        std::thread::sleep(Duration::from_secs(1));
+        let beside = measure::tcp(&bed, 1, seconds);
+        let out = flood.wait(Duration::from_secs(seconds + 20))?;
+        drop(server);
+        let beside = beside?;
+        let (after, ticks) = (sparse(&bed), thread_ticks(pid, "cy-sparse-cap") - ticks);
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "iperf3 gave no JSON: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        let end = &report["end"];
+        let sent = end["sum"]["packets"].as_u64().unwrap_or(0);
+        let lost = end["sum"]["lost_packets"].as_u64().unwrap_or(0);
+        let flood_secs = (seconds + 3) as f64;
+        println!(
+            "  beside the flood {:.2} Gbit/s ({} retransmits), {:.0}% of alone; the flood: {} datagrams sent ({:.0} a second), {} arrived, {} lost; adapter A's sparse side: {} taken by its lane, {} dropped at its socket; its thread {:.0}% of a core",
+            beside.gbps,
+            beside.retransmits,
+            100.0 * beside.gbps / alone.gbps,
+            sent,
+            sent as f64 / flood_secs,
+            sent.saturating_sub(lost),
+            lost,
+            after.1 - before.1,
+            after.0 - before.0,
+            ticks as f64 / flood_secs,
         );
     }
     Ok(())
