@@ -107,30 +107,30 @@ impl FlowTable {
     /// A table with flows paced at `rate` packets a second (bursts of `burst`) and the lane
     /// at `lane_rate`; `None` when `rate` is 0 (no express lane).
     pub(crate) fn new(rate: u32, burst: u32, lane_rate: u32) -> Option<Self> {
-        (rate > 0).then(|| Self {
-            emitted: std::sync::Arc::default(),
-            tat: vec![0; FLOW_BUCKETS].into_boxed_slice(),
-            last: vec![0; FLOW_BUCKETS].into_boxed_slice(),
-            queued_at: vec![0; FLOW_BUCKETS].into_boxed_slice(),
-            lane_tat: 0,
-            flow: Pace::new(rate, burst),
-            lane: Pace::new(lane_rate.max(rate), burst.saturating_mul(2)),
-            base: Instant::now(),
-            key: std::collections::hash_map::RandomState::new(),
+        (rate > 0).then(|| {
+            Self::with_paces(
+                Pace::new(rate, burst),
+                Pace::new(lane_rate.max(rate), burst.saturating_mul(2)),
+            )
         })
     }
 
     /// A table of its own with this one's paces (for another thread: a [`crate::Lane`]),
     /// its own key and its own count of what is out.
     pub(crate) fn sibling(&self) -> Self {
+        Self::with_paces(self.flow, self.lane)
+    }
+
+    /// An empty table keeping flows to `flow` and the express lane to `lane`.
+    fn with_paces(flow: Pace, lane: Pace) -> Self {
         Self {
             emitted: std::sync::Arc::default(),
             tat: vec![0; FLOW_BUCKETS].into_boxed_slice(),
             last: vec![0; FLOW_BUCKETS].into_boxed_slice(),
             queued_at: vec![0; FLOW_BUCKETS].into_boxed_slice(),
             lane_tat: 0,
-            flow: self.flow,
-            lane: self.lane,
+            flow,
+            lane,
             base: Instant::now(),
             key: std::collections::hash_map::RandomState::new(),
         }

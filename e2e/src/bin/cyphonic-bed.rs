@@ -1380,28 +1380,6 @@ fn tune(
     Ok(())
 }
 
-/// CPU time (clock ticks, 10 ms each) of process `pid`'s threads named `name`, summed.
-fn thread_ticks(pid: u32, name: &str) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-        .map(|stat| {
-            // utime and stime: fields 14 and 15, counted after the name's closing parenthesis.
-            let fields: Vec<&str> = stat
-                .rsplit_once(')')
-                .map_or("", |(_, rest)| rest)
-                .split_whitespace()
-                .collect();
-            let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
-            field(14).unwrap_or(0) + field(15).unwrap_or(0)
-        })
-        .sum()
-}
-
 /// See `Command::Flood`.
 fn flood(seconds: u64, rounds: usize, dataplane: &str, plain: bool) -> anyhow::Result<()> {
     let bed = quick_bed(&tuned(dataplane, false), plain, None)?;
@@ -1415,7 +1393,16 @@ fn flood(seconds: u64, rounds: usize, dataplane: &str, plain: bool) -> anyhow::R
         }
     );
     // Plain routing has no adapter: its figures read 0.
-    let pid = bed.a.adapter.as_ref().map_or(0, cyphonic_e2e::Proc::pid);
+    let pid = bed.a.adapter.as_ref().map(cyphonic_e2e::Proc::pid);
+    let sparse_ticks = || -> anyhow::Result<u64> {
+        Ok(match pid {
+            Some(pid) => cyphonic_e2e::attack::thread_ticks(pid)?
+                .get("cy-sparse-cap")
+                .copied()
+                .unwrap_or(0),
+            None => 0,
+        })
+    };
     let host = bed.b.host_ip.to_string();
     let sparse = |bed: &TwoSites| -> (u64, u64) {
         bed.status(Side::A).map_or((0, 0), |s| {
@@ -1431,7 +1418,7 @@ fn flood(seconds: u64, rounds: usize, dataplane: &str, plain: bool) -> anyhow::R
             "round {round}: 1 TCP stream alone {:.2} Gbit/s ({} retransmits)",
             alone.gbps, alone.retransmits
         );
-        let (before, ticks) = (sparse(&bed), thread_ticks(pid, "cy-sparse-cap"));
+        let (before, ticks) = (sparse(&bed), sparse_ticks()?);
         let server = bed.b.lan.spawn("iperf3", &["-s", "-1", "-p", "53"])?;
         std::thread::sleep(Duration::from_millis(300));
         let secs = (seconds + 3).to_string();
@@ -1446,7 +1433,7 @@ fn flood(seconds: u64, rounds: usize, dataplane: &str, plain: bool) -> anyhow::R
         let out = flood.wait(Duration::from_secs(seconds + 20))?;
         drop(server);
         let beside = beside?;
-        let (after, ticks) = (sparse(&bed), thread_ticks(pid, "cy-sparse-cap") - ticks);
+        let (after, ticks) = (sparse(&bed), sparse_ticks()? - ticks);
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
             format!(
                 "iperf3 gave no JSON: {}",
