@@ -680,6 +680,7 @@ mod tests {
                     },
                     busy_poll: Duration::ZERO,
                     sparse_socket: true,
+                    sparse_per_cpu: true,
                     sparse_priority: 20,
                     queue_per_peer: 64,
                     buffers: 8192,

@@ -42,8 +42,9 @@ pub struct AdapterEdge<'a> {
     iface: Interface,
     /// The capture sockets (a fanout group with `lan_queues` > 1); the first also sends.
     capture: Option<Vec<PacketSocket>>,
-    /// The sparse class's capture socket (`dataplane.sparse_socket`), for its thread.
-    sparse_capture: Option<PacketSocket>,
+    /// The sparse class's capture sockets (`dataplane.sparse_socket`), one per sparse
+    /// thread (`DataPlane::sparse_threads`), for their threads.
+    sparse_capture: Vec<PacketSocket>,
     /// The LAN port's guard, held once at open and then every second by the capture thread.
     guard: Option<PortGuard>,
     lan: Arc<LanSide>,
@@ -73,26 +74,32 @@ impl<'a> AdapterEdge<'a> {
             // The queue manager judges frames by their wait in the kernel.
             timestamps: d.socket_timestamps || d.aqm.is_some(),
             // With a sparse capture socket, the others leave its frames to it.
-            filter: d.steers_sparse().then(|| steer::lan_filter(false)),
+            filter: d
+                .steers_sparse()
+                .then(|| steer::lan_filter(steer::Side::Bulk)),
             ..PacketOptions::default()
         };
         let capture = PacketSocket::open_group(&iface, &opts, lan_side.queues)?;
-        // The sparse class (ARP, ICMP, DNS, DHCP) in a socket of its own, read by a thread of
-        // its own: a ping never waits behind a download's frames.
-        let sparse_capture = d
-            .steers_sparse()
-            .then(|| {
+        // The sparse class (ARP, ICMP, DNS, DHCP) in sockets of its own, read by threads of
+        // their own: a ping never waits behind a download's frames. One per CPU, each
+        // keeping the frames its CPU received.
+        let sparse_cpus: Vec<usize> = d.sparse_threads().into_iter().flatten().collect();
+        let sparse_capture = (0..d.sparse_threads().len())
+            .map(|index| {
                 PacketSocket::open(
                     &iface,
                     &PacketOptions {
                         recv_buffer: SPARSE_BUFFER,
                         busy_poll: std::time::Duration::ZERO,
-                        filter: Some(steer::lan_filter(true)),
+                        filter: Some(steer::lan_filter(steer::Side::Sparse {
+                            cpus: &sparse_cpus,
+                            index,
+                        })),
                         ..opts.clone()
                     },
                 )
             })
-            .transpose()?;
+            .collect::<Result<Vec<_>, _>>()?;
         let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);
         tracing::info!(
             interface = %iface.name,
@@ -101,7 +108,7 @@ impl<'a> AdapterEdge<'a> {
             ignores_outgoing = capture[0].ignores_outgoing(),
             recv_buffer = capture[0].recv_buffer(),
             queues = capture.len(),
-            sparse_socket = sparse_capture.is_some(),
+            sparse_sockets = sparse_capture.len(),
             "capturing the LAN"
         );
         if (d.socket_timestamps || d.aqm.is_some()) && !capture[0].timestamps() {
@@ -275,23 +282,26 @@ impl Edge for AdapterEdge<'_> {
             Some(guard),
         );
         let mut threads = vec![core.spawn("cy-capture", move || capture.run())?];
-        if let Some(sock) = self.sparse_capture.take() {
-            let sparse = Capture::new(
-                self.lan.clone(),
-                core.shared.clone(),
-                vec![sock],
-                core.intake.clone(),
-                None,
-            );
-            // The other capture sockets leave the sparse class to this one: without its
-            // thread those frames would be lost, so its absence is an error.
-            threads.push(
-                core.spawn_sparse("cy-sparse-cap", move |sub| sparse.run_sparse(sub))?
-                    .context(
-                        "the sparse capture socket is open but the engine has no sparse lane",
-                    )?,
-            );
-        }
+        // The other capture sockets leave the sparse class to these: without their threads
+        // those frames would be lost, so a missing one is an error.
+        let sparse: Vec<Capture> = std::mem::take(&mut self.sparse_capture)
+            .into_iter()
+            .map(|sock| {
+                Capture::new(
+                    self.lan.clone(),
+                    core.shared.clone(),
+                    vec![sock],
+                    core.intake.clone(),
+                    None,
+                )
+            })
+            .collect();
+        threads.extend(
+            core.spawn_sparse("cy-sparse-cap", sparse, Capture::run_sparse)
+                .context(
+                    "the sparse capture sockets are open but the engine has no sparse lanes",
+                )?,
+        );
         tracing::info!(
             lan_block = %self.config.lan_block(),
             gateway = %self.config.gateway_vip,

@@ -590,6 +590,19 @@ struct Thread {
     dir: std::path::PathBuf,
 }
 
+impl Thread {
+    /// The CPUs it may run on, as /proc writes them (`0-1`, `0`).
+    fn cpus_allowed(&self) -> String {
+        std::fs::read_to_string(self.dir.join("status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+}
+
 /// Every thread of process `pid`.
 fn threads(pid: u32) -> Vec<Thread> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -628,13 +641,7 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
     let threads: Vec<(String, String, u32)> = threads(pid)
         .into_iter()
         .map(|t| {
-            let cpus = std::fs::read_to_string(t.dir.join("status"))
-                .unwrap()
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .unwrap()
-                .trim()
-                .to_owned();
+            let cpus = t.cpus_allowed();
             (t.name, cpus, t.stat[41 - 3].parse().unwrap())
         })
         .collect();
@@ -676,9 +683,10 @@ fn data_plane_threads_are_pinned_and_real_time_when_asked() {
     }
 }
 
-/// At the defaults only the two threads that read sparse traffic (ARP, ICMP, DNS, DHCP from
-/// the LAN; flagged frames from peers) run at a real-time priority, `sparse_priority` 20;
-/// every other thread keeps the normal scheduler.
+/// At the defaults only the threads that read sparse traffic (ARP, ICMP, DNS, DHCP from the
+/// LAN; flagged frames from peers) run at a real-time priority, `sparse_priority` 20: two
+/// per CPU (`sparse_per_cpu`), each pinned to its own; every other thread keeps the normal
+/// scheduler and every CPU.
 #[test]
 fn only_the_sparse_threads_run_at_real_time_priority_by_default() {
     let bed = bed(&BedOptions::default());
@@ -688,24 +696,48 @@ fn only_the_sparse_threads_run_at_real_time_priority_by_default() {
         .args(["-f", "20", "true"])
         .status()
         .is_ok_and(|s| s.success());
-    // (thread name, scheduling policy: 0 normal, 1 FIFO; real-time priority).
-    let threads: Vec<(String, u32, u32)> = threads(pid)
+    // (thread name, scheduling policy: 0 normal, 1 FIFO; real-time priority; CPUs allowed).
+    let threads: Vec<(String, u32, u32, String)> = threads(pid)
         .into_iter()
         .map(|t| {
+            let cpus = t.cpus_allowed();
             (
                 t.name,
                 t.stat[41 - 3].parse().unwrap(),
                 t.stat[40 - 3].parse().unwrap(),
+                cpus,
             )
         })
         .collect();
-    let sparse = ["cy-sparse-cap", "cy-sparse-rx"];
-    for name in sparse {
-        let t = threads.iter().find(|t| t.0 == name);
+    let cpus = cyphonic_netio::allowed_cpus().unwrap();
+    let names: Vec<String> = if cpus.len() < 2 {
+        vec!["cy-sparse-cap".into(), "cy-sparse-rx".into()]
+    } else {
+        cpus.iter()
+            .take(16) // cyphonic_tunnel::MAX_SPARSE_THREADS
+            .flat_map(|c| [format!("cy-sparse-cap{c}"), format!("cy-sparse-rx{c}")])
+            .collect()
+    };
+    for name in &names {
+        let t = threads.iter().find(|t| &t.0 == name);
         let want = if realtime { (1, 20) } else { (0, 0) };
         assert_eq!(t.map(|t| (t.1, t.2)), Some(want), "{name} of {threads:?}");
+        // Each on its CPU, the number it is named after.
+        if let Some(cpu) = name
+            .strip_prefix("cy-sparse-cap")
+            .or(name.strip_prefix("cy-sparse-rx"))
+            && !cpu.is_empty()
+        {
+            assert_eq!(t.unwrap().3, cpu, "{name} of {threads:?}");
+        }
     }
-    for t in threads.iter().filter(|t| !sparse.contains(&t.0.as_str())) {
+    let sparse = |name: &str| name.starts_with("cy-sparse-");
+    assert_eq!(
+        threads.iter().filter(|t| sparse(&t.0)).count(),
+        names.len(),
+        "{threads:?}"
+    );
+    for t in threads.iter().filter(|t| !sparse(&t.0)) {
         assert_eq!(t.1, 0, "{t:?} must keep the normal scheduler");
     }
     if !realtime {

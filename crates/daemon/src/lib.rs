@@ -79,9 +79,10 @@ pub struct Core {
     pub dataplane: DataPlane,
     /// What every data-plane thread runs first (placement): the edge's threads too.
     pub thread_start: ThreadStart,
-    /// The way into the tunnel for an edge thread that reads only sparse traffic, and what
-    /// such a thread runs first (placement, then `dataplane.sparse_priority`).
-    pub sparse: (SparseIntake, ThreadStart),
+    /// The ways into the tunnel for the edge's threads that read only sparse traffic, one
+    /// per `DataPlane::sparse_threads` entry, each with what its thread runs first (its CPU,
+    /// then `dataplane.sparse_priority`).
+    pub sparse: SparseIntake,
 }
 
 impl Core {
@@ -105,29 +106,44 @@ impl Core {
             .with_context(|| format!("starting the {name} thread"))
     }
 
-    /// Starts the edge's thread that reads only sparse traffic, `name`, with its way into
-    /// the tunnel; `None` (nothing started) when there is none (`dataplane.sparse_socket`
-    /// off, or taken already).
+    /// Starts the edge's threads that read only sparse traffic, one per source in `sources`
+    /// (in `DataPlane::sparse_threads`'s order, as the edge opened them), each named `name`
+    /// and its CPU, running `run` on its source with its way into the tunnel; none when
+    /// there are none (`dataplane.sparse_socket` off, or taken already).
     ///
     /// # Errors
-    /// The thread cannot start.
-    pub fn spawn_sparse(
+    /// A thread cannot start, or the engine has fewer ways in than `sources` (their frames
+    /// would never be read).
+    pub fn spawn_sparse<T: Send + 'static>(
         &self,
         name: &str,
-        run: impl FnOnce(SparseSubmitter) + Send + 'static,
-    ) -> anyhow::Result<Option<std::thread::JoinHandle<()>>> {
-        let Some(submitter) = self.sparse.0.take() else {
-            return Ok(None);
-        };
-        let place = self.sparse.1.clone();
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                (place.0)();
-                run(submitter);
+        sources: Vec<T>,
+        run: impl Fn(T, SparseSubmitter) + Clone + Send + 'static,
+    ) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+        let ways = self.sparse.take();
+        anyhow::ensure!(
+            ways.len() >= sources.len(),
+            "{} sparse sources but {} sparse lanes in the engine",
+            sources.len(),
+            ways.len()
+        );
+        let cpus = self.dataplane.sparse_threads();
+        sources
+            .into_iter()
+            .zip(ways)
+            .zip(cpus)
+            .map(|((source, (submitter, place)), cpu)| {
+                let run = run.clone();
+                let name = cpu.map_or_else(|| name.to_owned(), |c| format!("{name}{c}"));
+                std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        (place.0)();
+                        run(source, submitter);
+                    })
+                    .with_context(|| format!("starting the {name} thread"))
             })
-            .map(Some)
-            .with_context(|| format!("starting the {name} thread"))
+            .collect()
     }
 }
 
@@ -170,9 +186,9 @@ pub trait Edge {
     /// Its counters (the status document's `counters` table holds them with the engine's).
     type Counters: Serialize + CounterSet + Send + 'static;
 
-    /// An ingress sink; called two or three times before the engine starts: the emitter's,
+    /// An ingress sink; called two or more times before the engine starts: the emitter's,
     /// the express lane's own (used on the tunnel receiver's thread, beside the first), and
-    /// with `dataplane.sparse_socket` the sparse receive thread's.
+    /// with `dataplane.sparse_socket` each sparse receive thread's.
     ///
     /// # Errors
     /// What the edge cannot set up.
@@ -329,12 +345,12 @@ pub fn run<E: Edge>(
     };
 
     let (sink, express) = (edge.sink(&shared)?, edge.sink(&shared)?);
-    let lane = if dp.steers_sparse() {
-        Some(edge.sink(&shared)?)
-    } else {
-        None
-    };
-    let engine = Engine::start(dp, &shared, &udp, sink, Some(express), lane, true)?;
+    let lanes = dp
+        .sparse_threads()
+        .iter()
+        .map(|_| edge.sink(&shared))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let engine = Engine::start(dp, &shared, &udp, sink, Some(express), lanes, true)?;
     let core = Core {
         name: name.clone(),
         listen,
@@ -343,7 +359,7 @@ pub fn run<E: Edge>(
         intake: engine.intake(),
         dataplane: dp.clone(),
         thread_start: engine.thread_start(),
-        sparse: (engine.sparse_intake(), engine.sparse_thread_start()),
+        sparse: engine.sparse_intake(),
     };
     let services = {
         let _in_runtime = runtime.enter();

@@ -97,6 +97,36 @@ pub const fn ret(k: u32) -> Insn {
     insn(libc::BPF_RET | libc::BPF_K, 0, 0, k)
 }
 
+/// `ja #k`: skips `k` instructions.
+pub const fn jump(k: u32) -> Insn {
+    insn(libc::BPF_JMP | libc::BPF_JA, 0, 0, k)
+}
+
+/// `ld #cpu`: the accumulator takes the number of the CPU the kernel runs the program on
+/// (the one that received the packet: its interrupt's, or its sender's on a virtual link).
+pub const fn load_cpu() -> Insn {
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "linux/filter.h's ancillary offsets are negative offsets, as the kernel reads k"
+    )]
+    let k = (libc::SKF_AD_OFF + libc::SKF_AD_CPU) as u32;
+    insn(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, k)
+}
+
+/// The tail of a program that answers by the CPU it runs on: `answer(i)` on `cpus[i]`, and
+/// `answer(0)` on a CPU not listed (or when `cpus` is empty). For a group of sockets each
+/// read by a thread on one CPU (`cpus[i]`'s socket is `i`): a packet is then queued where
+/// its reader runs, and waking that reader never takes a message to another core.
+pub fn by_cpu(cpus: &[usize], answer: impl Fn(usize) -> u32) -> Vec<Insn> {
+    let mut program = vec![load_cpu()];
+    for (i, &cpu) in cpus.iter().enumerate() {
+        let cpu = u32::try_from(cpu).unwrap_or(u32::MAX);
+        program.extend([jump_eq(cpu, 0, 1), ret(answer(i))]);
+    }
+    program.push(ret(answer(0)));
+    program
+}
+
 /// Attaches `program` to socket `fd` as socket option `name` (`SO_ATTACH_FILTER`,
 /// `SO_ATTACH_REUSEPORT_CBPF`); the kernel checks it there.
 ///
@@ -119,6 +149,37 @@ pub(crate) fn attach(fd: libc::c_int, name: libc::c_int, program: &[Insn]) -> st
 mod tests {
     use super::*;
 
+    /// Runs `program`'s jumps and returns (a program of loads, jumps and returns only) on a
+    /// packet received on `cpu`.
+    fn run_on(program: &[Insn], cpu: u32) -> u32 {
+        let (mut pc, mut acc) = (0, 0);
+        loop {
+            let i = program[pc];
+            match u32::from(i.code) {
+                c if c == libc::BPF_RET | libc::BPF_K => return i.k,
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => acc = cpu,
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
+                    pc += usize::from(if acc == i.k { i.jt } else { i.jf });
+                }
+                c => panic!("no such instruction in these programs: {c:#x}"),
+            }
+            pc += 1;
+        }
+    }
+
+    #[test]
+    fn by_cpu_answers_each_listed_cpu_its_own_and_the_rest_the_first() {
+        let program = by_cpu(&[2, 5, 3], |i| 10 + u32::try_from(i).unwrap());
+        assert_eq!(program[0], load_cpu());
+        let answers: Vec<u32> = (0..7).map(|cpu| run_on(&program, cpu)).collect();
+        assert_eq!(answers, [10, 10, 10, 12, 10, 11, 10]);
+        // No CPUs: the one answer.
+        assert_eq!(
+            run_on(&by_cpu(&[], |i| u32::try_from(i).unwrap() + 1), 4),
+            1
+        );
+    }
+
     #[test]
     fn instructions_encode_as_linux_filter_h_does() {
         // From `tcpdump -dd` and linux/filter.h: ldb [1] = 0x30, ldh [2] = 0x28, jeq = 0x15,
@@ -137,6 +198,9 @@ mod tests {
         assert_eq!(jump_ge(34, 0, 1).code, 0x35);
         assert_eq!(jump_ge_x(0, 1).code, 0x3d);
         assert_eq!((ret(7).code, ret(7).k), (0x06, 7));
+        // ja = 0x05; ld #cpu = ld [SKF_AD_OFF + SKF_AD_CPU] = 0x20, k 0xfffff024.
+        assert_eq!((jump(2).code, jump(2).k), (0x05, 2));
+        assert_eq!((load_cpu().code, load_cpu().k), (0x20, 0xffff_f024));
         assert!(
             attach(-1, libc::SO_ATTACH_FILTER, &[]).is_err(),
             "an empty program"

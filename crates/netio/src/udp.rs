@@ -381,8 +381,9 @@ impl UdpSocket {
 
     /// A second socket on this one's port (bound with [`UdpOptions::steering`]) to which the
     /// kernel steers the datagrams `program` picks: the program sees each datagram's payload
-    /// from offset 0 and answers 1 for the companion, 0 for this socket (the port's sockets
-    /// in the order they were bound). Each socket has its own queue, so what the program
+    /// from offset 0 and answers the socket's number, 0 for this one, 1 for the first
+    /// companion, 2 for the next (the port's sockets in the order they were bound; each call
+    /// attaches `program` anew and binds the next). Each socket has its own queue, so what the program
     /// picks never waits behind the rest. The companion is opened with `opts` (its own
     /// buffers; coalescing as asked), and ends its share of the port when dropped.
     ///

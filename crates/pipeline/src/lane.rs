@@ -15,7 +15,7 @@
 //! the lane's rate ([`crate::Config::express_rate`]), and the kernel drops the rest at that
 //! source.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::counters::Counters;
@@ -36,18 +36,24 @@ pub struct Lane<S: Stage> {
     flows: Option<FlowTable>,
     /// Packets [`Lane::push_flow`] took unmarked, and of those how many are out (flushed).
     unmarked: u64,
-    /// The lane's pace (a token bucket): packets it may take now, and when it last filled.
-    tokens: f64,
-    filled: Instant,
+    /// The lane's pace, shared with its siblings ([`Lane::sibling`]).
+    pace: Arc<Mutex<Pace>>,
     rate: f64,
     burst: f64,
+}
+
+/// A token bucket: packets the lanes sharing it may take now, and when it last filled.
+#[derive(Debug)]
+struct Pace {
+    tokens: f64,
+    filled: Instant,
 }
 
 impl<S: Stage> core::fmt::Debug for Lane<S> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Lane")
             .field("rate", &self.rate)
-            .field("tokens", &self.tokens)
+            .field("pace", &self.pace)
             .finish_non_exhaustive()
     }
 }
@@ -79,11 +85,38 @@ impl<S: Stage> Lane<S> {
             wait_max,
             flows,
             unmarked: 0,
-            tokens: burst,
-            filled: Instant::now(),
+            pace: Arc::new(Mutex::new(Pace {
+                tokens: burst,
+                filled: Instant::now(),
+            })),
             rate: f64::from(rate.max(1)),
             burst,
         }
+    }
+
+    /// A second lane beside this one, into `sink`, for another thread reading another source
+    /// of the same traffic (a socket per CPU): the same stage, counters and pipeline beside,
+    /// a flow table of its own, and this lane's pace, so that the lanes together take no more
+    /// than one lane's rate.
+    pub fn sibling(&self, sink: Box<dyn Sink<Item = S::Item>>) -> Self {
+        Self {
+            stage: self.stage.clone(),
+            sink,
+            beside: self.beside.clone(),
+            counters: self.counters.clone(),
+            batch_size: self.batch_size,
+            express_window: self.express_window,
+            wait_max: self.wait_max,
+            flows: self.flows.as_ref().map(FlowTable::sibling),
+            unmarked: 0,
+            pace: self.pace.clone(),
+            rate: self.rate,
+            burst: self.burst,
+        }
+    }
+
+    fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
+        self.pace.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How many packets the lane may take now, at most `want`; when none, waits until `want`
@@ -100,19 +133,23 @@ impl<S: Stage> Lane<S> {
         let batch = (want.max(1) as f64).min(self.burst);
         loop {
             let now = Instant::now();
-            let elapsed = now.saturating_duration_since(self.filled).as_secs_f64();
-            self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-            self.filled = now;
-            if self.tokens >= 1.0 {
+            let tokens = {
+                let mut pace = self.pace();
+                let elapsed = now.saturating_duration_since(pace.filled).as_secs_f64();
+                pace.tokens = (pace.tokens + elapsed * self.rate).min(self.burst);
+                pace.filled = now;
+                pace.tokens
+            };
+            if tokens >= 1.0 {
                 #[expect(
                     clippy::cast_possible_truncation,
                     clippy::cast_sign_loss,
                     reason = "tokens lie in 1..=burst, a small positive count"
                 )]
-                let whole = self.tokens as usize;
+                let whole = tokens as usize;
                 return whole.min(want);
             }
-            std::thread::sleep(Duration::from_secs_f64((batch - self.tokens) / self.rate));
+            std::thread::sleep(Duration::from_secs_f64((batch - tokens) / self.rate));
         }
     }
 
@@ -155,7 +192,10 @@ impl<S: Stage> Lane<S> {
     }
 
     fn take(&mut self, item: S::Item, mark: bool) -> Result<(), Rejected<S::Item>> {
-        self.tokens = (self.tokens - 1.0).max(0.0);
+        {
+            let mut pace = self.pace();
+            pace.tokens = (pace.tokens - 1.0).max(0.0);
+        }
         let arrived = Instant::now();
         while self.beside.in_flight() * self.batch_size > self.express_window {
             if arrived.elapsed() > self.wait_max {

@@ -894,6 +894,54 @@ fn a_lane_takes_a_burst_then_keeps_to_its_rate() {
     assert_eq!(sink.seen.lock().unwrap().len(), 8);
 }
 
+/// Sibling lanes (one per CPU's socket) share one pace: what one took, the other may not,
+/// and each sends into its own sink.
+#[test]
+fn sibling_lanes_share_one_pace() {
+    let config = Config {
+        express_rate: 200,
+        sparse_burst: 2,
+        ..lane_config(8)
+    };
+    let (first, second) = (Arrivals::default(), Arrivals::default());
+    let (seq, emitter) = start(
+        &config,
+        pool(1),
+        GateStage(Arc::new(AtomicBool::new(true))),
+        first.clone(),
+    )
+    .unwrap();
+    let mut lane = seq.lane(first.clone());
+    let mut sibling = lane.sibling(Box::new(second.clone()));
+    assert_eq!(
+        sibling.allowance(64),
+        4,
+        "a whole burst before either took any"
+    );
+    for i in 0..3 {
+        lane.push(flowing(1, i, false)).unwrap();
+    }
+    assert_eq!(
+        sibling.allowance(64),
+        1,
+        "what the first lane took is gone for both"
+    );
+    sibling.push(flowing(2, 0, false)).unwrap();
+    // Spent for both: the sibling waits a burst's worth (4 intervals of 5 ms).
+    let asked = std::time::Instant::now();
+    assert_eq!(sibling.allowance(64), 4);
+    assert!(asked.elapsed() >= Duration::from_millis(19));
+    drop(seq);
+    emitter.join();
+    assert_eq!(
+        (
+            first.seen.lock().unwrap().len(),
+            second.seen.lock().unwrap().len()
+        ),
+        (3, 1)
+    );
+}
+
 /// A lane of its own marks a flow's packets only while the flow is sparse by the express
 /// lane's rules (its pace; its last unmarked packet out, flushed, and settled), and sends
 /// every packet at once, marked or not, in the order taken.

@@ -84,6 +84,8 @@ macro_rules! dataplane_table {
             busy_poll_us: toml::Spanned<u32>,
             #[serde(default = "cyphonic_settings::defaults::yes")]
             sparse_socket: bool,
+            #[serde(default = "cyphonic_settings::defaults::yes")]
+            sparse_per_cpu: bool,
             #[serde(default = "cyphonic_settings::defaults::sparse_priority")]
             sparse_priority: toml::Spanned<u8>,
             #[serde(default = "cyphonic_settings::defaults::queue_per_peer")]
@@ -119,6 +121,7 @@ macro_rules! dataplane_table {
                     realtime_priority: $crate::defaults::realtime_priority(),
                     busy_poll_us: $crate::defaults::busy_poll_us(),
                     sparse_socket: true,
+                    sparse_per_cpu: true,
                     sparse_priority: $crate::defaults::sparse_priority(),
                     queue_per_peer: $crate::defaults::queue_per_peer(),
                     buffers: $crate::defaults::buffers(),
@@ -181,6 +184,7 @@ macro_rules! dataplane_table {
                         *self.busy_poll_us.get_ref(),
                     )),
                     sparse_socket: self.sparse_socket,
+                    sparse_per_cpu: self.sparse_per_cpu,
                     sparse_priority: *self.sparse_priority.get_ref(),
                     queue_per_peer: self.queue_per_peer,
                     buffers: *self.buffers.get_ref(),

@@ -96,6 +96,13 @@ pub struct DataPlane {
     /// (with the express lane on, `sparse_rate` > 0): a ping from a peer never waits behind
     /// the bulk frames in the tunnel socket's queue, nor behind the receive thread's work.
     pub sparse_socket: bool,
+    /// With `sparse_socket`: one sparse socket and thread per CPU (of `placement.cpus`, or
+    /// of those the process may use, at most [`MAX_SPARSE_THREADS`]), each thread on its
+    /// CPU, the kernel putting a sparse packet in the socket of the CPU that received it:
+    /// waking its reader is then a switch on that core, never a message to another one
+    /// (which wakes an idle core: 0.03-0.05 ms on the bench's VM, docs/benchmarks.md).
+    /// Off: one socket and thread, placed as the data plane.
+    pub sparse_per_cpu: bool,
     /// `SCHED_FIFO` priority of the threads that read only sparse traffic (the sparse
     /// sockets' lanes; 0: the normal scheduler). They carry at most the express lane's rate
     /// ([`cyphonic_pipeline::Config::express_rate`]), so they run the moment a packet
@@ -137,6 +144,7 @@ impl Default for DataPlane {
             placement: Placement::default(),
             busy_poll: Duration::ZERO,
             sparse_socket: true,
+            sparse_per_cpu: true,
             sparse_priority: 20,
             queue_per_peer: 64,
             buffers: 8192,
@@ -182,6 +190,28 @@ impl DataPlane {
         self.sparse_socket && self.sparse_rate > 0
     }
 
+    /// The threads that read only sparse traffic, one per entry, by the CPU each runs on
+    /// ([`DataPlane::sparse_per_cpu`]; `None`: placed as the data plane); none without
+    /// [`DataPlane::steers_sparse`]. The same on every call: the edge opens its sparse
+    /// sockets by it, and the engine its lanes.
+    pub fn sparse_threads(&self) -> Vec<Option<usize>> {
+        if !self.steers_sparse() {
+            return Vec::new();
+        }
+        let cpus = if self.placement.cpus.is_empty() {
+            cyphonic_netio::allowed_cpus().unwrap_or_default()
+        } else {
+            self.placement.cpus.clone()
+        };
+        if !self.sparse_per_cpu || cpus.len() < 2 {
+            return vec![None];
+        }
+        cpus.into_iter()
+            .take(MAX_SPARSE_THREADS)
+            .map(Some)
+            .collect()
+    }
+
     /// How the sparse companion is opened: a queue of its own for a paced lane (1 MiB holds
     /// its burst many times over), stamps as the tunnel socket's, nothing to coalesce or
     /// segment, no busy polling.
@@ -212,17 +242,42 @@ impl DataPlane {
     }
 }
 
+/// At most this many sparse threads of each kind ([`DataPlane::sparse_per_cpu`]): packets
+/// received on the CPUs past them go to the first one's socket.
+pub const MAX_SPARSE_THREADS: usize = 16;
+
 /// The sparse companion's kernel buffers, bytes.
 const SPARSE_BUFFER: usize = 1 << 20;
 
-/// The set-up of a thread that reads only sparse traffic: `placement`, then the real-time
-/// `priority` (if any), each refusal warned once (the thread runs on, at normal priority).
-fn sparse_thread_start(placement: &Placement, priority: u8) -> ThreadStart {
-    let (place, warned, floor) = (
-        thread_start(placement.clone()),
-        std::sync::atomic::AtomicBool::new(false),
-        placement.realtime_priority,
-    );
+/// The set-up of the threads that read only sparse traffic, one per entry of
+/// [`DataPlane::sparse_threads`]: each on its CPU (or placed as the data plane), then at the
+/// real-time `dp.sparse_priority` (if any); a refusal is warned once for all of them (the
+/// threads run on, at normal priority).
+fn sparse_thread_starts(dp: &DataPlane) -> Vec<ThreadStart> {
+    let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    dp.sparse_threads()
+        .into_iter()
+        .map(|cpu| {
+            let placement = match cpu {
+                Some(cpu) => Placement {
+                    cpus: vec![cpu],
+                    realtime_priority: dp.placement.realtime_priority,
+                },
+                None => dp.placement.clone(),
+            };
+            sparse_thread_start(&placement, dp.sparse_priority, warned.clone())
+        })
+        .collect()
+}
+
+/// The set-up of one thread that reads only sparse traffic: `placement`, then the real-time
+/// `priority` (if any), a refusal warned once (by `warned`).
+fn sparse_thread_start(
+    placement: &Placement,
+    priority: u8,
+    warned: Arc<std::sync::atomic::AtomicBool>,
+) -> ThreadStart {
+    let (place, floor) = (thread_start(placement.clone()), placement.realtime_priority);
     ThreadStart(Arc::new(move || {
         (place.0)();
         // Never below the data plane's own (`realtime_priority`), which the placement set.
@@ -324,51 +379,61 @@ fn watch_network(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
         .ok()
 }
 
-/// Opens the tunnel socket's sparse companion and starts its receive thread, delivering
-/// through `lane`; `None` (warned) where the socket has none or the kernel refuses: the
-/// flagged frames then take the tunnel socket's express lane, as without.
+/// Opens the tunnel socket's sparse companions and starts their receive threads, one per
+/// `lanes` entry (its lane, and what its thread runs first); none (warned) where the socket
+/// has none or the kernel refuses: the flagged frames then take the tunnel socket's express
+/// lane, as without.
 fn start_sparse(
     dp: &DataPlane,
     shared: &Arc<Shared>,
     socket: &dyn TunnelSocket,
-    lane: cyphonic_pipeline::Lane<OpenStage>,
-    place: &ThreadStart,
-) -> Result<Option<std::thread::JoinHandle<()>>, StartError> {
-    let companion = match socket.sparse_companion(&dp.sparse_options()) {
-        Ok(Some(c)) => c,
-        Ok(None) => return Ok(None),
+    lanes: Vec<(cyphonic_pipeline::Lane<OpenStage>, ThreadStart)>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, StartError> {
+    let threads: Vec<_> = dp.sparse_threads().into_iter().take(lanes.len()).collect();
+    let companions = match socket.sparse_companions(&dp.sparse_options(), &threads) {
+        Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "no socket of its own for the peers' sparse frames (dataplane.sparse_socket): they queue in the tunnel socket's");
-            return Ok(None);
+            return Ok(Vec::new());
         }
     };
-    let receiver = Receiver::sparse(shared.clone(), companion, lane);
-    let place = place.clone();
-    std::thread::Builder::new()
-        .name("cy-sparse-rx".into())
-        .spawn(move || {
-            (place.0)();
-            receiver.run();
+    companions
+        .into_iter()
+        .zip(lanes)
+        .zip(threads)
+        .map(|((companion, (lane, place)), cpu)| {
+            let receiver = Receiver::sparse(shared.clone(), companion, lane);
+            std::thread::Builder::new()
+                .name(cpu.map_or_else(|| "cy-sparse-rx".into(), |c| format!("cy-sparse-rx{c}")))
+                .spawn(move || {
+                    (place.0)();
+                    receiver.run();
+                })
+                .map_err(|source| StartError::Io {
+                    what: "starting a sparse receive thread",
+                    source,
+                })
         })
-        .map(Some)
-        .map_err(|source| StartError::Io {
-            what: "starting the sparse receive thread",
-            source,
-        })
+        .collect()
 }
 
-/// Holds the [`SparseSubmitter`] until the edge's sparse thread takes it.
+/// Holds the [`SparseSubmitter`]s until the edge's sparse threads take them, one per
+/// [`DataPlane::sparse_threads`] entry, each with what its thread runs first.
 #[derive(Debug, Clone)]
-pub struct SparseIntake(Arc<std::sync::Mutex<Option<SparseSubmitter>>>);
+pub struct SparseIntake(Arc<std::sync::Mutex<Vec<(SparseSubmitter, ThreadStart)>>>);
 
 impl SparseIntake {
-    /// The sparse lane's way into the tunnel; `None` when it was taken, or there is none
-    /// (`dataplane.sparse_socket` off, no express lane).
-    pub fn take(&self) -> Option<SparseSubmitter> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+    /// The sparse lanes' ways into the tunnel, each with what its thread runs first (its
+    /// CPU, then `dataplane.sparse_priority`), in [`DataPlane::sparse_threads`]'s order;
+    /// none when they were taken, or there are none (`dataplane.sparse_socket` off, no
+    /// express lane).
+    pub fn take(&self) -> Vec<(SparseSubmitter, ThreadStart)> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 }
 
@@ -385,23 +450,23 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     intake: Intake,
     sparse_intake: SparseIntake,
     receiver: std::thread::JoinHandle<()>,
-    /// The sparse companion's receive thread, if it has one.
-    sparse: Option<std::thread::JoinHandle<()>>,
+    /// The sparse companions' receive threads, if it has them.
+    sparse: Vec<std::thread::JoinHandle<()>>,
     handshaker: std::thread::JoinHandle<()>,
     watcher: Option<std::thread::JoinHandle<()>>,
     egress_emit: Emitter<SocketSink>,
     ingress_emit: Emitter<K>,
     place: ThreadStart,
-    place_sparse: ThreadStart,
 }
 
 impl<K: Sink<Item = Incoming>> Engine<K> {
     /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`; the
     /// ingress express lane into `express`, a second sink to the same place, if given), the
     /// receive thread on `socket` and the handshake thread, which answers as the shared
-    /// state's identity; with [`DataPlane::sparse_socket`] and a third sink `lane`, the
-    /// receive thread of the socket's sparse companion, delivering into `lane` (where the
-    /// socket has none, or the kernel refuses, the tunnel runs without, warned);
+    /// state's identity; with [`DataPlane::sparse_socket`] and sinks `lanes` (one per
+    /// [`DataPlane::sparse_threads`] entry), the receive threads of the socket's sparse
+    /// companions, delivering into them (where the socket has none, or the kernel refuses,
+    /// the tunnel runs without, warned);
     /// with `watch`, also the thread that tells the control thread when this host's
     /// addresses change.
     ///
@@ -413,7 +478,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         socket: &dyn TunnelSocket,
         sink: K,
         express: Option<K>,
-        lane: Option<K>,
+        lanes: Vec<K>,
         watch: bool,
     ) -> Result<Self, StartError> {
         let io = |what| move |source| StartError::Io { what, source };
@@ -428,7 +493,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             );
         }
         let place = thread_start(dp.placement.clone());
-        let place_sparse = sparse_thread_start(&dp.placement, dp.sparse_priority);
+        let place_sparse = sparse_thread_starts(dp);
         let rayon = Arc::new({
             let place = place.clone();
             rayon::ThreadPoolBuilder::new()
@@ -495,27 +560,51 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             egress_seq.counters().clone(),
             ingress_seq.counters().clone(),
         );
-        let sparse = match lane.filter(|_| dp.steers_sparse()) {
-            Some(lane) => start_sparse(dp, shared, socket, ingress_seq.lane(lane), &place_sparse)?,
-            None => None,
-        };
-        // The edge's sparse lane (the adapter's sparse capture socket) sends through a
-        // socket handle of its own, beside the pipeline.
-        let egress_lane = if dp.steers_sparse() {
-            Some(egress_seq.lane(socket_sink()?))
-        } else {
-            None
-        };
+        // One lane per sparse thread, all at one pace.
+        let mut sparse = Vec::new();
+        if dp.steers_sparse() {
+            let mut lanes = lanes.into_iter();
+            if let Some(first) = lanes.next() {
+                let first = ingress_seq.lane(first);
+                let siblings: Vec<_> = lanes
+                    .take(place_sparse.len().saturating_sub(1))
+                    .map(|k| first.sibling(Box::new(k)))
+                    .collect();
+                let lanes = std::iter::once(first)
+                    .chain(siblings)
+                    .zip(place_sparse.iter().cloned())
+                    .collect();
+                sparse = start_sparse(dp, shared, socket, lanes)?;
+            }
+        }
+        // The edge's sparse lanes (the adapter's sparse capture sockets) send through socket
+        // handles of their own, beside the pipeline.
+        let mut egress_lanes = Vec::new();
+        if dp.steers_sparse() {
+            let first = egress_seq.lane(socket_sink()?);
+            for _ in 1..place_sparse.len() {
+                egress_lanes.push(first.sibling(Box::new(socket_sink()?)));
+            }
+            egress_lanes.insert(0, first);
+        }
         let intake = Intake::new(Submitter::new(
             shared.clone(),
             egress_seq,
             dp.queue_per_peer,
             dp.buffers / crate::egress::QUEUED_SHARE_OF_BUFFERS,
         ));
-        let sparse_intake =
-            SparseIntake(Arc::new(std::sync::Mutex::new(egress_lane.map(|lane| {
-                SparseSubmitter::new(shared.clone(), lane, intake.clone())
-            }))));
+        let sparse_intake = SparseIntake(Arc::new(std::sync::Mutex::new(
+            egress_lanes
+                .into_iter()
+                .zip(place_sparse)
+                .map(|(lane, place)| {
+                    (
+                        SparseSubmitter::new(shared.clone(), lane, intake.clone()),
+                        place,
+                    )
+                })
+                .collect(),
+        )));
         // Our static key stays for the life of the engine (only certificates and trust are
         // replaced while running), so the gate's mac1 key does too.
         let identity_key = shared.identity().public_key();
@@ -566,7 +655,6 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             egress_emit,
             ingress_emit,
             place,
-            place_sparse,
         })
     }
 
@@ -576,13 +664,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         self.place.clone()
     }
 
-    /// What a thread that reads only sparse traffic runs first: the placement, then
-    /// [`DataPlane::sparse_priority`]. For the edge's own sparse lane.
-    pub fn sparse_thread_start(&self) -> ThreadStart {
-        self.place_sparse.clone()
-    }
-
-    /// The way into the tunnel for the edge's thread that reads only sparse traffic, once
+    /// The ways into the tunnel for the edge's threads that read only sparse traffic, once
     /// ([`SparseIntake::take`]); with [`DataPlane::sparse_socket`].
     pub fn sparse_intake(&self) -> SparseIntake {
         self.sparse_intake.clone()
@@ -609,14 +691,18 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         self.shared.running.store(false, Ordering::Relaxed);
         self.intake.close();
         let joined = self.receiver.join();
-        let sparse_joined = self.sparse.map(std::thread::JoinHandle::join);
+        let sparse_panicked = self
+            .sparse
+            .into_iter()
+            .map(std::thread::JoinHandle::join)
+            .any(|j| j.is_err());
         let _ = self.handshaker.join();
         if let Some(w) = self.watcher {
             let _ = w.join();
         }
         let _ = self.egress_emit.join();
         let sink = self.ingress_emit.join();
-        if let Some(Err(_)) = sparse_joined {
+        if sparse_panicked {
             return Err(StartError::Io {
                 what: "the sparse receive thread",
                 source: std::io::Error::other("panicked"),

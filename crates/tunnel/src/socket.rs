@@ -57,25 +57,32 @@ pub trait TunnelSocket: Send + std::fmt::Debug {
     /// It cannot be read.
     fn local_addr(&self) -> io::Result<SocketAddr>;
 
-    /// A second socket on this one's port to which the underlay steers the data frames
-    /// flagged sparse ([`sparse_program`]), with a queue of its own, opened with `opts`;
-    /// `None` where the socket has no such thing (the default: the in-memory link).
+    /// Sockets on this one's port to which the underlay steers the data frames flagged
+    /// sparse ([`sparse_program`]), one per entry of `threads` (the CPU its reader runs on,
+    /// [`crate::DataPlane::sparse_threads`]), each with a queue of its own, opened with
+    /// `opts`; none where the socket has no such thing (the default: the in-memory link).
     ///
     /// # Errors
     /// The kernel refused (the socket was not opened for steering, or the kernel is older
     /// than Linux 4.5).
-    fn sparse_companion(&self, opts: &UdpOptions) -> io::Result<Option<Box<dyn TunnelSocket>>> {
-        let _ = opts;
-        Ok(None)
+    fn sparse_companions(
+        &self,
+        opts: &UdpOptions,
+        threads: &[Option<usize>],
+    ) -> io::Result<Vec<Box<dyn TunnelSocket>>> {
+        let _ = (opts, threads);
+        Ok(Vec::new())
     }
 }
 
-/// The classic BPF program that steers a datagram to the sparse companion (answers 1) when it
-/// is a data frame of our version flagged `FLAG_SPARSE` (docs/protocol.md §1), and to the
-/// tunnel socket (0) otherwise. The flag is a hint, unauthenticated until the frame opens: a
-/// forged one only moves the datagram to the companion, which takes no more than the express
-/// lane's rate and opens nothing it would not have opened anyway.
-pub fn sparse_program() -> [cbpf::Insn; 8] {
+/// The classic BPF program that steers a datagram to a sparse companion when it is a data
+/// frame of our version flagged `FLAG_SPARSE` (docs/protocol.md §1), and to the tunnel
+/// socket (0) otherwise: companion `1 + i` when the program runs on `cpus[i]` (the CPU that
+/// received the datagram, where that companion's reader runs), companion 1 elsewhere or
+/// without `cpus`. The flag is a hint, unauthenticated until the frame opens: a forged one
+/// only moves the datagram to a companion, which together take no more than the express
+/// lane's rate and open nothing the tunnel socket would not have opened anyway.
+pub fn sparse_program(cpus: &[usize]) -> Vec<cbpf::Insn> {
     let data = u32::from(u8::from(MessageType::Data));
     #[expect(clippy::cast_possible_truncation, reason = "header offsets: 0 to 3")]
     let (version, kind, flags) = (
@@ -83,16 +90,21 @@ pub fn sparse_program() -> [cbpf::Insn; 8] {
         field::TYPE as u32,
         field::FLAGS.start as u32,
     );
-    [
+    let mut program = vec![
         cbpf::load_byte(version),
-        cbpf::jump_eq(u32::from(VERSION), 0, 5),
+        cbpf::jump_eq(u32::from(VERSION), 0, 4),
         cbpf::load_byte(kind),
-        cbpf::jump_eq(data, 0, 3),
+        cbpf::jump_eq(data, 0, 2),
         cbpf::load_half(flags),
-        cbpf::jump_set(u32::from(FLAG_SPARSE), 0, 1),
-        cbpf::ret(1),
-        cbpf::ret(0),
-    ]
+        cbpf::jump_set(u32::from(FLAG_SPARSE), 1, 0),
+        cbpf::ret(0), // 6: the tunnel socket; a companion's answer from 7 on
+    ];
+    if cpus.is_empty() {
+        program.push(cbpf::ret(1));
+    } else {
+        program.extend(cbpf::by_cpu(cpus, |i| u32::try_from(i + 1).unwrap_or(1)));
+    }
+    program
 }
 
 impl TunnelSocket for UdpSocket {
@@ -124,11 +136,22 @@ impl TunnelSocket for UdpSocket {
         Self::local_addr(self)
     }
 
-    fn sparse_companion(&self, opts: &UdpOptions) -> io::Result<Option<Box<dyn TunnelSocket>>> {
-        let companion = self
-            .steered(&sparse_program(), opts)
-            .map_err(io::Error::other)?;
-        Ok(Some(Box::new(companion)))
+    fn sparse_companions(
+        &self,
+        opts: &UdpOptions,
+        threads: &[Option<usize>],
+    ) -> io::Result<Vec<Box<dyn TunnelSocket>>> {
+        let cpus: Vec<usize> = threads.iter().flatten().copied().collect();
+        let program = sparse_program(&cpus);
+        // The port's sockets are numbered in the order they were bound: the companions
+        // 1, 2, .. as `threads`.
+        threads
+            .iter()
+            .map(|_| {
+                let companion = self.steered(&program, opts).map_err(io::Error::other)?;
+                Ok(Box::new(companion) as Box<dyn TunnelSocket>)
+            })
+            .collect()
     }
 }
 
@@ -178,6 +201,66 @@ mod tests {
         }
     }
 
+    /// One companion per CPU: a flagged frame goes to the companion of the CPU that received
+    /// it (on loopback, the sender's: the test pins itself to each in turn).
+    #[test]
+    fn each_cpu_s_flagged_frames_go_to_that_cpu_s_companion() {
+        let cpus = cyphonic_netio::allowed_cpus().unwrap();
+        if cpus.len() < 2 {
+            eprintln!("one CPU: nothing to steer between");
+            return;
+        }
+        let cpus = &cpus[..2];
+        let opts = UdpOptions {
+            steering: true,
+            coalescing: false,
+            recv_timeout: Some(Duration::from_millis(50)),
+            ..UdpOptions::default()
+        };
+        let mut main = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+        let threads: Vec<Option<usize>> = cpus.iter().copied().map(Some).collect();
+        let mut companions = match main.sparse_companions(&opts, &threads) {
+            Ok(c) => c,
+            Err(e) => {
+                assert!(std::env::consts::ARCH != "x86_64", "{e}");
+                eprintln!("steering refused (emulated?): not checked here: {e}");
+                return;
+            }
+        };
+        assert_eq!(companions.len(), 2);
+        let to = TunnelSocket::local_addr(&main).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        // From each CPU: a flagged frame (marked by its length) and an unflagged one.
+        let sender = std::thread::spawn(move || {
+            for (i, &cpu) in threads.iter().flatten().enumerate() {
+                cyphonic_netio::Placement {
+                    cpus: vec![cpu],
+                    realtime_priority: 0,
+                }
+                .apply()
+                .unwrap();
+                tx.send_to(&frame(MessageType::Data, FLAG_SPARSE, 100 + i), to)
+                    .unwrap();
+                tx.send_to(&frame(MessageType::Data, 0, 1400), to).unwrap();
+            }
+        });
+        sender.join().unwrap();
+        let data = u8::from(MessageType::Data);
+        for (i, companion) in companions.iter_mut().enumerate() {
+            let mut buf = vec![0u8; 2048];
+            let mut meta = [DatagramMeta::default()];
+            let n = companion
+                .recv_batch(&mut [&mut buf[..]], &mut meta)
+                .unwrap();
+            assert_eq!((n, meta[0].len), (1, HEADER_LEN + 100 + i), "companion {i}");
+            assert_eq!(received(companion.as_mut()), [], "companion {i}: one only");
+        }
+        assert_eq!(
+            received(&mut main),
+            [(VERSION, data, 0), (VERSION, data, 0)]
+        );
+    }
+
     #[test]
     fn the_kernel_steers_flagged_data_frames_to_the_sparse_companion_and_nothing_else() {
         let opts = UdpOptions {
@@ -186,11 +269,14 @@ mod tests {
             ..UdpOptions::default()
         };
         let mut main = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
-        let mut companion = match main.sparse_companion(&UdpOptions {
-            coalescing: false,
-            ..opts.clone()
-        }) {
-            Ok(c) => c.expect("a real socket has a companion"),
+        let mut companion = match main.sparse_companions(
+            &UdpOptions {
+                coalescing: false,
+                ..opts.clone()
+            },
+            &[None],
+        ) {
+            Ok(mut c) => c.pop().expect("a real socket has a companion"),
             // qemu-user (the aarch64 test run) does not translate SO_ATTACH_REUSEPORT_CBPF;
             // a kernel (4.5 and later) takes it.
             Err(e) => {

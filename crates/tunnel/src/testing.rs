@@ -515,7 +515,7 @@ impl End {
             &socket,
             sink.clone(),
             Some(sink.clone()),
-            Some(sink),
+            dp.sparse_threads().iter().map(|_| sink.clone()).collect(),
             false,
         )
         .expect("the engine starts");

@@ -1396,10 +1396,12 @@ fn flood(seconds: u64, rounds: usize, dataplane: &str, plain: bool) -> anyhow::R
     let pid = bed.a.adapter.as_ref().map(cyphonic_e2e::Proc::pid);
     let sparse_ticks = || -> anyhow::Result<u64> {
         Ok(match pid {
+            // One per CPU by default (`cy-sparse-cap0`, ..), or one.
             Some(pid) => cyphonic_e2e::attack::thread_ticks(pid)?
-                .get("cy-sparse-cap")
-                .copied()
-                .unwrap_or(0),
+                .iter()
+                .filter(|(name, _)| name.starts_with("cy-sparse-cap"))
+                .map(|(_, ticks)| ticks)
+                .sum(),
             None => 0,
         })
     };
