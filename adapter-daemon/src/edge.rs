@@ -74,32 +74,28 @@ impl<'a> AdapterEdge<'a> {
             // The queue manager judges frames by their wait in the kernel.
             timestamps: d.socket_timestamps || d.aqm.is_some(),
             // With a sparse capture socket, the others leave its frames to it.
-            filter: d
-                .steers_sparse()
-                .then(|| steer::lan_filter(steer::Side::Bulk)),
+            filter: d.steers_sparse().then(|| steer::lan_filter(false)),
             ..PacketOptions::default()
         };
         let capture = PacketSocket::open_group(&iface, &opts, lan_side.queues)?;
         // The sparse class (ARP, ICMP, DNS, DHCP) in sockets of its own, read by threads of
-        // their own: a ping never waits behind a download's frames. One per CPU, each
-        // keeping the frames its CPU received.
-        let sparse_cpus: Vec<usize> = d.sparse_threads().into_iter().flatten().collect();
-        let sparse_capture = (0..d.sparse_threads().len())
-            .map(|index| {
-                PacketSocket::open(
-                    &iface,
-                    &PacketOptions {
-                        recv_buffer: SPARSE_BUFFER,
-                        busy_poll: std::time::Duration::ZERO,
-                        filter: Some(steer::lan_filter(steer::Side::Sparse {
-                            cpus: &sparse_cpus,
-                            index,
-                        })),
-                        ..opts.clone()
-                    },
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // their own: a ping never waits behind a download's frames. One per CPU (the kernel
+        // gives each the frames its CPU received), or one.
+        let sparse_threads = d.sparse_threads().len();
+        let sparse_capture = if sparse_threads == 0 {
+            Vec::new()
+        } else {
+            PacketSocket::open_per_cpu(
+                &iface,
+                &PacketOptions {
+                    recv_buffer: SPARSE_BUFFER,
+                    busy_poll: std::time::Duration::ZERO,
+                    filter: Some(steer::lan_filter(true)),
+                    ..opts.clone()
+                },
+                sparse_threads,
+            )?
+        };
         let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);
         tracing::info!(
             interface = %iface.name,

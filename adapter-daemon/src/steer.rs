@@ -12,38 +12,23 @@
 //! else, IPv6 and VLAN-tagged frames included (the adapter drops those), is bulk.
 
 use cyphonic_netio::cbpf::{
-    Insn, by_cpu, jump, jump_eq, jump_ge, jump_ge_x, jump_set, load_byte, load_half,
-    load_half_at_x, load_len, load_x_ipv4_header_len, ret, sub,
+    Insn, jump_eq, jump_ge, jump_ge_x, jump_set, load_byte, load_half, load_half_at_x, load_len,
+    load_x_ipv4_header_len, ret, sub,
 };
 
 /// A socket filter's answer for a frame it keeps: all of it (however large a coalesced frame).
 const KEEP: u32 = u32::MAX;
 
-/// Which capture socket a filter is for.
-#[derive(Debug, Clone, Copy)]
-pub enum Side<'a> {
-    /// The bulk sockets: everything but the sparse class.
-    Bulk,
-    /// Sparse socket `index` of one per CPU in `cpus` (`cyphonic_tunnel::DataPlane::sparse_threads`;
-    /// empty: the one sparse socket): the sparse class's frames the kernel received on
-    /// `cpus[index]`, and for the first also those received on a CPU not listed.
-    Sparse { cpus: &'a [usize], index: usize },
-}
-
-/// The program of a capture socket on `side`. It never loads past a frame's end (a classic
-/// program that does answers 0, which would leave a short frame out of both sides,
-/// uncounted): frames too short for the fields it reads are bulk, and the adapter counts them
-/// as it reads them. Of the sparse sockets, each keeps its CPU's frames: every sparse frame
-/// is kept by exactly one.
-pub fn lan_filter(side: Side<'_>) -> Vec<Insn> {
-    let (yes, no) = match side {
-        Side::Sparse { .. } => (KEEP, 0),
-        Side::Bulk => (0, KEEP),
-    };
+/// The program of the sparse capture socket (`sparse` true: keeps the sparse class) or of the
+/// bulk ones (keeps the rest). It never loads past a frame's end (a classic program that does
+/// answers 0, which would leave a short frame out of both sides, uncounted): frames too short
+/// for the fields it reads are bulk, and the adapter counts them as it reads them.
+pub fn lan_filter(sparse: bool) -> Vec<Insn> {
+    let (yes, no) = if sparse { (KEEP, 0) } else { (0, KEEP) };
     // Offsets in an untagged Ethernet frame: EtherType 12, IPv4 at 14 (protocol 23, flags
     // and fragment offset 20), the UDP ports at 14 + the header's length (+0 source,
     // +2 destination). Jumps count the instructions skipped: YES is instruction 22, NO 23.
-    let mut program = vec![
+    vec![
         load_half(12),              // 0
         jump_eq(0x0806, 20, 0),     // 1: ARP
         jump_eq(0x0800, 0, 20),     // 2: not IPv4
@@ -68,13 +53,5 @@ pub fn lan_filter(side: Side<'_>) -> Vec<Insn> {
         jump_eq(68, 0, 1),          // 21
         ret(yes),                   // 22: YES
         ret(no),                    // 23: NO
-    ];
-    if let Side::Sparse { cpus, index } = side
-        && !cpus.is_empty()
-    {
-        // YES goes on to ask which CPU received the frame.
-        program[22] = jump(1);
-        program.extend(by_cpu(cpus, |i| if i == index { KEEP } else { 0 }));
-    }
-    program
+    ]
 }

@@ -1260,3 +1260,76 @@ fn cut_back_into(received: &[(Vec<u8>, FrameMeta)], proto: u8, want: &[Vec<u8>],
         );
     }
 }
+
+/// A per-CPU capture group gives socket `i` the frames received on the CPUs whose number is
+/// `i` modulo the group's size: on a veth, the sender's CPU (the test pins its sender to each
+/// of two CPUs in turn).
+#[test]
+fn a_per_cpu_capture_group_gives_each_socket_its_cpu_s_frames() {
+    require_root();
+    let cpus = cyphonic_netio::allowed_cpus().unwrap();
+    let Some(pair) = [0, 1]
+        .iter()
+        .map(|r| cpus.iter().copied().find(|c| c % 2 == *r))
+        .collect::<Option<Vec<usize>>>()
+    else {
+        eprintln!("no odd and even CPU to send from: {cpus:?}");
+        return;
+    };
+    let ns = Netns::new("npc").unwrap();
+    veth(&ns, "cap0", &ns, "peer0").unwrap();
+    ns.ip(&["addr", "add", "192.0.2.2/24", "dev", "peer0"])
+        .unwrap();
+    let cap_mac = mac_in(&ns, "cap0");
+    ns.ip(&[
+        "neigh",
+        "add",
+        "192.0.2.1",
+        "lladdr",
+        &cap_mac,
+        "dev",
+        "peer0",
+    ])
+    .unwrap();
+    let sender_cpus = pair.clone();
+    let per_socket = inside(&ns, move || {
+        let pair = sender_cpus;
+        let cap = Interface::lookup("cap0").unwrap();
+        let opts = PacketOptions {
+            recv_timeout: Some(Duration::from_millis(200)),
+            ..PacketOptions::default()
+        };
+        let mut group = PacketSocket::open_per_cpu(&cap, &opts, 2).unwrap();
+        assert_eq!(group.len(), 2);
+        // From each CPU in turn, five datagrams naming it.
+        let pair = pair.clone();
+        std::thread::spawn(move || {
+            let s = std::net::UdpSocket::bind("192.0.2.2:0").unwrap();
+            for (i, &cpu) in pair.iter().enumerate() {
+                cyphonic_netio::Placement {
+                    cpus: vec![cpu],
+                    realtime_priority: 0,
+                }
+                .apply()
+                .unwrap();
+                for seq in 0..5u8 {
+                    s.send_to(&[0xfb, i as u8, seq], "192.0.2.1:9").unwrap();
+                }
+            }
+        })
+        .join()
+        .unwrap();
+        group
+            .iter_mut()
+            .map(|sock| {
+                drain(sock, 256, Duration::from_millis(500))
+                    .into_iter()
+                    .filter(|(f, _)| f.len() >= 45 && f[23] == 17 && f[42] == 0xfb)
+                    .map(|(f, _)| (f[43], f[44]))
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    });
+    let from = |i: u8| (0..5).map(|seq| (i, seq)).collect::<Vec<_>>();
+    assert_eq!(per_socket, [from(0), from(1)], "by remainder of {pair:?}");
+}

@@ -97,11 +97,6 @@ pub const fn ret(k: u32) -> Insn {
     insn(libc::BPF_RET | libc::BPF_K, 0, 0, k)
 }
 
-/// `ja #k`: skips `k` instructions.
-pub const fn jump(k: u32) -> Insn {
-    insn(libc::BPF_JMP | libc::BPF_JA, 0, 0, k)
-}
-
 /// `ld #cpu`: the accumulator takes the number of the CPU the kernel runs the program on
 /// (the one that received the packet: its interrupt's, or its sender's on a virtual link).
 pub const fn load_cpu() -> Insn {
@@ -198,8 +193,7 @@ mod tests {
         assert_eq!(jump_ge(34, 0, 1).code, 0x35);
         assert_eq!(jump_ge_x(0, 1).code, 0x3d);
         assert_eq!((ret(7).code, ret(7).k), (0x06, 7));
-        // ja = 0x05; ld #cpu = ld [SKF_AD_OFF + SKF_AD_CPU] = 0x20, k 0xfffff024.
-        assert_eq!((jump(2).code, jump(2).k), (0x05, 2));
+        // ld #cpu = ld [SKF_AD_OFF + SKF_AD_CPU] = 0x20, k 0xfffff024.
         assert_eq!((load_cpu().code, load_cpu().k), (0x20, 0xffff_f024));
         assert!(
             attach(-1, libc::SO_ATTACH_FILTER, &[]).is_err(),

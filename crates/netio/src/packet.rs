@@ -18,6 +18,7 @@ const PACKET_STATISTICS: libc::c_int = 6;
 // linux/if_packet.h: fanout, spreading frames by flow hash, with an id the kernel picks.
 const PACKET_FANOUT: libc::c_int = 18;
 const PACKET_FANOUT_HASH: libc::c_int = 0;
+const PACKET_FANOUT_CPU: libc::c_int = 2;
 const PACKET_FANOUT_FLAG_UNIQUEID: libc::c_int = 0x2000;
 
 /// linux/if_packet.h `struct tpacket_stats`.
@@ -309,13 +310,39 @@ impl PacketSocket {
         opts: &PacketOptions,
         queues: usize,
     ) -> Result<Vec<Self>, NetError> {
+        Self::open_fanout(iface, opts, queues, PACKET_FANOUT_HASH)
+    }
+
+    /// Opens `queues` sockets on `iface` that share its frames by the CPU that received each
+    /// (`PACKET_FANOUT_CPU`): socket `i` gets the frames received on the CPUs whose number is
+    /// `i` modulo `queues`. A thread that reads socket `i` on such a CPU is woken on its own
+    /// core, not from another (the kernel hands the frame over there). Each frame goes to
+    /// one socket of the group, whose filter then judges it (one filter run per frame,
+    /// however many sockets). One socket (`queues` <= 1) is [`PacketSocket::open`].
+    ///
+    /// # Errors
+    /// As [`PacketSocket::open`], or the kernel refusing the group.
+    pub fn open_per_cpu(
+        iface: &Interface,
+        opts: &PacketOptions,
+        queues: usize,
+    ) -> Result<Vec<Self>, NetError> {
+        Self::open_fanout(iface, opts, queues, PACKET_FANOUT_CPU)
+    }
+
+    fn open_fanout(
+        iface: &Interface,
+        opts: &PacketOptions,
+        queues: usize,
+        mode: libc::c_int,
+    ) -> Result<Vec<Self>, NetError> {
         let first = Self::open(iface, opts)?;
         if queues <= 1 {
             return Ok(vec![first]);
         }
         let fanout_err =
             |e| NetError::from_io("joining a fanout group", &iface.name, "CAP_NET_RAW", e);
-        let kind = PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_UNIQUEID;
+        let kind = mode | PACKET_FANOUT_FLAG_UNIQUEID;
         // Id 0 with the unique flag: the kernel picks an id no other group has; read it back.
         setsockopt(
             first.fd.as_raw_fd(),
@@ -328,7 +355,7 @@ impl PacketSocket {
             sys::getsockopt(first.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_FANOUT)
                 .map_err(fanout_err)?;
         // The kernel keeps the group's flags without the unique-id one; joiners match them.
-        let join = (arg & 0xffff) | (PACKET_FANOUT_HASH << 16);
+        let join = (arg & 0xffff) | (mode << 16);
         let mut group = vec![first];
         for _ in 1..queues {
             let sock = Self::open(iface, opts)?;

@@ -96,12 +96,12 @@ pub struct DataPlane {
     /// (with the express lane on, `sparse_rate` > 0): a ping from a peer never waits behind
     /// the bulk frames in the tunnel socket's queue, nor behind the receive thread's work.
     pub sparse_socket: bool,
-    /// With `sparse_socket`: one sparse socket and thread per CPU (of `placement.cpus`, or
-    /// of those the process may use, at most [`MAX_SPARSE_THREADS`]), each thread on its
-    /// CPU, the kernel putting a sparse packet in the socket of the CPU that received it:
-    /// waking its reader is then a switch on that core, never a message to another one
-    /// (which wakes an idle core: 0.03-0.05 ms on the bench's VM, docs/benchmarks.md).
-    /// Off: one socket and thread, placed as the data plane.
+    /// With `sparse_socket`: one sparse socket and thread of each kind per CPU (of
+    /// `placement.cpus`, or of those the process may use, at most [`MAX_SPARSE_THREADS`]),
+    /// each thread on its CPU, the kernel putting a sparse packet in the socket of the CPU
+    /// that received it: waking its reader is then a switch on that core, not a message to
+    /// another one (which wakes an idle core: 0.03-0.05 ms on the bench's VM,
+    /// docs/benchmarks.md). Off: one socket and thread, placed as the data plane.
     pub sparse_per_cpu: bool,
     /// `SCHED_FIFO` priority of the threads that read only sparse traffic (the sparse
     /// sockets' lanes; 0: the normal scheduler). They carry at most the express lane's rate
@@ -206,8 +206,8 @@ impl DataPlane {
         if !self.sparse_per_cpu || cpus.len() < 2 {
             return vec![None];
         }
-        cpus.into_iter()
-            .take(MAX_SPARSE_THREADS)
+        by_remainder(&cpus[..cpus.len().min(MAX_SPARSE_THREADS)])
+            .into_iter()
             .map(Some)
             .collect()
     }
@@ -240,6 +240,27 @@ impl DataPlane {
         }
         Ok(())
     }
+}
+
+/// `cpus` reordered so that entry `i` is, where one is, a CPU whose number is `i` modulo
+/// their count: the sparse capture sockets share frames by that remainder
+/// (`PACKET_FANOUT_CPU`), so thread `i` then runs where its socket's frames are received.
+/// The CPUs no remainder claims fill the remaining entries in order.
+fn by_remainder(cpus: &[usize]) -> Vec<usize> {
+    let n = cpus.len();
+    let mut slots: Vec<Option<usize>> = vec![None; n];
+    let mut rest = Vec::new();
+    for &cpu in cpus {
+        match &mut slots[cpu % n] {
+            slot @ None => *slot = Some(cpu),
+            Some(_) => rest.push(cpu),
+        }
+    }
+    let mut rest = rest.into_iter();
+    slots
+        .into_iter()
+        .map(|slot| slot.or_else(|| rest.next()).unwrap_or_default())
+        .collect()
 }
 
 /// At most this many sparse threads of each kind ([`DataPlane::sparse_per_cpu`]): packets
@@ -713,5 +734,46 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             source: std::io::Error::other("panicked"),
         })?;
         Ok(sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_sparse_thread_sits_where_its_socket_s_frames_are_received() {
+        // Entry i: a CPU whose number is i modulo their count, where there is one.
+        assert_eq!(by_remainder(&[0, 1, 2, 3]), [0, 1, 2, 3]);
+        assert_eq!(by_remainder(&[2, 3]), [2, 3]);
+        assert_eq!(by_remainder(&[1, 2]), [2, 1]);
+        assert_eq!(
+            by_remainder(&[0, 2]),
+            [0, 2],
+            "no odd CPU: the rest in order"
+        );
+        assert_eq!(by_remainder(&[5, 1, 3]), [3, 1, 5]);
+        let on = |cpus: Vec<usize>| DataPlane {
+            placement: Placement {
+                cpus,
+                realtime_priority: 0,
+            },
+            ..DataPlane::default()
+        };
+        assert_eq!(on(vec![1, 2]).sparse_threads(), [Some(2), Some(1)]);
+        assert_eq!(on(vec![3]).sparse_threads(), [None], "one CPU: one thread");
+        let one = DataPlane {
+            sparse_per_cpu: false,
+            ..on(vec![1, 2])
+        };
+        assert_eq!(one.sparse_threads(), [None]);
+        let none = DataPlane {
+            sparse_socket: false,
+            ..on(vec![1, 2])
+        };
+        assert!(none.sparse_threads().is_empty());
+        let many = on((0..40).collect()).sparse_threads();
+        assert_eq!(many.len(), MAX_SPARSE_THREADS);
+        assert_eq!(many[..2], [Some(0), Some(1)]);
     }
 }
