@@ -49,14 +49,10 @@ fn drain(sock: &mut PacketSocket, buf_len: usize, within: Duration) -> Vec<(Vec<
     out
 }
 
-const EXPERIMENTAL: u16 = 0x88b5; // IEEE local experimental ethertype
-
-/// A capture group shares an interface's frames by flow: each flow's frames reach one of its
-/// sockets, in order; flows spread over them.
-#[test]
-fn a_capture_group_keeps_each_flow_on_one_socket_in_order() {
-    require_root();
-    let ns = Netns::new("nfo").unwrap();
+/// A namespace `name` with a veth pair: `cap0` to capture on, `peer0` (192.0.2.2/24) to send
+/// from, to 192.0.2.1 at `cap0`'s MAC.
+fn capture_link(name: &str) -> Netns {
+    let ns = Netns::new(name).unwrap();
     veth(&ns, "cap0", &ns, "peer0").unwrap();
     ns.ip(&["addr", "add", "192.0.2.2/24", "dev", "peer0"])
         .unwrap();
@@ -71,6 +67,17 @@ fn a_capture_group_keeps_each_flow_on_one_socket_in_order() {
         "peer0",
     ])
     .unwrap();
+    ns
+}
+
+const EXPERIMENTAL: u16 = 0x88b5; // IEEE local experimental ethertype
+
+/// A capture group shares an interface's frames by flow: each flow's frames reach one of its
+/// sockets, in order; flows spread over them.
+#[test]
+fn a_capture_group_keeps_each_flow_on_one_socket_in_order() {
+    require_root();
+    let ns = capture_link("nfo");
     let per_socket = inside(&ns, || {
         let cap = Interface::lookup("cap0").unwrap();
         let opts = PacketOptions {
@@ -1276,21 +1283,7 @@ fn a_per_cpu_capture_group_gives_each_socket_its_cpu_s_frames() {
         eprintln!("no odd and even CPU to send from: {cpus:?}");
         return;
     };
-    let ns = Netns::new("npc").unwrap();
-    veth(&ns, "cap0", &ns, "peer0").unwrap();
-    ns.ip(&["addr", "add", "192.0.2.2/24", "dev", "peer0"])
-        .unwrap();
-    let cap_mac = mac_in(&ns, "cap0");
-    ns.ip(&[
-        "neigh",
-        "add",
-        "192.0.2.1",
-        "lladdr",
-        &cap_mac,
-        "dev",
-        "peer0",
-    ])
-    .unwrap();
+    let ns = capture_link("npc");
     let sender_cpus = pair.clone();
     let per_socket = inside(&ns, move || {
         let pair = sender_cpus;
