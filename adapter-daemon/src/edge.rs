@@ -96,6 +96,11 @@ impl<'a> AdapterEdge<'a> {
                 sparse_threads,
             )?
         };
+        if sparse_capture.len() < sparse_threads {
+            tracing::info!(
+                "one sparse capture socket, not one per CPU: this kernel cannot keep a fanout group off the frames the adapter sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING); the tunnel side still has one per CPU"
+            );
+        }
         let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);
         tracing::info!(
             interface = %iface.name,

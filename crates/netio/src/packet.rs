@@ -20,6 +20,9 @@ const PACKET_FANOUT: libc::c_int = 18;
 const PACKET_FANOUT_HASH: libc::c_int = 0;
 const PACKET_FANOUT_CPU: libc::c_int = 2;
 const PACKET_FANOUT_FLAG_UNIQUEID: libc::c_int = 0x2000;
+/// The group leaves our own outgoing frames alone, as `PACKET_IGNORE_OUTGOING` does a socket
+/// (which a group member's own setting no longer does); newer kernels only (not Linux 6.1).
+const PACKET_FANOUT_FLAG_IGNORE_OUTGOING: libc::c_int = 0x4000;
 
 /// linux/if_packet.h `struct tpacket_stats`.
 #[repr(C)]
@@ -318,7 +321,11 @@ impl PacketSocket {
     /// `i` modulo `queues`. A thread that reads socket `i` on such a CPU is woken on its own
     /// core, not from another (the kernel hands the frame over there). Each frame goes to
     /// one socket of the group, whose filter then judges it (one filter run per frame,
-    /// however many sockets). One socket (`queues` <= 1) is [`PacketSocket::open`].
+    /// however many sockets). One socket (`queues` <= 1) is [`PacketSocket::open`]; so is
+    /// the answer where the sockets ignore our outgoing frames but the kernel cannot keep a
+    /// group off them (`PACKET_FANOUT_FLAG_IGNORE_OUTGOING`, not in Linux 6.1): a group would
+    /// then take a copy of every frame this host sends on `iface`, a cost per frame of the
+    /// bulk traffic for a gain on the sparse.
     ///
     /// # Errors
     /// As [`PacketSocket::open`], or the kernel refusing the group.
@@ -336,31 +343,47 @@ impl PacketSocket {
         queues: usize,
         mode: libc::c_int,
     ) -> Result<Vec<Self>, NetError> {
-        let first = Self::open(iface, opts)?;
+        let mut first = Self::open(iface, opts)?;
         if queues <= 1 {
             return Ok(vec![first]);
         }
         let fanout_err =
             |e| NetError::from_io("joining a fanout group", &iface.name, "CAP_NET_RAW", e);
-        let kind = mode | PACKET_FANOUT_FLAG_UNIQUEID;
+        let fd = first.fd.as_raw_fd();
         // Id 0 with the unique flag: the kernel picks an id no other group has; read it back.
-        setsockopt(
-            first.fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            PACKET_FANOUT,
-            &(kind << 16),
-        )
-        .map_err(fanout_err)?;
+        // A member's PACKET_IGNORE_OUTGOING no longer applies: the group's flag does, where
+        // the kernel knows it.
+        let create = |flags: libc::c_int| {
+            let kind = mode | PACKET_FANOUT_FLAG_UNIQUEID | flags;
+            setsockopt(fd, libc::SOL_PACKET, PACKET_FANOUT, &(kind << 16))
+        };
+        let mut flags = 0;
+        if first.ignores_outgoing {
+            match create(PACKET_FANOUT_FLAG_IGNORE_OUTGOING) {
+                Ok(()) => flags = PACKET_FANOUT_FLAG_IGNORE_OUTGOING,
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    if mode == PACKET_FANOUT_CPU {
+                        return Ok(vec![first]);
+                    }
+                    create(0).map_err(fanout_err)?;
+                    first.ignores_outgoing = false;
+                }
+                Err(e) => return Err(fanout_err(e)),
+            }
+        } else {
+            create(0).map_err(fanout_err)?;
+        }
         let arg: libc::c_int =
-            sys::getsockopt(first.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_FANOUT)
-                .map_err(fanout_err)?;
+            sys::getsockopt(fd, libc::SOL_PACKET, PACKET_FANOUT).map_err(fanout_err)?;
         // The kernel keeps the group's flags without the unique-id one; joiners match them.
-        let join = (arg & 0xffff) | (mode << 16);
+        let join = (arg & 0xffff) | ((mode | flags) << 16);
+        let ignores_outgoing = first.ignores_outgoing;
         let mut group = vec![first];
         for _ in 1..queues {
-            let sock = Self::open(iface, opts)?;
+            let mut sock = Self::open(iface, opts)?;
             setsockopt(sock.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_FANOUT, &join)
                 .map_err(fanout_err)?;
+            sock.ignores_outgoing = ignores_outgoing;
             group.push(sock);
         }
         Ok(group)
