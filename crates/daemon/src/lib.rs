@@ -127,19 +127,17 @@ impl Core {
             sources.len(),
             ways.len()
         );
-        let cpus = self.dataplane.sparse_threads();
         sources
             .into_iter()
             .zip(ways)
-            .zip(cpus)
-            .map(|((source, (submitter, place)), cpu)| {
+            .map(|(source, way)| {
                 let run = run.clone();
-                let name = cpu.map_or_else(|| name.to_owned(), |c| format!("{name}{c}"));
+                let name = cyphonic_tunnel::sparse_thread_name(name, way.cpu);
                 std::thread::Builder::new()
                     .name(name.clone())
                     .spawn(move || {
-                        (place.0)();
-                        run(source, submitter);
+                        (way.start.0)();
+                        run(source, way.submitter);
                     })
                     .with_context(|| format!("starting the {name} thread"))
             })

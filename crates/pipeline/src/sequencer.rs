@@ -331,6 +331,24 @@ impl<S: Stage> Sequencer<S> {
         )
     }
 
+    /// Lanes beside this pipeline, one per sink in `sinks`, each for a thread of its own
+    /// (a socket per CPU), all at one pace ([`crate::Lane::sibling`]): together they take no
+    /// more than one lane's [`Config::express_rate`]. None for no sinks.
+    pub fn lanes<K: crate::Sink<Item = S::Item>>(
+        &self,
+        sinks: impl IntoIterator<Item = K>,
+    ) -> Vec<crate::Lane<S>> {
+        let mut lanes: Vec<crate::Lane<S>> = Vec::new();
+        for sink in sinks {
+            let lane = match lanes.first() {
+                Some(first) => first.sibling(Box::new(sink)),
+                None => self.lane(sink),
+            };
+            lanes.push(lane);
+        }
+        lanes
+    }
+
     /// A snapshot of the pipeline's counters.
     pub fn stats(&self) -> Stats {
         self.counters.snapshot()

@@ -894,8 +894,8 @@ fn a_lane_takes_a_burst_then_keeps_to_its_rate() {
     assert_eq!(sink.seen.lock().unwrap().len(), 8);
 }
 
-/// Sibling lanes (one per CPU's socket) share one pace: what one took, the other may not,
-/// and each sends into its own sink.
+/// Sibling lanes (`Sequencer::lanes`, one per CPU's socket) share one pace: what one took,
+/// the other may not, and each sends into its own sink.
 #[test]
 fn sibling_lanes_share_one_pace() {
     let config = Config {
@@ -911,8 +911,8 @@ fn sibling_lanes_share_one_pace() {
         first.clone(),
     )
     .unwrap();
-    let mut lane = seq.lane(first.clone());
-    let mut sibling = lane.sibling(Box::new(second.clone()));
+    let mut lanes = seq.lanes([first.clone(), second.clone()]);
+    let (mut sibling, mut lane) = (lanes.pop().unwrap(), lanes.pop().unwrap());
     assert_eq!(
         sibling.allowance(64),
         4,

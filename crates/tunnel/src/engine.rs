@@ -270,15 +270,15 @@ pub const MAX_SPARSE_THREADS: usize = 16;
 /// The sparse companion's kernel buffers, bytes.
 const SPARSE_BUFFER: usize = 1 << 20;
 
-/// The set-up of the threads that read only sparse traffic, one per entry of
-/// [`DataPlane::sparse_threads`]: each on its CPU (or placed as the data plane), then at the
+/// The set-up of the threads that read only sparse traffic, one per entry of `threads`
+/// ([`DataPlane::sparse_threads`]): each on its CPU (or placed as the data plane), then at the
 /// real-time `dp.sparse_priority` (if any); a refusal is warned once for all of them (the
 /// threads run on, at normal priority).
-fn sparse_thread_starts(dp: &DataPlane) -> Vec<ThreadStart> {
+fn sparse_thread_starts(dp: &DataPlane, threads: &[Option<usize>]) -> Vec<ThreadStart> {
     let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    dp.sparse_threads()
-        .into_iter()
-        .map(|cpu| {
+    threads
+        .iter()
+        .map(|&cpu| {
             let placement = match cpu {
                 Some(cpu) => Placement {
                     cpus: vec![cpu],
@@ -401,17 +401,18 @@ fn watch_network(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
 }
 
 /// Opens the tunnel socket's sparse companions and starts their receive threads, one per
-/// `lanes` entry (its lane, and what its thread runs first); none (warned) where the socket
-/// has none or the kernel refuses: the flagged frames then take the tunnel socket's express
-/// lane, as without.
+/// `lanes` entry (its lane, and what its thread runs first) for the same entry of `threads`
+/// ([`DataPlane::sparse_threads`]); none (warned) where the socket has none or the kernel
+/// refuses: the flagged frames then take the tunnel socket's express lane, as without.
 fn start_sparse(
     dp: &DataPlane,
     shared: &Arc<Shared>,
     socket: &dyn TunnelSocket,
     lanes: Vec<(cyphonic_pipeline::Lane<OpenStage>, ThreadStart)>,
+    threads: &[Option<usize>],
 ) -> Result<Vec<std::thread::JoinHandle<()>>, StartError> {
-    let threads: Vec<_> = dp.sparse_threads().into_iter().take(lanes.len()).collect();
-    let companions = match socket.sparse_companions(&dp.sparse_options(), &threads) {
+    let threads = &threads[..lanes.len().min(threads.len())];
+    let companions = match socket.sparse_companions(&dp.sparse_options(), threads) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "no socket of its own for the peers' sparse frames (dataplane.sparse_socket): they queue in the tunnel socket's");
@@ -422,10 +423,10 @@ fn start_sparse(
         .into_iter()
         .zip(lanes)
         .zip(threads)
-        .map(|((companion, (lane, place)), cpu)| {
+        .map(|((companion, (lane, place)), &cpu)| {
             let receiver = Receiver::sparse(shared.clone(), companion, lane);
             std::thread::Builder::new()
-                .name(cpu.map_or_else(|| "cy-sparse-rx".into(), |c| format!("cy-sparse-rx{c}")))
+                .name(sparse_thread_name("cy-sparse-rx", cpu))
                 .spawn(move || {
                     (place.0)();
                     receiver.run();
@@ -438,17 +439,33 @@ fn start_sparse(
         .collect()
 }
 
-/// Holds the [`SparseSubmitter`]s until the edge's sparse threads take them, one per
-/// [`DataPlane::sparse_threads`] entry, each with what its thread runs first.
+/// The name of a thread that reads only sparse traffic: `base`, and the CPU it sits on if
+/// one ([`DataPlane::sparse_per_cpu`]): `cy-sparse-rx1`.
+pub fn sparse_thread_name(base: &str, cpu: Option<usize>) -> String {
+    cpu.map_or_else(|| base.to_owned(), |c| format!("{base}{c}"))
+}
+
+/// One of the edge's sparse lanes into the tunnel, for the thread that reads its source.
+#[derive(Debug)]
+pub struct SparseWay {
+    /// The lane's way into the tunnel.
+    pub submitter: SparseSubmitter,
+    /// What the thread runs first: its CPU, then `dataplane.sparse_priority`.
+    pub start: ThreadStart,
+    /// The CPU it sits on ([`DataPlane::sparse_threads`]), if one.
+    pub cpu: Option<usize>,
+}
+
+/// Holds the [`SparseWay`]s until the edge's sparse threads take them, one per
+/// [`DataPlane::sparse_threads`] entry.
 #[derive(Debug, Clone)]
-pub struct SparseIntake(Arc<std::sync::Mutex<Vec<(SparseSubmitter, ThreadStart)>>>);
+pub struct SparseIntake(Arc<std::sync::Mutex<Vec<SparseWay>>>);
 
 impl SparseIntake {
-    /// The sparse lanes' ways into the tunnel, each with what its thread runs first (its
-    /// CPU, then `dataplane.sparse_priority`), in [`DataPlane::sparse_threads`]'s order;
+    /// The sparse lanes' ways into the tunnel, in [`DataPlane::sparse_threads`]'s order;
     /// none when they were taken, or there are none (`dataplane.sparse_socket` off, no
     /// express lane).
-    pub fn take(&self) -> Vec<(SparseSubmitter, ThreadStart)> {
+    pub fn take(&self) -> Vec<SparseWay> {
         std::mem::take(
             &mut *self
                 .0
@@ -514,7 +531,8 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             );
         }
         let place = thread_start(dp.placement.clone());
-        let place_sparse = sparse_thread_starts(dp);
+        let threads = dp.sparse_threads();
+        let place_sparse = sparse_thread_starts(dp, &threads);
         let rayon = Arc::new({
             let place = place.clone();
             rayon::ThreadPoolBuilder::new()
@@ -581,33 +599,21 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             egress_seq.counters().clone(),
             ingress_seq.counters().clone(),
         );
-        // One lane per sparse thread, all at one pace.
-        let mut sparse = Vec::new();
-        if dp.steers_sparse() {
-            let mut lanes = lanes.into_iter();
-            if let Some(first) = lanes.next() {
-                let first = ingress_seq.lane(first);
-                let siblings: Vec<_> = lanes
-                    .take(place_sparse.len().saturating_sub(1))
-                    .map(|k| first.sibling(Box::new(k)))
-                    .collect();
-                let lanes = std::iter::once(first)
-                    .chain(siblings)
-                    .zip(place_sparse.iter().cloned())
-                    .collect();
-                sparse = start_sparse(dp, shared, socket, lanes)?;
-            }
-        }
-        // The edge's sparse lanes (the adapter's sparse capture sockets) send through socket
-        // handles of their own, beside the pipeline.
-        let mut egress_lanes = Vec::new();
-        if dp.steers_sparse() {
-            let first = egress_seq.lane(socket_sink()?);
-            for _ in 1..place_sparse.len() {
-                egress_lanes.push(first.sibling(Box::new(socket_sink()?)));
-            }
-            egress_lanes.insert(0, first);
-        }
+        // One lane of each kind per sparse thread, each kind at one pace. The edge's
+        // (the adapter's sparse capture sockets) send through socket handles of their own,
+        // beside the pipeline.
+        let lanes = ingress_seq.lanes(lanes.into_iter().take(threads.len()));
+        let lanes = lanes
+            .into_iter()
+            .zip(place_sparse.iter().cloned())
+            .collect();
+        let sparse = start_sparse(dp, shared, socket, lanes, &threads)?;
+        let egress_lanes = egress_seq.lanes(
+            threads
+                .iter()
+                .map(|_| socket_sink())
+                .collect::<Result<Vec<_>, _>>()?,
+        );
         let intake = Intake::new(Submitter::new(
             shared.clone(),
             egress_seq,
@@ -618,11 +624,11 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             egress_lanes
                 .into_iter()
                 .zip(place_sparse)
-                .map(|(lane, place)| {
-                    (
-                        SparseSubmitter::new(shared.clone(), lane, intake.clone()),
-                        place,
-                    )
+                .zip(threads)
+                .map(|((lane, start), cpu)| SparseWay {
+                    submitter: SparseSubmitter::new(shared.clone(), lane, intake.clone()),
+                    start,
+                    cpu,
                 })
                 .collect(),
         )));

@@ -56,7 +56,10 @@ pub use control::{Control, ControlEvent};
 pub use counters::{EngineCounters, bump};
 pub use cyphonic_pipeline::Aqm;
 pub use egress::{Intake, Outgoing, SealStage, SocketSink, SparseSubmitter, Submit, Submitter};
-pub use engine::{DataPlane, Engine, SparseIntake, StartError, StaticPeer};
+pub use engine::{
+    DataPlane, Engine, MAX_SPARSE_THREADS, SparseIntake, SparseWay, StartError, StaticPeer,
+    sparse_thread_name,
+};
 pub use gate::{Admission, HandshakeGate};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
