@@ -87,7 +87,7 @@ pub(crate) fn build_release(root: &Path) -> anyhow::Result<PathBuf> {
 /// # Errors
 /// The programs cannot be listed, or there are none.
 pub(crate) fn kernel_tier_programs(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let out = Command::new(util::cargo_program())
+    let out = util::cargo_command()
         .args([
             "test",
             "--workspace",

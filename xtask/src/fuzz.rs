@@ -138,13 +138,8 @@ fn nightly_cargo(
         .args(args)
         .current_dir(dir);
     // The pinned toolchain's variables must not leak into the nightly build.
-    for var in [
-        "CARGO",
-        "RUSTC",
-        "RUSTDOC",
-        "RUSTUP_TOOLCHAIN",
-        "CARGO_MANIFEST_DIR",
-    ] {
+    util::forget_own_package(&mut cmd);
+    for var in ["CARGO", "RUSTC", "RUSTDOC", "RUSTUP_TOOLCHAIN"] {
         cmd.env_remove(var);
     }
     util::run(&mut cmd, &format!("cargo +nightly {}", args.join(" ")))

@@ -170,7 +170,7 @@ pub(crate) fn run(root: &Path) -> anyhow::Result<String> {
             ],
         )?;
     }
-    let out = std::process::Command::new(util::cargo_program())
+    let out = util::cargo_command()
         .args([
             "bench",
             "--locked",

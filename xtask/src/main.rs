@@ -400,7 +400,7 @@ fn spawn_background_builds(
     Ok(std::thread::spawn(move || {
         let cargo = util::cargo_program();
         for (args, env) in [(fuzz, Vec::new()), cross] {
-            let status = std::process::Command::new("nice")
+            let status = util::forget_own_package(&mut std::process::Command::new("nice"))
                 .args(["-n", "19", &cargo])
                 .args(&args)
                 .current_dir(&root)

@@ -18,6 +18,36 @@ pub(crate) fn cargo_program() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
+/// A command running the cargo that runs xtask, without what `cargo run` told xtask about
+/// itself.
+pub(crate) fn cargo_command() -> Command {
+    let mut cmd = Command::new(cargo_program());
+    forget_own_package(&mut cmd);
+    cmd
+}
+
+/// Takes out of `cmd`'s environment the variables `cargo run` set for xtask (its manifest,
+/// its package's name and version). A cargo started with them would compile again what a
+/// cargo started from the shell had built: build scripts watch some of them
+/// (`rerun-if-env-changed`: ring's, through the `cc` crate), and what depends on those
+/// crates follows. `cargo xtask bench` rebuilt the whole release tree this way (2.5 min on
+/// the bench's VM) whenever it had last been built from the shell, just before measuring.
+pub(crate) fn forget_own_package(cmd: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        let Some(name) = key.to_str() else { continue };
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || matches!(
+                name,
+                "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE"
+            )
+        {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd
+}
+
 /// Runs `cargo <args>` in `dir`, echoing it, failing on a non-zero exit.
 pub(crate) fn cargo(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     cargo_with(dir, args, &[])
@@ -30,7 +60,7 @@ pub(crate) fn cargo_with(
     env: &[(String, String)],
 ) -> anyhow::Result<()> {
     run(
-        Command::new(cargo_program())
+        cargo_command()
             .args(args)
             .current_dir(dir)
             .envs(env.iter().map(|(k, v)| (k, v))),
