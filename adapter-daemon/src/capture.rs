@@ -32,33 +32,10 @@ use crate::port_guard::PortGuard;
 /// How often the capture thread reads the kernel's count of frames it dropped.
 const DROPS_EVERY: Duration = Duration::from_secs(1);
 
-/// What the capture thread answers on the LAN with: a buffer for the reply and the ICMP
-/// error rate limit.
+/// What the capture thread answers on the LAN with: a buffer for the reply (the rate of the
+/// ICMP errors among them is the LAN side's, [`LanSide::icmp_errors`]).
 struct Replies {
     buf: [u8; BUF_LEN],
-    icmp: RateLimit,
-}
-
-/// A token bucket for the ICMP errors the gateway originates (RFC 1812 §4.3.2.8).
-struct RateLimit {
-    tokens: f64,
-    last: Instant,
-    per_sec: f64,
-}
-
-impl RateLimit {
-    fn allow(&mut self, now: Instant) -> bool {
-        self.tokens = (self.tokens
-            + now.saturating_duration_since(self.last).as_secs_f64() * self.per_sec)
-            .min(self.per_sec);
-        self.last = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 /// How long the capture thread waits for a frame before it looks at its other work.
@@ -136,11 +113,6 @@ impl Capture {
         let shared = self.shared.clone();
         let mut replies = Replies {
             buf: [0u8; BUF_LEN],
-            icmp: RateLimit {
-                tokens: 200.0,
-                last: Instant::now(),
-                per_sec: 200.0,
-            },
         };
         let mut rx = Reading {
             buffers: RecvBuffers::new(FRAME_OFFSET..FRAME_OFFSET + FRAME_ROOM),
@@ -459,7 +431,7 @@ impl Capture {
                     ReplyKind::TimeExceeded => &c.icmp_time_exceeded,
                 };
                 let is_error = matches!(kind, ReplyKind::FragNeeded | ReplyKind::TimeExceeded);
-                if is_error && !replies.icmp.allow(now) {
+                if is_error && !lan.icmp_errors.admit((), now) {
                     bump(&c.icmp_rate_limited);
                 } else if self.socks[0].send(&replies.buf[..len]).is_ok() {
                     bump(counter);

@@ -95,6 +95,9 @@ pub const SERVICE_PER_SOURCE: u32 = 100;
 pub const SERVICE_BURST: u32 = 200;
 /// Slots of the per-source tables: a fixed size whatever the sources.
 pub const RATE_SLOTS: usize = 4096;
+/// ICMP errors (fragmentation needed, time exceeded) the gateway sends its LAN a second, all
+/// its capture threads together (RFC 1812 §4.3.2.8), after a burst of as many.
+pub const ICMP_ERRORS_PER_SEC: u32 = 200;
 
 /// The services' two queues, the control thread's ends.
 #[derive(Debug)]
@@ -122,6 +125,8 @@ pub struct LanSide {
     pub dhcp_rate: cyphonic_tunnel::RateTable,
     /// DNS per LAN source address, and peers' packets for the gateway per peer and source.
     pub service_rate: cyphonic_tunnel::RateTable,
+    /// The ICMP errors the gateway originates, all capture threads together.
+    pub icmp_errors: cyphonic_tunnel::RateTable,
     /// Whether the DHCP server runs (otherwise DHCP messages are only counted).
     pub dhcp_on: bool,
     /// Whether the DNS service runs.
@@ -147,6 +152,11 @@ impl LanSide {
                 RATE_SLOTS,
                 SERVICE_PER_SOURCE,
                 SERVICE_BURST,
+            ),
+            icmp_errors: cyphonic_tunnel::RateTable::new(
+                1,
+                ICMP_ERRORS_PER_SEC,
+                ICMP_ERRORS_PER_SEC,
             ),
             dhcp_on,
             dns_on,

@@ -720,3 +720,86 @@ fn garbage_dhcp_and_dns_are_counted_and_dropped() {
     dev.wait_for(&["bound"], 1, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
 }
+
+/// The ICMP errors the gateway sends its LAN keep to one rate (200 a second after a burst of
+/// as many, RFC 1812 §4.3.2.8) however many capture threads read the LAN: a burst of TTL-1
+/// pings from each CPU (each CPU's frames reach the sparse capture thread of that CPU) gets
+/// no more time-exceeded answers than one bucket allows, and the rest are counted.
+#[test]
+fn icmp_errors_keep_one_rate_across_capture_threads() {
+    const PER_CPU: u32 = 400;
+    let bed = bed(&BedOptions::default());
+    let before = bed.status(Side::A).unwrap();
+    let gw_mac = parse_mac(before["adapter"]["gateway_mac"].as_str().unwrap());
+    let (mac, src, dst) = (parse_mac(&bed.a.host_mac), bed.a.host_ip, bed.b.host_ip);
+    let cpus = cyphonic_netio::allowed_cpus().unwrap();
+    let start = std::time::Instant::now();
+    let senders: Vec<_> = cpus
+        .iter()
+        .map(|&cpu| {
+            inject::spawn_inside(&bed.a.lan, move || {
+                let place = cyphonic_netio::Placement {
+                    cpus: vec![cpu],
+                    realtime_priority: 0,
+                };
+                place.apply()?;
+                let sock = cyphonic_netio::PacketSocket::open(
+                    &cyphonic_netio::Interface::lookup_up("eth0")?,
+                    &cyphonic_netio::PacketOptions {
+                        promiscuous: false,
+                        ..cyphonic_netio::PacketOptions::default()
+                    },
+                )?;
+                for i in 0..PER_CPU {
+                    let mut f = inject::echo_frame(gw_mac, mac, src, dst, &i.to_be_bytes());
+                    // TTL 1, and the header's checksum again.
+                    f[22] = 1;
+                    f[24..26].fill(0);
+                    let sum = inject::checksum(&f[14..34]);
+                    f[24..26].copy_from_slice(&sum.to_be_bytes());
+                    sock.send(&f)?;
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for s in senders {
+        inject::joined(s).unwrap();
+    }
+    let sent = u64::from(PER_CPU) * cpus.len() as u64;
+    let delta = |s: &Value, name: &str| counter(s, name) - counter(&before, name);
+    let mut after = before.clone();
+    let handled = cyphonic_e2e::wait_until(Duration::from_secs(5), "the pings handled", || {
+        bed.status(Side::A).is_ok_and(|s| {
+            let done = delta(&s, "icmp_time_exceeded") + delta(&s, "icmp_rate_limited") >= sent;
+            after = s;
+            done
+        })
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{} CPUs, {sent} TTL-1 pings in {elapsed:.3} s: {} answered, {} rate-limited",
+        cpus.len(),
+        delta(&after, "icmp_time_exceeded"),
+        delta(&after, "icmp_rate_limited")
+    );
+    assert!(handled.is_ok(), "{}\n{}", after["counters"], bed.logs());
+    // One bucket: its burst, and what it gained while the pings were handled.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small"
+    )]
+    let allowed = 200 + (200.0 * elapsed).ceil() as u64;
+    assert!(
+        delta(&after, "icmp_time_exceeded") <= allowed,
+        "{} answered, {allowed} allowed\n{}",
+        delta(&after, "icmp_time_exceeded"),
+        after["counters"]
+    );
+    assert!(
+        delta(&after, "icmp_rate_limited") > 0,
+        "{}",
+        after["counters"]
+    );
+}
