@@ -710,13 +710,26 @@ fn only_the_sparse_threads_run_at_real_time_priority_by_default() {
         })
         .collect();
     let cpus = cyphonic_netio::allowed_cpus().unwrap();
-    let names: Vec<String> = if cpus.len() < 2 {
+    let per_cpu = cpus.len().min(16); // cyphonic_tunnel::MAX_SPARSE_THREADS
+    // The LAN side's sparse sockets: one per CPU where the kernel can keep a per-CPU group
+    // off the host's own frames, else one (as the adapter opens them).
+    let lan_sockets = inject::inside(&bed.a.lan, move || {
+        let iface = cyphonic_netio::Interface::lookup_up("eth0")?;
+        let opts = cyphonic_netio::PacketOptions {
+            promiscuous: false,
+            ..cyphonic_netio::PacketOptions::default()
+        };
+        Ok(cyphonic_netio::PacketSocket::open_per_cpu(&iface, &opts, per_cpu)?.len())
+    })
+    .unwrap();
+    let names: Vec<String> = if per_cpu < 2 {
         vec!["cy-sparse-cap".into(), "cy-sparse-rx".into()]
     } else {
-        cpus.iter()
-            .take(16) // cyphonic_tunnel::MAX_SPARSE_THREADS
-            .flat_map(|c| [format!("cy-sparse-cap{c}"), format!("cy-sparse-rx{c}")])
-            .collect()
+        let rx = cpus[..per_cpu].iter().map(|c| format!("cy-sparse-rx{c}"));
+        let cap = cpus[..lan_sockets]
+            .iter()
+            .map(|c| format!("cy-sparse-cap{c}"));
+        rx.chain(cap).collect()
     };
     for name in &names {
         let t = threads.iter().find(|t| &t.0 == name);
