@@ -98,7 +98,7 @@ impl<'a> AdapterEdge<'a> {
         };
         if sparse_capture.len() < sparse_threads {
             tracing::info!(
-                "one sparse capture socket, not one per CPU: this kernel cannot keep a fanout group off the frames the adapter sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING); the tunnel side still has one per CPU"
+                "one sparse capture socket, not one per CPU: this kernel cannot keep a fanout group off the frames the adapter sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING, Linux 6.2); the tunnel side still has one per CPU"
             );
         }
         let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);

@@ -21,8 +21,19 @@ const PACKET_FANOUT_HASH: libc::c_int = 0;
 const PACKET_FANOUT_CPU: libc::c_int = 2;
 const PACKET_FANOUT_FLAG_UNIQUEID: libc::c_int = 0x2000;
 /// The group leaves our own outgoing frames alone, as `PACKET_IGNORE_OUTGOING` does a socket
-/// (which a group member's own setting no longer does); newer kernels only (not Linux 6.1).
+/// (which a group member's own setting no longer does); Linux 6.2 and later
+/// ([`group_ignores_outgoing`]).
 const PACKET_FANOUT_FLAG_IGNORE_OUTGOING: libc::c_int = 0x4000;
+
+/// Whether this kernel keeps a fanout group off the host's outgoing frames when asked
+/// (`PACKET_FANOUT_FLAG_IGNORE_OUTGOING`, Linux 6.2). Asking it cannot tell: before 6.2,
+/// `fanout_add` checks the group's mode but not its flags, keeps the ones it does not know
+/// and goes on without them, so the group would take a copy of every frame the host sends
+/// (Debian bookworm's 6.1, the Pi's, is such a kernel).
+fn group_ignores_outgoing() -> bool {
+    static KNOWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *KNOWN.get_or_init(|| sys::kernel_release().is_some_and(|r| sys::release_at_least(&r, 6, 2)))
+}
 
 /// linux/if_packet.h `struct tpacket_stats`.
 #[repr(C)]
@@ -343,6 +354,18 @@ impl PacketSocket {
         queues: usize,
         mode: libc::c_int,
     ) -> Result<Vec<Self>, NetError> {
+        Self::open_fanout_as(iface, opts, queues, mode, group_ignores_outgoing())
+    }
+
+    /// [`Self::open_fanout`] on a kernel that does (`group_flag`) or does not know
+    /// `PACKET_FANOUT_FLAG_IGNORE_OUTGOING`.
+    fn open_fanout_as(
+        iface: &Interface,
+        opts: &PacketOptions,
+        queues: usize,
+        mode: libc::c_int,
+        group_flag: bool,
+    ) -> Result<Vec<Self>, NetError> {
         let mut first = Self::open(iface, opts)?;
         if queues <= 1 {
             return Ok(vec![first]);
@@ -358,20 +381,21 @@ impl PacketSocket {
             setsockopt(fd, libc::SOL_PACKET, PACKET_FANOUT, &(kind << 16))
         };
         let mut flags = 0;
-        if first.ignores_outgoing {
+        if first.ignores_outgoing && group_flag {
             match create(PACKET_FANOUT_FLAG_IGNORE_OUTGOING) {
                 Ok(()) => flags = PACKET_FANOUT_FLAG_IGNORE_OUTGOING,
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    if mode == PACKET_FANOUT_CPU {
-                        return Ok(vec![first]);
-                    }
-                    create(0).map_err(fanout_err)?;
-                    first.ignores_outgoing = false;
-                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
                 Err(e) => return Err(fanout_err(e)),
             }
-        } else {
+        }
+        if flags == 0 {
+            // A group that would take the host's outgoing frames, which the socket alone
+            // ignores: not worth it for the CPU's, and the hash group's members see them.
+            if first.ignores_outgoing && mode == PACKET_FANOUT_CPU {
+                return Ok(vec![first]);
+            }
             create(0).map_err(fanout_err)?;
+            first.ignores_outgoing = false;
         }
         let arg: libc::c_int =
             sys::getsockopt(fd, libc::SOL_PACKET, PACKET_FANOUT).map_err(fanout_err)?;
@@ -687,5 +711,40 @@ mod tests {
             large.join(0, b"", LARGE_FRAME).map(<[u8]>::len),
             Some(LARGE_FRAME)
         );
+    }
+
+    /// On a kernel without the group flag, a per-CPU group would take the host's outgoing
+    /// frames: one socket instead. A hash group is made without the flag, and its sockets
+    /// say they see outgoing frames (their reader skips them). On loopback, where nothing
+    /// is sent; skipped without `CAP_NET_RAW`.
+    #[test]
+    fn without_the_group_flag_no_group_takes_outgoing_frames_unsaid() {
+        let lo = Interface::lookup_up("lo").unwrap();
+        let opts = PacketOptions {
+            promiscuous: false,
+            ..PacketOptions::default()
+        };
+        let alone = match PacketSocket::open(&lo, &opts) {
+            Ok(s) => s,
+            Err(e) => {
+                println!("skipped: no packet socket here ({e})");
+                return;
+            }
+        };
+        if !alone.ignores_outgoing() {
+            println!("skipped: this kernel has no PACKET_IGNORE_OUTGOING");
+            return;
+        }
+        let cpu = PacketSocket::open_fanout_as(&lo, &opts, 2, PACKET_FANOUT_CPU, false).unwrap();
+        assert_eq!(cpu.len(), 1);
+        assert!(cpu[0].ignores_outgoing());
+        let hash = PacketSocket::open_fanout_as(&lo, &opts, 2, PACKET_FANOUT_HASH, false).unwrap();
+        assert_eq!(hash.len(), 2);
+        assert!(hash.iter().all(|s| !s.ignores_outgoing()));
+        if group_ignores_outgoing() {
+            let cpu = PacketSocket::open_fanout_as(&lo, &opts, 2, PACKET_FANOUT_CPU, true).unwrap();
+            assert_eq!(cpu.len(), 2);
+            assert!(cpu.iter().all(PacketSocket::ignores_outgoing));
+        }
     }
 }

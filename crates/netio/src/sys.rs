@@ -497,6 +497,31 @@ pub(crate) fn sendmmsg_gather<const H: usize>(
 }
 
 /// `setsockopt(2)` with a plain-old-data value.
+/// The running kernel's release (`uname -r`: `6.1.0-18-arm64`), if it can be read.
+pub(crate) fn kernel_release() -> Option<String> {
+    // SAFETY: utsname is plain old data; all-zero is valid.
+    let mut names: libc::utsname = unsafe { zeroed() };
+    // SAFETY: `names` is a live utsname for uname to fill.
+    if unsafe { libc::uname(&raw mut names) } != 0 {
+        return None;
+    }
+    // SAFETY: uname leaves `release` NUL-terminated within the array.
+    let release = unsafe { std::ffi::CStr::from_ptr(names.release.as_ptr()) };
+    release.to_str().ok().map(str::to_owned)
+}
+
+/// Whether kernel release `release` is `major.minor` or later (by its leading numbers; a
+/// release that does not start `<major>.<minor>` is not).
+pub(crate) fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u32>);
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(a)), Some(Ok(b))) => (a, b) >= (major, minor),
+        _ => false,
+    }
+}
+
 pub(crate) fn setsockopt<T>(
     fd: libc::c_int,
     level: libc::c_int,
@@ -724,5 +749,25 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn kernel_releases_compare_by_their_leading_numbers() {
+        for (release, at_least_6_2) in [
+            ("6.1.0-18-arm64", false),
+            ("6.1.77-v8+", false),
+            ("5.15.0-1049-raspi", false),
+            ("6.2.0", true),
+            ("6.12.20+rpt-rpi-v8", true),
+            ("6.18.44-fc-v669", true),
+            ("7.0", true),
+            ("6", false),
+            ("", false),
+            ("rolling", false),
+        ] {
+            assert_eq!(release_at_least(release, 6, 2), at_least_6_2, "{release}");
+        }
+        let here = kernel_release().unwrap();
+        assert!(release_at_least(&here, 2, 6), "{here}");
     }
 }
