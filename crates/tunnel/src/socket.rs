@@ -180,6 +180,25 @@ mod tests {
 
     /// What `socket` receives within a short wait: each datagram's version, type and flags
     /// (zeros for one shorter than a header).
+    /// `main`'s sparse companions for `threads`, or `None` (said) where the steering
+    /// program is refused: qemu-user (the aarch64 test run) does not translate
+    /// `SO_ATTACH_REUSEPORT_CBPF`; a kernel (4.5 and later) takes it, so on x86-64 a refusal
+    /// fails the test.
+    fn companions_or_skip(
+        main: &UdpSocket,
+        opts: &UdpOptions,
+        threads: &[Option<usize>],
+    ) -> Option<Vec<Box<dyn TunnelSocket>>> {
+        match main.sparse_companions(opts, threads) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                assert!(std::env::consts::ARCH != "x86_64", "{e}");
+                eprintln!("steering refused (emulated?): not checked here: {e}");
+                None
+            }
+        }
+    }
+
     fn received(socket: &mut dyn TunnelSocket) -> Vec<(u8, u8, u16)> {
         let mut got = Vec::new();
         let mut store = vec![[0u8; 2048]; 8];
@@ -219,13 +238,8 @@ mod tests {
         };
         let mut main = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
         let threads: Vec<Option<usize>> = cpus.iter().copied().map(Some).collect();
-        let mut companions = match main.sparse_companions(&opts, &threads) {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(std::env::consts::ARCH != "x86_64", "{e}");
-                eprintln!("steering refused (emulated?): not checked here: {e}");
-                return;
-            }
+        let Some(mut companions) = companions_or_skip(&main, &opts, &threads) else {
+            return;
         };
         assert_eq!(companions.len(), 2);
         let to = TunnelSocket::local_addr(&main).unwrap();
@@ -269,21 +283,14 @@ mod tests {
             ..UdpOptions::default()
         };
         let mut main = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts).unwrap();
-        let mut companion = match main.sparse_companions(
-            &UdpOptions {
-                coalescing: false,
-                ..opts.clone()
-            },
-            &[None],
-        ) {
-            Ok(mut c) => c.pop().expect("a real socket has a companion"),
-            // qemu-user (the aarch64 test run) does not translate SO_ATTACH_REUSEPORT_CBPF;
-            // a kernel (4.5 and later) takes it.
-            Err(e) => {
-                assert!(std::env::consts::ARCH != "x86_64", "{e}");
-                eprintln!("steering refused (emulated?): not checked here: {e}");
-                return;
-            }
+        let companion_opts = UdpOptions {
+            coalescing: false,
+            ..opts.clone()
+        };
+        let Some(mut companion) = companions_or_skip(&main, &companion_opts, &[None])
+            .map(|mut c| c.pop().expect("a real socket has a companion"))
+        else {
+            return;
         };
         let to = TunnelSocket::local_addr(&main).unwrap();
         let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
