@@ -132,7 +132,10 @@ pub fn udp_frame(
 }
 
 /// A socket that sends raw frames out of `iface` (in the namespace the thread is in).
-fn sender(iface: &str) -> anyhow::Result<PacketSocket> {
+///
+/// # Errors
+/// The interface is missing or down, or the socket cannot be opened.
+pub fn sender(iface: &str) -> anyhow::Result<PacketSocket> {
     let i = Interface::lookup_up(iface)?;
     Ok(PacketSocket::open(
         &i,

@@ -743,13 +743,7 @@ fn icmp_errors_keep_one_rate_across_capture_threads() {
                     realtime_priority: 0,
                 };
                 place.apply()?;
-                let sock = cyphonic_netio::PacketSocket::open(
-                    &cyphonic_netio::Interface::lookup_up("eth0")?,
-                    &cyphonic_netio::PacketOptions {
-                        promiscuous: false,
-                        ..cyphonic_netio::PacketOptions::default()
-                    },
-                )?;
+                let sock = inject::sender("eth0")?;
                 for i in 0..PER_CPU {
                     let mut f = inject::echo_frame(gw_mac, mac, src, dst, &i.to_be_bytes());
                     // TTL 1, and the header's checksum again.

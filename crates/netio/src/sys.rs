@@ -496,7 +496,6 @@ pub(crate) fn sendmmsg_gather<const H: usize>(
     sent
 }
 
-/// `setsockopt(2)` with a plain-old-data value.
 /// The running kernel's release (`uname -r`: `6.1.0-18-arm64`), if it can be read.
 pub(crate) fn kernel_release() -> Option<String> {
     // SAFETY: utsname is plain old data; all-zero is valid.
@@ -522,6 +521,7 @@ pub(crate) fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
     }
 }
 
+/// `setsockopt(2)` with a plain-old-data value.
 pub(crate) fn setsockopt<T>(
     fd: libc::c_int,
     level: libc::c_int,

@@ -178,8 +178,6 @@ mod tests {
         bytes
     }
 
-    /// What `socket` receives within a short wait: each datagram's version, type and flags
-    /// (zeros for one shorter than a header).
     /// `main`'s sparse companions for `threads`, or `None` (said) where the steering
     /// program is refused: qemu-user (the aarch64 test run) does not translate
     /// `SO_ATTACH_REUSEPORT_CBPF`; a kernel (4.5 and later) takes it, so on x86-64 a refusal
@@ -199,6 +197,8 @@ mod tests {
         }
     }
 
+    /// What `socket` receives within a short wait: each datagram's version, type and flags
+    /// (zeros for one shorter than a header).
     fn received(socket: &mut dyn TunnelSocket) -> Vec<(u8, u8, u16)> {
         let mut got = Vec::new();
         let mut store = vec![[0u8; 2048]; 8];
