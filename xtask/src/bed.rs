@@ -38,55 +38,65 @@ pub(crate) fn prerequisites() -> anyhow::Result<()> {
     util::install_missing("the bed", TOOLS)
 }
 
-/// The packages and binaries the test bed runs: the adapter, the cloud (and CA tool), the
-/// node and the bed itself.
-const BED_BINARIES: &[&str] = &[
-    "-p",
-    "cyphonic-adapter",
-    "-p",
-    "cyphonic-cloud",
-    "-p",
-    "cyphonic-node",
-    "-p",
-    "cyphonic-e2e",
-    "--bin",
-    "cyphonic-adapter",
-    "--bin",
-    "cyphonic-cloud",
-    "--bin",
-    "cyphonic-node",
-    "--bin",
-    "cyphonic-bed",
+/// The native build of `cargo xtask test`: every package with its dev-dependencies, libraries,
+/// programs (the bed's among them) and tests. A build of some packages, or without their
+/// tests, resolves the dependencies' features differently and compiles dozens of them again
+/// (the bed's programs and the kernel tier's tests each did, 4 minutes apiece on a fresh
+/// machine), so every tier runs what this one build made.
+const TEST_BUILD: &[&str] = &[
+    "build",
+    "--workspace",
+    "--locked",
+    "--lib",
+    "--bins",
+    "--tests",
 ];
 
-/// Builds [`BED_BINARIES`] with `profile_args` (none: dev; `--release`).
+/// Builds [`TEST_BUILD`]; the bed's programs are then in target/debug.
 ///
 /// # Errors
 /// The build fails.
-pub(crate) fn build(root: &Path, profile_args: &[&str]) -> anyhow::Result<()> {
-    let mut args = vec!["build", "--locked"];
-    args.extend_from_slice(profile_args);
-    args.extend_from_slice(BED_BINARIES);
-    util::cargo(root, &args)
+pub(crate) fn build_for_tests(root: &Path) -> anyhow::Result<()> {
+    util::cargo(root, TEST_BUILD)
 }
 
-/// Builds the bed's binaries in release mode; returns their directory.
+/// Builds what `cargo build --release` builds (every package's libraries and programs, the
+/// bed's among them: after that command this builds nothing); returns their directory.
 ///
 /// # Errors
 /// The build fails.
 pub(crate) fn build_release(root: &Path) -> anyhow::Result<PathBuf> {
-    build(root, &["--release"])?;
+    util::cargo(root, &["build", "--locked", "--release"])?;
     Ok(root.join("target/release"))
 }
 
-/// The kernel tier's test programs (the e2e package's tests, which the workspace build
-/// made), found through `cargo test --no-run` over the same selection as that build, so
-/// nothing is compiled again (`cargo test -p cyphonic-e2e` would resolve other features and
-/// compile the dependencies again).
+/// A test program and the directory of its package (where `cargo test` runs it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Program {
+    /// The executable.
+    pub(crate) path: PathBuf,
+    /// Its package's directory.
+    pub(crate) dir: PathBuf,
+}
+
+/// The workspace's test programs, by tier.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Programs {
+    /// Everything that needs no privileges: every package's tests but the e2e package's.
+    pub(crate) unit: Vec<Program>,
+    /// The kernel tier: the e2e package's, its library's unit tests (the bed's own logic:
+    /// parsers, the soak's judgement and plot) first, then its integration tests.
+    pub(crate) kernel: Vec<Program>,
+}
+
+/// The test programs the workspace build made, found through `cargo test --no-run` over
+/// the same selection as that build, so nothing is compiled again (a selection such as
+/// `--exclude cyphonic-e2e`, or `-p cyphonic-e2e`, would resolve other features and compile
+/// the dependencies again).
 ///
 /// # Errors
-/// The programs cannot be listed, or there are none.
-pub(crate) fn kernel_tier_programs(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+/// The programs cannot be listed, or there are none of a tier.
+pub(crate) fn test_programs(root: &Path) -> anyhow::Result<Programs> {
     let out = util::cargo_command()
         .args([
             "test",
@@ -100,58 +110,71 @@ pub(crate) fn kernel_tier_programs(root: &Path) -> anyhow::Result<Vec<PathBuf>> 
         .output()
         .context("listing the test programs (cargo test --no-run)")?;
     anyhow::ensure!(out.status.success(), "cargo test --no-run failed");
-    let programs = test_programs(
+    let programs = sort_programs(
         &String::from_utf8_lossy(&out.stdout),
         &root.join("e2e/Cargo.toml"),
     );
-    anyhow::ensure!(!programs.is_empty(), "no e2e test programs were built");
+    anyhow::ensure!(
+        !programs.unit.is_empty(),
+        "no unit test programs were built"
+    );
+    anyhow::ensure!(
+        !programs.kernel.is_empty(),
+        "no e2e test programs were built"
+    );
     Ok(programs)
 }
 
-/// Runs the kernel tier's test `programs` one test at a time, from the package's directory
-/// as `cargo test` would.
+/// Runs `programs` one after the other with `args`, each from its package's directory as
+/// `cargo test` would.
 ///
 /// # Errors
 /// A program cannot be started, or a test fails.
-pub(crate) fn kernel_tier(root: &Path, programs: &[PathBuf]) -> anyhow::Result<()> {
-    let e2e = root.join("e2e");
+pub(crate) fn run_programs(programs: &[Program], args: &[&str]) -> anyhow::Result<()> {
     for p in programs {
         util::run(
-            Command::new(p)
-                .arg("--test-threads=1")
-                .current_dir(&e2e)
-                .env("CARGO_MANIFEST_DIR", &e2e),
-            &format!("{} --test-threads=1", p.display()),
+            Command::new(&p.path)
+                .args(args)
+                .current_dir(&p.dir)
+                .env("CARGO_MANIFEST_DIR", &p.dir),
+            &format!("{} {}", p.path.display(), args.join(" ")),
         )?;
     }
     Ok(())
 }
 
-/// The test programs of the package whose manifest is `manifest`, from cargo's JSON
-/// messages: its library's unit tests (the bed's own logic: parsers, the soak's judgement
-/// and plot), then its integration tests, each in the order cargo built them. Only test
-/// builds have an executable; the library itself and the bed's program do not count.
-fn test_programs(messages: &str, manifest: &Path) -> Vec<PathBuf> {
+/// The test programs in cargo's JSON messages, split into the e2e package's (whose manifest
+/// is `e2e`) and the rest, each in the order cargo built them (the e2e library's before its
+/// integration tests). Only test builds have an executable; libraries and programs do not
+/// count.
+fn sort_programs(messages: &str, e2e: &Path) -> Programs {
     let artifacts: Vec<serde_json::Value> = messages
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| {
-            m["reason"] == "compiler-artifact"
-                && m["manifest_path"].as_str().map(Path::new) == Some(manifest)
-                && m["profile"]["test"] == true
-        })
+        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .collect();
-    let of_kind = |kind: &'static str| {
-        artifacts
-            .iter()
-            .filter(move |m| {
-                m["target"]["kind"]
-                    .as_array()
-                    .is_some_and(|k| k.iter().any(|k| k == kind))
-            })
-            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+    let program = |m: &serde_json::Value| {
+        let manifest = PathBuf::from(m["manifest_path"].as_str()?);
+        Some(Program {
+            path: PathBuf::from(m["executable"].as_str()?),
+            dir: manifest.parent()?.to_path_buf(),
+        })
     };
-    of_kind("lib").chain(of_kind("test")).collect()
+    let is_kind = |m: &serde_json::Value, kind: &str| {
+        m["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == kind))
+    };
+    let in_e2e = |m: &serde_json::Value| m["manifest_path"].as_str().map(Path::new) == Some(e2e);
+    let unit = artifacts
+        .iter()
+        .filter(|m| !in_e2e(m))
+        .filter_map(program)
+        .collect();
+    let e2e_lib = artifacts.iter().filter(|m| in_e2e(m) && is_kind(m, "lib"));
+    let e2e_tests = artifacts.iter().filter(|m| in_e2e(m) && !is_kind(m, "lib"));
+    let kernel = e2e_lib.chain(e2e_tests).filter_map(program).collect();
+    Programs { unit, kernel }
 }
 
 #[cfg(test)]
@@ -159,7 +182,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_kernel_tier_runs_the_e2e_packages_test_programs_only() {
+    fn the_tiers_split_the_test_programs_by_package() {
         let messages = [
             r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"profile":{"test":true},"executable":"/r/target/debug/deps/cloud-1"}"#,
             r#"{"reason":"compiler-artifact","manifest_path":"/r/crates/signal/Cargo.toml","target":{"kind":["test"],"name":"cloud"},"profile":{"test":true},"executable":"/r/target/debug/deps/cloud-2"}"#,
@@ -168,18 +191,31 @@ mod tests {
             r#"{"reason":"build-finished","success":true}"#,
             "not json",
             r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["test"],"name":"node"},"profile":{"test":true},"executable":"/r/target/debug/deps/node-4"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/crates/wire/Cargo.toml","target":{"kind":["lib"],"name":"cyphonic_wire"},"profile":{"test":true},"executable":"/r/target/debug/deps/cyphonic_wire-6"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/r/crates/wire/Cargo.toml","target":{"kind":["lib"],"name":"cyphonic_wire"},"profile":{"test":false},"executable":null}"#,
             r#"{"reason":"compiler-artifact","manifest_path":"/r/e2e/Cargo.toml","target":{"kind":["lib"],"name":"cyphonic_e2e"},"profile":{"test":true},"executable":"/r/target/debug/deps/cyphonic_e2e-5"}"#,
         ]
         .join("\n");
-        // The library's unit tests first (seconds), then the integration tests; never the
-        // bed's program or another package's tests.
+        let p = |path: &str, dir: &str| Program {
+            path: PathBuf::from(path),
+            dir: PathBuf::from(dir),
+        };
+        // Every other package's test programs in the unit tier, where they were built;
+        // the e2e library's unit tests first (seconds), then its integration tests; never a
+        // library or a program.
         assert_eq!(
-            test_programs(&messages, Path::new("/r/e2e/Cargo.toml")),
-            [
-                PathBuf::from("/r/target/debug/deps/cyphonic_e2e-5"),
-                PathBuf::from("/r/target/debug/deps/cloud-1"),
-                PathBuf::from("/r/target/debug/deps/node-4")
-            ]
+            sort_programs(&messages, Path::new("/r/e2e/Cargo.toml")),
+            Programs {
+                unit: vec![
+                    p("/r/target/debug/deps/cloud-2", "/r/crates/signal"),
+                    p("/r/target/debug/deps/cyphonic_wire-6", "/r/crates/wire"),
+                ],
+                kernel: vec![
+                    p("/r/target/debug/deps/cyphonic_e2e-5", "/r/e2e"),
+                    p("/r/target/debug/deps/cloud-1", "/r/e2e"),
+                    p("/r/target/debug/deps/node-4", "/r/e2e"),
+                ],
+            }
         );
     }
 }

@@ -264,6 +264,8 @@ pub(crate) struct Packaging<'a> {
     pub(crate) strip: &'a str,
     /// dpkg-deb's compression option.
     pub(crate) compression: &'a str,
+    /// The programs packaged (each its own package, beside the common one).
+    pub(crate) programs: &'a [Program],
 }
 
 /// Stages and builds every package from the programs in `bins` under `out`
@@ -339,7 +341,7 @@ pub(crate) fn build(
     debs.push(pack(&tree, out, COMMON, "all", compression)?);
 
     let strip = how.strip;
-    for p in &PROGRAMS {
+    for p in how.programs {
         let tree = work.join(p.name);
         let bin = tree.join("usr/bin").join(p.name);
         put(&bins.join(p.name), &bin, 0o755)?;
@@ -638,13 +640,29 @@ impl Scratch {
 /// # Errors
 /// A step fails, or a check does.
 pub(crate) fn check_install(debs: &[PathBuf]) -> anyhow::Result<()> {
+    let programs = packaged(debs);
     let base = std::env::temp_dir().join(format!("cyphonic-deb-{}", std::process::id()));
-    let result = Scratch::new(&base).and_then(|s| check_steps(&s, debs));
+    let result = Scratch::new(&base).and_then(|s| check_steps(&s, debs, &programs));
     let _ = std::fs::remove_dir_all(&base);
     result
 }
 
-fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
+/// The programs whose packages are among `debs`.
+fn packaged(debs: &[PathBuf]) -> Vec<Program> {
+    PROGRAMS
+        .iter()
+        .filter(|p| {
+            debs.iter().any(|d| {
+                d.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{}_", p.name)))
+            })
+        })
+        .copied()
+        .collect()
+}
+
+fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::Result<()> {
     let files: Vec<String> = debs.iter().map(|d| d.display().to_string()).collect();
     let mut install = vec!["--install".to_owned()];
     install.extend(files.iter().cloned());
@@ -681,7 +699,7 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
 
     // Each program: its binary, unit, configuration (a conffile, readable by the service
     // user and root only) and dependencies.
-    for p in &PROGRAMS {
+    for p in programs {
         let bin = format!("usr/bin/{}", p.name);
         let found = mode(&bin)?;
         ensure!(found.0 == 0o755, "/{bin}: {found:?}");
@@ -717,7 +735,7 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
         !said.contains("start") && !said.contains("stop"),
         "a first installation must start nothing; the scripts asked: {said}"
     );
-    verify_units(s)?;
+    verify_units(s, programs)?;
 
     // State, an administrator's key, edit and `systemctl enable`; then the upgrade.
     write(&s.path("var/lib/cyphonic/leases.json"), "{}", 0o600)?;
@@ -735,7 +753,7 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
     )?;
     s.dpkg(&install)?;
     let said = s.services()?;
-    for p in &PROGRAMS {
+    for p in programs {
         ensure!(
             said.contains(&format!(
                 "deb-systemd-invoke try-restart {}.service",
@@ -760,10 +778,10 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
 
     // Removal: services stopped, binaries gone, configuration and state kept.
     let mut remove = vec!["--remove".to_owned()];
-    remove.extend(PROGRAMS.iter().map(|p| p.name.to_owned()));
+    remove.extend(programs.iter().map(|p| p.name.to_owned()));
     s.dpkg(&remove)?;
     let said = s.services()?;
-    for p in &PROGRAMS {
+    for p in programs {
         ensure!(
             said.contains(&format!("deb-systemd-invoke stop {}.service", p.name)),
             "removing {} must stop it; the scripts asked: {said}",
@@ -787,10 +805,10 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
 
     // Purge: configurations, state and the enable link go; the administrator's key stays.
     let mut purge = vec!["--purge".to_owned()];
-    purge.extend(PROGRAMS.iter().map(|p| p.name.to_owned()));
+    purge.extend(programs.iter().map(|p| p.name.to_owned()));
     purge.push(COMMON.to_owned());
     s.dpkg(&purge)?;
-    for p in &PROGRAMS {
+    for p in programs {
         ensure!(
             !s.path(&format!("etc/cyphonic/{}", p.config)).exists(),
             "purge left /etc/cyphonic/{}",
@@ -824,7 +842,7 @@ fn check_steps(s: &Scratch, debs: &[PathBuf]) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// systemd-analyze is missing, or says something about a unit.
-fn verify_units(s: &Scratch) -> anyhow::Result<()> {
+fn verify_units(s: &Scratch, programs: &[Program]) -> anyhow::Result<()> {
     let root_arg = format!("--root={}", s.root.display());
     let log = s.base.join("analyze.log");
     let mut args = vec![
@@ -834,14 +852,14 @@ fn verify_units(s: &Scratch) -> anyhow::Result<()> {
         root_arg.clone(),
     ];
     args.extend(
-        PROGRAMS
+        programs
             .iter()
             .map(|p| format!("/lib/systemd/system/{}.service", p.name)),
     );
     s.run("sh", &args, "systemd-analyze verify (scratch root)")?;
     let said = std::fs::read_to_string(&log)?;
     ensure!(said.trim().is_empty(), "systemd-analyze verify:\n{said}");
-    for p in &PROGRAMS {
+    for p in programs {
         let args = vec![
             "-c".to_owned(),
             "systemd-analyze security --offline=yes \"$1\" \"$2\" > \"$0\" 2>&1".to_owned(),

@@ -191,6 +191,20 @@ pub(crate) fn run(triple: &str, profile: &str) -> anyhow::Result<Vec<PathBuf>> {
 /// # Errors
 /// A program is missing from `bins`, or packaging fails.
 pub(crate) fn package(triple: &str, bins: &Path, profile: &str) -> anyhow::Result<Vec<PathBuf>> {
+    package_programs(triple, bins, profile, &deb::PROGRAMS)
+}
+
+/// [`package`] for `programs` only (the Pi's tier of `cargo xtask test` packages the
+/// adapter and the node: it does not build the cloud).
+///
+/// # Errors
+/// A program is missing from `bins`, or packaging fails.
+pub(crate) fn package_programs(
+    triple: &str,
+    bins: &Path,
+    profile: &str,
+    programs: &[deb::Program],
+) -> anyhow::Result<Vec<PathBuf>> {
     let root = util::root();
     let target = target(triple)?;
     let dist = root.join("target/dist").join(target.deb_arch);
@@ -209,6 +223,7 @@ pub(crate) fn package(triple: &str, bins: &Path, profile: &str) -> anyhow::Resul
         arch: target.deb_arch,
         strip: &strip,
         compression,
+        programs,
     };
     let debs = deb::build(&root, &how, bins, &dist)?;
     let tarball = dist.join(format!(
@@ -222,7 +237,7 @@ pub(crate) fn package(triple: &str, bins: &Path, profile: &str) -> anyhow::Resul
     tar.arg("-C")
         .arg(dist.join("debian").join(deb::COMMON))
         .arg(".");
-    for p in &deb::PROGRAMS {
+    for p in programs {
         tar.arg("-C").arg(dist.join("debian").join(p.name)).arg(".");
     }
     util::run(&mut tar, "tar")?;

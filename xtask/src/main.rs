@@ -12,6 +12,7 @@
 // A command-line tool: printing reports to stdout is its job.
 #![allow(clippy::print_stdout)]
 
+mod background;
 mod bed;
 mod bench;
 mod cross;
@@ -256,6 +257,13 @@ fn run_soak(
 
 fn test() -> anyhow::Result<()> {
     let root = util::root();
+    // First, at the lowest priority, the builds that need no privileges and nothing of the
+    // rest: the Pi's (tests and programs; the longest build of the run), then the fuzz
+    // targets' check (they live outside the workspace: cargo-fuzz builds them with nightly
+    // and sanitizers; this makes sure they still compile against the current APIs). They
+    // take what the foreground leaves idle: the single-crate tails of the native builds,
+    // the kernel tier's waits on its network, the soak. Stopped if the run fails first.
+    let background = background::Builds::start(&root)?;
     util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
     util::cargo(
         &root,
@@ -269,57 +277,29 @@ fn test() -> anyhow::Result<()> {
             "warnings",
         ],
     )?;
-    // One build for the whole native tier, every package with its dev-dependencies: a
-    // build of some packages, or without their tests, resolves the dependencies' features
-    // differently and compiles dozens of them again (the bed's programs and the kernel
-    // tier's tests each did, 4 minutes apiece on a fresh machine).
-    util::cargo(
-        &root,
-        &[
-            "build",
-            "--workspace",
-            "--locked",
-            "--lib",
-            "--bins",
-            "--tests",
-        ],
-    )?;
-    // Unit tier: everything that needs no privileges.
-    util::cargo(
-        &root,
-        &[
-            "test",
-            "--workspace",
-            "--exclude",
-            "cyphonic-e2e",
-            "--locked",
-        ],
-    )?;
+    // One build for the whole native tier (see bed::build_for_tests).
+    bed::build_for_tests(&root)?;
+    // Unit tier: everything that needs no privileges, from the test programs that build
+    // made (`cargo test --exclude cyphonic-e2e` would resolve the dependencies' features
+    // without the e2e package's and compile dozens of them again: 5 minutes on a fresh
+    // machine), then the doctests.
+    let programs = bed::test_programs(&root)?;
+    bed::run_programs(&programs.unit, &[])?;
+    util::cargo(&root, &["test", "--workspace", "--locked", "--doc"])?;
     // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries (just built) and
     // real tools. Needs root; fails (never skips) without it. One test at a time: they share
-    // the CPUs with the daemons they start.
-    let e2e = bed::kernel_tier_programs(&root)?;
-    // Meanwhile, at the lowest priority, the builds that need no privileges and nothing of
-    // the kernel tier: the Pi's (tests and programs; the longest build of the run) and the
-    // fuzz targets' check (they live outside the workspace: cargo-fuzz builds them with
-    // nightly and sanitizers; this makes sure they still compile against the current APIs).
-    // The kernel tier mostly waits on its network, and its daemons come first. The native
-    // demo and packages follow the kernel tier while the Pi's build may still run.
-    let background = spawn_background_builds(&root)?;
-    let native = bed::kernel_tier(&root, &e2e)
-        .and_then(|()| native_demo_and_packages(&root))
-        .and_then(|()| short_soak(&root));
-    let built = background
-        .join()
-        .map_err(|_| anyhow::anyhow!("the background builds panicked"))?;
-    native?;
-    built?;
+    // the CPUs with the daemons they start. The native demo and packages follow, while the
+    // Pi's build may still run.
+    bed::run_programs(&programs.kernel, &["--test-threads=1"])?;
+    native_demo_and_packages(&root)?;
+    short_soak(&root)?;
+    background.wait()?;
     // The Pi's architecture: the unit tier under the emulator (built in the background), the
     // demo with the emulated cloud and node, and the arm64 packages of the programs built
     // with the tests.
     let arm64 = cross::test(&root)?;
     cross::smoke(&root, &arm64, &root.join("target/debug"))?;
-    let debs = dist::package(cross::TRIPLE, &arm64, "dev")?;
+    let debs = dist::package_programs(cross::TRIPLE, &arm64, "dev", &cross::PROGRAMS)?;
     deb::lint(&debs)?;
     deb::check_install(&debs)?;
     eprintln!("xtask: all checks passed");
@@ -367,57 +347,6 @@ fn short_soak(root: &std::path::Path) -> anyhow::Result<()> {
     )
 }
 
-/// Starts, on a thread, the fuzz targets' check and then the Pi's build
-/// ([`cross::build_command`]), both at the lowest CPU priority (`nice -n 19`), their output in
-/// target/background-builds.log (said in full if one fails). Sharing the target directory
-/// reuses the workspace's compiled dependencies for the fuzz check.
-///
-/// # Errors
-/// The Pi's toolchain is missing (said with the remedy), or the log cannot be created.
-fn spawn_background_builds(
-    root: &std::path::Path,
-) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<()>>> {
-    let cross = cross::build_command()?;
-    let fuzz: Vec<String> = [
-        "check",
-        "--manifest-path",
-        "fuzz/Cargo.toml",
-        "--bins",
-        "--target-dir",
-        "target",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let log_path = root.join("target/background-builds.log");
-    let log = std::fs::File::create(&log_path)?;
-    let root = root.to_owned();
-    eprintln!(
-        "xtask: in the background (nice 19; output in {}): cargo {}, then cargo {}",
-        log_path.display(),
-        fuzz.join(" "),
-        cross.0.join(" ")
-    );
-    Ok(std::thread::spawn(move || {
-        let cargo = util::cargo_program();
-        for (args, env) in [(fuzz, Vec::new()), cross] {
-            let status = util::forget_own_package(&mut std::process::Command::new("nice"))
-                .args(["-n", "19", &cargo])
-                .args(&args)
-                .current_dir(&root)
-                .envs(env)
-                .stdout(log.try_clone()?)
-                .stderr(log.try_clone()?)
-                .status()?;
-            if !status.success() {
-                let said = std::fs::read_to_string(&log_path).unwrap_or_default();
-                anyhow::bail!("`cargo {}` failed ({status}):\n{said}", args.join(" "));
-            }
-        }
-        eprintln!("xtask: the background builds are done");
-        Ok(())
-    }))
-}
-
 /// The aarch64 tier: the unit tests under the emulator, then (unless `unit_only`) the short
 /// demo by the emulated programs, with the bed's own tools built for this machine.
 fn arm64(unit_only: bool) -> anyhow::Result<()> {
@@ -425,7 +354,7 @@ fn arm64(unit_only: bool) -> anyhow::Result<()> {
     let arm64 = cross::test(&root)?;
     if !unit_only {
         bed::prerequisites()?;
-        bed::build(&root, &[])?;
+        bed::build_for_tests(&root)?;
         cross::smoke(&root, &arm64, &root.join("target/debug"))?;
     }
     Ok(())

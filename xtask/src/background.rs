@@ -1,0 +1,134 @@
+//! The builds `cargo xtask test` runs beside its tiers, at the lowest CPU priority: the Pi's
+//! build ([`cross::build_command`]), then the fuzz targets' check. Their output goes to
+//! target/background-builds.log (said in full if one fails). They run in a process group
+//! of their own, which is ended if the run stops before they are waited for: no build is
+//! left behind a failed run.
+
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use crate::{cross, util};
+
+/// The background builds, running.
+#[derive(Debug)]
+pub(crate) struct Builds {
+    thread: Option<JoinHandle<anyhow::Result<()>>>,
+    /// The process group of the build running now, if any (its leader's PID).
+    running: Arc<Mutex<Option<u32>>>,
+    /// Set when the run gave up on them: no further build starts.
+    stopped: Arc<Mutex<bool>>,
+}
+
+impl Builds {
+    /// Starts them on a thread: the Pi's build, then the fuzz check, each in a target
+    /// directory of its own (cargo locks a target directory for the whole of a build: in
+    /// `target` they would hold the native builds up).
+    ///
+    /// # Errors
+    /// The Pi's toolchain is missing (said with the remedy), or the log cannot be created.
+    pub(crate) fn start(root: &Path) -> anyhow::Result<Self> {
+        let cross = cross::build_command()?;
+        let fuzz: Vec<String> = [
+            "check",
+            "--manifest-path",
+            "fuzz/Cargo.toml",
+            "--bins",
+            "--target-dir",
+            "target/fuzz-check",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        std::fs::create_dir_all(root.join("target"))?;
+        let log_path = root.join("target/background-builds.log");
+        let log = std::fs::File::create(&log_path)?;
+        eprintln!(
+            "xtask: in the background (nice 19; output in {}): cargo {}, then cargo {}",
+            log_path.display(),
+            cross.0.join(" "),
+            fuzz.join(" ")
+        );
+        let running = Arc::new(Mutex::new(None));
+        let stopped = Arc::new(Mutex::new(false));
+        let (root, r, s) = (root.to_owned(), running.clone(), stopped.clone());
+        let thread = std::thread::spawn(move || {
+            for (args, env) in [cross, (fuzz, Vec::new())] {
+                run_one(&root, &args, &env, &log, &log_path, &r, &s)?;
+            }
+            eprintln!("xtask: the background builds are done");
+            Ok(())
+        });
+        Ok(Self {
+            thread: Some(thread),
+            running,
+            stopped,
+        })
+    }
+
+    /// Waits for them.
+    ///
+    /// # Errors
+    /// One failed (its log in the error), or the thread panicked.
+    pub(crate) fn wait(mut self) -> anyhow::Result<()> {
+        let thread = self.thread.take().expect("waited for once");
+        thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the background builds panicked"))?
+    }
+}
+
+impl Drop for Builds {
+    /// Not waited for: the run failed. The build running now is ended, by its process
+    /// group, and none follows.
+    fn drop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        if let Some(pgid) = *self.running.lock().unwrap_or_else(PoisonError::into_inner) {
+            let _ = Command::new("kill")
+                .args(["-TERM", "--", &format!("-{pgid}")])
+                .status();
+        }
+        let _ = thread.join();
+    }
+}
+
+/// Runs `cargo <args>` with `env` at nice 19 in a process group of its own, its output into
+/// `log`, unless the run was `stopped`.
+fn run_one(
+    root: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &std::fs::File,
+    log_path: &Path,
+    running: &Mutex<Option<u32>>,
+    stopped: &Mutex<bool>,
+) -> anyhow::Result<()> {
+    let mut child = {
+        let stopped = stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        if *stopped {
+            anyhow::bail!("the run stopped before `cargo {}`", args.join(" "));
+        }
+        let child = util::forget_own_package(&mut Command::new("nice"))
+            .args(["-n", "19", &util::cargo_program()])
+            .args(args)
+            .current_dir(root)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(log.try_clone()?)
+            .stderr(log.try_clone()?)
+            .process_group(0)
+            .spawn()?;
+        *running.lock().unwrap_or_else(PoisonError::into_inner) = Some(child.id());
+        child
+    };
+    let status = child.wait()?;
+    *running.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    if !status.success() {
+        let said = std::fs::read_to_string(log_path).unwrap_or_default();
+        anyhow::bail!("`cargo {}` failed ({status}):\n{said}", args.join(" "));
+    }
+    Ok(())
+}
