@@ -99,6 +99,86 @@ pub fn echo_reply_marker(packet: &[u8], from: Ipv4Addr) -> Option<&[u8]> {
     is_reply.then(|| packet.get(ihl + 8..)).flatten()
 }
 
+/// An IPv4 packet of protocol `proto` from `src` to `dst` carrying `payload`, with IP
+/// identification `id` and the fragment field `fragment` as on the wire (flags 0x2000 for
+/// "more fragments", the offset in 8-byte units), TTL 64, its header checksum set.
+pub fn ipv4_packet(
+    proto: u8,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    id: u16,
+    fragment: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    let total = u16::try_from(20 + payload.len()).unwrap_or(u16::MAX);
+    let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0, 0, 64, proto, 0, 0];
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip[4..6].copy_from_slice(&id.to_be_bytes());
+    ip[6..8].copy_from_slice(&fragment.to_be_bytes());
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    let sum = checksum(&ip);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    ip.extend_from_slice(payload);
+    ip
+}
+
+/// An Ethernet frame carrying the IPv4 packet `ip`.
+pub fn ipv4_frame(dst_mac: [u8; 6], src_mac: [u8; 6], ip: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + ip.len());
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.extend_from_slice(ip);
+    f
+}
+
+/// An ARP frame for IPv4 over Ethernet, broadcast: operation `op` (1 request, 2 reply) from
+/// `sender_mac` saying it holds `sender_ip`, about `target_ip` (a gratuitous announcement
+/// when the two addresses are the same).
+pub fn arp_frame(
+    op: u16,
+    sender_mac: [u8; 6],
+    sender_ip: Ipv4Addr,
+    target_ip: Ipv4Addr,
+) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42);
+    f.extend_from_slice(&[0xff; 6]);
+    f.extend_from_slice(&sender_mac);
+    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4]);
+    f.extend_from_slice(&op.to_be_bytes());
+    f.extend_from_slice(&sender_mac);
+    f.extend_from_slice(&sender_ip.octets());
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&target_ip.octets());
+    f
+}
+
+/// A TCP header (20 bytes, no options) from `sport` to `dport` with `flags`; its checksum
+/// is left 0 (the tests that send one judge where it arrives, not whether it is taken).
+pub fn tcp_header(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    let mut h = vec![0u8; 20];
+    h[0..2].copy_from_slice(&sport.to_be_bytes());
+    h[2..4].copy_from_slice(&dport.to_be_bytes());
+    h[4..8].copy_from_slice(&0x1000_0000u32.to_be_bytes());
+    h[12] = 0x50;
+    h[13] = flags;
+    h[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    h
+}
+
+/// An ICMP error message of `kind` and `code` quoting the first 28 bytes of the IPv4 packet
+/// `quoted` (its header and 8 bytes of what follows, as RFC 792 asks), then `extra`, its
+/// checksum set.
+pub fn icmp_error(kind: u8, code: u8, quoted: &[u8], extra: &[u8]) -> Vec<u8> {
+    let mut m = vec![kind, code, 0, 0, 0, 0, 0, 0];
+    m.extend_from_slice(&quoted[..quoted.len().min(28)]);
+    m.extend_from_slice(extra);
+    let sum = checksum(&m);
+    m[2..4].copy_from_slice(&sum.to_be_bytes());
+    m
+}
+
 /// An Ethernet frame with a UDP datagram (checksum left 0: "none", valid for IPv4), such as
 /// a DHCP message from a device without an address (`0.0.0.0` to `255.255.255.255`).
 pub fn udp_frame(
@@ -290,6 +370,51 @@ pub fn spawn_capture_udp(
                 let payload = &f[42..];
                 if keep(payload) && out.len() < count {
                     out.push(payload.to_vec());
+                }
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// A UDP datagram seen on the wire: its source, destination and payload.
+pub type Seen = (SocketAddr, SocketAddr, Vec<u8>);
+
+/// Captures, on a thread inside `ns`, the IPv4 UDP datagrams on `iface` that `keep` takes,
+/// until `count` were taken or `within` passed; returns them in order.
+pub fn spawn_capture_datagrams(
+    ns: &Netns,
+    iface: &str,
+    count: usize,
+    within: Duration,
+    keep: impl Fn(&Seen) -> bool + Send + 'static,
+) -> std::thread::JoinHandle<anyhow::Result<Vec<Seen>>> {
+    let iface = iface.to_owned();
+    spawn_inside(ns, move || {
+        let i = Interface::lookup_up(&iface)?;
+        let mut sock = PacketSocket::open(&i, &PacketOptions::default())?;
+        let mut out = Vec::new();
+        let deadline = Instant::now() + within;
+        let mut storage = vec![vec![0u8; 2048]; 16];
+        while out.len() < count && Instant::now() < deadline {
+            let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(Vec::as_mut_slice).collect();
+            let mut meta = [FrameMeta::default(); 16];
+            let n = sock.recv_batch(&mut bufs, &mut meta)?;
+            for (b, m) in bufs[..n].iter().zip(&meta) {
+                let f = &b[..m.len.min(b.len())];
+                // Ethernet, IPv4 without options, UDP.
+                if f.len() < 42 || f[12..14] != [0x08, 0x00] || f[14] != 0x45 || f[23] != 17 {
+                    continue;
+                }
+                let ip = |at: usize| Ipv4Addr::new(f[at], f[at + 1], f[at + 2], f[at + 3]);
+                let port = |at: usize| u16::from_be_bytes([f[at], f[at + 1]]);
+                let seen = (
+                    SocketAddr::from((ip(26), port(34))),
+                    SocketAddr::from((ip(30), port(36))),
+                    f[42..].to_vec(),
+                );
+                if out.len() < count && keep(&seen) {
+                    out.push(seen);
                 }
             }
         }

@@ -577,3 +577,256 @@ fn a_member_no_rule_allows_gets_no_tunnel_by_initiating() {
         "B's host opens nothing to A's"
     );
 }
+
+/// What a device behind a misbehaving peer can send about a flow it knows (issue 49,
+/// findings 1 and 2). Site A enforces one rule, ops (A's host) -> iot (B's host) tcp/22; B
+/// enforces nothing. While ops holds a connection to iot's port 22, iot and a third device
+/// of B's send ICMP errors quoting that connection and IP fragments between the two. What
+/// arrives is judged on the victims' own interfaces (ops's, and a bystander of A's site,
+/// "guest", that has no flow at all): only the error that answers the connection (iot to
+/// ops, about ops's packet) and the later fragment of a datagram whose first fragment
+/// passed (a segment of the connection itself) arrive; every other one is dropped at A and
+/// counted.
+#[test]
+fn icmp_errors_and_fragments_pass_only_for_their_own_flow() {
+    const GUEST: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 20);
+    const THIRD: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 30);
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let mut joined = Vec::new();
+    for (side, label, ip, gw) in [
+        (Side::A, "guest", GUEST, "100.64.1.1"),
+        (Side::B, "third", THIRD, "100.64.2.1"),
+    ] {
+        let (ns, mac) = bed.add_host(side, label).unwrap();
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])
+            .unwrap();
+        ns.ip(&["route", "add", "default", "via", gw]).unwrap();
+        joined.push((ns, mac));
+    }
+    let (guest, third) = (&joined[0], &joined[1]);
+    let (ops, iot) = (bed.a.host_ip, bed.b.host_ip);
+    let reservation = |mac: &str, ip: Ipv4Addr, name: &str| {
+        format!("\n[[reservation]]\nmac = \"{mac}\"\nvip = \"{ip}\"\nhostname = \"{name}\"\n")
+    };
+    opts.a.extra = reservation(&guest.1, GUEST, "guest")
+        + &rules(None, &[("host", &iot.to_string(), &["tcp/22"])]);
+    opts.b.extra = reservation(&third.1, THIRD, "third");
+    bed.write_config(Side::A, &opts).unwrap();
+    bed.write_config(Side::B, &opts).unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let _ssh = Sink::start(&bed.b.lan, (iot, 22).into());
+
+    // Ops's connection, held open while the attack runs; its port is what the attacker knows.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (port_tx, port_rx) = std::sync::mpsc::channel();
+    let held = {
+        let stop = stop.clone();
+        inject::spawn_inside(&bed.a.lan, move || {
+            let c = TcpStream::connect_timeout(&(iot, 22).into(), Duration::from_secs(5))?;
+            port_tx.send(c.local_addr()?.port())?;
+            let end = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        })
+    };
+    let port = port_rx
+        .recv_timeout(Duration::from_secs(8))
+        .unwrap_or_else(|_| panic!("ops could not connect to iot's port 22\n{}", bed.logs()));
+
+    let gw_b = cyphonic_e2e::bed::parse_mac(
+        bed.status(Side::B).unwrap()["adapter"]["gateway_mac"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let (iot_mac, third_mac) = (
+        cyphonic_e2e::bed::parse_mac(&bed.b.host_mac).unwrap(),
+        cyphonic_e2e::bed::parse_mac(&third.1).unwrap(),
+    );
+    // Ops's packets of the connection as iot received them: what every error quotes.
+    let quoted = inject::ipv4_packet(6, ops, iot, 7, 0x4000, &inject::tcp_header(port, 22, 0x10));
+    let error = |from: Ipv4Addr, to: Ipv4Addr, kind: u8, code: u8, extra: &[u8]| {
+        inject::ipv4_packet(
+            1,
+            from,
+            to,
+            9,
+            0,
+            &inject::icmp_error(kind, code, &quoted, extra),
+        )
+    };
+    // What an ICMP error's bytes start with where it arrives: its addresses, type and code.
+    let needle = |from: Ipv4Addr, to: Ipv4Addr, kind: u8, code: u8| {
+        let mut n = from.octets().to_vec();
+        n.extend(to.octets());
+        n.extend([kind, code]);
+        n
+    };
+    let tagged = |tag: &[u8]| {
+        let mut t = tag.to_vec();
+        t.resize(64, b'.');
+        t
+    };
+    // Fragments, from iot to ops. The answer: a segment of the connection (iot:22 -> ops)
+    // in two fragments, which passes whole. A lone fragment at offset 800 whose first was
+    // never sent; the rest of a SYN to ops's port 80, whose first fragment no rule lets in.
+    let segment = [inject::tcp_header(22, port, 0x18), vec![0; 4]].concat();
+    let fragments = [
+        inject::ipv4_packet(6, iot, ops, 0x5151, 0x2000, &segment),
+        inject::ipv4_packet(
+            6,
+            iot,
+            ops,
+            0x5151,
+            3,
+            &tagged(b"the answer's second fragment"),
+        ),
+        inject::ipv4_packet(6, iot, ops, 0x5252, 100, &tagged(b"a lone later fragment")),
+        inject::ipv4_packet(
+            6,
+            iot,
+            ops,
+            0x5353,
+            0x2000,
+            &[inject::tcp_header(41000, 80, 0x02), vec![0; 4]].concat(),
+        ),
+        inject::ipv4_packet(6, iot, ops, 0x5353, 3, &tagged(b"the denied SYN's rest")),
+    ];
+    let from_iot: Vec<Vec<u8>> = [
+        error(iot, ops, 3, 1, &[]),
+        error(iot, GUEST, 3, 3, &[]),
+        error(iot, GUEST, 11, 0, &[]),
+        error(
+            iot,
+            GUEST,
+            3,
+            3,
+            &tagged(b"1,000 bytes of the attacker's own").repeat(16),
+        ),
+        error(
+            iot,
+            ops,
+            3,
+            3,
+            &tagged(b"the same after the quote, to ops").repeat(16),
+        ),
+        error(iot, ops, 5, 1, &[]),
+    ]
+    .into_iter()
+    .chain(fragments)
+    .map(|ip| inject::ipv4_frame(gw_b, iot_mac, &ip))
+    .collect();
+    let from_third = vec![inject::ipv4_frame(
+        gw_b,
+        third_mac,
+        &error(THIRD, ops, 3, 3, &[]),
+    )];
+    // (what, needle, where it would arrive, may it)
+    let expect: Vec<(&str, Vec<u8>, bool, bool)> = vec![
+        (
+            "the error that answers the connection",
+            needle(iot, ops, 3, 1),
+            true,
+            true,
+        ),
+        (
+            "the answer's second fragment",
+            tagged(b"the answer's second fragment"),
+            true,
+            true,
+        ),
+        (
+            "an error to a bystander",
+            needle(iot, GUEST, 3, 3),
+            false,
+            false,
+        ),
+        (
+            "time exceeded to a bystander",
+            needle(iot, GUEST, 11, 0),
+            false,
+            false,
+        ),
+        (
+            "1,000 bytes after the quote, to a bystander",
+            tagged(b"1,000 bytes of the attacker's own"),
+            false,
+            false,
+        ),
+        (
+            "1,000 bytes after the quote, to ops",
+            tagged(b"the same after the quote, to ops"),
+            true,
+            false,
+        ),
+        ("a redirect", needle(iot, ops, 5, 1), true, false),
+        (
+            "an error from a third device",
+            needle(THIRD, ops, 3, 3),
+            true,
+            false,
+        ),
+        (
+            "a lone later fragment",
+            tagged(b"a lone later fragment"),
+            true,
+            false,
+        ),
+        (
+            "the rest of a denied SYN",
+            tagged(b"the denied SYN's rest"),
+            true,
+            false,
+        ),
+    ];
+    let needles = |at_ops: bool| -> Vec<Vec<u8>> {
+        expect
+            .iter()
+            .filter(|e| e.2 == at_ops)
+            .map(|e| e.1.clone())
+            .collect()
+    };
+    let (at_ops, at_guest) = (needles(true), needles(false));
+    let seen_ops = std::thread::scope(|s| {
+        let ops_capture = s.spawn(|| {
+            inject::count_frames_containing_each(&bed.a.lan, "eth0", at_ops, Duration::from_secs(4))
+        });
+        let guest_capture = s.spawn(|| {
+            inject::count_frames_containing_each(&guest.0, "eth0", at_guest, Duration::from_secs(4))
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        inject::send_frames(&bed.b.lan, "eth0", from_iot).unwrap();
+        inject::send_frames(&third.0, "eth0", from_third).unwrap();
+        (
+            ops_capture.join().unwrap().unwrap(),
+            guest_capture.join().unwrap().unwrap(),
+        )
+    });
+    stop.store(true, Ordering::Relaxed);
+    inject::joined(held).unwrap();
+    let (mut ops_counts, mut guest_counts) = (seen_ops.0.into_iter(), seen_ops.1.into_iter());
+    let mut wrong = Vec::new();
+    for (what, _, at_ops, may) in &expect {
+        let seen = if *at_ops {
+            ops_counts.next()
+        } else {
+            guest_counts.next()
+        }
+        .unwrap();
+        if (seen > 0) != *may {
+            wrong.push(format!("{what}: seen {seen} times"));
+        }
+    }
+    let p = policy(&bed, Side::A);
+    assert!(wrong.is_empty(), "{wrong:#?}\n{p}\n{}", bed.logs());
+    // Six forged errors and two stray fragments, dropped where they arrived at A.
+    assert!(count(&p["dropped_in"]["forged_error"]) >= 6, "{p}");
+    assert!(count(&p["dropped_in"]["fragment"]) >= 2, "{p}");
+}

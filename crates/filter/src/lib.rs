@@ -6,10 +6,13 @@
 //! rule here is a few prefix checks. Everything else is denied. A flow a rule allowed is kept
 //! in a bounded flow table, and its replies pass without a rule: direction matters. The table
 //! tells a new TCP connection (a SYN without ACK) from the rest of one, keeps UDP and ICMP
-//! echo flows, matches ICMP errors to the flow they concern, and lets later fragments of an
-//! allowed flow through. Flows time out; when the table is full the oldest flow goes (and is
-//! counted). A new rule set applies to new flows at once and cuts existing flows it no longer
-//! allows.
+//! echo flows, lets an ICMP error through only as conntrack's RELATED (it answers a flow it
+//! quotes: sent back to the quoted packet's source by its destination, against the way that
+//! packet travelled, of a type that may answer a flow, no longer than 576 bytes), and lets
+//! a later fragment through only when its own datagram's first fragment passed (without
+//! overlapping another). Flows time out; when the table is full the oldest flow goes (and
+//! is counted). A new rule set applies to new flows at once and cuts existing flows it no
+//! longer allows.
 //!
 //! The same filter runs on both sides of a tunnel: the sending end drops a denied new flow
 //! before it is sealed ([`Direction::Out`]), the receiving end drops what a peer sends that
@@ -17,12 +20,12 @@
 
 #![forbid(unsafe_code)]
 
+mod fragments;
 mod packet;
 mod rules;
 mod spec;
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 pub use packet::{FlowKey, flow_of};
@@ -31,7 +34,8 @@ pub use spec::{
     Allow, Directory, RuleSpec, SpecError, compile, is_pattern, parse_allow, parse_flow,
 };
 
-use packet::{FIN, RST, Seen};
+use fragments::{Fragments, Refused};
+use packet::{FIN, FLOW_ERRORS, IcmpError, RST, Seen};
 use rules::{Index, TCP};
 
 /// Which way a packet travels through this tunnel end.
@@ -43,6 +47,16 @@ pub enum Direction {
     In,
 }
 
+impl Direction {
+    /// The other way.
+    const fn reversed(self) -> Self {
+        match self {
+            Self::Out => Self::In,
+            Self::In => Self::Out,
+        }
+    }
+}
+
 /// Why a packet was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reason {
@@ -51,22 +65,34 @@ pub enum Reason {
     /// It belongs to no flow and cannot open one (a TCP segment other than a SYN, an echo
     /// reply): a flow that was cut, expired or never allowed.
     NoFlow,
-    /// An ICMP error or a later fragment about no flow we keep.
+    /// An ICMP error about no flow we keep.
     Stray,
     /// The packet of a flow travelling the way only its replies may (a spoofed reply).
     WrongWay,
-    /// Not an IPv4 packet the filter can read.
+    /// Not an IPv4 packet the filter can read, or a fragment that cannot be a true one
+    /// (ending past 65,535 bytes, empty, or not the last and not a multiple of 8 bytes).
     Malformed,
+    /// An ICMP error that does not answer the flow it quotes: sent to another address than
+    /// the quoted packet's source or from another than its destination, travelling the way
+    /// the quoted packet did, of a type that answers no flow (a redirect, a source quench),
+    /// longer than 576 bytes or fragmented.
+    ForgedError,
+    /// A later fragment whose datagram's first fragment was not let through (dropped, not
+    /// seen yet, timed out), or that overlaps another fragment of its datagram (then the
+    /// rest of that datagram is dropped too).
+    Fragment,
 }
 
 impl Reason {
     /// Every reason, in the order [`Stats::drops`] counts them.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 7] = [
         Self::NoRule,
         Self::NoFlow,
         Self::Stray,
         Self::WrongWay,
         Self::Malformed,
+        Self::ForgedError,
+        Self::Fragment,
     ];
 
     /// In a word, for counters and logs.
@@ -77,6 +103,8 @@ impl Reason {
             Self::Stray => "stray",
             Self::WrongWay => "wrong_way",
             Self::Malformed => "malformed",
+            Self::ForgedError => "forged_error",
+            Self::Fragment => "fragment",
         }
     }
 
@@ -111,6 +139,8 @@ pub struct Timeouts {
     pub datagram_replied: Duration,
     /// An ICMP echo flow.
     pub icmp: Duration,
+    /// A datagram's later fragments after its first (Linux's `ipfrag_time`).
+    pub fragment: Duration,
 }
 
 impl Default for Timeouts {
@@ -123,6 +153,7 @@ impl Default for Timeouts {
             datagram: Duration::from_secs(30),
             datagram_replied: Duration::from_secs(180),
             icmp: Duration::from_secs(30),
+            fragment: Duration::from_secs(30),
         }
     }
 }
@@ -157,14 +188,17 @@ pub struct Stats {
     /// Flows opened.
     pub opened: u64,
     /// Packets dropped, by [`Reason`] (in [`Reason::ALL`]'s order).
-    pub drops: [u64; 5],
+    pub drops: [u64; Reason::ALL.len()],
     /// Of those, the packets that came from the tunnel ([`Direction::In`]): what peers sent
     /// that no rule lets in.
-    pub drops_in: [u64; 5],
+    pub drops_in: [u64; Reason::ALL.len()],
     /// Flows removed because they timed out.
     pub expired: u64,
     /// Flows removed to make room for new ones (the oldest first).
     pub evicted: u64,
+    /// Fragmented datagrams forgotten before they were whole to make room for others (the
+    /// oldest first): their later fragments are then dropped.
+    pub fragments_evicted: u64,
     /// Flows cut because a new rule set no longer allows them.
     pub cut: u64,
     /// Of the flows opened, TCP connections taken up in the middle (a segment other than a
@@ -194,8 +228,8 @@ pub struct Filter {
     /// `rules` by destination.
     index: Index,
     flows: HashMap<FlowKey, Flow>,
-    /// Flows by (protocol, one end, the other): later fragments carry no ports.
-    pairs: HashMap<(u8, Ipv4Addr, Ipv4Addr), u32>,
+    /// The datagrams whose first fragment passed: later fragments carry no ports.
+    fragments: Fragments,
     /// Keys in the order their flows were made, with the serial they had (stale entries are
     /// skipped).
     order: VecDeque<(FlowKey, u64)>,
@@ -206,13 +240,14 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// A filter enforcing `rules`, keeping at most `capacity` flows (at least one).
+    /// A filter enforcing `rules`, keeping at most `capacity` flows (at least one), and
+    /// fragmented datagrams in reassembly at most a sixteenth of that (64 to 4,096).
     pub fn new(rules: RuleSet, capacity: usize, timeouts: Timeouts) -> Self {
         Self {
             index: Index::new(&rules),
             rules,
             flows: HashMap::new(),
-            pairs: HashMap::new(),
+            fragments: Fragments::new(fragment_capacity(capacity)),
             order: VecDeque::new(),
             serial: 0,
             capacity: capacity.max(1),
@@ -231,6 +266,11 @@ impl Filter {
         self.flows.len()
     }
 
+    /// Fragmented datagrams whose later fragments may follow now.
+    pub fn datagrams(&self) -> usize {
+        self.fragments.len()
+    }
+
     /// The counters.
     pub const fn stats(&self) -> &Stats {
         &self.stats
@@ -240,21 +280,25 @@ impl Filter {
     pub fn check(&mut self, packet: &[u8], dir: Direction, now: Instant) -> Verdict {
         let verdict = match packet::parse(packet) {
             None => Verdict::Drop(Reason::Malformed),
-            Some(Seen::Flow { key, flags, opens }) => self.flow_packet(key, flags, opens, dir, now),
-            Some(Seen::IcmpError { about }) => {
-                if self.live(&about, now) || self.live(&about.reversed(), now) {
-                    Verdict::Pass
-                } else {
-                    Verdict::Drop(Reason::Stray)
+            Some(Seen::Flow {
+                key,
+                flags,
+                opens,
+                first,
+            }) => {
+                let verdict = self.flow_packet(key, flags, opens, dir, now);
+                if let (Verdict::Pass, Some((datagram, piece))) = (verdict, first) {
+                    let expires = now + self.timeouts.fragment;
+                    self.fragments.first(datagram, dir, piece, expires);
+                    self.stats.fragments_evicted = self.fragments.evicted;
                 }
+                verdict
             }
-            Some(Seen::Fragment { proto, src, dst }) => {
-                if self.pairs.contains_key(&(proto, src, dst))
-                    || self.pairs.contains_key(&(proto, dst, src))
-                {
-                    Verdict::Pass
-                } else {
-                    Verdict::Drop(Reason::Stray)
+            Some(Seen::IcmpError(error)) => self.icmp_error(&error, dir, now),
+            Some(Seen::Fragment { datagram, piece }) => {
+                match self.fragments.later(datagram, dir, piece, now) {
+                    Ok(()) => Verdict::Pass,
+                    Err(Refused::Unknown | Refused::Overlap) => Verdict::Drop(Reason::Fragment),
                 }
             }
         };
@@ -270,9 +314,34 @@ impl Filter {
         verdict
     }
 
-    /// Whether a flow `key` is kept and not timed out.
-    fn live(&self, key: &FlowKey, now: Instant) -> bool {
-        self.flows.get(key).is_some_and(|f| f.expires > now)
+    /// An ICMP error passes when it is RELATED to a flow we keep, as conntrack has it
+    /// (`nf_conntrack_inet_error`): it reports on a packet of that flow, goes back to that
+    /// packet's source, and travels against it. Its own source must be the quoted packet's
+    /// destination: no router on the overlay's path reports on a flow (each gateway sends
+    /// its ICMP errors to its own LAN, never into the tunnel), so an error from any other
+    /// address is forged.
+    fn icmp_error(&self, e: &IcmpError, dir: Direction, now: Instant) -> Verdict {
+        if !FLOW_ERRORS.contains(&e.kind) || e.oversize {
+            return Verdict::Drop(Reason::ForgedError);
+        }
+        let Some(about) = e.about else {
+            return Verdict::Drop(Reason::Stray);
+        };
+        // The flow, and whether the quoted packet was one of its replies.
+        let found = [(about, false), (about.reversed(), true)]
+            .into_iter()
+            .find_map(|(k, reply)| {
+                let f = self.flows.get(&k).filter(|f| f.expires > now)?;
+                Some((f.dir, reply))
+            });
+        let Some((opened, reply)) = found else {
+            return Verdict::Drop(Reason::Stray);
+        };
+        let quoted_went = if reply { opened.reversed() } else { opened };
+        if e.dst != about.src || e.src != about.dst || dir == quoted_went {
+            return Verdict::Drop(Reason::ForgedError);
+        }
+        Verdict::Pass
     }
 
     fn flow_packet(
@@ -395,7 +464,6 @@ impl Filter {
                 serial: self.serial,
             },
         );
-        *self.pairs.entry((key.proto, key.src, key.dst)).or_default() += 1;
         self.order.push_back((key, self.serial));
         // Entries of flows gone before their turn: keep the order list near the table's size.
         if self.order.len() > 2 * self.capacity + 64 {
@@ -408,15 +476,7 @@ impl Filter {
     }
 
     fn remove(&mut self, key: &FlowKey) {
-        if self.flows.remove(key).is_some() {
-            let pair = (key.proto, key.src, key.dst);
-            if let Some(n) = self.pairs.get_mut(&pair) {
-                *n -= 1;
-                if *n == 0 {
-                    self.pairs.remove(&pair);
-                }
-            }
-        }
+        self.flows.remove(key);
     }
 
     /// Removes the flows that timed out by `now` (call it now and then, once a second say);
@@ -431,6 +491,7 @@ impl Filter {
         for k in &gone {
             self.remove(k);
         }
+        self.fragments.expire(now);
         self.stats.expired += gone.len() as u64;
         gone.len()
     }
@@ -450,6 +511,12 @@ impl Filter {
         for k in &cut {
             self.remove(k);
         }
+        if !cut.is_empty() {
+            // The fragments of datagrams a cut flow began are not let through either.
+            let evicted = self.fragments.evicted;
+            self.fragments = Fragments::new(fragment_capacity(self.capacity));
+            self.fragments.evicted = evicted;
+        }
         self.stats.cut += cut.len() as u64;
         self.rules = rules;
         self.index = index;
@@ -457,8 +524,15 @@ impl Filter {
     }
 }
 
+/// Fragmented datagrams kept in reassembly by a filter of `flows` flows.
+fn fragment_capacity(flows: usize) -> usize {
+    (flows / 16).clamp(64, 4096)
+}
+
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::packet::testing::*;
     use super::packet::{ACK, SYN};
     use super::*;
@@ -600,35 +674,249 @@ mod tests {
         assert_eq!(s.dropped_in(Reason::WrongWay), 0);
     }
 
-    /// ICMP errors and later fragments pass only for a flow that is kept.
+    /// A device of ops's site that has no flow of its own.
+    const GUEST: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 20);
+
+    /// Whether `packet` passes travelling `dir`, at `t`.
+    fn passes(f: &mut Filter, packet: &[u8], dir: Direction, t: Instant) -> Verdict {
+        f.check(packet, dir, t)
+    }
+
+    /// An ICMP error passes only as conntrack's RELATED: about a flow we keep, sent back to
+    /// the quoted packet's source by its destination, against the way that packet went, of
+    /// a type that answers a flow, at most 576 bytes. Filter at ops's end (ops opens Out).
     #[test]
-    fn icmp_errors_and_fragments_follow_their_flow() {
+    fn icmp_errors_pass_only_when_they_answer_the_flow_they_quote() {
         let mut f = filter();
         let t = Instant::now();
         let sent = udp(OPS, 5555, IOT, 5000);
         assert_eq!(f.check(&sent, Direction::Out, t), Verdict::Pass);
-        // The camera's port is closed: its error comes back In.
-        let unreachable = icmp_error(IOT, OPS, 3, &sent);
-        assert_eq!(f.check(&unreachable, Direction::In, t), Verdict::Pass);
-        // An error about a flow nobody opened.
-        let other = icmp_error(IOT2, OPS, 3, &udp(OPS, 1, IOT2, 9));
+        let reply = udp(IOT, 5000, OPS, 5555);
+        assert_eq!(f.check(&reply, Direction::In, t), Verdict::Pass);
+        let (out, inn) = (Direction::Out, Direction::In);
+        let forged = Verdict::Drop(Reason::ForgedError);
+        let cases: Vec<(&str, Vec<u8>, Direction, Verdict)> = vec![
+            // The camera's port is closed; a hop ran out of TTL; a parameter problem.
+            (
+                "unreachable",
+                icmp_error(IOT, OPS, 3, &sent),
+                inn,
+                Verdict::Pass,
+            ),
+            (
+                "time exceeded",
+                icmp_error(IOT, OPS, 11, &sent),
+                inn,
+                Verdict::Pass,
+            ),
+            (
+                "parameter problem",
+                icmp_error(IOT, OPS, 12, &sent),
+                inn,
+                Verdict::Pass,
+            ),
+            // Ops's host reports on the camera's reply: back Out to the camera.
+            (
+                "about a reply",
+                icmp_error(OPS, IOT, 3, &reply),
+                out,
+                Verdict::Pass,
+            ),
+            // To another device of ops's site, which has no flow (the finding).
+            (
+                "to a bystander",
+                icmp_error(IOT, GUEST, 3, &sent),
+                inn,
+                forged,
+            ),
+            (
+                "to a bystander, ttl",
+                icmp_error(IOT, GUEST, 11, &sent),
+                inn,
+                forged,
+            ),
+            // From a third device behind the camera's gateway, not an end of the flow.
+            (
+                "from a third device",
+                icmp_error(IOT2, OPS, 3, &sent),
+                inn,
+                forged,
+            ),
+            // The way the quoted packet went: a device of ours posing as the camera, or an
+            // error about ops's packet arriving from the tunnel towards the camera.
+            (
+                "the quoted packet's way",
+                icmp_error(IOT, OPS, 3, &sent),
+                out,
+                forged,
+            ),
+            (
+                "about a reply, wrong way",
+                icmp_error(OPS, IOT, 3, &reply),
+                inn,
+                forged,
+            ),
+            // Types no flow receives.
+            ("redirect", icmp_error(IOT, OPS, 5, &sent), inn, forged),
+            ("source quench", icmp_error(IOT, OPS, 4, &sent), inn, forged),
+            // 1,000 bytes of the sender's own after the quote: no error is that long.
+            (
+                "oversize",
+                icmp_error_with(IOT, OPS, 3, &sent, &[0x41; 1000]),
+                inn,
+                forged,
+            ),
+            // An error in fragments (no error needs them).
+            (
+                "fragmented",
+                frag(icmp_error_with(IOT, OPS, 3, &sent, &[0; 4]), 9, 0, true),
+                inn,
+                forged,
+            ),
+            // About no flow; about an error (none is sent about one, RFC 1122); about a
+            // later fragment (no ports).
+            (
+                "about no flow",
+                icmp_error(IOT2, OPS, 3, &udp(OPS, 1, IOT2, 9)),
+                inn,
+                Verdict::Drop(Reason::Stray),
+            ),
+            (
+                "about a later fragment",
+                icmp_error(IOT, OPS, 3, &frag(sent.clone(), 4, 8, false)),
+                inn,
+                Verdict::Drop(Reason::Stray),
+            ),
+        ];
+        for (what, packet, dir, verdict) in cases {
+            assert_eq!(passes(&mut f, &packet, dir, t), verdict, "{what}");
+        }
+        // An echo flow: the error about the request comes back; one about the reply goes.
+        let ping = echo(OPS, IOT, 44, false);
+        assert_eq!(f.check(&ping, out, t), Verdict::Pass);
         assert_eq!(
-            f.check(&other, Direction::In, t),
+            f.check(&icmp_error(IOT, OPS, 3, &ping), inn, t),
+            Verdict::Pass
+        );
+        assert_eq!(f.check(&icmp_error(IOT, GUEST, 3, &ping), inn, t), forged);
+        // No error is sent about an error (RFC 1122 §3.2.2), even one whose bytes where an
+        // echo has its identifier name the echo flow's.
+        let mut error = icmp_error(OPS, IOT, 3, &sent);
+        error[24..26].copy_from_slice(&44u16.to_be_bytes());
+        assert_eq!(
+            f.check(&icmp_error(IOT, OPS, 3, &error), inn, t),
+            Verdict::Drop(Reason::Stray),
+            "about an error"
+        );
+        // A flow that timed out has no errors either.
+        let later = t + Timeouts::default().datagram_replied + Duration::from_secs(1);
+        assert_eq!(
+            f.check(&icmp_error(IOT, OPS, 3, &sent), inn, later),
             Verdict::Drop(Reason::Stray)
         );
-        // A later fragment between the two passes; between others it does not.
-        let mut frag = udp(OPS, 5555, IOT, 5000);
-        frag[7] = 0x20;
-        assert_eq!(f.check(&frag, Direction::Out, t), Verdict::Pass);
-        let mut stray = udp(IOT2, 1, OPS, 2);
-        stray[7] = 0x20;
-        assert_eq!(
-            f.check(&stray, Direction::In, t),
-            Verdict::Drop(Reason::Stray)
-        );
+        assert_eq!(f.stats().dropped(Reason::ForgedError), 10);
+        assert_eq!(f.stats().dropped_in(Reason::ForgedError), 9);
         assert_eq!(
             f.check(&[0x45, 0], Direction::In, t),
             Verdict::Drop(Reason::Malformed)
+        );
+    }
+
+    /// A later fragment passes only when the first fragment of its own datagram (same
+    /// protocol, addresses and IP identification) passed the same way, in any order after
+    /// it; overlaps spoil the datagram; nothing passes past the timeout.
+    #[test]
+    fn later_fragments_follow_their_own_first_fragment() {
+        let mut f = filter();
+        let t = Instant::now();
+        let (out, inn) = (Direction::Out, Direction::In);
+        let lost = Verdict::Drop(Reason::Fragment);
+        // Ops has a flow with the camera: tcp/22.
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, SYN), inn, t),
+            Verdict::Pass
+        );
+        // A lone TCP fragment at offset 800 between the two, no first fragment ever sent.
+        let lone = fragment(6, OPS, IOT, 100, 800, &[0; 64], false);
+        assert_eq!(f.check(&lone, inn, t), lost, "lone");
+        // A SYN to port 80 in two fragments: its first is dropped by the rules, and so is
+        // the rest.
+        let syn80 = frag(tcp_with(OPS, 40001, IOT, 80, SYN, &[0; 4]), 101, 0, true);
+        assert_eq!(f.check(&syn80, inn, t), Verdict::Drop(Reason::NoRule));
+        let rest80 = fragment(6, OPS, IOT, 101, 24, &[0; 64], false);
+        assert_eq!(
+            f.check(&rest80, inn, t),
+            lost,
+            "the rest of a denied datagram"
+        );
+        // An allowed datagram in three pieces, its last before its middle.
+        let first = frag(udp_with(OPS, 5555, IOT, 5000, &[0; 16]), 102, 0, true);
+        assert_eq!(f.check(&first, out, t), Verdict::Pass);
+        assert_eq!(f.datagrams(), 1);
+        let last = fragment(17, OPS, IOT, 102, 48, &[0; 8], false);
+        let middle = fragment(17, OPS, IOT, 102, 24, &[0; 24], true);
+        assert_eq!(f.check(&last, out, t), Verdict::Pass, "the last");
+        assert_eq!(f.check(&middle, out, t), Verdict::Pass, "the middle");
+        assert_eq!(f.datagrams(), 0, "whole: forgotten");
+        assert_eq!(f.check(&middle, out, t), lost, "a copy after it was whole");
+        // A later fragment before its first is lost; after the first, the rest passes.
+        let early = fragment(17, OPS, IOT, 103, 24, &[0; 8], false);
+        assert_eq!(f.check(&early, out, t), lost, "before its first");
+        let first = frag(udp_with(OPS, 5555, IOT, 5000, &[0; 8]), 103, 0, true);
+        assert_eq!(f.check(&first, out, t), Verdict::Pass);
+        let second = fragment(17, OPS, IOT, 103, 16, &[0; 8], true);
+        assert_eq!(f.check(&second, out, t), Verdict::Pass);
+        // The other way, the datagram is not known.
+        let back = fragment(17, OPS, IOT, 103, 32, &[0; 8], false);
+        assert_eq!(f.check(&back, inn, t), lost, "the other way");
+        // An overlap (RFC 1858: the TCP header's flags rewritten at offset 8) spoils it.
+        let overlap = fragment(17, OPS, IOT, 103, 8, &[0; 16], true);
+        assert_eq!(f.check(&overlap, out, t), lost, "overlap");
+        assert_eq!(
+            f.check(&back, out, t),
+            lost,
+            "the rest of a spoilt datagram"
+        );
+        // After the reassembly timeout nothing of a datagram passes.
+        let first = frag(udp_with(OPS, 5555, IOT, 5000, &[0; 8]), 104, 0, true);
+        assert_eq!(f.check(&first, out, t), Verdict::Pass);
+        let tail = fragment(17, OPS, IOT, 104, 16, &[0; 8], false);
+        let late = t + Timeouts::default().fragment;
+        assert_eq!(f.check(&tail, out, late), lost, "timed out");
+        f.expire(late);
+        assert_eq!(f.datagrams(), 0);
+        // Fragments that cannot be true ones: past 65,535 bytes, not a multiple of 8.
+        for (offset, len) in [(8191 * 8, 100), (8180 * 8, 1400), (8100 * 8, 1500)] {
+            let p = fragment(17, OPS, IOT, 105, offset, &vec![0; len], true);
+            assert_eq!(
+                f.check(&p, out, t),
+                Verdict::Drop(Reason::Malformed),
+                "{offset} {len}"
+            );
+        }
+        let odd = fragment(17, OPS, IOT, 105, 8, &[0; 7], true);
+        assert_eq!(f.check(&odd, out, t), Verdict::Drop(Reason::Malformed));
+        let s = f.stats();
+        assert_eq!(
+            (s.dropped(Reason::Fragment), s.dropped(Reason::Malformed)),
+            (8, 4)
+        );
+    }
+
+    /// A rule set that cuts a flow drops what is left of its fragmented datagrams.
+    #[test]
+    fn a_cut_flow_takes_its_fragments_with_it() {
+        let mut f = filter();
+        let t = Instant::now();
+        let first = frag(udp_with(OPS, 5555, IOT, 5005, &[0; 8]), 7, 0, true);
+        assert_eq!(f.check(&first, Direction::Out, t), Verdict::Pass);
+        let mut rules = ops_to_iot();
+        rules.rules.retain(|r| r.id != 3);
+        assert_eq!(f.set_rules(rules), 1);
+        let rest = fragment(17, OPS, IOT, 7, 16, &[0; 8], false);
+        assert_eq!(
+            f.check(&rest, Direction::Out, t),
+            Verdict::Drop(Reason::Fragment)
         );
     }
 
@@ -767,28 +1055,58 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Whatever arrives, in any order and direction: no panic, the table within its
-        /// bound, and every pass either a flow's packet or one a rule allows.
+        /// Whatever arrives, in any order and direction: no panic, the tables within their
+        /// bounds, and every ICMP error or later fragment that passes one the rules let
+        /// through: an error sent back to its quoted packet's source by that packet's
+        /// destination, of a type that answers flows; a later fragment whose own first
+        /// fragment passed before it, the same way.
         #[test]
-        fn any_traffic_keeps_the_table_bounded(
+        fn any_traffic_keeps_the_tables_bounded_and_passes_only_related_packets(
             packets in proptest::collection::vec(
-                (0u8..4, 0u16..6, 0u16..6, proptest::prelude::any::<bool>(), 0u8..0x20),
+                (0u8..7, 0u16..6, 0u16..6, proptest::prelude::any::<bool>(), 0u8..0x20),
                 0..400,
             ),
         ) {
             let mut f = Filter::new(ops_to_iot(), 16, Timeouts::default());
             let t = Instant::now();
+            let mut firsts = std::collections::HashSet::new();
             for (i, (kind, a, b, inbound, flags)) in packets.into_iter().enumerate() {
                 let (src, dst) = if i % 2 == 0 { (OPS, IOT) } else { (IOT, OPS) };
+                let (from, to) = match b % 3 {
+                    0 => (dst, src),
+                    1 => (dst, GUEST),
+                    _ => (IOT2, src),
+                };
+                let error_kind = [3, 5, 11, 4][usize::from(flags % 4)];
+                let id = a % 3;
                 let p = match kind {
                     0 => tcp(src, 40000 + a, dst, 20 + b, flags),
                     1 => udp(src, 5000 + a, dst, 5000 + b),
                     2 => echo(src, dst, a, b % 2 == 0),
-                    _ => icmp_error(dst, src, 3, &udp(src, 5000 + a, dst, 5000 + b)),
+                    3 => icmp_error(from, to, error_kind, &udp(src, 5000 + a, dst, 5000 + b)),
+                    4 => icmp_error(from, to, error_kind, &tcp(src, 40000 + a, dst, 20 + b, flags)),
+                    5 => frag(udp_with(src, 5000 + a, dst, 5000 + b, &[0; 8]), id, 0, true),
+                    _ => fragment(17, src, dst, id, 16 + 8 * u32::from(b), &[0; 8], flags % 2 == 0),
                 };
                 let dir = if inbound { Direction::In } else { Direction::Out };
-                let _ = f.check(&p, dir, t + Duration::from_secs(u64::from(a)));
+                let now = t + Duration::from_secs(u64::from(a));
+                let verdict = f.check(&p, dir, now);
                 proptest::prop_assert!(f.flows() <= 16);
+                proptest::prop_assert!(f.datagrams() <= fragment_capacity(16));
+                if verdict != Verdict::Pass {
+                    continue;
+                }
+                match kind {
+                    3 | 4 => {
+                        proptest::prop_assert!(FLOW_ERRORS.contains(&error_kind));
+                        proptest::prop_assert_eq!((from, to), (dst, src));
+                    }
+                    5 => {
+                        firsts.insert((src, dst, id, dir));
+                    }
+                    6 => proptest::prop_assert!(firsts.contains(&(src, dst, id, dir))),
+                    _ => {}
+                }
             }
         }
     }
