@@ -426,6 +426,7 @@ impl Capture {
             Egress::Reply { len, kind } => {
                 let counter = match kind {
                     ReplyKind::Arp => &c.arp_replies,
+                    ReplyKind::ArpAnnounce => &c.arp_gateway_claims,
                     ReplyKind::EchoReply => &c.echo_replies,
                     ReplyKind::FragNeeded => &c.icmp_frag_needed,
                     ReplyKind::TimeExceeded => &c.icmp_time_exceeded,
@@ -433,6 +434,8 @@ impl Capture {
                 let is_error = matches!(kind, ReplyKind::FragNeeded | ReplyKind::TimeExceeded);
                 if is_error && !lan.icmp_errors.admit((), now) {
                     bump(&c.icmp_rate_limited);
+                } else if kind == ReplyKind::ArpAnnounce && !lan.announcements.admit((), now) {
+                    bump(&c.arp_announce_limited);
                 } else if self.socks[0].send(&replies.buf[..len]).is_ok() {
                     bump(counter);
                 } else {
@@ -481,11 +484,6 @@ impl Capture {
                         }
                     }
                     Err(_) => bump(&c.drop_malformed),
-                }
-            }
-            Egress::Learn { ip, mac } => {
-                if lan.table.learn(ip, mac) {
-                    bump(&c.arp_learned);
                 }
             }
             Egress::Dhcp {

@@ -58,8 +58,10 @@ cyphonic_telemetry::counters! {
     drop_gateway_from_peer,
     /// Packets of the gateway's own to peers not handed to the engine: no such peer, no packet buffer, too large, or the engine stopping (those it drops behind a pending handshake count as its drop_queue).
     drop_gateway_to_peer,
-    /// Neighbours learned from ARP.
-    arp_learned,
+    /// Claims of the gateway's own address by a device's ARP, answered with the gateway's announcement.
+    arp_gateway_claims,
+    /// Claims of the gateway's address left unanswered: announcements over their rate.
+    arp_announce_limited,
     /// Frames not addressed to us (promiscuous capture), multicast, or our own.
     drop_not_for_us,
     /// Non-IPv4 frames (IPv6, LLDP, ...).
@@ -98,10 +100,8 @@ cyphonic_telemetry::counters! {
     drop_not_our_lan,
     /// Decrypted packets whose TTL ran out.
     drop_ttl_expired,
-    /// Packets for a device whose MAC is unknown (an ARP request was sent).
+    /// Packets for an address of the block that no device holds (no lease, no reservation).
     drop_neighbour_unknown,
-    /// ARP requests sent for devices.
-    arp_requests,
     /// Frames sent to devices on the LAN (segments of merged frames counted one by one).
     lan_sent,
     /// Large frames sent to the LAN for the kernel to cut into TCP segments or UDP datagrams.

@@ -99,6 +99,11 @@ pub const RATE_SLOTS: usize = 4096;
 /// its capture threads together (RFC 1812 §4.3.2.8), after a burst of as many.
 pub const ICMP_ERRORS_PER_SEC: u32 = 200;
 
+/// The gateway's announcements of its own address, answering devices that claim it, a
+/// second at most (and as many at once): one per claim, so that a device cannot make the
+/// gateway flood the LAN with broadcasts by claiming faster.
+pub const ANNOUNCEMENTS_PER_SEC: u32 = 10;
+
 /// The services' two queues, the control thread's ends.
 #[derive(Debug)]
 pub struct ServiceQueues {
@@ -127,6 +132,8 @@ pub struct LanSide {
     pub service_rate: cyphonic_tunnel::RateTable,
     /// The ICMP errors the gateway originates, all capture threads together.
     pub icmp_errors: cyphonic_tunnel::RateTable,
+    /// The gateway's announcements of its own address, all capture threads together.
+    pub announcements: cyphonic_tunnel::RateTable,
     /// Whether the DHCP server runs (otherwise DHCP messages are only counted).
     pub dhcp_on: bool,
     /// Whether the DNS service runs.
@@ -157,6 +164,11 @@ impl LanSide {
                 1,
                 ICMP_ERRORS_PER_SEC,
                 ICMP_ERRORS_PER_SEC,
+            ),
+            announcements: cyphonic_tunnel::RateTable::new(
+                1,
+                ANNOUNCEMENTS_PER_SEC,
+                ANNOUNCEMENTS_PER_SEC,
             ),
             dhcp_on,
             dns_on,

@@ -10,11 +10,8 @@
 //! batch go out as one large frame that the kernel cuts again on the way to the device (GSO,
 //! or the NIC's TSO/USO): one trip through the LAN side's stack per run instead of per packet.
 
-use std::collections::HashMap;
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use cyphonic_gateway::{Ingress, IngressDrop, complete_deferred_checksum};
 use cyphonic_netio::PacketSocket;
@@ -26,20 +23,12 @@ use crate::counters::bump;
 use crate::lan::{LanSide, ToServices};
 use cyphonic_offload::{SEND_BATCH, send_frames};
 
-/// At most one ARP request per device address per this interval.
-const ARP_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Most device addresses whose last ARP request is remembered.
-const ARP_SENT: usize = 4096;
-
 /// The ingress emitter's end.
 pub struct LanSink {
     lan: Arc<LanSide>,
     shared: Arc<Shared>,
     lan_tx: PacketSocket,
     batch: Vec<Incoming>,
-    arp_sent: HashMap<Ipv4Addr, Instant>,
-    out: [u8; 64],
     /// Merge runs of TCP segments and UDP datagrams into frames for the kernel to segment
     /// (`dataplane.lan_gso`): one switch per kind ([TCP, UDP]), each turned off for good if
     /// the interface says it does not segment that kind (older kernels take TCP but not UDP).
@@ -58,8 +47,6 @@ impl LanSink {
             shared,
             lan_tx,
             batch: Vec::with_capacity(SEND_BATCH),
-            arp_sent: HashMap::new(),
-            out: [0; 64],
             merge: [merge; 2],
             deferred: [false; SEND_BATCH],
         }
@@ -82,13 +69,10 @@ impl Sink for LanSink {
         }
         let (buf, peer) = item.buf_and_peer();
         let peer_id = peer.id;
-        let verdict = self.lan.lan.deliver(
-            &mut buf[..],
-            packet,
-            &peer.blocks,
-            &self.lan.table,
-            &mut self.out,
-        );
+        let verdict = self
+            .lan
+            .lan
+            .deliver(&mut buf[..], packet, &peer.blocks, &self.lan.table);
         match verdict {
             Ingress::ToGateway { packet } => {
                 // DNS asks and answers, pings: served on the control thread.
@@ -116,24 +100,6 @@ impl Sink for LanSink {
                 }
                 Ok(())
             }
-            Ingress::NeedArp { len } => {
-                bump(&c.drop_neighbour_unknown);
-                let ip = Ipv4Addr::new(self.out[38], self.out[39], self.out[40], self.out[41]);
-                let due = self
-                    .arp_sent
-                    .get(&ip)
-                    .is_none_or(|t| now.saturating_duration_since(*t) >= ARP_INTERVAL);
-                if due {
-                    if self.arp_sent.len() >= ARP_SENT {
-                        self.arp_sent.clear();
-                    }
-                    self.arp_sent.insert(ip, now);
-                    if self.lan_tx.send(&self.out[..len]).is_ok() {
-                        bump(&c.arp_requests);
-                    }
-                }
-                Err(DropReason::Unroutable)
-            }
             Ingress::Drop(reason) => {
                 let (counter, dr) = match reason {
                     IngressDrop::NotIpv4 => (&c.drop_inner_not_ipv4, DropReason::Malformed),
@@ -145,6 +111,7 @@ impl Sink for LanSink {
                     }
                     IngressDrop::NotOurLan => (&c.drop_not_our_lan, DropReason::Policy),
                     IngressDrop::TtlExpired => (&c.drop_ttl_expired, DropReason::Policy),
+                    IngressDrop::NoHolder => (&c.drop_neighbour_unknown, DropReason::Unroutable),
                 };
                 bump(counter);
                 Err(dr)

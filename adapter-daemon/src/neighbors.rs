@@ -1,6 +1,7 @@
-//! Who is where on the LAN. Reservations (fixed) and DHCP leases (changing) are authoritative
-//! for anti-spoofing: a device may only send from an address it holds. ARP teaches the rest,
-//! for delivery only.
+//! Who is where on the LAN. Reservations (fixed) and DHCP leases (changing) are the whole of
+//! it: a device may only send from an address it holds, and packets are delivered only to
+//! the holder. ARP teaches nothing: an address nobody holds cannot be claimed by announcing
+//! it (issue 49, finding 7).
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -10,15 +11,11 @@ use cyphonic_gateway::Neighbors;
 
 use crate::config::Reservation;
 
-/// Most neighbours learned from ARP we keep (a flood of ARP cannot grow memory).
-const MAX_LEARNED: usize = 4096;
-
 /// The LAN's address table.
 #[derive(Debug)]
 pub struct LanTable {
-    /// Reservations and leases: what anti-spoofing reads, one lock for both.
+    /// Reservations and leases: what anti-spoofing and delivery read, one lock for both.
     held: RwLock<Held>,
-    learned: RwLock<HashMap<Ipv4Addr, [u8; 6]>>,
 }
 
 /// Who holds which address: by reservation (fixed until a reload) or by DHCP lease.
@@ -33,7 +30,6 @@ impl LanTable {
     pub fn new(reservations: &[Reservation]) -> Self {
         let table = Self {
             held: RwLock::default(),
-            learned: RwLock::new(HashMap::new()),
         };
         table.set_reservations(reservations);
         table
@@ -49,32 +45,10 @@ impl LanTable {
 
     /// Replaces the DHCP leases (reservations stay in force whatever their lease does).
     pub fn replace_leases(&self, leases: HashMap<Ipv4Addr, [u8; 6]>) {
-        {
-            // What ARP said about a leased address is stale once the lease says otherwise.
-            let mut learned = self.learned.write().unwrap_or_else(PoisonError::into_inner);
-            for (ip, mac) in &leases {
-                if learned.get(ip).is_some_and(|m| m != mac) {
-                    learned.remove(ip);
-                }
-            }
-        }
         self.held
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .leases = leases;
-    }
-
-    /// Records what ARP said about `ip`. Returns whether it was new or changed.
-    pub fn learn(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
-        let mut learned = self.learned.write().unwrap_or_else(PoisonError::into_inner);
-        if learned.get(&ip) == Some(&mac) {
-            return false;
-        }
-        if learned.len() >= MAX_LEARNED && !learned.contains_key(&ip) {
-            return false;
-        }
-        learned.insert(ip, mac);
-        true
     }
 }
 
@@ -85,16 +59,6 @@ impl Neighbors for LanTable {
             .get(&ip)
             .or_else(|| held.leases.get(&ip))
             .copied()
-    }
-
-    fn neighbor_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
-        self.leased_mac(ip).or_else(|| {
-            self.learned
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&ip)
-                .copied()
-        })
     }
 }
 
@@ -113,13 +77,11 @@ mod tests {
         };
         let t = LanTable::new(std::slice::from_ref(&r));
         let ip = Ipv4Addr::new(100, 64, 1, 50);
-        assert!(t.learn(ip, [2, 0, 0, 0, 0, 9]));
-        assert_eq!(t.leased_mac(ip), None, "ARP never authorises a source");
-        assert_eq!(t.neighbor_mac(ip), Some([2, 0, 0, 0, 0, 9]));
+        assert_eq!(t.leased_mac(ip), None);
         t.replace_leases(HashMap::from([(ip, [2, 0, 0, 0, 0, 2])]));
         assert_eq!(t.leased_mac(ip), Some([2, 0, 0, 0, 0, 2]));
         t.replace_leases(HashMap::new());
-        assert_eq!(t.neighbor_mac(ip), None, "the stale ARP entry went too");
+        assert_eq!(t.leased_mac(ip), None, "the lease ended: nobody holds it");
         assert_eq!(
             t.leased_mac(Ipv4Addr::new(100, 64, 1, 10)),
             Some([2, 0, 0, 0, 0, 1])

@@ -492,6 +492,183 @@ fn a_starvation_flood_is_contained() {
     assert!(in_pool(e.get("ip").parse().unwrap()), "{e:?}");
 }
 
+/// ARP on the LAN (issue 49, finding 7): a device that announces an address of the pool
+/// nobody holds gets nothing sent to it (the other site's pings to that address are dropped
+/// and counted); a device that claims the gateway's own address is answered at once with
+/// the gateway's announcement, and its neighbour's cache points at the gateway again within
+/// a second.
+#[test]
+fn arp_claims_take_neither_an_unleased_address_nor_the_gateways() {
+    let mut bed = bed(&switched("", ""));
+    let (spoofer, spoofer_mac) = bed.add_host(Side::A, "spoofer").unwrap();
+    let spoofer_mac = parse_mac(&spoofer_mac);
+    let gw = bed.a.gateway;
+    let gw_mac = bed.status(Side::A).unwrap()["adapter"]["gateway_mac"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = bed.status(Side::A).unwrap();
+
+    // An unleased address of the pool, announced: the other site's pings to it go nowhere.
+    let free: Ipv4Addr = "100.64.1.150".parse().unwrap();
+    // ping fills its payload with this pattern (16 bytes at most).
+    let needle = b"for-the-unleased".to_vec();
+    inject::send_frames(
+        &spoofer,
+        "eth0",
+        vec![
+            inject::arp_frame(1, spoofer_mac, free, free),
+            inject::arp_frame(2, spoofer_mac, free, free),
+        ],
+    )
+    .unwrap();
+    let heard = std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            inject::count_frames_containing(
+                &spoofer,
+                "eth0",
+                needle.clone(),
+                Duration::from_secs(3),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = bed.b.lan.exec_output(
+            "ping",
+            &[
+                "-c",
+                "3",
+                "-i",
+                "0.2",
+                "-W",
+                "1",
+                "-p",
+                &hex(b"for-the-unleased"),
+                &free.to_string(),
+            ],
+        );
+        capture.join().unwrap().unwrap()
+    });
+    assert_eq!(heard, 0, "the announcing device got the pings for {free}");
+    let after = bed.status(Side::A).unwrap();
+    assert!(
+        counter(&after, "drop_neighbour_unknown") >= counter(&before, "drop_neighbour_unknown") + 3,
+        "{}",
+        after["counters"]
+    );
+
+    // The gateway's address, claimed: the LAN host (which knows the gateway) is put right.
+    bed.ping_ok(&bed.a.lan, gw, cyphonic_e2e::bed::Ping::count(1));
+    let neigh = |bed: &TwoSites| {
+        bed.a
+            .lan
+            .ip(&["neigh", "show", &gw.to_string(), "dev", "eth0"])
+            .unwrap()
+    };
+    assert!(neigh(&bed).contains(&gw_mac), "{}", neigh(&bed));
+    let announcement = {
+        // The gateway's own: sender MAC and address the gateway's, target the gateway.
+        let mut n = parse_mac(&gw_mac).to_vec();
+        n.extend(gw.octets());
+        n.extend([0; 6]);
+        n.extend(gw.octets());
+        n
+    };
+    let claimed_at = std::time::Instant::now();
+    let seen = std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            inject::count_frames_containing(
+                &bed.a.lan,
+                "eth0",
+                announcement.clone(),
+                Duration::from_secs(1),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        inject::send_frames(
+            &spoofer,
+            "eth0",
+            vec![inject::arp_frame(1, spoofer_mac, gw, gw)],
+        )
+        .unwrap();
+        capture.join().unwrap().unwrap()
+    });
+    assert!(
+        seen >= 1,
+        "no announcement of the gateway within a second of the claim"
+    );
+    assert!(claimed_at.elapsed() < Duration::from_secs(2));
+    let cache = neigh(&bed);
+    assert!(
+        cache.contains(&gw_mac),
+        "the LAN host's cache still points at the claimant: {cache}"
+    );
+    let claims = counter(&bed.status(Side::A).unwrap(), "arp_gateway_claims");
+    assert!(claims >= 1, "the claim was not counted");
+}
+
+/// The bytes of `b` in hex, for ping's `-p` pattern.
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Fragments that would end past a datagram's 65,535 bytes (issue 49, finding 7) are not
+/// carried across; a later fragment that fits is.
+#[test]
+fn fragments_past_the_largest_datagram_are_not_carried() {
+    let bed = bed(&BedOptions::default());
+    let gw_mac = parse_mac(
+        bed.status(Side::A).unwrap()["adapter"]["gateway_mac"]
+            .as_str()
+            .unwrap(),
+    );
+    let (src, dst, mac) = (bed.a.host_ip, bed.b.host_ip, parse_mac(&bed.a.host_mac));
+    let tagged = |tag: &str, len: usize| {
+        let mut t = tag.as_bytes().to_vec();
+        t.resize(len, b'.');
+        t
+    };
+    let frames: Vec<Vec<u8>> = [
+        (100u16, tagged("a later fragment that fits", 104)),
+        (8191, tagged("ending past 65535 by 100", 100)),
+        (8180, tagged("ending past 65535 by 1400", 1400)),
+    ]
+    .iter()
+    .map(|(offset, payload)| {
+        inject::ipv4_frame(
+            gw_mac,
+            mac,
+            &inject::ipv4_packet(17, src, dst, 0x6161, *offset, payload),
+        )
+    })
+    .collect();
+    let before = bed.status(Side::A).unwrap();
+    let seen = std::thread::scope(|s| {
+        let capture = s.spawn(|| {
+            inject::count_frames_containing_each(
+                &bed.b.lan,
+                "eth0",
+                vec![
+                    b"a later fragment that fits".to_vec(),
+                    b"ending past 65535 by 100".to_vec(),
+                    b"ending past 65535 by 1400".to_vec(),
+                ],
+                Duration::from_secs(3),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        inject::send_frames(&bed.a.lan, "eth0", frames).unwrap();
+        capture.join().unwrap().unwrap()
+    });
+    assert_eq!(seen, [1, 0, 0], "{}", bed.logs());
+    let after = bed.status(Side::A).unwrap();
+    assert_eq!(
+        counter(&after, "drop_malformed") - counter(&before, "drop_malformed"),
+        2,
+        "{}",
+        after["counters"]
+    );
+}
+
 /// A small deterministic generator (xorshift64) for the garbage.
 struct Noise(u64);
 

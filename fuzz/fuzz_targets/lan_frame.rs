@@ -70,5 +70,5 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let mut buf = vec![0u8; 16 + rest.len()];
     buf[16..].copy_from_slice(rest);
     let peer = ["100.64.2.0/24".parse().expect("block")];
-    let _ = lan.deliver(&mut buf, 16..16 + rest.len(), &peer, &OneLease, &mut out);
+    let _ = lan.deliver(&mut buf, 16..16 + rest.len(), &peer, &OneLease);
 });

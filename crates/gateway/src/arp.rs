@@ -53,8 +53,10 @@ pub(crate) fn reply(lan: &Lan, req: &Arp, out: &mut [u8]) -> Option<usize> {
     Some(frame.len())
 }
 
-/// Writes a broadcast request for `ip` from the gateway. Returns its length.
-pub(crate) fn request(lan: &Lan, ip: Ipv4Addr, out: &mut [u8]) -> Option<usize> {
+/// Writes the gateway's announcement of its own address (RFC 5227 §2.3: a broadcast
+/// request whose sender and target are the gateway vIP; a gratuitous ARP, which Linux takes
+/// over an entry however recently it changed). Returns its length.
+pub(crate) fn announce(lan: &Lan, out: &mut [u8]) -> Option<usize> {
     let frame = out.get_mut(..ETH_HEADER_LEN + ARP_LEN)?;
     write_eth(frame, BROADCAST, lan.mac, ETHERTYPE_ARP);
     write_arp(
@@ -63,7 +65,7 @@ pub(crate) fn request(lan: &Lan, ip: Ipv4Addr, out: &mut [u8]) -> Option<usize> 
         lan.mac,
         lan.gateway_ip,
         [0; 6],
-        ip,
+        lan.gateway_ip,
     );
     Some(frame.len())
 }

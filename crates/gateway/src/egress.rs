@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 use std::ops::Range;
 
-use crate::arp::{self, OP_REPLY, OP_REQUEST};
+use crate::arp::{self, OP_REQUEST};
 use crate::icmp::{self, IcmpError};
 use crate::ipv4::{self, Header, Invalid, PROTO_UDP};
 use crate::{
@@ -20,6 +20,8 @@ const ETHERTYPE_IPV6: u16 = 0x86dd;
 pub enum ReplyKind {
     /// An ARP reply.
     Arp,
+    /// The gateway's announcement of its own address, answering a device that claimed it.
+    ArpAnnounce,
     /// An ICMP echo reply from the gateway.
     EchoReply,
     /// ICMP fragmentation needed, with the tunnel's MTU.
@@ -103,13 +105,6 @@ pub enum Egress {
         /// Its destination.
         dst: Ipv4Addr,
     },
-    /// ARP told us where a device is (nothing to send).
-    Learn {
-        /// The device's address.
-        ip: Ipv4Addr,
-        /// Its MAC.
-        mac: [u8; 6],
-    },
     /// Nothing to do but count.
     Drop(EgressDrop),
 }
@@ -164,6 +159,18 @@ impl Lan {
             return Egress::Drop(EgressDrop::Malformed);
         };
         match a.op {
+            // A device claims the gateway's own address (ARP spoofing: its neighbours would
+            // send it what they send the overlay, in clear): the gateway's announcement goes
+            // out at once and puts their caches right.
+            _ if a.sender_ip == self.gateway_ip && a.sender_mac != self.mac => {
+                match arp::announce(self, out) {
+                    Some(len) => Egress::Reply {
+                        len,
+                        kind: ReplyKind::ArpAnnounce,
+                    },
+                    None => Egress::Drop(EgressDrop::NoReply),
+                }
+            }
             OP_REQUEST if arp::answers_for(self, a.target_ip) && !a.sender_ip.is_unspecified() => {
                 match arp::reply(self, &a, out) {
                     Some(len) => Egress::Reply {
@@ -173,15 +180,8 @@ impl Lan {
                     None => Egress::Drop(EgressDrop::NoReply),
                 }
             }
-            // A device's own requests and replies tell us where it is (RFC 826 merge step).
-            OP_REQUEST | OP_REPLY
-                if self.block.contains(&a.sender_ip) && a.sender_ip != self.gateway_ip =>
-            {
-                Egress::Learn {
-                    ip: a.sender_ip,
-                    mac: a.sender_mac,
-                }
-            }
+            // Nothing is learned from the rest: only a lease or a reservation says where a
+            // device is (an address nobody holds must not be claimable by announcing it).
             _ => Egress::Drop(EgressDrop::ArpIgnored),
         }
     }
@@ -416,6 +416,31 @@ mod tests {
         f
     }
 
+    /// A device that claims the gateway's address, by announcement, reply or request, gets
+    /// the gateway's own announcement broadcast at once (finding 7); the gateway's own frames
+    /// (its MAC) are not a claim.
+    #[test]
+    fn a_claim_of_the_gateways_address_is_answered_with_an_announcement() {
+        for (op, target) in [(1, GW), (2, GW), (2, DEV), (1, [100, 64, 1, 11])] {
+            let (v, _, out) = run(arp_frame(op, DEV_MAC, GW, target), None, false);
+            assert_eq!(
+                v,
+                Egress::Reply {
+                    len: 42,
+                    kind: ReplyKind::ArpAnnounce
+                },
+                "op {op} target {target:?}"
+            );
+            assert_eq!(&out[..6], &BROADCAST);
+            assert_eq!(&out[6..12], &GW_MAC);
+            let a = pnet_packet::arp::ArpPacket::new(&out[14..42]).unwrap();
+            assert_eq!(a.get_operation().0, 1);
+            assert_eq!(a.get_sender_hw_addr().octets(), GW_MAC);
+            assert_eq!(a.get_sender_proto_addr(), Ipv4Addr::from(GW));
+            assert_eq!(a.get_target_proto_addr(), Ipv4Addr::from(GW));
+        }
+    }
+
     #[test]
     fn arp_for_the_gateway_and_proxy_for_remote_vips() {
         for target in [GW, REMOTE] {
@@ -435,27 +460,28 @@ mod tests {
             assert_eq!(reply.get_target_hw_addr().octets(), DEV_MAC);
             assert_eq!(&out[..6], &DEV_MAC);
         }
-        // For another device on the LAN we stay silent but learn the asker.
-        check(
-            arp_frame(1, DEV_MAC, DEV, [100, 64, 1, 11]),
-            Egress::Learn {
-                ip: DEV.into(),
-                mac: DEV_MAC,
-            },
-        );
+        // For another device on the LAN we stay silent, and learn nothing: neither from a
+        // request nor from an announcement of an address nobody holds (finding 7).
+        for (op, sender, target) in [
+            (1, DEV, [100, 64, 1, 11]),
+            (2, DEV, [100, 64, 1, 11]),
+            (1, [100, 64, 1, 150], [100, 64, 1, 150]),
+            (2, [100, 64, 1, 150], [100, 64, 1, 150]),
+        ] {
+            check(
+                arp_frame(op, DEV_MAC, sender, target),
+                Egress::Drop(EgressDrop::ArpIgnored),
+            );
+        }
         // DHCP clients probe with sender 0.0.0.0 (RFC 5227): never answered.
         check(
             arp_frame(1, DEV_MAC, [0, 0, 0, 0], [100, 64, 1, 10]),
             Egress::Drop(EgressDrop::ArpIgnored),
         );
-        // A target outside the overlay is not ours to answer, but the asker is still learned
-        // (RFC 826's merge step); an asker outside our block is not.
+        // A target outside the overlay is not ours to answer.
         check(
             arp_frame(1, DEV_MAC, DEV, [192, 0, 2, 1]),
-            Egress::Learn {
-                ip: DEV.into(),
-                mac: DEV_MAC,
-            },
+            Egress::Drop(EgressDrop::ArpIgnored),
         );
         check(
             arp_frame(1, DEV_MAC, [192, 0, 2, 9], [192, 0, 2, 1]),

@@ -14,7 +14,9 @@ const OPT_COPIED: u8 = 0x80;
 /// Why a packet cannot be fragmented.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum FragError {
-    /// Not a whole, valid IPv4 packet.
+    /// Not a whole, valid IPv4 packet (a fragment ending past the 65,535 bytes of a
+    /// datagram among them: no datagram is that long, and refragmenting it would overflow
+    /// its pieces' offsets into the flag bits).
     #[error("not a whole, valid IPv4 packet")]
     Malformed,
     /// Don't Fragment is set: send fragmentation-needed instead.
@@ -23,14 +25,7 @@ pub enum FragError {
     /// The MTU leaves no room for 8 payload bytes after the header.
     #[error("MTU too small to fragment into")]
     MtuTooSmall,
-    /// The packet is a fragment whose payload would end past byte 65535 of its datagram:
-    /// no valid datagram is that long, and its pieces' offsets would not fit 13 bits.
-    #[error("fragment ends past the largest datagram")]
-    BeyondMaximum,
 }
-
-/// The largest IPv4 datagram, and so the furthest any fragment's payload may end.
-const MAX_DATAGRAM: usize = 65_535;
 
 /// Splits one IPv4 packet into fragments that fit `mtu`, one at a time into the caller's
 /// buffers. Fragment payloads are multiples of 8 bytes except the last; the first fragment
@@ -56,11 +51,6 @@ impl<'a> Fragmenter<'a> {
         let h = Header::parse(packet, true).map_err(|_: Invalid| FragError::Malformed)?;
         if h.df {
             return Err(FragError::DontFragment);
-        }
-        // Refragmenting adds offsets to this one's: they must stay within the datagram, or
-        // they would overflow into the flag bits.
-        if usize::from(h.frag_offset) * 8 + (h.total_len - h.header_len) > MAX_DATAGRAM {
-            return Err(FragError::BeyondMaximum);
         }
         let mtu = usize::from(mtu);
         if mtu < h.header_len + 8 {
@@ -223,12 +213,10 @@ mod tests {
         let mut p = ipv4_sized(1500, false);
         p[6..8].copy_from_slice(&8191u16.to_be_bytes());
         ipv4::fill_header_checksum(&mut p, 20);
-        assert_eq!(
-            Fragmenter::new(&p, 1000).err(),
-            Some(FragError::BeyondMaximum)
-        );
-        // Ending exactly at 65535 is fine, and no piece's offset spills into the flags.
-        let payload = 65_535 - 8000 * 8;
+        assert_eq!(Fragmenter::new(&p, 1000).err(), Some(FragError::Malformed));
+        // A datagram of exactly 65,535 bytes is fine, and no piece's offset spills into the
+        // flags.
+        let payload = 65_535 - 20 - 8000 * 8;
         let mut p = ipv4_sized(20 + payload, false);
         p[6..8].copy_from_slice(&8000u16.to_be_bytes());
         ipv4::fill_header_checksum(&mut p, 20);

@@ -5,7 +5,7 @@ use std::ops::Range;
 use ipnet::IpNet;
 
 use crate::ipv4::{self, Header, Invalid};
-use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, Lan, Neighbors, arp, tcp, write_eth};
+use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, Lan, Neighbors, tcp, write_eth};
 
 /// Why a decrypted packet is not delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,6 +21,9 @@ pub enum IngressDrop {
     NotOurLan,
     /// The TTL ran out.
     TtlExpired,
+    /// An address of our block that no device holds (no lease, no reservation): there is
+    /// nobody to deliver to, and ARP may not make anybody (issue 49, finding 7).
+    NoHolder,
     /// The caller left no room for the Ethernet header in front of the packet.
     NoHeadroom,
 }
@@ -39,12 +42,6 @@ pub enum Ingress {
         /// The Ethernet frame within the buffer.
         frame: Range<usize>,
     },
-    /// The device's MAC is unknown: send the ARP request written into `out[..len]`; the packet
-    /// itself is dropped (the sender's transport retransmits).
-    NeedArp {
-        /// Bytes of the ARP request in `out`.
-        len: usize,
-    },
     /// Nothing to do but count.
     Drop(IngressDrop),
 }
@@ -59,7 +56,6 @@ impl Lan {
         packet: Range<usize>,
         peer_blocks: &[IpNet],
         neighbors: &impl Neighbors,
-        out: &mut [u8],
     ) -> Ingress {
         let Some(ip) = buf.get_mut(packet.clone()) else {
             return Ingress::Drop(IngressDrop::Malformed);
@@ -90,11 +86,8 @@ impl Lan {
         if self.mss_clamp {
             tcp::clamp_mss(ip, &h, self.max_mss());
         }
-        let Some(mac) = neighbors.neighbor_mac(h.dst) else {
-            return match arp::request(self, h.dst, out) {
-                Some(len) => Ingress::NeedArp { len },
-                None => Ingress::Drop(IngressDrop::NoHeadroom),
-            };
+        let Some(mac) = neighbors.leased_mac(h.dst) else {
+            return Ingress::Drop(IngressDrop::NoHolder);
         };
         let Some(start) = packet.start.checked_sub(ETH_HEADER_LEN) else {
             return Ingress::Drop(IngressDrop::NoHeadroom);
@@ -125,24 +118,17 @@ mod tests {
     }
 
     /// Puts `ip` at offset 16 of a buffer (as after a tunnel header) and delivers it.
-    fn run(ip: &[u8]) -> (Ingress, Vec<u8>, Vec<u8>) {
+    fn run(ip: &[u8]) -> (Ingress, Vec<u8>) {
         let mut buf = vec![0u8; 16 + ip.len()];
         buf[16..].copy_from_slice(ip);
-        let mut out = vec![0u8; 64];
-        let v = lan().deliver(
-            &mut buf,
-            16..16 + ip.len(),
-            &peer_blocks(),
-            &Leases,
-            &mut out,
-        );
-        (v, buf, out)
+        let v = lan().deliver(&mut buf, 16..16 + ip.len(), &peer_blocks(), &Leases);
+        (v, buf)
     }
 
     #[test]
     fn delivers_with_an_ethernet_header_in_place() {
         let p = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 1, 2, b"hi");
-        let (v, buf, _) = run(&p);
+        let (v, buf) = run(&p);
         assert_eq!(
             v,
             Ingress::Deliver {
@@ -201,22 +187,19 @@ mod tests {
         );
     }
 
+    /// An address of the block nobody holds is delivered to nobody: no ARP is asked, so no
+    /// device can answer for it (issue 49, finding 7).
     #[test]
-    fn unknown_neighbour_asks_arp() {
-        let (v, _, out) = run(&ipv4_udp([100, 64, 2, 20], [100, 64, 1, 77], 1, 2, b"x"));
-        assert_eq!(v, Ingress::NeedArp { len: 42 });
-        assert_eq!(&out[..6], &crate::BROADCAST);
-        let a = pnet_packet::arp::ArpPacket::new(&out[14..42]).unwrap();
-        assert_eq!(a.get_operation().0, 1);
-        assert_eq!(a.get_target_proto_addr(), Ipv4Addr::new(100, 64, 1, 77));
-        assert_eq!(a.get_sender_proto_addr(), Ipv4Addr::new(100, 64, 1, 1));
+    fn an_address_nobody_holds_is_not_delivered() {
+        let (v, _) = run(&ipv4_udp([100, 64, 2, 20], [100, 64, 1, 77], 1, 2, b"x"));
+        assert_eq!(v, Ingress::Drop(IngressDrop::NoHolder));
     }
 
     #[test]
     fn syn_ack_is_clamped_on_the_way_in() {
         let mut p = ipv4_tcp([100, 64, 2, 20], [100, 64, 1, 10], 0x12, Some(1460), &[]);
         ipv4::fill_header_checksum(&mut p, 20);
-        let (v, buf, _) = run(&p);
+        let (v, buf) = run(&p);
         assert!(matches!(v, Ingress::Deliver { .. }));
         assert_eq!(u16::from_be_bytes([buf[16 + 44], buf[16 + 45]]), 1380);
         assert!(checksums_ok(&buf[16..]));
@@ -226,9 +209,8 @@ mod tests {
     fn no_headroom_is_an_error_not_a_panic() {
         let p = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 1, 2, b"x");
         let mut buf = p.clone();
-        let mut out = [0u8; 64];
         assert_eq!(
-            lan().deliver(&mut buf, 0..p.len(), &peer_blocks(), &Leases, &mut out),
+            lan().deliver(&mut buf, 0..p.len(), &peer_blocks(), &Leases),
             Ingress::Drop(IngressDrop::NoHeadroom)
         );
     }

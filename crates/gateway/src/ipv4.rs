@@ -67,6 +67,11 @@ impl Header {
             return Err(Invalid::Malformed);
         }
         let flags = u16::from_be_bytes([packet[6], packet[7]]);
+        // RFC 791: a datagram is at most 65,535 bytes. A fragment that would end past that
+        // belongs to none (the "ping of death" overflows a receiver's reassembly).
+        if usize::from(flags & OFFSET_MASK) * 8 + total_len > usize::from(u16::MAX) {
+            return Err(Invalid::Malformed);
+        }
         Ok(Self {
             header_len,
             total_len,
@@ -234,6 +239,26 @@ mod tests {
         bad[15] ^= 1; // header checksum now wrong
         assert_eq!(Header::parse(&bad, true), Err(Invalid::Malformed));
         assert_eq!(Header::parse(&p[..19], true), Err(Invalid::Malformed));
+        // Fragments that would end past a datagram's 65,535 bytes (issue 49, finding 7);
+        // the last one that fits is a fragment like any other.
+        for (offset, payload, fits) in [
+            (8191u16, 100usize, false),
+            (8180, 1400, false),
+            (8100, 1500, false),
+            (8188, 11, true),
+            (8188, 12, false),
+        ] {
+            let mut f = ipv4_udp(
+                [100, 64, 1, 10],
+                [100, 64, 2, 20],
+                1,
+                2,
+                &vec![0; payload - 8],
+            );
+            f[6..8].copy_from_slice(&offset.to_be_bytes());
+            fill_header_checksum(&mut f, 20);
+            assert_eq!(Header::parse(&f, true).is_ok(), fits, "{offset} {payload}");
+        }
         assert_eq!(Header::parse(&[0x60; 40], true), Err(Invalid::NotIpv4));
         assert!(
             Header::parse(&p[..20], false).is_ok(),

@@ -81,15 +81,11 @@ impl Framing {
 pub const IPV4_TCP_HEADERS: u16 = 40;
 
 /// Who holds which address on the LAN. The adapter implements it over its reservations and
-/// DHCP leases (and, for delivery, what ARP taught it).
+/// DHCP leases; ARP teaches it nothing (an address nobody holds is not learnable).
 pub trait Neighbors {
-    /// The MAC that holds a lease or reservation for `ip`: the only MAC allowed to send from it.
+    /// The MAC that holds a lease or reservation for `ip`: the only MAC allowed to send from
+    /// it, and the only one packets for it are delivered to.
     fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]>;
-
-    /// The MAC to deliver packets for `ip` to.
-    fn neighbor_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
-        self.leased_mac(ip)
-    }
 }
 
 /// The MAC the gateway answers with on the LAN, derived from the internal NIC's own `nic`:
