@@ -433,13 +433,14 @@ fn dhcp_broadcast(mac: [u8; 6], msg: &[u8]) -> Vec<u8> {
     )
 }
 
-/// A starvation attack (DISCOVERs from ever new MACs) gets at most the configured share of
-/// the pool per window: the pool never runs dry, a device that had a lease gets it back in the
-/// middle of the flood, and a new device gets one once the window has passed.
+/// A starvation attack (DISCOVERs from ever new MACs, 1,000 a second; issue 49, finding 7)
+/// is answered, but its offers hold at most the newcomers' share of the pool (25 of 100)
+/// and spend nothing of their bindings: a genuine new device gets its lease within 5 s in
+/// the middle of the flood, a device that had a lease gets it back, and the pool never runs
+/// dry.
 #[test]
-fn a_starvation_flood_is_contained() {
-    // 100 addresses, at most 20 new devices per 5 s.
-    let cfg = "[dhcp]\npool = \"100.64.1.100-100.64.1.199\"\nnew_lease_share = 0.2\nnew_lease_window = 5\n";
+fn a_discover_flood_locks_no_newcomer_out() {
+    let cfg = "[dhcp]\npool = \"100.64.1.100-100.64.1.199\"\n";
     let mut bed = bed(&switched(cfg, ""));
     let mut known = host(&mut bed, Side::A, DhcpClient::Udhcpc, "known");
     known.start().unwrap();
@@ -449,47 +450,39 @@ fn a_starvation_flood_is_contained() {
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()))
         .get("ip")
         .to_owned();
+    let mut newcomer = host(&mut bed, Side::A, DhcpClient::Udhcpc, "newcomer");
     let (attacker, _) = bed.add_host(Side::A, "attacker").unwrap();
-    let flood_for = Duration::from_secs(4);
-    let sent = std::thread::scope(|scope| {
+    let flood_for = Duration::from_secs(9);
+    let (sent, took) = std::thread::scope(|scope| {
         let flood = scope.spawn(|| {
-            inject::send_frames_for(&attacker, "eth0", flood_for, 300, discover_from_random_mac)
+            inject::send_frames_for(&attacker, "eth0", flood_for, 1000, discover_from_random_mac)
         });
-        // In the middle of it, the known device restarts and asks again.
-        std::thread::sleep(Duration::from_secs(1));
+        // Two seconds into it, a device never seen before asks, and the known one again.
+        std::thread::sleep(Duration::from_secs(2));
+        let start = std::time::Instant::now();
+        newcomer.start().unwrap();
+        let bound = newcomer.wait_for(&["bound"], 1, Duration::from_secs(5));
+        let took = start.elapsed();
+        let e = bound
+            .unwrap_or_else(|e| panic!("no lease in 5 s during the flood: {e}\n{}", bed.logs()));
+        assert!(in_pool(e.get("ip").parse().unwrap()), "{e:?}");
         known.stop().unwrap();
         known.start().unwrap();
         let e = known
-            .wait_for(&["bound"], 2, within)
+            .wait_for(&["bound"], 2, Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
         assert_eq!(e.get("ip"), ip, "the known device kept its address");
-        flood.join().unwrap().unwrap()
+        (flood.join().unwrap().unwrap(), took)
     });
     let s = bed.status(Side::A).unwrap();
     let dhcp = &s["dhcp"];
-    eprintln!("{sent} DISCOVERs in {flood_for:?}: {dhcp}");
-    assert!(sent > 500, "only {sent} DISCOVERs sent");
-    assert!(
-        dhcp["starvation_refused"].as_u64().unwrap() > 100,
-        "the guard never acted: {dhcp}"
-    );
-    assert_eq!(dhcp["pool_exhausted"], 0, "{dhcp}");
-    // A 4 s flood touches at most two 5 s windows: 2 x 20 offers, plus the known device's.
-    let offers = dhcp["offers"].as_u64().unwrap();
-    assert!(offers <= 2 * 20 + 3, "{offers} offers: {dhcp}");
-    assert!(
-        bed.a.log_text().contains("starvation"),
-        "the refusals are logged"
-    );
-
-    // A new device, once the window has passed.
-    std::thread::sleep(Duration::from_secs(5));
-    let mut late = host(&mut bed, Side::A, DhcpClient::Udhcpc, "latecomer");
-    late.start().unwrap();
-    let e = late
-        .wait_for(&["bound"], 1, within)
-        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
-    assert!(in_pool(e.get("ip").parse().unwrap()), "{e:?}");
+    eprintln!("{sent} DISCOVERs in {flood_for:?}, the newcomer bound after {took:?}: {dhcp}");
+    let n = |k: &str| dhcp[k].as_u64().unwrap_or_else(|| panic!("no {k}: {dhcp}"));
+    assert!(sent > 8000, "only {sent} DISCOVERs sent");
+    // The flood was answered and contained: its offers made room for one another.
+    assert!(n("offers_displaced") > 1000, "{dhcp}");
+    assert_eq!(n("pool_exhausted"), 0, "{dhcp}");
+    assert_eq!(n("starvation_refused"), 0, "{dhcp}");
 }
 
 /// ARP on the LAN (issue 49, finding 7): a device that announces an address of the pool

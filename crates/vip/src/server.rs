@@ -39,8 +39,11 @@ pub struct DhcpConfig {
     pub domain: String,
     /// Fixed addresses.
     pub reservations: Vec<Reservation>,
-    /// At most this share of the pool may go to devices never seen before within one window
-    /// (a flood of DISCOVERs from random MACs cannot empty the pool).
+    /// At most this share of the pool may be bound to devices never seen before within one
+    /// window (a flood of requests from random MACs cannot empty the pool), and at most this
+    /// share is offered to such devices at once (an offer beyond it takes the place of the
+    /// oldest one: a flood of DISCOVERs holds no more of the pool, and never locks a genuine
+    /// newcomer out).
     pub new_lease_share: f64,
     /// The window of that limit, seconds.
     pub new_lease_window_secs: u64,
@@ -146,15 +149,19 @@ pub struct Stats {
     pub informs: u64,
     /// Messages ignored (any reason).
     pub ignored: u64,
-    /// New devices refused by the starvation guard.
+    /// New devices refused a binding by the starvation guard (the pool's share for them
+    /// was taken within the window).
     pub starvation_refused: u64,
     /// New devices refused because the pool was full.
     pub pool_exhausted: u64,
+    /// Offers to new devices taken back to make room for newer ones (more newcomers at once
+    /// than the share: a flood of DISCOVERs).
+    pub offers_displaced: u64,
 }
 
 impl Stats {
     /// Every counter with its name, in declaration order (for metrics).
-    pub const fn named(&self) -> [(&'static str, u64); 11] {
+    pub const fn named(&self) -> [(&'static str, u64); 12] {
         [
             ("discovers", self.discovers),
             ("requests", self.requests),
@@ -167,6 +174,7 @@ impl Stats {
             ("ignored", self.ignored),
             ("starvation_refused", self.starvation_refused),
             ("pool_exhausted", self.pool_exhausted),
+            ("offers_displaced", self.offers_displaced),
         ]
     }
 }
@@ -210,7 +218,15 @@ pub struct Server {
     unused: BTreeSet<u32>,
     /// Addresses the pool can hand out dynamically.
     pool_size: usize,
+    /// When devices never seen before were bound, within the guard's window.
     recent_new: VecDeque<u64>,
+    /// The offers out to devices never seen before, oldest first (entries of offers gone
+    /// since are skipped).
+    new_offers: VecDeque<([u8; 6], Ipv4Addr)>,
+    /// Where the next newcomer's address is looked for among the never-used ones: after the
+    /// last one offered, so that an address whose offer was taken back is not at once
+    /// offered to someone else while its device may still be asking for it.
+    cursor: u32,
     events: VecDeque<LeaseEvent>,
     dirty: bool,
     /// The second leases and offers were last expired at: at most one sweep a second, however
@@ -265,6 +281,8 @@ impl Server {
             unused,
             pool_size,
             recent_new: VecDeque::new(),
+            new_offers: VecDeque::new(),
+            cursor: u32::from(first),
             events: VecDeque::new(),
             dirty: false,
             swept: None,
@@ -386,15 +404,82 @@ impl Server {
             Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
             _ => None,
         };
+        let newcomer = self.is_newcomer(mac);
+        let had_offer = self.offers.contains_key(&mac);
         let ip = self.choose(now, mac, requested)?;
         self.offer(mac, ip, now + OFFER_HOLD);
+        if newcomer && !had_offer {
+            self.note_new_offer(mac, ip);
+        }
         self.stats.offers += 1;
         Ok(self.reply(req, MessageType::Offer, ip, true))
     }
 
+    /// Whether `mac` is a device never seen before: no binding (active or ended) and no
+    /// reservation. Only such devices are subject to the starvation guard.
+    fn is_newcomer(&self, mac: [u8; 6]) -> bool {
+        !self.by_mac.contains_key(&mac) && !self.cfg.reservations.iter().any(|r| r.mac == mac)
+    }
+
+    /// The share of the pool newcomers may take within a window, and be offered at once.
+    fn newcomer_share(&self) -> usize {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "a share of a pool of at most 2^32"
+        )]
+        let share = (self.pool_size as f64 * self.cfg.new_lease_share).floor() as usize;
+        share.max(1)
+    }
+
+    /// A newcomer was offered `ip`. Beyond the share, the oldest newcomer offer still out is
+    /// taken back (its address is not offered again before the never-used ones came round:
+    /// see `cursor`), so that a flood of DISCOVERs holds at most the share of the pool.
+    fn note_new_offer(&mut self, mac: [u8; 6], ip: Ipv4Addr) {
+        self.new_offers.push_back((mac, ip));
+        let share = self.newcomer_share();
+        while self.new_offers.len() > share {
+            let Some((old, old_ip)) = self.new_offers.pop_front() else {
+                break;
+            };
+            if self.offers.get(&old).is_some_and(|(o, _)| *o == old_ip) && old != mac {
+                self.withdraw(old);
+                self.stats.offers_displaced += 1;
+            }
+        }
+        // Entries of offers that ended otherwise (taken up, expired): keep the list near the
+        // share's size.
+        if self.new_offers.len() > 2 * share + 64 {
+            let offers = &self.offers;
+            self.new_offers
+                .retain(|(m, ip)| offers.get(m).is_some_and(|(o, _)| o == ip));
+        }
+    }
+
+    /// Whether the starvation guard lets a newcomer be bound at `now`: at most the share of
+    /// the pool within the window. Counts the binding when it does.
+    fn admit_newcomer(&mut self, now: u64, mac: [u8; 6]) -> bool {
+        let window = self.cfg.new_lease_window_secs;
+        while self
+            .recent_new
+            .front()
+            .is_some_and(|t| now.saturating_sub(*t) >= window)
+        {
+            self.recent_new.pop_front();
+        }
+        if self.recent_new.len() >= self.newcomer_share() {
+            self.stats.starvation_refused += 1;
+            self.events.push_back(LeaseEvent::StarvationGuard { mac });
+            return false;
+        }
+        self.recent_new.push_back(now);
+        true
+    }
+
     /// Picks an address for `mac`: its reservation; its current or previous binding if
-    /// free; the address it asks for if free; a never-used one; the oldest ended binding of
-    /// another device. A device we have never bound counts against the starvation guard.
+    /// free; the address it asks for if free; a never-used one (after the last one offered);
+    /// the oldest ended binding of another device.
     fn choose(
         &mut self,
         now: u64,
@@ -412,8 +497,6 @@ impl Server {
         {
             return Ok(l.ip);
         }
-        // A device never seen before: find an address first; only if there is one does the
-        // starvation guard decide whether this newcomer may have it.
         let pick = requested
             .filter(|ip| {
                 self.in_pool(*ip)
@@ -422,9 +505,11 @@ impl Server {
             })
             .or_else(|| {
                 self.unused
-                    .iter()
+                    .range(self.cursor..)
+                    .chain(self.unused.range(..self.cursor))
                     .map(|n| Ipv4Addr::from(*n))
                     .find(|ip| self.free_for(*ip, mac, now))
+                    .inspect(|ip| self.cursor = u32::from(*ip).wrapping_add(1))
             })
             .or_else(|| {
                 // Reclaim the binding that ended longest ago.
@@ -444,27 +529,6 @@ impl Server {
             self.events.push_back(LeaseEvent::PoolExhausted { mac });
             return Err(Ignore::NoAddress);
         };
-        let window = self.cfg.new_lease_window_secs;
-        while self
-            .recent_new
-            .front()
-            .is_some_and(|t| now.saturating_sub(*t) >= window)
-        {
-            self.recent_new.pop_front();
-        }
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "a share of a pool of at most 2^32"
-        )]
-        let allowed = ((self.pool_size as f64 * self.cfg.new_lease_share).floor() as usize).max(1);
-        if self.recent_new.len() >= allowed {
-            self.stats.starvation_refused += 1;
-            self.events.push_back(LeaseEvent::StarvationGuard { mac });
-            return Err(Ignore::NoAddress);
-        }
-        self.recent_new.push_back(now);
         Ok(ip)
     }
 
@@ -488,7 +552,17 @@ impl Server {
                 let Some(ip) = requested else {
                     return Ok(self.nak(req));
                 };
-                if self.offers.get(&mac).map(|(o, _)| *o) != Some(ip) && !self.is_bound(ip, mac) {
+                // Its offer, or one that was taken back to make room while it answered
+                // (the address free, never anyone else's): a flood of DISCOVERs from
+                // others cannot make a genuine device's answer come too late.
+                let taken_back = !self.offers.contains_key(&mac)
+                    && self.in_pool(ip)
+                    && self.last_holder.get(&ip).is_none_or(|m| *m == mac)
+                    && self.free_for(ip, mac, now);
+                if self.offers.get(&mac).map(|(o, _)| *o) != Some(ip)
+                    && !self.is_bound(ip, mac)
+                    && !taken_back
+                {
                     return Ok(self.nak(req));
                 }
                 ip
@@ -542,6 +616,11 @@ impl Server {
         };
         if !self.free_for(wanted, mac, now) {
             return Ok(self.nak(req));
+        }
+        if self.is_newcomer(mac) && !self.admit_newcomer(now, mac) {
+            // Silent: the device tries again later, when the window has moved.
+            self.withdraw(mac);
+            return Err(Ignore::NoAddress);
         }
         let hostname = self
             .cfg

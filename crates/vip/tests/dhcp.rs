@@ -449,8 +449,29 @@ fn pool_exhaustion_is_answered_with_silence_and_reported() {
     assert!((100..=102).contains(&ip.octets()[3]));
 }
 
+/// A device never seen before, from `i`.
+fn random_mac(i: u32) -> [u8; 6] {
+    let b = i.to_be_bytes();
+    [0x02, 0xf0, b[1], b[2], b[3], 0x77]
+}
+
+/// A REQUEST in SELECTING state from `m` for `ip`, as a device answers an offer.
+fn select(s: &mut Server, now: u64, m: [u8; 6], ip: Ipv4Addr) -> Result<Option<Reply>, Ignore> {
+    let opts = vec![DhcpOption::ServerIdentifier(GW), opt_ip(ip)];
+    s.handle(
+        now,
+        &client_message(MessageType::Request, m, 2, opts, ZERO, false),
+        m,
+    )
+}
+
+/// Issue 49, finding 7: a flood of DISCOVERs from random MACs is offered without end, but
+/// its offers hold at most the newcomers' share of the pool (each new one takes the place
+/// of the oldest), and it spends nothing of the share of bindings: a genuine newcomer gets
+/// its lease during the flood, even when its offer was taken back before it answered.
+/// Devices that complete the exchange from random MACs take at most the share per window.
 #[test]
-fn a_discover_flood_takes_only_its_share_and_known_devices_still_get_addresses() {
+fn a_discover_flood_never_locks_a_newcomer_out_and_bindings_take_only_their_share() {
     let mut cfg = config(10, 209); // 200 addresses, one of them (.50) reserved: 199 for newcomers
     cfg.new_lease_share = 0.25;
     cfg.new_lease_window_secs = 60;
@@ -463,36 +484,67 @@ fn a_discover_flood_takes_only_its_share_and_known_devices_still_get_addresses()
         known,
     )
     .unwrap();
-    // 1000 DISCOVERs from random MACs within one window.
-    let mut offered = 0;
-    for i in 0..1000u32 {
-        let m = [0x02, 0xf0, (i >> 16) as u8, (i >> 8) as u8, i as u8, 0x77];
-        if let Ok(Some(_)) = s.handle(
-            T0 + u64::from(i) / 100,
-            &client_message(MessageType::Discover, m, i, vec![], ZERO, false),
+    let discover = |s: &mut Server, now: u64, m: [u8; 6]| {
+        s.handle(
+            now,
+            &client_message(MessageType::Discover, m, 1, vec![], ZERO, false),
             m,
-        ) {
-            offered += 1;
+        )
+    };
+    // 1000 DISCOVERs from random MACs within one window: every one is offered an address,
+    // at most 49 (a quarter of 199) are out at once.
+    let mut offered = Vec::new();
+    for i in 0..1000u32 {
+        if let Ok(Some(r)) = discover(&mut s, T0 + u64::from(i) / 100, random_mac(i)) {
+            offered.push(parse(&r).yiaddr());
         }
     }
-    assert_eq!(
-        offered,
-        49 - 1,
-        "a quarter of 199 per window, one of it used by the known device"
-    );
-    assert!(s.stats().starvation_refused > 900);
+    assert_eq!(offered.len(), 1000);
+    assert_eq!(s.stats().offers_displaced, 1000 - 49);
+    assert_eq!(s.stats().starvation_refused, 0);
+    // An address is offered again only after the never-used ones came round: any 49
+    // offers in a row (those out at once) are 49 addresses.
+    for w in offered.windows(49) {
+        let distinct: std::collections::HashSet<_> = w.iter().collect();
+        assert_eq!(distinct.len(), 49);
+    }
+    // A genuine newcomer amid the flood: its offer is taken back by 100 more DISCOVERs
+    // before it answers, and it is bound all the same.
+    let genuine = mac(2);
+    let offer = discover(&mut s, T0 + 10, genuine).unwrap().unwrap();
+    let ip = parse(&offer).yiaddr();
+    for i in 1000..1100u32 {
+        discover(&mut s, T0 + 10, random_mac(i)).unwrap();
+    }
+    let ack = select(&mut s, T0 + 10, genuine, ip).unwrap().unwrap();
+    assert_eq!((kind(&ack), parse(&ack).yiaddr()), (MessageType::Ack, ip));
+    // Random MACs that answer their offers are bound up to the share of the window (49,
+    // the known device's and the genuine one's among them), then refused.
+    let mut bound = 0;
+    for i in 2000..2100u32 {
+        let m = random_mac(i);
+        let Ok(Some(r)) = discover(&mut s, T0 + 11, m) else {
+            continue;
+        };
+        if let Ok(Some(a)) = select(&mut s, T0 + 11, m, parse(&r).yiaddr()) {
+            assert_eq!(kind(&a), MessageType::Ack);
+            bound += 1;
+        }
+    }
+    assert_eq!(bound, 49 - 2);
+    assert_eq!(s.stats().starvation_refused, 100 - 47);
     // A device with an earlier binding is not a newcomer: it still gets its address.
-    assert_eq!(dora(&mut s, T0 + 11, known, None), known_ip);
-    // The next window lets newcomers in again.
+    assert_eq!(dora(&mut s, T0 + 12, known, None), known_ip);
+    // The next window lets newcomers be bound again.
     let m = [0x02, 0xaa, 0, 0, 0, 1];
-    assert!(
-        s.handle(
-            T0 + 120,
-            &client_message(MessageType::Discover, m, 1, vec![], ZERO, false),
-            m
-        )
-        .unwrap()
-        .is_some()
+    let r = discover(&mut s, T0 + 120, m).unwrap().unwrap();
+    assert_eq!(
+        kind(
+            &select(&mut s, T0 + 120, m, parse(&r).yiaddr())
+                .unwrap()
+                .unwrap()
+        ),
+        MessageType::Ack
     );
 }
 
@@ -660,14 +712,17 @@ fn outstanding_offers_keep_their_addresses_and_lapsed_ones_come_back() {
         kind(&s.handle(T0, &r, mac(2)).unwrap().unwrap()),
         MessageType::Ack
     );
+    // They come back when the never-used addresses came round (an address whose offer
+    // ended is not offered again at once: its device may still be answering).
     let later = T0 + 61;
     s.handle_timeout(later);
-    assert_eq!(offer_to(&mut s, later, mac(7)), Some(offered[0]));
+    let next: Vec<Option<Ipv4Addr>> = (7..=13).map(|n| offer_to(&mut s, later, mac(n))).collect();
+    let at = |d: u8| Some(Ipv4Addr::new(100, 64, 1, d));
     assert_eq!(
-        offer_to(&mut s, later, mac(8)),
-        Some(offered[2]),
-        "offered[1] is bound"
+        next,
+        [at(16), at(17), at(18), at(19), at(20), at(10), at(12)]
     );
+    assert!(!next.contains(&Some(offered[1])), "offered[1] is bound");
 }
 
 /// A damaged or edited lease file can name one address for two devices, or one device twice
