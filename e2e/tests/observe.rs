@@ -114,6 +114,35 @@ fn adapter_metrics_count_what_the_scenario_sent() {
     .unwrap();
     assert!(status.starts_with("HTTP/1.1 404"), "{status}");
 
+    // 100 connections that each hold half a request line (issue 49, finding 9) do not keep
+    // a scrape waiting: it is answered within a second.
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let (stop_tx, stop) = std::sync::mpsc::channel::<()>();
+    let holder = cyphonic_e2e::inject::spawn_inside(&bed.a.adapter_ns, move || {
+        use std::io::Write as _;
+        let addr: SocketAddr = "127.0.0.1:9464".parse()?;
+        let mut held = Vec::new();
+        for _ in 0..100 {
+            let mut c = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            c.write_all(b"GET /metr")?;
+            held.push(c);
+        }
+        ready_tx.send(())?;
+        let _ = stop.recv_timeout(Duration::from_secs(20));
+        Ok(held.len())
+    });
+    ready.recv_timeout(Duration::from_secs(10)).unwrap();
+    let start = std::time::Instant::now();
+    let body = scrape(&bed, Side::A);
+    let took = start.elapsed();
+    drop(stop_tx);
+    assert_eq!(cyphonic_e2e::inject::joined(holder).unwrap(), 100);
+    assert!(body.contains("cyphonic_peers"), "{body}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the scrape took {took:?} beside 100 idle connections"
+    );
+
     // The status command: the same figures, in the table and in JSON.
     let out = std::process::Command::new(&bed.bins.adapter)
         .args(["status", "--socket", bed.a.socket().to_str().unwrap()])

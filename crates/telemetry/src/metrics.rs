@@ -4,11 +4,18 @@
 //! the encoding over HTTP on a thread of its own, and offers shorthands for collectors.
 //!
 //! The HTTP side is deliberately small: `GET /metrics` (anything else is 404), one request
-//! per connection, requests larger than 8 KiB or slower than 2 s are dropped.
+//! per connection, requests larger than 8 KiB or not whole within 2 s are dropped. Each
+//! connection is served on a thread of its own, at most [`MAX_CONNECTIONS`] at once; a
+//! connection beyond them takes the place of the oldest one still sending its request, so
+//! that connections that hold half a request (issue 49, finding 9) cannot keep a scrape
+//! waiting.
 
+use std::collections::VecDeque;
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 pub use prometheus_client::collector::Collector;
 pub use prometheus_client::encoding::DescriptorEncoder;
@@ -22,6 +29,10 @@ pub use prometheus_client::registry::Registry;
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// Largest request read.
 const MAX_REQUEST: usize = 8192;
+/// Connections served at once at most.
+pub const MAX_CONNECTIONS: usize = 32;
+/// A request must be whole this long after its connection was accepted.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Writes a counter `name` (the encoder adds `_total`).
 ///
@@ -178,16 +189,14 @@ pub fn serve(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::
     }
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
+    let registry = Arc::new(registry);
     std::thread::Builder::new()
         .name("cy-metrics".into())
         .spawn(move || {
+            let open = Arc::new(Mutex::new(VecDeque::new()));
             for conn in listener.incoming() {
                 match conn {
-                    Ok(stream) => {
-                        if let Err(e) = answer(stream, &registry) {
-                            tracing::debug!(error = %e, "metrics request");
-                        }
-                    }
+                    Ok(stream) => admit(stream, &open, &registry),
                     Err(e) => {
                         tracing::debug!(error = %e, "accepting a metrics connection");
                         std::thread::sleep(Duration::from_millis(100));
@@ -199,19 +208,87 @@ pub fn serve(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::
     Ok(local)
 }
 
-/// Reads one request and answers it.
-fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+/// A connection being served: a handle to close it with, and whether its request is whole
+/// (it is being answered: it is not taken back).
+#[derive(Debug)]
+struct Open {
+    stream: TcpStream,
+    answering: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+}
+
+/// Serves `stream` on a thread of its own. At [`MAX_CONNECTIONS`], the oldest connection
+/// still sending its request is closed first (or, when every one is being answered, this
+/// one is).
+fn admit(stream: TcpStream, open: &Arc<Mutex<VecDeque<Open>>>, registry: &Arc<Registry>) {
+    let mut conns = open.lock().unwrap_or_else(PoisonError::into_inner);
+    conns.retain(|c| !c.done.load(Ordering::Acquire));
+    if conns.len() >= MAX_CONNECTIONS {
+        let Some(at) = conns
+            .iter()
+            .position(|c| !c.answering.load(Ordering::Acquire))
+        else {
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        };
+        if let Some(old) = conns.remove(at) {
+            let _ = old.stream.shutdown(Shutdown::Both);
+        }
+    }
+    let Ok(handle) = stream.try_clone() else {
+        return;
+    };
+    let (answering, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    conns.push_back(Open {
+        stream: handle,
+        answering: answering.clone(),
+        done: done.clone(),
+    });
+    drop(conns);
+    let registry = registry.clone();
+    let spawned = std::thread::Builder::new()
+        .name("cy-metrics-conn".into())
+        .spawn(move || {
+            let mut stream = stream;
+            if let Err(e) = answer(&mut stream, &registry, &answering) {
+                tracing::debug!(error = %e, "metrics request");
+            }
+            // The accept thread's handle keeps the socket open: close it here.
+            let _ = stream.shutdown(Shutdown::Both);
+            done.store(true, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        tracing::debug!(error = %e, "no thread for a metrics connection");
+    }
+}
+
+/// Reads one request, whole within [`REQUEST_DEADLINE`], and answers it; `answering` is set
+/// once the request is whole.
+fn answer(
+    stream: &mut TcpStream,
+    registry: &Registry,
+    answering: &AtomicBool,
+) -> std::io::Result<()> {
+    let deadline = Instant::now() + REQUEST_DEADLINE;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let mut request = Vec::new();
     let mut chunk = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        stream.set_read_timeout(Some(left))?;
         let n = stream.read(&mut chunk)?;
         if n == 0 || request.len() + n > MAX_REQUEST {
             return Ok(());
         }
         request.extend_from_slice(&chunk[..n]);
     }
+    answering.store(true, Ordering::Release);
     let line = request
         .split(|b| *b == b'\r')
         .next()
@@ -304,8 +381,8 @@ mod tests {
         }
     }
 
-    /// Over real HTTP on loopback: the metrics, a 404 elsewhere; a connection that sends
-    /// nothing is given up after 2 s and the next one is answered.
+    /// Over real HTTP on loopback: the metrics, a 404 elsewhere, at once beside a
+    /// connection that sends nothing.
     #[test]
     fn the_endpoint_answers_over_http() {
         let addr = serve(
@@ -329,5 +406,59 @@ mod tests {
         );
         assert!(get("/").starts_with("HTTP/1.1 404"));
         drop(slow);
+    }
+
+    /// Issue 49, finding 9: 100 connections that each hold half a request line, and a
+    /// connection that trickles a byte a second, do not keep a scrape waiting: it is
+    /// answered within a second, and again with more idle connections opened since.
+    #[test]
+    fn idle_and_slow_connections_do_not_keep_a_scrape_waiting() {
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+            vec![Box::new(Fixed)],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let idle = |n: usize| -> Vec<TcpStream> {
+            (0..n)
+                .map(|_| {
+                    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+                    s.write_all(b"GET /metr").unwrap_or_else(|e| panic!("{e}"));
+                    s
+                })
+                .collect()
+        };
+        let mut held = idle(100);
+        let scrape = || {
+            let start = Instant::now();
+            let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+            s.set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap_or_default();
+            write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap_or_default();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap_or_default();
+            (out, start.elapsed())
+        };
+        for _ in 0..3 {
+            let (out, took) = scrape();
+            assert!(out.contains("cyphonic_things_total 7"), "{out:?}");
+            assert!(took < Duration::from_secs(1), "{took:?}");
+            held.extend(idle(20));
+        }
+        // The idle ones were closed to make room: at most the cap are still served.
+        let mut closed = 0;
+        for s in &mut held {
+            s.set_read_timeout(Some(Duration::from_millis(50)))
+                .unwrap_or_default();
+            let still_open = matches!(
+                s.read(&mut [0u8; 16]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+            );
+            closed += usize::from(!still_open);
+        }
+        assert!(
+            closed >= held.len() - MAX_CONNECTIONS,
+            "{closed} of {}",
+            held.len()
+        );
     }
 }
