@@ -640,6 +640,22 @@ impl TwoSites {
         Ok((ns, mac))
     }
 
+    /// A host on the underlay beside the sites and the cloud, on a segment of its own behind
+    /// the router (`[wan router] tov 192.0.2.193/26 -- eth0 192.0.2.200/26 [host]`): a third
+    /// party an attacker may try to aim traffic at. At most one per bed.
+    ///
+    /// # Errors
+    /// `ip` failing, or one was added already.
+    pub fn add_underlay_host(&self, label: &str) -> anyhow::Result<(Netns, Ipv4Addr)> {
+        let ns = Netns::new(label)?;
+        veth(&self.wan, "tov", &ns, "eth0")?;
+        self.wan
+            .ip(&["addr", "add", "192.0.2.193/26", "dev", "tov"])?;
+        ns.ip(&["addr", "add", "192.0.2.200/26", "dev", "eth0"])?;
+        ns.ip(&["route", "add", "default", "via", "192.0.2.193"])?;
+        Ok((ns, Ipv4Addr::new(192, 0, 2, 200)))
+    }
+
     /// A device that joins `side`'s LAN (the bed must have `lan_switch`) and takes its
     /// address by DHCP, asking for `hostname`, and uses the DNS server its lease names.
     /// Returns it with its address.

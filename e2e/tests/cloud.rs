@@ -601,6 +601,92 @@ fn when_no_handshake_gets_through_directly_the_pair_falls_back_to_the_relay() {
     );
 }
 
+/// Issue 49, finding 3: a relay bind cannot point the channel at a third party. Adapter A's
+/// binds are taken off the path as the pair is relayed, and replayed from a host that is
+/// neither side (what anyone on the path, or the member itself, could do); then both sides
+/// ping each other. The third host gets nothing but the relay's challenges (at most a few,
+/// each smaller than the bind that caused it), and the pair's traffic keeps flowing.
+#[test]
+fn a_relay_bind_replayed_from_a_third_address_sends_it_nothing() {
+    let bed = bed_of(&BedOptions {
+        block_direct: true,
+        ..BedOptions::default()
+    });
+    let a_underlay = match bed.a.underlay {
+        std::net::IpAddr::V4(ip) => ip,
+        std::net::IpAddr::V6(ip) => panic!("A's underlay is IPv4 in this bed: {ip}"),
+    };
+    // Binds, old and new layout: type 6, a 16-byte token or a 48-byte body of kind 1.
+    let is_bind = move |(from, to, p): &cyphonic_e2e::inject::Seen| {
+        from.ip() == std::net::IpAddr::V4(a_underlay)
+            && to.ip() == std::net::IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10))
+            && p.get(1) == Some(&6)
+            && (p.len() == 32 || (p.len() == 64 && p.get(16..18) == Some(&[2, 1])))
+    };
+    let binds = cyphonic_e2e::inject::spawn_capture_datagrams(
+        &bed.wan,
+        "toa",
+        2,
+        Duration::from_secs(25),
+        is_bind,
+    );
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"]
+    );
+    relayed(&bed, "no handshake on the direct path");
+    let binds = binds.join().unwrap().unwrap();
+    assert!(!binds.is_empty(), "no bind of A's seen\n{}", bed.logs());
+    let relay = binds[0].1;
+    let (victim, victim_ip) = bed.add_underlay_host("victim").unwrap();
+    // The victim counts every datagram that reaches it but the relay's challenges (32-byte
+    // bodies), while the binds are replayed from there and the sides ping each other.
+    let heard = cyphonic_e2e::inject::spawn_inside(&victim, move || {
+        let sock = std::net::UdpSocket::bind((victim_ip, 40_404))?;
+        sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+        for (_, _, bind) in &binds {
+            sock.send_to(bind, relay)?;
+        }
+        let (mut other, mut challenges, mut buf) = (0u64, 0u64, [0u8; 2048]);
+        let end = std::time::Instant::now() + Duration::from_secs(4);
+        while std::time::Instant::now() < end {
+            if let Ok(n) = sock.recv(&mut buf) {
+                if cyphonic_control::parse_challenge(&buf[..n]).is_some() {
+                    challenges += 1;
+                } else {
+                    other += 1;
+                }
+            }
+        }
+        Ok((other, challenges))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let ping = ["-c", "20", "-i", "0.05", "-W", "2"];
+    let a_to_b = bed
+        .ping(Side::A, Ipv4Addr::new(100, 64, 2, 10), &ping)
+        .unwrap();
+    let b_to_a = bed
+        .ping(Side::B, Ipv4Addr::new(100, 64, 1, 10), &ping)
+        .unwrap();
+    let (other, challenges) = cyphonic_e2e::inject::joined(heard).unwrap();
+    eprintln!("the third host got {other} datagrams and {challenges} challenges");
+    assert_eq!(
+        other,
+        0,
+        "the relay sent the pair's traffic to a third host\n{}",
+        bed.logs()
+    );
+    assert!(challenges <= 4, "{challenges} challenges");
+    for (way, out) in [("A to B", a_to_b), ("B to A", b_to_a)] {
+        assert!(
+            out.status.success(),
+            "{way}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            bed.logs()
+        );
+    }
+}
+
 /// The peer table and the registry follow identity: adapter B is re-keyed (a new key and a
 /// new certificate of the same name) and restarted. Its names are its own again at once (they
 /// belong to the CA and the name, not to the old certificate), and when B's host reaches A,

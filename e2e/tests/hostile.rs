@@ -423,7 +423,7 @@ fn the_cloud_turns_away_replayed_handshakes_and_probes_and_bounds_a_connection_f
         Duration::from_secs(10),
     );
     let probe = inject::spawn_capture_udp(&bed.wan, "toa", 7001, 1, Duration::from_secs(10), |p| {
-        p.len() == 56 && p[1] == 6
+        p.len() == 88 && p[1] == 6
     });
     // The capture sockets are open well before A connects.
     std::thread::sleep(Duration::from_millis(500));
@@ -502,6 +502,69 @@ fn the_cloud_turns_away_replayed_handshakes_and_probes_and_bounds_a_connection_f
     );
     let d = dig(&bed.b.lan, bed.b.gateway, "gw1.ovl.example", "A").unwrap();
     assert_eq!(d.answers, ["100.64.1.1"], "{d:?}\n{}", bed.logs());
+}
+
+/// Issue 49, finding 8: an on-path attacker who drops adapter A's endpoint probes and resends
+/// them from an address of its own (here the router drops them, and a third host on the
+/// underlay replays what the router saw) cannot move the address the cloud records for A:
+/// the cloud only challenges the attacker's address, and A's recorded address stays its own.
+#[test]
+fn probes_replayed_from_another_address_move_nothing() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "both adapters connected", || {
+        cloud_counter(&bed, "sessions") >= 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let control = bed.cloud.as_ref().unwrap().address;
+    let probe_port = SocketAddr::new(control.ip(), 7001);
+    let (victim, victim_ip) = bed.add_underlay_host("elsewhere").unwrap();
+    // The router drops A's probes from now on; A reconnects, and the router keeps a copy of
+    // what it dropped.
+    bed.stop(Side::A, "TERM").unwrap();
+    for rule in [
+        "add table inet drop_probes",
+        "add chain inet drop_probes passing { type filter hook forward priority 0 ; }",
+        "add rule inet drop_probes passing ip saddr 198.51.100.2 udp dport 7001-7002 drop",
+    ] {
+        let args: Vec<&str> = rule.split(' ').collect();
+        bed.wan.exec("nft", &args).unwrap();
+    }
+    let probes =
+        inject::spawn_capture_udp(&bed.wan, "toa", 7001, 1, Duration::from_secs(10), |p| {
+            p.get(1) == Some(&6) && (p.len() == 56 || p.len() == 88)
+        });
+    std::thread::sleep(Duration::from_millis(500));
+    bed.start(Side::A).unwrap();
+    let probe = inject::joined(probes).unwrap().remove(0);
+    // Read strictly after the replay (a missing counter fails there).
+    let challenges = bed.cloud_counter("probe_challenges").unwrap_or(0);
+    inject::send_udp(
+        &victim,
+        SocketAddr::from((victim_ip, 51_820)),
+        probe_port,
+        vec![probe; 3],
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let s = bed.status(Side::A).unwrap();
+    let observed = s["cloud"]["observed"].as_str().unwrap_or("none").to_owned();
+    eprintln!("the cloud records A's tunnel socket at {observed}");
+    assert!(
+        !observed.starts_with(&victim_ip.to_string()),
+        "the replayed probe moved A's address to {observed}\n{}",
+        bed.logs()
+    );
+    assert!(
+        cloud_counter(&bed, "probe_challenges") > challenges,
+        "the replay was not challenged"
+    );
+    bed.wan
+        .exec("nft", &["delete", "table", "inet", "drop_probes"])
+        .unwrap();
 }
 
 /// Forged handshake responses cannot break a handshake. Adapter B's link to the router holds

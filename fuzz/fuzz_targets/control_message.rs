@@ -8,7 +8,8 @@
 use std::sync::OnceLock;
 
 use cyphonic_control::{
-    ClientMsg, CloudMsg, Hello, Probe, ServerHandshake, Welcome, bind_token, check_name,
+    Bind, ClientMsg, CloudMsg, Hello, Probe, ServerHandshake, Welcome, check_name, legacy_bind_token,
+    parse_challenge,
 };
 use cyphonic_crypto::{CertBody, CertificateAuthority, IssueRequest, StaticKeypair};
 
@@ -34,7 +35,11 @@ fn fixtures() -> &'static (StaticKeypair, CertBody) {
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let (cloud_key, body) = fixtures();
     let _ = ServerHandshake::accept(cloud_key, data);
-    let _ = bind_token(data);
+    let _ = legacy_bind_token(data);
+    let _ = parse_challenge(data);
+    if let Some(b) = Bind::parse(data) {
+        let _ = b.verify(&[7; 16]);
+    }
     if let Some(p) = Probe::parse(data) {
         let _ = p.verify(&[7; 16]);
     }

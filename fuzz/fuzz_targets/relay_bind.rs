@@ -1,20 +1,28 @@
 //! The relay's rule (`control::relay::Sides`) under any sequence of datagrams from a few
-//! addresses (both sides' real addresses, an attacker's, IPv4-mapped forms): binds with either
-//! token, a wrong token, garbage, data. A datagram is forwarded only from one side's bound
-//! address and only to the other side's; binds move only the side whose token they carry.
+//! addresses (both sides' real addresses, an attacker's, IPv4-mapped forms): binds under
+//! either token answering any challenge the relay sent (to any of the addresses) or none,
+//! version-5 binds with a token in clear, a wrong token, garbage, data, as time goes by. A
+//! datagram is forwarded only from one side's bound address and only to the other side's;
+//! a side is bound only to an address the relay challenged for that side (or, for a
+//! version-5 side, by its token in clear), and binds move only their own side.
 #![no_main]
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 
 use arbitrary::Arbitrary;
-use cyphonic_control::bind_frame;
 use cyphonic_control::relay::{Sides, Verdict};
+use cyphonic_control::{ReturnCookie, bind_frame, legacy_bind_frame, parse_challenge};
+use cyphonic_crypto::cookie::CookieSecret;
 
 const TOKENS: [[u8; 16]; 2] = [[0xa1; 16], [0xb2; 16]];
 
 #[derive(Arbitrary, Debug)]
 enum What {
-    Bind(u8),
+    /// A bind under side `side`'s token, answering the `cookie`th challenge seen so far
+    /// (none when there is none).
+    Bind { side: u8, cookie: Option<u8> },
+    LegacyBind(u8),
     WrongBind([u8; 16]),
     Bytes(Vec<u8>),
 }
@@ -22,7 +30,14 @@ enum What {
 #[derive(Arbitrary, Debug)]
 struct Datagram {
     from: u8,
+    advance_ms: u16,
     what: What,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    legacy: [bool; 2],
+    datagrams: Vec<Datagram>,
 }
 
 fn address(n: u8) -> SocketAddr {
@@ -41,22 +56,52 @@ fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
-libfuzzer_sys::fuzz_target!(|datagrams: Vec<Datagram>| {
-    let mut sides = Sides::new(TOKENS);
-    for d in datagrams.into_iter().take(64) {
+libfuzzer_sys::fuzz_target!(|input: Input| {
+    let challenger = cyphonic_control::Challenger::new(CookieSecret::from_bytes([3; 32]));
+    let mut sides = Sides::new(40_000, TOKENS, input.legacy);
+    let mut now = 1_800_000_000_000u64;
+    // Every challenge the relay sent: its cookie, and to whom.
+    let mut cookies: Vec<ReturnCookie> = Vec::new();
+    let mut challenged: HashSet<SocketAddr> = HashSet::new();
+    for d in input.datagrams.into_iter().take(64) {
+        now += u64::from(d.advance_ms);
         let from = address(d.from);
         let bytes = match &d.what {
-            What::Bind(i) => bind_frame(&TOKENS[usize::from(i % 2)]),
-            What::WrongBind(t) => bind_frame(t),
+            What::Bind { side, cookie } => {
+                let c = cookie.and_then(|i| cookies.get(usize::from(i) % cookies.len().max(1)));
+                bind_frame(&TOKENS[usize::from(side % 2)], c)
+            }
+            What::LegacyBind(i) => legacy_bind_frame(&TOKENS[usize::from(i % 2)]),
+            What::WrongBind(t) => bind_frame(t, None),
             What::Bytes(b) => b.clone(),
         };
         let before = sides.bound();
-        match sides.datagram(&bytes, from) {
+        match sides.datagram(&bytes, from, now, &challenger) {
             Verdict::Bound { side, .. } => {
                 assert_eq!(sides.bound()[side], Some(canonical(from)));
                 assert_eq!(sides.bound()[1 - side], before[1 - side], "a bind moved the other side");
-                let token = cyphonic_control::bind_token(&bytes).expect("a bind");
-                assert_eq!(token, TOKENS[side], "bound with another side's token");
+                if input.legacy[side] {
+                    assert_eq!(
+                        cyphonic_control::legacy_bind_token(&bytes),
+                        Some(TOKENS[side]),
+                        "a version-5 side bound without its token"
+                    );
+                } else {
+                    let What::Bind { side: s, .. } = d.what else {
+                        panic!("a version-6 side bound by {:?}", d.what);
+                    };
+                    assert_eq!(usize::from(s % 2), side, "bound with another side's token");
+                    assert!(
+                        challenged.contains(&canonical(from)),
+                        "bound to {from}, which was never challenged"
+                    );
+                }
+            }
+            Verdict::Challenge { to, frame } => {
+                assert_eq!(to, canonical(from), "a challenge to another address than the bind's");
+                assert_eq!(sides.bound(), before, "a challenge moved a side");
+                cookies.push(parse_challenge(&frame).expect("a challenge frame"));
+                challenged.insert(to);
             }
             Verdict::Forward { to } => {
                 let from = canonical(from);

@@ -76,8 +76,10 @@ cyphonic_telemetry::counters! {
         denied,
         /// Endpoint probes accepted.
         probes,
-        /// Endpoint probes refused (malformed, unknown token, bad MAC, an old counter).
+        /// Endpoint probes refused (malformed, unknown token, bad MAC, an old counter, the other version's kind, over the session's rate of challenges).
         probes_refused,
+        /// Challenges sent to the sources of probes that did not answer one.
+        probe_challenges,
         /// Observed addresses written to the store (only when they changed).
         endpoint_writes,
         /// Pairs sent through the relay.
@@ -140,6 +142,9 @@ struct Connected {
 /// by the session.
 type Seen = [Option<SocketAddr>; 2];
 
+/// The first control version whose probes and relay binds answer challenges.
+const BINDS_WITH_COOKIES: u16 = 6;
+
 /// What the probe readers know of one session.
 #[derive(Debug)]
 struct ProbeSession {
@@ -147,8 +152,25 @@ struct ProbeSession {
     key: [u8; PROBE_KEY_LEN],
     /// The last counter accepted, per port.
     counters: [u64; 2],
+    /// A version-5 client: its probes carry no cookie, and are taken as they come.
+    legacy: bool,
+    /// Per port, the time of the cookie of the last probe an address was recorded from.
+    cookies: [u64; 2],
+    /// Challenges sent in the second that began at `window` (milliseconds).
+    window: u64,
+    challenged: u8,
     /// Tells the session where its probes come from.
     seen: watch::Sender<Seen>,
+}
+
+/// What a probe makes the probe reader do.
+enum ProbeVerdict {
+    /// Nothing: refused (counted).
+    Refused,
+    /// Taken: its source is recorded (or, for a version-5 client, taken as it came).
+    Recorded,
+    /// Taken, but its source has not proved it receives there: send it this challenge.
+    Challenge(Vec<u8>),
 }
 
 /// The NMS state shared by every connection.
@@ -168,6 +190,8 @@ pub struct Nms {
     trs: Option<Arc<Trs>>,
     connected: DashMap<String, Connected>,
     tokens: DashMap<[u8; PROBE_TOKEN_LEN], ProbeSession>,
+    /// Makes and checks the cookies of the probes' challenges.
+    challenger: cyphonic_control::Challenger,
     serial: AtomicU64,
     unproven: Arc<Unproven>,
     freshness: Arc<Freshness>,
@@ -302,6 +326,10 @@ impl Nms {
             trs,
             connected: DashMap::new(),
             tokens: DashMap::new(),
+            challenger: cyphonic_control::Challenger::new(
+                cyphonic_crypto::cookie::CookieSecret::random()
+                    .expect("the system's random number generator failed"),
+            ),
             serial: AtomicU64::new(0),
             unproven: Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE),
             freshness: Freshness::new(),
@@ -465,6 +493,10 @@ impl Nms {
             ProbeSession {
                 key: probe_key,
                 counters: [0; 2],
+                legacy: version < BINDS_WITH_COOKIES,
+                cookies: [0; 2],
+                window: 0,
+                challenged: 0,
                 seen: seen_tx,
             },
         );
@@ -956,11 +988,11 @@ impl Nms {
 
     /// A relay channel for the pair `a`, `b` and what each side is told of it, or `None`
     /// (logged) when the relay cannot serve them.
-    fn relays(
+    fn relays<'a>(
         &self,
         trs: &Arc<Trs>,
-        a: &ClientRow,
-        b: &ClientRow,
+        a: &'a ClientRow,
+        b: &'a ClientRow,
         reason: RelayReason,
     ) -> Option<(RelayInfo, RelayInfo)> {
         let held = |fp: &str| trs.channels_of(fp);
@@ -970,14 +1002,26 @@ impl Nms {
             tracing::warn!(a = %a.name, b = %b.name, "a client holds {MAX_CHANNELS_PER_CLIENT} relay channels already");
             return None;
         }
-        let channel =
-            match trs.channel((&a.fingerprint, &a.name), (&b.fingerprint, &b.name), reason) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(a = %a.name, b = %b.name, error = %e, "no relay channel");
-                    return None;
-                }
-            };
+        // A side connected here speaks its session's version; one connected elsewhere (another
+        // instance on the shared registry) is taken to speak ours: the cloud is upgraded
+        // before the fleet (docs/protocol.md §4, versions).
+        let legacy = |row: &ClientRow| {
+            self.connected
+                .get(&row.fingerprint)
+                .is_some_and(|c| c.version < BINDS_WITH_COOKIES)
+        };
+        let party = |row: &'a ClientRow| crate::trs::Party {
+            fingerprint: &row.fingerprint,
+            name: &row.name,
+            legacy: legacy(row),
+        };
+        let channel = match trs.channel(party(a), party(b), reason) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(a = %a.name, b = %b.name, error = %e, "no relay channel");
+                return None;
+            }
+        };
         let (Some(ia), Some(ib)) = (
             self.relay_side(trs, &channel, a),
             self.relay_side(trs, &channel, b),
@@ -1485,34 +1529,83 @@ impl Nms {
 
     /// Reads endpoint probes on `sock` until the task is dropped; `alt` for the second probe
     /// port, whose observations only serve to recognise symmetric NATs. Cheap per probe: a
-    /// map lookup and a MAC; the session it names does any store work.
+    /// map lookup and two MACs; the session it names does any store work. An address is
+    /// recorded only from a probe that answers a challenge sent there (docs/protocol.md §4,
+    /// endpoint probe).
     pub async fn probes(self: Arc<Self>, sock: UdpSocket, alt: bool) {
         let mut buf = vec![0u8; 2048];
         let port = usize::from(alt);
+        let probe_port = sock.local_addr().map_or(0, |a| a.port());
         loop {
             let Ok((n, from)) = sock.recv_from(&mut buf).await else {
                 continue;
             };
             let from = canonical(from);
-            let accepted = Probe::parse(&buf[..n]).is_some_and(|probe| {
-                self.tokens.get_mut(&probe.token).is_some_and(|mut s| {
-                    let fresh = probe.counter > s.counters[port] && probe.verify(&s.key);
-                    if fresh {
-                        s.counters[port] = probe.counter;
-                        s.seen.send_if_modified(|seen| {
-                            let changed = seen[port] != Some(from);
-                            seen[port] = Some(from);
-                            changed
-                        });
+            let verdict = Probe::parse(&buf[..n]).map_or(ProbeVerdict::Refused, |probe| {
+                self.probe(&probe, from, port, probe_port, crate::unix_now_ms())
+            });
+            match verdict {
+                ProbeVerdict::Refused => bump(&self.stats.probes_refused),
+                ProbeVerdict::Recorded => bump(&self.stats.probes),
+                ProbeVerdict::Challenge(frame) => {
+                    bump(&self.stats.probes);
+                    if sock.send_to(&frame, from).await.is_ok() {
+                        bump(&self.stats.probe_challenges);
                     }
-                    fresh
-                })
-            });
-            bump(if accepted {
-                &self.stats.probes
-            } else {
-                &self.stats.probes_refused
-            });
+                }
+            }
         }
+    }
+
+    /// What `probe`, from `from` to probe port `probe_port` (the session's `port`th), makes
+    /// the reader do at `now_ms`.
+    fn probe(
+        &self,
+        probe: &Probe<'_>,
+        from: SocketAddr,
+        port: usize,
+        probe_port: u16,
+        now_ms: u64,
+    ) -> ProbeVerdict {
+        let Some(mut s) = self.tokens.get_mut(&probe.token) else {
+            return ProbeVerdict::Refused;
+        };
+        // A session takes the probes of its own kind only: a version-6 client's are never
+        // taken without a cookie.
+        if probe.counter <= s.counters[port] || probe.legacy != s.legacy || !probe.verify(&s.key) {
+            return ProbeVerdict::Refused;
+        }
+        let purpose = cyphonic_control::Purpose::Probe {
+            port: probe_port,
+            token: &probe.token,
+        };
+        let proved = s.legacy
+            || probe.cookie.is_some_and(|c| {
+                c.time_ms > s.cookies[port] && self.challenger.valid(purpose, from, &c, now_ms)
+            });
+        if !proved {
+            if now_ms.saturating_sub(s.window) >= 1000 {
+                s.window = now_ms;
+                s.challenged = 0;
+            }
+            if s.challenged >= cyphonic_control::relay::CHALLENGES_PER_SEC {
+                return ProbeVerdict::Refused;
+            }
+            s.challenged += 1;
+            let cookie = self.challenger.issue(purpose, from, now_ms);
+            return ProbeVerdict::Challenge(cyphonic_control::challenge_frame(&cookie));
+        }
+        // Only a probe that proved its source spends its counter: a copy raced from
+        // elsewhere earns a challenge there and leaves the original its turn.
+        s.counters[port] = probe.counter;
+        if let Some(c) = probe.cookie {
+            s.cookies[port] = c.time_ms;
+        }
+        s.seen.send_if_modified(|seen| {
+            let changed = seen[port] != Some(from);
+            seen[port] = Some(from);
+            changed
+        });
+        ProbeVerdict::Recorded
     }
 }

@@ -2,11 +2,12 @@
 //! clients that cannot reach each other directly.
 //!
 //! A channel is one UDP port, allocated by NMS for one pair of clients. Each side binds its
-//! tunnel socket's address to the channel with an endpoint probe carrying its own token
-//! (which NMS gave it over its control session); from then on a datagram arriving on the
-//! channel's port from one side's bound address leaves, byte for byte, to the other side's
-//! bound address. Nothing else passes: not from an unbound address, not to anyone but the
-//! pair. The relay reads no frame beyond telling a bind from the rest, and holds no key, so it
+//! tunnel socket's address to the channel with a bind under its own token (which NMS gave it
+//! over its control session), answering a challenge the relay sent to that address: only an
+//! address that receives there is ever bound (docs/protocol.md §4, relay). From then on a
+//! datagram arriving on the channel's port from one side's bound address leaves, byte for
+//! byte, to the other side's bound address. Nothing else passes: not from an unbound address,
+//! not to anyone but the pair. The relay reads no frame beyond telling a bind from the rest, and holds no key, so it
 //! cannot read or alter what it carries without the receiver noticing.
 //!
 //! Because the channel is an address of its own, frames need no relay header: a relayed path
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use cyphonic_control::relay::{Sides, Verdict};
-use cyphonic_control::{PROBE_TOKEN_LEN, RelayReason};
+use cyphonic_control::{Challenger, PROBE_TOKEN_LEN, RelayReason};
 use dashmap::DashMap;
 use tokio::net::UdpSocket;
 
@@ -42,7 +43,9 @@ cyphonic_telemetry::counters! {
         relayed_bytes,
         /// Binds accepted.
         binds,
-        /// Datagrams refused: an unbound source, a wrong token, the other side not bound.
+        /// Challenges sent, each to the source of a bind that did not answer one.
+        challenges,
+        /// Datagrams refused: an unbound source, a wrong token, the other side not bound, a replayed bind, binds over a side's rate of challenges.
         refused,
     }
 }
@@ -74,6 +77,20 @@ pub struct ChannelSide {
     pub name: String,
     /// Its token.
     pub token: [u8; PROBE_TOKEN_LEN],
+    /// It speaks control version 5 or older: it binds with its token in clear.
+    pub legacy: bool,
+}
+
+/// A side of a pair NMS asks a channel for: the client's fingerprint and name, and whether
+/// it speaks control version 5 or older.
+#[derive(Debug, Clone, Copy)]
+pub struct Party<'a> {
+    /// Its certificate's fingerprint.
+    pub fingerprint: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// It binds the old way.
+    pub legacy: bool,
 }
 
 /// A channel as NMS sees it.
@@ -111,6 +128,8 @@ pub struct Trs {
     cursor: std::sync::Mutex<u16>,
     /// Set to close every channel.
     closing: tokio::sync::watch::Sender<bool>,
+    /// Makes and checks the cookies of the channels' challenges.
+    challenger: Challenger,
     /// Counters.
     pub stats: TrsStats,
 }
@@ -176,6 +195,10 @@ impl Trs {
             pairs: DashMap::new(),
             cursor: std::sync::Mutex::new(first),
             closing: tokio::sync::watch::Sender::new(false),
+            challenger: Challenger::new(
+                cyphonic_crypto::cookie::CookieSecret::random()
+                    .expect("the system's random number generator failed"),
+            ),
             stats: TrsStats::default(),
         }
     }
@@ -204,11 +227,11 @@ impl Trs {
     /// [`TrsError::NoPort`] when the whole port range is taken.
     pub fn channel(
         self: &Arc<Self>,
-        (a, a_name): (&str, &str),
-        (b, b_name): (&str, &str),
+        a: Party<'_>,
+        b: Party<'_>,
         reason: RelayReason,
     ) -> Result<Arc<Channel>, TrsError> {
-        let key = pair_key(a, b);
+        let key = pair_key(a.fingerprint, b.fingerprint);
         if let Some(c) = self.pairs.get(&key) {
             return Ok(c.clone());
         }
@@ -235,18 +258,12 @@ impl Trs {
             };
             let channel = Arc::new(Channel {
                 port,
-                sides: [
-                    ChannelSide {
-                        fingerprint: a.to_owned(),
-                        name: a_name.to_owned(),
-                        token: random_token(),
-                    },
-                    ChannelSide {
-                        fingerprint: b.to_owned(),
-                        name: b_name.to_owned(),
-                        token: random_token(),
-                    },
-                ],
+                sides: [a, b].map(|p| ChannelSide {
+                    fingerprint: p.fingerprint.to_owned(),
+                    name: p.name.to_owned(),
+                    token: random_token(),
+                    legacy: p.legacy,
+                }),
                 reason,
                 opened: Instant::now(),
                 packets: AtomicU64::new(0),
@@ -254,7 +271,7 @@ impl Trs {
             });
             self.pairs.insert(key.clone(), channel.clone());
             bump(&self.stats.channels_opened);
-            tracing::info!(port, %reason, a = a_name, b = b_name, "relay channel opened");
+            tracing::info!(port, %reason, a = a.name, b = b.name, "relay channel opened");
             tokio::spawn(self.clone().serve(key, channel.clone(), socks));
             return Ok(channel);
         }
@@ -278,7 +295,11 @@ impl Trs {
             channel: &channel,
             socks: &socks,
             v6: &v6,
-            sides: Sides::new([channel.sides[0].token, channel.sides[1].token]),
+            sides: Sides::new(
+                channel.port,
+                [channel.sides[0].token, channel.sides[1].token],
+                [channel.sides[0].legacy, channel.sides[1].legacy],
+            ),
             last: Instant::now(),
         };
         let idle = self.config.idle;
@@ -402,20 +423,27 @@ struct Relaying<'a> {
 impl Relaying<'_> {
     async fn handle(&mut self, datagram: &mut [u8], from: SocketAddr) {
         let stats = &self.trs.stats;
-        let to = match self.sides.datagram(datagram, from) {
-            Verdict::Bound { side, changed } => {
-                if changed {
-                    tracing::info!(port = self.channel.port, side, %from, "relay: side bound");
+        let now_ms = crate::unix_now_ms();
+        let (to, challenge) =
+            match self
+                .sides
+                .datagram(datagram, from, now_ms, &self.trs.challenger)
+            {
+                Verdict::Bound { side, changed } => {
+                    if changed {
+                        tracing::info!(port = self.channel.port, side, %from, "relay: side bound");
+                    }
+                    bump(&stats.binds);
+                    return;
                 }
-                bump(&stats.binds);
-                return;
-            }
-            Verdict::Refused(_) => {
-                bump(&stats.refused);
-                return;
-            }
-            Verdict::Forward { to } => to,
-        };
+                Verdict::Refused(_) => {
+                    bump(&stats.refused);
+                    return;
+                }
+                Verdict::Forward { to } => (to, None),
+                Verdict::Challenge { to, frame } => (to, Some(frame)),
+            };
+        let to = SocketAddr::new(to.ip().to_canonical(), to.port());
         let Some(sock) = self
             .socks
             .iter()
@@ -425,6 +453,12 @@ impl Relaying<'_> {
             bump(&stats.refused);
             return;
         };
+        if let Some(frame) = challenge {
+            if sock.send_to(&frame, to).await.is_ok() {
+                bump(&stats.challenges);
+            }
+            return;
+        }
         match sock.send_to(datagram, to).await {
             Ok(n) => {
                 self.last = Instant::now();

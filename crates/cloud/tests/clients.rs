@@ -199,6 +199,31 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     assert_eq!(to, running.probe);
     let tunnel = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     tunnel.send_to(&frame, to).await.unwrap();
+    // The cloud challenges the address the probe came from; gw2 answers from there.
+    let mut buf = [0u8; 256];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(2), tunnel.recv_from(&mut buf))
+        .await
+        .expect("no challenge")
+        .unwrap();
+    assert_eq!(from, to);
+    let cookie = cyphonic_control::parse_challenge(&buf[..n]).expect("a challenge");
+    // A copy of the first probe raced from another address earns a challenge there, and
+    // spends nothing of gw2's.
+    let racer = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    h2.challenged(from, cookie);
+    let (_, answer) = next(&mut e2, |e| match e {
+        Event::Probe { to: t, frame } if t == to => Some((t, frame)),
+        _ => None,
+    })
+    .await;
+    racer.send_to(&answer, to).await.unwrap();
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), racer.recv_from(&mut buf))
+        .await
+        .expect("no challenge for the racer")
+        .unwrap();
+    assert!(cyphonic_control::parse_challenge(&buf[..n]).is_some());
+    tunnel.send_to(&answer, to).await.unwrap();
+    let frame = answer;
     let observed = next(&mut e2, |e| match e {
         Event::Observed(a) => Some(a),
         _ => None,
@@ -264,13 +289,19 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     let refused = running.nms.stats.refused.load(Ordering::Relaxed);
     tunnel.send_to(b"\x01\x06garbage", to).await.unwrap();
     let mut stranger = cyphonic_control::Prober::new([0; 16], [0; 16]);
-    tunnel.send_to(&stranger.next_frame(), to).await.unwrap();
+    tunnel
+        .send_to(&stranger.next_frame(None), to)
+        .await
+        .unwrap();
     let elsewhere = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     elsewhere.send_to(&frame, to).await.unwrap();
     let token = cyphonic_control::Probe::parse(&frame).unwrap().token;
     let mut forger = cyphonic_control::Prober::new(token, [0; 16]);
     for _ in 0..5 {
-        elsewhere.send_to(&forger.next_frame(), to).await.unwrap();
+        elsewhere
+            .send_to(&forger.next_frame(None), to)
+            .await
+            .unwrap();
     }
     let mut tcp = tokio::net::TcpStream::connect(running.control)
         .await
@@ -289,9 +320,10 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     assert_eq!(stats.probes_refused.load(Ordering::Relaxed), 8);
     assert_eq!(
         stats.probes.load(Ordering::Relaxed),
-        1,
-        "only gw2's own probe"
+        3,
+        "only gw2's own probe, challenged, and its answer (and the racer's copy, challenged)"
     );
+    assert_eq!(stats.probe_challenges.load(Ordering::Relaxed), 2);
     assert_eq!(
         h2.resolve("gw2.ovl.example").await.unwrap(),
         Resolution::Own
@@ -573,27 +605,40 @@ impl Tunnel {
                 let _ = sock.try_send_to(&frame, to);
                 None
             }
-            Event::Observed(_) if probes == 2 => Some(()),
+            Event::Observed(_) if probes >= 2 => Some(()),
             _ => None,
         })
         .await;
         t
     }
 
-    /// Handles events (sending probes the session asks for) until `pick` accepts one.
+    /// Handles events (sending probes the session asks for, handing it the cloud's
+    /// challenges as the tunnel does) until `pick` accepts one.
     async fn until<T>(
         &mut self,
         mut pick: impl FnMut(Event, &tokio::net::UdpSocket) -> Option<T>,
     ) -> T {
-        let (events, sock) = (&mut self.events, &self.sock);
+        let (events, sock, handle) = (&mut self.events, &self.sock, &self.handle);
         tokio::time::timeout(Duration::from_secs(5), async {
+            let mut buf = [0u8; 256];
             loop {
-                let e = events.recv().await.expect("events end");
-                if let Event::Probe { to, frame } = &e {
-                    let _ = sock.send_to(frame, to).await;
-                }
-                if let Some(t) = pick(e, sock) {
-                    return t;
+                tokio::select! {
+                    e = events.recv() => {
+                        let e = e.expect("events end");
+                        if let Event::Probe { to, frame } = &e {
+                            let _ = sock.send_to(frame, to).await;
+                        }
+                        if let Some(t) = pick(e, sock) {
+                            return t;
+                        }
+                    }
+                    r = sock.recv_from(&mut buf) => {
+                        if let Ok((n, from)) = r
+                            && let Some(cookie) = cyphonic_control::parse_challenge(&buf[..n])
+                        {
+                            handle.challenged(from, cookie);
+                        }
+                    }
                 }
             }
         })
@@ -609,11 +654,9 @@ impl Tunnel {
         .await
     }
 
+    /// Binds to `relay` as the tunnel does: a bind, the channel's challenge, the answer.
     async fn bind(&self, relay: &RelayInfo) {
-        self.sock
-            .send_to(&cyphonic_signal::bind_frame(&relay.token), relay.address)
-            .await
-            .unwrap();
+        bind_from(&self.sock, relay).await;
     }
 
     /// The next datagram within a second, if any.
@@ -625,6 +668,29 @@ impl Tunnel {
             .ok()?;
         Some((buf[..n].to_vec(), from))
     }
+}
+
+/// Binds `sock` to `relay` with its token: a bind, the channel's challenge, the answer.
+async fn bind_from(sock: &tokio::net::UdpSocket, relay: &RelayInfo) {
+    sock.send_to(
+        &cyphonic_signal::bind_frame(&relay.token, None),
+        relay.address,
+    )
+    .await
+    .unwrap();
+    let mut buf = [0u8; 256];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(2), sock.recv_from(&mut buf))
+        .await
+        .expect("no challenge from the relay")
+        .unwrap();
+    assert_eq!(from, relay.address);
+    let cookie = cyphonic_control::parse_challenge(&buf[..n]).expect("a challenge");
+    sock.send_to(
+        &cyphonic_signal::bind_frame(&relay.token, Some(&cookie)),
+        relay.address,
+    )
+    .await
+    .unwrap();
 }
 
 /// Sends `what` from `from` through `relay` and returns what `to` received, if anything.
@@ -711,18 +777,19 @@ async fn an_ipv4_client_and_an_ipv6_client_meet_through_the_relay() {
     let mut forged = ra.clone();
     forged.token[0] ^= 1;
     stranger
-        .send_to(&cyphonic_signal::bind_frame(&forged.token), ra.address)
+        .send_to(
+            &cyphonic_signal::bind_frame(&forged.token, None),
+            ra.address,
+        )
         .await
         .unwrap();
     stranger.send_to(b"now?", ra.address).await.unwrap();
     assert_eq!(b.recv().await, None);
     assert_eq!(trs.stats.refused.load(Ordering::Relaxed), refused + 3);
-    // A side that moves binds again from its new address (its token is its proof).
+    // A side that moves binds again from its new address (its token, and the challenge it
+    // answers there, are its proof).
     let moved = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    moved
-        .send_to(&cyphonic_signal::bind_frame(&ra.token), ra.address)
-        .await
-        .unwrap();
+    bind_from(&moved, &ra).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     moved.send_to(b"moved", ra.address).await.unwrap();
     assert_eq!(b.recv().await.map(|d| d.0).as_deref(), Some(&b"moved"[..]));

@@ -19,7 +19,10 @@ pub use msg::{
     PolicyRule, RelayInfo, RelayReason, Resolution, VERSION, Welcome,
 };
 pub use policy::{Assembler, PolicyError};
-pub use probe::{PROBE_TOKEN_LEN, Probe, Prober, bind_frame, bind_token};
+pub use probe::{
+    Bind, Challenger, PROBE_TOKEN_LEN, Probe, Prober, Purpose, ReturnCookie, bind_frame,
+    challenge_frame, legacy_bind_frame, legacy_bind_token, parse_challenge,
+};
 
 use std::net::IpAddr;
 

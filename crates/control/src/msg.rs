@@ -11,7 +11,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;

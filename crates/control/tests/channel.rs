@@ -394,15 +394,20 @@ proptest! {
 #[test]
 fn binds_round_trip_and_nothing_else_passes_for_one() {
     let token = [0xab; 16];
-    let frame = cyphonic_control::bind_frame(&token);
-    assert_eq!(frame.len(), 32);
+    let frame = cyphonic_control::bind_frame(&token, None);
+    assert_eq!(frame.len(), 64);
     assert_eq!(frame[1], 6, "type 6, endpoint probe");
-    assert_eq!(cyphonic_control::bind_token(&frame), Some(token));
+    assert!(cyphonic_control::Bind::parse(&frame).is_some_and(|b| b.verify(&token)));
     let mut short = frame.clone();
     short.pop();
-    assert_eq!(cyphonic_control::bind_token(&short), None);
+    assert!(cyphonic_control::Bind::parse(&short).is_none());
     let mut other = frame.clone();
     other[1] = 4;
-    assert_eq!(cyphonic_control::bind_token(&other), None);
-    assert_eq!(cyphonic_control::bind_token(&[]), None);
+    assert!(cyphonic_control::Bind::parse(&other).is_none());
+    assert!(cyphonic_control::Bind::parse(&[]).is_none());
+    // A version-5 client's: its token in clear.
+    let old = cyphonic_control::legacy_bind_frame(&token);
+    assert_eq!(old.len(), 32);
+    assert_eq!(cyphonic_control::legacy_bind_token(&old), Some(token));
+    assert_eq!(cyphonic_control::legacy_bind_token(&frame), None);
 }

@@ -173,6 +173,13 @@ impl CookieSecret {
         Self(bytes)
     }
 
+    /// The keyed BLAKE2s-128 under this secret of `parts`, in order: a stateless token
+    /// that only the holder of the secret can make or check (the cloud's return-routability
+    /// cookies, docs/protocol.md §4).
+    pub fn tag(&self, parts: &[&[u8]]) -> Cookie {
+        keyed_mac(&self.0, parts)
+    }
+
     /// The cookie of a source address: MAC over its IP (4 or 16 bytes) and port.
     pub fn cookie(&self, source: SocketAddr) -> Cookie {
         let port = source.port().to_be_bytes();

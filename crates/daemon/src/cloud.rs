@@ -322,6 +322,12 @@ impl CloudLink {
         self.handle.network_changed();
     }
 
+    /// A challenge that is none of our relay channels' came from `from`: the signal client
+    /// answers it if it is one of its probe ports.
+    pub fn challenged(&self, from: SocketAddr, cookie: cyphonic_signal::ReturnCookie) {
+        self.handle.challenged(from, cookie);
+    }
+
     /// Acts on what the cloud did; returns the DNS questions that settle now.
     pub fn handle(&mut self, work: CloudWork, control: &mut Control) -> Vec<Settled> {
         match work {

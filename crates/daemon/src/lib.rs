@@ -843,6 +843,11 @@ impl<S: Services> Loop<S> {
                         c.network_changed();
                     }
                 }
+                ControlEvent::Challenged { from, cookie } => {
+                    if let Some(c) = self.cloud.as_ref() {
+                        c.challenged(from, cookie);
+                    }
+                }
                 _ => {}
             }
         }

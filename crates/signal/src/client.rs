@@ -152,10 +152,21 @@ type Pending = HashMap<u64, (String, Reply)>;
 
 #[derive(Debug)]
 enum Cmd {
-    Resolve { name: String, reply: Reply },
-    Relay { peer: String },
-    Admit { peer: String },
+    Resolve {
+        name: String,
+        reply: Reply,
+    },
+    Relay {
+        peer: String,
+    },
+    Admit {
+        peer: String,
+    },
     NetworkChanged,
+    Challenged {
+        from: SocketAddr,
+        cookie: cyphonic_control::ReturnCookie,
+    },
 }
 
 /// The owner's side: keep the registration current, resolve names.
@@ -260,6 +271,14 @@ impl Handle {
         let _ = self.cmds.try_send(Cmd::NetworkChanged);
     }
 
+    /// A return-routability challenge with `cookie` reached our tunnel socket from `from`
+    /// (docs/protocol.md §4, endpoint probe): when `from` is one of the addresses this
+    /// session probes, a probe answering it goes there at once ([`Event::Probe`]); anything
+    /// else is ignored.
+    pub fn challenged(&self, from: SocketAddr, cookie: cyphonic_control::ReturnCookie) {
+        let _ = self.cmds.try_send(Cmd::Challenged { from, cookie });
+    }
+
     /// Whether a session is open now.
     pub fn is_connected(&self) -> bool {
         *self.connected.borrow()
@@ -268,6 +287,52 @@ impl Handle {
     /// The resolution cache.
     pub fn cache(&self) -> &Cache {
         &self.cache
+    }
+}
+
+/// A session's endpoint probes (docs/protocol.md §4, endpoint probe): every probe carries
+/// the next counter (the cloud refuses a copy of an old one) and the last challenge's cookie
+/// from its destination (the cloud records where a probe came from only when it answers a
+/// challenge sent there).
+struct Probing {
+    prober: Prober,
+    /// The probe ports' addresses, each with the last challenge it sent us.
+    to: Vec<(SocketAddr, Option<cyphonic_control::ReturnCookie>)>,
+}
+
+impl Probing {
+    fn new(prober: Prober, to: Vec<SocketAddr>) -> Self {
+        Self {
+            prober,
+            to: to.into_iter().map(|a| (a, None)).collect(),
+        }
+    }
+
+    /// A probe to every probe port.
+    fn all(&mut self) -> Vec<Event> {
+        let prober = &mut self.prober;
+        self.to
+            .iter()
+            .map(|(to, cookie)| Event::Probe {
+                to: *to,
+                frame: prober.next_frame(cookie.as_ref()),
+            })
+            .collect()
+    }
+
+    /// The probe that answers a challenge from `from`, when `from` is a probe port of ours.
+    fn answer(
+        &mut self,
+        from: SocketAddr,
+        cookie: cyphonic_control::ReturnCookie,
+    ) -> Option<Event> {
+        let from = SocketAddr::new(from.ip().to_canonical(), from.port());
+        let (to, kept) = self.to.iter_mut().find(|(to, _)| *to == from)?;
+        *kept = Some(cookie);
+        Some(Event::Probe {
+            to: *to,
+            frame: self.prober.next_frame(Some(&cookie)),
+        })
     }
 }
 
@@ -578,7 +643,7 @@ impl Task {
                         Some(Cmd::Resolve { reply, .. }) => {
                             let _ = reply.send(Err(SignalError::NotConnected));
                         }
-                        Some(Cmd::Relay { .. } | Cmd::Admit { .. }) => {}
+                        Some(Cmd::Relay { .. } | Cmd::Admit { .. } | Cmd::Challenged { .. }) => {}
                         // A new address or route may be what we were missing: try now
                         // (a refusal is not about the network, and waits).
                         Some(Cmd::NetworkChanged) if !refused => break,
@@ -682,22 +747,12 @@ impl Task {
             .config
             .tunnel_port
             .map(|p| SocketAddr::new(local.ip().to_canonical(), p));
-        let mut prober = Prober::new(probe_token, probe_key);
         let probe_to: Vec<SocketAddr> = probe_ports
             .iter()
             .take(2)
-            .filter_map(|p| Some(SocketAddr::new(self.at?.ip(), *p)))
+            .filter_map(|p| Some(SocketAddr::new(self.at?.ip().to_canonical(), *p)))
             .collect();
-        // Every probe carries the next counter: the cloud refuses a copy of an old one.
-        let mut probes = move || -> Vec<Event> {
-            probe_to
-                .iter()
-                .map(|&to| Event::Probe {
-                    to,
-                    frame: prober.next_frame(),
-                })
-                .collect()
-        };
+        let mut probes = Probing::new(Prober::new(probe_token, probe_key), probe_to);
         tracing::info!(cloud = ?self.at, %observed, "control session open");
         // What the cloud told us before may be stale.
         self.cache.clear();
@@ -705,7 +760,7 @@ impl Task {
         if let Some(cloud) = self.at {
             self.emit(Event::Connected { observed, cloud });
         }
-        for p in probes() {
+        for p in probes.all() {
             self.emit(p);
         }
 
@@ -763,7 +818,13 @@ impl Task {
                         if !is_local(local.ip()) {
                             break End::Retry(format!("our address {} is gone", local.ip()));
                         }
-                        for p in probes() {
+                        for p in probes.all() {
+                            self.emit(p);
+                        }
+                        None
+                    }
+                    Some(Cmd::Challenged { from, cookie }) => {
+                        if let Some(p) = probes.answer(from, cookie) {
                             self.emit(p);
                         }
                         None
@@ -779,7 +840,7 @@ impl Task {
                     Some(ClientMsg::Ping {})
                 }
                 _ = probing.tick() => {
-                    for p in probes() {
+                    for p in probes.all() {
                         self.emit(p);
                     }
                     None

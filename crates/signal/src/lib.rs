@@ -17,5 +17,6 @@ pub use client::{
     Config, EnrollError, Enrolled, Event, Handle, RESOLVE_TIMEOUT, SignalError, enroll, spawn,
 };
 pub use cyphonic_control::{
-    Allowed, NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason, Resolution, bind_frame,
+    Allowed, NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason, Resolution, ReturnCookie,
+    bind_frame,
 };

@@ -76,6 +76,15 @@ pub enum ControlEvent {
     },
     /// Our addresses or routes changed; the peers and relays were told.
     NetworkChanged,
+    /// A return-routability challenge came from `from`, which is none of our relay channels:
+    /// the cloud's probe port, perhaps (the driver hands it to the signal client, which
+    /// answers only its own probe addresses).
+    Challenged {
+        /// Its source.
+        from: SocketAddr,
+        /// Its cookie.
+        cookie: cyphonic_control::ReturnCookie,
+    },
     /// Traffic for the block of a cloud peer evicted for idleness: ask the cloud to pair us
     /// with it again (at most every [`WAKE_EVERY`] per peer).
     Wanted(Box<Certificate>),
@@ -208,9 +217,11 @@ pub(crate) fn send_transmits(
     }
 }
 
-/// Binds our tunnel socket's address to a relay channel.
+/// Binds our tunnel socket's address to a relay channel: a bind under our token, answering
+/// the channel's last challenge (a stale one earns a new challenge, which
+/// [`Control::handle`] answers at once).
 fn bind(socket: &dyn TunnelSocket, relay: &Relay) {
-    let frame = cyphonic_control::bind_frame(&relay.token);
+    let frame = cyphonic_control::bind_frame(&relay.token, relay.cookie.as_ref());
     if let Err(e) = socket.send_to(&frame, relay.address) {
         tracing::debug!(relay = %relay.address, error = %e, "relay bind not sent");
     }
@@ -544,7 +555,36 @@ impl Control {
             ToControl::Kick(from) => self.kick(from),
             ToControl::NetworkChanged => self.network_changed(),
             ToControl::NoRoute(dst) => self.wanted(dst),
+            ToControl::Challenge { from, cookie } => self.challenged(from, cookie),
         }
+    }
+
+    /// A challenge came from `from` (the receive threads' [`Shared::challenge_gate`](crate::Shared::challenge_gate)
+    /// bounds them): when it is one of our relay channels, bind to it again at once with its
+    /// cookie, and send a pending initiation through it right after (the channel now
+    /// forwards it); anything else goes to the driver ([`ControlEvent::Challenged`]).
+    fn challenged(&mut self, from: SocketAddr, cookie: cyphonic_control::ReturnCookie) {
+        let now = Instant::now();
+        let from = SocketAddr::new(from.ip().to_canonical(), from.port());
+        let relayed = self.shared.peers.all().into_iter().find(|s| {
+            s.route().relay.as_ref().is_some_and(|r| {
+                SocketAddr::new(r.address.ip().to_canonical(), r.address.port()) == from
+            })
+        });
+        let Some(slot) = relayed else {
+            self.push_event(ControlEvent::Challenged { from, cookie });
+            return;
+        };
+        bump(&self.shared.counters.relay_challenges);
+        if let Some(r) = slot.route().relay.as_mut() {
+            r.cookie = Some(cookie);
+            r.bound_at = Some(now);
+            bind(&*self.socket, r);
+        }
+        if !slot.lock().is_established(now) {
+            let _ = slot.lock().retry_now(now);
+        }
+        self.drain(&slot);
     }
 
     /// Frames on keys we do not have came from `from` (the data threads' [`Shared::kick_gate`](crate::Shared::kick_gate)
@@ -623,6 +663,7 @@ impl Control {
                 token: info.token,
                 reason: info.reason,
                 bound_at: Some(now),
+                cookie: None,
             };
             // The bind goes out before any handshake towards the channel.
             bind(&*self.socket, &r);

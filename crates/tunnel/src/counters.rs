@@ -62,6 +62,10 @@ cyphonic_telemetry::counters! {
         punches_sent,
         /// Hole punches that reached us (dropped: they only open NATs on the way).
         punches_received,
+        /// Return-routability challenges taken (from a relay channel or the cloud's probe port; docs/protocol.md §4).
+        challenges_received,
+        /// Of those, the relay channels': each answered with a bind at once.
+        relay_challenges,
         /// Peers removed: certificate no longer trusted (revoked, expired), unconfigured, or replaced.
         peers_removed,
         /// Peers from the cloud refused: a block overlapping ours or another peer's, a static peer's name, an older certificate, a full table.

@@ -264,6 +264,19 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
             bump(&c.punches_received);
             Arrival::Dropped
         }
+        MessageType::EndpointProbe => {
+            match cyphonic_control::parse_challenge(&buf[..m.len]) {
+                Some(cookie) if shared.challenge_gate.admit(m.from, now) => {
+                    bump(&c.challenges_received);
+                    let _ = shared.control.try_send(ToControl::Challenge {
+                        from: m.from,
+                        cookie,
+                    });
+                }
+                _ => bump(&c.drop_frame_unhandled),
+            }
+            Arrival::Dropped
+        }
         _ => {
             bump(&c.drop_frame_unhandled);
             Arrival::Dropped

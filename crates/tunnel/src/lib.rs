@@ -97,6 +97,14 @@ pub enum ToControl {
     /// A packet for `dst` found no peer while peers evicted for idleness are remembered
     /// ([`Shared::dormant`]): one of them may cover it. Admitted by [`Shared::wake_gate`].
     NoRoute(std::net::Ipv4Addr),
+    /// A return-routability challenge (docs/protocol.md §4) came from `from`: a relay
+    /// channel's, or the cloud's probe port's. Admitted by [`Shared::challenge_gate`].
+    Challenge {
+        /// Its source.
+        from: SocketAddr,
+        /// Its cookie.
+        cookie: cyphonic_control::ReturnCookie,
+    },
 }
 
 /// Who a tunnel end is, and how it makes its peers: the same for static peers and for those
@@ -154,6 +162,10 @@ pub struct Shared {
     pub kick_gate: RateTable,
     /// Bounds the [`ToControl::NoRoute`]s packets without a peer may send (per destination).
     pub wake_gate: RateTable,
+    /// Bounds the [`ToControl::Challenge`]s frames may send (per hashed source: the cloud's
+    /// few addresses are each answered a few times a second, a flood of forged challenges
+    /// costs one slot's).
+    pub challenge_gate: RateTable,
     /// Peers evicted for idleness that the control core remembers: while none are, a packet
     /// without a peer costs nothing more than its drop.
     pub dormant: std::sync::atomic::AtomicUsize,
@@ -189,6 +201,7 @@ impl Shared {
                 woken: Mutex::new(Woken::default()),
                 kick_gate: ingress::kick_gate(),
                 wake_gate: RateTable::new(1024, 1, 1),
+                challenge_gate: RateTable::new(64, 8, 8),
                 dormant: std::sync::atomic::AtomicUsize::new(0),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
                 policy: Policy::default(),

@@ -64,6 +64,8 @@ pub struct Relay {
     pub reason: RelayReason,
     /// When we last sent the bind.
     pub bound_at: Option<Instant>,
+    /// The last challenge the channel sent us: what our binds answer.
+    pub cookie: Option<cyphonic_control::ReturnCookie>,
 }
 
 /// How a peer is reached.
