@@ -160,14 +160,42 @@ pub fn spawn_connection_flood(
     per_sec: u32,
     duration: Duration,
 ) -> std::thread::JoinHandle<anyhow::Result<ConnectionFlood>> {
+    spawn_connection_flood_from(ns, Vec::new(), to, per_sec, duration)
+}
+
+/// [`spawn_connection_flood`] with each connection from the next of `sources` in turn (the
+/// namespace's own addresses; none: whichever the kernel picks).
+pub fn spawn_connection_flood_from(
+    ns: &crate::Netns,
+    sources: Vec<IpAddr>,
+    to: SocketAddr,
+    per_sec: u32,
+    duration: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<ConnectionFlood>> {
     inject::spawn_inside(ns, move || {
         let mut held = Vec::new();
         let mut seen = ConnectionFlood::default();
         let gap = Duration::from_secs(1) / per_sec.max(1);
         let end = Instant::now() + duration;
         let mut next = Instant::now();
+        let mut turn = 0usize;
+        let connect = |source: Option<IpAddr>| -> std::io::Result<TcpStream> {
+            let Some(source) = source else {
+                return TcpStream::connect_timeout(&to, Duration::from_millis(500));
+            };
+            let s = socket2::Socket::new(
+                socket2::Domain::for_address(to),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )?;
+            s.bind(&SocketAddr::new(source, 0).into())?;
+            s.connect_timeout(&to.into(), Duration::from_millis(500))?;
+            Ok(s.into())
+        };
         while Instant::now() < end {
-            if let Ok(s) = TcpStream::connect_timeout(&to, Duration::from_millis(500)) {
+            let source = (!sources.is_empty()).then(|| sources[turn % sources.len()]);
+            turn += 1;
+            if let Ok(s) = connect(source) {
                 seen.opened += 1;
                 // Looked at without waiting, below.
                 s.set_nonblocking(true)?;
@@ -183,6 +211,78 @@ pub fn spawn_connection_flood(
                 !closed
             });
             next += gap;
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        Ok(seen)
+    })
+}
+
+/// What a handshake flood from many addresses did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HandshakeFlood {
+    /// Initiations sent.
+    pub sent: u64,
+    /// Of them, with a valid-looking mac2 (a cookie answered).
+    pub with_cookie: u64,
+    /// Cookie-replies received.
+    pub cookie_replies: u64,
+}
+
+/// Floods `to` with the initiation `init` (captured: a replay) from every one of `sources`
+/// (the namespace's own addresses), `per_source` a second each, for `duration`, the way a
+/// determined attacker with real addresses would: each source answers the responder's
+/// cookie-replies (the cookie opened with the responder's public key `responder`, as any
+/// initiator can) and sends the initiation again with a valid mac2, so that the flood is
+/// past the cookie check and each initiation costs the responder its Diffie-Hellman work.
+/// On a thread of its own inside `ns`; join it with [`inject::joined`].
+pub fn spawn_cookie_answering_flood(
+    ns: &crate::Netns,
+    sources: Vec<IpAddr>,
+    to: SocketAddr,
+    init: Vec<u8>,
+    responder: cyphonic_crypto::PublicKey,
+    per_source: u32,
+    duration: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<HandshakeFlood>> {
+    inject::spawn_inside(ns, move || {
+        let keys = cyphonic_crypto::MacKeys::new(&responder);
+        let len = init.len();
+        anyhow::ensure!(len > 48, "not an initiation");
+        let mac1: [u8; 16] = init[len - 32..len - 16].try_into()?;
+        let mut socks = Vec::new();
+        for ip in &sources {
+            let s = std::net::UdpSocket::bind(SocketAddr::new(*ip, 0))?;
+            s.set_nonblocking(true)?;
+            socks.push((s, None::<[u8; 16]>, init.clone()));
+        }
+        let mut seen = HandshakeFlood::default();
+        let tick = Duration::from_millis(10);
+        let per_tick = (per_source / 100).max(1);
+        let end = Instant::now() + duration;
+        let mut next = Instant::now();
+        let mut buf = [0u8; 256];
+        while Instant::now() < end {
+            for (sock, cookie, frame) in &mut socks {
+                while let Ok(n) = sock.recv(&mut buf) {
+                    // A cookie-reply: header, then the sealed cookie.
+                    if n == 72
+                        && buf[1] == 7
+                        && let Some(c) = keys.open_cookie(&buf[16..72], &mac1)
+                    {
+                        seen.cookie_replies += 1;
+                        *cookie = Some(c);
+                        let mac2 = cyphonic_crypto::cookie::mac(&c, &frame[..len - 16]);
+                        frame[len - 16..].copy_from_slice(&mac2);
+                    }
+                }
+                for _ in 0..per_tick {
+                    if sock.send_to(frame, to).is_ok() {
+                        seen.sent += 1;
+                        seen.with_cookie += u64::from(cookie.is_some());
+                    }
+                }
+            }
+            next += tick;
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
         }
         Ok(seen)

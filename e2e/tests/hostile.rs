@@ -97,6 +97,86 @@ fn a_handshake_flood_leaves_handshakes_dhcp_and_dns_served() {
     device.stop().unwrap();
 }
 
+/// Issue 49, finding 4 (handshakes): 61 real addresses on the underlay replay a captured
+/// initiation at B, each answering B's cookie-replies so that its initiations carry a valid
+/// mac2 and each would cost B its Diffie-Hellman work, 40 a second each (past the 20 a second
+/// a source may have answered). B does at most its handshake budget of them a second, not the
+/// sum of the sources' rates, and A, restarted in the middle of it from where B knows it,
+/// handshakes with B at once.
+#[test]
+fn a_cookie_answering_flood_from_sixty_addresses_is_held_to_the_budget() {
+    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
+    let init = cyphonic_e2e::attack::capture_initiation(&bed).unwrap();
+    let cert = std::fs::read_to_string(bed.b.dir.join("gw2.ovl.example.crt")).unwrap();
+    let b_key = cyphonic_crypto::PublicKey(
+        cyphonic_crypto::Certificate::from_pem(&cert)
+            .unwrap()
+            .body()
+            .public_key,
+    );
+    let (flooder, first) = bed.add_underlay_host("flooder").unwrap();
+    let mut sources = vec![std::net::IpAddr::V4(first)];
+    for last in (194..=254u8).filter(|l| *l != 200) {
+        let ip = std::net::Ipv4Addr::new(192, 0, 2, last);
+        flooder
+            .ip(&["addr", "add", &format!("{ip}/26"), "dev", "eth0"])
+            .unwrap();
+        sources.push(std::net::IpAddr::V4(ip));
+    }
+    let to_b = SocketAddr::new(bed.b.underlay, 51820);
+    let flood = cyphonic_e2e::attack::spawn_cookie_answering_flood(
+        &flooder,
+        sources,
+        to_b,
+        init,
+        b_key,
+        40,
+        Duration::from_secs(14),
+    );
+    let inits = |bed: &TwoSites| bed.counter(Side::B, "handshake_inits").unwrap();
+    // Two seconds for B to be under load and the sources to have their cookies.
+    std::thread::sleep(Duration::from_secs(2));
+    let (n0, t0) = (inits(&bed), Instant::now());
+    std::thread::sleep(Duration::from_secs(5));
+    let (n1, t1) = (inits(&bed), Instant::now());
+    let per_sec = (n1 - n0) as f64 / (t1 - t0).as_secs_f64();
+    // A restarts: keys lost, it handshakes with B through the flood.
+    bed.stop(Side::A, "TERM").unwrap();
+    bed.start(Side::A).unwrap();
+    let restarted = Instant::now();
+    let ping = bed
+        .ping(Side::A, bed.b.host_ip, &["-c", "1", "-w", "5"])
+        .unwrap();
+    let back = restarted.elapsed();
+    let seen = inject::joined(flood).unwrap();
+    eprintln!(
+        "flood from 61 addresses: {seen:?}; B did {per_sec:.0} handshakes a second; A back in {back:?}"
+    );
+    assert!(
+        seen.with_cookie > 10_000,
+        "the flood did not get past the cookies: {seen:?}"
+    );
+    // The budget, and the short spells between two loads when the queue is let fill up to
+    // its threshold again (32 at a time): well under the 1,220 a second of the sources'
+    // rates.
+    assert!(
+        per_sec < 250.0,
+        "B did {per_sec:.0} handshakes a second\n{}",
+        bed.logs()
+    );
+    assert!(
+        ping.status.success() && back < Duration::from_secs(5),
+        "A was not back within 5 s ({back:?}):\n{}\n{}",
+        String::from_utf8_lossy(&ping.stdout),
+        bed.logs()
+    );
+    let budget = bed.counter(Side::B, "drop_handshake_budget").unwrap();
+    assert!(
+        budget > 1_000,
+        "{budget} over the budget: the budget did not act"
+    );
+}
+
 /// The adapter's host forwards IPv4 (`ip_forward=1`: Docker and many images turn it on) and
 /// its uplink's default route covers every destination. A device's pings to the other site
 /// still leave only sealed, and so do frames a device addresses to the host's own MAC: on the
@@ -502,6 +582,72 @@ fn the_cloud_turns_away_replayed_handshakes_and_probes_and_bounds_a_connection_f
     );
     let d = dig(&bed.b.lan, bed.b.gateway, "gw1.ovl.example", "A").unwrap();
     assert_eq!(d.answers, ["100.64.1.1"], "{d:?}\n{}", bed.logs());
+}
+
+/// Issue 49, finding 4: 61 addresses on the underlay keep the cloud's unproven connections
+/// full between them (400 silent connections a second, each held until the cloud gives up on
+/// it), and adapter B restarts in the middle of it: B takes a place of the source holding
+/// the most at once and is back within 5 s (before, every place stayed taken and B was
+/// refused for the whole flood and its backoff after).
+#[test]
+fn a_connection_flood_from_sixty_addresses_keeps_no_client_out() {
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let sessions = |bed: &TwoSites| cloud_counter(bed, "sessions");
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "both adapters connected", || {
+        sessions(&bed) >= 2
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let control = bed.cloud.as_ref().unwrap().address;
+    let (attacker, first) = bed.add_underlay_host("flooder").unwrap();
+    let mut sources = vec![std::net::IpAddr::V4(first)];
+    for last in 194..=254u8 {
+        if last == 200 {
+            continue;
+        }
+        let ip = std::net::Ipv4Addr::new(192, 0, 2, last);
+        attacker
+            .ip(&["addr", "add", &format!("{ip}/26"), "dev", "eth0"])
+            .unwrap();
+        sources.push(std::net::IpAddr::V4(ip));
+    }
+    assert!(sources.len() >= 60);
+    let flood = cyphonic_e2e::attack::spawn_connection_flood_from(
+        &attacker,
+        sources,
+        control,
+        400,
+        Duration::from_secs(14),
+    );
+    // Let the flood fill every place first.
+    cyphonic_e2e::wait_until(Duration::from_secs(8), "the unproven places full", || {
+        cloud_counter(&bed, "connections_refused") > 20
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let opened = sessions(&bed);
+    bed.stop(Side::B, "TERM").unwrap();
+    let start = Instant::now();
+    bed.start(Side::B).unwrap();
+    let back = cyphonic_e2e::wait_until(Duration::from_secs(5), "B connected again", || {
+        sessions(&bed) > opened
+    });
+    let took = start.elapsed();
+    let seen = flood.join().unwrap().unwrap();
+    eprintln!(
+        "connection flood from 61 addresses: {} opened; B back after {took:?}; {} refused",
+        seen.opened,
+        cloud_counter(&bed, "connections_refused")
+    );
+    back.unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(seen.opened > 4_000, "{seen:?}");
+    let evicted = cloud_counter(&bed, "unproven_evicted");
+    assert!(
+        evicted >= 1,
+        "B got in without taking a place: was the gate full?"
+    );
 }
 
 /// Issue 49, finding 8: an on-path attacker who drops adapter A's endpoint probes and resends

@@ -2,10 +2,11 @@
 //! many connections may sit unproven, which handshake timestamps are replays, and how fast
 //! one session's requests are served. Sans-IO: the session code asks, these answer.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -39,12 +40,34 @@ fn source_of(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The connections that have not proven themselves yet: a cap in all and per source.
+/// The connections that have not proven themselves yet: a cap in all and per source, shared
+/// fairly. When every place is taken, a connection from a source that holds fewer places
+/// than the source holding the most takes the oldest place of that one (which is told, by
+/// its [`Ticket::evicted`], to close): so sources that fill the gate between them (64
+/// addresses holding 4 places each) cannot keep out a client that holds none (issue 49,
+/// finding 4). Only as many sources as places, one place each, can.
 #[derive(Debug)]
 pub struct Unproven {
     total: usize,
     per_source: usize,
-    held: Mutex<HashMap<IpAddr, usize>>,
+    held: Mutex<Places>,
+}
+
+#[derive(Debug, Default)]
+struct Places {
+    /// Per source, its places, the oldest first.
+    by_source: HashMap<IpAddr, VecDeque<(u64, Arc<Eviction>)>>,
+    count: usize,
+    serial: u64,
+    /// Places taken from a source to make room for another's, since start.
+    evicted: u64,
+}
+
+/// How a place is taken back.
+#[derive(Debug, Default)]
+struct Eviction {
+    evicted: AtomicBool,
+    notify: tokio::sync::Notify,
 }
 
 /// One unproven connection's place; dropping it frees the place.
@@ -52,16 +75,35 @@ pub struct Unproven {
 pub struct Ticket {
     gate: Arc<Unproven>,
     source: IpAddr,
+    id: u64,
+    eviction: Arc<Eviction>,
+}
+
+impl Ticket {
+    /// Completes when this place was taken for a connection of another source: the
+    /// connection is to close.
+    pub async fn evicted(&self) {
+        loop {
+            let notified = self.eviction.notify.notified();
+            if self.eviction.evicted.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut held = lock(&self.gate.held);
-        if let Entry::Occupied(mut e) = held.entry(self.source) {
-            *e.get_mut() -= 1;
-            if *e.get() == 0 {
+        let mut places = lock(&self.gate.held);
+        if let Entry::Occupied(mut e) = places.by_source.entry(self.source) {
+            let before = e.get().len();
+            e.get_mut().retain(|(id, _)| *id != self.id);
+            let gone = before - e.get().len();
+            if e.get().is_empty() {
                 e.remove();
             }
+            places.count -= gone;
         }
     }
 }
@@ -72,30 +114,63 @@ impl Unproven {
         Arc::new(Self {
             total,
             per_source,
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(Places::default()),
         })
     }
 
-    /// A place for a connection from `ip`, or `None` when the source or the whole gate is
-    /// full.
+    /// A place for a connection from `ip`, or `None` when its source holds its share, or
+    /// every place is taken by sources that hold no more than one place more than it.
     pub fn enter(self: &Arc<Self>, ip: IpAddr) -> Option<Ticket> {
         let source = source_of(ip);
-        let mut held = lock(&self.held);
-        let all: usize = held.values().sum();
-        let mine = held.get(&source).copied().unwrap_or(0);
-        if all >= self.total || mine >= self.per_source {
+        let mut places = lock(&self.held);
+        let mine = places.by_source.get(&source).map_or(0, VecDeque::len);
+        if mine >= self.per_source {
             return None;
         }
-        *held.entry(source).or_insert(0) += 1;
+        if places.count >= self.total {
+            // The source holding the most; of two, the one whose oldest place is older.
+            let (heaviest, most, _) = places
+                .by_source
+                .iter()
+                .map(|(s, p)| (*s, p.len(), p.front().map_or(0, |(id, _)| *id)))
+                .max_by_key(|(_, n, oldest)| (*n, std::cmp::Reverse(*oldest)))?;
+            if most <= mine + 1 {
+                return None;
+            }
+            let queue = places.by_source.get_mut(&heaviest)?;
+            let (_, taken) = queue.pop_front()?;
+            if queue.is_empty() {
+                places.by_source.remove(&heaviest);
+            }
+            places.count -= 1;
+            places.evicted += 1;
+            taken.evicted.store(true, Ordering::Release);
+            taken.notify.notify_waiters();
+        }
+        places.serial += 1;
+        let (id, eviction) = (places.serial, Arc::new(Eviction::default()));
+        places
+            .by_source
+            .entry(source)
+            .or_default()
+            .push_back((id, eviction.clone()));
+        places.count += 1;
         Some(Ticket {
             gate: self.clone(),
             source,
+            id,
+            eviction,
         })
     }
 
     /// Places held now.
     pub fn held(&self) -> usize {
-        lock(&self.held).values().sum()
+        lock(&self.held).count
+    }
+
+    /// Places taken from one source to make room for another's, since start.
+    pub fn evicted(&self) -> u64 {
+        lock(&self.held).evicted
     }
 }
 
@@ -260,15 +335,75 @@ mod tests {
         let _t4 = gate.enter(v6("fd00:1::2")).unwrap();
         assert!(gate.enter(v6("fd00:1::ffff:3")).is_none());
         assert!(gate.enter(v6("::ffff:198.51.100.1")).is_none());
-        let _t5 = gate.enter(v6("fd00:2::1")).unwrap();
-        assert!(
-            gate.enter("198.51.100.9".parse().unwrap()).is_none(),
-            "full"
-        );
+        let t5 = gate.enter(v6("fd00:2::1")).unwrap();
         assert_eq!(gate.held(), 5);
-        drop(t1);
+        drop(t5);
         assert_eq!(gate.held(), 4);
-        assert!(gate.enter(a).is_some());
+        let _t5 = gate.enter(v6("fd00:2::1")).unwrap();
+        // Full: a source holding one place, one less than the most, gets nothing.
+        assert!(gate.enter(v6("fd00:2::2")).is_none(), "full");
+        assert_eq!(gate.evicted(), 0);
+        // A source holding none takes the oldest place of one that holds two.
+        let fresh = gate.enter("198.51.100.9".parse().unwrap());
+        assert!(fresh.is_some(), "a fair share");
+        assert_eq!((gate.held(), gate.evicted()), (5, 1));
+        assert!(
+            t1.eviction.evicted.load(Ordering::Acquire),
+            "the oldest of a's was taken"
+        );
+        drop(t1);
+        assert_eq!(gate.held(), 5, "a taken place is not freed twice");
+        assert!(
+            gate.enter(a).is_none(),
+            "now a holds one, the most hold two"
+        );
+    }
+
+    /// Issue 49, finding 4: 64 sources that keep every place between them cannot keep out a
+    /// client that holds none: it takes a place of the source holding the most, at once,
+    /// and that connection is told to close; then the flood takes places only from itself.
+    #[test]
+    fn a_flood_from_many_sources_leaves_a_place_for_a_client_that_holds_none() {
+        let gate = Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE);
+        let attacker = |i: u32| IpAddr::from([203, 0, 113, u8::try_from(i % 64).unwrap()]);
+        let mut held: Vec<Ticket> = (0..512).filter_map(|i| gate.enter(attacker(i))).collect();
+        assert_eq!(gate.held(), MAX_UNPROVEN);
+        assert_eq!(held.len(), MAX_UNPROVEN, "4 places each, the rest refused");
+        let client = gate.enter("198.51.100.7".parse().unwrap());
+        assert!(client.is_some(), "the client got no place");
+        let evicted = held
+            .iter()
+            .filter(|t| t.eviction.evicted.load(Ordering::Acquire))
+            .count();
+        assert_eq!(evicted, 1);
+        // The flood goes on: new connections of its sources find no source holding two
+        // more than they do, and the client's place stays.
+        for i in 0..1000 {
+            if let Some(t) = gate.enter(attacker(i)) {
+                held.push(t);
+            }
+        }
+        let client = client.unwrap();
+        assert!(!client.eviction.evicted.load(Ordering::Acquire));
+        assert!(gate.held() <= MAX_UNPROVEN);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_evicted_ticket_hears_it() {
+        let gate = Unproven::new(2, 2);
+        let a = gate.enter("198.51.100.1".parse().unwrap()).unwrap();
+        let _b = gate.enter("198.51.100.1".parse().unwrap()).unwrap();
+        let waiting = async {
+            tokio::time::timeout(Duration::from_secs(2), a.evicted())
+                .await
+                .is_ok()
+        };
+        let (heard, c) = tokio::join!(waiting, async {
+            tokio::task::yield_now().await;
+            gate.enter("198.51.100.2".parse().unwrap())
+        });
+        assert!(c.is_some());
+        assert!(heard, "the evicted ticket was not told");
     }
 
     #[test]

@@ -60,6 +60,8 @@ cyphonic_telemetry::counters! {
         refused,
         /// First messages whose timestamp was not fresh for their identity: replays.
         replays,
+        /// Unproven connections closed to give their place to a source that held fewer (every place was taken).
+        unproven_evicted,
         /// Connections closed at once: too many unproven ones, in all or from their source.
         connections_refused,
         /// Welcomed sessions that never proved themselves (no first message in time).
@@ -386,7 +388,17 @@ impl Nms {
         let Some(token) = random16() else {
             return;
         };
-        let Some(open) = self.open(rd, wr, from, token).await else {
+        // Until it proves itself, the connection holds an unproven place, which a source
+        // holding fewer may take (guard::Unproven): then it closes.
+        let opened = tokio::select! {
+            o = self.open(rd, wr, from, token) => o,
+            () = ticket.evicted() => {
+                bump(&self.stats.unproven_evicted);
+                tracing::debug!(%from, "an unproven control connection gave its place to another source's: closed");
+                None
+            }
+        };
+        let Some(open) = opened else {
             self.tokens.remove(&token);
             return;
         };
@@ -954,7 +966,7 @@ impl Nms {
         };
         let target_row = &found.owner;
         let relays = match (route::choose(&me, target_row), &self.trs) {
-            (Some(reason), Some(trs)) => self.relays(trs, &me, target_row, reason),
+            (Some(reason), Some(trs)) => self.relays(trs, &me, target_row, reason).await,
             (Some(reason), None) => {
                 tracing::warn!(asker = %asker.name, target = %target_row.name, %reason, "the pair needs the relay, and this cloud runs none: trying directly");
                 None
@@ -988,7 +1000,7 @@ impl Nms {
 
     /// A relay channel for the pair `a`, `b` and what each side is told of it, or `None`
     /// (logged) when the relay cannot serve them.
-    fn relays<'a>(
+    async fn relays<'a>(
         &self,
         trs: &Arc<Trs>,
         a: &'a ClientRow,
@@ -1015,7 +1027,7 @@ impl Nms {
             name: &row.name,
             legacy: legacy(row),
         };
-        let channel = match trs.channel(party(a), party(b), reason) {
+        let channel = match trs.channel(party(a), party(b), reason).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(a = %a.name, b = %b.name, error = %e, "no relay channel");
@@ -1112,7 +1124,7 @@ impl Nms {
             route::choose(&me, &target)
         };
         let relays = match (reason, &self.trs) {
-            (Some(reason), Some(trs)) => match self.relays(trs, &me, &target, reason) {
+            (Some(reason), Some(trs)) => match self.relays(trs, &me, &target, reason).await {
                 Some(r) => Some(r),
                 None if relay => return refuse("the relay cannot serve this pair"),
                 None => None,

@@ -18,7 +18,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cyphonic_control::relay::{Sides, Verdict};
 use cyphonic_control::{Challenger, PROBE_TOKEN_LEN, RelayReason};
@@ -35,8 +35,10 @@ cyphonic_telemetry::counters! {
     pub struct TrsStats {
         /// Channels opened since start.
         channels_opened,
-        /// Channels NMS asked for and the relay could not open (no free port).
+        /// Channels NMS asked for and the relay could not open (no free port, and no client holding more than the pair to take one from).
         channels_refused,
+        /// Channels closed to make room for a pair whose sides held fewer (every port was taken): the least recently used of the client holding the most.
+        channels_reclaimed,
         /// Datagrams relayed.
         relayed_packets,
         /// Bytes relayed (UDP payload).
@@ -106,6 +108,12 @@ pub struct Channel {
     pub opened: Instant,
     packets: AtomicU64,
     bytes: AtomicU64,
+    /// When it last relayed, milliseconds after `opened`.
+    last_used: AtomicU64,
+    /// Told when the channel is to close for another pair.
+    reclaim: tokio::sync::Notify,
+    /// Set once its task has ended and its port is free again.
+    closed: tokio::sync::watch::Sender<bool>,
 }
 
 impl Channel {
@@ -132,6 +140,11 @@ pub struct Trs {
     challenger: Challenger,
     /// Counters.
     pub stats: TrsStats,
+}
+
+/// Milliseconds from `since` to now.
+fn ms_since(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 fn pair_key(a: &str, b: &str) -> (String, String) {
@@ -221,11 +234,15 @@ impl Trs {
     }
 
     /// The channel for the pair `a`, `b` (fingerprint and name each): the open one, or a new
-    /// one on a free port.
+    /// one on a free port. When every port is taken, the pair may take the least recently
+    /// used channel of the client holding the most, if that client holds at least two more
+    /// than either side of the pair (issue 49, finding 4: a few members holding many channels
+    /// each must not shut everyone else out of the relay).
     ///
     /// # Errors
-    /// [`TrsError::NoPort`] when the whole port range is taken.
-    pub fn channel(
+    /// [`TrsError::NoPort`] when the whole port range is taken by clients holding no more
+    /// than one channel more than the pair's sides.
+    pub async fn channel(
         self: &Arc<Self>,
         a: Party<'_>,
         b: Party<'_>,
@@ -237,10 +254,21 @@ impl Trs {
         }
         let (first, last) = (*self.config.ports.start(), *self.config.ports.end());
         let span = u32::from(last - first) + 1;
-        // Every port taken: refuse at once rather than try to bind each of them.
+        // Every port taken: make room fairly, or refuse at once rather than try to bind each
+        // of them.
         if self.pairs.len() >= span as usize {
-            bump(&self.stats.channels_refused);
-            return Err(TrsError::NoPort { first, last });
+            let most = self
+                .channels_of(a.fingerprint)
+                .max(self.channels_of(b.fingerprint));
+            let Some(victim) = self.reclaimable(most) else {
+                bump(&self.stats.channels_refused);
+                return Err(TrsError::NoPort { first, last });
+            };
+            let mut closed = victim.closed.subscribe();
+            victim.reclaim.notify_one();
+            // Its task ends and frees the port within a scheduling round.
+            let _ = tokio::time::timeout(Duration::from_secs(2), closed.wait_for(|c| *c)).await;
+            bump(&self.stats.channels_reclaimed);
         }
         let mut cursor = self
             .cursor
@@ -268,6 +296,9 @@ impl Trs {
                 opened: Instant::now(),
                 packets: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
+                last_used: AtomicU64::new(0),
+                reclaim: tokio::sync::Notify::new(),
+                closed: tokio::sync::watch::Sender::new(false),
             });
             self.pairs.insert(key.clone(), channel.clone());
             bump(&self.stats.channels_opened);
@@ -312,6 +343,7 @@ impl Trs {
             tokio::select! {
                 // The value only ever turns true.
                 _ = closing.changed() => break "the relay is stopping",
+                () = channel.reclaim.notified() => break "reclaimed for a pair whose sides held fewer channels",
                 r = socks[0].recv_from(&mut buf) => match r {
                     Ok((n, from)) => relay.handle(&mut buf[..n], from).await,
                     Err(e) => tracing::debug!(error = %e, "relay: receive"),
@@ -328,6 +360,9 @@ impl Trs {
             }
         };
         self.pairs.remove_if(&key, |_, c| Arc::ptr_eq(c, &channel));
+        // The sockets go here, before the port is said to be free.
+        drop(socks);
+        channel.closed.send_replace(true);
         tracing::info!(
             port = channel.port,
             reason = why,
@@ -399,6 +434,27 @@ impl Trs {
             .filter(|e| e.key().0 == fingerprint || e.key().1 == fingerprint)
             .count()
     }
+
+    /// The least recently used channel of the client holding the most, when it holds at
+    /// least two more than `most` (the larger holding of a pair's sides).
+    fn reclaimable(&self, most: usize) -> Option<Arc<Channel>> {
+        let mut held: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let entries: Vec<_> = self.pairs.iter().map(|e| e.value().clone()).collect();
+        for c in &entries {
+            for s in &c.sides {
+                *held.entry(&s.fingerprint).or_default() += 1;
+            }
+        }
+        let (heaviest, count) = held.into_iter().max_by_key(|(_, n)| *n)?;
+        if count < most + 2 {
+            return None;
+        }
+        entries
+            .iter()
+            .filter(|c| c.sides.iter().any(|s| s.fingerprint == heaviest))
+            .min_by_key(|c| c.opened + Duration::from_millis(c.last_used.load(Ordering::Relaxed)))
+            .cloned()
+    }
 }
 
 /// The second socket's next datagram, or never with one socket.
@@ -462,6 +518,9 @@ impl Relaying<'_> {
         match sock.send_to(datagram, to).await {
             Ok(n) => {
                 self.last = Instant::now();
+                self.channel
+                    .last_used
+                    .store(ms_since(self.channel.opened), Ordering::Relaxed);
                 bump(&stats.relayed_packets);
                 stats.relayed_bytes.fetch_add(n as u64, Ordering::Relaxed);
                 self.channel.packets.fetch_add(1, Ordering::Relaxed);
@@ -469,5 +528,103 @@ impl Relaying<'_> {
             }
             Err(e) => tracing::debug!(%to, error = %e, "relay: send"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay(ports: std::ops::RangeInclusive<u16>) -> Arc<Trs> {
+        Arc::new(Trs::new(RelayConfig {
+            addresses: vec!["127.0.0.1".parse().unwrap_or_else(|_| unreachable!())],
+            ports,
+            idle: Duration::from_secs(120),
+        }))
+    }
+
+    fn party(fp: &str) -> Party<'_> {
+        Party {
+            fingerprint: fp,
+            name: fp,
+            legacy: false,
+        }
+    }
+
+    /// Issue 49, finding 4 (the relay): two members holding every port between them cannot
+    /// keep a fresh pair out: it takes the least recently used channel of the member holding
+    /// the most; a pair whose sides hold as many as anyone is refused instead, and so is one
+    /// when nobody holds two more than it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_relay_gives_a_fresh_pair_a_channel_of_the_member_holding_the_most() {
+        let trs = relay(42_300..=42_305);
+        let peers: Vec<String> = (0..6).map(|i| format!("peer{i}")).collect();
+        // "hog" holds 4 channels, "other" 2: every port taken.
+        let mut held = Vec::new();
+        for p in &peers[..4] {
+            held.push(
+                trs.channel(party("hog"), party(p), RelayReason::SymmetricNat)
+                    .await
+                    .unwrap(),
+            );
+        }
+        for p in &peers[4..] {
+            held.push(
+                trs.channel(party("other"), party(p), RelayReason::SymmetricNat)
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert_eq!(trs.open_channels(), 6);
+        // The hog's oldest channel is the least recently used one: relayed nothing since.
+        held[1]
+            .last_used
+            .store(ms_since(held[1].opened), Ordering::Relaxed);
+        let fresh = trs
+            .channel(
+                party("fresh-a"),
+                party("fresh-b"),
+                RelayReason::SymmetricNat,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the fresh pair was refused: {e}"));
+        assert_eq!(trs.open_channels(), 6);
+        assert_eq!(trs.channels_of("hog"), 3);
+        assert_eq!(
+            fresh.port, held[0].port,
+            "it got the hog's least recently used port"
+        );
+        assert_eq!(trs.stats.channels_reclaimed.load(Ordering::Relaxed), 1);
+        // A pair one of whose sides is the hog gets nothing from it (3 is not 2 more than 3).
+        let refused = trs
+            .channel(party("hog"), party("peer9"), RelayReason::SymmetricNat)
+            .await;
+        assert!(refused.is_err(), "the hog took a channel from itself");
+        // Fresh pairs go on taking channels of whoever holds two more than them, until
+        // nobody does: then every member holds at most one, and the next is refused.
+        let mut n = 0;
+        let refused_at = loop {
+            n += 1;
+            let (x, y) = (format!("new{n}-a"), format!("new{n}-b"));
+            if trs
+                .channel(party(&x), party(&y), RelayReason::SymmetricNat)
+                .await
+                .is_err()
+            {
+                break n;
+            }
+            assert!(n < 20, "the relay never became fair");
+        };
+        assert!(refused_at > 1);
+        for member in ["hog", "other", "fresh-a", "new1-a"] {
+            assert!(
+                trs.channels_of(member) <= 1,
+                "{member}: {}",
+                trs.channels_of(member)
+            );
+        }
+        assert_eq!(trs.open_channels(), 6);
+        assert_eq!(trs.stats.channels_refused.load(Ordering::Relaxed), 2);
+        trs.close_all();
     }
 }

@@ -510,12 +510,19 @@ impl Control {
                 .filter_map(|id| self.shared.peers.by_id(id))
                 .collect()
         };
+        let mut endpoints = std::collections::HashSet::new();
         for slot in &slots {
             {
                 let mut peer = slot.lock();
                 if peer.poll_timeout().is_some_and(|t| t <= now) {
                     peer.handle_timeout(now);
                 }
+                if full {
+                    endpoints.extend(peer.endpoint());
+                }
+            }
+            if full && let Some(r) = slot.route().relay.as_ref() {
+                endpoints.insert(r.address);
             }
             self.drain(slot);
             if full
@@ -528,6 +535,7 @@ impl Control {
             }
         }
         if full {
+            self.shared.set_peer_endpoints(endpoints);
             // Peers that left keep no deadline.
             let gone: Vec<u32> = self
                 .timers

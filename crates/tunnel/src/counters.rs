@@ -34,6 +34,8 @@ cyphonic_telemetry::counters! {
         drop_handshake_mac,
         /// Initiations under load from a source past its rate.
         drop_handshake_rate,
+        /// Initiations under load from addresses that are none of our peers' endpoints, past their fair share of the handshake budget (100 a second in all).
+        drop_handshake_budget,
         /// Cookie-replies sent: initiations under load without a valid mac2.
         cookie_replies_sent,
         /// Cookie-replies received and taken (a responder under load asked us for proof).

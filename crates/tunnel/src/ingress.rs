@@ -378,7 +378,9 @@ impl Receiver {
             return;
         };
         let waiting = handshakes.initiations_waiting();
-        match gate.admit(c, &msg.frame, kind, msg.from, msg.at, waiting) {
+        let shared = &self.shared;
+        let a_peer = |from| shared.is_peer_endpoint(from);
+        match gate.admit(c, &msg.frame, kind, msg.from, msg.at, waiting, a_peer) {
             Admission::Queue => {
                 if !handshakes.push(msg) {
                     bump(&c.drop_handshake_queue);
