@@ -1,5 +1,6 @@
 //! The builds `cargo xtask test` runs beside its tiers, at the lowest CPU priority: the Pi's
-//! build ([`cross::build_command`]), then the fuzz targets' check. Their output goes to
+//! build and its unit tier under the emulator ([`cross::commands`]), then the fuzz targets'
+//! check. Their output goes to
 //! target/background-builds.log (said in full if one fails). They run in a process group
 //! of their own, which is ended if the run stops before they are waited for: no build is
 //! left behind a failed run.
@@ -23,14 +24,14 @@ pub(crate) struct Builds {
 }
 
 impl Builds {
-    /// Starts them on a thread: the Pi's build, then the fuzz check, each in a target
+    /// Starts them on a thread: the Pi's build and tests, then the fuzz check, each in a target
     /// directory of its own (cargo locks a target directory for the whole of a build: in
     /// `target` they would hold the native builds up).
     ///
     /// # Errors
     /// The Pi's toolchain is missing (said with the remedy), or the log cannot be created.
     pub(crate) fn start(root: &Path) -> anyhow::Result<Self> {
-        let cross = cross::build_command()?;
+        let cross = cross::commands()?;
         let fuzz: Vec<String> = [
             "check",
             "--manifest-path",
@@ -44,18 +45,29 @@ impl Builds {
         std::fs::create_dir_all(root.join("target"))?;
         let log_path = root.join("target/background-builds.log");
         let log = std::fs::File::create(&log_path)?;
+        let mut jobs = cross;
+        jobs.push((fuzz, Vec::new()));
+        let said: Vec<String> = jobs
+            .iter()
+            .map(|(args, _)| format!("cargo {}", args.join(" ")))
+            .collect();
         eprintln!(
-            "xtask: in the background (nice 19; output in {}): cargo {}, then cargo {}",
+            "xtask: in the background (nice 19; output in {}), in turn: {}",
             log_path.display(),
-            cross.0.join(" "),
-            fuzz.join(" ")
+            said.join("; ")
         );
         let running = Arc::new(Mutex::new(None));
         let stopped = Arc::new(Mutex::new(false));
         let (root, r, s) = (root.to_owned(), running.clone(), stopped.clone());
         let thread = std::thread::spawn(move || {
-            for (args, env) in [cross, (fuzz, Vec::new())] {
+            for (args, env) in jobs {
+                let started = std::time::Instant::now();
                 run_one(&root, &args, &env, &log, &log_path, &r, &s)?;
+                eprintln!(
+                    "xtask: in the background, `cargo {}` passed in {} s",
+                    args.first().map_or("", String::as_str),
+                    started.elapsed().as_secs()
+                );
             }
             eprintln!("xtask: the background builds are done");
             Ok(())

@@ -116,7 +116,7 @@ pub(crate) fn test(root: &Path) -> anyhow::Result<PathBuf> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         util::cargo_with(root, &args, &env)?;
     }
-    Ok(root.join(TARGET_DIR).join(TRIPLE).join("debug"))
+    Ok(programs_dir(root))
 }
 
 /// The Pi's tier builds in a target directory of its own: cargo locks a target directory
@@ -140,15 +140,23 @@ fn cargo_args(command: &str) -> Vec<String> {
 /// Environment variables for a command.
 pub(crate) type Env = Vec<(String, String)>;
 
-/// The build [`test`] starts with, as cargo's arguments and environment, for running it
-/// ahead (`cargo xtask test` does, in the background, while the kernel tier runs).
+/// What [`test`] runs (the build, then the unit tier under the emulator), as cargo's
+/// arguments and environment, for running it ahead: `cargo xtask test` does, in the
+/// background, beside the native tiers; [`programs_dir`] then holds the programs.
 ///
 /// # Errors
 /// The toolchain or the emulator is missing (said with the remedy).
-pub(crate) fn build_command() -> anyhow::Result<(Vec<String>, Env)> {
+pub(crate) fn commands() -> anyhow::Result<Vec<(Vec<String>, Env)>> {
     let target = dist::target(TRIPLE)?;
     let env = environment(&target, &dist::build(&target, "dev"))?;
-    Ok((cargo_args("build"), env))
+    Ok(["build", "test"]
+        .map(|command| (cargo_args(command), env.clone()))
+        .to_vec())
+}
+
+/// Where [`test`] (or [`commands`]) leaves the aarch64 programs.
+pub(crate) fn programs_dir(root: &Path) -> PathBuf {
+    root.join(TARGET_DIR).join(TRIPLE).join("debug")
 }
 
 /// The programs of the Pi that the aarch64 tier packages (the cloud is not built here, see

@@ -663,10 +663,24 @@ fn packaged(debs: &[PathBuf]) -> Vec<Program> {
 }
 
 fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::Result<()> {
-    let files: Vec<String> = debs.iter().map(|d| d.display().to_string()).collect();
-    let mut install = vec!["--install".to_owned()];
-    install.extend(files.iter().cloned());
-    s.dpkg(&install)?;
+    // As apt would: the common package (the user, the directories) is configured before
+    // the programs whose scripts need it. One `dpkg --install` of them all configures them
+    // in an order of its own when their dependencies are forced (the scratch root has no
+    // libc): with three packages it set up a program before cyphonic-common.
+    let (common, programs_debs): (Vec<&PathBuf>, Vec<&PathBuf>) = debs.iter().partition(|d| {
+        d.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&format!("{COMMON}_")))
+    });
+    let install = |s: &Scratch| -> anyhow::Result<()> {
+        for set in [&common, &programs_debs] {
+            let mut args = vec!["--install".to_owned()];
+            args.extend(set.iter().map(|d| d.display().to_string()));
+            s.dpkg(&args)?;
+        }
+        Ok(())
+    };
+    install(s)?;
 
     // The user, the shared directories.
     let passwd = std::fs::read_to_string(s.path("etc/passwd"))?;
@@ -751,7 +765,7 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
         "/lib/systemd/system/cyphonic-adapter.service",
         wants.join("cyphonic-adapter.service"),
     )?;
-    s.dpkg(&install)?;
+    install(s)?;
     let said = s.services()?;
     for p in programs {
         ensure!(
