@@ -377,21 +377,7 @@ impl TwoSites {
             (&a, "gw1.ovl.example", "100.64.1.0/24"),
             (&b, "gw2.ovl.example", "100.64.2.0/24"),
         ] {
-            sh(
-                cloud,
-                &[
-                    "ca",
-                    "issue",
-                    "--dir",
-                    ca.to_str().context("path")?,
-                    "--name",
-                    name,
-                    "--vip-block",
-                    block,
-                    "--out",
-                    site.dir.to_str().context("path")?,
-                ],
-            )?;
+            crate::ca_issue(Path::new(cloud), &ca, name, block, &site.dir)?;
             std::fs::copy(ca.join("ca.crt"), site.dir.join("ca.crt"))?;
             std::fs::create_dir_all(site.dir.join("peers"))?;
         }

@@ -74,6 +74,37 @@ pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
     check(&out, &format!("{program} {}", args.join(" ")))
 }
 
+/// `cyphonic-cloud ca issue` (the program `cloud`) from the CA directory `ca`: a
+/// certificate and key of `name` holding `block`, written into `out`.
+///
+/// # Errors
+/// A path is not UTF-8, or the CA tool refuses (its error and output in the message).
+pub fn ca_issue(
+    cloud: &std::path::Path,
+    ca: &std::path::Path,
+    name: &str,
+    block: &str,
+    out: &std::path::Path,
+) -> anyhow::Result<String> {
+    let path = |p: &std::path::Path| p.to_str().context("path").map(str::to_owned);
+    let (ca, out) = (path(ca)?, path(out)?);
+    sh(
+        &path(cloud)?,
+        &[
+            "ca",
+            "issue",
+            "--dir",
+            &ca,
+            "--name",
+            name,
+            "--vip-block",
+            block,
+            "--out",
+            &out,
+        ],
+    )
+}
+
 fn check(out: &Output, what: &str) -> anyhow::Result<String> {
     if !out.status.success() {
         bail!(

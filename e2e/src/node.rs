@@ -16,7 +16,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::hosts::{Bins, CloudHost, Nat, nat_router};
-use crate::{Netns, Proc, sh, veth};
+use crate::{Netns, Proc, veth};
 
 /// Node C's name.
 pub const NAME: &str = "nodec.ovl.example";
@@ -133,21 +133,7 @@ impl NodeHost {
         let dir = tmp.join(name);
         std::fs::create_dir_all(&dir)?;
         std::fs::copy(ca_dir.join("ca.crt"), dir.join("ca.crt"))?;
-        sh(
-            bins.cloud.to_str().context("path")?,
-            &[
-                "ca",
-                "issue",
-                "--dir",
-                ca_dir.to_str().context("path")?,
-                "--name",
-                name,
-                "--vip-block",
-                &spec.block,
-                "--out",
-                dir.to_str().context("path")?,
-            ],
-        )?;
+        crate::ca_issue(&bins.cloud, ca_dir, name, &spec.block, &dir)?;
         // The cloud's IPv4 address first, its IPv6 one for when the node has only IPv6 (a
         // laptop that roams onto an IPv6-only network).
         std::fs::write(

@@ -44,9 +44,10 @@ async fn revocations(store: &Store) {
     assert_eq!(store.revocation_count().await.unwrap(), 2);
     assert_eq!(store.revocations().await.unwrap(), fps);
     // The certificates the registry knows of a name: connected ones, and what tokens were
-    // redeemed for (`tokens` redeemed t1's for fp-a).
+    // redeemed for (`tokens` redeemed t1's for fp-a, then again for fp-a2, which connected;
+    // the NMS revokes fp-a when it redeems the token again).
     let named = store.fingerprints_named("t1.ovl.example").await.unwrap();
-    assert_eq!(named, ["fp-a"]);
+    assert_eq!(named, ["fp-a2"]);
     assert!(
         store
             .fingerprints_named("nobody.ovl.example")
@@ -72,28 +73,77 @@ async fn tokens(store: &Store) {
         used_at: None,
         used_by: None,
         revoked_at: None,
+        used_key: None,
+        confirmed_at: None,
     };
     for t in [row("t1", 2_000), row("t2", 2_000), row("t3", 1_500)] {
         store.add_token(&t).await.unwrap();
     }
     assert_eq!(store.token("t1").await.unwrap(), Some(row("t1", 2_000)));
     assert_eq!(store.token("nope").await.unwrap(), None);
-    // Once, and only once.
-    assert!(store.redeem_token("t1", 1_100, "fp-a").await.unwrap());
-    assert!(!store.redeem_token("t1", 1_101, "fp-b").await.unwrap());
+    // Once by one key: another key cannot redeem it; the same key may again (its device
+    // refused the first certificate) until a certificate of it connects.
+    assert!(
+        store
+            .redeem_token("t1", 1_100, "fp-a", "key-a")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .redeem_token("t1", 1_101, "fp-b", "key-b")
+            .await
+            .unwrap()
+    );
+    let issued = store.token("t1").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            issued.used_at,
+            issued.used_by.as_deref(),
+            issued.used_key.as_deref()
+        ),
+        (Some(1_100), Some("fp-a"), Some("key-a"))
+    );
+    assert_eq!(issued.state(1_200), "issued");
+    assert!(
+        store
+            .redeem_token("t1", 1_150, "fp-a2", "key-a")
+            .await
+            .unwrap()
+    );
+    store
+        .confirm_token("fp-a2", "t1.ovl.example", "key-a", 1_160)
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .redeem_token("t1", 1_170, "fp-a3", "key-a")
+            .await
+            .unwrap()
+    );
     let used = store.token("t1").await.unwrap().unwrap();
     assert_eq!(
-        (used.used_at, used.used_by.as_deref()),
-        (Some(1_100), Some("fp-a"))
+        (used.used_by.as_deref(), used.confirmed_at),
+        (Some("fp-a2"), Some(1_160))
     );
     assert_eq!(used.state(1_200), "used");
     // A used token cannot be revoked; a live one can, once; then it cannot be redeemed.
     assert!(!store.revoke_token("t1", 1_200).await.unwrap());
     assert!(store.revoke_token("t2", 1_200).await.unwrap());
     assert!(!store.revoke_token("t2", 1_201).await.unwrap());
-    assert!(!store.redeem_token("t2", 1_300, "fp-c").await.unwrap());
+    assert!(
+        !store
+            .redeem_token("t2", 1_300, "fp-c", "key-c")
+            .await
+            .unwrap()
+    );
     // Expired.
-    assert!(!store.redeem_token("t3", 1_500, "fp-d").await.unwrap());
+    assert!(
+        !store
+            .redeem_token("t3", 1_500, "fp-d", "key-d")
+            .await
+            .unwrap()
+    );
     let states: Vec<(String, &str)> = store
         .tokens()
         .await

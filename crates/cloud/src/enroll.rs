@@ -101,18 +101,20 @@ impl Token {
         hex::encode(ring::digest::digest(&ring::digest::SHA256, &self.secret))
     }
 
-    /// Whether `row` is this token and may be redeemed at `now`.
+    /// Whether `row` is this token and may be redeemed at `now` by the Noise key `key`
+    /// (hex): unused, or redeemed by that very key for a certificate that never connected.
     ///
     /// # Errors
     /// Which rule it breaks.
-    pub fn check(&self, row: &TokenRow, now: u64) -> Result<(), TokenError> {
+    pub fn check(&self, row: &TokenRow, now: u64, key: &str) -> Result<(), TokenError> {
         // Digests are compared, not secrets: how long the comparison takes tells an attacker
         // about a hash of what they sent, which brings them no closer to the secret.
         if row.id != self.id || row.secret_sha256 != self.secret_sha256() {
             return Err(TokenError::Unknown);
         }
         match row.state(now) {
-            "used" => Err(TokenError::Used),
+            "issued" if row.used_key.as_deref() == Some(key) => Ok(()),
+            "used" | "issued" => Err(TokenError::Used),
             "revoked" => Err(TokenError::Revoked),
             "expired" => Err(TokenError::Expired),
             _ => Ok(()),
@@ -286,20 +288,32 @@ mod tests {
             expires_at: 200,
             used_at: None,
             used_by: None,
+            used_key: None,
+            confirmed_at: None,
             revoked_at: None,
         };
-        assert_eq!(t.check(&row, 150), Ok(()));
-        assert_eq!(t.check(&row, 200), Err(TokenError::Expired));
+        assert_eq!(t.check(&row, 150, "aa"), Ok(()));
+        assert_eq!(t.check(&row, 200, "aa"), Err(TokenError::Expired));
         let other = Token::generate().unwrap();
         let forged = Token {
             id: t.id.clone(),
             secret: other.secret,
         };
-        assert_eq!(forged.check(&row, 150), Err(TokenError::Unknown));
-        row.revoked_at = Some(120);
-        assert_eq!(t.check(&row, 150), Err(TokenError::Revoked));
+        assert_eq!(forged.check(&row, 150, "aa"), Err(TokenError::Unknown));
+        // Redeemed, its certificate not seen yet: the same key may redeem it again, no other;
+        // once the certificate connected, nobody may (issue 49, finding 5).
         row.used_at = Some(110);
-        assert_eq!(t.check(&row, 150), Err(TokenError::Used));
+        row.used_key = Some("aa".into());
+        assert_eq!(t.check(&row, 150, "aa"), Ok(()));
+        assert_eq!(t.check(&row, 150, "bb"), Err(TokenError::Used));
+        assert_eq!(t.check(&row, 200, "aa"), Err(TokenError::Used), "expired");
+        row.confirmed_at = Some(130);
+        assert_eq!(t.check(&row, 150, "aa"), Err(TokenError::Used));
+        row.confirmed_at = None;
+        row.revoked_at = Some(120);
+        assert_eq!(t.check(&row, 150, "aa"), Err(TokenError::Revoked));
+        row.used_at = None;
+        assert_eq!(t.check(&row, 150, "aa"), Err(TokenError::Revoked));
     }
 
     #[test]
@@ -352,6 +366,8 @@ mod tests {
             expires_at: t0 + 10,
             used_at: None,
             used_by: None,
+            used_key: None,
+            confirmed_at: None,
             revoked_at: None,
         };
         let cert = issuer.enroll(&row, [7; 32], t0 + 100).unwrap();

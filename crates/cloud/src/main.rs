@@ -509,6 +509,44 @@ fn write_new(path: &Path, contents: &str, secret: bool) -> anyhow::Result<()> {
     files::create(path, contents, access).with_context(|| format!("creating {}", path.display()))
 }
 
+/// The first of `blocks` that overlaps a block of a certificate `dir`'s CA issued (its
+/// `issued/` copies) to another name than `name`, unrevoked and unexpired: (ours, theirs,
+/// that certificate).
+fn overlapping_issued(
+    dir: &Path,
+    name: &str,
+    blocks: &[IpNet],
+) -> anyhow::Result<Option<(IpNet, IpNet, Certificate)>> {
+    let revoked =
+        RevocationList::parse(&fs::read_to_string(dir.join("revoked.txt")).unwrap_or_default())?;
+    let Ok(entries) = fs::read_dir(dir.join("issued")) else {
+        return Ok(None);
+    };
+    let t = now();
+    for entry in entries {
+        let Ok(text) = fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        let Ok(cert) = Certificate::from_pem(&text) else {
+            continue;
+        };
+        let b = cert.body();
+        if b.name == name || b.not_after <= t || revoked.contains(&cert.fingerprint()) {
+            continue;
+        }
+        for mine in blocks {
+            if let Some(theirs) = b
+                .vip_blocks
+                .iter()
+                .find(|t| t.contains(mine) || mine.contains(*t))
+            {
+                return Ok(Some((*mine, *theirs, cert.clone())));
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn load_ca(dir: &Path) -> anyhow::Result<CertificateAuthority> {
     let key = fs::read_to_string(dir.join("ca.key"))
         .with_context(|| format!("reading {}/ca.key", dir.display()))?;
@@ -568,6 +606,17 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             out,
         } => {
             let ca = load_ca(&dir)?;
+            // No two names may hold one address (issue 49, finding 6): a block overlapping a
+            // valid certificate of another name this CA issued is refused. Revoke that one
+            // first (`ca revoke`) to move the block.
+            if let Some((mine, theirs, other)) = overlapping_issued(&dir, &name, &vip_blocks)? {
+                bail!(
+                    "{mine} overlaps {theirs} of {} ({}), a valid certificate this CA issued: \
+                     no two names may hold one address (revoke it first to move the block)",
+                    other.body().name,
+                    other.fingerprint()
+                );
+            }
             let (key, public) = match public_key {
                 Some(hex) => {
                     let k = hex

@@ -58,8 +58,14 @@ cyphonic_telemetry::counters! {
         sessions,
         /// Handshakes refused (bad certificate, wrong version) or failed (not Noise to our key, a first frame over the limit, nothing in time).
         refused,
-        /// First messages whose timestamp was not fresh for their identity: replays.
+        /// First messages whose timestamp was not fresh for their identity that never proved themselves (replays), and stale enrollments.
         replays,
+        /// First messages whose timestamp was not fresh for their identity that proved themselves: a client whose clock went back (a restart before NTP), admitted.
+        clock_went_back,
+        /// Sessions closed because a newer certificate of their name for another key is known (a re-keyed or replaced member: the old key may be stolen).
+        superseded,
+        /// Sessions closed because their certificate's blocks overlap those of a member of another name with a valid certificate (no two names hold one address).
+        overlapping,
         /// Unproven connections closed to give their place to a source that held fewer (every place was taken).
         unproven_evicted,
         /// Connections closed at once: too many unproven ones, in all or from their source.
@@ -441,12 +447,18 @@ impl Nms {
             return None;
         };
         let (key, timestamp) = (hs.remote_static(), hs.hello().timestamp);
-        if self
+        // A timestamp not greater than the last admitted one is a replay, or a client whose
+        // clock went back across a restart (a Pi before NTP). Either may go on as far as its
+        // proof (the first transport message, which only the holder of the handshake's
+        // ephemeral key can make): a replay never gets there and replaces nothing, a client
+        // does and is admitted (issue 49, finding 5). An enrollment is redeemed before any
+        // proof: a stale one is closed here.
+        let stale = self
             .freshness
-            .is_replay(&key, timestamp, std::time::Instant::now())
-        {
+            .is_replay(&key, timestamp, std::time::Instant::now());
+        if stale && hs.hello().enroll.is_some() {
             bump(&self.stats.replays);
-            tracing::debug!(%from, client = %key, "a control handshake seen before (a replay, or the client's clock went back): closed");
+            tracing::debug!(%from, client = %key, "an enrollment handshake seen before: closed");
             return None;
         }
         if hs.hello().enroll.is_some() {
@@ -520,8 +532,13 @@ impl Nms {
         )
         .await
         else {
-            bump(&self.stats.unproven);
-            tracing::info!(name = %body.name, %from, "a welcomed control session sent nothing in time: closed, replacing nothing");
+            if stale {
+                bump(&self.stats.replays);
+                tracing::debug!(%from, client = %key, "a control handshake seen before never proved itself: a replay, closed");
+            } else {
+                bump(&self.stats.unproven);
+                tracing::info!(name = %body.name, %from, "a welcomed control session sent nothing in time: closed, replacing nothing");
+            }
             return None;
         };
         let first = match ch.open::<ClientMsg>(&first) {
@@ -532,11 +549,63 @@ impl Nms {
                 return None;
             }
         };
+        if stale {
+            bump(&self.stats.clock_went_back);
+            tracing::info!(name = %body.name, %from, "a client whose clock went back (its handshake's time is not after its last one's) proved itself: admitted");
+        }
         let fp = cert.fingerprint().to_string();
         let issuer = hex::encode(body.issuer);
+        // Identity (issue 49, finding 6), once the session proved itself (these read the
+        // registry): the newest certificate of a name wins, and no two names hold one
+        // address. The client hears why before the session closes.
+        let refusal = match self.supersede(&fp, &body, &issuer).await {
+            Ok(Some(by)) => {
+                bump(&self.stats.superseded);
+                tracing::warn!(name = %body.name, %from, fingerprint = %fp, newer = %by, "a certificate superseded by a newer one of its name for another key (a re-keyed or replaced member): closed");
+                Some(format!(
+                    "this certificate is superseded by a newer one of {} for another key ({by})",
+                    body.name
+                ))
+            }
+            Ok(None) => match self
+                .overlapping_member(&body.name, &body.vip_blocks, unix_now())
+                .await
+            {
+                Ok(Some(member)) => {
+                    bump(&self.stats.overlapping);
+                    tracing::error!(name = %body.name, %from, fingerprint = %fp, %member, "a certificate whose blocks overlap another member's (a CA issued overlapping certificates; revoke one): closed");
+                    Some(format!(
+                        "this certificate's blocks overlap those of the member {member}"
+                    ))
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::error!(error = %e, "store");
+                    return None;
+                }
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                return None;
+            }
+        };
+        if let Some(reason) = refusal {
+            let _ = send(&mut ch, &mut wr, version, &CloudMsg::Error { reason }).await;
+            return None;
+        }
         if let Err(e) = self
             .store
             .client_online(&fp, (&body.name, &issuer), &pem)
+            .await
+        {
+            tracing::error!(error = %e, "store");
+            return None;
+        }
+        // The certificate is in use: the token it was enrolled with is spent for good.
+        let key_hex = hex::encode(key.0);
+        if let Err(e) = self
+            .store
+            .confirm_token(&fp, &body.name, &key_hex, unix_now())
             .await
         {
             tracing::error!(error = %e, "store");
@@ -779,24 +848,125 @@ impl Nms {
             .map_err(unavailable)?
             .ok_or_else(|| TokenError::Unknown.to_string())?;
         let now = unix_now();
-        token.check(&row, now).map_err(|e| e.to_string())?;
+        let key = hex::encode(hs.remote_static().0);
+        token.check(&row, now, &key).map_err(|e| e.to_string())?;
+        // The blocks were free when the token was made; a member may hold one of them
+        // since (a certificate from the offline CA): no two names hold one address (issue
+        // 49, finding 6).
+        if let Some(member) = self
+            .overlapping_member(&row.name, &row.blocks, now)
+            .await
+            .map_err(unavailable)?
+        {
+            tracing::warn!(name = %row.name, %member, "an enrollment's blocks overlap a member's: refused");
+            return Err(format!(
+                "the token's blocks overlap those of the member {member}: ask the operator for another token"
+            ));
+        }
         let cert = issuer.enroll(&row, hs.remote_static().0, now)?;
         let fp = cert.fingerprint().to_string();
+        // Redeemed, but spent only once this certificate connects (store::confirm_token): a
+        // device that refuses it (its clock behind, a Pi before NTP) enrolls again with the
+        // same key, and the certificate it refused is revoked (issue 49, finding 5).
         if !self
             .store
-            .redeem_token(&token.id, now, &fp)
+            .redeem_token(&token.id, now, &fp, &key)
             .await
             .map_err(unavailable)?
         {
             return Err(TokenError::Used.to_string());
         }
-        tracing::info!(name = %row.name, token = %token.id, fingerprint = %fp, "enrolled");
+        let again = if row.used_at.is_some() {
+            " again (it never used the certificate it was given)"
+        } else {
+            ""
+        };
+        tracing::info!(name = %row.name, token = %token.id, fingerprint = %fp, "enrolled{again}");
+        // The certificate it was given before (and refused) is retired: no longer named by
+        // the token, it would otherwise escape a revocation of the name.
+        if let Some(refused) = row.used_by.filter(|prev| *prev != fp) {
+            let added = self
+                .store
+                .revoke(std::slice::from_ref(&refused), &row.name, now)
+                .await
+                .map_err(unavailable)?;
+            tracing::info!(name = %row.name, fingerprint = %refused, added, "the certificate it refused is revoked");
+        }
         let pems = |certs: &[Certificate]| certs.iter().map(Certificate::to_pem).collect();
         Ok(Welcome::Enrolled {
             certificate: cert.to_pem(),
             chain: pems(&issuer.chain()),
             roots: pems(issuer.roots()),
         })
+    }
+
+    /// The name of a member other than `name` whose certificate, valid and unrevoked at
+    /// `now`, holds a block overlapping one of `blocks`: that member owns those addresses
+    /// (issue 49, finding 6).
+    async fn overlapping_member(
+        &self,
+        name: &str,
+        blocks: &[ipnet::IpNet],
+        now: u64,
+    ) -> Result<Option<String>, crate::store::StoreError> {
+        let trust = self.trust();
+        for (_, other, pem) in self.store.certificates().await? {
+            if other == name {
+                continue;
+            }
+            let Ok(cert) = Certificate::from_pem(&pem) else {
+                continue;
+            };
+            let overlaps = cert
+                .body()
+                .vip_blocks
+                .iter()
+                .any(|t| blocks.iter().any(|b| t.contains(b) || b.contains(t)));
+            if overlaps && trust.verify(&cert, now).is_ok() {
+                return Ok(Some(other));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The newest certificate of a name wins (issue 49, finding 6): of the certificates the
+    /// registry knows of `body`'s name and issuing CA for another key (a re-keyed or replaced
+    /// member), one that starts later supersedes `fp` (returned: this session is not to
+    /// go on), and those that start no later are retired, revoked online, so that every
+    /// instance and every client drops them within seconds. Renewals (the same key) are
+    /// left alone.
+    async fn supersede(
+        &self,
+        fp: &str,
+        body: &CertBody,
+        issuer: &str,
+    ) -> Result<Option<String>, crate::store::StoreError> {
+        let now = unix_now();
+        let trust = self.trust();
+        let mut retire = Vec::new();
+        for (other_fp, pem) in self.store.certificates_named(&body.name, issuer).await? {
+            if other_fp == fp {
+                continue;
+            }
+            let Ok(other) = Certificate::from_pem(&pem) else {
+                continue;
+            };
+            let o = other.body();
+            if o.public_key == body.public_key || trust.verify(&other, now).is_err() {
+                continue;
+            }
+            // The later start wins; of two that start together (issued within one second),
+            // the larger fingerprint: the same answer whichever connects first.
+            if (o.not_before, other_fp.as_str()) > (body.not_before, fp) {
+                return Ok(Some(other_fp));
+            }
+            retire.push(other_fp);
+        }
+        if !retire.is_empty() {
+            let added = self.store.revoke(&retire, &body.name, now).await?;
+            tracing::warn!(name = %body.name, fingerprint = %fp, retired = ?retire, added, "a newer certificate of this name for another key is in use: the older ones are revoked online");
+        }
+        Ok(None)
     }
 
     /// A renewal of the session's certificate `body` (docs/protocol.md §4, Renewal).

@@ -540,24 +540,36 @@ pub struct TokenRow {
     pub created_at: u64,
     /// When it stops being accepted.
     pub expires_at: u64,
-    /// When it was redeemed.
+    /// When it was (last) redeemed.
     pub used_at: Option<u64>,
-    /// The fingerprint of the certificate it was redeemed for.
+    /// The fingerprint of the certificate it was (last) redeemed for.
     pub used_by: Option<String>,
+    /// The Noise static key it was redeemed with, hex.
+    pub used_key: Option<String>,
+    /// When the certificate it was redeemed for first opened a session: from then on the
+    /// token is spent for good.
+    pub confirmed_at: Option<u64>,
     /// When it was revoked.
     pub revoked_at: Option<u64>,
 }
 
 impl TokenRow {
-    /// What may be done with it at unix time `now`, in a word: `live`, `used`, `revoked` or
-    /// `expired`.
+    /// What may be done with it at unix time `now`, in a word: `live`, `issued` (redeemed,
+    /// its certificate not seen yet: the same key may redeem it again until it expires),
+    /// `used`, `revoked` or `expired`.
     pub fn state(&self, now: u64) -> &'static str {
-        if self.used_at.is_some() {
+        if self.confirmed_at.is_some() {
             "used"
         } else if self.revoked_at.is_some() {
             "revoked"
         } else if now >= self.expires_at {
-            "expired"
+            if self.used_at.is_some() {
+                "used"
+            } else {
+                "expired"
+            }
+        } else if self.used_at.is_some() {
+            "issued"
         } else {
             "live"
         }
@@ -565,7 +577,7 @@ impl TokenRow {
 }
 
 const TOKEN_COLUMNS: &str = "id, secret_sha256, name, blocks, member_groups, lifetime, created_at, \
-     expires_at, used_at, used_by, revoked_at";
+     expires_at, used_at, used_by, revoked_at, used_key, confirmed_at";
 
 fn token_row(row: &sqlx::any::AnyRow) -> Result<TokenRow, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt {
@@ -591,6 +603,8 @@ fn token_row(row: &sqlx::any::AnyRow) -> Result<TokenRow, StoreError> {
         used_at: opt(row.try_get(8)?),
         used_by: row.try_get(9)?,
         revoked_at: opt(row.try_get(10)?),
+        used_key: row.try_get(11)?,
+        confirmed_at: opt(row.try_get(12)?),
     })
 }
 
@@ -676,17 +690,86 @@ impl Store {
         id: &str,
         now: u64,
         fingerprint: &str,
+        key: &str,
     ) -> Result<bool, StoreError> {
+        // Unused; or redeemed by this very key for a certificate that never connected (the
+        // device refused it: its clock was behind), which the new one replaces.
         let done = sqlx::query(
-            "UPDATE tokens SET used_at = $2, used_by = $3 WHERE id = $1 AND used_at IS NULL \
-             AND revoked_at IS NULL AND expires_at > $2",
+            "UPDATE tokens SET used_at = $2, used_by = $3, used_key = $4 WHERE id = $1 \
+             AND revoked_at IS NULL AND expires_at > $2 AND confirmed_at IS NULL \
+             AND (used_at IS NULL OR used_key = $4)",
         )
         .bind(id)
         .bind(db_secs(now))
         .bind(fingerprint)
+        .bind(key)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// The certificates of `name` from the issuing CA `issuer` (hex of its key; rows written
+    /// before the column count as the same CA) that connected or were issued, with their
+    /// fingerprints.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn certificates_named(
+        &self,
+        name: &str,
+        issuer: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT fingerprint, certificate FROM clients WHERE name = $1 \
+             AND (issuer = $2 OR issuer = '')",
+        )
+        .bind(name)
+        .bind(issuer)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    /// Every certificate that connected, with its fingerprint and name: what a block is
+    /// checked against (no two names hold one address).
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn certificates(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        let rows = sqlx::query("SELECT fingerprint, name, certificate FROM clients")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect()
+    }
+
+    /// The certificate `fingerprint`, of `name` for the static key `key` (hex), opened a
+    /// session at `now`: a token of that name redeemed by that key is spent for good, and
+    /// names this certificate (the one its holder uses, whichever redemption made it).
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn confirm_token(
+        &self,
+        fingerprint: &str,
+        name: &str,
+        key: &str,
+        now: u64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE tokens SET confirmed_at = $4, used_by = $1 WHERE name = $2 AND used_key = $3 \
+             AND confirmed_at IS NULL",
+        )
+        .bind(fingerprint)
+        .bind(name)
+        .bind(key)
+        .bind(db_secs(now))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }
 

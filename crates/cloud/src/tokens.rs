@@ -124,7 +124,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             let tokens = registry.block_on(store.tokens())?;
             if let Some(t) = tokens
                 .iter()
-                .find(|t| t.name == name && t.state(now) == "live")
+                .find(|t| t.name == name && matches!(t.state(now), "live" | "issued"))
             {
                 bail!(
                     "token {} for {name} is still live: revoke it first (token revoke {})",
@@ -150,7 +150,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 }
             }
             for t in &tokens {
-                if t.name != name && matches!(t.state(now), "live" | "used") {
+                if t.name != name && matches!(t.state(now), "live" | "issued" | "used") {
                     taken.extend(t.blocks.iter().copied());
                 }
             }
@@ -191,6 +191,8 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 expires_at: now + expires,
                 used_at: None,
                 used_by: None,
+                used_key: None,
+                confirmed_at: None,
                 revoked_at: None,
             };
             issuer
@@ -247,7 +249,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                     v.name,
                     v.vip_blocks.join(","),
                     v.state,
-                    if v.state == "live" {
+                    if matches!(v.state, "live" | "issued") {
                         time_left(v.expires_at, now)
                     } else {
                         "-".to_owned()

@@ -1009,16 +1009,30 @@ async fn a_replayed_or_unproven_handshake_neither_replaces_nor_disconnects_the_c
         Manual::session(&cloud, running.control, [127, 0, 0, 1], &gw1, 1_000).await;
     assert_eq!(stats.sessions.load(Ordering::Relaxed), 1);
 
-    // The attacker replays the captured frame: closed without a word, before any certificate
-    // check, and the real session goes on.
+    // The attacker replays the captured frame. Its timestamp is not fresh: a replay, or the
+    // client's clock went back (issue 49, finding 5), which only the proof tells apart. It
+    // gets the welcome, sealed to the handshake's ephemeral key (which it does not hold),
+    // replaces nothing, and is closed for want of proof, counted as a replay; the real
+    // session goes on.
     let mut replay = Manual::connect(running.control, [127, 0, 0, 2]).await;
     replay.write(&captured).await;
-    assert_eq!(replay.frame().await, None, "no welcome for a replay");
-    assert_eq!(stats.replays.load(Ordering::Relaxed), 1);
+    assert!(replay.frame().await.is_some(), "the sealed welcome");
     assert!(
         real.alive(&mut ch).await,
         "the real session survives the replay"
     );
+    assert_eq!(
+        replay.frame_within(Duration::from_secs(10)).await,
+        None,
+        "closed for want of proof"
+    );
+    assert_eq!(until_counted(&stats.replays, 1).await, 1);
+    assert_eq!(
+        stats.unproven.load(Ordering::Relaxed),
+        0,
+        "a replay, not a stall"
+    );
+    assert!(real.alive(&mut ch).await);
 
     // A fresh handshake of the same identity that never proves itself (a stalled client, or
     // a replay of a first frame the cloud never saw): welcomed, but it replaces nothing and
@@ -1048,9 +1062,22 @@ async fn a_replayed_or_unproven_handshake_neither_replaces_nor_disconnects_the_c
     // Its older frames stay replays.
     let mut replay = Manual::connect(running.control, [127, 0, 0, 2]).await;
     replay.write(&first).await;
-    assert_eq!(replay.frame().await, None);
-    assert_eq!(stats.replays.load(Ordering::Relaxed), 2);
+    assert!(replay.frame().await.is_some(), "the sealed welcome");
+    assert_eq!(replay.frame_within(Duration::from_secs(10)).await, None);
+    assert_eq!(until_counted(&stats.replays, 2).await, 2);
     assert!(again.alive(&mut ch2).await);
+    assert_eq!(stats.clock_went_back.load(Ordering::Relaxed), 0);
+
+    // The genuine client restarting with its clock behind (a Pi before NTP: a timestamp
+    // older than its last session's) proves itself: admitted at once, replacing its old
+    // session (before, it was refused as a replay for up to 10 minutes).
+    let (mut behind, mut ch3, _) =
+        Manual::session(&cloud, running.control, [127, 0, 0, 1], &gw1, 2_500).await;
+    assert_eq!(again.frame().await, None, "the older session is replaced");
+    assert_eq!(stats.clock_went_back.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.sessions.load(Ordering::Relaxed), 3);
+    assert!(behind.alive(&mut ch3).await);
+    assert_eq!(stats.replays.load(Ordering::Relaxed), 2);
     running.stop();
 }
 

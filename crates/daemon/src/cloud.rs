@@ -47,6 +47,8 @@ const ADMIT_EVERY: Duration = Duration::from_secs(1);
 const ADMISSIONS: usize = 4096;
 /// DNS answers held for tunnels at most, all peers together.
 const AWAITING: usize = 4096;
+/// Revoked peers whose names are looked up again at most, per push from the cloud.
+const RELOOKUPS: usize = 64;
 
 /// What settles a DNS query parked under a key: the records to answer with, or the error.
 pub type Settled = (u16, Result<Vec<Record>, ResponseCode>);
@@ -54,8 +56,9 @@ pub type Settled = (u16, Result<Vec<Record>, ResponseCode>);
 /// A DNS question the cloud answered, for the query parked under `key`.
 #[derive(Debug)]
 pub struct CloudAnswer {
-    /// The resolver's key.
-    pub key: u16,
+    /// The resolver's key; none for a name looked up again without a query (a revoked
+    /// peer's: [`CloudLink::handle`]).
+    pub key: Option<u16>,
     /// The name asked.
     pub name: Name,
     /// The type asked.
@@ -75,6 +78,10 @@ impl Asker {
     /// Resolves `name` in the background; the answer settles the question on the control
     /// thread (`Services::settled`).
     pub fn ask(&self, key: u16, name: Name, record_type: RecordType) {
+        self.lookup(Some(key), name, record_type);
+    }
+
+    fn lookup(&self, key: Option<u16>, name: Name, record_type: RecordType) {
         let (handle, answers) = (self.handle.clone(), self.answers.clone());
         tokio::spawn(async move {
             let result = handle.resolve(&name.to_ascii()).await;
@@ -236,6 +243,8 @@ pub struct CloudLink {
     revoked: std::collections::HashSet<cyphonic_crypto::Fingerprint>,
     /// Our tunnel socket's port.
     tunnel_port: u16,
+    /// Looks names up again, for no DNS query (a revoked peer's).
+    again: Asker,
     /// Whether our tunnel socket is behind a NAT, as the cloud's probes show (assumed until
     /// they do): new direct peers are hole-punched for first.
     behind_nat: bool,
@@ -290,6 +299,7 @@ impl CloudLink {
             issuers: Vec::new(),
             revoked: std::collections::HashSet::new(),
             tunnel_port,
+            again: asker.clone(),
             behind_nat: true,
         };
         (link, asker)
@@ -453,6 +463,15 @@ impl CloudLink {
                 for (peer, why) in &removed {
                     tracing::warn!(%peer, reason = %why, "peer removed: revoked by the cloud");
                 }
+                // A member the cloud re-keyed (its newer certificate retires the old one:
+                // issue 49, finding 6) is to be reached at once, not when a device asks
+                // for its name again: its name is looked up again. At most
+                // [`RELOOKUPS`] per push (the table may be large; traffic finds the rest).
+                for (peer, _) in removed.iter().take(RELOOKUPS) {
+                    if let Ok(name) = Name::from_ascii(peer) {
+                        self.again.lookup(None, name, RecordType::A);
+                    }
+                }
                 tracing::info!(
                     revoked = fresh.len(),
                     peers_removed = removed.len(),
@@ -589,12 +608,12 @@ impl CloudLink {
         let (vip, info) = match a.result {
             Ok(Resolution::Found { vip, peer }) => (vip, peer),
             Ok(Resolution::NotFound | Resolution::Denied | Resolution::Own) => {
-                return Some((a.key, Err(ResponseCode::NXDomain)));
+                return a.key.map(|k| (k, Err(ResponseCode::NXDomain)));
             }
-            Err(_) => return Some((a.key, Err(ResponseCode::ServFail))),
+            Err(_) => return a.key.map(|k| (k, Err(ResponseCode::ServFail))),
         };
         let Some(slot) = self.peer(control, &info, now) else {
-            return Some((a.key, Err(ResponseCode::ServFail)));
+            return a.key.map(|k| (k, Err(ResponseCode::ServFail)));
         };
         if !slot
             .blocks
@@ -602,14 +621,16 @@ impl CloudLink {
             .any(|b| b.contains(&std::net::IpAddr::V4(vip)))
         {
             tracing::warn!(peer = %slot.name, %vip, "the cloud named an address outside the peer's certificate");
-            return Some((a.key, Err(ResponseCode::ServFail)));
+            return a.key.map(|k| (k, Err(ResponseCode::ServFail)));
         }
         let records = self.records(&a.name, a.record_type, vip);
         if slot.lock().is_established(now) {
-            return Some((a.key, Ok(records)));
+            return a.key.map(|k| (k, Ok(records)));
         }
-        if !self.awaiting.hold(slot.id, a.key, records) {
-            return Some((a.key, Err(ResponseCode::ServFail)));
+        if let Some(key) = a.key
+            && !self.awaiting.hold(slot.id, key, records)
+        {
+            return Some((key, Err(ResponseCode::ServFail)));
         }
         self.initiate(control, &slot, info.relay.as_ref(), now);
         None

@@ -26,6 +26,10 @@ use crate::socket::TunnelSocket;
 use crate::timers::Timers;
 use crate::{Shared, ToControl};
 
+/// Why a cloud peer may not be added, with the cloud peers of other names whose blocks it
+/// overlaps (they are not to be believed either).
+type CloudRefusal = (Refusal, Vec<Arc<PeerSlot>>);
+
 /// The peers' addresses, for kicks, are looked up again at most this often.
 const ENDPOINTS_FRESH: Duration = Duration::from_secs(1);
 /// A relayed peer's bind is sent again this often: a NAT may have moved our address, and
@@ -301,9 +305,19 @@ impl Control {
         let checked = self.check_cloud_peer(cert);
         let replaced = match checked {
             Ok(r) => r,
-            Err(why) => {
+            Err((why, conflicting)) => {
                 bump(&self.shared.counters.peers_refused);
                 tracing::warn!(peer = %cert.body().name, reason = %why, "peer from the cloud refused");
+                // Two certificates of different names claim one address: whichever came
+                // first is no more right than the other (issue 49, finding 6), so neither
+                // is believed, and the operator is told.
+                for slot in conflicting {
+                    tracing::error!(peer = %slot.name, other = %cert.body().name, "two peers' certificates claim overlapping blocks: neither is used (a CA issued overlapping certificates; revoke one)");
+                    self.remove(
+                        &slot,
+                        &Removal::Dropped("another certificate claims its block too"),
+                    );
+                }
                 return Err(why);
             }
         };
@@ -320,21 +334,27 @@ impl Control {
         Ok(self.shared.add_peer(cert, "cloud", config))
     }
 
-    /// What adding `cert` would replace, or why it may not be added.
-    fn check_cloud_peer(&self, cert: &Certificate) -> Result<Option<Arc<PeerSlot>>, Refusal> {
+    /// What adding `cert` would replace, or why it may not be added (with the cloud peers of
+    /// other names whose blocks it overlaps: they are not to be believed either).
+    fn check_cloud_peer(&self, cert: &Certificate) -> Result<Option<Arc<PeerSlot>>, CloudRefusal> {
         let body = cert.body();
         let identity = self.shared.identity();
         let ours = identity.certificate().body();
         let overlap = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(b) || b.contains(a);
         for block in &body.vip_blocks {
             if ours.vip_blocks.iter().any(|o| overlap(o, block)) {
-                return Err(Refusal::Overlap {
-                    block: *block,
-                    with: "us".into(),
-                });
+                return Err((
+                    Refusal::Overlap {
+                        block: *block,
+                        with: "us".into(),
+                    },
+                    Vec::new(),
+                ));
             }
         }
         let mut replaced = None;
+        let mut overlapping: Option<Refusal> = None;
+        let mut conflicting = Vec::new();
         // Under the table's read lock, without a copy of it: this runs for every peer the
         // cloud adds, and there may be thousands.
         let refusal = self.shared.peers.find_map(|slot| {
@@ -348,19 +368,30 @@ impl Control {
                 replaced = Some(slot.clone());
                 return None;
             }
-            body.vip_blocks
+            if let Some(block) = body
+                .vip_blocks
                 .iter()
                 .find(|b| slot.blocks.iter().any(|o| overlap(o, b)))
-                .map(|block| Refusal::Overlap {
+            {
+                overlapping.get_or_insert(Refusal::Overlap {
                     block: *block,
                     with: slot.name.clone(),
-                })
+                });
+                // A static peer's blocks are the operator's word: only the newcomer goes.
+                if slot.origin == "cloud" {
+                    conflicting.push(slot.clone());
+                }
+            }
+            None
         });
         if let Some(why) = refusal {
-            return Err(why);
+            return Err((why, Vec::new()));
+        }
+        if let Some(why) = overlapping {
+            return Err((why, conflicting));
         }
         if replaced.is_none() && self.shared.peers.len() >= MAX_PEERS {
-            return Err(Refusal::TableFull);
+            return Err((Refusal::TableFull, Vec::new()));
         }
         Ok(replaced)
     }

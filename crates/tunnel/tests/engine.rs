@@ -802,8 +802,8 @@ fn a_peer_whose_certificate_expires_leaves_at_once() {
 }
 
 /// The peer table follows identity: a cloud peer whose blocks overlap ours, a static peer's
-/// or another peer's is refused, so is one with a static peer's name or an older certificate
-/// of a peer's name; a newer certificate of a cloud peer's name (re-keyed) replaces it at
+/// or another peer's is refused (and that other cloud peer dropped), so is one with a static
+/// peer's name or an older certificate of a peer's name; a newer certificate of a cloud peer's name (re-keyed) replaces it at
 /// once, routes and all. Every refusal is counted.
 #[test]
 fn cloud_peers_are_refused_on_overlap_and_replaced_by_a_newer_certificate_of_their_name() {
@@ -856,10 +856,27 @@ fn cloud_peers_are_refused_on_overlap_and_replaced_by_a_newer_certificate_of_the
         Err(Refusal::StaticName)
     );
     let first = add(cert("gw3.ovl.example", "100.64.3.0/24", T0 - DAY)).expect("added");
+    // Two cloud peers of other names claim one block (a CA issued overlapping
+    // certificates): whichever came first is no more right than the other, so neither is
+    // used (issue 49, finding 6); a static peer's blocks stay the operator's word (gw2
+    // above stayed).
     assert_eq!(
         add(cert("gw4.ovl.example", "100.64.3.16/28", T0 - DAY)),
         Err(overlap("100.64.3.16/28", "gw3.ovl.example"))
     );
+    assert!(
+        p.a.shared.peers.by_id(first).is_none(),
+        "gw3 is dropped too"
+    );
+    assert!(
+        p.a.shared
+            .peers
+            .route(Ipv4Addr::new(100, 64, 3, 20))
+            .is_none()
+    );
+    assert!(p.a.events().contains(&ControlEvent::PeerRemoved(first)));
+    // The cloud gives gw3 again (its next lookup): alone, it is used.
+    let first = add(cert("gw3.ovl.example", "100.64.3.0/24", T0 - DAY)).expect("added again");
     assert_eq!(
         add(cert("gw3.ovl.example", "100.64.3.0/24", T0 - 2 * DAY)),
         Err(Refusal::Older)
