@@ -509,27 +509,49 @@ fn write_new(path: &Path, contents: &str, secret: bool) -> anyhow::Result<()> {
     files::create(path, contents, access).with_context(|| format!("creating {}", path.display()))
 }
 
-/// The first of `blocks` that overlaps a block of a certificate `dir`'s CA issued (its
-/// `issued/` copies) to another name than `name`, unrevoked and unexpired: (ours, theirs,
-/// that certificate).
+/// The certificates `dir`'s CA issued (its `issued/` copies; unreadable ones skipped).
+fn issued(dir: &Path) -> anyhow::Result<Vec<Certificate>> {
+    let Ok(entries) = fs::read_dir(dir.join("issued")) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let Ok(text) = fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        if let Ok(cert) = Certificate::from_pem(&text) {
+            out.push(cert);
+        }
+    }
+    Ok(out)
+}
+
+/// When a new certificate of `name` starts: `SKEW` before `t`, and after every one of that
+/// name in `issued`, so that it is the newest of its name (the cloud lets the newest of a
+/// name supersede the others: issue 49, finding 6), even issued in the same second as the
+/// last. Never after `t`.
+fn next_not_before(issued: &[Certificate], name: &str, t: u64) -> u64 {
+    issued
+        .iter()
+        .filter(|c| c.body().name == name)
+        .map(|c| c.body().not_before.saturating_add(1))
+        .fold(t.saturating_sub(SKEW), u64::max)
+        .min(t)
+}
+
+/// The first of `blocks` that overlaps a block of a certificate in `issued` of another
+/// name than `name`, unrevoked (in `dir`'s revoked.txt) and unexpired: (ours, theirs, that
+/// certificate).
 fn overlapping_issued(
     dir: &Path,
+    issued: &[Certificate],
     name: &str,
     blocks: &[IpNet],
 ) -> anyhow::Result<Option<(IpNet, IpNet, Certificate)>> {
     let revoked =
         RevocationList::parse(&fs::read_to_string(dir.join("revoked.txt")).unwrap_or_default())?;
-    let Ok(entries) = fs::read_dir(dir.join("issued")) else {
-        return Ok(None);
-    };
     let t = now();
-    for entry in entries {
-        let Ok(text) = fs::read_to_string(entry?.path()) else {
-            continue;
-        };
-        let Ok(cert) = Certificate::from_pem(&text) else {
-            continue;
-        };
+    for cert in issued {
         let b = cert.body();
         if b.name == name || b.not_after <= t || revoked.contains(&cert.fingerprint()) {
             continue;
@@ -609,7 +631,10 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             // No two names may hold one address (issue 49, finding 6): a block overlapping a
             // valid certificate of another name this CA issued is refused. Revoke that one
             // first (`ca revoke`) to move the block.
-            if let Some((mine, theirs, other)) = overlapping_issued(&dir, &name, &vip_blocks)? {
+            let before = issued(&dir)?;
+            if let Some((mine, theirs, other)) =
+                overlapping_issued(&dir, &before, &name, &vip_blocks)?
+            {
                 bail!(
                     "{mine} overlaps {theirs} of {} ({}), a valid certificate this CA issued: \
                      no two names may hold one address (revoke it first to move the block)",
@@ -637,7 +662,7 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 vip_blocks,
                 public_key: public,
                 groups,
-                not_before: t.saturating_sub(SKEW),
+                not_before: next_not_before(&before, &name, t),
                 not_after,
             })?;
             fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
@@ -765,4 +790,39 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_certificate_of_a_name_starts_after_every_one_issued_of_it() {
+        let t = 1_000_000;
+        let blocks: Vec<IpNet> = vec!["100.64.0.0/10".parse().unwrap()];
+        let ca = CertificateAuthority::generate("ovl.example", &blocks, 0, t * 2).unwrap();
+        let cert = |name: &str, not_before: u64| {
+            ca.issue(&IssueRequest {
+                name: name.into(),
+                vip_blocks: vec!["100.64.2.0/24".parse().unwrap()],
+                public_key: [7; 32],
+                groups: Vec::new(),
+                not_before,
+                not_after: t + 100,
+            })
+            .unwrap()
+        };
+        // Nothing issued of it: an hour back, for clocks behind.
+        assert_eq!(next_not_before(&[], "gw2.ovl.example", t), t - SKEW);
+        // Issued the same second (a re-key right after the first issue): one second later,
+        // whatever other names hold.
+        let issued = [
+            cert("gw2.ovl.example", t - SKEW),
+            cert("gw3.ovl.example", t - 5),
+        ];
+        assert_eq!(next_not_before(&issued, "gw2.ovl.example", t), t - SKEW + 1);
+        // Never after now.
+        let issued = [cert("gw2.ovl.example", t)];
+        assert_eq!(next_not_before(&issued, "gw2.ovl.example", t), t);
+    }
 }
