@@ -117,6 +117,21 @@ fn check(out: &Output, what: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The unsigned integer `v` of a status document, which must be there: a check that read a
+/// missing field as 0 (or as `u64::MAX`) could not fail once the field is renamed.
+///
+/// # Panics
+/// `v` is missing or not an unsigned integer (at the caller's line).
+#[track_caller]
+#[must_use]
+pub fn uint(v: &serde_json::Value) -> u64 {
+    // Not in a closure: the panic names the caller's line.
+    let Some(n) = v.as_u64() else {
+        panic!("not an unsigned integer (a field gone?): {v}");
+    };
+    n
+}
+
 /// A network namespace, deleted (with everything in it) when dropped.
 #[derive(Debug)]
 pub struct Netns {

@@ -90,24 +90,36 @@ impl Default for Bounds {
     }
 }
 
-/// Whether `daemon`'s samples grew beyond `bounds`: `None` when not (or too few samples to
-/// tell: fewer than six after the warm-up), else what grew.
-pub fn growth(samples: &[Sample], daemon: &str, bounds: &Bounds) -> Option<String> {
+/// The fewest samples of a daemon, after the warm-up, that growth is judged on (two thirds
+/// compared: three each).
+pub const JUDGED: usize = 6;
+
+/// Whether `daemon`'s samples stayed within `bounds`: `Err` with what grew, or that there
+/// are too few samples to tell (fewer than [`JUDGED`] after the warm-up: a verdict that
+/// could not fail is not given).
+///
+/// # Errors
+/// What grew, or too few samples.
+pub fn growth(samples: &[Sample], daemon: &str, bounds: &Bounds) -> Result<(), String> {
     let mine: Vec<&Figures> = samples
         .iter()
         .filter(|s| s.daemon == daemon)
         .map(|s| &s.figures)
         .skip(bounds.warmup)
         .collect();
-    if mine.len() < 6 {
-        return None;
+    if mine.len() < JUDGED {
+        return Err(format!(
+            "{daemon}: too few samples to judge growth ({} after the warm-up of {}, {JUDGED} needed)",
+            mine.len(),
+            bounds.warmup
+        ));
     }
     let third = mine.len() / 3;
     let (first, last) = (&mine[..third], &mine[mine.len() - third..]);
     let max = |part: &[&Figures], f: fn(&Figures) -> u64| part.iter().map(|x| f(x)).max();
     let mut out = String::new();
     let (Some(r0), Some(r1)) = (max(first, |f| f.rss_kib), max(last, |f| f.rss_kib)) else {
-        return None;
+        unreachable!("a third of {JUDGED} or more samples is not empty");
     };
     #[expect(
         clippy::cast_precision_loss,
@@ -136,7 +148,11 @@ pub fn growth(samples: &[Sample], daemon: &str, bounds: &Bounds) -> Option<Strin
             let _ = write!(out, "{what} {a} -> {b} (bound +{allowed}); ");
         }
     }
-    (!out.is_empty()).then(|| format!("{daemon}: {}", out.trim_end_matches("; ")))
+    if out.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{daemon}: {}", out.trim_end_matches("; ")))
+    }
 }
 
 /// Reads `samples.csv` as a run writes it.
@@ -236,6 +252,16 @@ pub fn run(
     bounds: &Bounds,
     out: &Path,
 ) -> anyhow::Result<SoakReport> {
+    // Said before the bed is built, not after the run: growth needs its samples.
+    let cycles = seconds / cycle.as_secs().max(1);
+    anyhow::ensure!(
+        usize::try_from(cycles).is_ok_and(|c| c >= bounds.warmup + JUDGED),
+        "{seconds} s in cycles of {} s is {cycles} samples: growth needs {} (a warm-up of {}, \
+         then {JUDGED}); run longer or in shorter cycles",
+        cycle.as_secs(),
+        bounds.warmup + JUDGED,
+        bounds.warmup
+    );
     std::fs::create_dir_all(out)?;
     let mut bed = TwoSites::new(&BedOptions {
         cloud: Some(CloudOptions::default()),
@@ -341,10 +367,10 @@ pub fn run(
     }
     let grown: Vec<String> = DAEMONS
         .iter()
-        .filter_map(|d| growth(&report.samples, d, bounds))
+        .filter_map(|d| growth(&report.samples, d, bounds).err())
         .collect();
     if !grown.is_empty() {
-        bail!("grew beyond the bounds: {}", grown.join("; "));
+        bail!("growth not within the bounds: {}", grown.join("; "));
     }
     Ok(report)
 }
@@ -465,7 +491,7 @@ mod tests {
             ],
             &[5, 20, 30, 30, 31, 30, 30, 32, 30],
         );
-        assert_eq!(growth(&flat, "adapter-a", &b), None);
+        assert_eq!(growth(&flat, "adapter-a", &b), Ok(()));
         // A leak: memory climbing steadily, files too.
         let leak = series(
             "cloud",
@@ -474,13 +500,21 @@ mod tests {
             ],
             &[5, 20, 30, 32, 34, 36, 38, 40, 50],
         );
-        let why = growth(&leak, "cloud", &b).unwrap_or_default();
+        let why = growth(&leak, "cloud", &b).unwrap_err();
         assert!(
             why.starts_with("cloud: resident memory") && why.contains("open files"),
             "{why}"
         );
-        // Other daemons' samples are not mixed in; too few samples give no verdict.
-        assert_eq!(growth(&leak, "adapter-a", &b), None);
-        assert_eq!(growth(&leak[..7], "cloud", &b), None);
+        // Other daemons' samples are not mixed in (none: too few); too few samples fail.
+        let none = growth(&leak, "adapter-a", &b).unwrap_err();
+        assert!(
+            none.contains("too few samples to judge growth (0 after"),
+            "{none}"
+        );
+        let few = growth(&leak[..7], "cloud", &b).unwrap_err();
+        assert!(
+            few.starts_with("cloud: too few samples to judge growth (5 after"),
+            "{few}"
+        );
     }
 }

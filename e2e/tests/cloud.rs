@@ -405,11 +405,17 @@ fn a_peer_that_changes_address_keeps_its_tunnel() {
         bed.logs()
     );
     assert_eq!(endpoint_of_b(), "203.0.113.4:51820");
-    assert!(
-        bed.a.log_text().contains("peer moved to a new address"),
-        "{}",
-        bed.logs()
-    );
+    // Each move by its own line (the first one's would satisfy a check of the second).
+    let log = bed.a.log_text();
+    let said = "peer moved to a new address peer=gw2.ovl.example";
+    for to in ["203.0.113.3", "203.0.113.4"] {
+        let new = format!(" new={to}:51820");
+        assert!(
+            log.lines().any(|l| l.contains(said) && l.contains(&new)),
+            "no move to {to} in A's log\n{}",
+            bed.logs()
+        );
+    }
 }
 
 fn bed_of(opts: &BedOptions) -> TwoSites {
@@ -1100,6 +1106,7 @@ fn a_member_revoked_online_loses_its_tunnels_within_seconds() {
     let bed = cloud_bed();
     let b_host = resolve(&bed, Side::A, "host.gw2.ovl.example");
     bed.ping_ok(&bed.a.lan, &b_host[0], Ping::count(2).wait(3));
+    let a_host = resolve(&bed, Side::B, "host.gw1.ovl.example");
     let peers = |bed: &TwoSites| {
         bed.status(Side::A).unwrap()["peers"]
             .as_array()
@@ -1137,6 +1144,17 @@ fn a_member_revoked_online_loses_its_tunnels_within_seconds() {
     // Nothing passes any more: no reply at all to three more pings.
     let after = bed.ping(Side::A, b_host[0].parse().unwrap(), &["-c", "3", "-W", "1"]);
     assert!(!after.unwrap().status.success(), "{}", bed.logs());
+    // Nor the other way: B, which still knows A, handshakes anew, and A refuses its
+    // certificate as revoked.
+    let back = bed.ping(Side::B, a_host[0].parse().unwrap(), &["-c", "3", "-W", "1"]);
+    assert!(!back.unwrap().status.success(), "{}", bed.logs());
+    wait_until(Duration::from_secs(8), "A to refuse B's handshake", || {
+        bed.a
+            .log_text()
+            .lines()
+            .any(|l| l.contains("handshake refused") && l.contains("reason=\"cert_revoked\""))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
     // B is refused when it comes back; its names are gone, even from A's cache.
     wait_until(
         Duration::from_secs(10),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use cyphonic_e2e::bed::{BedOptions, CloudOptions, Nat, Ping, Side, SiteOptions, TwoSites};
 use cyphonic_e2e::lan::DhcpHost;
 use cyphonic_e2e::node::{NAME, VIP};
-use cyphonic_e2e::{Netns, wait_until};
+use cyphonic_e2e::{Netns, uint, wait_until};
 use serde_json::Value;
 
 const CAMERA: &str = "camera.gw1.ovl.example";
@@ -127,7 +127,7 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
             sum["lost_packets"],
             sum["packets"],
         );
-        assert!(sum["packets"].as_u64().unwrap_or(0) > 1000, "{udp}");
+        assert!(uint(&sum["packets"]) > 1000, "{udp}");
         assert_eq!(out_of_order, 0, "UDP {what}: {udp}");
     }
     let s = node_status(&bed);
@@ -139,14 +139,11 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
         "{s}"
     );
     assert_eq!(s["pipelines"]["egress"]["out_of_order"], 0, "{s}");
-    assert!(s["dns"]["queries"].as_u64().unwrap_or(0) >= 2, "{s}");
-    assert!(
-        s["counters"]["tun_written"].as_u64().unwrap_or(0) > 1000,
-        "{s}"
-    );
+    assert!(uint(&s["dns"]["queries"]) >= 2, "{s}");
+    assert!(uint(&s["counters"]["tun_written"]) > 1000, "{s}");
     // The node's TUN offloads are on by default: the host's TCP went out as super-packets,
     // cut here.
-    let count = |k: &str| s["counters"][k].as_u64().unwrap_or(u64::MAX);
+    let count = |k: &str| uint(&s["counters"][k]);
     assert!(count("tun_coalesced") > 0, "{s}");
     assert!(count("tun_segments") >= 2 * count("tun_coalesced"), "{s}");
     assert_eq!(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
 use cyphonic_e2e::hosts::Bins;
-use cyphonic_e2e::{Netns, inject, wait_until};
+use cyphonic_e2e::{Netns, inject, uint, wait_until};
 use serde_json::Value;
 
 /// A TCP service inside a namespace that accepts every connection and counts the bytes it
@@ -111,15 +111,6 @@ fn policy(bed: &TwoSites, side: Side) -> Value {
     bed.status(side).unwrap()["policy"].clone()
 }
 
-fn n(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
-/// A count that must be there: an equality on [`n`] would hold for a field that went away.
-fn count(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
-}
-
 /// `[policy]` with one rule per `(from, to, allow)`.
 fn rules(flows: Option<u32>, rules: &[(&str, &str, &[&str])]) -> String {
     let mut text = String::from("\n[policy]\n");
@@ -191,14 +182,14 @@ fn one_way_rules_let_ops_open_and_iot_only_answer() {
 
     let p = policy(&bed, Side::A);
     // Three pings, at least one SYN and five datagrams from B, dropped where they arrived.
-    assert!(n(&p["dropped_in"]["no_rule"]) >= 9, "{p}");
+    assert!(uint(&p["dropped_in"]["no_rule"]) >= 9, "{p}");
     // The SYN to port 23 (and its retry), dropped before sealing.
     assert!(
-        n(&p["dropped"]["no_rule"]) > n(&p["dropped_in"]["no_rule"]),
+        uint(&p["dropped"]["no_rule"]) > uint(&p["dropped_in"]["no_rule"]),
         "{p}"
     );
-    assert!(n(&p["opened_by_rule"]["1"]) >= 2, "ping and ssh: {p}");
-    assert!(n(&p["flows"]) >= 1, "{p}");
+    assert!(uint(&p["opened_by_rule"]["1"]) >= 2, "ping and ssh: {p}");
+    assert!(uint(&p["flows"]) >= 1, "{p}");
     assert!(
         bed.counter(Side::A, "drop_policy").unwrap() >= 5,
         "the engine's counter"
@@ -218,15 +209,15 @@ fn one_way_rules_let_ops_open_and_iot_only_answer() {
         &[("gw1.ovl.example", "gw2.ovl.example", &["tcp/22", "icmp"])],
     );
     reload(&bed, Side::B, &base_b, &same, 1);
-    let before = count(&policy(&bed, Side::A)["dropped_in"]["no_rule"]);
+    let before = uint(&policy(&bed, Side::A)["dropped_in"]["no_rule"]);
     assert!(!pings(&bed, Side::B, a));
     let pb = policy(&bed, Side::B);
     assert!(
-        n(&pb["dropped"]["no_rule"]) >= 3 && count(&pb["dropped_in"]["no_rule"]) == 0,
+        uint(&pb["dropped"]["no_rule"]) >= 3 && uint(&pb["dropped_in"]["no_rule"]) == 0,
         "B drops its own hosts' pings before sealing: {pb}"
     );
     assert_eq!(
-        count(&policy(&bed, Side::A)["dropped_in"]["no_rule"]),
+        uint(&policy(&bed, Side::A)["dropped_in"]["no_rule"]),
         before,
         "nothing reached A"
     );
@@ -283,10 +274,10 @@ fn a_rule_names_single_devices_behind_one_adapter() {
         .unwrap();
     assert!(!ping.status.success(), "camera1 pinged the NVR");
     let p = policy(&bed, Side::A);
-    assert!(n(&p["opened_by_rule"]["1"]) >= 1, "{p}");
-    assert!(n(&p["dropped"]["no_rule"]) >= 4, "{p}");
+    assert!(uint(&p["opened_by_rule"]["1"]) >= 1, "{p}");
+    assert!(uint(&p["dropped"]["no_rule"]) >= 4, "{p}");
     assert_eq!(
-        count(&policy(&bed, Side::B)["dropped_in"]["no_rule"]),
+        uint(&policy(&bed, Side::B)["dropped_in"]["no_rule"]),
         0,
         "A stopped all of it before sealing"
     );
@@ -357,7 +348,7 @@ fn rules_changed_by_reload_cut_and_open_flows_without_a_restart() {
         "the stream still flows after its rule went"
     );
     let p = policy(&bed, Side::A);
-    assert!(n(&p["cut"]) >= 1, "{p}");
+    assert!(uint(&p["cut"]) >= 1, "{p}");
     assert!(!connects(&bed.a.lan, (b, 7000).into()));
     bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
 
@@ -396,10 +387,10 @@ fn a_full_flow_table_evicts_the_oldest_and_counts() {
     })
     .unwrap();
     let p = policy(&bed, Side::A);
-    assert_eq!(n(&p["capacity"]), 32, "{p}");
-    assert!(n(&p["flows"]) <= 32, "{p}");
-    assert!(n(&p["opened"]) >= 300, "{p}");
-    assert!(n(&p["evicted"]) >= 300 - 32, "{p}");
+    assert_eq!(uint(&p["capacity"]), 32, "{p}");
+    assert!(uint(&p["flows"]) <= 32, "{p}");
+    assert!(uint(&p["opened"]) >= 300, "{p}");
+    assert!(uint(&p["evicted"]) >= 300 - 32, "{p}");
     bed.ping_ok(&bed.a.lan, b, Ping::count(2).wait(3));
 }
 
@@ -419,7 +410,7 @@ fn wait_policy(bed: &TwoSites, side: Side, not: Option<u64>, rules: u64, what: &
     wait_until(Duration::from_secs(10), what, || {
         let p = policy(bed, side);
         version = p["version"].as_u64().filter(|v| Some(*v) != not);
-        version.is_some() && n(&p["rules"]) >= rules
+        version.is_some() && uint(&p["rules"]) >= rules
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
     version.unwrap_or_default()
@@ -464,7 +455,7 @@ fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
     assert!(!pings(&bed, Side::B, a));
     let d = cyphonic_e2e::lan::dig(&bed.b.lan, bed.b.gateway, "host.gw1.ovl.example", "A").unwrap();
     assert_eq!(d.status, "NXDOMAIN", "{d:?}");
-    assert!(n(&policy(&bed, Side::B)["dropped"]["no_rule"]) >= 3);
+    assert!(uint(&policy(&bed, Side::B)["dropped"]["no_rule"]) >= 3);
 
     // The cloud stops: the rules hold.
     bed.cloud.as_mut().unwrap().stop("TERM").unwrap();
@@ -495,7 +486,7 @@ fn the_clouds_rules_are_pushed_enforced_and_kept_through_its_outage() {
     std::fs::write(&config, fewer).unwrap();
     let bins = Bins::find().unwrap();
     bed.cloud.as_mut().unwrap().start(&bins).unwrap();
-    let vb = n(&policy(&bed, Side::B)["version"]);
+    let vb = uint(&policy(&bed, Side::B)["version"]);
     wait_policy(&bed, Side::B, Some(vb), 3, "B to get the new rules");
     wait_policy(&bed, Side::A, Some(va), 3, "A to get the new rules");
     bed.resolve(&bed.a.lan, bed.a.gateway, "host.gw2.ovl.example");
@@ -525,7 +516,7 @@ fn a_member_no_rule_allows_gets_no_tunnel_by_initiating() {
     })
     .unwrap();
     let cloud = bed.cloud.as_ref().unwrap();
-    let counter = |name: &str| n(&cloud.status(&bed.bins).unwrap()["counters"][name]);
+    let counter = |name: &str| uint(&cloud.status(&bed.bins).unwrap()["counters"][name]);
     let peers = |side: Side| bed.status(side).unwrap()["peers"].clone();
     // Rule 0 alone (DNS, udp and tcp): the cloud's set is empty.
     wait_policy(&bed, Side::B, None, 2, "B to get the cloud's (empty) rules");
@@ -827,6 +818,6 @@ fn icmp_errors_and_fragments_pass_only_for_their_own_flow() {
     let p = policy(&bed, Side::A);
     assert!(wrong.is_empty(), "{wrong:#?}\n{p}\n{}", bed.logs());
     // Six forged errors and two stray fragments, dropped where they arrived at A.
-    assert!(count(&p["dropped_in"]["forged_error"]) >= 6, "{p}");
-    assert!(count(&p["dropped_in"]["fragment"]) >= 2, "{p}");
+    assert!(uint(&p["dropped_in"]["forged_error"]) >= 6, "{p}");
+    assert!(uint(&p["dropped_in"]["fragment"]) >= 2, "{p}");
 }

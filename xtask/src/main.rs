@@ -103,8 +103,8 @@ enum Command {
         check_install: bool,
     },
     /// The Raspberry Pi's architecture here: the unit tier built for aarch64 and run under
-    /// qemu-user, then the short demo with the aarch64 builds of the cloud and the node
-    /// under the emulator (part of `test`).
+    /// qemu-user, then the short demo with the aarch64 build of the node under the emulator
+    /// (part of `test`).
     Arm64 {
         /// Only the unit tier.
         #[arg(long)]
@@ -137,7 +137,8 @@ enum Command {
         /// Hours to run.
         #[arg(long, default_value_t = 2.0)]
         hours: f64,
-        /// Minutes to run instead (a short check).
+        /// Minutes to run instead (a short check: at least 8, for the warm-up and the six
+        /// samples growth is judged on).
         #[arg(long)]
         minutes: Option<u64>,
     },
