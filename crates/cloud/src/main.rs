@@ -556,14 +556,8 @@ fn overlapping_issued(
         if b.name == name || b.not_after <= t || revoked.contains(&cert.fingerprint()) {
             continue;
         }
-        for mine in blocks {
-            if let Some(theirs) = b
-                .vip_blocks
-                .iter()
-                .find(|t| t.contains(mine) || mine.contains(*t))
-            {
-                return Ok(Some((*mine, *theirs, cert.clone())));
-            }
+        if let Some((mine, theirs)) = cyphonic_crypto::first_overlap(blocks, &b.vip_blocks) {
+            return Ok(Some((*mine, *theirs, cert.clone())));
         }
     }
     Ok(None)

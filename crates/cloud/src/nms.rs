@@ -917,12 +917,8 @@ impl Nms {
             let Ok(cert) = Certificate::from_pem(&pem) else {
                 continue;
             };
-            let overlaps = cert
-                .body()
-                .vip_blocks
-                .iter()
-                .any(|t| blocks.iter().any(|b| t.contains(b) || b.contains(t)));
-            if overlaps && trust.verify(&cert, now).is_ok() {
+            let overlaps = cyphonic_crypto::first_overlap(blocks, &cert.body().vip_blocks);
+            if overlaps.is_some() && trust.verify(&cert, now).is_ok() {
                 return Ok(Some(other));
             }
         }

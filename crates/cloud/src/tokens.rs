@@ -168,12 +168,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 })?],
                 None => {
                     let blocks: Vec<IpNet> = vip_blocks.iter().map(IpNet::trunc).collect();
-                    if let Some((b, t)) = blocks.iter().find_map(|b| {
-                        taken
-                            .iter()
-                            .find(|t| t.contains(b) || b.contains(*t))
-                            .map(|t| (b, t))
-                    }) {
+                    if let Some((b, t)) = cyphonic_crypto::first_overlap(&blocks, &taken) {
                         bail!("{b} overlaps {t}, which another member or token holds");
                     }
                     blocks

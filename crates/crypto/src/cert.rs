@@ -414,6 +414,18 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The first of `ours` that overlaps (holds, or lies in) one of `theirs`, with it: two
+/// certificates whose blocks overlap would both claim those addresses.
+#[must_use]
+pub fn first_overlap<'a>(ours: &'a [IpNet], theirs: &'a [IpNet]) -> Option<(&'a IpNet, &'a IpNet)> {
+    ours.iter().find_map(|o| {
+        theirs
+            .iter()
+            .find(|t| o.contains(*t) || t.contains(o))
+            .map(|t| (o, t))
+    })
+}
+
 /// Checks that `name` is a lower-case DNS name: labels of 1 to 63 letters, digits and inner
 /// hyphens (RFC 1035 §2.3.1, RFC 1123 §2.1 allows a leading digit), 253 bytes at most.
 ///
@@ -1002,6 +1014,19 @@ impl TrustStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_overlap_finds_a_block_that_holds_or_lies_in_another() {
+        let nets = |v: &[&str]| -> Vec<IpNet> { v.iter().map(|n| n.parse().unwrap()).collect() };
+        let ours = nets(&["100.64.1.0/24", "100.64.1.128/25"]);
+        let (a, b) = (nets(&["100.64.1.0/25"]), nets(&["100.64.0.0/16"]));
+        // Lies in, holds, and neither (next to each other, or another family).
+        assert_eq!(first_overlap(&ours, &a), Some((&ours[0], &a[0])));
+        assert_eq!(first_overlap(&ours, &b), Some((&ours[0], &b[0])));
+        let apart = nets(&["100.64.2.0/24", "fd7a::/48"]);
+        assert_eq!(first_overlap(&ours, &apart), None);
+        assert_eq!(first_overlap(&[], &ours), None);
+    }
 
     const T0: u64 = 1_800_000_000;
     const YEAR: u64 = 365 * 24 * 3600;

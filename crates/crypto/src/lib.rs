@@ -22,7 +22,7 @@ pub mod replay;
 pub use aead::{Backend, Key, Nonce, OpenError, PacketKey, SealError, TAG_LEN};
 pub use cert::{
     CertBody, CertError, CertKind, Certificate, CertificateAuthority, Fingerprint, IssueRequest,
-    RevocationList, TrustStore, validate_name,
+    RevocationList, TrustStore, first_overlap, validate_name,
 };
 pub use cookie::{Cookie, CookieSecret, MacKeys};
 pub use noise::{PublicKey, StaticKeypair};

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cyphonic_control::RelayInfo;
-use cyphonic_crypto::{CertError, Certificate};
+use cyphonic_crypto::{CertError, Certificate, first_overlap};
 use cyphonic_session::{Event, Identity, Transmit};
 
 use crate::counters::bump;
@@ -340,17 +340,14 @@ impl Control {
         let body = cert.body();
         let identity = self.shared.identity();
         let ours = identity.certificate().body();
-        let overlap = |a: &ipnet::IpNet, b: &ipnet::IpNet| a.contains(b) || b.contains(a);
-        for block in &body.vip_blocks {
-            if ours.vip_blocks.iter().any(|o| overlap(o, block)) {
-                return Err((
-                    Refusal::Overlap {
-                        block: *block,
-                        with: "us".into(),
-                    },
-                    Vec::new(),
-                ));
-            }
+        if let Some((block, _)) = first_overlap(&body.vip_blocks, &ours.vip_blocks) {
+            return Err((
+                Refusal::Overlap {
+                    block: *block,
+                    with: "us".into(),
+                },
+                Vec::new(),
+            ));
         }
         let mut replaced = None;
         let mut overlapping: Option<Refusal> = None;
@@ -368,11 +365,7 @@ impl Control {
                 replaced = Some(slot.clone());
                 return None;
             }
-            if let Some(block) = body
-                .vip_blocks
-                .iter()
-                .find(|b| slot.blocks.iter().any(|o| overlap(o, b)))
-            {
+            if let Some((block, _)) = first_overlap(&body.vip_blocks, &slot.blocks) {
                 overlapping.get_or_insert(Refusal::Overlap {
                     block: *block,
                     with: slot.name.clone(),
