@@ -7,6 +7,8 @@
 //! mac2   = MAC(cookie, bytes)                         mac
 //! cookie = MAC(secret, source ip || port)             CookieSecret::cookie
 //! sealed = XChaCha20-Poly1305(BLAKE2s("cookie--" || S_r), nonce, aad = mac1, cookie)
+//! K      = BLAKE2s("known---" || X25519(s_i, S_r))    KnownKey::new
+//! hint   = MAC(K, S_r || epoch)                       KnownKey::hint
 //! ```
 //!
 //! `MAC` is keyed BLAKE2s with a 16-byte output. Which bytes each MAC covers, when a cookie
@@ -22,7 +24,7 @@ use chacha20poly1305::{AeadInOut, KeyInit as AeadKeyInit, XChaCha20Poly1305};
 use ring::rand::SecureRandom;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
-use crate::PublicKey;
+use crate::{PublicKey, StaticKeypair};
 
 /// Length of `mac1`, `mac2` and a cookie.
 pub const MAC_LEN: usize = 16;
@@ -33,6 +35,10 @@ pub const SEALED_LEN: usize = NONCE_LEN + MAC_LEN + 16;
 
 const LABEL_MAC1: &[u8] = b"mac1----";
 const LABEL_COOKIE: &[u8] = b"cookie--";
+const LABEL_KNOWN: &[u8] = b"known---";
+
+/// How long one hint lasts: its epoch is the unix time in seconds over this.
+pub const HINT_EPOCH_SECS: u64 = 120;
 
 /// A cookie: what a responder under load wants to see as the key of `mac2`.
 pub type Cookie = [u8; MAC_LEN];
@@ -145,6 +151,45 @@ impl MacKeys {
             .ok()?;
         Some(cookie)
     }
+}
+
+/// What two static keys share without a handshake: the key of the hints an initiator puts
+/// in its initiations so that a responder under load knows it before any Diffie-Hellman work
+/// of the handshake (docs/protocol.md §2, *Known peers first*). Both ends compute the same
+/// key, each from its own private key and the other's public key.
+#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+pub struct KnownKey([u8; 32]);
+
+impl fmt::Debug for KnownKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KnownKey([derived])")
+    }
+}
+
+impl KnownKey {
+    /// The key `ours` shares with `theirs`; `None` when their key is of low order (the
+    /// X25519 result is not contributory: anyone could compute it).
+    pub fn new(ours: &StaticKeypair, theirs: &PublicKey) -> Option<Self> {
+        let secret = x25519_dalek::StaticSecret::from(*ours.secret());
+        let shared = secret.diffie_hellman(&x25519_dalek::PublicKey::from(theirs.0));
+        if !shared.was_contributory() {
+            return None;
+        }
+        let mut h = Blake2s256::new();
+        Digest::update(&mut h, LABEL_KNOWN);
+        Digest::update(&mut h, shared.as_bytes());
+        Some(Self(h.finalize().into()))
+    }
+
+    /// The hint of initiations to `receiver` (one of the two keys) in `epoch`.
+    pub fn hint(&self, receiver: &PublicKey, epoch: u64) -> [u8; MAC_LEN] {
+        keyed_mac(&self.0, &[&receiver.0, &epoch.to_be_bytes()])
+    }
+}
+
+/// The hint epoch of a unix time in seconds.
+pub const fn hint_epoch(unix_secs: u64) -> u64 {
+    unix_secs / HINT_EPOCH_SECS
 }
 
 /// A responder's cookie secret: 32 random bytes; the caller replaces it every two minutes.
@@ -265,6 +310,48 @@ mod tests {
         bad[30] ^= 1;
         assert_eq!(responder.open_cookie(&bad, &mac1), None);
         assert_eq!(responder.open_cookie(&sealed[..55], &mac1), None);
+    }
+
+    /// Both ends derive one key; hints differ by direction, epoch and pair; a low-order
+    /// key has none.
+    #[test]
+    fn known_keys_agree_and_hints_bind_direction_epoch_and_pair() {
+        let (a, b, c) = (
+            StaticKeypair::generate().unwrap(),
+            StaticKeypair::generate().unwrap(),
+            StaticKeypair::generate().unwrap(),
+        );
+        let ab = KnownKey::new(&a, &b.public()).unwrap();
+        let ba = KnownKey::new(&b, &a.public()).unwrap();
+        assert_eq!(ab.hint(&b.public(), 7), ba.hint(&b.public(), 7));
+        assert_ne!(ab.hint(&b.public(), 7), ab.hint(&a.public(), 7));
+        assert_ne!(ab.hint(&b.public(), 7), ab.hint(&b.public(), 8));
+        let cb = KnownKey::new(&c, &b.public()).unwrap();
+        assert_ne!(ab.hint(&b.public(), 7), cb.hint(&b.public(), 7));
+        // The identity point and a point of order 8 (RFC 7748's low-order list).
+        assert!(KnownKey::new(&a, &PublicKey([0; 32])).is_none());
+        let order8 =
+            hex_literal::hex!("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800");
+        assert!(KnownKey::new(&a, &PublicKey(order8)).is_none());
+        assert_eq!(hint_epoch(239), 1);
+        assert_eq!(hint_epoch(240), 2);
+    }
+
+    /// Known answer from an independent implementation: the X25519 result of RFC 7748 §6.1
+    /// (Alice's private key, Bob's public key) through CPython's `hashlib.blake2s`:
+    /// `k = blake2s(b"known---" + shared)`, `blake2s(bob_pub + (5).to_bytes(8, "big"),
+    /// key=k, digest_size=16)`.
+    #[test]
+    fn hint_known_answer() {
+        use hex_literal::hex;
+        let alice = StaticKeypair::from_secret(zeroize::Zeroizing::new(hex!(
+            "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"
+        )));
+        let bob = PublicKey(hex!(
+            "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f"
+        ));
+        let k = KnownKey::new(&alice, &bob).unwrap();
+        assert_eq!(k.hint(&bob, 5), hex!("b80cfe2114a03a970977fbc3a32ff70e"));
     }
 
     #[test]

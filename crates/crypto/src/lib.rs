@@ -5,7 +5,8 @@
 //! - [`replay`]: the anti-replay window for received counters ([`ReplayWindow`]).
 //! - [`cert`]: the overlay CA (Ed25519 via ring), compact certificates binding an FQDN,
 //!   certified vIP blocks, a Noise static key, groups and validity; revocation by fingerprint.
-//! - [`cookie`]: the cheap checks in front of a handshake (WireGuard's mac1, mac2, cookies).
+//! - [`cookie`]: the cheap checks in front of a handshake (WireGuard's mac1, mac2, cookies;
+//!   the hints by which a responder under load knows its peers).
 //! - [`noise`]: Noise static keys and handshake builders (snow, `Noise_IK_25519_ChaChaPoly_BLAKE2s`).
 //!
 //! Key material is wiped on drop and never appears in `Debug` output. This crate performs no
@@ -24,7 +25,7 @@ pub use cert::{
     CertBody, CertError, CertKind, Certificate, CertificateAuthority, Fingerprint, IssueRequest,
     RevocationList, TrustStore, first_overlap, validate_name,
 };
-pub use cookie::{Cookie, CookieSecret, MacKeys};
+pub use cookie::{Cookie, CookieSecret, KnownKey, MacKeys};
 pub use noise::{PublicKey, StaticKeypair};
 pub use pem::PemError;
 pub use replay::{ReplayError, ReplayWindow};
