@@ -3,9 +3,9 @@
 //! and answers with a cookie-reply, and how an initiator opens one.
 //!
 //! ```text
-//! handshake frame = header || noise || mac1 || mac2
-//!                   \____ mac1 covers ____/
-//!                   \________ mac2 covers ________/
+//! handshake frame = header || noise || (hint) || mac1 || mac2     hint: initiations only
+//!                   \_______ mac1 covers ______/
+//!                   \____________ mac2 covers ___________/
 //! ```
 //!
 //! The responder's half, [`CookieChecker`], runs on the driver's receive path before anything
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::PublicKey;
 use cyphonic_crypto::cookie::{self, Cookie, CookieSecret, MAC_LEN, MacKeys};
-use cyphonic_wire::{COOKIE_REPLY_LEN, Frame, FrameRepr, HEADER_LEN, MessageType};
+use cyphonic_wire::{COOKIE_REPLY_LEN, Frame, FrameRepr, HEADER_LEN, HINT_LEN, MessageType};
 
 /// How long a responder keeps its cookie secret, and so how long an initiator uses a cookie.
 pub const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
@@ -54,6 +54,14 @@ pub(crate) fn open_reply(
     mac1: &[u8; MAC_LEN],
 ) -> Option<Cookie> {
     responder.open_cookie(frame.get(HEADER_LEN..)?, mac1)
+}
+
+/// The hint of a handshake-init `frame` (the 16 bytes before its MACs), whose length the
+/// frame parser checked; `None` for a frame too short to hold one.
+pub fn initiation_hint(frame: &[u8]) -> Option<[u8; HINT_LEN]> {
+    let (at1, _) = mac_offsets(frame.len())?;
+    let at = at1.checked_sub(HINT_LEN).filter(|at| *at >= HEADER_LEN)?;
+    frame[at..at1].try_into().ok()
 }
 
 /// The responder's cheap checks, for whoever reads handshake frames off the socket: mac1 on
@@ -188,7 +196,7 @@ mod tests {
         let t0 = Instant::now();
         let mut checker = CookieChecker::new(&responder, CookieSecret::from_bytes([2; 32]), t0);
         let from: SocketAddr = "192.0.2.7:40000".parse().unwrap();
-        let mut init = handshake_frame(MessageType::HandshakeInit, 0x1234, 96);
+        let mut init = handshake_frame(MessageType::HandshakeInit, 0x1234, 112);
         let mac1 = seal_macs(&mut init, &keys, None);
         assert!(!checker.check_mac2(&init, from, t0));
         let reply = checker.reply(&init, from, t0).expect("a reply");
@@ -200,7 +208,7 @@ mod tests {
         // Only the initiation that carried this mac1 opens it.
         assert_eq!(open_reply(&reply, &keys, &[0; MAC_LEN]), None);
         let cookie = open_reply(&reply, &keys, &mac1).expect("authentic");
-        let mut again = handshake_frame(MessageType::HandshakeInit, 0x1235, 96);
+        let mut again = handshake_frame(MessageType::HandshakeInit, 0x1235, 112);
         seal_macs(&mut again, &keys, Some(&cookie));
         assert!(checker.check_mac1(&again));
         assert!(checker.check_mac2(&again, from, t0 + Duration::from_secs(1)));

@@ -6,8 +6,9 @@
 //!      -> e, es, s, ss      handshake-init; payload: sender index, timestamp, initiator cert
 //!      <- e, ee, se         handshake-resp; payload: sender index, responder cert
 //! ```
-//! Each frame ends with mac1 and mac2 ([`crate::cookie`]); the initiator's index is also in
-//! the init's header, in clear, and must equal the one in its payload.
+//! Each frame ends with mac1 and mac2 ([`crate::cookie`]), an init's after its hint; the
+//! initiator's index is also in the init's header, in clear, and must equal the one in its
+//! payload.
 //! After the second message both sides split the chaining key into two transport keys
 //! (Noise spec §5.2 `Split()`): the first for initiator-to-responder, the second for the reverse.
 
@@ -15,15 +16,15 @@ use core::fmt;
 
 use cyphonic_crypto::MacKeys;
 use cyphonic_crypto::{Certificate, Key, PublicKey, StaticKeypair, TrustStore, noise};
-use cyphonic_wire::{Frame, FrameRepr, HANDSHAKE_MAX, HEADER_LEN, MAC_LEN, MessageType};
+use cyphonic_wire::{Frame, FrameRepr, HANDSHAKE_MAX, HEADER_LEN, HINT_LEN, MAC_LEN, MessageType};
 use zeroize::Zeroize;
 
 use crate::cookie;
 use crate::error::{HandshakeError, IdentityError};
 
 /// Bound into every handshake hash: a message from another protocol or version never verifies.
-pub(crate) const PROLOGUE: &[u8] = b"cyphonic tunnel v3";
-/// Room for the Noise message in a handshake body: all but the two MACs.
+pub(crate) const PROLOGUE: &[u8] = b"cyphonic tunnel v4";
+/// Room for a Noise message's payload: a handshake body but the two MACs, at most.
 const NOISE_MAX: usize = HANDSHAKE_MAX - 2 * MAC_LEN;
 const INDEX_LEN: usize = 4;
 const TIMESTAMP_LEN: usize = 8;
@@ -194,13 +195,15 @@ pub fn read_init(
     })
 }
 
-/// Starts a handshake towards `remote`: returns the initiator state and the init frame, its
-/// MACs still zero (the caller seals them, with a cookie if it has one).
+/// Starts a handshake towards `remote`: returns the initiator state and the init frame with
+/// `hint` after the Noise message, its MACs still zero (the caller seals them, with a cookie
+/// if it has one).
 pub(crate) fn write_init(
     identity: &Identity,
     remote: &PublicKey,
     sender_index: u32,
     timestamp: u64,
+    hint: &[u8; HINT_LEN],
 ) -> Result<(snow::HandshakeState, Vec<u8>), HandshakeError> {
     let mut state =
         noise::initiator(&identity.keypair, remote, PROLOGUE).map_err(|e| noise_err(&e))?;
@@ -210,12 +213,14 @@ pub(crate) fn write_init(
         identity.cert.encoded(),
     ]
     .concat();
-    let frame = write_frame(
+    let mut frame = write_frame(
         &mut state,
         MessageType::HandshakeInit,
         sender_index,
         &payload,
     )?;
+    let at = frame.len() - 2 * MAC_LEN - HINT_LEN;
+    frame[at..at + HINT_LEN].copy_from_slice(hint);
     Ok((state, frame))
 }
 
@@ -300,8 +305,16 @@ fn handshake_body(
             got: repr.msg_type,
         });
     }
-    // The parser checked the body's length: it holds both MACs.
-    Ok((repr, &frame[HEADER_LEN..frame.len() - 2 * MAC_LEN]))
+    // The parser checked the body's length: it holds both MACs (and an initiation's hint).
+    Ok((repr, &frame[HEADER_LEN..frame.len() - trailer(expected)]))
+}
+
+/// What follows the Noise message in a handshake body: an initiation's hint, then the MACs.
+const fn trailer(kind: MessageType) -> usize {
+    match kind {
+        MessageType::HandshakeInit => HINT_LEN + 2 * MAC_LEN,
+        _ => 2 * MAC_LEN,
+    }
 }
 
 pub(crate) fn write_frame(
@@ -311,11 +324,12 @@ pub(crate) fn write_frame(
     payload: &[u8],
 ) -> Result<Vec<u8>, HandshakeError> {
     let mut frame = vec![0u8; HEADER_LEN + HANDSHAKE_MAX];
+    let room = HANDSHAKE_MAX - trailer(msg_type);
     let len = state
-        .write_message(payload, &mut frame[HEADER_LEN..HEADER_LEN + NOISE_MAX])
+        .write_message(payload, &mut frame[HEADER_LEN..HEADER_LEN + room])
         .map_err(|e| noise_err(&e))?;
-    // The MACs follow, zero until sealed.
-    let body_len = len + 2 * MAC_LEN;
+    // The hint and the MACs follow, zero until written and sealed.
+    let body_len = len + trailer(msg_type);
     frame.truncate(HEADER_LEN + body_len);
     let repr = FrameRepr {
         msg_type,

@@ -37,7 +37,7 @@ mod session;
 pub mod sim;
 
 pub use clock::{Clock, Timing};
-pub use cookie::{COOKIE_LIFETIME, CookieChecker};
+pub use cookie::{COOKIE_LIFETIME, CookieChecker, initiation_hint};
 pub use error::{HandshakeError, IdentityError, RecvError, SendError};
 pub use handshake::{Identity, IncomingInit, read_init};
 pub use index::Indices;

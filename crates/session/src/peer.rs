@@ -11,7 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cyphonic_crypto::{Backend, Certificate, Cookie, MacKeys, PublicKey};
+use cyphonic_crypto::cookie::hint_epoch;
+use cyphonic_crypto::{Backend, Certificate, Cookie, KnownKey, MacKeys, PublicKey};
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MAC_LEN, MessageType, TAG_LEN};
 use ipnet::IpNet;
 
@@ -148,6 +149,12 @@ pub struct Peer {
     last_timestamp_sent: u64,
     /// The responder's last cookie and when it came: mac2 on our initiations while fresh.
     cookie: Option<(Cookie, Instant)>,
+    /// The key we share with the peer's static key, when it has one and it is not of low
+    /// order: the hints of our initiations to it, and of its to us.
+    known: Option<KnownKey>,
+    /// The hints by which the peer's initiations to us show it (epochs before, at and after
+    /// ours), and the epoch they are for.
+    known_hints: Option<(u64, [[u8; MAC_LEN]; 3])>,
 
     current: Option<Arc<Session>>,
     previous: Option<Arc<Session>>,
@@ -201,10 +208,15 @@ impl Peer {
         clock: Clock,
         backend: Backend,
     ) -> Self {
+        let known = config
+            .remote_static
+            .and_then(|theirs| KnownKey::new(identity.keypair(), &theirs));
         Self {
             id,
             identity,
             indices,
+            known,
+            known_hints: None,
             endpoint: config.endpoint,
             config,
             timing,
@@ -236,6 +248,24 @@ impl Peer {
     /// The driver's id of this peer (what [`Indices::peer_of`] answers for its sessions).
     pub const fn id(&self) -> u32 {
         self.id
+    }
+
+    /// The hints the peer's initiations to us carry about `now` (docs/protocol.md §2, *Known
+    /// peers first*): for the epochs before, at and after our clock's, so that a clock off by
+    /// up to an epoch still matches. None when the peer has no key we share.
+    pub fn known_hints(&mut self, now: Instant) -> Option<[[u8; MAC_LEN]; 3]> {
+        let known = self.known.as_ref()?;
+        let epoch = hint_epoch(self.clock.unix_secs(now));
+        if let Some((at, hints)) = self.known_hints
+            && at == epoch
+        {
+            return Some(hints);
+        }
+        let ours = self.identity.public_key();
+        let hints =
+            [epoch.saturating_sub(1), epoch, epoch.saturating_add(1)].map(|e| known.hint(&ours, e));
+        self.known_hints = Some((epoch, hints));
+        Some(hints)
     }
 
     /// Where frames for this peer go.
@@ -307,6 +337,13 @@ impl Peer {
 
     /// Replaces our identity (a renewed certificate, new revocations).
     pub fn set_identity(&mut self, identity: Arc<Identity>) {
+        if identity.public_key() != self.identity.public_key() {
+            self.known = self
+                .config
+                .remote_static
+                .and_then(|theirs| KnownKey::new(identity.keypair(), &theirs));
+            self.known_hints = None;
+        }
         self.identity = identity;
     }
 
@@ -808,8 +845,17 @@ impl Peer {
         let local_index = self.next_index();
         // Strictly increasing even if the wall clock stalls, so the peer never sees a replay.
         let timestamp = self.clock.unix_nanos(now).max(self.last_timestamp_sent + 1);
-        let (state, mut frame) =
-            handshake::write_init(&self.identity, &remote, local_index.value(), timestamp)?;
+        // Zeros, never known, when we share no key with the peer.
+        let hint = self.known.as_ref().map_or([0; MAC_LEN], |k| {
+            k.hint(&remote, hint_epoch(self.clock.unix_secs(now)))
+        });
+        let (state, mut frame) = handshake::write_init(
+            &self.identity,
+            &remote,
+            local_index.value(),
+            timestamp,
+            &hint,
+        )?;
         let cookie = self
             .cookie
             .filter(|(_, at)| now.saturating_duration_since(*at) < COOKIE_LIFETIME)

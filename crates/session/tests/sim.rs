@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use cyphonic_crypto::{CertError, Certificate, RevocationList};
 use cyphonic_session::sim::*;
 use cyphonic_session::{Event, HandshakeError, RecvError, SendError, Timing, read_init};
-use cyphonic_wire::{Frame, MAC_LEN, MessageType, VERSION};
+use cyphonic_wire::{Frame, HINT_LEN, MAC_LEN, MessageType, VERSION};
 use rand::{Rng, SeedableRng};
 
 /// Builds a handshake-init by hand, as an attacker could, following docs/protocol.md §2:
@@ -27,7 +27,7 @@ fn forge_init(
     cert: &[u8],
 ) -> Vec<u8> {
     let mut hs =
-        cyphonic_crypto::noise::initiator(noise_key, responder, b"cyphonic tunnel v3").unwrap();
+        cyphonic_crypto::noise::initiator(noise_key, responder, b"cyphonic tunnel v4").unwrap();
     let payload = [
         &7u32.to_be_bytes()[..],
         &(T0 * 1_000_000_000).to_be_bytes(),
@@ -36,7 +36,7 @@ fn forge_init(
     .concat();
     let mut frame = vec![0u8; 1300];
     let n = hs.write_message(&payload, &mut frame[16..]).unwrap();
-    frame.truncate(16 + n + 2 * MAC_LEN);
+    frame.truncate(16 + n + HINT_LEN + 2 * MAC_LEN);
     frame[..8].copy_from_slice(&[VERSION, 1, 0, 0, 0, 0, 0, 7]);
     frame
 }
@@ -229,7 +229,7 @@ fn certificate_for_another_key_is_refused() {
     // Payloads too short to hold index, timestamp and a certificate.
     for cut in [0, 3, 11, 12, 40] {
         let mut hs =
-            cyphonic_crypto::noise::initiator(&thief_key, &b_public, b"cyphonic tunnel v3")
+            cyphonic_crypto::noise::initiator(&thief_key, &b_public, b"cyphonic tunnel v4")
                 .unwrap();
         let payload = [
             &7u32.to_be_bytes()[..],
@@ -239,7 +239,7 @@ fn certificate_for_another_key_is_refused() {
         .concat();
         let mut frame = vec![0u8; 1300];
         let n = hs.write_message(&payload[..cut], &mut frame[16..]).unwrap();
-        frame.truncate(16 + n + 2 * MAC_LEN);
+        frame.truncate(16 + n + HINT_LEN + 2 * MAC_LEN);
         frame[..8].copy_from_slice(&[VERSION, 1, 0, 0, 0, 0, 0, 7]);
         let err = read_init(&b_id, T0, &frame).unwrap_err();
         assert!(
@@ -343,7 +343,7 @@ fn truncated_and_garbage_handshakes_are_typed_errors() {
     }
     // Every single flipped bit in the Noise message makes it undecryptable (the MACs after
     // it are the driver's to check: crates/session/src/cookie.rs tests them).
-    for i in 16..init.len() - 2 * MAC_LEN {
+    for i in 16..init.len() - HINT_LEN - 2 * MAC_LEN {
         let mut bad = init.clone();
         bad[i] ^= 0x40;
         assert_eq!(
@@ -355,7 +355,7 @@ fn truncated_and_garbage_handshakes_are_typed_errors() {
     // Random garbage of plausible sizes with a valid header.
     let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
     for _ in 0..500 {
-        let len = rng.random_range(128..1216);
+        let len = rng.random_range(144..1216);
         let mut g: Vec<u8> = (0..16 + len).map(|_| rng.random()).collect();
         g[..16].copy_from_slice(&init[..16]);
         assert_eq!(
@@ -1052,4 +1052,32 @@ fn a_wall_clock_set_after_start_is_followed() {
     assert_eq!(early.unix_secs(p.now), wall.as_secs());
     p.drive(10 * SEC);
     assert!(p.a.peer.is_established(p.now), "{:?}", p.a.handshake_errors);
+}
+
+/// docs/protocol.md §2, *Known peers first*: the hint of A's initiation is one of those B's
+/// peer of A expects, the clock moved by up to an epoch either way still matches, and an
+/// initiation from any other key to B (here: anyone's, through `init_frame`) shows none of
+/// them.
+#[test]
+fn an_initiation_carries_the_hint_its_responder_expects_of_that_peer() {
+    let mut p = Setup::new(49).build(Instant::now());
+    let now = p.now;
+    p.a.peer.initiate(now).unwrap();
+    let init = p.a.peer.poll_transmit().unwrap().frame;
+    let hint = cyphonic_session::initiation_hint(&init).unwrap();
+    let expected = p.b.peer.known_hints(now).unwrap();
+    assert_eq!(expected[1], hint, "the hint of B's own epoch");
+    assert_ne!(expected[0], hint);
+    assert_ne!(expected[2], hint);
+    // Two minutes later, B still knows the hint A made (the epoch before), and A's next hint
+    // is one B already expected now.
+    let later = now + Duration::from_secs(cyphonic_crypto::cookie::HINT_EPOCH_SECS);
+    assert!(p.b.peer.known_hints(later).unwrap().contains(&hint));
+    // What B expects of A is not what A expects of B (the hints are one-way).
+    assert!(!p.a.peer.known_hints(now).unwrap().contains(&hint));
+    // Another key's initiation to B carries no hint B expects of A.
+    let stranger = cyphonic_crypto::StaticKeypair::generate().unwrap();
+    let forged = init_frame(&stranger, &p.b.identity.public_key(), 7, &[0; 64]).unwrap();
+    let theirs = cyphonic_session::initiation_hint(&forged).unwrap();
+    assert!(!expected.contains(&theirs));
 }

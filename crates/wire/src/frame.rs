@@ -3,16 +3,20 @@
 use core::fmt;
 
 /// The only frame version this crate speaks (docs/protocol.md, *Versions*).
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Length of the fixed header; the header is also the AEAD additional data of data frames.
 pub const HEADER_LEN: usize = 16;
 /// Length of the Poly1305 authentication tag that ends every data and keepalive frame.
 pub const TAG_LEN: usize = 16;
 /// Length of each of the two MACs (`mac1`, `mac2`) that end every handshake body.
 pub const MAC_LEN: usize = 16;
+/// Length of the hint an initiation carries before its MACs: whom a responder under load
+/// knows it by (docs/protocol.md §2, *Known peers first*).
+pub const HINT_LEN: usize = 16;
 /// Smallest handshake-init body: the smallest Noise IK first message (ephemeral key 32,
-/// encrypted static key 32 + 16, the tag of the possibly empty payload 16), then two MACs.
-pub const HANDSHAKE_INIT_MIN: usize = 32 + 32 + TAG_LEN + TAG_LEN + 2 * MAC_LEN;
+/// encrypted static key 32 + 16, the tag of the possibly empty payload 16), then the hint
+/// and two MACs.
+pub const HANDSHAKE_INIT_MIN: usize = 32 + 32 + TAG_LEN + TAG_LEN + HINT_LEN + 2 * MAC_LEN;
 /// Smallest handshake-resp body: the smallest Noise IK second message (ephemeral key 32 and
 /// the payload tag 16), then two MACs.
 pub const HANDSHAKE_RESP_MIN: usize = 32 + TAG_LEN + 2 * MAC_LEN;
@@ -383,14 +387,14 @@ mod tests {
 
     /// A data frame: version 2, type 3, no flags, receiver 0x0a0b0c0d, counter 7, 17-byte body.
     const DATA: [u8; 33] = hex!(
-        "03 03 0000 0a0b0c0d 0000000000000007"
+        "04 03 0000 0a0b0c0d 0000000000000007"
         "ff 00112233445566778899aabbccddeeff"
     );
 
     #[test]
     fn views_data_frame() {
         let frame = Frame::new_checked(&DATA[..]).unwrap();
-        assert_eq!(frame.version(), 3);
+        assert_eq!(frame.version(), 4);
         assert_eq!(frame.msg_type(), MessageType::Data);
         assert_eq!(frame.flags(), 0);
         assert_eq!(frame.receiver_index(), 0x0a0b_0c0d);
@@ -422,7 +426,7 @@ mod tests {
         };
         let mut buf = vec![0u8; repr.buffer_len()];
         repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
-        assert_eq!(&buf[..16], &hex!("03 03 0003 0000002a fffffffffffffffe"));
+        assert_eq!(&buf[..16], &hex!("04 03 0003 0000002a fffffffffffffffe"));
         assert_eq!(
             FrameRepr::parse(&Frame::new_checked(&buf[..]).unwrap()),
             Ok(repr)
@@ -450,7 +454,7 @@ mod tests {
         use MessageType::*;
         check(&[], Err(Error::Truncated { len: 0 }));
         check(&DATA[..15], Err(Error::Truncated { len: 15 }));
-        for version in [0, 1, 2, 4, 255] {
+        for version in [0, 1, 2, 3, 5, 255] {
             let mut other = DATA;
             other[0] = version;
             check(&other, Err(Error::Version(version)));
@@ -469,12 +473,12 @@ mod tests {
         check(&frame(3, 1, 1, 0), body(Data, 0, 17, usize::MAX));
         check(&frame(4, 1, 1, 17), body(Keepalive, 17, 16, 16));
         check(
-            &frame(1, 1, 0, 127),
-            body(HandshakeInit, 127, 128, HANDSHAKE_MAX),
+            &frame(1, 1, 0, 143),
+            body(HandshakeInit, 143, 144, HANDSHAKE_MAX),
         );
         check(
             &frame(1, 1, 0, HANDSHAKE_MAX + 1),
-            body(HandshakeInit, 1217, 128, 1216),
+            body(HandshakeInit, 1217, 144, 1216),
         );
         check(
             &frame(2, 9, 0, 79),
@@ -489,12 +493,12 @@ mod tests {
         );
         let reserved = |kind, field| Err(Error::Reserved { kind, field });
         check(
-            &frame(1, 0, 0, 128),
+            &frame(1, 0, 0, 144),
             Err(Error::NoIndex {
                 kind: HandshakeInit,
             }),
         );
-        check(&frame(1, 5, 5, 128), reserved(HandshakeInit, "counter"));
+        check(&frame(1, 5, 5, 144), reserved(HandshakeInit, "counter"));
         check(&frame(2, 5, 1, 80), reserved(HandshakeResp, "counter"));
         check(&frame(7, 5, 1, 56), reserved(CookieReply, "counter"));
         check(&frame(5, 5, 1, 16), reserved(Relay, "counter"));
@@ -508,7 +512,7 @@ mod tests {
         check(&flagged(3, 7, 17, 0x8001), reserved(Data, "flags"));
         check(&flagged(4, 7, 16, 0x0001), reserved(Keepalive, "flags"));
         check(
-            &flagged(1, 7, 128, 0x0100),
+            &flagged(1, 7, 144, 0x0100),
             reserved(HandshakeInit, "flags"),
         );
         check(&flagged(2, 7, 80, 0x0001), reserved(HandshakeResp, "flags"));
@@ -526,7 +530,7 @@ mod tests {
     #[test]
     fn valid_frames_of_each_type() {
         use MessageType::*;
-        check(&frame(1, 7, 0, 128), Ok(HandshakeInit));
+        check(&frame(1, 7, 0, 144), Ok(HandshakeInit));
         check(&frame(1, 7, 0, HANDSHAKE_MAX), Ok(HandshakeInit));
         check(&frame(2, 7, 0, 80), Ok(HandshakeResp));
         check(&frame(7, 7, 0, 56), Ok(CookieReply));
