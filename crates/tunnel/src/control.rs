@@ -535,6 +535,7 @@ impl Control {
                 .collect()
         };
         let mut endpoints = std::collections::HashSet::new();
+        let mut hints = std::collections::HashSet::new();
         for slot in &slots {
             {
                 let mut peer = slot.lock();
@@ -543,6 +544,7 @@ impl Control {
                 }
                 if full {
                     endpoints.extend(peer.endpoint());
+                    hints.extend(peer.known_hints(now).into_iter().flatten());
                 }
             }
             if full && let Some(r) = slot.route().relay.as_ref() {
@@ -559,7 +561,8 @@ impl Control {
             }
         }
         if full {
-            self.shared.set_peer_endpoints(endpoints);
+            self.shared
+                .set_known_peers(crate::KnownPeers { endpoints, hints });
             // Peers that left keep no deadline.
             let gone: Vec<u32> = self
                 .timers

@@ -36,6 +36,8 @@ cyphonic_telemetry::counters! {
         drop_handshake_rate,
         /// Initiations under load from addresses that are none of our peers' endpoints, past their fair share of the handshake budget (100 a second in all).
         drop_handshake_budget,
+        /// Initiations under load let through ahead of the rates and the budget: their hint was a known peer's (docs/protocol.md §2, known peers first).
+        handshake_known_first,
         /// Cookie-replies sent: initiations under load without a valid mac2.
         cookie_replies_sent,
         /// Cookie-replies received and taken (a responder under load asked us for proof).

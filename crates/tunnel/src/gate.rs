@@ -7,6 +7,7 @@
 //!                   -> a response or cookie-reply: queue
 //!                   -> an initiation, not under load: queue
 //!                   -> under load: mac2 right? no: cookie-reply to its source (cookie_replies_sent)
+//!                                  a known peer's hint within its rate: queue (handshake_known_first)
 //!                                  source within its rate? no: drop (drop_handshake_rate)
 //!                                  a peer's endpoint: queue
 //!                                  within the fair share of the budget? no: drop (drop_handshake_budget)
@@ -18,16 +19,20 @@
 //! none of our peers' endpoints share one budget ([`HANDSHAKE_BUDGET`] a second), each source
 //! its fair share of it: a rate per source alone let 60 addresses that answer cookie-replies
 //! make a gateway do 1,213 handshakes a second (issue 49, finding 4). A peer that comes back
-//! from where we know it (restarted, rekeying) is not held to the budget. Everything here
-//! costs a BLAKE2s or two and no state per source beyond fixed tables.
+//! from where we know it (restarted, rekeying) is not held to the budget, and neither is one
+//! whose initiation carries the hint we expect of it (docs/protocol.md §2, *Known peers
+//! first*): a member that comes back from a new address while new addresses flood us is let
+//! in first, at most [`KNOWN_RATE`] a second per hint. Everything here costs a BLAKE2s or two
+//! and no state per source beyond fixed tables.
 
+use std::collections::HashSet;
 use std::hash::BuildHasher as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{CookieSecret, PublicKey};
-use cyphonic_session::CookieChecker;
-use cyphonic_wire::MessageType;
+use cyphonic_session::{CookieChecker, initiation_hint};
+use cyphonic_wire::{HINT_LEN, MessageType};
 
 use crate::counters::{EngineCounters, bump};
 use crate::limit::{RateTable, source_key};
@@ -42,6 +47,10 @@ pub const PER_SOURCE_RATE: u32 = 20;
 pub const PER_SOURCE_BURST: u32 = 5;
 /// Sources are hashed into this many slots (IPv4 address, IPv6 /64).
 pub const SOURCE_SLOTS: usize = 4096;
+/// Initiations a second one known peer's hint may have answered under load, past the rest.
+pub const KNOWN_RATE: u32 = 5;
+/// Initiations one known peer's hint may have answered at once under load.
+pub const KNOWN_BURST: u32 = 5;
 /// Initiations a second answered under load from sources that are none of our peers'
 /// endpoints, all of them together (a few percent of a Pi 4 core).
 pub const HANDSHAKE_BUDGET: u32 = 100;
@@ -117,11 +126,40 @@ pub enum Admission {
     Dropped,
 }
 
+/// What the gate asks, under load only, about the peers we know.
+pub trait Known {
+    /// Whether `from` is one of our peers' endpoints (or relay channels).
+    fn endpoint(&self, from: SocketAddr) -> bool;
+    /// Whether `hint` is one our peers' initiations to us carry now.
+    fn hint(&self, hint: &[u8; HINT_LEN]) -> bool;
+}
+
+/// Where our peers are and the hints of their initiations, as the control thread last
+/// looked: what [`Known`] answers from.
+#[derive(Debug, Default)]
+pub struct KnownPeers {
+    /// Their endpoints and relay channels.
+    pub endpoints: HashSet<SocketAddr>,
+    /// Their hints, for the epochs before, at and after ours.
+    pub hints: HashSet<[u8; HINT_LEN]>,
+}
+
+impl Known for KnownPeers {
+    fn endpoint(&self, from: SocketAddr) -> bool {
+        self.endpoints.contains(&from)
+    }
+
+    fn hint(&self, hint: &[u8; HINT_LEN]) -> bool {
+        self.hints.contains(hint)
+    }
+}
+
 /// The receive thread's handshake gate. See the module docs.
 #[derive(Debug)]
 pub struct HandshakeGate {
     checker: CookieChecker,
     limiter: RateTable,
+    known: RateTable,
     budget: FairBudget,
     loaded_until: Option<Instant>,
 }
@@ -137,6 +175,7 @@ impl HandshakeGate {
         Ok(Self {
             checker: CookieChecker::new(ours, secret, now),
             limiter: RateTable::new(SOURCE_SLOTS, PER_SOURCE_RATE, PER_SOURCE_BURST),
+            known: RateTable::new(SOURCE_SLOTS, KNOWN_RATE, KNOWN_BURST),
             budget: FairBudget::new(HANDSHAKE_BUDGET, SOURCE_SLOTS),
             loaded_until: None,
         })
@@ -148,8 +187,8 @@ impl HandshakeGate {
     }
 
     /// Judges one handshake message of type `kind` from `from`, with `waiting` initiations
-    /// queued ahead of it; `a_peer` says (asked only under load) whether `from` is one of
-    /// our peers' endpoints.
+    /// queued ahead of it; `known` (asked only under load) says whether `from` is one of our
+    /// peers' endpoints and whether the initiation's hint is one of theirs.
     #[expect(
         clippy::too_many_arguments,
         reason = "one message's facts, passed down once"
@@ -162,7 +201,7 @@ impl HandshakeGate {
         from: SocketAddr,
         now: Instant,
         waiting: usize,
-        a_peer: impl FnOnce(SocketAddr) -> bool,
+        known: &impl Known,
     ) -> Admission {
         if matches!(
             kind,
@@ -190,12 +229,21 @@ impl HandshakeGate {
                 None => Admission::Dropped,
             };
         }
+        // A peer that shows itself by its hint comes first (zeros are nobody's hint).
+        if let Some(hint) = initiation_hint(frame)
+            && hint != [0; HINT_LEN]
+            && known.hint(&hint)
+            && self.known.admit(hint, now)
+        {
+            bump(&counters.handshake_known_first);
+            return Admission::Queue;
+        }
         let source = source_key(from.ip());
         if !self.limiter.admit(source, now) {
             bump(&counters.drop_handshake_rate);
             return Admission::Dropped;
         }
-        if !a_peer(from) && !self.budget.admit(source, now) {
+        if !known.endpoint(from) && !self.budget.admit(source, now) {
             bump(&counters.drop_handshake_budget);
             return Admission::Dropped;
         }
@@ -261,6 +309,127 @@ mod tests {
             b.admit(999, t + Duration::from_millis(1900)),
             "the newcomer got nothing"
         );
+    }
+
+    /// An initiation to `ours` from `from`'s point of view: `hint` before mac1, mac2 under
+    /// `cookie` when there is one.
+    fn initiation(ours: &PublicKey, hint: [u8; HINT_LEN], cookie: Option<&[u8; 16]>) -> Vec<u8> {
+        use cyphonic_wire::{Frame, FrameRepr, HANDSHAKE_INIT_MIN, HEADER_LEN, MAC_LEN};
+        let mut f = vec![0x5a; HEADER_LEN + HANDSHAKE_INIT_MIN];
+        FrameRepr {
+            msg_type: MessageType::HandshakeInit,
+            flags: 0,
+            receiver_index: 9,
+            counter: 0,
+            body_len: HANDSHAKE_INIT_MIN,
+        }
+        .emit(&mut Frame::new_unchecked(&mut f[..]));
+        let at2 = f.len() - MAC_LEN;
+        let at1 = at2 - MAC_LEN;
+        f[at1 - HINT_LEN..at1].copy_from_slice(&hint);
+        let mac1 = cyphonic_crypto::MacKeys::new(ours).mac1(&f[..at1]);
+        f[at1..at2].copy_from_slice(&mac1);
+        let mac2 = cookie.map_or([0; MAC_LEN], |c| cyphonic_crypto::cookie::mac(c, &f[..at2]));
+        f[at2..].copy_from_slice(&mac2);
+        f
+    }
+
+    /// The cookie `gate` gives `from` under load (the round of a cookie-reply).
+    fn cookie_of(
+        gate: &mut HandshakeGate,
+        ours: &PublicKey,
+        from: SocketAddr,
+        now: Instant,
+    ) -> [u8; 16] {
+        let c = EngineCounters::default();
+        let f = initiation(ours, [0; HINT_LEN], None);
+        let Admission::Reply(reply) = gate.admit(
+            &c,
+            &f,
+            MessageType::HandshakeInit,
+            from,
+            now,
+            LOAD_THRESHOLD,
+            &KnownPeers::default(),
+        ) else {
+            panic!("no cookie-reply under load");
+        };
+        let mac1: [u8; 16] = f[f.len() - 32..f.len() - 16].try_into().unwrap();
+        cyphonic_crypto::MacKeys::new(ours)
+            .open_cookie(&reply[cyphonic_wire::HEADER_LEN..], &mac1)
+            .unwrap()
+    }
+
+    /// docs/protocol.md §2, *Known peers first*: with the budget spent by 150 new sources
+    /// and a source past its own rate, an initiation with a known peer's hint is queued, up
+    /// to its own rate, and then goes the way of the rest; an unknown hint, or zeros, never
+    /// comes first.
+    #[test]
+    fn a_known_hint_comes_before_a_spent_budget_and_rate_up_to_its_own_rate() {
+        let ours = PublicKey([3; 32]);
+        let t = Instant::now();
+        let mut gate = HandshakeGate::new(&ours, t).unwrap();
+        let c = EngineCounters::default();
+        let hint = [0x42; HINT_LEN];
+        let known = KnownPeers {
+            hints: [hint].into_iter().collect(),
+            ..KnownPeers::default()
+        };
+        let admit = |gate: &mut HandshakeGate, f: &[u8], from, now| {
+            gate.admit(
+                &c,
+                f,
+                MessageType::HandshakeInit,
+                from,
+                now,
+                LOAD_THRESHOLD,
+                &known,
+            )
+        };
+        let mut queued = 0;
+        for i in 1..=150u8 {
+            let from = SocketAddr::from(([198, 51, 100, i], 4000));
+            let cookie = cookie_of(&mut gate, &ours, from, t);
+            let mut theirs = [1; HINT_LEN];
+            theirs[0] = i;
+            let f = initiation(&ours, theirs, Some(&cookie));
+            if admit(&mut gate, &f, from, t) == Admission::Queue {
+                queued += 1;
+            }
+        }
+        assert_eq!(queued, HANDSHAKE_BUDGET, "the budget is spent");
+        // A fresh source with an unknown hint, or none: held to the spent budget.
+        let fresh = SocketAddr::from(([203, 0, 113, 9], 5000));
+        let cookie = cookie_of(&mut gate, &ours, fresh, t);
+        for other in [[0x43; HINT_LEN], [0; HINT_LEN]] {
+            let f = initiation(&ours, other, Some(&cookie));
+            assert_eq!(admit(&mut gate, &f, fresh, t), Admission::Dropped);
+        }
+        // The known hint: first, KNOWN_BURST times at once.
+        let f = initiation(&ours, hint, Some(&cookie));
+        for n in 0..KNOWN_BURST {
+            assert_eq!(
+                admit(&mut gate, &f, fresh, t),
+                Admission::Queue,
+                "known {n}"
+            );
+        }
+        assert_eq!(
+            c.handshake_known_first
+                .load(std::sync::atomic::Ordering::Relaxed),
+            5
+        );
+        // Past its rate it is one of the rest (the budget is spent).
+        assert_eq!(admit(&mut gate, &f, fresh, t), Admission::Dropped);
+        // Its mac2 still counts: without one it gets a cookie-reply like anyone.
+        let bare = initiation(&ours, hint, None);
+        let later = t + Duration::from_millis(300);
+        assert!(matches!(
+            admit(&mut gate, &bare, fresh, later),
+            Admission::Reply(_)
+        ));
+        // A fifth of a second later its rate has one more.
+        assert_eq!(admit(&mut gate, &f, fresh, later), Admission::Queue);
     }
 
     #[test]

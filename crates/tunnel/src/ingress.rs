@@ -378,9 +378,10 @@ impl Receiver {
             return;
         };
         let waiting = handshakes.initiations_waiting();
-        let shared = &self.shared;
-        let a_peer = |from| shared.is_peer_endpoint(from);
-        match gate.admit(c, &msg.frame, kind, msg.from, msg.at, waiting, a_peer) {
+        let known = self.shared.known_peers();
+        let admission = gate.admit(c, &msg.frame, kind, msg.from, msg.at, waiting, &*known);
+        drop(known);
+        match admission {
             Admission::Queue => {
                 if !handshakes.push(msg) {
                     bump(&c.drop_handshake_queue);

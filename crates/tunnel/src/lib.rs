@@ -60,7 +60,7 @@ pub use engine::{
     DataPlane, Engine, MAX_SPARSE_THREADS, SparseIntake, SparseWay, StartError, StaticPeer,
     sparse_thread_name,
 };
-pub use gate::{Admission, HandshakeGate};
+pub use gate::{Admission, HandshakeGate, Known, KnownPeers};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
 pub use limit::{RateTable, source_key};
@@ -174,10 +174,10 @@ pub struct Shared {
     pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Per-device policy: which new flows may pass, both ways.
     pub policy: Policy,
-    /// Where our peers are (their endpoints, relay channels among them), as the control
-    /// thread last looked (once a second): the handshake gate holds no one there to the
-    /// handshake budget.
-    peer_endpoints: RwLock<std::collections::HashSet<SocketAddr>>,
+    /// Where our peers are (their endpoints, relay channels among them) and the hints of
+    /// their initiations, as the control thread last looked (once a second): the handshake
+    /// gate lets them in first.
+    known: RwLock<KnownPeers>,
 }
 
 impl Shared {
@@ -209,7 +209,7 @@ impl Shared {
                 dormant: std::sync::atomic::AtomicUsize::new(0),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
                 policy: Policy::default(),
-                peer_endpoints: RwLock::new(std::collections::HashSet::new()),
+                known: RwLock::new(KnownPeers::default()),
             },
             rx,
         )
@@ -290,23 +290,18 @@ impl Shared {
         self.notify.notify_one();
     }
 
+    /// Where our peers are and the hints of their initiations (as of the control thread's
+    /// last look), for the handshake gate.
+    pub fn known_peers(&self) -> std::sync::RwLockReadGuard<'_, KnownPeers> {
+        self.known.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The control thread's look at where the peers are and how they show themselves.
+    pub(crate) fn set_known_peers(&self, known: KnownPeers) {
+        *self.known.write().unwrap_or_else(PoisonError::into_inner) = known;
+    }
+
     /// The peers woken for since the last call, and whether more were than the list holds.
-    /// Whether `from` is one of our peers' endpoints (as of the control thread's last look).
-    pub fn is_peer_endpoint(&self, from: SocketAddr) -> bool {
-        self.peer_endpoints
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&from)
-    }
-
-    /// The control thread's look at where the peers are.
-    pub(crate) fn set_peer_endpoints(&self, endpoints: std::collections::HashSet<SocketAddr>) {
-        *self
-            .peer_endpoints
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = endpoints;
-    }
-
     pub(crate) fn take_woken(&self) -> (Vec<u32>, bool) {
         let mut w = self.woken.lock().unwrap_or_else(PoisonError::into_inner);
         let overflow = std::mem::take(&mut w.overflow);
