@@ -37,6 +37,31 @@ pub fn capture_initiation(bed: &TwoSites) -> anyhow::Result<Vec<u8>> {
     })
 }
 
+/// `init` (an initiation to `responder`) with its hint replaced by `hint` and mac1 sealed
+/// again over it: what an attacker that never saw a member's hint sends
+/// (docs/protocol.md §2, *Known peers first*).
+///
+/// # Errors
+/// `init` is too short to be an initiation.
+pub fn with_hint(
+    init: &[u8],
+    responder: &cyphonic_crypto::PublicKey,
+    hint: [u8; 16],
+) -> anyhow::Result<Vec<u8>> {
+    use cyphonic_wire::{HANDSHAKE_INIT_MIN, HEADER_LEN, HINT_LEN, MAC_LEN};
+    anyhow::ensure!(
+        init.len() >= HEADER_LEN + HANDSHAKE_INIT_MIN,
+        "not an initiation"
+    );
+    let mut frame = init.to_vec();
+    let at1 = frame.len() - 2 * MAC_LEN;
+    frame[at1 - HINT_LEN..at1].copy_from_slice(&hint);
+    let mac1 = cyphonic_crypto::MacKeys::new(responder).mac1(&frame[..at1]);
+    frame[at1..at1 + MAC_LEN].copy_from_slice(&mac1);
+    frame[at1 + MAC_LEN..].fill(0);
+    Ok(frame)
+}
+
 /// The first control frame (its length prefix and the Noise message: a `Hello`) of the next
 /// TCP connection to `port` that arrives on `iface` of `ns`, put together from its segments
 /// (a `Hello` with a certificate is larger than one segment). Run it while a client
