@@ -37,6 +37,39 @@ pub fn capture_initiation(bed: &TwoSites) -> anyhow::Result<Vec<u8>> {
     })
 }
 
+/// The Noise static key the certificate at `path` (text armor) certifies.
+///
+/// # Errors
+/// The file cannot be read or is no certificate.
+pub fn static_key(path: &std::path::Path) -> anyhow::Result<cyphonic_crypto::PublicKey> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let cert = cyphonic_crypto::Certificate::from_pem(&text)?;
+    Ok(cyphonic_crypto::PublicKey(cert.body().public_key))
+}
+
+/// A host on `bed`'s underlay with `n` addresses (at most 250) to flood from: its first
+/// and then 192.0.2.194 to .254 and 192.0.2.2 to .190 as needed, which the router reaches
+/// through the host's link. Only for a bed without a cloud (the cloud and the nodes use the
+/// lower half of 192.0.2.0/24). Returns the host (the flood ends with it) and the addresses.
+///
+/// # Errors
+/// The host or an address cannot be set up.
+pub fn flooding_host(bed: &TwoSites, n: usize) -> anyhow::Result<(crate::Netns, Vec<IpAddr>)> {
+    anyhow::ensure!(bed.cloud.is_none(), "the cloud's addresses would be taken");
+    let (host, first) = bed.add_underlay_host("flooder")?;
+    for free in ["192.0.2.0/25", "192.0.2.128/26"] {
+        bed.wan.ip(&["route", "add", free, "dev", "tov"])?;
+    }
+    let mut sources = vec![IpAddr::V4(first)];
+    let lasts = (194..=254u8).filter(|l| *l != 200).chain(2..=190);
+    for last in lasts.take(n.saturating_sub(1)) {
+        let ip = std::net::Ipv4Addr::new(192, 0, 2, last);
+        host.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+        sources.push(IpAddr::V4(ip));
+    }
+    Ok((host, sources))
+}
+
 /// `init` (an initiation to `responder`) with its hint replaced by `hint` and mac1 sealed
 /// again over it: what an attacker that never saw a member's hint sends
 /// (docs/protocol.md §2, *Known peers first*).

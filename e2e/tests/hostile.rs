@@ -99,9 +99,8 @@ fn a_handshake_flood_leaves_handshakes_dhcp_and_dns_served() {
 
 /// `n` addresses (at most 250) of a host on the underlay replaying A's first initiation at
 /// B, 40 a second each for 14 s, each answering B's cookie-replies: with its hint replaced
-/// by `hint` (and mac1 sealed again) when given. The bed has no cloud: the router reaches
-/// the rest of 192.0.2.0/24 through the host's link. Returns the host (the flood ends with
-/// it) and the flood.
+/// by `hint` (and mac1 sealed again) when given. Returns the host (the flood ends with it)
+/// and the flood.
 fn cookie_answering_flood(
     bed: &TwoSites,
     n: usize,
@@ -111,30 +110,12 @@ fn cookie_answering_flood(
     std::thread::JoinHandle<anyhow::Result<cyphonic_e2e::attack::HandshakeFlood>>,
 ) {
     let init = cyphonic_e2e::attack::capture_initiation(bed).unwrap();
-    let cert = std::fs::read_to_string(bed.b.dir.join("gw2.ovl.example.crt")).unwrap();
-    let b_key = cyphonic_crypto::PublicKey(
-        cyphonic_crypto::Certificate::from_pem(&cert)
-            .unwrap()
-            .body()
-            .public_key,
-    );
+    let b_key = cyphonic_e2e::attack::static_key(&bed.b.dir.join("gw2.ovl.example.crt")).unwrap();
     let init = match hint {
         Some(h) => cyphonic_e2e::attack::with_hint(&init, &b_key, h).unwrap(),
         None => init,
     };
-    let (flooder, first) = bed.add_underlay_host("flooder").unwrap();
-    for free in ["192.0.2.0/25", "192.0.2.128/26"] {
-        bed.wan.ip(&["route", "add", free, "dev", "tov"]).unwrap();
-    }
-    let mut sources = vec![std::net::IpAddr::V4(first)];
-    let lasts = (194..=254u8).filter(|l| *l != 200).chain(2..=190);
-    for last in lasts.take(n.saturating_sub(1)) {
-        let ip = std::net::Ipv4Addr::new(192, 0, 2, last);
-        flooder
-            .ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])
-            .unwrap();
-        sources.push(std::net::IpAddr::V4(ip));
-    }
+    let (flooder, sources) = cyphonic_e2e::attack::flooding_host(bed, n).unwrap();
     let to_b = SocketAddr::new(bed.b.underlay, 51820);
     let flood = cyphonic_e2e::attack::spawn_cookie_answering_flood(
         &flooder,

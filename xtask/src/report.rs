@@ -413,7 +413,7 @@ pub(crate) fn attack(r: &AttackReport) -> Result<String, std::fmt::Error> {
     let mut md = String::new();
     writeln!(
         md,
-        "Measured {} on {}. The two-site bed (release build, every host on the machine's cores); for each row a replayed initiation is sent at adapter B from a forged address at the offered rate, while lanA's host runs iperf3 TCP to lanB's host for {} s, then pings it 20 times 0.1 s apart, and a device on lanB sends {} DHCP DISCOVERs a second. Ratios are to the row without a flood, from the same run.",
+        "Measured {} on {}. The two-site bed (release build, every host on the machine's cores); for each row a replayed initiation is sent at adapter B at the offered rate, from one forged address or from many real addresses that answer B's cookie-replies (their initiations carry a hint of their own, not A's), while lanA's host runs iperf3 TCP to lanB's host for {} s, then pings it 20 times 0.1 s apart, and a device on lanB sends {} DHCP DISCOVERs a second. Ratios are to the row without a flood, from the same run.",
         m.date, m.machine, m.seconds, r.dhcp_per_sec
     )?;
     writeln!(md)?;
@@ -432,7 +432,10 @@ pub(crate) fn attack(r: &AttackReport) -> Result<String, std::fmt::Error> {
         writeln!(
             md,
             "| {} | {} | {:.2} | {} | {:.3} | {} | {}/{} | {:.0} / {:.0} / {:.0} | {} | {} | {}/{} |",
-            row.rate,
+            match row.sources {
+                0 => row.rate.to_string(),
+                n => format!("{}, from {n} addresses answering cookies", row.rate),
+            },
             row.sent,
             row.tcp_gbps,
             ratio(row.tcp_gbps, base.tcp_gbps),

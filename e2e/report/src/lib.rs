@@ -230,12 +230,16 @@ pub struct AttackReport {
     pub rows: Vec<AttackRow>,
 }
 
-/// One flood rate: a replayed initiation sent at B from a forged address while lanA's host
-/// runs TCP to lanB's, then pings it, and a device on lanB asks for DHCP offers.
+/// One flood: a replayed initiation sent at B from a forged address, or from many addresses
+/// that answer its cookie-replies, while lanA's host runs TCP to lanB's, then pings it, and
+/// a device on lanB asks for DHCP offers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttackRow {
     /// Initiations a second offered (0: no flood).
     pub rate: u32,
+    /// Addresses the flood comes from, each answering B's cookie-replies (0: one forged
+    /// address that never does).
+    pub sources: u32,
     /// Initiations sent during the row.
     pub sent: u64,
     /// TCP goodput lanA -> lanB, Gbit/s.

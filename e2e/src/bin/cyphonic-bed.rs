@@ -1717,9 +1717,9 @@ fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
     })
 }
 
-/// Where and when, with `seconds` per measurement.
-/// The offered flood rates of `attack`, initiations a second (0: none).
-const ATTACK_RATES: [u32; 3] = [0, 10_000, 50_000];
+/// The floods of `attack`: initiations a second offered (0: none) and from how many
+/// addresses that answer B's cookie-replies (0: one forged address that never does).
+const ATTACK_FLOODS: [(u32, usize); 4] = [(0, 0), (10_000, 0), (50_000, 0), (10_000, 250)];
 /// DHCP DISCOVERs the device on lanB sends a second during each row.
 const DHCP_PER_SEC: u64 = 10;
 
@@ -1824,14 +1824,48 @@ fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
     let forged: SocketAddr = "203.0.113.1:0".parse()?;
     let target = bed.b.host_ip.to_string();
     let mut rows = Vec::new();
-    for rate in ATTACK_RATES {
-        eprintln!("bench: attack, {rate} initiations a second ...");
+    // The cookie-answering addresses' initiations carry a hint of their own: they never saw
+    // A's (docs/protocol.md §2, known peers first).
+    let b_key = attack::static_key(&bed.b.dir.join("gw2.ovl.example.crt"))?;
+    let answering_init = attack::with_hint(&init, &b_key, [0x5a; 16])?;
+    let mut flooders = Vec::new();
+    for (rate, sources) in ATTACK_FLOODS {
+        eprintln!("bench: attack, {rate} initiations a second from {sources} sources ...");
         // Long enough for the settling second, TCP, the pings, and a margin.
         let flood_for = Duration::from_secs(seconds + 6);
-        let flood = (rate > 0).then(|| {
-            inject::spawn_flood_udp(&bed.wan, forged, to_b, init.clone(), rate, flood_for)
-        });
-        std::thread::sleep(Duration::from_secs(1));
+        let flood = match (rate, sources) {
+            (0, _) => None,
+            (_, 0) => Some(inject::spawn_flood_udp(
+                &bed.wan,
+                forged,
+                to_b,
+                init.clone(),
+                rate,
+                flood_for,
+            )),
+            (_, n) => {
+                let (host, addresses) = attack::flooding_host(&bed, n)?;
+                let per_source = rate / u32::try_from(n)?;
+                let flood = attack::spawn_cookie_answering_flood(
+                    &host,
+                    addresses,
+                    to_b,
+                    answering_init.clone(),
+                    b_key,
+                    per_source,
+                    flood_for,
+                );
+                flooders.push(host);
+                Some(std::thread::spawn(move || {
+                    flood
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("the flood thread panicked"))?
+                        .map(|f| f.sent)
+                }))
+            }
+        };
+        // Two seconds: the cookie-answering sources need their cookies first.
+        std::thread::sleep(Duration::from_secs(if sources > 0 { 2 } else { 1 }));
         let counter = |name: &str| bed.counter(Side::B, name).unwrap_or(0);
         let (checked0, cookies0, dhcp0) = (
             counter("handshake_inits"),
@@ -1897,6 +1931,7 @@ fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
         };
         rows.push(AttackRow {
             rate,
+            sources: u32::try_from(sources)?,
             sent,
             tcp_gbps: tcp,
             rtt,
