@@ -315,11 +315,16 @@ pub fn spawn_cookie_answering_flood(
         }
         let mut seen = HandshakeFlood::default();
         let tick = Duration::from_millis(10);
-        let per_tick = (per_source / 100).max(1);
+        // Hundredths of a frame each source may send, carried from tick to tick: rates under
+        // 100 a second are kept too.
+        let mut credit = 0u32;
         let end = Instant::now() + duration;
         let mut next = Instant::now();
         let mut buf = [0u8; 256];
         while Instant::now() < end {
+            credit += per_source;
+            let per_tick = credit / 100;
+            credit %= 100;
             for (sock, cookie, frame) in &mut socks {
                 while let Ok(n) = sock.recv(&mut buf) {
                     // A cookie-reply: header, then the sealed cookie.
