@@ -413,32 +413,37 @@ pub(crate) fn attack(r: &AttackReport) -> Result<String, std::fmt::Error> {
     let mut md = String::new();
     writeln!(
         md,
-        "Measured {} on {}. The two-site bed (release build, every host on the machine's cores); for each row a replayed initiation is sent at adapter B at the offered rate, from one forged address or from many real addresses that answer B's cookie-replies (their initiations carry a hint of their own, not A's), while lanA's host runs iperf3 TCP to lanB's host for {} s, then pings it 20 times 0.1 s apart, and a device on lanB sends {} DHCP DISCOVERs a second. Ratios are to the row without a flood, from the same run.",
+        "Measured {} on {}. The two-site bed (release build, every host on the machine's cores); for each row a replayed initiation is sent at adapter B at the offered rate, from one forged address or from many real addresses that answer B's cookie-replies (their initiations carry a hint of their own, not A's), while lanA's host runs iperf3 TCP to lanB's host for {} s, then pings it 20 times 0.1 s apart, and a device on lanB sends {} DHCP DISCOVERs a second. Ratios are to the row without a flood, from the same run; for a flood from many addresses also to the same flood at a closed port of B's (what the attacker's own sending costs the shared cores, B doing nothing).",
         m.date, m.machine, m.seconds, r.dhcp_per_sec
     )?;
     writeln!(md)?;
     writeln!(
         md,
-        "| flood (initiations/s) | sent | TCP (Gbit/s) | TCP ratio | RTT average (ms) | RTT ratio | replies | CPU of B's control / handshake / receive thread (% of a core) | initiations checked | cookie-replies | DHCP answered |"
+        "| flood (initiations/s) | sent | TCP (Gbit/s) | TCP ratio | TCP ratio to the flood at a closed port | RTT average (ms) | RTT ratio | replies | CPU of B's control / handshake / receive thread (% of a core) | initiations checked | cookie-replies | DHCP answered |"
     )?;
     writeln!(
         md,
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     let Some(base) = r.rows.first() else {
         return Ok(md);
     };
     for row in &r.rows {
+        let closed = r.rows.iter().find(|c| {
+            c.closed_port && !row.closed_port && c.rate == row.rate && c.sources == row.sources
+        });
         writeln!(
             md,
-            "| {} | {} | {:.2} | {} | {:.3} | {} | {}/{} | {:.0} / {:.0} / {:.0} | {} | {} | {}/{} |",
-            match row.sources {
-                0 => row.rate.to_string(),
-                n => format!("{}, from {n} addresses answering cookies", row.rate),
+            "| {} | {} | {:.2} | {} | {} | {:.3} | {} | {}/{} | {:.0} / {:.0} / {:.0} | {} | {} | {}/{} |",
+            match (row.sources, row.closed_port) {
+                (0, _) => row.rate.to_string(),
+                (n, false) => format!("{}, from {n} addresses answering cookies", row.rate),
+                (n, true) => format!("{}, from {n} addresses, to a closed port", row.rate),
             },
             row.sent,
             row.tcp_gbps,
             ratio(row.tcp_gbps, base.tcp_gbps),
+            closed.map_or_else(|| "-".to_owned(), |c| ratio(row.tcp_gbps, c.tcp_gbps)),
             row.rtt.avg_ms,
             ratio(row.rtt.avg_ms, base.rtt.avg_ms),
             row.rtt.received,

@@ -240,6 +240,9 @@ pub struct AttackRow {
     /// Addresses the flood comes from, each answering B's cookie-replies (0: one forged
     /// address that never does).
     pub sources: u32,
+    /// Sent to a closed port of B's, not its tunnel's: the same flood with nothing for B to
+    /// do, the control of the row after it.
+    pub closed_port: bool,
     /// Initiations sent during the row.
     pub sent: u64,
     /// TCP goodput lanA -> lanB, Gbit/s.

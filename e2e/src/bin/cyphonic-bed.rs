@@ -1717,9 +1717,17 @@ fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
     })
 }
 
-/// The floods of `attack`: initiations a second offered (0: none) and from how many
-/// addresses that answer B's cookie-replies (0: one forged address that never does).
-const ATTACK_FLOODS: [(u32, usize); 4] = [(0, 0), (10_000, 0), (50_000, 0), (10_000, 250)];
+/// The floods of `attack`: initiations a second offered (0: none), from how many addresses
+/// that answer B's cookie-replies (0: one forged address that never does), and to which
+/// port of B's: its tunnel's, or a closed one (the control of the row before it: the same
+/// flood, the same sending, nothing for B to do but drop it).
+const ATTACK_FLOODS: [(u32, usize, u16); 5] = [
+    (0, 0, 51820),
+    (10_000, 0, 51820),
+    (50_000, 0, 51820),
+    (10_000, 250, 51899),
+    (10_000, 250, 51820),
+];
 /// DHCP DISCOVERs the device on lanB sends a second during each row.
 const DHCP_PER_SEC: u64 = 10;
 
@@ -1820,7 +1828,6 @@ fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
     let (asker_ns, asker_mac) = bed.add_host(Side::B, "asker")?;
     let asker_mac = cyphonic_e2e::bed::parse_mac(&asker_mac)?;
     let pid = bed.b.adapter.as_ref().context("adapter B runs")?.pid();
-    let to_b = SocketAddr::new(bed.b.underlay, 51820);
     let forged: SocketAddr = "203.0.113.1:0".parse()?;
     let target = bed.b.host_ip.to_string();
     let mut rows = Vec::new();
@@ -1829,8 +1836,11 @@ fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
     let b_key = attack::static_key(&bed.b.dir.join("gw2.ovl.example.crt"))?;
     let answering_init = attack::with_hint(&init, &b_key, [0x5a; 16])?;
     let mut flooders = Vec::new();
-    for (rate, sources) in ATTACK_FLOODS {
-        eprintln!("bench: attack, {rate} initiations a second from {sources} sources ...");
+    for (rate, sources, port) in ATTACK_FLOODS {
+        eprintln!(
+            "bench: attack, {rate} initiations a second from {sources} sources to port {port} ..."
+        );
+        let to_b = SocketAddr::new(bed.b.underlay, port);
         // Long enough for the settling second, TCP, the pings, and a margin.
         let flood_for = Duration::from_secs(seconds + 6);
         let flood = match (rate, sources) {
@@ -1844,18 +1854,21 @@ fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
                 flood_for,
             )),
             (_, n) => {
-                let (host, addresses) = attack::flooding_host(&bed, n)?;
+                // One host for every such row (the addresses are set up once).
+                if flooders.is_empty() {
+                    flooders.push(attack::flooding_host(&bed, n)?);
+                }
+                let (host, addresses) = &flooders[0];
                 let per_source = rate / u32::try_from(n)?;
                 let flood = attack::spawn_cookie_answering_flood(
-                    &host,
-                    addresses,
+                    host,
+                    addresses.clone(),
                     to_b,
                     answering_init.clone(),
                     b_key,
                     per_source,
                     flood_for,
                 );
-                flooders.push(host);
                 Some(std::thread::spawn(move || {
                     flood
                         .join()
@@ -1932,6 +1945,7 @@ fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
         rows.push(AttackRow {
             rate,
             sources: u32::try_from(sources)?,
+            closed_port: port != 51820,
             sent,
             tcp_gbps: tcp,
             rtt,
