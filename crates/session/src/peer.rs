@@ -178,6 +178,14 @@ pub struct Peer {
     events: VecDeque<Event>,
 }
 
+/// The key our static key shares with the peer's, when we know its key and it is not of
+/// low order (docs/protocol.md §2, *Known peers first*).
+fn known_key(identity: &Identity, config: &PeerConfig) -> Option<KnownKey> {
+    config
+        .remote_static
+        .and_then(|theirs| KnownKey::new(identity.keypair(), &theirs))
+}
+
 impl core::fmt::Debug for Peer {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Peer")
@@ -208,9 +216,7 @@ impl Peer {
         clock: Clock,
         backend: Backend,
     ) -> Self {
-        let known = config
-            .remote_static
-            .and_then(|theirs| KnownKey::new(identity.keypair(), &theirs));
+        let known = known_key(&identity, &config);
         Self {
             id,
             identity,
@@ -338,10 +344,7 @@ impl Peer {
     /// Replaces our identity (a renewed certificate, new revocations).
     pub fn set_identity(&mut self, identity: Arc<Identity>) {
         if identity.public_key() != self.identity.public_key() {
-            self.known = self
-                .config
-                .remote_static
-                .and_then(|theirs| KnownKey::new(identity.keypair(), &theirs));
+            self.known = known_key(&identity, &self.config);
             self.known_hints = None;
         }
         self.identity = identity;

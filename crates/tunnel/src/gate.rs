@@ -126,32 +126,14 @@ pub enum Admission {
     Dropped,
 }
 
-/// What the gate asks, under load only, about the peers we know.
-pub trait Known {
-    /// Whether `from` is one of our peers' endpoints (or relay channels).
-    fn endpoint(&self, from: SocketAddr) -> bool;
-    /// Whether `hint` is one our peers' initiations to us carry now.
-    fn hint(&self, hint: &[u8; HINT_LEN]) -> bool;
-}
-
 /// Where our peers are and the hints of their initiations, as the control thread last
-/// looked: what [`Known`] answers from.
+/// looked: what the gate asks, under load only, about the peers we know.
 #[derive(Debug, Default)]
 pub struct KnownPeers {
     /// Their endpoints and relay channels.
     pub endpoints: HashSet<SocketAddr>,
     /// Their hints, for the epochs before, at and after ours.
     pub hints: HashSet<[u8; HINT_LEN]>,
-}
-
-impl Known for KnownPeers {
-    fn endpoint(&self, from: SocketAddr) -> bool {
-        self.endpoints.contains(&from)
-    }
-
-    fn hint(&self, hint: &[u8; HINT_LEN]) -> bool {
-        self.hints.contains(hint)
-    }
 }
 
 /// The receive thread's handshake gate. See the module docs.
@@ -201,7 +183,7 @@ impl HandshakeGate {
         from: SocketAddr,
         now: Instant,
         waiting: usize,
-        known: &impl Known,
+        known: &KnownPeers,
     ) -> Admission {
         if matches!(
             kind,
@@ -232,7 +214,7 @@ impl HandshakeGate {
         // A peer that shows itself by its hint comes first (zeros are nobody's hint).
         if let Some(hint) = initiation_hint(frame)
             && hint != [0; HINT_LEN]
-            && known.hint(&hint)
+            && known.hints.contains(&hint)
             && self.known.admit(hint, now)
         {
             bump(&counters.handshake_known_first);
@@ -243,7 +225,7 @@ impl HandshakeGate {
             bump(&counters.drop_handshake_rate);
             return Admission::Dropped;
         }
-        if !known.endpoint(from) && !self.budget.admit(source, now) {
+        if !known.endpoints.contains(&from) && !self.budget.admit(source, now) {
             bump(&counters.drop_handshake_budget);
             return Admission::Dropped;
         }

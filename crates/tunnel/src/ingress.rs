@@ -379,7 +379,7 @@ impl Receiver {
         };
         let waiting = handshakes.initiations_waiting();
         let known = self.shared.known_peers();
-        let admission = gate.admit(c, &msg.frame, kind, msg.from, msg.at, waiting, &*known);
+        let admission = gate.admit(c, &msg.frame, kind, msg.from, msg.at, waiting, &known);
         drop(known);
         match admission {
             Admission::Queue => {

@@ -60,7 +60,7 @@ pub use engine::{
     DataPlane, Engine, MAX_SPARSE_THREADS, SparseIntake, SparseWay, StartError, StaticPeer,
     sparse_thread_name,
 };
-pub use gate::{Admission, HandshakeGate, Known, KnownPeers};
+pub use gate::{Admission, HandshakeGate, KnownPeers};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
 pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
 pub use limit::{RateTable, source_key};
