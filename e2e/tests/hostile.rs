@@ -129,6 +129,17 @@ fn cookie_answering_flood(
     (flooder, flood)
 }
 
+/// Starts A (its keys lost) and pings B's host once from lanA, waiting at most 5 s for the
+/// answer: the ping and how long after the start it ended.
+fn start_a_and_ping_b(bed: &mut TwoSites) -> (std::process::Output, Duration) {
+    bed.start(Side::A).unwrap();
+    let started = Instant::now();
+    let ping = bed
+        .ping(Side::A, bed.b.host_ip, &["-c", "1", "-w", "5"])
+        .unwrap();
+    (ping, started.elapsed())
+}
+
 /// Issue 49, finding 4 (handshakes): 61 real addresses on the underlay replay a captured
 /// initiation at B, each answering B's cookie-replies so that its initiations carry a valid
 /// mac2 and each would cost B its Diffie-Hellman work, 40 a second each (past the 20 a second
@@ -149,12 +160,7 @@ fn a_cookie_answering_flood_from_sixty_addresses_is_held_to_the_budget() {
     let per_sec = (n1 - n0) as f64 / (t1 - t0).as_secs_f64();
     // A restarts: keys lost, it handshakes with B through the flood.
     bed.stop(Side::A, "TERM").unwrap();
-    bed.start(Side::A).unwrap();
-    let restarted = Instant::now();
-    let ping = bed
-        .ping(Side::A, bed.b.host_ip, &["-c", "1", "-w", "5"])
-        .unwrap();
-    let back = restarted.elapsed();
+    let (ping, back) = start_a_and_ping_b(&mut bed);
     let seen = inject::joined(flood).unwrap();
     eprintln!(
         "flood from 61 addresses: {seen:?}; B did {per_sec:.0} handshakes a second; A back in {back:?}"
@@ -210,12 +216,7 @@ fn a_member_back_from_a_new_address_comes_first_through_a_flood_from_250_address
     ns.ip(&["route", "replace", "default", "via", &router, "src", &a_new])
         .unwrap();
     let known0 = bed.counter(Side::B, "handshake_known_first").unwrap();
-    bed.start(Side::A).unwrap();
-    let restarted = Instant::now();
-    let ping = bed
-        .ping(Side::A, bed.b.host_ip, &["-c", "1", "-w", "5"])
-        .unwrap();
-    let back = restarted.elapsed();
+    let (ping, back) = start_a_and_ping_b(&mut bed);
     let known = bed.counter(Side::B, "handshake_known_first").unwrap() - known0;
     let peers = bed.status(Side::B).unwrap();
     let seen = inject::joined(flood).unwrap();
