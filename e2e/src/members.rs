@@ -156,6 +156,15 @@ impl MembersBed {
     /// # Errors
     /// A namespace, address, process or the database failing to start.
     pub fn new(members: usize, postgres: bool) -> anyhow::Result<Self> {
+        Self::with_cloud_config(members, postgres, "")
+    }
+
+    /// As [`MembersBed::new`], the cloud's configuration with `extra` lines (a `[relay]`
+    /// table, for instance).
+    ///
+    /// # Errors
+    /// As [`MembersBed::new`].
+    pub fn with_cloud_config(members: usize, postgres: bool, extra: &str) -> anyhow::Result<Self> {
         if members > MAX_MEMBERS {
             bail!("at most {MAX_MEMBERS} members");
         }
@@ -166,7 +175,7 @@ impl MembersBed {
         std::fs::create_dir_all(&ca_dir)?;
         std::fs::write(ca_dir.join("ca.crt"), pki.ca.certificate().to_pem())?;
         let ns = Netns::new("members")?;
-        let mut cloud = CloudHost::new(&ns, &bins, &ca_dir, tmp.path(), "")?;
+        let mut cloud = CloudHost::new(&ns, &bins, &ca_dir, tmp.path(), extra)?;
         add_addresses(&ns, "toc", (0..members).map(member_address), tmp.path())?;
         let (pg, second) = if postgres {
             let pg = Postgres::start_in(Some(&cloud.ns))?;
@@ -185,6 +194,51 @@ impl MembersBed {
             pg,
             _tmp: tmp,
         })
+    }
+
+    /// Registers every member inside the bed's namespace (at most `concurrency` not yet
+    /// confirmed at once) and hands them to `drive` there, each with its identity, on the
+    /// same one-thread runtime: a test's own load against the real cloud. `None` is a
+    /// member the cloud did not confirm within [`PATIENCE`].
+    ///
+    /// # Errors
+    /// The cloud's key is unreadable, the driver's thread failed, or `drive` did.
+    pub fn drive<T, F, Fut>(&self, concurrency: usize, drive: F) -> anyhow::Result<T>
+    where
+        F: FnOnce(Vec<(Arc<Identity>, Option<Member>)>) -> Fut + Send + 'static,
+        Fut: Future<Output = anyhow::Result<T>>,
+        T: Send + 'static,
+    {
+        let key = self.cloud_key()?;
+        let identities = self.identities();
+        let clouds = self.addresses();
+        inject::joined(inject::spawn_inside(&self.ns, move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let joining = identities
+                    .iter()
+                    .enumerate()
+                    .map(|(i, identity)| Joining {
+                        identity: identity.clone(),
+                        source: member_address(i),
+                        tunnel: None,
+                        name: member_name(i),
+                    })
+                    .collect();
+                let (members, _, _) = register(&clouds, key, joining, concurrency).await?;
+                drive(identities.into_iter().zip(members).collect()).await
+            })
+        }))
+    }
+
+    /// The cloud's public key.
+    fn cloud_key(&self) -> anyhow::Result<PublicKey> {
+        self.cloud
+            .public_key
+            .parse()
+            .context("the cloud's public key")
     }
 
     /// The cloud instances' control addresses (IPv6).
@@ -221,11 +275,7 @@ impl MembersBed {
     /// # Errors
     /// The cloud's key is unreadable, or the driver's thread failed.
     pub fn run(&self, opts: &MembersOptions) -> anyhow::Result<MembersFigures> {
-        let key: PublicKey = self
-            .cloud
-            .public_key
-            .parse()
-            .context("the cloud's public key")?;
+        let key = self.cloud_key()?;
         let identities = self.identities();
         let database = (self.pg.is_none()).then(|| self.cloud.dir.join("cloud.db"));
         let store = if self.pg.is_some() {
@@ -289,7 +339,7 @@ struct Drive {
 }
 
 /// A member that registered: its handle and events (kept, or its session ends).
-pub(crate) type Member = (Handle, mpsc::Receiver<Event>);
+pub type Member = (Handle, mpsc::Receiver<Event>);
 
 impl Drive {
     async fn run(self, identities: Vec<Arc<Identity>>) -> anyhow::Result<MembersFigures> {

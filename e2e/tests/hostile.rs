@@ -859,3 +859,125 @@ fn forged_responses_do_not_break_a_pending_handshake_on_the_wire() {
     );
     assert_eq!(inits.len(), 1, "A had to start over\n{}", bed.logs());
 }
+
+/// Issue 49, finding 4 (the relay's port range) against the real cloud: 56 members, each
+/// from an address of its own, fill the relay: 16 of them each ask for 4 channels with the
+/// other 40 until all 64 ports are taken. A fresh pair then asks and is given a channel at
+/// once, taken from one of the 16; that member cannot take it back; the 16 are refused any
+/// more, and the relay has opened nothing outside its range.
+#[test]
+fn members_filling_the_relay_cannot_keep_a_fresh_pair_out() {
+    use cyphonic_e2e::hosts::Bins;
+    use cyphonic_e2e::members::{Member, MembersBed, member_name};
+    use cyphonic_signal::Event;
+
+    const HOGS: usize = 16;
+    const PARTNERS: usize = 40;
+    const EACH: usize = 4;
+    const FRESH: (usize, usize) = (HOGS + PARTNERS, HOGS + PARTNERS + 1);
+    const PORTS: &str = "51000-51063";
+
+    /// `member` asks for a relay to `peer` and waits for the cloud's answer: the relay's
+    /// address, or why not.
+    async fn ask(member: &mut Member, peer: &str) -> Result<SocketAddr, String> {
+        member.0.request_relay(peer).map_err(|e| e.to_string())?;
+        let answer = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(e) = member.1.recv().await {
+                match e {
+                    Event::NotPaired { peer: p, reason } if p == peer => return Err(reason),
+                    Event::Expect(info) => {
+                        let fp = cyphonic_crypto::Certificate::from_pem(&info.certificate)
+                            .map(|c| c.fingerprint().to_string());
+                        if fp.as_deref() == Ok(peer) {
+                            return info.relay.map(|r| r.address).ok_or("no relay".into());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Err("the member's session ended".into())
+        });
+        answer
+            .await
+            .unwrap_or_else(|_| Err("no answer in 5 s".into()))
+    }
+
+    let bed = MembersBed::with_cloud_config(
+        FRESH.1 + 1,
+        false,
+        &format!("[relay]\nports = \"{PORTS}\"\n"),
+    )
+    .unwrap();
+    let log = || std::fs::read_to_string(bed.cloud.log()).unwrap_or_default();
+    let outcome = bed.drive(16, |members| async move {
+        let fps: Vec<String> = members
+            .iter()
+            .map(|(id, _)| id.certificate().fingerprint().to_string())
+            .collect();
+        let mut members: Vec<Member> = members
+            .into_iter()
+            .enumerate()
+            .map(|(i, (_, m))| m.ok_or_else(|| anyhow::anyhow!("member {i} never registered")))
+            .collect::<anyhow::Result<_>>()?;
+        let mut partners = members.split_off(HOGS);
+        let mut fresh = partners.split_off(PARTNERS);
+        // Each hog asks for its channels in turn, all hogs at once.
+        let mut filling = tokio::task::JoinSet::new();
+        for (h, mut hog) in members.into_iter().enumerate() {
+            let fps = fps.clone();
+            filling.spawn(async move {
+                let mut got = 0;
+                for j in 0..EACH {
+                    let partner = HOGS + (h * EACH + j) % PARTNERS;
+                    got += usize::from(ask(&mut hog, &fps[partner]).await.is_ok());
+                }
+                (h, hog, got)
+            });
+        }
+        let (mut hogs, mut held) = (Vec::new(), 0);
+        while let Some(done) = filling.join_next().await {
+            let (h, hog, got) = done?;
+            hogs.push((h, hog));
+            held += got;
+        }
+        // The fresh pair, timed from its ask.
+        let asked = Instant::now();
+        let given = ask(&mut fresh[0], &fps[FRESH.1]).await;
+        let took = asked.elapsed();
+        // The hog that lost a channel, and every other, asks for more: nothing.
+        let mut more = Vec::new();
+        for (h, hog) in &mut hogs {
+            let partner = HOGS + (*h * EACH + EACH) % PARTNERS;
+            more.push(ask(hog, &fps[partner]).await);
+        }
+        drop((hogs, partners, fresh));
+        Ok((held, given, took, more))
+    });
+    let (held, given, took, more) = outcome.unwrap_or_else(|e| panic!("{e}\n{}", log()));
+    eprintln!("relay fill: {held} channels held; fresh pair {given:?} after {took:?}");
+    assert_eq!(
+        held,
+        HOGS * EACH,
+        "the hogs did not fill the relay\n{}",
+        log()
+    );
+    let at = given.unwrap_or_else(|e| panic!("the fresh pair was refused: {e}\n{}", log()));
+    assert!((51_000..=51_063).contains(&at.port()), "{at}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    for (h, m) in more.iter().enumerate() {
+        assert!(m.is_err(), "hog {h} was given one more: {m:?}");
+    }
+    let status = bed.cloud.status(&Bins::find().unwrap()).unwrap();
+    let relay = &status["relay"];
+    let channels = relay["channels"].as_array().unwrap();
+    assert_eq!(channels.len(), HOGS * EACH, "{relay}");
+    let (a, b) = (member_name(FRESH.0).name, member_name(FRESH.1).name);
+    assert!(
+        channels
+            .iter()
+            .any(|c| c["a"] == a.as_str() && c["b"] == b.as_str()
+                || c["a"] == b.as_str() && c["b"] == a.as_str()),
+        "the fresh pair's channel is gone: {relay}"
+    );
+    assert_eq!(uint(&relay["counters"]["channels_reclaimed"]), 1, "{relay}");
+}
