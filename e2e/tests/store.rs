@@ -158,11 +158,11 @@ async fn tokens(store: &Store) {
 
 async fn conformance(store: &Store) {
     store
-        .client_online("fp1", ("gw1.ovl.example", "ca1"), "CERT1")
+        .client_online("fp1", ("gw1.ovl.example", "ca1"), ("CERT1", &[]))
         .await
         .unwrap();
     store
-        .client_online("fp2", ("gw2.ovl.example", "ca1"), "CERT2")
+        .client_online("fp2", ("gw2.ovl.example", "ca1"), ("CERT2", &[]))
         .await
         .unwrap();
     let e1: SocketAddr = "198.51.100.2:51820".parse().unwrap();
@@ -282,7 +282,7 @@ async fn identities(store: &Store) {
     let gw1 = [rec("gw1.ovl.example", [100, 64, 1, 1])];
     // gw1 renewed (new fingerprint, same CA and name): it takes its names over at once.
     store
-        .client_online("fp1b", ("gw1.ovl.example", "ca1"), "CERT1B")
+        .client_online("fp1b", ("gw1.ovl.example", "ca1"), ("CERT1B", &[]))
         .await
         .unwrap();
     let refused = store.register("fp1b", &[], &gw1).await.unwrap();
@@ -291,7 +291,7 @@ async fn identities(store: &Store) {
     assert_eq!(found.owner.fingerprint, "fp1b");
     // The same name from another CA is another identity: it takes nothing over.
     store
-        .client_online("fp1x", ("gw1.ovl.example", "ca2"), "CERT1X")
+        .client_online("fp1x", ("gw1.ovl.example", "ca2"), ("CERT1X", &[]))
         .await
         .unwrap();
     let refused = store
@@ -331,7 +331,7 @@ async fn identities(store: &Store) {
         )]
     );
     store
-        .client_online("fp9", ("sensor.gw2.ovl.example", "ca1"), "CERT9")
+        .client_online("fp9", ("sensor.gw2.ovl.example", "ca1"), ("CERT9", &[]))
         .await
         .unwrap();
     let refused = store
@@ -351,6 +351,74 @@ async fn identities(store: &Store) {
     assert_eq!(found.owner.fingerprint, "fp9");
 }
 
+/// Which names `store` says hold a block overlapping one of `blocks`, for a client named
+/// `name`, sorted.
+async fn overlapping(store: &Store, name: &str, blocks: &[&str]) -> Vec<String> {
+    let blocks: Vec<ipnet::IpNet> = blocks.iter().map(|b| b.parse().unwrap()).collect();
+    let mut names: Vec<String> = store
+        .certificates_overlapping(name, &blocks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    names.sort();
+    names
+}
+
+/// The blocks table (issue 49, finding 6): who holds addresses that overlap a block, by
+/// blocks inside it and blocks holding it, in each family apart, never the asker's name.
+async fn blocks(store: &Store) {
+    let net = |b: &str| b.parse::<ipnet::IpNet>().unwrap();
+    for (fp, name, blocks) in [
+        ("fpa", "a.blocks.example", vec![net("100.64.1.0/24")]),
+        (
+            "fpb",
+            "b.blocks.example",
+            vec![net("100.64.2.0/25"), net("fd7a::2:0/112")],
+        ),
+        ("fpc", "c.blocks.example", vec![net("100.64.0.0/16")]),
+        ("fpd", "d.blocks.example", vec![net("100.64.4.0/30")]),
+    ] {
+        store
+            .client_online(fp, (name, "ca1"), ("CERT", &blocks))
+            .await
+            .unwrap();
+    }
+    let (a, b, c, d) = (
+        "a.blocks.example",
+        "b.blocks.example",
+        "c.blocks.example",
+        "d.blocks.example",
+    );
+    assert_eq!(overlapping(store, "x", &["100.64.1.128/25"]).await, [a, c]);
+    assert_eq!(overlapping(store, "x", &["100.64.1.5/32"]).await, [a, c]);
+    assert_eq!(overlapping(store, "x", &["100.64.0.0/22"]).await, [a, b, c]);
+    assert_eq!(overlapping(store, "x", &["0.0.0.0/0"]).await, [a, b, c, d]);
+    assert_eq!(overlapping(store, a, &["100.64.1.0/24"]).await, [c]);
+    // d starts where a holder of 100.64.4.8/30 would, and ends before it.
+    assert_eq!(overlapping(store, "x", &["100.64.4.8/30"]).await, [c]);
+    assert_eq!(overlapping(store, c, &["100.64.4.0/30"]).await, [d]);
+    assert!(overlapping(store, "x", &["100.65.0.0/16"]).await.is_empty());
+    assert_eq!(overlapping(store, "x", &["fd7a::2:80/121"]).await, [b]);
+    assert_eq!(overlapping(store, "x", &["fd7a::/16"]).await, [b]);
+    assert_eq!(
+        overlapping(store, "x", &["fd7a::9:0/112", "100.64.2.64/26"]).await,
+        [b, c]
+    );
+    // The families never mix, even where an IPv6 block maps IPv4 addresses.
+    assert!(
+        overlapping(store, "x", &["::ffff:100.64.1.0/120"])
+            .await
+            .is_empty()
+    );
+    assert!(overlapping(store, "x", &["fd7a::3:0/112"]).await.is_empty());
+    // A member removed holds nothing.
+    store.client_offline("fpd").await.unwrap();
+    assert_eq!(store.remove_member(d).await.unwrap(), 1);
+    assert!(overlapping(store, c, &["100.64.4.0/30"]).await.is_empty());
+}
+
 #[test]
 fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
     let rt = runtime();
@@ -364,6 +432,21 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             conformance(&store).await;
             tokens(&store).await;
             revocations(&store).await;
+            blocks(&store).await;
+            // A certificate registered without its blocks (as before the table) has them
+            // filled in when the store opens again.
+            let pki = Pki::new();
+            let old = pki.identity("e.ovl.example", "100.66.0.0/24", &[]);
+            let pem = old.certificate().to_pem();
+            store
+                .client_online("fpe", ("e.ovl.example", "ca1"), (&pem, &[]))
+                .await
+                .unwrap();
+            assert!(
+                overlapping(&store, "x", &["100.66.0.9/32"])
+                    .await
+                    .is_empty()
+            );
             if !store.is_shared() {
                 // SQLite runs with a write-ahead log (one fsync a transaction).
                 let wal = dir.path().join("cloud.db-wal");
@@ -374,6 +457,11 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             assert!(names >= 1, "{url}: nothing left to keep");
             let again = Store::open(&url).await.unwrap();
             assert_eq!(again.name_count().await.unwrap(), names, "{url}");
+            assert_eq!(
+                overlapping(&again, "x", &["100.66.0.9/32"]).await,
+                ["e.ovl.example"],
+                "{url}"
+            );
             assert_eq!(
                 again.members().await.unwrap(),
                 store.members().await.unwrap()

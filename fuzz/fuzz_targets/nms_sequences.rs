@@ -101,7 +101,7 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                 .client_online(
                     &c.fingerprint().to_string(),
                     (&c.body().name, &hex::encode(c.body().issuer)),
-                    &c.to_pem(),
+                    (&c.to_pem(), &c.body().vip_blocks),
                 )
                 .await
                 .expect("online");

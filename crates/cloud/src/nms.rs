@@ -595,7 +595,7 @@ impl Nms {
         }
         if let Err(e) = self
             .store
-            .client_online(&fp, (&body.name, &issuer), &pem)
+            .client_online(&fp, (&body.name, &issuer), (&pem, &body.vip_blocks))
             .await
         {
             tracing::error!(error = %e, "store");
@@ -910,10 +910,7 @@ impl Nms {
         now: u64,
     ) -> Result<Option<String>, crate::store::StoreError> {
         let trust = self.trust();
-        for (_, other, pem) in self.store.certificates().await? {
-            if other == name {
-                continue;
-            }
+        for (other, pem) in self.store.certificates_overlapping(name, blocks).await? {
             let Ok(cert) = Certificate::from_pem(&pem) else {
                 continue;
             };
@@ -992,7 +989,7 @@ impl Nms {
                     .issued(
                         &cert.fingerprint().to_string(),
                         (&body.name, &issuer),
-                        &cert.to_pem(),
+                        (&cert.to_pem(), &cert.body().vip_blocks),
                     )
                     .await
                 {

@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cyphonic_control::NameRecord;
+use ipnet::IpNet;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row as _};
 
@@ -101,6 +102,41 @@ fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// A block's first and last address as the blocks table holds them (migration 0007).
+fn block_range(block: &IpNet) -> (String, String) {
+    match block {
+        IpNet::V4(b) => (
+            format!("4:{:08x}", u32::from(b.network())),
+            format!("4:{:08x}", u32::from(b.broadcast())),
+        ),
+        IpNet::V6(b) => (
+            format!("6:{:032x}", u128::from(b.network())),
+            format!("6:{:032x}", u128::from(b.broadcast())),
+        ),
+    }
+}
+
+/// Records `blocks` as `fingerprint`'s, in `tx` (those already recorded stay).
+async fn put_blocks(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    fingerprint: &str,
+    blocks: &[IpNet],
+) -> Result<(), StoreError> {
+    for block in blocks {
+        let (first, last) = block_range(block);
+        sqlx::query(
+            "INSERT INTO blocks (fingerprint, first, last) VALUES ($1, $2, $3) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(fingerprint)
+        .bind(first)
+        .bind(last)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens (creating a SQLite file if needed) and migrates the database at `url`
     /// (`sqlite:///var/lib/cyphonic/cloud.db`, `postgres://user@host/db`).
@@ -132,7 +168,9 @@ impl Store {
                 .await?;
         }
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool, url })
+        let store = Self { pool, url };
+        store.fill_blocks().await?;
+        Ok(store)
     }
 
     /// Whether the store is PostgreSQL, which several cloud instances can share.
@@ -169,14 +207,14 @@ impl Store {
         &self,
         fingerprint: &str,
         identity: (&str, &str),
-        certificate: &str,
+        (certificate, blocks): (&str, &[IpNet]),
     ) -> Result<(), StoreError> {
         self.put_client(
             "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5",
             1,
             fingerprint,
             identity,
-            certificate,
+            (certificate, blocks),
         )
         .await
     }
@@ -191,28 +229,30 @@ impl Store {
         &self,
         fingerprint: &str,
         identity: (&str, &str),
-        certificate: &str,
+        (certificate, blocks): (&str, &[IpNet]),
     ) -> Result<(), StoreError> {
         self.put_client(
             "ON CONFLICT (fingerprint) DO NOTHING",
             0,
             fingerprint,
             identity,
-            certificate,
+            (certificate, blocks),
         )
         .await
     }
 
-    /// Inserts a client row with no endpoints, `online` as given; `on_conflict` says what
-    /// happens to a row already there.
+    /// Inserts a client row with no endpoints, `online` as given, and its certificate's
+    /// `blocks`; `on_conflict` says what happens to a client row already there (a
+    /// fingerprint's blocks never change: it names one certificate).
     async fn put_client(
         &self,
         on_conflict: &str,
         online: i64,
         fingerprint: &str,
         (name, issuer): (&str, &str),
-        certificate: &str,
+        (certificate, blocks): (&str, &[IpNet]),
     ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
         sqlx::query(&format!(
             "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer) \
              VALUES ($1, $2, $3, '[]', NULL, $6, $4, $5) {on_conflict}"
@@ -223,8 +263,31 @@ impl Store {
         .bind(unix_now())
         .bind(issuer)
         .bind(online)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        put_blocks(&mut tx, fingerprint, blocks).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Fills in the blocks of certificates registered before the blocks table (migration
+    /// 0007): each is parsed once. Rows whose certificate does not parse are left without.
+    async fn fill_blocks(&self) -> Result<(), StoreError> {
+        let rows = sqlx::query(
+            "SELECT fingerprint, certificate FROM clients \
+             WHERE fingerprint NOT IN (SELECT fingerprint FROM blocks)",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for r in &rows {
+            let (fingerprint, pem): (String, String) = (r.try_get(0)?, r.try_get(1)?);
+            let Ok(cert) = cyphonic_crypto::Certificate::from_pem(&pem) else {
+                continue;
+            };
+            let mut tx = self.pool.begin().await?;
+            put_blocks(&mut tx, &fingerprint, &cert.body().vip_blocks).await?;
+            tx.commit().await?;
+        }
         Ok(())
     }
 
@@ -463,13 +526,16 @@ impl Store {
     /// online.
     pub async fn remove_member(&self, name: &str) -> Result<usize, StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "DELETE FROM names WHERE owner IN \
-             (SELECT fingerprint FROM clients WHERE name = $1 AND online = 0)",
-        )
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
+        // What refers to the offline certificates first.
+        for (table, column) in [("names", "owner"), ("blocks", "fingerprint")] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE {column} IN \
+                 (SELECT fingerprint FROM clients WHERE name = $1 AND online = 0)"
+            ))
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        }
         let done = sqlx::query("DELETE FROM clients WHERE name = $1 AND online = 0")
             .bind(name)
             .execute(&mut *tx)
@@ -531,7 +597,7 @@ pub struct TokenRow {
     /// The name the certificate will carry.
     pub name: String,
     /// Its vIP blocks.
-    pub blocks: Vec<ipnet::IpNet>,
+    pub blocks: Vec<IpNet>,
     /// Its groups.
     pub groups: Vec<String>,
     /// The certificate's lifetime, seconds.
@@ -732,18 +798,53 @@ impl Store {
             .collect()
     }
 
-    /// Every certificate that connected, with its fingerprint and name: what a block is
-    /// checked against (no two names hold one address).
+    /// The certificates, with their names, of clients not named `name` that hold a block
+    /// overlapping one of `blocks` (no two names hold one address): found through the
+    /// blocks table, so the cost is in the matches, not in the registry's size. Blocks are
+    /// CIDR prefixes, so two overlap only when one holds the other: a block inside ours
+    /// starts within it, and one holding ours starts at our first address masked to its
+    /// shorter length.
     ///
     /// # Errors
     /// Database failures.
-    pub async fn certificates(&self) -> Result<Vec<(String, String, String)>, StoreError> {
-        let rows = sqlx::query("SELECT fingerprint, name, certificate FROM clients")
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-            .collect()
+    pub async fn certificates_overlapping(
+        &self,
+        name: &str,
+        blocks: &[IpNet],
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for block in blocks {
+            let (first, last) = block_range(block);
+            let holders: Vec<String> = (0..block.prefix_len())
+                .map(|len| block_range(&IpNet::new_assert(block.addr(), len).trunc()).0)
+                .collect();
+            let marks: Vec<String> = (0..holders.len()).map(|i| format!("${}", i + 4)).collect();
+            let inside = "b.first >= $2 AND b.first <= $3";
+            let filter = if marks.is_empty() {
+                inside.to_owned()
+            } else {
+                format!(
+                    "{inside} OR (b.last >= $2 AND b.first IN ({}))",
+                    marks.join(", ")
+                )
+            };
+            let sql = format!(
+                "SELECT DISTINCT c.name, c.certificate, c.fingerprint FROM blocks b \
+                 JOIN clients c ON c.fingerprint = b.fingerprint \
+                 WHERE c.name <> $1 AND ({filter})"
+            );
+            let mut q = sqlx::query(&sql).bind(name).bind(first).bind(last);
+            for h in holders {
+                q = q.bind(h);
+            }
+            for r in q.fetch_all(&self.pool).await? {
+                let found: (String, String) = (r.try_get(0)?, r.try_get(1)?);
+                if !out.contains(&found) {
+                    out.push(found);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The certificate `fingerprint`, of `name` for the static key `key` (hex), opened a
