@@ -44,7 +44,7 @@ pub const HINT_EPOCH_SECS: u64 = 120;
 pub type Cookie = [u8; MAC_LEN];
 
 /// Keyed BLAKE2s with a 16-byte output over `parts`, in order.
-fn keyed_mac(key: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
+pub(crate) fn keyed_mac(key: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
     // Every key here is 16 or 32 bytes, within BLAKE2s's 32: this cannot fail.
     let Ok(mut mac) = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(key)
     else {
@@ -66,7 +66,7 @@ pub fn verify_mac(key: &Cookie, bytes: &[u8], tag: &[u8]) -> bool {
     verify(key, bytes, tag)
 }
 
-fn verify(key: &[u8], bytes: &[u8], tag: &[u8]) -> bool {
+pub(crate) fn verify(key: &[u8], bytes: &[u8], tag: &[u8]) -> bool {
     let Ok(mut mac) = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(key)
     else {
         return false;

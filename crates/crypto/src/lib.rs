@@ -17,6 +17,7 @@ pub mod aead;
 pub mod cert;
 pub mod cookie;
 pub mod noise;
+pub mod pair;
 mod pem;
 pub mod replay;
 
@@ -27,5 +28,6 @@ pub use cert::{
 };
 pub use cookie::{Cookie, CookieSecret, KnownKey, MacKeys};
 pub use noise::{PublicKey, StaticKeypair};
+pub use pair::{BootKey, PairKey};
 pub use pem::PemError;
 pub use replay::{ReplayError, ReplayWindow};
