@@ -75,7 +75,18 @@ cyphonic_settings::config_file! {
         dhcp: RawDhcp,
         #[serde(default)]
         reservation: Vec<RawReservation>,
+        ha: Option<RawHa>,
     }
+}
+
+/// `[ha]`: this adapter is one of a pair serving the site as one gateway
+/// (docs/protocol.md §5). Both hold the site's certificate and key.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHa {
+    priority: Spanned<u8>,
+    #[serde(default)]
+    preempt: bool,
 }
 
 cyphonic_settings::end_table! {
@@ -223,6 +234,17 @@ pub struct AdapterConfig {
     pub lan_dataplane: LanDataplane,
     /// Fixed addresses.
     pub reservations: Vec<Reservation>,
+    /// One of an HA pair, if `[ha]` says so.
+    pub ha: Option<HaSettings>,
+}
+
+/// `[ha]`, checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HaSettings {
+    /// 1-254: the higher serves when both are equally healthy and started together.
+    pub priority: u8,
+    /// Take the gateway back, once holding the active's leases, when of higher priority.
+    pub preempt: bool,
 }
 
 /// A DHCP configuration but for its reservations (which a reload applies).
@@ -274,6 +296,7 @@ impl AdapterConfig {
                 "[dataplane] (LAN side)",
                 self.lan_dataplane != new.lan_dataplane,
             ),
+            ("[ha]", self.ha != new.ha),
         ])
     }
 
@@ -342,6 +365,20 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             format!("{} is outside 1..={LAN_QUEUES_MAX}", d.lan_queues.get_ref()),
         );
     }
+    let ha = match &raw.ha {
+        Some(h) if !(1..=254).contains(h.priority.get_ref()) => {
+            return src.err(
+                &h.priority.span(),
+                "ha.priority",
+                format!("{} is outside 1..=254", h.priority.get_ref()),
+            );
+        }
+        Some(h) => Some(HaSettings {
+            priority: *h.priority.get_ref(),
+            preempt: h.preempt,
+        }),
+        None => None,
+    };
     let config = AdapterConfig {
         common,
         lan_interface: a.lan_interface.clone(),
@@ -357,6 +394,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             queues: *d.lan_queues.get_ref(),
         },
         reservations,
+        ha,
     };
     Ok((config, identity))
 }
@@ -555,6 +593,40 @@ mod tests {
 
     fn load_text(f: &Fixture, text: &str) -> Result<(AdapterConfig, Identity), ConfigError> {
         load(&f.write("test.toml", text), NOW)
+    }
+
+    /// `[ha]`: its priority within 1..=254, preempt off unless said; absent, no pair.
+    #[test]
+    fn the_ha_table_is_checked() {
+        let f = fixture();
+        let (c, _) = load(&f.path().join("adapter.toml"), NOW).unwrap();
+        assert_eq!(
+            c.ha,
+            Some(HaSettings {
+                priority: 200,
+                preempt: false
+            })
+        );
+        let without: String = EXAMPLE.split("\n[ha]\n").next().unwrap().to_owned();
+        let (c, _) = load_text(&f, &without).unwrap();
+        assert_eq!(c.ha, None);
+        for bad in ["0", "255"] {
+            let text = format!("{without}\n[ha]\npriority = {bad}\n");
+            let err = load_text(&f, &text).unwrap_err().to_string();
+            assert!(
+                err.contains("ha.priority") && err.contains("outside 1..=254"),
+                "{err}"
+            );
+        }
+        let text = format!("{without}\n[ha]\npriority = 1\npreempt = true\n");
+        let (c, _) = load_text(&f, &text).unwrap();
+        assert_eq!(
+            c.ha,
+            Some(HaSettings {
+                priority: 1,
+                preempt: true
+            })
+        );
     }
 
     #[test]
@@ -1018,6 +1090,7 @@ mod tests {
                 "identity",
                 "dhcp",
                 "reservation",
+                "ha",
                 "dns",
                 "dataplane",
                 "peer",

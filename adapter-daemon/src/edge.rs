@@ -101,7 +101,12 @@ impl<'a> AdapterEdge<'a> {
                 "one sparse capture socket, not one per CPU: this kernel cannot keep a fanout group off the frames the adapter sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING, Linux 6.2); the tunnel side still has one per CPU"
             );
         }
-        let gateway_mac = cyphonic_gateway::gateway_mac(iface.mac);
+        // A pair's gateway MAC is the pair's, the same on both boxes.
+        let gateway_mac = if config.ha.is_some() {
+            crate::ha::gateway_mac(config.gateway_vip)
+        } else {
+            cyphonic_gateway::gateway_mac(iface.mac)
+        };
         tracing::info!(
             interface = %iface.name,
             mac = %Mac(iface.mac),

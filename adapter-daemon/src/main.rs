@@ -12,6 +12,7 @@ mod counters;
 mod dhcp;
 mod edge;
 mod gateway;
+mod ha;
 mod lan;
 mod lan_sink;
 mod leases;
@@ -37,8 +38,15 @@ fn main() -> ExitCode {
 }
 
 fn describe(c: &AdapterConfig, id: &Identity) -> String {
+    let ha = c.ha.map_or_else(String::new, |h| {
+        format!(
+            ", one of an HA pair (priority {}{})",
+            h.priority,
+            if h.preempt { ", preempt" } else { "" }
+        )
+    });
     format!(
-        "{}: OK: adapter {} on {}, LAN block {} (gateway {}), {} reservation(s), {} static peer(s)",
+        "{}: OK: adapter {} on {}, LAN block {} (gateway {}), {} reservation(s), {} static peer(s){ha}",
         c.common.path.display(),
         id.certificate().body().name,
         c.lan_interface,
@@ -50,6 +58,11 @@ fn describe(c: &AdapterConfig, id: &Identity) -> String {
 }
 
 fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> anyhow::Result<()> {
+    // One of a pair: nothing is served until the pair makes this box the active one.
+    let _ha = match &c.ha {
+        Some(settings) => Some(ha::serve(ha::stand_by(c, settings, &identity)?)?),
+        None => None,
+    };
     let reload =
         cyphonic_daemon::cli::reloader(c.clone(), reread, AdapterConfig::needs_restart, |c| {
             (c.common, c.reservations)

@@ -57,15 +57,22 @@ pub(crate) fn reply(lan: &Lan, req: &Arp, out: &mut [u8]) -> Option<usize> {
 /// request whose sender and target are the gateway vIP; a gratuitous ARP, which Linux takes
 /// over an entry however recently it changed). Returns its length.
 pub(crate) fn announce(lan: &Lan, out: &mut [u8]) -> Option<usize> {
+    announcement(lan.mac, lan.gateway_ip, out)
+}
+
+/// Writes the announcement of `ip` at `mac` (as [`announce`] does for the gateway) into
+/// `out`; returns its length, `None` when `out` is too short. An HA pair's new active box
+/// sends it as it takes over: switches learn the gateway MAC's new port at once.
+pub fn announcement(mac: [u8; 6], ip: Ipv4Addr, out: &mut [u8]) -> Option<usize> {
     let frame = out.get_mut(..ETH_HEADER_LEN + ARP_LEN)?;
-    write_eth(frame, BROADCAST, lan.mac, ETHERTYPE_ARP);
+    write_eth(frame, BROADCAST, mac, ETHERTYPE_ARP);
     write_arp(
         &mut frame[ETH_HEADER_LEN..],
         OP_REQUEST,
-        lan.mac,
-        lan.gateway_ip,
+        mac,
+        ip,
         [0; 6],
-        lan.gateway_ip,
+        ip,
     );
     Some(frame.len())
 }

@@ -40,6 +40,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+pub use arp::announcement;
 pub use coalesce::{Run, find_run, merge_headers, restore_headers, tcp_flags};
 pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};

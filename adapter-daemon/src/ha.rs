@@ -1,0 +1,361 @@
+//! The HA pair's edge (docs/protocol.md §5, `[ha]`): heartbeats and lease tables on the LAN
+//! port, in a packet socket of its own that the kernel gives only the pair's Ethertype.
+//!
+//! A box of a pair first stands by ([`stand_by`]): it serves nothing, answers the other
+//! box's challenges and keeps the lease file the active box sends, until the pair's decision
+//! ([`cyphonic_ha::Pair`]) makes it active. Then the adapter starts as a lone one would, from
+//! that lease file, and [`serve`] goes on with the heartbeats beside it, sending the lease
+//! file whenever it changes. An active box that must stand down ends the process
+//! ([`EXIT_STOOD_DOWN`]): every thread stops serving at once, and the service manager starts
+//! it again, as a standby.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use cyphonic_crypto::PairKey;
+use cyphonic_crypto::pair::random_16;
+use cyphonic_ha::msg::{self, Body, ETHERTYPE, GROUP_MAC};
+use cyphonic_ha::{Assembler, Config, Event, Health, Opener, Pair, Role, Sealer};
+use cyphonic_netio::cbpf::{jump_eq, load_half, ret};
+use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
+use cyphonic_telemetry::files::{self, Access};
+
+use crate::config::{AdapterConfig, HaSettings, Mac};
+
+/// The exit status of an active box that stood down: not a failure of its own, but the
+/// service manager restarts it (as a standby) as it would after one.
+pub const EXIT_STOOD_DOWN: i32 = 75;
+
+/// How often the active box looks at its lease file, and sends it unchanged anyway.
+const LEASES_LOOK: Duration = Duration::from_millis(100);
+const LEASES_AGAIN: Duration = Duration::from_secs(10);
+/// How often a box judges its LAN link.
+const HEALTH_LOOK: Duration = Duration::from_secs(1);
+
+/// The pair's MAC for the gateway: the same on both boxes, from the gateway vIP (`02:63:79`
+/// and its last three bytes), so that no device re-ARPs when the gateway moves.
+pub const fn gateway_mac(gateway: Ipv4Addr) -> [u8; 6] {
+    let o = gateway.octets();
+    [0x02, 0x63, 0x79, o[1], o[2], o[3]]
+}
+
+/// One box's part of the pair.
+pub struct HaBox {
+    socket: PacketSocket,
+    iface: String,
+    nic: [u8; 6],
+    gateway: [u8; 6],
+    pair: Pair,
+    sealer: Sealer,
+    opener: Opener,
+    assembler: Assembler,
+    lease_file: PathBuf,
+    /// The lease file as last sent (its version, length and change time) and when.
+    sent: Option<(u64, (u64, SystemTime), Instant)>,
+    health_at: Instant,
+    frame: Vec<u8>,
+    body: Vec<u8>,
+}
+
+impl std::fmt::Debug for HaBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HaBox")
+            .field("iface", &self.iface)
+            .field("role", &self.pair.role())
+            .field("term", &self.pair.term())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stands by until this box is to serve: returns it then, active.
+///
+/// # Errors
+/// The LAN port is missing, the socket cannot be opened (privileges), the site key has no
+/// pair key, or sending fails.
+pub fn stand_by(
+    config: &AdapterConfig,
+    ha: &HaSettings,
+    identity: &cyphonic_settings::Identity,
+) -> anyhow::Result<HaBox> {
+    if Interface::bring_up(&config.lan_interface)? {
+        tracing::info!(interface = %config.lan_interface, "the LAN port was down: brought up");
+    }
+    let iface = Interface::lookup_up(&config.lan_interface)?;
+    // Closed to this host's kernel while standing by too (the edge checks again).
+    if let Err(e) = crate::port_guard::PortGuard::new(&iface.name, iface.index).enforce() {
+        tracing::warn!(error = %e, "cannot close the LAN port to this host's kernel entirely");
+    }
+    // The kernel gives this socket the pair's frames and nothing else.
+    let filter = vec![
+        load_half(12),
+        jump_eq(u32::from(ETHERTYPE), 0, 1),
+        ret(u32::MAX),
+        ret(0),
+    ];
+    let socket = PacketSocket::open(
+        &iface,
+        &PacketOptions {
+            recv_buffer: 1 << 20,
+            filter: Some(filter),
+            ..PacketOptions::default()
+        },
+    )?;
+    let key = PairKey::new(identity.keypair()).context("the site key has no pair key")?;
+    let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
+    let now = Instant::now();
+    let pair = Pair::new(
+        Config {
+            priority: ha.priority,
+            preempt: ha.preempt,
+            mac: iface.mac,
+        },
+        link_health(&iface.name),
+        now,
+    );
+    let mut b = HaBox {
+        socket,
+        iface: iface.name.clone(),
+        nic: iface.mac,
+        gateway: gateway_mac(config.gateway_vip),
+        pair,
+        sealer: Sealer::new(&key, boot),
+        opener: Opener::new(key),
+        assembler: Assembler::default(),
+        lease_file: config.state_dir.join("leases.json"),
+        sent: None,
+        health_at: now,
+        frame: Vec::with_capacity(1600),
+        body: Vec::with_capacity(1600),
+    };
+    tracing::info!(interface = %b.iface, mac = %Mac(b.nic), priority = ha.priority, preempt = ha.preempt, "HA: standing by until the pair decides");
+    loop {
+        for e in b.step()? {
+            match e {
+                Event::Active { term, reason } => {
+                    tracing::warn!(
+                        term,
+                        reason = reason.describe(),
+                        "HA: this box serves the gateway"
+                    );
+                    b.announce(config.gateway_vip)?;
+                    return Ok(b);
+                }
+                Event::Standby { reason } => {
+                    tracing::info!(reason = reason.describe(), "HA: standing by");
+                }
+            }
+        }
+    }
+}
+
+/// Goes on as the active box, on a thread of its own; ends the process if it must stand
+/// down.
+///
+/// # Errors
+/// The thread cannot be started.
+pub fn serve(mut b: HaBox) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    Ok(std::thread::Builder::new()
+        .name("ha".into())
+        .spawn(move || {
+            loop {
+                match b.step() {
+                    Ok(events) => {
+                        for e in events {
+                            if let Event::Standby { reason } = e {
+                                tracing::error!(reason = reason.describe(), "HA: standing down: this box stops serving and starts again as the standby");
+                                std::process::exit(EXIT_STOOD_DOWN);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "HA: the pair's socket failed; standing down");
+                        std::process::exit(EXIT_STOOD_DOWN);
+                    }
+                }
+            }
+        })?)
+}
+
+impl HaBox {
+    /// One round: decide, send what is due, read what came (waiting up to the socket's
+    /// receive timeout). Returns the role changes.
+    fn step(&mut self) -> anyhow::Result<Vec<Event>> {
+        let now = Instant::now();
+        if now.duration_since(self.health_at) >= HEALTH_LOOK {
+            self.health_at = now;
+            self.pair.set_health(link_health(&self.iface), now);
+        }
+        self.pair.handle_timeout(now);
+        let challenge =
+            random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
+        if let Some(beat) = self.pair.poll_transmit(now, wall_ns(), challenge) {
+            self.send(&Body::Heartbeat(beat))?;
+        }
+        if self.pair.role() == Role::Active {
+            self.send_leases(now)?;
+        }
+        self.receive(now)?;
+        let mut events = Vec::new();
+        while let Some(e) = self.pair.poll_event() {
+            events.push(e);
+        }
+        Ok(events)
+    }
+
+    /// The gateway's announcement from the pair's gateway MAC (a gratuitous ARP): switches
+    /// learn its new port, devices keep their entries.
+    fn announce(&self, gateway: Ipv4Addr) -> anyhow::Result<()> {
+        let mut frame = [0u8; 64];
+        let n = cyphonic_gateway::announcement(self.gateway, gateway, &mut frame)
+            .context("the announcement does not fit")?;
+        self.socket
+            .send(&frame[..n])
+            .context("sending the gateway's announcement")
+    }
+
+    fn send(&mut self, body: &Body<'_>) -> anyhow::Result<()> {
+        self.sealer.seal(body, &mut self.body);
+        self.frame.clear();
+        self.frame.extend_from_slice(&GROUP_MAC);
+        self.frame.extend_from_slice(&self.nic);
+        self.frame.extend_from_slice(&ETHERTYPE.to_be_bytes());
+        self.frame.extend_from_slice(&self.body);
+        self.socket
+            .send(&self.frame)
+            .context("sending on the pair's socket")
+    }
+
+    /// The lease file to the standby, when it changed and every [`LEASES_AGAIN`].
+    fn send_leases(&mut self, now: Instant) -> anyhow::Result<()> {
+        if let Some((_, _, at)) = self.sent
+            && now.duration_since(at) < LEASES_LOOK
+        {
+            return Ok(());
+        }
+        let stamp = std::fs::metadata(&self.lease_file)
+            .ok()
+            .map(|m| (m.len(), m.modified().unwrap_or(UNIX_EPOCH)));
+        let Some(stamp) = stamp else {
+            return Ok(());
+        };
+        let unchanged = self
+            .sent
+            .is_some_and(|(_, s, at)| s == stamp && now.duration_since(at) < LEASES_AGAIN);
+        if unchanged {
+            if let Some(sent) = &mut self.sent {
+                sent.2 = now;
+            }
+            return Ok(());
+        }
+        let Ok(table) = std::fs::read(&self.lease_file) else {
+            return Ok(());
+        };
+        let version = version_of(&table);
+        for chunk in msg::chunks(version, &table) {
+            self.send(&Body::Leases(chunk))?;
+        }
+        self.pair.set_leases_version(version);
+        self.sent = Some((version, stamp, now));
+        Ok(())
+    }
+
+    fn receive(&mut self, now: Instant) -> anyhow::Result<()> {
+        let mut buf = [0u8; 1600];
+        let mut meta = [FrameMeta::default()];
+        let n = self
+            .socket
+            .recv_batch(&mut [&mut buf[..]], &mut meta)
+            .context("reading the pair's socket")?;
+        if n == 0 || meta[0].truncated || meta[0].outgoing || meta[0].len < 14 {
+            return Ok(());
+        }
+        let frame = &buf[..meta[0].len];
+        let mut src = [0u8; 6];
+        src.copy_from_slice(&frame[6..12]);
+        // Judged by its own addresses first: ours or the gateway's is never the other box.
+        if src == self.nic || src == self.gateway || src[0] & 1 == 1 {
+            return Ok(());
+        }
+        match self.opener.open(&frame[14..]) {
+            Ok((boot, Body::Heartbeat(beat))) => {
+                self.pair.handle(src, boot, &beat, now);
+            }
+            Ok((_, Body::Leases(chunk))) => {
+                if self.pair.role() != Role::Active
+                    && let Some((version, table)) = self.assembler.take(&chunk)
+                {
+                    self.keep_leases(version, table);
+                }
+            }
+            Err(e) => tracing::debug!(from = %Mac(src), error = %e, "HA: message dropped"),
+        }
+        Ok(())
+    }
+
+    /// Writes the active box's lease table, if it reads as one, in place of ours.
+    fn keep_leases(&mut self, version: u64, table: Vec<u8>) {
+        if let Err(reason) = cyphonic_vip::file::decode(&table) {
+            tracing::warn!(reason = %reason, "HA: the active box's lease table does not read; kept ours");
+            return;
+        }
+        match write_leases(&self.lease_file, table) {
+            Ok(()) => {
+                self.pair.set_leases_version(version);
+                tracing::debug!(version, "HA: the active box's lease table kept");
+            }
+            Err(e) => tracing::warn!(error = %e, "HA: cannot write the lease table"),
+        }
+    }
+}
+
+fn write_leases(path: &Path, table: Vec<u8>) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    files::replace(path, table, Access::Secret)
+}
+
+/// A table's version: its hash (the standby says which it holds; equal tables, equal
+/// versions).
+fn version_of(table: &[u8]) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    table.hash(&mut h);
+    h.finish()
+}
+
+/// What this box can judge of itself today: its LAN link (`operstate`). The other bits are
+/// set: uplink, data plane and reach are not judged yet (issue 51).
+fn link_health(iface: &str) -> Health {
+    let up = std::fs::read_to_string(format!("/sys/class/net/{iface}/operstate"))
+        .is_ok_and(|s| matches!(s.trim(), "up" | "unknown"));
+    if up {
+        Health::ALL
+    } else {
+        Health::ALL.without(Health::LAN)
+    }
+}
+
+fn wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pair's gateway MAC is unicast, locally administered, the same for one gateway
+    /// vIP and different for another.
+    #[test]
+    fn the_pairs_gateway_mac_follows_the_gateway_vip() {
+        let a = gateway_mac(Ipv4Addr::new(100, 64, 1, 1));
+        assert_eq!(a, [0x02, 0x63, 0x79, 64, 1, 1]);
+        assert_eq!(a[0] & 1, 0);
+        assert_eq!(a[0] & 2, 2);
+        assert_ne!(a, gateway_mac(Ipv4Addr::new(100, 64, 2, 1)));
+    }
+}
