@@ -626,6 +626,20 @@ impl TwoSites {
         Ok((ns, mac))
     }
 
+    /// Plugs `ns`'s new interface `ns_if` into `side`'s LAN switch (the bed must have
+    /// `lan_switch`): a second adapter on the same LAN, say.
+    ///
+    /// # Errors
+    /// No switch on this LAN, or `ip` failing.
+    pub fn plug_into_lan(&mut self, side: Side, ns: &Netns, ns_if: &str) -> anyhow::Result<()> {
+        let site = self.site_mut(side);
+        let switch = site
+            .switch
+            .as_ref()
+            .context("plug_into_lan needs a bed built with lan_switch")?;
+        plug(switch, &mut site.ports, ns, ns_if)
+    }
+
     /// A host on the underlay beside the sites and the cloud, on a segment of its own behind
     /// the router (`[wan router] tov 192.0.2.193/26 -- eth0 192.0.2.200/26 [host]`): a third
     /// party an attacker may try to aim traffic at. At most one per bed.
