@@ -87,6 +87,14 @@ struct RawHa {
     priority: Spanned<u8>,
     #[serde(default)]
     preempt: bool,
+    peer_underlay: Option<std::net::IpAddr>,
+    #[serde(default = "default_ha_port")]
+    port: u16,
+}
+
+/// `ha.port`: the pair's UDP port on the underlay.
+const fn default_ha_port() -> u16 {
+    51821
 }
 
 cyphonic_settings::end_table! {
@@ -245,6 +253,11 @@ pub struct HaSettings {
     pub priority: u8,
     /// Take the gateway back, once holding the active's leases, when of higher priority.
     pub preempt: bool,
+    /// The other box's underlay address: the pair's messages go there too, so that a cut
+    /// between the two on the LAN alone is not taken for the other's death.
+    pub peer_underlay: Option<std::net::IpAddr>,
+    /// The UDP port of the pair's messages on the underlay, the same on both boxes.
+    pub port: u16,
 }
 
 /// A DHCP configuration but for its reservations (which a reload applies).
@@ -376,6 +389,8 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         Some(h) => Some(HaSettings {
             priority: *h.priority.get_ref(),
             preempt: h.preempt,
+            peer_underlay: h.peer_underlay,
+            port: h.port,
         }),
         None => None,
     };
@@ -604,7 +619,9 @@ mod tests {
             c.ha,
             Some(HaSettings {
                 priority: 200,
-                preempt: false
+                preempt: false,
+                peer_underlay: Some("198.51.100.3".parse().unwrap()),
+                port: 51821,
             })
         );
         let without: String = EXAMPLE.split("\n[ha]\n").next().unwrap().to_owned();
@@ -624,7 +641,9 @@ mod tests {
             c.ha,
             Some(HaSettings {
                 priority: 1,
-                preempt: true
+                preempt: true,
+                peer_underlay: None,
+                port: 51821,
             })
         );
     }

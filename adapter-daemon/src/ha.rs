@@ -44,6 +44,8 @@ pub const fn gateway_mac(gateway: Ipv4Addr) -> [u8; 6] {
 /// One box's part of the pair.
 pub struct HaBox {
     socket: PacketSocket,
+    /// The underlay path: our UDP socket and the other box's address.
+    underlay: Option<(std::net::UdpSocket, std::net::SocketAddr)>,
     iface: String,
     nic: [u8; 6],
     gateway: [u8; 6],
@@ -102,6 +104,15 @@ pub fn stand_by(
             ..PacketOptions::default()
         },
     )?;
+    let underlay = match ha.peer_underlay {
+        Some(peer) => {
+            let sock = std::net::UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, ha.port))
+                .with_context(|| format!("binding the pair's UDP port {}", ha.port))?;
+            sock.set_nonblocking(true)?;
+            Some((sock, std::net::SocketAddr::new(peer, ha.port)))
+        }
+        None => None,
+    };
     let key = PairKey::new(identity.keypair()).context("the site key has no pair key")?;
     let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
     let now = Instant::now();
@@ -116,6 +127,7 @@ pub fn stand_by(
     );
     let mut b = HaBox {
         socket,
+        underlay,
         iface: iface.name.clone(),
         nic: iface.mac,
         gateway: gateway_mac(config.gateway_vip),
@@ -222,9 +234,16 @@ impl HaBox {
         self.frame.extend_from_slice(&self.nic);
         self.frame.extend_from_slice(&ETHERTYPE.to_be_bytes());
         self.frame.extend_from_slice(&self.body);
-        self.socket
-            .send(&self.frame)
-            .context("sending on the pair's socket")
+        // Best effort on each path: a LAN link down is for the pair to judge, not an error.
+        if let Err(e) = self.socket.send(&self.frame) {
+            tracing::debug!(error = %e, "HA: sending on the LAN failed");
+        }
+        if let Some((sock, peer)) = &self.underlay
+            && let Err(e) = sock.send_to(&self.body, peer)
+        {
+            tracing::debug!(error = %e, %peer, "HA: sending on the underlay failed");
+        }
+        Ok(())
     }
 
     /// The lease file to the standby, when it changed and every [`LEASES_AGAIN`].
@@ -261,26 +280,58 @@ impl HaBox {
         Ok(())
     }
 
+    /// What came on both paths: up to a batch of frames from the LAN (waiting up to the
+    /// socket's receive timeout for the first), then every datagram queued on the underlay.
     fn receive(&mut self, now: Instant) -> anyhow::Result<()> {
-        let mut buf = [0u8; 1600];
-        let mut meta = [FrameMeta::default()];
-        let n = self
-            .socket
-            .recv_batch(&mut [&mut buf[..]], &mut meta)
-            .context("reading the pair's socket")?;
-        if n == 0 || meta[0].truncated || meta[0].outgoing || meta[0].len < 14 {
-            return Ok(());
+        const BATCH: usize = 16;
+        let mut bufs = [[0u8; 1600]; BATCH];
+        let mut meta = [FrameMeta::default(); BATCH];
+        let n = {
+            let mut views: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            self.socket
+                .recv_batch(&mut views, &mut meta)
+                .context("reading the pair's socket")?
+        };
+        for (buf, meta) in bufs.iter().zip(&meta).take(n) {
+            if meta.truncated || meta.outgoing || meta.len < 14 {
+                continue;
+            }
+            let frame = &buf[..meta.len];
+            let mut src = [0u8; 6];
+            src.copy_from_slice(&frame[6..12]);
+            // Judged by its own addresses first: ours or the gateway's is never the other box.
+            if src == self.nic || src == self.gateway || src[0] & 1 == 1 {
+                continue;
+            }
+            self.take(&frame[14..], Some(src), now);
         }
-        let frame = &buf[..meta[0].len];
-        let mut src = [0u8; 6];
-        src.copy_from_slice(&frame[6..12]);
-        // Judged by its own addresses first: ours or the gateway's is never the other box.
-        if src == self.nic || src == self.gateway || src[0] & 1 == 1 {
-            return Ok(());
+        let mut datagram = [0u8; 1600];
+        while let Some((sock, peer)) = &self.underlay {
+            let (len, from) = match sock.recv_from(&mut datagram) {
+                Ok(got) => got,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e).context("reading the pair's UDP socket"),
+            };
+            // Only from the other box's address, whatever the message says.
+            if from.ip().to_canonical() != peer.ip().to_canonical() {
+                tracing::debug!(%from, "HA: datagram from another address dropped");
+                continue;
+            }
+            let msg = datagram[..len].to_vec();
+            self.take(&msg, None, now);
         }
-        match self.opener.open(&frame[14..]) {
+        Ok(())
+    }
+
+    /// One message of the other box's, from the LAN MAC `src` (`None`: the underlay).
+    fn take(&mut self, msg: &[u8], src: Option<[u8; 6]>, now: Instant) {
+        match self.opener.open(msg) {
             Ok((boot, Body::Heartbeat(beat))) => {
-                self.pair.handle(src, boot, &beat, now);
+                // On the LAN, the frame comes from the NIC the heartbeat names.
+                if src.is_some_and(|s| s != beat.nic) || beat.nic == self.nic {
+                    return;
+                }
+                self.pair.handle(beat.nic, boot, &beat, now);
             }
             Ok((_, Body::Leases(chunk))) => {
                 if self.pair.role() != Role::Active
@@ -289,9 +340,10 @@ impl HaBox {
                     self.keep_leases(version, table);
                 }
             }
-            Err(e) => tracing::debug!(from = %Mac(src), error = %e, "HA: message dropped"),
+            // The same message on the other path is a copy: that is no news.
+            Err(cyphonic_ha::Refused::Replay) => {}
+            Err(e) => tracing::debug!(error = %e, "HA: message dropped"),
         }
-        Ok(())
     }
 
     /// Writes the active box's lease table, if it reads as one, in place of ours.

@@ -1046,7 +1046,7 @@ impl PairBed {
         let mut bed = TwoSites::up(&BedOptions {
             lan_switch: true,
             a: SiteOptions {
-                extra: "[ha]\npriority = 200\n".into(),
+                extra: "[ha]\npriority = 200\npeer_underlay = \"192.0.2.200\"\n".into(),
                 ..SiteOptions::default()
             },
             ..BedOptions::default()
@@ -1060,13 +1060,16 @@ impl PairBed {
         let text = std::fs::read_to_string(bed.a.config())
             .unwrap()
             .replace("priority = 200", "priority = 100")
+            .replace("192.0.2.200", &bed.a.underlay.to_string())
             .replace("state_dir = \"state\"", "state_dir = \"state2\"")
             .replace(
                 "status_socket = \"adapter.sock\"",
                 "status_socket = \"adapter2.sock\"",
             );
         assert!(
-            text.contains("priority = 100") && text.contains("state2"),
+            text.contains("priority = 100")
+                && text.contains("state2")
+                && text.contains("peer_underlay = \"198.51.100.2\""),
             "{text}"
         );
         std::fs::write(&config2, text).unwrap();
@@ -1228,5 +1231,45 @@ fn a_frozen_active_box_that_wakes_stands_down() {
     assert!(pair.second.running(), "{}", pair.logs());
     pair.bed
         .ping_ok(&pair.device.ns, pair.bed.b.host_ip, Ping::count(2).wait(5));
+    pair.device.stop().unwrap();
+}
+
+/// Issue 51: the LAN between the two boxes alone is cut (their switch ports isolated from
+/// each other, each still reaching every device) for 3 s: the pair's messages go on over
+/// the underlay, so the standby stands by and the serving box serves on; nothing changes
+/// when the cut heals.
+#[test]
+fn a_cut_between_the_two_boxes_on_the_lan_moves_nothing() {
+    let mut pair = PairBed::up();
+    let isolate = |p: &PairBed, on: &str| {
+        let sw = p.bed.a.switch.as_ref().unwrap();
+        // p0: adapter A's LAN port, p2: the second box's (PairBed plugs it third).
+        for port in ["p0", "p2"] {
+            sw.ip(&[
+                "link",
+                "set",
+                "dev",
+                port,
+                "type",
+                "bridge_slave",
+                "isolated",
+                on,
+            ])
+            .unwrap();
+        }
+    };
+    pair.ping_through("LAN cut between the boxes", |p| {
+        isolate(p, "on");
+        std::thread::sleep(Duration::from_secs(3));
+        isolate(p, "off");
+    });
+    let second = pair.second_log();
+    assert!(!second.contains("serves the gateway"), "{}", pair.logs());
+    assert!(
+        !pair.bed.a.log_text().contains("standing down"),
+        "{}",
+        pair.logs()
+    );
+    assert!(pair.second.running(), "{}", pair.logs());
     pair.device.stop().unwrap();
 }

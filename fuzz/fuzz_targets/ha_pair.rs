@@ -90,6 +90,7 @@ fuzz_target!(|steps: Vec<Step>| {
                     challenge: [health; 16],
                     echo,
                     leases_version: 0,
+                    nic: OTHER,
                 };
                 sealer.seal(&Body::Heartbeat(beat), &mut wire);
                 let Ok((b, Body::Heartbeat(opened))) = opener.open(&wire) else {

@@ -16,7 +16,7 @@ pub const HEADER_LEN: usize = 32;
 /// Bytes of the tag after the body.
 pub const TAG_LEN: usize = MAC_LEN;
 /// Bytes of a heartbeat's body.
-pub const HEARTBEAT_LEN: usize = 64;
+pub const HEARTBEAT_LEN: usize = 72;
 /// Most bytes of the lease file in one chunk.
 pub const MAX_CHUNK: usize = 1200;
 /// Most chunks of one lease table (about 300 KB: a /20 of leases with long names).
@@ -132,6 +132,8 @@ pub struct Heartbeat {
     pub echo: Challenge,
     /// The version of the lease table the sender holds.
     pub leases_version: u64,
+    /// The sender's LAN NIC MAC: who it is on either path (a LAN frame must come from it).
+    pub nic: [u8; 6],
 }
 
 /// A piece of the lease table.
@@ -221,6 +223,8 @@ impl Sealer {
                 out.extend_from_slice(&h.challenge);
                 out.extend_from_slice(&h.echo);
                 out.extend_from_slice(&h.leases_version.to_be_bytes());
+                out.extend_from_slice(&h.nic);
+                out.extend_from_slice(&[0; 2]);
                 KIND_HEARTBEAT
             }
             Body::Leases(c) => {
@@ -323,7 +327,7 @@ fn parse_body(kind: u8, b: &[u8]) -> Option<Body<'_>> {
     };
     match kind {
         KIND_HEARTBEAT if b.len() == HEARTBEAT_LEN => {
-            if b[3] > 1 || b[4..8] != [0; 4] || b[1] & !Health::ALL.0 != 0 {
+            if b[3] > 1 || b[4..8] != [0; 4] || b[70..72] != [0; 2] || b[1] & !Health::ALL.0 != 0 {
                 return None;
             }
             Some(Body::Heartbeat(Heartbeat {
@@ -336,6 +340,11 @@ fn parse_body(kind: u8, b: &[u8]) -> Option<Body<'_>> {
                 challenge: challenge_at(24),
                 echo: challenge_at(40),
                 leases_version: u64_at(56),
+                nic: {
+                    let mut m = [0u8; 6];
+                    m.copy_from_slice(&b[64..70]);
+                    m
+                },
             }))
         }
         KIND_LEASES if b.len() >= CHUNK_HEADER && b.len() <= CHUNK_HEADER + MAX_CHUNK => {
@@ -430,6 +439,7 @@ mod tests {
             challenge: [7; 16],
             echo: [9; 16],
             leases_version: 42,
+            nic: [2, 0, 0, 0, 0, 9],
         }
     }
 

@@ -239,6 +239,7 @@ impl Pair {
             challenge,
             echo: self.other.map_or([0; 16], |o| o.beat.challenge),
             leases_version: self.leases_version,
+            nic: self.cfg.mac,
         })
     }
 
