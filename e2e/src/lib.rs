@@ -23,6 +23,7 @@ mod ledger;
 pub mod measure;
 pub mod members;
 pub mod node;
+pub mod pair;
 pub mod postgres;
 pub mod soak;
 pub mod swarm;

@@ -221,6 +221,15 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         idle: u64,
     },
+    /// Failover of an HA pair (issue 51): for each fault to the serving box (SIGKILL; its
+    /// LAN and uplink cut; SIGSTOP then SIGCONT), `rounds` fresh pairs on site A, each with
+    /// pings every 10 ms from a DHCP device and the LAN host to site B and an 8-s TCP stream
+    /// through it. Prints a Markdown table of the longest gaps and the streams that lived.
+    Ha {
+        /// Rounds per fault.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+    },
     /// Many peers speaking the tunnel protocol against one adapter (issue 24, item 4): for
     /// each count, a fresh bed (its cloud, adapter A dual-stack) and that many peers from
     /// this process, each with its own certificate, IPv6 address, control session and
@@ -425,6 +434,7 @@ fn main() -> ExitCode {
             idle,
             leases,
         } => swarm_table(&counts, concurrency, pings, idle, leases),
+        Command::Ha { rounds } => ha_table(rounds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -947,6 +957,41 @@ fn median_cell(all: &mut [f64]) -> (f64, String) {
         all[all.len() - 1] * 1e3
     );
     (median, cell)
+}
+
+/// `cyphonic-bed ha`: see [`Command::Ha`].
+fn ha_table(rounds: usize) -> anyhow::Result<()> {
+    use cyphonic_e2e::pair::{Fault, failover_round};
+    println!(
+        "| fault to the serving box | rounds | longest ping gap, median / worst, ms | pings answered to the end | TCP streams that lived |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for fault in Fault::ALL {
+        let mut gaps = Vec::new();
+        let (mut answered, mut lived) = (0, 0);
+        for round in 0..rounds {
+            let r = failover_round(fault)?;
+            eprintln!(
+                "cyphonic-bed ha: {} round {}: {r:?}",
+                fault.describe(),
+                round + 1
+            );
+            for p in r.pings {
+                gaps.push(p.gap.as_secs_f64() * 1000.0);
+                answered += usize::from(p.last + 50 > cyphonic_e2e::pair::PINGS);
+            }
+            lived += usize::from(r.tcp_survived);
+        }
+        gaps.sort_by(f64::total_cmp);
+        let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0.0);
+        let worst = gaps.last().copied().unwrap_or(0.0);
+        println!(
+            "| {} | {rounds} | {median:.0} / {worst:.0} | {answered} of {} | {lived} of {rounds} |",
+            fault.describe(),
+            gaps.len()
+        );
+    }
+    Ok(())
 }
 
 /// `cyphonic-bed members`: see [`Command::Members`].

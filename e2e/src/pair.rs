@@ -1,0 +1,297 @@
+//! Site A of the two-site bed with two adapters as one gateway (issue 51, `[ha]`; both with
+//! the site's certificate and key):
+//!
+//! ```text
+//! [lanA] --+                                  [adapterA] wan 198.51.100.2 -- toa [router]
+//!          +-- [swA br0] -- lan [adapterA]    priority 200, serving
+//!  [cam] --+            -- lan [adA2]         priority 100, standing by
+//!                              [adA2] eth0 192.0.2.200/26 -- tov [router]
+//! ```
+//!
+//! The second box is on the underlay beside the sites and on site A's LAN switch; each
+//! box's `peer_underlay` is the other's address. A DHCP device (`cam`) has a lease that the
+//! standby holds too. [`PairBed::ping_through`] pings site B's host every 10 ms from the
+//! device and the LAN host while something happens to the boxes, and measures the gaps.
+//! The bed and its processes go when it is dropped.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+use crate::bed::{BedOptions, Side, SiteOptions, TwoSites};
+use crate::lan::DhcpHost;
+use crate::{Proc, wait_until};
+
+/// Echo requests each [`PairBed::ping_through`] sends (10 ms apart: 8 s or more).
+pub const PINGS: u64 = 800;
+
+/// The pair and site A's devices.
+#[derive(Debug)]
+pub struct PairBed {
+    /// The two-site bed; its adapter A is the first box.
+    pub bed: TwoSites,
+    /// The second box.
+    pub second: Proc,
+    /// The second box's log.
+    pub log2: PathBuf,
+    /// The DHCP device.
+    pub device: DhcpHost,
+    /// Its address.
+    pub ip: Ipv4Addr,
+}
+
+/// What one pinger saw.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PingRun {
+    /// The longest time between two replies.
+    pub gap: Duration,
+    /// Replies.
+    pub replies: usize,
+    /// The last `icmp_seq` answered.
+    pub last: u64,
+}
+
+impl PairBed {
+    /// Builds it: the bed with adapter A serving, the second box standing by, the device
+    /// leased, its lease held by the standby.
+    ///
+    /// # Errors
+    /// A step of the bed fails, or the second box does not stand by or does not get the
+    /// lease within 5 s (the logs in the error).
+    pub fn up() -> anyhow::Result<Self> {
+        let mut bed = TwoSites::up(&BedOptions {
+            lan_switch: true,
+            a: SiteOptions {
+                extra: "[ha]\npriority = 200\npeer_underlay = \"192.0.2.200\"\n".into(),
+                ..SiteOptions::default()
+            },
+            ..BedOptions::default()
+        })?;
+        let (ns2, _) = bed.add_underlay_host("adA2")?;
+        bed.plug_into_lan(Side::A, &ns2, "lan")?;
+        let dir = bed.a.dir.clone();
+        let config2 = dir.join("adapter2.toml");
+        let log2 = dir.join("adapter2.log");
+        let text = std::fs::read_to_string(bed.a.config())?
+            .replace("priority = 200", "priority = 100")
+            .replace("192.0.2.200", &bed.a.underlay.to_string())
+            .replace("state_dir = \"state\"", "state_dir = \"state2\"")
+            .replace(
+                "status_socket = \"adapter.sock\"",
+                "status_socket = \"adapter2.sock\"",
+            );
+        if !(text.contains("priority = 100")
+            && text.contains("state2")
+            && text.contains("peer_underlay = \"198.51.100.2\""))
+        {
+            bail!("the second box's configuration is not what it should be:\n{text}");
+        }
+        std::fs::write(&config2, text)?;
+        let standing = || {
+            std::fs::read_to_string(&log2)
+                .unwrap_or_default()
+                .contains("the active box is alive")
+        };
+        let second = ns2
+            .daemon(
+                &bed.bins.adapter,
+                &["run", "--config", config2.to_str().context("path")?],
+                &log2,
+                standing,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.logs()))?;
+        let (device, ip) = bed.dhcp_device(Side::A, "cam")?;
+        let mut pair = Self {
+            bed,
+            second,
+            log2,
+            device,
+            ip,
+        };
+        let b_host = pair.bed.b.host_ip.to_string();
+        let out = pair
+            .device
+            .ns
+            .exec_output("ping", &["-c", "2", "-i", "0.2", "-W", "5", &b_host])?;
+        if !out.status.success() {
+            bail!("the device does not reach site B\n{}", pair.logs());
+        }
+        let state2 = dir.join("state2/leases.json");
+        wait_until(
+            Duration::from_secs(5),
+            "the standby holds the lease",
+            || std::fs::read_to_string(&state2).is_ok_and(|t| t.contains(&ip.to_string())),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", pair.logs()))?;
+        if !pair.second.running() || pair.second_log().contains("serves the gateway") {
+            bail!("the second box does not stand by\n{}", pair.logs());
+        }
+        Ok(pair)
+    }
+
+    /// The second box's log so far.
+    pub fn second_log(&self) -> String {
+        std::fs::read_to_string(&self.log2).unwrap_or_default()
+    }
+
+    /// Both boxes' logs and the bed's.
+    pub fn logs(&self) -> String {
+        format!(
+            "{}\n--- second box ---\n{}",
+            self.bed.logs(),
+            self.second_log()
+        )
+    }
+
+    /// Pings site B's host every 10 ms, [`PINGS`] of them, from the device and the LAN host,
+    /// doing `meanwhile` 2 s in. Returns what each saw (the device's first) and the outputs.
+    ///
+    /// # Errors
+    /// A ping cannot be started, or `meanwhile` fails.
+    pub fn ping_through(
+        &mut self,
+        meanwhile: impl FnOnce(&mut Self) -> anyhow::Result<()>,
+    ) -> anyhow::Result<([PingRun; 2], [String; 2])> {
+        let b_host = self.bed.b.host_ip.to_string();
+        let count = PINGS.to_string();
+        let pinger = |ns: &crate::Netns| {
+            ns.command(
+                "ping",
+                &["-n", "-D", "-i", "0.01", "-W", "1", "-c", &count, &b_host],
+            )
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        };
+        let pings = [pinger(&self.device.ns)?, pinger(&self.bed.a.lan)?];
+        std::thread::sleep(Duration::from_secs(2));
+        let done = meanwhile(self);
+        let mut runs = Vec::new();
+        let mut outs = Vec::new();
+        for p in pings {
+            let out = String::from_utf8_lossy(&p.wait_with_output()?.stdout).into_owned();
+            runs.push(gaps(&out));
+            outs.push(out);
+        }
+        done?;
+        let runs: [PingRun; 2] = runs.try_into().map_err(|_| anyhow::anyhow!("two runs"))?;
+        let outs: [String; 2] = outs
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("two outputs"))?;
+        Ok((runs, outs))
+    }
+}
+
+/// From `ping -D`'s output: the longest time between two replies, how many came, and the
+/// last `icmp_seq` answered.
+pub fn gaps(output: &str) -> PingRun {
+    let replies: Vec<(f64, u64)> = output
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| {
+            let at = l.strip_prefix('[')?.split(']').next()?.parse().ok()?;
+            let seq = l
+                .split("icmp_seq=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            Some((at, seq))
+        })
+        .collect();
+    let gap = replies
+        .windows(2)
+        .map(|w| w[1].0 - w[0].0)
+        .fold(0.0f64, f64::max);
+    PingRun {
+        gap: Duration::from_secs_f64(gap.max(0.0)),
+        replies: replies.len(),
+        last: replies.iter().map(|r| r.1).max().unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The longest time between replies, whatever the order the lines come in; requests
+    /// without a reply count in the gap, lines that are not replies do not.
+    #[test]
+    fn gaps_are_read_from_ping_timestamps() {
+        let out = "PING 100.64.2.10 (100.64.2.10) 56(84) bytes of data.\n\
+            [1000.000] 64 bytes from 100.64.2.10: icmp_seq=1 ttl=62 time=0.2 ms\n\
+            [1000.010] 64 bytes from 100.64.2.10: icmp_seq=2 ttl=62 time=0.2 ms\n\
+            [1000.420] From 100.64.1.1 icmp_seq=3 Destination Host Unreachable\n\
+            [1000.330] 64 bytes from 100.64.2.10: icmp_seq=5 ttl=62 time=0.2 ms\n\
+            [1000.340] 64 bytes from 100.64.2.10: icmp_seq=6 ttl=62 time=0.2 ms\n";
+        let r = gaps(out);
+        assert_eq!(r.replies, 4);
+        assert_eq!(r.last, 6);
+        assert!((r.gap.as_secs_f64() - 0.32).abs() < 1e-6, "{:?}", r.gap);
+        assert_eq!(gaps("").replies, 0);
+    }
+}
+
+/// What happens to the serving box in a failover round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL.
+    Kill,
+    /// Its LAN and uplink cut at once (power lost; the process lives on, unreachable).
+    Power,
+    /// SIGSTOP, and SIGCONT 2 s later (it must stand down).
+    Freeze,
+}
+
+impl Fault {
+    /// Every kind.
+    pub const ALL: [Self; 3] = [Self::Kill, Self::Power, Self::Freeze];
+
+    /// For the table.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::Kill => "SIGKILL",
+            Self::Power => "LAN and uplink cut (power)",
+            Self::Freeze => "SIGSTOP, SIGCONT 2 s later",
+        }
+    }
+}
+
+/// One failover round's figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Round {
+    /// The device's and the LAN host's pings.
+    pub pings: [PingRun; 2],
+    /// Whether a TCP stream (iperf3, site A's LAN host to site B's, 8 s) lived through it.
+    pub tcp_survived: bool,
+}
+
+/// A fresh pair, a TCP stream and pings through it, and `fault` to the serving box 2 s in.
+///
+/// # Errors
+/// The bed fails to come up, or a step of the fault does.
+pub fn failover_round(fault: Fault) -> anyhow::Result<Round> {
+    let mut pair = PairBed::up()?;
+    let tcp = crate::bed::IperfRun::start(&pair.bed, Side::B, &[], 8)?;
+    let (pings, _) = pair.ping_through(|p| match fault {
+        Fault::Kill => p.bed.stop(Side::A, "KILL").map(drop),
+        Fault::Power => {
+            for link in ["lan", "wan"] {
+                p.bed.a.adapter_ns.ip(&["link", "set", link, "down"])?;
+            }
+            Ok(())
+        }
+        Fault::Freeze => {
+            p.bed.signal(Side::A, "STOP")?;
+            std::thread::sleep(Duration::from_secs(2));
+            p.bed.signal(Side::A, "CONT")
+        }
+    })?;
+    let tcp_survived = tcp.finish().is_ok();
+    Ok(Round {
+        pings,
+        tcp_survived,
+    })
+}
