@@ -49,9 +49,19 @@ pub struct AdapterEdge<'a> {
     guard: Option<PortGuard>,
     lan: Arc<LanSide>,
     work: Option<ServiceQueues>,
+    /// One of an HA pair: the newest clock the other box showed ([`Edge::clock_floor`]).
+    clock_floor: Option<std::time::Duration>,
 }
 
 impl<'a> AdapterEdge<'a> {
+    /// With the clock the other box of an HA pair last showed, for the handshakes to stay
+    /// above.
+    #[must_use]
+    pub const fn with_clock_floor(mut self, floor: Option<std::time::Duration>) -> Self {
+        self.clock_floor = floor;
+        self
+    }
+
     /// Opens the LAN port `config` names: its receive offloads as `[dataplane]` wants them,
     /// and the capture socket.
     ///
@@ -159,6 +169,7 @@ impl<'a> AdapterEdge<'a> {
             guard: Some(guard),
             lan,
             work: Some(work),
+            clock_floor: None,
         })
     }
 
@@ -352,6 +363,10 @@ impl Edge for AdapterEdge<'_> {
         Box::new(AdapterCollector {
             lan: self.lan.clone(),
         })
+    }
+
+    fn clock_floor(&self) -> Option<std::time::Duration> {
+        self.clock_floor
     }
 }
 

@@ -57,6 +57,8 @@ pub struct HaBox {
     /// The lease file as last sent (its version, length and change time) and when.
     sent: Option<(u64, (u64, SystemTime), Instant)>,
     health_at: Instant,
+    /// Whether a message of another pair version was logged (once).
+    version_warned: bool,
     frame: Vec<u8>,
     body: Vec<u8>,
 }
@@ -138,6 +140,7 @@ pub fn stand_by(
         lease_file: config.state_dir.join("leases.json"),
         sent: None,
         health_at: now,
+        version_warned: false,
         frame: Vec::with_capacity(1600),
         body: Vec::with_capacity(1600),
     };
@@ -191,6 +194,13 @@ pub fn serve(mut b: HaBox) -> anyhow::Result<std::thread::JoinHandle<()>> {
 }
 
 impl HaBox {
+    /// The newest wall clock (since the unix epoch) the other box's proofs of life carried,
+    /// if any: our handshakes are to be newer (docs/protocol.md §5).
+    pub fn other_clock(&self) -> Option<Duration> {
+        let ns = self.pair.newest_clock_ns();
+        (ns > 0).then(|| Duration::from_nanos(ns))
+    }
+
     /// One round: decide, send what is due, read what came (waiting up to the socket's
     /// receive timeout). Returns the role changes.
     fn step(&mut self) -> anyhow::Result<Vec<Event>> {
@@ -342,6 +352,10 @@ impl HaBox {
             }
             // The same message on the other path is a copy: that is no news.
             Err(cyphonic_ha::Refused::Replay) => {}
+            Err(e @ cyphonic_ha::Refused::Version(_)) if !self.version_warned => {
+                self.version_warned = true;
+                tracing::warn!(error = %e, "HA: the other box speaks another pair version: the two cannot pair (upgrade both to one version)");
+            }
             Err(e) => tracing::debug!(error = %e, "HA: message dropped"),
         }
     }

@@ -59,15 +59,20 @@ fn describe(c: &AdapterConfig, id: &Identity) -> String {
 
 fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> anyhow::Result<()> {
     // One of a pair: nothing is served until the pair makes this box the active one.
-    let _ha = match &c.ha {
-        Some(settings) => Some(ha::serve(ha::stand_by(c, settings, &identity)?)?),
-        None => None,
+    let (_ha, floor) = match &c.ha {
+        Some(settings) => {
+            let active = ha::stand_by(c, settings, &identity)?;
+            let floor = active.other_clock();
+            (Some(ha::serve(active)?), floor)
+        }
+        None => (None, None),
     };
     let reload =
         cyphonic_daemon::cli::reloader(c.clone(), reread, AdapterConfig::needs_restart, |c| {
             (c.common, c.reservations)
         });
-    cyphonic_daemon::run(&c.common, identity, AdapterEdge::open(c)?, reload)
+    let edge = AdapterEdge::open(c)?.with_clock_floor(floor);
+    cyphonic_daemon::run(&c.common, identity, edge, reload)
 }
 
 /// The adapter's lines of the status table: its head line, and its devices, DHCP and DNS.

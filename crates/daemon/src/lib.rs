@@ -211,6 +211,39 @@ pub trait Edge {
 
     /// Its metrics (next to the engine's).
     fn collector(&self, core: &Core) -> Box<dyn Collector>;
+
+    /// A wall clock (since the unix epoch) this end's handshake timestamps are to stay
+    /// above: an HA pair's new active box has the newest clock the other box's heartbeats
+    /// carried, since peers refuse an initiation not newer than the last they took from the
+    /// site (docs/protocol.md §5). `None`: the system clock alone.
+    fn clock_floor(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// How far ahead of the system clock a [`Edge::clock_floor`] is followed: beyond it, the two
+/// clocks disagree too much to trust either, and the system's stays.
+pub const CLOCK_FLOOR_AHEAD: Duration = Duration::from_secs(10);
+
+/// The wall clock a tunnel end starts from: `system`, or just above `floor` when that is
+/// ahead of it by at most [`CLOCK_FLOOR_AHEAD`]. Returns it, and how far it moved forward
+/// (`Err`: the floor is further ahead, and was not followed).
+pub fn floored(
+    system: Duration,
+    floor: Option<Duration>,
+) -> (Duration, Result<Duration, Duration>) {
+    match floor {
+        Some(f) if f >= system => {
+            let ahead = f - system;
+            if ahead <= CLOCK_FLOOR_AHEAD {
+                let start = f + Duration::from_millis(1);
+                (start, Ok(start - system))
+            } else {
+                (system, Err(ahead))
+            }
+        }
+        _ => (system, Ok(Duration::ZERO)),
+    }
 }
 
 /// An edge's services, on the control thread: they wait for their own work, run timers, and
@@ -269,9 +302,23 @@ pub fn run<E: Edge>(
     reload: Reloader<<E::Services as Services>::Reload>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    let unix = SystemTime::now()
+    let system = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .context("the system clock is before 1970")?;
+    let (unix, moved) = floored(system, edge.clock_floor());
+    match moved {
+        Ok(d) if d > Duration::ZERO => {
+            tracing::info!(
+                ahead_ms = d.as_millis(),
+                "starting from the clock the other box of the pair last showed, ahead of ours: handshakes stay newer than its"
+            );
+        }
+        Ok(_) => {}
+        Err(d) => tracing::warn!(
+            ahead_secs = d.as_secs(),
+            "the other box of the pair showed a clock far ahead of ours: not followed (peers may refuse our handshakes until ours passes it; check NTP on both)"
+        ),
+    }
     let clock = Clock::new(started, unix);
     let identity = Arc::new(identity);
     let name = identity.certificate().body().name.clone();
@@ -851,5 +898,27 @@ impl<S: Services> Loop<S> {
                 _ => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A floor a little ahead is followed, just above it; one behind changes nothing; one
+    /// too far ahead is refused, and the system clock stays.
+    #[test]
+    fn the_clock_starts_above_a_near_floor_only() {
+        let s = Duration::from_secs(1_795_000_000);
+        let ms = Duration::from_millis;
+        assert_eq!(floored(s, None), (s, Ok(Duration::ZERO)));
+        assert_eq!(floored(s, Some(s - ms(5))), (s, Ok(Duration::ZERO)));
+        assert_eq!(floored(s, Some(s + ms(40))), (s + ms(41), Ok(ms(41))));
+        assert_eq!(
+            floored(s, Some(s + CLOCK_FLOOR_AHEAD)),
+            (s + CLOCK_FLOOR_AHEAD + ms(1), Ok(CLOCK_FLOOR_AHEAD + ms(1)))
+        );
+        let far = CLOCK_FLOOR_AHEAD + ms(1);
+        assert_eq!(floored(s, Some(s + far)), (s, Err(far)));
     }
 }
