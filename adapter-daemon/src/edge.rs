@@ -51,14 +51,21 @@ pub struct AdapterEdge<'a> {
     work: Option<ServiceQueues>,
     /// One of an HA pair: the newest clock the other box showed ([`Edge::clock_floor`]).
     clock_floor: Option<std::time::Duration>,
+    /// One of an HA pair: the pair's part of the status document.
+    ha: Option<Arc<std::sync::Mutex<crate::status::HaStatus>>>,
 }
 
 impl<'a> AdapterEdge<'a> {
-    /// With the clock the other box of an HA pair last showed, for the handshakes to stay
-    /// above.
+    /// One of an HA pair: with the clock the other box last showed (for the handshakes to
+    /// stay above) and the pair's part of the status document.
     #[must_use]
-    pub const fn with_clock_floor(mut self, floor: Option<std::time::Duration>) -> Self {
+    pub fn in_pair(
+        mut self,
+        floor: Option<std::time::Duration>,
+        status: Arc<std::sync::Mutex<crate::status::HaStatus>>,
+    ) -> Self {
         self.clock_floor = floor;
+        self.ha = Some(status);
         self
     }
 
@@ -170,6 +177,7 @@ impl<'a> AdapterEdge<'a> {
             lan,
             work: Some(work),
             clock_floor: None,
+            ha: None,
         })
     }
 
@@ -342,6 +350,7 @@ impl Edge for AdapterEdge<'_> {
             buffers_free: 0,
         };
         let started = core.started;
+        let ha = self.ha.clone();
         Box::new(move || {
             let p = lan.published().clone();
             let status = AdapterStatus {
@@ -354,6 +363,11 @@ impl Edge for AdapterEdge<'_> {
                 leases: p.leases,
                 dhcp: p.dhcp,
                 dns: p.dns,
+                ha: ha.as_ref().map(|h| {
+                    h.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone()
+                }),
             };
             (status, lan.counters.copied())
         })

@@ -11,6 +11,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -23,6 +24,7 @@ use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
 use cyphonic_telemetry::files::{self, Access};
 
 use crate::config::{AdapterConfig, HaSettings, Mac};
+use crate::status::{HaOther, HaStatus};
 
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
@@ -54,11 +56,18 @@ pub struct HaBox {
     opener: Opener,
     assembler: Assembler,
     lease_file: PathBuf,
+    priority: u8,
     /// The lease file as last sent (its version, length and change time) and when.
     sent: Option<(u64, (u64, SystemTime), Instant)>,
     health_at: Instant,
     /// Whether a message of another pair version was logged (once).
     version_warned: bool,
+    /// When the other box's last heartbeat came.
+    heard: Option<Instant>,
+    /// Why the role is what it is.
+    reason: &'static str,
+    /// What the status document shows, renewed every round.
+    status: Arc<Mutex<HaStatus>>,
     frame: Vec<u8>,
     body: Vec<u8>,
 }
@@ -138,9 +147,13 @@ pub fn stand_by(
         opener: Opener::new(key),
         assembler: Assembler::default(),
         lease_file: config.state_dir.join("leases.json"),
+        priority: ha.priority,
         sent: None,
         health_at: now,
         version_warned: false,
+        heard: None,
+        reason: "starting",
+        status: Arc::new(Mutex::new(HaStatus::default())),
         frame: Vec::with_capacity(1600),
         body: Vec::with_capacity(1600),
     };
@@ -221,9 +234,58 @@ impl HaBox {
         self.receive(now)?;
         let mut events = Vec::new();
         while let Some(e) = self.pair.poll_event() {
+            self.reason = match e {
+                Event::Active { reason, .. } | Event::Standby { reason } => reason.describe(),
+            };
             events.push(e);
         }
+        self.publish(now);
         Ok(events)
+    }
+
+    /// The status document's part, for the status socket once this box serves.
+    pub fn status(&self) -> Arc<Mutex<HaStatus>> {
+        self.status.clone()
+    }
+
+    fn publish(&self, now: Instant) {
+        let role = |r: Role| match r {
+            Role::Starting => "starting",
+            Role::Standby => "standby",
+            Role::Active => "active",
+        };
+        let other = self.pair.other().map(|(mac, beat)| {
+            let h = beat.health;
+            HaOther {
+                mac: Mac(mac).to_string(),
+                role: role(beat.role).to_owned(),
+                term: beat.term,
+                priority: beat.priority,
+                health: [
+                    (Health::LAN, "lan"),
+                    (Health::UPLINK, "uplink"),
+                    (Health::DATA_PLANE, "data_plane"),
+                    (Health::REACHED, "reached"),
+                ]
+                .iter()
+                .filter(|(bit, _)| h.has(*bit))
+                .map(|(_, name)| (*name).to_owned())
+                .collect(),
+                heard_ms_ago: self.heard.map_or(u64::MAX, |t| {
+                    u64::try_from(now.duration_since(t).as_millis()).unwrap_or(u64::MAX)
+                }),
+                in_contact: self.pair.in_contact(now),
+            }
+        });
+        let status = HaStatus {
+            role: role(self.pair.role()).to_owned(),
+            term: self.pair.term(),
+            priority: self.priority,
+            reason: self.reason.to_owned(),
+            lease_table_version: self.pair.leases_version(),
+            other,
+        };
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
 
     /// The gateway's announcement from the pair's gateway MAC (a gratuitous ARP): switches
@@ -341,6 +403,7 @@ impl HaBox {
                 if src.is_some_and(|s| s != beat.nic) || beat.nic == self.nic {
                     return;
                 }
+                self.heard = Some(now);
                 self.pair.handle(beat.nic, boot, &beat, now);
             }
             Ok((_, Body::Leases(chunk))) => {

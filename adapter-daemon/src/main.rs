@@ -59,29 +59,52 @@ fn describe(c: &AdapterConfig, id: &Identity) -> String {
 
 fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> anyhow::Result<()> {
     // One of a pair: nothing is served until the pair makes this box the active one.
-    let (_ha, floor) = match &c.ha {
+    let mut edge_pair = None;
+    let _ha = match &c.ha {
         Some(settings) => {
             let active = ha::stand_by(c, settings, &identity)?;
-            let floor = active.other_clock();
-            (Some(ha::serve(active)?), floor)
+            edge_pair = Some((active.other_clock(), active.status()));
+            Some(ha::serve(active)?)
         }
-        None => (None, None),
+        None => None,
     };
     let reload =
         cyphonic_daemon::cli::reloader(c.clone(), reread, AdapterConfig::needs_restart, |c| {
             (c.common, c.reservations)
         });
-    let edge = AdapterEdge::open(c)?.with_clock_floor(floor);
+    let mut edge = AdapterEdge::open(c)?;
+    if let Some((floor, status)) = edge_pair {
+        edge = edge.in_pair(floor, status);
+    }
     cyphonic_daemon::run(&c.common, identity, edge, reload)
 }
 
 /// The adapter's lines of the status table: its head line, and its devices, DHCP and DNS.
 fn status_text(doc: &AdapterDocument) -> EdgeText {
     let a = &doc.edge.adapter;
-    let head = format!(
+    let mut head = format!(
         "adapter {}  lan {} ({}, gateway {} at {})  listen {}  up {} s",
         a.name, a.lan_interface, a.lan_block, a.gateway_vip, a.gateway_mac, a.listen, a.uptime_secs
     );
+    if let Some(h) = &doc.edge.ha {
+        let other = h.other.as_ref().map_or_else(
+            || "the other box never heard".to_owned(),
+            |o| {
+                format!(
+                    "the other box {} {} ({} ms ago{})",
+                    o.mac,
+                    o.role,
+                    o.heard_ms_ago,
+                    if o.in_contact { "" } else { ", out of contact" }
+                )
+            },
+        );
+        let _ = write!(
+            head,
+            "\nha: {} in term {} ({}); {other}",
+            h.role, h.term, h.reason
+        );
+    }
     let mut t = String::from("\n");
     let now = cyphonic_settings::now_secs();
     let _ = writeln!(t, "{:<16} {:<18} {:<12} NAME", "DEVICE VIP", "MAC", "LEASE");

@@ -24,6 +24,45 @@ pub struct AdapterStatus {
     pub dhcp: Option<DhcpStatus>,
     /// The DNS service, unless switched off.
     pub dns: Option<DnsStatus>,
+    /// One of an HA pair (`[ha]`): this box's part and what it last heard of the other.
+    #[serde(default)]
+    pub ha: Option<HaStatus>,
+}
+
+/// One box of an HA pair (docs/protocol.md §5).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaStatus {
+    /// `active` (it serves: a box with a status socket always does), `standby`, `starting`.
+    pub role: String,
+    /// The pair's term as this box knows it (how many times the gateway moved).
+    pub term: u64,
+    /// `[ha] priority`.
+    pub priority: u8,
+    /// Why it took its role.
+    pub reason: String,
+    /// The lease table version it holds or sent last.
+    pub lease_table_version: u64,
+    /// The other box, once heard.
+    pub other: Option<HaOther>,
+}
+
+/// What one box last heard of the other.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaOther {
+    /// Its LAN NIC's MAC.
+    pub mac: String,
+    /// Its role, as it said.
+    pub role: String,
+    /// Its term.
+    pub term: u64,
+    /// Its priority.
+    pub priority: u8,
+    /// Its health: `lan`, `uplink`, `data_plane`, `reached` for each that is well.
+    pub health: Vec<String>,
+    /// Milliseconds since its last heartbeat.
+    pub heard_ms_ago: u64,
+    /// Whether it proved itself alive in the last 300 ms.
+    pub in_contact: bool,
 }
 
 /// The adapter.

@@ -131,6 +131,22 @@ impl PairBed {
         Ok(pair)
     }
 
+    /// The second box's status document (it has a status socket once it serves).
+    ///
+    /// # Errors
+    /// `cyphonic-adapter status` fails (the box does not serve).
+    pub fn second_status(&self) -> anyhow::Result<serde_json::Value> {
+        let socket = self.bed.a.dir.join("adapter2.sock");
+        let out = std::process::Command::new(&self.bed.bins.adapter)
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()?;
+        if !out.status.success() {
+            bail!("status failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
     /// The second box's log so far.
     pub fn second_log(&self) -> String {
         std::fs::read_to_string(&self.log2).unwrap_or_default()

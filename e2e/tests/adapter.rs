@@ -1035,10 +1035,21 @@ fn ping_through(
 #[test]
 fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     let mut pair = PairBed::up().unwrap();
+    // The serving box's status says so, and what it hears of the standby.
+    let ha = pair.bed.status(Side::A).unwrap()["ha"].clone();
+    assert_eq!(ha["role"], "active", "{ha}");
+    assert_eq!(ha["term"], 1, "{ha}");
+    assert_eq!(ha["other"]["role"], "standby", "{ha}");
+    assert_eq!(ha["other"]["in_contact"], true, "{ha}");
     ping_through(&mut pair, "SIGKILL", |p| {
         p.bed.stop(Side::A, "KILL")?;
         Ok(())
     });
+    let ha = pair.second_status().unwrap()["ha"].clone();
+    assert_eq!(ha["role"], "active", "{ha}");
+    assert_eq!(ha["term"], 2, "{ha}");
+    assert_eq!(ha["reason"], "the active box went silent", "{ha}");
+    assert_eq!(ha["other"]["in_contact"], false, "{ha}");
     assert!(
         pair.second_log()
             .contains("HA: this box serves the gateway"),

@@ -156,6 +156,11 @@ impl Pair {
     }
 
     /// The lease table version we hold (said in our heartbeats).
+    pub const fn leases_version(&self) -> u64 {
+        self.leases_version
+    }
+
+    /// We hold lease table `version` now.
     pub const fn set_leases_version(&mut self, version: u64) {
         self.leases_version = version;
     }
