@@ -170,21 +170,33 @@ impl KnownKey {
     /// The key `ours` shares with `theirs`; `None` when their key is of low order (the
     /// X25519 result is not contributory: anyone could compute it).
     pub fn new(ours: &StaticKeypair, theirs: &PublicKey) -> Option<Self> {
-        let secret = x25519_dalek::StaticSecret::from(*ours.secret());
-        let shared = secret.diffie_hellman(&x25519_dalek::PublicKey::from(theirs.0));
-        if !shared.was_contributory() {
-            return None;
-        }
-        let mut h = Blake2s256::new();
-        Digest::update(&mut h, LABEL_KNOWN);
-        Digest::update(&mut h, shared.as_bytes());
-        Some(Self(h.finalize().into()))
+        shared_key(LABEL_KNOWN, ours, theirs).map(Self)
     }
 
     /// The hint of initiations to `receiver` (one of the two keys) in `epoch`.
     pub fn hint(&self, receiver: &PublicKey, epoch: u64) -> [u8; MAC_LEN] {
         keyed_mac(&self.0, &[&receiver.0, &epoch.to_be_bytes()])
     }
+}
+
+/// `BLAKE2s(label || X25519(ours, theirs))`: a key two static keys share without a
+/// handshake ([`KnownKey`], and [`crate::PairKey`] with a key's own public half). `None`
+/// when the X25519 result is not contributory (a low-order public key: anyone could
+/// compute it).
+pub(crate) fn shared_key(
+    label: &[u8],
+    ours: &StaticKeypair,
+    theirs: &PublicKey,
+) -> Option<[u8; 32]> {
+    let secret = x25519_dalek::StaticSecret::from(*ours.secret());
+    let shared = secret.diffie_hellman(&x25519_dalek::PublicKey::from(theirs.0));
+    if !shared.was_contributory() {
+        return None;
+    }
+    let mut h = Blake2s256::new();
+    Digest::update(&mut h, label);
+    Digest::update(&mut h, shared.as_bytes());
+    Some(h.finalize().into())
 }
 
 /// The hint epoch of a unix time in seconds.
@@ -240,9 +252,14 @@ impl CookieSecret {
 /// # Errors
 /// The generator failing.
 pub fn random_nonce() -> Result<[u8; NONCE_LEN], ring::error::Unspecified> {
-    let mut nonce = [0u8; NONCE_LEN];
-    ring::rand::SystemRandom::new().fill(&mut nonce)?;
-    Ok(nonce)
+    random_bytes()
+}
+
+/// `N` bytes from the system's random number generator.
+pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N], ring::error::Unspecified> {
+    let mut out = [0u8; N];
+    ring::rand::SystemRandom::new().fill(&mut out)?;
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -13,11 +13,10 @@
 use core::fmt;
 
 use blake2::{Blake2s256, Digest};
-use ring::rand::SecureRandom;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
 use crate::StaticKeypair;
-use crate::cookie::{MAC_LEN, keyed_mac, verify};
+use crate::cookie::{MAC_LEN, keyed_mac, random_bytes, shared_key, verify};
 
 /// Length of a box's per-start `boot` value.
 pub const BOOT_LEN: usize = 16;
@@ -39,15 +38,7 @@ impl PairKey {
     /// The key of the pair that holds `site`; `None` if the key's Diffie-Hellman with itself
     /// is not contributory (a low-order public key: no real key pair has one).
     pub fn new(site: &StaticKeypair) -> Option<Self> {
-        let secret = x25519_dalek::StaticSecret::from(*site.secret());
-        let shared = secret.diffie_hellman(&x25519_dalek::PublicKey::from(site.public().0));
-        if !shared.was_contributory() {
-            return None;
-        }
-        let mut h = Blake2s256::new();
-        Digest::update(&mut h, LABEL_PAIR);
-        Digest::update(&mut h, shared.as_bytes());
-        Some(Self(h.finalize().into()))
+        shared_key(LABEL_PAIR, site, &site.public()).map(Self)
     }
 
     /// The key of the messages a box sends in the start identified by `boot`.
@@ -87,9 +78,7 @@ impl BootKey {
 /// # Errors
 /// The system's random number generator failed.
 pub fn random_16() -> Result<[u8; BOOT_LEN], ring::error::Unspecified> {
-    let mut out = [0u8; BOOT_LEN];
-    ring::rand::SystemRandom::new().fill(&mut out)?;
-    Ok(out)
+    random_bytes()
 }
 
 #[cfg(test)]
