@@ -149,6 +149,14 @@ pub struct LeaseChunk<'a> {
     pub data: &'a [u8],
 }
 
+impl LeaseChunk<'_> {
+    /// Whether its place is one a table can have: `index` below `count`, at most
+    /// [`MAX_CHUNKS`].
+    pub const fn in_range(&self) -> bool {
+        self.count != 0 && self.count <= MAX_CHUNKS && self.index < self.count
+    }
+}
+
 /// A message's body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Body<'a> {
@@ -287,11 +295,13 @@ impl Opener {
         let mut counter = [0u8; 8];
         counter.copy_from_slice(&msg[24..32]);
         let counter = u64::from_be_bytes(counter);
+        // A start not seen before: its key, derived once, is kept only if the tag verifies.
         let known = self.starts.iter().position(|(b, _, _)| *b == boot);
-        let verified = match known {
-            Some(i) => self.starts[i].1.verify(signed, tag),
-            None => self.pair.boot(&boot).verify(signed, tag),
-        };
+        let fresh = known.is_none().then(|| self.pair.boot(&boot));
+        let verified = known
+            .map(|i| &self.starts[i].1)
+            .or(fresh.as_ref())
+            .is_some_and(|key| key.verify(signed, tag));
         if !verified {
             return Err(Refused::Tag);
         }
@@ -307,7 +317,7 @@ impl Opener {
                 if self.starts.len() == STARTS {
                     self.starts.remove(0);
                 }
-                self.starts.push((boot, self.pair.boot(&boot), counter));
+                self.starts.extend(fresh.map(|key| (boot, key, counter)));
             }
         }
         Ok((boot, body))
@@ -348,17 +358,13 @@ fn parse_body(kind: u8, b: &[u8]) -> Option<Body<'_>> {
             }))
         }
         KIND_LEASES if b.len() >= CHUNK_HEADER && b.len() <= CHUNK_HEADER + MAX_CHUNK => {
-            let index = u16::from_be_bytes([b[8], b[9]]);
-            let count = u16::from_be_bytes([b[10], b[11]]);
-            if count == 0 || count > MAX_CHUNKS || index >= count {
-                return None;
-            }
-            Some(Body::Leases(LeaseChunk {
+            let chunk = LeaseChunk {
                 version: u64_at(0),
-                index,
-                count,
+                index: u16::from_be_bytes([b[8], b[9]]),
+                count: u16::from_be_bytes([b[10], b[11]]),
                 data: &b[CHUNK_HEADER..],
-            }))
+            };
+            chunk.in_range().then_some(Body::Leases(chunk))
         }
         _ => None,
     }
@@ -396,7 +402,7 @@ impl Assembler {
     /// its version is in. A chunk of another version starts that version over; a table
     /// larger than [`MAX_CHUNKS`] chunks is never started.
     pub fn take(&mut self, chunk: &LeaseChunk<'_>) -> Option<(u64, Vec<u8>)> {
-        if chunk.count == 0 || chunk.count > MAX_CHUNKS || chunk.index >= chunk.count {
+        if !chunk.in_range() {
             return None;
         }
         if chunk.version != self.version || self.pieces.len() != usize::from(chunk.count) {

@@ -123,6 +123,11 @@ impl Pair {
         }
     }
 
+    /// Our settings.
+    pub const fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     /// Our role now.
     pub const fn role(&self) -> Role {
         self.role
@@ -203,17 +208,8 @@ impl Pair {
         proof
     }
 
-    /// When [`Pair::handle_timeout`] is next due.
-    pub fn poll_timeout(&self) -> Instant {
-        let decision = match self.role {
-            Role::Starting => self.since + DEAD,
-            Role::Standby => self.active_proof.unwrap_or(self.since).max(self.since) + DEAD,
-            Role::Active => self.next_beat,
-        };
-        self.next_beat.min(decision)
-    }
-
-    /// Time passed: decide again.
+    /// Time passed: decide again. The driver calls it far more often than [`INTERVAL`] (the
+    /// adapter: every round of its socket's 10-ms receive timeout).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.decide(now);
     }
