@@ -10,7 +10,6 @@
 //! it again, as a standby.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,9 +20,9 @@ use cyphonic_ha::msg::{self, Body, ETHERTYPE, GROUP_MAC};
 use cyphonic_ha::{Assembler, Config, Event, Health, Opener, Pair, Role, Sealer};
 use cyphonic_netio::cbpf::{jump_eq, load_half, ret};
 use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
-use cyphonic_telemetry::files::{self, Access};
 
 use crate::config::{AdapterConfig, HaSettings, Mac};
+use crate::leases::LeaseStore;
 use crate::status::{HaOther, HaStatus};
 
 /// The exit status of an active box that stood down: not a failure of its own, but the
@@ -55,10 +54,10 @@ pub struct HaBox {
     sealer: Sealer,
     opener: Opener,
     assembler: Assembler,
-    lease_file: PathBuf,
-    priority: u8,
-    /// The lease file as last sent (its version, length and change time) and when.
-    sent: Option<(u64, (u64, SystemTime), Instant)>,
+    /// The state directory's lease file: what the active box sends, and the standby keeps.
+    leases: LeaseStore,
+    /// The lease file as last sent (its length and change time) and when.
+    sent: Option<((u64, SystemTime), Instant)>,
     health_at: Instant,
     /// Whether a message of another pair version was logged (once).
     version_warned: bool,
@@ -124,6 +123,13 @@ pub fn stand_by(
         }
         None => None,
     };
+    // Fails here, not at the first lease table, when the state directory is not writable.
+    let leases = LeaseStore::open(&config.state_dir).with_context(|| {
+        format!(
+            "the state directory {} (adapter.state_dir)",
+            config.state_dir.display()
+        )
+    })?;
     let key = PairKey::new(identity.keypair()).context("the site key has no pair key")?;
     let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
     let now = Instant::now();
@@ -146,8 +152,7 @@ pub fn stand_by(
         sealer: Sealer::new(&key, boot),
         opener: Opener::new(key),
         assembler: Assembler::default(),
-        lease_file: config.state_dir.join("leases.json"),
-        priority: ha.priority,
+        leases,
         sent: None,
         health_at: now,
         version_warned: false,
@@ -280,7 +285,7 @@ impl HaBox {
         let status = HaStatus {
             role: role(self.pair.role()).to_owned(),
             term: self.pair.term(),
-            priority: self.priority,
+            priority: self.pair.config().priority,
             reason: self.reason.to_owned(),
             lease_table_version: self.pair.leases_version(),
             other,
@@ -320,12 +325,13 @@ impl HaBox {
 
     /// The lease file to the standby, when it changed and every [`LEASES_AGAIN`].
     fn send_leases(&mut self, now: Instant) -> anyhow::Result<()> {
-        if let Some((_, _, at)) = self.sent
+        if let Some((_, at)) = self.sent
             && now.duration_since(at) < LEASES_LOOK
         {
             return Ok(());
         }
-        let stamp = std::fs::metadata(&self.lease_file)
+        let path = self.leases.path();
+        let stamp = std::fs::metadata(&path)
             .ok()
             .map(|m| (m.len(), m.modified().unwrap_or(UNIX_EPOCH)));
         let Some(stamp) = stamp else {
@@ -333,14 +339,14 @@ impl HaBox {
         };
         let unchanged = self
             .sent
-            .is_some_and(|(_, s, at)| s == stamp && now.duration_since(at) < LEASES_AGAIN);
+            .is_some_and(|(s, at)| s == stamp && now.duration_since(at) < LEASES_AGAIN);
         if unchanged {
             if let Some(sent) = &mut self.sent {
-                sent.2 = now;
+                sent.1 = now;
             }
             return Ok(());
         }
-        let Ok(table) = std::fs::read(&self.lease_file) else {
+        let Ok(table) = std::fs::read(&path) else {
             return Ok(());
         };
         let version = version_of(&table);
@@ -348,7 +354,7 @@ impl HaBox {
             self.send(&Body::Leases(chunk))?;
         }
         self.pair.set_leases_version(version);
-        self.sent = Some((version, stamp, now));
+        self.sent = Some((stamp, now));
         Ok(())
     }
 
@@ -425,25 +431,14 @@ impl HaBox {
 
     /// Writes the active box's lease table, if it reads as one, in place of ours.
     fn keep_leases(&mut self, version: u64, table: Vec<u8>) {
-        if let Err(reason) = cyphonic_vip::file::decode(&table) {
-            tracing::warn!(reason = %reason, "HA: the active box's lease table does not read; kept ours");
-            return;
-        }
-        match write_leases(&self.lease_file, table) {
+        match self.leases.save_file(table) {
             Ok(()) => {
                 self.pair.set_leases_version(version);
                 tracing::debug!(version, "HA: the active box's lease table kept");
             }
-            Err(e) => tracing::warn!(error = %e, "HA: cannot write the lease table"),
+            Err(e) => tracing::warn!(error = %e, "HA: the active box's lease table not kept"),
         }
     }
-}
-
-fn write_leases(path: &Path, table: Vec<u8>) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    files::replace(path, table, Access::Secret)
 }
 
 /// A table's version: its hash (the standby says which it holds; equal tables, equal

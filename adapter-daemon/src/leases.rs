@@ -105,6 +105,21 @@ impl LeaseStore {
     pub fn save(&self, leases: &[Lease], renewals_until: u64) -> std::io::Result<()> {
         let bytes =
             cyphonic_vip::file::encode(leases, renewals_until).map_err(std::io::Error::other)?;
+        self.replace(bytes)
+    }
+
+    /// Replaces the saved leases with a lease file as another adapter wrote it (an HA
+    /// pair's active box sends its own: `ha.rs`), atomically and durably, once it decodes;
+    /// the old file stays otherwise.
+    ///
+    /// # Errors
+    /// `file` does not decode (the reason), or writing fails as in [`LeaseStore::save`].
+    pub fn save_file(&self, file: Vec<u8>) -> std::io::Result<()> {
+        cyphonic_vip::file::decode(&file).map_err(std::io::Error::other)?;
+        self.replace(file)
+    }
+
+    fn replace(&self, bytes: Vec<u8>) -> std::io::Result<()> {
         files::replace(&self.path(), bytes, Access::Secret)
     }
 }
@@ -325,6 +340,29 @@ mod tests {
             .collect();
         assert_eq!(names, ["leases.json"], "no temporary left");
         fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// Another adapter's lease file (an HA pair's active box's) is kept once it decodes;
+    /// bytes that do not decode, or a file cut short, are refused and ours stays.
+    #[test]
+    fn another_adapters_lease_file_is_kept_only_when_it_reads() {
+        let (d, theirs) = (dir("theirs"), dir("theirs-src"));
+        let store = LeaseStore::open(&d).unwrap();
+        store.save(&[lease(10)], 0).unwrap();
+        let source = LeaseStore::open(&theirs).unwrap();
+        source.save(&[lease(10), lease(11)], 0).unwrap();
+        let file = fs::read(source.path()).unwrap();
+        for bad in [
+            b"not a lease file".to_vec(),
+            file[..file.len() / 2].to_vec(),
+        ] {
+            assert!(store.save_file(bad).is_err());
+            assert_eq!(store.load(0).unwrap().leases, vec![lease(10)]);
+        }
+        store.save_file(file).unwrap();
+        assert_eq!(store.load(0).unwrap().leases, vec![lease(10), lease(11)]);
+        fs::remove_dir_all(&d).unwrap();
+        fs::remove_dir_all(&theirs).unwrap();
     }
 
     #[test]

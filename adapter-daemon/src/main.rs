@@ -59,12 +59,11 @@ fn describe(c: &AdapterConfig, id: &Identity) -> String {
 
 fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> anyhow::Result<()> {
     // One of a pair: nothing is served until the pair makes this box the active one.
-    let mut edge_pair = None;
-    let _ha = match &c.ha {
+    let pair = match &c.ha {
         Some(settings) => {
             let active = ha::stand_by(c, settings, &identity)?;
-            edge_pair = Some((active.other_clock(), active.status()));
-            Some(ha::serve(active)?)
+            let (floor, status) = (active.other_clock(), active.status());
+            Some((floor, status, ha::serve(active)?))
         }
         None => None,
     };
@@ -72,10 +71,12 @@ fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> 
         cyphonic_daemon::cli::reloader(c.clone(), reread, AdapterConfig::needs_restart, |c| {
             (c.common, c.reservations)
         });
-    let mut edge = AdapterEdge::open(c)?;
-    if let Some((floor, status)) = edge_pair {
-        edge = edge.in_pair(floor, status);
-    }
+    let (edge, _ha) = match pair {
+        Some((floor, status, thread)) => {
+            (AdapterEdge::open(c)?.in_pair(floor, status), Some(thread))
+        }
+        None => (AdapterEdge::open(c)?, None),
+    };
     cyphonic_daemon::run(&c.common, identity, edge, reload)
 }
 
