@@ -196,6 +196,25 @@ impl Site {
     }
 }
 
+/// The status document of the adapter whose status socket is `socket`.
+///
+/// # Errors
+/// `cyphonic-adapter status` fails (the adapter does not run, or has no such socket).
+pub fn adapter_status(bins: &Bins, socket: &Path) -> anyhow::Result<Value> {
+    let out = Command::new(&bins.adapter)
+        .args([
+            "status",
+            "--json",
+            "--socket",
+            socket.to_str().context("path")?,
+        ])
+        .output()?;
+    if !out.status.success() {
+        bail!("status failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
 /// Plugs `ns`'s interface `ns_if` into the next port of `switch`.
 fn plug(switch: &Netns, ports: &mut u32, ns: &Netns, ns_if: &str) -> anyhow::Result<()> {
     let port = format!("p{ports}");
@@ -840,19 +859,7 @@ impl TwoSites {
     /// # Errors
     /// `cyphonic-adapter status` fails.
     pub fn status(&self, side: Side) -> anyhow::Result<Value> {
-        let site = self.site_ref(side);
-        let out = Command::new(&self.bins.adapter)
-            .args([
-                "status",
-                "--json",
-                "--socket",
-                site.socket().to_str().context("path")?,
-            ])
-            .output()?;
-        if !out.status.success() {
-            bail!("status failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(serde_json::from_slice(&out.stdout)?)
+        adapter_status(&self.bins, &self.site_ref(side).socket())
     }
 
     /// A counter from the cloud's status.

@@ -217,16 +217,7 @@ impl MembersBed {
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
-                let joining = identities
-                    .iter()
-                    .enumerate()
-                    .map(|(i, identity)| Joining {
-                        identity: identity.clone(),
-                        source: member_address(i),
-                        tunnel: None,
-                        name: member_name(i),
-                    })
-                    .collect();
+                let joining = joining(identities.iter().cloned());
                 let (members, _, _) = register(&clouds, key, joining, concurrency).await?;
                 drive(identities.into_iter().zip(members).collect()).await
             })
@@ -345,16 +336,7 @@ impl Drive {
     async fn run(self, identities: Vec<Arc<Identity>>) -> anyhow::Result<MembersFigures> {
         let n = identities.len();
         let rss_before: u64 = self.pids.iter().map(|p| fleet::rss_kib(*p)).sum();
-        let joining = identities
-            .into_iter()
-            .enumerate()
-            .map(|(i, identity)| Joining {
-                identity,
-                source: member_address(i),
-                tunnel: None,
-                name: member_name(i),
-            })
-            .collect();
+        let joining = joining(identities);
         let (members, register_ms, register_secs) =
             register(&self.clouds, self.key, joining, self.opts.concurrency).await?;
         let registered = members.iter().filter(|m| m.is_some()).count();
@@ -404,6 +386,21 @@ pub(crate) struct Joining {
     pub source: IpAddr,
     pub tunnel: Option<SocketAddr>,
     pub name: NameRecord,
+}
+
+/// Member `i` of `identities` to start, as [`member_address`] and [`member_name`] say,
+/// without a tunnel socket.
+fn joining(identities: impl IntoIterator<Item = Arc<Identity>>) -> Vec<Joining> {
+    identities
+        .into_iter()
+        .enumerate()
+        .map(|(i, identity)| Joining {
+            identity,
+            source: member_address(i),
+            tunnel: None,
+            name: member_name(i),
+        })
+        .collect()
 }
 
 /// Starts every member against `clouds`, at most `concurrency` not yet confirmed at once

@@ -136,15 +136,7 @@ impl PairBed {
     /// # Errors
     /// `cyphonic-adapter status` fails (the box does not serve).
     pub fn second_status(&self) -> anyhow::Result<serde_json::Value> {
-        let socket = self.bed.a.dir.join("adapter2.sock");
-        let out = std::process::Command::new(&self.bed.bins.adapter)
-            .args(["status", "--json", "--socket"])
-            .arg(&socket)
-            .output()?;
-        if !out.status.success() {
-            bail!("status failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(serde_json::from_slice(&out.stdout)?)
+        crate::bed::adapter_status(&self.bed.bins, &self.bed.a.dir.join("adapter2.sock"))
     }
 
     /// The second box's log so far.
