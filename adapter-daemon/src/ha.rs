@@ -17,13 +17,13 @@ use anyhow::Context as _;
 use cyphonic_crypto::PairKey;
 use cyphonic_crypto::pair::random_16;
 use cyphonic_ha::msg::{self, Body, ETHERTYPE, GROUP_MAC};
-use cyphonic_ha::{Assembler, Config, Event, Health, Opener, Pair, Role, Sealer};
+use cyphonic_ha::{Assembler, Config, Event, Health, Opener, Pair, Refused, Role, Sealer};
 use cyphonic_netio::cbpf::{jump_eq, load_half, ret};
 use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
 
 use crate::config::{AdapterConfig, HaSettings, Mac};
 use crate::leases::LeaseStore;
-use crate::status::{HaOther, HaStatus};
+use crate::status::{HaDrops, HaOther, HaStatus};
 
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
@@ -61,6 +61,9 @@ pub struct HaBox {
     health_at: Instant,
     /// Whether a message of another pair version was logged (once).
     version_warned: bool,
+    /// Messages dropped, and copies.
+    dropped: HaDrops,
+    copies: u64,
     /// When the other box's last heartbeat came.
     heard: Option<Instant>,
     /// Why the role is what it is.
@@ -156,6 +159,8 @@ pub fn stand_by(
         sent: None,
         health_at: now,
         version_warned: false,
+        dropped: HaDrops::default(),
+        copies: 0,
         heard: None,
         reason: "starting",
         status: Arc::new(Mutex::new(HaStatus::default())),
@@ -289,6 +294,8 @@ impl HaBox {
             reason: self.reason.to_owned(),
             lease_table_version: self.pair.leases_version(),
             other,
+            dropped: self.dropped,
+            copies: self.copies,
         };
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
@@ -379,6 +386,7 @@ impl HaBox {
             src.copy_from_slice(&frame[6..12]);
             // Judged by its own addresses first: ours or the gateway's is never the other box.
             if src == self.nic || src == self.gateway || src[0] & 1 == 1 {
+                self.dropped.source += 1;
                 continue;
             }
             self.take(&frame[14..], Some(src), now);
@@ -393,6 +401,7 @@ impl HaBox {
             // Only from the other box's address, whatever the message says.
             if from.ip().to_canonical() != peer.ip().to_canonical() {
                 tracing::debug!(%from, "HA: datagram from another address dropped");
+                self.dropped.source += 1;
                 continue;
             }
             let msg = datagram[..len].to_vec();
@@ -407,6 +416,7 @@ impl HaBox {
             Ok((boot, Body::Heartbeat(beat))) => {
                 // On the LAN, the frame comes from the NIC the heartbeat names.
                 if src.is_some_and(|s| s != beat.nic) || beat.nic == self.nic {
+                    self.dropped.source += 1;
                     return;
                 }
                 self.heard = Some(now);
@@ -419,13 +429,23 @@ impl HaBox {
                     self.keep_leases(version, table);
                 }
             }
-            // The same message on the other path is a copy: that is no news.
-            Err(cyphonic_ha::Refused::Replay) => {}
-            Err(e @ cyphonic_ha::Refused::Version(_)) if !self.version_warned => {
-                self.version_warned = true;
-                tracing::warn!(error = %e, "HA: the other box speaks another pair version: the two cannot pair (upgrade both to one version)");
+            Err(e) => {
+                let d = &mut self.dropped;
+                *match e {
+                    // The same message on the other path is a copy: that is no news.
+                    Refused::Replay => &mut self.copies,
+                    Refused::Malformed => &mut d.malformed,
+                    Refused::Version(_) => &mut d.version,
+                    Refused::Tag => &mut d.tag,
+                    Refused::Unknown => &mut d.unknown,
+                } += 1;
+                if matches!(e, Refused::Version(_)) && !self.version_warned {
+                    self.version_warned = true;
+                    tracing::warn!(error = %e, "HA: the other box speaks another pair version: the two cannot pair (upgrade both to one version)");
+                } else if e != Refused::Replay {
+                    tracing::debug!(error = %e, "HA: message dropped");
+                }
             }
-            Err(e) => tracing::debug!(error = %e, "HA: message dropped"),
         }
     }
 

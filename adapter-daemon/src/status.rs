@@ -44,6 +44,29 @@ pub struct HaStatus {
     pub lease_table_version: u64,
     /// The other box, once heard.
     pub other: Option<HaOther>,
+    /// The pair's messages dropped, by why.
+    #[serde(default)]
+    pub dropped: HaDrops,
+    /// Messages that came a second time (the other path's copy, or a replay): no news.
+    #[serde(default)]
+    pub copies: u64,
+}
+
+/// The pair's messages dropped (docs/protocol.md §5, in the order the checks run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaDrops {
+    /// From a source that cannot be the other box: our own MAC or the gateway's, a
+    /// multicast MAC, a frame not from the NIC its heartbeat names, a datagram not from
+    /// `peer_underlay`.
+    pub source: u64,
+    /// No magic, a length that does not match.
+    pub malformed: u64,
+    /// Another pair version.
+    pub version: u64,
+    /// A tag that does not verify: not from a holder of the site key, or changed.
+    pub tag: u64,
+    /// Authentic, with a kind or field this version does not know.
+    pub unknown: u64,
 }
 
 /// What one box last heard of the other.

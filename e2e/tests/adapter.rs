@@ -1147,3 +1147,68 @@ fn a_cut_between_the_two_boxes_on_the_lan_moves_nothing() {
     assert!(pair.second.running(), "{}", pair.logs());
     pair.device.stop().unwrap();
 }
+
+/// Issue 51: what a LAN device or an underlay host can send at the pair is judged and
+/// counted, and moves nothing: a frame of the pair's Ethertype that is not a message, one
+/// of another pair version, one whose tag does not verify, the same from the gateway's MAC,
+/// and a datagram to the pair's UDP port from an address that is not the other box. The
+/// serving box counts each once, by why, and both boxes keep their roles.
+#[test]
+fn hostile_pair_messages_are_counted_and_move_nothing() {
+    let pair = PairBed::up().unwrap();
+    let host = cyphonic_e2e::bed::parse_mac(&pair.bed.a.host_mac).unwrap();
+    let gateway = [0x02, 0x63, 0x79, 64, 1, 1];
+    let frame = |src: [u8; 6], payload: &[u8]| {
+        let mut f = vec![0x03, 0x63, 0x79, 0x68, 0x61, 0x00];
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&0x88b5u16.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    // A heartbeat's shape: magic, version, kind 1, body length 72, boot, counter, body, tag.
+    let message = |version: u8| {
+        let mut m = b"cyHA".to_vec();
+        m.extend_from_slice(&[version, 1, 0, 72]);
+        m.extend_from_slice(&[0x5a; 16]);
+        m.extend_from_slice(&1u64.to_be_bytes());
+        m.extend_from_slice(&[0; 72 + 16]);
+        m
+    };
+    let frames = vec![
+        frame(host, b"not a pair message"),
+        frame(host, &message(2)),
+        frame(host, &message(1)),
+        frame(gateway, &message(1)),
+    ];
+    inject::send_frames(&pair.bed.a.lan, "eth0", frames).unwrap();
+    pair.bed
+        .wan
+        .exec("bash", &["-c", "echo forged > /dev/udp/198.51.100.2/51821"])
+        .unwrap();
+    let dropped = || pair.bed.status(Side::A).unwrap()["ha"]["dropped"].clone();
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "the drops counted", || {
+        cyphonic_e2e::uint(&dropped()["source"]) >= 2 && cyphonic_e2e::uint(&dropped()["tag"]) >= 1
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", dropped(), pair.logs()));
+    let d = dropped();
+    let n = |k: &str| cyphonic_e2e::uint(&d[k]);
+    assert_eq!(
+        (
+            n("source"),
+            n("malformed"),
+            n("version"),
+            n("tag"),
+            n("unknown")
+        ),
+        (2, 1, 1, 1, 0),
+        "{d}"
+    );
+    let ha = pair.bed.status(Side::A).unwrap()["ha"].clone();
+    assert_eq!(ha["role"], "active", "{ha}");
+    assert_eq!(ha["other"]["in_contact"], true, "{ha}");
+    assert!(
+        !pair.second_log().contains("serves the gateway"),
+        "{}",
+        pair.logs()
+    );
+}
