@@ -21,9 +21,12 @@ enum What {
         health: u8,
         priority: u8,
         preempt: bool,
+        handing_over: bool,
         term: u8,
         echo: Option<u8>,
     },
+    /// The operator asks this box to hand over.
+    HandOver,
     /// Our own heartbeat, looped back.
     Own,
     Bytes(Vec<u8>),
@@ -70,7 +73,7 @@ fuzz_target!(|steps: Vec<Step>| {
         }
         let before = pair.role();
         let proved = match step.what {
-            What::Beat { role, health, priority, preempt, term, echo } => {
+            What::Beat { role, health, priority, preempt, handing_over, term, echo } => {
                 let role = match role % 3 {
                     0 => Role::Starting,
                     1 => Role::Standby,
@@ -85,6 +88,7 @@ fuzz_target!(|steps: Vec<Step>| {
                         .with(if health & 2 == 2 { Health::UPLINK } else { Health::none() }),
                     priority,
                     preempt,
+                    handing_over,
                     term: u64::from(term),
                     clock_ns: n,
                     challenge: [health; 16],
@@ -98,6 +102,12 @@ fuzz_target!(|steps: Vec<Step>| {
                 };
                 assert_eq!(opened, beat);
                 pair.handle(OTHER, b, &opened, now)
+            }
+            What::HandOver => {
+                let active = pair.role() == Role::Active;
+                let asked = pair.hand_over(now);
+                assert!(active || asked.is_err(), "a box that does not serve handed over");
+                false
             }
             What::Own => match ours.last() {
                 Some(b) => {

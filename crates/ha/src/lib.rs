@@ -15,4 +15,4 @@ pub mod msg;
 pub mod pair;
 
 pub use msg::{Assembler, Body, Health, Heartbeat, Opener, Refused, Role, Sealer};
-pub use pair::{Config, Event, Pair, Reason};
+pub use pair::{Config, Event, NoHandover, Pair, Reason};

@@ -122,6 +122,9 @@ pub struct Heartbeat {
     pub priority: u8,
     /// Whether the sender takes the gateway back when it has the higher priority.
     pub preempt: bool,
+    /// An active sender hands the gateway over: the standby is to take it (planned
+    /// handover, docs/protocol.md §5).
+    pub handing_over: bool,
     /// How many times the gateway has moved, as the sender knows it.
     pub term: u64,
     /// The sender's wall clock, unix nanoseconds.
@@ -224,7 +227,7 @@ impl Sealer {
                 out.push(h.role.byte());
                 out.push(h.health.bits());
                 out.push(h.priority);
-                out.push(u8::from(h.preempt));
+                out.push(u8::from(h.preempt) | u8::from(h.handing_over) << 1);
                 out.extend_from_slice(&[0; 4]);
                 out.extend_from_slice(&h.term.to_be_bytes());
                 out.extend_from_slice(&h.clock_ns.to_be_bytes());
@@ -324,6 +327,11 @@ impl Opener {
     }
 }
 
+/// A heartbeat's flags: preempt, handing over; every other bit is refused.
+const FLAG_PREEMPT: u8 = 1;
+const FLAG_HANDING_OVER: u8 = 2;
+const FLAGS: u8 = FLAG_PREEMPT | FLAG_HANDING_OVER;
+
 fn parse_body(kind: u8, b: &[u8]) -> Option<Body<'_>> {
     let u64_at = |at: usize| {
         let mut x = [0u8; 8];
@@ -337,14 +345,19 @@ fn parse_body(kind: u8, b: &[u8]) -> Option<Body<'_>> {
     };
     match kind {
         KIND_HEARTBEAT if b.len() == HEARTBEAT_LEN => {
-            if b[3] > 1 || b[4..8] != [0; 4] || b[70..72] != [0; 2] || b[1] & !Health::ALL.0 != 0 {
+            if b[3] & !FLAGS != 0
+                || b[4..8] != [0; 4]
+                || b[70..72] != [0; 2]
+                || b[1] & !Health::ALL.0 != 0
+            {
                 return None;
             }
             Some(Body::Heartbeat(Heartbeat {
                 role: Role::from_byte(b[0])?,
                 health: Health(b[1]),
                 priority: b[2],
-                preempt: b[3] == 1,
+                preempt: b[3] & FLAG_PREEMPT != 0,
+                handing_over: b[3] & FLAG_HANDING_OVER != 0,
                 term: u64_at(8),
                 clock_ns: u64_at(16),
                 challenge: challenge_at(24),
@@ -440,6 +453,7 @@ mod tests {
             health: Health::ALL,
             priority: 200,
             preempt: true,
+            handing_over: true,
             term,
             clock_ns: 1_795_000_000_123_456_789,
             challenge: [7; 16],

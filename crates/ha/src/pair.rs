@@ -11,6 +11,8 @@ use crate::msg::{Boot, Challenge, Health, Heartbeat, Role};
 pub const INTERVAL: Duration = Duration::from_millis(100);
 /// How long without a proof of life before the other box counts as gone.
 pub const DEAD: Duration = Duration::from_millis(300);
+/// How long an active box hands over before it gives up and goes on serving.
+pub const HANDOVER: Duration = Duration::from_secs(3);
 /// How many of our own challenges an echo may answer.
 const CHALLENGES: usize = 4;
 
@@ -42,6 +44,37 @@ pub enum Reason {
     Preempted,
     /// Another active box with the precedence over us proved itself alive.
     ActiveWithPrecedence,
+    /// A planned handover (`cyphonic-adapter handover`): the active box asked the standby
+    /// to take the gateway, and it did.
+    HandedOver,
+}
+
+/// Why the active box will not hand over now (it goes on serving).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoHandover {
+    /// This box does not serve.
+    NotActive,
+    /// No proof of life from the other box in the last [`DEAD`].
+    OtherSilent,
+    /// The other box is not a standby.
+    OtherNotStandby,
+    /// The other box lacks a health bit this one has.
+    OtherLessHealthy,
+    /// The other box does not hold our lease table yet.
+    LeasesBehind,
+}
+
+impl NoHandover {
+    /// For the operator.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::NotActive => "this box does not serve the gateway",
+            Self::OtherSilent => "the other box gave no proof of life in the last 300 ms",
+            Self::OtherNotStandby => "the other box is not standing by",
+            Self::OtherLessHealthy => "the other box is less healthy than this one",
+            Self::LeasesBehind => "the other box does not hold this box's lease table yet",
+        }
+    }
 }
 
 impl Reason {
@@ -55,6 +88,7 @@ impl Reason {
             Self::ActiveUnhealthy => "the active box is less healthy",
             Self::Preempted => "higher priority, preempt on",
             Self::ActiveWithPrecedence => "another active box has the precedence",
+            Self::HandedOver => "handed over (planned)",
         }
     }
 }
@@ -102,6 +136,8 @@ pub struct Pair {
     events: VecDeque<Event>,
     newest_clock_ns: u64,
     leases_version: u64,
+    /// While we hand the gateway over: until when.
+    handing_over: Option<Instant>,
 }
 
 impl Pair {
@@ -120,6 +156,7 @@ impl Pair {
             events: VecDeque::new(),
             newest_clock_ns: 0,
             leases_version: 0,
+            handing_over: None,
         }
     }
 
@@ -168,6 +205,36 @@ impl Pair {
     /// We hold lease table `version` now.
     pub const fn set_leases_version(&mut self, version: u64) {
         self.leases_version = version;
+    }
+
+    /// Hands the gateway to the other box (docs/protocol.md §5, *Planned handover*): our
+    /// heartbeats say so for up to [`HANDOVER`], and we stand down (reason
+    /// [`Reason::HandedOver`]) at the first proof of life of the other box as the active one.
+    ///
+    /// # Errors
+    /// Why the other box cannot take the gateway now; nothing changes.
+    pub fn hand_over(&mut self, now: Instant) -> Result<(), NoHandover> {
+        if self.role != Role::Active {
+            return Err(NoHandover::NotActive);
+        }
+        let o = self.alive(now).ok_or(NoHandover::OtherSilent)?;
+        if o.beat.role != Role::Standby {
+            return Err(NoHandover::OtherNotStandby);
+        }
+        if o.beat.health.bits() & self.health.bits() != self.health.bits() {
+            return Err(NoHandover::OtherLessHealthy);
+        }
+        if o.beat.leases_version != self.leases_version {
+            return Err(NoHandover::LeasesBehind);
+        }
+        self.handing_over = Some(now + HANDOVER);
+        self.next_beat = now;
+        Ok(())
+    }
+
+    /// Whether we are handing the gateway over now.
+    pub fn is_handing_over(&self, now: Instant) -> bool {
+        self.handing_over.is_some_and(|until| now < until)
     }
 
     /// A heartbeat opened from the box with NIC MAC `from`, in its start `boot`. Returns
@@ -235,6 +302,7 @@ impl Pair {
             health: self.health,
             priority: self.cfg.priority,
             preempt: self.cfg.preempt,
+            handing_over: self.is_handing_over(now),
             term: self.term,
             clock_ns,
             challenge,
@@ -290,6 +358,11 @@ impl Pair {
                 }
                 let last = self.active_proof.unwrap_or(self.since).max(self.since);
                 match active {
+                    Some(o)
+                        if o.beat.handing_over && o.beat.leases_version == self.leases_version =>
+                    {
+                        self.activate(Reason::HandedOver, now);
+                    }
                     Some(o) if o.beat.health.score() < self.health.score() => {
                         self.activate(Reason::ActiveUnhealthy, now);
                     }
@@ -321,7 +394,12 @@ impl Pair {
                 if let Some(o) = active
                     && !self.before(&o)
                 {
-                    self.standby(Reason::ActiveWithPrecedence, now);
+                    let reason = if self.is_handing_over(now) {
+                        Reason::HandedOver
+                    } else {
+                        Reason::ActiveWithPrecedence
+                    };
+                    self.standby(reason, now);
                 }
             }
         }
@@ -344,6 +422,7 @@ impl Pair {
             self.term = self.term.max(o.beat.term);
         }
         self.role = Role::Standby;
+        self.handing_over = None;
         self.since = now;
         self.next_beat = now;
         self.events.push_back(Event::Standby { reason });

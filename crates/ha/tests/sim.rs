@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{PairKey, StaticKeypair};
 use cyphonic_ha::msg::Body;
-use cyphonic_ha::pair::{DEAD, INTERVAL};
-use cyphonic_ha::{Config, Event, Health, Heartbeat, Opener, Pair, Reason, Role, Sealer};
+use cyphonic_ha::pair::{DEAD, HANDOVER, INTERVAL};
+use cyphonic_ha::{
+    Config, Event, Health, Heartbeat, NoHandover, Opener, Pair, Reason, Role, Sealer,
+};
 use proptest::prelude::*;
 
 const STEP: Duration = Duration::from_millis(10);
@@ -363,6 +365,73 @@ fn preempt_waits_for_the_lease_table() {
             ..
         }
     )));
+}
+
+/// A planned handover: refused, with the reason, while the standby could not take the
+/// gateway; once it can, the gateway moves within a few intervals, both boxes say why, and
+/// the old active stands by. A standby that does not take it leaves the active serving,
+/// and after [`HANDOVER`] no longer saying it hands over.
+#[test]
+fn a_handover_moves_the_gateway_only_to_a_standby_that_can_take_it() {
+    let mut s = Sim::new([200, 100], false);
+    s.run(Duration::from_secs(1));
+    assert_eq!(s.roles(), [Role::Active, Role::Standby]);
+    let now = s.now;
+    assert_eq!(s.boxes[1].pair.hand_over(now), Err(NoHandover::NotActive));
+    s.boxes[0].pair.set_leases_version(7);
+    s.run(2 * INTERVAL);
+    let now = s.now;
+    assert_eq!(
+        s.boxes[0].pair.hand_over(now),
+        Err(NoHandover::LeasesBehind)
+    );
+    s.boxes[1].pair.set_leases_version(7);
+    s.boxes[1]
+        .pair
+        .set_health(Health::ALL.without(Health::REACHED), now);
+    s.run(2 * INTERVAL);
+    let now = s.now;
+    assert_eq!(
+        s.boxes[0].pair.hand_over(now),
+        Err(NoHandover::OtherLessHealthy)
+    );
+    s.boxes[1].pair.set_health(Health::ALL, now);
+    s.run(2 * INTERVAL);
+    assert_eq!(s.roles(), [Role::Active, Role::Standby], "moved unasked");
+    let now = s.now;
+    s.boxes[0].pair.hand_over(now).unwrap();
+    let took = s
+        .until(Duration::from_secs(1), |s| {
+            s.roles() == [Role::Standby, Role::Active]
+        })
+        .unwrap();
+    assert!(took <= 3 * INTERVAL, "{took:?}");
+    assert_eq!(
+        s.boxes[1].events.last(),
+        Some(&Event::Active {
+            term: 2,
+            reason: Reason::HandedOver
+        })
+    );
+    assert_eq!(
+        s.boxes[0].events.last(),
+        Some(&Event::Standby {
+            reason: Reason::HandedOver
+        })
+    );
+    s.run(Duration::from_secs(1));
+    assert_eq!(s.roles(), [Role::Standby, Role::Active], "came back");
+
+    // Box 0 now stands by, box 1 asks; box 0 is told a new lease table it does not take in
+    // time: box 1 goes on serving, and stops saying it hands over.
+    let now = s.now;
+    s.boxes[1].pair.hand_over(now).unwrap();
+    s.boxes[0].pair.set_leases_version(8);
+    s.run(HANDOVER - INTERVAL);
+    assert!(s.boxes[1].pair.is_handing_over(s.now));
+    s.run(2 * INTERVAL);
+    assert_eq!(s.roles(), [Role::Standby, Role::Active]);
+    assert!(!s.boxes[1].pair.is_handing_over(s.now));
 }
 
 /// A heartbeat of our own, looped back by the LAN, is not the other box.
