@@ -53,6 +53,8 @@ pub struct AdapterEdge<'a> {
     clock_floor: Option<std::time::Duration>,
     /// One of an HA pair: the pair's part of the status document.
     ha: Option<Arc<std::sync::Mutex<crate::status::HaStatus>>>,
+    /// One of an HA pair: set when the tunnels are up.
+    ready: Option<crate::ha::Ready>,
 }
 
 impl<'a> AdapterEdge<'a> {
@@ -63,9 +65,11 @@ impl<'a> AdapterEdge<'a> {
         mut self,
         floor: Option<std::time::Duration>,
         status: Arc<std::sync::Mutex<crate::status::HaStatus>>,
+        ready: crate::ha::Ready,
     ) -> Self {
         self.clock_floor = floor;
         self.ha = Some(status);
+        self.ready = Some(ready);
         self
     }
 
@@ -178,6 +182,7 @@ impl<'a> AdapterEdge<'a> {
             work: Some(work),
             clock_floor: None,
             ha: None,
+            ready: None,
         })
     }
 
@@ -277,7 +282,7 @@ impl Edge for AdapterEdge<'_> {
             .work
             .take()
             .context("the LAN services are built once")?;
-        Ok(AdapterServices::new(
+        let services = AdapterServices::new(
             self.lan.clone(),
             work,
             Gateway::new(self.lan.clone(), &ctx.core, lan_tx),
@@ -287,7 +292,14 @@ impl Edge for AdapterEdge<'_> {
                 Names::new(&config.reservations, name, config.gateway_vip),
                 config.reservations.clone(),
             ),
-        ))
+        );
+        Ok(match &self.ready {
+            Some(ready) => services.in_pair(crate::ha::ReadyWatch::new(
+                ready.clone(),
+                ctx.peers.iter().map(|(id, _)| *id),
+            )),
+            None => services,
+        })
     }
 
     fn start(&mut self, core: &Core) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
@@ -381,6 +393,10 @@ impl Edge for AdapterEdge<'_> {
 
     fn clock_floor(&self) -> Option<std::time::Duration> {
         self.clock_floor
+    }
+
+    fn handshake_at_start(&self) -> bool {
+        self.ready.is_some()
     }
 }
 

@@ -8,8 +8,18 @@
 //! file whenever it changes. An active box that must stand down ends the process
 //! ([`EXIT_STOOD_DOWN`]): every thread stops serving at once, and the service manager starts
 //! it again, as a standby.
+//!
+//! A planned handover (`cyphonic-adapter handover`) comes in on the pair's control socket
+//! ([`control_socket`]), beside the status socket; the box that takes the gateway so stays
+//! quiet until its tunnels are up ([`Ready`]), while the old one goes on serving.
 
+use std::collections::BTreeSet;
+use std::io::{Read as _, Write as _};
 use std::net::Ipv4Addr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -17,7 +27,7 @@ use anyhow::Context as _;
 use cyphonic_crypto::PairKey;
 use cyphonic_crypto::pair::random_16;
 use cyphonic_ha::msg::{self, Body, ETHERTYPE, GROUP_MAC};
-use cyphonic_ha::{Assembler, Config, Event, Health, Opener, Pair, Refused, Role, Sealer};
+use cyphonic_ha::{Assembler, Config, Event, Health, Opener, Pair, Reason, Refused, Role, Sealer};
 use cyphonic_netio::cbpf::{jump_eq, load_half, ret};
 use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
 
@@ -34,6 +44,90 @@ const LEASES_LOOK: Duration = Duration::from_millis(100);
 const LEASES_AGAIN: Duration = Duration::from_secs(10);
 /// How often a box judges its LAN link.
 const HEALTH_LOOK: Duration = Duration::from_secs(1);
+/// How long a box handed the gateway waits for its tunnels before it says it serves.
+const READY_WAIT: Duration = Duration::from_secs(2);
+/// When the gateway is announced again after the first time: the old active box may send a
+/// last frame from the gateway MAC before it stands down.
+const ANNOUNCE_AGAIN: Duration = Duration::from_millis(200);
+/// How long a command on the control socket may take to arrive, and how many may wait.
+const COMMAND_WAIT: Duration = Duration::from_secs(1);
+const COMMANDS: usize = 4;
+/// The control socket's one command.
+pub const HANDOVER: &str = "handover";
+
+/// The pair's control socket beside the status socket: `adapter.sock` -> `adapter.ha.sock`.
+pub fn control_socket(status_socket: &Path) -> PathBuf {
+    status_socket.with_extension("ha.sock")
+}
+
+/// `cyphonic-adapter handover`: asks the running box on the control socket beside
+/// `status_socket` to hand the gateway over, and prints its answer once the handover ended.
+///
+/// # Errors
+/// No box answers there, or it did not hand over (the answer says why).
+#[expect(clippy::print_stdout, reason = "the handover command's answer")]
+pub fn ask_handover(status_socket: &Path) -> anyhow::Result<()> {
+    let path = control_socket(status_socket);
+    let mut stream = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "connecting to the pair's control socket {} (is this box one of an HA pair, running? are you root or its user?)",
+            path.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(cyphonic_ha::pair::HANDOVER + Duration::from_secs(5)))?;
+    stream.write_all(format!("{HANDOVER}\n").as_bytes())?;
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .context("reading the answer")?;
+    let answer = answer.trim();
+    if answer.starts_with("handed over") {
+        println!("{answer}");
+        Ok(())
+    } else if answer.is_empty() {
+        anyhow::bail!("the box closed the control socket without an answer (see its log)")
+    } else {
+        anyhow::bail!("{answer}")
+    }
+}
+
+/// Whether the box handed the gateway has its tunnels up: a session with every static peer
+/// (with none, with any peer). The services set it ([`ReadyWatch`]); the pair's thread reads it.
+#[derive(Debug, Clone, Default)]
+pub struct Ready(Arc<AtomicBool>);
+
+impl Ready {
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// The services' side of [`Ready`]: the static peers not up yet.
+#[derive(Debug)]
+pub struct ReadyWatch {
+    ready: Ready,
+    waiting: BTreeSet<u32>,
+}
+
+impl ReadyWatch {
+    /// Waits for each of `peers` (static peer ids).
+    pub fn new(ready: Ready, peers: impl IntoIterator<Item = u32>) -> Self {
+        Self {
+            ready,
+            waiting: peers.into_iter().collect(),
+        }
+    }
+
+    /// Peer `id` has keys.
+    pub fn peer_up(&mut self, id: u32) {
+        self.waiting.remove(&id);
+        if self.waiting.is_empty() && !self.ready.is_set() {
+            self.ready.0.store(true, Ordering::Release);
+            tracing::info!("HA: the tunnels are up");
+        }
+    }
+}
 
 /// The pair's MAC for the gateway: the same on both boxes, from the gateway vIP (`02:63:79`
 /// and its last three bytes), so that no device re-ARPs when the gateway moves.
@@ -68,6 +162,15 @@ pub struct HaBox {
     heard: Option<Instant>,
     /// Why the role is what it is.
     reason: &'static str,
+    /// The control socket, and the commands that came but were not read whole yet.
+    control: Control,
+    /// Handed the gateway: quiet until the tunnels are up, or until this instant.
+    quiet_until: Option<Instant>,
+    ready: Ready,
+    /// When to announce the gateway next, and whether once more after that.
+    announce_at: Option<(Instant, bool)>,
+    /// The gateway vIP.
+    gateway_vip: Ipv4Addr,
     /// What the status document shows, renewed every round.
     status: Arc<Mutex<HaStatus>>,
     frame: Vec<u8>,
@@ -133,6 +236,7 @@ pub fn stand_by(
             config.state_dir.display()
         )
     })?;
+    let control = Control::bind(&control_socket(&config.common.status_socket))?;
     let key = PairKey::new(identity.keypair()).context("the site key has no pair key")?;
     let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
     let now = Instant::now();
@@ -163,6 +267,11 @@ pub fn stand_by(
         copies: 0,
         heard: None,
         reason: "starting",
+        control,
+        quiet_until: None,
+        ready: Ready::default(),
+        announce_at: None,
+        gateway_vip: config.gateway_vip,
         status: Arc::new(Mutex::new(HaStatus::default())),
         frame: Vec::with_capacity(1600),
         body: Vec::with_capacity(1600),
@@ -177,7 +286,11 @@ pub fn stand_by(
                         reason = reason.describe(),
                         "HA: this box serves the gateway"
                     );
-                    b.announce(config.gateway_vip)?;
+                    // Handed the gateway: the old active serves until our tunnels are up.
+                    // Else at once, once the edge captures (`serve`).
+                    if reason == Reason::HandedOver {
+                        b.quiet_until = Some(Instant::now() + READY_WAIT);
+                    }
                     return Ok(b);
                 }
                 Event::Standby { reason } => {
@@ -188,12 +301,17 @@ pub fn stand_by(
     }
 }
 
-/// Goes on as the active box, on a thread of its own; ends the process if it must stand
-/// down.
+/// Goes on as the active box, on a thread of its own, once the edge captures the LAN:
+/// announces the gateway (at once, or when handed the gateway once `ready`), and ends the
+/// process if it must stand down.
 ///
 /// # Errors
 /// The thread cannot be started.
-pub fn serve(mut b: HaBox) -> anyhow::Result<std::thread::JoinHandle<()>> {
+pub fn serve(mut b: HaBox, ready: Ready) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    b.ready = ready;
+    if b.quiet_until.is_none() {
+        b.announce_at = Some((Instant::now(), true));
+    }
     Ok(std::thread::Builder::new()
         .name("ha".into())
         .spawn(move || {
@@ -202,7 +320,13 @@ pub fn serve(mut b: HaBox) -> anyhow::Result<std::thread::JoinHandle<()>> {
                     Ok(events) => {
                         for e in events {
                             if let Event::Standby { reason } = e {
-                                tracing::error!(reason = reason.describe(), "HA: standing down: this box stops serving and starts again as the standby");
+                                if reason == Reason::HandedOver {
+                                    tracing::warn!("HA: handed over: this box stops serving and starts again as the standby");
+                                    let text = b.handed_over_text();
+                                    b.control.answer_handover(&text);
+                                } else {
+                                    tracing::error!(reason = reason.describe(), "HA: standing down: this box stops serving and starts again as the standby");
+                                }
                                 std::process::exit(EXIT_STOOD_DOWN);
                             }
                         }
@@ -233,14 +357,41 @@ impl HaBox {
             self.pair.set_health(link_health(&self.iface), now);
         }
         self.pair.handle_timeout(now);
-        let challenge =
-            random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
-        if let Some(beat) = self.pair.poll_transmit(now, wall_ns(), challenge) {
-            self.send(&Body::Heartbeat(beat))?;
+        if let Some(until) = self.quiet_until
+            && (self.ready.is_set() || now >= until)
+        {
+            if !self.ready.is_set() {
+                tracing::warn!("HA: the tunnels are not all up after 2 s; serving anyway");
+            }
+            self.quiet_until = None;
+            self.announce_at = Some((now, true));
         }
-        if self.pair.role() == Role::Active {
-            self.send_leases(now)?;
+        if self.quiet_until.is_none() {
+            let challenge =
+                random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
+            if let Some(beat) = self.pair.poll_transmit(now, wall_ns(), challenge) {
+                self.send(&Body::Heartbeat(beat))?;
+            }
+            if self.pair.role() == Role::Active {
+                self.send_leases(now)?;
+            }
         }
+        // The other box says it serves too (it resumed, or hands over and has not stood
+        // down yet): the switches are to keep the gateway MAC on our port.
+        if self.pair.role() == Role::Active
+            && self.quiet_until.is_none()
+            && self.announce_at.is_none()
+            && self.claims_active(now)
+        {
+            self.announce_at = Some((now + cyphonic_ha::pair::INTERVAL, false));
+        }
+        if let Some((at, again)) = self.announce_at
+            && now >= at
+        {
+            self.announce()?;
+            self.announce_at = again.then(|| (now + ANNOUNCE_AGAIN, false));
+        }
+        self.commands(now);
         self.receive(now)?;
         let mut events = Vec::new();
         while let Some(e) = self.pair.poll_event() {
@@ -300,9 +451,68 @@ impl HaBox {
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
 
+    /// Commands on the control socket: a handover is asked of the pair (and answered now
+    /// when refused); one asked and not taken in time is answered so.
+    fn commands(&mut self, now: Instant) {
+        for command in self.control.take(now) {
+            match command {
+                Command::Handover(stream) => match self.pair.hand_over(now) {
+                    Ok(()) => {
+                        tracing::warn!(
+                            "HA: handing the gateway over to the other box (asked on the control socket)"
+                        );
+                        self.control.handover = Some((stream, now));
+                    }
+                    Err(why) => {
+                        tracing::info!(why = why.describe(), "HA: handover refused");
+                        Control::answer(stream, &format!("refused: {}\n", why.describe()));
+                    }
+                },
+                Command::Unknown(stream, what) => {
+                    Control::answer(stream, &format!("refused: unknown command {what:?}\n"));
+                }
+            }
+        }
+        if self
+            .control
+            .handover
+            .as_ref()
+            .is_some_and(|_| !self.pair.is_handing_over(now))
+        {
+            tracing::warn!("HA: the other box did not take the gateway; this box goes on serving");
+            self.control.answer_handover(
+                "not handed over: the other box did not take the gateway in 3 s; this box goes on serving\n",
+            );
+        }
+    }
+
+    /// Whether the other box's last heartbeat, of the last two intervals, says it serves.
+    fn claims_active(&self, now: Instant) -> bool {
+        self.heard
+            .is_some_and(|t| now.duration_since(t) <= 2 * cyphonic_ha::pair::INTERVAL)
+            && self
+                .pair
+                .other()
+                .is_some_and(|(_, beat)| beat.role == Role::Active)
+    }
+
+    fn handed_over_text(&self) -> String {
+        let took = self
+            .control
+            .handover
+            .as_ref()
+            .map_or(0, |(_, at)| at.elapsed().as_millis());
+        let to = self.pair.other().map_or_else(
+            || "the other box".to_owned(),
+            |(mac, _)| Mac(mac).to_string(),
+        );
+        format!("handed over to {to} in {took} ms\n")
+    }
+
     /// The gateway's announcement from the pair's gateway MAC (a gratuitous ARP): switches
     /// learn its new port, devices keep their entries.
-    fn announce(&self, gateway: Ipv4Addr) -> anyhow::Result<()> {
+    fn announce(&self) -> anyhow::Result<()> {
+        let gateway = self.gateway_vip;
         let mut frame = [0u8; 64];
         let n = cyphonic_gateway::announcement(self.gateway, gateway, &mut frame)
             .context("the announcement does not fit")?;
@@ -461,6 +671,111 @@ impl HaBox {
     }
 }
 
+/// A command that came on the control socket.
+enum Command {
+    Handover(UnixStream),
+    Unknown(UnixStream, String),
+}
+
+/// The pair's control socket (mode 0600, like the status socket): a client sends one line,
+/// the command, and reads the answer. Read without blocking the pair's thread.
+struct Control {
+    listener: UnixListener,
+    path: PathBuf,
+    /// Connections whose line has not come whole yet, with what came and since when.
+    pending: Vec<(UnixStream, Vec<u8>, Instant)>,
+    /// The handover asked, to answer when it ends.
+    handover: Option<(UnixStream, Instant)>,
+}
+
+impl Control {
+    fn bind(path: &Path) -> anyhow::Result<Self> {
+        let open = || -> std::io::Result<UnixListener> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let _ = std::fs::remove_file(path);
+            let listener = UnixListener::bind(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            listener.set_nonblocking(true)?;
+            Ok(listener)
+        };
+        let listener = open()
+            .with_context(|| format!("opening the pair's control socket {}", path.display()))?;
+        Ok(Self {
+            listener,
+            path: path.to_owned(),
+            pending: Vec::new(),
+            handover: None,
+        })
+    }
+
+    /// The commands that came whole; connections that sent nothing in [`COMMAND_WAIT`] are
+    /// closed, and no more than [`COMMANDS`] wait.
+    fn take(&mut self, now: Instant) -> Vec<Command> {
+        while let Ok((stream, _)) = self.listener.accept() {
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            if self.pending.len() == COMMANDS {
+                self.pending.remove(0);
+            }
+            self.pending.push((stream, Vec::new(), now));
+        }
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < self.pending.len() {
+            let (stream, got, since) = &mut self.pending[i];
+            let mut buf = [0u8; 64];
+            let complete = loop {
+                match stream.read(&mut buf) {
+                    Ok(0) => break true,
+                    Ok(n) => {
+                        got.extend_from_slice(&buf[..n]);
+                        if got.contains(&b'\n') || got.len() > 64 {
+                            break true;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+                    Err(_) => break true,
+                }
+            };
+            if complete || now.duration_since(*since) >= COMMAND_WAIT {
+                let (stream, got, _) = self.pending.remove(i);
+                let line = String::from_utf8_lossy(&got);
+                let what = line.lines().next().unwrap_or("").trim().to_owned();
+                done.push(if what == HANDOVER {
+                    Command::Handover(stream)
+                } else {
+                    Command::Unknown(stream, what)
+                });
+            } else {
+                i += 1;
+            }
+        }
+        done
+    }
+
+    /// Answers the handover asked, if any.
+    fn answer_handover(&mut self, text: &str) {
+        if let Some((stream, _)) = self.handover.take() {
+            Self::answer(stream, text);
+        }
+    }
+
+    fn answer(mut stream: UnixStream, text: &str) {
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+        let _ = stream.write_all(text.as_bytes());
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// A table's version: its hash (the standby says which it holds; equal tables, equal
 /// versions).
 fn version_of(table: &[u8]) -> u64 {
@@ -490,7 +805,61 @@ fn wall_ns() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    /// The control socket reads a command however it comes (whole, in pieces, without its
+    /// newline before the client closes), calls anything else unknown, closes a silent
+    /// connection after [`COMMAND_WAIT`], and keeps no more than [`COMMANDS`] waiting.
+    #[test]
+    fn the_control_socket_reads_each_command_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("cy-ha-control-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = control_socket(&dir.join("adapter.sock"));
+        assert_eq!(path, dir.join("adapter.ha.sock"));
+        let mut control = Control::bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let t0 = Instant::now();
+        let kinds = |cs: Vec<Command>| -> Vec<String> {
+            cs.into_iter()
+                .map(|c| match c {
+                    Command::Handover(_) => "handover".to_owned(),
+                    Command::Unknown(_, what) => format!("unknown {what}"),
+                })
+                .collect()
+        };
+        let mut whole = UnixStream::connect(&path).unwrap();
+        whole.write_all(b"handover\n").unwrap();
+        let mut pieces = UnixStream::connect(&path).unwrap();
+        pieces.write_all(b"hand").unwrap();
+        let mut closed = UnixStream::connect(&path).unwrap();
+        closed.write_all(b"handover").unwrap();
+        closed.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut other = UnixStream::connect(&path).unwrap();
+        other.write_all(b"reboot\n").unwrap();
+        assert_eq!(
+            kinds(control.take(t0)),
+            ["handover", "handover", "unknown reboot"]
+        );
+        pieces.write_all(b"over\n").unwrap();
+        assert_eq!(kinds(control.take(t0)), ["handover"]);
+        // Silent ones: at most COMMANDS wait, and each goes after COMMAND_WAIT.
+        let silent: Vec<UnixStream> = (0..COMMANDS + 2)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        assert!(control.take(t0).is_empty());
+        assert_eq!(control.pending.len(), COMMANDS);
+        assert_eq!(
+            kinds(control.take(t0 + COMMAND_WAIT)),
+            vec!["unknown ".to_owned(); COMMANDS]
+        );
+        drop(silent);
+        drop(control);
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// The pair's gateway MAC is unicast, locally administered, the same for one gateway
     /// vIP and different for another.

@@ -26,7 +26,7 @@ mod steer;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
-use cyphonic_daemon::cli::{EdgeText, Names, Reread};
+use cyphonic_daemon::cli::{EdgeText, Extra, Names, Reread};
 use cyphonic_settings::Identity;
 
 use crate::config::AdapterConfig;
@@ -58,22 +58,19 @@ fn describe(c: &AdapterConfig, id: &Identity) -> String {
 }
 
 fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> anyhow::Result<()> {
-    // One of a pair: nothing is served until the pair makes this box the active one.
-    let pair = match &c.ha {
-        Some(settings) => {
-            let active = ha::stand_by(c, settings, &identity)?;
-            let (floor, status) = (active.other_clock(), active.status());
-            Some((floor, status, ha::serve(active)?))
-        }
-        None => None,
-    };
     let reload =
         cyphonic_daemon::cli::reloader(c.clone(), reread, AdapterConfig::needs_restart, |c| {
             (c.common, c.reservations)
         });
-    let (edge, _ha) = match pair {
-        Some((floor, status, thread)) => {
-            (AdapterEdge::open(c)?.in_pair(floor, status), Some(thread))
+    // One of a pair: nothing is served until the pair makes this box the active one; the
+    // pair's thread goes on once the edge captures (it announces the gateway then).
+    let (edge, _ha) = match &c.ha {
+        Some(settings) => {
+            let active = ha::stand_by(c, settings, &identity)?;
+            let (floor, status, ready) =
+                (active.other_clock(), active.status(), ha::Ready::default());
+            let edge = AdapterEdge::open(c)?.in_pair(floor, status, ready.clone());
+            (edge, Some(ha::serve(active, ready)?))
         }
         None => (AdapterEdge::open(c)?, None),
     };
@@ -152,4 +149,9 @@ const NAMES: Names = Names {
     about: "Puts the devices on this gateway's LAN port onto the cyphonic overlay",
     shows: "peers, leases and counters",
     socket: "/run/cyphonic/adapter.sock",
+    extra: &[Extra {
+        name: ha::HANDOVER,
+        about: "Hand the gateway to the other box of the HA pair ([ha]), with no gap: for an upgrade, hand over, upgrade, hand back",
+        run: ha::ask_handover,
+    }],
 };

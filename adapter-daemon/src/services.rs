@@ -53,6 +53,8 @@ pub struct AdapterServices {
     names: Names,
     /// The reservations in force (a reload may replace them).
     reservations: Vec<Reservation>,
+    /// One of an HA pair: tells the pair's thread when the tunnels are up.
+    ready: Option<crate::ha::ReadyWatch>,
 }
 
 impl AdapterServices {
@@ -74,11 +76,18 @@ impl AdapterServices {
             dns,
             names,
             reservations,
+            ready: None,
         };
         services.settle(Instant::now(), cyphonic_settings::now_secs());
         services.refresh_names();
         services.publish();
         services
+    }
+
+    /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]).
+    pub fn in_pair(mut self, ready: crate::ha::ReadyWatch) -> Self {
+        self.ready = Some(ready);
+        self
     }
 
     /// A DHCP message from the LAN, from Ethernet source `mac`.
@@ -324,6 +333,12 @@ impl Services for AdapterServices {
 
     fn hosted(&self) -> (u64, &[NameRecord]) {
         self.names.hosted()
+    }
+
+    fn peer_up(&mut self, peer: u32) {
+        if let Some(r) = self.ready.as_mut() {
+            r.peer_up(peer);
+        }
     }
 
     fn settled(&mut self, settled: Settled) {

@@ -139,6 +139,30 @@ impl PairBed {
         crate::bed::adapter_status(&self.bed.bins, &self.bed.a.dir.join("adapter2.sock"))
     }
 
+    /// `cyphonic-adapter handover` asked of the first box, or of the second: whether it
+    /// succeeded, and what it printed (its answer or its error).
+    ///
+    /// # Errors
+    /// The command cannot be started.
+    pub fn handover(&self, first: bool) -> anyhow::Result<(bool, String)> {
+        let socket = self.bed.a.dir.join(if first {
+            "adapter.sock"
+        } else {
+            "adapter2.sock"
+        });
+        let out = std::process::Command::new(&self.bed.bins.adapter)
+            .args(["handover", "--socket", socket.to_str().context("path")?])
+            .output()?;
+        Ok((
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    }
+
     /// The second box's log so far.
     pub fn second_log(&self) -> String {
         std::fs::read_to_string(&self.log2).unwrap_or_default()
@@ -251,11 +275,21 @@ pub enum Fault {
     Power,
     /// SIGSTOP, and SIGCONT 2 s later (it must stand down).
     Freeze,
+    /// `cyphonic-adapter handover`: the planned move to the standby.
+    Handover,
+    /// Nothing: what the stream and the pings do without a failover (the baseline).
+    Nothing,
 }
 
 impl Fault {
-    /// Every kind.
-    pub const ALL: [Self; 3] = [Self::Kill, Self::Power, Self::Freeze];
+    /// Every kind, the baseline last.
+    pub const ALL: [Self; 5] = [
+        Self::Kill,
+        Self::Power,
+        Self::Freeze,
+        Self::Handover,
+        Self::Nothing,
+    ];
 
     /// For the table.
     pub const fn describe(self) -> &'static str {
@@ -263,6 +297,8 @@ impl Fault {
             Self::Kill => "SIGKILL",
             Self::Power => "LAN and uplink cut (power)",
             Self::Freeze => "SIGSTOP, SIGCONT 2 s later",
+            Self::Handover => "`cyphonic-adapter handover` (planned)",
+            Self::Nothing => "nothing (baseline)",
         }
     }
 }
@@ -274,6 +310,8 @@ pub struct Round {
     pub pings: [PingRun; 2],
     /// Whether a TCP stream (iperf3, site A's LAN host to site B's, 8 s) lived through it.
     pub tcp_survived: bool,
+    /// The stream's retransmissions, as its sender counted them (when it lived).
+    pub retransmits: Option<u64>,
 }
 
 /// A fresh pair, a TCP stream and pings through it, and `fault` to the serving box 2 s in.
@@ -296,10 +334,16 @@ pub fn failover_round(fault: Fault) -> anyhow::Result<Round> {
             std::thread::sleep(Duration::from_secs(2));
             p.bed.signal(Side::A, "CONT")
         }
+        Fault::Handover => match p.handover(true)? {
+            (true, _) => Ok(()),
+            (false, said) => bail!("handover: {said}"),
+        },
+        Fault::Nothing => Ok(()),
     })?;
-    let tcp_survived = tcp.finish().is_ok();
+    let report = tcp.finish().ok();
     Ok(Round {
         pings,
-        tcp_survived,
+        tcp_survived: report.is_some(),
+        retransmits: report.and_then(|r| r["end"]["sum_sent"]["retransmits"].as_u64()),
     })
 }

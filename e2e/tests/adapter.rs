@@ -1028,6 +1028,23 @@ fn ping_through(
     }
 }
 
+/// The device's DHCP renewal is answered (by whichever box serves) with its address.
+fn renews_the_same_address(pair: &mut PairBed) {
+    let leased = ["renew", "bound"];
+    let before = pair
+        .device
+        .events()
+        .iter()
+        .filter(|e| leased.contains(&e.reason.as_str()))
+        .count();
+    pair.device.renew().unwrap();
+    let ev = pair
+        .device
+        .wait_for(&leased, before + 1, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    assert_eq!(ev.get("ip"), pair.ip.to_string(), "{}", pair.logs());
+}
+
 /// Issue 51: the active box of a pair is killed (SIGKILL): the standby serves within the
 /// pings' longest gap (reported), B's host is reached again without the device doing
 /// anything, and the device's renewal is answered by the new active box with the same
@@ -1056,19 +1073,7 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
         "{}",
         pair.logs()
     );
-    let leased = ["renew", "bound"];
-    let before = pair
-        .device
-        .events()
-        .iter()
-        .filter(|e| leased.contains(&e.reason.as_str()))
-        .count();
-    pair.device.renew().unwrap();
-    let ev = pair
-        .device
-        .wait_for(&leased, before + 1, Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
-    assert_eq!(ev.get("ip"), pair.ip.to_string(), "{}", pair.logs());
+    renews_the_same_address(&mut pair);
     pair.bed
         .ping_ok(&pair.device.ns, pair.bed.b.host_ip, Ping::count(2).wait(5));
     pair.device.stop().unwrap();
@@ -1100,6 +1105,59 @@ fn a_frozen_active_box_that_wakes_stands_down() {
     assert!(pair.second.running(), "{}", pair.logs());
     pair.bed
         .ping_ok(&pair.device.ns, pair.bed.b.host_ip, Ping::count(2).wait(5));
+    pair.device.stop().unwrap();
+}
+
+/// Issue 51: a planned handover under a TCP stream (20 Mbit/s, so that congestion loses
+/// nothing of its own) and pings. Asked of the standby, it is refused: that box does not
+/// serve. Asked of the serving box, the gateway moves to the standby, the command says so,
+/// the old box stands down (exit status 75), the stream lives (its retransmissions and the
+/// pings' longest gap are reported) and the device keeps its address. Asked again of the
+/// new active box, with no standby left, it is refused and nothing moves.
+#[test]
+fn a_handover_moves_the_gateway_under_a_tcp_stream() {
+    let mut pair = PairBed::up().unwrap();
+    let (ok, said) = pair.handover(false).unwrap();
+    assert!(
+        !ok && said.contains("refused: this box does not serve the gateway"),
+        "{said}"
+    );
+    let tcp = IperfRun::start(&pair.bed, Side::B, &["-b", "20M"], 8).unwrap();
+    let mut answer = String::new();
+    ping_through(&mut pair, "handover", |p| {
+        let (ok, said) = p.handover(true)?;
+        anyhow::ensure!(ok, "handover: {said}");
+        answer = said;
+        Ok(())
+    });
+    let report = tcp
+        .finish()
+        .unwrap_or_else(|e| panic!("the TCP stream died: {e}\n{}", pair.logs()));
+    let retransmits = report["end"]["sum_sent"]["retransmits"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("iperf3 reports no retransmits: {report}"));
+    eprintln!("HA, handover: {answer:?}; TCP retransmissions in the stream: {retransmits}");
+    assert!(answer.starts_with("handed over to "), "{answer}");
+    let first = pair.bed.site_mut(Side::A).adapter.take().unwrap();
+    let out = first.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", pair.logs());
+    let ha = pair.second_status().unwrap()["ha"].clone();
+    assert_eq!(ha["role"], "active", "{ha}");
+    assert_eq!(ha["term"], 2, "{ha}");
+    assert_eq!(ha["reason"], "handed over (planned)", "{ha}");
+    // It handshook with site B before it said it serves, not after waiting in vain.
+    let log = pair.second_log();
+    assert!(
+        log.contains("HA: the tunnels are up") && !log.contains("the tunnels are not all up"),
+        "{}",
+        pair.logs()
+    );
+    let (ok, said) = pair.handover(false).unwrap();
+    assert!(
+        !ok && said.contains("refused: the other box gave no proof of life"),
+        "{said}"
+    );
+    renews_the_same_address(&mut pair);
     pair.device.stop().unwrap();
 }
 

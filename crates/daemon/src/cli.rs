@@ -124,6 +124,20 @@ pub struct Names {
     pub shows: &'static str,
     /// The status socket's default path.
     pub socket: &'static str,
+    /// The binary's own commands to the running daemon, beside `status`.
+    pub extra: &'static [Extra],
+}
+
+/// A binary's own command to its running daemon (`cyphonic-adapter handover`): it takes the
+/// `--socket` that `status` takes (the status socket's path) and prints its own answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Extra {
+    /// The subcommand.
+    pub name: &'static str,
+    /// What it does, one line.
+    pub about: &'static str,
+    /// Runs it with the status socket's path.
+    pub run: fn(&Path) -> anyhow::Result<()>,
 }
 
 impl Names {
@@ -150,7 +164,7 @@ pub fn main<
     status_text: fn(&Status<E, K>) -> EdgeText,
 ) -> ExitCode {
     let noun = names.noun();
-    let command = Cli::command()
+    let mut command = Cli::command()
         .name(names.name)
         .bin_name(names.name)
         .version(env!("CARGO_PKG_VERSION"))
@@ -170,7 +184,34 @@ pub fn main<
                         .help(format!("The status socket of the running {noun}"))
                 })
         });
-    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+    for extra in names.extra {
+        command = command.subcommand(
+            clap::Command::new(extra.name).about(extra.about).arg(
+                clap::Arg::new("socket")
+                    .long("socket")
+                    .value_parser(clap::value_parser!(PathBuf))
+                    .default_value(names.socket)
+                    .help(format!("The status socket of the running {noun}")),
+            ),
+        );
+    }
+    let matches = command.get_matches();
+    if let Some((sub, args)) = matches.subcommand()
+        && let Some(extra) = names.extra.iter().find(|e| e.name == sub)
+    {
+        let socket = args
+            .get_one::<PathBuf>("socket")
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(names.socket));
+        return match (extra.run)(&socket) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{}: error: {e:#}", names.name);
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
@@ -375,6 +416,7 @@ mod tests {
         about: "",
         shows: "",
         socket: "",
+        extra: &[],
     };
 
     fn status_text(doc: &Status<Edge, TestCounters>) -> EdgeText {

@@ -219,6 +219,13 @@ pub trait Edge {
     fn clock_floor(&self) -> Option<Duration> {
         None
     }
+
+    /// Whether to handshake with every static peer at once, not at the first packet for
+    /// it: an HA pair's new active box is to have its tunnels before the devices' traffic
+    /// reaches it, and its handshakes move the peers to it (docs/protocol.md §5).
+    fn handshake_at_start(&self) -> bool {
+        false
+    }
 }
 
 /// How far ahead of the system clock a [`Edge::clock_floor`] is followed: beyond it, the two
@@ -479,6 +486,12 @@ pub fn run<E: Edge>(
     );
     let mut control = Control::new(shared.clone(), Box::new(udp), core.intake.clone());
     control.set_idle_timeout(common.cloud.as_ref().map(|c| c.idle_peer_timeout));
+    if edge.handshake_at_start() {
+        let now = Instant::now();
+        for slot in peers.iter().filter_map(|(id, _)| shared.peers.by_id(*id)) {
+            control.initiate(&slot, now);
+        }
+    }
     drop(core);
     let result = runtime.block_on(control_loop(
         Loop {

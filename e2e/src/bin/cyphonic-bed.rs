@@ -222,9 +222,10 @@ enum Command {
         idle: u64,
     },
     /// Failover of an HA pair (issue 51): for each fault to the serving box (SIGKILL; its
-    /// LAN and uplink cut; SIGSTOP then SIGCONT), `rounds` fresh pairs on site A, each with
-    /// pings every 10 ms from a DHCP device and the LAN host to site B and an 8-s TCP stream
-    /// through it. Prints a Markdown table of the longest gaps and the streams that lived.
+    /// LAN and uplink cut; SIGSTOP then SIGCONT; a planned handover; and nothing, the
+    /// baseline), `rounds` fresh pairs on site A, each with pings every 10 ms from a DHCP
+    /// device and the LAN host to site B and an 8-s TCP stream through it. Prints a Markdown
+    /// table of the longest gaps, the streams that lived and their retransmissions.
     Ha {
         /// Rounds per fault.
         #[arg(long, default_value_t = 10)]
@@ -963,11 +964,11 @@ fn median_cell(all: &mut [f64]) -> (f64, String) {
 fn ha_table(rounds: usize) -> anyhow::Result<()> {
     use cyphonic_e2e::pair::{Fault, failover_round};
     println!(
-        "| fault to the serving box | rounds | longest ping gap, median / worst, ms | pings answered to the end | TCP streams that lived |"
+        "| fault to the serving box | rounds | longest ping gap, median / worst, ms | pings answered to the end | TCP streams that lived | TCP retransmissions per stream, median / worst |"
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|");
     for fault in Fault::ALL {
-        let mut gaps = Vec::new();
+        let (mut gaps, mut retransmits) = (Vec::new(), Vec::new());
         let (mut answered, mut lived) = (0, 0);
         for round in 0..rounds {
             let r = failover_round(fault)?;
@@ -981,12 +982,18 @@ fn ha_table(rounds: usize) -> anyhow::Result<()> {
                 answered += usize::from(p.last + 50 > cyphonic_e2e::pair::PINGS);
             }
             lived += usize::from(r.tcp_survived);
+            retransmits.extend(r.retransmits);
         }
+        retransmits.sort_unstable();
+        let resent = match (retransmits.get(retransmits.len() / 2), retransmits.last()) {
+            (Some(m), Some(w)) => format!("{m} / {w}"),
+            _ => "-".to_owned(),
+        };
         gaps.sort_by(f64::total_cmp);
         let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0.0);
         let worst = gaps.last().copied().unwrap_or(0.0);
         println!(
-            "| {} | {rounds} | {median:.0} / {worst:.0} | {answered} of {} | {lived} of {rounds} |",
+            "| {} | {rounds} | {median:.0} / {worst:.0} | {answered} of {} | {lived} of {rounds} | {resent} |",
             fault.describe(),
             gaps.len()
         );
