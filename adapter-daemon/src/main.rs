@@ -151,7 +151,7 @@ const NAMES: Names = Names {
     socket: "/run/cyphonic/adapter.sock",
     extra: &[Extra {
         name: ha::HANDOVER,
-        about: "Hand the gateway to the other box of the HA pair ([ha]), with no gap: for an upgrade, hand over, upgrade, hand back",
+        about: "Hand the gateway to the other box of the HA pair ([ha]) once its tunnels are up: for an upgrade, hand over, upgrade, hand back",
         run: ha::ask_handover,
     }],
 };
