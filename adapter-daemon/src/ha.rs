@@ -16,7 +16,6 @@
 use std::collections::BTreeSet;
 use std::io::{Read as _, Write as _};
 use std::net::Ipv4Addr;
-use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -302,13 +301,12 @@ pub fn stand_by(
 }
 
 /// Goes on as the active box, on a thread of its own, once the edge captures the LAN:
-/// announces the gateway (at once, or when handed the gateway once `ready`), and ends the
-/// process if it must stand down.
+/// announces the gateway (at once, or, when handed the gateway, once the tunnels are up:
+/// [`HaBox::ready`]), and ends the process if it must stand down.
 ///
 /// # Errors
 /// The thread cannot be started.
-pub fn serve(mut b: HaBox, ready: Ready) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    b.ready = ready;
+pub fn serve(mut b: HaBox) -> anyhow::Result<std::thread::JoinHandle<()>> {
     if b.quiet_until.is_none() {
         b.announce_at = Some((Instant::now(), true));
     }
@@ -402,6 +400,11 @@ impl HaBox {
         }
         self.publish(now);
         Ok(events)
+    }
+
+    /// Where the services say the tunnels are up ([`ReadyWatch`]).
+    pub fn ready(&self) -> Ready {
+        self.ready.clone()
     }
 
     /// The status document's part, for the status socket once this box serves.
@@ -691,12 +694,7 @@ struct Control {
 impl Control {
     fn bind(path: &Path) -> anyhow::Result<Self> {
         let open = || -> std::io::Result<UnixListener> {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let _ = std::fs::remove_file(path);
-            let listener = UnixListener::bind(path)?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            let listener = cyphonic_telemetry::status::bind_private(path)?;
             listener.set_nonblocking(true)?;
             Ok(listener)
         };
@@ -808,6 +806,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     /// The control socket reads a command however it comes (whole, in pieces, without its
     /// newline before the client closes), calls anything else unknown, closes a silent

@@ -62,6 +62,8 @@ pub enum NoHandover {
     OtherLessHealthy,
     /// The other box does not hold our lease table yet.
     LeasesBehind,
+    /// A handover asked before is still under way.
+    UnderWay,
 }
 
 impl NoHandover {
@@ -73,6 +75,7 @@ impl NoHandover {
             Self::OtherNotStandby => "the other box is not standing by",
             Self::OtherLessHealthy => "the other box is less healthy than this one",
             Self::LeasesBehind => "the other box does not hold this box's lease table yet",
+            Self::UnderWay => "a handover is under way",
         }
     }
 }
@@ -216,6 +219,9 @@ impl Pair {
     pub fn hand_over(&mut self, now: Instant) -> Result<(), NoHandover> {
         if self.role != Role::Active {
             return Err(NoHandover::NotActive);
+        }
+        if self.is_handing_over(now) {
+            return Err(NoHandover::UnderWay);
         }
         let o = self.alive(now).ok_or(NoHandover::OtherSilent)?;
         if o.beat.role != Role::Standby {

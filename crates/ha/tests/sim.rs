@@ -422,10 +422,11 @@ fn a_handover_moves_the_gateway_only_to_a_standby_that_can_take_it() {
     s.run(Duration::from_secs(1));
     assert_eq!(s.roles(), [Role::Standby, Role::Active], "came back");
 
-    // Box 0 now stands by, box 1 asks; box 0 is told a new lease table it does not take in
+    // Box 0 now stands by, box 1 asks (asked again meanwhile, it says one is under way); box 0 is told a new lease table it does not take in
     // time: box 1 goes on serving, and stops saying it hands over.
     let now = s.now;
     s.boxes[1].pair.hand_over(now).unwrap();
+    assert_eq!(s.boxes[1].pair.hand_over(now), Err(NoHandover::UnderWay));
     s.boxes[0].pair.set_leases_version(8);
     s.run(HANDOVER - INTERVAL);
     assert!(s.boxes[1].pair.is_handing_over(s.now));

@@ -21,8 +21,23 @@ impl Drop for StatusSocket {
     }
 }
 
-/// Binds the status socket at `path` (replacing a stale one; creating its directory), mode
-/// 0600, and answers every connection with `snapshot()` from a thread (`cy-status`).
+/// Binds a daemon's local socket at `path` the way every one is bound: its directory
+/// created, a stale socket replaced, mode 0600 (only the daemon's user and root).
+///
+/// # Errors
+/// The directory cannot be created, the socket bound or its mode set.
+pub fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Binds the status socket at `path` ([`bind_private`]) and answers every connection with
+/// `snapshot()` from a thread (`cy-status`).
 ///
 /// # Errors
 /// The directory cannot be created, the socket bound or its mode set.
@@ -30,12 +45,7 @@ pub fn serve<T: serde::Serialize>(
     path: &Path,
     snapshot: impl Fn() -> T + Send + 'static,
 ) -> std::io::Result<StatusSocket> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let listener = bind_private(path)?;
     std::thread::Builder::new()
         .name("cy-status".into())
         .spawn(move || {
