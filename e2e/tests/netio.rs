@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cyphonic_e2e::{Netns, require_root, sh, veth};
 use cyphonic_netio::{
-    AddressWatch, DatagramMeta, FrameMeta, Interface, NetError, PacketOptions, PacketSocket,
+    AddressWatch, DatagramMeta, FrameMeta, Interface, NetError, PacketOptions, PacketSocket, Rtnl,
     UdpOptions, UdpSocket, netns, wait_any,
 };
 
@@ -653,6 +653,62 @@ fn address_watch_hears_address_and_route_changes_in_its_namespace() {
     ready.recv().unwrap();
     drop(step_tx);
     assert_eq!(watcher.join().unwrap(), expect);
+}
+
+/// What the HA pair judges its uplink by: the interface the kernel routes a destination out
+/// of, and whether that interface carries packets. A link whose far end is down no longer
+/// carries; a link set down loses its routes; unreachable and blackhole routes are no route.
+#[test]
+fn the_kernel_says_where_a_destination_goes_out_and_whether_that_link_carries() {
+    require_root();
+    let ns = Netns::new("nrt").unwrap();
+    let far = Netns::new("nrtf").unwrap();
+    veth(&ns, "wan", &far, "wanp").unwrap();
+    ns.ip(&["addr", "add", "198.51.100.2/24", "dev", "wan"])
+        .unwrap();
+    ns.ip(&["addr", "add", "fd00::2/64", "dev", "wan", "nodad"])
+        .unwrap();
+    ns.ip(&["route", "add", "203.0.113.0/25", "via", "198.51.100.1"])
+        .unwrap();
+    ns.ip(&["route", "add", "blackhole", "203.0.113.128/25"])
+        .unwrap();
+    ns.ip(&["route", "add", "unreachable", "192.0.2.0/24"])
+        .unwrap();
+    let wan = inside(&ns, || Interface::lookup("wan").unwrap().index);
+    let look = move || {
+        let mut rtnl = Rtnl::open().unwrap();
+        let routes = [
+            "203.0.113.7",
+            "fd00::9",
+            "203.0.113.200",
+            "192.0.2.1",
+            "100.64.0.1",
+        ]
+        .map(|ip| rtnl.route_out(ip.parse().unwrap()).unwrap());
+        (routes, rtnl.link_carries(wan).unwrap())
+    };
+    assert_eq!(
+        inside(&ns, look),
+        ([Some(wan), Some(wan), None, None, None], true)
+    );
+    far.ip(&["link", "set", "dev", "wanp", "down"]).unwrap();
+    let (routes, carries) = inside(&ns, look);
+    assert_eq!(
+        routes[0],
+        Some(wan),
+        "a link without carrier keeps its routes"
+    );
+    assert!(!carries, "a link whose far end is down carries nothing");
+    far.ip(&["link", "set", "dev", "wanp", "up"]).unwrap();
+    ns.ip(&["link", "set", "dev", "wan", "down"]).unwrap();
+    let (routes, carries) = inside(&ns, look);
+    assert_eq!(routes, [None; 5], "a link set down takes its routes");
+    assert!(!carries);
+    let err = inside(&ns, || Rtnl::open().unwrap().link_carries(999_999).is_err());
+    assert!(
+        err,
+        "no such interface is an error, not a link that carries"
+    );
 }
 
 #[test]

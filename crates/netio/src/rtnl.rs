@@ -17,13 +17,15 @@
 //! reads the answers.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use netlink_packet_core::{
     DefaultNla, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkHeader,
     NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{LinkAttribute, LinkMessage, State};
+use netlink_packet_route::route::{RouteAttribute, RouteMessage};
 use netlink_packet_route::tc::{
     TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption,
 };
@@ -179,6 +181,60 @@ impl Rtnl {
         Ok(())
     }
 
+    /// The interface the kernel would send a packet to `dest` out of (what `ip route get`
+    /// says: every table and rule applied), or `None` when it has no route there (none, or an
+    /// unreachable, prohibit or blackhole route).
+    ///
+    /// # Errors
+    /// The kernel refused for another reason, or its answer could not be read.
+    pub fn route_out(&mut self, dest: IpAddr) -> io::Result<Option<u32>> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = match dest {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        msg.header.destination_prefix_length = if dest.is_ipv4() { 32 } else { 128 };
+        msg.attributes
+            .push(RouteAttribute::Destination(dest.into()));
+        let answers = match self.request(RouteNetlinkMessage::GetRoute(msg), 0) {
+            Ok(a) => a,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EACCES | libc::EINVAL)
+                ) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(answers.iter().find_map(|m| match m {
+            RouteNetlinkMessage::NewRoute(r) => r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(index) => Some(*index),
+                _ => None,
+            }),
+            _ => None,
+        }))
+    }
+
+    /// Whether interface `index` is up and can carry packets: its operational state is up,
+    /// or unknown (drivers that do not report one, like a TUN or loopback).
+    ///
+    /// # Errors
+    /// No such interface, or the answer could not be read.
+    pub fn link_carries(&mut self, index: u32) -> io::Result<bool> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        let answers = self.request(RouteNetlinkMessage::GetLink(msg), 0)?;
+        Ok(answers.iter().any(|m| match m {
+            RouteNetlinkMessage::NewLink(l) => l
+                .attributes
+                .iter()
+                .any(|a| matches!(a, LinkAttribute::OperState(State::Up | State::Unknown))),
+            _ => false,
+        }))
+    }
+
     /// Sends `msg` with `NLM_F_REQUEST | flags` and collects the answers until the dump ends
     /// or the kernel acknowledges.
     fn request(
@@ -293,7 +349,7 @@ fn is_drop_filter(f: &TcMessage) -> bool {
 /// The local IPv4 address of a dumped address message.
 fn local_v4(a: &AddressMessage) -> Option<Ipv4Addr> {
     a.attributes.iter().find_map(|attr| match attr {
-        AddressAttribute::Local(std::net::IpAddr::V4(ip)) => Some(*ip),
+        AddressAttribute::Local(IpAddr::V4(ip)) => Some(*ip),
         _ => None,
     })
 }
