@@ -194,8 +194,12 @@ impl Pair {
         self.other.map(|o| (o.mac, o.beat))
     }
 
-    /// Our health changed.
+    /// Our health, judged now: a change is said to the other box at once (the next
+    /// heartbeat is due now), not at the next interval.
     pub fn set_health(&mut self, health: Health, now: Instant) {
+        if health != self.health {
+            self.next_beat = now;
+        }
         self.health = health;
         self.decide(now);
     }
