@@ -411,7 +411,7 @@ impl Capture {
         }
         let held = meta.len.min(FRAME_ROOM);
         let frame = &mut buf[FRAME_OFFSET..FRAME_OFFSET + held];
-        // An HA pair's messages are the pair's own socket's (ha.rs), not a device's.
+        // An HA pair's messages are the pair's own socket's (ha/mod.rs), not a device's.
         if frame.get(12..14) == Some(&cyphonic_ha::msg::ETHERTYPE.to_be_bytes()[..]) {
             return;
         }

@@ -109,7 +109,7 @@ impl LeaseStore {
     }
 
     /// Replaces the saved leases with a lease file as another adapter wrote it (an HA
-    /// pair's active box sends its own: `ha.rs`), atomically and durably, once it decodes;
+    /// pair's active box sends its own: `ha/mod.rs`), atomically and durably, once it decodes;
     /// the old file stays otherwise.
     ///
     /// # Errors

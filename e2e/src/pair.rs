@@ -163,6 +163,18 @@ impl PairBed {
         ))
     }
 
+    /// Cuts the first box's uplink alone (its `wan` link set down).
+    ///
+    /// # Errors
+    /// `ip` fails.
+    pub fn cut_uplink(&self) -> anyhow::Result<()> {
+        self.bed
+            .a
+            .adapter_ns
+            .ip(&["link", "set", "wan", "down"])
+            .map(drop)
+    }
+
     /// The second box's log so far.
     pub fn second_log(&self) -> String {
         std::fs::read_to_string(&self.log2).unwrap_or_default()
@@ -273,6 +285,8 @@ pub enum Fault {
     Kill,
     /// Its LAN and uplink cut at once (power lost; the process lives on, unreachable).
     Power,
+    /// Its uplink alone cut (the LAN and the process live on; its health says so).
+    Uplink,
     /// SIGSTOP, and SIGCONT 2 s later (it must stand down).
     Freeze,
     /// `cyphonic-adapter handover`: the planned move to the standby.
@@ -283,9 +297,10 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind, the baseline last.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Kill,
         Self::Power,
+        Self::Uplink,
         Self::Freeze,
         Self::Handover,
         Self::Nothing,
@@ -296,6 +311,7 @@ impl Fault {
         match self {
             Self::Kill => "SIGKILL",
             Self::Power => "LAN and uplink cut (power)",
+            Self::Uplink => "uplink alone cut",
             Self::Freeze => "SIGSTOP, SIGCONT 2 s later",
             Self::Handover => "`cyphonic-adapter handover` (planned)",
             Self::Nothing => "nothing (baseline)",
@@ -329,6 +345,7 @@ pub fn failover_round(fault: Fault) -> anyhow::Result<Round> {
             }
             Ok(())
         }
+        Fault::Uplink => p.cut_uplink(),
         Fault::Freeze => {
             p.bed.signal(Side::A, "STOP")?;
             std::thread::sleep(Duration::from_secs(2));

@@ -1079,6 +1079,29 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     pair.device.stop().unwrap();
 }
 
+/// Issue 51: the active box's uplink alone is cut: it judges its uplink down and says so,
+/// the standby, healthier, takes the gateway, and the old box stands down (exit status 75);
+/// the pings go on through the new active box, and the device's renewal is answered with
+/// its address.
+#[test]
+fn a_pair_moves_the_gateway_off_a_box_whose_uplink_is_cut() {
+    let mut pair = PairBed::up().unwrap();
+    ping_through(&mut pair, "uplink cut", |p| p.cut_uplink());
+    let ha = pair.second_status().unwrap()["ha"].clone();
+    assert_eq!(ha["role"], "active", "{ha}");
+    assert_eq!(ha["reason"], "the active box is less healthy", "{ha}");
+    let first = pair.bed.site_mut(Side::A).adapter.take().unwrap();
+    let out = first.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", pair.logs());
+    assert!(
+        pair.bed.a.log_text().contains("HA: the uplink is down"),
+        "{}",
+        pair.logs()
+    );
+    renews_the_same_address(&mut pair);
+    pair.device.stop().unwrap();
+}
+
 /// Issue 51: the active box is frozen (SIGSTOP): the standby serves; the frozen box is
 /// woken (SIGCONT) 2 s later, finds the new active box of a later term, and stands down
 /// (exit status 75) within a second, while the pings go on through the new active box.

@@ -34,6 +34,8 @@ use crate::config::{AdapterConfig, HaSettings, Mac};
 use crate::leases::LeaseStore;
 use crate::status::{HaDrops, HaOther, HaStatus};
 
+mod health;
+
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
 pub const EXIT_STOOD_DOWN: i32 = 75;
@@ -41,8 +43,8 @@ pub const EXIT_STOOD_DOWN: i32 = 75;
 /// How often the active box looks at its lease file, and sends it unchanged anyway.
 const LEASES_LOOK: Duration = Duration::from_millis(100);
 const LEASES_AGAIN: Duration = Duration::from_secs(10);
-/// How often a box judges its LAN link.
-const HEALTH_LOOK: Duration = Duration::from_secs(1);
+/// How often a box judges itself ([`health::Judge`]).
+const HEALTH_LOOK: Duration = Duration::from_millis(100);
 /// How long a box handed the gateway waits for its tunnels before it says it serves.
 const READY_WAIT: Duration = Duration::from_secs(2);
 /// When the gateway is announced again after the first time: the old active box may send a
@@ -151,6 +153,8 @@ pub struct HaBox {
     leases: LeaseStore,
     /// The lease file as last sent (its length and change time) and when.
     sent: Option<((u64, SystemTime), Instant)>,
+    /// Its judge of itself, and when it last judged.
+    judge: health::Judge,
     health_at: Instant,
     /// Whether a message of another pair version was logged (once).
     version_warned: bool,
@@ -238,6 +242,7 @@ pub fn stand_by(
     let control = Control::bind(&control_socket(&config.common.status_socket))?;
     let key = PairKey::new(identity.keypair()).context("the site key has no pair key")?;
     let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
+    let mut judge = health::Judge::new(config, &iface.name, iface.index);
     let now = Instant::now();
     let pair = Pair::new(
         Config {
@@ -245,7 +250,7 @@ pub fn stand_by(
             preempt: ha.preempt,
             mac: iface.mac,
         },
-        link_health(&iface.name),
+        judge.health(),
         now,
     );
     let mut b = HaBox {
@@ -260,6 +265,7 @@ pub fn stand_by(
         assembler: Assembler::default(),
         leases,
         sent: None,
+        judge,
         health_at: now,
         version_warned: false,
         dropped: HaDrops::default(),
@@ -352,7 +358,8 @@ impl HaBox {
         let now = Instant::now();
         if now.duration_since(self.health_at) >= HEALTH_LOOK {
             self.health_at = now;
-            self.pair.set_health(link_health(&self.iface), now);
+            let health = self.judge.health();
+            self.pair.set_health(health, now);
         }
         self.pair.handle_timeout(now);
         if let Some(until) = self.quiet_until
@@ -781,18 +788,6 @@ fn version_of(table: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     table.hash(&mut h);
     h.finish()
-}
-
-/// What this box can judge of itself today: its LAN link (`operstate`). The other bits are
-/// set: uplink, data plane and reach are not judged yet (issue 51).
-fn link_health(iface: &str) -> Health {
-    let up = std::fs::read_to_string(format!("/sys/class/net/{iface}/operstate"))
-        .is_ok_and(|s| matches!(s.trim(), "up" | "unknown"));
-    if up {
-        Health::ALL
-    } else {
-        Health::ALL.without(Health::LAN)
-    }
 }
 
 fn wall_ns() -> u64 {

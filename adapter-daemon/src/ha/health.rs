@@ -1,0 +1,157 @@
+//! What a box of the pair judges of itself (docs/protocol.md §5, *Health*): its LAN link,
+//! and its uplink: whether the kernel routes at least one of the underlay addresses the box
+//! must reach (the static peers' endpoints, the cloud's addresses) out of an interface other
+//! than the LAN port that carries packets. The data plane and reach are not judged yet: those
+//! bits are sent set.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs as _};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use cyphonic_ha::Health;
+use cyphonic_netio::Rtnl;
+
+use crate::config::AdapterConfig;
+
+/// At most this many underlay addresses are judged (each costs two netlink requests a look).
+const TARGETS: usize = 8;
+/// How often cloud host names are resolved again.
+const RESOLVE_AGAIN: Duration = Duration::from_secs(60);
+
+/// One box's judge of itself.
+pub(super) struct Judge {
+    lan: String,
+    lan_index: u32,
+    /// The addresses given as addresses, then those resolved from host names.
+    literal: Vec<IpAddr>,
+    resolved: Arc<Mutex<Vec<IpAddr>>>,
+    rtnl: Option<Rtnl>,
+    /// The uplink's last judgement, to log its changes.
+    uplink: Option<bool>,
+}
+
+impl Judge {
+    /// The judge of the box `config` describes, whose LAN port is `lan` (`lan_index`). Cloud
+    /// host names are resolved on a thread of their own, now and every minute, so that a
+    /// slow resolver never delays a heartbeat.
+    pub(super) fn new(config: &AdapterConfig, lan: &str, lan_index: u32) -> Self {
+        let mut literal = Vec::new();
+        let mut names = Vec::new();
+        let endpoints = config.common.active_peers().filter_map(|p| p.endpoint);
+        for ep in endpoints {
+            literal.push(ep.ip());
+        }
+        for address in config.common.cloud.iter().flat_map(|c| &c.addresses) {
+            match address.parse::<SocketAddr>() {
+                Ok(sa) => literal.push(sa.ip()),
+                Err(_) => names.push(address.clone()),
+            }
+        }
+        literal.sort_unstable();
+        literal.dedup();
+        literal.truncate(TARGETS);
+        if literal.is_empty() && names.is_empty() {
+            tracing::info!("HA: no static peer endpoint and no cloud: the uplink is not judged");
+        }
+        let resolved = Arc::new(Mutex::new(Vec::new()));
+        if !names.is_empty() {
+            let into = resolved.clone();
+            let spawned = std::thread::Builder::new()
+                .name("cy-ha-resolve".into())
+                .spawn(move || {
+                    loop {
+                        let mut ips: Vec<IpAddr> = names
+                            .iter()
+                            .filter_map(|n| n.to_socket_addrs().ok())
+                            .flatten()
+                            .map(|sa| sa.ip())
+                            .collect();
+                        ips.sort_unstable();
+                        ips.dedup();
+                        // A failed resolution keeps the addresses known before.
+                        if !ips.is_empty() {
+                            *into.lock().unwrap_or_else(PoisonError::into_inner) = ips;
+                        }
+                        std::thread::sleep(RESOLVE_AGAIN);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "HA: cannot resolve the cloud's names; the uplink is judged by the other addresses");
+            }
+        }
+        let rtnl = match Rtnl::open() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(error = %e, "HA: no routing netlink socket; the uplink is not judged");
+                None
+            }
+        };
+        Self {
+            lan: lan.to_owned(),
+            lan_index,
+            literal,
+            resolved,
+            rtnl,
+            uplink: None,
+        }
+    }
+
+    /// The box's health now.
+    pub(super) fn health(&mut self) -> Health {
+        let mut health = Health::ALL;
+        if !lan_up(&self.lan) {
+            health = health.without(Health::LAN);
+        }
+        if self.uplink_up() == Some(false) {
+            health = health.without(Health::UPLINK);
+        }
+        health
+    }
+
+    /// Whether the uplink carries: `None` when there is nothing to judge it by.
+    fn uplink_up(&mut self) -> Option<bool> {
+        let rtnl = self.rtnl.as_mut()?;
+        let resolved = self
+            .resolved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let targets: Vec<IpAddr> = self
+            .literal
+            .iter()
+            .chain(&resolved)
+            .copied()
+            .take(TARGETS)
+            .collect();
+        if targets.is_empty() {
+            return None;
+        }
+        let lan = self.lan_index;
+        let up = targets.iter().any(|ip| match rtnl.route_out(*ip) {
+            Ok(Some(index)) if index != lan => rtnl.link_carries(index).unwrap_or(false),
+            Ok(_) => false,
+            Err(e) => {
+                tracing::debug!(%ip, error = %e, "HA: no route judged");
+                false
+            }
+        });
+        if self.uplink != Some(up) {
+            if up {
+                tracing::info!(addresses = targets.len(), "HA: the uplink carries");
+            } else {
+                tracing::warn!(
+                    addresses = targets.len(),
+                    "HA: the uplink is down: no route to any peer or cloud address out of a link that carries"
+                );
+            }
+            self.uplink = Some(up);
+        }
+        Some(up)
+    }
+}
+
+/// Whether the LAN port's link is up (`operstate`).
+fn lan_up(iface: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/operstate"))
+        .is_ok_and(|s| matches!(s.trim(), "up" | "unknown"))
+}
