@@ -11,6 +11,8 @@
 //!   what changed (granted, released, declined, expired), so the driver can update the
 //!   anti-spoofing table and DNS, and [`Server::take_dirty`] says when to persist
 //!   [`Server::leases`].
+//! - [`Server::set_share`] keeps new addresses to one half of the pool and [`Server::merge`]
+//!   takes in another server's bindings: the two boxes of an HA pair (docs/protocol.md §5).
 //! - [`names`] derives each lease's DNS label, deterministically.
 //!
 //! - [`file`] is the lease file's format.
@@ -24,7 +26,9 @@ mod names;
 mod server;
 
 pub use names::{label_for, names};
-pub use server::{DhcpConfig, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Stats};
+pub use server::{
+    DhcpConfig, Half, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Share, Stats,
+};
 
 /// Building DHCP client messages, for tests, fuzz corpora and test beds.
 #[doc(hidden)]

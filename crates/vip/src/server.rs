@@ -10,6 +10,31 @@ use serde::{Deserialize, Serialize};
 
 use crate::ConfigError;
 
+/// One half of the dynamic pool: `Lower` runs from its first address to its middle, `Upper`
+/// from there to its last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    /// The first half.
+    Lower,
+    /// The second half.
+    Upper,
+}
+
+/// Where addresses new to a device come from ([`Server::set_share`]): the two boxes of an HA
+/// pair each own one half of the pool, so that while both serve, out of contact, no address
+/// goes to two devices (docs/protocol.md §5, *Split brain*). An address a device holds, or
+/// held and nobody took since, stays its own whatever its half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Share {
+    /// The whole pool, in order: a lone server.
+    #[default]
+    Whole,
+    /// This half first, the other only once it is full: the pair in contact.
+    Prefer(Half),
+    /// This half only: the pair out of contact.
+    Only(Half),
+}
+
 /// A device with a fixed address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
@@ -117,7 +142,8 @@ pub enum Ignore {
     Relayed,
     /// `chaddr` is not the Ethernet source: a device asking for another's address.
     ChaddrMismatch,
-    /// A REQUEST for another server's offer.
+    /// A REQUEST for another server's offer (or, apart from the other box of an HA pair,
+    /// for an address of its half: [`Share::Only`]).
     OtherServer,
     /// INIT-REBOOT or RENEWING by a device we have no record of (RFC 2131 §4.3.2: silent).
     NoRecord,
@@ -198,6 +224,11 @@ const OFFER_HOLD: u64 = 60;
 const DECLINE_HOLD: u64 = 600;
 const BROADCAST_MAC: [u8; 6] = [0xff; 6];
 
+/// Whether `ip` lies in the inclusive range `r` (none: nowhere).
+fn within(r: Option<(u32, u32)>, ip: Ipv4Addr) -> bool {
+    r.is_some_and(|(lo, hi)| (lo..=hi).contains(&u32::from(ip)))
+}
+
 /// The DHCP server. See the crate docs.
 #[derive(Debug, Clone)]
 pub struct Server {
@@ -227,6 +258,8 @@ pub struct Server {
     /// last one offered, so that an address whose offer was taken back is not at once
     /// offered to someone else while its device may still be asking for it.
     cursor: u32,
+    /// Where new addresses come from.
+    share: Share,
     events: VecDeque<LeaseEvent>,
     dirty: bool,
     /// The second leases and offers were last expired at: at most one sweep a second, however
@@ -283,6 +316,7 @@ impl Server {
             recent_new: VecDeque::new(),
             new_offers: VecDeque::new(),
             cursor: u32::from(first),
+            share: Share::Whole,
             events: VecDeque::new(),
             dirty: false,
             swept: None,
@@ -500,28 +534,34 @@ impl Server {
         let pick = requested
             .filter(|ip| {
                 self.in_pool(*ip)
+                    && self.shared(*ip)
                     && self.free_for(*ip, mac, now)
                     && self.last_holder.get(ip).is_none_or(|m| *m == mac)
             })
             .or_else(|| {
-                self.unused
-                    .range(self.cursor..)
-                    .chain(self.unused.range(..self.cursor))
-                    .map(|n| Ipv4Addr::from(*n))
-                    .find(|ip| self.free_for(*ip, mac, now))
-                    .inspect(|ip| self.cursor = u32::from(*ip).wrapping_add(1))
+                let found = self
+                    .ranges()
+                    .into_iter()
+                    .flatten()
+                    .find_map(|(lo, hi)| self.unused_in(lo, hi, mac, now));
+                if let Some(ip) = found {
+                    self.cursor = u32::from(ip).wrapping_add(1);
+                }
+                found
             })
             .or_else(|| {
-                // Reclaim the binding that ended longest ago.
+                // Reclaim the binding that ended longest ago (of our own half first).
+                let own = self.ranges()[0];
                 self.by_mac
                     .values()
                     .filter(|l| {
                         !l.active
                             && l.mac != mac
                             && self.in_pool(l.ip)
+                            && self.shared(l.ip)
                             && self.free_for(l.ip, mac, now)
                     })
-                    .min_by_key(|l| (l.expires, l.ip))
+                    .min_by_key(|l| (!within(own, l.ip), l.expires, l.ip))
                     .map(|l| l.ip)
             });
         let Some(ip) = pick else {
@@ -557,12 +597,19 @@ impl Server {
                 // others cannot make a genuine device's answer come too late.
                 let taken_back = !self.offers.contains_key(&mac)
                     && self.in_pool(ip)
+                    && self.shared(ip)
                     && self.last_holder.get(&ip).is_none_or(|m| *m == mac)
                     && self.free_for(ip, mac, now);
                 if self.offers.get(&mac).map(|(o, _)| *o) != Some(ip)
                     && !self.is_bound(ip, mac)
                     && !taken_back
                 {
+                    // Apart from the other box of a pair, which has our server identifier
+                    // too: an address of its half that nobody holds here is its offer.
+                    if !self.shared(ip) && !self.by_ip.contains_key(&ip) {
+                        self.withdraw(mac);
+                        return Err(Ignore::OtherServer);
+                    }
                     return Ok(self.nak(req));
                 }
                 ip
@@ -709,6 +756,88 @@ impl Server {
         self.events.push_back(LeaseEvent::Declined { ip, mac });
     }
 
+    /// Where addresses new to a device come from from now on (an HA pair's box; a lone
+    /// server keeps [`Share::Whole`]). Offers out stay as they are.
+    pub const fn set_share(&mut self, share: Share) {
+        self.share = share;
+    }
+
+    /// Where addresses new to a device come from.
+    pub const fn share(&self) -> Share {
+        self.share
+    }
+
+    /// Takes in the bindings another server made while the two were out of contact (the
+    /// other box of an HA pair, after a split brain healed): each active binding of a device
+    /// that is newer than ours for it, of an address in the block that nobody else holds
+    /// here, becomes ours (`Granted`). A binding of an address another device holds here is
+    /// left out: ours stands, and the other device is refused at its next renewal and gets
+    /// a new address. Returns how many bindings came in, and how many were left out so.
+    pub fn merge(&mut self, leases: Vec<Lease>, now: u64) -> (usize, usize) {
+        let (mut taken, mut clashed) = (0, 0);
+        for mut lease in leases {
+            if !lease.active || lease.expires <= now || !self.cfg.block.contains(&lease.ip) {
+                continue;
+            }
+            if self
+                .by_mac
+                .get(&lease.mac)
+                .is_some_and(|ours| ours.expires >= lease.expires)
+            {
+                continue;
+            }
+            let reserved_other = self
+                .reserved_ips
+                .get(&lease.ip)
+                .is_some_and(|m| *m != lease.mac);
+            let held_other = self.by_ip.get(&lease.ip).is_some_and(|m| *m != lease.mac)
+                || self
+                    .offered
+                    .get(&lease.ip)
+                    .is_some_and(|(m, t)| *m != lease.mac && *t > now);
+            if reserved_other || held_other || !self.assignable_or_reserved(lease.ip, lease.mac) {
+                clashed += 1;
+                continue;
+            }
+            // The device's binding here, if any, gives way to the newer one.
+            if let Some(old) = self.by_mac.get(&lease.mac).map(|l| l.ip)
+                && old != lease.ip
+            {
+                if self.by_ip.get(&old) == Some(&lease.mac) {
+                    self.by_ip.remove(&old);
+                }
+                if self.last_holder.get(&old) == Some(&lease.mac) {
+                    self.last_holder.remove(&old);
+                    if self.in_pool(old) && !self.offered.contains_key(&old) {
+                        self.unused.insert(u32::from(old));
+                    }
+                }
+            }
+            self.withdraw(lease.mac);
+            lease.active = true;
+            self.by_ip.insert(lease.ip, lease.mac);
+            self.unused.remove(&u32::from(lease.ip));
+            if let Some(prev) = self
+                .last_holder
+                .insert(lease.ip, lease.mac)
+                .filter(|m| *m != lease.mac)
+            {
+                self.by_mac.remove(&prev);
+            }
+            self.by_mac.insert(lease.mac, lease.clone());
+            self.events.push_back(LeaseEvent::Granted(lease));
+            self.dirty = true;
+            taken += 1;
+        }
+        (taken, clashed)
+    }
+
+    /// Whether `ip` may be bound to `mac` at all: an assignable address, or `mac`'s own
+    /// reservation.
+    fn assignable_or_reserved(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
+        self.assignable(ip) || self.reserved_ips.get(&ip) == Some(&mac)
+    }
+
     /// Ends leases and offers whose time ran out.
     pub fn handle_timeout(&mut self, now: u64) {
         self.expire(now);
@@ -837,6 +966,50 @@ impl Server {
     fn in_pool(&self, ip: Ipv4Addr) -> bool {
         (u32::from(self.cfg.pool.0)..=u32::from(self.cfg.pool.1)).contains(&u32::from(ip))
             && self.assignable(ip)
+    }
+
+    /// The two halves of the pool (inclusive, as numbers).
+    fn halves(&self) -> [(u32, u32); 2] {
+        let (first, last) = (u32::from(self.cfg.pool.0), u32::from(self.cfg.pool.1));
+        let mid = first + (last - first) / 2;
+        [(first, mid), (mid.saturating_add(1), last)]
+    }
+
+    /// Where new addresses are looked for, in order: the share's first range, then (when the
+    /// share allows) the second. An empty second half (a pool of one) is `None`.
+    fn ranges(&self) -> [Option<(u32, u32)>; 2] {
+        let [lower, upper] = self.halves();
+        let upper = (upper.0 <= upper.1).then_some(upper);
+        let whole = (u32::from(self.cfg.pool.0), u32::from(self.cfg.pool.1));
+        match self.share {
+            Share::Whole => [Some(whole), None],
+            Share::Prefer(Half::Lower) => [Some(lower), upper],
+            Share::Prefer(Half::Upper) => [upper, Some(lower)],
+            Share::Only(Half::Lower) => [Some(lower), None],
+            Share::Only(Half::Upper) => [upper, None],
+        }
+    }
+
+    /// Whether the share lets `ip` go to a device it is new to.
+    fn shared(&self, ip: Ipv4Addr) -> bool {
+        match self.share {
+            Share::Whole | Share::Prefer(_) => true,
+            Share::Only(_) => within(self.ranges()[0], ip),
+        }
+    }
+
+    /// The first never-used address free for `mac` in `lo..=hi`, from the cursor round.
+    fn unused_in(&self, lo: u32, hi: u32, mac: [u8; 6], now: u64) -> Option<Ipv4Addr> {
+        let from = if (lo..=hi).contains(&self.cursor) {
+            self.cursor
+        } else {
+            lo
+        };
+        self.unused
+            .range(from..=hi)
+            .chain(self.unused.range(lo..from))
+            .map(|n| Ipv4Addr::from(*n))
+            .find(|ip| self.free_for(*ip, mac, now))
     }
 
     /// Addresses that can never go to a device dynamically.

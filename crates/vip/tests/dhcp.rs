@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 
 use cyphonic_vip::testing::{DhcpOption, MessageType, client_message};
 use cyphonic_vip::{
-    ConfigError, DhcpConfig, Ignore, Lease, LeaseEvent, Reply, Reservation, Server,
+    ConfigError, DhcpConfig, Half, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Share,
 };
 use dhcproto::Decodable as _;
 use dhcproto::v4::{Message, OptionCode};
@@ -635,6 +635,200 @@ fn configuration_mistakes_are_refused() {
     );
 }
 
+/// Every active address, and whether two devices hold one.
+fn holders(servers: &[&Server]) -> Vec<(Ipv4Addr, [u8; 6])> {
+    let mut v: Vec<(Ipv4Addr, [u8; 6])> = servers
+        .iter()
+        .flat_map(|s| s.active().map(|l| (l.ip, l.mac)))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[test]
+fn two_servers_out_of_contact_hand_out_only_their_own_halves() {
+    // One table, as both boxes of a pair held it at the last contact.
+    let mut before = server(10, 29);
+    let known = dora(&mut before, T0, mac(1), None);
+    let (mut a, mut b) = (before.clone(), before);
+    a.set_share(Share::Only(Half::Lower));
+    b.set_share(Share::Only(Half::Upper));
+    assert_eq!(a.share(), Share::Only(Half::Lower));
+    // Newcomers on both sides take the rest of each half, and no more.
+    let on_a: Vec<Ipv4Addr> = (10..19)
+        .map(|n| dora(&mut a, T0 + 1, mac(n), None))
+        .collect();
+    let on_b: Vec<Ipv4Addr> = (30..40)
+        .map(|n| dora(&mut b, T0 + 1, mac(n), None))
+        .collect();
+    assert!(
+        on_a.iter().all(|ip| (10..=19).contains(&ip.octets()[3])),
+        "{on_a:?}"
+    );
+    assert!(
+        on_b.iter().all(|ip| (20..=29).contains(&ip.octets()[3])),
+        "{on_b:?}"
+    );
+    assert_eq!(offer_to(&mut a, T0 + 1, mac(60)), None, "a's half is full");
+    // A newcomer asking for the other half's address gets none there.
+    let d = discover_asking(mac(61), Ipv4Addr::new(100, 64, 1, 15));
+    assert_eq!(b.handle(T0 + 1, &d, mac(61)), Err(Ignore::NoAddress));
+    let mut b2 = b.clone();
+    let _ = b2.handle(
+        T0 + 1,
+        &client_message(MessageType::Release, mac(39), 5, vec![], on_b[9], false),
+        mac(39),
+    );
+    let offer = b2.handle(T0 + 1, &d, mac(61)).unwrap().unwrap();
+    assert_eq!(
+        parse(&offer).yiaddr(),
+        on_b[9],
+        "its own half's address, not the one asked"
+    );
+    // A device that took b's offer of an upper address asks for it: a is silent (that is
+    // b's offer), where a lone server would grant it (an offer it took back, free).
+    let select = |s: &mut Server| {
+        let m = mac(62);
+        s.handle(
+            T0 + 1,
+            &client_message(
+                MessageType::Request,
+                m,
+                2,
+                vec![DhcpOption::ServerIdentifier(GW), opt_ip(on_b[0])],
+                ZERO,
+                false,
+            ),
+            m,
+        )
+    };
+    assert_eq!(select(&mut a.clone()), Err(Ignore::OtherServer));
+    let mut lone = a.clone();
+    lone.set_share(Share::Whole);
+    assert!(select(&mut lone).is_ok_and(|r| r.is_some_and(|r| kind(&r) == MessageType::Ack)));
+    // The device known before keeps its address on either box.
+    for s in [&mut a, &mut b] {
+        let ack = renewing(s, T0 + 1800, mac(1), known);
+        assert_eq!(kind(&ack), MessageType::Ack);
+    }
+    let all = holders(&[&a, &b]);
+    let mut ips: Vec<Ipv4Addr> = all.iter().map(|(ip, _)| *ip).collect();
+    ips.dedup();
+    assert_eq!(ips.len(), all.len(), "an address on two devices: {all:?}");
+    assert_eq!(all.len(), 1 + 9 + 10);
+    // Healed: a takes in b's bindings, and holds every device at its address.
+    let (taken, clashed) = a.merge(b.leases(), T0 + 1801);
+    assert_eq!((taken, clashed), (10, 0));
+    assert_eq!(holders(&[&a]), all);
+    let merged: Vec<Lease> = std::iter::from_fn(|| a.poll_event())
+        .filter_map(|e| match e {
+            LeaseEvent::Granted(l) if on_b.contains(&l.ip) => Some(l),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(merged.len(), 10, "each merged binding is said");
+    assert!(a.take_dirty());
+    let ack = renewing(&mut a, T0 + 1900, mac(30), on_b[0]);
+    assert_eq!(kind(&ack), MessageType::Ack, "a device of b's renews on a");
+    // Merging again changes nothing.
+    assert_eq!(a.merge(b.leases(), T0 + 1901), (0, 0));
+}
+
+#[test]
+fn a_pair_in_contact_takes_its_own_half_first_then_the_other() {
+    for (half, order) in [
+        (Half::Upper, [12, 13, 10, 11]),
+        (Half::Lower, [10, 11, 12, 13]),
+    ] {
+        let mut s = server(10, 13);
+        s.set_share(Share::Prefer(half));
+        let got: Vec<u8> = (1..=4)
+            .map(|n| dora(&mut s, T0, mac(n), None).octets()[3])
+            .collect();
+        assert_eq!(got, order, "{half:?}");
+    }
+}
+
+#[test]
+fn a_merge_keeps_our_holder_of_an_address_and_a_devices_newest_binding() {
+    let mut a = server(10, 29);
+    let mut b = server(10, 29);
+    b.set_share(Share::Only(Half::Upper));
+    // a gave .10 to device 1; a server on the whole pool gave .10 to device 2.
+    let mut b_whole = server(10, 29);
+    let x = dora(&mut a, T0, mac(1), None);
+    assert_eq!(dora(&mut b_whole, T0, mac(2), None), x);
+    assert_eq!(a.merge(b_whole.leases(), T0 + 1), (0, 1), "ours stands");
+    let nak = renewing(&mut a, T0 + 2, mac(2), x);
+    assert_eq!(
+        kind(&nak),
+        MessageType::Nak,
+        "the other device is sent for a new address"
+    );
+    // Device 3 renewed later on b, at another address: b's binding wins, ours frees.
+    let old = dora(&mut a, T0, mac(3), None);
+    let newer = dora(&mut b, T0 + 100, mac(3), None);
+    assert_ne!(old, newer);
+    assert_eq!(a.merge(b.leases(), T0 + 101), (1, 0));
+    assert!(holders(&[&a]).contains(&(newer, mac(3))));
+    assert!(!holders(&[&a]).iter().any(|(ip, _)| *ip == old));
+    let d = discover_asking(mac(4), old);
+    let offer = a.handle(T0 + 102, &d, mac(4)).unwrap().unwrap();
+    assert_eq!(parse(&offer).yiaddr(), old, "the old address is free again");
+    // An older binding of a device we hold newer is no news; an ended one neither.
+    let mut older = b.leases();
+    let mut ended = b.leases();
+    for l in &mut older {
+        l.expires = T0 + 3000;
+    }
+    for l in &mut ended {
+        l.expires = T0 + 50_000;
+        l.active = false;
+    }
+    assert_eq!(a.merge(older, T0 + 103), (0, 0));
+    assert_eq!(a.merge(ended, T0 + 103), (0, 0));
+}
+
+proptest::proptest! {
+    /// Two servers of one pair, out of contact, each its own half, random conversations on
+    /// both: never one address on two devices across the two, and the merged table holds
+    /// every device that none of the other's holds at its address.
+    #[test]
+    fn two_halves_never_give_one_address_twice(steps in proptest::collection::vec((0u8..10, 0u8..4, 0u8..12, 0u64..400), 1..300)) {
+        let mut servers = [server(100, 109), server(100, 109)];
+        servers[0].set_share(Share::Only(Half::Lower));
+        servers[1].set_share(Share::Only(Half::Upper));
+        let mut now = T0;
+        for (dev, what, ip_byte, dt) in steps {
+            now += dt;
+            // Devices 0-4 live on box 0's side of the cut, 5-9 on box 1's.
+            let s = &mut servers[usize::from(dev >= 5)];
+            let m = mac(dev);
+            let ip = Ipv4Addr::new(100, 64, 1, 98 + ip_byte);
+            let msg = match what {
+                0 => client_message(MessageType::Discover, m, 1, vec![opt_ip(ip)], ZERO, false),
+                1 => client_message(MessageType::Request, m, 2, vec![DhcpOption::ServerIdentifier(GW), opt_ip(ip)], ZERO, false),
+                2 => client_message(MessageType::Request, m, 3, vec![opt_ip(ip)], ZERO, false),
+                _ => client_message(MessageType::Request, m, 4, vec![], ip, false),
+            };
+            let _ = s.handle(now, &msg, m);
+            s.handle_timeout(now);
+            let all = holders(&[&servers[0], &servers[1]]);
+            let mut ips: Vec<Ipv4Addr> = all.iter().map(|(ip, _)| *ip).collect();
+            ips.dedup();
+            proptest::prop_assert_eq!(ips.len(), all.len(), "an address on two devices: {:?}", all);
+        }
+        for s in &mut servers {
+            s.handle_timeout(now);
+        }
+        let before = holders(&[&servers[0], &servers[1]]);
+        let theirs = servers[1].leases();
+        servers[0].merge(theirs, now);
+        proptest::prop_assert_eq!(holders(&[&servers[0]]), before);
+    }
+}
+
 proptest::proptest! {
     /// Random conversations from a handful of devices over a small pool: never two active
     /// leases on one address, every active address inside the block and never the gateway's.
@@ -670,6 +864,17 @@ proptest::proptest! {
         let mut s = server(100, 200);
         let _ = s.handle(T0, &data, mac(1));
     }
+}
+
+/// `m` renews `ip` (RENEWING) on `s` at `now`: the reply.
+fn renewing(s: &mut Server, now: u64, m: [u8; 6], ip: Ipv4Addr) -> Reply {
+    let req = client_message(MessageType::Request, m, 3, vec![], ip, false);
+    s.handle(now, &req, m).unwrap().unwrap()
+}
+
+/// A DISCOVER from `m` asking for `ip`.
+fn discover_asking(m: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
+    client_message(MessageType::Discover, m, 1, vec![opt_ip(ip)], ZERO, false)
 }
 
 fn offer_to(s: &mut Server, now: u64, m: [u8; 6]) -> Option<Ipv4Addr> {
@@ -756,14 +961,7 @@ fn a_lease_file_with_conflicting_bindings_loads_without_a_double_holder() {
     );
     // The device that lost the address is offered another one, not the held one.
     let mut s = s;
-    let d = client_message(
-        MessageType::Discover,
-        mac(1),
-        1,
-        vec![opt_ip(Ipv4Addr::new(100, 64, 1, 120))],
-        ZERO,
-        false,
-    );
+    let d = discover_asking(mac(1), Ipv4Addr::new(100, 64, 1, 120));
     let offer = s.handle(T0, &d, mac(1)).unwrap().unwrap();
     assert_ne!(parse(&offer).yiaddr(), Ipv4Addr::new(100, 64, 1, 120));
 }
