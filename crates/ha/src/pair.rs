@@ -141,6 +141,8 @@ pub struct Pair {
     leases_version: u64,
     /// While we hand the gateway over: until when.
     handing_over: Option<Instant>,
+    /// The other box's NIC MAC, from its heartbeats or an earlier start ([`Pair::know_other`]).
+    known: Option<[u8; 6]>,
 }
 
 impl Pair {
@@ -160,7 +162,29 @@ impl Pair {
             newest_clock_ns: 0,
             leases_version: 0,
             handing_over: None,
+            known: None,
         }
+    }
+
+    /// The other box's NIC MAC as an earlier start of ours knew it (the driver keeps it on
+    /// disk): the halves of the pool are known before the two are in contact again.
+    pub fn know_other(&mut self, mac: [u8; 6]) {
+        if mac != self.cfg.mac {
+            self.known = Some(mac);
+        }
+    }
+
+    /// The other box's NIC MAC, if it was ever known.
+    pub const fn known_other(&self) -> Option<[u8; 6]> {
+        self.known
+    }
+
+    /// Whether new DHCP addresses are this box's from the pool's lower half (`Some(true)`)
+    /// or its upper half (docs/protocol.md §5, *Split brain*): the box with the lower NIC MAC
+    /// takes the lower half, so that the two agree without a word. `None` while the other
+    /// box was never known.
+    pub fn lower_half(&self) -> Option<bool> {
+        self.known.map(|other| self.cfg.mac < other)
     }
 
     /// Our settings.
@@ -264,6 +288,7 @@ impl Pair {
         } else {
             None
         };
+        self.known = Some(from);
         self.other = Some(Other {
             mac: from,
             boot,

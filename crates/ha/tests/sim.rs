@@ -292,6 +292,24 @@ fn a_healed_partition_leaves_one_active() {
     assert!(s.boxes[0].pair.in_contact(s.now));
 }
 
+/// The halves of the pool: unknown before the boxes hear each other, then the lower NIC MAC
+/// takes the lower half on both sides, whatever the priorities, and a box that starts again
+/// knowing the other's MAC agrees before hearing it.
+#[test]
+fn both_boxes_agree_on_their_halves_of_the_pool() {
+    let mut s = Sim::new([100, 200], false);
+    assert_eq!(s.boxes[0].pair.lower_half(), None);
+    s.run(Duration::from_secs(1));
+    let halves = [s.boxes[0].pair.lower_half(), s.boxes[1].pair.lower_half()];
+    assert_eq!(halves, [Some(true), Some(false)], "box 0 has the lower MAC");
+    assert_eq!(s.boxes[0].pair.known_other(), Some(s.boxes[1].mac));
+    let mut again = Pair::new(*s.boxes[1].pair.config(), Health::ALL, s.now);
+    again.know_other(s.boxes[1].mac);
+    assert_eq!(again.lower_half(), None, "our own MAC is not the other box");
+    again.know_other(s.boxes[0].mac);
+    assert_eq!(again.lower_half(), Some(false));
+}
+
 /// The active box loses its uplink: it says so at once, and the standby, healthier, takes
 /// over within an interval; the old one stands by. A standby whose own LAN link is down never takes over.
 #[test]
