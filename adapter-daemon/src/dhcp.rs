@@ -289,6 +289,32 @@ impl Dhcp {
         }
     }
 
+    /// Where new addresses come from (an HA pair's box, told by the pair's thread).
+    pub fn set_share(&mut self, share: cyphonic_vip::Share) {
+        if self.server.share() != share {
+            self.server.set_share(share);
+        }
+    }
+
+    /// Takes in the other box's bindings (an HA pair after a split brain); returns whether
+    /// any came in ([`Dhcp::settle`] applies them).
+    pub fn merge(&mut self, leases: Vec<Lease>, unix: u64) -> bool {
+        let (taken, clashed) = self.server.merge(leases, unix);
+        if taken > 0 {
+            tracing::warn!(
+                taken,
+                "HA: bindings the other box made while the two were apart taken in"
+            );
+        }
+        if clashed > 0 {
+            tracing::warn!(
+                clashed,
+                "HA: the other box bound addresses this box gave to other devices: ours stand, its devices get new addresses at their next renewal"
+            );
+        }
+        taken > 0
+    }
+
     /// Replaces the reservations (a reload); [`Dhcp::settle`] applies what it changed.
     pub fn set_reservations(&mut self, reservations: Vec<cyphonic_vip::Reservation>) {
         self.server.set_reservations(reservations);

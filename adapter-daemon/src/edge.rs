@@ -53,8 +53,9 @@ pub struct AdapterEdge<'a> {
     clock_floor: Option<std::time::Duration>,
     /// One of an HA pair: the pair's part of the status document.
     ha: Option<Arc<std::sync::Mutex<crate::status::HaStatus>>>,
-    /// One of an HA pair: set when the tunnels are up.
-    ready: Option<crate::ha::Ready>,
+    /// One of an HA pair: where the services say the tunnels are up, and hear where new
+    /// DHCP addresses come from.
+    pair: Option<(crate::ha::Ready, crate::ha::PoolLink)>,
 }
 
 impl<'a> AdapterEdge<'a> {
@@ -65,11 +66,11 @@ impl<'a> AdapterEdge<'a> {
         mut self,
         floor: Option<std::time::Duration>,
         status: Arc<std::sync::Mutex<crate::status::HaStatus>>,
-        ready: crate::ha::Ready,
+        (ready, pool): (crate::ha::Ready, crate::ha::PoolLink),
     ) -> Self {
         self.clock_floor = floor;
         self.ha = Some(status);
-        self.ready = Some(ready);
+        self.pair = Some((ready, pool));
         self
     }
 
@@ -182,7 +183,7 @@ impl<'a> AdapterEdge<'a> {
             work: Some(work),
             clock_floor: None,
             ha: None,
-            ready: None,
+            pair: None,
         })
     }
 
@@ -293,11 +294,11 @@ impl Edge for AdapterEdge<'_> {
                 config.reservations.clone(),
             ),
         );
-        Ok(match &self.ready {
-            Some(ready) => services.in_pair(crate::ha::ReadyWatch::new(
-                ready.clone(),
-                ctx.peers.iter().map(|(id, _)| *id),
-            )),
+        Ok(match &self.pair {
+            Some((ready, pool)) => services.in_pair(
+                crate::ha::ReadyWatch::new(ready.clone(), ctx.peers.iter().map(|(id, _)| *id)),
+                pool.clone(),
+            ),
             None => services,
         })
     }
@@ -396,7 +397,7 @@ impl Edge for AdapterEdge<'_> {
     }
 
     fn handshake_at_start(&self) -> bool {
-        self.ready.is_some()
+        self.pair.is_some()
     }
 }
 

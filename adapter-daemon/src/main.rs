@@ -67,8 +67,9 @@ fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> 
     let (edge, _ha) = match &c.ha {
         Some(settings) => {
             let active = ha::stand_by(c, settings, &identity)?;
-            let (floor, status, ready) = (active.other_clock(), active.status(), active.ready());
-            let edge = AdapterEdge::open(c)?.in_pair(floor, status, ready);
+            let (floor, status) = (active.other_clock(), active.status());
+            let edge =
+                AdapterEdge::open(c)?.in_pair(floor, status, (active.ready(), active.pool()));
             (edge, Some(ha::serve(active)?))
         }
         None => (AdapterEdge::open(c)?, None),

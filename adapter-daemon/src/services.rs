@@ -53,8 +53,10 @@ pub struct AdapterServices {
     names: Names,
     /// The reservations in force (a reload may replace them).
     reservations: Vec<Reservation>,
-    /// One of an HA pair: tells the pair's thread when the tunnels are up.
+    /// One of an HA pair: tells the pair's thread when the tunnels are up, and hears from it
+    /// where new addresses come from and what the other box bound.
     ready: Option<crate::ha::ReadyWatch>,
+    pool: Option<crate::ha::PoolLink>,
 }
 
 impl AdapterServices {
@@ -77,6 +79,7 @@ impl AdapterServices {
             names,
             reservations,
             ready: None,
+            pool: None,
         };
         services.settle(Instant::now(), cyphonic_settings::now_secs());
         services.refresh_names();
@@ -84,9 +87,11 @@ impl AdapterServices {
         services
     }
 
-    /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]).
-    pub fn in_pair(mut self, ready: crate::ha::ReadyWatch) -> Self {
+    /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]), and takes
+    /// its share of the pool and the other box's bindings from `pool`.
+    pub fn in_pair(mut self, ready: crate::ha::ReadyWatch, pool: crate::ha::PoolLink) -> Self {
         self.ready = Some(ready);
+        self.pool = Some(pool);
         self
     }
 
@@ -97,6 +102,9 @@ impl AdapterServices {
         };
         bump(&self.lan.counters.dhcp_received);
         let unix = cyphonic_settings::now_secs();
+        if let Some(pool) = &self.pool {
+            d.set_share(pool.share());
+        }
         let reply = d.handle(unix, mac, payload);
         // The bindings it made settle first; an ACK whose binding is not on disk yet waits
         // for the lease writer.
@@ -311,7 +319,12 @@ impl Services for AdapterServices {
     /// Lease expiry, retried saves, DNS asks nobody answered.
     fn tick(&mut self, now: Instant) {
         let unix = cyphonic_settings::now_secs();
-        if self.dhcp.as_mut().is_some_and(|d| d.tick(unix)) {
+        let theirs = self.pool.as_ref().and_then(crate::ha::PoolLink::take_merge);
+        let merged = match (self.dhcp.as_mut(), theirs) {
+            (Some(d), Some(leases)) => d.merge(leases, unix),
+            _ => false,
+        };
+        if self.dhcp.as_mut().is_some_and(|d| d.tick(unix)) || merged {
             self.settle(now, unix);
             self.publish();
         }

@@ -50,6 +50,13 @@ pub struct HaStatus {
     /// Messages that came a second time (the other path's copy, or a replay): no news.
     #[serde(default)]
     pub copies: u64,
+    /// Where new DHCP addresses come from: `whole pool`, `lower half first`, `upper half
+    /// only`... (docs/protocol.md §5, *Split brain*).
+    #[serde(default)]
+    pub pool: String,
+    /// The other box's lease tables received while serving, to take in its bindings.
+    #[serde(default)]
+    pub merges: u64,
 }
 
 /// The pair's messages dropped (docs/protocol.md §5, in the order the checks run).

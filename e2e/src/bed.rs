@@ -194,6 +194,11 @@ impl Site {
     pub fn lease_file(&self) -> PathBuf {
         self.dir.join("state/leases.json")
     }
+
+    /// The LAN switch's port the last host plugged into it hangs on (`p0` is the adapter's).
+    pub fn last_port(&self) -> String {
+        format!("p{}", self.ports.saturating_sub(1))
+    }
 }
 
 /// The status document of the adapter whose status socket is `socket`.

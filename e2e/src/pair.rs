@@ -61,10 +61,25 @@ impl PairBed {
     /// A step of the bed fails, or the second box does not stand by or does not get the
     /// lease within 5 s (the logs in the error).
     pub fn up() -> anyhow::Result<Self> {
+        Self::up_with(true)
+    }
+
+    /// As [`PairBed::up`], the pair's messages on the underlay too when `underlay` (each
+    /// box's `peer_underlay`), else on the LAN alone: a cut of the LAN between the two is
+    /// then a split brain.
+    ///
+    /// # Errors
+    /// As [`PairBed::up`].
+    pub fn up_with(underlay: bool) -> anyhow::Result<Self> {
+        let peer = if underlay {
+            "peer_underlay = \"192.0.2.200\"\n"
+        } else {
+            ""
+        };
         let mut bed = TwoSites::up(&BedOptions {
             lan_switch: true,
             a: SiteOptions {
-                extra: "[ha]\npriority = 200\npeer_underlay = \"192.0.2.200\"\n".into(),
+                extra: format!("[ha]\npriority = 200\n{peer}"),
                 ..SiteOptions::default()
             },
             ..BedOptions::default()
@@ -84,7 +99,7 @@ impl PairBed {
             );
         if !(text.contains("priority = 100")
             && text.contains("state2")
-            && text.contains("peer_underlay = \"198.51.100.2\""))
+            && text.contains("peer_underlay = \"198.51.100.2\"") == underlay)
         {
             bail!("the second box's configuration is not what it should be:\n{text}");
         }
@@ -173,6 +188,36 @@ impl PairBed {
             .adapter_ns
             .ip(&["link", "set", "wan", "down"])
             .map(drop)
+    }
+
+    /// Starts the first box again after it stood down (as systemd would), and waits until
+    /// it stands by: it has heard the serving box once more.
+    ///
+    /// # Errors
+    /// It is still running, or does not stand by within 10 s (the logs in the error).
+    pub fn restart_first(&mut self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.bed.a.adapter.as_mut().is_none_or(|p| !p.running()),
+            "the first box still runs"
+        );
+        self.bed.a.adapter = None;
+        let alive = "the active box is alive";
+        let before = self.bed.a.log_text().matches(alive).count();
+        let log = self.bed.a.log();
+        let config = self.bed.a.config();
+        let proc = self
+            .bed
+            .a
+            .adapter_ns
+            .daemon(
+                &self.bed.bins.adapter,
+                &["run", "--config", config.to_str().context("path")?],
+                &log,
+                || std::fs::read_to_string(&log).is_ok_and(|t| t.matches(alive).count() > before),
+            )
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))?;
+        self.bed.a.adapter = Some(proc);
+        Ok(())
     }
 
     /// The second box's log so far.

@@ -7,13 +7,14 @@
     clippy::cast_precision_loss
 )]
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cyphonic_e2e::bed::{BedOptions, IperfRun, Ping, Side, SiteOptions, TwoSites, iperf3};
 use cyphonic_e2e::impair::Impairment;
 use cyphonic_e2e::inject;
+use cyphonic_e2e::lan::{DhcpClient, DhcpHost};
 use cyphonic_e2e::pair::{PINGS, PairBed};
 
 fn bed(opts: &BedOptions) -> TwoSites {
@@ -1226,6 +1227,147 @@ fn a_cut_between_the_two_boxes_on_the_lan_moves_nothing() {
         pair.logs()
     );
     assert!(pair.second.running(), "{}", pair.logs());
+    pair.device.stop().unwrap();
+}
+
+/// Moves LAN switch `ports` to bridge `to` (`br0` is the switch; `br1`, made by the
+/// caller, its other side): the two bridges are the two sides of a LAN cut.
+fn move_ports(pair: &PairBed, ports: &[String], to: &str) -> anyhow::Result<()> {
+    let sw = pair
+        .bed
+        .a
+        .switch
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("no switch"))?;
+    for port in ports {
+        sw.ip(&["link", "set", "dev", port, "master", to])?;
+    }
+    Ok(())
+}
+
+/// A device on site A's LAN whose switch port goes to `bridge` before it asks for an
+/// address; with its port.
+fn device_on(pair: &mut PairBed, name: &str, bridge: Option<&str>) -> (DhcpHost, Ipv4Addr, String) {
+    let (ns, mac) = pair.bed.add_host(Side::A, name).unwrap();
+    let port = pair.bed.a.last_port();
+    if let Some(bridge) = bridge {
+        move_ports(pair, std::slice::from_ref(&port), bridge).unwrap();
+    }
+    let mut dev = DhcpHost::new(ns, mac, DhcpClient::Udhcpc, name).unwrap();
+    dev.start().unwrap();
+    let lease = dev
+        .wait_for(&["bound"], 1, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{name}: {e}\n{}", pair.logs()));
+    (dev, lease.get("ip").parse().unwrap(), port)
+}
+
+/// The `ha.pool` of a box's status document.
+fn pool_of(status: &serde_json::Value) -> String {
+    status["ha"]["pool"].as_str().unwrap_or("(none)").to_owned()
+}
+
+/// Issue 51: a split brain. The pair's messages go on the LAN alone, and the LAN is cut in
+/// two (a second bridge on the switch): the first box and two devices on one side, the second box
+/// and two devices on the other. Both serve; each hands out its own half of the pool only,
+/// so the four get four addresses, none twice, each in its box's half. When the LAN is whole
+/// again, the box without the precedence (the first: the second took a greater term) stands
+/// down; started again, it offers what it bound apart, and the serving box holds every
+/// device at its address and renews the first side's devices with the same address.
+#[test]
+fn a_split_brain_hands_out_no_address_twice_and_heals_with_every_lease() {
+    let mut pair = PairBed::up_with(false).unwrap();
+    let sw = pair.bed.a.switch.as_ref().unwrap();
+    sw.ip(&["link", "add", "br1", "type", "bridge"]).unwrap();
+    sw.ip(&["link", "set", "br1", "up"]).unwrap();
+    let first = pool_of(&pair.bed.status(Side::A).unwrap());
+    assert!(first.ends_with("half first"), "{first}\n{}", pair.logs());
+    // p2: the second box's LAN port (PairBed plugs it third).
+    move_ports(&pair, &["p2".to_owned()], "br1").unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "the second box serves", || {
+        pair.second_log()
+            .contains("HA: this box serves the gateway")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    let mut devices = Vec::new();
+    for (name, bridge) in [
+        ("d1", None),
+        ("d2", None),
+        ("e1", Some("br1")),
+        ("e2", Some("br1")),
+    ] {
+        devices.push(device_on(&mut pair, name, bridge));
+    }
+    let (first, second) = (
+        pool_of(&pair.bed.status(Side::A).unwrap()),
+        pool_of(&pair.second_status().unwrap()),
+    );
+    let lower = |p: &str| p.starts_with("lower");
+    assert!(
+        first.ends_with("only") && second.ends_with("only") && lower(&first) != lower(&second),
+        "{first} / {second}\n{}",
+        pair.logs()
+    );
+    let mut ips: Vec<Ipv4Addr> = devices.iter().map(|(_, ip, _)| *ip).collect();
+    ips.push(pair.ip);
+    let mut distinct = ips.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        ips.len(),
+        "an address on two devices: {ips:?}\n{}",
+        pair.logs()
+    );
+    // The default pool .1-.254: the lower half ends at .127.
+    for (i, (_, ip, _)) in devices.iter().enumerate() {
+        let side_lower = if i < 2 { lower(&first) } else { lower(&second) };
+        assert_eq!(
+            ip.octets()[3] <= 127,
+            side_lower,
+            "{ip} ({i}) outside its box's half"
+        );
+    }
+    // Whole again.
+    let mut apart = vec!["p2".to_owned()];
+    apart.extend(devices[2..].iter().map(|(_, _, port)| port.clone()));
+    move_ports(&pair, &apart, "br0").unwrap();
+    let out = pair
+        .bed
+        .site_mut(Side::A)
+        .adapter
+        .take()
+        .unwrap()
+        .wait(Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", pair.logs());
+    pair.restart_first().unwrap();
+    let file = pair.bed.a.dir.join("state2/leases.json");
+    cyphonic_e2e::wait_until(
+        Duration::from_secs(10),
+        "the serving box holds every lease",
+        || {
+            let table = std::fs::read_to_string(&file).unwrap_or_default();
+            ips.iter().all(|ip| table.contains(&format!("\"{ip}\"")))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    assert!(pair.second_log().contains("taken in"), "{}", pair.logs());
+    for (dev, ip, _) in &devices[..2] {
+        let leased = ["renew", "bound"];
+        let before = dev
+            .events()
+            .iter()
+            .filter(|e| leased.contains(&e.reason.as_str()))
+            .count();
+        dev.renew().unwrap();
+        let ev = dev
+            .wait_for(&leased, before + 1, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+        assert_eq!(ev.get("ip"), ip.to_string(), "{}", pair.logs());
+    }
+    for (mut dev, _, _) in devices {
+        dev.stop().unwrap();
+    }
     pair.device.stop().unwrap();
 }
 

@@ -35,6 +35,9 @@ use crate::leases::LeaseStore;
 use crate::status::{HaDrops, HaOther, HaStatus};
 
 mod health;
+mod pool;
+
+pub use pool::PoolLink;
 
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
@@ -43,6 +46,8 @@ pub const EXIT_STOOD_DOWN: i32 = 75;
 /// How often the active box looks at its lease file, and sends it unchanged anyway.
 const LEASES_LOOK: Duration = Duration::from_millis(100);
 const LEASES_AGAIN: Duration = Duration::from_secs(10);
+/// How soon again when the other box says it holds another version.
+const LEASES_BEHIND: Duration = Duration::from_millis(500);
 /// How often a box judges itself ([`health::Judge`]).
 const HEALTH_LOOK: Duration = Duration::from_millis(100);
 /// How long a box handed the gateway waits for its tunnels before it says it serves.
@@ -153,9 +158,22 @@ pub struct HaBox {
     leases: LeaseStore,
     /// The lease file as last sent (its length and change time) and when.
     sent: Option<((u64, SystemTime), Instant)>,
+    /// When the lease file was last looked at.
+    looked: Option<Instant>,
     /// Its judge of itself, and when it last judged.
     judge: health::Judge,
     health_at: Instant,
+    /// The DHCP server's share of the pool, and what it is told of the other's bindings.
+    pool: PoolLink,
+    /// Our bindings the serving box lacks (offered while standing by), and whether to send
+    /// them: the table to send.
+    offer: pool::Offer,
+    offer_due: Option<Vec<u8>>,
+    /// How many of the other box's tables were handed to the DHCP server to take in.
+    merges: u64,
+    /// The state directory, where the other box's MAC is kept, and the MAC kept there.
+    state_dir: PathBuf,
+    other_kept: Option<[u8; 6]>,
     /// Whether a message of another pair version was logged (once).
     version_warned: bool,
     /// Messages dropped, and copies.
@@ -243,8 +261,12 @@ pub fn stand_by(
     let key = PairKey::new(identity.keypair()).context("the site key has no pair key")?;
     let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
     let mut judge = health::Judge::new(config, &iface.name, iface.index);
+    let unix = cyphonic_settings::now_secs();
+    let saved = leases.load(unix).map(|l| l.leases).unwrap_or_default();
+    let offer = pool::Offer::new(config.dhcp.clone(), saved, unix);
+    let other_kept = pool::load_other(&config.state_dir);
     let now = Instant::now();
-    let pair = Pair::new(
+    let mut pair = Pair::new(
         Config {
             priority: ha.priority,
             preempt: ha.preempt,
@@ -253,6 +275,9 @@ pub fn stand_by(
         judge.health(),
         now,
     );
+    if let Some(mac) = other_kept {
+        pair.know_other(mac);
+    }
     let mut b = HaBox {
         socket,
         underlay,
@@ -265,8 +290,15 @@ pub fn stand_by(
         assembler: Assembler::default(),
         leases,
         sent: None,
+        looked: None,
         judge,
         health_at: now,
+        pool: PoolLink::default(),
+        offer,
+        offer_due: None,
+        merges: 0,
+        state_dir: config.state_dir.clone(),
+        other_kept,
         version_warned: false,
         dropped: HaDrops::default(),
         copies: 0,
@@ -362,6 +394,7 @@ impl HaBox {
             self.pair.set_health(health, now);
         }
         self.pair.handle_timeout(now);
+        self.share_pool(now);
         if let Some(until) = self.quiet_until
             && (self.ready.is_set() || now >= until)
         {
@@ -379,6 +412,10 @@ impl HaBox {
             }
             if self.pair.role() == Role::Active {
                 self.send_leases(now)?;
+            } else if let Some(table) = self.offer_due.take() {
+                for chunk in msg::chunks(version_of(&table), &table) {
+                    self.send(&Body::Leases(chunk))?;
+                }
             }
         }
         // The other box says it serves too (it resumed, or hands over and has not stood
@@ -412,6 +449,38 @@ impl HaBox {
     /// Where the services say the tunnels are up ([`ReadyWatch`]).
     pub fn ready(&self) -> Ready {
         self.ready.clone()
+    }
+
+    /// What the DHCP server is told of the pool ([`PoolLink`]).
+    pub fn pool(&self) -> PoolLink {
+        self.pool.clone()
+    }
+
+    /// Tells the DHCP server its share of the pool now, and keeps the other box's MAC on
+    /// disk once known or changed.
+    fn share_pool(&mut self, now: Instant) {
+        let share = pool::share(self.pair.lower_half(), self.pair.in_contact(now));
+        let before = self.pool.share();
+        if share != before {
+            self.pool.set_share(share);
+            if self.pair.role() != Role::Active {
+                tracing::debug!(pool = pool::describe(share), "HA: new DHCP addresses");
+            } else if matches!(share, cyphonic_vip::Share::Only(_)) {
+                tracing::warn!(
+                    pool = pool::describe(share),
+                    "HA: out of contact with the other box: new DHCP addresses come from this box's half of the pool only"
+                );
+            } else {
+                tracing::info!(pool = pool::describe(share), "HA: new DHCP addresses");
+            }
+        }
+        let known = self.pair.known_other();
+        if known != self.other_kept
+            && let Some(mac) = known
+        {
+            pool::save_other(&self.state_dir, mac);
+            self.other_kept = known;
+        }
     }
 
     /// The status document's part, for the status socket once this box serves.
@@ -457,6 +526,8 @@ impl HaBox {
             other,
             dropped: self.dropped,
             copies: self.copies,
+            pool: pool::describe(self.pool.share()).to_owned(),
+            merges: self.merges,
         };
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
@@ -552,11 +623,13 @@ impl HaBox {
 
     /// The lease file to the standby, when it changed and every [`LEASES_AGAIN`].
     fn send_leases(&mut self, now: Instant) -> anyhow::Result<()> {
-        if let Some((_, at)) = self.sent
-            && now.duration_since(at) < LEASES_LOOK
+        if self
+            .looked
+            .is_some_and(|at| now.duration_since(at) < LEASES_LOOK)
         {
             return Ok(());
         }
+        self.looked = Some(now);
         let path = self.leases.path();
         let stamp = std::fs::metadata(&path)
             .ok()
@@ -564,13 +637,16 @@ impl HaBox {
         let Some(stamp) = stamp else {
             return Ok(());
         };
+        // The other box says it holds another version (it just started, or lost chunks):
+        // again soon, not only at the next change or in 10 s.
+        let behind = self.pair.other().is_some_and(|(_, beat)| {
+            beat.role != Role::Active && beat.leases_version != self.pair.leases_version()
+        });
+        let again = if behind { LEASES_BEHIND } else { LEASES_AGAIN };
         let unchanged = self
             .sent
-            .is_some_and(|(s, at)| s == stamp && now.duration_since(at) < LEASES_AGAIN);
+            .is_some_and(|(s, at)| s == stamp && now.duration_since(at) < again);
         if unchanged {
-            if let Some(sent) = &mut self.sent {
-                sent.1 = now;
-            }
             return Ok(());
         }
         let Ok(table) = std::fs::read(&path) else {
@@ -643,9 +719,12 @@ impl HaBox {
                 self.pair.handle(beat.nic, boot, &beat, now);
             }
             Ok((_, Body::Leases(chunk))) => {
-                if self.pair.role() != Role::Active
-                    && let Some((version, table)) = self.assembler.take(&chunk)
-                {
+                let Some((version, table)) = self.assembler.take(&chunk) else {
+                    return;
+                };
+                if self.pair.role() == Role::Active {
+                    self.take_in(&table);
+                } else {
                     self.keep_leases(version, table);
                 }
             }
@@ -669,8 +748,28 @@ impl HaBox {
         }
     }
 
-    /// Writes the active box's lease table, if it reads as one, in place of ours.
+    /// The other box's lease table came while we serve: its bindings are for the DHCP
+    /// server to take in (those it made apart from us; the rest are ours already).
+    fn take_in(&mut self, table: &[u8]) {
+        match cyphonic_vip::file::decode(table) {
+            Ok(leases) => {
+                self.merges += 1;
+                self.pool.offer_merge(leases);
+            }
+            Err(e) => {
+                self.dropped.malformed += 1;
+                tracing::debug!(error = %e, "HA: the other box's lease table does not read");
+            }
+        }
+    }
+
+    /// Writes the active box's lease table, if it reads as one, in place of ours (with the
+    /// bindings we made apart from it that it lacks, which are offered to it).
     fn keep_leases(&mut self, version: u64, table: Vec<u8>) {
+        let (table, offer) = self.offer.against(table, cyphonic_settings::now_secs());
+        if offer.is_some() {
+            self.offer_due = offer;
+        }
         match self.leases.save_file(table) {
             Ok(()) => {
                 self.pair.set_leases_version(version);

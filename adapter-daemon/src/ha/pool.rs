@@ -1,0 +1,159 @@
+//! The DHCP pool across the pair (docs/protocol.md §5, *Split brain*): which half of it is
+//! this box's, what the DHCP server is told ([`PoolLink`]), and the bindings a box made
+//! while the two were apart, which it offers the serving box once it stands by
+//! ([`Offer`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cyphonic_telemetry::files::{self, Access};
+use cyphonic_vip::{DhcpConfig, Half, Lease, Server, Share};
+
+use crate::config::Mac;
+
+/// The file in the state directory that keeps the other box's NIC MAC across starts.
+const OTHER_FILE: &str = "ha-other";
+
+/// What the pair's thread tells the DHCP server: where new addresses come from, and the
+/// other box's bindings to take in. The pair's thread writes it, the services read it.
+#[derive(Debug, Clone, Default)]
+pub struct PoolLink(Arc<Mutex<Shared>>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    share: Share,
+    merge: Option<Vec<Lease>>,
+}
+
+impl PoolLink {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Where new addresses come from now.
+    pub fn share(&self) -> Share {
+        self.lock().share
+    }
+
+    /// The other box's bindings to take in, once.
+    pub fn take_merge(&self) -> Option<Vec<Lease>> {
+        self.lock().merge.take()
+    }
+
+    pub(super) fn set_share(&self, share: Share) {
+        self.lock().share = share;
+    }
+
+    /// Bindings for the DHCP server to take in: the newest table replaces one not taken yet.
+    pub(super) fn offer_merge(&self, leases: Vec<Lease>) {
+        self.lock().merge = Some(leases);
+    }
+}
+
+/// This box's share of the pool: none while the other box was never known; its own half
+/// first while the two are in contact; its own half only while they are not.
+pub(super) const fn share(lower: Option<bool>, in_contact: bool) -> Share {
+    let Some(lower) = lower else {
+        return Share::Whole;
+    };
+    let half = if lower { Half::Lower } else { Half::Upper };
+    if in_contact {
+        Share::Prefer(half)
+    } else {
+        Share::Only(half)
+    }
+}
+
+/// For the log and the status document.
+pub(super) const fn describe(share: Share) -> &'static str {
+    match share {
+        Share::Whole => "whole pool",
+        Share::Prefer(Half::Lower) => "lower half first",
+        Share::Prefer(Half::Upper) => "upper half first",
+        Share::Only(Half::Lower) => "lower half only",
+        Share::Only(Half::Upper) => "upper half only",
+    }
+}
+
+/// The other box's NIC MAC as kept in `state_dir`, if a readable one is there.
+pub(super) fn load_other(state_dir: &Path) -> Option<[u8; 6]> {
+    let text = std::fs::read_to_string(other_file(state_dir)).ok()?;
+    match text.trim().parse::<Mac>() {
+        Ok(mac) => Some(mac.0),
+        Err(e) => {
+            tracing::warn!(error = %e, "HA: the other box's MAC kept in the state directory does not read: learned again from its heartbeats");
+            None
+        }
+    }
+}
+
+/// Keeps the other box's NIC MAC in `state_dir`, atomically.
+pub(super) fn save_other(state_dir: &Path, mac: [u8; 6]) {
+    let path = other_file(state_dir);
+    if let Err(e) = files::replace(&path, format!("{}\n", Mac(mac)), Access::Secret) {
+        tracing::warn!(file = %path.display(), error = %e, "HA: cannot keep the other box's MAC: after a restart, the pool's halves wait until it is heard");
+    }
+}
+
+fn other_file(state_dir: &Path) -> PathBuf {
+    state_dir.join(OTHER_FILE)
+}
+
+/// The bindings of this box's lease file, as it starts standing by, that the serving box's
+/// table lacks: those it made while serving apart from the other (a split brain). It offers
+/// them with every table it receives until that table holds them, and keeps the union, so
+/// that no device's address is lost whichever box serves next.
+#[derive(Debug)]
+pub(super) struct Offer {
+    cfg: Option<DhcpConfig>,
+    leases: Vec<Lease>,
+}
+
+impl Offer {
+    /// Our active bindings at unix time `now`, out of `saved` (without a DHCP server,
+    /// nothing to offer).
+    pub(super) fn new(cfg: Option<DhcpConfig>, saved: Vec<Lease>, now: u64) -> Self {
+        let leases = if cfg.is_some() {
+            saved
+                .into_iter()
+                .filter(|l| l.active && l.expires > now)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self { cfg, leases }
+    }
+
+    /// The serving box's `table` came: what to keep (the union, or `table` itself once it
+    /// holds all ours), and our bindings to send it when it lacks some.
+    pub(super) fn against(&mut self, table: Vec<u8>, now: u64) -> (Vec<u8>, Option<Vec<u8>>) {
+        let Some(cfg) = self.cfg.as_ref().filter(|_| !self.leases.is_empty()) else {
+            return (table, None);
+        };
+        let Ok(theirs) = cyphonic_vip::file::decode(&table) else {
+            return (table, None);
+        };
+        let Ok(mut union) = Server::new(cfg.clone(), theirs, now) else {
+            return (table, None);
+        };
+        let (taken, clashed) = union.merge(self.leases.clone(), now);
+        if taken == 0 {
+            if clashed > 0 {
+                tracing::warn!(
+                    clashed,
+                    "HA: bindings this box made apart from the other name addresses the serving box gave to other devices: those devices get new addresses at their next renewal"
+                );
+            }
+            tracing::info!("HA: the serving box holds every binding this box made apart from it");
+            self.leases.clear();
+            return (table, None);
+        }
+        tracing::info!(
+            missing = taken,
+            "HA: the serving box lacks bindings this box made apart from it: offering them"
+        );
+        let ours = cyphonic_vip::file::encode(&self.leases, 0).ok();
+        let kept = cyphonic_vip::file::encode(&union.leases(), 0).unwrap_or(table);
+        (kept, ours)
+    }
+}
