@@ -53,6 +53,13 @@ pub struct PingRun {
     pub last: u64,
 }
 
+impl PingRun {
+    /// Whether the pinger was answered until (nearly) its last echo request.
+    pub const fn to_the_end(&self) -> bool {
+        self.last + 50 > PINGS
+    }
+}
+
 impl PairBed {
     /// Builds it: the bed with adapter A serving, the second box standing by, the device
     /// leased, its lease held by the standby.
@@ -351,6 +358,18 @@ impl Fault {
         Self::Nothing,
     ];
 
+    /// Its name on the command line (`cyphonic-bed ha --fault`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Power => "power",
+            Self::Uplink => "uplink",
+            Self::Freeze => "freeze",
+            Self::Handover => "handover",
+            Self::Nothing => "nothing",
+        }
+    }
+
     /// For the table.
     pub const fn describe(self) -> &'static str {
         match self {
@@ -365,7 +384,7 @@ impl Fault {
 }
 
 /// One failover round's figures.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Round {
     /// The device's and the LAN host's pings.
     pub pings: [PingRun; 2],
@@ -373,6 +392,9 @@ pub struct Round {
     pub tcp_survived: bool,
     /// The stream's retransmissions, as its sender counted them (when it lived).
     pub retransmits: Option<u64>,
+    /// Both boxes' logs and the bed's, when the stream died or a pinger was not answered
+    /// to the end: what to read.
+    pub logs: Option<String>,
 }
 
 /// A fresh pair, a TCP stream and pings through it, and `fault` to the serving box 2 s in.
@@ -403,9 +425,11 @@ pub fn failover_round(fault: Fault) -> anyhow::Result<Round> {
         Fault::Nothing => Ok(()),
     })?;
     let report = tcp.finish().ok();
+    let whole = report.is_some() && pings.iter().all(PingRun::to_the_end);
     Ok(Round {
         pings,
         tcp_survived: report.is_some(),
         retransmits: report.and_then(|r| r["end"]["sum_sent"]["retransmits"].as_u64()),
+        logs: (!whole).then(|| pair.logs()),
     })
 }
