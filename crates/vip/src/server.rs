@@ -685,14 +685,25 @@ impl Server {
             Some(DhcpOption::ClientIdentifier(id)) => Some(id.clone()),
             _ => self.by_mac.get(&mac).and_then(|l| l.client_id.clone()),
         };
+        self.bind(Lease {
+            mac,
+            ip: wanted,
+            hostname,
+            client_id,
+            expires: now + u64::from(self.cfg.lease_secs),
+            active: true,
+        });
+        self.stats.acks += 1;
+        Ok(self.reply(req, MessageType::Ack, wanted, true))
+    }
+
+    /// Binds `lease` (active) and says so (`Granted`): its device's offer ends, and its
+    /// binding of another address, if any, gives that address back.
+    fn bind(&mut self, lease: Lease) {
+        let (mac, ip) = (lease.mac, lease.ip);
         // A device moving to another address gives up its old one: back to the pool (its
         // binding record moves with the device, so nothing else would ever free it).
-        if let Some(old) = self
-            .by_mac
-            .get(&mac)
-            .filter(|l| l.ip != wanted)
-            .map(|l| l.ip)
-        {
+        if let Some(old) = self.by_mac.get(&mac).filter(|l| l.ip != ip).map(|l| l.ip) {
             if self.by_ip.get(&old) == Some(&mac) {
                 self.by_ip.remove(&old);
             }
@@ -703,26 +714,16 @@ impl Server {
                 }
             }
         }
-        let lease = Lease {
-            mac,
-            ip: wanted,
-            hostname,
-            client_id,
-            expires: now + u64::from(self.cfg.lease_secs),
-            active: true,
-        };
         self.withdraw(mac);
-        self.by_ip.insert(wanted, mac);
-        self.unused.remove(&u32::from(wanted));
-        if let Some(prev) = self.last_holder.insert(wanted, mac).filter(|m| *m != mac) {
+        self.by_ip.insert(ip, mac);
+        self.unused.remove(&u32::from(ip));
+        if let Some(prev) = self.last_holder.insert(ip, mac).filter(|m| *m != mac) {
             // The address is reclaimed from a device whose lease had ended: forget that binding.
             self.by_mac.remove(&prev);
         }
         self.by_mac.insert(mac, lease.clone());
         self.events.push_back(LeaseEvent::Granted(lease));
         self.dirty = true;
-        self.stats.acks += 1;
-        Ok(self.reply(req, MessageType::Ack, wanted, true))
     }
 
     fn release(&mut self, req: &Message, mac: [u8; 6]) {
@@ -800,33 +801,8 @@ impl Server {
                 continue;
             }
             // The device's binding here, if any, gives way to the newer one.
-            if let Some(old) = self.by_mac.get(&lease.mac).map(|l| l.ip)
-                && old != lease.ip
-            {
-                if self.by_ip.get(&old) == Some(&lease.mac) {
-                    self.by_ip.remove(&old);
-                }
-                if self.last_holder.get(&old) == Some(&lease.mac) {
-                    self.last_holder.remove(&old);
-                    if self.in_pool(old) && !self.offered.contains_key(&old) {
-                        self.unused.insert(u32::from(old));
-                    }
-                }
-            }
-            self.withdraw(lease.mac);
             lease.active = true;
-            self.by_ip.insert(lease.ip, lease.mac);
-            self.unused.remove(&u32::from(lease.ip));
-            if let Some(prev) = self
-                .last_holder
-                .insert(lease.ip, lease.mac)
-                .filter(|m| *m != lease.mac)
-            {
-                self.by_mac.remove(&prev);
-            }
-            self.by_mac.insert(lease.mac, lease.clone());
-            self.events.push_back(LeaseEvent::Granted(lease));
-            self.dirty = true;
+            self.bind(lease);
             taken += 1;
         }
         (taken, clashed)

@@ -635,6 +635,27 @@ fn configuration_mistakes_are_refused() {
     );
 }
 
+/// The proptests' messages from device `m` about `ip`: DISCOVER, SELECTING, INIT-REBOOT,
+/// RENEWING, RELEASE, DECLINE (`what` 0-5).
+fn random_message(what: u8, m: [u8; 6], ip: Ipv4Addr) -> Vec<u8> {
+    let sid = DhcpOption::ServerIdentifier(GW);
+    match what {
+        0 => client_message(MessageType::Discover, m, 1, vec![opt_ip(ip)], ZERO, false),
+        1 => client_message(
+            MessageType::Request,
+            m,
+            2,
+            vec![sid, opt_ip(ip)],
+            ZERO,
+            false,
+        ),
+        2 => client_message(MessageType::Request, m, 3, vec![opt_ip(ip)], ZERO, false),
+        3 => client_message(MessageType::Request, m, 4, vec![], ip, false),
+        4 => client_message(MessageType::Release, m, 5, vec![], ip, false),
+        _ => client_message(MessageType::Decline, m, 6, vec![opt_ip(ip)], ZERO, false),
+    }
+}
+
 /// Every active address, and whether two devices hold one.
 fn holders(servers: &[&Server]) -> Vec<(Ipv4Addr, [u8; 6])> {
     let mut v: Vec<(Ipv4Addr, [u8; 6])> = servers
@@ -806,13 +827,7 @@ proptest::proptest! {
             let s = &mut servers[usize::from(dev >= 5)];
             let m = mac(dev);
             let ip = Ipv4Addr::new(100, 64, 1, 98 + ip_byte);
-            let msg = match what {
-                0 => client_message(MessageType::Discover, m, 1, vec![opt_ip(ip)], ZERO, false),
-                1 => client_message(MessageType::Request, m, 2, vec![DhcpOption::ServerIdentifier(GW), opt_ip(ip)], ZERO, false),
-                2 => client_message(MessageType::Request, m, 3, vec![opt_ip(ip)], ZERO, false),
-                _ => client_message(MessageType::Request, m, 4, vec![], ip, false),
-            };
-            let _ = s.handle(now, &msg, m);
+            let _ = s.handle(now, &random_message(what, m, ip), m);
             s.handle_timeout(now);
             let all = holders(&[&servers[0], &servers[1]]);
             let mut ips: Vec<Ipv4Addr> = all.iter().map(|(ip, _)| *ip).collect();
@@ -840,15 +855,7 @@ proptest::proptest! {
             now += dt;
             let m = mac(dev);
             let ip = Ipv4Addr::new(100, 64, 1, 98 + ip_byte);
-            let msg = match what {
-                0 => client_message(MessageType::Discover, m, 1, vec![opt_ip(ip)], ZERO, false),
-                1 => client_message(MessageType::Request, m, 2, vec![DhcpOption::ServerIdentifier(GW), opt_ip(ip)], ZERO, false),
-                2 => client_message(MessageType::Request, m, 3, vec![opt_ip(ip)], ZERO, false),
-                3 => client_message(MessageType::Request, m, 4, vec![], ip, false),
-                4 => client_message(MessageType::Release, m, 5, vec![], ip, false),
-                _ => client_message(MessageType::Decline, m, 6, vec![opt_ip(ip)], ZERO, false),
-            };
-            let _ = s.handle(now, &msg, m);
+            let _ = s.handle(now, &random_message(what, m, ip), m);
             s.handle_timeout(now);
             let active: Vec<Ipv4Addr> = s.active().map(|l| l.ip).collect();
             let mut uniq = active.clone();
