@@ -630,6 +630,17 @@ impl End {
         got
     }
 
+    /// What its control core reported so far, once the driver has finished the round it is
+    /// in: a state the caller saw change (keys, a peer gone) may be a round ahead of the
+    /// event that reports it.
+    ///
+    /// # Panics
+    /// When the driver is gone (the end stopped).
+    pub fn settled_events(&self) -> Vec<ControlEvent> {
+        self.control(|_| ());
+        self.events()
+    }
+
     /// What its control core reported so far.
     pub fn events(&self) -> Vec<ControlEvent> {
         self.events
