@@ -55,12 +55,14 @@ pub fn require_root() {
     );
 }
 
-/// A short name unique to this process and call: `{prefix}{pid % 10000}{n}`, which keeps
-/// interface names within the kernel's 15 bytes.
+/// A name unique to this process and call, `{prefix}{pid}x{n}`, among every process alive:
+/// the kernel tier runs two test programs at once (and the soak beside them), each making
+/// namespaces and files named by this. For namespaces and paths, not interfaces (the
+/// kernel's 15 bytes): those are named inside their namespace.
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{}x{n}", std::process::id() % 10_000)
+    format!("{prefix}{}x{n}", std::process::id())
 }
 
 /// Runs a command to completion; fails with its stderr if it fails.
