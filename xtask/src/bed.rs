@@ -73,10 +73,24 @@ pub(crate) fn build_release(root: &Path) -> anyhow::Result<PathBuf> {
 /// A test program and the directory of its package (where `cargo test` runs it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Program {
+    /// Its test target's name (`adapter` for e2e/tests/adapter.rs).
+    pub(crate) name: String,
     /// The executable.
     pub(crate) path: PathBuf,
     /// Its package's directory.
     pub(crate) dir: PathBuf,
+}
+
+impl Program {
+    /// The command that runs it with `args`, from its package's directory as `cargo test`
+    /// would.
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.path);
+        cmd.args(args)
+            .current_dir(&self.dir)
+            .env("CARGO_MANIFEST_DIR", &self.dir);
+        cmd
+    }
 }
 
 /// The workspace's test programs, by tier.
@@ -133,10 +147,7 @@ pub(crate) fn test_programs(root: &Path) -> anyhow::Result<Programs> {
 pub(crate) fn run_programs(programs: &[Program], args: &[&str]) -> anyhow::Result<()> {
     for p in programs {
         util::run(
-            Command::new(&p.path)
-                .args(args)
-                .current_dir(&p.dir)
-                .env("CARGO_MANIFEST_DIR", &p.dir),
+            &mut p.command(args),
             &format!("{} {}", p.path.display(), args.join(" ")),
         )?;
     }
@@ -156,6 +167,7 @@ fn sort_programs(messages: &str, e2e: &Path) -> Programs {
     let program = |m: &serde_json::Value| {
         let manifest = PathBuf::from(m["manifest_path"].as_str()?);
         Some(Program {
+            name: m["target"]["name"].as_str()?.to_owned(),
             path: PathBuf::from(m["executable"].as_str()?),
             dir: manifest.parent()?.to_path_buf(),
         })
@@ -197,6 +209,12 @@ mod tests {
         ]
         .join("\n");
         let p = |path: &str, dir: &str| Program {
+            name: path
+                .rsplit('/')
+                .next()
+                .and_then(|f| f.split('-').next())
+                .unwrap()
+                .to_owned(),
             path: PathBuf::from(path),
             dir: PathBuf::from(dir),
         };

@@ -21,6 +21,7 @@ mod dist;
 mod fuzz;
 mod image;
 mod instructions;
+mod lanes;
 mod report;
 mod tidy;
 mod util;
@@ -243,17 +244,29 @@ fn run_soak(
     cycle: u64,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let (seconds, cycle) = (seconds.to_string(), cycle.to_string());
     util::run(
-        std::process::Command::new(bin.join("cyphonic-bed"))
-            .args(["soak", "--seconds", &seconds, "--cycle", &cycle, "--out"])
-            .arg(out)
-            .env("CYPHONIC_BIN_DIR", bin),
+        &mut soak_command(bin, seconds, cycle, out),
         &format!(
             "cyphonic-bed soak --seconds {seconds} --cycle {cycle} (samples and curves in {})",
             out.display()
         ),
     )
+}
+
+/// The command of [`run_soak`].
+fn soak_command(
+    bin: &std::path::Path,
+    seconds: u64,
+    cycle: u64,
+    out: &std::path::Path,
+) -> std::process::Command {
+    let mut command = std::process::Command::new(bin.join("cyphonic-bed"));
+    command
+        .args(["soak", "--seconds", &seconds.to_string()])
+        .args(["--cycle", &cycle.to_string(), "--out"])
+        .arg(out)
+        .env("CYPHONIC_BIN_DIR", bin);
+    command
 }
 
 fn test() -> anyhow::Result<()> {
@@ -288,12 +301,22 @@ fn test() -> anyhow::Result<()> {
     bed::run_programs(&programs.unit, &[])?;
     util::cargo(&root, &["test", "--workspace", "--locked", "--doc"])?;
     // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries (just built) and
-    // real tools. Needs root; fails (never skips) without it. One test at a time: they share
-    // the CPUs with the daemons they start. The native demo and packages follow, while the
-    // Pi's build may still run.
-    bed::run_programs(&programs.kernel, &["--test-threads=1"])?;
+    // real tools. Needs root; fails (never skips) without it. Each program runs its tests
+    // one at a time (they share the CPUs with the daemons they start); two programs, or a
+    // program and the short soak, run at once (see lanes). The native demo and packages
+    // follow, while the Pi's build may still run.
+    let mut jobs: Vec<lanes::Job> = programs
+        .kernel
+        .iter()
+        .map(|p| lanes::Job {
+            name: p.name.clone(),
+            command: p.command(&["--test-threads=1"]),
+            seconds: lanes::expected_seconds(&p.name),
+        })
+        .collect();
+    jobs.push(short_soak(&root));
+    lanes::run(jobs, &lanes::logs_dir(&root))?;
     native_demo_and_packages(&root)?;
-    short_soak(&root)?;
     background.wait()?;
     // The Pi's architecture: its unit tier passed under the emulator in the background;
     // the demo with the emulated node, and the arm64 packages of the programs built with
@@ -333,19 +356,21 @@ fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The soak's five-minute version (`cargo xtask soak` runs it for hours): 20-s cycles of
-/// devices joining and leaving, names, traffic, rekeys, restarts and loss, by the binaries
-/// just built; a stall or growth fails. Its samples and curves stay in target/soak-ci.
-///
-/// # Errors
-/// The soak fails.
-fn short_soak(root: &std::path::Path) -> anyhow::Result<()> {
-    run_soak(
-        &root.join("target/debug"),
-        300,
-        20,
-        &root.join("target/soak-ci"),
-    )
+/// The soak's five-minute version (`cargo xtask soak` runs it for hours) as a job of the
+/// kernel tier's lanes: 20-s cycles of devices joining and leaving, names, traffic, rekeys,
+/// restarts and loss, by the binaries just built; a stall or growth fails. Its samples and
+/// curves stay in target/soak-ci.
+fn short_soak(root: &std::path::Path) -> lanes::Job {
+    lanes::Job {
+        name: "soak".into(),
+        command: soak_command(
+            &root.join("target/debug"),
+            300,
+            20,
+            &root.join("target/soak-ci"),
+        ),
+        seconds: lanes::expected_seconds("soak"),
+    }
 }
 
 /// The aarch64 tier: the unit tests under the emulator, then (unless `unit_only`) the short
