@@ -233,8 +233,13 @@ impl Pair {
         self.leases_version
     }
 
-    /// We hold lease table `version` now.
-    pub const fn set_leases_version(&mut self, version: u64) {
+    /// We hold lease table `version` now: a change is said at once (the next heartbeat is
+    /// due now), so that a standby's heartbeat acknowledges a table as soon as it is kept
+    /// (docs/protocol.md §5, *State that moves*).
+    pub fn set_leases_version(&mut self, version: u64, now: Instant) {
+        if version != self.leases_version {
+            self.next_beat = now;
+        }
         self.leases_version = version;
     }
 

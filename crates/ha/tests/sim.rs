@@ -350,7 +350,8 @@ fn preempt_waits_for_the_lease_table() {
     s.boxes[0].stopped = true;
     s.run(Duration::from_secs(1));
     assert_eq!(s.boxes[1].pair.role(), Role::Active);
-    s.boxes[1].pair.set_leases_version(7);
+    let now = s.now;
+    s.boxes[1].pair.set_leases_version(7, now);
     // Box 0 restarts: a fresh state machine and a fresh start (boot).
     let site_key_of_box0 = &mut s.boxes[0];
     site_key_of_box0.stopped = false;
@@ -369,7 +370,8 @@ fn preempt_waits_for_the_lease_table() {
         [Role::Standby, Role::Active],
         "preempted without the leases"
     );
-    s.boxes[0].pair.set_leases_version(7);
+    let now = s.now;
+    s.boxes[0].pair.set_leases_version(7, now);
     let took = s
         .until(Duration::from_secs(1), |s| {
             s.roles() == [Role::Active, Role::Standby]
@@ -385,6 +387,24 @@ fn preempt_waits_for_the_lease_table() {
     )));
 }
 
+/// A standby that comes to hold another lease table says so at once, not at its next
+/// interval: the active box's DHCP ACKs for new leases wait for that heartbeat
+/// (docs/protocol.md §5, *State that moves*).
+#[test]
+fn a_standby_acknowledges_a_new_lease_table_at_once() {
+    let mut s = Sim::new([200, 100], false);
+    s.run(Duration::from_secs(1));
+    assert_eq!(s.roles(), [Role::Active, Role::Standby]);
+    let heard = |s: &Sim| s.boxes[0].pair.other().unwrap().1;
+    // Just after one of the standby's heartbeats: its next is an interval away.
+    let last = heard(&s).challenge;
+    s.until(INTERVAL, |s| heard(s).challenge != last).unwrap();
+    let now = s.now;
+    s.boxes[1].pair.set_leases_version(9, now);
+    let took = s.until(INTERVAL, |s| heard(s).leases_version == 9).unwrap();
+    assert!(took <= 2 * STEP, "acknowledged after {took:?}");
+}
+
 /// A planned handover: refused, with the reason, while the standby could not take the
 /// gateway; once it can, the gateway moves within a few intervals, both boxes say why, and
 /// the old active stands by. A standby that does not take it leaves the active serving,
@@ -396,14 +416,16 @@ fn a_handover_moves_the_gateway_only_to_a_standby_that_can_take_it() {
     assert_eq!(s.roles(), [Role::Active, Role::Standby]);
     let now = s.now;
     assert_eq!(s.boxes[1].pair.hand_over(now), Err(NoHandover::NotActive));
-    s.boxes[0].pair.set_leases_version(7);
+    let now = s.now;
+    s.boxes[0].pair.set_leases_version(7, now);
     s.run(2 * INTERVAL);
     let now = s.now;
     assert_eq!(
         s.boxes[0].pair.hand_over(now),
         Err(NoHandover::LeasesBehind)
     );
-    s.boxes[1].pair.set_leases_version(7);
+    let now = s.now;
+    s.boxes[1].pair.set_leases_version(7, now);
     s.boxes[1]
         .pair
         .set_health(Health::ALL.without(Health::REACHED), now);
@@ -445,7 +467,8 @@ fn a_handover_moves_the_gateway_only_to_a_standby_that_can_take_it() {
     let now = s.now;
     s.boxes[1].pair.hand_over(now).unwrap();
     assert_eq!(s.boxes[1].pair.hand_over(now), Err(NoHandover::UnderWay));
-    s.boxes[0].pair.set_leases_version(8);
+    let now = s.now;
+    s.boxes[0].pair.set_leases_version(8, now);
     s.run(HANDOVER - INTERVAL);
     assert!(s.boxes[1].pair.is_handing_over(s.now));
     s.run(2 * INTERVAL);
