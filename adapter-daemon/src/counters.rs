@@ -40,6 +40,8 @@ cyphonic_telemetry::counters! {
     dhcp_unsaved_silent,
     /// DHCP ACKs that waited for their new lease to be written (sent once it was).
     dhcp_ack_waited,
+    /// One of an HA pair: DHCP ACKs that left before the standby said it holds their lease (it did not within a second of the write).
+    dhcp_ack_unreplicated,
     /// DHCP messages seen while the DHCP server is switched off.
     dhcp_unserved,
     /// DNS messages handed to the DNS service (from the LAN and from peers).

@@ -5,6 +5,11 @@
 //! does not come in time). A renewal of a binding already on disk leaves at once: the file
 //! says how far renewals may have reached ([`RENEWAL_WINDOW`] past its write), and loading
 //! honours it. Every change settles into the anti-spoofing table before any reply goes out.
+//!
+//! One of an HA pair, while a standby is in contact, an ACK that grants a binding also waits
+//! for the standby to hold a lease file with it ([`Replica`]; docs/protocol.md §5, *State
+//! that moves*), at most [`STANDBY_WAIT`] after the file was written: then it leaves anyway,
+//! counted.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::Ipv4Addr;
@@ -31,14 +36,58 @@ pub const RENEWAL_WINDOW: u64 = 10;
 const HOLD: Duration = Duration::from_secs(3);
 /// ACKs waiting for the disk at most (more: the oldest is dropped).
 const MAX_HELD: usize = 256;
+/// How long an ACK whose binding is on disk waits for the standby to hold it too before it
+/// leaves anyway.
+pub const STANDBY_WAIT: Duration = Duration::from_secs(1);
 
-/// An ACK waiting for its binding to be on disk.
+/// Whether a standby is to hold each binding before its ACK leaves (an HA pair's; the pair's
+/// thread says which: docs/protocol.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Replica {
+    /// No standby to wait for: a lone adapter, or a pair whose other box is out of contact
+    /// or not standing by.
+    #[default]
+    Alone,
+    /// A standby in contact holds the lease file of this generation and every binding in
+    /// it (`None`: no file of this server's yet).
+    Holds(Option<u64>),
+}
+
+impl Replica {
+    /// Whether a binding first in snapshot `generation` is held where it must be.
+    const fn holds(self, generation: u64) -> bool {
+        match self {
+            Self::Alone => true,
+            Self::Holds(Some(held)) => generation <= held,
+            Self::Holds(None) => false,
+        }
+    }
+}
+
+/// An ACK waiting for its binding to be on disk (and at the standby).
 #[derive(Debug)]
 struct Held {
     /// The snapshot that must be written first.
     generation: u64,
+    /// The snapshot its binding first appeared in: what the standby must hold.
+    binding: u64,
+    /// Dropped (the client retries) when not on disk by then.
     until: Instant,
+    /// When it was seen on disk.
+    written: Option<Instant>,
     reply: Reply,
+}
+
+/// What [`Dhcp::release`] lets go.
+#[derive(Debug, Default)]
+pub struct Released {
+    /// ACKs that may leave now.
+    pub ready: Vec<Reply>,
+    /// ACKs dropped: their binding did not reach the disk in time (the clients retry).
+    pub dropped: u64,
+    /// Of `ready`, those that leave without the standby holding their binding: it did not
+    /// say so within [`STANDBY_WAIT`].
+    pub unreplicated: u64,
 }
 
 /// The DHCP server and its lease file.
@@ -158,8 +207,16 @@ impl Dhcp {
 
     /// Whether `reply` (to `mac`, made at unix time `unix`) may leave now. An ACK waits when
     /// its binding is not on disk yet, or when the disk has not been written for
-    /// [`RENEWAL_WINDOW`] (the writer is failing) and something is pending.
-    pub fn admit(&mut self, reply: Reply, mac: [u8; 6], unix: u64, now: Instant) -> Verdict {
+    /// [`RENEWAL_WINDOW`] (the writer is failing) and something is pending, or when the
+    /// `replica` does not hold its binding yet.
+    pub fn admit(
+        &mut self,
+        reply: Reply,
+        mac: [u8; 6],
+        unix: u64,
+        now: Instant,
+        replica: Replica,
+    ) -> Verdict {
         let Some(ip) = reply.grants else {
             return Verdict::Send(reply);
         };
@@ -170,23 +227,27 @@ impl Dhcp {
             .unwrap_or(self.generation);
         let current = self.written.generation >= self.generation
             || unix <= self.written.taken_at + RENEWAL_WINDOW;
-        if first <= self.written.generation && current {
+        let on_disk = first <= self.written.generation && current;
+        if on_disk && replica.holds(first) {
             return Verdict::Send(reply);
         }
         if self.held.len() >= MAX_HELD {
             self.held.pop_front();
         }
         self.held.push_back(Held {
-            generation: self.generation,
+            generation: if on_disk { first } else { self.generation },
+            binding: first,
             until: now + HOLD,
+            written: on_disk.then_some(now),
             reply,
         });
         Verdict::Held
     }
 
-    /// Takes in what the writer reported: the held ACKs whose binding is now on disk, and
-    /// how many waited too long and are dropped (their clients retry).
-    pub fn release(&mut self, now: Instant) -> (Vec<Reply>, u64) {
+    /// Takes in what the writer reported and what the `replica` holds: the held ACKs whose
+    /// binding is now on disk (and at the standby, or waited [`STANDBY_WAIT`] for it), and
+    /// how many waited too long for the disk and are dropped (their clients retry).
+    pub fn release(&mut self, now: Instant, replica: Replica) -> Released {
         let written = self.writer.written();
         if let Some(e) = &written.error
             && written.failures > self.written.failures
@@ -195,18 +256,32 @@ impl Dhcp {
             tracing::error!(file = %self.path.display(), error = %e, also_failed = held, "cannot save the DHCP leases; they are kept in memory, saving is retried, and new leases wait for it");
         }
         self.written = written;
-        let mut ready = Vec::new();
-        let mut dropped = 0;
-        for h in std::mem::take(&mut self.held) {
+        let mut out = Released::default();
+        for mut h in std::mem::take(&mut self.held) {
             if h.generation <= self.written.generation {
-                ready.push(h.reply);
+                let written = *h.written.get_or_insert(now);
+                if replica.holds(h.binding) {
+                    out.ready.push(h.reply);
+                } else if now.saturating_duration_since(written) >= STANDBY_WAIT {
+                    out.unreplicated += 1;
+                    out.ready.push(h.reply);
+                } else {
+                    self.held.push_back(h);
+                }
             } else if h.until <= now {
-                dropped += 1;
+                out.dropped += 1;
             } else {
                 self.held.push_back(h);
             }
         }
-        (ready, dropped)
+        out
+    }
+
+    /// The newest lease file written, with its generation, as the writer last reported it
+    /// (none before its first write): for an HA pair's standby.
+    pub fn written_table(&self) -> Option<(u64, std::sync::Arc<[u8]>)> {
+        let w = &self.written;
+        w.table.clone().map(|t| (w.generation, t))
     }
 
     /// Resolves when the writer has something new to report.
@@ -394,17 +469,18 @@ mod tests {
         d.settle(Instant::now(), unix, table);
         let ip = cyphonic_vip::testing::yiaddr(&offer.payload);
         assert!(matches!(
-            d.admit(offer, mac, unix, Instant::now()),
+            d.admit(offer, mac, unix, Instant::now(), Replica::Alone),
             Verdict::Send(_)
         ));
         ip
     }
 
-    /// The held ACKs released once the writer has reported `what`, within five seconds.
-    fn released_when(d: &mut Dhcp, what: impl Fn(&Written) -> bool) -> (Vec<Reply>, u64) {
+    /// The held ACKs released, with `replica`, once the writer has reported `what`, within
+    /// five seconds.
+    fn released_when(d: &mut Dhcp, replica: Replica, what: impl Fn(&Written) -> bool) -> Released {
         for _ in 0..100 {
             if what(&d.writer.written()) {
-                return d.release(Instant::now());
+                return d.release(Instant::now(), replica);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -434,26 +510,29 @@ mod tests {
         assert_eq!(ack.grants, Some(ip));
         d.settle(Instant::now(), unix, &table);
         assert!(matches!(
-            d.admit(ack, mac, unix, Instant::now()),
+            d.admit(ack, mac, unix, Instant::now(), Replica::Alone),
             Verdict::Held
         ));
-        let (ready, _) = released_when(&mut d, |w| w.failures >= 1);
-        assert!(ready.is_empty(), "an ACK for a lease not on disk left");
+        let released = released_when(&mut d, Replica::Alone, |w| w.failures >= 1);
+        assert!(
+            released.ready.is_empty(),
+            "an ACK for a lease not on disk left"
+        );
         assert!(d.status().unsaved);
         // It waited long enough: dropped.
-        let (ready, dropped) = d.release(Instant::now() + HOLD);
-        assert_eq!((ready.len(), dropped), (0, 1));
+        let released = d.release(Instant::now() + HOLD, Replica::Alone);
+        assert_eq!((released.ready.len(), released.dropped), (0, 1));
         // Back again: the client's retry waits for the write, then leaves.
         std::fs::create_dir_all(&dir).unwrap();
         let ack = d.handle(unix + 4, mac, &request(mac, 3, ip)).unwrap();
         d.settle(Instant::now(), unix + 4, &table);
         assert!(matches!(
-            d.admit(ack, mac, unix + 4, Instant::now()),
+            d.admit(ack, mac, unix + 4, Instant::now(), Replica::Alone),
             Verdict::Held
         ));
         let generation = d.generation;
-        let (ready, _) = released_when(&mut d, |w| w.generation >= generation);
-        assert_eq!(ready.len(), 1);
+        let released = released_when(&mut d, Replica::Alone, |w| w.generation >= generation);
+        assert_eq!(released.ready.len(), 1);
         assert!(
             std::fs::read_to_string(dir.join("leases.json"))
                 .unwrap()
@@ -475,24 +554,27 @@ mod tests {
         let ack = d.handle(unix, mac, &request(mac, 2, ip)).unwrap();
         d.settle(Instant::now(), unix, &table);
         assert!(matches!(
-            d.admit(ack, mac, unix, Instant::now()),
+            d.admit(ack, mac, unix, Instant::now(), Replica::Alone),
             Verdict::Held
         ));
         let generation = d.generation;
-        let (ready, _) = released_when(&mut d, |w| w.generation >= generation);
-        assert_eq!(ready.len(), 1);
+        let released = released_when(&mut d, Replica::Alone, |w| w.generation >= generation);
+        assert_eq!(released.ready.len(), 1);
         let writes = d.writer.written().writes;
         for n in 0..100 {
             let t = unix + 1;
             let ack = d.handle(t, mac, &request(mac, 10 + n, ip)).unwrap();
             d.settle(Instant::now(), t, &table);
             assert!(
-                matches!(d.admit(ack, mac, t, Instant::now()), Verdict::Send(_)),
+                matches!(
+                    d.admit(ack, mac, t, Instant::now(), Replica::Alone),
+                    Verdict::Send(_)
+                ),
                 "renewal {n} waited"
             );
         }
         let generation = d.generation;
-        released_when(&mut d, |w| w.generation >= generation);
+        released_when(&mut d, Replica::Alone, |w| w.generation >= generation);
         let burst = d.writer.written().writes - writes;
         assert!((1..=2).contains(&burst), "{burst} writes for 100 renewals");
         let text = std::fs::read_to_string(dir.join("leases.json")).unwrap();
@@ -502,6 +584,77 @@ mod tests {
             unix + 1 + RENEWAL_WINDOW + 3600,
             "{text}"
         );
+        drop(d);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// One of an HA pair with a standby in contact: a new lease's ACK waits, once on disk,
+    /// until the standby holds a file with the binding; a renewal of a binding it holds
+    /// leaves at once, one of a binding it lacks (it restarted) waits; an ACK the standby
+    /// never acknowledges leaves [`STANDBY_WAIT`] after its write, counted; with no standby,
+    /// nothing waits for one.
+    #[test]
+    fn a_new_leases_ack_waits_for_the_standby_to_hold_it_at_most_a_second() {
+        let dir = dir("standby");
+        let unix = 1_800_000_000;
+        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
+        let table = LanTable::new(&[]);
+        let grant = |d: &mut Dhcp, mac: [u8; 6], xid: u32, replica: Replica| {
+            let ip = offered(d, unix, mac, &table);
+            let ack = d.handle(unix, mac, &request(mac, xid, ip)).unwrap();
+            d.settle(Instant::now(), unix, &table);
+            (ip, d.admit(ack, mac, unix, Instant::now(), replica))
+        };
+        let first = [0x02, 0xbb, 0, 0, 0, 9];
+        let (ip, verdict) = grant(&mut d, first, 2, Replica::Holds(None));
+        assert!(matches!(verdict, Verdict::Held));
+        let generation = d.generation;
+        // On disk, the standby holding an older file: it still waits.
+        let released = released_when(&mut d, Replica::Holds(None), |w| w.generation >= generation);
+        assert!(released.ready.is_empty(), "left before the standby held it");
+        let held = d.release(Instant::now(), Replica::Holds(Some(generation - 1)));
+        assert!(held.ready.is_empty());
+        // The file the writer wrote is there for the pair's thread to send.
+        let (g, file) = d.written_table().unwrap();
+        assert_eq!(g, generation);
+        assert!(String::from_utf8_lossy(&file).contains(&ip.to_string()));
+        let released = d.release(Instant::now(), Replica::Holds(Some(generation)));
+        assert_eq!((released.ready.len(), released.unreplicated), (1, 0));
+        // Renewals: at once while the standby holds the binding, held while it does not.
+        let renew = |d: &mut Dhcp, xid: u32, replica: Replica| {
+            let ack = d.handle(unix + 1, first, &request(first, xid, ip)).unwrap();
+            d.settle(Instant::now(), unix + 1, &table);
+            d.admit(ack, first, unix + 1, Instant::now(), replica)
+        };
+        assert!(matches!(
+            renew(&mut d, 3, Replica::Holds(Some(generation))),
+            Verdict::Send(_)
+        ));
+        assert!(matches!(
+            renew(&mut d, 4, Replica::Holds(None)),
+            Verdict::Held
+        ));
+        let released = d.release(Instant::now(), Replica::Holds(Some(generation)));
+        assert_eq!(released.ready.len(), 1, "the standby came to hold it");
+        // A standby that never says it holds the binding: the ACK leaves a second after its
+        // write, counted.
+        let second = [0x02, 0xbb, 0, 0, 0, 10];
+        let (_, verdict) = grant(&mut d, second, 5, Replica::Holds(None));
+        assert!(matches!(verdict, Verdict::Held));
+        let generation = d.generation;
+        released_when(&mut d, Replica::Holds(None), |w| w.generation >= generation);
+        let at = Instant::now();
+        let waiting = d.release(at, Replica::Holds(None));
+        assert!(waiting.ready.is_empty());
+        let late = d.release(at + STANDBY_WAIT, Replica::Holds(None));
+        assert_eq!((late.ready.len(), late.unreplicated), (1, 1));
+        // Alone: a new lease waits for the disk only.
+        let third = [0x02, 0xbb, 0, 0, 0, 11];
+        let (_, verdict) = grant(&mut d, third, 6, Replica::Alone);
+        assert!(matches!(verdict, Verdict::Held));
+        let generation = d.generation;
+        let released = released_when(&mut d, Replica::Alone, |w| w.generation >= generation);
+        assert_eq!((released.ready.len(), released.unreplicated), (1, 0));
         drop(d);
         std::fs::remove_dir_all(&dir).unwrap();
     }

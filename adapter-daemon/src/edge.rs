@@ -55,7 +55,7 @@ pub struct AdapterEdge<'a> {
     ha: Option<Arc<std::sync::Mutex<crate::status::HaStatus>>>,
     /// One of an HA pair: where the services say the tunnels are up, and hear where new
     /// DHCP addresses come from.
-    pair: Option<(crate::ha::Ready, crate::ha::PoolLink)>,
+    pair: Option<(crate::ha::Ready, crate::ha::PairLink)>,
 }
 
 impl<'a> AdapterEdge<'a> {
@@ -66,7 +66,7 @@ impl<'a> AdapterEdge<'a> {
         mut self,
         floor: Option<std::time::Duration>,
         status: Arc<std::sync::Mutex<crate::status::HaStatus>>,
-        (ready, pool): (crate::ha::Ready, crate::ha::PoolLink),
+        (ready, pool): (crate::ha::Ready, crate::ha::PairLink),
     ) -> Self {
         self.clock_floor = floor;
         self.ha = Some(status);

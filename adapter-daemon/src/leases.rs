@@ -102,10 +102,12 @@ impl LeaseStore {
     ///
     /// # Errors
     /// Writing, syncing or renaming fails (disk full, read-only); the old file is intact.
-    pub fn save(&self, leases: &[Lease], renewals_until: u64) -> std::io::Result<()> {
-        let bytes =
-            cyphonic_vip::file::encode(leases, renewals_until).map_err(std::io::Error::other)?;
-        self.replace(bytes)
+    pub fn save(&self, leases: &[Lease], renewals_until: u64) -> std::io::Result<Arc<[u8]>> {
+        let bytes: Arc<[u8]> = cyphonic_vip::file::encode(leases, renewals_until)
+            .map_err(std::io::Error::other)?
+            .into();
+        self.replace(&bytes)?;
+        Ok(bytes)
     }
 
     /// Replaces the saved leases with a lease file as another adapter wrote it (an HA
@@ -114,12 +116,12 @@ impl LeaseStore {
     ///
     /// # Errors
     /// `file` does not decode (the reason), or writing fails as in [`LeaseStore::save`].
-    pub fn save_file(&self, file: Vec<u8>) -> std::io::Result<()> {
-        cyphonic_vip::file::decode(&file).map_err(std::io::Error::other)?;
+    pub fn save_file(&self, file: &[u8]) -> std::io::Result<()> {
+        cyphonic_vip::file::decode(file).map_err(std::io::Error::other)?;
         self.replace(file)
     }
 
-    fn replace(&self, bytes: Vec<u8>) -> std::io::Result<()> {
+    fn replace(&self, bytes: &[u8]) -> std::io::Result<()> {
         files::replace(&self.path(), bytes, Access::Secret)
     }
 }
@@ -150,6 +152,9 @@ pub struct Written {
     pub failures: u64,
     /// Why the last write failed, while it has not succeeded since.
     pub error: Option<String>,
+    /// The file as the newest snapshot on disk was written (an HA pair's active box sends it
+    /// to the standby: `ha/mod.rs`); none before the first write.
+    pub table: Option<Arc<[u8]>>,
 }
 
 #[derive(Debug, Default)]
@@ -277,10 +282,11 @@ fn write_loop(store: &LeaseStore, shared: &Shared, done: &tokio::sync::watch::Se
         drop(slot);
         last = Some(Instant::now());
         match store.save(&snapshot.leases, snapshot.renewals_until) {
-            Ok(()) => done.send_modify(|w| {
+            Ok(table) => done.send_modify(|w| {
                 if snapshot.generation > w.generation {
                     w.generation = snapshot.generation;
                     w.taken_at = snapshot.taken_at;
+                    w.table = Some(table);
                 }
                 w.writes += 1;
                 w.error = None;
@@ -350,16 +356,14 @@ mod tests {
         let store = LeaseStore::open(&d).unwrap();
         store.save(&[lease(10)], 0).unwrap();
         let source = LeaseStore::open(&theirs).unwrap();
-        source.save(&[lease(10), lease(11)], 0).unwrap();
+        let written = source.save(&[lease(10), lease(11)], 0).unwrap();
         let file = fs::read(source.path()).unwrap();
-        for bad in [
-            b"not a lease file".to_vec(),
-            file[..file.len() / 2].to_vec(),
-        ] {
+        assert_eq!(*written, file[..], "save says what it wrote");
+        for bad in [b"not a lease file".as_slice(), &file[..file.len() / 2]] {
             assert!(store.save_file(bad).is_err());
             assert_eq!(store.load(0).unwrap().leases, vec![lease(10)]);
         }
-        store.save_file(file).unwrap();
+        store.save_file(&file).unwrap();
         assert_eq!(store.load(0).unwrap().leases, vec![lease(10), lease(11)]);
         fs::remove_dir_all(&d).unwrap();
         fs::remove_dir_all(&theirs).unwrap();

@@ -69,7 +69,7 @@ fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> 
             let active = ha::stand_by(c, settings, &identity)?;
             let (floor, status) = (active.other_clock(), active.status());
             let edge =
-                AdapterEdge::open(c)?.in_pair(floor, status, (active.ready(), active.pool()));
+                AdapterEdge::open(c)?.in_pair(floor, status, (active.ready(), active.link()));
             (edge, Some(ha::serve(active)?))
         }
         None => (AdapterEdge::open(c)?, None),
@@ -102,6 +102,17 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
             "\nha: {} in term {} ({}); {other}",
             h.role, h.term, h.reason
         );
+        if let Some(r) = &h.replication {
+            let _ = match r.behind {
+                Some(0) => write!(head, "; it holds every lease"),
+                Some(n) => write!(head, "; it lacks {n} lease changes ({} ms)", r.lag_ms),
+                None => write!(
+                    head,
+                    "; it holds none of this box's leases yet ({} ms)",
+                    r.lag_ms
+                ),
+            };
+        }
     }
     let mut t = String::from("\n");
     let now = cyphonic_settings::now_secs();

@@ -21,25 +21,30 @@ use cyphonic_vip::Reply;
 
 use crate::config::Reservation;
 use crate::counters::bump;
-use crate::dhcp::{Dhcp, Verdict};
+use crate::dhcp::{Dhcp, Replica, Verdict};
 use crate::gateway::{FromPeer, Gateway};
+use crate::ha::PairLink;
 use crate::lan::{Client, LanSide, ServiceQueues, ToServices};
 use crate::names::Names;
 
 const DNS_PORT: u16 = 53;
 const DHCP_SERVER_PORT: u16 = 67;
 const DHCP_CLIENT_PORT: u16 = 68;
+/// ACKs that left before the standby held their leases are logged at most this often.
+const UNREPLICATED_SAID: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The DNS service on the gateway vIP, answering devices on the LAN and peers.
 pub type Dns = cyphonic_daemon::dns::Dns<Client>;
 
-/// What wakes the services: work from their queues, or the lease writer's report.
+/// What wakes the services: work from their queues, the lease writer's report, or the
+/// pair's standby.
 #[derive(Debug)]
 pub enum Work {
     /// From the capture thread or the LAN sink.
     Queued(ToServices),
-    /// The lease writer wrote (or failed to): ACKs waiting for the disk may leave.
-    LeasesWritten,
+    /// The lease writer wrote (or failed to), or an HA pair's standby came to hold another
+    /// lease file: ACKs waiting for either may leave.
+    LeasesKept,
 }
 
 /// The LAN services. See the module docs.
@@ -56,7 +61,9 @@ pub struct AdapterServices {
     /// One of an HA pair: tells the pair's thread when the tunnels are up, and hears from it
     /// where new addresses come from and what the other box bound.
     ready: Option<crate::ha::ReadyWatch>,
-    pool: Option<crate::ha::PoolLink>,
+    pool: Option<PairLink>,
+    /// When ACKs leaving before the standby held their leases were last logged.
+    unreplicated_said: cyphonic_telemetry::Throttle,
 }
 
 impl AdapterServices {
@@ -80,6 +87,7 @@ impl AdapterServices {
             reservations,
             ready: None,
             pool: None,
+            unreplicated_said: cyphonic_telemetry::Throttle::new(UNREPLICATED_SAID),
         };
         services.settle(Instant::now(), cyphonic_settings::now_secs());
         services.refresh_names();
@@ -89,7 +97,7 @@ impl AdapterServices {
 
     /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]), and takes
     /// its share of the pool and the other box's bindings from `pool`.
-    pub fn in_pair(mut self, ready: crate::ha::ReadyWatch, pool: crate::ha::PoolLink) -> Self {
+    pub fn in_pair(mut self, ready: crate::ha::ReadyWatch, pool: PairLink) -> Self {
         self.ready = Some(ready);
         self.pool = Some(pool);
         self
@@ -106,30 +114,54 @@ impl AdapterServices {
             d.set_share(pool.share());
         }
         let reply = d.handle(unix, mac, payload);
-        // The bindings it made settle first; an ACK whose binding is not on disk yet waits
-        // for the lease writer.
+        // The bindings it made settle first; an ACK whose binding is not on disk yet (or not
+        // at the pair's standby) waits for the lease writer (and the standby).
         self.settle(now, unix);
+        let replica = self.replica();
         let Some(d) = self.dhcp.as_mut() else {
             return;
         };
-        match reply.map(|r| d.admit(r, mac, unix, now)) {
+        match reply.map(|r| d.admit(r, mac, unix, now, replica)) {
             Some(Verdict::Send(reply)) => self.send_dhcp(&reply),
             Some(Verdict::Held) => bump(&self.lan.counters.dhcp_ack_waited),
             None => {}
         }
     }
 
-    /// The lease writer reported (or time passed): held ACKs whose binding is on disk leave;
-    /// those that waited too long are dropped (their clients retry).
+    /// What an HA pair's standby holds of our lease files, if one is to hold each binding.
+    fn replica(&self) -> Replica {
+        self.pool.as_ref().map_or(Replica::Alone, PairLink::replica)
+    }
+
+    /// The lease writer reported, the standby came to hold another file, or time passed:
+    /// held ACKs whose binding is on disk (and at the standby) leave; those that waited too
+    /// long for the disk are dropped (their clients retry). The file written goes to the
+    /// pair's thread, for the standby.
     fn release_dhcp(&mut self, now: Instant) {
+        let replica = self.replica();
         let Some(d) = self.dhcp.as_mut() else {
             return;
         };
-        let (ready, dropped) = d.release(now);
-        for _ in 0..dropped {
+        if let (Some(link), Some((generation, table))) = (&self.pool, d.written_table()) {
+            link.publish_table(generation, table);
+        }
+        let released = d.release(now, replica);
+        for _ in 0..released.dropped {
             bump(&self.lan.counters.dhcp_unsaved_silent);
         }
-        for reply in &ready {
+        for _ in 0..released.unreplicated {
+            bump(&self.lan.counters.dhcp_ack_unreplicated);
+        }
+        if released.unreplicated > 0
+            && let Some(also) = self.unreplicated_said.due(now)
+        {
+            tracing::warn!(
+                acks = released.unreplicated,
+                also,
+                "HA: DHCP ACKs left before the standby said it holds their leases (it did not within 1 s): a failover now could lose them"
+            );
+        }
+        for reply in &released.ready {
             self.send_dhcp(reply);
         }
     }
@@ -280,10 +312,16 @@ impl Services for AdapterServices {
     }
 
     async fn next(&mut self) -> Work {
-        let (work, dhcp) = (&mut self.work, &mut self.dhcp);
+        let (work, dhcp, pool) = (&mut self.work, &mut self.dhcp, &self.pool);
         let written = async {
             match dhcp.as_mut() {
                 Some(d) => d.written_changed().await,
+                None => std::future::pending().await,
+            }
+        };
+        let replicated = async {
+            match pool {
+                Some(link) => link.replica_changed().await,
                 None => std::future::pending().await,
             }
         };
@@ -291,7 +329,8 @@ impl Services for AdapterServices {
         tokio::select! {
             biased;
             Some(w) = work.dhcp.recv() => Work::Queued(w),
-            () = written => Work::LeasesWritten,
+            () = written => Work::LeasesKept,
+            () = replicated => Work::LeasesKept,
             Some(w) = work.other.recv() => Work::Queued(w),
             // Every sender is gone: the data threads stopped.
             else => std::future::pending().await,
@@ -311,7 +350,7 @@ impl Services for AdapterServices {
             Work::Queued(ToServices::FromPeer { peer, packet, at }) => {
                 self.handle_peer_packet(at, peer, &packet);
             }
-            Work::LeasesWritten => self.release_dhcp(now),
+            Work::LeasesKept => self.release_dhcp(now),
         }
         self.publish();
     }
@@ -319,7 +358,7 @@ impl Services for AdapterServices {
     /// Lease expiry, retried saves, DNS asks nobody answered.
     fn tick(&mut self, now: Instant) {
         let unix = cyphonic_settings::now_secs();
-        let theirs = self.pool.as_ref().and_then(crate::ha::PoolLink::take_merge);
+        let theirs = self.pool.as_ref().and_then(PairLink::take_merge);
         let merged = match (self.dhcp.as_mut(), theirs) {
             (Some(d), Some(leases)) => d.merge(leases, unix),
             _ => false,

@@ -57,6 +57,27 @@ pub struct HaStatus {
     /// The other box's lease tables received while serving, to take in its bindings.
     #[serde(default)]
     pub merges: u64,
+    /// While this box serves and a standby in contact is to hold each new lease: how far
+    /// behind it is (none otherwise).
+    #[serde(default)]
+    pub replication: Option<HaReplication>,
+}
+
+/// How far the standby's copy of the lease table is behind the serving box's
+/// (docs/protocol.md §5, *State that moves*).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaReplication {
+    /// The generation of the newest lease file written here (one per change of the table;
+    /// 0: the file the box started from).
+    pub written: u64,
+    /// The newest generation the standby says it holds (none: none of this box's files).
+    pub standby_holds: Option<u64>,
+    /// Changes the standby does not hold yet (`written - standby_holds`; none while it holds
+    /// none).
+    pub behind: Option<u64>,
+    /// Milliseconds since the oldest file it does not hold was sent to it (0: it holds the
+    /// newest).
+    pub lag_ms: u64,
 }
 
 /// The pair's messages dropped (docs/protocol.md §5, in the order the checks run).

@@ -31,20 +31,21 @@ use cyphonic_netio::cbpf::{jump_eq, load_half, ret};
 use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
 
 use crate::config::{AdapterConfig, HaSettings, Mac};
+use crate::dhcp::Replica;
 use crate::leases::LeaseStore;
-use crate::status::{HaDrops, HaOther, HaStatus};
+use crate::status::{HaDrops, HaOther, HaReplication, HaStatus};
 
 mod health;
+mod link;
 mod pool;
 
-pub use pool::PoolLink;
+pub use link::PairLink;
 
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
 pub const EXIT_STOOD_DOWN: i32 = 75;
 
-/// How often the active box looks at its lease file, and sends it unchanged anyway.
-const LEASES_LOOK: Duration = Duration::from_millis(100);
+/// How often the active box sends its lease file unchanged anyway.
 const LEASES_AGAIN: Duration = Duration::from_secs(10);
 /// How soon again when the other box says it holds another version.
 const LEASES_BEHIND: Duration = Duration::from_millis(500);
@@ -154,17 +155,19 @@ pub struct HaBox {
     sealer: Sealer,
     opener: Opener,
     assembler: Assembler,
-    /// The state directory's lease file: what the active box sends, and the standby keeps.
+    /// The state directory's lease file: what the standby keeps, and the active box sends
+    /// first (the DHCP server's writer reports each file it writes after that: [`PairLink`]).
     leases: LeaseStore,
-    /// The lease file as last sent (its length and change time) and when.
-    sent: Option<((u64, SystemTime), Instant)>,
-    /// When the lease file was last looked at.
-    looked: Option<Instant>,
+    /// The generation of the lease file last sent, and when.
+    sent: Option<(u64, Instant)>,
+    /// The tables sent, by version: what the standby's heartbeats acknowledge.
+    tables: link::Sent,
     /// Its judge of itself, and when it last judged.
     judge: health::Judge,
     health_at: Instant,
-    /// The DHCP server's share of the pool, and what it is told of the other's bindings.
-    pool: PoolLink,
+    /// What the DHCP server is told: its share of the pool, the other's bindings, what the
+    /// standby holds; and what it tells: each lease file written.
+    link: PairLink,
     /// Our bindings the serving box lacks (offered while standing by), and whether to send
     /// them: the table to send.
     offer: pool::Offer,
@@ -290,10 +293,10 @@ pub fn stand_by(
         assembler: Assembler::default(),
         leases,
         sent: None,
-        looked: None,
+        tables: link::Sent::default(),
         judge,
         health_at: now,
-        pool: PoolLink::default(),
+        link: PairLink::default(),
         offer,
         offer_due: None,
         merges: 0,
@@ -348,6 +351,11 @@ pub fn serve(mut b: HaBox) -> anyhow::Result<std::thread::JoinHandle<()>> {
     if b.quiet_until.is_none() {
         b.announce_at = Some((Instant::now(), true));
     }
+    // The lease file the DHCP server started from (generation 0): the standby's first table,
+    // unless the server's writer has written a newer one already.
+    if let Ok(table) = std::fs::read(b.leases.path()) {
+        b.link.publish_table(0, table.into());
+    }
     Ok(std::thread::Builder::new()
         .name("ha".into())
         .spawn(move || {
@@ -395,6 +403,7 @@ impl HaBox {
         }
         self.pair.handle_timeout(now);
         self.share_pool(now);
+        self.replicate(now);
         if let Some(until) = self.quiet_until
             && (self.ready.is_set() || now >= until)
         {
@@ -451,18 +460,35 @@ impl HaBox {
         self.ready.clone()
     }
 
-    /// What the DHCP server is told of the pool ([`PoolLink`]).
-    pub fn pool(&self) -> PoolLink {
-        self.pool.clone()
+    /// What the pair's thread and the DHCP server tell each other ([`PairLink`]).
+    pub fn link(&self) -> PairLink {
+        self.link.clone()
+    }
+
+    /// Tells the DHCP server whether a standby is to hold each new lease, and what it holds:
+    /// the file whose version its last heartbeat names, while it is in contact and stands by
+    /// and we serve.
+    fn replicate(&mut self, now: Instant) {
+        let replica = match self.pair.other() {
+            Some((_, beat))
+                if self.pair.role() == Role::Active
+                    && beat.role == Role::Standby
+                    && self.pair.in_contact(now) =>
+            {
+                Replica::Holds(self.tables.holds(beat.leases_version))
+            }
+            _ => Replica::Alone,
+        };
+        self.link.set_replica(replica);
     }
 
     /// Tells the DHCP server its share of the pool now, and keeps the other box's MAC on
     /// disk once known or changed.
     fn share_pool(&mut self, now: Instant) {
         let share = pool::share(self.pair.lower_half(), self.pair.in_contact(now));
-        let before = self.pool.share();
+        let before = self.link.share();
         if share != before {
-            self.pool.set_share(share);
+            self.link.set_share(share);
             if self.pair.role() != Role::Active {
                 tracing::debug!(pool = pool::describe(share), "HA: new DHCP addresses");
             } else if matches!(share, cyphonic_vip::Share::Only(_)) {
@@ -526,10 +552,25 @@ impl HaBox {
             other,
             dropped: self.dropped,
             copies: self.copies,
-            pool: pool::describe(self.pool.share()).to_owned(),
+            pool: pool::describe(self.link.share()).to_owned(),
             merges: self.merges,
+            replication: self.replication(now),
         };
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
+    }
+
+    /// How far behind the standby is, while it is to hold each new lease.
+    fn replication(&self, now: Instant) -> Option<HaReplication> {
+        let Replica::Holds(held) = self.link.replica() else {
+            return None;
+        };
+        let written = self.link.table().map_or(0, |(g, _)| g);
+        Some(HaReplication {
+            written,
+            standby_holds: held,
+            behind: held.map(|h| written.saturating_sub(h)),
+            lag_ms: u64::try_from(self.tables.lag(held, now).as_millis()).unwrap_or(u64::MAX),
+        })
     }
 
     /// Commands on the control socket: a handover is asked of the pair (and answered now
@@ -621,20 +662,11 @@ impl HaBox {
         Ok(())
     }
 
-    /// The lease file to the standby, when it changed and every [`LEASES_AGAIN`].
+    /// The lease file to the standby each time the DHCP server's writer wrote it, and again
+    /// every [`LEASES_AGAIN`] (every [`LEASES_BEHIND`] while the standby says it holds
+    /// another).
     fn send_leases(&mut self, now: Instant) -> anyhow::Result<()> {
-        if self
-            .looked
-            .is_some_and(|at| now.duration_since(at) < LEASES_LOOK)
-        {
-            return Ok(());
-        }
-        self.looked = Some(now);
-        let path = self.leases.path();
-        let stamp = std::fs::metadata(&path)
-            .ok()
-            .map(|m| (m.len(), m.modified().unwrap_or(UNIX_EPOCH)));
-        let Some(stamp) = stamp else {
+        let Some((generation, table)) = self.link.table() else {
             return Ok(());
         };
         // The other box says it holds another version (it just started, or lost chunks):
@@ -645,19 +677,17 @@ impl HaBox {
         let again = if behind { LEASES_BEHIND } else { LEASES_AGAIN };
         let unchanged = self
             .sent
-            .is_some_and(|(s, at)| s == stamp && now.duration_since(at) < again);
+            .is_some_and(|(g, at)| g == generation && now.duration_since(at) < again);
         if unchanged {
             return Ok(());
         }
-        let Ok(table) = std::fs::read(&path) else {
-            return Ok(());
-        };
         let version = version_of(&table);
         for chunk in msg::chunks(version, &table) {
             self.send(&Body::Leases(chunk))?;
         }
-        self.pair.set_leases_version(version);
-        self.sent = Some((stamp, now));
+        self.pair.set_leases_version(version, now);
+        self.tables.sent(version, generation, now);
+        self.sent = Some((generation, now));
         Ok(())
     }
 
@@ -754,7 +784,7 @@ impl HaBox {
         match cyphonic_vip::file::decode(table) {
             Ok(leases) => {
                 self.merges += 1;
-                self.pool.offer_merge(leases);
+                self.link.offer_merge(leases);
             }
             Err(e) => {
                 self.dropped.malformed += 1;
@@ -770,9 +800,9 @@ impl HaBox {
         if offer.is_some() {
             self.offer_due = offer;
         }
-        match self.leases.save_file(table) {
+        match self.leases.save_file(&table) {
             Ok(()) => {
-                self.pair.set_leases_version(version);
+                self.pair.set_leases_version(version, Instant::now());
                 tracing::debug!(version, "HA: the active box's lease table kept");
             }
             Err(e) => tracing::warn!(error = %e, "HA: the active box's lease table not kept"),

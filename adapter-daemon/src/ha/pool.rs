@@ -1,10 +1,9 @@
 //! The DHCP pool across the pair (docs/protocol.md §5, *Split brain*): which half of it is
-//! this box's, what the DHCP server is told ([`PoolLink`]), and the bindings a box made
+//! this box's (told the DHCP server through [`super::PairLink`]), and the bindings a box made
 //! while the two were apart, which it offers the serving box once it stands by
 //! ([`Offer`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use cyphonic_telemetry::files::{self, Access};
 use cyphonic_vip::{DhcpConfig, Half, Lease, Server, Share};
@@ -13,42 +12,6 @@ use crate::config::Mac;
 
 /// The file in the state directory that keeps the other box's NIC MAC across starts.
 const OTHER_FILE: &str = "ha-other";
-
-/// What the pair's thread tells the DHCP server: where new addresses come from, and the
-/// other box's bindings to take in. The pair's thread writes it, the services read it.
-#[derive(Debug, Clone, Default)]
-pub struct PoolLink(Arc<Mutex<Shared>>);
-
-#[derive(Debug, Default)]
-struct Shared {
-    share: Share,
-    merge: Option<Vec<Lease>>,
-}
-
-impl PoolLink {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Where new addresses come from now.
-    pub fn share(&self) -> Share {
-        self.lock().share
-    }
-
-    /// The other box's bindings to take in, once.
-    pub fn take_merge(&self) -> Option<Vec<Lease>> {
-        self.lock().merge.take()
-    }
-
-    pub(super) fn set_share(&self, share: Share) {
-        self.lock().share = share;
-    }
-
-    /// Bindings for the DHCP server to take in: the newest table replaces one not taken yet.
-    pub(super) fn offer_merge(&self, leases: Vec<Lease>) {
-        self.lock().merge = Some(leases);
-    }
-}
 
 /// This box's share of the pool: none while the other box was never known; its own half
 /// first while the two are in contact; its own half only while they are not.
