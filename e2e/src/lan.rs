@@ -337,6 +337,108 @@ impl DhcpHost {
     }
 }
 
+/// The crowd's hook script: records the address of each `bound`, nothing else (the devices
+/// are counted, not used: the address is never put on the interface).
+const CROWD_SCRIPT: &str =
+    "#!/bin/sh\n[ \"$1\" = bound ] && echo \"$ip\" > \"$EVENTS_DIR/$interface\"\nexit 0\n";
+
+/// Many DHCP devices behind one port of a LAN: one namespace whose `eth0` is plugged into
+/// the LAN, and on it a macvlan interface per device (`d0`, `d1`, ...: its own MAC,
+/// `02:cd:00:00:<i>`), each asking with a one-shot busybox udhcpc (`-q`: it quits once
+/// bound).
+#[derive(Debug)]
+pub struct Crowd {
+    /// Its namespace.
+    pub ns: Netns,
+    /// Each device's MAC.
+    pub macs: Vec<String>,
+    dir: TempDir,
+}
+
+impl Crowd {
+    /// `n` devices (at most 65,536) on `ns`'s `eth0` (plugged into a LAN already).
+    ///
+    /// # Errors
+    /// `ip` failing, or the scratch directory.
+    pub fn new(ns: Netns, n: u16) -> anyhow::Result<Self> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = TempDir::new("crowd")?;
+        let script = dir.path().join("udhcpc.sh");
+        std::fs::write(&script, CROWD_SCRIPT)?;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::create_dir_all(dir.path().join("events"))?;
+        let mut macs = Vec::new();
+        for i in 0..n {
+            let [hi, lo] = i.to_be_bytes();
+            let mac = format!("02:cd:00:00:{hi:02x}:{lo:02x}");
+            let name = format!("d{i}");
+            ns.ip(&[
+                "link", "add", "link", "eth0", "name", &name, "address", &mac, "type", "macvlan",
+                "mode", "bridge",
+            ])?;
+            ns.ip(&["link", "set", "dev", &name, "up"])?;
+            macs.push(mac);
+        }
+        Ok(Self { ns, macs, dir })
+    }
+
+    /// Each device asks for an address (`previous[i]`, if given, as a device back after a
+    /// restart asks for its own), `at_once` of them at a time, each for up to 15 s; returns
+    /// what each got (none: no lease).
+    ///
+    /// # Errors
+    /// A client cannot be started.
+    pub fn lease(
+        &self,
+        previous: Option<&[Option<Ipv4Addr>]>,
+        at_once: usize,
+    ) -> anyhow::Result<Vec<Option<Ipv4Addr>>> {
+        let events = self.dir.path().join("events");
+        let script = self.dir.path().join("udhcpc.sh").display().to_string();
+        for entry in std::fs::read_dir(&events)? {
+            std::fs::remove_file(entry?.path())?;
+        }
+        let indices: Vec<usize> = (0..self.macs.len()).collect();
+        for batch in indices.chunks(at_once.max(1)) {
+            let mut clients = Vec::new();
+            for &i in batch {
+                let name = format!("d{i}");
+                let host = format!("hostname:crowd{i}");
+                let mut args = vec![
+                    "udhcpc", "-f", "-q", "-n", "-i", &name, "-t", "10", "-T", "1", "-A", "1",
+                    "-x", &host, "-s", &script,
+                ];
+                let asked = previous.and_then(|p| p.get(i).copied().flatten());
+                let asked = asked.map(|ip| ip.to_string());
+                if let Some(ip) = &asked {
+                    args.extend(["-r", ip.as_str()]);
+                }
+                let child = self
+                    .ns
+                    .command("busybox", &args)
+                    .env("EVENTS_DIR", &events)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .with_context(|| format!("starting udhcpc on {name}"))?;
+                clients.push(Proc::from_child(child, "udhcpc"));
+            }
+            for c in clients {
+                // A client that got nothing in its time is ended; it counts as no lease.
+                let _ = c.wait(Duration::from_secs(15));
+            }
+        }
+        Ok((0..self.macs.len())
+            .map(|i| {
+                std::fs::read_to_string(events.join(format!("d{i}")))
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+            })
+            .collect())
+    }
+}
+
 /// A DNS answer as `dig` printed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dig {

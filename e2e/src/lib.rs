@@ -331,6 +331,15 @@ impl Proc {
     /// # Errors
     /// It does not exit in time (it is then killed).
     pub fn stop(mut self, signal: &str, within: Duration) -> anyhow::Result<Output> {
+        self.end(signal, within)
+    }
+
+    /// [`Proc::stop`] in place: the value stays, with nothing running (a daemon a test starts
+    /// again in its place).
+    ///
+    /// # Errors
+    /// It does not exit in time (it is then killed), or it was stopped already.
+    pub fn end(&mut self, signal: &str, within: Duration) -> anyhow::Result<Output> {
         let child = self.take()?;
         let _ = Command::new("kill")
             .args([&format!("-{signal}"), &child.id().to_string()])

@@ -34,6 +34,8 @@ pub struct PairBed {
     pub bed: TwoSites,
     /// The second box.
     pub second: Proc,
+    /// Its namespace.
+    ns2: Option<crate::Netns>,
     /// The second box's log.
     pub log2: PathBuf,
     /// The DHCP device.
@@ -78,6 +80,15 @@ impl PairBed {
     /// # Errors
     /// As [`PairBed::up`].
     pub fn up_with(underlay: bool) -> anyhow::Result<Self> {
+        Self::up_configured(underlay, "")
+    }
+
+    /// As [`PairBed::up_with`], with `extra` (whole tables, such as `[dhcp]`) in both boxes'
+    /// configuration.
+    ///
+    /// # Errors
+    /// As [`PairBed::up`].
+    pub fn up_configured(underlay: bool, extra: &str) -> anyhow::Result<Self> {
         let peer = if underlay {
             "peer_underlay = \"192.0.2.200\"\n"
         } else {
@@ -86,7 +97,7 @@ impl PairBed {
         let mut bed = TwoSites::up(&BedOptions {
             lan_switch: true,
             a: SiteOptions {
-                extra: format!("[ha]\npriority = 200\n{peer}"),
+                extra: format!("{extra}\n[ha]\npriority = 200\n{peer}"),
                 ..SiteOptions::default()
             },
             ..BedOptions::default()
@@ -124,10 +135,12 @@ impl PairBed {
                 standing,
             )
             .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.logs()))?;
+        let ns2 = Some(ns2);
         let (device, ip) = bed.dhcp_device(Side::A, "cam")?;
         let mut pair = Self {
             bed,
             second,
+            ns2,
             log2,
             device,
             ip,
@@ -209,22 +222,99 @@ impl PairBed {
         );
         self.bed.a.adapter = None;
         let alive = "the active box is alive";
-        let before = self.bed.a.log_text().matches(alive).count();
-        let log = self.bed.a.log();
-        let config = self.bed.a.config();
-        let proc = self
-            .bed
-            .a
-            .adapter_ns
-            .daemon(
-                &self.bed.bins.adapter,
-                &["run", "--config", config.to_str().context("path")?],
-                &log,
-                || std::fs::read_to_string(&log).is_ok_and(|t| t.matches(alive).count() > before),
-            )
+        let (config, log) = (self.bed.a.config(), self.bed.a.log());
+        let proc = start_box(&self.bed.bins, &self.bed.a.adapter_ns, &config, &log, alive)
             .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))?;
         self.bed.a.adapter = Some(proc);
         Ok(())
+    }
+
+    /// Drops the pair's lease tables between the two boxes (`on`), on the LAN switch and at
+    /// the underlay's router, and lets them through again (`!on`): every message of the pair
+    /// longer than 300 bytes (a lease chunk; a heartbeat is 136 bytes on the LAN and 120 on
+    /// the underlay), so that the heartbeats go on and the standby stays in contact without
+    /// the newest table.
+    ///
+    /// # Errors
+    /// No LAN switch, or `nft` fails.
+    pub fn hold_back_lease_tables(&self, on: bool) -> anyhow::Result<()> {
+        let switch = self.bed.a.switch.as_ref().context("no LAN switch")?;
+        let rules = [
+            (switch, "bridge", "ether type 0x88b5 meta length > 300 drop"),
+            (
+                &self.bed.wan,
+                "inet",
+                "udp dport 51821 meta length > 300 drop",
+            ),
+        ];
+        for (ns, family, rule) in rules {
+            if on {
+                ns.exec("nft", &["add", "table", family, "pairtables"])?;
+                ns.exec(
+                    "nft",
+                    &[&format!(
+                        "add chain {family} pairtables hold {{ type filter hook forward priority 0 ; }}"
+                    )],
+                )?;
+                ns.exec(
+                    "nft",
+                    &[&format!("add rule {family} pairtables hold {rule}")],
+                )?;
+            } else {
+                ns.exec("nft", &["delete", "table", family, "pairtables"])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the second box with `signal` and waits (10 s at most) until it exited.
+    ///
+    /// # Errors
+    /// It was not running, or did not exit in time (it is then killed).
+    pub fn stop_second(&mut self, signal: &str) -> anyhow::Result<()> {
+        self.second.end(signal, Duration::from_secs(10)).map(drop)
+    }
+
+    /// Starts the second box again after it stopped (as systemd would), and waits until it
+    /// has heard the serving box (it stands by) or serves (`serving`).
+    ///
+    /// # Errors
+    /// It is still running, or does not get there within 10 s (the logs in the error).
+    pub fn restart_second(&mut self, serving: bool) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.second.running(), "the second box still runs");
+        let mark = if serving {
+            "HA: this box serves the gateway"
+        } else {
+            "the active box is alive"
+        };
+        let config = self.bed.a.dir.join("adapter2.toml");
+        let ns = self.ns2.as_ref().context("the second box's namespace")?;
+        self.second = start_box(&self.bed.bins, ns, &config, &self.log2, mark)
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", self.logs()))?;
+        Ok(())
+    }
+
+    /// The leases a box's status shows (the first box's, or the second's): each device's
+    /// MAC and vIP.
+    ///
+    /// # Errors
+    /// The box does not serve (no status), or its status has no lease list.
+    pub fn leases(&self, first: bool) -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
+        let status = if first {
+            self.bed.status(Side::A)?
+        } else {
+            self.second_status()?
+        };
+        status["leases"]
+            .as_array()
+            .with_context(|| format!("no leases in the status: {status}"))?
+            .iter()
+            .map(|l| {
+                let mac = l["mac"].as_str().context("a lease without its MAC")?;
+                let vip = l["vip"].as_str().context("a lease without its vIP")?;
+                Ok((mac.to_owned(), vip.parse()?))
+            })
+            .collect()
     }
 
     /// The second box's log so far.
@@ -277,6 +367,25 @@ impl PairBed {
             .map_err(|_| anyhow::anyhow!("two outputs"))?;
         Ok((runs, outs))
     }
+}
+
+/// Starts a box of the pair in `ns` from `config`, its log appended to `log`, and waits
+/// until the log says `mark` once more than it did before.
+fn start_box(
+    bins: &crate::bed::Bins,
+    ns: &crate::Netns,
+    config: &std::path::Path,
+    log: &std::path::Path,
+    mark: &str,
+) -> anyhow::Result<Proc> {
+    let said = || std::fs::read_to_string(log).map_or(0, |t| t.matches(mark).count());
+    let before = said();
+    ns.daemon(
+        &bins.adapter,
+        &["run", "--config", config.to_str().context("path")?],
+        log,
+        || said() > before,
+    )
 }
 
 /// From `ping -D`'s output: the longest time between two replies, how many came, and the

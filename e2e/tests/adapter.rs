@@ -14,8 +14,9 @@ use std::time::Duration;
 use cyphonic_e2e::bed::{BedOptions, IperfRun, Ping, Side, SiteOptions, TwoSites, iperf3};
 use cyphonic_e2e::impair::Impairment;
 use cyphonic_e2e::inject;
-use cyphonic_e2e::lan::{DhcpClient, DhcpHost};
+use cyphonic_e2e::lan::{Crowd, DhcpClient, DhcpHost};
 use cyphonic_e2e::pair::{PINGS, PairBed};
+use cyphonic_e2e::{uint, wait_until};
 
 fn bed(opts: &BedOptions) -> TwoSites {
     TwoSites::up(opts).unwrap()
@@ -1080,6 +1081,123 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     pair.device.stop().unwrap();
 }
 
+/// Issue 51: a new device's DHCP ACK waits for the standby to hold its lease: with the
+/// lease tables held back between the boxes (the heartbeats pass), it leaves a second after
+/// the write, counted, and the status says how far the standby is behind; let through, the
+/// standby catches up. Then a hundred devices (busybox udhcpc, 25 at a time) lease from the
+/// serving box, which is killed the moment the last of them is bound. The standby serves
+/// with every lease the devices were acknowledged; the first box comes back as the standby;
+/// the serving one is stopped (the first serves again) and comes back too. After each move,
+/// the serving box's table holds every device at its address, and no address is on two
+/// devices; at the end, every device asking again for its address gets it.
+#[test]
+fn a_hundred_devices_keep_every_acknowledged_lease_across_failover_and_restarts() {
+    // A hundred new devices at once: the starvation guard would hold most of them back.
+    let mut pair = PairBed::up_configured(true, "[dhcp]\nnew_lease_share = 1.0\n").unwrap();
+    let unreplicated = |pair: &PairBed| {
+        let status = pair.bed.status(Side::A).unwrap();
+        uint(&status["counters"]["dhcp_ack_unreplicated"])
+    };
+    assert_eq!(unreplicated(&pair), 0);
+    pair.hold_back_lease_tables(true).unwrap();
+    let asked = std::time::Instant::now();
+    let (mut late, late_ip) = pair.bed.dhcp_device(Side::A, "late").unwrap();
+    let took = asked.elapsed();
+    let status = pair.bed.status(Side::A).unwrap();
+    assert_eq!(unreplicated(&pair), 1, "{status}");
+    assert!(took >= Duration::from_secs(1), "bound after {took:?}");
+    // Behind since the table was sent, about the second the ACK waited (the status is
+    // renewed every round of the pair's thread, up to 10 ms old).
+    let behind = &status["ha"]["replication"];
+    assert!(
+        uint(&behind["behind"]) >= 1 && uint(&behind["lag_ms"]) >= 900,
+        "{behind}"
+    );
+    pair.hold_back_lease_tables(false).unwrap();
+    wait_until(
+        Duration::from_secs(15),
+        "the standby holds every lease",
+        || {
+            pair.bed
+                .status(Side::A)
+                .is_ok_and(|s| s["ha"]["replication"]["behind"] == 0)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    let (ns, _) = pair.bed.add_host(Side::A, "crowd").unwrap();
+    let crowd = Crowd::new(ns, 100).unwrap();
+    let leased = crowd.lease(None, 25).unwrap();
+    // At once: nothing after the last ACK could replicate what the box acknowledged.
+    pair.bed.stop(Side::A, "KILL").unwrap();
+    let devices: Vec<(String, Ipv4Addr)> = crowd
+        .macs
+        .iter()
+        .zip(&leased)
+        .filter_map(|(mac, ip)| ip.map(|ip| (mac.clone(), ip)))
+        .collect();
+    assert_eq!(
+        devices.len(),
+        100,
+        "not every device was leased\n{}",
+        pair.logs()
+    );
+    let mut expected = devices.clone();
+    expected.push((pair.device.mac.clone(), pair.ip));
+    expected.push((late.mac.clone(), late_ip));
+    let holds_every_lease = |table: Vec<(String, Ipv4Addr)>, when: &str| {
+        for (mac, ip) in &expected {
+            assert!(
+                table.contains(&(mac.clone(), *ip)),
+                "{when}: {mac} lost {ip}; the table: {table:?}"
+            );
+        }
+        let mut ips: Vec<Ipv4Addr> = table.iter().map(|(_, ip)| *ip).collect();
+        ips.sort_unstable();
+        ips.dedup();
+        assert_eq!(
+            ips.len(),
+            table.len(),
+            "{when}: an address on two devices: {table:?}"
+        );
+    };
+    wait_until(Duration::from_secs(5), "the second box serves", || {
+        pair.second_status()
+            .is_ok_and(|s| s["ha"]["role"] == "active")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    holds_every_lease(pair.leases(false).unwrap(), "after the kill");
+    // The first box back: it stands by and comes to hold the table.
+    pair.restart_first().unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the first box holds every lease",
+        || {
+            pair.second_status()
+                .is_ok_and(|s| s["ha"]["replication"]["behind"] == 0)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    // The serving box stopped: the first serves again; then it comes back as the standby.
+    pair.stop_second("TERM").unwrap();
+    wait_until(Duration::from_secs(5), "the first box serves", || {
+        pair.bed
+            .status(Side::A)
+            .is_ok_and(|s| s["ha"]["role"] == "active")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    holds_every_lease(pair.leases(true).unwrap(), "after the second restart");
+    pair.restart_second(false).unwrap();
+    assert_eq!(unreplicated(&pair), 0, "since its restart");
+    // Every device asks again (as after its own restart): each gets its address.
+    let again = crowd
+        .lease(Some(&leased), 25)
+        .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    assert_eq!(again, leased, "{}", pair.logs());
+    holds_every_lease(pair.leases(true).unwrap(), "after the devices asked again");
+    late.stop().unwrap();
+    pair.device.stop().unwrap();
+}
+
 /// Issue 51: the active box's uplink alone is cut: it judges its uplink down and says so,
 /// the standby, healthier, takes the gateway, and the old box stands down (exit status 75);
 /// the pings go on through the new active box, and the device's renewal is answered with
@@ -1283,7 +1401,7 @@ fn a_split_brain_hands_out_no_address_twice_and_heals_with_every_lease() {
     assert!(first.ends_with("half first"), "{first}\n{}", pair.logs());
     // p2: the second box's LAN port (PairBed plugs it third).
     move_ports(&pair, &["p2".to_owned()], "br1").unwrap();
-    cyphonic_e2e::wait_until(Duration::from_secs(5), "the second box serves", || {
+    wait_until(Duration::from_secs(5), "the second box serves", || {
         pair.second_log()
             .contains("HA: this box serves the gateway")
     })
@@ -1342,7 +1460,7 @@ fn a_split_brain_hands_out_no_address_twice_and_heals_with_every_lease() {
     assert_eq!(out.status.code(), Some(75), "{}", pair.logs());
     pair.restart_first().unwrap();
     let file = pair.bed.a.dir.join("state2/leases.json");
-    cyphonic_e2e::wait_until(
+    wait_until(
         Duration::from_secs(10),
         "the serving box holds every lease",
         || {
@@ -1409,12 +1527,12 @@ fn hostile_pair_messages_are_counted_and_move_nothing() {
         .exec("bash", &["-c", "echo forged > /dev/udp/198.51.100.2/51821"])
         .unwrap();
     let dropped = || pair.bed.status(Side::A).unwrap()["ha"]["dropped"].clone();
-    cyphonic_e2e::wait_until(Duration::from_secs(5), "the drops counted", || {
-        cyphonic_e2e::uint(&dropped()["source"]) >= 2 && cyphonic_e2e::uint(&dropped()["tag"]) >= 1
+    wait_until(Duration::from_secs(5), "the drops counted", || {
+        uint(&dropped()["source"]) >= 2 && uint(&dropped()["tag"]) >= 1
     })
     .unwrap_or_else(|e| panic!("{e}: {}\n{}", dropped(), pair.logs()));
     let d = dropped();
-    let n = |k: &str| cyphonic_e2e::uint(&d[k]);
+    let n = |k: &str| uint(&d[k]);
     assert_eq!(
         (
             n("source"),
