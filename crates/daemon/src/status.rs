@@ -79,6 +79,10 @@ pub struct PolicyStatus {
     /// were enforced, or evicted, and allowed by a rule).
     #[serde(default)]
     pub picked_up: u64,
+    /// Connections taken up from their answering side that the opener's side did not have
+    /// (its RST dropped), or did not confirm in time.
+    #[serde(default)]
+    pub picked_up_refused: u64,
 }
 
 impl From<&cyphonic_tunnel::PolicyReport> for PolicyStatus {
@@ -105,6 +109,7 @@ impl From<&cyphonic_tunnel::PolicyReport> for PolicyStatus {
             evicted: s.evicted,
             cut: s.cut,
             picked_up: s.picked_up,
+            picked_up_refused: s.picked_up_refused,
         }
     }
 }

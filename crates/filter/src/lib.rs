@@ -4,7 +4,10 @@
 //! A [`RuleSet`] says which new flows may start: from an address set, to an address set, of a
 //! protocol, to ports; the control plane compiles it from groups, members and devices, so a
 //! rule here is a few prefix checks. Everything else is denied. A flow a rule allowed is kept
-//! in a bounded flow table, and its replies pass without a rule: direction matters. The table
+//! in a bounded flow table, and its replies pass without a rule: direction matters. A TCP
+//! connection this end has no flow of (it restarted, or took the gateway over from its HA
+//! pair's other box) is taken up from either side when a rule lets its opener open it; from
+//! the answering side only until the opener's side shows it has the connection ([`Filter`]). The table
 //! tells a new TCP connection (a SYN without ACK) from the rest of one, keeps UDP and ICMP
 //! echo flows, lets an ICMP error through only as conntrack's RELATED (it answers a flow it
 //! quotes: sent back to the quoted packet's source by its destination, against the way that
@@ -180,6 +183,22 @@ struct Flow {
     serial: u64,
 }
 
+/// A TCP connection taken up from its answering side, until its opener's side confirms it.
+#[derive(Debug, Clone, Copy)]
+struct Unconfirmed {
+    /// The way the opener's packets travel.
+    opener: Direction,
+    rule: u32,
+    /// Not renewed by the answering side's packets.
+    expires: Instant,
+}
+
+/// Connections taken up from their answering side and not confirmed yet, at most: a table of
+/// their own, so that a member sending segments from an allowed port evicts only these.
+pub const UNCONFIRMED: usize = 256;
+/// How long one waits for its opener's side.
+pub const UNCONFIRMED_FOR: Duration = Duration::from_secs(5);
+
 /// What the filter did, counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -202,9 +221,13 @@ pub struct Stats {
     /// Flows cut because a new rule set no longer allows them.
     pub cut: u64,
     /// Of the flows opened, TCP connections taken up in the middle (a segment other than a
-    /// SYN that a rule lets its sender open: begun before the rules were enforced, or
-    /// evicted).
+    /// SYN that a rule lets its sender open, or its answer confirmed by the opener's side:
+    /// begun before the rules were enforced, before a restart or failover, or evicted).
     pub picked_up: u64,
+    /// Connections taken up from the answering side that the opener's side did not have: it
+    /// answered with a RST, which was dropped (a probe learns nothing), or said nothing in
+    /// [`UNCONFIRMED_FOR`].
+    pub picked_up_refused: u64,
     /// Flows opened, by the rule that allowed them.
     pub opened_by_rule: HashMap<u32, u64>,
 }
@@ -233,6 +256,9 @@ pub struct Filter {
     /// Keys in the order their flows were made, with the serial they had (stale entries are
     /// skipped).
     order: VecDeque<(FlowKey, u64)>,
+    /// Connections taken up from their answering side, by the opener's key, oldest first.
+    unconfirmed: HashMap<FlowKey, Unconfirmed>,
+    unconfirmed_order: VecDeque<FlowKey>,
     serial: u64,
     capacity: usize,
     timeouts: Timeouts,
@@ -249,6 +275,8 @@ impl Filter {
             flows: HashMap::new(),
             fragments: Fragments::new(fragment_capacity(capacity)),
             order: VecDeque::new(),
+            unconfirmed: HashMap::new(),
+            unconfirmed_order: VecDeque::new(),
             serial: 0,
             capacity: capacity.max(1),
             timeouts,
@@ -264,6 +292,11 @@ impl Filter {
     /// Flows kept now.
     pub fn flows(&self) -> usize {
         self.flows.len()
+    }
+
+    /// Connections taken up from their answering side, waiting for their opener's.
+    pub fn unconfirmed(&self) -> usize {
+        self.unconfirmed.len()
     }
 
     /// Fragmented datagrams whose later fragments may follow now.
@@ -394,6 +427,9 @@ impl Filter {
             return Verdict::Pass;
         }
         if !opens {
+            if let Some(verdict) = self.unconfirmed_packet(key, flags, dir, now) {
+                return verdict;
+            }
             return self.pick_up(key, flags, dir, now);
         }
         let Some(rule) =
@@ -417,22 +453,99 @@ impl Filter {
     }
 
     /// A TCP segment of no flow we keep, other than a SYN: a connection that began before
-    /// these rules were enforced (the filter was just switched on, the tunnel end restarted)
-    /// or whose flow was evicted. When a rule lets its sender open it, it is taken up as an
-    /// open connection (as conntrack's loose pickup does), so that an allowed connection
-    /// survives; anything else has no flow. A RST never makes one. Only the opener's side
-    /// can take a connection up: the other side's segments go to the opener's port, which
-    /// no rule names.
+    /// these rules were enforced (the filter was just switched on, the tunnel end restarted
+    /// or took the gateway over from its HA pair's other box) or whose flow was evicted.
+    /// When a rule lets its sender open it, it is taken up as an open connection (as
+    /// conntrack's loose pickup does), so that an allowed connection survives.
+    ///
+    /// When a rule lets its receiver open it instead, it comes from the answering side (the
+    /// data of a download the device began, say): it passes and waits, unconfirmed, for the
+    /// opener's side ([`Filter::unconfirmed_packet`]). Until then only the answering side's
+    /// segments pass, for [`UNCONFIRMED_FOR`] at most. A RST never makes either.
     fn pick_up(&mut self, key: FlowKey, flags: u8, dir: Direction, now: Instant) -> Verdict {
         if key.proto != TCP || flags & RST != 0 {
             return Verdict::Drop(Reason::NoFlow);
         }
-        let Some(rule) =
-            self.index
-                .first_allowing(&self.rules, key.proto, key.src, key.dst, key.dport)
-        else {
+        let allowing = |f: &Self, k: FlowKey| {
+            f.index
+                .first_allowing(&f.rules, k.proto, k.src, k.dst, k.dport)
+        };
+        if let Some(rule) = allowing(self, key) {
+            self.take_up(key, flags, dir, rule, now);
+            return Verdict::Pass;
+        }
+        let opener = key.reversed();
+        let Some(rule) = allowing(self, opener) else {
             return Verdict::Drop(Reason::NoFlow);
         };
+        while self.unconfirmed.len() >= UNCONFIRMED {
+            let Some(old) = self.unconfirmed_order.pop_front() else {
+                break;
+            };
+            if self.unconfirmed.remove(&old).is_some() {
+                self.stats.picked_up_refused += 1;
+            }
+        }
+        self.unconfirmed.insert(
+            opener,
+            Unconfirmed {
+                opener: dir.reversed(),
+                rule,
+                expires: now + UNCONFIRMED_FOR,
+            },
+        );
+        self.unconfirmed_order.push_back(opener);
+        if self.unconfirmed_order.len() > 2 * UNCONFIRMED {
+            let kept = &self.unconfirmed;
+            self.unconfirmed_order.retain(|k| kept.contains_key(k));
+        }
+        Verdict::Pass
+    }
+
+    /// A TCP segment of a connection taken up from its answering side, if it is one: more
+    /// of the answering side's pass (until the wait ends); the opener's side confirms it
+    /// (its segment passes and the connection is kept as any other), unless it answers with
+    /// a RST: it does not have the connection, and its RST is dropped, so that a segment
+    /// sent to probe a device learns nothing.
+    fn unconfirmed_packet(
+        &mut self,
+        key: FlowKey,
+        flags: u8,
+        dir: Direction,
+        now: Instant,
+    ) -> Option<Verdict> {
+        if key.proto != TCP {
+            return None;
+        }
+        if let Some(u) = self.unconfirmed.get(&key.reversed()).copied() {
+            // The answering side again.
+            if u.expires <= now {
+                self.unconfirmed.remove(&key.reversed());
+                self.stats.picked_up_refused += 1;
+                return None;
+            }
+            return Some(if dir == u.opener {
+                Verdict::Drop(Reason::WrongWay)
+            } else {
+                Verdict::Pass
+            });
+        }
+        let u = self.unconfirmed.get(&key).copied()?;
+        if dir != u.opener {
+            return Some(Verdict::Drop(Reason::WrongWay));
+        }
+        self.unconfirmed.remove(&key);
+        if u.expires <= now || flags & RST != 0 {
+            self.stats.picked_up_refused += 1;
+            return Some(Verdict::Drop(Reason::NoFlow));
+        }
+        self.take_up(key, flags, dir, u.rule, now);
+        Some(Verdict::Pass)
+    }
+
+    /// Keeps `key`'s connection, opened the way `dir` goes, as open (or closing, after a
+    /// FIN), taken up in the middle by `rule`.
+    fn take_up(&mut self, key: FlowKey, flags: u8, dir: Direction, rule: u32, now: Instant) {
         let (state, ttl) = if flags & FIN == 0 {
             (State::TcpOpen, self.timeouts.tcp_open)
         } else {
@@ -440,7 +553,6 @@ impl Filter {
         };
         self.insert(key, dir, rule, state, now + ttl);
         self.stats.picked_up += 1;
-        Verdict::Pass
     }
 
     fn insert(&mut self, key: FlowKey, dir: Direction, rule: u32, state: State, expires: Instant) {
@@ -493,6 +605,9 @@ impl Filter {
         }
         self.fragments.expire(now);
         self.stats.expired += gone.len() as u64;
+        let waited = self.unconfirmed.len();
+        self.unconfirmed.retain(|_, u| u.expires > now);
+        self.stats.picked_up_refused += (waited - self.unconfirmed.len()) as u64;
         gone.len()
     }
 
@@ -511,6 +626,12 @@ impl Filter {
         for k in &cut {
             self.remove(k);
         }
+        self.unconfirmed.retain(|k, u| {
+            index
+                .first_allowing(&rules, k.proto, k.src, k.dst, k.dport)
+                .map(|rule| u.rule = rule)
+                .is_some()
+        });
         if !cut.is_empty() {
             // The fragments of datagrams a cut flow began are not let through either.
             let evicted = self.fragments.evicted;
@@ -612,7 +733,8 @@ mod tests {
             Verdict::Drop(Reason::NoRule)
         );
         // A segment that is not a SYN, from the side a rule lets open: a connection begun
-        // before the rules (or evicted), taken up. From the other side, or a RST: no flow.
+        // before the rules (or evicted), taken up. A RST, or a port no rule names either
+        // way: no flow.
         assert_eq!(
             f.check(&tcp(OPS, 40002, IOT, 22, ACK), Direction::In, t),
             Verdict::Pass
@@ -623,7 +745,7 @@ mod tests {
             "its replies pass"
         );
         assert_eq!(
-            f.check(&tcp(IOT, 22, OPS, 40003, ACK), Direction::Out, t),
+            f.check(&tcp(IOT, 23, OPS, 40003, ACK), Direction::Out, t),
             Verdict::Drop(Reason::NoFlow)
         );
         assert_eq!(
@@ -671,6 +793,7 @@ mod tests {
         // Of the drops, those that came from the tunnel.
         assert_eq!(s.dropped_in(Reason::NoRule), 1);
         assert_eq!(s.dropped_in(Reason::NoFlow), 3);
+        assert_eq!(f.unconfirmed(), 0);
         assert_eq!(s.dropped_in(Reason::WrongWay), 0);
     }
 
@@ -973,17 +1096,87 @@ mod tests {
         assert_eq!(f.expire(hour), 1, "the UDP flow, idle for an hour");
         assert_eq!(f.expire(after), 1, "the reset connection");
         assert_eq!(f.flows(), 0);
-        // Gone: the other side's segments have no flow; the opener's are taken up again
-        // (the rule still lets it open the connection).
-        assert_eq!(
-            f.check(&tcp(IOT, 22, OPS, 40000, ACK), Direction::In, after),
-            Verdict::Drop(Reason::NoFlow)
-        );
+        // Gone: the opener's segments are taken up again (the rule still lets it open the
+        // connection).
         assert_eq!(
             f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, after),
             Verdict::Pass
         );
         assert_eq!(f.stats().picked_up, 1);
+        // Taken up from the answering side, nothing from the opener's: it waits no longer
+        // than UNCONFIRMED_FOR.
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40001, ACK), Direction::In, after),
+            Verdict::Pass
+        );
+        assert_eq!(f.unconfirmed(), 1);
+        f.expire(after + UNCONFIRMED_FOR);
+        assert_eq!((f.unconfirmed(), f.stats().picked_up_refused), (0, 1));
+    }
+
+    /// A connection this end has no flow of, seen first from its answering side (the data of
+    /// a download ops began, arriving after a failover): its segments pass, unconfirmed,
+    /// until ops's side answers; then it is kept as any other. When ops's side answers with
+    /// a RST (it has no such connection: iot probing from an allowed port), the RST goes no
+    /// further and nothing more of iot's passes. The table of such connections is bounded
+    /// apart from the flows.
+    #[test]
+    fn a_connection_seen_first_from_its_answering_side_waits_for_its_opener() {
+        let mut f = filter();
+        let t = Instant::now();
+        // At ops's end: ops opened tcp/22 to iot before this end knew it.
+        let data = tcp(IOT, 22, OPS, 40000, ACK);
+        assert_eq!(f.check(&data, Direction::In, t), Verdict::Pass);
+        assert_eq!(f.check(&data, Direction::In, t), Verdict::Pass);
+        assert_eq!((f.flows(), f.unconfirmed()), (0, 1));
+        // The answering side's addresses travelling the opener's way: spoofed.
+        assert_eq!(
+            f.check(&tcp(IOT, 22, OPS, 40000, ACK), Direction::Out, t),
+            Verdict::Drop(Reason::WrongWay)
+        );
+        // Ops acknowledges: confirmed, kept, both ways.
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert_eq!((f.flows(), f.unconfirmed()), (1, 0));
+        assert_eq!(f.stats().picked_up, 1);
+        // A probe: iot sends from port 22 to a port of ops's where nothing listens; ops's
+        // RST is dropped, and iot's next segment is no flow's.
+        let probe = tcp(IOT, 22, OPS, 40100, ACK);
+        assert_eq!(f.check(&probe, Direction::In, t), Verdict::Pass);
+        assert_eq!(
+            f.check(&tcp(OPS, 40100, IOT, 22, RST), Direction::Out, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        assert_eq!(f.stats().picked_up_refused, 1);
+        assert_eq!(f.unconfirmed(), 0);
+        // From a port no rule lets ops open: no flow, as before.
+        assert_eq!(
+            f.check(&tcp(IOT, 23, OPS, 40101, ACK), Direction::In, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        // A member sending from an allowed port to every port of ops's: the waiting table
+        // stays at its size and the confirmed flow is kept.
+        for port in 0..1000u16 {
+            let p = tcp(IOT, 22, OPS, 50_000 + port, ACK);
+            assert_eq!(f.check(&p, Direction::In, t), Verdict::Pass);
+            assert!(f.unconfirmed() <= UNCONFIRMED);
+        }
+        assert_eq!(f.flows(), 1);
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, t),
+            Verdict::Pass
+        );
+        assert!(f.unconfirmed_order.len() <= 2 * UNCONFIRMED);
+        // The confirmed one lives as long as an open connection does, not UNCONFIRMED_FOR.
+        let later = t + UNCONFIRMED_FOR * 2;
+        assert_eq!(f.check(&data, Direction::In, later), Verdict::Pass);
+        // A rule set that no longer allows tcp/22 cuts the waiting ones too.
+        let mut rules = ops_to_iot();
+        rules.rules.retain(|r| r.id != 1);
+        f.set_rules(rules);
+        assert_eq!(f.unconfirmed(), 0);
     }
 
     /// A rule removed cuts its flows at once; a rule added lets new flows through at once.
@@ -1092,6 +1285,7 @@ mod tests {
                 let now = t + Duration::from_secs(u64::from(a));
                 let verdict = f.check(&p, dir, now);
                 proptest::prop_assert!(f.flows() <= 16);
+                proptest::prop_assert!(f.unconfirmed() <= UNCONFIRMED);
                 proptest::prop_assert!(f.datagrams() <= fragment_capacity(16));
                 if verdict != Verdict::Pass {
                     continue;
