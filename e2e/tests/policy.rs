@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
+use cyphonic_e2e::bed::{BedOptions, IperfRun, Ping, Side, TwoSites};
 use cyphonic_e2e::hosts::Bins;
+use cyphonic_e2e::pair::PairBed;
 use cyphonic_e2e::{Netns, inject, uint, wait_until};
 use serde_json::Value;
 
@@ -135,6 +136,58 @@ fn reload(bed: &TwoSites, side: Side, base: &str, extra: &str, count: usize) {
         .reload(side, count)
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
     assert!(!log.contains("the running one stays"), "refused:\n{log}");
+}
+
+/// Issue 51: site A is an HA pair under a one-way rule (A may open tcp/5201 and ping to B).
+/// A stream A opened, with B sending (iperf3 -R), lives through the serving box's kill: the
+/// new active takes the connection up from A's side as its packets come (no flow table
+/// moves between the boxes), and B's data flows again; a connection B tries to open to A is
+/// refused before the failover and after it.
+#[test]
+fn a_flow_allowed_before_a_failover_flows_after_it_and_a_refused_one_stays_refused() {
+    let extra = rules(
+        None,
+        &[("gw1.ovl.example", "gw2.ovl.example", &["tcp/5201", "icmp"])],
+    );
+    let mut pair = PairBed::up_configured(true, &extra).unwrap();
+    let a = pair.bed.a.host_ip;
+    let _a22 = Sink::start(&pair.bed.a.lan, (a, 22).into());
+    assert!(
+        !connects(&pair.bed.b.lan, (a, 22).into()),
+        "B opened tcp/22 to A"
+    );
+    let stream = IperfRun::start(&pair.bed, Side::B, &["-R", "-b", "20M"], 8).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    pair.bed.stop(Side::A, "KILL").unwrap();
+    let report = stream
+        .finish()
+        .unwrap_or_else(|e| panic!("the stream died: {e}\n{}", pair.logs()));
+    // A receives (-R): its last intervals, after the kill, carried B's data.
+    let intervals = report["intervals"].as_array().unwrap();
+    let late: Vec<f64> = intervals[intervals.len() - 3..]
+        .iter()
+        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap())
+        .collect();
+    assert!(
+        late.iter().all(|bps| *bps > 1e6),
+        "B's data stopped after the failover: {late:?} bit/s\n{}",
+        pair.logs()
+    );
+    let second = |pair: &PairBed| pair.second_status().unwrap()["policy"].clone();
+    let p = second(&pair);
+    assert_eq!(pair.second_status().unwrap()["ha"]["role"], "active");
+    assert!(uint(&p["picked_up"]) >= 1, "taken up from A's side: {p}");
+    let refused_before = uint(&p["dropped_in"]["no_rule"]);
+    assert!(
+        !connects(&pair.bed.b.lan, (a, 22).into()),
+        "B opened tcp/22 to A after the failover"
+    );
+    let p = second(&pair);
+    assert!(
+        uint(&p["dropped_in"]["no_rule"]) > refused_before,
+        "refused where it arrived: {p}"
+    );
+    pair.device.stop().unwrap();
 }
 
 /// ops (site A) may open tcp/22 and ping to iot (site B); replies flow. iot opens nothing
