@@ -32,7 +32,8 @@ pub struct AdapterStatus {
 /// One box of an HA pair (docs/protocol.md §5).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HaStatus {
-    /// `active` (it serves: a box with a status socket always does), `standby`, `starting`.
+    /// `active` (it serves), `standby` or `starting` (its status socket then shows no peers,
+    /// pipelines or counters: it runs no engine; its leases are the table it holds).
     pub role: String,
     /// The pair's term as this box knows it (how many times the gateway moved).
     pub term: u64,

@@ -38,6 +38,7 @@ use crate::status::{HaDrops, HaOther, HaReplication, HaStatus};
 mod health;
 mod link;
 mod pool;
+mod standby;
 
 pub use link::PairLink;
 
@@ -197,6 +198,8 @@ pub struct HaBox {
     gateway_vip: Ipv4Addr,
     /// What the status document shows, renewed every round.
     status: Arc<Mutex<HaStatus>>,
+    /// While standing by, the status socket (the daemon serves it once the box serves).
+    standby_status: Option<standby::StandbyStatus>,
     frame: Vec<u8>,
     body: Vec<u8>,
 }
@@ -261,6 +264,7 @@ pub fn stand_by(
         )
     })?;
     let control = Control::bind(&control_socket(&config.common.status_socket))?;
+    let standby_status = standby::StandbyStatus::bind(config, identity)?;
     let key = PairKey::new(identity.keypair()).context("the site key has no pair key")?;
     let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
     let mut judge = health::Judge::new(config, &iface.name, iface.index);
@@ -313,6 +317,7 @@ pub fn stand_by(
         announce_at: None,
         gateway_vip: config.gateway_vip,
         status: Arc::new(Mutex::new(HaStatus::default())),
+        standby_status: Some(standby_status),
         frame: Vec::with_capacity(1600),
         body: Vec::with_capacity(1600),
     };
@@ -331,6 +336,8 @@ pub fn stand_by(
                     if reason == Reason::HandedOver {
                         b.quiet_until = Some(Instant::now() + READY_WAIT);
                     }
+                    // The daemon's status socket takes the standby's place.
+                    b.standby_status = None;
                     return Ok(b);
                 }
                 Event::Standby { reason } => {
@@ -452,6 +459,19 @@ impl HaBox {
             events.push(e);
         }
         self.publish(now);
+        // A box about to serve answers no more: the daemon's document will say it serves.
+        if let Some(s) = self
+            .standby_status
+            .as_mut()
+            .filter(|_| self.pair.role() != Role::Active)
+        {
+            let ha = self
+                .status
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            s.answer(&ha, &self.leases);
+        }
         Ok(events)
     }
 
