@@ -166,12 +166,29 @@ impl PairBed {
         Ok(pair)
     }
 
-    /// The second box's status document (it has a status socket once it serves).
+    /// The second box's status document (standing by or serving).
     ///
     /// # Errors
-    /// `cyphonic-adapter status` fails (the box does not serve).
+    /// `cyphonic-adapter status` fails (the box does not run).
     pub fn second_status(&self) -> anyhow::Result<serde_json::Value> {
         crate::bed::adapter_status(&self.bed.bins, &self.bed.a.dir.join("adapter2.sock"))
+    }
+
+    /// The second box's `cyphonic-adapter status`, as text.
+    ///
+    /// # Errors
+    /// The command fails (the box does not run).
+    pub fn second_status_text(&self) -> anyhow::Result<String> {
+        let socket = self.bed.a.dir.join("adapter2.sock");
+        let out = std::process::Command::new(&self.bed.bins.adapter)
+            .args(["status", "--socket", socket.to_str().context("path")?])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// `cyphonic-adapter handover` asked of the first box, or of the second: whether it

@@ -1060,6 +1060,22 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     assert_eq!(ha["term"], 1, "{ha}");
     assert_eq!(ha["other"]["role"], "standby", "{ha}");
     assert_eq!(ha["other"]["in_contact"], true, "{ha}");
+    // So does the standby's, with the lease it holds, and `status` says it in words.
+    let standby = pair.second_status().unwrap();
+    let ha = &standby["ha"];
+    assert_eq!(ha["role"], "standby", "{standby}");
+    assert_eq!(ha["other"]["role"], "active", "{standby}");
+    assert!(ha["replication"].is_null(), "{standby}");
+    let held: Vec<&str> = standby["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["vip"].as_str())
+        .collect();
+    assert!(held.contains(&pair.ip.to_string().as_str()), "{standby}");
+    assert_eq!(standby["peers"], serde_json::json!([]), "{standby}");
+    let text = pair.second_status_text().unwrap();
+    assert!(text.contains("ha: standby in term 1"), "{text}");
     ping_through(&mut pair, "SIGKILL", |p| {
         p.bed.stop(Side::A, "KILL")?;
         Ok(())
