@@ -1505,6 +1505,74 @@ fn a_split_brain_hands_out_no_address_twice_and_heals_with_every_lease() {
     pair.device.stop().unwrap();
 }
 
+/// Issue 51: a device on the LAN floods frames shaped as the pair's heartbeats (magic,
+/// version, length right, the tag wrong: each costs a box a keyed hash) to the pair's
+/// group, for 4 s at up to 100,000 a second (what one sender makes here: about half), while
+/// pings cross the pair. The pair speaks on the LAN alone (no `peer_underlay`): the flood
+/// is on its only path. Each box counts the frames it refused; the standby never takes
+/// over, the serving box keeps its term, and the pings go on.
+#[test]
+fn a_flood_of_pair_frames_from_a_device_moves_nothing() {
+    let mut pair = PairBed::up_with(false).unwrap();
+    let host = cyphonic_e2e::bed::parse_mac(&pair.bed.a.host_mac).unwrap();
+    let tags = |pair: &PairBed| {
+        (
+            uint(&pair.bed.status(Side::A).unwrap()["ha"]["dropped"]["tag"]),
+            uint(&pair.second_status().unwrap()["ha"]["dropped"]["tag"]),
+        )
+    };
+    let before = tags(&pair);
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = sent.clone();
+    ping_through(&mut pair, "a flood of pair frames from a device", |p| {
+        let ns = &p.bed.a.lan;
+        let n = inject::send_frames_for(ns, "eth0", Duration::from_secs(4), 100_000, move |n| {
+            let mut f = vec![0x03, 0x63, 0x79, 0x68, 0x61, 0x00];
+            f.extend_from_slice(&host);
+            f.extend_from_slice(&0x88b5u16.to_be_bytes());
+            f.extend_from_slice(b"cyHA");
+            f.extend_from_slice(&[1, 1, 0, 72]);
+            f.extend_from_slice(&n.to_be_bytes());
+            f.extend_from_slice(&[0x5a; 8]);
+            f.extend_from_slice(&1u64.to_be_bytes());
+            f.extend_from_slice(&[0; 72 + 16]);
+            f
+        })?;
+        counted.store(n, Ordering::Relaxed);
+        Ok(())
+    });
+    let sent = sent.load(Ordering::Relaxed);
+    let after = tags(&pair);
+    eprintln!(
+        "HA flood: {sent} frames sent; refused by tag: first box {}, second box {}",
+        after.0 - before.0,
+        after.1 - before.1
+    );
+    // A flood however busy the machine: a thousand times the pair's ten heartbeats a second.
+    assert!(sent >= 40_000, "{sent} frames sent");
+    for refused in [after.0 - before.0, after.1 - before.1] {
+        assert!(
+            refused >= sent / 10,
+            "{refused} of {sent} refused\n{}",
+            pair.logs()
+        );
+    }
+    let ha = pair.bed.status(Side::A).unwrap()["ha"].clone();
+    assert_eq!(
+        (ha["role"].as_str(), ha["term"].as_u64()),
+        (Some("active"), Some(1)),
+        "{ha}"
+    );
+    let standby = pair.second_status().unwrap()["ha"].clone();
+    assert_eq!(standby["role"], "standby", "{standby}");
+    assert!(
+        !pair.second_log().contains("serves the gateway"),
+        "{}",
+        pair.logs()
+    );
+    pair.device.stop().unwrap();
+}
+
 /// Issue 51: what a LAN device or an underlay host can send at the pair is judged and
 /// counted, and moves nothing: a frame of the pair's Ethertype that is not a message, one
 /// of another pair version, one whose tag does not verify, the same from the gateway's MAC,
