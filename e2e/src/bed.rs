@@ -1,4 +1,4 @@
-//! The two-site test bed of design.md §7, with the real binaries:
+//! The two-site test bed, with the real binaries:
 //!
 //! ```text
 //! [lanA] eth0 -- lan [adapterA] wan -- toa [wan router] tob -- wan [adapterB] lan -- eth0 [lanB]

@@ -1,6 +1,6 @@
 //! An impaired underlay link: what `tc netem` does, done in userspace on a wire of its own.
 //!
-//! design.md §7 names `tc netem` for this, but the kernels of these machines are built without
+//! The design named `tc netem` for this, but the kernels of these machines are built without
 //! `sch_netem` (and without loadable modules). So the link between two namespaces gets a
 //! namespace of its own in the middle, which carries Ethernet frames across in userspace (one
 //! `AF_PACKET` socket on each side, a thread per direction) and drops, delays, jitters and

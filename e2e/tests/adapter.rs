@@ -437,7 +437,7 @@ fn sha256(ns: &cyphonic_e2e::Netns, path: &std::path::Path) -> String {
 #[test]
 fn a_lossy_reordering_underlay_still_delivers_intact_data() {
     // netem's `delay 2ms loss 1% reorder 25%` on adapter B's link (a quarter of the frames
-    // overtake those held): the profile of design.md §7, done in userspace (this kernel
+    // overtake those held): the design's underlay profile, done in userspace (this kernel
     // lacks netem).
     let imp = Impairment {
         loss: 0.01,

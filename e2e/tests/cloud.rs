@@ -1,7 +1,6 @@
 //! The control plane end to end: two adapters without static peers find each other through
-//! `cyphonic-cloud` when a device asks DNS for a name behind the other one (design.md §6,
-//! flow 2), on the two-site bed with the cloud behind the router; directly where they can,
-//! through the cloud's relay where they cannot (flow 3).
+//! `cyphonic-cloud` when a device asks DNS for a name behind the other one, on the two-site bed with the cloud behind the router; directly where they can,
+//! through the cloud's relay where they cannot.
 
 #![allow(clippy::unwrap_used)]
 

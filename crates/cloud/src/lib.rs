@@ -1,4 +1,4 @@
-//! The cyphonic control plane (design.md §6): AS (certificate checks against the overlay CA
+//! The cyphonic control plane: AS (certificate checks against the overlay CA
 //! and its revocation list), NMS (control sessions, registration, resolution with policy,
 //! route choice, signalling) and TRS (relay channels for pairs that cannot talk directly).
 //! `cyphonic-cloud serve` runs them in one process.

@@ -1,4 +1,4 @@
-//! Route choice (design.md §6): a pair talks directly when it can, through the relay when it
+//! Route choice: a pair talks directly when it can, through the relay when it
 //! cannot. What the cloud knows of each side decides: the IP versions of its endpoints, and
 //! how its NAT maps the tunnel socket, which the two endpoint probes show.
 

@@ -1,4 +1,4 @@
-//! TRS, the relay (design.md §6, flow 3): channels that carry tunnel frames between two
+//! TRS, the relay: channels that carry tunnel frames between two
 //! clients that cannot reach each other directly.
 //!
 //! A channel is one UDP port, allocated by NMS for one pair of clients. Each side binds its

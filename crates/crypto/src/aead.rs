@@ -40,7 +40,7 @@ impl fmt::Debug for Key {
 }
 
 /// A 96-bit nonce. Tunnel frames use [`Nonce::from_counter`]: four zero bytes, then the
-/// frame's 64-bit counter big-endian (design.md §4).
+/// frame's 64-bit counter big-endian (docs/protocol.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Nonce([u8; NONCE_LEN]);
 
@@ -110,7 +110,7 @@ pub trait PacketKey: Send + Sync + fmt::Debug {
     fn backend(&self) -> Backend;
 
     /// Seals `buf[..len - 16]` in place and writes the tag into the last 16 bytes: the layout
-    /// of a data frame's body. Nonce from `counter` (design.md §4).
+    /// of a data frame's body. Nonce from `counter`.
     ///
     /// # Errors
     /// [`SealError::NoRoomForTag`] if `buf` is shorter than the tag.

@@ -1,5 +1,5 @@
 //! Overlay certificates: an Ed25519 CA binds a node's FQDN, certified vIP blocks, Noise static
-//! public key, groups and validity (design.md §5). docs/protocol.md §3 gives the encoding.
+//! public key, groups and validity. docs/protocol.md §3 gives the encoding.
 //!
 //! The encoding is a compact, fixed-order binary record read through a bounds-checked cursor;
 //! the text form is that record in PEM-style armor ([`crate::pem`]). The signature covers a
@@ -380,7 +380,7 @@ fn push_short(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// A bounds-checked cursor over untrusted bytes (style.md rule 9).
+/// A bounds-checked cursor over untrusted bytes: every read checks its length first.
 struct Reader<'a> {
     buf: &'a [u8],
 }

@@ -6,7 +6,7 @@ use zeroize::Zeroizing;
 
 use crate::pem::{self, PemError};
 
-/// The handshake pattern and primitives of the tunnel (design.md §5). IK: the initiator knows
+/// The handshake pattern and primitives of the tunnel (docs/protocol.md §2). IK: the initiator knows
 /// the responder's static key in advance (from its certificate), and sends its own static key
 /// encrypted in the first message, so identities stay hidden from observers.
 pub const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";

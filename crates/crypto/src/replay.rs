@@ -11,7 +11,7 @@ const WORD_BITS: u64 = 64;
 /// Words in the ring.
 const WORDS: usize = (RING_BITS / WORD_BITS) as usize;
 /// How far behind the highest accepted counter a packet may arrive and still be accepted.
-/// At least 2048 is required (design.md §4): parallel crypto workers, the underlay and relays
+/// At least 2048 is required: parallel crypto workers, the underlay and relays
 /// all reorder packets, and a packet dropped as "too old" looks like loss to TCP.
 pub const WINDOW: u64 = RING_BITS - WORD_BITS;
 

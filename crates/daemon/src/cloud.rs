@@ -1,7 +1,7 @@
 //! A tunnel end's side of the control plane, on the control thread: the signal client's
 //! events (peers to expect, probes to send, our observed address), peers added on demand from
-//! what the cloud says, DNS answers held until the tunnel they point into is up (design.md
-//! §6, flow 2), relays asked for when the direct path stays silent, and nodes we do not know
+//! what the cloud says, DNS answers held until the tunnel they point into is up,
+//! relays asked for when the direct path stays silent, and nodes we do not know
 //! that handshake with us asked about.
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! The shared daemon core: what every tunnel end (`cyphonic-adapter`, `cyphonic-node`) runs
-//! around the engine, written once (style.md rule 24). An end supplies only its [`Edge`]:
+//! around the engine, written once. An end supplies only its [`Edge`]:
 //! the adapter its capture thread, its LAN sink and its LAN services; the node its TUN
 //! reader and writer and its DNS stub.
 //!

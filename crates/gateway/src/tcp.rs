@@ -1,4 +1,4 @@
-//! TCP MSS clamping: the fix for "TCP hangs through the tunnel" (design.md §9).
+//! TCP MSS clamping: the fix for "TCP hangs through the tunnel".
 //!
 //! Devices assume a 1500-byte path and announce an MSS of 1460; the tunnel carries 1420-byte
 //! packets. If a device's PMTU discovery is broken (ICMP filtered somewhere), full-size

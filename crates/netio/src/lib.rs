@@ -1,5 +1,5 @@
 //! The I/O edge of cyphonic: the only crate that makes system calls on sockets and interfaces,
-//! and the only one allowed `unsafe` (style.md rule 4). Every `unsafe` block carries a
+//! and the only one allowed `unsafe`. Every `unsafe` block carries a
 //! `// SAFETY:` comment.
 //!
 //! - [`PacketSocket`]: the adapter's internal NIC, an `AF_PACKET` socket (`ETH_P_ALL`,

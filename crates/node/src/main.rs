@@ -1,4 +1,4 @@
-//! `cyphonic-node`: the overlay client for a host that can run it (design.md §1; the papers'
+//! `cyphonic-node`: the overlay client for a host that can run it (the papers'
 //! CYPHONIC node). A TUN interface carries the host's overlay traffic through the same
 //! engine the adapter uses, run by the same daemon core. This file only wires things: the
 //! command line, the configuration, the edge.

@@ -1,4 +1,4 @@
-//! The ordered parallel packet pipeline of the adapter paper (../shared/papers/001): packets
+//! The ordered parallel packet pipeline of the CYPHONIC adapter paper: packets
 //! are stamped in arrival order, processed (sealed or opened) in parallel on a rayon pool, and
 //! emitted strictly in arrival order. Reordering inside a gateway collapses TCP (37.3 to
 //! 1.68 Mbit/s on a Raspberry Pi 4 in the paper); this crate makes it impossible by design.

@@ -6,7 +6,7 @@
 //! keeping the previous keys for packets still in flight, sends keepalives, expires idle keys
 //! and follows a peer that roams to a new underlay address.
 //!
-//! Nothing here opens a socket, spawns a thread or reads a clock (style.md rules 1 and 2):
+//! Nothing here opens a socket, spawns a thread or reads a clock:
 //! every input carries `now`, outputs are pulled with [`Peer::poll_transmit`],
 //! [`Peer::poll_event`] and [`Peer::poll_timeout`]. The driver (the adapter, the node, the
 //! tests' simulator) owns sockets, time and threads.

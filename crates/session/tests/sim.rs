@@ -1,4 +1,4 @@
-//! Deterministic simulations of two peers (style.md rule 12): handshakes, refusals with typed
+//! Deterministic simulations of two peers: handshakes, refusals with typed
 //! reasons, rekeying under loss and reordering, limits, keepalives, expiry, roaming.
 
 // Test code: unwrapping and narrowing casts of small test values are fine here.

@@ -5,8 +5,8 @@
 //! `[dataplane]` and `[dns]` limits. Every mistake is a [`ConfigError`] that names the file,
 //! and where it can the line and the dotted key (`peer[1].certificate`).
 //!
-//! Only the binaries and their shared daemon core (`cyphonic-daemon`) use this crate
-//! (style.md rule 7): libraries take typed values, which this crate builds: the engine's
+//! Only the binaries and their shared daemon core (`cyphonic-daemon`) use this crate:
+//! libraries take typed values, which this crate builds: the engine's
 //! [`DataPlane`] and [`StaticPeer`]s directly, the rest in [`Common`] and the binaries' own
 //! configuration types.
 

@@ -1,5 +1,5 @@
 //! The control-plane client of adapters (and, later, nodes): one Noise session with the
-//! cloud (design.md §6), kept open with pings and re-opened with backoff and jitter when it
+//! cloud, kept open with pings and re-opened with backoff and jitter when it
 //! drops. Through a [`Handle`] the owner keeps its registration current, resolves names, and
 //! receives [`Event`]s: pushed instructions (`Expect`), its observed address, and endpoint
 //! probes to send from its tunnel socket (this crate does not own that socket).

@@ -1,8 +1,8 @@
 //! Packet buffers: a fixed ceiling, allocated on first use and recycled, so the data plane
 //! makes no allocation per packet and its memory never grows with load.
 //!
-//! A [`Buf`] is an owned value that goes back to its pool when it is dropped (style.md rule
-//! 23): no path hands a buffer back by hand, so an early return or a dropped packet cannot
+//! A [`Buf`] is an owned value that goes back to its pool when it is dropped: no
+//! path hands a buffer back by hand, so an early return or a dropped packet cannot
 //! leak pool capacity. Every buffer holds a reference to its pool's free list, so a buffer
 //! cannot outlive the pool it came from, whichever is dropped first.
 //!

@@ -3,7 +3,7 @@
 //!
 //! Every device gets its own overlay address (inside the adapter's certified block) and its own
 //! name (`<hostname>.<adapter FQDN>`), by plain DHCP: nothing to install on the device. That is
-//! what sets the adapter apart from subnet routers (design.md §9).
+//! what sets the adapter apart from subnet routers.
 //!
 //! - [`Server::handle`] takes a DHCP message (with the Ethernet source it arrived from and the
 //!   current time) and returns the reply to send and where to, or why it stays silent.
