@@ -1,4 +1,4 @@
-//! Repository consistency checks (style.md rules 4, 17, 19, 21 and the layer table). They run
+//! Repository consistency checks: the code map, crate headers, layers, sans-IO, units. They run
 //! as tests inside `cargo test` and alone as `cargo xtask tidy`.
 
 use std::path::{Path, PathBuf};
@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 
 use crate::util;
 
-/// Our crates, their layer (style.md, last table), and whether they may contain `unsafe`.
+/// Our crates, their layer (ARCHITECTURE.md's table), and whether they may contain `unsafe`.
 /// A crate missing here fails the layering check: adding a crate means placing it.
 const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-wire", 0, false),
@@ -69,10 +69,55 @@ fn check_all(root: &Path) -> anyhow::Result<Vec<String>> {
     problems.extend(sans_io(root)?);
     problems.extend(units(root)?);
     problems.extend(import_circles(root, &members)?);
+    problems.extend(outside_references(root, &members)?);
     Ok(problems)
 }
 
-/// The modules of each crate form a tree of imports (style.md rule 25): no file imports,
+/// Names of files that readers of this repository do not have: the team's own notes (spelt
+/// in two halves so that this file does not cite them).
+const OUTSIDE: &[&str] = &[
+    concat!("style", ".md"),
+    concat!("design", ".md"),
+    concat!("../", "shared"),
+];
+
+/// No source file or document cites a file outside the repository: a reader could not
+/// follow it.
+fn outside_references(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut files = Vec::new();
+    for member in members {
+        let dir = root.join(member);
+        for sub in ["src", "tests", "benches"] {
+            if dir.join(sub).is_dir() {
+                files.extend(rust_files(&dir.join(sub))?);
+            }
+        }
+    }
+    for dir in [root.to_path_buf(), root.join("docs")] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "md") {
+                files.push(path);
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        for name in OUTSIDE.iter().filter(|n| text.contains(**n)) {
+            let shown = file.strip_prefix(root).unwrap_or(&file).display();
+            problems.push(format!(
+                "{shown} cites {name}, which is not in the repository"
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// The modules of each crate form a tree of imports: no file imports,
 /// through any chain of `crate::` paths, a file that imports it back. The crate root (its
 /// table of contents and re-exports) is left out; so is code below `#[cfg(test)]`.
 fn import_circles(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
@@ -124,8 +169,8 @@ fn crate_modules(src: &Path) -> anyhow::Result<Vec<(String, String)>> {
     Ok(out)
 }
 
-/// A file's code as the checks read it: what comes before its tests (style.md rule 14 puts
-/// them at the bottom), without comment lines.
+/// A file's code as the checks read it: what comes before its tests (which sit at
+/// the bottom), without comment lines.
 fn code_of(text: &str) -> String {
     let before_tests = text.split("#[cfg(test)]").next().unwrap_or_default();
     before_tests
@@ -196,7 +241,7 @@ fn find_circle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
 /// offload switches, the node's TUN), and binding port 53 (the node's DNS stub).
 const ALLOWED_CAPS: [&str; 3] = ["CAP_NET_RAW", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"];
 
-/// The systemd units in config/ (style.md rule 22: every file there is read by a test): each
+/// The systemd units in config/ (every file there is read by a test): each
 /// runs its program from /usr/bin with its /etc/cyphonic configuration as the user
 /// `cyphonic`, restarts on failure, keeps the file system read-only but for its state, and
 /// grants no capability beyond [`ALLOWED_CAPS`] (and the same in the bounding set).
@@ -318,21 +363,126 @@ fn package_name(root: &Path, member: &str) -> anyhow::Result<(String, toml::Tabl
     Ok((name, manifest))
 }
 
-/// ARCHITECTURE.md's code map names every workspace member (hickory's drifted map is the
-/// counter-example this prevents).
+/// ARCHITECTURE.md stays a true map (hickory's drifted one is the counter-example): a section
+/// for every workspace member, every path it names exists, every `file.rs:function` hop
+/// names a function of that file, its layers table is [`LAYERS`], and it points at nothing
+/// outside the repository.
 fn architecture_map(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(root.join("ARCHITECTURE.md")).context("reading ARCHITECTURE.md")?;
-    let Some(map) = text.split("## Code map").nth(1) else {
-        return Ok(vec![
-            "ARCHITECTURE.md has no \"## Code map\" section".into(),
-        ]);
-    };
-    Ok(members
+    let mut problems: Vec<String> = members
         .iter()
-        .filter(|m| !map.contains(&format!("`{m}`")))
+        .filter(|m| !text.contains(&format!("### `{m}`")))
         .map(|m| format!("ARCHITECTURE.md code map does not describe `{m}`"))
-        .collect())
+        .collect();
+    if text.contains("../") {
+        problems.push("ARCHITECTURE.md names a file outside the repository (../)".into());
+    }
+    // A span is read in the section it appears in: `capture.rs` under `adapter-daemon` is
+    // adapter-daemon/src/capture.rs.
+    let mut section = String::new();
+    for line in text.lines() {
+        if let Some(heading) = line.strip_prefix("### `") {
+            section = heading.trim_end_matches('`').to_string();
+        }
+        for span in line.split('`').skip(1).step_by(2) {
+            problems.extend(named_in_map(root, &section, span));
+        }
+    }
+    problems.extend(layers_table(&text));
+    Ok(problems)
+}
+
+/// What is wrong with one code span of the map: a path that does not exist, or a hop
+/// (`path.rs:item` or `path.rs:Type::method`) whose function the file does not define.
+fn named_in_map(root: &Path, section: &str, span: &str) -> Option<String> {
+    let (path, item) = match span.split_once(".rs:") {
+        Some((file, item)) => (format!("{file}.rs"), Some(item)),
+        None => (span.to_string(), None),
+    };
+    let is_path = path.contains('/') || path.ends_with(".rs");
+    if !is_path
+        || !path.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || path.contains(char::is_whitespace)
+        || path.contains("::")
+    {
+        return None;
+    }
+    let found = [
+        root.join(&path),
+        root.join(section).join(&path),
+        root.join(section).join("src").join(&path),
+    ]
+    .into_iter()
+    .find(|p| p.exists());
+    let Some(file) = found else {
+        return Some(format!(
+            "ARCHITECTURE.md names `{span}`, which does not exist"
+        ));
+    };
+    let item = item?;
+    let code = std::fs::read_to_string(&file).map(|t| code_of(&t)).ok()?;
+    let (owner, function) = match item.rsplit_once("::") {
+        Some((owner, function)) => (Some(owner), function),
+        None => (None, item),
+    };
+    let defines_fn = defined(&code, &["fn "], function);
+    let defines_owner = owner.is_none_or(|o| {
+        defined(
+            &code,
+            &["struct ", "trait ", "enum ", "impl ", "for ", "> "],
+            o,
+        )
+    });
+    (!defines_fn || !defines_owner)
+        .then(|| format!("ARCHITECTURE.md names `{span}`, which that file does not define"))
+}
+
+/// Whether `code` has `name` as a whole word right after one of `before`.
+fn defined(code: &str, before: &[&str], name: &str) -> bool {
+    before.iter().any(|b| {
+        code.match_indices(&format!("{b}{name}")).any(|(at, m)| {
+            let next = code[at + m.len()..].chars().next();
+            !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+    })
+}
+
+/// The map's table of layers (`| 3 | signal, cloud |`) says what [`LAYERS`] enforces.
+fn layers_table(text: &str) -> Vec<String> {
+    let mut shown: Vec<(String, u8)> = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [_, layer, crates, _] = cells[..] else {
+            continue;
+        };
+        let Ok(layer) = layer.parse::<u8>() else {
+            continue;
+        };
+        shown.extend(crates.split(',').map(|c| (c.trim().to_string(), layer)));
+    }
+    let mut problems = Vec::new();
+    for (name, layer, _) in LAYERS {
+        let short = name.trim_start_matches("cyphonic-");
+        match shown.iter().find(|(c, _)| c == short) {
+            Some((_, l)) if l == layer => {}
+            Some((_, l)) => problems.push(format!(
+                "ARCHITECTURE.md puts {short} in layer {l}, tidy in layer {layer}"
+            )),
+            None => problems.push(format!("ARCHITECTURE.md's layers table lacks {short}")),
+        }
+    }
+    for (c, _) in &shown {
+        if !LAYERS
+            .iter()
+            .any(|(n, _, _)| n.trim_start_matches("cyphonic-") == c)
+        {
+            problems.push(format!(
+                "ARCHITECTURE.md's layers table names {c}, which tidy does not"
+            ));
+        }
+    }
+    problems
 }
 
 /// Every crate root opens with `//!` docs; all but the I/O crate forbid `unsafe`.
@@ -410,7 +560,7 @@ fn layering(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
     Ok(problems)
 }
 
-/// Sans-IO crates read no clock and open no socket outside their tests (style.md rules 1, 2).
+/// Sans-IO crates read no clock and open no socket outside their tests.
 fn sans_io(root: &Path) -> anyhow::Result<Vec<String>> {
     const FORBIDDEN: &[&str] = &[
         "Instant::now",
@@ -429,7 +579,7 @@ fn sans_io(root: &Path) -> anyhow::Result<Vec<String>> {
         }
         for file in rust_files(&src)? {
             let text = std::fs::read_to_string(&file)?;
-            // Unit tests sit at the bottom of a file (style.md rule 14) and may use anything;
+            // Unit tests sit at the bottom of a file and may use anything;
             // comments may name what the code must not do.
             let code = code_of(&text);
             for word in FORBIDDEN {
@@ -525,6 +675,12 @@ mod tests {
     }
 
     #[test]
+    fn nothing_cites_files_outside_the_repository() {
+        let root = util::root();
+        assert_clean(&outside_references(&root, &members(&root).unwrap()).unwrap());
+    }
+
+    #[test]
     fn sans_io_crates_read_no_clock_and_open_no_socket() {
         assert_clean(&sans_io(&util::root()).unwrap());
     }
@@ -541,8 +697,16 @@ mod tests {
         )
         .unwrap();
         std::fs::write(krate.join("Cargo.toml"), "[package]\nname = \"cyphonic-wire\"\n[dependencies]\ncyphonic-session = { path = \"x\" }\ntokio = \"1\"\n").unwrap();
-        std::fs::write(krate.join("src/lib.rs"), "/// Built from `Instant::now()` by the driver.\nfn f() { let _ = std::time::Instant::now(); }\n#[cfg(test)]\nmod t { fn g() { std::time::Instant::now(); } }\n").unwrap();
-        std::fs::write(dir.join("ARCHITECTURE.md"), "# x\n## Code map\nnothing\n").unwrap();
+        std::fs::write(krate.join("src/lib.rs"), concat!("/// Built from `Instant::now()` by the driver (style", ".md rule 1).\nfn f() { let _ = std::time::Instant::now(); }\n#[cfg(test)]\nmod t { fn g() { std::time::Instant::now(); } }\n")).unwrap();
+        std::fs::write(
+            dir.join("ARCHITECTURE.md"),
+            "# x\nSee ../x.md.\n\
+             | 1 | wire, crypto |\n| 9 | gone |\n\
+             `crates/wire/src/lib.rs:f` and `crates/wire/src/lib.rs:Missing::f`, \
+             `crates/wire/src/lib.rs:g`, `crates/wire/src/nowhere.rs`\n\
+             ### `crates/session`\n`lib.rs`\n",
+        )
+        .unwrap();
         std::fs::create_dir_all(dir.join("config")).unwrap();
         std::fs::write(
             dir.join("config/cyphonic-adapter.service"),
@@ -553,6 +717,25 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let has = |s: &str| problems.iter().any(|p| p.contains(s));
         assert!(has("does not describe `crates/wire`"), "{problems:?}");
+        assert!(has("outside the repository"), "{problems:?}");
+        assert!(
+            has(concat!("crates/wire/src/lib.rs cites style", ".md")),
+            "{problems:?}"
+        );
+        assert!(has("puts wire in layer 1, tidy in layer 0"), "{problems:?}");
+        assert!(has("names gone, which tidy does not"), "{problems:?}");
+        assert!(has("layers table lacks session"), "{problems:?}");
+        assert!(
+            has("`crates/wire/src/lib.rs:Missing::f`, which"),
+            "{problems:?}"
+        );
+        assert!(has("`crates/wire/src/lib.rs:g`, which"), "{problems:?}");
+        assert!(has("`crates/wire/src/nowhere.rs`, which"), "{problems:?}");
+        assert!(has("names `lib.rs`, which does not exist"), "{problems:?}");
+        assert!(
+            !has("`crates/wire/src/lib.rs:f`,"),
+            "a function that is defined is found: {problems:?}"
+        );
         assert!(has("does not open with //!"), "{problems:?}");
         assert!(has("lacks #![forbid(unsafe_code)]"), "{problems:?}");
         assert!(has("depends on cyphonic-session (layer 1)"), "{problems:?}");
