@@ -68,8 +68,7 @@ impl Drop for Manager {
 }
 
 /// Site A's adapter run as systemd would run it (`Type=notify`, `WatchdogSec=2`, under
-/// journald), against the stand-in: ready only when its sockets are up, and it carries
-/// traffic then; the watchdog pinged every second; a reload and the stop are announced.
+/// journald), against the stand-in: ready, and it carries traffic then; the watchdog pinged every second; a reload and the stop are announced.
 #[test]
 fn the_adapter_tells_systemd_it_is_ready_reloading_and_stopping_and_pings_the_watchdog() {
     let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
@@ -90,16 +89,10 @@ fn the_adapter_tells_systemd_it_is_ready_reloading_and_stopping_and_pings_the_wa
         .unwrap();
     let text = || std::fs::read_to_string(&log).unwrap_or_default();
 
-    // READY=1, once the status socket (opened after the data plane) answers.
+    // READY=1 once (its order among the binds is the_adapter_sends_ready_only_after_...'s).
     let first = manager
         .until("READY=1", Duration::from_secs(10))
         .unwrap_or_else(|| panic!("no READY=1:\n{}", text()));
-    assert!(site.socket().exists(), "ready before the status socket");
-    assert!(
-        text().contains("cyphonic-adapter running"),
-        "ready before the data plane:\n{}",
-        text()
-    );
     assert_eq!(
         first.iter().filter(|m| m.contains("READY=1")).count(),
         1,
@@ -158,6 +151,103 @@ fn the_adapter_tells_systemd_it_is_ready_reloading_and_stopping_and_pings_the_wa
         text()
     );
     assert!(out.status.success(), "{:?}", out.status);
+}
+
+/// Kills a process by PID when dropped, unless it is gone: the adapter traced by strace,
+/// which a killed strace would leave running.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if Path::new(&format!("/proc/{}", self.0)).exists() {
+            let _ = cyphonic_e2e::sh("kill", &["-s", "KILL", &self.0.to_string()]);
+        }
+    }
+}
+
+/// The index of the first line of `trace` that has every one of `parts`, or a panic that
+/// shows the trace: a bind the daemon never made is a failure, not a pass.
+fn first_line(trace: &[&str], what: &str, parts: &[&str]) -> usize {
+    trace
+        .iter()
+        .position(|l| parts.iter().all(|p| l.contains(p)))
+        .unwrap_or_else(|| panic!("no {what} in the trace:\n{}", trace.join("\n")))
+}
+
+/// READY=1 in its order, not only its presence: under strace, every socket the data plane
+/// and the operator need (the LAN port's packet socket, the tunnel's UDP port, the status
+/// socket) is bound before the daemon sends READY=1. A check made after READY=1 arrives
+/// cannot tell that: the daemon goes on binding while the test reads.
+#[test]
+fn the_adapter_sends_ready_only_after_binding_its_sockets() {
+    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
+    bed.stop(Side::A, "TERM").unwrap();
+    let manager = Manager::new();
+    let site = bed.site_ref(Side::A);
+    let _ = std::fs::remove_file(site.socket());
+    let trace_file = site.dir.join("ready.strace");
+    let script = format!(
+        "export NOTIFY_SOCKET={}; exec strace -f -qq -s 256 -e trace=bind,write,sendto,sendmsg -o {} {} run --config {}",
+        manager.path.display(),
+        trace_file.display(),
+        bed.bins.adapter.display(),
+        site.config().display()
+    );
+    let log = site.dir.join("under-strace.log");
+    let strace = site
+        .adapter_ns
+        .daemon(Path::new("/bin/sh"), &["-c", &script], &log, || true)
+        .unwrap();
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut adapter = None;
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "the traced adapter", || {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", strace.pid()))
+                .unwrap_or_default();
+        adapter = children
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok());
+        adapter.is_some()
+    })
+    .unwrap();
+    let adapter = KillOnDrop(adapter.unwrap());
+    manager
+        .until("READY=1", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("no READY=1:\n{}", text()));
+    cyphonic_e2e::sh("kill", &["-s", "TERM", &adapter.0.to_string()]).unwrap();
+    let out = strace.wait(Duration::from_secs(10)).unwrap();
+    assert!(out.status.success(), "{:?}\n{}", out.status, text());
+
+    let trace = std::fs::read_to_string(&trace_file).unwrap();
+    let lines: Vec<&str> = trace.lines().collect();
+    let ready = first_line(&lines, "READY=1", &["\"READY=1\\n\""]);
+    let status = site.socket();
+    let binds = [
+        (
+            "the status socket's bind",
+            vec![
+                "bind(".to_string(),
+                format!("sun_path=\"{}\"", status.display()),
+            ],
+        ),
+        (
+            "the LAN port's packet socket bind",
+            vec!["bind(".into(), "AF_PACKET".into()],
+        ),
+        (
+            "the tunnel port's bind",
+            vec!["bind(".into(), "port=htons(51820)".into()],
+        ),
+    ];
+    for (what, parts) in &binds {
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        let at = first_line(&lines, what, &parts);
+        assert!(
+            at < ready,
+            "{what} (line {at}) after READY=1 (line {ready}):\n{trace}"
+        );
+    }
 }
 
 /// A configuration the program refuses ends `run`, `serve` and `check-config` with status 78
