@@ -25,6 +25,7 @@ pub mod members;
 pub mod node;
 pub mod pair;
 pub mod postgres;
+pub mod rogue;
 pub mod soak;
 pub mod swarm;
 

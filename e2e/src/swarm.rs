@@ -26,12 +26,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context as _, bail};
 use cyphonic_control::{NameRecord, Resolution};
 use cyphonic_crypto::{Backend, Certificate, CertificateAuthority, PublicKey, RevocationList};
-use cyphonic_session::{
-    Clock, Event as PeerEvent, Identity, Indices, Peer, PeerConfig, Received, Timing, read_init,
-};
+use cyphonic_session::{Clock, Event as PeerEvent, Identity, Indices, Peer, PeerConfig, Timing};
 use cyphonic_signal::testing::Pki;
 use cyphonic_vip::Lease;
-use cyphonic_wire::{Frame, MessageType};
 use tokio::net::UdpSocket;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -39,6 +36,7 @@ use tokio::task::JoinSet;
 use crate::bed::{BedOptions, CloudOptions, Side, SiteOptions, TwoSites};
 use crate::hosts::TempDir;
 use crate::members::{self, Joining, PATIENCE, percentiles};
+use crate::rogue::receive_frame;
 use crate::{Netns, fleet, inject, sh, veth};
 
 /// Peers at most: the adapter's peer table holds 16,384, two of them taken by the bed.
@@ -602,7 +600,7 @@ impl Tunnel {
                 got = self.socket.recv_from(&mut buf) => {
                     let Ok((len, from)) = got else { continue };
                     let now = Instant::now();
-                    let inner = self.receive(&mut peer, &mut buf[..len], from, now);
+                    let inner = receive_frame(&self.identity, &self.clock, &mut peer, &mut buf[..len], from, now);
                     let answered = inner.zip(ping.as_ref()).is_some_and(|(p, (marker, _, _))| {
                         inject::echo_reply_marker(&p, self.target) == Some(marker.as_slice())
                     });
@@ -638,38 +636,6 @@ impl Tunnel {
                     }
                 }
             }
-        }
-    }
-
-    /// Hands one frame to the state machine, as the adapter's and node's drivers do;
-    /// returns the inner packet of a data frame.
-    fn receive(
-        &self,
-        peer: &mut Peer,
-        frame: &mut [u8],
-        from: SocketAddr,
-        now: Instant,
-    ) -> Option<Vec<u8>> {
-        let kind = Frame::new_checked(&*frame).ok()?.msg_type();
-        match kind {
-            MessageType::HandshakeInit => {
-                let unix = self.clock.unix_secs(now);
-                let _ = read_init(&self.identity, unix, frame)
-                    .and_then(|init| peer.handle_init(now, from, init));
-                None
-            }
-            MessageType::HandshakeResp => {
-                let _ = peer.handle_response(now, from, frame);
-                None
-            }
-            MessageType::CookieReply => {
-                let _ = peer.handle_cookie_reply(now, frame);
-                None
-            }
-            _ => match peer.decapsulate(now, from, frame) {
-                Ok(Received::Data(d)) => Some(d.to_vec()),
-                _ => None,
-            },
         }
     }
 }

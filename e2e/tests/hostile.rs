@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use cyphonic_e2e::bed::{
@@ -13,6 +13,7 @@ use cyphonic_e2e::bed::{
 use cyphonic_e2e::impair::Impairment;
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::node::{NAME, VIP};
+use cyphonic_e2e::rogue::{Rogue, site_identity};
 use cyphonic_e2e::{inject, uint};
 
 /// An attacker on the underlay replays a captured initiation at B, 20,000 a second from a
@@ -340,7 +341,7 @@ fn the_lan_port_is_closed_to_the_hosts_kernel() {
         std::net::IpAddr::V4(ip) => ip,
         std::net::IpAddr::V6(ip) => panic!("A's uplink is IPv4 in this bed: {ip}"),
     };
-    let router: std::net::Ipv4Addr = "198.51.100.1".parse().unwrap();
+    let router: Ipv4Addr = "198.51.100.1".parse().unwrap();
     let nic = parse_mac(&mac_of(ns, "lan").unwrap()).unwrap();
     let wan_mac = parse_mac(&mac_of(ns, "wan").unwrap()).unwrap();
     let toa_mac = parse_mac(&mac_of(&bed.wan, "toa").unwrap()).unwrap();
@@ -348,7 +349,7 @@ fn the_lan_port_is_closed_to_the_hosts_kernel() {
     let device_ip = bed.a.host_ip;
     // An ICMP port unreachable from the uplink address to `to`: its IPv4 source and
     // destination followed by type 3, code 3.
-    let unreachable_to = |to: std::net::Ipv4Addr| {
+    let unreachable_to = |to: Ipv4Addr| {
         let mut needle = uplink.octets().to_vec();
         needle.extend(to.octets());
         needle.extend([3, 3]);
@@ -681,7 +682,7 @@ fn a_connection_flood_from_sixty_addresses_keeps_no_client_out() {
         if last == 200 {
             continue;
         }
-        let ip = std::net::Ipv4Addr::new(192, 0, 2, last);
+        let ip = Ipv4Addr::new(192, 0, 2, last);
         attacker
             .ip(&["addr", "add", &format!("{ip}/26"), "dev", "eth0"])
             .unwrap();
@@ -980,4 +981,78 @@ fn members_filling_the_relay_cannot_keep_a_fresh_pair_out() {
         "the fresh pair's channel is gone: {relay}"
     );
     assert_eq!(uint(&relay["counters"]["channels_reclaimed"]), 1, "{relay}");
+}
+
+/// A member of the overlay that lies about where its packets come from (cryptokey routing,
+/// docs/security.md): site B's own identity, driven by the test over the real protocol
+/// with adapter B stopped, seals echo requests to A's LAN host from B's host (inside B's
+/// certified block) and from two addresses outside it: one of A's own LAN, one of nobody's.
+/// The real adapter A delivers the first kind, which the host answers, and drops every one
+/// of the others before its LAN, each counted once as `drop_source_not_certified`.
+#[test]
+fn a_member_sending_from_outside_its_certified_block_is_dropped_and_counted() {
+    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
+    bed.stop(Side::B, "TERM").unwrap();
+    let identity = site_identity(&bed.b.dir, "gw2.ovl.example").unwrap();
+    let theirs = std::fs::read_to_string(bed.b.dir.join("peers/gw1.ovl.example.crt")).unwrap();
+    let theirs = cyphonic_crypto::Certificate::from_pem(&theirs).unwrap();
+    let (local, endpoint) = (SocketAddr::from((bed.b.underlay, 51820)), bed.a.endpoint());
+    let mut rogue = inject::inside(&bed.b.adapter_ns, move || {
+        Rogue::connect(identity, local, &theirs, endpoint, Duration::from_secs(10))
+    })
+    .unwrap();
+
+    let target = bed.a.host_ip;
+    let sources = [
+        bed.b.host_ip,
+        Ipv4Addr::new(100, 64, 1, 77),
+        Ipv4Addr::new(100, 64, 3, 3),
+    ];
+    let marker = |source: usize, i: usize| format!("cryptokey-{source}-{i}").into_bytes();
+    let needles: Vec<Vec<u8>> = (0..sources.len())
+        .map(|s| marker(s, 0)[..12].to_vec())
+        .collect();
+    let before = bed.counter(Side::A, "drop_source_not_certified").unwrap();
+    const EACH: usize = 3;
+    let (replies, seen) = std::thread::scope(|sc| {
+        let capture = sc.spawn(|| {
+            inject::count_frames_containing_each(
+                &bed.a.lan,
+                "eth0",
+                needles,
+                Duration::from_secs(4),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        for i in 0..EACH {
+            for (s, source) in sources.iter().enumerate() {
+                let packet = inject::echo_packet(*source, target, &marker(s, i));
+                rogue.send(&packet).unwrap();
+            }
+        }
+        let replies = rogue.receive_for(Duration::from_secs(2)).unwrap();
+        (replies, capture.join().unwrap().unwrap())
+    });
+    let after = bed.counter(Side::A, "drop_source_not_certified").unwrap();
+
+    for i in 0..EACH {
+        assert!(
+            replies
+                .iter()
+                .any(|p| inject::echo_reply_marker(p, target) == Some(marker(0, i).as_slice())),
+            "no answer to the certified source's echo {i}: {} inner packets came back",
+            replies.len()
+        );
+    }
+    assert!(seen[0] >= EACH, "the certified echoes on A's LAN: {seen:?}");
+    assert_eq!(
+        seen[1..],
+        [0, 0],
+        "uncertified sources reached A's LAN: {seen:?}"
+    );
+    assert_eq!(
+        after - before,
+        (2 * EACH) as u64,
+        "drop_source_not_certified moved from {before} to {after}"
+    );
 }
