@@ -117,9 +117,12 @@ fn outside_references(root: &Path, members: &[String]) -> anyhow::Result<Vec<Str
     Ok(problems)
 }
 
-/// The modules of each crate form a tree of imports: no file imports,
-/// through any chain of `crate::` paths, a file that imports it back. The crate root (its
-/// table of contents and re-exports) is left out; so is code below `#[cfg(test)]`.
+/// The files of each crate form a tree of imports: no file imports, through any chain of
+/// paths, a file that imports it back. The crate root (lib.rs, or main.rs without one)
+/// takes part: it imports a module whose items its own code uses (by a path, or by a name
+/// it re-exports from there), and a module imports it by using an item the root defines.
+/// Re-exports alone (the root as a table of contents) and code below `#[cfg(test)]` do not
+/// count.
 fn import_circles(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>> {
     let mut problems = Vec::new();
     for member in members {
@@ -127,9 +130,16 @@ fn import_circles(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>
         if !src.exists() {
             continue;
         }
-        let modules = crate_modules(&src)?;
-        let names: Vec<&str> = modules.iter().map(|(m, _)| m.as_str()).collect();
-        let edges: Vec<Vec<usize>> = modules
+        let mut modules = crate_modules(&src)?;
+        let root_file = ["lib", "main"]
+            .into_iter()
+            .find(|r| src.join(format!("{r}.rs")).exists());
+        let root_code = match root_file {
+            Some(r) => code_of(&std::fs::read_to_string(src.join(format!("{r}.rs")))?),
+            None => String::new(),
+        };
+        let names: Vec<String> = modules.iter().map(|(m, _)| m.clone()).collect();
+        let mut edges: Vec<Vec<usize>> = modules
             .iter()
             .map(|(_, text)| {
                 let code = code_of(text);
@@ -141,15 +151,156 @@ fn import_circles(root: &Path, members: &[String]) -> anyhow::Result<Vec<String>
                     .collect()
             })
             .collect();
+        if let Some(r) = root_file {
+            let at = modules.len();
+            let (body, reexported) = root_parts(&root_code);
+            let defined = defined_items(&root_code);
+            for ((name, text), out) in modules.iter().zip(edges.iter_mut()) {
+                let top_level = !name.contains('/');
+                let code = code_of(text);
+                if uses_root_item(&code, &defined, top_level) {
+                    out.push(at);
+                }
+            }
+            let from_root = names
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| {
+                    let top = n.split('/').next().unwrap_or_default();
+                    word_at(&body, &format!("{top}::"))
+                        || reexported
+                            .iter()
+                            .any(|(m, item)| m == top && word_at(&body, item))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            edges.push(from_root);
+            modules.push((r.to_owned(), String::new()));
+        }
         if let Some(circle) = find_circle(&edges) {
             let shown: Vec<String> = circle
                 .iter()
-                .map(|i| format!("{member}/src/{}.rs", names[*i]))
+                .map(|i| format!("{member}/src/{}.rs", modules[*i].0))
                 .collect();
             problems.push(format!("import circle: {}", shown.join(" -> ")));
         }
     }
     Ok(problems)
+}
+
+/// A crate root's code without its `mod` declarations and `pub use` re-exports, and what
+/// those re-exports bring in, as (module, name) pairs.
+fn root_parts(code: &str) -> (String, Vec<(String, String)>) {
+    let mut body = String::new();
+    let mut reexported = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest
+        .find("pub use ")
+        .or_else(|| rest.find("pub(crate) use "))
+    {
+        body.push_str(&rest[..at]);
+        let end = rest[at..].find(';').map_or(rest.len(), |e| at + e + 1);
+        let statement = &rest[at..end];
+        let path = statement
+            .split_once(" use ")
+            .map_or("", |(_, p)| p)
+            .trim_end_matches(';')
+            .trim();
+        let path = path.strip_prefix("crate::").unwrap_or(path);
+        if let Some((module, items)) = path.split_once("::") {
+            for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
+                let item = item.trim();
+                let name = item
+                    .rsplit_once(" as ")
+                    .map_or_else(|| item.rsplit("::").next().unwrap_or(item), |(_, a)| a);
+                if !name.is_empty() {
+                    reexported.push((module.to_owned(), name.trim().to_owned()));
+                }
+            }
+        }
+        rest = &rest[end..];
+    }
+    body.push_str(rest);
+    let body = body
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            let t = t.strip_prefix("pub ").unwrap_or(t);
+            !(t.starts_with("mod ") && t.trim_end().ends_with(';'))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    (body, reexported)
+}
+
+/// The names a crate root defines at its top level (types, functions, constants, traits,
+/// macros; not the methods of its types, which are indented).
+fn defined_items(code: &str) -> Vec<String> {
+    const KINDS: [&str; 8] = [
+        "struct ",
+        "enum ",
+        "fn ",
+        "const ",
+        "trait ",
+        "type ",
+        "static ",
+        "macro_rules! ",
+    ];
+    code.lines()
+        .filter(|l| !l.starts_with(char::is_whitespace))
+        .filter_map(|l| {
+            let mut t = l;
+            for prefix in ["pub(crate) ", "pub ", "const ", "unsafe "] {
+                t = t.strip_prefix(prefix).unwrap_or(t);
+            }
+            let rest = KINDS.iter().find_map(|k| t.strip_prefix(k))?;
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+/// Whether a module's `code` uses an item of the crate root: `crate::Item`,
+/// `crate::{Item, ..}`, or for a module just below the root `super::Item`.
+fn uses_root_item(code: &str, defined: &[String], top_level: bool) -> bool {
+    let prefixes: &[&str] = if top_level {
+        &["crate::", "super::"]
+    } else {
+        &["crate::"]
+    };
+    prefixes.iter().any(|prefix| {
+        code.split(prefix).skip(1).any(|after| {
+            let firsts: Vec<&str> = match after.strip_prefix('{') {
+                Some(group) => group
+                    .split('}')
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(|i| i.trim().split("::").next().unwrap_or_default())
+                    .collect(),
+                None => vec![
+                    after
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .next()
+                        .unwrap_or_default(),
+                ],
+            };
+            firsts.iter().any(|f| defined.iter().any(|d| d == f))
+        })
+    })
+}
+
+/// Whether `text` holds `word` not preceded or followed by a letter, digit or `_`.
+fn word_at(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, m)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + m.len()..].chars().next();
+        !before.is_some_and(ident) && (word.ends_with("::") || !after.is_some_and(ident))
+    })
 }
 
 /// The modules of a crate as (path below `src` without `.rs`, e.g. `bin/x` or `a/b`, text),
@@ -654,6 +805,45 @@ mod tests {
     fn no_import_circles_between_files() {
         let root = util::root();
         assert_clean(&import_circles(&root, &members(&root).unwrap()).unwrap());
+    }
+
+    /// The crate root takes part in the circle check: through a path or a re-exported name
+    /// its code uses, not through re-exports alone nor through its types' methods.
+    #[test]
+    fn circles_through_the_crate_root_are_found() {
+        let dir = std::env::temp_dir().join(format!("cyphonic-tidy-root-{}", std::process::id()));
+        let src = dir.join("crates/x/src");
+        std::fs::create_dir_all(&src).unwrap();
+        let circles = |lib: &str, a: &str| {
+            std::fs::write(src.join("lib.rs"), lib).unwrap();
+            std::fs::write(src.join("a.rs"), a).unwrap();
+            import_circles(&dir, &["crates/x".to_owned()]).unwrap()
+        };
+        let by_path = circles(
+            "mod a;\npub struct Shared;\npub fn f() { a::g(); }\n",
+            "use crate::Shared;\npub fn g() {}\n",
+        );
+        let by_name = circles(
+            "mod a;\npub use a::Pool;\npub struct Shared {\n    pool: Pool,\n}\n",
+            "pub struct Pool;\nfn f(_: &crate::Shared) {}\n",
+        );
+        let contents_only = circles(
+            "mod a;\npub use a::{Pool, g};\npub struct Shared;\n",
+            "pub struct Pool;\npub fn g(_: &crate::Shared) {}\n",
+        );
+        let method_named_like_a_module = circles(
+            "mod a;\nmod rules;\npub struct S;\nimpl S {\n    pub fn rules(&self) { a::g() }\n}\n",
+            "use crate::rules::Y;\npub fn g() {}\n",
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        let circle = "import circle: crates/x/src/a.rs -> crates/x/src/lib.rs -> crates/x/src/a.rs";
+        assert_eq!(by_path, [circle]);
+        assert_eq!(by_name, [circle]);
+        assert!(contents_only.is_empty(), "{contents_only:?}");
+        assert!(
+            method_named_like_a_module.is_empty(),
+            "{method_named_like_a_module:?}"
+        );
     }
 
     #[test]

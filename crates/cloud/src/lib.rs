@@ -6,6 +6,7 @@
 
 #![forbid(unsafe_code)]
 
+mod clock;
 pub mod config;
 pub mod enroll;
 pub mod guard;
@@ -277,14 +278,6 @@ pub fn redact(url: &str) -> String {
         }
         _ => url.to_owned(),
     }
-}
-
-/// The cloud's clock in milliseconds since the Unix epoch: the time of the cookies it makes.
-/// A clock before the epoch reads as 0 (no cookie is then valid: nothing binds).
-pub(crate) fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

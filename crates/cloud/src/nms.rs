@@ -1437,7 +1437,7 @@ impl Nms {
         }))
     }
 
-    /// Compiles the policy again every [`REVOCATIONS_EVERY`] when the registry's members or
+    /// Compiles the policy again every `REVOCATIONS_EVERY` when the registry's members or
     /// names changed, or a reload or a revocation happened, until the task is dropped.
     pub async fn policies(self: Arc<Self>) {
         let mut tick = tokio::time::interval(REVOCATIONS_EVERY);
@@ -1534,8 +1534,8 @@ impl Nms {
     }
 
     /// Takes on the registry's online revocations (`cyphonic-cloud revoke`), every
-    /// [`REVOCATIONS_EVERY`], until the task is dropped: each new one joins the trust, its
-    /// holder is cut off ([`Nms::cut_untrusted`]) and every version-3 session is told.
+    /// `REVOCATIONS_EVERY`, until the task is dropped: each new one joins the trust, its
+    /// holder is cut off (`Nms::cut_untrusted`) and every version-3 session is told.
     pub async fn revocations(self: Arc<Self>) {
         let mut tick = tokio::time::interval(REVOCATIONS_EVERY);
         loop {
@@ -1717,7 +1717,7 @@ impl Nms {
             };
             let from = canonical(from);
             let verdict = Probe::parse(&buf[..n]).map_or(ProbeVerdict::Refused, |probe| {
-                self.probe(&probe, from, port, probe_port, crate::unix_now_ms())
+                self.probe(&probe, from, port, probe_port, crate::clock::unix_now_ms())
             });
             match verdict {
                 ProbeVerdict::Refused => bump(&self.stats.probes_refused),

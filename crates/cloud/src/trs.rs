@@ -479,7 +479,7 @@ struct Relaying<'a> {
 impl Relaying<'_> {
     async fn handle(&mut self, datagram: &mut [u8], from: SocketAddr) {
         let stats = &self.trs.stats;
-        let now_ms = crate::unix_now_ms();
+        let now_ms = crate::clock::unix_now_ms();
         let (to, challenge) =
             match self
                 .sides

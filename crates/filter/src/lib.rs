@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 
+mod direction;
 mod fragments;
 mod packet;
 mod rules;
@@ -31,6 +32,7 @@ mod spec;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+pub use direction::Direction;
 pub use packet::{FlowKey, flow_of};
 pub use rules::{Proto, Rule, RuleSet};
 pub use spec::{
@@ -40,25 +42,6 @@ pub use spec::{
 use fragments::{Fragments, Refused};
 use packet::{FIN, FLOW_ERRORS, IcmpError, RST, Seen};
 use rules::{Index, TCP};
-
-/// Which way a packet travels through this tunnel end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// From our side (the LAN, the host) into the tunnel.
-    Out,
-    /// From the tunnel to our side.
-    In,
-}
-
-impl Direction {
-    /// The other way.
-    const fn reversed(self) -> Self {
-        match self {
-            Self::Out => Self::In,
-            Self::In => Self::Out,
-        }
-    }
-}
 
 /// Why a packet was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

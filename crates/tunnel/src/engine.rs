@@ -3,12 +3,11 @@
 //! [`Intake`], the sink that delivers [`Incoming`] packets), and the control thread drives
 //! [`crate::Control`].
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cyphonic_crypto::{Backend, Certificate};
+use cyphonic_crypto::Backend;
 use cyphonic_netio::{Placement, UdpOptions};
 use cyphonic_pipeline::{Counters as PipelineCounters, Emitter, Sink, ThreadStart};
 use cyphonic_session::Timing;
@@ -340,17 +339,6 @@ fn thread_start(placement: Placement) -> ThreadStart {
             );
         }
     }))
-}
-
-/// A peer known from configuration.
-#[derive(Debug, Clone)]
-pub struct StaticPeer {
-    /// Its certificate: name, blocks, key.
-    pub certificate: Certificate,
-    /// Where to reach it first.
-    pub endpoint: Option<SocketAddr>,
-    /// Keepalive interval that holds NAT mappings open.
-    pub persistent_keepalive: Option<Duration>,
 }
 
 /// How often the network watch looks at `running`, and how long its news must be quiet before

@@ -71,6 +71,17 @@ pub fn source_key(ip: std::net::IpAddr) -> u64 {
     }
 }
 
+/// Slots of [`Shared::kick_gate`](crate::Shared::kick_gate): frames with random indices from spoofed sources make at
+/// most this many requests a second, one per slot.
+pub const KICK_SLOTS: usize = 64;
+
+/// The gate on what frames on unknown keys can make the control thread do: one request a
+/// second per hashed source slot. A flood from many sources can delay a genuine peer's turn by
+/// a second or so (its slot is busy), never starve it for longer.
+pub fn kick_gate() -> RateTable {
+    RateTable::new(KICK_SLOTS, 1, 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

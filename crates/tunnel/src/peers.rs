@@ -274,3 +274,14 @@ impl PeerTable {
         self.read().slots.is_empty()
     }
 }
+
+/// A peer known from configuration.
+#[derive(Debug, Clone)]
+pub struct StaticPeer {
+    /// Its certificate: name, blocks, key.
+    pub certificate: Certificate,
+    /// Where to reach it first.
+    pub endpoint: Option<SocketAddr>,
+    /// Keepalive interval that holds NAT mappings open.
+    pub persistent_keepalive: Option<std::time::Duration>,
+}

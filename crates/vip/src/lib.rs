@@ -13,9 +13,9 @@
 //!   [`Server::leases`].
 //! - [`Server::set_share`] keeps new addresses to one half of the pool and [`Server::merge`]
 //!   takes in another server's bindings: the two boxes of an HA pair (docs/protocol.md §5).
-//! - [`names`] derives each lease's DNS label, deterministically.
+//! - [`fn@names`] derives each lease's DNS label, deterministically.
 //!
-//! - [`file`] is the lease file's format.
+//! - [`mod@file`] is the lease file's format.
 //!
 //! Sans-IO: no sockets, no clock (time is unix seconds, passed in), no files. The driver
 //! persists leases atomically and frames replies on the LAN.
@@ -27,7 +27,8 @@ mod server;
 
 pub use names::{label_for, names};
 pub use server::{
-    DhcpConfig, Half, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Share, Stats,
+    ConfigError, DhcpConfig, Half, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Share,
+    Stats,
 };
 
 /// Building DHCP client messages, for tests, fuzz corpora and test beds.
@@ -43,34 +44,4 @@ pub mod testing {
         dhcproto::v4::Message::decode(&mut dhcproto::Decoder::new(reply))
             .map_or(std::net::Ipv4Addr::UNSPECIFIED, |m| m.yiaddr())
     }
-}
-
-/// A configuration the server cannot work with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The pool reaches outside the adapter's certified block.
-    #[error("the DHCP pool {first}-{last} is not inside this adapter's certified block {block}")]
-    PoolOutsideBlock {
-        /// First pool address.
-        first: std::net::Ipv4Addr,
-        /// Last pool address.
-        last: std::net::Ipv4Addr,
-        /// The certified block.
-        block: ipnet::Ipv4Net,
-    },
-    /// The pool's first address comes after its last.
-    #[error("the DHCP pool {first}-{last} is empty (first after last)")]
-    EmptyPool {
-        /// First pool address.
-        first: std::net::Ipv4Addr,
-        /// Last pool address.
-        last: std::net::Ipv4Addr,
-    },
-    /// The lease time is too short to be useful or longer than DHCP can say.
-    #[error("lease time {0} s is outside 60..=31536000 (one minute to one year)")]
-    LeaseTime(u32),
-    /// The starvation share is not a fraction.
-    #[error("new_lease_share {0} is outside (0, 1]")]
-    Share(String),
 }

@@ -8,7 +8,35 @@ use dhcproto::{Decodable as _, Encodable as _};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
-use crate::ConfigError;
+/// A configuration the server cannot work with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The pool reaches outside the adapter's certified block.
+    #[error("the DHCP pool {first}-{last} is not inside this adapter's certified block {block}")]
+    PoolOutsideBlock {
+        /// First pool address.
+        first: Ipv4Addr,
+        /// Last pool address.
+        last: Ipv4Addr,
+        /// The certified block.
+        block: Ipv4Net,
+    },
+    /// The pool's first address comes after its last.
+    #[error("the DHCP pool {first}-{last} is empty (first after last)")]
+    EmptyPool {
+        /// First pool address.
+        first: Ipv4Addr,
+        /// Last pool address.
+        last: Ipv4Addr,
+    },
+    /// The lease time is too short to be useful or longer than DHCP can say.
+    #[error("lease time {0} s is outside 60..=31536000 (one minute to one year)")]
+    LeaseTime(u32),
+    /// The starvation share is not a fraction.
+    #[error("new_lease_share {0} is outside (0, 1]")]
+    Share(String),
+}
 
 /// One half of the dynamic pool: `Lower` runs from its first address to its middle, `Upper`
 /// from there to its last.
