@@ -234,7 +234,7 @@ impl CloudHost {
     /// (re)started; the second is returned.
     ///
     /// # Errors
-    /// The configuration is not of the shape [`CloudHost::new`] writes, or an instance
+    /// The configuration is not of the shape `CloudHost::new` writes, or an instance
     /// does not start.
     pub fn two_instances(
         &mut self,

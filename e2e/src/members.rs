@@ -199,7 +199,7 @@ impl MembersBed {
     /// Registers every member inside the bed's namespace (at most `concurrency` not yet
     /// confirmed at once) and hands them to `drive` there, each with its identity, on the
     /// same one-thread runtime: a test's own load against the real cloud. `None` is a
-    /// member the cloud did not confirm within [`PATIENCE`].
+    /// member the cloud did not confirm within `PATIENCE`.
     ///
     /// # Errors
     /// The cloud's key is unreadable, the driver's thread failed, or `drive` did.

@@ -140,7 +140,7 @@ fn cargo_args(command: &str) -> Vec<String> {
 /// Environment variables for a command.
 pub(crate) type Env = Vec<(String, String)>;
 
-/// What [`test`] runs (the build, then the unit tier under the emulator), as cargo's
+/// What [`fn@test`] runs (the build, then the unit tier under the emulator), as cargo's
 /// arguments and environment, for running it ahead: `cargo xtask test` does, in the
 /// background, beside the native tiers; [`programs_dir`] then holds the programs.
 ///
@@ -154,7 +154,7 @@ pub(crate) fn commands() -> anyhow::Result<Vec<(Vec<String>, Env)>> {
         .to_vec())
 }
 
-/// Where [`test`] (or [`commands`]) leaves the aarch64 programs.
+/// Where [`fn@test`] (or [`commands`]) leaves the aarch64 programs.
 pub(crate) fn programs_dir(root: &Path) -> PathBuf {
     root.join(TARGET_DIR).join(TRIPLE).join("debug")
 }
@@ -203,7 +203,7 @@ fn wrapper(runner: &[String], program: &Path) -> String {
     )
 }
 
-/// The demo, short, with the Pi's build of the node (from `bins`, which [`test`] built)
+/// The demo, short, with the Pi's build of the node (from `bins`, which [`fn@test`] built)
 /// under the emulator: two adapters each handing a DHCP lease to a device, the node
 /// resolving a device by name through the cloud, pinging it and sending iperf3 through the
 /// tunnel. The bed itself (namespaces, clients), the cloud and the adapters run natively,

@@ -50,7 +50,7 @@ fn parse(log: &str) -> Ran {
 }
 
 /// Runs `targets` (all when empty) for `seconds` each with the nightly toolchain, each from
-/// its corpus and its checked-in seeds (fuzz/seeds/<target>), and writes what each did into
+/// its corpus and its checked-in seeds (`fuzz/seeds/<target>`), and writes what each did into
 /// docs/fuzzing.md (when all ran).
 pub(crate) fn run(seconds: u64, targets: &[String]) -> anyhow::Result<()> {
     let root = util::root();

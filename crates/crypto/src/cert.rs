@@ -2,7 +2,7 @@
 //! public key, groups and validity. docs/protocol.md §3 gives the encoding.
 //!
 //! The encoding is a compact, fixed-order binary record read through a bounds-checked cursor;
-//! the text form is that record in PEM-style armor ([`crate::pem`]). The signature covers a
+//! the text form is that record in PEM-style armor (`pem.rs`). The signature covers a
 //! domain-separation context followed by every byte before it.
 
 use core::fmt;

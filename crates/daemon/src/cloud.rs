@@ -690,7 +690,7 @@ impl CloudLink {
     }
 
     /// A valid node we do not know is handshaking with us (we restarted, and it still has us
-    /// as a peer): ask the cloud whether it may, at most once per [`ADMIT_EVERY`] per node.
+    /// as a peer): ask the cloud whether it may, at most once per `ADMIT_EVERY` per node.
     /// If so, the cloud's answer adds it, and its next initiation (or ours) succeeds.
     pub fn admit(&mut self, cert: &Certificate, from: SocketAddr, at: Instant) {
         self.ask_pairing(
@@ -707,7 +707,7 @@ impl CloudLink {
     }
 
     /// Asks the cloud to pair us with the holder of `cert` (`Admit`), at most once per
-    /// [`ADMIT_EVERY`] per certificate.
+    /// `ADMIT_EVERY` per certificate.
     fn ask_pairing(
         &mut self,
         cert: &Certificate,
@@ -736,9 +736,9 @@ impl CloudLink {
     }
 
     /// Keeps the cloud peers' paths working: asks the cloud for a relay for each whose
-    /// initiations have gone unanswered for [`DIRECT_PATIENCE`], or [`ESTABLISHED_PATIENCE`]
-    /// while it still has keys (at most once per [`RELAY_ASK_EVERY`]). Looks every
-    /// [`KEEP_ROUTES_EVERY`].
+    /// initiations have gone unanswered for `DIRECT_PATIENCE`, or `ESTABLISHED_PATIENCE`
+    /// while it still has keys (at most once per `RELAY_ASK_EVERY`). Looks every
+    /// `KEEP_ROUTES_EVERY`.
     pub fn keep_routes(&mut self, shared: &Shared, now: Instant) {
         if self
             .routes_kept

@@ -60,7 +60,7 @@ pub(crate) fn announce(lan: &Lan, out: &mut [u8]) -> Option<usize> {
     announcement(lan.mac, lan.gateway_ip, out)
 }
 
-/// Writes the announcement of `ip` at `mac` (as [`announce`] does for the gateway) into
+/// Writes the announcement of `ip` at `mac` (as `announce` does for the gateway) into
 /// `out`; returns its length, `None` when `out` is too short. An HA pair's new active box
 /// sends it as it takes over: switches learn the gateway MAC's new port at once.
 pub fn announcement(mac: [u8; 6], ip: Ipv4Addr, out: &mut [u8]) -> Option<usize> {

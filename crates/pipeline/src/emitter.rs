@@ -150,7 +150,7 @@ pub(crate) struct EmitShared<K: Sink> {
     /// Batches dispatched to the pool and not yet emitted. Only the sequencer's thread adds
     /// to it; the emitter subtracts once a batch is out, under the lock.
     in_flight: AtomicUsize,
-    /// What those batches' packets count for in the in-flight budget ([`Stage::bytes`]),
+    /// What those batches' packets count for in the in-flight budget ([`crate::Stage::bytes`]),
     /// kept the same way.
     bytes_in_flight: AtomicUsize,
 }

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Captures real traffic on the bed (tunnel frames both ways, a control handshake's first
-    /// message, endpoint probes) and writes it as fuzz seeds under DIR/<target>/.
+    /// message, endpoint probes) and writes it as fuzz seeds under `DIR/<target>/`.
     Seeds {
         /// The seed directory (fuzz/seeds).
         #[arg(long)]
