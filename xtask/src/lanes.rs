@@ -43,7 +43,7 @@ const SECONDS: &[(&str, u32)] = &[
     ("soak", 300),
     ("adapter", 190),
     ("connectivity", 165),
-    ("hostile", 117),
+    ("hostile", 122),
     ("enroll", 82),
     ("cloud", 77),
     ("policy", 80),
