@@ -13,7 +13,7 @@
 //!
 //! Entry points: [`Engine::start`] (the data threads), [`Control`] (driven by the control
 //! thread), [`Intake`] (the way in), [`Incoming::accept`] (the first step of every edge's
-//! sink), [`TunnelSocket`] (the seam where the UDP socket, or [`testing`]'s in-memory link,
+//! sink), [`TunnelSocket`] (the seam where the UDP socket, or `testing`'s in-memory link,
 //! plugs in).
 //!
 //! The engine owns no interface of its own: the adapter feeds it frames captured on its LAN
@@ -43,6 +43,7 @@ pub mod pool;
 pub mod routes;
 mod shared;
 pub mod socket;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod timers;
 

@@ -1,8 +1,8 @@
 //! The seam between the engine and its underlay socket: the engine sends and receives
 //! datagrams through [`TunnelSocket`], implemented by the real UDP socket
-//! (`cyphonic_netio::UdpSocket`) and by the in-memory link of [`crate::testing`], which lets
-//! two engines run against each other in one process, with faults injected (smoltcp's
-//! `phy::Device` and its fault injector are the model).
+//! (`cyphonic_netio::UdpSocket`) and by the in-memory link of `testing` (feature
+//! `testing`), which lets two engines run against each other in one process, with faults
+//! injected (smoltcp's `phy::Device` and its fault injector are the model).
 //!
 //! The calls are batched (one virtual call per `recvmmsg`/`sendmmsg` batch, not per packet),
 //! so the indirection costs nothing measurable.
