@@ -183,6 +183,65 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
 /// # Errors
 /// The address cannot be bound or the thread started.
 pub fn serve(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::Result<SocketAddr> {
+    start(addr, collectors).map(Endpoint::keep)
+}
+
+/// An endpoint from [`start`]: it serves until dropped, and then stops accepting and frees its
+/// address (an HA standby's, which the daemon's own endpoint takes once the box serves).
+#[derive(Debug)]
+pub struct Endpoint {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Endpoint {
+    /// The address it is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Lets it serve until the process ends; returns its address.
+    pub fn keep(mut self) -> SocketAddr {
+        self.thread = None;
+        self.local
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        self.stop.store(true, Ordering::Release);
+        // The accept thread sleeps in accept(): a connection of our own wakes it to look.
+        let ip = match self.local.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+            ip => ip,
+        };
+        let woken = TcpStream::connect_timeout(
+            &SocketAddr::new(ip, self.local.port()),
+            Duration::from_secs(1),
+        );
+        match woken {
+            Ok(_) => {
+                let _ = thread.join();
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                local = %self.local,
+                "the metrics endpoint could not be woken to stop: its address stays bound"
+            ),
+        }
+    }
+}
+
+/// As [`serve`], until the [`Endpoint`] returned is dropped.
+///
+/// # Errors
+/// The address cannot be bound or the thread started.
+pub fn start(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::Result<Endpoint> {
     let mut registry = Registry::default();
     for c in collectors {
         registry.register_collector(c);
@@ -190,11 +249,16 @@ pub fn serve(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
     let registry = Arc::new(registry);
-    std::thread::Builder::new()
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::Builder::new()
         .name("cy-metrics".into())
         .spawn(move || {
             let open = Arc::new(Mutex::new(VecDeque::new()));
             for conn in listener.incoming() {
+                if stopped.load(Ordering::Acquire) {
+                    break;
+                }
                 match conn {
                     Ok(stream) => admit(stream, &open, &registry),
                     Err(e) => {
@@ -205,7 +269,11 @@ pub fn serve(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::
             }
         })?;
     tracing::info!(%local, "metrics at http://{local}/metrics");
-    Ok(local)
+    Ok(Endpoint {
+        local,
+        stop,
+        thread: Some(thread),
+    })
 }
 
 /// A connection being served: a handle to close it with, and whether its request is whole
@@ -406,6 +474,29 @@ mod tests {
         );
         assert!(get("/").starts_with("HTTP/1.1 404"));
         drop(slow);
+    }
+
+    /// An endpoint from `start` answers until dropped; then its address is free at once, as
+    /// the daemon's endpoint needs when an HA standby starts to serve. One that was kept
+    /// still holds it.
+    #[test]
+    fn a_dropped_endpoint_frees_its_address() {
+        let any = "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!());
+        let endpoint = start(any, vec![Box::new(Fixed)]).unwrap_or_else(|e| panic!("{e}"));
+        let addr = endpoint.local_addr();
+        let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap_or_default();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap_or_default();
+        assert!(out.contains("cyphonic_things_total 7"), "{out}");
+        drop(endpoint);
+        let again = start(addr, vec![Box::new(Fixed)]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again.local_addr(), addr);
+        let kept = again.keep();
+        assert!(
+            start(kept, vec![Box::new(Fixed)]).is_err(),
+            "a kept endpoint stays bound"
+        );
     }
 
     /// Issue 49, finding 9: 100 connections that each hold half a request line, and a
