@@ -389,6 +389,7 @@ impl Edge for AdapterEdge<'_> {
     fn collector(&self, _core: &Core) -> Box<dyn Collector> {
         Box::new(AdapterCollector {
             lan: self.lan.clone(),
+            ha: self.ha.clone().map(crate::ha::HaCollector::new),
         })
     }
 
@@ -402,10 +403,12 @@ impl Edge for AdapterEdge<'_> {
 }
 
 /// The adapter's own metrics (its LAN side), next to the engine's: the LAN counters, the
-/// devices with an address, the DHCP server's and the DNS service's counters.
+/// devices with an address, the DHCP server's and the DNS service's counters; in a pair, the
+/// pair's.
 #[derive(Debug)]
 struct AdapterCollector {
     lan: Arc<LanSide>,
+    ha: Option<crate::ha::HaCollector>,
 }
 
 impl Collector for AdapterCollector {
@@ -432,6 +435,9 @@ impl Collector for AdapterCollector {
         }
         if let Some(s) = dns {
             named_counters(&mut e, &format!("{PREFIX}_dns"), "DNS service", &s.named())?;
+        }
+        if let Some(ha) = &self.ha {
+            ha.encode(e)?;
         }
         Ok(())
     }

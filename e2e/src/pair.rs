@@ -166,6 +166,14 @@ impl PairBed {
         Ok(pair)
     }
 
+    /// The second box's namespace.
+    ///
+    /// # Errors
+    /// It is gone (the bed is being taken down).
+    pub fn second_ns(&self) -> anyhow::Result<&crate::Netns> {
+        self.ns2.as_ref().context("the second box's namespace")
+    }
+
     /// The second box's status document (standing by or serving).
     ///
     /// # Errors

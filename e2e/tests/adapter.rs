@@ -18,6 +18,11 @@ use cyphonic_e2e::lan::{Crowd, DhcpClient, DhcpHost};
 use cyphonic_e2e::pair::{PINGS, PairBed};
 use cyphonic_e2e::{uint, wait_until};
 
+/// Where both boxes of a pair serve metrics, each in its own namespace.
+const METRICS_AT: &str = "127.0.0.1:9464";
+/// The `[metrics]` table that says so.
+const METRICS_ON_BOTH: &str = "[metrics]\nlisten = \"127.0.0.1:9464\"\n";
+
 fn bed(opts: &BedOptions) -> TwoSites {
     TwoSites::up(opts).unwrap()
 }
@@ -1030,6 +1035,14 @@ fn ping_through(
     }
 }
 
+/// `GET /metrics` at [`METRICS_AT`] in `ns`, one of the pair's boxes: the body of a 200.
+fn scrape(pair: &PairBed, ns: &cyphonic_e2e::Netns) -> String {
+    let (head, body) = cyphonic_e2e::http_get(ns, METRICS_AT.parse().unwrap(), "/metrics")
+        .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    assert!(head.contains(" 200 "), "{head}");
+    body
+}
+
 /// The device's DHCP renewal is answered (by whichever box serves) with its address.
 fn renews_the_same_address(pair: &mut PairBed) {
     let leased = ["renew", "bound"];
@@ -1050,10 +1063,33 @@ fn renews_the_same_address(pair: &mut PairBed) {
 /// Issue 51: the active box of a pair is killed (SIGKILL): the standby serves within the
 /// pings' longest gap (reported), B's host is reached again without the device doing
 /// anything, and the device's renewal is answered by the new active box with the same
-/// address.
+/// address. Both boxes serve metrics on the same `[metrics]` address: the standby the pair's
+/// alone, and once it serves, the daemon's on that address.
 #[test]
 fn a_pair_serves_the_site_when_its_active_box_is_killed() {
-    let mut pair = PairBed::up().unwrap();
+    let mut pair = PairBed::up_configured(false, METRICS_ON_BOTH).unwrap();
+    let role = |m: &str, role: &str| {
+        cyphonic_e2e::metric(m, &format!("cyphonic_ha_role{{role=\"{role}\"}}"))
+    };
+    let first = scrape(&pair, &pair.bed.a.adapter_ns);
+    assert_eq!(role(&first, "active"), Some(1.0), "{first}");
+    assert!(
+        cyphonic_e2e::metric(&first, "cyphonic_peers").is_some(),
+        "{first}"
+    );
+    let second = scrape(&pair, pair.second_ns().unwrap());
+    assert_eq!(role(&second, "standby"), Some(1.0), "{second}");
+    assert_eq!(role(&second, "active"), Some(0.0), "{second}");
+    assert_eq!(
+        cyphonic_e2e::metric(&second, "cyphonic_ha_other_in_contact"),
+        Some(1.0),
+        "{second}"
+    );
+    assert_eq!(
+        cyphonic_e2e::metric(&second, "cyphonic_peers"),
+        None,
+        "no engine: {second}"
+    );
     // The serving box's status says so, and what it hears of the standby.
     let ha = pair.bed.status(Side::A).unwrap()["ha"].clone();
     assert_eq!(ha["role"], "active", "{ha}");
@@ -1090,6 +1126,17 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
             .contains("HA: this box serves the gateway"),
         "{}",
         pair.logs()
+    );
+    let serving = scrape(&pair, pair.second_ns().unwrap());
+    assert_eq!(role(&serving, "active"), Some(1.0), "{serving}");
+    assert_eq!(
+        cyphonic_e2e::metric(&serving, "cyphonic_ha_term"),
+        Some(2.0),
+        "{serving}"
+    );
+    assert!(
+        cyphonic_e2e::metric(&serving, "cyphonic_peers").is_some(),
+        "{serving}"
     );
     renews_the_same_address(&mut pair);
     pair.bed

@@ -37,10 +37,12 @@ use crate::status::{HaDrops, HaOther, HaReplication, HaStatus};
 
 mod health;
 mod link;
+mod metrics;
 mod pool;
 mod standby;
 
 pub use link::PairLink;
+pub use metrics::HaCollector;
 
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
@@ -200,6 +202,9 @@ pub struct HaBox {
     status: Arc<Mutex<HaStatus>>,
     /// While standing by, the status socket (the daemon serves it once the box serves).
     standby_status: Option<standby::StandbyStatus>,
+    /// While standing by, the pair's metrics on the `[metrics]` address (the daemon's
+    /// endpoint takes the address once the box serves).
+    standby_metrics: Option<cyphonic_telemetry::metrics::Endpoint>,
     frame: Vec<u8>,
     body: Vec<u8>,
 }
@@ -318,9 +323,18 @@ pub fn stand_by(
         gateway_vip: config.gateway_vip,
         status: Arc::new(Mutex::new(HaStatus::default())),
         standby_status: Some(standby_status),
+        standby_metrics: None,
         frame: Vec::with_capacity(1600),
         body: Vec::with_capacity(1600),
     };
+    if let Some(addr) = config.common.metrics {
+        let collector = HaCollector::new(b.status.clone());
+        b.standby_metrics = Some(
+            cyphonic_telemetry::metrics::start(addr, vec![Box::new(collector)]).with_context(
+                || format!("opening the metrics endpoint {addr} ([metrics] listen)"),
+            )?,
+        );
+    }
     tracing::info!(interface = %b.iface, mac = %Mac(b.nic), priority = ha.priority, preempt = ha.preempt, "HA: standing by until the pair decides");
     loop {
         for e in b.step()? {
@@ -336,8 +350,10 @@ pub fn stand_by(
                     if reason == Reason::HandedOver {
                         b.quiet_until = Some(Instant::now() + READY_WAIT);
                     }
-                    // The daemon's status socket takes the standby's place.
+                    // The daemon's status socket and metrics endpoint take the standby's
+                    // places.
                     b.standby_status = None;
+                    b.standby_metrics = None;
                     return Ok(b);
                 }
                 Event::Standby { reason } => {
