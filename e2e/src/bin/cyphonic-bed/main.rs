@@ -1,0 +1,464 @@
+//! `cyphonic-bed`: the two-site bed as a program, for `cargo xtask demo` and
+//! `cargo xtask bench`. Builds everything in network namespaces of its own and removes it
+//! again, also when interrupted by an error.
+#![forbid(unsafe_code)]
+#![allow(clippy::print_stdout, clippy::cast_precision_loss)]
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use cyphonic_e2e::bed::{BedOptions, CloudOptions, Priority, Side, SiteOptions, TwoSites};
+use cyphonic_e2e::impair::{ImpairedLink, Impairment};
+use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
+use cyphonic_e2e::report::{
+    self, Ablation, AblationRow, AttackReport, AttackRow, BenchReport, Cut, LatencyColumn,
+    LatencyReport, LatencyRole, LatencyRound, Measured, PeersReport, Profile, Quick,
+};
+use cyphonic_e2e::{fleet, measure};
+
+mod attack;
+mod bench;
+mod demo;
+mod load;
+mod tables;
+
+use {attack::*, bench::*, demo::*, load::*, tables::*};
+
+#[derive(Parser)]
+#[command(
+    name = "cyphonic-bed",
+    about = "The cyphonic two-site test bed: demo and benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Captures real traffic on the bed (tunnel frames both ways, a control handshake's first
+    /// message, endpoint probes) and writes it as fuzz seeds under `DIR/<target>/`.
+    Seeds {
+        /// The seed directory (fuzz/seeds).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// The whole system: the cloud, two adapters with DHCP devices, a node; names, ping and
+    /// iperf3 by name; the status tables.
+    Demo {
+        /// Shorter measurements (for CI).
+        #[arg(long)]
+        short: bool,
+    },
+    /// Plain kernel routing against the tunnel, the ordering ablation, GRO on, busy polling;
+    /// prints the figures as JSON (`cargo xtask bench` renders them into
+    /// docs/benchmarks.md).
+    Bench {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+    },
+    /// The adapter under a handshake flood: TCP, RTT, its threads' CPU and DHCP answers
+    /// without a flood and at 10,000 and 50,000 initiations a second; prints JSON.
+    Attack {
+        /// Seconds of TCP per rate.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
+    /// One quick look at the tunnel with some `[dataplane]` settings (for tuning): idle RTT,
+    /// TCP with 1 and 4 streams, RTT under one stream, UDP at one rate; prints one line.
+    Tune {
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated
+        /// (`"inline_max = 0; batch_size = 16"`).
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Offered UDP rate, Mbit/s (0: as fast as possible).
+        #[arg(long, default_value_t = 800)]
+        udp: u64,
+        /// GRO on on the gateways' LAN side (the adapters take coalesced frames and cut them
+        /// back into segments, `lan_gro = true`); without it, the wire-like GRO-off profile.
+        #[arg(long)]
+        gro: bool,
+        /// Plain kernel routing instead of the tunnel (the baseline).
+        #[arg(long)]
+        plain: bool,
+    },
+    /// Where a sparse flow waits while a bulk one runs: RTT idle (`count` pings 10 ms
+    /// apart), then while one TCP stream runs with its two ends at default priority and at
+    /// idle priority (`chrt --idle 0`, as if they were machines of their own); for the
+    /// tunnel, where adapter A's egress and adapter B's ingress packets waited meanwhile.
+    /// Prints lines.
+    Latency {
+        /// Pings idle, 10 ms apart.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// Seconds of each loaded phase (100 pings a second).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated.
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// GRO on on the gateways' LAN side.
+        #[arg(long)]
+        gro: bool,
+        /// Plain kernel routing instead of the tunnel (the baseline).
+        #[arg(long)]
+        plain: bool,
+    },
+    /// A device flooding the sparse class while a bulk stream runs (issue 24; the adapter's
+    /// sparse capture socket and its real-time thread): per round, one TCP stream from lanA
+    /// to lanB alone, then the same beside lanA sending 64-byte UDP datagrams to lanB's port
+    /// 53 as fast as iperf3 can (the DNS class, which the adapter's sparse socket carries),
+    /// with what adapter A's sparse side took and dropped and its thread's CPU meanwhile.
+    /// Prints lines.
+    Flood {
+        /// Seconds of each TCP measurement.
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        /// Rounds (each measures the stream alone, then beside the flood).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated.
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// Plain kernel routing instead of the tunnel (the baseline).
+        #[arg(long)]
+        plain: bool,
+    },
+    /// Issue 24's latency rows in one run, as JSON (`cargo xtask bench --latency` renders
+    /// them): `latency`'s three phases for plain routing, the adapter of an earlier build
+    /// (`--base`), this build at its defaults and with each `--setting`, the columns
+    /// alternating within each round.
+    LatencyTable {
+        /// Rounds (each runs every column once).
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// Pings idle, 10 ms apart.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+        /// Seconds of each loaded phase (100 pings a second).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// A directory holding an earlier build's three daemons (the commit before).
+        #[arg(long, value_name = "DIR")]
+        base: Option<std::path::PathBuf>,
+        /// `[dataplane]` lines (`;`-separated) for a column of their own; repeatable.
+        #[arg(long)]
+        setting: Vec<String>,
+    },
+    /// TCP through the tunnel against plain routing, both across the same impaired link
+    /// between adapter B and the router (netem's `delay`, jitter, `loss` and `reorder`, done
+    /// in userspace): one row per impairment, up to `delay 2ms 2ms loss 0.25% reorder 0.5%`;
+    /// prints a Markdown table.
+    Impair {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Measurements per row and side (the median and the range are reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
+    /// Where UDP bursts are lost: iperf3 UDP from lanA to lanB (`-w 2M`) at each rate and
+    /// datagram size, with what each place on the way dropped meanwhile (adapter A's capture
+    /// socket and pipeline, the kernel's UDP receive queues at adapter B and at lanB, B's
+    /// pipeline) and how many fragmentation-needed A sent. lanA's MTU stays 1500, so
+    /// datagrams over the tunnel's MTU go through path MTU discovery. Prints a Markdown table.
+    Bursts {
+        /// Seconds per rate.
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        /// Offered rates, Mbit/s, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "200,400,600,800,1000")]
+        rates: Vec<u64>,
+        /// Datagram sizes (UDP payload bytes), comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1300,1400")]
+        sizes: Vec<usize>,
+        /// GRO on on the gateways' LAN side.
+        #[arg(long)]
+        gro: bool,
+        /// Lines for both adapters' `[dataplane]` table, `;`-separated.
+        #[arg(long, default_value = "")]
+        dataplane: String,
+        /// Threads that keep the CPUs busy at default priority while each rate runs (a
+        /// machine with other work, as in the issue's run): 0 for none.
+        #[arg(long, default_value_t = 0)]
+        busy: usize,
+        /// Send in trains of this many datagrams back to back (the bed's own sender, not
+        /// iperf3): the rate holds on average, the arrivals come as line-rate bursts. 0:
+        /// iperf3, paced as it paces.
+        #[arg(long, default_value_t = 0)]
+        train: usize,
+    },
+    /// The node against the devices: iperf3 TCP from node C to the host behind adapter A,
+    /// and back, against the same from the host behind adapter B (device to device through
+    /// two adapters), in one bed, with the node's TUN offloads on and then off
+    /// (`dataplane.tun_offload`, the node restarted between); prints a Markdown table.
+    Node {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Measurements of each kind per setting (the median and the range are reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Another build of `cyphonic-node` (the commit before, say) for a last row, run with
+        /// the same configuration but no `[dataplane]` table.
+        #[arg(long)]
+        baseline: Option<std::path::PathBuf>,
+    },
+    /// Many members against the cloud (issue 24, item 4): for each count, a fresh cloud (one
+    /// instance on SQLite, or with `--postgres` two on one PostgreSQL, members alternating
+    /// between them) and that many signal clients from this process, each with its own
+    /// certificate and IPv6 source address: registrations, then one resolution each, then
+    /// the cloud idle with all of them connected. Prints a Markdown table.
+    Members {
+        /// Member counts, comma-separated (at most 65,535).
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+        counts: Vec<usize>,
+        /// Registrations (resolutions) in progress at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Two instances on PostgreSQL instead of one on SQLite.
+        #[arg(long)]
+        postgres: bool,
+        /// Seconds of idleness measured with every member connected.
+        #[arg(long, default_value_t = 10)]
+        idle: u64,
+    },
+    /// Failover of an HA pair (issue 51): for each fault to the serving box (SIGKILL; its
+    /// LAN and uplink cut; SIGSTOP then SIGCONT; a planned handover; and nothing, the
+    /// baseline), `rounds` fresh pairs on site A, each with pings every 10 ms from a DHCP
+    /// device and the LAN host to site B and an 8-s TCP stream through it. Prints a Markdown
+    /// table of the longest gaps, the streams that lived and their retransmissions.
+    Ha {
+        /// Rounds per fault.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Only these faults (kill, power, uplink, freeze, handover, nothing); all without.
+        #[arg(long)]
+        fault: Vec<String>,
+    },
+    /// Many peers speaking the tunnel protocol against one adapter (issue 24, item 4): for
+    /// each count, a fresh bed (its cloud, adapter A dual-stack) and that many peers from
+    /// this process, each with its own certificate, IPv6 address, control session and
+    /// tunnel socket: pairings with the adapter, pings through it to the host behind it,
+    /// then the adapter idle with every peer up. Prints a Markdown table.
+    Swarm {
+        /// Peer counts, comma-separated (at most 16,000).
+        #[arg(long, value_delimiter = ',', default_value = "1,100,1000,10000")]
+        counts: Vec<usize>,
+        /// Registrations (pairings) in progress at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Pings through the adapter, one at a time, spread over the peers.
+        #[arg(long, default_value_t = 1000)]
+        pings: usize,
+        /// Seconds of idleness measured with every peer up.
+        #[arg(long, default_value_t = 10)]
+        idle: u64,
+        /// Adapter A starts with this many devices' leases in its lease file (at most 250).
+        #[arg(long, default_value_t = 0)]
+        leases: usize,
+    },
+    /// The floor under any userspace forwarder's idle RTT on this machine: ping over one
+    /// veth (the kernel answers) against a UDP echo answered by a thread blocked in `recv`;
+    /// prints one line.
+    Floor {
+        /// Round trips of each kind, 10 ms apart.
+        #[arg(long, default_value_t = 300)]
+        count: usize,
+    },
+    /// The per-device policy's cost end to end: TCP with 1 and 4 streams, no policy against
+    /// `rules` rules (the one that allows last) with `flows` other flows kept, switched by
+    /// SIGHUP on both adapters of one bed, `rounds` times each; prints one line per run and
+    /// the ratios.
+    Policy {
+        /// Rules in force.
+        #[arg(long, default_value_t = 300)]
+        rules: usize,
+        /// Flows opened (one UDP datagram each) before measuring.
+        #[arg(long, default_value_t = 10_000)]
+        flows: u16,
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Rounds (each: without, then with the policy).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// Boots the Raspberry Pi image under qemu-system-aarch64 as one site of the bed and
+    /// checks that its adapter comes up from the boot partition's files, leases an address
+    /// and reaches the other site (`cargo xtask image --check`).
+    ImageCheck {
+        /// The image file.
+        #[arg(long)]
+        image: std::path::PathBuf,
+    },
+    /// The soak: the cloud, two adapters and a node for a long time, with devices coming and
+    /// going, names, traffic bursts, rekeys, restarts and loss switched on and off; every
+    /// daemon's memory, files, threads and buffers recorded each cycle into OUT
+    /// (`samples.csv`, `report.json`). Fails on a stall or on growth.
+    Soak {
+        /// How long, seconds.
+        #[arg(long)]
+        seconds: u64,
+        /// One cycle (a device, names, traffic, a sample), seconds.
+        #[arg(long, default_value_t = 60)]
+        cycle: u64,
+        /// Where the samples go.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// Draws a soak's curves (OUT/samples.csv, OUT/report.json) into OUT/soak.png, as every
+    /// soak does at its end: for a run made before, or to draw it again.
+    SoakPlot {
+        /// The soak's directory.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
+    /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
+    /// memory and threads per fleet size); prints the figures as JSON.
+    Peers {
+        /// Fleet sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,5,10,50")]
+        counts: Vec<usize>,
+        /// Seconds of TCP per fleet.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
+}
+
+/// The soak, then its curves, drawn whether it passed or not (a failed run's are the ones
+/// most worth seeing).
+fn soak(seconds: u64, cycle: Duration, out: &std::path::Path) -> anyhow::Result<()> {
+    let run = cyphonic_e2e::soak::run(seconds, cycle, &cyphonic_e2e::soak::Bounds::default(), out);
+    let plot = cyphonic_e2e::soak::plot::render_dir(out);
+    if let (Err(_), Err(e)) = (&run, &plot) {
+        eprintln!("cyphonic-bed: no curves either: {e:#}");
+    }
+    let report = run?;
+    let png = plot?;
+    println!(
+        "soak: {} cycles in {} s, no stall, no growth beyond the bounds; samples in {}, curves in {}",
+        report.cycles,
+        report.seconds,
+        out.display(),
+        png.display()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    cyphonic_e2e::tear_down_on_abnormal_exit();
+    let result = match Cli::parse().command {
+        Command::Demo { short } => demo(short),
+        Command::Seeds { out } => seeds(&out),
+        Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
+        Command::Attack { seconds } => attack(seconds).and_then(|r| print_json(&r)),
+        Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
+        Command::Soak {
+            seconds,
+            cycle,
+            out,
+        } => soak(seconds, Duration::from_secs(cycle), &out),
+        Command::SoakPlot { out } => cyphonic_e2e::soak::plot::render_dir(&out).map(|png| {
+            println!("soak: curves in {}", png.display());
+        }),
+        Command::Floor { count } => measure::wake_floor(count).map(|f| {
+            println!(
+                "kernel-answered RTT {:.3}/{:.3} ms (avg/p99) | thread-answered UDP RTT {:.3}/{:.3} ms | one wake-up adds {:.3} ms",
+                f.kernel.avg_ms,
+                f.kernel.p99_ms,
+                f.userspace.avg_ms,
+                f.userspace.p99_ms,
+                f.per_wake_ms()
+            );
+        }),
+        Command::ImageCheck { image } => cyphonic_e2e::image::boot_check(&image).map(|up| {
+            println!(
+                "image check passed: the adapter was up {:.1} s after power-on",
+                up.as_secs_f64()
+            );
+        }),
+        Command::Tune {
+            dataplane,
+            seconds,
+            udp,
+            gro,
+            plain,
+        } => tune(&dataplane, seconds, udp, gro, plain),
+        Command::Latency {
+            count,
+            seconds,
+            dataplane,
+            gro,
+            plain,
+        } => latency(&dataplane, count, seconds, gro, plain),
+        Command::Flood {
+            seconds,
+            rounds,
+            dataplane,
+            plain,
+        } => flood(seconds, rounds, &dataplane, plain),
+        Command::LatencyTable {
+            rounds,
+            count,
+            seconds,
+            base,
+            setting,
+        } => latency_table(rounds, count, seconds, base.as_deref(), &setting)
+            .and_then(|r| print_json(&r)),
+        Command::Policy {
+            rules,
+            flows,
+            seconds,
+            rounds,
+        } => policy_cost(rules, flows, seconds, rounds),
+        Command::Impair { seconds, runs } => impairment_table(seconds, runs),
+        Command::Node {
+            seconds,
+            runs,
+            baseline,
+        } => node_table(seconds, runs, baseline),
+        Command::Bursts {
+            seconds,
+            rates,
+            sizes,
+            gro,
+            dataplane,
+            busy,
+            train,
+        } => bursts(seconds, &rates, &sizes, &tuned(&dataplane, gro), busy, train),
+        Command::Members {
+            counts,
+            concurrency,
+            postgres,
+            idle,
+        } => members_table(&counts, concurrency, postgres, idle),
+        Command::Swarm {
+            counts,
+            concurrency,
+            pings,
+            idle,
+            leases,
+        } => swarm_table(&counts, concurrency, pings, idle, leases),
+        Command::Ha { rounds, fault } => ha_table(rounds, &fault),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cyphonic-bed: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints a report as JSON, for `cargo xtask bench` to render.
+fn print_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(report)?);
+    Ok(())
+}
