@@ -4,6 +4,15 @@
 //! own parameter type, [`cyphonic_tunnel::DataPlane`], whose defaults are the defaults of the
 //! keys. A binary adds its own keys to its table (the adapter its LAN side's).
 
+use std::time::Duration;
+
+use cyphonic_crypto::Backend;
+use cyphonic_tunnel::DataPlane;
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::{ConfigError, Source};
+
 /// Declares a binary's `[dataplane]` table as serde reads it: the shared keys (see
 /// [`cyphonic_tunnel::DataPlane`]) with their defaults, then the binary's own fields, each
 /// with its serde attributes and its default value (`name: Type = value`). The struct refuses
@@ -196,4 +205,254 @@ macro_rules! dataplane_table {
             }
         }
     };
+}
+
+/// An AEAD backend name (`ring` or `rustcrypto`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AeadName(pub Backend);
+
+impl<'de> Deserialize<'de> for AeadName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map(Self).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The fewest seconds `danger_rekey_after_secs` may say: a handshake and its confirmation
+/// take a round trip or two, keys must outlive them.
+pub const REKEY_AFTER_SECS_MIN: u64 = 2;
+
+/// The fewest messages `danger_rekey_after_messages` may say: at line rate a rekey every few
+/// milliseconds, which the handshake rate limits still bear.
+pub const REKEY_AFTER_MESSAGES_MIN: u64 = 10_000;
+
+/// Checks the `danger_` rekey keys: only ever shorter than the defaults (they exist so tests
+/// can see many rekeys; a longer interval would weaken the keys), never below a floor.
+///
+/// # Errors
+/// A value outside its range, located in `src`.
+pub fn check_rekey(
+    src: &Source<'_>,
+    secs: &Spanned<u64>,
+    messages: &Spanned<u64>,
+) -> Result<(), ConfigError> {
+    let d = DataPlane::default();
+    let max_secs = d.rekey_after.as_secs();
+    if !(REKEY_AFTER_SECS_MIN..=max_secs).contains(secs.get_ref()) {
+        return src.err(
+            &secs.span(),
+            "dataplane.danger_rekey_after_secs",
+            format!(
+                "{} is outside {REKEY_AFTER_SECS_MIN} ..= {max_secs} (shorter than the default only)",
+                secs.get_ref()
+            ),
+        );
+    }
+    let max_messages = d.rekey_after_messages;
+    if !(REKEY_AFTER_MESSAGES_MIN..=max_messages).contains(messages.get_ref()) {
+        return src.err(
+            &messages.span(),
+            "dataplane.danger_rekey_after_messages",
+            format!(
+                "{} is outside {REKEY_AFTER_MESSAGES_MIN} ..= {max_messages} (fewer than the default only)",
+                messages.get_ref()
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Checks the pipeline sizes of `[dataplane]`: batches of 1 to 1024 packets, 1 to
+/// [`BATCHES_IN_FLIGHT_MAX`] in flight, inline batches of at most 1024 packets, at least 256
+/// buffers.
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_pipeline(
+    src: &Source<'_>,
+    batch_size: &Spanned<usize>,
+    batches_in_flight: &Spanned<usize>,
+    inline_max: &Spanned<usize>,
+    buffers: &Spanned<usize>,
+) -> Result<(), ConfigError> {
+    if *inline_max.get_ref() > 1024 {
+        return src.err(
+            &inline_max.span(),
+            "dataplane.inline_max",
+            format!("{} is outside 0..=1024", inline_max.get_ref()),
+        );
+    }
+    for (v, k, max) in [
+        (batch_size, "dataplane.batch_size", 1024),
+        (
+            batches_in_flight,
+            "dataplane.batches_in_flight",
+            BATCHES_IN_FLIGHT_MAX,
+        ),
+    ] {
+        if !(1..=max).contains(v.get_ref()) {
+            return src.err(
+                &v.span(),
+                k,
+                format!("{} is outside 1..={max}", v.get_ref()),
+            );
+        }
+    }
+    if *buffers.get_ref() < 256 {
+        return src.err(
+            &buffers.span(),
+            "dataplane.buffers",
+            "at least 256 buffers are needed to run",
+        );
+    }
+    Ok(())
+}
+
+/// The most batch buffers per direction (`dataplane.batches_in_flight`).
+pub const BATCHES_IN_FLIGHT_MAX: usize = 16_384;
+
+/// The smallest byte budget in flight (`dataplane.in_flight_bytes`) but 0: 64 KiB, some
+/// batches of full frames.
+pub const IN_FLIGHT_BYTES_MIN: usize = 64 << 10;
+
+/// The longest time budget in flight (`dataplane.in_flight_ms`): ten seconds.
+pub const IN_FLIGHT_MS_MAX: u32 = 10_000;
+
+/// Checks `[dataplane]`'s in-flight budget: bytes 0 (no bound) or at least
+/// [`IN_FLIGHT_BYTES_MIN`], milliseconds 0 (no bound) to [`IN_FLIGHT_MS_MAX`].
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_in_flight(
+    src: &Source<'_>,
+    bytes: &Spanned<usize>,
+    ms: &Spanned<u32>,
+) -> Result<(), ConfigError> {
+    let b = *bytes.get_ref();
+    if b != 0 && b < IN_FLIGHT_BYTES_MIN {
+        return src.err(
+            &bytes.span(),
+            "dataplane.in_flight_bytes",
+            format!("{b} is below {IN_FLIGHT_BYTES_MIN} (0: no bound)"),
+        );
+    }
+    if *ms.get_ref() > IN_FLIGHT_MS_MAX {
+        return src.err(
+            &ms.span(),
+            "dataplane.in_flight_ms",
+            format!("{} is outside 0..={IN_FLIGHT_MS_MAX}", ms.get_ref()),
+        );
+    }
+    Ok(())
+}
+
+/// The longest `dataplane.aqm_interval_ms`: ten seconds.
+pub const AQM_INTERVAL_MAX_MS: u32 = 10_000;
+
+/// Checks `[dataplane]`'s queue manager: a target of 0 (off) or one below the interval, an
+/// interval of 1 ms to [`AQM_INTERVAL_MAX_MS`]; the engine's setting.
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_aqm(
+    src: &Source<'_>,
+    target_us: &Spanned<u32>,
+    interval_ms: &Spanned<u32>,
+) -> Result<Option<cyphonic_tunnel::Aqm>, ConfigError> {
+    let (target, interval) = (*target_us.get_ref(), *interval_ms.get_ref());
+    if !(1..=AQM_INTERVAL_MAX_MS).contains(&interval) {
+        return src.err(
+            &interval_ms.span(),
+            "dataplane.aqm_interval_ms",
+            format!("{interval} is outside 1..={AQM_INTERVAL_MAX_MS}"),
+        );
+    }
+    if u64::from(target) >= u64::from(interval) * 1000 {
+        return src.err(
+            &target_us.span(),
+            "dataplane.aqm_target_us",
+            format!("{target} µs is not below the interval ({interval} ms)"),
+        );
+    }
+    Ok((target > 0).then(|| cyphonic_tunnel::Aqm {
+        target: Duration::from_micros(u64::from(target)),
+        interval: Duration::from_millis(u64::from(interval)),
+    }))
+}
+
+/// The longest `dataplane.busy_poll_us`: one second.
+pub const BUSY_POLL_MAX_US: u32 = 1_000_000;
+
+/// Checks `[dataplane]`'s thread placement: CPU numbers under 1024, each once; a real-time
+/// priority of 0 (off) to 99; busy polling of at most [`BUSY_POLL_MAX_US`], and not at a
+/// real-time priority on cores the data plane does not have to itself (`cpus` empty). Whether
+/// the CPUs exist on this machine is checked at start.
+///
+/// # Errors
+/// The first value out of range, located.
+pub fn check_placement(
+    src: &Source<'_>,
+    cpus: &Spanned<Vec<usize>>,
+    realtime_priority: &Spanned<u8>,
+    busy_poll_us: &Spanned<u32>,
+) -> Result<(), ConfigError> {
+    let list = cpus.get_ref();
+    if let Some(c) = list.iter().find(|&&c| c >= 1024) {
+        return src.err(
+            &cpus.span(),
+            "dataplane.cpus",
+            format!("CPU {c} is over 1023"),
+        );
+    }
+    if let Some((_, c)) = list
+        .iter()
+        .enumerate()
+        .find(|(i, c)| list[..*i].contains(c))
+    {
+        return src.err(
+            &cpus.span(),
+            "dataplane.cpus",
+            format!("CPU {c} is listed twice"),
+        );
+    }
+    check_priority(src, realtime_priority, "dataplane.realtime_priority")?;
+    let busy = *busy_poll_us.get_ref();
+    if busy > BUSY_POLL_MAX_US {
+        return src.err(
+            &busy_poll_us.span(),
+            "dataplane.busy_poll_us",
+            format!("{busy} is outside 0 (off) ..= {BUSY_POLL_MAX_US} (one second)"),
+        );
+    }
+    if busy > 0 && *realtime_priority.get_ref() > 0 && list.is_empty() {
+        return src.err(
+            &busy_poll_us.span(),
+            "dataplane.busy_poll_us",
+            "polling at a real-time priority keeps every other thread off the cores it runs on; \
+             give the data plane its own cores with `cpus`, or leave one of the two off",
+        );
+    }
+    Ok(())
+}
+
+/// Checks a SCHED_FIFO priority, `key`: 0 (off) to 99.
+///
+/// # Errors
+/// The value out of range, located.
+pub fn check_priority(
+    src: &Source<'_>,
+    priority: &Spanned<u8>,
+    key: &str,
+) -> Result<(), ConfigError> {
+    if *priority.get_ref() > 99 {
+        return src.err(
+            &priority.span(),
+            key,
+            format!(
+                "{} is outside 0 (off) ..= 99 (SCHED_FIFO priorities)",
+                priority.get_ref()
+            ),
+        );
+    }
+    Ok(())
 }

@@ -18,7 +18,7 @@ use toml::Spanned;
 
 use crate::{
     Cloud, ConfigError, Peer, RawCloud, RawIdentity, RawLog, RawMetrics, RawPeer, Source,
-    check_dns, check_mtu, first_v4_block, overlay_domain, peers,
+    first_v4_block, overlay_domain, peers,
 };
 
 /// The shared keys of a binary's own table, as written (what [`end_table!`](crate::end_table)
@@ -389,3 +389,60 @@ macro_rules! config_file {
         }
     };
 }
+
+/// Checks `[dns]`'s upstream resolvers (reached on the external side: not inside the overlay,
+/// not unspecified or multicast) and TTL (at most a day).
+///
+/// # Errors
+/// The first mistake, located.
+pub fn check_dns(
+    src: &Source<'_>,
+    upstream: &[Spanned<IpAddr>],
+    ttl: &Spanned<u32>,
+    overlay: Ipv4Net,
+) -> Result<Vec<IpAddr>, ConfigError> {
+    if *ttl.get_ref() > 86_400 {
+        return src.err(
+            &ttl.span(),
+            "dns.ttl",
+            format!(
+                "{} s is over a day; device names change when leases do",
+                ttl.get_ref()
+            ),
+        );
+    }
+    let mut out = Vec::new();
+    for (i, u) in upstream.iter().enumerate() {
+        let ip = *u.get_ref();
+        let inside = match ip {
+            IpAddr::V4(v4) => overlay.contains(&v4),
+            IpAddr::V6(_) => false,
+        };
+        if ip.is_unspecified() || ip.is_multicast() || inside {
+            return src.err(
+                &u.span(),
+                &format!("dns.upstream[{i}]"),
+                format!(
+                    "{ip} cannot be an upstream resolver (the upstreams are reached on the external side, outside the overlay)"
+                ),
+            );
+        }
+        out.push(ip);
+    }
+    Ok(out)
+}
+
+/// Checks an inner MTU: 576 (the smallest datagram every IPv4 host must accept, RFC 791) to
+/// 1480 (1500 minus the outer IPv4, UDP and tunnel headers).
+///
+/// # Errors
+/// Out of range, located at `key`.
+pub fn check_mtu(src: &Source<'_>, mtu: &Spanned<u16>, key: &str) -> Result<u16, ConfigError> {
+    let v = *mtu.get_ref();
+    if !(576..=1420 + 60).contains(&v) {
+        return src.err(&mtu.span(), key, format!("{v} is outside 576..=1480"));
+    }
+    Ok(v)
+}
+
+// ---- test fixtures ------------------------------------------------------------------------
