@@ -1,0 +1,355 @@
+//! What a member asks: registration, resolution with policy, pairing, relays, and the
+//! signals pushed to the other side.
+
+use super::*;
+
+impl Nms {
+    /// Serves one message of the client holding `cert` as its session would, without a
+    /// session: for the fuzz targets and tests that drive NMS directly.
+    #[doc(hidden)]
+    pub async fn serve_message(&self, cert: &Certificate, msg: ClientMsg) -> Option<CloudMsg> {
+        let fp = cert.fingerprint().to_string();
+        self.handle(&fp, cert.body(), msg).await
+    }
+
+    pub(super) async fn handle(
+        &self,
+        fp: &str,
+        body: &CertBody,
+        msg: ClientMsg,
+    ) -> Option<CloudMsg> {
+        match msg {
+            ClientMsg::Ping {} => Some(CloudMsg::Pong {}),
+            ClientMsg::Renew {} => Some(self.renew(body).await),
+            ClientMsg::Register { endpoints, names } => {
+                Some(self.register(fp, body, endpoints, names).await)
+            }
+            ClientMsg::Relay { peer } => Some(self.pair(fp, body, &peer, true).await),
+            ClientMsg::Admit { peer } => Some(self.pair(fp, body, &peer, false).await),
+            ClientMsg::Resolve { id, name } => {
+                bump(&self.stats.resolves);
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                let resolution = match self.resolve(fp, body, &name).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(error = %e, "store");
+                        return Some(CloudMsg::Error {
+                            reason: "the registry is unavailable".into(),
+                        });
+                    }
+                };
+                Some(CloudMsg::Resolved {
+                    id,
+                    name,
+                    resolution,
+                })
+            }
+        }
+    }
+
+    pub(super) async fn register(
+        &self,
+        fp: &str,
+        body: &CertBody,
+        mut endpoints: Vec<SocketAddr>,
+        names: Vec<NameRecord>,
+    ) -> CloudMsg {
+        endpoints.retain(|e| !e.ip().is_unspecified() && !e.ip().is_multicast() && e.port() != 0);
+        endpoints.truncate(MAX_ENDPOINTS);
+        let mut refused = Vec::new();
+        let mut ok = Vec::new();
+        for (i, n) in names.into_iter().enumerate() {
+            if i >= MAX_NAMES {
+                refused.push((n.name, format!("more than {MAX_NAMES} names")));
+            } else if let Err(e) = check_name(body, &n) {
+                refused.push((n.name, e.to_string()));
+            } else {
+                ok.push(n);
+            }
+        }
+        match self.store.register(fp, &endpoints, &ok).await {
+            Ok(taken) => {
+                for (t, why) in taken {
+                    ok.retain(|n| n.name != t);
+                    refused.push((t, why));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                return CloudMsg::Error {
+                    reason: "the registry is unavailable".into(),
+                };
+            }
+        }
+        for (name, reason) in &refused {
+            bump(&self.stats.names_refused);
+            tracing::info!(client = %body.name, name = %cyphonic_telemetry::Untrusted(name), %reason, "name refused");
+        }
+        tracing::debug!(client = %body.name, names = ok.len(), ?endpoints, "registered");
+        CloudMsg::Registered {
+            accepted: ok.len(),
+            refused,
+        }
+    }
+
+    pub(super) async fn resolve(
+        &self,
+        fp: &str,
+        asker: &CertBody,
+        name: &str,
+    ) -> Result<Resolution, crate::store::StoreError> {
+        let Some(found) = self.store.lookup(name).await? else {
+            return Ok(Resolution::NotFound);
+        };
+        if found.owner.fingerprint == fp {
+            return Ok(Resolution::Own);
+        }
+        let Ok(target) = Certificate::from_pem(&found.owner.certificate) else {
+            return Ok(Resolution::NotFound);
+        };
+        // The target's certificate may have been revoked or expired since it registered.
+        if self.trust().verify(&target, unix_now()).is_err() {
+            return Ok(Resolution::NotFound);
+        }
+        // The asker must be allowed to open something to the target.
+        let between = self
+            .policy_between((fp, asker), (&found.owner.fingerprint, target.body()))
+            .await?;
+        let blocks = (asker.v4_blocks(), target.body().v4_blocks());
+        if !between.opens(&blocks.0, &blocks.1) {
+            bump(&self.stats.denied);
+            tracing::info!(asker = %asker.name, name = %cyphonic_telemetry::Untrusted(name), "resolution denied by policy");
+            return Ok(Resolution::Denied);
+        }
+        // Tell the target to expect the asker; both start handshaking at once. Through the
+        // relay when the pair cannot talk directly.
+        let Some(me) = self.store.client(fp).await? else {
+            return Ok(Resolution::NotFound);
+        };
+        let target_row = &found.owner;
+        let relays = match (route::choose(&me, target_row), &self.trs) {
+            (Some(reason), Some(trs)) => self.relays(trs, &me, target_row, reason).await,
+            (Some(reason), None) => {
+                tracing::warn!(asker = %asker.name, target = %target_row.name, %reason, "the pair needs the relay, and this cloud runs none: trying directly");
+                None
+            }
+            (None, _) => None,
+        };
+        let (mine, theirs) = relays.map_or((None, None), |(m, t)| (Some(m), Some(t)));
+        let allowed = between.allowed(&blocks.0, &blocks.1);
+        self.signal(
+            &target_row.fingerprint,
+            CloudMsg::Expect {
+                peer: PeerInfo {
+                    certificate: me.certificate.clone(),
+                    endpoints: me.reach(),
+                    relay: theirs,
+                    allowed: allowed.map(Allowed::mirror),
+                },
+            },
+        )
+        .await;
+        Ok(Resolution::Found {
+            vip: found.vip,
+            peer: PeerInfo {
+                certificate: target_row.certificate.clone(),
+                endpoints: target_row.reach(),
+                relay: mine,
+                allowed,
+            },
+        })
+    }
+
+    /// A relay channel for the pair `a`, `b` and what each side is told of it, or `None`
+    /// (logged) when the relay cannot serve them.
+    pub(super) async fn relays<'a>(
+        &self,
+        trs: &Arc<Trs>,
+        a: &'a ClientRow,
+        b: &'a ClientRow,
+        reason: RelayReason,
+    ) -> Option<(RelayInfo, RelayInfo)> {
+        let held = |fp: &str| trs.channels_of(fp);
+        if held(&a.fingerprint) >= MAX_CHANNELS_PER_CLIENT
+            || held(&b.fingerprint) >= MAX_CHANNELS_PER_CLIENT
+        {
+            tracing::warn!(a = %a.name, b = %b.name, "a client holds {MAX_CHANNELS_PER_CLIENT} relay channels already");
+            return None;
+        }
+        // A side connected here speaks its session's version; one connected elsewhere (another
+        // instance on the shared registry) is taken to speak ours: the cloud is upgraded
+        // before the fleet (docs/protocol.md §4, versions).
+        let legacy = |row: &ClientRow| {
+            self.connected
+                .get(&row.fingerprint)
+                .is_some_and(|c| c.version < BINDS_WITH_COOKIES)
+        };
+        let party = |row: &'a ClientRow| crate::trs::Party {
+            fingerprint: &row.fingerprint,
+            name: &row.name,
+            legacy: legacy(row),
+        };
+        let channel = match trs.channel(party(a), party(b), reason).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(a = %a.name, b = %b.name, error = %e, "no relay channel");
+                return None;
+            }
+        };
+        let (Some(ia), Some(ib)) = (
+            self.relay_side(trs, &channel, a),
+            self.relay_side(trs, &channel, b),
+        ) else {
+            tracing::warn!(a = %a.name, b = %b.name, "the relay has no address in a side's IP version (set relay.addresses)");
+            return None;
+        };
+        bump(&self.stats.relayed_pairs);
+        tracing::info!(a = %a.name, b = %b.name, reason = %channel.reason, a_relay = %ia.address, b_relay = %ib.address, "pair relayed");
+        Some((ia, ib))
+    }
+
+    /// What the side `row` is told of `channel`: the relay's address in its IP version, its
+    /// token.
+    pub(super) fn relay_side(
+        &self,
+        trs: &Trs,
+        channel: &Channel,
+        row: &ClientRow,
+    ) -> Option<RelayInfo> {
+        let token = channel.token_for(&row.fingerprint)?;
+        let local = self.connected.get(&row.fingerprint).map(|c| c.local);
+        let mut versions: Vec<bool> = row.reach().iter().map(SocketAddr::is_ipv6).collect();
+        versions.extend(local.map(|l| l.is_ipv6()));
+        if versions.is_empty() {
+            // Nothing known of the side's addresses (it never probed): whatever the relay has.
+            versions = vec![false, true];
+        }
+        let address = versions
+            .into_iter()
+            .find_map(|v6| trs.address(v6, local, channel.port))?;
+        Some(RelayInfo {
+            address,
+            token,
+            reason: channel.reason,
+        })
+    }
+
+    /// Pairs the client `fp` with `peer` at its request: through the relay (`relay`: its
+    /// handshakes found no direct path), or as the route choice says (an admission: `peer` is
+    /// handshaking with a client that does not know it). Both need policy to let one of the two
+    /// reach the other. Whoever gets a relay channel is told about it.
+    pub(super) async fn pair(
+        &self,
+        fp: &str,
+        asker: &CertBody,
+        peer: &str,
+        relay: bool,
+    ) -> CloudMsg {
+        if relay {
+            bump(&self.stats.relay_requests);
+        }
+        let refuse = |reason: &str| {
+            bump(&self.stats.relays_refused);
+            tracing::info!(asker = %asker.name, %reason, relay, "pairing refused");
+            CloudMsg::NotPaired {
+                peer: peer.to_owned(),
+                reason: reason.to_owned(),
+            }
+        };
+        let (me, target) = match (self.store.client(fp).await, self.store.client(peer).await) {
+            (Ok(Some(me)), Ok(Some(target))) => (me, target),
+            (Ok(_), Ok(None)) => return refuse("unknown peer"),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "store");
+                return refuse("the registry is unavailable");
+            }
+            (Ok(None), _) => return refuse("not registered"),
+        };
+        if target.fingerprint == me.fingerprint {
+            return refuse("that is yourself");
+        }
+        let Ok(cert) = Certificate::from_pem(&target.certificate) else {
+            return refuse("unknown peer");
+        };
+        if self.trust().verify(&cert, unix_now()).is_err() {
+            return refuse("unknown peer");
+        }
+        // The tunnel exists because one of the two may reach the other.
+        let between = match self
+            .policy_between((fp, asker), (&target.fingerprint, cert.body()))
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                return refuse("the registry is unavailable");
+            }
+        };
+        let blocks = (asker.v4_blocks(), cert.body().v4_blocks());
+        if !between.pairs(&blocks.0, &blocks.1) {
+            bump(&self.stats.denied);
+            return refuse("denied by policy");
+        }
+        let allowed = between.allowed(&blocks.0, &blocks.1);
+        let reason = if relay {
+            Some(route::why_relay_was_asked(&me, &target))
+        } else {
+            route::choose(&me, &target)
+        };
+        let relays = match (reason, &self.trs) {
+            (Some(reason), Some(trs)) => match self.relays(trs, &me, &target, reason).await {
+                Some(r) => Some(r),
+                None if relay => return refuse("the relay cannot serve this pair"),
+                None => None,
+            },
+            (Some(_), None) if relay => return refuse("this cloud runs no relay"),
+            _ => None,
+        };
+        let mine = match relays {
+            Some((mine, theirs)) => {
+                self.signal(
+                    &target.fingerprint,
+                    CloudMsg::Expect {
+                        peer: PeerInfo {
+                            certificate: me.certificate.clone(),
+                            endpoints: me.reach(),
+                            relay: Some(theirs),
+                            allowed: allowed.map(Allowed::mirror),
+                        },
+                    },
+                )
+                .await;
+                Some(mine)
+            }
+            None => None,
+        };
+        if !relay {
+            tracing::info!(asker = %asker.name, peer = %target.name, "admitted");
+        }
+        CloudMsg::Expect {
+            peer: PeerInfo {
+                certificate: target.certificate.clone(),
+                endpoints: target.reach(),
+                relay: mine,
+                allowed,
+            },
+        }
+    }
+
+    /// Pushes `msg` to the client `to`: directly when it is connected here, through the
+    /// shared store's notifications when it may be connected to another instance.
+    pub(super) async fn signal(&self, to: &str, msg: CloudMsg) {
+        if self.push(to, msg.clone()) || !self.store.is_shared() {
+            return;
+        }
+        let signal = Signal {
+            to: to.to_owned(),
+            msg,
+        };
+        if let Ok(payload) = serde_json::to_string(&signal)
+            && let Err(e) = self.store.notify(&payload).await
+        {
+            tracing::warn!(error = %e, "signal to the other instances not sent");
+        }
+    }
+}

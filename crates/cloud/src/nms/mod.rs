@@ -1,0 +1,364 @@
+//! AS and NMS: control sessions with adapters and nodes (Noise over TCP), certificate checks,
+//! registration, resolution with policy, signalling pushed to both sides, and the UDP endpoint
+//! probe that shows the cloud each client's NAT-mapped tunnel address.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cyphonic_control::channel::{LEN_PREFIX, MAX_HELLO_FRAME, frame_len};
+use cyphonic_control::probe::PROBE_KEY_LEN;
+use cyphonic_control::{
+    Allowed, ClientMsg, CloudMsg, MIN_VERSION, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe,
+    RelayInfo, RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
+};
+use cyphonic_crypto::{CertBody, CertKind, Certificate, Fingerprint, StaticKeypair, TrustStore};
+use dashmap::DashMap;
+use sqlx::postgres::PgListener;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{mpsc, watch};
+
+use crate::guard::{Freshness, MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE, Requests, Ticket, Unproven};
+use crate::policy::{Compiled, Policy};
+use crate::route;
+use crate::store::{ClientRow, Store};
+use crate::trs::{Channel, Trs};
+
+mod issue;
+mod members;
+mod probes;
+mod revoke;
+mod rules;
+mod session;
+mod signals;
+
+/// A client that says nothing for this long is gone (clients ping every 15 s).
+const IDLE: Duration = Duration::from_secs(60);
+/// A connection must send its first message within this, and, once welcomed, prove itself
+/// (its first transport message) within this again.
+const HANDSHAKE_TIME: Duration = Duration::from_secs(5);
+/// Endpoints one client may register.
+const MAX_ENDPOINTS: usize = 16;
+/// Names one client may register.
+const MAX_NAMES: usize = 1024;
+/// Messages waiting to be pushed to one client. An adapter is told to expect each node that
+/// resolves one of its names: 64 nodes resolving at once filled a queue of 64 while the
+/// adapter took each (a handshake to start), and the `expect`s past it were lost, each
+/// peer then joining seconds later through its own retries and the adapter's `admit`s
+/// (issue 24, the swarm). Slots are allocated as they fill, not up front.
+const PUSH_QUEUE: usize = 1024;
+/// Relay channels one client may hold at once.
+const MAX_CHANNELS_PER_CLIENT: usize = 64;
+/// Fingerprints in one `revoked` message (65 bytes of JSON each: a message stays far below a
+/// frame).
+const REVOKED_PER_MESSAGE: usize = 500;
+/// How often the registry's online revocations are read, and the policy recompiled when
+/// the registry changed.
+const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
+
+cyphonic_telemetry::counters! {
+    /// NMS's counters.
+    pub struct Stats {
+        /// Control sessions opened (proven: the client's first message decrypted).
+        sessions,
+        /// Handshakes refused (bad certificate, wrong version) or failed (not Noise to our key, a first frame over the limit, nothing in time).
+        refused,
+        /// First messages whose timestamp was not fresh for their identity that never proved themselves (replays), and stale enrollments.
+        replays,
+        /// First messages whose timestamp was not fresh for their identity that proved themselves: a client whose clock went back (a restart before NTP), admitted.
+        clock_went_back,
+        /// Sessions closed because a newer certificate of their name for another key is known (a re-keyed or replaced member: the old key may be stolen).
+        superseded,
+        /// Sessions closed because their certificate's blocks overlap those of a member of another name with a valid certificate (no two names hold one address).
+        overlapping,
+        /// Unproven connections closed to give their place to a source that held fewer (every place was taken).
+        unproven_evicted,
+        /// Connections closed at once: too many unproven ones, in all or from their source.
+        connections_refused,
+        /// Welcomed sessions that never proved themselves (no first message in time).
+        unproven,
+        /// Requests that waited for their class's rate.
+        throttled,
+        /// Messages that did not authenticate or parse; each closes its session.
+        malformed,
+        /// Names refused at registration (outside the certificate, taken).
+        names_refused,
+        /// Resolutions asked.
+        resolves,
+        /// Resolutions denied by policy.
+        denied,
+        /// Endpoint probes accepted.
+        probes,
+        /// Endpoint probes refused (malformed, unknown token, bad MAC, an old counter, the other version's kind, over the session's rate of challenges).
+        probes_refused,
+        /// Challenges sent to the sources of probes that did not answer one.
+        probe_challenges,
+        /// Observed addresses written to the store (only when they changed).
+        endpoint_writes,
+        /// Pairs sent through the relay.
+        relayed_pairs,
+        /// Messages for a client dropped because its push queue was full (it reads too slowly, or is swamped).
+        pushes_dropped,
+        /// Relay channels asked for by clients whose direct handshakes found no path.
+        relay_requests,
+        /// Relay requests refused (no relay, unknown peer, policy, limits).
+        relays_refused,
+        /// Enrollment tokens redeemed: certificates issued to new members.
+        enrolled,
+        /// Enrollments refused (unknown, used, expired or revoked token; no issuing here).
+        enroll_refused,
+        /// Certificates renewed.
+        renewed,
+        /// Renewals refused (too early, expired, outside the issuing CA, no issuing here).
+        renew_refused,
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// IPv4 clients of a dual-stack socket appear as `::ffff:a.b.c.d`: the address they have.
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(a.ip().to_canonical(), a.port())
+}
+
+/// A message for a client connected to another instance, through the shared store.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Signal {
+    /// The client's certificate fingerprint.
+    to: String,
+    /// What to push to it.
+    msg: CloudMsg,
+}
+
+/// One client connected to this instance.
+#[derive(Debug)]
+struct Connected {
+    /// Distinguishes a reconnected client's new session from its old one.
+    serial: u64,
+    /// Pushes to the client.
+    tx: mpsc::Sender<CloudMsg>,
+    /// The address the client reached us on (the relay's address for it, unless configured).
+    local: IpAddr,
+    /// Its certificate's name.
+    name: String,
+    /// Where its session comes from.
+    from: SocketAddr,
+    /// When the session opened.
+    since: std::time::Instant,
+    /// The control version it speaks: what may be pushed to it.
+    version: u16,
+}
+
+/// Where a session's probes come from, per probe port: written by the probe readers, acted on
+/// by the session.
+type Seen = [Option<SocketAddr>; 2];
+
+/// The first control version whose probes and relay binds answer challenges.
+const BINDS_WITH_COOKIES: u16 = 6;
+
+/// What the probe readers know of one session.
+#[derive(Debug)]
+struct ProbeSession {
+    /// The key of its probes' MAC.
+    key: [u8; PROBE_KEY_LEN],
+    /// The last counter accepted, per port.
+    counters: [u64; 2],
+    /// A version-5 client: its probes carry no cookie, and are taken as they come.
+    legacy: bool,
+    /// Per port, the time of the cookie of the last probe an address was recorded from.
+    cookies: [u64; 2],
+    /// Challenges sent in the second that began at `window` (milliseconds).
+    window: u64,
+    challenged: u8,
+    /// Tells the session where its probes come from.
+    seen: watch::Sender<Seen>,
+}
+
+/// What a probe makes the probe reader do.
+enum ProbeVerdict {
+    /// Nothing: refused (counted).
+    Refused,
+    /// Taken: its source is recorded (or, for a version-5 client, taken as it came).
+    Recorded,
+    /// Taken, but its source has not proved it receives there: send it this challenge.
+    Challenge(Vec<u8>),
+}
+
+/// The NMS state shared by every connection.
+#[derive(Debug)]
+pub struct Nms {
+    key: StaticKeypair,
+    /// The CAs and revocations clients are checked against; replaced by a reload.
+    trust: std::sync::RwLock<Arc<TrustStore>>,
+    store: Store,
+    /// Who may reach whom, as configured; replaced by a reload.
+    policy: std::sync::RwLock<Arc<Policy>>,
+    /// The policy compiled against the registry: what clients enforce and pairing follows.
+    compiled: watch::Sender<Arc<Compiled>>,
+    /// Changes with every reload and every revocation: the policy is compiled again.
+    policy_generation: AtomicU64,
+    probe_ports: Vec<u16>,
+    trs: Option<Arc<Trs>>,
+    connected: DashMap<String, Connected>,
+    tokens: DashMap<[u8; PROBE_TOKEN_LEN], ProbeSession>,
+    /// Makes and checks the cookies of the probes' challenges.
+    challenger: cyphonic_control::Challenger,
+    serial: AtomicU64,
+    unproven: Arc<Unproven>,
+    freshness: Arc<Freshness>,
+    /// Online issuing: enrollment and renewal (`[enroll]`).
+    issuer: Option<crate::enroll::Issuer>,
+    /// The registry's online revocations taken on so far (kept across reloads of the file).
+    revoked_online: std::sync::Mutex<std::collections::HashSet<Fingerprint>>,
+    /// Counters.
+    pub stats: Stats,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn random16() -> Option<[u8; 16]> {
+    use ring::rand::SecureRandom as _;
+    let mut t = [0u8; 16];
+    ring::rand::SystemRandom::new().fill(&mut t).ok()?;
+    Some(t)
+}
+
+/// `fps` as `revoked` messages of at most [`REVOKED_PER_MESSAGE`] fingerprints.
+fn revoked_messages(fps: &[Fingerprint]) -> Vec<CloudMsg> {
+    fps.chunks(REVOKED_PER_MESSAGE)
+        .map(|chunk| CloudMsg::Revoked {
+            fingerprints: chunk.iter().map(ToString::to_string).collect(),
+        })
+        .collect()
+}
+
+/// A handshake verdict: the certificate, or why it was refused.
+fn admit(
+    trust: &TrustStore,
+    hs: &ServerHandshake,
+    now: u64,
+) -> Result<(Certificate, String), String> {
+    let hello = hs.hello();
+    if !(MIN_VERSION..=VERSION).contains(&hello.version) {
+        return Err(format!(
+            "protocol version {} is not spoken here (this cloud speaks {MIN_VERSION} to {VERSION})",
+            hello.version
+        ));
+    }
+    let cert =
+        Certificate::from_pem(&hello.certificate).map_err(|e| format!("certificate: {e}"))?;
+    trust
+        .verify(&cert, now)
+        .map_err(|e| format!("certificate: {e}"))?;
+    if cert.body().kind != CertKind::Node {
+        return Err("a CA certificate cannot open a session".into());
+    }
+    if cert.body().public_key != hs.remote_static().0 {
+        return Err("the certificate certifies another Noise key than the one used".into());
+    }
+    let pem = cert.to_pem();
+    Ok((cert, pem))
+}
+
+/// The next frame, refused (as `InvalidData`) when its prefix announces more than `max` bytes:
+/// nothing is allocated or read for it.
+async fn read_frame(rd: &mut OwnedReadHalf, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut prefix = [0u8; LEN_PREFIX];
+    rd.read_exact(&mut prefix).await?;
+    let len = frame_len(prefix);
+    if len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes where at most {max} may come"),
+        ));
+    }
+    let mut buf = vec![0; len];
+    rd.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+/// Seals and writes `msg` as a client speaking `version` reads it; why the session must end
+/// when that fails.
+async fn send(
+    ch: &mut cyphonic_control::Channel,
+    wr: &mut OwnedWriteHalf,
+    version: u16,
+    msg: &CloudMsg,
+) -> Result<(), &'static str> {
+    let sealed = if version < VERSION {
+        ch.seal(&msg.clone().for_version(version))
+    } else {
+        ch.seal(msg)
+    };
+    let frame = sealed.map_err(|_| "oversize message")?;
+    wr.write_all(&frame).await.map_err(|_| "write failed")
+}
+
+/// A session that passed the handshake and proved itself.
+struct Open {
+    ch: cyphonic_control::Channel,
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    fp: String,
+    body: CertBody,
+    /// Its first message: the proof.
+    first: ClientMsg,
+    /// Where its probes come from.
+    seen: watch::Receiver<Seen>,
+    /// Holds the identity's handshake timestamp in memory while the session lives.
+    _live: crate::guard::Live,
+    /// The control version it speaks.
+    version: u16,
+}
+
+impl Nms {
+    /// The NMS over `store`, telling clients to probe `probe_ports`, pairing them through
+    /// `trs` when they cannot talk directly.
+    pub fn new(
+        key: StaticKeypair,
+        trust: TrustStore,
+        store: Store,
+        policy: Policy,
+        probe_ports: Vec<u16>,
+        trs: Option<Arc<Trs>>,
+    ) -> Self {
+        Self {
+            key,
+            trust: std::sync::RwLock::new(Arc::new(trust)),
+            store,
+            policy: std::sync::RwLock::new(Arc::new(policy)),
+            compiled: watch::Sender::new(Arc::new(Compiled::default())),
+            policy_generation: AtomicU64::new(0),
+            probe_ports,
+            trs,
+            connected: DashMap::new(),
+            tokens: DashMap::new(),
+            challenger: cyphonic_control::Challenger::new(
+                cyphonic_crypto::cookie::CookieSecret::random()
+                    .expect("the system's random number generator failed"),
+            ),
+            serial: AtomicU64::new(0),
+            unproven: Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE),
+            freshness: Freshness::new(),
+            issuer: None,
+            revoked_online: std::sync::Mutex::new(std::collections::HashSet::new()),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Issues online with `issuer`: enrolls members that bring a token, renews certificates.
+    #[must_use]
+    pub fn with_issuer(mut self, issuer: Option<crate::enroll::Issuer>) -> Self {
+        self.issuer = issuer;
+        self
+    }
+}
