@@ -122,20 +122,22 @@ pub struct DataPlane {
 
 impl Default for DataPlane {
     fn default() -> Self {
+        // The pipeline's keys take the pipeline's own defaults: each is written once, there.
+        let pipeline = cyphonic_pipeline::Config::default();
         Self {
             workers: 0,
-            batch_size: 32,
+            batch_size: pipeline.batch_size,
             // Bursts arrive as many small batches: with 128, a line-rate UDP flow ran out of
             // batch buffers and lost 5%; with 1024, trains of small datagrams did
             // (docs/benchmarks.md). The budget is the bytes and the time below.
-            batches_in_flight: cyphonic_pipeline::Config::default().batches_in_flight,
-            in_flight_bytes: cyphonic_pipeline::Config::default().in_flight_bytes,
-            in_flight_time: cyphonic_pipeline::Config::default().in_flight_time,
-            inline_max: 8,
-            sparse_rate: cyphonic_pipeline::Config::default().sparse_rate,
-            aqm: None,
+            batches_in_flight: pipeline.batches_in_flight,
+            in_flight_bytes: pipeline.in_flight_bytes,
+            in_flight_time: pipeline.in_flight_time,
+            inline_max: pipeline.inline_max,
+            sparse_rate: pipeline.sparse_rate,
+            aqm: pipeline.aqm,
             socket_timestamps: false,
-            ordering: true,
+            ordering: pipeline.ordering,
             aead: Backend::default(),
             udp_buffer: 4 << 20,
             udp_gso: true,
