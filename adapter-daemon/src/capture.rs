@@ -170,7 +170,7 @@ impl Capture {
         mut sparse: Option<&mut SparseSubmitter>,
     ) -> Batch {
         let shared = &*self.shared;
-        let pool = &shared.pool;
+        let pool = &shared.pool();
         let want = sparse
             .as_mut()
             .map_or(RECV_BATCH, |s| s.allowance(RECV_BATCH));
@@ -188,7 +188,7 @@ impl Capture {
                 sock.try_recv_batch(slices, meta, large.as_mut())
             }
         }) else {
-            bump(&shared.counters.drop_no_buffer);
+            bump(&shared.counters().drop_no_buffer);
             std::thread::sleep(Duration::from_millis(1));
             return Batch::Nothing;
         };
@@ -333,7 +333,7 @@ impl Capture {
     ) {
         let (lan, shared) = (&*self.lan, &*self.shared);
         let c = &lan.counters;
-        let pool = &shared.pool;
+        let pool = &shared.pool();
         // Leave the segments' checksums to the far end (Lan::handle_frame completes them
         // where it cannot).
         let defer = lan.lan.defer_checksums;
@@ -363,7 +363,7 @@ impl Capture {
                 bump(&c.coalesced);
                 loop {
                     let Some(mut seg) = pool.take() else {
-                        bump(&shared.counters.drop_no_buffer);
+                        bump(&shared.counters().drop_no_buffer);
                         break;
                     };
                     let Some(len) =
@@ -401,7 +401,7 @@ impl Capture {
     ) {
         let (lan, shared) = (&*self.lan, &*self.shared);
         let c = &lan.counters;
-        let pool = &shared.pool;
+        let pool = &shared.pool();
         if meta.outgoing {
             return;
         }
@@ -465,8 +465,8 @@ impl Capture {
                 sub.route(buf, packet.len(), dst, flags, (now, meta.queued));
             }
             Egress::Fragment { packet, dst } => {
-                let Some(peer) = shared.peers.route(dst) else {
-                    bump(&shared.counters.drop_no_peer);
+                let Some(peer) = shared.peers().route(dst) else {
+                    bump(&shared.counters().drop_no_peer);
                     return;
                 };
                 let ip = &buf[FRAME_OFFSET + packet.start..FRAME_OFFSET + packet.end];
@@ -475,7 +475,7 @@ impl Capture {
                         bump(&c.fragmented);
                         loop {
                             let Some(mut fbuf) = pool.take() else {
-                                bump(&shared.counters.drop_no_buffer);
+                                bump(&shared.counters().drop_no_buffer);
                                 break;
                             };
                             let Some(flen) = frags.next_into(&mut fbuf[PACKET_ROOM]) else {

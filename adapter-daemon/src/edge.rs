@@ -369,8 +369,8 @@ impl Edge for AdapterEdge<'_> {
             let status = AdapterStatus {
                 adapter: AdapterInfo {
                     uptime_secs: started.elapsed().as_secs(),
-                    buffers_allocated: shared.pool.allocated(),
-                    buffers_free: shared.pool.free(),
+                    buffers_allocated: shared.pool().allocated(),
+                    buffers_free: shared.pool().free(),
                     ..info.clone()
                 },
                 leases: p.leases,

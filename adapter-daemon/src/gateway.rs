@@ -129,13 +129,13 @@ impl Gateway {
     /// the engine seals and sends it in order with the devices' traffic. What cannot go is
     /// counted.
     fn to_peer(&self, peer: u32, write: impl FnOnce(&mut [u8]) -> Option<usize>) {
-        let Some(mut buf) = self.shared.pool.take() else {
-            bump(&self.shared.counters.drop_no_buffer);
+        let Some(mut buf) = self.shared.pool().take() else {
+            bump(&self.shared.counters().drop_no_buffer);
             bump(&self.lan.counters.drop_gateway_to_peer);
             return;
         };
         let sent = write(&mut buf[PACKET_ROOM]).is_some_and(|len| {
-            self.shared.peers.by_id(peer).is_some_and(|slot| {
+            self.shared.peers().by_id(peer).is_some_and(|slot| {
                 self.intake
                     .submit_now(Outgoing::new(buf, len, slot, Instant::now()))
             })

@@ -40,7 +40,7 @@ impl Sealing {
     /// With `backend`'s AEAD.
     pub fn new(backend: Backend, size: usize) -> Self {
         let (a, _) = cyphonic_tunnel::testing::keyed(backend, BUFFERS);
-        let peer = a.peers.by_id(1).expect("the fixture's peer");
+        let peer = a.peers().by_id(1).expect("the fixture's peer");
         Self {
             shared: a,
             peer,
@@ -60,7 +60,7 @@ impl Sealing {
             .map(|_| {
                 let mut buf = self
                     .shared
-                    .pool
+                    .pool()
                     .take()
                     .expect("the fixture's pool holds a burst");
                 buf[HEADROOM..HEADROOM + self.size].fill(0x5a);
@@ -100,7 +100,7 @@ impl Opening {
     /// With `backend`'s AEAD.
     pub fn new(backend: Backend, size: usize) -> Self {
         let (a, b) = cyphonic_tunnel::testing::keyed(backend, BUFFERS);
-        let sender = session(&a.peers.by_id(1).expect("a's peer"));
+        let sender = session(&a.peers().by_id(1).expect("a's peer"));
         let frames: Vec<Vec<u8>> = (0..BURST)
             .map(|_| {
                 let mut f = vec![0x5a; BUF_LEN];
@@ -112,7 +112,7 @@ impl Opening {
                 f
             })
             .collect();
-        let receiver = b.peers.by_id(1).expect("b's peer");
+        let receiver = b.peers().by_id(1).expect("b's peer");
         let index = cyphonic_wire::Frame::new_checked(&frames[0][..])
             .expect("a frame")
             .receiver_index();
@@ -137,7 +137,7 @@ impl Opening {
             .map(|f| {
                 let mut buf = self
                     .shared
-                    .pool
+                    .pool()
                     .take()
                     .expect("the fixture's pool holds a burst");
                 buf[..f.len()].copy_from_slice(f);

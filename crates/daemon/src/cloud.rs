@@ -167,7 +167,7 @@ fn change_trust(
     let id = control.shared().identity();
     let mut trust = id.trust().clone();
     change(&mut trust);
-    let new = id.with_trust(trust, control.shared().clock.unix_secs(now))?;
+    let new = id.with_trust(trust, control.shared().clock().unix_secs(now))?;
     Ok(control.set_identity(&Arc::new(new), now))
 }
 
@@ -386,7 +386,7 @@ impl CloudLink {
                 tracing::info!(%cloud, %observed, "control plane: connected");
                 // A relay asked for on a session that died may never have arrived, nor its
                 // answer: paths still unanswered are asked about again on this one at once.
-                for slot in control.shared().peers.all() {
+                for slot in control.shared().peers().all() {
                     slot.route().relay_asked = None;
                 }
             }
@@ -513,7 +513,7 @@ impl CloudLink {
     fn renewed(&mut self, cert: &Certificate, control: &mut Control) {
         let now = Instant::now();
         let shared = control.shared().clone();
-        let unix = shared.clock.unix_secs(now);
+        let unix = shared.clock().unix_secs(now);
         let id = match shared.identity().with_certificate(cert.clone(), unix) {
             Ok(id) => Arc::new(id),
             Err(e) => {
@@ -532,7 +532,7 @@ impl CloudLink {
         }
         control.set_identity(&id, now);
         let mut rekeyed = 0;
-        for slot in shared.peers.all() {
+        for slot in shared.peers().all() {
             if slot.lock().is_established(now) {
                 control.initiate(&slot, now);
                 rekeyed += 1;
@@ -555,7 +555,10 @@ impl CloudLink {
             }
         };
         let identity = shared.identity();
-        if let Err(e) = identity.trust().verify(&cert, shared.clock.unix_secs(now)) {
+        if let Err(e) = identity
+            .trust()
+            .verify(&cert, shared.clock().unix_secs(now))
+        {
             tracing::warn!(name = %cert.body().name, error = %e, "the cloud sent a certificate we do not trust");
             return None;
         }
@@ -565,7 +568,7 @@ impl CloudLink {
         }
         let key = PublicKey(body.public_key);
         let endpoint = info.endpoints.first().copied();
-        if let Some(slot) = shared.peers.by_key(&key) {
+        if let Some(slot) = shared.peers().by_key(&key) {
             let relayed = {
                 let mut route = slot.route();
                 if route.allowed != info.allowed {
@@ -747,7 +750,7 @@ impl CloudLink {
             return;
         }
         self.routes_kept = Some(now);
-        for slot in shared.peers.all() {
+        for slot in shared.peers().all() {
             if slot.origin != "cloud" {
                 continue;
             }

@@ -449,7 +449,7 @@ pub fn run<E: Edge>(
             Status {
                 version: status::VERSION,
                 edge,
-                at: shared.clock.unix_secs(now),
+                at: shared.clock().unix_secs(now),
                 certificate: Some(status::CertificateStatus::of(
                     shared.identity().certificate(),
                 )),
@@ -461,17 +461,17 @@ pub fn run<E: Edge>(
                 }),
                 counters: status::CounterTable {
                     edge: edge_counters,
-                    engine: shared.counters.copied(),
+                    engine: shared.counters().copied(),
                 },
                 pipelines: status::Pipelines {
                     egress: (&egress.snapshot()).into(),
                     ingress: (&ingress.snapshot()).into(),
                 },
                 buffers: status::Buffers {
-                    allocated: shared.pool.allocated(),
-                    free: shared.pool.free(),
+                    allocated: shared.pool().allocated(),
+                    free: shared.pool().free(),
                 },
-                policy: shared.policy.report().as_ref().map(Into::into),
+                policy: shared.policy().report().as_ref().map(Into::into),
             }
         }
     };
@@ -488,7 +488,7 @@ pub fn run<E: Edge>(
     control.set_idle_timeout(common.cloud.as_ref().map(|c| c.idle_peer_timeout));
     if edge.handshake_at_start() {
         let now = Instant::now();
-        for slot in peers.iter().filter_map(|(id, _)| shared.peers.by_id(*id)) {
+        for slot in peers.iter().filter_map(|(id, _)| shared.peers().by_id(*id)) {
             control.initiate(&slot, now);
         }
     }
@@ -662,7 +662,7 @@ async fn control_loop<S: Services, T: Serialize>(
                     l.settle_from_cloud(|c, control| c.handle(work, control));
                 }
             }
-            () = shared.notify.notified() => {}
+            () = shared.control_woken() => {}
             () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
             _ = hup.recv() => {
                 cyphonic_telemetry::service::reloading();
@@ -739,7 +739,7 @@ impl<S: Services> Loop<S> {
             .into_iter()
             .partition(|(_, old)| common.active_peers().any(|p| same_peer(p, old)));
         for (id, _) in &gone {
-            if let Some(slot) = self.control.shared().peers.by_id(*id) {
+            if let Some(slot) = self.control.shared().peers().by_id(*id) {
                 self.control
                     .remove(&slot, &Removal::Dropped("no longer configured as it was"));
             }
@@ -747,7 +747,7 @@ impl<S: Services> Loop<S> {
         // The kept ones take the file's other settings (their DNS server).
         let kept = kept
             .into_iter()
-            .filter(|(id, _)| self.control.shared().peers.by_id(*id).is_some())
+            .filter(|(id, _)| self.control.shared().peers().by_id(*id).is_some())
             .filter_map(|(id, old)| {
                 common
                     .active_peers()
@@ -841,7 +841,7 @@ impl<S: Services> Loop<S> {
         if self.expiry.due(now) {
             let shared = self.control.shared();
             let peers: Vec<_> = shared
-                .peers
+                .peers()
                 .all()
                 .iter()
                 .map(|s| (s.name.clone(), s.current_certificate()))
@@ -853,7 +853,7 @@ impl<S: Services> Loop<S> {
             );
         }
         self.services.tick(now);
-        self.control.shared().policy.expire(now);
+        self.control.shared().policy().expire(now);
         if let Some(c) = self.cloud.as_mut() {
             let (version, names) = self.services.hosted();
             c.register(version, names);

@@ -54,17 +54,13 @@ fn f(v: u64) -> f64 {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        self.shared.counters.encode(PREFIX, &mut e)?;
+        self.shared.counters().encode(PREFIX, &mut e)?;
         let refusals: Vec<(Labels, f64)> = self
             .shared
-            .handshake_refusals
-            .lock()
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (vec![("reason", (*k).to_owned())], f(*v)))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .handshake_refusals()
+            .into_iter()
+            .map(|(k, v)| (vec![("reason", k.to_owned())], f(v)))
+            .collect();
         Family::counters(
             "cyphonic_handshake_refusals",
             "Handshake messages refused, by reason.",
@@ -187,7 +183,7 @@ impl Collector for EngineCollector {
 
         // Peers.
         let now = Instant::now();
-        let peers = self.shared.peers.all();
+        let peers = self.shared.peers().all();
         let mut bytes = Vec::new();
         let mut packets = Vec::new();
         let mut up = Vec::new();
@@ -294,7 +290,7 @@ impl Collector for EngineCollector {
                 if connected { 1.0 } else { 0.0 },
             )?;
         }
-        if let Some(p) = self.shared.policy.report() {
+        if let Some(p) = self.shared.policy().report() {
             use cyphonic_tunnel::policy::Reason;
             gauge(
                 &mut e,
@@ -356,13 +352,13 @@ impl Collector for EngineCollector {
             &mut e,
             "cyphonic_buffers_allocated",
             "Packet buffers allocated so far (the most ever in use).",
-            f(self.shared.pool.allocated() as u64),
+            f(self.shared.pool().allocated() as u64),
         )?;
         gauge(
             &mut e,
             "cyphonic_buffers_free",
             "Packet buffers free now.",
-            f(self.shared.pool.free() as u64),
+            f(self.shared.pool().free() as u64),
         )
     }
 }

@@ -86,7 +86,7 @@ impl Rules {
 
     /// Puts what is in force into `shared`'s data plane; returns the flows cut.
     pub fn apply(&self, shared: &Shared) -> usize {
-        shared.policy.set(self.effective().as_ref())
+        shared.policy().set(self.effective().as_ref())
     }
 
     /// The file was read again: its `[policy]` is now `file`, rule 0 `dns`. Whether what

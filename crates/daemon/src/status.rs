@@ -369,7 +369,7 @@ pub struct Buffers {
 /// Every peer of `shared` as the document shows it.
 pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
     shared
-        .peers
+        .peers()
         .all()
         .iter()
         .map(|slot| {

@@ -237,7 +237,7 @@ impl Stub {
             }
             said
         } else {
-            let peers = &self.shared.peers;
+            let peers = &self.shared.peers();
             match sender(self.vip, |ip| peers.route(ip).map(|p| p.id), from) {
                 Sender::Node => self.dns.query(now, from, msg, None),
                 // A peer gets our own zone and nothing else (the DNS service sees to that).

@@ -186,7 +186,7 @@ impl TunReader {
     /// lock, and sends them on their way.
     pub fn run(mut self) {
         let (side, shared) = (self.side.clone(), self.shared.clone());
-        let (pool, counters) = (&shared.pool, &shared.counters);
+        let (pool, counters) = (&shared.pool(), &shared.counters());
         while shared.is_running() {
             let Some(mut first) = pool.take() else {
                 bump(&counters.drop_no_buffer);
@@ -327,8 +327,8 @@ fn cut(
     let flags = if defer { FLAG_CHECKSUM_DEFERRED } else { 0 };
     let mut submitted = 0;
     loop {
-        let Some(mut seg) = shared.pool.take() else {
-            bump(&shared.counters.drop_no_buffer);
+        let Some(mut seg) = shared.pool().take() else {
+            bump(&shared.counters().drop_no_buffer);
             break;
         };
         let Some(len) = segments.next_into(&mut seg[PACKET_ROOM]) else {

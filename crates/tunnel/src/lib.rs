@@ -90,15 +90,15 @@ pub enum ToControl {
         at: Instant,
     },
     /// Traffic for keys we do not have came from this address: if a peer of ours is there,
-    /// handshake with it now (it kept keys we lost). Admitted by [`Shared::kick_gate`].
+    /// handshake with it now (it kept keys we lost). Admitted by `Shared::kick_gate`.
     Kick(SocketAddr),
     /// This host's addresses or routes changed: tell the peers and the cloud where we are.
     NetworkChanged,
     /// A packet for `dst` found no peer while peers evicted for idleness are remembered
-    /// ([`Shared::dormant`]): one of them may cover it. Admitted by [`Shared::wake_gate`].
+    /// ([`Shared::dormant`]): one of them may cover it. Admitted by `Shared::wake_gate`.
     NoRoute(std::net::Ipv4Addr),
     /// A return-routability challenge (docs/protocol.md §4) came from `from`: a relay
-    /// channel's, or the cloud's probe port's. Admitted by [`Shared::challenge_gate`].
+    /// channel's, or the cloud's probe port's. Admitted by `Shared::challenge_gate`.
     Challenge {
         /// Its source.
         from: SocketAddr,

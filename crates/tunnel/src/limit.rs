@@ -71,8 +71,8 @@ pub fn source_key(ip: std::net::IpAddr) -> u64 {
     }
 }
 
-/// Slots of [`Shared::kick_gate`](crate::Shared::kick_gate): frames with random indices from spoofed sources make at
-/// most this many requests a second, one per slot.
+/// Slots of the kick gate (`Shared::kick_gate`): frames with random indices from spoofed
+/// sources make at most this many requests a second, one per slot.
 pub const KICK_SLOTS: usize = 64;
 
 /// The gate on what frames on unknown keys can make the control thread do: one request a

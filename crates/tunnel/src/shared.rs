@@ -44,44 +44,44 @@ struct Woken {
 #[derive(Debug)]
 pub struct Shared {
     /// The peers.
-    pub peers: PeerTable,
+    pub(crate) peers: PeerTable,
     /// Who we are and whom we trust: what handshakes are answered as and checked against.
     /// Replaced whole when the trust changes ([`Control::set_identity`](crate::Control::set_identity)).
     identity: RwLock<Arc<Identity>>,
     /// Unix time for certificate checks.
-    pub clock: Clock,
+    pub(crate) clock: Clock,
     /// The peers' timers.
     timing: Timing,
     /// The AEAD the peers' keys use.
     aead: Backend,
     /// The engine's counters.
-    pub counters: EngineCounters,
+    pub(crate) counters: EngineCounters,
     /// Packet buffers.
-    pub pool: Pool,
+    pub(crate) pool: Pool,
     /// Cleared to stop the data threads.
-    pub running: AtomicBool,
+    pub(crate) running: AtomicBool,
     /// To the control thread (bounded; data threads only `try_send`).
-    pub control: tokio::sync::mpsc::Sender<ToControl>,
+    pub(crate) control: tokio::sync::mpsc::Sender<ToControl>,
     /// Wakes the control thread when a peer's timers changed on a data thread.
-    pub notify: tokio::sync::Notify,
+    pub(crate) notify: tokio::sync::Notify,
     /// The peers the data threads woke the control thread for ([`Shared::wake_control_for`]).
     woken: Mutex<Woken>,
     /// Bounds the [`ToControl::Kick`]s frames on unknown keys may send.
-    pub kick_gate: RateTable,
+    pub(crate) kick_gate: RateTable,
     /// Bounds the [`ToControl::NoRoute`]s packets without a peer may send (per destination).
-    pub wake_gate: RateTable,
+    pub(crate) wake_gate: RateTable,
     /// Bounds the [`ToControl::Challenge`]s frames may send (per hashed source: the cloud's
     /// few addresses are each answered a few times a second, a flood of forged challenges
     /// costs one slot's).
-    pub challenge_gate: RateTable,
+    pub(crate) challenge_gate: RateTable,
     /// Peers evicted for idleness that the control core remembers: while none are, a packet
     /// without a peer costs nothing more than its drop.
-    pub dormant: std::sync::atomic::AtomicUsize,
+    pub(crate) dormant: std::sync::atomic::AtomicUsize,
     /// Handshake messages refused, by reason (`HandshakeError::kind`, or `not_a_peer`).
     /// Written by the handshake thread only.
-    pub handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    pub(crate) handshake_refusals: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Per-device policy: which new flows may pass, both ways.
-    pub policy: Policy,
+    pub(crate) policy: Policy,
     /// Where our peers are (their endpoints, relay channels among them) and the hints of
     /// their initiations, as the control thread last looked (once a second): the handshake
     /// gate lets them in first.
@@ -121,6 +121,51 @@ impl Shared {
             },
             rx,
         )
+    }
+
+    /// The peers.
+    pub fn peers(&self) -> &PeerTable {
+        &self.peers
+    }
+
+    /// Unix time for certificate checks.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// The engine's counters.
+    pub fn counters(&self) -> &EngineCounters {
+        &self.counters
+    }
+
+    /// Packet buffers.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Per-device policy: which new flows may pass, both ways.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Completes when a data thread wakes the control thread ([`Shared::wake_control`],
+    /// [`Shared::wake_control_for`]).
+    pub fn control_woken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// Handshake messages refused so far, by reason (`HandshakeError::kind`, or
+    /// `not_a_peer`).
+    pub fn handshake_refusals(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.handshake_refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Peers evicted for idleness that the control core remembers now.
+    pub fn dormant(&self) -> usize {
+        self.dormant.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Who we are now, and whom we trust.

@@ -77,7 +77,7 @@ fn assert_no_buffer_leaks(mut p: Pair) {
     p.a.stop();
     p.b.stop();
     for (name, end) in [("a", &p.a), ("b", &p.b)] {
-        let pool = &end.shared.pool;
+        let pool = &end.shared.pool();
         assert_eq!(
             pool.in_use(),
             0,
@@ -136,7 +136,7 @@ fn rekeys_under_loss_keep_data_flowing_in_order() {
     });
     let before =
         p.a.shared
-            .counters
+            .counters()
             .sessions_established
             .load(std::sync::atomic::Ordering::Relaxed);
     let mut got = Vec::new();
@@ -152,7 +152,7 @@ fn rekeys_under_loss_keep_data_flowing_in_order() {
     assert!(strictly_increasing(&s), "in order, none twice");
     let rekeys =
         p.a.shared
-            .counters
+            .counters()
             .sessions_established
             .load(std::sync::atomic::Ordering::Relaxed)
             - before;
@@ -208,7 +208,7 @@ fn duplicates_reordering_delay_and_corruption_are_absorbed() {
         ingress.dropped(DropReason::Auth) > 0
             || p.b
                 .shared
-                .counters
+                .counters()
                 .drop_frame_malformed
                 .load(std::sync::atomic::Ordering::Relaxed)
                 > 0,
@@ -293,7 +293,7 @@ fn replayed_forged_and_garbage_frames_are_dropped() {
     let (ingress, _) = p.b.pipelines();
     assert!(ingress.dropped(DropReason::Replay) >= 50, "{ingress:?}");
     assert!(ingress.dropped(DropReason::Auth) >= 20, "{ingress:?}");
-    let c = &p.b.shared.counters;
+    let c = &p.b.shared.counters();
     let malformed = c
         .drop_frame_malformed
         .load(std::sync::atomic::Ordering::Relaxed)
@@ -335,7 +335,7 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
             self.0.store(false, Relaxed);
         }
     }
-    let pool = p.a.shared.pool.clone();
+    let pool = p.a.shared.pool().clone();
     let grabbing = AtomicBool::new(true);
     let grabbed = AtomicUsize::new(0);
     let sent = std::thread::scope(|s| {
@@ -370,7 +370,7 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
         // (where the grabber waits) only once a worker is done with them.
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut n = 0;
-        while p.a.shared.counters.drop_no_buffer.load(Relaxed) == 0 && Instant::now() < deadline {
+        while p.a.shared.counters().drop_no_buffer.load(Relaxed) == 0 && Instant::now() < deadline {
             // B's own pool may run short under load too: what it cannot send now, it
             // sends in a later burst (the sequence numbers stay contiguous).
             for _ in 0..100 {
@@ -382,10 +382,10 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(
-            p.a.shared.counters.drop_no_buffer.load(Relaxed) > 0,
+            p.a.shared.counters().drop_no_buffer.load(Relaxed) > 0,
             "the receive thread counts the buffers it cannot take: {} grabbed, {n} sent, A received {}, pool: {} in use, {} free",
             grabbed.load(Relaxed),
-            p.a.shared.counters.udp_received.load(Relaxed),
+            p.a.shared.counters().udp_received.load(Relaxed),
             pool.in_use(),
             pool.free()
         );
@@ -431,7 +431,7 @@ fn forged_data_frames_cost_no_decryption() {
     let ingress = || p.b.pipelines().0;
     let opened_before = ingress().submitted;
     let auth_before = ingress().dropped(DropReason::Auth);
-    let c = &p.b.shared.counters;
+    let c = &p.b.shared.counters();
     let unknown_before = c.drop_unknown_index.load(Relaxed);
     let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(7);
     let swept = (0..16u32 << 8)
@@ -499,7 +499,7 @@ fn a_restarted_end_handshakes_with_the_peer_still_sending_to_it() {
     assert!(
         took < Duration::from_secs(5),
         "B did not handshake: {:?}",
-        p.b.shared.counters
+        p.b.shared.counters()
     );
     assert!(p.b.settled_events().contains(&ControlEvent::PeerUp(1)));
     // New keys on both sides: traffic flows both ways again.
@@ -581,11 +581,11 @@ fn a_flood_of_initiations_does_not_stop_our_rekeys() {
         flooding.store(false, Relaxed);
         rekeyed
     });
-    let c = &p.b.shared.counters;
+    let c = &p.b.shared.counters();
     assert!(
         rekeyed,
         "B's rekey did not complete: {:?}",
-        p.b.shared.handshake_refusals
+        p.b.shared.handshake_refusals()
     );
     assert!(c.cookie_replies_sent.load(Relaxed) > 1000, "{c:?}");
     assert!(
@@ -650,7 +650,7 @@ fn under_load_a_genuine_initiator_gets_through_with_a_cookie() {
         flooding.store(false, Relaxed);
         done
     });
-    let (a, b) = (&p.a.shared.counters, &p.b.shared.counters);
+    let (a, b) = (&p.a.shared.counters(), &p.b.shared.counters());
     assert!(done, "A's handshake did not complete: {b:?}\n{a:?}");
     assert!(a.cookie_replies_received.load(Relaxed) >= 1, "{a:?}");
     assert!(b.cookie_replies_sent.load(Relaxed) > 100, "{b:?}");
@@ -688,7 +688,7 @@ fn packets_waiting_for_handshakes_hold_at_most_a_quarter_of_the_buffers() {
     // A's keys expire unanswered.
     std::thread::sleep(Duration::from_millis(400));
     assert!(!p.a.peer().lock().is_established(Instant::now()));
-    let c = &p.a.shared.counters;
+    let c = &p.a.shared.counters();
     let (queued, dropped) = (
         c.queued_for_handshake.load(Relaxed),
         c.drop_queue.load(Relaxed),
@@ -698,7 +698,7 @@ fn packets_waiting_for_handshakes_hold_at_most_a_quarter_of_the_buffers() {
     }
     assert_eq!(c.queued_for_handshake.load(Relaxed) - queued, 64, "{c:?}");
     assert_eq!(c.drop_queue.load(Relaxed) - dropped, 36, "{c:?}");
-    assert!(p.a.shared.pool.in_use() <= 64 + 2 * cyphonic_tunnel::RECV_BATCH);
+    assert!(p.a.shared.pool().in_use() <= 64 + 2 * cyphonic_tunnel::RECV_BATCH);
     assert_no_buffer_leaks(p);
 }
 
@@ -720,7 +720,7 @@ fn a_peer_revoked_while_carrying_traffic_is_cut_off_at_once() {
     let mut revoked = RevocationList::default();
     revoked.revoke(b_cert.fingerprint());
     let trust = TrustStore::new(ours.trust().cas().to_vec(), revoked).expect("a trust store");
-    let now_secs = p.a.shared.clock.unix_secs(Instant::now());
+    let now_secs = p.a.shared.clock().unix_secs(Instant::now());
     let revoking = std::sync::Arc::new(ours.with_trust(trust, now_secs).expect("still valid"));
     let removed =
         p.a.control(move |c| c.set_identity(&revoking, Instant::now()));
@@ -731,20 +731,20 @@ fn a_peer_revoked_while_carrying_traffic_is_cut_off_at_once() {
             Removal::Untrusted(CertError::Revoked(b_cert.fingerprint()))
         )]
     );
-    assert!(p.a.shared.peers.is_empty());
+    assert!(p.a.shared.peers().is_empty());
     assert!(p.a.events().contains(&ControlEvent::PeerRemoved(1)));
-    assert_eq!(p.a.shared.counters.peers_removed.load(Relaxed), 1);
+    assert_eq!(p.a.shared.counters().peers_removed.load(Relaxed), 1);
 
     // B still has its keys and goes on sending: A delivers none of it.
-    let unknown_before = p.a.shared.counters.drop_unknown_index.load(Relaxed);
+    let unknown_before = p.a.shared.counters().drop_unknown_index.load(Relaxed);
     send(&p.b, p.a.vip, 100, 50);
     assert!(p.a.wait_delivered(1, Duration::from_secs(1)).is_empty());
-    assert!(p.a.shared.counters.drop_unknown_index.load(Relaxed) >= unknown_before + 50);
+    assert!(p.a.shared.counters().drop_unknown_index.load(Relaxed) >= unknown_before + 50);
     // A's packets for B's block find no peer.
-    let no_peer_before = p.a.shared.counters.drop_no_peer.load(Relaxed);
+    let no_peer_before = p.a.shared.counters().drop_no_peer.load(Relaxed);
     send(&p.a, p.b.vip, 0, 5);
     assert_eq!(
-        p.a.shared.counters.drop_no_peer.load(Relaxed),
+        p.a.shared.counters().drop_no_peer.load(Relaxed),
         no_peer_before + 5
     );
 
@@ -752,9 +752,9 @@ fn a_peer_revoked_while_carrying_traffic_is_cut_off_at_once() {
     p.restart_b(&dataplane(), timing());
     let refused = || {
         p.a.shared
-            .handshake_refusals
-            .lock()
-            .map(|r| r.get("cert_revoked").copied().unwrap_or(0))
+            .handshake_refusals()
+            .get("cert_revoked")
+            .copied()
             .unwrap_or(0)
     };
     let restarted = Instant::now();
@@ -766,7 +766,7 @@ fn a_peer_revoked_while_carrying_traffic_is_cut_off_at_once() {
     }
     assert!(refused() >= 1, "B's handshakes were not refused as revoked");
     assert!(p.a.delivered().is_empty());
-    assert!(p.a.shared.peers.is_empty());
+    assert!(p.a.shared.peers().is_empty());
     assert!(!p.b.peer().lock().is_established(Instant::now()));
     assert_no_buffer_leaks(p);
 }
@@ -783,7 +783,7 @@ fn a_peer_whose_certificate_expires_leaves_at_once() {
     let now = Instant::now();
     assert!(
         p.a.shared
-            .clock
+            .clock()
             .follow(now, Duration::from_secs(not_after + 1))
             .is_some()
     );
@@ -792,10 +792,10 @@ fn a_peer_whose_certificate_expires_leaves_at_once() {
     // the table empty before the event).
     let deadline = now + Duration::from_secs(3);
     let removed = || p.a.events().contains(&ControlEvent::PeerRemoved(1));
-    while !(p.a.shared.peers.is_empty() && removed()) && Instant::now() < deadline {
+    while !(p.a.shared.peers().is_empty() && removed()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(p.a.shared.peers.is_empty(), "the expired peer stayed");
+    assert!(p.a.shared.peers().is_empty(), "the expired peer stayed");
     assert!(removed(), "no PeerRemoved event for the expired peer");
     send(&p.b, p.a.vip, 10, 10);
     assert!(p.a.wait_delivered(1, Duration::from_secs(1)).is_empty());
@@ -866,12 +866,12 @@ fn cloud_peers_are_refused_on_overlap_and_replaced_by_a_newer_certificate_of_the
         Err(overlap("100.64.3.16/28", "gw3.ovl.example"))
     );
     assert!(
-        p.a.shared.peers.by_id(first).is_none(),
+        p.a.shared.peers().by_id(first).is_none(),
         "gw3 is dropped too"
     );
     assert!(
         p.a.shared
-            .peers
+            .peers()
             .route(Ipv4Addr::new(100, 64, 3, 20))
             .is_none()
     );
@@ -882,15 +882,15 @@ fn cloud_peers_are_refused_on_overlap_and_replaced_by_a_newer_certificate_of_the
         add(cert("gw3.ovl.example", "100.64.3.0/24", T0 - 2 * DAY)),
         Err(Refusal::Older)
     );
-    assert_eq!(p.a.shared.counters.peers_refused.load(Relaxed), 6);
+    assert_eq!(p.a.shared.counters().peers_refused.load(Relaxed), 6);
     // Re-keyed under the same name: the new certificate takes its place and its routes.
     let newer = add(cert("gw3.ovl.example", "100.64.3.0/24", T0)).expect("replaced");
     assert_ne!(newer, first);
-    assert!(p.a.shared.peers.by_id(first).is_none());
-    let routed = p.a.shared.peers.route(Ipv4Addr::new(100, 64, 3, 7));
+    assert!(p.a.shared.peers().by_id(first).is_none());
+    let routed = p.a.shared.peers().route(Ipv4Addr::new(100, 64, 3, 7));
     assert_eq!(routed.map(|s| s.id), Some(newer));
     assert!(p.a.events().contains(&ControlEvent::PeerRemoved(first)));
-    assert_eq!(p.a.shared.peers.len(), 2, "gw2 and the new gw3");
+    assert_eq!(p.a.shared.peers().len(), 2, "gw2 and the new gw3");
     assert_no_buffer_leaks(p);
 }
 
@@ -924,11 +924,11 @@ fn idle_cloud_peers_are_evicted_and_traffic_asks_for_them_again() {
         ctl.add_cloud_peer(&c, config).expect("added").id
     });
     let deadline = Instant::now() + Duration::from_secs(5);
-    while p.a.shared.peers.by_id(id).is_some() && Instant::now() < deadline {
+    while p.a.shared.peers().by_id(id).is_some() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
-        p.a.shared.peers.by_id(id).is_none(),
+        p.a.shared.peers().by_id(id).is_none(),
         "the idle cloud peer stayed"
     );
     assert!(p.a.peer().origin == "static", "the static peer stays");
@@ -959,13 +959,8 @@ fn idle_cloud_peers_are_evicted_and_traffic_asks_for_them_again() {
         let config = PeerConfig::from_certificate(&c, None);
         ctl.add_cloud_peer(&c, config).expect("added again").id
     });
-    assert!(p.a.shared.peers.by_id(again).is_some());
-    assert_eq!(
-        p.a.shared
-            .dormant
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert!(p.a.shared.peers().by_id(again).is_some());
+    assert_eq!(p.a.shared.dormant(), 0);
     assert_no_buffer_leaks(p);
 }
 
@@ -1009,7 +1004,7 @@ fn the_policy_drops_both_ways_and_spoofed_sources_leave_no_flows() {
         },
         flows: 64,
     };
-    b.shared.policy.set(Some(&settings));
+    b.shared.policy().set(Some(&settings));
     assert!(a.send(b.vip, &udp(a.vip, b.vip, 7)));
     assert!(a.send(b.vip, &udp(a.vip, b.vip, 8)));
     let got = b.wait_delivered(2, Duration::from_secs(2));
@@ -1017,7 +1012,7 @@ fn the_policy_drops_both_ways_and_spoofed_sources_leave_no_flows() {
     assert_eq!(got[0][23], 7);
     let report = b
         .shared
-        .policy
+        .policy()
         .report()
         .unwrap_or_else(|| panic!("no policy"));
     assert_eq!(report.flows, 1);
@@ -1033,32 +1028,32 @@ fn the_policy_drops_both_ways_and_spoofed_sources_leave_no_flows() {
     std::thread::sleep(Duration::from_millis(300));
     let report = b
         .shared
-        .policy
+        .policy()
         .report()
         .unwrap_or_else(|| panic!("no policy"));
     assert_eq!(report.flows, 1, "a spoofed source made a flow");
     // The sending end: A's rules let nothing out; counted, nothing sealed.
-    a.shared.policy.set(Some(&PolicySettings {
+    a.shared.policy().set(Some(&PolicySettings {
         rules: RuleSet::default(),
         flows: 64,
     }));
     let sent = a
         .shared
-        .counters
+        .counters()
         .udp_sent
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(a.send(b.vip, &udp(a.vip, b.vip, 7)));
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
         a.shared
-            .counters
+            .counters()
             .drop_policy
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
     assert_eq!(
         a.shared
-            .counters
+            .counters()
             .udp_sent
             .load(std::sync::atomic::Ordering::Relaxed),
         sent,
