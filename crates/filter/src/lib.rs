@@ -174,6 +174,59 @@ struct Unconfirmed {
     rule: u32,
     /// Not renewed by the answering side's packets.
     expires: Instant,
+    /// Its place in the order such connections were taken up (eviction takes the oldest).
+    serial: u64,
+}
+
+/// The order the entries of a bounded table were made in, so that the oldest goes first when
+/// it is full: each key with the serial its entry was made under (the entries carry theirs),
+/// so that one removed, or made again, before its turn is skipped.
+#[derive(Debug, Default)]
+struct Oldest {
+    keys: VecDeque<(FlowKey, u64)>,
+    serial: u64,
+}
+
+impl Oldest {
+    /// Removes the oldest entries of `table` until it holds fewer than `capacity`; returns
+    /// how many it removed.
+    fn make_room<V>(
+        &mut self,
+        table: &mut HashMap<FlowKey, V>,
+        capacity: usize,
+        serial: impl Fn(&V) -> u64,
+    ) -> u64 {
+        let mut removed = 0;
+        while table.len() >= capacity {
+            let Some((old, s)) = self.keys.pop_front() else {
+                break;
+            };
+            if table.get(&old).is_some_and(|v| serial(v) == s) {
+                table.remove(&old);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// The serial for `key`'s entry about to be made, noted as the newest. Keys whose entries
+    /// went before their turn are dropped from the list first when it holds twice
+    /// `capacity`, so it stays within that.
+    fn push<V>(
+        &mut self,
+        key: FlowKey,
+        table: &HashMap<FlowKey, V>,
+        capacity: usize,
+        serial: impl Fn(&V) -> u64,
+    ) -> u64 {
+        if self.keys.len() >= 2 * capacity {
+            self.keys
+                .retain(|(k, s)| table.get(k).is_some_and(|v| serial(v) == *s));
+        }
+        self.serial += 1;
+        self.keys.push_back((key, self.serial));
+        self.serial
+    }
 }
 
 /// Connections taken up from their answering side and not confirmed yet, at most: a table of
@@ -236,13 +289,12 @@ pub struct Filter {
     flows: HashMap<FlowKey, Flow>,
     /// The datagrams whose first fragment passed: later fragments carry no ports.
     fragments: Fragments,
-    /// Keys in the order their flows were made, with the serial they had (stale entries are
-    /// skipped).
-    order: VecDeque<(FlowKey, u64)>,
-    /// Connections taken up from their answering side, by the opener's key, oldest first.
+    /// The order flows were made in.
+    order: Oldest,
+    /// Connections taken up from their answering side, by the opener's key.
     unconfirmed: HashMap<FlowKey, Unconfirmed>,
-    unconfirmed_order: VecDeque<FlowKey>,
-    serial: u64,
+    /// The order they were taken up in.
+    unconfirmed_order: Oldest,
     capacity: usize,
     timeouts: Timeouts,
     stats: Stats,
@@ -257,10 +309,9 @@ impl Filter {
             rules,
             flows: HashMap::new(),
             fragments: Fragments::new(fragment_capacity(capacity)),
-            order: VecDeque::new(),
+            order: Oldest::default(),
             unconfirmed: HashMap::new(),
-            unconfirmed_order: VecDeque::new(),
-            serial: 0,
+            unconfirmed_order: Oldest::default(),
             capacity: capacity.max(1),
             timeouts,
             stats: Stats::default(),
@@ -461,27 +512,22 @@ impl Filter {
         let Some(rule) = allowing(self, opener) else {
             return Verdict::Drop(Reason::NoFlow);
         };
-        while self.unconfirmed.len() >= UNCONFIRMED {
-            let Some(old) = self.unconfirmed_order.pop_front() else {
-                break;
-            };
-            if self.unconfirmed.remove(&old).is_some() {
-                self.stats.picked_up_refused += 1;
-            }
-        }
+        let serial = |u: &Unconfirmed| u.serial;
+        self.stats.picked_up_refused +=
+            self.unconfirmed_order
+                .make_room(&mut self.unconfirmed, UNCONFIRMED, serial);
+        let serial = self
+            .unconfirmed_order
+            .push(opener, &self.unconfirmed, UNCONFIRMED, serial);
         self.unconfirmed.insert(
             opener,
             Unconfirmed {
                 opener: dir.reversed(),
                 rule,
                 expires: now + UNCONFIRMED_FOR,
+                serial,
             },
         );
-        self.unconfirmed_order.push_back(opener);
-        if self.unconfirmed_order.len() > 2 * UNCONFIRMED {
-            let kept = &self.unconfirmed;
-            self.unconfirmed_order.retain(|k| kept.contains_key(k));
-        }
         Verdict::Pass
     }
 
@@ -539,16 +585,9 @@ impl Filter {
     }
 
     fn insert(&mut self, key: FlowKey, dir: Direction, rule: u32, state: State, expires: Instant) {
-        while self.flows.len() >= self.capacity {
-            let Some((old, serial)) = self.order.pop_front() else {
-                break;
-            };
-            if self.flows.get(&old).is_some_and(|f| f.serial == serial) {
-                self.remove(&old);
-                self.stats.evicted += 1;
-            }
-        }
-        self.serial += 1;
+        let serial = |f: &Flow| f.serial;
+        self.stats.evicted += self.order.make_room(&mut self.flows, self.capacity, serial);
+        let serial = self.order.push(key, &self.flows, self.capacity, serial);
         self.flows.insert(
             key,
             Flow {
@@ -556,16 +595,9 @@ impl Filter {
                 rule,
                 state,
                 expires,
-                serial: self.serial,
+                serial,
             },
         );
-        self.order.push_back((key, self.serial));
-        // Entries of flows gone before their turn: keep the order list near the table's size.
-        if self.order.len() > 2 * self.capacity + 64 {
-            let flows = &self.flows;
-            self.order
-                .retain(|(k, s)| flows.get(k).is_some_and(|f| f.serial == *s));
-        }
         self.stats.opened += 1;
         *self.stats.opened_by_rule.entry(rule).or_default() += 1;
     }
@@ -1151,7 +1183,7 @@ mod tests {
             f.check(&tcp(OPS, 40000, IOT, 22, ACK), Direction::Out, t),
             Verdict::Pass
         );
-        assert!(f.unconfirmed_order.len() <= 2 * UNCONFIRMED);
+        assert!(f.unconfirmed_order.keys.len() <= 2 * UNCONFIRMED);
         // The confirmed one lives as long as an open connection does, not UNCONFIRMED_FOR.
         let later = t + UNCONFIRMED_FOR * 2;
         assert_eq!(f.check(&data, Direction::In, later), Verdict::Pass);
@@ -1227,7 +1259,7 @@ mod tests {
             f.check(&udp(IOT, 5000, OPS, 10_000), Direction::In, t),
             Verdict::Drop(Reason::NoRule)
         );
-        assert!(f.order.len() <= 2 * 100 + 64);
+        assert!(f.order.keys.len() <= 2 * 100 + 64);
     }
 
     proptest::proptest! {
