@@ -194,9 +194,10 @@ fn root_parts(code: &str) -> (String, Vec<(String, String)>) {
     let mut body = String::new();
     let mut reexported = Vec::new();
     let mut rest = code;
-    while let Some(at) = rest
-        .find("pub use ")
-        .or_else(|| rest.find("pub(crate) use "))
+    while let Some(at) = ["pub use ", "pub(crate) use "]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
     {
         body.push_str(&rest[..at]);
         let end = rest[at..].find(';').map_or(rest.len(), |e| at + e + 1);
@@ -272,34 +273,44 @@ fn uses_root_item(code: &str, defined: &[String], top_level: bool) -> bool {
         &["crate::"]
     };
     prefixes.iter().any(|prefix| {
-        code.split(prefix).skip(1).any(|after| {
-            let firsts: Vec<&str> = match after.strip_prefix('{') {
-                Some(group) => group
-                    .split('}')
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(|i| i.trim().split("::").next().unwrap_or_default())
-                    .collect(),
-                None => vec![
-                    after
-                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-                        .next()
-                        .unwrap_or_default(),
-                ],
-            };
-            firsts.iter().any(|f| defined.iter().any(|d| d == f))
-        })
+        heads_after(code, prefix)
+            .iter()
+            .any(|h| defined.iter().any(|d| d == h))
     })
 }
 
-/// Whether `text` holds `word` not preceded or followed by a letter, digit or `_`.
+/// The first segment of each path that follows `prefix` in `code`: `crate::a::X` gives `a`,
+/// `crate::{a::X, B}` gives `a` and `B`.
+fn heads_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
+    code.split(prefix)
+        .skip(1)
+        .flat_map(|after| match after.strip_prefix('{') {
+            Some(group) => group
+                .split('}')
+                .next()
+                .unwrap_or_default()
+                .split(',')
+                .map(|i| i.trim().split("::").next().unwrap_or_default())
+                .collect(),
+            None => vec![
+                after
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .next()
+                    .unwrap_or_default(),
+            ],
+        })
+        .collect()
+}
+
+/// Whether `text` holds `word` whole: no letter, digit or `_` right after it (none is looked
+/// for after a word that ends in `::`), nor right before it when it starts with one.
 fn word_at(text: &str, word: &str) -> bool {
     let ident = |c: char| c.is_alphanumeric() || c == '_';
     text.match_indices(word).any(|(i, m)| {
         let before = text[..i].chars().next_back();
         let after = text[i + m.len()..].chars().next();
-        !before.is_some_and(ident) && (word.ends_with("::") || !after.is_some_and(ident))
+        !(word.starts_with(ident) && before.is_some_and(ident))
+            && (word.ends_with("::") || !after.is_some_and(ident))
     })
 }
 
@@ -335,18 +346,8 @@ fn code_of(text: &str) -> String {
 /// `crate::a::f()`, `use crate::{a, b}`).
 fn imports(code: &str, module: &str) -> bool {
     let path = module.replace('/', "::");
-    let direct = format!("crate::{path}");
-    code.match_indices(&direct).any(|(i, m)| {
-        let next = code[i + m.len()..].chars().next();
-        !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
-    }) || code.split("crate::{").skip(1).any(|group| {
-        group
-            .split('}')
-            .next()
-            .unwrap_or_default()
-            .split(',')
-            .any(|item| item.trim().split("::").next() == Some(path.as_str()))
-    })
+    word_at(code, &format!("crate::{path}"))
+        || heads_after(code, "crate::").contains(&path.as_str())
 }
 
 /// A circle in the graph `edges` (node -> nodes), as the nodes along it, if there is one.
@@ -591,12 +592,7 @@ fn named_in_map(root: &Path, section: &str, span: &str) -> Option<String> {
 
 /// Whether `code` has `name` as a whole word right after one of `before`.
 fn defined(code: &str, before: &[&str], name: &str) -> bool {
-    before.iter().any(|b| {
-        code.match_indices(&format!("{b}{name}")).any(|(at, m)| {
-            let next = code[at + m.len()..].chars().next();
-            !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
-        })
-    })
+    before.iter().any(|b| word_at(code, &format!("{b}{name}")))
 }
 
 /// The map's table of layers (`| 3 | signal, cloud |`) says what [`LAYERS`] enforces.
