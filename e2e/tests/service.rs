@@ -10,6 +10,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cyphonic_e2e::Proc;
 use cyphonic_e2e::bed::{BedOptions, Ping, Side, TwoSites};
 use cyphonic_e2e::hosts::Bins;
 
@@ -71,22 +72,11 @@ impl Drop for Manager {
 /// journald), against the stand-in: ready, and it carries traffic then; the watchdog pinged every second; a reload and the stop are announced.
 #[test]
 fn the_adapter_tells_systemd_it_is_ready_reloading_and_stopping_and_pings_the_watchdog() {
-    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
-    bed.stop(Side::A, "TERM").unwrap();
-    let manager = Manager::new();
-    let site = bed.site_ref(Side::A);
-    let _ = std::fs::remove_file(site.socket());
-    let script = format!(
-        "export NOTIFY_SOCKET={} WATCHDOG_USEC=2000000 WATCHDOG_PID=$$ JOURNAL_STREAM=8:1; exec {} run --config {}",
-        manager.path.display(),
-        bed.bins.adapter.display(),
-        site.config().display()
+    let (bed, manager, proc, log) = restart_a_under(
+        "WATCHDOG_USEC=2000000 WATCHDOG_PID=$$ JOURNAL_STREAM=8:1",
+        |_| String::new(),
+        "under-systemd.log",
     );
-    let log = site.dir.join("under-systemd.log");
-    let proc = site
-        .adapter_ns
-        .daemon(Path::new("/bin/sh"), &["-c", &script], &log, || true)
-        .unwrap();
     let text = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // READY=1 once (its order among the binds is the_adapter_sends_ready_only_after_...'s).
@@ -153,6 +143,35 @@ fn the_adapter_tells_systemd_it_is_ready_reloading_and_stopping_and_pings_the_wa
     assert!(out.status.success(), "{:?}", out.status);
 }
 
+/// Site A's adapter of a fresh bed, stopped and run again by a shell that exports
+/// `NOTIFY_SOCKET` (the stand-in's) and `env`, then `exec`s what `wrap` gives for the site's
+/// directory (nothing, or a command that runs the adapter) with the adapter's command line:
+/// the bed, the stand-in, the process and its log (`log` in the site's directory).
+fn restart_a_under(
+    env: &str,
+    wrap: impl FnOnce(&Path) -> String,
+    log: &str,
+) -> (TwoSites, Manager, Proc, PathBuf) {
+    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
+    bed.stop(Side::A, "TERM").unwrap();
+    let manager = Manager::new();
+    let site = bed.site_ref(Side::A);
+    let _ = std::fs::remove_file(site.socket());
+    let wrap = wrap(&site.dir);
+    let script = format!(
+        "export NOTIFY_SOCKET={} {env}; exec {wrap} {} run --config {}",
+        manager.path.display(),
+        bed.bins.adapter.display(),
+        site.config().display()
+    );
+    let log = site.dir.join(log);
+    let proc = site
+        .adapter_ns
+        .daemon(Path::new("/bin/sh"), &["-c", &script], &log, || true)
+        .unwrap();
+    (bed, manager, proc, log)
+}
+
 /// Kills a process by PID when dropped, unless it is gone: the adapter traced by strace,
 /// which a killed strace would leave running.
 struct KillOnDrop(u32);
@@ -180,24 +199,18 @@ fn first_line(trace: &[&str], what: &str, parts: &[&str]) -> usize {
 /// cannot tell that: the daemon goes on binding while the test reads.
 #[test]
 fn the_adapter_sends_ready_only_after_binding_its_sockets() {
-    let mut bed = TwoSites::up(&BedOptions::default()).unwrap();
-    bed.stop(Side::A, "TERM").unwrap();
-    let manager = Manager::new();
-    let site = bed.site_ref(Side::A);
-    let _ = std::fs::remove_file(site.socket());
-    let trace_file = site.dir.join("ready.strace");
-    let script = format!(
-        "export NOTIFY_SOCKET={}; exec strace -f -qq -s 256 -e trace=bind,write,sendto,sendmsg -o {} {} run --config {}",
-        manager.path.display(),
-        trace_file.display(),
-        bed.bins.adapter.display(),
-        site.config().display()
+    let (bed, manager, strace, log) = restart_a_under(
+        "",
+        |dir| {
+            format!(
+                "strace -f -qq -s 256 -e trace=bind,write,sendto,sendmsg -o {}",
+                dir.join("ready.strace").display()
+            )
+        },
+        "under-strace.log",
     );
-    let log = site.dir.join("under-strace.log");
-    let strace = site
-        .adapter_ns
-        .daemon(Path::new("/bin/sh"), &["-c", &script], &log, || true)
-        .unwrap();
+    let site = bed.site_ref(Side::A);
+    let trace_file = site.dir.join("ready.strace");
     let text = || std::fs::read_to_string(&log).unwrap_or_default();
     let mut adapter = None;
     cyphonic_e2e::wait_until(Duration::from_secs(5), "the traced adapter", || {
