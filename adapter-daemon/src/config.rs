@@ -57,6 +57,15 @@ impl fmt::Display for Mac {
     }
 }
 
+impl cyphonic_settings::Value for Mac {
+    fn kind() -> String {
+        "MAC address".to_owned()
+    }
+    fn show(&self) -> String {
+        format!("\"{self}\"")
+    }
+}
+
 impl<'de> Deserialize<'de> for Mac {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d)?
@@ -68,124 +77,134 @@ impl<'de> Deserialize<'de> for Mac {
 // ---- the file as written ------------------------------------------------------------------
 
 cyphonic_settings::config_file! {
-    /// The adapter's configuration file as written.
+    /// `cyphonic-adapter`'s file. The tables every tunnel end has are the node's too.
     struct Raw {
+        /// The adapter.
         adapter: RawAdapter,
-        #[serde(default)]
-        dhcp: RawDhcp,
-        #[serde(default)]
-        reservation: Vec<RawReservation>,
-        ha: Option<RawHa>,
+        /// The DHCP server.
+        dhcp: RawDhcp = RawDhcp::default(),
+        /// Devices with fixed addresses.
+        reservation: Vec<RawReservation> = Vec::new(),
+        /// The other box of a pair.
+        ha: Option<RawHa> = None,
     }
 }
 
-/// `[ha]`: this adapter is one of a pair serving the site as one gateway
-/// (docs/protocol.md §5). Both hold the site's certificate and key.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHa {
-    priority: Spanned<u8>,
-    #[serde(default)]
-    preempt: bool,
-    peer_underlay: Option<std::net::IpAddr>,
-    #[serde(default = "default_ha_port")]
-    port: u16,
-}
-
-/// `ha.port`: the pair's UDP port on the underlay.
-const fn default_ha_port() -> u16 {
-    51821
+cyphonic_settings::table! {
+    /// One of two adapters on this LAN serving the site as one gateway (docs/protocol.md §5).
+    /// Both have the same file, the site's one certificate and key, and a `state_dir` each;
+    /// only the priority differs. The box that is not serving stands by: it answers nothing on
+    /// the LAN, opens no tunnel, and keeps the lease table the serving one sends it; it serves
+    /// within about 300 ms of the serving one's going silent. Leave the table out on a lone
+    /// adapter. Changes need a restart.
+    struct RawHa in "ha" {
+        /// 1 to 254: the higher serves when both start together and are equally well.
+        priority: Spanned<u8>,
+        /// Take the gateway back from the other box when this one has the higher priority
+        /// (once it holds the other's lease table). `false`: the box serving keeps serving.
+        preempt: bool = false,
+        /// The other box's underlay address: the pair's messages go there too (UDP, `port`),
+        /// so that a cut of the LAN between the two alone does not make both serve. Unset: the
+        /// LAN only.
+        peer_underlay: Option<std::net::IpAddr> = None,
+        /// The pair's UDP port on the underlay, the same on both boxes.
+        port: u16 = 51821,
+    }
 }
 
 cyphonic_settings::end_table! {
-    /// `[adapter]`.
+    /// The adapter and its LAN.
     struct RawAdapter("adapter", status_socket = "/run/cyphonic/adapter.sock") {
+        /// The internal NIC, where the devices are plugged in. The adapter captures it raw and
+        /// answers ARP, ICMP, DHCP and DNS itself: give this interface no IP address in the
+        /// operating system, only bring it up.
         lan_interface: String,
-        gateway_vip: Option<Spanned<Ipv4Addr>>,
-        #[serde(default = "cyphonic_settings::defaults::yes")]
-        mss_clamp: bool,
-        #[serde(default = "default_state_dir")]
-        state_dir: PathBuf,
+        /// The adapter's own overlay address on the LAN: the devices' default router (and
+        /// their DHCP and DNS server). A host address inside the vIP block of this adapter's
+        /// certificate. Unset: the block's first host address.
+        gateway_vip: Option<Spanned<Ipv4Addr>> = None,
+        /// Rewrite the MSS of TCP SYN and SYN-ACK both ways to fit `inner_mtu`, so that TCP
+        /// never depends on path MTU discovery working.
+        mss_clamp: bool = true,
+        /// Where the adapter keeps state across restarts: the DHCP leases (`leases.json`,
+        /// replaced atomically). Created mode 0700.
+        state_dir: PathBuf = PathBuf::from("/var/lib/cyphonic"),
     }
 }
 
 cyphonic_settings::dns_table! {
-    /// `[dns]`: the keys every tunnel end has (the adapter adds none).
+    /// The DNS service on `gateway_vip`, port 53: the names of this adapter's devices
+    /// (`<hostname>.<adapter name>`).
     struct RawDns {}
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDhcp {
-    #[serde(default = "cyphonic_settings::defaults::yes")]
-    enabled: bool,
-    pool: Option<Spanned<String>>,
-    #[serde(default = "default_lease_time")]
-    lease_time: Spanned<u32>,
-    #[serde(default = "default_new_lease_share")]
-    new_lease_share: Spanned<f64>,
-    #[serde(default = "default_new_lease_window")]
-    new_lease_window: Spanned<u64>,
-}
-
-impl Default for RawDhcp {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            pool: None,
-            lease_time: default_lease_time(),
-            new_lease_share: default_new_lease_share(),
-            new_lease_window: default_new_lease_window(),
-        }
+cyphonic_settings::table! {
+    /// The DHCP server on `lan_interface`: devices get a vIP from the pool, `gateway_vip` as
+    /// router and DNS server, the adapter's name as domain, and `inner_mtu` as interface MTU.
+    struct RawDhcp in "dhcp" (optional) {
+        /// Serve DHCP. Switch it off only when every device is configured by hand
+        /// (reservations).
+        enabled: bool = true,
+        /// The dynamic pool, `first-last` inclusive, inside the certified block (the adapter
+        /// refuses to start otherwise). Reserved addresses and `gateway_vip` are never handed
+        /// out from it. Unset: the whole block but its network, broadcast and gateway
+        /// addresses.
+        pool: Option<Spanned<String>> = None,
+        /// Lease time, seconds (60 to 31536000); devices renew at half of it.
+        lease_time: Spanned<u32> = cyphonic_settings::unwritten(3600),
+        /// Starvation guard: devices never seen before may be bound to at most this share of
+        /// the pool within `new_lease_window` seconds, and hold at most this share in offers
+        /// at once (a newer offer takes the oldest one's place). Known devices are never
+        /// limited.
+        new_lease_share: Spanned<f64> = cyphonic_settings::unwritten(0.25),
+        /// The starvation guard's window, seconds.
+        new_lease_window: Spanned<u64> = cyphonic_settings::unwritten(60),
     }
 }
 
 cyphonic_settings::dataplane_table! {
-    /// `[dataplane]`: the keys every tunnel end has, and the LAN side's.
+    /// The data plane: the keys every tunnel end has, and the LAN side's.
     struct RawDataplane {
-        #[serde(default = "cyphonic_settings::defaults::socket_buffer")]
-        lan_buffer: usize = cyphonic_settings::defaults::socket_buffer(),
-        #[serde(default = "cyphonic_settings::defaults::yes")]
+        /// Kernel buffer of the LAN capture, bytes. Too small drops bursts.
+        lan_buffer: usize = cyphonic_settings::DataPlane::default().udp_buffer,
+        /// Take the frames the LAN port's GRO/LRO merged as they are (PACKET_VNET_HDR) and cut
+        /// them back into wire-sized segments here: one system call per up to 64 KiB.
+        /// `false`: switch GRO and LRO off at start.
         lan_gro: bool = true,
-        #[serde(default = "cyphonic_settings::defaults::yes")]
+        /// Send runs of segments of one flow to the LAN devices as one large frame that the
+        /// kernel (or the NIC) cuts again. Off by itself if the interface refuses.
         lan_gso: bool = true,
-        #[serde(default = "cyphonic_settings::defaults::yes")]
+        /// Leave the checksums the devices' kernels left to offload, and those of segments cut
+        /// from merged frames, to the tunnel's far end (the frame says so). Fragmented packets
+        /// are always completed here.
         defer_checksums: bool = true,
-        #[serde(default = "default_lan_queues")]
-        lan_queues: Spanned<usize> = default_lan_queues(),
+        /// Capture sockets sharing the LAN port's frames by flow (1 to 16), each with its own
+        /// `lan_buffer`, read in turn: a ping then waits behind at most a batch of a
+        /// download's frames. A flow's frames stay on one socket, in order.
+        lan_queues: Spanned<usize> = cyphonic_settings::unwritten(1),
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawReservation {
-    mac: Spanned<Mac>,
-    vip: Spanned<Ipv4Addr>,
-    hostname: Option<Spanned<String>>,
-    #[serde(default)]
-    groups: Vec<Spanned<String>>,
-}
-
-/// `dataplane.lan_queues`: one capture socket.
-fn default_lan_queues() -> Spanned<usize> {
-    Spanned::new(0..0, 1)
+cyphonic_settings::table! {
+    /// A device with a fixed address: its MAC is the only one allowed to send from that vIP.
+    /// It gets the address from DHCP, or may be configured by hand (it then still has a
+    /// name). Reserved addresses may lie inside or outside the pool. Repeat the table for
+    /// each device.
+    struct RawReservation in "reservation" {
+        /// The device's MAC address, `02:00:00:00:01:0a`.
+        mac: Spanned<Mac>,
+        /// Its overlay address, inside the certified block.
+        vip: Spanned<Ipv4Addr>,
+        /// Its name (a DNS label); it overrides what the device calls itself. Unset: the name
+        /// the device gives in DHCP, if any.
+        hostname: Option<Spanned<String>> = None,
+        /// The groups `[policy]` rules may name it by.
+        groups: Vec<Spanned<String>> = Vec::new(),
+    }
 }
 
 /// The most capture sockets `dataplane.lan_queues` may ask for.
 const LAN_QUEUES_MAX: usize = 16;
-
-fn default_state_dir() -> PathBuf {
-    PathBuf::from("/var/lib/cyphonic")
-}
-fn default_lease_time() -> Spanned<u32> {
-    Spanned::new(0..0, 3600)
-}
-fn default_new_lease_share() -> Spanned<f64> {
-    Spanned::new(0..0, 0.25)
-}
-fn default_new_lease_window() -> Spanned<u64> {
-    Spanned::new(0..0, 60)
-}
 
 // ---- the validated configuration -----------------------------------------------------------
 
@@ -295,12 +314,12 @@ impl AdapterConfig {
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         cyphonic_settings::changed_keys([
             (
-                "adapter.lan_interface",
+                RawAdapter::lan_interface,
                 self.lan_interface != new.lan_interface,
             ),
-            ("adapter.gateway_vip", self.gateway_vip != new.gateway_vip),
-            ("adapter.mss_clamp", self.mss_clamp != new.mss_clamp),
-            ("adapter.state_dir", self.state_dir != new.state_dir),
+            (RawAdapter::gateway_vip, self.gateway_vip != new.gateway_vip),
+            (RawAdapter::mss_clamp, self.mss_clamp != new.mss_clamp),
+            (RawAdapter::state_dir, self.state_dir != new.state_dir),
             (
                 "[dhcp]",
                 without_reservations(&self.dhcp) != without_reservations(&new.dhcp),
@@ -341,7 +360,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
     if !lan_block.contains(&gw) || gw == lan_block.network() || gw == lan_block.broadcast() {
         return src.err(
             &gw_span,
-            "adapter.gateway_vip",
+            RawAdapter::gateway_vip,
             format!(
                 "{gw} must be a host address inside the block {lan_block} certified to {}",
                 cert.body().name
@@ -374,7 +393,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
     if !(1..=LAN_QUEUES_MAX).contains(d.lan_queues.get_ref()) {
         return src.err(
             &d.lan_queues.span(),
-            "dataplane.lan_queues",
+            RawDataplane::lan_queues,
             format!("{} is outside 1..={LAN_QUEUES_MAX}", d.lan_queues.get_ref()),
         );
     }
@@ -382,7 +401,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         Some(h) if !(1..=254).contains(h.priority.get_ref()) => {
             return src.err(
                 &h.priority.span(),
-                "ha.priority",
+                RawHa::priority,
                 format!("{} is outside 1..=254", h.priority.get_ref()),
             );
         }
@@ -426,7 +445,7 @@ fn check_reservations(
     let mut reservations = Vec::new();
     for (i, r) in raw.iter().enumerate() {
         let vip = *r.vip.get_ref();
-        let key = |k: &str| format!("reservation[{i}].{k}");
+        let key = |k: &str| cyphonic_settings::indexed(k, i);
         if !lan_block.contains(&vip)
             || vip == gw
             || vip == lan_block.network()
@@ -434,21 +453,21 @@ fn check_reservations(
         {
             return src.err(
                 &r.vip.span(),
-                &key("vip"),
+                &key(RawReservation::vip),
                 format!("{vip} is not a free host address of the block {lan_block}"),
             );
         }
         if !vips.insert(vip) {
             return src.err(
                 &r.vip.span(),
-                &key("vip"),
+                &key(RawReservation::vip),
                 format!("{vip} is reserved twice"),
             );
         }
         if !macs.insert(*r.mac.get_ref()) {
             return src.err(
                 &r.mac.span(),
-                &key("mac"),
+                &key(RawReservation::mac),
                 format!("{} is reserved twice", r.mac.get_ref()),
             );
         }
@@ -464,7 +483,7 @@ fn check_reservations(
             if !ok {
                 return src.err(
                     &h.span(),
-                    &key("hostname"),
+                    &key(RawReservation::hostname),
                     format!("{label:?} is not a DNS label (a-z, 0-9, inner hyphens, 1 to 63)"),
                 );
             }
@@ -474,7 +493,7 @@ fn check_reservations(
             if name.is_empty() || name.parse::<Ipv4Addr>().is_ok() || name.contains('/') {
                 return src.err(
                     &g.span(),
-                    &key(&format!("groups[{j}]")),
+                    &format!("{}[{j}]", key(RawReservation::groups)),
                     format!("{name:?} is not a group's name (a word, not an address)"),
                 );
             }
@@ -514,7 +533,7 @@ fn check_dhcp(
             let Some(pool) = parsed else {
                 return src.err(
                     &text.span(),
-                    "dhcp.pool",
+                    RawDhcp::pool,
                     format!(
                         "{:?} is not a range of addresses like \"100.64.1.100-100.64.1.199\"",
                         text.get_ref()
@@ -527,7 +546,7 @@ fn check_dhcp(
     if *d.new_lease_window.get_ref() == 0 {
         return src.err(
             &d.new_lease_window.span(),
-            "dhcp.new_lease_window",
+            RawDhcp::new_lease_window,
             "must be at least 1 second",
         );
     }
@@ -549,19 +568,21 @@ fn check_dhcp(
             let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
             src.err(
                 &span,
-                "dhcp.pool",
+                RawDhcp::pool,
                 format!("{e} (certified to {name}); the adapter refuses to start"),
             )
         }
-        Err(e @ E::LeaseTime(_)) => src.err(&d.lease_time.span(), "dhcp.lease_time", e.to_string()),
+        Err(e @ E::LeaseTime(_)) => {
+            src.err(&d.lease_time.span(), RawDhcp::lease_time, e.to_string())
+        }
         Err(e @ E::Share(_)) => src.err(
             &d.new_lease_share.span(),
-            "dhcp.new_lease_share",
+            RawDhcp::new_lease_share,
             e.to_string(),
         ),
         Err(e) => {
             let span = d.pool.as_ref().map(Spanned::span).unwrap_or_default();
-            src.err(&span, "dhcp.pool", e.to_string())
+            src.err(&span, RawDhcp::pool, e.to_string())
         }
     }
 }
@@ -1096,28 +1117,17 @@ mod tests {
         );
     }
 
+    /// docs/configuration/adapter.md is the reference the declarations make.
+    #[test]
+    fn the_configuration_reference_is_current() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        cyphonic_settings::testing::assert_reference_current::<Raw>(&root, "adapter");
+    }
+
     /// config/adapter.example.toml sets every key the code accepts, so every key is documented
     /// there (a new key without documentation fails here).
     #[test]
     fn the_example_documents_every_key() {
-        assert_documents_every_key::<Raw>(
-            EXAMPLE,
-            "config/adapter.example.toml",
-            &["reservation", "peer"],
-            &[
-                "adapter",
-                "identity",
-                "dhcp",
-                "reservation",
-                "ha",
-                "dns",
-                "dataplane",
-                "peer",
-                "cloud",
-                "metrics",
-                "log",
-                "policy",
-            ],
-        );
+        assert_documents_every_key::<Raw>(EXAMPLE, "config/adapter.example.toml");
     }
 }

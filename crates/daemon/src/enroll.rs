@@ -51,7 +51,7 @@ pub fn enroll(
         now_secs,
     };
     let files = raw.identity.files(&src);
-    let token = token.or_else(|| raw.identity.token());
+    let token = token.or_else(|| raw.identity.enrollment_token());
     if files.certificate.exists() {
         return match existing {
             Existing::Keep => Ok(false),
@@ -118,7 +118,7 @@ pub fn pending(path: &Path, now_secs: u64) -> Option<String> {
         now_secs,
     };
     let files = raw.identity.files(&src);
-    (!files.certificate.exists() && raw.identity.token().is_some() && raw.cloud.is_some()).then(
+    (!files.certificate.exists() && raw.identity.enrollment_token().is_some() && raw.cloud.is_some()).then(
         || {
             format!(
                 "{}: not enrolled yet ({} does not exist): `run` enrolls with [identity] token first; check again after",

@@ -11,40 +11,45 @@ use cyphonic_settings::{Common, ConfigError, Identity, Source};
 use toml::Spanned;
 
 cyphonic_settings::config_file! {
-    /// The node's configuration file as written.
+    /// `cyphonic-node`'s file. The tables every tunnel end has are the adapter's too.
     struct Raw {
+        /// The node.
         node: RawNode,
     }
 }
 
 cyphonic_settings::end_table! {
-    /// `[node]`.
+    /// The node and its TUN interface.
     struct RawNode("node", status_socket = "/run/cyphonic/node.sock") {
-        #[serde(default = "default_interface")]
-        interface: Spanned<String>,
-        vip: Option<Spanned<Ipv4Addr>>,
+        /// The TUN interface the node creates for the overlay (removed when it stops), 1 to
+        /// 15 bytes, no `/` or spaces. `%d` in the name is replaced by a free number.
+        interface: Spanned<String> = cyphonic_settings::unwritten("cyo0".to_owned()),
+        /// This host's overlay address, inside the vIP block of the node's certificate. Unset:
+        /// the block's address for a /32 (or /31), else its first host address.
+        vip: Option<Spanned<Ipv4Addr>> = None,
     }
 }
 
 cyphonic_settings::dns_table! {
-    /// `[dns]`: the stub's own key, `listen`.
+    /// A DNS stub for the overlay: it answers this node's name, asks the cloud (or a static
+    /// peer) about other names in the overlay's domain, and forwards other names to
+    /// `upstream`. Point the host's resolver at it for the overlay's domain
+    /// (docs/operations.md: split DNS).
     struct RawDns {
+        /// Where the stub answers, one address and port. Unset: the node's `vip`, port 53.
         listen: Option<Spanned<SocketAddr>> = None,
     }
 }
 
 cyphonic_settings::dataplane_table! {
-    /// `[dataplane]`: the keys every tunnel end has, and the TUN side's.
+    /// The data plane: the keys every tunnel end has, and the TUN side's.
     struct RawDataplane {
-        #[serde(default = "cyphonic_settings::defaults::yes")]
+        /// The TUN device with offloads: super-packets and partial checksums both ways.
         tun_offload: bool = true,
-        #[serde(default = "cyphonic_settings::defaults::yes")]
+        /// With offloads, checksums the host left partial go through the tunnel for the far
+        /// end to complete (docs/protocol.md §1).
         defer_checksums: bool = true,
     }
-}
-
-fn default_interface() -> Spanned<String> {
-    Spanned::new(0..0, "cyo0".into())
 }
 
 /// Everything the node needs to run, checked.
@@ -77,12 +82,15 @@ impl NodeConfig {
     /// every tunnel end has are compared by the daemon core).
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         cyphonic_settings::changed_keys([
-            ("node.interface", self.interface != new.interface),
-            ("node.vip", self.vip != new.vip),
-            ("dns.listen", self.dns_listen != new.dns_listen),
-            ("dataplane.tun_offload", self.tun_offload != new.tun_offload),
+            (RawNode::interface, self.interface != new.interface),
+            (RawNode::vip, self.vip != new.vip),
+            (RawDns::listen, self.dns_listen != new.dns_listen),
             (
-                "dataplane.defer_checksums",
+                RawDataplane::tun_offload,
+                self.tun_offload != new.tun_offload,
+            ),
+            (
+                RawDataplane::defer_checksums,
                 self.defer_checksums != new.defer_checksums,
             ),
         ])
@@ -106,7 +114,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
     if interface.is_empty() || interface.len() > 15 || interface.contains(['/', ' ', '\0']) {
         return src.err(
             &n.interface.span(),
-            "node.interface",
+            RawNode::interface,
             format!("{interface:?} is not an interface name (1 to 15 bytes, no '/' or spaces)"),
         );
     }
@@ -123,7 +131,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
     {
         return src.err(
             &v.span(),
-            "node.vip",
+            RawNode::vip,
             format!(
                 "{vip} must be a host address inside the block {block} certified to {}",
                 identity.certificate().body().name
@@ -138,7 +146,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
             if a.ip().is_unspecified() || a.ip().is_multicast() {
                 return src.err(
                     &l.span(),
-                    "dns.listen",
+                    RawDns::listen,
                     format!("{a}: give the one address the stub answers on"),
                 );
             }
@@ -304,24 +312,16 @@ mod tests {
         assert_mistakes(&f, EXAMPLE, SHARED_MISTAKES, load, NOW);
     }
 
+    /// docs/configuration/node.md is the reference the declarations make.
+    #[test]
+    fn the_configuration_reference_is_current() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        cyphonic_settings::testing::assert_reference_current::<Raw>(&root, "node");
+    }
+
     /// config/node.example.toml sets every key the code accepts.
     #[test]
     fn the_example_documents_every_key() {
-        assert_documents_every_key::<Raw>(
-            EXAMPLE,
-            "config/node.example.toml",
-            &["peer"],
-            &[
-                "node",
-                "identity",
-                "dns",
-                "dataplane",
-                "peer",
-                "cloud",
-                "metrics",
-                "log",
-                "policy",
-            ],
-        );
+        assert_documents_every_key::<Raw>(EXAMPLE, "config/node.example.toml");
     }
 }

@@ -9,16 +9,26 @@ use toml::Spanned;
 
 use crate::{ConfigError, Source};
 
-/// `[cloud]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawCloud {
-    address: Spanned<OneOrMore>,
-    public_key: Spanned<OneOrMore>,
-    #[serde(default)]
-    endpoints: Vec<Spanned<SocketAddr>>,
-    #[serde(default = "default_idle_peer_timeout")]
-    idle_peer_timeout: Spanned<u64>,
+crate::table! {
+    /// The control plane (`cyphonic-cloud`). With it, peers need not be listed: a name asked
+    /// under the overlay's domain is resolved through the cloud, which tells both ends to
+    /// handshake at once (hole punching); this end registers its own name and its devices'.
+    /// Unset: static peers only.
+    pub struct RawCloud in "cloud" {
+        /// Where the cloud (NMS) listens, TCP: one `host:port` or address and port, or a list
+        /// of them for several instances on one database, tried in turn. Host names are
+        /// looked up at each attempt.
+        address: Spanned<OneOrMore>,
+        /// The cloud's Noise public key as `cyphonic-cloud keygen` printed it: pinned, nothing
+        /// else is believed. A list while the key is being replaced (the old and the new one).
+        public_key: Spanned<OneOrMore>,
+        /// Tunnel endpoints to register besides the address the cloud sees our probes come
+        /// from (behind NAT, that one is the one that works).
+        endpoints: Vec<Spanned<SocketAddr>> = Vec::new(),
+        /// Seconds (5 to 86400) after which a peer found through the cloud leaves without
+        /// traffic either way; traffic for its block asks the cloud for it again.
+        idle_peer_timeout: Spanned<u64> = crate::unwritten(600),
+    }
 }
 
 /// A key that takes one string or a list of them (`address = "a"`, `address = ["a", "b"]`).
@@ -28,6 +38,18 @@ pub struct RawCloud {
 enum OneOrMore {
     One(String),
     More(Vec<String>),
+}
+
+impl crate::Value for OneOrMore {
+    fn kind() -> String {
+        "string, or list of strings".to_owned()
+    }
+    fn show(&self) -> String {
+        match self {
+            Self::One(one) => one.show(),
+            Self::More(more) => more.show(),
+        }
+    }
 }
 
 impl OneOrMore {
@@ -59,11 +81,6 @@ fn cloud_address(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
-/// Ten minutes without traffic.
-fn default_idle_peer_timeout() -> Spanned<u64> {
-    Spanned::new(0..0, 600)
-}
-
 /// Where the cloud is (`[cloud]`), checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cloud {
@@ -89,7 +106,7 @@ impl RawCloud {
             let Ok(key) = text.parse::<PublicKey>() else {
                 return src.err(
                     &self.public_key.span(),
-                    "cloud.public_key",
+                    RawCloud::public_key,
                     "expected the 64 hex digits `cyphonic-cloud keygen` printed",
                 );
             };
@@ -99,13 +116,13 @@ impl RawCloud {
         for text in self.address.get_ref().items() {
             addresses.push(
                 cloud_address(text)
-                    .or_else(|e| src.err(&self.address.span(), "cloud.address", e))?,
+                    .or_else(|e| src.err(&self.address.span(), RawCloud::address, e))?,
             );
         }
         for (key, span, count) in [
-            ("cloud.address", self.address.span(), addresses.len()),
+            (RawCloud::address, self.address.span(), addresses.len()),
             (
-                "cloud.public_key",
+                RawCloud::public_key,
                 self.public_key.span(),
                 public_keys.len(),
             ),
@@ -119,7 +136,7 @@ impl RawCloud {
             if ip.is_unspecified() || ip.is_multicast() || e.get_ref().port() == 0 {
                 return src.err(
                     &e.span(),
-                    "cloud.endpoints",
+                    RawCloud::endpoints,
                     format!("{} cannot be reached by peers", e.get_ref()),
                 );
             }
@@ -128,7 +145,7 @@ impl RawCloud {
         if !(5..=86_400).contains(&idle) {
             return src.err(
                 &self.idle_peer_timeout.span(),
-                "cloud.idle_peer_timeout",
+                RawCloud::idle_peer_timeout,
                 format!("{idle} s: give 5 to 86400 seconds"),
             );
         }

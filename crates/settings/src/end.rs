@@ -29,12 +29,22 @@ pub struct EndKeys<'a> {
     pub table: &'static str,
     /// `listen`.
     pub listen: SocketAddr,
-    /// `overlay`.
-    pub overlay: &'a Spanned<Ipv4Net>,
-    /// `inner_mtu`.
-    pub inner_mtu: &'a Spanned<u16>,
+    /// `overlay`, and its dotted key.
+    pub overlay: crate::Keyed<'a, Ipv4Net>,
+    /// `inner_mtu`, and its dotted key.
+    pub inner_mtu: crate::Keyed<'a, u16>,
     /// `status_socket`, or the binary's default.
     pub status_socket: &'a Path,
+}
+
+/// The shared keys of `[dns]` as written, each with its dotted key (what
+/// [`dns_table!`](crate::dns_table) declares gives them).
+#[derive(Debug, Clone, Copy)]
+pub struct DnsKeys<'a> {
+    /// `upstream`.
+    pub upstream: (&'a [Spanned<IpAddr>], &'a str),
+    /// `ttl`.
+    pub ttl: crate::Keyed<'a, u32>,
 }
 
 /// The shared part of `[dns]`, checked.
@@ -45,6 +55,16 @@ pub struct Dns {
     /// TTL of the answers given, seconds.
     pub ttl: u32,
 }
+
+/// The default `listen`: every address, IPv4 and IPv6, port 51820.
+pub const LISTEN: SocketAddr = SocketAddr::new(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 51820);
+
+/// The default `overlay`: 100.64.0.0/10.
+pub const OVERLAY: Ipv4Net = Ipv4Net::new_assert(std::net::Ipv4Addr::new(100, 64, 0, 0), 10);
+
+/// The default `dns.ttl`, seconds (also the TTL of the answers built from the cloud's when
+/// the DNS service is off).
+pub const DNS_TTL: u32 = 60;
 
 /// What every tunnel end is configured with, checked.
 #[derive(Debug, Clone)]
@@ -107,28 +127,28 @@ impl Common {
         cloud: Option<&RawCloud>,
         (metrics, log): (&RawMetrics, &RawLog),
         dataplane: DataPlane,
-        dns: Option<(&[Spanned<IpAddr>], &Spanned<u32>)>,
+        dns: Option<DnsKeys<'_>>,
     ) -> Result<(Self, Identity), ConfigError> {
         let table = end.table;
         let files = identity.files(src);
         let (certificate_file, ca_file) = (files.certificate, files.ca);
         let identity = identity_and_block(src, identity)?;
         let (identity, block) = identity;
-        let overlay = *end.overlay.get_ref();
+        let overlay = *end.overlay.0.get_ref();
         if !overlay.contains(&block) {
             return src.err(
-                &end.overlay.span(),
-                &format!("{table}.overlay"),
+                &end.overlay.0.span(),
+                end.overlay.1,
                 format!("{overlay} does not contain this {table}'s block {block}"),
             );
         }
-        let inner_mtu = check_mtu(src, end.inner_mtu, &format!("{table}.inner_mtu"))?;
+        let inner_mtu = check_mtu(src, end.inner_mtu)?;
         let peers = peers(src, raw_peers, &identity, block)?;
         let dns = dns
-            .map(|(upstream, ttl)| {
-                check_dns(src, upstream, ttl, overlay).map(|upstream| Dns {
+            .map(|keys| {
+                check_dns(src, keys, overlay).map(|upstream| Dns {
                     upstream,
-                    ttl: *ttl.get_ref(),
+                    ttl: *keys.ttl.0.get_ref(),
                 })
             })
             .transpose()?;
@@ -161,9 +181,7 @@ impl Common {
     /// TTL of the DNS answers we give, seconds (`dns.ttl`, or its default when the DNS service
     /// is switched off: answers built from the cloud's still carry one).
     pub fn dns_ttl(&self) -> u32 {
-        self.dns
-            .as_ref()
-            .map_or_else(|| *crate::defaults::dns_ttl().get_ref(), |d| d.ttl)
+        self.dns.as_ref().map_or(DNS_TTL, |d| d.ttl)
     }
 
     /// The keys that differ in `new` and take effect only at a restart (a reload keeps the
@@ -201,41 +219,42 @@ fn identity_and_block(
         Some(block) => Ok((identity, block)),
         None => src.err(
             &raw.certificate_span(),
-            "identity.certificate",
+            RawIdentity::certificate,
             "the certificate names no IPv4 vIP block",
         ),
     }
 }
 
-/// Declares a binary's own table (`[adapter]`, `[node]`) as serde reads it: the binary's
-/// fields, then the keys every tunnel end has in it (`listen`, `overlay`, `inner_mtu`,
+/// Declares a binary's own table (`[adapter]`, `[node]`) with [`table!`](crate::table): the
+/// binary's keys, then the keys every tunnel end has in it (`listen`, `overlay`, `inner_mtu`,
 /// `status_socket`, whose default the binary gives). `end(&self)` hands the shared keys to
 /// [`Common::check`]. The calling crate needs `serde`.
 #[macro_export]
 macro_rules! end_table {
     (
-        $(#[$meta:meta])*
-        struct $name:ident ($table:literal, status_socket = $socket:literal) {
-            $( $(#[$field_meta:meta])* $field:ident : $ty:ty, )*
+        $(#[doc = $doc:literal])*
+        struct $name:ident ($table:tt, status_socket = $socket:literal) {
+            $( $(#[doc = $kdoc:literal])* $field:ident : $ty:ty $(= $default:expr)? ),* $(,)?
         }
     ) => {
-        $(#[$meta])*
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct $name {
-            $( $(#[$field_meta])* $field: $ty, )*
-            #[serde(default = "cyphonic_settings::defaults::listen")]
-            listen: std::net::SocketAddr,
-            #[serde(default = "cyphonic_settings::defaults::overlay")]
-            overlay: $crate::__private::Spanned<$crate::__private::Ipv4Net>,
-            #[serde(default = "cyphonic_settings::defaults::inner_mtu")]
-            inner_mtu: $crate::__private::Spanned<u16>,
-            #[serde(default = "default_status_socket")]
-            status_socket: std::path::PathBuf,
-        }
-
-        fn default_status_socket() -> std::path::PathBuf {
-            std::path::PathBuf::from($socket)
+        $crate::table! {
+            $(#[doc = $doc])*
+            struct $name in $table {
+                $( $(#[doc = $kdoc])* $field : $ty $(= $default)?, )*
+                /// UDP address of the tunnel. `"[::]:PORT"` takes IPv4 and IPv6 peers on one
+                /// socket.
+                listen: std::net::SocketAddr = $crate::LISTEN,
+                /// The whole overlay: the destinations worth carrying into the tunnel. It must
+                /// contain this end's certified block.
+                overlay: $crate::__private::Spanned<$crate::__private::Ipv4Net> =
+                    $crate::unwritten($crate::OVERLAY),
+                /// The largest inner IP packet carried, bytes (576 to 1480). 1420 leaves room
+                /// for an IPv6 underlay in 1500: 1420 + 32 (tunnel header and tag) + 8 (UDP) +
+                /// 40 (IPv6).
+                inner_mtu: $crate::__private::Spanned<u16> = $crate::unwritten(1420),
+                /// Where the `status` command finds the running daemon (mode 0600).
+                status_socket: std::path::PathBuf = std::path::PathBuf::from($socket),
+            }
         }
 
         impl $name {
@@ -244,8 +263,8 @@ macro_rules! end_table {
                 $crate::EndKeys {
                     table: $table,
                     listen: self.listen,
-                    overlay: &self.overlay,
-                    inner_mtu: &self.inner_mtu,
+                    overlay: (&self.overlay, Self::overlay),
+                    inner_mtu: (&self.inner_mtu, Self::inner_mtu),
                     status_socket: &self.status_socket,
                 }
             }
@@ -253,90 +272,84 @@ macro_rules! end_table {
     };
 }
 
-/// Declares a binary's `[dns]` table: `enabled`, the binary's own fields (`name: Type =
-/// default`), `upstream` and `ttl`. `shared(&self)` hands the shared keys to
-/// [`Common::check`] (`None` when switched off). The calling crate needs `serde`.
+/// Declares a binary's `[dns]` table with [`table!`](crate::table): `enabled`, the binary's
+/// own keys (`/// doc` `name: Type = default`), `upstream` and `ttl`. `shared(&self)` hands
+/// the shared keys to [`Common::check`] (`None` when switched off). The calling crate needs
+/// `serde`.
 #[macro_export]
 macro_rules! dns_table {
     (
-        $(#[$meta:meta])*
+        $(#[doc = $doc:literal])*
         struct $name:ident {
-            $( $(#[$field_meta:meta])* $field:ident : $ty:ty = $default:expr, )*
+            $( $(#[doc = $kdoc:literal])* $field:ident : $ty:ty = $default:expr ),* $(,)?
         }
     ) => {
-        $(#[$meta])*
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct $name {
-            #[serde(default = "cyphonic_settings::defaults::yes")]
-            enabled: bool,
-            $( $(#[$field_meta])* $field: $ty, )*
-            #[serde(default)]
-            upstream: Vec<$crate::__private::Spanned<std::net::IpAddr>>,
-            #[serde(default = "cyphonic_settings::defaults::dns_ttl")]
-            ttl: $crate::__private::Spanned<u32>,
-        }
-
-        impl Default for $name {
-            fn default() -> Self {
-                Self {
-                    enabled: true,
-                    $( $field: $default, )*
-                    upstream: Vec::new(),
-                    ttl: $crate::defaults::dns_ttl(),
-                }
+        $crate::table! {
+            $(#[doc = $doc])*
+            struct $name in "dns" (optional) {
+                /// The DNS service: it answers the names of this end's overlay (its devices'
+                /// and its own), asks peers about theirs, and forwards other names to
+                /// `upstream`.
+                enabled: bool = true,
+                $( $(#[doc = $kdoc])* $field: $ty = $default, )*
+                /// Resolvers for names outside the overlay, reached from the external side.
+                /// Empty: such queries are refused.
+                upstream: Vec<$crate::__private::Spanned<std::net::IpAddr>> = Vec::new(),
+                /// TTL of the answers given, seconds (at most 86400).
+                ttl: $crate::__private::Spanned<u32> = $crate::unwritten($crate::DNS_TTL),
             }
         }
 
         impl $name {
             /// The shared keys, unless the service is switched off.
-            #[allow(clippy::type_complexity)]
-            fn shared(
-                &self,
-            ) -> Option<(
-                &[$crate::__private::Spanned<std::net::IpAddr>],
-                &$crate::__private::Spanned<u32>,
-            )> {
-                self.enabled.then_some((&self.upstream[..], &self.ttl))
+            fn shared(&self) -> Option<$crate::DnsKeys<'_>> {
+                self.enabled.then_some($crate::DnsKeys {
+                    upstream: (&self.upstream[..], Self::upstream),
+                    ttl: (&self.ttl, Self::ttl),
+                })
             }
         }
     };
 }
 
-/// Declares a binary's configuration file as serde reads it: its own table first, then
-/// `[identity]`, the binary's other tables, and the tables every tunnel end has: `[dns]` and
-/// `[dataplane]` (declared by the binary as `RawDns` with [`dns_table!`](crate::dns_table) and
-/// `RawDataplane` with [`dataplane_table!`](crate::dataplane_table)), `[[peer]]`, `[cloud]`,
-/// `[metrics]`, `[log]`, `[policy]`. `common(&self, src)` checks all the shared keys into a [`Common`] and reads
-/// our identity. The calling crate needs `serde`.
+/// Declares a binary's configuration file with [`table!`](crate::table): its own table
+/// first, then `[identity]`, the binary's other tables, and the tables every tunnel end has:
+/// `[dns]` and `[dataplane]` (declared by the binary as `RawDns` with
+/// [`dns_table!`](crate::dns_table) and `RawDataplane` with
+/// [`dataplane_table!`](crate::dataplane_table)), `[[peer]]`, `[cloud]`, `[metrics]`,
+/// `[log]`, `[policy]`. `common(&self, src)` checks all the shared keys into a [`Common`] and
+/// reads our identity. The calling crate needs `serde`.
 #[macro_export]
 macro_rules! config_file {
     (
-        $(#[$meta:meta])*
+        $(#[doc = $doc:literal])*
         struct $name:ident {
-            $own:ident : $own_ty:ty,
-            $( $(#[$field_meta:meta])* $field:ident : $ty:ty, )*
+            $(#[doc = $own_doc:literal])* $own:ident : $own_ty:ty,
+            $( $(#[doc = $kdoc:literal])* $field:ident : $ty:ty $(= $default:expr)? ),* $(,)?
         }
     ) => {
-        $(#[$meta])*
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct $name {
-            $own: $own_ty,
-            identity: $crate::RawIdentity,
-            $( $(#[$field_meta])* $field: $ty, )*
-            #[serde(default)]
-            dns: RawDns,
-            #[serde(default)]
-            dataplane: RawDataplane,
-            #[serde(default)]
-            peer: Vec<$crate::RawPeer>,
-            cloud: Option<$crate::RawCloud>,
-            #[serde(default)]
-            metrics: $crate::RawMetrics,
-            #[serde(default)]
-            log: $crate::RawLog,
-            policy: Option<$crate::RawPolicy>,
+        $crate::table! {
+            $(#[doc = $doc])*
+            struct $name in "" {
+                $(#[doc = $own_doc])* $own: $own_ty,
+                /// Who this end is.
+                identity: $crate::RawIdentity,
+                $( $(#[doc = $kdoc])* $field : $ty $(= $default)?, )*
+                /// The DNS service.
+                dns: RawDns = RawDns::default(),
+                /// The data plane.
+                dataplane: RawDataplane = RawDataplane::default(),
+                /// Static peers.
+                peer: Vec<$crate::RawPeer> = Vec::new(),
+                /// The control plane.
+                cloud: Option<$crate::RawCloud> = None,
+                /// The metrics endpoint.
+                metrics: $crate::RawMetrics = $crate::RawMetrics::default(),
+                /// The log.
+                log: $crate::RawLog = $crate::RawLog::default(),
+                /// Per-device policy.
+                policy: Option<$crate::RawPolicy> = None,
+            }
         }
 
         impl $name {
@@ -397,14 +410,14 @@ macro_rules! config_file {
 /// The first mistake, located.
 pub fn check_dns(
     src: &Source<'_>,
-    upstream: &[Spanned<IpAddr>],
-    ttl: &Spanned<u32>,
+    keys: DnsKeys<'_>,
     overlay: Ipv4Net,
 ) -> Result<Vec<IpAddr>, ConfigError> {
+    let ((upstream, upstream_key), (ttl, ttl_key)) = (keys.upstream, keys.ttl);
     if *ttl.get_ref() > 86_400 {
         return src.err(
             &ttl.span(),
-            "dns.ttl",
+            ttl_key,
             format!(
                 "{} s is over a day; device names change when leases do",
                 ttl.get_ref()
@@ -421,7 +434,7 @@ pub fn check_dns(
         if ip.is_unspecified() || ip.is_multicast() || inside {
             return src.err(
                 &u.span(),
-                &format!("dns.upstream[{i}]"),
+                &format!("{upstream_key}[{i}]"),
                 format!(
                     "{ip} cannot be an upstream resolver (the upstreams are reached on the external side, outside the overlay)"
                 ),
@@ -437,7 +450,7 @@ pub fn check_dns(
 ///
 /// # Errors
 /// Out of range, located at `key`.
-pub fn check_mtu(src: &Source<'_>, mtu: &Spanned<u16>, key: &str) -> Result<u16, ConfigError> {
+pub fn check_mtu(src: &Source<'_>, (mtu, key): crate::Keyed<'_, u16>) -> Result<u16, ConfigError> {
     let v = *mtu.get_ref();
     if !(576..=1420 + 60).contains(&v) {
         return src.err(&mtu.span(), key, format!("{v} is outside 576..=1480"));

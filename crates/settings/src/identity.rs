@@ -6,20 +6,31 @@ use std::path::PathBuf;
 use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
 use cyphonic_session::Identity;
 use ipnet::Ipv4Net;
-use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{ConfigError, Source};
 
-/// `[identity]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawIdentity {
-    certificate: Spanned<PathBuf>,
-    key: Spanned<PathBuf>,
-    ca: Spanned<PathBuf>,
-    revocations: Option<Spanned<PathBuf>>,
-    token: Option<String>,
+crate::table! {
+    /// Who this end is: its certificate, its key and the CAs it trusts. Relative paths are
+    /// relative to the file's directory.
+    pub struct RawIdentity in "identity" {
+        /// This end's certificate (from `cyphonic-cloud ca issue`): binds its FQDN, its vIP
+        /// block and its Noise key.
+        certificate: Spanned<PathBuf>,
+        /// Its Noise private key (mode 0640, group cyphonic: readable by the service user
+        /// alone).
+        key: Spanned<PathBuf>,
+        /// The overlay CA's certificate (several CAs may be concatenated in one file).
+        ca: Spanned<PathBuf>,
+        /// Revoked certificate fingerprints, one per line. Unset: none.
+        revocations: Option<Spanned<PathBuf>> = None,
+        /// An enrollment token from `cyphonic-cloud token create`. While the certificate file
+        /// does not exist, `run` (or `enroll`) makes the Noise key at `key`, asks the cloud
+        /// named in `[cloud]` for the certificate, and writes it and the CA bundle to the paths
+        /// above. The token works once and is read only while the certificate is missing: it
+        /// may stay in the file afterwards.
+        token: Option<String> = None,
+    }
 }
 
 /// Where our identity's files are (resolved against the configuration's directory).
@@ -45,7 +56,7 @@ impl RawIdentity {
 
     /// The enrollment token (`[identity] token`): used when the certificate file does not
     /// exist yet.
-    pub fn token(&self) -> Option<&str> {
+    pub fn enrollment_token(&self) -> Option<&str> {
         self.token.as_deref()
     }
 
@@ -60,53 +71,48 @@ impl RawIdentity {
     /// Unreadable files, malformed keys or certificates, a certificate that does not verify
     /// under the CA or certifies another key.
     pub fn load(&self, src: &Source<'_>) -> Result<Identity, ConfigError> {
-        let key_text = src.read(&self.key, "identity.key")?;
+        let key_text = src.read(&self.key, Self::key)?;
         let keypair = StaticKeypair::from_pem(&key_text).or_else(|e| {
             src.err(
                 &self.key.span(),
-                "identity.key",
+                Self::key,
                 format!("not a Noise private key: {e}"),
             )
         })?;
-        let ca_text = src.read(&self.ca, "identity.ca")?;
+        let ca_text = src.read(&self.ca, Self::ca)?;
         let cas = Certificate::all_from_pem(&ca_text).or_else(|e| {
             src.err(
                 &self.ca.span(),
-                "identity.ca",
+                Self::ca,
                 format!("not a CA certificate: {e}"),
             )
         })?;
         if cas.is_empty() {
             return src.err(
                 &self.ca.span(),
-                "identity.ca",
+                Self::ca,
                 "the file holds no CYPHONIC CERTIFICATE block",
             );
         }
         let revoked = match &self.revocations {
-            Some(r) => RevocationList::parse(&src.read(r, "identity.revocations")?)
-                .or_else(|e| src.err(&r.span(), "identity.revocations", e.to_string()))?,
+            Some(r) => RevocationList::parse(&src.read(r, Self::revocations)?)
+                .or_else(|e| src.err(&r.span(), Self::revocations, e.to_string()))?,
             None => RevocationList::default(),
         };
         let trust = TrustStore::new(cas, revoked).or_else(|e| {
             src.err(
                 &self.ca.span(),
-                "identity.ca",
+                Self::ca,
                 format!("not a valid self-signed CA certificate: {e}"),
             )
         })?;
-        let cert_text = src.read(&self.certificate, "identity.certificate")?;
-        let cert = Certificate::from_pem(&cert_text).or_else(|e| {
-            src.err(
-                &self.certificate.span(),
-                "identity.certificate",
-                e.to_string(),
-            )
-        })?;
+        let cert_text = src.read(&self.certificate, Self::certificate)?;
+        let cert = Certificate::from_pem(&cert_text)
+            .or_else(|e| src.err(&self.certificate.span(), Self::certificate, e.to_string()))?;
         Identity::new(keypair, cert.clone(), trust, src.now_secs).or_else(|e| {
             src.err(
                 &self.certificate.span(),
-                "identity.certificate",
+                Self::certificate,
                 format!("{e} (certificate of {})", cert.body().name),
             )
         })

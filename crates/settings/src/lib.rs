@@ -14,7 +14,7 @@
 
 mod cloud;
 mod dataplane;
-pub mod defaults;
+mod declare;
 mod end;
 mod identity;
 mod observe;
@@ -26,25 +26,25 @@ pub mod testing;
 pub use cloud::{Cloud, RawCloud};
 pub use cyphonic_netio::Placement;
 pub use cyphonic_session::Identity;
-pub use cyphonic_tunnel::{DataPlane, StaticPeer};
+pub use cyphonic_tunnel::{Aqm, DataPlane, StaticPeer};
 pub use dataplane::{
     AQM_INTERVAL_MAX_MS, AeadName, BATCHES_IN_FLIGHT_MAX, BUSY_POLL_MAX_US, IN_FLIGHT_BYTES_MIN,
-    IN_FLIGHT_MS_MAX, REKEY_AFTER_MESSAGES_MIN, REKEY_AFTER_SECS_MIN, check_aqm, check_in_flight,
-    check_pipeline, check_placement, check_priority, check_rekey,
+    IN_FLIGHT_MS_MAX, Keyed, REKEY_AFTER_MESSAGES_MIN, REKEY_AFTER_SECS_MIN, check_aqm,
+    check_in_flight, check_pipeline, check_placement, check_priority, check_rekey,
 };
-pub use end::{Common, Dns, EndKeys, check_dns, check_mtu};
+pub use declare::{Given, KeyDoc, Reference, TableDoc, Value, doc_text, indexed, unwritten};
+pub use end::{Common, DNS_TTL, Dns, DnsKeys, EndKeys, LISTEN, OVERLAY, check_dns, check_mtu};
 pub use identity::{IdentityFiles, RawIdentity, first_v4_block, overlay_domain};
 pub use observe::{RawLog, RawMetrics};
 pub use peers::{Peer, RawPeer, peers};
 pub use policy::{DNS_RULE, Device, RawPolicy, directory, dns_rules};
-pub use source::{
-    ConfigError, Source, accepted_keys, changed_keys, load, now_secs, parse, undocumented_keys,
-};
+pub use source::{ConfigError, Source, changed_keys, load, now_secs, parse};
 
 /// What the declaring macros name in the calling crate's code.
 #[doc(hidden)]
 pub mod __private {
     pub use ipnet::Ipv4Net;
+    pub use serde;
     pub use toml::Spanned;
 }
 
@@ -55,7 +55,6 @@ mod tests {
     use std::path::Path;
     use std::time::Duration;
 
-    use serde::Deserialize;
     use toml::Spanned;
 
     #[test]
@@ -71,24 +70,6 @@ mod tests {
             assert_eq!(key_at(text, at).as_deref(), Some(key), "{needle}");
         }
         assert_eq!(line_of(text, text.find("y = 4").unwrap_or_default()), 7);
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
-    struct File {
-        top: Option<u32>,
-        table: Option<Table>,
-        #[serde(default)]
-        item: Vec<Table>,
-    }
-
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
-    struct Table {
-        x: Option<u32>,
-        y: Option<u32>,
     }
 
     /// Busy polling at a real-time priority needs cores of its own; either alone is fine.
@@ -107,7 +88,15 @@ mod tests {
         let cpus = |list: Vec<usize>| Spanned::new(at("cpus = []"), list);
         let rt = |p: u8| Spanned::new(at("realtime_priority = 10"), p);
         let busy = |us: u32| Spanned::new(at("busy_poll_us = 50000"), us);
-        let err = check_placement(&src, &cpus(vec![]), &rt(10), &busy(50_000))
+        let check = |c: Vec<usize>, r: u8, b: u32| {
+            check_placement(
+                &src,
+                (&cpus(c), "dataplane.cpus"),
+                (&rt(r), "dataplane.realtime_priority"),
+                (&busy(b), "dataplane.busy_poll_us"),
+            )
+        };
+        let err = check(vec![], 10, 50_000)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -115,11 +104,11 @@ mod tests {
             err.starts_with("t.toml:3: key `dataplane.busy_poll_us`: polling at a real-time"),
             "{err}"
         );
-        assert!(check_placement(&src, &cpus(vec![2, 3]), &rt(10), &busy(50_000)).is_ok());
-        assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(50_000)).is_ok());
-        assert!(check_placement(&src, &cpus(vec![]), &rt(10), &busy(0)).is_ok());
-        assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(BUSY_POLL_MAX_US)).is_ok());
-        assert!(check_placement(&src, &cpus(vec![]), &rt(0), &busy(BUSY_POLL_MAX_US + 1)).is_err());
+        assert!(check(vec![2, 3], 10, 50_000).is_ok());
+        assert!(check(vec![], 0, 50_000).is_ok());
+        assert!(check(vec![], 10, 0).is_ok());
+        assert!(check(vec![], 0, BUSY_POLL_MAX_US).is_ok());
+        assert!(check(vec![], 0, BUSY_POLL_MAX_US + 1).is_err());
     }
 
     #[test]
@@ -129,43 +118,32 @@ mod tests {
             text: "",
             now_secs: 0,
         };
-        let v = |n: u32| Spanned::new(0..0, n);
+        crate::dataplane_table! {
+            /// Nothing of its own.
+            struct Dataplane {}
+        }
         assert_eq!(
-            check_aqm(
-                &src,
-                &defaults::aqm_target_us(),
-                &defaults::aqm_interval_ms()
-            )
-            .ok(),
+            Dataplane::default().shared(&src).ok().map(|d| d.aqm),
             Some(None),
             "off by default"
         );
+        let check = |target: u32, interval: u32| {
+            check_aqm(
+                &src,
+                (&Spanned::new(0..0, target), Dataplane::aqm_target_us),
+                (&Spanned::new(0..0, interval), Dataplane::aqm_interval_ms),
+            )
+        };
         assert_eq!(
-            check_aqm(&src, &v(5000), &v(100)).ok(),
-            Some(Some(cyphonic_tunnel::Aqm {
+            check(5000, 100).ok(),
+            Some(Some(Aqm {
                 target: Duration::from_millis(5),
                 interval: Duration::from_millis(100),
             }))
         );
-        assert!(check_aqm(&src, &v(0), &v(100)).is_ok_and(|a| a.is_none()));
-        assert!(check_aqm(&src, &v(99_999), &v(100)).is_ok());
-        assert!(check_aqm(&src, &v(100_000), &v(100)).is_err());
-        assert!(check_aqm(&src, &v(1000), &v(AQM_INTERVAL_MAX_MS + 1)).is_err());
-    }
-
-    #[test]
-    fn keys_an_example_leaves_out_are_found() {
-        let probe = |t: &str| match t {
-            "" => "__probe = 1\n".to_owned(),
-            "item" => "[[item]]\n__probe = 1\n".to_owned(),
-            t => format!("[{t}]\n__probe = 1\n"),
-        };
-        let complete = "top = 1\n[table]\nx = 1\ny = 2\n[[item]]\nx = 1\n[[item]]\ny = 2\n";
-        assert!(undocumented_keys::<File>(complete, probe).is_empty());
-        let partial = "[table]\nx = 1\n[[item]]\ny = 2\n";
-        assert_eq!(
-            undocumented_keys::<File>(partial, probe),
-            ["top", "table.y", "item.x"]
-        );
+        assert!(check(0, 100).is_ok_and(|a| a.is_none()));
+        assert!(check(99_999, 100).is_ok());
+        assert!(check(100_000, 100).is_err());
+        assert!(check(1000, AQM_INTERVAL_MAX_MS + 1).is_err());
     }
 }

@@ -2,16 +2,18 @@
 
 use std::net::SocketAddr;
 
-use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{ConfigError, Source};
 
-/// `[metrics]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawMetrics {
-    listen: Option<Spanned<SocketAddr>>,
+crate::table! {
+    /// The Prometheus endpoint (`http://<listen>/metrics`): counters of every stage, drops by
+    /// reason, each peer's traffic and route, handshake refusals by reason. Keep it on
+    /// loopback or a management network: it names peers and devices.
+    pub struct RawMetrics in "metrics" (optional) {
+        /// Where it listens, with a port. Unset: no endpoint.
+        listen: Option<Spanned<SocketAddr>> = None,
+    }
 }
 
 impl RawMetrics {
@@ -24,7 +26,7 @@ impl RawMetrics {
         match &self.listen {
             Some(l) if l.get_ref().port() == 0 => src.err(
                 &l.span(),
-                "metrics.listen",
+                RawMetrics::listen,
                 "give the port Prometheus scrapes (9464, say)",
             ),
             Some(l) => Ok(Some(*l.get_ref())),
@@ -35,11 +37,13 @@ impl RawMetrics {
 
 // ---- [log] -----------------------------------------------------------------------------------
 
-/// `[log]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLog {
-    level: Option<Spanned<String>>,
+crate::table! {
+    /// What is logged.
+    pub struct RawLog in "log" (optional) {
+        /// The filter, as `RUST_LOG` takes it (`"info"`, `"warn,cyphonic_tunnel=debug"`).
+        /// Changes with a reload (SIGHUP); `RUST_LOG`, when set, wins. Unset: `info`.
+        level: Option<Spanned<String>> = None,
+    }
 }
 
 impl RawLog {
@@ -53,7 +57,7 @@ impl RawLog {
                 Ok(()) => Ok(Some(l.get_ref().clone())),
                 Err(e) => src.err(
                     &l.span(),
-                    "log.level",
+                    RawLog::level,
                     format!("{e} (examples: \"info\", \"warn,cyphonic_tunnel=debug\")"),
                 ),
             },

@@ -9,19 +9,25 @@ use cyphonic_crypto::{CertError, Certificate};
 use cyphonic_session::Identity;
 use cyphonic_tunnel::StaticPeer;
 use ipnet::{IpNet, Ipv4Net};
-use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{ConfigError, Source, first_v4_block};
 
-/// One `[[peer]]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawPeer {
-    certificate: Spanned<PathBuf>,
-    endpoint: Option<SocketAddr>,
-    persistent_keepalive: Option<u64>,
-    dns: Option<Spanned<Ipv4Addr>>,
+crate::table! {
+    /// A peer known in advance (with a cloud, peers need not be listed). Its certificate
+    /// names the peer and the vIP blocks it serves: packets for those blocks go to it, and it
+    /// may only send from them. Repeat the table for each peer.
+    pub struct RawPeer in "peer" {
+        /// The peer's certificate, verified against `identity.ca`.
+        certificate: Spanned<PathBuf>,
+        /// Where to reach it first (it may roam). Unset: wait for the peer to call.
+        endpoint: Option<SocketAddr> = None,
+        /// Seconds between keepalives that hold NAT mappings open. Unset or 0: off.
+        persistent_keepalive: Option<u64> = None,
+        /// The peer's DNS server, asked about names under the peer's name. Unset: the first
+        /// host address of its block, where adapters conventionally put their `gateway_vip`.
+        dns: Option<Spanned<Ipv4Addr>> = None,
+    }
 }
 
 /// A static peer, checked.
@@ -68,7 +74,7 @@ pub fn peers(
     let mut peers: Vec<Peer> = Vec::new();
     let mut names = HashMap::new();
     for (i, p) in raw.iter().enumerate() {
-        let key = format!("peer[{i}].certificate");
+        let key = crate::indexed(RawPeer::certificate, i);
         let span = p.certificate.span();
         let pcert = Certificate::from_pem(&src.read(&p.certificate, &key)?)
             .or_else(|e| src.err(&span, &key, e.to_string()))?;
@@ -118,7 +124,7 @@ pub fn peers(
                 if !body.covers(IpAddr::V4(ip)) {
                     return src.err(
                         &d.span(),
-                        &format!("peer[{i}].dns"),
+                        &crate::indexed(RawPeer::dns, i),
                         format!("{ip} is not inside {}'s certified blocks", body.name),
                     );
                 }
@@ -135,7 +141,7 @@ pub fn peers(
         {
             return src.err(
                 &span,
-                &format!("peer[{i}].endpoint"),
+                &crate::indexed(RawPeer::endpoint, i),
                 format!("{ep} is not a reachable address"),
             );
         }

@@ -26,7 +26,6 @@ use cyphonic_session::Identity;
 use cyphonic_tunnel::PolicySettings;
 use cyphonic_tunnel::policy::DEFAULT_FLOWS;
 use ipnet::Ipv4Net;
-use serde::Deserialize;
 use toml::Spanned;
 
 use crate::{ConfigError, Peer, Source};
@@ -68,31 +67,48 @@ pub struct Device {
     pub groups: Vec<String>,
 }
 
-/// `[policy]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawPolicy {
-    #[serde(default)]
-    flows: Option<Spanned<usize>>,
-    #[serde(default)]
-    group: Vec<RawGroup>,
-    #[serde(default)]
-    rule: Vec<RawRule>,
+crate::table! {
+    /// Which new flows may start, from whom to whom, without a cloud. With this table, what
+    /// no rule allows is dropped (default deny), both where it would leave (before it is
+    /// sealed) and where it arrives; the replies of an allowed flow pass without a rule.
+    /// Without it, every packet between certified addresses passes. The peer needs the same
+    /// rules. Changes with a reload (SIGHUP): new flows follow at once, flows no longer
+    /// allowed are cut. The `policy` command answers whether a flow may start.
+    pub struct RawPolicy in "policy" {
+        /// Flows tracked at most (1 to 1048576); when full, the oldest goes. Unset: 16384.
+        flows: Option<Spanned<usize>> = None,
+        /// The groups rules may name.
+        group: Vec<RawGroup> = Vec::new(),
+        /// The rules, numbered from 1 in this order for counters, status and metrics.
+        rule: Vec<RawRule> = Vec::new(),
+    }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawGroup {
-    name: Spanned<String>,
-    members: Spanned<Vec<Spanned<String>>>,
+crate::table! {
+    /// A group rules may name. Repeat the table for each group.
+    struct RawGroup in "policy.group" {
+        /// Its name.
+        name: Spanned<String>,
+        /// Devices (a reservation's hostname), members of the overlay (a certificate's name),
+        /// groups (these, or those in certificates and reservations), addresses or blocks.
+        /// Names may be patterns where `*` stands for any run of characters; a pattern that
+        /// matches nothing is a mistake.
+        members: Spanned<Vec<Spanned<String>>>,
+    }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRule {
-    from: Spanned<Vec<Spanned<String>>>,
-    to: Spanned<Vec<Spanned<String>>>,
-    allow: Spanned<Vec<Spanned<String>>>,
+crate::table! {
+    /// A rule: new flows from any of `from` to any of `to`, of what `allow` lists. Repeat the
+    /// table for each rule.
+    struct RawRule in "policy.rule" {
+        /// Where the flows start: names as in `policy.group.members`.
+        from: Spanned<Vec<Spanned<String>>>,
+        /// Where they go: names as in `policy.group.members`.
+        to: Spanned<Vec<Spanned<String>>>,
+        /// What they may be: `tcp/PORT`, `tcp/FIRST-LAST`, `tcp` (every port), the same for
+        /// `udp`, `icmp` (ping; ICMP errors follow their flow), `any`.
+        allow: Spanned<Vec<Spanned<String>>>,
+    }
 }
 
 /// The names rules may use at this end: our certificate (its name and groups), the static
@@ -148,7 +164,7 @@ impl RawPolicy {
             Some(f) => {
                 return src.err(
                     &f.span(),
-                    "policy.flows",
+                    RawPolicy::flows,
                     format!("must be 1 to {MAX_FLOWS}"),
                 );
             }
@@ -161,14 +177,14 @@ impl RawPolicy {
             {
                 return src.err(
                     &g.name.span(),
-                    &format!("policy.group[{i}].name"),
+                    &crate::indexed(RawGroup::name, i),
                     "a group's name is a word, not empty and not an address",
                 );
             }
             if g.members.get_ref().is_empty() {
                 return src.err(
                     &g.members.span(),
-                    &format!("policy.group[{i}].members"),
+                    &crate::indexed(RawGroup::members, i),
                     "the group has no members",
                 );
             }
@@ -185,7 +201,7 @@ impl RawPolicy {
                     None => {
                         return src.err(
                             &m.span(),
-                            &format!("policy.group[{i}].members[{j}]"),
+                            &format!("{}[{j}]", crate::indexed(RawGroup::members, i)),
                             format!("`{item}` {missing}"),
                         );
                     }

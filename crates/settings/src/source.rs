@@ -149,61 +149,6 @@ pub fn changed_keys<const N: usize>(keys: [(&'static str, bool); N]) -> Vec<&'st
         .collect()
 }
 
-// ---- [identity] ------------------------------------------------------------------------------
-
-/// The keys serde accepts where `probe` (a file with one unknown key, `__probe`) puts it, as
-/// serde lists them in its "unknown field" message.
-pub fn accepted_keys<T: DeserializeOwned>(probe: &str) -> Vec<String> {
-    let err = toml::from_str::<T>(probe)
-        .err()
-        .map(|e| e.message().to_owned())
-        .unwrap_or_default();
-    // "unknown field `__probe`, expected `x`", "... expected `x` or `y`",
-    // "... expected one of `x`, `y`, `z`".
-    let list = err.split(", expected ").nth(1).unwrap_or_default();
-    list.split('`')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_owned)
-        .collect()
-}
-
-/// For the tests that keep the example files complete: every `table.key` a file of type `T`
-/// accepts that `example` does not set. `probe(table)` writes a minimal file with the unknown
-/// key `__probe` in `table` (`""`: at the top).
-pub fn undocumented_keys<T: DeserializeOwned>(
-    example: &str,
-    probe: impl Fn(&str) -> String,
-) -> Vec<String> {
-    let Ok(example) = toml::from_str::<toml::Table>(example) else {
-        return vec!["(the example does not parse)".into()];
-    };
-    let mut missing = Vec::new();
-    for table in accepted_keys::<T>(&probe("")) {
-        let present: Vec<String> = match example.get(&table) {
-            None => {
-                missing.push(table.clone());
-                continue;
-            }
-            Some(toml::Value::Array(items)) => items
-                .iter()
-                .filter_map(toml::Value::as_table)
-                .flat_map(|t| t.keys().cloned())
-                .collect(),
-            Some(toml::Value::Table(t)) => t.keys().cloned().collect(),
-            // A plain top-level key, and it is there.
-            Some(_) => continue,
-        };
-        let keys = accepted_keys::<T>(&probe(&table));
-        missing.extend(
-            keys.into_iter()
-                .filter(|k| !present.contains(k))
-                .map(|k| format!("{table}.{k}")),
-        );
-    }
-    missing
-}
-
 // ---- locating ----------------------------------------------------------------------------
 
 /// 1-based line of byte `offset`.

@@ -191,37 +191,50 @@ pub fn assert_mistakes<C, I>(
     }
 }
 
-/// The file type `T` accepts exactly the top-level `tables` (in order), and `example` sets
-/// every key of every table (`arrays` are written `[[...]]`): a new key without
-/// documentation in the example file `name` fails here.
+/// `example` (the example file `name`) sets every key the file type `T` declares: a new key
+/// without documentation in the example fails here.
 ///
 /// # Panics
 /// When it does not hold.
 #[allow(clippy::missing_panics_doc)]
-pub fn assert_documents_every_key<T: serde::de::DeserializeOwned>(
-    example: &str,
-    name: &str,
-    arrays: &[&str],
-    tables: &[&str],
-) {
-    let probe = |table: &str| probe(table, arrays);
-    assert_eq!(crate::accepted_keys::<T>(&probe("")), tables);
-    let missing = crate::undocumented_keys::<T>(example, probe);
+pub fn assert_documents_every_key<T: crate::Value>(example: &str, name: &str) {
+    let missing = crate::Reference::of::<T>().unset_in(example);
     assert!(missing.is_empty(), "{name} does not show {missing:?}");
 }
 
-/// A file with the unknown key `__probe` in `table` (`""`: at the top), for
-/// [`crate::accepted_keys`] and [`crate::undocumented_keys`]: `arrays` are the tables
-/// written `[[...]]`, and `[cloud]` gets the keys it requires.
-pub fn probe(table: &str, arrays: &[&str]) -> String {
-    match table {
-        "" => "__probe = 1\n".to_owned(),
-        "cloud" => {
-            "[cloud]\naddress = \"192.0.2.1:1\"\npublic_key = \"\"\n__probe = 1\n".to_owned()
-        }
-        t if arrays.contains(&t) => format!("[[{t}]]\n__probe = 1\n"),
-        t => format!("[{t}]\n__probe = 1\n"),
+/// docs/configuration/`binary`.md (under the repository's `root`) is the reference of the
+/// file type `T`, the `cyphonic-<binary>` configuration (see [`assert_file_current`]).
+///
+/// # Panics
+/// When it was not.
+pub fn assert_reference_current<T: crate::Value>(root: &Path, binary: &str) {
+    let reference = crate::Reference::of::<T>().markdown(
+        &format!("cyphonic-{binary}'s configuration"),
+        &format!(
+            "Every key of `/etc/cyphonic/{binary}.toml`, by table. `cyphonic-{binary} \
+             check-config FILE` checks a file as `run` would; config/{binary}.example.toml \
+             shows every key. Relative paths are relative to the file's directory."
+        ),
+    );
+    let path = root.join(format!("docs/configuration/{binary}.md"));
+    assert_file_current(&path, &reference);
+}
+
+/// The generated file `path` holds `contents`. If it does not, it is written and the test
+/// fails: run it again, and commit the file (rust-analyzer's `ensure_file_contents`).
+///
+/// # Panics
+/// When the file was not current.
+#[allow(clippy::missing_panics_doc)]
+pub fn assert_file_current(path: &Path, contents: &str) {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == contents) {
+        return;
     }
+    let written = std::fs::write(path, contents);
+    panic!(
+        "{} was not current; it has been written ({written:?}): run the tests again and commit it",
+        path.display()
+    );
 }
 
 /// One certificate to write: its name, its block, where (relative to the directory,

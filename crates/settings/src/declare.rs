@@ -1,0 +1,441 @@
+//! One declaration per setting. [`table!`](crate::table) declares a table of a configuration
+//! file: each key once, with its doc comment, its type and its default (or none: the key is
+//! required). From that one place come the struct serde reads (unknown keys refused, a missing
+//! key given its default), the `Default` of a table that may be left out, the dotted names the
+//! checks put in their errors (an associated constant per key: `RawDhcp::lease_time` is
+//! `"dhcp.lease_time"`), and the configuration reference ([`Reference`]) that docs/ holds and
+//! a test keeps current.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use ipnet::Ipv4Net;
+use toml::Spanned;
+
+/// A value the file did not write: a default (its span is empty).
+pub fn unwritten<T>(value: T) -> Spanned<T> {
+    Spanned::new(0..0, value)
+}
+
+/// `key` (a key of an array of tables, `peer.endpoint`, `policy.group.name`) as it is named
+/// in item `i` of its array: `peer[2].endpoint`, `policy.group[2].name`.
+pub fn indexed(key: &str, i: usize) -> String {
+    match key.rsplit_once('.') {
+        Some((table, rest)) => format!("{table}[{i}].{rest}"),
+        None => format!("{key}[{i}]"),
+    }
+}
+
+/// What the reference says of a key's default.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Given {
+    /// The key must be written.
+    Required,
+    /// Left out, it is unset (its doc says what that means).
+    Unset,
+    /// Left out, it has this value (as TOML writes it).
+    Value(String),
+}
+
+/// One key of the reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDoc {
+    /// Its name in its table.
+    pub name: &'static str,
+    /// What it takes.
+    pub kind: String,
+    /// Its default.
+    pub default: Given,
+    /// Its doc comment.
+    pub doc: String,
+}
+
+/// One table of the reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableDoc {
+    /// Its dotted name (`dhcp`, `policy.group`); empty for the file's top level.
+    pub name: &'static str,
+    /// An array of tables (`[[peer]]`).
+    pub array: bool,
+    /// Whether it may be left out.
+    pub optional: bool,
+    /// Its doc comment.
+    pub doc: String,
+    /// Its keys, in declaration order.
+    pub keys: Vec<KeyDoc>,
+}
+
+/// Every table and key of a configuration file, as declared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reference {
+    /// The tables, each before the tables inside it.
+    pub tables: Vec<TableDoc>,
+}
+
+impl Reference {
+    /// The reference of the file whose top-level table is `T`.
+    pub fn of<T: Value>() -> Self {
+        let mut out = Self::default();
+        T::tables(&mut out, false, false);
+        out
+    }
+
+    /// Every key's dotted name (`dhcp.lease_time`, `peer.endpoint`), in order.
+    pub fn names(&self) -> Vec<String> {
+        self.tables
+            .iter()
+            .flat_map(|t| {
+                t.keys.iter().map(move |k| match t.name {
+                    "" => k.name.to_owned(),
+                    table => format!("{table}.{}", k.name),
+                })
+            })
+            .collect()
+    }
+
+    /// The keys (dotted) that `example`, a file of this reference, sets nowhere: for the
+    /// tests that keep an example file complete. A key of an array of tables counts as set
+    /// when one item sets it.
+    pub fn unset_in(&self, example: &str) -> Vec<String> {
+        let Ok(example) = toml::from_str::<toml::Table>(example) else {
+            return vec!["(the example does not parse)".into()];
+        };
+        let mut unset = Vec::new();
+        for t in &self.tables {
+            let mut found = vec![&example];
+            for part in t.name.split('.').filter(|p| !p.is_empty()) {
+                found = found
+                    .into_iter()
+                    .filter_map(|table| table.get(part))
+                    .flat_map(|v| match v {
+                        toml::Value::Table(t) => vec![t],
+                        toml::Value::Array(items) => {
+                            items.iter().filter_map(toml::Value::as_table).collect()
+                        }
+                        _ => Vec::new(),
+                    })
+                    .collect();
+            }
+            for k in &t.keys {
+                if !found.iter().any(|table| table.contains_key(k.name)) {
+                    unset.push(match t.name {
+                        "" => k.name.to_owned(),
+                        table => format!("{table}.{}", k.name),
+                    });
+                }
+            }
+        }
+        unset
+    }
+
+    /// The reference as Markdown: `title` and `intro`, then a section per table.
+    pub fn markdown(&self, title: &str, intro: &str) -> String {
+        let mut md = format!(
+            "<!-- Generated from the declarations (cyphonic-settings' `table!`): edit those, \
+             then run the tests. -->\n\n# {title}\n\n{intro}\n"
+        );
+        for t in self.tables.iter().filter(|t| !t.keys.is_empty()) {
+            let header = match (t.name, t.array) {
+                ("", _) => "The top level".to_owned(),
+                (name, true) => format!("`[[{name}]]`"),
+                (name, false) => format!("`[{name}]`"),
+            };
+            let _ = write!(md, "\n## {header}\n\n");
+            if !t.doc.is_empty() {
+                let _ = write!(md, "{}\n\n", t.doc);
+            }
+            if t.optional {
+                md.push_str("The table may be left out: every key then has its default.\n\n");
+            }
+            for k in &t.keys {
+                let default = match &k.default {
+                    Given::Required => "required".to_owned(),
+                    Given::Unset => "unset by default".to_owned(),
+                    Given::Value(v) => format!("default `{v}`"),
+                };
+                let _ = writeln!(md, "- **`{}`** ({}; {default}).", k.name, k.kind);
+                if !k.doc.is_empty() {
+                    let _ = writeln!(md, "  {}", k.doc.replace('\n', "\n  "));
+                }
+            }
+        }
+        md
+    }
+}
+
+/// Joins the lines of a doc comment into the reference's paragraphs: one space less at the
+/// start of each line, an empty line between paragraphs.
+pub fn doc_text(lines: &[&str]) -> String {
+    let mut out = String::new();
+    for line in lines {
+        let line = line.strip_prefix(' ').unwrap_or(line).trim_end();
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(line);
+    }
+    out.trim().to_owned()
+}
+
+/// A type a key may have: what the reference calls it and how it shows a default. A table
+/// declared by [`table!`](crate::table) is one too, and lists its keys.
+pub trait Value {
+    /// What the reference says the key takes.
+    fn kind() -> String;
+    /// The value as TOML writes it; empty for "unset".
+    fn show(&self) -> String;
+    /// For a table: adds itself and the tables inside it to `out` and says true (`array`: it
+    /// is an item of an array of tables; `optional`: it may be left out). Plain values say
+    /// false.
+    fn tables(out: &mut Reference, array: bool, optional: bool) -> bool {
+        let _ = (out, array, optional);
+        false
+    }
+}
+
+macro_rules! plain {
+    ($kind:literal, $show:expr, $($ty:ty),*) => {
+        $(
+            impl Value for $ty {
+                fn kind() -> String {
+                    $kind.to_owned()
+                }
+                fn show(&self) -> String {
+                    let show: fn(&Self) -> String = $show;
+                    show(self)
+                }
+            }
+        )*
+    };
+}
+
+plain!("boolean", ToString::to_string, bool);
+plain!("integer", ToString::to_string, u8, u16, u32, u64, usize);
+plain!("number", ToString::to_string, f64);
+plain!("string", |s| format!("{s:?}"), String);
+plain!(
+    "path",
+    |p| format!("{:?}", p.display().to_string()),
+    PathBuf
+);
+plain!("address and port", |a| format!("\"{a}\""), SocketAddr);
+plain!("IP address", |a| format!("\"{a}\""), IpAddr);
+plain!("IPv4 address", |a| format!("\"{a}\""), Ipv4Addr);
+plain!("IPv4 block", |a| format!("\"{a}\""), Ipv4Net);
+
+impl<T: Value> Value for Spanned<T> {
+    fn kind() -> String {
+        T::kind()
+    }
+    fn show(&self) -> String {
+        self.get_ref().show()
+    }
+    fn tables(out: &mut Reference, array: bool, optional: bool) -> bool {
+        T::tables(out, array, optional)
+    }
+}
+
+impl<T: Value> Value for Option<T> {
+    fn kind() -> String {
+        T::kind()
+    }
+    fn show(&self) -> String {
+        self.as_ref().map(Value::show).unwrap_or_default()
+    }
+    fn tables(out: &mut Reference, array: bool, _optional: bool) -> bool {
+        T::tables(out, array, true)
+    }
+}
+
+impl<T: Value> Value for Vec<T> {
+    fn kind() -> String {
+        format!("list of {}", T::kind())
+    }
+    fn show(&self) -> String {
+        let items: Vec<String> = self.iter().map(Value::show).collect();
+        format!("[{}]", items.join(", "))
+    }
+    fn tables(out: &mut Reference, _array: bool, _optional: bool) -> bool {
+        T::tables(out, true, true)
+    }
+}
+
+/// Declares a table of a configuration file: each key once, as
+/// `/// doc` `name: Type = default,` (or `name: Type,` for a key that must be written). It
+/// makes:
+///
+/// - the struct, whose fields are the keys, read by serde: unknown keys are refused, a key
+///   left out takes its default, a required one left out is an error;
+/// - with `(optional)` after the table's name, `Default` (an empty table: every key must then
+///   have a default);
+/// - an associated constant per key, its dotted name (`RawDhcp::lease_time` is
+///   `"dhcp.lease_time"`), for the checks' errors;
+/// - [`Value`](crate::Value), which lists the table in the configuration [`Reference`].
+///
+/// The table's own doc comment opens its section of the reference; the calling crate needs
+/// `serde`. A key's type is a [`Value`](crate::Value); `Spanned<T>` keeps where it was
+/// written, for the checks' errors ([`unwritten`](crate::unwritten) makes a default one).
+///
+/// ```
+/// use cyphonic_settings::{Given, Reference, unwritten};
+/// use toml::Spanned;
+///
+/// cyphonic_settings::table! {
+///     /// `[dhcp]`: the DHCP server.
+///     pub struct RawDhcp in "dhcp" (optional) {
+///         /// Serve DHCP.
+///         enabled: bool = true,
+///         /// Lease time, seconds.
+///         lease_time: Spanned<u32> = unwritten(3600),
+///     }
+/// }
+/// cyphonic_settings::table! {
+///     /// The file.
+///     pub struct File in "" {
+///         /// The interface.
+///         lan: String,
+///         /// DHCP.
+///         dhcp: RawDhcp = RawDhcp::default(),
+///     }
+/// }
+///
+/// let file: File = toml::from_str("lan = \"eth1\"\n[dhcp]\nlease_time = 60\n").unwrap();
+/// assert_eq!(*file.dhcp.lease_time.get_ref(), 60);
+/// assert!(file.dhcp.enabled);
+/// assert_eq!(RawDhcp::lease_time, "dhcp.lease_time");
+/// assert!(toml::from_str::<File>("").unwrap_err().message().contains("missing field `lan`"));
+/// assert!(toml::from_str::<File>("lan = \"\"\nwan = 1").is_err());
+///
+/// let reference = Reference::of::<File>();
+/// assert_eq!(reference.names(), ["lan", "dhcp.enabled", "dhcp.lease_time"]);
+/// assert_eq!(reference.unset_in("lan = \"eth1\"\n[dhcp]\nenabled = true\n"), ["dhcp.lease_time"]);
+/// assert_eq!(reference.tables[1].keys[1].default, Given::Value("3600".into()));
+/// assert_eq!(reference.tables[0].keys[0].default, Given::Required);
+/// ```
+#[macro_export]
+macro_rules! table {
+    (
+        $(#[doc = $doc:literal])*
+        $vis:vis struct $name:ident in $table:tt (optional) {
+            $( $(#[doc = $kdoc:literal])* $key:ident : $ty:ty = $default:expr ),* $(,)?
+        }
+    ) => {
+        $crate::table! {
+            @struct [$($doc)*] $vis $name $table true
+            { $( [$($kdoc)*] $key : $ty = $default ; )* }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self { $( $key: $default, )* }
+            }
+        }
+    };
+    (
+        $(#[doc = $doc:literal])*
+        $vis:vis struct $name:ident in $table:tt {
+            $( $(#[doc = $kdoc:literal])* $key:ident : $ty:ty $(= $default:expr)? ),* $(,)?
+        }
+    ) => {
+        $crate::table! {
+            @struct [$($doc)*] $vis $name $table false
+            { $( [$($kdoc)*] $key : $ty $(= $default)? ; )* }
+        }
+    };
+    (
+        @struct [$($doc:literal)*] $vis:vis $name:ident $table:tt $optional:literal
+        { $( [$($kdoc:literal)*] $key:ident : $ty:ty $(= $default:expr)? ; )* }
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Debug)]
+        $vis struct $name {
+            $( $(#[doc = $kdoc])* $key: $ty, )*
+        }
+
+        const _: () = {
+            use $crate::__private::serde;
+
+            /// The table as serde reads it: every key optional.
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Table {
+                $( $key: Option<$ty>, )*
+            }
+
+            impl<'de> serde::Deserialize<'de> for $name {
+                fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                    let table = <Table as serde::Deserialize>::deserialize(d)?;
+                    Ok(Self {
+                        $(
+                            $key: match table.$key {
+                                Some(value) => value,
+                                None => $crate::table!(@default $key $($default)?),
+                            },
+                        )*
+                    })
+                }
+            }
+
+            impl $crate::Value for $name {
+                fn kind() -> String {
+                    "table".to_owned()
+                }
+                fn show(&self) -> String {
+                    String::new()
+                }
+                fn tables(out: &mut $crate::Reference, array: bool, optional: bool) -> bool {
+                    let at = out.tables.len();
+                    out.tables.push($crate::TableDoc {
+                        name: $table,
+                        array,
+                        optional: optional && $optional,
+                        doc: $crate::doc_text(&[$($doc),*]),
+                        keys: Vec::new(),
+                    });
+                    $(
+                        let nested = <$ty as $crate::Value>::tables(
+                            out,
+                            false,
+                            $crate::table!(@has_default $($default)?),
+                        );
+                        if !nested {
+                            let default = $crate::table!(@given $ty $(= $default)?);
+                            out.tables[at].keys.push($crate::KeyDoc {
+                                name: stringify!($key),
+                                kind: <$ty as $crate::Value>::kind(),
+                                default,
+                                doc: $crate::doc_text(&[$($kdoc),*]),
+                            });
+                        }
+                    )*
+                    true
+                }
+            }
+        };
+
+        #[allow(dead_code, non_upper_case_globals)]
+        impl $name {
+            $(
+                #[doc = concat!("`", $table, ".", stringify!($key), "`: its name in errors.")]
+                $vis const $key: &'static str = $crate::table!(@name $table $key);
+            )*
+        }
+    };
+    (@default $key:ident $default:expr) => { $default };
+    (@default $key:ident) => {
+        return Err($crate::__private::serde::de::Error::missing_field(stringify!($key)))
+    };
+    (@has_default $default:expr) => { true };
+    (@has_default) => { false };
+    (@given $ty:ty = $default:expr) => {{
+        let value: $ty = $default;
+        match $crate::Value::show(&value) {
+            shown if shown.is_empty() => $crate::Given::Unset,
+            shown => $crate::Given::Value(shown),
+        }
+    }};
+    (@given $ty:ty) => { $crate::Given::Required };
+    (@name "" $key:ident) => { stringify!($key) };
+    (@name $table:tt $key:ident) => { concat!($table, ".", stringify!($key)) };
+}
