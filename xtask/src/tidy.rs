@@ -11,6 +11,7 @@ use crate::util;
 /// A crate missing here fails the layering check: adding a crate means placing it.
 const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-wire", 0, false),
+    ("cyphonic-declare", 0, false),
     ("cyphonic-crypto", 0, false),
     ("cyphonic-session", 1, false),
     ("cyphonic-gateway", 1, false),

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
-use serde::Deserialize;
 use toml::Spanned;
+
+use cyphonic_declare::OneOrMore;
 
 use crate::policy::{Group, Policy, Rule};
 
@@ -62,131 +63,141 @@ impl Default for RelayConfig {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Raw {
-    #[serde(default = "default_listen")]
-    listen: SocketAddr,
-    #[serde(default = "default_probe_listen")]
-    probe_listen: SocketAddr,
-    probe_listen_alt: Option<SocketAddr>,
-    key: Spanned<PathBuf>,
-    ca: Spanned<PathBuf>,
-    revocations: Option<Spanned<PathBuf>>,
-    #[serde(default = "default_database")]
-    database: String,
-    #[serde(default)]
-    policy: RawPolicy,
-    #[serde(default)]
-    relay: RawRelay,
-    #[serde(default = "default_status_socket")]
-    status_socket: PathBuf,
-    #[serde(default)]
-    metrics: RawMetrics,
-    enroll: Option<RawEnroll>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawEnroll {
-    certificate: Spanned<PathBuf>,
-    key: Spanned<PathBuf>,
-    pool: Option<Spanned<Vec<String>>>,
-    #[serde(default = "default_lifetime")]
-    lifetime: Spanned<u64>,
-}
-
-/// A week.
-fn default_lifetime() -> Spanned<u64> {
-    Spanned::new(0..0, 7 * 24 * 3600)
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawMetrics {
-    listen: Option<Spanned<SocketAddr>>,
-}
-
-fn default_status_socket() -> PathBuf {
-    PathBuf::from("/run/cyphonic/cloud.sock")
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRelay {
-    #[serde(default = "yes")]
-    enabled: bool,
-    addresses: Option<Spanned<Vec<IpAddr>>>,
-    ports: Option<Spanned<String>>,
-    idle_timeout: Option<Spanned<u64>>,
-}
-
-impl Default for RawRelay {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            addresses: None,
-            ports: None,
-            idle_timeout: None,
-        }
+cyphonic_declare::table! {
+    /// `cyphonic-cloud serve`'s file.
+    struct Raw in "" {
+        /// NMS control sessions (TCP, Noise). Adapters and nodes name this address in
+        /// `[cloud] address`.
+        listen: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 7000)),
+        /// Endpoint probes (UDP): clients send one from their tunnel socket so that the cloud
+        /// sees the address their NAT maps it to. The same IP as `listen`.
+        probe_listen: SocketAddr = SocketAddr::from(([0, 0, 0, 0], 7001)),
+        /// The second probe port: clients probe both, and a NAT that maps the two probes to
+        /// different ports is symmetric (such pairs are relayed). Unset: `probe_listen`'s
+        /// address, its port + 1.
+        probe_listen_alt: Option<SocketAddr> = None,
+        /// The cloud's Noise private key, made by `cyphonic-cloud keygen`, which prints the
+        /// public half every client pins (`[cloud] public_key`). Mode 0640, group cyphonic.
+        key: Spanned<PathBuf>,
+        /// The overlay CA certificate(s) client certificates must chain to.
+        ca: Spanned<PathBuf>,
+        /// The revocation list `ca revoke` maintains. Unset: none.
+        revocations: Option<Spanned<PathBuf>> = None,
+        /// The registry: a SQLite file (created on first start), or PostgreSQL by URL when
+        /// several cloud instances serve one overlay (`postgres://USER:PASSWORD@HOST/DB`).
+        database: String = "sqlite:///var/lib/cyphonic/cloud.db".to_owned(),
+        /// Who may reach whom.
+        policy: RawPolicy = Default::default(),
+        /// The relay.
+        relay: RawRelay = RawRelay::default(),
+        /// Where `cyphonic-cloud status` finds the running cloud (mode 0600).
+        status_socket: PathBuf = PathBuf::from("/run/cyphonic/cloud.sock"),
+        /// The metrics endpoint.
+        metrics: RawMetrics = RawMetrics::default(),
+        /// Online issuing.
+        enroll: Option<RawEnroll> = None,
     }
 }
 
-const fn yes() -> bool {
-    true
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RawPolicy {
-    #[serde(default)]
-    default: Option<Spanned<String>>,
-    #[serde(default)]
-    group: Vec<RawGroup>,
-    #[serde(default)]
-    rule: Vec<RawRule>,
-}
-
-/// One name, or a list of them.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Names {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl Names {
-    fn list(&self) -> Vec<String> {
-        match self {
-            Self::One(n) => vec![n.clone()],
-            Self::Many(v) => v.clone(),
-        }
+cyphonic_declare::table! {
+    /// Online issuing: new adapters and nodes enroll with a token (`cyphonic-cloud token
+    /// create`), and certificates issued here are renewed automatically. The key is an
+    /// issuing CA the root delegated to (`cyphonic-cloud ca delegate`), so that the root's key
+    /// stays offline. Without this table the cloud neither enrolls nor renews. Restart-only.
+    struct RawEnroll in "enroll" {
+        /// The issuing CA's certificate.
+        certificate: Spanned<PathBuf>,
+        /// The issuing CA's key (mode 0640, group cyphonic).
+        key: Spanned<PathBuf>,
+        /// Blocks `token create --prefix N` allocates from, first free first. Unset: the
+        /// issuing CA's blocks.
+        pool: Option<Spanned<Vec<String>>> = None,
+        /// Lifetime of the certificates issued, seconds (30 to 31536000); clients renew at two
+        /// thirds of it. A token may give its own (`--lifetime`).
+        lifetime: Spanned<u64> = cyphonic_declare::unwritten(7 * 24 * 3600),
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawGroup {
-    name: Spanned<String>,
-    members: Spanned<Names>,
+cyphonic_declare::table! {
+    /// The Prometheus endpoint (`http://<listen>/metrics`): sessions, registrations,
+    /// resolutions and denials, probes, relay channels and bytes. Keep it on loopback or a
+    /// management network.
+    struct RawMetrics in "metrics" (optional) {
+        /// Where it listens, with a port. Unset: no endpoint.
+        listen: Option<Spanned<SocketAddr>> = None,
+    }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRule {
-    from: Spanned<Names>,
-    to: Spanned<Names>,
-    allow: Option<Spanned<Vec<String>>>,
+cyphonic_declare::table! {
+    /// The relay (TRS): pairs that cannot reach each other directly (IPv4-only facing
+    /// IPv6-only, a symmetric NAT facing another NAT, or handshakes that never came through)
+    /// talk through a channel here: one UDP port that relays frames, unchanged and still
+    /// end-to-end encrypted, between the two addresses its pair bound to it. The relay holds
+    /// no key and serves no one the cloud did not pair.
+    struct RawRelay in "relay" (optional) {
+        /// Run the relay.
+        enabled: bool = true,
+        /// Where channels listen, given to clients as the relay's address: at most one IPv4
+        /// and one IPv6 address. Give them when clients reach the cloud through a NAT or load
+        /// balancer, or when several instances share the store. Empty: every address, and
+        /// each client is given the address it reached the control port on.
+        addresses: Spanned<Vec<IpAddr>> =
+            cyphonic_declare::unwritten(RelayConfig::default().addresses),
+        /// UDP ports for channels, `"FIRST-LAST"` from 1024 up, one per relayed pair (open
+        /// them in the firewall).
+        ports: Spanned<String> = cyphonic_declare::unwritten({
+            let ports = RelayConfig::default().ports;
+            format!("{}-{}", ports.start(), ports.end())
+        }),
+        /// Seconds a channel may relay nothing before it closes (30 to 86400; clients keep
+        /// theirs busy with keepalives every 25 s).
+        idle_timeout: Spanned<u64> =
+            cyphonic_declare::unwritten(RelayConfig::default().idle.as_secs()),
+    }
 }
 
-fn default_listen() -> SocketAddr {
-    SocketAddr::from(([0, 0, 0, 0], 7000))
+cyphonic_declare::table! {
+    /// Who may reach whom: groups, members (a certificate's name, or a group its certificate
+    /// carries: `ca issue --group`), devices (the names members register), patterns over
+    /// those names (`cam*.gw2.ovl.example`), addresses and blocks; `"*"` is everyone. Rules
+    /// are numbered from 1 in the file's order (counters, status, metrics). A reload (SIGHUP)
+    /// applies changes within seconds. `cyphonic-cloud policy` answers from the registry
+    /// whether a flow may start, and by which rule.
+    struct RawPolicy in "policy" (optional) {
+        /// `"allow"`: anyone may resolve and reach anyone; nothing is enforced per device.
+        /// `"deny"`: the cloud pairs two members only where a rule lets one open a flow to the
+        /// other, and sends every adapter and node the rules that concern it, which they
+        /// enforce where packets leave and where they arrive. Unset: `"allow"`.
+        default: Option<Spanned<String>> = None,
+        /// The groups rules may name.
+        group: Vec<RawGroup> = Vec::new(),
+        /// The rules.
+        rule: Vec<RawRule> = Vec::new(),
+    }
 }
-fn default_probe_listen() -> SocketAddr {
-    SocketAddr::from(([0, 0, 0, 0], 7001))
+
+cyphonic_declare::table! {
+    /// A group rules may name. Repeat the table for each group.
+    struct RawGroup in "policy.group" {
+        /// Its name: a word, not `"*"` or an address.
+        name: Spanned<String>,
+        /// Members, devices, groups, patterns or addresses.
+        members: Spanned<OneOrMore>,
+    }
 }
-fn default_database() -> String {
-    "sqlite:///var/lib/cyphonic/cloud.db".into()
+
+cyphonic_declare::table! {
+    /// A rule: `from` may open flows of `allow` to `to`; replies flow back, nothing else
+    /// passes. Repeat the table for each rule.
+    struct RawRule in "policy.rule" {
+        /// Where the flows start: names as in `policy.group.members`.
+        from: Spanned<OneOrMore>,
+        /// Where they go: names as in `policy.group.members`.
+        to: Spanned<OneOrMore>,
+        /// What they may be: `tcp/PORT`, `tcp/FIRST-LAST`, `tcp`, the same for `udp`,
+        /// `icmp`, `any`. Unset: `any`.
+        allow: Option<Spanned<Vec<String>>> = None,
+    }
 }
 
 /// What of a configuration takes effect only at a restart (a reload applies the trust and
@@ -274,17 +285,17 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             )
         })
     };
-    let key = StaticKeypair::from_pem(&read(&raw.key, "key")?)
-        .map_err(|e| err(raw.key.span(), "key", e.to_string()))?;
-    let cas = Certificate::all_from_pem(&read(&raw.ca, "ca")?)
-        .map_err(|e| err(raw.ca.span(), "ca", e.to_string()))?;
+    let key = StaticKeypair::from_pem(&read(&raw.key, Raw::key)?)
+        .map_err(|e| err(raw.key.span(), Raw::key, e.to_string()))?;
+    let cas = Certificate::all_from_pem(&read(&raw.ca, Raw::ca)?)
+        .map_err(|e| err(raw.ca.span(), Raw::ca, e.to_string()))?;
     let revoked = match &raw.revocations {
-        Some(r) => RevocationList::parse(&read(r, "revocations")?)
-            .map_err(|e| err(r.span(), "revocations", e.to_string()))?,
+        Some(r) => RevocationList::parse(&read(r, Raw::revocations)?)
+            .map_err(|e| err(r.span(), Raw::revocations, e.to_string()))?,
         None => RevocationList::default(),
     };
     let mut trust =
-        TrustStore::new(cas, revoked).map_err(|e| err(raw.ca.span(), "ca", e.to_string()))?;
+        TrustStore::new(cas, revoked).map_err(|e| err(raw.ca.span(), Raw::ca, e.to_string()))?;
     let enroll = match &raw.enroll {
         Some(e) => Some(enroll(e, &mut trust, now_secs, &read, &err)?),
         None => None,
@@ -294,7 +305,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         if b.not_after <= now_secs {
             return Err(err(
                 raw.ca.span(),
-                "ca",
+                Raw::ca,
                 format!("the CA {} has expired", b.name),
             ));
         }
@@ -307,7 +318,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             other => {
                 return Err(err(
                     d.span(),
-                    "policy.default",
+                    RawPolicy::default,
                     format!("expected \"allow\" or \"deny\", found {other:?}"),
                 ));
             }
@@ -337,7 +348,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         Some(l) if l.get_ref().port() == 0 => {
             return Err(err(
                 l.span(),
-                "metrics.listen",
+                RawMetrics::listen,
                 "give the port Prometheus scrapes (9466, say)".into(),
             ));
         }
@@ -377,7 +388,7 @@ fn policy(
         if name.is_empty() || name == "*" || name.contains('/') {
             return Err(err(
                 g.name.span(),
-                &format!("policy.group[{i}].name"),
+                &cyphonic_declare::indexed(RawGroup::name, i),
                 "a group's name is a word, not empty, \"*\" or an address".into(),
             ));
         }
@@ -385,7 +396,7 @@ fn policy(
         if members.is_empty() || members.iter().any(String::is_empty) {
             return Err(err(
                 g.members.span(),
-                &format!("policy.group[{i}].members"),
+                &cyphonic_declare::indexed(RawGroup::members, i),
                 "list at least one member, device, group, pattern or address (none empty)".into(),
             ));
         }
@@ -396,31 +407,32 @@ fn policy(
     }
     let mut rules = Vec::new();
     for (i, r) in raw.rule.iter().enumerate() {
-        let side = |s: &Spanned<Names>, key: &str| {
+        let side = |s: &Spanned<OneOrMore>, key: &str| {
             let names = s.get_ref().list();
             if names.is_empty() || names.iter().any(String::is_empty) {
                 return Err(err(
                     s.span(),
-                    &format!("policy.rule[{i}].{key}"),
+                    &cyphonic_declare::indexed(key, i),
                     "name at least one group, member, device or address (none empty)".into(),
                 ));
             }
             Ok(names)
         };
-        let (from, to) = (side(&r.from, "from")?, side(&r.to, "to")?);
+        let (from, to) = (side(&r.from, RawRule::from)?, side(&r.to, RawRule::to)?);
         let allow = match &r.allow {
             None => vec!["any".to_owned()],
             Some(a) => {
                 if a.get_ref().is_empty() {
                     return Err(err(
                         a.span(),
-                        &format!("policy.rule[{i}].allow"),
+                        &cyphonic_declare::indexed(RawRule::allow, i),
                         "allows nothing: give tcp/PORT, udp/PORT, icmp or any".into(),
                     ));
                 }
                 for item in a.get_ref() {
-                    cyphonic_filter::parse_allow(item)
-                        .map_err(|m| err(a.span(), &format!("policy.rule[{i}].allow"), m))?;
+                    cyphonic_filter::parse_allow(item).map_err(|m| {
+                        err(a.span(), &cyphonic_declare::indexed(RawRule::allow, i), m)
+                    })?;
                 }
                 a.get_ref().clone()
             }
@@ -443,30 +455,30 @@ fn enroll(
     read: &dyn Fn(&Spanned<PathBuf>, &str) -> anyhow::Result<String>,
     err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
 ) -> anyhow::Result<crate::enroll::Issuer> {
-    let cert_text = read(&raw.certificate, "enroll.certificate")?;
-    let key_text = read(&raw.key, "enroll.key")?;
+    let cert_text = read(&raw.certificate, RawEnroll::certificate)?;
+    let key_text = read(&raw.key, RawEnroll::key)?;
     let ca = cyphonic_crypto::CertificateAuthority::from_pem(&key_text, &cert_text)
-        .map_err(|e| err(raw.key.span(), "enroll.key", e.to_string()))?;
+        .map_err(|e| err(raw.key.span(), RawEnroll::key, e.to_string()))?;
     let cert = ca.certificate().clone();
     if !cert.is_root() {
         trust.add_issuer(cert.clone()).map_err(|e| {
             err(
                 raw.certificate.span(),
-                "enroll.certificate",
+                RawEnroll::certificate,
                 format!("not an issuing CA under `ca`: {e}"),
             )
         })?;
     } else if !trust.cas().contains(&cert) {
         return Err(err(
             raw.certificate.span(),
-            "enroll.certificate",
+            RawEnroll::certificate,
             "a root that `ca` does not list".into(),
         ));
     }
     if cert.body().not_after <= now_secs {
         return Err(err(
             raw.certificate.span(),
-            "enroll.certificate",
+            RawEnroll::certificate,
             "the issuing CA has expired".into(),
         ));
     }
@@ -484,14 +496,14 @@ fn enroll(
                 let block: ipnet::IpNet = text.parse().map_err(|_| {
                     err(
                         p.span(),
-                        "enroll.pool",
+                        RawEnroll::pool,
                         format!("{text:?} is not a CIDR block"),
                     )
                 })?;
                 if !cert.body().covers_block(&block) {
                     return Err(err(
                         p.span(),
-                        "enroll.pool",
+                        RawEnroll::pool,
                         format!("{block} lies outside the issuing CA's blocks"),
                     ));
                 }
@@ -504,7 +516,7 @@ fn enroll(
     if !(crate::enroll::MIN_LIFETIME..=365 * 24 * 3600).contains(&lifetime) {
         return Err(err(
             raw.lifetime.span(),
-            "enroll.lifetime",
+            RawEnroll::lifetime,
             format!("{lifetime} s: give 30 to 31536000 seconds"),
         ));
     }
@@ -515,54 +527,51 @@ fn relay(
     raw: &RawRelay,
     err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
 ) -> anyhow::Result<RelayConfig> {
-    let mut config = RelayConfig::default();
-    let empty = Spanned::new(0..0, Vec::new());
-    let spanned = raw.addresses.as_ref().unwrap_or(&empty);
-    let addresses = spanned.get_ref();
+    let addresses = raw.addresses.get_ref();
     for (i, a) in addresses.iter().enumerate() {
         if a.is_unspecified() || a.is_multicast() {
             return Err(err(
-                spanned.span(),
-                "relay.addresses",
+                raw.addresses.span(),
+                RawRelay::addresses,
                 format!("{a} cannot be given to clients as the relay's address"),
             ));
         }
         if addresses[..i].iter().any(|b| b.is_ipv4() == a.is_ipv4()) {
             return Err(err(
-                spanned.span(),
-                "relay.addresses",
+                raw.addresses.span(),
+                RawRelay::addresses,
                 "at most one IPv4 and one IPv6 address".into(),
             ));
         }
     }
-    config.addresses.clone_from(addresses);
-    if let Some(p) = &raw.ports {
-        let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
-            let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
-            (a >= 1024 && a <= b).then_some(a..=b)
-        });
-        config.ports = parsed.ok_or_else(|| {
-            err(
-                p.span(),
-                "relay.ports",
-                format!(
-                    "expected a range \"FIRST-LAST\" of ports from 1024 up, found {:?}",
-                    p.get_ref()
-                ),
-            )
-        })?;
+    let p = &raw.ports;
+    let parsed = p.get_ref().split_once('-').and_then(|(a, b)| {
+        let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
+        (a >= 1024 && a <= b).then_some(a..=b)
+    });
+    let ports = parsed.ok_or_else(|| {
+        err(
+            p.span(),
+            RawRelay::ports,
+            format!(
+                "expected a range \"FIRST-LAST\" of ports from 1024 up, found {:?}",
+                p.get_ref()
+            ),
+        )
+    })?;
+    let t = &raw.idle_timeout;
+    if !(30..=86_400).contains(t.get_ref()) {
+        return Err(err(
+            t.span(),
+            RawRelay::idle_timeout,
+            format!("expected 30 to 86400 seconds, found {}", t.get_ref()),
+        ));
     }
-    if let Some(t) = &raw.idle_timeout {
-        if !(30..=86_400).contains(t.get_ref()) {
-            return Err(err(
-                t.span(),
-                "relay.idle_timeout",
-                format!("expected 30 to 86400 seconds, found {}", t.get_ref()),
-            ));
-        }
-        config.idle = Duration::from_secs(*t.get_ref());
-    }
-    Ok(config)
+    Ok(RelayConfig {
+        addresses: addresses.clone(),
+        ports,
+        idle: Duration::from_secs(*t.get_ref()),
+    })
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -576,6 +585,19 @@ mod tests {
 
     use super::*;
     use cyphonic_crypto::CertificateAuthority;
+
+    /// docs/configuration/cloud.md is the reference the declarations make.
+    #[test]
+    fn the_configuration_reference_is_current() {
+        let reference = cyphonic_declare::Reference::of::<Raw>().markdown(
+            "cyphonic-cloud's configuration",
+            "Every key of `/etc/cyphonic/cloud.toml`, by table. `cyphonic-cloud check-config \
+             FILE` checks a file as `serve` would; config/cloud.example.toml shows every key. \
+             Relative paths are relative to the file's directory.",
+        );
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration/cloud.md");
+        assert_eq!(cyphonic_declare::ensure_file(&path, &reference), Ok(()));
+    }
 
     /// config/cloud.example.toml loads once the files it names exist, and mistakes point at
     /// their line and key.
@@ -631,13 +653,13 @@ mod tests {
         assert_eq!(c.probe_listen_alt, "0.0.0.0:7002".parse().unwrap());
         assert_eq!(c.relay, Some(RelayConfig::default()));
         for (bad, key) in [
-            ("ports = \"50999-50000\"", "relay.ports"),
-            ("ports = \"80-90\"", "relay.ports"),
-            ("idle_timeout = 5", "relay.idle_timeout"),
-            ("addresses = [\"0.0.0.0\"]", "relay.addresses"),
+            ("ports = \"50999-50000\"", RawRelay::ports),
+            ("ports = \"80-90\"", RawRelay::ports),
+            ("idle_timeout = 5", RawRelay::idle_timeout),
+            ("addresses = [\"0.0.0.0\"]", RawRelay::addresses),
             (
                 "addresses = [\"192.0.2.10\", \"192.0.2.11\"]",
-                "relay.addresses",
+                RawRelay::addresses,
             ),
         ] {
             let base = &text[..text.find("\n[relay]").unwrap()];

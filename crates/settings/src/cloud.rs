@@ -4,10 +4,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cyphonic_crypto::PublicKey;
-use serde::Deserialize;
 use toml::Spanned;
 
-use crate::{ConfigError, Source};
+use crate::{ConfigError, OneOrMore, Source};
 
 crate::table! {
     /// The control plane (`cyphonic-cloud`). With it, peers need not be listed: a name asked
@@ -28,36 +27,6 @@ crate::table! {
         /// Seconds (5 to 86400) after which a peer found through the cloud leaves without
         /// traffic either way; traffic for its block asks the cloud for it again.
         idle_peer_timeout: Spanned<u64> = crate::unwritten(600),
-    }
-}
-
-/// A key that takes one string or a list of them (`address = "a"`, `address = ["a", "b"]`).
-/// (Errors point at the whole value: toml's spans do not survive serde's untagged enums.)
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMore {
-    One(String),
-    More(Vec<String>),
-}
-
-impl crate::Value for OneOrMore {
-    fn kind() -> String {
-        "string, or list of strings".to_owned()
-    }
-    fn show(&self) -> String {
-        match self {
-            Self::One(one) => one.show(),
-            Self::More(more) => more.show(),
-        }
-    }
-}
-
-impl OneOrMore {
-    fn items(&self) -> Vec<&String> {
-        match self {
-            Self::One(one) => vec![one],
-            Self::More(more) => more.iter().collect(),
-        }
     }
 }
 
@@ -102,7 +71,7 @@ impl RawCloud {
     /// A key that is not 64 hex digits, an endpoint nobody can reach.
     pub fn check(&self, src: &Source<'_>) -> Result<Cloud, ConfigError> {
         let mut public_keys = Vec::new();
-        for text in self.public_key.get_ref().items() {
+        for text in self.public_key.get_ref().list() {
             let Ok(key) = text.parse::<PublicKey>() else {
                 return src.err(
                     &self.public_key.span(),
@@ -113,9 +82,9 @@ impl RawCloud {
             public_keys.push(key);
         }
         let mut addresses = Vec::new();
-        for text in self.address.get_ref().items() {
+        for text in self.address.get_ref().list() {
             addresses.push(
-                cloud_address(text)
+                cloud_address(&text)
                     .or_else(|e| src.err(&self.address.span(), RawCloud::address, e))?,
             );
         }

@@ -14,7 +14,6 @@
 
 mod cloud;
 mod dataplane;
-mod declare;
 mod end;
 mod identity;
 mod observe;
@@ -24,6 +23,10 @@ mod source;
 pub mod testing;
 
 pub use cloud::{Cloud, RawCloud};
+pub use cyphonic_declare::{
+    Given, KeyDoc, OneOrMore, Reference, TableDoc, Value, doc_text, ensure_file, indexed, table,
+    unwritten,
+};
 pub use cyphonic_netio::Placement;
 pub use cyphonic_session::Identity;
 pub use cyphonic_tunnel::{Aqm, DataPlane, StaticPeer};
@@ -32,7 +35,6 @@ pub use dataplane::{
     IN_FLIGHT_MS_MAX, Keyed, REKEY_AFTER_MESSAGES_MIN, REKEY_AFTER_SECS_MIN, check_aqm,
     check_in_flight, check_pipeline, check_placement, check_priority, check_rekey,
 };
-pub use declare::{Given, KeyDoc, Reference, TableDoc, Value, doc_text, indexed, unwritten};
 pub use end::{Common, DNS_TTL, Dns, DnsKeys, EndKeys, LISTEN, OVERLAY, check_dns, check_mtu};
 pub use identity::{IdentityFiles, RawIdentity, first_v4_block, overlay_domain};
 pub use observe::{RawLog, RawMetrics};
@@ -44,7 +46,6 @@ pub use source::{ConfigError, Source, changed_keys, load, now_secs, parse};
 #[doc(hidden)]
 pub mod __private {
     pub use ipnet::Ipv4Net;
-    pub use serde;
     pub use toml::Spanned;
 }
 

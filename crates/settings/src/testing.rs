@@ -203,7 +203,7 @@ pub fn assert_documents_every_key<T: crate::Value>(example: &str, name: &str) {
 }
 
 /// docs/configuration/`binary`.md (under the repository's `root`) is the reference of the
-/// file type `T`, the `cyphonic-<binary>` configuration (see [`assert_file_current`]).
+/// file type `T`, the `cyphonic-<binary>` configuration (see [`crate::ensure_file`]).
 ///
 /// # Panics
 /// When it was not.
@@ -217,24 +217,9 @@ pub fn assert_reference_current<T: crate::Value>(root: &Path, binary: &str) {
         ),
     );
     let path = root.join(format!("docs/configuration/{binary}.md"));
-    assert_file_current(&path, &reference);
-}
-
-/// The generated file `path` holds `contents`. If it does not, it is written and the test
-/// fails: run it again, and commit the file (rust-analyzer's `ensure_file_contents`).
-///
-/// # Panics
-/// When the file was not current.
-#[allow(clippy::missing_panics_doc)]
-pub fn assert_file_current(path: &Path, contents: &str) {
-    if std::fs::read_to_string(path).is_ok_and(|old| old == contents) {
-        return;
+    if let Err(e) = crate::ensure_file(&path, &reference) {
+        panic!("{e}");
     }
-    let written = std::fs::write(path, contents);
-    panic!(
-        "{} was not current; it has been written ({written:?}): run the tests again and commit it",
-        path.display()
-    );
 }
 
 /// One certificate to write: its name, its block, where (relative to the directory,

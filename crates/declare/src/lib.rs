@@ -1,4 +1,5 @@
-//! One declaration per setting. [`table!`](crate::table) declares a table of a configuration
+//! One declaration per setting, for every configuration file of the project (the adapter's,
+//! the node's, the cloud's). [`table!`](crate::table) declares a table of a configuration
 //! file: each key once, with its doc comment, its type and its default (or none: the key is
 //! required). From that one place come the struct serde reads (unknown keys refused, a missing
 //! key given its default), the `Default` of a table that may be left out, the dotted names the
@@ -6,12 +7,20 @@
 //! `"dhcp.lease_time"`), and the configuration reference ([`Reference`]) that docs/ holds and
 //! a test keeps current.
 
+#![forbid(unsafe_code)]
+
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use ipnet::Ipv4Net;
 use toml::Spanned;
+
+/// What the macro names in the calling crate's code.
+#[doc(hidden)]
+pub mod __private {
+    pub use serde;
+}
 
 /// A value the file did not write: a default (its span is empty).
 pub fn unwritten<T>(value: T) -> Spanned<T> {
@@ -164,6 +173,24 @@ impl Reference {
     }
 }
 
+/// Keeps a generated file current: when `path` does not hold `contents`, writes them and says
+/// so as an error, for a test to fail on (run it again, and commit the file:
+/// rust-analyzer's `ensure_file_contents`).
+///
+/// # Errors
+/// The file was not current (written, or the write's failure).
+pub fn ensure_file(path: &std::path::Path, contents: &str) -> Result<(), String> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == contents) {
+        return Ok(());
+    }
+    let written = std::fs::write(path, contents);
+    Err(format!(
+        "{} was not current; it has been written ({written:?}): run the tests again and \
+         commit it",
+        path.display()
+    ))
+}
+
 /// Joins the lines of a doc comment into the reference's paragraphs: one space less at the
 /// start of each line, an empty line between paragraphs.
 pub fn doc_text(lines: &[&str]) -> String {
@@ -261,6 +288,39 @@ impl<T: Value> Value for Vec<T> {
     }
 }
 
+/// A key that takes one string or a list of them (`address = "a"`, `address = ["a", "b"]`).
+/// (Errors point at the whole value: toml's spans do not survive serde's untagged enums.)
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMore {
+    /// One string.
+    One(String),
+    /// A list.
+    More(Vec<String>),
+}
+
+impl OneOrMore {
+    /// The strings, in order.
+    pub fn list(&self) -> Vec<String> {
+        match self {
+            Self::One(one) => vec![one.clone()],
+            Self::More(more) => more.clone(),
+        }
+    }
+}
+
+impl Value for OneOrMore {
+    fn kind() -> String {
+        "string, or list of strings".to_owned()
+    }
+    fn show(&self) -> String {
+        match self {
+            Self::One(one) => one.show(),
+            Self::More(more) => more.show(),
+        }
+    }
+}
+
 /// Declares a table of a configuration file: each key once, as
 /// `/// doc` `name: Type = default,` (or `name: Type,` for a key that must be written). It
 /// makes:
@@ -278,10 +338,10 @@ impl<T: Value> Value for Vec<T> {
 /// written, for the checks' errors ([`unwritten`](crate::unwritten) makes a default one).
 ///
 /// ```
-/// use cyphonic_settings::{Given, Reference, unwritten};
+/// use cyphonic_declare::{Given, Reference, unwritten};
 /// use toml::Spanned;
 ///
-/// cyphonic_settings::table! {
+/// cyphonic_declare::table! {
 ///     /// `[dhcp]`: the DHCP server.
 ///     pub struct RawDhcp in "dhcp" (optional) {
 ///         /// Serve DHCP.
@@ -290,7 +350,7 @@ impl<T: Value> Value for Vec<T> {
 ///         lease_time: Spanned<u32> = unwritten(3600),
 ///     }
 /// }
-/// cyphonic_settings::table! {
+/// cyphonic_declare::table! {
 ///     /// The file.
 ///     pub struct File in "" {
 ///         /// The interface.
@@ -438,4 +498,29 @@ macro_rules! table {
     (@given $ty:ty) => { $crate::Given::Required };
     (@name "" $key:ident) => { stringify!($key) };
     (@name $table:tt $key:ident) => { concat!($table, ".", stringify!($key)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_item_of_an_array_is_named_by_its_index() {
+        assert_eq!(indexed("peer.endpoint", 2), "peer[2].endpoint");
+        assert_eq!(indexed("policy.group.name", 0), "policy.group[0].name");
+    }
+
+    #[test]
+    fn a_stale_generated_file_is_written_and_reported() {
+        let path = std::env::temp_dir().join(format!("declare-{}.md", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            ensure_file(&path, "one").is_err(),
+            "a missing file is stale"
+        );
+        assert_eq!(ensure_file(&path, "one"), Ok(()));
+        assert!(ensure_file(&path, "two").is_err());
+        assert_eq!(std::fs::read_to_string(&path).ok().as_deref(), Some("two"));
+        let _ = std::fs::remove_file(&path);
+    }
 }
