@@ -166,3 +166,17 @@ const NAMES: Names = Names {
         run: ha::ask_handover,
     }],
 };
+
+#[cfg(test)]
+mod tests {
+    /// docs/cli/adapter.md is the command line clap parses.
+    #[test]
+    fn the_command_line_reference_is_current() {
+        let command = cyphonic_daemon::cli::command(&super::NAMES);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli/adapter.md");
+        assert_eq!(
+            cyphonic_settings::ensure_file(&path, &clap_markdown::help_markdown_command(&command)),
+            Ok(())
+        );
+    }
+}

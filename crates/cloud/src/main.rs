@@ -790,6 +790,14 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    /// docs/cli/cloud.md is the command line clap parses.
+    #[test]
+    fn the_command_line_reference_is_current() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cli/cloud.md");
+        let reference = clap_markdown::help_markdown::<Cli>();
+        assert_eq!(cyphonic_declare::ensure_file(&path, &reference), Ok(()));
+    }
+
     #[test]
     fn a_new_certificate_of_a_name_starts_after_every_one_issued_of_it() {
         let t = 1_000_000;

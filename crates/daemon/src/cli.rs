@@ -147,22 +147,9 @@ impl Names {
     }
 }
 
-/// Parses the command line of the program `names` describes and runs the command: `load` reads
-/// a configuration, `describe` reports a good one (`check-config`), `run` runs the daemon,
-/// `status_text` gives the edge's lines of the status table. Errors print as
-/// `<name>: error: ...`.
-#[expect(clippy::print_stdout, reason = "check-config's report")]
-pub fn main<
-    C: AsRef<cyphonic_settings::Common> + 'static,
-    E: DeserializeOwned,
-    K: CounterSet + DeserializeOwned,
->(
-    names: &Names,
-    load: Load<C>,
-    describe: Describe<C>,
-    run: Run<C>,
-    status_text: fn(&Status<E, K>) -> EdgeText,
-) -> ExitCode {
+/// The command line of the program `names` describes, as clap parses it (and as
+/// docs/cli/ shows it).
+pub fn command(names: &Names) -> clap::Command {
     let noun = names.noun();
     let mut command = Cli::command()
         .name(names.name)
@@ -195,7 +182,26 @@ pub fn main<
             ),
         );
     }
-    let matches = command.get_matches();
+    command
+}
+
+/// Parses the command line of the program `names` describes and runs the command: `load` reads
+/// a configuration, `describe` reports a good one (`check-config`), `run` runs the daemon,
+/// `status_text` gives the edge's lines of the status table. Errors print as
+/// `<name>: error: ...`.
+#[expect(clippy::print_stdout, reason = "check-config's report")]
+pub fn main<
+    C: AsRef<cyphonic_settings::Common> + 'static,
+    E: DeserializeOwned,
+    K: CounterSet + DeserializeOwned,
+>(
+    names: &Names,
+    load: Load<C>,
+    describe: Describe<C>,
+    run: Run<C>,
+    status_text: fn(&Status<E, K>) -> EdgeText,
+) -> ExitCode {
+    let matches = command(names).get_matches();
     if let Some((sub, args)) = matches.subcommand()
         && let Some(extra) = names.extra.iter().find(|e| e.name == sub)
     {

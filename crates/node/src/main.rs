@@ -77,3 +77,17 @@ const NAMES: Names = Names {
     socket: "/run/cyphonic/node.sock",
     extra: &[],
 };
+
+#[cfg(test)]
+mod tests {
+    /// docs/cli/node.md is the command line clap parses.
+    #[test]
+    fn the_command_line_reference_is_current() {
+        let command = cyphonic_daemon::cli::command(&super::NAMES);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cli/node.md");
+        assert_eq!(
+            cyphonic_settings::ensure_file(&path, &clap_markdown::help_markdown_command(&command)),
+            Ok(())
+        );
+    }
+}
