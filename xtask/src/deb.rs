@@ -65,13 +65,25 @@ pub(crate) const PROGRAMS: [Program; 3] = [
 /// The shared package.
 pub(crate) const COMMON: &str = "cyphonic-common";
 
-/// Documents shipped in /usr/share/doc/cyphonic-common.
-const DOCS: [&str; 5] = [
+/// Documents shipped in /usr/share/doc/cyphonic-common (those of docs/ at their place below
+/// it: the guide's links hold there too).
+const DOCS: [&str; 16] = [
     "README.md",
     "ARCHITECTURE.md",
+    "docs/guide.md",
+    "docs/getting-started.md",
+    "docs/concepts.md",
+    "docs/troubleshooting.md",
     "docs/operations.md",
     "docs/protocol.md",
     "docs/grafana-dashboard.json",
+    "docs/configuration/adapter.md",
+    "docs/configuration/node.md",
+    "docs/configuration/cloud.md",
+    "docs/cli/adapter.md",
+    "docs/cli/node.md",
+    "docs/cli/cloud.md",
+    "docs/security.md",
 ];
 
 const MAINTAINER: &str = "cyphonic developers <dev@example.invalid>";
@@ -295,7 +307,7 @@ pub(crate) fn build(
 
     let tree = work.join(COMMON);
     for doc in DOCS {
-        let name = Path::new(doc).file_name().context("a file name")?;
+        let name = doc.strip_prefix("docs/").unwrap_or(doc);
         put(
             &root.join(doc),
             &tree.join("usr/share/doc").join(COMMON).join(name),
