@@ -237,11 +237,11 @@ impl Restart {
                 "listen, probe_listen, probe_listen_alt",
                 self.listen != new.listen,
             ),
-            ("key", self.key != new.key),
-            ("database", self.database != new.database),
+            (Raw::key, self.key != new.key),
+            (Raw::database, self.database != new.database),
             ("[relay]", self.relay != new.relay),
             ("[metrics]", self.metrics != new.metrics),
-            ("status_socket", self.status_socket != new.status_socket),
+            (Raw::status_socket, self.status_socket != new.status_socket),
             ("[enroll]", self.enroll != new.enroll),
         ]
         .into_iter()
