@@ -6,7 +6,7 @@
 //! ```text
 //! cy-capture       AF_PACKET recvmmsg -> gateway::Lan::handle_frame -> Intake   (capture.rs)
 //!                  (ARP/ICMP replies straight back; DHCP and DNS to the services)
-//! cy-ingress-emit  LanSink: Incoming::accept, cryptokey routing, Ethernet header,
+//! cy-ingress-emit  LanSink (after the engine's Incoming::accept): cryptokey routing,
 //!                  sendmmsg (runs merged for the kernel to segment)        (lan_sink.rs)
 //! control thread   AdapterServices: DHCP and leases, DNS, the gateway address (services.rs)
 //! ```
@@ -19,7 +19,6 @@ use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext};
 use cyphonic_gateway::Lan;
 use cyphonic_netio::{Interface, PacketOptions, PacketSocket};
 use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, named_counters};
-use cyphonic_tunnel::Shared;
 
 use crate::capture::Capture;
 use crate::config::{AdapterConfig, Mac};
@@ -237,16 +236,11 @@ impl Edge for AdapterEdge<'_> {
     type Status = AdapterStatus;
     type Counters = LanCounters;
 
-    fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<LanSink> {
+    fn sink(&mut self) -> anyhow::Result<LanSink> {
         let capture = self.socket()?;
         let lan_tx = capture.try_clone().context("duplicating the LAN socket")?;
         let merge = self.config.lan_dataplane.gso && capture.coalesced();
-        Ok(LanSink::new(
-            self.lan.clone(),
-            shared.clone(),
-            lan_tx,
-            merge,
-        ))
+        Ok(LanSink::new(self.lan.clone(), lan_tx, merge))
     }
 
     fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<AdapterServices> {

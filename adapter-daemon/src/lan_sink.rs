@@ -2,7 +2,7 @@
 //! thread (`cyphonic_tunnel::Receiver` and `OpenStage` before it).
 //!
 //! ```text
-//! emitter: LanSink: Incoming::accept (replay window, in order), cryptokey routing, Ethernet
+//! emitter: (the engine's Incoming::accept: replay window, in order), LanSink: cryptokey routing, Ethernet
 //!          header, sendmmsg on AF_PACKET
 //! ```
 //!
@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use cyphonic_gateway::{Ingress, IngressDrop, complete_deferred_checksum};
 use cyphonic_netio::PacketSocket;
 use cyphonic_pipeline::{DropReason, Sink};
-use cyphonic_tunnel::{Incoming, Shared};
+use cyphonic_tunnel::Accepted;
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
@@ -26,9 +26,8 @@ use cyphonic_offload::{SEND_BATCH, send_frames};
 /// The ingress emitter's end.
 pub struct LanSink {
     lan: Arc<LanSide>,
-    shared: Arc<Shared>,
     lan_tx: PacketSocket,
-    batch: Vec<Incoming>,
+    batch: Vec<Accepted>,
     /// Merge runs of TCP segments and UDP datagrams into frames for the kernel to segment
     /// (`dataplane.lan_gso`): one switch per kind ([TCP, UDP]), each turned off for good if
     /// the interface says it does not segment that kind (older kernels take TCP but not UDP).
@@ -41,10 +40,9 @@ pub struct LanSink {
 impl LanSink {
     /// The sink sending on `lan_tx`, merging runs of segments when `merge` (lan_gso, and the
     /// socket has offload headers).
-    pub fn new(lan: Arc<LanSide>, shared: Arc<Shared>, lan_tx: PacketSocket, merge: bool) -> Self {
+    pub fn new(lan: Arc<LanSide>, lan_tx: PacketSocket, merge: bool) -> Self {
         Self {
             lan,
-            shared,
             lan_tx,
             batch: Vec::with_capacity(SEND_BATCH),
             merge: [merge; 2],
@@ -54,12 +52,10 @@ impl LanSink {
 }
 
 impl Sink for LanSink {
-    type Item = Incoming;
+    type Item = Accepted;
 
-    fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
-        let Some((mut item, packet)) = item.accept(&self.shared)? else {
-            return Ok(());
-        };
+    fn emit(&mut self, mut item: Accepted) -> Result<(), DropReason> {
+        let packet = item.packet();
         let c = &self.lan.counters;
         let now = item.now();
         // Read before the Ethernet header goes where the tunnel header was.

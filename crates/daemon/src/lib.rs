@@ -47,7 +47,7 @@ use cyphonic_telemetry::CounterSet;
 use cyphonic_telemetry::metrics::Collector;
 use cyphonic_tunnel::control::Removal;
 use cyphonic_tunnel::{
-    Control, ControlEvent, DataPlane, Engine, Incoming, Intake, Local, Shared, SparseIntake,
+    Accepted, Control, ControlEvent, DataPlane, Engine, Intake, Local, Shared, SparseIntake,
     SparseSubmitter,
 };
 use serde::Serialize;
@@ -176,7 +176,7 @@ pub trait Edge {
     /// The program, for logs and the cloud (`cyphonic-adapter`).
     const PROGRAM: &'static str;
     /// The sink at the end of the ingress pipeline: where decrypted packets go.
-    type Sink: Sink<Item = Incoming>;
+    type Sink: Sink<Item = Accepted>;
     /// The services on the control thread.
     type Services: Services;
     /// Its part of the status document (flattened into [`Status`]).
@@ -186,11 +186,12 @@ pub trait Edge {
 
     /// An ingress sink; called two or more times before the engine starts: the emitter's,
     /// the express lane's own (used on the tunnel receiver's thread, beside the first), and
-    /// with `dataplane.sparse_socket` each sparse receive thread's.
+    /// with `dataplane.sparse_socket` each sparse receive thread's. It gets only packets the
+    /// engine accepted ([`Accepted`]).
     ///
     /// # Errors
     /// What the edge cannot set up.
-    fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<Self::Sink>;
+    fn sink(&mut self) -> anyhow::Result<Self::Sink>;
 
     /// The services; called on the control runtime (entered), once the engine runs and
     /// before the edge's threads start.
@@ -396,11 +397,11 @@ pub fn run<E: Edge>(
         upstream_for(common, &upstream_tx)?
     };
 
-    let (sink, express) = (edge.sink(&shared)?, edge.sink(&shared)?);
+    let (sink, express) = (edge.sink()?, edge.sink()?);
     let lanes = dp
         .sparse_threads()
         .iter()
-        .map(|_| edge.sink(&shared))
+        .map(|_| edge.sink())
         .collect::<anyhow::Result<Vec<_>>>()?;
     let engine = Engine::start(dp, &shared, &udp, sink, Some(express), lanes, true)?;
     let core = Core {

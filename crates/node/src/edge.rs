@@ -9,7 +9,6 @@ use cyphonic_daemon::status::DnsStatus;
 use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext};
 use cyphonic_netio::Tun;
 use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, named_counters};
-use cyphonic_tunnel::Shared;
 use serde::{Deserialize, Serialize};
 
 use crate::config::NodeConfig;
@@ -87,8 +86,8 @@ impl Edge for NodeEdge<'_> {
     type Status = NodeStatus;
     type Counters = TunCounters;
 
-    fn sink(&mut self, shared: &Arc<Shared>) -> anyhow::Result<TunSink> {
-        Ok(TunSink::new(self.side.clone(), shared.clone()))
+    fn sink(&mut self) -> anyhow::Result<TunSink> {
+        Ok(TunSink::new(self.side.clone()))
     }
 
     fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<NodeServices> {

@@ -13,7 +13,7 @@
 //! ```text
 //! cy-tun     TUN read (a super-packet: cut) -> checks (IPv4, from our vIP, to the overlay)
 //!            -> tunnel::Intake
-//! cy-ingress-emit  TunSink: Incoming::accept, cryptokey routing (the inner source must lie in
+//! cy-ingress-emit  TunSink (after the engine's Incoming::accept): cryptokey routing (the inner source must lie in
 //!                  the sending peer's certified blocks), to us -> TUN write
 //! ```
 
@@ -27,7 +27,7 @@ use cyphonic_netio::{BusyPoll, Coalesced, LargeFrames, Tun, TunPacket};
 use cyphonic_offload::{SEND_BATCH, send_frames};
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::{
-    Buf, HEADROOM, Incoming, Intake, PACKET_ROOM, RECV_BATCH, Shared, Submit, Submitter, bump,
+    Accepted, Buf, HEADROOM, Intake, PACKET_ROOM, RECV_BATCH, Shared, Submit, Submitter, bump,
 };
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 use ipnet::Ipv4Net;
@@ -347,8 +347,7 @@ fn cut(
 /// LAN.
 pub struct TunSink {
     side: Arc<TunSide>,
-    shared: Arc<Shared>,
-    batch: Vec<Incoming>,
+    batch: Vec<Accepted>,
     /// Per packet of `batch`: its transport checksum came deferred.
     deferred: [bool; SEND_BATCH],
     /// Merge runs of TCP segments and of UDP datagrams ([TCP, UDP]): as the device's
@@ -358,11 +357,10 @@ pub struct TunSink {
 
 impl TunSink {
     /// The sink writing into `side`'s device.
-    pub fn new(side: Arc<TunSide>, shared: Arc<Shared>) -> Self {
+    pub fn new(side: Arc<TunSide>) -> Self {
         let merge = side.tun.offloads().map_or([false; 2], |o| [o.tcp, o.udp]);
         Self {
             side,
-            shared,
             batch: Vec::with_capacity(SEND_BATCH),
             deferred: [false; SEND_BATCH],
             merge,
@@ -371,12 +369,10 @@ impl TunSink {
 }
 
 impl Sink for TunSink {
-    type Item = Incoming;
+    type Item = Accepted;
 
-    fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
-        let Some((mut item, packet)) = item.accept(&self.shared)? else {
-            return Ok(());
-        };
+    fn emit(&mut self, mut item: Accepted) -> Result<(), DropReason> {
+        let packet = item.packet();
         let c = &self.side.counters;
         let verdict = inbound(
             &item.buf()[packet.clone()],

@@ -1,6 +1,6 @@
 //! Starting and stopping the engine's threads: the crypto workers, the two ordered pipelines
 //! and the tunnel socket's receive thread. The edge adds its own (the thread that feeds the
-//! [`Intake`], the sink that delivers [`Incoming`] packets), and the control thread drives
+//! [`Intake`], the sink that delivers [`Accepted`] packets), and the control thread drives
 //! [`crate::Control`].
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use crate::Shared;
 use crate::egress::{Intake, SealStage, SocketSink, SparseSubmitter, Submitter};
 use crate::gate::HandshakeGate;
 use crate::handshakes::Handshakes;
-use crate::ingress::{Incoming, OpenStage, Receiver};
+use crate::ingress::{Accepted, Accepting, OpenStage, Receiver};
 
 use crate::socket::TunnelSocket;
 
@@ -467,7 +467,7 @@ impl SparseIntake {
 
 /// The engine's threads, running.
 #[derive(Debug)]
-pub struct Engine<K: Sink<Item = Incoming>> {
+pub struct Engine<K: Sink<Item = Accepted>> {
     /// Crypto workers started.
     pub workers: usize,
     /// The egress pipeline's counters.
@@ -483,11 +483,11 @@ pub struct Engine<K: Sink<Item = Incoming>> {
     handshaker: std::thread::JoinHandle<()>,
     watcher: Option<std::thread::JoinHandle<()>>,
     egress_emit: Emitter<SocketSink>,
-    ingress_emit: Emitter<K>,
+    ingress_emit: Emitter<Accepting<K>>,
     place: ThreadStart,
 }
 
-impl<K: Sink<Item = Incoming>> Engine<K> {
+impl<K: Sink<Item = Accepted>> Engine<K> {
     /// Starts the workers, both pipelines (egress into `socket`, ingress into `sink`; the
     /// ingress express lane into `express`, a second sink to the same place, if given), the
     /// receive thread on `socket` and the handshake thread, which answers as the shared
@@ -582,8 +582,8 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             ),
             rayon,
             OpenStage,
-            sink,
-            express,
+            Accepting::new(sink, shared.clone()),
+            express.map(|e| Accepting::new(e, shared.clone())),
         )?;
         let (egress_counters, ingress_counters) = (
             egress_seq.counters().clone(),
@@ -592,7 +592,12 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
         // One lane of each kind per sparse thread, each kind at one pace. The edge's
         // (the adapter's sparse capture sockets) send through socket handles of their own,
         // beside the pipeline.
-        let lanes = ingress_seq.lanes(lanes.into_iter().take(threads.len()));
+        let lanes = ingress_seq.lanes(
+            lanes
+                .into_iter()
+                .take(threads.len())
+                .map(|l| Accepting::new(l, shared.clone())),
+        );
         let lanes = lanes
             .into_iter()
             .zip(place_sparse.iter().cloned())
@@ -729,7 +734,7 @@ impl<K: Sink<Item = Incoming>> Engine<K> {
             what: "the receive thread",
             source: std::io::Error::other("panicked"),
         })?;
-        Ok(sink)
+        Ok(sink.into_inner())
     }
 }
 

@@ -1,11 +1,13 @@
-//! Ingress, out of the tunnel: the UDP receive thread and the open stage. The edge's sink
-//! (the adapter's LAN, the node's TUN) starts each packet with [`Incoming::accept`].
+//! Ingress, out of the tunnel: the UDP receive thread and the open stage. The emitter accepts
+//! each packet (`Incoming::accept`, through `Accepting`) before the edge's sink (the
+//! adapter's LAN, the node's TUN) sees it: the edge gets only [`Accepted`] packets, which
+//! nothing else can make.
 //!
 //! ```text
 //! receive thread: recvmmsg on the tunnel socket -> frame type -> data/keepalive: find the session -> Sequencer
 //!                                                 handshakes: HandshakeGate -> the handshake thread
 //! workers:        OpenStage::process (authenticate and decrypt in place)
-//! emitter:        the edge's sink: Incoming::accept (replay window, in order), then delivery
+//! emitter:        Accepting: Incoming::accept (replay window, in order), then the edge's sink
 //! ```
 
 use std::net::SocketAddr;
@@ -15,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cyphonic_netio::DatagramMeta;
-use cyphonic_pipeline::{DropReason, Lane, Rejected, Sequencer, Stage};
+use cyphonic_pipeline::{DropReason, Lane, Rejected, Sequencer, Sink, Stage};
 use cyphonic_session::Session;
 use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
 
@@ -87,15 +89,15 @@ impl Incoming {
         self.now
     }
 
-    /// The first step of every sink, in arrival order: moves the replay window, tells the
-    /// peer an authenticated frame arrived (confirming keys, following a roaming peer, waking
-    /// the control thread when that matters), counts. Returns the packet to deliver and where
-    /// it lies in the buffer; a keepalive ends here (`None`).
+    /// The emitter's first step for every packet, in arrival order (`Accepting`): moves
+    /// the replay window, tells the peer an authenticated frame arrived (confirming keys,
+    /// following a roaming peer, waking the control thread when that matters), counts.
+    /// Returns the packet to deliver; a keepalive ends here (`None`).
     ///
     /// # Errors
     /// [`DropReason::Replay`]; [`DropReason::Policy`] for a packet the policy does not let
     /// in.
-    pub fn accept(self, shared: &Shared) -> Result<Option<(Self, Range<usize>)>, DropReason> {
+    pub(crate) fn accept(self, shared: &Shared) -> Result<Option<Accepted>, DropReason> {
         if self.session.accept_counter(self.counter).is_err() {
             return Err(DropReason::Replay);
         }
@@ -147,7 +149,75 @@ impl Incoming {
         self.peer
             .rx_bytes
             .fetch_add(self.plain_len as u64, Ordering::Relaxed);
-        Ok(Some((self, packet)))
+        Ok(Some(Accepted {
+            incoming: self,
+            packet,
+        }))
+    }
+}
+
+/// A packet out of the tunnel that the engine accepted (`Incoming::accept`: in the replay
+/// window and in order, its peer told, the policy's flow table asked): what an edge's sink
+/// gets. It reads as the [`Incoming`] it was; dropping it returns its buffer.
+#[derive(Debug)]
+pub struct Accepted {
+    incoming: Incoming,
+    packet: Range<usize>,
+}
+
+impl Accepted {
+    /// Where the inner packet lies in the buffer.
+    pub fn packet(&self) -> Range<usize> {
+        self.packet.clone()
+    }
+}
+
+impl std::ops::Deref for Accepted {
+    type Target = Incoming;
+
+    fn deref(&self) -> &Incoming {
+        &self.incoming
+    }
+}
+
+impl std::ops::DerefMut for Accepted {
+    fn deref_mut(&mut self) -> &mut Incoming {
+        &mut self.incoming
+    }
+}
+
+/// The ingress pipeline's sink around the edge's: accepts each packet, in order, and hands
+/// the edge only what was accepted (a keepalive ends here).
+#[derive(Debug)]
+pub(crate) struct Accepting<K> {
+    sink: K,
+    shared: Arc<Shared>,
+}
+
+impl<K> Accepting<K> {
+    /// Around the edge's `sink`.
+    pub(crate) const fn new(sink: K, shared: Arc<Shared>) -> Self {
+        Self { sink, shared }
+    }
+
+    /// The edge's sink again.
+    pub(crate) fn into_inner(self) -> K {
+        self.sink
+    }
+}
+
+impl<K: Sink<Item = Accepted>> Sink for Accepting<K> {
+    type Item = Incoming;
+
+    fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
+        match item.accept(&self.shared)? {
+            Some(accepted) => self.sink.emit(accepted),
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) {
+        self.sink.flush();
     }
 }
 

@@ -5,15 +5,15 @@
 //! ```text
 //! edge thread (AF_PACKET, TUN) -> Intake -> Submitter -> Sequencer -> SealStage (rayon)
 //!                                    -> SocketSink -> TunnelSocket
-//! TunnelSocket -> Receiver -> Sequencer -> OpenStage (rayon) -> edge's sink (Incoming::accept)
+//! TunnelSocket -> Receiver -> Sequencer -> OpenStage (rayon) -> Incoming::accept -> edge's sink
 //! handshake thread: Handshakes (handshake messages from the underlay, answered), behind the
 //!                   receive thread's HandshakeGate (mac1, cookies under load, per-source rates)
 //! control thread: Control (peer timers, relay channels) -> ControlEvent
 //! ```
 //!
 //! Entry points: [`Engine::start`] (the data threads), [`Control`] (driven by the control
-//! thread), [`Intake`] (the way in), [`Incoming::accept`] (the first step of every edge's
-//! sink), [`TunnelSocket`] (the seam where the UDP socket, or `testing`'s in-memory link,
+//! thread), [`Intake`] (the way in), [`Accepted`] (what the edge's sink gets: only packets
+//! the engine accepted, in order), [`TunnelSocket`] (the seam where the UDP socket, or `testing`'s in-memory link,
 //! plugs in).
 //!
 //! The engine owns no interface of its own: the adapter feeds it frames captured on its LAN
@@ -61,7 +61,7 @@ pub use engine::{
 };
 pub use gate::{Admission, HandshakeGate, KnownPeers};
 pub use handshakes::{HandshakeMsg, HandshakeQueue, Handshakes};
-pub use ingress::{Arrival, Incoming, OpenStage, Receiver, arrival};
+pub use ingress::{Accepted, Arrival, Incoming, OpenStage, Receiver, arrival};
 pub use limit::{RateTable, source_key};
 pub use peers::{MAX_CANDIDATES, PeerSlot, PeerTable, Relay, Route, StaticPeer};
 pub use policy::{Policy, PolicyReport, PolicySettings};

@@ -34,7 +34,7 @@ use rand::{Rng as _, SeedableRng as _};
 use crate::egress::Submit;
 use crate::socket::TunnelSocket;
 use crate::{
-    Control, ControlEvent, DataPlane, Engine, HEADROOM, Incoming, Intake, PACKET_ROOM, PeerSlot,
+    Accepted, Control, ControlEvent, DataPlane, Engine, HEADROOM, Intake, PACKET_ROOM, PeerSlot,
     Shared, StaticPeer,
 };
 
@@ -435,17 +435,14 @@ pub fn keyed(aead: Backend, buffers: usize) -> (Arc<Shared>, Arc<Shared>) {
 /// The ingress sink of a [`Pair`]'s engines: every packet delivered, in order, as bytes.
 #[derive(Debug, Clone)]
 pub struct Collect {
-    shared: Arc<Shared>,
     delivered: crossbeam_channel::Sender<Vec<u8>>,
 }
 
 impl Sink for Collect {
-    type Item = Incoming;
+    type Item = Accepted;
 
-    fn emit(&mut self, item: Incoming) -> Result<(), DropReason> {
-        if let Some((item, packet)) = item.accept(&self.shared)? {
-            let _ = self.delivered.try_send(item.buf()[packet].to_vec());
-        }
+    fn emit(&mut self, item: Accepted) -> Result<(), DropReason> {
+        let _ = self.delivered.try_send(item.buf()[item.packet()].to_vec());
         Ok(())
     }
 }
@@ -505,10 +502,7 @@ impl End {
         shared.add_static_peer(peer);
         let shared = Arc::new(shared);
         let (tx, delivered) = crossbeam_channel::bounded(DELIVERED);
-        let sink = Collect {
-            shared: shared.clone(),
-            delivered: tx,
-        };
+        let sink = Collect { delivered: tx };
         let engine = Engine::start(
             dp,
             &shared,
