@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-pub use http::{http_get, metric};
+pub use http::{HA_METRICS, dashboard_metrics, http_get, metric, sample_names};
 pub use ledger::{RECORDS, Swept, sweep_orphans, tear_down_on_abnormal_exit};
 
 /// Fails clearly unless we run as root.

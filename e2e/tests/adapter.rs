@@ -1064,7 +1064,8 @@ fn renews_the_same_address(pair: &mut PairBed) {
 /// pings' longest gap (reported), B's host is reached again without the device doing
 /// anything, and the device's renewal is answered by the new active box with the same
 /// address. Both boxes serve metrics on the same `[metrics]` address: the standby the pair's
-/// alone, and once it serves, the daemon's on that address.
+/// alone, and once it serves, the daemon's on that address; between them they export every
+/// HA metric the Grafana dashboard queries.
 #[test]
 fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     let mut pair = PairBed::up_configured(false, METRICS_ON_BOTH).unwrap();
@@ -1129,6 +1130,17 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     );
     let serving = scrape(&pair, pair.second_ns().unwrap());
     assert_eq!(role(&serving, "active"), Some(1.0), "{serving}");
+    // Every HA metric the Grafana dashboard queries is one the pair exports (a renamed one
+    // would leave an empty panel that nobody notices).
+    let exported = cyphonic_e2e::sample_names(&format!("{first}{second}{serving}"));
+    let missing: Vec<String> = cyphonic_e2e::dashboard_metrics()
+        .into_iter()
+        .filter(|name| name.starts_with(cyphonic_e2e::HA_METRICS) && !exported.contains(name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, which the pair does not export"
+    );
     assert_eq!(
         cyphonic_e2e::metric(&serving, "cyphonic_ha_term"),
         Some(2.0),
