@@ -599,6 +599,19 @@ mod tests {
         assert_eq!(cyphonic_declare::ensure_file(&path, &reference), Ok(()));
     }
 
+    /// config/cloud.example.toml shows every key the code declares, set or as a comment (a
+    /// new key without documentation there fails here).
+    #[test]
+    fn the_example_shows_every_key() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/cloud.example.toml");
+        let text = std::fs::read_to_string(example).unwrap();
+        let unshown = cyphonic_declare::Reference::of::<Raw>().unshown_in(&text);
+        assert!(
+            unshown.is_empty(),
+            "config/cloud.example.toml does not show {unshown:?}"
+        );
+    }
+
     /// config/cloud.example.toml loads once the files it names exist, and mistakes point at
     /// their line and key.
     #[test]

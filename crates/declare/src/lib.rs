@@ -138,6 +138,46 @@ impl Reference {
         unset
     }
 
+    /// The keys (dotted) that `example` shows nowhere, set or commented out: for example
+    /// files that leave some tables as comments (`# [enroll]`, `# key = ...`). A key counts as
+    /// shown when a line `key = ...` or `# key = ...` lies under its table's header, itself
+    /// written or commented out.
+    pub fn unshown_in(&self, example: &str) -> Vec<String> {
+        let mut shown: Vec<(String, String)> = Vec::new();
+        let mut table = String::new();
+        for line in example.lines() {
+            let line = line.trim();
+            let line = line.strip_prefix('#').map_or(line, str::trim_start);
+            if let Some(name) = line
+                .strip_prefix("[[")
+                .and_then(|l| l.strip_suffix("]]"))
+                .or_else(|| line.strip_prefix('[').and_then(|l| l.strip_suffix(']')))
+            {
+                name.trim().clone_into(&mut table);
+            } else if let Some((key, _)) = line.split_once(" = ")
+                && !key.is_empty()
+                && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            {
+                shown.push((table.clone(), key.to_owned()));
+            }
+        }
+        let mut unshown = Vec::new();
+        for t in &self.tables {
+            for k in &t.keys {
+                if !shown
+                    .iter()
+                    .any(|(table, key)| table == t.name && key == k.name)
+                {
+                    unshown.push(match t.name {
+                        "" => k.name.to_owned(),
+                        table => format!("{table}.{}", k.name),
+                    });
+                }
+            }
+        }
+        unshown
+    }
+
     /// The reference as Markdown: `title` and `intro`, then a section per table.
     pub fn markdown(&self, title: &str, intro: &str) -> String {
         let mut md = format!(
@@ -370,6 +410,8 @@ impl Value for OneOrMore {
 /// let reference = Reference::of::<File>();
 /// assert_eq!(reference.names(), ["lan", "dhcp.enabled", "dhcp.lease_time"]);
 /// assert_eq!(reference.unset_in("lan = \"eth1\"\n[dhcp]\nenabled = true\n"), ["dhcp.lease_time"]);
+/// let commented = "lan = \"eth1\"\n# [dhcp]\n# enabled = true\n";
+/// assert_eq!(reference.unshown_in(commented), ["dhcp.lease_time"]);
 /// assert_eq!(reference.tables[1].keys[1].default, Given::Value("3600".into()));
 /// assert_eq!(reference.tables[0].keys[0].default, Given::Required);
 /// ```
