@@ -317,7 +317,7 @@ impl<T: Value> Value for Option<T> {
 
 impl<T: Value> Value for Vec<T> {
     fn kind() -> String {
-        format!("list of {}", T::kind())
+        format!("list of {}", plural(&T::kind()))
     }
     fn show(&self) -> String {
         let items: Vec<String> = self.iter().map(Value::show).collect();
@@ -358,6 +358,17 @@ impl Value for OneOrMore {
             Self::One(one) => one.show(),
             Self::More(more) => more.show(),
         }
+    }
+}
+
+/// What a list of `kind` holds: `IP addresses`, `addresses and ports`, `integers`.
+fn plural(kind: &str) -> String {
+    if let Some(stem) = kind.strip_suffix("address and port") {
+        format!("{stem}addresses and ports")
+    } else if kind.ends_with("address") {
+        format!("{kind}es")
+    } else {
+        format!("{kind}s")
     }
 }
 
@@ -545,6 +556,13 @@ macro_rules! table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_names_what_it_holds_in_the_plural() {
+        assert_eq!(<Vec<IpAddr>>::kind(), "list of IP addresses");
+        assert_eq!(<Vec<SocketAddr>>::kind(), "list of addresses and ports");
+        assert_eq!(<Vec<Spanned<u8>>>::kind(), "list of integers");
+    }
 
     #[test]
     fn an_item_of_an_array_is_named_by_its_index() {
