@@ -75,6 +75,16 @@ pub struct TableDoc {
     pub keys: Vec<KeyDoc>,
 }
 
+impl TableDoc {
+    /// `key`'s dotted name in the file (`dhcp.lease_time`; at the top level, the key alone).
+    fn dotted(&self, key: &KeyDoc) -> String {
+        match self.name {
+            "" => key.name.to_owned(),
+            table => format!("{table}.{}", key.name),
+        }
+    }
+}
+
 /// Every table and key of a configuration file, as declared.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reference {
@@ -94,12 +104,7 @@ impl Reference {
     pub fn names(&self) -> Vec<String> {
         self.tables
             .iter()
-            .flat_map(|t| {
-                t.keys.iter().map(move |k| match t.name {
-                    "" => k.name.to_owned(),
-                    table => format!("{table}.{}", k.name),
-                })
-            })
+            .flat_map(|t| t.keys.iter().map(move |k| t.dotted(k)))
             .collect()
     }
 
@@ -128,10 +133,7 @@ impl Reference {
             }
             for k in &t.keys {
                 if !found.iter().any(|table| table.contains_key(k.name)) {
-                    unset.push(match t.name {
-                        "" => k.name.to_owned(),
-                        table => format!("{table}.{}", k.name),
-                    });
+                    unset.push(t.dotted(k));
                 }
             }
         }
@@ -168,10 +170,7 @@ impl Reference {
                     .iter()
                     .any(|(table, key)| table == t.name && key == k.name)
                 {
-                    unshown.push(match t.name {
-                        "" => k.name.to_owned(),
-                        table => format!("{table}.{}", k.name),
-                    });
+                    unshown.push(t.dotted(k));
                 }
             }
         }
