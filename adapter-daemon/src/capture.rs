@@ -127,7 +127,9 @@ impl Capture {
         let mut drops_read = Instant::now();
         let queues = self.socks.len();
         let mut busy = false;
+        let pulse = shared.pulses().register_here();
         while shared.is_running() {
+            pulse.beat(Instant::now());
             if drops_read.elapsed() >= DROPS_EVERY {
                 drops_read = Instant::now();
                 self.read_drops(sparse.is_some());

@@ -340,6 +340,10 @@ impl Edge for AdapterEdge<'_> {
             reservations = self.config.reservations.len(),
             "LAN side running"
         );
+        // One of a pair judges its data plane by its threads' beats from now on.
+        if let Some((_, link)) = &self.pair {
+            link.watch_data_plane(core.shared.pulses().clone());
+        }
         Ok(threads)
     }
 

@@ -235,6 +235,32 @@ impl PairBed {
             .map(drop)
     }
 
+    /// Holds the first box's threads whose names start with one of `threads` (`cy-udp-rx`)
+    /// stopped, the others going on, as threads stuck in a system call or a lock would be:
+    /// ptrace stops those threads alone. They go on when the returned holds are dropped.
+    ///
+    /// # Errors
+    /// The first box is not running, has no such thread, or one cannot be stopped.
+    pub fn hold_threads(&self, threads: &[&str]) -> anyhow::Result<Vec<ThreadHold>> {
+        let pid = self
+            .bed
+            .a
+            .adapter
+            .as_ref()
+            .map(Proc::pid)
+            .context("the first box is not running")?;
+        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+            .filter_map(Result::ok)
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| threads.iter().any(|n| c.trim().starts_with(n)))
+            })
+            .filter_map(|t| t.file_name().to_str()?.parse().ok())
+            .collect();
+        anyhow::ensure!(!tids.is_empty(), "the first box has no thread {threads:?}");
+        tids.into_iter().map(ThreadHold::new).collect()
+    }
+
     /// Starts the first box again after it stood down (as systemd would), and waits until
     /// it stands by: it has heard the serving box once more.
     ///
@@ -566,4 +592,54 @@ pub fn failover_round(fault: Fault) -> anyhow::Result<Round> {
         retransmits: report.and_then(|r| r["end"]["sum_sent"]["retransmits"].as_u64()),
         logs: (!whole).then(|| pair.logs()),
     })
+}
+
+/// A thread of another process held stopped by ptrace ([`PairBed::hold_threads`]): the
+/// tracer is a thread of ours, which lets it go (detaches) when the hold is dropped. A
+/// thread that exits while held is reaped then, so its process's exit is reported.
+#[derive(Debug)]
+pub struct ThreadHold {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    tracer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ThreadHold {
+    fn new(tid: i32) -> anyhow::Result<Self> {
+        use nix::sys::ptrace;
+        use nix::sys::wait::{WaitPidFlag, waitpid};
+        use nix::unistd::Pid;
+        let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        // ptrace's requests must all come from the thread that attached.
+        let tracer = std::thread::spawn(move || {
+            let tid = Pid::from_raw(tid);
+            let stop = ptrace::seize(tid, ptrace::Options::empty())
+                .and_then(|()| ptrace::interrupt(tid))
+                .and_then(|()| waitpid(tid, Some(WaitPidFlag::__WALL)).map(drop));
+            let held = stop.is_ok();
+            let _ = stopped_tx.send(stop);
+            if held {
+                let _ = released.recv();
+                // Fails when it exited meanwhile; this thread's end reaps it then.
+                let _ = ptrace::detach(tid, None);
+            }
+        });
+        match stopped_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                release: Some(release),
+                tracer: Some(tracer),
+            }),
+            Ok(Err(e)) => bail!("cannot stop thread {tid}: {e}"),
+            Err(_) => bail!("the tracer of thread {tid} ended"),
+        }
+    }
+}
+
+impl Drop for ThreadHold {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(t) = self.tracer.take() {
+            let _ = t.join();
+        }
+    }
 }

@@ -1296,6 +1296,38 @@ fn a_pair_moves_the_gateway_off_a_box_whose_uplink_is_cut() {
     pair.device.stop().unwrap();
 }
 
+/// Issue 51: data-plane threads of the active box are stuck (its tunnel receive threads
+/// held, as in a system call that never returns; the box otherwise well): the box judges its
+/// data plane stuck and says which threads, the standby, healthier, takes the gateway, and
+/// the old box stands down (exit status 75); the pings go on through the new active box, and
+/// the device's renewal is answered with its address.
+#[test]
+fn a_pair_moves_the_gateway_off_a_box_whose_data_plane_is_stuck() {
+    let mut pair = PairBed::up().unwrap();
+    let mut held = None;
+    ping_through(&mut pair, "data plane stuck", |p| {
+        held = Some(p.hold_threads(&["cy-udp-rx", "cy-sparse-rx"])?);
+        Ok(())
+    });
+    let ha = pair.second_status().unwrap()["ha"].clone();
+    assert_eq!(ha["role"], "active", "{ha}");
+    assert_eq!(ha["reason"], "the active box is less healthy", "{ha}");
+    // Let go before waiting: its exit is reported only once the held thread is reaped.
+    drop(held);
+    let first = pair.bed.site_mut(Side::A).adapter.take().unwrap();
+    let out = first.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", pair.logs());
+    let log = pair.bed.a.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("HA: the data plane is stuck") && l.contains("cy-udp-rx")),
+        "{}",
+        pair.logs()
+    );
+    renews_the_same_address(&mut pair);
+    pair.device.stop().unwrap();
+}
+
 /// Issue 51: the active box is frozen (SIGSTOP): the standby serves; the frozen box is
 /// woken (SIGCONT) 2 s later, finds the new active box of a later term, and stands down
 /// (exit status 75) within a second, while the pings go on through the new active box.

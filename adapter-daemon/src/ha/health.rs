@@ -1,15 +1,17 @@
-//! What a box of the pair judges of itself (docs/protocol.md §5, *Health*): its LAN link,
-//! and its uplink: whether the kernel routes at least one of the underlay addresses the box
-//! must reach (the static peers' endpoints, the cloud's addresses) out of an interface other
-//! than the LAN port that carries packets. The data plane and reach are not judged yet: those
-//! bits are sent set.
+//! What a box of the pair judges of itself (docs/protocol.md §5, *Health*): its LAN link;
+//! its uplink: whether the kernel routes at least one of the underlay addresses the box must
+//! reach (the static peers' endpoints, the cloud's addresses) out of an interface other than
+//! the LAN port that carries packets; and, once it serves, its data plane: whether every
+//! data-plane thread goes round its loop ([`cyphonic_pipeline::Pulses`]). Reach is not judged
+//! yet: that bit is sent set.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs as _};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cyphonic_ha::Health;
 use cyphonic_netio::Rtnl;
+use cyphonic_pipeline::Pulses;
 
 use crate::config::AdapterConfig;
 
@@ -17,6 +19,9 @@ use crate::config::AdapterConfig;
 const TARGETS: usize = 8;
 /// How often cloud host names are resolved again.
 const RESOLVE_AGAIN: Duration = Duration::from_secs(60);
+/// A data-plane thread that has not gone round its loop for this long is stuck: its waits
+/// are at most 100 ms.
+pub(super) const STUCK: Duration = Duration::from_secs(1);
 
 /// One box's judge of itself.
 pub(super) struct Judge {
@@ -28,6 +33,19 @@ pub(super) struct Judge {
     rtnl: Option<Rtnl>,
     /// The uplink's last judgement, to log its changes.
     uplink: Option<bool>,
+    /// The data plane's last judgement, to log its changes.
+    data_plane: DataPlane,
+}
+
+/// What the data plane was last judged.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct DataPlane {
+    /// The most threads seen beating at once: fewer later means one ended.
+    most: usize,
+    /// The stuck threads, by name.
+    stuck: Vec<String>,
+    /// How many threads ended while the box served.
+    ended: usize,
 }
 
 impl Judge {
@@ -93,11 +111,12 @@ impl Judge {
             resolved,
             rtnl,
             uplink: None,
+            data_plane: DataPlane::default(),
         }
     }
 
-    /// The box's health now.
-    pub(super) fn health(&mut self) -> Health {
+    /// The box's health at `now`; its data plane judged by `pulses` once it runs.
+    pub(super) fn health(&mut self, pulses: Option<&Pulses>, now: Instant) -> Health {
         let mut health = Health::ALL;
         if !lan_up(&self.lan) {
             health = health.without(Health::LAN);
@@ -105,7 +124,36 @@ impl Judge {
         if self.uplink_up() == Some(false) {
             health = health.without(Health::UPLINK);
         }
+        if let Some(pulses) = pulses
+            && !self.data_plane_alive(pulses, now)
+        {
+            health = health.without(Health::DATA_PLANE);
+        }
         health
+    }
+
+    /// Whether every data-plane thread goes round its loop, and none has ended.
+    fn data_plane_alive(&mut self, pulses: &Pulses, now: Instant) -> bool {
+        let threads = pulses.threads();
+        let judged = DataPlane {
+            most: self.data_plane.most.max(threads),
+            stuck: pulses.stuck(now, STUCK),
+            ended: self.data_plane.most.saturating_sub(threads),
+        };
+        let alive = judged.stuck.is_empty() && judged.ended == 0;
+        if judged.stuck != self.data_plane.stuck || judged.ended != self.data_plane.ended {
+            if alive {
+                tracing::info!(threads, "HA: the data plane goes round again");
+            } else {
+                tracing::error!(
+                    stuck = ?judged.stuck,
+                    ended = judged.ended,
+                    "HA: the data plane is stuck: a thread has not gone round its loop for a second, or one ended"
+                );
+            }
+        }
+        self.data_plane = judged;
+        alive
     }
 
     /// Whether the uplink carries: `None` when there is nothing to judge it by.

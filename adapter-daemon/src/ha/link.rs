@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use cyphonic_pipeline::Pulses;
 use cyphonic_vip::{Lease, Share};
 
 use crate::dhcp::Replica;
@@ -37,6 +38,8 @@ struct State {
     table: Option<(u64, Arc<[u8]>)>,
     /// What a standby holds, while one is to hold each new lease.
     replica: Replica,
+    /// The data-plane threads' beats, once the engine runs.
+    data_plane: Option<Pulses>,
 }
 
 impl PairLink {
@@ -71,6 +74,17 @@ impl PairLink {
     /// Resolves once what [`PairLink::replica`] says may have changed since the last time.
     pub async fn replica_changed(&self) {
         self.0.replica_changed.notified().await;
+    }
+
+    /// The engine runs: its data-plane threads, and the edge's, beat in `pulses`; the pair's
+    /// thread judges the data plane by them from now on.
+    pub fn watch_data_plane(&self, pulses: Pulses) {
+        self.lock().data_plane = Some(pulses);
+    }
+
+    /// The data-plane threads' beats, once the engine runs.
+    pub(super) fn data_plane(&self) -> Option<Pulses> {
+        self.lock().data_plane.clone()
     }
 
     pub(super) fn set_share(&self, share: Share) {

@@ -284,7 +284,7 @@ pub fn stand_by(
             preempt: ha.preempt,
             mac: iface.mac,
         },
-        judge.health(),
+        judge.health(None, now),
         now,
     );
     if let Some(mac) = other_kept {
@@ -421,7 +421,8 @@ impl HaBox {
         let now = Instant::now();
         if now.duration_since(self.health_at) >= HEALTH_LOOK {
             self.health_at = now;
-            let health = self.judge.health();
+            let pulses = self.link.data_plane();
+            let health = self.judge.health(pulses.as_ref(), now);
             self.pair.set_health(health, now);
         }
         self.pair.handle_timeout(now);

@@ -3,12 +3,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use crate::counters::Counters;
 use crate::flows::Emitted;
+use crate::pulse::Pulse;
 use crate::{Batch, BuildError, Config, DropReason, Entry, Sink, Times};
 
 /// The emitter thread of a pipeline. [`Emitter::join`] waits for it to drain and returns the
@@ -28,13 +29,15 @@ impl<K: Sink> Emitter<K> {
         counters: Arc<Counters>,
     ) -> Result<Self, BuildError> {
         let start = config.on_thread_start.clone();
+        let pulses = config.pulses.clone();
         let handle = std::thread::Builder::new()
             .name(config.name.clone())
             .spawn(move || {
                 if let Some(start) = start {
                     (start.0)();
                 }
-                run(&shared, &done_rx)
+                let pulse = pulses.map(|p| p.register_here());
+                run(&shared, &done_rx, pulse.as_ref())
             })?;
         Ok(Self { handle, counters })
     }
@@ -302,10 +305,19 @@ pub(crate) fn emit_one<T: Send + 'static>(
     counters.count_express(emitted);
 }
 
+/// How long the emitter waits for a batch before it goes round again (and beats).
+const IDLE_TURN: Duration = Duration::from_millis(100);
+
 /// The emitter thread: batches from the pool go through the reorder ring and out, in order;
 /// the sink flushes whenever nothing more is ready. Ends when every sender is gone (the
-/// sequencer dropped, every batch done) and returns the sink.
-fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K {
+/// sequencer dropped, every batch done) and returns the sink. It beats `pulse` each turn that
+/// finds the ring empty or releases a batch: one that waits on a batch that never comes (a
+/// worker stuck) stops beating.
+fn run<K: Sink>(
+    shared: &EmitShared<K>,
+    done_rx: &Receiver<Batch<K::Item>>,
+    pulse: Option<&Pulse>,
+) -> K {
     loop {
         let batch = match done_rx.try_recv() {
             Ok(b) => b,
@@ -313,10 +325,16 @@ fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K
                 // Nothing more is ready: let the sink push out what it gathered.
                 if let Some(st) = shared.lock().as_mut() {
                     st.flush();
+                    if let Some(p) = pulse
+                        && st.ring.held() == 0
+                    {
+                        p.beat(Instant::now());
+                    }
                 }
-                match done_rx.recv() {
+                match done_rx.recv_timeout(IDLE_TURN) {
                     Ok(b) => b,
-                    Err(_) => break,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
             Err(TryRecvError::Disconnected) => break,
@@ -328,6 +346,11 @@ fn run<K: Sink>(shared: &EmitShared<K>, done_rx: &Receiver<Batch<K::Item>>) -> K
         let (released, bytes) = st.release(batch);
         shared.bytes_in_flight.fetch_sub(bytes, Ordering::AcqRel);
         shared.in_flight.fetch_sub(released, Ordering::AcqRel);
+        if let Some(p) = pulse
+            && released > 0
+        {
+            p.beat(Instant::now());
+        }
     }
     let mut st = shared
         .lock()

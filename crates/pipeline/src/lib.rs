@@ -54,6 +54,7 @@ mod counters;
 mod emitter;
 mod flows;
 mod lane;
+mod pulse;
 mod sequencer;
 mod start;
 
@@ -65,6 +66,7 @@ pub use counters::{Counters, HOLD_BUCKETS, Stats, Wait, WaitTally};
 pub use emitter::{Emitter, ReorderRing};
 pub use flows::{FLOW_BUCKETS, MEMORY, SETTLE};
 pub use lane::Lane;
+pub use pulse::{Pulse, Pulses};
 pub use sequencer::{Rejected, Sequencer};
 pub use start::{start, start_with_express};
 
@@ -238,6 +240,8 @@ pub struct Config {
     pub name: String,
     /// Run first on the emitter thread (CPU affinity, priority).
     pub on_thread_start: Option<ThreadStart>,
+    /// Where the emitter thread beats, when its liveness is judged.
+    pub pulses: Option<Pulses>,
 }
 
 /// Set-up run at the start of a pipeline thread.
@@ -274,6 +278,7 @@ impl Default for Config {
             ordering: true,
             name: "cyphonic-emit".into(),
             on_thread_start: None,
+            pulses: None,
         }
     }
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cyphonic_pipeline::{
-    Config, DropReason, Rejected, Sink, Stage, Wait, start, start_with_express,
+    Config, DropReason, Pulses, Rejected, Sink, Stage, Wait, start, start_with_express,
 };
 use proptest::prelude::*;
 
@@ -989,4 +989,48 @@ fn a_lane_marks_a_flow_only_while_it_keeps_to_its_pace() {
         [(1, 0), (1, 1), (2, 2), (1, 3), (1, 4)]
     );
     assert_eq!(*marked.lock().unwrap(), [0, 2, 4]);
+}
+
+/// The emitter beats while it idles (every 100 ms) or releases batches, and not while its
+/// ring waits on a batch a worker never finishes: a stuck worker shows as a stuck emitter
+/// (what an HA pair's box judges its data plane by).
+#[test]
+fn an_emitter_waiting_on_a_stuck_worker_stops_beating() {
+    let gate = Arc::new(AtomicBool::new(false));
+    let pulses = Pulses::new();
+    let config = Config {
+        sparse_rate: 0,
+        name: "test-emit".into(),
+        pulses: Some(pulses.clone()),
+        ..lane_config(4096)
+    };
+    let (mut seq, emitter) = start(
+        &config,
+        pool(2),
+        GateStage(gate.clone()),
+        Arrivals::default(),
+    )
+    .unwrap();
+    let second = Duration::from_secs(1);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(pulses.threads(), 1);
+    assert!(
+        pulses.stuck(std::time::Instant::now(), second).is_empty(),
+        "an idle emitter goes round"
+    );
+    // The first batch waits for the gate on a worker; the second is done at once and
+    // waits in the ring for the first.
+    for i in 0..8 {
+        seq.push(flowing(0, i, i < 4)).unwrap();
+    }
+    seq.flush();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        pulses.stuck(std::time::Instant::now(), second),
+        ["test-emit"]
+    );
+    gate.store(true, Ordering::Release);
+    drop(seq);
+    assert_eq!(emitter.join().seen.lock().unwrap().len(), 8);
+    assert_eq!(pulses.threads(), 0, "an emitter that ended is not judged");
 }

@@ -545,6 +545,7 @@ impl<K: Sink<Item = Accepted>> Engine<K> {
             ordering: dp.ordering,
             name: name.to_owned(),
             on_thread_start: Some(place.clone()),
+            pulses: Some(shared.pulses().clone()),
             ..cyphonic_pipeline::Config::default()
         };
         // Each pipeline's express lane sends through a sink of its own, on the thread that

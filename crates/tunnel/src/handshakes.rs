@@ -114,7 +114,9 @@ impl Handshakes {
 
     /// The thread's body: runs until the engine stops.
     pub fn run(mut self) {
+        let pulse = self.shared.pulses().register_here();
         while self.shared.is_running() {
+            pulse.beat(Instant::now());
             if let Some(msg) = self.next() {
                 self.handle(&msg);
             }

@@ -462,7 +462,9 @@ impl Receiver {
         let mut rx = RecvBuffers::new(0..BUF_LEN);
         let mut meta = [DatagramMeta::default(); RECV_BATCH];
         let mut queued = cyphonic_pipeline::WaitTally::default();
+        let pulse = self.shared.pulses().register_here();
         while self.shared.is_running() {
+            pulse.beat(Instant::now());
             // The lane reads no faster than its pace: the rest waits in its socket.
             let want = match &mut self.into {
                 Into::Lane(lane) => lane.allowance(RECV_BATCH),

@@ -86,6 +86,8 @@ pub struct Shared {
     /// their initiations, as the control thread last looked (once a second): the handshake
     /// gate lets them in first.
     known: RwLock<KnownPeers>,
+    /// The data-plane threads' beats: whether each goes round its loop.
+    pulses: cyphonic_pipeline::Pulses,
 }
 
 impl Shared {
@@ -118,6 +120,7 @@ impl Shared {
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
                 policy: Policy::default(),
                 known: RwLock::new(KnownPeers::default()),
+                pulses: cyphonic_pipeline::Pulses::new(),
             },
             rx,
         )
@@ -141,6 +144,12 @@ impl Shared {
     /// Packet buffers.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// The data-plane threads' beats: the engine's and the edge's threads register here, so
+    /// that a stuck one shows ([`cyphonic_pipeline::Pulses::stuck`]).
+    pub fn pulses(&self) -> &cyphonic_pipeline::Pulses {
+        &self.pulses
     }
 
     /// Per-device policy: which new flows may pass, both ways.
