@@ -1267,7 +1267,13 @@ fn a_hundred_devices_keep_every_acknowledged_lease_across_failover_and_restarts(
     let again = crowd
         .lease(Some(&leased), 25)
         .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
-    assert_eq!(again, leased, "{}", pair.logs());
+    assert_eq!(
+        again,
+        leased,
+        "the serving box: {}\n{}",
+        pair.bed.status(Side::A).unwrap_or_default(),
+        pair.logs()
+    );
     holds_every_lease(pair.leases(true).unwrap(), "after the devices asked again");
     late.stop().unwrap();
     pair.device.stop().unwrap();
