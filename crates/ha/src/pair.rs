@@ -13,6 +13,10 @@ pub const INTERVAL: Duration = Duration::from_millis(100);
 pub const DEAD: Duration = Duration::from_millis(300);
 /// How long an active box hands over before it gives up and goes on serving.
 pub const HANDOVER: Duration = Duration::from_secs(3);
+/// How long an active box must have lacked reach, where we have it and are otherwise no
+/// healthier, before we take over: the two boxes probe at their own moments, so when a
+/// target stops answering both, one's reach goes up to a few seconds before the other's.
+pub const REACH_HOLD: Duration = Duration::from_secs(5);
 /// How many of our own challenges an echo may answer.
 const CHALLENGES: usize = 4;
 
@@ -143,6 +147,8 @@ pub struct Pair {
     handing_over: Option<Instant>,
     /// The other box's NIC MAC, from its heartbeats or an earlier start ([`Pair::know_other`]).
     known: Option<[u8; 6]>,
+    /// Since when the active box has lacked reach where we have it, all else equal.
+    reach_better: Option<Instant>,
 }
 
 impl Pair {
@@ -163,6 +169,7 @@ impl Pair {
             leases_version: 0,
             handing_over: None,
             known: None,
+            reach_better: None,
         }
     }
 
@@ -365,15 +372,17 @@ impl Pair {
         })
     }
 
-    /// Whether we come before `o` (docs/protocol.md §5: term, health, priority, MAC).
+    /// Whether we come before `o` (docs/protocol.md §5: term, health but reach, priority,
+    /// MAC).
     fn before(&self, o: &Other) -> bool {
+        let rest = |h: Health| h.without(Health::REACHED).score();
         let ours = (
             self.term,
-            self.health.score(),
+            rest(self.health),
             self.cfg.priority,
             self.cfg.mac,
         );
-        let theirs = (o.beat.term, o.beat.health.score(), o.beat.priority, o.mac);
+        let theirs = (o.beat.term, rest(o.beat.health), o.beat.priority, o.mac);
         ours > theirs
     }
 
@@ -403,7 +412,7 @@ impl Pair {
                     {
                         self.activate(Reason::HandedOver, now);
                     }
-                    Some(o) if o.beat.health.score() < self.health.score() => {
+                    Some(o) if self.healthier_than(o.beat.health, now) => {
                         self.activate(Reason::ActiveUnhealthy, now);
                     }
                     // Only once it holds the active's leases, and not while it has just
@@ -445,9 +454,30 @@ impl Pair {
         }
     }
 
+    /// Whether we, standing by, are healthier than the active box (`theirs`): at once for
+    /// anything but reach; for reach alone once it has lasted [`REACH_HOLD`].
+    fn healthier_than(&mut self, theirs: Health, now: Instant) -> bool {
+        let ours = self.health;
+        let (their_rest, our_rest) = (
+            theirs.without(Health::REACHED).score(),
+            ours.without(Health::REACHED).score(),
+        );
+        if their_rest != our_rest {
+            self.reach_better = None;
+            return their_rest < our_rest;
+        }
+        if theirs.score() < ours.score() {
+            let since = *self.reach_better.get_or_insert(now);
+            return now.saturating_duration_since(since) >= REACH_HOLD;
+        }
+        self.reach_better = None;
+        false
+    }
+
     fn activate(&mut self, reason: Reason, now: Instant) {
         let theirs = self.other.map_or(0, |o| o.beat.term);
         self.term = self.term.max(theirs) + 1;
+        self.reach_better = None;
         self.role = Role::Active;
         self.since = now;
         self.next_beat = now;
@@ -461,6 +491,7 @@ impl Pair {
         if let Some(o) = self.alive(now) {
             self.term = self.term.max(o.beat.term);
         }
+        self.reach_better = None;
         self.role = Role::Standby;
         self.handing_over = None;
         self.since = now;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{PairKey, StaticKeypair};
 use cyphonic_ha::msg::Body;
-use cyphonic_ha::pair::{DEAD, HANDOVER, INTERVAL};
+use cyphonic_ha::pair::{DEAD, HANDOVER, INTERVAL, REACH_HOLD};
 use cyphonic_ha::{
     Config, Event, Health, Heartbeat, NoHandover, Opener, Pair, Reason, Role, Sealer,
 };
@@ -340,6 +340,38 @@ fn health_moves_the_gateway_and_a_standby_without_lan_waits() {
     s.boxes[0].pair.set_health(Health::LAN, now);
     s.run(INTERVAL);
     assert_eq!(s.boxes[0].pair.role(), Role::Active);
+}
+
+/// Reach alone: the active box lacking it moves the gateway only once that has lasted
+/// `REACH_HOLD` (the two probe at their own moments); a gap shorter than that, as when a
+/// target stops answering both a second apart, moves nothing.
+#[test]
+fn reach_alone_moves_the_gateway_only_after_its_hold() {
+    let mut s = Sim::new([200, 100], false);
+    s.run(Duration::from_secs(1));
+    let unreached = Health::ALL.without(Health::REACHED);
+    let now = s.now;
+    s.boxes[0].pair.set_health(unreached, now);
+    s.run(REACH_HOLD - Duration::from_secs(1));
+    assert_eq!(s.roles(), [Role::Active, Role::Standby]);
+    // The standby loses it too: even, nothing moves, and the hold starts again.
+    let now = s.now;
+    s.boxes[1].pair.set_health(unreached, now);
+    s.run(Duration::from_secs(2));
+    let now = s.now;
+    s.boxes[1].pair.set_health(Health::ALL, now);
+    s.run(REACH_HOLD - Duration::from_secs(1));
+    assert_eq!(s.roles(), [Role::Active, Role::Standby]);
+    let took = s
+        .until(Duration::from_secs(3), |s| {
+            s.roles() == [Role::Standby, Role::Active]
+        })
+        .unwrap();
+    assert!(took <= Duration::from_secs(1) + INTERVAL, "{took:?}");
+    assert!(s.boxes[1].events.contains(&Event::Active {
+        term: 2,
+        reason: Reason::ActiveUnhealthy
+    }));
 }
 
 /// Preempt: the higher priority box, back as standby, takes the gateway back only once it
