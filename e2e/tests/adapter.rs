@@ -1324,12 +1324,83 @@ fn a_pair_moves_the_gateway_off_a_box_whose_data_plane_is_stuck() {
     let out = first.wait(Duration::from_secs(5)).unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", pair.logs());
     let log = pair.bed.a.log_text();
+    // It names the held threads it found stuck first (they were held a few ms apart).
+    let held = ["cy-udp-rx", "cy-sparse-rx"];
     assert!(
         log.lines()
-            .any(|l| l.contains("HA: the data plane is stuck") && l.contains("cy-udp-rx")),
+            .any(|l| l.contains("HA: the data plane is stuck")
+                && held.iter().any(|t| l.contains(&format!("\"{t}")))),
         "{}",
         pair.logs()
     );
+    renews_the_same_address(&mut pair);
+    pair.device.stop().unwrap();
+}
+
+/// Issue 51: past the active box's uplink nothing answers it any more (the router drops
+/// whatever it sends towards site B: its link and its route stay up): it finds that nothing
+/// answers its probes, the standby, whose probes B's endpoint answers, takes the gateway once
+/// that has lasted 5 s, and the old box stands down (exit status 75); the device reaches B's
+/// host through the new active box and its renewal is answered with its address.
+#[test]
+fn a_pair_moves_the_gateway_off_a_box_that_reaches_nothing() {
+    let mut pair = PairBed::up().unwrap();
+    let reached = |s: &serde_json::Value| {
+        s["ha"]["other"]["health"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|b| b == "reached"))
+    };
+    wait_until(Duration::from_secs(10), "the standby reaches B", || {
+        pair.bed.status(Side::A).is_ok_and(|s| reached(&s))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    let from = pair.bed.a.underlay.to_string();
+    let wan = &pair.bed.wan;
+    wan.exec("nft", &["add", "table", "inet", "far"]).unwrap();
+    wan.exec(
+        "nft",
+        &["add chain inet far cut { type filter hook forward priority 0 ; }"],
+    )
+    .unwrap();
+    wan.exec(
+        "nft",
+        &[
+            "add",
+            "rule",
+            "inet",
+            "far",
+            "cut",
+            "ip",
+            "saddr",
+            &from,
+            "ip",
+            "daddr",
+            "203.0.113.0/24",
+            "drop",
+        ],
+    )
+    .unwrap();
+    let cut = std::time::Instant::now();
+    wait_until(Duration::from_secs(30), "the second box serves", || {
+        pair.second_status()
+            .is_ok_and(|s| s["ha"]["role"] == "active")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    let took = cut.elapsed();
+    eprintln!("HA, nothing answers the active box: the second serves after {took:?}");
+    assert!(took >= Duration::from_secs(5), "before the hold: {took:?}");
+    let ha = pair.second_status().unwrap()["ha"].clone();
+    assert_eq!(ha["reason"], "the active box is less healthy", "{ha}");
+    let first = pair.bed.site_mut(Side::A).adapter.take().unwrap();
+    let out = first.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", pair.logs());
+    assert!(
+        pair.bed.a.log_text().contains("HA: nothing answers"),
+        "{}",
+        pair.logs()
+    );
+    pair.bed
+        .ping_ok(&pair.device.ns, pair.bed.b.host_ip, Ping::count(5).wait(3));
     renews_the_same_address(&mut pair);
     pair.device.stop().unwrap();
 }

@@ -1,9 +1,9 @@
 //! What a box of the pair judges of itself (docs/protocol.md §5, *Health*): its LAN link;
 //! its uplink: whether the kernel routes at least one of the underlay addresses the box must
 //! reach (the static peers' endpoints, the cloud's addresses) out of an interface other than
-//! the LAN port that carries packets; and, once it serves, its data plane: whether every
-//! data-plane thread goes round its loop ([`cyphonic_pipeline::Pulses`]). Reach is not judged
-//! yet: that bit is sent set.
+//! the LAN port that carries packets; once it serves, its data plane: whether every
+//! data-plane thread goes round its loop ([`cyphonic_pipeline::Pulses`]); and its reach:
+//! whether a peer's endpoint or the cloud answered its probes lately ([`super::reach`]).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs as _};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,6 +13,7 @@ use cyphonic_ha::Health;
 use cyphonic_netio::Rtnl;
 use cyphonic_pipeline::Pulses;
 
+use super::reach::{Reach, Targets};
 use crate::config::AdapterConfig;
 
 /// At most this many underlay addresses are judged (each costs two netlink requests a look).
@@ -29,7 +30,9 @@ pub(super) struct Judge {
     lan_index: u32,
     /// The addresses given as addresses, then those resolved from host names.
     literal: Vec<IpAddr>,
-    resolved: Arc<Mutex<Vec<IpAddr>>>,
+    resolved: Arc<Mutex<Vec<SocketAddr>>>,
+    /// The reach prober (none: nothing to probe), and its last judgement.
+    reach: Option<(Reach, Option<bool>)>,
     rtnl: Option<Rtnl>,
     /// The uplink's last judgement, to log its changes.
     uplink: Option<bool>,
@@ -55,22 +58,34 @@ impl Judge {
     pub(super) fn new(config: &AdapterConfig, lan: &str, lan_index: u32) -> Self {
         let mut literal = Vec::new();
         let mut names = Vec::new();
-        let endpoints = config.common.active_peers().filter_map(|p| p.endpoint);
-        for ep in endpoints {
-            literal.push(ep.ip());
-        }
+        let mut peers: Vec<IpAddr> = config
+            .common
+            .active_peers()
+            .filter_map(|p| p.endpoint)
+            .map(|ep| ep.ip())
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers.truncate(TARGETS);
+        literal.extend(&peers);
+        let mut cloud = Vec::new();
         for address in config.common.cloud.iter().flat_map(|c| &c.addresses) {
             match address.parse::<SocketAddr>() {
-                Ok(sa) => literal.push(sa.ip()),
+                Ok(sa) => {
+                    literal.push(sa.ip());
+                    cloud.push(sa);
+                }
                 Err(_) => names.push(address.clone()),
             }
         }
+        cloud.truncate(TARGETS);
         literal.sort_unstable();
         literal.dedup();
         literal.truncate(TARGETS);
         if literal.is_empty() && names.is_empty() {
             tracing::info!("HA: no static peer endpoint and no cloud: the uplink is not judged");
         }
+        let has_names = !names.is_empty();
         let resolved = Arc::new(Mutex::new(Vec::new()));
         if !names.is_empty() {
             let into = resolved.clone();
@@ -78,17 +93,17 @@ impl Judge {
                 .name("cy-ha-resolve".into())
                 .spawn(move || {
                     loop {
-                        let mut ips: Vec<IpAddr> = names
+                        let mut addrs: Vec<SocketAddr> = names
                             .iter()
                             .filter_map(|n| n.to_socket_addrs().ok())
                             .flatten()
-                            .map(|sa| sa.ip())
                             .collect();
-                        ips.sort_unstable();
-                        ips.dedup();
+                        addrs.sort_unstable();
+                        addrs.dedup();
+                        addrs.truncate(TARGETS);
                         // A failed resolution keeps the addresses known before.
-                        if !ips.is_empty() {
-                            *into.lock().unwrap_or_else(PoisonError::into_inner) = ips;
+                        if !addrs.is_empty() {
+                            *into.lock().unwrap_or_else(PoisonError::into_inner) = addrs;
                         }
                         std::thread::sleep(RESOLVE_AGAIN);
                     }
@@ -104,11 +119,20 @@ impl Judge {
                 None
             }
         };
+        let reach = Reach::start(
+            Targets {
+                peers,
+                cloud,
+                resolved: resolved.clone(),
+            },
+            has_names,
+        );
         Self {
             lan: lan.to_owned(),
             lan_index,
             literal,
             resolved,
+            reach: reach.map(|r| (r, None)),
             rtnl,
             uplink: None,
             data_plane: DataPlane::default(),
@@ -128,6 +152,22 @@ impl Judge {
             && !self.data_plane_alive(pulses, now)
         {
             health = health.without(Health::DATA_PLANE);
+        }
+        if let Some((reach, said)) = &mut self.reach {
+            let reached = reach.reached(now);
+            if *said != Some(reached) {
+                if reached {
+                    tracing::info!("HA: a peer's endpoint or the cloud answers");
+                } else if said.is_some() {
+                    tracing::warn!(
+                        "HA: nothing answers: no peer's endpoint and no cloud address answered for 10 s"
+                    );
+                }
+                *said = Some(reached);
+            }
+            if !reached {
+                health = health.without(Health::REACHED);
+            }
         }
         health
     }
@@ -167,8 +207,8 @@ impl Judge {
         let targets: Vec<IpAddr> = self
             .literal
             .iter()
-            .chain(&resolved)
             .copied()
+            .chain(resolved.iter().map(SocketAddr::ip))
             .take(TARGETS)
             .collect();
         if targets.is_empty() {

@@ -39,6 +39,7 @@ mod health;
 mod link;
 mod metrics;
 mod pool;
+mod reach;
 mod standby;
 
 pub use link::PairLink;
