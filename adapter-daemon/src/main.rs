@@ -99,8 +99,11 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
         );
         let _ = write!(
             head,
-            "\nha: {} in term {} ({}); {other}",
-            h.role, h.term, h.reason
+            "\nha: {} in term {} ({}), well: {}; {other}",
+            h.role,
+            h.term,
+            h.reason,
+            h.health.join(" ")
         );
         if let Some(r) = &h.replication {
             let _ = match r.behind {

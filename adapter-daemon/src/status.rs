@@ -39,6 +39,10 @@ pub struct HaStatus {
     pub term: u64,
     /// `[ha] priority`.
     pub priority: u8,
+    /// Its own health as it last judged it: `lan`, `uplink`, `data_plane`, `reached` for
+    /// each that is well (docs/protocol.md §5, *Health*).
+    #[serde(default)]
+    pub health: Vec<String>,
     /// Why it took its role.
     pub reason: String,
     /// The lease table version it holds or sent last.

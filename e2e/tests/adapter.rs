@@ -1078,9 +1078,19 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
         cyphonic_e2e::metric(&first, "cyphonic_peers").is_some(),
         "{first}"
     );
+    let health = |m: &str, which: &str, bit: &str| {
+        cyphonic_e2e::metric(
+            m,
+            &format!("cyphonic_ha_health{{box=\"{which}\",bit=\"{bit}\"}}"),
+        )
+    };
+    // The serving box judges its data plane (the standby runs none: its bit is set).
+    assert_eq!(health(&first, "this", "data_plane"), Some(1.0), "{first}");
+    assert_eq!(health(&first, "other", "lan"), Some(1.0), "{first}");
     let second = scrape(&pair, pair.second_ns().unwrap());
     assert_eq!(role(&second, "standby"), Some(1.0), "{second}");
     assert_eq!(role(&second, "active"), Some(0.0), "{second}");
+    assert_eq!(health(&second, "this", "uplink"), Some(1.0), "{second}");
     assert_eq!(
         cyphonic_e2e::metric(&second, "cyphonic_ha_other_in_contact"),
         Some(1.0),
@@ -1345,13 +1355,14 @@ fn a_pair_moves_the_gateway_off_a_box_whose_data_plane_is_stuck() {
 #[test]
 fn a_pair_moves_the_gateway_off_a_box_that_reaches_nothing() {
     let mut pair = PairBed::up().unwrap();
-    let reached = |s: &serde_json::Value| {
-        s["ha"]["other"]["health"]
-            .as_array()
+    let reached = |h: &serde_json::Value| {
+        h.as_array()
             .is_some_and(|h| h.iter().any(|b| b == "reached"))
     };
-    wait_until(Duration::from_secs(10), "the standby reaches B", || {
-        pair.bed.status(Side::A).is_ok_and(|s| reached(&s))
+    wait_until(Duration::from_secs(10), "both boxes reach B", || {
+        pair.bed
+            .status(Side::A)
+            .is_ok_and(|s| reached(&s["ha"]["health"]) && reached(&s["ha"]["other"]["health"]))
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
     let from = pair.bed.a.underlay.to_string();

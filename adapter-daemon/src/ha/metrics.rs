@@ -45,6 +45,24 @@ impl Collector for HaCollector {
                 )
             }),
         )?;
+        let mut health = Vec::new();
+        for (which, bits) in [
+            ("this", Some(&s.health)),
+            ("other", s.other.as_ref().map(|o| &o.health)),
+        ] {
+            let Some(bits) = bits else { continue };
+            for (_, name) in super::HEALTH_BITS {
+                health.push((
+                    vec![("box", which.to_owned()), ("bit", name.to_owned())],
+                    f64::from(u8::from(bits.iter().any(|b| b == name))),
+                ));
+            }
+        }
+        Family::gauges(
+            "cyphonic_ha_health",
+            "Each box's health bits as last judged (this box) or heard (the other): 1 well, 0 not.",
+        )
+        .encode(&mut e, health)?;
         gauge(
             &mut e,
             "cyphonic_ha_term",

@@ -45,6 +45,24 @@ mod standby;
 pub use link::PairLink;
 pub use metrics::HaCollector;
 
+/// The health bits and their names in the status document and the metrics, in the order
+/// of the heartbeat's bits.
+pub const HEALTH_BITS: [(Health, &str); 4] = [
+    (Health::LAN, "lan"),
+    (Health::UPLINK, "uplink"),
+    (Health::DATA_PLANE, "data_plane"),
+    (Health::REACHED, "reached"),
+];
+
+/// The names of the bits of `h` that are set.
+fn health_names(h: Health) -> Vec<String> {
+    HEALTH_BITS
+        .iter()
+        .filter(|(bit, _)| h.has(*bit))
+        .map(|(_, name)| (*name).to_owned())
+        .collect()
+}
+
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
 pub const EXIT_STOOD_DOWN: i32 = 75;
@@ -558,33 +576,22 @@ impl HaBox {
             Role::Standby => "standby",
             Role::Active => "active",
         };
-        let other = self.pair.other().map(|(mac, beat)| {
-            let h = beat.health;
-            HaOther {
-                mac: Mac(mac).to_string(),
-                role: role(beat.role).to_owned(),
-                term: beat.term,
-                priority: beat.priority,
-                health: [
-                    (Health::LAN, "lan"),
-                    (Health::UPLINK, "uplink"),
-                    (Health::DATA_PLANE, "data_plane"),
-                    (Health::REACHED, "reached"),
-                ]
-                .iter()
-                .filter(|(bit, _)| h.has(*bit))
-                .map(|(_, name)| (*name).to_owned())
-                .collect(),
-                heard_ms_ago: self.heard.map_or(u64::MAX, |t| {
-                    u64::try_from(now.duration_since(t).as_millis()).unwrap_or(u64::MAX)
-                }),
-                in_contact: self.pair.in_contact(now),
-            }
+        let other = self.pair.other().map(|(mac, beat)| HaOther {
+            mac: Mac(mac).to_string(),
+            role: role(beat.role).to_owned(),
+            term: beat.term,
+            priority: beat.priority,
+            health: health_names(beat.health),
+            heard_ms_ago: self.heard.map_or(u64::MAX, |t| {
+                u64::try_from(now.duration_since(t).as_millis()).unwrap_or(u64::MAX)
+            }),
+            in_contact: self.pair.in_contact(now),
         });
         let status = HaStatus {
             role: role(self.pair.role()).to_owned(),
             term: self.pair.term(),
             priority: self.pair.config().priority,
+            health: health_names(self.pair.health()),
             reason: self.reason.to_owned(),
             lease_table_version: self.pair.leases_version(),
             other,

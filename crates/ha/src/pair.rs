@@ -225,6 +225,11 @@ impl Pair {
         self.other.map(|o| (o.mac, o.beat))
     }
 
+    /// Our health, as last judged.
+    pub const fn health(&self) -> Health {
+        self.health
+    }
+
     /// Our health, judged now: a change is said to the other box at once (the next
     /// heartbeat is due now), not at the next interval.
     pub fn set_health(&mut self, health: Health, now: Instant) {
