@@ -119,6 +119,35 @@ fn classify((lan, mut frames): (Lan, Vec<Vec<u8>>)) -> (Lan, Vec<Vec<u8>>) {
     (lan, frames)
 }
 
+/// The legacy map of 192.0.2.0/24 onto 100.64.1.0/24 (docs/protocol.md §6), and `BATCH`
+/// full-sized TCP packets of a fixed-address device (192.0.2.10) to a host behind another
+/// adapter: the classify fixture's packets with their source moved into the legacy subnet.
+fn to_map() -> (cyphonic_gateway::Netmap, Vec<Vec<u8>>) {
+    let map = cyphonic_gateway::Netmap::new(
+        "192.0.2.0/24".parse().expect("a subnet"),
+        "100.64.1.0/24".parse().expect("a block"),
+    )
+    .expect("one size");
+    let (_, frames) = to_classify();
+    let mut packet = frames[0][14..].to_vec();
+    packet[12..16].copy_from_slice(&[192, 0, 2, 10]);
+    packet[10..12].fill(0);
+    let sum = ip4sum::checksum(&packet[..20]);
+    packet[10..12].copy_from_slice(&sum.to_be_bytes());
+    (map, vec![packet; BATCH])
+}
+
+#[library_benchmark]
+#[bench::tcp_1420_x64(to_map())]
+fn legacy_map(
+    (map, mut packets): (cyphonic_gateway::Netmap, Vec<Vec<u8>>),
+) -> (cyphonic_gateway::Netmap, Vec<Vec<u8>>) {
+    for p in &mut packets {
+        assert!(map.outbound(p, cyphonic_gateway::Sums::Full).is_ok());
+    }
+    (map, packets)
+}
+
 #[library_benchmark]
 #[bench::tcp_64k_x45(offload::coalesced_tcp())]
 fn segment(frame: Vec<u8>) -> Vec<u8> {
@@ -184,7 +213,7 @@ fn filter((mut f, packets, now): (Filter, Vec<Vec<u8>>, Instant)) -> (Filter, Ve
 
 library_benchmark_group!(
     name = per_packet;
-    benchmarks = seal, open, classify, filter, segment, coalesce
+    benchmarks = seal, open, classify, legacy_map, filter, segment, coalesce
 );
 
 main!(library_benchmark_groups = per_packet);

@@ -1,5 +1,5 @@
 //! `cargo xtask bench --instructions`: instructions per packet for seal, open, classify,
-//! the policy filter, segment and coalesce, counted by callgrind (benches/benches/instructions.rs, through
+//! the legacy map, the policy filter, segment and coalesce, counted by callgrind (benches/benches/instructions.rs, through
 //! iai-callgrind), rendered into docs/benchmarks.md. The counts do not depend on how busy
 //! the machine is, so a change in them is a change in the code.
 
@@ -15,7 +15,7 @@ use crate::util;
 const RUNNER_VERSION: &str = "0.16.1";
 
 /// What each benchmark function measures, for the table.
-const OPERATIONS: [(&str, &str); 6] = [
+const OPERATIONS: [(&str, &str); 7] = [
     (
         "seal",
         "seal (counter, ChaCha20-Poly1305 in place, frame header)",
@@ -27,6 +27,10 @@ const OPERATIONS: [(&str, &str); 6] = [
     (
         "classify",
         "classify a LAN frame (anti-spoofing, MSS clamp, route decision)",
+    ),
+    (
+        "legacy_map",
+        "legacy map: a fixed-address device's source onto its overlay address, sums updated",
     ),
     (
         "filter",

@@ -12,6 +12,9 @@
 //!   vIP blocks (cryptokey routing) and our LAN, clamps MSS, and writes the Ethernet header in
 //!   front of it for the device's MAC, or asks for an ARP request when the MAC is unknown.
 //! - [`Fragmenter`]: RFC 791 fragmentation of oversize packets without DF.
+//! - [`Netmap`]: a site's fixed-address subnet mapped one to one onto part of the block
+//!   (docs/protocol.md §6), packets rewritten with every checksum following (not on the
+//!   adapter's path yet).
 //! - [`find_run`], [`merge_headers`]: consecutive TCP segments or UDP datagrams of one flow
 //!   going to the LAN become one frame for the kernel to segment again (GSO), as GRO would
 //!   have merged them.
@@ -32,6 +35,7 @@ mod frag;
 mod icmp;
 mod ingress;
 mod ipv4;
+mod netmap;
 mod segment;
 mod service;
 mod tcp;
@@ -46,6 +50,7 @@ pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
 pub use ipv4::{complete_deferred_checksum, finish_partial_checksum};
+pub use netmap::{Netmap, NetmapError, Sums, Unmapped};
 pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
 
