@@ -236,7 +236,8 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
     let bed = TwoSites::up(&BedOptions {
         cloud: Some(CloudOptions {
             extra: "[metrics]\nlisten = \"127.0.0.1:9466\"\n".into(),
-            ..CloudOptions::default()
+            // It issues too: its issuing CA's end is watched.
+            enroll: Some(3600),
         }),
         a: SiteOptions {
             extra: METRICS.into(),
@@ -279,6 +280,12 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
         "{m}"
     );
     assert_eq!(metric(&m, "cyphonic_relay_channels_open"), Some(0.0), "{m}");
+    // The issuing CA, delegated for 365 days as the bed started.
+    let left = metric(&m, "cyphonic_enroll_issuing_ca_expiry_seconds").unwrap_or(-1.0);
+    assert!(
+        (364.0 * 86_400.0..=365.0 * 86_400.0).contains(&left),
+        "{left} s: {m}"
+    );
     // Every metric the Grafana dashboard we ship queries is one of these two exports (a renamed
     // counter would otherwise leave an empty panel that nobody notices).
     let exported = format!("{m}{}", scrape(&bed, Side::A));
@@ -302,4 +309,16 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
     assert_eq!(names, ["gw1.ovl.example", "gw2.ovl.example"], "{doc}");
     assert_eq!(doc["registry"]["clients"], 2, "{doc}");
     assert!(uint(&doc["counters"]["resolves"]) >= 1, "{doc}");
+    let enroll = &doc["enroll"];
+    assert!(
+        enroll["expires_in_secs"]
+            .as_i64()
+            .is_some_and(|s| (364 * 86_400..=365 * 86_400).contains(&s)),
+        "{doc}"
+    );
+    assert_eq!(
+        enroll["issuing_ca"].as_str().map(str::len),
+        Some(64),
+        "{doc}"
+    );
 }

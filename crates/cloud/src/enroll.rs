@@ -135,6 +135,32 @@ pub fn allocate(pool: &[IpNet], prefix: u8, taken: &[IpNet]) -> Option<IpNet> {
     })
 }
 
+/// Less time than this left to the issuing CA is warned of (in the log, the status), seconds:
+/// 30 days.
+pub const EXPIRY_WARNING: u64 = 30 * 86_400;
+
+/// How the issuing CA stands at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// This many seconds left, at least [`EXPIRY_WARNING`].
+    Fine(u64),
+    /// This many seconds left, less than [`EXPIRY_WARNING`].
+    Soon(u64),
+    /// Over: nothing can be issued.
+    Expired,
+}
+
+/// How a CA whose certificate ends at `not_after` stands at unix time `now`.
+pub const fn expiry(not_after: u64, now: u64) -> Expiry {
+    if not_after <= now {
+        Expiry::Expired
+    } else if not_after - now < EXPIRY_WARNING {
+        Expiry::Soon(not_after - now)
+    } else {
+        Expiry::Fine(not_after - now)
+    }
+}
+
 /// The issuing CA and what it hands out.
 #[derive(Debug)]
 pub struct Issuer {
@@ -256,6 +282,23 @@ impl Issuer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_issuing_ca_is_fine_then_soon_to_end_then_over() {
+        let end = 1_000 * 86_400;
+        assert_eq!(expiry(end, end - 31 * 86_400), Expiry::Fine(31 * 86_400));
+        assert_eq!(
+            expiry(end, end - EXPIRY_WARNING),
+            Expiry::Fine(EXPIRY_WARNING)
+        );
+        assert_eq!(
+            expiry(end, end - EXPIRY_WARNING + 1),
+            Expiry::Soon(EXPIRY_WARNING - 1)
+        );
+        assert_eq!(expiry(end, end - 1), Expiry::Soon(1));
+        assert_eq!(expiry(end, end), Expiry::Expired);
+        assert_eq!(expiry(end, end + 86_400), Expiry::Expired);
+    }
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()

@@ -187,6 +187,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         tokio::spawn(nms.clone().signals(signals)),
         tokio::spawn(nms.clone().revocations()),
         tokio::spawn(nms.clone().policies()),
+        tokio::spawn(nms.clone().watch_issuer()),
     ];
     Ok(Running {
         nms,

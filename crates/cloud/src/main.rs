@@ -290,6 +290,23 @@ fn print_status(doc: &serde_json::Value) {
         "registry: {} clients ({} online), {} names",
         r["clients"], r["online"], r["names"]
     );
+    let enroll = &doc["enroll"];
+    if let Some(left) = enroll["expires_in_secs"].as_i64() {
+        let days = left / 86_400;
+        let fingerprint = enroll["issuing_ca"].as_str().unwrap_or("?");
+        let short = fingerprint.get(..16).unwrap_or(fingerprint);
+        match u64::try_from(left).map(|s| cyphonic_cloud::enroll::expiry(s, 0)) {
+            Ok(cyphonic_cloud::enroll::Expiry::Fine(_)) => {
+                println!("enroll: issuing CA {short} ends in {days} days");
+            }
+            Ok(cyphonic_cloud::enroll::Expiry::Soon(_)) => println!(
+                "enroll: WARNING: issuing CA {short} ends in {days} days: renew it (`ca delegate`) and reload"
+            ),
+            _ => println!(
+                "enroll: ERROR: issuing CA {short} has ended: nobody can enroll or renew; renew it (`ca delegate`) and reload"
+            ),
+        }
+    }
     let p = &doc["policy"];
     if p["enforce"].as_bool() == Some(true) {
         println!(

@@ -89,6 +89,19 @@ fn counters_json(pairs: Vec<(&'static str, u64)>) -> Value {
 }
 
 impl Observed {
+    /// The issuing CA, when this cloud issues: its fingerprint, its end and the seconds left
+    /// (negative once over).
+    fn enroll_json(&self) -> Value {
+        self.nms.issuing_ca().map_or(Value::Null, |ca| {
+            let not_after = ca.body().not_after;
+            json!({
+                "issuing_ca": ca.fingerprint().to_string(),
+                "not_after": not_after,
+                "expires_in_secs": seconds_left(not_after),
+            })
+        })
+    }
+
     /// The status document.
     pub fn snapshot(&self) -> Value {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -127,6 +140,7 @@ impl Observed {
                 "unresolved": policy.unresolved,
             },
             "unproven_connections": self.nms.unproven_now(),
+            "enroll": self.enroll_json(),
             "relay": relay,
             "counters": counters_json(self.nms.stats.snapshot()),
         })
@@ -136,6 +150,13 @@ impl Observed {
 #[expect(clippy::cast_precision_loss, reason = "counts as metric values")]
 fn f(v: u64) -> f64 {
     v as f64
+}
+
+/// Seconds from now to unix time `t` (negative once past).
+fn seconds_left(t: u64) -> i64 {
+    let now = crate::clock::unix_now_ms() / 1000;
+    let left = i128::from(t) - i128::from(now);
+    i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX })
 }
 
 impl Collector for Observed {
@@ -179,6 +200,16 @@ impl Collector for Observed {
             "Control sessions open on this instance.",
             f(self.nms.sessions().len() as u64),
         )?;
+        if let Some(ca) = self.nms.issuing_ca() {
+            #[expect(clippy::cast_precision_loss, reason = "seconds as a metric value")]
+            let left = seconds_left(ca.body().not_after) as f64;
+            gauge(
+                &mut e,
+                "cyphonic_enroll_issuing_ca_expiry_seconds",
+                "Seconds until the issuing CA ends (negative once over: nobody can enroll or renew).",
+                left,
+            )?;
+        }
         gauge(
             &mut e,
             "cyphonic_nms_unproven_connections",

@@ -361,4 +361,47 @@ impl Nms {
         self.issuer = issuer;
         self
     }
+
+    /// The issuing CA's certificate, when this cloud issues (`[enroll]`).
+    pub fn issuing_ca(&self) -> Option<&Certificate> {
+        self.issuer.as_ref().map(crate::enroll::Issuer::certificate)
+    }
+
+    /// Says in the log, at start and then once a day while it lasts, how long the issuing CA
+    /// has left when that is less than [`crate::enroll::EXPIRY_WARNING`], and that it has
+    /// expired once it has (no member can enroll or renew then). Runs until dropped.
+    pub async fn watch_issuer(self: Arc<Self>) {
+        const LOOK: Duration = Duration::from_secs(3600);
+        const SAY_AGAIN: u64 = 86_400;
+        let Some((not_after, fingerprint)) = self
+            .issuing_ca()
+            .map(|c| (c.body().not_after, c.fingerprint().to_string()))
+        else {
+            return;
+        };
+        let mut said: Option<u64> = None;
+        loop {
+            let now = crate::clock::unix_now_ms() / 1000;
+            match crate::enroll::expiry(not_after, now) {
+                crate::enroll::Expiry::Fine(left) if said.is_none() => {
+                    tracing::info!(%fingerprint, days_left = left / 86_400, "the issuing CA");
+                    said = Some(now);
+                }
+                crate::enroll::Expiry::Soon(left)
+                    if said.is_none_or(|t| now.saturating_sub(t) >= SAY_AGAIN) =>
+                {
+                    tracing::warn!(%fingerprint, days_left = left / 86_400, "the issuing CA expires soon: renew it (`ca delegate`) and reload, or no member can enroll or renew after it");
+                    said = Some(now);
+                }
+                crate::enroll::Expiry::Expired
+                    if said.is_none_or(|t| now.saturating_sub(t) >= SAY_AGAIN) =>
+                {
+                    tracing::error!(%fingerprint, "the issuing CA has expired: no member can enroll or renew; renew it (`ca delegate`) and reload");
+                    said = Some(now);
+                }
+                _ => {}
+            }
+            tokio::time::sleep(LOOK).await;
+        }
+    }
 }
