@@ -85,14 +85,10 @@ impl Token {
     /// # Errors
     /// [`TokenError::Malformed`].
     pub fn parse(text: &str) -> Result<Self, TokenError> {
-        let (id, secret) = text.trim().split_once('.').ok_or(TokenError::Malformed)?;
-        let mut raw_id = [0u8; 8];
-        let mut raw = [0u8; 32];
-        hex::decode_to_slice(id, &mut raw_id).map_err(|_| TokenError::Malformed)?;
-        hex::decode_to_slice(secret, &mut raw).map_err(|_| TokenError::Malformed)?;
+        let (id, secret) = cyphonic_control::parse_token(text).ok_or(TokenError::Malformed)?;
         Ok(Self {
-            id: id.to_ascii_lowercase(),
-            secret: raw,
+            id: hex::encode(id),
+            secret,
         })
     }
 

@@ -12,6 +12,7 @@ pub mod msg;
 pub mod policy;
 pub mod probe;
 pub mod relay;
+pub mod token;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
@@ -23,6 +24,7 @@ pub use probe::{
     Bind, Challenger, PROBE_TOKEN_LEN, Probe, Prober, Purpose, ReturnCookie, bind_frame,
     challenge_frame, legacy_bind_frame, legacy_bind_token, parse_challenge,
 };
+pub use token::{TOKEN_SHAPE, parse_token};
 
 use std::net::IpAddr;
 

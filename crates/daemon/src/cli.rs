@@ -262,17 +262,18 @@ pub fn main<
             })
         }
         Command::CheckConfig { config } => match crate::enroll::pending(&config, now) {
-            Some(waiting) => {
+            Ok(Some(waiting)) => {
                 println!("{waiting}");
                 Ok(())
             }
-            None => match load(&config, now) {
+            Ok(None) => match load(&config, now) {
                 Ok((c, id)) => {
                     println!("{}", describe(&c, &id));
                     Ok(())
                 }
                 Err(e) => return cyphonic_telemetry::service::config_refused(names.name, &e),
             },
+            Err(e) => return cyphonic_telemetry::service::config_refused(names.name, &e),
         },
         Command::Status { socket, json } => show_status(names, status_text, &socket, json),
         Command::Policy {

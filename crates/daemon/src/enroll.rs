@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, bail};
 use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
-use cyphonic_settings::{IdentityFiles, RawCloud, RawIdentity, Source};
+use cyphonic_settings::{ConfigError, IdentityFiles, RawCloud, RawIdentity, Source};
 use cyphonic_telemetry::files::{self as file_io, Access};
 use serde::Deserialize;
 
@@ -51,7 +51,6 @@ pub fn enroll(
         now_secs,
     };
     let files = raw.identity.files(&src);
-    let token = token.or_else(|| raw.identity.enrollment_token());
     if files.certificate.exists() {
         return match existing {
             Existing::Keep => Ok(false),
@@ -61,6 +60,18 @@ pub fn enroll(
             ),
         };
     }
+    let token = match token {
+        Some(given) => {
+            if cyphonic_control::parse_token(given).is_none() {
+                bail!(
+                    "not an enrollment token: expected {}",
+                    cyphonic_control::TOKEN_SHAPE
+                );
+            }
+            Some(given)
+        }
+        None => raw.identity.checked_token(&src)?,
+    };
     let Some(token) = token else {
         if existing == Existing::Keep {
             // Nothing to enroll with: loading reports the missing certificate.
@@ -107,26 +118,38 @@ pub fn enroll(
 }
 
 /// When the certificate file of the configuration at `path` does not exist yet and a token
-/// is set, what `check-config` says instead of checking: the rest of the file may depend on
-/// the block the cloud will allocate, and `run` enrolls first. `None` otherwise (checked
-/// as usual).
-pub fn pending(path: &Path, now_secs: u64) -> Option<String> {
-    let (raw, text): (Enrolling, String) = cyphonic_settings::parse(path).ok()?;
+/// is set, what `check-config` says instead of checking the rest: the rest of the file may
+/// depend on the block the cloud will allocate, and `run` enrolls first. What enrolling
+/// needs is checked now, as this user sees it: the token's shape, `[cloud]`, and the
+/// identity's files (the key readable if there, the places written writable). `Ok(None)`
+/// otherwise (checked as usual).
+///
+/// # Errors
+/// What enrolling would fail on, at its key.
+pub fn pending(path: &Path, now_secs: u64) -> Result<Option<String>, ConfigError> {
+    let Ok((raw, text)) = cyphonic_settings::parse::<Enrolling>(path) else {
+        // Loading says what is wrong with the file.
+        return Ok(None);
+    };
     let src = Source {
         path,
         text: &text,
         now_secs,
     };
     let files = raw.identity.files(&src);
-    (!files.certificate.exists() && raw.identity.enrollment_token().is_some() && raw.cloud.is_some()).then(
-        || {
-            format!(
-                "{}: not enrolled yet ({} does not exist): `run` enrolls with [identity] token first; check again after",
-                path.display(),
-                files.certificate.display()
-            )
-        },
-    )
+    let Some(cloud) = &raw.cloud else {
+        return Ok(None);
+    };
+    if files.certificate.exists() || raw.identity.checked_token(&src)?.is_none() {
+        return Ok(None);
+    }
+    cloud.check(&src)?;
+    raw.identity.check_enrollable(&src)?;
+    Ok(Some(format!(
+        "{}: not enrolled yet ({} does not exist): its token, [cloud] and where enrolling writes are fine; `run` enrolls with [identity] token first; check again after",
+        path.display(),
+        files.certificate.display()
+    )))
 }
 
 /// Our Noise key: the one in the key file, or a new one written there (mode 0600).
@@ -188,4 +211,61 @@ fn check(
         .map(Certificate::to_pem)
         .collect::<Vec<_>>()
         .join(""))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const KEY: &str = "5b0f5a3e27c1a8f3d2e4b6c8a0f1e2d3c4b5a69788796a5b4c3d2e1f0a1b2c3d";
+
+    /// A configuration waiting to enroll, in a directory of its own, with `changes`
+    /// (`(from, to)`) made to its text.
+    fn waiting(changes: &[(&str, &str)]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let token = format!("0123456789abcdef.{}", "ab".repeat(32));
+        let mut text = format!(
+            "[identity]\ncertificate = \"gw.crt\"\nkey = \"keys/gw.key\"\nca = \"ca.crt\"\n\
+             token = \"{token}\"\n\n[cloud]\naddress = \"192.0.2.10:7000\"\npublic_key = \"{KEY}\"\n"
+        );
+        for (from, to) in changes {
+            assert!(text.contains(from), "{from}");
+            text = text.replace(from, to);
+        }
+        let path = dir.path().join("adapter.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    /// The key `check-config` names in its refusal (`file:line: key `k`: message`).
+    fn refused_at(path: &Path) -> String {
+        let said = pending(path, 0).unwrap_err().to_string();
+        said.split('`').nth(1).unwrap_or(&said).to_owned()
+    }
+
+    #[test]
+    fn a_configuration_waiting_to_enroll_has_what_enrolling_needs_checked() {
+        let (_dir, path) = waiting(&[]);
+        let said = pending(&path, 0).unwrap().unwrap();
+        assert!(said.contains("not enrolled yet"), "{said}");
+        let (_dir, path) = waiting(&[("0123456789abcdef.", "garbage")]);
+        assert_eq!(refused_at(&path), "identity.token");
+        let (_dir, path) = waiting(&[(KEY, "abc")]);
+        assert_eq!(refused_at(&path), "cloud.public_key");
+        let (_dir, path) = waiting(&[("\"gw.crt\"", "\"/proc/self/gw.crt\"")]);
+        assert_eq!(refused_at(&path), "identity.certificate");
+        let (dir, path) = waiting(&[]);
+        std::fs::create_dir(dir.path().join("keys")).unwrap();
+        std::fs::write(dir.path().join("keys/gw.key"), "not a key").unwrap();
+        assert_eq!(refused_at(&path), "identity.key");
+        // Enrolled: checked as usual, not here.
+        let (dir, path) = waiting(&[]);
+        std::fs::write(dir.path().join("gw.crt"), "").unwrap();
+        assert_eq!(pending(&path, 0).unwrap(), None);
+        // Nothing to enroll with: the same.
+        let (_dir, path) = waiting(&[("token = ", "# token = ")]);
+        assert_eq!(pending(&path, 0).unwrap(), None);
+    }
 }

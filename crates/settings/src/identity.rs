@@ -29,7 +29,7 @@ crate::table! {
         /// named in `[cloud]` for the certificate, and writes it and the CA bundle to the paths
         /// above. The token works once and is read only while the certificate is missing: it
         /// may stay in the file afterwards.
-        token: Option<String> = None,
+        token: Option<Spanned<String>> = None,
     }
 }
 
@@ -57,7 +57,71 @@ impl RawIdentity {
     /// The enrollment token (`[identity] token`): used when the certificate file does not
     /// exist yet.
     pub fn enrollment_token(&self) -> Option<&str> {
-        self.token.as_deref()
+        self.token.as_ref().map(|t| t.get_ref().as_str())
+    }
+
+    /// The enrollment token, checked: of the shape the cloud hands out (none when unset).
+    ///
+    /// # Errors
+    /// Not `<16 hex digits>.<64 hex digits>`.
+    pub fn checked_token(&self, src: &Source<'_>) -> Result<Option<&str>, ConfigError> {
+        let Some(token) = &self.token else {
+            return Ok(None);
+        };
+        if cyphonic_control::parse_token(token.get_ref()).is_none() {
+            return src.err(
+                &token.span(),
+                Self::token,
+                format!(
+                    "not an enrollment token: expected {} as `cyphonic-cloud token create` printed it",
+                    cyphonic_control::TOKEN_SHAPE
+                ),
+            );
+        }
+        Ok(Some(token.get_ref()))
+    }
+
+    /// What enrolling needs of the files, as this user sees them: the key readable when it
+    /// is there, else its place writable; the certificate's and the CA bundle's places
+    /// writable (they are written, the bundle replaced, after the cloud answers).
+    ///
+    /// # Errors
+    /// The first that is not so, at its key.
+    pub fn check_enrollable(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let key = src.resolve(self.key.get_ref());
+        if key.exists() {
+            let text = src.read(&self.key, Self::key)?;
+            if let Err(e) = StaticKeypair::from_pem(&text) {
+                return src.err(
+                    &self.key.span(),
+                    Self::key,
+                    format!("not a Noise private key: {e}"),
+                );
+            }
+        }
+        let places = [
+            (&self.key, Self::key),
+            (&self.certificate, Self::certificate),
+            (&self.ca, Self::ca),
+        ];
+        for (p, name) in places {
+            let path = src.resolve(p.get_ref());
+            // A key that is there is read, not written; the CA bundle is replaced.
+            if name == Self::key && path.exists() {
+                continue;
+            }
+            if let Err(e) = crate::source::can_write(&path) {
+                return src.err(
+                    &p.span(),
+                    name,
+                    format!(
+                        "enrolling writes {}, but this user cannot write there: {e}",
+                        path.display()
+                    ),
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Where the certificate key is written (to locate errors about what it certifies).
