@@ -150,7 +150,7 @@ fn enrolled_bed(lifetime: u64) -> (TwoSites, DhcpHost, Ipv4Addr) {
     let token = create_token(&bed, GW, &["--prefix", "24", "--group", "site"]);
     let config = fresh_config(&bed, &bed.b.dir.clone(), Some(&token));
     assert_eq!(config, bed.b.config(), "the bed's site file moved");
-    // Not enrolled yet: the unit's check-config passes, and says why it checked nothing.
+    // Not enrolled yet: the unit's check-config passes, having checked what enrolling needs.
     let out = std::process::Command::new(&bed.bins.adapter)
         .args(["check-config", config.to_str().unwrap()])
         .output()

@@ -85,7 +85,7 @@ cyphonic_declare::table! {
         revocations: Option<Spanned<PathBuf>> = None,
         /// The registry: a SQLite file (created on first start), or PostgreSQL by URL when
         /// several cloud instances serve one overlay (`postgres://USER:PASSWORD@HOST/DB`).
-        database: String = "sqlite:///var/lib/cyphonic/cloud.db".to_owned(),
+        database: Spanned<String> = Spanned::new(0..0, "sqlite:///var/lib/cyphonic/cloud.db".to_owned()),
         /// Who may reach whom.
         policy: RawPolicy = Default::default(),
         /// The relay.
@@ -250,11 +250,22 @@ impl Restart {
     }
 }
 
-/// Reads and checks the configuration at `path`, with the files it names. Errors name the
-/// file, and where possible the line and key.
+/// The file of a SQLite store URL (`sqlite:///var/lib/cyphonic/cloud.db?mode=rwc`), none for
+/// another store or one in memory.
+fn sqlite_file(url: &str) -> Option<PathBuf> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path = rest.split('?').next().unwrap_or(rest);
+    (!path.is_empty() && !path.starts_with(':')).then(|| PathBuf::from(path))
+}
+
+/// Reads and checks the configuration at `path`, with the files it names (a SQLite
+/// registry's place writable by this user). Errors name the file, and where possible the
+/// line and key.
 ///
 /// # Errors
-/// Unreadable or invalid configuration, key or CA files.
+/// Unreadable or invalid configuration, key or CA files; a SQLite registry this user cannot
+/// write.
 pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("{}: cannot read the configuration: {e}", path.display()))?;
@@ -267,12 +278,14 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             e.message().trim()
         )
     })?;
+    // A key left out (its default: an empty span) has no line.
     let err = |span: std::ops::Range<usize>, key: &str, msg: String| {
-        anyhow::anyhow!(
-            "{}:{}: key `{key}`: {msg}",
-            path.display(),
-            line_of(&text, span.start)
-        )
+        let line = if span.end == 0 {
+            String::new()
+        } else {
+            format!(":{}", line_of(&text, span.start))
+        };
+        anyhow::anyhow!("{}{line}: key `{key}`: {msg}", path.display())
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     let read = |p: &Spanned<PathBuf>, key: &str| {
@@ -324,15 +337,38 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             }
         },
     };
-    let database = if let Some(rest) = raw.database.strip_prefix("sqlite://")
+    let database = if let Some(rest) = raw.database.get_ref().strip_prefix("sqlite://")
         && !rest.starts_with('/')
         && !rest.starts_with(':')
     {
         // A relative SQLite path is relative to the configuration file, like the others.
         format!("sqlite://{}", dir.join(rest).display())
     } else {
-        raw.database
+        raw.database.get_ref().clone()
     };
+    // The cloud writes its SQLite file (and the journal beside it): this user must be able
+    // to, or the first start fails after every other check passed.
+    if let Some(file) = sqlite_file(&database) {
+        let writable = if file.exists() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&file)
+                .map(drop)
+        } else {
+            Ok(())
+        }
+        .and_then(|()| cyphonic_telemetry::files::can_write(&file));
+        if let Err(e) = writable {
+            return Err(err(
+                raw.database.span(),
+                Raw::database,
+                format!(
+                    "the registry {} cannot be written by this user: {e}",
+                    file.display()
+                ),
+            ));
+        }
+    }
     let relay = if raw.relay.enabled {
         Some(relay(&raw.relay, &err)?)
     } else {
@@ -633,6 +669,8 @@ mod tests {
         )
         .unwrap();
         let path = dir.path().join("cloud.toml");
+        // The shipped registry's place is the unit's state directory; here, the test's.
+        let text = text.replace("sqlite:///var/lib/cyphonic/cloud.db", "sqlite://cloud.db");
         std::fs::write(&path, &text).unwrap();
         let c = load(&path, 1_800_000_000).unwrap();
         assert_eq!(c.listen, "0.0.0.0:7000".parse().unwrap());
@@ -657,6 +695,26 @@ mod tests {
             e.contains(&format!("cloud.toml:{line}: key `policy.default`")),
             "{e}"
         );
+        // A registry this user cannot write is refused at its key, not at the first start.
+        let unwritable = text.replace("sqlite://cloud.db", "sqlite:///proc/self/cloud.db");
+        std::fs::write(&path, &unwritable).unwrap();
+        let line = unwritable
+            .lines()
+            .position(|l| l.starts_with("database = "))
+            .unwrap()
+            + 1;
+        let e = load(&path, 1_800_000_000).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("cloud.toml:{line}: key `database`"))
+                && e.contains("cannot be written"),
+            "{e}"
+        );
+        assert_eq!(
+            sqlite_file("sqlite:///var/lib/cyphonic/cloud.db?mode=rwc"),
+            Some(PathBuf::from("/var/lib/cyphonic/cloud.db"))
+        );
+        assert_eq!(sqlite_file("sqlite::memory:"), None);
+        assert_eq!(sqlite_file("postgres://u:p@db/cyphonic"), None);
         std::fs::write(&path, text.replace("ca.crt", "nope.crt")).unwrap();
         let e = load(&path, 1_800_000_000).unwrap_err().to_string();
         assert!(e.contains("key `ca`") && e.contains("nope.crt"), "{e}");

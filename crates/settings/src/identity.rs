@@ -110,7 +110,7 @@ impl RawIdentity {
             if name == Self::key && path.exists() {
                 continue;
             }
-            if let Err(e) = crate::source::can_write(&path) {
+            if let Err(e) = cyphonic_telemetry::files::can_write(&path) {
                 return src.err(
                     &p.span(),
                     name,

@@ -40,7 +40,7 @@ pub use identity::{IdentityFiles, RawIdentity, first_v4_block, overlay_domain};
 pub use observe::{RawLog, RawMetrics};
 pub use peers::{Peer, RawPeer, peers};
 pub use policy::{DNS_RULE, Device, RawPolicy, directory, dns_rules};
-pub use source::{ConfigError, Source, can_write, changed_keys, load, now_secs, parse};
+pub use source::{ConfigError, Source, changed_keys, load, now_secs, parse};
 
 /// What the declaring macros name in the calling crate's code.
 #[doc(hidden)]

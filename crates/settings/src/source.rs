@@ -141,25 +141,6 @@ impl Source<'_> {
     }
 }
 
-/// Whether this user can make a file at `path`: a file is made, then removed, in its
-/// directory (or in the nearest directory above it that exists, where the missing ones would
-/// be made), as the daemon would write there.
-///
-/// # Errors
-/// What creating the file said.
-pub fn can_write(path: &Path) -> std::io::Result<()> {
-    let mut dir = path.parent().unwrap_or(Path::new("."));
-    while !dir.exists() {
-        dir = dir.parent().unwrap_or(Path::new("."));
-    }
-    let probe = dir.join(format!(".cyphonic-check-{}", std::process::id()));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)?;
-    std::fs::remove_file(&probe)
-}
-
 /// The keys of `keys` whose values changed (`(key, changed)` pairs): what a reload names as
 /// waiting for a restart.
 pub fn changed_keys<const N: usize>(keys: [(&'static str, bool); N]) -> Vec<&'static str> {

@@ -102,6 +102,31 @@ pub fn create(path: &Path, contents: impl AsRef<[u8]>, access: Access) -> std::i
     f.sync_all()
 }
 
+/// Whether this user can make a file at `path`: a file is made, then removed, in its
+/// directory (or in the nearest directory above it that exists, where the missing ones would
+/// be made), as the daemon would write there.
+///
+/// # Errors
+/// What creating the file said.
+pub fn can_write(path: &Path) -> std::io::Result<()> {
+    let mut dir = path.parent();
+    while let Some(d) = dir
+        && !d.as_os_str().is_empty()
+        && !d.exists()
+    {
+        dir = d.parent();
+    }
+    let dir = dir
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let probe = dir.join(format!(".cyphonic-check-{}", std::process::id()));
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
