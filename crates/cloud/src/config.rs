@@ -543,7 +543,20 @@ fn enroll(
                         format!("{block} lies outside the issuing CA's blocks"),
                     ));
                 }
-                out.push(block.trunc());
+                let block = block.trunc();
+                // Blocks are handed out whole from the pool: two that overlap would hand
+                // one address range out twice.
+                if let Some(other) = out
+                    .iter()
+                    .find(|o: &&ipnet::IpNet| o.contains(&block) || block.contains(*o))
+                {
+                    return Err(err(
+                        p.span(),
+                        RawEnroll::pool,
+                        format!("{block} overlaps {other}: the pool's blocks must be disjoint"),
+                    ));
+                }
+                out.push(block);
             }
             out
         }
@@ -648,13 +661,10 @@ mod tests {
         );
     }
 
-    /// config/cloud.example.toml loads once the files it names exist, and mistakes point at
-    /// their line and key.
-    #[test]
-    fn the_example_loads_and_mistakes_are_located() {
+    /// A directory with the overlay CA (`ca.crt`, and its key `ca.key`) and the cloud's key
+    /// (`cloud.key`), as a configuration names them.
+    fn keys() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/cloud.example.toml");
-        let text = std::fs::read_to_string(example).unwrap();
         let ca = CertificateAuthority::generate(
             "ovl.example",
             &["100.64.0.0/10".parse().unwrap()],
@@ -663,11 +673,51 @@ mod tests {
         )
         .unwrap();
         std::fs::write(dir.path().join("ca.crt"), ca.certificate().to_pem()).unwrap();
+        std::fs::write(dir.path().join("ca.key"), ca.key_pem().as_str()).unwrap();
         std::fs::write(
             dir.path().join("cloud.key"),
             StaticKeypair::generate().unwrap().to_pem(),
         )
         .unwrap();
+        dir
+    }
+
+    /// `[enroll] pool`: blocks of the issuing CA, disjoint.
+    #[test]
+    fn an_enroll_pool_of_overlapping_blocks_is_refused() {
+        let dir = keys();
+        let path = dir.path().join("cloud.toml");
+        let with_pool = |pool: &str| {
+            let text = format!(
+                "key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n\n\
+                 [enroll]\ncertificate = \"ca.crt\"\nkey = \"ca.key\"\npool = {pool}\n"
+            );
+            std::fs::write(&path, text).unwrap();
+            load(&path, 1_800_000_000)
+        };
+        let c = with_pool(r#"["100.64.128.0/18", "100.64.192.0/18"]"#).unwrap();
+        assert_eq!(c.enroll.unwrap().pool.len(), 2);
+        let e = with_pool(r#"["100.64.128.0/17", "100.64.192.0/18"]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("key `enroll.pool`")
+                && e.contains("100.64.192.0/18 overlaps 100.64.128.0/17"),
+            "{e}"
+        );
+        let e = with_pool(r#"["100.64.200.0/24", "100.64.128.0/17"]"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlaps"), "{e}");
+    }
+
+    /// config/cloud.example.toml loads once the files it names exist, and mistakes point at
+    /// their line and key.
+    #[test]
+    fn the_example_loads_and_mistakes_are_located() {
+        let dir = keys();
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/cloud.example.toml");
+        let text = std::fs::read_to_string(example).unwrap();
         let path = dir.path().join("cloud.toml");
         // The shipped registry's place is the unit's state directory; here, the test's.
         let text = text.replace("sqlite:///var/lib/cyphonic/cloud.db", "sqlite://cloud.db");
