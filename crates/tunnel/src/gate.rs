@@ -7,9 +7,9 @@
 //!                   -> a response or cookie-reply: queue
 //!                   -> an initiation, not under load: queue
 //!                   -> under load: mac2 right? no: cookie-reply to its source (cookie_replies_sent)
-//!                                  a known peer's hint within its rate: queue (handshake_known_first)
+//!                                  a known peer's hint within its rate: known queue (handshake_known_first)
 //!                                  source within its rate? no: drop (drop_handshake_rate)
-//!                                  a peer's endpoint: queue
+//!                                  a peer's endpoint: known queue
 //!                                  within the fair share of the budget? no: drop (drop_handshake_budget)
 //!                                  queue
 //! ```
@@ -124,6 +124,9 @@ impl FairBudget {
 pub enum Admission {
     /// Queue it for the handshake thread.
     Queue,
+    /// Queue it ahead of the other initiations: under load, a known peer's (by its hint,
+    /// or from where we know it), which the flood must not keep waiting or crowd out.
+    Known,
     /// Drop it and send this cookie-reply to its source.
     Reply(Vec<u8>),
     /// Drop it (counted).
@@ -222,14 +225,17 @@ impl HandshakeGate {
             && self.known.admit(hint, now)
         {
             bump(&counters.handshake_known_first);
-            return Admission::Queue;
+            return Admission::Known;
         }
         let source = source_key(from.ip());
         if !self.limiter.admit(source, now) {
             bump(&counters.drop_handshake_rate);
             return Admission::Dropped;
         }
-        if !known.endpoints.contains(&from) && !self.budget.admit(source, now) {
+        if known.endpoints.contains(&from) {
+            return Admission::Known;
+        }
+        if !self.budget.admit(source, now) {
             bump(&counters.drop_handshake_budget);
             return Admission::Dropped;
         }
@@ -407,7 +413,7 @@ mod tests {
         for n in 0..KNOWN_BURST {
             assert_eq!(
                 admit(&mut gate, &f, fresh, t),
-                Admission::Queue,
+                Admission::Known,
                 "known {n}"
             );
         }
@@ -426,7 +432,7 @@ mod tests {
             Admission::Reply(_)
         ));
         // A fifth of a second later its rate has one more.
-        assert_eq!(admit(&mut gate, &f, fresh, later), Admission::Queue);
+        assert_eq!(admit(&mut gate, &f, fresh, later), Admission::Known);
     }
 
     #[test]

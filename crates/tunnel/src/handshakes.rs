@@ -4,8 +4,9 @@
 //! whether it is genuine; here a flood of them costs this thread, never the others.
 //!
 //! ```text
-//! receive thread --(responses and cookie-replies, 64)-> handshake thread: those first
-//!  (HandshakeGate)--(initiations, 256)----------------->  read_init / handle_init /
+//! receive thread --(responses and cookie-replies, 64)-> handshake thread: those first,
+//!  (HandshakeGate)--(known peers' initiations, 64)---->  then these,
+//!                 --(initiations, 256)----------------->  read_init / handle_init /
 //!                                                         handle_response / handle_cookie_reply
 //!                                         -> the peer's transmits, on the tunnel socket
 //!                                         -> keys changed: wake the control thread
@@ -13,7 +14,9 @@
 //! ```
 //!
 //! Each class has its own bounded queue, and responses (to handshakes we started: rekeys,
-//! new peers) are served before initiations, so no flood of initiations delays a response.
+//! new peers) are served before initiations, so no flood of initiations delays a response;
+//! under load, a known peer's initiation (the gate knows its hint or its endpoint) is served
+//! before the rest, so a flood neither delays nor crowds out a peer coming back.
 //! What gets into the queues at all is the receive thread's [`crate::HandshakeGate`]'s call.
 //! A full queue drops the message and counts it (`drop_handshake_queue`).
 
@@ -34,6 +37,8 @@ use crate::{Shared, ToControl};
 pub const INITIATIONS: usize = 256;
 /// Responses waiting at most (one per handshake we started, and those are few at a time).
 const RESPONSES: usize = 64;
+/// Known peers' initiations waiting at most, under load (each hint at most a few a second).
+const KNOWN: usize = 64;
 /// How often an idle handshake thread looks whether the engine is stopping.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 
@@ -53,6 +58,7 @@ pub struct HandshakeMsg {
 pub struct HandshakeQueue {
     initiations: Sender<HandshakeMsg>,
     responses: Sender<HandshakeMsg>,
+    known: Sender<HandshakeMsg>,
 }
 
 impl HandshakeQueue {
@@ -67,6 +73,12 @@ impl HandshakeQueue {
         queue.try_send(msg).is_ok()
     }
 
+    /// Queues a known peer's initiation (the gate said so under load) ahead of the others;
+    /// false when its queue is full (or the handshake thread is gone).
+    pub fn push_known(&self, msg: HandshakeMsg) -> bool {
+        self.known.try_send(msg).is_ok()
+    }
+
     /// Initiations waiting: how loaded the handshake thread is.
     pub fn initiations_waiting(&self) -> usize {
         self.initiations.len()
@@ -79,6 +91,7 @@ pub struct Handshakes {
     socket: Box<dyn TunnelSocket>,
     initiations: Receiver<HandshakeMsg>,
     responses: Receiver<HandshakeMsg>,
+    known: Receiver<HandshakeMsg>,
     refusal_log: cyphonic_telemetry::Throttle,
 }
 
@@ -87,6 +100,7 @@ impl std::fmt::Debug for Handshakes {
         f.debug_struct("Handshakes")
             .field("initiations", &self.initiations.len())
             .field("responses", &self.responses.len())
+            .field("known", &self.known.len())
             .finish_non_exhaustive()
     }
 }
@@ -97,17 +111,20 @@ impl Handshakes {
     pub fn new(shared: Arc<Shared>, socket: Box<dyn TunnelSocket>) -> (Self, HandshakeQueue) {
         let (initiations_tx, initiations) = crossbeam_channel::bounded(INITIATIONS);
         let (responses_tx, responses) = crossbeam_channel::bounded(RESPONSES);
+        let (known_tx, known) = crossbeam_channel::bounded(KNOWN);
         (
             Self {
                 shared,
                 socket,
                 initiations,
                 responses,
+                known,
                 refusal_log: cyphonic_telemetry::Throttle::new(Duration::from_secs(1)),
             },
             HandshakeQueue {
                 initiations: initiations_tx,
                 responses: responses_tx,
+                known: known_tx,
             },
         )
     }
@@ -124,13 +141,18 @@ impl Handshakes {
         tracing::debug!("handshake thread stopped");
     }
 
-    /// The next message: a waiting response before any initiation.
+    /// The next message: a waiting response first, then a known peer's initiation, then
+    /// any other.
     fn next(&self) -> Option<HandshakeMsg> {
         if let Ok(msg) = self.responses.try_recv() {
             return Some(msg);
         }
+        if let Ok(msg) = self.known.try_recv() {
+            return Some(msg);
+        }
         crossbeam_channel::select! {
             recv(self.responses) -> msg => msg.ok(),
+            recv(self.known) -> msg => msg.ok(),
             recv(self.initiations) -> msg => msg.ok(),
             default(IDLE_POLL) => None,
         }

@@ -446,6 +446,11 @@ impl Receiver {
                     bump(&c.drop_handshake_queue);
                 }
             }
+            Admission::Known => {
+                if !handshakes.push_known(msg) {
+                    bump(&c.drop_handshake_queue);
+                }
+            }
             Admission::Reply(reply) => {
                 if self.socket.send_to(&reply, msg.from).is_ok() {
                     bump(&c.udp_sent);
