@@ -54,12 +54,6 @@ impl RawIdentity {
         }
     }
 
-    /// The enrollment token (`[identity] token`): used when the certificate file does not
-    /// exist yet.
-    pub fn enrollment_token(&self) -> Option<&str> {
-        self.token.as_ref().map(|t| t.get_ref().as_str())
-    }
-
     /// The enrollment token, checked: of the shape the cloud hands out (none when unset).
     ///
     /// # Errors
