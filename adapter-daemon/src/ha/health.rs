@@ -13,7 +13,7 @@ use cyphonic_ha::Health;
 use cyphonic_netio::Rtnl;
 use cyphonic_pipeline::Pulses;
 
-use super::reach::{Reach, Targets};
+use super::reach::{Reach, Targets, WINDOW};
 use crate::config::AdapterConfig;
 
 /// At most this many underlay addresses are judged (each costs two netlink requests a look).
@@ -22,7 +22,7 @@ const TARGETS: usize = 8;
 const RESOLVE_AGAIN: Duration = Duration::from_secs(60);
 /// A data-plane thread that has not gone round its loop for this long is stuck: its waits
 /// are at most 100 ms.
-pub(super) const STUCK: Duration = Duration::from_secs(1);
+const STUCK: Duration = Duration::from_secs(1);
 
 /// One box's judge of itself.
 pub(super) struct Judge {
@@ -87,7 +87,7 @@ impl Judge {
         }
         let has_names = !names.is_empty();
         let resolved = Arc::new(Mutex::new(Vec::new()));
-        if !names.is_empty() {
+        if has_names {
             let into = resolved.clone();
             let spawned = std::thread::Builder::new()
                 .name("cy-ha-resolve".into())
@@ -160,7 +160,8 @@ impl Judge {
                     tracing::info!("HA: a peer's endpoint or the cloud answers");
                 } else if said.is_some() {
                     tracing::warn!(
-                        "HA: nothing answers: no peer's endpoint and no cloud address answered for 10 s"
+                        window_secs = WINDOW.as_secs(),
+                        "HA: nothing answers: no peer's endpoint and no cloud address answered within the window"
                     );
                 }
                 *said = Some(reached);
@@ -188,7 +189,8 @@ impl Judge {
                 tracing::error!(
                     stuck = ?judged.stuck,
                     ended = judged.ended,
-                    "HA: the data plane is stuck: a thread has not gone round its loop for a second, or one ended"
+                    after_ms = STUCK.as_millis(),
+                    "HA: the data plane is stuck: a thread has not gone round its loop, or one ended"
                 );
             }
         }

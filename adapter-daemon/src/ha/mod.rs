@@ -47,7 +47,7 @@ pub use metrics::HaCollector;
 
 /// The health bits and their names in the status document and the metrics, in the order
 /// of the heartbeat's bits.
-pub const HEALTH_BITS: [(Health, &str); 4] = [
+const HEALTH_BITS: [(Health, &str); 4] = [
     (Health::LAN, "lan"),
     (Health::UPLINK, "uplink"),
     (Health::DATA_PLANE, "data_plane"),

@@ -17,7 +17,7 @@ use pnet_packet::ipv4::Ipv4Packet;
 use socket2::{Domain, Protocol, Socket, Type};
 
 /// How often the targets are probed.
-pub(super) const PROBE_EVERY: Duration = Duration::from_secs(2);
+const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// How long a round waits for its answers.
 const ANSWER_WAIT: Duration = Duration::from_secs(1);
 /// Reached while an answer came within this.
@@ -26,7 +26,7 @@ pub(super) const WINDOW: Duration = Duration::from_secs(10);
 const NEVER: u64 = u64::MAX;
 
 /// What the probes reach.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub(super) struct Targets {
     /// The static peers' endpoints: pinged.
     pub(super) peers: Vec<IpAddr>,
@@ -116,7 +116,7 @@ impl Reach {
 }
 
 /// Whether any of `addrs` accepts a TCP connection within [`ANSWER_WAIT`] (all tried at once).
-pub(super) fn connect_any(addrs: &[SocketAddr]) -> bool {
+fn connect_any(addrs: &[SocketAddr]) -> bool {
     std::thread::scope(|s| {
         let tries: Vec<_> = addrs
             .iter()
