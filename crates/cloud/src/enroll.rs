@@ -146,14 +146,18 @@ pub enum Expiry {
     Expired,
 }
 
-/// How a CA whose certificate ends at `not_after` stands at unix time `now`.
-pub const fn expiry(not_after: u64, now: u64) -> Expiry {
-    if not_after <= now {
-        Expiry::Expired
-    } else if not_after - now < EXPIRY_WARNING {
-        Expiry::Soon(not_after - now)
-    } else {
-        Expiry::Fine(not_after - now)
+/// Seconds from unix time `now` to `not_after`, negative once past.
+pub fn seconds_left(not_after: u64, now: u64) -> i64 {
+    let left = i128::from(not_after) - i128::from(now);
+    i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// How a CA with `left` seconds to its end ([`seconds_left`]) stands.
+pub fn expiry(left: i64) -> Expiry {
+    match u64::try_from(left) {
+        Ok(0) | Err(_) => Expiry::Expired,
+        Ok(s) if s < EXPIRY_WARNING => Expiry::Soon(s),
+        Ok(s) => Expiry::Fine(s),
     }
 }
 
@@ -282,18 +286,17 @@ mod tests {
     #[test]
     fn the_issuing_ca_is_fine_then_soon_to_end_then_over() {
         let end = 1_000 * 86_400;
-        assert_eq!(expiry(end, end - 31 * 86_400), Expiry::Fine(31 * 86_400));
+        let at = |now| expiry(seconds_left(end, now));
+        assert_eq!(at(end - 31 * 86_400), Expiry::Fine(31 * 86_400));
+        assert_eq!(at(end - EXPIRY_WARNING), Expiry::Fine(EXPIRY_WARNING));
         assert_eq!(
-            expiry(end, end - EXPIRY_WARNING),
-            Expiry::Fine(EXPIRY_WARNING)
-        );
-        assert_eq!(
-            expiry(end, end - EXPIRY_WARNING + 1),
+            at(end - EXPIRY_WARNING + 1),
             Expiry::Soon(EXPIRY_WARNING - 1)
         );
-        assert_eq!(expiry(end, end - 1), Expiry::Soon(1));
-        assert_eq!(expiry(end, end), Expiry::Expired);
-        assert_eq!(expiry(end, end + 86_400), Expiry::Expired);
+        assert_eq!(at(end - 1), Expiry::Soon(1));
+        assert_eq!(at(end), Expiry::Expired);
+        assert_eq!(at(end + 86_400), Expiry::Expired);
+        assert_eq!(seconds_left(end, end + 86_400), -86_400);
     }
 
     fn net(s: &str) -> IpNet {

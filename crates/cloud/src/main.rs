@@ -295,11 +295,11 @@ fn print_status(doc: &serde_json::Value) {
         let days = left / 86_400;
         let fingerprint = enroll["issuing_ca"].as_str().unwrap_or("?");
         let short = fingerprint.get(..16).unwrap_or(fingerprint);
-        match u64::try_from(left).map(|s| cyphonic_cloud::enroll::expiry(s, 0)) {
-            Ok(cyphonic_cloud::enroll::Expiry::Fine(_)) => {
+        match cyphonic_cloud::enroll::expiry(left) {
+            cyphonic_cloud::enroll::Expiry::Fine(_) => {
                 println!("enroll: issuing CA {short} ends in {days} days");
             }
-            Ok(cyphonic_cloud::enroll::Expiry::Soon(_)) => println!(
+            cyphonic_cloud::enroll::Expiry::Soon(_) => println!(
                 "enroll: WARNING: issuing CA {short} ends in {days} days: renew it (`ca delegate`) and reload"
             ),
             _ => println!(

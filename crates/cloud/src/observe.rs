@@ -154,9 +154,7 @@ fn f(v: u64) -> f64 {
 
 /// Seconds from now to unix time `t` (negative once past).
 fn seconds_left(t: u64) -> i64 {
-    let now = crate::clock::unix_now_ms() / 1000;
-    let left = i128::from(t) - i128::from(now);
-    i64::try_from(left).unwrap_or(if left < 0 { i64::MIN } else { i64::MAX })
+    crate::enroll::seconds_left(t, crate::clock::unix_now_ms() / 1000)
 }
 
 impl Collector for Observed {

@@ -382,7 +382,7 @@ impl Nms {
         let mut said: Option<u64> = None;
         loop {
             let now = crate::clock::unix_now_ms() / 1000;
-            match crate::enroll::expiry(not_after, now) {
+            match crate::enroll::expiry(crate::enroll::seconds_left(not_after, now)) {
                 crate::enroll::Expiry::Fine(left) if said.is_none() => {
                     tracing::info!(%fingerprint, days_left = left / 86_400, "the issuing CA");
                     said = Some(now);
