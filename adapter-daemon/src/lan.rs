@@ -230,6 +230,7 @@ mod tests {
             inner_mtu: 1420,
             mss_clamp: true,
             defer_checksums: false,
+            legacy: None,
         };
         LanSide::new(lan, LanTable::new(&[]), true, true)
     }

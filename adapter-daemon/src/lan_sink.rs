@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use cyphonic_gateway::{Ingress, IngressDrop, complete_deferred_checksum};
+use cyphonic_gateway::{Ingress, IngressDrop, Sums, complete_deferred_checksum};
 use cyphonic_netio::PacketSocket;
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::Accepted;
@@ -63,12 +63,13 @@ impl Sink for LanSink {
         if deferred {
             bump(&c.checksum_deferred_received);
         }
+        let sums = if deferred { Sums::Partial } else { Sums::Full };
         let (buf, peer) = item.buf_and_peer();
         let peer_id = peer.id;
-        let verdict = self
-            .lan
-            .lan
-            .deliver(&mut buf[..], packet, &peer.blocks, &self.lan.table);
+        let verdict =
+            self.lan
+                .lan
+                .deliver(&mut buf[..], packet, &peer.blocks, &self.lan.table, sums);
         match verdict {
             Ingress::ToGateway { packet } => {
                 // DNS asks and answers, pings: served on the control thread.

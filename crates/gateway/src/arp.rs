@@ -32,10 +32,11 @@ pub(crate) fn parse(arp: &[u8]) -> Option<Arp> {
     })
 }
 
-/// Whether the gateway answers ARP for `ip`: its own vIP, and (proxy ARP) overlay addresses
-/// that are not on this LAN, for devices whose netmask covers the whole overlay.
+/// Whether the gateway answers ARP for `ip`: its own addresses ([`Lan::is_gateway_address`]),
+/// and (proxy ARP) overlay addresses that are not on this LAN, for devices whose netmask
+/// covers the whole overlay.
 pub(crate) fn answers_for(lan: &Lan, ip: Ipv4Addr) -> bool {
-    ip == lan.gateway_ip || (lan.overlay.contains(&ip) && !lan.block.contains(&ip))
+    lan.is_gateway_address(ip) || (lan.overlay.contains(&ip) && !lan.block.contains(&ip))
 }
 
 /// Writes the frame answering `req` with the gateway's MAC. Returns its length.
@@ -53,16 +54,11 @@ pub(crate) fn reply(lan: &Lan, req: &Arp, out: &mut [u8]) -> Option<usize> {
     Some(frame.len())
 }
 
-/// Writes the gateway's announcement of its own address (RFC 5227 §2.3: a broadcast
-/// request whose sender and target are the gateway vIP; a gratuitous ARP, which Linux takes
-/// over an entry however recently it changed). Returns its length.
-pub(crate) fn announce(lan: &Lan, out: &mut [u8]) -> Option<usize> {
-    announcement(lan.mac, lan.gateway_ip, out)
-}
-
-/// Writes the announcement of `ip` at `mac` (as `announce` does for the gateway) into
-/// `out`; returns its length, `None` when `out` is too short. An HA pair's new active box
-/// sends it as it takes over: switches learn the gateway MAC's new port at once.
+/// Writes the announcement of `ip` at `mac` into `out` (RFC 5227 §2.3: a broadcast request
+/// whose sender and target are `ip`; a gratuitous ARP, which Linux takes over an entry however
+/// recently it changed); returns its length, `None` when `out` is too short. The gateway
+/// sends it when a device claims one of its addresses, and an HA pair's new active box as it
+/// takes over: switches learn the gateway MAC's new port at once.
 pub fn announcement(mac: [u8; 6], ip: Ipv4Addr, out: &mut [u8]) -> Option<usize> {
     let frame = out.get_mut(..ETH_HEADER_LEN + ARP_LEN)?;
     write_eth(frame, BROADCAST, mac, ETHERTYPE_ARP);

@@ -7,7 +7,7 @@ use crate::arp::{self, OP_REQUEST};
 use crate::icmp::{self, IcmpError};
 use crate::ipv4::{self, Header, Invalid, PROTO_UDP};
 use crate::{
-    BROADCAST, ETH_HEADER_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, Lan, Neighbors, mac_at, tcp,
+    BROADCAST, ETH_HEADER_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, Lan, Neighbors, Sums, mac_at, tcp,
 };
 
 const DHCP_SERVER_PORT: u16 = 67;
@@ -162,8 +162,8 @@ impl Lan {
             // A device claims the gateway's own address (ARP spoofing: its neighbours would
             // send it what they send the overlay, in clear): the gateway's announcement goes
             // out at once and puts their caches right.
-            _ if a.sender_ip == self.gateway_ip && a.sender_mac != self.mac => {
-                match arp::announce(self, out) {
+            _ if self.is_gateway_address(a.sender_ip) && a.sender_mac != self.mac => {
+                match arp::announcement(self.mac, a.sender_ip, out) {
                     Some(len) => Egress::Reply {
                         len,
                         kind: ReplyKind::ArpAnnounce,
@@ -220,6 +220,63 @@ impl Lan {
         if broadcast {
             return Egress::Drop(EgressDrop::NotForUs);
         }
+        // A fixed-address device's packet goes on in the overlay's terms (the legacy map);
+        // what the gateway answers it goes back into the device's own.
+        let Some(legacy) = self.legacy.filter(|l| l.map.legacy().contains(&h.src)) else {
+            return self.route_ipv4(
+                frame,
+                h,
+                src_mac,
+                truncated,
+                checksum_partial,
+                neighbors,
+                out,
+            );
+        };
+        if truncated {
+            return Egress::Drop(EgressDrop::Truncated);
+        }
+        let sums = if checksum_partial {
+            Sums::Partial
+        } else {
+            Sums::Full
+        };
+        let mapped = legacy
+            .from_device(&mut frame[packet], sums, self.gateway_ip)
+            .ok()
+            .and_then(|()| Header::parse(&frame[ip_start..], true).ok());
+        let Some(h) = mapped else {
+            return Egress::Drop(EgressDrop::Malformed);
+        };
+        let verdict = self.route_ipv4(frame, h, src_mac, false, checksum_partial, neighbors, out);
+        if let Egress::Reply { len, .. } = verdict {
+            let back = out
+                .get_mut(ip_start..len)
+                .map(|ip| legacy.to_device(ip, Sums::Full, self.gateway_ip));
+            if back != Some(Ok(())) {
+                return Egress::Drop(EgressDrop::NoReply);
+            }
+        }
+        verdict
+    }
+
+    /// The rest of [`Lan::handle_ipv4`], for a packet in the overlay's terms.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one frame's facts, passed down once"
+    )]
+    fn route_ipv4(
+        &self,
+        frame: &mut [u8],
+        h: Header,
+        src_mac: [u8; 6],
+        truncated: bool,
+        checksum_partial: bool,
+        neighbors: &impl Neighbors,
+        out: &mut [u8],
+    ) -> Egress {
+        let ip_start = ETH_HEADER_LEN;
+        let packet = ip_start..ip_start + h.total_len;
         if neighbors.leased_mac(h.src) != Some(src_mac) {
             return Egress::Drop(EgressDrop::Spoofed);
         }
@@ -751,6 +808,7 @@ mod tests {
     fn partial_checksums_are_deferred_when_asked_unless_the_packet_is_fragmented() {
         let deferring = Lan {
             defer_checksums: true,
+            legacy: None,
             ..lan()
         };
         let handle = |mut frame: Vec<u8>, partial: bool| {

@@ -5,7 +5,7 @@ use std::ops::Range;
 use ipnet::IpNet;
 
 use crate::ipv4::{self, Header, Invalid};
-use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, Lan, Neighbors, tcp, write_eth};
+use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, Lan, Neighbors, Sums, tcp, write_eth};
 
 /// Why a decrypted packet is not delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,7 +48,8 @@ pub enum Ingress {
 
 impl Lan {
     /// Prepares the decrypted packet `buf[packet]` for the LAN. `peer_blocks` are the vIP
-    /// blocks certified to the peer it came from. `packet.start` must leave 14 bytes of
+    /// blocks certified to the peer it came from; `sums` says what its TCP or UDP checksum
+    /// holds (partial when the far end deferred it). `packet.start` must leave 14 bytes of
     /// headroom: the Ethernet header is written there, so the frame needs no copy.
     pub fn deliver(
         &self,
@@ -56,6 +57,7 @@ impl Lan {
         packet: Range<usize>,
         peer_blocks: &[IpNet],
         neighbors: &impl Neighbors,
+        sums: Sums,
     ) -> Ingress {
         let Some(ip) = buf.get_mut(packet.clone()) else {
             return Ingress::Drop(IngressDrop::Malformed);
@@ -89,6 +91,12 @@ impl Lan {
         let Some(mac) = neighbors.leased_mac(h.dst) else {
             return Ingress::Drop(IngressDrop::NoHolder);
         };
+        // For a fixed-address device: in its own terms (the legacy map).
+        if let Some(legacy) = self.legacy.filter(|l| l.map.overlay().contains(&h.dst))
+            && legacy.to_device(ip, sums, self.gateway_ip).is_err()
+        {
+            return Ingress::Drop(IngressDrop::Malformed);
+        }
         let Some(start) = packet.start.checked_sub(ETH_HEADER_LEN) else {
             return Ingress::Drop(IngressDrop::NoHeadroom);
         };
@@ -121,7 +129,13 @@ mod tests {
     fn run(ip: &[u8]) -> (Ingress, Vec<u8>) {
         let mut buf = vec![0u8; 16 + ip.len()];
         buf[16..].copy_from_slice(ip);
-        let v = lan().deliver(&mut buf, 16..16 + ip.len(), &peer_blocks(), &Leases);
+        let v = lan().deliver(
+            &mut buf,
+            16..16 + ip.len(),
+            &peer_blocks(),
+            &Leases,
+            Sums::Full,
+        );
         (v, buf)
     }
 
@@ -210,7 +224,7 @@ mod tests {
         let p = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 1, 2, b"x");
         let mut buf = p.clone();
         assert_eq!(
-            lan().deliver(&mut buf, 0..p.len(), &peer_blocks(), &Leases),
+            lan().deliver(&mut buf, 0..p.len(), &peer_blocks(), &Leases, Sums::Full),
             Ingress::Drop(IngressDrop::NoHeadroom)
         );
     }

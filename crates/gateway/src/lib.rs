@@ -50,7 +50,7 @@ pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
 pub use ipv4::{complete_deferred_checksum, finish_partial_checksum};
-pub use netmap::{Netmap, NetmapError, Sums, Unmapped};
+pub use netmap::{Legacy, Netmap, NetmapError, Sums, Unmapped};
 pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
 
@@ -134,9 +134,19 @@ pub struct Lan {
     /// ([`Egress::Forward`]'s `checksum_deferred`): the tunnel's far end fills it in, or has
     /// its NIC do it, after the AEAD has carried the payload intact.
     pub defer_checksums: bool,
+    /// A site's fixed-address devices, mapped onto part of `block`, with the old router's
+    /// address the gateway answers for (docs/protocol.md §6). `None`: every device holds an
+    /// address of the block.
+    pub legacy: Option<Legacy>,
 }
 
 impl Lan {
+    /// Whether `ip` is the gateway's on the LAN: its vIP, or the old router's address of a
+    /// legacy subnet.
+    pub fn is_gateway_address(&self, ip: Ipv4Addr) -> bool {
+        ip == self.gateway_ip || self.legacy.is_some_and(|l| l.gateway == ip)
+    }
+
     /// The MSS that fits `inner_mtu` (IPv4 and TCP headers without options).
     pub const fn max_mss(&self) -> u16 {
         self.inner_mtu.saturating_sub(IPV4_TCP_HEADERS)
@@ -158,6 +168,9 @@ pub(crate) fn write_eth(buf: &mut [u8], dst: [u8; 6], src: [u8; 6], ethertype: u
 
 #[cfg(test)]
 pub(crate) mod testutil;
+
+#[cfg(test)]
+mod legacy_path;
 
 #[cfg(test)]
 mod tests {

@@ -126,6 +126,62 @@ impl Netmap {
     }
 }
 
+/// A site's fixed-address devices on the adapter's LAN (docs/protocol.md §6): their subnet
+/// mapped onto part of the block, and the old router's address in it, which the adapter
+/// answers for as the gateway vIP's alias. To a legacy device the gateway *is* that address:
+/// its ARP, its pings, its DNS answers and the ICMP errors the gateway sends it all carry it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Legacy {
+    /// The subnet and the block it maps onto.
+    pub map: Netmap,
+    /// The old router's address, inside the subnet: the devices' default gateway.
+    pub gateway: Ipv4Addr,
+}
+
+impl Legacy {
+    /// A packet from a legacy device into the overlay's terms: its source becomes its overlay
+    /// address ([`Netmap::outbound`]) and a destination of the old router's address becomes
+    /// `gateway_vip`.
+    ///
+    /// # Errors
+    /// As [`Netmap::outbound`]; the packet may then be half rewritten (the caller drops it).
+    pub fn from_device(
+        &self,
+        packet: &mut [u8],
+        sums: Sums,
+        gateway_vip: Ipv4Addr,
+    ) -> Result<(), Unmapped> {
+        self.map.outbound(packet, sums)?;
+        let alias = |a| (a == self.gateway).then_some(gateway_vip);
+        or_unchanged(rewrite(packet, Field::Destination, sums, alias))
+    }
+
+    /// A packet for a legacy device into its own terms: its destination becomes the legacy
+    /// address ([`Netmap::inbound`]) and a source of `gateway_vip` becomes the old router's
+    /// address.
+    ///
+    /// # Errors
+    /// As [`Netmap::inbound`]; the packet may then be half rewritten (the caller drops it).
+    pub fn to_device(
+        &self,
+        packet: &mut [u8],
+        sums: Sums,
+        gateway_vip: Ipv4Addr,
+    ) -> Result<(), Unmapped> {
+        self.map.inbound(packet, sums)?;
+        let alias = |a| (a == gateway_vip).then_some(self.gateway);
+        or_unchanged(rewrite(packet, Field::Source, sums, alias))
+    }
+}
+
+/// An address outside an alias is one to leave as it is.
+const fn or_unchanged(r: Result<(), Unmapped>) -> Result<(), Unmapped> {
+    match r {
+        Err(Unmapped::Outside) => Ok(()),
+        other => other,
+    }
+}
+
 /// `a` moved from `from` to the same place in `to` (of one size), if it is in `from`.
 fn shift(a: Ipv4Addr, from: Ipv4Net, to: Ipv4Net) -> Option<Ipv4Addr> {
     from.contains(&a).then(|| {

@@ -114,6 +114,12 @@ impl Lan {
     ) -> Option<usize> {
         let (head, ip) = out.split_at_mut_checked(ETH_HEADER_LEN)?;
         let len = udp_packet(ip, self.gateway_ip, dst_ip, src_port, dst_port, payload)?;
+        // To a fixed-address device, from the old router's address to its own.
+        if let Some(legacy) = self.legacy.filter(|l| l.map.overlay().contains(&dst_ip)) {
+            legacy
+                .to_device(&mut ip[..len], crate::Sums::Full, self.gateway_ip)
+                .ok()?;
+        }
         write_eth(head, dst_mac, self.mac, ETHERTYPE_IPV4);
         Some(ETH_HEADER_LEN + len)
     }

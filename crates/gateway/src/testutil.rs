@@ -27,6 +27,7 @@ pub(crate) fn lan() -> crate::Lan {
         inner_mtu: 1420,
         mss_clamp: true,
         defer_checksums: false,
+        legacy: None,
     }
 }
 pub(crate) const DEV_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 10];

@@ -1,0 +1,298 @@
+//! The LAN path of a fixed-address device (the legacy map, docs/protocol.md §6): what the
+//! gateway does with its frames, and with packets and answers for it.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+
+use crate::testutil::{GW_MAC, checksums_ok, eth, ipv4_echo, ipv4_tcp, ipv4_udp, lan};
+use crate::{
+    BROADCAST, ETHERTYPE_ARP, Egress, EgressDrop, Ingress, Lan, Legacy, Neighbors, Netmap,
+    ReplyKind, Sums,
+};
+
+/// The site's 192.0.2.0/25 onto 100.64.1.128/25; the old router was 192.0.2.1.
+fn site() -> Lan {
+    Lan {
+        legacy: Some(Legacy {
+            map: Netmap::new(
+                "192.0.2.0/25".parse().unwrap(),
+                "100.64.1.128/25".parse().unwrap(),
+            )
+            .unwrap(),
+            gateway: Ipv4Addr::new(192, 0, 2, 1),
+        }),
+        ..lan()
+    }
+}
+
+const PLC_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x10, 0x00, 0x14];
+const OTHER_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x10, 0x00, 0x15];
+const PLC: [u8; 4] = [192, 0, 2, 20];
+const PLC_VIP: [u8; 4] = [100, 64, 1, 148];
+const OLD_ROUTER: [u8; 4] = [192, 0, 2, 1];
+const GW: [u8; 4] = [100, 64, 1, 1];
+const REMOTE: [u8; 4] = [100, 64, 2, 20];
+
+/// The PLC is declared: its overlay address is held by its MAC.
+struct Declared;
+
+impl Neighbors for Declared {
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        HashMap::from([(Ipv4Addr::from(PLC_VIP), PLC_MAC)])
+            .get(&ip)
+            .copied()
+    }
+}
+
+fn src(p: &[u8]) -> [u8; 4] {
+    p[12..16].try_into().unwrap()
+}
+
+fn dst(p: &[u8]) -> [u8; 4] {
+    p[16..20].try_into().unwrap()
+}
+
+/// Runs a frame from `mac` through the site's gateway; the verdict, the frame, `out`.
+fn egress(mac: [u8; 6], ip: &[u8], partial: bool) -> (Egress, Vec<u8>, Vec<u8>) {
+    let mut frame = eth(GW_MAC, mac, ip);
+    let mut out = vec![0u8; 2048];
+    let len = frame.len();
+    let v = site().handle_frame(&mut frame, len, partial, &Declared, &mut out);
+    (v, frame, out)
+}
+
+/// Its packets leave in the overlay's terms, with every checksum right, whether the kernel
+/// left the transport checksum partial or not.
+#[test]
+fn a_fixed_devices_packets_leave_with_its_overlay_address() {
+    for ip in [
+        ipv4_udp(PLC, REMOTE, 502, 40000, b"holding registers"),
+        ipv4_tcp(PLC, REMOTE, 0x12, Some(1460), b""),
+        ipv4_echo(PLC, REMOTE, b"ping"),
+    ] {
+        let (v, frame, _) = egress(PLC_MAC, &ip, false);
+        let Egress::Forward {
+            packet, dst: to, ..
+        } = v
+        else {
+            panic!("{v:?}");
+        };
+        assert_eq!(to, Ipv4Addr::from(REMOTE));
+        let p = &frame[packet];
+        assert_eq!((src(p), dst(p)), (PLC_VIP, REMOTE));
+        assert!(checksums_ok(p));
+    }
+}
+
+/// Another MAC sending from the PLC's address, or the PLC from an address it does not
+/// hold, is a spoofer.
+#[test]
+fn a_fixed_address_sent_from_another_mac_is_spoofed() {
+    let (v, _, _) = egress(OTHER_MAC, &ipv4_udp(PLC, REMOTE, 1, 2, b"x"), false);
+    assert_eq!(v, Egress::Drop(EgressDrop::Spoofed));
+    let (v, _, _) = egress(
+        PLC_MAC,
+        &ipv4_udp([192, 0, 2, 21], REMOTE, 1, 2, b"x"),
+        false,
+    );
+    assert_eq!(v, Egress::Drop(EgressDrop::Spoofed));
+}
+
+/// To the device, the gateway is the old router: ARP for it is answered with the gateway's
+/// MAC, a claim of it is answered with an announcement, a ping to it comes back from it.
+#[test]
+fn the_old_routers_address_is_the_gateways() {
+    let mut arp = vec![0u8; 42];
+    crate::write_eth(&mut arp, BROADCAST, PLC_MAC, ETHERTYPE_ARP);
+    arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    arp[22..28].copy_from_slice(&PLC_MAC);
+    arp[28..32].copy_from_slice(&PLC);
+    arp[38..42].copy_from_slice(&OLD_ROUTER);
+    let mut out = vec![0u8; 64];
+    let len = arp.len();
+    let v = site().handle_frame(&mut arp.clone(), len, false, &Declared, &mut out);
+    assert_eq!(
+        v,
+        Egress::Reply {
+            len: 42,
+            kind: ReplyKind::Arp
+        }
+    );
+    assert_eq!(&out[22..28], &GW_MAC);
+    assert_eq!(&out[28..32], &OLD_ROUTER);
+    // Another box claims it.
+    arp[28..32].copy_from_slice(&OLD_ROUTER);
+    let v = site().handle_frame(&mut arp, len, false, &Declared, &mut out);
+    assert_eq!(
+        v,
+        Egress::Reply {
+            len: 42,
+            kind: ReplyKind::ArpAnnounce
+        }
+    );
+    assert_eq!(
+        (&out[28..32], &out[38..42]),
+        (&OLD_ROUTER[..], &OLD_ROUTER[..])
+    );
+
+    let (v, _, out) = egress(PLC_MAC, &ipv4_echo(PLC, OLD_ROUTER, b"hello"), false);
+    let Egress::Reply {
+        len,
+        kind: ReplyKind::EchoReply,
+    } = v
+    else {
+        panic!("{v:?}");
+    };
+    let reply = &out[14..len];
+    assert_eq!((src(reply), dst(reply)), (OLD_ROUTER, PLC));
+    assert_eq!(&out[..6], &PLC_MAC);
+    assert!(checksums_ok(reply));
+}
+
+/// A DNS question to the old router's address reaches the service as one from the
+/// device's overlay address, and the answer goes back from the old router to the device.
+#[test]
+fn dns_at_the_old_routers_address_is_answered_from_it() {
+    let (v, _, _) = egress(PLC_MAC, &ipv4_udp(PLC, OLD_ROUTER, 5353, 53, b"q"), false);
+    let Egress::Dns {
+        client_mac,
+        client_ip,
+        client_port,
+        ..
+    } = v
+    else {
+        panic!("{v:?}");
+    };
+    assert_eq!(
+        (client_mac, client_ip, client_port),
+        (PLC_MAC, Ipv4Addr::from(PLC_VIP), 5353)
+    );
+    let mut out = [0u8; 128];
+    let len = site()
+        .udp_frame(client_mac, client_ip, 53, client_port, b"answer", &mut out)
+        .unwrap();
+    let ip = &out[14..len];
+    assert_eq!((src(ip), dst(ip)), (OLD_ROUTER, PLC));
+    assert!(checksums_ok(ip));
+}
+
+/// A packet whose TTL runs out at the gateway gets a time-exceeded from the old router's
+/// address, quoting the packet as the device sent it.
+#[test]
+fn an_icmp_error_for_the_device_quotes_what_it_sent() {
+    let mut ip = ipv4_udp(PLC, REMOTE, 33434, 33435, b"traceroute");
+    ip[8] = 1;
+    ip[10..12].fill(0);
+    let sum = crate::checksum::internet(&ip[..20]);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let (v, _, out) = egress(PLC_MAC, &ip, false);
+    let Egress::Reply {
+        len,
+        kind: ReplyKind::TimeExceeded,
+    } = v
+    else {
+        panic!("{v:?}");
+    };
+    let reply = &out[14..len];
+    assert_eq!((src(reply), dst(reply)), (OLD_ROUTER, PLC));
+    assert!(checksums_ok(reply));
+    let quote = &reply[28..];
+    assert_eq!(&quote[..28], &ip[..28], "the quoted header and ports");
+}
+
+/// From the tunnel, a packet for the device's overlay address reaches it at its own, with
+/// sums that verify (or, deferred, a partial sum the NIC completes rightly).
+#[test]
+fn packets_for_the_overlay_address_reach_the_device_at_its_own() {
+    let blocks = ["100.64.2.0/24".parse().unwrap()];
+    let ip = ipv4_udp(REMOTE, PLC_VIP, 40000, 502, b"read coils");
+    let mut buf = vec![0u8; 16 + ip.len()];
+    buf[16..].copy_from_slice(&ip);
+    let v = site().deliver(&mut buf, 16..16 + ip.len(), &blocks, &Declared, Sums::Full);
+    assert_eq!(
+        v,
+        Ingress::Deliver {
+            frame: 2..16 + ip.len()
+        }
+    );
+    assert_eq!(&buf[2..8], &PLC_MAC);
+    let p = &buf[16..];
+    assert_eq!((src(p), dst(p)), (REMOTE, PLC));
+    assert!(checksums_ok(p));
+    // Nobody holds the next overlay address: nothing to deliver to.
+    let ip = ipv4_udp(REMOTE, [100, 64, 1, 149], 1, 2, b"x");
+    let mut buf = vec![0u8; 16 + ip.len()];
+    buf[16..].copy_from_slice(&ip);
+    let v = site().deliver(&mut buf, 16..16 + ip.len(), &blocks, &Declared, Sums::Full);
+    assert_eq!(v, Ingress::Drop(crate::IngressDrop::NoHolder));
+}
+
+/// A partial (offload) checksum leaves as the pseudo-header's sum of the new addresses.
+#[test]
+fn a_partial_checksum_follows_the_source() {
+    let full = ipv4_udp(PLC, REMOTE, 7, 9, b"partial");
+    let mut ip = full.clone();
+    let pseudo = |s: [u8; 4], d: [u8; 4]| {
+        let mut sum = 0u32;
+        for w in [
+            u16::from_be_bytes([s[0], s[1]]),
+            u16::from_be_bytes([s[2], s[3]]),
+            u16::from_be_bytes([d[0], d[1]]),
+            u16::from_be_bytes([d[2], d[3]]),
+            17,
+            u16::try_from(ip_len(&full) - 20).unwrap(),
+        ] {
+            sum += u32::from(w);
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        u16::try_from(sum).unwrap()
+    };
+    ip[26..28].copy_from_slice(&pseudo(PLC, REMOTE).to_be_bytes());
+    // Completed here: the sum verifies over the new source.
+    let (v, frame, _) = egress(PLC_MAC, &ip, true);
+    let Egress::Forward { packet, .. } = v else {
+        panic!("{v:?}");
+    };
+    assert!(checksums_ok(&frame[packet]));
+    // Left to the far end: the pseudo-header's sum over the new source.
+    let deferring = Lan {
+        defer_checksums: true,
+        ..site()
+    };
+    let mut frame = eth(GW_MAC, PLC_MAC, &ip);
+    let mut out = vec![0u8; 2048];
+    let len = frame.len();
+    let v = deferring.handle_frame(&mut frame, len, true, &Declared, &mut out);
+    let Egress::Forward {
+        packet,
+        checksum_deferred: true,
+        ..
+    } = v
+    else {
+        panic!("{v:?}");
+    };
+    assert_eq!(
+        &frame[packet][26..28],
+        &pseudo(PLC_VIP, REMOTE).to_be_bytes()
+    );
+}
+
+fn ip_len(p: &[u8]) -> usize {
+    usize::from(u16::from_be_bytes([p[2], p[3]]))
+}
+
+/// Without a legacy map, the same frames are what they always were: a spoofer.
+#[test]
+fn without_a_map_the_subnet_is_nobodys() {
+    let mut frame = eth(GW_MAC, PLC_MAC, &ipv4_udp(PLC, REMOTE, 1, 2, b"x"));
+    let mut out = vec![0u8; 2048];
+    let len = frame.len();
+    let v = lan().handle_frame(&mut frame, len, false, &Declared, &mut out);
+    assert_eq!(v, Egress::Drop(EgressDrop::Spoofed));
+    assert!(!lan().is_gateway_address(Ipv4Addr::from(OLD_ROUTER)));
+    assert!(site().is_gateway_address(Ipv4Addr::from(GW)));
+}
