@@ -30,7 +30,7 @@ const OPERATIONS: [(&str, &str); 7] = [
     ),
     (
         "legacy_map",
-        "legacy map: a fixed-address device's source onto its overlay address, sums updated",
+        "classify a fixed-address device's LAN frame (legacy map, then as above)",
     ),
     (
         "filter",

@@ -241,18 +241,14 @@ impl Lan {
         } else {
             Sums::Full
         };
-        let mapped = legacy
-            .from_device(&mut frame[packet], sums, self.gateway_ip)
-            .ok()
-            .and_then(|()| Header::parse(&frame[ip_start..], true).ok());
-        let Some(h) = mapped else {
+        let Ok(h) = legacy.outbound(&mut frame[packet], &h, sums, self.gateway_ip) else {
             return Egress::Drop(EgressDrop::Malformed);
         };
         let verdict = self.route_ipv4(frame, h, src_mac, false, checksum_partial, neighbors, out);
         if let Egress::Reply { len, .. } = verdict {
             let back = out
                 .get_mut(ip_start..len)
-                .map(|ip| legacy.to_device(ip, Sums::Full, self.gateway_ip));
+                .map(|ip| legacy.inbound(ip, Sums::Full, self.gateway_ip));
             if back != Some(Ok(())) {
                 return Egress::Drop(EgressDrop::NoReply);
             }

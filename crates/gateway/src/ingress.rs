@@ -93,7 +93,7 @@ impl Lan {
         };
         // For a fixed-address device: in its own terms (the legacy map).
         if let Some(legacy) = self.legacy.filter(|l| l.map.overlay().contains(&h.dst))
-            && legacy.to_device(ip, sums, self.gateway_ip).is_err()
+            && legacy.inbound(ip, sums, self.gateway_ip).is_err()
         {
             return Ingress::Drop(IngressDrop::Malformed);
         }

@@ -139,21 +139,28 @@ pub struct Legacy {
 }
 
 impl Legacy {
-    /// A packet from a legacy device into the overlay's terms: its source becomes its overlay
-    /// address ([`Netmap::outbound`]) and a destination of the old router's address becomes
-    /// `gateway_vip`.
+    /// A packet from a legacy device, its header `h` parsed and verified, into the overlay's
+    /// terms: its source becomes its overlay address ([`Netmap::outbound`]) and a destination
+    /// of the old router's address becomes `gateway_vip`. Returns the header as rewritten.
     ///
     /// # Errors
-    /// As [`Netmap::outbound`]; the packet may then be half rewritten (the caller drops it).
-    pub fn from_device(
+    /// The source is outside the subnet: the packet is left as it was.
+    pub(crate) fn outbound(
         &self,
         packet: &mut [u8],
+        h: &Header,
         sums: Sums,
         gateway_vip: Ipv4Addr,
-    ) -> Result<(), Unmapped> {
-        self.map.outbound(packet, sums)?;
-        let alias = |a| (a == self.gateway).then_some(gateway_vip);
-        or_unchanged(rewrite(packet, Field::Destination, sums, alias))
+    ) -> Result<Header, Unmapped> {
+        let src = self.map.to_overlay(h.src).ok_or(Unmapped::Outside)?;
+        rewrite_parsed(packet, h, Field::Source, sums, |a| self.map.to_overlay(a));
+        let mut dst = h.dst;
+        if dst == self.gateway {
+            let alias = |a| (a == self.gateway).then_some(gateway_vip);
+            rewrite_parsed(packet, h, Field::Destination, sums, alias);
+            dst = gateway_vip;
+        }
+        Ok(Header { src, dst, ..*h })
     }
 
     /// A packet for a legacy device into its own terms: its destination becomes the legacy
@@ -162,16 +169,27 @@ impl Legacy {
     ///
     /// # Errors
     /// As [`Netmap::inbound`]; the packet may then be half rewritten (the caller drops it).
-    pub fn to_device(
+    pub fn inbound(
         &self,
         packet: &mut [u8],
         sums: Sums,
         gateway_vip: Ipv4Addr,
     ) -> Result<(), Unmapped> {
         self.map.inbound(packet, sums)?;
+        if address_at(packet, Field::Source) != Some(gateway_vip) {
+            return Ok(());
+        }
         let alias = |a| (a == gateway_vip).then_some(self.gateway);
         or_unchanged(rewrite(packet, Field::Source, sums, alias))
     }
+}
+
+/// The address `field` of the IPv4 header at the start of `packet`, read raw (the caller
+/// rewrote a valid header).
+fn address_at(packet: &[u8], field: Field) -> Option<Ipv4Addr> {
+    let at = field.at();
+    let a: [u8; 4] = packet.get(at..at + 4)?.try_into().ok()?;
+    Some(Ipv4Addr::from(a))
 }
 
 /// An address outside an alias is one to leave as it is.
@@ -207,13 +225,35 @@ fn rewrite(
         Field::Source => h.src,
         Field::Destination => h.dst,
     };
-    let new = map(old).ok_or(Unmapped::Outside)?;
+    if map(old).is_none() {
+        return Err(Unmapped::Outside);
+    }
+    rewrite_parsed(packet, &h, field, sums, map);
+    Ok(())
+}
+
+/// [`rewrite`] of a packet whose header `h` was parsed and verified; an address `map`
+/// leaves out is left as it is.
+fn rewrite_parsed(
+    packet: &mut [u8],
+    h: &Header,
+    field: Field,
+    sums: Sums,
+    map: impl Fn(Ipv4Addr) -> Option<Ipv4Addr>,
+) {
+    let old = match field {
+        Field::Source => h.src,
+        Field::Destination => h.dst,
+    };
+    let Some(new) = map(old) else {
+        return;
+    };
     let words = set_address(packet, field.at(), new);
     for (was, now) in words {
         update_field(packet, 10, was, now, Sums::Full);
     }
     if h.frag_offset != 0 {
-        return Ok(());
+        return;
     }
     let segment = &mut packet[h.header_len..h.total_len];
     match h.proto {
@@ -227,7 +267,6 @@ fn rewrite(
         PROTO_ICMP => rewrite_quote(segment, field.other(), &map),
         _ => {}
     }
-    Ok(())
 }
 
 /// In an ICMP error (`icmp`, the message from its type on), rewrites the quoted packet's

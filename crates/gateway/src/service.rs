@@ -117,7 +117,7 @@ impl Lan {
         // To a fixed-address device, from the old router's address to its own.
         if let Some(legacy) = self.legacy.filter(|l| l.map.overlay().contains(&dst_ip)) {
             legacy
-                .to_device(&mut ip[..len], crate::Sums::Full, self.gateway_ip)
+                .inbound(&mut ip[..len], crate::Sums::Full, self.gateway_ip)
                 .ok()?;
         }
         write_eth(head, dst_mac, self.mac, ETHERTYPE_IPV4);
