@@ -87,6 +87,45 @@ cyphonic_settings::config_file! {
         reservation: Vec<RawReservation> = Vec::new(),
         /// The other box of a pair.
         ha: Option<RawHa> = None,
+        /// A subnet of devices with fixed addresses.
+        legacy: Option<RawLegacy> = None,
+    }
+}
+
+cyphonic_settings::table! {
+    /// Devices that keep the fixed addresses they were given before the adapter came (a PLC
+    /// set to 192.168.0.20 by a vendor tool): their subnet is mapped one to one onto part of
+    /// the certified block, so that each has an overlay address, a name and a place in the
+    /// policy as a DHCP device has; nothing of the subnet leaves the site, so every site may
+    /// use the same one (docs/protocol.md §6). DHCP devices on the same segment keep their
+    /// pool. Changes but the devices need a restart.
+    struct RawLegacy in "legacy" {
+        /// The devices' own subnet, for example `192.168.0.0/24`.
+        subnet: Spanned<Ipv4Net>,
+        /// The part of the certified block it maps onto: as large as `subnet`, holding
+        /// neither `gateway_vip`, a reservation nor the DHCP pool. `subnet`'s n-th address is
+        /// `onto`'s n-th.
+        onto: Spanned<Ipv4Net>,
+        /// The address the devices have as their default gateway (the old router's): the
+        /// adapter answers for it (ARP, ping, DNS) as for `gateway_vip`.
+        gateway: Spanned<Ipv4Addr>,
+        /// The devices. One not declared here is a spoofer: its frames are dropped, counted.
+        device: Vec<RawLegacyDevice> = Vec::new(),
+    }
+}
+
+cyphonic_settings::table! {
+    /// A device with a fixed address in `legacy.subnet`: only its MAC may send from that
+    /// address. Repeat the table for each device.
+    struct RawLegacyDevice in "legacy.device" {
+        /// Its name on the overlay (a DNS label): `<name>.<adapter name>`.
+        name: Spanned<String>,
+        /// Its MAC address, `02:00:5e:10:00:14`.
+        mac: Spanned<Mac>,
+        /// Its own address, inside `legacy.subnet`.
+        address: Spanned<Ipv4Addr>,
+        /// The groups `[policy]` rules may name it by.
+        groups: Vec<Spanned<String>> = Vec::new(),
     }
 }
 
@@ -208,13 +247,16 @@ const LAN_QUEUES_MAX: usize = 16;
 
 // ---- the validated configuration -----------------------------------------------------------
 
-/// A device with a fixed address: it gets it from DHCP, or may configure it by hand.
+/// A device with a fixed address: it gets it from DHCP, or may configure it by hand; or it
+/// keeps an address of a legacy subnet (`[[legacy.device]]`), mapped onto `vip`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
-    /// The device's MAC: the only one allowed to send from `vip`.
+    /// The device's MAC: the only one allowed to send from `vip` (or from `legacy`).
     pub mac: Mac,
     /// Its overlay address.
     pub vip: Ipv4Addr,
+    /// Its own address on the legacy subnet, if it is a legacy device (never served DHCP).
+    pub legacy: Option<Ipv4Addr>,
     /// Its name on the overlay, if given.
     pub hostname: Option<String>,
     /// The groups `[policy]` rules may name it by.
@@ -259,8 +301,10 @@ pub struct AdapterConfig {
     pub dhcp: Option<cyphonic_vip::DhcpConfig>,
     /// The LAN side's part of `[dataplane]`.
     pub lan_dataplane: LanDataplane,
-    /// Fixed addresses.
+    /// Fixed addresses: the reservations, then the legacy devices.
     pub reservations: Vec<Reservation>,
+    /// The legacy subnet's map and old router, if `[legacy]` says so.
+    pub legacy: Option<cyphonic_gateway::Legacy>,
     /// One of an HA pair, if `[ha]` says so.
     pub ha: Option<HaSettings>,
 }
@@ -289,16 +333,30 @@ fn without_reservations(
     })
 }
 
-/// The reservations as the DHCP server takes them.
+/// The reservations as the DHCP server takes them (legacy devices are none of its).
 pub fn dhcp_reservations(reservations: &[Reservation]) -> Vec<cyphonic_vip::Reservation> {
     reservations
         .iter()
+        .filter(|r| r.legacy.is_none())
         .map(|r| cyphonic_vip::Reservation {
             mac: r.mac.0,
             ip: r.vip,
             hostname: r.hostname.clone(),
         })
         .collect()
+}
+
+/// What a reload of `reservations` applies to an adapter running `legacy`, and what waits
+/// for the restart: a legacy device is applied where the running map puts its address at
+/// the vIP the file's map does (the same map), and waits otherwise (a changed `[legacy]`).
+pub fn reloadable(
+    reservations: Vec<Reservation>,
+    legacy: Option<&cyphonic_gateway::Legacy>,
+) -> (Vec<Reservation>, Vec<Reservation>) {
+    reservations.into_iter().partition(|r| {
+        r.legacy
+            .is_none_or(|own| legacy.and_then(|l| l.map.to_overlay(own)) == Some(r.vip))
+    })
 }
 
 impl AsRef<Common> for AdapterConfig {
@@ -329,6 +387,7 @@ impl AdapterConfig {
                 self.lan_dataplane != new.lan_dataplane,
             ),
             ("[ha]", self.ha != new.ha),
+            ("[legacy]", self.legacy != new.legacy),
         ])
     }
 
@@ -367,7 +426,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             ),
         );
     }
-    let reservations = check_reservations(src, &raw.reservation, lan_block, gw)?;
+    let mut reservations = check_reservations(src, &raw.reservation, lan_block, gw)?;
     let dhcp = check_dhcp(
         src,
         &raw.dhcp,
@@ -377,6 +436,15 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         common.inner_mtu,
         &reservations,
     )?;
+    let legacy = match &raw.legacy {
+        Some(l) => {
+            let (legacy, devices) =
+                check_legacy(src, l, lan_block, gw, dhcp.as_ref(), &reservations)?;
+            reservations.extend(devices);
+            Some(legacy)
+        }
+        None => None,
+    };
     // The devices `[policy]` may name: the reservations, by hostname and groups.
     let devices: Vec<cyphonic_settings::Device> = reservations
         .iter()
@@ -428,6 +496,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             queues: *d.lan_queues.get_ref(),
         },
         reservations,
+        legacy,
         ha,
     };
     Ok((config, identity))
@@ -472,40 +541,175 @@ fn check_reservations(
             );
         }
         if let Some(h) = &r.hostname {
-            let label = h.get_ref();
-            let ok = !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-');
-            if !ok {
-                return src.err(
-                    &h.span(),
-                    &key(RawReservation::hostname),
-                    format!("{label:?} is not a DNS label (a-z, 0-9, inner hyphens, 1 to 63)"),
-                );
-            }
+            check_label(src, h, &key(RawReservation::hostname))?;
         }
-        for (j, g) in r.groups.iter().enumerate() {
-            let name = g.get_ref();
-            if name.is_empty() || name.parse::<Ipv4Addr>().is_ok() || name.contains('/') {
-                return src.err(
-                    &g.span(),
-                    &format!("{}[{j}]", key(RawReservation::groups)),
-                    format!("{name:?} is not a group's name (a word, not an address)"),
-                );
-            }
-        }
+        check_groups(src, &r.groups, &key(RawReservation::groups))?;
         reservations.push(Reservation {
             mac: *r.mac.get_ref(),
             vip,
+            legacy: None,
             hostname: r.hostname.as_ref().map(|h| h.get_ref().clone()),
             groups: r.groups.iter().map(|g| g.get_ref().clone()).collect(),
         });
     }
     Ok(reservations)
+}
+
+/// A device's name: a DNS label.
+fn check_label(src: &Source<'_>, h: &Spanned<String>, key: &str) -> Result<(), ConfigError> {
+    let label = h.get_ref();
+    let ok = !label.is_empty()
+        && label.len() <= 63
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !label.starts_with('-')
+        && !label.ends_with('-');
+    if ok {
+        return Ok(());
+    }
+    src.err(
+        &h.span(),
+        key,
+        format!("{label:?} is not a DNS label (a-z, 0-9, inner hyphens, 1 to 63)"),
+    )
+}
+
+/// A device's groups: words, not addresses.
+fn check_groups(
+    src: &Source<'_>,
+    groups: &[Spanned<String>],
+    key: &str,
+) -> Result<(), ConfigError> {
+    for (j, g) in groups.iter().enumerate() {
+        let name = g.get_ref();
+        if name.is_empty() || name.parse::<Ipv4Addr>().is_ok() || name.contains('/') {
+            return src.err(
+                &g.span(),
+                &format!("{key}[{j}]"),
+                format!("{name:?} is not a group's name (a word, not an address)"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `[legacy]`: the map (a part of the block as large as the subnet, clear of the gateway,
+/// the reservations and the DHCP pool), the old router inside the subnet, and the devices,
+/// each at a free host address of the subnet, with a MAC and a name of its own.
+fn check_legacy(
+    src: &Source<'_>,
+    l: &RawLegacy,
+    block: Ipv4Net,
+    gw: Ipv4Addr,
+    dhcp: Option<&cyphonic_vip::DhcpConfig>,
+    reservations: &[Reservation],
+) -> Result<(cyphonic_gateway::Legacy, Vec<Reservation>), ConfigError> {
+    let (subnet, onto) = (*l.subnet.get_ref(), *l.onto.get_ref());
+    let span = l.onto.span();
+    let map = match cyphonic_gateway::Netmap::new(subnet, onto) {
+        Ok(map) => map,
+        Err(e) => return src.err(&span, RawLegacy::onto, format!("{onto}: {e} ({subnet})")),
+    };
+    let onto = map.overlay();
+    if !block.contains(&onto) {
+        return src.err(
+            &span,
+            RawLegacy::onto,
+            format!("{onto} is not inside this adapter's certified block {block}"),
+        );
+    }
+    if onto.contains(&gw) {
+        return src.err(
+            &span,
+            RawLegacy::onto,
+            format!("{onto} holds the gateway's own address {gw}"),
+        );
+    }
+    if let Some(r) = reservations.iter().find(|r| onto.contains(&r.vip)) {
+        return src.err(
+            &span,
+            RawLegacy::onto,
+            format!("{onto} holds {}, reserved to {}", r.vip, r.mac),
+        );
+    }
+    if let Some(d) = dhcp {
+        let (first, last) = d.pool;
+        if u32::from(first) <= u32::from(onto.broadcast())
+            && u32::from(onto.network()) <= u32::from(last)
+        {
+            return src.err(
+                &span,
+                RawLegacy::onto,
+                format!(
+                    "{onto} overlaps the DHCP pool {first}-{last}: set `dhcp.pool` to a range outside it"
+                ),
+            );
+        }
+    }
+    let subnet = map.legacy();
+    let free =
+        |a: Ipv4Addr| subnet.contains(&a) && a != subnet.network() && a != subnet.broadcast();
+    let gateway = *l.gateway.get_ref();
+    if !free(gateway) {
+        return src.err(
+            &l.gateway.span(),
+            RawLegacy::gateway,
+            format!("{gateway} is not a host address of the subnet {subnet}"),
+        );
+    }
+    let mut devices: Vec<Reservation> = Vec::new();
+    for (i, d) in l.device.iter().enumerate() {
+        let key = |k: &str| cyphonic_settings::indexed(k, i);
+        let address = *d.address.get_ref();
+        let mac = *d.mac.get_ref();
+        let Some(vip) = map
+            .to_overlay(address)
+            .filter(|_| free(address) && address != gateway)
+        else {
+            return src.err(
+                &d.address.span(),
+                &key(RawLegacyDevice::address),
+                format!("{address} is not a free host address of the subnet {subnet}"),
+            );
+        };
+        if devices.iter().any(|o| o.legacy == Some(address)) {
+            return src.err(
+                &d.address.span(),
+                &key(RawLegacyDevice::address),
+                format!("{address} is declared twice"),
+            );
+        }
+        if reservations.iter().chain(&devices).any(|o| o.mac == mac) {
+            return src.err(
+                &d.mac.span(),
+                &key(RawLegacyDevice::mac),
+                format!("{mac} is declared twice (a reservation or a device)"),
+            );
+        }
+        check_label(src, &d.name, &key(RawLegacyDevice::name))?;
+        let name = d.name.get_ref();
+        if reservations
+            .iter()
+            .chain(&devices)
+            .any(|o| o.hostname.as_ref() == Some(name))
+        {
+            return src.err(
+                &d.name.span(),
+                &key(RawLegacyDevice::name),
+                format!("{name:?} names another device already"),
+            );
+        }
+        check_groups(src, &d.groups, &key(RawLegacyDevice::groups))?;
+        devices.push(Reservation {
+            mac,
+            vip,
+            legacy: Some(address),
+            hostname: Some(name.clone()),
+            groups: d.groups.iter().map(|g| g.get_ref().clone()).collect(),
+        });
+    }
+    Ok((cyphonic_gateway::Legacy { map, gateway }, devices))
 }
 
 /// The DHCP server's configuration, checked by building a server with it: the pool must
@@ -676,8 +880,37 @@ mod tests {
         assert_eq!(id.certificate().body().name, "gw1.ovl.example");
         assert_eq!(c.lan_block().to_string(), "100.64.1.0/24");
         assert_eq!(c.gateway_vip, Ipv4Addr::new(100, 64, 1, 1));
-        assert_eq!(c.reservations.len(), 2);
+        // Two reservations, then the legacy device: mapped, named, none of DHCP's.
+        assert_eq!(c.reservations.len(), 3);
         assert_eq!(c.reservations[0].hostname.as_deref(), Some("sensor1"));
+        let plc = &c.reservations[2];
+        assert_eq!(
+            (plc.vip, plc.legacy, plc.hostname.as_deref()),
+            (
+                Ipv4Addr::new(100, 64, 1, 229),
+                Some(Ipv4Addr::new(192, 0, 2, 5)),
+                Some("plc1")
+            )
+        );
+        let legacy = c.legacy.unwrap();
+        assert_eq!(legacy.gateway, Ipv4Addr::new(192, 0, 2, 1));
+        // A reload hands DHCP the reservations alone; the legacy device joins while the map
+        // is the running one's, and waits for the restart when it is not.
+        assert_eq!(dhcp_reservations(&c.reservations).len(), 2);
+        let (now, later) = reloadable(c.reservations.clone(), Some(&legacy));
+        assert_eq!((now, later.len()), (c.reservations.clone(), 0));
+        let moved = cyphonic_gateway::Legacy {
+            map: cyphonic_gateway::Netmap::new(
+                "192.0.2.0/28".parse().unwrap(),
+                "100.64.1.240/28".parse().unwrap(),
+            )
+            .unwrap(),
+            ..legacy
+        };
+        for running in [Some(&moved), None] {
+            let (now, later) = reloadable(c.reservations.clone(), running);
+            assert_eq!((now.len(), later[0].hostname.as_deref()), (2, Some("plc1")));
+        }
         assert_eq!(c.common.peers.len(), 1);
         assert_eq!(
             c.common.peers[0].persistent_keepalive,
@@ -1047,6 +1280,61 @@ mod tests {
                 "endpoints = [\"198.51.100.2:51820\"]",
                 "endpoints = [\"0.0.0.0:51820\"]",
                 "key `cloud.endpoints`: 0.0.0.0:51820 cannot be reached by peers",
+            ),
+            (
+                "onto = \"100.64.1.224/28\"",
+                "onto = \"100.64.1.224/27\"",
+                "key `legacy.onto`: 100.64.1.224/27: the legacy subnet and the block it maps onto differ in size (192.0.2.0/28)",
+            ),
+            (
+                "onto = \"100.64.1.224/28\"",
+                "onto = \"100.64.2.224/28\"",
+                "key `legacy.onto`: 100.64.2.224/28 is not inside this adapter's certified block 100.64.1.0/24",
+            ),
+            (
+                "onto = \"100.64.1.224/28\"",
+                "onto = \"100.64.1.0/28\"",
+                "key `legacy.onto`: 100.64.1.0/28 holds the gateway's own address 100.64.1.1",
+            ),
+            (
+                "onto = \"100.64.1.224/28\"",
+                "onto = \"100.64.1.192/28\"",
+                "key `legacy.onto`: 100.64.1.192/28 overlaps the DHCP pool 100.64.1.100-100.64.1.199: set `dhcp.pool` to a range outside it",
+            ),
+            (
+                "gateway = \"192.0.2.1\"",
+                "gateway = \"192.0.2.15\"",
+                "key `legacy.gateway`: 192.0.2.15 is not a host address of the subnet 192.0.2.0/28",
+            ),
+            (
+                "address = \"192.0.2.5\"",
+                "address = \"192.0.2.1\"",
+                "key `legacy.device[0].address`: 192.0.2.1 is not a free host address of the subnet 192.0.2.0/28",
+            ),
+            (
+                "address = \"192.0.2.5\"",
+                "address = \"192.0.2.16\"",
+                "key `legacy.device[0].address`: 192.0.2.16 is not a free host address",
+            ),
+            (
+                "mac = \"02:00:5e:10:00:14\"",
+                "mac = \"02:00:00:00:01:0b\"",
+                "key `legacy.device[0].mac`: 02:00:00:00:01:0b is declared twice (a reservation or a device)",
+            ),
+            (
+                "name = \"plc1\"",
+                "name = \"sensor1\"",
+                "key `legacy.device[0].name`: \"sensor1\" names another device already",
+            ),
+            (
+                "name = \"plc1\"",
+                "name = \"PLC 1\"",
+                "key `legacy.device[0].name`: \"PLC 1\" is not a DNS label",
+            ),
+            (
+                "groups = [\"ot\"]",
+                "groups = [\"192.0.2.0/28\"]",
+                "key `legacy.device[0].groups[0]`: \"192.0.2.0/28\" is not a group's name",
             ),
             ("[adapter]", "[adaptor]", "unknown field `adaptor`"),
             (

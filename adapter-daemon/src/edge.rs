@@ -166,7 +166,7 @@ impl<'a> AdapterEdge<'a> {
                 inner_mtu: config.common.inner_mtu,
                 mss_clamp: config.mss_clamp,
                 defer_checksums: lan_side.defer_checksums,
-                legacy: None,
+                legacy: config.legacy,
             },
             LanTable::new(&config.reservations),
             config.dhcp.is_some(),

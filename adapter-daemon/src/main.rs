@@ -119,9 +119,11 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
     }
     let mut t = String::from("\n");
     let now = cyphonic_settings::now_secs();
-    let _ = writeln!(t, "{:<16} {:<18} {:<12} NAME", "DEVICE VIP", "MAC", "LEASE");
+    let _ = writeln!(t, "{:<16} {:<18} {:<21} NAME", "DEVICE VIP", "MAC", "LEASE");
     for l in &doc.edge.leases {
-        let lease = if l.reserved {
+        let lease = if let Some(own) = &l.legacy {
+            format!("fixed {own}")
+        } else if l.reserved {
             "reserved".to_owned()
         } else if let Some(t) = l.expires {
             format!("{} s left", t.saturating_sub(now))
@@ -129,7 +131,7 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
             "-".to_owned()
         };
         let name = l.name.as_deref().unwrap_or("-");
-        let _ = writeln!(t, "{:<16} {:<18} {lease:<12} {name}", l.vip, l.mac);
+        let _ = writeln!(t, "{:<16} {:<18} {lease:<21} {name}", l.vip, l.mac);
     }
     if let Some(d) = &doc.edge.dhcp {
         let s = &d.stats;

@@ -17,6 +17,8 @@ use crate::status::LeaseStatus;
 pub struct Names {
     /// Reserved devices, as leases that never end.
     reserved: Vec<Lease>,
+    /// The legacy devices' own addresses, by vIP.
+    legacy: BTreeMap<Ipv4Addr, Ipv4Addr>,
     /// The zone every device name lives in (our FQDN).
     zone: String,
     /// The gateway's own address, which the zone's name points at.
@@ -41,6 +43,7 @@ impl Names {
     pub fn new(reservations: &[Reservation], zone: &str, gateway: Ipv4Addr) -> Self {
         let mut names = Self {
             reserved: Vec::new(),
+            legacy: BTreeMap::new(),
             zone: zone.trim_end_matches('.').to_owned(),
             gateway,
             hosted: Vec::new(),
@@ -62,6 +65,10 @@ impl Names {
                 expires: u64::MAX,
                 active: true,
             })
+            .collect();
+        self.legacy = reservations
+            .iter()
+            .filter_map(|r| Some((r.vip, r.legacy?)))
             .collect();
     }
 
@@ -104,6 +111,7 @@ impl Names {
                 name: labels.get(&l.ip).map(|n| format!("{n}.{}", self.zone)),
                 hostname: l.hostname.clone(),
                 reserved: self.reserved.iter().any(|r| r.ip == l.ip),
+                legacy: self.legacy.get(&l.ip).map(ToString::to_string),
                 expires: (l.expires != u64::MAX).then_some(l.expires),
             })
             .collect();
@@ -140,6 +148,7 @@ mod tests {
         let r = Reservation {
             mac: Mac([2, 0, 0, 0, 0, 9]),
             vip: Ipv4Addr::new(100, 64, 1, 9),
+            legacy: None,
             hostname: Some("printer".into()),
             groups: Vec::new(),
         };

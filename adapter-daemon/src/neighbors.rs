@@ -72,6 +72,7 @@ mod tests {
         let r = Reservation {
             mac: Mac([2, 0, 0, 0, 0, 1]),
             vip: Ipv4Addr::new(100, 64, 1, 10),
+            legacy: None,
             hostname: None,
             groups: Vec::new(),
         };

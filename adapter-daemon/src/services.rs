@@ -276,9 +276,16 @@ impl Services for AdapterServices {
     type Work = Work;
     type Reload = Vec<Reservation>;
 
-    /// The reservations change while running: the anti-spoofing table, DHCP (a device bound
-    /// to an address now reserved for another loses it at once) and the names follow.
+    /// The reservations and legacy devices change while running: the anti-spoofing table,
+    /// DHCP (a device bound to an address now reserved for another loses it at once) and the
+    /// names follow. A legacy device the running map does not put where the file's does (a
+    /// changed `[legacy]`, which takes effect at the restart) waits for the restart.
     fn reload(&mut self, reservations: Vec<Reservation>, now: Instant) {
+        let (reservations, waiting) =
+            crate::config::reloadable(reservations, self.lan.lan.legacy.as_ref());
+        for r in waiting {
+            tracing::warn!(device = ?r.hostname, vip = %r.vip, "a legacy device of a changed [legacy] map: it joins at the restart");
+        }
         if reservations == self.reservations {
             return;
         }

@@ -158,6 +158,9 @@ pub struct LeaseStatus {
     pub hostname: Option<String>,
     /// A reservation (never expires).
     pub reserved: bool,
+    /// Its own address on the legacy subnet (`[[legacy.device]]`), which `vip` maps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy: Option<String>,
     /// When its lease ends, unix seconds (none for reservations).
     pub expires: Option<u64>,
 }
