@@ -1,0 +1,339 @@
+//! Sites as they are (issue 52) with the real binaries: devices that keep the fixed
+//! addresses and the default gateway they were set up with, the same subnet at both sites
+//! (192.0.2.16/28, on purpose), mapped onto each adapter's block (`[legacy]`,
+//! docs/protocol.md §6). See e2e/src/bed.rs for the rest of the topology.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::{Netns, inject, uint};
+use serde_json::Value;
+
+/// The legacy subnet of both sites, its old router, and the PLC's address in it.
+const SUBNET: &str = "192.0.2.16/28";
+const OLD_ROUTER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 17);
+const PLC: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 20);
+
+/// The PLC's MAC at each site.
+fn plc_mac(side: Side) -> &'static str {
+    match side {
+        Side::A => "02:00:5e:10:0a:14",
+        Side::B => "02:00:5e:10:0b:14",
+    }
+}
+
+/// Site `n`'s (1 for A, 2 for B) overlay address of the PLC: `onto`'s fifth.
+fn plc_vip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(100, 64, n, 228)
+}
+
+/// `[legacy]` of site `n`, with its PLC, and a DHCP pool clear of `onto` (inside
+/// 100.64.n.96/27).
+fn legacy(n: u8, side: Side, groups: &str) -> String {
+    format!(
+        "\n[dhcp]\npool = \"100.64.{n}.100-100.64.{n}.127\"\n\n[legacy]\nsubnet = \"{SUBNET}\"\nonto = \"100.64.{n}.224/28\"\ngateway = \"{OLD_ROUTER}\"\n\n[[legacy.device]]\nname = \"plc\"\nmac = \"{}\"\naddress = \"{PLC}\"\ngroups = [{groups}]\n",
+        plc_mac(side)
+    )
+}
+
+/// A host on `side`'s LAN with `mac`, set up by hand as a device of ten years ago: `ip` in
+/// the legacy subnet, the old router as default gateway and DNS server; no DHCP client.
+fn fixed_device(bed: &mut TwoSites, side: Side, label: &str, mac: &str, ip: Ipv4Addr) -> Netns {
+    let (ns, _) = bed.add_host(side, label).unwrap();
+    ns.ip(&["link", "set", "eth0", "down"]).unwrap();
+    ns.ip(&["link", "set", "eth0", "address", mac]).unwrap();
+    ns.ip(&["link", "set", "eth0", "up"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{ip}/28"), "dev", "eth0"])
+        .unwrap();
+    ns.ip(&["route", "add", "default", "via", &OLD_ROUTER.to_string()])
+        .unwrap();
+    ns.set_resolv_conf(&format!("nameserver {OLD_ROUTER}\n"))
+        .unwrap();
+    ns
+}
+
+/// A TCP service in `ns` on `port` that answers each of `n` connections with the address
+/// it came from, and a UDP one on the same port that answers each datagram so; stops after
+/// `n` of each, or 30 s.
+fn who_am_i(ns: &Netns, port: u16, n: usize) -> std::thread::JoinHandle<anyhow::Result<()>> {
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let h = inject::spawn_inside(ns, move || {
+        let tcp = TcpListener::bind(("0.0.0.0", port))?;
+        let udp = UdpSocket::bind(("0.0.0.0", port))?;
+        tcp.set_nonblocking(true)?;
+        udp.set_read_timeout(Some(Duration::from_millis(20)))?;
+        let _ = ready_tx.send(());
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        let (mut tcp_left, mut udp_left) = (n, n);
+        let mut buf = [0u8; 512];
+        while (tcp_left > 0 || udp_left > 0) && std::time::Instant::now() < end {
+            if let Ok((mut c, from)) = tcp.accept() {
+                c.write_all(from.ip().to_string().as_bytes())?;
+                tcp_left = tcp_left.saturating_sub(1);
+            }
+            if let Ok((_, from)) = udp.recv_from(&mut buf) {
+                udp.send_to(from.ip().to_string().as_bytes(), from)?;
+                udp_left = udp_left.saturating_sub(1);
+            }
+        }
+        Ok(())
+    });
+    ready
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the service did not start");
+    h
+}
+
+/// What `who_am_i` at `to` says from `ns`, over TCP and over UDP.
+fn seen_as(ns: &Netns, to: SocketAddr) -> (String, String) {
+    inject::inside(ns, move || {
+        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+        c.set_read_timeout(Some(Duration::from_secs(3)))?;
+        let mut tcp = String::new();
+        c.read_to_string(&mut tcp)?;
+        let u = UdpSocket::bind("0.0.0.0:0")?;
+        u.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut buf = [0u8; 512];
+        for _ in 0..3 {
+            u.send_to(b"who", to)?;
+            if let Ok(n) = u.recv(&mut buf) {
+                return Ok((tcp, String::from_utf8_lossy(&buf[..n]).into_owned()));
+            }
+        }
+        Ok((tcp, "no answer".to_owned()))
+    })
+    .unwrap()
+}
+
+/// Whether a UDP datagram from `ns` to `to`, where nothing listens, comes back refused: the
+/// port unreachable the far device sends is mapped at both ends, its quote too, so that
+/// this end's kernel finds the socket it is about.
+fn refused(ns: &Netns, to: SocketAddr) -> bool {
+    inject::inside(ns, move || {
+        let u = UdpSocket::bind("0.0.0.0:0")?;
+        u.connect(to)?;
+        u.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut buf = [0u8; 64];
+        for _ in 0..3 {
+            u.send(b"anyone?")?;
+            if let Err(e) = u.recv(&mut buf)
+                && e.kind() == std::io::ErrorKind::ConnectionRefused
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    })
+    .unwrap()
+}
+
+/// The leases entry of `vip` in a site's status.
+fn device(bed: &TwoSites, side: Side, vip: Ipv4Addr) -> Value {
+    let s = bed.status(side).unwrap();
+    s["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["vip"] == vip.to_string())
+        .cloned()
+        .unwrap_or_else(|| panic!("no device {vip}: {s}"))
+}
+
+/// A PLC at each site with the same fixed address and gateway, no DHCP client: each finds
+/// the other by name at the old router's address, reaches it by ping, TCP and UDP, and sees
+/// it at its overlay address; a port unreachable from across the tunnel arrives with its
+/// quote mapped; a box on A's LAN taking the PLC's address from its own MAC is dropped and
+/// counted; the status shows each PLC's own address beside its vIP and name.
+#[test]
+fn fixed_address_devices_with_one_address_at_both_sites_reach_each_other() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    opts.a.extra = legacy(1, Side::A, "\"ot\"");
+    opts.b.extra = legacy(2, Side::B, "\"ot\"");
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let plc_a = fixed_device(&mut bed, Side::A, "plca", plc_mac(Side::A), PLC);
+    let plc_b = fixed_device(&mut bed, Side::B, "plcb", plc_mac(Side::B), PLC);
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+
+    // Names, at the old router's address: each PLC is its overlay address.
+    let b_name = bed.resolve(&plc_a, OLD_ROUTER, "plc.gw2.ovl.example");
+    assert_eq!(b_name, vec![plc_vip(2).to_string()]);
+    let a_name = bed.resolve(&plc_b, OLD_ROUTER, "plc.gw1.ovl.example");
+    assert_eq!(a_name, vec![plc_vip(1).to_string()]);
+
+    // The old router answers pings; the other site's PLC too.
+    for (ns, to) in [
+        (&plc_a, OLD_ROUTER),
+        (&plc_a, plc_vip(2)),
+        (&plc_b, plc_vip(1)),
+    ] {
+        let out = ns
+            .exec_output(
+                "ping",
+                &["-c", "2", "-i", "0.2", "-W", "2", &to.to_string()],
+            )
+            .unwrap();
+        assert!(out.status.success(), "ping {to}\n{}", bed.logs());
+    }
+
+    // TCP and UDP both ways: each sees the other at its overlay address.
+    let service = who_am_i(&plc_b, 7000, 1);
+    let (tcp, udp) = seen_as(&plc_a, (plc_vip(2), 7000).into());
+    assert_eq!(
+        (tcp.as_str(), udp.as_str()),
+        ("100.64.1.228", "100.64.1.228")
+    );
+    service.join().unwrap().unwrap();
+    let service = who_am_i(&plc_a, 7000, 1);
+    let (tcp, udp) = seen_as(&plc_b, (plc_vip(1), 7000).into());
+    assert_eq!(
+        (tcp.as_str(), udp.as_str()),
+        ("100.64.2.228", "100.64.2.228")
+    );
+    service.join().unwrap().unwrap();
+
+    // An ICMP error from across the tunnel, its quote mapped at both ends.
+    assert!(refused(&plc_a, (plc_vip(2), 7999).into()), "{}", bed.logs());
+
+    // A box on A's LAN takes the PLC's address from its own MAC: none of it leaves.
+    let spoofed_before = bed.counter(Side::A, "drop_spoofed").unwrap();
+    let rogue = fixed_device(&mut bed, Side::A, "rogue", "02:00:5e:10:0a:66", PLC);
+    let out = rogue
+        .exec_output(
+            "ping",
+            &["-c", "3", "-i", "0.2", "-W", "1", &plc_vip(2).to_string()],
+        )
+        .unwrap();
+    assert!(!out.status.success(), "the spoofer reached B");
+    assert!(bed.counter(Side::A, "drop_spoofed").unwrap() >= spoofed_before + 3);
+
+    // The status: the PLC's own address beside its vIP and name.
+    let d = device(&bed, Side::A, plc_vip(1));
+    assert_eq!(d["legacy"], PLC.to_string(), "{d}");
+    assert_eq!(d["name"], "plc.gw1.ovl.example", "{d}");
+    assert_eq!(d["mac"], plc_mac(Side::A), "{d}");
+}
+
+/// Whether a TCP connection from `ns` to `to` opens within 2 s.
+fn connects(ns: &Netns, to: SocketAddr) -> bool {
+    inject::inside(ns, move || {
+        Ok(TcpStream::connect_timeout(&to, Duration::from_secs(2)).is_ok())
+    })
+    .unwrap()
+}
+
+/// Whether any of two pings from `ns` to `to` is answered.
+fn pings(ns: &Netns, to: Ipv4Addr) -> bool {
+    ns.exec_output(
+        "ping",
+        &["-c", "2", "-i", "0.2", "-W", "1", &to.to_string()],
+    )
+    .unwrap()
+    .status
+    .success()
+}
+
+/// A TCP service in `ns` on each of `ports` that takes connections for 30 s.
+fn listen(ns: &Netns, ports: &[u16]) -> std::thread::JoinHandle<anyhow::Result<()>> {
+    let ports = ports.to_vec();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let h = inject::spawn_inside(ns, move || {
+        let listeners = ports
+            .iter()
+            .map(|p| {
+                let l = TcpListener::bind(("0.0.0.0", *p))?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let _ = ready_tx.send(());
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        let mut open = Vec::new();
+        while std::time::Instant::now() < end {
+            for l in &listeners {
+                if let Ok((c, _)) = l.accept() {
+                    open.push(c);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    });
+    ready
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the service did not start");
+    h
+}
+
+/// One LAN holds a DHCP device and a fixed-address one; both reach the other site. The
+/// policy names the fixed device by name (TCP) and by group (ping), one way, and each end
+/// enforces it: A stops what the PLC may not open before sealing it, and what B lets its host
+/// open to the PLC is stopped where it arrives, at A.
+#[test]
+fn the_policy_names_a_fixed_device_by_name_and_group_at_both_ends() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    let nvr = Ipv4Addr::new(100, 64, 2, 10);
+    opts.a.extra = format!(
+        "{}\n[policy]\n\n[[policy.rule]]\nfrom = [\"plc\"]\nto = [\"{nvr}\"]\nallow = [\"tcp/7000\"]\n\n[[policy.rule]]\nfrom = [\"ot\"]\nto = [\"{nvr}\"]\nallow = [\"icmp\"]\n\n[[policy.rule]]\nfrom = [\"100.64.1.96/27\"]\nto = [\"{nvr}\"]\nallow = [\"tcp/7001\"]\n",
+        legacy(1, Side::A, "\"ot\"")
+    );
+    // B lets its host open TCP to the PLC as well: A alone says no to that.
+    opts.b.extra = format!(
+        "\n[policy]\n\n[[policy.rule]]\nfrom = [\"{}\"]\nto = [\"host\"]\nallow = [\"tcp/7000\", \"icmp\"]\n\n[[policy.rule]]\nfrom = [\"100.64.1.96/27\"]\nto = [\"host\"]\nallow = [\"tcp/7001\"]\n\n[[policy.rule]]\nfrom = [\"host\"]\nto = [\"{}\"]\nallow = [\"tcp/7002\"]\n",
+        plc_vip(1),
+        plc_vip(1)
+    );
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let plc = fixed_device(&mut bed, Side::A, "plc", plc_mac(Side::A), PLC);
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let (laptop, laptop_ip) = bed.dhcp_device(Side::A, "laptop").unwrap();
+    assert!(
+        (100..=127).contains(&laptop_ip.octets()[3]),
+        "{laptop_ip} is outside the pool"
+    );
+    let _nvr = listen(&bed.b.lan, &[7000, 7001]);
+    let _plc = listen(&plc, &[7002]);
+
+    // The PLC by name (TCP) and by group (ping); the laptop by its pool's block.
+    assert!(connects(&plc, (nvr, 7000).into()), "{}", bed.logs());
+    assert!(pings(&plc, nvr));
+    assert!(connects(&laptop.ns, (nvr, 7001).into()));
+    let a_before = uint(&bed.status(Side::A).unwrap()["policy"]["dropped"]["no_rule"]);
+    assert!(!connects(&plc, (nvr, 7001).into()), "the PLC opened 7001");
+    assert!(
+        !connects(&laptop.ns, (nvr, 7000).into()),
+        "the laptop opened 7000"
+    );
+    assert!(
+        !pings(&laptop.ns, nvr),
+        "the laptop pinged: it is not in group ot"
+    );
+    let a = bed.status(Side::A).unwrap()["policy"].clone();
+    assert!(
+        uint(&a["dropped"]["no_rule"]) >= a_before + 3,
+        "A stops them before sealing: {a}"
+    );
+
+    // One way: the NVR's host may not open to the PLC; B lets it out, A stops it.
+    let in_before = uint(&a["dropped_in"]["no_rule"]);
+    assert!(
+        !connects(&bed.b.lan, (plc_vip(1), 7002).into()),
+        "B's host opened a connection to the PLC"
+    );
+    let a = bed.status(Side::A).unwrap()["policy"].clone();
+    assert!(
+        uint(&a["dropped_in"]["no_rule"]) > in_before,
+        "A drops it on arrival: {a}"
+    );
+}
