@@ -135,7 +135,7 @@ impl Lan {
             return Egress::Drop(EgressDrop::NotForUs);
         }
         match ethertype {
-            ETHERTYPE_ARP => self.handle_arp(&frame[ETH_HEADER_LEN..], out),
+            ETHERTYPE_ARP => self.handle_arp(&frame[ETH_HEADER_LEN..], neighbors, out),
             ETHERTYPE_IPV4 => {
                 let truncated = wire_len > frame.len();
                 self.handle_ipv4(
@@ -154,10 +154,14 @@ impl Lan {
         }
     }
 
-    fn handle_arp(&self, payload: &[u8], out: &mut [u8]) -> Egress {
+    fn handle_arp(&self, payload: &[u8], neighbors: &impl Neighbors, out: &mut [u8]) -> Egress {
         let Some(a) = arp::parse(payload) else {
             return Egress::Drop(EgressDrop::Malformed);
         };
+        // A fixed-address device saying where it is: the table may learn it.
+        if let Some(vip) = self.legacy_device(a.sender_ip) {
+            hear(neighbors, vip, a.sender_mac);
+        }
         match a.op {
             // A device claims the gateway's own address (ARP spoofing: its neighbours would
             // send it what they send the overlay, in clear): the gateway's announcement goes
@@ -181,7 +185,8 @@ impl Lan {
                 }
             }
             // Nothing is learned from the rest: only a lease or a reservation says where a
-            // device is (an address nobody holds must not be claimable by announcing it).
+            // device of the block is (an address nobody holds must not be claimable by
+            // announcing it); of a legacy subnet, what the table learned above.
             _ => Egress::Drop(EgressDrop::ArpIgnored),
         }
     }
@@ -241,9 +246,13 @@ impl Lan {
         } else {
             Sums::Full
         };
+        let device = self.legacy_device(h.src);
         let Ok(h) = legacy.outbound(&mut frame[packet], &h, sums, self.gateway_ip) else {
             return Egress::Drop(EgressDrop::Malformed);
         };
+        if let Some(vip) = device {
+            hear(neighbors, vip, src_mac);
+        }
         let verdict = self.route_ipv4(frame, h, src_mac, false, checksum_partial, neighbors, out);
         if let Egress::Reply { len, .. } = verdict {
             let back = out
@@ -334,6 +343,15 @@ impl Lan {
         }
     }
 
+    /// The overlay address of `ip` when it is a device's address on the legacy subnet (a
+    /// host address, not the old router's).
+    fn legacy_device(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
+        let legacy = self.legacy?;
+        let subnet = legacy.map.legacy();
+        let device = ip != legacy.gateway && ip != subnet.network() && ip != subnet.broadcast();
+        device.then(|| legacy.map.to_overlay(ip)).flatten()
+    }
+
     fn to_gateway(
         &self,
         frame: &[u8],
@@ -409,6 +427,13 @@ fn udp_ports(ip: &[u8], h: &Header) -> Option<(u16, u16, Range<usize>)> {
 
 fn offset(r: Range<usize>, by: usize) -> Range<usize> {
     r.start + by..r.end + by
+}
+
+/// Tells `neighbors` that `mac` is at the legacy device address `vip`, when nobody holds it.
+fn hear(neighbors: &impl Neighbors, vip: Ipv4Addr, mac: [u8; 6]) {
+    if neighbors.leased_mac(vip).is_none() {
+        neighbors.heard(vip, mac);
+    }
 }
 
 #[cfg(test)]

@@ -296,3 +296,62 @@ fn without_a_map_the_subnet_is_nobodys() {
     assert!(!lan().is_gateway_address(Ipv4Addr::from(OLD_ROUTER)));
     assert!(site().is_gateway_address(Ipv4Addr::from(GW)));
 }
+
+/// A table that learns whatever it is told, and remembers what it heard.
+#[derive(Default)]
+struct Learning(std::cell::RefCell<Vec<(Ipv4Addr, [u8; 6])>>);
+
+impl Neighbors for Learning {
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        Declared.leased_mac(ip).or_else(|| {
+            self.0
+                .borrow()
+                .iter()
+                .find(|(at, _)| *at == ip)
+                .map(|(_, mac)| *mac)
+        })
+    }
+
+    fn heard(&self, ip: Ipv4Addr, mac: [u8; 6]) {
+        self.0.borrow_mut().push((ip, mac));
+    }
+}
+
+/// A device not declared is heard at its overlay address, by its ARP or its packets' source,
+/// only while nobody holds the address; the old router's address and the subnet's own are
+/// never heard; once learned, its packets pass as a declared device's.
+#[test]
+fn an_undeclared_device_is_heard_at_its_overlay_address() {
+    const METER_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x10, 0x00, 0x21];
+    let meter = [192, 0, 2, 21];
+    let meter_vip = Ipv4Addr::new(100, 64, 1, 149);
+    let table = Learning::default();
+    let mut out = vec![0u8; 2048];
+    let arp_from = |mac: [u8; 6], sender: [u8; 4]| {
+        let mut arp = vec![0u8; 42];
+        crate::write_eth(&mut arp, BROADCAST, mac, ETHERTYPE_ARP);
+        arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        arp[22..28].copy_from_slice(&mac);
+        arp[28..32].copy_from_slice(&sender);
+        arp[38..42].copy_from_slice(&OLD_ROUTER);
+        arp
+    };
+    for sender in [OLD_ROUTER, [192, 0, 2, 0], [192, 0, 2, 127], PLC, meter] {
+        let mut f = arp_from(METER_MAC, sender);
+        let len = f.len();
+        site().handle_frame(&mut f, len, false, &table, &mut out);
+    }
+    assert_eq!(*table.0.borrow(), vec![(meter_vip, METER_MAC)]);
+
+    let table = Learning::default();
+    let mut f = eth(GW_MAC, METER_MAC, &ipv4_udp(meter, REMOTE, 1, 2, b"x"));
+    let len = f.len();
+    let v = site().handle_frame(&mut f, len, false, &table, &mut out);
+    assert!(matches!(v, Egress::Forward { .. }), "{v:?}");
+    assert_eq!(*table.0.borrow(), vec![(meter_vip, METER_MAC)]);
+    // Another MAC at the same address: not heard again, a spoofer.
+    let mut f = eth(GW_MAC, OTHER_MAC, &ipv4_udp(meter, REMOTE, 1, 2, b"x"));
+    let v = site().handle_frame(&mut f, len, false, &table, &mut out);
+    assert_eq!(v, Egress::Drop(EgressDrop::Spoofed));
+    assert_eq!(table.0.borrow().len(), 1);
+}

@@ -87,11 +87,19 @@ impl Framing {
 pub const IPV4_TCP_HEADERS: u16 = 40;
 
 /// Who holds which address on the LAN. The adapter implements it over its reservations and
-/// DHCP leases; ARP teaches it nothing (an address nobody holds is not learnable).
+/// DHCP leases; ARP teaches it nothing of the block (an address nobody holds is not
+/// learnable), and of a legacy subnet only what [`Neighbors::heard`] lets it.
 pub trait Neighbors {
     /// The MAC that holds a lease or reservation for `ip`: the only MAC allowed to send from
     /// it, and the only one packets for it are delivered to.
     fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]>;
+
+    /// A device on a legacy subnet said it is at the overlay address `ip` (its ARP, or a
+    /// packet's source) from `mac`, and nobody holds `ip`: the table may let `mac` hold it
+    /// from now on (learning, and its bounds, are the table's). Learns nothing by default.
+    fn heard(&self, ip: Ipv4Addr, mac: [u8; 6]) {
+        let _ = (ip, mac);
+    }
 }
 
 /// The MAC the gateway answers with on the LAN, derived from the internal NIC's own `nic`:
