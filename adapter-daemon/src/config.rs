@@ -109,7 +109,12 @@ cyphonic_settings::table! {
         /// The address the devices have as their default gateway (the old router's): the
         /// adapter answers for it (ARP, ping, DNS) as for `gateway_vip`.
         gateway: Spanned<Ipv4Addr>,
-        /// The devices. One not declared here is a spoofer: its frames are dropped, counted.
+        /// Let a device not declared below hold the address it is first heard at (by ARP or
+        /// as a packet's source) from its MAC, without a name, until the adapter restarts: at
+        /// most 4 addresses a MAC, 1024 in all. `status` lists them, to declare. `false`:
+        /// only declared devices pass; the rest are spoofers, dropped and counted.
+        learn: bool = true,
+        /// The devices.
         device: Vec<RawLegacyDevice> = Vec::new(),
     }
 }
@@ -305,6 +310,8 @@ pub struct AdapterConfig {
     pub reservations: Vec<Reservation>,
     /// The legacy subnet's map and old router, if `[legacy]` says so.
     pub legacy: Option<cyphonic_gateway::Legacy>,
+    /// Whether devices of the legacy subnet not declared are learned (`[legacy] learn`).
+    pub learn_legacy: bool,
     /// One of an HA pair, if `[ha]` says so.
     pub ha: Option<HaSettings>,
 }
@@ -387,7 +394,10 @@ impl AdapterConfig {
                 self.lan_dataplane != new.lan_dataplane,
             ),
             ("[ha]", self.ha != new.ha),
-            ("[legacy]", self.legacy != new.legacy),
+            (
+                "[legacy]",
+                self.legacy != new.legacy || self.learn_legacy != new.learn_legacy,
+            ),
         ])
     }
 
@@ -497,6 +507,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         },
         reservations,
         legacy,
+        learn_legacy: raw.legacy.as_ref().is_some_and(|l| l.learn),
         ha,
     };
     Ok((config, identity))

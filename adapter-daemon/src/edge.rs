@@ -31,7 +31,7 @@ use crate::names::Names;
 use crate::neighbors::LanTable;
 use crate::port_guard::PortGuard;
 use crate::services::{AdapterServices, Dns};
-use crate::status::{AdapterInfo, AdapterStatus};
+use crate::status::{AdapterInfo, AdapterStatus, LeaseStatus};
 use crate::steer;
 
 /// The adapter's edge.
@@ -168,7 +168,12 @@ impl<'a> AdapterEdge<'a> {
                 defer_checksums: lan_side.defer_checksums,
                 legacy: config.legacy,
             },
-            LanTable::new(&config.reservations),
+            LanTable::new(&config.reservations).learning(
+                config
+                    .legacy
+                    .filter(|_| config.learn_legacy)
+                    .map(|l| l.map.overlay()),
+            ),
             config.dhcp.is_some(),
             config.common.dns.is_some(),
         );
@@ -364,7 +369,8 @@ impl Edge for AdapterEdge<'_> {
         let started = core.started;
         let ha = self.ha.clone();
         Box::new(move || {
-            let p = lan.published().clone();
+            let mut p = lan.published().clone();
+            p.leases.extend(learned(&lan));
             let status = AdapterStatus {
                 adapter: AdapterInfo {
                     uptime_secs: started.elapsed().as_secs(),
@@ -440,4 +446,25 @@ impl Collector for AdapterCollector {
         }
         Ok(())
     }
+}
+
+/// The learned legacy devices, as the status lists them: no name, their own address.
+fn learned(lan: &LanSide) -> Vec<LeaseStatus> {
+    let Some(legacy) = lan.lan.legacy else {
+        return Vec::new();
+    };
+    lan.table
+        .learned()
+        .into_iter()
+        .map(|(vip, mac)| LeaseStatus {
+            vip: vip.to_string(),
+            mac: Mac(mac).to_string(),
+            name: None,
+            hostname: None,
+            reserved: false,
+            legacy: legacy.map.to_legacy(vip).map(|a| a.to_string()),
+            learned: true,
+            expires: None,
+        })
+        .collect()
 }

@@ -121,7 +121,9 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
     let now = cyphonic_settings::now_secs();
     let _ = writeln!(t, "{:<16} {:<18} {:<21} NAME", "DEVICE VIP", "MAC", "LEASE");
     for l in &doc.edge.leases {
-        let lease = if let Some(own) = &l.legacy {
+        let lease = if let (Some(own), true) = (&l.legacy, l.learned) {
+            format!("learned {own}")
+        } else if let Some(own) = &l.legacy {
             format!("fixed {own}")
         } else if l.reserved {
             "reserved".to_owned()

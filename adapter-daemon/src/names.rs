@@ -112,6 +112,7 @@ impl Names {
                 hostname: l.hostname.clone(),
                 reserved: self.reserved.iter().any(|r| r.ip == l.ip),
                 legacy: self.legacy.get(&l.ip).map(ToString::to_string),
+                learned: false,
                 expires: (l.expires != u64::MAX).then_some(l.expires),
             })
             .collect();

@@ -1,46 +1,93 @@
-//! Who is where on the LAN. Reservations (fixed) and DHCP leases (changing) are the whole of
-//! it: a device may only send from an address it holds, and packets are delivered only to
-//! the holder. ARP teaches nothing: an address nobody holds cannot be claimed by announcing
-//! it (issue 49, finding 7).
+//! Who is where on the LAN. Reservations (fixed, with the declared legacy devices) and DHCP
+//! leases (changing) are most of it: a device may only send from an address it holds, and
+//! packets are delivered only to the holder. ARP teaches nothing of the block: an address
+//! nobody holds cannot be claimed by announcing it (issue 49, finding 7). Of a legacy subnet
+//! (`[legacy] learn`), the first MAC heard at an address nobody holds holds it, within
+//! bounds ([`LEARNED_MAX`], [`LEARNED_PER_MAC`]), until the adapter restarts or the address
+//! is declared.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::{PoisonError, RwLock};
 
 use cyphonic_gateway::Neighbors;
+use ipnet::Ipv4Net;
 
-use crate::config::Reservation;
+use crate::config::{Mac, Reservation};
+
+/// Legacy addresses learned at most, every MAC together: more are refused (their frames are
+/// dropped as spoofed) until declared.
+pub const LEARNED_MAX: usize = 1024;
+/// Legacy addresses one MAC may learn: one box cannot claim a subnet.
+pub const LEARNED_PER_MAC: usize = 4;
 
 /// The LAN's address table.
 #[derive(Debug)]
 pub struct LanTable {
-    /// Reservations and leases: what anti-spoofing and delivery read, one lock for both.
+    /// Reservations, leases and learned addresses: what anti-spoofing and delivery read, one
+    /// lock for all.
     held: RwLock<Held>,
+    /// The overlay block a legacy subnet maps onto, when its devices may be learned.
+    learn: Option<Ipv4Net>,
 }
 
-/// Who holds which address: by reservation (fixed until a reload) or by DHCP lease.
+/// Who holds which address: by reservation (fixed until a reload), by DHCP lease, or
+/// learned on a legacy subnet.
 #[derive(Debug, Default)]
 struct Held {
     reserved: HashMap<Ipv4Addr, [u8; 6]>,
     leases: HashMap<Ipv4Addr, [u8; 6]>,
+    learned: HashMap<Ipv4Addr, [u8; 6]>,
+}
+
+impl Held {
+    /// Whether `mac` may learn `ip` now: nobody holds it, `mac` is not a declared device
+    /// (which stays at its own address), and the bounds leave room.
+    fn may_learn(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
+        !self.reserved.contains_key(&ip)
+            && !self.learned.contains_key(&ip)
+            && !self.reserved.values().any(|m| *m == mac)
+            && self.learned.len() < LEARNED_MAX
+            && self.learned.values().filter(|m| **m == mac).count() < LEARNED_PER_MAC
+    }
 }
 
 impl LanTable {
-    /// A table holding `reservations` and no leases yet.
+    /// A table holding `reservations` and no leases yet, learning nothing.
     pub fn new(reservations: &[Reservation]) -> Self {
         let table = Self {
             held: RwLock::default(),
+            learn: None,
         };
         table.set_reservations(reservations);
         table
     }
 
-    /// Replaces the reservations (a reload).
+    /// The table learning the devices of the legacy subnet mapped onto `onto` (`None`:
+    /// nothing).
+    pub const fn learning(mut self, onto: Option<Ipv4Net>) -> Self {
+        self.learn = onto;
+        self
+    }
+
+    /// Replaces the reservations (a reload). A learned address now declared, or learned by a
+    /// MAC now declared, is no longer learned.
     pub fn set_reservations(&self, reservations: &[Reservation]) {
-        self.held
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .reserved = reservations.iter().map(|r| (r.vip, r.mac.0)).collect();
+        let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
+        held.reserved = reservations.iter().map(|r| (r.vip, r.mac.0)).collect();
+        let Held {
+            reserved, learned, ..
+        } = &mut *held;
+        learned
+            .retain(|ip, mac| !reserved.contains_key(ip) && !reserved.values().any(|m| m == mac));
+    }
+
+    /// The learned legacy devices: overlay address and MAC, by address.
+    pub fn learned(&self) -> Vec<(Ipv4Addr, [u8; 6])> {
+        let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<_> = held.learned.iter().map(|(ip, mac)| (*ip, *mac)).collect();
+        all.sort_by_key(|(ip, _)| u32::from(*ip));
+        all
     }
 
     /// Replaces the DHCP leases (reservations stay in force whatever their lease does).
@@ -58,7 +105,29 @@ impl Neighbors for LanTable {
         held.reserved
             .get(&ip)
             .or_else(|| held.leases.get(&ip))
+            .or_else(|| held.learned.get(&ip))
             .copied()
+    }
+
+    /// Learns `mac` at `ip` when `ip` is of the learned subnet and the bounds allow; judged
+    /// under the read lock first, so that frames that cannot learn never wait for the
+    /// write lock.
+    fn heard(&self, ip: Ipv4Addr, mac: [u8; 6]) {
+        if !self.learn.is_some_and(|onto| onto.contains(&ip))
+            || !self
+                .held
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .may_learn(ip, mac)
+        {
+            return;
+        }
+        let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
+        if held.may_learn(ip, mac) {
+            held.learned.insert(ip, mac);
+            drop(held);
+            tracing::info!(vip = %ip, mac = %Mac(mac), "learned a fixed-address device: declare it in [[legacy.device]] to name it");
+        }
     }
 }
 
@@ -97,5 +166,72 @@ mod tests {
             t.leased_mac(Ipv4Addr::new(100, 64, 1, 11)),
             Some([2, 0, 0, 0, 0, 1])
         );
+    }
+}
+
+#[cfg(test)]
+mod learning {
+    use super::*;
+
+    fn mac(n: u8) -> [u8; 6] {
+        [2, 0, 0, 0, 1, n]
+    }
+
+    fn onto(n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(100, 64, 1, n)
+    }
+
+    /// The first MAC heard at a free address of the subnet holds it; a second is refused;
+    /// nothing outside the subnet is learned, nor by a table that does not learn.
+    #[test]
+    fn the_first_mac_heard_holds_an_address_of_the_subnet() {
+        let t = LanTable::new(&[]).learning(Some("100.64.1.0/24".parse().unwrap()));
+        t.heard(onto(20), mac(1));
+        t.heard(onto(20), mac(2));
+        assert_eq!(t.leased_mac(onto(20)), Some(mac(1)));
+        t.heard(Ipv4Addr::new(100, 64, 2, 20), mac(3));
+        assert_eq!(t.leased_mac(Ipv4Addr::new(100, 64, 2, 20)), None);
+        let silent = LanTable::new(&[]);
+        silent.heard(onto(20), mac(1));
+        assert_eq!(silent.leased_mac(onto(20)), None);
+        assert_eq!(t.learned(), vec![(onto(20), mac(1))]);
+    }
+
+    /// One MAC learns at most LEARNED_PER_MAC addresses, all of them LEARNED_MAX; a declared
+    /// device's MAC learns none; declaring an address (or the MAC that learned it) ends the
+    /// learned hold.
+    #[test]
+    fn learning_is_bounded_and_declaring_wins() {
+        let t = LanTable::new(&[]).learning(Some("100.64.0.0/20".parse().unwrap()));
+        for i in 0..10u8 {
+            t.heard(Ipv4Addr::new(100, 64, 0, i), mac(1));
+        }
+        assert_eq!(t.learned().len(), LEARNED_PER_MAC);
+        for i in 0..=u16::try_from(LEARNED_MAX).unwrap() {
+            let [hi, lo] = i.to_be_bytes();
+            t.heard(Ipv4Addr::new(100, 64, 4 + hi, lo), [2, 1, 0, 0, hi, lo]);
+        }
+        assert_eq!(t.learned().len(), LEARNED_MAX);
+
+        let t = LanTable::new(&[]).learning(Some("100.64.1.0/24".parse().unwrap()));
+        t.heard(onto(20), mac(1));
+        t.heard(onto(21), mac(2));
+        let declared = |ip, n| Reservation {
+            mac: Mac(mac(n)),
+            vip: ip,
+            legacy: Some(Ipv4Addr::new(192, 0, 2, 1)),
+            hostname: None,
+            groups: Vec::new(),
+        };
+        t.set_reservations(&[declared(onto(20), 9), declared(onto(30), 2)]);
+        assert_eq!(t.leased_mac(onto(20)), Some(mac(9)), "declared at .20");
+        assert_eq!(t.leased_mac(onto(21)), None, "mac 2 is declared at .30");
+        t.heard(onto(22), mac(2));
+        assert_eq!(
+            t.leased_mac(onto(22)),
+            None,
+            "a declared MAC learns nothing"
+        );
+        assert!(t.learned().is_empty());
     }
 }

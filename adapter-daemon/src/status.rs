@@ -161,6 +161,9 @@ pub struct LeaseStatus {
     /// Its own address on the legacy subnet (`[[legacy.device]]`), which `vip` maps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub legacy: Option<String>,
+    /// A legacy device not declared, learned from its frames (`[legacy] learn`).
+    #[serde(default)]
+    pub learned: bool,
     /// When its lease ends, unix seconds (none for reservations).
     pub expires: Option<u64>,
 }
