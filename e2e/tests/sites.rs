@@ -17,6 +17,8 @@ use serde_json::Value;
 const SUBNET: &str = "192.0.2.16/28";
 const OLD_ROUTER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 17);
 const PLC: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 20);
+/// A device nobody declared, in the same subnet.
+const METER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 21);
 
 /// The PLC's MAC at each site.
 fn plc_mac(side: Side) -> &'static str {
@@ -214,11 +216,62 @@ fn fixed_address_devices_with_one_address_at_both_sites_reach_each_other() {
     assert!(!out.status.success(), "the spoofer reached B");
     assert!(bed.counter(Side::A, "drop_spoofed").unwrap() >= spoofed_before + 3);
 
+    // A meter nobody declared is learned at its first frames: it reaches B without a name,
+    // and the status lists it, to declare; a second MAC at its address is a spoofer.
+    let meter = fixed_device(&mut bed, Side::A, "meter", "02:00:5e:10:0a:15", METER);
+    assert!(pings(&meter, plc_vip(2)), "{}", bed.logs());
+    let d = device(&bed, Side::A, Ipv4Addr::new(100, 64, 1, 229));
+    assert_eq!(
+        (&d["legacy"], &d["learned"], &d["name"]),
+        (
+            &Value::from(METER.to_string()),
+            &Value::from(true),
+            &Value::Null
+        ),
+        "{d}"
+    );
+    let copy = fixed_device(&mut bed, Side::A, "copy", "02:00:5e:10:0a:16", METER);
+    assert!(
+        !pings(&copy, plc_vip(2)),
+        "a second MAC at the meter's address got through"
+    );
+
     // The status: the PLC's own address beside its vIP and name.
     let d = device(&bed, Side::A, plc_vip(1));
     assert_eq!(d["legacy"], PLC.to_string(), "{d}");
     assert_eq!(d["name"], "plc.gw1.ovl.example", "{d}");
     assert_eq!(d["mac"], plc_mac(Side::A), "{d}");
+}
+
+/// With `learn = false`, only declared devices pass: an undeclared one is dropped and
+/// counted, and nothing is learned.
+#[test]
+fn without_learning_only_declared_devices_pass() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    opts.a.extra =
+        legacy(1, Side::A, "").replace("\n[[legacy.device]]", "learn = false\n\n[[legacy.device]]");
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let plc = fixed_device(&mut bed, Side::A, "plc", plc_mac(Side::A), PLC);
+    let meter = fixed_device(&mut bed, Side::A, "meter", "02:00:5e:10:0a:15", METER);
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let host_b = bed.b.host_ip;
+    assert!(pings(&plc, host_b), "{}", bed.logs());
+    let before = bed.counter(Side::A, "drop_spoofed").unwrap();
+    assert!(!pings(&meter, host_b), "an undeclared device passed");
+    assert!(bed.counter(Side::A, "drop_spoofed").unwrap() >= before + 2);
+    let s = bed.status(Side::A).unwrap();
+    assert!(
+        s["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["learned"] != true),
+        "{s}"
+    );
 }
 
 /// Whether a TCP connection from `ns` to `to` opens within 2 s.
