@@ -69,8 +69,26 @@ pub fn tcp_median(
 /// # Errors
 /// iperf3 fails.
 pub fn tcp(bed: &TwoSites, streams: usize, seconds: u64) -> anyhow::Result<Tcp> {
+    tcp_from(bed, streams, seconds, None)
+}
+
+/// [`tcp`] from A's host's address `from` (`-B`), when given.
+///
+/// # Errors
+/// iperf3 fails.
+pub fn tcp_from(
+    bed: &TwoSites,
+    streams: usize,
+    seconds: u64,
+    from: Option<std::net::Ipv4Addr>,
+) -> anyhow::Result<Tcp> {
     let p = streams.to_string();
-    tcp_report(&iperf3(bed, Side::B, &["-P", &p], seconds)?)
+    let bind = from.map(|a| a.to_string());
+    let mut args = vec!["-P", p.as_str()];
+    if let Some(b) = &bind {
+        args.extend(["-B", b.as_str()]);
+    }
+    tcp_report(&iperf3(bed, Side::B, &args, seconds)?)
 }
 
 /// The rate and retransmits of an iperf3 TCP client's JSON report.

@@ -229,6 +229,18 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         idle: u64,
     },
+    /// The legacy map's cost end to end (issue 52): TCP with 1 and 4 streams from A's host
+    /// to B's, from its own vIP and from a fixed address of a legacy subnet that A maps
+    /// (a macvlan of its own MAC in the same namespace), alternating, `rounds` times each;
+    /// prints one line per run and the ratios of the medians.
+    Legacy {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Rounds (each: from the vIP, then from the fixed address).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Failover of an HA pair (issue 51): for each fault to the serving box (SIGKILL; its
     /// LAN and uplink cut; SIGSTOP then SIGCONT; a planned handover; and nothing, the
     /// baseline), `rounds` fresh pairs on site A, each with pings every 10 ms from a DHCP
@@ -447,6 +459,7 @@ fn main() -> ExitCode {
             leases,
         } => swarm_table(&counts, concurrency, pings, idle, leases),
         Command::Ha { rounds, fault } => ha_table(rounds, &fault),
+        Command::Legacy { seconds, rounds } => legacy_cost(seconds, rounds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

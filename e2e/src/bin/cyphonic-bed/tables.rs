@@ -20,6 +20,100 @@ pub(crate) fn policy_table(rules: usize, flows: usize) -> String {
     t
 }
 
+/// `cyphonic-bed legacy`: see [`Command::Legacy`].
+pub(crate) fn legacy_cost(seconds: u64, rounds: usize) -> anyhow::Result<()> {
+    const MAC: &str = "02:00:5e:10:0a:14";
+    let fixed = std::net::Ipv4Addr::new(192, 0, 2, 20);
+    let mut opts = BedOptions::default();
+    opts.a.extra = format!(
+        "\n[dhcp]\npool = \"100.64.1.100-100.64.1.199\"\n\n[legacy]\nsubnet = \"192.0.2.16/28\"\nonto = \"100.64.1.224/28\"\ngateway = \"192.0.2.17\"\n\n[[legacy.device]]\nname = \"plc\"\nmac = \"{MAC}\"\naddress = \"{fixed}\"\n"
+    );
+    let mut bed = TwoSites::new(&opts)?;
+    // The fixed address on a macvlan of its own MAC, its packets routed by their source.
+    let ns = &bed.a.lan;
+    ns.ip(&[
+        "link", "add", "plc0", "link", "eth0", "type", "macvlan", "mode", "bridge",
+    ])?;
+    ns.ip(&["link", "set", "plc0", "address", MAC])?;
+    ns.ip(&["addr", "add", "192.0.2.20/28", "dev", "plc0"])?;
+    ns.ip(&["link", "set", "plc0", "up"])?;
+    if opts.wire_like_lan {
+        ns.exec("ethtool", &["-K", "plc0", "tso", "off", "gso", "off"])?;
+    }
+    ns.ip(&["rule", "add", "from", "192.0.2.20", "table", "100"])?;
+    ns.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "192.0.2.17",
+        "dev",
+        "plc0",
+        "table",
+        "100",
+    ])?;
+    bed.start(Side::A)?;
+    bed.start(Side::B)?;
+    measure::warm_up(&bed)?;
+    let (mut plain, mut mapped) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        for (label, from, into) in [
+            ("vIP", None, &mut plain),
+            ("fixed", Some(fixed), &mut mapped),
+        ] {
+            let t = (
+                measure::tcp_from(&bed, 1, seconds, from)?,
+                measure::tcp_from(&bed, 4, seconds, from)?,
+            );
+            println!(
+                "round {round} from the {label} address: TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr)",
+                t.0.gbps, t.0.retransmits, t.1.gbps, t.1.retransmits
+            );
+            into.push(t);
+        }
+    }
+    let s = bed.status(Side::A)?;
+    let spoofed = s["counters"]["drop_spoofed"]
+        .as_u64()
+        .context("no drop_spoofed")?;
+    anyhow::ensure!(
+        spoofed == 0,
+        "A dropped {spoofed} frames as spoofed: the bed is wrong"
+    );
+    print_ratios(&plain, &mapped, "from the vIP", "from the fixed address");
+    Ok(())
+}
+
+/// Prints the medians of two sets of (TCP1, TCP4) measurements and their ratio.
+fn print_ratios(
+    before: &[(measure::Tcp, measure::Tcp)],
+    after: &[(measure::Tcp, measure::Tcp)],
+    was: &str,
+    is: &str,
+) {
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    for (label, pick) in [
+        (
+            "TCP1",
+            (|t: &(measure::Tcp, measure::Tcp)| t.0.gbps) as fn(&_) -> f64,
+        ),
+        ("TCP4", |t| t.1.gbps),
+    ] {
+        let (mut a, mut b): (Vec<f64>, Vec<f64>) = (
+            before.iter().map(pick).collect(),
+            after.iter().map(pick).collect(),
+        );
+        let (a, b) = (median(&mut a), median(&mut b));
+        println!(
+            "{label}: median {a:.2} Gbit/s {was}, {b:.2} {is}: {:.0}%",
+            100.0 * b / a
+        );
+    }
+}
+
 /// `cyphonic-bed policy`: see [`Command::Policy`].
 pub(crate) fn policy_cost(
     rules: usize,
@@ -96,27 +190,12 @@ pub(crate) fn policy_cost(
         );
         on.push(t);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    for (label, pick) in [
-        (
-            "TCP1",
-            (|t: &(measure::Tcp, measure::Tcp)| t.0.gbps) as fn(&_) -> f64,
-        ),
-        ("TCP4", |t| t.1.gbps),
-    ] {
-        let (mut a, mut b): (Vec<f64>, Vec<f64>) = (
-            off.iter().map(pick).collect(),
-            on.iter().map(pick).collect(),
-        );
-        let (a, b) = (median(&mut a), median(&mut b));
-        println!(
-            "{label}: median {a:.2} Gbit/s without policy, {b:.2} with {rules} rules and {flows} flows: {:.0}%",
-            100.0 * b / a
-        );
-    }
+    print_ratios(
+        &off,
+        &on,
+        "without policy",
+        &format!("with {rules} rules and {flows} flows"),
+    );
     Ok(())
 }
 
