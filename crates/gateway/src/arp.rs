@@ -34,9 +34,12 @@ pub(crate) fn parse(arp: &[u8]) -> Option<Arp> {
 
 /// Whether the gateway answers ARP for `ip`: its own addresses ([`Lan::is_gateway_address`]),
 /// and (proxy ARP) overlay addresses that are not on this LAN, for devices whose netmask
-/// covers the whole overlay.
+/// covers the whole overlay, and those a legacy subnet maps onto, which the devices of the
+/// block reach through the gateway.
 pub(crate) fn answers_for(lan: &Lan, ip: Ipv4Addr) -> bool {
-    lan.is_gateway_address(ip) || (lan.overlay.contains(&ip) && !lan.block.contains(&ip))
+    lan.is_gateway_address(ip)
+        || (lan.overlay.contains(&ip) && !lan.block.contains(&ip))
+        || lan.legacy.is_some_and(|l| l.map.overlay().contains(&ip))
 }
 
 /// Writes the frame answering `req` with the gateway's MAC. Returns its length.

@@ -49,6 +49,8 @@ pub enum EgressDrop {
     NoRoute,
     /// Destination on this LAN: devices reach each other directly.
     LocalDestination,
+    /// To an address of the block, through the gateway, that nobody holds.
+    NoHolder,
     /// To the gateway vIP, but not a service it offers.
     GatewayService,
     /// An ICMP error that RFC 1122 forbids sending (about an ICMP error, a non-first fragment,
@@ -104,6 +106,12 @@ pub enum Egress {
         packet: Range<usize>,
         /// Its destination.
         dst: Ipv4Addr,
+    },
+    /// Send `frame[frame]` back on the LAN: a packet between a fixed-address device and a
+    /// device of the block, readdressed to its holder in place.
+    Hairpin {
+        /// The frame within the buffer.
+        frame: Range<usize>,
     },
     /// Nothing to do but count.
     Drop(EgressDrop),
@@ -291,7 +299,8 @@ impl Lan {
         if !self.overlay.contains(&h.dst) {
             return Egress::Drop(EgressDrop::NoRoute);
         }
-        if self.block.contains(&h.dst) {
+        let local = self.block.contains(&h.dst);
+        if local && !self.hairpins(&h) {
             return Egress::Drop(EgressDrop::LocalDestination);
         }
         if h.ttl <= 1 {
@@ -302,6 +311,9 @@ impl Lan {
                 IcmpError::TimeExceeded,
                 out,
             );
+        }
+        if local {
+            return self.hairpin(frame, &h, truncated, checksum_partial, neighbors);
         }
         if h.total_len > usize::from(self.inner_mtu) && h.df {
             return self.icmp_error(
@@ -341,6 +353,47 @@ impl Lan {
             dst: h.dst,
             checksum_deferred,
         }
+    }
+
+    /// Whether a packet for an address of the block goes back onto the LAN through the
+    /// gateway: between a fixed-address device and a device of the block, which share the
+    /// wire but not a subnet. Devices of one subnet reach each other directly.
+    fn hairpins(&self, h: &Header) -> bool {
+        self.legacy.is_some_and(|l| {
+            let onto = l.map.overlay();
+            onto.contains(&h.src) != onto.contains(&h.dst)
+        })
+    }
+
+    /// Sends a packet between the two kinds of device on the LAN back out to the holder of
+    /// its destination (in its own terms), its TTL decremented and its checksum complete.
+    fn hairpin(
+        &self,
+        frame: &mut [u8],
+        h: &Header,
+        truncated: bool,
+        checksum_partial: bool,
+        neighbors: &impl Neighbors,
+    ) -> Egress {
+        if truncated {
+            return Egress::Drop(EgressDrop::Truncated);
+        }
+        let Some(mac) = neighbors.leased_mac(h.dst) else {
+            return Egress::Drop(EgressDrop::NoHolder);
+        };
+        let end = ETH_HEADER_LEN + h.total_len;
+        let ip = &mut frame[ETH_HEADER_LEN..end];
+        ipv4::decrement_ttl(ip);
+        if checksum_partial {
+            ipv4::complete_transport_checksum(ip, h);
+        }
+        if let Some(legacy) = self.legacy.filter(|l| l.map.overlay().contains(&h.dst))
+            && legacy.inbound(ip, Sums::Full, self.gateway_ip).is_err()
+        {
+            return Egress::Drop(EgressDrop::Malformed);
+        }
+        crate::write_eth(frame, mac, self.mac, ETHERTYPE_IPV4);
+        Egress::Hairpin { frame: 0..end }
     }
 
     /// The overlay address of `ip` when it is a device's address on the legacy subnet (a

@@ -54,6 +54,17 @@ fn dst(p: &[u8]) -> [u8; 4] {
     p[16..20].try_into().unwrap()
 }
 
+/// A broadcast ARP request from `mac` at `sender` for `target`.
+fn arp_request(mac: [u8; 6], sender: [u8; 4], target: [u8; 4]) -> Vec<u8> {
+    let mut arp = vec![0u8; 42];
+    crate::write_eth(&mut arp, BROADCAST, mac, ETHERTYPE_ARP);
+    arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    arp[22..28].copy_from_slice(&mac);
+    arp[28..32].copy_from_slice(&sender);
+    arp[38..42].copy_from_slice(&target);
+    arp
+}
+
 /// Runs a frame from `mac` through the site's gateway; the verdict, the frame, `out`.
 fn egress(mac: [u8; 6], ip: &[u8], partial: bool) -> (Egress, Vec<u8>, Vec<u8>) {
     let mut frame = eth(GW_MAC, mac, ip);
@@ -104,12 +115,7 @@ fn a_fixed_address_sent_from_another_mac_is_spoofed() {
 /// MAC, a claim of it is answered with an announcement, a ping to it comes back from it.
 #[test]
 fn the_old_routers_address_is_the_gateways() {
-    let mut arp = vec![0u8; 42];
-    crate::write_eth(&mut arp, BROADCAST, PLC_MAC, ETHERTYPE_ARP);
-    arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-    arp[22..28].copy_from_slice(&PLC_MAC);
-    arp[28..32].copy_from_slice(&PLC);
-    arp[38..42].copy_from_slice(&OLD_ROUTER);
+    let mut arp = arp_request(PLC_MAC, PLC, OLD_ROUTER);
     let mut out = vec![0u8; 64];
     let len = arp.len();
     let v = site().handle_frame(&mut arp.clone(), len, false, &Declared, &mut out);
@@ -327,17 +333,8 @@ fn an_undeclared_device_is_heard_at_its_overlay_address() {
     let meter_vip = Ipv4Addr::new(100, 64, 1, 149);
     let table = Learning::default();
     let mut out = vec![0u8; 2048];
-    let arp_from = |mac: [u8; 6], sender: [u8; 4]| {
-        let mut arp = vec![0u8; 42];
-        crate::write_eth(&mut arp, BROADCAST, mac, ETHERTYPE_ARP);
-        arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-        arp[22..28].copy_from_slice(&mac);
-        arp[28..32].copy_from_slice(&sender);
-        arp[38..42].copy_from_slice(&OLD_ROUTER);
-        arp
-    };
     for sender in [OLD_ROUTER, [192, 0, 2, 0], [192, 0, 2, 127], PLC, meter] {
-        let mut f = arp_from(METER_MAC, sender);
+        let mut f = arp_request(METER_MAC, sender, OLD_ROUTER);
         let len = f.len();
         site().handle_frame(&mut f, len, false, &table, &mut out);
     }
@@ -354,4 +351,85 @@ fn an_undeclared_device_is_heard_at_its_overlay_address() {
     let v = site().handle_frame(&mut f, len, false, &table, &mut out);
     assert_eq!(v, Egress::Drop(EgressDrop::Spoofed));
     assert_eq!(table.0.borrow().len(), 1);
+}
+
+/// A DHCP device of the block, at 100.64.1.10.
+const LAPTOP_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 10];
+const LAPTOP: [u8; 4] = [100, 64, 1, 10];
+
+/// The PLC and the laptop are both held.
+struct Both;
+
+impl Neighbors for Both {
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        if ip == Ipv4Addr::from(LAPTOP) {
+            return Some(LAPTOP_MAC);
+        }
+        Declared.leased_mac(ip)
+    }
+}
+
+/// A fixed-address device and a device of the block share the wire but not a subnet: the
+/// gateway answers the laptop's ARP for the PLC's overlay address, and carries their packets
+/// back onto the LAN each way, readdressed to the holder, in the receiver's terms, with sums
+/// that verify; devices of one kind still reach each other directly.
+#[test]
+fn the_two_kinds_on_one_wire_reach_each_other_through_the_gateway() {
+    let mut out = vec![0u8; 2048];
+    // The laptop asks who has the PLC's overlay address.
+    let mut arp = arp_request(LAPTOP_MAC, LAPTOP, PLC_VIP);
+    let len = arp.len();
+    let v = site().handle_frame(&mut arp, len, false, &Both, &mut out);
+    assert_eq!(
+        v,
+        Egress::Reply {
+            len: 42,
+            kind: ReplyKind::Arp
+        }
+    );
+
+    let run = |from: [u8; 6], ip: Vec<u8>, partial: bool| {
+        let mut frame = eth(GW_MAC, from, &ip);
+        let mut out = vec![0u8; 2048];
+        let len = frame.len();
+        let v = site().handle_frame(&mut frame, len, partial, &Both, &mut out);
+        (v, frame)
+    };
+    // Laptop to PLC: to the PLC's MAC, at its own address.
+    let (v, frame) = run(
+        LAPTOP_MAC,
+        ipv4_tcp(LAPTOP, PLC_VIP, 0x02, Some(1460), b""),
+        false,
+    );
+    let Egress::Hairpin { frame: f } = v else {
+        panic!("{v:?}");
+    };
+    let f = &frame[f];
+    assert_eq!((&f[..6], &f[6..12]), (&PLC_MAC[..], &GW_MAC[..]));
+    assert_eq!((src(&f[14..]), dst(&f[14..])), (LAPTOP, PLC));
+    assert_eq!(f[14 + 8], 63, "the TTL went down");
+    assert!(checksums_ok(&f[14..]));
+    // PLC to laptop: from its overlay address.
+    let full = ipv4_udp(PLC, LAPTOP, 502, 40000, b"coils");
+    let (v, frame) = run(PLC_MAC, full, false);
+    let Egress::Hairpin { frame: f } = v else {
+        panic!("{v:?}");
+    };
+    let f = &frame[f];
+    assert_eq!(&f[..6], &LAPTOP_MAC[..]);
+    assert_eq!((src(&f[14..]), dst(&f[14..])), (PLC_VIP, LAPTOP));
+    assert!(checksums_ok(&f[14..]));
+    // Nobody holds the overlay address next to the PLC's; laptops reach laptops directly.
+    let (v, _) = run(
+        LAPTOP_MAC,
+        ipv4_udp(LAPTOP, [100, 64, 1, 149], 1, 2, b"x"),
+        false,
+    );
+    assert_eq!(v, Egress::Drop(EgressDrop::NoHolder));
+    let (v, _) = run(
+        LAPTOP_MAC,
+        ipv4_udp(LAPTOP, [100, 64, 1, 11], 1, 2, b"x"),
+        false,
+    );
+    assert_eq!(v, Egress::Drop(EgressDrop::LocalDestination));
 }
