@@ -532,6 +532,13 @@ impl Capture {
                     bump(&c.dns_unserved);
                 }
             }
+            Egress::Hairpin { frame } => {
+                if self.socks[0].send(&buf[FRAME_OFFSET..][frame]).is_ok() {
+                    bump(&c.lan_hairpinned);
+                } else {
+                    bump(&c.lan_send_failed);
+                }
+            }
             Egress::Drop(reason) => {
                 bump(match reason {
                     EgressDrop::NotForUs => &c.drop_not_for_us,
@@ -542,6 +549,7 @@ impl Capture {
                     EgressDrop::Spoofed => &c.drop_spoofed,
                     EgressDrop::NoRoute => &c.drop_no_route,
                     EgressDrop::LocalDestination => &c.drop_local_destination,
+                    EgressDrop::NoHolder => &c.drop_neighbour_unknown,
                     EgressDrop::GatewayService => &c.drop_gateway_service,
                     EgressDrop::NoReply => &c.drop_no_reply,
                     EgressDrop::ArpIgnored => &c.drop_arp_ignored,

@@ -22,6 +22,8 @@ cyphonic_telemetry::counters! {
     segments,
     /// Coalesced frames that could not be cut (inconsistent headers, UDP fragmentation offload).
     drop_coalesced,
+    /// Packets sent back onto the LAN between a fixed-address device and a device of the block (`[legacy]`).
+    lan_hairpinned,
     /// ARP replies sent for the gateway or proxied vIPs.
     arp_replies,
     /// ICMP echo replies from the gateway vIP.

@@ -325,8 +325,8 @@ fn listen(ns: &Netns, ports: &[u16]) -> std::thread::JoinHandle<anyhow::Result<(
     h
 }
 
-/// One LAN holds a DHCP device and a fixed-address one; both reach the other site. The
-/// policy names the fixed device by name (TCP) and by group (ping), one way, and each end
+/// One LAN holds a DHCP device and a fixed-address one; they reach each other through the
+/// gateway (one wire, two subnets), and both reach the other site. The policy names the fixed device by name (TCP) and by group (ping), one way, and each end
 /// enforces it: A stops what the PLC may not open before sealing it, and what B lets its host
 /// open to the PLC is stopped where it arrives, at A.
 #[test]
@@ -357,6 +357,26 @@ fn the_policy_names_a_fixed_device_by_name_and_group_at_both_ends() {
     );
     let _nvr = listen(&bed.b.lan, &[7000, 7001]);
     let _plc = listen(&plc, &[7002]);
+
+    // On the one wire, the laptop and the PLC reach each other through the gateway, by name.
+    let plc_name = bed.resolve(
+        &laptop.ns,
+        Ipv4Addr::new(100, 64, 1, 1),
+        "plc.gw1.ovl.example",
+    );
+    assert_eq!(plc_name, vec![plc_vip(1).to_string()]);
+    let service = who_am_i(&plc, 7100, 1);
+    let (tcp, udp) = seen_as(&laptop.ns, (plc_vip(1), 7100).into());
+    assert_eq!((tcp, udp), (laptop_ip.to_string(), laptop_ip.to_string()));
+    service.join().unwrap().unwrap();
+    let service = who_am_i(&laptop.ns, 7100, 1);
+    let (tcp, udp) = seen_as(&plc, (laptop_ip, 7100).into());
+    assert_eq!(
+        (tcp.as_str(), udp.as_str()),
+        ("100.64.1.228", "100.64.1.228")
+    );
+    service.join().unwrap().unwrap();
+    assert!(bed.counter(Side::A, "lan_hairpinned").unwrap() >= 8);
 
     // The PLC by name (TCP) and by group (ping); the laptop by its pool's block.
     assert!(connects(&plc, (nvr, 7000).into()), "{}", bed.logs());
