@@ -10,6 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use cyphonic_e2e::bed::{BedOptions, Side, TwoSites};
+use cyphonic_e2e::pair::{PINGS, PairBed, PingRun, gaps};
 use cyphonic_e2e::{Netns, inject, uint};
 use serde_json::Value;
 
@@ -409,4 +410,79 @@ fn the_policy_names_a_fixed_device_by_name_and_group_at_both_ends() {
         uint(&a["dropped_in"]["no_rule"]) > in_before,
         "A drops it on arrival: {a}"
     );
+}
+
+/// Pings `to` from each of `from` every 10 ms ([`PINGS`] of them) while `meanwhile` runs 2 s
+/// in; what each saw.
+fn pings_through(
+    from: &[&Netns],
+    to: Ipv4Addr,
+    meanwhile: impl FnOnce() -> anyhow::Result<()>,
+) -> Vec<(PingRun, String)> {
+    let count = PINGS.to_string();
+    let to = to.to_string();
+    let pingers: Vec<_> = from
+        .iter()
+        .map(|ns| {
+            ns.command(
+                "ping",
+                &["-n", "-D", "-i", "0.01", "-W", "1", "-c", &count, &to],
+            )
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let done = meanwhile();
+    let seen = pingers
+        .into_iter()
+        .map(|p| {
+            let out = String::from_utf8_lossy(&p.wait_with_output().unwrap().stdout).into_owned();
+            (gaps(&out), out)
+        })
+        .collect();
+    done.unwrap();
+    seen
+}
+
+/// Issue 51 with issue 52: a declared PLC and a learned meter behind an HA pair. The
+/// serving box is killed; the standby answers for the old router's address with the pair's
+/// MAC (the devices' ARP caches stay right), knows the PLC from the file and learns the meter
+/// again from its next frame: both reach B again within seconds, without doing anything.
+#[test]
+fn fixed_devices_keep_reaching_the_other_site_across_a_failover() {
+    let mut pair = PairBed::up_configured(true, &legacy(1, Side::A, "")).unwrap();
+    let plc = fixed_device(&mut pair.bed, Side::A, "plc", plc_mac(Side::A), PLC);
+    let meter = fixed_device(&mut pair.bed, Side::A, "meter", "02:00:5e:10:0a:15", METER);
+    let host_b = pair.bed.b.host_ip;
+    assert!(
+        pings(&plc, host_b) && pings(&meter, host_b),
+        "{}",
+        pair.logs()
+    );
+    let seen = pings_through(&[&plc, &meter], host_b, || {
+        pair.bed.stop(Side::A, "KILL").map(drop)
+    });
+    for (who, (run, out)) in ["PLC", "meter"].iter().zip(&seen) {
+        eprintln!(
+            "HA, SIGKILL, {who}: {}/{PINGS} replies, longest gap {:?}",
+            run.replies, run.gap
+        );
+        assert!(
+            run.to_the_end() && run.gap < Duration::from_secs(5),
+            "{who}: {run:?}\n{out}\n{}",
+            pair.logs()
+        );
+    }
+    let serving = pair.second_status().unwrap();
+    assert_eq!(serving["ha"]["role"], "active", "{serving}");
+    let learned: Vec<&Value> = serving["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["learned"] == true)
+        .collect();
+    assert_eq!(learned.len(), 1, "{serving}");
+    assert_eq!(learned[0]["legacy"], METER.to_string(), "{serving}");
 }
