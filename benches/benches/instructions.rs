@@ -137,6 +137,7 @@ fn to_map() -> (Lan, Vec<Vec<u8>>) {
         )
         .expect("one size"),
         gateway: Ipv4Addr::new(192, 0, 2, 9),
+        router: None,
     });
     let mut frame = frames[0].clone();
     let ip = &mut frame[14..];

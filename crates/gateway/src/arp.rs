@@ -63,15 +63,22 @@ pub(crate) fn reply(lan: &Lan, req: &Arp, out: &mut [u8]) -> Option<usize> {
 /// sends it when a device claims one of its addresses, and an HA pair's new active box as it
 /// takes over: switches learn the gateway MAC's new port at once.
 pub fn announcement(mac: [u8; 6], ip: Ipv4Addr, out: &mut [u8]) -> Option<usize> {
+    request(mac, ip, ip, out)
+}
+
+/// Writes the gateway's broadcast request, from `sender` at `mac`, for `target`'s MAC into
+/// `out`; returns its length, `None` when `out` is too short. Beside a site's router, the
+/// adapter asks for the router's MAC so.
+pub fn request(mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr, out: &mut [u8]) -> Option<usize> {
     let frame = out.get_mut(..ETH_HEADER_LEN + ARP_LEN)?;
     write_eth(frame, BROADCAST, mac, ETHERTYPE_ARP);
     write_arp(
         &mut frame[ETH_HEADER_LEN..],
         OP_REQUEST,
         mac,
-        ip,
+        sender,
         [0; 6],
-        ip,
+        target,
     );
     Some(frame.len())
 }

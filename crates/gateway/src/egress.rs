@@ -166,9 +166,12 @@ impl Lan {
         let Some(a) = arp::parse(payload) else {
             return Egress::Drop(EgressDrop::Malformed);
         };
-        // A fixed-address device saying where it is: the table may learn it.
+        // A fixed-address device saying where it is: the table may learn it; the site's
+        // router, beside which the adapter runs, likewise.
         if let Some(vip) = self.legacy_device(a.sender_ip) {
             hear(neighbors, vip, a.sender_mac);
+        } else if self.legacy.and_then(|l| l.router) == Some(a.sender_ip) {
+            neighbors.heard_router(a.sender_mac);
         }
         match a.op {
             // A device claims the gateway's own address (ARP spoofing: its neighbours would
@@ -258,10 +261,22 @@ impl Lan {
         let Ok(h) = legacy.outbound(&mut frame[packet], &h, sums, self.gateway_ip) else {
             return Egress::Drop(EgressDrop::Malformed);
         };
-        if let Some(vip) = device {
-            hear(neighbors, vip, src_mac);
-        }
-        let verdict = self.route_ipv4(frame, h, src_mac, false, checksum_partial, neighbors, out);
+        // Beside a site's router, what it forwards carries its MAC: it vouches for every
+        // address of its LAN, and teaches nothing about who holds which.
+        let via_router = legacy.router.is_some() && neighbors.router_mac() == Some(src_mac);
+        let verdict = if via_router {
+            let vouched = Vouched {
+                neighbors,
+                ip: h.src,
+                mac: src_mac,
+            };
+            self.route_ipv4(frame, h, src_mac, false, checksum_partial, &vouched, out)
+        } else {
+            if let Some(vip) = device {
+                hear(neighbors, vip, src_mac);
+            }
+            self.route_ipv4(frame, h, src_mac, false, checksum_partial, neighbors, out)
+        };
         if let Egress::Reply { len, .. } = verdict {
             let back = out
                 .get_mut(ip_start..len)
@@ -401,7 +416,10 @@ impl Lan {
     fn legacy_device(&self, ip: Ipv4Addr) -> Option<Ipv4Addr> {
         let legacy = self.legacy?;
         let subnet = legacy.map.legacy();
-        let device = ip != legacy.gateway && ip != subnet.network() && ip != subnet.broadcast();
+        let device = ip != legacy.gateway
+            && Some(ip) != legacy.router
+            && ip != subnet.network()
+            && ip != subnet.broadcast();
         device.then(|| legacy.map.to_overlay(ip)).flatten()
     }
 
@@ -480,6 +498,23 @@ fn udp_ports(ip: &[u8], h: &Header) -> Option<(u16, u16, Range<usize>)> {
 
 fn offset(r: Range<usize>, by: usize) -> Range<usize> {
     r.start + by..r.end + by
+}
+
+/// `neighbors`, but for one packet the router forwarded: its source address is taken as held
+/// by the router's MAC.
+struct Vouched<'a, N> {
+    neighbors: &'a N,
+    ip: Ipv4Addr,
+    mac: [u8; 6],
+}
+
+impl<N: Neighbors> Neighbors for Vouched<'_, N> {
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        if ip == self.ip {
+            return Some(self.mac);
+        }
+        self.neighbors.leased_mac(ip)
+    }
 }
 
 /// Tells `neighbors` that `mac` is at the legacy device address `vip`, when nobody holds it.

@@ -88,7 +88,16 @@ impl Lan {
         if self.mss_clamp {
             tcp::clamp_mss(ip, &h, self.max_mss());
         }
-        let Some(mac) = neighbors.leased_mac(h.dst) else {
+        // Beside a site's router, every mapped address is reached through it.
+        let beside = self
+            .legacy
+            .is_some_and(|l| l.router.is_some() && l.map.overlay().contains(&h.dst));
+        let holder = if beside {
+            neighbors.router_mac()
+        } else {
+            neighbors.leased_mac(h.dst)
+        };
+        let Some(mac) = holder else {
             return Ingress::Drop(IngressDrop::NoHolder);
         };
         // For a fixed-address device: in its own terms (the legacy map).

@@ -22,6 +22,7 @@ fn site() -> Lan {
             )
             .unwrap(),
             gateway: Ipv4Addr::new(192, 0, 2, 1),
+            router: None,
         }),
         ..lan()
     }
@@ -432,4 +433,106 @@ fn the_two_kinds_on_one_wire_reach_each_other_through_the_gateway() {
         false,
     );
     assert_eq!(v, Egress::Drop(EgressDrop::LocalDestination));
+}
+
+const ROUTER_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x10, 0x00, 0x01];
+
+/// The site beside its router (192.0.2.1 stays the devices' gateway; the adapter is .2).
+fn beside() -> Lan {
+    let mut lan = site();
+    lan.legacy = lan.legacy.map(|l| Legacy {
+        gateway: Ipv4Addr::new(192, 0, 2, 2),
+        router: Some(Ipv4Addr::from(OLD_ROUTER)),
+        ..l
+    });
+    lan
+}
+
+/// The PLC declared; the router's MAC heard once `known`; what was heard, remembered.
+#[derive(Default)]
+struct RouterTable {
+    known: bool,
+    heard: std::cell::RefCell<Vec<[u8; 6]>>,
+}
+
+impl Neighbors for RouterTable {
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        Declared.leased_mac(ip)
+    }
+
+    fn heard(&self, _: Ipv4Addr, mac: [u8; 6]) {
+        self.heard.borrow_mut().push(mac);
+    }
+
+    fn router_mac(&self) -> Option<[u8; 6]> {
+        self.known.then_some(ROUTER_MAC)
+    }
+
+    fn heard_router(&self, mac: [u8; 6]) {
+        self.heard.borrow_mut().push(mac);
+    }
+}
+
+/// Beside the site's router: its ARP teaches the table its MAC; what it forwards passes
+/// from any address of the subnet, and teaches nothing; another MAC still sends only from
+/// what it holds; every packet for a mapped address goes to the router's MAC, and none
+/// while it is not known.
+#[test]
+fn beside_a_router_its_mac_vouches_for_the_subnet_and_takes_the_replies() {
+    let table = RouterTable {
+        known: true,
+        ..RouterTable::default()
+    };
+    let mut out = vec![0u8; 2048];
+    let mut arp = arp_request(ROUTER_MAC, OLD_ROUTER, [192, 0, 2, 2]);
+    let len = arp.len();
+    let v = beside().handle_frame(&mut arp, len, false, &table, &mut out);
+    assert_eq!(
+        v,
+        Egress::Reply {
+            len: 42,
+            kind: ReplyKind::Arp
+        },
+        "the router asks for the adapter's own address"
+    );
+    assert_eq!(*table.heard.borrow(), vec![ROUTER_MAC]);
+    table.heard.borrow_mut().clear();
+
+    let undeclared = [192, 0, 2, 30];
+    let mut f = eth(
+        GW_MAC,
+        ROUTER_MAC,
+        &ipv4_udp(undeclared, REMOTE, 1, 2, b"x"),
+    );
+    let len = f.len();
+    let v = beside().handle_frame(&mut f, len, false, &table, &mut out);
+    let Egress::Forward { packet, .. } = v else {
+        panic!("{v:?}");
+    };
+    assert_eq!(src(&f[packet]), [100, 64, 1, 158]);
+    assert!(
+        table.heard.borrow().is_empty(),
+        "nothing learned from the router"
+    );
+    let mut f = eth(GW_MAC, OTHER_MAC, &ipv4_udp(undeclared, REMOTE, 1, 2, b"x"));
+    let v = beside().handle_frame(&mut f, len, false, &table, &mut out);
+    assert_eq!(v, Egress::Drop(EgressDrop::Spoofed));
+
+    let blocks = ["100.64.2.0/24".parse().unwrap()];
+    let ip = ipv4_udp(REMOTE, PLC_VIP, 40000, 502, b"read");
+    let mut buf = vec![0u8; 16 + ip.len()];
+    buf[16..].copy_from_slice(&ip);
+    let v = beside().deliver(&mut buf, 16..16 + ip.len(), &blocks, &table, Sums::Full);
+    assert!(matches!(v, Ingress::Deliver { .. }), "{v:?}");
+    assert_eq!(
+        &buf[2..8],
+        &ROUTER_MAC,
+        "to the router, not the PLC's own MAC"
+    );
+    assert_eq!(dst(&buf[16..]), PLC);
+    let unknown = RouterTable::default();
+    let mut buf = vec![0u8; 16 + ip.len()];
+    buf[16..].copy_from_slice(&ip);
+    let v = beside().deliver(&mut buf, 16..16 + ip.len(), &blocks, &unknown, Sums::Full);
+    assert_eq!(v, Ingress::Drop(crate::IngressDrop::NoHolder));
 }

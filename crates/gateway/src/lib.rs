@@ -44,7 +44,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-pub use arp::announcement;
+pub use arp::{announcement, request};
 pub use coalesce::{Run, find_run, merge_headers, restore_headers, tcp_flags};
 pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
@@ -99,6 +99,18 @@ pub trait Neighbors {
     /// from now on (learning, and its bounds, are the table's). Learns nothing by default.
     fn heard(&self, ip: Ipv4Addr, mac: [u8; 6]) {
         let _ = (ip, mac);
+    }
+
+    /// The site router's MAC, beside which the adapter runs (a legacy subnet's `router`),
+    /// once heard. None by default.
+    fn router_mac(&self) -> Option<[u8; 6]> {
+        None
+    }
+
+    /// The site's router said by its ARP that it is at `mac`: the table may take it as the
+    /// router's MAC (the first heard, say). Learns nothing by default.
+    fn heard_router(&self, mac: [u8; 6]) {
+        let _ = mac;
     }
 }
 

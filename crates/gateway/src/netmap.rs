@@ -134,8 +134,12 @@ impl Netmap {
 pub struct Legacy {
     /// The subnet and the block it maps onto.
     pub map: Netmap,
-    /// The old router's address, inside the subnet: the devices' default gateway.
+    /// The address the adapter answers for on the subnet: the old router's (the devices'
+    /// default gateway), or with `router` one of its own beside the site's router.
     pub gateway: Ipv4Addr,
+    /// The site's router, when it stays the devices' gateway and routes the overlay to
+    /// `gateway` (docs/protocol.md §6, "Beside an existing router").
+    pub router: Option<Ipv4Addr>,
 }
 
 impl Legacy {
