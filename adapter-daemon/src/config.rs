@@ -107,8 +107,14 @@ cyphonic_settings::table! {
         /// `onto`'s n-th.
         onto: Spanned<Ipv4Net>,
         /// The address the devices have as their default gateway (the old router's): the
-        /// adapter answers for it (ARP, ping, DNS) as for `gateway_vip`.
+        /// adapter answers for it (ARP, ping, DNS) as for `gateway_vip`. With `router`, an
+        /// address of the adapter's own, which the site's router routes the overlay to.
         gateway: Spanned<Ipv4Addr>,
+        /// The site's router, when it stays the devices' gateway (and DHCP server: switch
+        /// `[dhcp]` off) and routes the overlay's ranges to `gateway`. The adapter takes
+        /// from its MAC any address of the subnet, and sends it every packet for the devices.
+        /// Unset: the adapter is the devices' gateway.
+        router: Option<Spanned<Ipv4Addr>> = None,
         /// Let a device not declared below hold the address it is first heard at (by ARP or
         /// as a packet's source) from its MAC, without a name, until the adapter restarts: at
         /// most 4 addresses a MAC, 1024 in all. `status` lists them, to declare. `false`:
@@ -669,6 +675,26 @@ fn check_legacy(
             format!("{gateway} is not a host address of the subnet {subnet}"),
         );
     }
+    let router = match &l.router {
+        Some(r) if !free(*r.get_ref()) || *r.get_ref() == gateway => {
+            return src.err(
+                &r.span(),
+                RawLegacy::router,
+                format!(
+                    "{} is not a host address of the subnet {subnet} other than the gateway",
+                    r.get_ref()
+                ),
+            );
+        }
+        Some(r) if dhcp.is_some() => {
+            return src.err(
+                &r.span(),
+                RawLegacy::router,
+                "beside the site's router the adapter serves no DHCP (the router, or the site's DHCP server, does): set [dhcp] enabled = false",
+            );
+        }
+        r => r.as_ref().map(|r| *r.get_ref()),
+    };
     let mut devices: Vec<Reservation> = Vec::new();
     for (i, d) in l.device.iter().enumerate() {
         let key = |k: &str| cyphonic_settings::indexed(k, i);
@@ -676,7 +702,7 @@ fn check_legacy(
         let mac = *d.mac.get_ref();
         let Some(vip) = map
             .to_overlay(address)
-            .filter(|_| free(address) && address != gateway)
+            .filter(|_| free(address) && address != gateway && Some(address) != router)
         else {
             return src.err(
                 &d.address.span(),
@@ -720,7 +746,14 @@ fn check_legacy(
             groups: d.groups.iter().map(|g| g.get_ref().clone()).collect(),
         });
     }
-    Ok((cyphonic_gateway::Legacy { map, gateway }, devices))
+    Ok((
+        cyphonic_gateway::Legacy {
+            map,
+            gateway,
+            router,
+        },
+        devices,
+    ))
 }
 
 /// The DHCP server's configuration, checked by building a server with it: the pool must
@@ -905,6 +938,18 @@ mod tests {
         );
         let legacy = c.legacy.unwrap();
         assert_eq!(legacy.gateway, Ipv4Addr::new(192, 0, 2, 1));
+        // Beside the site's router, with DHCP off.
+        let text = EXAMPLE
+            .replace("# router = \"192.0.2.1\"", "router = \"192.0.2.3\"")
+            .replacen("enabled = true", "enabled = false", 1);
+        let (beside, _) = load_text(&f, &text).unwrap();
+        assert_eq!(
+            beside.legacy.map(|l| (l.gateway, l.router)),
+            Some((
+                Ipv4Addr::new(192, 0, 2, 1),
+                Some(Ipv4Addr::new(192, 0, 2, 3))
+            ))
+        );
         // A reload hands DHCP the reservations alone; the legacy device joins while the map
         // is the running one's, and waits for the restart when it is not.
         assert_eq!(dhcp_reservations(&c.reservations).len(), 2);
@@ -1347,6 +1392,16 @@ mod tests {
                 "groups = [\"192.0.2.0/28\"]",
                 "key `legacy.device[0].groups[0]`: \"192.0.2.0/28\" is not a group's name",
             ),
+            (
+                "# router = \"192.0.2.1\"",
+                "router = \"192.0.2.1\"",
+                "key `legacy.router`: 192.0.2.1 is not a host address of the subnet 192.0.2.0/28 other than the gateway",
+            ),
+            (
+                "# router = \"192.0.2.1\"",
+                "router = \"192.0.2.3\"",
+                "key `legacy.router`: beside the site's router the adapter serves no DHCP",
+            ),
             ("[adapter]", "[adaptor]", "unknown field `adaptor`"),
             (
                 "lan_interface = \"eth1\"",
@@ -1427,6 +1482,10 @@ mod tests {
     /// there (a new key without documentation fails here).
     #[test]
     fn the_example_documents_every_key() {
-        assert_documents_every_key::<Raw>(EXAMPLE, "config/adapter.example.toml");
+        assert_documents_every_key::<Raw>(
+            EXAMPLE,
+            "config/adapter.example.toml",
+            &["legacy.router"],
+        );
     }
 }

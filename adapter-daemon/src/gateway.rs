@@ -77,6 +77,30 @@ impl Gateway {
         self.lan.lan.gateway_ip
     }
 
+    /// Beside a site's router whose MAC is not known yet, asks for it on the LAN (from the
+    /// adapter's address on its subnet); does nothing otherwise.
+    pub fn ask_for_router(&mut self) {
+        let Some((router, from)) = self
+            .lan
+            .lan
+            .legacy
+            .and_then(|l| Some((l.router?, l.gateway)))
+        else {
+            return;
+        };
+        if cyphonic_gateway::Neighbors::router_mac(&self.lan.table).is_some() {
+            return;
+        }
+        let Some(len) =
+            cyphonic_gateway::request(self.lan.lan.mac, from, router, &mut self.frame[..])
+        else {
+            return;
+        };
+        if self.lan_tx.send(&self.frame[..len]).is_err() {
+            bump(&self.lan.counters.lan_send_failed);
+        }
+    }
+
     /// A packet peer `peer` sent to the gateway vIP (already checked against its blocks): an
     /// echo request is answered here, a UDP datagram is handed back.
     pub fn handle_peer_packet(&mut self, peer: u32, packet: &[u8]) -> FromPeer {

@@ -29,6 +29,10 @@ pub struct LanTable {
     held: RwLock<Held>,
     /// The overlay block a legacy subnet maps onto, when its devices may be learned.
     learn: Option<Ipv4Net>,
+    /// The site's router's MAC, beside which the adapter runs: the first heard.
+    router: std::sync::OnceLock<[u8; 6]>,
+    /// Whether another MAC's claim of the router's address was logged (once).
+    router_claimed: std::sync::atomic::AtomicBool,
 }
 
 /// Who holds which address: by reservation (fixed until a reload), by DHCP lease, or
@@ -58,6 +62,8 @@ impl LanTable {
         let table = Self {
             held: RwLock::default(),
             learn: None,
+            router: std::sync::OnceLock::new(),
+            router_claimed: std::sync::atomic::AtomicBool::new(false),
         };
         table.set_reservations(reservations);
         table
@@ -107,6 +113,30 @@ impl Neighbors for LanTable {
             .or_else(|| held.leases.get(&ip))
             .or_else(|| held.learned.get(&ip))
             .copied()
+    }
+
+    fn router_mac(&self) -> Option<[u8; 6]> {
+        self.router.get().copied()
+    }
+
+    /// The first MAC heard is the router's; another is logged once and not believed.
+    fn heard_router(&self, mac: [u8; 6]) {
+        match self.router.get() {
+            Some(known) if *known == mac => {}
+            Some(known) => {
+                if !self
+                    .router_claimed
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(router = %Mac(*known), claimant = %Mac(mac), "another MAC claims the site's router's address: not believed (restart the adapter after replacing the router)");
+                }
+            }
+            None => {
+                if self.router.set(mac).is_ok() {
+                    tracing::info!(router = %Mac(mac), "the site's router is heard");
+                }
+            }
+        }
     }
 
     /// Learns `mac` at `ip` when `ip` is of the learned subnet and the bounds allow; judged
@@ -195,6 +225,16 @@ mod learning {
         silent.heard(onto(20), mac(1));
         assert_eq!(silent.leased_mac(onto(20)), None);
         assert_eq!(t.learned(), vec![(onto(20), mac(1))]);
+    }
+
+    /// The router's MAC is the first heard; another claiming its address is not believed.
+    #[test]
+    fn the_routers_mac_is_the_first_heard() {
+        let t = LanTable::new(&[]);
+        assert_eq!(t.router_mac(), None);
+        t.heard_router(mac(1));
+        t.heard_router(mac(2));
+        assert_eq!(t.router_mac(), Some(mac(1)));
     }
 
     /// One MAC learns at most LEARNED_PER_MAC addresses, all of them LEARNED_MAX; a declared

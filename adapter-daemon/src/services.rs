@@ -64,7 +64,12 @@ pub struct AdapterServices {
     pool: Option<PairLink>,
     /// When ACKs leaving before the standby held their leases were last logged.
     unreplicated_said: cyphonic_telemetry::Throttle,
+    /// When the site's router's MAC was last asked for.
+    router_asked: Option<Instant>,
 }
+
+/// How often the adapter asks for the site's router's MAC while it is not known.
+const ASK_ROUTER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl AdapterServices {
     /// The services over `lan`, taking their work from `work`. The saved leases come back
@@ -88,6 +93,7 @@ impl AdapterServices {
             ready: None,
             pool: None,
             unreplicated_said: cyphonic_telemetry::Throttle::new(UNREPLICATED_SAID),
+            router_asked: None,
         };
         services.settle(Instant::now(), cyphonic_settings::now_secs());
         services.refresh_names();
@@ -362,8 +368,16 @@ impl Services for AdapterServices {
         self.publish();
     }
 
-    /// Lease expiry, retried saves, DNS asks nobody answered.
+    /// Lease expiry, retried saves, DNS asks nobody answered; beside a site's router, the
+    /// question for its MAC, once a second until it is answered.
     fn tick(&mut self, now: Instant) {
+        if self
+            .router_asked
+            .is_none_or(|at| now.duration_since(at) >= ASK_ROUTER_EVERY)
+        {
+            self.router_asked = Some(now);
+            self.gateway.ask_for_router();
+        }
         let unix = cyphonic_settings::now_secs();
         let theirs = self.pool.as_ref().and_then(PairLink::take_merge);
         let merged = match (self.dhcp.as_mut(), theirs) {
@@ -387,7 +401,19 @@ impl Services for AdapterServices {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.dns.as_ref().and_then(Dns::poll_timeout)
+        use cyphonic_gateway::Neighbors as _;
+        let ask = self
+            .lan
+            .lan
+            .legacy
+            .and_then(|l| l.router)
+            .filter(|_| self.lan.table.router_mac().is_none())
+            .and(self.router_asked)
+            .map(|at| at + ASK_ROUTER_EVERY);
+        [self.dns.as_ref().and_then(Dns::poll_timeout), ask]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn hosted(&self) -> (u64, &[NameRecord]) {

@@ -197,8 +197,25 @@ pub fn assert_mistakes<C, I>(
 /// # Panics
 /// When it does not hold.
 #[allow(clippy::missing_panics_doc)]
-pub fn assert_documents_every_key<T: crate::Value>(example: &str, name: &str) {
-    let missing = crate::Reference::of::<T>().unset_in(example);
+pub fn assert_documents_every_key<T: crate::Value>(example: &str, name: &str, commented: &[&str]) {
+    let mut missing = crate::Reference::of::<T>().unset_in(example);
+    // A key whose presence switches a mode (`legacy.router`) is shown commented out, as
+    // `# key = value` on a line of its own.
+    for key in commented {
+        let at = missing.iter().position(|m| m == key);
+        assert!(
+            at.is_some(),
+            "{name} sets {key}, which it should show commented out"
+        );
+        let last = key.rsplit('.').next().unwrap_or(key);
+        assert!(
+            example
+                .lines()
+                .any(|l| l.starts_with(&format!("# {last} = "))),
+            "{name} does not show {key} commented out"
+        );
+        missing.retain(|m| m != key);
+    }
     assert!(missing.is_empty(), "{name} does not show {missing:?}");
 }
 
