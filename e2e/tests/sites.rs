@@ -486,3 +486,123 @@ fn fixed_devices_keep_reaching_the_other_site_across_a_failover() {
     assert_eq!(learned.len(), 1, "{serving}");
     assert_eq!(learned[0]["legacy"], METER.to_string(), "{serving}");
 }
+
+/// Source and destination as they follow each other in an IPv4 header: what a packet in
+/// clear between `src` and `dst` carries.
+fn in_clear(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+    let mut bytes = src.octets().to_vec();
+    bytes.extend(dst.octets());
+    bytes
+}
+
+/// Beside the site's router (issue 52, item 3): a router namespace stays the PLC's gateway
+/// (192.0.2.17) and A sits beside it at 192.0.2.18, without DHCP. A asks for the router's
+/// MAC itself. Without the router's route to the overlay, the PLC reaches nothing and
+/// nothing of it leaves A's uplink in clear; with it, the PLC reaches B's host by name, B's
+/// host sees it at its overlay address and reaches it back (through the router), and still
+/// nothing leaves in clear.
+#[test]
+fn beside_a_router_devices_reach_the_other_site_once_it_routes_the_overlay() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    opts.a.extra = format!(
+        "\n[dhcp]\nenabled = false\n\n[legacy]\nsubnet = \"{SUBNET}\"\nonto = \"100.64.1.224/28\"\ngateway = \"192.0.2.18\"\nrouter = \"{OLD_ROUTER}\"\n\n[[legacy.device]]\nname = \"plc\"\nmac = \"{}\"\naddress = \"{PLC}\"\n",
+        plc_mac(Side::A)
+    );
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let (router, _) = bed.add_host(Side::A, "router").unwrap();
+    router
+        .ip(&["addr", "add", &format!("{OLD_ROUTER}/28"), "dev", "eth0"])
+        .unwrap();
+    for key in [
+        "net.ipv4.ip_forward=1",
+        "net.ipv4.conf.all.send_redirects=0",
+        "net.ipv4.conf.eth0.send_redirects=0",
+    ] {
+        router.exec("sysctl", &["-qw", key]).unwrap();
+    }
+    let plc = fixed_device(&mut bed, Side::A, "plc", plc_mac(Side::A), PLC);
+    let adapter_at = Ipv4Addr::new(192, 0, 2, 18);
+    plc.set_resolv_conf(&format!("nameserver {adapter_at}\n"))
+        .unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "A heard the router", || {
+        bed.site_ref(Side::A)
+            .log_text()
+            .contains("the site's router is heard")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let host_b = bed.b.host_ip;
+    let needles = vec![in_clear(PLC, host_b), in_clear(plc_vip(1), host_b)];
+    let clear_while = |f: &dyn Fn() -> bool| {
+        std::thread::scope(|s| {
+            let capture = s.spawn(|| {
+                inject::count_frames_containing_each(
+                    &bed.wan,
+                    "toa",
+                    needles.clone(),
+                    Duration::from_secs(4),
+                )
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            let ok = f();
+            (capture.join().unwrap().unwrap(), ok)
+        })
+    };
+
+    let (seen, reached) = clear_while(&|| pings(&plc, host_b));
+    assert!(!reached, "the PLC reached B without the router's route");
+    assert_eq!(seen, vec![0, 0], "in clear on A's uplink");
+
+    router
+        .ip(&[
+            "route",
+            "add",
+            "100.64.0.0/10",
+            "via",
+            &adapter_at.to_string(),
+        ])
+        .unwrap();
+    let (seen, reached) = clear_while(&|| pings(&plc, host_b));
+    assert!(reached, "{}", bed.logs());
+    assert_eq!(seen, vec![0, 0], "in clear on A's uplink");
+    let named = bed.resolve(&plc, adapter_at, "host.gw2.ovl.example");
+    assert_eq!(named, vec![host_b.to_string()]);
+    let service = who_am_i(&bed.b.lan, 7000, 1);
+    let (tcp, udp) = seen_as(&plc, (host_b, 7000).into());
+    assert_eq!(
+        (tcp.as_str(), udp.as_str()),
+        ("100.64.1.228", "100.64.1.228")
+    );
+    service.join().unwrap().unwrap();
+    // B's host opens to the PLC: A hands those packets to the router, which forwards them.
+    router
+        .exec(
+            "nft",
+            &[
+                "add table ip t; add chain ip t f { type filter hook forward priority 0; }; add rule ip t f ip daddr 192.0.2.20 counter",
+            ],
+        )
+        .unwrap();
+    let service = who_am_i(&plc, 7000, 1);
+    let (tcp, udp) = seen_as(&bed.b.lan, (plc_vip(1), 7000).into());
+    assert_eq!((tcp, udp), (host_b.to_string(), host_b.to_string()));
+    service.join().unwrap().unwrap();
+    let counted = router
+        .exec("nft", &["list", "chain", "ip", "t", "f"])
+        .unwrap();
+    let packets: u64 = counted
+        .split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in {counted}"));
+    assert!(
+        packets >= 4,
+        "the router forwarded {packets} packets to the PLC"
+    );
+    assert_eq!(bed.counter(Side::A, "drop_spoofed").unwrap(), 0);
+}
