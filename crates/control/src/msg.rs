@@ -11,7 +11,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -92,6 +92,10 @@ pub struct NameRecord {
     pub name: String,
     /// Its vIP, inside the client's certified blocks.
     pub vip: Ipv4Addr,
+    /// A fixed-address device's own address on its site's legacy subnet (version 7): for
+    /// the fleet view only, never resolved nor routed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy: Option<Ipv4Addr>,
 }
 
 /// Client to cloud.
@@ -404,4 +408,28 @@ pub struct PolicyRule {
     pub proto: PolicyProto,
     /// Destination port ranges, inclusive; empty: every port.
     pub ports: Vec<(u16, u16)>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A version-6 client's names (no `legacy`) read as before, and a name without it is
+    /// written as version 6 wrote it; one with it carries it.
+    #[test]
+    fn a_names_legacy_address_is_optional_both_ways() {
+        let v6 = r#"{"name":"cam.gw1.ovl.example","vip":"100.64.1.20"}"#;
+        let rec: NameRecord = serde_json::from_str(v6).unwrap();
+        assert_eq!(rec.legacy, None);
+        assert_eq!(serde_json::to_string(&rec).unwrap(), v6);
+        let fixed = NameRecord {
+            legacy: Some(Ipv4Addr::new(192, 0, 2, 20)),
+            ..rec
+        };
+        let text = serde_json::to_string(&fixed).unwrap();
+        assert!(text.contains(r#""legacy":"192.0.2.20""#), "{text}");
+        assert_eq!(serde_json::from_str::<NameRecord>(&text).unwrap(), fixed);
+    }
 }

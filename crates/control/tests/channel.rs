@@ -117,6 +117,7 @@ fn messages_flow_both_ways_in_order() {
         names: vec![NameRecord {
             name: "gw1.ovl.example".into(),
             vip: Ipv4Addr::new(100, 64, 1, 1),
+            legacy: Some(Ipv4Addr::new(192, 0, 2, 20)),
         }],
     };
     let f = client.seal(&reg).unwrap();
@@ -340,6 +341,7 @@ fn names_inside_the_certificate_only() {
     let rec = |name: &str, vip: [u8; 4]| NameRecord {
         name: name.into(),
         vip: vip.into(),
+        legacy: None,
     };
     assert_eq!(
         check_name(&b, &rec("gw1.ovl.example", [100, 64, 1, 1])),
