@@ -20,6 +20,7 @@ fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
         name: name.into(),
         vip: Ipv4Addr::from(vip),
+        legacy: None,
     }
 }
 
@@ -255,6 +256,16 @@ async fn fleet(store: &Store) {
             Ipv4Addr::new(100, 64, 1, 7)
         )]
     );
+    // Its fixed address on the site's legacy subnet, as registered (version 7).
+    assert_eq!(
+        holder("fp1x").legacy,
+        [(
+            "cam.gw1.ovl.example".to_owned(),
+            Ipv4Addr::new(192, 0, 2, 7)
+        )]
+        .into()
+    );
+    assert!(holder("fp2").legacy.is_empty());
     assert!(holder("fp1x").last_seen > 0);
     assert!(holder("fp2").client.online);
     assert!(matches!(
@@ -295,7 +306,14 @@ async fn identities(store: &Store) {
         .await
         .unwrap();
     let refused = store
-        .register("fp1x", &[], &[rec("cam.gw1.ovl.example", [100, 64, 1, 7])])
+        .register(
+            "fp1x",
+            &[],
+            &[NameRecord {
+                legacy: Some(Ipv4Addr::new(192, 0, 2, 7)),
+                ..rec("cam.gw1.ovl.example", [100, 64, 1, 7])
+            }],
+        )
         .await
         .unwrap();
     assert!(refused.is_empty(), "a free name: {refused:?}");

@@ -70,6 +70,9 @@ struct View {
 struct Hosted {
     name: String,
     vip: Ipv4Addr,
+    /// A fixed-address device's own address on its site's legacy subnet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    legacy: Option<Ipv4Addr>,
 }
 
 impl View {
@@ -96,6 +99,7 @@ impl View {
                 .map(|(name, vip)| Hosted {
                     name: name.clone(),
                     vip: *vip,
+                    legacy: m.legacy.get(name).copied(),
                 })
                 .collect(),
         }
@@ -211,7 +215,10 @@ fn show_text(views: &[View], now: u64) -> String {
             v.observed.map_or_else(|| "-".to_owned(), |o| o.to_string())
         );
         for n in &v.names {
-            let _ = writeln!(t, "  {:<40} {}", n.name, n.vip);
+            let own = n
+                .legacy
+                .map_or_else(String::new, |a| format!("  fixed {a}"));
+            let _ = writeln!(t, "  {:<40} {}{own}", n.name, n.vip);
         }
     }
     t

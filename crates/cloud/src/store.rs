@@ -75,6 +75,8 @@ pub struct Member {
     pub last_seen: u64,
     /// The names it hosts (its own and its devices'), with their vIPs, by name.
     pub names: Vec<(String, Ipv4Addr)>,
+    /// Of those, the fixed-address devices' own addresses on their site's legacy subnet.
+    pub legacy: std::collections::BTreeMap<String, Ipv4Addr>,
 }
 
 /// A name and who hosts it.
@@ -375,11 +377,12 @@ impl Store {
                 continue;
             }
             let done = sqlx::query(
-                "INSERT INTO names (name, vip, owner) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
+                "INSERT INTO names (name, vip, owner, legacy) VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
             )
             .bind(&n.name)
             .bind(n.vip.to_string())
             .bind(fingerprint)
+            .bind(n.legacy.map(|a| a.to_string()))
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 0 {
@@ -487,28 +490,45 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        let names = sqlx::query("SELECT owner, name, vip FROM names ORDER BY name")
+        let names = sqlx::query("SELECT owner, name, vip, legacy FROM names ORDER BY name")
             .fetch_all(&self.pool)
             .await?;
         // Each client's names, grouped once (not looked up per client).
         let mut held: std::collections::HashMap<String, Vec<(String, Ipv4Addr)>> =
             std::collections::HashMap::new();
+        let mut legacy = std::collections::BTreeMap::new();
         for n in &names {
-            let vip: String = n.try_get(2)?;
-            let vip = vip.parse().map_err(|_| StoreError::Corrupt {
+            let address = |at: usize| -> Result<Option<Ipv4Addr>, StoreError> {
+                let text: Option<String> = n.try_get(at)?;
+                text.map(|t| {
+                    t.parse().map_err(|_| StoreError::Corrupt {
+                        table: "names",
+                        what: format!("address {t:?}"),
+                    })
+                })
+                .transpose()
+            };
+            let vip = address(2)?.ok_or_else(|| StoreError::Corrupt {
                 table: "names",
-                what: format!("vip {vip:?}"),
+                what: "a name without a vip".to_owned(),
             })?;
-            held.entry(n.try_get(0)?)
-                .or_default()
-                .push((n.try_get(1)?, vip));
+            let name: String = n.try_get(1)?;
+            if let Some(own) = address(3)? {
+                legacy.insert(name.clone(), own);
+            }
+            held.entry(n.try_get(0)?).or_default().push((name, vip));
         }
         let mut members = Vec::with_capacity(rows.len());
         for row in &rows {
             let client = client_row(row, 0)?;
             let last_seen: i64 = row.try_get(7)?;
+            let names = held.remove(&client.fingerprint).unwrap_or_default();
             members.push(Member {
-                names: held.remove(&client.fingerprint).unwrap_or_default(),
+                legacy: names
+                    .iter()
+                    .filter_map(|(n, _)| Some((n.clone(), *legacy.get(n)?)))
+                    .collect(),
+                names,
                 client,
                 last_seen: u64::try_from(last_seen).unwrap_or(0),
             });

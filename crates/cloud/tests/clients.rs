@@ -102,6 +102,7 @@ fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
         name: name.into(),
         vip: Ipv4Addr::from(vip),
+        legacy: None,
     }
 }
 
