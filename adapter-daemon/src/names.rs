@@ -91,11 +91,13 @@ impl Names {
             .map(|(ip, label)| NameRecord {
                 name: format!("{label}.{}", self.zone),
                 vip: *ip,
+                legacy: self.legacy.get(ip).copied(),
             })
             .collect();
         hosted.push(NameRecord {
             name: self.zone.clone(),
             vip: self.gateway,
+            legacy: None,
         });
         hosted.sort();
         if hosted != self.hosted {

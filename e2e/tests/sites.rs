@@ -606,3 +606,85 @@ fn beside_a_router_devices_reach_the_other_site_once_it_routes_the_overlay() {
     );
     assert_eq!(bed.counter(Side::A, "drop_spoofed").unwrap(), 0);
 }
+
+/// What `cyphonic-cloud members show NAME` prints with `args`, from the bed's cloud.
+fn members_show(bed: &TwoSites, name: &str, json: bool) -> String {
+    let config = bed.cloud.as_ref().unwrap().dir.join("cloud.toml");
+    let mut args = vec![
+        "members",
+        "show",
+        name,
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    if json {
+        args.push("--json");
+    }
+    let out = std::process::Command::new(&bed.bins.cloud)
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The fleet view (issue 52, item 5): with a cloud, the adapter registers its fixed device's
+/// own address with its name (control version 7), and `members show` prints it beside the
+/// vIP; the name resolves from the other site through the cloud.
+#[test]
+fn the_clouds_members_show_a_fixed_devices_own_address() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        cloud: Some(cyphonic_e2e::bed::CloudOptions::default()),
+        ..BedOptions::default()
+    };
+    opts.a.extra = legacy(1, Side::A, "");
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let plc = fixed_device(&mut bed, Side::A, "plc", plc_mac(Side::A), PLC);
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let hosted = |shown: &Value| -> Option<Value> {
+        shown.as_array()?.iter().find_map(|cert| {
+            cert["names"]
+                .as_array()?
+                .iter()
+                .find(|n| n["name"] == "plc.gw1.ovl.example")
+                .cloned()
+        })
+    };
+    let mut found = None;
+    cyphonic_e2e::wait_until(
+        Duration::from_secs(10),
+        "the cloud holds plc's name",
+        || {
+            let shown: Value = serde_json::from_str(&members_show(&bed, "gw1.ovl.example", true))
+                .unwrap_or(Value::Null);
+            found = hosted(&shown);
+            found.is_some()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let plc_row = found.unwrap();
+    assert_eq!(plc_row["vip"], plc_vip(1).to_string(), "{plc_row}");
+    assert_eq!(plc_row["legacy"], PLC.to_string(), "{plc_row}");
+    let text = members_show(&bed, "gw1.ovl.example", false);
+    assert!(
+        text.lines().any(|l| l.contains("plc.gw1.ovl.example")
+            && l.contains("100.64.1.228")
+            && l.contains("fixed 192.0.2.20")),
+        "{text}"
+    );
+    // Through the cloud, B's host finds the PLC by name and reaches it.
+    let named = bed.resolve(
+        &bed.b.lan,
+        Ipv4Addr::new(100, 64, 2, 1),
+        "plc.gw1.ovl.example",
+    );
+    assert_eq!(named, vec![plc_vip(1).to_string()]);
+    assert!(pings(&bed.b.lan, plc_vip(1)), "{}", bed.logs());
+    drop(plc);
+}

@@ -90,6 +90,7 @@ impl NodeServices {
             hosted: [NameRecord {
                 name: name.to_owned(),
                 vip,
+                legacy: None,
             }],
             status,
         }
