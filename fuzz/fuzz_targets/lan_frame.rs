@@ -1,17 +1,22 @@
 //! The adapter's classify path: arbitrary Ethernet frames from the LAN (and arbitrary
 //! decrypted packets from the tunnel) must never panic, and what is forwarded must be a
-//! well-formed packet within the frame.
+//! well-formed packet within the frame; with a legacy map too (fixed-address devices).
 #![no_main]
 
 use std::net::Ipv4Addr;
 
-use cyphonic_gateway::{Egress, Fragmenter, Lan, Neighbors, complete_deferred_checksum};
+use cyphonic_gateway::{
+    Egress, Fragmenter, Lan, Legacy, Neighbors, Netmap, Sums, complete_deferred_checksum,
+};
 
 struct OneLease;
 
 impl Neighbors for OneLease {
     fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
-        (ip == Ipv4Addr::new(100, 64, 1, 10)).then_some([0x02, 0xbb, 0, 0, 0, 10])
+        // The DHCP device, and the fixed one (192.0.2.20) at its overlay address.
+        [Ipv4Addr::new(100, 64, 1, 10), Ipv4Addr::new(100, 64, 1, 148)]
+            .contains(&ip)
+            .then_some([0x02, 0xbb, 0, 0, 0, 10])
     }
 }
 
@@ -25,6 +30,20 @@ fn lan() -> Lan {
         inner_mtu: 1420,
         mss_clamp: true,
         defer_checksums: false,
+        legacy: None,
+    }
+}
+
+/// 192.0.2.0/25 onto 100.64.1.128/25, the old router at 192.0.2.1.
+fn legacy() -> Legacy {
+    Legacy {
+        map: Netmap::new(
+            "192.0.2.0/25".parse().expect("subnet"),
+            "100.64.1.128/25".parse().expect("onto"),
+        )
+        .expect("one size"),
+        gateway: Ipv4Addr::new(192, 0, 2, 1),
+        router: None,
     }
 }
 
@@ -32,6 +51,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&flags, rest)) = data.split_first() else { return };
     let lan = Lan {
         defer_checksums: flags & 8 != 0,
+        legacy: (flags & 16 != 0).then(legacy),
         ..lan()
     };
     let mut frame = rest.to_vec();
@@ -40,6 +60,10 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         frame[..6].copy_from_slice(&lan.mac);
         frame[6..12].copy_from_slice(&[0x02, 0xbb, 0, 0, 0, 10]);
         frame[12..14].copy_from_slice(if flags & 2 == 0 { &[0x08, 0x00] } else { &[0x08, 0x06] });
+        // With the map, from the fixed device's own address.
+        if flags & 16 != 0 && frame.len() >= 30 {
+            frame[26..30].copy_from_slice(&[192, 0, 2, 20]);
+        }
     }
     let wire_len = frame.len() + usize::from(flags >> 5);
     let mut out = [0u8; 2048];
@@ -64,11 +88,13 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
             }
         }
         Egress::Reply { len, .. } => assert!(len <= out.len()),
+        Egress::Hairpin { frame: f } => assert!(f.end <= frame.len()),
         _ => {}
     }
     // The same bytes as a decrypted packet from a peer.
     let mut buf = vec![0u8; 16 + rest.len()];
     buf[16..].copy_from_slice(rest);
     let peer = ["100.64.2.0/24".parse().expect("block")];
-    let _ = lan.deliver(&mut buf, 16..16 + rest.len(), &peer, &OneLease);
+    let sums = if flags & 4 != 0 { Sums::Partial } else { Sums::Full };
+    let _ = lan.deliver(&mut buf, 16..16 + rest.len(), &peer, &OneLease, sums);
 });

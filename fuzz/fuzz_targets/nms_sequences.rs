@@ -128,7 +128,16 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                     names: names
                         .iter()
                         .take(20)
-                        .map(|(n, vip)| NameRecord { name: name(n), vip: Ipv4Addr::from(*vip) })
+                        .map(|(n, vip)| {
+                            let vip = Ipv4Addr::from(*vip);
+                            // Every other name a fixed device's, with its own address.
+                            let own = vip.octets()[3];
+                            NameRecord {
+                                name: name(n),
+                                vip,
+                                legacy: (own & 1 == 1).then(|| Ipv4Addr::new(192, 0, 2, own)),
+                            }
+                        })
                         .collect(),
                 },
                 Op::Resolve { id, name: n } => ClientMsg::Resolve { id: *id, name: name(n) },

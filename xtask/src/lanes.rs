@@ -48,6 +48,7 @@ const SECONDS: &[(&str, u32)] = &[
     ("cloud", 77),
     ("policy", 80),
     ("lan", 52),
+    ("sites", 38),
     ("trust", 26),
     ("node", 23),
 ];

@@ -536,3 +536,70 @@ fn beside_a_router_its_mac_vouches_for_the_subnet_and_takes_the_replies() {
     let v = beside().deliver(&mut buf, 16..16 + ip.len(), &blocks, &unknown, Sums::Full);
     assert_eq!(v, Ingress::Drop(crate::IngressDrop::NoHolder));
 }
+
+/// A valid IPv4 header from the PLC to `dst` with `proto`, `ttl` and the fragment field
+/// `frag`, before `payload` (anything: a transport header or an ICMP message and its quote).
+fn packet_from_the_plc(dst: [u8; 4], proto: u8, ttl: u8, frag: u16, payload: &[u8]) -> Vec<u8> {
+    let mut p = ipv4_udp(PLC, dst, 1, 2, &[]);
+    p.truncate(20);
+    p.extend_from_slice(payload);
+    let total = u16::try_from(p.len()).unwrap();
+    p[2..4].copy_from_slice(&total.to_be_bytes());
+    p[6..8].copy_from_slice(&frag.to_be_bytes());
+    p[8] = ttl;
+    p[9] = proto;
+    p[10..12].fill(0);
+    let sum = crate::checksum::internet(&p[..20]);
+    p[10..12].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
+proptest::proptest! {
+    /// Any packet from a fixed device (a valid header, anything after it: TCP, UDP, ICMP
+    /// errors with any quote, fragments) through the site's gateway, and beside a router, to
+    /// the tunnel, the old router, a DHCP device or itself; and the same bytes from the
+    /// tunnel; sums whole or partial: a verdict, never a panic, and what leaves lies within
+    /// the frame.
+    #[test]
+    fn any_packet_of_a_fixed_device_is_judged_never_a_panic(
+        mut payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        proto in proptest::prop_oneof![proptest::prelude::Just(1u8), proptest::prelude::Just(6), proptest::prelude::Just(17), proptest::prelude::any::<u8>()],
+        dst in proptest::prop_oneof![proptest::prelude::Just(REMOTE), proptest::prelude::Just(OLD_ROUTER), proptest::prelude::Just(LAPTOP), proptest::prelude::Just(PLC_VIP)],
+        ttl in 0u8..3,
+        frag in proptest::prop_oneof![proptest::prelude::Just(0u16), proptest::prelude::Just(0x4000), proptest::prelude::Just(0x2000), proptest::prelude::any::<u16>()],
+        error_type in proptest::prop_oneof![proptest::prelude::Just(3u8), proptest::prelude::Just(11), proptest::prelude::any::<u8>()],
+        partial in proptest::prelude::any::<bool>(),
+        beside_router in proptest::prelude::any::<bool>(),
+    ) {
+        let lan = if beside_router { beside() } else { site() };
+        let table = RouterTable { known: true, ..RouterTable::default() };
+        // ICMP errors, with quotes of every length, more often than chance would make them.
+        if proto == 1 && let Some(t) = payload.first_mut() {
+            *t = error_type;
+        }
+        let ip = packet_from_the_plc(dst, proto, ttl, frag, &payload);
+        let mut frame = eth(GW_MAC, PLC_MAC, &ip);
+        let mut out = vec![0u8; 2048];
+        let len = frame.len();
+        match lan.handle_frame(&mut frame, len, partial, &table, &mut out) {
+            Egress::Forward { packet, .. } | Egress::Fragment { packet, .. } => {
+                proptest::prop_assert!(packet.end <= frame.len());
+                proptest::prop_assert_eq!(src(&frame[packet]), PLC_VIP);
+            }
+            Egress::Hairpin { frame: f } => proptest::prop_assert!(f.end <= frame.len()),
+            Egress::Reply { len, .. } => proptest::prop_assert!(len <= out.len()),
+            _ => {}
+        }
+        let mut ip = ip;
+        ip[12..16].copy_from_slice(&REMOTE);
+        ip[16..20].copy_from_slice(&PLC_VIP);
+        ip[10..12].fill(0);
+        let sum = crate::checksum::internet(&ip[..20]);
+        ip[10..12].copy_from_slice(&sum.to_be_bytes());
+        let mut buf = vec![0u8; 16 + ip.len()];
+        buf[16..].copy_from_slice(&ip);
+        let sums = if partial { Sums::Partial } else { Sums::Full };
+        let blocks = ["100.64.2.0/24".parse().unwrap()];
+        let _ = lan.deliver(&mut buf, 16..16 + ip.len(), &blocks, &table, sums);
+    }
+}
