@@ -137,6 +137,20 @@ pub(crate) fn error(
     kind: IcmpError,
     out: &mut [u8],
 ) -> Option<usize> {
+    let (head, ip) = out.split_at_mut_checked(ETH_HEADER_LEN)?;
+    let len = error_packet(lan, packet, h, kind, ip)?;
+    write_eth(head, dst_mac, lan.mac, ETHERTYPE_IPV4);
+    Some(ETH_HEADER_LEN + len)
+}
+
+/// [`error`]'s IP packet alone, from the gateway vIP: for a sender across the tunnel.
+pub(crate) fn error_packet(
+    lan: &Lan,
+    packet: &[u8],
+    h: &Header,
+    kind: IcmpError,
+    out: &mut [u8],
+) -> Option<usize> {
     if h.frag_offset != 0 || h.src.is_broadcast() || h.src.is_multicast() || h.src.is_unspecified()
     {
         return None;
@@ -153,9 +167,8 @@ pub(crate) fn error(
         IcmpError::FragNeeded(mtu) => (DEST_UNREACHABLE, FRAG_NEEDED, u32::from(mtu)),
         IcmpError::TimeExceeded => (TIME_EXCEEDED, 0, 0),
     };
-    icmp_frame(
-        lan,
-        dst_mac,
+    icmp_packet(
+        lan.gateway_ip,
         h.src,
         0,
         ICMP_HEADER + quote.len(),

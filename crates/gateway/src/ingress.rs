@@ -114,6 +114,16 @@ impl Lan {
             frame: start..packet.start + h.total_len,
         }
     }
+
+    /// Writes into `out` the time-exceeded the gateway sends back through the tunnel about
+    /// `packet`, a peer's packet whose TTL ran out here ([`IngressDrop::TtlExpired`]): from
+    /// the gateway vIP to its source, quoting its header and first 8 payload bytes as they
+    /// arrived (RFC 1812 §4.3.2.8 limits the rate: the caller's). Returns its length; None
+    /// where no error may be sent (about an ICMP error, a later fragment) or `out` is short.
+    pub fn time_exceeded(&self, packet: &[u8], out: &mut [u8]) -> Option<usize> {
+        let h = Header::parse(packet, true).ok()?;
+        crate::icmp::error_packet(self, packet, &h, crate::icmp::IcmpError::TimeExceeded, out)
+    }
 }
 
 #[cfg(test)]
@@ -146,6 +156,36 @@ mod tests {
             Sums::Full,
         );
         (v, buf)
+    }
+
+    /// A peer's packet that runs out of TTL here is answered through the tunnel with a
+    /// time-exceeded from the gateway vIP quoting it as it arrived; an ICMP error is not.
+    #[test]
+    fn an_expired_packet_is_answered_with_a_time_exceeded() {
+        let mut p = ipv4_udp([100, 64, 2, 20], [100, 64, 1, 10], 33434, 33435, b"probe");
+        p[8] = 1;
+        p[10..12].fill(0);
+        let sum = crate::checksum::internet(&p[..20]);
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
+        let (v, _) = run(&p);
+        assert_eq!(v, Ingress::Drop(IngressDrop::TtlExpired));
+        let mut out = [0u8; 128];
+        let len = lan().time_exceeded(&p, &mut out).unwrap();
+        let e = &out[..len];
+        assert_eq!(
+            (&e[12..16], &e[16..20]),
+            (&[100, 64, 1, 1][..], &[100, 64, 2, 20][..])
+        );
+        assert_eq!((e[20], e[21]), (11, 0));
+        assert_eq!(
+            &e[28..],
+            &p[..28],
+            "the header and 8 bytes, as they arrived"
+        );
+        assert!(checksums_ok(e));
+        let mut error = ipv4_echo([100, 64, 2, 20], [100, 64, 1, 10], b"");
+        error[20] = 3;
+        assert_eq!(lan().time_exceeded(&error, &mut out), None);
     }
 
     #[test]
