@@ -30,7 +30,7 @@ cyphonic_telemetry::counters! {
     echo_replies,
     /// ICMP fragmentation-needed sent (packets over the inner MTU with DF).
     icmp_frag_needed,
-    /// ICMP time-exceeded sent.
+    /// ICMP time-exceeded sent: to a device whose packet's TTL ran out on its way out, or through the tunnel to a peer's sender whose packet's TTL ran out on its way in.
     icmp_time_exceeded,
     /// ICMP errors not sent because of the rate limit.
     icmp_rate_limited,

@@ -148,6 +148,21 @@ impl Gateway {
         });
     }
 
+    /// Tells `peer` that its `packet` ran out of TTL here: a time-exceeded from the gateway
+    /// vIP through the tunnel (counted as the LAN's are).
+    pub fn time_exceeded_to_peer(&self, peer: u32, packet: &[u8]) {
+        let lan = &self.lan;
+        let mut sent = false;
+        self.to_peer(peer, |room| {
+            let len = lan.lan.time_exceeded(packet, room);
+            sent = len.is_some();
+            len
+        });
+        if sent {
+            bump(&lan.counters.icmp_time_exceeded);
+        }
+    }
+
     /// Hands `peer` an IP packet of the gateway's own: `write` puts it into a pool buffer's
     /// room behind the tunnel header and returns its length (`None`: it does not fit), and
     /// the engine seals and sends it in order with the devices' traffic. What cannot go is

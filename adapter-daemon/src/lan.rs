@@ -67,6 +67,14 @@ pub enum ToServices {
         /// The UDP payload.
         payload: Vec<u8>,
     },
+    /// A peer's packet whose TTL ran out here: a time-exceeded goes back to its sender
+    /// (within the gateway's ICMP error rate, checked before it was queued).
+    Expired {
+        /// The peer.
+        peer: u32,
+        /// The packet as it arrived.
+        packet: Vec<u8>,
+    },
     /// A packet a peer sent to the gateway vIP (already checked against its blocks).
     FromPeer {
         /// The peer.
@@ -190,7 +198,7 @@ impl LanSide {
                     self.service_rate.admit(client.source(), now),
                 )
             }
-            ToServices::FromPeer { peer, packet, .. } => {
+            ToServices::FromPeer { peer, packet, .. } | ToServices::Expired { peer, packet } => {
                 let src = packet
                     .get(12..16)
                     .and_then(|s| <[u8; 4]>::try_from(s).ok())

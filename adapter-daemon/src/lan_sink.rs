@@ -56,6 +56,7 @@ impl Sink for LanSink {
 
     fn emit(&mut self, mut item: Accepted) -> Result<(), DropReason> {
         let packet = item.packet();
+        let arrived = packet.clone();
         let c = &self.lan.counters;
         let now = item.now();
         // Read before the Ethernet header goes where the tunnel header was.
@@ -98,6 +99,21 @@ impl Sink for LanSink {
                 Ok(())
             }
             Ingress::Drop(reason) => {
+                // Its sender hears why (RFC 1812 §4.3.2.8), from the services' thread.
+                if reason == IngressDrop::TtlExpired {
+                    if self.lan.icmp_errors.admit((), now) {
+                        let packet = item.buf()[arrived].to_vec();
+                        self.lan.to_services(
+                            ToServices::Expired {
+                                peer: peer_id,
+                                packet,
+                            },
+                            now,
+                        );
+                    } else {
+                        bump(&c.icmp_rate_limited);
+                    }
+                }
                 let (counter, dr) = match reason {
                     IngressDrop::NotIpv4 => (&c.drop_inner_not_ipv4, DropReason::Malformed),
                     IngressDrop::Malformed | IngressDrop::NoHeadroom => {

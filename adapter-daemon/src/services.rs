@@ -363,6 +363,9 @@ impl Services for AdapterServices {
             Work::Queued(ToServices::FromPeer { peer, packet, at }) => {
                 self.handle_peer_packet(at, peer, &packet);
             }
+            Work::Queued(ToServices::Expired { peer, packet }) => {
+                self.gateway.time_exceeded_to_peer(peer, &packet);
+            }
             Work::LeasesKept => self.release_dhcp(now),
         }
         self.publish();

@@ -202,8 +202,31 @@ fn fixed_address_devices_with_one_address_at_both_sites_reach_each_other() {
     );
     service.join().unwrap().unwrap();
 
-    // An ICMP error from across the tunnel, its quote mapped at both ends.
+    // ICMP errors from across the tunnel, their quotes mapped at both ends: the far PLC's
+    // port unreachable, and the far adapter's time-exceeded for a TTL that ran out there
+    // (ping matches it to its socket by the quote).
     assert!(refused(&plc_a, (plc_vip(2), 7999).into()), "{}", bed.logs());
+    let out = plc_a
+        .exec_output(
+            "ping",
+            &[
+                "-n",
+                "-c",
+                "1",
+                "-t",
+                "2",
+                "-W",
+                "2",
+                &plc_vip(2).to_string(),
+            ],
+        )
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("From 100.64.2.1") && said.contains("Time to live exceeded"),
+        "{said}\n{}",
+        bed.logs()
+    );
 
     // A box on A's LAN takes the PLC's address from its own MAC: none of it leaves.
     let spoofed_before = bed.counter(Side::A, "drop_spoofed").unwrap();
