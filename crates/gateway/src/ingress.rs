@@ -88,11 +88,10 @@ impl Lan {
         if self.mss_clamp {
             tcp::clamp_mss(ip, &h, self.max_mss());
         }
-        // Beside a site's router, every mapped address is reached through it.
-        let beside = self
-            .legacy
-            .is_some_and(|l| l.router.is_some() && l.map.overlay().contains(&h.dst));
-        let holder = if beside {
+        // A fixed-address device: reached in its own terms (the legacy map), and beside a
+        // site's router, through it.
+        let mapped = self.legacy.filter(|l| l.map.overlay().contains(&h.dst));
+        let holder = if mapped.is_some_and(|l| l.router.is_some()) {
             neighbors.router_mac()
         } else {
             neighbors.leased_mac(h.dst)
@@ -100,8 +99,7 @@ impl Lan {
         let Some(mac) = holder else {
             return Ingress::Drop(IngressDrop::NoHolder);
         };
-        // For a fixed-address device: in its own terms (the legacy map).
-        if let Some(legacy) = self.legacy.filter(|l| l.map.overlay().contains(&h.dst))
+        if let Some(legacy) = mapped
             && legacy.inbound(ip, sums, self.gateway_ip).is_err()
         {
             return Ingress::Drop(IngressDrop::Malformed);
