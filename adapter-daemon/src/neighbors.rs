@@ -6,7 +6,7 @@
 //! bounds ([`LEARNED_MAX`], [`LEARNED_PER_MAC`]), until the adapter restarts or the address
 //! is declared.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::{PoisonError, RwLock};
 
@@ -40,19 +40,30 @@ pub struct LanTable {
 #[derive(Debug, Default)]
 struct Held {
     reserved: HashMap<Ipv4Addr, [u8; 6]>,
+    /// The MACs of `reserved`, which learn nothing.
+    reserved_macs: HashSet<[u8; 6]>,
     leases: HashMap<Ipv4Addr, [u8; 6]>,
     learned: HashMap<Ipv4Addr, [u8; 6]>,
+    /// How many addresses of `learned` each MAC holds.
+    learned_by: HashMap<[u8; 6], usize>,
 }
 
 impl Held {
     /// Whether `mac` may learn `ip` now: nobody holds it, `mac` is not a declared device
-    /// (which stays at its own address), and the bounds leave room.
+    /// (which stays at its own address), and the bounds leave room. A few lookups, never a
+    /// scan: it runs for every frame from an address nobody holds.
     fn may_learn(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
         !self.reserved.contains_key(&ip)
             && !self.learned.contains_key(&ip)
-            && !self.reserved.values().any(|m| *m == mac)
+            && !self.reserved_macs.contains(&mac)
             && self.learned.len() < LEARNED_MAX
-            && self.learned.values().filter(|m| **m == mac).count() < LEARNED_PER_MAC
+            && self.learned_by.get(&mac).copied().unwrap_or(0) < LEARNED_PER_MAC
+    }
+
+    /// `mac` holds `ip` from now on.
+    fn learn(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
+        self.learned.insert(ip, mac);
+        *self.learned_by.entry(mac).or_default() += 1;
     }
 }
 
@@ -81,11 +92,19 @@ impl LanTable {
     pub fn set_reservations(&self, reservations: &[Reservation]) {
         let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
         held.reserved = reservations.iter().map(|r| (r.vip, r.mac.0)).collect();
+        held.reserved_macs = reservations.iter().map(|r| r.mac.0).collect();
         let Held {
-            reserved, learned, ..
+            reserved,
+            reserved_macs,
+            learned,
+            learned_by,
+            ..
         } = &mut *held;
-        learned
-            .retain(|ip, mac| !reserved.contains_key(ip) && !reserved.values().any(|m| m == mac));
+        learned.retain(|ip, mac| !reserved.contains_key(ip) && !reserved_macs.contains(mac));
+        learned_by.clear();
+        for mac in learned.values() {
+            *learned_by.entry(*mac).or_default() += 1;
+        }
     }
 
     /// The learned legacy devices: overlay address and MAC, by address.
@@ -154,7 +173,7 @@ impl Neighbors for LanTable {
         }
         let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
         if held.may_learn(ip, mac) {
-            held.learned.insert(ip, mac);
+            held.learn(ip, mac);
             drop(held);
             tracing::info!(vip = %ip, mac = %Mac(mac), "learned a fixed-address device: declare it in [[legacy.device]] to name it");
         }
@@ -247,6 +266,23 @@ mod learning {
             t.heard(Ipv4Addr::new(100, 64, 0, i), mac(1));
         }
         assert_eq!(t.learned().len(), LEARNED_PER_MAC);
+        // A reload keeps the count: still no fifth; one of its addresses declared to another
+        // MAC frees a place.
+        t.set_reservations(&[]);
+        t.heard(Ipv4Addr::new(100, 64, 0, 20), mac(1));
+        assert_eq!(t.learned().len(), LEARNED_PER_MAC);
+        let held = t.learned()[0].0;
+        t.set_reservations(&[Reservation {
+            mac: Mac(mac(7)),
+            vip: held,
+            legacy: Some(Ipv4Addr::new(192, 0, 2, 1)),
+            hostname: None,
+            groups: Vec::new(),
+        }]);
+        t.heard(Ipv4Addr::new(100, 64, 0, 20), mac(1));
+        assert_eq!(t.leased_mac(Ipv4Addr::new(100, 64, 0, 20)), Some(mac(1)));
+        assert_eq!(t.learned().len(), LEARNED_PER_MAC);
+        t.set_reservations(&[]);
         for i in 0..=u16::try_from(LEARNED_MAX).unwrap() {
             let [hi, lo] = i.to_be_bytes();
             t.heard(Ipv4Addr::new(100, 64, 4 + hi, lo), [2, 1, 0, 0, hi, lo]);
