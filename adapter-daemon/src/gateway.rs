@@ -77,20 +77,21 @@ impl Gateway {
         self.lan.lan.gateway_ip
     }
 
-    /// Beside a site's router whose MAC is not known yet, asks for it on the LAN (from the
-    /// adapter's address on its subnet); does nothing otherwise.
+    /// Beside a site's router whose MAC is not known yet: the router's address, and the
+    /// adapter's own on its subnet to ask from. None otherwise.
+    pub fn router_to_ask(&self) -> Option<(Ipv4Addr, Ipv4Addr)> {
+        let legacy = self.lan.lan.legacy?;
+        let router = legacy.router?;
+        cyphonic_gateway::Neighbors::router_mac(&self.lan.table)
+            .is_none()
+            .then_some((router, legacy.gateway))
+    }
+
+    /// Asks for the site's router's MAC on the LAN, when [`Gateway::router_to_ask`] says so.
     pub fn ask_for_router(&mut self) {
-        let Some((router, from)) = self
-            .lan
-            .lan
-            .legacy
-            .and_then(|l| Some((l.router?, l.gateway)))
-        else {
+        let Some((router, from)) = self.router_to_ask() else {
             return;
         };
-        if cyphonic_gateway::Neighbors::router_mac(&self.lan.table).is_some() {
-            return;
-        }
         let Some(len) =
             cyphonic_gateway::request(self.lan.lan.mac, from, router, &mut self.frame[..])
         else {
@@ -149,29 +150,30 @@ impl Gateway {
     }
 
     /// Tells `peer` that its `packet` ran out of TTL here: a time-exceeded from the gateway
-    /// vIP through the tunnel (counted as the LAN's are).
-    pub fn time_exceeded_to_peer(&self, peer: u32, packet: &[u8]) {
-        let lan = &self.lan;
-        let mut sent = false;
-        self.to_peer(peer, |room| {
-            let len = lan.lan.time_exceeded(packet, room);
-            sent = len.is_some();
-            len
+    /// vIP through the tunnel (counted as the LAN's are), unless none may be sent about it.
+    pub fn time_exceeded_to_peer(&mut self, peer: u32, packet: &[u8]) {
+        let Some(len) = self.lan.lan.time_exceeded(packet, &mut self.frame[..]) else {
+            return;
+        };
+        let error = &self.frame[..len];
+        let sent = self.to_peer(peer, |room| {
+            room.get_mut(..len)?.copy_from_slice(error);
+            Some(len)
         });
         if sent {
-            bump(&lan.counters.icmp_time_exceeded);
+            bump(&self.lan.counters.icmp_time_exceeded);
         }
     }
 
     /// Hands `peer` an IP packet of the gateway's own: `write` puts it into a pool buffer's
     /// room behind the tunnel header and returns its length (`None`: it does not fit), and
     /// the engine seals and sends it in order with the devices' traffic. What cannot go is
-    /// counted.
-    fn to_peer(&self, peer: u32, write: impl FnOnce(&mut [u8]) -> Option<usize>) {
+    /// counted. Returns whether it went.
+    fn to_peer(&self, peer: u32, write: impl FnOnce(&mut [u8]) -> Option<usize>) -> bool {
         let Some(mut buf) = self.shared.pool().take() else {
             bump(&self.shared.counters().drop_no_buffer);
             bump(&self.lan.counters.drop_gateway_to_peer);
-            return;
+            return false;
         };
         let sent = write(&mut buf[PACKET_ROOM]).is_some_and(|len| {
             self.shared.peers().by_id(peer).is_some_and(|slot| {
@@ -182,6 +184,7 @@ impl Gateway {
         if !sent {
             bump(&self.lan.counters.drop_gateway_to_peer);
         }
+        sent
     }
 
     /// Sends a UDP datagram from the gateway's `src_port` to a device on the LAN; returns

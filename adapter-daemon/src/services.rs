@@ -404,13 +404,9 @@ impl Services for AdapterServices {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        use cyphonic_gateway::Neighbors as _;
         let ask = self
-            .lan
-            .lan
-            .legacy
-            .and_then(|l| l.router)
-            .filter(|_| self.lan.table.router_mac().is_none())
+            .gateway
+            .router_to_ask()
             .and(self.router_asked)
             .map(|at| at + ASK_ROUTER_EVERY);
         [self.dns.as_ref().and_then(Dns::poll_timeout), ask]

@@ -227,6 +227,7 @@ fn fixed_address_devices_with_one_address_at_both_sites_reach_each_other() {
         "{said}\n{}",
         bed.logs()
     );
+    assert_eq!(bed.counter(Side::B, "icmp_time_exceeded").unwrap(), 1);
 
     // A box on A's LAN takes the PLC's address from its own MAC: none of it leaves.
     let spoofed_before = bed.counter(Side::A, "drop_spoofed").unwrap();
