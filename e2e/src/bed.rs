@@ -867,6 +867,20 @@ impl TwoSites {
         adapter_status(&self.bins, &self.site_ref(side).socket())
     }
 
+    /// Runs `cyphonic-cloud ARGS --config <the bed's cloud's file>` (an admin command,
+    /// `members show NAME`, `token create ...`) and returns how it ended.
+    ///
+    /// # Errors
+    /// No cloud, or the program cannot start.
+    pub fn cloud_cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        let cloud = self.cloud.as_ref().context("the bed has no cloud")?;
+        Ok(Command::new(&self.bins.cloud)
+            .args(args)
+            .arg("--config")
+            .arg(cloud.dir.join("cloud.toml"))
+            .output()?)
+    }
+
     /// A counter from the cloud's status.
     ///
     /// # Errors

@@ -775,15 +775,10 @@ fn a_peer_re_keyed_under_the_same_name_is_used_at_once() {
 
     // The fleet view shows both of gw2's certificates: the new one online with its names,
     // the old one offline with none. An online member is not removed.
-    let config = bed.cloud.as_ref().unwrap().dir.join("cloud.toml");
     let members = |args: &[&str]| {
         let mut all = vec!["members"];
         all.extend_from_slice(args);
-        all.extend(["--config", config.to_str().unwrap()]);
-        std::process::Command::new(&bed.bins.cloud)
-            .args(&all)
-            .output()
-            .unwrap()
+        bed.cloud_cli(&all).unwrap()
     };
     let out = members(&["show", "gw2.ovl.example", "--json"]);
     assert!(
@@ -1086,10 +1081,8 @@ fn the_cloud_reloaded_with_a_revocation_cuts_the_client_off_and_releases_its_nam
     // A name of B's A never asked for is not found any more.
     let d = dig(&bed.a.lan, GW_A, "gw2.ovl.example", "A").unwrap();
     assert!(d.answers.is_empty(), "{d:?}");
-    let out = std::process::Command::new(&bed.bins.cloud)
-        .args(["members", "show", "gw2.ovl.example", "--json", "--config"])
-        .arg(&path)
-        .output()
+    let out = bed
+        .cloud_cli(&["members", "show", "gw2.ovl.example", "--json"])
         .unwrap();
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown[0]["online"], false, "{shown}");
@@ -1117,13 +1110,8 @@ fn a_member_revoked_online_loses_its_tunnels_within_seconds() {
     assert_eq!(peers(&bed), ["gw2.ovl.example"]);
 
     let cloud = bed.cloud.as_ref().unwrap();
-    let config = cloud.dir.join("cloud.toml");
     let started = std::time::Instant::now();
-    let out = std::process::Command::new(&bed.bins.cloud)
-        .args(["revoke", "gw2.ovl.example", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
+    let out = bed.cloud_cli(&["revoke", "gw2.ovl.example"]).unwrap();
     assert!(
         out.status.success(),
         "{}",

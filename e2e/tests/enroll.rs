@@ -35,15 +35,9 @@ fn outcome(out: &std::process::Output) -> Result<String, String> {
 
 /// `cyphonic-cloud token ARGS --config <the bed's cloud>`: its output, or its error.
 fn token_cmd(bed: &TwoSites, args: &[&str]) -> Result<String, String> {
-    let config = bed.cloud.as_ref().unwrap().dir.join("cloud.toml");
     let mut all = vec!["token"];
     all.extend_from_slice(args);
-    all.extend_from_slice(&["--config", config.to_str().unwrap()]);
-    let out = std::process::Command::new(&bed.bins.cloud)
-        .args(&all)
-        .output()
-        .unwrap();
-    outcome(&out)
+    outcome(&bed.cloud_cli(&all).unwrap())
 }
 
 /// A new token for `name` (more `args` after), as `token create` prints it.

@@ -631,23 +631,14 @@ fn beside_a_router_devices_reach_the_other_site_once_it_routes_the_overlay() {
     assert_eq!(bed.counter(Side::A, "drop_spoofed").unwrap(), 0);
 }
 
-/// What `cyphonic-cloud members show NAME` prints with `args`, from the bed's cloud.
+/// What `cyphonic-cloud members show NAME` prints (`--json` when `json`), from the bed's
+/// cloud.
 fn members_show(bed: &TwoSites, name: &str, json: bool) -> String {
-    let config = bed.cloud.as_ref().unwrap().dir.join("cloud.toml");
-    let mut args = vec![
-        "members",
-        "show",
-        name,
-        "--config",
-        config.to_str().unwrap(),
-    ];
+    let mut args = vec!["members", "show", name];
     if json {
         args.push("--json");
     }
-    let out = std::process::Command::new(&bed.bins.cloud)
-        .args(&args)
-        .output()
-        .unwrap();
+    let out = bed.cloud_cli(&args).unwrap();
     assert!(
         out.status.success(),
         "{}",
