@@ -192,6 +192,20 @@ impl Link {
         self.state().inboxes.get(&to).map_or(0, BinaryHeap::len)
     }
 
+    /// How long the oldest datagram due for `to` has waited for it to receive it (zero when
+    /// none is due): a flood that keeps this short delays what comes behind it no longer than
+    /// a socket read at a real machine's pace would, however slowly `to` reads here.
+    pub fn waited(&self, to: SocketAddr) -> Duration {
+        let now = Instant::now();
+        self.state()
+            .inboxes
+            .get(&to)
+            .and_then(|inbox| inbox.peek())
+            .map_or(Duration::ZERO, |Reverse(p)| {
+                now.saturating_duration_since(p.at)
+            })
+    }
+
     fn send(&self, from: SocketAddr, to: SocketAddr, bytes: &[u8]) {
         let now = Instant::now();
         let mut st = self.state();

@@ -516,6 +516,17 @@ fn a_restarted_end_handshakes_with_the_peer_still_sending_to_it() {
 /// The most flood datagrams the flood tests keep waiting for B: about what B's 4 MiB socket
 /// buffer holds of them.
 const FLOOD_BACKLOG: usize = 2048;
+/// The longest the flood lets its oldest datagram wait for B: about what B's socket holds
+/// of a flood at a Pi's pace (it answers some 100,000 a second with cookie-replies).
+/// Under an emulator B reads a hundred times slower, and a full socket's worth would hold
+/// A's answer back for seconds: longer than B's retries in these tests (100-400 ms), so
+/// that each answer came for an attempt already replaced. No real socket delays so long.
+const FLOOD_WAIT: Duration = Duration::from_millis(50);
+
+/// Whether the flood may add to what waits for `to` (see [`FLOOD_BACKLOG`], [`FLOOD_WAIT`]).
+fn flood_has_room(link: &cyphonic_tunnel::testing::Link, to: std::net::SocketAddr) -> bool {
+    link.queued(to) < FLOOD_BACKLOG && link.waited(to) < FLOOD_WAIT
+}
 
 /// A's first initiation to B, recorded on the link as A starts a handshake.
 fn first_initiation(p: &Pair) -> cyphonic_tunnel::testing::Datagram {
@@ -556,11 +567,11 @@ fn a_flood_of_initiations_does_not_stop_our_rekeys() {
     let rekeyed = std::thread::scope(|s| {
         s.spawn(|| {
             // About 20,000 a second, more than B can check, less than its socket holds.
-            // Never more than FLOOD_BACKLOG waiting, about what B's 4 MiB socket holds of
-            // these: where B reads slower than the flood comes (an emulator), an unbounded
-            // backlog would delay or lose A's answers behind it, which no socket would.
+            // Never more waiting than a socket would hold (`flood_has_room`): where B reads
+            // slower than the flood comes (an emulator), an unbounded backlog would delay
+            // or lose A's answers behind it, which no socket would.
             while flooding.load(Relaxed) {
-                if p.link.queued(init.to) < FLOOD_BACKLOG {
+                if flood_has_room(&p.link, init.to) {
                     for _ in 0..20 {
                         p.link.inject(init.from, init.to, &init.bytes);
                     }
@@ -627,9 +638,9 @@ fn under_load_a_genuine_initiator_gets_through_with_a_cookie() {
     let flooding = std::sync::atomic::AtomicBool::new(true);
     let done = std::thread::scope(|s| {
         s.spawn(|| {
-            // FLOOD_BACKLOG at most, as above.
+            // Bounded as above.
             while flooding.load(Relaxed) {
-                if p.link.queued(init.to) < FLOOD_BACKLOG {
+                if flood_has_room(&p.link, init.to) {
                     for _ in 0..20 {
                         p.link.inject(forged_from, init.to, &init.bytes);
                         p.link.inject(forged_from, init.to, &blind);
