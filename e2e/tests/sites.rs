@@ -134,6 +134,36 @@ fn refused(ns: &Netns, to: SocketAddr) -> bool {
     .unwrap()
 }
 
+/// What `ping` prints for one echo request of `size` bytes from `ns` to `to` with DF set.
+fn ping_df(ns: &Netns, to: Ipv4Addr, size: u16) -> String {
+    let out = ns
+        .exec_output(
+            "ping",
+            &[
+                "-n",
+                "-c",
+                "1",
+                "-M",
+                "do",
+                "-s",
+                &size.to_string(),
+                "-W",
+                "2",
+                &to.to_string(),
+            ],
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The path MTU `ns`'s kernel holds for `to` (learned from a fragmentation needed), if any.
+fn path_mtu(ns: &Netns, to: Ipv4Addr) -> Option<u32> {
+    let route = ns.ip(&["route", "get", &to.to_string()]).unwrap();
+    let mut words = route.split_whitespace();
+    words.find(|w| *w == "mtu")?;
+    words.next()?.parse().ok()
+}
+
 /// The leases entry of `vip` in a site's status.
 fn device(bed: &TwoSites, side: Side, vip: Ipv4Addr) -> Value {
     let s = bed.status(side).unwrap();
@@ -148,8 +178,8 @@ fn device(bed: &TwoSites, side: Side, vip: Ipv4Addr) -> Value {
 
 /// A PLC at each site with the same fixed address and gateway, no DHCP client: each finds
 /// the other by name at the old router's address, reaches it by ping, TCP and UDP, and sees
-/// it at its overlay address; a port unreachable from across the tunnel arrives with its
-/// quote mapped; a box on A's LAN taking the PLC's address from its own MAC is dropped and
+/// it at its overlay address; a port unreachable and a time-exceeded from across the tunnel
+/// arrive with their quotes mapped, and so does the gateway's fragmentation needed; a box on A's LAN taking the PLC's address from its own MAC is dropped and
 /// counted; the status shows each PLC's own address beside its vIP and name.
 #[test]
 fn fixed_address_devices_with_one_address_at_both_sites_reach_each_other() {
@@ -228,6 +258,17 @@ fn fixed_address_devices_with_one_address_at_both_sites_reach_each_other() {
         bed.logs()
     );
     assert_eq!(bed.counter(Side::B, "icmp_time_exceeded").unwrap(), 1);
+    // A packet too large for the tunnel, with DF: A's fragmentation needed comes from the
+    // old router's address and quotes what the PLC sent, so the PLC's kernel takes the
+    // tunnel's MTU for the path.
+    let said = ping_df(&plc_a, plc_vip(2), 1472);
+    assert!(
+        said.contains(&format!("From {OLD_ROUTER}")) && said.contains("Frag needed"),
+        "{said}\n{}",
+        bed.logs()
+    );
+    let mtu = path_mtu(&plc_a, plc_vip(2));
+    assert!(mtu.is_some_and(|m| m < 1500), "{mtu:?}");
 
     // A box on A's LAN takes the PLC's address from its own MAC: none of it leaves.
     let spoofed_before = bed.counter(Side::A, "drop_spoofed").unwrap();
@@ -524,7 +565,7 @@ fn in_clear(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
 /// MAC itself. Without the router's route to the overlay, the PLC reaches nothing and
 /// nothing of it leaves A's uplink in clear; with it, the PLC reaches B's host by name, B's
 /// host sees it at its overlay address and reaches it back (through the router), and still
-/// nothing leaves in clear.
+/// nothing leaves in clear. The router's fragmentation needed reaches B's host mapped.
 #[test]
 fn beside_a_router_devices_reach_the_other_site_once_it_routes_the_overlay() {
     let mut opts = BedOptions {
@@ -629,6 +670,29 @@ fn beside_a_router_devices_reach_the_other_site_once_it_routes_the_overlay() {
         "the router forwarded {packets} packets to the PLC"
     );
     assert_eq!(bed.counter(Side::A, "drop_spoofed").unwrap(), 0);
+
+    // A fragmentation needed from across the tunnel: the router's way to the PLC takes 1200
+    // bytes. B's host's DF packet meets the router's error, which A maps (its source, the
+    // router, and its quote's destination, the PLC) so that B's kernel finds the socket it is
+    // about and takes 1200 as the path's MTU to the PLC's overlay address.
+    router
+        .ip(&[
+            "route",
+            "add",
+            &format!("{PLC}/32"),
+            "dev",
+            "eth0",
+            "mtu",
+            "1200",
+        ])
+        .unwrap();
+    let said = ping_df(&bed.b.lan, plc_vip(1), 1300);
+    assert!(
+        said.contains("From 100.64.1.225") && said.contains("mtu = 1200"),
+        "{said}\n{}",
+        bed.logs()
+    );
+    assert_eq!(path_mtu(&bed.b.lan, plc_vip(1)), Some(1200));
 }
 
 /// What `cyphonic-cloud members show NAME` prints (`--json` when `json`), from the bed's
