@@ -236,7 +236,7 @@ fn set_receive_offloads(iface: &str, gro: bool, gso: bool) -> anyhow::Result<()>
 }
 
 impl Edge for AdapterEdge<'_> {
-    const PROGRAM: &'static str = "cyphonic-adapter";
+    const PROGRAM: &'static str = crate::PROGRAM;
     type Sink = LanSink;
     type Services = AdapterServices;
     type Status = AdapterStatus;

@@ -161,9 +161,12 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
     EdgeText { head, sections: t }
 }
 
+/// The program's name, as its command line, logs and metrics give it.
+const PROGRAM: &str = "cyphonic-adapter";
+
 /// What the command line says.
 const NAMES: Names = Names {
-    name: "cyphonic-adapter",
+    name: PROGRAM,
     about: "Puts the devices on this gateway's LAN port onto the cyphonic overlay",
     shows: "peers, leases and counters",
     socket: "/run/cyphonic/adapter.sock",

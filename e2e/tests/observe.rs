@@ -88,6 +88,16 @@ fn adapter_metrics_count_what_the_scenario_sent() {
         m.contains("# TYPE cyphonic_pipeline_egress_hold_seconds histogram"),
         "{m}"
     );
+    // What serves them, at the workspace's version (the commit is stamped by dist only).
+    let info = format!(
+        "cyphonic_build_info{{program=\"cyphonic-adapter\",version=\"{}\",commit=",
+        env!("CARGO_PKG_VERSION")
+    );
+    let built: Vec<&str> = m.lines().filter(|l| l.starts_with(&info)).collect();
+    assert!(
+        built.len() == 1 && built[0].ends_with("} 1.0"),
+        "{info} in {m}"
+    );
     // Where the packets waited: each of the 20 is counted once in every stage's histogram.
     for dir in ["egress", "ingress"] {
         for stage in ["batching", "queued", "processing", "total"] {

@@ -168,6 +168,27 @@ pub(crate) fn environment(target: &Target, b: &Build) -> anyhow::Result<Vec<(Str
     Ok(env)
 }
 
+/// What the programs read at build time for `cyphonic_build_info`'s commit; one set by the
+/// caller (a build from a source tarball) is kept.
+const COMMIT: &str = "CYPHONIC_COMMIT";
+
+/// The commit the tree at `root` is at (12 hex digits), `+dirty` when tracked files differ
+/// from it; None outside a git checkout.
+fn commit(root: &Path) -> Option<String> {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"]).filter(|o| o.status.success())?;
+    let head = String::from_utf8(head.stdout).ok()?.trim().to_owned();
+    let clean = git(&["diff", "--quiet", "HEAD"]).is_some_and(|o| o.status.success());
+    Some(if clean { head } else { format!("{head}+dirty") })
+}
+
 /// Builds and packages for `triple` with `profile`; returns the .deb files.
 ///
 /// # Errors
@@ -176,7 +197,12 @@ pub(crate) fn run(triple: &str, profile: &str) -> anyhow::Result<Vec<PathBuf>> {
     let root = util::root();
     let target = target(triple)?;
     let b = build(&target, profile);
-    let env = environment(&target, &b)?;
+    let mut env = environment(&target, &b)?;
+    if std::env::var_os(COMMIT).is_none()
+        && let Some(commit) = commit(&root)
+    {
+        env.push((COMMIT.to_owned(), commit));
+    }
     let args: Vec<&str> = b.args.iter().map(String::as_str).collect();
     util::cargo_with(&root, &args, &env)?;
     package(triple, &root.join(&b.out), profile)
@@ -251,6 +277,37 @@ pub(crate) fn package_programs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The commit of a checkout, marked when its tracked files differ; none outside one.
+    #[test]
+    fn the_commit_is_the_trees_and_says_when_it_is_dirty() {
+        let dir = std::env::temp_dir().join(format!("xtask-commit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(commit(&dir), None, "not a checkout");
+        let git = |args: &[&str]| {
+            let ok = Command::new("git")
+                .arg("-C")
+                .arg(&dir)
+                .args(["-c", "user.name=t", "-c", "user.email=t@example.org"])
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        std::fs::write(dir.join("f"), "one").unwrap_or_else(|e| panic!("{e}"));
+        git(&["add", "f"]);
+        git(&["commit", "-q", "-m", "one"]);
+        let head = commit(&dir).unwrap_or_default();
+        assert!(
+            head.len() == 12 && head.chars().all(|c| c.is_ascii_hexdigit()),
+            "{head:?}"
+        );
+        std::fs::write(dir.join("f"), "two").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(commit(&dir), Some(format!("{head}+dirty")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// The Pi's build: the aarch64 target, Debian's cross gcc as linker and C compiler (ring
     /// compiles C), binaries under target/aarch64-unknown-linux-gnu/release.

@@ -349,9 +349,12 @@ pub fn stand_by(
     if let Some(addr) = config.common.metrics {
         let collector = HaCollector::new(b.status.clone());
         b.standby_metrics = Some(
-            cyphonic_telemetry::metrics::start(addr, vec![Box::new(collector)]).with_context(
-                || format!("opening the metrics endpoint {addr} ([metrics] listen)"),
-            )?,
+            cyphonic_telemetry::metrics::start(
+                addr,
+                cyphonic_telemetry::build!(crate::PROGRAM),
+                vec![Box::new(collector)],
+            )
+            .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?,
         );
     }
     tracing::info!(interface = %b.iface, mac = %Mac(b.nic), priority = ha.priority, preempt = ha.preempt, "HA: standing by until the pair decides");

@@ -17,6 +17,9 @@ pub mod route;
 pub mod store;
 pub mod trs;
 
+/// The program's name, as its command line, logs and metrics give it.
+pub const PROGRAM: &str = "cyphonic-cloud";
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -168,10 +171,12 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
     };
     let metrics = match config.metrics {
         Some(addr) => Some(
-            cyphonic_telemetry::metrics::serve(addr, vec![Box::new(observed.clone())])
-                .with_context(|| {
-                    format!("opening the metrics endpoint {addr} ([metrics] listen)")
-                })?,
+            cyphonic_telemetry::metrics::serve(
+                addr,
+                cyphonic_telemetry::build!(PROGRAM),
+                vec![Box::new(observed.clone())],
+            )
+            .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?,
         ),
         None => None,
     };

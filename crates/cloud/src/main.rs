@@ -36,7 +36,7 @@ const SKEW: u64 = 3600;
 
 #[derive(Parser)]
 #[command(
-    name = "cyphonic-cloud",
+    name = cyphonic_cloud::PROGRAM,
     version,
     about = "The cyphonic control plane and its certificate authority"
 )]
@@ -207,11 +207,11 @@ fn main() -> ExitCode {
             cyphonic_telemetry::logging::init(log_format);
             match cyphonic_cloud::config::load(&config, now()) {
                 Ok(c) => serve(&config, c),
-                Err(e) => return config_refused("cyphonic-cloud", &e),
+                Err(e) => return config_refused(cyphonic_cloud::PROGRAM, &e),
             }
         }
         Command::Status { socket, json } => {
-            cyphonic_telemetry::status::show(&socket, "cyphonic-cloud", json, print_status)
+            cyphonic_telemetry::status::show(&socket, cyphonic_cloud::PROGRAM, json, print_status)
                 .map_err(anyhow::Error::from)
         }
         Command::CheckConfig { config } => match cyphonic_cloud::config::load(&config, now()) {
@@ -228,7 +228,7 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             }
-            Err(e) => return config_refused("cyphonic-cloud", &e),
+            Err(e) => return config_refused(cyphonic_cloud::PROGRAM, &e),
         },
         Command::Keygen { out } => keygen(&out),
         Command::Members(m) => members::run(m, now()),

@@ -433,6 +433,7 @@ pub fn run<E: Edge>(
         );
         cyphonic_telemetry::metrics::serve(
             addr,
+            cyphonic_telemetry::build!(E::PROGRAM),
             vec![Box::new(engine_metrics), edge.collector(&core)],
         )
         .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?;

@@ -80,7 +80,7 @@ impl<'a> NodeEdge<'a> {
 }
 
 impl Edge for NodeEdge<'_> {
-    const PROGRAM: &'static str = "cyphonic-node";
+    const PROGRAM: &'static str = crate::PROGRAM;
     type Sink = TunSink;
     type Services = NodeServices;
     type Status = NodeStatus;

@@ -69,9 +69,12 @@ fn status_text(doc: &NodeDocument) -> EdgeText {
     }
 }
 
+/// The program's name, as its command line, logs and metrics give it.
+const PROGRAM: &str = "cyphonic-node";
+
 /// What the command line says.
 const NAMES: Names = Names {
-    name: "cyphonic-node",
+    name: PROGRAM,
     about: "Puts this host onto the cyphonic overlay through a TUN interface",
     shows: "peers and counters",
     socket: "/run/cyphonic/node.sock",

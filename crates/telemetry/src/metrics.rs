@@ -166,6 +166,54 @@ impl<'a> Family<'a> {
     }
 }
 
+/// What `cyphonic_build_info` says of the program serving the endpoint: take it with
+/// [`crate::build!`], which reads the version and commit where the program is compiled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Build {
+    /// The program's name (`cyphonic-adapter`).
+    pub program: &'static str,
+    /// Its version (the workspace's, `CARGO_PKG_VERSION`).
+    pub version: &'static str,
+    /// The commit it was built from (`CYPHONIC_COMMIT` at build time, which `cargo xtask
+    /// dist` sets), or `unknown`.
+    pub commit: &'static str,
+}
+
+/// The [`Build`] of `program` as the calling crate is compiled.
+#[macro_export]
+macro_rules! build {
+    ($program:expr) => {
+        $crate::metrics::Build {
+            program: $program,
+            version: env!("CARGO_PKG_VERSION"),
+            commit: match option_env!("CYPHONIC_COMMIT") {
+                Some(commit) => commit,
+                None => "unknown",
+            },
+        }
+    };
+}
+
+impl Collector for Build {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        Family::gauges(
+            "cyphonic_build_info",
+            "The program, version and commit serving these metrics (always 1).",
+        )
+        .encode(
+            &mut encoder,
+            [(
+                [
+                    ("program", self.program.to_owned()),
+                    ("version", self.version.to_owned()),
+                    ("commit", self.commit.to_owned()),
+                ],
+                1.0,
+            )],
+        )
+    }
+}
+
 /// The registry's encoding now, as the endpoint serves it.
 ///
 /// # Errors
@@ -176,14 +224,19 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
     Ok(text)
 }
 
-/// Serves what `collectors` collect at `http://<addr>/metrics` from a thread of its own
-/// (`cy-metrics`), until the process ends, and logs where. Returns the address bound (for
+/// Serves what `collectors` collect, after `build`'s `cyphonic_build_info`, at
+/// `http://<addr>/metrics` from a thread of its own (`cy-metrics`), until the process ends,
+/// and logs where. Returns the address bound (for
 /// port 0).
 ///
 /// # Errors
 /// The address cannot be bound or the thread started.
-pub fn serve(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::Result<SocketAddr> {
-    start(addr, collectors).map(Endpoint::keep)
+pub fn serve(
+    addr: SocketAddr,
+    build: Build,
+    collectors: Vec<Box<dyn Collector>>,
+) -> std::io::Result<SocketAddr> {
+    start(addr, build, collectors).map(Endpoint::keep)
 }
 
 /// An endpoint from [`start`]: it serves until dropped, and then stops accepting and frees its
@@ -241,8 +294,13 @@ impl Drop for Endpoint {
 ///
 /// # Errors
 /// The address cannot be bound or the thread started.
-pub fn start(addr: SocketAddr, collectors: Vec<Box<dyn Collector>>) -> std::io::Result<Endpoint> {
+pub fn start(
+    addr: SocketAddr,
+    build: Build,
+    collectors: Vec<Box<dyn Collector>>,
+) -> std::io::Result<Endpoint> {
     let mut registry = Registry::default();
+    registry.register_collector(Box::new(build));
     for c in collectors {
         registry.register_collector(c);
     }
@@ -399,6 +457,8 @@ mod tests {
     #[derive(Debug)]
     struct Fixed;
 
+    const BUILD: Build = crate::build!("cyphonic-test");
+
     impl Collector for Fixed {
         fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
             counter(&mut e, "cyphonic_things", "Things seen.", 7)?;
@@ -455,6 +515,7 @@ mod tests {
     fn the_endpoint_answers_over_http() {
         let addr = serve(
             "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+            BUILD,
             vec![Box::new(Fixed)],
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -472,6 +533,17 @@ mod tests {
             ok.contains(CONTENT_TYPE) && ok.contains("cyphonic_things_total 7"),
             "{ok}"
         );
+        // Every endpoint says what serves it, once.
+        let info = format!(
+            "cyphonic_build_info{{program=\"cyphonic-test\",version=\"{}\",commit=\"{}\"}} 1.0",
+            env!("CARGO_PKG_VERSION"),
+            option_env!("CYPHONIC_COMMIT").unwrap_or("unknown"),
+        );
+        assert_eq!(
+            ok.lines().filter(|l| *l == info).count(),
+            1,
+            "{info} in {ok}"
+        );
         assert!(get("/").starts_with("HTTP/1.1 404"));
         drop(slow);
     }
@@ -482,7 +554,7 @@ mod tests {
     #[test]
     fn a_dropped_endpoint_frees_its_address() {
         let any = "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!());
-        let endpoint = start(any, vec![Box::new(Fixed)]).unwrap_or_else(|e| panic!("{e}"));
+        let endpoint = start(any, BUILD, vec![Box::new(Fixed)]).unwrap_or_else(|e| panic!("{e}"));
         let addr = endpoint.local_addr();
         let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
         write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap_or_default();
@@ -490,11 +562,11 @@ mod tests {
         s.read_to_string(&mut out).unwrap_or_default();
         assert!(out.contains("cyphonic_things_total 7"), "{out}");
         drop(endpoint);
-        let again = start(addr, vec![Box::new(Fixed)]).unwrap_or_else(|e| panic!("{e}"));
+        let again = start(addr, BUILD, vec![Box::new(Fixed)]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(again.local_addr(), addr);
         let kept = again.keep();
         assert!(
-            start(kept, vec![Box::new(Fixed)]).is_err(),
+            start(kept, BUILD, vec![Box::new(Fixed)]).is_err(),
             "a kept endpoint stays bound"
         );
     }
@@ -506,6 +578,7 @@ mod tests {
     fn idle_and_slow_connections_do_not_keep_a_scrape_waiting() {
         let addr = serve(
             "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+            BUILD,
             vec![Box::new(Fixed)],
         )
         .unwrap_or_else(|e| panic!("{e}"));
