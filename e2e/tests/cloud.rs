@@ -795,6 +795,13 @@ fn a_peer_re_keyed_under_the_same_name_is_used_at_once() {
         (new["online"].clone(), old["online"].clone()),
         (true.into(), false.into())
     );
+    // Each says what it runs, as its last connection said (both connected once).
+    let runs = format!("cyphonic-adapter {}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        (new["agent"].as_str(), old["agent"].as_str()),
+        (Some(runs.as_str()), Some(runs.as_str())),
+        "{shown}"
+    );
     let names: Vec<&str> = new["names"]
         .as_array()
         .unwrap()
@@ -811,7 +818,7 @@ fn a_peer_re_keyed_under_the_same_name_is_used_at_once() {
     assert!(
         table
             .lines()
-            .any(|l| l.starts_with("gw1.ovl.example") && l.contains(" yes ")),
+            .any(|l| l.starts_with("gw1.ovl.example") && l.contains(" yes ") && l.contains(&runs)),
         "{table}"
     );
     // Removing gw2 forgets its old certificate; the online one stays, and then nothing

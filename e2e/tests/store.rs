@@ -159,11 +159,21 @@ async fn tokens(store: &Store) {
 
 async fn conformance(store: &Store) {
     store
-        .client_online("fp1", ("gw1.ovl.example", "ca1"), ("CERT1", &[]))
+        .client_online(
+            "fp1",
+            ("gw1.ovl.example", "ca1"),
+            ("CERT1", &[]),
+            "cyphonic-adapter 0.9.0",
+        )
         .await
         .unwrap();
     store
-        .client_online("fp2", ("gw2.ovl.example", "ca1"), ("CERT2", &[]))
+        .client_online(
+            "fp2",
+            ("gw2.ovl.example", "ca1"),
+            ("CERT2", &[]),
+            "cyphonic-adapter 1.0.0",
+        )
         .await
         .unwrap();
     let e1: SocketAddr = "198.51.100.2:51820".parse().unwrap();
@@ -239,6 +249,11 @@ async fn conformance(store: &Store) {
 /// The fleet view: every certificate a member used, online or not, with the names it hosts;
 /// removing a member forgets its certificates and names, but never one that is online.
 async fn fleet(store: &Store) {
+    // A renewal issued to a member that has not connected with it yet.
+    store
+        .issued("fp7", ("gw7.ovl.example", "ca1"), ("CERT7", &[]))
+        .await
+        .unwrap();
     let members = store.members().await.unwrap();
     let gw1: Vec<_> = members
         .iter()
@@ -249,6 +264,18 @@ async fn fleet(store: &Store) {
     // fp1b's last registration asked only for a name fp1x holds: it hosts nothing now.
     let holder = |fp: &str| members.iter().find(|m| m.client.fingerprint == fp).unwrap();
     assert!(holder("fp1b").names.is_empty());
+    // Each certificate shows what it ran as its last connection said; one that never
+    // connected, nothing.
+    assert_eq!(
+        holder("fp1").agent.as_deref(),
+        Some("cyphonic-adapter 0.9.0")
+    );
+    assert_eq!(
+        holder("fp1x").agent.as_deref(),
+        Some("cyphonic-adapter 1.0.0")
+    );
+    assert_eq!(holder("fp7").agent, None);
+    assert_eq!(store.remove_member("gw7.ovl.example").await.unwrap(), 1);
     assert_eq!(
         holder("fp1x").names,
         [(
@@ -293,7 +320,12 @@ async fn identities(store: &Store) {
     let gw1 = [rec("gw1.ovl.example", [100, 64, 1, 1])];
     // gw1 renewed (new fingerprint, same CA and name): it takes its names over at once.
     store
-        .client_online("fp1b", ("gw1.ovl.example", "ca1"), ("CERT1B", &[]))
+        .client_online(
+            "fp1b",
+            ("gw1.ovl.example", "ca1"),
+            ("CERT1B", &[]),
+            "cyphonic-adapter 1.0.0",
+        )
         .await
         .unwrap();
     let refused = store.register("fp1b", &[], &gw1).await.unwrap();
@@ -302,7 +334,12 @@ async fn identities(store: &Store) {
     assert_eq!(found.owner.fingerprint, "fp1b");
     // The same name from another CA is another identity: it takes nothing over.
     store
-        .client_online("fp1x", ("gw1.ovl.example", "ca2"), ("CERT1X", &[]))
+        .client_online(
+            "fp1x",
+            ("gw1.ovl.example", "ca2"),
+            ("CERT1X", &[]),
+            "cyphonic-adapter 1.0.0",
+        )
         .await
         .unwrap();
     let refused = store
@@ -349,7 +386,12 @@ async fn identities(store: &Store) {
         )]
     );
     store
-        .client_online("fp9", ("sensor.gw2.ovl.example", "ca1"), ("CERT9", &[]))
+        .client_online(
+            "fp9",
+            ("sensor.gw2.ovl.example", "ca1"),
+            ("CERT9", &[]),
+            "cyphonic-adapter 1.0.0",
+        )
         .await
         .unwrap();
     let refused = store
@@ -399,7 +441,12 @@ async fn blocks(store: &Store) {
         ("fpd", "d.blocks.example", vec![net("100.64.4.0/30")]),
     ] {
         store
-            .client_online(fp, (name, "ca1"), ("CERT", &blocks))
+            .client_online(
+                fp,
+                (name, "ca1"),
+                ("CERT", &blocks),
+                "cyphonic-adapter 1.0.0",
+            )
             .await
             .unwrap();
     }
@@ -457,7 +504,12 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             let old = pki.identity("e.ovl.example", "100.66.0.0/24", &[]);
             let pem = old.certificate().to_pem();
             store
-                .client_online("fpe", ("e.ovl.example", "ca1"), (&pem, &[]))
+                .client_online(
+                    "fpe",
+                    ("e.ovl.example", "ca1"),
+                    (&pem, &[]),
+                    "cyphonic-adapter 1.0.0",
+                )
                 .await
                 .unwrap();
             assert!(

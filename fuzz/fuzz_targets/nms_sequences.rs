@@ -102,6 +102,7 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                     &c.fingerprint().to_string(),
                     (&c.body().name, &hex::encode(c.body().issuer)),
                     (&c.to_pem(), &c.body().vip_blocks),
+                    "cyphonic-fuzz",
                 )
                 .await
                 .expect("online");

@@ -1,5 +1,6 @@
 //! `cyphonic-cloud members`: the fleet as the registry knows it. `list` (every member's
-//! certificates, online or when last seen, expiry, how many names), `show NAME` (its
+//! certificates, online or when last seen, expiry, how many names, the software and version
+//! each last said it runs), `show NAME` (its
 //! certificates, groups, blocks, endpoints and the names it hosts: its devices) and
 //! `remove NAME` (forget it and its names), in tables or JSON. Read from the store the
 //! configuration names, so on PostgreSQL it shows the whole fleet of every instance.
@@ -62,6 +63,8 @@ struct View {
     vip_blocks: Vec<String>,
     endpoints: Vec<SocketAddr>,
     observed: Option<SocketAddr>,
+    /// The software and version it said it runs when it last connected.
+    agent: Option<String>,
     names: Vec<Hosted>,
 }
 
@@ -93,6 +96,7 @@ impl View {
             }),
             endpoints: m.client.endpoints.clone(),
             observed: m.client.observed,
+            agent: m.agent.clone(),
             names: m
                 .names
                 .iter()
@@ -162,18 +166,19 @@ fn print(json: bool, views: &[View], text: impl FnOnce() -> String) -> anyhow::R
 fn list_text(views: &[View], now: u64) -> String {
     use std::fmt::Write as _;
     let mut t = format!(
-        "{:<32} {:<7} {:<10} {:<8} {:>5}  {}\n",
-        "MEMBER", "ONLINE", "LAST SEEN", "EXPIRES", "NAMES", "FINGERPRINT"
+        "{:<32} {:<7} {:<10} {:<8} {:>5}  {:<24} {}\n",
+        "MEMBER", "ONLINE", "LAST SEEN", "EXPIRES", "NAMES", "AGENT", "FINGERPRINT"
     );
     for v in views {
         let _ = writeln!(
             t,
-            "{:<32} {:<7} {:<10} {:<8} {:>5}  {}",
+            "{:<32} {:<7} {:<10} {:<8} {:>5}  {:<24} {}",
             v.name,
             if v.online { "yes" } else { "no" },
             age(v.last_seen, now),
             time_left(v.not_after, now),
             v.names.len(),
+            v.agent.as_deref().unwrap_or("-"),
             v.fingerprint
         );
     }
@@ -187,11 +192,12 @@ fn show_text(views: &[View], now: u64) -> String {
         let _ = writeln!(t, "member {}  certificate {}", v.name, v.fingerprint);
         let _ = writeln!(
             t,
-            "  {}  last seen {}  expires in {} (unix {})",
+            "  {}  last seen {}  expires in {} (unix {})  runs {}",
             if v.online { "online" } else { "offline" },
             age(v.last_seen, now),
             time_left(v.not_after, now),
-            v.not_after
+            v.not_after,
+            v.agent.as_deref().unwrap_or("-")
         );
         let _ = writeln!(
             t,

@@ -77,6 +77,9 @@ pub struct Member {
     pub names: Vec<(String, Ipv4Addr)>,
     /// Of those, the fixed-address devices' own addresses on their site's legacy subnet.
     pub legacy: std::collections::BTreeMap<String, Ipv4Addr>,
+    /// The software and version it said it runs when it last connected (cleaned, see
+    /// `nms::agent`); None for a certificate that never connected.
+    pub agent: Option<String>,
 }
 
 /// A name and who hosts it.
@@ -210,10 +213,11 @@ impl Store {
         fingerprint: &str,
         identity: (&str, &str),
         (certificate, blocks): (&str, &[IpNet]),
+        agent: &str,
     ) -> Result<(), StoreError> {
         self.put_client(
-            "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5",
-            1,
+            "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5, agent = $7",
+            (1, Some(agent)),
             fingerprint,
             identity,
             (certificate, blocks),
@@ -235,7 +239,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.put_client(
             "ON CONFLICT (fingerprint) DO NOTHING",
-            0,
+            (0, None),
             fingerprint,
             identity,
             (certificate, blocks),
@@ -243,21 +247,21 @@ impl Store {
         .await
     }
 
-    /// Inserts a client row with no endpoints, `online` as given, and its certificate's
-    /// `blocks`; `on_conflict` says what happens to a client row already there (a
-    /// fingerprint's blocks never change: it names one certificate).
+    /// Inserts a client row with no endpoints, `online` and the agent it runs as given, and
+    /// its certificate's `blocks`; `on_conflict` says what happens to a client row already
+    /// there (a fingerprint's blocks never change: it names one certificate).
     async fn put_client(
         &self,
         on_conflict: &str,
-        online: i64,
+        (online, agent): (i64, Option<&str>),
         fingerprint: &str,
         (name, issuer): (&str, &str),
         (certificate, blocks): (&str, &[IpNet]),
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(&format!(
-            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer) \
-             VALUES ($1, $2, $3, '[]', NULL, $6, $4, $5) {on_conflict}"
+            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer, agent) \
+             VALUES ($1, $2, $3, '[]', NULL, $6, $4, $5, $7) {on_conflict}"
         ))
         .bind(fingerprint)
         .bind(name)
@@ -265,6 +269,7 @@ impl Store {
         .bind(unix_now())
         .bind(issuer)
         .bind(online)
+        .bind(agent)
         .execute(&mut *tx)
         .await?;
         put_blocks(&mut tx, fingerprint, blocks).await?;
@@ -486,7 +491,7 @@ impl Store {
     pub async fn members(&self) -> Result<Vec<Member>, StoreError> {
         let rows = sqlx::query(
             "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt, \
-             updated_at FROM clients ORDER BY name, updated_at",
+             updated_at, agent FROM clients ORDER BY name, updated_at",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -522,6 +527,7 @@ impl Store {
         for row in &rows {
             let client = client_row(row, 0)?;
             let last_seen: i64 = row.try_get(7)?;
+            let agent: Option<String> = row.try_get(8)?;
             let names = held.remove(&client.fingerprint).unwrap_or_default();
             members.push(Member {
                 legacy: names
@@ -531,6 +537,7 @@ impl Store {
                 names,
                 client,
                 last_seen: u64::try_from(last_seen).unwrap_or(0),
+                agent,
             });
         }
         Ok(members)

@@ -58,6 +58,26 @@ const REVOKED_PER_MESSAGE: usize = 500;
 /// How often the registry's online revocations are read, and the policy recompiled when
 /// the registry changed.
 const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
+/// The most characters of a client's agent the registry keeps: a program's name and version
+/// fit many times over.
+const AGENT_MAX: usize = 64;
+
+/// What the registry keeps of the agent a client's `Hello` names (its software and version,
+/// which anyone with a certificate may set to anything): printable ASCII, any other
+/// character a `?` so that no control sequence reaches an operator's terminal through
+/// `members`, at most [`AGENT_MAX`] characters.
+fn agent(said: &str) -> String {
+    said.chars()
+        .take(AGENT_MAX)
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
 
 cyphonic_telemetry::counters! {
     /// NMS's counters.
@@ -403,5 +423,20 @@ impl Nms {
             }
             tokio::time::sleep(LOOK).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent is kept as said when it is a program and its version; control characters
+    /// (a terminal's escape), other scripts and anything past 64 characters are not.
+    #[test]
+    fn agents_are_kept_printable_and_short() {
+        assert_eq!(agent("cyphonic-adapter 0.1.0"), "cyphonic-adapter 0.1.0");
+        assert_eq!(agent("x\u{1b}[2J\r\ny\u{e9}"), "x?[2J??y?");
+        assert_eq!(agent(&"a".repeat(10_000)).len(), AGENT_MAX);
+        assert_eq!(agent(""), "");
     }
 }

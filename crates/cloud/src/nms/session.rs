@@ -148,6 +148,7 @@ impl Nms {
             .admit(key, timestamp, std::time::Instant::now());
         let probe_key = random16()?;
         let version = hs.hello().version;
+        let agent = agent(&hs.hello().agent);
         let issuers = match &self.issuer {
             Some(i) if version >= 3 && !i.certificate().is_root() => {
                 vec![i.certificate().to_pem()]
@@ -249,7 +250,7 @@ impl Nms {
         }
         if let Err(e) = self
             .store
-            .client_online(&fp, (&body.name, &issuer), (&pem, &body.vip_blocks))
+            .client_online(&fp, (&body.name, &issuer), (&pem, &body.vip_blocks), &agent)
             .await
         {
             tracing::error!(error = %e, "store");
