@@ -172,7 +172,16 @@ fn adapter_metrics_count_what_the_scenario_sent() {
         "{row}"
     );
     assert!(text.contains("out_of_order 0"), "{text}");
+    // What runs, first in the table and in the document (the commit is dist's to stamp).
+    let runs = format!("cyphonic-adapter {}", env!("CARGO_PKG_VERSION"));
+    assert!(text.starts_with(&runs), "{text}");
     let doc = bed.status(Side::A).unwrap();
+    assert!(
+        doc["software"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(&runs)),
+        "{doc}"
+    );
     // 20 pings 50 ms apart: a sparse flow, each sent at once by the express lane on the way
     // out, but for any that waited for the tunnel's handshake (released in order behind it);
     // the 20 replies came flagged as sparse by B, the kernel steered them to the tunnel
@@ -318,6 +327,12 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
         .collect();
     assert_eq!(names, ["gw1.ovl.example", "gw2.ovl.example"], "{doc}");
     assert_eq!(doc["registry"]["clients"], 2, "{doc}");
+    assert!(
+        doc["cloud"]["software"].as_str().is_some_and(
+            |s| s.starts_with(&format!("cyphonic-cloud {}", env!("CARGO_PKG_VERSION")))
+        ),
+        "{doc}"
+    );
     assert!(uint(&doc["counters"]["resolves"]) >= 1, "{doc}");
     let enroll = &doc["enroll"];
     assert!(

@@ -114,6 +114,7 @@ impl StandbyStatus {
                 ha: Some(ha.clone()),
             },
             at: unix,
+            software: cyphonic_telemetry::build!(crate::PROGRAM).to_string(),
             certificate: Some(self.certificate.clone()),
             peers: Vec::new(),
             cloud: None,

@@ -272,6 +272,9 @@ fn serve(path: &Path, config: cyphonic_cloud::CloudConfig) -> anyhow::Result<()>
 fn print_status(doc: &serde_json::Value) {
     let c = &doc["cloud"];
     let r = &doc["registry"];
+    if let Some(software) = c["software"].as_str() {
+        println!("{software}");
+    }
     println!(
         "cloud control {}  probes {}  store {}  up {} s",
         c["control"].as_str().unwrap_or("?"),

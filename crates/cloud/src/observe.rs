@@ -121,6 +121,7 @@ impl Observed {
         });
         json!({
             "cloud": {
+                "software": cyphonic_telemetry::build!(crate::PROGRAM).to_string(),
                 "control": self.info.control.to_string(),
                 "probes": self.info.probes.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "store": self.info.store,

@@ -222,7 +222,7 @@ pub fn main<
         Err(e) => e.exit(),
     };
     let now = cyphonic_settings::now_secs();
-    let agent = format!("{} {}", names.name, env!("CARGO_PKG_VERSION"));
+    let agent = cyphonic_telemetry::build!(names.name).to_string();
     let result = match cli.command {
         Command::Run { config, log_format } => {
             cyphonic_telemetry::logging::init(log_format);
@@ -385,8 +385,13 @@ fn show_status<E: DeserializeOwned, K: CounterSet + DeserializeOwned>(
 
 /// The status table: the edge's head line, the peers, the edge's sections, the counters.
 fn table<E, K: CounterSet>(doc: &Status<E, K>, edge: &EdgeText) -> String {
+    let software = if doc.software.is_empty() {
+        String::new()
+    } else {
+        format!("{}\n", doc.software)
+    };
     format!(
-        "{}\n{}{}\n{}",
+        "{software}{}\n{}{}\n{}",
         edge.head,
         peers_text(doc),
         edge.sections,
@@ -440,6 +445,7 @@ mod tests {
             version,
             edge: Edge { thing: "x".into() },
             at: 0,
+            software: "test 9.9.9".into(),
             certificate: None,
             peers: Vec::new(),
             cloud: None,
@@ -480,7 +486,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// The table: the edge's head line, the peers, the edge's sections, the counters.
+    /// The table: what runs, the edge's head line, the peers, the edge's sections, the
+    /// counters.
     #[test]
     fn the_table_puts_the_edge_around_the_peers() {
         let doc = status(VERSION);
@@ -503,5 +510,6 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("SECTION\n\ncounters (non-zero):"), "{text}");
+        assert!(text.starts_with("test 9.9.9\nHEAD"), "{text}");
     }
 }

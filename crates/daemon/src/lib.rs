@@ -310,6 +310,8 @@ pub fn run<E: Edge>(
     reload: Reloader<<E::Services as Services>::Reload>,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
+    // What this program is, as its status, its metrics and the cloud are told.
+    let build = cyphonic_telemetry::build!(E::PROGRAM);
     let system = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .context("the system clock is before 1970")?;
@@ -364,7 +366,7 @@ pub fn run<E: Edge>(
                 addresses: c.addresses.clone(),
                 public_keys: c.public_keys.clone(),
                 endpoints: c.endpoints.clone(),
-                agent: format!("{} {}", E::PROGRAM, env!("CARGO_PKG_VERSION")),
+                agent: build.to_string(),
                 dns_ttl: common.dns_ttl(),
                 certificate_file: common.certificate_file.clone(),
                 ca_file: common.ca_file.clone(),
@@ -433,7 +435,7 @@ pub fn run<E: Edge>(
         );
         cyphonic_telemetry::metrics::serve(
             addr,
-            cyphonic_telemetry::build!(E::PROGRAM),
+            build,
             vec![Box::new(engine_metrics), edge.collector(&core)],
         )
         .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?;
@@ -452,6 +454,7 @@ pub fn run<E: Edge>(
                 version: status::VERSION,
                 edge,
                 at: shared.clock().unix_secs(now),
+                software: build.to_string(),
                 certificate: Some(status::CertificateStatus::of(
                     shared.identity().certificate(),
                 )),

@@ -30,6 +30,10 @@ pub struct Status<E, C> {
     /// When the document was made (unix seconds; 0 from daemons before it was added).
     #[serde(default)]
     pub at: u64,
+    /// The program, its version and commit (`cyphonic-adapter 0.1.0 (3f2a9c81d0e4)`;
+    /// empty from daemons before it was added).
+    #[serde(default)]
+    pub software: String,
     /// Our own certificate.
     #[serde(default)]
     pub certificate: Option<CertificateStatus>,
@@ -572,6 +576,7 @@ mod tests {
                 fingerprint: "cd".repeat(32),
             }],
             at: 1_000_000,
+            software: "cyphonic-node 0.1.0".into(),
             certificate: Some(CertificateStatus {
                 name: "gw1.ovl.example".into(),
                 fingerprint: "ab".repeat(32),
@@ -605,7 +610,9 @@ mod tests {
         assert_eq!(json["peers"][0]["relay"]["reason"], "symmetric NAT");
         assert_eq!(json["peers"][0]["allowed"], "out");
         assert_eq!(json["buffers"]["free"], 7);
+        assert_eq!(json["software"], "cyphonic-node 0.1.0");
         let back: Status<Edge, EdgeCounters> = serde_json::from_value(json).unwrap();
+        assert_eq!(back.software, doc.software);
         assert_eq!(back.edge, doc.edge);
         assert_eq!(back.peers, doc.peers);
         assert_eq!(back.counters.all(), doc.counters.all());

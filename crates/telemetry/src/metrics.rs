@@ -194,6 +194,18 @@ macro_rules! build {
     };
 }
 
+/// The program and its version, and the commit when it is known: `cyphonic-adapter 0.1.0
+/// (3f2a9c81d0e4)`, as status documents and the cloud's fleet view show it.
+impl std::fmt::Display for Build {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.program, self.version)?;
+        if self.commit != "unknown" {
+            write!(f, " ({})", self.commit)?;
+        }
+        Ok(())
+    }
+}
+
 impl Collector for Build {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         Family::gauges(
@@ -507,6 +519,19 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
         }
+    }
+
+    /// A build reads as its program and version, with its commit when one was stamped.
+    #[test]
+    fn a_build_says_its_commit_only_when_known() {
+        let mut b = Build {
+            program: "cyphonic-node",
+            version: "1.2.3",
+            commit: "unknown",
+        };
+        assert_eq!(b.to_string(), "cyphonic-node 1.2.3");
+        b.commit = "3f2a9c81d0e4+dirty";
+        assert_eq!(b.to_string(), "cyphonic-node 1.2.3 (3f2a9c81d0e4+dirty)");
     }
 
     /// Over real HTTP on loopback: the metrics, a 404 elsewhere, at once beside a
