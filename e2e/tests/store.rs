@@ -831,3 +831,57 @@ fn a_client_fails_over_between_cloud_instances() {
         two.stop();
     });
 }
+
+/// `cyphonic-cloud check-config` asks a shared store as the daemon will need it: the
+/// PostgreSQL server answering passes; a role it does not know, and a port where nothing
+/// listens, are refused at the `database` key with status 78 (issue 56).
+#[test]
+fn check_config_asks_the_shared_store() {
+    let pg = Postgres::start().unwrap();
+    let bins = cyphonic_e2e::hosts::Bins::find().unwrap();
+    let dir = TempDir::new("check-store").unwrap();
+    let ca = cyphonic_crypto::CertificateAuthority::generate(
+        "ovl.example",
+        &["100.64.0.0/10".parse().unwrap()],
+        0,
+        4_000_000_000,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("ca.crt"), ca.certificate().to_pem()).unwrap();
+    std::fs::write(
+        dir.path().join("cloud.key"),
+        StaticKeypair::generate().unwrap().to_pem(),
+    )
+    .unwrap();
+    let path = dir.path().join("cloud.toml");
+    let check = |database: &str| {
+        std::fs::write(
+            &path,
+            format!("key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"{database}\"\n"),
+        )
+        .unwrap();
+        std::process::Command::new(&bins.cloud)
+            .args(["check-config", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = check(&pg.url());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for refused in [
+        pg.url()
+            .replace("postgres://cyphonic@", "postgres://nobody@"),
+        "postgres://cyphonic@127.0.0.1:1/postgres".to_owned(),
+    ] {
+        let out = check(&refused);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{refused}: {said}");
+        assert!(
+            said.contains("cloud.toml:3: key `database`") && said.contains("does not answer"),
+            "{refused}: {said}"
+        );
+    }
+}

@@ -623,6 +623,38 @@ fn relay(
     })
 }
 
+/// How long `check-config` waits for a shared store (PostgreSQL) to answer.
+pub const STORE_WAIT: Duration = Duration::from_secs(5);
+
+/// Proves, as `check-config` does, that the store `config` names answers this user: a
+/// PostgreSQL server is connected to with the configured credentials and asked `SELECT 1`
+/// within [`STORE_WAIT`] (nothing is written or migrated). A SQLite file is [`load`]'s to
+/// check (the first start creates it).
+///
+/// # Errors
+/// The server refuses or does not answer: said at the `database` key of the file at `path`.
+pub async fn check_store(path: &Path, config: &CloudConfig) -> anyhow::Result<()> {
+    if config.database.starts_with("sqlite:") {
+        return Ok(());
+    }
+    let Err(e) = crate::store::Store::reachable(&config.database, STORE_WAIT).await else {
+        return Ok(());
+    };
+    // The key's line, read again: `load` keeps no spans in what it returns.
+    let line = std::fs::read_to_string(path).ok().and_then(|text| {
+        let raw: Raw = toml::from_str(&text).ok()?;
+        let span = raw.database.span();
+        (span.end != 0).then(|| format!(":{}", line_of(&text, span.start)))
+    });
+    Err(anyhow::anyhow!(
+        "{}{}: key `{}`: the registry {} does not answer this user: {e}",
+        path.display(),
+        line.unwrap_or_default(),
+        Raw::database,
+        crate::store::redact(&config.database)
+    ))
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.get(..offset.min(text.len()))
         .map_or(1, |t| t.matches('\n').count() + 1)
@@ -680,6 +712,35 @@ mod tests {
         )
         .unwrap();
         dir
+    }
+
+    /// A shared store that does not answer is refused at its key (nothing listens on
+    /// loopback port 1); a SQLite file is not asked (the first start creates it).
+    #[test]
+    fn a_shared_store_that_does_not_answer_is_refused_at_its_key() {
+        let dir = keys();
+        let path = dir.path().join("cloud.toml");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let check = |database: &str| {
+            let text =
+                format!("key = \"cloud.key\"\nca = \"ca.crt\"\n\ndatabase = \"{database}\"\n");
+            std::fs::write(&path, text).unwrap();
+            let c = load(&path, 1_800_000_000).unwrap();
+            rt.block_on(check_store(&path, &c))
+        };
+        let e = check("postgres://cyphonic:secret@127.0.0.1:1/cyphonic")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cloud.toml:4: key `database`: the registry")
+                && e.contains("does not answer"),
+            "{e}"
+        );
+        assert!(!e.contains("secret"), "the password is not said: {e}");
+        assert!(check("sqlite://cloud.db").is_ok());
     }
 
     /// `[enroll] pool`: blocks of the issuing CA, disjoint.

@@ -28,7 +28,7 @@ use anyhow::Context as _;
 pub use config::CloudConfig;
 pub use nms::Nms;
 pub use policy::{Compiled, Policy, Rule};
-pub use store::Store;
+pub use store::{Store, redact};
 pub use trs::Trs;
 
 /// The services, running on the current tokio runtime.
@@ -270,30 +270,4 @@ pub async fn serve(
     cyphonic_telemetry::service::stopping();
     running.stop();
     Ok(())
-}
-
-/// A database URL without its password, for logs.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_stay_out_of_logs() {
-        assert_eq!(
-            super::redact("postgres://cy:secret@127.0.0.1/cy"),
-            "postgres://cy:***@127.0.0.1/cy"
-        );
-        assert_eq!(super::redact("sqlite:///x.db"), "sqlite:///x.db");
-    }
 }

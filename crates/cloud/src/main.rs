@@ -214,7 +214,16 @@ fn main() -> ExitCode {
             cyphonic_telemetry::status::show(&socket, cyphonic_cloud::PROGRAM, json, print_status)
                 .map_err(anyhow::Error::from)
         }
-        Command::CheckConfig { config } => match cyphonic_cloud::config::load(&config, now()) {
+        Command::CheckConfig { config } => match cyphonic_cloud::config::load(&config, now())
+            .and_then(|c| {
+                // A shared store must answer now, as the daemon would need it to.
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("starting the runtime")?
+                    .block_on(cyphonic_cloud::config::check_store(&config, &c))?;
+                Ok(c)
+            }) {
             Ok(c) => {
                 println!(
                     "{}: ok (control {}, probes {} and {}, relay {}, store {}, public key {})",

@@ -31,6 +31,9 @@ pub enum StoreError {
     /// The member has a control session open.
     #[error("{0} is online: revoke its certificate (or stop it) first")]
     Online(String),
+    /// The database did not answer in time.
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 /// A registered client as the registry holds it.
@@ -142,7 +145,41 @@ async fn put_blocks(
     Ok(())
 }
 
+/// A database URL without its password, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
 impl Store {
+    /// Connects to the database at `url` once and asks it `SELECT 1`, within `wait`: whether
+    /// it answers this user with these credentials. Nothing is created, written or migrated.
+    ///
+    /// # Errors
+    /// It refuses or fails; [`StoreError::Timeout`] when it did not answer within `wait`.
+    pub async fn reachable(url: &str, wait: std::time::Duration) -> Result<(), StoreError> {
+        install_default_drivers();
+        // One connection, tried once (a pool would retry a refused one until its time is
+        // up and then say only that).
+        let asked = async {
+            let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(url).await?;
+            sqlx::query("SELECT 1").execute(&mut conn).await?;
+            sqlx::Connection::close(conn).await?;
+            Ok(())
+        };
+        tokio::time::timeout(wait, asked)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(wait)))
+    }
+
     /// Opens (creating a SQLite file if needed) and migrates the database at `url`
     /// (`sqlite:///var/lib/cyphonic/cloud.db`, `postgres://user@host/db`).
     ///
@@ -1010,4 +1047,16 @@ fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreErro
         observed_alt: addr(observed_alt, "observed_alt")?,
         online: online != 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_stay_out_of_logs() {
+        assert_eq!(
+            super::redact("postgres://cy:secret@127.0.0.1/cy"),
+            "postgres://cy:***@127.0.0.1/cy"
+        );
+        assert_eq!(super::redact("sqlite:///x.db"), "sqlite:///x.db");
+    }
 }
