@@ -832,6 +832,24 @@ fn a_client_fails_over_between_cloud_instances() {
     });
 }
 
+/// A CA certificate and a cloud key in `dir` (`ca.crt`, `cloud.key`), readable by all: what
+/// a cloud configuration needs to load.
+fn cloud_keys(dir: &std::path::Path) {
+    let ca = cyphonic_crypto::CertificateAuthority::generate(
+        "ovl.example",
+        &["100.64.0.0/10".parse().unwrap()],
+        0,
+        4_000_000_000,
+    )
+    .unwrap();
+    std::fs::write(dir.join("ca.crt"), ca.certificate().to_pem()).unwrap();
+    std::fs::write(
+        dir.join("cloud.key"),
+        StaticKeypair::generate().unwrap().to_pem(),
+    )
+    .unwrap();
+}
+
 /// `cyphonic-cloud check-config` asks a shared store as the daemon will need it: the
 /// PostgreSQL server answering passes; a role it does not know, and a port where nothing
 /// listens, are refused at the `database` key with status 78 (issue 56).
@@ -840,19 +858,7 @@ fn check_config_asks_the_shared_store() {
     let pg = Postgres::start().unwrap();
     let bins = cyphonic_e2e::hosts::Bins::find().unwrap();
     let dir = TempDir::new("check-store").unwrap();
-    let ca = cyphonic_crypto::CertificateAuthority::generate(
-        "ovl.example",
-        &["100.64.0.0/10".parse().unwrap()],
-        0,
-        4_000_000_000,
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("ca.crt"), ca.certificate().to_pem()).unwrap();
-    std::fs::write(
-        dir.path().join("cloud.key"),
-        StaticKeypair::generate().unwrap().to_pem(),
-    )
-    .unwrap();
+    cloud_keys(dir.path());
     let path = dir.path().join("cloud.toml");
     let check = |database: &str| {
         std::fs::write(
@@ -884,4 +890,76 @@ fn check_config_asks_the_shared_store() {
             "{refused}: {said}"
         );
     }
+}
+
+/// Issue 56: an admin command run as root before the first start (`members list` here, as
+/// `token create` would) must not leave the registry root's. It becomes the owner of the
+/// registry's directory (the service user) before opening it: the registry it creates, and
+/// one root already owned there, are that user's, who then passes `check-config` (which
+/// proves it can write them).
+#[test]
+fn an_admin_command_run_as_root_leaves_the_registry_to_the_service_user() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    const NOBODY: u32 = 65_534;
+    let bins = cyphonic_e2e::hosts::Bins::find().unwrap();
+    let dir = TempDir::new("registry-owner").unwrap();
+    cloud_keys(dir.path());
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::os::unix::fs::chown(&state, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let db = state.join("cloud.db");
+    let config = dir.path().join("cloud.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://{}\"\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let run = |setpriv: bool, args: &[&str]| {
+        let mut c = if setpriv {
+            let mut c = std::process::Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(&bins.cloud);
+            c
+        } else {
+            std::process::Command::new(&bins.cloud)
+        };
+        let out = c.args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let list = ["members", "list", "--config", config.to_str().unwrap()];
+    // Runs `members list` as root; the registry's files then, all the service user's.
+    let as_root = || -> Vec<std::path::PathBuf> {
+        run(false, &list);
+        let owned: Vec<(std::path::PathBuf, u32)> = std::fs::read_dir(&state)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path(), e.metadata().unwrap().uid())
+            })
+            .collect();
+        assert!(
+            owned.iter().any(|(f, _)| *f == db) && owned.iter().all(|(_, uid)| *uid == NOBODY),
+            "{owned:?}"
+        );
+        owned.into_iter().map(|(f, _)| f).collect()
+    };
+    // A registry root made by hand (empty: SQLite takes it as a new database).
+    std::fs::write(&db, b"").unwrap();
+    let made = as_root();
+    run(true, &["check-config", config.to_str().unwrap()]);
+    // A registry created by root from nothing is the service user's too.
+    for f in made {
+        std::fs::remove_file(f).unwrap();
+    }
+    as_root();
+    run(true, &list);
 }

@@ -252,7 +252,7 @@ impl Restart {
 
 /// The file of a SQLite store URL (`sqlite:///var/lib/cyphonic/cloud.db?mode=rwc`), none for
 /// another store or one in memory.
-fn sqlite_file(url: &str) -> Option<PathBuf> {
+pub fn sqlite_file(url: &str) -> Option<PathBuf> {
     let rest = url.strip_prefix("sqlite:")?;
     let rest = rest.strip_prefix("//").unwrap_or(rest);
     let path = rest.split('?').next().unwrap_or(rest);

@@ -478,6 +478,46 @@ fn revoke_online(
     })
 }
 
+/// Run as root, becomes for good the owner of the directory of the SQLite registry `file`
+/// (the service user, in the packages' /var/lib/cyphonic) before the registry is opened:
+/// what the command creates there (the file on a first run, its write-ahead log) is then the
+/// service's, where a root-owned database would stop it ("attempt to write a readonly
+/// database"). Registry files root already owns there are given to that user first. Not as
+/// root, or where root owns the directory, nothing changes.
+fn as_registry_owner(file: &Path) -> anyhow::Result<()> {
+    use nix::unistd::{Gid, Uid};
+    use std::os::unix::fs::MetadataExt as _;
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(meta) = fs::metadata(dir) else {
+        return Ok(());
+    };
+    if meta.uid() == 0 {
+        return Ok(());
+    }
+    let (uid, gid) = (meta.uid(), meta.gid());
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = file.as_os_str().to_owned();
+        name.push(suffix);
+        let f = Path::new(&name);
+        if fs::metadata(f).is_ok_and(|m| m.uid() == 0) {
+            std::os::unix::fs::chown(f, Some(uid), Some(gid))
+                .with_context(|| format!("giving {} to its directory's owner", f.display()))?;
+        }
+    }
+    nix::unistd::setgroups(&[]).context("dropping root's groups")?;
+    nix::unistd::setresgid(Gid::from_raw(gid), Gid::from_raw(gid), Gid::from_raw(gid))
+        .context("becoming the registry directory's group")?;
+    nix::unistd::setresuid(Uid::from_raw(uid), Uid::from_raw(uid), Uid::from_raw(uid))
+        .context("becoming the registry directory's owner")?;
+    Ok(())
+}
+
 /// The registry a cloud configuration names, opened for a one-shot command (`members`,
 /// `token`, `revoke`), with the runtime that drives its queries.
 pub(crate) struct Registry {
@@ -493,6 +533,9 @@ impl Registry {
     /// its store.
     pub(crate) fn open(path: &Path, now: u64) -> anyhow::Result<Self> {
         let config = cyphonic_cloud::config::load(path, now)?;
+        if let Some(file) = cyphonic_cloud::config::sqlite_file(&config.database) {
+            as_registry_owner(&file)?;
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
