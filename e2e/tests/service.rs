@@ -264,8 +264,8 @@ fn the_adapter_sends_ready_only_after_binding_its_sockets() {
 }
 
 /// A configuration the program refuses ends `run`, `serve` and `check-config` with status 78
-/// (EX_CONFIG: the units' `RestartPreventExitStatus=78`), the reason on stderr; another
-/// failure keeps status 1.
+/// (EX_CONFIG: the units' `RestartPreventExitStatus=78`), the reason on stderr (led by err's
+/// priority for the journal under systemd); another failure keeps status 1.
 #[test]
 fn a_refused_configuration_exits_78() {
     let bins = Bins::find().unwrap();
@@ -294,6 +294,21 @@ fn a_refused_configuration_exits_78() {
             program.display()
         );
         assert!(stderr.contains("error"), "{stderr}");
+        // Under systemd (stderr is the journal's) the line is an error for `journalctl -p
+        // err`, as the program's logged errors are.
+        let out = std::process::Command::new(program)
+            .args(args)
+            .env("JOURNAL_STREAM", "8:12345")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let name = program.file_name().unwrap().to_string_lossy();
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("<3>{name}: error: "))),
+            "{stderr}"
+        );
     }
     // Not a configuration matter: a status socket nobody serves.
     let out = std::process::Command::new(&bins.adapter)

@@ -261,7 +261,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cyphonic-cloud: error: {e:#}");
+            cyphonic_telemetry::service::fatal(cyphonic_cloud::PROGRAM, &e);
             ExitCode::FAILURE
         }
     }

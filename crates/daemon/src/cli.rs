@@ -212,7 +212,7 @@ pub fn main<
         return match (extra.run)(&socket) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("{}: error: {e:#}", names.name);
+                cyphonic_telemetry::service::fatal(names.name, &e);
                 ExitCode::FAILURE
             }
         };
@@ -298,7 +298,7 @@ pub fn main<
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{}: error: {e:#}", names.name);
+            cyphonic_telemetry::service::fatal(names.name, &e);
             ExitCode::FAILURE
         }
     }

@@ -31,7 +31,7 @@ pub enum Format {
 
 /// Whether stderr goes to journald (systemd sets `JOURNAL_STREAM` for a service whose output
 /// it takes).
-fn under_journald() -> bool {
+pub(crate) fn under_journald() -> bool {
     std::env::var_os("JOURNAL_STREAM").is_some()
 }
 

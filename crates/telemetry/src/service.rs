@@ -10,11 +10,29 @@ use sd_notify::NotifyState;
 /// units name it in `RestartPreventExitStatus=`: restarting would not mend the file.
 pub const EXIT_CONFIG: u8 = 78;
 
-/// A configuration the program refuses: said on stderr (the journal, under systemd) as
-/// `<program>: error: ...`, and the exit status [`EXIT_CONFIG`].
+/// A configuration the program refuses: said as [`fatal`] says it, and the exit status
+/// [`EXIT_CONFIG`].
 pub fn config_refused(program: &str, e: &dyn std::fmt::Display) -> std::process::ExitCode {
-    eprintln!("{program}: error: {e:#}");
+    fatal(program, e);
     std::process::ExitCode::from(EXIT_CONFIG)
+}
+
+/// Says on stderr why the program ends, as `<program>: error: ...`; under systemd (stderr is
+/// the journal's) each line is led by its priority, `<3>` (err), so that `journalctl -p err`
+/// shows why a unit stopped, as it shows the error lines the program logged.
+pub fn fatal(program: &str, e: &dyn std::fmt::Display) {
+    eprint!(
+        "{}",
+        fatal_text(program, e, crate::logging::under_journald())
+    );
+}
+
+fn fatal_text(program: &str, e: &dyn std::fmt::Display, journald: bool) -> String {
+    let priority = if journald { "<3>" } else { "" };
+    format!("{program}: error: {e:#}")
+        .lines()
+        .map(|l| format!("{priority}{l}\n"))
+        .collect()
 }
 
 fn notify(states: &[NotifyState<'_>]) {
@@ -78,6 +96,22 @@ impl Watchdog {
 
 #[cfg(test)]
 mod tests {
+
+    /// The line that explains an exit carries err's priority for the journal, on every line
+    /// of a message that has several; elsewhere it is as said.
+    #[test]
+    fn the_fatal_line_is_an_error_for_the_journal() {
+        let e = "starting: cannot bind\nport 51820";
+        assert_eq!(
+            fatal_text("cyphonic-node", &e, true),
+            "<3>cyphonic-node: error: starting: cannot bind\n<3>port 51820\n"
+        );
+        assert_eq!(
+            fatal_text("cyphonic-node", &e, false),
+            "cyphonic-node: error: starting: cannot bind\nport 51820\n"
+        );
+    }
+
     use super::*;
 
     #[test]
