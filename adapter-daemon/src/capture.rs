@@ -438,8 +438,8 @@ impl Capture {
                     ReplyKind::TimeExceeded => &c.icmp_time_exceeded,
                 };
                 let is_error = matches!(kind, ReplyKind::FragNeeded | ReplyKind::TimeExceeded);
-                if is_error && !lan.icmp_errors.admit((), now) {
-                    bump(&c.icmp_rate_limited);
+                if is_error && !lan.icmp_error_admitted(now) {
+                    // Over the rate: counted as limited.
                 } else if kind == ReplyKind::ArpAnnounce && !lan.announcements.admit((), now) {
                     bump(&c.arp_announce_limited);
                 } else if self.socks[0].send(&replies.buf[..len]).is_ok() {

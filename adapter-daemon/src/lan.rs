@@ -185,6 +185,16 @@ impl LanSide {
         (side, ServiceQueues { dhcp, other })
     }
 
+    /// Whether the gateway may originate one more ICMP error now (all capture threads and
+    /// the LAN sink together, RFC 1812 §4.3.2.8); one it may not is counted.
+    pub fn icmp_error_admitted(&self, now: Instant) -> bool {
+        let admitted = self.icmp_errors.admit((), now);
+        if !admitted {
+            bump(&self.counters.icmp_rate_limited);
+        }
+        admitted
+    }
+
     /// Hands work to the services, never waiting: DHCP into its own queue, the rest into
     /// theirs, each source within its rate; a source over its rate, or a full queue, drops
     /// it, counted.

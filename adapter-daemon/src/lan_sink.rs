@@ -100,19 +100,15 @@ impl Sink for LanSink {
             }
             Ingress::Drop(reason) => {
                 // Its sender hears why (RFC 1812 §4.3.2.8), from the services' thread.
-                if reason == IngressDrop::TtlExpired {
-                    if self.lan.icmp_errors.admit((), now) {
-                        let packet = item.buf()[arrived].to_vec();
-                        self.lan.to_services(
-                            ToServices::Expired {
-                                peer: peer_id,
-                                packet,
-                            },
-                            now,
-                        );
-                    } else {
-                        bump(&c.icmp_rate_limited);
-                    }
+                if reason == IngressDrop::TtlExpired && self.lan.icmp_error_admitted(now) {
+                    let packet = item.buf()[arrived].to_vec();
+                    self.lan.to_services(
+                        ToServices::Expired {
+                            peer: peer_id,
+                            packet,
+                        },
+                        now,
+                    );
                 }
                 let (counter, dr) = match reason {
                     IngressDrop::NotIpv4 => (&c.drop_inner_not_ipv4, DropReason::Malformed),
