@@ -175,8 +175,8 @@ pub struct Build {
     /// Its version (the workspace's, `CARGO_PKG_VERSION`).
     pub version: &'static str,
     /// The commit it was built from (`CYPHONIC_COMMIT` at build time, which `cargo xtask
-    /// dist` sets), or `unknown`.
-    pub commit: &'static str,
+    /// dist` sets); the metric says `unknown` without one.
+    pub commit: Option<&'static str>,
 }
 
 /// The [`Build`] of `program` as the calling crate is compiled.
@@ -186,10 +186,7 @@ macro_rules! build {
         $crate::metrics::Build {
             program: $program,
             version: env!("CARGO_PKG_VERSION"),
-            commit: match option_env!("CYPHONIC_COMMIT") {
-                Some(commit) => commit,
-                None => "unknown",
-            },
+            commit: option_env!("CYPHONIC_COMMIT"),
         }
     };
 }
@@ -199,8 +196,8 @@ macro_rules! build {
 impl std::fmt::Display for Build {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}", self.program, self.version)?;
-        if self.commit != "unknown" {
-            write!(f, " ({})", self.commit)?;
+        if let Some(commit) = self.commit {
+            write!(f, " ({commit})")?;
         }
         Ok(())
     }
@@ -218,7 +215,7 @@ impl Collector for Build {
                 [
                     ("program", self.program.to_owned()),
                     ("version", self.version.to_owned()),
-                    ("commit", self.commit.to_owned()),
+                    ("commit", self.commit.unwrap_or("unknown").to_owned()),
                 ],
                 1.0,
             )],
@@ -527,10 +524,10 @@ mod tests {
         let mut b = Build {
             program: "cyphonic-node",
             version: "1.2.3",
-            commit: "unknown",
+            commit: None,
         };
         assert_eq!(b.to_string(), "cyphonic-node 1.2.3");
-        b.commit = "3f2a9c81d0e4+dirty";
+        b.commit = Some("3f2a9c81d0e4+dirty");
         assert_eq!(b.to_string(), "cyphonic-node 1.2.3 (3f2a9c81d0e4+dirty)");
     }
 

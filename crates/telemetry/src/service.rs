@@ -96,6 +96,7 @@ impl Watchdog {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     /// The line that explains an exit carries err's priority for the journal, on every line
     /// of a message that has several; elsewhere it is as said.
@@ -111,8 +112,6 @@ mod tests {
             "cyphonic-node: error: starting: cannot bind\nport 51820\n"
         );
     }
-
-    use super::*;
 
     #[test]
     fn the_watchdog_is_pinged_once_per_period() {
