@@ -278,15 +278,8 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             e.message().trim()
         )
     })?;
-    // A key left out (its default: an empty span) has no line.
-    let err = |span: std::ops::Range<usize>, key: &str, msg: String| {
-        let line = if span.end == 0 {
-            String::new()
-        } else {
-            format!(":{}", line_of(&text, span.start))
-        };
-        anyhow::anyhow!("{}{line}: key `{key}`: {msg}", path.display())
-    };
+    let err =
+        |span: std::ops::Range<usize>, key: &str, msg: String| at_key(path, &text, span, key, &msg);
     let dir = path.parent().unwrap_or(Path::new("."));
     let read = |p: &Spanned<PathBuf>, key: &str| {
         let full = dir.join(p.get_ref());
@@ -640,19 +633,36 @@ pub async fn check_store(path: &Path, config: &CloudConfig) -> anyhow::Result<()
     let Err(e) = crate::store::Store::reachable(&config.database, STORE_WAIT).await else {
         return Ok(());
     };
-    // The key's line, read again: `load` keeps no spans in what it returns.
-    let line = std::fs::read_to_string(path).ok().and_then(|text| {
-        let raw: Raw = toml::from_str(&text).ok()?;
-        let span = raw.database.span();
-        (span.end != 0).then(|| format!(":{}", line_of(&text, span.start)))
-    });
-    Err(anyhow::anyhow!(
-        "{}{}: key `{}`: the registry {} does not answer this user: {e}",
-        path.display(),
-        line.unwrap_or_default(),
+    // The key's place, read again: `load` keeps no spans in what it returns.
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let span = toml::from_str::<Raw>(&text).map_or(0..0, |raw| raw.database.span());
+    Err(at_key(
+        path,
+        &text,
+        span,
         Raw::database,
-        crate::store::redact(&config.database)
+        &format_args!(
+            "the registry {} does not answer this user: {e}",
+            crate::store::redact(&config.database)
+        ),
     ))
+}
+
+/// `msg` about `key` of the file at `path` (its `text`), at the line `span` starts on; a key
+/// left out (its default: an empty span) has no line.
+fn at_key(
+    path: &Path,
+    text: &str,
+    span: std::ops::Range<usize>,
+    key: &str,
+    msg: &dyn std::fmt::Display,
+) -> anyhow::Error {
+    let line = if span.end == 0 {
+        String::new()
+    } else {
+        format!(":{}", line_of(text, span.start))
+    };
+    anyhow::anyhow!("{}{line}: key `{key}`: {msg}", path.display())
 }
 
 fn line_of(text: &str, offset: usize) -> usize {

@@ -490,11 +490,7 @@ fn as_registry_owner(file: &Path) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(());
     }
-    let dir = match file.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let Ok(meta) = fs::metadata(dir) else {
+    let Ok(meta) = fs::metadata(files::directory(file)) else {
         return Ok(());
     };
     if meta.uid() == 0 {

@@ -47,7 +47,8 @@ fn settle(f: &File, dir: &Path, access: Access) -> std::io::Result<()> {
     f.set_permissions(std::fs::Permissions::from_mode(mode))
 }
 
-fn directory(path: &Path) -> &Path {
+/// The directory `path` is in (`.` for a bare file name).
+pub fn directory(path: &Path) -> &Path {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
