@@ -18,6 +18,7 @@
 //! - [`find_run`], [`merge_headers`]: consecutive TCP segments or UDP datagrams of one flow
 //!   going to the LAN become one frame for the kernel to segment again (GSO), as GRO would
 //!   have merged them.
+//! - [`tag_frame`]: the 802.1Q tag of a frame for a VLAN segment of a trunked LAN port.
 //! - [`Segmenter`]: cuts a frame the kernel coalesced (GRO) back into the TCP segments or UDP
 //!   datagrams it was made of, each with its own headers and checksums.
 //!
@@ -39,6 +40,7 @@ mod netmap;
 mod segment;
 mod service;
 mod tcp;
+mod vlan;
 
 use std::net::Ipv4Addr;
 
@@ -53,6 +55,7 @@ pub use ipv4::{complete_deferred_checksum, finish_partial_checksum};
 pub use netmap::{Legacy, Netmap, NetmapError, Sums, Unmapped};
 pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
+pub use vlan::{TAG_LEN as VLAN_TAG_LEN, VID_MAX, tag_frame};
 
 /// Length of an Ethernet II header.
 pub const ETH_HEADER_LEN: usize = 14;
