@@ -417,17 +417,22 @@ impl Capture {
         if frame.get(12..14) == Some(&cyphonic_ha::msg::ETHERTYPE.to_be_bytes()[..]) {
             return;
         }
-        let verdict = if meta.vlan.is_some() {
-            Egress::Drop(EgressDrop::Vlan)
-        } else {
-            lan.lan.handle_frame(
-                frame,
-                meta.len,
-                meta.checksum_partial,
-                &lan.table,
-                &mut replies.buf,
-            )
+        // A trunked port: the frame's segment is its VLAN's; a tag no segment has is dropped.
+        let Some(seg) = lan.segment(meta.vlan) else {
+            bump(&c.drop_vlan);
+            return;
         };
+        let verdict = seg.lan.handle_frame(
+            frame,
+            meta.len,
+            meta.checksum_partial,
+            &lan.neighbors(seg.tag),
+            &mut replies.buf,
+        );
+        // Nothing is routed between segments: a VLAN's device sending to another segment's
+        // address (which its own segment's view takes for an overlay address) is dropped.
+        let other_segment =
+            |dst: std::net::Ipv4Addr| seg.tag.is_some() && lan.lan.block.contains(&dst);
         match verdict {
             Egress::Reply { len, kind } => {
                 let counter = match kind {
@@ -442,11 +447,12 @@ impl Capture {
                     // Over the rate: counted as limited.
                 } else if kind == ReplyKind::ArpAnnounce && !lan.announcements.admit((), now) {
                     bump(&c.arp_announce_limited);
-                } else if self.socks[0].send(&replies.buf[..len]).is_ok() {
+                } else if lan.send(&self.socks[0], &mut replies.buf, 0..len, seg.tag) {
                     bump(counter);
-                } else {
-                    bump(&c.lan_send_failed);
                 }
+            }
+            Egress::Forward { dst, .. } | Egress::Fragment { dst, .. } if other_segment(dst) => {
+                bump(&c.drop_local_destination);
             }
             Egress::Forward {
                 packet,
@@ -500,6 +506,7 @@ impl Capture {
                     let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
                     lan.to_services(
                         ToServices::Dhcp {
+                            tag: seg.tag,
                             mac: client_mac,
                             payload,
                         },
@@ -533,10 +540,8 @@ impl Capture {
                 }
             }
             Egress::Hairpin { frame } => {
-                if self.socks[0].send(&buf[FRAME_OFFSET..][frame]).is_ok() {
+                if lan.send(&self.socks[0], &mut buf[FRAME_OFFSET..], frame, seg.tag) {
                     bump(&c.lan_hairpinned);
-                } else {
-                    bump(&c.lan_send_failed);
                 }
             }
             Egress::Drop(reason) => {

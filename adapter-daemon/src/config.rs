@@ -89,6 +89,33 @@ cyphonic_settings::config_file! {
         ha: Option<RawHa> = None,
         /// A subnet of devices with fixed addresses.
         legacy: Option<RawLegacy> = None,
+        /// The VLAN segments of a trunked LAN port.
+        vlan: Vec<RawVlan> = Vec::new(),
+    }
+}
+
+cyphonic_settings::table! {
+    /// A VLAN segment on `lan_interface` when the switch port is an 802.1Q trunk: the devices
+    /// whose frames carry `tag` get their addresses from `block` (DHCP with `[dhcp]`'s lease
+    /// settings, or a reservation inside `block`), `gateway` as router and DNS server, and
+    /// the segment's `groups` in the policy. A device stays in its segment: it may send only
+    /// from an address of its block, and nothing is routed between segments. Untagged frames
+    /// stay the segment of `[adapter]`, `[dhcp]` and `[legacy]`; a tag no table names is
+    /// dropped and counted. Not in an HA pair yet. Repeat the table for each VLAN; changes
+    /// need a restart.
+    struct RawVlan in "vlan" {
+        /// The VLAN identifier, 1 to 4094.
+        tag: Spanned<u16>,
+        /// The segment's part of the certified block: clear of `gateway_vip`, the DHCP pool,
+        /// `legacy.onto` and the other segments.
+        block: Spanned<Ipv4Net>,
+        /// The segment's gateway address, a host address of `block`. Unset: its first one.
+        gateway: Option<Spanned<Ipv4Addr>> = None,
+        /// The segment's DHCP pool, `first-last` inclusive, inside `block`. Unset: the whole
+        /// block but its network, broadcast and gateway addresses.
+        pool: Option<Spanned<String>> = None,
+        /// The groups `[policy]` rules may name every device of the segment by (`block`).
+        groups: Vec<Spanned<String>> = Vec::new(),
     }
 }
 
@@ -320,6 +347,23 @@ pub struct AdapterConfig {
     pub learn_legacy: bool,
     /// One of an HA pair, if `[ha]` says so.
     pub ha: Option<HaSettings>,
+    /// The VLAN segments of a trunked LAN port, if `[[vlan]]` names any.
+    pub vlans: Vec<VlanSegment>,
+}
+
+/// A VLAN segment of the trunked LAN port (`[[vlan]]`), checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VlanSegment {
+    /// The VLAN identifier its frames carry.
+    pub tag: u16,
+    /// Its part of the certified block.
+    pub block: Ipv4Net,
+    /// Its gateway address.
+    pub gateway: Ipv4Addr,
+    /// Its DHCP server, unless `[dhcp]` is switched off.
+    pub dhcp: Option<cyphonic_vip::DhcpConfig>,
+    /// The groups its block stands in.
+    pub groups: Vec<String>,
 }
 
 /// `[ha]`, checked.
@@ -344,6 +388,17 @@ fn without_reservations(
         reservations: Vec::new(),
         ..d
     })
+}
+
+/// The VLAN segments but their DHCP servers' reservations (which a reload applies).
+fn vlans_but_reservations(vlans: &[VlanSegment]) -> Vec<VlanSegment> {
+    vlans
+        .iter()
+        .map(|v| VlanSegment {
+            dhcp: without_reservations(&v.dhcp),
+            ..v.clone()
+        })
+        .collect()
 }
 
 /// The reservations as the DHCP server takes them (legacy devices are none of its).
@@ -400,6 +455,10 @@ impl AdapterConfig {
                 self.lan_dataplane != new.lan_dataplane,
             ),
             ("[ha]", self.ha != new.ha),
+            (
+                "[[vlan]]",
+                vlans_but_reservations(&self.vlans) != vlans_but_reservations(&new.vlans),
+            ),
             (
                 "[legacy]",
                 self.legacy != new.legacy || self.learn_legacy != new.learn_legacy,
@@ -461,14 +520,37 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         }
         None => None,
     };
-    // The devices `[policy]` may name: the reservations, by hostname and groups.
+    let vlans = check_vlans(
+        src,
+        &raw.vlan,
+        Segments {
+            block: lan_block,
+            gateway: gw,
+            dhcp: dhcp.as_ref(),
+            legacy: legacy.as_ref(),
+            in_pair: raw.ha.is_some(),
+        },
+        &reservations,
+    )?;
+    // The untagged segment's DHCP server hands out none of the VLANs' reservations.
+    let dhcp = dhcp.map(|d| cyphonic_vip::DhcpConfig {
+        reservations: segment_reservations(&reservations, lan_block, &vlans, None),
+        ..d
+    });
+    // The devices `[policy]` may name: the reservations, by hostname and groups; and each
+    // VLAN segment's block, by its groups.
     let devices: Vec<cyphonic_settings::Device> = reservations
         .iter()
         .map(|r| cyphonic_settings::Device {
             name: r.hostname.clone(),
-            vip: r.vip,
+            block: r.vip.into(),
             groups: r.groups.clone(),
         })
+        .chain(vlans.iter().map(|v| cyphonic_settings::Device {
+            name: None,
+            block: v.block,
+            groups: v.groups.clone(),
+        }))
         .collect();
     // Peers ask our DNS service at the gateway address, when it runs.
     let dns = common.dns.is_some().then_some(gw);
@@ -515,6 +597,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         legacy,
         learn_legacy: raw.legacy.as_ref().is_some_and(|l| l.learn),
         ha,
+        vlans,
     };
     Ok((config, identity))
 }
@@ -609,6 +692,199 @@ fn check_groups(
         }
     }
     Ok(())
+}
+
+/// A DHCP pool written `first-last`.
+fn parse_pool(
+    src: &Source<'_>,
+    text: &Spanned<String>,
+    key: &str,
+) -> Result<(Ipv4Addr, Ipv4Addr), ConfigError> {
+    let parsed = text
+        .get_ref()
+        .split_once('-')
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+    match parsed {
+        Some(pool) => Ok(pool),
+        None => src.err(
+            &text.span(),
+            key,
+            format!(
+                "{:?} is not a range of addresses like \"100.64.1.100-100.64.1.199\"",
+                text.get_ref()
+            ),
+        ),
+    }
+}
+
+/// What the VLAN segments must keep clear of: the untagged segment's.
+#[derive(Clone, Copy)]
+struct Segments<'a> {
+    /// The certified block.
+    block: Ipv4Net,
+    /// The untagged segment's gateway.
+    gateway: Ipv4Addr,
+    /// Its DHCP server.
+    dhcp: Option<&'a cyphonic_vip::DhcpConfig>,
+    /// Its legacy map.
+    legacy: Option<&'a cyphonic_gateway::Legacy>,
+    /// Whether the adapter is one of an HA pair.
+    in_pair: bool,
+}
+
+/// Whether two inclusive ranges of addresses share one.
+fn overlap(a: (Ipv4Addr, Ipv4Addr), b: (Ipv4Addr, Ipv4Addr)) -> bool {
+    u32::from(a.0) <= u32::from(b.1) && u32::from(b.0) <= u32::from(a.1)
+}
+
+/// `[[vlan]]`: distinct tags, blocks inside the certified one and clear of the untagged
+/// segment's gateway, pool and legacy map and of each other, a gateway and a pool inside
+/// each; each segment's DHCP server (with `[dhcp]`'s lease settings) over its block and the
+/// reservations inside it.
+fn check_vlans(
+    src: &Source<'_>,
+    raw: &[RawVlan],
+    untagged: Segments<'_>,
+    reservations: &[Reservation],
+) -> Result<Vec<VlanSegment>, ConfigError> {
+    let mut vlans: Vec<VlanSegment> = Vec::new();
+    let block = untagged.block;
+    for (i, v) in raw.iter().enumerate() {
+        let key = |k: &str| cyphonic_settings::indexed(k, i);
+        let (tag, sub) = (*v.tag.get_ref(), *v.block.get_ref());
+        if untagged.in_pair {
+            return src.err(
+                &v.tag.span(),
+                &key(RawVlan::tag),
+                "VLAN segments in an HA pair are not built yet: leave out `[ha]` or `[[vlan]]`",
+            );
+        }
+        if !(1..=cyphonic_gateway::VID_MAX).contains(&tag) {
+            return src.err(
+                &v.tag.span(),
+                &key(RawVlan::tag),
+                format!("{tag} is outside 1..={}", cyphonic_gateway::VID_MAX),
+            );
+        }
+        if vlans.iter().any(|o| o.tag == tag) {
+            return src.err(
+                &v.tag.span(),
+                &key(RawVlan::tag),
+                format!("VLAN {tag} is declared twice"),
+            );
+        }
+        let span = v.block.span();
+        let clash = |what: String| src.err(&span, &key(RawVlan::block), format!("{sub} {what}"));
+        let range = (sub.network(), sub.broadcast());
+        if sub.trunc() != sub {
+            return clash(format!(
+                "is not a block's network address (did you mean {}?)",
+                sub.trunc()
+            ));
+        }
+        if !block.contains(&sub) || sub.prefix_len() > 30 {
+            return clash(format!(
+                "is not a block of at least four addresses inside this adapter's certified block {block}"
+            ));
+        }
+        if sub.contains(&untagged.gateway) {
+            return clash(format!(
+                "holds the gateway's own address {}",
+                untagged.gateway
+            ));
+        }
+        if let Some(d) = untagged.dhcp
+            && overlap(range, d.pool)
+        {
+            return clash(format!(
+                "overlaps the DHCP pool {}-{} of the untagged segment: set `dhcp.pool` to a range outside the VLANs' blocks",
+                d.pool.0, d.pool.1
+            ));
+        }
+        if let Some(l) = untagged.legacy
+            && (sub.contains(&l.map.overlay()) || l.map.overlay().contains(&sub))
+        {
+            return clash(format!("overlaps `legacy.onto` {}", l.map.overlay()));
+        }
+        if let Some(o) = vlans
+            .iter()
+            .find(|o| o.block.contains(&sub) || sub.contains(&o.block))
+        {
+            return clash(format!("overlaps VLAN {}'s block {}", o.tag, o.block));
+        }
+        let first_host = Ipv4Addr::from(u32::from(sub.network()).saturating_add(1));
+        let gateway = v.gateway.as_ref().map_or(first_host, |g| *g.get_ref());
+        if !sub.contains(&gateway) || gateway == sub.network() || gateway == sub.broadcast() {
+            let span = v.gateway.as_ref().map(Spanned::span).unwrap_or_default();
+            return src.err(
+                &span,
+                &key(RawVlan::gateway),
+                format!("{gateway} is not a host address of the segment's block {sub}"),
+            );
+        }
+        if let Some(r) = reservations.iter().find(|r| r.vip == gateway) {
+            let span = v.gateway.as_ref().map(Spanned::span).unwrap_or_default();
+            return src.err(
+                &span,
+                &key(RawVlan::gateway),
+                format!("{gateway} is reserved to {}", r.mac),
+            );
+        }
+        check_groups(src, &v.groups, &key(RawVlan::groups))?;
+        let dhcp = match untagged.dhcp {
+            None => None,
+            Some(d) => {
+                let pool = match &v.pool {
+                    None => cyphonic_vip::DhcpConfig::default_pool(sub),
+                    Some(text) => parse_pool(src, text, &key(RawVlan::pool))?,
+                };
+                let cfg = cyphonic_vip::DhcpConfig {
+                    server: gateway,
+                    block: sub,
+                    pool,
+                    reservations: dhcp_reservations(reservations)
+                        .into_iter()
+                        .filter(|r| sub.contains(&r.ip))
+                        .collect(),
+                    ..d.clone()
+                };
+                if let Err(e) = cyphonic_vip::Server::new(cfg.clone(), Vec::new(), src.now_secs) {
+                    let span = v
+                        .pool
+                        .as_ref()
+                        .map_or_else(|| v.block.span(), Spanned::span);
+                    return src.err(&span, &key(RawVlan::pool), e.to_string());
+                }
+                Some(cfg)
+            }
+        };
+        vlans.push(VlanSegment {
+            tag,
+            block: sub,
+            gateway,
+            dhcp,
+            groups: v.groups.iter().map(|g| g.get_ref().clone()).collect(),
+        });
+    }
+    Ok(vlans)
+}
+
+/// The reservations the DHCP server of segment `tag` (None: the untagged one) hands out:
+/// those inside its block (the untagged segment's: outside every VLAN's).
+pub fn segment_reservations(
+    reservations: &[Reservation],
+    block: Ipv4Net,
+    vlans: &[VlanSegment],
+    tag: Option<u16>,
+) -> Vec<cyphonic_vip::Reservation> {
+    let within = |ip: &Ipv4Addr| match tag {
+        None => block.contains(ip) && !vlans.iter().any(|v| v.block.contains(ip)),
+        Some(t) => vlans.iter().any(|v| v.tag == t && v.block.contains(ip)),
+    };
+    dhcp_reservations(reservations)
+        .into_iter()
+        .filter(|r| within(&r.ip))
+        .collect()
 }
 
 /// `[legacy]`: the map (a part of the block as large as the subnet, clear of the gateway,
@@ -773,23 +1049,7 @@ fn check_dhcp(
     }
     let pool = match &d.pool {
         None => cyphonic_vip::DhcpConfig::default_pool(block),
-        Some(text) => {
-            let parsed = text
-                .get_ref()
-                .split_once('-')
-                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
-            let Some(pool) = parsed else {
-                return src.err(
-                    &text.span(),
-                    RawDhcp::pool,
-                    format!(
-                        "{:?} is not a range of addresses like \"100.64.1.100-100.64.1.199\"",
-                        text.get_ref()
-                    ),
-                );
-            };
-            pool
-        }
+        Some(text) => parse_pool(src, text, RawDhcp::pool)?,
     };
     if *d.new_lease_window.get_ref() == 0 {
         return src.err(
@@ -1480,12 +1740,171 @@ mod tests {
 
     /// config/adapter.example.toml sets every key the code accepts, so every key is documented
     /// there (a new key without documentation fails here).
+    /// `[[vlan]]`: each segment on its own part of the block, with its gateway, its DHCP
+    /// server (the reservations inside its block, which the untagged one no longer hands
+    /// out) and its groups in the policy's names; every clash named at its key.
+    #[test]
+    fn vlan_segments_are_checked_and_each_gets_its_own_dhcp() {
+        let f = fixture();
+        let base = "[adapter]\nlan_interface = \"eth1\"\n\n[identity]\ncertificate = \"gw1.ovl.example.crt\"\nkey = \"gw1.ovl.example.key\"\nca = \"ca.crt\"\n\n[dhcp]\npool = \"100.64.1.100-100.64.1.150\"\n\n[[reservation]]\nmac = \"02:00:00:00:01:0a\"\nvip = \"100.64.1.20\"\n\n[[reservation]]\nmac = \"02:00:00:00:01:0b\"\nvip = \"100.64.1.200\"\nhostname = \"cam9\"\n\n[[vlan]]\ntag = 20\nblock = \"100.64.1.192/27\"\ngroups = [\"cameras\"]\n\n[[vlan]]\ntag = 30\nblock = \"100.64.1.160/28\"\ngateway = \"100.64.1.174\"\npool = \"100.64.1.165-100.64.1.170\"\n\n[policy]\n\n[[policy.rule]]\nfrom = [\"cameras\"]\nto = [\"100.64.2.0/24\"]\nallow = [\"tcp/554\"]\n";
+        let (c, _) = load_text(&f, base).unwrap();
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let untagged = c.dhcp.as_ref().unwrap();
+        assert_eq!(
+            untagged
+                .reservations
+                .iter()
+                .map(|r| r.ip)
+                .collect::<Vec<_>>(),
+            [ip("100.64.1.20")],
+            "the untagged server hands out none of a VLAN's reservations"
+        );
+        let [cams, ot] = &c.vlans[..] else {
+            panic!("{:?}", c.vlans)
+        };
+        assert_eq!(
+            (cams.tag, cams.block, cams.gateway, cams.groups.clone()),
+            (
+                20,
+                "100.64.1.192/27".parse().unwrap(),
+                ip("100.64.1.193"),
+                vec!["cameras".to_owned()]
+            )
+        );
+        let d = cams.dhcp.as_ref().unwrap();
+        assert_eq!(
+            (d.server, d.block, d.pool, d.lease_secs),
+            (
+                ip("100.64.1.193"),
+                cams.block,
+                (ip("100.64.1.193"), ip("100.64.1.222")),
+                untagged.lease_secs
+            )
+        );
+        assert_eq!(
+            d.reservations.iter().map(|r| r.ip).collect::<Vec<_>>(),
+            [ip("100.64.1.200")]
+        );
+        let d = ot.dhcp.as_ref().unwrap();
+        assert_eq!(
+            (ot.gateway, d.pool),
+            (ip("100.64.1.174"), (ip("100.64.1.165"), ip("100.64.1.170")))
+        );
+        assert!(d.reservations.is_empty());
+        // The group stands for the camera VLAN's block in the compiled rules.
+        let rules = format!("{:?}", c.common.policy);
+        assert!(rules.contains("100.64.1.192/27"), "{rules}");
+        // Without DHCP, no segment has a server.
+        let (c, _) = load_text(&f, &base.replace("[dhcp]\n", "[dhcp]\nenabled = false\n")).unwrap();
+        assert!(c.vlans.iter().all(|v| v.dhcp.is_none()));
+        let mistakes: &[(&str, &str, &str)] = &[
+            (
+                "tag = 30",
+                "tag = 4095",
+                "key `vlan[1].tag`: 4095 is outside 1..=4094",
+            ),
+            (
+                "tag = 30",
+                "tag = 0",
+                "key `vlan[1].tag`: 0 is outside 1..=4094",
+            ),
+            (
+                "tag = 30",
+                "tag = 20",
+                "key `vlan[1].tag`: VLAN 20 is declared twice",
+            ),
+            (
+                "block = \"100.64.1.160/28\"",
+                "block = \"100.64.1.160/26\"",
+                "key `vlan[1].block`: 100.64.1.160/26 is not a block's network address (did you mean 100.64.1.128/26?)",
+            ),
+            (
+                "block = \"100.64.1.160/28\"",
+                "block = \"100.64.2.160/28\"",
+                "key `vlan[1].block`: 100.64.2.160/28 is not a block of at least four addresses inside this adapter's certified block 100.64.1.0/24",
+            ),
+            (
+                "block = \"100.64.1.160/28\"",
+                "block = \"100.64.1.0/28\"",
+                "key `vlan[1].block`: 100.64.1.0/28 holds the gateway's own address 100.64.1.1",
+            ),
+            (
+                "block = \"100.64.1.160/28\"",
+                "block = \"100.64.1.144/28\"",
+                "key `vlan[1].block`: 100.64.1.144/28 overlaps the DHCP pool 100.64.1.100-100.64.1.150 of the untagged segment",
+            ),
+            (
+                "block = \"100.64.1.160/28\"",
+                "block = \"100.64.1.208/28\"",
+                "key `vlan[1].block`: 100.64.1.208/28 overlaps VLAN 20's block 100.64.1.192/27",
+            ),
+            (
+                "gateway = \"100.64.1.174\"",
+                "gateway = \"100.64.1.175\"",
+                "key `vlan[1].gateway`: 100.64.1.175 is not a host address of the segment's block 100.64.1.160/28",
+            ),
+            (
+                "gateway = \"100.64.1.174\"",
+                "gateway = \"100.64.1.20\"",
+                "key `vlan[1].gateway`: 100.64.1.20 is not a host address of the segment's block",
+            ),
+            (
+                "pool = \"100.64.1.165-100.64.1.170\"",
+                "pool = \"100.64.1.165-100.64.1.180\"",
+                "key `vlan[1].pool`",
+            ),
+            (
+                "pool = \"100.64.1.165-100.64.1.170\"",
+                "pool = \"165-170\"",
+                "key `vlan[1].pool`: \"165-170\" is not a range of addresses",
+            ),
+            (
+                "groups = [\"cameras\"]",
+                "groups = [\"100.64.1.0/24\"]",
+                "key `vlan[0].groups[0]`: \"100.64.1.0/24\" is not a group's name",
+            ),
+            (
+                "[[vlan]]\ntag = 20",
+                "[ha]\npriority = 100\n\n[[vlan]]\ntag = 20",
+                "key `vlan[0].tag`: VLAN segments in an HA pair are not built yet",
+            ),
+        ];
+        for (from, to, expect) in mistakes {
+            assert!(base.contains(from), "{from}");
+            let err = load_text(&f, &base.replacen(from, to, 1))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expect),
+                "{from} -> {to}\n  got:  {err}\n  want: {expect}"
+            );
+        }
+        // A reservation at a VLAN's gateway address.
+        let err = load_text(
+            &f,
+            &base.replace("vip = \"100.64.1.200\"", "vip = \"100.64.1.193\""),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("key `vlan[0].gateway`: 100.64.1.193 is reserved to 02:00:00:00:01:0b"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn the_example_documents_every_key() {
         assert_documents_every_key::<Raw>(
             EXAMPLE,
             "config/adapter.example.toml",
-            &["legacy.router"],
+            &[
+                "legacy.router",
+                "vlan.tag",
+                "vlan.block",
+                "vlan.gateway",
+                "vlan.pool",
+                "vlan.groups",
+            ],
         );
     }
 }

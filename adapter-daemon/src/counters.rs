@@ -70,7 +70,7 @@ cyphonic_telemetry::counters! {
     drop_not_for_us,
     /// Non-IPv4 frames (IPv6, LLDP, ...).
     drop_not_ipv4,
-    /// VLAN-tagged frames.
+    /// Frames tagged with a VLAN no `[[vlan]]` segment has, or tagged twice.
     drop_vlan,
     /// Malformed frames or IPv4 headers.
     drop_malformed,

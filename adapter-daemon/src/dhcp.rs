@@ -107,6 +107,8 @@ pub struct Dhcp {
     held: VecDeque<Held>,
     save_failed: Throttle,
     refused: Throttle,
+    /// The LAN segment it serves: a VLAN's, None the untagged one.
+    segment: Option<u16>,
 }
 
 impl std::fmt::Debug for Dhcp {
@@ -189,7 +191,16 @@ impl Dhcp {
             held: VecDeque::new(),
             save_failed: Throttle::new(WARN_EVERY),
             refused: Throttle::new(WARN_EVERY),
+            segment: None,
         })
+    }
+
+    /// The server of VLAN `tag`'s segment, whose leases are that segment's in the
+    /// anti-spoofing table.
+    #[must_use]
+    pub const fn for_vlan(mut self, tag: u16) -> Self {
+        self.segment = Some(tag);
+        self
     }
 
     /// A DHCP message from Ethernet source `mac`: the reply to send once the bindings it
@@ -327,7 +338,10 @@ impl Dhcp {
             });
         }
         if changed {
-            table.replace_leases(self.server.active().map(|l| (l.ip, l.mac)).collect());
+            table.replace_leases(
+                self.segment,
+                self.server.active().map(|l| (l.ip, l.mac)).collect(),
+            );
         }
         changed
     }

@@ -25,13 +25,13 @@ use crate::config::{AdapterConfig, Mac};
 use crate::counters::LanCounters;
 use crate::dhcp::Dhcp;
 use crate::gateway::Gateway;
-use crate::lan::{LanSide, ServiceQueues};
+use crate::lan::{LanSide, ServiceQueues, Vlan};
 use crate::lan_sink::LanSink;
 use crate::names::Names;
 use crate::neighbors::LanTable;
 use crate::port_guard::PortGuard;
 use crate::services::{AdapterServices, Dns};
-use crate::status::{AdapterInfo, AdapterStatus, LeaseStatus};
+use crate::status::{AdapterInfo, AdapterStatus, LeaseStatus, VlanStatus};
 use crate::steer;
 
 /// The adapter's edge.
@@ -156,18 +156,35 @@ impl<'a> AdapterEdge<'a> {
                 "cannot close the LAN port to this host's kernel entirely; frames devices address to the gateway still never reach the kernel's IP stack (they carry the gateway's own MAC)"
             ),
         }
+        let untagged = Lan {
+            mac: gateway_mac,
+            host_mac: iface.mac,
+            gateway_ip: config.gateway_vip,
+            block: config.lan_block(),
+            overlay: config.common.overlay,
+            inner_mtu: config.common.inner_mtu,
+            mss_clamp: config.mss_clamp,
+            defer_checksums: lan_side.defer_checksums,
+            legacy: config.legacy,
+        };
+        // Each VLAN segment: the same gateway on its own part of the block, without the
+        // legacy map (the untagged segment's).
+        let vlans = config
+            .vlans
+            .iter()
+            .map(|v| Vlan {
+                tag: v.tag,
+                lan: Lan {
+                    gateway_ip: v.gateway,
+                    block: v.block,
+                    legacy: None,
+                    ..untagged.clone()
+                },
+            })
+            .collect();
         let (lan, work) = LanSide::new(
-            Lan {
-                mac: gateway_mac,
-                host_mac: iface.mac,
-                gateway_ip: config.gateway_vip,
-                block: config.lan_block(),
-                overlay: config.common.overlay,
-                inner_mtu: config.common.inner_mtu,
-                mss_clamp: config.mss_clamp,
-                defer_checksums: lan_side.defer_checksums,
-                legacy: config.legacy,
-            },
+            untagged,
+            vlans,
             LanTable::new(&config.reservations).learning(
                 config
                     .legacy
@@ -263,6 +280,16 @@ impl Edge for AdapterEdge<'_> {
             )?),
             None => None,
         };
+        // Each VLAN segment's leases in a directory of its own under state_dir.
+        let vlan_dhcp = config
+            .vlans
+            .iter()
+            .filter_map(|v| v.dhcp.as_ref().map(|cfg| (v.tag, cfg)))
+            .map(|(tag, cfg)| {
+                let dir = config.state_dir.join(format!("vlan-{tag}"));
+                Dhcp::open(cfg, &dir, cyphonic_settings::now_secs()).map(|d| (tag, d.for_vlan(tag)))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let name = &ctx.core.name;
         let own = OwnZone {
             name: name.clone(),
@@ -293,7 +320,8 @@ impl Edge for AdapterEdge<'_> {
                 Names::new(&config.reservations, name, config.gateway_vip),
                 config.reservations.clone(),
             ),
-        );
+        )
+        .with_vlan_dhcp(vlan_dhcp);
         Ok(match &self.pair {
             Some((ready, pool)) => services.in_pair(
                 crate::ha::ReadyWatch::new(ready.clone(), ctx.peers.iter().map(|(id, _)| *id)),
@@ -371,6 +399,23 @@ impl Edge for AdapterEdge<'_> {
         Box::new(move || {
             let mut p = lan.published().clone();
             p.leases.extend(learned(&lan));
+            for l in &mut p.leases {
+                l.vlan = l.vip.parse().ok().and_then(|ip| lan.segment_of(ip).tag);
+            }
+            let vlans = lan
+                .vlans
+                .iter()
+                .map(|v| VlanStatus {
+                    tag: v.tag,
+                    block: v.lan.block.to_string(),
+                    gateway: v.lan.gateway_ip.to_string(),
+                    dhcp: p
+                        .vlan_dhcp
+                        .iter()
+                        .find(|(t, _)| *t == v.tag)
+                        .map(|(_, d)| d.clone()),
+                })
+                .collect();
             let status = AdapterStatus {
                 adapter: AdapterInfo {
                     uptime_secs: started.elapsed().as_secs(),
@@ -381,6 +426,7 @@ impl Edge for AdapterEdge<'_> {
                 leases: p.leases,
                 dhcp: p.dhcp,
                 dns: p.dns,
+                vlans,
                 ha: ha.as_ref().map(|h| {
                     h.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -408,8 +454,8 @@ impl Edge for AdapterEdge<'_> {
 }
 
 /// The adapter's own metrics (its LAN side), next to the engine's: the LAN counters, the
-/// devices with an address, the DHCP server's and the DNS service's counters; in a pair, the
-/// pair's.
+/// devices with an address, the DHCP servers' (every segment's together) and the DNS
+/// service's counters; in a pair, the pair's.
 #[derive(Debug)]
 struct AdapterCollector {
     lan: Arc<LanSide>,
@@ -422,11 +468,19 @@ impl Collector for AdapterCollector {
         self.lan.counters.encode(PREFIX, &mut e)?;
         let (devices, dhcp, dns) = {
             let p = self.lan.published();
-            (
-                p.leases.len(),
-                p.dhcp.as_ref().map(|d| d.stats),
-                p.dns.as_ref().map(|d| d.stats),
-            )
+            // Every segment's DHCP server together (the status has each VLAN's own).
+            let dhcp = p
+                .dhcp
+                .iter()
+                .chain(p.vlan_dhcp.iter().map(|(_, d)| d))
+                .map(|d| d.stats.named())
+                .reduce(|mut all, one| {
+                    for (a, b) in all.iter_mut().zip(one) {
+                        a.1 += b.1;
+                    }
+                    all
+                });
+            (p.leases.len(), dhcp, p.dns.as_ref().map(|d| d.stats))
         };
         #[expect(clippy::cast_precision_loss, reason = "a count of devices")]
         gauge(
@@ -436,7 +490,7 @@ impl Collector for AdapterCollector {
             devices as f64,
         )?;
         if let Some(s) = dhcp {
-            named_counters(&mut e, &format!("{PREFIX}_dhcp"), "DHCP server", &s.named())?;
+            named_counters(&mut e, &format!("{PREFIX}_dhcp"), "DHCP server", &s)?;
         }
         if let Some(s) = dns {
             named_counters(&mut e, &format!("{PREFIX}_dns"), "DNS service", &s.named())?;
@@ -464,6 +518,7 @@ fn learned(lan: &LanSide) -> Vec<LeaseStatus> {
             reserved: false,
             legacy: legacy.map.to_legacy(vip).map(|a| a.to_string()),
             learned: true,
+            vlan: None,
             expires: None,
         })
         .collect()

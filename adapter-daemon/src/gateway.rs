@@ -97,16 +97,21 @@ impl Gateway {
         else {
             return;
         };
-        if self.lan_tx.send(&self.frame[..len]).is_err() {
-            bump(&self.lan.counters.lan_send_failed);
-        }
+        self.lan
+            .send(&self.lan_tx, &mut self.frame[..], 0..len, None);
     }
 
-    /// A packet peer `peer` sent to the gateway vIP (already checked against its blocks): an
-    /// echo request is answered here, a UDP datagram is handed back.
+    /// A packet peer `peer` sent to a gateway address (the vIP, or a VLAN segment's; already
+    /// checked against its blocks): an echo request is answered here, a UDP datagram is
+    /// handed back.
     pub fn handle_peer_packet(&mut self, peer: u32, packet: &[u8]) -> FromPeer {
         bump(&self.lan.counters.gateway_from_peers);
-        match gateway_service(&self.lan.lan, packet, &mut self.frame[..]) {
+        let dst = packet
+            .get(16..20)
+            .and_then(|d| <[u8; 4]>::try_from(d).ok())
+            .map_or(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from);
+        let lan = self.lan.segment_of(dst).lan;
+        match gateway_service(lan, packet, &mut self.frame[..]) {
             GatewayService::Echo { len } => {
                 let reply = &self.frame[..len];
                 self.to_peer(peer, |room| {
@@ -187,28 +192,28 @@ impl Gateway {
         sent
     }
 
-    /// Sends a UDP datagram from the gateway's `src_port` to a device on the LAN; returns
-    /// whether the interface took it.
+    /// Sends a UDP datagram from the gateway's `src_port` (from the segment's gateway
+    /// address) to a device on the segment of VLAN `tag` (None: untagged); returns whether
+    /// the interface took it.
     pub fn udp_to_lan(
         &mut self,
+        tag: Option<u16>,
         mac: [u8; 6],
         ip: Ipv4Addr,
         src_port: u16,
         dst_port: u16,
         payload: &[u8],
     ) -> bool {
+        let Some(seg) = self.lan.segment(tag) else {
+            return false;
+        };
         let Some(len) =
-            self.lan
-                .lan
+            seg.lan
                 .udp_frame(mac, ip, src_port, dst_port, payload, &mut self.frame[..])
         else {
             return false;
         };
-        if self.lan_tx.send(&self.frame[..len]).is_ok() {
-            true
-        } else {
-            bump(&self.lan.counters.lan_send_failed);
-            false
-        }
+        self.lan
+            .send(&self.lan_tx, &mut self.frame[..], 0..len, tag)
     }
 }

@@ -4,10 +4,12 @@
 //! imports none of the modules that use it.
 
 use std::net::Ipv4Addr;
+use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use cyphonic_gateway::Lan;
+use cyphonic_gateway::{Lan, Neighbors};
+use cyphonic_netio::PacketSocket;
 
 use crate::counters::{LanCounters, bump};
 use crate::neighbors::LanTable;
@@ -55,6 +57,8 @@ impl cyphonic_resolver::Client for Client {
 pub enum ToServices {
     /// A DHCP message from the LAN.
     Dhcp {
+        /// The segment it came from: its VLAN, None untagged.
+        tag: Option<u16>,
         /// The Ethernet source.
         mac: [u8; 6],
         /// The UDP payload.
@@ -112,28 +116,131 @@ pub const ICMP_ERRORS_PER_SEC: u32 = 200;
 /// gateway flood the LAN with broadcasts by claiming faster.
 pub const ANNOUNCEMENTS_PER_SEC: u32 = 10;
 
-/// The services' two queues, the control thread's ends.
+/// The services' queues, the control thread's ends: two per segment of the LAN port (the
+/// untagged one first, then each VLAN's), so that a flood on one segment fills only its own.
 #[derive(Debug)]
 pub struct ServiceQueues {
     /// DHCP, served first.
-    pub dhcp: tokio::sync::mpsc::Receiver<ToServices>,
+    pub dhcp: Turns<ToServices>,
     /// DNS and the gateway's packets from peers.
-    pub other: tokio::sync::mpsc::Receiver<ToServices>,
+    pub other: Turns<ToServices>,
+}
+
+/// Queues read in turn: each read looks at the queue after the one that gave last.
+#[derive(Debug)]
+pub struct Turns<T> {
+    /// The queues.
+    pub queues: Vec<tokio::sync::mpsc::Receiver<T>>,
+    /// Where the next read starts.
+    turn: usize,
+}
+
+impl<T> Turns<T> {
+    const fn new(queues: Vec<tokio::sync::mpsc::Receiver<T>>) -> Self {
+        Self { queues, turn: 0 }
+    }
+
+    /// The next message, the queues taking turns; None once every sender is gone.
+    pub async fn recv(&mut self) -> Option<T> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<T>> {
+        let n = self.queues.len();
+        let mut closed = 0;
+        for k in 0..n {
+            let i = (self.turn + k) % n;
+            match self.queues[i].poll_recv(cx) {
+                std::task::Poll::Ready(Some(m)) => {
+                    self.turn = i + 1;
+                    return std::task::Poll::Ready(Some(m));
+                }
+                std::task::Poll::Ready(None) => closed += 1,
+                std::task::Poll::Pending => {}
+            }
+        }
+        if closed == n {
+            std::task::Poll::Ready(None)
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+}
+
+/// A VLAN segment of a trunked LAN port (`[[vlan]]`): its frames carry `tag`; `lan` is the
+/// segment as the gateway sees it (its block, its gateway address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vlan {
+    /// Its VLAN identifier.
+    pub tag: u16,
+    /// The segment.
+    pub lan: Lan,
+}
+
+/// One segment of the LAN port: the untagged one (`tag` None) or a VLAN's.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<'a> {
+    /// Its VLAN, None untagged.
+    pub tag: Option<u16>,
+    /// The segment as the gateway sees it.
+    pub lan: &'a Lan,
+}
+
+/// Who holds which address, as one segment sees it: only the addresses of its own block (a
+/// VLAN's; the untagged segment's: the certified block but the VLANs'). A device may send
+/// only from an address its segment holds, and packets reach only holders in their segment.
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentNeighbors<'a> {
+    side: &'a LanSide,
+    tag: Option<u16>,
+}
+
+impl Neighbors for SegmentNeighbors<'_> {
+    fn leased_mac(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
+        if self.side.segment_of(ip).tag != self.tag {
+            return None;
+        }
+        self.side.table.leased_mac(ip)
+    }
+
+    // The legacy map, its learning and its router are the untagged segment's.
+    fn heard(&self, ip: Ipv4Addr, mac: [u8; 6]) {
+        if self.tag.is_none() {
+            self.side.table.heard(ip, mac);
+        }
+    }
+
+    fn router_mac(&self) -> Option<[u8; 6]> {
+        self.tag
+            .is_none()
+            .then(|| self.side.table.router_mac())
+            .flatten()
+    }
+
+    fn heard_router(&self, mac: [u8; 6]) {
+        if self.tag.is_none() {
+            self.side.table.heard_router(mac);
+        }
+    }
 }
 
 /// The LAN side's shared state.
 #[derive(Debug)]
 pub struct LanSide {
-    /// The LAN segment: our MAC, the gateway vIP, the block, the router's duties.
+    /// The LAN segment of untagged frames: our MAC, the gateway vIP, the block, the router's
+    /// duties.
     pub lan: Lan,
+    /// The VLAN segments of a trunked port, each on a part of the block.
+    pub vlans: Vec<Vlan>,
     /// Who holds which address.
     pub table: LanTable,
     /// The LAN side's counters.
     pub counters: LanCounters,
-    /// To the LAN services: DNS and peers' packets for the gateway (bounded; `try_send` only).
-    pub to_services: tokio::sync::mpsc::Sender<ToServices>,
-    /// To the DHCP server (bounded, its own; `try_send` only).
-    pub to_dhcp: tokio::sync::mpsc::Sender<ToServices>,
+    /// To the LAN services, per segment (the untagged one, then the VLANs'): DNS and peers'
+    /// packets for the gateway (bounded; `try_send` only).
+    pub to_services: Vec<tokio::sync::mpsc::Sender<ToServices>>,
+    /// To the DHCP servers, per segment (bounded, their own; `try_send` only).
+    pub to_dhcp: Vec<tokio::sync::mpsc::Sender<ToServices>>,
     /// DHCP per client MAC.
     pub dhcp_rate: cyphonic_tunnel::RateTable,
     /// DNS per LAN source address, and peers' packets for the gateway per peer and source.
@@ -151,13 +258,26 @@ pub struct LanSide {
 }
 
 impl LanSide {
-    /// The LAN side of `lan`, with who holds which address in `table`, and the services'
-    /// ends of its queues (their bounds and per-source rates are this module's constants).
-    pub fn new(lan: Lan, table: LanTable, dhcp_on: bool, dns_on: bool) -> (Self, ServiceQueues) {
-        let (to_services, other) = tokio::sync::mpsc::channel(SERVICES_QUEUE);
-        let (to_dhcp, dhcp) = tokio::sync::mpsc::channel(DHCP_QUEUE);
+    /// The LAN side of `lan` (untagged frames) and of the VLAN segments `vlans`, with who
+    /// holds which address in `table`, and the services' ends of its queues (their bounds
+    /// and per-source rates are this module's constants).
+    pub fn new(
+        lan: Lan,
+        vlans: Vec<Vlan>,
+        table: LanTable,
+        dhcp_on: bool,
+        dns_on: bool,
+    ) -> (Self, ServiceQueues) {
+        let segments = 1 + vlans.len();
+        let (to_services, other) = (0..segments)
+            .map(|_| tokio::sync::mpsc::channel(SERVICES_QUEUE))
+            .unzip();
+        let (to_dhcp, dhcp) = (0..segments)
+            .map(|_| tokio::sync::mpsc::channel(DHCP_QUEUE))
+            .unzip();
         let side = Self {
             lan,
+            vlans,
             table,
             counters: LanCounters::default(),
             to_services,
@@ -182,7 +302,77 @@ impl LanSide {
             dns_on,
             published: Mutex::new(Published::default()),
         };
-        (side, ServiceQueues { dhcp, other })
+        (
+            side,
+            ServiceQueues {
+                dhcp: Turns::new(dhcp),
+                other: Turns::new(other),
+            },
+        )
+    }
+
+    /// The index of the segment of `tag` among the queues: 0 the untagged one, then the
+    /// VLANs' in order (an unknown tag: the untagged one's, which it never reaches).
+    fn queue_of(&self, tag: Option<u16>) -> usize {
+        tag.and_then(|t| self.vlans.iter().position(|v| v.tag == t))
+            .map_or(0, |i| i + 1)
+    }
+
+    /// The segment of frames tagged `tag` (None: untagged), if there is one.
+    pub fn segment(&self, tag: Option<u16>) -> Option<Segment<'_>> {
+        match tag {
+            None => Some(Segment {
+                tag: None,
+                lan: &self.lan,
+            }),
+            Some(t) => self.vlans.iter().find(|v| v.tag == t).map(|v| Segment {
+                tag: Some(t),
+                lan: &v.lan,
+            }),
+        }
+    }
+
+    /// The segment whose block holds `ip`: a VLAN's, else the untagged one.
+    pub fn segment_of(&self, ip: Ipv4Addr) -> Segment<'_> {
+        self.vlans
+            .iter()
+            .find(|v| v.lan.block.contains(&ip))
+            .map_or(
+                Segment {
+                    tag: None,
+                    lan: &self.lan,
+                },
+                |v| Segment {
+                    tag: Some(v.tag),
+                    lan: &v.lan,
+                },
+            )
+    }
+
+    /// Who holds which address, as the segment of `tag` sees it.
+    pub const fn neighbors(&self, tag: Option<u16>) -> SegmentNeighbors<'_> {
+        SegmentNeighbors { side: self, tag }
+    }
+
+    /// Sends the frame `buf[frame]` on `sock` into the segment of `tag`, tagging it in `buf`
+    /// for a VLAN's; returns whether the interface took it. A frame that cannot be tagged
+    /// (no room in `buf`) is counted as unsent.
+    pub fn send(
+        &self,
+        sock: &PacketSocket,
+        buf: &mut [u8],
+        frame: Range<usize>,
+        tag: Option<u16>,
+    ) -> bool {
+        let frame = match tag {
+            None => Some(frame),
+            Some(vid) => cyphonic_gateway::tag_frame(buf, frame, vid),
+        };
+        let sent = frame.is_some_and(|f| sock.send(&buf[f]).is_ok());
+        if !sent {
+            bump(&self.counters.lan_send_failed);
+        }
+        sent
     }
 
     /// Whether the gateway may originate one more ICMP error now (all capture threads and
@@ -196,26 +386,37 @@ impl LanSide {
     }
 
     /// Hands work to the services, never waiting: DHCP into its own queue, the rest into
-    /// theirs, each source within its rate; a source over its rate, or a full queue, drops
+    /// theirs, both the segment's (a device's, or the gateway address a peer's packet is
+    /// for), each source within its rate; a source over its rate, or a full queue, drops
     /// it, counted.
     pub fn to_services(&self, msg: ToServices, now: Instant) {
+        let address = |packet: &[u8], at: usize| {
+            packet
+                .get(at..at + 4)
+                .and_then(|s| <[u8; 4]>::try_from(s).ok())
+                .map_or(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from)
+        };
         let (queue, admitted) = match &msg {
-            ToServices::Dhcp { mac, .. } => (&self.to_dhcp, self.dhcp_rate.admit(mac, now)),
+            ToServices::Dhcp { tag, mac, .. } => (
+                &self.to_dhcp[self.queue_of(*tag)],
+                self.dhcp_rate.admit(mac, now),
+            ),
             ToServices::Dns { client, .. } => {
                 use cyphonic_resolver::Client as _;
+                let segment = match client {
+                    Client::Lan { ip, .. } => self.segment_of(*ip).tag,
+                    Client::Peer { .. } => None,
+                };
                 (
-                    &self.to_services,
+                    &self.to_services[self.queue_of(segment)],
                     self.service_rate.admit(client.source(), now),
                 )
             }
             ToServices::FromPeer { peer, packet, .. } | ToServices::Expired { peer, packet } => {
-                let src = packet
-                    .get(12..16)
-                    .and_then(|s| <[u8; 4]>::try_from(s).ok())
-                    .map_or(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from);
+                let segment = self.segment_of(address(packet, 16)).tag;
                 (
-                    &self.to_services,
-                    self.service_rate.admit((*peer, src), now),
+                    &self.to_services[self.queue_of(segment)],
+                    self.service_rate.admit((*peer, address(packet, 12)), now),
                 )
             }
         };
@@ -238,7 +439,23 @@ impl LanSide {
 mod tests {
     use super::*;
 
+    /// The camera VLAN's segment of [`lan_side`]'s LAN: 100.64.1.192/27, tag 20.
+    fn cameras(lan: &Lan) -> Vlan {
+        Vlan {
+            tag: 20,
+            lan: Lan {
+                gateway_ip: Ipv4Addr::new(100, 64, 1, 193),
+                block: "100.64.1.192/27".parse().unwrap(),
+                ..lan.clone()
+            },
+        }
+    }
+
     fn lan_side() -> (LanSide, ServiceQueues) {
+        trunk(|_| Vec::new())
+    }
+
+    fn trunk(vlans: impl FnOnce(&Lan) -> Vec<Vlan>) -> (LanSide, ServiceQueues) {
         let lan = Lan {
             mac: [0x02, 0xaa, 0, 0, 0, 1],
             host_mac: [0x02, 0xf0, 0, 0, 0, 1],
@@ -250,7 +467,40 @@ mod tests {
             defer_checksums: false,
             legacy: None,
         };
-        LanSide::new(lan, LanTable::new(&[]), true, true)
+        let vlans = vlans(&lan);
+        LanSide::new(lan, vlans, LanTable::new(&[]), true, true)
+    }
+
+    /// A trunk: the untagged segment on the block, VLAN 20 on 100.64.1.192/27. Each tag
+    /// finds its segment (an unknown one none), each address its segment, and a segment's
+    /// view of the table holds only its own addresses: a VLAN device's lease is no use to a
+    /// frame from another segment, whatever its MAC, and packets reach it only in its own.
+    #[test]
+    fn each_segment_sees_only_its_own_addresses() {
+        let (side, _queues) = trunk(|lan| vec![cameras(lan)]);
+        let cams = cameras(&side.lan).lan;
+        assert_eq!(side.segment(None).unwrap().lan, &side.lan);
+        assert_eq!(side.segment(Some(20)).unwrap().lan, &cams);
+        assert!(side.segment(Some(30)).is_none());
+        let (camera, laptop) = (
+            Ipv4Addr::new(100, 64, 1, 200),
+            Ipv4Addr::new(100, 64, 1, 100),
+        );
+        assert_eq!(side.segment_of(camera).tag, Some(20));
+        assert_eq!(side.segment_of(laptop).tag, None);
+        let (cam_mac, laptop_mac) = ([2, 0, 0, 0, 0, 0xc1], [2, 0, 0, 0, 0, 0x1a]);
+        side.table
+            .replace_leases(Some(20), [(camera, cam_mac)].into());
+        side.table
+            .replace_leases(None, [(laptop, laptop_mac)].into());
+        // One segment's leases do not replace the other's.
+        assert_eq!(side.table.leased_mac(camera), Some(cam_mac));
+        let (untagged, vlan) = (side.neighbors(None), side.neighbors(Some(20)));
+        assert_eq!(vlan.leased_mac(camera), Some(cam_mac));
+        assert_eq!(untagged.leased_mac(camera), None);
+        assert_eq!(untagged.leased_mac(laptop), Some(laptop_mac));
+        assert_eq!(vlan.leased_mac(laptop), None);
+        assert_eq!(side.neighbors(Some(30)).leased_mac(camera), None);
     }
 
     fn dns_from_peer(ip: Ipv4Addr) -> ToServices {
@@ -289,13 +539,14 @@ mod tests {
         for d in 10..20 {
             side.to_services(dns_from_peer(Ipv4Addr::new(100, 64, 2, d)), now);
         }
-        let others = queues.other.len() - usize::try_from(SERVICE_BURST).unwrap();
+        let others = queues.other.queues[0].len() - usize::try_from(SERVICE_BURST).unwrap();
         assert!(others >= 9, "{others} of 10 other devices got in");
         // DHCP from eight devices, two messages each: every one queued.
         for d in 0..8u8 {
             for _ in 0..2 {
                 side.to_services(
                     ToServices::Dhcp {
+                        tag: None,
                         mac: [0x02, 0xbb, 0, 0, 0, d],
                         payload: vec![0; 300],
                     },
@@ -303,18 +554,90 @@ mod tests {
                 );
             }
         }
-        assert_eq!(queues.dhcp.len(), 16);
+        assert_eq!(queues.dhcp.queues[0].len(), 16);
         // One device repeating DHCP is held to its rate.
         for _ in 0..100 {
             side.to_services(
                 ToServices::Dhcp {
+                    tag: None,
                     mac: [0x02, 0xcc, 0, 0, 0, 1],
                     payload: vec![0; 300],
                 },
                 now,
             );
         }
-        assert_eq!(queues.dhcp.len(), 16 + usize::try_from(DHCP_BURST).unwrap());
-        assert!(queues.dhcp.try_recv().is_ok());
+        assert_eq!(
+            queues.dhcp.queues[0].len(),
+            16 + usize::try_from(DHCP_BURST).unwrap()
+        );
+        assert!(queues.dhcp.queues[0].try_recv().is_ok());
+    }
+
+    /// DHCP and DNS floods from many devices of one VLAN fill that segment's queues only:
+    /// the untagged segment's devices still get in, in full, and the services take the
+    /// segments in turn.
+    #[test]
+    fn a_flood_on_one_vlan_leaves_the_other_segments_queues_alone() {
+        let (side, mut queues) = trunk(|lan| vec![cameras(lan)]);
+        let now = Instant::now() + std::time::Duration::from_secs(1);
+        // A DHCP and a DNS message from `mac` at `ip`, of the segment of `tag`.
+        let both = |tag: Option<u16>, mac: [u8; 6], ip: Ipv4Addr| {
+            side.to_services(
+                ToServices::Dhcp {
+                    tag,
+                    mac,
+                    payload: vec![0; 300],
+                },
+                now,
+            );
+            let client = Client::Lan {
+                mac,
+                ip,
+                port: 5353,
+            };
+            side.to_services(
+                ToServices::Dns {
+                    client,
+                    payload: vec![0; 30],
+                },
+                now,
+            );
+        };
+        // Many MACs on VLAN 20, each within its own rate: more than the queues hold.
+        for d in 0..1000u16 {
+            let [hi, lo] = d.to_be_bytes();
+            let ip = Ipv4Addr::new(100, 64, 1, 194 + (lo % 28));
+            both(Some(20), [0x02, 0xdd, 0, 0, hi, lo], ip);
+        }
+        assert_eq!(queues.dhcp.queues[1].len(), DHCP_QUEUE);
+        assert_eq!(queues.other.queues[1].len(), SERVICES_QUEUE);
+        // The untagged segment's devices: every message queued.
+        for d in 0..4u8 {
+            both(
+                None,
+                [0x02, 0xbb, 0, 0, 0, d],
+                Ipv4Addr::new(100, 64, 1, 100 + d),
+            );
+        }
+        assert_eq!(
+            (queues.dhcp.queues[0].len(), queues.other.queues[0].len()),
+            (4, 4)
+        );
+        // Taken in turn: an untagged message every other one.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let tags: Vec<_> = rt.block_on(async {
+            let mut tags = Vec::new();
+            for _ in 0..8 {
+                match queues.dhcp.recv().await {
+                    Some(ToServices::Dhcp { tag, .. }) => tags.push(tag),
+                    other => panic!("{other:?}"),
+                }
+            }
+            tags
+        });
+        assert_eq!(tags.iter().filter(|t| t.is_none()).count(), 4, "{tags:?}");
+        assert!(tags.windows(2).all(|w| w[0] != w[1]), "{tags:?}");
     }
 }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use cyphonic_gateway::{Ingress, IngressDrop, Sums, complete_deferred_checksum};
+use cyphonic_gateway::{ETH_HEADER_LEN, Ingress, IngressDrop, Sums, complete_deferred_checksum};
 use cyphonic_netio::PacketSocket;
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::Accepted;
@@ -67,10 +67,19 @@ impl Sink for LanSink {
         let sums = if deferred { Sums::Partial } else { Sums::Full };
         let (buf, peer) = item.buf_and_peer();
         let peer_id = peer.id;
-        let verdict =
-            self.lan
-                .lan
-                .deliver(&mut buf[..], packet, &peer.blocks, &self.lan.table, sums);
+        // The destination's segment (a VLAN's block, else the untagged one) takes it.
+        let dst = buf
+            .get(packet.start + 16..packet.start + 20)
+            .and_then(|d| <[u8; 4]>::try_from(d).ok())
+            .map_or(std::net::Ipv4Addr::UNSPECIFIED, std::net::Ipv4Addr::from);
+        let seg = self.lan.segment_of(dst);
+        let verdict = seg.lan.deliver(
+            &mut buf[..],
+            packet,
+            &peer.blocks,
+            &self.lan.neighbors(seg.tag),
+            sums,
+        );
         match verdict {
             Ingress::ToGateway { packet } => {
                 // DNS asks and answers, pings: served on the control thread.
@@ -89,6 +98,24 @@ impl Sink for LanSink {
                 Ok(())
             }
             Ingress::Deliver { frame } => {
+                // Into a VLAN: tagged, its checksum completed here (a tagged frame is sent
+                // alone, never merged for the offload).
+                let (frame, deferred) = match seg.tag {
+                    None => (frame, deferred),
+                    Some(vid) => {
+                        if deferred {
+                            complete_deferred_checksum(
+                                &mut buf[frame.start + ETH_HEADER_LEN..frame.end],
+                            );
+                        }
+                        let Some(tagged) = cyphonic_gateway::tag_frame(&mut buf[..], frame, vid)
+                        else {
+                            bump(&c.drop_inner_malformed);
+                            return Err(DropReason::Malformed);
+                        };
+                        (tagged, false)
+                    }
+                };
                 item.frame = frame;
                 // In range: the batch is flushed (emptied) as soon as it fills.
                 self.deferred[self.batch.len()] = deferred;

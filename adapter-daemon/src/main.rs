@@ -133,13 +133,26 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
             "-".to_owned()
         };
         let name = l.name.as_deref().unwrap_or("-");
+        let name = match l.vlan {
+            Some(tag) => format!("{name} (vlan {tag})"),
+            None => name.to_owned(),
+        };
         let _ = writeln!(t, "{:<16} {:<18} {lease:<21} {name}", l.vip, l.mac);
     }
-    if let Some(d) = &doc.edge.dhcp {
+    let vlans = doc.edge.vlans.iter().map(|v| {
+        (
+            format!("vlan {}: {} gateway {}, dhcp", v.tag, v.block, v.gateway),
+            v.dhcp.as_ref(),
+        )
+    });
+    for (what, dhcp) in std::iter::once(("dhcp:".to_owned(), doc.edge.dhcp.as_ref())).chain(vlans) {
+        let Some(d) = dhcp else {
+            continue;
+        };
         let s = &d.stats;
         let _ = writeln!(
             t,
-            "dhcp: pool {}  discovers {}  offers {}  acks {}  naks {}  ignored {}  starvation_refused {}  pool_exhausted {}{}",
+            "{what} pool {}  discovers {}  offers {}  acks {}  naks {}  ignored {}  starvation_refused {}  pool_exhausted {}{}",
             d.pool,
             s.discovers,
             s.offers,

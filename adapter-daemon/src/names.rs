@@ -115,6 +115,7 @@ impl Names {
                 reserved: self.reserved.iter().any(|r| r.ip == l.ip),
                 legacy: self.legacy.get(&l.ip).map(ToString::to_string),
                 learned: false,
+                vlan: None,
                 expires: (l.expires != u64::MAX).then_some(l.expires),
             })
             .collect();

@@ -42,7 +42,10 @@ struct Held {
     reserved: HashMap<Ipv4Addr, [u8; 6]>,
     /// The MACs of `reserved`, which learn nothing.
     reserved_macs: HashSet<[u8; 6]>,
+    /// Every segment's leases together, which delivery and anti-spoofing read.
     leases: HashMap<Ipv4Addr, [u8; 6]>,
+    /// Each segment's DHCP server's leases (by VLAN, None untagged), which make `leases`.
+    leases_by_segment: HashMap<Option<u16>, HashMap<Ipv4Addr, [u8; 6]>>,
     learned: HashMap<Ipv4Addr, [u8; 6]>,
     /// How many addresses of `learned` each MAC holds.
     learned_by: HashMap<[u8; 6], usize>,
@@ -115,12 +118,17 @@ impl LanTable {
         all
     }
 
-    /// Replaces the DHCP leases (reservations stay in force whatever their lease does).
-    pub fn replace_leases(&self, leases: HashMap<Ipv4Addr, [u8; 6]>) {
-        self.held
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .leases = leases;
+    /// Replaces the DHCP leases of the segment of VLAN `tag` (None: the untagged one);
+    /// the other segments' stay (and reservations stay in force whatever their lease does).
+    pub fn replace_leases(&self, tag: Option<u16>, leases: HashMap<Ipv4Addr, [u8; 6]>) {
+        let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
+        held.leases_by_segment.insert(tag, leases);
+        let all = held
+            .leases_by_segment
+            .values()
+            .flat_map(|l| l.iter().map(|(ip, mac)| (*ip, *mac)))
+            .collect();
+        held.leases = all;
     }
 }
 
@@ -197,9 +205,9 @@ mod tests {
         let t = LanTable::new(std::slice::from_ref(&r));
         let ip = Ipv4Addr::new(100, 64, 1, 50);
         assert_eq!(t.leased_mac(ip), None);
-        t.replace_leases(HashMap::from([(ip, [2, 0, 0, 0, 0, 2])]));
+        t.replace_leases(None, HashMap::from([(ip, [2, 0, 0, 0, 0, 2])]));
         assert_eq!(t.leased_mac(ip), Some([2, 0, 0, 0, 0, 2]));
-        t.replace_leases(HashMap::new());
+        t.replace_leases(None, HashMap::new());
         assert_eq!(t.leased_mac(ip), None, "the lease ended: nobody holds it");
         assert_eq!(
             t.leased_mac(Ipv4Addr::new(100, 64, 1, 10)),

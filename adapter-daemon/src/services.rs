@@ -53,7 +53,10 @@ pub struct AdapterServices {
     lan: Arc<LanSide>,
     work: ServiceQueues,
     gateway: Gateway,
+    /// The untagged segment's DHCP server (the one an HA pair shares).
     dhcp: Option<Dhcp>,
+    /// Each VLAN segment's, by tag.
+    vlan_dhcp: Vec<(u16, Dhcp)>,
     dns: Option<Dns>,
     names: Names,
     /// The reservations in force (a reload may replace them).
@@ -87,6 +90,7 @@ impl AdapterServices {
             work,
             gateway,
             dhcp,
+            vlan_dhcp: Vec::new(),
             dns,
             names,
             reservations,
@@ -101,6 +105,16 @@ impl AdapterServices {
         services
     }
 
+    /// The services with the VLAN segments' DHCP servers too (by tag).
+    pub fn with_vlan_dhcp(mut self, vlan_dhcp: Vec<(u16, Dhcp)>) -> Self {
+        self.vlan_dhcp = vlan_dhcp;
+        let now = Instant::now();
+        self.settle(now, cyphonic_settings::now_secs());
+        self.refresh_names();
+        self.publish();
+        self
+    }
+
     /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]), and takes
     /// its share of the pool and the other box's bindings from `pool`.
     pub fn in_pair(mut self, ready: crate::ha::ReadyWatch, pool: PairLink) -> Self {
@@ -109,8 +123,32 @@ impl AdapterServices {
         self
     }
 
-    /// A DHCP message from the LAN, from Ethernet source `mac`.
-    fn dhcp(&mut self, now: Instant, mac: [u8; 6], payload: &[u8]) {
+    /// A DHCP message from the segment of VLAN `tag` (None: untagged), from Ethernet source
+    /// `mac`.
+    fn dhcp(&mut self, now: Instant, tag: Option<u16>, mac: [u8; 6], payload: &[u8]) {
+        let Some(vid) = tag else {
+            self.untagged_dhcp(now, mac, payload);
+            return;
+        };
+        let Some((_, d)) = self.vlan_dhcp.iter_mut().find(|(t, _)| *t == vid) else {
+            return;
+        };
+        bump(&self.lan.counters.dhcp_received);
+        let unix = cyphonic_settings::now_secs();
+        let reply = d.handle(unix, mac, payload);
+        self.settle(now, unix);
+        let Some((_, d)) = self.vlan_dhcp.iter_mut().find(|(t, _)| *t == vid) else {
+            return;
+        };
+        match reply.map(|r| d.admit(r, mac, unix, now, Replica::Alone)) {
+            Some(Verdict::Send(reply)) => self.send_dhcp(&reply, tag),
+            Some(Verdict::Held) => bump(&self.lan.counters.dhcp_ack_waited),
+            None => {}
+        }
+    }
+
+    /// A DHCP message from the untagged segment, from Ethernet source `mac`.
+    fn untagged_dhcp(&mut self, now: Instant, mac: [u8; 6], payload: &[u8]) {
         let Some(d) = self.dhcp.as_mut() else {
             return;
         };
@@ -128,7 +166,7 @@ impl AdapterServices {
             return;
         };
         match reply.map(|r| d.admit(r, mac, unix, now, replica)) {
-            Some(Verdict::Send(reply)) => self.send_dhcp(&reply),
+            Some(Verdict::Send(reply)) => self.send_dhcp(&reply, None),
             Some(Verdict::Held) => bump(&self.lan.counters.dhcp_ack_waited),
             None => {}
         }
@@ -144,6 +182,18 @@ impl AdapterServices {
     /// long for the disk are dropped (their clients retry). The file written goes to the
     /// pair's thread, for the standby.
     fn release_dhcp(&mut self, now: Instant) {
+        let mut ready = Vec::new();
+        for (tag, d) in &mut self.vlan_dhcp {
+            let released = d.release(now, Replica::Alone);
+            self.lan
+                .counters
+                .dhcp_unsaved_silent
+                .fetch_add(released.dropped, std::sync::atomic::Ordering::Relaxed);
+            ready.extend(released.ready.into_iter().map(|r| (*tag, r)));
+        }
+        for (tag, reply) in &ready {
+            self.send_dhcp(reply, Some(*tag));
+        }
         let replica = self.replica();
         let Some(d) = self.dhcp.as_mut() else {
             return;
@@ -168,12 +218,13 @@ impl AdapterServices {
             );
         }
         for reply in &released.ready {
-            self.send_dhcp(reply);
+            self.send_dhcp(reply, None);
         }
     }
 
-    fn send_dhcp(&mut self, reply: &Reply) {
+    fn send_dhcp(&mut self, reply: &Reply, tag: Option<u16>) {
         if self.gateway.udp_to_lan(
+            tag,
             reply.dst_mac,
             reply.dst_ip,
             DHCP_SERVER_PORT,
@@ -227,7 +278,9 @@ impl AdapterServices {
         for s in said {
             match s {
                 Said::Answer(Client::Lan { mac, ip, port }, resp) => {
-                    if self.gateway.udp_to_lan(mac, ip, DNS_PORT, port, &resp) {
+                    // The asker's segment is its address's (its frames passed that test).
+                    let tag = self.lan.segment_of(ip).tag;
+                    if self.gateway.udp_to_lan(tag, mac, ip, DNS_PORT, port, &resp) {
                         bump(&self.lan.counters.dns_sent);
                     }
                 }
@@ -248,10 +301,13 @@ impl AdapterServices {
 
     /// Applies what the DHCP server did; the names follow when the leases changed.
     fn settle(&mut self, now: Instant, unix: u64) {
-        let changed = self
+        let mut changed = self
             .dhcp
             .as_mut()
             .is_some_and(|d| d.settle(now, unix, &self.lan.table));
+        for (_, d) in &mut self.vlan_dhcp {
+            changed |= d.settle(now, unix, &self.lan.table);
+        }
         if changed {
             self.refresh_names();
         }
@@ -259,9 +315,12 @@ impl AdapterServices {
 
     /// Recomputes every device's name and hands them to the DNS service and the status.
     fn refresh_names(&mut self) {
-        let named = self
-            .names
-            .refresh(self.dhcp.iter().flat_map(|d| d.active()));
+        let named = self.names.refresh(
+            self.dhcp
+                .iter()
+                .chain(self.vlan_dhcp.iter().map(|(_, d)| d))
+                .flat_map(|d| d.active()),
+        );
         if let Some(dns) = self.dns.as_mut() {
             dns.set_hosts(named.labels.iter().map(|(ip, l)| (l.as_str(), *ip)));
         }
@@ -271,9 +330,15 @@ impl AdapterServices {
     /// Publishes the DHCP server's and the DNS service's state.
     fn publish(&self) {
         let dhcp = self.dhcp.as_ref().map(Dhcp::status);
+        let vlan_dhcp = self
+            .vlan_dhcp
+            .iter()
+            .map(|(tag, d)| (*tag, d.status()))
+            .collect();
         let dns = self.dns.as_ref().map(|d| d.status(None, 0));
         let mut p = self.lan.published();
         p.dhcp = dhcp;
+        p.vlan_dhcp = vlan_dhcp;
         p.dns = dns;
     }
 }
@@ -301,8 +366,18 @@ impl Services for AdapterServices {
         );
         self.lan.table.set_reservations(&reservations);
         self.names.set_reservations(&reservations);
+        // Each segment's server takes the reservations inside its part of the block.
+        let of_segment = |tag: Option<u16>| {
+            crate::config::dhcp_reservations(&reservations)
+                .into_iter()
+                .filter(|r| self.lan.segment_of(r.ip).tag == tag)
+                .collect::<Vec<_>>()
+        };
         if let Some(d) = self.dhcp.as_mut() {
-            d.set_reservations(crate::config::dhcp_reservations(&reservations));
+            d.set_reservations(of_segment(None));
+        }
+        for (tag, d) in &mut self.vlan_dhcp {
+            d.set_reservations(of_segment(Some(*tag)));
         }
         self.reservations = reservations;
         self.settle(now, cyphonic_settings::now_secs());
@@ -332,6 +407,22 @@ impl Services for AdapterServices {
                 None => std::future::pending().await,
             }
         };
+        // The VLAN segments' lease writers: whichever reports first.
+        let mut vlan_waits: Vec<_> = self
+            .vlan_dhcp
+            .iter_mut()
+            .map(|(_, d)| Box::pin(d.written_changed()))
+            .collect();
+        let vlan_written = std::future::poll_fn(move |cx| {
+            if vlan_waits
+                .iter_mut()
+                .any(|w| w.as_mut().poll(cx).is_ready())
+            {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        });
         let replicated = async {
             match pool {
                 Some(link) => link.replica_changed().await,
@@ -343,6 +434,7 @@ impl Services for AdapterServices {
             biased;
             Some(w) = work.dhcp.recv() => Work::Queued(w),
             () = written => Work::LeasesKept,
+            () = vlan_written => Work::LeasesKept,
             () = replicated => Work::LeasesKept,
             Some(w) = work.other.recv() => Work::Queued(w),
             // Every sender is gone: the data threads stopped.
@@ -352,7 +444,9 @@ impl Services for AdapterServices {
 
     fn handle(&mut self, work: Work, now: Instant) {
         match work {
-            Work::Queued(ToServices::Dhcp { mac, payload }) => self.dhcp(now, mac, &payload),
+            Work::Queued(ToServices::Dhcp { tag, mac, payload }) => {
+                self.dhcp(now, tag, mac, &payload);
+            }
             Work::Queued(ToServices::Dns { client, payload }) => {
                 if let Some(dns) = self.dns.as_mut() {
                     bump(&self.lan.counters.dns_received);
@@ -387,7 +481,11 @@ impl Services for AdapterServices {
             (Some(d), Some(leases)) => d.merge(leases, unix),
             _ => false,
         };
-        if self.dhcp.as_mut().is_some_and(|d| d.tick(unix)) || merged {
+        let mut due = self.dhcp.as_mut().is_some_and(|d| d.tick(unix));
+        for (_, d) in &mut self.vlan_dhcp {
+            due |= d.tick(unix);
+        }
+        if due || merged {
             self.settle(now, unix);
             self.publish();
         }

@@ -27,6 +27,22 @@ pub struct AdapterStatus {
     /// One of an HA pair (`[ha]`): this box's part and what it last heard of the other.
     #[serde(default)]
     pub ha: Option<HaStatus>,
+    /// The VLAN segments of a trunked LAN port (`[[vlan]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vlans: Vec<VlanStatus>,
+}
+
+/// A VLAN segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VlanStatus {
+    /// Its VLAN identifier.
+    pub tag: u16,
+    /// Its part of the certified block.
+    pub block: String,
+    /// Its gateway address.
+    pub gateway: String,
+    /// Its DHCP server, unless switched off.
+    pub dhcp: Option<DhcpStatus>,
 }
 
 /// One box of an HA pair (docs/protocol.md §5).
@@ -164,6 +180,9 @@ pub struct LeaseStatus {
     /// A legacy device not declared, learned from its frames (`[legacy] learn`).
     #[serde(default)]
     pub learned: bool,
+    /// The VLAN of its segment, on a trunked port (none: untagged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
     /// When its lease ends, unix seconds (none for reservations).
     pub expires: Option<u64>,
 }
@@ -198,6 +217,8 @@ pub struct Published {
     pub leases: Vec<LeaseStatus>,
     /// The DHCP server.
     pub dhcp: Option<DhcpStatus>,
+    /// The VLAN segments' DHCP servers, by tag.
+    pub vlan_dhcp: Vec<(u16, DhcpStatus)>,
     /// The DNS service.
     pub dns: Option<DnsStatus>,
 }

@@ -9,7 +9,8 @@
 //! tail (no ports to read). It is chosen by protocol and ports only, so every packet of a
 //! flow falls on the same side and no flow is split between the two sockets' threads (a
 //! datagram's fragments may be: its receiver reassembles them in any order). Everything
-//! else, IPv6 and VLAN-tagged frames included (the adapter drops those), is bulk.
+//! else, IPv6 included (the adapter drops it), is bulk. A VLAN's frames are judged as any:
+//! the kernel has taken their tag off before the filter runs.
 
 use cyphonic_netio::cbpf::{
     Insn, jump_eq, jump_ge, jump_ge_x, jump_set, load_byte, load_half, load_half_at_x, load_len,

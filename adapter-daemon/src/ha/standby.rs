@@ -111,6 +111,7 @@ impl StandbyStatus {
                 leases: named.leases,
                 dhcp: None,
                 dns: None,
+                vlans: Vec::new(),
                 ha: Some(ha.clone()),
             },
             at: unix,

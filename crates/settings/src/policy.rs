@@ -61,9 +61,9 @@ const MAX_FLOWS: usize = 1 << 20;
 pub struct Device {
     /// Its hostname, if it has one.
     pub name: Option<String>,
-    /// Its address.
-    pub vip: Ipv4Addr,
-    /// The groups it is in (`reservation.groups`).
+    /// Its address (a /32), or the block a whole segment's devices come from (a VLAN's).
+    pub block: Ipv4Net,
+    /// The groups it is in (`reservation.groups`, `vlan.groups`).
     pub groups: Vec<String>,
 }
 
@@ -133,10 +133,10 @@ pub fn directory(identity: &Identity, peers: &[Peer], devices: &[Device]) -> Dir
     }
     for d in devices {
         if let Some(name) = &d.name {
-            dir.add_named(name, [Ipv4Net::from(d.vip)]);
+            dir.add_named(name, [d.block]);
         }
         for g in &d.groups {
-            dir.add(g, [Ipv4Net::from(d.vip)]);
+            dir.add(g, [d.block]);
         }
     }
     dir
