@@ -314,6 +314,8 @@ pub struct TwoSites {
     wire_like_lan: bool,
     /// Whether the gateways keep GRO on their LAN side (as the options said).
     lan_gro: bool,
+    /// The VLAN access ports of hosts added with [`TwoSites::add_vlan_host`].
+    access_ports: Vec<crate::vlan::AccessPort>,
     tmp: TempDir,
 }
 
@@ -479,6 +481,7 @@ impl TwoSites {
             c,
             wire_like_lan: opts.wire_like_lan,
             lan_gro: opts.lan_gro,
+            access_ports: Vec::new(),
             tmp,
         };
         bed.write_config(Side::A, opts)?;
@@ -691,7 +694,50 @@ impl TwoSites {
         side: Side,
         hostname: &str,
     ) -> anyhow::Result<(crate::lan::DhcpHost, Ipv4Addr)> {
-        let (ns, mac) = self.add_host(side, hostname)?;
+        self.dhcp_device_on(side, hostname, None)
+    }
+
+    /// A host on `side`'s LAN switch behind an access port of VLAN `tag`
+    /// ([`crate::vlan::AccessPort`]): what it sends reaches the switch, and the adapter's
+    /// trunked port, tagged; it hears only its VLAN. The switch passes tags as they are.
+    ///
+    /// # Errors
+    /// No switch on this LAN; a namespace, veth or socket cannot be made.
+    pub fn add_vlan_host(
+        &mut self,
+        side: Side,
+        label: &str,
+        tag: u16,
+    ) -> anyhow::Result<(Netns, String)> {
+        let site = self.site_mut(side);
+        let switch = site
+            .switch
+            .as_ref()
+            .context("add_vlan_host needs a bed built with lan_switch")?;
+        let ns = Netns::new(label)?;
+        let port = format!("p{}", site.ports);
+        site.ports += 1;
+        let access = crate::vlan::AccessPort::new(&ns, "eth0", switch, &port, tag)?;
+        switch.ip(&["link", "set", "dev", &port, "master", "br0"])?;
+        let mac = mac_of(&ns, "eth0")?;
+        self.access_ports.push(access);
+        Ok((ns, mac))
+    }
+
+    /// As [`TwoSites::dhcp_device`], on VLAN `tag` when given ([`TwoSites::add_vlan_host`]).
+    ///
+    /// # Errors
+    /// As [`TwoSites::dhcp_device`].
+    pub fn dhcp_device_on(
+        &mut self,
+        side: Side,
+        hostname: &str,
+        tag: Option<u16>,
+    ) -> anyhow::Result<(crate::lan::DhcpHost, Ipv4Addr)> {
+        let (ns, mac) = match tag {
+            None => self.add_host(side, hostname)?,
+            Some(tag) => self.add_vlan_host(side, hostname, tag)?,
+        };
         let mut dev = crate::lan::DhcpHost::new(ns, mac, crate::lan::DhcpClient::Udhcpc, hostname)?;
         dev.start()?;
         let lease = dev

@@ -124,35 +124,7 @@ impl ImpairedLink {
         imp: Impairment,
         seed: u64,
     ) -> anyhow::Result<Self> {
-        let ns = Netns::new("link")?;
-        veth(near, near_if, &ns, "a")?;
-        veth(&ns, "b", far, far_if)?;
-        // The ends that send into the link segment and checksum every frame themselves; the
-        // link's own ends take frames as they come (no GRO).
-        near.exec(
-            "ethtool",
-            &["-K", near_if, "tx", "off", "tso", "off", "gso", "off"],
-        )?;
-        far.exec(
-            "ethtool",
-            &["-K", far_if, "tx", "off", "tso", "off", "gso", "off"],
-        )?;
-        for end in ["a", "b"] {
-            ns.exec("ethtool", &["-K", end, "gro", "off"])?;
-        }
-        let (a, b) = inject::inside(&ns, || {
-            let open = |name: &str| -> anyhow::Result<PacketSocket> {
-                let iface = Interface::lookup_up(name)?;
-                let opts = PacketOptions {
-                    // Only read when ppoll said a frame is there: the timeout never runs.
-                    recv_timeout: Some(Duration::from_millis(10)),
-                    recv_buffer: 8 << 20,
-                    ..PacketOptions::default()
-                };
-                PacketSocket::open(&iface, &opts).with_context(|| format!("opening {name}"))
-            };
-            Ok((open("a")?, open("b")?))
-        })?;
+        let (ns, a, b) = middle(near, near_if, far, far_if, "link", 8 << 20)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(LinkStats::default());
         let mut threads = Vec::new();
@@ -172,6 +144,51 @@ impl ImpairedLink {
             _ns: ns,
         })
     }
+}
+
+/// A namespace (named after `label`) in the middle of `near_if` in `near` and `far_if` in
+/// `far` (both made here, both up), and a packet socket on each of its two ends (`a` towards
+/// `near`, `b` towards `far`; `recv_buffer` bytes each): whole frames with whole checksums
+/// both ways, taken as they come (no GRO), for a relay to carry.
+///
+/// # Errors
+/// A namespace, veth, `ethtool` or socket step failing.
+pub(crate) fn middle(
+    near: &Netns,
+    near_if: &str,
+    far: &Netns,
+    far_if: &str,
+    label: &str,
+    recv_buffer: usize,
+) -> anyhow::Result<(Netns, PacketSocket, PacketSocket)> {
+    let ns = Netns::new(label)?;
+    veth(near, near_if, &ns, "a")?;
+    veth(&ns, "b", far, far_if)?;
+    // The ends that send into the middle checksum every frame themselves; the middle's own
+    // ends take frames as they come (no GRO).
+    for (end, name) in [(near, near_if), (far, far_if)] {
+        end.exec(
+            "ethtool",
+            &["-K", name, "tx", "off", "tso", "off", "gso", "off"],
+        )?;
+    }
+    for end in ["a", "b"] {
+        ns.exec("ethtool", &["-K", end, "gro", "off"])?;
+    }
+    let (a, b) = inject::inside(&ns, move || {
+        let open = |name: &str| -> anyhow::Result<PacketSocket> {
+            let iface = Interface::lookup_up(name)?;
+            let opts = PacketOptions {
+                // Only read when ppoll said a frame is there: the timeout never runs.
+                recv_timeout: Some(Duration::from_millis(10)),
+                recv_buffer,
+                ..PacketOptions::default()
+            };
+            PacketSocket::open(&iface, &opts).with_context(|| format!("opening {name}"))
+        };
+        Ok((open("a")?, open("b")?))
+    })?;
+    Ok((ns, a, b))
 }
 
 impl Drop for ImpairedLink {

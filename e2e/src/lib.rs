@@ -29,6 +29,7 @@ pub mod postgres;
 pub mod rogue;
 pub mod soak;
 pub mod swarm;
+pub mod vlan;
 
 /// What the bed measured, as data (a crate of its own: xtask reads it).
 pub use cyphonic_report as report;

@@ -767,3 +767,127 @@ fn the_clouds_members_show_a_fixed_devices_own_address() {
     assert!(pings(&bed.b.lan, plc_vip(1)), "{}", bed.logs());
     drop(plc);
 }
+
+/// An 802.1Q trunk on A's LAN port (docs/protocol.md §6, *VLAN trunks*): a camera VLAN (20)
+/// and an OT VLAN (30) beside the untagged segment. A device on each VLAN takes its address
+/// from its VLAN's pool and its name from the VLAN's gateway, and the policy holds each VLAN
+/// to its group's rule. Nothing crosses between segments; a device may not send from
+/// another segment's address; a tag no segment has is dropped and counted.
+#[test]
+fn a_trunk_gives_each_vlan_its_pool_its_gateway_and_its_group() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    let nvr = Ipv4Addr::new(100, 64, 2, 10);
+    opts.a.extra = format!(
+        "\n[dhcp]\npool = \"100.64.1.100-100.64.1.127\"\n\n[[vlan]]\ntag = 20\nblock = \"100.64.1.192/27\"\ngroups = [\"cameras\"]\n\n[[vlan]]\ntag = 30\nblock = \"100.64.1.160/28\"\ngroups = [\"ot\"]\n\n[policy]\n\n[[policy.rule]]\nfrom = [\"cameras\"]\nto = [\"{nvr}\"]\nallow = [\"tcp/7000\", \"icmp\"]\n\n[[policy.rule]]\nfrom = [\"ot\"]\nto = [\"{nvr}\"]\nallow = [\"tcp/7001\"]\n\n[[policy.rule]]\nfrom = [\"100.64.1.96/27\"]\nto = [\"{nvr}\"]\nallow = [\"any\"]\n"
+    );
+    let mut bed = TwoSites::new(&opts).unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let _nvr = listen(&bed.b.lan, &[7000, 7001]);
+    let (cam, cam_ip) = bed.dhcp_device_on(Side::A, "cam", Some(20)).unwrap();
+    let (meter, meter_ip) = bed.dhcp_device_on(Side::A, "meter", Some(30)).unwrap();
+    let (laptop, laptop_ip) = bed.dhcp_device(Side::A, "laptop").unwrap();
+    let in_block =
+        |ip: Ipv4Addr, block: &str| block.parse::<ipnet::Ipv4Net>().unwrap().contains(&ip);
+    assert!(in_block(cam_ip, "100.64.1.192/27"), "cam at {cam_ip}");
+    assert!(in_block(meter_ip, "100.64.1.160/28"), "meter at {meter_ip}");
+    assert!(
+        (100..=127).contains(&laptop_ip.octets()[3]),
+        "laptop at {laptop_ip}"
+    );
+    // Each VLAN's gateway (its first host address) is its router and DNS server.
+    let cam_gw = Ipv4Addr::new(100, 64, 1, 193);
+    assert!(
+        pings(&cam.ns, cam_gw),
+        "the camera VLAN's gateway\n{}",
+        bed.logs()
+    );
+    assert_eq!(
+        bed.resolve(&cam.ns, cam_gw, "meter.gw1.ovl.example"),
+        vec![meter_ip.to_string()]
+    );
+
+    // Each VLAN's group, at A before sealing; the untagged laptop by its pool's block.
+    assert!(connects(&cam.ns, (nvr, 7000).into()), "{}", bed.logs());
+    assert!(pings(&cam.ns, nvr));
+    assert!(connects(&meter.ns, (nvr, 7001).into()));
+    assert!(connects(&laptop.ns, (nvr, 7001).into()));
+    let no_rule =
+        |bed: &TwoSites| uint(&bed.status(Side::A).unwrap()["policy"]["dropped"]["no_rule"]);
+    let before = no_rule(&bed);
+    assert!(
+        !connects(&cam.ns, (nvr, 7001).into()),
+        "a camera opened 7001"
+    );
+    assert!(
+        !connects(&meter.ns, (nvr, 7000).into()),
+        "the meter opened 7000"
+    );
+    assert!(
+        !pings(&meter.ns, nvr),
+        "the meter pinged: it is not in group cameras"
+    );
+    assert!(no_rule(&bed) >= before + 3);
+
+    // Nothing between segments, either way.
+    let local = bed.counter(Side::A, "drop_local_destination").unwrap();
+    assert!(!connects(&cam.ns, (meter_ip, 7001).into()));
+    assert!(!pings(&laptop.ns, cam_ip));
+    assert!(bed.counter(Side::A, "drop_local_destination").unwrap() >= local + 2);
+
+    // The camera's MAC on the untagged segment, sending as the camera: its address is its
+    // VLAN's, so there it is a spoof, dropped and counted (whatever MAC it takes).
+    let spoofed = bed.counter(Side::A, "drop_spoofed").unwrap();
+    let (twin, _) = bed.add_host(Side::A, "twin").unwrap();
+    twin.ip(&["link", "set", "eth0", "down"]).unwrap();
+    twin.ip(&["link", "set", "eth0", "address", &cam.mac])
+        .unwrap();
+    twin.ip(&["link", "set", "eth0", "up"]).unwrap();
+    twin.ip(&["addr", "add", &format!("{cam_ip}/24"), "dev", "eth0"])
+        .unwrap();
+    twin.ip(&["route", "add", "default", "via", "100.64.1.1"])
+        .unwrap();
+    assert!(
+        !pings(&twin, nvr),
+        "the camera's twin pinged from the untagged segment"
+    );
+    assert!(bed.counter(Side::A, "drop_spoofed").unwrap() > spoofed);
+
+    // A tag no segment has.
+    let vlan_drops = bed.counter(Side::A, "drop_vlan").unwrap();
+    let (stray, _) = bed.add_vlan_host(Side::A, "stray", 40).unwrap();
+    stray
+        .ip(&["addr", "add", "100.64.1.230/24", "dev", "eth0"])
+        .unwrap();
+    assert!(!pings(&stray, Ipv4Addr::new(100, 64, 1, 1)));
+    assert!(bed.counter(Side::A, "drop_vlan").unwrap() > vlan_drops);
+
+    // The status lists each segment with its server, and each device's VLAN.
+    let status = bed.status(Side::A).unwrap();
+    let vlans = status["vlans"].as_array().unwrap();
+    assert_eq!(vlans.len(), 2, "{status}");
+    assert_eq!(
+        (vlans[0]["tag"].as_u64(), vlans[0]["gateway"].as_str()),
+        (Some(20), Some("100.64.1.193"))
+    );
+    assert!(
+        vlans[0]["dhcp"]["lease_file"]
+            .as_str()
+            .unwrap()
+            .ends_with("vlan-20/leases.json")
+    );
+    let vlan_of = |ip: Ipv4Addr| {
+        status["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["vip"] == ip.to_string())
+            .map(|l| l["vlan"].as_u64())
+    };
+    assert_eq!(vlan_of(cam_ip), Some(Some(20)), "{status}");
+    assert_eq!(vlan_of(meter_ip), Some(Some(30)));
+    assert_eq!(vlan_of(laptop_ip), Some(None));
+}
