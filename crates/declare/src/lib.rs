@@ -63,8 +63,10 @@ pub struct KeyDoc {
 /// One table of the reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableDoc {
-    /// Its dotted name (`dhcp`, `policy.group`); empty for the file's top level.
-    pub name: &'static str,
+    /// Its dotted name (`dhcp`, `policy.group`, `vlan.legacy`): where it sits in the file,
+    /// which is where its declaration says, or inside another table that holds it; empty for
+    /// the file's top level.
+    pub name: String,
     /// An array of tables (`[[peer]]`).
     pub array: bool,
     /// Whether it may be left out.
@@ -78,7 +80,7 @@ pub struct TableDoc {
 impl TableDoc {
     /// `key`'s dotted name in the file (`dhcp.lease_time`; at the top level, the key alone).
     fn dotted(&self, key: &KeyDoc) -> String {
-        match self.name {
+        match self.name.as_str() {
             "" => key.name.to_owned(),
             table => format!("{table}.{}", key.name),
         }
@@ -96,7 +98,7 @@ impl Reference {
     /// The reference of the file whose top-level table is `T`.
     pub fn of<T: Value>() -> Self {
         let mut out = Self::default();
-        T::tables(&mut out, false, false);
+        T::tables(&mut out, "", false, false);
         out
     }
 
@@ -168,7 +170,7 @@ impl Reference {
             for k in &t.keys {
                 if !shown
                     .iter()
-                    .any(|(table, key)| table == t.name && key == k.name)
+                    .any(|(table, key)| *table == t.name && key == k.name)
                 {
                     unshown.push(t.dotted(k));
                 }
@@ -184,7 +186,7 @@ impl Reference {
              then run the tests. -->\n\n# {title}\n\n{intro}\n"
         );
         for t in self.tables.iter().filter(|t| !t.keys.is_empty()) {
-            let header = match (t.name, t.array) {
+            let header = match (t.name.as_str(), t.array) {
                 ("", _) => "The top level".to_owned(),
                 (name, true) => format!("`[[{name}]]`"),
                 (name, false) => format!("`[{name}]`"),
@@ -251,11 +253,11 @@ pub trait Value {
     fn kind() -> String;
     /// The value as TOML writes it; empty for "unset".
     fn show(&self) -> String;
-    /// For a table: adds itself and the tables inside it to `out` and says true (`array`: it
-    /// is an item of an array of tables; `optional`: it may be left out). Plain values say
-    /// false.
-    fn tables(out: &mut Reference, array: bool, optional: bool) -> bool {
-        let _ = (out, array, optional);
+    /// For a table: adds itself, at the dotted name `at` (empty: where its declaration
+    /// says), and the tables inside it to `out` and says true (`array`: it is an item of an
+    /// array of tables; `optional`: it may be left out). Plain values say false.
+    fn tables(out: &mut Reference, at: &str, array: bool, optional: bool) -> bool {
+        let _ = (out, at, array, optional);
         false
     }
 }
@@ -297,8 +299,8 @@ impl<T: Value> Value for Spanned<T> {
     fn show(&self) -> String {
         self.get_ref().show()
     }
-    fn tables(out: &mut Reference, array: bool, optional: bool) -> bool {
-        T::tables(out, array, optional)
+    fn tables(out: &mut Reference, at: &str, array: bool, optional: bool) -> bool {
+        T::tables(out, at, array, optional)
     }
 }
 
@@ -309,8 +311,8 @@ impl<T: Value> Value for Option<T> {
     fn show(&self) -> String {
         self.as_ref().map(Value::show).unwrap_or_default()
     }
-    fn tables(out: &mut Reference, array: bool, _optional: bool) -> bool {
-        T::tables(out, array, true)
+    fn tables(out: &mut Reference, at: &str, array: bool, _optional: bool) -> bool {
+        T::tables(out, at, array, true)
     }
 }
 
@@ -322,8 +324,8 @@ impl<T: Value> Value for Vec<T> {
         let items: Vec<String> = self.iter().map(Value::show).collect();
         format!("[{}]", items.join(", "))
     }
-    fn tables(out: &mut Reference, _array: bool, _optional: bool) -> bool {
-        T::tables(out, true, true)
+    fn tables(out: &mut Reference, at: &str, _array: bool, _optional: bool) -> bool {
+        T::tables(out, at, true, true)
     }
 }
 
@@ -496,10 +498,18 @@ macro_rules! table {
                 fn show(&self) -> String {
                     String::new()
                 }
-                fn tables(out: &mut $crate::Reference, array: bool, optional: bool) -> bool {
-                    let at = out.tables.len();
+                fn tables(
+                    out: &mut $crate::Reference,
+                    at: &str,
+                    array: bool,
+                    optional: bool,
+                ) -> bool {
+                    // Where the holding table put it, else where it was declared: one
+                    // declaration may serve at several places (`legacy`, `vlan.legacy`).
+                    let name = if at.is_empty() { $table } else { at }.to_owned();
+                    let index = out.tables.len();
                     out.tables.push($crate::TableDoc {
-                        name: $table,
+                        name: name.clone(),
                         array,
                         optional: optional && $optional,
                         doc: $crate::doc_text(&[$($doc),*]),
@@ -508,12 +518,16 @@ macro_rules! table {
                     $(
                         let nested = <$ty as $crate::Value>::tables(
                             out,
+                            &match name.as_str() {
+                                "" => stringify!($key).to_owned(),
+                                table => format!("{table}.{}", stringify!($key)),
+                            },
                             false,
                             $crate::table!(@has_default $($default)?),
                         );
                         if !nested {
                             let default = $crate::table!(@given $ty $(= $default)?);
-                            out.tables[at].keys.push($crate::KeyDoc {
+                            out.tables[index].keys.push($crate::KeyDoc {
                                 name: stringify!($key),
                                 kind: <$ty as $crate::Value>::kind(),
                                 default,
