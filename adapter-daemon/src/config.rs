@@ -116,6 +116,10 @@ cyphonic_settings::table! {
         pool: Option<Spanned<String>> = None,
         /// The groups `[policy]` rules may name every device of the segment by (`block`).
         groups: Vec<Spanned<String>> = Vec::new(),
+        /// The segment's fixed-address devices: a table as `[legacy]`, with the same keys
+        /// and checks, its `onto` inside `block` and clear of the segment's gateway and pool.
+        /// Not beside a site's router yet (`router` is refused here).
+        legacy: Option<RawLegacy> = None,
     }
 }
 
@@ -144,7 +148,7 @@ cyphonic_settings::table! {
         router: Option<Spanned<Ipv4Addr>> = None,
         /// Let a device not declared below hold the address it is first heard at (by ARP or
         /// as a packet's source) from its MAC, without a name, until the adapter restarts: at
-        /// most 4 addresses a MAC, 1024 in all. `status` lists them, to declare. `false`:
+        /// most 4 addresses a MAC, 1024 a subnet. `status` lists them, to declare. `false`:
         /// only declared devices pass; the rest are spoofers, dropped and counted.
         learn: bool = true,
         /// The devices.
@@ -364,6 +368,10 @@ pub struct VlanSegment {
     pub dhcp: Option<cyphonic_vip::DhcpConfig>,
     /// The groups its block stands in.
     pub groups: Vec<String>,
+    /// Its legacy subnet's map and old router address, if `[vlan.legacy]` says so.
+    pub legacy: Option<cyphonic_gateway::Legacy>,
+    /// Whether devices of its legacy subnet not declared are learned.
+    pub learn_legacy: bool,
 }
 
 /// `[ha]`, checked.
@@ -414,16 +422,17 @@ pub fn dhcp_reservations(reservations: &[Reservation]) -> Vec<cyphonic_vip::Rese
         .collect()
 }
 
-/// What a reload of `reservations` applies to an adapter running `legacy`, and what waits
-/// for the restart: a legacy device is applied where the running map puts its address at
-/// the vIP the file's map does (the same map), and waits otherwise (a changed `[legacy]`).
+/// What a reload of `reservations` applies to a running adapter, and what waits for the
+/// restart: a legacy device is applied where the running map of the segment holding its vIP
+/// (`running`: the untagged segment's, or a VLAN's) puts its address at the vIP the file's
+/// map does (the same map), and waits otherwise (a changed `[legacy]`).
 pub fn reloadable(
     reservations: Vec<Reservation>,
-    legacy: Option<&cyphonic_gateway::Legacy>,
+    running: impl Fn(Ipv4Addr) -> Option<cyphonic_gateway::Legacy>,
 ) -> (Vec<Reservation>, Vec<Reservation>) {
     reservations.into_iter().partition(|r| {
         r.legacy
-            .is_none_or(|own| legacy.and_then(|l| l.map.to_overlay(own)) == Some(r.vip))
+            .is_none_or(|own| running(r.vip).and_then(|l| l.map.to_overlay(own)) == Some(r.vip))
     })
 }
 
@@ -513,8 +522,15 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
     )?;
     let legacy = match &raw.legacy {
         Some(l) => {
-            let (legacy, devices) =
-                check_legacy(src, l, lan_block, gw, dhcp.as_ref(), &reservations)?;
+            let (legacy, devices) = check_legacy(
+                src,
+                l,
+                "legacy",
+                lan_block,
+                gw,
+                dhcp.as_ref(),
+                &reservations,
+            )?;
             reservations.extend(devices);
             Some(legacy)
         }
@@ -530,7 +546,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             legacy: legacy.as_ref(),
             in_pair: raw.ha.is_some(),
         },
-        &reservations,
+        &mut reservations,
     )?;
     // The untagged segment's DHCP server hands out none of the VLANs' reservations.
     let dhcp = dhcp.map(|d| cyphonic_vip::DhcpConfig {
@@ -740,12 +756,13 @@ fn overlap(a: (Ipv4Addr, Ipv4Addr), b: (Ipv4Addr, Ipv4Addr)) -> bool {
 /// `[[vlan]]`: distinct tags, blocks inside the certified one and clear of the untagged
 /// segment's gateway, pool and legacy map and of each other, a gateway and a pool inside
 /// each; each segment's DHCP server (with `[dhcp]`'s lease settings) over its block and the
-/// reservations inside it.
+/// reservations inside it; each segment's legacy map, checked as `[legacy]` is, its devices
+/// added to `reservations`.
 fn check_vlans(
     src: &Source<'_>,
     raw: &[RawVlan],
     untagged: Segments<'_>,
-    reservations: &[Reservation],
+    reservations: &mut Vec<Reservation>,
 ) -> Result<Vec<VlanSegment>, ConfigError> {
     let mut vlans: Vec<VlanSegment> = Vec::new();
     let block = untagged.block;
@@ -842,7 +859,7 @@ fn check_vlans(
                     server: gateway,
                     block: sub,
                     pool,
-                    reservations: dhcp_reservations(reservations)
+                    reservations: dhcp_reservations(reservations.as_slice())
                         .into_iter()
                         .filter(|r| sub.contains(&r.ip))
                         .collect(),
@@ -858,12 +875,31 @@ fn check_vlans(
                 Some(cfg)
             }
         };
+        let (legacy, learn_legacy) = match &v.legacy {
+            None => (None, false),
+            Some(l) => {
+                let at = cyphonic_settings::indexed("vlan.legacy", i);
+                if let Some(r) = &l.router {
+                    return src.err(
+                        &r.span(),
+                        &under(&at, RawLegacy::router),
+                        "beside a site's router on a VLAN is not built yet: leave `router` out (the adapter is then the VLAN's devices' gateway)",
+                    );
+                }
+                let (legacy, devices) =
+                    check_legacy(src, l, &at, sub, gateway, dhcp.as_ref(), reservations)?;
+                reservations.extend(devices);
+                (Some(legacy), l.learn)
+            }
+        };
         vlans.push(VlanSegment {
             tag,
             block: sub,
             gateway,
             dhcp,
             groups: v.groups.iter().map(|g| g.get_ref().clone()).collect(),
+            legacy,
+            learn_legacy,
         });
     }
     Ok(vlans)
@@ -887,42 +923,64 @@ pub fn segment_reservations(
         .collect()
 }
 
-/// `[legacy]`: the map (a part of the block as large as the subnet, clear of the gateway,
+/// `key`, a key of `[legacy]` (`legacy.onto`, `legacy.device[2].mac`), as named in the legacy
+/// table at `at` (`legacy`, or a VLAN's: `vlan[1].legacy`).
+fn under(at: &str, key: &str) -> String {
+    match key.strip_prefix("legacy") {
+        Some(rest) => format!("{at}{rest}"),
+        None => key.to_owned(),
+    }
+}
+
+/// `[legacy]` (or a VLAN's, the table at `at`): the map (a part of the block as large as the subnet, clear of the gateway,
 /// the reservations and the DHCP pool), the old router inside the subnet, and the devices,
 /// each at a free host address of the subnet, with a MAC and a name of its own.
 fn check_legacy(
     src: &Source<'_>,
     l: &RawLegacy,
+    at: &str,
     block: Ipv4Net,
     gw: Ipv4Addr,
     dhcp: Option<&cyphonic_vip::DhcpConfig>,
     reservations: &[Reservation],
 ) -> Result<(cyphonic_gateway::Legacy, Vec<Reservation>), ConfigError> {
+    // A VLAN's map lies in the VLAN's block, the untagged segment's in the certified one.
+    let whose = if at == "legacy" {
+        "this adapter's certified block"
+    } else {
+        "its VLAN's block"
+    };
     let (subnet, onto) = (*l.subnet.get_ref(), *l.onto.get_ref());
     let span = l.onto.span();
     let map = match cyphonic_gateway::Netmap::new(subnet, onto) {
         Ok(map) => map,
-        Err(e) => return src.err(&span, RawLegacy::onto, format!("{onto}: {e} ({subnet})")),
+        Err(e) => {
+            return src.err(
+                &span,
+                &under(at, RawLegacy::onto),
+                format!("{onto}: {e} ({subnet})"),
+            );
+        }
     };
     let onto = map.overlay();
     if !block.contains(&onto) {
         return src.err(
             &span,
-            RawLegacy::onto,
-            format!("{onto} is not inside this adapter's certified block {block}"),
+            &under(at, RawLegacy::onto),
+            format!("{onto} is not inside {whose} {block}"),
         );
     }
     if onto.contains(&gw) {
         return src.err(
             &span,
-            RawLegacy::onto,
+            &under(at, RawLegacy::onto),
             format!("{onto} holds the gateway's own address {gw}"),
         );
     }
     if let Some(r) = reservations.iter().find(|r| onto.contains(&r.vip)) {
         return src.err(
             &span,
-            RawLegacy::onto,
+            &under(at, RawLegacy::onto),
             format!("{onto} holds {}, reserved to {}", r.vip, r.mac),
         );
     }
@@ -933,7 +991,7 @@ fn check_legacy(
         {
             return src.err(
                 &span,
-                RawLegacy::onto,
+                &under(at, RawLegacy::onto),
                 format!(
                     "{onto} overlaps the DHCP pool {first}-{last}: set `dhcp.pool` to a range outside it"
                 ),
@@ -947,7 +1005,7 @@ fn check_legacy(
     if !free(gateway) {
         return src.err(
             &l.gateway.span(),
-            RawLegacy::gateway,
+            &under(at, RawLegacy::gateway),
             format!("{gateway} is not a host address of the subnet {subnet}"),
         );
     }
@@ -955,7 +1013,7 @@ fn check_legacy(
         Some(r) if !free(*r.get_ref()) || *r.get_ref() == gateway => {
             return src.err(
                 &r.span(),
-                RawLegacy::router,
+                &under(at, RawLegacy::router),
                 format!(
                     "{} is not a host address of the subnet {subnet} other than the gateway",
                     r.get_ref()
@@ -965,7 +1023,7 @@ fn check_legacy(
         Some(r) if dhcp.is_some() => {
             return src.err(
                 &r.span(),
-                RawLegacy::router,
+                &under(at, RawLegacy::router),
                 "beside the site's router the adapter serves no DHCP (the router, or the site's DHCP server, does): set [dhcp] enabled = false",
             );
         }
@@ -973,7 +1031,7 @@ fn check_legacy(
     };
     let mut devices: Vec<Reservation> = Vec::new();
     for (i, d) in l.device.iter().enumerate() {
-        let key = |k: &str| cyphonic_settings::indexed(k, i);
+        let key = |k: &str| under(at, &cyphonic_settings::indexed(k, i));
         let address = *d.address.get_ref();
         let mac = *d.mac.get_ref();
         let Some(vip) = map
@@ -1213,7 +1271,7 @@ mod tests {
         // A reload hands DHCP the reservations alone; the legacy device joins while the map
         // is the running one's, and waits for the restart when it is not.
         assert_eq!(dhcp_reservations(&c.reservations).len(), 2);
-        let (now, later) = reloadable(c.reservations.clone(), Some(&legacy));
+        let (now, later) = reloadable(c.reservations.clone(), |_| Some(legacy));
         assert_eq!((now, later.len()), (c.reservations.clone(), 0));
         let moved = cyphonic_gateway::Legacy {
             map: cyphonic_gateway::Netmap::new(
@@ -1224,7 +1282,7 @@ mod tests {
             ..legacy
         };
         for running in [Some(&moved), None] {
-            let (now, later) = reloadable(c.reservations.clone(), running);
+            let (now, later) = reloadable(c.reservations.clone(), |_| running.copied());
             assert_eq!((now.len(), later[0].hostname.as_deref()), (2, Some("plc1")));
         }
         assert_eq!(c.common.peers.len(), 1);
@@ -1892,6 +1950,75 @@ mod tests {
         );
     }
 
+    /// `[vlan.legacy]`: a VLAN's own fixed-address devices, checked as `[legacy]` is, named
+    /// at the VLAN's keys; the same legacy subnet as the untagged segment's, on purpose.
+    #[test]
+    fn a_vlan_may_have_a_legacy_map_of_its_own() {
+        let f = fixture();
+        let base = "[adapter]\nlan_interface = \"eth1\"\n\n[identity]\ncertificate = \"gw1.ovl.example.crt\"\nkey = \"gw1.ovl.example.key\"\nca = \"ca.crt\"\n\n[dhcp]\npool = \"100.64.1.100-100.64.1.127\"\n\n[legacy]\nsubnet = \"192.0.2.16/28\"\nonto = \"100.64.1.224/28\"\ngateway = \"192.0.2.17\"\n\n[[legacy.device]]\nname = \"plc\"\nmac = \"02:00:5e:10:00:14\"\naddress = \"192.0.2.20\"\n\n[[vlan]]\ntag = 30\nblock = \"100.64.1.160/27\"\npool = \"100.64.1.162-100.64.1.175\"\ngroups = [\"ot\"]\n\n[vlan.legacy]\nsubnet = \"192.0.2.16/28\"\nonto = \"100.64.1.176/28\"\ngateway = \"192.0.2.17\"\nlearn = false\n\n[[vlan.legacy.device]]\nname = \"plc2\"\nmac = \"02:00:5e:10:1e:14\"\naddress = \"192.0.2.20\"\n";
+        let (c, _) = load_text(&f, base).unwrap();
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        let v = &c.vlans[0];
+        let legacy = v.legacy.unwrap();
+        assert_eq!(
+            (legacy.map.overlay(), legacy.gateway, v.learn_legacy),
+            ("100.64.1.176/28".parse().unwrap(), ip("192.0.2.17"), false)
+        );
+        let plc2 = c
+            .reservations
+            .iter()
+            .find(|r| r.hostname.as_deref() == Some("plc2"))
+            .unwrap();
+        assert_eq!(
+            (plc2.vip, plc2.legacy),
+            (ip("100.64.1.180"), Some(ip("192.0.2.20")))
+        );
+        assert!(c.learn_legacy, "the untagged segment's learning is its own");
+        let mistakes: &[(&str, &str, &str)] = &[
+            (
+                "learn = false",
+                "router = \"192.0.2.18\"",
+                "key `vlan[0].legacy.router`: beside a site's router on a VLAN is not built yet",
+            ),
+            (
+                "onto = \"100.64.1.176/28\"",
+                "onto = \"100.64.1.192/28\"",
+                "key `vlan[0].legacy.onto`: 100.64.1.192/28 is not inside its VLAN's block 100.64.1.160/27",
+            ),
+            (
+                "pool = \"100.64.1.162-100.64.1.175\"",
+                "pool = \"100.64.1.162-100.64.1.180\"",
+                "key `vlan[0].legacy.onto`: 100.64.1.176/28 overlaps the DHCP pool 100.64.1.162-100.64.1.180",
+            ),
+            (
+                "mac = \"02:00:5e:10:1e:14\"",
+                "mac = \"02:00:5e:10:00:14\"",
+                "key `vlan[0].legacy.device[0].mac`: 02:00:5e:10:00:14 is declared twice",
+            ),
+            (
+                "name = \"plc2\"",
+                "name = \"plc\"",
+                "key `vlan[0].legacy.device[0].name`: \"plc\" names another device already",
+            ),
+            (
+                "address = \"192.0.2.20\"\n",
+                "address = \"192.0.2.17\"\n",
+                "key `legacy.device[0].address`",
+            ),
+        ];
+        for (from, to, expect) in mistakes {
+            assert!(base.contains(from), "{from}");
+            let err = load_text(&f, &base.replacen(from, to, 1))
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expect),
+                "{from} -> {to}\n  got:  {err}\n  want: {expect}"
+            );
+        }
+    }
+
     #[test]
     fn the_example_documents_every_key() {
         assert_documents_every_key::<Raw>(
@@ -1904,6 +2031,15 @@ mod tests {
                 "vlan.gateway",
                 "vlan.pool",
                 "vlan.groups",
+                "vlan.legacy.subnet",
+                "vlan.legacy.onto",
+                "vlan.legacy.gateway",
+                "vlan.legacy.router",
+                "vlan.legacy.learn",
+                "vlan.legacy.device.name",
+                "vlan.legacy.device.mac",
+                "vlan.legacy.device.address",
+                "vlan.legacy.device.groups",
             ],
         );
     }

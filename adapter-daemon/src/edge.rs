@@ -167,8 +167,8 @@ impl<'a> AdapterEdge<'a> {
             defer_checksums: lan_side.defer_checksums,
             legacy: config.legacy,
         };
-        // Each VLAN segment: the same gateway on its own part of the block, without the
-        // legacy map (the untagged segment's).
+        // Each VLAN segment: the same gateway on its own part of the block, with its own
+        // legacy map, if any.
         let vlans = config
             .vlans
             .iter()
@@ -177,7 +177,7 @@ impl<'a> AdapterEdge<'a> {
                 lan: Lan {
                     gateway_ip: v.gateway,
                     block: v.block,
-                    legacy: None,
+                    legacy: v.legacy,
                     ..untagged.clone()
                 },
             })
@@ -186,9 +186,9 @@ impl<'a> AdapterEdge<'a> {
             untagged,
             vlans,
             LanTable::new(&config.reservations).learning(
-                config
-                    .legacy
-                    .filter(|_| config.learn_legacy)
+                std::iter::once((config.legacy, config.learn_legacy))
+                    .chain(config.vlans.iter().map(|v| (v.legacy, v.learn_legacy)))
+                    .filter_map(|(legacy, learn)| legacy.filter(|_| learn))
                     .map(|l| l.map.overlay()),
             ),
             config.dhcp.is_some(),

@@ -203,12 +203,14 @@ impl Neighbors for SegmentNeighbors<'_> {
         self.side.table.leased_mac(ip)
     }
 
-    // The legacy map, its learning and its router are the untagged segment's.
+    /// Learns only addresses of its own segment (a legacy map's onto lies in its block).
     fn heard(&self, ip: Ipv4Addr, mac: [u8; 6]) {
-        if self.tag.is_none() {
+        if self.side.segment_of(ip).tag == self.tag {
             self.side.table.heard(ip, mac);
         }
     }
+
+    // A site's router (beside which the adapter runs) is the untagged segment's.
 
     fn router_mac(&self) -> Option<[u8; 6]> {
         self.tag
@@ -571,6 +573,24 @@ mod tests {
             16 + usize::try_from(DHCP_BURST).unwrap()
         );
         assert!(queues.dhcp.queues[0].try_recv().is_ok());
+    }
+
+    /// A VLAN's legacy devices are learned from that VLAN's frames only: the same address
+    /// heard on the untagged segment teaches nothing.
+    #[test]
+    fn a_segment_learns_only_its_own_addresses() {
+        let (side, _queues) = lan_side();
+        let cams = cameras(&side.lan);
+        let table = LanTable::new(&[]).learning(Some("100.64.1.208/28".parse().unwrap()));
+        let (side, _queues) = LanSide::new(side.lan.clone(), vec![cams], table, true, true);
+        let ip = Ipv4Addr::new(100, 64, 1, 210);
+        side.neighbors(None).heard(ip, [2, 0, 0, 0, 0, 1]);
+        assert_eq!(side.table.leased_mac(ip), None);
+        side.neighbors(Some(20)).heard(ip, [2, 0, 0, 0, 0, 2]);
+        assert_eq!(
+            side.neighbors(Some(20)).leased_mac(ip),
+            Some([2, 0, 0, 0, 0, 2])
+        );
     }
 
     /// DHCP and DNS floods from many devices of one VLAN fill that segment's queues only:

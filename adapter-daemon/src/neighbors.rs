@@ -15,8 +15,9 @@ use ipnet::Ipv4Net;
 
 use crate::config::{Mac, Reservation};
 
-/// Legacy addresses learned at most, every MAC together: more are refused (their frames are
-/// dropped as spoofed) until declared.
+/// Legacy addresses learned at most in one legacy subnet (the untagged segment's, or a
+/// VLAN's: each its own, so that a flood on one cannot stop learning on another), every MAC
+/// together: more are refused (their frames are dropped as spoofed) until declared.
 pub const LEARNED_MAX: usize = 1024;
 /// Legacy addresses one MAC may learn: one box cannot claim a subnet.
 pub const LEARNED_PER_MAC: usize = 4;
@@ -27,8 +28,8 @@ pub struct LanTable {
     /// Reservations, leases and learned addresses: what anti-spoofing and delivery read, one
     /// lock for all.
     held: RwLock<Held>,
-    /// The overlay block a legacy subnet maps onto, when its devices may be learned.
-    learn: Option<Ipv4Net>,
+    /// The overlay blocks legacy subnets map onto, where devices may be learned.
+    learn: Vec<Ipv4Net>,
     /// The site's router's MAC, beside which the adapter runs: the first heard.
     router: std::sync::OnceLock<[u8; 6]>,
     /// Whether another MAC's claim of the router's address was logged (once).
@@ -49,24 +50,28 @@ struct Held {
     learned: HashMap<Ipv4Addr, [u8; 6]>,
     /// How many addresses of `learned` each MAC holds.
     learned_by: HashMap<[u8; 6], usize>,
+    /// How many addresses of `learned` each learning block holds.
+    learned_in: HashMap<Ipv4Net, usize>,
 }
 
 impl Held {
-    /// Whether `mac` may learn `ip` now: nobody holds it, `mac` is not a declared device
-    /// (which stays at its own address), and the bounds leave room. A few lookups, never a
-    /// scan: it runs for every frame from an address nobody holds.
-    fn may_learn(&self, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
+    /// Whether `mac` may learn `ip` (of the learning block `onto`) now: nobody holds it,
+    /// `mac` is not a declared device (which stays at its own address), and the bounds leave
+    /// room. A few lookups, never a scan: it runs for every frame from an address nobody
+    /// holds.
+    fn may_learn(&self, onto: Ipv4Net, ip: Ipv4Addr, mac: [u8; 6]) -> bool {
         !self.reserved.contains_key(&ip)
             && !self.learned.contains_key(&ip)
             && !self.reserved_macs.contains(&mac)
-            && self.learned.len() < LEARNED_MAX
+            && self.learned_in.get(&onto).copied().unwrap_or(0) < LEARNED_MAX
             && self.learned_by.get(&mac).copied().unwrap_or(0) < LEARNED_PER_MAC
     }
 
-    /// `mac` holds `ip` from now on.
-    fn learn(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
+    /// `mac` holds `ip` (of the learning block `onto`) from now on.
+    fn learn(&mut self, onto: Ipv4Net, ip: Ipv4Addr, mac: [u8; 6]) {
         self.learned.insert(ip, mac);
         *self.learned_by.entry(mac).or_default() += 1;
+        *self.learned_in.entry(onto).or_default() += 1;
     }
 }
 
@@ -75,7 +80,7 @@ impl LanTable {
     pub fn new(reservations: &[Reservation]) -> Self {
         let table = Self {
             held: RwLock::default(),
-            learn: None,
+            learn: Vec::new(),
             router: std::sync::OnceLock::new(),
             router_claimed: std::sync::atomic::AtomicBool::new(false),
         };
@@ -83,10 +88,11 @@ impl LanTable {
         table
     }
 
-    /// The table learning the devices of the legacy subnet mapped onto `onto` (`None`:
+    /// The table learning the devices of the legacy subnets mapped onto `onto` (none:
     /// nothing).
-    pub const fn learning(mut self, onto: Option<Ipv4Net>) -> Self {
-        self.learn = onto;
+    #[must_use]
+    pub fn learning(mut self, onto: impl IntoIterator<Item = Ipv4Net>) -> Self {
+        self.learn = onto.into_iter().collect();
         self
     }
 
@@ -101,12 +107,17 @@ impl LanTable {
             reserved_macs,
             learned,
             learned_by,
+            learned_in,
             ..
         } = &mut *held;
         learned.retain(|ip, mac| !reserved.contains_key(ip) && !reserved_macs.contains(mac));
         learned_by.clear();
-        for mac in learned.values() {
+        learned_in.clear();
+        for (ip, mac) in learned.iter() {
             *learned_by.entry(*mac).or_default() += 1;
+            if let Some(onto) = self.learn.iter().find(|o| o.contains(ip)) {
+                *learned_in.entry(*onto).or_default() += 1;
+            }
         }
     }
 
@@ -170,18 +181,20 @@ impl Neighbors for LanTable {
     /// under the read lock first, so that frames that cannot learn never wait for the
     /// write lock.
     fn heard(&self, ip: Ipv4Addr, mac: [u8; 6]) {
-        if !self.learn.is_some_and(|onto| onto.contains(&ip))
-            || !self
-                .held
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .may_learn(ip, mac)
+        let Some(&onto) = self.learn.iter().find(|o| o.contains(&ip)) else {
+            return;
+        };
+        if !self
+            .held
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .may_learn(onto, ip, mac)
         {
             return;
         }
         let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
-        if held.may_learn(ip, mac) {
-            held.learn(ip, mac);
+        if held.may_learn(onto, ip, mac) {
+            held.learn(onto, ip, mac);
             drop(held);
             tracing::info!(vip = %ip, mac = %Mac(mac), "learned a fixed-address device: declare it in [[legacy.device]] to name it");
         }
@@ -264,7 +277,8 @@ mod learning {
         assert_eq!(t.router_mac(), Some(mac(1)));
     }
 
-    /// One MAC learns at most LEARNED_PER_MAC addresses, all of them LEARNED_MAX; a declared
+    /// One MAC learns at most LEARNED_PER_MAC addresses, all of them LEARNED_MAX in one
+    /// learning block; a declared
     /// device's MAC learns none; declaring an address (or the MAC that learned it) ends the
     /// learned hold.
     #[test]
@@ -296,6 +310,18 @@ mod learning {
             t.heard(Ipv4Addr::new(100, 64, 4 + hi, lo), [2, 1, 0, 0, hi, lo]);
         }
         assert_eq!(t.learned().len(), LEARNED_MAX);
+        // Each learning block has its own bound: a full one leaves another's room.
+        let t = LanTable::new(&[]).learning([
+            "100.64.0.0/20".parse().unwrap(),
+            "100.64.16.0/28".parse().unwrap(),
+        ]);
+        for i in 0..=u16::try_from(LEARNED_MAX).unwrap() {
+            let [hi, lo] = i.to_be_bytes();
+            t.heard(Ipv4Addr::new(100, 64, 4 + hi, lo), [2, 1, 0, 0, hi, lo]);
+        }
+        t.heard(Ipv4Addr::new(100, 64, 16, 5), mac(5));
+        assert_eq!(t.learned().len(), LEARNED_MAX + 1);
+        assert_eq!(t.leased_mac(Ipv4Addr::new(100, 64, 16, 5)), Some(mac(5)));
 
         let t = LanTable::new(&[]).learning(Some("100.64.1.0/24".parse().unwrap()));
         t.heard(onto(20), mac(1));

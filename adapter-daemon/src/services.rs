@@ -353,7 +353,7 @@ impl Services for AdapterServices {
     /// changed `[legacy]`, which takes effect at the restart) waits for the restart.
     fn reload(&mut self, reservations: Vec<Reservation>, now: Instant) {
         let (reservations, waiting) =
-            crate::config::reloadable(reservations, self.lan.lan.legacy.as_ref());
+            crate::config::reloadable(reservations, |vip| self.lan.segment_of(vip).lan.legacy);
         for r in waiting {
             tracing::warn!(device = ?r.hostname, vip = %r.vip, "a legacy device of a changed [legacy] map: it joins at the restart");
         }
