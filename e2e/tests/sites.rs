@@ -46,7 +46,22 @@ fn legacy(n: u8, side: Side, groups: &str) -> String {
 /// A host on `side`'s LAN with `mac`, set up by hand as a device of ten years ago: `ip` in
 /// the legacy subnet, the old router as default gateway and DNS server; no DHCP client.
 fn fixed_device(bed: &mut TwoSites, side: Side, label: &str, mac: &str, ip: Ipv4Addr) -> Netns {
-    let (ns, _) = bed.add_host(side, label).unwrap();
+    fixed_device_on(bed, side, label, mac, ip, None)
+}
+
+/// As [`fixed_device`], behind an access port of VLAN `tag` when given.
+fn fixed_device_on(
+    bed: &mut TwoSites,
+    side: Side,
+    label: &str,
+    mac: &str,
+    ip: Ipv4Addr,
+    tag: Option<u16>,
+) -> Netns {
+    let (ns, _) = match tag {
+        None => bed.add_host(side, label).unwrap(),
+        Some(tag) => bed.add_vlan_host(side, label, tag).unwrap(),
+    };
     ns.ip(&["link", "set", "eth0", "down"]).unwrap();
     ns.ip(&["link", "set", "eth0", "address", mac]).unwrap();
     ns.ip(&["link", "set", "eth0", "up"]).unwrap();
@@ -890,4 +905,75 @@ fn a_trunk_gives_each_vlan_its_pool_its_gateway_and_its_group() {
     assert_eq!(vlan_of(cam_ip), Some(Some(20)), "{status}");
     assert_eq!(vlan_of(meter_ip), Some(Some(30)));
     assert_eq!(vlan_of(laptop_ip), Some(None));
+}
+
+/// A VLAN with a legacy map of its own (`[vlan.legacy]`): the OT VLAN's PLC keeps the very
+/// address the untagged segment's PLC has (192.0.2.20, on one port of one adapter), and
+/// each reaches the other site as its own overlay address, by name, both ways.
+#[test]
+fn a_vlan_keeps_fixed_devices_at_the_untagged_segments_own_addresses() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    let ot_plc_mac = "02:00:5e:10:1e:14";
+    opts.a.extra = format!(
+        "{}\n[[vlan]]\ntag = 30\nblock = \"100.64.1.160/27\"\npool = \"100.64.1.162-100.64.1.175\"\n\n[vlan.legacy]\nsubnet = \"{SUBNET}\"\nonto = \"100.64.1.176/28\"\ngateway = \"{OLD_ROUTER}\"\n\n[[vlan.legacy.device]]\nname = \"plc2\"\nmac = \"{ot_plc_mac}\"\naddress = \"{PLC}\"\n",
+        legacy(1, Side::A, "")
+    );
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let plc = fixed_device(&mut bed, Side::A, "plc", plc_mac(Side::A), PLC);
+    let plc2 = fixed_device_on(&mut bed, Side::A, "plc2", ot_plc_mac, PLC, Some(30));
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let ot_vip = Ipv4Addr::new(100, 64, 1, 180);
+    let nvr = Ipv4Addr::new(100, 64, 2, 10);
+
+    // Out: each PLC is seen at the other site as its own overlay address.
+    let service = who_am_i(&bed.b.lan, 7100, 2);
+    let untagged = seen_as(&plc, (nvr, 7100).into());
+    let ot = seen_as(&plc2, (nvr, 7100).into());
+    service.join().unwrap().unwrap();
+    assert_eq!(
+        (untagged.0.as_str(), untagged.1.as_str()),
+        ("100.64.1.228", "100.64.1.228"),
+        "{}",
+        bed.logs()
+    );
+    assert_eq!(
+        (ot.0.as_str(), ot.1.as_str()),
+        ("100.64.1.180", "100.64.1.180")
+    );
+
+    // In: by name from the other site, each reaches its own PLC in its own terms.
+    let b_gw = Ipv4Addr::new(100, 64, 2, 1);
+    assert_eq!(
+        bed.resolve(&bed.b.lan, b_gw, "plc2.gw1.ovl.example"),
+        vec![ot_vip.to_string()]
+    );
+    let service = who_am_i(&plc2, 7200, 1);
+    let (tcp, udp) = seen_as(&bed.b.lan, (ot_vip, 7200).into());
+    service.join().unwrap().unwrap();
+    assert_eq!((tcp, udp), (nvr.to_string(), nvr.to_string()));
+    let service = who_am_i(&plc, 7200, 1);
+    let (tcp, _) = seen_as(&bed.b.lan, (plc_vip(1), 7200).into());
+    service.join().unwrap().unwrap();
+    assert_eq!(tcp, nvr.to_string());
+
+    // The status has each PLC's own address and segment.
+    let status = bed.status(Side::A).unwrap();
+    let entry = |vip: Ipv4Addr| {
+        status["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["vip"] == vip.to_string())
+            .map(|l| (l["legacy"].clone(), l["vlan"].as_u64()))
+    };
+    assert_eq!(
+        entry(ot_vip),
+        Some((PLC.to_string().into(), Some(30))),
+        "{status}"
+    );
+    assert_eq!(entry(plc_vip(1)), Some((PLC.to_string().into(), None)));
 }
