@@ -32,6 +32,8 @@ pub enum FromPeer {
     Udp {
         /// Its sender.
         src: Ipv4Addr,
+        /// The gateway address it was sent to.
+        dst: Ipv4Addr,
         /// Its sender's port.
         src_port: u16,
         /// The port it was sent to.
@@ -127,6 +129,7 @@ impl Gateway {
                 payload,
             } => FromPeer::Udp {
                 src,
+                dst,
                 src_port,
                 dst_port,
                 payload,
@@ -138,17 +141,16 @@ impl Gateway {
         }
     }
 
-    /// Sends a UDP datagram from the gateway's `src_port` to `dst:dst_port` behind `peer`,
-    /// through the tunnel.
+    /// Sends a UDP datagram from the gateway address `src` (the vIP, or a VLAN segment's),
+    /// port `src_port`, to `dst:dst_port` behind `peer`, through the tunnel.
     pub fn udp_to_peer(
         &self,
         peer: u32,
+        (src, src_port): (Ipv4Addr, u16),
         dst: Ipv4Addr,
-        src_port: u16,
         dst_port: u16,
         payload: &[u8],
     ) {
-        let src = self.ip();
         self.to_peer(peer, |room| {
             udp_packet(room, src, dst, src_port, dst_port, payload)
         });

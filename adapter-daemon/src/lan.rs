@@ -35,6 +35,8 @@ pub enum Client {
         ip: Ipv4Addr,
         /// Its UDP port.
         port: u16,
+        /// The gateway address it asked (the vIP, or a VLAN segment's): the answer's source.
+        asked: Ipv4Addr,
     },
 }
 
@@ -511,6 +513,7 @@ mod tests {
                 peer: 2,
                 ip,
                 port: 5353,
+                asked: Ipv4Addr::new(100, 64, 1, 1),
             },
             payload: vec![0; 30],
         }

@@ -238,19 +238,20 @@ impl AdapterServices {
     /// A packet a peer sent to the gateway vIP: DNS goes to the DNS service; the gateway
     /// answers pings itself.
     fn handle_peer_packet(&mut self, now: Instant, peer: u32, packet: &[u8]) {
-        let (src, src_port, payload, dns) = match (
+        let (src, asked, src_port, payload, dns) = match (
             self.gateway.handle_peer_packet(peer, packet),
             self.dns.as_mut(),
         ) {
             (
                 FromPeer::Udp {
                     src,
+                    dst,
                     src_port,
                     dst_port: DNS_PORT,
                     payload,
                 },
                 Some(dns),
-            ) => (src, src_port, payload, dns),
+            ) => (src, dst, src_port, payload, dns),
             (FromPeer::Udp { .. }, _) => {
                 bump(&self.lan.counters.drop_gateway_from_peer);
                 return;
@@ -267,6 +268,7 @@ impl AdapterServices {
                 peer,
                 ip: src,
                 port: src_port,
+                asked,
             };
             dns.query(now, client, msg, Some(peer))
         };
@@ -284,17 +286,30 @@ impl AdapterServices {
                         bump(&self.lan.counters.dns_sent);
                     }
                 }
-                Said::Answer(Client::Peer { peer, ip, port }, resp) => {
+                Said::Answer(
+                    Client::Peer {
+                        peer,
+                        ip,
+                        port,
+                        asked,
+                    },
+                    resp,
+                ) => {
                     bump(&self.lan.counters.dns_sent);
-                    self.gateway.udp_to_peer(peer, ip, DNS_PORT, port, &resp);
+                    self.gateway
+                        .udp_to_peer(peer, (asked, DNS_PORT), ip, port, &resp);
                 }
                 Said::AskPeer {
                     peer,
                     server,
                     query,
-                } => self
-                    .gateway
-                    .udp_to_peer(peer, server, DNS_PORT, DNS_PORT, &query),
+                } => self.gateway.udp_to_peer(
+                    peer,
+                    (self.gateway.ip(), DNS_PORT),
+                    server,
+                    DNS_PORT,
+                    &query,
+                ),
             }
         }
     }

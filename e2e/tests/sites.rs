@@ -951,6 +951,15 @@ fn a_vlan_keeps_fixed_devices_at_the_untagged_segments_own_addresses() {
         bed.resolve(&bed.b.lan, b_gw, "plc2.gw1.ovl.example"),
         vec![ot_vip.to_string()]
     );
+    // Asked at the VLAN's own gateway across the tunnel, the answer comes from it.
+    assert_eq!(
+        bed.resolve(
+            &bed.b.lan,
+            Ipv4Addr::new(100, 64, 1, 161),
+            "plc2.gw1.ovl.example"
+        ),
+        vec![ot_vip.to_string()]
+    );
     let service = who_am_i(&plc2, 7200, 1);
     let (tcp, udp) = seen_as(&bed.b.lan, (ot_vip, 7200).into());
     service.join().unwrap().unwrap();
