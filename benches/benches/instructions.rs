@@ -173,6 +173,30 @@ fn legacy_map((lan, frames): (Lan, Vec<Vec<u8>>)) -> (Lan, Vec<Vec<u8>>) {
     forward_all(lan, frames)
 }
 
+/// `BATCH` frames from the tunnel as the LAN sink has them: an Ethernet header and a packet
+/// of `PACKET` bytes two bytes into a buffer of the pool's size, room left behind.
+fn to_tag() -> Vec<Vec<u8>> {
+    (0..BATCH)
+        .map(|i| {
+            let mut buf = vec![0u8; 2048];
+            buf[2..8].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+            buf[14..16].copy_from_slice(&0x0800u16.to_be_bytes());
+            buf[16..16 + PACKET].fill(u8::try_from(i).expect("a small batch"));
+            buf
+        })
+        .collect()
+}
+
+#[library_benchmark]
+#[bench::tcp_1420_x64(to_tag())]
+fn vlan_tag(mut bufs: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    for buf in &mut bufs {
+        let tagged = cyphonic_gateway::tag_frame(buf, 2..16 + PACKET, black_box(20));
+        assert_eq!(tagged, Some(2..20 + PACKET));
+    }
+    bufs
+}
+
 #[library_benchmark]
 #[bench::tcp_64k_x45(offload::coalesced_tcp())]
 fn segment(frame: Vec<u8>) -> Vec<u8> {
@@ -238,7 +262,7 @@ fn filter((mut f, packets, now): (Filter, Vec<Vec<u8>>, Instant)) -> (Filter, Ve
 
 library_benchmark_group!(
     name = per_packet;
-    benchmarks = seal, open, classify, legacy_map, filter, segment, coalesce
+    benchmarks = seal, open, classify, legacy_map, vlan_tag, filter, segment, coalesce
 );
 
 main!(library_benchmark_groups = per_packet);

@@ -1,5 +1,5 @@
 //! `cargo xtask bench --instructions`: instructions per packet for seal, open, classify,
-//! the legacy map, the policy filter, segment and coalesce, counted by callgrind (benches/benches/instructions.rs, through
+//! the legacy map, a VLAN's tag, the policy filter, segment and coalesce, counted by callgrind (benches/benches/instructions.rs, through
 //! iai-callgrind), rendered into docs/benchmarks.md. The counts do not depend on how busy
 //! the machine is, so a change in them is a change in the code.
 
@@ -15,7 +15,7 @@ use crate::util;
 const RUNNER_VERSION: &str = "0.16.1";
 
 /// What each benchmark function measures, for the table.
-const OPERATIONS: [(&str, &str); 7] = [
+const OPERATIONS: [(&str, &str); 8] = [
     (
         "seal",
         "seal (counter, ChaCha20-Poly1305 in place, frame header)",
@@ -31,6 +31,10 @@ const OPERATIONS: [(&str, &str); 7] = [
     (
         "legacy_map",
         "classify a fixed-address device's LAN frame (legacy map, then as above)",
+    ),
+    (
+        "vlan_tag",
+        "tag a frame from the tunnel for a VLAN (the packet moved four bytes on)",
     ),
     (
         "filter",
