@@ -6,6 +6,11 @@
 //! says how far renewals may have reached ([`RENEWAL_WINDOW`] past its write), and loading
 //! honours it. Every change settles into the anti-spoofing table before any reply goes out.
 //!
+//! A trunked LAN port has a DHCP scope per segment (the untagged one and each VLAN's, each
+//! with its own block, pool and reservations: crates/vip's server per scope), and one lease
+//! file for all of them: the bindings are told apart by their addresses, and an HA pair's
+//! standby keeps the one file whatever the segments.
+//!
 //! One of an HA pair, while a standby is in contact, an ACK that grants a binding also waits
 //! for the standby to hold a lease file with it ([`Replica`]; docs/protocol.md §5, *State
 //! that moves*), at most [`STANDBY_WAIT`] after the file was written: then it leaves anyway,
@@ -67,6 +72,8 @@ impl Replica {
 /// An ACK waiting for its binding to be on disk (and at the standby).
 #[derive(Debug)]
 struct Held {
+    /// The segment it goes to (its VLAN; None untagged).
+    tag: Option<u16>,
     /// The snapshot that must be written first.
     generation: u64,
     /// The snapshot its binding first appeared in: what the standby must hold.
@@ -81,8 +88,8 @@ struct Held {
 /// What [`Dhcp::release`] lets go.
 #[derive(Debug, Default)]
 pub struct Released {
-    /// ACKs that may leave now.
-    pub ready: Vec<Reply>,
+    /// ACKs that may leave now, with the segment each goes to (its VLAN; None untagged).
+    pub ready: Vec<(Option<u16>, Reply)>,
     /// ACKs dropped: their binding did not reach the disk in time (the clients retry).
     pub dropped: u64,
     /// Of `ready`, those that leave without the standby holding their binding: it did not
@@ -90,14 +97,23 @@ pub struct Released {
     pub unreplicated: u64,
 }
 
-/// The DHCP server and its lease file.
-pub struct Dhcp {
+/// One segment's DHCP: its server over its block.
+struct Scope {
+    /// The segment: its VLAN, None the untagged one.
+    tag: Option<u16>,
     server: cyphonic_vip::Server,
+    block: ipnet::Ipv4Net,
+    pool: (Ipv4Addr, Ipv4Addr),
+    ignored: BTreeMap<&'static str, u64>,
+}
+
+/// The DHCP servers of the LAN's segments and their one lease file.
+pub struct Dhcp {
+    /// The untagged segment's first, then the VLANs'.
+    scopes: Vec<Scope>,
     path: PathBuf,
     writer: Writer,
     lease_secs: u32,
-    pool: (Ipv4Addr, Ipv4Addr),
-    ignored: BTreeMap<&'static str, u64>,
     /// The newest snapshot handed to the writer.
     generation: u64,
     /// What the writer reported last.
@@ -107,14 +123,12 @@ pub struct Dhcp {
     held: VecDeque<Held>,
     save_failed: Throttle,
     refused: Throttle,
-    /// The LAN segment it serves: a VLAN's, None the untagged one.
-    segment: Option<u16>,
 }
 
 impl std::fmt::Debug for Dhcp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dhcp")
-            .field("pool", &self.pool)
+            .field("scopes", &self.scopes.len())
             .field("generation", &self.generation)
             .field("written", &self.written)
             .field("held", &self.held.len())
@@ -146,11 +160,18 @@ const fn ignore_name(why: Ignore) -> &'static str {
 }
 
 impl Dhcp {
-    /// The server `cfg` describes, with the leases saved in `state_dir` at unix time `unix`.
+    /// The servers of `scopes` (the untagged segment's first, then the VLANs', each with
+    /// its tag), with the leases saved in `state_dir` at unix time `unix`: each takes the
+    /// saved bindings inside its block (a VLAN's before the untagged one, whose block holds
+    /// the VLANs'). Every scope has `[dhcp]`'s lease time.
     ///
     /// # Errors
-    /// The state directory or the lease file cannot be used, or the configuration is refused.
-    pub fn open(cfg: &DhcpConfig, state_dir: &Path, unix: u64) -> anyhow::Result<Self> {
+    /// The state directory or the lease file cannot be used, or a configuration is refused.
+    pub fn open(
+        scopes: &[(Option<u16>, &DhcpConfig)],
+        state_dir: &Path,
+        unix: u64,
+    ) -> anyhow::Result<Self> {
         let store = LeaseStore::open(state_dir).with_context(|| {
             format!(
                 "state_dir {}: cannot keep DHCP leases there",
@@ -164,24 +185,34 @@ impl Dhcp {
             tracing::warn!(file = %aside.display(), %reason, "the lease file was damaged: moved aside, starting without leases (devices will ask again)");
         }
         let count = loaded.leases.iter().filter(|l| l.active).count();
-        let server = cyphonic_vip::Server::new(cfg.clone(), loaded.leases, unix)
-            .context("the DHCP configuration")?;
+        let mut saved = split(loaded.leases, scopes.iter().map(|(_, c)| c.block));
         let path = store.path();
-        tracing::info!(
-            pool = %format!("{}-{}", cfg.pool.0, cfg.pool.1),
-            lease_secs = cfg.lease_secs,
-            saved = count,
-            file = %path.display(),
-            "DHCP server on the LAN"
-        );
+        let mut built = Vec::new();
+        for ((tag, cfg), leases) in scopes.iter().zip(saved.drain(..)) {
+            let server = cyphonic_vip::Server::new((*cfg).clone(), leases, unix)
+                .context("the DHCP configuration")?;
+            tracing::info!(
+                vlan = ?tag,
+                pool = %format!("{}-{}", cfg.pool.0, cfg.pool.1),
+                lease_secs = cfg.lease_secs,
+                "DHCP server on the LAN"
+            );
+            built.push(Scope {
+                tag: *tag,
+                server,
+                block: cfg.block,
+                pool: cfg.pool,
+                ignored: BTreeMap::new(),
+            });
+        }
+        let lease_secs = scopes.first().map_or(0, |(_, c)| c.lease_secs);
+        tracing::info!(saved = count, file = %path.display(), "DHCP leases");
         let writer = Writer::spawn(store, unix).context("starting the lease writer")?;
         Ok(Self {
-            server,
+            scopes: built,
             path,
             writer,
-            lease_secs: cfg.lease_secs,
-            pool: cfg.pool,
-            ignored: BTreeMap::new(),
+            lease_secs,
             generation: 0,
             written: Written {
                 taken_at: unix,
@@ -191,38 +222,42 @@ impl Dhcp {
             held: VecDeque::new(),
             save_failed: Throttle::new(WARN_EVERY),
             refused: Throttle::new(WARN_EVERY),
-            segment: None,
         })
     }
 
-    /// The server of VLAN `tag`'s segment, whose leases are that segment's in the
-    /// anti-spoofing table.
-    #[must_use]
-    pub const fn for_vlan(mut self, tag: u16) -> Self {
-        self.segment = Some(tag);
-        self
+    fn scope(&mut self, tag: Option<u16>) -> Option<&mut Scope> {
+        self.scopes.iter_mut().find(|s| s.tag == tag)
     }
 
-    /// A DHCP message from Ethernet source `mac`: the reply to send once the bindings it
-    /// made are settled ([`Dhcp::settle`]), if any.
-    pub fn handle(&mut self, unix: u64, mac: [u8; 6], payload: &[u8]) -> Option<Reply> {
-        match self.server.handle(unix, payload, mac) {
+    /// A DHCP message from Ethernet source `mac` on the segment of `tag` (None: untagged):
+    /// the reply to send once the bindings it made are settled ([`Dhcp::settle`]), if any.
+    /// A segment without a scope gets none.
+    pub fn handle(
+        &mut self,
+        tag: Option<u16>,
+        unix: u64,
+        mac: [u8; 6],
+        payload: &[u8],
+    ) -> Option<Reply> {
+        let scope = self.scope(tag)?;
+        match scope.server.handle(unix, payload, mac) {
             Ok(reply) => reply,
             Err(why) => {
-                *self.ignored.entry(ignore_name(why)).or_default() += 1;
+                *scope.ignored.entry(ignore_name(why)).or_default() += 1;
                 tracing::debug!(mac = %Mac(mac), reason = ignore_name(why), "DHCP message not answered");
                 None
             }
         }
     }
 
-    /// Whether `reply` (to `mac`, made at unix time `unix`) may leave now. An ACK waits when
+    /// Whether `reply` (to `mac` on the segment of `tag`, made at unix time `unix`) may
+    /// leave now. An ACK waits when
     /// its binding is not on disk yet, or when the disk has not been written for
     /// [`RENEWAL_WINDOW`] (the writer is failing) and something is pending, or when the
     /// `replica` does not hold its binding yet.
     pub fn admit(
         &mut self,
-        reply: Reply,
+        (tag, reply): (Option<u16>, Reply),
         mac: [u8; 6],
         unix: u64,
         now: Instant,
@@ -246,6 +281,7 @@ impl Dhcp {
             self.held.pop_front();
         }
         self.held.push_back(Held {
+            tag,
             generation: if on_disk { first } else { self.generation },
             binding: first,
             until: now + HOLD,
@@ -272,10 +308,10 @@ impl Dhcp {
             if h.generation <= self.written.generation {
                 let written = *h.written.get_or_insert(now);
                 if replica.holds(h.binding) {
-                    out.ready.push(h.reply);
+                    out.ready.push((h.tag, h.reply));
                 } else if now.saturating_duration_since(written) >= STANDBY_WAIT {
                     out.unreplicated += 1;
-                    out.ready.push(h.reply);
+                    out.ready.push((h.tag, h.reply));
                 } else {
                     self.held.push_back(h);
                 }
@@ -302,25 +338,42 @@ impl Dhcp {
 
     /// Expires leases due at unix time `unix`; returns whether anything is to settle.
     pub fn tick(&mut self, unix: u64) -> bool {
-        let due = self.server.poll_timeout().is_some_and(|t| t <= unix);
-        if due {
-            self.server.handle_timeout(unix);
+        let mut any = false;
+        for s in &mut self.scopes {
+            let due = s.server.poll_timeout().is_some_and(|t| t <= unix);
+            if due {
+                s.server.handle_timeout(unix);
+            }
+            any |= due;
         }
-        due
+        any
     }
 
-    /// Applies what the server did at unix time `unix`: logs its events, hands the bindings
-    /// to the writer when they changed, and puts the active leases into the anti-spoofing
-    /// `table`. Returns whether the leases changed.
+    /// Applies what the servers did at unix time `unix`: logs their events, hands the
+    /// bindings (every scope's, in one file) to the writer when they changed, and puts each
+    /// segment's active leases into the anti-spoofing `table`. Returns whether the leases
+    /// changed.
     pub fn settle(&mut self, now: Instant, unix: u64, table: &LanTable) -> bool {
         let mut changed = false;
-        while let Some(event) = self.server.poll_event() {
-            changed = true;
-            self.log(event, now, table);
+        let mut dirty = false;
+        for i in 0..self.scopes.len() {
+            let mut moved = false;
+            while let Some(event) = self.scopes[i].server.poll_event() {
+                moved = true;
+                self.log(event, now, table);
+            }
+            let s = &mut self.scopes[i];
+            dirty |= s.server.take_dirty();
+            if moved {
+                table.replace_leases(s.tag, s.server.active().map(|l| (l.ip, l.mac)).collect());
+            }
+            changed |= moved;
         }
-        if self.server.take_dirty() {
+        if dirty {
             self.generation += 1;
-            let leases = self.server.leases();
+            let mut leases: Vec<Lease> =
+                self.scopes.iter().flat_map(|s| s.server.leases()).collect();
+            leases.sort_by_key(|l| (u32::from(l.ip), l.mac));
             let generation = self.generation;
             self.bound_in.retain(|(ip, mac), _| {
                 leases
@@ -336,12 +389,6 @@ impl Dhcp {
                 renewals_until: unix + RENEWAL_WINDOW + u64::from(self.lease_secs),
                 leases,
             });
-        }
-        if changed {
-            table.replace_leases(
-                self.segment,
-                self.server.active().map(|l| (l.ip, l.mac)).collect(),
-            );
         }
         changed
     }
@@ -380,15 +427,22 @@ impl Dhcp {
 
     /// Where new addresses come from (an HA pair's box, told by the pair's thread).
     pub fn set_share(&mut self, share: cyphonic_vip::Share) {
-        if self.server.share() != share {
-            self.server.set_share(share);
+        for s in &mut self.scopes {
+            if s.server.share() != share {
+                s.server.set_share(share);
+            }
         }
     }
 
     /// Takes in the other box's bindings (an HA pair after a split brain); returns whether
     /// any came in ([`Dhcp::settle`] applies them).
     pub fn merge(&mut self, leases: Vec<Lease>, unix: u64) -> bool {
-        let (taken, clashed) = self.server.merge(leases, unix);
+        let theirs = split(leases, self.scopes.iter().map(|s| s.block));
+        let (mut taken, mut clashed) = (0, 0);
+        for (s, leases) in self.scopes.iter_mut().zip(theirs) {
+            let (t, c) = s.server.merge(leases, unix);
+            (taken, clashed) = (taken + t, clashed + c);
+        }
         if taken > 0 {
             tracing::warn!(
                 taken,
@@ -404,32 +458,62 @@ impl Dhcp {
         taken > 0
     }
 
-    /// Replaces the reservations (a reload); [`Dhcp::settle`] applies what it changed.
+    /// Replaces the reservations (a reload): each scope takes those inside its block (the
+    /// untagged one those in no VLAN's); [`Dhcp::settle`] applies what it changed.
     pub fn set_reservations(&mut self, reservations: Vec<cyphonic_vip::Reservation>) {
-        self.server.set_reservations(reservations);
+        let blocks: Vec<ipnet::Ipv4Net> = self.scopes.iter().map(|s| s.block).collect();
+        let mut each: Vec<Vec<cyphonic_vip::Reservation>> = vec![Vec::new(); blocks.len()];
+        for r in reservations {
+            if let Some(i) = scope_index(&blocks, r.ip) {
+                each[i].push(r);
+            }
+        }
+        for (s, r) in self.scopes.iter_mut().zip(each) {
+            s.server.set_reservations(r);
+        }
     }
 
-    /// The active leases.
+    /// The active leases, every segment's.
     pub fn active(&self) -> impl Iterator<Item = &Lease> {
-        self.server.active()
+        self.scopes.iter().flat_map(|s| s.server.active())
     }
 
-    /// Its part of the status document.
-    pub fn status(&self) -> DhcpStatus {
-        DhcpStatus {
-            pool: format!("{}-{}", self.pool.0, self.pool.1),
+    /// The part of the status document of the segment of `tag` (None: untagged), if it has
+    /// a scope.
+    pub fn status(&self, tag: Option<u16>) -> Option<DhcpStatus> {
+        let s = self.scopes.iter().find(|s| s.tag == tag)?;
+        Some(DhcpStatus {
+            pool: format!("{}-{}", s.pool.0, s.pool.1),
             lease_file: self.path.display().to_string(),
             unsaved: self.generation > self.written.generation,
             lease_writes: self.written.writes,
             lease_write_failures: self.written.failures,
-            stats: self.server.stats(),
-            ignored_by_reason: self
+            stats: s.server.stats(),
+            ignored_by_reason: s
                 .ignored
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),
+        })
+    }
+}
+
+/// Which of `blocks` an address belongs to: the last that holds it (the untagged segment's
+/// block comes first and holds the VLANs', which are more specific).
+fn scope_index(blocks: &[ipnet::Ipv4Net], ip: Ipv4Addr) -> Option<usize> {
+    blocks.iter().rposition(|b| b.contains(&ip))
+}
+
+/// `leases` dealt to the scopes of `blocks` by address (in no block: dropped).
+fn split(leases: Vec<Lease>, blocks: impl Iterator<Item = ipnet::Ipv4Net>) -> Vec<Vec<Lease>> {
+    let blocks: Vec<ipnet::Ipv4Net> = blocks.collect();
+    let mut each = vec![Vec::new(); blocks.len()];
+    for l in leases {
+        if let Some(i) = scope_index(&blocks, l.ip) {
+            each[i].push(l);
         }
     }
+    each
 }
 
 #[cfg(test)]
@@ -469,21 +553,25 @@ mod tests {
         )
     }
 
-    /// The offer `mac` gets (it promises nothing: it leaves at once).
-    fn offered(d: &mut Dhcp, unix: u64, mac: [u8; 6], table: &LanTable) -> Ipv4Addr {
-        let discover = client_message(
+    /// A DISCOVER from `mac`.
+    fn discover(mac: [u8; 6]) -> Vec<u8> {
+        client_message(
             MessageType::Discover,
             mac,
             1,
             vec![],
             Ipv4Addr::UNSPECIFIED,
             false,
-        );
-        let offer = d.handle(unix, mac, &discover).unwrap();
+        )
+    }
+
+    /// The offer `mac` gets (it promises nothing: it leaves at once).
+    fn offered(d: &mut Dhcp, unix: u64, mac: [u8; 6], table: &LanTable) -> Ipv4Addr {
+        let offer = d.handle(None, unix, mac, &discover(mac)).unwrap();
         d.settle(Instant::now(), unix, table);
         let ip = cyphonic_vip::testing::yiaddr(&offer.payload);
         assert!(matches!(
-            d.admit(offer, mac, unix, Instant::now(), Replica::Alone),
+            d.admit((None, offer), mac, unix, Instant::now(), Replica::Alone),
             Verdict::Send(_)
         ));
         ip
@@ -507,6 +595,89 @@ mod tests {
         dir
     }
 
+    /// A trunk: the untagged segment's scope and VLAN 20's, one lease file. Each segment's
+    /// device is bound in its own pool, both bindings go into the one file, and a restart
+    /// gives each scope its own back: the camera is offered its address again on its VLAN.
+    /// A segment without a scope gets no answer.
+    #[test]
+    fn every_segments_leases_go_into_the_one_file_and_come_back_to_it() {
+        let dir = dir("scopes");
+        let cams = DhcpConfig {
+            server: Ipv4Addr::new(100, 64, 1, 193),
+            block: "100.64.1.192/27".parse().unwrap(),
+            pool: (
+                Ipv4Addr::new(100, 64, 1, 194),
+                Ipv4Addr::new(100, 64, 1, 222),
+            ),
+            ..config()
+        };
+        let untagged = DhcpConfig {
+            pool: (
+                Ipv4Addr::new(100, 64, 1, 100),
+                Ipv4Addr::new(100, 64, 1, 150),
+            ),
+            ..config()
+        };
+        let scopes = [(None, &untagged), (Some(20), &cams)];
+        let unix = 1_000_000;
+        let table = LanTable::new(&[]);
+        let mut d = Dhcp::open(&scopes, &dir, unix).unwrap();
+        let (laptop, cam) = ([2, 0, 0, 0, 0, 0x1a], [2, 0, 0, 0, 0, 0xca]);
+        assert!(d.handle(Some(30), unix, cam, &discover(cam)).is_none());
+        let laptop_ip = offered(&mut d, unix, laptop, &table);
+        assert!((100..=150).contains(&laptop_ip.octets()[3]), "{laptop_ip}");
+        let offer = d.handle(Some(20), unix, cam, &discover(cam)).unwrap();
+        let cam_ip = cyphonic_vip::testing::yiaddr(&offer.payload);
+        assert!((194..=222).contains(&cam_ip.octets()[3]), "{cam_ip}");
+        let to_cams = client_message(
+            MessageType::Request,
+            cam,
+            2,
+            vec![
+                DhcpOption::ServerIdentifier(cams.server),
+                DhcpOption::RequestedIpAddress(cam_ip),
+            ],
+            Ipv4Addr::UNSPECIFIED,
+            false,
+        );
+        let ack = d.handle(Some(20), unix, cam, &to_cams).unwrap();
+        d.settle(Instant::now(), unix, &table);
+        assert!(matches!(
+            d.admit((Some(20), ack), cam, unix, Instant::now(), Replica::Alone),
+            Verdict::Held
+        ));
+        let released = released_when(&mut d, Replica::Alone, |w| w.generation >= 1);
+        assert_eq!(released.ready.len(), 1);
+        assert_eq!(
+            released.ready[0].0,
+            Some(20),
+            "the ACK goes to the camera's VLAN"
+        );
+        assert_eq!(table.leased_mac(cam_ip), Some(cam));
+        drop(d);
+        let file = std::fs::read(dir.join("leases.json")).unwrap();
+        let kept = cyphonic_vip::file::decode(&file).unwrap();
+        assert!(
+            kept.iter()
+                .any(|l| l.ip == cam_ip && l.mac == cam && l.active)
+        );
+        // Back after a restart: the camera's binding is its VLAN's scope's.
+        let mut d = Dhcp::open(&scopes, &dir, unix + 5).unwrap();
+        let other = [2, 0, 0, 0, 0, 0xcb];
+        let offer = d
+            .handle(Some(20), unix + 5, other, &discover(other))
+            .unwrap();
+        assert_ne!(
+            cyphonic_vip::testing::yiaddr(&offer.payload),
+            cam_ip,
+            "the VLAN's scope knows the address is the camera's"
+        );
+        let offer = d.handle(Some(20), unix + 5, cam, &discover(cam)).unwrap();
+        assert_eq!(cyphonic_vip::testing::yiaddr(&offer.payload), cam_ip);
+        assert_eq!(d.active().filter(|l| l.ip == cam_ip).count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A new lease's ACK waits for the lease file; while the file cannot be written it never
     /// leaves (the client retries), and once the disk is back the retry's ACK leaves after
     /// the write.
@@ -514,17 +685,17 @@ mod tests {
     fn no_ack_leaves_for_a_lease_that_is_not_on_disk() {
         let dir = dir("unsaved");
         let unix = 1_800_000_000;
-        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
+        let mut d = Dhcp::open(&[(None, &config())], &dir, unix).unwrap();
         let table = LanTable::new(&[]);
         let mac = [0x02, 0xbb, 0, 0, 0, 7];
         let ip = offered(&mut d, unix, mac, &table);
         // The state directory goes away: writing fails.
         std::fs::remove_dir_all(&dir).unwrap();
-        let ack = d.handle(unix, mac, &request(mac, 2, ip)).unwrap();
+        let ack = d.handle(None, unix, mac, &request(mac, 2, ip)).unwrap();
         assert_eq!(ack.grants, Some(ip));
         d.settle(Instant::now(), unix, &table);
         assert!(matches!(
-            d.admit(ack, mac, unix, Instant::now(), Replica::Alone),
+            d.admit((None, ack), mac, unix, Instant::now(), Replica::Alone),
             Verdict::Held
         ));
         let released = released_when(&mut d, Replica::Alone, |w| w.failures >= 1);
@@ -532,16 +703,16 @@ mod tests {
             released.ready.is_empty(),
             "an ACK for a lease not on disk left"
         );
-        assert!(d.status().unsaved);
+        assert!(d.status(None).unwrap().unsaved);
         // It waited long enough: dropped.
         let released = d.release(Instant::now() + HOLD, Replica::Alone);
         assert_eq!((released.ready.len(), released.dropped), (0, 1));
         // Back again: the client's retry waits for the write, then leaves.
         std::fs::create_dir_all(&dir).unwrap();
-        let ack = d.handle(unix + 4, mac, &request(mac, 3, ip)).unwrap();
+        let ack = d.handle(None, unix + 4, mac, &request(mac, 3, ip)).unwrap();
         d.settle(Instant::now(), unix + 4, &table);
         assert!(matches!(
-            d.admit(ack, mac, unix + 4, Instant::now(), Replica::Alone),
+            d.admit((None, ack), mac, unix + 4, Instant::now(), Replica::Alone),
             Verdict::Held
         ));
         let generation = d.generation;
@@ -561,14 +732,14 @@ mod tests {
     fn renewals_leave_at_once_and_their_writes_are_coalesced() {
         let dir = dir("renewals");
         let unix = 1_800_000_000;
-        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
+        let mut d = Dhcp::open(&[(None, &config())], &dir, unix).unwrap();
         let table = LanTable::new(&[]);
         let mac = [0x02, 0xbb, 0, 0, 0, 8];
         let ip = offered(&mut d, unix, mac, &table);
-        let ack = d.handle(unix, mac, &request(mac, 2, ip)).unwrap();
+        let ack = d.handle(None, unix, mac, &request(mac, 2, ip)).unwrap();
         d.settle(Instant::now(), unix, &table);
         assert!(matches!(
-            d.admit(ack, mac, unix, Instant::now(), Replica::Alone),
+            d.admit((None, ack), mac, unix, Instant::now(), Replica::Alone),
             Verdict::Held
         ));
         let generation = d.generation;
@@ -577,11 +748,11 @@ mod tests {
         let writes = d.writer.written().writes;
         for n in 0..100 {
             let t = unix + 1;
-            let ack = d.handle(t, mac, &request(mac, 10 + n, ip)).unwrap();
+            let ack = d.handle(None, t, mac, &request(mac, 10 + n, ip)).unwrap();
             d.settle(Instant::now(), t, &table);
             assert!(
                 matches!(
-                    d.admit(ack, mac, t, Instant::now(), Replica::Alone),
+                    d.admit((None, ack), mac, t, Instant::now(), Replica::Alone),
                     Verdict::Send(_)
                 ),
                 "renewal {n} waited"
@@ -611,13 +782,13 @@ mod tests {
     fn a_new_leases_ack_waits_for_the_standby_to_hold_it_at_most_a_second() {
         let dir = dir("standby");
         let unix = 1_800_000_000;
-        let mut d = Dhcp::open(&config(), &dir, unix).unwrap();
+        let mut d = Dhcp::open(&[(None, &config())], &dir, unix).unwrap();
         let table = LanTable::new(&[]);
         let grant = |d: &mut Dhcp, mac: [u8; 6], xid: u32, replica: Replica| {
             let ip = offered(d, unix, mac, &table);
-            let ack = d.handle(unix, mac, &request(mac, xid, ip)).unwrap();
+            let ack = d.handle(None, unix, mac, &request(mac, xid, ip)).unwrap();
             d.settle(Instant::now(), unix, &table);
-            (ip, d.admit(ack, mac, unix, Instant::now(), replica))
+            (ip, d.admit((None, ack), mac, unix, Instant::now(), replica))
         };
         let first = [0x02, 0xbb, 0, 0, 0, 9];
         let (ip, verdict) = grant(&mut d, first, 2, Replica::Holds(None));
@@ -636,9 +807,11 @@ mod tests {
         assert_eq!((released.ready.len(), released.unreplicated), (1, 0));
         // Renewals: at once while the standby holds the binding, held while it does not.
         let renew = |d: &mut Dhcp, xid: u32, replica: Replica| {
-            let ack = d.handle(unix + 1, first, &request(first, xid, ip)).unwrap();
+            let ack = d
+                .handle(None, unix + 1, first, &request(first, xid, ip))
+                .unwrap();
             d.settle(Instant::now(), unix + 1, &table);
-            d.admit(ack, first, unix + 1, Instant::now(), replica)
+            d.admit((None, ack), first, unix + 1, Instant::now(), replica)
         };
         assert!(matches!(
             renew(&mut d, 3, Replica::Holds(Some(generation))),

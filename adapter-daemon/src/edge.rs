@@ -272,24 +272,26 @@ impl Edge for AdapterEdge<'_> {
             .socket()?
             .try_clone()
             .context("duplicating the LAN socket")?;
+        // Every segment's scope (the untagged one first), in the one lease file.
         let dhcp = match &config.dhcp {
-            Some(cfg) => Some(Dhcp::open(
-                cfg,
-                &config.state_dir,
-                cyphonic_settings::now_secs(),
-            )?),
+            Some(cfg) => {
+                let scopes: Vec<(Option<u16>, &cyphonic_vip::DhcpConfig)> =
+                    std::iter::once((None, cfg))
+                        .chain(
+                            config
+                                .vlans
+                                .iter()
+                                .filter_map(|v| Some((Some(v.tag), v.dhcp.as_ref()?))),
+                        )
+                        .collect();
+                Some(Dhcp::open(
+                    &scopes,
+                    &config.state_dir,
+                    cyphonic_settings::now_secs(),
+                )?)
+            }
             None => None,
         };
-        // Each VLAN segment's leases in a directory of its own under state_dir.
-        let vlan_dhcp = config
-            .vlans
-            .iter()
-            .filter_map(|v| v.dhcp.as_ref().map(|cfg| (v.tag, cfg)))
-            .map(|(tag, cfg)| {
-                let dir = config.state_dir.join(format!("vlan-{tag}"));
-                Dhcp::open(cfg, &dir, cyphonic_settings::now_secs()).map(|d| (tag, d.for_vlan(tag)))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
         let name = &ctx.core.name;
         let own = OwnZone {
             name: name.clone(),
@@ -320,8 +322,7 @@ impl Edge for AdapterEdge<'_> {
                 Names::new(&config.reservations, name, config.gateway_vip),
                 config.reservations.clone(),
             ),
-        )
-        .with_vlan_dhcp(vlan_dhcp);
+        );
         Ok(match &self.pair {
             Some((ready, pool)) => services.in_pair(
                 crate::ha::ReadyWatch::new(ready.clone(), ctx.peers.iter().map(|(id, _)| *id)),

@@ -53,10 +53,8 @@ pub struct AdapterServices {
     lan: Arc<LanSide>,
     work: ServiceQueues,
     gateway: Gateway,
-    /// The untagged segment's DHCP server (the one an HA pair shares).
+    /// The DHCP servers, every segment's.
     dhcp: Option<Dhcp>,
-    /// Each VLAN segment's, by tag.
-    vlan_dhcp: Vec<(u16, Dhcp)>,
     dns: Option<Dns>,
     names: Names,
     /// The reservations in force (a reload may replace them).
@@ -90,7 +88,6 @@ impl AdapterServices {
             work,
             gateway,
             dhcp,
-            vlan_dhcp: Vec::new(),
             dns,
             names,
             reservations,
@@ -105,16 +102,6 @@ impl AdapterServices {
         services
     }
 
-    /// The services with the VLAN segments' DHCP servers too (by tag).
-    pub fn with_vlan_dhcp(mut self, vlan_dhcp: Vec<(u16, Dhcp)>) -> Self {
-        self.vlan_dhcp = vlan_dhcp;
-        let now = Instant::now();
-        self.settle(now, cyphonic_settings::now_secs());
-        self.refresh_names();
-        self.publish();
-        self
-    }
-
     /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]), and takes
     /// its share of the pool and the other box's bindings from `pool`.
     pub fn in_pair(mut self, ready: crate::ha::ReadyWatch, pool: PairLink) -> Self {
@@ -126,29 +113,6 @@ impl AdapterServices {
     /// A DHCP message from the segment of VLAN `tag` (None: untagged), from Ethernet source
     /// `mac`.
     fn dhcp(&mut self, now: Instant, tag: Option<u16>, mac: [u8; 6], payload: &[u8]) {
-        let Some(vid) = tag else {
-            self.untagged_dhcp(now, mac, payload);
-            return;
-        };
-        let Some((_, d)) = self.vlan_dhcp.iter_mut().find(|(t, _)| *t == vid) else {
-            return;
-        };
-        bump(&self.lan.counters.dhcp_received);
-        let unix = cyphonic_settings::now_secs();
-        let reply = d.handle(unix, mac, payload);
-        self.settle(now, unix);
-        let Some((_, d)) = self.vlan_dhcp.iter_mut().find(|(t, _)| *t == vid) else {
-            return;
-        };
-        match reply.map(|r| d.admit(r, mac, unix, now, Replica::Alone)) {
-            Some(Verdict::Send(reply)) => self.send_dhcp(&reply, tag),
-            Some(Verdict::Held) => bump(&self.lan.counters.dhcp_ack_waited),
-            None => {}
-        }
-    }
-
-    /// A DHCP message from the untagged segment, from Ethernet source `mac`.
-    fn untagged_dhcp(&mut self, now: Instant, mac: [u8; 6], payload: &[u8]) {
         let Some(d) = self.dhcp.as_mut() else {
             return;
         };
@@ -157,7 +121,7 @@ impl AdapterServices {
         if let Some(pool) = &self.pool {
             d.set_share(pool.share());
         }
-        let reply = d.handle(unix, mac, payload);
+        let reply = d.handle(tag, unix, mac, payload);
         // The bindings it made settle first; an ACK whose binding is not on disk yet (or not
         // at the pair's standby) waits for the lease writer (and the standby).
         self.settle(now, unix);
@@ -165,8 +129,8 @@ impl AdapterServices {
         let Some(d) = self.dhcp.as_mut() else {
             return;
         };
-        match reply.map(|r| d.admit(r, mac, unix, now, replica)) {
-            Some(Verdict::Send(reply)) => self.send_dhcp(&reply, None),
+        match reply.map(|r| d.admit((tag, r), mac, unix, now, replica)) {
+            Some(Verdict::Send(reply)) => self.send_dhcp(&reply, tag),
             Some(Verdict::Held) => bump(&self.lan.counters.dhcp_ack_waited),
             None => {}
         }
@@ -182,18 +146,6 @@ impl AdapterServices {
     /// long for the disk are dropped (their clients retry). The file written goes to the
     /// pair's thread, for the standby.
     fn release_dhcp(&mut self, now: Instant) {
-        let mut ready = Vec::new();
-        for (tag, d) in &mut self.vlan_dhcp {
-            let released = d.release(now, Replica::Alone);
-            self.lan
-                .counters
-                .dhcp_unsaved_silent
-                .fetch_add(released.dropped, std::sync::atomic::Ordering::Relaxed);
-            ready.extend(released.ready.into_iter().map(|r| (*tag, r)));
-        }
-        for (tag, reply) in &ready {
-            self.send_dhcp(reply, Some(*tag));
-        }
         let replica = self.replica();
         let Some(d) = self.dhcp.as_mut() else {
             return;
@@ -217,8 +169,8 @@ impl AdapterServices {
                 "HA: DHCP ACKs left before the standby said it holds their leases (it did not within 1 s): a failover now could lose them"
             );
         }
-        for reply in &released.ready {
-            self.send_dhcp(reply, None);
+        for (tag, reply) in &released.ready {
+            self.send_dhcp(reply, *tag);
         }
     }
 
@@ -316,13 +268,10 @@ impl AdapterServices {
 
     /// Applies what the DHCP server did; the names follow when the leases changed.
     fn settle(&mut self, now: Instant, unix: u64) {
-        let mut changed = self
+        let changed = self
             .dhcp
             .as_mut()
             .is_some_and(|d| d.settle(now, unix, &self.lan.table));
-        for (_, d) in &mut self.vlan_dhcp {
-            changed |= d.settle(now, unix, &self.lan.table);
-        }
         if changed {
             self.refresh_names();
         }
@@ -330,12 +279,9 @@ impl AdapterServices {
 
     /// Recomputes every device's name and hands them to the DNS service and the status.
     fn refresh_names(&mut self) {
-        let named = self.names.refresh(
-            self.dhcp
-                .iter()
-                .chain(self.vlan_dhcp.iter().map(|(_, d)| d))
-                .flat_map(|d| d.active()),
-        );
+        let named = self
+            .names
+            .refresh(self.dhcp.iter().flat_map(|d| d.active()));
         if let Some(dns) = self.dns.as_mut() {
             dns.set_hosts(named.labels.iter().map(|(ip, l)| (l.as_str(), *ip)));
         }
@@ -344,11 +290,12 @@ impl AdapterServices {
 
     /// Publishes the DHCP server's and the DNS service's state.
     fn publish(&self) {
-        let dhcp = self.dhcp.as_ref().map(Dhcp::status);
+        let dhcp = self.dhcp.as_ref().and_then(|d| d.status(None));
         let vlan_dhcp = self
-            .vlan_dhcp
+            .lan
+            .vlans
             .iter()
-            .map(|(tag, d)| (*tag, d.status()))
+            .filter_map(|v| Some((v.tag, self.dhcp.as_ref()?.status(Some(v.tag))?)))
             .collect();
         let dns = self.dns.as_ref().map(|d| d.status(None, 0));
         let mut p = self.lan.published();
@@ -381,18 +328,9 @@ impl Services for AdapterServices {
         );
         self.lan.table.set_reservations(&reservations);
         self.names.set_reservations(&reservations);
-        // Each segment's server takes the reservations inside its part of the block.
-        let of_segment = |tag: Option<u16>| {
-            crate::config::dhcp_reservations(&reservations)
-                .into_iter()
-                .filter(|r| self.lan.segment_of(r.ip).tag == tag)
-                .collect::<Vec<_>>()
-        };
+        // Each segment's scope takes the reservations inside its part of the block.
         if let Some(d) = self.dhcp.as_mut() {
-            d.set_reservations(of_segment(None));
-        }
-        for (tag, d) in &mut self.vlan_dhcp {
-            d.set_reservations(of_segment(Some(*tag)));
+            d.set_reservations(crate::config::dhcp_reservations(&reservations));
         }
         self.reservations = reservations;
         self.settle(now, cyphonic_settings::now_secs());
@@ -422,22 +360,7 @@ impl Services for AdapterServices {
                 None => std::future::pending().await,
             }
         };
-        // The VLAN segments' lease writers: whichever reports first.
-        let mut vlan_waits: Vec<_> = self
-            .vlan_dhcp
-            .iter_mut()
-            .map(|(_, d)| Box::pin(d.written_changed()))
-            .collect();
-        let vlan_written = std::future::poll_fn(move |cx| {
-            if vlan_waits
-                .iter_mut()
-                .any(|w| w.as_mut().poll(cx).is_ready())
-            {
-                std::task::Poll::Ready(())
-            } else {
-                std::task::Poll::Pending
-            }
-        });
+
         let replicated = async {
             match pool {
                 Some(link) => link.replica_changed().await,
@@ -449,7 +372,6 @@ impl Services for AdapterServices {
             biased;
             Some(w) = work.dhcp.recv() => Work::Queued(w),
             () = written => Work::LeasesKept,
-            () = vlan_written => Work::LeasesKept,
             () = replicated => Work::LeasesKept,
             Some(w) = work.other.recv() => Work::Queued(w),
             // Every sender is gone: the data threads stopped.
@@ -496,11 +418,7 @@ impl Services for AdapterServices {
             (Some(d), Some(leases)) => d.merge(leases, unix),
             _ => false,
         };
-        let mut due = self.dhcp.as_mut().is_some_and(|d| d.tick(unix));
-        for (_, d) in &mut self.vlan_dhcp {
-            due |= d.tick(unix);
-        }
-        if due || merged {
+        if self.dhcp.as_mut().is_some_and(|d| d.tick(unix)) || merged {
             self.settle(now, unix);
             self.publish();
         }

@@ -888,12 +888,11 @@ fn a_trunk_gives_each_vlan_its_pool_its_gateway_and_its_group() {
         (vlans[0]["tag"].as_u64(), vlans[0]["gateway"].as_str()),
         (Some(20), Some("100.64.1.193"))
     );
-    assert!(
-        vlans[0]["dhcp"]["lease_file"]
-            .as_str()
-            .unwrap()
-            .ends_with("vlan-20/leases.json")
-    );
+    // One lease file for every segment.
+    assert_eq!(vlans[0]["dhcp"]["lease_file"], status["dhcp"]["lease_file"]);
+    let file = std::fs::read(bed.a.lease_file()).unwrap();
+    let kept = cyphonic_vip::file::decode(&file).unwrap();
+    assert!(kept.iter().any(|l| l.ip == cam_ip && l.active), "{kept:?}");
     let vlan_of = |ip: Ipv4Addr| {
         status["leases"]
             .as_array()
