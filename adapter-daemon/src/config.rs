@@ -101,8 +101,8 @@ cyphonic_settings::table! {
     /// the segment's `groups` in the policy. A device stays in its segment: it may send only
     /// from an address of its block, and nothing is routed between segments. Untagged frames
     /// stay the segment of `[adapter]`, `[dhcp]` and `[legacy]`; a tag no table names is
-    /// dropped and counted. Not in an HA pair yet. Repeat the table for each VLAN; changes
-    /// need a restart.
+    /// dropped and counted. In an HA pair, both boxes serve every segment. Repeat the table
+    /// for each VLAN; changes need a restart.
     struct RawVlan in "vlan" {
         /// The VLAN identifier, 1 to 4094.
         tag: Spanned<u16>,
@@ -479,6 +479,20 @@ impl AdapterConfig {
     pub const fn lan_block(&self) -> Ipv4Net {
         self.common.block
     }
+
+    /// Every segment's DHCP scope, the untagged one first (none: `[dhcp]` is off).
+    pub fn dhcp_scopes(&self) -> Vec<(Option<u16>, &cyphonic_vip::DhcpConfig)> {
+        let Some(untagged) = &self.dhcp else {
+            return Vec::new();
+        };
+        std::iter::once((None, untagged))
+            .chain(
+                self.vlans
+                    .iter()
+                    .filter_map(|v| Some((Some(v.tag), v.dhcp.as_ref()?))),
+            )
+            .collect()
+    }
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
@@ -544,7 +558,6 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             gateway: gw,
             dhcp: dhcp.as_ref(),
             legacy: legacy.as_ref(),
-            in_pair: raw.ha.is_some(),
         },
         &mut reservations,
     )?;
@@ -744,8 +757,6 @@ struct Segments<'a> {
     dhcp: Option<&'a cyphonic_vip::DhcpConfig>,
     /// Its legacy map.
     legacy: Option<&'a cyphonic_gateway::Legacy>,
-    /// Whether the adapter is one of an HA pair.
-    in_pair: bool,
 }
 
 /// Whether two inclusive ranges of addresses share one.
@@ -769,13 +780,6 @@ fn check_vlans(
     for (i, v) in raw.iter().enumerate() {
         let key = |k: &str| cyphonic_settings::indexed(k, i);
         let (tag, sub) = (*v.tag.get_ref(), *v.block.get_ref());
-        if untagged.in_pair {
-            return src.err(
-                &v.tag.span(),
-                &key(RawVlan::tag),
-                "VLAN segments in an HA pair are not built yet: leave out `[ha]` or `[[vlan]]`",
-            );
-        }
         if !(1..=cyphonic_gateway::VID_MAX).contains(&tag) {
             return src.err(
                 &v.tag.span(),
@@ -1242,18 +1246,26 @@ mod tests {
         assert_eq!(id.certificate().body().name, "gw1.ovl.example");
         assert_eq!(c.lan_block().to_string(), "100.64.1.0/24");
         assert_eq!(c.gateway_vip, Ipv4Addr::new(100, 64, 1, 1));
-        // Two reservations, then the legacy device: mapped, named, none of DHCP's.
-        assert_eq!(c.reservations.len(), 3);
-        assert_eq!(c.reservations[0].hostname.as_deref(), Some("sensor1"));
-        let plc = &c.reservations[2];
+        // Two reservations, then the legacy device, then the camera VLAN's: mapped, named,
+        // none of DHCP's.
+        assert_eq!(c.reservations.len(), 4);
+        let fixed = |r: &Reservation| (r.vip, r.legacy, r.hostname.clone());
+        let own = Some(Ipv4Addr::new(192, 0, 2, 5));
         assert_eq!(
-            (plc.vip, plc.legacy, plc.hostname.as_deref()),
-            (
-                Ipv4Addr::new(100, 64, 1, 229),
-                Some(Ipv4Addr::new(192, 0, 2, 5)),
-                Some("plc1")
-            )
+            [fixed(&c.reservations[2]), fixed(&c.reservations[3])],
+            [
+                (Ipv4Addr::new(100, 64, 1, 229), own, Some("plc1".to_owned())),
+                (Ipv4Addr::new(100, 64, 1, 221), own, Some("cam7".to_owned())),
+            ]
         );
+        assert_eq!(
+            c.vlans
+                .iter()
+                .map(|v| (v.tag, v.gateway))
+                .collect::<Vec<_>>(),
+            [(20, Ipv4Addr::new(100, 64, 1, 209))]
+        );
+        assert_eq!(c.reservations[0].hostname.as_deref(), Some("sensor1"));
         let legacy = c.legacy.unwrap();
         assert_eq!(legacy.gateway, Ipv4Addr::new(192, 0, 2, 1));
         // Beside the site's router, with DHCP off.
@@ -1270,9 +1282,27 @@ mod tests {
         );
         // A reload hands DHCP the reservations alone; the legacy device joins while the map
         // is the running one's, and waits for the restart when it is not.
+        // Each is judged against the running map of its own segment.
         assert_eq!(dhcp_reservations(&c.reservations).len(), 2);
-        let (now, later) = reloadable(c.reservations.clone(), |_| Some(legacy));
+        let cams = &c.vlans[0];
+        let running = |vip: Ipv4Addr| {
+            if cams.block.contains(&vip) {
+                cams.legacy
+            } else {
+                Some(legacy)
+            }
+        };
+        let (now, later) = reloadable(c.reservations.clone(), running);
         assert_eq!((now, later.len()), (c.reservations.clone(), 0));
+        let (_, later) = reloadable(c.reservations.clone(), |_| Some(legacy));
+        assert_eq!(
+            later
+                .iter()
+                .map(|r| r.hostname.as_deref())
+                .collect::<Vec<_>>(),
+            [Some("cam7")],
+            "the camera VLAN's device is not the untagged map's"
+        );
         let moved = cyphonic_gateway::Legacy {
             map: cyphonic_gateway::Netmap::new(
                 "192.0.2.0/28".parse().unwrap(),
@@ -1281,9 +1311,16 @@ mod tests {
             .unwrap(),
             ..legacy
         };
-        for running in [Some(&moved), None] {
-            let (now, later) = reloadable(c.reservations.clone(), |_| running.copied());
-            assert_eq!((now.len(), later[0].hostname.as_deref()), (2, Some("plc1")));
+        for untagged in [Some(moved), None] {
+            let running = |vip: Ipv4Addr| {
+                if cams.block.contains(&vip) {
+                    cams.legacy
+                } else {
+                    untagged
+                }
+            };
+            let (now, later) = reloadable(c.reservations.clone(), running);
+            assert_eq!((now.len(), later[0].hostname.as_deref()), (3, Some("plc1")));
         }
         assert_eq!(c.common.peers.len(), 1);
         assert_eq!(
@@ -1852,6 +1889,19 @@ mod tests {
         // The group stands for the camera VLAN's block in the compiled rules.
         let rules = format!("{:?}", c.common.policy);
         assert!(rules.contains("100.64.1.192/27"), "{rules}");
+        // One of an HA pair: the VLANs go with it (one lease file, every segment's).
+        let (c, _) = load_text(
+            &f,
+            &base.replace(
+                "[[vlan]]\ntag = 20",
+                "[ha]\npriority = 100\n\n[[vlan]]\ntag = 20",
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.ha.map(|h| h.priority), c.dhcp_scopes().len()),
+            (Some(100), 3)
+        );
         // Without DHCP, no segment has a server.
         let (c, _) = load_text(&f, &base.replace("[dhcp]\n", "[dhcp]\nenabled = false\n")).unwrap();
         assert!(c.vlans.iter().all(|v| v.dhcp.is_none()));
@@ -1920,11 +1970,6 @@ mod tests {
                 "groups = [\"cameras\"]",
                 "groups = [\"100.64.1.0/24\"]",
                 "key `vlan[0].groups[0]`: \"100.64.1.0/24\" is not a group's name",
-            ),
-            (
-                "[[vlan]]\ntag = 20",
-                "[ha]\npriority = 100\n\n[[vlan]]\ntag = 20",
-                "key `vlan[0].tag`: VLAN segments in an HA pair are not built yet",
             ),
         ];
         for (from, to, expect) in mistakes {
@@ -2024,23 +2069,7 @@ mod tests {
         assert_documents_every_key::<Raw>(
             EXAMPLE,
             "config/adapter.example.toml",
-            &[
-                "legacy.router",
-                "vlan.tag",
-                "vlan.block",
-                "vlan.gateway",
-                "vlan.pool",
-                "vlan.groups",
-                "vlan.legacy.subnet",
-                "vlan.legacy.onto",
-                "vlan.legacy.gateway",
-                "vlan.legacy.router",
-                "vlan.legacy.learn",
-                "vlan.legacy.device.name",
-                "vlan.legacy.device.mac",
-                "vlan.legacy.device.address",
-                "vlan.legacy.device.groups",
-            ],
+            &["legacy.router", "vlan.legacy.router"],
         );
     }
 }

@@ -505,7 +505,7 @@ fn scope_index(blocks: &[ipnet::Ipv4Net], ip: Ipv4Addr) -> Option<usize> {
 }
 
 /// `leases` dealt to the scopes of `blocks` by address (in no block: dropped).
-fn split(leases: Vec<Lease>, blocks: impl Iterator<Item = ipnet::Ipv4Net>) -> Vec<Vec<Lease>> {
+pub fn split(leases: Vec<Lease>, blocks: impl Iterator<Item = ipnet::Ipv4Net>) -> Vec<Vec<Lease>> {
     let blocks: Vec<ipnet::Ipv4Net> = blocks.collect();
     let mut each = vec![Vec::new(); blocks.len()];
     for l in leases {

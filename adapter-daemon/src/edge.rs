@@ -273,24 +273,15 @@ impl Edge for AdapterEdge<'_> {
             .try_clone()
             .context("duplicating the LAN socket")?;
         // Every segment's scope (the untagged one first), in the one lease file.
-        let dhcp = match &config.dhcp {
-            Some(cfg) => {
-                let scopes: Vec<(Option<u16>, &cyphonic_vip::DhcpConfig)> =
-                    std::iter::once((None, cfg))
-                        .chain(
-                            config
-                                .vlans
-                                .iter()
-                                .filter_map(|v| Some((Some(v.tag), v.dhcp.as_ref()?))),
-                        )
-                        .collect();
-                Some(Dhcp::open(
-                    &scopes,
-                    &config.state_dir,
-                    cyphonic_settings::now_secs(),
-                )?)
-            }
-            None => None,
+        let scopes = config.dhcp_scopes();
+        let dhcp = if scopes.is_empty() {
+            None
+        } else {
+            Some(Dhcp::open(
+                &scopes,
+                &config.state_dir,
+                cyphonic_settings::now_secs(),
+            )?)
         };
         let name = &ctx.core.name;
         let own = OwnZone {

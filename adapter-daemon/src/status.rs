@@ -105,8 +105,8 @@ pub struct HaReplication {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HaDrops {
     /// From a source that cannot be the other box: our own MAC or the gateway's, a
-    /// multicast MAC, a frame not from the NIC its heartbeat names, a datagram not from
-    /// `peer_underlay`.
+    /// multicast MAC, a frame from a VLAN, a frame not from the NIC its heartbeat names, a
+    /// datagram not from `peer_underlay`.
     pub source: u64,
     /// No magic, a length that does not match.
     pub malformed: u64,

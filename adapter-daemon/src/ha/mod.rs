@@ -217,6 +217,8 @@ pub struct HaBox {
     announce_at: Option<(Instant, bool)>,
     /// The gateway vIP.
     gateway_vip: Ipv4Addr,
+    /// Each VLAN segment's gateway address, with its tag.
+    vlan_gateways: Vec<(u16, Ipv4Addr)>,
     /// What the status document shows, renewed every round.
     status: Arc<Mutex<HaStatus>>,
     /// While standing by, the status socket (the daemon serves it once the box serves).
@@ -294,7 +296,12 @@ pub fn stand_by(
     let mut judge = health::Judge::new(config, &iface.name, iface.index);
     let unix = cyphonic_settings::now_secs();
     let saved = leases.load(unix).map(|l| l.leases).unwrap_or_default();
-    let offer = pool::Offer::new(config.dhcp.clone(), saved, unix);
+    let scopes = config
+        .dhcp_scopes()
+        .into_iter()
+        .map(|(_, c)| c.clone())
+        .collect();
+    let offer = pool::Offer::new(scopes, saved, unix);
     let other_kept = pool::load_other(&config.state_dir);
     let now = Instant::now();
     let mut pair = Pair::new(
@@ -340,6 +347,7 @@ pub fn stand_by(
         ready: Ready::default(),
         announce_at: None,
         gateway_vip: config.gateway_vip,
+        vlan_gateways: config.vlans.iter().map(|v| (v.tag, v.gateway)).collect(),
         status: Arc::new(Mutex::new(HaStatus::default())),
         standby_status: Some(standby_status),
         standby_metrics: None,
@@ -679,16 +687,27 @@ impl HaBox {
         format!("handed over to {to} in {took} ms\n")
     }
 
-    /// The gateway's announcement from the pair's gateway MAC (a gratuitous ARP): switches
-    /// learn its new port, devices keep their entries.
+    /// The gateway's announcement from the pair's gateway MAC (a gratuitous ARP), on the
+    /// untagged segment and, tagged, on each VLAN's for its gateway address: switches learn
+    /// its new port (on every VLAN), devices keep their entries.
     fn announce(&self) -> anyhow::Result<()> {
-        let gateway = self.gateway_vip;
-        let mut frame = [0u8; 64];
-        let n = cyphonic_gateway::announcement(self.gateway, gateway, &mut frame)
+        let segments = std::iter::once((None, self.gateway_vip))
+            .chain(self.vlan_gateways.iter().map(|(t, g)| (Some(*t), *g)));
+        for (tag, gateway) in segments {
+            let mut frame = [0u8; 64 + cyphonic_gateway::VLAN_TAG_LEN];
+            let n = cyphonic_gateway::announcement(self.gateway, gateway, &mut frame[..64])
+                .context("the announcement does not fit")?;
+            let frame = match tag {
+                None => Some(0..n),
+                Some(vid) => cyphonic_gateway::tag_frame(&mut frame, 0..n, vid),
+            }
+            .and_then(|f| frame.get(f))
             .context("the announcement does not fit")?;
-        self.socket
-            .send(&frame[..n])
-            .context("sending the gateway's announcement")
+            self.socket
+                .send(frame)
+                .context("sending the gateway's announcement")?;
+        }
+        Ok(())
     }
 
     fn send(&mut self, body: &Body<'_>) -> anyhow::Result<()> {
@@ -758,8 +777,9 @@ impl HaBox {
             let frame = &buf[..meta.len];
             let mut src = [0u8; 6];
             src.copy_from_slice(&frame[6..12]);
-            // Judged by its own addresses first: ours or the gateway's is never the other box.
-            if src == self.nic || src == self.gateway || src[0] & 1 == 1 {
+            // Judged by its own addresses first: ours or the gateway's is never the other box;
+            // and the pair speaks untagged: a frame from a VLAN is a device's.
+            if src == self.nic || src == self.gateway || src[0] & 1 == 1 || meta.vlan.is_some() {
                 self.dropped.source += 1;
                 continue;
             }

@@ -68,38 +68,54 @@ fn other_file(state_dir: &Path) -> PathBuf {
 /// that no device's address is lost whichever box serves next.
 #[derive(Debug)]
 pub(super) struct Offer {
-    cfg: Option<DhcpConfig>,
+    /// Every segment's DHCP scope, the untagged one first (none without a DHCP server).
+    scopes: Vec<DhcpConfig>,
     leases: Vec<Lease>,
 }
 
 impl Offer {
-    /// Our active bindings at unix time `now`, out of `saved` (without a DHCP server,
-    /// nothing to offer).
-    pub(super) fn new(cfg: Option<DhcpConfig>, saved: Vec<Lease>, now: u64) -> Self {
-        let leases = if cfg.is_some() {
+    /// Our active bindings at unix time `now`, out of `saved`, for the DHCP `scopes` (every
+    /// segment's, the untagged one first; none: nothing to offer).
+    pub(super) fn new(scopes: Vec<DhcpConfig>, saved: Vec<Lease>, now: u64) -> Self {
+        let leases = if scopes.is_empty() {
+            Vec::new()
+        } else {
             saved
                 .into_iter()
                 .filter(|l| l.active && l.expires > now)
                 .collect()
-        } else {
-            Vec::new()
         };
-        Self { cfg, leases }
+        Self { scopes, leases }
     }
 
     /// The serving box's `table` came: what to keep (the union, or `table` itself once it
     /// holds all ours), and our bindings to send it when it lacks some.
     pub(super) fn against(&mut self, table: Vec<u8>, now: u64) -> (Vec<u8>, Option<Vec<u8>>) {
-        let Some(cfg) = self.cfg.as_ref().filter(|_| !self.leases.is_empty()) else {
+        if self.scopes.is_empty() || self.leases.is_empty() {
             return (table, None);
-        };
+        }
         let Ok(theirs) = cyphonic_vip::file::decode(&table) else {
             return (table, None);
         };
-        let Ok(mut union) = Server::new(cfg.clone(), theirs, now) else {
-            return (table, None);
-        };
-        let (taken, clashed) = union.merge(self.leases.clone(), now);
+        // Scope by scope, as the DHCP server keeps them (by address).
+        let blocks = || self.scopes.iter().map(|c| c.block);
+        let ours = crate::dhcp::split(self.leases.clone(), blocks());
+        let mut union = Vec::new();
+        let (mut taken, mut clashed) = (0, 0);
+        for ((cfg, theirs), ours) in self
+            .scopes
+            .iter()
+            .zip(crate::dhcp::split(theirs, blocks()))
+            .zip(ours)
+        {
+            let Ok(mut server) = Server::new(cfg.clone(), theirs, now) else {
+                return (table, None);
+            };
+            let (t, c) = server.merge(ours, now);
+            (taken, clashed) = (taken + t, clashed + c);
+            union.extend(server.leases());
+        }
+        union.sort_by_key(|l| (u32::from(l.ip), l.mac));
         if taken == 0 {
             if clashed > 0 {
                 tracing::warn!(
@@ -116,7 +132,7 @@ impl Offer {
             "HA: the serving box lacks bindings this box made apart from it: offering them"
         );
         let ours = cyphonic_vip::file::encode(&self.leases, 0).ok();
-        let kept = cyphonic_vip::file::encode(&union.leases(), 0).unwrap_or(table);
+        let kept = cyphonic_vip::file::encode(&union, 0).unwrap_or(table);
         (kept, ours)
     }
 }
