@@ -221,6 +221,24 @@ impl DhcpHost {
         matching().pop().context("no event")
     }
 
+    /// Asks for a renewal now ([`DhcpHost::renew`]) and waits up to `within` for the lease
+    /// it brings; returns its address.
+    ///
+    /// # Errors
+    /// The client cannot be asked, or no lease comes in time (the events so far are in the
+    /// error).
+    pub fn renewed(&self, within: Duration) -> anyhow::Result<String> {
+        let leased = ["renew", "bound"];
+        let before = self
+            .events()
+            .iter()
+            .filter(|e| leased.contains(&e.reason.as_str()))
+            .count();
+        self.renew()?;
+        let ev = self.wait_for(&leased, before + 1, within)?;
+        Ok(ev.get("ip").to_owned())
+    }
+
     /// The address of the last lease the client got, from its events.
     pub fn last_address(&self) -> Option<Ipv4Addr> {
         self.events()

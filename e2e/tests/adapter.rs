@@ -1069,19 +1069,11 @@ fn scrape(pair: &PairBed, ns: &cyphonic_e2e::Netns) -> String {
 
 /// The device's DHCP renewal is answered (by whichever box serves) with its address.
 fn renews_the_same_address(pair: &mut PairBed) {
-    let leased = ["renew", "bound"];
-    let before = pair
+    let ip = pair
         .device
-        .events()
-        .iter()
-        .filter(|e| leased.contains(&e.reason.as_str()))
-        .count();
-    pair.device.renew().unwrap();
-    let ev = pair
-        .device
-        .wait_for(&leased, before + 1, Duration::from_secs(10))
+        .renewed(Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
-    assert_eq!(ev.get("ip"), pair.ip.to_string(), "{}", pair.logs());
+    assert_eq!(ip, pair.ip.to_string(), "{}", pair.logs());
 }
 
 /// Issue 51: the active box of a pair is killed (SIGKILL): the standby serves within the
@@ -1690,17 +1682,10 @@ fn a_split_brain_hands_out_no_address_twice_and_heals_with_every_lease() {
     .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
     assert!(pair.second_log().contains("taken in"), "{}", pair.logs());
     for (dev, ip, _) in &devices[..2] {
-        let leased = ["renew", "bound"];
-        let before = dev
-            .events()
-            .iter()
-            .filter(|e| leased.contains(&e.reason.as_str()))
-            .count();
-        dev.renew().unwrap();
-        let ev = dev
-            .wait_for(&leased, before + 1, Duration::from_secs(10))
+        let renewed = dev
+            .renewed(Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
-        assert_eq!(ev.get("ip"), ip.to_string(), "{}", pair.logs());
+        assert_eq!(renewed, ip.to_string(), "{}", pair.logs());
     }
     for (mut dev, _, _) in devices {
         dev.stop().unwrap();

@@ -985,3 +985,73 @@ fn a_vlan_keeps_fixed_devices_at_the_untagged_segments_own_addresses() {
     );
     assert_eq!(entry(plc_vip(1)), Some((PLC.to_string().into(), None)));
 }
+
+/// Issue 51 with a trunk: a camera on VLAN 20 takes its address from the serving box of an
+/// HA pair, which is then killed. The standby holds every segment's leases (one lease file)
+/// and takes the VLAN over with the rest: the camera keeps reaching site B across the
+/// failover, the new serving box lists its lease on VLAN 20, and renews it unchanged.
+#[test]
+fn a_vlans_devices_keep_their_leases_and_reach_across_a_failover() {
+    let extra = "\n[dhcp]\npool = \"100.64.1.100-100.64.1.127\"\n\n[[vlan]]\ntag = 20\nblock = \"100.64.1.192/27\"\ngroups = [\"cameras\"]\n";
+    let mut pair = PairBed::up_configured(true, extra).unwrap();
+    let (cam, cam_ip) = pair.bed.dhcp_device_on(Side::A, "cam", Some(20)).unwrap();
+    assert!(
+        "100.64.1.192/27"
+            .parse::<ipnet::Ipv4Net>()
+            .unwrap()
+            .contains(&cam_ip),
+        "{cam_ip}"
+    );
+    let host_b = pair.bed.b.host_ip;
+    assert!(pings(&cam.ns, host_b), "{}", pair.logs());
+    // The new serving box's announcement of the VLAN's gateway (100.64.1.193), as the
+    // camera hears it through its access port: a request from the pair's gateway MAC whose
+    // sender and target are that address (RFC 5227).
+    let vlan_gw = [100, 64, 1, 193];
+    let mut announced = vec![0, 1, 0x02, 0x63, 0x79, 64, 1, 1];
+    announced.extend(vlan_gw);
+    announced.extend([0; 6]);
+    announced.extend(vlan_gw);
+    let (seen, heard) = std::thread::scope(|scope| {
+        let heard = scope.spawn(|| {
+            inject::count_frames_containing(&cam.ns, "eth0", announced, Duration::from_secs(8))
+        });
+        let seen = pings_through(&[&cam.ns], host_b, || {
+            pair.bed.stop(Side::A, "KILL").map(drop)
+        });
+        (seen, heard.join().unwrap())
+    });
+    assert!(
+        heard.unwrap() >= 1,
+        "no announcement of the VLAN's gateway\n{}",
+        pair.logs()
+    );
+    let (run, out) = &seen[0];
+    eprintln!(
+        "HA, SIGKILL, a VLAN's camera: {}/{PINGS} replies, longest gap {:?}",
+        run.replies, run.gap
+    );
+    assert!(
+        run.to_the_end() && run.gap < Duration::from_secs(5),
+        "{run:?}\n{out}\n{}",
+        pair.logs()
+    );
+    let serving = pair.second_status().unwrap();
+    assert_eq!(serving["ha"]["role"], "active", "{serving}");
+    let lease = serving["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["vip"] == cam_ip.to_string())
+        .cloned();
+    assert_eq!(
+        lease.as_ref().and_then(|l| l["vlan"].as_u64()),
+        Some(20),
+        "{serving}"
+    );
+    // The camera renews with the box now serving: the same address, on its VLAN.
+    let renewed = cam
+        .renewed(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    assert_eq!(renewed, cam_ip.to_string(), "{}", pair.logs());
+}
