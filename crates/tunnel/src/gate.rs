@@ -163,8 +163,9 @@ impl HandshakeGate {
             .map_err(|_| std::io::Error::other("the system's random generator failed"))?;
         Ok(Self {
             checker: CookieChecker::new(ours, secret, now),
-            limiter: RateTable::new(SOURCE_SLOTS, PER_SOURCE_RATE, PER_SOURCE_BURST),
-            known: RateTable::new(SOURCE_SLOTS, KNOWN_RATE, KNOWN_BURST),
+            // On the clock the gate is handed, not the one it was made at.
+            limiter: RateTable::starting(SOURCE_SLOTS, PER_SOURCE_RATE, PER_SOURCE_BURST, now),
+            known: RateTable::starting(SOURCE_SLOTS, KNOWN_RATE, KNOWN_BURST, now),
             budget: FairBudget::new(HANDSHAKE_BUDGET, SOURCE_SLOTS),
             loaded_until: None,
         })

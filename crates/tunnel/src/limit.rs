@@ -24,9 +24,15 @@ pub struct RateTable {
 impl RateTable {
     /// `slots` buckets, each admitting `per_sec` a second after a burst of `burst`.
     pub fn new(slots: usize, per_sec: u32, burst: u32) -> Self {
+        Self::starting(slots, per_sec, burst, Instant::now())
+    }
+
+    /// As [`RateTable::new`], for times from `origin` on (a time before it counts as it):
+    /// for a caller that is handed the time, so that the table keeps that caller's clock.
+    pub fn starting(slots: usize, per_sec: u32, burst: u32, origin: Instant) -> Self {
         let interval = 1_000_000 / u64::from(per_sec.max(1));
         Self {
-            origin: Instant::now(),
+            origin,
             tat: (0..slots.max(1)).map(|_| AtomicU64::new(0)).collect(),
             hasher: std::hash::RandomState::new(),
             interval,
