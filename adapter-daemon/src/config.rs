@@ -116,9 +116,11 @@ cyphonic_settings::table! {
         pool: Option<Spanned<String>> = None,
         /// The groups `[policy]` rules may name every device of the segment by (`block`).
         groups: Vec<Spanned<String>> = Vec::new(),
+        /// Serve DHCP on this segment (when `[dhcp]` is on). `false` beside a site's router
+        /// that serves it (`legacy.router`).
+        dhcp: bool = true,
         /// The segment's fixed-address devices: a table as `[legacy]`, with the same keys
         /// and checks, its `onto` inside `block` and clear of the segment's gateway and pool.
-        /// Not beside a site's router yet (`router` is refused here).
         legacy: Option<RawLegacy> = None,
     }
 }
@@ -852,7 +854,7 @@ fn check_vlans(
             );
         }
         check_groups(src, &v.groups, &key(RawVlan::groups))?;
-        let dhcp = match untagged.dhcp {
+        let dhcp = match untagged.dhcp.filter(|_| v.dhcp) {
             None => None,
             Some(d) => {
                 let pool = match &v.pool {
@@ -883,13 +885,6 @@ fn check_vlans(
             None => (None, false),
             Some(l) => {
                 let at = cyphonic_settings::indexed("vlan.legacy", i);
-                if let Some(r) = &l.router {
-                    return src.err(
-                        &r.span(),
-                        &under(&at, RawLegacy::router),
-                        "beside a site's router on a VLAN is not built yet: leave `router` out (the adapter is then the VLAN's devices' gateway)",
-                    );
-                }
                 let (legacy, devices) =
                     check_legacy(src, l, &at, sub, gateway, dhcp.as_ref(), reservations)?;
                 reservations.extend(devices);
@@ -1028,7 +1023,11 @@ fn check_legacy(
             return src.err(
                 &r.span(),
                 &under(at, RawLegacy::router),
-                "beside the site's router the adapter serves no DHCP (the router, or the site's DHCP server, does): set [dhcp] enabled = false",
+                if at == "legacy" {
+                    "beside the site's router the adapter serves no DHCP (the router, or the site's DHCP server, does): set [dhcp] enabled = false"
+                } else {
+                    "beside the site's router the adapter serves no DHCP on its VLAN (the router, or the site's DHCP server, does): set the VLAN's dhcp = false"
+                },
             );
         }
         r => r.as_ref().map(|r| *r.get_ref()),
@@ -2019,11 +2018,24 @@ mod tests {
             (ip("100.64.1.180"), Some(ip("192.0.2.20")))
         );
         assert!(c.learn_legacy, "the untagged segment's learning is its own");
+        // Beside a router on the VLAN: its DHCP off, the untagged segment's still on.
+        let beside = base
+            .replace("learn = false", "router = \"192.0.2.18\"")
+            .replace("groups = [\"ot\"]", "groups = [\"ot\"]\ndhcp = false");
+        let (c, _) = load_text(&f, &beside).unwrap();
+        assert_eq!(
+            c.vlans[0].legacy.and_then(|l| l.router),
+            Some(ip("192.0.2.18"))
+        );
+        assert_eq!(
+            c.dhcp_scopes().iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [None]
+        );
         let mistakes: &[(&str, &str, &str)] = &[
             (
                 "learn = false",
                 "router = \"192.0.2.18\"",
-                "key `vlan[0].legacy.router`: beside a site's router on a VLAN is not built yet",
+                "key `vlan[0].legacy.router`: beside the site's router the adapter serves no DHCP on its VLAN",
             ),
             (
                 "onto = \"100.64.1.176/28\"",

@@ -185,12 +185,19 @@ impl<'a> AdapterEdge<'a> {
         let (lan, work) = LanSide::new(
             untagged,
             vlans,
-            LanTable::new(&config.reservations).learning(
-                std::iter::once((config.legacy, config.learn_legacy))
-                    .chain(config.vlans.iter().map(|v| (v.legacy, v.learn_legacy)))
-                    .filter_map(|(legacy, learn)| legacy.filter(|_| learn))
-                    .map(|l| l.map.overlay()),
-            ),
+            LanTable::new(&config.reservations)
+                .learning(
+                    std::iter::once((config.legacy, config.learn_legacy))
+                        .chain(config.vlans.iter().map(|v| (v.legacy, v.learn_legacy)))
+                        .filter_map(|(legacy, learn)| legacy.filter(|_| learn))
+                        .map(|l| l.map.overlay()),
+                )
+                .beside_routers(
+                    std::iter::once((None, config.legacy))
+                        .chain(config.vlans.iter().map(|v| (Some(v.tag), v.legacy)))
+                        .filter(|(_, legacy)| legacy.is_some_and(|l| l.router.is_some()))
+                        .map(|(tag, _)| tag),
+                ),
             config.dhcp.is_some(),
             config.common.dns.is_some(),
         );

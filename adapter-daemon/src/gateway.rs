@@ -79,28 +79,36 @@ impl Gateway {
         self.lan.lan.gateway_ip
     }
 
-    /// Beside a site's router whose MAC is not known yet: the router's address, and the
-    /// adapter's own on its subnet to ask from. None otherwise.
-    pub fn router_to_ask(&self) -> Option<(Ipv4Addr, Ipv4Addr)> {
-        let legacy = self.lan.lan.legacy?;
-        let router = legacy.router?;
-        cyphonic_gateway::Neighbors::router_mac(&self.lan.table)
-            .is_none()
-            .then_some((router, legacy.gateway))
+    /// The site's routers whose MAC is not known yet, beside which the adapter runs: each
+    /// one's segment (its VLAN, None untagged), its address, and the adapter's own on its
+    /// subnet to ask from.
+    pub fn routers_to_ask(&self) -> Vec<(Option<u16>, Ipv4Addr, Ipv4Addr)> {
+        std::iter::once((None, &self.lan.lan))
+            .chain(self.lan.vlans.iter().map(|v| (Some(v.tag), &v.lan)))
+            .filter_map(|(tag, lan)| {
+                let legacy = lan.legacy?;
+                let router = legacy.router?;
+                self.lan
+                    .table
+                    .router_mac_of(tag)
+                    .is_none()
+                    .then_some((tag, router, legacy.gateway))
+            })
+            .collect()
     }
 
-    /// Asks for the site's router's MAC on the LAN, when [`Gateway::router_to_ask`] says so.
-    pub fn ask_for_router(&mut self) {
-        let Some((router, from)) = self.router_to_ask() else {
-            return;
-        };
-        let Some(len) =
-            cyphonic_gateway::request(self.lan.lan.mac, from, router, &mut self.frame[..])
-        else {
-            return;
-        };
-        self.lan
-            .send(&self.lan_tx, &mut self.frame[..], 0..len, None);
+    /// Asks for each site's router's MAC on its segment, when [`Gateway::routers_to_ask`]
+    /// names it.
+    pub fn ask_for_routers(&mut self) {
+        for (tag, router, from) in self.routers_to_ask() {
+            let Some(len) =
+                cyphonic_gateway::request(self.lan.lan.mac, from, router, &mut self.frame[..])
+            else {
+                continue;
+            };
+            self.lan
+                .send(&self.lan_tx, &mut self.frame[..], 0..len, tag);
+        }
     }
 
     /// A packet peer `peer` sent to a gateway address (the vIP, or a VLAN segment's; already

@@ -212,19 +212,13 @@ impl Neighbors for SegmentNeighbors<'_> {
         }
     }
 
-    // A site's router (beside which the adapter runs) is the untagged segment's.
-
+    /// Its own segment's router.
     fn router_mac(&self) -> Option<[u8; 6]> {
-        self.tag
-            .is_none()
-            .then(|| self.side.table.router_mac())
-            .flatten()
+        self.side.table.router_mac_of(self.tag)
     }
 
     fn heard_router(&self, mac: [u8; 6]) {
-        if self.tag.is_none() {
-            self.side.table.heard_router(mac);
-        }
+        self.side.table.heard_router_of(self.tag, mac);
     }
 }
 

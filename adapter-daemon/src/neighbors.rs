@@ -30,10 +30,20 @@ pub struct LanTable {
     held: RwLock<Held>,
     /// The overlay blocks legacy subnets map onto, where devices may be learned.
     learn: Vec<Ipv4Net>,
-    /// The site's router's MAC, beside which the adapter runs: the first heard.
-    router: std::sync::OnceLock<[u8; 6]>,
+    /// The site's routers, beside which the adapter runs: one a segment at most (the
+    /// untagged one's, a VLAN's), each MAC the first heard.
+    routers: Vec<Router>,
+}
+
+/// A site's router on one segment.
+#[derive(Debug)]
+struct Router {
+    /// The segment: its VLAN, None untagged.
+    tag: Option<u16>,
+    /// Its MAC: the first heard.
+    mac: std::sync::OnceLock<[u8; 6]>,
     /// Whether another MAC's claim of the router's address was logged (once).
-    router_claimed: std::sync::atomic::AtomicBool,
+    claimed: std::sync::atomic::AtomicBool,
 }
 
 /// Who holds which address: by reservation (fixed until a reload), by DHCP lease, or
@@ -81,8 +91,7 @@ impl LanTable {
         let table = Self {
             held: RwLock::default(),
             learn: Vec::new(),
-            router: std::sync::OnceLock::new(),
-            router_claimed: std::sync::atomic::AtomicBool::new(false),
+            routers: Vec::new(),
         };
         table.set_reservations(reservations);
         table
@@ -94,6 +103,51 @@ impl LanTable {
     pub fn learning(mut self, onto: impl IntoIterator<Item = Ipv4Net>) -> Self {
         self.learn = onto.into_iter().collect();
         self
+    }
+
+    /// The table beside a site's router on each segment of `tags` (its VLAN, None untagged):
+    /// it takes each router's MAC as it is first heard.
+    #[must_use]
+    pub fn beside_routers(mut self, tags: impl IntoIterator<Item = Option<u16>>) -> Self {
+        self.routers = tags
+            .into_iter()
+            .map(|tag| Router {
+                tag,
+                mac: std::sync::OnceLock::new(),
+                claimed: std::sync::atomic::AtomicBool::new(false),
+            })
+            .collect();
+        self
+    }
+
+    /// The MAC of the site's router on the segment of `tag`, once heard.
+    pub fn router_mac_of(&self, tag: Option<u16>) -> Option<[u8; 6]> {
+        self.routers
+            .iter()
+            .find(|r| r.tag == tag)
+            .and_then(|r| r.mac.get().copied())
+    }
+
+    /// The site's router on the segment of `tag` said by its ARP that it is at `mac`: the
+    /// first MAC heard is the router's; another is logged once and not believed. A segment
+    /// without a router learns nothing.
+    pub fn heard_router_of(&self, tag: Option<u16>, mac: [u8; 6]) {
+        let Some(r) = self.routers.iter().find(|r| r.tag == tag) else {
+            return;
+        };
+        match r.mac.get() {
+            Some(known) if *known == mac => {}
+            Some(known) => {
+                if !r.claimed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(vlan = ?tag, router = %Mac(*known), claimant = %Mac(mac), "another MAC claims the site's router's address: not believed (restart the adapter after replacing the router)");
+                }
+            }
+            None => {
+                if r.mac.set(mac).is_ok() {
+                    tracing::info!(vlan = ?tag, router = %Mac(mac), "the site's router is heard");
+                }
+            }
+        }
     }
 
     /// Replaces the reservations (a reload). A learned address now declared, or learned by a
@@ -153,28 +207,13 @@ impl Neighbors for LanTable {
             .copied()
     }
 
+    /// The untagged segment's router.
     fn router_mac(&self) -> Option<[u8; 6]> {
-        self.router.get().copied()
+        self.router_mac_of(None)
     }
 
-    /// The first MAC heard is the router's; another is logged once and not believed.
     fn heard_router(&self, mac: [u8; 6]) {
-        match self.router.get() {
-            Some(known) if *known == mac => {}
-            Some(known) => {
-                if !self
-                    .router_claimed
-                    .swap(true, std::sync::atomic::Ordering::Relaxed)
-                {
-                    tracing::warn!(router = %Mac(*known), claimant = %Mac(mac), "another MAC claims the site's router's address: not believed (restart the adapter after replacing the router)");
-                }
-            }
-            None => {
-                if self.router.set(mac).is_ok() {
-                    tracing::info!(router = %Mac(mac), "the site's router is heard");
-                }
-            }
-        }
+        self.heard_router_of(None, mac);
     }
 
     /// Learns `mac` at `ip` when `ip` is of the learned subnet and the bounds allow; judged
@@ -270,11 +309,21 @@ mod learning {
     /// The router's MAC is the first heard; another claiming its address is not believed.
     #[test]
     fn the_routers_mac_is_the_first_heard() {
-        let t = LanTable::new(&[]);
+        let t = LanTable::new(&[]).beside_routers([None, Some(30)]);
         assert_eq!(t.router_mac(), None);
         t.heard_router(mac(1));
         t.heard_router(mac(2));
         assert_eq!(t.router_mac(), Some(mac(1)));
+        // Each segment's router its own; a segment without one learns none.
+        t.heard_router_of(Some(30), mac(3));
+        t.heard_router_of(Some(20), mac(4));
+        assert_eq!(
+            (t.router_mac_of(Some(30)), t.router_mac_of(Some(20))),
+            (Some(mac(3)), None)
+        );
+        let alone = LanTable::new(&[]);
+        alone.heard_router(mac(1));
+        assert_eq!(alone.router_mac(), None);
     }
 
     /// One MAC learns at most LEARNED_PER_MAC addresses, all of them LEARNED_MAX in one

@@ -410,7 +410,7 @@ impl Services for AdapterServices {
             .is_none_or(|at| now.duration_since(at) >= ASK_ROUTER_EVERY)
         {
             self.router_asked = Some(now);
-            self.gateway.ask_for_router();
+            self.gateway.ask_for_routers();
         }
         let unix = cyphonic_settings::now_secs();
         let theirs = self.pool.as_ref().and_then(PairLink::take_merge);
@@ -436,9 +436,8 @@ impl Services for AdapterServices {
 
     fn poll_timeout(&self) -> Option<Instant> {
         let ask = self
-            .gateway
-            .router_to_ask()
-            .and(self.router_asked)
+            .router_asked
+            .filter(|_| !self.gateway.routers_to_ask().is_empty())
             .map(|at| at + ASK_ROUTER_EVERY);
         [self.dns.as_ref().and_then(Dns::poll_timeout), ask]
             .into_iter()
