@@ -567,6 +567,26 @@ fn fixed_devices_keep_reaching_the_other_site_across_a_failover() {
     assert_eq!(learned[0]["legacy"], METER.to_string(), "{serving}");
 }
 
+/// The site's router on A's LAN (behind VLAN `tag`'s access port when given): the old
+/// router's address, forwarding on, no ICMP redirects (devices keep sending through it).
+fn site_router(bed: &mut TwoSites, tag: Option<u16>) -> Netns {
+    let (router, _) = match tag {
+        None => bed.add_host(Side::A, "router").unwrap(),
+        Some(tag) => bed.add_vlan_host(Side::A, "router", tag).unwrap(),
+    };
+    router
+        .ip(&["addr", "add", &format!("{OLD_ROUTER}/28"), "dev", "eth0"])
+        .unwrap();
+    for key in [
+        "net.ipv4.ip_forward=1",
+        "net.ipv4.conf.all.send_redirects=0",
+        "net.ipv4.conf.eth0.send_redirects=0",
+    ] {
+        router.exec("sysctl", &["-qw", key]).unwrap();
+    }
+    router
+}
+
 /// Source and destination as they follow each other in an IPv4 header: what a packet in
 /// clear between `src` and `dst` carries.
 fn in_clear(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
@@ -592,17 +612,7 @@ fn beside_a_router_devices_reach_the_other_site_once_it_routes_the_overlay() {
         plc_mac(Side::A)
     );
     let mut bed = TwoSites::new(&opts).unwrap();
-    let (router, _) = bed.add_host(Side::A, "router").unwrap();
-    router
-        .ip(&["addr", "add", &format!("{OLD_ROUTER}/28"), "dev", "eth0"])
-        .unwrap();
-    for key in [
-        "net.ipv4.ip_forward=1",
-        "net.ipv4.conf.all.send_redirects=0",
-        "net.ipv4.conf.eth0.send_redirects=0",
-    ] {
-        router.exec("sysctl", &["-qw", key]).unwrap();
-    }
+    let router = site_router(&mut bed, None);
     let plc = fixed_device(&mut bed, Side::A, "plc", plc_mac(Side::A), PLC);
     let adapter_at = Ipv4Addr::new(192, 0, 2, 18);
     plc.set_resolv_conf(&format!("nameserver {adapter_at}\n"))
@@ -1054,4 +1064,49 @@ fn a_vlans_devices_keep_their_leases_and_reach_across_a_failover() {
         .renewed(Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
     assert_eq!(renewed, cam_ip.to_string(), "{}", pair.logs());
+}
+
+/// Beside a site's router on a VLAN: the OT VLAN (30) has its own router (192.0.2.17, its
+/// PLC's gateway and DHCP server, so the VLAN's `dhcp` is off) and A sits beside it at
+/// 192.0.2.18, while the untagged segment keeps A's DHCP. A asks for and hears the VLAN's
+/// router; once the router routes the overlay to A, the PLC reaches B's host, which sees it
+/// at its overlay address and reaches it back through the router.
+#[test]
+fn beside_a_router_on_a_vlan_the_vlans_devices_reach_the_other_site() {
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ..BedOptions::default()
+    };
+    let ot_plc_mac = "02:00:5e:10:1e:14";
+    opts.a.extra = format!(
+        "\n[dhcp]\npool = \"100.64.1.100-100.64.1.127\"\n\n[[vlan]]\ntag = 30\nblock = \"100.64.1.160/27\"\ndhcp = false\n\n[vlan.legacy]\nsubnet = \"{SUBNET}\"\nonto = \"100.64.1.176/28\"\ngateway = \"192.0.2.18\"\nrouter = \"{OLD_ROUTER}\"\n\n[[vlan.legacy.device]]\nname = \"plc2\"\nmac = \"{ot_plc_mac}\"\naddress = \"{PLC}\"\n"
+    );
+    let mut bed = TwoSites::new(&opts).unwrap();
+    let router = site_router(&mut bed, Some(30));
+    let plc = fixed_device_on(&mut bed, Side::A, "plc2", ot_plc_mac, PLC, Some(30));
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "A heard the VLAN's router", || {
+        bed.site_ref(Side::A)
+            .log_text()
+            .contains("the site's router is heard")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let host_b = bed.b.host_ip;
+    router
+        .ip(&["route", "add", "100.64.0.0/10", "via", "192.0.2.18"])
+        .unwrap();
+    assert!(pings(&plc, host_b), "{}", bed.logs());
+    let service = who_am_i(&bed.b.lan, 7000, 1);
+    let (tcp, udp) = seen_as(&plc, (host_b, 7000).into());
+    service.join().unwrap().unwrap();
+    assert_eq!(
+        (tcp.as_str(), udp.as_str()),
+        ("100.64.1.180", "100.64.1.180")
+    );
+    let service = who_am_i(&plc, 7000, 1);
+    let (tcp, _) = seen_as(&bed.b.lan, (Ipv4Addr::new(100, 64, 1, 180), 7000).into());
+    service.join().unwrap().unwrap();
+    assert_eq!(tcp, host_b.to_string());
+    assert_eq!(bed.counter(Side::A, "drop_spoofed").unwrap(), 0);
 }
