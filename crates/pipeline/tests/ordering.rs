@@ -510,6 +510,12 @@ fn flowing(flow: u8, index: usize, blocked: bool) -> Flowing {
     }
 }
 
+/// How long the express-lane tests let batches stay in flight before the sequencer refuses
+/// more (`in_flight_time`): their batches wait on a closed gate or a stuck sink on purpose,
+/// for as long as a loaded machine takes between the test's steps (under qemu beside the
+/// native tiers, more than the default 100 ms), and that budget is not what they test.
+const STUCK_FOR: Duration = Duration::from_secs(30);
+
 /// A pipeline for the express-lane tests: batches of 4, nothing inline (so batches wait for
 /// `gate` on the workers), flows at 100 packets a second one at a time, the lane at 1000, at
 /// most `window` packets overtaken.
@@ -521,7 +527,11 @@ fn stuck_lane(
     cyphonic_pipeline::Sequencer<GateStage>,
     cyphonic_pipeline::Emitter<Arrivals>,
 ) {
-    start(&lane_config(window), pool(2), GateStage(gate.clone()), sink).unwrap()
+    let config = Config {
+        in_flight_time: STUCK_FOR,
+        ..lane_config(window)
+    };
+    start(&config, pool(2), GateStage(gate.clone()), sink).unwrap()
 }
 
 /// The express-lane tests' pipeline settings (see [`stuck_lane`]).
@@ -753,7 +763,10 @@ fn the_express_lane_with_a_sink_of_its_own_does_not_wait_for_a_stuck_emitter() {
         entered: entered.clone(),
         release: release.clone(),
     };
-    let config = lane_config(Config::default().express_window);
+    let config = Config {
+        in_flight_time: STUCK_FOR,
+        ..lane_config(Config::default().express_window)
+    };
     // The lane's own sink never sticks.
     let own = StuckSink {
         inner: arrivals,
