@@ -47,8 +47,8 @@ const SECONDS: &[(&str, u32)] = &[
     ("enroll", 82),
     ("cloud", 77),
     ("policy", 80),
+    ("sites", 68),
     ("lan", 52),
-    ("sites", 38),
     ("trust", 26),
     ("node", 23),
 ];
