@@ -1971,16 +1971,7 @@ mod tests {
                 "key `vlan[0].groups[0]`: \"100.64.1.0/24\" is not a group's name",
             ),
         ];
-        for (from, to, expect) in mistakes {
-            assert!(base.contains(from), "{from}");
-            let err = load_text(&f, &base.replacen(from, to, 1))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains(expect),
-                "{from} -> {to}\n  got:  {err}\n  want: {expect}"
-            );
-        }
+        assert_mistakes(&f, base, mistakes, load, NOW);
         // A reservation at a VLAN's gateway address.
         let err = load_text(
             &f,
@@ -2063,17 +2054,7 @@ mod tests {
                 "key `legacy.device[0].address`",
             ),
         ];
-        for (from, to, expect) in mistakes {
-            assert!(base.contains(from), "{from}");
-            let err = load_text(&f, &base.replacen(from, to, 1))
-                .map(|_| ())
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains(expect),
-                "{from} -> {to}\n  got:  {err}\n  want: {expect}"
-            );
-        }
+        assert_mistakes(&f, base, mistakes, load, NOW);
     }
 
     #[test]
