@@ -116,11 +116,7 @@ impl Gateway {
     /// handed back.
     pub fn handle_peer_packet(&mut self, peer: u32, packet: &[u8]) -> FromPeer {
         bump(&self.lan.counters.gateway_from_peers);
-        let dst = packet
-            .get(16..20)
-            .and_then(|d| <[u8; 4]>::try_from(d).ok())
-            .map_or(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from);
-        let lan = self.lan.segment_of(dst).lan;
+        let lan = self.lan.segment_of_packet(packet).lan;
         match gateway_service(lan, packet, &mut self.frame[..]) {
             GatewayService::Echo { len } => {
                 let reply = &self.frame[..len];
@@ -137,7 +133,8 @@ impl Gateway {
                 payload,
             } => FromPeer::Udp {
                 src,
-                dst,
+                // The segment's gateway: the address the packet was for.
+                dst: lan.gateway_ip,
                 src_port,
                 dst_port,
                 payload,

@@ -222,6 +222,14 @@ impl Neighbors for SegmentNeighbors<'_> {
     }
 }
 
+/// The IPv4 address at byte `at` of `packet` (unspecified when the packet is too short).
+fn ipv4_at(packet: &[u8], at: usize) -> Ipv4Addr {
+    packet
+        .get(at..at + 4)
+        .and_then(|s| <[u8; 4]>::try_from(s).ok())
+        .map_or(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from)
+}
+
 /// The LAN side's shared state.
 #[derive(Debug)]
 pub struct LanSide {
@@ -347,6 +355,12 @@ impl LanSide {
             )
     }
 
+    /// The segment an IPv4 packet is for: its destination's (a packet too short to say: the
+    /// untagged one, whose own checks drop it).
+    pub fn segment_of_packet(&self, packet: &[u8]) -> Segment<'_> {
+        self.segment_of(ipv4_at(packet, 16))
+    }
+
     /// Who holds which address, as the segment of `tag` sees it.
     pub const fn neighbors(&self, tag: Option<u16>) -> SegmentNeighbors<'_> {
         SegmentNeighbors { side: self, tag }
@@ -388,12 +402,6 @@ impl LanSide {
     /// for), each source within its rate; a source over its rate, or a full queue, drops
     /// it, counted.
     pub fn to_services(&self, msg: ToServices, now: Instant) {
-        let address = |packet: &[u8], at: usize| {
-            packet
-                .get(at..at + 4)
-                .and_then(|s| <[u8; 4]>::try_from(s).ok())
-                .map_or(Ipv4Addr::UNSPECIFIED, Ipv4Addr::from)
-        };
         let (queue, admitted) = match &msg {
             ToServices::Dhcp { tag, mac, .. } => (
                 &self.to_dhcp[self.queue_of(*tag)],
@@ -411,10 +419,10 @@ impl LanSide {
                 )
             }
             ToServices::FromPeer { peer, packet, .. } | ToServices::Expired { peer, packet } => {
-                let segment = self.segment_of(address(packet, 16)).tag;
+                let segment = self.segment_of_packet(packet).tag;
                 (
                     &self.to_services[self.queue_of(segment)],
-                    self.service_rate.admit((*peer, address(packet, 12)), now),
+                    self.service_rate.admit((*peer, ipv4_at(packet, 12)), now),
                 )
             }
         };

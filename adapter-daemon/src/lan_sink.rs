@@ -68,11 +68,9 @@ impl Sink for LanSink {
         let (buf, peer) = item.buf_and_peer();
         let peer_id = peer.id;
         // The destination's segment (a VLAN's block, else the untagged one) takes it.
-        let dst = buf
-            .get(packet.start + 16..packet.start + 20)
-            .and_then(|d| <[u8; 4]>::try_from(d).ok())
-            .map_or(std::net::Ipv4Addr::UNSPECIFIED, std::net::Ipv4Addr::from);
-        let seg = self.lan.segment_of(dst);
+        let seg = self
+            .lan
+            .segment_of_packet(buf.get(packet.clone()).unwrap_or_default());
         let verdict = seg.lan.deliver(
             &mut buf[..],
             packet,
