@@ -61,14 +61,20 @@ pub struct SiteOptions {
 pub struct CloudOptions {
     /// Extra lines for its configuration (`[policy]`, say).
     pub extra: String,
-    /// Enroll online: the root delegates to an issuing CA for 100.64.128.0/17 (`ca
-    /// delegate`), which the cloud's `[enroll]` names, with certificates of this many
+    /// Enroll online: the root delegates to an issuing CA for [`ENROLL_POOL`] and
+    /// [`ENROLL_POOL6`] (`ca delegate`), which the cloud's `[enroll]` names, with certificates of this many
     /// seconds.
     pub enroll: Option<u64>,
 }
 
 /// The blocks the cloud's issuing CA hands out, with [`CloudOptions::enroll`].
 pub const ENROLL_POOL: &str = "100.64.128.0/17";
+
+/// The overlay's IPv6 range, the root's block beside 100.64.0.0/10.
+pub const OVERLAY6: &str = "fd7a:0:1::/48";
+
+/// The IPv6 half of what the issuing CA hands out, with [`CloudOptions::enroll`].
+pub const ENROLL_POOL6: &str = "fd7a:0:1:8000::/49";
 
 /// How to build the bed.
 #[derive(Debug, Clone)]
@@ -397,6 +403,10 @@ impl TwoSites {
                 ca.to_str().context("path")?,
                 "--domain",
                 "ovl.example",
+                "--vip-block",
+                "100.64.0.0/10",
+                "--vip-block",
+                OVERLAY6,
             ],
         )?;
         for (site, name, block) in [
@@ -443,6 +453,8 @@ impl TwoSites {
                         ca.to_str().context("path")?,
                         "--vip-block",
                         ENROLL_POOL,
+                        "--vip-block",
+                        ENROLL_POOL6,
                         "--out",
                         issuing.to_str().context("path")?,
                     ],

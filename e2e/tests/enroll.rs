@@ -189,6 +189,13 @@ fn a_fresh_adapter_joins_with_a_token_and_its_devices_are_reached_by_name() {
     assert_eq!(key_mode & 0o777, expected, "directory mode {dir_mode:o}");
     let s = bed.status(Side::B).unwrap();
     assert_eq!(s["certificate"]["name"], GW, "{s}");
+    // Its blocks (issue 53): the pool's first /24, with the camera in it, and beside it
+    // the first /56 of the pool's IPv6 half.
+    assert_eq!(
+        s["certificate"]["blocks"],
+        serde_json::json!(["100.64.128.0/24", "fd7a:0:1:8000::/56"]),
+        "{s}"
+    );
     let log = bed.b.log_text();
     // The line the enrollment logs, not any line naming it ("not enrolled yet" would do).
     let said = format!(": enrolled name={GW} ");
@@ -246,6 +253,38 @@ fn a_fresh_adapter_joins_with_a_token_and_its_devices_are_reached_by_name() {
     assert!(err.contains("is a member already"), "{err}");
     let replacement = create_token(&bed, GW, &["--prefix", "24", "--replace"]);
     token_cmd(&bed, &["revoke", &replacement[..16]]).unwrap();
+
+    // A node's token: a /32 and, beside it, a /128, each the first free past the site's
+    // blocks; an IPv6 prefix of the operator's choice, past the node's address.
+    let node = create_token(&bed, "n5.ovl.example", &["--prefix", "32"]);
+    let site = create_token(
+        &bed,
+        "gw13.ovl.example",
+        &["--prefix", "24", "--prefix6", "60"],
+    );
+    let listed: Value =
+        serde_json::from_str(&token_cmd(&bed, &["list", "--json"]).unwrap()).unwrap();
+    let blocks_of = |token: &str| {
+        listed
+            .as_array()
+            .and_then(|all| all.iter().find(|t| t["id"] == token[..16]))
+            .map(|t| t["vip_blocks"].clone())
+    };
+    assert_eq!(
+        blocks_of(&node),
+        Some(serde_json::json!([
+            "100.64.129.0/32",
+            "fd7a:0:1:8100::/128"
+        ])),
+        "{listed}"
+    );
+    assert_eq!(
+        blocks_of(&site),
+        Some(serde_json::json!(["100.64.130.0/24", "fd7a:0:1:8110::/60"])),
+        "{listed}"
+    );
+    token_cmd(&bed, &["revoke", &node[..16]]).unwrap();
+    token_cmd(&bed, &["revoke", &site[..16]]).unwrap();
 
     // Revoked before use.
     let revoked = create_token(&bed, "gw10.ovl.example", &["--prefix", "24"]);

@@ -119,16 +119,70 @@ impl Token {
 }
 
 /// The first block of prefix length `prefix` inside `pool` (in order, each pool block from
-/// its start, aligned) that overlaps none of `taken`.
+/// its start, aligned) that overlaps none of `taken`. Either family: a pool block gives
+/// blocks of its own family, and only `taken` blocks of that family stand in their way. The
+/// search jumps past each block in the way, so a /128 is found at once in a /48 whose first
+/// /56 is taken (a step per address would take 2^72 of them).
 pub fn allocate(pool: &[IpNet], prefix: u8, taken: &[IpNet]) -> Option<IpNet> {
     pool.iter().find_map(|p| {
-        if prefix < p.prefix_len() {
+        let bits = p.max_prefix_len();
+        if prefix < p.prefix_len() || prefix > bits {
             return None;
         }
-        p.subnets(prefix)
-            .ok()?
-            .find(|c| !taken.iter().any(|t| t.contains(c) || c.contains(t)))
+        let (first, end) = span(p);
+        // Addresses in a block of the prefix, less one (2^128 - 1 for a /0 of IPv6).
+        let mask = u128::MAX
+            .checked_shr(128 - u32::from(bits - prefix))
+            .unwrap_or(0);
+        let mut at = first;
+        loop {
+            let last = at + mask;
+            let blocking = taken
+                .iter()
+                .filter(|t| t.max_prefix_len() == bits)
+                .map(span)
+                .filter(|(t_first, t_last)| *t_first <= last && at <= *t_last)
+                .map(|(_, t_last)| t_last)
+                .max();
+            let Some(t_last) = blocking else {
+                return IpNet::new(addr(bits, at), prefix).ok();
+            };
+            // Past the candidate and what blocks it, aligned to the prefix.
+            at = last.max(t_last).checked_add(1)?.checked_add(mask)? & !mask;
+            if at > end {
+                return None;
+            }
+        }
     })
+}
+
+/// A block's first and last address, as numbers.
+fn span(block: &IpNet) -> (u128, u128) {
+    match block {
+        IpNet::V4(b) => (
+            u128::from(u32::from(b.network())),
+            u128::from(u32::from(b.broadcast())),
+        ),
+        IpNet::V6(b) => (u128::from(b.network()), u128::from(b.broadcast())),
+    }
+}
+
+/// The address `n` of the family with `bits`-bit addresses.
+fn addr(bits: u8, n: u128) -> std::net::IpAddr {
+    if bits == 32 {
+        std::net::Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX)).into()
+    } else {
+        std::net::Ipv6Addr::from(n).into()
+    }
+}
+
+/// The unique local /48 (RFC 4193 §3.1) with the 40-bit Global ID `global_id`: `fd` and
+/// the five bytes. `ca init` draws the ID at random.
+pub fn ula48(global_id: [u8; 5]) -> ipnet::Ipv6Net {
+    let mut octets = [0u8; 16];
+    octets[0] = 0xfd;
+    octets[1..6].copy_from_slice(&global_id);
+    ipnet::Ipv6Net::new(octets.into(), 48).unwrap_or_default()
 }
 
 /// Less time than this left to the issuing CA is warned of (in the log, the status), seconds:
@@ -375,6 +429,60 @@ mod tests {
         assert_eq!(
             allocate(&two, 24, &[net("100.64.128.0/24")]),
             Some(net("100.64.200.0/24"))
+        );
+    }
+
+    /// IPv6 as IPv4: a /56 for a site and a /128 for a node from the overlay's /48, past
+    /// what members hold, found at once however many addresses lie in the way; a pool of
+    /// both families gives each prefix from its own family only.
+    #[test]
+    fn allocation_covers_ipv6_and_jumps_past_what_is_taken() {
+        let pool = [net("100.64.128.0/17"), net("fd7a:0:1::/48")];
+        assert_eq!(allocate(&pool, 56, &[]), Some(net("fd7a:0:1::/56")));
+        let taken = [
+            net("fd7a:0:1::/56"),
+            net("fd7a:0:1:100::/56"),
+            net("fd7a:0:1:200::/128"),
+            // Another family's block at the same numbers stands in nobody's way.
+            net("100.64.128.0/24"),
+        ];
+        assert_eq!(allocate(&pool, 56, &taken), Some(net("fd7a:0:1:300::/56")));
+        assert_eq!(
+            allocate(&pool, 128, &taken),
+            Some(net("fd7a:0:1:200::1/128"))
+        );
+        assert_eq!(allocate(&pool, 24, &taken), Some(net("100.64.129.0/24")));
+        // A /128 past a taken /49: one step, not 2^79.
+        let half = [net("fd7a:0:1::/49")];
+        assert_eq!(
+            allocate(&pool, 128, &half),
+            Some(net("fd7a:0:1:8000::/128"))
+        );
+        // An IPv4 block at the same numbers as an IPv6 one stands in its way nowhere.
+        assert_eq!(
+            allocate(&[net("::/96")], 128, &[net("0.0.0.0/32")]),
+            Some(net("::/128"))
+        );
+        // Full.
+        assert_eq!(
+            allocate(&[net("fd7a:0:1::/48")], 56, &[net("fd7a::/16")]),
+            None
+        );
+        // The last /128 of the whole space, and nothing past it.
+        let all = [net("::/0")];
+        let but_last = [net("::/1"), net("8000::/2"), net("c000::/3")];
+        assert!(allocate(&all, 128, &but_last).is_some());
+        assert_eq!(allocate(&all, 0, &[]), Some(net("::/0")));
+        assert_eq!(allocate(&all, 0, &[net("::1/128")]), None);
+        let last = [net("::/1"), net("8000::/1")];
+        assert_eq!(allocate(&all, 128, &last), None);
+    }
+
+    #[test]
+    fn a_unique_local_48_is_fd_and_the_global_id() {
+        assert_eq!(
+            ula48([0x12, 0x34, 0x56, 0x78, 0x9a]),
+            "fd12:3456:789a::/48".parse::<ipnet::Ipv6Net>().unwrap()
         );
     }
 

@@ -129,8 +129,10 @@ enum Ca {
         /// The overlay domain: every node name lies below it.
         #[arg(long)]
         domain: String,
-        /// The vIP ranges the CA may certify (repeatable).
-        #[arg(long = "vip-block", default_value = "100.64.0.0/10")]
+        /// The vIP ranges the CA may certify (repeatable). A family given none gets its
+        /// default: 100.64.0.0/10 for IPv4, for IPv6 a unique local /48 drawn at random
+        /// (`fd` and 40 random bits, RFC 4193).
+        #[arg(long = "vip-block")]
         vip_blocks: Vec<IpNet>,
         /// Validity in days.
         #[arg(long, default_value_t = 3650)]
@@ -182,7 +184,8 @@ enum Ca {
         /// The (root) CA directory.
         #[arg(long)]
         dir: PathBuf,
-        /// The blocks the issuing CA may hand out (repeatable). Default: the root's.
+        /// The blocks the issuing CA may hand out (repeatable). A family (IPv4, IPv6) given
+        /// none: the root's blocks of that family.
         #[arg(long = "vip-block")]
         vip_blocks: Vec<IpNet>,
         /// Validity in days (at most to the root's end).
@@ -640,6 +643,30 @@ fn load_ca(dir: &Path) -> anyhow::Result<CertificateAuthority> {
         .with_context(|| format!("loading the CA in {}", dir.display()))
 }
 
+/// `given`, and for a family (IPv4, IPv6) it has no block of, `defaults`' blocks of that
+/// family.
+fn each_family(mut given: Vec<IpNet>, defaults: &[IpNet]) -> Vec<IpNet> {
+    for v6 in [false, true] {
+        let of = |b: &&IpNet| matches!(b, IpNet::V6(_)) == v6;
+        if !given.iter().any(|b| of(&b)) {
+            given.extend(defaults.iter().filter(of).copied());
+        }
+    }
+    given
+}
+
+/// `ca init`'s default blocks: the shared address space for IPv4, a unique local /48 drawn
+/// at random for IPv6.
+fn default_blocks() -> anyhow::Result<[IpNet; 2]> {
+    let mut global_id = [0u8; 5];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut global_id)
+        .map_err(|_| anyhow::anyhow!("the system's random source failed"))?;
+    Ok([
+        "100.64.0.0/10".parse()?,
+        cyphonic_cloud::enroll::ula48(global_id).into(),
+    ])
+}
+
 fn run_ca(cmd: Ca) -> anyhow::Result<()> {
     match cmd {
         Ca::Init {
@@ -654,6 +681,7 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
+            let vip_blocks = each_family(vip_blocks, &default_blocks()?);
             fs::create_dir_all(dir.join("issued"))
                 .with_context(|| format!("creating {}", dir.display()))?;
             let t = now();
@@ -670,8 +698,10 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 "# revoked certificate fingerprints, one per line\n",
                 false,
             )?;
+            let shown: Vec<String> = vip_blocks.iter().map(ToString::to_string).collect();
             println!(
-                "created CA for {domain} in {} (fingerprint {})",
+                "created CA for {domain} ({}) in {} (fingerprint {})",
+                shown.join(" "),
                 dir.display(),
                 ca.certificate().fingerprint()
             );
@@ -754,11 +784,7 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
         } => {
             let root = load_ca(&dir)?;
             let body = root.certificate().body();
-            let blocks = if vip_blocks.is_empty() {
-                body.vip_blocks.clone()
-            } else {
-                vip_blocks
-            };
+            let blocks = each_family(vip_blocks, &body.vip_blocks);
             let t = now();
             let issuing = root.delegate(
                 &body.name,
@@ -864,6 +890,31 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cli/cloud.md");
         let reference = clap_markdown::help_markdown::<Cli>();
         assert_eq!(cyphonic_declare::ensure_file(&path, &reference), Ok(()));
+    }
+
+    /// `ca init` and `ca delegate`: a family given a block keeps what was given; a family
+    /// given none takes the defaults' blocks of it (the random /48 is a unique local one).
+    #[test]
+    fn a_family_given_no_block_takes_the_default_ones() {
+        let nets =
+            |all: &[&str]| -> Vec<IpNet> { all.iter().map(|b| b.parse().unwrap()).collect() };
+        let root = nets(&["100.64.0.0/10", "fd7a:0:1::/48", "fd7a:0:2::/48"]);
+        assert_eq!(each_family(Vec::new(), &root), root);
+        assert_eq!(
+            each_family(nets(&["100.64.128.0/17"]), &root),
+            nets(&["100.64.128.0/17", "fd7a:0:1::/48", "fd7a:0:2::/48"])
+        );
+        assert_eq!(
+            each_family(nets(&["fd7a:0:1:8000::/49"]), &root),
+            nets(&["fd7a:0:1:8000::/49", "100.64.0.0/10"])
+        );
+        let given = nets(&["100.64.128.0/17", "fd7a:0:1:8000::/49"]);
+        assert_eq!(each_family(given.clone(), &root), given);
+        let [v4, IpNet::V6(v6)] = default_blocks().unwrap() else {
+            panic!("IPv4, then IPv6");
+        };
+        assert_eq!(v4, "100.64.0.0/10".parse::<IpNet>().unwrap());
+        assert_eq!((v6.prefix_len(), v6.network().octets()[0]), (48, 0xfd));
     }
 
     #[test]

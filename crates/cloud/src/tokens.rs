@@ -35,6 +35,11 @@ pub(crate) enum Tokens {
         /// LAN, 32 for a node).
         #[arg(long, required_unless_present = "vip_blocks")]
         prefix: Option<u8>,
+        /// With --prefix, when the pool has an IPv6 block: the prefix length of the IPv6
+        /// block allocated beside the IPv4 one (56 for an adapter's site, 128 for a node).
+        /// Default: 128 with `--prefix 32`, else 56.
+        #[arg(long, requires = "prefix")]
+        prefix6: Option<u8>,
         /// Policy groups (repeatable).
         #[arg(long = "group")]
         groups: Vec<String>,
@@ -91,6 +96,48 @@ fn say(text: &str) {
     println!("{text}");
 }
 
+/// The blocks `token create --prefix` hands out from `pool`: an IPv4 block of `prefix`,
+/// and, when the pool has an IPv6 block, an IPv6 block of `prefix6` (by default a node's
+/// /128 beside a /32, else a site's /56), each the first free past `taken`.
+fn allocate_both(
+    pool: &[IpNet],
+    prefix: u8,
+    prefix6: Option<u8>,
+    taken: &[IpNet],
+) -> anyhow::Result<Vec<IpNet>> {
+    let shown = |blocks: &[IpNet]| {
+        blocks
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (v4, v6): (Vec<IpNet>, Vec<IpNet>) = pool.iter().partition(|b| matches!(b, IpNet::V4(_)));
+    if v4.is_empty() {
+        bail!("the enrollment pool has no IPv4 block: give --vip-block");
+    }
+    let mut blocks = vec![allocate(&v4, prefix, taken).with_context(|| {
+        format!(
+            "no free /{prefix} left in the enrollment pool's IPv4 blocks {}",
+            shown(&v4)
+        )
+    })?];
+    if v6.is_empty() {
+        if let Some(p) = prefix6 {
+            bail!("--prefix6 {p}: the enrollment pool has no IPv6 block");
+        }
+        return Ok(blocks);
+    }
+    let p6 = prefix6.unwrap_or(if prefix == 32 { 128 } else { 56 });
+    blocks.push(allocate(&v6, p6, taken).with_context(|| {
+        format!(
+            "no free /{p6} left in the enrollment pool's IPv6 blocks {}",
+            shown(&v6)
+        )
+    })?);
+    Ok(blocks)
+}
+
 pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
     let open = |config: &std::path::Path| crate::Registry::open(config, now);
     match cmd {
@@ -99,6 +146,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             name,
             vip_blocks,
             prefix,
+            prefix6,
             groups,
             lifetime,
             expires,
@@ -155,17 +203,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 }
             }
             let blocks = match prefix {
-                Some(p) => vec![allocate(&issuer.pool, p, &taken).with_context(|| {
-                    format!(
-                        "no free /{p} left in the enrollment pool {}",
-                        issuer
-                            .pool
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    )
-                })?],
+                Some(p) => allocate_both(&issuer.pool, p, prefix6, &taken)?,
                 None => {
                     let blocks: Vec<IpNet> = vip_blocks.iter().map(IpNet::trunc).collect();
                     if let Some((b, t)) = cyphonic_crypto::first_overlap(&blocks, &taken) {

@@ -138,11 +138,14 @@ impl<C: CounterSet> CounterTable<C> {
     }
 }
 
-/// A certificate: whose it is and when it ends.
+/// A certificate: whose it is, what it certifies and when it ends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CertificateStatus {
     /// The name it certifies.
     pub name: String,
+    /// The vIP blocks it certifies, IPv4 and IPv6 (empty from a daemon before them).
+    #[serde(default)]
+    pub blocks: Vec<String>,
     /// Its fingerprint (hex), as revocation lists name it.
     pub fingerprint: String,
     /// When it ends (unix seconds, exclusive).
@@ -154,6 +157,12 @@ impl CertificateStatus {
     pub fn of(cert: &cyphonic_crypto::Certificate) -> Self {
         Self {
             name: cert.body().name.clone(),
+            blocks: cert
+                .body()
+                .vip_blocks
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
             fingerprint: cert.fingerprint().to_string(),
             not_after: cert.body().not_after,
         }
@@ -416,8 +425,9 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     if let Some(c) = &doc.certificate {
         let _ = writeln!(
             out,
-            "certificate {}  expires in {} (unix {})  fingerprint {}",
+            "certificate {} ({})  expires in {} (unix {})  fingerprint {}",
             c.name,
+            c.blocks.join(" "),
             time_left(c.not_after, doc.at),
             c.not_after,
             c.fingerprint
@@ -579,6 +589,7 @@ mod tests {
             software: "cyphonic-node 0.1.0".into(),
             certificate: Some(CertificateStatus {
                 name: "gw1.ovl.example".into(),
+                blocks: vec!["100.64.1.0/24".into(), "fd7a:0:1::/56".into()],
                 fingerprint: "ab".repeat(32),
                 not_after: 1_000_000 + 30 * 86_400 + 5,
             }),
@@ -626,7 +637,9 @@ mod tests {
         assert!(table.contains("relay (symmetric NAT)"), "{table}");
         assert!(table.contains(" yes   out  "), "{table}");
         assert!(
-            table.contains("certificate gw1.ovl.example  expires in 30d"),
+            table.contains(
+                "certificate gw1.ovl.example (100.64.1.0/24 fd7a:0:1::/56)  expires in 30d"
+            ),
             "{table}"
         );
         assert!(
@@ -642,6 +655,9 @@ mod tests {
         );
         // A document from an older daemon, without the new fields, still reads.
         let mut old = serde_json::to_value(&doc).unwrap();
+        old["certificate"].as_object_mut().unwrap().remove("blocks");
+        let back: Status<Edge, EdgeCounters> = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(back.certificate.map(|c| c.blocks), Some(Vec::new()));
         old.as_object_mut().unwrap().remove("certificate");
         old.as_object_mut().unwrap().remove("policy");
         old.as_object_mut().unwrap().remove("at");
