@@ -8,7 +8,7 @@
 use cyphonic_control::Allowed;
 use cyphonic_crypto::{Certificate, TrustStore};
 use cyphonic_filter::{Directory, RuleSet, RuleSpec, compile};
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::store::Member;
 
@@ -101,12 +101,14 @@ pub struct Compiled {
     pub unresolved: Vec<String>,
 }
 
-fn overlaps(a: &Ipv4Net, b: &Ipv4Net) -> bool {
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
-fn meets(nets: &[Ipv4Net], blocks: &[Ipv4Net]) -> bool {
-    nets.iter().any(|n| blocks.iter().any(|b| overlaps(n, b)))
+/// Whether a rule side `nets` meets one of a client's `blocks`.
+fn meets(nets: &[IpNet], blocks: &[Ipv4Net]) -> bool {
+    nets.iter()
+        .any(|n| blocks.iter().any(|b| overlaps(n, &IpNet::V4(*b))))
 }
 
 impl Policy {
@@ -130,7 +132,11 @@ impl Policy {
                 dir.add_named(d, [Ipv4Net::from(*vip)]);
             }
         }
-        dir.add("*", ["0.0.0.0/0".parse().unwrap_or_default()]);
+        // Everyone, of both families.
+        dir.add(
+            "*",
+            [IpNet::V4(Ipv4Net::default()), IpNet::V6(Ipv6Net::default())],
+        );
         for g in &self.groups {
             let mut blocks = Vec::new();
             for item in &g.members {
@@ -154,7 +160,7 @@ impl Policy {
                 unresolved.push(n.clone());
             }
             if found.is_none() {
-                dir.add(n, []);
+                dir.add(n, [] as [IpNet; 0]);
             }
         }
         let mut rules = compile(&specs, &dir, 0).map_err(|e| e.message)?;
@@ -232,8 +238,8 @@ impl Compiled {
     pub fn first_allowing(
         &self,
         proto: u8,
-        src: std::net::Ipv4Addr,
-        dst: std::net::Ipv4Addr,
+        src: impl Into<std::net::IpAddr>,
+        dst: impl Into<std::net::IpAddr>,
         port: u16,
     ) -> Option<u32> {
         self.rules.first_allowing(proto, src, dst, port)
@@ -243,6 +249,7 @@ impl Compiled {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     fn net(s: &str) -> Ipv4Net {
         s.parse().unwrap_or_default()
@@ -323,7 +330,7 @@ mod tests {
             c.unresolved,
             vec!["not-registered-yet.gw3.ovl.example".to_owned()]
         );
-        let (laptop, cam1, cam2, nvr) = (
+        let (laptop, cam1, cam2, nvr): (IpAddr, IpAddr, IpAddr, IpAddr) = (
             [100, 64, 1, 10].into(),
             [100, 64, 2, 21].into(),
             [100, 64, 2, 22].into(),
@@ -358,7 +365,7 @@ mod tests {
             .push(("cam-3.gw2.ovl.example".into(), [100, 64, 2, 23].into()));
         let c2 = p.compile(&more).unwrap_or_default();
         assert_eq!(
-            c2.first_allowing(6, [100, 64, 2, 23].into(), nvr, 554),
+            c2.first_allowing(6, std::net::Ipv4Addr::new(100, 64, 2, 23), nvr, 554),
             Some(2)
         );
         assert_ne!(c2.rules.version, c.rules.version);

@@ -3,6 +3,7 @@
 //! back together by the client ([`Assembler`]).
 
 use cyphonic_filter::{Proto, Rule, RuleSet};
+use ipnet::{IpNet, Ipv4Net};
 
 use crate::msg::{CloudMsg, PolicyProto, PolicyRule};
 
@@ -18,12 +19,23 @@ pub const MAX_PREFIXES: usize = 100_000;
 /// Prefixes of one side of a rule per message at most: a rule with more is sent as several.
 const PREFIXES_PER_PIECE: usize = 1000;
 
+/// The IPv4 blocks of `nets`: the wire carries no others yet (IPv6 comes with control
+/// version 8, docs/protocol.md §7). A side left without blocks matches nobody.
+fn v4(nets: &[IpNet]) -> Vec<Ipv4Net> {
+    nets.iter()
+        .filter_map(|n| match n {
+            IpNet::V4(n) => Some(*n),
+            IpNet::V6(_) => None,
+        })
+        .collect()
+}
+
 impl From<&Rule> for PolicyRule {
     fn from(r: &Rule) -> Self {
         Self {
             id: r.id,
-            from: r.from.clone(),
-            to: r.to.clone(),
+            from: v4(&r.from),
+            to: v4(&r.to),
             proto: match r.proto {
                 Proto::Tcp => PolicyProto::Tcp,
                 Proto::Udp => PolicyProto::Udp,
@@ -45,8 +57,8 @@ impl PolicyRule {
             .collect::<Option<Vec<_>>>()?;
         Some(Rule {
             id: self.id,
-            from: self.from.clone(),
-            to: self.to.clone(),
+            from: self.from.iter().copied().map(IpNet::V4).collect(),
+            to: self.to.iter().copied().map(IpNet::V4).collect(),
             proto: match self.proto {
                 PolicyProto::Tcp => Proto::Tcp,
                 PolicyProto::Udp => Proto::Udp,
@@ -193,10 +205,29 @@ impl Assembler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipnet::Ipv4Net;
 
-    fn net(i: u32) -> Ipv4Net {
-        Ipv4Net::new(std::net::Ipv4Addr::from(0x6440_0000 + i), 32).unwrap_or_default()
+    fn net(i: u32) -> IpNet {
+        Ipv4Net::new(std::net::Ipv4Addr::from(0x6440_0000 + i), 32)
+            .unwrap_or_default()
+            .into()
+    }
+
+    /// Until control version 8 the wire carries IPv4 blocks only: a rule's IPv6 blocks
+    /// stay behind, and a side of IPv6 blocks alone arrives empty (it matches nobody).
+    #[test]
+    fn the_wire_carries_a_rules_ipv4_blocks_only() {
+        let v6: IpNet = "fd7a:0:1::/56".parse().unwrap_or_default();
+        let mut r = rule(1, 1, 1);
+        r.from.push(v6);
+        r.to = vec![v6];
+        let wire = PolicyRule::from(&r);
+        assert_eq!(
+            wire.from,
+            vec![Ipv4Net::new([100, 64, 0, 0].into(), 32).unwrap_or_default()]
+        );
+        assert!(wire.to.is_empty());
+        let back = wire.to_rule().unwrap_or_else(|| rule(0, 0, 0));
+        assert_eq!((back.from, back.to), (vec![net(0)], Vec::new()));
     }
 
     fn rule(id: u32, from: u32, to: u32) -> Rule {

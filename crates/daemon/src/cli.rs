@@ -315,9 +315,9 @@ pub fn dry_run(
     to: &str,
     what: &str,
 ) -> anyhow::Result<(bool, String)> {
-    let one = |name: &str| -> anyhow::Result<std::net::Ipv4Addr> {
+    let one = |name: &str| -> anyhow::Result<std::net::IpAddr> {
         match common.policy_names.resolve(name).as_deref() {
-            Some([net]) if net.prefix_len() == 32 => Ok(net.addr()),
+            Some([net]) if net.prefix_len() == net.max_prefix_len() => Ok(net.addr()),
             Some(nets) if !nets.is_empty() => anyhow::bail!(
                 "`{name}` stands for {}: give one device or address",
                 nets.iter()

@@ -222,7 +222,12 @@ mod tests {
         let e = r.effective().map(|e| e.rules).unwrap_or_default();
         assert_eq!((e.version, e.rules.len()), (6, 2));
         assert_eq!(
-            e.first_allowing(17, [100, 64, 1, 9].into(), [100, 64, 2, 1].into(), 53),
+            e.first_allowing(
+                17,
+                std::net::Ipv4Addr::new(100, 64, 1, 9),
+                std::net::Ipv4Addr::new(100, 64, 2, 1),
+                53
+            ),
             Some(0)
         );
     }

@@ -1,12 +1,13 @@
 //! The datagrams whose first fragment the filter let through, so that their later fragments
 //! are judged by that verdict and not by their addresses alone (a later fragment carries no
 //! ports). Keyed as a receiver reassembles them (RFC 791: protocol, source, destination and
-//! IP identification), bounded, timed out like a reassembly queue, and strict about overlap:
+//! IP identification; RFC 8200 §4.5 for IPv6: source, destination and the 32-bit
+//! identification, the protocol being the Fragment header's next header), bounded, timed out like a reassembly queue, and strict about overlap:
 //! a fragment that overlaps another of its datagram (RFC 1858's attack on the TCP header of
 //! the first) is dropped, and so is every later fragment of that datagram.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Instant;
 
 use crate::Direction;
@@ -15,9 +16,9 @@ use crate::Direction;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct DatagramKey {
     pub(crate) proto: u8,
-    pub(crate) src: Ipv4Addr,
-    pub(crate) dst: Ipv4Addr,
-    pub(crate) id: u16,
+    pub(crate) src: IpAddr,
+    pub(crate) dst: IpAddr,
+    pub(crate) id: u32,
 }
 
 /// One fragment's place in its datagram, in bytes.
@@ -197,8 +198,8 @@ mod tests {
 
     const KEY: DatagramKey = DatagramKey {
         proto: 17,
-        src: Ipv4Addr::new(100, 64, 1, 9),
-        dst: Ipv4Addr::new(100, 64, 2, 7),
+        src: IpAddr::V4(std::net::Ipv4Addr::new(100, 64, 1, 9)),
+        dst: IpAddr::V4(std::net::Ipv4Addr::new(100, 64, 2, 7)),
         id: 7,
     };
 

@@ -1,8 +1,8 @@
 //! Per-device policy where packets arrive and leave, sans-IO (issue "Policy per device"): a
-//! stateful filter over the inner IPv4 packets of one tunnel end.
+//! stateful filter over the inner IPv4 and IPv6 packets of one tunnel end.
 //!
-//! A [`RuleSet`] says which new flows may start: from an address set, to an address set, of a
-//! protocol, to ports; the control plane compiles it from groups, members and devices, so a
+//! A [`RuleSet`] says which new flows may start: from an address set, to an address set (of
+//! either family or both), of a protocol, to ports; the control plane compiles it from groups, members and devices, so a
 //! rule here is a few prefix checks. Everything else is denied. A flow a rule allowed is kept
 //! in a bounded flow table, and its replies pass without a rule: direction matters. A TCP
 //! connection this end has no flow of (it restarted, or took the gateway over from its HA
@@ -11,9 +11,10 @@
 //! tells a new TCP connection (a SYN without ACK) from the rest of one, keeps UDP and ICMP
 //! echo flows, lets an ICMP error through only as conntrack's RELATED (it answers a flow it
 //! quotes: sent back to the quoted packet's source by its destination, against the way that
-//! packet travelled, of a type that may answer a flow, no longer than 576 bytes), and lets
-//! a later fragment through only when its own datagram's first fragment passed (without
-//! overlapping another). Flows time out; when the table is full the oldest flow goes (and
+//! packet travelled, of a type that may answer a flow, no longer than 576 bytes, 1280 for
+//! ICMPv6), and lets a later fragment through only when its own datagram's first fragment
+//! passed (without overlapping another). IPv6 extension headers are walked, bounded, and
+//! what the overlay has no use for is refused ([`Reason::Extension`]). Flows time out; when the table is full the oldest flow goes (and
 //! is counted). A new rule set applies to new flows at once and cuts existing flows it no
 //! longer allows.
 //!
@@ -40,7 +41,7 @@ pub use spec::{
 };
 
 use fragments::{Fragments, Refused};
-use packet::{FIN, FLOW_ERRORS, IcmpError, RST, Seen};
+use packet::{FIN, IcmpError, RST, Seen};
 use rules::{Index, TCP};
 
 /// Why a packet was dropped.
@@ -55,8 +56,9 @@ pub enum Reason {
     Stray,
     /// The packet of a flow travelling the way only its replies may (a spoofed reply).
     WrongWay,
-    /// Not an IPv4 packet the filter can read, or a fragment that cannot be a true one
-    /// (ending past 65,535 bytes, empty, or not the last and not a multiple of 8 bytes).
+    /// Not an IP packet the filter can read (short, cut, an ICMP message other than an echo
+    /// or an error), or a fragment that cannot be a true one (ending past 65,535 bytes,
+    /// empty, or not the last and not a multiple of 8 bytes).
     Malformed,
     /// An ICMP error that does not answer the flow it quotes: sent to another address than
     /// the quoted packet's source or from another than its destination, travelling the way
@@ -67,11 +69,17 @@ pub enum Reason {
     /// seen yet, timed out), or that overlaps another fragment of its datagram (then the
     /// rest of that datagram is dropped too).
     Fragment,
+    /// An IPv6 packet whose extension headers are refused (docs/protocol.md §7): a Routing
+    /// header, Hop-by-Hop or Destination Options with more than padding, Hop-by-Hop other
+    /// than first, two Fragment headers, a header the filter does not walk (Mobility, HIP,
+    /// Shim6, experiments), more than 8 headers or 256 bytes of them, or a first fragment
+    /// without the whole chain and upper-layer header (RFC 7112).
+    Extension,
 }
 
 impl Reason {
     /// Every reason, in the order [`Stats::drops`] counts them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::NoRule,
         Self::NoFlow,
         Self::Stray,
@@ -79,6 +87,7 @@ impl Reason {
         Self::Malformed,
         Self::ForgedError,
         Self::Fragment,
+        Self::Extension,
     ];
 
     /// In a word, for counters and logs.
@@ -91,6 +100,7 @@ impl Reason {
             Self::Malformed => "malformed",
             Self::ForgedError => "forged_error",
             Self::Fragment => "fragment",
+            Self::Extension => "extension_header",
         }
     }
 
@@ -343,7 +353,7 @@ impl Filter {
         &self.stats
     }
 
-    /// Decides on `packet` (an IPv4 packet) travelling `dir` at `now`.
+    /// Decides on `packet` (an IPv4 or IPv6 packet) travelling `dir` at `now`.
     pub fn check(&mut self, packet: &[u8], dir: Direction, now: Instant) -> Verdict {
         let verdict = match packet::parse(packet) {
             None => Verdict::Drop(Reason::Malformed),
@@ -362,6 +372,7 @@ impl Filter {
                 verdict
             }
             Some(Seen::IcmpError(error)) => self.icmp_error(&error, dir, now),
+            Some(Seen::Refused) => Verdict::Drop(Reason::Extension),
             Some(Seen::Fragment { datagram, piece }) => {
                 match self.fragments.later(datagram, dir, piece, now) {
                     Ok(()) => Verdict::Pass,
@@ -388,7 +399,7 @@ impl Filter {
     /// its ICMP errors to its own LAN, never into the tunnel), so an error from any other
     /// address is forged.
     fn icmp_error(&self, e: &IcmpError, dir: Direction, now: Instant) -> Verdict {
-        if !FLOW_ERRORS.contains(&e.kind) || e.oversize {
+        if !e.answers_flows() || e.oversize {
             return Verdict::Drop(Reason::ForgedError);
         }
         let Some(about) = e.about else {
@@ -670,14 +681,14 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::packet::testing::*;
-    use super::packet::{ACK, SYN};
+    use super::packet::{ACK, FLOW_ERRORS, SYN};
     use super::*;
 
     const OPS: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 9);
     const IOT: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 7);
     const IOT2: Ipv4Addr = Ipv4Addr::new(100, 64, 2, 8);
 
-    fn net(s: &str) -> ipnet::Ipv4Net {
+    fn net(s: &str) -> ipnet::IpNet {
         s.parse().unwrap_or_default()
     }
 
@@ -958,6 +969,106 @@ mod tests {
             f.check(&[0x45, 0], Direction::In, t),
             Verdict::Drop(Reason::Malformed)
         );
+    }
+
+    /// Issue 53: one rule names a device's IPv4 and IPv6 blocks, and the filter holds IPv6
+    /// as it holds IPv4: ops opens to iot over both families, iot opens to ops over
+    /// neither; a rule of one family lets nothing of the other through; ICMPv6 errors
+    /// follow their flow; fragments follow their first; refused extension headers are
+    /// counted under their own reason.
+    #[test]
+    fn ipv6_flows_are_judged_as_ipv4_ones_by_the_same_rules() {
+        use std::net::Ipv6Addr;
+        const OPS6: Ipv6Addr = Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 0, 9);
+        const IOT6: Ipv6Addr = Ipv6Addr::new(0xfd7a, 0, 1, 0x200, 0, 0, 0, 7);
+        let mut rules = ops_to_iot();
+        for r in &mut rules.rules {
+            r.from.push(net("fd7a:0:1:100::/56"));
+            r.to.push(net("fd7a:0:1:200::/56"));
+        }
+        let mut f = Filter::new(rules, 1000, Timeouts::default());
+        let t = Instant::now();
+        let (out, inn) = (Direction::Out, Direction::In);
+        // Both families, the same rule.
+        assert_eq!(
+            f.check(&tcp(OPS, 40000, IOT, 22, SYN), inn, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp6(OPS6, 40000, IOT6, 22, SYN), inn, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&tcp6(IOT6, 22, OPS6, 40000, SYN | ACK), out, t),
+            Verdict::Pass
+        );
+        // Refused over both.
+        assert_eq!(
+            f.check(&tcp(IOT, 41000, OPS, 22, SYN), out, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        assert_eq!(
+            f.check(&tcp6(IOT6, 41000, OPS6, 22, SYN), out, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        assert_eq!(
+            f.check(&tcp6(OPS6, 40001, IOT6, 23, SYN), inn, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        // ICMP rules cover ICMPv6 echo; a reply alone opens nothing.
+        assert_eq!(f.check(&echo6(OPS6, IOT6, 4, false), inn, t), Verdict::Pass);
+        assert_eq!(f.check(&echo6(IOT6, OPS6, 4, true), out, t), Verdict::Pass);
+        assert_eq!(
+            f.check(&echo6(IOT6, OPS6, 5, true), out, t),
+            Verdict::Drop(Reason::NoFlow)
+        );
+        // An ICMPv6 error about the flow, back from its destination: passes; from anyone
+        // else, forged.
+        let syn = tcp6(OPS6, 40000, IOT6, 22, SYN);
+        assert_eq!(
+            f.check(&icmp6_error(IOT6, OPS6, 2, &syn), out, t),
+            Verdict::Pass
+        );
+        assert_eq!(
+            f.check(&icmp6_error(V6A, OPS6, 2, &syn), out, t),
+            Verdict::Drop(Reason::ForgedError)
+        );
+        // A rule of IPv4 blocks only lets no IPv6 through.
+        let mut v4_only = Filter::new(ops_to_iot(), 1000, Timeouts::default());
+        assert_eq!(
+            v4_only.check(&tcp6(OPS6, 40000, IOT6, 22, SYN), inn, t),
+            Verdict::Drop(Reason::NoRule)
+        );
+        // A datagram in two fragments: its later piece follows its first; another
+        // identification's does not; an overlap spoils it.
+        let first = ext(
+            &udp6_with(OPS6, 5555, IOT6, 5000, 16),
+            44,
+            &fragment6(0, true, 0x1_0001),
+        );
+        assert_eq!(f.check(&first, out, t), Verdict::Pass);
+        let piece = |offset, id| {
+            ext(
+                &ipv6(17, OPS6, IOT6, &[0; 16]),
+                44,
+                &fragment6(offset, true, id),
+            )
+        };
+        assert_eq!(f.check(&piece(24, 0x1_0001), out, t), Verdict::Pass);
+        assert_eq!(
+            f.check(&piece(24, 0x2_0001), out, t),
+            Verdict::Drop(Reason::Fragment)
+        );
+        assert_eq!(
+            f.check(&piece(32, 0x1_0001), out, t),
+            Verdict::Drop(Reason::Fragment),
+            "overlaps the piece at 24"
+        );
+        // Refused extension headers, counted as such.
+        let routed = ext(&udp6(OPS6, 5555, IOT6, 5000), 43, &[0, 0, 1, 0, 0, 0, 0]);
+        assert_eq!(f.check(&routed, inn, t), Verdict::Drop(Reason::Extension));
+        assert_eq!(f.stats().dropped_in(Reason::Extension), 1);
+        assert_eq!(Reason::Extension.name(), "extension_header");
     }
 
     /// A later fragment passes only when the first fragment of its own datagram (same

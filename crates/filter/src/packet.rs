@@ -1,30 +1,53 @@
-//! What the filter reads of an IPv4 packet: the flow it belongs to (protocol, addresses,
-//! ports or ICMP echo identifier, TCP flags), or, for an ICMP error, the flow of the packet
-//! it reports on. Parsed with pnet_packet's bounds-checked views; anything short or strange
-//! is `None`.
+//! What the filter reads of an IPv4 or IPv6 packet: the flow it belongs to (protocol,
+//! addresses, ports or ICMP echo identifier, TCP flags), or, for an ICMP error, the flow of
+//! the packet it reports on. IPv4 is parsed with pnet_packet's bounds-checked views, IPv6's
+//! fixed header too; IPv6's extension headers are walked here, bounded (docs/protocol.md §7,
+//! *The tunnel and the filter*). Anything short or strange is `None`.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use pnet_packet::Packet as _;
 use pnet_packet::ipv4::Ipv4Packet;
+use pnet_packet::ipv6::Ipv6Packet;
 
 use crate::fragments::{DatagramKey, Piece};
-use crate::rules::{ICMP, TCP, UDP};
+use crate::rules::{ICMP, ICMPV6, TCP, UDP, bits};
 
 /// A flow as its first packet travelled: protocol, source and destination, and ports (for
 /// ICMP echo both are the echo identifier; other protocols have none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FlowKey {
     /// IP protocol number.
     pub proto: u8,
     /// Source address.
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// Destination address.
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     /// Source port.
     pub sport: u16,
     /// Destination port.
     pub dport: u16,
+}
+
+/// Hashed as a few whole words (an IPv4 key as two): the flow table hashes two keys a packet
+/// with SipHash, whose cost grows with each write, and `IpAddr`'s own hash writes its
+/// variant, its length and its bytes apart.
+impl core::hash::Hash for FlowKey {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        let ports =
+            u64::from(self.proto) << 32 | u64::from(self.sport) << 16 | u64::from(self.dport);
+        match (self.src, self.dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => {
+                state.write_u64(u64::from(src.to_bits()) << 32 | u64::from(dst.to_bits()));
+                state.write_u64(ports);
+            }
+            (src, dst) => {
+                state.write_u128(bits(src));
+                state.write_u128(bits(dst));
+                state.write_u64(ports | 1 << 63);
+            }
+        }
+    }
 }
 
 impl FlowKey {
@@ -57,23 +80,41 @@ const ICMP_ERRORS: [u8; 5] = [3, 4, 5, 11, 12];
 /// send one), nor a source quench (deprecated, RFC 6633).
 pub(crate) const FLOW_ERRORS: [u8; 3] = [3, 11, 12];
 
+const ECHO_REQUEST_V6: u8 = 128;
+const ECHO_REPLY_V6: u8 = 129;
+/// The ICMPv6 errors that may answer a flow: destination unreachable, packet too big, time
+/// exceeded, parameter problem (RFC 4443 §3). Every type below 128 is an error.
+const FLOW_ERRORS_V6: [u8; 4] = [1, 2, 3, 4];
+
 /// An ICMP error, as the filter judges it: the ICMP type, its own addresses, and the flow
 /// of the packet it quotes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IcmpError {
-    /// The ICMP type (one of [`ICMP_ERRORS`]).
+    /// The ICMP type (one of [`ICMP_ERRORS`]; for ICMPv6, below 128).
     pub(crate) kind: u8,
     /// Who sent the error.
-    pub(crate) src: Ipv4Addr,
+    pub(crate) src: IpAddr,
     /// To whom.
-    pub(crate) dst: Ipv4Addr,
+    pub(crate) dst: IpAddr,
     /// The flow of the packet it reports on (as that packet travelled); `None` when the
     /// quoted packet can belong to no flow (an ICMP message other than an echo: no error is
     /// sent about an error, RFC 1122 §3.2.2; a later fragment, which has no ports).
     pub(crate) about: Option<FlowKey>,
-    /// Longer than any error a host or router sends (RFC 1812 §4.3.2.3: at most 576 bytes),
-    /// or itself fragmented: what rides after the quote is not a report.
+    /// Longer than any error a host or router sends (RFC 1812 §4.3.2.3: at most 576 bytes;
+    /// RFC 4443 §2.4: ICMPv6 at most 1280), or itself fragmented: what rides after the
+    /// quote is not a report.
     pub(crate) oversize: bool,
+}
+
+impl IcmpError {
+    /// Whether its type may answer a flow ([`FLOW_ERRORS`], for ICMPv6 `FLOW_ERRORS_V6`).
+    pub(crate) fn answers_flows(&self) -> bool {
+        if self.src.is_ipv6() {
+            FLOW_ERRORS_V6.contains(&self.kind)
+        } else {
+            FLOW_ERRORS.contains(&self.kind)
+        }
+    }
 }
 
 /// What a packet is to the filter.
@@ -93,6 +134,10 @@ pub(crate) enum Seen {
     },
     /// An ICMP error.
     IcmpError(IcmpError),
+    /// An IPv6 packet whose extension headers the filter refuses (a Routing header, options
+    /// other than padding, a chain too long or of a header it does not walk, a first
+    /// fragment without the whole chain).
+    Refused,
     /// A fragment after the first: no transport header; it belongs to its datagram.
     Fragment {
         /// The datagram.
@@ -105,6 +150,8 @@ pub(crate) enum Seen {
 /// The longest ICMP error let through, in bytes (RFC 1812 §4.3.2.3: an error quotes as
 /// much of the packet as fits in 576 bytes; Linux's `icmp_send` stays within it).
 pub(crate) const MAX_ICMP_ERROR: usize = 576;
+/// The longest ICMPv6 error let through: the IPv6 minimum MTU (RFC 4443 §2.4 (c)).
+const MAX_ICMPV6_ERROR: usize = 1280;
 
 /// The ports (or echo identifier) and flags of the transport header `l4` of protocol
 /// `proto`, at least its first 8 bytes (what an ICMP error quotes).
@@ -119,7 +166,7 @@ fn transport(proto: u8, l4: &[u8]) -> Option<(u16, u16, u8)> {
             };
             Some((word(0)?, word(2)?, flags))
         }
-        ICMP => {
+        ICMP | ICMPV6 => {
             let id = word(4)?;
             Some((id, id, 0))
         }
@@ -150,40 +197,70 @@ fn fragment_piece(ip: &Ipv4Packet<'_>, packet: &[u8], ihl: usize) -> Result<Opti
     Ok(Some(Piece { offset, end, more }))
 }
 
-/// Reads `packet` (an IPv4 packet, header first).
+/// Reads `packet` (an IPv4 or IPv6 packet, header first).
 pub(crate) fn parse(packet: &[u8]) -> Option<Seen> {
+    match packet.first()? >> 4 {
+        4 => parse4(packet),
+        6 => parse6(packet),
+        _ => None,
+    }
+}
+
+fn parse4(packet: &[u8]) -> Option<Seen> {
     let ip = Ipv4Packet::new(packet)?;
     let ihl = usize::from(ip.get_header_length()) * 4;
     if ip.get_version() != 4 || ihl < 20 || packet.len() < ihl {
         return None;
     }
     let proto = ip.get_next_level_protocol().0;
-    let (src, dst) = (ip.get_source(), ip.get_destination());
+    let (src, dst) = (ip.get_source().into(), ip.get_destination().into());
     let piece = fragment_piece(&ip, packet, ihl).ok()?;
     let datagram = DatagramKey {
         proto,
         src,
         dst,
-        id: ip.get_identification(),
+        id: u32::from(ip.get_identification()),
     };
     if let Some(piece) = piece.filter(|p| p.offset != 0) {
         return Some(Seen::Fragment { datagram, piece });
     }
     let first = piece.map(|p| (datagram, p));
-    let l4 = ip.payload();
-    if proto == ICMP {
+    let len = usize::from(ip.get_total_length()).max(packet.len());
+    upper(proto, src, dst, ip.payload(), first, len)
+}
+
+/// What a packet is by its upper-layer header `l4` of protocol `proto`, from `src` to
+/// `dst`: `first` when it is a first fragment, `len` its length (for an ICMP error).
+fn upper(
+    proto: u8,
+    src: IpAddr,
+    dst: IpAddr,
+    l4: &[u8],
+    first: Option<(DatagramKey, Piece)>,
+    len: usize,
+) -> Option<Seen> {
+    let (icmp, request, reply, longest) = if src.is_ipv6() {
+        (ICMPV6, ECHO_REQUEST_V6, ECHO_REPLY_V6, MAX_ICMPV6_ERROR)
+    } else {
+        (ICMP, ECHO_REQUEST, ECHO_REPLY, MAX_ICMP_ERROR)
+    };
+    if proto == icmp {
         let kind = *l4.first()?;
-        if ICMP_ERRORS.contains(&kind) {
-            let len = usize::from(ip.get_total_length()).max(packet.len());
+        let error = if icmp == ICMP {
+            ICMP_ERRORS.contains(&kind)
+        } else {
+            kind < 128
+        };
+        if error {
             return Some(Seen::IcmpError(IcmpError {
                 kind,
                 src,
                 dst,
                 about: quoted_flow(l4.get(8..)?)?,
-                oversize: len > MAX_ICMP_ERROR || first.is_some(),
+                oversize: len > longest || first.is_some(),
             }));
         }
-        let (sport, dport, _) = transport(ICMP, l4)?;
+        let (sport, dport, _) = transport(icmp, l4)?;
         return Some(Seen::Flow {
             key: FlowKey {
                 proto,
@@ -193,10 +270,10 @@ pub(crate) fn parse(packet: &[u8]) -> Option<Seen> {
                 dport,
             },
             flags: 0,
-            opens: kind == ECHO_REQUEST,
+            opens: kind == request,
             first,
         })
-        .filter(|_| kind == ECHO_REQUEST || kind == ECHO_REPLY);
+        .filter(|_| kind == request || kind == reply);
     }
     // A whole transport header (an ICMP error quotes only its first 8 bytes; a packet
     // carries all of it).
@@ -224,10 +301,202 @@ pub(crate) fn parse(packet: &[u8]) -> Option<Seen> {
     })
 }
 
+const HOP_BY_HOP: u8 = 0;
+const ROUTING: u8 = 43;
+const FRAGMENT: u8 = 44;
+const DESTINATION_OPTIONS: u8 = 60;
+/// Extension headers (IANA's list, RFC 7045) the filter does not walk: Mobility, HIP,
+/// Shim6 and the two for experiments. ESP and AH are carried as protocols without ports.
+const UNWALKED: [u8; 5] = [135, 139, 140, 253, 254];
+/// At most this many extension headers before the upper layer (RFC 9288 §3.5 leaves the
+/// limit to the operator; 8 covers every real use, Linux's default limit too).
+const MAX_EXTENSIONS: usize = 8;
+/// At most this many bytes of extension headers before the upper layer.
+const MAX_CHAIN: usize = 256;
+
+/// An IPv6 packet's header chain, walked to its upper layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Chain {
+    /// The upper-layer protocol (for a later fragment: the Fragment header's next header).
+    proto: u8,
+    /// Where the upper-layer header starts (for a later fragment: where its piece does).
+    at: usize,
+    /// Its Fragment header, unless it is not a fragment (an atomic fragment is not).
+    fragment: Option<Fragment>,
+}
+
+/// A fragment's Fragment header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fragment {
+    /// Its next header: the same in every fragment of the datagram.
+    next: u8,
+    /// The datagram's identification.
+    id: u32,
+    /// The piece's offset in the datagram, bytes.
+    offset: u32,
+    /// More fragments follow.
+    more: bool,
+    /// Where the piece starts in the packet (just after the Fragment header).
+    start: usize,
+}
+
+/// Why a chain is not walked to its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Broken {
+    /// The packet ends inside it (in a first fragment: refused, RFC 7112).
+    Cut,
+    /// A header the filter refuses.
+    Refused,
+}
+
+/// Walks the extension headers of `packet` (an IPv6 packet of at least 40 bytes) from its
+/// fixed header's next header: Hop-by-Hop first only, Hop-by-Hop and Destination Options
+/// with padding only (Pad1, PadN), one Fragment header, no Routing header (RFC 5095's
+/// reasoning: the overlay has no use for source routing), none of [`UNWALKED`], at most
+/// [`MAX_EXTENSIONS`] headers and [`MAX_CHAIN`] bytes. It stops at the upper layer, or
+/// after the Fragment header of a later fragment (what follows is not headers).
+fn walk(packet: &[u8]) -> Result<Chain, Broken> {
+    let mut next = *packet.get(6).ok_or(Broken::Cut)?;
+    let mut at = 40;
+    let mut fragment = None;
+    for count in 0..=MAX_EXTENSIONS {
+        match next {
+            HOP_BY_HOP | DESTINATION_OPTIONS => {
+                if next == HOP_BY_HOP && at != 40 {
+                    return Err(Broken::Refused);
+                }
+                let len = usize::from(*packet.get(at + 1).ok_or(Broken::Cut)?) * 8 + 8;
+                let options = packet.get(at + 2..at + len).ok_or(Broken::Cut)?;
+                padding_only(options)?;
+                next = packet[at];
+                at += len;
+            }
+            FRAGMENT => {
+                let header = packet.get(at..at + 8).ok_or(Broken::Cut)?;
+                if fragment.is_some() {
+                    return Err(Broken::Refused);
+                }
+                let field = u16::from_be_bytes([header[2], header[3]]);
+                let (offset, more) = (u32::from(field & !7), field & 1 != 0);
+                let id = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+                next = header[0];
+                at += 8;
+                // An atomic fragment (offset 0, no more) is the whole packet (RFC 6946).
+                if offset != 0 || more {
+                    fragment = Some(Fragment {
+                        next,
+                        id,
+                        offset,
+                        more,
+                        start: at,
+                    });
+                }
+                if offset != 0 {
+                    return Ok(Chain {
+                        proto: next,
+                        at,
+                        fragment,
+                    });
+                }
+            }
+            ROUTING => return Err(Broken::Refused),
+            n if UNWALKED.contains(&n) => return Err(Broken::Refused),
+            proto => {
+                return Ok(Chain {
+                    proto,
+                    at,
+                    fragment,
+                });
+            }
+        }
+        if at - 40 > MAX_CHAIN || count == MAX_EXTENSIONS {
+            return Err(Broken::Refused);
+        }
+    }
+    Err(Broken::Refused)
+}
+
+/// `Ok` when `options` (of a Hop-by-Hop or Destination Options header) are Pad1 and PadN
+/// only, exactly filling it.
+fn padding_only(options: &[u8]) -> Result<(), Broken> {
+    let mut i = 0;
+    while i < options.len() {
+        match options[i] {
+            0 => i += 1,
+            1 => i += 2 + usize::from(*options.get(i + 1).ok_or(Broken::Refused)?),
+            _ => return Err(Broken::Refused),
+        }
+    }
+    if i == options.len() {
+        Ok(())
+    } else {
+        Err(Broken::Refused)
+    }
+}
+
+fn parse6(packet: &[u8]) -> Option<Seen> {
+    let ip = Ipv6Packet::new(packet)?;
+    let total = 40 + usize::from(ip.get_payload_length());
+    if ip.get_version() != 6 || total > packet.len() {
+        return None;
+    }
+    let packet = &packet[..total];
+    let (src, dst) = (ip.get_source().into(), ip.get_destination().into());
+    let chain = match walk(packet) {
+        Ok(chain) => chain,
+        Err(Broken::Refused) => return Some(Seen::Refused),
+        Err(Broken::Cut) => return None,
+    };
+    let mut first = None;
+    if let Some(f) = chain.fragment {
+        let datagram = DatagramKey {
+            proto: f.next,
+            src,
+            dst,
+            id: f.id,
+        };
+        // The piece: what follows the Fragment header (in a first fragment, the rest of
+        // the chain with it, as a receiver counts it).
+        let payload = u32::try_from(total - f.start).ok()?;
+        let end = f.offset + payload;
+        if payload == 0 || (f.more && payload % 8 != 0) || end > 65_535 {
+            return None;
+        }
+        let piece = Piece {
+            offset: f.offset,
+            end,
+            more: f.more,
+        };
+        if f.offset != 0 {
+            return Some(Seen::Fragment { datagram, piece });
+        }
+        first = Some((datagram, piece));
+    }
+    let l4 = &packet[chain.at..];
+    // A first fragment must hold the whole chain and the upper-layer header (RFC 7112).
+    let whole = match chain.proto {
+        TCP => 20,
+        UDP | ICMPV6 => 8,
+        _ => 0,
+    };
+    if first.is_some() && l4.len() < whole {
+        return Some(Seen::Refused);
+    }
+    upper(chain.proto, src, dst, l4, first, total)
+}
+
 /// The flow of the packet an ICMP error quotes (its header and at least 8 bytes of what
 /// followed): `Some(None)` when that packet can belong to no flow, `None` when the quote
 /// cannot be read.
 fn quoted_flow(quoted: &[u8]) -> Option<Option<FlowKey>> {
+    match quoted.first()? >> 4 {
+        4 => quoted_flow4(quoted),
+        6 => quoted_flow6(quoted),
+        _ => None,
+    }
+}
+
+fn quoted_flow4(quoted: &[u8]) -> Option<Option<FlowKey>> {
     let inner = Ipv4Packet::new(quoted)?;
     let inner_ihl = usize::from(inner.get_header_length()) * 4;
     if inner.get_version() != 4 || inner_ihl < 20 {
@@ -243,30 +512,74 @@ fn quoted_flow(quoted: &[u8]) -> Option<Option<FlowKey>> {
     }
     Some(Some(FlowKey {
         proto: inner_proto,
-        src: inner.get_source(),
-        dst: inner.get_destination(),
+        src: inner.get_source().into(),
+        dst: inner.get_destination().into(),
         sport,
         dport,
     }))
 }
 
-/// The flow `packet` (an IPv4 packet) belongs to, for scheduling rather than policy: its
-/// protocol, addresses and ports (for ICMP echo the identifier; for other protocols and ICMP
-/// errors none). Every fragment of a datagram, the first included, gets the key without
-/// ports, so that a datagram's fragments stay one flow. `None` for anything but IPv4.
-/// Reads fixed offsets only: no options are walked, nothing is verified.
-pub fn flow_of(packet: &[u8]) -> Option<FlowKey> {
-    let ip = Ipv4Packet::new(packet)?;
-    let ihl = usize::from(ip.get_header_length()) * 4;
-    if ip.get_version() != 4 || ihl < 20 {
-        return None;
+fn quoted_flow6(quoted: &[u8]) -> Option<Option<FlowKey>> {
+    let inner = Ipv6Packet::new(quoted)?;
+    // The quote is cut where the error ran out of room: its length field says more.
+    let chain = walk(quoted).ok()?;
+    if chain.fragment.is_some_and(|f| f.offset != 0) {
+        return Some(None);
     }
-    let proto = ip.get_next_level_protocol().0;
-    let fragment = ip.get_fragment_offset() != 0 || ip.get_flags() & 1 != 0;
-    let (sport, dport) = match (fragment, packet.get(ihl..)) {
-        (false, Some(l4)) if proto == TCP || proto == UDP || proto == ICMP => {
+    let l4 = quoted.get(chain.at..)?;
+    let (sport, dport, _) = transport(chain.proto, l4)?;
+    let not_echo =
+        chain.proto == ICMPV6 && !matches!(l4.first(), Some(&ECHO_REQUEST_V6 | &ECHO_REPLY_V6));
+    if not_echo {
+        return Some(None);
+    }
+    Some(Some(FlowKey {
+        proto: chain.proto,
+        src: inner.get_source().into(),
+        dst: inner.get_destination().into(),
+        sport,
+        dport,
+    }))
+}
+
+/// The flow `packet` (an IPv4 or IPv6 packet) belongs to, for scheduling rather than
+/// policy: its protocol, addresses and ports (for ICMP echo the identifier; for other
+/// protocols and ICMP errors none). Every fragment of a datagram, the first included, gets
+/// the key without ports, so that a datagram's fragments stay one flow. `None` for anything
+/// but IPv4 and IPv6. Reads fixed offsets only: no options or extension headers are walked
+/// (an IPv6 packet with any is keyed by its addresses and first next header), nothing is
+/// verified.
+pub fn flow_of(packet: &[u8]) -> Option<FlowKey> {
+    let (proto, src, dst, fragment, l4_at): (u8, IpAddr, IpAddr, bool, usize) =
+        match packet.first()? >> 4 {
+            4 => {
+                let ip = Ipv4Packet::new(packet)?;
+                let ihl = usize::from(ip.get_header_length()) * 4;
+                if ihl < 20 {
+                    return None;
+                }
+                let fragment = ip.get_fragment_offset() != 0 || ip.get_flags() & 1 != 0;
+                let (src, dst) = (ip.get_source().into(), ip.get_destination().into());
+                (ip.get_next_level_protocol().0, src, dst, fragment, ihl)
+            }
+            6 => {
+                let ip = Ipv6Packet::new(packet)?;
+                let (src, dst) = (ip.get_source().into(), ip.get_destination().into());
+                (ip.get_next_header().0, src, dst, false, 40)
+            }
+            _ => return None,
+        };
+    let icmp = if src.is_ipv6() { ICMPV6 } else { ICMP };
+    let (sport, dport) = match (fragment, packet.get(l4_at..)) {
+        (false, Some(l4)) if proto == TCP || proto == UDP || proto == icmp => {
             let (s, d, _) = transport(proto, l4).unwrap_or((0, 0, 0));
-            if proto == ICMP && ICMP_ERRORS.contains(&l4.first().copied().unwrap_or(0)) {
+            let kind = l4.first().copied().unwrap_or(0);
+            let error = if icmp == ICMP {
+                ICMP_ERRORS.contains(&kind)
+            } else {
+                kind < 128
+            };
+            if proto == icmp && error {
                 (0, 0)
             } else {
                 (s, d)
@@ -276,8 +589,8 @@ pub fn flow_of(packet: &[u8]) -> Option<FlowKey> {
     };
     Some(FlowKey {
         proto,
-        src: ip.get_source(),
-        dst: ip.get_destination(),
+        src,
+        dst,
         sport,
         dport,
     })
@@ -285,6 +598,8 @@ pub fn flow_of(packet: &[u8]) -> Option<FlowKey> {
 
 #[cfg(test)]
 mod flow_tests {
+    use std::net::Ipv4Addr;
+
     use super::testing::{ipv4, tcp};
     use super::*;
 
@@ -293,8 +608,8 @@ mod flow_tests {
         let (a, b) = (Ipv4Addr::new(100, 64, 0, 2), Ipv4Addr::new(100, 64, 1, 2));
         let key = |proto, sport, dport| FlowKey {
             proto,
-            src: a,
-            dst: b,
+            src: a.into(),
+            dst: b.into(),
             sport,
             dport,
         };
@@ -310,17 +625,38 @@ mod flow_tests {
         later[7] = 0xb9;
         assert_eq!(flow_of(&first), Some(key(UDP, 0, 0)));
         assert_eq!(flow_of(&later), Some(key(UDP, 0, 0)));
-        assert_eq!(flow_of(&[0x60; 40]), None);
+        assert_eq!(flow_of(&[0x50; 40]), None);
         assert_eq!(flow_of(&[0x45; 3]), None);
         assert_eq!(flow_of(&[0x41; 40]), None);
+        assert_eq!(flow_of(&[0x60; 39]), None);
+    }
+
+    #[test]
+    fn an_ipv6_flow_is_its_five_tuple_and_fragments_stay_together() {
+        use super::testing::{V6A, V6B, ext, fragment6, ipv6, udp6};
+        let key = |proto, sport, dport| FlowKey {
+            proto,
+            src: V6A.into(),
+            dst: V6B.into(),
+            sport,
+            dport,
+        };
+        assert_eq!(flow_of(&udp6(V6A, 4000, V6B, 53)), Some(key(UDP, 4000, 53)));
+        let echo = ipv6(ICMPV6, V6A, V6B, &[128, 0, 0, 0, 0x12, 0x34, 0, 1]);
+        assert_eq!(flow_of(&echo), Some(key(ICMPV6, 0x1234, 0x1234)));
+        let error = ipv6(ICMPV6, V6A, V6B, &[1, 4, 0, 0, 0, 0, 5, 0x78]);
+        assert_eq!(flow_of(&error), Some(key(ICMPV6, 0, 0)));
+        // Behind extension headers (a Fragment header among them): no ports.
+        let first = ext(&udp6(V6A, 4000, V6B, 53), FRAGMENT, &fragment6(0, true, 7));
+        assert_eq!(flow_of(&first), Some(key(FRAGMENT, 0, 0)));
     }
 }
 
 #[cfg(test)]
 pub(crate) mod testing {
-    //! IPv4 packets for the tests.
+    //! IPv4 and IPv6 packets for the tests.
 
-    use std::net::Ipv4Addr;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     /// An IPv4 packet of `proto` from `src` to `dst` with the transport bytes `l4`.
     pub(crate) fn ipv4(proto: u8, src: Ipv4Addr, dst: Ipv4Addr, l4: &[u8]) -> Vec<u8> {
@@ -407,6 +743,105 @@ pub(crate) mod testing {
         ipv4(1, src, dst, &l4)
     }
 
+    /// Two IPv6 addresses of the overlay.
+    pub(crate) const V6A: Ipv6Addr = Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 0, 9);
+    pub(crate) const V6B: Ipv6Addr = Ipv6Addr::new(0xfd7a, 0, 1, 0x200, 0, 0, 0, 7);
+
+    /// An IPv6 packet whose first next header is `next`, from `src` to `dst`, carrying
+    /// `payload`.
+    pub(crate) fn ipv6(next: u8, src: Ipv6Addr, dst: Ipv6Addr, payload: &[u8]) -> Vec<u8> {
+        let len = u16::try_from(payload.len()).unwrap_or(u16::MAX);
+        let mut p = vec![0x60, 0, 0, 0];
+        p.extend_from_slice(&len.to_be_bytes());
+        p.extend_from_slice(&[next, 64]);
+        p.extend_from_slice(&src.octets());
+        p.extend_from_slice(&dst.octets());
+        p.extend_from_slice(payload);
+        p
+    }
+
+    /// `packet` (IPv6) with an extension header of type `kind` put first, its body `body`
+    /// (after the next-header byte; a Fragment header's 7 bytes, or an options header's
+    /// length byte and options).
+    pub(crate) fn ext(packet: &[u8], kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut header = vec![packet[6]];
+        header.extend_from_slice(body);
+        let mut payload = header;
+        payload.extend_from_slice(&packet[40..]);
+        let src: [u8; 16] = packet[8..24].try_into().unwrap_or_default();
+        let dst: [u8; 16] = packet[24..40].try_into().unwrap_or_default();
+        ipv6(kind, src.into(), dst.into(), &payload)
+    }
+
+    /// A Destination Options (or Hop-by-Hop) body of `len8` eight-byte units past the
+    /// first, padding only (one PadN).
+    pub(crate) fn padding(len8: u8) -> Vec<u8> {
+        let pad = usize::from(len8) * 8 + 4;
+        let mut body = vec![len8, 1, u8::try_from(pad).unwrap_or(u8::MAX)];
+        body.resize(1 + 2 + pad, 0);
+        body
+    }
+
+    /// A Fragment header's body: the piece at byte `offset`, more following when `more`,
+    /// of datagram `id`.
+    pub(crate) fn fragment6(offset: u32, more: bool, id: u32) -> Vec<u8> {
+        let field = u16::try_from(offset).unwrap_or(0xfff8) & !7 | u16::from(more);
+        let mut body = vec![0];
+        body.extend_from_slice(&field.to_be_bytes());
+        body.extend_from_slice(&id.to_be_bytes());
+        body
+    }
+
+    /// A UDP datagram over IPv6.
+    pub(crate) fn udp6(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Vec<u8> {
+        let mut l4 = vec![0u8; 12];
+        l4[0..2].copy_from_slice(&sport.to_be_bytes());
+        l4[2..4].copy_from_slice(&dport.to_be_bytes());
+        l4[4..6].copy_from_slice(&12u16.to_be_bytes());
+        ipv6(17, src, dst, &l4)
+    }
+
+    /// A UDP datagram over IPv6 with `data` bytes of payload.
+    pub(crate) fn udp6_with(
+        src: Ipv6Addr,
+        sport: u16,
+        dst: Ipv6Addr,
+        dport: u16,
+        data: usize,
+    ) -> Vec<u8> {
+        let mut p = udp6(src, sport, dst, dport);
+        p.truncate(48);
+        p.resize(48 + data, 0);
+        let len = u16::try_from(p.len() - 40).unwrap_or(u16::MAX);
+        p[4..6].copy_from_slice(&len.to_be_bytes());
+        p[44..46].copy_from_slice(&len.to_be_bytes());
+        p
+    }
+
+    /// A TCP segment over IPv6 with `flags`.
+    pub(crate) fn tcp6(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16, flags: u8) -> Vec<u8> {
+        let mut l4 = vec![0u8; 20];
+        l4[0..2].copy_from_slice(&sport.to_be_bytes());
+        l4[2..4].copy_from_slice(&dport.to_be_bytes());
+        l4[12] = 0x50;
+        l4[13] = flags;
+        ipv6(6, src, dst, &l4)
+    }
+
+    /// An ICMPv6 echo request (`reply`: an echo reply) with identifier `id`.
+    pub(crate) fn echo6(src: Ipv6Addr, dst: Ipv6Addr, id: u16, reply: bool) -> Vec<u8> {
+        let mut l4 = vec![if reply { 129 } else { 128 }, 0, 0, 0, 0, 0, 0, 1];
+        l4[4..6].copy_from_slice(&id.to_be_bytes());
+        ipv6(58, src, dst, &l4)
+    }
+
+    /// An ICMPv6 error of `kind` from `from` to `to` quoting `about` (a packet) whole.
+    pub(crate) fn icmp6_error(from: Ipv6Addr, to: Ipv6Addr, kind: u8, about: &[u8]) -> Vec<u8> {
+        let mut l4 = vec![kind, 0, 0, 0, 0, 0, 0, 0];
+        l4.extend_from_slice(about);
+        ipv6(58, from, to, &l4)
+    }
+
     /// An ICMP error of `kind` from `from` to `to` quoting `about` (a packet).
     pub(crate) fn icmp_error(from: Ipv4Addr, to: Ipv4Addr, kind: u8, about: &[u8]) -> Vec<u8> {
         icmp_error_with(from, to, kind, about, &[])
@@ -429,6 +864,8 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::testing::*;
     use super::*;
 
@@ -473,12 +910,12 @@ mod tests {
             err,
             Some(Seen::IcmpError(IcmpError {
                 kind: 3,
-                src: B,
-                dst: A,
+                src: B.into(),
+                dst: A.into(),
                 about: Some(FlowKey {
                     proto: UDP,
-                    src: A,
-                    dst: B,
+                    src: A.into(),
+                    dst: B.into(),
                     sport: 5000,
                     dport: 53
                 }),
@@ -489,8 +926,8 @@ mod tests {
         let later = frag(udp(A, 5000, B, 53), 9, 128, false);
         let datagram = DatagramKey {
             proto: UDP,
-            src: A,
-            dst: B,
+            src: A.into(),
+            dst: B.into(),
             id: 9,
         };
         let piece = |offset, end, more| Piece { offset, end, more };
@@ -524,11 +961,224 @@ mod tests {
         assert_eq!(parse(&ipv4(ICMP, A, B, &[13, 0, 0, 0, 0, 0, 0, 0])), None);
     }
 
+    /// IPv6 as IPv4: flows, echo, errors and their quotes; what the filter refuses of the
+    /// extension headers (docs/protocol.md §7) is `Refused`, what cannot be read `None`.
+    #[test]
+    fn ipv6_packets_read_as_flows_errors_and_fragments_and_their_headers_are_judged() {
+        let (a, b) = (V6A, V6B);
+        let syn = parse(&tcp6(a, 40000, b, 22, SYN));
+        assert!(
+            matches!(syn, Some(Seen::Flow { opens: true, flags: SYN, key, first: None })
+                if key.dport == 22 && key.src == IpAddr::from(a))
+        );
+        let Some(Seen::Flow {
+            key: req,
+            opens: true,
+            ..
+        }) = parse(&echo6(a, b, 5, false))
+        else {
+            panic!("an echo request opens");
+        };
+        let Some(Seen::Flow {
+            key: rep,
+            opens: false,
+            ..
+        }) = parse(&echo6(b, a, 5, true))
+        else {
+            panic!("an echo reply does not");
+        };
+        assert_eq!(rep, req.reversed());
+        // Other ICMPv6 (a Neighbour Solicitation) is no flow.
+        assert_eq!(
+            parse(&ipv6(ICMPV6, a, b, &[135, 0, 0, 0, 0, 0, 0, 0])),
+            None
+        );
+        // An error names the flow it quotes; too long, it is oversize.
+        let quoted = udp6(a, 5000, b, 53);
+        let Some(Seen::IcmpError(e)) = parse(&icmp6_error(b, a, 1, &quoted)) else {
+            panic!("an ICMPv6 error");
+        };
+        assert!(e.answers_flows() && !e.oversize);
+        assert_eq!(
+            e.about,
+            Some(FlowKey {
+                proto: UDP,
+                src: a.into(),
+                dst: b.into(),
+                sport: 5000,
+                dport: 53
+            })
+        );
+        let long = icmp6_error(b, a, 2, &ipv6(UDP, a, b, &[0; 1240]));
+        assert!(matches!(parse(&long), Some(Seen::IcmpError(e)) if e.oversize));
+        // ICMPv6's error types, not ICMP's: 4 is a parameter problem (it answers flows), 5 a
+        // type that does not.
+        let quote = |kind| match parse(&icmp6_error(b, a, kind, &quoted)) {
+            Some(Seen::IcmpError(e)) => e.answers_flows(),
+            other => panic!("{other:?}"),
+        };
+        assert!(quote(4) && quote(3) && !quote(5) && !quote(127));
+
+        // Padding-only options pass, Hop-by-Hop first; the chain behind them is walked.
+        let udp = udp6(a, 5000, b, 53);
+        let padded = ext(
+            &ext(&udp, DESTINATION_OPTIONS, &padding(1)),
+            HOP_BY_HOP,
+            &padding(0),
+        );
+        assert!(matches!(parse(&padded), Some(Seen::Flow { key, .. }) if key.dport == 53));
+        // Refused: a Routing header; an option that is not padding (Router Alert); a
+        // Hop-by-Hop header that is not first; two Fragment headers; Mobility; a ninth
+        // header; more than 256 bytes of them.
+        assert_eq!(
+            parse(&ext(&udp, ROUTING, &[0, 0, 1, 0, 0, 0, 0])),
+            Some(Seen::Refused)
+        );
+        assert_eq!(
+            parse(&ext(&udp, HOP_BY_HOP, &[0, 5, 2, 0, 0, 1, 0])),
+            Some(Seen::Refused)
+        );
+        let late_hbh = ext(
+            &ext(&udp, HOP_BY_HOP, &padding(0)),
+            DESTINATION_OPTIONS,
+            &padding(0),
+        );
+        assert_eq!(parse(&late_hbh), Some(Seen::Refused));
+        let two = ext(
+            &ext(&udp, FRAGMENT, &fragment6(0, true, 1)),
+            FRAGMENT,
+            &fragment6(0, true, 1),
+        );
+        assert_eq!(parse(&two), Some(Seen::Refused));
+        assert_eq!(
+            parse(&ext(&udp, 135, &[0, 0, 0, 0, 0, 0, 0])),
+            Some(Seen::Refused)
+        );
+        let mut eight = udp.clone();
+        for _ in 0..8 {
+            eight = ext(&eight, DESTINATION_OPTIONS, &padding(0));
+        }
+        assert!(matches!(parse(&eight), Some(Seen::Flow { .. })));
+        assert_eq!(
+            parse(&ext(&eight, DESTINATION_OPTIONS, &padding(0))),
+            Some(Seen::Refused)
+        );
+        let wide = ext(&udp, DESTINATION_OPTIONS, &padding(32));
+        assert_eq!(parse(&wide), Some(Seen::Refused));
+        assert!(matches!(
+            parse(&ext(&udp, DESTINATION_OPTIONS, &padding(31))),
+            Some(Seen::Flow { .. })
+        ));
+        // PadN past its header, and a cut chain, cannot be read.
+        assert_eq!(
+            parse(&ext(&udp, DESTINATION_OPTIONS, &[0, 1, 9, 0, 0, 0, 0])),
+            Some(Seen::Refused)
+        );
+        let cut = ext(&ipv6(UDP, a, b, &[]), DESTINATION_OPTIONS, &[3]);
+        assert_eq!(parse(&cut), None);
+        // ESP: a protocol without ports.
+        assert!(
+            matches!(parse(&ipv6(50, a, b, &[0; 16])), Some(Seen::Flow { key, opens: true, .. }) if key.proto == 50 && key.dport == 0)
+        );
+
+        // An atomic fragment is the whole packet (RFC 6946).
+        let atomic = ext(&udp, FRAGMENT, &fragment6(0, false, 9));
+        assert!(
+            matches!(parse(&atomic), Some(Seen::Flow { first: None, key, .. }) if key.dport == 53)
+        );
+        // A first fragment names its datagram (the Fragment header's next header and the
+        // 32-bit identification) and its piece: everything after the Fragment header.
+        let datagram = DatagramKey {
+            proto: UDP,
+            src: a.into(),
+            dst: b.into(),
+            id: 0x1_0000,
+        };
+        let first = ext(
+            &udp6_with(a, 5000, b, 53, 16),
+            FRAGMENT,
+            &fragment6(0, true, 0x1_0000),
+        );
+        assert!(
+            matches!(parse(&first), Some(Seen::Flow { first: Some((d, p)), .. })
+            if d == datagram && p == Piece { offset: 0, end: 24, more: true })
+        );
+        let later = ext(
+            &ipv6(UDP, a, b, &[7; 8]),
+            FRAGMENT,
+            &fragment6(24, false, 0x1_0000),
+        );
+        assert_eq!(
+            parse(&later),
+            Some(Seen::Fragment {
+                datagram,
+                piece: Piece {
+                    offset: 24,
+                    end: 32,
+                    more: false
+                }
+            })
+        );
+        // A first fragment without its whole upper-layer header is refused (RFC 7112); a
+        // piece not a multiple of 8 before the last, or empty, cannot be.
+        let short = ext(&ipv6(TCP, a, b, &[0; 8]), FRAGMENT, &fragment6(0, true, 3));
+        assert_eq!(parse(&short), Some(Seen::Refused));
+        assert_eq!(
+            parse(&ext(
+                &ipv6(UDP, a, b, &[0; 7]),
+                FRAGMENT,
+                &fragment6(8, true, 3)
+            )),
+            None
+        );
+        assert_eq!(
+            parse(&ext(
+                &ipv6(UDP, a, b, &[]),
+                FRAGMENT,
+                &fragment6(8, false, 3)
+            )),
+            None
+        );
+        // An error quoting a later fragment can belong to no flow.
+        let about_later = icmp6_error(b, a, 1, &later);
+        assert!(matches!(parse(&about_later), Some(Seen::IcmpError(e)) if e.about.is_none()));
+        // A length field past the packet.
+        let mut long_field = udp.clone();
+        long_field[5] += 1;
+        assert_eq!(parse(&long_field), None);
+    }
+
     proptest::proptest! {
         /// Any bytes: an answer or `None`, never a panic.
         #[test]
         fn any_bytes_parse_without_panicking(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)) {
             let _ = parse(&bytes);
+        }
+
+        /// Any chain behind a true IPv6 header (its length field right, its next headers
+        /// drawn mostly from the extension headers): an answer, never a panic; an error
+        /// quoting it too.
+        #[test]
+        fn any_ipv6_chain_parses_without_panicking(
+            next in proptest::sample::select(vec![0u8, 6, 17, 43, 44, 50, 58, 60, 135, 59]),
+            mut body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            nexts in proptest::collection::vec(proptest::sample::select(vec![0u8, 6, 17, 44, 58, 60]), 0..10),
+            lens in proptest::collection::vec(0u8..4, 0..10),
+        ) {
+            // Put plausible next-header and length bytes where a chain would read them.
+            let mut at = 0;
+            for (n, l) in nexts.iter().zip(&lens) {
+                if at + 1 >= body.len() {
+                    break;
+                }
+                body[at] = *n;
+                body[at + 1] = *l;
+                at += usize::from(*l) * 8 + 8;
+            }
+            let packet = ipv6(next, V6A, V6B, &body);
+            let _ = parse(&packet);
+            let _ = flow_of(&packet);
+            let _ = parse(&icmp6_error(V6B, V6A, 1, &packet));
         }
     }
 }

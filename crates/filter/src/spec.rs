@@ -6,10 +6,10 @@
 //! (`allow`: `tcp/22`, `udp/5000-5100`, `tcp` for every TCP port, `icmp` for ping, `any`).
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::ops::RangeInclusive;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use crate::{Proto, Rule, RuleSet};
 
@@ -78,7 +78,7 @@ pub fn parse_flow(text: &str) -> Result<(u8, u16), String> {
 /// devices and members ([`Directory::add_named`]), never groups.
 #[derive(Debug, Clone, Default)]
 pub struct Directory {
-    names: HashMap<String, Vec<Ipv4Net>>,
+    names: HashMap<String, Vec<IpNet>>,
     /// The devices' and members' names, in order (patterns match these).
     named: std::collections::BTreeSet<String>,
 }
@@ -117,10 +117,12 @@ impl Directory {
         Self::default()
     }
 
-    /// `name` stands for `blocks` too (a group gains members by being added to again).
-    pub fn add(&mut self, name: &str, blocks: impl IntoIterator<Item = Ipv4Net>) {
+    /// `name` stands for `blocks` too (a group gains members by being added to again), of
+    /// either family.
+    pub fn add<B: Into<IpNet>>(&mut self, name: &str, blocks: impl IntoIterator<Item = B>) {
         let entry = self.names.entry(name.to_owned()).or_default();
         for b in blocks {
+            let b = b.into();
             if !entry.contains(&b) {
                 entry.push(b);
             }
@@ -128,14 +130,14 @@ impl Directory {
     }
 
     /// A device or a member: `name` stands for `blocks` (too), and patterns match it.
-    pub fn add_named(&mut self, name: &str, blocks: impl IntoIterator<Item = Ipv4Net>) {
+    pub fn add_named<B: Into<IpNet>>(&mut self, name: &str, blocks: impl IntoIterator<Item = B>) {
         self.named.insert(name.to_owned());
         self.add(name, blocks);
     }
 
     /// What `pattern` stands for: the blocks of every device and member whose name it
     /// matches, in name order; `None` when it matches none.
-    pub fn matching(&self, pattern: &str) -> Option<Vec<Ipv4Net>> {
+    pub fn matching(&self, pattern: &str) -> Option<Vec<IpNet>> {
         let mut out = Vec::new();
         let mut any = false;
         for name in self.named.iter().filter(|n| glob(pattern, n)) {
@@ -151,7 +153,7 @@ impl Directory {
 
     /// What an item of a group's members stands for: a pattern's matches
     /// ([`Directory::matching`]), or the name or address it is ([`Directory::resolve`]).
-    pub fn member(&self, item: &str) -> Option<Vec<Ipv4Net>> {
+    pub fn member(&self, item: &str) -> Option<Vec<IpNet>> {
         if is_pattern(item) {
             self.matching(item)
         } else {
@@ -165,17 +167,15 @@ impl Directory {
     }
 
     /// What `name` stands for: the blocks it was added with, or the address or block it
-    /// spells (`100.64.2.7`, `100.64.2.0/24`); `None` when it is neither.
-    pub fn resolve(&self, name: &str) -> Option<Vec<Ipv4Net>> {
+    /// spells (`100.64.2.7`, `100.64.2.0/24`, `fd7a:0:1::/56`); `None` when it is neither.
+    pub fn resolve(&self, name: &str) -> Option<Vec<IpNet>> {
         if let Some(blocks) = self.names.get(name) {
             return Some(blocks.clone());
         }
-        if let Ok(net) = name.parse::<Ipv4Net>() {
+        if let Ok(net) = name.parse::<IpNet>() {
             return Some(vec![net.trunc()]);
         }
-        name.parse::<Ipv4Addr>()
-            .ok()
-            .map(|ip| vec![Ipv4Net::from(ip)])
+        name.parse::<IpAddr>().ok().map(|ip| vec![IpNet::from(ip)])
     }
 }
 
@@ -285,7 +285,7 @@ pub fn compile(specs: &[RuleSpec], dir: &Directory, version: u64) -> Result<Rule
 mod tests {
     #[test]
     fn patterns_match_names_of_devices_and_members_only() {
-        use super::{Directory, Ipv4Net, glob, is_pattern};
+        use super::{Directory, IpNet, glob, is_pattern};
         assert!(glob("cam*.gw2.ovl.example", "cam-1.gw2.ovl.example"));
         assert!(glob("*.gw2.ovl.example", "nvr.gw2.ovl.example"));
         assert!(!glob("cam*.gw2.ovl.example", "nvr.gw2.ovl.example"));
@@ -293,7 +293,7 @@ mod tests {
         assert!(!glob("ab*ba", "aba"), "the ends may not overlap");
         assert!(glob("exact", "exact") && !glob("exact", "exactly"));
         assert!(is_pattern("cam*") && !is_pattern("*") && !is_pattern("cam1"));
-        let net = |s: &str| s.parse::<Ipv4Net>().unwrap_or_default();
+        let net = |s: &str| s.parse::<IpNet>().unwrap_or_default();
         let mut dir = Directory::new();
         dir.add_named("cam2", [net("100.64.1.22/32")]);
         dir.add_named("cam1", [net("100.64.1.21/32")]);
@@ -310,7 +310,7 @@ mod tests {
     use super::*;
     use crate::rules::{ICMP, TCP, UDP};
 
-    fn net(s: &str) -> Ipv4Net {
+    fn net(s: &str) -> IpNet {
         s.parse().unwrap_or_default()
     }
 
@@ -382,10 +382,10 @@ mod tests {
         assert_eq!(ssh.ports, vec![22..=22, 80..=80]);
         assert_eq!(ssh.from, vec![net("100.64.1.0/25"), net("100.64.3.7/32")]);
         let (ops, iot, cam, nvr) = (
-            Ipv4Addr::new(100, 64, 3, 7),
-            Ipv4Addr::new(100, 64, 2, 5),
-            Ipv4Addr::new(100, 64, 2, 10),
-            Ipv4Addr::new(100, 64, 9, 20),
+            IpAddr::from([100, 64, 3, 7]),
+            IpAddr::from([100, 64, 2, 5]),
+            IpAddr::from([100, 64, 2, 10]),
+            IpAddr::from([100, 64, 9, 20]),
         );
         assert_eq!(set.first_allowing(TCP, ops, iot, 22), Some(1));
         assert_eq!(set.first_allowing(ICMP, ops, iot, 0), Some(1));

@@ -19,13 +19,13 @@
 //! ```
 
 use std::hash::{Hash, Hasher};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use cyphonic_filter::{Directory, Proto, Rule, RuleSpec, compile, is_pattern};
 use cyphonic_session::Identity;
 use cyphonic_tunnel::PolicySettings;
 use cyphonic_tunnel::policy::DEFAULT_FLOWS;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use toml::Spanned;
 
 use crate::{ConfigError, Peer, Source};
@@ -40,12 +40,15 @@ pub fn dns_rules(overlay: Ipv4Net, servers: &[Ipv4Addr]) -> Vec<Rule> {
     if servers.is_empty() {
         return Vec::new();
     }
-    let to: Vec<Ipv4Net> = servers.iter().map(|ip| Ipv4Net::from(*ip)).collect();
+    let to: Vec<IpNet> = servers
+        .iter()
+        .map(|ip| IpNet::from(IpAddr::V4(*ip)))
+        .collect();
     [Proto::Udp, Proto::Tcp]
         .into_iter()
         .map(|proto| Rule {
             id: DNS_RULE,
-            from: vec![overlay],
+            from: vec![overlay.into()],
             to: to.clone(),
             proto,
             ports: vec![53..=53],

@@ -161,8 +161,8 @@ impl Policy {
     pub fn would_allow(
         &self,
         proto: u8,
-        src: std::net::Ipv4Addr,
-        dst: std::net::Ipv4Addr,
+        src: std::net::IpAddr,
+        dst: std::net::IpAddr,
         dport: u16,
     ) -> Option<Option<u32>> {
         let inner = self.lock();
@@ -175,20 +175,13 @@ impl Policy {
 
 /// Logs one dropped packet: who to whom, what, why.
 fn log_sample(packet: &[u8], dir: Direction, reason: Reason, unlogged: u64) {
-    let addr = |at: usize| {
-        packet
-            .get(at..at + 4)
-            .and_then(|b| <[u8; 4]>::try_from(b).ok())
-            .map(std::net::Ipv4Addr::from)
-    };
-    let (src, dst) = (addr(12), addr(16));
-    let proto = packet.get(9).copied();
-    let dport = packet
-        .first()
-        .map(|b| usize::from(b & 0x0f) * 4)
-        .and_then(|ihl| packet.get(ihl + 2..ihl + 4))
-        .map(|p| u16::from_be_bytes([p[0], p[1]]))
-        .filter(|_| matches!(proto, Some(6 | 17)));
+    let flow = cyphonic_filter::flow_of(packet);
+    let (src, dst, proto) = (
+        flow.map(|f| f.src),
+        flow.map(|f| f.dst),
+        flow.map(|f| f.proto),
+    );
+    let dport = flow.filter(|f| matches!(f.proto, 6 | 17)).map(|f| f.dport);
     let dir = match dir {
         Direction::Out => "out",
         Direction::In => "in",

@@ -1017,7 +1017,7 @@ fn the_policy_drops_both_ways_and_spoofed_sources_leave_no_flows() {
             rules: vec![Rule {
                 id: 1,
                 from: vec![everyone],
-                to: vec![b_block],
+                to: vec![b_block.into()],
                 proto: Proto::Udp,
                 ports: vec![7..=7],
             }],
