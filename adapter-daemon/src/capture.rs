@@ -470,7 +470,7 @@ impl Capture {
                 } else {
                     0
                 };
-                sub.route(buf, packet.len(), dst, flags, (now, meta.queued));
+                sub.route(buf, packet.len(), dst.into(), flags, (now, meta.queued));
             }
             Egress::Fragment { packet, dst } => {
                 let Some(peer) = shared.peers().route(dst) else {

@@ -38,12 +38,12 @@ fn routes(c: &mut Criterion) {
         let site = u32::try_from(n - 1).unwrap_or(0);
         let mut table = Routes::default();
         for (net, id) in &blocks {
-            table.insert(*net, *id);
+            table.insert((*net).into(), *id);
         }
         group.bench_with_input(BenchmarkId::new("table", n), &dsts, |b, dsts| {
             b.iter(|| {
                 for d in dsts {
-                    assert_eq!(table.lookup(black_box(*d)), Some(site));
+                    assert_eq!(table.lookup(black_box((*d).into())), Some(site));
                 }
             });
         });

@@ -288,7 +288,7 @@ fn take(
             }
         }
     }
-    sub.route(buf, read.len, dst, flags, (now, None));
+    sub.route(buf, read.len, dst.into(), flags, (now, None));
     1
 }
 
@@ -335,7 +335,7 @@ fn cut(
             break;
         };
         bump(&c.tun_segments);
-        sub.route(seg, len, dst, flags, (now, None));
+        sub.route(seg, len, dst.into(), flags, (now, None));
         submitted += 1;
     }
     submitted

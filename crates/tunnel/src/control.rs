@@ -473,13 +473,13 @@ impl Control {
 
     /// A packet for `dst` found no peer: if a dormant peer's block holds it, ask for that
     /// peer ([`ControlEvent::Wanted`]), at most every [`WAKE_EVERY`].
-    fn wanted(&mut self, dst: std::net::Ipv4Addr) {
+    fn wanted(&mut self, dst: std::net::IpAddr) {
         let now = Instant::now();
-        let Some(d) = self.dormant.iter_mut().find(|d| {
-            d.blocks
-                .iter()
-                .any(|b| b.contains(&std::net::IpAddr::V4(dst)))
-        }) else {
+        let Some(d) = self
+            .dormant
+            .iter_mut()
+            .find(|d| d.blocks.iter().any(|b| b.contains(&dst)))
+        else {
             return;
         };
         if d.asked

@@ -383,7 +383,7 @@ pub trait Submit {
         &mut self,
         buf: Buf,
         len: usize,
-        dst: std::net::Ipv4Addr,
+        dst: std::net::IpAddr,
         flags: u16,
         at: (Instant, Option<std::time::Duration>),
     ) {
@@ -429,7 +429,7 @@ fn outgoing(
     shared: &Shared,
     buf: Buf,
     len: usize,
-    dst: std::net::Ipv4Addr,
+    dst: std::net::IpAddr,
     flags: u16,
     (now, queued): (Instant, Option<std::time::Duration>),
 ) -> Option<Outgoing> {

@@ -126,16 +126,8 @@ impl Incoming {
         // peer must not fill our flow table in another peer's name).
         let allowed = !shared.policy.is_on()
             || self.buf.get(packet.clone()).is_some_and(|p| {
-                let certified = p
-                    .get(12..16)
-                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                    .map(std::net::Ipv4Addr::from)
-                    .is_some_and(|src| {
-                        self.peer
-                            .blocks
-                            .iter()
-                            .any(|b| b.contains(&std::net::IpAddr::V4(src)))
-                    });
+                let certified =
+                    source(p).is_some_and(|src| self.peer.blocks.iter().any(|b| b.contains(&src)));
                 !certified
                     || shared
                         .policy
@@ -153,6 +145,19 @@ impl Incoming {
             incoming: self,
             packet,
         }))
+    }
+}
+
+/// The source address of `packet`, an IPv4 or IPv6 packet (fixed offsets, nothing checked).
+pub fn source(packet: &[u8]) -> Option<std::net::IpAddr> {
+    match packet.first()? >> 4 {
+        4 => <[u8; 4]>::try_from(packet.get(12..16)?)
+            .ok()
+            .map(std::net::IpAddr::from),
+        6 => <[u8; 16]>::try_from(packet.get(8..24)?)
+            .ok()
+            .map(std::net::IpAddr::from),
+        _ => None,
     }
 }
 

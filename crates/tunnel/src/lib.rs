@@ -96,7 +96,7 @@ pub enum ToControl {
     NetworkChanged,
     /// A packet for `dst` found no peer while peers evicted for idleness are remembered
     /// ([`Shared::dormant`]): one of them may cover it. Admitted by `Shared::wake_gate`.
-    NoRoute(std::net::Ipv4Addr),
+    NoRoute(std::net::IpAddr),
     /// A return-routability challenge (docs/protocol.md §4) came from `from`: a relay
     /// channel's, or the cloud's probe port's. Admitted by `Shared::challenge_gate`.
     Challenge {

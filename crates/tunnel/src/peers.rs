@@ -2,7 +2,7 @@
 //! or through a relay channel).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Instant;
@@ -200,9 +200,7 @@ impl PeerTable {
         let id = t.last_id;
         let slot = make(id, self.indices.clone());
         for b in &slot.blocks {
-            if let IpNet::V4(v4) = b {
-                t.routes.insert(*v4, id);
-            }
+            t.routes.insert(*b, id);
         }
         t.by_key.insert(key, id);
         t.slots.insert(id, slot.clone());
@@ -216,9 +214,7 @@ impl PeerTable {
         let mut t = self.write();
         let slot = t.slots.remove(&id)?;
         for b in &slot.blocks {
-            if let IpNet::V4(v4) = b {
-                t.routes.remove(*v4, id);
-            }
+            t.routes.remove(*b, id);
         }
         let key = PublicKey(slot.certificate.body().public_key);
         if t.by_key.get(&key) == Some(&id) {
@@ -228,10 +224,10 @@ impl PeerTable {
     }
 
     /// The peer whose certified block holds `dst` (longest prefix).
-    pub fn route(&self, dst: Ipv4Addr) -> Option<Arc<PeerSlot>> {
+    pub fn route(&self, dst: impl Into<IpAddr>) -> Option<Arc<PeerSlot>> {
         let t = self.read();
         t.routes
-            .lookup(dst)
+            .lookup(dst.into())
             .and_then(|id| t.slots.get(&id).cloned())
     }
 

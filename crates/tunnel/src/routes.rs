@@ -1,37 +1,63 @@
-//! Which peer's block holds an address: longest-prefix match over the peers' IPv4 blocks,
-//! looked up for every packet the adapter sends.
+//! Which peer's block holds an address: longest-prefix match over the peers' IPv4 and IPv6
+//! blocks, looked up for every packet an end sends.
 //!
-//! One hash map per prefix length, longest first: a lookup costs one hash probe per length
-//! in use (a handful: /32 nodes, /24 sites), whatever the number of peers. A list scanned
-//! in order cost one comparison per peer, which at 10,000 peers was 10,000 for a packet to
-//! a /24 behind all the /32s (issue 24).
+//! One hash map per prefix length, longest first, a table per family: a lookup costs one
+//! hash probe per length in use in its family (a handful: /32 nodes and /24 sites; /128 and
+//! /56), whatever the number of peers. A list scanned in order cost one comparison per peer,
+//! which at 10,000 peers was 10,000 for a packet to a /24 behind all the /32s (issue 24).
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::hash::Hash;
+use std::net::IpAddr;
+use std::ops::BitAnd;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
-/// Peers by block. Of two peers with the same block, the one added first answers (the other
-/// answers once it leaves); a longer prefix wins over a shorter one that also holds the
-/// address.
+/// Peers by block, for both families. Of two peers with the same block, the one added first
+/// answers (the other answers once it leaves); a longer prefix wins over a shorter one that
+/// also holds the address.
 #[derive(Debug, Default)]
 pub struct Routes {
-    /// (prefix length, network address -> peers with that block, oldest first), longest
-    /// prefix first. No empty map is kept.
-    by_len: Vec<(u8, Blocks)>,
+    v4: Table<u32>,
+    v6: Table<u128>,
+}
+
+/// An address as a number, of a family `WIDTH` bits wide.
+trait Bits: Copy + Eq + Hash + BitAnd<Output = Self> {
+    /// The mask of a prefix of length `len`.
+    fn mask(len: u8) -> Self;
+}
+
+impl Bits for u32 {
+    fn mask(len: u8) -> Self {
+        Self::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
+    }
+}
+
+impl Bits for u128 {
+    fn mask(len: u8) -> Self {
+        Self::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
+    }
+}
+
+/// One family's blocks: (prefix length, network address -> peers with that block, oldest
+/// first), longest prefix first. No empty map is kept.
+#[derive(Debug)]
+struct Table<K> {
+    by_len: Vec<(u8, Blocks<K>)>,
+}
+
+impl<K> Default for Table<K> {
+    fn default() -> Self {
+        Self { by_len: Vec::new() }
+    }
 }
 
 /// The blocks of one prefix length: network address -> peers, oldest first.
-type Blocks = HashMap<u32, Vec<u32>, foldhash::fast::RandomState>;
+type Blocks<K> = HashMap<K, Vec<u32>, foldhash::fast::RandomState>;
 
-fn mask(len: u8) -> u32 {
-    u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
-}
-
-impl Routes {
-    /// Routes `net` to peer `id`.
-    pub fn insert(&mut self, net: Ipv4Net, id: u32) {
-        let len = net.prefix_len();
+impl<K: Bits> Table<K> {
+    fn insert(&mut self, network: K, len: u8, id: u32) {
         let at = match self.by_len.binary_search_by(|(l, _)| len.cmp(l)) {
             Ok(at) => at,
             Err(at) => {
@@ -39,25 +65,18 @@ impl Routes {
                 at
             }
         };
-        self.by_len[at]
-            .1
-            .entry(u32::from(net.network()))
-            .or_default()
-            .push(id);
+        self.by_len[at].1.entry(network).or_default().push(id);
     }
 
-    /// Stops routing `net` to peer `id`.
-    pub fn remove(&mut self, net: Ipv4Net, id: u32) {
-        let len = net.prefix_len();
+    fn remove(&mut self, network: K, len: u8, id: u32) {
         let Ok(at) = self.by_len.binary_search_by(|(l, _)| len.cmp(l)) else {
             return;
         };
         let map = &mut self.by_len[at].1;
-        let key = u32::from(net.network());
-        if let Some(ids) = map.get_mut(&key) {
+        if let Some(ids) = map.get_mut(&network) {
             ids.retain(|i| *i != id);
             if ids.is_empty() {
-                map.remove(&key);
+                map.remove(&network);
             }
         }
         if map.is_empty() {
@@ -65,12 +84,41 @@ impl Routes {
         }
     }
 
-    /// The peer whose block holds `dst` (the longest such block).
-    pub fn lookup(&self, dst: Ipv4Addr) -> Option<u32> {
-        let addr = u32::from(dst);
+    fn lookup(&self, addr: K) -> Option<u32> {
         self.by_len
             .iter()
-            .find_map(|(len, map)| map.get(&(addr & mask(*len)))?.first().copied())
+            .find_map(|(len, map)| map.get(&(addr & K::mask(*len)))?.first().copied())
+    }
+}
+
+impl Routes {
+    /// Routes `net` to peer `id`.
+    pub fn insert(&mut self, net: IpNet, id: u32) {
+        match net.trunc() {
+            IpNet::V4(n) => self.v4.insert(n.network().to_bits(), n.prefix_len(), id),
+            IpNet::V6(n) => self.v6.insert(n.network().to_bits(), n.prefix_len(), id),
+        }
+    }
+
+    /// Stops routing `net` to peer `id`.
+    pub fn remove(&mut self, net: IpNet, id: u32) {
+        match net.trunc() {
+            IpNet::V4(n) => self.v4.remove(n.network().to_bits(), n.prefix_len(), id),
+            IpNet::V6(n) => self.v6.remove(n.network().to_bits(), n.prefix_len(), id),
+        }
+    }
+
+    /// The peer whose block holds `dst` (the longest such block of its family).
+    pub fn lookup(&self, dst: IpAddr) -> Option<u32> {
+        match dst {
+            IpAddr::V4(a) => self.v4.lookup(a.to_bits()),
+            IpAddr::V6(a) => self.v6.lookup(a.to_bits()),
+        }
+    }
+
+    /// Whether no block is routed.
+    pub fn is_empty(&self) -> bool {
+        self.v4.by_len.is_empty() && self.v6.by_len.is_empty()
     }
 }
 
@@ -78,7 +126,11 @@ impl Routes {
 mod tests {
     use super::*;
 
-    fn net(s: &str) -> Ipv4Net {
+    use std::net::Ipv4Addr;
+
+    use ipnet::Ipv4Net;
+
+    fn net(s: &str) -> IpNet {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
     }
 
@@ -101,20 +153,51 @@ mod tests {
         r.insert(net("100.64.2.7/32"), 3);
         r.insert(net("100.64.2.0/24"), 4);
         r.insert(net("0.0.0.0/0"), 5);
-        let at = |s: &str| r.lookup(s.parse().unwrap_or(Ipv4Addr::UNSPECIFIED));
+        let at = |s: &str| r.lookup(s.parse().unwrap_or_else(|e| panic!("{s}: {e}")));
         assert_eq!(at("100.64.2.7"), Some(3));
         assert_eq!(at("100.64.2.8"), Some(2));
         assert_eq!(at("100.70.0.1"), Some(1));
         assert_eq!(at("192.0.2.1"), Some(5));
         r.remove(net("100.64.2.0/24"), 2);
         r.remove(net("0.0.0.0/0"), 5);
-        let at = |s: &str| r.lookup(s.parse().unwrap_or(Ipv4Addr::UNSPECIFIED));
+        let at = |s: &str| r.lookup(s.parse().unwrap_or_else(|e| panic!("{s}: {e}")));
         assert_eq!(at("100.64.2.8"), Some(4), "the other peer of that block");
         assert_eq!(at("192.0.2.1"), None);
         r.remove(net("100.64.2.7/32"), 3);
         r.remove(net("100.64.2.0/24"), 4);
         r.remove(net("100.64.0.0/10"), 1);
-        assert!(r.by_len.is_empty(), "nothing empty is kept: {r:?}");
+        assert!(r.is_empty(), "nothing empty is kept: {r:?}");
+    }
+
+    /// IPv6 as IPv4 (a site's /56, a node's /128 in it), each family apart: an IPv6 block
+    /// whose bits an IPv4 address shares answers nothing for it.
+    #[test]
+    fn ipv6_blocks_route_as_ipv4_ones_and_apart_from_them() {
+        let mut r = Routes::default();
+        r.insert(net("fd7a:0:1:100::/56"), 1);
+        r.insert(net("fd7a:0:1:100::9/128"), 2);
+        r.insert(net("::/96"), 3);
+        r.insert(net("100.64.1.0/24"), 4);
+        assert_eq!(at(&r, "fd7a:0:1:1ff::1"), Some(1));
+        assert_eq!(at(&r, "fd7a:0:1:100::9"), Some(2));
+        assert_eq!(at(&r, "fd7a:0:1:200::1"), None);
+        assert_eq!(at(&r, "::100.64.1.7"), Some(3));
+        assert_eq!(at(&r, "100.64.1.7"), Some(4));
+        assert_eq!(
+            at(&r, "100.64.2.7"),
+            None,
+            "not ::/96's, though its bits are"
+        );
+        r.remove(net("fd7a:0:1:100::9/128"), 2);
+        assert_eq!(at(&r, "fd7a:0:1:100::9"), Some(1));
+        for (n, id) in [("fd7a:0:1:100::/56", 1), ("::/96", 3), ("100.64.1.0/24", 4)] {
+            r.remove(net(n), id);
+        }
+        assert!(r.is_empty(), "{r:?}");
+    }
+
+    fn at(r: &Routes, s: &str) -> Option<u32> {
+        r.lookup(s.parse().unwrap_or_else(|e| panic!("{s}: {e}")))
     }
 
     /// Against the list it replaced, on random tables, additions and removals.
@@ -132,16 +215,16 @@ mod tests {
                 let n = Ipv4Net::new(addr, len)
                     .unwrap_or_else(|_| unreachable!())
                     .trunc();
-                r.insert(n, id);
+                r.insert(n.into(), id);
                 list.push((n, id));
                 if rng.random_bool(0.3) {
                     let (n, gone) = list.remove(rng.random_range(0..list.len()));
-                    r.remove(n, gone);
+                    r.remove(n.into(), gone);
                 }
             }
             for _ in 0..2000 {
                 let dst = Ipv4Addr::from(0x6440_0000 | (rng.random::<u32>() & 0xffff));
-                assert_eq!(r.lookup(dst), reference(&list, dst), "{dst}");
+                assert_eq!(r.lookup(dst.into()), reference(&list, dst), "{dst}");
             }
         }
     }

@@ -361,17 +361,22 @@ impl TunnelSocket for LinkSocket {
 pub const T0: u64 = 1_800_000_000;
 const DAY: u64 = 24 * 3600;
 
-/// A CA for the overlay `ovl.example` (100.64.0.0/10), valid around [`T0`].
+/// A CA for the overlay `ovl.example` (100.64.0.0/10 and fd7a:0:1::/48), valid around
+/// [`T0`].
 ///
 /// # Panics
 /// When key generation fails: a broken test environment.
 pub fn test_ca() -> CertificateAuthority {
-    let overlay = "100.64.0.0/10".parse().expect("a valid block");
-    CertificateAuthority::generate("ovl.example", &[overlay], T0 - 365 * DAY, T0 + 365 * DAY)
+    let overlay = [
+        "100.64.0.0/10".parse().expect("a valid block"),
+        "fd7a:0:1::/48".parse().expect("a valid block"),
+    ];
+    CertificateAuthority::generate("ovl.example", &overlay, T0 - 365 * DAY, T0 + 365 * DAY)
         .expect("a test CA")
 }
 
-/// An identity for `name` with the vIP `block`, issued by `ca`, and its certificate.
+/// An identity for `name` with the vIP blocks `block` (one, or several separated by spaces),
+/// issued by `ca`, and its certificate.
 ///
 /// # Panics
 /// When the CA refuses: a broken test setup.
@@ -384,7 +389,10 @@ pub fn test_identity(
     let cert = ca
         .issue(&IssueRequest {
             name: name.into(),
-            vip_blocks: vec![block.parse().expect("a valid block")],
+            vip_blocks: block
+                .split(' ')
+                .map(|b| b.parse().expect("a valid block"))
+                .collect(),
             public_key: keypair.public().0,
             groups: vec!["test".into()],
             not_before: T0 - DAY,
@@ -604,7 +612,7 @@ impl End {
 
     /// Sends `payload` as the inner packet to `dst` (an address in the other end's block).
     /// Returns false when no packet buffer was free or the engine stopped.
-    pub fn send(&self, dst: Ipv4Addr, payload: &[u8]) -> bool {
+    pub fn send(&self, dst: impl Into<std::net::IpAddr>, payload: &[u8]) -> bool {
         let Some(mut buf) = self.shared.pool.take() else {
             return false;
         };
@@ -614,7 +622,7 @@ impl End {
         let Some(sub) = guard.as_mut() else {
             return false;
         };
-        sub.route(buf, len, dst, 0, (Instant::now(), None));
+        sub.route(buf, len, dst.into(), 0, (Instant::now(), None));
         sub.flush();
         true
     }
@@ -692,8 +700,8 @@ impl Drop for End {
     }
 }
 
-/// Two engines, `a` (100.64.1.0/24, at 192.0.2.1:51820) and `b` (100.64.2.0/24, at
-/// 192.0.2.2:51820), peers of each other with each other's address as endpoint, on one
+/// Two engines, `a` (100.64.1.0/24 and fd7a:0:1:100::/56, at 192.0.2.1:51820) and `b`
+/// (100.64.2.0/24 and fd7a:0:1:200::/56, at 192.0.2.2:51820), peers of each other with each other's address as endpoint, on one
 /// [`Link`].
 #[derive(Debug)]
 pub struct Pair {
@@ -713,8 +721,10 @@ impl Pair {
     pub fn new(seed: u64, dp: &DataPlane, timing: Timing) -> Self {
         let link = Link::new(seed);
         let ca = test_ca();
-        let (id_a, cert_a) = test_identity(&ca, "gw1.ovl.example", "100.64.1.0/24");
-        let (id_b, cert_b) = test_identity(&ca, "gw2.ovl.example", "100.64.2.0/24");
+        let (id_a, cert_a) =
+            test_identity(&ca, "gw1.ovl.example", "100.64.1.0/24 fd7a:0:1:100::/56");
+        let (id_b, cert_b) =
+            test_identity(&ca, "gw2.ovl.example", "100.64.2.0/24 fd7a:0:1:200::/56");
         let addr_a = SocketAddr::from(([192, 0, 2, 1], 51820));
         let addr_b = SocketAddr::from(([192, 0, 2, 2], 51820));
         let clock = Clock::new(Instant::now(), Duration::from_secs(T0));

@@ -999,6 +999,70 @@ fn udp(src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, port: u16) -> Vec<u8> {
     p
 }
 
+/// A UDP datagram over IPv6 from `src` to `dst`:`port` with 8 bytes of payload.
+fn udp6(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr, port: u16) -> Vec<u8> {
+    let mut p = vec![0u8; 56];
+    p[0] = 0x60;
+    p[4..6].copy_from_slice(&16u16.to_be_bytes());
+    p[6] = 17;
+    p[7] = 64;
+    p[8..24].copy_from_slice(&src.octets());
+    p[24..40].copy_from_slice(&dst.octets());
+    p[40..42].copy_from_slice(&5000u16.to_be_bytes());
+    p[42..44].copy_from_slice(&port.to_be_bytes());
+    p[44..46].copy_from_slice(&16u16.to_be_bytes());
+    p
+}
+
+/// Issue 53: IPv6 packets go to the peer whose certificate holds their destination (B's
+/// /56), and an address in no peer's block goes nowhere (counted); under a policy, a rule
+/// naming the blocks of both families lets IPv6 in, and a packet from an IPv6 address A's
+/// certificate does not hold leaves no flow.
+#[test]
+fn ipv6_is_routed_by_certified_blocks_and_judged_by_the_policy() {
+    use cyphonic_filter::{Proto, Rule, RuleSet};
+    use cyphonic_tunnel::PolicySettings;
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = pair(22);
+    let (a, b) = (&p.a, &p.b);
+    let a6: std::net::Ipv6Addr = "fd7a:0:1:100::9".parse().unwrap_or_else(|e| panic!("{e}"));
+    let b6: std::net::Ipv6Addr = "fd7a:0:1:200::7".parse().unwrap_or_else(|e| panic!("{e}"));
+    assert!(a.send(b6, &udp6(a6, b6, 7)));
+    let got = b.wait_delivered(1, Duration::from_secs(2));
+    assert_eq!(got, vec![udp6(a6, b6, 7)]);
+    let nowhere: std::net::Ipv6Addr = "fd7a:0:1:300::7".parse().unwrap_or_else(|e| panic!("{e}"));
+    let before = a.shared.counters().drop_no_peer.load(Relaxed);
+    assert!(a.send(nowhere, &udp6(a6, nowhere, 7)), "handed to the engine");
+    assert_eq!(a.shared.counters().drop_no_peer.load(Relaxed), before + 1);
+
+    let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap_or_else(|e| panic!("{e}"));
+    b.shared.policy().set(Some(&PolicySettings {
+        rules: RuleSet {
+            version: 1,
+            rules: vec![Rule {
+                id: 1,
+                from: vec![net("100.64.0.0/10"), net("fd7a:0:1::/48")],
+                to: vec![net("100.64.2.0/24"), net("fd7a:0:1:200::/56")],
+                proto: Proto::Udp,
+                ports: vec![7..=7],
+            }],
+        },
+        flows: 64,
+    }));
+    assert!(a.send(b6, &udp6(a6, b6, 7)));
+    assert!(a.send(b6, &udp6(a6, b6, 8)));
+    let got = b.wait_delivered(2, Duration::from_secs(2));
+    assert_eq!(got, vec![udp6(a6, b6, 7)], "only port 7 gets in");
+    let flows = || b.shared.policy().report().map(|r| r.flows);
+    assert_eq!(flows(), Some(1));
+    // From an IPv6 address A's certificate does not hold (a rule would let it open): no
+    // flow.
+    let spoofed: std::net::Ipv6Addr = "fd7a:0:1:201::9".parse().unwrap_or_else(|e| panic!("{e}"));
+    assert!(a.send(b6, &udp6(spoofed, b6, 7)));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(flows(), Some(1), "a spoofed source made a flow");
+}
+
 /// The policy in the engine: the receiving end drops what no rule lets in, the sending end
 /// what no rule lets out, both counted; a peer sending from an address its certificate does
 /// not cover leaves no flow in the receiver's table (the edge drops such a packet): it cannot
