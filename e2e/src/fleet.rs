@@ -35,6 +35,15 @@ impl Fleet {
     /// # Errors
     /// Too many nodes, or a node does not come up.
     pub fn start(bed: &TwoSites, n: usize) -> anyhow::Result<Self> {
+        Self::start_with(bed, n, false)
+    }
+
+    /// [`Fleet::start`], each node with an IPv6 /128 beside its block when `ipv6`: node i's
+    /// is fd7a:0:1:4000::(i+1), in the bed's overlay (`bed::OVERLAY6`).
+    ///
+    /// # Errors
+    /// Too many nodes, or a node does not come up.
+    pub fn start_with(bed: &TwoSites, n: usize, ipv6: bool) -> anyhow::Result<Self> {
         if n > MAX_NODES {
             bail!("at most {MAX_NODES} nodes");
         }
@@ -49,7 +58,11 @@ impl Fleet {
             let octet = u8::try_from(66 + i).context("node address")?;
             let spec = NodeSpec {
                 name: format!("n{i}.ovl.example"),
-                block: format!("100.64.{}.0/24", 100 + i),
+                block: if ipv6 {
+                    format!("100.64.{}.0/24 {}/128", 100 + i, node_ipv6(i))
+                } else {
+                    format!("100.64.{}.0/24", 100 + i)
+                },
                 attach: Attach::Bridge {
                     bridge: "brn".into(),
                     port: format!("n{i}"),
@@ -86,6 +99,12 @@ impl Fleet {
         }
         Ok(())
     }
+}
+
+/// Node `i`'s IPv6 address in a fleet started with IPv6.
+pub fn node_ipv6(i: usize) -> std::net::Ipv6Addr {
+    let last = u16::try_from(i + 1).unwrap_or(u16::MAX);
+    std::net::Ipv6Addr::new(0xfd7a, 0, 1, 0x4000, 0, 0, 0, last)
 }
 
 /// The resident memory (KiB) and thread count of process `pid`.

@@ -82,7 +82,8 @@ pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// `cyphonic-cloud ca issue` (the program `cloud`) from the CA directory `ca`: a
-/// certificate and key of `name` holding `block`, written into `out`.
+/// certificate and key of `name` holding `block` (one, or several separated by spaces: an
+/// IPv4 block and an IPv6 one), written into `out`.
 ///
 /// # Errors
 /// A path is not UTF-8, or the CA tool refuses (its error and output in the message).
@@ -95,21 +96,12 @@ pub fn ca_issue(
 ) -> anyhow::Result<String> {
     let path = |p: &std::path::Path| p.to_str().context("path").map(str::to_owned);
     let (ca, out) = (path(ca)?, path(out)?);
-    sh(
-        &path(cloud)?,
-        &[
-            "ca",
-            "issue",
-            "--dir",
-            &ca,
-            "--name",
-            name,
-            "--vip-block",
-            block,
-            "--out",
-            &out,
-        ],
-    )
+    let mut args = vec!["ca", "issue", "--dir", &ca, "--name", name];
+    for b in block.split_whitespace() {
+        args.extend(["--vip-block", b]);
+    }
+    args.extend(["--out", &out]);
+    sh(&path(cloud)?, &args)
 }
 
 fn check(out: &Output, what: &str) -> anyhow::Result<String> {

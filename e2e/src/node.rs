@@ -45,7 +45,8 @@ pub enum Attach {
 pub struct NodeSpec {
     /// Its FQDN.
     pub name: String,
-    /// Its certified block; its vIP is the block's first host address.
+    /// Its certified block, and any more after it separated by spaces (an IPv6 /128, say);
+    /// its vIP is the first block's first host address.
     pub block: String,
     /// How it is attached.
     pub attach: Attach,
@@ -66,7 +67,8 @@ impl NodeSpec {
     /// # Errors
     /// The block does not parse.
     pub fn vip(&self) -> anyhow::Result<Ipv4Addr> {
-        let net: ipnet::Ipv4Net = self.block.parse()?;
+        let first = self.block.split_whitespace().next().unwrap_or_default();
+        let net: ipnet::Ipv4Net = first.parse()?;
         Ok(Ipv4Addr::from(u32::from(net.network()) + 1))
     }
 }

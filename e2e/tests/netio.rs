@@ -737,11 +737,11 @@ fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
     require_root();
     let ns = Netns::new("tun").unwrap();
     inside(&ns, || {
-        let tun = Tun::create("cytest%d", false).unwrap();
+        let tun = Tun::create("cytest%d", false, false).unwrap();
         assert_eq!(tun.offloads(), None);
         let name = tun.name().to_owned();
         assert!(name.starts_with("cytest"), "{name}");
-        tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, 1400)
+        tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, None, 1400)
             .unwrap();
         let iface = Interface::lookup(&name).unwrap();
         assert!(iface.up);
@@ -803,9 +803,87 @@ fn tun_device_carries_packets_both_ways_and_goes_away_with_its_handle() {
         ));
         // A name the kernel cannot take is refused before asking it.
         assert!(matches!(
-            Tun::create("a-name-far-too-long-for-linux", false),
+            Tun::create("a-name-far-too-long-for-linux", false, false),
             Err(NetError::BadInterfaceName(_))
         ));
+    });
+}
+
+/// Issue 53: a TUN device given an IPv6 address carries the host's IPv6 to the overlay's
+/// range both ways, and nothing of IPv6's link traffic: no Router Solicitation, no Duplicate
+/// Address Detection, no link-local source, before or after the host's packet. Asked for no
+/// USO, it reports none.
+#[test]
+fn a_tun_device_with_ipv6_carries_it_and_no_link_traffic() {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use cyphonic_netio::{LargeFrames, Tun};
+    require_root();
+    let ns = Netns::new("tun6").unwrap();
+    inside(&ns, || {
+        let tun = Tun::create("cyt6%d", true, false).unwrap();
+        assert_eq!(tun.offloads().map(|o| o.udp), Some(false));
+        let ours: Ipv6Addr = "fd7a:0:1:4000::1".parse().unwrap();
+        tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, Some((ours, 48)), 1400)
+            .unwrap();
+        // At once: the address is not held back for Duplicate Address Detection.
+        let host = std::net::UdpSocket::bind((ours, 0)).unwrap();
+        host.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        host.send_to(b"into the tunnel", "[fd7a:0:1:4001::1]:9999")
+            .unwrap();
+        let mut buf = [0u8; 2048];
+        let mut large = LargeFrames::with_slots(buf.len(), 1);
+        let mut others = Vec::new();
+        let packet = loop {
+            let read = tun
+                .recv(&mut buf, &mut large, Duration::from_secs(2))
+                .unwrap()
+                .expect("the host's packet");
+            let p = buf[..read.len].to_vec();
+            if p.ends_with(b"into the tunnel") {
+                break p;
+            }
+            others.push(p);
+        };
+        assert_eq!(packet[0] >> 4, 6);
+        assert_eq!(&packet[8..24], &ours.octets());
+        // Anything else it sent in a second: none of it IPv6 link traffic.
+        while let Some(read) = tun
+            .recv(&mut buf, &mut large, Duration::from_millis(1000))
+            .unwrap()
+        {
+            others.push(buf[..read.len].to_vec());
+        }
+        assert!(others.is_empty(), "{others:02x?}");
+
+        // Back: a packet from the overlay reaches the host's socket.
+        let port = host.local_addr().unwrap().port();
+        let mut back = vec![0x60, 0, 0, 0, 0, 0, 17, 64];
+        back.extend_from_slice(&"fd7a:0:1:4001::1".parse::<Ipv6Addr>().unwrap().octets());
+        back.extend_from_slice(&ours.octets());
+        let payload = b"out of the tunnel";
+        let len = u16::try_from(8 + payload.len()).unwrap();
+        back[4..6].copy_from_slice(&len.to_be_bytes());
+        back.extend_from_slice(&9999u16.to_be_bytes());
+        back.extend_from_slice(&port.to_be_bytes());
+        back.extend_from_slice(&len.to_be_bytes());
+        back.extend_from_slice(&[0, 0]);
+        back.extend_from_slice(payload);
+        // The field holds the pseudo-header's sum, as a host leaves it for offload; finished
+        // as the node finishes one (the sum from the UDP header on).
+        let mut pseudo = back[8..40].to_vec();
+        pseudo.extend_from_slice(&u32::from(len).to_be_bytes());
+        pseudo.extend_from_slice(&[0, 0, 0, 17]);
+        back[46..48].copy_from_slice(&(!cyphonic_e2e::inject::checksum(&pseudo)).to_be_bytes());
+        let sum = cyphonic_gateway::finish_partial_checksum(&mut back, 40, 6, false);
+        assert_eq!(sum, Some(false));
+        tun.send(&back, None).unwrap();
+        let (n, from) = host.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], payload);
+        assert_eq!(
+            from,
+            "[fd7a:0:1:4001::1]:9999".parse::<SocketAddr>().unwrap()
+        );
     });
 }
 
@@ -823,10 +901,10 @@ fn an_offloading_tun_device_hands_over_super_packets_and_takes_partial_checksums
     require_root();
     let ns = Netns::new("tuno").unwrap();
     inside(&ns, || {
-        let tun = Tun::create("cyoff%d", true).unwrap();
+        let tun = Tun::create("cyoff%d", true, true).unwrap();
         let offloads = tun.offloads().expect("offloads on");
         assert!(offloads.tcp);
-        tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, 1400)
+        tun.configure(Ipv4Addr::new(100, 64, 9, 1), 24, None, 1400)
             .unwrap();
         let mut host = UdpSocket::bind(
             "100.64.9.1:0".parse().unwrap(),

@@ -224,3 +224,47 @@ fn a_restarted_node_is_reached_again() {
     assert!(asked(&bed) > asked_before, "{}", bed.logs());
     bed.ping_ok(node_ns(&bed), CAMERA, Ping::default());
 }
+
+/// Issue 53: two nodes whose certificates hold an IPv6 /128 beside their IPv4 block carry
+/// IPv6 between them through the tunnel, both ways, once the cloud paired them (node 0 asked
+/// its stub for node 1's name). Each TUN device holds its address in the overlay's /48 and
+/// no link-local address.
+#[test]
+fn two_nodes_reach_each_other_over_ipv6() {
+    use cyphonic_e2e::fleet::{Fleet, node_ipv6};
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let fleet = Fleet::start_with(&bed, 2, true).unwrap();
+    fleet.resolve_all("n1.ovl.example").unwrap();
+    let logs = || {
+        fleet
+            .nodes
+            .iter()
+            .map(|n| n.log_text())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for (from, to) in [(0, 1), (1, 0)] {
+        let target = node_ipv6(to).to_string();
+        let out = fleet.nodes[from]
+            .ns
+            .exec_output("ping", &["-6", "-c", "3", "-i", "0.2", "-W", "2", &target])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "node {from} to {target}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            logs()
+        );
+    }
+    let addrs = fleet.nodes[0]
+        .ns
+        .exec_output("ip", &["-6", "-o", "addr", "show", "dev", "cyo0"])
+        .unwrap();
+    let addrs = String::from_utf8_lossy(&addrs.stdout);
+    assert!(addrs.contains(&format!("{}/48", node_ipv6(0))), "{addrs}");
+    assert!(!addrs.contains("fe80"), "{addrs}");
+}

@@ -18,7 +18,7 @@
 
 use std::io;
 use std::mem::zeroed;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::time::Duration;
 
@@ -87,13 +87,15 @@ const fn offload_flags(udp: bool) -> libc::c_uint {
 
 impl Tun {
     /// Creates the TUN device `name` (`%d` is replaced by a free number), non-blocking; with
-    /// `offload`, asks for offload headers and TSO, USO (where the kernel has it) and checksum
-    /// offload.
+    /// `offload`, asks for offload headers and TSO, checksum offload and, with `uso`, USO
+    /// (where the kernel has it). The kernel hands over UDP super-packets of both IP versions
+    /// once USO is on, and the reader cuts IPv4 ones only: a device that carries IPv6 asks for
+    /// none, and the host's stack cuts them.
     ///
     /// # Errors
     /// No `/dev/net/tun`, the name taken or invalid, no `CAP_NET_ADMIN`, or a kernel without
     /// offloads on TUN devices when asked for them.
-    pub fn create(name: &str, offload: bool) -> Result<Self, NetError> {
+    pub fn create(name: &str, offload: bool, uso: bool) -> Result<Self, NetError> {
         let mut req = ifreq(name)?;
         let err = |op, e| NetError::from_io(op, name, "CAP_NET_ADMIN", e);
         // SAFETY: open(2) of a constant, NUL-terminated path with integer flags.
@@ -125,8 +127,8 @@ impl Tun {
                 // SAFETY: TUNSETOFFLOAD takes its argument by value.
                 cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, offload_flags(udp)) })
             };
-            let udp = match set(true) {
-                Ok(_) => true,
+            let udp = match set(uso) {
+                Ok(_) => uso,
                 // Before Linux 6.2 the USO flags are unknown and refused.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     set(false).map_err(|e| err("switching on the TUN device's offloads", e))?;
@@ -152,19 +154,44 @@ impl Tun {
     }
 
     /// Gives the device `addr`/`prefix` (the kernel then routes the whole prefix through
-    /// it), the MTU `mtu`, and brings it up. IPv6 is switched off on it (the overlay is IPv4:
-    /// the host's router solicitations and the like have nowhere to go).
+    /// it), with `v6` an IPv6 address and prefix as well, the MTU `mtu`, and brings it up.
+    /// Without `v6`, IPv6 is switched off on it. With it, IPv6 runs without link-local
+    /// addresses, Router Solicitations, Router Advertisements taken or Duplicate Address
+    /// Detection: the device is a point-to-point link into the overlay, with no router and
+    /// no neighbour on it, and the host's IPv6 link traffic would have nowhere to go.
     ///
     /// # Errors
-    /// The kernel refuses (`CAP_NET_ADMIN`, an address in use, an MTU out of range).
-    pub fn configure(&self, addr: Ipv4Addr, prefix: u8, mtu: u32) -> Result<(), NetError> {
+    /// The kernel refuses (`CAP_NET_ADMIN`, an address in use, an MTU out of range, IPv6
+    /// switched off on the host when `v6` is given).
+    pub fn configure(
+        &self,
+        addr: Ipv4Addr,
+        prefix: u8,
+        v6: Option<(Ipv6Addr, u8)>,
+        mtu: u32,
+    ) -> Result<(), NetError> {
         let name = self.name();
         let io_err = |op, e| NetError::from_io(op, name, "CAP_NET_ADMIN", e);
         let fd = ioctl_socket().map_err(|e| io_err("opening an ioctl socket", e))?;
 
         // Before it comes up, so that no IPv6 link-local traffic starts. A host without IPv6
-        // has no such file, which is fine.
-        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+        // has no such files, which is fine without `v6`.
+        let conf = |key: &str, value: &str| {
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/{key}"), value)
+        };
+        if v6.is_some() {
+            for (key, value) in [
+                ("addr_gen_mode", "1"),
+                ("accept_ra", "0"),
+                ("router_solicitations", "0"),
+                ("accept_dad", "0"),
+                ("disable_ipv6", "0"),
+            ] {
+                conf(key, value).map_err(|e| io_err("setting up IPv6 on the TUN device", e))?;
+            }
+        } else {
+            let _ = conf("disable_ipv6", "1");
+        }
 
         let mut req = ifreq(name)?;
         req.ifr_ifru.ifru_addr = sockaddr_v4(addr);
@@ -192,6 +219,13 @@ impl Tun {
         req.ifr_ifru.ifru_flags = flags | short(libc::IFF_UP | libc::IFF_RUNNING).cast_signed();
         ifreq_ioctl(&fd, libc::SIOCSIFFLAGS, &mut req)
             .map_err(|e| io_err("bringing the TUN device up", e))?;
+
+        if let Some((ip, prefix)) = v6 {
+            let index = crate::Interface::lookup(name)?.index;
+            crate::rtnl::Rtnl::open()
+                .and_then(|mut r| r.add_ipv6_address(index, ip, prefix))
+                .map_err(|e| io_err("setting the TUN IPv6 address", e))?;
+        }
         Ok(())
     }
 

@@ -4,7 +4,9 @@
 //! `[[peer]]`, `[cloud]`, `[metrics]`, `[dataplane]`, `[dns]`'s upstreams and TTL) are declared
 //! and checked by `cyphonic-settings`; this file adds the node's own.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ipnet::Ipv6Net;
 use std::path::Path;
 
 use cyphonic_settings::{Common, ConfigError, Identity, Source};
@@ -61,6 +63,10 @@ pub struct NodeConfig {
     pub interface: String,
     /// Our overlay address.
     pub vip: Ipv4Addr,
+    /// Our IPv6 overlay address and the overlay's IPv6 range (what goes into the tunnel),
+    /// when our certificate holds an IPv6 block and the overlay's root one (docs/protocol.md
+    /// §7): the block's address for a /128, else its first host address.
+    pub ipv6: Option<(Ipv6Addr, Ipv6Net)>,
     /// Where the DNS stub listens, unless it is switched off.
     pub dns_listen: Option<SocketAddr>,
     /// `dataplane.tun_offload`: the TUN device with offloads (super-packets and partial
@@ -158,16 +164,41 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
         std::net::IpAddr::V4(ip) if ip == vip => Some(ip),
         _ => None,
     });
+    let ipv6 = ipv6(&identity);
+    // The kernel switches IPv6 off on a device whose MTU is below IPv6's minimum.
+    if ipv6.is_some() && common.inner_mtu < 1280 {
+        return src.err(
+            &n.inner_mtu.span(),
+            RawNode::inner_mtu,
+            format!(
+                "{}: the certificate holds an IPv6 block, and IPv6 needs an inner MTU of 1280 at least",
+                common.inner_mtu
+            ),
+        );
+    }
     let common = raw.with_policy(src, common, &identity, &[], dns)?;
     let config = NodeConfig {
         common,
         interface: interface.clone(),
         vip,
+        ipv6,
         dns_listen,
         tun_offload: raw.dataplane.tun_offload,
         defer_checksums: raw.dataplane.defer_checksums,
     };
     Ok((config, identity))
+}
+
+/// [`NodeConfig::ipv6`] for `identity`.
+fn ipv6(identity: &Identity) -> Option<(Ipv6Addr, Ipv6Net)> {
+    let block = cyphonic_settings::first_v6_block(identity.certificate())?;
+    let overlay = cyphonic_settings::overlay6(identity).filter(|o| o.contains(&block))?;
+    let vip = if block.prefix_len() == 128 {
+        block.network()
+    } else {
+        Ipv6Addr::from(block.network().to_bits().saturating_add(1))
+    };
+    Some((vip, overlay))
 }
 
 #[cfg(test)]
@@ -250,6 +281,30 @@ mod tests {
         let f = fixture("100.64.3.7/32");
         let (c, _) = load_text(&f, minimal).unwrap();
         assert_eq!(c.vip, Ipv4Addr::new(100, 64, 3, 7));
+    }
+
+    /// Issue 53: a certificate with an IPv6 block beside the IPv4 one gives the node its
+    /// IPv6 address (the /128's, or a larger block's first host) in the root's /48; without
+    /// one the node has no IPv6; IPv6 needs an inner MTU of 1280, said at the key.
+    #[test]
+    fn an_ipv6_block_gives_the_node_ipv6_in_the_overlays_range() {
+        let minimal = "[node]\n\n[identity]\ncertificate = \"laptop.ovl.example.crt\"\nkey = \"laptop.ovl.example.key\"\nca = \"ca.crt\"\n";
+        let overlay: Ipv6Net = "fd7a:0:1::/48".parse().unwrap();
+        let f = fixture("100.64.3.7/32 fd7a:0:1:4000::9/128");
+        let (c, _) = load_text(&f, minimal).unwrap();
+        assert_eq!(c.ipv6, Some(("fd7a:0:1:4000::9".parse().unwrap(), overlay)));
+        let f = fixture("100.64.3.7/32 fd7a:0:1:4000::/64");
+        let (c, _) = load_text(&f, minimal).unwrap();
+        assert_eq!(c.ipv6, Some(("fd7a:0:1:4000::1".parse().unwrap(), overlay)));
+        let f = fixture("100.64.3.7/32");
+        assert_eq!(load_text(&f, minimal).unwrap().0.ipv6, None);
+        let f = fixture("100.64.3.7/32 fd7a:0:1:4000::9/128");
+        let small = minimal.replace("[node]\n", "[node]\ninner_mtu = 1200\n");
+        let e = load_text(&f, &small).unwrap_err().to_string();
+        assert!(
+            e.contains("key `node.inner_mtu`: 1200: the certificate holds an IPv6 block"),
+            "{e}"
+        );
     }
 
     /// Each mistake is reported with the file, its line and its key.

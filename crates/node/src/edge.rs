@@ -57,20 +57,25 @@ impl<'a> NodeEdge<'a> {
     /// The device cannot be created or configured (privileges, name in use).
     pub fn open(config: &'a NodeConfig) -> anyhow::Result<Self> {
         let common = &config.common;
-        let tun = Tun::create(&config.interface, config.tun_offload)?;
+        let v6 = config.ipv6;
+        let tun = Tun::create(&config.interface, config.tun_offload, v6.is_none())?;
         tun.configure(
             config.vip,
             common.overlay.prefix_len(),
+            v6.map(|(vip, overlay)| (vip, overlay.prefix_len())),
             u32::from(common.inner_mtu),
         )?;
         let offloads = tun.offloads();
-        tracing::info!(interface = tun.name(), vip = %config.vip, overlay = %common.overlay, mtu = common.inner_mtu, ?offloads, "overlay interface up");
+        tracing::info!(interface = tun.name(), vip = %config.vip, overlay = %common.overlay, ipv6 = ?v6, mtu = common.inner_mtu, ?offloads, "overlay interface up");
         Ok(Self {
             config,
             side: Arc::new(TunSide {
                 tun,
-                vip: config.vip,
-                overlay: common.overlay,
+                ours: crate::tun::Ours {
+                    vip: config.vip,
+                    overlay: common.overlay,
+                    ipv6: v6,
+                },
                 defer_checksums: config.defer_checksums && offloads.is_some(),
                 counters: TunCounters::default(),
             }),

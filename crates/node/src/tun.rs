@@ -11,13 +11,13 @@
 //! checksums left to the host's stack.
 //!
 //! ```text
-//! cy-tun     TUN read (a super-packet: cut) -> checks (IPv4, from our vIP, to the overlay)
+//! cy-tun     TUN read (a super-packet: cut) -> checks (IPv4 or IPv6, from our vIP, to the overlay)
 //!            -> tunnel::Intake
 //! cy-ingress-emit  TunSink (after the engine's Incoming::accept): cryptokey routing (the inner source must lie in
 //!                  the sending peer's certified blocks), to us -> TUN write
 //! ```
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -30,17 +30,15 @@ use cyphonic_tunnel::{
     Accepted, Buf, HEADROOM, Intake, PACKET_ROOM, RECV_BATCH, Shared, Submit, Submitter, bump,
 };
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// What the TUN thread and the TUN sink share.
 #[derive(Debug)]
 pub struct TunSide {
     /// The overlay interface.
     pub tun: Tun,
-    /// Our vIP.
-    pub vip: Ipv4Addr,
-    /// The overlay: what we send into the tunnel.
-    pub overlay: Ipv4Net,
+    /// Our addresses and the overlay's.
+    pub ours: Ours,
     /// Send checksums the host left partial through the tunnel for the far end to complete
     /// (`dataplane.defer_checksums`, with offloads).
     pub defer_checksums: bool,
@@ -48,19 +46,33 @@ pub struct TunSide {
     pub counters: TunCounters,
 }
 
+/// Our addresses and the overlay's: what packets from the host and from peers are checked
+/// against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ours {
+    /// Our vIP.
+    pub vip: Ipv4Addr,
+    /// The overlay: what we send into the tunnel.
+    pub overlay: Ipv4Net,
+    /// Our IPv6 vIP and the overlay's IPv6 range, when we carry IPv6.
+    pub ipv6: Option<(Ipv6Addr, Ipv6Net)>,
+}
+
 /// How long a TUN read waits before the thread looks at its other work.
 const READ_WAIT: Duration = Duration::from_millis(10);
 /// The smallest IPv4 header.
 const IPV4_MIN: usize = 20;
+/// IPv6's fixed header.
+const IPV6_HEADER: usize = 40;
 
 cyphonic_telemetry::counters! {
     /// Counters of the node's TUN side.
     pub struct TunCounters {
         /// Packets read from the TUN device.
         tun_read,
-        /// Packets from the host that are not IPv4 (IPv6 router solicitations, say).
+        /// Packets from the host that are not IPv4, nor IPv6 where we carry it.
         drop_tun_not_ipv4,
-        /// Packets from the host with a malformed IPv4 header.
+        /// Packets from the host with a malformed IPv4 or IPv6 header.
         drop_tun_malformed,
         /// Packets from the host from another source than our vIP.
         drop_tun_not_our_source,
@@ -70,9 +82,9 @@ cyphonic_telemetry::counters! {
         tun_written,
         /// Packets the TUN device refused.
         tun_write_failed,
-        /// Decrypted packets that are not IPv4.
+        /// Decrypted packets that are not IPv4, nor IPv6 where we carry it.
         drop_inner_not_ipv4,
-        /// Decrypted packets with a malformed IPv4 header.
+        /// Decrypted packets with a malformed IPv4 or IPv6 header.
         drop_inner_malformed,
         /// Decrypted packets whose source the sending peer is not certified for.
         drop_source_not_certified,
@@ -93,59 +105,85 @@ cyphonic_telemetry::counters! {
     }
 }
 
-/// An IPv4 packet's source and destination, if `p` holds a well-formed IPv4 header; the error
-/// says whether it is not IPv4 at all (`false`) or malformed (`true`).
-fn addresses(p: &[u8]) -> Result<(Ipv4Addr, Ipv4Addr), bool> {
+/// A packet's source and destination, if `p` holds a well-formed IPv4 header, or IPv6 one
+/// when `v6` (its length field within the packet); the error says whether it is neither at
+/// all (`false`) or malformed (`true`).
+fn addresses(p: &[u8], v6: bool) -> Result<(IpAddr, IpAddr), bool> {
     let first = *p.first().ok_or(true)?;
-    if first >> 4 != 4 {
-        return Err(false);
+    let word = |at: usize| {
+        p.get(at..at + 2)
+            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+            .ok_or(true)
+    };
+    match first >> 4 {
+        4 => {
+            let header = usize::from(first & 0x0f) * 4;
+            let total = word(2)?;
+            if header < IPV4_MIN || total < header || total > p.len() {
+                return Err(true);
+            }
+            let src = <[u8; 4]>::try_from(p.get(12..16).ok_or(true)?).map_err(|_| true)?;
+            let dst = <[u8; 4]>::try_from(p.get(16..20).ok_or(true)?).map_err(|_| true)?;
+            Ok((src.into(), dst.into()))
+        }
+        6 if v6 => {
+            if p.len() < IPV6_HEADER || IPV6_HEADER + word(4)? > p.len() {
+                return Err(true);
+            }
+            let src = <[u8; 16]>::try_from(&p[8..24]).map_err(|_| true)?;
+            let dst = <[u8; 16]>::try_from(&p[24..40]).map_err(|_| true)?;
+            Ok((src.into(), dst.into()))
+        }
+        _ => Err(false),
     }
-    let header = usize::from(first & 0x0f) * 4;
-    let total = p
-        .get(2..4)
-        .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
-        .ok_or(true)?;
-    if header < IPV4_MIN || total < header || total > p.len() {
-        return Err(true);
+}
+
+impl Ours {
+    /// Our address of `dst`'s family, and whether `dst` lies in the overlay of that family.
+    fn of(&self, dst: IpAddr) -> (Option<IpAddr>, bool) {
+        match dst {
+            IpAddr::V4(d) => (Some(self.vip.into()), self.overlay.contains(&d)),
+            IpAddr::V6(d) => self
+                .ipv6
+                .map_or((None, false), |(vip, o)| (Some(vip.into()), o.contains(&d))),
+        }
     }
-    let src = <[u8; 4]>::try_from(p.get(12..16).ok_or(true)?).map_err(|_| true)?;
-    let dst = <[u8; 4]>::try_from(p.get(16..20).ok_or(true)?).map_err(|_| true)?;
-    Ok((Ipv4Addr::from(src), Ipv4Addr::from(dst)))
 }
 
 /// Where a packet from the host goes: its destination in the overlay, or why it is dropped.
-fn outbound(p: &[u8], vip: Ipv4Addr, overlay: Ipv4Net, c: &TunCounters) -> Option<Ipv4Addr> {
-    match addresses(p) {
+fn outbound(p: &[u8], ours: &Ours, c: &TunCounters) -> Option<IpAddr> {
+    match addresses(p, ours.ipv6.is_some()) {
         Err(false) => bump(&c.drop_tun_not_ipv4),
         Err(true) => bump(&c.drop_tun_malformed),
-        Ok((src, _)) if src != vip => bump(&c.drop_tun_not_our_source),
-        Ok((_, dst)) if !overlay.contains(&dst) || dst == vip => bump(&c.drop_tun_not_overlay),
-        Ok((_, dst)) => return Some(dst),
+        Ok((src, dst)) => match ours.of(dst) {
+            (vip, _) if Some(src) != vip => bump(&c.drop_tun_not_our_source),
+            (vip, inside) if !inside || Some(dst) == vip => bump(&c.drop_tun_not_overlay),
+            _ => return Some(dst),
+        },
     }
     None
 }
 
 /// Whether a decrypted packet from a peer certified for `blocks` may go into the TUN device:
-/// only a well-formed IPv4 packet from those blocks (cryptokey routing) to our own `vip`.
-/// Another address of our block, or its broadcast, would be the host's to route on, out of
-/// the tunnel and in clear. The error names the counter and the pipeline's drop reason.
+/// only a well-formed IPv4 packet, or IPv6 one where we carry it, from those blocks
+/// (cryptokey routing) to our own vIP of its family. Another address of our block, or its
+/// broadcast, would be the host's to route on, out of the tunnel and in clear. The error
+/// names the counter and the pipeline's drop reason.
 fn inbound<'c>(
     p: &[u8],
     blocks: &[ipnet::IpNet],
-    vip: Ipv4Addr,
+    ours: &Ours,
     c: &'c TunCounters,
 ) -> Result<(), (&'c std::sync::atomic::AtomicU64, DropReason)> {
-    match addresses(p) {
+    match addresses(p, ours.ipv6.is_some()) {
         Err(false) => Err((&c.drop_inner_not_ipv4, DropReason::Malformed)),
         Err(true) => Err((&c.drop_inner_malformed, DropReason::Malformed)),
-        Ok((src, _))
-            if !blocks
-                .iter()
-                .any(|b| b.contains(&std::net::IpAddr::V4(src))) =>
-        {
+        Ok((src, _)) if !blocks.iter().any(|b| b.contains(&src)) => {
             Err((&c.drop_source_not_certified, DropReason::Policy))
         }
-        Ok((_, dst)) if dst != vip => Err((&c.drop_not_for_us, DropReason::Policy)),
+        Ok((_, dst)) if ours.of(dst).0 != Some(dst) => {
+            Err((&c.drop_not_for_us, DropReason::Policy))
+        }
         Ok(_) => Ok(()),
     }
 }
@@ -273,7 +311,7 @@ fn take(
         };
     }
     let packet = &mut buf[HEADROOM..HEADROOM + read.len];
-    let Some(dst) = outbound(packet, side.vip, side.overlay, c) else {
+    let Some(dst) = outbound(packet, &side.ours, c) else {
         return 0;
     };
     let mut flags = 0;
@@ -288,7 +326,7 @@ fn take(
             }
         }
     }
-    sub.route(buf, read.len, dst.into(), flags, (now, None));
+    sub.route(buf, read.len, dst, flags, (now, None));
     1
 }
 
@@ -304,7 +342,7 @@ fn cut(
 ) -> usize {
     let c = &side.counters;
     // Every segment has the super-packet's addresses: one check for all.
-    let Some(dst) = outbound(packet, side.vip, side.overlay, c) else {
+    let Some(dst) = outbound(packet, &side.ours, c) else {
         return 0;
     };
     let kind = match how.kind {
@@ -335,7 +373,7 @@ fn cut(
             break;
         };
         bump(&c.tun_segments);
-        sub.route(seg, len, dst.into(), flags, (now, None));
+        sub.route(seg, len, dst, flags, (now, None));
         submitted += 1;
     }
     submitted
@@ -377,7 +415,7 @@ impl Sink for TunSink {
         let verdict = inbound(
             &item.buf()[packet.clone()],
             &item.peer().blocks,
-            self.side.vip,
+            &self.side.ours,
             c,
         );
         if let Err((counter, reason)) = verdict {
@@ -447,6 +485,87 @@ impl Sink for TunSink {
 mod tests {
     use super::*;
 
+    /// A node at 100.64.3.1 without IPv6.
+    fn v4_only() -> Ours {
+        Ours {
+            vip: Ipv4Addr::new(100, 64, 3, 1),
+            overlay: "100.64.0.0/10".parse().unwrap_or_default(),
+            ipv6: None,
+        }
+    }
+
+    /// The same node with fd7a:0:1:4000::1 in the overlay's fd7a:0:1::/48.
+    fn dual() -> Ours {
+        Ours {
+            ipv6: Some((
+                "fd7a:0:1:4000::1".parse().unwrap_or(Ipv6Addr::UNSPECIFIED),
+                "fd7a:0:1::/48".parse().unwrap_or_default(),
+            )),
+            ..v4_only()
+        }
+    }
+
+    /// An IPv6 packet (a UDP header's worth of payload) from `src` to `dst`.
+    fn packet6(src: &str, dst: &str) -> Vec<u8> {
+        let addr = |a: &str| {
+            a.parse::<Ipv6Addr>()
+                .unwrap_or(Ipv6Addr::UNSPECIFIED)
+                .octets()
+        };
+        let mut p = vec![0x60, 0, 0, 0, 0, 8, 17, 64];
+        p.extend_from_slice(&addr(src));
+        p.extend_from_slice(&addr(dst));
+        p.extend_from_slice(&[0; 8]);
+        p
+    }
+
+    /// Issue 53: with IPv6, the host's IPv6 from our address to the overlay's range goes into
+    /// the tunnel and the rest is counted as IPv4's is; a peer's IPv6 from its blocks to our
+    /// address goes into the device. Without IPv6, IPv6 is counted as not carried.
+    #[test]
+    fn ipv6_packets_are_checked_both_ways_where_we_carry_it() {
+        let (ours, c) = (dual(), TunCounters::default());
+        let me = "fd7a:0:1:4000::1";
+        let peer = "fd7a:0:1:200::7";
+        assert_eq!(
+            outbound(&packet6(me, peer), &ours, &c),
+            Some(peer.parse().unwrap_or(IpAddr::from([0; 4])))
+        );
+        for (p, counter) in [
+            (packet6("fe80::1", "ff02::2"), &c.drop_tun_not_our_source),
+            (packet6(me, "2001:db8::1"), &c.drop_tun_not_overlay),
+            (packet6(me, me), &c.drop_tun_not_overlay),
+            (packet6(me, peer)[..39].to_vec(), &c.drop_tun_malformed),
+        ] {
+            let before = counter.load(Ordering::Relaxed);
+            assert_eq!(outbound(&p, &ours, &c), None, "{p:?}");
+            assert_eq!(counter.load(Ordering::Relaxed), before + 1, "{p:?}");
+        }
+        let mut long_field = packet6(me, peer);
+        long_field[5] = 9;
+        assert_eq!(outbound(&long_field, &ours, &c), None);
+
+        let blocks: Vec<ipnet::IpNet> = vec![
+            "100.64.2.0/24".parse().unwrap_or_default(),
+            "fd7a:0:1:200::/56".parse().unwrap_or_default(),
+        ];
+        assert!(inbound(&packet6(peer, me), &blocks, &ours, &c).is_ok());
+        for (p, counter) in [
+            (packet6(peer, "fd7a:0:1:4000::2"), &c.drop_not_for_us),
+            (packet6("fd7a:0:1:300::7", me), &c.drop_source_not_certified),
+        ] {
+            let got = inbound(&p, &blocks, &ours, &c).map_err(|(counter, _)| counter as *const _);
+            assert_eq!(got, Err(counter as *const _), "{p:?}");
+        }
+        // Without IPv6: neither way.
+        let (v4, c) = (v4_only(), TunCounters::default());
+        assert_eq!(outbound(&packet6(me, peer), &v4, &c), None);
+        assert_eq!(c.drop_tun_not_ipv4.load(Ordering::Relaxed), 1);
+        let got = inbound(&packet6(peer, me), &blocks, &v4, &c)
+            .map_err(|(counter, _)| counter as *const _);
+        assert_eq!(got, Err(&raw const c.drop_inner_not_ipv4));
+    }
+
     fn packet(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
         let mut p = vec![0u8; 28];
         p[0] = 0x45;
@@ -460,13 +579,12 @@ mod tests {
     /// its reason; nothing short or odd panics.
     #[test]
     fn outbound_packets_are_checked() {
-        let vip = Ipv4Addr::new(100, 64, 3, 1);
-        let overlay: Ipv4Net = "100.64.0.0/10".parse().unwrap_or_default();
+        let ours = v4_only();
         let c = TunCounters::default();
         let me = [100, 64, 3, 1];
         assert_eq!(
-            outbound(&packet(me, [100, 64, 2, 10]), vip, overlay, &c),
-            Some(Ipv4Addr::new(100, 64, 2, 10))
+            outbound(&packet(me, [100, 64, 2, 10]), &ours, &c),
+            Some(IpAddr::from([100, 64, 2, 10]))
         );
         let mut v6 = packet(me, [100, 64, 2, 10]);
         v6[0] = 0x60;
@@ -483,7 +601,7 @@ mod tests {
             packet(me, me),
         ];
         for p in &cases {
-            assert_eq!(outbound(p, vip, overlay, &c), None, "{p:?}");
+            assert_eq!(outbound(p, &ours, &c), None, "{p:?}");
         }
         let counts: Vec<u64> = c.snapshot().iter().map(|(_, v)| *v).collect();
         // not IPv4, malformed, not our source, not the overlay
@@ -494,11 +612,11 @@ mod tests {
     /// our own vIP: not to another address of our block, nor its broadcast.
     #[test]
     fn inbound_packets_go_only_to_our_vip() {
-        let vip = Ipv4Addr::new(100, 64, 3, 1);
+        let ours = v4_only();
         let blocks: Vec<ipnet::IpNet> = vec!["100.64.2.0/24".parse().unwrap_or_default()];
         let c = TunCounters::default();
         let peer = [100, 64, 2, 10];
-        assert!(inbound(&packet(peer, [100, 64, 3, 1]), &blocks, vip, &c).is_ok());
+        assert!(inbound(&packet(peer, [100, 64, 3, 1]), &blocks, &ours, &c).is_ok());
         for (p, counter) in [
             (packet(peer, [100, 64, 3, 2]), &c.drop_not_for_us),
             (packet(peer, [100, 64, 3, 3]), &c.drop_not_for_us),
@@ -513,7 +631,7 @@ mod tests {
                 &c.drop_inner_malformed,
             ),
         ] {
-            let got = inbound(&p, &blocks, vip, &c).map_err(|(counter, _)| counter as *const _);
+            let got = inbound(&p, &blocks, &ours, &c).map_err(|(counter, _)| counter as *const _);
             assert_eq!(got, Err(counter as *const _), "{p:?}");
         }
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
 use cyphonic_session::Identity;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use toml::Spanned;
 
 use crate::{ConfigError, Source};
@@ -187,6 +187,35 @@ pub fn overlay_domain(identity: &Identity) -> String {
         .find(|ca| ca.body().public_key == cert.body().issuer)
         .map(|ca| ca.body().name.clone())
         .unwrap_or_default()
+}
+
+/// The overlay's IPv6 range: the IPv6 block of the root CA above our certificate (its
+/// issuer, or the issuer's root when an issuing CA signed it); `None` when that root has
+/// none (an overlay made before issue 53, docs/protocol.md §7: it carries no IPv6).
+pub fn overlay6(identity: &Identity) -> Option<Ipv6Net> {
+    let cas = identity.trust().cas();
+    let issued_by = |cert: &Certificate| {
+        cas.iter()
+            .find(|ca| ca.body().public_key == cert.body().issuer)
+    };
+    let issuer = issued_by(identity.certificate())?;
+    let root = if issuer.is_root() {
+        issuer
+    } else {
+        issued_by(issuer).filter(|r| r.is_root())?
+    };
+    root.body().vip_blocks.iter().find_map(|b| match b {
+        IpNet::V6(n) => Some(*n),
+        IpNet::V4(_) => None,
+    })
+}
+
+/// The first IPv6 block a certificate certifies.
+pub fn first_v6_block(cert: &Certificate) -> Option<Ipv6Net> {
+    cert.body().vip_blocks.iter().find_map(|b| match b {
+        IpNet::V6(n) => Some(*n),
+        IpNet::V4(_) => None,
+    })
 }
 
 /// The first IPv4 block a certificate certifies.

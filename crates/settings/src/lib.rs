@@ -36,7 +36,9 @@ pub use dataplane::{
     check_in_flight, check_pipeline, check_placement, check_priority, check_rekey,
 };
 pub use end::{Common, DNS_TTL, Dns, DnsKeys, EndKeys, LISTEN, OVERLAY, check_dns, check_mtu};
-pub use identity::{IdentityFiles, RawIdentity, first_v4_block, overlay_domain};
+pub use identity::{
+    IdentityFiles, RawIdentity, first_v4_block, first_v6_block, overlay_domain, overlay6,
+};
 pub use observe::{RawLog, RawMetrics};
 pub use peers::{Peer, RawPeer, peers};
 pub use policy::{DNS_RULE, Device, RawPolicy, directory, dns_rules};

@@ -245,7 +245,7 @@ pub fn assert_reference_current<T: crate::Value>(root: &Path, binary: &str) {
 pub struct Node<'a> {
     /// FQDN.
     pub name: &'a str,
-    /// vIP block.
+    /// vIP block (or several, separated by spaces).
     pub block: &'a str,
     /// `<path>.crt` (and `<path>.key`).
     pub path: &'a str,
@@ -253,8 +253,8 @@ pub struct Node<'a> {
     pub with_key: bool,
 }
 
-/// Writes into `dir` an overlay CA for `ovl.example` (`ca.crt`, an empty `revoked.txt`)
-/// and `nodes`' certificates, valid around `now`.
+/// Writes into `dir` an overlay CA for `ovl.example` (100.64.0.0/10 and fd7a:0:1::/48;
+/// `ca.crt`, an empty `revoked.txt`) and `nodes`' certificates, valid around `now`.
 ///
 /// # Panics
 /// When a file cannot be written or the CA refuses a node: test setup errors.
@@ -262,7 +262,10 @@ pub struct Node<'a> {
 pub fn write_pki(dir: &Path, now: u64, nodes: &[Node<'_>]) {
     let ca = CertificateAuthority::generate(
         "ovl.example",
-        &["100.64.0.0/10".parse().unwrap()],
+        &[
+            "100.64.0.0/10".parse().unwrap(),
+            "fd7a:0:1::/48".parse().unwrap(),
+        ],
         now - 100,
         now + 10_000_000,
     )
@@ -274,7 +277,11 @@ pub fn write_pki(dir: &Path, now: u64, nodes: &[Node<'_>]) {
         let cert = ca
             .issue(&IssueRequest {
                 name: n.name.into(),
-                vip_blocks: vec![n.block.parse().unwrap()],
+                vip_blocks: n
+                    .block
+                    .split_whitespace()
+                    .map(|b| b.parse().unwrap())
+                    .collect(),
                 public_key: key.public().0,
                 groups: vec![],
                 not_before: now - 100,

@@ -1032,7 +1032,10 @@ fn ipv6_is_routed_by_certified_blocks_and_judged_by_the_policy() {
     assert_eq!(got, vec![udp6(a6, b6, 7)]);
     let nowhere: std::net::Ipv6Addr = "fd7a:0:1:300::7".parse().unwrap_or_else(|e| panic!("{e}"));
     let before = a.shared.counters().drop_no_peer.load(Relaxed);
-    assert!(a.send(nowhere, &udp6(a6, nowhere, 7)), "handed to the engine");
+    assert!(
+        a.send(nowhere, &udp6(a6, nowhere, 7)),
+        "handed to the engine"
+    );
     assert_eq!(a.shared.counters().drop_no_peer.load(Relaxed), before + 1);
 
     let net = |s: &str| s.parse::<ipnet::IpNet>().unwrap_or_else(|e| panic!("{e}"));
