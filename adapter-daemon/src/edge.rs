@@ -294,6 +294,7 @@ impl Edge for AdapterEdge<'_> {
         let own = OwnZone {
             name: name.clone(),
             ip: config.gateway_vip,
+            ip6: None,
             block: config.lan_block(),
         };
         let dns = match &config.common.dns {

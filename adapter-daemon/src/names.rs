@@ -91,12 +91,14 @@ impl Names {
             .map(|(ip, label)| NameRecord {
                 name: format!("{label}.{}", self.zone),
                 vip: *ip,
+                vip6: None,
                 legacy: self.legacy.get(ip).copied(),
             })
             .collect();
         hosted.push(NameRecord {
             name: self.zone.clone(),
             vip: self.gateway,
+            vip6: None,
             legacy: None,
         });
         hosted.sort();

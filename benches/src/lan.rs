@@ -31,6 +31,7 @@ pub fn resolver() -> Resolver<u32> {
         overlay_domain: name("ovl.example."),
         own_name: name("gw1.ovl.example."),
         own_ip: GW,
+        own_ip6: None,
         own_block: "100.64.1.0/24".parse().expect("block"),
         overlay: "100.64.0.0/10".parse().expect("overlay"),
         ttl: 60,

@@ -128,6 +128,7 @@ pub(crate) fn numbered_name(letter: char, i: usize) -> NameRecord {
     NameRecord {
         name: format!("{letter}{i}.ovl.example"),
         vip: Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 80, 0, 0)) + i),
+        vip6: None,
         legacy: None,
     }
 }

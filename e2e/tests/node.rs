@@ -226,9 +226,9 @@ fn a_restarted_node_is_reached_again() {
 }
 
 /// Issue 53: two nodes whose certificates hold an IPv6 /128 beside their IPv4 block carry
-/// IPv6 between them through the tunnel, both ways, once the cloud paired them (node 0 asked
-/// its stub for node 1's name). Each TUN device holds its address in the overlay's /48 and
-/// no link-local address.
+/// IPv6 between them through the tunnel, both ways, by AAAA name (each stub asks the cloud,
+/// which pairs them). Each TUN device holds its address in the overlay's /48 and no
+/// link-local address.
 #[test]
 fn two_nodes_reach_each_other_over_ipv6() {
     use cyphonic_e2e::fleet::{Fleet, node_ipv6};
@@ -238,7 +238,6 @@ fn two_nodes_reach_each_other_over_ipv6() {
     })
     .unwrap();
     let fleet = Fleet::start_with(&bed, 2, true).unwrap();
-    fleet.resolve_all("n1.ovl.example").unwrap();
     let logs = || {
         fleet
             .nodes
@@ -248,7 +247,15 @@ fn two_nodes_reach_each_other_over_ipv6() {
             .join("\n")
     };
     for (from, to) in [(0, 1), (1, 0)] {
-        let target = node_ipv6(to).to_string();
+        let target = format!("n{to}.ovl.example");
+        let node = &fleet.nodes[from];
+        let dig = cyphonic_e2e::lan::dig(&node.ns, node.vip, &target, "AAAA").unwrap();
+        assert_eq!(
+            dig.answers,
+            [node_ipv6(to).to_string()],
+            "{dig:?}\n{}",
+            logs()
+        );
         let out = fleet.nodes[from]
             .ns
             .exec_output("ping", &["-6", "-c", "3", "-i", "0.2", "-W", "2", &target])

@@ -20,6 +20,7 @@ fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
         name: name.into(),
         vip: Ipv4Addr::from(vip),
+        vip6: None,
         legacy: None,
     }
 }
@@ -347,6 +348,7 @@ async fn identities(store: &Store) {
             "fp1x",
             &[],
             &[NameRecord {
+                vip6: None,
                 legacy: Some(Ipv4Addr::new(192, 0, 2, 7)),
                 ..rec("cam.gw1.ovl.example", [100, 64, 1, 7])
             }],

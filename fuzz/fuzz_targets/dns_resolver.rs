@@ -17,6 +17,7 @@ fn resolver() -> Resolver<u32> {
         overlay_domain: name("ovl.example."),
         own_name: name("gw1.ovl.example."),
         own_ip: Ipv4Addr::new(100, 64, 1, 1),
+        own_ip6: None,
         own_block: "100.64.1.0/24".parse().expect("block"),
         overlay: "100.64.0.0/10".parse().expect("overlay"),
         ttl: 60,

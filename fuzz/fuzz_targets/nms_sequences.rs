@@ -136,6 +136,10 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                             NameRecord {
                                 name: name(n),
                                 vip,
+                                // Every fourth one with an IPv6 address, inside or outside.
+                                vip6: (own & 3 == 0).then(|| {
+                                    std::net::Ipv6Addr::new(0xfd7a, 0, 1, u16::from(own), 0, 0, 0, 1)
+                                }),
                                 legacy: (own & 1 == 1).then(|| Ipv4Addr::new(192, 0, 2, own)),
                             }
                         })
@@ -153,10 +157,13 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                 }
                 (ClientMsg::Resolve { id, .. }, Some(CloudMsg::Resolved { id: got, resolution, .. })) => {
                     assert_eq!(*id, got);
-                    if let Resolution::Found { vip, peer } = resolution {
+                    if let Resolution::Found { vip, vip6, peer } = resolution {
                         let cert = Certificate::from_pem(&peer.certificate).expect("a certificate");
                         assert_ne!(cert.fingerprint(), me.fingerprint(), "found itself");
                         assert!(cert.body().covers(vip.into()), "{vip} outside {:?}", cert.body().vip_blocks);
+                        if let Some(v6) = vip6 {
+                            assert!(cert.body().covers(v6.into()), "{v6} outside {:?}", cert.body().vip_blocks);
+                        }
                     }
                 }
                 (ClientMsg::Relay { .. } | ClientMsg::Admit { .. }, Some(CloudMsg::Expect { peer })) => {

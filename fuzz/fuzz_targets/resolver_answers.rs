@@ -91,6 +91,7 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
         overlay_domain: name("ovl.example."),
         own_name: name("gw1.ovl.example."),
         own_ip: Ipv4Addr::new(100, 64, 1, 1),
+        own_ip6: None,
         own_block: "100.64.1.0/24".parse().unwrap(),
         overlay: "100.64.0.0/10".parse().unwrap(),
         ttl: 60,

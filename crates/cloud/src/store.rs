@@ -2,7 +2,7 @@
 //! SQL schema (migrations/) through sqlx's `Any` driver: a SQLite file by default, PostgreSQL
 //! by URL when several cloud instances share one overlay.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cyphonic_control::NameRecord;
@@ -90,6 +90,8 @@ pub struct Member {
 pub struct NameRow {
     /// Its vIP.
     pub vip: Ipv4Addr,
+    /// Its IPv6 address, if it registered one.
+    pub vip6: Option<Ipv6Addr>,
     /// The client hosting it.
     pub owner: ClientRow,
 }
@@ -419,12 +421,14 @@ impl Store {
                 continue;
             }
             let done = sqlx::query(
-                "INSERT INTO names (name, vip, owner, legacy) VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
+                "INSERT INTO names (name, vip, owner, legacy, vip6) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (name) DO NOTHING",
             )
             .bind(&n.name)
             .bind(n.vip.to_string())
             .bind(fingerprint)
             .bind(n.legacy.map(|a| a.to_string()))
+            .bind(n.vip6.map(|a| a.to_string()))
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 0 {
@@ -482,7 +486,8 @@ impl Store {
     pub async fn lookup(&self, name: &str) -> Result<Option<NameRow>, StoreError> {
         let row = sqlx::query(
             "SELECT n.vip, c.fingerprint, c.name, c.certificate, c.endpoints, c.observed, c.online, \
-             c.observed_alt FROM names n JOIN clients c ON c.fingerprint = n.owner WHERE n.name = $1",
+             c.observed_alt, n.vip6 FROM names n JOIN clients c ON c.fingerprint = n.owner \
+             WHERE n.name = $1",
         )
         .bind(name)
         .fetch_optional(&self.pool)
@@ -495,8 +500,17 @@ impl Store {
             table: "names",
             what: format!("vip {vip:?}"),
         })?;
+        let vip6: Option<String> = row.try_get(8)?;
+        let vip6 = vip6
+            .map(|v| {
+                v.parse().map_err(|_| StoreError::Corrupt {
+                    table: "names",
+                    what: format!("vip6 {v:?}"),
+                })
+            })
+            .transpose()?;
         let owner = client_row(&row, 1)?;
-        Ok(Some(NameRow { vip, owner }))
+        Ok(Some(NameRow { vip, vip6, owner }))
     }
 
     /// The names the client `fingerprint` hosts, with their vIPs.

@@ -102,6 +102,7 @@ fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
         name: name.into(),
         vip: Ipv4Addr::from(vip),
+        vip6: None,
         legacy: None,
     }
 }
@@ -244,10 +245,10 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
         vec!["198.51.100.1:51820".parse().unwrap()],
         vec![rec("gw1.ovl.example", [100, 64, 1, 1])],
     );
-    let Resolution::Found { vip, peer } = resolved(&h1, "CAM.gw2.ovl.example.").await else {
+    let Resolution::Found { vip, vip6, peer } = resolved(&h1, "CAM.gw2.ovl.example.").await else {
         panic!("not found");
     };
-    assert_eq!(vip, Ipv4Addr::new(100, 64, 2, 100));
+    assert_eq!((vip, vip6), (Ipv4Addr::new(100, 64, 2, 100), None));
     assert_eq!(
         Certificate::from_pem(&peer.certificate).unwrap(),
         *gw2.certificate()
@@ -395,6 +396,48 @@ async fn names_outside_the_certificate_revoked_certificates_and_policy_are_refus
     // The refused names were never stored.
     assert_eq!(
         hops.resolve("cam.gw1.ovl.example").await.unwrap(),
+        Resolution::NotFound
+    );
+    running.stop();
+}
+
+/// Control version 8 (issue 53): a name registered with an IPv6 address inside the
+/// certificate's blocks resolves with it (the AAAA beside the A); one outside the blocks is
+/// refused, and the name with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_names_ipv6_address_is_registered_checked_and_resolved() {
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let node = pki.identity("n5.ovl.example", "100.64.5.1/32 fd7a:0:1:4000::5/128", &[]);
+    let (h1, _e1) = client(&cloud, running.control, gw1);
+    let (hn, mut en) = client(&cloud, running.control, node);
+    let with6 = |name: &str, vip6: &str| NameRecord {
+        vip6: Some(vip6.parse().unwrap()),
+        ..rec(name, [100, 64, 5, 1])
+    };
+    // Beside it, a name whose IPv6 address lies outside the certificate's blocks.
+    hn.register(
+        vec![],
+        vec![
+            with6("n5.ovl.example", "fd7a:0:1:4000::5"),
+            with6("bad.n5.ovl.example", "fd7a:0:1:4000::6"),
+        ],
+    );
+    let refused = next(&mut en, |e| match e {
+        Event::NamesRefused(r) => Some(r),
+        _ => None,
+    })
+    .await;
+    let names: Vec<&str> = refused.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["bad.n5.ovl.example"]);
+    let Resolution::Found { vip6, .. } = resolved(&h1, "n5.ovl.example").await else {
+        panic!("not found");
+    };
+    assert_eq!(vip6, Some("fd7a:0:1:4000::5".parse().unwrap()));
+    assert_eq!(
+        h1.resolve("bad.n5.ovl.example").await.unwrap(),
         Resolution::NotFound
     );
     running.stop();

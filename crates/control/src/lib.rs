@@ -72,7 +72,9 @@ pub fn check_name(body: &CertBody, record: &NameRecord) -> Result<(), NameError>
     if !inside {
         return Err(NameError::OutsideZone(zone.to_owned()));
     }
-    if !body.covers(IpAddr::V4(record.vip)) {
+    if !body.covers(IpAddr::V4(record.vip))
+        || record.vip6.is_some_and(|v6| !body.covers(IpAddr::V6(v6)))
+    {
         return Err(NameError::OutsideBlocks);
     }
     Ok(())

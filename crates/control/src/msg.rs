@@ -4,14 +4,14 @@
 //! Certificates travel in their text armor and are checked by whoever receives them; nothing
 //! here trusts a field it carries.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -92,6 +92,10 @@ pub struct NameRecord {
     pub name: String,
     /// Its vIP, inside the client's certified blocks.
     pub vip: Ipv4Addr,
+    /// Its IPv6 address, inside the client's certified blocks (version 8, docs/protocol.md
+    /// §7): its AAAA record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip6: Option<Ipv6Addr>,
     /// A fixed-address device's own address on its site's legacy subnet (version 7): for
     /// the fleet view only, never resolved nor routed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -270,6 +274,9 @@ pub enum Resolution {
     Found {
         /// The name's vIP.
         vip: Ipv4Addr,
+        /// Its IPv6 address, when it has one (version 8).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip6: Option<Ipv6Addr>,
         /// The peer hosting it.
         peer: PeerInfo,
     },
@@ -361,10 +368,26 @@ pub enum CloudMsg {
 
 impl CloudMsg {
     /// This message as a client speaking control `version` may read it: what its version
-    /// lacks taken out (a version-4 client's `peer` has no `allowed`). Messages a version
-    /// lacks altogether are the sender's to hold back.
+    /// lacks taken out (a version-4 client's `peer` has no `allowed`; a version-7 client's
+    /// resolution no `vip6`, its policy rules no IPv6 block). Messages a version lacks
+    /// altogether are the sender's to hold back.
     #[must_use]
     pub fn for_version(mut self, version: u16) -> Self {
+        if version < 8 {
+            match &mut self {
+                Self::Resolved {
+                    resolution: Resolution::Found { vip6, .. },
+                    ..
+                } => *vip6 = None,
+                Self::Policy { rules, .. } => {
+                    for r in rules {
+                        r.from.retain(|n| matches!(n, IpNet::V4(_)));
+                        r.to.retain(|n| matches!(n, IpNet::V4(_)));
+                    }
+                }
+                _ => {}
+            }
+        }
         if version < 5 {
             match &mut self {
                 Self::Expect { peer }
@@ -400,10 +423,10 @@ pub enum PolicyProto {
 pub struct PolicyRule {
     /// The rule's number in the cloud's file.
     pub id: u32,
-    /// Who may open.
-    pub from: Vec<Ipv4Net>,
-    /// To whom.
-    pub to: Vec<Ipv4Net>,
+    /// Who may open (IPv6 blocks from version 8).
+    pub from: Vec<IpNet>,
+    /// To whom (IPv6 blocks from version 8).
+    pub to: Vec<IpNet>,
     /// What.
     pub proto: PolicyProto,
     /// Destination port ranges, inclusive; empty: every port.
@@ -425,6 +448,7 @@ mod tests {
         assert_eq!(rec.legacy, None);
         assert_eq!(serde_json::to_string(&rec).unwrap(), v6);
         let fixed = NameRecord {
+            vip6: None,
             legacy: Some(Ipv4Addr::new(192, 0, 2, 20)),
             ..rec
         };

@@ -3,7 +3,6 @@
 //! back together by the client ([`Assembler`]).
 
 use cyphonic_filter::{Proto, Rule, RuleSet};
-use ipnet::{IpNet, Ipv4Net};
 
 use crate::msg::{CloudMsg, PolicyProto, PolicyRule};
 
@@ -19,23 +18,12 @@ pub const MAX_PREFIXES: usize = 100_000;
 /// Prefixes of one side of a rule per message at most: a rule with more is sent as several.
 const PREFIXES_PER_PIECE: usize = 1000;
 
-/// The IPv4 blocks of `nets`: the wire carries no others yet (IPv6 comes with control
-/// version 8, docs/protocol.md §7). A side left without blocks matches nobody.
-fn v4(nets: &[IpNet]) -> Vec<Ipv4Net> {
-    nets.iter()
-        .filter_map(|n| match n {
-            IpNet::V4(n) => Some(*n),
-            IpNet::V6(_) => None,
-        })
-        .collect()
-}
-
 impl From<&Rule> for PolicyRule {
     fn from(r: &Rule) -> Self {
         Self {
             id: r.id,
-            from: v4(&r.from),
-            to: v4(&r.to),
+            from: r.from.clone(),
+            to: r.to.clone(),
             proto: match r.proto {
                 Proto::Tcp => PolicyProto::Tcp,
                 Proto::Udp => PolicyProto::Udp,
@@ -57,8 +45,8 @@ impl PolicyRule {
             .collect::<Option<Vec<_>>>()?;
         Some(Rule {
             id: self.id,
-            from: self.from.iter().copied().map(IpNet::V4).collect(),
-            to: self.to.iter().copied().map(IpNet::V4).collect(),
+            from: self.from.clone(),
+            to: self.to.clone(),
             proto: match self.proto {
                 PolicyProto::Tcp => Proto::Tcp,
                 PolicyProto::Udp => Proto::Udp,
@@ -205,6 +193,7 @@ impl Assembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ipnet::{IpNet, Ipv4Net};
 
     fn net(i: u32) -> IpNet {
         Ipv4Net::new(std::net::Ipv4Addr::from(0x6440_0000 + i), 32)
@@ -212,22 +201,32 @@ mod tests {
             .into()
     }
 
-    /// Until control version 8 the wire carries IPv4 blocks only: a rule's IPv6 blocks
-    /// stay behind, and a side of IPv6 blocks alone arrives empty (it matches nobody).
+    /// Control version 8 carries a rule's IPv6 blocks; for a version-7 client they are left
+    /// out, and a side of IPv6 blocks alone arrives empty (it matches nobody).
     #[test]
-    fn the_wire_carries_a_rules_ipv4_blocks_only() {
+    fn a_version_7_client_gets_a_rules_ipv4_blocks_only() {
         let v6: IpNet = "fd7a:0:1::/56".parse().unwrap_or_default();
         let mut r = rule(1, 1, 1);
         r.from.push(v6);
         r.to = vec![v6];
-        let wire = PolicyRule::from(&r);
+        let set = RuleSet {
+            version: 3,
+            rules: vec![r.clone()],
+        };
+        let [msg] = messages(Some(&set))
+            .try_into()
+            .unwrap_or_else(|_| panic!("one part"));
+        let rules = |m: CloudMsg| match m {
+            CloudMsg::Policy { rules, .. } => rules,
+            other => panic!("{other:?}"),
+        };
+        let new = rules(msg.clone());
+        assert_eq!(new[0].to_rule(), Some(r));
+        let old = rules(msg.for_version(7));
         assert_eq!(
-            wire.from,
-            vec![Ipv4Net::new([100, 64, 0, 0].into(), 32).unwrap_or_default()]
+            (old[0].from.clone(), old[0].to.clone()),
+            (vec![net(0)], Vec::new())
         );
-        assert!(wire.to.is_empty());
-        let back = wire.to_rule().unwrap_or_else(|| rule(0, 0, 0));
-        assert_eq!((back.from, back.to), (vec![net(0)], Vec::new()));
     }
 
     fn rule(id: u32, from: u32, to: u32) -> Rule {

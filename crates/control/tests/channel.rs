@@ -117,6 +117,7 @@ fn messages_flow_both_ways_in_order() {
         names: vec![NameRecord {
             name: "gw1.ovl.example".into(),
             vip: Ipv4Addr::new(100, 64, 1, 1),
+            vip6: None,
             legacy: Some(Ipv4Addr::new(192, 0, 2, 20)),
         }],
     };
@@ -286,9 +287,14 @@ fn directions_go_to_version_5_and_are_taken_out_for_version_4() {
         name: "host.gw2.ovl.example".into(),
         resolution: Resolution::Found {
             vip: Ipv4Addr::new(100, 64, 2, 10),
+            vip6: Some("fd7a:0:1:200::a".parse().unwrap()),
             peer,
         },
     };
+    // Version 8 carries the IPv6 address; a version-7 client reads the message without it.
+    let json = |m: &CloudMsg, v| serde_json::to_string(&m.clone().for_version(v)).unwrap();
+    assert!(json(&found, 8).contains(r#""vip6":"fd7a:0:1:200::a""#));
+    assert!(!json(&found, 7).contains("vip6"), "{}", json(&found, 7));
     for msg in [expect, found] {
         let old = serde_json::to_string(&msg.for_version(4)).unwrap();
         assert!(!old.contains("allowed"), "{old}");
@@ -341,6 +347,7 @@ fn names_inside_the_certificate_only() {
     let rec = |name: &str, vip: [u8; 4]| NameRecord {
         name: name.into(),
         vip: vip.into(),
+        vip6: None,
         legacy: None,
     };
     assert_eq!(

@@ -608,8 +608,8 @@ impl CloudLink {
     /// handshake towards it starts, through the relay the cloud gave, if any).
     fn answered(&mut self, a: CloudAnswer, control: &mut Control) -> Option<Settled> {
         let now = Instant::now();
-        let (vip, info) = match a.result {
-            Ok(Resolution::Found { vip, peer }) => (vip, peer),
+        let (vip, vip6, info) = match a.result {
+            Ok(Resolution::Found { vip, vip6, peer }) => (vip, vip6, peer),
             Ok(Resolution::NotFound | Resolution::Denied | Resolution::Own) => {
                 return a.key.map(|k| (k, Err(ResponseCode::NXDomain)));
             }
@@ -618,15 +618,12 @@ impl CloudLink {
         let Some(slot) = self.peer(control, &info, now) else {
             return a.key.map(|k| (k, Err(ResponseCode::ServFail)));
         };
-        if !slot
-            .blocks
-            .iter()
-            .any(|b| b.contains(&std::net::IpAddr::V4(vip)))
-        {
-            tracing::warn!(peer = %slot.name, %vip, "the cloud named an address outside the peer's certificate");
+        let certified = |ip: std::net::IpAddr| slot.blocks.iter().any(|b| b.contains(&ip));
+        if !certified(vip.into()) || vip6.is_some_and(|v6| !certified(v6.into())) {
+            tracing::warn!(peer = %slot.name, %vip, ?vip6, "the cloud named an address outside the peer's certificate");
             return a.key.map(|k| (k, Err(ResponseCode::ServFail)));
         }
-        let records = self.records(&a.name, a.record_type, vip);
+        let records = self.records(&a.name, a.record_type, vip, vip6);
         if slot.lock().is_established(now) {
             return a.key.map(|k| (k, Ok(records)));
         }
@@ -661,16 +658,28 @@ impl CloudLink {
         control.initiate(slot, now);
     }
 
-    fn records(&self, name: &Name, record_type: RecordType, vip: Ipv4Addr) -> Vec<Record> {
-        if record_type == RecordType::A {
-            vec![Record::from_rdata(
+    fn records(
+        &self,
+        name: &Name,
+        record_type: RecordType,
+        vip: Ipv4Addr,
+        vip6: Option<std::net::Ipv6Addr>,
+    ) -> Vec<Record> {
+        match (record_type, vip6) {
+            (RecordType::A, _) => vec![Record::from_rdata(
                 name.clone(),
                 self.ttl,
                 RData::A(vip.into()),
-            )]
-        } else {
+            )],
+            (RecordType::AAAA, Some(v6)) => {
+                vec![Record::from_rdata(
+                    name.clone(),
+                    self.ttl,
+                    RData::AAAA(v6.into()),
+                )]
+            }
             // The name exists, without records of this type (NODATA).
-            Vec::new()
+            _ => Vec::new(),
         }
     }
 

@@ -42,6 +42,8 @@ pub struct OwnZone {
     pub name: String,
     /// The address our own name has.
     pub ip: Ipv4Addr,
+    /// Its IPv6 address (its AAAA), if it has one.
+    pub ip6: Option<std::net::Ipv6Addr>,
     /// The block whose reverse zone is ours.
     pub block: Ipv4Net,
 }
@@ -91,6 +93,7 @@ impl<C: Client> Dns<C> {
             overlay_domain: fqdn(&common.overlay_domain)?,
             own_name: fqdn(&own.name)?,
             own_ip: own.ip,
+            own_ip6: own.ip6,
             own_block: own.block,
             overlay: common.overlay,
             ttl: common.dns_ttl(),

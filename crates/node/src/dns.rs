@@ -78,11 +78,12 @@ pub struct NodeServices {
 }
 
 impl NodeServices {
-    /// The services hosting our `name` at `vip`, publishing the stub's state in `status`.
+    /// The services hosting our `name` at `vip` (and its IPv6 address), publishing the
+    /// stub's state in `status`.
     pub fn new(
         stub: Option<Stub>,
         name: &str,
-        vip: Ipv4Addr,
+        (vip, vip6): (Ipv4Addr, Option<std::net::Ipv6Addr>),
         status: Arc<Mutex<Option<DnsStatus>>>,
     ) -> Self {
         Self {
@@ -90,6 +91,7 @@ impl NodeServices {
             hosted: [NameRecord {
                 name: name.to_owned(),
                 vip,
+                vip6,
                 legacy: None,
             }],
             status,
@@ -186,6 +188,7 @@ impl Stub {
         let own = OwnZone {
             name: name.to_owned(),
             ip: config.vip,
+            ip6: config.ipv6.map(|(ip6, _)| ip6),
             block: Ipv4Net::new(config.vip, 32).context("a /32")?,
         };
         let mut dns = Dns::new(common, &own, peers, cloud, upstream)?;

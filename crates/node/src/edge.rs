@@ -110,7 +110,7 @@ impl Edge for NodeEdge<'_> {
         Ok(NodeServices::new(
             stub,
             &ctx.core.name,
-            self.config.vip,
+            (self.config.vip, self.config.ipv6.map(|(ip6, _)| ip6)),
             self.dns.clone(),
         ))
     }

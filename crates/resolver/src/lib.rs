@@ -2,8 +2,8 @@
 //!
 //! The adapter is authoritative for its own subzone (`<adapter FQDN>`, for instance
 //! `gw1.ovl.example`): the adapter's name and every device's name (`sensor1.gw1.ovl.example`,
-//! from the DHCP leases) answer with A records, addresses of its block answer PTR queries,
-//! AAAA inside the overlay gets an empty NOERROR (the overlay is IPv4). Anything else is
+//! from the DHCP leases) answer with A records, its own name with an AAAA too when it has an
+//! IPv6 address (a node's), addresses of its block answer PTR queries. Anything else is
 //! decided, not done: a name below a peer adapter's FQDN is asked of that peer (over the
 //! tunnel), an overlay name nobody here knows can be asked of the cloud, and a name outside
 //! the overlay goes to the upstream resolvers when any are configured (REFUSED otherwise).

@@ -32,6 +32,8 @@ pub struct ZoneConfig {
     pub own_name: Name,
     /// The adapter's gateway vIP: what its own name resolves to.
     pub own_ip: Ipv4Addr,
+    /// Its own name's IPv6 address (its AAAA), if it has one.
+    pub own_ip6: Option<std::net::Ipv6Addr>,
     /// The adapter's block: the reverse zone it is authoritative for.
     pub own_block: Ipv4Net,
     /// The overlay's address range.
@@ -378,18 +380,8 @@ impl<C: Client> Resolver<C> {
         {
             return self.ask_peer(now, &to, question, client, peer);
         }
-        // The rest of the overlay.
+        // The rest of the overlay (AAAA as A: the cloud knows names' IPv6 addresses too).
         if self.cfg.overlay_domain.zone_of(&name) {
-            if qtype == RecordType::AAAA {
-                // The overlay is IPv4: no AAAA anywhere in it.
-                return Action::Respond(self.response(
-                    &to,
-                    question,
-                    ResponseCode::NoError,
-                    vec![],
-                    false,
-                ));
-            }
             if self.cfg.ask_cloud {
                 let Some(key) = self.park(now, &to, question, client, None, false) else {
                     return Action::Respond(self.error(
@@ -653,12 +645,19 @@ impl<C: Client> Resolver<C> {
             self.stats.nxdomain += 1;
             return self.response(to, question, ResponseCode::NXDomain, vec![], true);
         };
-        let answers = match question.query_type() {
-            RecordType::A | RecordType::ANY => vec![Record::from_rdata(
+        let own = *name == self.cfg.own_name.to_lowercase();
+        let aaaa = self.cfg.own_ip6.filter(|_| own).map(|ip6| {
+            Record::from_rdata(
                 question.name().clone(),
                 self.cfg.ttl,
-                RData::A(A(ip)),
-            )],
+                RData::AAAA(ip6.into()),
+            )
+        });
+        let a = Record::from_rdata(question.name().clone(), self.cfg.ttl, RData::A(A(ip)));
+        let answers = match question.query_type() {
+            RecordType::A => vec![a],
+            RecordType::AAAA => aaaa.into_iter().collect(),
+            RecordType::ANY => std::iter::once(a).chain(aaaa).collect(),
             // The name exists; it has no data of this type (RFC 2308 NODATA).
             _ => vec![],
         };

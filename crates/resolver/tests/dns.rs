@@ -20,6 +20,7 @@ fn config(upstream: bool, ask_cloud: bool) -> ZoneConfig {
         overlay_domain: name("ovl.example."),
         own_name: name("gw1.ovl.example."),
         own_ip: Ipv4Addr::new(100, 64, 1, 1),
+        own_ip6: Some("fd7a:0:1:100::1".parse().unwrap()),
         own_block: "100.64.1.0/24".parse().unwrap(),
         overlay: "100.64.0.0/10".parse().unwrap(),
         ttl: 60,
@@ -135,9 +136,42 @@ fn our_zone_is_answered_with_authority() {
     check(&mut r, "sensor1.gw1.ovl.example.", MX, NoError, &[], true);
     check(&mut r, "nobody.gw1.ovl.example.", A, NXDomain, &[], true);
     check(&mut r, "nobody.gw1.ovl.example.", AAAA, NXDomain, &[], true);
-    // Elsewhere in the overlay, without the cloud: no such name; AAAA never exists there.
+    // Elsewhere in the overlay, without the cloud: no such name, of either type.
     check(&mut r, "x.gw9.ovl.example.", A, NXDomain, &[], false);
-    check(&mut r, "x.gw9.ovl.example.", AAAA, NoError, &[], false);
+    check(&mut r, "x.gw9.ovl.example.", AAAA, NXDomain, &[], false);
+}
+
+/// Issue 53: our own name has its AAAA beside its A (the IPv6 address our certificate gives
+/// us); a device without one has none (NODATA).
+#[test]
+fn our_own_name_has_its_ipv6_address() {
+    let mut r = resolver(false, false);
+    let aaaa = |r: &mut Resolver<&'static str>, q: &str, t| {
+        let m = respond(r.handle_query(Instant::now(), &query(3, q, t), "c", None));
+        let got: Vec<std::net::Ipv6Addr> = m
+            .answers
+            .iter()
+            .filter_map(|a| match a.data {
+                RData::AAAA(ip) => Some(ip.0),
+                _ => None,
+            })
+            .collect();
+        (m.metadata.response_code, got, a_records(&m))
+    };
+    let ours: std::net::Ipv6Addr = "fd7a:0:1:100::1".parse().unwrap();
+    let own = Ipv4Addr::new(100, 64, 1, 1);
+    assert_eq!(
+        aaaa(&mut r, "gw1.ovl.example.", RecordType::AAAA),
+        (ResponseCode::NoError, vec![ours], vec![])
+    );
+    assert_eq!(
+        aaaa(&mut r, "gw1.ovl.example.", RecordType::ANY),
+        (ResponseCode::NoError, vec![ours], vec![own])
+    );
+    assert_eq!(
+        aaaa(&mut r, "sensor1.gw1.ovl.example.", RecordType::AAAA),
+        (ResponseCode::NoError, vec![], vec![])
+    );
 }
 
 #[test]
@@ -322,6 +356,23 @@ fn the_cloud_is_asked_about_unknown_overlay_names_when_configured() {
     assert_eq!(
         Message::from_vec(&resp).unwrap().metadata.response_code,
         ResponseCode::NXDomain
+    );
+    // AAAA too (issue 53: the cloud knows names' IPv6 addresses).
+    let asked = r.handle_query(
+        Instant::now(),
+        &query(6, "pump.gw7.ovl.example.", RecordType::AAAA),
+        "c",
+        None,
+    );
+    assert!(
+        matches!(
+            asked,
+            Action::AskCloud {
+                record_type: RecordType::AAAA,
+                ..
+            }
+        ),
+        "{asked:?}"
     );
 }
 

@@ -71,6 +71,7 @@ mod tests {
             "cam.gw2.ovl.example",
             Resolution::Found {
                 vip: [100, 64, 2, 100].into(),
+                vip6: None,
                 peer: cyphonic_control::PeerInfo {
                     relay: None,
                     allowed: None,

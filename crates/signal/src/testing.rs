@@ -35,7 +35,10 @@ impl Pki {
         Self {
             ca: CertificateAuthority::generate(
                 "ovl.example",
-                &["100.64.0.0/10".parse().unwrap()],
+                &[
+                    "100.64.0.0/10".parse().unwrap(),
+                    "fd7a:0:1::/48".parse().unwrap(),
+                ],
                 0,
                 now() + 2 * 86_400,
             )
@@ -53,7 +56,8 @@ impl Pki {
         TrustStore::new(vec![self.ca.certificate().clone()], self.revoked.clone()).unwrap()
     }
 
-    /// A new identity `name` for `block` (`"100.64.1.0/24"`) in `groups`, valid one day
+    /// A new identity `name` for `block` (`"100.64.1.0/24"`, or several separated by
+    /// spaces: `"100.64.1.0/24 fd7a:0:1:100::/56"`) in `groups`, valid one day
     /// (within the CA's own validity: a CA loaded from elsewhere may be younger or end
     /// sooner).
     ///
@@ -67,7 +71,10 @@ impl Pki {
             .ca
             .issue(&IssueRequest {
                 name: name.into(),
-                vip_blocks: vec![block.parse().unwrap()],
+                vip_blocks: block
+                    .split_whitespace()
+                    .map(|b| b.parse().unwrap())
+                    .collect(),
                 public_key: key.public().0,
                 groups: groups.iter().map(|g| (*g).to_owned()).collect(),
                 not_before: ca.not_before,

@@ -151,6 +151,7 @@ impl Nms {
         .await;
         Ok(Resolution::Found {
             vip: found.vip,
+            vip6: found.vip6,
             peer: PeerInfo {
                 certificate: target_row.certificate.clone(),
                 endpoints: target_row.reach(),
