@@ -232,7 +232,7 @@ fn adapter_metrics_count_what_the_scenario_sent() {
     assert_eq!(cells[cells.len() - 1], days, "{row}");
     assert!(
         text.contains(&format!(
-            "certificate gw1.ovl.example  expires in {}d",
+            "certificate gw1.ovl.example (100.64.1.0/24)  expires in {}d",
             (ours - at) / 86_400
         )),
         "{text}"
