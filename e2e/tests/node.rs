@@ -275,3 +275,68 @@ fn two_nodes_reach_each_other_over_ipv6() {
     assert!(addrs.contains(&format!("{}/48", node_ipv6(0))), "{addrs}");
     assert!(!addrs.contains("fe80"), "{addrs}");
 }
+
+/// Issue 53, done-when: a node with IPv4 and IPv6 is one member to the cloud's policy. A
+/// rule lets node 0 ping node 1: it does over IPv6 by name, and over IPv4; node 1 may not
+/// ping node 0 over either (the cloud's rules, enforced by both nodes, compiled for both
+/// families from the members' certified blocks).
+#[test]
+fn a_rule_for_a_node_holds_over_ipv4_and_ipv6_alike() {
+    use cyphonic_e2e::fleet::{Fleet, node_ipv6};
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions {
+            extra: "[policy]\ndefault = \"deny\"\n\n[[policy.rule]]\nfrom = [\"n0.ovl.example\"]\n\
+                    to = [\"n1.ovl.example\"]\nallow = [\"icmp\"]\n"
+                .into(),
+            ..CloudOptions::default()
+        }),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let fleet = Fleet::start_with(&bed, 2, true).unwrap();
+    let logs = || {
+        fleet
+            .nodes
+            .iter()
+            .map(|n| n.log_text())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let ping = |from: usize, args: &[&str]| {
+        let mut all = vec!["-c", "2", "-i", "0.2", "-W", "1"];
+        all.extend_from_slice(args);
+        fleet.nodes[from]
+            .ns
+            .exec_output("ping", &all)
+            .unwrap()
+            .status
+            .success()
+    };
+    // Allowed: 0 to 1, by AAAA name and by address.
+    // The cloud compiles the rule once both nodes are members (they registered), and
+    // pushes it: rule 1 and rule 0 (DNS, two protocols) on both.
+    for node in &fleet.nodes {
+        wait_until(
+            Duration::from_secs(15),
+            "the cloud's rule to arrive",
+            || {
+                node.status(&bed.bins)
+                    .is_ok_and(|s| uint(&s["policy"]["rules"]) == 3)
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    }
+    assert!(ping(0, &["-6", "n1.ovl.example"]), "{}", logs());
+    let v4 = |i: usize| fleet.nodes[i].vip.to_string();
+    assert!(ping(0, &[&v4(1)]), "{}", logs());
+    // Refused: 1 to 0, over both families (the tunnel is up: 0 opened it).
+    let v6 = |i: usize| node_ipv6(i).to_string();
+    assert!(!ping(1, &["-6", &v6(0)]), "node 1 reached node 0 over IPv6");
+    assert!(!ping(1, &[&v4(0)]), "node 1 reached node 0 over IPv4");
+    // Dropped where they start, before sealing: two echo requests of each family.
+    let status = fleet.nodes[1].status(&bed.bins).unwrap();
+    assert!(
+        uint(&status["policy"]["dropped"]["no_rule"]) >= 4,
+        "{status}"
+    );
+}

@@ -23,7 +23,7 @@ pub fn entries(members: &[Member], trust: &TrustStore, now: u64) -> Vec<Entry> {
             let body = cert.body();
             Some(Entry {
                 name: body.name.clone(),
-                blocks: body.v4_blocks(),
+                blocks: body.vip_blocks.clone(),
                 groups: body.groups.clone(),
                 devices: m.names.clone(),
             })
@@ -81,8 +81,9 @@ impl Default for Policy {
 pub struct Entry {
     /// The certificate's name.
     pub name: String,
-    /// Its IPv4 blocks.
-    pub blocks: Vec<Ipv4Net>,
+    /// Its blocks, of both families: a rule that names the member or one of its groups
+    /// names them all (docs/protocol.md §7, one device, both families).
+    pub blocks: Vec<IpNet>,
     /// The certificate's groups.
     pub groups: Vec<String>,
     /// The names it registered (its own and its devices'), with their addresses.
@@ -106,9 +107,8 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
 }
 
 /// Whether a rule side `nets` meets one of a client's `blocks`.
-fn meets(nets: &[IpNet], blocks: &[Ipv4Net]) -> bool {
-    nets.iter()
-        .any(|n| blocks.iter().any(|b| overlaps(n, &IpNet::V4(*b))))
+fn meets(nets: &[IpNet], blocks: &[IpNet]) -> bool {
+    nets.iter().any(|n| blocks.iter().any(|b| overlaps(n, b)))
 }
 
 impl Policy {
@@ -188,7 +188,7 @@ fn version_of(rules: &RuleSet) -> u64 {
 impl Compiled {
     /// The rules that concern a client with `blocks` (their `from` or `to` meets one), as
     /// the set it enforces; `None` when nothing is enforced.
-    pub fn for_client(&self, blocks: &[Ipv4Net]) -> Option<RuleSet> {
+    pub fn for_client(&self, blocks: &[IpNet]) -> Option<RuleSet> {
         if !self.enforce {
             return None;
         }
@@ -208,7 +208,7 @@ impl Compiled {
 
     /// Whether some rule lets an address in `a` open a flow to one in `b` (always, when
     /// nothing is enforced): whether `a` may resolve `b`.
-    pub fn opens(&self, a: &[Ipv4Net], b: &[Ipv4Net]) -> bool {
+    pub fn opens(&self, a: &[IpNet], b: &[IpNet]) -> bool {
         !self.enforce
             || self
                 .rules
@@ -220,7 +220,7 @@ impl Compiled {
     /// Which way flows may start between clients with blocks `a` and `b`, seen from `a`:
     /// what each side of a pair is told (docs/protocol.md §4 *Policy*, Directions). `None`
     /// when nothing is enforced, or no way is open.
-    pub fn allowed(&self, a: &[Ipv4Net], b: &[Ipv4Net]) -> Option<Allowed> {
+    pub fn allowed(&self, a: &[IpNet], b: &[IpNet]) -> Option<Allowed> {
         if !self.enforce {
             return None;
         }
@@ -229,7 +229,7 @@ impl Compiled {
 
     /// Whether clients with blocks `a` and `b` may be paired: some rule lets one open a flow
     /// to the other (always, when nothing is enforced).
-    pub fn pairs(&self, a: &[Ipv4Net], b: &[Ipv4Net]) -> bool {
+    pub fn pairs(&self, a: &[IpNet], b: &[IpNet]) -> bool {
         self.opens(a, b) || self.opens(b, a)
     }
 
@@ -251,7 +251,7 @@ mod tests {
     use super::*;
     use std::net::IpAddr;
 
-    fn net(s: &str) -> Ipv4Net {
+    fn net(s: &str) -> IpNet {
         s.parse().unwrap_or_default()
     }
 
@@ -295,6 +295,53 @@ mod tests {
             groups,
             rules,
         }
+    }
+
+    /// Issue 53: a member's IPv4 and IPv6 blocks are one member to the rules: a rule naming
+    /// it (or its group) allows it over both families, and what it refuses is refused over
+    /// both; a client is sent the rules that meet any of its blocks, and pairing follows
+    /// either family.
+    #[test]
+    fn a_members_ipv6_block_is_the_same_member_to_the_rules() {
+        let nodes = vec![
+            Entry {
+                name: "n0.ovl.example".into(),
+                blocks: vec![net("100.64.100.0/24"), net("fd7a:0:1:4000::1/128")],
+                groups: v(&["ops"]),
+                devices: vec![("n0.ovl.example".into(), [100, 64, 100, 1].into())],
+            },
+            Entry {
+                name: "n1.ovl.example".into(),
+                blocks: vec![net("100.64.101.0/24"), net("fd7a:0:1:4000::2/128")],
+                groups: Vec::new(),
+                devices: vec![("n1.ovl.example".into(), [100, 64, 101, 1].into())],
+            },
+        ];
+        let p = deny(
+            Vec::new(),
+            vec![Rule {
+                from: v(&["ops"]),
+                to: v(&["n1.ovl.example"]),
+                allow: v(&["icmp"]),
+            }],
+        );
+        let c = p.compile(&nodes).unwrap_or_default();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap_or(IpAddr::from([0; 4]));
+        let (n0, n1, n0_6, n1_6) = (
+            ip("100.64.100.1"),
+            ip("100.64.101.1"),
+            ip("fd7a:0:1:4000::1"),
+            ip("fd7a:0:1:4000::2"),
+        );
+        assert_eq!(c.first_allowing(1, n0, n1, 0), Some(1));
+        assert_eq!(c.first_allowing(58, n0_6, n1_6, 0), Some(1));
+        assert_eq!(c.first_allowing(1, n1, n0, 0), None);
+        assert_eq!(c.first_allowing(58, n1_6, n0_6, 0), None);
+        // A client known by its IPv6 block alone is still sent the rule, and paired.
+        let only6 = [net("fd7a:0:1:4000::2/128")];
+        assert_eq!(c.for_client(&only6).map(|s| s.rules.len()), Some(1));
+        assert!(c.opens(&[net("fd7a:0:1:4000::1/128")], &only6));
+        assert!(!c.opens(&only6, &[net("fd7a:0:1:4000::1/128")]));
     }
 
     /// Groups of certificates, devices by name and pattern, one-way rules: what each client

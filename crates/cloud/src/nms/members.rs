@@ -115,8 +115,8 @@ impl Nms {
         let between = self
             .policy_between((fp, asker), (&found.owner.fingerprint, target.body()))
             .await?;
-        let blocks = (asker.v4_blocks(), target.body().v4_blocks());
-        if !between.opens(&blocks.0, &blocks.1) {
+        let blocks = (&asker.vip_blocks, &target.body().vip_blocks);
+        if !between.opens(blocks.0, blocks.1) {
             bump(&self.stats.denied);
             tracing::info!(asker = %asker.name, name = %cyphonic_telemetry::Untrusted(name), "resolution denied by policy");
             return Ok(Resolution::Denied);
@@ -136,7 +136,7 @@ impl Nms {
             (None, _) => None,
         };
         let (mine, theirs) = relays.map_or((None, None), |(m, t)| (Some(m), Some(t)));
-        let allowed = between.allowed(&blocks.0, &blocks.1);
+        let allowed = between.allowed(blocks.0, blocks.1);
         self.signal(
             &target_row.fingerprint,
             CloudMsg::Expect {
@@ -286,12 +286,12 @@ impl Nms {
                 return refuse("the registry is unavailable");
             }
         };
-        let blocks = (asker.v4_blocks(), cert.body().v4_blocks());
-        if !between.pairs(&blocks.0, &blocks.1) {
+        let blocks = (&asker.vip_blocks, &cert.body().vip_blocks);
+        if !between.pairs(blocks.0, blocks.1) {
             bump(&self.stats.denied);
             return refuse("denied by policy");
         }
-        let allowed = between.allowed(&blocks.0, &blocks.1);
+        let allowed = between.allowed(blocks.0, blocks.1);
         let reason = if relay {
             Some(route::why_relay_was_asked(&me, &target))
         } else {

@@ -84,7 +84,7 @@ impl Nms {
         for (fp, body) in [a, b] {
             entries.push(crate::policy::Entry {
                 name: body.name.clone(),
-                blocks: body.v4_blocks(),
+                blocks: body.vip_blocks.clone(),
                 groups: body.groups.clone(),
                 devices: self.store.names_of(fp).await?,
             });
@@ -140,7 +140,7 @@ impl Nms {
     /// The `policy` messages for a client with `body`'s blocks: its part of the compiled
     /// policy, and that part's version (`None` when nothing is enforced).
     pub(super) fn policy_for(&self, body: &CertBody) -> (Option<u64>, Vec<CloudMsg>) {
-        let set = self.compiled.borrow().for_client(&body.v4_blocks());
+        let set = self.compiled.borrow().for_client(&body.vip_blocks);
         (
             set.as_ref().map(|s| s.version),
             cyphonic_control::policy::messages(set.as_ref()),
