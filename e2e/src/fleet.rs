@@ -77,6 +77,15 @@ impl Fleet {
         Ok(Self { nodes })
     }
 
+    /// Every node's log, one after the other (for a failing test's message).
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(NodeHost::log_text)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Makes every node resolve `name` (which builds its tunnel), asking each up to 20 times.
     ///
     /// # Errors

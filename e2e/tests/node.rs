@@ -238,14 +238,7 @@ fn two_nodes_reach_each_other_over_ipv6() {
     })
     .unwrap();
     let fleet = Fleet::start_with(&bed, 2, true).unwrap();
-    let logs = || {
-        fleet
-            .nodes
-            .iter()
-            .map(|n| n.log_text())
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let logs = || fleet.logs();
     for (from, to) in [(0, 1), (1, 0)] {
         let target = format!("n{to}.ovl.example");
         let node = &fleet.nodes[from];
@@ -294,14 +287,7 @@ fn a_rule_for_a_node_holds_over_ipv4_and_ipv6_alike() {
     })
     .unwrap();
     let fleet = Fleet::start_with(&bed, 2, true).unwrap();
-    let logs = || {
-        fleet
-            .nodes
-            .iter()
-            .map(|n| n.log_text())
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let logs = || fleet.logs();
     let ping = |from: usize, args: &[&str]| {
         let mut all = vec!["-c", "2", "-i", "0.2", "-W", "1"];
         all.extend_from_slice(args);
