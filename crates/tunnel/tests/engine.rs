@@ -501,7 +501,13 @@ fn a_restarted_end_handshakes_with_the_peer_still_sending_to_it() {
         "B did not handshake: {:?}",
         p.b.shared.counters()
     );
-    assert!(p.b.settled_events().contains(&ControlEvent::PeerUp(1)));
+    // The control core reports it at its next turn after the keys are confirmed: under an
+    // emulator that may come after the command `settled_events` runs, so it is waited for.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.b.settled_events().contains(&ControlEvent::PeerUp(1)) {
+        assert!(Instant::now() < deadline, "no PeerUp: {:?}", p.b.events());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // New keys on both sides: traffic flows both ways again.
     assert!(p.wait_established(Duration::from_secs(2)));
     p.b.delivered();
