@@ -86,6 +86,56 @@ const ECHO_REPLY_V6: u8 = 129;
 /// exceeded, parameter problem (RFC 4443 §3). Every type below 128 is an error.
 const FLOW_ERRORS_V6: [u8; 4] = [1, 2, 3, 4];
 
+/// What the filter knows of ICMP for one IP version, in one place for both: its protocol
+/// number, its echo types, which of its types are errors and which of those may answer a
+/// flow, and the longest error let through.
+struct Icmp {
+    proto: u8,
+    request: u8,
+    reply: u8,
+    flow_errors: &'static [u8],
+    longest: usize,
+    v6: bool,
+}
+
+impl Icmp {
+    const V4: Self = Self {
+        proto: ICMP,
+        request: ECHO_REQUEST,
+        reply: ECHO_REPLY,
+        flow_errors: &FLOW_ERRORS,
+        longest: MAX_ICMP_ERROR,
+        v6: false,
+    };
+    const V6: Self = Self {
+        proto: ICMPV6,
+        request: ECHO_REQUEST_V6,
+        reply: ECHO_REPLY_V6,
+        flow_errors: &FLOW_ERRORS_V6,
+        longest: MAX_ICMPV6_ERROR,
+        v6: true,
+    };
+
+    /// The version of `addr`.
+    const fn of(addr: IpAddr) -> &'static Self {
+        if addr.is_ipv6() { &Self::V6 } else { &Self::V4 }
+    }
+
+    /// Whether a message of type `kind` is an error (it quotes the packet it is about).
+    fn is_error(&self, kind: u8) -> bool {
+        if self.v6 {
+            kind < 128
+        } else {
+            ICMP_ERRORS.contains(&kind)
+        }
+    }
+
+    /// Whether a message of type `kind` is an echo request or reply.
+    const fn is_echo(&self, kind: u8) -> bool {
+        kind == self.request || kind == self.reply
+    }
+}
+
 /// An ICMP error, as the filter judges it: the ICMP type, its own addresses, and the flow
 /// of the packet it quotes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,11 +159,7 @@ pub(crate) struct IcmpError {
 impl IcmpError {
     /// Whether its type may answer a flow ([`FLOW_ERRORS`], for ICMPv6 `FLOW_ERRORS_V6`).
     pub(crate) fn answers_flows(&self) -> bool {
-        if self.src.is_ipv6() {
-            FLOW_ERRORS_V6.contains(&self.kind)
-        } else {
-            FLOW_ERRORS.contains(&self.kind)
-        }
+        Icmp::of(self.src).flow_errors.contains(&self.kind)
     }
 }
 
@@ -239,28 +285,19 @@ fn upper(
     first: Option<(DatagramKey, Piece)>,
     len: usize,
 ) -> Option<Seen> {
-    let (icmp, request, reply, longest) = if src.is_ipv6() {
-        (ICMPV6, ECHO_REQUEST_V6, ECHO_REPLY_V6, MAX_ICMPV6_ERROR)
-    } else {
-        (ICMP, ECHO_REQUEST, ECHO_REPLY, MAX_ICMP_ERROR)
-    };
-    if proto == icmp {
+    let icmp = Icmp::of(src);
+    if proto == icmp.proto {
         let kind = *l4.first()?;
-        let error = if icmp == ICMP {
-            ICMP_ERRORS.contains(&kind)
-        } else {
-            kind < 128
-        };
-        if error {
+        if icmp.is_error(kind) {
             return Some(Seen::IcmpError(IcmpError {
                 kind,
                 src,
                 dst,
                 about: quoted_flow(l4.get(8..)?)?,
-                oversize: len > longest || first.is_some(),
+                oversize: len > icmp.longest || first.is_some(),
             }));
         }
-        let (sport, dport, _) = transport(icmp, l4)?;
+        let (sport, dport, _) = transport(proto, l4)?;
         return Some(Seen::Flow {
             key: FlowKey {
                 proto,
@@ -270,10 +307,10 @@ fn upper(
                 dport,
             },
             flags: 0,
-            opens: kind == request,
+            opens: kind == icmp.request,
             first,
         })
-        .filter(|_| kind == request || kind == reply);
+        .filter(|_| icmp.is_echo(kind));
     }
     // A whole transport header (an ICMP error quotes only its first 8 bytes; a packet
     // carries all of it).
@@ -506,7 +543,7 @@ fn quoted_flow4(quoted: &[u8]) -> Option<Option<FlowKey>> {
     let l4 = quoted.get(inner_ihl..)?;
     let (sport, dport, _) = transport(inner_proto, l4)?;
     let later_fragment = inner.get_fragment_offset() != 0;
-    let not_echo = inner_proto == ICMP && !matches!(l4.first(), Some(&ECHO_REQUEST | &ECHO_REPLY));
+    let not_echo = inner_proto == ICMP && !l4.first().is_some_and(|k| Icmp::V4.is_echo(*k));
     if later_fragment || not_echo {
         return Some(None);
     }
@@ -528,8 +565,7 @@ fn quoted_flow6(quoted: &[u8]) -> Option<Option<FlowKey>> {
     }
     let l4 = quoted.get(chain.at..)?;
     let (sport, dport, _) = transport(chain.proto, l4)?;
-    let not_echo =
-        chain.proto == ICMPV6 && !matches!(l4.first(), Some(&ECHO_REQUEST_V6 | &ECHO_REPLY_V6));
+    let not_echo = chain.proto == ICMPV6 && !l4.first().is_some_and(|k| Icmp::V6.is_echo(*k));
     if not_echo {
         return Some(None);
     }
@@ -569,17 +605,11 @@ pub fn flow_of(packet: &[u8]) -> Option<FlowKey> {
             }
             _ => return None,
         };
-    let icmp = if src.is_ipv6() { ICMPV6 } else { ICMP };
+    let icmp = Icmp::of(src);
     let (sport, dport) = match (fragment, packet.get(l4_at..)) {
-        (false, Some(l4)) if proto == TCP || proto == UDP || proto == icmp => {
+        (false, Some(l4)) if proto == TCP || proto == UDP || proto == icmp.proto => {
             let (s, d, _) = transport(proto, l4).unwrap_or((0, 0, 0));
-            let kind = l4.first().copied().unwrap_or(0);
-            let error = if icmp == ICMP {
-                ICMP_ERRORS.contains(&kind)
-            } else {
-                kind < 128
-            };
-            if proto == icmp && error {
+            if proto == icmp.proto && icmp.is_error(l4.first().copied().unwrap_or(0)) {
                 (0, 0)
             } else {
                 (s, d)
