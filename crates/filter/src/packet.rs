@@ -380,9 +380,10 @@ struct Fragment {
 /// Why a chain is not walked to its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Broken {
-    /// The packet ends inside it (in a first fragment: refused, RFC 7112).
+    /// The packet ends inside it.
     Cut,
-    /// A header the filter refuses.
+    /// A header the filter refuses, or a first fragment that ends inside its chain (RFC
+    /// 7112: the whole chain must be in the first fragment).
     Refused,
 }
 
@@ -396,20 +397,22 @@ fn walk(packet: &[u8]) -> Result<Chain, Broken> {
     let mut next = *packet.get(6).ok_or(Broken::Cut)?;
     let mut at = 40;
     let mut fragment = None;
+    // What a chain that ends too soon is: cut, or, past a first fragment's header, refused.
+    let mut cut = Broken::Cut;
     for count in 0..=MAX_EXTENSIONS {
         match next {
             HOP_BY_HOP | DESTINATION_OPTIONS => {
                 if next == HOP_BY_HOP && at != 40 {
                     return Err(Broken::Refused);
                 }
-                let len = usize::from(*packet.get(at + 1).ok_or(Broken::Cut)?) * 8 + 8;
-                let options = packet.get(at + 2..at + len).ok_or(Broken::Cut)?;
+                let len = usize::from(*packet.get(at + 1).ok_or(cut)?) * 8 + 8;
+                let options = packet.get(at + 2..at + len).ok_or(cut)?;
                 padding_only(options)?;
                 next = packet[at];
                 at += len;
             }
             FRAGMENT => {
-                let header = packet.get(at..at + 8).ok_or(Broken::Cut)?;
+                let header = packet.get(at..at + 8).ok_or(cut)?;
                 if fragment.is_some() {
                     return Err(Broken::Refused);
                 }
@@ -420,6 +423,7 @@ fn walk(packet: &[u8]) -> Result<Chain, Broken> {
                 at += 8;
                 // An atomic fragment (offset 0, no more) is the whole packet (RFC 6946).
                 if offset != 0 || more {
+                    cut = Broken::Refused;
                     fragment = Some(Fragment {
                         next,
                         id,
@@ -1153,6 +1157,13 @@ mod tests {
         // piece not a multiple of 8 before the last, or empty, cannot be.
         let short = ext(&ipv6(TCP, a, b, &[0; 8]), FRAGMENT, &fragment6(0, true, 3));
         assert_eq!(parse(&short), Some(Seen::Refused));
+        // So is one that ends inside an extension header behind its Fragment header.
+        let cut_chain = ext(
+            &ext(&ipv6(UDP, a, b, &[]), DESTINATION_OPTIONS, &[3]),
+            FRAGMENT,
+            &fragment6(0, true, 3),
+        );
+        assert_eq!(parse(&cut_chain), Some(Seen::Refused));
         assert_eq!(
             parse(&ext(
                 &ipv6(UDP, a, b, &[0; 7]),
