@@ -717,13 +717,36 @@ pub(crate) mod testing {
         flags: u8,
         data: &[u8],
     ) -> Vec<u8> {
+        ipv4(6, src, dst, &tcp_segment(sport, dport, flags, data))
+    }
+
+    /// A TCP header (no options) with `flags`, and `data`.
+    fn tcp_segment(sport: u16, dport: u16, flags: u8, data: &[u8]) -> Vec<u8> {
         let mut l4 = vec![0u8; 20];
         l4[0..2].copy_from_slice(&sport.to_be_bytes());
         l4[2..4].copy_from_slice(&dport.to_be_bytes());
         l4[12] = 0x50;
         l4[13] = flags;
         l4.extend_from_slice(data);
-        ipv4(6, src, dst, &l4)
+        l4
+    }
+
+    /// A UDP header (its length set, no checksum), and `data`.
+    fn udp_datagram(sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+        let len = u16::try_from(8 + data.len()).unwrap_or(u16::MAX);
+        let mut l4 = vec![0u8; 8];
+        l4[0..2].copy_from_slice(&sport.to_be_bytes());
+        l4[2..4].copy_from_slice(&dport.to_be_bytes());
+        l4[4..6].copy_from_slice(&len.to_be_bytes());
+        l4.extend_from_slice(data);
+        l4
+    }
+
+    /// An ICMP or ICMPv6 echo message of type `kind` with identifier `id`.
+    fn echo_message(kind: u8, id: u16) -> Vec<u8> {
+        let mut l4 = vec![kind, 0, 0, 0, 0, 0, 0, 1];
+        l4[4..6].copy_from_slice(&id.to_be_bytes());
+        l4
     }
 
     /// A UDP datagram.
@@ -739,13 +762,7 @@ pub(crate) mod testing {
         dport: u16,
         data: &[u8],
     ) -> Vec<u8> {
-        let len = u16::try_from(8 + data.len()).unwrap_or(u16::MAX);
-        let mut l4 = vec![0u8; 8];
-        l4[0..2].copy_from_slice(&sport.to_be_bytes());
-        l4[2..4].copy_from_slice(&dport.to_be_bytes());
-        l4[4..6].copy_from_slice(&len.to_be_bytes());
-        l4.extend_from_slice(data);
-        ipv4(17, src, dst, &l4)
+        ipv4(17, src, dst, &udp_datagram(sport, dport, data))
     }
 
     /// `packet` made a fragment: IP identification `id`, its payload at byte `offset` of
@@ -772,9 +789,7 @@ pub(crate) mod testing {
 
     /// An ICMP echo request (`reply`: an echo reply) with identifier `id`.
     pub(crate) fn echo(src: Ipv4Addr, dst: Ipv4Addr, id: u16, reply: bool) -> Vec<u8> {
-        let mut l4 = vec![if reply { 0 } else { 8 }, 0, 0, 0, 0, 0, 0, 1];
-        l4[4..6].copy_from_slice(&id.to_be_bytes());
-        ipv4(1, src, dst, &l4)
+        ipv4(1, src, dst, &echo_message(if reply { 0 } else { 8 }, id))
     }
 
     /// Two IPv6 addresses of the overlay.
@@ -828,11 +843,7 @@ pub(crate) mod testing {
 
     /// A UDP datagram over IPv6.
     pub(crate) fn udp6(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Vec<u8> {
-        let mut l4 = vec![0u8; 12];
-        l4[0..2].copy_from_slice(&sport.to_be_bytes());
-        l4[2..4].copy_from_slice(&dport.to_be_bytes());
-        l4[4..6].copy_from_slice(&12u16.to_be_bytes());
-        ipv6(17, src, dst, &l4)
+        udp6_with(src, sport, dst, dport, 4)
     }
 
     /// A UDP datagram over IPv6 with `data` bytes of payload.
@@ -843,30 +854,22 @@ pub(crate) mod testing {
         dport: u16,
         data: usize,
     ) -> Vec<u8> {
-        let mut p = udp6(src, sport, dst, dport);
-        p.truncate(48);
-        p.resize(48 + data, 0);
-        let len = u16::try_from(p.len() - 40).unwrap_or(u16::MAX);
-        p[4..6].copy_from_slice(&len.to_be_bytes());
-        p[44..46].copy_from_slice(&len.to_be_bytes());
-        p
+        ipv6(17, src, dst, &udp_datagram(sport, dport, &vec![0; data]))
     }
 
     /// A TCP segment over IPv6 with `flags`.
     pub(crate) fn tcp6(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16, flags: u8) -> Vec<u8> {
-        let mut l4 = vec![0u8; 20];
-        l4[0..2].copy_from_slice(&sport.to_be_bytes());
-        l4[2..4].copy_from_slice(&dport.to_be_bytes());
-        l4[12] = 0x50;
-        l4[13] = flags;
-        ipv6(6, src, dst, &l4)
+        ipv6(6, src, dst, &tcp_segment(sport, dport, flags, &[]))
     }
 
     /// An ICMPv6 echo request (`reply`: an echo reply) with identifier `id`.
     pub(crate) fn echo6(src: Ipv6Addr, dst: Ipv6Addr, id: u16, reply: bool) -> Vec<u8> {
-        let mut l4 = vec![if reply { 129 } else { 128 }, 0, 0, 0, 0, 0, 0, 1];
-        l4[4..6].copy_from_slice(&id.to_be_bytes());
-        ipv6(58, src, dst, &l4)
+        ipv6(
+            58,
+            src,
+            dst,
+            &echo_message(if reply { 129 } else { 128 }, id),
+        )
     }
 
     /// An ICMPv6 error of `kind` from `from` to `to` quoting `about` (a packet) whole.
