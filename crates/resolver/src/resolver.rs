@@ -636,7 +636,8 @@ impl<C: Client> Resolver<C> {
 
     fn own_zone_answer(&mut self, to: &Asker, question: &Query, name: &Name) -> Vec<u8> {
         self.stats.authoritative += 1;
-        let ip = if *name == self.cfg.own_name.to_lowercase() {
+        let own = *name == self.cfg.own_name.to_lowercase();
+        let ip = if own {
             Some(self.cfg.own_ip)
         } else {
             self.hosts.get(name).copied()
@@ -645,7 +646,6 @@ impl<C: Client> Resolver<C> {
             self.stats.nxdomain += 1;
             return self.response(to, question, ResponseCode::NXDomain, vec![], true);
         };
-        let own = *name == self.cfg.own_name.to_lowercase();
         let aaaa = self.cfg.own_ip6.filter(|_| own).map(|ip6| {
             Record::from_rdata(
                 question.name().clone(),

@@ -149,7 +149,7 @@ impl Incoming {
 }
 
 /// The source address of `packet`, an IPv4 or IPv6 packet (fixed offsets, nothing checked).
-pub fn source(packet: &[u8]) -> Option<std::net::IpAddr> {
+fn source(packet: &[u8]) -> Option<std::net::IpAddr> {
     match packet.first()? >> 4 {
         4 => <[u8; 4]>::try_from(packet.get(12..16)?)
             .ok()
