@@ -105,36 +105,31 @@ fn allocate_both(
     prefix6: Option<u8>,
     taken: &[IpNet],
 ) -> anyhow::Result<Vec<IpNet>> {
-    let shown = |blocks: &[IpNet]| {
-        blocks
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     let (v4, v6): (Vec<IpNet>, Vec<IpNet>) = pool.iter().partition(|b| matches!(b, IpNet::V4(_)));
+    let pick = |blocks: &[IpNet], len: u8, family: &str| {
+        allocate(blocks, len, taken).with_context(|| {
+            let shown: Vec<String> = blocks.iter().map(ToString::to_string).collect();
+            format!(
+                "no free /{len} left in the enrollment pool's {family} blocks {}",
+                shown.join(" ")
+            )
+        })
+    };
     if v4.is_empty() {
         bail!("the enrollment pool has no IPv4 block: give --vip-block");
     }
-    let mut blocks = vec![allocate(&v4, prefix, taken).with_context(|| {
-        format!(
-            "no free /{prefix} left in the enrollment pool's IPv4 blocks {}",
-            shown(&v4)
-        )
-    })?];
+    let mut blocks = vec![pick(&v4, prefix, "IPv4")?];
     if v6.is_empty() {
         if let Some(p) = prefix6 {
             bail!("--prefix6 {p}: the enrollment pool has no IPv6 block");
         }
         return Ok(blocks);
     }
-    let p6 = prefix6.unwrap_or(if prefix == 32 { 128 } else { 56 });
-    blocks.push(allocate(&v6, p6, taken).with_context(|| {
-        format!(
-            "no free /{p6} left in the enrollment pool's IPv6 blocks {}",
-            shown(&v6)
-        )
-    })?);
+    blocks.push(pick(
+        &v6,
+        prefix6.unwrap_or(if prefix == 32 { 128 } else { 56 }),
+        "IPv6",
+    )?);
     Ok(blocks)
 }
 
@@ -313,5 +308,61 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nets(all: &[&str]) -> Vec<IpNet> {
+        all.iter().map(|b| b.parse().unwrap_or_default()).collect()
+    }
+
+    /// A site gets a /56 beside its /24, a node a /128 beside its /32, or the length asked;
+    /// a pool without IPv6 gives IPv4 alone and refuses --prefix6; a full family and a pool
+    /// without IPv4 are refused, naming the blocks.
+    #[test]
+    fn a_token_gets_a_block_of_each_family_the_pool_has() {
+        let pool = nets(&["100.64.128.0/17", "fd7a:0:1:8000::/49"]);
+        let taken = nets(&["100.64.128.0/24", "fd7a:0:1:8000::/56"]);
+        let got = |prefix, prefix6| {
+            allocate_both(&pool, prefix, prefix6, &taken).map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(
+            got(24, None),
+            Ok(nets(&["100.64.129.0/24", "fd7a:0:1:8100::/56"]))
+        );
+        assert_eq!(
+            got(32, None),
+            Ok(nets(&["100.64.129.0/32", "fd7a:0:1:8100::/128"]))
+        );
+        assert_eq!(
+            got(24, Some(64)),
+            Ok(nets(&["100.64.129.0/24", "fd7a:0:1:8100::/64"]))
+        );
+        let v4 = nets(&["100.64.128.0/17"]);
+        assert_eq!(
+            allocate_both(&v4, 24, None, &taken).map_err(|e| e.to_string()),
+            Ok(nets(&["100.64.129.0/24"]))
+        );
+        let err =
+            |pool: &[IpNet], prefix, prefix6| match allocate_both(pool, prefix, prefix6, &taken) {
+                Ok(b) => panic!("allocated {b:?}"),
+                Err(e) => format!("{e:#}"),
+            };
+        assert!(
+            err(&v4, 24, Some(56)).contains("--prefix6 56: the enrollment pool has no IPv6 block")
+        );
+        let full6 = nets(&["100.64.128.0/17", "fd7a:0:1:8000::/56"]);
+        assert!(
+            err(&full6, 24, None).contains(
+                "no free /56 left in the enrollment pool's IPv6 blocks fd7a:0:1:8000::/56"
+            ),
+            "{}",
+            err(&full6, 24, None)
+        );
+        assert!(err(&nets(&["100.64.128.0/24"]), 24, None).contains("IPv4 blocks 100.64.128.0/24"));
+        assert!(err(&nets(&["fd7a:0:1:8000::/49"]), 24, None).contains("no IPv4 block"));
     }
 }
