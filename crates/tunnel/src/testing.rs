@@ -627,6 +627,13 @@ impl End {
         true
     }
 
+    /// What waits for this end to take it: datagrams the link holds for it and packet
+    /// buffers its engine holds (in its pipelines, either way). A sender that waits for this
+    /// to fall paces itself by the receiver, however slowly an emulator runs it.
+    pub fn backlog(&self) -> usize {
+        self.socket.link.queued(self.socket.addr()) + self.shared.pool().in_use()
+    }
+
     /// What was delivered so far (and not read before).
     pub fn delivered(&self) -> Vec<Vec<u8>> {
         self.delivered.try_iter().collect()
