@@ -651,21 +651,26 @@ mod tests {
             assert!(took < DEADLINE / 2, "{took:?}");
             held.extend(idle(20));
         }
-        // The idle ones were closed to make room: at most the cap are still served.
-        let mut closed = 0;
-        for s in &mut held {
-            s.set_read_timeout(Some(Duration::from_millis(50)))
-                .unwrap_or_default();
-            let still_open = matches!(
-                s.read(&mut [0u8; 16]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
-            );
-            closed += usize::from(!still_open);
+        // The idle ones were closed to make room: at most the cap are still served. The
+        // server takes the last ones in and closes the oldest at its own pace (an emulator
+        // at the lowest priority is slow): looked at again until it has, 30 s at most.
+        let total = held.len();
+        let mut open = held;
+        let deadline = Instant::now() + DEADLINE / 2;
+        while open.len() > MAX_CONNECTIONS && Instant::now() < deadline {
+            open.retain_mut(|s| {
+                s.set_read_timeout(Some(Duration::from_millis(10)))
+                    .unwrap_or_default();
+                matches!(
+                    s.read(&mut [0u8; 16]),
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+                )
+            });
         }
         assert!(
-            closed >= held.len() - MAX_CONNECTIONS,
-            "{closed} of {}",
-            held.len()
+            open.len() <= MAX_CONNECTIONS,
+            "{} of {total} still open",
+            open.len()
         );
     }
 }
