@@ -341,9 +341,9 @@ impl Capture {
         let defer = lan.lan.defer_checksums;
         let head = &buf[FRAME_OFFSET..FRAME_OFFSET + meta.len.min(FRAME_ROOM)];
         let kind = match how.kind {
-            cyphonic_netio::GsoKind::TcpV4 => Some(GsoKind::Tcp),
+            cyphonic_netio::GsoKind::TcpV4 | cyphonic_netio::GsoKind::TcpV6 => Some(GsoKind::Tcp),
             cyphonic_netio::GsoKind::UdpL4 => Some(GsoKind::Udp),
-            cyphonic_netio::GsoKind::TcpV6 | cyphonic_netio::GsoKind::Other(_) => None,
+            cyphonic_netio::GsoKind::Other(_) => None,
         };
         let frame = if meta.truncated {
             bump(&c.captured_truncated);
@@ -353,9 +353,6 @@ impl Capture {
         };
         let segmenter = match (frame, kind) {
             (None, _) => Err(SegmentError::Malformed),
-            (Some(_), None) if how.kind == cyphonic_netio::GsoKind::TcpV6 => {
-                Err(SegmentError::NotIpv4)
-            }
             (Some(_), None) => Err(SegmentError::Malformed),
             (Some(frame), Some(kind)) => Segmenter::new(frame, kind, how.segment_size, FRAME_ROOM)
                 .map(|s| s.with_partial_checksums(defer)),
@@ -441,12 +438,24 @@ impl Capture {
                     ReplyKind::EchoReply => &c.echo_replies,
                     ReplyKind::FragNeeded => &c.icmp_frag_needed,
                     ReplyKind::TimeExceeded => &c.icmp_time_exceeded,
+                    ReplyKind::PacketTooBig => &c.icmp6_packet_too_big,
+                    ReplyKind::RouterAdvert => &c.router_adverts,
+                    ReplyKind::NeighbourAdvert => &c.neighbour_adverts,
+                    ReplyKind::NeighbourClaim => &c.neighbour_gateway_claims,
                 };
-                let is_error = matches!(kind, ReplyKind::FragNeeded | ReplyKind::TimeExceeded);
+                let is_error = matches!(
+                    kind,
+                    ReplyKind::FragNeeded | ReplyKind::TimeExceeded | ReplyKind::PacketTooBig
+                );
+                let announces = matches!(kind, ReplyKind::ArpAnnounce | ReplyKind::NeighbourClaim);
                 if is_error && !lan.icmp_error_admitted(now) {
                     // Over the rate: counted as limited.
-                } else if kind == ReplyKind::ArpAnnounce && !lan.announcements.admit((), now) {
+                } else if announces && !lan.announcements.admit((), now) {
                     bump(&c.arp_announce_limited);
+                } else if kind == ReplyKind::RouterAdvert
+                    && !lan.solicited_adverts.admit(seg.tag, now)
+                {
+                    // Answered already within the interval, to every node.
                 } else if lan.send(&self.socks[0], &mut replies.buf, 0..len, seg.tag) {
                     bump(counter);
                 }
@@ -471,6 +480,9 @@ impl Capture {
                     0
                 };
                 sub.route(buf, packet.len(), dst.into(), flags, (now, meta.queued));
+            }
+            Egress::Forward6 { packet, dst } => {
+                sub.route(buf, packet.len(), dst.into(), 0, (now, meta.queued));
             }
             Egress::Fragment { packet, dst } => {
                 let Some(peer) = shared.peers().route(dst) else {
@@ -558,6 +570,9 @@ impl Capture {
                     EgressDrop::GatewayService => &c.drop_gateway_service,
                     EgressDrop::NoReply => &c.drop_no_reply,
                     EgressDrop::ArpIgnored => &c.drop_arp_ignored,
+                    EgressDrop::RouterGuard => &c.drop_router_guard,
+                    EgressDrop::NeighbourSpoofed => &c.drop_neighbour_spoofed,
+                    EgressDrop::NeighbourIgnored => &c.drop_neighbour_ignored,
                 });
             }
         }

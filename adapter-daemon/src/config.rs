@@ -482,6 +482,16 @@ impl AdapterConfig {
         self.common.block
     }
 
+    /// The untagged segment's IPv6 (docs/protocol.md §7): the first /64 of our IPv6 block,
+    /// when the certificate holds one of /64 or larger.
+    pub fn lan6(&self) -> Option<cyphonic_gateway::Lan6> {
+        let (block, overlay) = self.common.ipv6?;
+        let prefix = ipnet::Ipv6Net::new(block.network(), 64)
+            .ok()
+            .filter(|_| block.prefix_len() <= 64)?;
+        Some(cyphonic_gateway::Lan6 { prefix, overlay })
+    }
+
     /// Every segment's DHCP scope, the untagged one first (none: `[dhcp]` is off).
     pub fn dhcp_scopes(&self) -> Vec<(Option<u16>, &cyphonic_vip::DhcpConfig)> {
         let Some(untagged) = &self.dhcp else {
@@ -1198,6 +1208,53 @@ mod tests {
 
     fn load_text(f: &Fixture, text: &str) -> Result<(AdapterConfig, Identity), ConfigError> {
         load(&f.write("test.toml", text), NOW)
+    }
+
+    /// Issue 53: a certificate with an IPv6 block of /64 or larger gives the untagged
+    /// segment the block's first /64; a longer one, or none, gives it no IPv6; IPv6 needs an
+    /// inner MTU of 1280, said at the key.
+    #[test]
+    fn an_ipv6_block_gives_the_lan_its_first_64() {
+        let with = |block: &str| {
+            let f = Fixture::new(
+                "config-v6",
+                NOW,
+                &[Node {
+                    name: "gw1.ovl.example",
+                    block,
+                    path: "gw1.ovl.example",
+                    with_key: true,
+                }],
+            );
+            let text = EXAMPLE
+                .lines()
+                .filter(|l| !l.starts_with("certificate = \"peers/"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let text = text.split("[[peer]]").next().unwrap_or_default().to_owned();
+            (f, text)
+        };
+        let (f, text) = with("100.64.1.0/24 fd7a:0:1:100::/56");
+        let (c, _) = load_text(&f, &text).unwrap();
+        let lan6 = c.lan6().unwrap();
+        assert_eq!(lan6.prefix, "fd7a:0:1:100::/64".parse().unwrap());
+        assert_eq!(lan6.overlay, "fd7a:0:1::/48".parse().unwrap());
+        assert_eq!(
+            lan6.address(),
+            "fd7a:0:1:100::1".parse::<std::net::Ipv6Addr>().unwrap()
+        );
+        let (f, text) = with("100.64.1.0/24 fd7a:0:1:100::9/128");
+        assert_eq!(load_text(&f, &text).unwrap().0.lan6(), None);
+        let (f, text) = with("100.64.1.0/24");
+        assert_eq!(load_text(&f, &text).unwrap().0.lan6(), None);
+        let (f, text) = with("100.64.1.0/24 fd7a:0:1:100::/56");
+        let small = text.replace("inner_mtu = 1420", "inner_mtu = 1200");
+        assert_ne!(small, text);
+        let e = load_text(&f, &small).unwrap_err().to_string();
+        assert!(
+            e.contains("key `adapter.inner_mtu`: 1200: the certificate holds an IPv6 block"),
+            "{e}"
+        );
     }
 
     /// `[ha]`: its priority within 1..=254, preempt off unless said; absent, no pair.

@@ -32,6 +32,14 @@ cyphonic_telemetry::counters! {
     icmp_frag_needed,
     /// ICMP time-exceeded sent: to a device whose packet's TTL ran out on its way out, or through the tunnel to a peer's sender whose packet's TTL ran out on its way in.
     icmp_time_exceeded,
+    /// ICMPv6 Packet Too Big sent (IPv6 packets over the inner MTU: IPv6 is never fragmented on the way).
+    icmp6_packet_too_big,
+    /// Router Advertisements sent on the LAN: answering solicitations (one a segment every 3 s at most) and every 200 s.
+    router_adverts,
+    /// Neighbour Advertisements of the gateway's IPv6 addresses, answering solicitations.
+    neighbour_adverts,
+    /// Claims of the gateway's IPv6 addresses (a device's advertisement of one, or its duplicate address detection), answered with the gateway's advertisement to every node.
+    neighbour_gateway_claims,
     /// ICMP errors not sent because of the rate limit.
     icmp_rate_limited,
     /// DHCP messages handed to the DHCP server.
@@ -64,11 +72,11 @@ cyphonic_telemetry::counters! {
     drop_gateway_to_peer,
     /// Claims of the gateway's own address by a device's ARP, answered with the gateway's announcement.
     arp_gateway_claims,
-    /// Claims of the gateway's address left unanswered: announcements over their rate.
+    /// Claims of the gateway's addresses (by ARP or IPv6 Neighbour Discovery) left unanswered: announcements over their rate.
     arp_announce_limited,
     /// Frames not addressed to us (promiscuous capture), multicast, or our own.
     drop_not_for_us,
-    /// Non-IPv4 frames (IPv6, LLDP, ...).
+    /// Frames of no protocol the LAN side serves (LLDP, ...; IPv6 where the certificate holds no IPv6 block).
     drop_not_ipv4,
     /// Frames tagged with a VLAN no `[[vlan]]` segment has, or tagged twice.
     drop_vlan,
@@ -88,6 +96,12 @@ cyphonic_telemetry::counters! {
     drop_no_reply,
     /// ARP for nobody we answer for.
     drop_arp_ignored,
+    /// Router Advertisements and Redirects from devices (RA guard): only the gateway routes on the LAN.
+    drop_router_guard,
+    /// Neighbour Discovery that lies: a link-layer address that is not its frame's source, or an address another device holds.
+    drop_neighbour_spoofed,
+    /// Neighbour Discovery that needs no answer from the gateway (devices resolving each other, their duplicate address detection).
+    drop_neighbour_ignored,
     /// Packets split into fragments to fit the inner MTU.
     fragmented,
     /// Packets sent into the tunnel with their TCP/UDP checksum left to the far end.

@@ -166,6 +166,7 @@ impl<'a> AdapterEdge<'a> {
             mss_clamp: config.mss_clamp,
             defer_checksums: lan_side.defer_checksums,
             legacy: config.legacy,
+            v6: config.lan6(),
         };
         // Each VLAN segment: the same gateway on its own part of the block, with its own
         // legacy map, if any.
@@ -178,6 +179,8 @@ impl<'a> AdapterEdge<'a> {
                     gateway_ip: v.gateway,
                     block: v.block,
                     legacy: v.legacy,
+                    // A VLAN's /64 (`block6`) is not built: no IPv6 there yet.
+                    v6: None,
                     ..untagged.clone()
                 },
             })
@@ -318,7 +321,12 @@ impl Edge for AdapterEdge<'_> {
             dhcp,
             dns,
             (
-                Names::new(&config.reservations, name, config.gateway_vip),
+                Names::new(
+                    &config.reservations,
+                    name,
+                    config.gateway_vip,
+                    config.lan6().map(|v| v.address()),
+                ),
                 config.reservations.clone(),
             ),
         );
@@ -518,6 +526,7 @@ fn learned(lan: &LanSide) -> Vec<LeaseStatus> {
             reserved: false,
             legacy: legacy.map.to_legacy(vip).map(|a| a.to_string()),
             learned: true,
+            vip6: None,
             vlan: None,
             expires: None,
         })

@@ -111,6 +111,23 @@ impl Gateway {
         }
     }
 
+    /// Sends the gateway's Router Advertisement to every node of each segment with IPv6.
+    pub fn advertise_routers(&mut self) {
+        let side = &*self.lan;
+        let segments = std::iter::once((None, &side.lan))
+            .chain(side.vlans.iter().map(|v| (Some(v.tag), &v.lan)));
+        for (tag, lan) in segments {
+            let to = cyphonic_gateway::ALL_NODES;
+            let mac = [0x33, 0x33, 0, 0, 0, 1];
+            let Some(len) = lan.router_advert(mac, to, &mut self.frame[..]) else {
+                continue;
+            };
+            if side.send(&self.lan_tx, &mut self.frame[..], 0..len, tag) {
+                bump(&side.counters.router_adverts);
+            }
+        }
+    }
+
     /// A packet peer `peer` sent to a gateway address (the vIP, or a VLAN segment's; already
     /// checked against its blocks): an echo request is answered here, a UDP datagram is
     /// handed back.

@@ -117,6 +117,12 @@ pub const ICMP_ERRORS_PER_SEC: u32 = 200;
 /// second at most (and as many at once): one per claim, so that a device cannot make the
 /// gateway flood the LAN with broadcasts by claiming faster.
 pub const ANNOUNCEMENTS_PER_SEC: u32 = 10;
+/// At most one Router Advertisement answers solicitations on a segment in this time (RFC
+/// 4861 §6.2.6); it goes to every node, so all who asked meanwhile have it.
+pub const SOLICITED_ADVERT_EVERY: std::time::Duration = std::time::Duration::from_secs(3);
+/// Unsolicited Router Advertisements on each IPv6 segment: every this long, less up to a
+/// quarter at random (RFC 4861 §6.2.4).
+pub const ADVERT_EVERY: std::time::Duration = std::time::Duration::from_secs(200);
 
 /// The services' queues, the control thread's ends: two per segment of the LAN port (the
 /// untagged one first, then each VLAN's), so that a flood on one segment fills only its own.
@@ -220,6 +226,18 @@ impl Neighbors for SegmentNeighbors<'_> {
     fn heard_router(&self, mac: [u8; 6]) {
         self.side.table.heard_router_of(self.tag, mac);
     }
+
+    /// IPv6 is the untagged segment's only (a VLAN's `block6` is not built).
+    fn holder6(&self, ip: std::net::Ipv6Addr) -> Option<[u8; 6]> {
+        self.tag
+            .is_none()
+            .then(|| self.side.table.holder6(ip))
+            .flatten()
+    }
+
+    fn heard6(&self, ip: std::net::Ipv6Addr, mac: [u8; 6]) -> bool {
+        self.tag.is_none() && self.side.table.heard6(ip, mac)
+    }
 }
 
 /// The IPv4 address at byte `at` of `packet` (unspecified when the packet is too short).
@@ -255,6 +273,8 @@ pub struct LanSide {
     pub icmp_errors: cyphonic_tunnel::RateTable,
     /// The gateway's announcements of its own address, all capture threads together.
     pub announcements: cyphonic_tunnel::RateTable,
+    /// Router Advertisements answering solicitations, per segment (by its VLAN).
+    pub solicited_adverts: cyphonic_tunnel::RateTable,
     /// Whether the DHCP server runs (otherwise DHCP messages are only counted).
     pub dhcp_on: bool,
     /// Whether the DNS service runs.
@@ -303,6 +323,11 @@ impl LanSide {
                 1,
                 ANNOUNCEMENTS_PER_SEC,
                 ANNOUNCEMENTS_PER_SEC,
+            ),
+            solicited_adverts: cyphonic_tunnel::RateTable::every(
+                segments,
+                SOLICITED_ADVERT_EVERY,
+                1,
             ),
             dhcp_on,
             dns_on,
@@ -472,6 +497,7 @@ mod tests {
             mss_clamp: true,
             defer_checksums: false,
             legacy: None,
+            v6: None,
         };
         let vlans = vlans(&lan);
         LanSide::new(lan, vlans, LanTable::new(&[]), true, true)

@@ -3,8 +3,8 @@
 //! deterministically: crates/vip `names`). They are what the DNS service answers, what we
 //! register with the cloud, and the leases table of the status document.
 
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use cyphonic_signal::NameRecord;
 use cyphonic_vip::Lease;
@@ -23,6 +23,8 @@ pub struct Names {
     zone: String,
     /// The gateway's own address, which the zone's name points at.
     gateway: Ipv4Addr,
+    /// Its IPv6 address on the LAN, the zone name's AAAA (none without IPv6).
+    gateway6: Option<Ipv6Addr>,
     /// The names we host (ours and our devices'), as registered with the cloud.
     hosted: Vec<NameRecord>,
     /// Bumped whenever `hosted` changes.
@@ -34,18 +36,26 @@ pub struct Names {
 pub struct Named {
     /// Each device's label, by address.
     pub labels: BTreeMap<Ipv4Addr, String>,
+    /// The IPv6 address of each device that has one (its AAAA), by its IPv4 address.
+    pub v6: BTreeMap<Ipv4Addr, Ipv6Addr>,
     /// Every device with an address, for the status document.
     pub leases: Vec<LeaseStatus>,
 }
 
 impl Names {
     /// The names of zone `zone` (our FQDN), whose own name is the `gateway` address.
-    pub fn new(reservations: &[Reservation], zone: &str, gateway: Ipv4Addr) -> Self {
+    pub fn new(
+        reservations: &[Reservation],
+        zone: &str,
+        gateway: Ipv4Addr,
+        gateway6: Option<Ipv6Addr>,
+    ) -> Self {
         let mut names = Self {
             reserved: Vec::new(),
             legacy: BTreeMap::new(),
             zone: zone.trim_end_matches('.').to_owned(),
             gateway,
+            gateway6,
             hosted: Vec::new(),
             version: 0,
         };
@@ -72,8 +82,13 @@ impl Names {
             .collect();
     }
 
-    /// Recomputes every device's name from the `active` leases and the reservations.
-    pub fn refresh<'a>(&mut self, active: impl Iterator<Item = &'a Lease>) -> Named {
+    /// Recomputes every device's name from the `active` leases and the reservations; a
+    /// device's AAAA is the IPv6 address `v6` gives its MAC.
+    pub fn refresh<'a>(
+        &mut self,
+        active: impl Iterator<Item = &'a Lease>,
+        v6: &HashMap<[u8; 6], Ipv6Addr>,
+    ) -> Named {
         let mut all: Vec<Lease> = active.cloned().collect();
         for r in &self.reserved {
             if !all.iter().any(|l| l.ip == r.ip) {
@@ -86,19 +101,23 @@ impl Names {
                 .iter()
                 .any(|r| r.ip == ip && r.hostname.is_some())
         });
+        let v6: BTreeMap<Ipv4Addr, Ipv6Addr> = all
+            .iter()
+            .filter_map(|l| Some((l.ip, *v6.get(&l.mac)?)))
+            .collect();
         let mut hosted: Vec<NameRecord> = labels
             .iter()
             .map(|(ip, label)| NameRecord {
                 name: format!("{label}.{}", self.zone),
                 vip: *ip,
-                vip6: None,
+                vip6: v6.get(ip).copied(),
                 legacy: self.legacy.get(ip).copied(),
             })
             .collect();
         hosted.push(NameRecord {
             name: self.zone.clone(),
             vip: self.gateway,
-            vip6: None,
+            vip6: self.gateway6,
             legacy: None,
         });
         hosted.sort();
@@ -117,12 +136,14 @@ impl Names {
                 reserved: self.reserved.iter().any(|r| r.ip == l.ip),
                 legacy: self.legacy.get(&l.ip).map(ToString::to_string),
                 learned: false,
+                vip6: v6.get(&l.ip).map(ToString::to_string),
                 vlan: None,
                 expires: (l.expires != u64::MAX).then_some(l.expires),
             })
             .collect();
         Named {
             labels: labels.into_iter().collect(),
+            v6,
             leases,
         }
     }
@@ -158,15 +179,16 @@ mod tests {
             hostname: Some("printer".into()),
             groups: Vec::new(),
         };
-        let mut names = Names::new(&[r], "gw1.ovl.example.", Ipv4Addr::new(100, 64, 1, 1));
-        let named = names.refresh([].iter());
+        let mut names = Names::new(&[r], "gw1.ovl.example.", Ipv4Addr::new(100, 64, 1, 1), None);
+        let none = HashMap::new();
+        let named = names.refresh([].iter(), &none);
         assert_eq!(named.leases.len(), 1);
         assert!(named.leases[0].reserved && named.leases[0].expires.is_none());
         let (v1, hosted) = names.hosted();
         let hosted: Vec<&str> = hosted.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(hosted, ["gw1.ovl.example", "printer.gw1.ovl.example"]);
         let camera = lease(20, "camera");
-        let named = names.refresh([camera.clone()].iter());
+        let named = names.refresh([camera.clone()].iter(), &none);
         assert_eq!(
             named.labels.get(&camera.ip).map(String::as_str),
             Some("camera")
@@ -176,12 +198,12 @@ mod tests {
             Some("camera.gw1.ovl.example")
         );
         let (v2, _) = names.hosted();
-        names.refresh([camera.clone()].iter());
+        names.refresh([camera.clone()].iter(), &none);
         assert_eq!((v2 > v1, names.hosted().0), (true, v2));
         // A device at a lower address that calls itself `printer` does not take the
         // reserved printer's name (nor what DNS and the cloud's rules give it).
         let rogue = lease(5, "Printer");
-        let named = names.refresh([rogue.clone(), camera].iter());
+        let named = names.refresh([rogue.clone(), camera].iter(), &none);
         assert_eq!(
             named
                 .labels
@@ -193,5 +215,31 @@ mod tests {
             named.labels.get(&rogue.ip).map(String::as_str),
             Some("printer-5")
         );
+    }
+
+    /// A device's AAAA is the address the table gives its MAC, and the zone's name has the
+    /// gateway's; they are what the cloud is told too.
+    #[test]
+    fn devices_with_ipv6_addresses_have_their_aaaa() {
+        let gw6: Ipv6Addr = "fd7a:0:1:100::1".parse().unwrap_or(Ipv6Addr::UNSPECIFIED);
+        let cam6: Ipv6Addr = "fd7a:0:1:100::20".parse().unwrap_or(Ipv6Addr::UNSPECIFIED);
+        let mut names = Names::new(
+            &[],
+            "gw1.ovl.example.",
+            Ipv4Addr::new(100, 64, 1, 1),
+            Some(gw6),
+        );
+        let camera = lease(20, "camera");
+        let printer = lease(21, "printer");
+        let v6 = HashMap::from([(camera.mac, cam6)]);
+        let named = names.refresh([camera.clone(), printer.clone()].iter(), &v6);
+        assert_eq!(named.v6, BTreeMap::from([(camera.ip, cam6)]));
+        assert_eq!(named.leases[0].vip6.as_deref(), Some("fd7a:0:1:100::20"));
+        assert_eq!(named.leases[1].vip6, None);
+        let hosted = names.hosted().1;
+        let of = |n: &str| hosted.iter().find(|h| h.name == n).and_then(|h| h.vip6);
+        assert_eq!(of("camera.gw1.ovl.example"), Some(cam6));
+        assert_eq!(of("printer.gw1.ovl.example"), None);
+        assert_eq!(of("gw1.ovl.example"), Some(gw6));
     }
 }

@@ -6,8 +6,8 @@
 //! bounds ([`LEARNED_MAX`], [`LEARNED_PER_MAC`]), until the adapter restarts or the address
 //! is declared.
 
-use std::collections::{HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{PoisonError, RwLock};
 
 use cyphonic_gateway::Neighbors;
@@ -22,6 +22,14 @@ pub const LEARNED_MAX: usize = 1024;
 /// Legacy addresses one MAC may learn: one box cannot claim a subnet.
 pub const LEARNED_PER_MAC: usize = 4;
 
+/// IPv6 addresses one MAC holds at most (a stable SLAAC address, temporary ones): a ninth
+/// takes the place of its oldest, so that rotating temporary addresses never lock a device
+/// out and one box cannot fill the table.
+pub const LEARNED6_PER_MAC: usize = 8;
+/// IPv6 addresses the table holds at most, every MAC together: a new MAC's are refused (its
+/// packets dropped as spoofed) while it is full.
+pub const LEARNED6_MAX: usize = 4096;
+
 /// The LAN's address table.
 #[derive(Debug)]
 pub struct LanTable {
@@ -33,6 +41,8 @@ pub struct LanTable {
     /// The site's routers, beside which the adapter runs: one a segment at most (the
     /// untagged one's, a VLAN's), each MAC the first heard.
     routers: Vec<Router>,
+    /// Bumped whenever an IPv6 address is learned or forgotten.
+    changes6: std::sync::atomic::AtomicU64,
 }
 
 /// A site's router on one segment.
@@ -62,6 +72,35 @@ struct Held {
     learned_by: HashMap<[u8; 6], usize>,
     /// How many addresses of `learned` each learning block holds.
     learned_in: HashMap<Ipv4Net, usize>,
+    /// IPv6 addresses of the untagged segment's /64, each held by the first MAC heard at it
+    /// (docs/protocol.md §7).
+    learned6: HashMap<Ipv6Addr, [u8; 6]>,
+    /// Each MAC's of `learned6`, oldest first.
+    learned6_by: HashMap<[u8; 6], VecDeque<Ipv6Addr>>,
+}
+
+impl Held {
+    /// Lets `mac` hold `ip` if nobody does and the bounds allow (its oldest address makes
+    /// room when it holds [`LEARNED6_PER_MAC`]). Returns whether `mac` holds `ip` now, and
+    /// whether it did not before.
+    fn learn6(&mut self, ip: Ipv6Addr, mac: [u8; 6]) -> (bool, bool) {
+        if let Some(holder) = self.learned6.get(&ip) {
+            return (*holder == mac, false);
+        }
+        let mine = self.learned6_by.get(&mac).map_or(0, VecDeque::len);
+        if mine == 0 && self.learned6.len() >= LEARNED6_MAX {
+            return (false, false);
+        }
+        let queue = self.learned6_by.entry(mac).or_default();
+        if mine >= LEARNED6_PER_MAC
+            && let Some(oldest) = queue.pop_front()
+        {
+            self.learned6.remove(&oldest);
+        }
+        queue.push_back(ip);
+        self.learned6.insert(ip, mac);
+        (true, true)
+    }
 }
 
 impl Held {
@@ -92,6 +131,7 @@ impl LanTable {
             held: RwLock::default(),
             learn: Vec::new(),
             routers: Vec::new(),
+            changes6: std::sync::atomic::AtomicU64::new(0),
         };
         table.set_reservations(reservations);
         table
@@ -175,6 +215,37 @@ impl LanTable {
         }
     }
 
+    /// Each MAC's IPv6 address to name it by (its AAAA): its address in `prefix` made from
+    /// its MAC (EUI-64) if it holds it, else the first it was heard at of those it still
+    /// holds (a stable address comes before the temporary ones).
+    pub fn named6(&self, prefix: Option<ipnet::Ipv6Net>) -> HashMap<[u8; 6], Ipv6Addr> {
+        let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        held.learned6_by
+            .iter()
+            .filter_map(|(mac, ips)| {
+                let eui64 = prefix.map(|p| cyphonic_gateway::eui64_address(p, *mac));
+                let named = eui64
+                    .filter(|ip| ips.contains(ip))
+                    .or_else(|| ips.front().copied())?;
+                Some((*mac, named))
+            })
+            .collect()
+    }
+
+    /// A number that changes whenever an IPv6 address is learned or forgotten.
+    pub fn changes6(&self) -> u64 {
+        self.changes6.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The IPv6 addresses the devices were heard at, with their MACs, by address.
+    #[cfg(test)]
+    pub fn learned6(&self) -> Vec<(Ipv6Addr, [u8; 6])> {
+        let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<_> = held.learned6.iter().map(|(ip, mac)| (*ip, *mac)).collect();
+        all.sort_by_key(|(ip, _)| ip.to_bits());
+        all
+    }
+
     /// The learned legacy devices: overlay address and MAC, by address.
     pub fn learned(&self) -> Vec<(Ipv4Addr, [u8; 6])> {
         let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
@@ -205,6 +276,25 @@ impl Neighbors for LanTable {
             .or_else(|| held.leases.get(&ip))
             .or_else(|| held.learned.get(&ip))
             .copied()
+    }
+
+    fn holder6(&self, ip: Ipv6Addr) -> Option<[u8; 6]> {
+        let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        held.learned6.get(&ip).copied()
+    }
+
+    fn heard6(&self, ip: Ipv6Addr, mac: [u8; 6]) -> bool {
+        let (holds, learned) = self
+            .held
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .learn6(ip, mac);
+        if learned {
+            self.changes6
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(ip = %ip, mac = %Mac(mac), "a device's IPv6 address heard");
+        }
+        holds
     }
 
     /// The untagged segment's router.
@@ -244,6 +334,41 @@ impl Neighbors for LanTable {
 mod tests {
     use super::*;
     use crate::config::Mac;
+
+    /// The first MAC heard at an IPv6 address holds it; a MAC holds at most
+    /// LEARNED6_PER_MAC, its oldest making room for a new one; a full table refuses new
+    /// MACs but lets the ones it holds rotate their addresses.
+    #[test]
+    fn ipv6_addresses_are_learned_within_bounds() {
+        let t = LanTable::new(&[]);
+        let ip = |n: u128| Ipv6Addr::from(0xfd7a_0000_0001_0100_0000_0000_0000_0000 | n);
+        let mac = |n: u32| {
+            let b = n.to_be_bytes();
+            [2, 0, b[0], b[1], b[2], b[3]]
+        };
+        assert!(t.heard6(ip(1), mac(1)));
+        assert!(!t.heard6(ip(1), mac(2)), "another MAC's claim");
+        assert_eq!(t.holder6(ip(1)), Some(mac(1)));
+        for n in 2..=9 {
+            assert!(t.heard6(ip(n), mac(1)));
+        }
+        assert_eq!(t.holder6(ip(1)), None, "the oldest made room");
+        assert_eq!(t.holder6(ip(9)), Some(mac(1)));
+        assert_eq!(t.learned6().len(), LEARNED6_PER_MAC);
+        let mut n = 100;
+        let mut m = 2;
+        while t.learned6().len() < LEARNED6_MAX {
+            assert!(t.heard6(ip(n), mac(m)));
+            n += 1;
+            m += u32::from(n % 8 == 0);
+        }
+        assert!(
+            !t.heard6(ip(1 << 20), mac(1 << 20)),
+            "a new MAC in a full table"
+        );
+        assert!(t.heard6(ip(1 << 21), mac(1)), "a MAC it holds rotates");
+        assert_eq!(t.learned6().len(), LEARNED6_MAX);
+    }
 
     #[test]
     fn leases_come_and_go_reservations_stay() {

@@ -67,6 +67,10 @@ pub struct AdapterServices {
     unreplicated_said: cyphonic_telemetry::Throttle,
     /// When the site's router's MAC was last asked for.
     router_asked: Option<Instant>,
+    /// When the next unsolicited Router Advertisement goes out (None: at the first tick).
+    advertise_at: Option<Instant>,
+    /// The table's IPv6 changes the names were last made from.
+    seen6: u64,
 }
 
 /// How often the adapter asks for the site's router's MAC while it is not known.
@@ -95,6 +99,8 @@ impl AdapterServices {
             pool: None,
             unreplicated_said: cyphonic_telemetry::Throttle::new(UNREPLICATED_SAID),
             router_asked: None,
+            advertise_at: None,
+            seen6: 0,
         };
         services.settle(Instant::now(), cyphonic_settings::now_secs());
         services.refresh_names();
@@ -279,11 +285,18 @@ impl AdapterServices {
 
     /// Recomputes every device's name and hands them to the DNS service and the status.
     fn refresh_names(&mut self) {
+        self.seen6 = self.lan.table.changes6();
+        let v6 = self.lan.table.named6(self.lan.lan.v6.map(|v| v.prefix));
         let named = self
             .names
-            .refresh(self.dhcp.iter().flat_map(|d| d.active()));
+            .refresh(self.dhcp.iter().flat_map(|d| d.active()), &v6);
         if let Some(dns) = self.dns.as_mut() {
-            dns.set_hosts(named.labels.iter().map(|(ip, l)| (l.as_str(), *ip)));
+            dns.set_hosts(
+                named
+                    .labels
+                    .iter()
+                    .map(|(ip, l)| (l.as_str(), *ip, named.v6.get(ip).copied())),
+            );
         }
         self.lan.published().leases = named.leases;
     }
@@ -412,6 +425,17 @@ impl Services for AdapterServices {
             self.router_asked = Some(now);
             self.gateway.ask_for_routers();
         }
+        // Devices heard at new IPv6 addresses: their AAAA may have changed.
+        if self.lan.table.changes6() != self.seen6 {
+            self.refresh_names();
+        }
+        if self.advertise_at.is_none_or(|at| now >= at) {
+            self.gateway.advertise_routers();
+            // Every ADVERT_EVERY less up to a quarter of it, drawn anew each time.
+            let draw = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), now);
+            let less = crate::lan::ADVERT_EVERY / 4 * u32::from(draw.to_be_bytes()[0]) / 255;
+            self.advertise_at = Some(now + crate::lan::ADVERT_EVERY - less);
+        }
         let unix = cyphonic_settings::now_secs();
         let theirs = self.pool.as_ref().and_then(PairLink::take_merge);
         let merged = match (self.dhcp.as_mut(), theirs) {
@@ -439,10 +463,14 @@ impl Services for AdapterServices {
             .router_asked
             .filter(|_| !self.gateway.routers_to_ask().is_empty())
             .map(|at| at + ASK_ROUTER_EVERY);
-        [self.dns.as_ref().and_then(Dns::poll_timeout), ask]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.dns.as_ref().and_then(Dns::poll_timeout),
+            ask,
+            self.advertise_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn hosted(&self) -> (u64, &[NameRecord]) {

@@ -180,6 +180,9 @@ pub struct LeaseStatus {
     /// A legacy device not declared, learned from its frames (`[legacy] learn`).
     #[serde(default)]
     pub learned: bool,
+    /// Its IPv6 address, its AAAA (docs/protocol.md §7: learned from its own packets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip6: Option<String>,
     /// The VLAN of its segment, on a trunked port (none: untagged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vlan: Option<u16>,

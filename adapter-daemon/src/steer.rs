@@ -9,7 +9,7 @@
 //! tail (no ports to read). It is chosen by protocol and ports only, so every packet of a
 //! flow falls on the same side and no flow is split between the two sockets' threads (a
 //! datagram's fragments may be: its receiver reassembles them in any order). Everything
-//! else, IPv6 included (the adapter drops it), is bulk. A VLAN's frames are judged as any:
+//! else, IPv6 included (its Neighbour Discovery too), is bulk. A VLAN's frames are judged as any:
 //! the kernel has taken their tag off before the filter runs.
 
 use cyphonic_netio::cbpf::{

@@ -91,6 +91,7 @@ fn to_classify() -> (Lan, Vec<Vec<u8>>) {
         mss_clamp: true,
         defer_checksums: false,
         legacy: None,
+        v6: None,
     };
     // One segment of the offload fixture's stream, its IP packet cut to the inner MTU.
     let mut frame = offload::segments().swap_remove(0);

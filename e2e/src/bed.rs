@@ -110,7 +110,13 @@ pub struct BedOptions {
     /// Add node C, a host running `cyphonic-node`, on its own segment behind the router
     /// (192.0.2.66), or behind a NAT of this kind. Needs the cloud.
     pub node_c: Option<Option<Nat>>,
+    /// The adapters' certificates hold an IPv6 /56 beside their IPv4 block ([`SITE6`]):
+    /// their LANs have IPv6 (docs/protocol.md §7).
+    pub ipv6: bool,
 }
+
+/// The sites' IPv6 blocks, with [`BedOptions::ipv6`]: each LAN's /64 is the first of its.
+pub const SITE6: [&str; 2] = ["fd7a:0:1:100::/56", "fd7a:0:1:200::/56"];
 
 impl Default for BedOptions {
     fn default() -> Self {
@@ -127,6 +133,7 @@ impl Default for BedOptions {
             lan_switch: false,
             block_direct: false,
             node_c: None,
+            ipv6: false,
         }
     }
 }
@@ -409,11 +416,16 @@ impl TwoSites {
                 OVERLAY6,
             ],
         )?;
-        for (site, name, block) in [
-            (&a, "gw1.ovl.example", "100.64.1.0/24"),
-            (&b, "gw2.ovl.example", "100.64.2.0/24"),
+        for (site, name, block, block6) in [
+            (&a, "gw1.ovl.example", "100.64.1.0/24", SITE6[0]),
+            (&b, "gw2.ovl.example", "100.64.2.0/24", SITE6[1]),
         ] {
-            crate::ca_issue(Path::new(cloud), &ca, name, block, &site.dir)?;
+            let blocks = if opts.ipv6 {
+                format!("{block} {block6}")
+            } else {
+                block.to_owned()
+            };
+            crate::ca_issue(Path::new(cloud), &ca, name, &blocks, &site.dir)?;
             std::fs::copy(ca.join("ca.crt"), site.dir.join("ca.crt"))?;
             std::fs::create_dir_all(site.dir.join("peers"))?;
         }

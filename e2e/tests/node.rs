@@ -269,6 +269,135 @@ fn two_nodes_reach_each_other_over_ipv6() {
     assert!(!addrs.contains("fe80"), "{addrs}");
 }
 
+/// Issue 53: a device on an adapter's LAN takes an IPv6 address by the kernel's own SLAAC
+/// from the adapter's Router Advertisement (its /64, the inner MTU, the gateway as default
+/// router); the adapter learns it from the device's own packets and names it (AAAA); a node
+/// and the device ping each other over IPv6, the node by the device's name.
+#[test]
+fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
+    use cyphonic_e2e::fleet::{Fleet, node_ipv6};
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        ipv6: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let fleet = Fleet::start_with(&bed, 1, true).unwrap();
+    let logs = || format!("{}\n{}", bed.a.log_text(), fleet.logs());
+    let lan = &bed.a.lan;
+    let show = |args: &[&str]| {
+        String::from_utf8_lossy(&lan.exec_output("ip", args).unwrap().stdout).into_owned()
+    };
+    // Its address, made by the kernel from the advertised /64 once its DAD is done.
+    let mut addr = String::new();
+    wait_until(Duration::from_secs(20), "a SLAAC address", || {
+        let out = show(&["-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"]);
+        addr = out
+            .split_whitespace()
+            .skip_while(|w| *w != "inet6")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        addr.starts_with("fd7a:0:1:100:") && !out.contains("tentative")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", show(&["-6", "addr"]), logs()));
+    let addr: std::net::Ipv6Addr = addr.split('/').next().unwrap().parse().unwrap();
+    let route = show(&["-6", "route", "show", "default"]);
+    assert!(route.contains("via fe80::"), "{route}");
+    let mtu = lan
+        .exec_output("cat", &["/proc/sys/net/ipv6/conf/eth0/mtu"])
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&mtu.stdout).trim(), "1420");
+    // The device pings the gateway's address: the adapter hears it at its address.
+    let out = lan
+        .exec_output(
+            "ping",
+            &["-6", "-c", "2", "-i", "0.2", "-W", "2", "fd7a:0:1:100::1"],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "device to gateway: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        logs()
+    );
+    // The adapter names it by that address.
+    let named = || {
+        bed.status(Side::A).is_ok_and(|s| {
+            s["leases"].as_array().is_some_and(|l| {
+                l.iter()
+                    .any(|l| l["vip6"].as_str() == Some(&addr.to_string()))
+            })
+        })
+    };
+    wait_until(
+        Duration::from_secs(5),
+        "the device's vip6 in the status",
+        named,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {:?}",
+            bed.status(Side::A).map(|s| s["leases"].clone())
+        )
+    });
+    let status = bed.status(Side::A).unwrap();
+    assert!(uint(&status["counters"]["router_adverts"]) >= 1);
+    // The node pings the device by its name (the lookup asks the cloud, which names the
+    // adapter as the device's peer).
+    let node = &fleet.nodes[0];
+    let name = "host.gw1.ovl.example";
+    wait_until(Duration::from_secs(15), "the device's AAAA", || {
+        cyphonic_e2e::lan::dig(&node.ns, node.vip, name, "AAAA")
+            .is_ok_and(|d| d.answers == [addr.to_string()])
+    })
+    .unwrap_or_else(|e| {
+        let dig = cyphonic_e2e::lan::dig(&node.ns, node.vip, name, "AAAA");
+        panic!("{e}: {dig:?}\n{}", logs())
+    });
+    let out = node
+        .ns
+        .exec_output("ping", &["-6", "-c", "3", "-i", "0.2", "-W", "2", name])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "node to device: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        logs()
+    );
+    // And the device the node's address, through the tunnel the name's lookup made.
+    let node6 = node_ipv6(0).to_string();
+    wait_until(Duration::from_secs(15), "the device's ping", || {
+        let ping = ["-6", "-c", "1", "-W", "1", node6.as_str()];
+        lan.exec_output("ping", &ping)
+            .is_ok_and(|o| o.status.success())
+    })
+    .unwrap_or_else(|e| {
+        let counters = bed.status(Side::A).map(|s| s["counters"].to_string());
+        panic!("{e}\n{}\n{counters:?}", logs())
+    });
+    // TCP over IPv6 from the device: the adapter's LAN port merges its segments (GRO), which
+    // the adapter cuts back (none dropped as not IP).
+    let before = bed.counter(Side::A, "coalesced").unwrap();
+    let server = node
+        .ns
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = lan
+        .exec_output("iperf3", &["-6", "-J", "-c", &node6, "-t", "2"])
+        .unwrap();
+    drop(server);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(bps > 1e6, "iperf3 over IPv6: {report}\n{}", logs());
+    assert!(bed.counter(Side::A, "coalesced").unwrap() > before);
+    assert_eq!(bed.counter(Side::A, "drop_not_ipv4").unwrap(), 0);
+    assert_eq!(bed.counter(Side::A, "drop_coalesced").unwrap(), 0);
+}
+
 /// Issue 53, done-when: a node with IPv4 and IPv6 is one member to the cloud's policy. A
 /// rule lets node 0 ping node 1: it does over IPv6 by name, and over IPv4; node 1 may not
 /// ping node 0 over either (the cloud's rules, enforced by both nodes, compiled for both

@@ -25,8 +25,12 @@ fn resolver() -> Resolver<u32> {
         ask_cloud: true,
     });
     r.set_hosts([
-        ("host", Ipv4Addr::new(100, 64, 1, 10)),
-        ("sensor", Ipv4Addr::new(100, 64, 1, 100)),
+        ("host", Ipv4Addr::new(100, 64, 1, 10), None),
+        (
+            "sensor",
+            Ipv4Addr::new(100, 64, 1, 100),
+            "fd7a:0:1:100::100".parse().ok(),
+        ),
     ]);
     r.set_peers(vec![PeerZone {
         peer: 1,

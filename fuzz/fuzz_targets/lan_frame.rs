@@ -1,12 +1,13 @@
 //! The adapter's classify path: arbitrary Ethernet frames from the LAN (and arbitrary
 //! decrypted packets from the tunnel) must never panic, and what is forwarded must be a
-//! well-formed packet within the frame; with a legacy map too (fixed-address devices).
+//! well-formed packet within the frame; with a legacy map too (fixed-address devices), and
+//! over IPv6 (Neighbour Discovery, learning, forwarding and delivery).
 #![no_main]
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use cyphonic_gateway::{
-    Egress, Fragmenter, Lan, Legacy, Neighbors, Netmap, Sums, complete_deferred_checksum,
+    Egress, Fragmenter, Lan, Lan6, Legacy, Neighbors, Netmap, Sums, complete_deferred_checksum,
 };
 
 struct OneLease;
@@ -17,6 +18,16 @@ impl Neighbors for OneLease {
         [Ipv4Addr::new(100, 64, 1, 10), Ipv4Addr::new(100, 64, 1, 148)]
             .contains(&ip)
             .then_some([0x02, 0xbb, 0, 0, 0, 10])
+    }
+
+    /// One IPv6 address held; any other may be learned by anyone.
+    fn holder6(&self, ip: Ipv6Addr) -> Option<[u8; 6]> {
+        (ip == Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 0, 0x10))
+            .then_some([0x02, 0xbb, 0, 0, 0, 10])
+    }
+
+    fn heard6(&self, _: Ipv6Addr, _: [u8; 6]) -> bool {
+        true
     }
 }
 
@@ -31,6 +42,10 @@ fn lan() -> Lan {
         mss_clamp: true,
         defer_checksums: false,
         legacy: None,
+        v6: Some(Lan6 {
+            prefix: "fd7a:0:1:100::/64".parse().expect("prefix"),
+            overlay: "fd7a:0:1::/48".parse().expect("overlay"),
+        }),
     }
 }
 
@@ -59,7 +74,12 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if flags & 1 == 1 && frame.len() >= 14 {
         frame[..6].copy_from_slice(&lan.mac);
         frame[6..12].copy_from_slice(&[0x02, 0xbb, 0, 0, 0, 10]);
-        frame[12..14].copy_from_slice(if flags & 2 == 0 { &[0x08, 0x00] } else { &[0x08, 0x06] });
+        let ethertype: &[u8] = match (flags & 2 != 0, flags & 4 != 0 && flags & 8 != 0) {
+            (_, true) => &[0x86, 0xdd],
+            (false, false) => &[0x08, 0x00],
+            (true, false) => &[0x08, 0x06],
+        };
+        frame[12..14].copy_from_slice(ethertype);
         // With the map, from the fixed device's own address.
         if flags & 16 != 0 && frame.len() >= 30 {
             frame[26..30].copy_from_slice(&[192, 0, 2, 20]);
@@ -87,6 +107,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
                 }
             }
         }
+        Egress::Forward6 { packet, .. } => {
+            assert!(packet.end <= frame.len() && packet.len() <= 1420);
+        }
         Egress::Reply { len, .. } => assert!(len <= out.len()),
         Egress::Hairpin { frame: f } => assert!(f.end <= frame.len()),
         _ => {}
@@ -94,7 +117,10 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     // The same bytes as a decrypted packet from a peer.
     let mut buf = vec![0u8; 16 + rest.len()];
     buf[16..].copy_from_slice(rest);
-    let peer = ["100.64.2.0/24".parse().expect("block")];
+    let peer = [
+        "100.64.2.0/24".parse().expect("block"),
+        "fd7a:0:1:200::/56".parse().expect("block"),
+    ];
     let sums = if flags & 4 != 0 { Sums::Partial } else { Sums::Full };
     let _ = lan.deliver(&mut buf, 16..16 + rest.len(), &peer, &OneLease, sums);
 });

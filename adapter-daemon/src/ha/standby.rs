@@ -70,7 +70,12 @@ impl StandbyStatus {
                 buffers_free: 0,
             },
             certificate: CertificateStatus::of(identity.certificate()),
-            names: Names::new(&config.reservations, &name, config.gateway_vip),
+            names: Names::new(
+                &config.reservations,
+                &name,
+                config.gateway_vip,
+                config.lan6().map(|v| v.address()),
+            ),
             started: Instant::now(),
         })
     }
@@ -98,9 +103,11 @@ impl StandbyStatus {
     fn document(&mut self, ha: &HaStatus, leases: &LeaseStore) -> AdapterDocument {
         let unix = cyphonic_settings::now_secs();
         let kept = leases.load(unix).map(|l| l.leases).unwrap_or_default();
-        let named = self
-            .names
-            .refresh(kept.iter().filter(|l| l.active && l.expires > unix));
+        let named = self.names.refresh(
+            kept.iter().filter(|l| l.active && l.expires > unix),
+            // The standby hears no device: the active box names their IPv6.
+            &std::collections::HashMap::new(),
+        );
         AdapterDocument {
             version: VERSION,
             edge: AdapterStatus {

@@ -1,6 +1,6 @@
 //! Internet checksums (RFC 1071) and their incremental update (RFC 1624).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// IP protocol number of TCP.
 pub(crate) const PROTO_TCP: u8 = 6;
@@ -70,8 +70,20 @@ pub(crate) fn transport(
     proto: u8,
     checksum_word: usize,
 ) -> u16 {
+    with_pseudo(
+        &pseudo(src, dst, proto, segment.len()),
+        segment,
+        proto,
+        checksum_word,
+    )
+}
+
+/// The checksum of `segment` behind the pseudo-header `pseudo` (either version's), its
+/// checksum field (16-bit word `checksum_word`) taken as zero; a UDP checksum of zero is sent
+/// as all ones.
+fn with_pseudo(pseudo: &[u8], segment: &[u8], proto: u8, checksum_word: usize) -> u16 {
     let mut sum = ip4sum::Checksum::new();
-    sum.update(&pseudo(src, dst, proto, segment.len()));
+    sum.update(pseudo);
     // Every piece but the last has an even length, so words stay aligned across pieces.
     let field = 2 * checksum_word;
     match (segment.get(..field), segment.get(field + 2..)) {
@@ -112,6 +124,60 @@ pub(crate) fn fill_pseudo_header(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Add
 
 /// Whether the TCP or UDP checksum of `segment` is right: pseudo-header and segment, the
 /// field included, sum to all ones (either zero of one's complement in the field passes).
+/// The IPv6 pseudo-header (RFC 8200 §8.1) of an upper-layer message of `len` bytes.
+fn pseudo6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, len: usize) -> [u8; 40] {
+    let mut pseudo = [0u8; 40];
+    pseudo[..16].copy_from_slice(&src.octets());
+    pseudo[16..32].copy_from_slice(&dst.octets());
+    let len = u32::try_from(len).unwrap_or(u32::MAX);
+    pseudo[32..36].copy_from_slice(&len.to_be_bytes());
+    pseudo[39] = next;
+    pseudo
+}
+
+/// [`transport`] over IPv6: the checksum of an upper-layer `message` (TCP, UDP, ICMPv6) with
+/// its checksum field (16-bit word `checksum_word`) taken as zero.
+pub(crate) fn transport6(
+    message: &[u8],
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next: u8,
+    checksum_word: usize,
+) -> u16 {
+    with_pseudo(
+        &pseudo6(src, dst, next, message.len()),
+        message,
+        next,
+        checksum_word,
+    )
+}
+
+/// [`fill_transport`] for a segment over IPv6.
+pub(crate) fn fill_transport6(segment: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) {
+    let Some(at) = field_in(segment, next) else {
+        return;
+    };
+    let sum = transport6(segment, src, dst, next, at / 2);
+    segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// [`fill_pseudo_header`] for a segment over IPv6.
+pub(crate) fn fill_pseudo_header6(segment: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) {
+    let Some(at) = field_in(segment, next) else {
+        return;
+    };
+    let sum = !internet(&pseudo6(src, dst, next, segment.len()));
+    segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// Whether the checksum of the upper-layer `message` over IPv6 is right.
+pub(crate) fn valid6(message: &[u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) -> bool {
+    let mut sum = ip4sum::Checksum::new();
+    sum.update(&pseudo6(src, dst, next, message.len()));
+    sum.update(message);
+    sum.finalize() == 0
+}
+
 pub(crate) fn transport_valid(segment: &[u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) -> bool {
     let mut sum = ip4sum::Checksum::new();
     sum.update(&pseudo(src, dst, proto, segment.len()));

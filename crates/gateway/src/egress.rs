@@ -7,13 +7,13 @@ use crate::arp::{self, OP_REQUEST};
 use crate::icmp::{self, IcmpError};
 use crate::ipv4::{self, Header, Invalid, PROTO_UDP};
 use crate::{
-    BROADCAST, ETH_HEADER_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, Lan, Neighbors, Sums, mac_at, tcp,
+    BROADCAST, ETH_HEADER_LEN, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6, Lan, Neighbors, Sums,
+    mac_at, tcp,
 };
 
 const DHCP_SERVER_PORT: u16 = 67;
 const DNS_PORT: u16 = 53;
 const ETHERTYPE_VLAN: u16 = 0x8100;
-const ETHERTYPE_IPV6: u16 = 0x86dd;
 
 /// What a reply frame is, for counters and ICMP rate limiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,8 +26,17 @@ pub enum ReplyKind {
     EchoReply,
     /// ICMP fragmentation needed, with the tunnel's MTU.
     FragNeeded,
-    /// ICMP time exceeded.
+    /// ICMP time exceeded (ICMPv6's too).
     TimeExceeded,
+    /// ICMPv6 Packet Too Big, with the tunnel's MTU.
+    PacketTooBig,
+    /// A Router Advertisement answering a Router Solicitation.
+    RouterAdvert,
+    /// A Neighbour Advertisement of the gateway's IPv6 address, answering a solicitation.
+    NeighbourAdvert,
+    /// The gateway's Neighbour Advertisement to every node, answering a device that claimed
+    /// one of its IPv6 addresses (or probed it for duplicates).
+    NeighbourClaim,
 }
 
 /// Why a captured frame goes no further.
@@ -58,6 +67,14 @@ pub enum EgressDrop {
     NoReply,
     /// ARP that asks for nobody we answer for.
     ArpIgnored,
+    /// A Router Advertisement or Redirect from a device (RA guard, RFC 6105).
+    RouterGuard,
+    /// Neighbour Discovery that lies: a link-layer address option that is not its frame's
+    /// source, or an advertisement of an address another device holds.
+    NeighbourSpoofed,
+    /// Neighbour Discovery that needs no answer from the gateway (devices resolving each
+    /// other, their duplicate address detection: what it taught the table, it taught).
+    NeighbourIgnored,
 }
 
 /// The verdict on a captured frame.
@@ -107,6 +124,14 @@ pub enum Egress {
         /// Its destination.
         dst: Ipv4Addr,
     },
+    /// Carry the IPv6 packet `frame[packet]` into the tunnel towards `dst` (hop limit
+    /// decremented, checksum completed, MSS clamped, all in place).
+    Forward6 {
+        /// The IPv6 packet within the frame.
+        packet: Range<usize>,
+        /// Its destination.
+        dst: std::net::Ipv6Addr,
+    },
     /// Send `frame[frame]` back on the LAN: a packet between a fixed-address device and a
     /// device of the block, readdressed to its holder in place.
     Hairpin {
@@ -136,9 +161,11 @@ impl Lan {
         let dst_mac = mac_at(frame, 0);
         let src_mac = mac_at(frame, 6);
         let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+        // IPv6 multicast (Neighbour Discovery among it) is judged by its packet.
+        let multicast6 = ethertype == ETHERTYPE_IPV6 && dst_mac[..2] == [0x33, 0x33];
         if src_mac == self.mac
             || src_mac == self.host_mac
-            || !(dst_mac == self.mac || dst_mac == BROADCAST)
+            || !(dst_mac == self.mac || dst_mac == BROADCAST || multicast6)
         {
             return Egress::Drop(EgressDrop::NotForUs);
         }
@@ -157,7 +184,15 @@ impl Lan {
                 )
             }
             ETHERTYPE_VLAN => Egress::Drop(EgressDrop::Vlan),
-            ETHERTYPE_IPV6 => Egress::Drop(EgressDrop::NotIpv4),
+            ETHERTYPE_IPV6 if dst_mac != BROADCAST => self.handle_ipv6(
+                frame,
+                src_mac,
+                multicast6,
+                wire_len > frame.len(),
+                checksum_partial,
+                neighbors,
+                out,
+            ),
             _ => Egress::Drop(EgressDrop::NotIpv4),
         }
     }

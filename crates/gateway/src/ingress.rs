@@ -64,6 +64,9 @@ impl Lan {
         };
         let h = match Header::parse(ip, true) {
             Ok(h) => h,
+            Err(Invalid::NotIpv4) if ip.first().is_some_and(|b| b >> 4 == 6) => {
+                return self.deliver6(buf, packet, peer_blocks, neighbors);
+            }
             Err(Invalid::NotIpv4) => return Ingress::Drop(IngressDrop::NotIpv4),
             Err(Invalid::Malformed) => return Ingress::Drop(IngressDrop::Malformed),
         };

@@ -18,6 +18,9 @@
 //! - [`find_run`], [`merge_headers`]: consecutive TCP segments or UDP datagrams of one flow
 //!   going to the LAN become one frame for the kernel to segment again (GSO), as GRO would
 //!   have merged them.
+//! - IPv6 on the LAN ([`Lan6`], docs/protocol.md §7): [`Lan::handle_frame`] and
+//!   [`Lan::deliver`] take IPv6 too when the segment has it; [`Lan::router_advert`] writes
+//!   the gateway's Router Advertisement.
 //! - [`tag_frame`]: the 802.1Q tag of a frame for a VLAN segment of a trunked LAN port.
 //! - [`Segmenter`]: cuts a frame the kernel coalesced (GRO) back into the TCP segments or UDP
 //!   datagrams it was made of, each with its own headers and checksums.
@@ -36,6 +39,7 @@ mod frag;
 mod icmp;
 mod ingress;
 mod ipv4;
+mod lan6;
 mod netmap;
 mod segment;
 mod service;
@@ -52,6 +56,7 @@ pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
 pub use ipv4::{complete_deferred_checksum, finish_partial_checksum};
+pub use lan6::{ALL_NODES, IPV6_MIN_MTU, IPV6_TCP_HEADERS, eui64_address, link_local};
 pub use netmap::{Legacy, Netmap, NetmapError, Sums, Unmapped};
 pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
@@ -61,6 +66,8 @@ pub use vlan::{TAG_LEN as VLAN_TAG_LEN, VID_MAX, tag_frame};
 pub const ETH_HEADER_LEN: usize = 14;
 /// Ethertype of IPv4.
 pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// Ethertype of IPv6.
+pub const ETHERTYPE_IPV6: u16 = 0x86dd;
 /// Ethertype of ARP.
 pub const ETHERTYPE_ARP: u16 = 0x0806;
 /// The Ethernet broadcast address.
@@ -115,6 +122,21 @@ pub trait Neighbors {
     fn heard_router(&self, mac: [u8; 6]) {
         let _ = mac;
     }
+
+    /// The MAC that holds the IPv6 address `ip` of the segment's /64, if any.
+    fn holder6(&self, ip: std::net::Ipv6Addr) -> Option<[u8; 6]> {
+        let _ = ip;
+        None
+    }
+
+    /// `mac` was heard at `ip`, an address of the segment's /64 that nobody holds (a
+    /// packet's source, its duplicate address detection or advertisement): the table may let
+    /// it hold `ip` from now on (within its bounds). Returns whether `mac` holds `ip` now.
+    /// Learns nothing by default.
+    fn heard6(&self, ip: std::net::Ipv6Addr, mac: [u8; 6]) -> bool {
+        let _ = (ip, mac);
+        false
+    }
 }
 
 /// The MAC the gateway answers with on the LAN, derived from the internal NIC's own `nic`:
@@ -133,6 +155,22 @@ pub const fn gateway_mac(nic: [u8; 6]) -> [u8; 6] {
         nic[4],
         nic[5],
     ]
+}
+
+/// A segment's IPv6 (docs/protocol.md §7): its /64 and the overlay's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lan6 {
+    /// The segment's /64, advertised on-link and for SLAAC.
+    pub prefix: ipnet::Ipv6Net,
+    /// The overlay's IPv6 range: destinations worth carrying into the tunnel.
+    pub overlay: ipnet::Ipv6Net,
+}
+
+impl Lan6 {
+    /// The gateway's address on the segment: the /64's `::1`.
+    pub fn address(&self) -> std::net::Ipv6Addr {
+        std::net::Ipv6Addr::from(self.prefix.network().to_bits() | 1)
+    }
 }
 
 /// The adapter's view of its LAN segment.
@@ -161,6 +199,9 @@ pub struct Lan {
     /// address the gateway answers for (docs/protocol.md §6). `None`: every device holds an
     /// address of the block.
     pub legacy: Option<Legacy>,
+    /// The segment's IPv6 (docs/protocol.md §7): `None` when the certificate holds no IPv6
+    /// block, and then IPv6 frames are dropped as not IPv4.
+    pub v6: Option<Lan6>,
 }
 
 impl Lan {

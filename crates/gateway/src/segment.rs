@@ -8,8 +8,9 @@
 //! coalesced frame is cut back into the segments it came from, as the kernel's own GSO would
 //! cut it for a NIC:
 //!
-//! - TCP: every segment gets the headers (IP options and TCP options included), its own IP
-//!   total length and ID (incremented per segment), sequence number advanced by the payload
+//! - TCP, over IPv4 or IPv6: every segment gets the headers (IP options and TCP options
+//!   included), its own IP total length and ID (incremented per segment; IPv6: its payload
+//!   length), sequence number advanced by the payload
 //!   before it; FIN and PSH only on the last segment, CWR only on the first (RFC 3168 §6.1.2,
 //!   as Linux's `tcp_gso_segment`); full IP and TCP checksums.
 //! - UDP (`UDP_L4`, UDP GSO/GRO): every datagram gets the headers, its own IP total length and
@@ -24,19 +25,55 @@
 //! like frames that arrived separately.
 
 use crate::ipv4::{self, Header, PROTO_TCP, PROTO_UDP};
-use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, checksum};
+use crate::lan6::Header6;
+use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, checksum};
+
+/// The fixed IPv6 header, the only one a coalesced IPv6 packet may have (GRO merges no
+/// packets with extension headers).
+const IPV6_HEADER_LEN: usize = 40;
+
+/// The IP header of a coalesced packet, of either version.
+#[derive(Debug, Clone, Copy)]
+enum Ip {
+    V4(Header),
+    V6(Header6),
+}
+
+impl Ip {
+    const fn header_len(&self) -> usize {
+        match self {
+            Self::V4(h) => h.header_len,
+            Self::V6(_) => IPV6_HEADER_LEN,
+        }
+    }
+
+    const fn total_len(&self) -> usize {
+        match self {
+            Self::V4(h) => h.total_len,
+            Self::V6(h) => h.total_len,
+        }
+    }
+
+    const fn proto(&self) -> u8 {
+        match self {
+            Self::V4(h) => h.proto,
+            Self::V6(h) => h.next,
+        }
+    }
+}
 
 const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
 const UDP_HEADER_LEN: usize = 8;
 
-/// How the kernel coalesced a frame (from its `virtio_net_hdr`).
+/// How the kernel coalesced a frame (from its `virtio_net_hdr`); the packet says which IP
+/// version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GsoKind {
-    /// TCP over IPv4 (`VIRTIO_NET_HDR_GSO_TCPV4`, with or without the ECN bit).
+    /// TCP (`VIRTIO_NET_HDR_GSO_TCPV4` or `_TCPV6`, with or without the ECN bit).
     Tcp,
-    /// UDP datagrams over IPv4 (`VIRTIO_NET_HDR_GSO_UDP_L4`).
+    /// UDP datagrams (`VIRTIO_NET_HDR_GSO_UDP_L4`).
     Udp,
 }
 
@@ -44,8 +81,8 @@ pub enum GsoKind {
 /// is forwarded half-done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SegmentError {
-    /// Not an untagged IPv4 frame.
-    #[error("not an IPv4 frame")]
+    /// Not an untagged IPv4 or IPv6 frame.
+    #[error("not an IP frame")]
     NotIpv4,
     /// Lengths that do not add up, a wrong IP header checksum, a fragment, or a transport
     /// header that does not match the kind the kernel announced.
@@ -66,7 +103,7 @@ pub struct Segmenter<'a> {
     frame: &'a [u8],
     /// Link header bytes in front of the IP packet (Ethernet's, or none).
     link: usize,
-    h: Header,
+    h: Ip,
     kind: GsoKind,
     /// Link, IP and transport headers: copied in front of every segment.
     headers: usize,
@@ -95,10 +132,13 @@ impl<'a> Segmenter<'a> {
         size: u16,
         max_frame: usize,
     ) -> Result<Self, SegmentError> {
-        if frame.len() < ETH_HEADER_LEN
-            || u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4
-        {
-            return Err(SegmentError::NotIpv4);
+        let ethertype = frame.get(12..14).map(|t| u16::from_be_bytes([t[0], t[1]]));
+        let version = frame.get(ETH_HEADER_LEN).map(|b| b >> 4);
+        match (ethertype, version) {
+            (Some(ETHERTYPE_IPV4), _) => {}
+            (Some(ETHERTYPE_IPV6), Some(6)) => {}
+            (Some(ETHERTYPE_IPV6), _) => return Err(SegmentError::Malformed),
+            _ => return Err(SegmentError::NotIpv4),
         }
         Self::after(frame, ETH_HEADER_LEN, kind, size, max_frame)
     }
@@ -126,15 +166,21 @@ impl<'a> Segmenter<'a> {
         max_frame: usize,
     ) -> Result<Self, SegmentError> {
         let ip = &frame[link..];
-        let h = Header::parse(ip, true).map_err(|e| match e {
-            ipv4::Invalid::NotIpv4 => SegmentError::NotIpv4,
-            ipv4::Invalid::Malformed => SegmentError::Malformed,
-        })?;
-        if h.is_fragment() {
-            return Err(SegmentError::Malformed);
-        }
-        let l4 = &ip[h.header_len..h.total_len];
-        let l4_header = match (kind, h.proto) {
+        let h = match ip.first().map(|b| b >> 4) {
+            Some(6) => Ip::V6(Header6::parse(ip, true).ok_or(SegmentError::Malformed)?),
+            _ => {
+                let h = Header::parse(ip, true).map_err(|e| match e {
+                    ipv4::Invalid::NotIpv4 => SegmentError::NotIpv4,
+                    ipv4::Invalid::Malformed => SegmentError::Malformed,
+                })?;
+                if h.is_fragment() {
+                    return Err(SegmentError::Malformed);
+                }
+                Ip::V4(h)
+            }
+        };
+        let l4 = &ip[h.header_len()..h.total_len()];
+        let l4_header = match (kind, h.proto()) {
             (GsoKind::Tcp, PROTO_TCP) if l4.len() >= 20 => {
                 let offset = usize::from(l4[12] >> 4) * 4;
                 if offset < 20 || offset > l4.len() {
@@ -153,13 +199,13 @@ impl<'a> Segmenter<'a> {
         if size == 0 {
             return Err(SegmentError::ZeroSize);
         }
-        let headers = link + h.header_len + l4_header;
+        let headers = link + h.header_len() + l4_header;
         let size = usize::from(size);
         if headers + size > max_frame {
             return Err(SegmentError::TooLarge);
         }
         Ok(Self {
-            frame: &frame[..link + h.total_len],
+            frame: &frame[..link + h.total_len()],
             link,
             h,
             kind,
@@ -207,13 +253,21 @@ impl<'a> Segmenter<'a> {
         let ip_len = len - self.link;
         let ip = &mut out[self.link..];
         // Lengths fit: the segment is shorter than the coalesced packet, whose length was a u16.
-        let total = u16::try_from(ip_len).unwrap_or(u16::MAX);
-        ip[2..4].copy_from_slice(&total.to_be_bytes());
-        let id = self.h.id.wrapping_add(self.index);
-        ip[4..6].copy_from_slice(&id.to_be_bytes());
-        ipv4::fill_header_checksum(ip, self.h.header_len);
+        match self.h {
+            Ip::V4(h) => {
+                let total = u16::try_from(ip_len).unwrap_or(u16::MAX);
+                ip[2..4].copy_from_slice(&total.to_be_bytes());
+                let id = h.id.wrapping_add(self.index);
+                ip[4..6].copy_from_slice(&id.to_be_bytes());
+                ipv4::fill_header_checksum(ip, h.header_len);
+            }
+            Ip::V6(_) => {
+                let payload = u16::try_from(ip_len - IPV6_HEADER_LEN).unwrap_or(u16::MAX);
+                ip[4..6].copy_from_slice(&payload.to_be_bytes());
+            }
+        }
 
-        let l4 = &mut ip[self.h.header_len..];
+        let l4 = &mut ip[self.h.header_len()..];
         match self.kind {
             GsoKind::Tcp => {
                 let seq = u32::from_be_bytes([l4[4], l4[5], l4[6], l4[7]]);
@@ -232,10 +286,11 @@ impl<'a> Segmenter<'a> {
                 l4[4..6].copy_from_slice(&udp_len.to_be_bytes());
             }
         }
-        if self.partial {
-            checksum::fill_pseudo_header(l4, self.h.src, self.h.dst, self.h.proto);
-        } else {
-            checksum::fill_transport(l4, self.h.src, self.h.dst, self.h.proto);
+        match (self.h, self.partial) {
+            (Ip::V4(h), true) => checksum::fill_pseudo_header(l4, h.src, h.dst, h.proto),
+            (Ip::V4(h), false) => checksum::fill_transport(l4, h.src, h.dst, h.proto),
+            (Ip::V6(h), true) => checksum::fill_pseudo_header6(l4, h.src, h.dst, h.next),
+            (Ip::V6(h), false) => checksum::fill_transport6(l4, h.src, h.dst, h.next),
         }
 
         self.done += chunk;
@@ -324,6 +379,69 @@ mod tests {
         out
     }
 
+    /// A coalesced TCP/IPv6 frame (GSO_TCPV6) is cut like an IPv4 one: each segment with its
+    /// own payload length, sequence number and whole checksum (pnet's count), FIN and PSH on
+    /// the last only; or the checksum left partial, as asked.
+    #[test]
+    fn tcp_over_ipv6_is_cut_into_its_segments() {
+        use pnet_packet::ip::IpNextHeaderProtocols;
+        let src: std::net::Ipv6Addr = "fd7a:0:1:100::10".parse().unwrap();
+        let dst: std::net::Ipv6Addr = "fd7a:0:1:200::20".parse().unwrap();
+        let data = pattern(2500);
+        let mut f = vec![0u8; ETH_HEADER_LEN + 40 + 20];
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+        let ip = &mut f[ETH_HEADER_LEN..];
+        ip[0] = 0x60;
+        ip[4..6].copy_from_slice(&u16::try_from(20 + data.len()).unwrap().to_be_bytes());
+        ip[6] = PROTO_TCP;
+        ip[7] = 64;
+        ip[8..24].copy_from_slice(&src.octets());
+        ip[24..40].copy_from_slice(&dst.octets());
+        let t = &mut ip[40..];
+        t[4..8].copy_from_slice(&0xffff_fc00u32.to_be_bytes());
+        t[12] = 5 << 4;
+        t[13] = ACK | TCP_PSH | TCP_FIN;
+        f.extend_from_slice(&data);
+        let segments = all(&f, GsoKind::Tcp, 1000);
+        assert_eq!(segments.len(), 3);
+        let mut seq = 0xffff_fc00u32;
+        let mut got = Vec::new();
+        for (i, seg) in segments.iter().enumerate() {
+            let ip = &seg[ETH_HEADER_LEN..];
+            let payload = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+            assert_eq!(payload + 40, ip.len());
+            let tcp = &ip[40..];
+            assert_eq!(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]), seq);
+            let want = pnet_packet::util::ipv6_checksum(
+                tcp,
+                8,
+                &[],
+                &src,
+                &dst,
+                IpNextHeaderProtocols::Tcp,
+            );
+            assert_eq!(u16::from_be_bytes([tcp[16], tcp[17]]), want, "segment {i}");
+            let last = i == segments.len() - 1;
+            assert_eq!(tcp[13] & (TCP_PSH | TCP_FIN) != 0, last);
+            got.extend_from_slice(&tcp[20..]);
+            seq = seq.wrapping_add(u32::try_from(tcp.len() - 20).unwrap());
+        }
+        assert_eq!(got, data);
+        // Partial: the field holds the pseudo-header sum, which completes to the checksum.
+        let mut s = Segmenter::new(&f, GsoKind::Tcp, 1000, MAX)
+            .unwrap()
+            .with_partial_checksums(true);
+        let mut buf = [0u8; MAX];
+        let len = s.next_into(&mut buf).unwrap();
+        let tcp = &mut buf[ETH_HEADER_LEN + 40..len];
+        // As a NIC completes it: the sum over the segment, the field holding the pseudo sum.
+        let sum = checksum::internet(tcp);
+        tcp[16..18].copy_from_slice(&sum.to_be_bytes());
+        let want =
+            pnet_packet::util::ipv6_checksum(tcp, 8, &[], &src, &dst, IpNextHeaderProtocols::Tcp);
+        assert_eq!(u16::from_be_bytes([tcp[16], tcp[17]]), want);
+    }
+
     /// A TUN device's super-packet (no link header) is cut exactly like the same packet in an
     /// Ethernet frame: the same IP packets, partial checksums or whole.
     #[test]
@@ -380,6 +498,13 @@ mod tests {
         v6[0] = 0x60;
         assert_eq!(
             Segmenter::ip(&v6, GsoKind::Udp, 1200, MAX).err(),
+            Some(SegmentError::Malformed),
+            "an IPv4 packet under an IPv6 version"
+        );
+        let mut v5 = frame[ETH_HEADER_LEN..].to_vec();
+        v5[0] = 0x55;
+        assert_eq!(
+            Segmenter::ip(&v5, GsoKind::Udp, 1200, MAX).err(),
             Some(SegmentError::NotIpv4)
         );
     }
@@ -612,6 +737,13 @@ mod tests {
         v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
         assert_eq!(
             seg(&v6, GsoKind::Tcp, 1448, MAX),
+            Err(SegmentError::Malformed),
+            "an IPv4 packet under IPv6's ethertype"
+        );
+        let mut arp = good.clone();
+        arp[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+        assert_eq!(
+            seg(&arp, GsoKind::Tcp, 1448, MAX),
             Err(SegmentError::NotIpv4)
         );
         let mut bad_sum = good.clone();

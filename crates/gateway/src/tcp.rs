@@ -23,6 +23,16 @@ pub(crate) fn clamp_mss(packet: &mut [u8], h: &Header, max_mss: u16) -> bool {
     let Some(seg) = packet.get_mut(h.header_len..h.total_len) else {
         return false;
     };
+    let (src, dst) = (h.src, h.dst);
+    clamp_segment(seg, max_mss, |seg| {
+        checksum::transport(seg, src, dst, PROTO_TCP, 8)
+    })
+}
+
+/// [`clamp_mss`] on the TCP segment `seg` of a packet of either IP version; `full` computes
+/// the segment's checksum afresh (with its version's pseudo-header), for an MSS value that
+/// straddles two checksum words.
+pub(crate) fn clamp_segment(seg: &mut [u8], max_mss: u16, full: impl FnOnce(&[u8]) -> u16) -> bool {
     if seg.len() < 20 || seg[13] & SYN == 0 {
         return false;
     }
@@ -53,7 +63,7 @@ pub(crate) fn clamp_mss(packet: &mut [u8], h: &Header, max_mss: u16) -> bool {
                     let sum = if i % 2 == 0 {
                         checksum::update(u16::from_be_bytes([seg[16], seg[17]]), mss, max_mss)
                     } else {
-                        checksum::transport(seg, h.src, h.dst, PROTO_TCP, 8)
+                        full(seg)
                     };
                     seg[16..18].copy_from_slice(&sum.to_be_bytes());
                     return true;

@@ -28,6 +28,7 @@ pub(crate) fn lan() -> crate::Lan {
         mss_clamp: true,
         defer_checksums: false,
         legacy: None,
+        v6: None,
     }
 }
 pub(crate) const DEV_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 10];

@@ -164,18 +164,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
         std::net::IpAddr::V4(ip) if ip == vip => Some(ip),
         _ => None,
     });
-    let ipv6 = ipv6(&identity);
-    // The kernel switches IPv6 off on a device whose MTU is below IPv6's minimum.
-    if ipv6.is_some() && common.inner_mtu < 1280 {
-        return src.err(
-            &n.inner_mtu.span(),
-            RawNode::inner_mtu,
-            format!(
-                "{}: the certificate holds an IPv6 block, and IPv6 needs an inner MTU of 1280 at least",
-                common.inner_mtu
-            ),
-        );
-    }
+    let ipv6 = common.ipv6.map(node_ipv6);
     let common = raw.with_policy(src, common, &identity, &[], dns)?;
     let config = NodeConfig {
         common,
@@ -189,16 +178,15 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
     Ok((config, identity))
 }
 
-/// [`NodeConfig::ipv6`] for `identity`.
-fn ipv6(identity: &Identity) -> Option<(Ipv6Addr, Ipv6Net)> {
-    let block = cyphonic_settings::first_v6_block(identity.certificate())?;
-    let overlay = cyphonic_settings::overlay6(identity).filter(|o| o.contains(&block))?;
+/// [`NodeConfig::ipv6`] from our IPv6 block and the overlay's range: a /128's address, else
+/// the block's first host.
+fn node_ipv6((block, overlay): (Ipv6Net, Ipv6Net)) -> (Ipv6Addr, Ipv6Net) {
     let vip = if block.prefix_len() == 128 {
         block.network()
     } else {
         Ipv6Addr::from(block.network().to_bits().saturating_add(1))
     };
-    Some((vip, overlay))
+    (vip, overlay)
 }
 
 #[cfg(test)]

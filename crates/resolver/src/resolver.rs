@@ -247,7 +247,8 @@ impl Client for &'static str {
 #[derive(Debug)]
 pub struct Resolver<C: Client> {
     cfg: ZoneConfig,
-    hosts: HashMap<Name, Ipv4Addr>,
+    /// Each device's addresses: IPv4, and IPv6 when it has one (its AAAA).
+    hosts: HashMap<Name, (Ipv4Addr, Option<std::net::Ipv6Addr>)>,
     reverse: HashMap<Ipv4Addr, Name>,
     peers: Vec<PeerZone>,
     pending: HashMap<u16, Pending<C>>,
@@ -277,14 +278,17 @@ impl<C: Client> Resolver<C> {
         }
     }
 
-    /// Replaces the device names: `(label, address)` pairs, each answering as
-    /// `<label>.<own name>`.
-    pub fn set_hosts<'a>(&mut self, hosts: impl IntoIterator<Item = (&'a str, Ipv4Addr)>) {
+    /// Replaces the device names: `(label, address, IPv6 address)`, each answering as
+    /// `<label>.<own name>` (A, and AAAA when it has an IPv6 address).
+    pub fn set_hosts<'a>(
+        &mut self,
+        hosts: impl IntoIterator<Item = (&'a str, Ipv4Addr, Option<std::net::Ipv6Addr>)>,
+    ) {
         self.hosts.clear();
         self.reverse.clear();
         self.reverse
             .insert(self.cfg.own_ip, self.cfg.own_name.clone());
-        for (label, ip) in hosts {
+        for (label, ip, ip6) in hosts {
             let Ok(name) =
                 Name::from_ascii(label).and_then(|l| l.append_domain(&self.cfg.own_name))
             else {
@@ -292,7 +296,7 @@ impl<C: Client> Resolver<C> {
             };
             let name = name.to_lowercase();
             self.reverse.insert(ip, name.clone());
-            self.hosts.insert(name, ip);
+            self.hosts.insert(name, (ip, ip6));
         }
     }
 
@@ -638,15 +642,15 @@ impl<C: Client> Resolver<C> {
         self.stats.authoritative += 1;
         let own = *name == self.cfg.own_name.to_lowercase();
         let ip = if own {
-            Some(self.cfg.own_ip)
+            Some((self.cfg.own_ip, self.cfg.own_ip6))
         } else {
             self.hosts.get(name).copied()
         };
-        let Some(ip) = ip else {
+        let Some((ip, ip6)) = ip else {
             self.stats.nxdomain += 1;
             return self.response(to, question, ResponseCode::NXDomain, vec![], true);
         };
-        let aaaa = self.cfg.own_ip6.filter(|_| own).map(|ip6| {
+        let aaaa = ip6.map(|ip6| {
             Record::from_rdata(
                 question.name().clone(),
                 self.cfg.ttl,

@@ -32,8 +32,12 @@ fn config(upstream: bool, ask_cloud: bool) -> ZoneConfig {
 fn resolver(upstream: bool, ask_cloud: bool) -> Resolver<&'static str> {
     let mut r = Resolver::new(config(upstream, ask_cloud));
     r.set_hosts([
-        ("sensor1", Ipv4Addr::new(100, 64, 1, 10)),
-        ("cam", Ipv4Addr::new(100, 64, 1, 11)),
+        ("sensor1", Ipv4Addr::new(100, 64, 1, 10), None),
+        (
+            "cam",
+            Ipv4Addr::new(100, 64, 1, 11),
+            Some("fd7a:0:1:100::11".parse().unwrap()),
+        ),
     ]);
     r.set_peers(vec![PeerZone {
         peer: 2,
@@ -142,9 +146,9 @@ fn our_zone_is_answered_with_authority() {
 }
 
 /// Issue 53: our own name has its AAAA beside its A (the IPv6 address our certificate gives
-/// us); a device without one has none (NODATA).
+/// us), a device with an IPv6 address its own; a device without one has none (NODATA).
 #[test]
-fn our_own_name_has_its_ipv6_address() {
+fn our_own_name_and_devices_have_their_ipv6_addresses() {
     let mut r = resolver(false, false);
     let aaaa = |r: &mut Resolver<&'static str>, q: &str, t| {
         let m = respond(r.handle_query(Instant::now(), &query(3, q, t), "c", None));
@@ -171,6 +175,19 @@ fn our_own_name_has_its_ipv6_address() {
     assert_eq!(
         aaaa(&mut r, "sensor1.gw1.ovl.example.", RecordType::AAAA),
         (ResponseCode::NoError, vec![], vec![])
+    );
+    let cam: std::net::Ipv6Addr = "fd7a:0:1:100::11".parse().unwrap();
+    assert_eq!(
+        aaaa(&mut r, "cam.gw1.ovl.example.", RecordType::AAAA),
+        (ResponseCode::NoError, vec![cam], vec![])
+    );
+    assert_eq!(
+        aaaa(&mut r, "cam.gw1.ovl.example.", RecordType::A),
+        (
+            ResponseCode::NoError,
+            vec![],
+            vec![Ipv4Addr::new(100, 64, 1, 11)]
+        )
     );
 }
 

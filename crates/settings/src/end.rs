@@ -81,6 +81,9 @@ pub struct Common {
     pub overlay_domain: String,
     /// The largest inner IP packet carried.
     pub inner_mtu: u16,
+    /// Our IPv6 block and the overlay's IPv6 range ([`crate::ipv6_plan`]); `None`: this
+    /// end has no IPv6 in the overlay.
+    pub ipv6: Option<(ipnet::Ipv6Net, ipnet::Ipv6Net)>,
     /// The status socket.
     pub status_socket: PathBuf,
     /// The data plane.
@@ -143,6 +146,18 @@ impl Common {
             );
         }
         let inner_mtu = check_mtu(src, end.inner_mtu)?;
+        let ipv6 = crate::ipv6_plan(&identity);
+        // The kernel switches IPv6 off on a link whose MTU is below IPv6's minimum, and
+        // IPv6 is never fragmented on the way.
+        if ipv6.is_some() && inner_mtu < 1280 {
+            return src.err(
+                &end.inner_mtu.0.span(),
+                end.inner_mtu.1,
+                format!(
+                    "{inner_mtu}: the certificate holds an IPv6 block, and IPv6 needs an inner MTU of 1280 at least"
+                ),
+            );
+        }
         let peers = peers(src, raw_peers, &identity, block)?;
         let dns = dns
             .map(|keys| {
@@ -162,6 +177,7 @@ impl Common {
             overlay,
             overlay_domain: overlay_domain(&identity),
             inner_mtu,
+            ipv6,
             status_socket: src.resolve(end.status_socket),
             dataplane,
             peers,

@@ -210,6 +210,15 @@ pub fn overlay6(identity: &Identity) -> Option<Ipv6Net> {
     })
 }
 
+/// Our IPv6 in the overlay: the certificate's first IPv6 block and the overlay's range
+/// ([`overlay6`]) that holds it; `None` without either (no IPv6 at this end,
+/// docs/protocol.md §7).
+pub fn ipv6_plan(identity: &Identity) -> Option<(Ipv6Net, Ipv6Net)> {
+    let block = first_v6_block(identity.certificate())?;
+    let overlay = overlay6(identity).filter(|o| o.contains(&block))?;
+    Some((block, overlay))
+}
+
 /// The first IPv6 block a certificate certifies.
 pub fn first_v6_block(cert: &Certificate) -> Option<Ipv6Net> {
     cert.body().vip_blocks.iter().find_map(|b| match b {

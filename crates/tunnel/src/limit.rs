@@ -27,6 +27,17 @@ impl RateTable {
         Self::starting(slots, per_sec, burst, Instant::now())
     }
 
+    /// `slots` buckets, each admitting one every `interval` after a burst of `burst`: for
+    /// rates below one a second.
+    pub fn every(slots: usize, interval: Duration, burst: u32) -> Self {
+        let mut table = Self::new(slots, 1, burst);
+        table.interval = u64::try_from(interval.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        table.tolerance = table.interval * u64::from(burst.max(1) - 1);
+        table
+    }
+
     /// As [`RateTable::new`], for times from `origin` on (a time before it counts as it):
     /// for a caller that is handed the time, so that the table keeps that caller's clock.
     pub fn starting(slots: usize, per_sec: u32, burst: u32, origin: Instant) -> Self {
@@ -92,6 +103,16 @@ pub fn kick_gate() -> RateTable {
 mod tests {
     use super::*;
     use std::net::IpAddr;
+
+    #[test]
+    fn a_rate_below_one_a_second_admits_one_an_interval() {
+        let t = RateTable::every(1, Duration::from_secs(3), 1);
+        let t0 = Instant::now();
+        assert!(t.admit(1, t0));
+        assert!(!t.admit(1, t0 + Duration::from_millis(2900)));
+        assert!(t.admit(1, t0 + Duration::from_millis(3000)));
+        assert!(!t.admit(1, t0 + Duration::from_millis(5000)));
+    }
 
     #[test]
     fn a_source_gets_its_burst_then_its_rate() {
