@@ -512,3 +512,36 @@ pub fn udp_rcvbuf_errors(ns: &Netns) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("no RcvbufErrors in /proc/net/snmp"))?
         .map_err(Into::into)
 }
+
+/// An Ethernet frame with the ICMPv6 message `message` (type, code, two bytes for the
+/// checksum, then its body) from `src` to `dst` at hop limit `hop`, its checksum filled in.
+pub fn icmpv6_frame(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: std::net::Ipv6Addr,
+    dst: std::net::Ipv6Addr,
+    hop: u8,
+    mut message: Vec<u8>,
+) -> Vec<u8> {
+    let len = u16::try_from(message.len()).unwrap_or(u16::MAX);
+    let mut pseudo = Vec::with_capacity(40 + message.len());
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&u32::from(len).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, 58]);
+    message[2..4].fill(0);
+    pseudo.extend_from_slice(&message);
+    let sum = checksum(&pseudo);
+    message[2..4].copy_from_slice(&sum.to_be_bytes());
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&[0x86, 0xdd]);
+    f.extend_from_slice(&[0x60, 0, 0, 0]);
+    f.extend_from_slice(&len.to_be_bytes());
+    f.extend_from_slice(&[58, hop]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&message);
+    f
+}

@@ -506,3 +506,39 @@ pub fn dig(ns: &Netns, server: Ipv4Addr, name: &str, qtype: &str) -> anyhow::Res
         answers,
     })
 }
+
+/// The address `ns`'s `eth0` made for itself by SLAAC in the /64 whose text starts with
+/// `prefix` (say `fd7a:0:1:100:`), once its duplicate address detection is done; waited for
+/// up to `within`.
+///
+/// # Errors
+/// None came within `within` (the error shows the interface's addresses).
+pub fn slaac_address(
+    ns: &Netns,
+    prefix: &str,
+    within: Duration,
+) -> anyhow::Result<std::net::Ipv6Addr> {
+    let show = || {
+        ns.exec_output(
+            "ip",
+            &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"],
+        )
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+    };
+    let found = |text: &str| {
+        text.lines()
+            .filter(|l| !l.contains("tentative"))
+            .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet6").nth(1))
+            .filter_map(|a| a.split('/').next())
+            .find(|a| a.starts_with(prefix))
+            .and_then(|a| a.parse().ok())
+    };
+    let mut text = String::new();
+    let got = wait_until(within, "a SLAAC address", || {
+        text = show();
+        found(&text).is_some()
+    });
+    got.with_context(|| format!("eth0's addresses: {text}"))?;
+    found(&text).context("gone")
+}

@@ -11,7 +11,7 @@ use cyphonic_e2e::bed::{
     BedOptions, CloudOptions, Ping, Side, SiteOptions, TwoSites, mac_of, parse_mac,
 };
 use cyphonic_e2e::impair::Impairment;
-use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
+use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig, slaac_address};
 use cyphonic_e2e::node::{NAME, VIP};
 use cyphonic_e2e::rogue::{Rogue, site_identity};
 use cyphonic_e2e::{inject, uint};
@@ -286,14 +286,25 @@ fn no_device_packet_leaves_in_clear_even_with_forwarding_on() {
     let mut clear = bed.a.host_ip.octets().to_vec();
     clear.extend(bed.b.host_ip.octets());
     let to = bed.b.host_ip.to_string();
+    sealed_only(
+        &bed,
+        clear,
+        to_host,
+        &["-c", "10", "-i", "0.2", "-W", "2", &to],
+    );
+}
+
+/// Sends `to_host` from A's device and pings with `ping_args` (10 pings) while watching the
+/// router side of A's uplink: no frame there holds `clear` (a source and destination pair as
+/// they follow each other in an IP header), and every ping is answered.
+fn sealed_only(bed: &TwoSites, clear: Vec<u8>, to_host: Vec<Vec<u8>>, ping_args: &[&str]) {
     let (seen, ping) = std::thread::scope(|s| {
         let capture = s.spawn(|| {
             inject::count_frames_containing(&bed.wan, "toa", clear, Duration::from_secs(5))
         });
         std::thread::sleep(Duration::from_millis(300));
         inject::send_frames(&bed.a.lan, "eth0", to_host).unwrap();
-        let args = ["-c", "10", "-i", "0.2", "-W", "2", to.as_str()];
-        let ping = bed.a.lan.exec_output("ping", &args).unwrap();
+        let ping = bed.a.lan.exec_output("ping", ping_args).unwrap();
         (capture.join().unwrap().unwrap(), ping)
     });
     let text = String::from_utf8_lossy(&ping.stdout).into_owned();
@@ -305,7 +316,8 @@ fn no_device_packet_leaves_in_clear_even_with_forwarding_on() {
     );
     assert!(
         text.contains("10 received"),
-        "the pings did not all go through the tunnel:\n{text}"
+        "the pings did not all go through the tunnel:\n{text}\n{}",
+        bed.logs()
     );
 }
 
@@ -1055,4 +1067,157 @@ fn a_member_sending_from_outside_its_certified_block_is_dropped_and_counted() {
         (2 * EACH) as u64,
         "drop_source_not_certified moved from {before} to {after}"
     );
+}
+
+/// Issue 53: as above, over IPv6. The adapter's host forwards IPv6 (`all.forwarding=1`) and
+/// has a default IPv6 route out of its uplink; site A's device pings site B's over IPv6
+/// (both by their SLAAC addresses), and sends echo requests to B's device addressed to the
+/// host's own MAC: every ping is answered through the tunnel, and no frame on the router
+/// side of A's uplink carries the two addresses in clear.
+#[test]
+fn no_device_ipv6_packet_leaves_in_clear_even_with_forwarding_on() {
+    // Dual stack: A's uplink has an IPv6 address and a default route via the router.
+    let bed = TwoSites::up(&BedOptions {
+        ipv6: true,
+        a: SiteOptions {
+            dual_stack: true,
+            ..SiteOptions::default()
+        },
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let ns = &bed.a.adapter_ns;
+    ns.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])
+        .unwrap();
+    let routes = ns.ip(&["-6", "route", "show", "default"]).unwrap();
+    assert!(routes.contains("dev wan"), "{routes}");
+    let within = Duration::from_secs(20);
+    let a6 = slaac_address(&bed.a.lan, "fd7a:0:1:100:", within).unwrap();
+    let b6 = slaac_address(&bed.b.lan, "fd7a:0:1:200:", within).unwrap();
+    // B's device makes itself heard by its adapter (its first packet from the address).
+    let out = bed
+        .b
+        .lan
+        .exec_output("ping", &["-6", "-c", "1", "-W", "2", "fd7a:0:1:200::1"])
+        .unwrap();
+    assert!(out.status.success(), "{}", bed.logs());
+    let mut clear = a6.octets().to_vec();
+    clear.extend(b6.octets());
+    let to = b6.to_string();
+    let nic = parse_mac(&mac_of(ns, "lan").unwrap()).unwrap();
+    let device = parse_mac(&bed.a.host_mac).unwrap();
+    let to_host: Vec<Vec<u8>> = (0..10u8)
+        .map(|i| {
+            let echo = vec![128, 0, 0, 0, 0x12, 0x34, 0, i, b'c', b'l', b'e', b'a', b'r'];
+            inject::icmpv6_frame(nic, device, a6, b6, 64, echo)
+        })
+        .collect();
+    let ping = ["-6", "-c", "10", "-i", "0.2", "-W", "2", to.as_str()];
+    sealed_only(&bed, clear, to_host, &ping);
+}
+
+/// Issue 53, a hostile LAN: on site A's switch a rogue host sends a Router Advertisement, a
+/// Redirect, a Neighbour Advertisement claiming the gateway's IPv6 address and one claiming
+/// the victim device's. The adapter counts each; it answers the claim of its address with
+/// its own advertisement to every node, so the victim's cache names the gateway's MAC again
+/// and its pings to the gateway go on; the victim's address stays the victim's.
+#[test]
+fn router_adverts_and_neighbour_claims_from_a_rogue_are_refused() {
+    let mut bed = TwoSites::up(&BedOptions {
+        ipv6: true,
+        lan_switch: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let victim = slaac_address(&bed.a.lan, "fd7a:0:1:100:", Duration::from_secs(20)).unwrap();
+    let gw6: std::net::Ipv6Addr = "fd7a:0:1:100::1".parse().unwrap();
+    let ping_gateway = |bed: &TwoSites| {
+        let args = ["-6", "-c", "2", "-i", "0.2", "-W", "2", "fd7a:0:1:100::1"];
+        let out = bed.a.lan.exec_output("ping", &args).unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            bed.logs()
+        );
+    };
+    ping_gateway(&bed);
+    let cached = |bed: &TwoSites| {
+        bed.a
+            .lan
+            .exec(
+                "ip",
+                &["-6", "neigh", "show", "fd7a:0:1:100::1", "dev", "eth0"],
+            )
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip_while(|w| *w != "lladdr")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let gw_mac = cached(&bed);
+    assert!(!gw_mac.is_empty());
+    let (rogue, rogue_mac) = bed.add_host(Side::A, "rogue").unwrap();
+    let rmac = parse_mac(&rogue_mac).unwrap();
+    let rll = std::net::Ipv6Addr::from(
+        (0xfe80u128 << 112)
+            | u128::from(u64::from_be_bytes([
+                rmac[0] ^ 2,
+                rmac[1],
+                rmac[2],
+                0xff,
+                0xfe,
+                rmac[3],
+                rmac[4],
+                rmac[5],
+            ])),
+    );
+    let all_nodes: std::net::Ipv6Addr = "ff02::1".parse().unwrap();
+    let to_all = [0x33, 0x33, 0, 0, 0, 1];
+    let mut ra = vec![134, 0, 0, 0, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    ra.extend_from_slice(&[
+        3, 4, 64, 0xc0, 0, 1, 0x51, 0x80, 0, 0, 0x38, 0x40, 0, 0, 0, 0,
+    ]);
+    ra.extend_from_slice(&"fd00:bad::".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    let mut redirect = vec![137, 0, 0, 0, 0, 0, 0, 0];
+    redirect.extend_from_slice(&rll.octets());
+    redirect.extend_from_slice(
+        &"fd7a:0:1:200::1"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+    );
+    let claim = |target: std::net::Ipv6Addr| {
+        let mut na = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
+        na.extend_from_slice(&target.octets());
+        na.extend_from_slice(&[2, 1]);
+        na.extend_from_slice(&rmac);
+        na
+    };
+    let counters = |bed: &TwoSites| {
+        [
+            "drop_router_guard",
+            "neighbour_gateway_claims",
+            "drop_neighbour_spoofed",
+        ]
+        .map(|c| bed.counter(Side::A, c).unwrap())
+    };
+    let before = counters(&bed);
+    let frames = [ra, redirect, claim(gw6), claim(victim)]
+        .into_iter()
+        .map(|m| inject::icmpv6_frame(to_all, rmac, rll, all_nodes, 255, m))
+        .collect();
+    inject::send_frames(&rogue, "eth0", frames).unwrap();
+    cyphonic_e2e::wait_until(Duration::from_secs(5), "the rogue's frames counted", || {
+        let now = counters(&bed);
+        now[0] >= before[0] + 2 && now[1] > before[1] && now[2] > before[2]
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?} then {:?}", before, counters(&bed)));
+    // The gateway's answer put the victim's cache right: its pings to the gateway go on.
+    ping_gateway(&bed);
+    assert_eq!(cached(&bed), gw_mac);
+    let status = bed.status(Side::A).unwrap();
+    let leases = status["leases"].to_string();
+    assert!(leases.contains(&victim.to_string()), "{leases}");
 }

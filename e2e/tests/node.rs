@@ -289,19 +289,8 @@ fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
         String::from_utf8_lossy(&lan.exec_output("ip", args).unwrap().stdout).into_owned()
     };
     // Its address, made by the kernel from the advertised /64 once its DAD is done.
-    let mut addr = String::new();
-    wait_until(Duration::from_secs(20), "a SLAAC address", || {
-        let out = show(&["-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"]);
-        addr = out
-            .split_whitespace()
-            .skip_while(|w| *w != "inet6")
-            .nth(1)
-            .unwrap_or_default()
-            .to_owned();
-        addr.starts_with("fd7a:0:1:100:") && !out.contains("tentative")
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", show(&["-6", "addr"]), logs()));
-    let addr: std::net::Ipv6Addr = addr.split('/').next().unwrap().parse().unwrap();
+    let addr = cyphonic_e2e::lan::slaac_address(lan, "fd7a:0:1:100:", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     let route = show(&["-6", "route", "show", "default"]);
     assert!(route.contains("via fe80::"), "{route}");
     let mtu = lan

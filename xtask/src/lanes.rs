@@ -43,14 +43,14 @@ const SECONDS: &[(&str, u32)] = &[
     ("soak", 300),
     ("adapter", 190),
     ("connectivity", 165),
-    ("hostile", 122),
+    ("hostile", 134),
     ("enroll", 82),
     ("cloud", 77),
     ("policy", 80),
     ("sites", 68),
     ("lan", 52),
     ("trust", 26),
-    ("node", 30),
+    ("node", 34),
 ];
 
 /// The figure [`SECONDS`] gives `name`, or 10 s.
