@@ -534,22 +534,25 @@ impl Capture {
                 client_port,
                 udp_payload,
             } => {
-                if lan.dns_on {
-                    let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
-                    lan.to_services(
-                        ToServices::Dns {
-                            client: Client::Lan {
-                                mac: client_mac,
-                                ip: client_ip,
-                                port: client_port,
-                            },
-                            payload,
-                        },
-                        now,
-                    );
-                } else {
-                    bump(&c.dns_unserved);
-                }
+                let client = Client::Lan {
+                    mac: client_mac,
+                    ip: client_ip,
+                    port: client_port,
+                };
+                lan.dns_query(client, &buf[FRAME_OFFSET..][udp_payload], now);
+            }
+            Egress::Dns6 {
+                client_mac,
+                client_ip,
+                client_port,
+                udp_payload,
+            } => {
+                let client = Client::Lan6 {
+                    mac: client_mac,
+                    ip: client_ip,
+                    port: client_port,
+                };
+                lan.dns_query(client, &buf[FRAME_OFFSET..][udp_payload], now);
             }
             Egress::Hairpin { frame } => {
                 if lan.send(&self.socks[0], &mut buf[FRAME_OFFSET..], frame, seg.tag) {

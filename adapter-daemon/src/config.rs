@@ -489,7 +489,11 @@ impl AdapterConfig {
         let prefix = ipnet::Ipv6Net::new(block.network(), 64)
             .ok()
             .filter(|_| block.prefix_len() <= 64)?;
-        Some(cyphonic_gateway::Lan6 { prefix, overlay })
+        Some(cyphonic_gateway::Lan6 {
+            prefix,
+            overlay,
+            dns: self.common.dns.is_some(),
+        })
     }
 
     /// Every segment's DHCP scope, the untagged one first (none: `[dhcp]` is off).

@@ -240,4 +240,23 @@ impl Gateway {
         self.lan
             .send(&self.lan_tx, &mut self.frame[..], 0..len, tag)
     }
+
+    /// Sends a UDP datagram from the gateway's IPv6 address to a device on the untagged
+    /// segment (the only one with IPv6).
+    pub fn udp6_to_lan(
+        &mut self,
+        mac: [u8; 6],
+        ip: std::net::Ipv6Addr,
+        src_port: u16,
+        dst_port: u16,
+        payload: &[u8],
+    ) -> bool {
+        let lan = &self.lan.lan;
+        let Some(len) = lan.udp6_frame(mac, ip, src_port, dst_port, payload, &mut self.frame[..])
+        else {
+            return false;
+        };
+        self.lan
+            .send(&self.lan_tx, &mut self.frame[..], 0..len, None)
+    }
 }

@@ -27,6 +27,15 @@ pub enum Client {
         /// Its UDP port.
         port: u16,
     },
+    /// A device on our LAN, asking at the gateway's IPv6 address.
+    Lan6 {
+        /// Its MAC.
+        mac: [u8; 6],
+        /// Its address.
+        ip: std::net::Ipv6Addr,
+        /// Its UDP port.
+        port: u16,
+    },
     /// A peer adapter (or a device behind it), over the tunnel.
     Peer {
         /// The peer.
@@ -43,12 +52,13 @@ pub enum Client {
 /// Questions waiting are counted per device (its vIP), or per peer and address behind it:
 /// not per port.
 impl cyphonic_resolver::Client for Client {
-    type Source = (u32, Ipv4Addr);
+    type Source = (u32, std::net::IpAddr);
 
-    fn source(&self) -> (u32, Ipv4Addr) {
+    fn source(&self) -> (u32, std::net::IpAddr) {
         match *self {
-            Self::Lan { ip, .. } => (0, ip),
-            Self::Peer { peer, ip, .. } => (peer, ip),
+            Self::Lan { ip, .. } => (0, ip.into()),
+            Self::Lan6 { ip, .. } => (0, ip.into()),
+            Self::Peer { peer, ip, .. } => (peer, ip.into()),
         }
     }
 }
@@ -422,6 +432,16 @@ impl LanSide {
         admitted
     }
 
+    /// A DNS query from a device on the LAN: to the DNS service when it runs, else counted.
+    pub fn dns_query(&self, client: Client, payload: &[u8], now: Instant) {
+        if self.dns_on {
+            let payload = payload.to_vec();
+            self.to_services(ToServices::Dns { client, payload }, now);
+        } else {
+            bump(&self.counters.dns_unserved);
+        }
+    }
+
     /// Hands work to the services, never waiting: DHCP into its own queue, the rest into
     /// theirs, both the segment's (a device's, or the gateway address a peer's packet is
     /// for), each source within its rate; a source over its rate, or a full queue, drops
@@ -436,7 +456,8 @@ impl LanSide {
                 use cyphonic_resolver::Client as _;
                 let segment = match client {
                     Client::Lan { ip, .. } => self.segment_of(*ip).tag,
-                    Client::Peer { .. } => None,
+                    // IPv6 is the untagged segment's only.
+                    Client::Lan6 { .. } | Client::Peer { .. } => None,
                 };
                 (
                     &self.to_services[self.queue_of(segment)],

@@ -244,6 +244,11 @@ impl AdapterServices {
                         bump(&self.lan.counters.dns_sent);
                     }
                 }
+                Said::Answer(Client::Lan6 { mac, ip, port }, resp) => {
+                    if self.gateway.udp6_to_lan(mac, ip, DNS_PORT, port, &resp) {
+                        bump(&self.lan.counters.dns_sent);
+                    }
+                }
                 Said::Answer(
                     Client::Peer {
                         peer,

@@ -332,10 +332,23 @@ fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
     });
     let status = bed.status(Side::A).unwrap();
     assert!(uint(&status["counters"]["router_adverts"]) >= 1);
+    // The device asks the adapter's DNS service over IPv6, at the address the adapter's
+    // advertisement names (RDNSS), for its own name.
+    let name = "host.gw1.ovl.example";
+    let args = [
+        "+tries=1",
+        "+time=3",
+        "+short",
+        "@fd7a:0:1:100::1",
+        name,
+        "AAAA",
+    ];
+    let out = lan.exec_output("dig", &args).unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(answer, addr.to_string(), "{}", logs());
     // The node pings the device by its name (the lookup asks the cloud, which names the
     // adapter as the device's peer).
     let node = &fleet.nodes[0];
-    let name = "host.gw1.ovl.example";
     wait_until(Duration::from_secs(15), "the device's AAAA", || {
         cyphonic_e2e::lan::dig(&node.ns, node.vip, name, "AAAA")
             .is_ok_and(|d| d.answers == [addr.to_string()])

@@ -45,6 +45,7 @@ fn lan() -> Lan {
         v6: Some(Lan6 {
             prefix: "fd7a:0:1:100::/64".parse().expect("prefix"),
             overlay: "fd7a:0:1::/48".parse().expect("overlay"),
+            dns: true,
         }),
     }
 }

@@ -105,6 +105,17 @@ pub enum Egress {
         /// The DNS message within the frame.
         udp_payload: Range<usize>,
     },
+    /// A DNS query to the gateway's IPv6 address, from a device that holds its address.
+    Dns6 {
+        /// The device's MAC.
+        client_mac: [u8; 6],
+        /// Its address.
+        client_ip: std::net::Ipv6Addr,
+        /// Its UDP source port.
+        client_port: u16,
+        /// The DNS message within the frame.
+        udp_payload: Range<usize>,
+    },
     /// Carry `frame[packet]` into the tunnel towards `dst` (TTL decremented, checksum
     /// completed or deferred, MSS clamped, all in place).
     Forward {

@@ -41,6 +41,15 @@ const OPT_SOURCE_LL: u8 = 1;
 const OPT_TARGET_LL: u8 = 2;
 const OPT_PREFIX: u8 = 3;
 const OPT_MTU: u8 = 5;
+/// Recursive DNS Server (RFC 8106).
+const OPT_RDNSS: u8 = 25;
+
+const NEXT_UDP: u8 = 17;
+const DNS_PORT: u16 = 53;
+const UDP_HEADER_LEN: usize = 8;
+/// How long devices may use the gateway as DNS server, seconds: three times the RA interval
+/// (RFC 8106 §5.1 asks for at least the interval).
+const RDNSS_LIFETIME: u32 = 600;
 
 /// Neighbour Advertisement flags.
 const NA_ROUTER: u8 = 0x80;
@@ -217,7 +226,8 @@ impl Lan {
             return Egress::Drop(EgressDrop::Spoofed);
         }
         if self.is_gateway_address6(&v6, h.dst) {
-            return self.to_gateway6(&h, &frame[packet], src_mac, truncated, out);
+            let sums = (truncated, checksum_partial);
+            return self.to_gateway6(&h, &frame[packet], src_mac, sums, out);
         }
         if !v6.overlay.contains(&h.dst) {
             return Egress::Drop(EgressDrop::NoRoute);
@@ -267,15 +277,22 @@ impl Lan {
 
     /// A packet for the gateway's own address: echo is answered; nothing else is offered
     /// over IPv6 yet.
+    /// `(truncated, checksum_partial)`: the capture's facts about the frame.
     fn to_gateway6(
         &self,
         h: &Header6,
         packet: &[u8],
         src_mac: [u8; 6],
-        truncated: bool,
+        (truncated, checksum_partial): (bool, bool),
         out: &mut [u8],
     ) -> Egress {
         let icmp = packet.get(HEADER_LEN..).unwrap_or_default();
+        if !truncated
+            && h.next == NEXT_UDP
+            && let Some(v6) = self.v6.filter(|v| v.dns && h.dst == v.address())
+        {
+            return dns_query(&v6, h, packet, src_mac, checksum_partial);
+        }
         if truncated || h.next != NEXT_ICMPV6 || icmp.first() != Some(&ECHO_REQUEST) {
             return Egress::Drop(EgressDrop::GatewayService);
         }
@@ -440,12 +457,13 @@ impl Lan {
         let prefix = v6.prefix;
         let mac = self.mac;
         let mtu = u32::from(self.inner_mtu);
+        let rdnss = if v6.dns { 24 } else { 0 };
         self.icmp6_frame(
             dst_mac,
             link_local(mac),
             dst,
             255,
-            16 + 8 + 8 + 32,
+            16 + 8 + 8 + 32 + rdnss,
             out,
             |b| {
                 b[0] = ROUTER_ADVERT;
@@ -466,8 +484,47 @@ impl Lan {
                 p[4..8].copy_from_slice(&VALID_LIFETIME.to_be_bytes());
                 p[8..12].copy_from_slice(&PREFERRED_LIFETIME.to_be_bytes());
                 p[16..32].copy_from_slice(&prefix.network().octets());
+                if v6.dns {
+                    let r = &mut p[32..];
+                    r[0] = OPT_RDNSS;
+                    r[1] = 3;
+                    r[4..8].copy_from_slice(&RDNSS_LIFETIME.to_be_bytes());
+                    r[8..24].copy_from_slice(&v6.address().octets());
+                }
             },
         )
+    }
+
+    /// Writes into `out` an Ethernet frame with a UDP datagram from the gateway's IPv6
+    /// address to `dst_ip:dst_port` at `dst_mac` (its checksum computed). Returns its
+    /// length; None without IPv6, or when it does not fit.
+    pub fn udp6_frame(
+        &self,
+        dst_mac: [u8; 6],
+        dst_ip: Ipv6Addr,
+        src_port: u16,
+        dst_port: u16,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Option<usize> {
+        let src = self.v6?.address();
+        let len = UDP_HEADER_LEN + payload.len();
+        let total = ETH_HEADER_LEN + HEADER_LEN + len;
+        let frame = out.get_mut(..total)?;
+        write_eth(frame, dst_mac, self.mac, ETHERTYPE_IPV6);
+        let ip = &mut frame[ETH_HEADER_LEN..];
+        ip[..8].copy_from_slice(&[0x60, 0, 0, 0, 0, 0, NEXT_UDP, 64]);
+        ip[4..6].copy_from_slice(&u16::try_from(len).ok()?.to_be_bytes());
+        ip[8..24].copy_from_slice(&src.octets());
+        ip[24..40].copy_from_slice(&dst_ip.octets());
+        let udp = &mut ip[HEADER_LEN..];
+        udp[0..2].copy_from_slice(&src_port.to_be_bytes());
+        udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
+        udp[4..6].copy_from_slice(&u16::try_from(len).ok()?.to_be_bytes());
+        udp[6..8].fill(0);
+        udp[UDP_HEADER_LEN..].copy_from_slice(payload);
+        checksum::fill_transport6(udp, src, dst_ip, NEXT_UDP);
+        Some(total)
     }
 
     /// Writes the gateway's Neighbour Advertisement of `target` (one of its addresses) with
@@ -576,6 +633,34 @@ impl Lan {
     }
 }
 
+/// A UDP datagram to the gateway's address: a DNS query to port 53 with a right checksum
+/// (or one the sender's kernel left partial, as a local sender's often is: nothing to
+/// check) goes to the DNS service; anything else is no service of the gateway.
+fn dns_query(v6: &Lan6, h: &Header6, packet: &[u8], src_mac: [u8; 6], partial: bool) -> Egress {
+    let Some(udp) = packet.get(HEADER_LEN..h.total_len) else {
+        return Egress::Drop(EgressDrop::Malformed);
+    };
+    let udp_len = udp
+        .get(4..6)
+        .map_or(0, |l| usize::from(u16::from_be_bytes([l[0], l[1]])));
+    if udp.len() < UDP_HEADER_LEN || udp_len != udp.len() {
+        return Egress::Drop(EgressDrop::Malformed);
+    }
+    if u16::from_be_bytes([udp[2], udp[3]]) != DNS_PORT {
+        return Egress::Drop(EgressDrop::GatewayService);
+    }
+    if !partial && !checksum::valid6(udp, h.src, v6.address(), NEXT_UDP) {
+        return Egress::Drop(EgressDrop::Malformed);
+    }
+    let start = ETH_HEADER_LEN + HEADER_LEN + UDP_HEADER_LEN;
+    Egress::Dns6 {
+        client_mac: src_mac,
+        client_ip: h.src,
+        client_port: u16::from_be_bytes([udp[0], udp[1]]),
+        udp_payload: start..ETH_HEADER_LEN + h.total_len,
+    }
+}
+
 /// A reply written, or the drop for one that did not fit.
 fn reply_or_drop(len: Option<usize>, kind: ReplyKind) -> Egress {
     match len {
@@ -636,6 +721,7 @@ mod tests {
             v6: Some(Lan6 {
                 prefix: "fd7a:0:1:100::/64".parse().unwrap(),
                 overlay: "fd7a:0:1::/48".parse().unwrap(),
+                dns: true,
             }),
             ..lan()
         }
@@ -794,6 +880,26 @@ mod tests {
         assert_eq!(prefix.data[0], 64);
         assert_eq!(prefix.data[1], 0xc0, "on-link and autonomous");
         assert_eq!(&prefix.data[14..30], &addr("fd7a:0:1:100::").octets());
+        let rdnss = opts.iter().find(|o| o.option_type.0 == OPT_RDNSS).unwrap();
+        assert_eq!(&rdnss.data[2..6], &RDNSS_LIFETIME.to_be_bytes());
+        assert_eq!(
+            &rdnss.data[6..22],
+            &addr(GW).octets(),
+            "the gateway as DNS server"
+        );
+        // Without the DNS service, no RDNSS.
+        let quiet = Lan {
+            v6: lan.v6.map(|v| Lan6 { dns: false, ..v }),
+            ..lan.clone()
+        };
+        let len = quiet.router_advert(GW_MAC, ALL_NODES, &mut out).unwrap();
+        let p = reply_packet(&out, len);
+        let ra = RouterAdvertPacket::new(p.payload()).unwrap();
+        assert!(
+            ra.get_options()
+                .iter()
+                .all(|o| o.option_type.0 != OPT_RDNSS)
+        );
         // From the unspecified address, which may not carry a link-layer address.
         let rs = icmp6(
             Ipv6Addr::UNSPECIFIED,
@@ -1114,6 +1220,77 @@ mod tests {
             judge(&lan, &t, GW_MAC, DEV_MAC, &udp(addr(DEV), addr(GW), 64, 10)),
             Egress::Drop(EgressDrop::GatewayService)
         );
+    }
+
+    /// A DNS query to the gateway's IPv6 address goes to the DNS service (its payload
+    /// located); a wrong checksum or length is malformed; without the service it is none of
+    /// the gateway's. The answer goes back in a UDP datagram with its checksum right.
+    #[test]
+    fn dns_queries_over_ipv6_reach_the_service_and_are_answered() {
+        let lan = lan6();
+        let t = Table::with(DEV, DEV_MAC);
+        let mut query = udp(addr(DEV), addr(GW), 64, 12);
+        query[40 + 2..40 + 4].copy_from_slice(&53u16.to_be_bytes());
+        let sum = pnet_packet::util::ipv6_checksum(
+            &query[40..],
+            3,
+            &[],
+            &addr(DEV),
+            &addr(GW),
+            IpNextHeaderProtocols::Udp,
+        );
+        query[46..48].copy_from_slice(&sum.to_be_bytes());
+        assert_eq!(
+            judge(&lan, &t, GW_MAC, DEV_MAC, &query),
+            Egress::Dns6 {
+                client_mac: DEV_MAC,
+                client_ip: addr(DEV),
+                client_port: 4000,
+                udp_payload: 14 + 48..14 + 60,
+            }
+        );
+        let mut bad = query.clone();
+        bad[50] ^= 1;
+        assert_eq!(
+            judge(&lan, &t, GW_MAC, DEV_MAC, &bad),
+            Egress::Drop(EgressDrop::Malformed)
+        );
+        // Left partial by the sender's kernel: nothing to check.
+        let mut f = frame(GW_MAC, DEV_MAC, &bad);
+        let len = f.len();
+        let partial = lan.handle_frame(&mut f, len, true, &t, &mut [0u8; 1500]);
+        assert!(matches!(partial, Egress::Dns6 { .. }), "{partial:?}");
+        let mut short = query.clone();
+        short[44..46].copy_from_slice(&9u16.to_be_bytes());
+        assert_eq!(
+            judge(&lan, &t, GW_MAC, DEV_MAC, &short),
+            Egress::Drop(EgressDrop::Malformed)
+        );
+        let off = Lan {
+            v6: lan.v6.map(|v| Lan6 { dns: false, ..v }),
+            ..lan.clone()
+        };
+        assert_eq!(
+            judge(&off, &t, GW_MAC, DEV_MAC, &query),
+            Egress::Drop(EgressDrop::GatewayService)
+        );
+        let mut out = [0u8; 1500];
+        let len = lan
+            .udp6_frame(DEV_MAC, addr(DEV), 53, 4000, b"answer", &mut out)
+            .unwrap();
+        let p = Ipv6Packet::new(&out[14..len]).unwrap();
+        assert_eq!((p.get_source(), p.get_destination()), (addr(GW), addr(DEV)));
+        let want = pnet_packet::util::ipv6_checksum(
+            p.payload(),
+            3,
+            &[],
+            &addr(GW),
+            &addr(DEV),
+            IpNextHeaderProtocols::Udp,
+        );
+        assert_eq!(&p.payload()[6..8], &want.to_be_bytes());
+        assert_eq!(&p.payload()[8..], b"answer");
+        assert_eq!(&out[..6], &DEV_MAC);
     }
 
     #[test]

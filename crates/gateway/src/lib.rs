@@ -164,6 +164,9 @@ pub struct Lan6 {
     pub prefix: ipnet::Ipv6Net,
     /// The overlay's IPv6 range: destinations worth carrying into the tunnel.
     pub overlay: ipnet::Ipv6Net,
+    /// The DNS service answers at the gateway's address: Router Advertisements name it
+    /// (RDNSS) and queries to it go to the service.
+    pub dns: bool,
 }
 
 impl Lan6 {
