@@ -348,6 +348,7 @@ fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
     assert_eq!(answer, addr.to_string(), "{}", logs());
     // The node pings the device by its name (the lookup asks the cloud, which names the
     // adapter as the device's peer).
+    wait_for_registered_aaaa(&bed, name, addr);
     let node = &fleet.nodes[0];
     wait_until(Duration::from_secs(15), "the device's AAAA", || {
         cyphonic_e2e::lan::dig(&node.ns, node.vip, name, "AAAA")
@@ -398,6 +399,90 @@ fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
     assert!(bed.counter(Side::A, "coalesced").unwrap() > before);
     assert_eq!(bed.counter(Side::A, "drop_not_ipv4").unwrap(), 0);
     assert_eq!(bed.counter(Side::A, "drop_coalesced").unwrap(), 0);
+}
+
+/// Waits until the cloud's registry holds `addr` as the AAAA of `name` (hosted by gw1): a
+/// lookup before that would be answered, and cached by the asker's signal client for 30 s,
+/// without it.
+fn wait_for_registered_aaaa(bed: &TwoSites, name: &str, addr: std::net::Ipv6Addr) {
+    let registered = || {
+        bed.cloud_cli(&["members", "show", "gw1.ovl.example", "--json"])
+            .ok()
+            .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+            .is_some_and(|shown| {
+                shown[0]["names"].as_array().is_some_and(|names| {
+                    names
+                        .iter()
+                        .any(|n| n["name"] == name && n["vip6"].as_str() == Some(&addr.to_string()))
+                })
+            })
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the AAAA in the registry",
+        registered,
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+}
+
+/// Issue 53, done-when: a dual-stack device on an adapter's LAN is one device to the
+/// cloud's policy. A rule lets node 0 ping `host.gw1.ovl.example`: it does over IPv6 (the
+/// address the device took by SLAAC, registered by its adapter) and over IPv4; the device may
+/// not ping the node over either, and its adapter drops those where they start.
+#[test]
+fn a_rule_for_a_lan_device_holds_over_ipv4_and_ipv6_alike() {
+    use cyphonic_e2e::fleet::{Fleet, node_ipv6};
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions {
+            extra: "[policy]\ndefault = \"deny\"\n\n[[policy.rule]]\nfrom = [\"n0.ovl.example\"]\n\
+                    to = [\"host.gw1.ovl.example\"]\nallow = [\"icmp\"]\n"
+                .into(),
+            ..CloudOptions::default()
+        }),
+        ipv6: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let fleet = Fleet::start_with(&bed, 1, true).unwrap();
+    let logs = || format!("{}\n{}", bed.logs(), fleet.logs());
+    let lan = &bed.a.lan;
+    let addr = cyphonic_e2e::lan::slaac_address(lan, "fd7a:0:1:100:", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    // Heard by its adapter, which registers its AAAA; the cloud compiles the rule with it.
+    let ping = |ns: &Netns, args: &[&str]| {
+        let mut all = vec!["-c", "1", "-W", "1"];
+        all.extend_from_slice(args);
+        ns.exec_output("ping", &all).unwrap().status.success()
+    };
+    assert!(ping(lan, &["-6", "fd7a:0:1:100::1"]), "{}", logs());
+    // By its name, which the cloud resolves to its IPv6 address (and names its adapter as
+    // the peer to reach it by).
+    let node = &fleet.nodes[0];
+    let name = "host.gw1.ovl.example";
+    wait_for_registered_aaaa(&bed, name, addr);
+    wait_until(
+        Duration::from_secs(20),
+        "node 0 to reach the device over IPv6",
+        || {
+            cyphonic_e2e::lan::dig(&node.ns, node.vip, name, "AAAA")
+                .is_ok_and(|d| d.answers == [addr.to_string()])
+                && ping(&node.ns, &["-6", name])
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert!(ping(&node.ns, &[&bed.a.host_ip.to_string()]), "{}", logs());
+    // Refused: the device to the node, over both families.
+    let dropped = || uint(&bed.status(Side::A).unwrap()["policy"]["dropped"]["no_rule"]);
+    let before = dropped();
+    assert!(
+        !ping(lan, &["-6", &node_ipv6(0).to_string()]),
+        "the device reached the node over IPv6"
+    );
+    assert!(
+        !ping(lan, &[&node.vip.to_string()]),
+        "the device reached the node over IPv4"
+    );
+    assert!(dropped() >= before + 2, "{}", logs());
 }
 
 /// Issue 53, done-when: a node with IPv4 and IPv6 is one member to the cloud's policy. A

@@ -76,6 +76,9 @@ struct Hosted {
     /// A fixed-address device's own address on its site's legacy subnet.
     #[serde(skip_serializing_if = "Option::is_none")]
     legacy: Option<Ipv4Addr>,
+    /// Its IPv6 address (its AAAA), if it registered one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vip6: Option<std::net::Ipv6Addr>,
 }
 
 impl View {
@@ -104,6 +107,7 @@ impl View {
                     name: name.clone(),
                     vip: *vip,
                     legacy: m.legacy.get(name).copied(),
+                    vip6: m.names6.get(name).copied(),
                 })
                 .collect(),
         }
@@ -224,7 +228,8 @@ fn show_text(views: &[View], now: u64) -> String {
             let own = n
                 .legacy
                 .map_or_else(String::new, |a| format!("  fixed {a}"));
-            let _ = writeln!(t, "  {:<40} {}{own}", n.name, n.vip);
+            let v6 = n.vip6.map_or_else(String::new, |a| format!("  {a}"));
+            let _ = writeln!(t, "  {:<40} {}{v6}{own}", n.name, n.vip);
         }
     }
     t

@@ -26,6 +26,7 @@ pub fn entries(members: &[Member], trust: &TrustStore, now: u64) -> Vec<Entry> {
                 blocks: body.vip_blocks.clone(),
                 groups: body.groups.clone(),
                 devices: m.names.clone(),
+                devices6: m.names6.clone(),
             })
         })
         .collect()
@@ -88,6 +89,9 @@ pub struct Entry {
     pub groups: Vec<String>,
     /// The names it registered (its own and its devices'), with their addresses.
     pub devices: Vec<(String, std::net::Ipv4Addr)>,
+    /// Of those, the IPv6 addresses of the ones that registered one: a device is one name
+    /// of both families to the rules.
+    pub devices6: std::collections::BTreeMap<String, std::net::Ipv6Addr>,
 }
 
 /// The policy compiled against the registry (by default: nothing enforced).
@@ -129,7 +133,8 @@ impl Policy {
                 dir.add(g, m.blocks.iter().copied());
             }
             for (d, vip) in &m.devices {
-                dir.add_named(d, [Ipv4Net::from(*vip)]);
+                let v6 = m.devices6.get(d).map(|ip| IpNet::V6(Ipv6Net::from(*ip)));
+                dir.add_named(d, std::iter::once(IpNet::V4(Ipv4Net::from(*vip))).chain(v6));
             }
         }
         // Everyone, of both families.
@@ -269,6 +274,7 @@ mod tests {
                     ("gw1.ovl.example".into(), [100, 64, 1, 1].into()),
                     ("laptop.gw1.ovl.example".into(), [100, 64, 1, 10].into()),
                 ],
+                devices6: std::collections::BTreeMap::new(),
             },
             Entry {
                 name: "gw2.ovl.example".into(),
@@ -279,12 +285,14 @@ mod tests {
                     ("cam-2.gw2.ovl.example".into(), [100, 64, 2, 22].into()),
                     ("nvr.gw2.ovl.example".into(), [100, 64, 2, 30].into()),
                 ],
+                devices6: std::collections::BTreeMap::new(),
             },
             Entry {
                 name: "gw3.ovl.example".into(),
                 blocks: vec![net("100.64.3.0/24")],
                 groups: Vec::new(),
                 devices: Vec::new(),
+                devices6: std::collections::BTreeMap::new(),
             },
         ]
     }
@@ -309,12 +317,14 @@ mod tests {
                 blocks: vec![net("100.64.100.0/24"), net("fd7a:0:1:4000::1/128")],
                 groups: v(&["ops"]),
                 devices: vec![("n0.ovl.example".into(), [100, 64, 100, 1].into())],
+                devices6: std::collections::BTreeMap::new(),
             },
             Entry {
                 name: "n1.ovl.example".into(),
                 blocks: vec![net("100.64.101.0/24"), net("fd7a:0:1:4000::2/128")],
                 groups: Vec::new(),
                 devices: vec![("n1.ovl.example".into(), [100, 64, 101, 1].into())],
+                devices6: std::collections::BTreeMap::new(),
             },
         ];
         let p = deny(
@@ -342,6 +352,43 @@ mod tests {
         assert_eq!(c.for_client(&only6).map(|s| s.rules.len()), Some(1));
         assert!(c.opens(&[net("fd7a:0:1:4000::1/128")], &only6));
         assert!(!c.opens(&only6, &[net("fd7a:0:1:4000::1/128")]));
+    }
+
+    /// Issue 53: a device an adapter registered with an IPv6 address beside its IPv4 one is
+    /// one device to the rules: a rule naming it allows it over both families, and nothing
+    /// else of its adapter's /56 is let in by that rule.
+    #[test]
+    fn a_devices_ipv6_address_is_the_same_device_to_the_rules() {
+        let mut fleet = fleet();
+        let cam6: std::net::Ipv6Addr = "fd7a:0:1:200::21"
+            .parse()
+            .unwrap_or(std::net::Ipv6Addr::UNSPECIFIED);
+        fleet[1].blocks.push(net("fd7a:0:1:200::/56"));
+        fleet[1]
+            .devices6
+            .insert("cam-1.gw2.ovl.example".into(), cam6);
+        fleet[0].blocks.push(net("fd7a:0:1:100::/56"));
+        let p = deny(
+            Vec::new(),
+            vec![Rule {
+                from: v(&["gw1.ovl.example"]),
+                to: v(&["cam-1.gw2.ovl.example"]),
+                allow: v(&["tcp/554"]),
+            }],
+        );
+        let c = p.compile(&fleet).unwrap_or_default();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap_or(IpAddr::from([0; 4]));
+        let from6 = ip("fd7a:0:1:100::10");
+        assert_eq!(
+            c.first_allowing(6, ip("100.64.1.10"), ip("100.64.2.21"), 554),
+            Some(1)
+        );
+        assert_eq!(c.first_allowing(6, from6, IpAddr::V6(cam6), 554), Some(1));
+        assert_eq!(
+            c.first_allowing(6, from6, ip("fd7a:0:1:200::22"), 554),
+            None
+        );
+        assert_eq!(c.first_allowing(6, from6, IpAddr::V6(cam6), 80), None);
     }
 
     /// Groups of certificates, devices by name and pattern, one-way rules: what each client

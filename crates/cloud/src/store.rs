@@ -68,6 +68,12 @@ impl ClientRow {
     }
 }
 
+/// Names a client hosts, with their vIPs, and the IPv6 addresses of those that have one.
+pub type HostedNames = (
+    Vec<(String, Ipv4Addr)>,
+    std::collections::BTreeMap<String, Ipv6Addr>,
+);
+
 /// A member as the fleet view shows it: a client and its registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -80,6 +86,8 @@ pub struct Member {
     pub names: Vec<(String, Ipv4Addr)>,
     /// Of those, the fixed-address devices' own addresses on their site's legacy subnet.
     pub legacy: std::collections::BTreeMap<String, Ipv4Addr>,
+    /// Of those, the IPv6 addresses of the names that registered one (their AAAA).
+    pub names6: std::collections::BTreeMap<String, Ipv6Addr>,
     /// The software and version it said it runs when it last connected (cleaned, see
     /// `nms::agent`); None for a certificate that never connected.
     pub agent: Option<String>,
@@ -513,25 +521,36 @@ impl Store {
         Ok(Some(NameRow { vip, vip6, owner }))
     }
 
-    /// The names the client `fingerprint` hosts, with their vIPs.
+    /// The names the client `fingerprint` hosts, with their vIPs; and the IPv6 addresses
+    /// of those that registered one.
     ///
     /// # Errors
     /// Database failures, or a row this version cannot read.
-    pub async fn names_of(&self, fingerprint: &str) -> Result<Vec<(String, Ipv4Addr)>, StoreError> {
-        let rows = sqlx::query("SELECT name, vip FROM names WHERE owner = $1 ORDER BY name")
+    pub async fn names_of(&self, fingerprint: &str) -> Result<HostedNames, StoreError> {
+        let rows = sqlx::query("SELECT name, vip, vip6 FROM names WHERE owner = $1 ORDER BY name")
             .bind(fingerprint)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|r| {
-                let vip: String = r.try_get(1)?;
-                let vip = vip.parse().map_err(|_| StoreError::Corrupt {
-                    table: "names",
-                    what: format!("vip {vip:?}"),
-                })?;
-                Ok((r.try_get(0)?, vip))
-            })
-            .collect()
+        let corrupt = |what: String| StoreError::Corrupt {
+            table: "names",
+            what,
+        };
+        let mut names = Vec::with_capacity(rows.len());
+        let mut names6 = std::collections::BTreeMap::new();
+        for r in &rows {
+            let name: String = r.try_get(0)?;
+            let vip: String = r.try_get(1)?;
+            let vip = vip.parse().map_err(|_| corrupt(format!("vip {vip:?}")))?;
+            let vip6: Option<String> = r.try_get(2)?;
+            if let Some(text) = vip6 {
+                let ip6 = text
+                    .parse()
+                    .map_err(|_| corrupt(format!("vip6 {text:?}")))?;
+                names6.insert(name.clone(), ip6);
+            }
+            names.push((name, vip));
+        }
+        Ok((names, names6))
     }
 
     /// Every client the registry knows (each certificate apart: a renewed member shows its
@@ -546,13 +565,14 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        let names = sqlx::query("SELECT owner, name, vip, legacy FROM names ORDER BY name")
+        let names = sqlx::query("SELECT owner, name, vip, legacy, vip6 FROM names ORDER BY name")
             .fetch_all(&self.pool)
             .await?;
         // Each client's names, grouped once (not looked up per client).
         let mut held: std::collections::HashMap<String, Vec<(String, Ipv4Addr)>> =
             std::collections::HashMap::new();
         let mut legacy = std::collections::BTreeMap::new();
+        let mut names6 = std::collections::BTreeMap::new();
         for n in &names {
             let address = |at: usize| -> Result<Option<Ipv4Addr>, StoreError> {
                 let text: Option<String> = n.try_get(at)?;
@@ -572,6 +592,14 @@ impl Store {
             if let Some(own) = address(3)? {
                 legacy.insert(name.clone(), own);
             }
+            let vip6: Option<String> = n.try_get(4)?;
+            if let Some(text) = vip6 {
+                let ip6 = text.parse().map_err(|_| StoreError::Corrupt {
+                    table: "names",
+                    what: format!("address {text:?}"),
+                })?;
+                names6.insert(name.clone(), ip6);
+            }
             held.entry(n.try_get(0)?).or_default().push((name, vip));
         }
         let mut members = Vec::with_capacity(rows.len());
@@ -584,6 +612,10 @@ impl Store {
                 legacy: names
                     .iter()
                     .filter_map(|(n, _)| Some((n.clone(), *legacy.get(n)?)))
+                    .collect(),
+                names6: names
+                    .iter()
+                    .filter_map(|(n, _)| Some((n.clone(), *names6.get(n)?)))
                     .collect(),
                 names,
                 client,

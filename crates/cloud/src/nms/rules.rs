@@ -82,11 +82,13 @@ impl Nms {
         }
         let mut entries = Vec::with_capacity(2);
         for (fp, body) in [a, b] {
+            let (devices, devices6) = self.store.names_of(fp).await?;
             entries.push(crate::policy::Entry {
                 name: body.name.clone(),
                 blocks: body.vip_blocks.clone(),
                 groups: body.groups.clone(),
-                devices: self.store.names_of(fp).await?,
+                devices,
+                devices6,
             });
         }
         Ok(policy.compile(&entries).unwrap_or_else(|e| {
@@ -125,7 +127,7 @@ impl Nms {
                 let mut h = std::hash::DefaultHasher::new();
                 self.policy_generation.load(Ordering::Relaxed).hash(&mut h);
                 for m in &members {
-                    (&m.client.fingerprint, &m.names).hash(&mut h);
+                    (&m.client.fingerprint, &m.names, &m.names6).hash(&mut h);
                 }
                 h.finish()
             };
