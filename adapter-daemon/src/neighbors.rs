@@ -30,6 +30,20 @@ pub const LEARNED6_PER_MAC: usize = 8;
 /// packets dropped as spoofed) while it is full.
 pub const LEARNED6_MAX: usize = 4096;
 
+/// A learned IPv6 address unheard for this long is forgotten (a device that left, or a
+/// temporary address it no longer uses), seconds: a day.
+pub const FORGET6_AFTER: u64 = 86_400;
+/// How stale a learned address's last-heard time may grow before a packet from it writes it
+/// again, seconds: packets from a busy device touch it once a minute, not each one.
+const HEARD6_EVERY: u64 = 60;
+
+/// An IPv6 address a MAC was heard at, and when it last was (unix seconds).
+#[derive(Debug)]
+struct Heard6 {
+    mac: [u8; 6],
+    heard: std::sync::atomic::AtomicU64,
+}
+
 /// The LAN's address table.
 #[derive(Debug)]
 pub struct LanTable {
@@ -43,6 +57,9 @@ pub struct LanTable {
     routers: Vec<Router>,
     /// Bumped whenever an IPv6 address is learned or forgotten.
     changes6: std::sync::atomic::AtomicU64,
+    /// The time the services last told the table (unix seconds, [`LanTable::forget6`]):
+    /// what the data threads stamp learned addresses with.
+    clock6: std::sync::atomic::AtomicU64,
 }
 
 /// A site's router on one segment.
@@ -74,7 +91,7 @@ struct Held {
     learned_in: HashMap<Ipv4Net, usize>,
     /// IPv6 addresses of the untagged segment's /64, each held by the first MAC heard at it
     /// (docs/protocol.md §7).
-    learned6: HashMap<Ipv6Addr, [u8; 6]>,
+    learned6: HashMap<Ipv6Addr, Heard6>,
     /// Each MAC's of `learned6`, oldest first.
     learned6_by: HashMap<[u8; 6], VecDeque<Ipv6Addr>>,
 }
@@ -83,9 +100,9 @@ impl Held {
     /// Lets `mac` hold `ip` if nobody does and the bounds allow (its oldest address makes
     /// room when it holds [`LEARNED6_PER_MAC`]). Returns whether `mac` holds `ip` now, and
     /// whether it did not before.
-    fn learn6(&mut self, ip: Ipv6Addr, mac: [u8; 6]) -> (bool, bool) {
+    fn learn6(&mut self, ip: Ipv6Addr, mac: [u8; 6], now: u64) -> (bool, bool) {
         if let Some(holder) = self.learned6.get(&ip) {
-            return (*holder == mac, false);
+            return (holder.mac == mac, false);
         }
         let mine = self.learned6_by.get(&mac).map_or(0, VecDeque::len);
         if mine == 0 && self.learned6.len() >= LEARNED6_MAX {
@@ -98,8 +115,30 @@ impl Held {
             self.learned6.remove(&oldest);
         }
         queue.push_back(ip);
-        self.learned6.insert(ip, mac);
+        let heard = std::sync::atomic::AtomicU64::new(now);
+        self.learned6.insert(ip, Heard6 { mac, heard });
         (true, true)
+    }
+
+    /// Forgets the addresses last heard before `before`; returns how many.
+    fn forget6(&mut self, before: u64) -> usize {
+        let stale: Vec<Ipv6Addr> = self
+            .learned6
+            .iter()
+            .filter(|(_, h)| h.heard.load(std::sync::atomic::Ordering::Relaxed) < before)
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in &stale {
+            if let Some(h) = self.learned6.remove(ip)
+                && let Some(queue) = self.learned6_by.get_mut(&h.mac)
+            {
+                queue.retain(|a| a != ip);
+                if queue.is_empty() {
+                    self.learned6_by.remove(&h.mac);
+                }
+            }
+        }
+        stale.len()
     }
 }
 
@@ -132,6 +171,7 @@ impl LanTable {
             learn: Vec::new(),
             routers: Vec::new(),
             changes6: std::sync::atomic::AtomicU64::new(0),
+            clock6: std::sync::atomic::AtomicU64::new(cyphonic_settings::now_secs()),
         };
         table.set_reservations(reservations);
         table
@@ -232,6 +272,36 @@ impl LanTable {
             .collect()
     }
 
+    /// The services' clock, `now` (unix seconds): learned addresses are stamped with it, and
+    /// those unheard for [`FORGET6_AFTER`] are forgotten. Returns how many were.
+    pub fn forget6(&self, now: u64) -> usize {
+        self.clock6.store(now, std::sync::atomic::Ordering::Relaxed);
+        let before = now.saturating_sub(FORGET6_AFTER);
+        let stale = {
+            let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+            held.learned6
+                .values()
+                .any(|h| h.heard.load(std::sync::atomic::Ordering::Relaxed) < before)
+        };
+        if !stale {
+            return 0;
+        }
+        let gone = self
+            .held
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .forget6(before);
+        if gone > 0 {
+            self.changes6
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(
+                forgotten = gone,
+                "IPv6 addresses unheard for a day forgotten"
+            );
+        }
+        gone
+    }
+
     /// A number that changes whenever an IPv6 address is learned or forgotten.
     pub fn changes6(&self) -> u64 {
         self.changes6.load(std::sync::atomic::Ordering::Relaxed)
@@ -241,7 +311,7 @@ impl LanTable {
     #[cfg(test)]
     pub fn learned6(&self) -> Vec<(Ipv6Addr, [u8; 6])> {
         let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
-        let mut all: Vec<_> = held.learned6.iter().map(|(ip, mac)| (*ip, *mac)).collect();
+        let mut all: Vec<_> = held.learned6.iter().map(|(ip, h)| (*ip, h.mac)).collect();
         all.sort_by_key(|(ip, _)| ip.to_bits());
         all
     }
@@ -278,17 +348,26 @@ impl Neighbors for LanTable {
             .copied()
     }
 
+    /// Read for every IPv6 packet from or to a device: the holder's last-heard time is
+    /// written only when a minute stale (a packet from it, or to it, keeps it).
     fn holder6(&self, ip: Ipv6Addr) -> Option<[u8; 6]> {
+        use std::sync::atomic::Ordering::Relaxed;
         let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
-        held.learned6.get(&ip).copied()
+        let h = held.learned6.get(&ip)?;
+        let now = self.clock6.load(Relaxed);
+        if now.saturating_sub(h.heard.load(Relaxed)) >= HEARD6_EVERY {
+            h.heard.store(now, Relaxed);
+        }
+        Some(h.mac)
     }
 
     fn heard6(&self, ip: Ipv6Addr, mac: [u8; 6]) -> bool {
+        let now = self.clock6.load(std::sync::atomic::Ordering::Relaxed);
         let (holds, learned) = self
             .held
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .learn6(ip, mac);
+            .learn6(ip, mac, now);
         if learned {
             self.changes6
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -368,6 +447,32 @@ mod tests {
         );
         assert!(t.heard6(ip(1 << 21), mac(1)), "a MAC it holds rotates");
         assert_eq!(t.learned6().len(), LEARNED6_MAX);
+    }
+
+    /// An address unheard for a day is forgotten (and another MAC may then hold it); one
+    /// whose packets keep coming stays.
+    #[test]
+    fn ipv6_addresses_unheard_for_a_day_are_forgotten() {
+        let t = LanTable::new(&[]);
+        let start = 1_800_000_000;
+        t.forget6(start);
+        let (kept, gone) = (
+            Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 0, 1),
+            Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 0, 2),
+        );
+        assert!(t.heard6(kept, [2, 0, 0, 0, 0, 1]));
+        assert!(t.heard6(gone, [2, 0, 0, 0, 0, 2]));
+        let before = t.changes6();
+        // Half a day on, a packet from `kept`; a day and a minute after the start, `gone`
+        // was not heard for a day.
+        t.forget6(start + FORGET6_AFTER / 2);
+        assert_eq!(t.holder6(kept), Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(t.forget6(start + FORGET6_AFTER + 60), 1);
+        assert_eq!(t.holder6(gone), None);
+        assert_eq!(t.holder6(kept), Some([2, 0, 0, 0, 0, 1]));
+        assert!(t.changes6() > before, "the names follow");
+        assert!(t.heard6(gone, [2, 0, 0, 0, 0, 3]), "free for another MAC");
+        assert_eq!(t.named6(None).get(&[2, 0, 0, 0, 0, 2]), None);
     }
 
     #[test]

@@ -430,7 +430,9 @@ impl Services for AdapterServices {
             self.router_asked = Some(now);
             self.gateway.ask_for_routers();
         }
-        // Devices heard at new IPv6 addresses: their AAAA may have changed.
+        // Devices heard at new IPv6 addresses, or unheard for a day: their AAAA may have
+        // changed.
+        self.lan.table.forget6(cyphonic_settings::now_secs());
         if self.lan.table.changes6() != self.seen6 {
             self.refresh_names();
         }

@@ -50,7 +50,7 @@ const SECONDS: &[(&str, u32)] = &[
     ("sites", 68),
     ("lan", 52),
     ("trust", 26),
-    ("node", 34),
+    ("node", 45),
 ];
 
 /// The figure [`SECONDS`] gives `name`, or 10 s.
