@@ -117,9 +117,7 @@ impl Gateway {
         let segments = std::iter::once((None, &side.lan))
             .chain(side.vlans.iter().map(|v| (Some(v.tag), &v.lan)));
         for (tag, lan) in segments {
-            let to = cyphonic_gateway::ALL_NODES;
-            let mac = [0x33, 0x33, 0, 0, 0, 1];
-            let Some(len) = lan.router_advert(mac, to, &mut self.frame[..]) else {
+            let Some(len) = lan.router_advert(&mut self.frame[..]) else {
                 continue;
             };
             if side.send(&self.lan_tx, &mut self.frame[..], 0..len, tag) {
@@ -217,13 +215,13 @@ impl Gateway {
     }
 
     /// Sends a UDP datagram from the gateway's `src_port` (from the segment's gateway
-    /// address) to a device on the segment of VLAN `tag` (None: untagged); returns whether
-    /// the interface took it.
+    /// address of `ip`'s family) to a device on the segment of VLAN `tag` (None: untagged);
+    /// returns whether the interface took it (false on a segment without IPv6 for IPv6).
     pub fn udp_to_lan(
         &mut self,
         tag: Option<u16>,
         mac: [u8; 6],
-        ip: Ipv4Addr,
+        ip: std::net::IpAddr,
         src_port: u16,
         dst_port: u16,
         payload: &[u8],
@@ -231,32 +229,19 @@ impl Gateway {
         let Some(seg) = self.lan.segment(tag) else {
             return false;
         };
-        let Some(len) =
-            seg.lan
-                .udp_frame(mac, ip, src_port, dst_port, payload, &mut self.frame[..])
-        else {
+        let out = &mut self.frame[..];
+        let written = match ip {
+            std::net::IpAddr::V4(ip) => {
+                seg.lan.udp_frame(mac, ip, src_port, dst_port, payload, out)
+            }
+            std::net::IpAddr::V6(ip) => seg
+                .lan
+                .udp6_frame(mac, ip, src_port, dst_port, payload, out),
+        };
+        let Some(len) = written else {
             return false;
         };
         self.lan
             .send(&self.lan_tx, &mut self.frame[..], 0..len, tag)
-    }
-
-    /// Sends a UDP datagram from the gateway's IPv6 address to a device on the untagged
-    /// segment (the only one with IPv6).
-    pub fn udp6_to_lan(
-        &mut self,
-        mac: [u8; 6],
-        ip: std::net::Ipv6Addr,
-        src_port: u16,
-        dst_port: u16,
-        payload: &[u8],
-    ) -> bool {
-        let lan = &self.lan.lan;
-        let Some(len) = lan.udp6_frame(mac, ip, src_port, dst_port, payload, &mut self.frame[..])
-        else {
-            return false;
-        };
-        self.lan
-            .send(&self.lan_tx, &mut self.frame[..], 0..len, None)
     }
 }

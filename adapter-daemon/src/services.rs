@@ -184,7 +184,7 @@ impl AdapterServices {
         if self.gateway.udp_to_lan(
             tag,
             reply.dst_mac,
-            reply.dst_ip,
+            reply.dst_ip.into(),
             DHCP_SERVER_PORT,
             DHCP_CLIENT_PORT,
             &reply.payload,
@@ -240,12 +240,19 @@ impl AdapterServices {
                 Said::Answer(Client::Lan { mac, ip, port }, resp) => {
                     // The asker's segment is its address's (its frames passed that test).
                     let tag = self.lan.segment_of(ip).tag;
-                    if self.gateway.udp_to_lan(tag, mac, ip, DNS_PORT, port, &resp) {
+                    if self
+                        .gateway
+                        .udp_to_lan(tag, mac, ip.into(), DNS_PORT, port, &resp)
+                    {
                         bump(&self.lan.counters.dns_sent);
                     }
                 }
                 Said::Answer(Client::Lan6 { mac, ip, port }, resp) => {
-                    if self.gateway.udp6_to_lan(mac, ip, DNS_PORT, port, &resp) {
+                    // IPv6 is the untagged segment's only.
+                    if self
+                        .gateway
+                        .udp_to_lan(None, mac, ip.into(), DNS_PORT, port, &resp)
+                    {
                         bump(&self.lan.counters.dns_sent);
                     }
                 }

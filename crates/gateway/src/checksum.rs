@@ -101,29 +101,33 @@ fn with_pseudo(pseudo: &[u8], segment: &[u8], proto: u8, checksum_word: usize) -
     }
 }
 
-/// Computes the full TCP or UDP checksum of `segment` and writes it into its field. Other
-/// protocols, and segments too short to hold the field, are left as they are.
-pub(crate) fn fill_transport(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) {
+/// Writes `sum(segment, checksum_word)` into the TCP or UDP checksum field of `segment`.
+/// Other protocols, and segments too short to hold the field, are left as they are.
+fn fill_field(segment: &mut [u8], proto: u8, sum: impl FnOnce(&[u8], usize) -> u16) {
     let Some(at) = field_in(segment, proto) else {
         return;
     };
-    let sum = transport(segment, src, dst, proto, at / 2);
+    let sum = sum(segment, at / 2);
     segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// Computes the full TCP or UDP checksum of `segment` and writes it into its field. Other
+/// protocols, and segments too short to hold the field, are left as they are.
+pub(crate) fn fill_transport(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) {
+    fill_field(segment, proto, |seg, word| {
+        transport(seg, src, dst, proto, word)
+    });
 }
 
 /// Writes the pseudo-header sum of `segment` into its TCP or UDP checksum field: a partial
 /// checksum for offload to complete (`CHECKSUM_PARTIAL`). Other protocols, and segments too
 /// short to hold the field, are left as they are.
 pub(crate) fn fill_pseudo_header(segment: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) {
-    let Some(at) = field_in(segment, proto) else {
-        return;
-    };
-    let sum = pseudo_header(src, dst, proto, segment.len());
-    segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    fill_field(segment, proto, |seg, _| {
+        pseudo_header(src, dst, proto, seg.len())
+    });
 }
 
-/// Whether the TCP or UDP checksum of `segment` is right: pseudo-header and segment, the
-/// field included, sum to all ones (either zero of one's complement in the field passes).
 /// The IPv6 pseudo-header (RFC 8200 §8.1) of an upper-layer message of `len` bytes.
 fn pseudo6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, len: usize) -> [u8; 40] {
     let mut pseudo = [0u8; 40];
@@ -154,35 +158,36 @@ pub(crate) fn transport6(
 
 /// [`fill_transport`] for a segment over IPv6.
 pub(crate) fn fill_transport6(segment: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) {
-    let Some(at) = field_in(segment, next) else {
-        return;
-    };
-    let sum = transport6(segment, src, dst, next, at / 2);
-    segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    fill_field(segment, next, |seg, word| {
+        transport6(seg, src, dst, next, word)
+    });
 }
 
 /// [`fill_pseudo_header`] for a segment over IPv6.
 pub(crate) fn fill_pseudo_header6(segment: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) {
-    let Some(at) = field_in(segment, next) else {
-        return;
-    };
-    let sum = !internet(&pseudo6(src, dst, next, segment.len()));
-    segment[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    fill_field(segment, next, |seg, _| {
+        !internet(&pseudo6(src, dst, next, seg.len()))
+    });
+}
+
+/// Whether `pseudo` and `segment`, its checksum field included, sum to all ones (either zero
+/// of one's complement in the field passes).
+fn sums_to_zero(pseudo: &[u8], segment: &[u8]) -> bool {
+    let mut sum = ip4sum::Checksum::new();
+    sum.update(pseudo);
+    sum.update(segment);
+    sum.finalize() == 0
 }
 
 /// Whether the checksum of the upper-layer `message` over IPv6 is right.
 pub(crate) fn valid6(message: &[u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) -> bool {
-    let mut sum = ip4sum::Checksum::new();
-    sum.update(&pseudo6(src, dst, next, message.len()));
-    sum.update(message);
-    sum.finalize() == 0
+    sums_to_zero(&pseudo6(src, dst, next, message.len()), message)
 }
 
+/// Whether the TCP or UDP checksum of `segment` is right: pseudo-header and segment, the
+/// field included, sum to all ones (either zero of one's complement in the field passes).
 pub(crate) fn transport_valid(segment: &[u8], src: Ipv4Addr, dst: Ipv4Addr, proto: u8) -> bool {
-    let mut sum = ip4sum::Checksum::new();
-    sum.update(&pseudo(src, dst, proto, segment.len()));
-    sum.update(segment);
-    sum.finalize() == 0
+    sums_to_zero(&pseudo(src, dst, proto, segment.len()), segment)
 }
 
 #[cfg(test)]

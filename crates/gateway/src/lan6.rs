@@ -20,9 +20,9 @@ use crate::{ETH_HEADER_LEN, ETHERTYPE_IPV6, Lan, Lan6, Neighbors, checksum, tcp,
 /// The fixed IPv6 header.
 const HEADER_LEN: usize = 40;
 /// IPv6 plus TCP headers without options: MSS = MTU - this.
-pub const IPV6_TCP_HEADERS: u16 = 60;
+const IPV6_TCP_HEADERS: u16 = 60;
 /// The smallest MTU IPv6 allows (RFC 8200 §5).
-pub const IPV6_MIN_MTU: u16 = 1280;
+const IPV6_MIN_MTU: u16 = 1280;
 
 const NEXT_TCP: u8 = 6;
 const NEXT_ICMPV6: u8 = 58;
@@ -57,7 +57,7 @@ const NA_SOLICITED: u8 = 0x40;
 const NA_OVERRIDE: u8 = 0x20;
 
 /// All nodes on the link (RFC 4291 §2.7.1).
-pub const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 
 /// How long devices may take the gateway as their default router, seconds (an RA repeats
 /// every 200 s).
@@ -67,7 +67,7 @@ const VALID_LIFETIME: u32 = 86_400;
 const PREFERRED_LIFETIME: u32 = 14_400;
 
 /// The link-local address made from `mac` (modified EUI-64, RFC 4291 appendix A).
-pub const fn link_local(mac: [u8; 6]) -> Ipv6Addr {
+const fn link_local(mac: [u8; 6]) -> Ipv6Addr {
     with_interface_id(0xfe80 << 112, mac)
 }
 
@@ -181,9 +181,20 @@ impl Lan {
         ip == v6.address() || ip == link_local(self.mac)
     }
 
-    /// The MSS that fits `inner_mtu` over IPv6.
-    const fn max_mss6(&self) -> u16 {
-        self.inner_mtu.saturating_sub(IPV6_TCP_HEADERS)
+    /// Lowers the MSS of a TCP SYN in the IPv6 packet `ip` to fit `inner_mtu`, when
+    /// `mss_clamp` asks it (a segment behind extension headers is left as it is).
+    fn clamp_mss6(&self, ip: &mut [u8], h: &Header6) {
+        if !self.mss_clamp {
+            return;
+        }
+        let Some((NEXT_TCP, at)) = upper_layer(ip, h) else {
+            return;
+        };
+        let (src, dst) = (h.src, h.dst);
+        let max_mss = self.inner_mtu.saturating_sub(IPV6_TCP_HEADERS);
+        tcp::clamp_segment(&mut ip[at..h.total_len], max_mss, |seg| {
+            checksum::transport6(seg, src, dst, NEXT_TCP, 8)
+        });
     }
 
     /// [`Lan::handle_frame`] for an IPv6 frame.
@@ -248,18 +259,11 @@ impl Lan {
         }
         let ip = &mut frame[packet.clone()];
         ip[7] -= 1;
-        let upper = upper_layer(ip, &h);
-        if checksum_partial && let Some((next, at)) = upper {
-            complete_checksum6(&mut ip[at..], h.src, h.dst, next);
+        // The sender's kernel left its checksum partial: computed afresh.
+        if checksum_partial && let Some((next, at)) = upper_layer(ip, &h) {
+            checksum::fill_transport6(&mut ip[at..h.total_len], h.src, h.dst, next);
         }
-        if self.mss_clamp
-            && let Some((NEXT_TCP, at)) = upper
-        {
-            let (src, dst) = (h.src, h.dst);
-            tcp::clamp_segment(&mut ip[at..], self.max_mss6(), |seg| {
-                checksum::transport6(seg, src, dst, NEXT_TCP, 8)
-            });
-        }
+        self.clamp_mss6(ip, &h);
         Egress::Forward6 { packet, dst: h.dst }
     }
 
@@ -275,9 +279,9 @@ impl Lan {
         }
     }
 
-    /// A packet for the gateway's own address: echo is answered; nothing else is offered
-    /// over IPv6 yet.
-    /// `(truncated, checksum_partial)`: the capture's facts about the frame.
+    /// A packet for the gateway's own address: echo is answered, DNS queries go to the
+    /// service (when it runs); nothing else is offered. `(truncated, checksum_partial)`: the
+    /// capture's facts about the frame.
     fn to_gateway6(
         &self,
         h: &Header6,
@@ -387,13 +391,16 @@ impl Lan {
             return Egress::Drop(EgressDrop::Malformed);
         }
         // From an address of the /64, only its holder (or one who may learn it).
-        if !unspecified && !is_link_local(h.src) && !self.holds(v6, h.src, src_mac, neighbors) {
+        if !unspecified
+            && !h.src.is_unicast_link_local()
+            && !self.holds(v6, h.src, src_mac, neighbors)
+        {
             return Egress::Drop(EgressDrop::NeighbourSpoofed);
         }
         if ty == ROUTER_SOLICIT {
             // To every node (RFC 4861 §6.2.6): one answer serves all who asked meanwhile,
             // which the caller's rate (one a segment every 3 s) then allows.
-            let reply = self.router_advert(multicast_mac(ALL_NODES), ALL_NODES, out);
+            let reply = self.router_advert(out);
             return reply_or_drop(reply, ReplyKind::RouterAdvert);
         }
         let mut t = [0u8; 16];
@@ -449,19 +456,20 @@ impl Lan {
         }
     }
 
-    /// Writes into `out` the gateway's Router Advertisement for the segment, to `dst` at
-    /// `dst_mac` (a solicitor, or all nodes): the /64 on-link and for SLAAC, the inner MTU,
-    /// the gateway's MAC. Returns its length; None without IPv6 or when `out` is short.
-    pub fn router_advert(&self, dst_mac: [u8; 6], dst: Ipv6Addr, out: &mut [u8]) -> Option<usize> {
+    /// Writes into `out` the gateway's Router Advertisement for the segment, to every node
+    /// (answering a solicitation too, RFC 4861 §6.2.6): the /64 on-link and for SLAAC, the
+    /// inner MTU, the gateway's MAC, and the gateway as DNS server when the service runs.
+    /// Returns its length; None without IPv6 or when `out` is short.
+    pub fn router_advert(&self, out: &mut [u8]) -> Option<usize> {
         let v6 = self.v6?;
         let prefix = v6.prefix;
         let mac = self.mac;
         let mtu = u32::from(self.inner_mtu);
         let rdnss = if v6.dns { 24 } else { 0 };
         self.icmp6_frame(
-            dst_mac,
+            multicast_mac(ALL_NODES),
             link_local(mac),
-            dst,
+            ALL_NODES,
             255,
             16 + 8 + 8 + 32 + rdnss,
             out,
@@ -513,10 +521,7 @@ impl Lan {
         let frame = out.get_mut(..total)?;
         write_eth(frame, dst_mac, self.mac, ETHERTYPE_IPV6);
         let ip = &mut frame[ETH_HEADER_LEN..];
-        ip[..8].copy_from_slice(&[0x60, 0, 0, 0, 0, 0, NEXT_UDP, 64]);
-        ip[4..6].copy_from_slice(&u16::try_from(len).ok()?.to_be_bytes());
-        ip[8..24].copy_from_slice(&src.octets());
-        ip[24..40].copy_from_slice(&dst_ip.octets());
+        write_header6(ip, len, NEXT_UDP, 64, src, dst_ip)?;
         let udp = &mut ip[HEADER_LEN..];
         udp[0..2].copy_from_slice(&src_port.to_be_bytes());
         udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
@@ -569,12 +574,7 @@ impl Lan {
         frame.fill(0);
         write_eth(frame, dst_mac, self.mac, ETHERTYPE_IPV6);
         let ip = &mut frame[ETH_HEADER_LEN..];
-        ip[0] = 0x60;
-        ip[4..6].copy_from_slice(&u16::try_from(len).ok()?.to_be_bytes());
-        ip[6] = NEXT_ICMPV6;
-        ip[7] = hop_limit;
-        ip[8..24].copy_from_slice(&src.octets());
-        ip[24..40].copy_from_slice(&dst.octets());
+        write_header6(ip, len, NEXT_ICMPV6, hop_limit, src, dst)?;
         let body = &mut ip[HEADER_LEN..];
         fill(body);
         let sum = checksum::transport6(body, src, dst, NEXT_ICMPV6, 1);
@@ -612,14 +612,7 @@ impl Lan {
             return Ingress::Drop(IngressDrop::TtlExpired);
         }
         ip[7] -= 1;
-        if self.mss_clamp
-            && let Some((NEXT_TCP, at)) = upper_layer(ip, &h)
-        {
-            let (src, dst) = (h.src, h.dst);
-            tcp::clamp_segment(&mut ip[at..h.total_len], self.max_mss6(), |seg| {
-                checksum::transport6(seg, src, dst, NEXT_TCP, 8)
-            });
-        }
+        self.clamp_mss6(ip, &h);
         let Some(mac) = neighbors.holder6(h.dst) else {
             return Ingress::Drop(IngressDrop::NoHolder);
         };
@@ -661,16 +654,31 @@ fn dns_query(v6: &Lan6, h: &Header6, packet: &[u8], src_mac: [u8; 6], partial: b
     }
 }
 
+/// Writes the fixed IPv6 header of a packet with `payload_len` bytes after it at the start
+/// of `ip` (traffic class and flow label zero); None when the length does not fit the field.
+fn write_header6(
+    ip: &mut [u8],
+    payload_len: usize,
+    next: u8,
+    hop_limit: u8,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+) -> Option<()> {
+    ip[..4].copy_from_slice(&[0x60, 0, 0, 0]);
+    ip[4..6].copy_from_slice(&u16::try_from(payload_len).ok()?.to_be_bytes());
+    ip[6] = next;
+    ip[7] = hop_limit;
+    ip[8..24].copy_from_slice(&src.octets());
+    ip[24..40].copy_from_slice(&dst.octets());
+    Some(())
+}
+
 /// A reply written, or the drop for one that did not fit.
 fn reply_or_drop(len: Option<usize>, kind: ReplyKind) -> Egress {
     match len {
         Some(len) => Egress::Reply { len, kind },
         None => Egress::Drop(EgressDrop::NoReply),
     }
-}
-
-fn is_link_local(ip: Ipv6Addr) -> bool {
-    ip.segments()[0] & 0xffc0 == 0xfe80
 }
 
 /// The upper-layer protocol right after the fixed header, and where it starts, when it is
@@ -682,19 +690,6 @@ fn upper_layer(ip: &[u8], h: &Header6) -> Option<(u8, usize)> {
         NEXT_TCP if end >= HEADER_LEN + 20 => Some((NEXT_TCP, HEADER_LEN)),
         checksum::PROTO_UDP if end >= HEADER_LEN + 8 => Some((checksum::PROTO_UDP, HEADER_LEN)),
         _ => None,
-    }
-}
-
-/// Completes a TCP or UDP checksum the sender's kernel left partial (its field holds the
-/// pseudo-header sum): computed afresh over the segment.
-fn complete_checksum6(seg: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) {
-    let Some(word) = checksum::field(next).map(|at| at / 2) else {
-        return;
-    };
-    let sum = checksum::transport6(seg, src, dst, next, word);
-    let at = word * 2;
-    if let Some(field) = seg.get_mut(at..at + 2) {
-        field.copy_from_slice(&sum.to_be_bytes());
     }
 }
 
@@ -892,7 +887,7 @@ mod tests {
             v6: lan.v6.map(|v| Lan6 { dns: false, ..v }),
             ..lan.clone()
         };
-        let len = quiet.router_advert(GW_MAC, ALL_NODES, &mut out).unwrap();
+        let len = quiet.router_advert(&mut out).unwrap();
         let p = reply_packet(&out, len);
         let ra = RouterAdvertPacket::new(p.payload()).unwrap();
         assert!(

@@ -56,7 +56,7 @@ pub use egress::{Egress, EgressDrop, ReplyKind};
 pub use frag::{FragError, Fragmenter};
 pub use ingress::{Ingress, IngressDrop};
 pub use ipv4::{complete_deferred_checksum, finish_partial_checksum};
-pub use lan6::{ALL_NODES, IPV6_MIN_MTU, IPV6_TCP_HEADERS, eui64_address, link_local};
+pub use lan6::eui64_address;
 pub use netmap::{Legacy, Netmap, NetmapError, Sums, Unmapped};
 pub use segment::{GsoKind, SegmentError, Segmenter};
 pub use service::{GatewayService, gateway_service, udp_packet};
