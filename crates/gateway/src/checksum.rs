@@ -163,10 +163,15 @@ pub(crate) fn fill_transport6(segment: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, 
     });
 }
 
+/// [`pseudo_header`] over IPv6.
+pub(crate) fn pseudo_header6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, len: usize) -> u16 {
+    !internet(&pseudo6(src, dst, next, len))
+}
+
 /// [`fill_pseudo_header`] for a segment over IPv6.
 pub(crate) fn fill_pseudo_header6(segment: &mut [u8], src: Ipv6Addr, dst: Ipv6Addr, next: u8) {
     fill_field(segment, next, |seg, _| {
-        !internet(&pseudo6(src, dst, next, seg.len()))
+        pseudo_header6(src, dst, next, seg.len())
     });
 }
 

@@ -4,7 +4,9 @@
 //! of per packet.
 //!
 //! A TCP run is what Linux's GRO would merge (`tcp_gro_receive`): same Ethernet header, IPv4
-//! without options, not a fragment, the same addresses, TOS, TTL and DF; TCP with the same
+//! without options, not a fragment, the same addresses, TOS, TTL and DF (or IPv6 without
+//! extension headers, the same addresses, traffic class, flow label and hop limit); TCP with
+//! the same
 //! ports, acknowledgement number, window, flags and option bytes, sequence numbers that
 //! continue each other, and payloads of one size (the last may be shorter; a shorter one or
 //! one with PSH ends the run). SYN, FIN, RST, URG and CWR segments travel alone. A UDP run
@@ -18,11 +20,14 @@
 //! length; the checksum field gets the pseudo-header sum the offload completes) and
 //! [`restore_headers`] undoes that, should the kernel refuse the merged frame.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::ipv4::{self, PROTO_TCP, PROTO_UDP};
 use crate::segment::GsoKind;
-use crate::{ETHERTYPE_IPV4, Framing, IPV4_MIN_HEADER, checksum};
+use crate::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, Framing, IPV4_MIN_HEADER, checksum};
+
+/// The fixed IPv6 header: a run's IPv6 packets carry nothing between it and TCP or UDP.
+const IPV6_HEADER: usize = 40;
 
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
@@ -42,6 +47,8 @@ pub struct Run {
     pub kind: GsoKind,
     /// What is in front of each IP packet.
     pub framing: Framing,
+    /// The IP header's length: 20 (IPv4, no options) or 40 (IPv6, no extension headers).
+    pub ip_header: usize,
     /// Frames in the run, the first included (at least 2).
     pub count: usize,
     /// Link (if any), IP and transport headers of each frame: the first frame is sent whole,
@@ -59,6 +66,8 @@ struct Seg<'a> {
     frame: &'a [u8],
     /// Link header bytes in front of the IP packet.
     link: usize,
+    /// IP header bytes: 20, or 40 for IPv6.
+    ip_header: usize,
     kind: GsoKind,
     /// Transport header length.
     l4_header: usize,
@@ -70,27 +79,37 @@ struct Seg<'a> {
 
 fn parse(framing: Framing, frame: &[u8]) -> Option<Seg<'_>> {
     let link = framing.header_len();
-    if frame.len() < link + IPV4_MIN_HEADER + UDP_HEADER_LEN
-        || (framing == Framing::Ethernet
-            && u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4)
-    {
+    if frame.len() < link + IPV4_MIN_HEADER + UDP_HEADER_LEN {
         return None;
     }
+    let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
     let ip = &frame[link..];
-    // Version 4, no options; the whole frame is the packet (no padding); not a fragment.
-    if ip[0] != 0x45
-        || usize::from(u16::from_be_bytes([ip[2], ip[3]])) != ip.len()
-        || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
-    {
-        return None;
-    }
-    let l4 = &ip[IPV4_MIN_HEADER..];
-    match ip[9] {
+    let (ip_header, proto) = match ip[0] >> 4 {
+        // Version 4, no options; the whole frame is the packet (no padding); not a fragment.
+        4 if (framing == Framing::Ip || ethertype == ETHERTYPE_IPV4)
+            && ip[0] == 0x45
+            && usize::from(u16::from_be_bytes([ip[2], ip[3]])) == ip.len()
+            && u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff == 0 =>
+        {
+            (IPV4_MIN_HEADER, ip[9])
+        }
+        // Version 6, TCP or UDP right after the fixed header; the whole frame is the packet.
+        6 if (framing == Framing::Ip || ethertype == ETHERTYPE_IPV6)
+            && ip.len() >= IPV6_HEADER + UDP_HEADER_LEN
+            && IPV6_HEADER + usize::from(u16::from_be_bytes([ip[4], ip[5]])) == ip.len() =>
+        {
+            (IPV6_HEADER, ip[6])
+        }
+        _ => return None,
+    };
+    let l4 = &ip[ip_header..];
+    match proto {
         PROTO_TCP if l4.len() >= 20 => {
             let doff = usize::from(l4[12] >> 4) * 4;
             (doff >= 20 && doff <= l4.len()).then(|| Seg {
                 frame,
                 link,
+                ip_header,
                 kind: GsoKind::Tcp,
                 l4_header: doff,
                 payload: l4.len() - doff,
@@ -106,6 +125,7 @@ fn parse(framing: Framing, frame: &[u8]) -> Option<Seg<'_>> {
             Some(Seg {
                 frame,
                 link,
+                ip_header,
                 kind: GsoKind::Udp,
                 l4_header: UDP_HEADER_LEN,
                 payload: l4.len() - UDP_HEADER_LEN,
@@ -130,6 +150,11 @@ const fn proto(kind: GsoKind) -> u8 {
 /// tunnel's sender has none to check: the AEAD brought its payload intact.
 fn checksum_ok(s: &Seg<'_>, deferred: bool) -> bool {
     let ip = &s.frame[s.link..];
+    if s.ip_header == IPV6_HEADER {
+        // No deferral over IPv6 (docs/protocol.md §1): always checked.
+        let (src, dst) = addresses6(ip);
+        return checksum::valid6(&ip[IPV6_HEADER..], src, dst, proto(s.kind));
+    }
     let (src, dst) = addresses(ip);
     checksum::internet(&ip[..IPV4_MIN_HEADER]) == 0
         && (deferred || checksum::transport_valid(&ip[IPV4_MIN_HEADER..], src, dst, proto(s.kind)))
@@ -142,34 +167,54 @@ fn addresses(ip: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
     )
 }
 
+fn addresses6(ip: &[u8]) -> (Ipv6Addr, Ipv6Addr) {
+    let at = |from: usize| {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&ip[from..from + 16]);
+        Ipv6Addr::from(a)
+    };
+    (at(8), at(24))
+}
+
 /// Whether `next` may follow `prev` in a run that `first` starts.
 fn continues(first: &Seg<'_>, prev: &Seg<'_>, next: &Seg<'_>) -> bool {
     let link = first.link;
     // The link headers, then the IP packets (offsets from here on are the packets').
     let (f, n) = (&first.frame[link..], &next.frame[link..]);
-    let same = next.kind == first.kind
+    let ih = first.ip_header;
+    let ip_same = if ih == IPV6_HEADER {
+        // Version, traffic class and flow label; next header and hop limit; addresses.
+        next.ip_header == IPV6_HEADER
+            && f[0..4] == n[0..4]
+            && f[6..8] == n[6..8]
+            && f[8..40] == n[8..40]
+    } else {
+        // Version/IHL and TOS; flags (DF), TTL and protocol; addresses.
+        next.ip_header == IPV4_MIN_HEADER
+            && f[0..2] == n[0..2]
+            && f[6..10] == n[6..10]
+            && f[12..20] == n[12..20]
+    };
+    let same = ip_same
+        && next.kind == first.kind
         && next.l4_header == first.l4_header
         && next.payload > 0
         && next.payload <= first.payload
         && first.frame[..link] == next.frame[..link]
-        // IP: version/IHL and TOS; flags (DF), TTL and protocol; addresses.
-        && f[0..2] == n[0..2]
-        && f[6..10] == n[6..10]
-        && f[12..20] == n[12..20]
         // Ports.
-        && f[20..24] == n[20..24];
+        && f[ih..ih + 4] == n[ih..ih + 4];
     match first.kind {
         GsoKind::Udp => same,
         GsoKind::Tcp => {
-            let headers = IPV4_MIN_HEADER + first.l4_header;
+            let headers = ih + first.l4_header;
             same && next.seq == prev.seq.wrapping_add(u32::try_from(prev.payload).unwrap_or(0))
                 && next.flags & !TCP_PSH == first.flags
                 // Acknowledgement number; the data offset byte whole (its reserved and NS
                 // bits too, as Linux compares the whole flag word); flags (compared above),
                 // window; urgent pointer and options.
-                && f[28..33] == n[28..33]
-                && f[34..36] == n[34..36]
-                && f[38..headers] == n[38..headers]
+                && f[ih + 8..ih + 13] == n[ih + 8..ih + 13]
+                && f[ih + 14..ih + 16] == n[ih + 14..ih + 16]
+                && f[ih + 18..headers] == n[ih + 18..headers]
         }
     }
 }
@@ -196,7 +241,7 @@ pub fn find_run(
     {
         return None;
     }
-    let headers = link + IPV4_MIN_HEADER + first.l4_header;
+    let headers = link + first.ip_header + first.l4_header;
     let mut first_checked = false;
     let mut count = 1;
     let mut payload = first.payload;
@@ -231,6 +276,7 @@ pub fn find_run(
     (count > 1).then(|| Run {
         kind: first.kind,
         framing,
+        ip_header: first.ip_header,
         count,
         headers,
         segment_size: u16::try_from(first.payload).unwrap_or(u16::MAX),
@@ -245,12 +291,22 @@ pub fn find_run(
 pub fn merge_headers(frame: &mut [u8], run: &Run, last_flags: u8) {
     let link = run.framing.header_len();
     let ip = &mut frame[link..];
-    let l4_len = run.headers - link - IPV4_MIN_HEADER + run.payload;
-    let total = u16::try_from(IPV4_MIN_HEADER + l4_len).unwrap_or(u16::MAX);
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
-    let (src, dst) = addresses(ip);
-    let l4 = &mut ip[IPV4_MIN_HEADER..];
+    let ih = run.ip_header;
+    let l4_len = run.headers - link - ih + run.payload;
+    let proto = proto(run.kind);
+    let pseudo = if ih == IPV6_HEADER {
+        let len = u16::try_from(l4_len).unwrap_or(u16::MAX);
+        ip[4..6].copy_from_slice(&len.to_be_bytes());
+        let (src, dst) = addresses6(ip);
+        checksum::pseudo_header6(src, dst, proto, l4_len)
+    } else {
+        let total = u16::try_from(IPV4_MIN_HEADER + l4_len).unwrap_or(u16::MAX);
+        ip[2..4].copy_from_slice(&total.to_be_bytes());
+        ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
+        let (src, dst) = addresses(ip);
+        checksum::pseudo_header(src, dst, proto, l4_len)
+    };
+    let l4 = &mut ip[ih..];
     match run.kind {
         GsoKind::Tcp => l4[13] |= last_flags & TCP_PSH,
         GsoKind::Udp => {
@@ -258,10 +314,8 @@ pub fn merge_headers(frame: &mut [u8], run: &Run, last_flags: u8) {
             l4[4..6].copy_from_slice(&len.to_be_bytes());
         }
     }
-    let proto = proto(run.kind);
     if let Some(at) = checksum::field(proto) {
-        let sum = checksum::pseudo_header(src, dst, proto, l4_len);
-        l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+        l4[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
     }
 }
 
@@ -270,28 +324,40 @@ pub fn merge_headers(frame: &mut [u8], run: &Run, last_flags: u8) {
 /// TCP flags (`flags`, as they were) and full transport checksum.
 pub fn restore_headers(framing: Framing, frame: &mut [u8], kind: GsoKind, flags: u8) {
     let ip = &mut frame[framing.header_len()..];
-    let total = u16::try_from(ip.len()).unwrap_or(u16::MAX);
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
-    let (src, dst) = addresses(ip);
-    let l4 = &mut ip[IPV4_MIN_HEADER..];
-    match kind {
+    let own_lengths = |l4: &mut [u8]| match kind {
         GsoKind::Tcp => l4[13] = flags,
         GsoKind::Udp => {
             let len = u16::try_from(l4.len()).unwrap_or(u16::MAX);
             l4[4..6].copy_from_slice(&len.to_be_bytes());
         }
+    };
+    if ip.first().is_some_and(|b| b >> 4 == 6) {
+        let len = u16::try_from(ip.len() - IPV6_HEADER).unwrap_or(u16::MAX);
+        ip[4..6].copy_from_slice(&len.to_be_bytes());
+        let (src, dst) = addresses6(ip);
+        let l4 = &mut ip[IPV6_HEADER..];
+        own_lengths(l4);
+        checksum::fill_transport6(l4, src, dst, proto(kind));
+    } else {
+        let total = u16::try_from(ip.len()).unwrap_or(u16::MAX);
+        ip[2..4].copy_from_slice(&total.to_be_bytes());
+        ipv4::fill_header_checksum(ip, IPV4_MIN_HEADER);
+        let (src, dst) = addresses(ip);
+        let l4 = &mut ip[IPV4_MIN_HEADER..];
+        own_lengths(l4);
+        checksum::fill_transport(l4, src, dst, proto(kind));
     }
-    checksum::fill_transport(l4, src, dst, proto(kind));
 }
 
 /// The TCP flags of a frame with `framing` in front of its IP packet (0 if it is too short to
 /// have any).
 pub fn tcp_flags(framing: Framing, frame: &[u8]) -> u8 {
-    frame
-        .get(framing.header_len() + IPV4_MIN_HEADER + 13)
-        .copied()
-        .unwrap_or(0)
+    let link = framing.header_len();
+    let ih = match frame.get(link).map(|b| b >> 4) {
+        Some(6) => IPV6_HEADER,
+        _ => IPV4_MIN_HEADER,
+    };
+    frame.get(link + ih + 13).copied().unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -597,6 +663,65 @@ mod tests {
         );
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         assert_eq!(find_run(Framing::Ethernet, &refs, &[], 7).unwrap().count, 7);
+    }
+
+    /// [`seg`] carried over IPv6 (no extension headers, hop limit 63), checksums right.
+    fn seg6(seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let v4 = seg(seq, flags, payload);
+        let l4 = &v4[14 + 20..];
+        let mut f = v4[..14].to_vec();
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+        f.extend_from_slice(&[0x60, 0, 0, 0]);
+        f.extend_from_slice(&u16::try_from(l4.len()).unwrap().to_be_bytes());
+        f.extend_from_slice(&[PROTO_TCP, 63]);
+        f.extend_from_slice(&"fd7a:0:1:100::10".parse::<Ipv6Addr>().unwrap().octets());
+        f.extend_from_slice(&"fd7a:0:1:200::20".parse::<Ipv6Addr>().unwrap().octets());
+        f.extend_from_slice(l4);
+        restore_headers(Framing::Ethernet, &mut f, GsoKind::Tcp, flags);
+        f
+    }
+
+    /// IPv6 TCP makes runs as IPv4 does, which cut back into the very frames and restore to
+    /// them; a segment behind an extension header, or of the other family, joins none.
+    #[test]
+    fn ipv6_segments_make_runs_that_cut_back_into_themselves() {
+        let frames: Vec<Vec<u8>> = (0..10u32)
+            .map(|i| {
+                let flags = if i == 9 { ACK | TCP_PSH } else { ACK };
+                seg6(i * 1400, flags, &[u8::try_from(i).unwrap(); 1400])
+            })
+            .collect();
+        for f in &frames {
+            let t = pnet_packet::tcp::TcpPacket::new(&f[14 + 40..]).unwrap();
+            let (src, dst) = addresses6(&f[14..]);
+            assert_eq!(
+                pnet_packet::tcp::ipv6_checksum(&t, &src, &dst),
+                t.get_checksum()
+            );
+        }
+        let run = run_of(&frames).unwrap();
+        assert_eq!(
+            (run.count, run.ip_header, run.headers, run.payload),
+            (10, 40, 14 + 40 + 32, 14_000)
+        );
+        let cut = merged_then_cut(&frames, &run);
+        assert_eq!(cut, frames);
+        let mut first = frames[0].clone();
+        merge_headers(&mut first, &run, tcp_flags(Framing::Ethernet, &frames[9]));
+        assert_eq!(u16::from_be_bytes([first[18], first[19]]), 32 + 14_000);
+        restore_headers(Framing::Ethernet, &mut first, GsoKind::Tcp, ACK);
+        assert_eq!(first, frames[0]);
+        // Another hop limit, an extension header in front of TCP, an IPv4 segment: the run
+        // stops before them.
+        let mut hop = frames.clone();
+        hop[3][14 + 7] = 62;
+        assert_eq!(run_of(&hop).unwrap().count, 3);
+        let mut ext = frames.clone();
+        ext[2][14 + 6] = 60;
+        assert_eq!(run_of(&ext).unwrap().count, 2);
+        let mut mixed = frames[..2].to_vec();
+        mixed.insert(1, seg(1400, ACK, &[1; 1400]));
+        assert_eq!(run_of(&mixed), None);
     }
 
     #[test]

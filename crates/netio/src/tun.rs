@@ -74,10 +74,10 @@ fn sockaddr_v4(ip: Ipv4Addr) -> libc::sockaddr {
     unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
 }
 
-/// `TUNSETOFFLOAD`'s argument for TSO (with ECN) and checksum offload, and USO if `udp`
-/// (the kernel takes UDP segmentation only for both IP versions at once).
+/// `TUNSETOFFLOAD`'s argument for TSO over both IP versions (with ECN) and checksum offload,
+/// and USO if `udp` (the kernel takes UDP segmentation only for both IP versions at once).
 const fn offload_flags(udp: bool) -> libc::c_uint {
-    let tcp = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO_ECN;
+    let tcp = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
     if udp {
         tcp | libc::TUN_F_USO4 | libc::TUN_F_USO6
     } else {
@@ -89,8 +89,7 @@ impl Tun {
     /// Creates the TUN device `name` (`%d` is replaced by a free number), non-blocking; with
     /// `offload`, asks for offload headers and TSO, checksum offload and, with `uso`, USO
     /// (where the kernel has it). The kernel hands over UDP super-packets of both IP versions
-    /// once USO is on, and the reader cuts IPv4 ones only: a device that carries IPv6 asks for
-    /// none, and the host's stack cuts them.
+    /// once USO is on: whoever reads the device must cut both.
     ///
     /// # Errors
     /// No `/dev/net/tun`, the name taken or invalid, no `CAP_NET_ADMIN`, or a kernel without

@@ -58,7 +58,8 @@ impl<'a> NodeEdge<'a> {
     pub fn open(config: &'a NodeConfig) -> anyhow::Result<Self> {
         let common = &config.common;
         let v6 = config.ipv6;
-        let tun = Tun::create(&config.interface, config.tun_offload, v6.is_none())?;
+        // USO too: the reader cuts UDP super-packets of both IP versions.
+        let tun = Tun::create(&config.interface, config.tun_offload, true)?;
         tun.configure(
             config.vip,
             common.overlay.prefix_len(),

@@ -346,14 +346,15 @@ fn cut(
         return 0;
     };
     let kind = match how.kind {
-        cyphonic_netio::GsoKind::TcpV4 => GsoKind::Tcp,
+        cyphonic_netio::GsoKind::TcpV4 | cyphonic_netio::GsoKind::TcpV6 => GsoKind::Tcp,
         cyphonic_netio::GsoKind::UdpL4 => GsoKind::Udp,
-        cyphonic_netio::GsoKind::TcpV6 | cyphonic_netio::GsoKind::Other(_) => {
+        cyphonic_netio::GsoKind::Other(_) => {
             bump(&c.drop_tun_coalesced);
             return 0;
         }
     };
-    let defer = side.defer_checksums;
+    // Deferral is IPv4's only (docs/protocol.md §1): IPv6 segments get their checksums here.
+    let defer = side.defer_checksums && packet.first().is_some_and(|b| b >> 4 == 4);
     let mut segments = match Segmenter::ip(packet, kind, how.segment_size, PACKET_ROOM.len()) {
         Ok(s) => s.with_partial_checksums(defer),
         Err(_) => {

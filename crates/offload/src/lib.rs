@@ -171,12 +171,14 @@ pub fn send_frames(
                 parts: i..i + count,
                 gso: runs[i].map(|r| Gso {
                     kind: match r.kind {
+                        GsoKind::Tcp if r.ip_header > IPV4_MIN_HEADER => {
+                            cyphonic_netio::GsoKind::TcpV6
+                        }
                         GsoKind::Tcp => cyphonic_netio::GsoKind::TcpV4,
                         GsoKind::Udp => cyphonic_netio::GsoKind::UdpL4,
                     },
                     headers: u16::try_from(r.headers).unwrap_or(u16::MAX),
-                    l4_start: u16::try_from(framing.header_len() + IPV4_MIN_HEADER)
-                        .unwrap_or(u16::MAX),
+                    l4_start: u16::try_from(framing.header_len() + r.ip_header).unwrap_or(u16::MAX),
                     segment_size: r.segment_size,
                 }),
             };
