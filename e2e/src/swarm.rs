@@ -298,7 +298,11 @@ fn write_leases(file: &std::path::Path, n: usize) -> anyhow::Result<()> {
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(file, cyphonic_vip::file::encode(&leases, 0)?)?;
+    let table = cyphonic_vip::file::Table {
+        leases,
+        leases6: Vec::new(),
+    };
+    std::fs::write(file, cyphonic_vip::file::encode(&table, 0)?)?;
     Ok(())
 }
 

@@ -8,14 +8,34 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use cyphonic_vip::testing::{DhcpOption, MessageType, client_message};
-use cyphonic_vip::{DhcpConfig, Server};
+use cyphonic_vip::{Dhcp6Config, DhcpConfig, Server, Server6};
 
 const NOW: u64 = 1_800_000_000;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let Ok(saved) = cyphonic_vip::file::decode(data) else {
+    let Ok(table) = cyphonic_vip::file::decode(data) else {
         return;
     };
+    let (saved, saved6) = (table.leases, table.leases6);
+    let prefix = "fd7a:0:1:100::/64".parse().unwrap();
+    let cfg6 = Dhcp6Config {
+        prefix,
+        pool: Dhcp6Config::default_pool(prefix),
+        lease_secs: 3600,
+        server_mac: [0x02, 0, 0, 0, 0, 1],
+        dns: None,
+        domain: "gw1.ovl.example".into(),
+        reservations: vec![],
+        new_lease_share: 1.0,
+        new_lease_window_secs: 60,
+    };
+    if let Ok(s6) = Server6::new(cfg6, saved6, NOW) {
+        let mut owner = HashMap::new();
+        for l in s6.active() {
+            assert!(prefix.contains(&l.ip), "an active binding outside the /64: {}", l.ip);
+            assert!(owner.insert(l.ip, (l.duid.clone(), l.iaid)).is_none(), "{} bound twice", l.ip);
+        }
+    }
     let cfg = DhcpConfig {
         server: Ipv4Addr::new(100, 64, 1, 1),
         block: "100.64.1.0/24".parse().unwrap(),
@@ -54,6 +74,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         }
     }
     let leases = s.leases();
-    let bytes = cyphonic_vip::file::encode(&leases, NOW).expect("encodes");
-    assert_eq!(cyphonic_vip::file::decode(&bytes).map(|l| l.len()), Ok(leases.len()));
+    let table = cyphonic_vip::file::Table { leases, leases6: Vec::new() };
+    let bytes = cyphonic_vip::file::encode(&table, NOW).expect("encodes");
+    assert_eq!(cyphonic_vip::file::decode(&bytes).map(|t| t.leases.len()), Ok(table.leases.len()));
 });

@@ -1,12 +1,25 @@
 //! The lease file's format (the adapter's `state_dir/leases.json`): what the driver writes and
 //! reads back. Sans-IO: bytes in, bytes out; the driver does the atomic replace.
+//!
+//! The DHCPv6 bindings sit beside the DHCPv4 ones (`leases6`, absent in files written before
+//! them: none). A daemon that predates them reads such a file and leaves `leases6` out when
+//! it writes: a downgrade costs the IPv6 bindings, which devices then ask for again.
 
 use serde::{Deserialize, Serialize};
 
-use crate::Lease;
+use crate::{Lease, Lease6};
 
 /// The format's version; a file of another version is not read.
 pub const VERSION: u32 = 1;
+
+/// Every binding in a lease file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Table {
+    /// The DHCPv4 bindings.
+    pub leases: Vec<Lease>,
+    /// The DHCPv6 bindings.
+    pub leases6: Vec<Lease6>,
+}
 
 #[derive(Serialize, Deserialize)]
 struct OnDisk {
@@ -16,32 +29,38 @@ struct OnDisk {
     #[serde(default)]
     renewals_until: u64,
     leases: Vec<Lease>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    leases6: Vec<Lease6>,
 }
 
-/// The file for `leases`, whose active ones are to hold at least until `renewals_until`.
+/// The file for `table`, whose active bindings are to hold at least until `renewals_until`.
 ///
 /// # Errors
 /// Serialization failing (it does not for these types).
-pub fn encode(leases: &[Lease], renewals_until: u64) -> Result<Vec<u8>, serde_json::Error> {
+pub fn encode(table: &Table, renewals_until: u64) -> Result<Vec<u8>, serde_json::Error> {
     serde_json::to_vec_pretty(&OnDisk {
         version: VERSION,
         renewals_until,
-        leases: leases.to_vec(),
+        leases: table.leases.clone(),
+        leases6: table.leases6.clone(),
     })
 }
 
-/// The leases in a file, active ones lasting at least until its `renewals_until`.
+/// The bindings in a file, active ones lasting at least until its `renewals_until`.
 ///
 /// # Errors
 /// Why the bytes are not a lease file of this version, in words.
-pub fn decode(bytes: &[u8]) -> Result<Vec<Lease>, String> {
+pub fn decode(bytes: &[u8]) -> Result<Table, String> {
     let d = serde_json::from_slice::<OnDisk>(bytes).map_err(|e| e.to_string())?;
     if d.version != VERSION {
         return Err(format!("unknown format version {}", d.version));
     }
-    let mut leases = d.leases;
+    let (mut leases, mut leases6) = (d.leases, d.leases6);
     for l in leases.iter_mut().filter(|l| l.active) {
         l.expires = l.expires.max(d.renewals_until);
     }
-    Ok(leases)
+    for l in leases6.iter_mut().filter(|l| l.active) {
+        l.expires = l.expires.max(d.renewals_until);
+    }
+    Ok(Table { leases, leases6 })
 }

@@ -1,5 +1,5 @@
-//! The adapter's virtual-IP allocator: a DHCPv4 server (RFC 2131, on dhcproto) for the
-//! devices on its LAN port, and the names those devices get on the overlay.
+//! The adapter's virtual-IP allocator: DHCPv4 and DHCPv6 servers (RFC 2131, RFC 8415, on
+//! dhcproto) for the devices on its LAN port, and the names those devices get on the overlay.
 //!
 //! Every device gets its own overlay address (inside the adapter's certified block) and its own
 //! name (`<hostname>.<adapter FQDN>`), by plain DHCP: nothing to install on the device. That is
@@ -15,6 +15,8 @@
 //!   takes in another server's bindings: the two boxes of an HA pair (docs/protocol.md §5).
 //! - [`fn@names`] derives each lease's DNS label, deterministically.
 //!
+//! - [`Server6`] is the DHCPv6 server (RFC 8415) of the segment's /64: stateful addresses,
+//!   the DNS server and the search list.
 //! - [`mod@file`] is the lease file's format.
 //!
 //! Sans-IO: no sockets, no clock (time is unix seconds, passed in), no files. The driver
@@ -24,18 +26,26 @@
 pub mod file;
 mod names;
 mod server;
+mod share;
+mod v6;
 
 pub use names::{label_for, names};
 pub use server::{
-    ConfigError, DhcpConfig, Half, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Share,
-    Stats,
+    ConfigError, DhcpConfig, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Stats,
+};
+pub use share::{Half, Share};
+pub use v6::{
+    Config6Error, Dhcp6Config, Event6, Ignore6, Lease6, MAX_POOL, PER_MAC, Reply6, Reservation6,
+    Server6, Stats6,
 };
 
 /// Building DHCP client messages, for tests, fuzz corpora and test beds.
 #[doc(hidden)]
 pub mod testing {
     pub use crate::server::client_message;
+    pub use crate::v6::{ReadReply6, client_message6, read_reply6};
     pub use dhcproto::v4::{DhcpOption, MessageType};
+    pub use dhcproto::v6::{MessageType as MessageType6, Status as Status6};
 
     /// The address a server's reply (an encoded DHCP message) offers or grants; unspecified
     /// when it does not decode.

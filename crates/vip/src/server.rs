@@ -8,6 +8,8 @@ use dhcproto::{Decodable as _, Encodable as _};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
+use crate::share::{Newcomers, Share, share_of};
+
 /// A configuration the server cannot work with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -36,31 +38,6 @@ pub enum ConfigError {
     /// The starvation share is not a fraction.
     #[error("new_lease_share {0} is outside (0, 1]")]
     Share(String),
-}
-
-/// One half of the dynamic pool: `Lower` runs from its first address to its middle, `Upper`
-/// from there to its last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Half {
-    /// The first half.
-    Lower,
-    /// The second half.
-    Upper,
-}
-
-/// Where addresses new to a device come from ([`Server::set_share`]): the two boxes of an HA
-/// pair each own one half of the pool, so that while both serve, out of contact, no address
-/// goes to two devices (docs/protocol.md §5, *Split brain*). An address a device holds, or
-/// held and nobody took since, stays its own whatever its half.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Share {
-    /// The whole pool, in order: a lone server.
-    #[default]
-    Whole,
-    /// This half first, the other only once it is full: the pair in contact.
-    Prefer(Half),
-    /// This half only: the pair out of contact.
-    Only(Half),
 }
 
 /// A device with a fixed address.
@@ -278,7 +255,7 @@ pub struct Server {
     /// Addresses the pool can hand out dynamically.
     pool_size: usize,
     /// When devices never seen before were bound, within the guard's window.
-    recent_new: VecDeque<u64>,
+    recent_new: Newcomers,
     /// The offers out to devices never seen before, oldest first (entries of offers gone
     /// since are skipped).
     new_offers: VecDeque<([u8; 6], Ipv4Addr)>,
@@ -341,7 +318,7 @@ impl Server {
             reserved_ips,
             unused,
             pool_size,
-            recent_new: VecDeque::new(),
+            recent_new: Newcomers::default(),
             new_offers: VecDeque::new(),
             cursor: u32::from(first),
             share: Share::Whole,
@@ -485,14 +462,7 @@ impl Server {
 
     /// The share of the pool newcomers may take within a window, and be offered at once.
     fn newcomer_share(&self) -> usize {
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "a share of a pool of at most 2^32"
-        )]
-        let share = (self.pool_size as f64 * self.cfg.new_lease_share).floor() as usize;
-        share.max(1)
+        share_of(self.pool_size as u128, self.cfg.new_lease_share)
     }
 
     /// A newcomer was offered `ip`. Beyond the share, the oldest newcomer offer still out is
@@ -522,20 +492,15 @@ impl Server {
     /// Whether the starvation guard lets a newcomer be bound at `now`: at most the share of
     /// the pool within the window. Counts the binding when it does.
     fn admit_newcomer(&mut self, now: u64, mac: [u8; 6]) -> bool {
-        let window = self.cfg.new_lease_window_secs;
-        while self
+        let share = self.newcomer_share();
+        if !self
             .recent_new
-            .front()
-            .is_some_and(|t| now.saturating_sub(*t) >= window)
+            .admit(now, self.cfg.new_lease_window_secs, share)
         {
-            self.recent_new.pop_front();
-        }
-        if self.recent_new.len() >= self.newcomer_share() {
             self.stats.starvation_refused += 1;
             self.events.push_back(LeaseEvent::StarvationGuard { mac });
             return false;
         }
-        self.recent_new.push_back(now);
         true
     }
 
@@ -972,34 +937,20 @@ impl Server {
             && self.assignable(ip)
     }
 
-    /// The two halves of the pool (inclusive, as numbers).
-    fn halves(&self) -> [(u32, u32); 2] {
-        let (first, last) = (u32::from(self.cfg.pool.0), u32::from(self.cfg.pool.1));
-        let mid = first + (last - first) / 2;
-        [(first, mid), (mid.saturating_add(1), last)]
-    }
-
-    /// Where new addresses are looked for, in order: the share's first range, then (when the
-    /// share allows) the second. An empty second half (a pool of one) is `None`.
+    /// Where new addresses are looked for, in order (inclusive, as numbers): see
+    /// [`Share::ranges`].
     fn ranges(&self) -> [Option<(u32, u32)>; 2] {
-        let [lower, upper] = self.halves();
-        let upper = (upper.0 <= upper.1).then_some(upper);
-        let whole = (u32::from(self.cfg.pool.0), u32::from(self.cfg.pool.1));
-        match self.share {
-            Share::Whole => [Some(whole), None],
-            Share::Prefer(Half::Lower) => [Some(lower), upper],
-            Share::Prefer(Half::Upper) => [upper, Some(lower)],
-            Share::Only(Half::Lower) => [Some(lower), None],
-            Share::Only(Half::Upper) => [upper, None],
-        }
+        let (first, last) = (u32::from(self.cfg.pool.0), u32::from(self.cfg.pool.1));
+        self.share.ranges(first.into(), last.into()).map(|r| {
+            r.and_then(|(lo, hi)| Some((u32::try_from(lo).ok()?, u32::try_from(hi).ok()?)))
+        })
     }
 
     /// Whether the share lets `ip` go to a device it is new to.
     fn shared(&self, ip: Ipv4Addr) -> bool {
-        match self.share {
-            Share::Whole | Share::Prefer(_) => true,
-            Share::Only(_) => within(self.ranges()[0], ip),
-        }
+        let (first, last) = (u32::from(self.cfg.pool.0), u32::from(self.cfg.pool.1));
+        self.share
+            .allows(first.into(), last.into(), u32::from(ip).into())
     }
 
     /// The first never-used address free for `mac` in `lo..=hi`, from the cursor round.
