@@ -528,6 +528,22 @@ impl Capture {
                     bump(&c.dhcp_unserved);
                 }
             }
+            Egress::Dhcp6 {
+                client_mac,
+                client_ip,
+                client_port,
+                udp_payload,
+            } => {
+                let payload = buf[FRAME_OFFSET..][udp_payload].to_vec();
+                let from = (client_ip, client_port);
+                let msg = ToServices::Dhcp6 {
+                    tag: seg.tag,
+                    mac: client_mac,
+                    from,
+                    payload,
+                };
+                lan.to_services(msg, now);
+            }
             Egress::Dns {
                 client_mac,
                 client_ip,

@@ -9,13 +9,13 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use cyphonic_crypto::Certificate;
 use cyphonic_settings::{Common, ConfigError, Identity, Source};
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -114,7 +114,14 @@ cyphonic_settings::table! {
         /// The segment's DHCP pool, `first-last` inclusive, inside `block`. Unset: the whole
         /// block but its network, broadcast and gateway addresses.
         pool: Option<Spanned<String>> = None,
-        /// The groups `[policy]` rules may name every device of the segment by (`block`).
+        /// The segment's IPv6 /64, inside the certificate's IPv6 block, when it holds one:
+        /// Router Advertisements, SLAAC, DHCPv6 (with `dhcp`) and DNS there as on the untagged
+        /// segment.
+        /// Unset: the block's (n+1)-th /64 for the n-th `[[vlan]]` (the untagged segment has
+        /// the first).
+        block6: Option<Spanned<ipnet::Ipv6Net>> = None,
+        /// The groups `[policy]` rules may name every device of the segment by (`block`, and
+        /// `block6`).
         groups: Vec<Spanned<String>> = Vec::new(),
         /// Serve DHCP on this segment (when `[dhcp]` is on). `false` beside a site's router
         /// that serves it (`legacy.router`).
@@ -242,6 +249,11 @@ cyphonic_settings::table! {
         new_lease_share: Spanned<f64> = cyphonic_settings::unwritten(0.25),
         /// The starvation guard's window, seconds.
         new_lease_window: Spanned<u64> = cyphonic_settings::unwritten(60),
+        /// Serve DHCPv6 too (RFC 8415) when the certificate holds an IPv6 block: stateful
+        /// addresses from `::1000`-`::1fff` of the untagged segment's /64, the DNS server and
+        /// the search list, with `lease_time` and the starvation guard as above. Router
+        /// Advertisements then say M and O; SLAAC stays on beside it.
+        ipv6: bool = true,
     }
 }
 
@@ -278,6 +290,10 @@ cyphonic_settings::table! {
         mac: Spanned<Mac>,
         /// Its overlay address, inside the certified block.
         vip: Spanned<Ipv4Addr>,
+        /// Its fixed IPv6 address, inside the LAN's /64 (the first of the certificate's IPv6
+        /// block): DHCPv6 gives it to this MAC, only this MAC may send from it, and it is the
+        /// device's AAAA and its IPv6 address to `[policy]`. Unset: whatever the device takes.
+        vip6: Option<Spanned<Ipv6Addr>> = None,
         /// Its name (a DNS label); it overrides what the device calls itself. Unset: the name
         /// the device gives in DHCP, if any.
         hostname: Option<Spanned<String>> = None,
@@ -299,6 +315,8 @@ pub struct Reservation {
     pub mac: Mac,
     /// Its overlay address.
     pub vip: Ipv4Addr,
+    /// Its fixed IPv6 address on the untagged segment's /64, if given.
+    pub vip6: Option<Ipv6Addr>,
     /// Its own address on the legacy subnet, if it is a legacy device (never served DHCP).
     pub legacy: Option<Ipv4Addr>,
     /// Its name on the overlay, if given.
@@ -343,6 +361,9 @@ pub struct AdapterConfig {
     pub state_dir: PathBuf,
     /// The DHCP server, unless switched off.
     pub dhcp: Option<cyphonic_vip::DhcpConfig>,
+    /// Whether the DHCP server serves DHCPv6 too, on an untagged segment with IPv6
+    /// (`[dhcp] ipv6`).
+    pub dhcp6: bool,
     /// The LAN side's part of `[dataplane]`.
     pub lan_dataplane: LanDataplane,
     /// Fixed addresses: the reservations, then the legacy devices.
@@ -364,6 +385,8 @@ pub struct VlanSegment {
     pub tag: u16,
     /// Its part of the certified block.
     pub block: Ipv4Net,
+    /// Its IPv6 /64, when the certificate holds an IPv6 block.
+    pub block6: Option<ipnet::Ipv6Net>,
     /// Its gateway address.
     pub gateway: Ipv4Addr,
     /// Its DHCP server, unless `[dhcp]` is switched off.
@@ -407,6 +430,28 @@ fn vlans_but_reservations(vlans: &[VlanSegment]) -> Vec<VlanSegment> {
         .map(|v| VlanSegment {
             dhcp: without_reservations(&v.dhcp),
             ..v.clone()
+        })
+        .collect()
+}
+
+/// The untagged segment's /64: the first of the certificate's IPv6 block, when it holds one
+/// of /64 or larger.
+fn lan_prefix6(common: &Common) -> Option<ipnet::Ipv6Net> {
+    let (block, _) = common.ipv6?;
+    ipnet::Ipv6Net::new(block.network(), 64)
+        .ok()
+        .filter(|_| block.prefix_len() <= 64)
+}
+
+/// The reservations' fixed IPv6 addresses as the DHCPv6 server takes them.
+pub fn dhcp6_reservations(reservations: &[Reservation]) -> Vec<cyphonic_vip::Reservation6> {
+    reservations
+        .iter()
+        .filter_map(|r| {
+            Some(cyphonic_vip::Reservation6 {
+                mac: r.mac.0,
+                ip: r.vip6?,
+            })
         })
         .collect()
 }
@@ -485,15 +530,72 @@ impl AdapterConfig {
     /// The untagged segment's IPv6 (docs/protocol.md §7): the first /64 of our IPv6 block,
     /// when the certificate holds one of /64 or larger.
     pub fn lan6(&self) -> Option<cyphonic_gateway::Lan6> {
-        let (block, overlay) = self.common.ipv6?;
-        let prefix = ipnet::Ipv6Net::new(block.network(), 64)
-            .ok()
-            .filter(|_| block.prefix_len() <= 64)?;
+        self.segment6(
+            lan_prefix6(&self.common)?,
+            self.dhcp6 && self.dhcp.is_some(),
+        )
+    }
+
+    /// A VLAN segment's IPv6: its `block6`, with DHCPv6 when the segment has DHCP.
+    pub fn vlan_lan6(&self, vlan: &VlanSegment) -> Option<cyphonic_gateway::Lan6> {
+        self.segment6(vlan.block6?, self.dhcp6 && vlan.dhcp.is_some())
+    }
+
+    /// A segment's IPv6 on `prefix`, with DHCPv6 or not.
+    fn segment6(&self, prefix: ipnet::Ipv6Net, dhcp: bool) -> Option<cyphonic_gateway::Lan6> {
+        let (_, overlay) = self.common.ipv6?;
         Some(cyphonic_gateway::Lan6 {
             prefix,
             overlay,
             dns: self.common.dns.is_some(),
+            dhcp,
+            search: self
+                .dhcp
+                .as_ref()
+                .and_then(|d| cyphonic_gateway::Lan6::search_list(&d.domain))
+                .unwrap_or_default(),
         })
+    }
+
+    /// Every segment's DHCPv6 server, the untagged one's first (with its tag).
+    pub fn dhcp6_scopes(
+        &self,
+        gateway_mac: [u8; 6],
+    ) -> Vec<(Option<u16>, cyphonic_vip::Dhcp6Config)> {
+        std::iter::once((None, self.lan6()))
+            .chain(self.vlans.iter().map(|v| (Some(v.tag), self.vlan_lan6(v))))
+            .filter_map(|(tag, v6)| Some((tag, self.dhcp6_config_for(&v6?, gateway_mac)?)))
+            .collect()
+    }
+
+    /// The DHCPv6 server of a segment with IPv6 `v6`, when it runs there: its /64 and
+    /// `[dhcp]`'s lease time, guard and domain; its DUID is made from `gateway_mac`.
+    fn dhcp6_config_for(
+        &self,
+        v6: &cyphonic_gateway::Lan6,
+        gateway_mac: [u8; 6],
+    ) -> Option<cyphonic_vip::Dhcp6Config> {
+        let d = self.dhcp.as_ref().filter(|_| v6.dhcp)?;
+        Some(cyphonic_vip::Dhcp6Config {
+            prefix: v6.prefix,
+            pool: cyphonic_vip::Dhcp6Config::default_pool(v6.prefix),
+            lease_secs: d.lease_secs,
+            server_mac: gateway_mac,
+            dns: v6.dns.then(|| v6.address()),
+            domain: d.domain.clone(),
+            reservations: self
+                .dhcp6_reservations()
+                .into_iter()
+                .filter(|r| v6.prefix.contains(&r.ip))
+                .collect(),
+            new_lease_share: d.new_lease_share,
+            new_lease_window_secs: d.new_lease_window_secs,
+        })
+    }
+
+    /// The fixed IPv6 addresses of the reservations, as the DHCPv6 server takes them.
+    pub fn dhcp6_reservations(&self) -> Vec<cyphonic_vip::Reservation6> {
+        dhcp6_reservations(&self.reservations)
     }
 
     /// Every segment's DHCP scope, the untagged one first (none: `[dhcp]` is off).
@@ -540,7 +642,8 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             ),
         );
     }
-    let mut reservations = check_reservations(src, &raw.reservation, lan_block, gw)?;
+    let prefix6 = lan_prefix6(&common);
+    let mut reservations = check_reservations(src, &raw.reservation, (lan_block, gw), prefix6)?;
     let dhcp = check_dhcp(
         src,
         &raw.dhcp,
@@ -574,6 +677,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             gateway: gw,
             dhcp: dhcp.as_ref(),
             legacy: legacy.as_ref(),
+            ipv6: common.ipv6.map(|(b, _)| b).zip(prefix6),
         },
         &mut reservations,
     )?;
@@ -588,13 +692,19 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         .iter()
         .map(|r| cyphonic_settings::Device {
             name: r.hostname.clone(),
-            block: r.vip.into(),
+            blocks: std::iter::once(IpNet::from(Ipv4Net::from(r.vip)))
+                .chain(r.vip6.map(|v| IpNet::from(ipnet::Ipv6Net::from(v))))
+                .collect(),
             groups: r.groups.clone(),
         })
-        .chain(vlans.iter().map(|v| cyphonic_settings::Device {
-            name: None,
-            block: v.block,
-            groups: v.groups.clone(),
+        .chain(vlans.iter().map(|v| {
+            cyphonic_settings::Device {
+                name: None,
+                blocks: std::iter::once(IpNet::from(v.block))
+                    .chain(v.block6.map(IpNet::from))
+                    .collect(),
+                groups: v.groups.clone(),
+            }
         }))
         .collect();
     // Peers ask our DNS service at the gateway address, when it runs.
@@ -630,6 +740,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
         gateway_vip: gw,
         mss_clamp: a.mss_clamp,
         state_dir: src.resolve(&a.state_dir),
+        dhcp6: raw.dhcp.enabled && raw.dhcp.ipv6,
         dhcp,
         lan_dataplane: LanDataplane {
             buffer: d.lan_buffer,
@@ -647,15 +758,17 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
     Ok((config, identity))
 }
 
-/// Reservations: inside the block, unique MACs and addresses, not the gateway.
+/// Reservations: inside the block, unique MACs and addresses, not the gateway; a fixed IPv6
+/// address inside the LAN's /64 (`prefix6`, none without an IPv6 block), not its first two.
 fn check_reservations(
     src: &Source<'_>,
     raw: &[RawReservation],
-    lan_block: Ipv4Net,
-    gw: Ipv4Addr,
+    (lan_block, gw): (Ipv4Net, Ipv4Addr),
+    prefix6: Option<ipnet::Ipv6Net>,
 ) -> Result<Vec<Reservation>, ConfigError> {
     let mut macs = HashSet::new();
     let mut vips = HashSet::new();
+    let mut vips6 = HashSet::new();
     let mut reservations = Vec::new();
     for (i, r) in raw.iter().enumerate() {
         let vip = *r.vip.get_ref();
@@ -685,6 +798,20 @@ fn check_reservations(
                 format!("{} is reserved twice", r.mac.get_ref()),
             );
         }
+        if let Some(v) = &r.vip6 {
+            let ip = *v.get_ref();
+            let why = match prefix6 {
+                None => Some("the certificate holds no IPv6 block of /64 or larger".to_owned()),
+                Some(p) if !p.contains(&ip) || ip.to_bits() <= (p.network().to_bits() | 1) => {
+                    Some(format!("{ip} is not a free host address of the LAN's {p}"))
+                }
+                Some(_) if !vips6.insert(ip) => Some(format!("{ip} is reserved twice")),
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                return src.err(&v.span(), &key(RawReservation::vip6), why);
+            }
+        }
         if let Some(h) = &r.hostname {
             check_label(src, h, &key(RawReservation::hostname))?;
         }
@@ -692,6 +819,7 @@ fn check_reservations(
         reservations.push(Reservation {
             mac: *r.mac.get_ref(),
             vip,
+            vip6: r.vip6.as_ref().map(|v| *v.get_ref()),
             legacy: None,
             hostname: r.hostname.as_ref().map(|h| h.get_ref().clone()),
             groups: r.groups.iter().map(|g| g.get_ref().clone()).collect(),
@@ -773,6 +901,8 @@ struct Segments<'a> {
     dhcp: Option<&'a cyphonic_vip::DhcpConfig>,
     /// Its legacy map.
     legacy: Option<&'a cyphonic_gateway::Legacy>,
+    /// The certificate's IPv6 block and the untagged segment's /64 in it, if it holds one.
+    ipv6: Option<(ipnet::Ipv6Net, ipnet::Ipv6Net)>,
 }
 
 /// Whether two inclusive ranges of addresses share one.
@@ -867,6 +997,7 @@ fn check_vlans(
                 format!("{gateway} is reserved to {}", r.mac),
             );
         }
+        let block6 = check_block6(src, v, (i, &key(RawVlan::block6)), untagged.ipv6, &vlans)?;
         check_groups(src, &v.groups, &key(RawVlan::groups))?;
         let dhcp = match untagged.dhcp.filter(|_| v.dhcp) {
             None => None,
@@ -908,6 +1039,7 @@ fn check_vlans(
         vlans.push(VlanSegment {
             tag,
             block: sub,
+            block6,
             gateway,
             dhcp,
             groups: v.groups.iter().map(|g| g.get_ref().clone()).collect(),
@@ -916,6 +1048,63 @@ fn check_vlans(
         });
     }
     Ok(vlans)
+}
+
+/// The `i`-th VLAN's /64 (`key` names it): `block6`, or the IPv6 block's (i+1)-th /64;
+/// a /64 inside the block, not the untagged segment's nor another VLAN's. None without IPv6.
+fn check_block6(
+    src: &Source<'_>,
+    v: &RawVlan,
+    (i, key): (usize, &str),
+    ipv6: Option<(ipnet::Ipv6Net, ipnet::Ipv6Net)>,
+    vlans: &[VlanSegment],
+) -> Result<Option<ipnet::Ipv6Net>, ConfigError> {
+    let span = v.block6.as_ref().map(Spanned::span).unwrap_or_default();
+    let Some((site, untagged)) = ipv6 else {
+        if v.block6.is_some() {
+            return src.err(
+                &span,
+                key,
+                "the certificate holds no IPv6 block of /64 or larger",
+            );
+        }
+        return Ok(None);
+    };
+    let n = u128::try_from(i).unwrap_or(u128::MAX).saturating_add(1);
+    let block6 = match &v.block6 {
+        Some(b) => *b.get_ref(),
+        None => {
+            let at = site.network().to_bits().checked_add(n << 64);
+            match at.and_then(|a| ipnet::Ipv6Net::new(Ipv6Addr::from_bits(a), 64).ok()) {
+                Some(b) if site.contains(&b) => b,
+                _ => {
+                    return src.err(
+                        &v.block.span(),
+                        key,
+                        format!("{site} has no {n}th /64 beyond the LAN's: set block6"),
+                    );
+                }
+            }
+        }
+    };
+    let why = if block6.prefix_len() != 64 || block6.trunc() != block6 {
+        Some(format!("{block6} is not a /64's network"))
+    } else if !site.contains(&block6) {
+        Some(format!(
+            "{block6} is not inside the certified IPv6 block {site}"
+        ))
+    } else if block6 == untagged {
+        Some(format!("{block6} is the untagged segment's"))
+    } else {
+        vlans
+            .iter()
+            .find(|o| o.block6 == Some(block6))
+            .map(|o| format!("{block6} is VLAN {}'s already", o.tag))
+    };
+    match why {
+        Some(why) => src.err(&span, key, why),
+        None => Ok(Some(block6)),
+    }
 }
 
 /// The reservations the DHCP server of segment `tag` (None: the untagged one) hands out:
@@ -1092,6 +1281,7 @@ fn check_legacy(
         devices.push(Reservation {
             mac,
             vip,
+            vip6: None,
             legacy: Some(address),
             hostname: Some(name.clone()),
             groups: d.groups.iter().map(|g| g.get_ref().clone()).collect(),
@@ -1245,7 +1435,7 @@ mod tests {
         assert_eq!(lan6.overlay, "fd7a:0:1::/48".parse().unwrap());
         assert_eq!(
             lan6.address(),
-            "fd7a:0:1:100::1".parse::<std::net::Ipv6Addr>().unwrap()
+            "fd7a:0:1:100::1".parse::<Ipv6Addr>().unwrap()
         );
         let (f, text) = with("100.64.1.0/24 fd7a:0:1:100::9/128");
         assert_eq!(load_text(&f, &text).unwrap().0.lan6(), None);
@@ -1259,6 +1449,114 @@ mod tests {
             e.contains("key `adapter.inner_mtu`: 1200: the certificate holds an IPv6 block"),
             "{e}"
         );
+        // A reservation's fixed IPv6 address: inside the /64, past its first two, once; the
+        // DHCPv6 server gives it, and [policy] names the device by both its addresses.
+        let fixed =
+            |v: &str| text.replace("# vip6 = \"fd7a:0:1:100::10\"", &format!("vip6 = \"{v}\""));
+        let (c, _) = load_text(&f, &fixed("fd7a:0:1:100::10")).unwrap();
+        let sensor = c.reservations.iter().find(|r| r.vip6.is_some()).unwrap();
+        assert_eq!(sensor.vip6, Some("fd7a:0:1:100::10".parse().unwrap()));
+        let scopes6 = c.dhcp6_scopes([2, 0, 0, 0, 0, 1]);
+        // The untagged segment's and VLAN 20's (it serves DHCP), each on its /64.
+        assert_eq!(
+            scopes6
+                .iter()
+                .map(|(tag, d)| (*tag, d.prefix.to_string()))
+                .collect::<Vec<_>>(),
+            [
+                (None, "fd7a:0:1:100::/64".to_owned()),
+                (Some(20), "fd7a:0:1:101::/64".to_owned())
+            ]
+        );
+        let d6 = &scopes6[0].1;
+        assert!(scopes6[1].1.reservations.is_empty());
+        assert_eq!(
+            d6.reservations,
+            [cyphonic_vip::Reservation6 {
+                mac: sensor.mac.0,
+                ip: "fd7a:0:1:100::10".parse().unwrap()
+            }]
+        );
+        let net = |s: &str| s.parse::<IpNet>().unwrap();
+        assert_eq!(
+            c.common.policy_names.matching("sensor1"),
+            Some(vec![net("100.64.1.10/32"), net("fd7a:0:1:100::10/128")])
+        );
+        // A member is named by every certified block, of both families.
+        let ours = c.common.policy_names.matching("gw1.ovl.example").unwrap();
+        assert!(ours.contains(&net("fd7a:0:1:100::/56")), "{ours:?}");
+        for (bad, why) in [
+            (
+                "fd7a:0:1:101::10",
+                "is not a free host address of the LAN's fd7a:0:1:100::/64",
+            ),
+            ("fd7a:0:1:100::1", "is not a free host address"),
+            ("fd7a:0:1:100::", "is not a free host address"),
+        ] {
+            let e = load_text(&f, &fixed(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("reservation[0].vip6") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        let twice = fixed("fd7a:0:1:100::10").replace(
+            "vip = \"100.64.1.11\"",
+            "vip = \"100.64.1.11\"\nvip6 = \"fd7a:0:1:100::10\"",
+        );
+        let e = load_text(&f, &twice).unwrap_err().to_string();
+        assert!(e.contains("reserved twice"), "{e}");
+        // A VLAN's /64: by default the block's second; given, a free /64 of the block.
+        assert_eq!(
+            c.vlans[0].block6,
+            Some("fd7a:0:1:101::/64".parse().unwrap())
+        );
+        assert_eq!(
+            c.vlan_lan6(&c.vlans[0]).map(|v| (v.prefix, v.dhcp)),
+            Some(("fd7a:0:1:101::/64".parse().unwrap(), true))
+        );
+        let names = c.common.policy_names.resolve("cameras").unwrap();
+        assert!(names.contains(&net("fd7a:0:1:101::/64")), "{names:?}");
+        let vlan6 = |b: &str| {
+            text.replace(
+                "# block6 = \"fd7a:0:1:101::/64\"",
+                &format!("block6 = \"{b}\""),
+            )
+        };
+        let (c, _) = load_text(&f, &vlan6("fd7a:0:1:1ff::/64")).unwrap();
+        assert_eq!(
+            c.vlans[0].block6,
+            Some("fd7a:0:1:1ff::/64".parse().unwrap())
+        );
+        for (bad, why) in [
+            ("fd7a:0:1:100::/64", "is the untagged segment's"),
+            (
+                "fd7a:0:2:100::/64",
+                "is not inside the certified IPv6 block",
+            ),
+            ("fd7a:0:1:101::/80", "is not a /64's network"),
+        ] {
+            let e = load_text(&f, &vlan6(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains("vlan[0].block6") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        let (f, text) = with("100.64.1.0/24");
+        let (c, _) = load_text(&f, &text).unwrap();
+        assert_eq!(c.vlans[0].block6, None);
+        let e = load_text(&f, &text.replace("# block6 = ", "block6 = "))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("vlan[0].block6") && e.contains("no IPv6 block"),
+            "{e}"
+        );
+        let only4 = text.replace(
+            "# vip6 = \"fd7a:0:1:100::10\"",
+            "vip6 = \"fd7a:0:1:100::10\"",
+        );
+        let e = load_text(&f, &only4).unwrap_err().to_string();
+        assert!(e.contains("the certificate holds no IPv6 block"), "{e}");
     }
 
     /// `[ha]`: its priority within 1..=254, preempt off unless said; absent, no pair.
@@ -2123,7 +2421,12 @@ mod tests {
         assert_documents_every_key::<Raw>(
             EXAMPLE,
             "config/adapter.example.toml",
-            &["legacy.router", "vlan.legacy.router"],
+            &[
+                "legacy.router",
+                "vlan.legacy.router",
+                "reservation.vip6",
+                "vlan.block6",
+            ],
         );
     }
 }

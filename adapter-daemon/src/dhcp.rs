@@ -17,14 +17,14 @@
 //! counted.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cyphonic_gateway::Neighbors as _;
 use cyphonic_telemetry::Throttle;
-use cyphonic_vip::{DhcpConfig, Ignore, Lease, LeaseEvent, Reply};
+use cyphonic_vip::{Dhcp6Config, DhcpConfig, Event6, Ignore, Lease, LeaseEvent, Reply, Server6};
 
 use crate::config::Mac;
 use crate::leases::{LeaseStore, Snapshot, Writer, Written};
@@ -69,6 +69,40 @@ impl Replica {
     }
 }
 
+/// A reply of either server and where it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A DHCPv4 reply (it says where it goes).
+    V4(Reply),
+    /// A DHCPv6 reply, to the client's address and port at its MAC.
+    V6 {
+        /// The reply.
+        reply: cyphonic_vip::Reply6,
+        /// The client's MAC.
+        mac: [u8; 6],
+        /// The client's (link-local) address.
+        ip: Ipv6Addr,
+        /// The client's port.
+        port: u16,
+    },
+}
+
+impl From<Reply> for Answer {
+    fn from(r: Reply) -> Self {
+        Self::V4(r)
+    }
+}
+
+impl Answer {
+    /// The addresses it binds or renews.
+    fn grants(&self) -> Vec<IpAddr> {
+        match self {
+            Self::V4(r) => r.grants.into_iter().map(IpAddr::V4).collect(),
+            Self::V6 { reply, .. } => reply.grants.iter().copied().map(IpAddr::V6).collect(),
+        }
+    }
+}
+
 /// An ACK waiting for its binding to be on disk (and at the standby).
 #[derive(Debug)]
 struct Held {
@@ -82,14 +116,14 @@ struct Held {
     until: Instant,
     /// When it was seen on disk.
     written: Option<Instant>,
-    reply: Reply,
+    reply: Answer,
 }
 
 /// What [`Dhcp::release`] lets go.
 #[derive(Debug, Default)]
 pub struct Released {
     /// ACKs that may leave now, with the segment each goes to (its VLAN; None untagged).
-    pub ready: Vec<(Option<u16>, Reply)>,
+    pub ready: Vec<(Option<u16>, Answer)>,
     /// ACKs dropped: their binding did not reach the disk in time (the clients retry).
     pub dropped: u64,
     /// Of `ready`, those that leave without the standby holding their binding: it did not
@@ -107,10 +141,22 @@ struct Scope {
     ignored: BTreeMap<&'static str, u64>,
 }
 
+/// A segment's DHCPv6 server.
+struct Scope6 {
+    /// The segment: its VLAN, None the untagged one.
+    tag: Option<u16>,
+    prefix: ipnet::Ipv6Net,
+    server: Server6,
+    pool: (Ipv6Addr, Ipv6Addr),
+    ignored: BTreeMap<&'static str, u64>,
+}
+
 /// The DHCP servers of the LAN's segments and their one lease file.
 pub struct Dhcp {
     /// The untagged segment's first, then the VLANs'.
     scopes: Vec<Scope>,
+    /// The DHCPv6 servers of the segments with IPv6, when DHCPv6 runs.
+    v6: Vec<Scope6>,
     path: PathBuf,
     writer: Writer,
     lease_secs: u32,
@@ -119,7 +165,7 @@ pub struct Dhcp {
     /// What the writer reported last.
     written: Written,
     /// Per active binding, the snapshot it first appeared in.
-    bound_in: HashMap<(Ipv4Addr, [u8; 6]), u64>,
+    bound_in: HashMap<(IpAddr, [u8; 6]), u64>,
     held: VecDeque<Held>,
     save_failed: Throttle,
     refused: Throttle,
@@ -140,7 +186,7 @@ impl std::fmt::Debug for Dhcp {
 #[derive(Debug)]
 pub enum Verdict {
     /// It may leave now.
-    Send(Reply),
+    Send(Answer),
     /// It waits for the disk ([`Dhcp::release`] hands it back).
     Held,
 }
@@ -163,12 +209,14 @@ impl Dhcp {
     /// The servers of `scopes` (the untagged segment's first, then the VLANs', each with
     /// its tag), with the leases saved in `state_dir` at unix time `unix`: each takes the
     /// saved bindings inside its block (a VLAN's before the untagged one, whose block holds
-    /// the VLANs'). Every scope has `[dhcp]`'s lease time.
+    /// the VLANs'). Every scope has `[dhcp]`'s lease time. Each segment of `v6` (its tag and
+    /// configuration) has a DHCPv6 server too, in the same file.
     ///
     /// # Errors
     /// The state directory or the lease file cannot be used, or a configuration is refused.
     pub fn open(
         scopes: &[(Option<u16>, &DhcpConfig)],
+        v6: &[(Option<u16>, Dhcp6Config)],
         state_dir: &Path,
         unix: u64,
     ) -> anyhow::Result<Self> {
@@ -205,11 +253,37 @@ impl Dhcp {
                 ignored: BTreeMap::new(),
             });
         }
+        let mut v6_built = Vec::new();
+        for (tag, cfg) in v6 {
+            // Each segment's bindings are those in its /64.
+            let saved = loaded
+                .leases6
+                .iter()
+                .filter(|l| cfg.prefix.contains(&l.ip))
+                .cloned()
+                .collect();
+            let server =
+                Server6::new(cfg.clone(), saved, unix).context("the DHCPv6 configuration")?;
+            tracing::info!(
+                vlan = ?tag,
+                pool = %format!("{}-{}", cfg.pool.0, cfg.pool.1),
+                "DHCPv6 server on the LAN"
+            );
+            v6_built.push(Scope6 {
+                tag: *tag,
+                prefix: cfg.prefix,
+                server,
+                pool: cfg.pool,
+                ignored: BTreeMap::new(),
+            });
+        }
+        let v6 = v6_built;
         let lease_secs = scopes.first().map_or(0, |(_, c)| c.lease_secs);
         tracing::info!(saved = count, file = %path.display(), "DHCP leases");
         let writer = Writer::spawn(store, unix).context("starting the lease writer")?;
         Ok(Self {
             scopes: built,
+            v6,
             path,
             writer,
             lease_secs,
@@ -250,6 +324,31 @@ impl Dhcp {
         }
     }
 
+    /// A DHCPv6 message from `mac` at `ip` (its link-local address) and `port`: the reply
+    /// to send once the bindings it made are settled, if any.
+    pub fn handle6(
+        &mut self,
+        (tag, unix): (Option<u16>, u64),
+        mac: [u8; 6],
+        (ip, port): (Ipv6Addr, u16),
+        payload: &[u8],
+    ) -> Option<Answer> {
+        let scope = self.v6.iter_mut().find(|s| s.tag == tag)?;
+        match scope.server.handle(unix, payload, mac) {
+            Ok(reply) => Some(Answer::V6 {
+                reply,
+                mac,
+                ip,
+                port,
+            }),
+            Err(why) => {
+                *scope.ignored.entry(why.name()).or_default() += 1;
+                tracing::debug!(mac = %Mac(mac), reason = why.name(), "DHCPv6 message not answered");
+                None
+            }
+        }
+    }
+
     /// Whether `reply` (to `mac` on the segment of `tag`, made at unix time `unix`) may
     /// leave now. An ACK waits when
     /// its binding is not on disk yet, or when the disk has not been written for
@@ -257,20 +356,26 @@ impl Dhcp {
     /// `replica` does not hold its binding yet.
     pub fn admit(
         &mut self,
-        (tag, reply): (Option<u16>, Reply),
+        (tag, reply): (Option<u16>, impl Into<Answer>),
         mac: [u8; 6],
         unix: u64,
         now: Instant,
         replica: Replica,
     ) -> Verdict {
-        let Some(ip) = reply.grants else {
+        let reply = reply.into();
+        let grants = reply.grants();
+        let Some(first) = grants
+            .iter()
+            .map(|ip| {
+                self.bound_in
+                    .get(&(*ip, mac))
+                    .copied()
+                    .unwrap_or(self.generation)
+            })
+            .max()
+        else {
             return Verdict::Send(reply);
         };
-        let first = self
-            .bound_in
-            .get(&(ip, mac))
-            .copied()
-            .unwrap_or(self.generation);
         let current = self.written.generation >= self.generation
             || unix <= self.written.taken_at + RENEWAL_WINDOW;
         let on_disk = first <= self.written.generation && current;
@@ -339,6 +444,12 @@ impl Dhcp {
     /// Expires leases due at unix time `unix`; returns whether anything is to settle.
     pub fn tick(&mut self, unix: u64) -> bool {
         let mut any = false;
+        for s in &mut self.v6 {
+            if s.server.poll_timeout().is_some_and(|t| t <= unix) {
+                s.server.handle_timeout(unix);
+                any = true;
+            }
+        }
         for s in &mut self.scopes {
             let due = s.server.poll_timeout().is_some_and(|t| t <= unix);
             if due {
@@ -369,25 +480,51 @@ impl Dhcp {
             }
             changed |= moved;
         }
+        let mut moved6 = false;
+        for s in &mut self.v6 {
+            while let Some(event) = s.server.poll_event() {
+                moved6 = true;
+                log6(&event);
+            }
+            dirty |= s.server.take_dirty();
+        }
+        if moved6 {
+            table.replace_leases6(
+                self.v6
+                    .iter()
+                    .flat_map(|s| s.server.active().map(|l| (l.ip, l.mac)))
+                    .collect(),
+            );
+        }
+        changed |= moved6;
         if dirty {
             self.generation += 1;
             let mut leases: Vec<Lease> =
                 self.scopes.iter().flat_map(|s| s.server.leases()).collect();
             leases.sort_by_key(|l| (u32::from(l.ip), l.mac));
+            let leases6: Vec<cyphonic_vip::Lease6> =
+                self.v6.iter().flat_map(|s| s.server.leases()).collect();
             let generation = self.generation;
-            self.bound_in.retain(|(ip, mac), _| {
-                leases
-                    .binary_search_by_key(&(u32::from(*ip), *mac), |l| (u32::from(l.ip), l.mac))
-                    .is_ok_and(|i| leases[i].active)
-            });
-            for l in leases.iter().filter(|l| l.active) {
-                self.bound_in.entry((l.ip, l.mac)).or_insert(generation);
+            let active: std::collections::HashSet<(IpAddr, [u8; 6])> = leases
+                .iter()
+                .filter(|l| l.active)
+                .map(|l| (IpAddr::V4(l.ip), l.mac))
+                .chain(
+                    leases6
+                        .iter()
+                        .filter(|l| l.active)
+                        .map(|l| (IpAddr::V6(l.ip), l.mac)),
+                )
+                .collect();
+            self.bound_in.retain(|k, _| active.contains(k));
+            for k in active {
+                self.bound_in.entry(k).or_insert(generation);
             }
             self.writer.submit(Snapshot {
                 generation,
                 taken_at: unix,
                 renewals_until: unix + RENEWAL_WINDOW + u64::from(self.lease_secs),
-                leases,
+                table: cyphonic_vip::file::Table { leases, leases6 },
             });
         }
         changed
@@ -427,6 +564,9 @@ impl Dhcp {
 
     /// Where new addresses come from (an HA pair's box, told by the pair's thread).
     pub fn set_share(&mut self, share: cyphonic_vip::Share) {
+        for s in &mut self.v6 {
+            s.server.set_share(share);
+        }
         for s in &mut self.scopes {
             if s.server.share() != share {
                 s.server.set_share(share);
@@ -459,8 +599,21 @@ impl Dhcp {
     }
 
     /// Replaces the reservations (a reload): each scope takes those inside its block (the
-    /// untagged one those in no VLAN's); [`Dhcp::settle`] applies what it changed.
-    pub fn set_reservations(&mut self, reservations: Vec<cyphonic_vip::Reservation>) {
+    /// untagged one those in no VLAN's), the DHCPv6 server the fixed IPv6 addresses `v6`;
+    /// [`Dhcp::settle`] applies what it changed.
+    pub fn set_reservations(
+        &mut self,
+        reservations: Vec<cyphonic_vip::Reservation>,
+        v6: &[cyphonic_vip::Reservation6],
+    ) {
+        for s in &mut self.v6 {
+            let mine = v6
+                .iter()
+                .filter(|r| s.prefix.contains(&r.ip))
+                .cloned()
+                .collect();
+            s.server.set_reservations(mine);
+        }
         let blocks: Vec<ipnet::Ipv4Net> = self.scopes.iter().map(|s| s.block).collect();
         let mut each: Vec<Vec<cyphonic_vip::Reservation>> = vec![Vec::new(); blocks.len()];
         for r in reservations {
@@ -476,6 +629,22 @@ impl Dhcp {
     /// The active leases, every segment's.
     pub fn active(&self) -> impl Iterator<Item = &Lease> {
         self.scopes.iter().flat_map(|s| s.server.active())
+    }
+
+    /// The part of the status document of the DHCPv6 server of the segment of `tag` (None:
+    /// untagged), if it runs.
+    pub fn status6(&self, tag: Option<u16>) -> Option<crate::status::Dhcp6Status> {
+        let s = self.v6.iter().find(|s| s.tag == tag)?;
+        Some(crate::status::Dhcp6Status {
+            pool: format!("{}-{}", s.pool.0, s.pool.1),
+            bindings: s.server.active().count(),
+            stats: s.server.stats(),
+            ignored_by_reason: s
+                .ignored
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+        })
     }
 
     /// The part of the status document of the segment of `tag` (None: untagged), if it has
@@ -495,6 +664,31 @@ impl Dhcp {
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect(),
         })
+    }
+}
+
+/// Logs what the DHCPv6 server did.
+fn log6(event: &Event6) {
+    match event {
+        Event6::Granted(l) => {
+            tracing::debug!(vip6 = %l.ip, mac = %Mac(l.mac), "DHCPv6 binding made or renewed");
+        }
+        Event6::Released(l) => {
+            tracing::info!(vip6 = %l.ip, mac = %Mac(l.mac), "DHCPv6 binding released");
+        }
+        Event6::Expired(l) => {
+            tracing::info!(vip6 = %l.ip, mac = %Mac(l.mac), "DHCPv6 binding expired");
+        }
+        Event6::Declined { ip, mac } => {
+            tracing::warn!(vip6 = %ip, mac = %Mac(*mac), "a device declined its IPv6 address: another host uses it; kept out of the pool for 10 minutes");
+        }
+        Event6::PoolExhausted { mac } => {
+            tracing::debug!(mac = %Mac(*mac), "DHCPv6 pool exhausted");
+        }
+        Event6::StarvationGuard { mac } => {
+            tracing::debug!(mac = %Mac(*mac), "DHCPv6: too many new clients at once (dhcp.new_lease_share)");
+        }
+        _ => {}
     }
 }
 
@@ -621,7 +815,7 @@ mod tests {
         let scopes = [(None, &untagged), (Some(20), &cams)];
         let unix = 1_000_000;
         let table = LanTable::new(&[]);
-        let mut d = Dhcp::open(&scopes, &dir, unix).unwrap();
+        let mut d = Dhcp::open(&scopes, &[], &dir, unix).unwrap();
         let (laptop, cam) = ([2, 0, 0, 0, 0, 0x1a], [2, 0, 0, 0, 0, 0xca]);
         assert!(d.handle(Some(30), unix, cam, &discover(cam)).is_none());
         let laptop_ip = offered(&mut d, unix, laptop, &table);
@@ -658,11 +852,12 @@ mod tests {
         let file = std::fs::read(dir.join("leases.json")).unwrap();
         let kept = cyphonic_vip::file::decode(&file).unwrap();
         assert!(
-            kept.iter()
+            kept.leases
+                .iter()
                 .any(|l| l.ip == cam_ip && l.mac == cam && l.active)
         );
         // Back after a restart: the camera's binding is its VLAN's scope's.
-        let mut d = Dhcp::open(&scopes, &dir, unix + 5).unwrap();
+        let mut d = Dhcp::open(&scopes, &[], &dir, unix + 5).unwrap();
         let other = [2, 0, 0, 0, 0, 0xcb];
         let offer = d
             .handle(Some(20), unix + 5, other, &discover(other))
@@ -678,6 +873,75 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A DHCPv6 Reply that binds waits for the lease file like an ACK; the binding is in the
+    /// one file beside the IPv4 ones, comes back when the server starts again, and its MAC
+    /// holds the address in the anti-spoofing table.
+    #[test]
+    fn a_dhcpv6_binding_is_on_disk_before_its_reply_and_comes_back() {
+        use cyphonic_gateway::Neighbors as _;
+        use cyphonic_vip::testing::{MessageType6, client_message6, read_reply6};
+        let dir = dir("dhcp6");
+        let unix = 1_800_000_000;
+        let gw = [0x02, 0, 0, 0, 0, 1];
+        let prefix: ipnet::Ipv6Net = "fd7a:0:1:100::/64".parse().unwrap();
+        let cfg6 = Dhcp6Config {
+            prefix,
+            pool: Dhcp6Config::default_pool(prefix),
+            lease_secs: 3600,
+            server_mac: gw,
+            dns: None,
+            domain: "gw1.ovl.example".into(),
+            reservations: vec![],
+            new_lease_share: 1.0,
+            new_lease_window_secs: 60,
+        };
+        let mut d = Dhcp::open(&[(None, &config())], &[(None, cfg6.clone())], &dir, unix).unwrap();
+        let table = LanTable::new(&[]);
+        let mac = [0x02, 0xbb, 0, 0, 0, 7];
+        let from = ("fe80::bb:ff:fe00:7".parse().unwrap(), 546);
+        let sid = [&[0u8, 3, 0, 1][..], &gw].concat();
+        let request = client_message6(
+            MessageType6::Request,
+            &[0, 4, 1, 2],
+            &[(5, None)],
+            Some(&sid),
+        );
+        let reply = d.handle6((None, unix), mac, from, &request).unwrap();
+        let Answer::V6 { reply: r, .. } = &reply else {
+            panic!("not a DHCPv6 answer")
+        };
+        let ip = r.grants[0];
+        assert_eq!(read_reply6(&r.payload).unwrap().ias[0].1, Some(ip));
+        d.settle(Instant::now(), unix, &table);
+        assert_eq!(table.holder6(ip), Some(mac), "its MAC holds it");
+        assert!(
+            !table.heard6(ip, [0x02, 0xcc, 0, 0, 0, 9]),
+            "nobody else may"
+        );
+        assert!(matches!(
+            d.admit((None, reply), mac, unix, Instant::now(), Replica::Alone),
+            Verdict::Held
+        ));
+        let generation = d.generation;
+        let released = released_when(&mut d, Replica::Alone, |w| w.generation >= generation);
+        assert_eq!(released.ready.len(), 1, "it leaves once written");
+        drop(d);
+        let d = Dhcp::open(
+            &[(None, &config())],
+            &[(None, cfg6.clone())],
+            &dir,
+            unix + 5,
+        )
+        .unwrap();
+        let s = d.status6(None).unwrap();
+        assert_eq!((s.bindings, s.stats.requests), (1, 0));
+        let table = LanTable::new(&[]);
+        let mut d = d;
+        d.settle(Instant::now(), unix + 5, &table);
+        assert_eq!(table.holder6(ip), Some(mac), "held again after the restart");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A new lease's ACK waits for the lease file; while the file cannot be written it never
     /// leaves (the client retries), and once the disk is back the retry's ACK leaves after
     /// the write.
@@ -685,7 +949,7 @@ mod tests {
     fn no_ack_leaves_for_a_lease_that_is_not_on_disk() {
         let dir = dir("unsaved");
         let unix = 1_800_000_000;
-        let mut d = Dhcp::open(&[(None, &config())], &dir, unix).unwrap();
+        let mut d = Dhcp::open(&[(None, &config())], &[], &dir, unix).unwrap();
         let table = LanTable::new(&[]);
         let mac = [0x02, 0xbb, 0, 0, 0, 7];
         let ip = offered(&mut d, unix, mac, &table);
@@ -732,7 +996,7 @@ mod tests {
     fn renewals_leave_at_once_and_their_writes_are_coalesced() {
         let dir = dir("renewals");
         let unix = 1_800_000_000;
-        let mut d = Dhcp::open(&[(None, &config())], &dir, unix).unwrap();
+        let mut d = Dhcp::open(&[(None, &config())], &[], &dir, unix).unwrap();
         let table = LanTable::new(&[]);
         let mac = [0x02, 0xbb, 0, 0, 0, 8];
         let ip = offered(&mut d, unix, mac, &table);
@@ -782,7 +1046,7 @@ mod tests {
     fn a_new_leases_ack_waits_for_the_standby_to_hold_it_at_most_a_second() {
         let dir = dir("standby");
         let unix = 1_800_000_000;
-        let mut d = Dhcp::open(&[(None, &config())], &dir, unix).unwrap();
+        let mut d = Dhcp::open(&[(None, &config())], &[], &dir, unix).unwrap();
         let table = LanTable::new(&[]);
         let grant = |d: &mut Dhcp, mac: [u8; 6], xid: u32, replica: Replica| {
             let ip = offered(d, unix, mac, &table);

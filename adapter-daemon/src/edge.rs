@@ -179,8 +179,7 @@ impl<'a> AdapterEdge<'a> {
                     gateway_ip: v.gateway,
                     block: v.block,
                     legacy: v.legacy,
-                    // A VLAN's /64 (`block6`) is not built: no IPv6 there yet.
-                    v6: None,
+                    v6: config.vlan_lan6(v),
                     ..untagged.clone()
                 },
             })
@@ -287,8 +286,10 @@ impl Edge for AdapterEdge<'_> {
         let dhcp = if scopes.is_empty() {
             None
         } else {
+            let v6 = config.dhcp6_scopes(self.lan.lan.mac);
             Some(Dhcp::open(
                 &scopes,
+                &v6,
                 &config.state_dir,
                 cyphonic_settings::now_secs(),
             )?)
@@ -417,6 +418,7 @@ impl Edge for AdapterEdge<'_> {
                     tag: v.tag,
                     block: v.lan.block.to_string(),
                     gateway: v.lan.gateway_ip.to_string(),
+                    block6: v.lan.v6.as_ref().map(|s| s.prefix.to_string()),
                     dhcp: p
                         .vlan_dhcp
                         .iter()
@@ -433,6 +435,7 @@ impl Edge for AdapterEdge<'_> {
                 },
                 leases: p.leases,
                 dhcp: p.dhcp,
+                dhcp6: p.dhcp6,
                 dns: p.dns,
                 vlans,
                 ha: ha.as_ref().map(|h| {
@@ -474,7 +477,7 @@ impl Collector for AdapterCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         use cyphonic_daemon::metrics::PREFIX;
         self.lan.counters.encode(PREFIX, &mut e)?;
-        let (devices, dhcp, dns) = {
+        let (devices, dhcp, dhcp6, dns) = {
             let p = self.lan.published();
             // Every segment's DHCP server together (the status has each VLAN's own).
             let dhcp = p
@@ -488,7 +491,8 @@ impl Collector for AdapterCollector {
                     }
                     all
                 });
-            (p.leases.len(), dhcp, p.dns.as_ref().map(|d| d.stats))
+            let dhcp6 = p.dhcp6.as_ref().map(|d| d.stats.named());
+            (p.leases.len(), dhcp, dhcp6, p.dns.as_ref().map(|d| d.stats))
         };
         #[expect(clippy::cast_precision_loss, reason = "a count of devices")]
         gauge(
@@ -499,6 +503,9 @@ impl Collector for AdapterCollector {
         )?;
         if let Some(s) = dhcp {
             named_counters(&mut e, &format!("{PREFIX}_dhcp"), "DHCP server", &s)?;
+        }
+        if let Some(s) = dhcp6 {
+            named_counters(&mut e, &format!("{PREFIX}_dhcp6"), "DHCPv6 server", &s)?;
         }
         if let Some(s) = dns {
             named_counters(&mut e, &format!("{PREFIX}_dns"), "DNS service", &s.named())?;

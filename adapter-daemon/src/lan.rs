@@ -3,7 +3,7 @@
 //! control thread. A leaf: it names the messages the data threads hand the services, and
 //! imports none of the modules that use it.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -32,7 +32,7 @@ pub enum Client {
         /// Its MAC.
         mac: [u8; 6],
         /// Its address.
-        ip: std::net::Ipv6Addr,
+        ip: Ipv6Addr,
         /// Its UDP port.
         port: u16,
     },
@@ -73,6 +73,17 @@ pub enum ToServices {
         tag: Option<u16>,
         /// The Ethernet source.
         mac: [u8; 6],
+        /// The UDP payload.
+        payload: Vec<u8>,
+    },
+    /// A DHCPv6 message from the LAN.
+    Dhcp6 {
+        /// The segment it came from: its VLAN, None untagged.
+        tag: Option<u16>,
+        /// The Ethernet source.
+        mac: [u8; 6],
+        /// Its link-local address and port.
+        from: (Ipv6Addr, u16),
         /// The UDP payload.
         payload: Vec<u8>,
     },
@@ -237,16 +248,14 @@ impl Neighbors for SegmentNeighbors<'_> {
         self.side.table.heard_router_of(self.tag, mac);
     }
 
-    /// IPv6 is the untagged segment's only (a VLAN's `block6` is not built).
-    fn holder6(&self, ip: std::net::Ipv6Addr) -> Option<[u8; 6]> {
-        self.tag
-            .is_none()
-            .then(|| self.side.table.holder6(ip))
-            .flatten()
+    /// One table for every segment's IPv6: each segment's /64 is its own (the gateway asks
+    /// only about addresses of the segment's /64).
+    fn holder6(&self, ip: Ipv6Addr) -> Option<[u8; 6]> {
+        self.side.table.holder6(ip)
     }
 
-    fn heard6(&self, ip: std::net::Ipv6Addr, mac: [u8; 6]) -> bool {
-        self.tag.is_none() && self.side.table.heard6(ip, mac)
+    fn heard6(&self, ip: Ipv6Addr, mac: [u8; 6]) -> bool {
+        self.side.table.heard6(ip, mac)
     }
 }
 
@@ -375,25 +384,47 @@ impl LanSide {
 
     /// The segment whose block holds `ip`: a VLAN's, else the untagged one.
     pub fn segment_of(&self, ip: Ipv4Addr) -> Segment<'_> {
-        self.vlans
-            .iter()
-            .find(|v| v.lan.block.contains(&ip))
-            .map_or(
-                Segment {
-                    tag: None,
-                    lan: &self.lan,
-                },
-                |v| Segment {
-                    tag: Some(v.tag),
-                    lan: &v.lan,
-                },
-            )
+        self.segment_where(|lan| lan.block.contains(&ip))
     }
 
-    /// The segment an IPv4 packet is for: its destination's (a packet too short to say: the
-    /// untagged one, whose own checks drop it).
+    /// The first VLAN segment whose LAN `holds`, else the untagged one.
+    fn segment_where(&self, holds: impl Fn(&Lan) -> bool) -> Segment<'_> {
+        self.vlans.iter().find(|v| holds(&v.lan)).map_or(
+            Segment {
+                tag: None,
+                lan: &self.lan,
+            },
+            |v| Segment {
+                tag: Some(v.tag),
+                lan: &v.lan,
+            },
+        )
+    }
+
+    /// The segment an IP packet is for: its destination's, by the version the packet says
+    /// (a packet too short to say: the untagged one, whose own checks drop it).
     pub fn segment_of_packet(&self, packet: &[u8]) -> Segment<'_> {
+        if packet.first().is_some_and(|b| b >> 4 == 6) {
+            let dst = packet
+                .get(24..40)
+                .and_then(|s| <[u8; 16]>::try_from(s).ok())
+                .map_or(Ipv6Addr::UNSPECIFIED, Ipv6Addr::from);
+            return self.segment_of6(dst);
+        }
         self.segment_of(ipv4_at(packet, 16))
+    }
+
+    /// Every segment's IPv6 /64, the untagged one's first.
+    pub fn prefixes6(&self) -> Vec<ipnet::Ipv6Net> {
+        std::iter::once(&self.lan)
+            .chain(self.vlans.iter().map(|v| &v.lan))
+            .filter_map(|l| Some(l.v6.as_ref()?.prefix))
+            .collect()
+    }
+
+    /// The segment of an IPv6 address: the VLAN whose /64 holds it, else the untagged one.
+    pub fn segment_of6(&self, ip: Ipv6Addr) -> Segment<'_> {
+        self.segment_where(|lan| lan.v6.as_ref().is_some_and(|s| s.prefix.contains(&ip)))
     }
 
     /// Who holds which address, as the segment of `tag` sees it.
@@ -452,12 +483,17 @@ impl LanSide {
                 &self.to_dhcp[self.queue_of(*tag)],
                 self.dhcp_rate.admit(mac, now),
             ),
+            // One rate a MAC for both families.
+            ToServices::Dhcp6 { tag, mac, .. } => (
+                &self.to_dhcp[self.queue_of(*tag)],
+                self.dhcp_rate.admit(mac, now),
+            ),
             ToServices::Dns { client, .. } => {
                 use cyphonic_resolver::Client as _;
                 let segment = match client {
                     Client::Lan { ip, .. } => self.segment_of(*ip).tag,
-                    // IPv6 is the untagged segment's only.
-                    Client::Lan6 { .. } | Client::Peer { .. } => None,
+                    Client::Lan6 { ip, .. } => self.segment_of6(*ip).tag,
+                    Client::Peer { .. } => None,
                 };
                 (
                     &self.to_services[self.queue_of(segment)],

@@ -15,7 +15,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use cyphonic_telemetry::files::{self, Access};
-use cyphonic_vip::Lease;
+use cyphonic_vip::file::Table;
+use cyphonic_vip::{Lease, Lease6};
 
 const FILE: &str = "leases.json";
 
@@ -34,6 +35,8 @@ pub struct Loaded {
     /// The saved leases (empty when there was no file, or it was unreadable); active ones
     /// last at least until the file's `renewals_until`.
     pub leases: Vec<Lease>,
+    /// The saved DHCPv6 bindings, likewise.
+    pub leases6: Vec<Lease6>,
     /// A file that could not be read, moved aside to this path.
     pub moved_aside: Option<(PathBuf, String)>,
 }
@@ -75,15 +78,17 @@ impl LeaseStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Loaded {
                     leases: Vec::new(),
+                    leases6: Vec::new(),
                     moved_aside: None,
                 });
             }
             Err(e) => return Err(e),
         };
         let reason = match cyphonic_vip::file::decode(&text) {
-            Ok(leases) => {
+            Ok(table) => {
                 return Ok(Loaded {
-                    leases,
+                    leases: table.leases,
+                    leases6: table.leases6,
                     moved_aside: None,
                 });
             }
@@ -93,17 +98,18 @@ impl LeaseStore {
         fs::rename(&path, &aside)?;
         Ok(Loaded {
             leases: Vec::new(),
+            leases6: Vec::new(),
             moved_aside: Some((aside, reason)),
         })
     }
 
-    /// Replaces the saved leases with `leases`, atomically and durably; active leases are to
+    /// Replaces the saved leases with `table`, atomically and durably; active leases are to
     /// hold at least until `renewals_until` when loaded.
     ///
     /// # Errors
     /// Writing, syncing or renaming fails (disk full, read-only); the old file is intact.
-    pub fn save(&self, leases: &[Lease], renewals_until: u64) -> std::io::Result<Arc<[u8]>> {
-        let bytes: Arc<[u8]> = cyphonic_vip::file::encode(leases, renewals_until)
+    pub fn save(&self, table: &Table, renewals_until: u64) -> std::io::Result<Arc<[u8]>> {
+        let bytes: Arc<[u8]> = cyphonic_vip::file::encode(table, renewals_until)
             .map_err(std::io::Error::other)?
             .into();
         self.replace(&bytes)?;
@@ -135,8 +141,8 @@ pub struct Snapshot {
     pub taken_at: u64,
     /// Active leases hold at least until this unix time when loaded.
     pub renewals_until: u64,
-    /// Every binding.
-    pub leases: Vec<Lease>,
+    /// Every binding, of both families.
+    pub table: Table,
 }
 
 /// What the writer has done.
@@ -281,7 +287,7 @@ fn write_loop(store: &LeaseStore, shared: &Shared, done: &tokio::sync::watch::Se
         let stopping = slot.stop;
         drop(slot);
         last = Some(Instant::now());
-        match store.save(&snapshot.leases, snapshot.renewals_until) {
+        match store.save(&snapshot.table, snapshot.renewals_until) {
             Ok(table) => done.send_modify(|w| {
                 if snapshot.generation > w.generation {
                     w.generation = snapshot.generation;
@@ -326,6 +332,13 @@ mod tests {
         }
     }
 
+    fn v4(leases: &[Lease]) -> Table {
+        Table {
+            leases: leases.to_vec(),
+            leases6: Vec::new(),
+        }
+    }
+
     fn dir(tag: &str) -> PathBuf {
         std::env::temp_dir().join(format!("cyphonic-leases-{tag}-{}", std::process::id()))
     }
@@ -335,8 +348,10 @@ mod tests {
         let d = dir("roundtrip");
         let store = LeaseStore::open(&d).unwrap();
         assert!(store.load(0).unwrap().leases.is_empty());
-        store.save(&[lease(10), lease(11)], 0).unwrap();
-        store.save(&[lease(10), lease(11), lease(12)], 0).unwrap();
+        store.save(&v4(&[lease(10), lease(11)]), 0).unwrap();
+        store
+            .save(&v4(&[lease(10), lease(11), lease(12)]), 0)
+            .unwrap();
         let loaded = store.load(0).unwrap();
         assert_eq!(loaded.leases, vec![lease(10), lease(11), lease(12)]);
         assert!(loaded.moved_aside.is_none());
@@ -354,9 +369,9 @@ mod tests {
     fn another_adapters_lease_file_is_kept_only_when_it_reads() {
         let (d, theirs) = (dir("theirs"), dir("theirs-src"));
         let store = LeaseStore::open(&d).unwrap();
-        store.save(&[lease(10)], 0).unwrap();
+        store.save(&v4(&[lease(10)]), 0).unwrap();
         let source = LeaseStore::open(&theirs).unwrap();
-        let written = source.save(&[lease(10), lease(11)], 0).unwrap();
+        let written = source.save(&v4(&[lease(10), lease(11)]), 0).unwrap();
         let file = fs::read(source.path()).unwrap();
         assert_eq!(*written, file[..], "save says what it wrote");
         for bad in [b"not a lease file".as_slice(), &file[..file.len() / 2]] {
@@ -373,7 +388,7 @@ mod tests {
     fn a_damaged_file_is_moved_aside_not_trusted() {
         let d = dir("damaged");
         let store = LeaseStore::open(&d).unwrap();
-        store.save(&[lease(10)], 0).unwrap();
+        store.save(&v4(&[lease(10)]), 0).unwrap();
         let full = fs::read(store.path()).unwrap();
         fs::write(store.path(), &full[..full.len() / 2]).unwrap();
         let loaded = store.load(42).unwrap();
@@ -384,7 +399,7 @@ mod tests {
         // A leftover temporary file from a write cut short is simply overwritten.
         let tmp = d.join(format!(".leases.json.{}.tmp", std::process::id()));
         fs::write(&tmp, b"{ half").unwrap();
-        store.save(&[lease(11)], 0).unwrap();
+        store.save(&v4(&[lease(11)]), 0).unwrap();
         assert_eq!(store.load(0).unwrap().leases, vec![lease(11)]);
         assert!(!tmp.exists());
         fs::remove_dir_all(&d).unwrap();
@@ -397,7 +412,7 @@ mod tests {
         let mut ended = lease(12);
         ended.active = false;
         store
-            .save(&[lease(10), ended.clone()], 1_800_000_500)
+            .save(&v4(&[lease(10), ended.clone()]), 1_800_000_500)
             .unwrap();
         let loaded = store.load(0).unwrap().leases;
         assert_eq!(
@@ -434,7 +449,7 @@ mod tests {
             generation,
             taken_at: generation,
             renewals_until: 0,
-            leases: (10..10 + n).map(lease).collect(),
+            table: v4(&(10..10 + n).map(lease).collect::<Vec<_>>()),
         };
         w.submit(snap(1, 1));
         wait_for(&w, |x| x.generation == 1);

@@ -168,6 +168,21 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
             }
         );
     }
+    if let Some(d) = &doc.edge.dhcp6 {
+        let s = &d.stats;
+        let _ = writeln!(
+            t,
+            "dhcp6: pool {}  bindings {}  solicits {}  requests {}  replies {}  ignored {}  starvation_refused {}  pool_exhausted {}",
+            d.pool,
+            d.bindings,
+            s.solicits,
+            s.requests,
+            s.replies,
+            s.ignored,
+            s.starvation_refused,
+            s.pool_exhausted,
+        );
+    }
     if let Some(d) = &doc.edge.dns {
         let _ = writeln!(t, "dns: {}", d.text());
     }

@@ -175,6 +175,7 @@ mod tests {
         let r = Reservation {
             mac: Mac([2, 0, 0, 0, 0, 9]),
             vip: Ipv4Addr::new(100, 64, 1, 9),
+            vip6: None,
             legacy: None,
             hostname: Some("printer".into()),
             groups: Vec::new(),

@@ -94,6 +94,10 @@ struct Held {
     learned6: HashMap<Ipv6Addr, Heard6>,
     /// Each MAC's of `learned6`, oldest first.
     learned6_by: HashMap<[u8; 6], VecDeque<Ipv6Addr>>,
+    /// The DHCPv6 server's bindings: their MACs hold them, whoever is heard at them.
+    leases6: HashMap<Ipv6Addr, [u8; 6]>,
+    /// The reservations' fixed IPv6 addresses: held by their MACs before anything else.
+    reserved6: HashMap<Ipv6Addr, [u8; 6]>,
 }
 
 impl Held {
@@ -101,6 +105,9 @@ impl Held {
     /// room when it holds [`LEARNED6_PER_MAC`]). Returns whether `mac` holds `ip` now, and
     /// whether it did not before.
     fn learn6(&mut self, ip: Ipv6Addr, mac: [u8; 6], now: u64) -> (bool, bool) {
+        if let Some(holder) = self.reserved6.get(&ip).or_else(|| self.leases6.get(&ip)) {
+            return (*holder == mac, false);
+        }
         if let Some(holder) = self.learned6.get(&ip) {
             return (holder.mac == mac, false);
         }
@@ -236,6 +243,30 @@ impl LanTable {
         let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
         held.reserved = reservations.iter().map(|r| (r.vip, r.mac.0)).collect();
         held.reserved_macs = reservations.iter().map(|r| r.mac.0).collect();
+        let reserved6: HashMap<Ipv6Addr, [u8; 6]> = reservations
+            .iter()
+            .filter_map(|r| Some((r.vip6?, r.mac.0)))
+            .collect();
+        if held.reserved6 != reserved6 {
+            // Another MAC's learned hold on a fixed address ends.
+            let taken: Vec<Ipv6Addr> = held
+                .learned6
+                .iter()
+                .filter(|(ip, h)| reserved6.get(ip).is_some_and(|m| *m != h.mac))
+                .map(|(ip, _)| *ip)
+                .collect();
+            for ip in taken {
+                if let Some(h) = held.learned6.remove(&ip)
+                    && let Some(queue) = held.learned6_by.get_mut(&h.mac)
+                {
+                    queue.retain(|a| *a != ip);
+                }
+            }
+            held.learned6_by.retain(|_, q| !q.is_empty());
+            held.reserved6 = reserved6;
+            self.changes6
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let Held {
             reserved,
             reserved_macs,
@@ -255,21 +286,31 @@ impl LanTable {
         }
     }
 
-    /// Each MAC's IPv6 address to name it by (its AAAA): its address in `prefix` made from
+    /// Each MAC's IPv6 address to name it by (its AAAA): its address in one of `prefixes` made from
     /// its MAC (EUI-64) if it holds it, else the first it was heard at of those it still
     /// holds (a stable address comes before the temporary ones).
-    pub fn named6(&self, prefix: Option<ipnet::Ipv6Net>) -> HashMap<[u8; 6], Ipv6Addr> {
+    pub fn named6(&self, prefixes: &[ipnet::Ipv6Net]) -> HashMap<[u8; 6], Ipv6Addr> {
         let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
-        held.learned6_by
+        let mut named: HashMap<[u8; 6], Ipv6Addr> = held
+            .learned6_by
             .iter()
             .filter_map(|(mac, ips)| {
-                let eui64 = prefix.map(|p| cyphonic_gateway::eui64_address(p, *mac));
-                let named = eui64
-                    .filter(|ip| ips.contains(ip))
+                let named = prefixes
+                    .iter()
+                    .map(|p| cyphonic_gateway::eui64_address(*p, *mac))
+                    .find(|ip| ips.contains(ip))
                     .or_else(|| ips.front().copied())?;
                 Some((*mac, named))
             })
-            .collect()
+            .collect();
+        // A DHCPv6 binding names its device before that (the lowest, when it has several), a
+        // reservation's fixed address before anything.
+        let mut leased: Vec<(&Ipv6Addr, &[u8; 6])> = held.leases6.iter().collect();
+        leased.sort_unstable_by(|a, b| b.0.cmp(a.0));
+        for (ip, mac) in leased.into_iter().chain(&held.reserved6) {
+            named.insert(*mac, *ip);
+        }
+        named
     }
 
     /// The services' clock, `now` (unix seconds): learned addresses are stamped with it, and
@@ -324,6 +365,17 @@ impl LanTable {
         all
     }
 
+    /// Replaces the DHCPv6 bindings (the untagged segment's): each MAC holds its addresses,
+    /// and its name's AAAA follows.
+    pub fn replace_leases6(&self, leases: HashMap<Ipv6Addr, [u8; 6]>) {
+        let mut held = self.held.write().unwrap_or_else(PoisonError::into_inner);
+        if held.leases6 != leases {
+            held.leases6 = leases;
+            self.changes6
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Replaces the DHCP leases of the segment of VLAN `tag` (None: the untagged one);
     /// the other segments' stay (and reservations stay in force whatever their lease does).
     pub fn replace_leases(&self, tag: Option<u16>, leases: HashMap<Ipv4Addr, [u8; 6]>) {
@@ -353,6 +405,9 @@ impl Neighbors for LanTable {
     fn holder6(&self, ip: Ipv6Addr) -> Option<[u8; 6]> {
         use std::sync::atomic::Ordering::Relaxed;
         let held = self.held.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(mac) = held.reserved6.get(&ip).or_else(|| held.leases6.get(&ip)) {
+            return Some(*mac);
+        }
         let h = held.learned6.get(&ip)?;
         let now = self.clock6.load(Relaxed);
         if now.saturating_sub(h.heard.load(Relaxed)) >= HEARD6_EVERY {
@@ -472,7 +527,52 @@ mod tests {
         assert_eq!(t.holder6(kept), Some([2, 0, 0, 0, 0, 1]));
         assert!(t.changes6() > before, "the names follow");
         assert!(t.heard6(gone, [2, 0, 0, 0, 0, 3]), "free for another MAC");
-        assert_eq!(t.named6(None).get(&[2, 0, 0, 0, 0, 2]), None);
+        assert_eq!(t.named6(&[]).get(&[2, 0, 0, 0, 0, 2]), None);
+    }
+
+    /// A reservation's fixed IPv6 address is its MAC's before anything (a DHCPv6 binding
+    /// or a learned address of another MAC), and its AAAA; a DHCPv6 binding comes next.
+    #[test]
+    fn fixed_and_dhcpv6_addresses_are_held_before_learned_ones() {
+        let t = LanTable::new(&[]);
+        let (fixed, leased) = (
+            Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 0, 0x10),
+            Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 0, 0x1234),
+        );
+        let (sensor, other) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+        let eui64 = cyphonic_gateway::eui64_address("fd7a:0:1:100::/64".parse().unwrap(), sensor);
+        assert!(
+            t.heard6(fixed, other),
+            "learned before the reservation came"
+        );
+        assert!(t.heard6(eui64, sensor));
+        let before = t.changes6();
+        t.set_reservations(&[Reservation {
+            mac: Mac(sensor),
+            vip: Ipv4Addr::new(100, 64, 1, 10),
+            vip6: Some(fixed),
+            legacy: None,
+            hostname: None,
+            groups: Vec::new(),
+        }]);
+        assert!(t.changes6() > before, "the names follow");
+        assert_eq!(t.holder6(fixed), Some(sensor));
+        assert!(!t.heard6(fixed, other), "no longer the other MAC's");
+        assert!(
+            !t.learned6().iter().any(|(ip, _)| *ip == fixed),
+            "nor learned"
+        );
+        assert!(t.heard6(fixed, sensor));
+        let prefix = &["fd7a:0:1:100::/64".parse().unwrap()];
+        assert_eq!(
+            t.named6(prefix).get(&sensor),
+            Some(&fixed),
+            "before its EUI-64 one"
+        );
+        t.replace_leases6(HashMap::from([(leased, other)]));
+        assert_eq!(t.holder6(leased), Some(other));
+        assert!(!t.heard6(leased, sensor));
+        assert_eq!(t.named6(prefix).get(&other), Some(&leased));
     }
 
     #[test]
@@ -480,6 +580,7 @@ mod tests {
         let r = Reservation {
             mac: Mac([2, 0, 0, 0, 0, 1]),
             vip: Ipv4Addr::new(100, 64, 1, 10),
+            vip6: None,
             legacy: None,
             hostname: None,
             groups: Vec::new(),
@@ -576,6 +677,7 @@ mod learning {
         t.set_reservations(&[Reservation {
             mac: Mac(mac(7)),
             vip: held,
+            vip6: None,
             legacy: Some(Ipv4Addr::new(192, 0, 2, 1)),
             hostname: None,
             groups: Vec::new(),
@@ -608,6 +710,7 @@ mod learning {
         let declared = |ip, n| Reservation {
             mac: Mac(mac(n)),
             vip: ip,
+            vip6: None,
             legacy: Some(Ipv4Addr::new(192, 0, 2, 1)),
             hostname: None,
             groups: Vec::new(),

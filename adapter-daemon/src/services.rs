@@ -17,11 +17,10 @@ use std::time::Instant;
 use cyphonic_daemon::dns::Said;
 use cyphonic_daemon::{Services, Settled, StaticPeers, Upstream};
 use cyphonic_signal::NameRecord;
-use cyphonic_vip::Reply;
 
 use crate::config::Reservation;
 use crate::counters::bump;
-use crate::dhcp::{Dhcp, Replica, Verdict};
+use crate::dhcp::{Answer, Dhcp, Replica, Verdict};
 use crate::gateway::{FromPeer, Gateway};
 use crate::ha::PairLink;
 use crate::lan::{Client, LanSide, ServiceQueues, ToServices};
@@ -30,6 +29,7 @@ use crate::names::Names;
 const DNS_PORT: u16 = 53;
 const DHCP_SERVER_PORT: u16 = 67;
 const DHCP_CLIENT_PORT: u16 = 68;
+const DHCP6_SERVER_PORT: u16 = 547;
 /// ACKs that left before the standby held their leases are logged at most this often.
 const UNREPLICATED_SAID: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -116,9 +116,15 @@ impl AdapterServices {
         self
     }
 
-    /// A DHCP message from the segment of VLAN `tag` (None: untagged), from Ethernet source
-    /// `mac`.
-    fn dhcp(&mut self, now: Instant, tag: Option<u16>, mac: [u8; 6], payload: &[u8]) {
+    /// A DHCP message of either family from Ethernet source `mac`: `ask` hands it to the
+    /// servers (told the pair's share first) at unix time `unix`, and says the segment the
+    /// reply goes to (its VLAN; None untagged) and the reply, if any.
+    fn dhcp(
+        &mut self,
+        now: Instant,
+        mac: [u8; 6],
+        ask: impl FnOnce(&mut Dhcp, u64) -> (Option<u16>, Option<Answer>),
+    ) {
         let Some(d) = self.dhcp.as_mut() else {
             return;
         };
@@ -127,9 +133,21 @@ impl AdapterServices {
         if let Some(pool) = &self.pool {
             d.set_share(pool.share());
         }
-        let reply = d.handle(tag, unix, mac, payload);
-        // The bindings it made settle first; an ACK whose binding is not on disk yet (or not
-        // at the pair's standby) waits for the lease writer (and the standby).
+        let (tag, reply) = ask(d, unix);
+        self.answer_dhcp(now, unix, tag, mac, reply);
+    }
+
+    /// Sends `reply` of either server once the bindings it made are settled: an ACK or
+    /// Reply whose binding is not on disk yet (or not at the pair's standby) waits for the
+    /// lease writer (and the standby).
+    fn answer_dhcp(
+        &mut self,
+        now: Instant,
+        unix: u64,
+        tag: Option<u16>,
+        mac: [u8; 6],
+        reply: Option<Answer>,
+    ) {
         self.settle(now, unix);
         let replica = self.replica();
         let Some(d) = self.dhcp.as_mut() else {
@@ -180,15 +198,31 @@ impl AdapterServices {
         }
     }
 
-    fn send_dhcp(&mut self, reply: &Reply, tag: Option<u16>) {
-        if self.gateway.udp_to_lan(
-            tag,
-            reply.dst_mac,
-            reply.dst_ip.into(),
-            DHCP_SERVER_PORT,
-            DHCP_CLIENT_PORT,
-            &reply.payload,
-        ) {
+    fn send_dhcp(&mut self, reply: &Answer, tag: Option<u16>) {
+        let sent = match reply {
+            Answer::V4(r) => self.gateway.udp_to_lan(
+                tag,
+                r.dst_mac,
+                r.dst_ip.into(),
+                DHCP_SERVER_PORT,
+                DHCP_CLIENT_PORT,
+                &r.payload,
+            ),
+            Answer::V6 {
+                reply,
+                mac,
+                ip,
+                port,
+            } => self.gateway.udp_to_lan(
+                tag,
+                *mac,
+                (*ip).into(),
+                DHCP6_SERVER_PORT,
+                *port,
+                &reply.payload,
+            ),
+        };
+        if sent {
             bump(&self.lan.counters.dhcp_sent);
         }
     }
@@ -248,10 +282,10 @@ impl AdapterServices {
                     }
                 }
                 Said::Answer(Client::Lan6 { mac, ip, port }, resp) => {
-                    // IPv6 is the untagged segment's only.
+                    let tag = self.lan.segment_of6(ip).tag;
                     if self
                         .gateway
-                        .udp_to_lan(None, mac, ip.into(), DNS_PORT, port, &resp)
+                        .udp_to_lan(tag, mac, ip.into(), DNS_PORT, port, &resp)
                     {
                         bump(&self.lan.counters.dns_sent);
                     }
@@ -298,7 +332,7 @@ impl AdapterServices {
     /// Recomputes every device's name and hands them to the DNS service and the status.
     fn refresh_names(&mut self) {
         self.seen6 = self.lan.table.changes6();
-        let v6 = self.lan.table.named6(self.lan.lan.v6.map(|v| v.prefix));
+        let v6 = self.lan.table.named6(&self.lan.prefixes6());
         let named = self
             .names
             .refresh(self.dhcp.iter().flat_map(|d| d.active()), &v6);
@@ -323,8 +357,10 @@ impl AdapterServices {
             .filter_map(|v| Some((v.tag, self.dhcp.as_ref()?.status(Some(v.tag))?)))
             .collect();
         let dns = self.dns.as_ref().map(|d| d.status(None, 0));
+        let dhcp6 = self.dhcp.as_ref().and_then(|d| d.status6(None));
         let mut p = self.lan.published();
         p.dhcp = dhcp;
+        p.dhcp6 = dhcp6;
         p.vlan_dhcp = vlan_dhcp;
         p.dns = dns;
     }
@@ -355,7 +391,10 @@ impl Services for AdapterServices {
         self.names.set_reservations(&reservations);
         // Each segment's scope takes the reservations inside its part of the block.
         if let Some(d) = self.dhcp.as_mut() {
-            d.set_reservations(crate::config::dhcp_reservations(&reservations));
+            d.set_reservations(
+                crate::config::dhcp_reservations(&reservations),
+                &crate::config::dhcp6_reservations(&reservations),
+            );
         }
         self.reservations = reservations;
         self.settle(now, cyphonic_settings::now_secs());
@@ -407,7 +446,19 @@ impl Services for AdapterServices {
     fn handle(&mut self, work: Work, now: Instant) {
         match work {
             Work::Queued(ToServices::Dhcp { tag, mac, payload }) => {
-                self.dhcp(now, tag, mac, &payload);
+                self.dhcp(now, mac, |d, unix| {
+                    (tag, d.handle(tag, unix, mac, &payload).map(Answer::V4))
+                });
+            }
+            Work::Queued(ToServices::Dhcp6 {
+                tag,
+                mac,
+                from,
+                payload,
+            }) => {
+                self.dhcp(now, mac, |d, unix| {
+                    (tag, d.handle6((tag, unix), mac, from, &payload))
+                });
             }
             Work::Queued(ToServices::Dns { client, payload }) => {
                 if let Some(dns) = self.dns.as_mut() {

@@ -22,6 +22,9 @@ pub struct AdapterStatus {
     pub leases: Vec<LeaseStatus>,
     /// The DHCP server, unless switched off.
     pub dhcp: Option<DhcpStatus>,
+    /// The DHCPv6 server, when the LAN has IPv6 and it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp6: Option<Dhcp6Status>,
     /// The DNS service, unless switched off.
     pub dns: Option<DnsStatus>,
     /// One of an HA pair (`[ha]`): this box's part and what it last heard of the other.
@@ -41,6 +44,9 @@ pub struct VlanStatus {
     pub block: String,
     /// Its gateway address.
     pub gateway: String,
+    /// Its IPv6 /64, when the certificate holds an IPv6 block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block6: Option<String>,
     /// Its DHCP server, unless switched off.
     pub dhcp: Option<DhcpStatus>,
 }
@@ -213,6 +219,20 @@ pub struct DhcpStatus {
     pub ignored_by_reason: BTreeMap<String, u64>,
 }
 
+/// The DHCPv6 server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dhcp6Status {
+    /// The pool, `first-last`.
+    pub pool: String,
+    /// Bindings in force.
+    pub bindings: usize,
+    /// The server's counters.
+    #[serde(flatten)]
+    pub stats: cyphonic_vip::Stats6,
+    /// Messages not answered, by reason.
+    pub ignored_by_reason: BTreeMap<String, u64>,
+}
+
 /// What the services publish as it changes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Published {
@@ -222,6 +242,8 @@ pub struct Published {
     pub dhcp: Option<DhcpStatus>,
     /// The VLAN segments' DHCP servers, by tag.
     pub vlan_dhcp: Vec<(u16, DhcpStatus)>,
+    /// The DHCPv6 server.
+    pub dhcp6: Option<Dhcp6Status>,
     /// The DNS service.
     pub dns: Option<DnsStatus>,
 }

@@ -46,6 +46,8 @@ fn lan() -> Lan {
             prefix: "fd7a:0:1:100::/64".parse().expect("prefix"),
             overlay: "fd7a:0:1::/48".parse().expect("overlay"),
             dns: true,
+            dhcp: true,
+            search: Lan6::search_list("site-a.example").expect("search list"),
         }),
     }
 }

@@ -850,9 +850,9 @@ impl HaBox {
     /// server to take in (those it made apart from us; the rest are ours already).
     fn take_in(&mut self, table: &[u8]) {
         match cyphonic_vip::file::decode(table) {
-            Ok(leases) => {
+            Ok(table) => {
                 self.merges += 1;
-                self.link.offer_merge(leases);
+                self.link.offer_merge(table.leases);
             }
             Err(e) => {
                 self.dropped.malformed += 1;

@@ -94,7 +94,11 @@ impl Offer {
         if self.scopes.is_empty() || self.leases.is_empty() {
             return (table, None);
         }
-        let Ok(theirs) = cyphonic_vip::file::decode(&table) else {
+        let Ok(cyphonic_vip::file::Table {
+            leases: theirs,
+            leases6,
+        }) = cyphonic_vip::file::decode(&table)
+        else {
             return (table, None);
         };
         // Scope by scope, as the DHCP server keeps them (by address).
@@ -131,7 +135,19 @@ impl Offer {
             missing = taken,
             "HA: the serving box lacks bindings this box made apart from it: offering them"
         );
-        let ours = cyphonic_vip::file::encode(&self.leases, 0).ok();
+        let ours = cyphonic_vip::file::encode(
+            &cyphonic_vip::file::Table {
+                leases: self.leases.clone(),
+                leases6: Vec::new(),
+            },
+            0,
+        )
+        .ok();
+        // The serving box's DHCPv6 bindings are kept as it sent them.
+        let union = cyphonic_vip::file::Table {
+            leases: union,
+            leases6,
+        };
         let kept = cyphonic_vip::file::encode(&union, 0).unwrap_or(table);
         (kept, ours)
     }

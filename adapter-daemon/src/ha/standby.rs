@@ -117,6 +117,7 @@ impl StandbyStatus {
                 },
                 leases: named.leases,
                 dhcp: None,
+                dhcp6: None,
                 dns: None,
                 vlans: Vec::new(),
                 ha: Some(ha.clone()),

@@ -10,7 +10,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
 use ipnet::Ipv4Net;
@@ -290,7 +290,9 @@ plain!(
 plain!("address and port", |a| format!("\"{a}\""), SocketAddr);
 plain!("IP address", |a| format!("\"{a}\""), IpAddr);
 plain!("IPv4 address", |a| format!("\"{a}\""), Ipv4Addr);
+plain!("IPv6 address", |a| format!("\"{a}\""), Ipv6Addr);
 plain!("IPv4 block", |a| format!("\"{a}\""), Ipv4Net);
+plain!("IPv6 block", |a| format!("\"{a}\""), ipnet::Ipv6Net);
 
 impl<T: Value> Value for Spanned<T> {
     fn kind() -> String {

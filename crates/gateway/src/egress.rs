@@ -116,6 +116,18 @@ pub enum Egress {
         /// The DNS message within the frame.
         udp_payload: Range<usize>,
     },
+    /// A DHCPv6 message to the servers' multicast address, from a device's link-local
+    /// address.
+    Dhcp6 {
+        /// The device's MAC.
+        client_mac: [u8; 6],
+        /// Its link-local address.
+        client_ip: std::net::Ipv6Addr,
+        /// Its UDP source port.
+        client_port: u16,
+        /// The DHCPv6 message within the frame.
+        udp_payload: Range<usize>,
+    },
     /// Carry `frame[packet]` into the tunnel towards `dst` (TTL decremented, checksum
     /// completed or deferred, MSS clamped, all in place).
     Forward {

@@ -43,9 +43,18 @@ const OPT_PREFIX: u8 = 3;
 const OPT_MTU: u8 = 5;
 /// Recursive DNS Server (RFC 8106).
 const OPT_RDNSS: u8 = 25;
+/// DNS Search List (RFC 8106).
+const OPT_DNSSL: u8 = 31;
+/// Router Advertisement flags: addresses by DHCPv6 (Managed), other configuration too.
+const RA_MANAGED: u8 = 0x80;
+const RA_OTHER: u8 = 0x40;
 
 const NEXT_UDP: u8 = 17;
 const DNS_PORT: u16 = 53;
+/// The port DHCPv6 servers listen on (RFC 8415 §7.2).
+const DHCP6_SERVER_PORT: u16 = 547;
+/// All DHCPv6 relay agents and servers on the link (RFC 8415 §7.1).
+const ALL_DHCP_SERVERS: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 1, 2);
 const UDP_HEADER_LEN: usize = 8;
 /// How long devices may use the gateway as DNS server, seconds: three times the RA interval
 /// (RFC 8106 §5.1 asks for at least the interval).
@@ -213,7 +222,7 @@ impl Lan {
         out: &mut [u8],
     ) -> Egress {
         // An end without an IPv6 block has no IPv6 on its LAN (docs/protocol.md §7).
-        let Some(v6) = self.v6 else {
+        let Some(v6) = &self.v6 else {
             return Egress::Drop(EgressDrop::NotIpv4);
         };
         let ip_start = ETH_HEADER_LEN;
@@ -226,17 +235,25 @@ impl Lan {
             if let Some(&ty) = icmp.first()
                 && (ROUTER_SOLICIT..=REDIRECT).contains(&ty)
             {
-                return self.neighbour_discovery(&v6, &h, icmp, src_mac, neighbors, out);
+                return self.neighbour_discovery(v6, &h, icmp, src_mac, neighbors, out);
             }
+        }
+        if v6.dhcp
+            && h.dst == ALL_DHCP_SERVERS
+            && h.next == NEXT_UDP
+            && h.src.is_unicast_link_local()
+            && !truncated
+        {
+            return dhcp6_message(&h, &frame[packet], src_mac, checksum_partial);
         }
         if multicast || h.dst.is_multicast() {
             // MLD and the devices' own multicast: nothing for the gateway.
             return Egress::Drop(EgressDrop::NotForUs);
         }
-        if !self.holds(&v6, h.src, src_mac, neighbors) {
+        if !self.holds(v6, h.src, src_mac, neighbors) {
             return Egress::Drop(EgressDrop::Spoofed);
         }
-        if self.is_gateway_address6(&v6, h.dst) {
+        if self.is_gateway_address6(v6, h.dst) {
             let sums = (truncated, checksum_partial);
             return self.to_gateway6(&h, &frame[packet], src_mac, sums, out);
         }
@@ -293,9 +310,12 @@ impl Lan {
         let icmp = packet.get(HEADER_LEN..).unwrap_or_default();
         if !truncated
             && h.next == NEXT_UDP
-            && let Some(v6) = self.v6.filter(|v| v.dns && h.dst == v.address())
+            && self
+                .v6
+                .as_ref()
+                .is_some_and(|v| v.dns && h.dst == v.address())
         {
-            return dns_query(&v6, h, packet, src_mac, checksum_partial);
+            return dns_query(h, packet, src_mac, checksum_partial);
         }
         if truncated || h.next != NEXT_ICMPV6 || icmp.first() != Some(&ECHO_REQUEST) {
             return Egress::Drop(EgressDrop::GatewayService);
@@ -322,7 +342,7 @@ impl Lan {
         value: u32,
         out: &mut [u8],
     ) -> Egress {
-        let Some(v6) = self.v6 else {
+        let Some(v6) = &self.v6 else {
             return Egress::Drop(EgressDrop::NoReply);
         };
         if h.next == NEXT_ICMPV6 && packet.get(HEADER_LEN).is_none_or(|t| *t < ECHO_REQUEST) {
@@ -458,24 +478,34 @@ impl Lan {
 
     /// Writes into `out` the gateway's Router Advertisement for the segment, to every node
     /// (answering a solicitation too, RFC 4861 §6.2.6): the /64 on-link and for SLAAC, the
-    /// inner MTU, the gateway's MAC, and the gateway as DNS server when the service runs.
+    /// inner MTU, the gateway's MAC, the gateway as DNS server with the search list when the
+    /// service runs, and M and O when the DHCPv6 server does.
     /// Returns its length; None without IPv6 or when `out` is short.
     pub fn router_advert(&self, out: &mut [u8]) -> Option<usize> {
-        let v6 = self.v6?;
+        let v6 = self.v6.as_ref()?;
         let prefix = v6.prefix;
         let mac = self.mac;
         let mtu = u32::from(self.inner_mtu);
         let rdnss = if v6.dns { 24 } else { 0 };
+        // Type, length, reserved, lifetime, the names padded to 8 bytes.
+        let dnssl = if v6.dns && !v6.search.is_empty() {
+            (8 + v6.search.len()).div_ceil(8) * 8
+        } else {
+            0
+        };
         self.icmp6_frame(
             multicast_mac(ALL_NODES),
             link_local(mac),
             ALL_NODES,
             255,
-            16 + 8 + 8 + 32 + rdnss,
+            16 + 8 + 8 + 32 + rdnss + dnssl,
             out,
             |b| {
                 b[0] = ROUTER_ADVERT;
                 b[4] = 64; // the hop limit devices use
+                if v6.dhcp {
+                    b[5] = RA_MANAGED | RA_OTHER;
+                }
                 b[6..8].copy_from_slice(&ROUTER_LIFETIME.to_be_bytes());
                 let o = &mut b[16..];
                 o[0] = OPT_SOURCE_LL;
@@ -499,13 +529,21 @@ impl Lan {
                     r[4..8].copy_from_slice(&RDNSS_LIFETIME.to_be_bytes());
                     r[8..24].copy_from_slice(&v6.address().octets());
                 }
+                if dnssl > 0 {
+                    let d = &mut p[32 + rdnss..];
+                    d[0] = OPT_DNSSL;
+                    d[1] = u8::try_from(dnssl / 8).unwrap_or(0);
+                    d[4..8].copy_from_slice(&RDNSS_LIFETIME.to_be_bytes());
+                    d[8..8 + v6.search.len()].copy_from_slice(&v6.search);
+                }
             },
         )
     }
 
     /// Writes into `out` an Ethernet frame with a UDP datagram from the gateway's IPv6
-    /// address to `dst_ip:dst_port` at `dst_mac` (its checksum computed). Returns its
-    /// length; None without IPv6, or when it does not fit.
+    /// address (its link-local one to a link-local address, RFC 6724's scope rule) to
+    /// `dst_ip:dst_port` at `dst_mac` (its checksum computed). Returns its length; None
+    /// without IPv6, or when it does not fit.
     pub fn udp6_frame(
         &self,
         dst_mac: [u8; 6],
@@ -515,7 +553,12 @@ impl Lan {
         payload: &[u8],
         out: &mut [u8],
     ) -> Option<usize> {
-        let src = self.v6?.address();
+        let v6 = self.v6.as_ref()?;
+        let src = if dst_ip.is_unicast_link_local() {
+            link_local(self.mac)
+        } else {
+            v6.address()
+        };
         let len = UDP_HEADER_LEN + payload.len();
         let total = ETH_HEADER_LEN + HEADER_LEN + len;
         let frame = out.get_mut(..total)?;
@@ -590,7 +633,7 @@ impl Lan {
         peer_blocks: &[IpNet],
         neighbors: &impl Neighbors,
     ) -> Ingress {
-        let Some(v6) = self.v6 else {
+        let Some(v6) = &self.v6 else {
             return Ingress::Drop(IngressDrop::NotIpv4);
         };
         let Some(ip) = buf.get_mut(packet.clone()) else {
@@ -605,7 +648,7 @@ impl Lan {
         {
             return Ingress::Drop(IngressDrop::SourceNotCertified);
         }
-        if !v6.prefix.contains(&h.dst) || self.is_gateway_address6(&v6, h.dst) {
+        if !v6.prefix.contains(&h.dst) || self.is_gateway_address6(v6, h.dst) {
             return Ingress::Drop(IngressDrop::NotOurLan);
         }
         if h.hop_limit <= 1 {
@@ -629,29 +672,61 @@ impl Lan {
 /// A UDP datagram to the gateway's address: a DNS query to port 53 with a right checksum
 /// (or one the sender's kernel left partial, as a local sender's often is: nothing to
 /// check) goes to the DNS service; anything else is no service of the gateway.
-fn dns_query(v6: &Lan6, h: &Header6, packet: &[u8], src_mac: [u8; 6], partial: bool) -> Egress {
-    let Some(udp) = packet.get(HEADER_LEN..h.total_len) else {
+fn dns_query(h: &Header6, packet: &[u8], src_mac: [u8; 6], partial: bool) -> Egress {
+    match udp_to(h, packet, DNS_PORT, partial) {
+        Ok((client_port, udp_payload)) => Egress::Dns6 {
+            client_mac: src_mac,
+            client_ip: h.src,
+            client_port,
+            udp_payload,
+        },
+        Err(why) => Egress::Drop(why),
+    }
+}
+
+/// A UDP datagram to the DHCPv6 servers: one to port 547 with a right checksum (or a
+/// partial one, as for DNS) goes to the server; anything else is malformed.
+fn dhcp6_message(h: &Header6, packet: &[u8], src_mac: [u8; 6], partial: bool) -> Egress {
+    let Ok((client_port, udp_payload)) = udp_to(h, packet, DHCP6_SERVER_PORT, partial) else {
         return Egress::Drop(EgressDrop::Malformed);
     };
+    Egress::Dhcp6 {
+        client_mac: src_mac,
+        client_ip: h.src,
+        client_port,
+        udp_payload,
+    }
+}
+
+/// The source port and payload (within the frame) of the UDP datagram in `packet` to
+/// `port`, when its lengths and checksum (unless `partial`) hold. Else why not: its lengths
+/// or checksum are wrong (`Malformed`), or it is for another port (`GatewayService`).
+fn udp_to(
+    h: &Header6,
+    packet: &[u8],
+    port: u16,
+    partial: bool,
+) -> Result<(u16, Range<usize>), EgressDrop> {
+    let udp = packet
+        .get(HEADER_LEN..h.total_len)
+        .ok_or(EgressDrop::Malformed)?;
     let udp_len = udp
         .get(4..6)
         .map_or(0, |l| usize::from(u16::from_be_bytes([l[0], l[1]])));
     if udp.len() < UDP_HEADER_LEN || udp_len != udp.len() {
-        return Egress::Drop(EgressDrop::Malformed);
+        return Err(EgressDrop::Malformed);
     }
-    if u16::from_be_bytes([udp[2], udp[3]]) != DNS_PORT {
-        return Egress::Drop(EgressDrop::GatewayService);
+    if u16::from_be_bytes([udp[2], udp[3]]) != port {
+        return Err(EgressDrop::GatewayService);
     }
-    if !partial && !checksum::valid6(udp, h.src, v6.address(), NEXT_UDP) {
-        return Egress::Drop(EgressDrop::Malformed);
+    if !partial && !checksum::valid6(udp, h.src, h.dst, NEXT_UDP) {
+        return Err(EgressDrop::Malformed);
     }
     let start = ETH_HEADER_LEN + HEADER_LEN + UDP_HEADER_LEN;
-    Egress::Dns6 {
-        client_mac: src_mac,
-        client_ip: h.src,
-        client_port: u16::from_be_bytes([udp[0], udp[1]]),
-        udp_payload: start..ETH_HEADER_LEN + h.total_len,
-    }
+    Ok((
+        u16::from_be_bytes([udp[0], udp[1]]),
+        start..ETH_HEADER_LEN + h.total_len,
+    ))
 }
 
 /// Writes the fixed IPv6 header of a packet with `payload_len` bytes after it at the start
@@ -717,6 +792,8 @@ mod tests {
                 prefix: "fd7a:0:1:100::/64".parse().unwrap(),
                 overlay: "fd7a:0:1::/48".parse().unwrap(),
                 dns: true,
+                dhcp: false,
+                search: Lan6::search_list("site-a.example.").unwrap(),
             }),
             ..lan()
         }
@@ -833,6 +910,71 @@ mod tests {
         p
     }
 
+    fn udp6(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+        let mut udp = vec![0u8; 8];
+        udp[0..2].copy_from_slice(&sport.to_be_bytes());
+        udp[2..4].copy_from_slice(&dport.to_be_bytes());
+        udp[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        udp.extend_from_slice(payload);
+        checksum::fill_transport6(&mut udp, src, dst, NEXT_UDP);
+        packet(src, dst, NEXT_UDP, 1, &udp)
+    }
+
+    #[test]
+    fn dhcpv6_from_a_link_local_address_goes_to_the_server_when_it_runs() {
+        let on = Lan {
+            v6: lan6().v6.map(|v| Lan6 { dhcp: true, ..v }),
+            ..lan6()
+        };
+        let t = Table::default();
+        let dst_mac = [0x33, 0x33, 0, 1, 0, 2];
+        let ll = link_local(DEV_MAC);
+        let solicit = udp6(ll, ALL_DHCP_SERVERS, 546, 547, b"\x01abc");
+        let Egress::Dhcp6 {
+            client_mac,
+            client_ip,
+            client_port,
+            udp_payload,
+        } = judge(&on, &t, dst_mac, DEV_MAC, &solicit)
+        else {
+            panic!("not for the server")
+        };
+        assert_eq!((client_mac, client_ip, client_port), (DEV_MAC, ll, 546));
+        assert_eq!(udp_payload, 62..66);
+        // Without the server, from a global address, to another port, with a bad checksum:
+        // not for the server.
+        assert_eq!(
+            judge(&lan6(), &t, dst_mac, DEV_MAC, &solicit),
+            Egress::Drop(EgressDrop::NotForUs)
+        );
+        let global = udp6(addr("fd7a:0:1:100::9"), ALL_DHCP_SERVERS, 546, 547, b"x");
+        assert_eq!(
+            judge(&on, &t, dst_mac, DEV_MAC, &global),
+            Egress::Drop(EgressDrop::NotForUs)
+        );
+        let port = udp6(ll, ALL_DHCP_SERVERS, 546, 548, b"x");
+        assert_eq!(
+            judge(&on, &t, dst_mac, DEV_MAC, &port),
+            Egress::Drop(EgressDrop::Malformed)
+        );
+        let mut bad = solicit.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(
+            judge(&on, &t, dst_mac, DEV_MAC, &bad),
+            Egress::Drop(EgressDrop::Malformed)
+        );
+        // The reply goes from the gateway's link-local address.
+        let mut out = [0u8; 200];
+        let len = on
+            .udp6_frame(DEV_MAC, ll, 547, 546, b"reply", &mut out)
+            .unwrap();
+        let p = Ipv6Packet::new(&out[14..len]).unwrap();
+        assert_eq!(
+            (p.get_source(), p.get_destination()),
+            (link_local(GW_MAC), ll)
+        );
+    }
+
     #[test]
     fn a_router_solicitation_gets_the_segments_advertisement() {
         let lan = lan6();
@@ -882,9 +1024,31 @@ mod tests {
             &addr(GW).octets(),
             "the gateway as DNS server"
         );
+        let dnssl = opts.iter().find(|o| o.option_type.0 == OPT_DNSSL).unwrap();
+        assert_eq!(&dnssl.data[2..6], &RDNSS_LIFETIME.to_be_bytes());
+        assert_eq!(&dnssl.data[6..], b"\x06site-a\x07example\x00");
+        assert_eq!(ra.get_flags(), 0, "no DHCPv6: neither M nor O");
+        let managed = Lan {
+            v6: lan.v6.clone().map(|v| Lan6 {
+                dhcp: true,
+                search: Lan6::search_list("a.example").unwrap(),
+                ..v
+            }),
+            ..lan.clone()
+        };
+        let len = managed.router_advert(&mut out).unwrap();
+        let p = reply_packet(&out, len);
+        let ra = RouterAdvertPacket::new(p.payload()).unwrap();
+        assert_eq!(ra.get_flags(), RA_MANAGED | RA_OTHER);
+        let dnssl = ra
+            .get_options()
+            .into_iter()
+            .find(|o| o.option_type.0 == OPT_DNSSL);
+        let padded = b"\x01a\x07example\x00\x00\x00\x00\x00\x00";
+        assert_eq!(&dnssl.unwrap().data[6..], padded, "padded to 8 bytes");
         // Without the DNS service, no RDNSS.
         let quiet = Lan {
-            v6: lan.v6.map(|v| Lan6 { dns: false, ..v }),
+            v6: lan.v6.clone().map(|v| Lan6 { dns: false, ..v }),
             ..lan.clone()
         };
         let len = quiet.router_advert(&mut out).unwrap();
@@ -893,7 +1057,7 @@ mod tests {
         assert!(
             ra.get_options()
                 .iter()
-                .all(|o| o.option_type.0 != OPT_RDNSS)
+                .all(|o| o.option_type.0 != OPT_RDNSS && o.option_type.0 != OPT_DNSSL)
         );
         // From the unspecified address, which may not carry a link-layer address.
         let rs = icmp6(
@@ -1262,7 +1426,7 @@ mod tests {
             Egress::Drop(EgressDrop::Malformed)
         );
         let off = Lan {
-            v6: lan.v6.map(|v| Lan6 { dns: false, ..v }),
+            v6: lan.v6.clone().map(|v| Lan6 { dns: false, ..v }),
             ..lan.clone()
         };
         assert_eq!(

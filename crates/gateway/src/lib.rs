@@ -158,7 +158,7 @@ pub const fn gateway_mac(nic: [u8; 6]) -> [u8; 6] {
 }
 
 /// A segment's IPv6 (docs/protocol.md §7): its /64 and the overlay's range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lan6 {
     /// The segment's /64, advertised on-link and for SLAAC.
     pub prefix: ipnet::Ipv6Net,
@@ -167,9 +167,30 @@ pub struct Lan6 {
     /// The DNS service answers at the gateway's address: Router Advertisements name it
     /// (RDNSS) and queries to it go to the service.
     pub dns: bool,
+    /// The DHCPv6 server runs: Router Advertisements say so (M and O), and its messages go
+    /// to it.
+    pub dhcp: bool,
+    /// The search list Router Advertisements carry (DNSSL, RFC 8106) with the DNS server:
+    /// one domain in DNS wire form ([`Lan6::search_list`]), empty for none.
+    pub search: Vec<u8>,
 }
 
 impl Lan6 {
+    /// `domain` (dotted, a final dot or not) in DNS wire form; None when a label is empty or
+    /// over 63 bytes, or the name over 255.
+    pub fn search_list(domain: &str) -> Option<Vec<u8>> {
+        let mut wire = Vec::new();
+        for label in domain.trim_end_matches('.').split('.') {
+            if label.is_empty() || label.len() > 63 {
+                return None;
+            }
+            wire.push(u8::try_from(label.len()).ok()?);
+            wire.extend_from_slice(label.as_bytes());
+        }
+        wire.push(0);
+        (wire.len() <= 255).then_some(wire)
+    }
+
     /// The gateway's address on the segment: the /64's `::1`.
     pub fn address(&self) -> std::net::Ipv6Addr {
         std::net::Ipv6Addr::from(self.prefix.network().to_bits() | 1)

@@ -64,8 +64,10 @@ const MAX_FLOWS: usize = 1 << 20;
 pub struct Device {
     /// Its hostname, if it has one.
     pub name: Option<String>,
-    /// Its address (a /32), or the block a whole segment's devices come from (a VLAN's).
-    pub block: Ipv4Net,
+    /// Its addresses (a /32, and a /128 when it has a fixed IPv6 address), or the block a
+    /// whole segment's devices come from (a VLAN's): one device to the rules over both
+    /// families.
+    pub blocks: Vec<IpNet>,
     /// The groups it is in (`reservation.groups`, `vlan.groups`).
     pub groups: Vec<String>,
 }
@@ -124,10 +126,11 @@ pub fn directory(identity: &Identity, peers: &[Peer], devices: &[Device]) -> Dir
         .chain(peers.iter().map(|p| (&p.certificate, p.revoked)));
     for (cert, revoked) in certs {
         let body = cert.body();
+        // Every certified block, of both families: a rule naming the member holds over both.
         let blocks = if revoked {
             Vec::new()
         } else {
-            body.v4_blocks()
+            body.vip_blocks.clone()
         };
         dir.add_named(&body.name, blocks.iter().copied());
         for g in &body.groups {
@@ -136,10 +139,10 @@ pub fn directory(identity: &Identity, peers: &[Peer], devices: &[Device]) -> Dir
     }
     for d in devices {
         if let Some(name) = &d.name {
-            dir.add_named(name, [d.block]);
+            dir.add_named(name, d.blocks.iter().copied());
         }
         for g in &d.groups {
-            dir.add(g, [d.block]);
+            dir.add(g, d.blocks.iter().copied());
         }
     }
     dir
