@@ -1,7 +1,8 @@
 //! Devices on a LAN that configure themselves as real ones do: busybox `udhcpc` (small
-//! embedded devices) and ISC `dhclient` (Debian servers), each with a hook script that applies
-//! what the server said (address, default route, MTU) and records every event in a file the
-//! test reads. And `dig`, for DNS questions.
+//! embedded devices), ISC `dhclient` (Debian servers; DHCPv4 or DHCPv6) and dhcpcd (Raspberry
+//! Pi OS), each with a hook script that applies what the server said (address, default route,
+//! MTU; dhcpcd applies it itself) and records every event in a file the test reads. And `dig`,
+//! for DNS questions.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -20,6 +21,22 @@ pub enum DhcpClient {
     Udhcpc,
     /// ISC dhclient.
     Dhclient,
+    /// ISC dhclient for DHCPv6 (`dhclient -6`): stateful addresses. Its events' `ip` is the
+    /// IPv6 address, `dns` and `domain` the DHCPv6 name servers and search list.
+    Dhclient6,
+    /// dhcpcd, dual stack, as Raspberry Pi OS runs it: DHCPv4, and for IPv6 it follows the
+    /// Router Advertisement (SLAAC, and DHCPv6 when M is set); it configures the interface
+    /// itself. Its events' `ip` is the lease's address (`bound`) or the DHCPv6 one
+    /// (`bound6`), `dns` and `domain` what came with it. It runs with its own run and state
+    /// directories (bind mounts in its own mount namespace) and our hook script only, so it
+    /// touches nothing of the host's.
+    Dhcpcd,
+    /// systemd-networkd, as Debian and many appliances configure their ports: DHCPv4, and
+    /// the Router Advertisement with DHCPv6 when it says M. It runs with its own `/run/systemd`
+    /// and configuration (bind mounts, a read-only `/sys` so it waits for no udev) in PID and
+    /// mount namespaces of its own. It has no hook: it writes no events;
+    /// [`DhcpHost::networkd_state`] reads its link state file.
+    Networkd,
 }
 
 /// One event the client's hook script saw: the reason (lower case: `bound`, `renew`,
@@ -74,6 +91,28 @@ echo "reason=$r ip=$new_ip_address mask=$new_subnet_mask router=$new_routers dns
 exit 0
 "#;
 
+const DHCLIENT6_SCRIPT: &str = r#"#!/bin/sh
+r=$(echo "$reason" | tr 'A-Z' 'a-z')
+case "$reason" in
+  PREINIT6) ip link set dev "$interface" up ;;
+  BOUND6|RENEW6|REBIND6|REBOOT6)
+    if [ -n "$old_ip6_address" ] && [ "$old_ip6_address" != "$new_ip6_address" ]; then
+      ip -6 addr del "$old_ip6_address/$old_ip6_prefixlen" dev "$interface"
+    fi
+    ip -6 addr replace "$new_ip6_address/$new_ip6_prefixlen" dev "$interface" valid_lft "$new_max_life" preferred_lft "$new_preferred_life"
+    ;;
+  EXPIRE6|RELEASE6|STOP6) ip -6 addr del "$old_ip6_address/$old_ip6_prefixlen" dev "$interface" ;;
+esac
+echo "reason=$r ip=$new_ip6_address mask=$new_ip6_prefixlen dns=$new_dhcp6_name_servers domain=$new_dhcp6_domain_search lease=$new_max_life server=$new_dhcp6_server_id" >> "@EVENTS@"
+exit 0
+"#;
+
+const DHCPCD_SCRIPT: &str = r#"#!/bin/sh
+r=$(echo "$reason" | tr 'A-Z' 'a-z')
+echo "reason=$r ip=${new_dhcp6_ia_na1_ia_addr1:-$new_ip_address} dns=${new_dhcp6_name_servers:-$new_domain_name_servers} domain=${new_dhcp6_domain_search:-$new_domain_name} router=$new_routers" >> "@EVENTS@"
+exit 0
+"#;
+
 /// A host on a LAN that gets its address by DHCP.
 #[derive(Debug)]
 pub struct DhcpHost {
@@ -101,16 +140,38 @@ impl DhcpHost {
         let (script, text) = match kind {
             DhcpClient::Udhcpc => ("udhcpc.sh", UDHCPC_SCRIPT),
             DhcpClient::Dhclient => ("dhclient.sh", DHCLIENT_SCRIPT),
+            DhcpClient::Dhclient6 => ("dhclient.sh", DHCLIENT6_SCRIPT),
+            DhcpClient::Dhcpcd => ("dhcpcd.sh", DHCPCD_SCRIPT),
+            DhcpClient::Networkd => ("unused.sh", "#!/bin/sh\n"),
         };
         let path = dir.path().join(script);
         // dhclient hands its script a clean environment: the events file is written in.
         let events = dir.path().join("events").display().to_string();
         std::fs::write(&path, text.replace("@EVENTS@", &events))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
-        std::fs::write(
-            dir.path().join("dhclient.conf"),
+        let conf = if kind == DhcpClient::Dhclient6 {
+            format!(
+                "send fqdn.fqdn \"{hostname}\";\nrequest dhcp6.name-servers, dhcp6.domain-search;\ntimeout 30;\nretry 2;\n"
+            )
+        } else {
             format!(
                 "send host-name \"{hostname}\";\nrequest subnet-mask, broadcast-address, routers, domain-name, domain-name-servers, interface-mtu;\ntimeout 30;\nretry 2;\n"
+            )
+        };
+        std::fs::write(dir.path().join("dhclient.conf"), conf)?;
+        std::fs::write(
+            dir.path().join("dhcpcd.conf"),
+            format!(
+                "hostname {hostname}\noption domain_name_servers, domain_name, routers, interface_mtu\noption dhcp6_name_servers, dhcp6_domain_search\n"
+            ),
+        )?;
+        for sub in ["run", "db", "network"] {
+            std::fs::create_dir_all(dir.path().join(sub))?;
+        }
+        std::fs::write(
+            dir.path().join("network").join("eth0.network"),
+            format!(
+                "[Match]\nName=eth0\n\n[Network]\nDHCP=yes\nIPv6AcceptRA=yes\n\n[DHCPv4]\nHostname={hostname}\n\n[DHCPv6]\nUseDomains=yes\n\n[IPv6AcceptRA]\nUseDomains=yes\n"
             ),
         )?;
         Ok(Self {
@@ -121,6 +182,14 @@ impl DhcpHost {
             dir,
             client: None,
         })
+    }
+
+    /// dhclient's family flag.
+    const fn family(&self) -> &'static str {
+        match self.kind {
+            DhcpClient::Dhclient6 => "-6",
+            _ => "-4",
+        }
     }
 
     fn path(&self, name: &str) -> String {
@@ -157,11 +226,14 @@ impl DhcpHost {
                 }
                 ("busybox", args)
             }
-            DhcpClient::Dhclient => (
+            // Their commands are made below.
+            DhcpClient::Dhcpcd => ("dhcpcd", Vec::new()),
+            DhcpClient::Networkd => ("systemd-networkd", Vec::new()),
+            DhcpClient::Dhclient | DhcpClient::Dhclient6 => (
                 "dhclient",
                 vec![
                     "-d".into(),
-                    "-4".into(),
+                    self.family().into(),
                     "-cf".into(),
                     self.path("dhclient.conf"),
                     "-sf".into(),
@@ -176,6 +248,33 @@ impl DhcpHost {
         };
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut cmd = self.ns.command(program, &refs);
+        if self.kind == DhcpClient::Dhcpcd {
+            // `ip netns exec` runs it in a mount namespace of its own (no propagation back):
+            // dhcpcd's run and state directories are this host's scratch ones.
+            let script = format!(
+                "mkdir -p /run/dhcpcd /var/lib/dhcpcd && mount --bind {} /run/dhcpcd && mount --bind {} /var/lib/dhcpcd && exec dhcpcd -B -d -f {} -c {} eth0",
+                self.path("run"),
+                self.path("db"),
+                self.path("dhcpcd.conf"),
+                self.path("dhcpcd.sh"),
+            );
+            // And in a PID namespace of its own, so that its privilege-separated helpers end
+            // with it, whatever ends it (`--kill-child`: with `unshare` too).
+            let args = ["--pid", "--fork", "--kill-child", "sh", "-c", &script];
+            cmd = self.ns.command("unshare", &args);
+        }
+        if self.kind == DhcpClient::Networkd {
+            // networkd drops its privileges, which clears its parent-death signal: a shell is
+            // the namespace's first process, whose end (by `--kill-child`, or by SIGTERM,
+            // passed on) ends every process in it. A read-only /sys tells networkd there is
+            // no udev to wait for.
+            let script = format!(
+                "mount -o remount,ro /sys && mount -t tmpfs none /run/systemd && mkdir -p /run/systemd/netif/links /run/systemd/netif/leases /run/systemd/netif/lldp && chown -R systemd-network /run/systemd/netif && mount --bind {} /etc/systemd/network && {{ /lib/systemd/systemd-networkd & }} && trap 'kill $!; wait; exit 0' TERM && wait",
+                self.path("network"),
+            );
+            let args = ["--pid", "--fork", "--kill-child", "sh", "-c", &script];
+            cmd = self.ns.command("unshare", &args);
+        }
         cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -249,9 +348,24 @@ impl DhcpHost {
     }
 
     fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let pid = self.client.as_ref().context("not running")?.pid();
+        let pid = self.client_pid()?;
         crate::sh("kill", &[&format!("-{signal}"), &pid.to_string()])?;
         Ok(())
+    }
+
+    /// The client's own process: for dhcpcd, the one `unshare` started (which itself
+    /// ignores SIGTERM and SIGINT, and ends with it).
+    fn client_pid(&self) -> anyhow::Result<u32> {
+        let pid = self.client.as_ref().context("not running")?.pid();
+        if !matches!(self.kind, DhcpClient::Dhcpcd | DhcpClient::Networkd) {
+            return Ok(pid);
+        }
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+        children
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+            .context("dhcpcd has not started")
     }
 
     /// Asks the client to renew now (udhcpc only: SIGUSR1; dhclient renews at T1 by itself).
@@ -278,11 +392,20 @@ impl DhcpHost {
                 self.wait_for(&["deconfig"], before + 1, Duration::from_secs(5))?;
                 self.stop()
             }
-            DhcpClient::Dhclient => {
+            DhcpClient::Networkd => bail!("networkd releases nothing on demand"),
+            DhcpClient::Dhcpcd => {
+                // SIGHUP: dhcpcd releases its leases and exits.
+                self.signal("HUP")?;
+                if let Some(p) = self.client.take() {
+                    let _ = p.wait(Duration::from_secs(5));
+                }
+                Ok(())
+            }
+            DhcpClient::Dhclient | DhcpClient::Dhclient6 => {
                 // `dhclient -r` signals the running one through the pid file and releases.
                 let args = [
                     "-r",
-                    "-4",
+                    self.family(),
                     "-cf",
                     &self.path("dhclient.conf"),
                     "-sf",
@@ -317,10 +440,32 @@ impl DhcpHost {
     /// # Errors
     /// It does not exit.
     pub fn stop(&mut self) -> anyhow::Result<()> {
+        if matches!(self.kind, DhcpClient::Dhcpcd | DhcpClient::Networkd) && self.client.is_some() {
+            // Ends `unshare`, which waits for it.
+            self.signal("TERM")?;
+        }
         if let Some(p) = self.client.take() {
             p.stop("TERM", Duration::from_secs(5))?;
         }
         Ok(())
+    }
+
+    /// systemd-networkd's state of `eth0` (its `/run/systemd/netif/links` file: `DNS=`,
+    /// `DOMAINS=`, ...), empty while it has none.
+    pub fn networkd_state(&self) -> String {
+        let (Ok(pid), Ok(index)) = (
+            self.client_pid(),
+            self.ns.exec_output("cat", &["/sys/class/net/eth0/ifindex"]),
+        ) else {
+            return String::new();
+        };
+        let index = String::from_utf8_lossy(&index.stdout).trim().to_owned();
+        let file = format!("/run/systemd/netif/links/{index}");
+        std::process::Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "cat", &file])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
     }
 
     /// The IPv4 address on `eth0`, as the kernel has it.

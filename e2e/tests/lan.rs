@@ -967,3 +967,326 @@ fn icmp_errors_keep_one_rate_across_capture_threads() {
         after["counters"]
     );
 }
+
+/// A DHCPv6 Request as a device sends it, from a made-up MAC and DUID (`n` picks both), to
+/// the server whose DUID is `server`: from its link-local address to the servers' group.
+fn dhcp6_request_from_random_duid(n: u64, server: &[u8]) -> Vec<u8> {
+    use cyphonic_vip::testing::{MessageType6, client_message6};
+    let b = n.to_be_bytes();
+    let mac = [0x02, 0xd6, b[4], b[5], b[6], b[7]];
+    let duid = [&[0u8, 4][..], &b].concat();
+    let msg = client_message6(MessageType6::Request, &duid, &[(1, None)], Some(server));
+    let ll = std::net::Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        0xd6,
+        u16::from_be_bytes([b[4], b[5]]),
+        0,
+        u16::from_be_bytes([b[6], b[7]]),
+    );
+    let to = "ff02::1:2".parse().unwrap();
+    inject::udp6_frame(([0x33, 0x33, 0, 1, 0, 2], mac), (ll, 546), (to, 547), &msg)
+}
+
+/// Issue 53: a device running ISC `dhclient -6` gets a stateful address of the adapter's
+/// DHCPv6 pool with the gateway as DNS server and the adapter's zone as search list, and
+/// uses it (the adapter's anti-spoofing table holds it for its MAC). A flood of Requests
+/// from random DUIDs and MACs takes at most the newcomers' share of the pool; the adapter is
+/// killed (-9) while it writes their bindings; the lease file it leaves loads, the genuine
+/// binding is in it, and the device gets the same address back from the restarted adapter.
+#[test]
+fn dhclient6_gets_an_address_that_survives_a_duid_flood_and_kill_9() {
+    let mut opts = switched("", "");
+    opts.ipv6 = true;
+    let mut bed = bed(&opts);
+    let mut dev = host(&mut bed, Side::A, DhcpClient::Dhclient6, "sensor");
+    dev.start().unwrap();
+    let within = Duration::from_secs(20);
+    let bound = dev
+        .wait_for(&["bound6"], 1, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let ip: std::net::Ipv6Addr = bound.get("ip").parse().unwrap();
+    let low = ip.segments()[7];
+    assert!(
+        ip.to_string().starts_with("fd7a:0:1:100::") && (0x1000..=0x1fff).contains(&low),
+        "{bound:?}"
+    );
+    assert_eq!(bound.get("dns"), "fd7a:0:1:100::1", "{bound:?}");
+    assert!(bound.get("domain").contains("gw1.ovl.example"), "{bound:?}");
+    // The device uses it: the gateway answers a ping from that address.
+    let ping = |dev: &DhcpHost| {
+        let src = ip.to_string();
+        let args = [
+            "-6",
+            "-c",
+            "2",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            "-I",
+            &src,
+            "fd7a:0:1:100::1",
+        ];
+        dev.ns.exec_output("ping", &args).unwrap()
+    };
+    // The /64 is on-link once the adapter's advertisement answered the device's
+    // solicitation (DHCPv6 gives an address only: RFC 8415 §21.6).
+    let routes = || {
+        let out = dev.ns.exec_output("ip", &["-6", "route"]).unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    cyphonic_e2e::wait_until(within, "the advertised /64", || {
+        routes().contains("fd7a:0:1:100::/64")
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", routes(), bed.logs()));
+    let out = ping(&dev);
+    let routes = routes();
+    let addrs = dev.ns.exec_output("ip", &["-6", "addr"]).unwrap();
+    assert!(
+        out.status.success(),
+        "{out:?}\n{routes}\n{addrs:?}\n{}\n{}",
+        bed.status(Side::A).unwrap()["counters"],
+        bed.logs()
+    );
+    let s = bed.status(Side::A).unwrap();
+    let dhcp6 = |s: &Value, k: &str| {
+        s["dhcp6"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no dhcp6.{k} in the status: {}", s["dhcp6"]))
+    };
+    assert_eq!(dhcp6(&s, "bindings"), 1);
+    let lease_file = bed.a.lease_file();
+    assert!(
+        std::fs::read_to_string(&lease_file)
+            .unwrap()
+            .contains(&ip.to_string())
+    );
+
+    // The flood: Requests from ever new DUIDs and MACs, 1,000 a second; the adapter is killed
+    // while their bindings are being written.
+    let gw_mac = s["adapter"]["gateway_mac"].as_str().unwrap().to_owned();
+    let server = [&[0u8, 3, 0, 1][..], &parse_mac(&gw_mac)].concat();
+    let (attacker, _) = bed.add_host(Side::A, "attacker").unwrap();
+    let writes_before = s["dhcp"]["lease_writes"].as_u64().unwrap();
+    let mut seen = Value::Null;
+    let sent = std::thread::scope(|scope| {
+        let flood = scope.spawn(|| {
+            let server = server.clone();
+            inject::send_frames_for(&attacker, "eth0", Duration::from_secs(3), 1000, move |n| {
+                dhcp6_request_from_random_duid(n, &server)
+            })
+        });
+        // Killed as soon as the guard refuses: the writer (at most a write a second) is still
+        // catching up with the last bindings.
+        cyphonic_e2e::wait_until(Duration::from_secs(3), "the guard refusing", || {
+            bed.status(Side::A).is_ok_and(|s| {
+                seen = s.clone();
+                s["dhcp"]["lease_writes"].as_u64() > Some(writes_before)
+                    && s["dhcp6"]["starvation_refused"].as_u64() > Some(0)
+            })
+        })
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", seen["dhcp6"], bed.logs()));
+        bed.stop(Side::A, "KILL").unwrap();
+        flood.join().unwrap().unwrap()
+    });
+    eprintln!("{sent} Requests; killed at {}", seen["dhcp6"]);
+    // The newcomers' share of the 4,096 addresses (1,024), the genuine one among them: it
+    // too was new within the window.
+    assert_eq!(dhcp6(&seen, "bindings"), 1024, "{}", seen["dhcp6"]);
+    let text = std::fs::read_to_string(&lease_file).unwrap();
+    let file: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+    let kept = file["leases6"].as_array().unwrap();
+    assert!(
+        kept.iter()
+            .any(|l| l["ip"] == ip.to_string() && l["active"] == true),
+        "the genuine binding is not in the file"
+    );
+
+    bed.start(Side::A).unwrap();
+    let s = bed.status(Side::A).unwrap();
+    assert!(dhcp6(&s, "bindings") >= 1, "{}", s["dhcp6"]);
+    let log = bed.a.log_text();
+    assert!(
+        !log.contains("corrupt") && !log.contains("panicked"),
+        "{log}"
+    );
+    // The device, restarted, gets its address back (the flood's newcomers took none of it).
+    dev.stop().unwrap();
+    dev.start().unwrap();
+    let again = dev
+        .wait_for(&["bound6", "reboot6", "renew6", "rebind6"], 2, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert_eq!(again.get("ip"), ip.to_string(), "{again:?}");
+    let out = ping(&dev);
+    assert!(out.status.success(), "{out:?}\n{}", bed.logs());
+}
+
+/// Issue 53: dhcpcd as Raspberry Pi OS runs it (dual stack) gets a DHCPv4 lease and, from
+/// the advertisement's M flag, a DHCPv6 address with the DNS server and search list; the
+/// device is one name with an A and an AAAA (its DHCPv6 address), and it pings the gateway
+/// from that address.
+#[test]
+fn dhcpcd_gets_both_families_and_one_name() {
+    let mut opts = switched("", "");
+    opts.ipv6 = true;
+    let mut bed = bed(&opts);
+    let mut dev = host(&mut bed, Side::A, DhcpClient::Dhcpcd, "pi");
+    dev.start().unwrap();
+    let within = Duration::from_secs(30);
+    let v4 = dev
+        .wait_for(&["bound", "reboot"], 1, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let v4_ip: Ipv4Addr = v4.get("ip").parse().unwrap();
+    assert_eq!(v4_ip.octets()[..3], [100, 64, 1], "{v4:?}");
+    let v6 = dev
+        .wait_for(&["bound6", "reboot6"], 1, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let ip: std::net::Ipv6Addr = v6.get("ip").parse().unwrap();
+    assert!(
+        ip.to_string().starts_with("fd7a:0:1:100::")
+            && (0x1000..=0x1fff).contains(&ip.segments()[7]),
+        "{v6:?}"
+    );
+    assert_eq!(v6.get("dns"), "fd7a:0:1:100::1", "{v6:?}");
+    assert!(v6.get("domain").contains("gw1.ovl.example"), "{v6:?}");
+    // One name, both families: its AAAA is the DHCPv6 address.
+    let name = "pi.gw1.ovl.example";
+    let aaaa = || {
+        let args = ["+tries=1", "+time=2", "+short", "@100.64.1.1", name, "AAAA"];
+        let out = dev.ns.exec_output("dig", &args).unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "the AAAA", || {
+        aaaa() == ip.to_string()
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", aaaa(), bed.logs()));
+    let src = ip.to_string();
+    let args = [
+        "-6",
+        "-c",
+        "2",
+        "-i",
+        "0.2",
+        "-W",
+        "2",
+        "-I",
+        &src,
+        "fd7a:0:1:100::1",
+    ];
+    cyphonic_e2e::wait_until(within, "a ping from the DHCPv6 address", || {
+        dev.ns
+            .exec_output("ping", &args)
+            .is_ok_and(|o| o.status.success())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    dev.stop().unwrap();
+}
+
+/// The global IPv6 addresses on a host's `eth0` inside `prefix` (dotted text start).
+fn addresses6(ns: &cyphonic_e2e::Netns, prefix: &str) -> Vec<std::net::Ipv6Addr> {
+    let out = ns
+        .exec_output(
+            "ip",
+            &["-6", "-o", "addr", "show", "dev", "eth0", "scope", "global"],
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.contains("tentative"))
+        .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet6").nth(1))
+        .filter_map(|a| a.split('/').next())
+        .filter(|a| a.starts_with(prefix))
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+/// Issue 53: systemd-networkd's clients get a DHCPv4 lease and, from the advertisement's M
+/// flag, a DHCPv6 address of the pool beside their SLAAC one, with the DNS server and search
+/// list; the device's AAAA is its DHCPv6 address.
+#[test]
+fn systemd_networkd_gets_both_families_and_one_name() {
+    let mut opts = switched("", "");
+    opts.ipv6 = true;
+    let mut bed = bed(&opts);
+    let mut dev = host(&mut bed, Side::A, DhcpClient::Networkd, "nw");
+    dev.start().unwrap();
+    let within = Duration::from_secs(30);
+    let in_pool6 = |a: &std::net::Ipv6Addr| (0x1000..=0x1fff).contains(&a.segments()[7]);
+    let mut found = Vec::new();
+    cyphonic_e2e::wait_until(within, "a DHCPv6 address", || {
+        found = addresses6(&dev.ns, "fd7a:0:1:100:");
+        found.iter().any(in_pool6) && dev.address().is_some()
+    })
+    .unwrap_or_else(|e| panic!("{e}: {found:?} {:?}\n{}", dev.address(), bed.logs()));
+    let ip = *found.iter().find(|a| in_pool6(a)).unwrap();
+    let state = dev.networkd_state();
+    assert!(state.contains("fd7a:0:1:100::1"), "{state}");
+    assert!(state.contains("gw1.ovl.example"), "{state}");
+    let name = "nw.gw1.ovl.example";
+    let aaaa = || {
+        let args = ["+tries=1", "+time=2", "+short", "@100.64.1.1", name, "AAAA"];
+        let out = dev.ns.exec_output("dig", &args).unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "the AAAA", || {
+        aaaa() == ip.to_string()
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", aaaa(), bed.logs()));
+    let src = ip.to_string();
+    let args = [
+        "-6",
+        "-c",
+        "2",
+        "-i",
+        "0.2",
+        "-W",
+        "2",
+        "-I",
+        &src,
+        "fd7a:0:1:100::1",
+    ];
+    let out = dev.ns.exec_output("ping", &args).unwrap();
+    assert!(out.status.success(), "{out:?}\n{}", bed.logs());
+    dev.stop().unwrap();
+}
+
+/// Issue 53: a reservation's fixed IPv6 address (`vip6`), added by a reload, is what ISC
+/// `dhclient -6` gets on that MAC, and the reserved name's AAAA.
+#[test]
+fn a_reservation_fixes_a_devices_ipv6_address() {
+    let mut opts = switched("", "");
+    opts.ipv6 = true;
+    let mut bed = bed(&opts);
+    let mut dev = host(&mut bed, Side::A, DhcpClient::Dhclient6, "fixed");
+    let fixed: std::net::Ipv6Addr = "fd7a:0:1:100::77".parse().unwrap();
+    opts.a.extra = format!(
+        "[[reservation]]\nmac = \"{}\"\nvip = \"100.64.1.77\"\nvip6 = \"{fixed}\"\nhostname = \"fixed\"\n",
+        dev.mac
+    );
+    bed.write_config(Side::A, &opts).unwrap();
+    let log = bed.reload(Side::A, 1).unwrap();
+    assert!(!log.contains("the running one stays"), "{log}");
+    dev.start().unwrap();
+    let bound = dev
+        .wait_for(&["bound6"], 1, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert_eq!(bound.get("ip"), fixed.to_string(), "{bound:?}");
+    let args = [
+        "+tries=1",
+        "+time=2",
+        "+short",
+        "@100.64.1.1",
+        "fixed.gw1.ovl.example",
+        "AAAA",
+    ];
+    // Asked by the site's other host (the device itself has no IPv4).
+    let out = bed.a.lan.exec_output("dig", &args).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        fixed.to_string()
+    );
+    dev.stop().unwrap();
+}

@@ -17,6 +17,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("sha256sum", "coreutils"),
     ("busybox", "busybox"),
     ("dhclient", "isc-dhcp-client"),
+    ("dhcpcd", "dhcpcd-base"),
     ("dig", "dnsutils"),
     ("dnsmasq", "dnsmasq-base"),
     ("nft", "nftables"),
