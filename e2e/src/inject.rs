@@ -521,25 +521,55 @@ pub fn icmpv6_frame(
     src: std::net::Ipv6Addr,
     dst: std::net::Ipv6Addr,
     hop: u8,
+    message: Vec<u8>,
+) -> Vec<u8> {
+    transport6_frame((dst_mac, src_mac), (src, dst), (58, hop), message, 2)
+}
+
+/// An Ethernet frame with an IPv6 UDP datagram from `src:sport` to `dst:dport` (hop limit
+/// 64), its checksum right.
+pub fn udp6_frame(
+    (dst_mac, src_mac): ([u8; 6], [u8; 6]),
+    (src, sport): (std::net::Ipv6Addr, u16),
+    (dst, dport): (std::net::Ipv6Addr, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    let len = u16::try_from(8 + payload.len()).unwrap_or(u16::MAX);
+    let mut udp = Vec::with_capacity(8 + payload.len());
+    udp.extend_from_slice(&sport.to_be_bytes());
+    udp.extend_from_slice(&dport.to_be_bytes());
+    udp.extend_from_slice(&len.to_be_bytes());
+    udp.extend_from_slice(&[0, 0]);
+    udp.extend_from_slice(payload);
+    transport6_frame((dst_mac, src_mac), (src, dst), (17, 64), udp, 6)
+}
+
+/// An Ethernet frame with an IPv6 packet carrying `message` of protocol `next`, whose
+/// checksum (at `sum_at`) is filled in over the pseudo-header.
+fn transport6_frame(
+    (dst_mac, src_mac): ([u8; 6], [u8; 6]),
+    (src, dst): (std::net::Ipv6Addr, std::net::Ipv6Addr),
+    (next, hop): (u8, u8),
     mut message: Vec<u8>,
+    sum_at: usize,
 ) -> Vec<u8> {
     let len = u16::try_from(message.len()).unwrap_or(u16::MAX);
     let mut pseudo = Vec::with_capacity(40 + message.len());
     pseudo.extend_from_slice(&src.octets());
     pseudo.extend_from_slice(&dst.octets());
     pseudo.extend_from_slice(&u32::from(len).to_be_bytes());
-    pseudo.extend_from_slice(&[0, 0, 0, 58]);
-    message[2..4].fill(0);
+    pseudo.extend_from_slice(&[0, 0, 0, next]);
+    message[sum_at..sum_at + 2].fill(0);
     pseudo.extend_from_slice(&message);
     let sum = checksum(&pseudo);
-    message[2..4].copy_from_slice(&sum.to_be_bytes());
+    message[sum_at..sum_at + 2].copy_from_slice(&sum.to_be_bytes());
     let mut f = Vec::new();
     f.extend_from_slice(&dst_mac);
     f.extend_from_slice(&src_mac);
     f.extend_from_slice(&[0x86, 0xdd]);
     f.extend_from_slice(&[0x60, 0, 0, 0]);
     f.extend_from_slice(&len.to_be_bytes());
-    f.extend_from_slice(&[58, hop]);
+    f.extend_from_slice(&[next, hop]);
     f.extend_from_slice(&src.octets());
     f.extend_from_slice(&dst.octets());
     f.extend_from_slice(&message);

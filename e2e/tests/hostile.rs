@@ -1221,3 +1221,219 @@ fn router_adverts_and_neighbour_claims_from_a_rogue_are_refused() {
     let leases = status["leases"].to_string();
     assert!(leases.contains(&victim.to_string()), "{leases}");
 }
+
+/// An IPv6 packet from `src` to `dst` whose headers after the fixed one are `chain` (each
+/// `(next header it names, bytes)`, the first's type in the fixed header), ending in `body`.
+fn ipv6_packet(
+    src: std::net::Ipv6Addr,
+    dst: std::net::Ipv6Addr,
+    first: u8,
+    chain: &[Vec<u8>],
+    body: &[u8],
+) -> Vec<u8> {
+    let len: usize = chain.iter().map(Vec::len).sum::<usize>() + body.len();
+    let mut p = vec![0x60, 0, 0, 0];
+    p.extend_from_slice(&u16::try_from(len).unwrap().to_be_bytes());
+    p.extend_from_slice(&[first, 64]);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    for h in chain {
+        p.extend_from_slice(h);
+    }
+    p.extend_from_slice(body);
+    p
+}
+
+/// A Fragment header: the next header, the offset in 8-byte units, more to come, the id.
+fn fragment_header(next: u8, offset: u16, more: bool, id: u32) -> Vec<u8> {
+    let mut h = vec![next, 0];
+    h.extend_from_slice(&((offset << 3) | u16::from(more)).to_be_bytes());
+    h.extend_from_slice(&id.to_be_bytes());
+    h
+}
+
+/// Issue 53, a hostile LAN device under site A's policy (which lets its /64 send UDP to
+/// site B's): a datagram whose second fragment overlaps its first (RFC 5722), a packet
+/// behind nine Destination Options headers (RFC 9288: more than the 8 the filter walks), and
+/// one with a Routing header (RFC 5095) are dropped where they would be sealed and counted
+/// by reason; a plain datagram and a fragmented one whose pieces do not overlap reach B's
+/// LAN; A's genuine device keeps its address and its pings to B go on.
+#[test]
+fn overlapping_fragments_and_long_header_chains_from_a_device_are_dropped_and_counted() {
+    let policy = "[policy]\n\n[[policy.rule]]\nfrom = [\"fd7a:0:1:100::/64\"]\n\
+                  to = [\"fd7a:0:1:200::/64\"]\nallow = [\"udp\", \"icmp\"]\n";
+    let mut bed = TwoSites::up(&BedOptions {
+        ipv6: true,
+        lan_switch: true,
+        a: SiteOptions {
+            extra: policy.into(),
+            ..SiteOptions::default()
+        },
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let within = Duration::from_secs(20);
+    let a6 = slaac_address(&bed.a.lan, "fd7a:0:1:100:", within).unwrap();
+    let b6 = slaac_address(&bed.b.lan, "fd7a:0:1:200:", within).unwrap();
+    let ping_b = |bed: &TwoSites| {
+        let to = b6.to_string();
+        let args = ["-6", "-c", "2", "-i", "0.2", "-W", "2", to.as_str()];
+        let out = bed.a.lan.exec_output("ping", &args).unwrap();
+        assert!(out.status.success(), "{out:?}\n{}", bed.logs());
+    };
+    // B's device makes itself heard, and A's reaches it through the tunnel.
+    let heard = bed
+        .b
+        .lan
+        .exec_output("ping", &["-6", "-c", "1", "-W", "2", "fd7a:0:1:200::1"])
+        .unwrap();
+    assert!(heard.status.success(), "{}", bed.logs());
+    ping_b(&bed);
+    let (rogue, rogue_mac) = bed.add_host(Side::A, "fragger").unwrap();
+    let rmac = parse_mac(&rogue_mac).unwrap();
+    let status = bed.status(Side::A).unwrap();
+    let gw = parse_mac(status["adapter"]["gateway_mac"].as_str().unwrap()).unwrap();
+    let src: std::net::Ipv6Addr = "fd7a:0:1:100::bad:1".parse().unwrap();
+    let udp = |marker: &[u8]| {
+        let mut u = vec![0x30, 0x39, 0x30, 0x39];
+        u.extend_from_slice(&u16::try_from(8 + marker.len()).unwrap().to_be_bytes());
+        u.extend_from_slice(&[0, 0]);
+        u.extend_from_slice(marker);
+        u
+    };
+    let frame = |ip: Vec<u8>| {
+        let mut f = gw.to_vec();
+        f.extend_from_slice(&rmac);
+        f.extend_from_slice(&[0x86, 0xdd]);
+        f.extend(ip);
+        f
+    };
+    const UDP: u8 = 17;
+    const FRAG: u8 = 44;
+    const DSTOPTS: u8 = 60;
+    const ROUTING: u8 = 43;
+    // Passes: a plain datagram, and one in two pieces (16 bytes, then the rest at 16).
+    let plain = frame(ipv6_packet(src, b6, UDP, &[], &udp(b"PLAIN-PASSES")));
+    let whole = udp(b"GOODHEAD-GOODTAIL-PASSES");
+    let good = [
+        frame(ipv6_packet(
+            src,
+            b6,
+            FRAG,
+            &[fragment_header(UDP, 0, true, 1)],
+            &whole[..16],
+        )),
+        frame(ipv6_packet(
+            src,
+            b6,
+            FRAG,
+            &[fragment_header(UDP, 2, false, 1)],
+            &whole[16..],
+        )),
+    ];
+    // Refused: a second piece at 8 over the first's 16 bytes.
+    let head = udp(b"OVL-HEAD");
+    let overlap = [
+        frame(ipv6_packet(
+            src,
+            b6,
+            FRAG,
+            &[fragment_header(UDP, 0, true, 2)],
+            &head,
+        )),
+        frame(ipv6_packet(
+            src,
+            b6,
+            FRAG,
+            &[fragment_header(UDP, 1, false, 2)],
+            b"OVL-TAIL-OVERLAPS",
+        )),
+    ];
+    // Refused: nine Destination Options headers (PadN), and a Routing header (type 0).
+    let pad = |next: u8| vec![next, 0, 1, 4, 0, 0, 0, 0];
+    let mut nine: Vec<Vec<u8>> = (0..8).map(|_| pad(DSTOPTS)).collect();
+    nine.push(pad(UDP));
+    let chained = frame(ipv6_packet(src, b6, DSTOPTS, &nine, &udp(b"CHAIN-OF-NINE")));
+    let mut routing = vec![UDP, 2, 0, 1, 0, 0, 0, 0];
+    routing.extend_from_slice(
+        &"fd7a:0:1:200::99"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+    );
+    let routed = frame(ipv6_packet(
+        src,
+        b6,
+        ROUTING,
+        &[routing],
+        &udp(b"ROUTED-VIA"),
+    ));
+    let dropped = |bed: &TwoSites, why: &str| -> u64 {
+        let s = bed.status(Side::A).unwrap();
+        s["policy"]["dropped"][why]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no policy.dropped.{why}: {}", s["policy"]))
+    };
+    let before = (dropped(&bed, "fragment"), dropped(&bed, "extension_header"));
+    let needles: Vec<Vec<u8>> = [
+        &b"PLAIN-PASSES"[..],
+        b"GOODHEAD",
+        b"GOODTAIL",
+        b"OVL-HEAD",
+        b"OVL-TAIL",
+        b"CHAIN-OF-NINE",
+        b"ROUTED-VIA",
+    ]
+    .map(<[u8]>::to_vec)
+    .to_vec();
+    let mut frames = vec![plain];
+    frames.extend(good);
+    frames.extend(overlap);
+    frames.extend([chained, routed]);
+    let seen = std::thread::scope(|scope| {
+        let watch = scope.spawn(|| {
+            inject::count_frames_containing_each(
+                &bed.b.lan,
+                "eth0",
+                needles,
+                Duration::from_secs(3),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        // Twice: the adapter learns the rogue's address from its first packet.
+        for _ in 0..2 {
+            inject::send_frames(&rogue, "eth0", frames.clone()).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        watch.join().unwrap().unwrap()
+    });
+    let names = [
+        "plain",
+        "good head",
+        "good tail",
+        "overlap head",
+        "overlap tail",
+        "chain",
+        "routing",
+    ];
+    let got: Vec<(&str, usize)> = names.into_iter().zip(seen.iter().copied()).collect();
+    for (what, n) in &got[..4] {
+        assert!(*n >= 1, "{what} did not reach B: {got:?}\n{}", bed.logs());
+    }
+    for (what, n) in &got[4..] {
+        assert_eq!(*n, 0, "{what} reached B: {got:?}");
+    }
+    let after = (dropped(&bed, "fragment"), dropped(&bed, "extension_header"));
+    assert!(
+        after.0 >= before.0 + 2,
+        "fragment drops {before:?} -> {after:?}"
+    );
+    assert!(
+        after.1 >= before.1 + 4,
+        "extension_header drops {before:?} -> {after:?}"
+    );
+    // The genuine device keeps its address, and its way to B.
+    ping_b(&bed);
+    let leases = bed.status(Side::A).unwrap()["leases"].to_string();
+    assert!(leases.contains(&a6.to_string()), "{leases}");
+}
