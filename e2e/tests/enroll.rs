@@ -463,3 +463,87 @@ fn renewals_of_minute_long_certificates_do_not_stall_a_transfer() {
     let gateway = cam.default_route().unwrap();
     assert_eq!(bed.resolve(&cam.ns, gateway, NAME), [VIP.to_string()]);
 }
+
+/// Issue 53: an overlay made before IPv6 (its root certifies IPv4 only) gains an IPv6 /48 by
+/// `ca add-block`: a new `ca.crt` for the same key (the old one kept beside it), under which
+/// what the old one issued still verifies and from which an IPv6 block can be issued; a
+/// trust store holding only the old root refuses that block.
+#[test]
+fn ca_add_block_gives_an_old_root_ipv6_and_keeps_what_it_issued() {
+    use cyphonic_crypto::cert::{Certificate, CertificateAuthority, RevocationList, TrustStore};
+    let bins = cyphonic_e2e::hosts::Bins::find().unwrap();
+    let tmp = cyphonic_e2e::hosts::TempDir::new("addblock").unwrap();
+    let dir = tmp.path().join("ca");
+    std::fs::create_dir_all(dir.join("issued")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // As `ca init` made roots before IPv6.
+    let old = CertificateAuthority::generate(
+        "ovl.example",
+        &["100.64.0.0/10".parse().unwrap()],
+        now - 86_400,
+        now + 3 * 365 * 86_400,
+    )
+    .unwrap();
+    std::fs::write(dir.join("ca.key"), old.key_pem().as_bytes()).unwrap();
+    std::fs::write(dir.join("ca.crt"), old.certificate().to_pem()).unwrap();
+    let cloud = bins.cloud.to_str().unwrap();
+    let ca = dir.to_str().unwrap();
+    let out = tmp.path().join("out");
+    let issue = |name: &str, blocks: &[&str]| {
+        let mut args = vec!["ca", "issue", "--dir", ca, "--name", name];
+        for b in blocks {
+            args.extend(["--vip-block", b]);
+        }
+        args.extend(["--out", out.to_str().unwrap()]);
+        outcome(
+            &std::process::Command::new(cloud)
+                .args(&args)
+                .output()
+                .unwrap(),
+        )
+    };
+    issue("gw1.ovl.example", &["100.64.1.0/24"]).unwrap();
+    let dual = ["100.64.2.0/24", "fd7a:1:0:200::/56"];
+    let refused = issue("gw2.ovl.example", &dual).unwrap_err();
+    assert!(refused.contains("fd7a:1:0:200::/56"), "{refused}");
+    let add = |blocks: &[&str]| {
+        let mut args = vec!["ca", "add-block", "--dir", ca];
+        for b in blocks {
+            args.extend(["--vip-block", b]);
+        }
+        outcome(
+            &std::process::Command::new(cloud)
+                .args(&args)
+                .output()
+                .unwrap(),
+        )
+    };
+    let said = add(&["fd7a:1::/48"]).unwrap();
+    assert!(said.contains("fd7a:1::/48"), "{said}");
+    let kept = dir.join(format!("ca.crt.{}", old.certificate().fingerprint()));
+    assert_eq!(
+        std::fs::read_to_string(&kept).unwrap(),
+        old.certificate().to_pem()
+    );
+    issue("gw2.ovl.example", &dual).unwrap();
+    // Nothing left to add, and no IPv6 drawn when it has one.
+    assert!(add(&["fd7a:1:0:300::/56"]).is_err());
+    assert!(add(&[]).unwrap_err().contains("IPv6 block already"));
+    let read = |p: &Path| Certificate::from_pem(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let new = read(&dir.join("ca.crt"));
+    assert_eq!(new.body().public_key, old.certificate().body().public_key);
+    let store = |root: &Certificate| {
+        TrustStore::new(vec![root.clone()], RevocationList::default()).unwrap()
+    };
+    let (gw1, gw2) = (
+        read(&out.join("gw1.ovl.example.crt")),
+        read(&out.join("gw2.ovl.example.crt")),
+    );
+    store(&new).verify(&gw1, now).unwrap();
+    store(&new).verify(&gw2, now).unwrap();
+    store(old.certificate()).verify(&gw1, now).unwrap();
+    assert!(store(old.certificate()).verify(&gw2, now).is_err());
+}

@@ -195,6 +195,20 @@ enum Ca {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Give this root CA more blocks (an overlay made before IPv6: its IPv6 /48): a new
+    /// `ca.crt` for the same key, name and validity, with the blocks added; the old one is
+    /// kept as `ca.crt.<its fingerprint>`. What the old one issued stays valid under the new
+    /// one. Spread it before issuing from the new blocks: append it to every node's `ca`
+    /// file and reload, then `ca delegate` again for the cloud.
+    AddBlock {
+        /// The (root) CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The blocks to add (repeatable); given none: a unique local IPv6 /48 drawn at
+        /// random, when the CA has no IPv6 block.
+        #[arg(long = "vip-block")]
+        vip_blocks: Vec<IpNet>,
+    },
     /// List the certificates this CA issued.
     List {
         /// The CA directory.
@@ -832,6 +846,46 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             } else {
                 println!("{fp} was already revoked");
             }
+        }
+        Ca::AddBlock { dir, vip_blocks } => {
+            let ca = load_ca(&dir)?;
+            let old = ca.certificate();
+            let added = if vip_blocks.is_empty() {
+                let [_, ula] = default_blocks()?;
+                if old
+                    .body()
+                    .vip_blocks
+                    .iter()
+                    .any(|b| matches!(b, IpNet::V6(_)))
+                {
+                    bail!("the CA has an IPv6 block already; name the blocks to add");
+                }
+                vec![ula]
+            } else {
+                vip_blocks
+            };
+            let grown = ca.with_blocks_added(&added)?;
+            let new = grown.certificate();
+            if new.body().vip_blocks == old.body().vip_blocks {
+                bail!("the CA covers every block named already: nothing to add");
+            }
+            let kept = dir.join(format!("ca.crt.{}", old.fingerprint()));
+            write_new(&kept, &old.to_pem(), false)?;
+            files::replace(&dir.join("ca.crt"), new.to_pem(), Access::Public)
+                .with_context(|| format!("writing {}/ca.crt", dir.display()))?;
+            let shown: Vec<String> = new
+                .body()
+                .vip_blocks
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            println!(
+                "{}/ca.crt now certifies {} (fingerprint {}; the old one is {}): append it to every node's ca file and reload, then delegate again",
+                dir.display(),
+                shown.join(" "),
+                new.fingerprint(),
+                kept.display()
+            );
         }
         Ca::List { dir } => {
             let revoked = RevocationList::parse(

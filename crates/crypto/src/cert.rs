@@ -709,6 +709,34 @@ impl CertificateAuthority {
         Ok(Self { key, pkcs8, cert })
     }
 
+    /// This root's certificate again, for the same key, name and validity, with `added`
+    /// among its blocks (those it does not cover yet): an overlay made before IPv6 gains its
+    /// IPv6 /48 (`ca add-block`, docs/protocol.md §7). Whatever the old certificate
+    /// certified verifies under the new one, whose key it names; a trust store may hold
+    /// both while the new one spreads.
+    ///
+    /// # Errors
+    /// This CA is an issuing CA ([`CertError::ChainTooLong`]), or the certificate does not
+    /// sign (too many blocks).
+    pub fn with_blocks_added(&self, added: &[IpNet]) -> Result<Self, CertError> {
+        if !self.cert.is_root() {
+            return Err(CertError::ChainTooLong);
+        }
+        let mut body = self.cert.body.clone();
+        for b in added.iter().map(IpNet::trunc) {
+            if !body.covers_block(&b) {
+                body.vip_blocks.push(b);
+            }
+        }
+        let cert = Certificate::sign(body, &self.key)?;
+        let key = Ed25519KeyPair::from_pkcs8(&self.pkcs8).map_err(|_| CertError::InvalidKey)?;
+        Ok(Self {
+            key,
+            pkcs8: self.pkcs8.clone(),
+            cert,
+        })
+    }
+
     /// The CA's certificate: a root's is self-signed and every node trusts it; an issuing
     /// CA's travels with what it issues (in the cloud's welcome, and in enrollment).
     pub const fn certificate(&self) -> &Certificate {
@@ -892,7 +920,7 @@ impl TrustStore {
         if ca.is_root() {
             return Err(CertError::UnknownCa);
         }
-        let root = match self.cas.iter().find(|r| r.body.public_key == body.issuer) {
+        let root = match self.signer(body) {
             Some(r) if r.is_root() => r,
             Some(_) => return Err(CertError::ChainTooLong),
             None => return Err(CertError::UnknownCa),
@@ -920,6 +948,20 @@ impl TrustStore {
         }
         self.cas.push(ca);
         Ok(true)
+    }
+
+    /// The trusted CA whose key signed `body`: of several with that key (a root re-issued
+    /// with more blocks, [`CertificateAuthority::with_blocks_added`], while both are
+    /// trusted), the first that covers every block of `body`, else the first.
+    fn signer(&self, body: &CertBody) -> Option<&Certificate> {
+        let mut same_key = self
+            .cas
+            .iter()
+            .filter(|ca| ca.body.public_key == body.issuer);
+        let first = same_key.clone().next();
+        same_key
+            .find(|ca| body.vip_blocks.iter().all(|b| ca.body.covers_block(b)))
+            .or(first)
     }
 
     /// The revocation list.
@@ -951,11 +993,7 @@ impl TrustStore {
                 got: body.kind,
             });
         }
-        let ca = self
-            .cas
-            .iter()
-            .find(|ca| ca.body.public_key == body.issuer)
-            .ok_or(CertError::UnknownCa)?;
+        let ca = self.signer(body).ok_or(CertError::UnknownCa)?;
         if !cert.signature_verifies_under(&ca.body.public_key) {
             return Err(CertError::BadSignature);
         }
@@ -965,9 +1003,8 @@ impl TrustStore {
             None
         } else {
             Some(
-                self.cas
-                    .iter()
-                    .find(|r| r.is_root() && r.body.public_key == ca.body.issuer)
+                self.signer(&ca.body)
+                    .filter(|r| r.is_root())
                     .ok_or(CertError::UnknownCa)?,
             )
         };
@@ -1053,6 +1090,70 @@ mod tests {
 
     fn trust(ca: &CertificateAuthority) -> TrustStore {
         TrustStore::new(vec![ca.certificate().clone()], RevocationList::default()).unwrap()
+    }
+
+    /// A root made before IPv6 gains an IPv6 /48 by a new certificate for its key: what the
+    /// old one issued verifies under the new one, a new IPv6 block verifies only where the
+    /// new one is trusted, and a store with both picks the one that covers (an issuing CA
+    /// too).
+    #[test]
+    fn a_root_given_an_ipv6_block_keeps_what_it_issued_and_certifies_the_block() {
+        let old = ca();
+        let v4 = old
+            .issue(&request("gw1.ovl.example", "100.64.1.0/24"))
+            .unwrap();
+        let new = old.with_blocks_added(&[net("fd7a:1::/48")]).unwrap();
+        assert_eq!(
+            new.certificate().body().public_key,
+            old.certificate().body().public_key
+        );
+        assert_eq!(new.certificate().body().vip_blocks.len(), 2);
+        assert_ne!(
+            new.certificate().fingerprint(),
+            old.certificate().fingerprint()
+        );
+        let mut dual = request("gw2.ovl.example", "100.64.2.0/24");
+        dual.vip_blocks.push(net("fd7a:1:0:200::/56"));
+        let v6 = new.issue(&dual).unwrap();
+        let now = T0 + 10;
+        assert!(matches!(
+            trust(&old).verify(&v6, now),
+            Err(CertError::BlockOutsideCa(_))
+        ));
+        for store in [
+            trust(&new),
+            TrustStore::new(
+                vec![old.certificate().clone(), new.certificate().clone()],
+                RevocationList::default(),
+            )
+            .unwrap(),
+        ] {
+            store.verify(&v4, now).unwrap();
+            store.verify(&v6, now).unwrap();
+        }
+        // An issuing CA with the IPv6 block, beside the old root first.
+        let issuing = new
+            .delegate(
+                "ovl.example",
+                &[net("100.64.0.0/10"), net("fd7a:1::/48")],
+                T0,
+                T0 + YEAR,
+            )
+            .unwrap();
+        let mut both = TrustStore::new(
+            vec![old.certificate().clone(), new.certificate().clone()],
+            RevocationList::default(),
+        )
+        .unwrap();
+        assert_eq!(both.add_issuer(issuing.certificate().clone()), Ok(true));
+        let mut issued = request("n1.ovl.example", "fd7a:1:0:4000::5/128");
+        issued.vip_blocks.push(net("100.64.5.5/32"));
+        both.verify(&issuing.issue(&issued).unwrap(), now).unwrap();
+        // An issuing CA cannot grow its blocks itself.
+        assert_eq!(
+            issuing.with_blocks_added(&[net("fd7a:2::/48")]).err(),
+            Some(CertError::ChainTooLong)
+        );
     }
 
     #[test]
