@@ -1137,6 +1137,22 @@ impl IperfRun {
         seconds: u64,
         priority: Priority,
     ) -> anyhow::Result<Self> {
+        let host = bed.site_ref(server).host_ip.to_string();
+        Self::start_to(bed, (server, &host), args, seconds, priority)
+    }
+
+    /// [`IperfRun::start_at`] to the server's LAN host at `target` (an address of it, of
+    /// either family).
+    ///
+    /// # Errors
+    /// A process cannot start.
+    pub fn start_to(
+        bed: &TwoSites,
+        (server, target): (Side, &str),
+        args: &[&str],
+        seconds: u64,
+        priority: Priority,
+    ) -> anyhow::Result<Self> {
         let (srv, cli) = match server {
             Side::A => (&bed.a, &bed.b),
             Side::B => (&bed.b, &bed.a),
@@ -1151,9 +1167,8 @@ impl IperfRun {
         };
         let server_proc = run(&srv.lan, &["-s", "-1", "--idle-timeout", "30"])?;
         std::thread::sleep(Duration::from_millis(300));
-        let host = srv.host_ip.to_string();
         let secs = seconds.to_string();
-        let mut all = vec!["-J", "-c", host.as_str(), "-t", secs.as_str()];
+        let mut all = vec!["-J", "-c", target, "-t", secs.as_str()];
         all.extend_from_slice(args);
         let client = run(&cli.lan, &all)?;
         Ok(Self {

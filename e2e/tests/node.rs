@@ -267,6 +267,60 @@ fn two_nodes_reach_each_other_over_ipv6() {
     let addrs = String::from_utf8_lossy(&addrs.stdout);
     assert!(addrs.contains(&format!("{}/48", node_ipv6(0))), "{addrs}");
     assert!(!addrs.contains("fe80"), "{addrs}");
+    // TCP over IPv6 takes the TUN offloads as IPv4 does: node 0's host hands over
+    // super-packets, cut there; node 1 hands its host runs merged.
+    tcp_and_udp_over_ipv6(
+        &bed,
+        &fleet.nodes[1].ns,
+        &fleet.nodes[0].ns,
+        "n1.ovl.example",
+    );
+    let counters = |n: usize| fleet.nodes[n].status(&bed.bins).unwrap()["counters"].clone();
+    let (sender, receiver) = (counters(0), counters(1));
+    assert!(uint(&sender["tun_coalesced"]) > 0, "{sender}");
+    assert_eq!(uint(&sender["drop_tun_coalesced"]), 0, "{sender}");
+    assert!(uint(&receiver["tun_merged"]) > 0, "{receiver}");
+    assert_eq!(uint(&receiver["tun_write_failed"]), 0, "{receiver}");
+    // A program sending UDP with UDP_SEGMENT (one 12,000-byte message cut into ten
+    // datagrams): node 0's host hands it over whole (USO), node 0 cuts it, node 1's host gets
+    // the ten datagrams.
+    let cut_before = uint(&counters(0)["tun_coalesced"]);
+    let got = cyphonic_e2e::inject::spawn_inside(&fleet.nodes[1].ns, || {
+        let sock = std::net::UdpSocket::bind("[::]:7777")?;
+        sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while got.len() < 10 {
+            let (n, _) = sock.recv_from(&mut buf)?;
+            got.push(buf[..n].to_vec());
+        }
+        Ok(got)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let to = std::net::SocketAddr::new(node_ipv6(1).into(), 7777);
+    let from = std::net::SocketAddr::new(node_ipv6(0).into(), 0);
+    cyphonic_e2e::inject::inside(&fleet.nodes[0].ns, move || {
+        let opts = cyphonic_netio::UdpOptions {
+            segmentation: true,
+            ..cyphonic_netio::UdpOptions::default()
+        };
+        let sock = cyphonic_netio::UdpSocket::bind(from, &opts)?;
+        let data: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 1200]).collect();
+        let msgs: Vec<(std::net::SocketAddr, &[u8])> = data.iter().map(|d| (to, &d[..])).collect();
+        let (sent, failed, e) = sock.send_batch(&msgs);
+        anyhow::ensure!(
+            (sent, failed) == (10, 0),
+            "sent {sent}, failed {failed}: {e:?}"
+        );
+        Ok(())
+    })
+    .unwrap();
+    let got = cyphonic_e2e::inject::joined(got).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let want: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 1200]).collect();
+    assert_eq!(got, want);
+    let sender = counters(0);
+    assert!(uint(&sender["tun_coalesced"]) > cut_before, "{sender}");
+    assert_eq!(uint(&sender["drop_tun_coalesced"]), 0, "{sender}");
 }
 
 /// Issue 53: a device on an adapter's LAN takes an IPv6 address by the kernel's own SLAAC
@@ -379,26 +433,37 @@ fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
         let counters = bed.status(Side::A).map(|s| s["counters"].to_string());
         panic!("{e}\n{}\n{counters:?}", logs())
     });
-    // TCP over IPv6 from the device: the adapter's LAN port merges its segments (GRO), which
-    // the adapter cuts back (none dropped as not IP).
+    // TCP and UDP over IPv6 both ways by name (the device asks its adapter, which asks the
+    // cloud). From the device, the adapter's LAN port merges its segments (GRO), which the
+    // adapter cuts back (none dropped as not IP).
+    lan.set_resolv_conf("nameserver 100.64.1.1\n").unwrap();
     let before = bed.counter(Side::A, "coalesced").unwrap();
-    let server = node
-        .ns
-        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let out = lan
-        .exec_output("iperf3", &["-6", "-J", "-c", &node6, "-t", "2"])
-        .unwrap();
-    drop(server);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let bps = report["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap_or(0.0);
-    assert!(bps > 1e6, "iperf3 over IPv6: {report}\n{}", logs());
+    tcp_and_udp_over_ipv6(&bed, &node.ns, lan, "n0.ovl.example");
     assert!(bed.counter(Side::A, "coalesced").unwrap() > before);
+    tcp_and_udp_over_ipv6(&bed, lan, &node.ns, name);
     assert_eq!(bed.counter(Side::A, "drop_not_ipv4").unwrap(), 0);
     assert_eq!(bed.counter(Side::A, "drop_coalesced").unwrap(), 0);
+}
+
+/// 2 s of iperf3 TCP, then of UDP at 100 Mbit/s, over IPv6 from `client` to `server` by
+/// `name`: the TCP stream carries data, every UDP stream reports none out of order.
+fn tcp_and_udp_over_ipv6(bed: &TwoSites, server: &Netns, client: &Netns, name: &str) {
+    let tcp = iperf(bed, server, client, name, &["-6"], 2);
+    let bps = tcp["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0);
+    eprintln!("TCP over IPv6 to {name}: {:.0} Mbit/s", bps / 1e6);
+    assert!(bps > 1e6, "TCP to {name}: {tcp}");
+    let udp = iperf(bed, server, client, name, &["-6", "-u", "-b", "100M"], 2);
+    let streams = udp["end"]["streams"].as_array().unwrap();
+    assert!(!streams.is_empty(), "UDP to {name}: {udp}");
+    for s in streams {
+        let out_of_order = s["udp"]["out_of_order"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("UDP to {name}: a stream without out_of_order: {udp}"));
+        assert_eq!(out_of_order, 0, "UDP to {name}: {udp}");
+    }
+    assert!(uint(&udp["end"]["sum"]["packets"]) > 1000, "{udp}");
 }
 
 /// Waits until the cloud's registry holds `addr` as the AAAA of `name` (hosted by gw1): a
@@ -541,4 +606,52 @@ fn a_rule_for_a_node_holds_over_ipv4_and_ipv6_alike() {
         uint(&status["policy"]["dropped"]["no_rule"]) >= 4,
         "{status}"
     );
+}
+
+/// Issue 53, done-when: the devices of the two sites take their addresses by SLAAC and reach
+/// each other by AAAA name (each asks its own adapter, which asks the other's through the
+/// tunnel): ping6, and iperf3 -6 TCP and UDP both ways, no datagram out of order.
+#[test]
+fn devices_at_two_sites_reach_each_other_over_ipv6_by_name() {
+    let bed = TwoSites::up(&BedOptions {
+        ipv6: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let within = Duration::from_secs(20);
+    let a6 = cyphonic_e2e::lan::slaac_address(&bed.a.lan, "fd7a:0:1:100:", within).unwrap();
+    let b6 = cyphonic_e2e::lan::slaac_address(&bed.b.lan, "fd7a:0:1:200:", within).unwrap();
+    let sites = [
+        (&bed.a.lan, "100.64.1.1", "fd7a:0:1:100::1", a6),
+        (&bed.b.lan, "100.64.2.1", "fd7a:0:1:200::1", b6),
+    ];
+    for (lan, dns, gw6, _) in sites {
+        // Heard by its adapter (and so named), and its resolver is the adapter's.
+        let out = lan
+            .exec_output("ping", &["-6", "-c", "1", "-W", "2", gw6])
+            .unwrap();
+        assert!(out.status.success(), "{}", bed.logs());
+        lan.set_resolv_conf(&format!("nameserver {dns}\n")).unwrap();
+    }
+    let pairs = [
+        (sites[0], sites[1], "host.gw2.ovl.example"),
+        (sites[1], sites[0], "host.gw1.ovl.example"),
+    ];
+    for ((from, dns, _, _), (to, _, _, addr), name) in pairs {
+        wait_until(within, &format!("{name}'s AAAA"), || {
+            cyphonic_e2e::lan::dig(from, dns.parse().unwrap(), name, "AAAA")
+                .is_ok_and(|d| d.answers == [addr.to_string()])
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+        let out = from
+            .exec_output("ping", &["-6", "-c", "3", "-i", "0.2", "-W", "2", name])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            bed.logs()
+        );
+        tcp_and_udp_over_ipv6(&bed, to, from, name);
+    }
 }

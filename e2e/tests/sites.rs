@@ -901,7 +901,7 @@ fn a_trunk_gives_each_vlan_its_pool_its_gateway_and_its_group() {
     // One lease file for every segment.
     assert_eq!(vlans[0]["dhcp"]["lease_file"], status["dhcp"]["lease_file"]);
     let file = std::fs::read(bed.a.lease_file()).unwrap();
-    let kept = cyphonic_vip::file::decode(&file).unwrap();
+    let kept = cyphonic_vip::file::decode(&file).unwrap().leases;
     assert!(kept.iter().any(|l| l.ip == cam_ip && l.active), "{kept:?}");
     let vlan_of = |ip: Ipv4Addr| {
         status["leases"]
@@ -1109,4 +1109,81 @@ fn beside_a_router_on_a_vlan_the_vlans_devices_reach_the_other_site() {
     service.join().unwrap().unwrap();
     assert_eq!(tcp, host_b.to_string());
     assert_eq!(bed.counter(Side::A, "drop_spoofed").unwrap(), 0);
+}
+
+/// Issue 53: a VLAN segment has its own IPv6 /64 (by default the IPv6 block's second): a
+/// device behind VLAN 20's access port takes a SLAAC address in it from the VLAN's
+/// advertisement, reaches the VLAN's gateway and site B's device over IPv6 both ways, and
+/// the untagged segment keeps its own /64.
+#[test]
+fn a_vlan_segment_has_its_own_ipv6_64() {
+    use cyphonic_e2e::lan::slaac_address;
+    let mut opts = BedOptions {
+        lan_switch: true,
+        ipv6: true,
+        ..BedOptions::default()
+    };
+    opts.a.extra =
+        "\n[dhcp]\npool = \"100.64.1.100-100.64.1.127\"\n\n[[vlan]]\ntag = 20\nblock = \"100.64.1.192/27\"\n"
+            .into();
+    let mut bed = TwoSites::up(&opts).unwrap();
+    let (cam, _) = bed.add_vlan_host(Side::A, "cam6", 20).unwrap();
+    // The access port relays from the moment its sockets are open: the device's first Router
+    // Solicitations may come before that, and the next ones back off (4 s, 8 s, ...). A link
+    // flap now starts them again, as plugging the device in would.
+    cam.ip(&["link", "set", "eth0", "down"]).unwrap();
+    cam.ip(&["link", "set", "eth0", "up"]).unwrap();
+    let within = Duration::from_secs(20);
+    let cam6 = slaac_address(&cam, "fd7a:0:1:101:", within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let host6 = slaac_address(&bed.a.lan, "fd7a:0:1:100:", within).unwrap();
+    let b6 = slaac_address(&bed.b.lan, "fd7a:0:1:200:", within).unwrap();
+    let ping6 = |ns: &Netns, to: &str| {
+        let out = ns
+            .exec_output("ping", &["-6", "-c", "2", "-i", "0.2", "-W", "2", to])
+            .unwrap();
+        out.status.success()
+    };
+    assert!(
+        ping6(&cam, "fd7a:0:1:101::1"),
+        "the VLAN's gateway\n{}",
+        bed.logs()
+    );
+    assert!(ping6(&bed.b.lan, "fd7a:0:1:200::1"), "{}", bed.logs());
+    assert!(ping6(&cam, &b6.to_string()), "VLAN to B\n{}", bed.logs());
+    assert!(
+        ping6(&bed.b.lan, &cam6.to_string()),
+        "B to the VLAN\n{}",
+        bed.logs()
+    );
+    assert!(
+        ping6(&bed.a.lan, &b6.to_string()),
+        "untagged to B\n{}",
+        bed.logs()
+    );
+    // A DHCPv6 client on the VLAN gets an address of its /64's pool from its own server.
+    let (ns, mac) = bed.add_vlan_host(Side::A, "vcam", 20).unwrap();
+    let mut vcam =
+        cyphonic_e2e::lan::DhcpHost::new(ns, mac, cyphonic_e2e::lan::DhcpClient::Dhclient6, "vcam")
+            .unwrap();
+    vcam.start().unwrap();
+    let bound = vcam
+        .wait_for(&["bound6"], 1, within)
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let ip: std::net::Ipv6Addr = bound.get("ip").parse().unwrap();
+    assert!(
+        ip.to_string().starts_with("fd7a:0:1:101::")
+            && (0x1000..=0x1fff).contains(&ip.segments()[7]),
+        "{bound:?}"
+    );
+    assert_eq!(bound.get("dns"), "fd7a:0:1:101::1", "{bound:?}");
+    vcam.stop().unwrap();
+    let status = bed.status(Side::A).unwrap();
+    assert_eq!(
+        status["vlans"][0]["block6"], "fd7a:0:1:101::/64",
+        "{}",
+        status["vlans"]
+    );
+    assert!(host6.to_string().starts_with("fd7a:0:1:100:"), "{host6}");
+    assert_eq!(uint(&status["counters"]["drop_not_ipv4"]), 0);
 }
