@@ -91,6 +91,32 @@ pub fn tcp_from(
     tcp_report(&iperf3(bed, Side::B, &args, seconds)?)
 }
 
+/// iperf3 TCP from A's host to B's host at its IPv6 address `to`, with `streams` parallel
+/// streams for `seconds`.
+///
+/// # Errors
+/// iperf3 fails.
+pub fn tcp6(
+    bed: &TwoSites,
+    streams: usize,
+    seconds: u64,
+    to: std::net::Ipv6Addr,
+) -> anyhow::Result<Tcp> {
+    let p = streams.to_string();
+    let target = to.to_string();
+    let run = IperfRun::start_to(
+        bed,
+        (Side::B, &target),
+        &["-6", "-P", p.as_str()],
+        seconds,
+        Priority::Default,
+    )?;
+    tcp_report(
+        &run.finish()
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.logs()))?,
+    )
+}
+
 /// The rate and retransmits of an iperf3 TCP client's JSON report.
 fn tcp_report(r: &serde_json::Value) -> anyhow::Result<Tcp> {
     Ok(Tcp {

@@ -33,6 +33,10 @@ const LATENCY: (&str, &str) = (
 /// The setting the latency part measures beside the defaults: the data plane at real-time
 /// priority, the one setting that met issue 24's loaded rows on the bed.
 const LATENCY_SETTING: &str = "realtime_priority = 10";
+const IPV6: (&str, &str) = (
+    "<!-- xtask bench ipv6: begin -->",
+    "<!-- xtask bench ipv6: end -->",
+);
 const INSTRUCTIONS: (&str, &str) = (
     "<!-- xtask bench instructions: begin -->",
     "<!-- xtask bench instructions: end -->",
@@ -53,6 +57,8 @@ pub(crate) struct Parts {
     pub(crate) instructions: bool,
     /// Issue 24's latency rows.
     pub(crate) latency: bool,
+    /// TCP over IPv6 beside IPv4 through one tunnel.
+    pub(crate) ipv6: bool,
 }
 /// Packets per criterion iteration (benches/src/lib.rs `BURST`).
 const BURST: f64 = 4096.0;
@@ -102,7 +108,7 @@ pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Res
     if parts.instructions {
         sections.push((INSTRUCTIONS, crate::instructions::run(&root)?));
     }
-    if parts.e2e || parts.attack || parts.peers || parts.latency {
+    if parts.e2e || parts.attack || parts.peers || parts.latency || parts.ipv6 {
         crate::bed::prerequisites()?;
         let bin = crate::bed::build_release(&root)?;
         // The bed measures and prints its figures as JSON; the Markdown is written here.
@@ -134,6 +140,11 @@ pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Res
             let report = serde_json::from_slice(&bed("peers")?)
                 .context("reading cyphonic-bed peers's report")?;
             sections.push((PEERS, crate::report::peers(&report)?));
+        }
+        if parts.ipv6 {
+            let report = serde_json::from_slice(&bed("ipv6")?)
+                .context("reading cyphonic-bed ipv6's report")?;
+            sections.push((IPV6, crate::report::ipv6(&report)?));
         }
         if parts.latency {
             let mut args: Vec<&std::ffi::OsStr> =

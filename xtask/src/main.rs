@@ -71,6 +71,10 @@ enum Command {
         /// and with `realtime_priority = 10`, two alternating rounds.
         #[arg(long)]
         latency: bool,
+        /// TCP over IPv6 beside IPv4 through one tunnel, the same two hosts, the families
+        /// alternating.
+        #[arg(long)]
+        ipv6: bool,
         /// For `--latency`: a directory holding the commit before's three daemons, run as a
         /// column of their own (the rows' "2x over the commit before").
         #[arg(long, value_name = "DIR")]
@@ -161,9 +165,10 @@ fn main() -> ExitCode {
             peers,
             instructions,
             latency,
+            ipv6,
             base,
         } => {
-            let all = !(micro || e2e || attack || peers || instructions || latency);
+            let all = !(micro || e2e || attack || peers || instructions || latency || ipv6);
             bench::run(
                 !no_write,
                 bench::Parts {
@@ -173,6 +178,7 @@ fn main() -> ExitCode {
                     peers: peers || all,
                     instructions: instructions || all,
                     latency: latency || all,
+                    ipv6: ipv6 || all,
                 },
                 base.as_deref(),
             )

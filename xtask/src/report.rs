@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use cyphonic_report::{
-    AttackReport, BenchReport, LatencyColumn, LatencyReport, LatencyRole, LatencyRound,
+    AttackReport, BenchReport, Ipv6Report, LatencyColumn, LatencyReport, LatencyRole, LatencyRound,
     PeersReport, PingStats, Quick, Tcp, Udp,
 };
 
@@ -15,6 +15,42 @@ fn ratio(a: f64, b: f64) -> String {
     } else {
         "-".into()
     }
+}
+
+/// `cyphonic-bed ipv6`'s report as Markdown.
+pub(crate) fn ipv6(r: &Ipv6Report) -> Result<String, std::fmt::Error> {
+    let m = &r.measured;
+    let mut md = String::new();
+    writeln!(
+        md,
+        "Measured {} on {}. The two-site bed with IPv6 (release build, GRO on: the defaults); lanA's host runs iperf3 TCP to lanB's for {} s, to its IPv4 address and to its SLAAC address in turn, three runs of each, the median shown. IPv4 segments carry an MSS clamped to 1380, IPv6 ones 1360 (the advertised MTU, 1420, less 60).",
+        m.date, m.machine, m.seconds
+    )?;
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| streams | IPv4 (Gbit/s) | IPv6 (Gbit/s) | IPv6 / IPv4 | retransmits IPv4 / IPv6 |"
+    )?;
+    writeln!(md, "|---:|---:|---:|---:|---:|")?;
+    for row in &r.rows {
+        writeln!(
+            md,
+            "| {} | {:.2} | {:.2} | {} | {} / {} |",
+            row.streams,
+            row.v4.gbps,
+            row.v6.gbps,
+            ratio(row.v6.gbps, row.v4.gbps),
+            row.v4.retransmits,
+            row.v6.retransmits
+        )?;
+    }
+    writeln!(md)?;
+    writeln!(
+        md,
+        "Frames adapter B handed its LAN merged for the kernel to cut (GSO): {} during the IPv4 runs, {} during the IPv6 ones.",
+        r.merged.0, r.merged.1
+    )?;
+    Ok(md)
 }
 
 /// `cyphonic-bed bench`'s report as Markdown.

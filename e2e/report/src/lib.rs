@@ -209,6 +209,30 @@ pub struct LatencyRound {
     pub stream_idle_ends: Tcp,
 }
 
+/// `cyphonic-bed ipv6`: TCP over IPv4 and over IPv6 through one tunnel, between the same
+/// two LAN hosts, the families alternating run by run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ipv6Report {
+    /// Where and when.
+    pub measured: Measured,
+    /// One row per stream count.
+    pub rows: Vec<FamilyRow>,
+    /// Frames adapter B sent its LAN merged for the kernel to cut (GSO), during the IPv4
+    /// runs and during the IPv6 ones.
+    pub merged: (u64, u64),
+}
+
+/// TCP over each family with one stream count (medians of the runs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FamilyRow {
+    /// Parallel streams.
+    pub streams: usize,
+    /// Over IPv4.
+    pub v4: Tcp,
+    /// Over IPv6.
+    pub v6: Tcp,
+}
+
 /// `cyphonic-bed peers`: many nodes against one adapter.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PeersReport {

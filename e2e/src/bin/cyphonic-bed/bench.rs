@@ -158,6 +158,57 @@ pub(crate) fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
     })
 }
 
+/// TCP over both families through one bed with IPv6 (GRO on, the defaults), `RUNS` runs of
+/// each, IPv4 and IPv6 alternating; the medians, and how many frames adapter B sent its LAN
+/// merged during each family's runs.
+pub(crate) fn ipv6(seconds: u64) -> anyhow::Result<Ipv6Report> {
+    let bed = TwoSites::up(&BedOptions {
+        ipv6: true,
+        ..BedOptions::default()
+    })?;
+    let within = Duration::from_secs(20);
+    cyphonic_e2e::lan::slaac_address(&bed.a.lan, "fd7a:0:1:100:", within)?;
+    let to = cyphonic_e2e::lan::slaac_address(&bed.b.lan, "fd7a:0:1:200:", within)?;
+    // B's host makes itself heard by its adapter; both families' tunnels are up.
+    bed.b
+        .lan
+        .exec_output("ping", &["-6", "-c", "1", "-W", "2", "fd7a:0:1:200::1"])?;
+    measure::warm_up(&bed)?;
+    bed.a.lan.exec_output(
+        "ping",
+        &["-6", "-c", "3", "-i", "0.1", "-W", "2", &to.to_string()],
+    )?;
+    let merged = |bed: &TwoSites| bed.counter(Side::B, "lan_merged");
+    let mut rows = Vec::new();
+    let mut merged_by = (0, 0);
+    for streams in [1, 4] {
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            let before = merged(&bed)?;
+            v4.push(measure::tcp(&bed, streams, seconds)?);
+            let between = merged(&bed)?;
+            v6.push(measure::tcp6(&bed, streams, seconds, to)?);
+            let after = merged(&bed)?;
+            merged_by.0 += between - before;
+            merged_by.1 += after - between;
+        }
+        let median = |mut all: Vec<report::Tcp>| {
+            all.sort_by(|a, b| a.gbps.total_cmp(&b.gbps));
+            all[all.len() / 2]
+        };
+        rows.push(FamilyRow {
+            streams,
+            v4: median(v4),
+            v6: median(v6),
+        });
+    }
+    Ok(Ipv6Report {
+        measured: measured(seconds),
+        rows,
+        merged: merged_by,
+    })
+}
+
 pub(crate) fn measured(seconds: u64) -> Measured {
     Measured {
         date: report::utc_now(),

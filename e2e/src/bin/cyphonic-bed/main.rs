@@ -13,8 +13,8 @@ use cyphonic_e2e::bed::{BedOptions, CloudOptions, Priority, Side, SiteOptions, T
 use cyphonic_e2e::impair::{ImpairedLink, Impairment};
 use cyphonic_e2e::lan::{DhcpClient, DhcpHost, dig};
 use cyphonic_e2e::report::{
-    self, Ablation, AblationRow, AttackReport, AttackRow, BenchReport, Cut, LatencyColumn,
-    LatencyReport, LatencyRole, LatencyRound, Measured, PeersReport, Profile, Quick,
+    self, Ablation, AblationRow, AttackReport, AttackRow, BenchReport, Cut, FamilyRow, Ipv6Report,
+    LatencyColumn, LatencyReport, LatencyRole, LatencyRound, Measured, PeersReport, Profile, Quick,
 };
 use cyphonic_e2e::{fleet, measure};
 
@@ -332,6 +332,13 @@ enum Command {
         #[arg(long)]
         out: std::path::PathBuf,
     },
+    /// TCP over IPv4 and over IPv6 between the two LAN hosts through one tunnel (SLAAC
+    /// addresses, GRO on), 1 and 4 streams, the families alternating; prints JSON.
+    Ipv6 {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints the figures as JSON.
     Peers {
@@ -372,6 +379,7 @@ fn main() -> ExitCode {
         Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
         Command::Attack { seconds } => attack(seconds).and_then(|r| print_json(&r)),
         Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
+        Command::Ipv6 { seconds } => ipv6(seconds).and_then(|r| print_json(&r)),
         Command::Soak {
             seconds,
             cycle,
