@@ -85,9 +85,14 @@ fn client(cloud: &Cloud, at: SocketAddr, id: Arc<Identity>) -> (Handle, mpsc::Re
     )
 }
 
-/// The next event that `pick` accepts, within five seconds.
+/// How long a test waits for an event it expects: it ends as soon as the event comes, so
+/// this bounds only a failing test. Generous, for a machine busy with builds and other
+/// tests (5 s was once not enough there).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The next event that `pick` accepts, within [`PATIENCE`].
 async fn next<T>(rx: &mut mpsc::Receiver<Event>, mut pick: impl FnMut(Event) -> Option<T>) -> T {
-    tokio::time::timeout(Duration::from_secs(5), async {
+    tokio::time::timeout(PATIENCE, async {
         loop {
             if let Some(t) = pick(rx.recv().await.expect("events end")) {
                 return t;
@@ -95,7 +100,7 @@ async fn next<T>(rx: &mut mpsc::Receiver<Event>, mut pick: impl FnMut(Event) -> 
         }
     })
     .await
-    .expect("no such event within 5 s")
+    .expect("no such event within PATIENCE")
 }
 
 fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
@@ -663,7 +668,7 @@ impl Tunnel {
         mut pick: impl FnMut(Event, &tokio::net::UdpSocket) -> Option<T>,
     ) -> T {
         let (events, sock, handle) = (&mut self.events, &self.sock, &self.handle);
-        tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::time::timeout(PATIENCE, async {
             let mut buf = [0u8; 256];
             loop {
                 tokio::select! {
@@ -687,7 +692,7 @@ impl Tunnel {
             }
         })
         .await
-        .expect("no such event within 5 s")
+        .expect("no such event within PATIENCE")
     }
 
     async fn expect(&mut self) -> PeerInfo {
