@@ -574,12 +574,17 @@ impl Dhcp {
         }
     }
 
-    /// Takes in the other box's bindings (an HA pair after a split brain); returns whether
-    /// any came in ([`Dhcp::settle`] applies them).
-    pub fn merge(&mut self, leases: Vec<Lease>, unix: u64) -> bool {
-        let theirs = split(leases, self.scopes.iter().map(|s| s.block));
+    /// Takes in the other box's bindings of both families (an HA pair after a split
+    /// brain); returns whether any came in ([`Dhcp::settle`] applies them).
+    pub fn merge(&mut self, theirs: cyphonic_vip::file::Table, unix: u64) -> bool {
+        let leases = split(theirs.leases, self.scopes.iter().map(|s| s.block));
         let (mut taken, mut clashed) = (0, 0);
-        for (s, leases) in self.scopes.iter_mut().zip(theirs) {
+        for (s, leases) in self.scopes.iter_mut().zip(leases) {
+            let (t, c) = s.server.merge(leases, unix);
+            (taken, clashed) = (taken + t, clashed + c);
+        }
+        let leases6 = split6(theirs.leases6, self.v6.iter().map(|s| s.prefix));
+        for (s, leases) in self.v6.iter_mut().zip(leases6) {
             let (t, c) = s.server.merge(leases, unix);
             (taken, clashed) = (taken + t, clashed + c);
         }
@@ -704,6 +709,21 @@ pub fn split(leases: Vec<Lease>, blocks: impl Iterator<Item = ipnet::Ipv4Net>) -
     let mut each = vec![Vec::new(); blocks.len()];
     for l in leases {
         if let Some(i) = scope_index(&blocks, l.ip) {
+            each[i].push(l);
+        }
+    }
+    each
+}
+
+/// `leases6` by segment: those in each of `prefixes`, in order; the rest are dropped.
+pub fn split6(
+    leases6: Vec<cyphonic_vip::Lease6>,
+    prefixes: impl Iterator<Item = ipnet::Ipv6Net>,
+) -> Vec<Vec<cyphonic_vip::Lease6>> {
+    let prefixes: Vec<ipnet::Ipv6Net> = prefixes.collect();
+    let mut each = vec![Vec::new(); prefixes.len()];
+    for l in leases6 {
+        if let Some(i) = prefixes.iter().position(|p| p.contains(&l.ip)) {
             each[i].push(l);
         }
     }
@@ -939,6 +959,28 @@ mod tests {
         let mut d = d;
         d.settle(Instant::now(), unix + 5, &table);
         assert_eq!(table.holder6(ip), Some(mac), "held again after the restart");
+        // The other box of a pair bound a device while the two were apart: its binding
+        // comes in, and its MAC holds the address; one of our address does not.
+        let theirs = |duid: u8, ip: &str| cyphonic_vip::Lease6 {
+            duid: vec![0, 4, duid],
+            iaid: 1,
+            mac: [0x02, 0xdd, 0, 0, 0, duid],
+            ip: ip.parse().unwrap(),
+            hostname: None,
+            expires: unix + 600,
+            active: true,
+        };
+        let apart = theirs(9, "fd7a:0:1:100::1f09");
+        let table6 = cyphonic_vip::file::Table {
+            leases: Vec::new(),
+            leases6: vec![apart.clone(), theirs(8, &ip.to_string())],
+        };
+        assert!(d.merge(table6, unix + 5));
+        d.settle(Instant::now(), unix + 5, &table);
+        assert_eq!(table.holder6(apart.ip), Some(apart.mac));
+        assert_eq!(table.holder6(ip), Some(mac), "ours stands");
+        assert_eq!(d.status6(None).unwrap().bindings, 2);
+        drop(d);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use cyphonic_pipeline::Pulses;
-use cyphonic_vip::{Lease, Share};
+use cyphonic_vip::Share;
 
 use crate::dhcp::Replica;
 
@@ -33,7 +33,7 @@ struct Inner {
 #[derive(Debug, Default)]
 struct State {
     share: Share,
-    merge: Option<Vec<Lease>>,
+    merge: Option<cyphonic_vip::file::Table>,
     /// The newest lease file written, with its generation.
     table: Option<(u64, Arc<[u8]>)>,
     /// What a standby holds, while one is to hold each new lease.
@@ -53,7 +53,7 @@ impl PairLink {
     }
 
     /// The other box's bindings to take in, once.
-    pub fn take_merge(&self) -> Option<Vec<Lease>> {
+    pub fn take_merge(&self) -> Option<cyphonic_vip::file::Table> {
         self.lock().merge.take()
     }
 
@@ -92,8 +92,8 @@ impl PairLink {
     }
 
     /// Bindings for the DHCP server to take in: the newest table replaces one not taken yet.
-    pub(super) fn offer_merge(&self, leases: Vec<Lease>) {
-        self.lock().merge = Some(leases);
+    pub(super) fn offer_merge(&self, table: cyphonic_vip::file::Table) {
+        self.lock().merge = Some(table);
     }
 
     /// The newest lease file written, if any.

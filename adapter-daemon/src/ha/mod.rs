@@ -295,13 +295,24 @@ pub fn stand_by(
     let boot = random_16().map_err(|_| anyhow::anyhow!("the random number generator failed"))?;
     let mut judge = health::Judge::new(config, &iface.name, iface.index);
     let unix = cyphonic_settings::now_secs();
-    let saved = leases.load(unix).map(|l| l.leases).unwrap_or_default();
+    let saved = leases
+        .load(unix)
+        .map(|l| cyphonic_vip::file::Table {
+            leases: l.leases,
+            leases6: l.leases6,
+        })
+        .unwrap_or_default();
     let scopes = config
         .dhcp_scopes()
         .into_iter()
         .map(|(_, c)| c.clone())
         .collect();
-    let offer = pool::Offer::new(scopes, saved, unix);
+    let scopes6 = config
+        .dhcp6_scopes(iface.mac)
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect();
+    let offer = pool::Offer::new(scopes, scopes6, saved, unix);
     let other_kept = pool::load_other(&config.state_dir);
     let now = Instant::now();
     let mut pair = Pair::new(
@@ -852,7 +863,7 @@ impl HaBox {
         match cyphonic_vip::file::decode(table) {
             Ok(table) => {
                 self.merges += 1;
-                self.link.offer_merge(table.leases);
+                self.link.offer_merge(table);
             }
             Err(e) => {
                 self.dropped.malformed += 1;

@@ -626,6 +626,22 @@ impl Server6 {
     }
 
     fn bind(&mut self, now: u64, key: Key, mac: [u8; 6], ip: Ipv6Addr, name: Option<String>) {
+        let hostname = name.or_else(|| self.bindings.get(&key).and_then(|l| l.hostname.clone()));
+        self.install(Lease6 {
+            duid: key.0,
+            iaid: key.1,
+            mac,
+            ip,
+            hostname,
+            expires: now + u64::from(self.cfg.lease_secs),
+            active: true,
+        });
+    }
+
+    /// Puts `lease` in force: its binding's old address, if another, and the MAC's bindings
+    /// beyond [`PER_MAC`] end; an ended binding that last held the address is forgotten.
+    fn install(&mut self, lease: Lease6) {
+        let (key, mac, ip) = ((lease.duid.clone(), lease.iaid), lease.mac, lease.ip);
         if let Some(old) = self.bindings.get(&key).filter(|l| l.ip != ip).map(|l| l.ip)
             && self.by_ip.get(&old) == Some(&key)
         {
@@ -659,21 +675,53 @@ impl Server6 {
         {
             self.bindings.remove(&prev);
         }
-        let hostname = name.or_else(|| self.bindings.get(&key).and_then(|l| l.hostname.clone()));
-        let lease = Lease6 {
-            duid: key.0.clone(),
-            iaid: key.1,
-            mac,
-            ip,
-            hostname,
-            expires: now + u64::from(self.cfg.lease_secs),
-            active: true,
-        };
         self.by_ip.insert(ip, key.clone());
         self.bindings.insert(key, lease.clone());
         self.events.push_back(Event6::Granted(lease));
         self.dirty = true;
         self.trim();
+    }
+
+    /// Takes in the bindings another server made while the two were out of contact (the
+    /// other box of an HA pair, after a split brain healed), as the DHCPv4 server's
+    /// [`crate::Server::merge`] does: each active binding newer than ours for its client
+    /// (DUID and IAID), of an address of the pool (or reserved for its MAC) that nobody else
+    /// holds here, becomes ours (`Granted`) with its own lifetime. A binding of an address
+    /// another client holds here, reserved for another MAC or declined, is left out: ours
+    /// stands, and the other client is refused at its next renewal and gets a new address.
+    /// Returns how many bindings came in, and how many were left out so.
+    pub fn merge(&mut self, leases: Vec<Lease6>, now: u64) -> (usize, usize) {
+        let (mut taken, mut clashed) = (0, 0);
+        for mut lease in leases {
+            if !lease.active || lease.expires <= now || !self.cfg.prefix.contains(&lease.ip) {
+                continue;
+            }
+            let key = (lease.duid.clone(), lease.iaid);
+            if self
+                .bindings
+                .get(&key)
+                .is_some_and(|ours| ours.active && ours.expires >= lease.expires)
+            {
+                continue;
+            }
+            let reserved_here = self
+                .cfg
+                .reservations
+                .iter()
+                .any(|r| r.ip == lease.ip && r.mac == lease.mac);
+            if !(self.in_pool(lease.ip) || reserved_here)
+                || !self.free_for(lease.ip, &key, lease.mac, now)
+            {
+                clashed += 1;
+                continue;
+            }
+            if lease.hostname.is_none() {
+                lease.hostname = self.bindings.get(&key).and_then(|l| l.hostname.clone());
+            }
+            self.install(lease);
+            taken += 1;
+        }
+        (taken, clashed)
     }
 
     /// Ends binding `key` of `ip` (a Release, or a Decline, which also keeps the address out
@@ -1117,6 +1165,81 @@ mod tests {
             [2, 0, 0, 0, 0, 8],
         );
         assert_ne!(other.ias[0].1, first);
+    }
+
+    fn lease6(n: u8, ip: &str, expires: u64) -> Lease6 {
+        Lease6 {
+            duid: vec![0, 4, n],
+            iaid: 1,
+            mac: [2, 0, 0, 0, 1, n],
+            ip: ip.parse().unwrap(),
+            hostname: Some(format!("dev{n}")),
+            expires,
+            active: true,
+        }
+    }
+
+    /// After a split brain, the other box's bindings come in where they take nobody's
+    /// address: a client of its own, a newer binding of a client both served; not a binding
+    /// of an address another client holds here, an ended or an older one, nor one outside
+    /// the pool.
+    #[test]
+    fn the_other_boxs_bindings_merge_where_they_take_no_ones_address() {
+        let ours = vec![
+            lease6(1, "fd7a:0:1:100::1001", NOW + 100),
+            lease6(2, "fd7a:0:1:100::1002", NOW + 100),
+            lease6(3, "fd7a:0:1:100::1003", NOW + 500),
+        ];
+        let mut s = Server6::new(config(), ours, NOW).unwrap();
+        while s.poll_event().is_some() {}
+        let mut ended = lease6(7, "fd7a:0:1:100::1007", NOW + 900);
+        ended.active = false;
+        let theirs = vec![
+            // Its own client: taken, with its lifetime and name.
+            lease6(5, "fd7a:0:1:100::1005", NOW + 300),
+            // Client 2 renewed there on another address, later: the newer one stands.
+            lease6(2, "fd7a:0:1:100::1802", NOW + 300),
+            // Client 3's binding there is older than ours: ours stands.
+            lease6(3, "fd7a:0:1:100::1903", NOW + 200),
+            // Client 6 on client 1's address: ours stands.
+            lease6(6, "fd7a:0:1:100::1001", NOW + 300),
+            // Ended, run out, outside the pool: nothing.
+            ended,
+            lease6(8, "fd7a:0:1:100::1008", NOW),
+            lease6(9, "fd7a:0:1:100::9", NOW + 300),
+        ];
+        assert_eq!(s.merge(theirs, NOW), (2, 2));
+        let held: Vec<(u8, String, u64)> = s
+            .leases()
+            .iter()
+            .filter(|l| l.active)
+            .map(|l| (l.duid[2], l.ip.to_string(), l.expires))
+            .collect();
+        assert_eq!(
+            held,
+            [
+                (1, "fd7a:0:1:100::1001".into(), NOW + 100),
+                (3, "fd7a:0:1:100::1003".into(), NOW + 500),
+                (5, "fd7a:0:1:100::1005".into(), NOW + 300),
+                (2, "fd7a:0:1:100::1802".into(), NOW + 300),
+            ]
+        );
+        let granted: Vec<u8> = std::iter::from_fn(|| s.poll_event())
+            .filter_map(|e| match e {
+                Event6::Granted(l) => Some(l.duid[2]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(granted, [5, 2]);
+        assert!(s.take_dirty());
+        // Client 2 renews here and keeps what it got there.
+        let back = ask(&mut s, MessageType::Renew, &[0, 4, 2], [2, 0, 0, 0, 1, 2]);
+        assert_eq!(back.ias[0].1, Some("fd7a:0:1:100::1802".parse().unwrap()));
+        // The same bindings again change nothing.
+        assert_eq!(
+            s.merge(vec![lease6(5, "fd7a:0:1:100::1005", NOW + 300)], NOW),
+            (0, 0)
+        );
     }
 
     #[test]
