@@ -419,11 +419,8 @@ impl Edge for AdapterEdge<'_> {
                     block: v.lan.block.to_string(),
                     gateway: v.lan.gateway_ip.to_string(),
                     block6: v.lan.v6.as_ref().map(|s| s.prefix.to_string()),
-                    dhcp: p
-                        .vlan_dhcp
-                        .iter()
-                        .find(|(t, _)| *t == v.tag)
-                        .map(|(_, d)| d.clone()),
+                    dhcp: of_segment(&p.vlan_dhcp, v.tag),
+                    dhcp6: of_segment(&p.vlan_dhcp6, v.tag),
                 })
                 .collect();
             let status = AdapterStatus {
@@ -479,19 +476,19 @@ impl Collector for AdapterCollector {
         self.lan.counters.encode(PREFIX, &mut e)?;
         let (devices, dhcp, dhcp6, dns) = {
             let p = self.lan.published();
-            // Every segment's DHCP server together (the status has each VLAN's own).
-            let dhcp = p
-                .dhcp
-                .iter()
-                .chain(p.vlan_dhcp.iter().map(|(_, d)| d))
-                .map(|d| d.stats.named())
-                .reduce(|mut all, one| {
-                    for (a, b) in all.iter_mut().zip(one) {
-                        a.1 += b.1;
-                    }
-                    all
-                });
-            let dhcp6 = p.dhcp6.as_ref().map(|d| d.stats.named());
+            // Every segment's DHCP servers together (the status has each VLAN's own).
+            let dhcp = summed(
+                p.dhcp
+                    .iter()
+                    .chain(p.vlan_dhcp.iter().map(|(_, d)| d))
+                    .map(|d| d.stats.named()),
+            );
+            let dhcp6 = summed(
+                p.dhcp6
+                    .iter()
+                    .chain(p.vlan_dhcp6.iter().map(|(_, d)| d))
+                    .map(|d| d.stats.named()),
+            );
             (p.leases.len(), dhcp, dhcp6, p.dns.as_ref().map(|d| d.stats))
         };
         #[expect(clippy::cast_precision_loss, reason = "a count of devices")]
@@ -515,6 +512,27 @@ impl Collector for AdapterCollector {
         }
         Ok(())
     }
+}
+
+/// The part of `by_tag` of the segment of VLAN `tag`, if any.
+fn of_segment<T: Clone>(by_tag: &[(u16, T)], tag: u16) -> Option<T> {
+    by_tag
+        .iter()
+        .find(|(t, _)| *t == tag)
+        .map(|(_, d)| d.clone())
+}
+
+/// Named counters of several servers, summed name by name (all name the same counters in
+/// one order); None for none.
+fn summed<const N: usize>(
+    each: impl Iterator<Item = [(&'static str, u64); N]>,
+) -> Option<[(&'static str, u64); N]> {
+    each.reduce(|mut all, one| {
+        for (a, b) in all.iter_mut().zip(one) {
+            a.1 += b.1;
+        }
+        all
+    })
 }
 
 /// The learned legacy devices, as the status lists them: no name, their own address.

@@ -168,11 +168,26 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
             }
         );
     }
-    if let Some(d) = &doc.edge.dhcp6 {
+    let vlans6 = doc.edge.vlans.iter().map(|v| {
+        (
+            format!(
+                "vlan {}: {} dhcp6",
+                v.tag,
+                v.block6.as_deref().unwrap_or("")
+            ),
+            v.dhcp6.as_ref(),
+        )
+    });
+    for (what, dhcp6) in
+        std::iter::once(("dhcp6:".to_owned(), doc.edge.dhcp6.as_ref())).chain(vlans6)
+    {
+        let Some(d) = dhcp6 else {
+            continue;
+        };
         let s = &d.stats;
         let _ = writeln!(
             t,
-            "dhcp6: pool {}  bindings {}  solicits {}  requests {}  replies {}  ignored {}  starvation_refused {}  pool_exhausted {}",
+            "{what} pool {}  bindings {}  solicits {}  requests {}  replies {}  ignored {}  starvation_refused {}  pool_exhausted {}",
             d.pool,
             d.bindings,
             s.solicits,

@@ -356,12 +356,19 @@ impl AdapterServices {
             .iter()
             .filter_map(|v| Some((v.tag, self.dhcp.as_ref()?.status(Some(v.tag))?)))
             .collect();
+        let vlan_dhcp6 = self
+            .lan
+            .vlans
+            .iter()
+            .filter_map(|v| Some((v.tag, self.dhcp.as_ref()?.status6(Some(v.tag))?)))
+            .collect();
         let dns = self.dns.as_ref().map(|d| d.status(None, 0));
         let dhcp6 = self.dhcp.as_ref().and_then(|d| d.status6(None));
         let mut p = self.lan.published();
         p.dhcp = dhcp;
         p.dhcp6 = dhcp6;
         p.vlan_dhcp = vlan_dhcp;
+        p.vlan_dhcp6 = vlan_dhcp6;
         p.dns = dns;
     }
 }

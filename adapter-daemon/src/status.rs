@@ -49,6 +49,9 @@ pub struct VlanStatus {
     pub block6: Option<String>,
     /// Its DHCP server, unless switched off.
     pub dhcp: Option<DhcpStatus>,
+    /// Its DHCPv6 server, when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhcp6: Option<Dhcp6Status>,
 }
 
 /// One box of an HA pair (docs/protocol.md §5).
@@ -244,6 +247,8 @@ pub struct Published {
     pub vlan_dhcp: Vec<(u16, DhcpStatus)>,
     /// The DHCPv6 server.
     pub dhcp6: Option<Dhcp6Status>,
+    /// The VLAN segments' DHCPv6 servers, by tag.
+    pub vlan_dhcp6: Vec<(u16, Dhcp6Status)>,
     /// The DNS service.
     pub dns: Option<DnsStatus>,
 }

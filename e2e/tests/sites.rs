@@ -1177,8 +1177,18 @@ fn a_vlan_segment_has_its_own_ipv6_64() {
         "{bound:?}"
     );
     assert_eq!(bound.get("dns"), "fd7a:0:1:101::1", "{bound:?}");
-    vcam.stop().unwrap();
+    // The VLAN's server counts its own messages and binding; the untagged one saw none.
     let status = bed.status(Side::A).unwrap();
+    let vlan6 = &status["vlans"][0]["dhcp6"];
+    assert_eq!(vlan6["bindings"].as_u64(), Some(1), "{vlan6}");
+    assert!(vlan6["requests"].as_u64() >= Some(1), "{vlan6}");
+    assert_eq!(
+        status["dhcp6"]["requests"].as_u64(),
+        Some(0),
+        "{}",
+        status["dhcp6"]
+    );
+    vcam.stop().unwrap();
     assert_eq!(
         status["vlans"][0]["block6"], "fd7a:0:1:101::/64",
         "{}",
