@@ -636,6 +636,18 @@ impl Dhcp {
         self.scopes.iter().flat_map(|s| s.server.active())
     }
 
+    /// The MACs with a DHCPv6 binding (every segment's), with the host name each gave.
+    pub fn bound6(&self) -> HashMap<[u8; 6], Option<String>> {
+        let mut bound: HashMap<[u8; 6], Option<String>> = HashMap::new();
+        for l in self.v6.iter().flat_map(|s| s.server.active()) {
+            let name = bound.entry(l.mac).or_default();
+            if name.is_none() {
+                name.clone_from(&l.hostname);
+            }
+        }
+        bound
+    }
+
     /// The part of the status document of the DHCPv6 server of the segment of `tag` (None:
     /// untagged), if it runs.
     pub fn status6(&self, tag: Option<u16>) -> Option<crate::status::Dhcp6Status> {

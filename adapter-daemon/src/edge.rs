@@ -431,6 +431,7 @@ impl Edge for AdapterEdge<'_> {
                     ..info.clone()
                 },
                 leases: p.leases,
+                devices6: p.devices6,
                 dhcp: p.dhcp,
                 dhcp6: p.dhcp6,
                 dns: p.dns,

@@ -139,6 +139,11 @@ fn status_text(doc: &AdapterDocument) -> EdgeText {
         };
         let _ = writeln!(t, "{:<16} {:<18} {lease:<21} {name}", l.vip, l.mac);
     }
+    // Devices with IPv6 only: their address where the others' lease is.
+    for d in &doc.edge.devices6 {
+        let name = d.name.as_deref().unwrap_or("-");
+        let _ = writeln!(t, "{:<16} {:<18} {:<21} {name}", "-", d.mac, d.vip6);
+    }
     let vlans = doc.edge.vlans.iter().map(|v| {
         (
             format!("vlan {}: {} gateway {}, dhcp", v.tag, v.block, v.gateway),

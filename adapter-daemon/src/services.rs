@@ -333,18 +333,16 @@ impl AdapterServices {
     fn refresh_names(&mut self) {
         self.seen6 = self.lan.table.changes6();
         let v6 = self.lan.table.named6(&self.lan.prefixes6());
+        let bound6 = self.dhcp.as_ref().map(Dhcp::bound6).unwrap_or_default();
         let named = self
             .names
-            .refresh(self.dhcp.iter().flat_map(|d| d.active()), &v6);
+            .refresh(self.dhcp.iter().flat_map(|d| d.active()), &v6, &bound6);
         if let Some(dns) = self.dns.as_mut() {
-            dns.set_hosts(
-                named
-                    .labels
-                    .iter()
-                    .map(|(ip, l)| (l.as_str(), *ip, named.v6.get(ip).copied())),
-            );
+            dns.set_hosts(named.hosts());
         }
-        self.lan.published().leases = named.leases;
+        let mut p = self.lan.published();
+        p.leases = named.leases;
+        p.devices6 = named.devices6;
     }
 
     /// Publishes the DHCP server's and the DNS service's state.

@@ -20,6 +20,9 @@ pub struct AdapterStatus {
     pub adapter: AdapterInfo,
     /// Every device with an address: DHCP leases and reservations.
     pub leases: Vec<LeaseStatus>,
+    /// Every device with IPv6 only (no IPv4 address), named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices6: Vec<Device6Status>,
     /// The DHCP server, unless switched off.
     pub dhcp: Option<DhcpStatus>,
     /// The DHCPv6 server, when the LAN has IPv6 and it runs.
@@ -199,6 +202,19 @@ pub struct LeaseStatus {
     pub expires: Option<u64>,
 }
 
+/// A device with IPv6 only (docs/protocol.md §7): named, with no IPv4 address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device6Status {
+    /// Its IPv6 address, its AAAA.
+    pub vip6: String,
+    /// Its MAC.
+    pub mac: String,
+    /// Its name in our zone.
+    pub name: Option<String>,
+    /// The host name it gave (DHCPv6 Client FQDN).
+    pub hostname: Option<String>,
+}
+
 /// The DHCP server.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DhcpStatus {
@@ -241,6 +257,8 @@ pub struct Dhcp6Status {
 pub struct Published {
     /// Every device with an address.
     pub leases: Vec<LeaseStatus>,
+    /// Every device with IPv6 only.
+    pub devices6: Vec<Device6Status>,
     /// The DHCP server.
     pub dhcp: Option<DhcpStatus>,
     /// The VLAN segments' DHCP servers, by tag.

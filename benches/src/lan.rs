@@ -41,7 +41,7 @@ pub fn resolver() -> Resolver<u32> {
     let labels: Vec<(String, Ipv4Addr)> = (0..DEVICES)
         .map(|n| (format!("dev{n}"), Ipv4Addr::new(100, 64, 1, 20 + n)))
         .collect();
-    r.set_hosts(labels.iter().map(|(l, ip)| (l.as_str(), *ip, None)));
+    r.set_hosts(labels.iter().map(|(l, ip)| (l.as_str(), Some(*ip), None)));
     r.set_peers(vec![PeerZone {
         peer: 1,
         name: name("gw2.ovl.example."),

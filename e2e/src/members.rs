@@ -124,13 +124,18 @@ pub(crate) fn numbered_address(net: u16, i: usize) -> IpAddr {
 
 /// Member `i`'s name and vIP: `<letter><i>.ovl.example` at 100.80.0.0 + `i`.
 pub(crate) fn numbered_name(letter: char, i: usize) -> NameRecord {
-    let i = u32::try_from(i).unwrap_or(u32::MAX);
     NameRecord {
         name: format!("{letter}{i}.ovl.example"),
-        vip: Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 80, 0, 0)) + i),
+        vip: Some(numbered_vip(i)),
         vip6: None,
         legacy: None,
     }
+}
+
+/// Member `i`'s vIP: 100.80.0.0 + `i`.
+pub(crate) fn numbered_vip(i: usize) -> Ipv4Addr {
+    let i = u32::try_from(i).unwrap_or(u32::MAX);
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 80, 0, 0)).saturating_add(i))
 }
 
 /// The cloud (one instance on SQLite, or two on one PostgreSQL) and the members' namespace.
@@ -258,7 +263,8 @@ impl MembersBed {
         (0..self.members)
             .map(|i| {
                 let r = member_name(i);
-                self.pki.identity(&r.name, &format!("{}/32", r.vip), &[])
+                self.pki
+                    .identity(&r.name, &format!("{}/32", numbered_vip(i)), &[])
             })
             .collect()
     }

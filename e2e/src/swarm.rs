@@ -221,7 +221,8 @@ impl SwarmBed {
         let identities: Vec<Arc<Identity>> = (0..self.peers)
             .map(|i| {
                 let r = peer_name(i);
-                self.pki.identity(&r.name, &format!("{}/32", r.vip), &[])
+                self.pki
+                    .identity(&r.name, &format!("{}/32", members::numbered_vip(i)), &[])
             })
             .collect();
         let drive = Drive {
@@ -387,7 +388,7 @@ impl Drive {
                 identity,
                 socket,
                 clock: clock.clone(),
-                vip: peer_name(i).vip,
+                vip: members::numbered_vip(i),
                 target: self.target,
             };
             tunnels.spawn(async move {

@@ -249,15 +249,11 @@ fn two_nodes_reach_each_other_over_ipv6() {
             "{dig:?}\n{}",
             logs()
         );
-        let out = fleet.nodes[from]
-            .ns
-            .exec_output("ping", &["-6", "-c", "3", "-i", "0.2", "-W", "2", &target])
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "node {from} to {target}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            logs()
+        ping6_by_name(
+            &fleet.nodes[from].ns,
+            &target,
+            &format!("node {from} to {target}"),
+            logs,
         );
     }
     let addrs = fleet.nodes[0]
@@ -412,16 +408,7 @@ fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
         let dig = cyphonic_e2e::lan::dig(&node.ns, node.vip, name, "AAAA");
         panic!("{e}: {dig:?}\n{}", logs())
     });
-    let out = node
-        .ns
-        .exec_output("ping", &["-6", "-c", "3", "-i", "0.2", "-W", "2", name])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "node to device: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        logs()
-    );
+    ping6_by_name(&node.ns, name, "node to device", logs);
     // And the device the node's address, through the tunnel the name's lookup made.
     let node6 = node_ipv6(0).to_string();
     wait_until(Duration::from_secs(15), "the device's ping", || {
@@ -443,6 +430,90 @@ fn a_slaac_device_and_a_node_reach_each_other_over_ipv6() {
     tcp_and_udp_over_ipv6(&bed, lan, &node.ns, name);
     assert_eq!(bed.counter(Side::A, "drop_not_ipv4").unwrap(), 0);
     assert_eq!(bed.counter(Side::A, "drop_coalesced").unwrap(), 0);
+}
+
+/// Issue 53: a device that speaks IPv6 alone (no DHCPv4, no IPv4 address) takes its
+/// address by SLAAC; the adapter names it from its MAC with an AAAA and no A, lists it with
+/// the devices of IPv6 only, and registers it (control version 9); a node finds its AAAA
+/// through the cloud and pings it by name.
+#[test]
+fn a_device_with_ipv6_only_has_a_name_a_node_reaches() {
+    use cyphonic_e2e::fleet::Fleet;
+    let mut bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        ipv6: true,
+        lan_switch: true,
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let fleet = Fleet::start_with(&bed, 1, true).unwrap();
+    let (thread, mac) = bed.add_host(Side::A, "thread").unwrap();
+    let logs = || format!("{}\n{}", bed.a.log_text(), fleet.logs());
+    let addr = cyphonic_e2e::lan::slaac_address(&thread, "fd7a:0:1:100:", Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let out = thread
+        .exec_output(
+            "ping",
+            &["-6", "-c", "2", "-i", "0.2", "-W", "2", "fd7a:0:1:100::1"],
+        )
+        .unwrap();
+    assert!(out.status.success(), "device to gateway\n{}", logs());
+    let name = format!(
+        "dev-{}.gw1.ovl.example",
+        mac.replace(':', "").to_ascii_lowercase()
+    );
+    let listed = || {
+        bed.status(Side::A).is_ok_and(|s| {
+            s["devices6"].as_array().is_some_and(|d| {
+                d.iter().any(|d| {
+                    d["vip6"].as_str() == Some(&addr.to_string())
+                        && d["name"].as_str() == Some(name.as_str())
+                })
+            })
+        })
+    };
+    wait_until(Duration::from_secs(5), "the device among devices6", listed).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {:?}",
+            bed.status(Side::A).map(|s| s["devices6"].clone())
+        )
+    });
+    // The adapter's own DNS service: an AAAA and, for A, the name without one (NODATA).
+    let node = &fleet.nodes[0];
+    let local =
+        |t: &str| cyphonic_e2e::lan::dig(&bed.a.lan, Ipv4Addr::new(100, 64, 1, 1), &name, t);
+    let aaaa = local("AAAA").unwrap();
+    assert_eq!(aaaa.answers, [addr.to_string()], "{aaaa:?}");
+    let a = local("A").unwrap();
+    assert!(a.answers.is_empty() && a.status == "NOERROR", "{a:?}");
+    // Through the cloud, from the node.
+    wait_for_registered_aaaa(&bed, &name, addr);
+    wait_until(
+        Duration::from_secs(15),
+        "the device's AAAA at the node",
+        || {
+            cyphonic_e2e::lan::dig(&node.ns, node.vip, &name, "AAAA")
+                .is_ok_and(|d| d.answers == [addr.to_string()])
+        },
+    )
+    .unwrap_or_else(|e| {
+        let dig = cyphonic_e2e::lan::dig(&node.ns, node.vip, &name, "AAAA");
+        panic!("{e}: {dig:?}\n{}", logs())
+    });
+    ping6_by_name(&node.ns, &name, "node to device", logs);
+}
+
+/// `ns` pings `name` over IPv6 three times: `what` and `logs` say whose when it does not.
+fn ping6_by_name(ns: &Netns, name: &str, what: &str, logs: impl Fn() -> String) {
+    let out = ns
+        .exec_output("ping", &["-6", "-c", "3", "-i", "0.2", "-W", "2", name])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        logs()
+    );
 }
 
 /// 2 s of iperf3 TCP, then of UDP at 100 Mbit/s, over IPv6 from `client` to `server` by

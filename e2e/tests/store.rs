@@ -19,7 +19,7 @@ use cyphonic_signal::{Event, NameRecord, RelayReason, Resolution};
 fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
         name: name.into(),
-        vip: Ipv4Addr::from(vip),
+        vip: Some(Ipv4Addr::from(vip)),
         vip6: None,
         legacy: None,
     }
@@ -210,7 +210,7 @@ async fn conformance(store: &Store) {
         )]
     );
     let found = store.lookup("cam.gw1.ovl.example").await.unwrap().unwrap();
-    assert_eq!(found.vip, Ipv4Addr::new(100, 64, 1, 100));
+    assert_eq!(found.vip, Some(Ipv4Addr::new(100, 64, 1, 100)));
     assert_eq!(found.owner.fingerprint, "fp1");
     assert_eq!(found.owner.certificate, "CERT1");
     assert_eq!(found.owner.endpoints, [e1]);
@@ -226,11 +226,56 @@ async fn conformance(store: &Store) {
     let row = store.client("fp1").await.unwrap().unwrap();
     assert_eq!((row.observed, row.observed_alt), (Some(seen), Some(alt)));
     assert_eq!(row.reach(), [seen, e1]);
+    // A device with IPv6 only (control version 9): its name has no vIP, and the registry
+    // keeps it so, in the member's IPv6 names alone.
+    let thread = NameRecord {
+        vip: None,
+        vip6: Some("fd7a:0:1:100::1abc".parse().unwrap()),
+        ..rec("thread.gw1.ovl.example", [0; 4])
+    };
+    let taken = store
+        .register(
+            "fp1",
+            &[e1],
+            &[rec("gw1.ovl.example", [100, 64, 1, 1]), thread.clone()],
+        )
+        .await
+        .unwrap();
+    assert!(taken.is_empty());
+    let found = store
+        .lookup("thread.gw1.ovl.example")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((found.vip, found.vip6), (None, thread.vip6));
+    let (names, names6) = store.names_of("fp1").await.unwrap();
+    assert_eq!(
+        names,
+        [("gw1.ovl.example".to_owned(), Ipv4Addr::new(100, 64, 1, 1))]
+    );
+    assert_eq!(names6.get("thread.gw1.ovl.example").copied(), thread.vip6);
+    let members = store.members().await.unwrap();
+    let fp1 = members
+        .iter()
+        .find(|m| m.client.fingerprint == "fp1")
+        .unwrap();
+    assert_eq!(fp1.names.len(), 1);
+    assert_eq!(
+        fp1.names6.get("thread.gw1.ovl.example").copied(),
+        thread.vip6
+    );
     // Registering again replaces the names.
     store
         .register("fp1", &[e1], &[rec("gw1.ovl.example", [100, 64, 1, 1])])
         .await
         .unwrap();
+    assert!(
+        store
+            .lookup("thread.gw1.ovl.example")
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(store.lookup("cam.gw1.ovl.example").await.unwrap().is_none());
     assert_eq!(store.name_count().await.unwrap(), 2);
     // Offline clients keep their names (a tunnel to them may still work).
@@ -628,7 +673,7 @@ fn two_cloud_instances_serve_one_overlay_through_postgresql() {
         let Some(Resolution::Found { vip, .. }) = found else {
             panic!("instance 1 never found what instance 2 registered");
         };
-        assert_eq!(vip, Ipv4Addr::new(100, 64, 2, 100));
+        assert_eq!(vip, Some(Ipv4Addr::new(100, 64, 2, 100)));
         let expect = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
                 if let Some(Event::Expect(p)) = e2.recv().await {
@@ -768,7 +813,7 @@ async fn connected(events: &mut tokio::sync::mpsc::Receiver<Event>) -> SocketAdd
 }
 
 /// What `cam.gw2.ovl.example` resolves to through `h`, asking until it does (bounded).
-async fn resolves(h: &cyphonic_signal::Handle) -> Ipv4Addr {
+async fn resolves(h: &cyphonic_signal::Handle) -> Option<Ipv4Addr> {
     for _ in 0..100 {
         h.cache().clear();
         if let Ok(Resolution::Found { vip, .. }) = h.resolve("cam.gw2.ovl.example").await {
@@ -819,14 +864,14 @@ fn a_client_fails_over_between_cloud_instances() {
         assert_eq!(first.port(), one.control.port(), "localhost is instance one");
         let (h2, _e2) = cyphonic_signal::spawn(client_config(&key, &[two.control]), gw2);
         h2.register(vec![], vec![rec("cam.gw2.ovl.example", [100, 64, 2, 100])]);
-        assert_eq!(resolves(&h1).await, Ipv4Addr::new(100, 64, 2, 100));
+        assert_eq!(resolves(&h1).await, Some(Ipv4Addr::new(100, 64, 2, 100)));
         // Instance one stops: gw1 moves to instance two.
         let stopped = std::time::Instant::now();
         one.stop();
         let second = connected(&mut e1).await;
         let moved = stopped.elapsed();
         assert_eq!(second, two.control);
-        assert_eq!(resolves(&h1).await, Ipv4Addr::new(100, 64, 2, 100));
+        assert_eq!(resolves(&h1).await, Some(Ipv4Addr::new(100, 64, 2, 100)));
         let resolved = stopped.elapsed();
         eprintln!("failover: session with the other instance after {moved:?}, resolving again after {resolved:?}");
         assert!(moved < Duration::from_secs(10), "{moved:?}");

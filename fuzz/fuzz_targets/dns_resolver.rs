@@ -25,12 +25,13 @@ fn resolver() -> Resolver<u32> {
         ask_cloud: true,
     });
     r.set_hosts([
-        ("host", Ipv4Addr::new(100, 64, 1, 10), None),
+        ("host", Some(Ipv4Addr::new(100, 64, 1, 10)), None),
         (
             "sensor",
-            Ipv4Addr::new(100, 64, 1, 100),
+            Some(Ipv4Addr::new(100, 64, 1, 100)),
             "fd7a:0:1:100::100".parse().ok(),
         ),
+        ("thread", None, "fd7a:0:1:100::101".parse().ok()),
     ]);
     r.set_peers(vec![PeerZone {
         peer: 1,

@@ -107,6 +107,7 @@ impl StandbyStatus {
             kept.iter().filter(|l| l.active && l.expires > unix),
             // The standby hears no device: the active box names their IPv6.
             &std::collections::HashMap::new(),
+            &std::collections::HashMap::new(),
         );
         AdapterDocument {
             version: VERSION,
@@ -116,6 +117,7 @@ impl StandbyStatus {
                     ..self.info.clone()
                 },
                 leases: named.leases,
+                devices6: Vec::new(),
                 dhcp: None,
                 dhcp6: None,
                 dns: None,

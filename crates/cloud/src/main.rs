@@ -416,7 +416,11 @@ fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Resu
                 }
                 let lower = name.trim_end_matches('.').to_ascii_lowercase();
                 match store.lookup(&lower).await? {
-                    Some(row) => Ok(row.vip),
+                    Some(row) => row.vip.ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "`{name}` has an IPv6 address only: name an IPv4 flow's ends"
+                        )
+                    }),
                     None => bail!("`{name}` is not a registered name or an address"),
                 }
             }

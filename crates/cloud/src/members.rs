@@ -72,7 +72,9 @@ struct View {
 #[derive(Debug, Serialize)]
 struct Hosted {
     name: String,
-    vip: Ipv4Addr,
+    /// None for a device with IPv6 only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vip: Option<Ipv4Addr>,
     /// A fixed-address device's own address on its site's legacy subnet.
     #[serde(skip_serializing_if = "Option::is_none")]
     legacy: Option<Ipv4Addr>,
@@ -100,16 +102,28 @@ impl View {
             endpoints: m.client.endpoints.clone(),
             observed: m.client.observed,
             agent: m.agent.clone(),
-            names: m
-                .names
-                .iter()
-                .map(|(name, vip)| Hosted {
-                    name: name.clone(),
-                    vip: *vip,
-                    legacy: m.legacy.get(name).copied(),
-                    vip6: m.names6.get(name).copied(),
-                })
-                .collect(),
+            names: {
+                let mut names: Vec<Hosted> = m
+                    .names
+                    .iter()
+                    .map(|(name, vip)| (name, Some(*vip)))
+                    // Devices with IPv6 only.
+                    .chain(
+                        m.names6
+                            .keys()
+                            .filter(|n| !m.names.iter().any(|(v4, _)| v4 == *n))
+                            .map(|n| (n, None)),
+                    )
+                    .map(|(name, vip)| Hosted {
+                        name: name.clone(),
+                        vip,
+                        legacy: m.legacy.get(name).copied(),
+                        vip6: m.names6.get(name).copied(),
+                    })
+                    .collect();
+                names.sort_by(|a, b| a.name.cmp(&b.name));
+                names
+            },
         }
     }
 }
@@ -229,7 +243,8 @@ fn show_text(views: &[View], now: u64) -> String {
                 .legacy
                 .map_or_else(String::new, |a| format!("  fixed {a}"));
             let v6 = n.vip6.map_or_else(String::new, |a| format!("  {a}"));
-            let _ = writeln!(t, "  {:<40} {}{v6}{own}", n.name, n.vip);
+            let vip = n.vip.map_or_else(|| "-".to_owned(), |a| a.to_string());
+            let _ = writeln!(t, "  {:<40} {vip}{v6}{own}", n.name);
         }
     }
     t

@@ -136,6 +136,12 @@ impl Policy {
                 let v6 = m.devices6.get(d).map(|ip| IpNet::V6(Ipv6Net::from(*ip)));
                 dir.add_named(d, std::iter::once(IpNet::V4(Ipv4Net::from(*vip))).chain(v6));
             }
+            // Devices with IPv6 only: their /128 alone.
+            for (d, ip) in &m.devices6 {
+                if !m.devices.iter().any(|(n, _)| n == d) {
+                    dir.add_named(d, [IpNet::V6(Ipv6Net::from(*ip))]);
+                }
+            }
         }
         // Everyone, of both families.
         dir.add(
@@ -389,6 +395,27 @@ mod tests {
             None
         );
         assert_eq!(c.first_allowing(6, from6, IpAddr::V6(cam6), 80), None);
+        // A device with IPv6 only (control version 9) is named by its /128 alone.
+        let thread6: std::net::Ipv6Addr = "fd7a:0:1:200::1abc"
+            .parse()
+            .unwrap_or(std::net::Ipv6Addr::UNSPECIFIED);
+        fleet[1]
+            .devices6
+            .insert("thread.gw2.ovl.example".into(), thread6);
+        let p = deny(
+            Vec::new(),
+            vec![Rule {
+                from: v(&["gw1.ovl.example"]),
+                to: v(&["thread.gw2.ovl.example"]),
+                allow: v(&["udp/5683"]),
+            }],
+        );
+        let c = p.compile(&fleet).unwrap_or_default();
+        assert_eq!(
+            c.first_allowing(17, from6, IpAddr::V6(thread6), 5683),
+            Some(1)
+        );
+        assert_eq!(c.first_allowing(17, from6, IpAddr::V6(cam6), 5683), None);
     }
 
     /// Groups of certificates, devices by name and pattern, one-way rules: what each client

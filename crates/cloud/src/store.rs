@@ -68,7 +68,8 @@ impl ClientRow {
     }
 }
 
-/// Names a client hosts, with their vIPs, and the IPv6 addresses of those that have one.
+/// Names a client hosts that have a vIP, with it; and the IPv6 addresses of those that have
+/// one (devices with IPv6 only too).
 pub type HostedNames = (
     Vec<(String, Ipv4Addr)>,
     std::collections::BTreeMap<String, Ipv6Addr>,
@@ -82,11 +83,12 @@ pub struct Member {
     /// When it last connected, registered or was seen by a probe, or went offline (unix
     /// seconds).
     pub last_seen: u64,
-    /// The names it hosts (its own and its devices'), with their vIPs, by name.
+    /// The names it hosts (its own and its devices') that have a vIP, with it, by name.
     pub names: Vec<(String, Ipv4Addr)>,
     /// Of those, the fixed-address devices' own addresses on their site's legacy subnet.
     pub legacy: std::collections::BTreeMap<String, Ipv4Addr>,
-    /// Of those, the IPv6 addresses of the names that registered one (their AAAA).
+    /// The IPv6 addresses of the names that registered one (their AAAA), those of devices
+    /// with IPv6 only among them.
     pub names6: std::collections::BTreeMap<String, Ipv6Addr>,
     /// The software and version it said it runs when it last connected (cleaned, see
     /// `nms::agent`); None for a certificate that never connected.
@@ -96,8 +98,8 @@ pub struct Member {
 /// A name and who hosts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NameRow {
-    /// Its vIP.
-    pub vip: Ipv4Addr,
+    /// Its vIP (None: a device with IPv6 only).
+    pub vip: Option<Ipv4Addr>,
     /// Its IPv6 address, if it registered one.
     pub vip6: Option<Ipv6Addr>,
     /// The client hosting it.
@@ -433,7 +435,7 @@ impl Store {
                  ON CONFLICT (name) DO NOTHING",
             )
             .bind(&n.name)
-            .bind(n.vip.to_string())
+            .bind(n.vip.map(|a| a.to_string()))
             .bind(fingerprint)
             .bind(n.legacy.map(|a| a.to_string()))
             .bind(n.vip6.map(|a| a.to_string()))
@@ -503,20 +505,8 @@ impl Store {
         let Some(row) = row else {
             return Ok(None);
         };
-        let vip: String = row.try_get(0)?;
-        let vip = vip.parse().map_err(|_| StoreError::Corrupt {
-            table: "names",
-            what: format!("vip {vip:?}"),
-        })?;
-        let vip6: Option<String> = row.try_get(8)?;
-        let vip6 = vip6
-            .map(|v| {
-                v.parse().map_err(|_| StoreError::Corrupt {
-                    table: "names",
-                    what: format!("vip6 {v:?}"),
-                })
-            })
-            .transpose()?;
+        let vip = address_at(&row, 0, "vip")?;
+        let vip6 = address_at(&row, 8, "vip6")?;
         let owner = client_row(&row, 1)?;
         Ok(Some(NameRow { vip, vip6, owner }))
     }
@@ -539,16 +529,17 @@ impl Store {
         let mut names6 = std::collections::BTreeMap::new();
         for r in &rows {
             let name: String = r.try_get(0)?;
-            let vip: String = r.try_get(1)?;
-            let vip = vip.parse().map_err(|_| corrupt(format!("vip {vip:?}")))?;
-            let vip6: Option<String> = r.try_get(2)?;
-            if let Some(text) = vip6 {
-                let ip6 = text
-                    .parse()
-                    .map_err(|_| corrupt(format!("vip6 {text:?}")))?;
+            let vip: Option<Ipv4Addr> = address_at(r, 1, "vip")?;
+            let vip6: Option<Ipv6Addr> = address_at(r, 2, "vip6")?;
+            if vip.is_none() && vip6.is_none() {
+                return Err(corrupt(format!("{name:?} without an address")));
+            }
+            if let Some(ip6) = vip6 {
                 names6.insert(name.clone(), ip6);
             }
-            names.push((name, vip));
+            if let Some(vip) = vip {
+                names.push((name, vip));
+            }
         }
         Ok((names, names6))
     }
@@ -569,36 +560,27 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         // Each client's names, grouped once (not looked up per client).
-        let mut held: std::collections::HashMap<String, Vec<(String, Ipv4Addr)>> =
+        let mut held: std::collections::HashMap<String, Vec<(String, Option<Ipv4Addr>)>> =
             std::collections::HashMap::new();
         let mut legacy = std::collections::BTreeMap::new();
         let mut names6 = std::collections::BTreeMap::new();
         for n in &names {
-            let address = |at: usize| -> Result<Option<Ipv4Addr>, StoreError> {
-                let text: Option<String> = n.try_get(at)?;
-                text.map(|t| {
-                    t.parse().map_err(|_| StoreError::Corrupt {
-                        table: "names",
-                        what: format!("address {t:?}"),
-                    })
-                })
-                .transpose()
-            };
-            let vip = address(2)?.ok_or_else(|| StoreError::Corrupt {
-                table: "names",
-                what: "a name without a vip".to_owned(),
-            })?;
+            let vip: Option<Ipv4Addr> = address_at(n, 2, "vip")?;
             let name: String = n.try_get(1)?;
-            if let Some(own) = address(3)? {
+            if let Some(own) = address_at(n, 3, "legacy")? {
                 legacy.insert(name.clone(), own);
             }
-            let vip6: Option<String> = n.try_get(4)?;
-            if let Some(text) = vip6 {
-                let ip6 = text.parse().map_err(|_| StoreError::Corrupt {
-                    table: "names",
-                    what: format!("address {text:?}"),
-                })?;
-                names6.insert(name.clone(), ip6);
+            match address_at::<Ipv6Addr>(n, 4, "vip6")? {
+                Some(ip6) => {
+                    names6.insert(name.clone(), ip6);
+                }
+                None if vip.is_none() => {
+                    return Err(StoreError::Corrupt {
+                        table: "names",
+                        what: format!("{name:?} without an address"),
+                    });
+                }
+                None => {}
             }
             held.entry(n.try_get(0)?).or_default().push((name, vip));
         }
@@ -617,7 +599,11 @@ impl Store {
                     .iter()
                     .filter_map(|(n, _)| Some((n.clone(), *names6.get(n)?)))
                     .collect(),
-                names,
+                // A device with IPv6 only is in `names6` alone.
+                names: names
+                    .into_iter()
+                    .filter_map(|(n, vip)| Some((n, vip?)))
+                    .collect(),
                 client,
                 last_seen: u64::try_from(last_seen).unwrap_or(0),
                 agent,
@@ -1063,6 +1049,22 @@ impl Store {
             .map(|r| r.try_get::<String, _>(0).map_err(StoreError::from))
             .collect()
     }
+}
+
+/// The address in column `at` of a `names` row (`what` names it in an error), if any.
+fn address_at<T: std::str::FromStr>(
+    row: &sqlx::any::AnyRow,
+    at: usize,
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    let text: Option<String> = row.try_get(at)?;
+    text.map(|t| {
+        t.parse().map_err(|_| StoreError::Corrupt {
+            table: "names",
+            what: format!("{what} {t:?}"),
+        })
+    })
+    .transpose()
 }
 
 /// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online,

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use cyphonic_cloud::config::RelayConfig;
 use cyphonic_cloud::{CloudConfig, Policy, Rule};
+use cyphonic_control::{ClientMsg, CloudMsg};
 use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_session::Identity;
 use cyphonic_signal::testing::Pki;
@@ -106,7 +107,7 @@ async fn next<T>(rx: &mut mpsc::Receiver<Event>, mut pick: impl FnMut(Event) -> 
 fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
         name: name.into(),
-        vip: Ipv4Addr::from(vip),
+        vip: Some(Ipv4Addr::from(vip)),
         vip6: None,
         legacy: None,
     }
@@ -253,7 +254,7 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     let Resolution::Found { vip, vip6, peer } = resolved(&h1, "CAM.gw2.ovl.example.").await else {
         panic!("not found");
     };
-    assert_eq!((vip, vip6), (Ipv4Addr::new(100, 64, 2, 100), None));
+    assert_eq!((vip, vip6), (Some(Ipv4Addr::new(100, 64, 2, 100)), None));
     assert_eq!(
         Certificate::from_pem(&peer.certificate).unwrap(),
         *gw2.certificate()
@@ -445,6 +446,73 @@ async fn a_names_ipv6_address_is_registered_checked_and_resolved() {
         h1.resolve("bad.n5.ovl.example").await.unwrap(),
         Resolution::NotFound
     );
+    // Control version 9: a device with IPv6 only registers and resolves without a vIP; a
+    // name with no address at all is refused.
+    let gw6 = pki.identity("gw6.ovl.example", "100.64.6.0/24 fd7a:0:1:600::/56", &[]);
+    let (h6, mut e6) = client(&cloud, running.control, gw6.clone());
+    let only6 = |name: &str| NameRecord {
+        vip: None,
+        ..with6(name, "fd7a:0:1:600::1abc")
+    };
+    let none = NameRecord {
+        vip6: None,
+        ..only6("none.gw6.ovl.example")
+    };
+    h6.register(
+        vec![],
+        vec![
+            rec("gw6.ovl.example", [100, 64, 6, 1]),
+            only6("thread.gw6.ovl.example"),
+            none,
+        ],
+    );
+    let refused = next(&mut e6, |e| match e {
+        Event::NamesRefused(r) => Some(r),
+        _ => None,
+    })
+    .await;
+    let names: Vec<&str> = refused.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["none.gw6.ovl.example"]);
+    let Resolution::Found { vip, vip6, .. } = resolved(&h1, "thread.gw6.ovl.example").await else {
+        panic!("not found");
+    };
+    assert_eq!(
+        (vip, vip6),
+        (None, Some("fd7a:0:1:600::1abc".parse().unwrap()))
+    );
+    // Beyond the 1,024 names a client may hold, those with IPv6 only are the ones left
+    // out: a name with a vIP that sorts after all of them is kept.
+    let mut many: Vec<NameRecord> = (0..1100u16)
+        .map(|i| NameRecord {
+            vip: None,
+            vip6: Some(std::net::Ipv6Addr::new(0xfd7a, 0, 1, 0x600, 0, 0, 1, i)),
+            ..rec(&format!("d{i}.gw6.ovl.example"), [0; 4])
+        })
+        .collect();
+    many.push(rec("zz.gw6.ovl.example", [100, 64, 6, 99]));
+    // (More than a frame holds: the message as the session would serve it.)
+    let answer = running
+        .nms
+        .serve_message(
+            gw6.certificate(),
+            ClientMsg::Register {
+                endpoints: vec![],
+                names: many,
+            },
+        )
+        .await;
+    let Some(CloudMsg::Registered { refused, .. }) = answer else {
+        panic!("{answer:?}");
+    };
+    assert_eq!(refused.len(), 1101 - 1024);
+    assert!(
+        refused.iter().all(|(n, _)| n.starts_with('d')),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        resolved(&h1, "zz.gw6.ovl.example").await,
+        Resolution::Found { vip: Some(_), .. }
+    ));
     running.stop();
 }
 
@@ -1006,28 +1074,21 @@ impl Manual {
         ch
     }
 
-    async fn send(
-        &mut self,
-        ch: &mut cyphonic_control::Channel,
-        msg: &cyphonic_control::ClientMsg,
-    ) {
+    async fn send(&mut self, ch: &mut cyphonic_control::Channel, msg: &ClientMsg) {
         let frame = ch.seal(msg).unwrap();
         self.write(&frame).await;
     }
 
-    async fn recv(
-        &mut self,
-        ch: &mut cyphonic_control::Channel,
-    ) -> Option<cyphonic_control::CloudMsg> {
+    async fn recv(&mut self, ch: &mut cyphonic_control::Channel) -> Option<CloudMsg> {
         let f = self.frame().await?;
         Some(ch.open(&f).unwrap())
     }
 
     /// Pings and waits for the pong (skipping pushes): the session is alive.
     async fn alive(&mut self, ch: &mut cyphonic_control::Channel) -> bool {
-        self.send(ch, &cyphonic_control::ClientMsg::Ping {}).await;
+        self.send(ch, &ClientMsg::Ping {}).await;
         while let Some(m) = self.recv(ch).await {
-            if m == (cyphonic_control::CloudMsg::Pong {}) {
+            if m == (CloudMsg::Pong {}) {
                 return true;
             }
         }
@@ -1180,7 +1241,7 @@ async fn a_client_over_its_request_rate_waits_and_loses_nothing() {
     // is answered, in order.
     let n: u64 = 150;
     for id in 1..=n {
-        let msg = cyphonic_control::ClientMsg::Resolve {
+        let msg = ClientMsg::Resolve {
             id,
             name: format!("n{id}.ovl.example"),
         };
@@ -1189,7 +1250,7 @@ async fn a_client_over_its_request_rate_waits_and_loses_nothing() {
     let mut ids = Vec::new();
     while ids.len() < 150 {
         match c.recv(&mut ch).await.expect("answers") {
-            cyphonic_control::CloudMsg::Resolved { id, resolution, .. } => {
+            CloudMsg::Resolved { id, resolution, .. } => {
                 assert_eq!(resolution, Resolution::NotFound);
                 ids.push(id);
             }

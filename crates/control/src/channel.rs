@@ -68,6 +68,12 @@ pub const fn frame_len(prefix: [u8; LEN_PREFIX]) -> usize {
     u16::from_be_bytes(prefix) as usize
 }
 
+/// Whether `msg` fits one frame (a sealed message may be up to [`MAX_MESSAGE`] bytes of
+/// JSON).
+pub fn fits<T: Serialize>(msg: &T) -> bool {
+    to_json(msg).is_ok()
+}
+
 fn to_json<T: Serialize>(msg: &T) -> Result<Vec<u8>, ChannelError> {
     let json = serde_json::to_vec(msg)?;
     if json.len() > MAX_MESSAGE {

@@ -43,11 +43,14 @@ pub enum NameError {
     /// The address lies outside every vIP block of the certificate.
     #[error("address outside the certificate's vIP blocks")]
     OutsideBlocks,
+    /// Neither an IPv4 nor an IPv6 address.
+    #[error("no address")]
+    NoAddress,
 }
 
 /// Whether the holder of a certificate with `body` may host `record`: the certificate's own
-/// name, or one label under it (`sensor.gw1.ovl.example` for `gw1.ovl.example`), at an address
-/// inside its certified blocks.
+/// name, or one label under it (`sensor.gw1.ovl.example` for `gw1.ovl.example`), at addresses
+/// inside its certified blocks (at least one address, of either family).
 ///
 /// # Errors
 /// [`NameError`] saying which rule the record breaks.
@@ -72,7 +75,10 @@ pub fn check_name(body: &CertBody, record: &NameRecord) -> Result<(), NameError>
     if !inside {
         return Err(NameError::OutsideZone(zone.to_owned()));
     }
-    if !body.covers(IpAddr::V4(record.vip))
+    if record.vip.is_none() && record.vip6.is_none() {
+        return Err(NameError::NoAddress);
+    }
+    if record.vip.is_some_and(|v4| !body.covers(IpAddr::V4(v4)))
         || record.vip6.is_some_and(|v6| !body.covers(IpAddr::V6(v6)))
     {
         return Err(NameError::OutsideBlocks);

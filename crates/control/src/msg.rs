@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 8;
+pub const VERSION: u16 = 9;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -90,8 +90,10 @@ pub enum Welcome {
 pub struct NameRecord {
     /// The fully qualified name, lower case, without the trailing dot.
     pub name: String,
-    /// Its vIP, inside the client's certified blocks.
-    pub vip: Ipv4Addr,
+    /// Its vIP, inside the client's certified blocks: its A record. None for a device with
+    /// IPv6 only (version 9, docs/protocol.md §7), which has `vip6`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<Ipv4Addr>,
     /// Its IPv6 address, inside the client's certified blocks (version 8, docs/protocol.md
     /// §7): its AAAA record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -272,8 +274,9 @@ pub enum Resolution {
     /// The name exists, and policy lets the asker reach it. The peer has been told to expect
     /// the asker ([`CloudMsg::Expect`]).
     Found {
-        /// The name's vIP.
-        vip: Ipv4Addr,
+        /// The name's vIP; None for a name with an IPv6 address only (version 9).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vip: Option<Ipv4Addr>,
         /// Its IPv6 address, when it has one (version 8).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vip6: Option<Ipv6Addr>,
@@ -369,10 +372,20 @@ pub enum CloudMsg {
 impl CloudMsg {
     /// This message as a client speaking control `version` may read it: what its version
     /// lacks taken out (a version-4 client's `peer` has no `allowed`; a version-7 client's
-    /// resolution no `vip6`, its policy rules no IPv6 block). Messages a version lacks
+    /// resolution no `vip6`, its policy rules no IPv6 block; a version-8 client finds no
+    /// name with IPv6 only). Messages a version lacks
     /// altogether are the sender's to hold back.
     #[must_use]
     pub fn for_version(mut self, version: u16) -> Self {
+        if version < 9
+            && let Self::Resolved {
+                resolution: resolution @ Resolution::Found { vip: None, .. },
+                ..
+            } = &mut self
+        {
+            // A name with IPv6 only does not exist for a client that cannot hold one.
+            *resolution = Resolution::NotFound;
+        }
         if version < 8 {
             match &mut self {
                 Self::Resolved {

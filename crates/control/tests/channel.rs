@@ -116,7 +116,7 @@ fn messages_flow_both_ways_in_order() {
         endpoints: vec!["198.51.100.2:51820".parse().unwrap()],
         names: vec![NameRecord {
             name: "gw1.ovl.example".into(),
-            vip: Ipv4Addr::new(100, 64, 1, 1),
+            vip: Some(Ipv4Addr::new(100, 64, 1, 1)),
             vip6: None,
             legacy: Some(Ipv4Addr::new(192, 0, 2, 20)),
         }],
@@ -286,7 +286,7 @@ fn directions_go_to_version_5_and_are_taken_out_for_version_4() {
         id: 1,
         name: "host.gw2.ovl.example".into(),
         resolution: Resolution::Found {
-            vip: Ipv4Addr::new(100, 64, 2, 10),
+            vip: Some(Ipv4Addr::new(100, 64, 2, 10)),
             vip6: Some("fd7a:0:1:200::a".parse().unwrap()),
             peer,
         },
@@ -295,6 +295,42 @@ fn directions_go_to_version_5_and_are_taken_out_for_version_4() {
     let json = |m: &CloudMsg, v| serde_json::to_string(&m.clone().for_version(v)).unwrap();
     assert!(json(&found, 8).contains(r#""vip6":"fd7a:0:1:200::a""#));
     assert!(!json(&found, 7).contains("vip6"), "{}", json(&found, 7));
+    // Version 9: a name with IPv6 only resolves without a vIP; an older client does not find
+    // it, and one with both addresses is found by every version.
+    let CloudMsg::Resolved {
+        resolution: Resolution::Found { peer: p, .. },
+        ..
+    } = &found
+    else {
+        unreachable!()
+    };
+    let only6 = CloudMsg::Resolved {
+        id: 2,
+        name: "cam.gw2.ovl.example".into(),
+        resolution: Resolution::Found {
+            vip: None,
+            vip6: Some("fd7a:0:1:200::c".parse().unwrap()),
+            peer: p.clone(),
+        },
+    };
+    assert_eq!(only6.clone().for_version(9), only6);
+    assert!(!json(&only6, 9).contains(r#""vip""#), "{}", json(&only6, 9));
+    assert!(matches!(
+        only6.clone().for_version(8),
+        CloudMsg::Resolved {
+            id: 2,
+            resolution: Resolution::NotFound,
+            ..
+        }
+    ));
+    assert_eq!(found.clone().for_version(9), found);
+    assert!(matches!(
+        found.clone().for_version(8),
+        CloudMsg::Resolved {
+            resolution: Resolution::Found { vip: Some(_), .. },
+            ..
+        }
+    ));
     for msg in [expect, found] {
         let old = serde_json::to_string(&msg.for_version(4)).unwrap();
         assert!(!old.contains("allowed"), "{old}");
@@ -346,7 +382,7 @@ fn names_inside_the_certificate_only() {
     let b = body("gw1.ovl.example", "100.64.1.0/24");
     let rec = |name: &str, vip: [u8; 4]| NameRecord {
         name: name.into(),
-        vip: vip.into(),
+        vip: Some(vip.into()),
         vip6: None,
         legacy: None,
     };
@@ -375,6 +411,22 @@ fn names_inside_the_certificate_only() {
         check_name(&b, &rec("cam.gw1.ovl.example", [100, 64, 2, 100])),
         Err(NameError::OutsideBlocks)
     );
+    // A name with IPv6 only (version 9) needs its address inside an IPv6 block; a name with
+    // no address is none.
+    let only6 = NameRecord {
+        vip: None,
+        vip6: Some("fd7a:0:1:100::1234".parse().unwrap()),
+        ..rec("cam.gw1.ovl.example", [0; 4])
+    };
+    assert_eq!(check_name(&b, &only6), Err(NameError::OutsideBlocks));
+    let mut dual = b.clone();
+    dual.vip_blocks.push("fd7a:0:1:100::/56".parse().unwrap());
+    assert_eq!(check_name(&dual, &only6), Ok(()));
+    let none = NameRecord {
+        vip6: None,
+        ..only6
+    };
+    assert_eq!(check_name(&dual, &none), Err(NameError::NoAddress));
     for bad in [
         "CAM.gw1.ovl.example",
         "-x.gw1.ovl.example",

@@ -619,8 +619,11 @@ impl CloudLink {
             return a.key.map(|k| (k, Err(ResponseCode::ServFail)));
         };
         let certified = |ip: std::net::IpAddr| slot.blocks.iter().any(|b| b.contains(&ip));
-        if !certified(vip.into()) || vip6.is_some_and(|v6| !certified(v6.into())) {
-            tracing::warn!(peer = %slot.name, %vip, ?vip6, "the cloud named an address outside the peer's certificate");
+        if (vip.is_none() && vip6.is_none())
+            || vip.is_some_and(|v4| !certified(v4.into()))
+            || vip6.is_some_and(|v6| !certified(v6.into()))
+        {
+            tracing::warn!(peer = %slot.name, ?vip, ?vip6, "the cloud named no address, or one outside the peer's certificate");
             return a.key.map(|k| (k, Err(ResponseCode::ServFail)));
         }
         let records = self.records(&a.name, a.record_type, vip, vip6);
@@ -662,16 +665,16 @@ impl CloudLink {
         &self,
         name: &Name,
         record_type: RecordType,
-        vip: Ipv4Addr,
+        vip: Option<Ipv4Addr>,
         vip6: Option<std::net::Ipv6Addr>,
     ) -> Vec<Record> {
-        match (record_type, vip6) {
-            (RecordType::A, _) => vec![Record::from_rdata(
+        match (record_type, vip, vip6) {
+            (RecordType::A, Some(v4), _) => vec![Record::from_rdata(
                 name.clone(),
                 self.ttl,
-                RData::A(vip.into()),
+                RData::A(v4.into()),
             )],
-            (RecordType::AAAA, Some(v6)) => {
+            (RecordType::AAAA, _, Some(v6)) => {
                 vec![Record::from_rdata(
                     name.clone(),
                     self.ttl,

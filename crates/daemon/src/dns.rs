@@ -193,7 +193,7 @@ impl<C: Client> Dns<C> {
     /// The names in our zone (label, address).
     pub fn set_hosts<'a>(
         &mut self,
-        hosts: impl Iterator<Item = (&'a str, Ipv4Addr, Option<std::net::Ipv6Addr>)>,
+        hosts: impl Iterator<Item = (&'a str, Option<Ipv4Addr>, Option<std::net::Ipv6Addr>)>,
     ) {
         self.resolver.set_hosts(hosts);
     }

@@ -90,7 +90,7 @@ impl NodeServices {
             stub,
             hosted: [NameRecord {
                 name: name.to_owned(),
-                vip,
+                vip: Some(vip),
                 vip6,
                 legacy: None,
             }],

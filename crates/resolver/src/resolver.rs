@@ -248,7 +248,7 @@ impl Client for &'static str {
 pub struct Resolver<C: Client> {
     cfg: ZoneConfig,
     /// Each device's addresses: IPv4, and IPv6 when it has one (its AAAA).
-    hosts: HashMap<Name, (Ipv4Addr, Option<std::net::Ipv6Addr>)>,
+    hosts: HashMap<Name, (Option<Ipv4Addr>, Option<std::net::Ipv6Addr>)>,
     reverse: HashMap<Ipv4Addr, Name>,
     peers: Vec<PeerZone>,
     pending: HashMap<u16, Pending<C>>,
@@ -279,10 +279,11 @@ impl<C: Client> Resolver<C> {
     }
 
     /// Replaces the device names: `(label, address, IPv6 address)`, each answering as
-    /// `<label>.<own name>` (A, and AAAA when it has an IPv6 address).
+    /// `<label>.<own name>` (A when it has an IPv4 address, AAAA when it has an IPv6 one;
+    /// a device with IPv6 only has no A: NODATA).
     pub fn set_hosts<'a>(
         &mut self,
-        hosts: impl IntoIterator<Item = (&'a str, Ipv4Addr, Option<std::net::Ipv6Addr>)>,
+        hosts: impl IntoIterator<Item = (&'a str, Option<Ipv4Addr>, Option<std::net::Ipv6Addr>)>,
     ) {
         self.hosts.clear();
         self.reverse.clear();
@@ -294,8 +295,13 @@ impl<C: Client> Resolver<C> {
             else {
                 continue;
             };
+            if ip.is_none() && ip6.is_none() {
+                continue;
+            }
             let name = name.to_lowercase();
-            self.reverse.insert(ip, name.clone());
+            if let Some(ip) = ip {
+                self.reverse.insert(ip, name.clone());
+            }
             self.hosts.insert(name, (ip, ip6));
         }
     }
@@ -642,7 +648,7 @@ impl<C: Client> Resolver<C> {
         self.stats.authoritative += 1;
         let own = *name == self.cfg.own_name.to_lowercase();
         let ip = if own {
-            Some((self.cfg.own_ip, self.cfg.own_ip6))
+            Some((Some(self.cfg.own_ip), self.cfg.own_ip6))
         } else {
             self.hosts.get(name).copied()
         };
@@ -657,11 +663,12 @@ impl<C: Client> Resolver<C> {
                 RData::AAAA(ip6.into()),
             )
         });
-        let a = Record::from_rdata(question.name().clone(), self.cfg.ttl, RData::A(A(ip)));
+        let a =
+            ip.map(|ip| Record::from_rdata(question.name().clone(), self.cfg.ttl, RData::A(A(ip))));
         let answers = match question.query_type() {
-            RecordType::A => vec![a],
+            RecordType::A => a.into_iter().collect(),
             RecordType::AAAA => aaaa.into_iter().collect(),
-            RecordType::ANY => std::iter::once(a).chain(aaaa).collect(),
+            RecordType::ANY => a.into_iter().chain(aaaa).collect(),
             // The name exists; it has no data of this type (RFC 2308 NODATA).
             _ => vec![],
         };

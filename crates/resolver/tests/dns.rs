@@ -32,12 +32,13 @@ fn config(upstream: bool, ask_cloud: bool) -> ZoneConfig {
 fn resolver(upstream: bool, ask_cloud: bool) -> Resolver<&'static str> {
     let mut r = Resolver::new(config(upstream, ask_cloud));
     r.set_hosts([
-        ("sensor1", Ipv4Addr::new(100, 64, 1, 10), None),
+        ("sensor1", Some(Ipv4Addr::new(100, 64, 1, 10)), None),
         (
             "cam",
-            Ipv4Addr::new(100, 64, 1, 11),
+            Some(Ipv4Addr::new(100, 64, 1, 11)),
             Some("fd7a:0:1:100::11".parse().unwrap()),
         ),
+        ("thread", None, Some("fd7a:0:1:100::12".parse().unwrap())),
     ]);
     r.set_peers(vec![PeerZone {
         peer: 2,
@@ -188,6 +189,20 @@ fn our_own_name_and_devices_have_their_ipv6_addresses() {
             vec![],
             vec![Ipv4Addr::new(100, 64, 1, 11)]
         )
+    );
+    // A device with IPv6 only: its AAAA, and for A the name exists without one (NODATA).
+    let thread: std::net::Ipv6Addr = "fd7a:0:1:100::12".parse().unwrap();
+    assert_eq!(
+        aaaa(&mut r, "thread.gw1.ovl.example.", RecordType::AAAA),
+        (ResponseCode::NoError, vec![thread], vec![])
+    );
+    assert_eq!(
+        aaaa(&mut r, "thread.gw1.ovl.example.", RecordType::A),
+        (ResponseCode::NoError, vec![], vec![])
+    );
+    assert_eq!(
+        aaaa(&mut r, "thread.gw1.ovl.example.", RecordType::ANY),
+        (ResponseCode::NoError, vec![thread], vec![])
     );
 }
 

@@ -70,7 +70,7 @@ mod tests {
         c.put(
             "cam.gw2.ovl.example",
             Resolution::Found {
-                vip: [100, 64, 2, 100].into(),
+                vip: Some([100, 64, 2, 100].into()),
                 vip6: None,
                 peer: cyphonic_control::PeerInfo {
                     relay: None,

@@ -794,7 +794,7 @@ impl Task {
                     if let Some(h) = host && !r.endpoints.contains(&h) {
                         r.endpoints.push(h);
                     }
-                    Some(ClientMsg::Register { endpoints: r.endpoints, names: r.names })
+                    Some(fitted(ClientMsg::Register { endpoints: r.endpoints, names: r.names }))
                 }
                 f = frames.recv() => {
                     let Some(f) = f else { break End::Retry("the cloud closed the connection".into()) };
@@ -975,8 +975,90 @@ impl Task {
     }
 }
 
+/// `msg` as it fits a control frame: a registration too large for one leaves out names of
+/// devices with IPv6 only (those without a vIP, which any MAC on a LAN can make many of),
+/// the last first, until it fits; what still does not fit is the sender's to report.
+fn fitted(msg: ClientMsg) -> ClientMsg {
+    let ClientMsg::Register {
+        endpoints,
+        mut names,
+    } = msg
+    else {
+        return msg;
+    };
+    let fits = |names: &[NameRecord]| {
+        cyphonic_control::channel::fits(&ClientMsg::Register {
+            endpoints: endpoints.clone(),
+            names: names.to_vec(),
+        })
+    };
+    let mut dropped = 0usize;
+    while !fits(&names) {
+        let Some(last) = names.iter().rposition(|n| n.vip.is_none()) else {
+            break;
+        };
+        // Halves the surplus at a time: a few encodings for any size.
+        let surplus = names.iter().filter(|n| n.vip.is_none()).count().div_ceil(8);
+        let mut gone = 0;
+        let mut i = last + 1;
+        while gone < surplus.max(1) && i > 0 {
+            i -= 1;
+            if names[i].vip.is_none() {
+                names.remove(i);
+                gone += 1;
+            }
+        }
+        dropped += gone;
+    }
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "the registration would not fit a control message: names of devices with IPv6 only left out"
+        );
+    }
+    ClientMsg::Register { endpoints, names }
+}
+
 #[cfg(test)]
 mod tests {
+    use cyphonic_control::{ClientMsg, NameRecord};
+
+    /// A registration that would not fit a control message leaves out names of devices with
+    /// IPv6 only, the last first, and keeps every name with a vIP; one that fits is sent
+    /// whole.
+    #[test]
+    fn a_registration_too_large_for_a_frame_leaves_out_ipv6_only_names() {
+        let record = |i: u16, v4: bool| NameRecord {
+            name: format!("device-with-a-long-name-{i}.gw1.ovl.example"),
+            vip: v4.then(|| std::net::Ipv4Addr::from(0x6440_0000 + u32::from(i))),
+            vip6: Some(std::net::Ipv6Addr::new(0xfd7a, 0, 1, 0x100, 0, 0, 1, i)),
+            legacy: None,
+        };
+        let names: Vec<NameRecord> = (0..400)
+            .map(|i| record(i, true))
+            .chain((400..1400).map(|i| record(i, false)))
+            .collect();
+        let whole = ClientMsg::Register {
+            endpoints: Vec::new(),
+            names: names.clone(),
+        };
+        assert!(!cyphonic_control::channel::fits(&whole));
+        let fitted = super::fitted(whole);
+        assert!(cyphonic_control::channel::fits(&fitted));
+        let ClientMsg::Register { names: kept, .. } = fitted else {
+            unreachable!()
+        };
+        assert_eq!(kept.iter().filter(|n| n.vip.is_some()).count(), 400);
+        let only6 = kept.iter().filter(|n| n.vip.is_none()).count();
+        assert!((1..1000).contains(&only6), "{only6}");
+        assert_eq!(kept[..], names[..kept.len()], "the last left out");
+        let small = ClientMsg::Register {
+            endpoints: Vec::new(),
+            names: names[..10].to_vec(),
+        };
+        assert_eq!(super::fitted(small.clone()), small);
+    }
+
     #[test]
     fn handshake_timestamps_only_grow_even_when_the_clock_does_not() {
         let a = super::next_timestamp(0);

@@ -29,7 +29,7 @@ mod server;
 mod share;
 mod v6;
 
-pub use names::{label_for, names};
+pub use names::{label_for, leased, names};
 pub use server::{
     ConfigError, DhcpConfig, Ignore, Lease, LeaseEvent, Reply, Reservation, Server, Stats,
 };

@@ -52,10 +52,13 @@ impl Nms {
         fp: &str,
         body: &CertBody,
         mut endpoints: Vec<SocketAddr>,
-        names: Vec<NameRecord>,
+        mut names: Vec<NameRecord>,
     ) -> CloudMsg {
         endpoints.retain(|e| !e.ip().is_unspecified() && !e.ip().is_multicast() && e.port() != 0);
         endpoints.truncate(MAX_ENDPOINTS);
+        // Names with a vIP first: those of devices with IPv6 only (which any MAC on a LAN
+        // can make many of) are the ones left out beyond the cap (docs/protocol.md §7).
+        names.sort_by_key(|n| n.vip.is_none());
         let mut refused = Vec::new();
         let mut ok = Vec::new();
         for (i, n) in names.into_iter().enumerate() {
