@@ -490,13 +490,14 @@ impl Collector for AdapterCollector {
                     .chain(p.vlan_dhcp6.iter().map(|(_, d)| d))
                     .map(|d| d.stats.named()),
             );
-            (p.leases.len(), dhcp, dhcp6, p.dns.as_ref().map(|d| d.stats))
+            let devices = p.leases.len() + p.devices6.len();
+            (devices, dhcp, dhcp6, p.dns.as_ref().map(|d| d.stats))
         };
         #[expect(clippy::cast_precision_loss, reason = "a count of devices")]
         gauge(
             &mut e,
             "cyphonic_lan_devices",
-            "Devices with an address (leases and reservations).",
+            "Devices with an address (leases and reservations, and devices with IPv6 only).",
             devices as f64,
         )?;
         if let Some(s) = dhcp {

@@ -121,9 +121,10 @@ impl Names {
                 all.push(r.clone());
             }
         }
+        let with_v4: HashSet<[u8; 6]> = all.iter().map(|l| l.mac).collect();
         let mut only6: Vec<(Ipv6Addr, [u8; 6])> = v6
             .iter()
-            .filter(|(mac, _)| !all.iter().any(|l| l.mac == **mac))
+            .filter(|(mac, _)| !with_v4.contains(*mac))
             .map(|(mac, ip)| (*ip, *mac))
             .collect();
         only6.sort_unstable_by_key(|(ip, mac)| {

@@ -417,7 +417,7 @@ async fn a_names_ipv6_address_is_registered_checked_and_resolved() {
     let running = cloud.start(&pki, Policy::default(), 0).await;
     let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
     let node = pki.identity("n5.ovl.example", "100.64.5.1/32 fd7a:0:1:4000::5/128", &[]);
-    let (h1, _e1) = client(&cloud, running.control, gw1);
+    let (h1, _e1) = client(&cloud, running.control, gw1.clone());
     let (hn, mut en) = client(&cloud, running.control, node);
     let with6 = |name: &str, vip6: &str| NameRecord {
         vip6: Some(vip6.parse().unwrap()),
@@ -480,6 +480,31 @@ async fn a_names_ipv6_address_is_registered_checked_and_resolved() {
         (vip, vip6),
         (None, Some("fd7a:0:1:600::1abc".parse().unwrap()))
     );
+    // A version-8 client does not find it, and nobody is told to expect it.
+    let ask = |version| {
+        running.nms.serve_message_as(
+            gw1.certificate(),
+            version,
+            ClientMsg::Resolve {
+                id: 7,
+                name: "thread.gw6.ovl.example".into(),
+            },
+        )
+    };
+    assert!(matches!(
+        ask(8).await,
+        Some(CloudMsg::Resolved {
+            resolution: Resolution::NotFound,
+            ..
+        })
+    ));
+    assert!(matches!(
+        ask(9).await,
+        Some(CloudMsg::Resolved {
+            resolution: Resolution::Found { vip: None, .. },
+            ..
+        })
+    ));
     // Beyond the 1,024 names a client may hold, those with IPv6 only are the ones left
     // out: a name with a vIP that sorts after all of them is kept.
     let mut many: Vec<NameRecord> = (0..1100u16)

@@ -8,13 +8,26 @@ impl Nms {
     /// session: for the fuzz targets and tests that drive NMS directly.
     #[doc(hidden)]
     pub async fn serve_message(&self, cert: &Certificate, msg: ClientMsg) -> Option<CloudMsg> {
-        let fp = cert.fingerprint().to_string();
-        self.handle(&fp, cert.body(), msg).await
+        self.serve_message_as(cert, VERSION, msg).await
     }
 
+    /// [`Nms::serve_message`] for a client speaking control `version` (before the answer
+    /// is shaped for it).
+    #[doc(hidden)]
+    pub async fn serve_message_as(
+        &self,
+        cert: &Certificate,
+        version: u16,
+        msg: ClientMsg,
+    ) -> Option<CloudMsg> {
+        let fp = cert.fingerprint().to_string();
+        self.handle((&fp, version), cert.body(), msg).await
+    }
+
+    /// Answers `msg` of the client `fp`, which speaks control `version`.
     pub(super) async fn handle(
         &self,
-        fp: &str,
+        (fp, version): (&str, u16),
         body: &CertBody,
         msg: ClientMsg,
     ) -> Option<CloudMsg> {
@@ -29,7 +42,7 @@ impl Nms {
             ClientMsg::Resolve { id, name } => {
                 bump(&self.stats.resolves);
                 let name = name.trim_end_matches('.').to_ascii_lowercase();
-                let resolution = match self.resolve(fp, body, &name).await {
+                let resolution = match self.resolve((fp, version), body, &name).await {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::error!(error = %e, "store");
@@ -97,13 +110,18 @@ impl Nms {
 
     pub(super) async fn resolve(
         &self,
-        fp: &str,
+        (fp, version): (&str, u16),
         asker: &CertBody,
         name: &str,
     ) -> Result<Resolution, crate::store::StoreError> {
         let Some(found) = self.store.lookup(name).await? else {
             return Ok(Resolution::NotFound);
         };
+        // A name with IPv6 only does not exist for a client before version 9: nobody is
+        // told to expect it.
+        if found.vip.is_none() && version < 9 {
+            return Ok(Resolution::NotFound);
+        }
         if found.owner.fingerprint == fp {
             return Ok(Resolution::Own);
         }

@@ -430,7 +430,7 @@ impl Nms {
                     }
                 }
             }
-            if let Some(out) = self.handle(&fp, &body, msg).await
+            if let Some(out) = self.handle((&fp, version), &body, msg).await
                 && let Err(why) = send(&mut ch, &mut wr, version, &out).await
             {
                 break 'session why;
