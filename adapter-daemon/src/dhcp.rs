@@ -169,6 +169,12 @@ pub struct Dhcp {
     held: VecDeque<Held>,
     save_failed: Throttle,
     refused: Throttle,
+    /// The cloud peers in use, kept in the file for whoever serves next.
+    peers: Vec<String>,
+    /// They changed since the last snapshot.
+    peers_changed: bool,
+    /// The cloud peers the file named at start, until taken.
+    resumed: Vec<String>,
 }
 
 impl std::fmt::Debug for Dhcp {
@@ -296,7 +302,25 @@ impl Dhcp {
             held: VecDeque::new(),
             save_failed: Throttle::new(WARN_EVERY),
             refused: Throttle::new(WARN_EVERY),
+            peers: loaded.peers.clone(),
+            peers_changed: false,
+            resumed: loaded.peers,
         })
+    }
+
+    /// The cloud peers in use are now `peers` (fingerprints, sorted): the next
+    /// [`Dhcp::settle`] writes them into the file, for whoever serves the gateway next.
+    pub fn set_peers(&mut self, peers: &[String]) {
+        if self.peers != peers {
+            self.peers = peers.to_vec();
+            self.peers_changed = true;
+        }
+    }
+
+    /// The cloud peers the file named when the server started (the serving box's last, for
+    /// a box taking over), once.
+    pub fn take_resumed(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.resumed)
     }
 
     fn scope(&mut self, tag: Option<u16>) -> Option<&mut Scope> {
@@ -497,6 +521,7 @@ impl Dhcp {
             );
         }
         changed |= moved6;
+        dirty |= std::mem::take(&mut self.peers_changed);
         if dirty {
             self.generation += 1;
             let mut leases: Vec<Lease> =
@@ -524,7 +549,11 @@ impl Dhcp {
                 generation,
                 taken_at: unix,
                 renewals_until: unix + RENEWAL_WINDOW + u64::from(self.lease_secs),
-                table: cyphonic_vip::file::Table { leases, leases6 },
+                table: cyphonic_vip::file::Table {
+                    leases,
+                    leases6,
+                    peers: self.peers.clone(),
+                },
             });
         }
         changed
@@ -984,6 +1013,7 @@ mod tests {
         };
         let apart = theirs(9, "fd7a:0:1:100::1f09");
         let table6 = cyphonic_vip::file::Table {
+            peers: Vec::new(),
             leases: Vec::new(),
             leases6: vec![apart.clone(), theirs(8, &ip.to_string())],
         };

@@ -37,6 +37,8 @@ pub struct Loaded {
     pub leases: Vec<Lease>,
     /// The saved DHCPv6 bindings, likewise.
     pub leases6: Vec<Lease6>,
+    /// The cloud peers the gateway was paired with, by fingerprint.
+    pub peers: Vec<String>,
     /// A file that could not be read, moved aside to this path.
     pub moved_aside: Option<(PathBuf, String)>,
 }
@@ -79,6 +81,7 @@ impl LeaseStore {
                 return Ok(Loaded {
                     leases: Vec::new(),
                     leases6: Vec::new(),
+                    peers: Vec::new(),
                     moved_aside: None,
                 });
             }
@@ -89,6 +92,7 @@ impl LeaseStore {
                 return Ok(Loaded {
                     leases: table.leases,
                     leases6: table.leases6,
+                    peers: table.peers,
                     moved_aside: None,
                 });
             }
@@ -99,6 +103,7 @@ impl LeaseStore {
         Ok(Loaded {
             leases: Vec::new(),
             leases6: Vec::new(),
+            peers: Vec::new(),
             moved_aside: Some((aside, reason)),
         })
     }
@@ -335,7 +340,7 @@ mod tests {
     fn v4(leases: &[Lease]) -> Table {
         Table {
             leases: leases.to_vec(),
-            leases6: Vec::new(),
+            ..Table::default()
         }
     }
 

@@ -375,6 +375,22 @@ impl Services for AdapterServices {
     type Work = Work;
     type Reload = Vec<Reservation>;
 
+    /// Kept in the lease file: an HA pair's standby holds them, and whoever serves next
+    /// (or this box after a restart) is paired with them again.
+    fn cloud_peers(&mut self, fingerprints: &[String]) {
+        if let Some(d) = self.dhcp.as_mut() {
+            d.set_peers(fingerprints);
+            self.settle(Instant::now(), cyphonic_settings::now_secs());
+        }
+    }
+
+    fn resumed_peers(&mut self) -> Vec<String> {
+        self.dhcp
+            .as_mut()
+            .map(Dhcp::take_resumed)
+            .unwrap_or_default()
+    }
+
     /// The reservations and legacy devices change while running: the anti-spoofing table,
     /// DHCP (a device bound to an address now reserved for another loses it at once) and the
     /// names follow. A legacy device the running map does not put where the file's does (a

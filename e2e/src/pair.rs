@@ -89,6 +89,25 @@ impl PairBed {
     /// # Errors
     /// As [`PairBed::up`].
     pub fn up_configured(underlay: bool, extra: &str) -> anyhow::Result<Self> {
+        Self::up_options(underlay, extra, None)
+    }
+
+    /// As [`PairBed::up_configured`], with the two sites finding each other through a cloud
+    /// of `cloud`'s options instead of static peers (the device looks site B's host up by
+    /// name first, `host.gw2.ovl.example`, through its gateway).
+    ///
+    /// # Errors
+    /// As [`PairBed::up`].
+    pub fn up_with_cloud(cloud: crate::bed::CloudOptions) -> anyhow::Result<Self> {
+        Self::up_options(true, "", Some(cloud))
+    }
+
+    fn up_options(
+        underlay: bool,
+        extra: &str,
+        cloud: Option<crate::bed::CloudOptions>,
+    ) -> anyhow::Result<Self> {
+        let with_cloud = cloud.is_some();
         let peer = if underlay {
             "peer_underlay = \"192.0.2.200\"\n"
         } else {
@@ -96,6 +115,7 @@ impl PairBed {
         };
         let mut bed = TwoSites::up(&BedOptions {
             lan_switch: true,
+            cloud,
             a: SiteOptions {
                 extra: format!("{extra}\n[ha]\npriority = 200\n{peer}"),
                 ..SiteOptions::default()
@@ -146,6 +166,14 @@ impl PairBed {
             ip,
         };
         let b_host = pair.bed.b.host_ip.to_string();
+        if with_cloud {
+            // No peer without a lookup: the name brings site B's adapter in.
+            let gateway = Ipv4Addr::new(100, 64, 1, 1);
+            let dig = crate::lan::dig(&pair.device.ns, gateway, "host.gw2.ovl.example", "A")?;
+            if dig.answers != [b_host.clone()] {
+                bail!("site B's host does not resolve: {dig:?}\n{}", pair.logs());
+            }
+        }
         let out = pair
             .device
             .ns

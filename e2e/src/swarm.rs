@@ -301,7 +301,7 @@ fn write_leases(file: &std::path::Path, n: usize) -> anyhow::Result<()> {
     }
     let table = cyphonic_vip::file::Table {
         leases,
-        leases6: Vec::new(),
+        ..cyphonic_vip::file::Table::default()
     };
     std::fs::write(file, cyphonic_vip::file::encode(&table, 0)?)?;
     Ok(())

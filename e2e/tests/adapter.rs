@@ -11,7 +11,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use cyphonic_e2e::bed::{BedOptions, IperfRun, Ping, Side, SiteOptions, TwoSites, iperf3};
+use cyphonic_e2e::bed::{
+    BedOptions, CloudOptions, IperfRun, Ping, Side, SiteOptions, TwoSites, iperf3,
+};
 use cyphonic_e2e::impair::Impairment;
 use cyphonic_e2e::inject;
 use cyphonic_e2e::lan::{Crowd, DhcpClient, DhcpHost};
@@ -1074,6 +1076,33 @@ fn renews_the_same_address(pair: &mut PairBed) {
         .renewed(Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
     assert_eq!(ip, pair.ip.to_string(), "{}", pair.logs());
+}
+
+/// Issue 51: the peers the serving box of a pair learned through the cloud move with the
+/// gateway. The device looks site B's host up by name (the cloud pairs the sites); the
+/// serving box keeps site B's fingerprint in its lease file, which the standby holds; the
+/// serving box is killed, and the new one asks the cloud to pair it with site B again as
+/// soon as it reaches the cloud: the pings both ways go on without a new lookup.
+#[test]
+fn a_pairs_cloud_peers_move_with_the_gateway() {
+    let mut pair = PairBed::up_with_cloud(CloudOptions::default()).unwrap();
+    let held = pair.bed.a.dir.join("state2/leases.json");
+    wait_until(
+        Duration::from_secs(10),
+        "the standby holds the cloud peer",
+        || std::fs::read_to_string(&held).is_ok_and(|t| t.contains("\"peers\"")),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    ping_through(&mut pair, "SIGKILL, cloud peers", |p| {
+        p.bed.stop(Side::A, "KILL")?;
+        Ok(())
+    });
+    assert!(
+        pair.second_log()
+            .contains("asking the cloud to pair us again"),
+        "{}",
+        pair.logs()
+    );
 }
 
 /// Issue 51: the active box of a pair is killed (SIGKILL): the standby serves within the

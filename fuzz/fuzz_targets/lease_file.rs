@@ -74,7 +74,7 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
         }
     }
     let leases = s.leases();
-    let table = cyphonic_vip::file::Table { leases, leases6: Vec::new() };
+    let table = cyphonic_vip::file::Table { leases, ..cyphonic_vip::file::Table::default() };
     let bytes = cyphonic_vip::file::encode(&table, NOW).expect("encodes");
     assert_eq!(cyphonic_vip::file::decode(&bytes).map(|t| t.leases.len()), Ok(table.leases.len()));
 });

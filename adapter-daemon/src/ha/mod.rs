@@ -300,6 +300,7 @@ pub fn stand_by(
         .map(|l| cyphonic_vip::file::Table {
             leases: l.leases,
             leases6: l.leases6,
+            peers: Vec::new(),
         })
         .unwrap_or_default();
     let scopes = config

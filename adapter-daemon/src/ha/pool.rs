@@ -91,6 +91,7 @@ impl Offer {
             Table::default()
         } else {
             Table {
+                peers: Vec::new(),
                 leases: saved
                     .leases
                     .into_iter()
@@ -147,7 +148,11 @@ impl Offer {
     /// not start.
     fn union(&self, theirs: Table, now: u64) -> Option<(Table, usize, usize)> {
         let (mut taken, mut clashed) = (0, 0);
-        let mut union = Table::default();
+        // The serving box's cloud peers are the ones in use.
+        let mut union = Table {
+            peers: theirs.peers,
+            ..Table::default()
+        };
         let blocks = || self.scopes.iter().map(|c| c.block);
         let ours = crate::dhcp::split(self.ours.leases.clone(), blocks());
         for ((cfg, theirs), ours) in self
@@ -244,7 +249,15 @@ mod tests {
     }
 
     fn file(leases: Vec<Lease>, leases6: Vec<Lease6>) -> Vec<u8> {
-        cyphonic_vip::file::encode(&Table { leases, leases6 }, 0).unwrap()
+        cyphonic_vip::file::encode(
+            &Table {
+                leases,
+                leases6,
+                peers: vec!["ab".repeat(32)],
+            },
+            0,
+        )
+        .unwrap()
     }
 
     /// A box that bound devices of both families apart from the serving box offers them
@@ -255,6 +268,7 @@ mod tests {
         let saved = Table {
             leases: vec![v4(10)],
             leases6: vec![v6(1), v6(2)],
+            peers: Vec::new(),
         };
         let mut offer = Offer::new(vec![scope()], vec![scope6()], saved, NOW);
         // The serving box knows our IPv4 device and one of our IPv6 ones, and a device of
@@ -273,6 +287,11 @@ mod tests {
             ]
         );
         assert_eq!(kept.leases.len(), 2);
+        assert_eq!(
+            kept.peers,
+            ["ab".repeat(32)],
+            "the serving box's cloud peers kept"
+        );
         let sent = cyphonic_vip::file::decode(&sent.expect("an offer")).unwrap();
         assert_eq!(sent.leases6.len(), 2);
         // Once it holds them all, nothing more is offered and its table is kept as sent.

@@ -248,7 +248,18 @@ pub struct CloudLink {
     /// Whether our tunnel socket is behind a NAT, as the cloud's probes show (assumed until
     /// they do): new direct peers are hole-punched for first.
     behind_nat: bool,
+    /// Cloud peers to be paired with again once the cloud is reached (those this tunnel
+    /// end's previous holder had), by fingerprint.
+    resume: Vec<String>,
+    /// The cloud peers in use when last looked at, and when that was.
+    in_use: (Vec<String>, Option<Instant>),
 }
+
+/// How often the cloud peers in use are looked at for [`CloudLink::peers_in_use`].
+const IN_USE_EVERY: Duration = Duration::from_secs(1);
+
+/// The most peers [`CloudLink::resume`] asks for.
+const RESUMED_MAX: usize = 256;
 
 impl std::fmt::Debug for CloudLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -301,8 +312,66 @@ impl CloudLink {
             tunnel_port,
             again: asker.clone(),
             behind_nat: true,
+            resume: Vec::new(),
+            in_use: (Vec::new(), None),
         };
         (link, asker)
+    }
+
+    /// The cloud peers this tunnel end's previous holder had (an HA pair's serving box, or
+    /// this end before a restart), by fingerprint: once the cloud is reached, it is asked to
+    /// pair us with each that is not a peer by then (policy decides, as for any pairing), so
+    /// that traffic to them goes on without a new name lookup.
+    pub fn resume(&mut self, fingerprints: Vec<String>) {
+        self.resume = fingerprints;
+        self.resume.truncate(RESUMED_MAX);
+    }
+
+    /// The cloud peers in use (their fingerprints, sorted) when they changed since the last
+    /// look; looks at most every second.
+    pub fn peers_in_use(&mut self, shared: &Shared, now: Instant) -> Option<Vec<String>> {
+        if self
+            .in_use
+            .1
+            .is_some_and(|t| now.saturating_duration_since(t) < IN_USE_EVERY)
+        {
+            return None;
+        }
+        self.in_use.1 = Some(now);
+        let mut fps: Vec<String> = shared
+            .peers()
+            .all()
+            .iter()
+            .filter(|s| s.origin == "cloud")
+            .map(|s| s.fingerprint.clone())
+            .collect();
+        fps.sort_unstable();
+        (fps != self.in_use.0).then(|| {
+            self.in_use.0.clone_from(&fps);
+            fps
+        })
+    }
+
+    /// Asks the cloud to pair us again with the resumed peers that are not peers yet.
+    fn resume_pairings(&mut self, control: &Control) {
+        let resume = std::mem::take(&mut self.resume);
+        if resume.is_empty() {
+            return;
+        }
+        let peers = control.shared().peers().all();
+        let mut asked = 0;
+        for fp in resume {
+            if peers.iter().any(|s| s.fingerprint == fp) {
+                continue;
+            }
+            if self.handle.admit(&fp).is_ok() {
+                asked += 1;
+            }
+        }
+        tracing::info!(
+            asked,
+            "asking the cloud to pair us again with the peers this gateway had"
+        );
     }
 
     /// The control plane's part of the status document, as it changes.
@@ -384,6 +453,7 @@ impl CloudLink {
             }
             Event::Connected { observed, cloud } => {
                 tracing::info!(%cloud, %observed, "control plane: connected");
+                self.resume_pairings(control);
                 // A relay asked for on a session that died may never have arrived, nor its
                 // answer: paths still unanswered are asked about again on this one at once.
                 for slot in control.shared().peers().all() {

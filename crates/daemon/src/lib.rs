@@ -295,6 +295,17 @@ pub trait Services {
 
     /// The upstream resolvers are now these (a reload changed `[dns] upstream`).
     fn set_upstream(&mut self, upstream: Option<Upstream>);
+
+    /// The cloud peers in use changed: their fingerprints, sorted. An edge that keeps state
+    /// for whoever holds this tunnel end next (the adapter's lease file) keeps them.
+    fn cloud_peers(&mut self, _fingerprints: &[String]) {}
+
+    /// The cloud peers this tunnel end's previous holder had (kept by
+    /// [`Services::cloud_peers`]), to be paired with again once the cloud is reached; asked
+    /// once, at start.
+    fn resumed_peers(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Runs a tunnel end with `edge` until SIGINT or SIGTERM; on SIGHUP, reads the configuration
@@ -359,7 +370,7 @@ pub fn run<E: Edge>(
         .enable_all()
         .build()
         .context("starting the control runtime")?;
-    let (cloud, asker) = match &common.cloud {
+    let (mut cloud, asker) = match &common.cloud {
         Some(c) => {
             let _in_runtime = runtime.enter();
             let settings = CloudSettings {
@@ -416,7 +427,7 @@ pub fn run<E: Edge>(
         thread_start: engine.thread_start(),
         sparse: engine.sparse_intake(),
     };
-    let services = {
+    let mut services = {
         let _in_runtime = runtime.enter();
         edge.services(ServiceContext {
             core: core.clone(),
@@ -425,6 +436,9 @@ pub fn run<E: Edge>(
             peers: peers.clone(),
         })?
     };
+    if let Some(c) = cloud.as_mut() {
+        c.resume(services.resumed_peers());
+    }
     let cloud_status = cloud.as_ref().map(CloudLink::status);
     if let Some(addr) = common.metrics {
         let engine_metrics = metrics::EngineCollector::new(
@@ -866,6 +880,9 @@ impl<S: Services> Loop<S> {
         self.control.run_timers(now);
         if let Some(c) = self.cloud.as_mut() {
             c.keep_routes(self.control.shared(), now);
+            if let Some(in_use) = c.peers_in_use(self.control.shared(), now) {
+                self.services.cloud_peers(&in_use);
+            }
         }
         while let Some(event) = self.control.poll_event() {
             match event {

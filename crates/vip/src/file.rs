@@ -4,6 +4,10 @@
 //! The DHCPv6 bindings sit beside the DHCPv4 ones (`leases6`, absent in files written before
 //! them: none). A daemon that predates them reads such a file and leaves `leases6` out when
 //! it writes: a downgrade costs the IPv6 bindings, which devices then ask for again.
+//!
+//! Beside the bindings, the file keeps the cloud peers the gateway was paired with (`peers`,
+//! their certificates' fingerprints): whoever serves the gateway next (the other box of an
+//! HA pair, or this one after a restart) asks the cloud to pair it with them again.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +23,12 @@ pub struct Table {
     pub leases: Vec<Lease>,
     /// The DHCPv6 bindings.
     pub leases6: Vec<Lease6>,
+    /// The cloud peers in use, by fingerprint (at most [`MAX_PEERS`] are read).
+    pub peers: Vec<String>,
 }
+
+/// The most cloud peers a file names.
+pub const MAX_PEERS: usize = 256;
 
 #[derive(Serialize, Deserialize)]
 struct OnDisk {
@@ -31,6 +40,8 @@ struct OnDisk {
     leases: Vec<Lease>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     leases6: Vec<Lease6>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    peers: Vec<String>,
 }
 
 /// The file for `table`, whose active bindings are to hold at least until `renewals_until`.
@@ -43,6 +54,7 @@ pub fn encode(table: &Table, renewals_until: u64) -> Result<Vec<u8>, serde_json:
         renewals_until,
         leases: table.leases.clone(),
         leases6: table.leases6.clone(),
+        peers: table.peers.iter().take(MAX_PEERS).cloned().collect(),
     })
 }
 
@@ -62,5 +74,11 @@ pub fn decode(bytes: &[u8]) -> Result<Table, String> {
     for l in leases6.iter_mut().filter(|l| l.active) {
         l.expires = l.expires.max(d.renewals_until);
     }
-    Ok(Table { leases, leases6 })
+    let mut peers = d.peers;
+    peers.truncate(MAX_PEERS);
+    Ok(Table {
+        leases,
+        leases6,
+        peers,
+    })
 }

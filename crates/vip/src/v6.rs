@@ -1250,8 +1250,8 @@ mod tests {
             .unwrap();
         let file = crate::file::encode(
             &crate::file::Table {
-                leases: Vec::new(),
                 leases6: s.leases(),
+                ..crate::file::Table::default()
             },
             NOW + 10,
         )
