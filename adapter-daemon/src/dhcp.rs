@@ -260,14 +260,9 @@ impl Dhcp {
             });
         }
         let mut v6_built = Vec::new();
-        for (tag, cfg) in v6 {
-            // Each segment's bindings are those in its /64.
-            let saved = loaded
-                .leases6
-                .iter()
-                .filter(|l| cfg.prefix.contains(&l.ip))
-                .cloned()
-                .collect();
+        // Each segment's bindings are those in its /64.
+        let saved6 = split6(loaded.leases6, v6.iter().map(|(_, c)| c.prefix));
+        for ((tag, cfg), saved) in v6.iter().zip(saved6) {
             let server =
                 Server6::new(cfg.clone(), saved, unix).context("the DHCPv6 configuration")?;
             tracing::info!(
@@ -640,21 +635,15 @@ impl Dhcp {
         reservations: Vec<cyphonic_vip::Reservation>,
         v6: &[cyphonic_vip::Reservation6],
     ) {
-        for s in &mut self.v6 {
-            let mine = v6
-                .iter()
-                .filter(|r| s.prefix.contains(&r.ip))
-                .cloned()
-                .collect();
-            s.server.set_reservations(mine);
+        let each6 = deal(v6.to_vec(), self.v6.iter().map(|s| s.prefix), |p, r| {
+            p.contains(&r.ip)
+        });
+        for (s, r) in self.v6.iter_mut().zip(each6) {
+            s.server.set_reservations(r);
         }
-        let blocks: Vec<ipnet::Ipv4Net> = self.scopes.iter().map(|s| s.block).collect();
-        let mut each: Vec<Vec<cyphonic_vip::Reservation>> = vec![Vec::new(); blocks.len()];
-        for r in reservations {
-            if let Some(i) = scope_index(&blocks, r.ip) {
-                each[i].push(r);
-            }
-        }
+        let each = deal(reservations, self.scopes.iter().map(|s| s.block), |b, r| {
+            b.contains(&r.ip)
+        });
         for (s, r) in self.scopes.iter_mut().zip(each) {
             s.server.set_reservations(r);
         }
@@ -685,11 +674,7 @@ impl Dhcp {
             pool: format!("{}-{}", s.pool.0, s.pool.1),
             bindings: s.server.active().count(),
             stats: s.server.stats(),
-            ignored_by_reason: s
-                .ignored
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), *v))
-                .collect(),
+            ignored_by_reason: by_reason(&s.ignored),
         })
     }
 
@@ -704,11 +689,7 @@ impl Dhcp {
             lease_writes: self.written.writes,
             lease_write_failures: self.written.failures,
             stats: s.server.stats(),
-            ignored_by_reason: s
-                .ignored
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), *v))
-                .collect(),
+            ignored_by_reason: by_reason(&s.ignored),
         })
     }
 }
@@ -738,34 +719,37 @@ fn log6(event: &Event6) {
     }
 }
 
-/// Which of `blocks` an address belongs to: the last that holds it (the untagged segment's
-/// block comes first and holds the VLANs', which are more specific).
-fn scope_index(blocks: &[ipnet::Ipv4Net], ip: Ipv4Addr) -> Option<usize> {
-    blocks.iter().rposition(|b| b.contains(&ip))
+/// Messages not answered, by reason, as the status document has them.
+fn by_reason(ignored: &BTreeMap<&'static str, u64>) -> BTreeMap<String, u64> {
+    ignored.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
 }
 
 /// `leases` dealt to the scopes of `blocks` by address (in no block: dropped).
 pub fn split(leases: Vec<Lease>, blocks: impl Iterator<Item = ipnet::Ipv4Net>) -> Vec<Vec<Lease>> {
-    let blocks: Vec<ipnet::Ipv4Net> = blocks.collect();
-    let mut each = vec![Vec::new(); blocks.len()];
-    for l in leases {
-        if let Some(i) = scope_index(&blocks, l.ip) {
-            each[i].push(l);
-        }
-    }
-    each
+    deal(leases, blocks, |b, l| b.contains(&l.ip))
 }
 
-/// `leases6` by segment: those in each of `prefixes`, in order; the rest are dropped.
+/// `leases6` dealt to the segments of `prefixes` by address (in none: dropped).
 pub fn split6(
     leases6: Vec<cyphonic_vip::Lease6>,
     prefixes: impl Iterator<Item = ipnet::Ipv6Net>,
 ) -> Vec<Vec<cyphonic_vip::Lease6>> {
-    let prefixes: Vec<ipnet::Ipv6Net> = prefixes.collect();
-    let mut each = vec![Vec::new(); prefixes.len()];
-    for l in leases6 {
-        if let Some(i) = prefixes.iter().position(|p| p.contains(&l.ip)) {
-            each[i].push(l);
+    deal(leases6, prefixes, |p, l| p.contains(&l.ip))
+}
+
+/// `items` dealt to `blocks`: each to the last block that `holds` it (the untagged
+/// segment's comes first and holds the VLANs', which are more specific); one that no block
+/// holds is dropped.
+fn deal<T, B>(
+    items: Vec<T>,
+    blocks: impl Iterator<Item = B>,
+    holds: impl Fn(&B, &T) -> bool,
+) -> Vec<Vec<T>> {
+    let blocks: Vec<B> = blocks.collect();
+    let mut each: Vec<Vec<T>> = blocks.iter().map(|_| Vec::new()).collect();
+    for item in items {
+        if let Some(i) = blocks.iter().rposition(|b| holds(b, &item)) {
+            each[i].push(item);
         }
     }
     each

@@ -1016,22 +1016,7 @@ fn dhclient6_gets_an_address_that_survives_a_duid_flood_and_kill_9() {
     assert_eq!(bound.get("dns"), "fd7a:0:1:100::1", "{bound:?}");
     assert!(bound.get("domain").contains("gw1.ovl.example"), "{bound:?}");
     // The device uses it: the gateway answers a ping from that address.
-    let ping = |dev: &DhcpHost| {
-        let src = ip.to_string();
-        let args = [
-            "-6",
-            "-c",
-            "2",
-            "-i",
-            "0.2",
-            "-W",
-            "2",
-            "-I",
-            &src,
-            "fd7a:0:1:100::1",
-        ];
-        dev.ns.exec_output("ping", &args).unwrap()
-    };
+    let ping = |dev: &DhcpHost| ping_gateway6_from(&dev.ns, ip);
     // The /64 is on-link once the adapter's advertisement answered the device's
     // solicitation (DHCPv6 gives an address only: RFC 8415 §21.6).
     let routes = || {
@@ -1154,16 +1139,17 @@ fn dhcpcd_gets_both_families_and_one_name() {
     assert!(v6.get("domain").contains("gw1.ovl.example"), "{v6:?}");
     // One name, both families: its AAAA is the DHCPv6 address.
     let name = "pi.gw1.ovl.example";
-    let aaaa = || {
-        let args = ["+tries=1", "+time=2", "+short", "@100.64.1.1", name, "AAAA"];
-        let out = dev.ns.exec_output("dig", &args).unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
-    cyphonic_e2e::wait_until(Duration::from_secs(10), "the AAAA", || {
-        aaaa() == ip.to_string()
+    wait_for_aaaa(&bed, &dev.ns, name, ip);
+    cyphonic_e2e::wait_until(within, "a ping from the DHCPv6 address", || {
+        ping_gateway6_from(&dev.ns, ip).status.success()
     })
-    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", aaaa(), bed.logs()));
-    let src = ip.to_string();
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    dev.stop().unwrap();
+}
+
+/// `ns` pings the gateway's IPv6 address twice from its address `src`.
+fn ping_gateway6_from(ns: &cyphonic_e2e::Netns, src: std::net::Ipv6Addr) -> std::process::Output {
+    let src = src.to_string();
     let args = [
         "-6",
         "-c",
@@ -1176,13 +1162,23 @@ fn dhcpcd_gets_both_families_and_one_name() {
         &src,
         "fd7a:0:1:100::1",
     ];
-    cyphonic_e2e::wait_until(within, "a ping from the DHCPv6 address", || {
-        dev.ns
-            .exec_output("ping", &args)
-            .is_ok_and(|o| o.status.success())
+    ns.exec_output("ping", &args).unwrap()
+}
+
+/// The AAAA the adapter's DNS service at the gateway vIP gives `name`, asked from `ns`
+/// (`dig +short`: empty for none).
+fn aaaa_of(ns: &cyphonic_e2e::Netns, name: &str) -> String {
+    let args = ["+tries=1", "+time=2", "+short", "@100.64.1.1", name, "AAAA"];
+    let out = ns.exec_output("dig", &args).unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Waits (10 s at most) until `name`'s AAAA, asked from `ns`, is `ip`.
+fn wait_for_aaaa(bed: &TwoSites, ns: &cyphonic_e2e::Netns, name: &str, ip: std::net::Ipv6Addr) {
+    cyphonic_e2e::wait_until(Duration::from_secs(10), "the AAAA", || {
+        aaaa_of(ns, name) == ip.to_string()
     })
-    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
-    dev.stop().unwrap();
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", aaaa_of(ns, name), bed.logs()));
 }
 
 /// The global IPv6 addresses on a host's `eth0` inside `prefix` (dotted text start).
@@ -1225,30 +1221,8 @@ fn systemd_networkd_gets_both_families_and_one_name() {
     let state = dev.networkd_state();
     assert!(state.contains("fd7a:0:1:100::1"), "{state}");
     assert!(state.contains("gw1.ovl.example"), "{state}");
-    let name = "nw.gw1.ovl.example";
-    let aaaa = || {
-        let args = ["+tries=1", "+time=2", "+short", "@100.64.1.1", name, "AAAA"];
-        let out = dev.ns.exec_output("dig", &args).unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    };
-    cyphonic_e2e::wait_until(Duration::from_secs(10), "the AAAA", || {
-        aaaa() == ip.to_string()
-    })
-    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", aaaa(), bed.logs()));
-    let src = ip.to_string();
-    let args = [
-        "-6",
-        "-c",
-        "2",
-        "-i",
-        "0.2",
-        "-W",
-        "2",
-        "-I",
-        &src,
-        "fd7a:0:1:100::1",
-    ];
-    let out = dev.ns.exec_output("ping", &args).unwrap();
+    wait_for_aaaa(&bed, &dev.ns, "nw.gw1.ovl.example", ip);
+    let out = ping_gateway6_from(&dev.ns, ip);
     assert!(out.status.success(), "{out:?}\n{}", bed.logs());
     dev.stop().unwrap();
 }
@@ -1274,18 +1248,9 @@ fn a_reservation_fixes_a_devices_ipv6_address() {
         .wait_for(&["bound6"], 1, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
     assert_eq!(bound.get("ip"), fixed.to_string(), "{bound:?}");
-    let args = [
-        "+tries=1",
-        "+time=2",
-        "+short",
-        "@100.64.1.1",
-        "fixed.gw1.ovl.example",
-        "AAAA",
-    ];
     // Asked by the site's other host (the device itself has no IPv4).
-    let out = bed.a.lan.exec_output("dig", &args).unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        aaaa_of(&bed.a.lan, "fixed.gw1.ovl.example"),
         fixed.to_string()
     );
     dev.stop().unwrap();
