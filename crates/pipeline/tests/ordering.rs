@@ -936,20 +936,31 @@ fn sibling_lanes_share_one_pace() {
         4,
         "a whole burst before either took any"
     );
-    // The bucket refills from the first packet taken: the wait is bounded from before it.
+    // The bucket (4, full) refills from here at one packet per 5 ms, for both lanes: so
+    // whatever a lane is allowed beyond the 4 has been earned by time since. On a slow
+    // machine (qemu) the pushes below can take long enough to earn some back: then the
+    // allowances are larger and come at once, but never before they are earned.
     let taken = std::time::Instant::now();
+    let earned = |consumed: usize, got: usize, what: &str| {
+        let owed = u64::try_from((consumed + got).saturating_sub(4)).unwrap_or(u64::MAX);
+        let elapsed = taken.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis((owed * 5).saturating_sub(1)),
+            "{what}: {got} allowed after {consumed} taken, within {elapsed:?}"
+        );
+    };
     for i in 0..3 {
         lane.push(flowing(1, i, false)).unwrap();
     }
-    assert_eq!(
-        sibling.allowance(64),
-        1,
-        "what the first lane took is gone for both"
-    );
+    let got = sibling.allowance(64);
+    assert!(got >= 1, "never none");
+    earned(3, got, "what the first lane took is gone for both");
     sibling.push(flowing(2, 0, false)).unwrap();
-    // Spent for both: the sibling waits a burst's worth (4 intervals of 5 ms).
-    assert_eq!(sibling.allowance(64), 4);
-    assert!(taken.elapsed() >= Duration::from_millis(19));
+    // Spent for both: the sibling waits a burst's worth (4 intervals of 5 ms), unless time
+    // earned some back meanwhile.
+    let got = sibling.allowance(64);
+    assert!((1..=4).contains(&got), "{got}");
+    earned(4, got, "spent for both");
     drop(seq);
     emitter.join();
     assert_eq!(
