@@ -27,20 +27,7 @@ impl FromStr for Mac {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad =
-            || format!("invalid MAC address {s:?}: expected six hex pairs like 02:00:00:00:01:0a");
-        let mut mac = [0u8; 6];
-        let mut parts = s.split([':', '-']);
-        for byte in &mut mac {
-            let part = parts.next().ok_or_else(bad)?;
-            if part.len() != 2 {
-                return Err(bad());
-            }
-            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
-        }
-        if parts.next().is_some() {
-            return Err(bad());
-        }
+        let cyphonic_control::Mac(mac) = s.parse()?;
         if mac[0] & 1 == 1 {
             return Err(format!(
                 "{s} is a multicast MAC address; a device has a unicast one"
@@ -52,8 +39,7 @@ impl FromStr for Mac {
 
 impl fmt::Display for Mac {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let [a, b, c, d, e, g] = self.0;
-        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+        cyphonic_control::Mac(self.0).fmt(f)
     }
 }
 

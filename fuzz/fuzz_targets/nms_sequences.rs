@@ -1,9 +1,10 @@
 //! NMS under sequences of control messages from three authenticated clients, against a fresh
 //! in-memory SQLite store each run: registrations with names in and out of each
 //! certificate's zone and blocks, resolutions of registered, foreign and arbitrary names,
-//! relay and admission requests for real and made-up peers, pings. Every request gets the
-//! answer of its kind (never the registry's error), a resolution answers with the asked id,
-//! and what it finds is another client's certificate whose blocks hold the address.
+//! relay and admission requests for real and made-up peers, pings, HA pair reports. Every
+//! request gets the answer of its kind (never the registry's error), a resolution answers
+//! with the asked id, and what it finds is another client's certificate whose blocks hold the
+//! address; a pair report is kept (no answer) or refused as malformed.
 #![no_main]
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -11,7 +12,7 @@ use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use cyphonic_cloud::{Nms, Policy, Rule, Store};
-use cyphonic_control::{ClientMsg, CloudMsg, NameRecord, Resolution};
+use cyphonic_control::{ClientMsg, CloudMsg, Mac, NameRecord, PairBox, PairHealth, PairRole, Resolution};
 use cyphonic_crypto::{
     Certificate, CertificateAuthority, IssueRequest, RevocationList, StaticKeypair, TrustStore,
 };
@@ -68,6 +69,8 @@ enum Op {
     Relay(Peer),
     Admit(Peer),
     Ping,
+    /// Boxes: MAC, role, priority, health bits, in contact.
+    HaPair { term: u64, reason: String, boxes: Vec<([u8; 6], u8, u8, u8, bool)> },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -151,6 +154,26 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                 Op::Relay(p) => ClientMsg::Relay { peer: peer(p, &f.clients) },
                 Op::Admit(p) => ClientMsg::Admit { peer: peer(p, &f.clients) },
                 Op::Ping => ClientMsg::Ping {},
+                Op::HaPair { term, reason, boxes } => ClientMsg::HaPair {
+                    term: *term,
+                    reason: reason.clone(),
+                    boxes: boxes
+                        .iter()
+                        .take(4)
+                        .map(|(mac, role, priority, health, in_contact)| PairBox {
+                            mac: Mac(*mac),
+                            role: [PairRole::Starting, PairRole::Standby, PairRole::Active][usize::from(*role % 3)],
+                            priority: *priority,
+                            health: [PairHealth::Lan, PairHealth::Uplink, PairHealth::DataPlane, PairHealth::Reached]
+                                .into_iter()
+                                .enumerate()
+                                .filter(|(i, _)| health & (1 << i) != 0)
+                                .map(|(_, h)| h)
+                                .collect(),
+                            in_contact: *in_contact,
+                        })
+                        .collect(),
+                },
             };
             let answer = nms.serve_message(me, msg.clone()).await;
             match (&msg, answer) {
@@ -177,6 +200,10 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                 }
                 (ClientMsg::Relay { .. } | ClientMsg::Admit { .. }, Some(CloudMsg::NotPaired { .. })) => {}
                 (ClientMsg::Ping {}, Some(CloudMsg::Pong {})) => {}
+                (ClientMsg::HaPair { .. }, None) => {}
+                (ClientMsg::HaPair { .. }, Some(CloudMsg::Error { reason })) => {
+                    assert_ne!(reason, "the registry is unavailable");
+                }
                 (m, a) => panic!("{m:?} was answered {a:?}"),
             }
         }

@@ -9,7 +9,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use clap::Subcommand;
-use cyphonic_cloud::store::Member;
+use cyphonic_cloud::store::{Member, PairReport};
+use cyphonic_control::{PairBox, PairRole};
 use cyphonic_crypto::Certificate;
 use cyphonic_telemetry::status::{age, time_left};
 use serde::Serialize;
@@ -65,6 +66,9 @@ struct View {
     observed: Option<SocketAddr>,
     /// The software and version it said it runs when it last connected.
     agent: Option<String>,
+    /// The HA pair serving it, as its serving box last reported (docs/protocol.md §5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pair: Option<PairReport>,
     names: Vec<Hosted>,
 }
 
@@ -102,6 +106,7 @@ impl View {
             endpoints: m.client.endpoints.clone(),
             observed: m.client.observed,
             agent: m.agent.clone(),
+            pair: m.pair.clone(),
             names: {
                 let mut names: Vec<Hosted> = m
                     .names
@@ -184,19 +189,20 @@ fn print(json: bool, views: &[View], text: impl FnOnce() -> String) -> anyhow::R
 fn list_text(views: &[View], now: u64) -> String {
     use std::fmt::Write as _;
     let mut t = format!(
-        "{:<32} {:<7} {:<10} {:<8} {:>5}  {:<24} {}\n",
-        "MEMBER", "ONLINE", "LAST SEEN", "EXPIRES", "NAMES", "AGENT", "FINGERPRINT"
+        "{:<32} {:<7} {:<10} {:<8} {:>5}  {:<24} {:<16} {}\n",
+        "MEMBER", "ONLINE", "LAST SEEN", "EXPIRES", "NAMES", "AGENT", "HA PAIR", "FINGERPRINT"
     );
     for v in views {
         let _ = writeln!(
             t,
-            "{:<32} {:<7} {:<10} {:<8} {:>5}  {:<24} {}",
+            "{:<32} {:<7} {:<10} {:<8} {:>5}  {:<24} {:<16} {}",
             v.name,
             if v.online { "yes" } else { "no" },
             age(v.last_seen, now),
             time_left(v.not_after, now),
             v.names.len(),
             v.agent.as_deref().unwrap_or("-"),
+            v.pair.as_ref().map_or_else(|| "-".to_owned(), pair_brief),
             v.fingerprint
         );
     }
@@ -246,6 +252,81 @@ fn show_text(views: &[View], now: u64) -> String {
             let vip = n.vip.map_or_else(|| "-".to_owned(), |a| a.to_string());
             let _ = writeln!(t, "  {:<40} {vip}{v6}{own}", n.name);
         }
+        if let Some(p) = &v.pair {
+            t.push_str(&pair_text(p, now));
+        }
+    }
+    t
+}
+
+fn role(r: PairRole) -> &'static str {
+    match r {
+        PairRole::Starting => "starting",
+        PairRole::Standby => "standby",
+        PairRole::Active => "active",
+    }
+}
+
+/// A pair in a word or two: the reporting box's role, then the other's (`lost`: not in
+/// contact), e.g. `active+standby`.
+fn pair_brief(p: &PairReport) -> String {
+    p.boxes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            if i > 0 && !b.in_contact {
+                "lost"
+            } else {
+                role(b.role)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+/// A pair's lines under its member in `show`.
+fn pair_text(p: &PairReport, now: u64) -> String {
+    use std::fmt::Write as _;
+    let when = match age(p.at, now) {
+        now if now == "now" => now,
+        ago => format!("{ago} ago"),
+    };
+    let mut t = format!(
+        "  HA pair  term {}  reported {when}  ({})\n",
+        p.term, p.reason
+    );
+    for (i, b) in p.boxes.iter().enumerate() {
+        let PairBox {
+            mac,
+            role: r,
+            priority,
+            health,
+            in_contact,
+        } = b;
+        let well: Vec<&str> = health
+            .iter()
+            .map(|h| match h {
+                cyphonic_control::PairHealth::Lan => "lan",
+                cyphonic_control::PairHealth::Uplink => "uplink",
+                cyphonic_control::PairHealth::DataPlane => "data_plane",
+                cyphonic_control::PairHealth::Reached => "reached",
+            })
+            .collect();
+        let said = match (i, in_contact) {
+            (0, _) => "reporting",
+            (_, true) => "in contact",
+            (_, false) => "not in contact",
+        };
+        let _ = writeln!(
+            t,
+            "    {mac}  {:<8} priority {priority:<3}  well: {:<32} {said}",
+            role(*r),
+            if well.is_empty() {
+                "-".to_owned()
+            } else {
+                well.join(" ")
+            }
+        );
     }
     t
 }

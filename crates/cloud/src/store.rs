@@ -93,6 +93,23 @@ pub struct Member {
     /// The software and version it said it runs when it last connected (cleaned, see
     /// `nms::agent`); None for a certificate that never connected.
     pub agent: Option<String>,
+    /// The HA pair its serving box reported in its last session, if any.
+    pub pair: Option<PairReport>,
+}
+
+/// What a member's serving box reported of its HA pair (docs/protocol.md §5, *Seen from the
+/// cloud*), checked for shape, as the registry keeps it: what a holder of the site's key
+/// says, for the fleet view only.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PairReport {
+    /// The pair's term as the sender knew it.
+    pub term: u64,
+    /// Why the sender took its role (printable, short).
+    pub reason: String,
+    /// The sender first, then the other box once heard.
+    pub boxes: Vec<cyphonic_control::PairBox>,
+    /// When it came (unix seconds).
+    pub at: u64,
 }
 
 /// A name and who hosts it.
@@ -265,13 +282,35 @@ impl Store {
         agent: &str,
     ) -> Result<(), StoreError> {
         self.put_client(
-            "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5, agent = $7",
+            "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5, agent = $7, pair = NULL",
             (1, Some(agent)),
             fingerprint,
             identity,
             (certificate, blocks),
         )
         .await
+    }
+
+    /// Keeps what the client `fingerprint`'s serving box reported of its HA pair, in place of
+    /// what it reported before.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn report_pair(
+        &self,
+        fingerprint: &str,
+        report: &PairReport,
+    ) -> Result<(), StoreError> {
+        let text = serde_json::to_string(report).map_err(|e| StoreError::Corrupt {
+            table: "clients",
+            what: format!("pair of {fingerprint}: {e}"),
+        })?;
+        sqlx::query("UPDATE clients SET pair = $2 WHERE fingerprint = $1")
+            .bind(fingerprint)
+            .bind(text)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Records a certificate the AS just issued (a renewal) as an offline client, so that
@@ -552,7 +591,7 @@ impl Store {
     pub async fn members(&self) -> Result<Vec<Member>, StoreError> {
         let rows = sqlx::query(
             "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt, \
-             updated_at, agent FROM clients ORDER BY name, updated_at",
+             updated_at, agent, pair FROM clients ORDER BY name, updated_at",
         )
         .fetch_all(&self.pool)
         .await?;
@@ -589,6 +628,15 @@ impl Store {
             let client = client_row(row, 0)?;
             let last_seen: i64 = row.try_get(7)?;
             let agent: Option<String> = row.try_get(8)?;
+            let pair: Option<String> = row.try_get(9)?;
+            let pair = pair
+                .map(|text| {
+                    serde_json::from_str::<PairReport>(&text).map_err(|e| StoreError::Corrupt {
+                        table: "clients",
+                        what: format!("pair of {}: {e}", client.fingerprint),
+                    })
+                })
+                .transpose()?;
             let names = held.remove(&client.fingerprint).unwrap_or_default();
             members.push(Member {
                 legacy: names
@@ -607,6 +655,7 @@ impl Store {
                 client,
                 last_seen: u64::try_from(last_seen).unwrap_or(0),
                 agent,
+                pair,
             });
         }
         Ok(members)

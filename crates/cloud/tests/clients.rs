@@ -709,6 +709,149 @@ async fn clients_come_back_after_the_cloud_restarts_and_the_registry_survives() 
     running.stop();
 }
 
+/// Control version 10 (issue 51): the serving box of an HA pair reports the pair. The
+/// registry keeps it with the member and a change replaces it; a new session clears it until
+/// the client reports again, which it does by itself after reconnecting (here, to a
+/// restarted cloud); a malformed report, or one from a version-9 session, is answered with
+/// an error and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ha_pairs_report_is_kept_replaced_and_sent_again_after_a_reconnection() {
+    use cyphonic_control::{Mac, PairBox, PairHealth, PairRole, PairState};
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let port = running.control.port();
+    let store = cyphonic_cloud::Store::open(&cloud.db).await.unwrap();
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let fp = gw1.certificate().fingerprint().to_string();
+    let state = |term, other: PairRole| PairState {
+        term,
+        reason: format!("term {term}\u{1b}[2J"),
+        boxes: vec![
+            PairBox {
+                mac: Mac([2, 0, 0, 0, 0, 2]),
+                role: PairRole::Active,
+                priority: 100,
+                // Out of order and twice: kept sorted, once.
+                health: vec![PairHealth::Uplink, PairHealth::Lan, PairHealth::Lan],
+                in_contact: true,
+            },
+            PairBox {
+                mac: Mac([2, 0, 0, 0, 0, 1]),
+                role: other,
+                priority: 200,
+                health: vec![PairHealth::Lan],
+                in_contact: other == PairRole::Standby,
+            },
+        ],
+    };
+    // What the registry holds of gw1's pair while gw1 is online, once `want` says it is
+    // there.
+    let held = |want: fn(&Option<cyphonic_cloud::store::PairReport>) -> bool| {
+        let store = store.clone();
+        let fp = fp.clone();
+        async move {
+            tokio::time::timeout(PATIENCE, async {
+                loop {
+                    let online = store
+                        .members()
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .find(|m| m.client.fingerprint == fp && m.client.online);
+                    if let Some(m) = online
+                        && want(&m.pair)
+                    {
+                        return m.pair;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("the registry never held the pair as expected")
+        }
+    };
+    let (h1, mut e1) = client(&cloud, running.control, gw1.clone());
+    h1.register(vec![], vec![rec("gw1.ovl.example", [100, 64, 1, 1])]);
+    h1.report_pair(Some(state(3, PairRole::Standby)));
+    let kept = held(Option::is_some).await.unwrap();
+    assert_eq!(kept.term, 3);
+    assert_eq!(kept.reason, "term 3?[2J");
+    assert_eq!(kept.boxes[0].health, [PairHealth::Lan, PairHealth::Uplink]);
+    assert_eq!(kept.boxes[1].role, PairRole::Standby);
+    assert_eq!(running.nms.stats.pair_reports.load(Ordering::Relaxed), 1);
+
+    // The other box went quiet: the next report replaces this one.
+    h1.report_pair(Some(state(3, PairRole::Starting)));
+    let kept = held(|p| p.as_ref().is_some_and(|p| !p.boxes[1].in_contact)).await;
+    assert_eq!(kept.unwrap().boxes[1].role, PairRole::Starting);
+
+    // Malformed, or from a version-9 session: an error, and the report stays as it was.
+    let mut three = state(4, PairRole::Standby);
+    three.boxes.push(three.boxes[0].clone());
+    let mut twice = state(4, PairRole::Standby);
+    twice.boxes[1].mac = twice.boxes[0].mac;
+    let mut zero = state(4, PairRole::Standby);
+    zero.boxes[1].priority = 0;
+    let none = PairState {
+        boxes: vec![],
+        ..state(4, PairRole::Standby)
+    };
+    for (version, bad) in [
+        (10, three),
+        (10, twice),
+        (10, zero),
+        (10, none),
+        (9, state(4, PairRole::Standby)),
+    ] {
+        let answer = running
+            .nms
+            .serve_message_as(gw1.certificate(), version, bad.clone().into())
+            .await;
+        assert!(
+            matches!(answer, Some(CloudMsg::Error { .. })),
+            "{bad:?} as version {version}: {answer:?}"
+        );
+    }
+    assert_eq!(
+        running
+            .nms
+            .stats
+            .pair_reports_refused
+            .load(Ordering::Relaxed),
+        5
+    );
+    let kept = held(Option::is_some).await.unwrap();
+    assert_eq!((kept.term, kept.boxes[1].role), (3, PairRole::Starting));
+
+    // The cloud restarts: the new session starts without the report, and the client sends
+    // it again by itself.
+    running.stop();
+    next(&mut e1, |e| {
+        matches!(e, Event::Disconnected { .. }).then_some(())
+    })
+    .await;
+    let running = cloud.start(&pki, Policy::default(), port).await;
+    next(&mut e1, |e| {
+        matches!(e, Event::Connected { .. }).then_some(())
+    })
+    .await;
+    let kept = held(Option::is_some).await.unwrap();
+    assert_eq!((kept.term, kept.boxes[1].role), (3, PairRole::Starting));
+    assert_eq!(running.nms.stats.pair_reports.load(Ordering::Relaxed), 1);
+
+    // A session of the same member that reports nothing (a box of a build before the
+    // report, say) shows no pair: the last one is not kept beyond its session.
+    drop(h1);
+    let (_h2, mut e2) = client(&cloud, running.control, gw1.clone());
+    next(&mut e2, |e| {
+        matches!(e, Event::Connected { .. }).then_some(())
+    })
+    .await;
+    assert_eq!(held(Option::is_none).await, None);
+    running.stop();
+}
+
 /// A client with a tunnel socket of its own on `ip` (loopback), the way an adapter runs one:
 /// it sends the probes the session asks for from that socket, and registers its name.
 struct Tunnel {

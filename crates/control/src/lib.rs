@@ -16,8 +16,9 @@ pub mod token;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
-    Allowed, ClientMsg, CloudMsg, Hello, MIN_VERSION, NameRecord, PeerInfo, PolicyProto,
-    PolicyRule, RelayInfo, RelayReason, Resolution, VERSION, Welcome,
+    Allowed, ClientMsg, CloudMsg, HA_PAIR_VERSION, Hello, MIN_VERSION, Mac, NameRecord, PairBox,
+    PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule, RelayInfo, RelayReason,
+    Resolution, VERSION, Welcome,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{

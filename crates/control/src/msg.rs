@@ -11,7 +11,10 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 9;
+pub const VERSION: u16 = 10;
+
+/// The first version with [`ClientMsg::HaPair`].
+pub const HA_PAIR_VERSION: u16 = 10;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -142,6 +145,135 @@ pub enum ClientMsg {
     /// (Version 3.) Issue me a certificate like the session's with a new validity:
     /// answered by [`CloudMsg::Renewed`] or [`CloudMsg::NotRenewed`].
     Renew {},
+    /// (Version 10.) The HA pair that serves this client's site, as the serving box sees it
+    /// (docs/protocol.md §5, *Seen from the cloud*): for the fleet view only. No answer
+    /// unless it is malformed ([`CloudMsg::Error`]).
+    HaPair {
+        /// The pair's term as the sender knows it.
+        term: u64,
+        /// Why the sender took its role, in words.
+        reason: String,
+        /// The sender first, then the other box once heard.
+        boxes: Vec<PairBox>,
+    },
+}
+
+/// What [`ClientMsg::HaPair`] says: an HA pair as its serving box sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairState {
+    /// The pair's term as the sender knows it.
+    pub term: u64,
+    /// Why the sender took its role, in words.
+    pub reason: String,
+    /// The sender first, then the other box once heard.
+    pub boxes: Vec<PairBox>,
+}
+
+impl From<PairState> for ClientMsg {
+    fn from(
+        PairState {
+            term,
+            reason,
+            boxes,
+        }: PairState,
+    ) -> Self {
+        Self::HaPair {
+            term,
+            reason,
+            boxes,
+        }
+    }
+}
+
+/// One box of an HA pair in [`ClientMsg::HaPair`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairBox {
+    /// Its LAN NIC's MAC.
+    pub mac: Mac,
+    /// Its role, as the sender last heard it.
+    pub role: PairRole,
+    /// Its `[ha] priority` (1-254).
+    pub priority: u8,
+    /// What of its health is well.
+    pub health: Vec<PairHealth>,
+    /// Whether the sender had a proof of life from it lately (the sender itself: true).
+    pub in_contact: bool,
+}
+
+/// A MAC address, written `02:00:00:00:01:0a` (or with dashes; read in either case, written
+/// in lower case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Mac(pub [u8; 6]);
+
+impl std::str::FromStr for Mac {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad =
+            || format!("invalid MAC address {s:?}: expected six hex pairs like 02:00:00:00:01:0a");
+        let mut mac = [0u8; 6];
+        let mut parts = s.split([':', '-']);
+        for byte in &mut mac {
+            let part = parts.next().ok_or_else(bad)?;
+            if part.len() != 2 {
+                return Err(bad());
+            }
+            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+        }
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Self(mac))
+    }
+}
+
+impl std::fmt::Display for Mac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A box's role in its pair (docs/protocol.md §5, *Deciding who serves*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairRole {
+    /// Listening before it decides.
+    Starting,
+    /// Holding the state, serving nothing.
+    Standby,
+    /// Serving the site.
+    Active,
+}
+
+/// A part of a box's health (docs/protocol.md §5, the heartbeat's health bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairHealth {
+    /// The LAN link is up.
+    Lan,
+    /// The uplink routes to the peers and the cloud.
+    Uplink,
+    /// Every data-plane thread goes round its loop.
+    DataPlane,
+    /// Something beyond the uplink answered lately.
+    Reached,
 }
 
 /// A peer as the cloud describes it to a client that is about to handshake with it.
@@ -468,5 +600,30 @@ mod tests {
         let text = serde_json::to_string(&fixed).unwrap();
         assert!(text.contains(r#""legacy":"192.0.2.20""#), "{text}");
         assert_eq!(serde_json::from_str::<NameRecord>(&text).unwrap(), fixed);
+    }
+
+    /// The pair report reads as docs/protocol.md §5 writes it; a health or role the protocol
+    /// does not name, or a field it does not have, does not read.
+    #[test]
+    fn a_pair_report_has_the_documented_shape() {
+        let text = r#"{"type":"ha_pair","term":3,"reason":"handed over","boxes":[{"mac":"02:00:00:00:00:02","role":"active","priority":100,"health":["lan","uplink","data_plane","reached"],"in_contact":true},{"mac":"02:00:00:00:00:01","role":"standby","priority":200,"health":["lan"],"in_contact":false}]}"#;
+        let msg: ClientMsg = serde_json::from_str(text).unwrap();
+        let ClientMsg::HaPair { term, boxes, .. } = &msg else {
+            panic!("{msg:?}");
+        };
+        assert_eq!(*term, 3);
+        assert_eq!(boxes[0].role, PairRole::Active);
+        assert_eq!(boxes[1].health, vec![PairHealth::Lan]);
+        assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+        for bad in [
+            text.replace(r#""lan"]"#, r#""fine"]"#),
+            text.replace(r#""standby""#, r#""serving""#),
+            text.replace(r#","in_contact":false"#, r#","in_contact":false,"lag":1"#),
+            text.replace("02:00:00:00:00:01", "02:00:00:00:00"),
+            text.replace("02:00:00:00:00:01", "02:00:00:00:00:01:03"),
+            text.replace("02:00:00:00:00:01", "02:00:00:00:00:0g"),
+        ] {
+            assert!(serde_json::from_str::<ClientMsg>(&bad).is_err(), "{bad}");
+        }
     }
 }

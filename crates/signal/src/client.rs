@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use cyphonic_control::channel::{LEN_PREFIX, frame_len};
 use cyphonic_control::{
-    Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PeerInfo, Prober, Resolution,
-    VERSION, Welcome,
+    Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PairState, PeerInfo, Prober,
+    Resolution, VERSION, Welcome,
 };
 use cyphonic_crypto::{Certificate, Fingerprint, PublicKey, StaticKeypair};
 use cyphonic_session::Identity;
@@ -175,6 +175,7 @@ pub struct Handle {
     cmds: mpsc::Sender<Cmd>,
     identity: Arc<watch::Sender<Arc<Identity>>>,
     registration: Arc<watch::Sender<Registration>>,
+    pair: Arc<watch::Sender<Option<PairState>>>,
     connected: watch::Receiver<bool>,
     cache: Arc<Cache>,
 }
@@ -191,6 +192,20 @@ impl Handle {
                 false
             } else {
                 *r = new;
+                true
+            }
+        });
+    }
+
+    /// Sets what we report of our HA pair (docs/protocol.md §5, *Seen from the cloud*):
+    /// sent after the registration in each session whose cloud reads it (control version
+    /// 10), and again when it changes. None: we are not one of a pair.
+    pub fn report_pair(&self, state: Option<PairState>) {
+        self.pair.send_if_modified(|p| {
+            if *p == state {
+                false
+            } else {
+                *p = state;
                 true
             }
         });
@@ -341,6 +356,7 @@ impl Probing {
 pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver<Event>) {
     let (cmds, cmd_rx) = mpsc::channel(64);
     let (registration, reg_rx) = watch::channel(Registration::default());
+    let (pair, pair_rx) = watch::channel(None);
     let (connected_tx, connected) = watch::channel(false);
     let (events, event_rx) = mpsc::channel(EVENTS);
     let cache = Arc::new(Cache::default());
@@ -352,6 +368,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
         policy: cyphonic_control::Assembler::default(),
         cmds: cmd_rx,
         registration: reg_rx,
+        pair: pair_rx,
         connected: connected_tx,
         events,
         cache: cache.clone(),
@@ -366,6 +383,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
             cmds,
             identity: Arc::new(identity_tx),
             registration: Arc::new(registration),
+            pair: Arc::new(pair),
             connected,
             cache,
         },
@@ -382,6 +400,8 @@ struct Task {
     policy: cyphonic_control::Assembler,
     cmds: mpsc::Receiver<Cmd>,
     registration: watch::Receiver<Registration>,
+    /// What we report of our HA pair (none: we are not one of a pair).
+    pair: watch::Receiver<Option<PairState>>,
     connected: watch::Sender<bool>,
     events: mpsc::Sender<Event>,
     cache: Arc<Cache>,
@@ -780,6 +800,9 @@ impl Task {
         let mut heard = Instant::now();
         // The registration goes first.
         self.registration.mark_changed();
+        // Then the pair's report, if we are one of a pair and the cloud reads it.
+        let reports_pair = version >= cyphonic_control::HA_PAIR_VERSION;
+        self.pair.mark_changed();
         let end = loop {
             let out: Option<ClientMsg> = tokio::select! {
                 // In this order: a registration goes out before any command issued after it (a
@@ -795,6 +818,12 @@ impl Task {
                         r.endpoints.push(h);
                     }
                     Some(fitted(ClientMsg::Register { endpoints: r.endpoints, names: r.names }))
+                }
+                changed = self.pair.changed(), if reports_pair => {
+                    if changed.is_err() {
+                        break End::Stopped;
+                    }
+                    self.pair.borrow_and_update().clone().map(ClientMsg::from)
                 }
                 f = frames.recv() => {
                     let Some(f) = f else { break End::Retry("the cloud closed the connection".into()) };

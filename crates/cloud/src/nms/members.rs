@@ -37,6 +37,14 @@ impl Nms {
             ClientMsg::Register { endpoints, names } => {
                 Some(self.register(fp, body, endpoints, names).await)
             }
+            ClientMsg::HaPair {
+                term,
+                reason,
+                boxes,
+            } => {
+                self.ha_pair((fp, version), body, (term, &reason), boxes)
+                    .await
+            }
             ClientMsg::Relay { peer } => Some(self.pair(fp, body, &peer, true).await),
             ClientMsg::Admit { peer } => Some(self.pair(fp, body, &peer, false).await),
             ClientMsg::Resolve { id, name } => {
@@ -55,6 +63,46 @@ impl Nms {
                     id,
                     name,
                     resolution,
+                })
+            }
+        }
+    }
+
+    /// Keeps an HA pair's report of itself, checked for shape; says what is wrong with it
+    /// otherwise (docs/protocol.md §5, *Seen from the cloud*).
+    async fn ha_pair(
+        &self,
+        (fp, version): (&str, u16),
+        body: &CertBody,
+        (term, reason): (u64, &str),
+        boxes: Vec<cyphonic_control::PairBox>,
+    ) -> Option<CloudMsg> {
+        let checked = if version < cyphonic_control::HA_PAIR_VERSION {
+            Err(format!(
+                "ha_pair is control version {}",
+                cyphonic_control::HA_PAIR_VERSION
+            ))
+        } else {
+            pair_report((term, reason), boxes, unix_now())
+        };
+        let report = match checked {
+            Ok(r) => r,
+            Err(reason) => {
+                bump(&self.stats.pair_reports_refused);
+                tracing::info!(client = %body.name, %reason, "HA pair report refused");
+                return Some(CloudMsg::Error { reason });
+            }
+        };
+        match self.store.report_pair(fp, &report).await {
+            Ok(()) => {
+                bump(&self.stats.pair_reports);
+                tracing::debug!(client = %body.name, term, boxes = report.boxes.len(), "HA pair reported");
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                Some(CloudMsg::Error {
+                    reason: "the registry is unavailable".into(),
                 })
             }
         }
@@ -374,4 +422,33 @@ impl Nms {
             tracing::warn!(error = %e, "signal to the other instances not sent");
         }
     }
+}
+
+/// An HA pair's report as the registry keeps it, received at `at` (unix seconds), or why it
+/// is malformed: 1 or 2 boxes of distinct MACs, priorities 1-254; each box's health sorted
+/// once, the reason printable and short. (A MAC that is not one does not parse.)
+fn pair_report(
+    (term, reason): (u64, &str),
+    mut boxes: Vec<cyphonic_control::PairBox>,
+    at: u64,
+) -> Result<crate::store::PairReport, String> {
+    if boxes.is_empty() || boxes.len() > 2 {
+        return Err(format!("{} boxes in an HA pair", boxes.len()));
+    }
+    for b in &mut boxes {
+        if !(1..=254).contains(&b.priority) {
+            return Err(format!("priority {} outside 1-254", b.priority));
+        }
+        b.health.sort_unstable();
+        b.health.dedup();
+    }
+    if boxes.len() == 2 && boxes[0].mac == boxes[1].mac {
+        return Err(format!("both boxes are {}", boxes[0].mac));
+    }
+    Ok(crate::store::PairReport {
+        term,
+        reason: printable(reason, PAIR_REASON_MAX),
+        boxes,
+        at,
+    })
 }

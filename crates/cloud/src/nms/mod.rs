@@ -61,14 +61,21 @@ const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
 /// The most characters of a client's agent the registry keeps: a program's name and version
 /// fit many times over.
 const AGENT_MAX: usize = 64;
+/// The most characters of an HA pair's reason the registry keeps.
+const PAIR_REASON_MAX: usize = 128;
 
 /// What the registry keeps of the agent a client's `Hello` names (its software and version,
 /// which anyone with a certificate may set to anything): printable ASCII, any other
 /// character a `?` so that no control sequence reaches an operator's terminal through
 /// `members`, at most [`AGENT_MAX`] characters.
 fn agent(said: &str) -> String {
+    printable(said, AGENT_MAX)
+}
+
+/// `said`'s first `max` characters, each that is not printable ASCII a `?`.
+fn printable(said: &str, max: usize) -> String {
     said.chars()
-        .take(AGENT_MAX)
+        .take(max)
         .map(|c| {
             if c == ' ' || c.is_ascii_graphic() {
                 c
@@ -106,6 +113,10 @@ cyphonic_telemetry::counters! {
         malformed,
         /// Names refused at registration (outside the certificate, taken).
         names_refused,
+        /// HA pair reports kept (docs/protocol.md §5, Seen from the cloud).
+        pair_reports,
+        /// HA pair reports refused: malformed (a MAC that is not one, too many boxes...), or from a client of a version without them.
+        pair_reports_refused,
         /// Resolutions asked.
         resolves,
         /// Resolutions denied by policy.
