@@ -52,24 +52,27 @@ pub struct AdapterEdge<'a> {
     clock_floor: Option<std::time::Duration>,
     /// One of an HA pair: the pair's part of the status document.
     ha: Option<Arc<std::sync::Mutex<crate::status::HaStatus>>>,
-    /// One of an HA pair: where the services say the tunnels are up, and hear where new
-    /// DHCP addresses come from.
-    pair: Option<(crate::ha::Ready, crate::ha::PairLink)>,
+    /// One of an HA pair: where the services say the tunnels are up, hear where new DHCP
+    /// addresses come from, and read what to report of the pair to the cloud.
+    pair: Option<(crate::ha::Ready, crate::ha::PairLink, crate::ha::Report)>,
 }
 
 impl<'a> AdapterEdge<'a> {
     /// One of an HA pair: with the clock the other box last showed (for the handshakes to
-    /// stay above) and the pair's part of the status document.
+    /// stay above), the pair's part of the status document and its report to the cloud.
     #[must_use]
     pub fn in_pair(
         mut self,
         floor: Option<std::time::Duration>,
-        status: Arc<std::sync::Mutex<crate::status::HaStatus>>,
+        (status, report): (
+            Arc<std::sync::Mutex<crate::status::HaStatus>>,
+            crate::ha::Report,
+        ),
         (ready, pool): (crate::ha::Ready, crate::ha::PairLink),
     ) -> Self {
         self.clock_floor = floor;
         self.ha = Some(status);
-        self.pair = Some((ready, pool));
+        self.pair = Some((ready, pool, report));
         self
     }
 
@@ -332,9 +335,10 @@ impl Edge for AdapterEdge<'_> {
             ),
         );
         Ok(match &self.pair {
-            Some((ready, pool)) => services.in_pair(
+            Some((ready, pool, report)) => services.in_pair(
                 crate::ha::ReadyWatch::new(ready.clone(), ctx.peers.iter().map(|(id, _)| *id)),
                 pool.clone(),
+                report.clone(),
             ),
             None => services,
         })
@@ -384,7 +388,7 @@ impl Edge for AdapterEdge<'_> {
             "LAN side running"
         );
         // One of a pair judges its data plane by its threads' beats from now on.
-        if let Some((_, link)) = &self.pair {
+        if let Some((_, link, _)) = &self.pair {
             link.watch_data_plane(core.shared.pulses().clone());
         }
         Ok(threads)

@@ -63,6 +63,8 @@ pub struct AdapterServices {
     /// where new addresses come from and what the other box bound.
     ready: Option<crate::ha::ReadyWatch>,
     pool: Option<PairLink>,
+    /// One of an HA pair: what to report of it to the cloud.
+    report: Option<crate::ha::Report>,
     /// When ACKs leaving before the standby held their leases were last logged.
     unreplicated_said: cyphonic_telemetry::Throttle,
     /// When the site's router's MAC was last asked for.
@@ -97,6 +99,7 @@ impl AdapterServices {
             reservations,
             ready: None,
             pool: None,
+            report: None,
             unreplicated_said: cyphonic_telemetry::Throttle::new(UNREPLICATED_SAID),
             router_asked: None,
             advertise_at: None,
@@ -108,11 +111,18 @@ impl AdapterServices {
         services
     }
 
-    /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]), and takes
-    /// its share of the pool and the other box's bindings from `pool`.
-    pub fn in_pair(mut self, ready: crate::ha::ReadyWatch, pool: PairLink) -> Self {
+    /// One of an HA pair: says when the tunnels are up ([`crate::ha::Ready`]), takes its
+    /// share of the pool and the other box's bindings from `pool`, and reports the pair to
+    /// the cloud as `report` says.
+    pub fn in_pair(
+        mut self,
+        ready: crate::ha::ReadyWatch,
+        pool: PairLink,
+        report: crate::ha::Report,
+    ) -> Self {
         self.ready = Some(ready);
         self.pool = Some(pool);
+        self.report = Some(report);
         self
     }
 
@@ -382,6 +392,16 @@ impl Services for AdapterServices {
             d.set_peers(fingerprints);
             self.settle(Instant::now(), cyphonic_settings::now_secs());
         }
+    }
+
+    fn pair(&self) -> Option<cyphonic_control::PairState> {
+        let report = self.report.as_ref()?;
+        Some(
+            report
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+        )
     }
 
     fn resumed_peers(&mut self) -> Vec<String> {

@@ -1078,14 +1078,49 @@ fn renews_the_same_address(pair: &mut PairBed) {
     assert_eq!(ip, pair.ip.to_string(), "{}", pair.logs());
 }
 
+/// The pair the cloud's registry shows for site A (`members show --json`, the online
+/// certificate's), once `want` accepts it; within 10 s.
+fn pair_in_cloud(pair: &PairBed, want: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let shown = || {
+        let out = pair
+            .bed
+            .cloud_cli(&["members", "show", "gw1.ovl.example", "--json"])
+            .ok()?;
+        let views: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let online = views.as_array()?.iter().find(|v| v["online"] == true)?;
+        Some(online["pair"].clone()).filter(|p| want(p))
+    };
+    wait_until(Duration::from_secs(10), "the pair in the registry", || {
+        shown().is_some()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
+    shown().unwrap()
+}
+
 /// Issue 51: the peers the serving box of a pair learned through the cloud move with the
 /// gateway. The device looks site B's host up by name (the cloud pairs the sites); the
 /// serving box keeps site B's fingerprint in its lease file, which the standby holds; the
 /// serving box is killed, and the new one asks the cloud to pair it with site B again as
-/// soon as it reaches the cloud: the pings both ways go on without a new lookup.
+/// soon as it reaches the cloud: the pings both ways go on without a new lookup. The cloud's
+/// fleet view shows the pair as one site with two boxes, before and after: which serves,
+/// and whether the other stands by.
 #[test]
 fn a_pairs_cloud_peers_move_with_the_gateway() {
     let mut pair = PairBed::up_with_cloud(CloudOptions::default()).unwrap();
+    let second_mac = pair.bed.status(Side::A).unwrap()["ha"]["other"]["mac"].clone();
+    assert!(second_mac.is_string(), "{second_mac}");
+    let before = pair_in_cloud(&pair, |p| p["boxes"][1]["in_contact"] == true);
+    assert_eq!(before["term"], 1, "{before}");
+    assert_eq!(before["boxes"][0]["role"], "active", "{before}");
+    assert_eq!(before["boxes"][1]["role"], "standby", "{before}");
+    assert_eq!(before["boxes"][1]["mac"], second_mac, "{before}");
+    let list = pair.bed.cloud_cli(&["members", "list"]).unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("gw1.ovl.example") && l.contains(" active+standby ")),
+        "{list}"
+    );
     let held = pair.bed.a.dir.join("state2/leases.json");
     wait_until(
         Duration::from_secs(10),
@@ -1103,6 +1138,11 @@ fn a_pairs_cloud_peers_move_with_the_gateway() {
         "{}",
         pair.logs()
     );
+    let after = pair_in_cloud(&pair, |p| p["term"] == 2);
+    assert_eq!(after["boxes"][0]["mac"], second_mac, "{after}");
+    assert_eq!(after["boxes"][0]["role"], "active", "{after}");
+    assert_eq!(after["boxes"][1]["in_contact"], false, "{after}");
+    assert_eq!(after["reason"], "the active box went silent", "{after}");
 }
 
 /// Issue 51: the active box of a pair is killed (SIGKILL): the standby serves within the

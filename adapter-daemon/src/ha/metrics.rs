@@ -51,7 +51,7 @@ impl Collector for HaCollector {
             ("other", s.other.as_ref().map(|o| &o.health)),
         ] {
             let Some(bits) = bits else { continue };
-            for (_, name) in super::HEALTH_BITS {
+            for (_, name, _) in super::HEALTH_BITS {
                 health.push((
                     vec![("box", which.to_owned()), ("bit", name.to_owned())],
                     f64::from(u8::from(bits.iter().any(|b| b == name))),

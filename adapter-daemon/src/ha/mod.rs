@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
+use cyphonic_control::{PairBox, PairHealth, PairRole, PairState};
 use cyphonic_crypto::PairKey;
 use cyphonic_crypto::pair::random_16;
 use cyphonic_ha::msg::{self, Body, ETHERTYPE, GROUP_MAC};
@@ -45,23 +46,45 @@ mod standby;
 pub use link::PairLink;
 pub use metrics::HaCollector;
 
-/// The health bits and their names in the status document and the metrics, in the order
-/// of the heartbeat's bits.
-const HEALTH_BITS: [(Health, &str); 4] = [
-    (Health::LAN, "lan"),
-    (Health::UPLINK, "uplink"),
-    (Health::DATA_PLANE, "data_plane"),
-    (Health::REACHED, "reached"),
+/// The health bits, their names in the status document and the metrics, and in the report
+/// to the cloud, in the order of the heartbeat's bits.
+const HEALTH_BITS: [(Health, &str, PairHealth); 4] = [
+    (Health::LAN, "lan", PairHealth::Lan),
+    (Health::UPLINK, "uplink", PairHealth::Uplink),
+    (Health::DATA_PLANE, "data_plane", PairHealth::DataPlane),
+    (Health::REACHED, "reached", PairHealth::Reached),
 ];
 
 /// The names of the bits of `h` that are set.
 fn health_names(h: Health) -> Vec<String> {
     HEALTH_BITS
         .iter()
-        .filter(|(bit, _)| h.has(*bit))
-        .map(|(_, name)| (*name).to_owned())
+        .filter(|(bit, ..)| h.has(*bit))
+        .map(|(_, name, _)| (*name).to_owned())
         .collect()
 }
+
+/// The bits of `h` that are set, as the report to the cloud names them.
+fn health_reported(h: Health) -> Vec<PairHealth> {
+    HEALTH_BITS
+        .iter()
+        .filter(|(bit, ..)| h.has(*bit))
+        .map(|(.., named)| *named)
+        .collect()
+}
+
+/// A role as the status document names it, and as the report to the cloud does.
+fn role_names(r: Role) -> (&'static str, PairRole) {
+    match r {
+        Role::Starting => ("starting", PairRole::Starting),
+        Role::Standby => ("standby", PairRole::Standby),
+        Role::Active => ("active", PairRole::Active),
+    }
+}
+
+/// What the serving box reports of the pair to the cloud (docs/protocol.md §5, *Seen from
+/// the cloud*), renewed by the pair's thread every round.
+pub type Report = Arc<Mutex<PairState>>;
 
 /// The exit status of an active box that stood down: not a failure of its own, but the
 /// service manager restarts it (as a standby) as it would after one.
@@ -221,6 +244,8 @@ pub struct HaBox {
     vlan_gateways: Vec<(u16, Ipv4Addr)>,
     /// What the status document shows, renewed every round.
     status: Arc<Mutex<HaStatus>>,
+    /// What the serving box reports to the cloud, renewed every round.
+    report: Report,
     /// While standing by, the status socket (the daemon serves it once the box serves).
     standby_status: Option<standby::StandbyStatus>,
     /// While standing by, the pair's metrics on the `[metrics]` address (the daemon's
@@ -361,6 +386,11 @@ pub fn stand_by(
         gateway_vip: config.gateway_vip,
         vlan_gateways: config.vlans.iter().map(|v| (v.tag, v.gateway)).collect(),
         status: Arc::new(Mutex::new(HaStatus::default())),
+        report: Arc::new(Mutex::new(PairState {
+            term: 0,
+            reason: String::new(),
+            boxes: Vec::new(),
+        })),
         standby_status: Some(standby_status),
         standby_metrics: None,
         frame: Vec::with_capacity(1600),
@@ -588,17 +618,15 @@ impl HaBox {
         }
     }
 
-    /// The status document's part, for the status socket once this box serves.
-    pub fn status(&self) -> Arc<Mutex<HaStatus>> {
-        self.status.clone()
+    /// The status document's part, for the status socket once this box serves; and what
+    /// it reports of the pair to the cloud.
+    pub fn status(&self) -> (Arc<Mutex<HaStatus>>, Report) {
+        (self.status.clone(), self.report.clone())
     }
 
     fn publish(&self, now: Instant) {
-        let role = |r: Role| match r {
-            Role::Starting => "starting",
-            Role::Standby => "standby",
-            Role::Active => "active",
-        };
+        let role = |r: Role| role_names(r).0;
+        let in_contact = self.pair.in_contact(now);
         let other = self.pair.other().map(|(mac, beat)| HaOther {
             mac: Mac(mac).to_string(),
             role: role(beat.role).to_owned(),
@@ -608,7 +636,7 @@ impl HaBox {
             heard_ms_ago: self.heard.map_or(u64::MAX, |t| {
                 u64::try_from(now.duration_since(t).as_millis()).unwrap_or(u64::MAX)
             }),
-            in_contact: self.pair.in_contact(now),
+            in_contact,
         });
         let status = HaStatus {
             role: role(self.pair.role()).to_owned(),
@@ -625,6 +653,26 @@ impl HaBox {
             replication: self.replication(now),
         };
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
+        let config = self.pair.config();
+        let mut boxes = vec![PairBox {
+            mac: cyphonic_control::Mac(config.mac),
+            role: role_names(self.pair.role()).1,
+            priority: config.priority,
+            health: health_reported(self.pair.health()),
+            in_contact: true,
+        }];
+        boxes.extend(self.pair.other().map(|(mac, beat)| PairBox {
+            mac: cyphonic_control::Mac(mac),
+            role: role_names(beat.role).1,
+            priority: beat.priority,
+            health: health_reported(beat.health),
+            in_contact,
+        }));
+        *self.report.lock().unwrap_or_else(PoisonError::into_inner) = PairState {
+            term: self.pair.term(),
+            reason: self.reason.to_owned(),
+            boxes,
+        };
     }
 
     /// How far behind the standby is, while it is to hold each new lease.

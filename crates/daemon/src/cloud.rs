@@ -253,9 +253,12 @@ pub struct CloudLink {
     resume: Vec<String>,
     /// The cloud peers in use when last looked at, and when that was.
     in_use: (Vec<String>, Option<Instant>),
+    /// When what we report of our HA pair was last looked at.
+    pair_at: Option<Instant>,
 }
 
-/// How often the cloud peers in use are looked at for [`CloudLink::peers_in_use`].
+/// How often the cloud peers in use are looked at for [`CloudLink::peers_in_use`], and what
+/// we report of our HA pair for [`CloudLink::report_pair`].
 const IN_USE_EVERY: Duration = Duration::from_secs(1);
 
 /// The most peers [`CloudLink::resume`] asks for.
@@ -314,6 +317,7 @@ impl CloudLink {
             behind_nat: true,
             resume: Vec::new(),
             in_use: (Vec::new(), None),
+            pair_at: None,
         };
         (link, asker)
     }
@@ -350,6 +354,23 @@ impl CloudLink {
             self.in_use.0.clone_from(&fps);
             fps
         })
+    }
+
+    /// Hands the session what `pair` says of our HA pair (sent when it changed, see
+    /// `cyphonic_signal::Handle::report_pair`); asks at most every second.
+    pub fn report_pair(
+        &mut self,
+        now: Instant,
+        pair: impl FnOnce() -> Option<cyphonic_control::PairState>,
+    ) {
+        if self
+            .pair_at
+            .is_some_and(|t| now.saturating_duration_since(t) < IN_USE_EVERY)
+        {
+            return;
+        }
+        self.pair_at = Some(now);
+        self.handle.report_pair(pair());
     }
 
     /// Asks the cloud to pair us again with the resumed peers that are not peers yet.

@@ -300,6 +300,12 @@ pub trait Services {
     /// for whoever holds this tunnel end next (the adapter's lease file) keeps them.
     fn cloud_peers(&mut self, _fingerprints: &[String]) {}
 
+    /// What this tunnel end reports to the cloud of the HA pair it serves for
+    /// (docs/protocol.md §5, *Seen from the cloud*); none when it is not one of a pair.
+    fn pair(&self) -> Option<cyphonic_control::PairState> {
+        None
+    }
+
     /// The cloud peers this tunnel end's previous holder had (kept by
     /// [`Services::cloud_peers`]), to be paired with again once the cloud is reached; asked
     /// once, at start.
@@ -883,6 +889,7 @@ impl<S: Services> Loop<S> {
             if let Some(in_use) = c.peers_in_use(self.control.shared(), now) {
                 self.services.cloud_peers(&in_use);
             }
+            c.report_pair(now, || self.services.pair());
         }
         while let Some(event) = self.control.poll_event() {
             match event {
