@@ -345,6 +345,40 @@ async fn fleet(store: &Store) {
         store.remove_member("gw2.ovl.example").await,
         Err(cyphonic_cloud::store::StoreError::Online(_))
     ));
+    // An HA pair's report (control version 10) is kept with the certificate, and a new
+    // session of it clears it.
+    assert_eq!(holder("fp2").pair, None);
+    let report = cyphonic_cloud::store::PairReport {
+        term: 2,
+        reason: "the active box went silent".into(),
+        boxes: vec![cyphonic_control::PairBox {
+            mac: cyphonic_control::Mac([2, 0, 0, 0, 0, 2]),
+            role: cyphonic_control::PairRole::Active,
+            priority: 100,
+            health: vec![cyphonic_control::PairHealth::Lan],
+            in_contact: true,
+        }],
+        at: 1_800_000_000,
+    };
+    store.report_pair("fp2", &report).await.unwrap();
+    let pair_of = |members: Vec<cyphonic_cloud::store::Member>| {
+        members
+            .into_iter()
+            .find(|m| m.client.fingerprint == "fp2")
+            .unwrap()
+            .pair
+    };
+    assert_eq!(pair_of(store.members().await.unwrap()), Some(report));
+    store
+        .client_online(
+            "fp2",
+            ("gw2.ovl.example", "ca1"),
+            ("CERT2", &[]),
+            "cyphonic-adapter 1.0.0",
+        )
+        .await
+        .unwrap();
+    assert_eq!(pair_of(store.members().await.unwrap()), None);
     store.client_offline("fp1b").await.unwrap();
     store.client_offline("fp1x").await.unwrap();
     assert_eq!(store.remove_member("gw1.ovl.example").await.unwrap(), 3);
