@@ -218,6 +218,11 @@ impl Capture {
             return Batch::Nothing;
         }
         let now = Instant::now();
+        // A box of a pair that has not confirmed lately that it serves forwards nothing of
+        // what came meanwhile (docs/protocol.md §5, *The mandate*).
+        if !self.lan.serving(now, frames.len()) {
+            return Batch::Frames;
+        }
         let take_all = |sub: &mut dyn Submit| {
             for (slot, (buf, m)) in frames.zip(rx.meta).enumerate() {
                 self.take_frame(

@@ -100,6 +100,8 @@ cyphonic_telemetry::counters! {
     drop_router_guard,
     /// Neighbour Discovery that lies: a link-layer address that is not its frame's source, or an address another device holds.
     drop_neighbour_spoofed,
+    /// Frames not sent on the LAN, and captured frames not forwarded, while this box of an HA pair had no mandate to serve (its pair thread held up, the process frozen: docs/protocol.md §5, The mandate).
+    drop_not_serving,
     /// Neighbour Discovery that needs no answer from the gateway (devices resolving each other, their duplicate address detection).
     drop_neighbour_ignored,
     /// Packets split into fragments to fit the inner MTU.

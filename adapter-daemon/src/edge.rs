@@ -76,6 +76,11 @@ impl<'a> AdapterEdge<'a> {
         self
     }
 
+    /// Until when this box may speak for the gateway: an HA pair's thread renews it.
+    pub fn mandate(&self) -> Arc<cyphonic_ha::Mandate> {
+        self.lan.mandate.clone()
+    }
+
     /// Opens the LAN port `config` names: its receive offloads as `[dataplane]` wants them,
     /// and the capture socket.
     ///

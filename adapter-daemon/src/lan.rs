@@ -300,6 +300,9 @@ pub struct LanSide {
     pub dns_on: bool,
     /// What the services publish for the status document and the metrics.
     pub published: Mutex<Published>,
+    /// Until when this box may speak for the gateway: renewed by an HA pair's thread while
+    /// the box serves (docs/protocol.md §5, *The mandate*); a lone adapter's has no end.
+    pub mandate: std::sync::Arc<cyphonic_ha::Mandate>,
 }
 
 impl LanSide {
@@ -351,6 +354,7 @@ impl LanSide {
             dhcp_on,
             dns_on,
             published: Mutex::new(Published::default()),
+            mandate: std::sync::Arc::new(cyphonic_ha::Mandate::unbounded(Instant::now())),
         };
         (
             side,
@@ -442,6 +446,9 @@ impl LanSide {
         frame: Range<usize>,
         tag: Option<u16>,
     ) -> bool {
+        if !self.serving(Instant::now(), 1) {
+            return false;
+        }
         let frame = match tag {
             None => Some(frame),
             Some(vid) => cyphonic_gateway::tag_frame(buf, frame, vid),
@@ -451,6 +458,18 @@ impl LanSide {
             bump(&self.counters.lan_send_failed);
         }
         sent
+    }
+
+    /// Whether this box may speak for the gateway at `now` (its mandate holds); if not,
+    /// `frames` are counted as dropped (`drop_not_serving`).
+    pub fn serving(&self, now: Instant, frames: usize) -> bool {
+        let holds = self.mandate.holds(now);
+        if !holds {
+            self.counters
+                .drop_not_serving
+                .fetch_add(frames as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        holds
     }
 
     /// Whether the gateway may originate one more ICMP error now (all capture threads and
@@ -590,6 +609,30 @@ mod tests {
         assert_eq!(untagged.leased_mac(laptop), Some(laptop_mac));
         assert_eq!(vlan.leased_mac(laptop), None);
         assert_eq!(side.neighbors(Some(30)).leased_mac(camera), None);
+    }
+
+    /// A box of an HA pair whose mandate lapsed (docs/protocol.md §5, *The mandate*)
+    /// speaks for the gateway no more: the LAN side says so for every batch, counting its
+    /// frames, until the pair's thread renews it; a lone adapter's never lapses.
+    #[test]
+    fn without_a_mandate_nothing_is_sent_and_the_frames_are_counted() {
+        let (side, _queues) = lan_side();
+        let now = Instant::now();
+        let later = now + std::time::Duration::from_secs(3600);
+        assert!(side.serving(later, 1), "a lone adapter's holds");
+        side.mandate.renew(now + cyphonic_ha::pair::DEAD);
+        assert!(side.serving(now, 4));
+        assert!(!side.serving(now + cyphonic_ha::pair::DEAD, 3));
+        assert!(!side.serving(later, 2));
+        let c = &side.counters;
+        let dropped = || {
+            c.drop_not_serving
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        assert_eq!(dropped(), 5);
+        side.mandate.renew(later + cyphonic_ha::pair::DEAD);
+        assert!(side.serving(later, 1));
+        assert_eq!(dropped(), 5);
     }
 
     fn dns_from_peer(ip: Ipv4Addr) -> ToServices {

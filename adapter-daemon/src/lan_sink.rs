@@ -157,6 +157,13 @@ impl Sink for LanSink {
         if self.batch.is_empty() {
             return;
         }
+        if !self
+            .lan
+            .serving(std::time::Instant::now(), self.batch.len())
+        {
+            self.batch.clear();
+            return;
+        }
         let mut frames: [&mut [u8]; SEND_BATCH] = std::array::from_fn(|_| <&mut [u8]>::default());
         let n = self.batch.len().min(SEND_BATCH);
         for (slot, item) in frames.iter_mut().zip(self.batch.iter_mut()) {

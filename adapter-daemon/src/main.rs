@@ -70,7 +70,8 @@ fn run(c: &AdapterConfig, identity: Identity, reread: Reread<AdapterConfig>) -> 
             let (floor, status) = (active.other_clock(), active.status());
             let edge =
                 AdapterEdge::open(c)?.in_pair(floor, status, (active.ready(), active.link()));
-            (edge, Some(ha::serve(active)?))
+            let mandate = edge.mandate();
+            (edge, Some(ha::serve(active, mandate)?))
         }
         None => (AdapterEdge::open(c)?, None),
     };

@@ -246,6 +246,11 @@ pub struct HaBox {
     status: Arc<Mutex<HaStatus>>,
     /// What the serving box reports to the cloud, renewed every round.
     report: Report,
+    /// Once serving: until when the data plane may speak for the gateway, renewed at the
+    /// end of each round that leaves this box active ([`HaBox::renew`]).
+    mandate: Option<Arc<cyphonic_ha::Mandate>>,
+    /// When the mandate is renewed.
+    renewal: cyphonic_ha::Renewal,
     /// While standing by, the status socket (the daemon serves it once the box serves).
     standby_status: Option<standby::StandbyStatus>,
     /// While standing by, the pair's metrics on the `[metrics]` address (the daemon's
@@ -386,6 +391,8 @@ pub fn stand_by(
         gateway_vip: config.gateway_vip,
         vlan_gateways: config.vlans.iter().map(|v| (v.tag, v.gateway)).collect(),
         status: Arc::new(Mutex::new(HaStatus::default())),
+        mandate: None,
+        renewal: cyphonic_ha::Renewal::default(),
         report: Arc::new(Mutex::new(PairState {
             term: 0,
             reason: String::new(),
@@ -442,7 +449,14 @@ pub fn stand_by(
 ///
 /// # Errors
 /// The thread cannot be started.
-pub fn serve(mut b: HaBox) -> anyhow::Result<std::thread::JoinHandle<()>> {
+pub fn serve(
+    mut b: HaBox,
+    mandate: Arc<cyphonic_ha::Mandate>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    // The pair just made this box the active one: its data plane may speak for `dead`, and
+    // for as long after as each round renews it.
+    mandate.renew(Instant::now() + cyphonic_ha::pair::DEAD);
+    b.mandate = Some(mandate);
     if b.quiet_until.is_none() {
         b.announce_at = Some((Instant::now(), true));
     }
@@ -548,6 +562,8 @@ impl HaBox {
             events.push(e);
         }
         self.publish(now);
+        let stands_down = events.iter().any(|e| matches!(e, Event::Standby { .. }));
+        self.renew(now, stands_down);
         // A box about to serve answers no more: the daemon's document will say it serves.
         if let Some(s) = self
             .standby_status
@@ -562,6 +578,17 @@ impl HaBox {
             s.answer(&ha, &self.leases);
         }
         Ok(events)
+    }
+
+    /// Renews the mandate at the end of a round that began at `now`, as
+    /// [`cyphonic_ha::Renewal`] says.
+    fn renew(&mut self, now: Instant, stands_down: bool) {
+        let serving = !stands_down && self.pair.role() == Role::Active;
+        if let Some(until) = self.renewal.round(now, Instant::now(), serving)
+            && let Some(m) = &self.mandate
+        {
+            m.renew(until);
+        }
     }
 
     /// Where the services say the tunnels are up ([`ReadyWatch`]).
