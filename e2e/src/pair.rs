@@ -410,6 +410,27 @@ impl PairBed {
         )
     }
 
+    /// What a broken round leaves to read beside the logs: where site A's switch sends the
+    /// gateway MAC, the second box's and site B's status documents.
+    pub fn state(&self) -> String {
+        let fdb = self.bed.a.switch.as_ref().map_or_else(
+            || "no switch".to_owned(),
+            |sw| {
+                sw.exec("bridge", &["fdb", "show", "br", "br0"])
+                    .unwrap_or_else(|e| e.to_string())
+            },
+        );
+        let show = |doc: anyhow::Result<serde_json::Value>| match doc {
+            Ok(d) => serde_json::to_string_pretty(&d).unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        format!(
+            "--- site A's switch: bridge fdb ---\n{fdb}\n--- second box's status ---\n{}\n--- site B's status ---\n{}",
+            show(self.second_status()),
+            show(self.bed.status(Side::B)),
+        )
+    }
+
     /// Pings site B's host every 10 ms, [`PINGS`] of them, from the device and the LAN host,
     /// doing `meanwhile` 2 s in. Returns what each saw (the device's first) and the outputs.
     ///
@@ -618,7 +639,7 @@ pub fn failover_round(fault: Fault) -> anyhow::Result<Round> {
         pings,
         tcp_survived: report.is_some(),
         retransmits: report.and_then(|r| r["end"]["sum_sent"]["retransmits"].as_u64()),
-        logs: (!whole).then(|| pair.logs()),
+        logs: (!whole).then(|| format!("{}\n{}", pair.logs(), pair.state())),
     })
 }
 
