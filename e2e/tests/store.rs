@@ -59,6 +59,96 @@ async fn revocations(store: &Store) {
     );
 }
 
+/// The audit log and the API tokens (docs/protocol.md §8): rows read back newest first,
+/// filtered and paged by their cursor; the sweep drops only older rows; an API token is
+/// written, read back, revoked once; revocations list with their names and times.
+async fn audit(store: &Store) {
+    use cyphonic_cloud::store::{ApiTokenRow, AuditEntry, AuditQuery};
+    let entry = |id: &str, at: u64, action: &str| AuditEntry {
+        id: id.into(),
+        at,
+        actor: "cli:root".into(),
+        source: "local".into(),
+        action: action.into(),
+        target: "gw9.ovl.example".into(),
+        result: "ok".into(),
+        details: serde_json::json!({ "n": at }),
+    };
+    for (id, at, action) in [
+        ("a1", 1_000, "member.revoke"),
+        ("a2", 2_000, "enrollment_token.create"),
+        ("a3", 2_000, "member.revoke"),
+        ("a4", 3_000, "member.revoke"),
+    ] {
+        store.audit(&entry(id, at, action)).await.unwrap();
+    }
+    let ids = |rows: Vec<AuditEntry>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let all = store
+        .audit_log(&AuditQuery {
+            limit: 10,
+            ..AuditQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all[0], entry("a4", 3_000, "member.revoke"));
+    assert_eq!(ids(all), ["a4", "a3", "a2", "a1"]);
+    let page = |before: Option<(u64, String)>| AuditQuery {
+        action: Some("member.revoke".into()),
+        before,
+        limit: 2,
+        ..AuditQuery::default()
+    };
+    assert_eq!(
+        ids(store.audit_log(&page(None)).await.unwrap()),
+        ["a4", "a3"]
+    );
+    assert_eq!(
+        ids(store
+            .audit_log(&page(Some((2_000, "a3".into()))))
+            .await
+            .unwrap()),
+        ["a1"]
+    );
+    assert_eq!(store.audit_sweep(2_000).await.unwrap(), 1);
+    assert_eq!(
+        ids(store
+            .audit_log(&AuditQuery {
+                limit: 10,
+                ..AuditQuery::default()
+            })
+            .await
+            .unwrap()),
+        ["a4", "a3", "a2"]
+    );
+
+    let token = ApiTokenRow {
+        id: "0123456789abcdef".into(),
+        secret_sha256: "cd".repeat(32),
+        name: "ci".into(),
+        scope: "read".into(),
+        created_by: "cli:root".into(),
+        created_at: 10,
+        expires_at: Some(20),
+        revoked_at: None,
+    };
+    store.add_api_token(&token).await.unwrap();
+    assert!(store.add_api_token(&token).await.is_err(), "an id twice");
+    assert_eq!(
+        store.api_tokens().await.unwrap(),
+        std::slice::from_ref(&token)
+    );
+    assert!(store.revoke_api_token(&token.id, 15).await.unwrap());
+    assert!(!store.revoke_api_token(&token.id, 16).await.unwrap());
+    assert_eq!(
+        store.api_token(&token.id).await.unwrap(),
+        Some(ApiTokenRow {
+            revoked_at: Some(15),
+            ..token
+        })
+    );
+    assert_eq!(store.api_token("ffffffffffffffff").await.unwrap(), None);
+}
+
 /// Enrollment tokens: written, read back, revoked once; redeemed once only, never when
 /// expired or revoked (one conditional update: two instances cannot both redeem one).
 async fn tokens(store: &Store) {
@@ -578,6 +668,14 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             conformance(&store).await;
             tokens(&store).await;
             revocations(&store).await;
+            assert_eq!(
+                store.revocation_rows().await.unwrap(),
+                [
+                    ("aa".repeat(32), "gw9.ovl.example".to_owned(), 5),
+                    ("bb".repeat(32), "gw9.ovl.example".to_owned(), 5)
+                ]
+            );
+            audit(&store).await;
             blocks(&store).await;
             // A certificate registered without its blocks (as before the table) has them
             // filled in when the store opens again.
@@ -666,6 +764,7 @@ async fn instance_with(
         database: url.to_owned(),
         policy,
         enroll: None,
+        api: None,
     })
     .await
     .unwrap()

@@ -10,6 +10,10 @@ use ipnet::IpNet;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row as _};
 
+mod audit;
+
+pub use audit::{ApiTokenRow, AuditEntry, AuditQuery};
+
 /// Store failures: the database cannot be opened or migrated, or a query failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -1083,6 +1087,33 @@ impl Store {
             .fetch_one(&self.pool)
             .await?;
         Ok(usize::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+    }
+
+    /// Every certificate revoked online, newest first: its fingerprint, the name it was
+    /// revoked by (empty when by fingerprint) and when (unix seconds).
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn revocation_rows(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT fingerprint, name, revoked_at FROM revocations \
+             ORDER BY revoked_at DESC, fingerprint",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let at: i64 = r.try_get(2)?;
+                Ok((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    u64::try_from(at).map_err(|_| StoreError::Corrupt {
+                        table: "revocations",
+                        what: format!("revoked_at {at}"),
+                    })?,
+                ))
+            })
+            .collect()
     }
 
     /// Every fingerprint revoked online, oldest first.
