@@ -38,6 +38,8 @@ pub struct CloudConfig {
     pub policy: Policy,
     /// Online issuing (enrollment and renewal); `None` without `[enroll]`.
     pub enroll: Option<crate::enroll::Issuer>,
+    /// Where the HTTP API listens; off without.
+    pub api: Option<SocketAddr>,
 }
 
 /// The relay's settings.
@@ -94,6 +96,8 @@ cyphonic_declare::table! {
         status_socket: PathBuf = PathBuf::from("/run/cyphonic/cloud.sock"),
         /// The metrics endpoint.
         metrics: RawMetrics = RawMetrics::default(),
+        /// The HTTP API.
+        api: RawApi = RawApi::default(),
         /// Online issuing.
         enroll: Option<RawEnroll> = None,
     }
@@ -124,6 +128,17 @@ cyphonic_declare::table! {
     /// management network.
     struct RawMetrics in "metrics" (optional) {
         /// Where it listens, with a port. Unset: no endpoint.
+        listen: Option<Spanned<SocketAddr>> = None,
+    }
+}
+
+cyphonic_declare::table! {
+    /// The HTTP API (`http://<listen>/api/v1`, docs/protocol.md §8): the fleet, enrollment
+    /// and API tokens, revocations and the audit log, for programs holding an API token
+    /// (`cyphonic-cloud api-token create`). Plain HTTP: keep it on loopback or a management
+    /// network, or behind a reverse proxy that adds TLS.
+    struct RawApi in "api" (optional) {
+        /// Where it listens, with a port. Unset: no API.
         listen: Option<Spanned<SocketAddr>> = None,
     }
 }
@@ -209,6 +224,7 @@ pub struct Restart {
     database: String,
     relay: bool,
     metrics: Option<SocketAddr>,
+    api: Option<SocketAddr>,
     status_socket: PathBuf,
     enroll: Option<(cyphonic_crypto::Fingerprint, Vec<ipnet::IpNet>, u64)>,
 }
@@ -222,6 +238,7 @@ impl Restart {
             database: c.database.clone(),
             relay: c.relay.is_some(),
             metrics: c.metrics,
+            api: c.api,
             status_socket: c.status_socket.clone(),
             enroll: c
                 .enroll
@@ -241,6 +258,7 @@ impl Restart {
             (Raw::database, self.database != new.database),
             ("[relay]", self.relay != new.relay),
             ("[metrics]", self.metrics != new.metrics),
+            ("[api]", self.api != new.api),
             (Raw::status_socket, self.status_socket != new.status_socket),
             ("[enroll]", self.enroll != new.enroll),
         ]
@@ -373,17 +391,21 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             raw.probe_listen.port().wrapping_add(1),
         )
     });
-    let metrics = match &raw.metrics.listen {
-        Some(l) if l.get_ref().port() == 0 => {
-            return Err(err(
-                l.span(),
-                RawMetrics::listen,
-                "give the port Prometheus scrapes (9466, say)".into(),
-            ));
-        }
-        Some(l) => Some(*l.get_ref()),
-        None => None,
+    let with_port = |l: &Option<Spanned<SocketAddr>>, key: &str, hint: &str| match l {
+        Some(l) if l.get_ref().port() == 0 => Err(err(l.span(), key, hint.into())),
+        Some(l) => Ok(Some(*l.get_ref())),
+        None => Ok(None),
     };
+    let metrics = with_port(
+        &raw.metrics.listen,
+        RawMetrics::listen,
+        "give the port Prometheus scrapes (9466, say)",
+    )?;
+    let api = with_port(
+        &raw.api.listen,
+        RawApi::listen,
+        "give the port the API listens on (9467, say)",
+    )?;
     let status_socket = if raw.status_socket.is_absolute() {
         raw.status_socket.clone()
     } else {
@@ -396,6 +418,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         relay,
         status_socket,
         metrics,
+        api,
         key,
         trust,
         database,

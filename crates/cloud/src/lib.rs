@@ -6,9 +6,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod api;
 mod clock;
 pub mod config;
 pub mod enroll;
+pub mod fleet;
 pub mod guard;
 pub mod nms;
 pub mod observe;
@@ -48,6 +51,8 @@ pub struct Running {
     pub observed: observe::Observed,
     /// The metrics endpoint's address, when it runs.
     pub metrics: Option<SocketAddr>,
+    /// The HTTP API's address, when it runs.
+    pub api: Option<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _status: Option<cyphonic_telemetry::status::StatusSocket>,
 }
@@ -180,11 +185,38 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         ),
         None => None,
     };
+    let mut tasks = Vec::new();
+    let api = match config.api {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the API's address {addr} ([api] listen)"))?;
+            let bound = listener.local_addr()?;
+            let state = api::ApiState::new(nms.clone()).await?;
+            tasks.push(tokio::spawn(state.clone().keep_tokens_fresh()));
+            tasks.push(tokio::spawn(api::serve(
+                listener,
+                api::router(state),
+                api::Limits::default(),
+                {
+                    let nms = nms.clone();
+                    move || {
+                        nms.stats
+                            .api_refused
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                },
+            )));
+            tracing::info!(api = %bound, "the HTTP API is serving");
+            Some(bound)
+        }
+        None => None,
+    };
     let signals = nms
         .listen_for_signals()
         .await
         .context("listening for other instances' signals in the shared store")?;
-    let tasks = vec![
+    tasks.extend([
         tokio::spawn(registry.refresh(store.clone())),
         tokio::spawn(nms.clone().serve(listener)),
         tokio::spawn(nms.clone().probes(probe, false)),
@@ -193,7 +225,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         tokio::spawn(nms.clone().revocations()),
         tokio::spawn(nms.clone().policies()),
         tokio::spawn(nms.clone().watch_issuer()),
-    ];
+    ]);
     Ok(Running {
         nms,
         control,
@@ -202,6 +234,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         trs,
         observed,
         metrics,
+        api,
         tasks,
         _status: Some(status),
     })
@@ -252,6 +285,9 @@ pub async fn serve(
                     Ok(c) => c,
                     Err(e) => {
                         tracing::error!("the configuration is refused, the running one stays: {e:#}");
+                        let refused = admin::AdminError::Invalid { field: "configuration", message: format!("{e:#}") };
+                        let details = serde_json::json!({ "error": refused.to_string() });
+                        let _ = admin::record(running.nms.store(), &admin::Who::cloud(), "policy.reload", "", details, Err::<(), _>(refused)).await;
                         cyphonic_telemetry::service::ready();
                         continue;
                     }
@@ -259,10 +295,18 @@ pub async fn serve(
                 for key in started.changed(&config::Restart::of(&new)) {
                     tracing::warn!(key, "changed in the file: takes effect at the next restart");
                 }
-                match running.nms.reload(new.trust, new.policy).await {
-                    Ok(cut) => tracing::info!(cut_off = cut.len(), "configuration reloaded"),
-                    Err(e) => tracing::error!(error = %e, "reloaded, but the registry could not be checked against the new trust"),
-                }
+                let outcome = match running.nms.reload(new.trust, new.policy).await {
+                    Ok(cut) => {
+                        tracing::info!(cut_off = cut.len(), "configuration reloaded");
+                        Ok(serde_json::json!({ "cut_off": cut.len() }))
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "reloaded, but the registry could not be checked against the new trust");
+                        Err(admin::AdminError::Store(e))
+                    }
+                };
+                let details = outcome.as_ref().map_or_else(|e| serde_json::json!({ "error": e.to_string() }), Clone::clone);
+                let _ = admin::record(running.nms.store(), &admin::Who::cloud(), "policy.reload", "", details, outcome).await;
                 cyphonic_telemetry::service::ready();
             }
         }

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::print_stdout)]
 
+mod access;
 mod members;
 mod tokens;
 
@@ -21,6 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use cyphonic_cloud::admin::{self, RevokeTarget};
 use cyphonic_crypto::{
     Certificate, CertificateAuthority, Fingerprint, IssueRequest, RevocationList, StaticKeypair,
 };
@@ -75,6 +77,12 @@ enum Command {
     /// Enrollment tokens: create one for a new adapter or node, list them, revoke one.
     #[command(subcommand)]
     Token(tokens::Tokens),
+    /// The HTTP API's tokens: create one (printed once), list them, revoke one.
+    #[command(subcommand)]
+    ApiToken(access::ApiTokens),
+    /// The audit log: every change to the registry (from this command line, the API,
+    /// enrollments and renewals, reloads) and every refused attempt, newest first.
+    Audit(access::Audit),
     /// Revoke a member online: every certificate the registry knows of NAME (or the one
     /// --fingerprint names). Every cloud instance cuts its session and names within about
     /// 2 s and tells every client, which end their tunnels with it at once.
@@ -243,12 +251,13 @@ fn main() -> ExitCode {
             }) {
             Ok(c) => {
                 println!(
-                    "{}: ok (control {}, probes {} and {}, relay {}, store {}, public key {})",
+                    "{}: ok (control {}, probes {} and {}, relay {}, api {}, store {}, public key {})",
                     config.display(),
                     c.listen,
                     c.probe_listen,
                     c.probe_listen_alt,
                     if c.relay.is_some() { "on" } else { "off" },
+                    c.api.map_or_else(|| "off".to_owned(), |a| a.to_string()),
                     cyphonic_cloud::redact(&c.database),
                     c.key.public()
                 );
@@ -259,6 +268,8 @@ fn main() -> ExitCode {
         Command::Keygen { out } => keygen(&out),
         Command::Members(m) => members::run(m, now()),
         Command::Token(t) => tokens::run(t, now()),
+        Command::ApiToken(t) => access::api_tokens(t, now()),
+        Command::Audit(a) => access::audit(a, now()),
         Command::Revoke {
             name,
             fingerprint,
@@ -470,33 +481,26 @@ fn revoke_online(
     config: &Path,
 ) -> anyhow::Result<()> {
     let registry = Registry::open(config, now())?;
-    let store = &registry.store;
-    registry.block_on(async {
-        let (fps, label) = match (name, fingerprint) {
-            (Some(name), _) => {
-                let name = name.trim_end_matches('.').to_ascii_lowercase();
-                let fps = store.fingerprints_named(&name).await?;
-                if fps.is_empty() {
-                    bail!("the registry knows no certificate of {name}");
-                }
-                (fps, name)
-            }
-            (None, Some(fp)) => {
-                let fp: Fingerprint = fp.parse()?;
-                (vec![fp.to_string()], String::new())
-            }
-            (None, None) => bail!("name a member or --fingerprint"),
-        };
-        let added = store.revoke(&fps, &label, now()).await?;
-        println!(
-            "revoked {added} certificate(s) ({} already); the cloud cuts them off and tells every client within about 2 s",
-            fps.len() - added
-        );
-        for fp in &fps {
-            println!("  {fp}");
-        }
-        Ok(())
-    })
+    let target = match (name, fingerprint) {
+        (Some(name), _) => RevokeTarget::Name(name),
+        (None, Some(fp)) => RevokeTarget::Fingerprint(fp),
+        (None, None) => bail!("name a member or --fingerprint"),
+    };
+    let r = registry.block_on(admin::revoke_member(
+        &registry.store,
+        &target,
+        &admin::Who::cli(),
+        now(),
+    ))?;
+    println!(
+        "revoked {} certificate(s) ({} already); the cloud cuts them off and tells every client within about 2 s",
+        r.added,
+        r.fingerprints.len() - r.added
+    );
+    for fp in &r.fingerprints {
+        println!("  {fp}");
+    }
+    Ok(())
 }
 
 /// Run as root, becomes for good the owner of the directory of the SQLite registry `file`

@@ -5,15 +5,13 @@
 //! `remove NAME` (forget it and its names), in tables or JSON. Read from the store the
 //! configuration names, so on PostgreSQL it shows the whole fleet of every instance.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use clap::Subcommand;
-use cyphonic_cloud::store::{Member, PairReport};
+use cyphonic_cloud::fleet::MemberView;
+use cyphonic_cloud::store::PairReport;
 use cyphonic_control::{PairBox, PairRole};
-use cyphonic_crypto::Certificate;
 use cyphonic_telemetry::status::{age, time_left};
-use serde::Serialize;
 
 /// What `members` does.
 #[derive(Subcommand)]
@@ -51,88 +49,6 @@ pub(crate) enum Members {
     },
 }
 
-/// A member's certificate as the fleet view shows it.
-#[derive(Debug, Serialize)]
-struct View {
-    name: String,
-    fingerprint: String,
-    online: bool,
-    last_seen: u64,
-    not_before: u64,
-    not_after: u64,
-    groups: Vec<String>,
-    vip_blocks: Vec<String>,
-    endpoints: Vec<SocketAddr>,
-    observed: Option<SocketAddr>,
-    /// The software and version it said it runs when it last connected.
-    agent: Option<String>,
-    /// The HA pair serving it, as its serving box last reported (docs/protocol.md §5).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pair: Option<PairReport>,
-    names: Vec<Hosted>,
-}
-
-/// A name a member hosts.
-#[derive(Debug, Serialize)]
-struct Hosted {
-    name: String,
-    /// None for a device with IPv6 only.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    vip: Option<Ipv4Addr>,
-    /// A fixed-address device's own address on its site's legacy subnet.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    legacy: Option<Ipv4Addr>,
-    /// Its IPv6 address (its AAAA), if it registered one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    vip6: Option<std::net::Ipv6Addr>,
-}
-
-impl View {
-    fn of(m: &Member) -> Self {
-        let body = Certificate::from_pem(&m.client.certificate)
-            .ok()
-            .map(|c| c.body().clone());
-        Self {
-            name: m.client.name.clone(),
-            fingerprint: m.client.fingerprint.clone(),
-            online: m.client.online,
-            last_seen: m.last_seen,
-            not_before: body.as_ref().map_or(0, |b| b.not_before),
-            not_after: body.as_ref().map_or(0, |b| b.not_after),
-            groups: body.as_ref().map_or_else(Vec::new, |b| b.groups.clone()),
-            vip_blocks: body.as_ref().map_or_else(Vec::new, |b| {
-                b.vip_blocks.iter().map(ToString::to_string).collect()
-            }),
-            endpoints: m.client.endpoints.clone(),
-            observed: m.client.observed,
-            agent: m.agent.clone(),
-            pair: m.pair.clone(),
-            names: {
-                let mut names: Vec<Hosted> = m
-                    .names
-                    .iter()
-                    .map(|(name, vip)| (name, Some(*vip)))
-                    // Devices with IPv6 only.
-                    .chain(
-                        m.names6
-                            .keys()
-                            .filter(|n| !m.names.iter().any(|(v4, _)| v4 == *n))
-                            .map(|n| (n, None)),
-                    )
-                    .map(|(name, vip)| Hosted {
-                        name: name.clone(),
-                        vip,
-                        legacy: m.legacy.get(name).copied(),
-                        vip6: m.names6.get(name).copied(),
-                    })
-                    .collect();
-                names.sort_by(|a, b| a.name.cmp(&b.name));
-                names
-            },
-        }
-    }
-}
-
 /// Runs `members`, at unix time `now`.
 ///
 /// # Errors
@@ -142,28 +58,31 @@ pub(crate) fn run(cmd: Members, now: u64) -> anyhow::Result<()> {
     match cmd {
         Members::List { config, json } => {
             let registry = open(&config)?;
-            let views: Vec<View> = registry
+            let views: Vec<MemberView> = registry
                 .block_on(registry.store.members())?
                 .iter()
-                .map(View::of)
+                .map(MemberView::of)
                 .collect();
             print(json, &views, || list_text(&views, now))
         }
         Members::Show { name, config, json } => {
             let registry = open(&config)?;
-            let views: Vec<View> = registry
+            let views: Vec<MemberView> = registry
                 .block_on(registry.store.members())?
                 .iter()
                 .filter(|m| m.client.name == name)
-                .map(View::of)
+                .map(MemberView::of)
                 .collect();
             anyhow::ensure!(!views.is_empty(), "no member named {name}");
             print(json, &views, || show_text(&views, now))
         }
         Members::Remove { name, config } => {
             let registry = open(&config)?;
-            let removed = registry.block_on(registry.store.remove_member(&name))?;
-            anyhow::ensure!(removed > 0, "no member named {name}");
+            let removed = registry.block_on(cyphonic_cloud::admin::remove_member(
+                &registry.store,
+                &name,
+                &cyphonic_cloud::admin::Who::cli(),
+            ))?;
             say(&format!(
                 "removed {removed} offline certificate(s) of {name} and the names they hosted; a certificate stays valid until revoked (ca revoke)"
             ));
@@ -177,7 +96,7 @@ fn say(text: &str) {
     println!("{text}");
 }
 
-fn print(json: bool, views: &[View], text: impl FnOnce() -> String) -> anyhow::Result<()> {
+fn print(json: bool, views: &[MemberView], text: impl FnOnce() -> String) -> anyhow::Result<()> {
     if json {
         say(&serde_json::to_string_pretty(views)?);
     } else {
@@ -186,7 +105,7 @@ fn print(json: bool, views: &[View], text: impl FnOnce() -> String) -> anyhow::R
     Ok(())
 }
 
-fn list_text(views: &[View], now: u64) -> String {
+fn list_text(views: &[MemberView], now: u64) -> String {
     use std::fmt::Write as _;
     let mut t = format!(
         "{:<32} {:<7} {:<10} {:<8} {:>5}  {:<24} {:<16} {}\n",
@@ -209,7 +128,7 @@ fn list_text(views: &[View], now: u64) -> String {
     t
 }
 
-fn show_text(views: &[View], now: u64) -> String {
+fn show_text(views: &[MemberView], now: u64) -> String {
     use std::fmt::Write as _;
     let mut t = String::new();
     for v in views {

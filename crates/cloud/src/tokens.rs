@@ -7,14 +7,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
 use clap::Subcommand;
-use cyphonic_cloud::enroll::{MAX_TOKEN_EXPIRY, MIN_LIFETIME, TOKEN_EXPIRY, Token, allocate};
-use cyphonic_cloud::store::TokenRow;
-use cyphonic_crypto::{Certificate, validate_name};
+use cyphonic_cloud::admin::{self, TokenRequest, Who};
+use cyphonic_cloud::enroll::TOKEN_EXPIRY;
+use cyphonic_cloud::fleet::TokenView;
 use cyphonic_telemetry::status::time_left;
 use ipnet::IpNet;
-use serde::Serialize;
 
 /// What `token` does.
 #[derive(Subcommand)]
@@ -75,62 +73,9 @@ pub(crate) enum Tokens {
     },
 }
 
-/// A token as `list` shows it (never its secret or hash).
-#[derive(Debug, Serialize)]
-struct View {
-    id: String,
-    name: String,
-    vip_blocks: Vec<String>,
-    groups: Vec<String>,
-    lifetime: u64,
-    state: &'static str,
-    created_at: u64,
-    expires_at: u64,
-    used_at: Option<u64>,
-    used_by: Option<String>,
-    revoked_at: Option<u64>,
-}
-
 #[expect(clippy::print_stdout, reason = "the command's output")]
 fn say(text: &str) {
     println!("{text}");
-}
-
-/// The blocks `token create --prefix` hands out from `pool`: an IPv4 block of `prefix`,
-/// and, when the pool has an IPv6 block, an IPv6 block of `prefix6` (by default a node's
-/// /128 beside a /32, else a site's /56), each the first free past `taken`.
-fn allocate_both(
-    pool: &[IpNet],
-    prefix: u8,
-    prefix6: Option<u8>,
-    taken: &[IpNet],
-) -> anyhow::Result<Vec<IpNet>> {
-    let (v4, v6): (Vec<IpNet>, Vec<IpNet>) = pool.iter().partition(|b| matches!(b, IpNet::V4(_)));
-    let pick = |blocks: &[IpNet], len: u8, family: &str| {
-        allocate(blocks, len, taken).with_context(|| {
-            let shown: Vec<String> = blocks.iter().map(ToString::to_string).collect();
-            format!(
-                "no free /{len} left in the enrollment pool's {family} blocks {}",
-                shown.join(" ")
-            )
-        })
-    };
-    if v4.is_empty() {
-        bail!("the enrollment pool has no IPv4 block: give --vip-block");
-    }
-    let mut blocks = vec![pick(&v4, prefix, "IPv4")?];
-    if v6.is_empty() {
-        if let Some(p) = prefix6 {
-            bail!("--prefix6 {p}: the enrollment pool has no IPv6 block");
-        }
-        return Ok(blocks);
-    }
-    blocks.push(pick(
-        &v6,
-        prefix6.unwrap_or(if prefix == 32 { 128 } else { 56 }),
-        "IPv6",
-    )?);
-    Ok(blocks)
 }
 
 pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
@@ -148,119 +93,41 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             replace,
         } => {
             let registry = open(&config)?;
-            let store = &registry.store;
-            let Some(issuer) = &registry.config.enroll else {
-                bail!(
-                    "{} has no [enroll] section: this cloud cannot enroll",
-                    config.display()
-                );
-            };
-            let name = name.trim_end_matches('.').to_ascii_lowercase();
-            validate_name(&name)?;
-            if !(1..=MAX_TOKEN_EXPIRY).contains(&expires) {
-                bail!("--expires {expires}: give 1 to {MAX_TOKEN_EXPIRY} seconds");
-            }
-            let lifetime = lifetime.unwrap_or(issuer.lifetime);
-            if lifetime < MIN_LIFETIME {
-                bail!("--lifetime {lifetime}: give at least {MIN_LIFETIME} seconds");
-            }
-            let tokens = registry.block_on(store.tokens())?;
-            if let Some(t) = tokens
-                .iter()
-                .find(|t| t.name == name && matches!(t.state(now), "live" | "issued"))
-            {
-                bail!(
-                    "token {} for {name} is still live: revoke it first (token revoke {})",
-                    t.id,
-                    t.id
-                );
-            }
-            let members = registry.block_on(store.members())?;
-            if !replace && members.iter().any(|m| m.client.name == name) {
-                bail!(
-                    "{name} is a member already (cyphonic-cloud members show {name}); give --replace to enroll a replacement device for it"
-                );
-            }
-            // Blocks held by others: members of another name, live or used tokens of
-            // another name.
-            let mut taken: Vec<IpNet> = Vec::new();
-            for m in members {
-                if m.client.name == name {
-                    continue;
-                }
-                if let Ok(cert) = Certificate::from_pem(&m.client.certificate) {
-                    taken.extend(cert.body().vip_blocks.iter().copied());
-                }
-            }
-            for t in &tokens {
-                if t.name != name && matches!(t.state(now), "live" | "issued" | "used") {
-                    taken.extend(t.blocks.iter().copied());
-                }
-            }
-            let blocks = match prefix {
-                Some(p) => allocate_both(&issuer.pool, p, prefix6, &taken)?,
-                None => {
-                    let blocks: Vec<IpNet> = vip_blocks.iter().map(IpNet::trunc).collect();
-                    if let Some((b, t)) = cyphonic_crypto::first_overlap(&blocks, &taken) {
-                        bail!("{b} overlaps {t}, which another member or token holds");
-                    }
-                    blocks
-                }
-            };
-            // What the issuing CA cannot certify fails now, not at the device.
-            let probe = TokenRow {
-                id: String::new(),
-                secret_sha256: String::new(),
-                name: name.clone(),
-                blocks: blocks.clone(),
-                groups: groups.clone(),
+            let req = TokenRequest {
+                name,
+                vip_blocks,
+                prefix,
+                prefix6,
+                groups,
                 lifetime,
-                created_at: now,
-                expires_at: now + expires,
-                used_at: None,
-                used_by: None,
-                used_key: None,
-                confirmed_at: None,
-                revoked_at: None,
+                expires,
+                replace,
             };
-            issuer
-                .enroll(&probe, [0; 32], now)
-                .map_err(|e| anyhow::anyhow!(e))?;
-            let token = Token::generate()?;
-            let row = TokenRow {
-                id: token.id.clone(),
-                secret_sha256: token.secret_sha256(),
-                ..probe
-            };
-            registry.block_on(store.add_token(&row))?;
-            let shown: Vec<String> = blocks.iter().map(ToString::to_string).collect();
+            let (row, token) = registry.block_on(admin::create_token(
+                &registry.store,
+                registry.config.enroll.as_ref(),
+                &req,
+                &Who::cli(),
+                now,
+            ))?;
+            let shown: Vec<String> = row.blocks.iter().map(ToString::to_string).collect();
             say(&format!(
-                "token {} for {name} ({}), certificates for {lifetime} s, expires in {}:\n{token}\n\
+                "token {} for {} ({}), certificates for {} s, expires in {}:\n{token}\n\
                  on the device: cyphonic-adapter enroll --config FILE --token TOKEN (or cyphonic-node)",
                 token.id,
+                row.name,
                 shown.join(" "),
-                time_left(now + expires, now)
+                row.lifetime,
+                time_left(row.expires_at, now)
             ));
             Ok(())
         }
         Tokens::List { config, json } => {
             let registry = open(&config)?;
-            let views: Vec<View> = registry
+            let views: Vec<TokenView> = registry
                 .block_on(registry.store.tokens())?
                 .into_iter()
-                .map(|t| View {
-                    state: t.state(now),
-                    vip_blocks: t.blocks.iter().map(ToString::to_string).collect(),
-                    id: t.id,
-                    name: t.name,
-                    groups: t.groups,
-                    lifetime: t.lifetime,
-                    created_at: t.created_at,
-                    expires_at: t.expires_at,
-                    used_at: t.used_at,
-                    used_by: t.used_by,
-                    revoked_at: t.revoked_at,
-                })
+                .map(|t| TokenView::of(t, now))
                 .collect();
             if json {
                 say(&serde_json::to_string_pretty(&views)?);
@@ -290,79 +157,15 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
         }
         Tokens::Revoke { id, config } => {
             let registry = open(&config)?;
-            let store = &registry.store;
+            let was_live =
+                registry.block_on(admin::revoke_token(&registry.store, &id, &Who::cli(), now))?;
             let id = id.trim().to_ascii_lowercase();
-            match registry.block_on(store.token(&id))? {
-                None => bail!("no token {id}"),
-                Some(t) if t.used_at.is_some() => bail!(
-                    "token {id} was used already (by {}): revoke that certificate instead",
-                    t.used_by.as_deref().unwrap_or("?")
-                ),
-                Some(_) => {
-                    if registry.block_on(store.revoke_token(&id, now))? {
-                        say(&format!("revoked token {id}"));
-                    } else {
-                        say(&format!("token {id} was revoked already"));
-                    }
-                    Ok(())
-                }
-            }
+            say(&if was_live {
+                format!("revoked token {id}")
+            } else {
+                format!("token {id} was revoked already")
+            });
+            Ok(())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn nets(all: &[&str]) -> Vec<IpNet> {
-        all.iter().map(|b| b.parse().unwrap_or_default()).collect()
-    }
-
-    /// A site gets a /56 beside its /24, a node a /128 beside its /32, or the length asked;
-    /// a pool without IPv6 gives IPv4 alone and refuses --prefix6; a full family and a pool
-    /// without IPv4 are refused, naming the blocks.
-    #[test]
-    fn a_token_gets_a_block_of_each_family_the_pool_has() {
-        let pool = nets(&["100.64.128.0/17", "fd7a:0:1:8000::/49"]);
-        let taken = nets(&["100.64.128.0/24", "fd7a:0:1:8000::/56"]);
-        let got = |prefix, prefix6| {
-            allocate_both(&pool, prefix, prefix6, &taken).map_err(|e| format!("{e:#}"))
-        };
-        assert_eq!(
-            got(24, None),
-            Ok(nets(&["100.64.129.0/24", "fd7a:0:1:8100::/56"]))
-        );
-        assert_eq!(
-            got(32, None),
-            Ok(nets(&["100.64.129.0/32", "fd7a:0:1:8100::/128"]))
-        );
-        assert_eq!(
-            got(24, Some(64)),
-            Ok(nets(&["100.64.129.0/24", "fd7a:0:1:8100::/64"]))
-        );
-        let v4 = nets(&["100.64.128.0/17"]);
-        assert_eq!(
-            allocate_both(&v4, 24, None, &taken).map_err(|e| e.to_string()),
-            Ok(nets(&["100.64.129.0/24"]))
-        );
-        let err =
-            |pool: &[IpNet], prefix, prefix6| match allocate_both(pool, prefix, prefix6, &taken) {
-                Ok(b) => panic!("allocated {b:?}"),
-                Err(e) => format!("{e:#}"),
-            };
-        assert!(
-            err(&v4, 24, Some(56)).contains("--prefix6 56: the enrollment pool has no IPv6 block")
-        );
-        let full6 = nets(&["100.64.128.0/17", "fd7a:0:1:8000::/56"]);
-        assert!(
-            err(&full6, 24, None).contains(
-                "no free /56 left in the enrollment pool's IPv6 blocks fd7a:0:1:8000::/56"
-            ),
-            "{}",
-            err(&full6, 24, None)
-        );
-        assert!(err(&nets(&["100.64.128.0/24"]), 24, None).contains("IPv4 blocks 100.64.128.0/24"));
-        assert!(err(&nets(&["fd7a:0:1:8000::/49"]), 24, None).contains("no IPv4 block"));
     }
 }

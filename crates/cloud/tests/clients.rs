@@ -68,6 +68,7 @@ impl Cloud {
             database: self.db.clone(),
             policy,
             enroll: None,
+            api: None,
         };
         cyphonic_cloud::start(config).await.unwrap()
     }

@@ -5,7 +5,11 @@ use super::*;
 impl Nms {
     /// An enrollment: the token checked and redeemed, the certificate issued for the
     /// handshake's key (docs/protocol.md §4, Enrollment); or why not, in words for the client.
-    pub(super) async fn redeem(&self, hs: &ServerHandshake) -> Result<Welcome, String> {
+    pub(super) async fn redeem(
+        &self,
+        hs: &ServerHandshake,
+        from: SocketAddr,
+    ) -> Result<Welcome, String> {
         use crate::enroll::{Token, TokenError};
         let hello = hs.hello();
         if hello.version < 3 {
@@ -62,6 +66,21 @@ impl Nms {
             ""
         };
         tracing::info!(name = %row.name, token = %token.id, fingerprint = %fp, "enrolled{again}");
+        // Recorded once done: refusals are not, or anyone could fill the log with handshakes.
+        let who = crate::admin::Who {
+            actor: format!("member:{}", row.name),
+            source: from.to_string(),
+        };
+        let details = serde_json::json!({ "token": token.id, "fingerprint": fp });
+        let recorded = crate::admin::record(
+            &self.store,
+            &who,
+            "member.enroll",
+            &row.name,
+            details,
+            Ok(()),
+        );
+        let _ = recorded.await;
         // The certificate it was given before (and refused) is retired: no longer named by
         // the token, it would otherwise escape a revocation of the name.
         if let Some(refused) = row.used_by.filter(|prev| *prev != fp) {
@@ -186,6 +205,23 @@ impl Nms {
             Ok(cert) => {
                 bump(&self.stats.renewed);
                 tracing::info!(name = %body.name, fingerprint = %cert.fingerprint(), not_after = cert.body().not_after, "certificate renewed");
+                let who = crate::admin::Who {
+                    actor: format!("member:{}", body.name),
+                    source: "session".to_owned(),
+                };
+                let details = serde_json::json!({
+                    "fingerprint": cert.fingerprint().to_string(),
+                    "not_after": cert.body().not_after,
+                });
+                let recorded = crate::admin::record(
+                    &self.store,
+                    &who,
+                    "member.renew",
+                    &body.name,
+                    details,
+                    Ok(()),
+                );
+                let _ = recorded.await;
                 CloudMsg::Renewed {
                     certificate: cert.to_pem(),
                 }

@@ -145,6 +145,8 @@ cyphonic_telemetry::counters! {
         renewed,
         /// Renewals refused (too early, expired, outside the issuing CA, no issuing here).
         renew_refused,
+        /// HTTP API connections closed on arrival: over the listener's limits, in all or from one address.
+        api_refused,
     }
 }
 
@@ -384,6 +386,11 @@ impl Nms {
             revoked_online: std::sync::Mutex::new(std::collections::HashSet::new()),
             stats: Stats::default(),
         }
+    }
+
+    /// Its online issuer, if it has one.
+    pub const fn issuer(&self) -> Option<&crate::enroll::Issuer> {
+        self.issuer.as_ref()
     }
 
     /// Issues online with `issuer`: enrolls members that bring a token, renews certificates.

@@ -149,6 +149,11 @@ impl Nms {
         )
     }
 
+    /// The registry it serves from.
+    pub const fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// Takes on `trust` and `policy` (a reload): every client in the registry whose
     /// certificate no longer verifies loses its names, and its session here ends at once (it
     /// is refused when it comes back). Returns the names of the clients cut off.

@@ -116,7 +116,7 @@ impl Nms {
             return None;
         }
         if hs.hello().enroll.is_some() {
-            let welcome = match self.redeem(&hs).await {
+            let welcome = match self.redeem(&hs, from).await {
                 Ok(w) => {
                     bump(&self.stats.enrolled);
                     w

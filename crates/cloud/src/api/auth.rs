@@ -1,0 +1,129 @@
+//! Who asks: an API token in `Authorization: Bearer`, checked against the tokens the store
+//! holds, kept in memory so that a request with a bad token costs no query.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+
+use super::{ApiError, ApiState};
+use crate::admin::{AdminError, ApiToken, Scope, Who, record};
+use crate::store::ApiTokenRow;
+
+/// How often the tokens are read again from the store: a token made or revoked on another
+/// instance takes effect here within this.
+pub const REFRESH: Duration = Duration::from_secs(2);
+
+/// The API tokens the store holds, by id.
+#[derive(Debug, Default)]
+pub(super) struct Tokens(RwLock<HashMap<String, ApiTokenRow>>);
+
+impl Tokens {
+    pub(super) fn replace(&self, rows: Vec<ApiTokenRow>) {
+        let map = rows.into_iter().map(|r| (r.id.clone(), r)).collect();
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = map;
+    }
+
+    fn get(&self, id: &str) -> Option<ApiTokenRow> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+}
+
+/// Who asks, and what they may do.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// As the audit log names them.
+    pub who: Who,
+    /// What they may do.
+    pub scope: Scope,
+}
+
+impl Caller {
+    /// Whether the caller may do what `needs` allows.
+    ///
+    /// # Errors
+    /// `forbidden`, naming the scope needed.
+    pub fn may(&self, needs: Scope) -> Result<(), ApiError> {
+        if self.scope >= needs {
+            Ok(())
+        } else {
+            Err(AdminError::Forbidden(format!("this needs the {needs} scope")).into())
+        }
+    }
+
+    /// Whether the caller may make the change `action` on `target`, which `needs` allows;
+    /// a refusal is recorded in the audit log.
+    ///
+    /// # Errors
+    /// `forbidden`, naming the scope needed.
+    pub async fn may_change(
+        &self,
+        state: &ApiState,
+        needs: Scope,
+        action: &str,
+        target: &str,
+    ) -> Result<(), ApiError> {
+        let Err(refused) = self.may(needs) else {
+            return Ok(());
+        };
+        let details = serde_json::json!({ "scope": self.scope, "needs": needs });
+        let outcome: Result<(), AdminError> = Err(AdminError::Forbidden(format!(
+            "this needs the {needs} scope"
+        )));
+        let _ = record(
+            state.nms.store(),
+            &self.who,
+            action,
+            target,
+            details,
+            outcome,
+        )
+        .await;
+        Err(refused)
+    }
+}
+
+impl FromRequestParts<Arc<ApiState>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<ApiState>,
+    ) -> Result<Self, Self::Rejection> {
+        // The same answer whatever is wrong: no header, not a token, unknown, ended, revoked.
+        let text = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(ApiError::unauthorized)?;
+        let token = ApiToken::parse(text.trim()).ok_or_else(ApiError::unauthorized)?;
+        let row = state
+            .tokens
+            .get(&token.id)
+            .filter(|row| token.matches(row, super::now()))
+            .ok_or_else(ApiError::unauthorized)?;
+        let scope = Scope::parse(&row.scope).ok_or_else(ApiError::unauthorized)?;
+        let source = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or_else(|| "local".to_owned(), |c| c.0.ip().to_string());
+        Ok(Self {
+            who: Who {
+                actor: format!("token:{} {}", row.id, row.name),
+                source,
+            },
+            scope,
+        })
+    }
+}

@@ -1,0 +1,822 @@
+//! The cloud's HTTP API (docs/protocol.md §8): JSON under `/api/v1`, for programs with an API
+//! token and for the console. Every instance serves it alike from the shared store. The
+//! handlers read the store and call [`crate::admin`] for writes, which records each in the
+//! audit log; this module adds who may ask (tokens and scopes), the shapes of answers and
+//! errors, and pages.
+
+mod auth;
+mod doc;
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+use crate::admin::{self, AdminError, RevokeTarget, Revoked, Scope, TokenRequest};
+use crate::fleet::{MemberView, TokenView};
+use crate::nms::Nms;
+use crate::store::{AuditEntry, AuditQuery, StoreError};
+
+pub use auth::{Caller, REFRESH};
+pub use doc::openapi;
+
+/// What the handlers share: the NMS (its store, its issuer) and the API tokens known.
+#[derive(Debug)]
+pub struct ApiState {
+    nms: Arc<Nms>,
+    tokens: auth::Tokens,
+}
+
+impl ApiState {
+    /// The API over `nms`'s registry. The API tokens are read at once and every
+    /// [`REFRESH`] after ([`ApiState::refresh_tokens`]).
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    pub async fn new(nms: Arc<Nms>) -> Result<Arc<Self>, StoreError> {
+        let state = Arc::new(Self {
+            nms,
+            tokens: auth::Tokens::default(),
+        });
+        state.refresh_tokens().await?;
+        Ok(state)
+    }
+
+    /// Reads the API tokens from the store again: tokens made or revoked on any instance
+    /// take effect here.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    pub async fn refresh_tokens(&self) -> Result<(), StoreError> {
+        self.tokens.replace(self.nms.store().api_tokens().await?);
+        Ok(())
+    }
+
+    /// Refreshes the API tokens every [`REFRESH`], for ever.
+    pub async fn keep_tokens_fresh(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(REFRESH).await;
+            if let Err(e) = self.refresh_tokens().await {
+                tracing::warn!(error = %e, "the API tokens could not be read again");
+            }
+        }
+    }
+}
+
+/// The largest request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// The API's routes over `state`.
+pub fn router(state: Arc<ApiState>) -> axum::Router {
+    let v1 = axum::Router::new()
+        .route("/members", get(members))
+        .route("/members/{name}", get(member))
+        .route("/members/{name}/revoke", post(revoke_member))
+        .route(
+            "/enrollment-tokens",
+            get(enrollment_tokens).post(create_enrollment_token),
+        )
+        .route(
+            "/enrollment-tokens/{id}",
+            axum::routing::delete(revoke_enrollment_token),
+        )
+        .route("/revocations", get(revocations))
+        .route("/api-tokens", get(api_tokens).post(create_api_token))
+        .route("/api-tokens/{id}", axum::routing::delete(revoke_api_token))
+        .route("/audit", get(audit))
+        .route("/openapi.json", get(|| async { Json(openapi()) }));
+    axum::Router::new()
+        .nest("/api/v1", v1)
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method",
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// What one listener admits: connections in all and from one address, and how long a
+/// connection may take to send a request's head and may stay open at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections open at once.
+    pub connections: usize,
+    /// Of those, from one address: fewer than `connections` / 50, so that 50 addresses
+    /// cannot take every one.
+    pub per_source: usize,
+    /// From a connection's start, or the end of its last answer, to a request's whole head.
+    pub header: std::time::Duration,
+    /// The longest a connection stays open.
+    pub lifetime: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            connections: 512,
+            per_source: 8,
+            header: std::time::Duration::from_secs(10),
+            lifetime: std::time::Duration::from_secs(600),
+        }
+    }
+}
+
+/// Connections open per source address, each released when its connection ends.
+#[derive(Debug, Default)]
+struct Sources(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One connection's place in [`Sources`].
+#[derive(Debug)]
+struct Place(Arc<Sources>, std::net::IpAddr);
+
+impl Sources {
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, most: usize) -> Option<Place> {
+        let mut open = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(ip).or_default();
+        if *n >= most {
+            return None;
+        }
+        *n += 1;
+        Some(Place(self.clone(), ip))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = self
+            .0
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let std::collections::hash_map::Entry::Occupied(mut e) = open.entry(self.1) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
+/// Serves `router` on `listener` within `limits` until the task is dropped, each
+/// connection's peer address known to the handlers (the audit log's source). A connection
+/// over a limit is closed at once, and `refused` is called.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    refused: impl Fn() + Send + 'static,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let mut http = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header);
+    http.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(32);
+    let open = Arc::new(tokio::sync::Semaphore::new(limits.connections));
+    let sources = Arc::new(Sources::default());
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors, say: wait rather than spin.
+                tracing::warn!(error = %e, "the API could not accept a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let admitted = open
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .zip(sources.take(peer.ip(), limits.per_source));
+        let Some((permit, place)) = admitted else {
+            refused();
+            drop(stream);
+            continue;
+        };
+        let router = router.clone();
+        let service =
+            hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                tower::ServiceExt::oneshot(router.clone(), req)
+            });
+        let http = http.clone();
+        tokio::spawn(async move {
+            // A connection that says nothing is closed after the header time: hyper's own
+            // timeout starts only once it has a first byte to tell HTTP/1 from HTTP/2 by.
+            let mut byte = [0u8; 1];
+            let first = tokio::time::timeout(limits.header, stream.peek(&mut byte)).await;
+            if !matches!(first, Ok(Ok(1))) {
+                return;
+            }
+            let conn = http.serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(limits.lifetime, conn).await;
+            drop((permit, place));
+        });
+    }
+}
+
+/// An error as the API answers it: `{"error": {"code", "message", "field"?}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// The error itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable: `unauthorized` (401), `forbidden` (403), `not_found` (404),
+    /// `method_not_allowed` (405), `conflict` (409), `too_large` (413), `invalid` (422),
+    /// `unavailable` (503).
+    pub code: String,
+    /// In words, for people.
+    pub message: String,
+    /// With `invalid`: which input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: ErrorBody {
+                error: ErrorDetail {
+                    code: code.to_owned(),
+                    message: message.into(),
+                    field: None,
+                },
+            },
+        }
+    }
+
+    fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    fn invalid(field: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message);
+        e.body.error.field = Some(field.to_owned());
+        e
+    }
+
+    fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "give a valid API token: Authorization: Bearer cyk_...",
+        )
+    }
+}
+
+impl From<AdminError> for ApiError {
+    fn from(e: AdminError) -> Self {
+        let status = match &e {
+            AdminError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            AdminError::NotFound(_) => StatusCode::NOT_FOUND,
+            AdminError::Conflict(_) => StatusCode::CONFLICT,
+            AdminError::Forbidden(_) => StatusCode::FORBIDDEN,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut out = Self::new(status, e.code(), e.to_string());
+        if let AdminError::Invalid { field, .. } = e {
+            out.body.error.field = Some(field.to_owned());
+        }
+        out
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "store");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the registry is unavailable; try again",
+        )
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        let mut out = Self::invalid("body", e.body_text());
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            out.status = StatusCode::PAYLOAD_TOO_LARGE;
+            out.body.error.code = "too_large".to_owned();
+        }
+        out
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self::invalid("query", e.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        Self::invalid("path", e.body_text())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, Json(self.body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+type Answer<T> = Result<Json<T>, ApiError>;
+
+/// A page of a list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Page<T> {
+    /// The items, at most `limit`.
+    pub items: Vec<T>,
+    /// The cursor of the next page (`?after=`), None on the last.
+    pub next: Option<String>,
+}
+
+/// Which page: `?limit=` (1-500, default 100) and `?after=` (the `next` of the page before).
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// At most this many items (1-500, default 100).
+    pub limit: Option<u32>,
+    /// The cursor of the page before.
+    pub after: Option<String>,
+}
+
+/// The largest page.
+pub const MAX_PAGE: u32 = 500;
+const DEFAULT_PAGE: u32 = 100;
+
+fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit.unwrap_or(DEFAULT_PAGE) {
+        n @ 1..=MAX_PAGE => Ok(n),
+        n => Err(ApiError::invalid(
+            "limit",
+            format!("limit {n}: give 1 to {MAX_PAGE}"),
+        )),
+    }
+}
+
+/// The page query of a list that `needs` a scope: the caller may, the query reads.
+fn asked(
+    caller: &Caller,
+    needs: Scope,
+    q: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<PageQuery, ApiError> {
+    caller.may(needs)?;
+    let Query(q) = q?;
+    page_limit(q.limit)?;
+    Ok(q)
+}
+
+/// The page `q` asks of `items`, each known by `key` (unique, in the items' order): the
+/// cursor is the last item's key, hex-encoded so that it is opaque and URL-safe.
+fn page<T>(items: Vec<T>, key: impl Fn(&T) -> String, q: &PageQuery) -> Result<Page<T>, ApiError> {
+    let limit = page_limit(q.limit)? as usize;
+    let start = match &q.after {
+        None => 0,
+        Some(cursor) => {
+            let bad = || ApiError::invalid("after", "the cursor is not one this list gave");
+            let wanted = hex::decode(cursor)
+                .ok()
+                .and_then(|k| String::from_utf8(k).ok())
+                .ok_or_else(bad)?;
+            items
+                .iter()
+                .position(|i| key(i) == wanted)
+                .ok_or_else(bad)?
+                + 1
+        }
+    };
+    let mut rest: Vec<T> = items.into_iter().skip(start).collect();
+    let next = (rest.len() > limit).then(|| hex::encode(key(&rest[limit - 1])));
+    rest.truncate(limit);
+    Ok(Page { items: rest, next })
+}
+
+fn now() -> u64 {
+    crate::clock::unix_now_ms() / 1000
+}
+
+/// The members, each certificate apart, by name.
+#[utoipa::path(get, path = "/api/v1/members", params(PageQuery),
+    responses((status = 200, body = Page<MemberView>), (status = 401, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn members(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    q: Result<Query<PageQuery>, QueryRejection>,
+) -> Answer<Page<MemberView>> {
+    let q = asked(&caller, Scope::Read, q)?;
+    let mut views: Vec<MemberView> = s
+        .nms
+        .store()
+        .members()
+        .await?
+        .iter()
+        .map(MemberView::of)
+        .collect();
+    views.sort_by(|a, b| (&a.name, &a.fingerprint).cmp(&(&b.name, &b.fingerprint)));
+    Ok(Json(page(
+        views,
+        |m| format!("{} {}", m.name, m.fingerprint),
+        &q,
+    )?))
+}
+
+/// One member: every certificate of the name.
+#[utoipa::path(get, path = "/api/v1/members/{name}", params(("name" = String, Path, description = "The member's name")),
+    responses((status = 200, body = Vec<MemberView>), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn member(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    name: Result<Path<String>, PathRejection>,
+) -> Answer<Vec<MemberView>> {
+    caller.may(Scope::Read)?;
+    let Path(name) = name?;
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let views: Vec<MemberView> = s
+        .nms
+        .store()
+        .members()
+        .await?
+        .iter()
+        .filter(|m| m.client.name == name)
+        .map(MemberView::of)
+        .collect();
+    if views.is_empty() {
+        return Err(ApiError::not_found(format!("no member named {name}")));
+    }
+    Ok(Json(views))
+}
+
+/// Revokes every certificate of a member: every instance cuts its session and every client
+/// drops it within about 2 s.
+#[utoipa::path(post, path = "/api/v1/members/{name}/revoke", params(("name" = String, Path, description = "The member's name")),
+    responses((status = 200, body = Revoked), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn revoke_member(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    name: Result<Path<String>, PathRejection>,
+) -> Answer<Revoked> {
+    let Path(name) = name?;
+    caller
+        .may_change(&s, Scope::Write, "member.revoke", &name)
+        .await?;
+    let r =
+        admin::revoke_member(s.nms.store(), &RevokeTarget::Name(name), &caller.who, now()).await?;
+    Ok(Json(r))
+}
+
+/// The enrollment tokens, newest first (never their secrets).
+#[utoipa::path(get, path = "/api/v1/enrollment-tokens", params(PageQuery),
+    responses((status = 200, body = Page<TokenView>), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn enrollment_tokens(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    q: Result<Query<PageQuery>, QueryRejection>,
+) -> Answer<Page<TokenView>> {
+    let q = asked(&caller, Scope::Read, q)?;
+    let t = now();
+    let views = s
+        .nms
+        .store()
+        .tokens()
+        .await?
+        .into_iter()
+        .map(|row| TokenView::of(row, t))
+        .collect();
+    Ok(Json(page(views, |v: &TokenView| v.id.clone(), &q)?))
+}
+
+/// A new enrollment token, shown once.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct NewEnrollmentToken {
+    /// The token to give the device (`cyphonic-adapter enroll --token`): shown only here.
+    pub token: String,
+    /// What it is bound to.
+    pub item: TokenView,
+}
+
+/// Makes an enrollment token.
+#[utoipa::path(post, path = "/api/v1/enrollment-tokens", request_body = TokenRequest,
+    responses((status = 201, body = NewEnrollmentToken), (status = 403, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn create_enrollment_token(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    body: Result<Json<TokenRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<NewEnrollmentToken>), ApiError> {
+    caller
+        .may_change(&s, Scope::Write, "enrollment_token.create", "")
+        .await?;
+    let Json(req) = body?;
+    let t = now();
+    let (row, token) =
+        admin::create_token(s.nms.store(), s.nms.issuer(), &req, &caller.who, t).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(NewEnrollmentToken {
+            token: token.to_string(),
+            item: TokenView::of(row, t),
+        }),
+    ))
+}
+
+/// What a revocation of a token found.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TokenRevoked {
+    /// Whether it was live (false: revoked before).
+    pub was_live: bool,
+}
+
+/// Revokes an unused enrollment token.
+#[utoipa::path(delete, path = "/api/v1/enrollment-tokens/{id}", params(("id" = String, Path, description = "The token's id")),
+    responses((status = 200, body = TokenRevoked), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn revoke_enrollment_token(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    id: Result<Path<String>, PathRejection>,
+) -> Answer<TokenRevoked> {
+    let Path(id) = id?;
+    caller
+        .may_change(&s, Scope::Write, "enrollment_token.revoke", &id)
+        .await?;
+    let was_live = admin::revoke_token(s.nms.store(), &id, &caller.who, now()).await?;
+    Ok(Json(TokenRevoked { was_live }))
+}
+
+/// A certificate revoked online.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RevocationView {
+    /// Its fingerprint (hex).
+    pub fingerprint: String,
+    /// The member's name, when revoked by name.
+    pub name: String,
+    /// When (unix seconds).
+    pub revoked_at: u64,
+}
+
+/// The certificates revoked online, newest first.
+#[utoipa::path(get, path = "/api/v1/revocations", params(PageQuery),
+    responses((status = 200, body = Page<RevocationView>), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn revocations(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    q: Result<Query<PageQuery>, QueryRejection>,
+) -> Answer<Page<RevocationView>> {
+    let q = asked(&caller, Scope::Read, q)?;
+    let views = s
+        .nms
+        .store()
+        .revocation_rows()
+        .await?
+        .into_iter()
+        .map(|(fingerprint, name, revoked_at)| RevocationView {
+            fingerprint,
+            name,
+            revoked_at,
+        })
+        .collect();
+    Ok(Json(page(
+        views,
+        |v: &RevocationView| v.fingerprint.clone(),
+        &q,
+    )?))
+}
+
+/// An API token as lists show it (never its secret or hash).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ApiTokenView {
+    /// Names the token: the 16 hex digits after `cyk_`.
+    pub id: String,
+    /// What it is for.
+    pub name: String,
+    /// What it may do.
+    pub scope: String,
+    /// `live`, `expired` or `revoked`.
+    pub state: &'static str,
+    /// Who made it.
+    pub created_by: String,
+    /// When (unix seconds).
+    pub created_at: u64,
+    /// When it ends, if ever.
+    pub expires_at: Option<u64>,
+    /// When it was revoked.
+    pub revoked_at: Option<u64>,
+}
+
+impl ApiTokenView {
+    fn of(t: crate::store::ApiTokenRow, now: u64) -> Self {
+        Self {
+            state: t.state(now),
+            id: t.id,
+            name: t.name,
+            scope: t.scope,
+            created_by: t.created_by,
+            created_at: t.created_at,
+            expires_at: t.expires_at,
+            revoked_at: t.revoked_at,
+        }
+    }
+}
+
+/// The API tokens, newest first.
+#[utoipa::path(get, path = "/api/v1/api-tokens", params(PageQuery),
+    responses((status = 200, body = Page<ApiTokenView>), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn api_tokens(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    q: Result<Query<PageQuery>, QueryRejection>,
+) -> Answer<Page<ApiTokenView>> {
+    let q = asked(&caller, Scope::Admin, q)?;
+    let t = now();
+    let views = s
+        .nms
+        .store()
+        .api_tokens()
+        .await?
+        .into_iter()
+        .map(|row| ApiTokenView::of(row, t))
+        .collect();
+    Ok(Json(page(views, |v: &ApiTokenView| v.id.clone(), &q)?))
+}
+
+/// What a new API token is for.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiTokenRequest {
+    /// What it is for (1-64 printable characters).
+    pub name: String,
+    /// What it may do.
+    pub scope: Scope,
+    /// Seconds until it ends (at most a year); none: until revoked.
+    #[serde(default)]
+    pub expires: Option<u64>,
+}
+
+/// A new API token, shown once.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct NewApiToken {
+    /// The token (`cyk_...`): shown only here.
+    pub token: String,
+    /// What it is.
+    pub item: ApiTokenView,
+}
+
+/// Makes an API token.
+#[utoipa::path(post, path = "/api/v1/api-tokens", request_body = ApiTokenRequest,
+    responses((status = 201, body = NewApiToken), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn create_api_token(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    body: Result<Json<ApiTokenRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
+    caller
+        .may_change(&s, Scope::Admin, "api_token.create", "")
+        .await?;
+    let Json(req) = body?;
+    let t = now();
+    let (row, token) = admin::create_api_token(
+        s.nms.store(),
+        &req.name,
+        req.scope,
+        req.expires,
+        &caller.who,
+        t,
+    )
+    .await?;
+    s.refresh_tokens().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(NewApiToken {
+            token: token.to_string(),
+            item: ApiTokenView::of(row, t),
+        }),
+    ))
+}
+
+/// Revokes an API token.
+#[utoipa::path(delete, path = "/api/v1/api-tokens/{id}", params(("id" = String, Path, description = "The token's id")),
+    responses((status = 200, body = TokenRevoked), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn revoke_api_token(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    id: Result<Path<String>, PathRejection>,
+) -> Answer<TokenRevoked> {
+    let Path(id) = id?;
+    caller
+        .may_change(&s, Scope::Admin, "api_token.revoke", &id)
+        .await?;
+    let was_live = admin::revoke_api_token(s.nms.store(), &id, &caller.who, now()).await?;
+    s.refresh_tokens().await?;
+    Ok(Json(TokenRevoked { was_live }))
+}
+
+/// Which rows of the audit log, newest first.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AuditParams {
+    /// Only this actor.
+    pub actor: Option<String>,
+    /// Only this action.
+    pub action: Option<String>,
+    /// Only this target.
+    pub target: Option<String>,
+    /// At most this many rows (1-500, default 100).
+    pub limit: Option<u32>,
+    /// The cursor of the page before.
+    pub after: Option<String>,
+}
+
+/// The audit log, newest first.
+#[utoipa::path(get, path = "/api/v1/audit", params(AuditParams),
+    responses((status = 200, body = Page<AuditEntry>), (status = 401, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn audit(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    q: Result<Query<AuditParams>, QueryRejection>,
+) -> Answer<Page<AuditEntry>> {
+    caller.may(Scope::Read)?;
+    let Query(q) = q?;
+    let limit = page_limit(q.limit)?;
+    let before = match &q.after {
+        None => None,
+        Some(c) => Some(
+            hex::decode(c)
+                .ok()
+                .and_then(|k| String::from_utf8(k).ok())
+                .and_then(|k| {
+                    let (at, id) = k.split_once(' ')?;
+                    Some((at.parse().ok()?, id.to_owned()))
+                })
+                .ok_or_else(|| {
+                    ApiError::invalid("after", "the cursor is not one this list gave")
+                })?,
+        ),
+    };
+    // One more than asked tells whether there is a next page.
+    let mut rows = s
+        .nms
+        .store()
+        .audit_log(&AuditQuery {
+            actor: q.actor,
+            action: q.action,
+            target: q.target,
+            before,
+            limit: limit + 1,
+        })
+        .await?;
+    let limit = limit as usize;
+    let next = (rows.len() > limit).then(|| {
+        let last = &rows[limit - 1];
+        hex::encode(format!("{} {}", last.at, last.id))
+    });
+    rows.truncate(limit);
+    Ok(Json(Page { items: rows, next }))
+}

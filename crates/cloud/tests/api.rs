@@ -1,0 +1,1030 @@
+//! The HTTP API in process (docs/protocol.md §8): every endpoint under every scope, bad
+//! tokens, bad input, pages, and the audit log each write leaves, against a real cloud on
+//! loopback with its SQLite store.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use cyphonic_cloud::admin::{self, Scope, Who};
+use cyphonic_cloud::api::{ApiState, router};
+use cyphonic_cloud::enroll::Issuer;
+use cyphonic_cloud::store::AuditQuery;
+use cyphonic_cloud::{CloudConfig, Policy, Store};
+use cyphonic_crypto::{CertificateAuthority, StaticKeypair};
+use cyphonic_signal::testing::{Pki, now};
+use serde_json::{Value, json};
+use tower::ServiceExt as _;
+
+struct Bed {
+    running: cyphonic_cloud::Running,
+    app: axum::Router,
+    state: Arc<ApiState>,
+    pki: Pki,
+    /// A token of each scope.
+    read: String,
+    write: String,
+    admin: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Bed {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new();
+        let ca = CertificateAuthority::from_pem(&pki.ca.key_pem(), &pki.ca.certificate().to_pem())
+            .unwrap();
+        let root = ca.certificate().clone();
+        let config = CloudConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
+            relay: None,
+            status_socket: dir.path().join("cloud.sock"),
+            metrics: None,
+            key: StaticKeypair::generate().unwrap(),
+            trust: pki.trust(),
+            database: format!("sqlite://{}", dir.path().join("cloud.db").display()),
+            policy: Policy::default(),
+            enroll: Some(Issuer::new(
+                ca,
+                vec![root],
+                vec!["100.64.128.0/17".parse().unwrap()],
+                86_400,
+            )),
+            api: None,
+        };
+        let running = cyphonic_cloud::start(config).await.unwrap();
+        let store = running.nms.store().clone();
+        let mut tokens = Vec::new();
+        for scope in [Scope::Read, Scope::Write, Scope::Admin] {
+            let (_, t) =
+                admin::create_api_token(&store, scope.as_str(), scope, None, &Who::cli(), now())
+                    .await
+                    .unwrap();
+            tokens.push(t.to_string());
+        }
+        let state = ApiState::new(running.nms.clone()).await.unwrap();
+        let [read, write, admin] = tokens.try_into().unwrap();
+        Self {
+            app: router(state.clone()),
+            state,
+            running,
+            pki,
+            read,
+            write,
+            admin,
+            _dir: dir,
+        }
+    }
+
+    fn store(&self) -> &Store {
+        self.running.nms.store()
+    }
+
+    /// A member `name` with `block`, as the registry knows one that was issued a
+    /// certificate.
+    async fn member(&self, name: &str, block: &str) -> String {
+        let id = self.pki.identity(name, block, &["cameras"]);
+        let cert = id.certificate();
+        let fp = cert.fingerprint().to_string();
+        self.store()
+            .issued(
+                &fp,
+                (name, &hex::encode(cert.body().issuer)),
+                (&cert.to_pem(), &cert.body().vip_blocks),
+            )
+            .await
+            .unwrap();
+        fp
+    }
+
+    /// `method path` with `token` (none: no Authorization) and a JSON `body`: the status
+    /// and the JSON answer.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        if body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned())))
+            .unwrap();
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {bytes:?}"));
+        (status, value)
+    }
+
+    async fn get(&self, path: &str, token: &str) -> Value {
+        let (status, v) = self.call(Method::GET, path, Some(token), None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {v}");
+        v
+    }
+
+    async fn audit(&self, action: &str) -> Vec<cyphonic_cloud::store::AuditEntry> {
+        self.store()
+            .audit_log(&AuditQuery {
+                action: Some(action.into()),
+                limit: 100,
+                ..AuditQuery::default()
+            })
+            .await
+            .unwrap()
+    }
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error code in {v}"))
+}
+
+/// Every endpoint answers 401 without a valid token and 403 below its scope (a refused
+/// write recorded, nothing changed), and answers at its scope and above.
+#[tokio::test]
+async fn every_endpoint_needs_its_scope() {
+    let bed = Bed::new().await;
+    bed.member("cam1.gw1.ovl.example", "100.64.1.0/24").await;
+    let token_body = r#"{"name": "gw9.ovl.example", "prefix": 24}"#;
+    let api_token_body = r#"{"name": "grafana", "scope": "read"}"#;
+    // (method, path, body, scope needed, status when allowed)
+    let endpoints: &[(Method, &str, Option<&str>, Scope, StatusCode)] = &[
+        (
+            Method::GET,
+            "/api/v1/members",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/members/cam1.gw1.ovl.example",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/enrollment-tokens",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/revocations",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/audit",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/api-tokens",
+            None,
+            Scope::Admin,
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(token_body),
+            Scope::Write,
+            StatusCode::CREATED,
+        ),
+        (
+            Method::POST,
+            "/api/v1/api-tokens",
+            Some(api_token_body),
+            Scope::Admin,
+            StatusCode::CREATED,
+        ),
+        (
+            Method::POST,
+            "/api/v1/members/cam1.gw1.ovl.example/revoke",
+            None,
+            Scope::Write,
+            StatusCode::OK,
+        ),
+    ];
+    let bad = [
+        None,
+        Some("cyk_0123"),
+        Some(
+            "cyk_0123456789abcdef_0000000000000000000000000000000000000000000000000000000000000000",
+        ),
+        // A real token's id with another secret.
+        Some(&*format!(
+            "{}{}",
+            &bed.admin[..bed.admin.len() - 1],
+            if bed.admin.ends_with('0') { '1' } else { '0' }
+        )),
+    ];
+    for (method, path, body, needs, ok) in endpoints {
+        for token in bad {
+            let (status, v) = bed.call(method.clone(), path, token, *body).await;
+            assert_eq!(
+                status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} with {token:?}: {v}"
+            );
+            assert_eq!(code(&v), "unauthorized");
+        }
+        for (scope, token) in [
+            (Scope::Read, &bed.read),
+            (Scope::Write, &bed.write),
+            (Scope::Admin, &bed.admin),
+        ] {
+            if scope >= *needs {
+                continue;
+            }
+            let before = bed.store().tokens().await.unwrap().len();
+            let (status, v) = bed.call(method.clone(), path, Some(token), *body).await;
+            assert_eq!(
+                status,
+                StatusCode::FORBIDDEN,
+                "{method} {path} as {scope}: {v}"
+            );
+            assert_eq!(code(&v), "forbidden");
+            assert_eq!(bed.store().tokens().await.unwrap().len(), before);
+        }
+        // Allowed at its scope, and (for reads) above it.
+        let (status, v) = bed
+            .call(
+                method.clone(),
+                path,
+                Some(match needs {
+                    Scope::Read => &bed.read,
+                    Scope::Write => &bed.write,
+                    Scope::Admin => &bed.admin,
+                }),
+                *body,
+            )
+            .await;
+        assert_eq!(status, *ok, "{method} {path} as {needs}: {v}");
+    }
+    // The member was revoked, the refusals recorded.
+    assert_eq!(
+        bed.store().revocation_rows().await.unwrap().len(),
+        1,
+        "one certificate revoked"
+    );
+    let refused = bed.audit("member.revoke").await;
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.result == "forbidden" && e.actor.ends_with(" read")),
+        "{refused:?}"
+    );
+    let done: Vec<_> = refused.iter().filter(|e| e.result == "ok").collect();
+    assert_eq!(done.len(), 1, "{refused:?}");
+    assert!(done[0].actor.starts_with("token:") && done[0].actor.ends_with(" write"));
+    assert_eq!(done[0].target, "cam1.gw1.ovl.example");
+    assert_eq!(done[0].source, "local");
+}
+
+/// A token revoked or past its end is refused at once on this instance; the answer is the
+/// same as for a token never made.
+#[tokio::test]
+async fn revoked_and_expired_tokens_are_refused() {
+    let bed = Bed::new().await;
+    let store = bed.store();
+    let (_, short) =
+        admin::create_api_token(store, "short", Scope::Read, Some(1), &Who::cli(), now() - 5)
+            .await
+            .unwrap();
+    bed.state.refresh_tokens().await.unwrap();
+    let (status, v) = bed
+        .call(
+            Method::GET,
+            "/api/v1/members",
+            Some(&short.to_string()),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, code(&v)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+
+    let (status, made) = bed
+        .call(
+            Method::POST,
+            "/api/v1/api-tokens",
+            Some(&bed.admin),
+            Some(r#"{"name": "ci", "scope": "write"}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let ci = made["token"].as_str().unwrap().to_owned();
+    assert_eq!(bed.get("/api/v1/members", &ci).await["items"], json!([]));
+    let id = made["item"]["id"].as_str().unwrap();
+    let (status, v) = bed
+        .call(
+            Method::DELETE,
+            &format!("/api/v1/api-tokens/{id}"),
+            Some(&bed.admin),
+            None,
+        )
+        .await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"was_live": true})));
+    let (status, v) = bed
+        .call(Method::GET, "/api/v1/members", Some(&ci), None)
+        .await;
+    assert_eq!(
+        (status, code(&v)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    // The list shows it revoked, and never a secret.
+    let list = bed.get("/api/v1/api-tokens", &bed.admin).await;
+    let shown = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id)
+        .unwrap();
+    assert_eq!(shown["state"], "revoked");
+    assert!(!list.to_string().contains(&ci[21..]), "a secret in {list}");
+    assert_eq!(bed.audit("api_token.revoke").await.len(), 1);
+}
+
+/// Bad input gets a JSON error naming the input, and changes nothing but the audit log.
+#[tokio::test]
+async fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
+    let bed = Bed::new().await;
+    // (method, path, body, status, code, field)
+    type Case<'a> = (
+        Method,
+        &'a str,
+        Option<&'a str>,
+        StatusCode,
+        &'a str,
+        Option<&'a str>,
+    );
+    let cases: &[Case<'_>] = &[
+        (
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some("{"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("body"),
+        ),
+        (
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(r#"{"name": "gw9.ovl.example", "prefix": 24, "colour": 1}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("body"),
+        ),
+        (
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(r#"{"name": "gw9.elsewhere.example", "prefix": 24}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("name"),
+        ),
+        (
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(r#"{"name": "gw9.ovl.example"}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("prefix"),
+        ),
+        (
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(r#"{"name": "gw9.ovl.example", "prefix": 24, "expires": 0}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("expires"),
+        ),
+        (
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(r#"{"name": "gw9.ovl.example", "vip_blocks": ["10.0.0.0/24"]}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("vip_blocks"),
+        ),
+        (
+            Method::POST,
+            "/api/v1/api-tokens",
+            Some(r#"{"name": "", "scope": "read"}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("name"),
+        ),
+        (
+            Method::POST,
+            "/api/v1/api-tokens",
+            Some(r#"{"name": "x", "scope": "root"}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("body"),
+        ),
+        (
+            Method::GET,
+            "/api/v1/members?limit=0",
+            None,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("limit"),
+        ),
+        (
+            Method::GET,
+            "/api/v1/members?limit=501",
+            None,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("limit"),
+        ),
+        (
+            Method::GET,
+            "/api/v1/members?limit=x",
+            None,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("query"),
+        ),
+        (
+            Method::GET,
+            "/api/v1/members?after=zz",
+            None,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("after"),
+        ),
+        (
+            Method::GET,
+            "/api/v1/audit?after=00",
+            None,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("after"),
+        ),
+        (
+            Method::GET,
+            "/api/v1/members?sort=name",
+            None,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            Some("query"),
+        ),
+        (
+            Method::GET,
+            "/api/v1/members/nobody.ovl.example",
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/v1/members/nobody.ovl.example/revoke",
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            None,
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/enrollment-tokens/0123456789abcdef",
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            None,
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/api-tokens/0123456789abcdef",
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            None,
+        ),
+        (
+            Method::GET,
+            "/api/v1/nothing",
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            None,
+        ),
+        (
+            Method::PUT,
+            "/api/v1/members",
+            None,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            None,
+        ),
+    ];
+    let body = "x".repeat(cyphonic_cloud::api::MAX_BODY + 1);
+    let too_big = (
+        Method::POST,
+        "/api/v1/enrollment-tokens",
+        Some(body.as_str()),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        Some("body"),
+    );
+    for (method, path, body, status, want, field) in cases.iter().chain([&too_big]) {
+        let before = (
+            bed.store().tokens().await.unwrap(),
+            bed.store().api_tokens().await.unwrap(),
+            bed.store().revocation_rows().await.unwrap(),
+        );
+        let (got, v) = bed
+            .call(method.clone(), path, Some(&bed.admin), *body)
+            .await;
+        assert_eq!(got, *status, "{method} {path}: {v}");
+        assert_eq!(code(&v), *want, "{method} {path}: {v}");
+        assert_eq!(v["error"]["field"].as_str(), *field, "{method} {path}: {v}");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+        let after = (
+            bed.store().tokens().await.unwrap(),
+            bed.store().api_tokens().await.unwrap(),
+            bed.store().revocation_rows().await.unwrap(),
+        );
+        assert_eq!(before, after, "{method} {path} changed the registry");
+    }
+    // Refusals past the input's shape are in the audit log, with their codes.
+    let refused: Vec<String> = bed
+        .audit("enrollment_token.create")
+        .await
+        .iter()
+        .map(|e| e.result.clone())
+        .collect();
+    assert_eq!(refused, ["invalid"; 4], "name, prefix, expires and blocks");
+}
+
+/// An enrollment token made through the API is stored hashed, listed without its secret,
+/// refused a second time for the same name, revoked, and each step is in the audit log.
+#[tokio::test]
+async fn an_enrollment_token_is_made_listed_and_revoked() {
+    let bed = Bed::new().await;
+    let (status, made) = bed
+        .call(
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(&bed.write),
+            Some(r#"{"name": "GW9.ovl.example.", "prefix": 24, "groups": ["sites"]}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let token = made["token"].as_str().unwrap();
+    let parsed = cyphonic_cloud::enroll::Token::parse(token).unwrap();
+    let row = bed.store().token(&parsed.id).await.unwrap().unwrap();
+    assert_eq!(row.secret_sha256, parsed.secret_sha256());
+    assert_eq!(row.name, "gw9.ovl.example");
+    assert_eq!(made["item"]["vip_blocks"], json!(["100.64.128.0/24"]));
+    assert_eq!(made["item"]["state"], "live");
+    let list = bed.get("/api/v1/enrollment-tokens", &bed.read).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    assert!(
+        !list.to_string().contains(&token[17..]),
+        "a secret in {list}"
+    );
+
+    let (status, v) = bed
+        .call(
+            Method::POST,
+            "/api/v1/enrollment-tokens",
+            Some(&bed.write),
+            Some(r#"{"name": "gw9.ovl.example", "prefix": 24}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&v)),
+        (StatusCode::CONFLICT, "conflict"),
+        "{v}"
+    );
+
+    let path = format!("/api/v1/enrollment-tokens/{}", parsed.id);
+    let (status, v) = bed
+        .call(Method::DELETE, &path, Some(&bed.write), None)
+        .await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"was_live": true})));
+    let (status, v) = bed
+        .call(Method::DELETE, &path, Some(&bed.write), None)
+        .await;
+    assert_eq!((status, &v), (StatusCode::OK, &json!({"was_live": false})));
+    assert_eq!(
+        bed.get("/api/v1/enrollment-tokens", &bed.read).await["items"][0]["state"],
+        "revoked"
+    );
+
+    let log = bed
+        .get("/api/v1/audit?action=enrollment_token.create", &bed.read)
+        .await;
+    let results: Vec<&str> = log["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["result"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["conflict", "ok"], "newest first: {log}");
+    assert_eq!(log["items"][1]["target"], "gw9.ovl.example");
+    assert_eq!(log["items"][1]["details"]["id"], json!(parsed.id));
+    let revokes = bed.audit("enrollment_token.revoke").await;
+    assert_eq!(revokes.len(), 2);
+    assert!(
+        revokes
+            .iter()
+            .all(|e| e.result == "ok" && e.target == parsed.id)
+    );
+}
+
+/// Lists come in pages: every item once, in order, whatever the page size.
+#[tokio::test]
+async fn lists_come_in_pages_that_cover_every_item_once() {
+    let bed = Bed::new().await;
+    let mut fps = Vec::new();
+    for i in 0..7 {
+        fps.push(
+            bed.member(&format!("gw{i}.ovl.example"), &format!("100.64.{i}.0/24"))
+                .await,
+        );
+    }
+    for fp in &fps {
+        admin::revoke_member(
+            bed.store(),
+            &admin::RevokeTarget::Fingerprint(fp.clone()),
+            &Who::cli(),
+            now(),
+        )
+        .await
+        .unwrap();
+    }
+    for list in ["members", "revocations", "audit"] {
+        let all = bed
+            .get(&format!("/api/v1/{list}?limit=500"), &bed.read)
+            .await;
+        let all = all["items"].as_array().unwrap().clone();
+        assert!(all.len() >= 7, "{list}: {all:?}");
+        for size in [1, 2, 3, 7] {
+            let mut seen = Vec::new();
+            let mut next: Option<String> = None;
+            loop {
+                let path = match &next {
+                    None => format!("/api/v1/{list}?limit={size}"),
+                    Some(c) => format!("/api/v1/{list}?limit={size}&after={c}"),
+                };
+                let page = bed.get(&path, &bed.read).await;
+                let items = page["items"].as_array().unwrap();
+                assert!(items.len() <= size, "{path}: {page}");
+                assert!(seen.len() < all.len(), "{path}: past the end: {page}");
+                seen.extend(items.iter().cloned());
+                match page["next"].as_str() {
+                    Some(c) => next = Some(c.to_owned()),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, all, "{list} in pages of {size}");
+        }
+    }
+    let first = bed.get("/api/v1/members?limit=1", &bed.read).await;
+    assert_eq!(first["items"][0]["name"], "gw0.ovl.example");
+    assert_eq!(first["items"][0]["groups"], json!(["cameras"]));
+}
+
+/// The OpenAPI description is served without a token and names every route.
+#[tokio::test]
+async fn the_openapi_description_names_every_route() {
+    let bed = Bed::new().await;
+    let (status, doc) = bed
+        .call(Method::GET, "/api/v1/openapi.json", None, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/api/v1/members", "get"),
+        ("/api/v1/members/{name}", "get"),
+        ("/api/v1/members/{name}/revoke", "post"),
+        ("/api/v1/enrollment-tokens", "get"),
+        ("/api/v1/enrollment-tokens", "post"),
+        ("/api/v1/enrollment-tokens/{id}", "delete"),
+        ("/api/v1/revocations", "get"),
+        ("/api/v1/api-tokens", "get"),
+        ("/api/v1/api-tokens", "post"),
+        ("/api/v1/api-tokens/{id}", "delete"),
+        ("/api/v1/audit", "get"),
+    ] {
+        assert!(paths[path][method].is_object(), "{method} {path} missing");
+    }
+    assert_eq!(paths.len(), 9, "{:?}", paths.keys());
+}
+
+/// A `cyphonic-cloud serve` this test started, ended by PID when dropped.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A port on loopback that was free a moment ago.
+fn free_port(udp: bool) -> u16 {
+    if udp {
+        std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    } else {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+}
+
+/// `cyphonic-cloud ARGS`: its standard output, or a panic with both streams.
+fn cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cyphonic-cloud"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "cyphonic-cloud {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// One HTTP/1.1 request to `addr` over TCP: the status and the JSON body.
+fn http(addr: SocketAddr, method: &str, path: &str, token: &str, body: &str) -> (u16, Value) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// The real binary: `[api] listen` serves the API; a token made with the command line works
+/// at once and stops working within the refresh once revoked there; the command line's,
+/// the API's and the reload's changes and refusals are all in `cyphonic-cloud audit`.
+#[test]
+fn the_binary_serves_the_api_and_its_audit_log_holds_every_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = |f: &str| d.join(f).display().to_string();
+    cli(&["keygen", "--out", &path("cloud.key")]);
+    cli(&[
+        "ca",
+        "init",
+        "--dir",
+        &path("ca"),
+        "--domain",
+        "ovl.example",
+    ]);
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port(false)));
+    let config = path("cloud.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{}\"\nprobe_listen = \"127.0.0.1:{}\"\n\
+             probe_listen_alt = \"127.0.0.1:{}\"\nkey = \"cloud.key\"\nca = \"ca/ca.crt\"\n\
+             database = \"sqlite://{}\"\nstatus_socket = \"cloud.sock\"\n\
+             [relay]\nenabled = false\n[api]\nlisten = \"{api}\"\n",
+            free_port(false),
+            free_port(true),
+            free_port(true),
+            path("cloud.db"),
+        ),
+    )
+    .unwrap();
+    assert!(cli(&["check-config", &config]).contains(&format!("api {api}")));
+    let made = cli(&[
+        "api-token",
+        "create",
+        "--config",
+        &config,
+        "--name",
+        "ci",
+        "--scope",
+        "write",
+    ]);
+    let token = made
+        .lines()
+        .find(|l| l.starts_with("cyk_"))
+        .unwrap_or_else(|| panic!("no token in {made}"))
+        .to_owned();
+    let _served = Served(
+        std::process::Command::new(env!("CARGO_BIN_EXE_cyphonic-cloud"))
+            .args(["serve", "--config", &config])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(api).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the API never listened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        http(api, "GET", "/api/v1/members", &token, ""),
+        (200, json!({"items": [], "next": null}))
+    );
+    let (status, v) = http(
+        api,
+        "POST",
+        "/api/v1/api-tokens",
+        &token,
+        r#"{"name": "x", "scope": "admin"}"#,
+    );
+    assert_eq!((status, &v["error"]["code"]), (403, &json!("forbidden")));
+    let (status, v) = http(
+        api,
+        "POST",
+        "/api/v1/enrollment-tokens",
+        &token,
+        r#"{"name": "gw9.ovl.example", "prefix": 24}"#,
+    );
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (409, &json!("conflict")),
+        "{v}"
+    );
+    // A reload, recorded as the cloud's.
+    let pid = _served.0.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Revoked on the command line: refused within the refresh.
+    let id = &token[4..20];
+    cli(&["api-token", "revoke", id, "--config", &config]);
+    let deadline = std::time::Instant::now() + 3 * cyphonic_cloud::api::REFRESH;
+    while http(api, "GET", "/api/v1/members", &token, "").0 != 401 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked token still works"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let log: Vec<Value> = loop {
+        let log: Vec<Value> =
+            serde_json::from_str(&cli(&["audit", "--config", &config, "--json"])).unwrap();
+        if log.iter().any(|e| e["action"] == "policy.reload")
+            || std::time::Instant::now() > deadline
+        {
+            break log;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let row = |action: &str, result: &str| {
+        log.iter()
+            .find(|e| e["action"] == action && e["result"] == result)
+            .unwrap_or_else(|| panic!("no {action} {result} in {log:#?}"))
+    };
+    let user = row("api_token.create", "ok")["actor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(user.starts_with("cli:"), "{user}");
+    let refused = row("api_token.create", "forbidden");
+    assert_eq!(refused["actor"], format!("token:{id} ci"));
+    assert_eq!(refused["source"], "127.0.0.1");
+    assert_eq!(
+        row("enrollment_token.create", "conflict")["target"],
+        "gw9.ovl.example"
+    );
+    assert_eq!(row("policy.reload", "ok")["actor"], "cloud");
+    assert_eq!(row("api_token.revoke", "ok")["target"], id);
+    let text = cli(&["audit", "--config", &config, "--action", "api_token.create"]);
+    assert_eq!(text.lines().count(), 3, "a header and two rows: {text}");
+}
+
+/// Connects to `to` from `from` (a loopback address).
+async fn connect_from(from: [u8; 4], to: SocketAddr) -> tokio::net::TcpStream {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind(SocketAddr::from((from, 0))).unwrap();
+    s.connect(to).await.unwrap()
+}
+
+/// Whether the server closes `s` within `within` (it reads the end of the stream).
+async fn closed(s: &mut tokio::net::TcpStream, within: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 512];
+    matches!(
+        tokio::time::timeout(within, s.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// The listener's limits: one address holds at most its share of connections (the next is
+/// closed at once and counted) while another address is still served; a connection that
+/// sends no request is closed after the header time; places come back as connections end.
+#[tokio::test]
+async fn one_address_cannot_take_every_connection_and_idle_ones_are_closed() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let bed = Bed::new().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(AtomicU64::new(0));
+    let limits = cyphonic_cloud::api::Limits {
+        connections: 4,
+        per_source: 2,
+        header: std::time::Duration::from_secs(1),
+        lifetime: std::time::Duration::from_secs(60),
+    };
+    let counted = refused.clone();
+    let server = tokio::spawn(cyphonic_cloud::api::serve(
+        listener,
+        bed.app.clone(),
+        limits,
+        move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+        },
+    ));
+    let mut idle = vec![
+        connect_from([127, 0, 0, 1], addr).await,
+        connect_from([127, 0, 0, 1], addr).await,
+    ];
+    let mut third = connect_from([127, 0, 0, 1], addr).await;
+    assert!(
+        closed(&mut third, std::time::Duration::from_secs(5)).await,
+        "a third from one address"
+    );
+    assert_eq!(refused.load(Ordering::Relaxed), 1);
+    // Another address is served meanwhile.
+    let other = tokio::task::spawn_blocking({
+        let token = bed.read.clone();
+        move || {
+            use std::io::{Read as _, Write as _};
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.bind(&SocketAddr::from(([127, 0, 0, 2], 0)).into()).unwrap();
+            s.connect(&addr.into()).unwrap();
+            let mut s: std::net::TcpStream = s.into();
+            write!(s, "GET /api/v1/members HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n").unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).unwrap();
+            answer
+        }
+    })
+    .await
+    .unwrap();
+    assert!(other.starts_with("HTTP/1.1 200"), "{other}");
+    // The idle ones are closed after the header time, and their places come back.
+    for s in &mut idle {
+        assert!(
+            closed(s, std::time::Duration::from_secs(5)).await,
+            "an idle connection stayed"
+        );
+    }
+    let mut again = connect_from([127, 0, 0, 1], addr).await;
+    assert!(!closed(&mut again, std::time::Duration::from_millis(300)).await);
+    assert_eq!(refused.load(Ordering::Relaxed), 1);
+    server.abort();
+}
