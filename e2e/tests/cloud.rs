@@ -597,10 +597,10 @@ fn when_no_handshake_gets_through_directly_the_pair_falls_back_to_the_relay() {
     );
     relayed(&bed, "no handshake on the direct path");
     bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
+    // Both sides handshake; whichever gives up first asks, and the cloud relays both.
+    let asked = "no answer to handshakes on this path: asking the cloud for a relay";
     assert!(
-        bed.a
-            .log_text()
-            .contains("no answer to handshakes on this path: asking the cloud for a relay"),
+        bed.a.log_text().contains(asked) || bed.b.log_text().contains(asked),
         "{}",
         bed.logs()
     );
