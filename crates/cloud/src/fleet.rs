@@ -7,7 +7,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use cyphonic_crypto::Certificate;
 use serde::Serialize;
 
-use crate::store::{Member, PairReport, TokenRow};
+use crate::admin::AdminError;
+use crate::store::{Member, PairReport, Store, TokenRow};
 
 /// A member's certificate as the fleet view shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -154,4 +155,62 @@ impl TokenView {
             revoked_at: t.revoked_at,
         }
     }
+}
+
+/// The two ends of a flow as a dry run names them (`field`s `from` and `to`): each an
+/// address, or a registered name (its vIP, or its IPv6 address when it has no vIP or the
+/// other end is an IPv6 address), of one family.
+///
+/// # Errors
+/// An end that is neither; ends of two families; the store.
+pub async fn flow_ends(
+    store: &Store,
+    from: &str,
+    to: &str,
+) -> Result<(std::net::IpAddr, std::net::IpAddr), AdminError> {
+    use std::net::IpAddr;
+    let given = |t: &str| t.parse::<IpAddr>().ok();
+    // A name takes the family of an address at the other end, else IPv4 where it has one.
+    let want6 = given(from)
+        .or_else(|| given(to))
+        .is_some_and(|a| a.is_ipv6());
+    let (src, dst) = (
+        flow_end(store, from, "from", want6).await?,
+        flow_end(store, to, "to", want6).await?,
+    );
+    if src.is_ipv6() != dst.is_ipv6() {
+        return Err(AdminError::Invalid {
+            field: "to",
+            message: format!("{from} ({src}) and {to} ({dst}) are of two families"),
+        });
+    }
+    Ok((src, dst))
+}
+
+/// One end of a flow (`field`): an address, or a registered name's address of the family
+/// `want6` asks where it has one.
+async fn flow_end(
+    store: &Store,
+    text: &str,
+    field: &'static str,
+    want6: bool,
+) -> Result<std::net::IpAddr, AdminError> {
+    use std::net::IpAddr;
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    let name = text.trim_end_matches('.').to_ascii_lowercase();
+    let row = store
+        .lookup(&name)
+        .await?
+        .ok_or_else(|| AdminError::Invalid {
+            field,
+            message: format!("`{text}` is not a registered name or an address"),
+        })?;
+    let v4 = row.vip.map(IpAddr::V4);
+    let v6 = row.vip6.map(IpAddr::V6);
+    (if want6 { v6.or(v4) } else { v4.or(v6) }).ok_or_else(|| AdminError::Invalid {
+        field,
+        message: format!("`{text}` has no address"),
+    })
 }

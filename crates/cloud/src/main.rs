@@ -419,30 +419,8 @@ fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Resu
     let store = &registry.store;
     let (proto, port) = cyphonic_filter::parse_flow(what).map_err(anyhow::Error::msg)?;
     registry.block_on(async {
-        let address = |name: &str| {
-            let name = name.to_owned();
-            async move {
-                if let Ok(ip) = name.parse::<std::net::Ipv4Addr>() {
-                    return Ok(ip);
-                }
-                let lower = name.trim_end_matches('.').to_ascii_lowercase();
-                match store.lookup(&lower).await? {
-                    Some(row) => row.vip.ok_or_else(|| {
-                        anyhow::anyhow!(
-                            "`{name}` has an IPv6 address only: name an IPv4 flow's ends"
-                        )
-                    }),
-                    None => bail!("`{name}` is not a registered name or an address"),
-                }
-            }
-        };
-        let (src, dst) = (address(from).await?, address(to).await?);
+        let (src, dst) = cyphonic_cloud::fleet::flow_ends(store, from, to).await?;
         let policy = &registry.config.policy;
-        let flow = format!("{from} ({src}) opening {what} to {to} ({dst})");
-        if policy.allow_by_default {
-            println!("allowed: {flow}: [policy] default = \"allow\" enforces nothing");
-            return Ok(true);
-        }
         let mut trust = registry.config.trust.clone();
         for fp in store.revocations().await? {
             if let Ok(fp) = fp.parse() {
@@ -453,25 +431,17 @@ fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Resu
         let compiled = policy
             .compile(&cyphonic_cloud::policy::entries(&members, &trust, now()))
             .map_err(anyhow::Error::msg)?;
-        Ok(match compiled.first_allowing(proto, src, dst, port) {
-            Some(n) => {
-                let rule = usize::try_from(n)
-                    .ok()
-                    .and_then(|n| policy.rules.get(n.checked_sub(1)?));
-                match rule {
-                    Some(r) => println!(
-                        "allowed: {flow}, by rule {n}: from {:?} to {:?} allow {:?}",
-                        r.from, r.to, r.allow
-                    ),
-                    None => println!("allowed: {flow}, by rule {n}"),
-                }
-                true
-            }
-            None => {
-                println!("denied: {flow}: no rule allows it (default = \"deny\")");
-                false
-            }
-        })
+        let v = policy.verdict(&compiled, proto, src, dst, port);
+        let flow = format!("{from} ({src}) opening {what} to {to} ({dst})");
+        match (&v.rule, v.allowed) {
+            (Some(r), _) => println!(
+                "allowed: {flow}, by rule {}: from {:?} to {:?} allow {:?}",
+                r.number, r.from, r.to, r.allow
+            ),
+            (None, true) => println!("allowed: {flow}: {}", v.because),
+            (None, false) => println!("denied: {flow}: {}", v.because),
+        }
+        Ok(v.allowed)
     })
 }
 

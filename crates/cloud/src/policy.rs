@@ -257,6 +257,76 @@ impl Compiled {
     }
 }
 
+/// A rule as the configuration gives it, with its number.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct NumberedRule {
+    /// Its number: its place in the file, from 1.
+    pub number: u32,
+    /// Who may open.
+    pub from: Vec<String>,
+    /// To whom.
+    pub to: Vec<String>,
+    /// What.
+    pub allow: Vec<String>,
+}
+
+/// The answer of a dry run: whether a flow may start, and by which rule.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Verdict {
+    /// Whether it may.
+    pub allowed: bool,
+    /// The first rule that allows it; none when nothing allows it, or nothing is enforced.
+    pub rule: Option<NumberedRule>,
+    /// Why, in words.
+    pub because: String,
+}
+
+impl Policy {
+    /// Rule `number` (from 1), as configured.
+    pub fn numbered(&self, number: u32) -> Option<NumberedRule> {
+        let r = self
+            .rules
+            .get(usize::try_from(number).ok()?.checked_sub(1)?)?;
+        Some(NumberedRule {
+            number,
+            from: r.from.clone(),
+            to: r.to.clone(),
+            allow: r.allow.clone(),
+        })
+    }
+
+    /// Whether `src` may open `proto` (IP protocol number) to `dst`:`port` under this policy
+    /// compiled as `compiled`, and by which rule.
+    pub fn verdict(
+        &self,
+        compiled: &Compiled,
+        proto: u8,
+        src: std::net::IpAddr,
+        dst: std::net::IpAddr,
+        port: u16,
+    ) -> Verdict {
+        if self.allow_by_default {
+            return Verdict {
+                allowed: true,
+                rule: None,
+                because: "[policy] default = \"allow\" enforces nothing".into(),
+            };
+        }
+        match compiled.first_allowing(proto, src, dst, port) {
+            Some(n) => Verdict {
+                allowed: true,
+                rule: self.numbered(n),
+                because: format!("rule {n}"),
+            },
+            None => Verdict {
+                allowed: false,
+                rule: None,
+                because: "no rule allows it (default = \"deny\")".into(),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,9 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         super::create_api_token,
         super::revoke_api_token,
         super::audit,
+        super::policy,
+        super::policy_check,
+        super::member_policy,
     ),
     modifiers(&Bearer)
 )]

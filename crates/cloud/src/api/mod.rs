@@ -89,6 +89,9 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/api-tokens", get(api_tokens).post(create_api_token))
         .route("/api-tokens/{id}", axum::routing::delete(revoke_api_token))
         .route("/audit", get(audit))
+        .route("/policy", get(policy))
+        .route("/policy/check", post(policy_check))
+        .route("/policy/{member}", get(member_policy))
         .route("/openapi.json", get(|| async { Json(openapi()) }));
     axum::Router::new()
         .nest("/api/v1", v1)
@@ -819,4 +822,185 @@ async fn audit(
     });
     rows.truncate(limit);
     Ok(Json(Page { items: rows, next }))
+}
+
+/// A group of the policy.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct GroupView {
+    /// Its name.
+    pub name: String,
+    /// What it holds: members, devices, groups, addresses, patterns.
+    pub members: Vec<String>,
+}
+
+/// The policy as configured, and what of it stands for nobody now.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PolicyView {
+    /// With no rule that matches: `allow` (nothing enforced) or `deny`.
+    pub default: &'static str,
+    /// The groups.
+    pub groups: Vec<GroupView>,
+    /// The rules, numbered from 1.
+    pub rules: Vec<crate::policy::NumberedRule>,
+    /// Names the rules use that stand for nobody now.
+    pub unresolved: Vec<String>,
+}
+
+/// The policy, as the running cloud holds it (after its last reload).
+#[utoipa::path(get, path = "/api/v1/policy",
+    responses((status = 200, body = PolicyView), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn policy(State(s): State<Arc<ApiState>>, caller: Caller) -> Answer<PolicyView> {
+    caller.may(Scope::Read)?;
+    let policy = s.nms.policy();
+    Ok(Json(PolicyView {
+        default: if policy.allow_by_default {
+            "allow"
+        } else {
+            "deny"
+        },
+        groups: policy
+            .groups
+            .iter()
+            .map(|g| GroupView {
+                name: g.name.clone(),
+                members: g.members.clone(),
+            })
+            .collect(),
+        rules: (1..).map_while(|n| policy.numbered(n)).collect(),
+        unresolved: s.nms.compiled().unresolved.clone(),
+    }))
+}
+
+/// A flow to judge.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FlowQuestion {
+    /// Who opens: a registered name (`camera1.gw1.ovl.example`) or an address.
+    pub from: String,
+    /// To whom: the same.
+    pub to: String,
+    /// What: `tcp/PORT`, `udp/PORT` or `icmp`.
+    pub service: String,
+}
+
+/// The answer to a dry run, with the addresses the ends stand for.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct FlowAnswer {
+    /// The verdict.
+    #[serde(flatten)]
+    pub verdict: crate::policy::Verdict,
+    /// The address `from` stands for.
+    pub src: String,
+    /// The address `to` stands for.
+    pub dst: String,
+}
+
+/// A dry run: may `from` open `service` to `to` under the policy in force, and by which rule.
+#[utoipa::path(post, path = "/api/v1/policy/check", request_body = FlowQuestion,
+    responses((status = 200, body = FlowAnswer), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn policy_check(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    body: Result<Json<FlowQuestion>, JsonRejection>,
+) -> Answer<FlowAnswer> {
+    caller.may(Scope::Read)?;
+    let Json(q) = body?;
+    let (proto, port) =
+        cyphonic_filter::parse_flow(&q.service).map_err(|e| ApiError::invalid("service", e))?;
+    let (src, dst) = crate::fleet::flow_ends(s.nms.store(), &q.from, &q.to).await?;
+    let verdict = s
+        .nms
+        .policy()
+        .verdict(&s.nms.compiled(), proto, src, dst, port);
+    Ok(Json(FlowAnswer {
+        verdict,
+        src: src.to_string(),
+        dst: dst.to_string(),
+    }))
+}
+
+/// A rule in addresses, as a member enforces it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EnforcedRule {
+    /// The rule's number.
+    pub id: u32,
+    /// Who may open.
+    pub from: Vec<String>,
+    /// To whom.
+    pub to: Vec<String>,
+    /// What: `any`, `tcp`, `udp`, `icmp`.
+    pub proto: &'static str,
+    /// Destination ports (TCP, UDP); empty: all.
+    pub ports: Vec<String>,
+}
+
+/// What one member enforces.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MemberPolicy {
+    /// Whether it enforces anything (`default = "deny"`).
+    pub enforced: bool,
+    /// The set's version, as the member's status shows it.
+    pub version: Option<u64>,
+    /// The rules that concern it.
+    pub rules: Vec<EnforcedRule>,
+}
+
+/// The compiled rules one member receives: those whose `from` or `to` meets its blocks.
+#[utoipa::path(get, path = "/api/v1/policy/{member}", params(("member" = String, Path, description = "The member's name")),
+    responses((status = 200, body = MemberPolicy), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn member_policy(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    name: Result<Path<String>, PathRejection>,
+) -> Answer<MemberPolicy> {
+    caller.may(Scope::Read)?;
+    let Path(name) = name?;
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let members = s.nms.store().members().await?;
+    // Its newest certificate's blocks (a renewal keeps them).
+    let blocks = members
+        .iter()
+        .filter(|m| m.client.name == name)
+        .filter_map(|m| cyphonic_crypto::Certificate::from_pem(&m.client.certificate).ok())
+        .max_by_key(|c| c.body().not_before)
+        .map(|c| c.body().vip_blocks.clone())
+        .ok_or_else(|| ApiError::not_found(format!("no member named {name}")))?;
+    let set = s.nms.compiled().for_client(&blocks);
+    let proto = |p: cyphonic_filter::Proto| match p {
+        cyphonic_filter::Proto::Tcp => "tcp",
+        cyphonic_filter::Proto::Udp => "udp",
+        cyphonic_filter::Proto::Icmp => "icmp",
+        cyphonic_filter::Proto::Any => "any",
+    };
+    Ok(Json(MemberPolicy {
+        enforced: set.is_some(),
+        version: set.as_ref().map(|s| s.version),
+        rules: set
+            .map(|set| {
+                set.rules
+                    .into_iter()
+                    .map(|r| EnforcedRule {
+                        id: r.id,
+                        from: r.from.iter().map(ToString::to_string).collect(),
+                        to: r.to.iter().map(ToString::to_string).collect(),
+                        proto: proto(r.proto),
+                        ports: r
+                            .ports
+                            .iter()
+                            .map(|p| {
+                                if p.start() == p.end() {
+                                    p.start().to_string()
+                                } else {
+                                    format!("{}-{}", p.start(), p.end())
+                                }
+                            })
+                            .collect(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }))
 }

@@ -13,7 +13,7 @@ impl Nms {
     }
 
     /// Who may reach whom, as configured now.
-    pub(super) fn policy(&self) -> Arc<Policy> {
+    pub fn policy(&self) -> Arc<Policy> {
         self.policy
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
