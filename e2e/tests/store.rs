@@ -765,6 +765,7 @@ async fn instance_with(
         policy,
         enroll: None,
         api: None,
+        audit_days: 365,
     })
     .await
     .unwrap()

@@ -40,6 +40,8 @@ pub struct CloudConfig {
     pub enroll: Option<crate::enroll::Issuer>,
     /// Where the HTTP API listens; off without.
     pub api: Option<SocketAddr>,
+    /// Days the audit log keeps a row.
+    pub audit_days: u64,
 }
 
 /// The relay's settings.
@@ -140,6 +142,9 @@ cyphonic_declare::table! {
     struct RawApi in "api" (optional) {
         /// Where it listens, with a port. Unset: no API.
         listen: Option<Spanned<SocketAddr>> = None,
+        /// Days the audit log keeps a row (1 to 3650); every instance forgets older rows
+        /// hourly. Applies with or without `listen`.
+        audit_days: Spanned<u64> = cyphonic_declare::unwritten(365),
     }
 }
 
@@ -225,6 +230,7 @@ pub struct Restart {
     relay: bool,
     metrics: Option<SocketAddr>,
     api: Option<SocketAddr>,
+    audit_days: u64,
     status_socket: PathBuf,
     enroll: Option<(cyphonic_crypto::Fingerprint, Vec<ipnet::IpNet>, u64)>,
 }
@@ -239,6 +245,7 @@ impl Restart {
             relay: c.relay.is_some(),
             metrics: c.metrics,
             api: c.api,
+            audit_days: c.audit_days,
             status_socket: c.status_socket.clone(),
             enroll: c
                 .enroll
@@ -258,7 +265,10 @@ impl Restart {
             (Raw::database, self.database != new.database),
             ("[relay]", self.relay != new.relay),
             ("[metrics]", self.metrics != new.metrics),
-            ("[api]", self.api != new.api),
+            (
+                "[api]",
+                self.api != new.api || self.audit_days != new.audit_days,
+            ),
             (Raw::status_socket, self.status_socket != new.status_socket),
             ("[enroll]", self.enroll != new.enroll),
         ]
@@ -406,6 +416,14 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         RawApi::listen,
         "give the port the API listens on (9467, say)",
     )?;
+    let audit_days = *raw.api.audit_days.get_ref();
+    if !(1..=3650).contains(&audit_days) {
+        return Err(err(
+            raw.api.audit_days.span(),
+            RawApi::audit_days,
+            format!("{audit_days}: give 1 to 3650 days"),
+        ));
+    }
     let status_socket = if raw.status_socket.is_absolute() {
         raw.status_socket.clone()
     } else {
@@ -419,6 +437,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         status_socket,
         metrics,
         api,
+        audit_days,
         key,
         trust,
         database,

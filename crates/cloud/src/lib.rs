@@ -212,6 +212,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         }
         None => None,
     };
+    tasks.push(tokio::spawn(sweep_audit(store.clone(), config.audit_days)));
     let signals = nms
         .listen_for_signals()
         .await
@@ -238,6 +239,22 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         tasks,
         _status: Some(status),
     })
+}
+
+/// How often the audit log's old rows are forgotten.
+const AUDIT_SWEEP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Forgets the audit log's rows older than `days`, at once and every [`AUDIT_SWEEP`].
+async fn sweep_audit(store: Store, days: u64) {
+    loop {
+        let before = clock::unix_now_ms().saturating_sub(days.saturating_mul(86_400_000));
+        match store.audit_sweep(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(rows = n, days, "old audit rows forgotten"),
+            Err(e) => tracing::warn!(error = %e, "the audit log could not be swept"),
+        }
+        tokio::time::sleep(AUDIT_SWEEP).await;
+    }
 }
 
 /// Runs the services of `config` until SIGINT or SIGTERM. On SIGHUP, `reread` reads the

@@ -31,32 +31,42 @@ struct Bed {
     _dir: tempfile::TempDir,
 }
 
+/// A cloud's configuration on `dir`'s SQLite store, issuing with `pki`'s CA.
+fn config(dir: &std::path::Path, pki: &Pki, policy: Policy, audit_days: u64) -> CloudConfig {
+    let ca =
+        CertificateAuthority::from_pem(&pki.ca.key_pem(), &pki.ca.certificate().to_pem()).unwrap();
+    let root = ca.certificate().clone();
+    CloudConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
+        relay: None,
+        status_socket: dir.join("cloud.sock"),
+        metrics: None,
+        key: StaticKeypair::generate().unwrap(),
+        trust: pki.trust(),
+        database: format!("sqlite://{}", dir.join("cloud.db").display()),
+        policy,
+        enroll: Some(Issuer::new(
+            ca,
+            vec![root],
+            vec!["100.64.128.0/17".parse().unwrap()],
+            86_400,
+        )),
+        api: None,
+        audit_days,
+    }
+}
+
 impl Bed {
     async fn new() -> Self {
+        Self::with(Policy::default()).await
+    }
+
+    async fn with(policy: Policy) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::new();
-        let ca = CertificateAuthority::from_pem(&pki.ca.key_pem(), &pki.ca.certificate().to_pem())
-            .unwrap();
-        let root = ca.certificate().clone();
-        let config = CloudConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
-            relay: None,
-            status_socket: dir.path().join("cloud.sock"),
-            metrics: None,
-            key: StaticKeypair::generate().unwrap(),
-            trust: pki.trust(),
-            database: format!("sqlite://{}", dir.path().join("cloud.db").display()),
-            policy: Policy::default(),
-            enroll: Some(Issuer::new(
-                ca,
-                vec![root],
-                vec!["100.64.128.0/17".parse().unwrap()],
-                86_400,
-            )),
-            api: None,
-        };
+        let config = config(dir.path(), &pki, policy, 365);
         let running = cyphonic_cloud::start(config).await.unwrap();
         let store = running.nms.store().clone();
         let mut tokens = Vec::new();
@@ -163,6 +173,7 @@ async fn every_endpoint_needs_its_scope() {
     bed.member("cam1.gw1.ovl.example", "100.64.1.0/24").await;
     let token_body = r#"{"name": "gw9.ovl.example", "prefix": 24}"#;
     let api_token_body = r#"{"name": "grafana", "scope": "read"}"#;
+    let check_body = r#"{"from": "100.64.1.2", "to": "100.64.1.3", "service": "icmp"}"#;
     // (method, path, body, scope needed, status when allowed)
     let endpoints: &[(Method, &str, Option<&str>, Scope, StatusCode)] = &[
         (
@@ -197,6 +208,27 @@ async fn every_endpoint_needs_its_scope() {
             Method::GET,
             "/api/v1/audit",
             None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/policy",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/policy/cam1.gw1.ovl.example",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            "/api/v1/policy/check",
+            Some(check_body),
             Scope::Read,
             StatusCode::OK,
         ),
@@ -736,10 +768,13 @@ async fn the_openapi_description_names_every_route() {
         ("/api/v1/api-tokens", "post"),
         ("/api/v1/api-tokens/{id}", "delete"),
         ("/api/v1/audit", "get"),
+        ("/api/v1/policy", "get"),
+        ("/api/v1/policy/check", "post"),
+        ("/api/v1/policy/{member}", "get"),
     ] {
         assert!(paths[path][method].is_object(), "{method} {path} missing");
     }
-    assert_eq!(paths.len(), 9, "{:?}", paths.keys());
+    assert_eq!(paths.len(), 12, "{:?}", paths.keys());
 }
 
 /// A `cyphonic-cloud serve` this test started, ended by PID when dropped.
@@ -1027,4 +1062,186 @@ async fn one_address_cannot_take_every_connection_and_idle_ones_are_closed() {
     assert!(!closed(&mut again, std::time::Duration::from_millis(300)).await);
     assert_eq!(refused.load(Ordering::Relaxed), 1);
     server.abort();
+}
+
+/// The policy as the cloud holds it, the set one member enforces, and dry runs: allowed by
+/// its rule, denied, and questions that do not read.
+#[tokio::test]
+async fn the_policy_and_its_dry_run() {
+    use cyphonic_cloud::policy::{Group, Rule};
+    let policy = Policy {
+        allow_by_default: false,
+        groups: vec![Group {
+            name: "sites".into(),
+            members: vec!["gw1.ovl.example".into()],
+        }],
+        rules: vec![
+            Rule {
+                from: vec!["gw2.ovl.example".into()],
+                to: vec!["sites".into()],
+                allow: vec!["tcp/554".into(), "udp/5000-5100".into()],
+            },
+            Rule {
+                from: vec!["nobody.ovl.example".into()],
+                to: vec!["*".into()],
+                allow: vec!["icmp".into()],
+            },
+        ],
+    };
+    let bed = Bed::with(policy).await;
+    bed.member("gw1.ovl.example", "100.64.1.0/24").await;
+    bed.member("gw2.ovl.example", "100.64.2.0/24").await;
+    bed.member("gw3.ovl.example", "100.64.3.0/24").await;
+    bed.running.nms.compile_policy().await.unwrap();
+
+    let p = bed.get("/api/v1/policy", &bed.read).await;
+    assert_eq!(p["default"], "deny");
+    assert_eq!(
+        p["groups"],
+        json!([{"name": "sites", "members": ["gw1.ovl.example"]}])
+    );
+    assert_eq!(p["rules"][0]["number"], 1);
+    assert_eq!(p["rules"][1]["allow"], json!(["icmp"]));
+    assert_eq!(p["rules"].as_array().unwrap().len(), 2);
+    assert_eq!(p["unresolved"], json!(["nobody.ovl.example"]));
+
+    let gw1 = bed.get("/api/v1/policy/gw1.ovl.example", &bed.read).await;
+    assert_eq!(gw1["enforced"], true);
+    let rules = gw1["rules"].as_array().unwrap();
+    assert!(!rules.is_empty(), "{gw1}");
+    assert!(rules.iter().all(|r| r["id"] == 1), "{gw1}");
+    assert!(
+        rules.iter().any(|r| r["proto"] == "tcp"
+            && r["ports"] == json!(["554"])
+            && r["from"] == json!(["100.64.2.0/24"])),
+        "{gw1}"
+    );
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["proto"] == "udp" && r["ports"] == json!(["5000-5100"])),
+        "{gw1}"
+    );
+    let gw3 = bed.get("/api/v1/policy/gw3.ovl.example", &bed.read).await;
+    assert_eq!(gw3["rules"], json!([]), "no rule concerns gw3");
+    let (status, v) = bed
+        .call(
+            Method::GET,
+            "/api/v1/policy/nobody.ovl.example",
+            Some(&bed.read),
+            None,
+        )
+        .await;
+    assert_eq!((status, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+
+    let ask = |body: Value| {
+        let bed = &bed;
+        async move {
+            bed.call(
+                Method::POST,
+                "/api/v1/policy/check",
+                Some(&bed.read),
+                Some(&body.to_string()),
+            )
+            .await
+        }
+    };
+    let (status, v) =
+        ask(json!({"from": "100.64.2.7", "to": "100.64.1.10", "service": "tcp/554"})).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["allowed"], true);
+    assert_eq!(v["rule"]["number"], 1);
+    assert_eq!(v["rule"]["to"], json!(["sites"]));
+    assert_eq!(
+        (v["src"].as_str(), v["dst"].as_str()),
+        (Some("100.64.2.7"), Some("100.64.1.10"))
+    );
+    for denied in [
+        json!({"from": "100.64.2.7", "to": "100.64.1.10", "service": "tcp/22"}),
+        json!({"from": "100.64.1.10", "to": "100.64.2.7", "service": "tcp/554"}),
+        json!({"from": "100.64.3.1", "to": "100.64.1.10", "service": "icmp"}),
+    ] {
+        let (status, v) = ask(denied.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(
+            (&v["allowed"], &v["rule"]),
+            (&json!(false), &Value::Null),
+            "{denied}: {v}"
+        );
+    }
+    for (bad, field) in [
+        (
+            json!({"from": "100.64.2.7", "to": "100.64.1.10", "service": "tcp/x"}),
+            "service",
+        ),
+        (
+            json!({"from": "nobody.ovl.example", "to": "100.64.1.10", "service": "icmp"}),
+            "from",
+        ),
+        (
+            json!({"from": "100.64.2.7", "to": "fd7a:0:1::1", "service": "icmp"}),
+            "to",
+        ),
+        (json!({"from": "100.64.2.7", "to": "100.64.1.10"}), "body"),
+    ] {
+        let (status, v) = ask(bad.clone()).await;
+        assert_eq!(
+            (status, code(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            "{bad}: {v}"
+        );
+        assert_eq!(v["error"]["field"], field, "{bad}: {v}");
+    }
+    let (status, _) = bed
+        .call(Method::POST, "/api/v1/policy/check", None, Some("{}"))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+/// The cloud forgets audit rows older than `[api] audit_days` when it starts (and hourly),
+/// and keeps the rest.
+#[tokio::test]
+async fn old_audit_rows_are_forgotten_and_new_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new();
+    let url = format!("sqlite://{}", dir.path().join("cloud.db").display());
+    let store = Store::open(&url).await.unwrap();
+    let ms = now() * 1000;
+    for (id, at) in [("old", ms - 2 * 86_400_000), ("new", ms - 3_600_000)] {
+        store
+            .audit(&cyphonic_cloud::store::AuditEntry {
+                id: id.into(),
+                at,
+                actor: "cli:root".into(),
+                source: "local".into(),
+                action: "member.revoke".into(),
+                target: "gw9.ovl.example".into(),
+                result: "ok".into(),
+                details: json!({}),
+            })
+            .await
+            .unwrap();
+    }
+    let running = cyphonic_cloud::start(config(dir.path(), &pki, Policy::default(), 1))
+        .await
+        .unwrap();
+    let all = || async {
+        store
+            .audit_log(&AuditQuery {
+                limit: 10,
+                ..AuditQuery::default()
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect::<Vec<_>>()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while all().await.len() > 1 {
+        assert!(std::time::Instant::now() < deadline, "old rows stayed");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(all().await, ["new"]);
+    running.stop();
 }

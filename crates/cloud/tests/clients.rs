@@ -69,6 +69,7 @@ impl Cloud {
             policy,
             enroll: None,
             api: None,
+            audit_days: 365,
         };
         cyphonic_cloud::start(config).await.unwrap()
     }
