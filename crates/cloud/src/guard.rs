@@ -265,7 +265,8 @@ impl Freshness {
     }
 }
 
-fn quota(per_sec: u32, burst: u32) -> DefaultDirectRateLimiter {
+/// A token bucket of `per_sec` a second, `burst` at once.
+pub(crate) fn quota(per_sec: u32, burst: u32) -> DefaultDirectRateLimiter {
     let nz = |n: u32| NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
     governor::RateLimiter::direct(Quota::per_second(nz(per_sec)).allow_burst(nz(burst)))
 }

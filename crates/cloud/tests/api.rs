@@ -95,6 +95,17 @@ impl Bed {
         self.running.nms.store()
     }
 
+    /// A new token of `scope`, known to the API at once: a fresh rate for each step of a
+    /// test that makes more writes than one token's burst.
+    async fn fresh(&self, scope: Scope) -> String {
+        let (_, t) =
+            admin::create_api_token(self.store(), "fresh", scope, None, &Who::cli(), now())
+                .await
+                .unwrap();
+        self.state.refresh_tokens().await.unwrap();
+        t.to_string()
+    }
+
     /// A member `name` with `block`, as the registry knows one that was issued a
     /// certificate.
     async fn member(&self, name: &str, block: &str) -> String {
@@ -587,14 +598,13 @@ async fn bad_input_is_refused_with_a_clear_error_and_changes_nothing() {
         Some("body"),
     );
     for (method, path, body, status, want, field) in cases.iter().chain([&too_big]) {
+        let token = bed.fresh(Scope::Admin).await;
         let before = (
             bed.store().tokens().await.unwrap(),
             bed.store().api_tokens().await.unwrap(),
             bed.store().revocation_rows().await.unwrap(),
         );
-        let (got, v) = bed
-            .call(method.clone(), path, Some(&bed.admin), *body)
-            .await;
+        let (got, v) = bed.call(method.clone(), path, Some(&token), *body).await;
         assert_eq!(got, *status, "{method} {path}: {v}");
         assert_eq!(code(&v), *want, "{method} {path}: {v}");
         assert_eq!(v["error"]["field"].as_str(), *field, "{method} {path}: {v}");
@@ -1244,4 +1254,65 @@ async fn old_audit_rows_are_forgotten_and_new_ones_kept() {
     }
     assert_eq!(all().await, ["new"]);
     running.stop();
+}
+
+/// A token's requests are limited (429 with Retry-After), writes more tightly; another
+/// token is served meanwhile.
+#[tokio::test]
+async fn a_token_past_its_rate_gets_429_and_others_are_still_served() {
+    let bed = Bed::new().await;
+    let until_limited = |method: Method, path: &'static str, token: String| {
+        let bed = &bed;
+        async move {
+            for n in 1..=2_000 {
+                let req = Request::builder()
+                    .method(method.clone())
+                    .uri(path)
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(Body::empty())
+                    .unwrap();
+                let resp = bed.app.clone().oneshot(req).await.unwrap();
+                if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+                    let wait: u64 = resp.headers()["retry-after"]
+                        .to_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                    let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                        .await
+                        .unwrap();
+                    let v: Value = serde_json::from_slice(&body).unwrap();
+                    assert_eq!(code(&v), "rate_limited");
+                    assert!((1..=2).contains(&wait), "Retry-After {wait}");
+                    return n;
+                }
+            }
+            panic!("{method} {path}: never limited");
+        }
+    };
+    let reads = until_limited(Method::GET, "/api/v1/revocations", bed.read.clone()).await;
+    assert!(
+        reads > 100,
+        "limited after {reads} reads, before the burst of 100"
+    );
+    // Reading the tokens again (every 2 s) keeps each one's rate.
+    bed.state.refresh_tokens().await.unwrap();
+    let (status, _) = bed
+        .call(Method::GET, "/api/v1/revocations", Some(&bed.read), None)
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        bed.get("/api/v1/revocations", &bed.write).await["items"],
+        json!([])
+    );
+    let writes = until_limited(
+        Method::DELETE,
+        "/api/v1/enrollment-tokens/0123456789abcdef",
+        bed.admin.clone(),
+    )
+    .await;
+    assert!(
+        (11..100).contains(&writes),
+        "writes limited after {writes}, not after the burst of 10"
+    );
 }

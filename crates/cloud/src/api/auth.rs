@@ -9,28 +9,69 @@ use std::time::Duration;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 
+use governor::DefaultDirectRateLimiter;
+use governor::clock::Clock as _;
+
 use super::{ApiError, ApiState};
 use crate::admin::{AdminError, ApiToken, Scope, Who, record};
+use crate::guard::quota;
 use crate::store::ApiTokenRow;
 
 /// How often the tokens are read again from the store: a token made or revoked on another
 /// instance takes effect here within this.
 pub const REFRESH: Duration = Duration::from_secs(2);
 
-/// The API tokens the store holds, by id.
+/// One token's request rates: every request 50/s (burst 100), writes also 5/s (burst 10).
+pub(super) struct Rates {
+    all: DefaultDirectRateLimiter,
+    writes: DefaultDirectRateLimiter,
+}
+
+impl Default for Rates {
+    fn default() -> Self {
+        Self {
+            all: quota(50, 100),
+            writes: quota(5, 10),
+        }
+    }
+}
+
+impl std::fmt::Debug for Rates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rates").finish_non_exhaustive()
+    }
+}
+
+/// Takes a token from `bucket`, or says how long until one comes.
+fn take(bucket: &DefaultDirectRateLimiter) -> Result<(), ApiError> {
+    bucket
+        .check()
+        .map_err(|not_until| ApiError::rate_limited(not_until.wait_time_from(bucket.clock().now())))
+}
+
+/// The API tokens the store holds, by id, each with its rates (kept across refreshes).
 #[derive(Debug, Default)]
-pub(super) struct Tokens(RwLock<HashMap<String, ApiTokenRow>>);
+pub(super) struct Tokens(RwLock<HashMap<String, (ApiTokenRow, Arc<Rates>)>>);
 
 impl Tokens {
     pub(super) fn replace(&self, rows: Vec<ApiTokenRow>) {
-        let map = rows.into_iter().map(|r| (r.id.clone(), r)).collect();
-        *self
+        let mut known = self
             .0
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = map;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = rows
+            .into_iter()
+            .map(|r| {
+                let rates = known
+                    .get(&r.id)
+                    .map_or_else(Arc::default, |(_, rates)| rates.clone());
+                (r.id.clone(), (r, rates))
+            })
+            .collect();
+        *known = map;
     }
 
-    fn get(&self, id: &str) -> Option<ApiTokenRow> {
+    fn get(&self, id: &str) -> Option<(ApiTokenRow, Arc<Rates>)> {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -46,6 +87,8 @@ pub struct Caller {
     pub who: Who,
     /// What they may do.
     pub scope: Scope,
+    /// Their request rates.
+    rates: Arc<Rates>,
 }
 
 impl Caller {
@@ -74,7 +117,7 @@ impl Caller {
         target: &str,
     ) -> Result<(), ApiError> {
         let Err(refused) = self.may(needs) else {
-            return Ok(());
+            return take(&self.rates.writes);
         };
         let details = serde_json::json!({ "scope": self.scope, "needs": needs });
         let outcome: Result<(), AdminError> = Err(AdminError::Forbidden(format!(
@@ -108,11 +151,12 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or_else(ApiError::unauthorized)?;
         let token = ApiToken::parse(text.trim()).ok_or_else(ApiError::unauthorized)?;
-        let row = state
+        let (row, rates) = state
             .tokens
             .get(&token.id)
-            .filter(|row| token.matches(row, super::now()))
+            .filter(|(row, _)| token.matches(row, super::now()))
             .ok_or_else(ApiError::unauthorized)?;
+        take(&rates.all)?;
         let scope = Scope::parse(&row.scope).ok_or_else(ApiError::unauthorized)?;
         let source = parts
             .extensions
@@ -124,6 +168,7 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
                 source,
             },
             scope,
+            rates,
         })
     }
 }

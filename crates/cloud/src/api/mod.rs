@@ -246,7 +246,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable: `unauthorized` (401), `forbidden` (403), `not_found` (404),
     /// `method_not_allowed` (405), `conflict` (409), `too_large` (413), `invalid` (422),
-    /// `unavailable` (503).
+    /// `rate_limited` (429, with `Retry-After`), `unavailable` (503).
     pub code: String,
     /// In words, for people.
     pub message: String,
@@ -260,6 +260,8 @@ pub struct ErrorDetail {
 pub struct ApiError {
     status: StatusCode,
     body: ErrorBody,
+    /// With 429: seconds until a request may come.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -273,7 +275,18 @@ impl ApiError {
                     field: None,
                 },
             },
+            retry_after: None,
         }
+    }
+
+    fn rate_limited(wait: std::time::Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests with this token: wait and try again",
+        );
+        e.retry_after = Some(wait.as_secs() + u64::from(wait.subsec_nanos() > 0));
+        e
     }
 
     fn not_found(message: impl Into<String>) -> Self {
@@ -349,6 +362,10 @@ impl From<PathRejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, Json(self.body)).into_response();
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.max(1).into());
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
