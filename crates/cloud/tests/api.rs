@@ -785,6 +785,16 @@ async fn the_openapi_description_names_every_route() {
         assert!(paths[path][method].is_object(), "{method} {path} missing");
     }
     assert_eq!(paths.len(), 12, "{:?}", paths.keys());
+    // Valid against the OpenAPI Initiative's schema of 3.1 documents (tests/data, from
+    // openapi-spec-validator 0.9.0, Apache-2.0).
+    let schema: Value = serde_json::from_str(include_str!("data/openapi-3.1.schema.json")).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = validator.iter_errors(&doc).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    // And the check has teeth: a document without its info is refused.
+    let mut broken = doc.clone();
+    broken.as_object_mut().unwrap().remove("info");
+    assert!(!validator.is_valid(&broken));
 }
 
 /// A `cyphonic-cloud serve` this test started, ended by PID when dropped.
