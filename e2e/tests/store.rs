@@ -766,6 +766,7 @@ async fn instance_with(
         enroll: None,
         api: None,
         audit_days: 365,
+        api_tls: None,
     })
     .await
     .unwrap()

@@ -42,6 +42,8 @@ pub struct CloudConfig {
     pub api: Option<SocketAddr>,
     /// Days the audit log keeps a row.
     pub audit_days: u64,
+    /// The API's TLS; plain HTTP without.
+    pub api_tls: Option<crate::tls::Tls>,
 }
 
 /// The relay's settings.
@@ -142,6 +144,10 @@ cyphonic_declare::table! {
     struct RawApi in "api" (optional) {
         /// Where it listens, with a port. Unset: no API.
         listen: Option<Spanned<SocketAddr>> = None,
+        /// Serve it over TLS with this certificate chain (PEM, the server's first)...
+        tls_cert: Option<Spanned<PathBuf>> = None,
+        /// ...and its private key (PEM; mode 0640, group cyphonic). Both or neither.
+        tls_key: Option<Spanned<PathBuf>> = None,
         /// Days the audit log keeps a row (1 to 3650); every instance forgets older rows
         /// hourly. Applies with or without `listen`.
         audit_days: Spanned<u64> = cyphonic_declare::unwritten(365),
@@ -231,6 +237,7 @@ pub struct Restart {
     metrics: Option<SocketAddr>,
     api: Option<SocketAddr>,
     audit_days: u64,
+    api_tls: Option<[PathBuf; 2]>,
     status_socket: PathBuf,
     enroll: Option<(cyphonic_crypto::Fingerprint, Vec<ipnet::IpNet>, u64)>,
 }
@@ -246,6 +253,7 @@ impl Restart {
             metrics: c.metrics,
             api: c.api,
             audit_days: c.audit_days,
+            api_tls: c.api_tls.as_ref().map(|t| t.files.clone()),
             status_socket: c.status_socket.clone(),
             enroll: c
                 .enroll
@@ -424,6 +432,32 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             format!("{audit_days}: give 1 to 3650 days"),
         ));
     }
+    let api_tls = match (&raw.api.tls_cert, &raw.api.tls_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            let read = |p: &Spanned<PathBuf>, k: &str| {
+                let path = dir.join(p.get_ref());
+                std::fs::read(&path)
+                    .map(|bytes| (path.clone(), bytes))
+                    .map_err(|e| err(p.span(), k, format!("{}: {e}", path.display())))
+            };
+            let (cert_path, chain) = read(cert, RawApi::tls_cert)?;
+            let (key_path, key) = read(key, RawApi::tls_key)?;
+            let config = crate::tls::tls_config(&chain, &key)
+                .map_err(|e| err(cert.span(), RawApi::tls_cert, e))?;
+            Some(crate::tls::Tls {
+                files: [cert_path, key_path],
+                config,
+            })
+        }
+        (Some(one), None) | (None, Some(one)) => {
+            return Err(err(
+                one.span(),
+                "[api] tls_cert, tls_key",
+                "give both tls_cert and tls_key, or neither".into(),
+            ));
+        }
+    };
     let status_socket = if raw.status_socket.is_absolute() {
         raw.status_socket.clone()
     } else {
@@ -438,6 +472,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         metrics,
         api,
         audit_days,
+        api_tls,
         key,
         trust,
         database,
@@ -793,6 +828,57 @@ mod tests {
         );
         assert!(!e.contains("secret"), "the password is not said: {e}");
         assert!(check("sqlite://cloud.db").is_ok());
+    }
+
+    /// `[api] tls_cert` and `tls_key`: both read into a TLS server, or the file is refused
+    /// at the key: one without the other, a file missing, a key of another certificate.
+    #[test]
+    fn the_apis_tls_needs_a_chain_and_its_key() {
+        let dir = keys();
+        let path = dir.path().join("cloud.toml");
+        let made = |name: &str| {
+            let ck = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+            (ck.cert.pem(), ck.signing_key.serialize_pem())
+        };
+        let (chain, key) = made("cloud.example");
+        let (_, other_key) = made("other.example");
+        std::fs::write(dir.path().join("api.crt"), chain).unwrap();
+        std::fs::write(dir.path().join("api.key"), key).unwrap();
+        std::fs::write(dir.path().join("other.key"), other_key).unwrap();
+        let with = |tls: &str| {
+            let text = format!(
+                "key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api]\nlisten = \"127.0.0.1:9467\"\n{tls}"
+            );
+            std::fs::write(&path, text).unwrap();
+            load(&path, 1_800_000_000).map_err(|e| format!("{e:#}"))
+        };
+        let c = with("tls_cert = \"api.crt\"\ntls_key = \"api.key\"\n").unwrap();
+        let tls = c.api_tls.unwrap();
+        assert_eq!(tls.files[0], dir.path().join("api.crt"));
+        assert_eq!(
+            tls.config.alpn_protocols,
+            [b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        assert!(with("").unwrap().api_tls.is_none());
+        for (tls, says) in [
+            ("tls_cert = \"api.crt\"\n", "give both tls_cert and tls_key"),
+            ("tls_key = \"api.key\"\n", "give both tls_cert and tls_key"),
+            (
+                "tls_cert = \"none.crt\"\ntls_key = \"api.key\"\n",
+                "none.crt",
+            ),
+            (
+                "tls_cert = \"api.crt\"\ntls_key = \"other.key\"\n",
+                "do not make a TLS server",
+            ),
+            (
+                "tls_cert = \"api.key\"\ntls_key = \"api.key\"\n",
+                "no certificate",
+            ),
+        ] {
+            let e = with(tls).unwrap_err();
+            assert!(e.contains(says) && e.contains("cloud.toml:"), "{tls}: {e}");
+        }
     }
 
     /// `[enroll] pool`: blocks of the issuing CA, disjoint.

@@ -18,6 +18,7 @@ pub mod observe;
 pub mod policy;
 pub mod route;
 pub mod store;
+pub mod tls;
 pub mod trs;
 
 /// The program's name, as its command line, logs and metrics give it.
@@ -197,6 +198,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
             tasks.push(tokio::spawn(api::serve(
                 listener,
                 api::router(state),
+                config.api_tls.as_ref().map(|t| t.config.clone()),
                 api::Limits::default(),
                 {
                     let nms = nms.clone();
@@ -207,7 +209,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
                     }
                 },
             )));
-            tracing::info!(api = %bound, "the HTTP API is serving");
+            tracing::info!(api = %bound, tls = config.api_tls.is_some(), "the HTTP API is serving");
             Some(bound)
         }
         None => None,

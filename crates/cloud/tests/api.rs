@@ -55,6 +55,7 @@ fn config(dir: &std::path::Path, pki: &Pki, policy: Policy, audit_days: u64) -> 
         )),
         api: None,
         audit_days,
+        api_tls: None,
     }
 }
 
@@ -1038,6 +1039,7 @@ async fn one_address_cannot_take_every_connection_and_idle_ones_are_closed() {
     let server = tokio::spawn(cyphonic_cloud::api::serve(
         listener,
         bed.app.clone(),
+        None,
         limits,
         move || {
             counted.fetch_add(1, Ordering::Relaxed);
@@ -1325,4 +1327,66 @@ async fn a_token_past_its_rate_gets_429_and_others_are_still_served() {
         (11..100).contains(&writes),
         "writes limited after {writes}, not after the burst of 10"
     );
+}
+
+/// Over TLS (`[api] tls_cert`, `tls_key`): a client that trusts the certificate is served;
+/// plain HTTP to the same port gets no answer.
+#[tokio::test]
+async fn the_api_is_served_over_tls() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let bed = Bed::new().await;
+    let ck = rcgen::generate_simple_self_signed(vec!["cloud.example".to_owned()]).unwrap();
+    let tls = cyphonic_cloud::tls::tls_config(
+        ck.cert.pem().as_bytes(),
+        ck.signing_key.serialize_pem().as_bytes(),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(cyphonic_cloud::api::serve(
+        listener,
+        bed.app.clone(),
+        Some(tls),
+        cyphonic_cloud::api::Limits::default(),
+        || {},
+    ));
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ck.cert.der().clone()).unwrap();
+    #[expect(deprecated, reason = "ring, as the server")]
+    let provider = rustls::crypto::ring::default_provider();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut s = tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect("cloud.example".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let request = format!(
+        "GET /api/v1/members HTTP/1.1\r\nHost: cloud.example\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        bed.read
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with(r#"{"items":[],"next":null}"#), "{answer}");
+
+    let mut plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+    plain.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        plain.read_to_end(&mut answer),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("200"),
+        "plain HTTP was served"
+    );
+    server.abort();
 }

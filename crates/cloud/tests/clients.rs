@@ -70,6 +70,7 @@ impl Cloud {
             enroll: None,
             api: None,
             audit_days: 365,
+            api_tls: None,
         };
         cyphonic_cloud::start(config).await.unwrap()
     }

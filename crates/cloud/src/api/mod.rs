@@ -172,12 +172,14 @@ impl Drop for Place {
     }
 }
 
-/// Serves `router` on `listener` within `limits` until the task is dropped, each
+/// Serves `router` on `listener` (over TLS with `tls`) within `limits` until the task is
+/// dropped, each
 /// connection's peer address known to the handlers (the audit log's source). A connection
 /// over a limit is closed at once, and `refused` is called.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
     limits: Limits,
     refused: impl Fn() + Send + 'static,
 ) {
@@ -218,7 +220,7 @@ pub async fn serve(
                     .insert(axum::extract::ConnectInfo(peer));
                 tower::ServiceExt::oneshot(router.clone(), req)
             });
-        let http = http.clone();
+        let (http, tls) = (http.clone(), tls.clone());
         tokio::spawn(async move {
             // A connection that says nothing is closed after the header time: hyper's own
             // timeout starts only once it has a first byte to tell HTTP/1 from HTTP/2 by.
@@ -227,8 +229,21 @@ pub async fn serve(
             if !matches!(first, Ok(Ok(1))) {
                 return;
             }
-            let conn = http.serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(limits.lifetime, conn).await;
+            let served = async {
+                match tls {
+                    None => {
+                        let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    }
+                    Some(config) => {
+                        // The handshake, too, within the header time.
+                        let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+                        if let Ok(Ok(stream)) = tokio::time::timeout(limits.header, accept).await {
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(limits.lifetime, served).await;
             drop((permit, place));
         });
     }
