@@ -767,6 +767,7 @@ async fn instance_with(
         api: None,
         audit_days: 365,
         api_tls: None,
+        api_proxies: Vec::new(),
     })
     .await
     .unwrap()

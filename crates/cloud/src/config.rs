@@ -44,6 +44,8 @@ pub struct CloudConfig {
     pub audit_days: u64,
     /// The API's TLS; plain HTTP without.
     pub api_tls: Option<crate::tls::Tls>,
+    /// The reverse proxies in front of the API.
+    pub api_proxies: Vec<ipnet::IpNet>,
 }
 
 /// The relay's settings.
@@ -148,6 +150,10 @@ cyphonic_declare::table! {
         tls_cert: Option<Spanned<PathBuf>> = None,
         /// ...and its private key (PEM; mode 0640, group cyphonic). Both or neither.
         tls_key: Option<Spanned<PathBuf>> = None,
+        /// Reverse proxies in front of it (addresses or blocks): a request through one is
+        /// taken to come from the last address its `X-Forwarded-For` names (the audit log's
+        /// source), and its connections are not held to the per-address limit.
+        trusted_proxies: Spanned<Vec<String>> = Spanned::new(0..0, Vec::new()),
         /// Days the audit log keeps a row (1 to 3650); every instance forgets older rows
         /// hourly. Applies with or without `listen`.
         audit_days: Spanned<u64> = cyphonic_declare::unwritten(365),
@@ -238,6 +244,7 @@ pub struct Restart {
     api: Option<SocketAddr>,
     audit_days: u64,
     api_tls: Option<[PathBuf; 2]>,
+    api_proxies: Vec<ipnet::IpNet>,
     status_socket: PathBuf,
     enroll: Option<(cyphonic_crypto::Fingerprint, Vec<ipnet::IpNet>, u64)>,
 }
@@ -254,6 +261,7 @@ impl Restart {
             api: c.api,
             audit_days: c.audit_days,
             api_tls: c.api_tls.as_ref().map(|t| t.files.clone()),
+            api_proxies: c.api_proxies.clone(),
             status_socket: c.status_socket.clone(),
             enroll: c
                 .enroll
@@ -458,6 +466,24 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             ));
         }
     };
+    let api_proxies = raw
+        .api
+        .trusted_proxies
+        .get_ref()
+        .iter()
+        .map(|p| {
+            p.parse::<ipnet::IpNet>()
+                .or_else(|_| p.parse::<IpAddr>().map(ipnet::IpNet::from))
+                .map(|n| n.trunc())
+                .map_err(|_| {
+                    err(
+                        raw.api.trusted_proxies.span(),
+                        RawApi::trusted_proxies,
+                        format!("{p:?}: give an address or a block (192.0.2.10, 192.0.2.0/28)"),
+                    )
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let status_socket = if raw.status_socket.is_absolute() {
         raw.status_socket.clone()
     } else {
@@ -473,6 +499,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         api,
         audit_days,
         api_tls,
+        api_proxies,
         key,
         trust,
         database,
@@ -879,6 +906,30 @@ mod tests {
             let e = with(tls).unwrap_err();
             assert!(e.contains(says) && e.contains("cloud.toml:"), "{tls}: {e}");
         }
+    }
+
+    /// `[api] trusted_proxies`: addresses and blocks, each read as a block; anything else
+    /// is refused at the key.
+    #[test]
+    fn trusted_proxies_are_addresses_or_blocks() {
+        let dir = keys();
+        let path = dir.path().join("cloud.toml");
+        let with = |list: &str| {
+            let text = format!(
+                "key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api]\ntrusted_proxies = [{list}]\n"
+            );
+            std::fs::write(&path, text).unwrap();
+            load(&path, 1_800_000_000).map_err(|e| format!("{e:#}"))
+        };
+        let c = with("\"192.0.2.10\", \"198.51.100.7/24\", \"fd00::1\"").unwrap();
+        let shown: Vec<String> = c.api_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["192.0.2.10/32", "198.51.100.0/24", "fd00::1/128"]);
+        assert!(with("").unwrap().api_proxies.is_empty());
+        let e = with("\"proxy.example\"").unwrap_err();
+        assert!(
+            e.contains("cloud.toml:5") && e.contains("\"proxy.example\""),
+            "{e}"
+        );
     }
 
     /// `[enroll] pool`: blocks of the issuing CA, disjoint.

@@ -199,6 +199,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
                 listener,
                 api::router(state),
                 config.api_tls.as_ref().map(|t| t.config.clone()),
+                config.api_proxies.clone().into(),
                 api::Limits::default(),
                 {
                     let nms = nms.clone();

@@ -56,6 +56,7 @@ fn config(dir: &std::path::Path, pki: &Pki, policy: Policy, audit_days: u64) -> 
         api: None,
         audit_days,
         api_tls: None,
+        api_proxies: Vec::new(),
     }
 }
 
@@ -1040,6 +1041,7 @@ async fn one_address_cannot_take_every_connection_and_idle_ones_are_closed() {
         listener,
         bed.app.clone(),
         None,
+        Vec::new().into(),
         limits,
         move || {
             counted.fetch_add(1, Ordering::Relaxed);
@@ -1347,6 +1349,7 @@ async fn the_api_is_served_over_tls() {
         listener,
         bed.app.clone(),
         Some(tls),
+        Vec::new().into(),
         cyphonic_cloud::api::Limits::default(),
         || {},
     ));
@@ -1388,5 +1391,74 @@ async fn the_api_is_served_over_tls() {
         !String::from_utf8_lossy(&answer).contains("200"),
         "plain HTTP was served"
     );
+    server.abort();
+}
+
+/// Behind a trusted proxy: a request's source is the client its `X-Forwarded-For` names
+/// (the audit log says so), and the proxy's connections are not held to the per-address
+/// limit; an untrusted address's header is ignored and its limit holds.
+#[tokio::test]
+async fn a_trusted_proxy_names_the_client_and_is_not_held_to_one_address_limit() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let bed = Bed::new().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = cyphonic_cloud::api::Limits {
+        connections: 16,
+        per_source: 2,
+        ..cyphonic_cloud::api::Limits::default()
+    };
+    let server = tokio::spawn(cyphonic_cloud::api::serve(
+        listener,
+        bed.app.clone(),
+        None,
+        vec!["127.0.0.1/32".parse().unwrap()].into(),
+        limits,
+        || {},
+    ));
+    // Four connections from the proxy, all open, all served.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(connect_from([127, 0, 0, 1], addr).await);
+    }
+    let ask = |from: [u8; 4], target: &'static str| {
+        let token = bed.read.clone();
+        async move {
+            let mut s = connect_from(from, addr).await;
+            let req = format!(
+                "POST /api/v1/members/{target}/revoke HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+                 X-Forwarded-For: 203.0.113.9, 198.51.100.7\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    let answer = ask([127, 0, 0, 1], "a.ovl.example").await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    let answer = ask([127, 0, 0, 2], "b.ovl.example").await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    let rows = bed.audit("member.revoke").await;
+    let source = |target: &str| {
+        rows.iter()
+            .find(|e| e.target == target)
+            .map(|e| e.source.clone())
+    };
+    assert_eq!(source("a.ovl.example").as_deref(), Some("198.51.100.7"));
+    assert_eq!(source("b.ovl.example").as_deref(), Some("127.0.0.2"));
+    // An untrusted address still holds at most its two.
+    let _two = [
+        connect_from([127, 0, 0, 3], addr).await,
+        connect_from([127, 0, 0, 3], addr).await,
+    ];
+    let mut third = connect_from([127, 0, 0, 3], addr).await;
+    assert!(closed(&mut third, std::time::Duration::from_secs(5)).await);
+    for s in &mut held {
+        assert!(
+            !closed(s, std::time::Duration::from_millis(50)).await,
+            "a proxy connection was closed"
+        );
+    }
     server.abort();
 }

@@ -71,6 +71,7 @@ impl Cloud {
             api: None,
             audit_days: 365,
             api_tls: None,
+            api_proxies: Vec::new(),
         };
         cyphonic_cloud::start(config).await.unwrap()
     }

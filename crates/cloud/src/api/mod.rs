@@ -7,6 +7,7 @@
 mod auth;
 mod doc;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Json;
@@ -172,14 +173,41 @@ impl Drop for Place {
     }
 }
 
+/// The address a request comes from: its connection's peer; or, from a trusted proxy
+/// (`proxies`), the last address its `X-Forwarded-For` names (the one that proxy added),
+/// when there is one that reads.
+pub fn source_of(
+    peer: SocketAddr,
+    headers: &axum::http::HeaderMap,
+    proxies: &[ipnet::IpNet],
+) -> SocketAddr {
+    if !proxies
+        .iter()
+        .any(|p| p.contains(&peer.ip().to_canonical()))
+    {
+        return peer;
+    }
+    headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .next_back()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .and_then(|last| last.trim().parse::<std::net::IpAddr>().ok())
+        .map_or(peer, |ip| SocketAddr::new(ip, 0))
+}
+
 /// Serves `router` on `listener` (over TLS with `tls`) within `limits` until the task is
-/// dropped, each
-/// connection's peer address known to the handlers (the audit log's source). A connection
-/// over a limit is closed at once, and `refused` is called.
+/// dropped, each connection's peer address (or the client a trusted proxy in `proxies`
+/// names, [`source_of`]) known to the handlers: the audit log's source. A proxy's
+/// connections count in all but not against the per-address limit, since every client
+/// behind it shares its address. A connection over a limit is closed at once, and
+/// `refused` is called.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     tls: Option<Arc<rustls::ServerConfig>>,
+    proxies: Arc<[ipnet::IpNet]>,
     limits: Limits,
     refused: impl Fn() + Send + 'static,
 ) {
@@ -203,21 +231,26 @@ pub async fn serve(
                 continue;
             }
         };
-        let admitted = open
-            .clone()
-            .try_acquire_owned()
-            .ok()
-            .zip(sources.take(peer.ip(), limits.per_source));
+        let proxy = proxies
+            .iter()
+            .any(|p| p.contains(&peer.ip().to_canonical()));
+        let place = if proxy {
+            Some(None)
+        } else {
+            sources.take(peer.ip(), limits.per_source).map(Some)
+        };
+        let admitted = open.clone().try_acquire_owned().ok().zip(place);
         let Some((permit, place)) = admitted else {
             refused();
             drop(stream);
             continue;
         };
-        let router = router.clone();
+        let (router, proxies) = (router.clone(), proxies.clone());
         let service =
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                let source = source_of(peer, req.headers(), &proxies);
                 req.extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
+                    .insert(axum::extract::ConnectInfo(source));
                 tower::ServiceExt::oneshot(router.clone(), req)
             });
         let (http, tls) = (http.clone(), tls.clone());
