@@ -100,7 +100,7 @@ impl Caller {
         if self.scope >= needs {
             Ok(())
         } else {
-            Err(AdminError::Forbidden(format!("this needs the {needs} scope")).into())
+            Err(forbidden(needs).into())
         }
     }
 
@@ -116,24 +116,27 @@ impl Caller {
         action: &str,
         target: &str,
     ) -> Result<(), ApiError> {
-        let Err(refused) = self.may(needs) else {
+        if self.scope >= needs {
             return take(&self.rates.writes);
-        };
+        }
         let details = serde_json::json!({ "scope": self.scope, "needs": needs });
-        let outcome: Result<(), AdminError> = Err(AdminError::Forbidden(format!(
-            "this needs the {needs} scope"
-        )));
-        let _ = record(
+        let refused: Result<(), AdminError> = Err(forbidden(needs));
+        record(
             state.nms.store(),
             &self.who,
             action,
             target,
             details,
-            outcome,
+            refused,
         )
-        .await;
-        Err(refused)
+        .await
+        .map_err(ApiError::from)
     }
+}
+
+/// Why a caller without the scope `needs` is refused.
+fn forbidden(needs: Scope) -> AdminError {
+    AdminError::Forbidden(format!("this needs the {needs} scope"))
 }
 
 impl FromRequestParts<Arc<ApiState>> for Caller {

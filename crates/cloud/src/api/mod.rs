@@ -472,27 +472,40 @@ fn asked(
     Ok(q)
 }
 
+/// A list's cursor for the item known by `key`: hex, so that it is opaque and URL-safe.
+fn cursor_of(key: &str) -> String {
+    hex::encode(key)
+}
+
+/// The key a cursor of [`cursor_of`] holds.
+fn key_of(cursor: &str) -> Result<String, ApiError> {
+    hex::decode(cursor)
+        .ok()
+        .and_then(|k| String::from_utf8(k).ok())
+        .ok_or_else(bad_cursor)
+}
+
+fn bad_cursor() -> ApiError {
+    ApiError::invalid("after", "the cursor is not one this list gave")
+}
+
 /// The page `q` asks of `items`, each known by `key` (unique, in the items' order): the
-/// cursor is the last item's key, hex-encoded so that it is opaque and URL-safe.
+/// cursor is the last item's key ([`cursor_of`]).
 fn page<T>(items: Vec<T>, key: impl Fn(&T) -> String, q: &PageQuery) -> Result<Page<T>, ApiError> {
     let limit = page_limit(q.limit)? as usize;
     let start = match &q.after {
         None => 0,
         Some(cursor) => {
-            let bad = || ApiError::invalid("after", "the cursor is not one this list gave");
-            let wanted = hex::decode(cursor)
-                .ok()
-                .and_then(|k| String::from_utf8(k).ok())
-                .ok_or_else(bad)?;
+            let wanted = key_of(cursor)?;
             items
                 .iter()
                 .position(|i| key(i) == wanted)
-                .ok_or_else(bad)?
+                .ok_or_else(bad_cursor)?
                 + 1
         }
     };
     let mut rest: Vec<T> = items.into_iter().skip(start).collect();
-    let next = (rest.len() > limit).then(|| hex::encode(key(&rest[limit - 1])));
+    let next = (rest.len() > limit).then(|| cursor_of(&key(&rest[limit - 1])));
     rest.truncate(limit);
     Ok(Page { items: rest, next })
 }
@@ -855,18 +868,11 @@ async fn audit(
     let limit = page_limit(q.limit)?;
     let before = match &q.after {
         None => None,
-        Some(c) => Some(
-            hex::decode(c)
-                .ok()
-                .and_then(|k| String::from_utf8(k).ok())
-                .and_then(|k| {
-                    let (at, id) = k.split_once(' ')?;
-                    Some((at.parse().ok()?, id.to_owned()))
-                })
-                .ok_or_else(|| {
-                    ApiError::invalid("after", "the cursor is not one this list gave")
-                })?,
-        ),
+        Some(c) => {
+            let key = key_of(c)?;
+            let (at, id) = key.split_once(' ').ok_or_else(bad_cursor)?;
+            Some((at.parse().map_err(|_| bad_cursor())?, id.to_owned()))
+        }
     };
     // One more than asked tells whether there is a next page.
     let mut rows = s
@@ -883,7 +889,7 @@ async fn audit(
     let limit = limit as usize;
     let next = (rows.len() > limit).then(|| {
         let last = &rows[limit - 1];
-        hex::encode(format!("{} {}", last.at, last.id))
+        cursor_of(&format!("{} {}", last.at, last.id))
     });
     rows.truncate(limit);
     Ok(Json(Page { items: rows, next }))
