@@ -120,7 +120,10 @@ pub fn can_write(path: &Path) -> std::io::Result<()> {
     let dir = dir
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let probe = dir.join(format!(".cyphonic-check-{}", std::process::id()));
+    // One probe per call: two threads checking one directory at once must not meet.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = dir.join(format!(".cyphonic-check-{}-{call}", std::process::id()));
     OpenOptions::new()
         .write(true)
         .create_new(true)
