@@ -11,8 +11,10 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row as _};
 
 mod audit;
+mod sessions;
 
 pub use audit::{ApiTokenRow, AuditEntry, AuditQuery};
+pub use sessions::SessionRow;
 
 /// Store failures: the database cannot be opened or migrated, or a query failed.
 #[derive(Debug, thiserror::Error)]
