@@ -149,6 +149,72 @@ async fn audit(store: &Store) {
     assert_eq!(store.api_token("ffffffffffffffff").await.unwrap(), None);
 }
 
+/// People's sessions: written, listed while live (not ended, not idle), noted at most
+/// forward, ended once, at most `most` per person (the oldest go), swept when ended.
+async fn sessions(store: &Store) {
+    use cyphonic_cloud::store::SessionRow;
+    let row = |id: &str, subject: &str, created: u64| SessionRow {
+        id_sha256: id.repeat(64 / id.len()),
+        subject: subject.into(),
+        name: format!("{subject}@example.com"),
+        role: "operator".into(),
+        csrf: "cs".repeat(16),
+        source: "192.0.2.7".into(),
+        created_at: created,
+        seen_at: created,
+        ends_at: created + 1000,
+    };
+    for (i, id) in ["a1", "a2", "a3"].into_iter().enumerate() {
+        store
+            .add_session(&row(id, "olivia", 100 + i as u64), 2)
+            .await
+            .unwrap();
+    }
+    store
+        .add_session(&row("b1", "victor", 100), 2)
+        .await
+        .unwrap();
+    let ids = |rows: Vec<SessionRow>| {
+        let mut ids: Vec<String> = rows
+            .into_iter()
+            .map(|r| r.id_sha256[..2].to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    // Olivia's oldest went when her third began; at 150 with 100 s of idleness all live.
+    assert_eq!(
+        ids(store.sessions(150, 100).await.unwrap()),
+        ["a2", "a3", "b1"]
+    );
+    assert_eq!(
+        store
+            .sessions(150, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| r.id_sha256.starts_with("b1")),
+        Some(row("b1", "victor", 100))
+    );
+    // At 201 Victor's (seen at 100) and a2 (seen at 101) have been idle for 100 s; a3 is
+    // noted at 160, and not moved back by a late note.
+    store.touch_session(&"a3".repeat(32), 160).await.unwrap();
+    store.touch_session(&"a3".repeat(32), 150).await.unwrap();
+    assert_eq!(ids(store.sessions(201, 100).await.unwrap()), ["a3"]);
+    assert_eq!(store.sessions(201, 100).await.unwrap()[0].seen_at, 160);
+    // Past its end nothing is live, however recent.
+    assert!(store.sessions(1102, 100_000).await.unwrap().is_empty());
+    assert!(store.end_session(&"b1".repeat(32)).await.unwrap());
+    assert!(!store.end_session(&"b1".repeat(32)).await.unwrap());
+    assert_eq!(store.sessions_sweep(201, 100).await.unwrap(), 1, "a2, idle");
+    assert_eq!(ids(store.sessions(150, 100).await.unwrap()), ["a3"]);
+    assert_eq!(
+        store.sessions_sweep(1103, 100_000).await.unwrap(),
+        1,
+        "a3, ended"
+    );
+}
+
 /// Enrollment tokens: written, read back, revoked once; redeemed once only, never when
 /// expired or revoked (one conditional update: two instances cannot both redeem one).
 async fn tokens(store: &Store) {
@@ -676,6 +742,7 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
                 ]
             );
             audit(&store).await;
+            sessions(&store).await;
             blocks(&store).await;
             // A certificate registered without its blocks (as before the table) has them
             // filled in when the store opens again.
@@ -768,6 +835,7 @@ async fn instance_with(
         audit_days: 365,
         api_tls: None,
         api_proxies: Vec::new(),
+        api_oidc: None,
     })
     .await
     .unwrap()

@@ -70,6 +70,15 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// The scope a person's role grants.
+    pub const fn of_role(role: crate::signin::Role) -> Self {
+        match role {
+            crate::signin::Role::Viewer => Self::Read,
+            crate::signin::Role::Operator => Self::Write,
+            crate::signin::Role::Admin => Self::Admin,
+        }
+    }
+
     /// Its word.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -699,6 +708,104 @@ pub async fn revoke_api_token(
     .await;
     let details = serde_json::json!({ "was_live": outcome.as_ref().ok() });
     record(store, who, "api_token.revoke", &id, details, outcome).await
+}
+
+/// Secrets of a new session: the cookie's value (32 random bytes, hex: give it to the
+/// browser once) and its row.
+///
+/// # Errors
+/// The random number generator failed.
+fn new_session(
+    person: &crate::signin::Person,
+    source: &str,
+    now: u64,
+    lasts: u64,
+) -> Result<(crate::store::SessionRow, String), AdminError> {
+    let cookie = hex::encode(random_bytes::<32>()?);
+    let row = crate::store::SessionRow {
+        id_sha256: session_id(&cookie),
+        subject: person.subject.clone(),
+        name: person.name.clone(),
+        role: person.role.as_str().to_owned(),
+        csrf: hex::encode(random_bytes::<16>()?),
+        source: source.to_owned(),
+        created_at: now,
+        seen_at: now,
+        ends_at: now.saturating_add(lasts),
+    };
+    Ok((row, cookie))
+}
+
+/// The store's name of the session a cookie's value names: its SHA-256, hex.
+pub fn session_id(cookie: &str) -> String {
+    hex::encode(ring::digest::digest(
+        &ring::digest::SHA256,
+        cookie.as_bytes(),
+    ))
+}
+
+/// A person may hold this many sessions; signing in again ends their oldest beyond.
+pub const SESSIONS_PER_PERSON: u32 = 8;
+
+/// Signs `person` in from `who.source` at `now`, for `lasts` seconds at most: their session's
+/// row and the cookie's value. Recorded as `sign_in`.
+///
+/// # Errors
+/// The store's.
+pub async fn sign_in(
+    store: &Store,
+    who: &Who,
+    person: &crate::signin::Person,
+    now: u64,
+    lasts: u64,
+) -> Result<(crate::store::SessionRow, String), AdminError> {
+    let made = async {
+        let (row, cookie) = new_session(person, &who.source, now, lasts)?;
+        store.add_session(&row, SESSIONS_PER_PERSON).await?;
+        Ok((row, cookie))
+    }
+    .await;
+    let details = serde_json::json!({ "role": person.role, "name": person.name });
+    record(store, who, "sign_in", &person.subject, details, made).await
+}
+
+/// Records a sign-in the provider proved but no role allows.
+///
+/// # Errors
+/// Always: `forbidden` (or the store's, when the row cannot be written).
+pub async fn refuse_sign_in(
+    store: &Store,
+    who: &Who,
+    subject: &str,
+    name: &str,
+) -> Result<(), AdminError> {
+    let details = serde_json::json!({ "name": name });
+    let refused = Err(AdminError::Forbidden(format!(
+        "{name} may not use the console: no role of theirs is named in [api.oidc]"
+    )));
+    record(store, who, "sign_in", subject, details, refused).await
+}
+
+/// Ends the session `id_sha256` (signing out). Recorded as `sign_out`.
+///
+/// # Errors
+/// The store's.
+pub async fn sign_out(store: &Store, who: &Who, id_sha256: &str) -> Result<(), AdminError> {
+    let ended = store
+        .end_session(id_sha256)
+        .await
+        .map(drop)
+        .map_err(AdminError::from);
+    let target = who.actor.clone();
+    record(
+        store,
+        who,
+        "sign_out",
+        &target,
+        serde_json::json!({}),
+        ended,
+    )
+    .await
 }
 
 #[cfg(test)]

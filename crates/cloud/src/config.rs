@@ -46,6 +46,8 @@ pub struct CloudConfig {
     pub api_tls: Option<crate::tls::Tls>,
     /// The reverse proxies in front of the API.
     pub api_proxies: Vec<ipnet::IpNet>,
+    /// Sign-in for people; none without `[api.oidc]`.
+    pub api_oidc: Option<crate::signin::OidcConfig>,
 }
 
 /// The relay's settings.
@@ -157,6 +159,44 @@ cyphonic_declare::table! {
         /// Days the audit log keeps a row (1 to 3650); every instance forgets older rows
         /// hourly. Applies with or without `listen`.
         audit_days: Spanned<u64> = cyphonic_declare::unwritten(365),
+        /// Sign-in for people (the console).
+        oidc: Option<RawOidc> = None,
+    }
+}
+
+cyphonic_declare::table! {
+    /// People sign in to the console with OpenID Connect (authorization code with PKCE)
+    /// against the organisation's provider. Register this cloud there as a confidential
+    /// client whose redirect URL is `url`'s `/auth/callback`. A person's role comes from one
+    /// claim of their ID token (or userinfo); someone no role names is refused. Restart-only.
+    struct RawOidc in "api.oidc" {
+        /// The provider's issuer URL (`https://id.example.com/realms/ops`); its discovery
+        /// document is read from there.
+        issuer: Spanned<String>,
+        /// This cloud's client id at the provider.
+        client_id: Spanned<String>,
+        /// A file holding this cloud's client secret (mode 0640, group cyphonic).
+        client_secret_file: Spanned<PathBuf>,
+        /// The console's address as people's browsers reach it (`https://cloud.example.com`):
+        /// the provider sends them back to its `/auth/callback`, and a change made from a
+        /// session must come from its origin. `https`, or `http` on loopback.
+        url: Spanned<String>,
+        /// The claim whose values name roles.
+        roles_claim: String = "groups".to_owned(),
+        /// Values of `roles_claim` that make an admin (everything, API tokens too).
+        admin: Vec<String> = Vec::new(),
+        /// Values that make an operator (enrollment tokens, revoking members).
+        operator: Vec<String> = Vec::new(),
+        /// Values that make a viewer (sees everything but secrets); `"*"`: anyone the
+        /// provider signs in.
+        viewer: Vec<String> = Vec::new(),
+        /// Scopes asked for besides `openid` (some providers send groups only for a
+        /// `groups` scope).
+        scopes: Vec<String> = vec!["email".to_owned(), "profile".to_owned()],
+        /// Hours a session lasts after sign-in (1 to 168).
+        session_hours: Spanned<u64> = cyphonic_declare::unwritten(12),
+        /// Minutes a session lasts without a request (5 to 1440).
+        idle_minutes: Spanned<u64> = cyphonic_declare::unwritten(480),
     }
 }
 
@@ -245,6 +285,7 @@ pub struct Restart {
     audit_days: u64,
     api_tls: Option<[PathBuf; 2]>,
     api_proxies: Vec<ipnet::IpNet>,
+    api_oidc: Option<crate::signin::OidcConfig>,
     status_socket: PathBuf,
     enroll: Option<(cyphonic_crypto::Fingerprint, Vec<ipnet::IpNet>, u64)>,
 }
@@ -262,6 +303,7 @@ impl Restart {
             audit_days: c.audit_days,
             api_tls: c.api_tls.as_ref().map(|t| t.files.clone()),
             api_proxies: c.api_proxies.clone(),
+            api_oidc: c.api_oidc.clone(),
             status_socket: c.status_socket.clone(),
             enroll: c
                 .enroll
@@ -285,6 +327,7 @@ impl Restart {
                 "[api]",
                 self.api != new.api || self.audit_days != new.audit_days,
             ),
+            ("[api.oidc]", self.api_oidc != new.api_oidc),
             (Raw::status_socket, self.status_socket != new.status_socket),
             ("[enroll]", self.enroll != new.enroll),
         ]
@@ -484,6 +527,10 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let api_oidc = match &raw.api.oidc {
+        Some(o) => Some(oidc(o, dir, &err)?),
+        None => None,
+    };
     let status_socket = if raw.status_socket.is_absolute() {
         raw.status_socket.clone()
     } else {
@@ -500,6 +547,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         audit_days,
         api_tls,
         api_proxies,
+        api_oidc,
         key,
         trust,
         database,
@@ -667,6 +715,111 @@ fn enroll(
         ));
     }
     Ok(crate::enroll::Issuer::new(ca, roots, pool, lifetime))
+}
+
+fn oidc(
+    raw: &RawOidc,
+    dir: &Path,
+    err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
+) -> anyhow::Result<crate::signin::OidcConfig> {
+    use crate::signin::Role;
+    // https, or http to this host (a provider or console under test).
+    let web = |v: &Spanned<String>, key: &str| {
+        let u = openidconnect::url::Url::parse(v.get_ref())
+            .map_err(|e| err(v.span(), key, format!("{:?}: {e}", v.get_ref())))?;
+        let loopback = match u.host() {
+            Some(openidconnect::url::Host::Domain(d)) => d == "localhost",
+            Some(openidconnect::url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(openidconnect::url::Host::Ipv6(a)) => a.is_loopback(),
+            None => false,
+        };
+        if u.scheme() == "https" || (u.scheme() == "http" && loopback) {
+            Ok(u)
+        } else {
+            Err(err(
+                v.span(),
+                key,
+                format!("{}: give an https URL (http only on loopback)", v.get_ref()),
+            ))
+        }
+    };
+    web(&raw.issuer, RawOidc::issuer)?;
+    let url = web(&raw.url, RawOidc::url)?;
+    if raw.client_id.get_ref().trim().is_empty() {
+        return Err(err(
+            raw.client_id.span(),
+            RawOidc::client_id,
+            "give the client id the provider knows this cloud by".into(),
+        ));
+    }
+    let path = dir.join(raw.client_secret_file.get_ref());
+    let secret = std::fs::read_to_string(&path)
+        .map_err(|e| {
+            err(
+                raw.client_secret_file.span(),
+                RawOidc::client_secret_file,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?
+        .trim()
+        .to_owned();
+    if secret.is_empty() {
+        return Err(err(
+            raw.client_secret_file.span(),
+            RawOidc::client_secret_file,
+            format!("{} is empty", path.display()),
+        ));
+    }
+    let roles: Vec<(Role, Vec<String>)> = [
+        (Role::Admin, &raw.admin),
+        (Role::Operator, &raw.operator),
+        (Role::Viewer, &raw.viewer),
+    ]
+    .into_iter()
+    .filter(|(_, values)| !values.is_empty())
+    .map(|(role, values)| (role, values.clone()))
+    .collect();
+    if roles.is_empty() {
+        return Err(err(
+            raw.client_id.span(),
+            "[api.oidc] admin, operator, viewer",
+            "name the claim's values of at least one role: no one could sign in".into(),
+        ));
+    }
+    let within = |v: &Spanned<u64>, key: &str, range: RangeInclusive<u64>, unit: &str| {
+        if range.contains(v.get_ref()) {
+            Ok(*v.get_ref())
+        } else {
+            Err(err(
+                v.span(),
+                key,
+                format!(
+                    "{}: give {} to {} {unit}",
+                    v.get_ref(),
+                    range.start(),
+                    range.end()
+                ),
+            ))
+        }
+    };
+    let hours = within(&raw.session_hours, RawOidc::session_hours, 1..=168, "hours")?;
+    let minutes = within(
+        &raw.idle_minutes,
+        RawOidc::idle_minutes,
+        5..=1440,
+        "minutes",
+    )?;
+    Ok(crate::signin::OidcConfig {
+        issuer: raw.issuer.get_ref().clone(),
+        client_id: raw.client_id.get_ref().clone(),
+        client_secret: secret,
+        url,
+        claim: raw.roles_claim.clone(),
+        roles,
+        scopes: raw.scopes.clone(),
+        session: Duration::from_secs(hours * 3600),
+        idle: Duration::from_secs(minutes * 60),
+    })
 }
 
 fn relay(
@@ -905,6 +1058,78 @@ mod tests {
         ] {
             let e = with(tls).unwrap_err();
             assert!(e.contains(says) && e.contains("cloud.toml:"), "{tls}: {e}");
+        }
+    }
+
+    /// `[api.oidc]`: the secret read from its file and trimmed, roles highest first, the
+    /// callback under `url`; refused at the key: a URL neither https nor http on loopback,
+    /// no secret, no role at all, times out of range.
+    #[test]
+    fn sign_in_needs_a_provider_a_secret_and_a_role() {
+        use crate::signin::Role;
+        let dir = keys();
+        let path = dir.path().join("cloud.toml");
+        std::fs::write(dir.path().join("oidc-secret"), "s3cret\n").unwrap();
+        std::fs::write(dir.path().join("empty"), "\n").unwrap();
+        let base = "issuer = \"https://id.example.com/realms/ops\"\nclient_id = \"cyphonic\"\n";
+        let with = |rest: &str| {
+            let text = format!("key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api.oidc]\n{rest}");
+            std::fs::write(&path, text).unwrap();
+            load(&path, 1_800_000_000).map_err(|e| format!("{e:#}"))
+        };
+        let good = format!(
+            "{base}client_secret_file = \"oidc-secret\"\nurl = \"https://cloud.example.com:9467/x\"\n\
+             viewer = [\"*\"]\noperator = [\"net-ops\"]\n"
+        );
+        let c = with(&good).unwrap().api_oidc.unwrap();
+        assert_eq!(c.client_secret, "s3cret");
+        assert_eq!(
+            c.roles,
+            [
+                (Role::Operator, vec!["net-ops".to_owned()]),
+                (Role::Viewer, vec!["*".to_owned()])
+            ]
+        );
+        assert_eq!(
+            c.redirect().as_str(),
+            "https://cloud.example.com:9467/auth/callback"
+        );
+        assert_eq!(c.claim, "groups");
+        assert_eq!(c.session, Duration::from_secs(12 * 3600));
+        assert_eq!(c.idle, Duration::from_secs(480 * 60));
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the secret is not logged"
+        );
+        let loopback = good.replace("https://cloud.example.com:9467/x", "http://127.0.0.1:9467");
+        assert!(with(&loopback).is_ok());
+        for (text, says) in [
+            (
+                good.replace("https://id.example.com", "http://id.example.com"),
+                "issuer",
+            ),
+            (
+                good.replace(
+                    "https://cloud.example.com:9467/x",
+                    "http://cloud.example.com",
+                ),
+                "url",
+            ),
+            (good.replace("\"oidc-secret\"", "\"none\""), "cannot read"),
+            (good.replace("\"oidc-secret\"", "\"empty\""), "is empty"),
+            (
+                good.replace("viewer = [\"*\"]\noperator = [\"net-ops\"]\n", ""),
+                "at least one role",
+            ),
+            (format!("{good}session_hours = 0\n"), "session_hours"),
+            (format!("{good}idle_minutes = 2000\n"), "idle_minutes"),
+            (
+                good.replace("client_id = \"cyphonic\"", "client_id = \" \""),
+                "client_id",
+            ),
+        ] {
+            let e = with(&text).unwrap_err();
+            assert!(e.contains(says) && e.contains("cloud.toml"), "{text}: {e}");
         }
     }
 

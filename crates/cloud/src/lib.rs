@@ -17,6 +17,7 @@ pub mod nms;
 pub mod observe;
 pub mod policy;
 pub mod route;
+pub mod signin;
 pub mod store;
 pub mod tls;
 pub mod trs;
@@ -193,8 +194,13 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
                 .await
                 .with_context(|| format!("binding the API's address {addr} ([api] listen)"))?;
             let bound = listener.local_addr()?;
-            let state = api::ApiState::new(nms.clone()).await?;
-            tasks.push(tokio::spawn(state.clone().keep_tokens_fresh()));
+            let signin = config
+                .api_oidc
+                .clone()
+                .map(signin::Provider::new)
+                .transpose()?;
+            let state = api::ApiState::with_signin(nms.clone(), signin).await?;
+            tasks.push(tokio::spawn(state.clone().keep_fresh()));
             tasks.push(tokio::spawn(api::serve(
                 listener,
                 api::router(state),
@@ -215,7 +221,11 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         }
         None => None,
     };
-    tasks.push(tokio::spawn(sweep_audit(store.clone(), config.audit_days)));
+    tasks.push(tokio::spawn(sweep_audit(
+        store.clone(),
+        config.audit_days,
+        config.api_oidc.as_ref().map_or(0, |o| o.idle.as_secs()),
+    )));
     let signals = nms
         .listen_for_signals()
         .await
@@ -247,9 +257,18 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
 /// How often the audit log's old rows are forgotten.
 const AUDIT_SWEEP: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// Forgets the audit log's rows older than `days`, at once and every [`AUDIT_SWEEP`].
-async fn sweep_audit(store: Store, days: u64) {
+/// Forgets the audit log's rows older than `days`, and sessions ended (or idle for `idle`
+/// seconds), at once and every [`AUDIT_SWEEP`].
+async fn sweep_audit(store: Store, days: u64, idle: u64) {
     loop {
+        match store
+            .sessions_sweep(clock::unix_now_ms() / 1000, idle)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(sessions = n, "ended sessions forgotten"),
+            Err(e) => tracing::warn!(error = %e, "the sessions could not be swept"),
+        }
         let before = clock::unix_now_ms().saturating_sub(days.saturating_mul(86_400_000));
         match store.audit_sweep(before).await {
             Ok(0) => {}

@@ -11,13 +11,14 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use cyphonic_cloud::admin::{self, Scope, Who};
 use cyphonic_cloud::api::{ApiState, router};
-use cyphonic_cloud::enroll::Issuer;
 use cyphonic_cloud::store::AuditQuery;
-use cyphonic_cloud::{CloudConfig, Policy, Store};
-use cyphonic_crypto::{CertificateAuthority, StaticKeypair};
+use cyphonic_cloud::{Policy, Store};
 use cyphonic_signal::testing::{Pki, now};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
+
+mod common;
+use common::config;
 
 struct Bed {
     running: cyphonic_cloud::Running,
@@ -29,35 +30,6 @@ struct Bed {
     write: String,
     admin: String,
     _dir: tempfile::TempDir,
-}
-
-/// A cloud's configuration on `dir`'s SQLite store, issuing with `pki`'s CA.
-fn config(dir: &std::path::Path, pki: &Pki, policy: Policy, audit_days: u64) -> CloudConfig {
-    let ca =
-        CertificateAuthority::from_pem(&pki.ca.key_pem(), &pki.ca.certificate().to_pem()).unwrap();
-    let root = ca.certificate().clone();
-    CloudConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
-        relay: None,
-        status_socket: dir.join("cloud.sock"),
-        metrics: None,
-        key: StaticKeypair::generate().unwrap(),
-        trust: pki.trust(),
-        database: format!("sqlite://{}", dir.join("cloud.db").display()),
-        policy,
-        enroll: Some(Issuer::new(
-            ca,
-            vec![root],
-            vec!["100.64.128.0/17".parse().unwrap()],
-            86_400,
-        )),
-        api: None,
-        audit_days,
-        api_tls: None,
-        api_proxies: Vec::new(),
-    }
 }
 
 impl Bed {
@@ -104,25 +76,14 @@ impl Bed {
             admin::create_api_token(self.store(), "fresh", scope, None, &Who::cli(), now())
                 .await
                 .unwrap();
-        self.state.refresh_tokens().await.unwrap();
+        self.state.refresh().await.unwrap();
         t.to_string()
     }
 
     /// A member `name` with `block`, as the registry knows one that was issued a
     /// certificate.
     async fn member(&self, name: &str, block: &str) -> String {
-        let id = self.pki.identity(name, block, &["cameras"]);
-        let cert = id.certificate();
-        let fp = cert.fingerprint().to_string();
-        self.store()
-            .issued(
-                &fp,
-                (name, &hex::encode(cert.body().issuer)),
-                (&cert.to_pem(), &cert.body().vip_blocks),
-            )
-            .await
-            .unwrap();
-        fp
+        common::member(self.store(), &self.pki, name, block).await
     }
 
     /// `method path` with `token` (none: no Authorization) and a JSON `body`: the status
@@ -360,7 +321,7 @@ async fn revoked_and_expired_tokens_are_refused() {
         admin::create_api_token(store, "short", Scope::Read, Some(1), &Who::cli(), now() - 5)
             .await
             .unwrap();
-    bed.state.refresh_tokens().await.unwrap();
+    bed.state.refresh().await.unwrap();
     let (status, v) = bed
         .call(
             Method::GET,
@@ -783,10 +744,11 @@ async fn the_openapi_description_names_every_route() {
         ("/api/v1/policy", "get"),
         ("/api/v1/policy/check", "post"),
         ("/api/v1/policy/{member}", "get"),
+        ("/api/v1/session", "get"),
     ] {
         assert!(paths[path][method].is_object(), "{method} {path} missing");
     }
-    assert_eq!(paths.len(), 12, "{:?}", paths.keys());
+    assert_eq!(paths.len(), 13, "{:?}", paths.keys());
     // Valid against the OpenAPI Initiative's schema of 3.1 documents (tests/data, from
     // openapi-spec-validator 0.9.0, Apache-2.0).
     let schema: Value = serde_json::from_str(include_str!("data/openapi-3.1.schema.json")).unwrap();
@@ -1310,7 +1272,7 @@ async fn a_token_past_its_rate_gets_429_and_others_are_still_served() {
         "limited after {reads} reads, before the burst of 100"
     );
     // Reading the tokens again (every 2 s) keeps each one's rate.
-    bed.state.refresh_tokens().await.unwrap();
+    bed.state.refresh().await.unwrap();
     let (status, _) = bed
         .call(Method::GET, "/api/v1/revocations", Some(&bed.read), None)
         .await;

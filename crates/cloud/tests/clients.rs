@@ -72,6 +72,7 @@ impl Cloud {
             audit_days: 365,
             api_tls: None,
             api_proxies: Vec::new(),
+            api_oidc: None,
         };
         cyphonic_cloud::start(config).await.unwrap()
     }

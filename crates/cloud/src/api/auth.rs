@@ -1,5 +1,7 @@
-//! Who asks: an API token in `Authorization: Bearer`, checked against the tokens the store
-//! holds, kept in memory so that a request with a bad token costs no query.
+//! Who asks: an API token in `Authorization: Bearer`, or a person's session cookie
+//! (`__Host-cyphonic`), each checked against what the store holds, kept in memory so that a
+//! request with a bad token or cookie costs no query. A write from a session must also
+//! carry the session's CSRF token and come from the console's origin.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,13 +17,14 @@ use governor::clock::Clock as _;
 use super::{ApiError, ApiState};
 use crate::admin::{AdminError, ApiToken, Scope, Who, record};
 use crate::guard::quota;
-use crate::store::ApiTokenRow;
+use crate::store::{ApiTokenRow, SessionRow};
 
-/// How often the tokens are read again from the store: a token made or revoked on another
-/// instance takes effect here within this.
+/// How often the tokens and sessions are read again from the store: a token made or
+/// revoked, or a session begun or ended, on another instance takes effect here within this.
 pub const REFRESH: Duration = Duration::from_secs(2);
 
-/// One token's request rates: every request 50/s (burst 100), writes also 5/s (burst 10).
+/// One token's or session's request rates: every request 50/s (burst 100), writes also 5/s
+/// (burst 10).
 pub(super) struct Rates {
     all: DefaultDirectRateLimiter,
     writes: DefaultDirectRateLimiter,
@@ -49,35 +52,122 @@ fn take(bucket: &DefaultDirectRateLimiter) -> Result<(), ApiError> {
         .map_err(|not_until| ApiError::rate_limited(not_until.wait_time_from(bucket.clock().now())))
 }
 
-/// The API tokens the store holds, by id, each with its rates (kept across refreshes).
-#[derive(Debug, Default)]
-pub(super) struct Tokens(RwLock<HashMap<String, (ApiTokenRow, Arc<Rates>)>>);
+/// What the store holds of one kind (API tokens, sessions), by key, each with its rates,
+/// which are kept across refreshes.
+#[derive(Debug)]
+pub(super) struct Known<R>(RwLock<HashMap<String, (R, Arc<Rates>)>>);
 
-impl Tokens {
-    pub(super) fn replace(&self, rows: Vec<ApiTokenRow>) {
-        let mut known = self
-            .0
+impl<R> Default for Known<R> {
+    fn default() -> Self {
+        Self(RwLock::default())
+    }
+}
+
+/// Names a row of [`Known`].
+pub(super) trait Keyed {
+    fn key(&self) -> &str;
+}
+
+impl Keyed for ApiTokenRow {
+    fn key(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Keyed for SessionRow {
+    fn key(&self) -> &str {
+        &self.id_sha256
+    }
+}
+
+impl<R: Keyed + Clone> Known<R> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, (R, Arc<Rates>)>> {
+        self.0
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Everything the store holds now.
+    pub(super) fn replace(&self, rows: Vec<R>) {
+        let mut known = self.write();
         let map = rows
             .into_iter()
             .map(|r| {
                 let rates = known
-                    .get(&r.id)
+                    .get(r.key())
                     .map_or_else(Arc::default, |(_, rates)| rates.clone());
-                (r.id.clone(), (r, rates))
+                (r.key().to_owned(), (r, rates))
             })
             .collect();
         *known = map;
     }
 
-    fn get(&self, id: &str) -> Option<(ApiTokenRow, Arc<Rates>)> {
+    /// Adds a row made here: it is known at once, before the next refresh.
+    pub(super) fn insert(&self, row: R) {
+        self.write()
+            .insert(row.key().to_owned(), (row, Arc::default()));
+    }
+
+    /// Forgets a row ended here.
+    pub(super) fn remove(&self, key: &str) {
+        self.write().remove(key);
+    }
+
+    fn get(&self, key: &str) -> Option<(R, Arc<Rates>)> {
         self.0
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(id)
+            .get(key)
             .cloned()
     }
+}
+
+/// The API tokens, by id.
+pub(super) type Tokens = Known<ApiTokenRow>;
+/// The live sessions, by the SHA-256 of their cookie.
+pub(super) type Sessions = Known<SessionRow>;
+
+impl Sessions {
+    /// The session `id`, if live at `now` with `idle` seconds allowed between requests; a
+    /// request at least a minute after the last one noted is noted, and `true` says the
+    /// store should note it too.
+    fn live(&self, id: &str, now: u64, idle: u64) -> Option<(SessionRow, Arc<Rates>, bool)> {
+        let mut known = self.write();
+        let (row, rates) = known.get_mut(id)?;
+        if now >= row.ends_at || now >= row.seen_at.saturating_add(idle) {
+            return None;
+        }
+        let touch = now >= row.seen_at.saturating_add(60);
+        if touch {
+            row.seen_at = now;
+        }
+        Some((row.clone(), rates.clone(), touch))
+    }
+}
+
+/// The cookie that names a person's session.
+pub const SESSION_COOKIE: &str = "__Host-cyphonic";
+
+/// The value of cookie `name` in `headers`, if sent once.
+pub(super) fn cookie<'h>(headers: &'h axum::http::HeaderMap, name: &str) -> Option<&'h str> {
+    let mut found = headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v);
+    let first = found.next()?;
+    // Two cookies of one name: one was planted (a `__Host-` cookie cannot be, but refuse).
+    found.next().is_none().then_some(first)
+}
+
+/// A person's session, as a caller holds it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The row (its CSRF token, role, ends).
+    pub row: SessionRow,
 }
 
 /// Who asks, and what they may do.
@@ -89,6 +179,8 @@ pub struct Caller {
     pub scope: Scope,
     /// Their request rates.
     rates: Arc<Rates>,
+    /// The person's session, when they came with one rather than a token.
+    pub session: Option<Session>,
 }
 
 impl Caller {
@@ -146,32 +238,101 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
         parts: &mut Parts,
         state: &Arc<ApiState>,
     ) -> Result<Self, Self::Rejection> {
-        // The same answer whatever is wrong: no header, not a token, unknown, ended, revoked.
-        let text = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(ApiError::unauthorized)?;
-        let token = ApiToken::parse(text.trim()).ok_or_else(ApiError::unauthorized)?;
-        let (row, rates) = state
-            .tokens
-            .get(&token.id)
-            .filter(|(row, _)| token.matches(row, super::now()))
-            .ok_or_else(ApiError::unauthorized)?;
-        take(&rates.all)?;
-        let scope = Scope::parse(&row.scope).ok_or_else(ApiError::unauthorized)?;
         let source = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map_or_else(|| "local".to_owned(), |c| c.0.ip().to_string());
-        Ok(Self {
-            who: Who {
-                actor: format!("token:{} {}", row.id, row.name),
-                source,
-            },
-            scope,
-            rates,
-        })
+        if parts
+            .headers
+            .contains_key(axum::http::header::AUTHORIZATION)
+        {
+            return by_token(parts, state, source);
+        }
+        match cookie(&parts.headers, SESSION_COOKIE) {
+            Some(value) => by_session(parts, state, value, source),
+            None => Err(ApiError::unauthorized()),
+        }
     }
+}
+
+/// The caller an API token names. The same answer whatever is wrong: not a token,
+/// unknown, ended, revoked.
+fn by_token(parts: &Parts, state: &ApiState, source: String) -> Result<Caller, ApiError> {
+    let text = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(ApiError::unauthorized)?;
+    let token = ApiToken::parse(text.trim()).ok_or_else(ApiError::unauthorized)?;
+    let (row, rates) = state
+        .tokens
+        .get(&token.id)
+        .filter(|(row, _)| token.matches(row, super::now()))
+        .ok_or_else(ApiError::unauthorized)?;
+    take(&rates.all)?;
+    let scope = Scope::parse(&row.scope).ok_or_else(ApiError::unauthorized)?;
+    Ok(Caller {
+        who: Who {
+            actor: format!("token:{} {}", row.id, row.name),
+            source,
+        },
+        scope,
+        rates,
+        session: None,
+    })
+}
+
+/// The caller a session cookie names: the same answer whatever is wrong (not a session's,
+/// ended, idle too long). A write must carry the session's CSRF token in `X-CSRF-Token` and
+/// come from the console's origin: another site's page can make the browser send the
+/// cookie, but can neither read the token nor send this origin.
+fn by_session(
+    parts: &Parts,
+    state: &ApiState,
+    value: &str,
+    source: String,
+) -> Result<Caller, ApiError> {
+    let signin = state.signin.as_ref().ok_or_else(ApiError::unauthorized)?;
+    let config = signin.config();
+    if value.len() != 64 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::unauthorized());
+    }
+    let id = crate::admin::session_id(value);
+    let now = super::now();
+    let (row, rates, touch) = state
+        .sessions
+        .live(&id, now, config.idle.as_secs())
+        .ok_or_else(ApiError::unauthorized)?;
+    take(&rates.all)?;
+    if !parts.method.is_safe() {
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+        let csrf = header("x-csrf-token").is_some_and(|t| crate::signin::same_secret(t, &row.csrf));
+        let origin = header("origin").is_some_and(|o| o == config.origin());
+        if !(csrf && origin) {
+            return Err(AdminError::Forbidden(
+                "a change from a session needs its X-CSRF-Token and the console's Origin"
+                    .to_owned(),
+            )
+            .into());
+        }
+    }
+    if touch {
+        let store = state.nms.store().clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.touch_session(&id, now).await {
+                tracing::warn!(error = %e, "a session's last request could not be noted");
+            }
+        });
+    }
+    let role = crate::signin::Role::parse(&row.role).ok_or_else(ApiError::unauthorized)?;
+    Ok(Caller {
+        who: Who {
+            actor: format!("person:{} {}", row.subject, row.name),
+            source,
+        },
+        scope: Scope::of_role(role),
+        rates,
+        session: Some(Session { row }),
+    })
 }

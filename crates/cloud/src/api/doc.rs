@@ -25,6 +25,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         super::policy,
         super::policy_check,
         super::member_policy,
+        super::session::whoami,
     ),
     modifiers(&Bearer)
 )]

@@ -6,6 +6,7 @@
 
 mod auth;
 mod doc;
+mod session;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,47 +24,72 @@ use crate::fleet::{MemberView, TokenView};
 use crate::nms::Nms;
 use crate::store::{AuditEntry, AuditQuery, StoreError};
 
-pub use auth::{Caller, REFRESH};
+pub use auth::{Caller, REFRESH, SESSION_COOKIE};
 pub use doc::openapi;
+pub use session::{LOGIN_COOKIE, WhoAmI};
 
-/// What the handlers share: the NMS (its store, its issuer) and the API tokens known.
+/// What the handlers share: the NMS (its store, its issuer), the API tokens and sessions
+/// known, and the sign-in provider.
 #[derive(Debug)]
 pub struct ApiState {
     nms: Arc<Nms>,
     tokens: auth::Tokens,
+    sessions: auth::Sessions,
+    signin: Option<crate::signin::Provider>,
+    signin_rates: session::SourceRates,
 }
 
 impl ApiState {
-    /// The API over `nms`'s registry. The API tokens are read at once and every
-    /// [`REFRESH`] after ([`ApiState::refresh_tokens`]).
+    /// The API over `nms`'s registry, without sign-in for people.
     ///
     /// # Errors
     /// The store cannot be read.
     pub async fn new(nms: Arc<Nms>) -> Result<Arc<Self>, StoreError> {
-        let state = Arc::new(Self {
-            nms,
-            tokens: auth::Tokens::default(),
-        });
-        state.refresh_tokens().await?;
-        Ok(state)
+        Self::with_signin(nms, None).await
     }
 
-    /// Reads the API tokens from the store again: tokens made or revoked on any instance
-    /// take effect here.
+    /// The API over `nms`'s registry, people signing in through `signin`. The API tokens
+    /// and sessions are read at once and every [`REFRESH`] after ([`ApiState::refresh`]).
     ///
     /// # Errors
     /// The store cannot be read.
-    pub async fn refresh_tokens(&self) -> Result<(), StoreError> {
-        self.tokens.replace(self.nms.store().api_tokens().await?);
+    pub async fn with_signin(
+        nms: Arc<Nms>,
+        signin: Option<crate::signin::Provider>,
+    ) -> Result<Arc<Self>, StoreError> {
+        let state = Arc::new(Self {
+            nms,
+            tokens: auth::Tokens::default(),
+            sessions: auth::Sessions::default(),
+            signin,
+            signin_rates: session::SourceRates::default(),
+        });
+        state.refresh().await?;
+        Ok(state)
+    }
+
+    /// Reads the API tokens and the live sessions from the store again: tokens made or
+    /// revoked, sessions begun or ended, on any instance take effect here.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let store = self.nms.store();
+        self.tokens.replace(store.api_tokens().await?);
+        if let Some(signin) = &self.signin {
+            let idle = signin.config().idle.as_secs();
+            self.sessions.replace(store.sessions(now(), idle).await?);
+        }
+        self.signin_rates.forget_idle();
         Ok(())
     }
 
-    /// Refreshes the API tokens every [`REFRESH`], for ever.
-    pub async fn keep_tokens_fresh(self: Arc<Self>) {
+    /// Refreshes the API tokens and sessions every [`REFRESH`], for ever.
+    pub async fn keep_fresh(self: Arc<Self>) {
         loop {
             tokio::time::sleep(REFRESH).await;
-            if let Err(e) = self.refresh_tokens().await {
-                tracing::warn!(error = %e, "the API tokens could not be read again");
+            if let Err(e) = self.refresh().await {
+                tracing::warn!(error = %e, "the API tokens and sessions could not be read again");
             }
         }
     }
@@ -93,9 +119,13 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/policy", get(policy))
         .route("/policy/check", post(policy_check))
         .route("/policy/{member}", get(member_policy))
+        .route("/session", get(session::whoami))
         .route("/openapi.json", get(|| async { Json(openapi()) }));
     axum::Router::new()
         .nest("/api/v1", v1)
+        .route("/auth/login", get(session::login))
+        .route(crate::signin::CALLBACK, get(session::callback))
+        .route("/auth/logout", post(session::logout))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -809,7 +839,7 @@ async fn create_api_token(
         t,
     )
     .await?;
-    s.refresh_tokens().await?;
+    s.refresh().await?;
     Ok((
         StatusCode::CREATED,
         Json(NewApiToken {
@@ -833,7 +863,7 @@ async fn revoke_api_token(
         .may_change(&s, Scope::Admin, "api_token.revoke", &id)
         .await?;
     let was_live = admin::revoke_api_token(s.nms.store(), &id, &caller.who, now()).await?;
-    s.refresh_tokens().await?;
+    s.refresh().await?;
     Ok(Json(TokenRevoked { was_live }))
 }
 

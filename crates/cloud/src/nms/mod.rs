@@ -147,6 +147,10 @@ cyphonic_telemetry::counters! {
         renew_refused,
         /// HTTP API connections closed on arrival: over the listener's limits, in all or from one address.
         api_refused,
+        /// People signed in to the console.
+        signins,
+        /// Sign-ins refused: no sign-in under way in that browser, a state not its own, the provider's refusal, a code or ID token it does not prove, no role, over a source's rate.
+        signins_refused,
     }
 }
 

@@ -1,0 +1,63 @@
+//! What the cloud's API tests share: a cloud's configuration, and members as the registry
+//! knows them.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+
+use cyphonic_cloud::enroll::Issuer;
+use cyphonic_cloud::{CloudConfig, Policy, Store};
+use cyphonic_crypto::{CertificateAuthority, StaticKeypair};
+use cyphonic_signal::testing::Pki;
+
+/// A cloud's configuration on `dir`'s SQLite store, issuing with `pki`'s CA.
+pub(crate) fn config(
+    dir: &std::path::Path,
+    pki: &Pki,
+    policy: Policy,
+    audit_days: u64,
+) -> CloudConfig {
+    let ca =
+        CertificateAuthority::from_pem(&pki.ca.key_pem(), &pki.ca.certificate().to_pem()).unwrap();
+    let root = ca.certificate().clone();
+    CloudConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
+        relay: None,
+        status_socket: dir.join("cloud.sock"),
+        metrics: None,
+        key: StaticKeypair::generate().unwrap(),
+        trust: pki.trust(),
+        database: format!("sqlite://{}", dir.join("cloud.db").display()),
+        policy,
+        enroll: Some(Issuer::new(
+            ca,
+            vec![root],
+            vec!["100.64.128.0/17".parse().unwrap()],
+            86_400,
+        )),
+        api: None,
+        audit_days,
+        api_tls: None,
+        api_proxies: Vec::new(),
+        api_oidc: None,
+    }
+}
+
+/// A member `name` with `block` in `store`, as the registry knows one that was issued a
+/// certificate by `pki`'s CA; its fingerprint.
+pub(crate) async fn member(store: &Store, pki: &Pki, name: &str, block: &str) -> String {
+    let id = pki.identity(name, block, &["cameras"]);
+    let cert = id.certificate();
+    let fp = cert.fingerprint().to_string();
+    store
+        .issued(
+            &fp,
+            (name, &hex::encode(cert.body().issuer)),
+            (&cert.to_pem(), &cert.body().vip_blocks),
+        )
+        .await
+        .unwrap();
+    fp
+}
