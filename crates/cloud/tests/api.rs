@@ -122,14 +122,7 @@ impl Bed {
     }
 
     async fn audit(&self, action: &str) -> Vec<cyphonic_cloud::store::AuditEntry> {
-        self.store()
-            .audit_log(&AuditQuery {
-                action: Some(action.into()),
-                limit: 100,
-                ..AuditQuery::default()
-            })
-            .await
-            .unwrap()
+        common::audit(self.store(), action).await
     }
 }
 

@@ -7,163 +7,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::io::BufRead as _;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use cyphonic_cloud::api::{self, ApiState, LOGIN_COOKIE, SESSION_COOKIE};
-use cyphonic_cloud::signin::{OidcConfig, Provider, Role};
-use cyphonic_cloud::store::AuditQuery;
-use cyphonic_cloud::{Policy, Store};
-use cyphonic_signal::testing::Pki;
+use cyphonic_cloud::signin::Provider;
 use serde_json::Value;
 
 mod common;
-
-/// Installs the provider's package once (`npm ci`, from the lock file) where tests keep
-/// their files; returns the directory to run it from.
-fn provider_dir() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/oidc");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("oidc-provider");
-        std::fs::create_dir_all(&dir).unwrap();
-        for f in ["package.json", "package-lock.json", "provider.mjs"] {
-            std::fs::copy(src.join(f), dir.join(f)).unwrap();
-        }
-        let status = Command::new("npm")
-            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
-            .current_dir(&dir)
-            .status()
-            .expect("npm (the test's OpenID provider is installed from npm)");
-        assert!(status.success(), "npm ci in {}", dir.display());
-        dir
-    })
-}
-
-/// A provider running (ended, by its PID, when dropped).
-struct Idp {
-    child: Child,
-    issuer: String,
-}
-
-impl Idp {
-    /// Starts the provider in `mode`, sending people back to `redirect`.
-    fn start(redirect: &str, mode: &str) -> Self {
-        let mut child = Command::new("node")
-            .arg("provider.mjs")
-            .args([redirect, mode])
-            .current_dir(provider_dir())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("node (the test's OpenID provider)");
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        // The rest is read and dropped: a closed pipe would end the provider at its next line.
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        let issuer = line.trim().to_owned();
-        assert!(
-            issuer.starts_with("http://127.0.0.1:"),
-            "the provider said {line:?}"
-        );
-        Self { child, issuer }
-    }
-}
-
-impl Drop for Idp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A cloud whose API listens on loopback, people signing in through a provider in `mode`.
-struct Bed {
-    running: cyphonic_cloud::Running,
-    base: String,
-    pki: Pki,
-    idp: Idp,
-    config: OidcConfig,
-    server: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
-
-impl Bed {
-    async fn new(mode: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::new();
-        let running =
-            cyphonic_cloud::start(common::config(dir.path(), &pki, Policy::default(), 365))
-                .await
-                .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let idp = Idp::start(&format!("{base}/auth/callback"), mode);
-        let config = OidcConfig {
-            issuer: idp.issuer.clone(),
-            client_id: "cyphonic".into(),
-            client_secret: "a-client-secret-for-tests-only".into(),
-            url: base.parse().unwrap(),
-            claim: "groups".into(),
-            roles: vec![
-                (Role::Admin, vec!["net-admins".into()]),
-                (Role::Operator, vec!["net-ops".into()]),
-                (Role::Viewer, vec!["staff".into()]),
-            ],
-            scopes: vec!["email".into(), "groups".into()],
-            session: Duration::from_secs(3600),
-            idle: Duration::from_secs(600),
-        };
-        let state = ApiState::with_signin(
-            running.nms.clone(),
-            Some(Provider::new(config.clone()).unwrap()),
-        )
-        .await
-        .unwrap();
-        let server = tokio::spawn(api::serve(
-            listener,
-            api::router(state.clone()),
-            None,
-            Arc::from(Vec::new()),
-            api::Limits::default(),
-            || {},
-        ));
-        Self {
-            running,
-            base,
-            pki,
-            idp,
-            config,
-            server,
-            _dir: dir,
-        }
-    }
-
-    fn store(&self) -> &Store {
-        self.running.nms.store()
-    }
-
-    async fn audit(&self, action: &str) -> Vec<cyphonic_cloud::store::AuditEntry> {
-        self.store()
-            .audit_log(&AuditQuery {
-                action: Some(action.into()),
-                limit: 100,
-                ..AuditQuery::default()
-            })
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Bed {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
+use common::oidc::Bed;
 
 /// What a browser keeps: cookies by name (the test's hosts are few and trusted).
 #[derive(Debug, Default, Clone)]
@@ -316,6 +167,18 @@ async fn call(
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+/// A console form posted with `cookies`, its field `csrf` and `origin`: the status.
+async fn form(bed: &Bed, path: &str, cookies: &Jar, csrf: &str, origin: Option<&str>) -> u16 {
+    let mut req = browser()
+        .post(format!("{}{path}", bed.base))
+        .header("cookie", cookies.header())
+        .form(&[("csrf", csrf)]);
+    if let Some(o) = origin {
+        req = req.header("origin", o);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
 fn code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }
@@ -328,7 +191,7 @@ fn code(v: &Value) -> &str {
 /// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn people_sign_in_with_a_real_provider_and_act_by_their_role() {
-    let bed = Bed::new("normal").await;
+    let bed = Bed::new("normal", false).await;
     let origin = bed.config.origin();
     common::member(bed.store(), &bed.pki, "gw1.ovl.example", "100.64.1.0/24").await;
     common::member(bed.store(), &bed.pki, "gw2.ovl.example", "100.64.2.0/24").await;
@@ -338,7 +201,7 @@ async fn people_sign_in_with_a_real_provider_and_act_by_their_role() {
     // Olivia: an operator.
     let (r, olivia) = sign_in(&bed, "olivia", |u| u).await;
     assert_eq!(r.status(), 303, "{r:?}");
-    assert_eq!(location(&r), "/api/v1/session");
+    assert_eq!(location(&r), "/console/");
     let set: Vec<&str> = r
         .headers()
         .get_all("set-cookie")
@@ -384,6 +247,17 @@ async fn people_sign_in_with_a_real_provider_and_act_by_their_role() {
             (403, "forbidden"),
             "{token:?} {from:?}: {v}"
         );
+    }
+    // The console's forms carry the token in a field `csrf`, checked the same way.
+    let console = "/console/members/gw1.ovl.example/revoke";
+    for (token, from) in [
+        ("", Some(origin.as_str())),
+        ("0123456789abcdef0123456789abcdef", Some(origin.as_str())),
+        (csrf.as_str(), None),
+        (csrf.as_str(), Some("https://evil.example")),
+    ] {
+        let status = form(&bed, console, &olivia, token, from).await;
+        assert_eq!(status, 403, "{token:?} {from:?}");
     }
     assert!(bed.store().revocation_rows().await.unwrap().is_empty());
     let (status, v) = call(
@@ -529,7 +403,7 @@ async fn people_sign_in_with_a_real_provider_and_act_by_their_role() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_expired_id_token_is_refused() {
     for (mode, why) in [("forged-keys", "signature"), ("clock-behind", "expired")] {
-        let bed = Bed::new(mode).await;
+        let bed = Bed::new(mode, false).await;
         let (r, jar) = sign_in(&bed, "olivia", |u| u).await;
         assert_eq!(r.status(), 401, "{mode}: {r:?}");
         let body: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();

@@ -168,6 +168,8 @@ pub(super) fn cookie<'h>(headers: &'h axum::http::HeaderMap, name: &str) -> Opti
 pub struct Session {
     /// The row (its CSRF token, role, ends).
     pub row: SessionRow,
+    /// The request's `Origin`, if it sent one.
+    origin: Option<String>,
 }
 
 /// Who asks, and what they may do.
@@ -238,19 +240,67 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
         parts: &mut Parts,
         state: &Arc<ApiState>,
     ) -> Result<Self, Self::Rejection> {
-        let source = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map_or_else(|| "local".to_owned(), |c| c.0.ip().to_string());
         if parts
             .headers
             .contains_key(axum::http::header::AUTHORIZATION)
         {
-            return by_token(parts, state, source);
+            return by_token(parts, state, source_of(parts));
         }
-        match cookie(&parts.headers, SESSION_COOKIE) {
-            Some(value) => by_session(parts, state, value, source),
-            None => Err(ApiError::unauthorized()),
+        let caller = person(parts, state)?;
+        if !parts.method.is_safe() {
+            let token = parts
+                .headers
+                .get("x-csrf-token")
+                .and_then(|v| v.to_str().ok());
+            caller.check_csrf(state, token)?;
+        }
+        Ok(caller)
+    }
+}
+
+/// As the audit log writes where a request comes from (`local` without a listener).
+fn source_of(parts: &Parts) -> String {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "local".to_owned(), |c| c.0.ip().to_string())
+}
+
+/// The person a session cookie names, their CSRF token not yet checked: a change must
+/// then pass [`Caller::check_csrf`] with the token it carries (a header from programs, a
+/// form's field from the console).
+pub(super) fn person(parts: &Parts, state: &ApiState) -> Result<Caller, ApiError> {
+    let value = cookie(&parts.headers, SESSION_COOKIE).ok_or_else(ApiError::unauthorized)?;
+    let origin = parts
+        .headers
+        .get(axum::http::header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    by_session(state, value, source_of(parts), origin)
+}
+
+impl Caller {
+    /// Whether a change from this person's session carries `token`, their session's CSRF
+    /// token, and comes from the console's origin (`Origin`, which browsers send with every
+    /// change and no page may forge): another site's page can make the browser send the
+    /// cookie, but can neither read the token nor send this origin. Callers with an API
+    /// token carry no ambient credential and pass.
+    ///
+    /// # Errors
+    /// `forbidden`.
+    pub(super) fn check_csrf(&self, state: &ApiState, token: Option<&str>) -> Result<(), ApiError> {
+        let (Some(session), Some(signin)) = (&self.session, &state.signin) else {
+            return Ok(());
+        };
+        let csrf = token.is_some_and(|t| crate::signin::same_secret(t, &session.row.csrf));
+        let origin = session.origin.as_deref() == Some(signin.config().origin().as_str());
+        if csrf && origin {
+            Ok(())
+        } else {
+            Err(AdminError::Forbidden(
+                "a change from a session needs its CSRF token and the console's Origin".to_owned(),
+            )
+            .into())
         }
     }
 }
@@ -284,14 +334,12 @@ fn by_token(parts: &Parts, state: &ApiState, source: String) -> Result<Caller, A
 }
 
 /// The caller a session cookie names: the same answer whatever is wrong (not a session's,
-/// ended, idle too long). A write must carry the session's CSRF token in `X-CSRF-Token` and
-/// come from the console's origin: another site's page can make the browser send the
-/// cookie, but can neither read the token nor send this origin.
+/// ended, idle too long).
 fn by_session(
-    parts: &Parts,
     state: &ApiState,
     value: &str,
     source: String,
+    origin: Option<String>,
 ) -> Result<Caller, ApiError> {
     let signin = state.signin.as_ref().ok_or_else(ApiError::unauthorized)?;
     let config = signin.config();
@@ -305,18 +353,6 @@ fn by_session(
         .live(&id, now, config.idle.as_secs())
         .ok_or_else(ApiError::unauthorized)?;
     take(&rates.all)?;
-    if !parts.method.is_safe() {
-        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-        let csrf = header("x-csrf-token").is_some_and(|t| crate::signin::same_secret(t, &row.csrf));
-        let origin = header("origin").is_some_and(|o| o == config.origin());
-        if !(csrf && origin) {
-            return Err(AdminError::Forbidden(
-                "a change from a session needs its X-CSRF-Token and the console's Origin"
-                    .to_owned(),
-            )
-            .into());
-        }
-    }
     if touch {
         let store = state.nms.store().clone();
         tokio::spawn(async move {
@@ -333,6 +369,6 @@ fn by_session(
         },
         scope: Scope::of_role(role),
         rates,
-        session: Some(Session { row }),
+        session: Some(Session { row, origin }),
     })
 }

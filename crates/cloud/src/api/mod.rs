@@ -5,6 +5,7 @@
 //! errors, and pages.
 
 mod auth;
+mod console;
 mod doc;
 mod session;
 
@@ -126,6 +127,7 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/auth/login", get(session::login))
         .route(crate::signin::CALLBACK, get(session::callback))
         .route("/auth/logout", post(session::logout))
+        .merge(console::routes())
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

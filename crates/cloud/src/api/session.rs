@@ -14,6 +14,7 @@ use governor::{Quota, RateLimiter};
 use serde::Serialize;
 
 use super::auth::{SESSION_COOKIE, cookie};
+use super::console::{CsrfForm, Person};
 use super::{ApiError, ApiState, Caller};
 use crate::admin::{self, AdminError, Scope, Who};
 use crate::signin::{Pending, Role, SignInError};
@@ -26,8 +27,10 @@ pub const LOGIN_COOKIE: &str = "__Host-cyphonic-login";
 /// How long a sign-in may take at the provider.
 const LOGIN_LASTS: u64 = 600;
 
-/// Where a person lands once signed in (or out).
-const LANDING: &str = "/api/v1/session";
+/// Where a person lands once signed in...
+const LANDING: &str = "/console/";
+/// ...and once signed out.
+const SIGNED_OUT: &str = "/console/signin";
 
 /// Sources tracked at once by the sign-in rate; beyond, a new source waits for room.
 const SOURCES_TRACKED: usize = 65_536;
@@ -253,22 +256,28 @@ pub(super) async fn callback(
     ))
 }
 
-/// `POST /auth/logout`: ends the caller's session (a change: its CSRF token and origin).
+/// `POST /auth/logout`: ends the caller's session (a change: its CSRF token, in
+/// `X-CSRF-Token` or the console's form field `csrf`, and the console's origin).
 pub(super) async fn logout(
     State(state): State<Arc<ApiState>>,
-    caller: Caller,
+    Person(caller): Person,
+    headers: HeaderMap,
+    form: Result<axum::Form<CsrfForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ApiError> {
+    let token = headers
+        .get("x-csrf-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| form.ok().map(|f| f.0.csrf));
+    caller.check_csrf(&state, token.as_deref())?;
     let Some(session) = &caller.session else {
-        return Err(ApiError::invalid(
-            "session",
-            "sign out ends a person's session; an API token is revoked instead",
-        ));
+        return Err(ApiError::unauthorized());
     };
     let id = &session.row.id_sha256;
     admin::sign_out(state.nms.store(), &caller.who, id).await?;
     state.sessions.remove(id);
     Ok(see_other(
-        LANDING,
+        SIGNED_OUT,
         &[set_cookie(SESSION_COOKIE, "", Some(0))],
     ))
 }

@@ -10,6 +10,8 @@ use cyphonic_cloud::{CloudConfig, Policy, Store};
 use cyphonic_crypto::{CertificateAuthority, StaticKeypair};
 use cyphonic_signal::testing::Pki;
 
+pub(crate) mod oidc;
+
 /// A cloud's configuration on `dir`'s SQLite store, issuing with `pki`'s CA.
 pub(crate) fn config(
     dir: &std::path::Path,
@@ -60,4 +62,16 @@ pub(crate) async fn member(store: &Store, pki: &Pki, name: &str, block: &str) ->
         .await
         .unwrap();
     fp
+}
+
+/// The audit log's rows of `action` in `store`, newest first.
+pub(crate) async fn audit(store: &Store, action: &str) -> Vec<cyphonic_cloud::store::AuditEntry> {
+    store
+        .audit_log(&cyphonic_cloud::store::AuditQuery {
+            action: Some(action.into()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
 }
