@@ -1,0 +1,425 @@
+//! The console in a real browser (docs/protocol.md §8, The console): headless Chromium
+//! driven through chromedriver (WebDriver, fantoccini), against a cloud serving its API
+//! over TLS on loopback and a real OpenID Connect provider. Two sites are online; Olivia
+//! (an operator) signs in, sees them, makes an enrollment token that a third adapter
+//! enrolls with, revokes a site, and reads all of it in the audit log, on a desktop's width
+//! and a phone's; Victor (a viewer) sees but is offered no change. Screenshots of the pages
+//! are written to the test's directory, and to `$CYPHONIC_SCREENSHOTS` when set (the ones
+//! in docs/console came from there).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cyphonic_crypto::StaticKeypair;
+use fantoccini::{Client, ClientBuilder, Locator};
+
+mod common;
+use common::oidc::Bed;
+
+/// chromedriver, on a port of its own (ended, by its PID, when dropped).
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // A process group of its own: the browsers it starts are in it too, and a failing
+        // test ends them with it (a browser outlives its driver otherwise).
+        let child = Command::new("chromedriver")
+            .process_group(0)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver)");
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, url }
+    }
+
+    /// A new headless Chromium, `width` by `height`, that accepts the test's certificate.
+    async fn browser(&self, width: u32, height: u32) -> Client {
+        let caps = serde_json::json!({
+            "acceptInsecureCerts": true,
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu",
+                    "--disable-dev-shm-usage", "--no-first-run",
+                    format!("--window-size={width},{height}"),
+                ],
+            },
+        });
+        let serde_json::Value::Object(caps) = caps else {
+            unreachable!()
+        };
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("a Chromium session")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// Saves a screenshot of what `c` shows as `name`.png.
+async fn shot(c: &Client, name: &str) {
+    let png = c.screenshot().await.unwrap();
+    let mut dirs = vec![PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console")];
+    if let Some(d) = std::env::var_os("CYPHONIC_SCREENSHOTS") {
+        dirs.push(PathBuf::from(d));
+    }
+    for d in dirs {
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("{name}.png")), &png).unwrap();
+    }
+}
+
+async fn text(c: &Client, css: &str) -> String {
+    c.wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn click(c: &Client, css: &str) {
+    c.wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn fill(c: &Client, css: &str, value: &str) {
+    let e = c
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"));
+    e.clear().await.unwrap();
+    e.send_keys(value).await.unwrap();
+}
+
+/// Waits until the browser is at a URL starting with `prefix`.
+async fn at(c: &Client, prefix: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let url = c.current_url().await.unwrap().to_string();
+        if url.starts_with(prefix) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "at {url}, not {prefix}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `css` names an element of the page now.
+async fn present(c: &Client, css: &str) -> bool {
+    c.find(Locator::Css(css)).await.is_ok()
+}
+
+/// From the console's sign-in page through the provider's login and consent as `login`,
+/// back to the fleet.
+async fn sign_in(c: &Client, bed: &Bed, login: &str) {
+    c.goto(&format!("{}/console/", bed.base)).await.unwrap();
+    at(c, &format!("{}/console/signin", bed.base)).await;
+    click(c, "#sign-in").await;
+    at(c, &bed.idp.issuer).await;
+    fill(c, "input[name=login]", login).await;
+    fill(c, "input[name=password]", "any").await;
+    click(c, "button[type=submit]").await;
+    // The consent page, once the login page has gone.
+    c.wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("input[name=prompt][value=consent]"))
+        .await
+        .unwrap();
+    click(c, "button[type=submit]").await;
+    at(c, &format!("{}/console/", bed.base)).await;
+}
+
+/// The fleet's row of `member`: its text.
+async fn row(c: &Client, bed: &Bed, member: &str) -> String {
+    c.goto(&format!("{}/console/", bed.base)).await.unwrap();
+    text(c, &format!("tr[data-member='{member}']")).await
+}
+
+/// A member online with a certificate of `pki`'s CA, as a site's adapter would be (while
+/// its handle and its events are kept).
+fn site(
+    bed: &Bed,
+    name: &str,
+    block: &str,
+) -> (
+    cyphonic_signal::Handle,
+    tokio::sync::mpsc::Receiver<cyphonic_signal::Event>,
+) {
+    let (h, events) = cyphonic_signal::spawn(
+        client_config(bed),
+        bed.pki.identity(name, block, &["sites"]),
+    );
+    let net: ipnet::Ipv4Net = block.parse().unwrap();
+    let host = |n: u32| std::net::Ipv4Addr::from(u32::from(net.network()) + n);
+    let record = |name: String, vip| cyphonic_signal::NameRecord {
+        name,
+        vip: Some(vip),
+        vip6: None,
+        legacy: None,
+    };
+    // An uplink address of the documentation's: nothing is sent to it.
+    let uplink = std::net::SocketAddr::from(([198, 51, 100, host(0).octets()[2]], 51820));
+    h.register(
+        vec![uplink],
+        vec![
+            record(name.to_owned(), host(1)),
+            record(format!("cam1.{name}"), host(10)),
+        ],
+    );
+    (h, events)
+}
+
+fn client_config(bed: &Bed) -> cyphonic_signal::Config {
+    cyphonic_signal::Config {
+        clouds: vec![bed.control.to_string()],
+        cloud_keys: vec![bed.key],
+        agent: "cyphonic-adapter (test)".into(),
+        tunnel_port: None,
+        source: None,
+    }
+}
+
+/// Waits until the fleet shows `member` with `state`.
+async fn until_state(c: &Client, bed: &Bed, member: &str, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = row(c, bed, member).await;
+        if r.contains(state) {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let revoked = bed.store().revocation_rows().await.unwrap();
+            let members: Vec<(String, String)> = bed
+                .store()
+                .members()
+                .await
+                .unwrap()
+                .iter()
+                .map(|m| (m.client.name.clone(), m.client.fingerprint.clone()))
+                .collect();
+            panic!("{member}: {r}; revoked {revoked:?}; members {members:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_a_real_browser() {
+    let bed = Bed::new("normal", true).await;
+    let _gw1 = site(&bed, "gw1.ovl.example", "100.64.1.0/24");
+    let _gw2 = site(&bed, "gw2.ovl.example", "100.64.2.0/24");
+    let driver = Driver::start();
+    let c = driver.browser(1280, 860).await;
+
+    // Signed out, the console sends the browser to sign in.
+    c.goto(&format!("{}/console/tokens", bed.base))
+        .await
+        .unwrap();
+    at(&c, &format!("{}/console/signin", bed.base)).await;
+    shot(&c, "signin").await;
+
+    // Olivia signs in and sees both sites online.
+    sign_in(&c, &bed, "olivia").await;
+    let me = text(&c, "#me").await;
+    assert!(
+        me.contains("olivia@example.com") && me.contains("(operator)"),
+        "{me}"
+    );
+    until_state(&c, &bed, "gw1.ovl.example", "online").await;
+    until_state(&c, &bed, "gw2.ovl.example", "online").await;
+    assert!(
+        row(&c, &bed, "gw1.ovl.example")
+            .await
+            .contains("100.64.1.0/24")
+    );
+    shot(&c, "fleet").await;
+
+    // A token for a third site, shown once; an adapter enrolls with it and comes online.
+    c.goto(&format!("{}/console/tokens", bed.base))
+        .await
+        .unwrap();
+    fill(&c, "#make-token input[name=name]", "gw3.ovl.example").await;
+    fill(&c, "#make-token input[name=groups]", "sites").await;
+    click(&c, "#make-token button[type=submit]").await;
+    let token = text(&c, "#new-token").await;
+    shot(&c, "token").await;
+    assert!(token.contains('.'), "{token}");
+    let tokens = text(&c, "#tokens").await;
+    assert!(
+        tokens.contains("gw3.ovl.example") && tokens.contains("live"),
+        "{tokens}"
+    );
+    c.goto(&format!("{}/console/tokens", bed.base))
+        .await
+        .unwrap();
+    assert!(!present(&c, "#new-token").await, "shown once only");
+    let keypair = StaticKeypair::generate().unwrap();
+    let enrolled = cyphonic_signal::enroll(&client_config(&bed), &keypair, &token)
+        .await
+        .unwrap();
+    // The adapter's own address: the first of the block the cloud allocated.
+    let enrolled_vip = enrolled
+        .certificate
+        .body()
+        .vip_blocks
+        .iter()
+        .find_map(|b| match b {
+            ipnet::IpNet::V4(n) => Some(std::net::Ipv4Addr::from(u32::from(n.network()) + 1)),
+            ipnet::IpNet::V6(_) => None,
+        })
+        .unwrap();
+    let identity = cyphonic_session::Identity::new(
+        keypair,
+        enrolled.certificate,
+        bed.pki.trust(),
+        cyphonic_signal::testing::now(),
+    )
+    .unwrap();
+    let (gw3, _events) = cyphonic_signal::spawn(client_config(&bed), Arc::new(identity));
+    gw3.register(
+        Vec::new(),
+        vec![cyphonic_signal::NameRecord {
+            name: "gw3.ovl.example".into(),
+            vip: Some(enrolled_vip),
+            vip6: None,
+            legacy: None,
+        }],
+    );
+    until_state(&c, &bed, "gw3.ovl.example", "online").await;
+
+    // Revoking a site: the console asks first; then the site is revoked and offline.
+    c.goto(&format!("{}/console/members/gw2.ovl.example", bed.base))
+        .await
+        .unwrap();
+    shot(&c, "member").await;
+    click(&c, "#revoke").await;
+    let asked = c.get_alert_text().await.unwrap();
+    assert!(asked.contains("Revoke gw2.ovl.example"), "{asked}");
+    c.accept_alert().await.unwrap();
+    until_state(&c, &bed, "gw2.ovl.example", "revoked").await;
+    // Its session is cut: offline in the registry, and counted out of the fleet's online.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while bed
+        .store()
+        .members()
+        .await
+        .unwrap()
+        .iter()
+        .any(|m| m.client.name == "gw2.ovl.example" && m.client.online)
+    {
+        assert!(Instant::now() < deadline, "gw2's session was not cut");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.goto(&format!("{}/console/", bed.base)).await.unwrap();
+    assert_eq!(text(&c, "#online-count").await, "2");
+    assert!(!row(&c, &bed, "gw2.ovl.example").await.contains("online"));
+    assert!(row(&c, &bed, "gw1.ovl.example").await.contains("online"));
+
+    // The audit log shows who did it, from where.
+    c.goto(&format!("{}/console/audit", bed.base))
+        .await
+        .unwrap();
+    let log = text(&c, "#audit").await;
+    for line in [
+        "member.revoke",
+        "gw2.ovl.example",
+        "enrollment_token.create",
+        "sign_in",
+        "person:olivia olivia@example.com",
+        "member:gw3.ovl.example",
+        "127.0.0.1",
+    ] {
+        assert!(log.contains(line), "{line} in {log}");
+    }
+    shot(&c, "audit").await;
+    fill(&c, "#filter input[name=action]", "member.revoke").await;
+    click(&c, "#filter button[type=submit]").await;
+    at(
+        &c,
+        &format!("{}/console/audit?action=member.revoke", bed.base),
+    )
+    .await;
+    let only = text(&c, "#audit tbody").await;
+    assert_eq!(only.lines().count(), 1, "{only}");
+
+    // A phone's width: one column, each row a card of labelled lines.
+    c.set_window_size(390, 844).await.unwrap();
+    c.goto(&format!("{}/console/", bed.base)).await.unwrap();
+    let layout = c
+        .execute(
+            "return [getComputedStyle(document.querySelector('#members thead')).display,
+                     getComputedStyle(document.querySelector('#members td')).display,
+                     document.documentElement.scrollWidth <= window.innerWidth]",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(layout, serde_json::json!(["none", "block", true]));
+    shot(&c, "fleet-phone").await;
+
+    // Signing out ends the session: the console asks to sign in again.
+    c.set_window_size(1280, 860).await.unwrap();
+    click(&c, "#sign-out").await;
+    at(&c, &format!("{}/console/signin", bed.base)).await;
+    c.goto(&format!("{}/console/", bed.base)).await.unwrap();
+    at(&c, &format!("{}/console/signin", bed.base)).await;
+
+    // Victor, a viewer, in a browser of his own (the provider remembers Olivia in hers),
+    // sees the fleet and the tokens, and is offered no change.
+    c.close().await.unwrap();
+    let v = driver.browser(1280, 860).await;
+    sign_in(&v, &bed, "victor").await;
+    assert!(text(&v, "#me").await.contains("(viewer)"));
+    assert!(row(&v, &bed, "gw1.ovl.example").await.contains("online"));
+    v.goto(&format!("{}/console/members/gw1.ovl.example", bed.base))
+        .await
+        .unwrap();
+    text(&v, "dl").await;
+    assert!(!present(&v, "#revoke").await);
+    v.goto(&format!("{}/console/tokens", bed.base))
+        .await
+        .unwrap();
+    text(&v, "#tokens").await;
+    assert!(!present(&v, "#make-token").await);
+    assert_eq!(bed.audit("member.revoke").await.len(), 1);
+    v.close().await.unwrap();
+}
