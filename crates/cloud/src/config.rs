@@ -150,7 +150,8 @@ cyphonic_declare::table! {
         listen: Option<Spanned<SocketAddr>> = None,
         /// Serve it over TLS with this certificate chain (PEM, the server's first)...
         tls_cert: Option<Spanned<PathBuf>> = None,
-        /// ...and its private key (PEM; mode 0640, group cyphonic). Both or neither.
+        /// ...and its private key (PEM; mode 0640, group cyphonic). Both or neither. A reload
+        /// (SIGHUP) reads both files again; other file names take a restart.
         tls_key: Option<Spanned<PathBuf>> = None,
         /// Reverse proxies in front of it (addresses or blocks): a request through one is
         /// taken to come from the last address its `X-Forwarded-For` names (the audit log's
@@ -312,6 +313,11 @@ impl Restart {
         }
     }
 
+    /// The API's certificate and key files (their contents are read again at a reload).
+    pub const fn api_tls(&self) -> Option<&[PathBuf; 2]> {
+        self.api_tls.as_ref()
+    }
+
     /// The keys that differ in `new`.
     pub fn changed(&self, new: &Self) -> Vec<&'static str> {
         [
@@ -327,6 +333,8 @@ impl Restart {
                 "[api]",
                 self.api != new.api || self.audit_days != new.audit_days,
             ),
+            ("[api] tls_cert, tls_key", self.api_tls != new.api_tls),
+            (RawApi::trusted_proxies, self.api_proxies != new.api_proxies),
             ("[api.oidc]", self.api_oidc != new.api_oidc),
             (Raw::status_socket, self.status_socket != new.status_socket),
             ("[enroll]", self.enroll != new.enroll),
@@ -1131,6 +1139,49 @@ mod tests {
             let e = with(&text).unwrap_err();
             assert!(e.contains(says) && e.contains("cloud.toml"), "{text}: {e}");
         }
+    }
+
+    /// A reload names the keys that take a restart: the API's address, its TLS files'
+    /// names (their contents are read again), its proxies; not the policy.
+    #[test]
+    fn a_reload_names_what_takes_a_restart() {
+        let dir = keys();
+        let path = dir.path().join("cloud.toml");
+        let ck = rcgen::generate_simple_self_signed(vec!["cloud.example".to_owned()]).unwrap();
+        for name in ["a", "b"] {
+            std::fs::write(dir.path().join(format!("{name}.crt")), ck.cert.pem()).unwrap();
+            std::fs::write(
+                dir.path().join(format!("{name}.key")),
+                ck.signing_key.serialize_pem(),
+            )
+            .unwrap();
+        }
+        let with = |api: &str| {
+            std::fs::write(
+                &path,
+                format!("key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api]\n{api}"),
+            )
+            .unwrap();
+            Restart::of(&load(&path, 1_800_000_000).unwrap())
+        };
+        let base = "listen = \"127.0.0.1:9467\"\ntls_cert = \"a.crt\"\ntls_key = \"a.key\"\n";
+        let started = with(base);
+        assert!(started.changed(&with(base)).is_empty());
+        assert_eq!(
+            started.changed(&with(
+                &base.replace("a.crt", "b.crt").replace("a.key", "b.key")
+            )),
+            ["[api] tls_cert, tls_key"]
+        );
+        assert_eq!(
+            started.changed(&with(&format!("{base}trusted_proxies = [\"192.0.2.1\"]\n"))),
+            [RawApi::trusted_proxies]
+        );
+        assert_eq!(
+            started.changed(&with(&base.replace("9467", "9468"))),
+            ["[api]"]
+        );
+        assert_eq!(started.api_tls().unwrap()[0], dir.path().join("a.crt"));
     }
 
     /// `[api] trusted_proxies`: addresses and blocks, each read as a block; anything else

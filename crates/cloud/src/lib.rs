@@ -55,6 +55,8 @@ pub struct Running {
     pub metrics: Option<SocketAddr>,
     /// The HTTP API's address, when it runs.
     pub api: Option<SocketAddr>,
+    /// The API's TLS configuration, replaced when a reload reads its files again.
+    api_tls: Option<tokio::sync::watch::Sender<Arc<rustls::ServerConfig>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _status: Option<cyphonic_telemetry::status::StatusSocket>,
 }
@@ -188,6 +190,10 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         None => None,
     };
     let mut tasks = Vec::new();
+    let api_tls = config
+        .api_tls
+        .as_ref()
+        .map(|t| tokio::sync::watch::Sender::new(t.config.clone()));
     let api = match config.api {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -204,7 +210,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
             tasks.push(tokio::spawn(api::serve(
                 listener,
                 api::router(state),
-                config.api_tls.as_ref().map(|t| t.config.clone()),
+                api_tls.as_ref().map(tokio::sync::watch::Sender::subscribe),
                 config.api_proxies.clone().into(),
                 api::Limits::default(),
                 {
@@ -249,6 +255,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         observed,
         metrics,
         api,
+        api_tls,
         tasks,
         _status: Some(status),
     })
@@ -333,6 +340,14 @@ pub async fn serve(
                 };
                 for key in started.changed(&config::Restart::of(&new)) {
                     tracing::warn!(key, "changed in the file: takes effect at the next restart");
+                }
+                // The same certificate files, read again (a renewed certificate): new
+                // connections take it, open ones keep theirs.
+                if let (Some(live), Some(tls)) = (&running.api_tls, &new.api_tls)
+                    && config::Restart::of(&new).api_tls() == started.api_tls()
+                {
+                    live.send_replace(tls.config.clone());
+                    tracing::info!(files = ?tls.files, "the API's TLS certificate and key read again");
                 }
                 let outcome = match running.nms.reload(new.trust, new.policy).await {
                     Ok(cut) => {

@@ -764,6 +764,39 @@ impl Drop for Served {
     }
 }
 
+/// A cloud's file in `d` (its key, a CA, a SQLite store, free loopback ports, the relay
+/// off), its `[api]` listening with `api_extra` lines added: the file's path and the API's
+/// address.
+fn binary_config(d: &std::path::Path, api_extra: &str) -> (String, SocketAddr) {
+    let path = |f: &str| d.join(f).display().to_string();
+    cli(&["keygen", "--out", &path("cloud.key")]);
+    cli(&[
+        "ca",
+        "init",
+        "--dir",
+        &path("ca"),
+        "--domain",
+        "ovl.example",
+    ]);
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port(false)));
+    let config = path("cloud.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{}\"\nprobe_listen = \"127.0.0.1:{}\"\n\
+             probe_listen_alt = \"127.0.0.1:{}\"\nkey = \"cloud.key\"\nca = \"ca/ca.crt\"\n\
+             database = \"sqlite://{}\"\nstatus_socket = \"cloud.sock\"\n\
+             [relay]\nenabled = false\n[api]\nlisten = \"{api}\"\n{api_extra}",
+            free_port(false),
+            free_port(true),
+            free_port(true),
+            path("cloud.db"),
+        ),
+    )
+    .unwrap();
+    (config, api)
+}
+
 /// A port on loopback that was free a moment ago.
 fn free_port(udp: bool) -> u16 {
     if udp {
@@ -822,33 +855,7 @@ fn http(addr: SocketAddr, method: &str, path: &str, token: &str, body: &str) -> 
 #[test]
 fn the_binary_serves_the_api_and_its_audit_log_holds_every_side() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let path = |f: &str| d.join(f).display().to_string();
-    cli(&["keygen", "--out", &path("cloud.key")]);
-    cli(&[
-        "ca",
-        "init",
-        "--dir",
-        &path("ca"),
-        "--domain",
-        "ovl.example",
-    ]);
-    let api = SocketAddr::from(([127, 0, 0, 1], free_port(false)));
-    let config = path("cloud.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:{}\"\nprobe_listen = \"127.0.0.1:{}\"\n\
-             probe_listen_alt = \"127.0.0.1:{}\"\nkey = \"cloud.key\"\nca = \"ca/ca.crt\"\n\
-             database = \"sqlite://{}\"\nstatus_socket = \"cloud.sock\"\n\
-             [relay]\nenabled = false\n[api]\nlisten = \"{api}\"\n",
-            free_port(false),
-            free_port(true),
-            free_port(true),
-            path("cloud.db"),
-        ),
-    )
-    .unwrap();
+    let (config, api) = binary_config(dir.path(), "");
     assert!(cli(&["check-config", &config]).contains(&format!("api {api}")));
     let made = cli(&[
         "api-token",
@@ -956,6 +963,106 @@ fn the_binary_serves_the_api_and_its_audit_log_holds_every_side() {
     assert_eq!(row("api_token.revoke", "ok")["target"], id);
     let text = cli(&["audit", "--config", &config, "--action", "api_token.create"]);
     assert_eq!(text.lines().count(), 3, "a header and two rows: {text}");
+}
+
+/// Whether a TLS client that trusts only `cert` (DER) is served by `api`.
+async fn trusted_by(api: SocketAddr, cert: &rcgen::Certificate) -> bool {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    #[expect(deprecated, reason = "ring, as the server")]
+    let provider = rustls::crypto::ring::default_provider();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let Ok(tcp) = tokio::net::TcpStream::connect(api).await else {
+        return false;
+    };
+    tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect("cloud.example".try_into().unwrap(), tcp)
+        .await
+        .is_ok()
+}
+
+/// `[api] tls_cert` and `tls_key` are read again on SIGHUP (a renewed certificate under the
+/// same names): new connections get the new certificate; a file that does not read is
+/// refused with the whole configuration, and the certificate in use stays.
+#[tokio::test]
+async fn the_apis_certificate_is_read_again_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = || rcgen::generate_simple_self_signed(vec!["cloud.example".to_owned()]).unwrap();
+    let write = |ck: &rcgen::CertifiedKey<rcgen::KeyPair>| {
+        std::fs::write(dir.path().join("api.crt"), ck.cert.pem()).unwrap();
+        std::fs::write(dir.path().join("api.key"), ck.signing_key.serialize_pem()).unwrap();
+    };
+    let (first, second) = (made(), made());
+    write(&first);
+    let (config, api) = binary_config(
+        dir.path(),
+        "tls_cert = \"api.crt\"\ntls_key = \"api.key\"\n",
+    );
+    let served = Served(
+        std::process::Command::new(env!("CARGO_BIN_EXE_cyphonic-cloud"))
+            .args(["serve", "--config", &config])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !trusted_by(api, &first.cert).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never served over TLS"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(!trusted_by(api, &second.cert).await);
+    let hup = || {
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-HUP", &served.0.id().to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    write(&second);
+    hup();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !trusted_by(api, &second.cert).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new certificate was not taken"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(!trusted_by(api, &first.cert).await);
+    // A key file that does not read: the reload is refused, the second certificate stays.
+    std::fs::write(dir.path().join("api.key"), "not a key").unwrap();
+    hup();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // (`cyphonic-cloud audit` reads the file too, so the store is read here.)
+    let store = Store::open(&format!(
+        "sqlite://{}",
+        dir.path().join("cloud.db").display()
+    ))
+    .await
+    .unwrap();
+    let refused = loop {
+        let log = common::audit(&store, "policy.reload").await;
+        if let Some(r) = log.iter().find(|e| e.result != "ok") {
+            break r.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refused reload in {log:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let why = refused.details["error"].as_str().unwrap();
+    assert!(why.contains("tls_cert"), "{why}");
+    assert!(trusted_by(api, &second.cert).await);
 }
 
 /// Connects to `to` from `from` (a loopback address).
@@ -1303,7 +1410,7 @@ async fn the_api_is_served_over_tls() {
     let server = tokio::spawn(cyphonic_cloud::api::serve(
         listener,
         bed.app.clone(),
-        Some(tls),
+        Some(cyphonic_cloud::api::fixed_tls(tls)),
         Vec::new().into(),
         cyphonic_cloud::api::Limits::default(),
         || {},

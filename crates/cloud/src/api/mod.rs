@@ -229,6 +229,15 @@ pub fn source_of(
         .map_or(peer, |ip| SocketAddr::new(ip, 0))
 }
 
+/// The API's TLS configuration as it stands: a reload may replace it, and each new
+/// connection takes the one current then.
+pub type LiveTls = tokio::sync::watch::Receiver<Arc<rustls::ServerConfig>>;
+
+/// A [`LiveTls`] that never changes.
+pub fn fixed_tls(config: Arc<rustls::ServerConfig>) -> LiveTls {
+    tokio::sync::watch::channel(config).1
+}
+
 /// Serves `router` on `listener` (over TLS with `tls`) within `limits` until the task is
 /// dropped, each connection's peer address (or the client a trusted proxy in `proxies`
 /// names, [`source_of`]) known to the handlers: the audit log's source. A proxy's
@@ -238,7 +247,7 @@ pub fn source_of(
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: axum::Router,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<LiveTls>,
     proxies: Arc<[ipnet::IpNet]>,
     limits: Limits,
     refused: impl Fn() + Send + 'static,
@@ -285,7 +294,7 @@ pub async fn serve(
                     .insert(axum::extract::ConnectInfo(source));
                 tower::ServiceExt::oneshot(router.clone(), req)
             });
-        let (http, tls) = (http.clone(), tls.clone());
+        let (http, tls) = (http.clone(), tls.as_ref().map(|t| t.borrow().clone()));
         tokio::spawn(async move {
             // A connection that says nothing is closed after the header time: hyper's own
             // timeout starts only once it has a first byte to tell HTTP/1 from HTTP/2 by.

@@ -131,6 +131,7 @@ impl Bed {
             )
             .unwrap()
         });
+        let tls = tls.map(api::fixed_tls);
         let server = tokio::spawn(api::serve(
             listener,
             api::router(state),
