@@ -149,6 +149,43 @@ async fn audit(store: &Store) {
     assert_eq!(store.api_token("ffffffffffffffff").await.unwrap(), None);
 }
 
+/// The members' pages: walked one or two at a time they give every member once, in the
+/// order of name then fingerprint, each with its names as the whole list has them.
+async fn pages(store: &Store) {
+    let mut all = store.members().await.unwrap();
+    assert!(all.len() >= 2, "the conformance run left members");
+    all.sort_by(|a, b| {
+        (&a.client.name, &a.client.fingerprint).cmp(&(&b.client.name, &b.client.fingerprint))
+    });
+    for limit in [1, 2, 500] {
+        let mut seen = Vec::new();
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let page = store
+                .members_page(after.as_ref().map(|(n, f)| (n.as_str(), f.as_str())), limit)
+                .await
+                .unwrap();
+            assert!(page.len() <= limit as usize);
+            let Some(last) = page.last() else { break };
+            after = Some((last.client.name.clone(), last.client.fingerprint.clone()));
+            seen.extend(page);
+            assert!(seen.len() <= all.len(), "past the end");
+        }
+        let key = |m: &cyphonic_cloud::store::Member| {
+            (
+                m.client.fingerprint.clone(),
+                m.names.clone(),
+                m.names6.clone(),
+            )
+        };
+        assert_eq!(
+            seen.iter().map(key).collect::<Vec<_>>(),
+            all.iter().map(key).collect::<Vec<_>>(),
+            "pages of {limit}"
+        );
+    }
+}
+
 /// People's sessions: written, listed while live (not ended, not idle), noted at most
 /// forward, ended once, at most `most` per person (the oldest go), swept when ended.
 async fn sessions(store: &Store) {
@@ -732,6 +769,7 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             let store = Store::open(&url).await.unwrap();
             assert_eq!(store.is_shared(), url.starts_with("postgres"));
             conformance(&store).await;
+            pages(&store).await;
             tokens(&store).await;
             revocations(&store).await;
             assert_eq!(

@@ -595,76 +595,58 @@ impl Store {
     /// # Errors
     /// Database failures, or a row this version cannot read.
     pub async fn members(&self) -> Result<Vec<Member>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt, \
-             updated_at, agent, pair FROM clients ORDER BY name, updated_at",
-        )
+        let rows = sqlx::query(&format!(
+            "SELECT {MEMBER_COLUMNS} FROM clients ORDER BY name, updated_at"
+        ))
         .fetch_all(&self.pool)
         .await?;
         let names = sqlx::query("SELECT owner, name, vip, legacy, vip6 FROM names ORDER BY name")
             .fetch_all(&self.pool)
             .await?;
-        // Each client's names, grouped once (not looked up per client).
-        let mut held: std::collections::HashMap<String, Vec<(String, Option<Ipv4Addr>)>> =
-            std::collections::HashMap::new();
-        let mut legacy = std::collections::BTreeMap::new();
-        let mut names6 = std::collections::BTreeMap::new();
-        for n in &names {
-            let vip: Option<Ipv4Addr> = address_at(n, 2, "vip")?;
-            let name: String = n.try_get(1)?;
-            if let Some(own) = address_at(n, 3, "legacy")? {
-                legacy.insert(name.clone(), own);
-            }
-            match address_at::<Ipv6Addr>(n, 4, "vip6")? {
-                Some(ip6) => {
-                    names6.insert(name.clone(), ip6);
-                }
-                None if vip.is_none() => {
-                    return Err(StoreError::Corrupt {
-                        table: "names",
-                        what: format!("{name:?} without an address"),
-                    });
-                }
-                None => {}
-            }
-            held.entry(n.try_get(0)?).or_default().push((name, vip));
+        members_of(&rows, &names)
+    }
+
+    /// At most `limit` members (each certificate apart) after the one named `after` (its
+    /// name and fingerprint), ordered by name then fingerprint: a page of the list, read
+    /// from the store alone (the API's `GET /members`).
+    ///
+    /// # Errors
+    /// Database failures, unreadable rows.
+    pub async fn members_page(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<Member>, StoreError> {
+        let sql = format!(
+            "SELECT {MEMBER_COLUMNS} FROM clients {} ORDER BY name, fingerprint LIMIT ${}",
+            if after.is_some() {
+                "WHERE (name, fingerprint) > ($1, $2)"
+            } else {
+                ""
+            },
+            if after.is_some() { 3 } else { 1 }
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some((name, fingerprint)) = after {
+            query = query.bind(name).bind(fingerprint);
         }
-        let mut members = Vec::with_capacity(rows.len());
+        let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let owners = (1..=rows.len())
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "SELECT owner, name, vip, legacy, vip6 FROM names WHERE owner IN ({owners}) ORDER BY name"
+        );
+        let mut query = sqlx::query(&sql);
         for row in &rows {
-            let client = client_row(row, 0)?;
-            let last_seen: i64 = row.try_get(7)?;
-            let agent: Option<String> = row.try_get(8)?;
-            let pair: Option<String> = row.try_get(9)?;
-            let pair = pair
-                .map(|text| {
-                    serde_json::from_str::<PairReport>(&text).map_err(|e| StoreError::Corrupt {
-                        table: "clients",
-                        what: format!("pair of {}: {e}", client.fingerprint),
-                    })
-                })
-                .transpose()?;
-            let names = held.remove(&client.fingerprint).unwrap_or_default();
-            members.push(Member {
-                legacy: names
-                    .iter()
-                    .filter_map(|(n, _)| Some((n.clone(), *legacy.get(n)?)))
-                    .collect(),
-                names6: names
-                    .iter()
-                    .filter_map(|(n, _)| Some((n.clone(), *names6.get(n)?)))
-                    .collect(),
-                // A device with IPv6 only is in `names6` alone.
-                names: names
-                    .into_iter()
-                    .filter_map(|(n, vip)| Some((n, vip?)))
-                    .collect(),
-                client,
-                last_seen: u64::try_from(last_seen).unwrap_or(0),
-                agent,
-                pair,
-            });
+            query = query.bind(row.try_get::<String, _>(0)?);
         }
-        Ok(members)
+        let names = query.fetch_all(&self.pool).await?;
+        members_of(&rows, &names)
     }
 
     /// Forgets the offline clients whose certificate names `name` (a member's older
@@ -1177,6 +1159,78 @@ fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreErro
         observed_alt: addr(observed_alt, "observed_alt")?,
         online: online != 0,
     })
+}
+
+/// The columns [`members_of`] reads, in its order.
+const MEMBER_COLUMNS: &str = "fingerprint, name, certificate, endpoints, observed, online, \
+     observed_alt, updated_at, agent, pair";
+
+/// Members from their `clients` rows ([`MEMBER_COLUMNS`]) and the `names` rows they own.
+fn members_of(
+    rows: &[sqlx::any::AnyRow],
+    names: &[sqlx::any::AnyRow],
+) -> Result<Vec<Member>, StoreError> {
+    // Each client's names, grouped once (not looked up per client).
+    let mut held: std::collections::HashMap<String, Vec<(String, Option<Ipv4Addr>)>> =
+        std::collections::HashMap::new();
+    let mut legacy = std::collections::BTreeMap::new();
+    let mut names6 = std::collections::BTreeMap::new();
+    for n in names {
+        let vip: Option<Ipv4Addr> = address_at(n, 2, "vip")?;
+        let name: String = n.try_get(1)?;
+        if let Some(own) = address_at(n, 3, "legacy")? {
+            legacy.insert(name.clone(), own);
+        }
+        match address_at::<Ipv6Addr>(n, 4, "vip6")? {
+            Some(ip6) => {
+                names6.insert(name.clone(), ip6);
+            }
+            None if vip.is_none() => {
+                return Err(StoreError::Corrupt {
+                    table: "names",
+                    what: format!("{name:?} without an address"),
+                });
+            }
+            None => {}
+        }
+        held.entry(n.try_get(0)?).or_default().push((name, vip));
+    }
+    let mut members = Vec::with_capacity(rows.len());
+    for row in rows {
+        let client = client_row(row, 0)?;
+        let last_seen: i64 = row.try_get(7)?;
+        let agent: Option<String> = row.try_get(8)?;
+        let pair: Option<String> = row.try_get(9)?;
+        let pair = pair
+            .map(|text| {
+                serde_json::from_str::<PairReport>(&text).map_err(|e| StoreError::Corrupt {
+                    table: "clients",
+                    what: format!("pair of {}: {e}", client.fingerprint),
+                })
+            })
+            .transpose()?;
+        let names = held.remove(&client.fingerprint).unwrap_or_default();
+        members.push(Member {
+            legacy: names
+                .iter()
+                .filter_map(|(n, _)| Some((n.clone(), *legacy.get(n)?)))
+                .collect(),
+            names6: names
+                .iter()
+                .filter_map(|(n, _)| Some((n.clone(), *names6.get(n)?)))
+                .collect(),
+            // A device with IPv6 only is in `names6` alone.
+            names: names
+                .into_iter()
+                .filter_map(|(n, vip)| Some((n, vip?)))
+                .collect(),
+            client,
+            last_seen: u64::try_from(last_seen).unwrap_or(0),
+            agent,
+            pair,
+        });
+    }
+    Ok(members)
 }
 
 #[cfg(test)]

@@ -565,20 +565,29 @@ async fn members(
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Answer<Page<MemberView>> {
     let q = asked(&caller, Scope::Read, q)?;
+    let limit = page_limit(q.limit)?;
+    // Paged by the store: a page costs its own members, not the whole registry's.
+    let after = q.after.as_deref().map(key_of).transpose()?;
+    let after = match &after {
+        None => None,
+        Some(key) => Some(key.split_once(' ').ok_or_else(bad_cursor)?),
+    };
+    // One more than the page says whether there is a next.
     let mut views: Vec<MemberView> = s
         .nms
         .store()
-        .members()
+        .members_page(after, limit + 1)
         .await?
         .iter()
         .map(MemberView::of)
         .collect();
-    views.sort_by(|a, b| (&a.name, &a.fingerprint).cmp(&(&b.name, &b.fingerprint)));
-    Ok(Json(page(
-        views,
-        |m| format!("{} {}", m.name, m.fingerprint),
-        &q,
-    )?))
+    let more = views.len() > limit as usize;
+    views.truncate(limit as usize);
+    let next = views
+        .last()
+        .filter(|_| more)
+        .map(|m| cursor_of(&format!("{} {}", m.name, m.fingerprint)));
+    Ok(Json(Page { items: views, next }))
 }
 
 /// One member: every certificate of the name.
