@@ -11,6 +11,7 @@
 //! saying so; they never skip. `cargo xtask test` runs this tier after the unit tier.
 #![forbid(unsafe_code)]
 
+pub mod apiload;
 pub mod attack;
 pub mod bed;
 pub mod fleet;

@@ -229,6 +229,21 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         idle: u64,
     },
+    /// The cloud's HTTP API under load (issue 54): a cloud in this process on loopback over
+    /// a registry of `members` (SQLite, or a throwaway PostgreSQL), and 8 keep-alive
+    /// connections asking as fast as answers come: the session check alone, the members'
+    /// first page, every page. Prints a Markdown table.
+    Api {
+        /// Members in the registry.
+        #[arg(long, default_value_t = 10_000)]
+        members: usize,
+        /// PostgreSQL instead of SQLite.
+        #[arg(long)]
+        postgres: bool,
+        /// Seconds per endpoint.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
     /// The legacy map's cost end to end (issue 52): TCP with 1 and 4 streams from A's host
     /// to B's, from its own vIP and from a fixed address of a legacy subnet that A maps
     /// (a macvlan of its own MAC in the same namespace), alternating, `rounds` times each;
@@ -459,6 +474,11 @@ fn main() -> ExitCode {
             postgres,
             idle,
         } => members_table(&counts, concurrency, postgres, idle),
+        Command::Api {
+            members,
+            postgres,
+            seconds,
+        } => api_table(members, postgres, seconds),
         Command::Swarm {
             counts,
             concurrency,

@@ -560,3 +560,19 @@ pub(crate) fn node_table(
     }
     Ok(())
 }
+
+/// `cyphonic-bed api`: see [`Command::Api`].
+pub(crate) fn api_table(members: usize, postgres: bool, seconds: u64) -> anyhow::Result<()> {
+    let store = if postgres { "postgresql" } else { "sqlite" };
+    println!(
+        "| store | members | asked | requests/s | per request (walk: per walk), p50 / p99 ms | answered (refused) | body, bytes |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|");
+    for r in cyphonic_e2e::apiload::run(members, postgres, seconds)? {
+        println!(
+            "| {store} | {members} | {} | {:.0} | {:.2} / {:.2} | {} ({}) | {} |",
+            r.what, r.per_sec, r.p50_ms, r.p99_ms, r.answered, r.refused, r.body_bytes
+        );
+    }
+    Ok(())
+}
