@@ -631,6 +631,25 @@ impl Store {
             query = query.bind(name).bind(fingerprint);
         }
         let rows = query.bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        self.with_names(&rows).await
+    }
+
+    /// The certificates of the member `name`, by fingerprint.
+    ///
+    /// # Errors
+    /// Database failures, unreadable rows.
+    pub async fn members_named(&self, name: &str) -> Result<Vec<Member>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {MEMBER_COLUMNS} FROM clients WHERE name = $1 ORDER BY fingerprint"
+        ))
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await?;
+        self.with_names(&rows).await
+    }
+
+    /// The members of `rows` ([`MEMBER_COLUMNS`]) with the names they own.
+    async fn with_names(&self, rows: &[sqlx::any::AnyRow]) -> Result<Vec<Member>, StoreError> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -642,11 +661,11 @@ impl Store {
             "SELECT owner, name, vip, legacy, vip6 FROM names WHERE owner IN ({owners}) ORDER BY name"
         );
         let mut query = sqlx::query(&sql);
-        for row in &rows {
+        for row in rows {
             query = query.bind(row.try_get::<String, _>(0)?);
         }
         let names = query.fetch_all(&self.pool).await?;
-        members_of(&rows, &names)
+        members_of(rows, &names)
     }
 
     /// Forgets the offline clients whose certificate names `name` (a member's older

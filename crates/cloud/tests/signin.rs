@@ -423,3 +423,52 @@ async fn a_forged_or_expired_id_token_is_refused() {
         assert_eq!(refused, 1, "{mode}");
     }
 }
+
+/// The console's fleet comes in pages of the store's (200 certificates): walked by its
+/// *Next page* links, it shows every member once, with all its certificates counted, though
+/// a page's end falls between two certificates of one member (100 members of 3: the 200th
+/// row is a second certificate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consoles_fleet_comes_in_pages() {
+    let bed = Bed::new("normal", false).await;
+    for i in 0..100 {
+        for _ in 0..3 {
+            common::member(
+                bed.store(),
+                &bed.pki,
+                &format!("gw{i}.ovl.example"),
+                &format!("100.64.{i}.0/24"),
+            )
+            .await;
+        }
+    }
+    let (_, olivia) = sign_in(&bed, "olivia", |u| u).await;
+    let mut seen: Vec<String> = Vec::new();
+    let mut path = "/console/".to_owned();
+    for _ in 0..10 {
+        let page = browser()
+            .get(format!("{}{path}", bed.base))
+            .header("cookie", olivia.header())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for row in page.split("<tr data-member=\"").skip(1) {
+            let name = &row[..row.find('"').unwrap()];
+            assert!(
+                row[..row.find("</tr>").unwrap()].contains("(3 certificates)"),
+                "{name}"
+            );
+            seen.push(name.to_owned());
+        }
+        match page.split_once("id=\"next\" href=\"") {
+            Some((_, rest)) => path = rest[..rest.find('"').unwrap()].replace("&amp;", "&"),
+            None => break,
+        }
+    }
+    let mut want: Vec<String> = (0..100).map(|i| format!("gw{i}.ovl.example")).collect();
+    want.sort();
+    assert_eq!(seen, want);
+}

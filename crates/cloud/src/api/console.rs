@@ -209,15 +209,37 @@ fn member_row(m: &MemberView, revoked: &std::collections::HashSet<String>, t: u6
     }
 }
 
-/// The members, and the fingerprints revoked.
-async fn members(
-    s: &ApiState,
-) -> Result<(Vec<MemberView>, std::collections::HashSet<String>), ApiError> {
-    let store = s.nms.store();
-    let mut views: Vec<MemberView> = store.members().await?.iter().map(MemberView::of).collect();
-    views.sort_by(|a, b| (&a.name, &a.fingerprint).cmp(&(&b.name, &b.fingerprint)));
-    let revoked = store.revocations().await?.into_iter().collect();
-    Ok((views, revoked))
+/// Members of the fleet's page: certificates (a renewal leaves the old one in the registry
+/// until it is removed) read from the store a page at a time.
+const FLEET_PAGE: u32 = 200;
+
+/// The fingerprints revoked.
+async fn revoked(s: &ApiState) -> Result<std::collections::HashSet<String>, ApiError> {
+    Ok(s.nms.store().revocations().await?.into_iter().collect())
+}
+
+/// One row a member, in order: the certificate in use (online), else its newest, with how
+/// many the member has.
+fn by_member(
+    views: &[MemberView],
+    revoked: &std::collections::HashSet<String>,
+    t: u64,
+) -> Vec<MemberRow> {
+    let mut rows: Vec<MemberRow> = Vec::new();
+    let rank = |r: &MemberRow| (r.online, !r.revoked, r.not_after);
+    for r in views.iter().map(|m| member_row(m, revoked, t)) {
+        match rows.last_mut() {
+            Some(last) if last.name == r.name => {
+                let n = last.certificates + 1;
+                if rank(&r) > rank(last) {
+                    *last = r;
+                }
+                last.certificates = n;
+            }
+            _ => rows.push(r),
+        }
+    }
+    rows
 }
 
 #[derive(Template)]
@@ -245,39 +267,47 @@ struct Fleet {
     members: Vec<MemberRow>,
     online: usize,
     ending: usize,
+    /// The next page's cursor, when there is one.
+    next: Option<String>,
 }
 
-async fn fleet(State(s): State<Arc<ApiState>>, p: Person) -> Response {
+async fn fleet(
+    State(s): State<Arc<ApiState>>,
+    p: Person,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     let shown = async {
         p.0.may(Scope::Read)?;
-        let (views, revoked) = members(&s).await?;
-        let t = now();
-        // One row a member: the certificate in use (online), else its newest. A renewal
-        // leaves the old certificate in the registry until it is removed.
-        let mut by_name: std::collections::BTreeMap<String, MemberRow> =
-            std::collections::BTreeMap::new();
-        for r in views.iter().map(|m| member_row(m, &revoked, t)) {
-            let rank = |r: &MemberRow| (r.online, !r.revoked, r.not_after);
-            match by_name.entry(r.name.clone()) {
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(r);
-                }
-                std::collections::btree_map::Entry::Occupied(mut e) => {
-                    let n = e.get().certificates + 1;
-                    if rank(&r) > rank(e.get()) {
-                        e.insert(r);
-                    }
-                    e.get_mut().certificates = n;
-                }
+        let after = super::member_after(q.get("after").map(String::as_str))?;
+        let after = after.as_ref().map(|(n, f)| (n.as_str(), f.as_str()));
+        let mut views: Vec<MemberView> = s
+            .nms
+            .store()
+            .members_page(after, FLEET_PAGE + 1)
+            .await?
+            .iter()
+            .map(MemberView::of)
+            .collect();
+        // With more to come, the page's last member may go on past it: it is left to the
+        // next page, whole (unless it is all the page holds).
+        let more = views.len() > FLEET_PAGE as usize;
+        if more {
+            views.truncate(FLEET_PAGE as usize);
+            if let Some(last) = views.last().map(|v| v.name.clone())
+                && views.iter().any(|v| v.name != last)
+            {
+                views.retain(|v| v.name != last);
             }
         }
-        let rows: Vec<MemberRow> = by_name.into_values().collect();
+        let next = views.last().filter(|_| more).map(super::member_cursor);
+        let rows = by_member(&views, &revoked(&s).await?, now());
         Ok::<_, ApiError>(Fleet {
             me: Some(p.me()),
             page: "fleet",
             online: rows.iter().filter(|r| r.online && !r.revoked).count(),
             ending: rows.iter().filter(|r| r.ending && !r.revoked).count(),
             members: rows,
+            next,
         })
     }
     .await;
@@ -302,12 +332,15 @@ struct Member {
 async fn member(State(s): State<Arc<ApiState>>, p: Person, Path(name): Path<String>) -> Response {
     let shown = async {
         p.0.may(Scope::Read)?;
-        let (views, revoked) = members(&s).await?;
+        let revoked = revoked(&s).await?;
         let t = now();
-        let rows: Vec<MemberRow> = views
+        let rows: Vec<MemberRow> = s
+            .nms
+            .store()
+            .members_named(&name)
+            .await?
             .iter()
-            .filter(|m| m.name == name)
-            .map(|m| member_row(m, &revoked, t))
+            .map(|m| member_row(&MemberView::of(m), &revoked, t))
             .collect();
         if rows.is_empty() {
             return Err(ApiError::not_found(format!("no member {name}")));

@@ -526,6 +526,21 @@ fn key_of(cursor: &str) -> Result<String, ApiError> {
         .ok_or_else(bad_cursor)
 }
 
+/// The member (name, fingerprint) a members list's cursor names.
+fn member_after(cursor: Option<&str>) -> Result<Option<(String, String)>, ApiError> {
+    let Some(cursor) = cursor else {
+        return Ok(None);
+    };
+    let key = key_of(cursor)?;
+    let (name, fingerprint) = key.split_once(' ').ok_or_else(bad_cursor)?;
+    Ok(Some((name.to_owned(), fingerprint.to_owned())))
+}
+
+/// A members list's cursor after `m`.
+fn member_cursor(m: &MemberView) -> String {
+    cursor_of(&format!("{} {}", m.name, m.fingerprint))
+}
+
 fn bad_cursor() -> ApiError {
     ApiError::invalid("after", "the cursor is not one this list gave")
 }
@@ -567,11 +582,8 @@ async fn members(
     let q = asked(&caller, Scope::Read, q)?;
     let limit = page_limit(q.limit)?;
     // Paged by the store: a page costs its own members, not the whole registry's.
-    let after = q.after.as_deref().map(key_of).transpose()?;
-    let after = match &after {
-        None => None,
-        Some(key) => Some(key.split_once(' ').ok_or_else(bad_cursor)?),
-    };
+    let after = member_after(q.after.as_deref())?;
+    let after = after.as_ref().map(|(n, f)| (n.as_str(), f.as_str()));
     // One more than the page says whether there is a next.
     let mut views: Vec<MemberView> = s
         .nms
@@ -583,10 +595,7 @@ async fn members(
         .collect();
     let more = views.len() > limit as usize;
     views.truncate(limit as usize);
-    let next = views
-        .last()
-        .filter(|_| more)
-        .map(|m| cursor_of(&format!("{} {}", m.name, m.fingerprint)));
+    let next = views.last().filter(|_| more).map(member_cursor);
     Ok(Json(Page { items: views, next }))
 }
 
