@@ -278,26 +278,15 @@ async fn fleet(
 ) -> Response {
     let shown = async {
         p.0.may(Scope::Read)?;
-        let after = super::member_after(q.get("after").map(String::as_str))?;
-        let after = after.as_ref().map(|(n, f)| (n.as_str(), f.as_str()));
-        let mut views: Vec<MemberView> = s
-            .nms
-            .store()
-            .members_page(after, FLEET_PAGE + 1)
-            .await?
-            .iter()
-            .map(MemberView::of)
-            .collect();
+        let (mut views, more) =
+            super::member_views(&s, q.get("after").map(String::as_str), FLEET_PAGE).await?;
         // With more to come, the page's last member may go on past it: it is left to the
         // next page, whole (unless it is all the page holds).
-        let more = views.len() > FLEET_PAGE as usize;
-        if more {
-            views.truncate(FLEET_PAGE as usize);
-            if let Some(last) = views.last().map(|v| v.name.clone())
-                && views.iter().any(|v| v.name != last)
-            {
-                views.retain(|v| v.name != last);
-            }
+        if more
+            && let Some(last) = views.last().map(|v| v.name.clone())
+            && views.iter().any(|v| v.name != last)
+        {
+            views.retain(|v| v.name != last);
         }
         let next = views.last().filter(|_| more).map(super::member_cursor);
         let rows = by_member(&views, &revoked(&s).await?, now());

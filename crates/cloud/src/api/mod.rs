@@ -536,6 +536,28 @@ fn member_after(cursor: Option<&str>) -> Result<Option<(String, String)>, ApiErr
     Ok(Some((name.to_owned(), fingerprint.to_owned())))
 }
 
+/// At most `limit` members (each certificate apart) after the one `cursor` names, read
+/// from the store a page at a time, and whether more follow (one more is asked for).
+async fn member_views(
+    s: &ApiState,
+    cursor: Option<&str>,
+    limit: u32,
+) -> Result<(Vec<MemberView>, bool), ApiError> {
+    let after = member_after(cursor)?;
+    let after = after.as_ref().map(|(n, f)| (n.as_str(), f.as_str()));
+    let mut views: Vec<MemberView> = s
+        .nms
+        .store()
+        .members_page(after, limit + 1)
+        .await?
+        .iter()
+        .map(MemberView::of)
+        .collect();
+    let more = views.len() > limit as usize;
+    views.truncate(limit as usize);
+    Ok((views, more))
+}
+
 /// A members list's cursor after `m`.
 fn member_cursor(m: &MemberView) -> String {
     cursor_of(&format!("{} {}", m.name, m.fingerprint))
@@ -582,19 +604,7 @@ async fn members(
     let q = asked(&caller, Scope::Read, q)?;
     let limit = page_limit(q.limit)?;
     // Paged by the store: a page costs its own members, not the whole registry's.
-    let after = member_after(q.after.as_deref())?;
-    let after = after.as_ref().map(|(n, f)| (n.as_str(), f.as_str()));
-    // One more than the page says whether there is a next.
-    let mut views: Vec<MemberView> = s
-        .nms
-        .store()
-        .members_page(after, limit + 1)
-        .await?
-        .iter()
-        .map(MemberView::of)
-        .collect();
-    let more = views.len() > limit as usize;
-    views.truncate(limit as usize);
+    let (views, more) = member_views(&s, q.after.as_deref(), limit).await?;
     let next = views.last().filter(|_| more).map(member_cursor);
     Ok(Json(Page { items: views, next }))
 }
