@@ -12,7 +12,10 @@ use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use cyphonic_cloud::{Nms, Policy, Rule, Store};
-use cyphonic_control::{ClientMsg, CloudMsg, Mac, NameRecord, PairBox, PairHealth, PairRole, Resolution};
+use cyphonic_control::{
+    ClientMsg, CloudMsg, DeviceKind, DeviceReport, Mac, NameRecord, PairBox, PairHealth, PairRole, Resolution,
+    TunnelPath, TunnelReport,
+};
 use cyphonic_crypto::{
     Certificate, CertificateAuthority, IssueRequest, RevocationList, StaticKeypair, TrustStore,
 };
@@ -71,6 +74,13 @@ enum Op {
     Ping,
     /// Boxes: MAC, role, priority, health bits, in contact.
     HaPair { term: u64, reason: String, boxes: Vec<([u8; 6], u8, u8, u8, bool)> },
+    /// Devices: MAC, vIP (none: IPv6 only, or no address), name, host name, counters;
+    /// tunnels: peer, name, counters; more parts follow.
+    Report {
+        devices: Vec<([u8; 6], Option<[u8; 4]>, bool, Name, String, u64)>,
+        tunnels: Vec<(Peer, Name, u64)>,
+        more: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -174,6 +184,44 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                         })
                         .collect(),
                 },
+                Op::Report { devices, tunnels, more } => ClientMsg::Report {
+                    devices: devices
+                        .iter()
+                        .take(64)
+                        .map(|(mac, vip, v6, n, hostname, count)| DeviceReport {
+                            mac: Mac(*mac),
+                            vip: vip.map(Ipv4Addr::from),
+                            vip6: v6.then(|| std::net::Ipv6Addr::new(0xfd7a, 0, 1, 0, 0, 0, 0, mac[5].into())),
+                            legacy: None,
+                            name: Some(name(n)),
+                            hostname: Some(hostname.chars().take(300).collect()),
+                            kind: DeviceKind::Lease,
+                            expires: None,
+                            vlan: None,
+                            seen: Some(*count),
+                            tx_bytes: *count,
+                            tx_packets: count / 1000,
+                            rx_bytes: !*count,
+                            rx_packets: 0,
+                        })
+                        .collect(),
+                    tunnels: tunnels
+                        .iter()
+                        .take(16)
+                        .map(|(p, n, count)| TunnelReport {
+                            peer: peer(p, &f.clients),
+                            name: name(n),
+                            path: TunnelPath::Direct,
+                            reason: None,
+                            endpoint: None,
+                            established: count & 1 == 1,
+                            handshake: Some(*count),
+                            tx_bytes: *count,
+                            rx_bytes: !*count,
+                        })
+                        .collect(),
+                    more: *more,
+                },
             };
             let answer = nms.serve_message(me, msg.clone()).await;
             match (&msg, answer) {
@@ -200,7 +248,10 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                 }
                 (ClientMsg::Relay { .. } | ClientMsg::Admit { .. }, Some(CloudMsg::NotPaired { .. })) => {}
                 (ClientMsg::Ping {}, Some(CloudMsg::Pong {})) => {}
-                (ClientMsg::HaPair { .. }, None) => {}
+                (ClientMsg::HaPair { .. } | ClientMsg::Report { .. }, None) => {}
+                (ClientMsg::Report { .. }, Some(CloudMsg::Error { reason })) => {
+                    assert_ne!(reason, "the registry is unavailable");
+                }
                 (ClientMsg::HaPair { .. }, Some(CloudMsg::Error { reason })) => {
                     assert_ne!(reason, "the registry is unavailable");
                 }

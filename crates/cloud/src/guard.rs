@@ -300,9 +300,10 @@ impl Requests {
     /// (ask again then).
     pub fn wait(&self, msg: &ClientMsg) -> Option<Duration> {
         let bucket = match msg {
-            ClientMsg::Register { .. } | ClientMsg::Renew {} | ClientMsg::HaPair { .. } => {
-                &self.register
-            }
+            ClientMsg::Register { .. }
+            | ClientMsg::Renew {}
+            | ClientMsg::HaPair { .. }
+            | ClientMsg::Report { .. } => &self.register,
             ClientMsg::Resolve { .. } => &self.resolve,
             ClientMsg::Relay { .. } | ClientMsg::Admit { .. } => &self.pair,
             ClientMsg::Ping {} => return None,

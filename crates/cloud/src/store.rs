@@ -11,9 +11,11 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row as _};
 
 mod audit;
+mod reports;
 mod sessions;
 
 pub use audit::{ApiTokenRow, AuditEntry, AuditQuery};
+pub use reports::{DeviceRow, TunnelRow};
 pub use sessions::SessionRow;
 
 /// Store failures: the database cannot be opened or migrated, or a query failed.
@@ -276,7 +278,7 @@ impl Store {
     }
 
     /// Records a client that just opened a control session: online, with no endpoints and
-    /// names until it registers.
+    /// names until it registers, and no tunnels until it reports them (its devices stay).
     ///
     /// # Errors
     /// Database failures.
@@ -294,7 +296,8 @@ impl Store {
             identity,
             (certificate, blocks),
         )
-        .await
+        .await?;
+        self.forget_tunnels(fingerprint).await
     }
 
     /// Keeps what the client `fingerprint`'s serving box reported of its HA pair, in place of
@@ -392,7 +395,8 @@ impl Store {
         Ok(())
     }
 
-    /// Marks a client offline (its names stay: a tunnel to it may still work).
+    /// Marks a client offline (its names stay: a tunnel to it may still work) and forgets
+    /// the tunnels it reported.
     ///
     /// # Errors
     /// Database failures.
@@ -402,7 +406,7 @@ impl Store {
             .bind(unix_now())
             .execute(&self.pool)
             .await?;
-        Ok(())
+        self.forget_tunnels(fingerprint).await
     }
 
     /// Marks every client offline: at start, after a crash left some marked online.
@@ -679,7 +683,12 @@ impl Store {
     pub async fn remove_member(&self, name: &str) -> Result<usize, StoreError> {
         let mut tx = self.pool.begin().await?;
         // What refers to the offline certificates first.
-        for (table, column) in [("names", "owner"), ("blocks", "fingerprint")] {
+        for (table, column) in [
+            ("names", "owner"),
+            ("blocks", "fingerprint"),
+            ("devices", "member"),
+            ("tunnels", "member"),
+        ] {
             sqlx::query(&format!(
                 "DELETE FROM {table} WHERE {column} IN \
                  (SELECT fingerprint FROM clients WHERE name = $1 AND online = 0)"

@@ -124,6 +124,46 @@ impl Bed {
     async fn audit(&self, action: &str) -> Vec<cyphonic_cloud::store::AuditEntry> {
         common::audit(self.store(), action).await
     }
+
+    /// Every item of the list at `path` (ending in `?` or `&`), asked `size` at a time;
+    /// more than `most` is an error (a list that never ends).
+    async fn walk(&self, path: &str, size: usize, most: usize) -> Vec<Value> {
+        let mut seen = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let path = match &next {
+                None => format!("{path}limit={size}"),
+                Some(c) => format!("{path}limit={size}&after={c}"),
+            };
+            let page = self.get(&path, &self.read).await;
+            let items = page["items"].as_array().unwrap();
+            assert!(items.len() <= size, "{path}: {page}");
+            assert!(seen.len() < most, "{path}: past the end: {page}");
+            seen.extend(items.iter().cloned());
+            match page["next"].as_str() {
+                Some(c) => next = Some(c.to_owned()),
+                None => return seen,
+            }
+        }
+    }
+
+    /// The member of `id` with a control session open, as its session would record it:
+    /// its fingerprint.
+    async fn online(&self, id: &cyphonic_session::Identity) -> String {
+        let name = &id.certificate().body().name;
+        let cert = id.certificate();
+        let fp = cert.fingerprint().to_string();
+        self.store()
+            .client_online(
+                &fp,
+                (name, &hex::encode(cert.body().issuer)),
+                (&cert.to_pem(), &cert.body().vip_blocks),
+                "test",
+            )
+            .await
+            .unwrap();
+        fp
+    }
 }
 
 fn code(v: &Value) -> &str {
@@ -153,6 +193,20 @@ async fn every_endpoint_needs_its_scope() {
         (
             Method::GET,
             "/api/v1/members/cam1.gw1.ovl.example",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/members/cam1.gw1.ovl.example/devices",
+            None,
+            Scope::Read,
+            StatusCode::OK,
+        ),
+        (
+            Method::GET,
+            "/api/v1/tunnels",
             None,
             Scope::Read,
             StatusCode::OK,
@@ -687,29 +741,156 @@ async fn lists_come_in_pages_that_cover_every_item_once() {
         let all = all["items"].as_array().unwrap().clone();
         assert!(all.len() >= 7, "{list}: {all:?}");
         for size in [1, 2, 3, 7] {
-            let mut seen = Vec::new();
-            let mut next: Option<String> = None;
-            loop {
-                let path = match &next {
-                    None => format!("/api/v1/{list}?limit={size}"),
-                    Some(c) => format!("/api/v1/{list}?limit={size}&after={c}"),
-                };
-                let page = bed.get(&path, &bed.read).await;
-                let items = page["items"].as_array().unwrap();
-                assert!(items.len() <= size, "{path}: {page}");
-                assert!(seen.len() < all.len(), "{path}: past the end: {page}");
-                seen.extend(items.iter().cloned());
-                match page["next"].as_str() {
-                    Some(c) => next = Some(c.to_owned()),
-                    None => break,
-                }
-            }
+            let seen = bed.walk(&format!("/api/v1/{list}?"), size, all.len()).await;
             assert_eq!(seen, all, "{list} in pages of {size}");
         }
     }
     let first = bed.get("/api/v1/members?limit=1", &bed.read).await;
     assert_eq!(first["items"][0]["name"], "gw0.ovl.example");
     assert_eq!(first["items"][0]["groups"], json!(["cameras"]));
+}
+
+/// A member's devices come a page at a time from its last report, with when it came; the
+/// tunnels listed are those members online reported, all or one member's; an unknown
+/// member, or a cursor the list did not give, is refused.
+#[tokio::test]
+async fn devices_and_tunnels_come_from_the_members_reports() {
+    use cyphonic_control::report::Report;
+    use cyphonic_control::{DeviceKind, DeviceReport, Mac, TunnelPath, TunnelReport};
+    let bed = Bed::new().await;
+    let store = bed.store();
+    let gw1 = bed
+        .online(&bed.pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]))
+        .await;
+    let gw2_id = bed.pki.identity("gw2.ovl.example", "100.64.2.0/24", &[]);
+    let gw2 = bed.online(&gw2_id).await;
+    store.client_offline(&gw2).await.unwrap();
+    bed.member("gw3.ovl.example", "100.64.3.0/24").await;
+    let device = |i: u8| DeviceReport {
+        mac: Mac([2, 0, 0, 0, 1, i]),
+        vip: Some(std::net::Ipv4Addr::new(100, 64, 1, i)),
+        vip6: i
+            .is_multiple_of(2)
+            .then(|| format!("fd7a:0:1::{i:x}").parse().unwrap()),
+        legacy: None,
+        name: Some(format!("d{i}.gw1.ovl.example")),
+        hostname: None,
+        kind: DeviceKind::Lease,
+        expires: None,
+        vlan: Some(20),
+        seen: Some(1_795_000_000 + u64::from(i)),
+        tx_bytes: u64::from(i) * 1000,
+        tx_packets: u64::from(i),
+        rx_bytes: 5,
+        rx_packets: 1,
+    };
+    let tunnel = |peer: &str, name: &str| TunnelReport {
+        peer: peer.to_owned(),
+        name: name.to_owned(),
+        path: TunnelPath::Direct,
+        reason: None,
+        endpoint: Some("198.51.100.2:51820".parse().unwrap()),
+        established: true,
+        handshake: Some(1_795_000_000),
+        tx_bytes: 1,
+        rx_bytes: 2,
+    };
+    let report = Report {
+        devices: (60..120).map(device).collect(),
+        tunnels: vec![tunnel(&gw2, "gw2.ovl.example")],
+    };
+    store
+        .keep_report(&gw1, &report, 1_795_000_100)
+        .await
+        .unwrap();
+    // gw2 reported, but its session is not open: its tunnels are not listed.
+    let from_gw2 = Report {
+        devices: vec![],
+        tunnels: vec![tunnel(&gw1, "gw1.ovl.example")],
+    };
+    store
+        .keep_report(&gw2, &from_gw2, 1_795_000_200)
+        .await
+        .unwrap();
+
+    let page = bed
+        .get("/api/v1/members/gw1.ovl.example/devices?limit=2", &bed.read)
+        .await;
+    assert_eq!(page["fingerprint"], gw1);
+    assert_eq!(page["reported_at"], 1_795_000_100);
+    assert_eq!(page["items"][0]["address"], "100.64.1.60");
+    assert_eq!(page["items"][0]["vip6"], "fd7a:0:1::3c");
+    assert_eq!(page["items"][0]["tx_bytes"], 60_000);
+    assert_eq!(page["items"][0]["vlan"], 20);
+    assert_eq!(page["items"][1]["vip6"], Value::Null);
+    // Every device once, by address as numbers (.99 before .100).
+    let expected: Vec<_> = (60..120).map(|i| json!(format!("100.64.1.{i}"))).collect();
+    for size in [1, 7, 500] {
+        let all = bed
+            .walk("/api/v1/members/gw1.ovl.example/devices?", size, 60)
+            .await;
+        let addresses: Vec<_> = all.iter().map(|d| d["address"].clone()).collect();
+        assert_eq!(addresses, expected, "pages of {size}");
+    }
+    let none = bed
+        .get("/api/v1/members/gw3.ovl.example/devices", &bed.read)
+        .await;
+    assert_eq!(
+        (none["items"].clone(), none["reported_at"].clone()),
+        (json!([]), Value::Null)
+    );
+    let (status, v) = bed
+        .call(
+            Method::GET,
+            "/api/v1/members/gw9.ovl.example/devices",
+            Some(&bed.read),
+            None,
+        )
+        .await;
+    assert_eq!((status, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+
+    let tunnels = bed.get("/api/v1/tunnels", &bed.read).await;
+    assert_eq!(tunnels["items"].as_array().unwrap().len(), 1, "{tunnels}");
+    assert_eq!(tunnels["items"][0]["member"], "gw1.ovl.example");
+    assert_eq!(tunnels["items"][0]["peer"], "gw2.ovl.example");
+    assert_eq!(tunnels["items"][0]["peer_fingerprint"], gw2);
+    assert_eq!(tunnels["items"][0]["reported_at"], 1_795_000_100);
+    // gw2 comes online and reports: both ends of the pair are listed, each once.
+    bed.online(&gw2_id).await;
+    store
+        .keep_report(&gw2, &from_gw2, 1_795_000_300)
+        .await
+        .unwrap();
+    let both = bed.walk("/api/v1/tunnels?", 1, 2).await;
+    let members: Vec<_> = both.iter().map(|t| t["member"].clone()).collect();
+    assert_eq!(
+        members,
+        [json!("gw1.ovl.example"), json!("gw2.ovl.example")]
+    );
+    let one = bed
+        .get("/api/v1/tunnels?member=gw2.ovl.example", &bed.read)
+        .await;
+    assert_eq!(one["items"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["items"][0]["peer"], "gw1.ovl.example");
+    // gw2's session ends: its tunnels go.
+    store.client_offline(&gw2).await.unwrap();
+    let left = bed.get("/api/v1/tunnels", &bed.read).await;
+    assert_eq!(left["items"].as_array().unwrap().len(), 1, "{left}");
+
+    for path in [
+        "/api/v1/tunnels?after=zz",
+        "/api/v1/tunnels?after=6162",
+        "/api/v1/members/gw1.ovl.example/devices?after=zz",
+        "/api/v1/tunnels?limit=0",
+        "/api/v1/tunnels?colour=red",
+    ] {
+        let (status, v) = bed.call(Method::GET, path, Some(&bed.read), None).await;
+        assert_eq!(
+            (status, code(&v)),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid"),
+            "{path}"
+        );
+    }
 }
 
 /// The OpenAPI description is served without a token and names every route.
@@ -738,10 +919,12 @@ async fn the_openapi_description_names_every_route() {
         ("/api/v1/policy/check", "post"),
         ("/api/v1/policy/{member}", "get"),
         ("/api/v1/session", "get"),
+        ("/api/v1/members/{name}/devices", "get"),
+        ("/api/v1/tunnels", "get"),
     ] {
         assert!(paths[path][method].is_object(), "{method} {path} missing");
     }
-    assert_eq!(paths.len(), 13, "{:?}", paths.keys());
+    assert_eq!(paths.len(), 15, "{:?}", paths.keys());
     // Valid against the OpenAPI Initiative's schema of 3.1 documents (tests/data, from
     // openapi-spec-validator 0.9.0, Apache-2.0).
     let schema: Value = serde_json::from_str(include_str!("data/openapi-3.1.schema.json")).unwrap();

@@ -857,6 +857,178 @@ async fn an_ha_pairs_report_is_kept_replaced_and_sent_again_after_a_reconnection
     running.stop();
 }
 
+/// A member's report of its devices and tunnels is kept whole (in parts), made safe to show;
+/// one beyond a bound, or from a version-10 session, is refused and changes nothing; a new
+/// session forgets the tunnels and keeps the devices, and the client sends its report again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_report_is_kept_and_its_tunnels_go_with_its_session() {
+    use cyphonic_control::report::{MAX_TUNNELS, Report};
+    use cyphonic_control::{DeviceKind, DeviceReport, Mac, RelayReason, TunnelPath, TunnelReport};
+    let pki = Pki::new();
+    let cloud = Cloud::new();
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let store = cyphonic_cloud::Store::open(&cloud.db).await.unwrap();
+    let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
+    let fp = gw1.certificate().fingerprint().to_string();
+    let device = |i: u16| DeviceReport {
+        mac: {
+            let [a, b] = i.to_be_bytes();
+            Mac([2, 0, 0, 0, a, b])
+        },
+        vip: Some(Ipv4Addr::from(0x6440_0100 + u32::from(i))),
+        vip6: None,
+        legacy: None,
+        name: Some(format!("device-{i}.gw1.ovl.example")),
+        hostname: Some(format!("printer\u{1b}[2J{i}")),
+        kind: DeviceKind::Lease,
+        expires: Some(1_795_000_000),
+        vlan: None,
+        seen: Some(1_795_000_000),
+        tx_bytes: u64::MAX,
+        tx_packets: 7,
+        rx_bytes: 1_000,
+        rx_packets: 1,
+    };
+    let tunnel = |i: u16| TunnelReport {
+        peer: format!("{i:064x}"),
+        name: format!("gw{i}.ovl.example"),
+        path: TunnelPath::Relay,
+        reason: Some(RelayReason::SymmetricNat),
+        endpoint: Some("203.0.113.9:7003".parse().unwrap()),
+        established: true,
+        handshake: Some(1_795_000_000),
+        tx_bytes: 10,
+        rx_bytes: 20,
+    };
+    // 600 devices: more than one part.
+    let big = Report {
+        devices: (0..600).map(device).collect(),
+        tunnels: vec![tunnel(2), tunnel(3)],
+    };
+    assert!(big.parts().len() > 1);
+    // The devices and the tunnels the registry holds of gw1 once `want` says so.
+    let held = |want: fn(usize, usize) -> bool| {
+        let store = store.clone();
+        let fp = fp.clone();
+        async move {
+            tokio::time::timeout(PATIENCE, async {
+                loop {
+                    let devices = store.devices_page(&fp, None, 1000).await.unwrap();
+                    let tunnels = store
+                        .tunnels_page(Some("gw1.ovl.example"), None, 100)
+                        .await
+                        .unwrap();
+                    if want(devices.len(), tunnels.len()) {
+                        return (devices, tunnels);
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("the registry never held the report as expected")
+        }
+    };
+    let (h1, e1) = client(&cloud, running.control, gw1.clone());
+    h1.register(vec![], vec![rec("gw1.ovl.example", [100, 64, 1, 1])]);
+    h1.report(big.clone());
+    let (devices, tunnels) = held(|d, t| d == 600 && t == 2).await;
+    assert_eq!(running.nms.stats.reports.load(Ordering::Relaxed), 1);
+    let first = devices.iter().find(|d| d.address == "100.64.1.0").unwrap();
+    assert_eq!(first.hostname.as_deref(), Some("printer?[2J0"));
+    assert_eq!(first.tx_bytes, i64::MAX as u64, "capped");
+    assert_eq!((first.rx_bytes, first.kind.as_str()), (1_000, "lease"));
+    assert_eq!(first.mac, "02:00:00:00:00:00");
+    assert_eq!(tunnels[0].peer, "gw2.ovl.example");
+    assert_eq!(tunnels[0].member, "gw1.ovl.example");
+    assert_eq!(
+        (tunnels[0].path.as_str(), tunnels[0].reason.as_deref()),
+        ("relay", Some("symmetric_nat"))
+    );
+    assert_eq!(tunnels[1].peer_fingerprint, format!("{:064x}", 3));
+
+    // Refused, and nothing changes: too many tunnels, a peer that is not a fingerprint, a
+    // device without an address, a version-10 session.
+    let mut bare = device(1);
+    bare.vip = None;
+    let mut bad_peer = tunnel(4);
+    bad_peer.peer = "gw4".into();
+    let too_many = (0..=u16::try_from(MAX_TUNNELS).unwrap())
+        .map(tunnel)
+        .collect();
+    for (version, devices, tunnels) in [
+        (11, vec![], too_many),
+        (11, vec![], vec![bad_peer]),
+        (11, vec![bare], vec![]),
+        (10, vec![device(1)], vec![]),
+    ] {
+        let answer = running
+            .nms
+            .serve_message_as(
+                gw1.certificate(),
+                version,
+                ClientMsg::Report {
+                    devices,
+                    tunnels,
+                    more: false,
+                },
+            )
+            .await;
+        assert!(
+            matches!(answer, Some(CloudMsg::Error { .. })),
+            "version {version}: {answer:?}"
+        );
+    }
+    assert_eq!(running.nms.stats.reports_refused.load(Ordering::Relaxed), 4);
+    held(|d, t| d == 600 && t == 2).await;
+
+    // The cloud stops as if its process ended (no session ends cleanly) and starts again:
+    // a session of the member that reports nothing (a build before the report, say) shows
+    // no tunnel; the devices stay.
+    let port = running.control.port();
+    running.stop();
+    drop((h1, e1));
+    let running = cloud.start(&pki, Policy::default(), port).await;
+    let (h2, mut e2) = client(&cloud, running.control, gw1.clone());
+    tokio::time::timeout(PATIENCE, async {
+        while !store
+            .members_named("gw1.ovl.example")
+            .await
+            .unwrap()
+            .iter()
+            .any(|m| m.client.online)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("gw1 never came online again");
+    held(|d, t| d == 600 && t == 0).await;
+    h2.report(Report {
+        devices: vec![device(9)],
+        tunnels: vec![tunnel(5)],
+    });
+    let (devices, tunnels) = held(|d, t| d == 1 && t == 1).await;
+    assert_eq!(devices[0].address, "100.64.1.9");
+    assert_eq!(tunnels[0].peer, "gw5.ovl.example");
+
+    // The cloud restarts: the client sends its report again by itself.
+    running.stop();
+    next(&mut e2, |e| {
+        matches!(e, Event::Disconnected { .. }).then_some(())
+    })
+    .await;
+    let running = cloud.start(&pki, Policy::default(), port).await;
+    tokio::time::timeout(PATIENCE, async {
+        while running.nms.stats.reports.load(Ordering::Relaxed) == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the client never reported again");
+    held(|d, t| d == 1 && t == 1).await;
+    running.stop();
+}
+
 /// A client with a tunnel socket of its own on `ip` (loopback), the way an adapter runs one:
 /// it sends the probes the session asks for from that socket, and registers its name.
 struct Tunnel {

@@ -1,6 +1,7 @@
 //! The control protocol between the cloud (NMS) and its clients (adapters, nodes), sans-IO:
 //! the messages ([`msg`]), the Noise channel that carries them ([`channel`]), the per-device
-//! policy cut into messages and put together again ([`policy`]), and the rule for
+//! policy cut into messages and put together again ([`policy`]), a member's report of its
+//! devices and tunnels likewise ([`report`]), and the rule for
 //! which names a certificate lets a client host ([`check_name`]). docs/protocol.md §3 is the
 //! specification. The drivers, `cyphonic-signal` (client) and `cyphonic-cloud` (server), own
 //! the sockets.
@@ -12,13 +13,14 @@ pub mod msg;
 pub mod policy;
 pub mod probe;
 pub mod relay;
+pub mod report;
 pub mod token;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
-    Allowed, ClientMsg, CloudMsg, HA_PAIR_VERSION, Hello, MIN_VERSION, Mac, NameRecord, PairBox,
-    PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule, RelayInfo, RelayReason,
-    Resolution, VERSION, Welcome,
+    Allowed, ClientMsg, CloudMsg, DeviceKind, DeviceReport, HA_PAIR_VERSION, Hello, MIN_VERSION,
+    Mac, NameRecord, PairBox, PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule,
+    REPORT_VERSION, RelayInfo, RelayReason, Resolution, TunnelPath, TunnelReport, VERSION, Welcome,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{

@@ -11,10 +11,13 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 10;
+pub const VERSION: u16 = 11;
 
 /// The first version with [`ClientMsg::HaPair`].
 pub const HA_PAIR_VERSION: u16 = 10;
+
+/// The first version with [`ClientMsg::Report`].
+pub const REPORT_VERSION: u16 = 11;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -156,6 +159,132 @@ pub enum ClientMsg {
         /// The sender first, then the other box once heard.
         boxes: Vec<PairBox>,
     },
+    /// (Version 11.) A part of the client's devices and tunnels, for the fleet view
+    /// (docs/protocol.md §8, *Devices and tunnels*; put together by
+    /// [`crate::report::Assembler`]). No answer unless it is refused ([`CloudMsg::Error`]).
+    Report {
+        /// Devices behind the client (an adapter's; a node has none).
+        devices: Vec<DeviceReport>,
+        /// The client's tunnels.
+        tunnels: Vec<TunnelReport>,
+        /// More parts of this report follow.
+        more: bool,
+    },
+}
+
+/// One device behind an adapter in [`ClientMsg::Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceReport {
+    /// Its MAC.
+    pub mac: Mac,
+    /// Its IPv4 vIP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<Ipv4Addr>,
+    /// Its IPv6 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip6: Option<Ipv6Addr>,
+    /// A fixed-address device's own address on the site's legacy subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy: Option<Ipv4Addr>,
+    /// Its name in the adapter's zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The host name it gave or was reserved with (whatever the device said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// How it holds its address.
+    pub kind: DeviceKind,
+    /// A lease's end, unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<u64>,
+    /// Its VLAN on a trunked port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    /// The last packet from it the adapter carried, unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen: Option<u64>,
+    /// Bytes of IP packets carried from it towards the tunnel.
+    pub tx_bytes: u64,
+    /// Those packets.
+    pub tx_packets: u64,
+    /// Bytes of IP packets delivered to it from the tunnel.
+    pub rx_bytes: u64,
+    /// Those packets.
+    pub rx_packets: u64,
+}
+
+/// How a device holds its address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// A DHCP lease.
+    Lease,
+    /// A reservation of the adapter's file.
+    Reserved,
+    /// A fixed-address device heard on a legacy subnet (docs/protocol.md §6).
+    Learned,
+    /// A device with IPv6 only (docs/protocol.md §7).
+    V6,
+}
+
+impl DeviceKind {
+    /// As the protocol writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Lease => "lease",
+            Self::Reserved => "reserved",
+            Self::Learned => "learned",
+            Self::V6 => "v6",
+        }
+    }
+}
+
+/// One tunnel of a client in [`ClientMsg::Report`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelReport {
+    /// The peer's certificate fingerprint (hex).
+    pub peer: String,
+    /// The peer's certificate name.
+    pub name: String,
+    /// Direct, or through the relay.
+    pub path: TunnelPath,
+    /// Why relayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<RelayReason>,
+    /// Where its packets go now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<SocketAddr>,
+    /// Whether it holds keys.
+    pub established: bool,
+    /// Its last completed handshake, unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake: Option<u64>,
+    /// Inner bytes sealed to it since it was added.
+    pub tx_bytes: u64,
+    /// Inner bytes opened from it since it was added.
+    pub rx_bytes: u64,
+}
+
+/// A tunnel's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TunnelPath {
+    /// Straight to the peer's endpoint.
+    Direct,
+    /// Through the cloud's relay.
+    Relay,
+}
+
+impl TunnelPath {
+    /// As the protocol writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Relay => "relay",
+        }
+    }
 }
 
 /// What [`ClientMsg::HaPair`] says: an HA pair as its serving box sees it.
@@ -383,6 +512,15 @@ pub enum RelayReason {
 }
 
 impl RelayReason {
+    /// As the protocol writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NoCommonIpVersion => "no_common_ip_version",
+            Self::SymmetricNat => "symmetric_nat",
+            Self::NoDirectHandshake => "no_direct_handshake",
+        }
+    }
+
     /// In words, for logs and status.
     pub const fn describe(self) -> &'static str {
         match self {
@@ -600,6 +738,50 @@ mod tests {
         let text = serde_json::to_string(&fixed).unwrap();
         assert!(text.contains(r#""legacy":"192.0.2.20""#), "{text}");
         assert_eq!(serde_json::from_str::<NameRecord>(&text).unwrap(), fixed);
+    }
+
+    /// A report reads as docs/protocol.md §8 writes it, its kinds, paths and reasons as
+    /// their `as_str` names them; a field it does not have, or a kind it does not name,
+    /// does not read.
+    #[test]
+    fn a_report_has_the_documented_shape() {
+        let text = r#"{"type":"report","devices":[{"mac":"02:00:00:00:01:0a","vip":"100.64.1.10","vip6":"fd7a:0:1::a","legacy":"192.0.2.10","name":"cam.gw1.ovl.example","hostname":"cam","kind":"reserved","expires":1795000000,"vlan":20,"seen":1795000001,"tx_bytes":1,"tx_packets":2,"rx_bytes":3,"rx_packets":4},{"mac":"02:00:00:00:01:0b","vip6":"fd7a:0:1::b","kind":"v6","tx_bytes":0,"tx_packets":0,"rx_bytes":0,"rx_packets":0}],"tunnels":[{"peer":"ab","name":"gw2.ovl.example","path":"relay","reason":"symmetric_nat","endpoint":"203.0.113.9:7003","established":true,"handshake":1795000002,"tx_bytes":5,"rx_bytes":6}],"more":false}"#;
+        let msg: ClientMsg = serde_json::from_str(text).unwrap();
+        assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+        let ClientMsg::Report {
+            devices, tunnels, ..
+        } = &msg
+        else {
+            panic!("{msg:?}");
+        };
+        assert_eq!(devices[1].kind, DeviceKind::V6);
+        for kind in [
+            DeviceKind::Lease,
+            DeviceKind::Reserved,
+            DeviceKind::Learned,
+            DeviceKind::V6,
+        ] {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+        for path in [TunnelPath::Direct, TunnelPath::Relay] {
+            assert_eq!(serde_json::to_value(path).unwrap(), path.as_str());
+        }
+        for reason in [
+            RelayReason::NoCommonIpVersion,
+            RelayReason::SymmetricNat,
+            RelayReason::NoDirectHandshake,
+        ] {
+            assert_eq!(serde_json::to_value(reason).unwrap(), reason.as_str());
+        }
+        assert_eq!(tunnels[0].reason, Some(RelayReason::SymmetricNat));
+        for bad in [
+            text.replace(r#""kind":"v6""#, r#""kind":"phone""#),
+            text.replace(r#""path":"relay""#, r#""path":"carrier pigeon""#),
+            text.replace(r#""rx_bytes":6}"#, r#""rx_bytes":6,"rtt":1}"#),
+            text.replace(r#""tx_bytes":1,"#, r#""tx_bytes":-1,"#),
+        ] {
+            assert!(serde_json::from_str::<ClientMsg>(&bad).is_err(), "{bad}");
+        }
     }
 
     /// The pair report reads as docs/protocol.md §5 writes it; a health or role the protocol

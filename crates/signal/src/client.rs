@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cyphonic_control::channel::{LEN_PREFIX, frame_len};
+use cyphonic_control::report::Report;
 use cyphonic_control::{
     Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PairState, PeerInfo, Prober,
     Resolution, VERSION, Welcome,
@@ -176,6 +177,7 @@ pub struct Handle {
     identity: Arc<watch::Sender<Arc<Identity>>>,
     registration: Arc<watch::Sender<Registration>>,
     pair: Arc<watch::Sender<Option<PairState>>>,
+    report: Arc<watch::Sender<Option<Report>>>,
     connected: watch::Receiver<bool>,
     cache: Arc<Cache>,
 }
@@ -206,6 +208,21 @@ impl Handle {
                 false
             } else {
                 *p = state;
+                true
+            }
+        });
+    }
+
+    /// Sets what we report of our devices and tunnels (docs/protocol.md §8, *Devices and
+    /// tunnels*): sent, in parts, after the registration in each session whose cloud reads
+    /// it (control version 11), and again whenever it is set to something else. How often
+    /// it changes is the caller's to bound.
+    pub fn report(&self, report: Report) {
+        self.report.send_if_modified(|r| {
+            if r.as_ref() == Some(&report) {
+                false
+            } else {
+                *r = Some(report);
                 true
             }
         });
@@ -357,6 +374,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
     let (cmds, cmd_rx) = mpsc::channel(64);
     let (registration, reg_rx) = watch::channel(Registration::default());
     let (pair, pair_rx) = watch::channel(None);
+    let (report, report_rx) = watch::channel(None);
     let (connected_tx, connected) = watch::channel(false);
     let (events, event_rx) = mpsc::channel(EVENTS);
     let cache = Arc::new(Cache::default());
@@ -369,6 +387,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
         cmds: cmd_rx,
         registration: reg_rx,
         pair: pair_rx,
+        report: report_rx,
         connected: connected_tx,
         events,
         cache: cache.clone(),
@@ -384,6 +403,7 @@ pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver
             identity: Arc::new(identity_tx),
             registration: Arc::new(registration),
             pair: Arc::new(pair),
+            report: Arc::new(report),
             connected,
             cache,
         },
@@ -402,6 +422,8 @@ struct Task {
     registration: watch::Receiver<Registration>,
     /// What we report of our HA pair (none: we are not one of a pair).
     pair: watch::Receiver<Option<PairState>>,
+    /// What we report of our devices and tunnels (none: nothing yet).
+    report: watch::Receiver<Option<Report>>,
     connected: watch::Sender<bool>,
     events: mpsc::Sender<Event>,
     cache: Arc<Cache>,
@@ -803,7 +825,12 @@ impl Task {
         // Then the pair's report, if we are one of a pair and the cloud reads it.
         let reports_pair = version >= cyphonic_control::HA_PAIR_VERSION;
         self.pair.mark_changed();
-        let end = loop {
+        // Then our devices and tunnels, if the cloud reads them.
+        let reports = version >= cyphonic_control::REPORT_VERSION;
+        self.report.mark_changed();
+        // A report's parts after its first, written right after it.
+        let mut parts = Vec::new();
+        let end = 'session: loop {
             let out: Option<ClientMsg> = tokio::select! {
                 // In this order: a registration goes out before any command issued after it (a
                 // resolve right after `register` must find us registered on the cloud's side).
@@ -824,6 +851,14 @@ impl Task {
                         break End::Stopped;
                     }
                     self.pair.borrow_and_update().clone().map(ClientMsg::from)
+                }
+                changed = self.report.changed(), if reports => {
+                    if changed.is_err() {
+                        break End::Stopped;
+                    }
+                    parts = self.report.borrow_and_update().as_ref().map(Report::parts).unwrap_or_default();
+                    parts.reverse();
+                    parts.pop()
                 }
                 f = frames.recv() => {
                     let Some(f) = f else { break End::Retry("the cloud closed the connection".into()) };
@@ -883,7 +918,8 @@ impl Task {
                     break End::Renewed;
                 }
             };
-            if let Some(out) = out {
+            let rest = std::iter::from_fn(|| parts.pop());
+            for out in out.into_iter().chain(rest) {
                 let frame = match ch.seal(&out) {
                     Ok(f) => f,
                     Err(e) => {
@@ -892,7 +928,7 @@ impl Task {
                     }
                 };
                 if let Err(e) = wr.write_all(&frame).await {
-                    break End::Retry(format!("write: {e}"));
+                    break 'session End::Retry(format!("write: {e}"));
                 }
             }
         };

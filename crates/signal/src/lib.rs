@@ -16,7 +16,8 @@ pub use cache::{Cache, FOUND_TTL, NEGATIVE_TTL};
 pub use client::{
     Config, EnrollError, Enrolled, Event, Handle, RESOLVE_TIMEOUT, SignalError, enroll, spawn,
 };
+pub use cyphonic_control::report::Report;
 pub use cyphonic_control::{
-    Allowed, NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason, Resolution, ReturnCookie,
-    bind_frame,
+    Allowed, DeviceKind, DeviceReport, NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason,
+    Resolution, ReturnCookie, TunnelPath, TunnelReport, bind_frame,
 };

@@ -8,12 +8,14 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 #[openapi(
     info(
         title = "cyphonic cloud API",
-        description = "The fleet, its enrollment tokens, revocations, API tokens and audit log (docs/protocol.md §8)."
+        description = "The fleet, its devices and tunnels, its enrollment tokens, revocations, API tokens and audit log (docs/protocol.md §8)."
     ),
     paths(
         super::members,
         super::member,
         super::revoke_member,
+        super::reports::devices,
+        super::reports::tunnels,
         super::enrollment_tokens,
         super::create_enrollment_token,
         super::revoke_enrollment_token,

@@ -7,6 +7,7 @@
 mod auth;
 mod console;
 mod doc;
+mod reports;
 mod session;
 
 use std::net::SocketAddr;
@@ -27,6 +28,7 @@ use crate::store::{AuditEntry, AuditQuery, StoreError};
 
 pub use auth::{Caller, REFRESH, SESSION_COOKIE};
 pub use doc::openapi;
+pub use reports::{DevicePage, TunnelParams};
 pub use session::{LOGIN_COOKIE, WhoAmI};
 
 /// What the handlers share: the NMS (its store, its issuer), the API tokens and sessions
@@ -105,6 +107,8 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/members", get(members))
         .route("/members/{name}", get(member))
         .route("/members/{name}/revoke", post(revoke_member))
+        .route("/members/{name}/devices", get(reports::devices))
+        .route("/tunnels", get(reports::tunnels))
         .route(
             "/enrollment-tokens",
             get(enrollment_tokens).post(create_enrollment_token),
@@ -624,10 +628,9 @@ async fn member(
     let views: Vec<MemberView> = s
         .nms
         .store()
-        .members()
+        .members_named(&name)
         .await?
         .iter()
-        .filter(|m| m.client.name == name)
         .map(MemberView::of)
         .collect();
     if views.is_empty() {
@@ -1099,11 +1102,10 @@ async fn member_policy(
     caller.may(Scope::Read)?;
     let Path(name) = name?;
     let name = name.trim_end_matches('.').to_ascii_lowercase();
-    let members = s.nms.store().members().await?;
+    let members = s.nms.store().members_named(&name).await?;
     // Its newest certificate's blocks (a renewal keeps them).
     let blocks = members
         .iter()
-        .filter(|m| m.client.name == name)
         .filter_map(|m| cyphonic_crypto::Certificate::from_pem(&m.client.certificate).ok())
         .max_by_key(|c| c.body().not_before)
         .map(|c| c.body().vip_blocks.clone())

@@ -21,17 +21,29 @@ impl Nms {
         msg: ClientMsg,
     ) -> Option<CloudMsg> {
         let fp = cert.fingerprint().to_string();
-        self.handle((&fp, version), cert.body(), msg).await
+        let mut parts = cyphonic_control::report::Assembler::default();
+        self.handle((&fp, version), cert.body(), msg, &mut parts)
+            .await
     }
 
-    /// Answers `msg` of the client `fp`, which speaks control `version`.
+    /// Answers `msg` of the client `fp`, which speaks control `version`; `parts` holds the
+    /// session's report as its parts come.
     pub(super) async fn handle(
         &self,
         (fp, version): (&str, u16),
         body: &CertBody,
         msg: ClientMsg,
+        parts: &mut cyphonic_control::report::Assembler,
     ) -> Option<CloudMsg> {
         match msg {
+            ClientMsg::Report {
+                devices,
+                tunnels,
+                more,
+            } => {
+                self.report((fp, version), body, parts, (devices, tunnels, more))
+                    .await
+            }
             ClientMsg::Ping {} => Some(CloudMsg::Pong {}),
             ClientMsg::Renew {} => Some(self.renew(body).await),
             ClientMsg::Register { endpoints, names } => {
@@ -97,6 +109,66 @@ impl Nms {
             Ok(()) => {
                 bump(&self.stats.pair_reports);
                 tracing::debug!(client = %body.name, term, boxes = report.boxes.len(), "HA pair reported");
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                Some(CloudMsg::Error {
+                    reason: "the registry is unavailable".into(),
+                })
+            }
+        }
+    }
+
+    /// Takes a part of the member's report of its devices and tunnels, and keeps the
+    /// report once its last part is in (docs/protocol.md §8, *Devices and tunnels*); says
+    /// what is wrong with it otherwise.
+    async fn report(
+        &self,
+        (fp, version): (&str, u16),
+        body: &CertBody,
+        parts: &mut cyphonic_control::report::Assembler,
+        (devices, tunnels, more): (
+            Vec<cyphonic_control::DeviceReport>,
+            Vec<cyphonic_control::TunnelReport>,
+            bool,
+        ),
+    ) -> Option<CloudMsg> {
+        let taken = if version < cyphonic_control::REPORT_VERSION {
+            Err(format!(
+                "report is control version {}",
+                cyphonic_control::REPORT_VERSION
+            ))
+        } else {
+            parts
+                .take(devices, tunnels, more)
+                .map_err(|e| e.to_string())
+        };
+        let mut report = match taken {
+            Ok(Some(r)) => r,
+            Ok(None) => return None,
+            Err(reason) => {
+                bump(&self.stats.reports_refused);
+                tracing::info!(client = %body.name, %reason, "report refused");
+                return Some(CloudMsg::Error { reason });
+            }
+        };
+        // Whatever the member says, shown to operators: printable, and short.
+        for d in &mut report.devices {
+            if let Some(n) = d.name.as_mut() {
+                *n = printable(n, NAME_MAX);
+            }
+            if let Some(h) = d.hostname.as_mut() {
+                *h = printable(h, cyphonic_control::report::HOSTNAME_MAX);
+            }
+        }
+        for t in &mut report.tunnels {
+            t.name = printable(&t.name, NAME_MAX);
+        }
+        match self.store.keep_report(fp, &report, unix_now()).await {
+            Ok(()) => {
+                bump(&self.stats.reports);
+                tracing::debug!(client = %body.name, devices = report.devices.len(), tunnels = report.tunnels.len(), "report kept");
                 None
             }
             Err(e) => {

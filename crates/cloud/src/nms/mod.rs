@@ -63,6 +63,8 @@ const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
 const AGENT_MAX: usize = 64;
 /// The most characters of an HA pair's reason the registry keeps.
 const PAIR_REASON_MAX: usize = 128;
+/// The most characters of a DNS name (a device's, a peer's certificate's) the registry keeps.
+const NAME_MAX: usize = 253;
 
 /// What the registry keeps of the agent a client's `Hello` names (its software and version,
 /// which anyone with a certificate may set to anything): printable ASCII, any other
@@ -117,6 +119,10 @@ cyphonic_telemetry::counters! {
         pair_reports,
         /// HA pair reports refused: malformed (a MAC that is not one, too many boxes...), or from a client of a version without them.
         pair_reports_refused,
+        /// Members' reports of their devices and tunnels kept (docs/protocol.md §8, Devices and tunnels).
+        reports,
+        /// Members' reports refused: beyond a bound, a device without an address, a peer that is not a fingerprint, or from a client of a version without them.
+        reports_refused,
         /// Resolutions asked.
         resolves,
         /// Resolutions denied by policy.

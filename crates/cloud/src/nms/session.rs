@@ -345,6 +345,7 @@ impl Nms {
             }
         });
         let requests = Requests::default();
+        let mut parts = cyphonic_control::report::Assembler::default();
         let mut written = Seen::default();
         let mut next = Some(first);
         let why = 'session: loop {
@@ -430,7 +431,7 @@ impl Nms {
                     }
                 }
             }
-            if let Some(out) = self.handle((&fp, version), &body, msg).await
+            if let Some(out) = self.handle((&fp, version), &body, msg, &mut parts).await
                 && let Err(why) = send(&mut ch, &mut wr, version, &out).await
             {
                 break 'session why;
