@@ -27,6 +27,7 @@ use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
 use crate::lan::{Client, LanSide, ToServices};
+use crate::meter::{Tally, Way};
 use crate::port_guard::PortGuard;
 
 /// How often the capture thread reads the kernel's count of frames it dropped.
@@ -71,6 +72,8 @@ pub struct Capture {
     guard: Option<PortGuard>,
     /// Whether the guard's failure was said already (said once, not every second).
     guard_failed: bool,
+    /// The run of packets of one device this thread carried, not yet on its meter.
+    tally: Tally,
 }
 
 impl Capture {
@@ -90,6 +93,7 @@ impl Capture {
             intake,
             guard,
             guard_failed: false,
+            tally: Tally::new(),
         }
     }
 
@@ -240,6 +244,7 @@ impl Capture {
         };
         if let Some(sub) = sparse {
             take_all(sub);
+            self.tally.flush(&self.lan.meter, Way::FromDevice);
             return Batch::Frames;
         }
         let mut guard = self.intake.lock();
@@ -247,6 +252,8 @@ impl Capture {
             return Batch::Stop;
         };
         take_all(sub);
+        drop(guard);
+        self.tally.flush(&self.lan.meter, Way::FromDevice);
         Batch::Frames
     }
 
@@ -395,6 +402,13 @@ impl Capture {
         }
     }
 
+    /// A packet of `len` bytes from the device `mac` goes towards the tunnel.
+    fn carried(&self, mac: Option<[u8; 6]>, len: usize) {
+        if let Some(mac) = mac {
+            self.tally.count(&self.lan.meter, Way::FromDevice, mac, len);
+        }
+    }
+
     fn handle(
         &self,
         mut buf: Buf,
@@ -424,6 +438,8 @@ impl Capture {
             bump(&c.drop_vlan);
             return;
         };
+        // The sender's MAC, read before the frame is worked on.
+        let device: Option<[u8; 6]> = frame.get(6..12).and_then(|m| m.try_into().ok());
         let verdict = seg.lan.handle_frame(
             frame,
             meta.len,
@@ -484,12 +500,15 @@ impl Capture {
                 } else {
                     0
                 };
+                self.carried(device, packet.len());
                 sub.route(buf, packet.len(), dst.into(), flags, (now, meta.queued));
             }
             Egress::Forward6 { packet, dst } => {
+                self.carried(device, packet.len());
                 sub.route(buf, packet.len(), dst.into(), 0, (now, meta.queued));
             }
             Egress::Fragment { packet, dst } => {
+                self.carried(device, packet.len());
                 let Some(peer) = shared.peers().route(dst) else {
                     bump(&shared.counters().drop_no_peer);
                     return;

@@ -31,7 +31,7 @@ use crate::names::Names;
 use crate::neighbors::LanTable;
 use crate::port_guard::PortGuard;
 use crate::services::{AdapterServices, Dns};
-use crate::status::{AdapterInfo, AdapterStatus, LeaseStatus, VlanStatus};
+use crate::status::{AdapterInfo, AdapterStatus, VlanStatus};
 use crate::steer;
 
 /// The adapter's edge.
@@ -416,7 +416,7 @@ impl Edge for AdapterEdge<'_> {
         let ha = self.ha.clone();
         Box::new(move || {
             let mut p = lan.published().clone();
-            p.leases.extend(learned(&lan));
+            p.leases.extend(lan.learned());
             for l in &mut p.leases {
                 l.vlan = l.vip.parse().ok().and_then(|ip| lan.segment_of(ip).tag);
             }
@@ -544,27 +544,4 @@ fn summed<const N: usize>(
         }
         all
     })
-}
-
-/// The learned legacy devices, as the status lists them: no name, their own address.
-fn learned(lan: &LanSide) -> Vec<LeaseStatus> {
-    let Some(legacy) = lan.lan.legacy else {
-        return Vec::new();
-    };
-    lan.table
-        .learned()
-        .into_iter()
-        .map(|(vip, mac)| LeaseStatus {
-            vip: vip.to_string(),
-            mac: Mac(mac).to_string(),
-            name: None,
-            hostname: None,
-            reserved: false,
-            legacy: legacy.map.to_legacy(vip).map(|a| a.to_string()),
-            learned: true,
-            vip6: None,
-            vlan: None,
-            expires: None,
-        })
-        .collect()
 }

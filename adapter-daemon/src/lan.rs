@@ -300,6 +300,8 @@ pub struct LanSide {
     pub dns_on: bool,
     /// What the services publish for the status document and the metrics.
     pub published: Mutex<Published>,
+    /// What each device sent and received through the tunnel.
+    pub meter: crate::meter::Meter,
     /// Until when this box may speak for the gateway: renewed by an HA pair's thread while
     /// the box serves (docs/protocol.md §5, *The mandate*); a lone adapter's has no end.
     pub mandate: std::sync::Arc<cyphonic_ha::Mandate>,
@@ -354,6 +356,7 @@ impl LanSide {
             dhcp_on,
             dns_on,
             published: Mutex::new(Published::default()),
+            meter: crate::meter::Meter::default(),
             mandate: std::sync::Arc::new(cyphonic_ha::Mandate::unbounded(Instant::now())),
         };
         (
@@ -532,6 +535,29 @@ impl LanSide {
         } else if queue.try_send(msg).is_err() {
             bump(&self.counters.drop_service_busy);
         }
+    }
+
+    /// The learned legacy devices, as the status lists them: no name, their own address.
+    pub fn learned(&self) -> Vec<crate::status::LeaseStatus> {
+        let Some(legacy) = self.lan.legacy else {
+            return Vec::new();
+        };
+        self.table
+            .learned()
+            .into_iter()
+            .map(|(vip, mac)| crate::status::LeaseStatus {
+                vip: vip.to_string(),
+                mac: crate::config::Mac(mac).to_string(),
+                name: None,
+                hostname: None,
+                reserved: false,
+                legacy: legacy.map.to_legacy(vip).map(|a| a.to_string()),
+                learned: true,
+                vip6: None,
+                vlan: None,
+                expires: None,
+            })
+            .collect()
     }
 
     /// What the services published.

@@ -21,6 +21,7 @@ use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
 
 use crate::counters::bump;
 use crate::lan::{LanSide, ToServices};
+use crate::meter::{Tally, Way};
 use cyphonic_offload::{SEND_BATCH, send_frames};
 
 /// The ingress emitter's end.
@@ -35,6 +36,8 @@ pub struct LanSink {
     /// Per frame of `batch`: it came with its transport checksum deferred
     /// (`FLAG_CHECKSUM_DEFERRED`), to be computed here or by the offload.
     deferred: [bool; SEND_BATCH],
+    /// The run of packets to one device not yet on its meter.
+    tally: Tally,
 }
 
 impl LanSink {
@@ -47,6 +50,7 @@ impl LanSink {
             batch: Vec::with_capacity(SEND_BATCH),
             merge: [merge; 2],
             deferred: [false; SEND_BATCH],
+            tally: Tally::new(),
         }
     }
 }
@@ -114,6 +118,13 @@ impl Sink for LanSink {
                         (tagged, false)
                     }
                 };
+                // The device is the frame's destination (its MAC just written); the IP
+                // packet's bytes are counted, as from it.
+                if let Some(mac) = buf.get(frame.start..frame.start + 6) {
+                    let mac = mac.try_into().unwrap_or_default();
+                    self.tally
+                        .count(&self.lan.meter, Way::ToDevice, mac, arrived.len());
+                }
                 item.frame = frame;
                 // In range: the batch is flushed (emptied) as soon as it fills.
                 self.deferred[self.batch.len()] = deferred;
@@ -154,6 +165,7 @@ impl Sink for LanSink {
     }
 
     fn flush(&mut self) {
+        self.tally.flush(&self.lan.meter, Way::ToDevice);
         if self.batch.is_empty() {
             return;
         }

@@ -16,6 +16,7 @@ mod ha;
 mod lan;
 mod lan_sink;
 mod leases;
+mod meter;
 mod names;
 mod neighbors;
 mod port_guard;

@@ -25,6 +25,7 @@ use crate::gateway::{FromPeer, Gateway};
 use crate::ha::PairLink;
 use crate::lan::{Client, LanSide, ServiceQueues, ToServices};
 use crate::names::Names;
+use crate::status::{Device6Status, LeaseStatus};
 
 const DNS_PORT: u16 = 53;
 const DHCP_SERVER_PORT: u16 = 67;
@@ -402,6 +403,30 @@ impl Services for AdapterServices {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
         )
+    }
+
+    /// Every device with an address (leases, reservations, learned fixed devices, devices
+    /// with IPv6 only), with what the meter counted of it; the meter counts these from now
+    /// on.
+    fn devices(&self) -> Vec<cyphonic_control::DeviceReport> {
+        let mut devices: Vec<_> = {
+            let p = self.lan.published();
+            p.leases
+                .iter()
+                .chain(&self.lan.learned())
+                .filter_map(LeaseStatus::report)
+                .chain(p.devices6.iter().filter_map(Device6Status::report))
+                .collect()
+        };
+        self.lan.meter.track(devices.iter().map(|d| d.mac.0));
+        for d in &mut devices {
+            if let Some(c) = self.lan.meter.counts(d.mac.0) {
+                d.seen = c.seen;
+                (d.tx_bytes, d.tx_packets) = (c.tx_bytes, c.tx_packets);
+                (d.rx_bytes, d.rx_packets) = (c.rx_bytes, c.rx_packets);
+            }
+        }
+        devices
     }
 
     fn resumed_peers(&mut self) -> Vec<String> {

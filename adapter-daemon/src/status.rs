@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use cyphonic_control::{DeviceKind, DeviceReport};
 use cyphonic_daemon::status::DnsStatus;
 use serde::{Deserialize, Serialize};
 
@@ -202,6 +203,52 @@ pub struct LeaseStatus {
     pub expires: Option<u64>,
 }
 
+impl LeaseStatus {
+    /// The device as the cloud is told of it, its counters at zero (None: an address that
+    /// does not read, which the services never write).
+    pub fn report(&self) -> Option<DeviceReport> {
+        let kind = if self.learned {
+            DeviceKind::Learned
+        } else if self.reserved {
+            DeviceKind::Reserved
+        } else {
+            DeviceKind::Lease
+        };
+        Some(DeviceReport {
+            mac: self.mac.parse().ok()?,
+            vip: Some(self.vip.parse().ok()?),
+            vip6: self.vip6.as_deref().and_then(|a| a.parse().ok()),
+            legacy: self.legacy.as_deref().and_then(|a| a.parse().ok()),
+            name: self.name.clone(),
+            hostname: self.hostname.clone(),
+            kind,
+            expires: self.expires,
+            vlan: self.vlan,
+            ..unseen()
+        })
+    }
+}
+
+/// A device report of nothing yet, to fill in.
+fn unseen() -> DeviceReport {
+    DeviceReport {
+        mac: cyphonic_control::Mac([0; 6]),
+        vip: None,
+        vip6: None,
+        legacy: None,
+        name: None,
+        hostname: None,
+        kind: DeviceKind::Lease,
+        expires: None,
+        vlan: None,
+        seen: None,
+        tx_bytes: 0,
+        tx_packets: 0,
+        rx_bytes: 0,
+        rx_packets: 0,
+    }
+}
+
 /// A device with IPv6 only (docs/protocol.md §7): named, with no IPv4 address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Device6Status {
@@ -213,6 +260,20 @@ pub struct Device6Status {
     pub name: Option<String>,
     /// The host name it gave (DHCPv6 Client FQDN).
     pub hostname: Option<String>,
+}
+
+impl Device6Status {
+    /// The device as the cloud is told of it, its counters at zero.
+    pub fn report(&self) -> Option<DeviceReport> {
+        Some(DeviceReport {
+            mac: self.mac.parse().ok()?,
+            vip6: Some(self.vip6.parse().ok()?),
+            name: self.name.clone(),
+            hostname: self.hostname.clone(),
+            kind: DeviceKind::V6,
+            ..unseen()
+        })
+    }
 }
 
 /// The DHCP server.

@@ -132,6 +132,8 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
         .as_f64()
         .unwrap_or(0.0);
     assert!(bps > 1e6, "iperf3 by name: {report}\n{}", bed.logs());
+    let iperf_sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
+    let iperf_received = report["end"]["sum_received"]["bytes"].as_u64().unwrap();
     drop(server);
 
     // The cloud goes away: the tunnel does not.
@@ -179,6 +181,73 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
         "names resolve after the cloud came back\n{}",
         bed.logs()
     );
+
+    // What the adapters reported (docs/protocol.md §8, Devices and tunnels): each its
+    // reserved host, with at least iperf3's bytes each way (counters alone go to the cloud
+    // once a minute), and its tunnel to the other, direct and with keys.
+    let db = format!(
+        "sqlite://{}",
+        bed.cloud.as_ref().unwrap().dir.join("cloud.db").display()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(cyphonic_cloud::Store::open(&db)).unwrap();
+    let reported = |name: &str| {
+        rt.block_on(async {
+            let (fp, _) = store.reporter(name).await.unwrap()?;
+            let devices = store.devices_page(&fp, None, 100).await.unwrap();
+            let tunnels = store.tunnels_page(Some(name), None, 100).await.unwrap();
+            Some((devices, tunnels))
+        })
+    };
+    let counted = |bed: &TwoSites| {
+        let (Some((a_devices, a_tunnels)), Some((b_devices, b_tunnels))) =
+            (reported("gw1.ovl.example"), reported("gw2.ovl.example"))
+        else {
+            return false;
+        };
+        let host = |devices: &[cyphonic_cloud::store::DeviceRow], vip: &str| {
+            devices
+                .iter()
+                .find(|d| d.vip.as_deref() == Some(vip))
+                .cloned()
+        };
+        let (Some(a_host), Some(b_host)) = (
+            host(&a_devices, "100.64.1.10"),
+            host(&b_devices, "100.64.2.10"),
+        ) else {
+            return false;
+        };
+        assert_eq!(
+            (a_host.kind.as_str(), a_host.name.as_deref()),
+            ("reserved", Some("host.gw1.ovl.example")),
+            "{a_host:?}\n{}",
+            bed.logs()
+        );
+        let tunnel_ok = |tunnels: &[cyphonic_cloud::store::TunnelRow], peer: &str| {
+            tunnels.len() == 1
+                && tunnels[0].peer == peer
+                && tunnels[0].path == "direct"
+                && tunnels[0].established
+        };
+        a_host.tx_bytes >= iperf_sent
+            && b_host.rx_bytes >= iperf_received
+            && a_host.seen.is_some()
+            && tunnel_ok(&a_tunnels, "gw2.ovl.example")
+            && tunnel_ok(&b_tunnels, "gw1.ovl.example")
+    };
+    wait_until(
+        Duration::from_secs(90),
+        "the adapters' reports of the iperf3 run",
+        || counted(&bed),
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: gw1 {:?}\ngw2 {:?}\n{}",
+            reported("gw1.ovl.example"),
+            reported("gw2.ovl.example"),
+            bed.logs()
+        )
+    });
 }
 
 /// Asks `name` from `side`'s LAN host through its adapter until an answer with addresses

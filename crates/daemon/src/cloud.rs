@@ -21,6 +21,7 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::sync::mpsc;
 
 use crate::status::CloudStatus;
+use cyphonic_signal::Report;
 
 /// Keepalives towards peers found through the cloud: they hold NAT mappings open.
 const CLOUD_KEEPALIVE: Duration = Duration::from_secs(25);
@@ -255,11 +256,78 @@ pub struct CloudLink {
     in_use: (Vec<String>, Option<Instant>),
     /// When what we report of our HA pair was last looked at.
     pair_at: Option<Instant>,
+    /// When our devices and tunnels were last looked at, and when they go to the cloud.
+    report_at: Option<Instant>,
+    report_pace: ReportPace,
 }
 
 /// How often the cloud peers in use are looked at for [`CloudLink::peers_in_use`], and what
 /// we report of our HA pair for [`CloudLink::report_pair`].
 const IN_USE_EVERY: Duration = Duration::from_secs(1);
+
+/// A changed list of devices or tunnels goes to the cloud at most this often.
+const REPORT_CHANGED_EVERY: Duration = Duration::from_secs(5);
+/// Counters that moved, in an unchanged list, go to the cloud this often.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// When a report of our devices and tunnels goes to the cloud (docs/protocol.md §8,
+/// *Devices and tunnels*): the first at once; then one whose list changed (a device or
+/// tunnel came or went, a tunnel changed path or got or lost its keys) after
+/// [`REPORT_CHANGED_EVERY`] since the last; one whose counters alone moved after
+/// [`REPORT_EVERY`]; an unchanged one never.
+#[derive(Debug, Default)]
+struct ReportPace {
+    sent: Option<(Instant, Report)>,
+}
+
+impl ReportPace {
+    /// Whether `report` goes now; if so, it is the last sent from now on.
+    fn due(&mut self, report: &Report, now: Instant) -> bool {
+        let due = match &self.sent {
+            None => true,
+            Some((_, last)) if last == report => false,
+            Some((at, last)) => {
+                let wait = if Self::same_list(last, report) {
+                    REPORT_EVERY
+                } else {
+                    REPORT_CHANGED_EVERY
+                };
+                now.saturating_duration_since(*at) >= wait
+            }
+        };
+        if due {
+            self.sent = Some((now, report.clone()));
+        }
+        due
+    }
+
+    /// Whether `a` and `b` list the same devices and tunnels, whatever their counters and
+    /// times.
+    fn same_list(a: &Report, b: &Report) -> bool {
+        let device = |d: &cyphonic_control::DeviceReport| {
+            (
+                d.mac,
+                d.vip,
+                d.vip6,
+                d.legacy,
+                d.name.clone(),
+                d.hostname.clone(),
+                d.kind,
+                d.vlan,
+            )
+        };
+        let tunnel =
+            |t: &cyphonic_control::TunnelReport| (t.peer.clone(), t.path, t.reason, t.established);
+        a.devices
+            .iter()
+            .map(device)
+            .eq(b.devices.iter().map(device))
+            && a.tunnels
+                .iter()
+                .map(tunnel)
+                .eq(b.tunnels.iter().map(tunnel))
+    }
+}
 
 /// The most peers [`CloudLink::resume`] asks for.
 const RESUMED_MAX: usize = 256;
@@ -318,6 +386,8 @@ impl CloudLink {
             resume: Vec::new(),
             in_use: (Vec::new(), None),
             pair_at: None,
+            report_at: None,
+            report_pace: ReportPace::default(),
         };
         (link, asker)
     }
@@ -371,6 +441,38 @@ impl CloudLink {
         }
         self.pair_at = Some(now);
         self.handle.report_pair(pair());
+    }
+
+    /// Hands the session our devices (`devices` says them) and our tunnels (`shared`'s
+    /// peers; `unix` is `now` on the wall clock) when it is time (docs/protocol.md §8: a
+    /// changed list after 5 s, counters alone after 60 s); looks at most every second.
+    pub fn report(
+        &mut self,
+        now: Instant,
+        unix: u64,
+        shared: &Shared,
+        devices: impl FnOnce() -> Vec<cyphonic_control::DeviceReport>,
+    ) {
+        if self
+            .report_at
+            .is_some_and(|t| now.saturating_duration_since(t) < IN_USE_EVERY)
+        {
+            return;
+        }
+        self.report_at = Some(now);
+        let tunnels = crate::status::tunnels(shared, now, unix);
+        let (report, left) = Report::bounded(devices(), tunnels);
+        if !self.report_pace.due(&report, now) {
+            return;
+        }
+        if left != (0, 0) {
+            tracing::debug!(
+                devices = left.0,
+                tunnels = left.1,
+                "left out of the report to the cloud: beyond its bounds"
+            );
+        }
+        self.handle.report(report);
     }
 
     /// Asks the cloud to pair us again with the resumed peers that are not peers yet.
@@ -897,6 +999,48 @@ impl CloudLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first report goes at once; one with a changed list after 5 s since the last, one
+    /// whose counters alone moved after 60 s, an unchanged one never.
+    #[test]
+    fn reports_go_at_once_on_a_change_and_rarely_for_counters() {
+        use cyphonic_control::{TunnelPath, TunnelReport};
+        let tunnel = |peer: &str, established: bool, tx_bytes: u64| TunnelReport {
+            peer: peer.repeat(64),
+            name: "gw2.ovl.example".into(),
+            path: TunnelPath::Direct,
+            reason: None,
+            endpoint: None,
+            established,
+            handshake: Some(tx_bytes),
+            tx_bytes,
+            rx_bytes: 0,
+        };
+        let report = |tunnels| Report {
+            devices: vec![],
+            tunnels,
+        };
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let mut pace = ReportPace::default();
+        let one = report(vec![tunnel("a", true, 1)]);
+        assert!(pace.due(&one, t0), "the first at once");
+        assert!(!pace.due(&one, at(600)), "the same never again");
+        let counted = report(vec![tunnel("a", true, 2)]);
+        assert!(!pace.due(&counted, at(59)), "counters wait a minute");
+        let changed = report(vec![tunnel("a", true, 2), tunnel("b", false, 0)]);
+        assert!(!pace.due(&changed, at(4)), "a change waits 5 s");
+        assert!(pace.due(&changed, at(5)));
+        let keys = report(vec![tunnel("a", true, 2), tunnel("b", true, 0)]);
+        assert!(!pace.due(&keys, at(9)));
+        assert!(
+            pace.due(&keys, at(10)),
+            "a tunnel that got its keys is a change"
+        );
+        let counted = report(vec![tunnel("a", true, 9), tunnel("b", true, 3)]);
+        assert!(!pace.due(&counted, at(69)));
+        assert!(pace.due(&counted, at(70)));
+    }
 
     #[test]
     fn candidates_are_the_other_addresses_once_and_bounded() {

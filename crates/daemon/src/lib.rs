@@ -306,6 +306,12 @@ pub trait Services {
         None
     }
 
+    /// The devices behind this tunnel end, as the cloud is told of them (docs/protocol.md
+    /// §8, *Devices and tunnels*): an adapter's; a node has none.
+    fn devices(&self) -> Vec<cyphonic_control::DeviceReport> {
+        Vec::new()
+    }
+
     /// The cloud peers this tunnel end's previous holder had (kept by
     /// [`Services::cloud_peers`]), to be paired with again once the cloud is reached; asked
     /// once, at start.
@@ -890,6 +896,8 @@ impl<S: Services> Loop<S> {
                 self.services.cloud_peers(&in_use);
             }
             c.report_pair(now, || self.services.pair());
+            let unix = self.clock.unix_secs(now);
+            c.report(now, unix, self.control.shared(), || self.services.devices());
         }
         while let Some(event) = self.control.poll_event() {
             match event {

@@ -419,6 +419,39 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
         .collect()
 }
 
+/// Every peer of `shared` as the cloud is told of it (docs/protocol.md §8, *Devices and
+/// tunnels*); `unix` is `now` on the wall clock.
+pub fn tunnels(shared: &Shared, now: Instant, unix: u64) -> Vec<cyphonic_control::TunnelReport> {
+    use cyphonic_control::TunnelPath;
+    shared
+        .peers()
+        .all()
+        .iter()
+        .map(|slot| {
+            let reason = slot.route().relay.as_ref().map(|r| r.reason);
+            let peer = slot.current_certificate().fingerprint().to_string();
+            let p = slot.lock();
+            cyphonic_control::TunnelReport {
+                peer,
+                name: slot.name.clone(),
+                path: if reason.is_some() {
+                    TunnelPath::Relay
+                } else {
+                    TunnelPath::Direct
+                },
+                reason,
+                endpoint: p.endpoint(),
+                established: p.is_established(now),
+                handshake: p
+                    .last_handshake()
+                    .map(|t| unix.saturating_sub(now.saturating_duration_since(t).as_secs())),
+                tx_bytes: slot.tx_bytes.load(Relaxed),
+                rx_bytes: slot.rx_bytes.load(Relaxed),
+            }
+        })
+        .collect()
+}
+
 /// The cloud line and the peers table, as text for a terminal.
 pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     let mut out = String::new();
