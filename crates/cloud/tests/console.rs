@@ -176,6 +176,67 @@ async fn row(c: &Client, bed: &Bed, member: &str) -> String {
 
 /// A member online with a certificate of `pki`'s CA, as a site's adapter would be (while
 /// its handle and its events are kept).
+/// The site `us` reports its camera (1.5 MB sent) and a tunnel to the site `them`, once
+/// both are known to the registry; returns when the report is kept.
+async fn report(bed: &Bed, site: &cyphonic_signal::Handle, (us, them): (&str, &str)) {
+    use cyphonic_signal::{DeviceKind, DeviceReport, Report, TunnelPath, TunnelReport};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let fingerprint = |name: &str| {
+        let name = name.to_owned();
+        async move {
+            loop {
+                let known = bed.store().reporter(&name).await.unwrap();
+                if let Some((fp, _)) = known {
+                    return fp;
+                }
+                assert!(Instant::now() < deadline, "{name} never registered");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let (mine, peer) = (fingerprint(us).await, fingerprint(them).await);
+    let net = if us.starts_with("gw1") { 1 } else { 2 };
+    site.report(Report {
+        devices: vec![DeviceReport {
+            mac: cyphonic_control::Mac([2, 0, 0, 0, net, 10]),
+            vip: Some(std::net::Ipv4Addr::new(100, 64, net, 10)),
+            vip6: None,
+            legacy: None,
+            name: Some(format!("cam1.{us}")),
+            hostname: Some("cam1".into()),
+            kind: DeviceKind::Lease,
+            expires: Some(cyphonic_signal::testing::now() + 3600),
+            vlan: None,
+            seen: Some(cyphonic_signal::testing::now()),
+            tx_bytes: 1_500_000,
+            tx_packets: 1_100,
+            rx_bytes: 80_000,
+            rx_packets: 1_000,
+        }],
+        tunnels: vec![TunnelReport {
+            peer,
+            name: them.to_owned(),
+            path: TunnelPath::Direct,
+            reason: None,
+            endpoint: Some(std::net::SocketAddr::from(([198, 51, 100, net ^ 3], 51820))),
+            established: true,
+            handshake: Some(cyphonic_signal::testing::now()),
+            tx_bytes: 1_500_000,
+            rx_bytes: 80_000,
+        }],
+    });
+    while bed
+        .store()
+        .devices_page(&mine, None, 10)
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "{us}'s report was never kept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn site(
     bed: &Bed,
     name: &str,
@@ -245,8 +306,10 @@ async fn until_state(c: &Client, bed: &Bed, member: &str, state: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_a_real_browser() {
     let bed = Bed::new("normal", true).await;
-    let _gw1 = site(&bed, "gw1.ovl.example", "100.64.1.0/24");
-    let _gw2 = site(&bed, "gw2.ovl.example", "100.64.2.0/24");
+    let gw1 = site(&bed, "gw1.ovl.example", "100.64.1.0/24");
+    let gw2 = site(&bed, "gw2.ovl.example", "100.64.2.0/24");
+    report(&bed, &gw1.0, ("gw1.ovl.example", "gw2.ovl.example")).await;
+    report(&bed, &gw2.0, ("gw2.ovl.example", "gw1.ovl.example")).await;
     let driver = Driver::start();
     let c = driver.browser(1280, 860).await;
 
@@ -326,11 +389,28 @@ async fn the_console_in_a_real_browser() {
     );
     until_state(&c, &bed, "gw3.ovl.example", "online").await;
 
-    // Revoking a site: the console asks first; then the site is revoked and offline.
+    // A site's page: its devices with what they sent, its tunnel to the other site.
     c.goto(&format!("{}/console/members/gw2.ovl.example", bed.base))
         .await
         .unwrap();
+    let devices = text(&c, "#devices").await;
+    for seen in [
+        "cam1.gw2.ovl.example",
+        "100.64.2.10",
+        "02:00:00:00:02:0a",
+        "1.5 MB",
+        "lease",
+    ] {
+        assert!(devices.contains(seen), "{seen} in {devices}");
+    }
+    let tunnels = text(&c, "#tunnels").await;
+    assert!(
+        tunnels.contains("gw1.ovl.example") && tunnels.contains("direct") && tunnels.contains("up"),
+        "{tunnels}"
+    );
     shot(&c, "member").await;
+
+    // Revoking a site: the console asks first; then the site is revoked and offline.
     click(&c, "#revoke").await;
     let asked = c.get_alert_text().await.unwrap();
     assert!(asked.contains("Revoke gw2.ovl.example"), "{asked}");
@@ -349,6 +429,12 @@ async fn the_console_in_a_real_browser() {
         assert!(Instant::now() < deadline, "gw2's session was not cut");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Its tunnels went with its session; what it said of its devices stays.
+    c.goto(&format!("{}/console/members/gw2.ovl.example", bed.base))
+        .await
+        .unwrap();
+    assert!(present(&c, "#no-tunnels").await);
+    assert!(text(&c, "#devices").await.contains("cam1.gw2.ovl.example"));
     c.goto(&format!("{}/console/", bed.base)).await.unwrap();
     assert_eq!(text(&c, "#online-count").await, "2");
     assert!(!row(&c, &bed, "gw2.ovl.example").await.contains("online"));

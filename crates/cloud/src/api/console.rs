@@ -316,9 +316,98 @@ struct Member {
     all_revoked: bool,
     may_write: bool,
     csrf: String,
+    /// When its last report came, in words (none: it never reported).
+    reported: Option<String>,
+    devices: Vec<DeviceLine>,
+    /// The cursor of the next page of devices.
+    devices_next: Option<String>,
+    tunnels: Vec<TunnelLine>,
 }
 
-async fn member(State(s): State<Arc<ApiState>>, p: Person, Path(name): Path<String>) -> Response {
+/// Devices a member page shows at once, and tunnels.
+const MEMBER_PAGE: u32 = 200;
+
+/// A device as the member page shows it.
+struct DeviceLine {
+    name: String,
+    addresses: String,
+    mac: String,
+    kind: String,
+    seen: String,
+    sent: String,
+    received: String,
+}
+
+impl DeviceLine {
+    fn of(d: &crate::store::DeviceRow) -> Self {
+        let mut addresses: Vec<&str> = d.vip.iter().chain(&d.vip6).map(String::as_str).collect();
+        let legacy = d.legacy.as_ref().map(|l| format!("(fixed: {l})"));
+        addresses.extend(legacy.as_deref());
+        Self {
+            name: d
+                .name
+                .clone()
+                .or_else(|| d.hostname.clone())
+                .unwrap_or_else(|| "-".to_owned()),
+            addresses: addresses.join(" "),
+            mac: d.mac.clone(),
+            kind: d
+                .vlan
+                .map_or_else(|| d.kind.clone(), |v| format!("{} (VLAN {v})", d.kind)),
+            seen: d.seen.map_or_else(|| "-".to_owned(), when),
+            sent: amount(d.tx_bytes),
+            received: amount(d.rx_bytes),
+        }
+    }
+}
+
+/// A tunnel as the member page shows it.
+struct TunnelLine {
+    peer: String,
+    path: String,
+    established: bool,
+    handshake: String,
+    sent: String,
+    received: String,
+}
+
+impl TunnelLine {
+    fn of(t: &crate::store::TunnelRow) -> Self {
+        Self {
+            peer: t.peer.clone(),
+            path: t.reason.as_ref().map_or_else(
+                || t.path.clone(),
+                |r| format!("{} ({})", t.path, r.replace('_', " ")),
+            ),
+            established: t.established,
+            handshake: t.handshake.map_or_else(|| "-".to_owned(), when),
+            sent: amount(t.tx_bytes),
+            received: amount(t.rx_bytes),
+        }
+    }
+}
+
+/// `bytes` for people: `0 B`, `980 B`, `1.2 kB`, `3.4 GB` (powers of 1000).
+fn amount(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["kB", "MB", "GB", "TB", "PB", "EB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64 / 1000.0;
+    let mut unit = 0;
+    while v >= 999.95 && unit + 1 < UNITS.len() {
+        v /= 1000.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+async fn member(
+    State(s): State<Arc<ApiState>>,
+    p: Person,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     let shown = async {
         p.0.may(Scope::Read)?;
         let revoked = revoked(&s).await?;
@@ -334,6 +423,10 @@ async fn member(State(s): State<Arc<ApiState>>, p: Person, Path(name): Path<Stri
         if rows.is_empty() {
             return Err(ApiError::not_found(format!("no member {name}")));
         }
+        let devices =
+            super::reports::device_page(&s, &name, q.get("after").map(String::as_str), MEMBER_PAGE)
+                .await?;
+        let tunnels = super::reports::tunnel_page(&s, Some(&name), None, MEMBER_PAGE).await?;
         let me = p.me();
         Ok(Member {
             page: "fleet",
@@ -343,6 +436,10 @@ async fn member(State(s): State<Arc<ApiState>>, p: Person, Path(name): Path<Stri
             csrf: me.csrf.clone(),
             me: Some(me),
             name: name.clone(),
+            reported: devices.reported_at.map(when),
+            devices: devices.items.iter().map(DeviceLine::of).collect(),
+            devices_next: devices.next,
+            tunnels: tunnels.items.iter().map(TunnelLine::of).collect(),
         })
     }
     .await;
