@@ -98,14 +98,35 @@ async fn shot(c: &Client, name: &str) {
 }
 
 async fn text(c: &Client, css: &str) -> String {
-    c.wait()
+    let found = c
+        .wait()
         .at_most(Duration::from_secs(20))
         .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .text()
-        .await
-        .unwrap()
+        .await;
+    match found {
+        Ok(e) => e.text().await.unwrap(),
+        Err(e) => {
+            let url = c.current_url().await.map(|u| u.to_string());
+            let page = c.source().await.unwrap_or_default();
+            panic!("{css}: {e}, at {url:?}:\n{page}");
+        }
+    }
+}
+
+/// Waits until the text of `css` holds `needle` (a page that changes by itself, or one
+/// being replaced); returns it.
+async fn until_text(c: &Client, css: &str, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(e) = c.find(Locator::Css(css)).await
+            && let Ok(t) = e.text().await
+            && t.contains(needle)
+        {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{css} never held {needle}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn click(c: &Client, css: &str) {
@@ -174,8 +195,6 @@ async fn row(c: &Client, bed: &Bed, member: &str) -> String {
     text(c, &format!("tr[data-member='{member}']")).await
 }
 
-/// A member online with a certificate of `pki`'s CA, as a site's adapter would be (while
-/// its handle and its events are kept).
 /// The site `us` reports its camera (1.5 MB sent) and a tunnel to the site `them`, once
 /// both are known to the registry; returns when the report is kept.
 async fn report(bed: &Bed, site: &cyphonic_signal::Handle, (us, them): (&str, &str)) {
@@ -237,6 +256,8 @@ async fn report(bed: &Bed, site: &cyphonic_signal::Handle, (us, them): (&str, &s
     }
 }
 
+/// A member online with a certificate of `pki`'s CA, as a site's adapter would be (while
+/// its handle and its events are kept).
 fn site(
     bed: &Bed,
     name: &str,
@@ -305,7 +326,17 @@ async fn until_state(c: &Client, bed: &Bed, member: &str, state: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_a_real_browser() {
-    let bed = Bed::new("normal", true).await;
+    // Sites may reach gw1's camera's RTSP, nothing else.
+    let policy = cyphonic_cloud::Policy {
+        allow_by_default: false,
+        groups: Vec::new(),
+        rules: vec![cyphonic_cloud::Rule {
+            from: vec!["sites".into()],
+            to: vec!["cam1.gw1.ovl.example".into()],
+            allow: vec!["tcp/554".into()],
+        }],
+    };
+    let bed = Bed::with("normal", true, policy).await;
     let gw1 = site(&bed, "gw1.ovl.example", "100.64.1.0/24");
     let gw2 = site(&bed, "gw2.ovl.example", "100.64.2.0/24");
     report(&bed, &gw1.0, ("gw1.ovl.example", "gw2.ovl.example")).await;
@@ -410,11 +441,51 @@ async fn the_console_in_a_real_browser() {
     );
     shot(&c, "member").await;
 
+    // The policy, and its dry run: allowed by the rule, refused without one, and a name
+    // nobody holds said so on the page.
+    c.goto(&format!("{}/console/policy", bed.base))
+        .await
+        .unwrap();
+    assert_eq!(text(&c, "#default").await, "deny");
+    assert!(text(&c, "#rules").await.contains("tcp/554"));
+    for (to, service, says) in [
+        ("cam1.gw1.ovl.example", "tcp/554", "Allowed by rule 1"),
+        ("cam1.gw1.ovl.example", "tcp/22", "Refused"),
+    ] {
+        fill(&c, "#dry-run input[name=from]", "gw2.ovl.example").await;
+        fill(&c, "#dry-run input[name=to]", to).await;
+        fill(&c, "#dry-run input[name=service]", service).await;
+        click(&c, "#dry-run button[type=submit]").await;
+        let verdict = until_text(&c, "#verdict", says).await;
+        assert!(verdict.contains("100.64.1.10"), "{verdict}");
+    }
+    shot(&c, "policy").await;
+    fill(&c, "#dry-run input[name=to]", "nothing.gw1.ovl.example").await;
+    click(&c, "#dry-run button[type=submit]").await;
+    assert!(
+        text(&c, "#mistake")
+            .await
+            .contains("nothing.gw1.ovl.example")
+    );
+    // An operator is offered no API tokens, and refused their page.
+    assert!(!text(&c, "nav").await.contains("API tokens"));
+    c.goto(&format!("{}/console/api-tokens", bed.base))
+        .await
+        .unwrap();
+    assert!(text(&c, "h1").await.contains("403"));
+
     // Revoking a site: the console asks first; then the site is revoked and offline.
+    c.goto(&format!("{}/console/members/gw2.ovl.example", bed.base))
+        .await
+        .unwrap();
     click(&c, "#revoke").await;
     let asked = c.get_alert_text().await.unwrap();
     assert!(asked.contains("Revoke gw2.ovl.example"), "{asked}");
     c.accept_alert().await.unwrap();
+    // The form's answer sends the browser back to the member's page, now with the revoked
+    // certificate: navigating before it is there could have it land after, and take the
+    // next page away.
+    until_text(&c, "main", "revoked").await;
     until_state(&c, &bed, "gw2.ovl.example", "revoked").await;
     // Its session is cut: offline in the registry, and counted out of the fleet's online.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -466,6 +537,11 @@ async fn the_console_in_a_real_browser() {
     .await;
     let only = text(&c, "#audit tbody").await;
     assert_eq!(only.lines().count(), 1, "{only}");
+    // The revocations list the site's certificate.
+    c.goto(&format!("{}/console/revocations", bed.base))
+        .await
+        .unwrap();
+    assert!(text(&c, "#revocations").await.contains("gw2.ovl.example"));
 
     // A phone's width: one column, each row a card of labelled lines.
     c.set_window_size(390, 844).await.unwrap();
@@ -507,5 +583,50 @@ async fn the_console_in_a_real_browser() {
     text(&v, "#tokens").await;
     assert!(!present(&v, "#make-token").await);
     assert_eq!(bed.audit("member.revoke").await.len(), 1);
+    assert!(!text(&v, "nav").await.contains("API tokens"));
     v.close().await.unwrap();
+
+    // Ada, an admin, makes an API token: shown once, it reads the API; revoked on the
+    // console, it is refused at once.
+    let a = driver.browser(1280, 860).await;
+    sign_in(&a, &bed, "ada").await;
+    click(&a, "nav a[href='/console/api-tokens']").await;
+    fill(&a, "#make-api-token input[name=name]", "grafana").await;
+    fill(&a, "#make-api-token input[name=days]", "30").await;
+    click(&a, "#make-api-token button[type=submit]").await;
+    let token = text(&a, "#new-api-token").await;
+    assert!(token.starts_with("cyk_"), "{token}");
+    let listed = text(&a, "#api-tokens").await;
+    assert!(
+        listed.contains("grafana") && listed.contains("live") && listed.contains("person:ada"),
+        "{listed}"
+    );
+    shot(&a, "api-tokens").await;
+    let api = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let members = |token: String| {
+        let req = api
+            .get(format!("{}/api/v1/members", bed.base))
+            .bearer_auth(token);
+        async move { req.send().await.unwrap().status() }
+    };
+    assert_eq!(members(token.clone()).await, reqwest::StatusCode::OK);
+    a.goto(&format!("{}/console/api-tokens", bed.base))
+        .await
+        .unwrap();
+    assert!(!present(&a, "#new-api-token").await, "shown once only");
+    click(&a, "tr[data-api-token] button.danger").await;
+    let asked = a.get_alert_text().await.unwrap();
+    assert!(asked.contains("grafana"), "{asked}");
+    a.accept_alert().await.unwrap();
+    until_text(&a, "#api-tokens", "revoked").await;
+    assert_eq!(members(token).await, reqwest::StatusCode::UNAUTHORIZED);
+    let made = bed.audit("api_token.create").await;
+    assert!(
+        made.iter().any(|e| e.actor.starts_with("person:ada")),
+        "{made:?}"
+    );
+    a.close().await.unwrap();
 }

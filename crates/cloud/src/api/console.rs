@@ -4,6 +4,9 @@
 //! API's do; changes are plain HTML forms carrying the session's CSRF token, checked like
 //! the API's header, and go through [`crate::admin`] like every other write.
 
+mod access;
+mod policy;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -34,6 +37,16 @@ pub(super) fn routes() -> axum::Router<Arc<ApiState>> {
         .route("/console/tokens", get(tokens).post(make_token))
         .route("/console/tokens/{id}/revoke", post(revoke_token))
         .route("/console/audit", get(audit))
+        .route("/console/policy", get(policy::policy))
+        .route("/console/revocations", get(access::revocations))
+        .route(
+            "/console/api-tokens",
+            get(access::api_tokens).post(access::make_api_token),
+        )
+        .route(
+            "/console/api-tokens/{id}/revoke",
+            post(access::revoke_api_token),
+        )
         .route(
             "/console/style.css",
             get(|| async { asset("text/css", include_str!("../../static/style.css")) }),
@@ -61,6 +74,14 @@ pub(super) fn see_other(to: &str) -> Response {
         r.headers_mut().insert(header::LOCATION, v);
     }
     r
+}
+
+/// After a change from a form: the browser sent on to `to`, or the error's page.
+fn changed(p: &Person, done: Result<(), ApiError>, to: &str) -> Response {
+    match done {
+        Ok(()) => see_other(to),
+        Err(e) => error_page(Some(p.me()), e),
+    }
 }
 
 /// A page: HTML, never cached, never framed, scripts and styles only from here.
@@ -480,10 +501,7 @@ async fn revoke_member(
         Ok::<_, ApiError>(())
     }
     .await;
-    match done {
-        Ok(()) => see_other(&format!("/console/members/{name}")),
-        Err(e) => error_page(Some(p.me()), e),
-    }
+    changed(&p, done, &format!("/console/members/{name}"))
 }
 
 /// One row of the tokens' table.
@@ -628,10 +646,7 @@ async fn revoke_token(
         Ok::<_, ApiError>(())
     }
     .await;
-    match done {
-        Ok(()) => see_other("/console/tokens"),
-        Err(e) => error_page(Some(p.me()), e),
-    }
+    changed(&p, done, "/console/tokens")
 }
 
 /// One row of the audit log as shown.

@@ -824,16 +824,20 @@ async fn api_tokens(
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Answer<Page<ApiTokenView>> {
     let q = asked(&caller, Scope::Admin, q)?;
+    let views = api_token_views(&s).await?;
+    Ok(Json(page(views, |v: &ApiTokenView| v.id.clone(), &q)?))
+}
+
+/// Every API token, newest first, for the API and the console.
+async fn api_token_views(s: &ApiState) -> Result<Vec<ApiTokenView>, ApiError> {
     let t = now();
-    let views = s
-        .nms
+    Ok(s.nms
         .store()
         .api_tokens()
         .await?
         .into_iter()
         .map(|row| ApiTokenView::of(row, t))
-        .collect();
-    Ok(Json(page(views, |v: &ApiTokenView| v.id.clone(), &q)?))
+        .collect())
 }
 
 /// What a new API token is for.
@@ -995,8 +999,13 @@ pub struct PolicyView {
     security(("bearer" = [])))]
 async fn policy(State(s): State<Arc<ApiState>>, caller: Caller) -> Answer<PolicyView> {
     caller.may(Scope::Read)?;
+    Ok(Json(policy_view(&s)))
+}
+
+/// The policy in force, for the API and the console.
+fn policy_view(s: &ApiState) -> PolicyView {
     let policy = s.nms.policy();
-    Ok(Json(PolicyView {
+    PolicyView {
         default: if policy.allow_by_default {
             "allow"
         } else {
@@ -1012,7 +1021,7 @@ async fn policy(State(s): State<Arc<ApiState>>, caller: Caller) -> Answer<Policy
             .collect(),
         rules: (1..).map_while(|n| policy.numbered(n)).collect(),
         unresolved: s.nms.compiled().unresolved.clone(),
-    }))
+    }
 }
 
 /// A flow to judge.
@@ -1050,6 +1059,11 @@ async fn policy_check(
 ) -> Answer<FlowAnswer> {
     caller.may(Scope::Read)?;
     let Json(q) = body?;
+    Ok(Json(dry_run(&s, &q).await?))
+}
+
+/// Whether the flow `q` may start, for the API and the console.
+async fn dry_run(s: &ApiState, q: &FlowQuestion) -> Result<FlowAnswer, ApiError> {
     let (proto, port) =
         cyphonic_filter::parse_flow(&q.service).map_err(|e| ApiError::invalid("service", e))?;
     let (src, dst) = crate::fleet::flow_ends(s.nms.store(), &q.from, &q.to).await?;
@@ -1057,11 +1071,11 @@ async fn policy_check(
         .nms
         .policy()
         .verdict(&s.nms.compiled(), proto, src, dst, port);
-    Ok(Json(FlowAnswer {
+    Ok(FlowAnswer {
         verdict,
         src: src.to_string(),
         dst: dst.to_string(),
-    }))
+    })
 }
 
 /// A rule in addresses, as a member enforces it.

@@ -76,7 +76,7 @@ impl Drop for Idp {
 
 /// A cloud whose API listens on loopback (over TLS with `tls`, a certificate for
 /// 127.0.0.1 that the test's browser is told to accept), people signing in through a
-/// provider in `mode`: Olivia is an operator, Victor a viewer, Nora nobody.
+/// provider in `mode`: Ada is an admin, Olivia an operator, Victor a viewer, Nora nobody.
 pub(crate) struct Bed {
     pub(crate) running: cyphonic_cloud::Running,
     /// `http(s)://127.0.0.1:PORT`.
@@ -93,9 +93,14 @@ pub(crate) struct Bed {
 
 impl Bed {
     pub(crate) async fn new(mode: &str, tls: bool) -> Self {
+        Self::with(mode, tls, Policy::default()).await
+    }
+
+    /// [`Bed::new`] with `policy` in force.
+    pub(crate) async fn with(mode: &str, tls: bool, policy: Policy) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::new();
-        let cloud = super::config(dir.path(), &pki, Policy::default(), 365);
+        let cloud = super::config(dir.path(), &pki, policy, 365);
         let key = cloud.key.public();
         let running = cyphonic_cloud::start(cloud).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

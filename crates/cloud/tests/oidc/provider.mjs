@@ -5,7 +5,8 @@
 //   node provider.mjs <redirect-uri> <mode>
 //
 // It prints its issuer URL on a line of its own once it listens. The person's groups come
-// from their login: olivia is in net-ops, victor in staff, nora in none. Modes:
+// from their login: ada is in net-admins, olivia in net-ops, victor in staff, nora in none.
+// Modes:
 //   normal        as any provider;
 //   forged-keys   ID tokens are signed with a key the provider does not publish (its JWKS
 //                 lists another), as a forger's would be;
@@ -24,7 +25,7 @@ if (mode === 'clock-behind') {
   const now = Date.now;
   Date.now = () => now() - 2 * 3600 * 1000;
 }
-const groups = { olivia: ['net-ops'], victor: ['staff'], nora: [] };
+const groups = { ada: ['net-admins'], olivia: ['net-ops'], victor: ['staff'], nora: [] };
 const signing = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey
   .export({ format: 'jwk' });
 signing.kid = 'signing';
