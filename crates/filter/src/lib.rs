@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 mod direction;
+mod flowlog;
 mod fragments;
 mod packet;
 mod rules;
@@ -34,10 +35,13 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 pub use direction::Direction;
+pub use flowlog::{
+    Count, ENDED_MAX, Ended, PORTS_MAX, REFUSED_MAX, REFUSED_WINDOW, RefusedFlows, Taken,
+};
 pub use packet::{FlowKey, flow_of};
 pub use rules::{Proto, Rule, RuleSet};
 pub use spec::{
-    Allow, Directory, RuleSpec, SpecError, compile, is_pattern, parse_allow, parse_flow,
+    Allow, Directory, RuleSpec, SpecError, compile, glob, is_pattern, parse_allow, parse_flow,
 };
 
 use fragments::{Fragments, Refused};
@@ -165,7 +169,8 @@ enum State {
     Icmp,
 }
 
-/// One flow: which way it was opened, the rule that allowed it, where it stands.
+/// One flow: which way it was opened, the rule that allowed it, where it stands, what
+/// passed each way.
 #[derive(Debug, Clone, Copy)]
 struct Flow {
     dir: Direction,
@@ -174,6 +179,30 @@ struct Flow {
     expires: Instant,
     /// Its place in the order flows were made (eviction takes the oldest).
     serial: u64,
+    /// Its first packet and its last.
+    start: Instant,
+    last: Instant,
+    /// From its opener, and from its answerer.
+    forth: Count,
+    back: Count,
+    /// The sides that sent a TCP FIN: 1 its opener, 2 its answerer.
+    fins: u8,
+    /// It went into the flow log already (its end was seen; it stays for its last packets).
+    logged: bool,
+}
+
+impl Flow {
+    const fn ended(&self, key: FlowKey) -> Ended {
+        Ended {
+            key,
+            dir: self.dir,
+            rule: self.rule,
+            start: self.start,
+            end: self.last,
+            forth: self.forth,
+            back: self.back,
+        }
+    }
 }
 
 /// A TCP connection taken up from its answering side, until its opener's side confirms it.
@@ -205,14 +234,17 @@ impl Oldest {
         table: &mut HashMap<FlowKey, V>,
         capacity: usize,
         serial: impl Fn(&V) -> u64,
+        mut gone: impl FnMut(FlowKey, V),
     ) -> u64 {
         let mut removed = 0;
         while table.len() >= capacity {
             let Some((old, s)) = self.keys.pop_front() else {
                 break;
             };
-            if table.get(&old).is_some_and(|v| serial(v) == s) {
-                table.remove(&old);
+            if table.get(&old).is_some_and(|v| serial(v) == s)
+                && let Some(v) = table.remove(&old)
+            {
+                gone(old, v);
                 removed += 1;
             }
         }
@@ -303,6 +335,8 @@ pub struct Filter {
     order: Oldest,
     /// Connections taken up from their answering side, by the opener's key.
     unconfirmed: HashMap<FlowKey, Unconfirmed>,
+    /// Ended flows and refused ones, while flow logs are on.
+    log: Option<flowlog::FlowLog>,
     /// The order they were taken up in.
     unconfirmed_order: Oldest,
     capacity: usize,
@@ -322,6 +356,7 @@ impl Filter {
             order: Oldest::default(),
             unconfirmed: HashMap::new(),
             unconfirmed_order: Oldest::default(),
+            log: None,
             capacity: capacity.max(1),
             timeouts,
             stats: Stats::default(),
@@ -363,7 +398,7 @@ impl Filter {
                 opens,
                 first,
             }) => {
-                let verdict = self.flow_packet(key, flags, opens, dir, now);
+                let verdict = self.flow_packet(key, (flags, opens), dir, (now, packet.len()));
                 if let (Verdict::Pass, Some((datagram, piece))) = (verdict, first) {
                     let expires = now + self.timeouts.fragment;
                     self.fragments.first(datagram, dir, piece, expires);
@@ -425,10 +460,9 @@ impl Filter {
     fn flow_packet(
         &mut self,
         key: FlowKey,
-        flags: u8,
-        opens: bool,
+        (flags, opens): (u8, bool),
         dir: Direction,
-        now: Instant,
+        (now, len): (Instant, usize),
     ) -> Verdict {
         let t = self.timeouts;
         for (k, reply) in [(key, false), (key.reversed(), true)] {
@@ -469,18 +503,40 @@ impl Filter {
             if flow.state != State::TcpReset || flags & RST != 0 {
                 flow.expires = now + ttl;
             }
+            if reply {
+                flow.back.add(len);
+            } else {
+                flow.forth.add(len);
+            }
+            flow.last = now;
+            // A TCP connection ends, for the flow log, when both sides said FIN or one RST.
+            if key.proto == TCP {
+                if flags & FIN != 0 {
+                    flow.fins |= if reply { 2 } else { 1 };
+                }
+                if (flow.fins == 3 || flags & RST != 0)
+                    && !flow.logged
+                    && let Some(log) = self.log.as_mut()
+                {
+                    flow.logged = true;
+                    log.ended(flow.ended(k));
+                }
+            }
             return Verdict::Pass;
         }
         if !opens {
-            if let Some(verdict) = self.unconfirmed_packet(key, flags, dir, now) {
+            if let Some(verdict) = self.unconfirmed_packet(key, flags, dir, (now, len)) {
                 return verdict;
             }
-            return self.pick_up(key, flags, dir, now);
+            return self.pick_up(key, flags, dir, (now, len));
         }
         let Some(rule) =
             self.index
                 .first_allowing(&self.rules, key.proto, key.src, key.dst, key.dport)
         else {
+            if let Some(log) = self.log.as_mut() {
+                log.refused(&key, dir, now);
+            }
             return Verdict::Drop(Reason::NoRule);
         };
         let state = match key.proto {
@@ -493,7 +549,7 @@ impl Filter {
             State::Icmp => t.icmp,
             _ => t.datagram,
         };
-        self.insert(key, dir, rule, state, now + ttl);
+        self.insert(key, dir, rule, state, now + ttl, (now, len));
         Verdict::Pass
     }
 
@@ -507,7 +563,13 @@ impl Filter {
     /// data of a download the device began, say): it passes and waits, unconfirmed, for the
     /// opener's side ([`Filter::unconfirmed_packet`]). Until then only the answering side's
     /// segments pass, for [`UNCONFIRMED_FOR`] at most. A RST never makes either.
-    fn pick_up(&mut self, key: FlowKey, flags: u8, dir: Direction, now: Instant) -> Verdict {
+    fn pick_up(
+        &mut self,
+        key: FlowKey,
+        flags: u8,
+        dir: Direction,
+        (now, len): (Instant, usize),
+    ) -> Verdict {
         if key.proto != TCP || flags & RST != 0 {
             return Verdict::Drop(Reason::NoFlow);
         }
@@ -516,7 +578,7 @@ impl Filter {
                 .first_allowing(&f.rules, k.proto, k.src, k.dst, k.dport)
         };
         if let Some(rule) = allowing(self, key) {
-            self.take_up(key, flags, dir, rule, now);
+            self.take_up(key, flags, dir, rule, (now, len));
             return Verdict::Pass;
         }
         let opener = key.reversed();
@@ -526,7 +588,7 @@ impl Filter {
         let serial = |u: &Unconfirmed| u.serial;
         self.stats.picked_up_refused +=
             self.unconfirmed_order
-                .make_room(&mut self.unconfirmed, UNCONFIRMED, serial);
+                .make_room(&mut self.unconfirmed, UNCONFIRMED, serial, |_, _| {});
         let serial = self
             .unconfirmed_order
             .push(opener, &self.unconfirmed, UNCONFIRMED, serial);
@@ -552,7 +614,7 @@ impl Filter {
         key: FlowKey,
         flags: u8,
         dir: Direction,
-        now: Instant,
+        (now, len): (Instant, usize),
     ) -> Option<Verdict> {
         if key.proto != TCP {
             return None;
@@ -579,26 +641,52 @@ impl Filter {
             self.stats.picked_up_refused += 1;
             return Some(Verdict::Drop(Reason::NoFlow));
         }
-        self.take_up(key, flags, dir, u.rule, now);
+        self.take_up(key, flags, dir, u.rule, (now, len));
         Some(Verdict::Pass)
     }
 
     /// Keeps `key`'s connection, opened the way `dir` goes, as open (or closing, after a
     /// FIN), taken up in the middle by `rule`.
-    fn take_up(&mut self, key: FlowKey, flags: u8, dir: Direction, rule: u32, now: Instant) {
+    fn take_up(
+        &mut self,
+        key: FlowKey,
+        flags: u8,
+        dir: Direction,
+        rule: u32,
+        (now, len): (Instant, usize),
+    ) {
         let (state, ttl) = if flags & FIN == 0 {
             (State::TcpOpen, self.timeouts.tcp_open)
         } else {
             (State::TcpClosing, self.timeouts.tcp_closing)
         };
-        self.insert(key, dir, rule, state, now + ttl);
+        self.insert(key, dir, rule, state, now + ttl, (now, len));
         self.stats.picked_up += 1;
     }
 
-    fn insert(&mut self, key: FlowKey, dir: Direction, rule: u32, state: State, expires: Instant) {
+    fn insert(
+        &mut self,
+        key: FlowKey,
+        dir: Direction,
+        rule: u32,
+        state: State,
+        expires: Instant,
+        (now, len): (Instant, usize),
+    ) {
         let serial = |f: &Flow| f.serial;
-        self.stats.evicted += self.order.make_room(&mut self.flows, self.capacity, serial);
+        let log = &mut self.log;
+        self.stats.evicted +=
+            self.order
+                .make_room(&mut self.flows, self.capacity, serial, |k, f: Flow| {
+                    if let Some(log) = log.as_mut()
+                        && !f.logged
+                    {
+                        log.ended(f.ended(k));
+                    }
+                });
         let serial = self.order.push(key, &self.flows, self.capacity, serial);
+        let mut forth = Count::default();
+        forth.add(len);
         self.flows.insert(
             key,
             Flow {
@@ -607,14 +695,65 @@ impl Filter {
                 state,
                 expires,
                 serial,
+                start: now,
+                last: now,
+                forth,
+                back: Count::default(),
+                fins: 0,
+                logged: false,
             },
         );
         self.stats.opened += 1;
         *self.stats.opened_by_rule.entry(rule).or_default() += 1;
     }
 
+    /// Removes `key`'s flow; into the flow log, if it is on and the flow is not there yet.
     fn remove(&mut self, key: &FlowKey) {
-        self.flows.remove(key);
+        if let Some(f) = self.flows.remove(key)
+            && let Some(log) = self.log.as_mut()
+            && !f.logged
+        {
+            log.ended(f.ended(*key));
+        }
+    }
+
+    /// Turns flow logs on or off: while on, flows that end and new flows no rule allows are
+    /// kept for [`Filter::take_log`] (bounded: docs/protocol.md §8, *Flow logs*). Turned off,
+    /// what was not taken is dropped.
+    pub fn set_log(&mut self, on: bool) {
+        match (on, self.log.is_some()) {
+            (true, false) => self.log = Some(flowlog::FlowLog::default()),
+            (false, true) => self.log = None,
+            _ => {}
+        }
+    }
+
+    /// Whether flow logs are on.
+    pub const fn logs(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// The flows that ended since the last take, the refused summaries whose minute is over
+    /// by `now`, and how many records were lost; nothing while flow logs are off.
+    pub fn take_log(&mut self, now: Instant) -> Taken {
+        self.log
+            .as_mut()
+            .map(|l| l.take(now, false))
+            .unwrap_or_default()
+    }
+
+    /// Ends every flow kept into the flow log (the rules go, or a new table replaces this
+    /// one) and takes all of it, summaries whose minute is not over among it; the table is
+    /// left empty.
+    pub fn finish(&mut self, now: Instant) -> Taken {
+        let keys: Vec<FlowKey> = self.flows.keys().copied().collect();
+        for k in &keys {
+            self.remove(k);
+        }
+        self.log
+            .as_mut()
+            .map(|l| l.take(now, true))
+            .unwrap_or_default()
     }
 
     /// Removes the flows that timed out by `now` (call it now and then, once a second say);
@@ -727,6 +866,118 @@ mod tests {
     }
 
     /// The iot side's end: ops opens (arriving In), replies go Out; iot cannot open.
+    /// With flow logs on, a connection goes into the log once both sides said FIN, with its
+    /// bytes and packets each way, its rule and its times; a datagram flow when it times
+    /// out; an evicted one when it goes; each once. Off, nothing is kept.
+    #[test]
+    fn ended_flows_go_into_the_log_once_with_their_counts() {
+        let mut f = Filter::new(ops_to_iot(), 2, Timeouts::default());
+        let t = Instant::now();
+        let later = |s| t + Duration::from_secs(s);
+        assert_eq!(f.take_log(t), Taken::default(), "off: nothing");
+        f.set_log(true);
+        let syn = tcp(OPS, 40000, IOT, 22, SYN);
+        for (p, dir, at) in [
+            (syn.clone(), Direction::In, 0),
+            (tcp(IOT, 22, OPS, 40000, SYN | ACK), Direction::Out, 1),
+            (
+                tcp_with(OPS, 40000, IOT, 22, ACK, &[0; 100]),
+                Direction::In,
+                2,
+            ),
+            (tcp(OPS, 40000, IOT, 22, FIN | ACK), Direction::In, 3),
+        ] {
+            assert_eq!(f.check(&p, dir, later(at)), Verdict::Pass);
+        }
+        assert!(f.take_log(later(3)).ended.is_empty(), "one FIN: not yet");
+        let fin = tcp(IOT, 22, OPS, 40000, FIN | ACK);
+        assert_eq!(f.check(&fin, Direction::Out, later(4)), Verdict::Pass);
+        // The last ACK passes, and is not a second record.
+        let ack = tcp(OPS, 40000, IOT, 22, ACK);
+        assert_eq!(f.check(&ack, Direction::In, later(5)), Verdict::Pass);
+        let taken = f.take_log(later(5));
+        let [e] = taken.ended[..] else {
+            panic!("{taken:?}");
+        };
+        assert_eq!((e.key.dport, e.dir, e.rule), (22, Direction::In, 1));
+        assert_eq!((e.start, e.end), (t, later(4)));
+        assert_eq!(e.forth.packets, 3);
+        assert_eq!(e.forth.bytes, (2 * syn.len() + syn.len() + 100) as u64);
+        assert_eq!(e.back.packets, 2);
+        // It times out later without a second record.
+        f.expire(later(3600));
+        assert!(f.take_log(later(3600)).ended.is_empty());
+
+        // A datagram flow: when it times out, ended at its last packet.
+        let u = udp(OPS, 5555, IOT, 5000);
+        assert_eq!(f.check(&u, Direction::Out, later(10)), Verdict::Pass);
+        assert_eq!(f.check(&u, Direction::Out, later(11)), Verdict::Pass);
+        f.expire(later(100));
+        let taken = f.take_log(later(100));
+        assert_eq!(taken.ended.len(), 1, "{taken:?}");
+        assert_eq!(
+            (taken.ended[0].end, taken.ended[0].forth.packets),
+            (later(11), 2)
+        );
+
+        // Evicted for room (two flows kept): into the log as it goes.
+        for port in [5001, 5002, 5003] {
+            let p = udp(OPS, 6000, IOT, port);
+            assert_eq!(f.check(&p, Direction::Out, later(200)), Verdict::Pass);
+        }
+        let taken = f.take_log(later(200));
+        assert_eq!(taken.ended.len(), 1, "{taken:?}");
+        assert_eq!(taken.ended[0].key.dport, 5001);
+        // The rest when the table finishes.
+        let rest = f.finish(later(201));
+        assert_eq!(rest.ended.len(), 2, "{rest:?}");
+        f.set_log(false);
+        assert_eq!(f.check(&u, Direction::Out, later(300)), Verdict::Pass);
+        f.expire(later(900));
+        assert_eq!(f.take_log(later(900)), Taken::default());
+    }
+
+    /// A port scan is a summary per source and direction per minute, not a record per
+    /// port; the log's queues are bounded and what they lose is counted.
+    #[test]
+    fn a_scan_is_one_summary_and_the_log_is_bounded() {
+        let mut f = Filter::new(ops_to_iot(), 100_000, Timeouts::default());
+        f.set_log(true);
+        let t = Instant::now();
+        for port in 1..=10_000u16 {
+            let p = tcp(IOT, 40000, OPS, port, SYN);
+            assert_eq!(
+                f.check(&p, Direction::Out, t),
+                Verdict::Drop(Reason::NoRule)
+            );
+        }
+        assert!(f.take_log(t).refused.is_empty(), "the minute is not over");
+        let taken = f.take_log(t + REFUSED_WINDOW);
+        let [r] = &taken.refused[..] else {
+            panic!("{taken:?}");
+        };
+        assert_eq!(
+            (r.src, r.dir, r.packets),
+            (IOT.into(), Direction::Out, 10_000)
+        );
+        assert_eq!(r.ports, PORTS_MAX);
+        // Sources beyond the bound, and ended flows beyond theirs, are counted lost.
+        for i in 0..u32::try_from(REFUSED_MAX + 5).unwrap_or_default() {
+            let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(100, 64, 3, 0)) + i);
+            f.check(&tcp(src, 1, OPS, 1, SYN), Direction::In, t);
+        }
+        for port in 0..u16::try_from(ENDED_MAX + 7).unwrap_or_default() {
+            let p = udp(OPS, port, IOT, 5000);
+            assert_eq!(f.check(&p, Direction::Out, t), Verdict::Pass);
+        }
+        f.expire(t + Duration::from_secs(3600));
+        let taken = f.take_log(t + Duration::from_secs(3600));
+        assert_eq!(taken.refused.len(), REFUSED_MAX);
+        assert_eq!(taken.ended.len(), ENDED_MAX);
+        assert_eq!(taken.lost, 5 + 7);
+        assert_eq!(f.take_log(t + Duration::from_secs(3601)), Taken::default());
+    }
+
     #[test]
     fn direction_matters_replies_pass_and_nothing_opens_the_other_way() {
         let mut f = filter();

@@ -13,7 +13,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use cyphonic_filter::Filter;
-pub use cyphonic_filter::{Direction, Reason, RuleSet, Stats, Timeouts, Verdict};
+pub use cyphonic_filter::{
+    Count, Direction, Ended, FlowKey, REFUSED_MAX, Reason, RuleSet, Stats, Taken, Timeouts, Verdict,
+};
 
 /// At most one drop is logged per this interval.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(10);
@@ -49,6 +51,10 @@ pub struct PolicyReport {
 struct Inner {
     filter: Option<Filter>,
     capacity: usize,
+    /// Flow logs are on (docs/protocol.md §8): every filter set keeps them.
+    logs: bool,
+    /// What the filters replaced since the last take left in their logs.
+    left: Taken,
     last_sample: Option<Instant>,
     unsampled: u64,
     last_expiry: Option<Instant>,
@@ -109,20 +115,50 @@ impl Policy {
         let mut inner = self.lock();
         let capacity = inner.capacity;
         let cut = match (settings, inner.filter.as_mut()) {
-            (None, _) => {
-                inner.filter = None;
-                0
-            }
             (Some(s), Some(f)) if capacity == s.flows => f.set_rules(s.rules.clone()),
-            (Some(s), _) => {
-                let cut = inner.filter.as_ref().map_or(0, Filter::flows);
-                inner.filter = Some(Filter::new(s.rules.clone(), s.flows, Timeouts::default()));
-                inner.capacity = s.flows;
-                cut
+            (settings, _) => {
+                let mut old = inner.filter.take();
+                let cut = old.as_ref().map_or(0, Filter::flows);
+                // The flows of the table that goes are in its log, with what it held.
+                if let Some(f) = old.as_mut() {
+                    let left = f.finish(Instant::now());
+                    keep(&mut inner.left, left);
+                }
+                if let Some(s) = settings {
+                    let mut f = Filter::new(s.rules.clone(), s.flows, Timeouts::default());
+                    f.set_log(inner.logs);
+                    inner.filter = Some(f);
+                    inner.capacity = s.flows;
+                }
+                if settings.is_some() { cut } else { 0 }
             }
         };
         self.on.store(inner.filter.is_some(), Ordering::Relaxed);
         cut
+    }
+
+    /// Turns flow logs on or off (docs/protocol.md §8, *Flow logs*); off, what was not
+    /// taken is dropped.
+    pub fn set_logs(&self, on: bool) {
+        let mut inner = self.lock();
+        inner.logs = on;
+        if !on {
+            inner.left = Taken::default();
+        }
+        if let Some(f) = inner.filter.as_mut() {
+            f.set_log(on);
+        }
+    }
+
+    /// The flow log since the last take ([`Filter::take_log`]), with what filters replaced
+    /// since left; nothing while flow logs are off.
+    pub fn take_log(&self, now: Instant) -> Taken {
+        let mut inner = self.lock();
+        let mut taken = std::mem::take(&mut inner.left);
+        if let Some(f) = inner.filter.as_mut() {
+            keep(&mut taken, f.take_log(now));
+        }
+        taken
     }
 
     /// Forgets flows that timed out by `now` (the control thread calls it at every wake-up;
@@ -171,6 +207,20 @@ impl Policy {
             .as_ref()
             .map(|f| f.rules().first_allowing(proto, src, dst, dport))
     }
+}
+
+/// Adds `more` to `all`, within the filter's bounds (what goes beyond is counted lost).
+fn keep(all: &mut Taken, more: Taken) {
+    let room = cyphonic_filter::ENDED_MAX.saturating_sub(all.ended.len());
+    let lost = more.ended.len().saturating_sub(room)
+        + more
+            .refused
+            .len()
+            .saturating_sub(REFUSED_MAX.saturating_sub(all.refused.len()));
+    all.ended.extend(more.ended.into_iter().take(room));
+    let room = REFUSED_MAX.saturating_sub(all.refused.len());
+    all.refused.extend(more.refused.into_iter().take(room));
+    all.lost += more.lost + lost as u64;
 }
 
 /// Logs one dropped packet: who to whom, what, why.
