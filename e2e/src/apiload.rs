@@ -133,6 +133,7 @@ impl Cloud {
             enroll: None,
             api: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             audit_days: 365,
+            flows: cyphonic_cloud::config::FlowLogs::default(),
             api_tls: None,
             api_proxies: Vec::new(),
             api_oidc: None,

@@ -116,25 +116,13 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
         String::from_utf8_lossy(&ping.stdout),
         bed.logs()
     );
-    let server = bed
-        .b
-        .lan
-        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let out = bed
-        .a
-        .lan
-        .exec_output("iperf3", &["-J", "-c", "host.gw2.ovl.example", "-t", "2"])
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = iperf_a_to_b(&bed, "host.gw2.ovl.example");
     let bps = report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .unwrap_or(0.0);
     assert!(bps > 1e6, "iperf3 by name: {report}\n{}", bed.logs());
     let iperf_sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap();
     let iperf_received = report["end"]["sum_received"]["bytes"].as_u64().unwrap();
-    drop(server);
 
     // The cloud goes away: the tunnel does not.
     bed.cloud.as_mut().unwrap().stop("KILL").unwrap();
@@ -248,6 +236,144 @@ fn adapters_reach_each_other_by_name_through_the_cloud() {
             bed.logs()
         )
     });
+}
+
+/// iperf3 for 2 s from A's LAN host to B's (`to`: its name or address), through a server
+/// started for it: iperf3's JSON report.
+fn iperf_a_to_b(bed: &TwoSites, to: &str) -> serde_json::Value {
+    let _server = bed
+        .b
+        .lan
+        .spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = bed
+        .a
+        .lan
+        .exec_output("iperf3", &["-J", "-c", to, "-t", "2"])
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// A TCP connection to each of ports 1 to 10,000 of B's host, 200 at a time (a closed port
+/// answers with a RST).
+const SCAN: &str = r"
+import selectors, socket
+sel = selectors.DefaultSelector()
+ports = iter(range(1, 10001))
+def start(p):
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(('100.64.2.10', p))
+    sel.register(s, selectors.EVENT_WRITE)
+for _ in range(200):
+    start(next(ports))
+while sel.get_map():
+    for key, _ in sel.select(timeout=2) or []:
+        sel.unregister(key.fileobj)
+        key.fileobj.close()
+        p = next(ports, None)
+        if p:
+            start(p)
+";
+
+/// Flow logs on the two-site bed (docs/protocol.md §8): gw1 records its flows (`[flows]`),
+/// so that an iperf3 flow to site B is in the cloud's store with at least its bytes within
+/// seconds of its end; then a scan of 10,000 TCP ports of B's host from A's makes at most
+/// what a minute's bounds let through, and the rest is counted as unreported.
+#[test]
+fn flow_logs_hold_an_iperf3_flow_and_bound_a_port_scan() {
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions {
+            extra: "[flows]\nmembers = [\"gw1.ovl.example\"]\n".into(),
+            ..CloudOptions::default()
+        }),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"],
+        "{}",
+        bed.logs()
+    );
+    let report = iperf_a_to_b(&bed, "100.64.2.10");
+    let ended = std::time::Instant::now();
+    let sent = report["end"]["sum_sent"]["bytes"].as_u64().unwrap_or(0);
+    assert!(sent > 1_000_000, "iperf3: {report}\n{}", bed.logs());
+
+    let db = format!(
+        "sqlite://{}",
+        bed.cloud.as_ref().unwrap().dir.join("cloud.db").display()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(cyphonic_cloud::Store::open(&db)).unwrap();
+    let records = || {
+        rt.block_on(store.flows_page(&cyphonic_cloud::store::FlowQuery {
+            member: Some("gw1.ovl.example".into()),
+            limit: 100_000,
+            ..Default::default()
+        }))
+        .unwrap()
+    };
+    wait_until(
+        Duration::from_secs(15),
+        "iperf3's flow in the store",
+        || {
+            records().iter().any(|f| {
+                f.kind == "flow"
+                    && f.proto == Some(6)
+                    && f.dport == Some(5201)
+                    && f.dst.as_deref() == Some("100.64.2.10")
+                    && f.dir == "out"
+                    && f.tx_bytes >= sent
+            })
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", records(), bed.logs()));
+    eprintln!(
+        "iperf3's flow was in the store {:?} after its end",
+        ended.elapsed()
+    );
+    let before = records().len();
+
+    // The scan.
+    let out = bed.a.lan.exec_output("python3", &["-c", SCAN]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bins = bed.bins.clone();
+    let unreported = || {
+        bed.cloud.as_ref().unwrap().status(&bins).unwrap()["counters"]["flows_unreported"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the scan's overflow counted",
+        || unreported() >= 5_000,
+    )
+    .unwrap_or_else(|e| {
+        let counters = &bed.cloud.as_ref().unwrap().status(&bins).unwrap()["counters"];
+        panic!(
+            "{e}: {} records of the scan kept; the cloud's counters {counters}; A's policy {}",
+            records().len() - before,
+            bed.status(Side::A).unwrap()["policy"]
+        )
+    });
+    let scanned = records().len() - before;
+    assert!(
+        (100..=4_000).contains(&scanned),
+        "{scanned} records of the scan kept, {} unreported",
+        unreported()
+    );
+    assert!(scanned as u64 + unreported() >= 10_000 - 10);
+    eprintln!(
+        "the scan: {scanned} records kept, {} unreported",
+        unreported()
+    );
 }
 
 /// Asks `name` from `side`'s LAN host through its adapter until an answer with addresses

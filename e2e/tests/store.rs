@@ -871,6 +871,7 @@ async fn instance_with(
         enroll: None,
         api: None,
         audit_days: 365,
+        flows: cyphonic_cloud::config::FlowLogs::default(),
         api_tls: None,
         api_proxies: Vec::new(),
         api_oidc: None,

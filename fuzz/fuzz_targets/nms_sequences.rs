@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 use arbitrary::Arbitrary;
 use cyphonic_cloud::{Nms, Policy, Rule, Store};
 use cyphonic_control::{
-    ClientMsg, CloudMsg, DeviceKind, DeviceReport, Mac, NameRecord, PairBox, PairHealth, PairRole, Resolution,
-    TunnelPath, TunnelReport,
+    ClientMsg, CloudMsg, DeviceKind, DeviceReport, FlowDir, FlowRecord, Mac, NameRecord, PairBox, PairHealth,
+    PairRole, RefusedRecord, Resolution, TunnelPath, TunnelReport,
 };
 use cyphonic_crypto::{
     Certificate, CertificateAuthority, IssueRequest, RevocationList, StaticKeypair, TrustStore,
@@ -81,6 +81,12 @@ enum Op {
         tunnels: Vec<(Peer, Name, u64)>,
         more: bool,
     },
+    /// Flows: addresses, ports, counters; refused: source, packets, ports; unreported.
+    Flows {
+        flows: Vec<([u8; 4], u16, [u8; 4], u16, u64)>,
+        refused: Vec<([u8; 4], u64, u32)>,
+        unreported: u64,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -133,7 +139,10 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
         } else {
             Policy::default()
         };
-        let nms = Nms::new(StaticKeypair::generate().expect("key"), f.trust.clone(), store, policy, vec![7001, 7002], None);
+        // Every member logs its flows: their records reach the store.
+        let flows = cyphonic_cloud::config::FlowLogs { members: vec!["*".into()], ..Default::default() };
+        let nms = Nms::new(StaticKeypair::generate().expect("key"), f.trust.clone(), store, policy, vec![7001, 7002], None)
+            .with_flows(flows);
         for (who, op) in input.ops.into_iter().take(32) {
             let me = &f.clients[usize::from(who) % f.clients.len()];
             let msg = match &op {
@@ -222,6 +231,40 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                         .collect(),
                     more: *more,
                 },
+                Op::Flows { flows, refused, unreported } => ClientMsg::Flows {
+                    flows: flows
+                        .iter()
+                        .take(64)
+                        .map(|(src, sport, dst, dport, count)| FlowRecord {
+                            proto: 6,
+                            src: Ipv4Addr::from(*src).into(),
+                            sport: *sport,
+                            dst: Ipv4Addr::from(*dst).into(),
+                            dport: *dport,
+                            dir: FlowDir::Out,
+                            start: *count,
+                            end: count.wrapping_add(1),
+                            tx_bytes: *count,
+                            tx_packets: count >> 10,
+                            rx_bytes: !*count,
+                            rx_packets: 0,
+                            rule: 0,
+                        })
+                        .collect(),
+                    refused: refused
+                        .iter()
+                        .take(16)
+                        .map(|(src, packets, ports)| RefusedRecord {
+                            src: Ipv4Addr::from(*src).into(),
+                            dir: FlowDir::In,
+                            first: *packets,
+                            last: *packets,
+                            packets: *packets,
+                            ports: *ports,
+                        })
+                        .collect(),
+                    unreported: *unreported,
+                },
             };
             let answer = nms.serve_message(me, msg.clone()).await;
             match (&msg, answer) {
@@ -249,7 +292,8 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
                 (ClientMsg::Relay { .. } | ClientMsg::Admit { .. }, Some(CloudMsg::NotPaired { .. })) => {}
                 (ClientMsg::Ping {}, Some(CloudMsg::Pong {})) => {}
                 (ClientMsg::HaPair { .. } | ClientMsg::Report { .. }, None) => {}
-                (ClientMsg::Report { .. }, Some(CloudMsg::Error { reason })) => {
+                (ClientMsg::Flows { .. }, None) => {}
+                (ClientMsg::Report { .. } | ClientMsg::Flows { .. }, Some(CloudMsg::Error { reason })) => {
                     assert_ne!(reason, "the registry is unavailable");
                 }
                 (ClientMsg::HaPair { .. }, Some(CloudMsg::Error { reason })) => {

@@ -42,6 +42,8 @@ pub struct CloudConfig {
     pub api: Option<SocketAddr>,
     /// Days the audit log keeps a row.
     pub audit_days: u64,
+    /// Flow logs: who records them, how long they are kept.
+    pub flows: FlowLogs,
     /// The API's TLS; plain HTTP without.
     pub api_tls: Option<crate::tls::Tls>,
     /// The reverse proxies in front of the API.
@@ -70,6 +72,39 @@ impl Default for RelayConfig {
             ports: 50_000..=50_999,
             idle: Duration::from_secs(120),
         }
+    }
+}
+
+/// Flow logs (docs/protocol.md §8, *Flow logs*): the members that record their flows, and
+/// how long the cloud keeps the records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowLogs {
+    /// Member names, or patterns over them (`*.sites.ovl.example`).
+    pub members: Vec<String>,
+    /// Certificate groups.
+    pub groups: Vec<String>,
+    /// Days a record is kept.
+    pub keep_days: u64,
+}
+
+impl Default for FlowLogs {
+    fn default() -> Self {
+        Self {
+            members: Vec::new(),
+            groups: Vec::new(),
+            keep_days: 7,
+        }
+    }
+}
+
+impl FlowLogs {
+    /// Whether the member of certificate `body` records its flows.
+    pub fn logs(&self, body: &cyphonic_crypto::CertBody) -> bool {
+        self.members.iter().any(|m| {
+            m == "*"
+                || *m == body.name
+                || cyphonic_filter::is_pattern(m) && cyphonic_filter::glob(m, &body.name)
+        }) || body.groups.iter().any(|g| self.groups.contains(g))
     }
 }
 
@@ -106,6 +141,8 @@ cyphonic_declare::table! {
         metrics: RawMetrics = RawMetrics::default(),
         /// The HTTP API.
         api: RawApi = RawApi::default(),
+        /// Flow logs.
+        flows: RawFlows = RawFlows::default(),
         /// Online issuing.
         enroll: Option<RawEnroll> = None,
     }
@@ -162,6 +199,22 @@ cyphonic_declare::table! {
         audit_days: Spanned<u64> = cyphonic_declare::unwritten(365),
         /// Sign-in for people (the console).
         oidc: Option<RawOidc> = None,
+    }
+}
+
+cyphonic_declare::table! {
+    /// Flow logs (docs/protocol.md §8): the members named here record each flow that ends
+    /// (addresses, ports, bytes and packets each way, the rule that allowed it) and a
+    /// summary a minute of what no rule allowed, and send them to the cloud, which keeps
+    /// them for `keep_days` and serves them at `/api/v1/flows`. Members of control version
+    /// 12 and later. Restart-only.
+    struct RawFlows in "flows" (optional) {
+        /// Members by name, or patterns over names (`*.sites.ovl.example`); `"*"`: all.
+        members: Vec<String> = Vec::new(),
+        /// Members whose certificate holds one of these groups.
+        groups: Vec<String> = Vec::new(),
+        /// Days the cloud keeps a record (1 to 365); every instance forgets older ones hourly.
+        keep_days: Spanned<u64> = cyphonic_declare::unwritten(7),
     }
 }
 
@@ -284,6 +337,7 @@ pub struct Restart {
     metrics: Option<SocketAddr>,
     api: Option<SocketAddr>,
     audit_days: u64,
+    flows: FlowLogs,
     api_tls: Option<[PathBuf; 2]>,
     api_proxies: Vec<ipnet::IpNet>,
     api_oidc: Option<crate::signin::OidcConfig>,
@@ -302,6 +356,7 @@ impl Restart {
             metrics: c.metrics,
             api: c.api,
             audit_days: c.audit_days,
+            flows: c.flows.clone(),
             api_tls: c.api_tls.as_ref().map(|t| t.files.clone()),
             api_proxies: c.api_proxies.clone(),
             api_oidc: c.api_oidc.clone(),
@@ -334,6 +389,7 @@ impl Restart {
                 self.api != new.api || self.audit_days != new.audit_days,
             ),
             ("[api] tls_cert, tls_key", self.api_tls != new.api_tls),
+            ("[flows]", self.flows != new.flows),
             (RawApi::trusted_proxies, self.api_proxies != new.api_proxies),
             ("[api.oidc]", self.api_oidc != new.api_oidc),
             (Raw::status_socket, self.status_socket != new.status_socket),
@@ -535,6 +591,19 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let keep_days = *raw.flows.keep_days.get_ref();
+    if !(1..=365).contains(&keep_days) {
+        return Err(err(
+            raw.flows.keep_days.span(),
+            RawFlows::keep_days,
+            format!("{keep_days}: give 1 to 365 days"),
+        ));
+    }
+    let flows = FlowLogs {
+        members: raw.flows.members.clone(),
+        groups: raw.flows.groups.clone(),
+        keep_days,
+    };
     let api_oidc = match &raw.api.oidc {
         Some(o) => Some(oidc(o, dir, &err)?),
         None => None,
@@ -553,6 +622,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         metrics,
         api,
         audit_days,
+        flows,
         api_tls,
         api_proxies,
         api_oidc,

@@ -277,6 +277,7 @@ pub struct Requests {
     register: DefaultDirectRateLimiter,
     resolve: DefaultDirectRateLimiter,
     pair: DefaultDirectRateLimiter,
+    flows: DefaultDirectRateLimiter,
 }
 
 impl std::fmt::Debug for Requests {
@@ -291,6 +292,7 @@ impl Default for Requests {
             register: quota(2, 10),
             resolve: quota(50, 100),
             pair: quota(10, 20),
+            flows: quota(2, 5),
         }
     }
 }
@@ -306,6 +308,7 @@ impl Requests {
             | ClientMsg::Report { .. } => &self.register,
             ClientMsg::Resolve { .. } => &self.resolve,
             ClientMsg::Relay { .. } | ClientMsg::Admit { .. } => &self.pair,
+            ClientMsg::Flows { .. } => &self.flows,
             ClientMsg::Ping {} => return None,
         };
         match bucket.check() {

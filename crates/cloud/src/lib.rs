@@ -139,7 +139,8 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
             vec![probe_addr.port(), probe_alt_addr.port()],
             trs.clone(),
         )
-        .with_issuer(config.enroll),
+        .with_issuer(config.enroll)
+        .with_flows(config.flows.clone()),
     );
     // Sessions open with the policy compiled, not with an empty one.
     nms.compile_policy().await?;
@@ -229,7 +230,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
     };
     tasks.push(tokio::spawn(sweep_audit(
         store.clone(),
-        config.audit_days,
+        (config.audit_days, config.flows.keep_days),
         config.api_oidc.as_ref().map_or(0, |o| o.idle.as_secs()),
     )));
     let signals = nms
@@ -264,9 +265,9 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
 /// How often the audit log's old rows are forgotten.
 const AUDIT_SWEEP: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// Forgets the audit log's rows older than `days`, and sessions ended (or idle for `idle`
-/// seconds), at once and every [`AUDIT_SWEEP`].
-async fn sweep_audit(store: Store, days: u64, idle: u64) {
+/// Forgets the audit log's rows older than `days`, flow records older than `flow_days`,
+/// and sessions ended (or idle for `idle` seconds), at once and every [`AUDIT_SWEEP`].
+async fn sweep_audit(store: Store, (days, flow_days): (u64, u64), idle: u64) {
     loop {
         match store
             .sessions_sweep(clock::unix_now_ms() / 1000, idle)
@@ -281,6 +282,12 @@ async fn sweep_audit(store: Store, days: u64, idle: u64) {
             Ok(0) => {}
             Ok(n) => tracing::info!(rows = n, days, "old audit rows forgotten"),
             Err(e) => tracing::warn!(error = %e, "the audit log could not be swept"),
+        }
+        let before = (clock::unix_now_ms() / 1000).saturating_sub(flow_days.saturating_mul(86_400));
+        match store.flows_sweep(before).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(records = n, days = flow_days, "old flow records forgotten"),
+            Err(e) => tracing::warn!(error = %e, "the flow records could not be swept"),
         }
         tokio::time::sleep(AUDIT_SWEEP).await;
     }

@@ -11,10 +11,12 @@ use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row as _};
 
 mod audit;
+mod flows;
 mod reports;
 mod sessions;
 
 pub use audit::{ApiTokenRow, AuditEntry, AuditQuery};
+pub use flows::{FlowQuery, FlowRow};
 pub use reports::{DeviceRow, TunnelRow};
 pub use sessions::SessionRow;
 
@@ -836,6 +838,11 @@ fn token_row(row: &sqlx::any::AnyRow) -> Result<TokenRow, StoreError> {
 }
 
 fn db_secs(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A counter as the store keeps it: capped at `i64::MAX`.
+fn db_count(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 

@@ -25,6 +25,8 @@ use tokio::sync::mpsc;
 struct Cloud {
     key: StaticKeypair,
     db: String,
+    /// `[flows]`.
+    flows: cyphonic_cloud::config::FlowLogs,
     _dir: tempfile::TempDir,
 }
 
@@ -35,6 +37,7 @@ impl Cloud {
         Self {
             key: StaticKeypair::generate().unwrap(),
             db,
+            flows: cyphonic_cloud::config::FlowLogs::default(),
             _dir: dir,
         }
     }
@@ -70,6 +73,7 @@ impl Cloud {
             enroll: None,
             api: None,
             audit_days: 365,
+            flows: self.flows.clone(),
             api_tls: None,
             api_proxies: Vec::new(),
             api_oidc: None,
@@ -1026,6 +1030,123 @@ async fn a_members_report_is_kept_and_its_tunnels_go_with_its_session() {
     .await
     .expect("the client never reported again");
     held(|d, t| d == 1 && t == 1).await;
+    running.stop();
+}
+
+/// A member `[flows]` names is told to record flows (control version 12) and, under
+/// `default = "allow"`, given the rule set of rule 0 that allows everything; its records are
+/// kept, and what it did not send counted. A member not named, a message beyond a bound and
+/// a version-11 session are refused, and nothing is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_logs_are_turned_on_kept_and_bounded() {
+    use cyphonic_control::{FlowDir, FlowRecord, RefusedRecord};
+    let pki = Pki::new();
+    let mut cloud = Cloud::new();
+    cloud.flows.members = vec!["*.sites.ovl.example".into()];
+    cloud.flows.groups = vec!["loggers".into()];
+    let running = cloud.start(&pki, Policy::default(), 0).await;
+    let store = cyphonic_cloud::Store::open(&cloud.db).await.unwrap();
+    let gw1 = pki.identity("gw1.sites.ovl.example", "100.64.1.0/24", &[]);
+    let gw2 = pki.identity("gw2.ovl.example", "100.64.2.0/24", &["loggers"]);
+    let gw3 = pki.identity("gw3.ovl.example", "100.64.3.0/24", &["cameras"]);
+    for (id, logs) in [(&gw1, true), (&gw2, true), (&gw3, false)] {
+        let (_h, mut events) = client(&cloud, running.control, id.clone());
+        // The policy and the flow log go out before the session reads anything: both are
+        // in before the registration's answer.
+        let (mut told, mut set) = (None, None);
+        next(&mut events, |e| match e {
+            Event::FlowLog(on) => {
+                told = Some(on);
+                None
+            }
+            Event::Policy(s) => {
+                set = Some(s);
+                None
+            }
+            Event::Registered { .. } => Some(()),
+            _ => None,
+        })
+        .await;
+        if logs {
+            assert_eq!(told, Some(true));
+            let set = set.flatten().expect("an allow-everything rule set");
+            assert_eq!(set.rules.len(), 1, "{set:?}");
+            assert_eq!((set.rules[0].id, set.rules[0].from.len()), (0, 2));
+        } else {
+            assert_eq!(told, Some(false));
+            assert_eq!(set, Some(None), "nothing enforced, nothing logged");
+        }
+    }
+    let flow = |i: u16| FlowRecord {
+        proto: 6,
+        src: "100.64.1.10".parse().unwrap(),
+        sport: 40000 + i,
+        dst: "100.64.2.10".parse().unwrap(),
+        dport: 5201,
+        dir: FlowDir::Out,
+        start: 1_795_000_000,
+        end: 1_795_000_000 + u64::from(i),
+        tx_bytes: u64::MAX,
+        tx_packets: 10,
+        rx_bytes: 2000,
+        rx_packets: 20,
+        rule: 0,
+    };
+    let scan = RefusedRecord {
+        src: "100.64.9.9".parse().unwrap(),
+        dir: FlowDir::In,
+        first: 1_795_000_100,
+        last: 1_795_000_160,
+        packets: 10_000,
+        ports: 1024,
+    };
+    let msg = |flows, refused| ClientMsg::Flows {
+        flows,
+        refused,
+        unreported: 7,
+    };
+    let answer = running
+        .nms
+        .serve_message(
+            gw1.certificate(),
+            msg((0..3).map(flow).collect(), vec![scan.clone()]),
+        )
+        .await;
+    assert_eq!(answer, None);
+    assert_eq!(running.nms.stats.flows.load(Ordering::Relaxed), 4);
+    assert_eq!(
+        running.nms.stats.flows_unreported.load(Ordering::Relaxed),
+        7
+    );
+    let all = store
+        .flows_page(&cyphonic_cloud::store::FlowQuery {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 4, "{all:?}");
+    assert_eq!(all[0].kind, "refused", "newest first: {all:?}");
+    assert_eq!((all[0].ports, all[0].tx_packets), (Some(1024), 10_000));
+    assert_eq!(all[1].sport, Some(40002));
+    assert_eq!(all[1].member, "gw1.sites.ovl.example");
+    assert_eq!(all[1].tx_bytes, i64::MAX as u64, "capped");
+
+    // Refused, nothing kept: a member not named, too many flows or summaries, version 11.
+    for (who, version, m) in [
+        (&gw3, 12, msg(vec![flow(9)], vec![])),
+        (&gw1, 12, msg((0..1001).map(flow).collect(), vec![])),
+        (&gw1, 12, msg(vec![], vec![scan.clone(); 1025])),
+        (&gw1, 11, msg(vec![flow(9)], vec![])),
+    ] {
+        let answer = running
+            .nms
+            .serve_message_as(who.certificate(), version, m)
+            .await;
+        assert!(matches!(answer, Some(CloudMsg::Error { .. })), "{answer:?}");
+    }
+    assert_eq!(running.nms.stats.flows_refused.load(Ordering::Relaxed), 4);
+    assert_eq!(running.nms.stats.flows.load(Ordering::Relaxed), 4);
     running.stop();
 }
 

@@ -18,9 +18,10 @@ pub mod token;
 
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
-    Allowed, ClientMsg, CloudMsg, DeviceKind, DeviceReport, HA_PAIR_VERSION, Hello, MIN_VERSION,
-    Mac, NameRecord, PairBox, PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule,
-    REPORT_VERSION, RelayInfo, RelayReason, Resolution, TunnelPath, TunnelReport, VERSION, Welcome,
+    Allowed, ClientMsg, CloudMsg, DeviceKind, DeviceReport, FLOWS_VERSION, FlowDir, FlowRecord,
+    HA_PAIR_VERSION, Hello, MIN_VERSION, Mac, NameRecord, PairBox, PairHealth, PairRole, PairState,
+    PeerInfo, PolicyProto, PolicyRule, REPORT_VERSION, RefusedRecord, RelayInfo, RelayReason,
+    Resolution, TunnelPath, TunnelReport, VERSION, Welcome,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{

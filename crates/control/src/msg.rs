@@ -11,13 +11,16 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 11;
+pub const VERSION: u16 = 12;
 
 /// The first version with [`ClientMsg::HaPair`].
 pub const HA_PAIR_VERSION: u16 = 10;
 
 /// The first version with [`ClientMsg::Report`].
 pub const REPORT_VERSION: u16 = 11;
+
+/// The first version with flow logs ([`CloudMsg::FlowLog`], [`ClientMsg::Flows`]).
+pub const FLOWS_VERSION: u16 = 12;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -170,6 +173,87 @@ pub enum ClientMsg {
         /// More parts of this report follow.
         more: bool,
     },
+    /// (Version 12.) Flows that ended and refused summaries (docs/protocol.md §8, *Flow
+    /// logs*). No answer unless it is refused ([`CloudMsg::Error`]).
+    Flows {
+        /// Ended flows, at most 1,000.
+        flows: Vec<FlowRecord>,
+        /// Summaries of refused new flows, at most 1,024.
+        refused: Vec<RefusedRecord>,
+        /// Records the client did not send since its last message (beyond its bounds).
+        unreported: u64,
+    },
+}
+
+/// A flow that ended, in [`ClientMsg::Flows`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowRecord {
+    /// The IP protocol number (6 TCP, 17 UDP, 1 ICMP, 58 ICMPv6).
+    pub proto: u8,
+    /// The opener's address.
+    pub src: std::net::IpAddr,
+    /// Its port (ICMP: the echo identifier).
+    pub sport: u16,
+    /// The answerer's address.
+    pub dst: std::net::IpAddr,
+    /// Its port (ICMP: 0).
+    pub dport: u16,
+    /// Which way the opener's packets travelled.
+    pub dir: FlowDir,
+    /// Its first packet, unix seconds.
+    pub start: u64,
+    /// Its end, unix seconds.
+    pub end: u64,
+    /// Bytes of IP packets from the opener.
+    pub tx_bytes: u64,
+    /// Those packets.
+    pub tx_packets: u64,
+    /// Bytes of IP packets from the answerer.
+    pub rx_bytes: u64,
+    /// Those packets.
+    pub rx_packets: u64,
+    /// The rule that allowed it (0: allowed by default).
+    pub rule: u32,
+}
+
+/// New flows from one source that no rule allowed, over a minute at most, in
+/// [`ClientMsg::Flows`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefusedRecord {
+    /// Their source.
+    pub src: std::net::IpAddr,
+    /// Which way they travelled.
+    pub dir: FlowDir,
+    /// The first, unix seconds.
+    pub first: u64,
+    /// The last, unix seconds.
+    pub last: u64,
+    /// Packets refused.
+    pub packets: u64,
+    /// Distinct destination ports (counted up to 1,024).
+    pub ports: u32,
+}
+
+/// Which way a flow's opener's packets travelled, seen from the member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FlowDir {
+    /// From its side (the LAN, the host) into the tunnel.
+    Out,
+    /// From the tunnel to its side.
+    In,
+}
+
+impl FlowDir {
+    /// As the protocol writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Out => "out",
+            Self::In => "in",
+        }
+    }
 }
 
 /// One device behind an adapter in [`ClientMsg::Report`].
@@ -604,6 +688,12 @@ pub enum CloudMsg {
     },
     /// The answer to [`ClientMsg::Ping`].
     Pong {},
+    /// (Version 12.) Record flows and send them ([`ClientMsg::Flows`]), or stop
+    /// (docs/protocol.md §8, *Flow logs*).
+    FlowLog {
+        /// Whether to.
+        on: bool,
+    },
     /// A message the cloud could not accept; the session stays open.
     Error {
         /// Why, in words.

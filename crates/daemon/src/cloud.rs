@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::status::CloudStatus;
 use cyphonic_signal::Report;
+use cyphonic_tunnel::policy::{Direction, REFUSED_MAX, Taken};
 
 /// Keepalives towards peers found through the cloud: they hold NAT mappings open.
 const CLOUD_KEEPALIVE: Duration = Duration::from_secs(25);
@@ -259,6 +260,8 @@ pub struct CloudLink {
     /// When our devices and tunnels were last looked at, and when they go to the cloud.
     report_at: Option<Instant>,
     report_pace: ReportPace,
+    /// The flow log's bounds.
+    flows: FlowPace,
 }
 
 /// How often the cloud peers in use are looked at for [`CloudLink::peers_in_use`], and what
@@ -329,6 +332,141 @@ impl ReportPace {
     }
 }
 
+/// Flows a message carries at most.
+const FLOWS_PER_MESSAGE: usize = 1000;
+/// `v`'s length as JSON, with the comma after it.
+fn json_len<T: serde::Serialize>(v: &T) -> usize {
+    serde_json::to_vec(v).map_or(usize::MAX, |b| b.len() + 1)
+}
+
+/// JSON bytes of records a message carries at most (a message is at most 65519 bytes): some
+/// 200 flows.
+const MESSAGE_BYTES: usize = 48 << 10;
+/// Flows sent in a minute at most (a bucket this deep, filling at this a minute).
+const FLOWS_PER_MINUTE: u64 = 3_000;
+
+/// The flow log's bounds on its way to the cloud (docs/protocol.md §8, *Flow logs*): a
+/// message at most every second, of at most [`FLOWS_PER_MESSAGE`] flows and
+/// [`MESSAGE_BYTES`] of records (summaries first), at most
+/// [`FLOWS_PER_MINUTE`] flows a minute; what goes beyond is dropped and counted, and each
+/// message says how many since the last.
+#[derive(Debug)]
+struct FlowPace {
+    last: Option<Instant>,
+    /// Flows that may go now, in thousandths.
+    tokens: u64,
+    filled: Option<Instant>,
+    /// Records not sent since the last message.
+    unreported: u64,
+}
+
+impl Default for FlowPace {
+    fn default() -> Self {
+        Self {
+            last: None,
+            tokens: FLOWS_PER_MINUTE * 1000,
+            filled: None,
+            unreported: 0,
+        }
+    }
+}
+
+impl FlowPace {
+    fn due(&mut self, now: Instant) -> bool {
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+
+    fn unsent(&mut self, n: u64) {
+        self.unreported = self.unreported.saturating_add(n);
+    }
+
+    /// `taken` as a message's parts within the bounds, its times on the wall clock (`unix`
+    /// is `now`); None when there is nothing to say.
+    fn batch(
+        &mut self,
+        taken: Taken,
+        now: Instant,
+        unix: u64,
+    ) -> Option<(
+        Vec<cyphonic_control::FlowRecord>,
+        Vec<cyphonic_control::RefusedRecord>,
+        u64,
+    )> {
+        let since_ms = self.filled.map_or(0, |t| {
+            u64::try_from(now.saturating_duration_since(t).as_millis()).unwrap_or(u64::MAX)
+        });
+        self.filled = Some(now);
+        // FLOWS_PER_MINUTE a minute is FLOWS_PER_MINUTE / 60 thousandths a millisecond.
+        self.tokens = self
+            .tokens
+            .saturating_add(since_ms.saturating_mul(FLOWS_PER_MINUTE) / 60)
+            .min(FLOWS_PER_MINUTE * 1000);
+        let room = FLOWS_PER_MESSAGE.min(usize::try_from(self.tokens / 1000).unwrap_or(usize::MAX));
+        let wall = |t: Instant| unix.saturating_sub(now.saturating_duration_since(t).as_secs());
+        let dir = |d: Direction| match d {
+            Direction::Out => cyphonic_control::FlowDir::Out,
+            Direction::In => cyphonic_control::FlowDir::In,
+        };
+        let (ended, summaries) = (taken.ended.len(), taken.refused.len());
+        // What fits the message's bytes, in order: the first that does not ends the list.
+        let mut budget = MESSAGE_BYTES;
+        let mut fits = move |len: usize| {
+            let fit = len <= budget;
+            budget = budget.saturating_sub(if fit { len } else { budget });
+            fit
+        };
+        let refused: Vec<_> = taken
+            .refused
+            .into_iter()
+            .take(REFUSED_MAX)
+            .map(|r| cyphonic_control::RefusedRecord {
+                src: r.src,
+                dir: dir(r.dir),
+                first: wall(r.first),
+                last: wall(r.last),
+                packets: r.packets,
+                ports: u32::try_from(r.ports).unwrap_or(u32::MAX),
+            })
+            .take_while(|r| fits(json_len(r)))
+            .collect();
+        let flows: Vec<_> = taken
+            .ended
+            .into_iter()
+            .take(room)
+            .map(|e| cyphonic_control::FlowRecord {
+                proto: e.key.proto,
+                src: e.key.src,
+                sport: e.key.sport,
+                dst: e.key.dst,
+                dport: e.key.dport,
+                dir: dir(e.dir),
+                start: wall(e.start),
+                end: wall(e.end),
+                tx_bytes: e.forth.bytes,
+                tx_packets: e.forth.packets,
+                rx_bytes: e.back.bytes,
+                rx_packets: e.back.packets,
+                rule: e.rule,
+            })
+            .take_while(|f| fits(json_len(f)))
+            .collect();
+        self.tokens = self.tokens.saturating_sub(flows.len() as u64 * 1000);
+        let lost = taken.lost + (ended - flows.len()) as u64 + (summaries - refused.len()) as u64;
+        let unreported = std::mem::take(&mut self.unreported).saturating_add(lost);
+        if flows.is_empty() && refused.is_empty() && unreported == 0 {
+            return None;
+        }
+        Some((flows, refused, unreported))
+    }
+}
+
 /// The most peers [`CloudLink::resume`] asks for.
 const RESUMED_MAX: usize = 256;
 
@@ -388,6 +526,7 @@ impl CloudLink {
             pair_at: None,
             report_at: None,
             report_pace: ReportPace::default(),
+            flows: FlowPace::default(),
         };
         (link, asker)
     }
@@ -473,6 +612,24 @@ impl CloudLink {
             );
         }
         self.handle.report(report);
+    }
+
+    /// Sends the cloud what the flow log holds (docs/protocol.md §8, *Flow logs*), at most
+    /// once a second, within the bounds of docs/protocol.md §8 (a message's bytes, 3,000
+    /// flows a minute); `unix` is `now` on the wall clock.
+    pub fn send_flows(&mut self, now: Instant, unix: u64, shared: &Shared) {
+        if !self.flows.due(now) {
+            return;
+        }
+        let taken = shared.policy().take_log(now);
+        let Some((flows, refused, unreported)) = self.flows.batch(taken, now, unix) else {
+            return;
+        };
+        let sent = flows.len();
+        if self.handle.send_flows(flows, refused, unreported).is_err() {
+            // Counted as unreported in the next one.
+            self.flows.unsent(sent as u64 + unreported);
+        }
     }
 
     /// Asks the cloud to pair us again with the resumed peers that are not peers yet.
@@ -600,6 +757,14 @@ impl CloudLink {
             Event::Issuers(cas) => self.learn_issuers(cas, control),
             Event::Renewed(cert) => self.renewed(&cert, control),
             Event::Revoked(fps) => self.revoked(fps, control),
+            Event::FlowLog(on) => {
+                tracing::info!(
+                    on,
+                    "the cloud turns flow logs {}",
+                    if on { "on" } else { "off" }
+                );
+                control.shared().policy().set_logs(on);
+            }
             _ => {}
         }
     }
@@ -999,6 +1164,76 @@ impl CloudLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flow records go at most once a second, in a message that fits a frame, at most 3,000
+    /// a minute (and 50 a second after); what goes beyond is dropped and counted in the next
+    /// message, with what the filter lost and what a send could not take.
+    #[test]
+    fn flow_records_are_bounded_and_what_is_dropped_is_counted() {
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let ended = |n: usize| Taken {
+            ended: (0..n).map(|i| ended_flow(i, t0, Direction::Out)).collect(),
+            refused: Vec::new(),
+            lost: 3,
+        };
+        let mut pace = FlowPace::default();
+        assert!(pace.due(t0));
+        assert!(!pace.due(at(0) + Duration::from_millis(999)));
+        assert!(pace.due(at(1)));
+        let unix = 1_795_000_000;
+        let (flows, refused, unreported) = pace.batch(ended(2500), at(1), unix).unwrap();
+        let n = flows.len();
+        assert!((100..1000).contains(&n), "{n} flows in a message");
+        assert_eq!(flows[0].end, unix - 1, "its end on the wall clock");
+        assert_eq!(unreported, (2500 - n + 3) as u64);
+        assert!(cyphonic_control::channel::fits(
+            &cyphonic_control::ClientMsg::Flows {
+                flows,
+                refused,
+                unreported,
+            }
+        ));
+        // A minute's 3,000, then 50 a second.
+        let mut sent = n;
+        for s in 2..=40 {
+            let (flows, _, unreported) = pace.batch(ended(1000), at(s), unix).unwrap();
+            assert_eq!(unreported, (1000 - flows.len() + 3) as u64);
+            sent += flows.len();
+        }
+        assert!(
+            (3_000..=3_000 + 50 * 40).contains(&sent),
+            "{sent} flows sent in 40 s"
+        );
+        let (flows, _, _) = pace.batch(ended(1000), at(41), unix).unwrap();
+        assert_eq!(flows.len(), 50, "the bucket is empty: a second's refill");
+        pace.unsent(150);
+        let (flows, _, unreported) = pace.batch(ended(0), at(42), unix).unwrap();
+        assert_eq!((flows.len(), unreported), (0, 150 + 3));
+        assert!(
+            pace.batch(Taken::default(), at(43), unix).is_none(),
+            "nothing to say"
+        );
+    }
+
+    /// A flow of the filter's, for [`FlowPace`]'s test.
+    fn ended_flow(i: usize, t0: Instant, dir: Direction) -> cyphonic_tunnel::policy::Ended {
+        cyphonic_tunnel::policy::Ended {
+            key: cyphonic_tunnel::policy::FlowKey {
+                proto: 17,
+                src: Ipv4Addr::new(100, 64, 1, 10).into(),
+                dst: Ipv4Addr::new(100, 64, 2, 10).into(),
+                sport: u16::try_from(i % 60_000).unwrap_or_default(),
+                dport: 53,
+            },
+            dir,
+            rule: 1,
+            start: t0,
+            end: t0,
+            forth: cyphonic_tunnel::policy::Count::default(),
+            back: cyphonic_tunnel::policy::Count::default(),
+        }
+    }
 
     /// The first report goes at once; one with a changed list after 5 s since the last, one
     /// whose counters alone moved after 60 s, an unchanged one never.

@@ -898,6 +898,7 @@ impl<S: Services> Loop<S> {
             c.report_pair(now, || self.services.pair());
             let unix = self.clock.unix_secs(now);
             c.report(now, unix, self.control.shared(), || self.services.devices());
+            c.send_flows(now, unix, self.control.shared());
         }
         while let Some(event) = self.control.poll_event() {
             match event {

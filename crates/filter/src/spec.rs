@@ -90,7 +90,7 @@ pub fn is_pattern(item: &str) -> bool {
 }
 
 /// Whether `name` matches `pattern`, where `*` stands for any run of characters.
-fn glob(pattern: &str, name: &str) -> bool {
+pub fn glob(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
         return pattern == name;

@@ -102,6 +102,10 @@ pub enum Event {
     /// (Version 4.) The per-device rules the cloud compiled for us, whole: enforce them (and
     /// keep them across outages and restarts); `None`: the cloud enforces nothing per device.
     Policy(Option<cyphonic_filter::RuleSet>),
+    /// (Version 12.) Record flows and send them ([`Handle::send_flows`]), or stop
+    /// (docs/protocol.md §8, *Flow logs*). A new session says it again; without a session
+    /// nothing changes.
+    FlowLog(bool),
 }
 
 /// Why a request to the cloud did not get an answer.
@@ -164,6 +168,7 @@ enum Cmd {
         peer: String,
     },
     NetworkChanged,
+    Flows(ClientMsg),
     Challenged {
         from: SocketAddr,
         cookie: cyphonic_control::ReturnCookie,
@@ -293,6 +298,30 @@ impl Handle {
             .try_send(Cmd::Admit {
                 peer: fingerprint.to_owned(),
             })
+            .map_err(|_| SignalError::Stopped)
+    }
+
+    /// Sends ended flows and refused summaries, with how many records went unreported
+    /// (docs/protocol.md §8, *Flow logs*), in a session whose cloud reads them (version 12).
+    ///
+    /// # Errors
+    /// [`SignalError::NotConnected`] without a session; [`SignalError::Stopped`] when the
+    /// session's queue is full (the caller counts them as unreported).
+    pub fn send_flows(
+        &self,
+        flows: Vec<cyphonic_control::FlowRecord>,
+        refused: Vec<cyphonic_control::RefusedRecord>,
+        unreported: u64,
+    ) -> Result<(), SignalError> {
+        if !self.is_connected() {
+            return Err(SignalError::NotConnected);
+        }
+        self.cmds
+            .try_send(Cmd::Flows(ClientMsg::Flows {
+                flows,
+                refused,
+                unreported,
+            }))
             .map_err(|_| SignalError::Stopped)
     }
 
@@ -685,7 +714,12 @@ impl Task {
                         Some(Cmd::Resolve { reply, .. }) => {
                             let _ = reply.send(Err(SignalError::NotConnected));
                         }
-                        Some(Cmd::Relay { .. } | Cmd::Admit { .. } | Cmd::Challenged { .. }) => {}
+                        Some(
+                            Cmd::Relay { .. }
+                            | Cmd::Admit { .. }
+                            | Cmd::Challenged { .. }
+                            | Cmd::Flows(_),
+                        ) => {}
                         // A new address or route may be what we were missing: try now
                         // (a refusal is not about the network, and waits).
                         Some(Cmd::NetworkChanged) if !refused => break,
@@ -877,6 +911,8 @@ impl Task {
                         Some(ClientMsg::Resolve { id: next_id, name })
                     }
                     Some(Cmd::Relay { peer }) => Some(ClientMsg::Relay { peer }),
+                    // A cloud before flow logs would close the session on it.
+                    Some(Cmd::Flows(m)) => (version >= cyphonic_control::FLOWS_VERSION).then_some(m),
                     Some(Cmd::Admit { peer }) => Some(ClientMsg::Admit { peer }),
                     Some(Cmd::NetworkChanged) => {
                         if !is_local(local.ip()) {
@@ -1028,6 +1064,7 @@ impl Task {
             }
             CloudMsg::NotPaired { peer, reason } => self.emit(Event::NotPaired { peer, reason }),
             CloudMsg::Pong {} => {}
+            CloudMsg::FlowLog { on } => self.emit(Event::FlowLog(on)),
             CloudMsg::Error { reason } => {
                 tracing::warn!(%reason, "the cloud reports an error");
                 // The request it concerns cannot be told apart: fail them all, they retry.

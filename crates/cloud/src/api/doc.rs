@@ -16,6 +16,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         super::revoke_member,
         super::reports::devices,
         super::reports::tunnels,
+        super::flows::flows,
         super::enrollment_tokens,
         super::create_enrollment_token,
         super::revoke_enrollment_token,

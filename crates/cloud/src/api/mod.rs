@@ -7,6 +7,7 @@
 mod auth;
 mod console;
 mod doc;
+mod flows;
 mod reports;
 mod session;
 
@@ -28,6 +29,7 @@ use crate::store::{AuditEntry, AuditQuery, StoreError};
 
 pub use auth::{Caller, REFRESH, SESSION_COOKIE};
 pub use doc::openapi;
+pub use flows::FlowParams;
 pub use reports::{DevicePage, TunnelParams};
 pub use session::{LOGIN_COOKIE, WhoAmI};
 
@@ -109,6 +111,7 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/members/{name}/revoke", post(revoke_member))
         .route("/members/{name}/devices", get(reports::devices))
         .route("/tunnels", get(reports::tunnels))
+        .route("/flows", get(flows::flows))
         .route(
             "/enrollment-tokens",
             get(enrollment_tokens).post(create_enrollment_token),

@@ -36,6 +36,14 @@ impl Nms {
         parts: &mut cyphonic_control::report::Assembler,
     ) -> Option<CloudMsg> {
         match msg {
+            ClientMsg::Flows {
+                flows,
+                refused,
+                unreported,
+            } => {
+                self.flows((fp, version), body, (flows, refused, unreported))
+                    .await
+            }
             ClientMsg::Report {
                 devices,
                 tunnels,
@@ -169,6 +177,63 @@ impl Nms {
             Ok(()) => {
                 bump(&self.stats.reports);
                 tracing::debug!(client = %body.name, devices = report.devices.len(), tunnels = report.tunnels.len(), "report kept");
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                Some(CloudMsg::Error {
+                    reason: "the registry is unavailable".into(),
+                })
+            }
+        }
+    }
+
+    /// Keeps a member's flow records (docs/protocol.md §8, *Flow logs*); says what is wrong
+    /// with them otherwise, and keeps nothing.
+    async fn flows(
+        &self,
+        (fp, version): (&str, u16),
+        body: &CertBody,
+        (flows, refused, unreported): (
+            Vec<cyphonic_control::FlowRecord>,
+            Vec<cyphonic_control::RefusedRecord>,
+            u64,
+        ),
+    ) -> Option<CloudMsg> {
+        let refusal = if version < cyphonic_control::FLOWS_VERSION {
+            Some(format!(
+                "flows is control version {}",
+                cyphonic_control::FLOWS_VERSION
+            ))
+        } else if !self.logs_flows(body) {
+            Some("flow logs are off for this member".to_owned())
+        } else if flows.len() > FLOWS_MAX || refused.len() > REFUSED_MAX {
+            Some(format!(
+                "more than {FLOWS_MAX} flows or {REFUSED_MAX} refused summaries in a message"
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            bump(&self.stats.flows_refused);
+            tracing::info!(client = %body.name, %reason, "flow records refused");
+            return Some(CloudMsg::Error { reason });
+        }
+        self.stats
+            .flows_unreported
+            .fetch_add(unreported, Ordering::Relaxed);
+        if unreported > 0 {
+            tracing::debug!(client = %body.name, unreported, "flow records the member did not send");
+        }
+        match self
+            .store
+            .keep_flows((fp, &body.name), &flows, &refused)
+            .await
+        {
+            Ok(()) => {
+                self.stats
+                    .flows
+                    .fetch_add((flows.len() + refused.len()) as u64, Ordering::Relaxed);
                 None
             }
             Err(e) => {
@@ -524,3 +589,8 @@ fn pair_report(
         at,
     })
 }
+
+/// Flows one `flows` message carries at most.
+const FLOWS_MAX: usize = 1000;
+/// Refused summaries one `flows` message carries at most.
+const REFUSED_MAX: usize = 1024;

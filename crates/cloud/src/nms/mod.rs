@@ -115,6 +115,12 @@ cyphonic_telemetry::counters! {
         malformed,
         /// Names refused at registration (outside the certificate, taken).
         names_refused,
+        /// Flow records kept (ended flows and refused summaries; docs/protocol.md §8, Flow logs).
+        flows,
+        /// Flow records members said they did not send (beyond their bounds).
+        flows_unreported,
+        /// Flow messages refused: beyond a bound, from a member that does not log, or from a client of a version without them.
+        flows_refused,
         /// HA pair reports kept (docs/protocol.md §5, Seen from the cloud).
         pair_reports,
         /// HA pair reports refused: malformed (a MAC that is not one, too many boxes...), or from a client of a version without them.
@@ -256,6 +262,8 @@ pub struct Nms {
     freshness: Arc<Freshness>,
     /// Online issuing: enrollment and renewal (`[enroll]`).
     issuer: Option<crate::enroll::Issuer>,
+    /// Who records flow logs (`[flows]`).
+    flows: crate::config::FlowLogs,
     /// The registry's online revocations taken on so far (kept across reloads of the file).
     revoked_online: std::sync::Mutex<std::collections::HashSet<Fingerprint>>,
     /// Counters.
@@ -393,6 +401,7 @@ impl Nms {
             unproven: Unproven::new(MAX_UNPROVEN, MAX_UNPROVEN_PER_SOURCE),
             freshness: Freshness::new(),
             issuer: None,
+            flows: crate::config::FlowLogs::default(),
             revoked_online: std::sync::Mutex::new(std::collections::HashSet::new()),
             stats: Stats::default(),
         }
@@ -407,6 +416,13 @@ impl Nms {
     #[must_use]
     pub fn with_issuer(mut self, issuer: Option<crate::enroll::Issuer>) -> Self {
         self.issuer = issuer;
+        self
+    }
+
+    /// Has the members `flows` names record their flows (`[flows]`).
+    #[must_use]
+    pub fn with_flows(mut self, flows: crate::config::FlowLogs) -> Self {
+        self.flows = flows;
         self
     }
 

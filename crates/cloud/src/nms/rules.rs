@@ -139,14 +139,38 @@ impl Nms {
         }
     }
 
-    /// The `policy` messages for a client with `body`'s blocks: its part of the compiled
-    /// policy, and that part's version (`None` when nothing is enforced).
-    pub(super) fn policy_for(&self, body: &CertBody) -> (Option<u64>, Vec<CloudMsg>) {
-        let set = self.compiled.borrow().for_client(&body.vip_blocks);
+    /// The `policy` messages for a client with `body`'s blocks speaking control `version`:
+    /// its part of the compiled policy, and that part's version (`None` when nothing is
+    /// enforced). A member that records flow logs (version 12) and would enforce nothing
+    /// gets one rule, number 0, that allows everything, so that its filter keeps flows
+    /// (docs/protocol.md §8, *Flow logs*).
+    pub(super) fn policy_for(&self, body: &CertBody, version: u16) -> (Option<u64>, Vec<CloudMsg>) {
+        let mut set = self.compiled.borrow().for_client(&body.vip_blocks);
+        if set.is_none() && version >= cyphonic_control::FLOWS_VERSION && self.logs_flows(body) {
+            let any: Vec<ipnet::IpNet> = vec![
+                ipnet::IpNet::V4(ipnet::Ipv4Net::default()),
+                ipnet::IpNet::V6(ipnet::Ipv6Net::default()),
+            ];
+            set = Some(cyphonic_filter::RuleSet {
+                version: ALLOW_ALL_VERSION,
+                rules: vec![cyphonic_filter::Rule {
+                    id: 0,
+                    from: any.clone(),
+                    to: any,
+                    proto: cyphonic_filter::Proto::Any,
+                    ports: Vec::new(),
+                }],
+            });
+        }
         (
             set.as_ref().map(|s| s.version),
             cyphonic_control::policy::messages(set.as_ref()),
         )
+    }
+
+    /// Whether the member of `body` records flow logs (`[flows]`).
+    pub(super) fn logs_flows(&self, body: &CertBody) -> bool {
+        self.flows.logs(body)
     }
 
     /// The registry it serves from.
@@ -180,3 +204,7 @@ impl Nms {
         self.cut_untrusted().await
     }
 }
+
+/// The version of the rule set that allows everything (flow logs under `default =
+/// "allow"`): none the compiler gives.
+const ALLOW_ALL_VERSION: u64 = u64::MAX;

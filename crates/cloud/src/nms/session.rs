@@ -324,7 +324,7 @@ impl Nms {
         let mut policy_rx = self.compiled.subscribe();
         let mut policy_sent: Option<Option<u64>> = None;
         if version >= 4 {
-            let (v, msgs) = self.policy_for(&body);
+            let (v, msgs) = self.policy_for(&body, version);
             for msg in &msgs {
                 if let Err(why) = send(&mut ch, &mut wr, version, msg).await {
                     tracing::info!(name = %body.name, reason = why, "control session closed");
@@ -333,6 +333,18 @@ impl Nms {
                 }
             }
             policy_sent = Some(v);
+        }
+        // Flow logs (version 12): on or off, said in every session (a member that logged
+        // under an earlier configuration stops).
+        if version >= cyphonic_control::FLOWS_VERSION {
+            let on = CloudMsg::FlowLog {
+                on: self.logs_flows(&body),
+            };
+            if let Err(why) = send(&mut ch, &mut wr, version, &on).await {
+                tracing::info!(name = %body.name, reason = why, "control session closed");
+                self.connected.remove_if(&fp, |_, c| c.serial == serial);
+                return;
+            }
         }
 
         // The reader runs apart, so that waiting for a frame is never cut half-way.
@@ -379,7 +391,7 @@ impl Nms {
                                 break 'session "policy state lost";
                             }
                             policy_rx.borrow_and_update();
-                            let (v, msgs) = self.policy_for(&body);
+                            let (v, msgs) = self.policy_for(&body, version);
                             if policy_sent != Some(v) {
                                 for msg in &msgs {
                                     if let Err(why) = send(&mut ch, &mut wr, version, msg).await {

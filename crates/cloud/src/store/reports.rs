@@ -8,7 +8,7 @@ use cyphonic_control::report::Report;
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{Store, StoreError, db_secs};
+use super::{Store, StoreError, db_count, db_secs};
 
 /// Rows one INSERT carries at most (SQLite's limit of bound values is the tighter).
 const ROWS_PER_INSERT: usize = 50;
@@ -83,11 +83,6 @@ fn address_key(a: IpAddr) -> String {
         IpAddr::V4(v4) => format!("4{:08x}", v4.to_bits()),
         IpAddr::V6(v6) => format!("6{:032x}", v6.to_bits()),
     }
-}
-
-/// A counter as the store keeps it: capped at `i64::MAX`.
-fn db_count(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 fn unsigned(table: &'static str, v: Option<i64>) -> Result<Option<u64>, StoreError> {

@@ -41,6 +41,7 @@ pub(crate) fn config(
         )),
         api: None,
         audit_days,
+        flows: cyphonic_cloud::config::FlowLogs::default(),
         api_tls: None,
         api_proxies: Vec::new(),
         api_oidc: None,

@@ -1,0 +1,246 @@
+//! Flow records (docs/protocol.md §8, *Flow logs*): kept as members send them, read back
+//! newest first, forgotten after `[flows] keep_days`.
+
+use cyphonic_control::{FlowRecord, RefusedRecord};
+use serde::Serialize;
+use sqlx::Row as _;
+
+use super::{Store, StoreError, db_count, db_secs};
+
+/// Rows one INSERT carries at most (SQLite's limit of bound values is the tighter).
+const ROWS_PER_INSERT: usize = 50;
+
+/// A flow record as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct FlowRow {
+    /// Names the record.
+    pub id: String,
+    /// `flow` (one that ended) or `refused` (new flows from `src` no rule allowed).
+    pub kind: String,
+    /// The member that recorded it.
+    pub member: String,
+    /// Its certificate's fingerprint.
+    pub fingerprint: String,
+    /// The IP protocol number (a flow's).
+    pub proto: Option<u8>,
+    /// The opener's address (refused: the source's).
+    pub src: String,
+    /// Its port.
+    pub sport: Option<u16>,
+    /// The answerer's address.
+    pub dst: Option<String>,
+    /// Its port.
+    pub dport: Option<u16>,
+    /// `out` (opened from the member's side) or `in` (from the tunnel).
+    pub dir: String,
+    /// Its first packet (refused: the first refused), unix seconds.
+    pub start: u64,
+    /// Its end (refused: the last refused), unix seconds.
+    pub end: u64,
+    /// Bytes from the opener.
+    pub tx_bytes: u64,
+    /// Packets from the opener (refused: packets refused).
+    pub tx_packets: u64,
+    /// Bytes from the answerer.
+    pub rx_bytes: u64,
+    /// Packets from the answerer.
+    pub rx_packets: u64,
+    /// The rule that allowed it (0: allowed by default).
+    pub rule: Option<u32>,
+    /// Refused: distinct destination ports (counted up to 1,024).
+    pub ports: Option<u32>,
+}
+
+/// Which flow records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowQuery {
+    /// Only this member's.
+    pub member: Option<String>,
+    /// Only those from or to this address.
+    pub address: Option<String>,
+    /// Only those that ended at or after (unix seconds).
+    pub since: Option<u64>,
+    /// Only those that ended at or before.
+    pub until: Option<u64>,
+    /// After this record (its end and id), newest first.
+    pub after: Option<(u64, String)>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// A record's id: 8 random bytes and a counter of this process, in hex (should the system's
+/// generator fail, the counter alone still tells this instance's records apart).
+fn record_id() -> String {
+    use ring::rand::SecureRandom as _;
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut b = [0u8; 8];
+    let _ = ring::rand::SystemRandom::new().fill(&mut b);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}{n:016x}", hex::encode(b))
+}
+
+const COLUMNS: &str = "id, kind, member, fingerprint, proto, src, sport, dst, dport, dir, \
+     started, ended, tx_bytes, tx_packets, rx_bytes, rx_packets, rule, ports";
+
+fn flow_row(row: &sqlx::any::AnyRow) -> Result<FlowRow, StoreError> {
+    let bad = |what: String| StoreError::Corrupt {
+        table: "flows",
+        what,
+    };
+    let unsigned = |v: i64| u64::try_from(v).map_err(|_| bad(format!("negative value {v}")));
+    let small = |v: Option<i64>| -> Result<Option<u16>, StoreError> {
+        v.map(|v| u16::try_from(v).map_err(|_| bad(format!("port {v}"))))
+            .transpose()
+    };
+    let proto: Option<i64> = row.try_get(4)?;
+    let rule: Option<i64> = row.try_get(16)?;
+    let ports: Option<i64> = row.try_get(17)?;
+    Ok(FlowRow {
+        id: row.try_get(0)?,
+        kind: row.try_get(1)?,
+        member: row.try_get(2)?,
+        fingerprint: row.try_get(3)?,
+        proto: proto
+            .map(|p| u8::try_from(p).map_err(|_| bad(format!("protocol {p}"))))
+            .transpose()?,
+        src: row.try_get(5)?,
+        sport: small(row.try_get(6)?)?,
+        dst: row.try_get(7)?,
+        dport: small(row.try_get(8)?)?,
+        dir: row.try_get(9)?,
+        start: unsigned(row.try_get(10)?)?,
+        end: unsigned(row.try_get(11)?)?,
+        tx_bytes: unsigned(row.try_get(12)?)?,
+        tx_packets: unsigned(row.try_get(13)?)?,
+        rx_bytes: unsigned(row.try_get(14)?)?,
+        rx_packets: unsigned(row.try_get(15)?)?,
+        rule: rule
+            .map(|r| u32::try_from(r).map_err(|_| bad(format!("rule {r}"))))
+            .transpose()?,
+        ports: ports
+            .map(|p| u32::try_from(p).map_err(|_| bad(format!("ports {p}"))))
+            .transpose()?,
+    })
+}
+
+impl Store {
+    /// Keeps the flow records the member `name` (certificate `fingerprint`) sent, in one
+    /// transaction.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn keep_flows(
+        &self,
+        (fingerprint, name): (&str, &str),
+        flows: &[FlowRecord],
+        refused: &[RefusedRecord],
+    ) -> Result<(), StoreError> {
+        if flows.is_empty() && refused.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        let insert =
+            || sqlx::QueryBuilder::<sqlx::Any>::new(format!("INSERT INTO flows ({COLUMNS}) "));
+        for chunk in flows.chunks(ROWS_PER_INSERT) {
+            let mut q = insert();
+            q.push_values(chunk, |mut row, f| {
+                row.push_bind(record_id())
+                    .push_bind("flow")
+                    .push_bind(name.to_owned())
+                    .push_bind(fingerprint.to_owned())
+                    .push_bind(Some(i64::from(f.proto)))
+                    .push_bind(f.src.to_string())
+                    .push_bind(Some(i64::from(f.sport)))
+                    .push_bind(Some(f.dst.to_string()))
+                    .push_bind(Some(i64::from(f.dport)))
+                    .push_bind(f.dir.as_str())
+                    .push_bind(db_secs(f.start))
+                    .push_bind(db_secs(f.end))
+                    .push_bind(db_count(f.tx_bytes))
+                    .push_bind(db_count(f.tx_packets))
+                    .push_bind(db_count(f.rx_bytes))
+                    .push_bind(db_count(f.rx_packets))
+                    .push_bind(Some(i64::from(f.rule)))
+                    .push_bind(None::<i64>);
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        for chunk in refused.chunks(ROWS_PER_INSERT) {
+            let mut q = insert();
+            q.push_values(chunk, |mut row, r| {
+                row.push_bind(record_id())
+                    .push_bind("refused")
+                    .push_bind(name.to_owned())
+                    .push_bind(fingerprint.to_owned())
+                    .push_bind(None::<i64>)
+                    .push_bind(r.src.to_string())
+                    .push_bind(None::<i64>)
+                    .push_bind(None::<String>)
+                    .push_bind(None::<i64>)
+                    .push_bind(r.dir.as_str())
+                    .push_bind(db_secs(r.first))
+                    .push_bind(db_secs(r.last))
+                    .push_bind(0i64)
+                    .push_bind(db_count(r.packets))
+                    .push_bind(0i64)
+                    .push_bind(0i64)
+                    .push_bind(None::<i64>)
+                    .push_bind(Some(i64::from(r.ports)));
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The flow records `q` asks for, newest first (by end, then id).
+    ///
+    /// # Errors
+    /// Database failures, unreadable rows.
+    pub async fn flows_page(&self, q: &FlowQuery) -> Result<Vec<FlowRow>, StoreError> {
+        let mut b = sqlx::QueryBuilder::<sqlx::Any>::new(format!(
+            "SELECT {COLUMNS} FROM flows WHERE 1 = 1"
+        ));
+        if let Some(m) = &q.member {
+            b.push(" AND member = ").push_bind(m.clone());
+        }
+        if let Some(a) = &q.address {
+            b.push(" AND (src = ")
+                .push_bind(a.clone())
+                .push(" OR dst = ")
+                .push_bind(a.clone())
+                .push(")");
+        }
+        if let Some(t) = q.since {
+            b.push(" AND ended >= ").push_bind(db_secs(t));
+        }
+        if let Some(t) = q.until {
+            b.push(" AND ended <= ").push_bind(db_secs(t));
+        }
+        if let Some((end, id)) = &q.after {
+            b.push(" AND (ended < ")
+                .push_bind(db_secs(*end))
+                .push(" OR (ended = ")
+                .push_bind(db_secs(*end))
+                .push(" AND id < ")
+                .push_bind(id.clone())
+                .push("))");
+        }
+        b.push(" ORDER BY ended DESC, id DESC LIMIT ")
+            .push_bind(i64::from(q.limit));
+        let rows = b.build().fetch_all(&self.pool).await?;
+        rows.iter().map(flow_row).collect()
+    }
+
+    /// Forgets the flow records that ended before `before` (unix seconds); how many.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn flows_sweep(&self, before: u64) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM flows WHERE ended < $1")
+            .bind(db_secs(before))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
