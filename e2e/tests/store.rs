@@ -186,6 +186,149 @@ async fn pages(store: &Store) {
     }
 }
 
+/// Members' reports and flow records: kept whole, read back in order, paged, forgotten.
+async fn reports_and_flows(store: &Store) {
+    use cyphonic_control::report::Report;
+    use cyphonic_control::{
+        DeviceKind, DeviceReport, FlowDir, FlowRecord, Mac, RefusedRecord, TunnelPath, TunnelReport,
+    };
+    for (fp, name) in [("rp1", "r1.ovl.example"), ("rp2", "r2.ovl.example")] {
+        store
+            .client_online(fp, (name, "ca1"), ("CERT", &[]), "test")
+            .await
+            .unwrap();
+    }
+    let device = |i: u8, v6: bool| DeviceReport {
+        mac: Mac([2, 0, 0, 0, 0, i]),
+        vip: (!v6).then(|| Ipv4Addr::new(100, 64, 1, i)),
+        vip6: v6.then(|| format!("fd7a:0:1::{i:x}").parse().unwrap()),
+        legacy: None,
+        name: Some(format!("d{i}.r1.ovl.example")),
+        hostname: None,
+        kind: if v6 {
+            DeviceKind::V6
+        } else {
+            DeviceKind::Lease
+        },
+        expires: None,
+        vlan: None,
+        seen: Some(1),
+        tx_bytes: u64::MAX,
+        tx_packets: 1,
+        rx_bytes: 2,
+        rx_packets: 3,
+    };
+    let tunnel = |peer: &str| TunnelReport {
+        peer: peer.repeat(32),
+        name: "r2.ovl.example".into(),
+        path: TunnelPath::Direct,
+        reason: None,
+        endpoint: None,
+        established: true,
+        handshake: Some(5),
+        tx_bytes: 1,
+        rx_bytes: 2,
+    };
+    let report = Report {
+        devices: vec![device(100, false), device(9, false), device(7, true)],
+        tunnels: vec![tunnel("ab"), tunnel("cd")],
+    };
+    store.keep_report("rp1", &report, 10).await.unwrap();
+    store.keep_report("rp2", &report, 11).await.unwrap();
+    let devices = store.devices_page("rp1", None, 10).await.unwrap();
+    let addresses: Vec<_> = devices.iter().map(|d| d.address.as_str()).collect();
+    assert_eq!(addresses, ["100.64.1.9", "100.64.1.100", "fd7a:0:1::7"]);
+    assert_eq!(devices[0].tx_bytes, i64::MAX as u64);
+    let after: std::net::IpAddr = "100.64.1.9".parse().unwrap();
+    let rest = store.devices_page("rp1", Some(&after), 1).await.unwrap();
+    assert_eq!(rest[0].address, "100.64.1.100");
+    assert_eq!(
+        store.reporter("r1.ovl.example").await.unwrap(),
+        Some(("rp1".to_owned(), Some(10)))
+    );
+    let all = store.tunnels_page(None, None, 10).await.unwrap();
+    assert_eq!(all.len(), 4);
+    let second = store
+        .tunnels_page(
+            None,
+            Some((
+                &all[1].member,
+                &all[1].member_fingerprint,
+                &all[1].peer_fingerprint,
+            )),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(second, all[2..]);
+    store.client_offline("rp2").await.unwrap();
+    assert_eq!(store.tunnels_page(None, None, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        store
+            .tunnels_page(Some("r2.ovl.example"), None, 10)
+            .await
+            .unwrap(),
+        []
+    );
+
+    let flow = |end: u64| FlowRecord {
+        proto: 6,
+        src: "100.64.1.9".parse().unwrap(),
+        sport: 1,
+        dst: "fd7a:0:1::7".parse().unwrap(),
+        dport: 2,
+        dir: FlowDir::In,
+        start: end - 1,
+        end,
+        tx_bytes: u64::MAX,
+        tx_packets: 1,
+        rx_bytes: 2,
+        rx_packets: 3,
+        rule: 4,
+    };
+    let refused = RefusedRecord {
+        src: "100.64.9.9".parse().unwrap(),
+        dir: FlowDir::Out,
+        first: 100,
+        last: 160,
+        packets: 9,
+        ports: 3,
+    };
+    let flows: Vec<_> = [150, 100, 100, 120].into_iter().map(flow).collect();
+    store
+        .keep_flows(("rp1", "r1.ovl.example"), &flows, &[refused])
+        .await
+        .unwrap();
+    let q = |after, limit| cyphonic_cloud::store::FlowQuery {
+        after,
+        limit,
+        ..Default::default()
+    };
+    let all = store.flows_page(&q(None, 100)).await.unwrap();
+    let ends: Vec<u64> = all.iter().map(|f| f.end).collect();
+    assert_eq!(ends, [160, 150, 120, 100, 100]);
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store.flows_page(&q(after.clone(), 2)).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some((last.end, last.id.clone()));
+        paged.extend(page);
+    }
+    assert_eq!(paged, all);
+    assert_eq!(all[0].kind, "refused");
+    assert_eq!((all[0].ports, all[0].dst.clone()), (Some(3), None));
+    assert_eq!(all[1].dst.as_deref(), Some("fd7a:0:1::7"));
+    let at = cyphonic_cloud::store::FlowQuery {
+        address: Some("100.64.9.9".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(store.flows_page(&at).await.unwrap().len(), 1);
+    assert_eq!(store.flows_sweep(120).await.unwrap(), 2);
+    assert_eq!(store.flows_page(&q(None, 100)).await.unwrap().len(), 3);
+}
+
 /// People's sessions: written, listed while live (not ended, not idle), noted at most
 /// forward, ended once, at most `most` per person (the oldest go), swept when ended.
 async fn sessions(store: &Store) {
@@ -781,6 +924,7 @@ fn the_store_behaves_the_same_on_sqlite_and_postgresql() {
             );
             audit(&store).await;
             sessions(&store).await;
+            reports_and_flows(&store).await;
             blocks(&store).await;
             // A certificate registered without its blocks (as before the table) has them
             // filled in when the store opens again.

@@ -841,6 +841,44 @@ fn db_secs(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// A query's values, numbered `$1`, `$2`... in the order they are added, bound in that order
+/// ([`Params::query`]): SQL built piece by piece that SQLite and PostgreSQL both read through
+/// sqlx's Any driver (its `QueryBuilder` writes `?`, which PostgreSQL does not).
+#[derive(Debug, Default)]
+struct Params(Vec<Param>);
+
+#[derive(Debug)]
+enum Param {
+    Text(Option<String>),
+    Int(Option<i64>),
+}
+
+impl Params {
+    /// The placeholder of a text value.
+    fn text(&mut self, v: Option<String>) -> String {
+        self.0.push(Param::Text(v));
+        format!("${}", self.0.len())
+    }
+
+    /// The placeholder of an integer value.
+    fn int(&mut self, v: Option<i64>) -> String {
+        self.0.push(Param::Int(v));
+        format!("${}", self.0.len())
+    }
+
+    /// `sql` with the values bound.
+    fn query(self, sql: &str) -> sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments<'_>> {
+        let mut q = sqlx::query(sql);
+        for p in self.0 {
+            q = match p {
+                Param::Text(v) => q.bind(v),
+                Param::Int(v) => q.bind(v),
+            };
+        }
+        q
+    }
+}
+
 /// A counter as the store keeps it: capped at `i64::MAX`.
 fn db_count(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)

@@ -5,7 +5,7 @@ use cyphonic_control::{FlowRecord, RefusedRecord};
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{Store, StoreError, db_count, db_secs};
+use super::{Params, Store, StoreError, db_count, db_secs};
 
 /// Rows one INSERT carries at most (SQLite's limit of bound values is the tighter).
 const ROWS_PER_INSERT: usize = 50;
@@ -139,55 +139,68 @@ impl Store {
             return Ok(());
         }
         let mut tx = self.pool.begin().await?;
-        let insert =
-            || sqlx::QueryBuilder::<sqlx::Any>::new(format!("INSERT INTO flows ({COLUMNS}) "));
+        let (member, fp) = (Some(name.to_owned()), Some(fingerprint.to_owned()));
         for chunk in flows.chunks(ROWS_PER_INSERT) {
-            let mut q = insert();
-            q.push_values(chunk, |mut row, f| {
-                row.push_bind(record_id())
-                    .push_bind("flow")
-                    .push_bind(name.to_owned())
-                    .push_bind(fingerprint.to_owned())
-                    .push_bind(Some(i64::from(f.proto)))
-                    .push_bind(f.src.to_string())
-                    .push_bind(Some(i64::from(f.sport)))
-                    .push_bind(Some(f.dst.to_string()))
-                    .push_bind(Some(i64::from(f.dport)))
-                    .push_bind(f.dir.as_str())
-                    .push_bind(db_secs(f.start))
-                    .push_bind(db_secs(f.end))
-                    .push_bind(db_count(f.tx_bytes))
-                    .push_bind(db_count(f.tx_packets))
-                    .push_bind(db_count(f.rx_bytes))
-                    .push_bind(db_count(f.rx_packets))
-                    .push_bind(Some(i64::from(f.rule)))
-                    .push_bind(None::<i64>);
-            });
-            q.build().execute(&mut *tx).await?;
+            let mut p = Params::default();
+            let rows: Vec<String> = chunk
+                .iter()
+                .map(|f| {
+                    let values = [
+                        p.text(Some(record_id())),
+                        p.text(Some("flow".to_owned())),
+                        p.text(member.clone()),
+                        p.text(fp.clone()),
+                        p.int(Some(i64::from(f.proto))),
+                        p.text(Some(f.src.to_string())),
+                        p.int(Some(i64::from(f.sport))),
+                        p.text(Some(f.dst.to_string())),
+                        p.int(Some(i64::from(f.dport))),
+                        p.text(Some(f.dir.as_str().to_owned())),
+                        p.int(Some(db_secs(f.start))),
+                        p.int(Some(db_secs(f.end))),
+                        p.int(Some(db_count(f.tx_bytes))),
+                        p.int(Some(db_count(f.tx_packets))),
+                        p.int(Some(db_count(f.rx_bytes))),
+                        p.int(Some(db_count(f.rx_packets))),
+                        p.int(Some(i64::from(f.rule))),
+                        p.int(None),
+                    ];
+                    format!("({})", values.join(", "))
+                })
+                .collect();
+            let sql = format!("INSERT INTO flows ({COLUMNS}) VALUES {}", rows.join(", "));
+            p.query(&sql).execute(&mut *tx).await?;
         }
         for chunk in refused.chunks(ROWS_PER_INSERT) {
-            let mut q = insert();
-            q.push_values(chunk, |mut row, r| {
-                row.push_bind(record_id())
-                    .push_bind("refused")
-                    .push_bind(name.to_owned())
-                    .push_bind(fingerprint.to_owned())
-                    .push_bind(None::<i64>)
-                    .push_bind(r.src.to_string())
-                    .push_bind(None::<i64>)
-                    .push_bind(None::<String>)
-                    .push_bind(None::<i64>)
-                    .push_bind(r.dir.as_str())
-                    .push_bind(db_secs(r.first))
-                    .push_bind(db_secs(r.last))
-                    .push_bind(0i64)
-                    .push_bind(db_count(r.packets))
-                    .push_bind(0i64)
-                    .push_bind(0i64)
-                    .push_bind(None::<i64>)
-                    .push_bind(Some(i64::from(r.ports)));
-            });
-            q.build().execute(&mut *tx).await?;
+            let mut p = Params::default();
+            let rows: Vec<String> = chunk
+                .iter()
+                .map(|r| {
+                    let values = [
+                        p.text(Some(record_id())),
+                        p.text(Some("refused".to_owned())),
+                        p.text(member.clone()),
+                        p.text(fp.clone()),
+                        p.int(None),
+                        p.text(Some(r.src.to_string())),
+                        p.int(None),
+                        p.text(None),
+                        p.int(None),
+                        p.text(Some(r.dir.as_str().to_owned())),
+                        p.int(Some(db_secs(r.first))),
+                        p.int(Some(db_secs(r.last))),
+                        p.int(Some(0)),
+                        p.int(Some(db_count(r.packets))),
+                        p.int(Some(0)),
+                        p.int(Some(0)),
+                        p.int(None),
+                        p.int(Some(i64::from(r.ports))),
+                    ];
+                    format!("({})", values.join(", "))
+                })
+                .collect();
+            let sql = format!("INSERT INTO flows ({COLUMNS}) VALUES {}", rows.join(", "));
+            p.query(&sql).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -198,37 +211,34 @@ impl Store {
     /// # Errors
     /// Database failures, unreadable rows.
     pub async fn flows_page(&self, q: &FlowQuery) -> Result<Vec<FlowRow>, StoreError> {
-        let mut b = sqlx::QueryBuilder::<sqlx::Any>::new(format!(
-            "SELECT {COLUMNS} FROM flows WHERE 1 = 1"
-        ));
+        let mut p = Params::default();
+        let mut sql = format!("SELECT {COLUMNS} FROM flows WHERE 1 = 1");
         if let Some(m) = &q.member {
-            b.push(" AND member = ").push_bind(m.clone());
+            sql += &format!(" AND member = {}", p.text(Some(m.clone())));
         }
         if let Some(a) = &q.address {
-            b.push(" AND (src = ")
-                .push_bind(a.clone())
-                .push(" OR dst = ")
-                .push_bind(a.clone())
-                .push(")");
+            let (src, dst) = (p.text(Some(a.clone())), p.text(Some(a.clone())));
+            sql += &format!(" AND (src = {src} OR dst = {dst})");
         }
         if let Some(t) = q.since {
-            b.push(" AND ended >= ").push_bind(db_secs(t));
+            sql += &format!(" AND ended >= {}", p.int(Some(db_secs(t))));
         }
         if let Some(t) = q.until {
-            b.push(" AND ended <= ").push_bind(db_secs(t));
+            sql += &format!(" AND ended <= {}", p.int(Some(db_secs(t))));
         }
         if let Some((end, id)) = &q.after {
-            b.push(" AND (ended < ")
-                .push_bind(db_secs(*end))
-                .push(" OR (ended = ")
-                .push_bind(db_secs(*end))
-                .push(" AND id < ")
-                .push_bind(id.clone())
-                .push("))");
+            let (before, same, id) = (
+                p.int(Some(db_secs(*end))),
+                p.int(Some(db_secs(*end))),
+                p.text(Some(id.clone())),
+            );
+            sql += &format!(" AND (ended < {before} OR (ended = {same} AND id < {id}))");
         }
-        b.push(" ORDER BY ended DESC, id DESC LIMIT ")
-            .push_bind(i64::from(q.limit));
-        let rows = b.build().fetch_all(&self.pool).await?;
+        sql += &format!(
+            " ORDER BY ended DESC, id DESC LIMIT {}",
+            p.int(Some(i64::from(q.limit)))
+        );
+        let rows = p.query(&sql).fetch_all(&self.pool).await?;
         rows.iter().map(flow_row).collect()
     }
 

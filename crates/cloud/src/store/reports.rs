@@ -3,12 +3,11 @@
 
 use std::net::IpAddr;
 
-use cyphonic_control::RelayReason;
 use cyphonic_control::report::Report;
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{Store, StoreError, db_count, db_secs};
+use super::{Params, Store, StoreError, db_count, db_secs};
 
 /// Rows one INSERT carries at most (SQLite's limit of bound values is the tighter).
 const ROWS_PER_INSERT: usize = 50;
@@ -189,51 +188,68 @@ impl Store {
         devices.sort_by_key(|a| a.0);
         devices.dedup_by(|b, a| a.0 == b.0);
         for chunk in devices.chunks(ROWS_PER_INSERT) {
-            let mut q = sqlx::QueryBuilder::<sqlx::Any>::new(format!(
-                "INSERT INTO devices (member, address_key, {DEVICE_COLUMNS}) "
-            ));
-            q.push_values(chunk, |mut row, (address, d)| {
-                row.push_bind(fingerprint.to_owned())
-                    .push_bind(address_key(*address))
-                    .push_bind(address.to_string())
-                    .push_bind(d.mac.to_string())
-                    .push_bind(d.vip.map(|v| v.to_string()))
-                    .push_bind(d.vip6.map(|v| v.to_string()))
-                    .push_bind(d.legacy.map(|v| v.to_string()))
-                    .push_bind(d.name.clone())
-                    .push_bind(d.hostname.clone())
-                    .push_bind(d.kind.as_str())
-                    .push_bind(d.expires.map(db_secs))
-                    .push_bind(d.vlan.map(i64::from))
-                    .push_bind(d.seen.map(db_secs))
-                    .push_bind(db_count(d.tx_bytes))
-                    .push_bind(db_count(d.tx_packets))
-                    .push_bind(db_count(d.rx_bytes))
-                    .push_bind(db_count(d.rx_packets));
-            });
-            q.build().execute(&mut *tx).await?;
+            let mut p = Params::default();
+            let rows: Vec<String> = chunk
+                .iter()
+                .map(|(address, d)| {
+                    let text = |v: Option<String>, p: &mut Params| p.text(v);
+                    let values = [
+                        text(Some(fingerprint.to_owned()), &mut p),
+                        text(Some(address_key(*address)), &mut p),
+                        text(Some(address.to_string()), &mut p),
+                        text(Some(d.mac.to_string()), &mut p),
+                        text(d.vip.map(|v| v.to_string()), &mut p),
+                        text(d.vip6.map(|v| v.to_string()), &mut p),
+                        text(d.legacy.map(|v| v.to_string()), &mut p),
+                        text(d.name.clone(), &mut p),
+                        text(d.hostname.clone(), &mut p),
+                        text(Some(d.kind.as_str().to_owned()), &mut p),
+                        p.int(d.expires.map(db_secs)),
+                        p.int(d.vlan.map(i64::from)),
+                        p.int(d.seen.map(db_secs)),
+                        p.int(Some(db_count(d.tx_bytes))),
+                        p.int(Some(db_count(d.tx_packets))),
+                        p.int(Some(db_count(d.rx_bytes))),
+                        p.int(Some(db_count(d.rx_packets))),
+                    ];
+                    format!("({})", values.join(", "))
+                })
+                .collect();
+            let sql = format!(
+                "INSERT INTO devices (member, address_key, {DEVICE_COLUMNS}) VALUES {}",
+                rows.join(", ")
+            );
+            p.query(&sql).execute(&mut *tx).await?;
         }
         let mut tunnels: Vec<_> = report.tunnels.iter().collect();
         tunnels.sort_by(|a, b| a.peer.cmp(&b.peer));
         tunnels.dedup_by(|b, a| a.peer.eq_ignore_ascii_case(&b.peer));
         for chunk in tunnels.chunks(ROWS_PER_INSERT) {
-            let mut q = sqlx::QueryBuilder::<sqlx::Any>::new(
+            let mut p = Params::default();
+            let rows: Vec<String> = chunk
+                .iter()
+                .map(|t| {
+                    let values = [
+                        p.text(Some(fingerprint.to_owned())),
+                        p.text(Some(t.peer.to_ascii_lowercase())),
+                        p.text(Some(t.name.clone())),
+                        p.text(Some(t.path.as_str().to_owned())),
+                        p.text(t.reason.map(|r| r.as_str().to_owned())),
+                        p.text(t.endpoint.map(|e| e.to_string())),
+                        p.int(Some(i64::from(t.established))),
+                        p.int(t.handshake.map(db_secs)),
+                        p.int(Some(db_count(t.tx_bytes))),
+                        p.int(Some(db_count(t.rx_bytes))),
+                    ];
+                    format!("({})", values.join(", "))
+                })
+                .collect();
+            let sql = format!(
                 "INSERT INTO tunnels (member, peer, peer_name, path, reason, endpoint, \
-                 established, handshake, tx_bytes, rx_bytes) ",
+                 established, handshake, tx_bytes, rx_bytes) VALUES {}",
+                rows.join(", ")
             );
-            q.push_values(chunk, |mut row, t| {
-                row.push_bind(fingerprint.to_owned())
-                    .push_bind(t.peer.to_ascii_lowercase())
-                    .push_bind(t.name.clone())
-                    .push_bind(t.path.as_str())
-                    .push_bind(t.reason.map(RelayReason::as_str))
-                    .push_bind(t.endpoint.map(|e| e.to_string()))
-                    .push_bind(i64::from(t.established))
-                    .push_bind(t.handshake.map(db_secs))
-                    .push_bind(db_count(t.tx_bytes))
-                    .push_bind(db_count(t.rx_bytes));
-            });
-            q.build().execute(&mut *tx).await?;
+            p.query(&sql).execute(&mut *tx).await?;
         }
         sqlx::query("UPDATE clients SET reported_at = $2 WHERE fingerprint = $1")
             .bind(fingerprint)
@@ -316,25 +332,27 @@ impl Store {
         after: Option<(&str, &str, &str)>,
         limit: u32,
     ) -> Result<Vec<TunnelRow>, StoreError> {
-        let mut q = sqlx::QueryBuilder::<sqlx::Any>::new(format!(
+        let mut p = Params::default();
+        let mut sql = format!(
             "SELECT {TUNNEL_COLUMNS} FROM tunnels t JOIN clients c ON c.fingerprint = t.member \
              WHERE c.online <> 0"
-        ));
+        );
         if let Some(m) = member {
-            q.push(" AND c.name = ").push_bind(m.to_owned());
+            sql += &format!(" AND c.name = {}", p.text(Some(m.to_owned())));
         }
         if let Some((name, fp, peer)) = after {
-            q.push(" AND (c.name, t.member, t.peer) > (")
-                .push_bind(name.to_owned())
-                .push(", ")
-                .push_bind(fp.to_owned())
-                .push(", ")
-                .push_bind(peer.to_owned())
-                .push(")");
+            let (name, fp, peer) = (
+                p.text(Some(name.to_owned())),
+                p.text(Some(fp.to_owned())),
+                p.text(Some(peer.to_owned())),
+            );
+            sql += &format!(" AND (c.name, t.member, t.peer) > ({name}, {fp}, {peer})");
         }
-        q.push(" ORDER BY c.name, t.member, t.peer LIMIT ")
-            .push_bind(i64::from(limit));
-        let rows = q.build().fetch_all(&self.pool).await?;
+        sql += &format!(
+            " ORDER BY c.name, t.member, t.peer LIMIT {}",
+            p.int(Some(i64::from(limit)))
+        );
+        let rows = p.query(&sql).fetch_all(&self.pool).await?;
         rows.iter().map(tunnel_row).collect()
     }
 }
