@@ -420,7 +420,44 @@ async fn the_console_in_a_real_browser() {
     );
     until_state(&c, &bed, "gw3.ovl.example", "online").await;
 
-    // A site's page: its devices with what they sent, its tunnel to the other site.
+    // What gw2 logged of its flows: an RTSP session and a refused scan.
+    let gw2_fp = bed
+        .store()
+        .reporter("gw2.ovl.example")
+        .await
+        .unwrap()
+        .unwrap()
+        .0;
+    let flow = cyphonic_control::FlowRecord {
+        proto: 6,
+        src: "100.64.2.10".parse().unwrap(),
+        sport: 40_000,
+        dst: "100.64.1.10".parse().unwrap(),
+        dport: 554,
+        dir: cyphonic_control::FlowDir::Out,
+        start: cyphonic_signal::testing::now() - 60,
+        end: cyphonic_signal::testing::now(),
+        tx_bytes: 5_000,
+        tx_packets: 40,
+        rx_bytes: 2_500_000,
+        rx_packets: 1_800,
+        rule: 1,
+    };
+    let scan = cyphonic_control::RefusedRecord {
+        src: "100.64.1.66".parse().unwrap(),
+        dir: cyphonic_control::FlowDir::In,
+        first: cyphonic_signal::testing::now() - 30,
+        last: cyphonic_signal::testing::now(),
+        packets: 10_000,
+        ports: 1024,
+    };
+    bed.store()
+        .keep_flows((&gw2_fp, "gw2.ovl.example"), &[flow], &[scan])
+        .await
+        .unwrap();
+
+    // A site's page: its devices with what they sent, its tunnel to the other site, its
+    // flows.
     c.goto(&format!("{}/console/members/gw2.ovl.example", bed.base))
         .await
         .unwrap();
@@ -433,6 +470,17 @@ async fn the_console_in_a_real_browser() {
         "lease",
     ] {
         assert!(devices.contains(seen), "{seen} in {devices}");
+    }
+    let flows = text(&c, "#flows").await;
+    for seen in [
+        "100.64.2.10:40000",
+        "100.64.1.10:554",
+        "2.5 MB",
+        "rule 1 (out)",
+        "refused",
+        "1024 port(s)",
+    ] {
+        assert!(flows.contains(seen), "{seen} in {flows}");
     }
     let tunnels = text(&c, "#tunnels").await;
     assert!(

@@ -874,6 +874,31 @@ mod tests {
         }
     }
 
+    /// Flow records and the switch read as docs/protocol.md §8 writes them; a direction the
+    /// protocol does not name, or a field it does not have, does not read.
+    #[test]
+    fn flow_logs_have_the_documented_shape() {
+        let text = r#"{"type":"flows","flows":[{"proto":6,"src":"100.64.1.10","sport":40000,"dst":"fd7a:0:1::a","dport":554,"dir":"out","start":1795000000,"end":1795000060,"tx_bytes":5000,"tx_packets":40,"rx_bytes":2500000,"rx_packets":1800,"rule":1}],"refused":[{"src":"100.64.1.66","dir":"in","first":1795000000,"last":1795000030,"packets":10000,"ports":1024}],"unreported":7}"#;
+        let msg: ClientMsg = serde_json::from_str(text).unwrap();
+        assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+        let ClientMsg::Flows { flows, refused, .. } = &msg else {
+            panic!("{msg:?}");
+        };
+        assert_eq!((flows[0].dir, refused[0].dir), (FlowDir::Out, FlowDir::In));
+        for d in [FlowDir::Out, FlowDir::In] {
+            assert_eq!(serde_json::to_value(d).unwrap(), d.as_str());
+        }
+        for bad in [
+            text.replace(r#""dir":"out""#, r#""dir":"sideways""#),
+            text.replace(r#""unreported":7"#, r#""unreported":7,"lost":1"#),
+            text.replace(r#""proto":6"#, r#""proto":300"#),
+        ] {
+            assert!(serde_json::from_str::<ClientMsg>(&bad).is_err(), "{bad}");
+        }
+        let on: CloudMsg = serde_json::from_str(r#"{"type":"flow_log","on":true}"#).unwrap();
+        assert_eq!(on, CloudMsg::FlowLog { on: true });
+    }
+
     /// The pair report reads as docs/protocol.md §5 writes it; a health or role the protocol
     /// does not name, or a field it does not have, does not read.
     #[test]

@@ -343,6 +343,62 @@ struct Member {
     /// The cursor of the next page of devices.
     devices_next: Option<String>,
     tunnels: Vec<TunnelLine>,
+    /// Its newest flow records, when it logs them.
+    flows: Vec<FlowLine>,
+}
+
+/// Flow records a member page shows: the newest.
+const MEMBER_FLOWS: u32 = 50;
+
+/// A flow record as the member page shows it.
+struct FlowLine {
+    end: String,
+    what: String,
+    from: String,
+    to: String,
+    sent: String,
+    received: String,
+    why: String,
+}
+
+impl FlowLine {
+    fn of(f: &crate::store::FlowRow) -> Self {
+        let proto = match f.proto {
+            Some(6) => "tcp".to_owned(),
+            Some(17) => "udp".to_owned(),
+            Some(1) => "icmp".to_owned(),
+            Some(58) => "icmp6".to_owned(),
+            Some(p) => format!("proto {p}"),
+            None => String::new(),
+        };
+        let at = |a: &str, port: Option<u16>| match port {
+            Some(p) if f.proto == Some(6) || f.proto == Some(17) => format!("{a}:{p}"),
+            _ => a.to_owned(),
+        };
+        if f.kind == "refused" {
+            return Self {
+                end: when(f.end),
+                what: "refused".to_owned(),
+                from: f.src.clone(),
+                to: format!("{} port(s)", f.ports.unwrap_or_default()),
+                sent: format!("{} packet(s)", f.tx_packets),
+                received: "-".to_owned(),
+                why: format!("no rule ({})", f.dir),
+            };
+        }
+        Self {
+            end: when(f.end),
+            what: proto,
+            from: at(&f.src, f.sport),
+            to: at(f.dst.as_deref().unwrap_or("-"), f.dport),
+            sent: amount(f.tx_bytes),
+            received: amount(f.rx_bytes),
+            why: match f.rule {
+                Some(0) | None => format!("allowed by default ({})", f.dir),
+                Some(r) => format!("rule {r} ({})", f.dir),
+            },
+        }
+    }
 }
 
 /// Devices a member page shows at once, and tunnels.
@@ -461,6 +517,18 @@ async fn member(
             devices: devices.items.iter().map(DeviceLine::of).collect(),
             devices_next: devices.next,
             tunnels: tunnels.items.iter().map(TunnelLine::of).collect(),
+            flows: s
+                .nms
+                .store()
+                .flows_page(&crate::store::FlowQuery {
+                    member: Some(name.trim_end_matches('.').to_ascii_lowercase()),
+                    limit: MEMBER_FLOWS,
+                    ..Default::default()
+                })
+                .await?
+                .iter()
+                .map(FlowLine::of)
+                .collect(),
         })
     }
     .await;
