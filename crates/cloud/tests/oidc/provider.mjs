@@ -1,6 +1,7 @@
 // A real OpenID Connect provider for the cloud's sign-in tests (tests/signin.rs):
 // panva's oidc-provider (an OpenID-certified implementation) with its development login
-// form (any login, any password), listening on 127.0.0.1 only.
+// form (any login, any password), listening on 127.0.0.1 only (on port $PORT, else one the
+// system picks; the e2e console test runs it inside the bed's cloud namespace).
 //
 //   node provider.mjs <redirect-uri> <mode>
 //
@@ -38,7 +39,7 @@ published.use = 'sig';
 published.alg = 'RS256';
 
 const server = http.createServer();
-server.listen(0, '127.0.0.1', () => {
+server.listen(Number(process.env.PORT ?? 0), '127.0.0.1', () => {
   const issuer = `http://127.0.0.1:${server.address().port}`;
   const provider = new Provider(issuer, {
     clients: [{
