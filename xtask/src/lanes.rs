@@ -50,6 +50,7 @@ const SECONDS: &[(&str, u32)] = &[
     ("lan", 69),
     ("sites", 72),
     ("node", 61),
+    ("console", 52),
     ("trust", 26),
 ];
 
