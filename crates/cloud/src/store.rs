@@ -813,8 +813,8 @@ fn token_row(row: &sqlx::any::AnyRow) -> Result<TokenRow, StoreError> {
         table: "tokens",
         what,
     };
-    let secs = |v: i64| u64::try_from(v).unwrap_or(0);
-    let opt = |v: Option<i64>| v.map(secs);
+    let secs = |v: i64| from_db::<u64>("tokens", v);
+    let opt = |v: Option<i64>| opt_from_db::<u64>("tokens", v);
     let blocks: String = row.try_get(3)?;
     let groups: String = row.try_get(4)?;
     Ok(TokenRow {
@@ -826,14 +826,14 @@ fn token_row(row: &sqlx::any::AnyRow) -> Result<TokenRow, StoreError> {
             .and_then(|b| b.iter().map(|b| b.parse().ok()).collect())
             .ok_or_else(|| corrupt(format!("blocks {blocks:?}")))?,
         groups: serde_json::from_str(&groups).map_err(|_| corrupt(format!("groups {groups:?}")))?,
-        lifetime: secs(row.try_get(5)?),
-        created_at: secs(row.try_get(6)?),
-        expires_at: secs(row.try_get(7)?),
-        used_at: opt(row.try_get(8)?),
+        lifetime: secs(row.try_get(5)?)?,
+        created_at: secs(row.try_get(6)?)?,
+        expires_at: secs(row.try_get(7)?)?,
+        used_at: opt(row.try_get(8)?)?,
         used_by: row.try_get(9)?,
-        revoked_at: opt(row.try_get(10)?),
+        revoked_at: opt(row.try_get(10)?)?,
         used_key: row.try_get(11)?,
-        confirmed_at: opt(row.try_get(12)?),
+        confirmed_at: opt(row.try_get(12)?)?,
     })
 }
 
@@ -877,6 +877,23 @@ impl Params {
         }
         q
     }
+}
+
+/// An integer column's value as `T`: one out of `T`'s range (a negative time or count, a
+/// port above 65535) is a row this version cannot read.
+fn from_db<T: TryFrom<i64>>(table: &'static str, v: i64) -> Result<T, StoreError> {
+    T::try_from(v).map_err(|_| StoreError::Corrupt {
+        table,
+        what: format!("{v} out of range"),
+    })
+}
+
+/// [`from_db`] of a column that may be NULL.
+fn opt_from_db<T: TryFrom<i64>>(
+    table: &'static str,
+    v: Option<i64>,
+) -> Result<Option<T>, StoreError> {
+    v.map(|v| from_db(table, v)).transpose()
 }
 
 /// A counter as the store keeps it: capped at `i64::MAX`.

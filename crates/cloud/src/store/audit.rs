@@ -2,7 +2,7 @@
 
 use sqlx::Row as _;
 
-use super::{Store, StoreError, db_secs};
+use super::{Store, StoreError, db_secs, from_db, opt_from_db};
 
 /// One row of the audit log: a change to the registry, or a refused attempt at one.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
@@ -80,13 +80,8 @@ const API_TOKEN_COLUMNS: &str =
     "id, secret_sha256, name, scope, created_by, created_at, expires_at, revoked_at";
 
 fn api_token_row(row: &sqlx::any::AnyRow) -> Result<ApiTokenRow, StoreError> {
-    let secs = |v: i64| {
-        u64::try_from(v).map_err(|_| StoreError::Corrupt {
-            table: "api_tokens",
-            what: format!("time {v}"),
-        })
-    };
-    let opt = |v: Option<i64>| v.map(secs).transpose();
+    let secs = |v: i64| from_db::<u64>("api_tokens", v);
+    let opt = |v: Option<i64>| opt_from_db::<u64>("api_tokens", v);
     Ok(ApiTokenRow {
         id: row.try_get(0)?,
         secret_sha256: row.try_get(1)?,

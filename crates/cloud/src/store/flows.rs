@@ -5,7 +5,7 @@ use cyphonic_control::{FlowRecord, RefusedRecord};
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{Params, Store, StoreError, db_count, db_secs};
+use super::{Params, Store, StoreError, db_count, db_secs, from_db, opt_from_db};
 
 /// Rows one INSERT carries at most (SQLite's limit of bound values is the tighter).
 const ROWS_PER_INSERT: usize = 50;
@@ -83,43 +83,26 @@ const COLUMNS: &str = "id, kind, member, fingerprint, proto, src, sport, dst, dp
      started, ended, tx_bytes, tx_packets, rx_bytes, rx_packets, rule, ports";
 
 fn flow_row(row: &sqlx::any::AnyRow) -> Result<FlowRow, StoreError> {
-    let bad = |what: String| StoreError::Corrupt {
-        table: "flows",
-        what,
-    };
-    let unsigned = |v: i64| u64::try_from(v).map_err(|_| bad(format!("negative value {v}")));
-    let small = |v: Option<i64>| -> Result<Option<u16>, StoreError> {
-        v.map(|v| u16::try_from(v).map_err(|_| bad(format!("port {v}"))))
-            .transpose()
-    };
-    let proto: Option<i64> = row.try_get(4)?;
-    let rule: Option<i64> = row.try_get(16)?;
-    let ports: Option<i64> = row.try_get(17)?;
+    let t = "flows";
     Ok(FlowRow {
         id: row.try_get(0)?,
         kind: row.try_get(1)?,
         member: row.try_get(2)?,
         fingerprint: row.try_get(3)?,
-        proto: proto
-            .map(|p| u8::try_from(p).map_err(|_| bad(format!("protocol {p}"))))
-            .transpose()?,
+        proto: opt_from_db(t, row.try_get(4)?)?,
         src: row.try_get(5)?,
-        sport: small(row.try_get(6)?)?,
+        sport: opt_from_db(t, row.try_get(6)?)?,
         dst: row.try_get(7)?,
-        dport: small(row.try_get(8)?)?,
+        dport: opt_from_db(t, row.try_get(8)?)?,
         dir: row.try_get(9)?,
-        start: unsigned(row.try_get(10)?)?,
-        end: unsigned(row.try_get(11)?)?,
-        tx_bytes: unsigned(row.try_get(12)?)?,
-        tx_packets: unsigned(row.try_get(13)?)?,
-        rx_bytes: unsigned(row.try_get(14)?)?,
-        rx_packets: unsigned(row.try_get(15)?)?,
-        rule: rule
-            .map(|r| u32::try_from(r).map_err(|_| bad(format!("rule {r}"))))
-            .transpose()?,
-        ports: ports
-            .map(|p| u32::try_from(p).map_err(|_| bad(format!("ports {p}"))))
-            .transpose()?,
+        start: from_db(t, row.try_get(10)?)?,
+        end: from_db(t, row.try_get(11)?)?,
+        tx_bytes: from_db(t, row.try_get(12)?)?,
+        tx_packets: from_db(t, row.try_get(13)?)?,
+        rx_bytes: from_db(t, row.try_get(14)?)?,
+        rx_packets: from_db(t, row.try_get(15)?)?,
+        rule: opt_from_db(t, row.try_get(16)?)?,
+        ports: opt_from_db(t, row.try_get(17)?)?,
     })
 }
 

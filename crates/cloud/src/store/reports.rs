@@ -7,7 +7,7 @@ use cyphonic_control::report::Report;
 use serde::Serialize;
 use sqlx::Row as _;
 
-use super::{Params, Store, StoreError, db_count, db_secs};
+use super::{Params, Store, StoreError, db_count, db_secs, from_db, opt_from_db};
 
 /// Rows one INSERT carries at most (SQLite's limit of bound values is the tighter).
 const ROWS_PER_INSERT: usize = 50;
@@ -84,26 +84,11 @@ fn address_key(a: IpAddr) -> String {
     }
 }
 
-fn unsigned(table: &'static str, v: Option<i64>) -> Result<Option<u64>, StoreError> {
-    v.map(|v| {
-        u64::try_from(v).map_err(|_| StoreError::Corrupt {
-            table,
-            what: format!("negative value {v}"),
-        })
-    })
-    .transpose()
-}
-
-fn count(table: &'static str, v: i64) -> Result<u64, StoreError> {
-    unsigned(table, Some(v)).map(|v| v.unwrap_or_default())
-}
-
 const DEVICE_COLUMNS: &str = "address, mac, vip, vip6, legacy, name, hostname, kind, expires, \
      vlan, seen, tx_bytes, tx_packets, rx_bytes, rx_packets";
 
 fn device_row(row: &sqlx::any::AnyRow) -> Result<DeviceRow, StoreError> {
     let t = "devices";
-    let vlan: Option<i64> = row.try_get(9)?;
     Ok(DeviceRow {
         address: row.try_get(0)?,
         mac: row.try_get(1)?,
@@ -113,20 +98,13 @@ fn device_row(row: &sqlx::any::AnyRow) -> Result<DeviceRow, StoreError> {
         name: row.try_get(5)?,
         hostname: row.try_get(6)?,
         kind: row.try_get(7)?,
-        expires: unsigned(t, row.try_get(8)?)?,
-        vlan: vlan
-            .map(|v| {
-                u16::try_from(v).map_err(|_| StoreError::Corrupt {
-                    table: t,
-                    what: format!("VLAN {v}"),
-                })
-            })
-            .transpose()?,
-        seen: unsigned(t, row.try_get(10)?)?,
-        tx_bytes: count(t, row.try_get(11)?)?,
-        tx_packets: count(t, row.try_get(12)?)?,
-        rx_bytes: count(t, row.try_get(13)?)?,
-        rx_packets: count(t, row.try_get(14)?)?,
+        expires: opt_from_db(t, row.try_get(8)?)?,
+        vlan: opt_from_db(t, row.try_get(9)?)?,
+        seen: opt_from_db(t, row.try_get(10)?)?,
+        tx_bytes: from_db(t, row.try_get(11)?)?,
+        tx_packets: from_db(t, row.try_get(12)?)?,
+        rx_bytes: from_db(t, row.try_get(13)?)?,
+        rx_packets: from_db(t, row.try_get(14)?)?,
     })
 }
 
@@ -145,10 +123,11 @@ fn tunnel_row(row: &sqlx::any::AnyRow) -> Result<TunnelRow, StoreError> {
         reason: row.try_get(5)?,
         endpoint: row.try_get(6)?,
         established: established != 0,
-        handshake: unsigned(t, row.try_get(8)?)?,
-        tx_bytes: count(t, row.try_get(9)?)?,
-        rx_bytes: count(t, row.try_get(10)?)?,
-        reported_at: unsigned(t, row.try_get(11)?)?.unwrap_or_default(),
+        handshake: opt_from_db(t, row.try_get(8)?)?,
+        tx_bytes: from_db(t, row.try_get(9)?)?,
+        rx_bytes: from_db(t, row.try_get(10)?)?,
+        // Set with the report that made the tunnel's row: NULL here is a broken row.
+        reported_at: from_db(t, row.try_get(11)?)?,
     })
 }
 
@@ -315,7 +294,10 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         match row {
-            Some(r) => Ok(Some((r.try_get(0)?, unsigned("clients", r.try_get(1)?)?))),
+            Some(r) => Ok(Some((
+                r.try_get(0)?,
+                opt_from_db("clients", r.try_get(1)?)?,
+            ))),
             None => Ok(None),
         }
     }

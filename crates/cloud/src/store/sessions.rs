@@ -2,7 +2,7 @@
 
 use sqlx::Row as _;
 
-use super::{Store, StoreError, db_secs};
+use super::{Store, StoreError, db_secs, from_db};
 
 /// A signed-in person's session as the store holds it (its cookie only hashed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,12 +31,7 @@ const SESSION_COLUMNS: &str =
     "id_sha256, subject, name, role, csrf, source, created_at, seen_at, ends_at";
 
 fn session_row(row: &sqlx::any::AnyRow) -> Result<SessionRow, StoreError> {
-    let secs = |v: i64| {
-        u64::try_from(v).map_err(|_| StoreError::Corrupt {
-            table: "sessions",
-            what: format!("time {v}"),
-        })
-    };
+    let secs = |v: i64| from_db::<u64>("sessions", v);
     Ok(SessionRow {
         id_sha256: row.try_get(0)?,
         subject: row.try_get(1)?,
