@@ -8,7 +8,7 @@ use axum::extract::{Query, State};
 use serde::Deserialize;
 
 use super::{
-    Answer, ApiError, ApiState, Caller, ErrorBody, Page, bad_cursor, cursor_of, key_of, page_limit,
+    Answer, ApiError, ApiState, Caller, ErrorBody, Page, bad_cursor, key_of, page_limit, store_page,
 };
 use crate::admin::Scope;
 use crate::store::{FlowQuery, FlowRow};
@@ -59,7 +59,7 @@ pub(super) async fn flows(
                 .map_err(|_| ApiError::invalid("address", format!("{a:?} is not an address")))
         })
         .transpose()?;
-    let mut items = s
+    let flows = s
         .nms
         .store()
         .flows_page(&FlowQuery {
@@ -73,11 +73,7 @@ pub(super) async fn flows(
             limit: limit + 1,
         })
         .await?;
-    let more = items.len() > limit as usize;
-    items.truncate(limit as usize);
-    let next = items
-        .last()
-        .filter(|_| more)
-        .map(|f| cursor_of(&format!("{} {}", f.end, f.id)));
-    Ok(Json(Page { items, next }))
+    Ok(Json(store_page(flows, limit, |f| {
+        format!("{} {}", f.end, f.id)
+    })))
 }

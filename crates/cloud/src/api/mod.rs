@@ -595,6 +595,15 @@ fn page<T>(items: Vec<T>, key: impl Fn(&T) -> String, q: &PageQuery) -> Result<P
     Ok(Page { items: rest, next })
 }
 
+/// A page of `items`, which the store was asked one more of than `limit`: at most `limit`
+/// of them, and when more follow, the cursor after the last (`key` names an item).
+fn store_page<T>(mut items: Vec<T>, limit: u32, key: impl Fn(&T) -> String) -> Page<T> {
+    let more = items.len() > limit as usize;
+    items.truncate(limit as usize);
+    let next = items.last().filter(|_| more).map(|i| cursor_of(&key(i)));
+    Page { items, next }
+}
+
 fn now() -> u64 {
     crate::clock::unix_now_ms() / 1000
 }
@@ -954,7 +963,7 @@ async fn audit(
         }
     };
     // One more than asked tells whether there is a next page.
-    let mut rows = s
+    let rows = s
         .nms
         .store()
         .audit_log(&AuditQuery {
@@ -965,13 +974,9 @@ async fn audit(
             limit: limit + 1,
         })
         .await?;
-    let limit = limit as usize;
-    let next = (rows.len() > limit).then(|| {
-        let last = &rows[limit - 1];
-        cursor_of(&format!("{} {}", last.at, last.id))
-    });
-    rows.truncate(limit);
-    Ok(Json(Page { items: rows, next }))
+    Ok(Json(store_page(rows, limit, |r| {
+        format!("{} {}", r.at, r.id)
+    })))
 }
 
 /// A group of the policy.

@@ -10,8 +10,8 @@ use axum::extract::{Path, Query, State};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    Answer, ApiError, ApiState, Caller, ErrorBody, Page, PageQuery, bad_cursor, cursor_of, key_of,
-    page_limit,
+    Answer, ApiError, ApiState, Caller, ErrorBody, Page, PageQuery, bad_cursor, key_of, page_limit,
+    store_page,
 };
 use crate::admin::Scope;
 use crate::store::{DeviceRow, TunnelRow};
@@ -64,12 +64,10 @@ pub(super) async fn device_page(
     let Some((fingerprint, reported_at)) = store.reporter(&name).await? else {
         return Err(ApiError::not_found(format!("no member named {name}")));
     };
-    let mut items = store
+    let devices = store
         .devices_page(&fingerprint, after.as_ref(), limit + 1)
         .await?;
-    let more = items.len() > limit as usize;
-    items.truncate(limit as usize);
-    let next = items.last().filter(|_| more).map(|d| cursor_of(&d.address));
+    let Page { items, next } = store_page(devices, limit, |d| d.address.clone());
     Ok(DevicePage {
         fingerprint,
         reported_at,
@@ -125,18 +123,15 @@ pub(super) async fn tunnel_page(
             _ => return Err(bad_cursor()),
         },
     };
-    let mut items = s
+    let tunnels = s
         .nms
         .store()
         .tunnels_page(member.as_deref(), after, limit + 1)
         .await?;
-    let more = items.len() > limit as usize;
-    items.truncate(limit as usize);
-    let next = items.last().filter(|_| more).map(|t| {
-        cursor_of(&format!(
+    Ok(store_page(tunnels, limit, |t| {
+        format!(
             "{} {} {}",
             t.member, t.member_fingerprint, t.peer_fingerprint
-        ))
-    });
-    Ok(Page { items, next })
+        )
+    }))
 }
