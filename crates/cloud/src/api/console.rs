@@ -76,6 +76,11 @@ pub(super) fn see_other(to: &str) -> Response {
     r
 }
 
+/// A page that was read (`status`), or the error's page.
+fn shown_page(p: &Person, shown: Result<impl Template, ApiError>, status: StatusCode) -> Response {
+    shown.map_or_else(|e| error_page(Some(p.me()), e), |v| page(status, &v))
+}
+
 /// After a change from a form: the browser sent on to `to`, or the error's page.
 fn changed(p: &Person, done: Result<(), ApiError>, to: &str) -> Response {
     match done {
@@ -321,10 +326,7 @@ async fn fleet(
         })
     }
     .await;
-    shown.map_or_else(
-        |e| error_page(Some(p.me()), e),
-        |f| page(StatusCode::OK, &f),
-    )
+    shown_page(&p, shown, StatusCode::OK)
 }
 
 #[derive(Template)]
@@ -532,10 +534,7 @@ async fn member(
         })
     }
     .await;
-    shown.map_or_else(
-        |e| error_page(Some(p.me()), e),
-        |m| page(StatusCode::OK, &m),
-    )
+    shown_page(&p, shown, StatusCode::OK)
 }
 
 /// A change from a console form: its CSRF token and origin checked, then the caller's
@@ -582,7 +581,7 @@ struct TokenLine {
     made: String,
 }
 
-/// A token just made, shown once.
+/// A token just made (enrollment or API), shown once.
 struct Made {
     name: String,
     token: String,
@@ -632,12 +631,12 @@ async fn tokens_page(s: &ApiState, p: &Person, made: Option<Made>) -> Response {
         })
     }
     .await;
-    let status = if shown.as_ref().is_ok_and(|t| t.made.is_some()) {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    // A token made and shown is a page created.
+    let status = match &shown {
+        Ok(t) if t.made.is_some() => StatusCode::CREATED,
+        _ => StatusCode::OK,
     };
-    shown.map_or_else(|e| error_page(Some(p.me()), e), |t| page(status, &t))
+    shown_page(p, shown, status)
 }
 
 async fn tokens(State(s): State<Arc<ApiState>>, p: Person) -> Response {
@@ -771,8 +770,5 @@ async fn audit(
         })
     }
     .await;
-    shown.map_or_else(
-        |e| error_page(Some(p.me()), e),
-        |a| page(StatusCode::OK, &a),
-    )
+    shown_page(&p, shown, StatusCode::OK)
 }

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::{CsrfForm, Me, Person, changed, error_page, may_change, page, when};
+use super::{CsrfForm, Made, Me, Person, changed, error_page, may_change, shown_page, when};
 use crate::admin::{self, Scope};
 use crate::api::{ApiError, ApiState, ApiTokenView, now};
 
@@ -36,12 +36,6 @@ impl ApiTokenLine {
             by: v.created_by,
         }
     }
-}
-
-/// A token just made, shown once.
-struct Made {
-    name: String,
-    token: String,
 }
 
 #[derive(Template)]
@@ -72,12 +66,12 @@ async fn api_tokens_page(s: &ApiState, p: &Person, made: Option<Made>) -> Respon
         })
     }
     .await;
-    let status = if shown.as_ref().is_ok_and(|t| t.made.is_some()) {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    // A token made and shown is a page created.
+    let status = match &shown {
+        Ok(t) if t.made.is_some() => StatusCode::CREATED,
+        _ => StatusCode::OK,
     };
-    shown.map_or_else(|e| error_page(Some(p.me()), e), |t| page(status, &t))
+    shown_page(p, shown, status)
 }
 
 pub(super) async fn api_tokens(State(s): State<Arc<ApiState>>, p: Person) -> Response {
@@ -198,8 +192,5 @@ pub(super) async fn revocations(State(s): State<Arc<ApiState>>, p: Person) -> Re
         })
     }
     .await;
-    shown.map_or_else(
-        |e| error_page(Some(p.me()), e),
-        |v| page(StatusCode::OK, &v),
-    )
+    shown_page(&p, shown, StatusCode::OK)
 }

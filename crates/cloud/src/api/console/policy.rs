@@ -9,7 +9,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::{Me, Person, error_page, page};
+use super::{Me, Person, shown_page};
 use crate::admin::Scope;
 use crate::api::{ApiError, ApiState, FlowQuestion};
 
@@ -111,8 +111,5 @@ pub(super) async fn policy(
         })
     }
     .await;
-    shown.map_or_else(
-        |e| error_page(Some(p.me()), e),
-        |v| page(StatusCode::OK, &v),
-    )
+    shown_page(&p, shown, StatusCode::OK)
 }
