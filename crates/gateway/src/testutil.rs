@@ -67,7 +67,8 @@ pub(crate) fn ipv4_udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, data:
             &Ipv4Addr::from(src),
             &Ipv4Addr::from(dst),
         );
-        u.set_checksum(sum);
+        // RFC 768: a computed 0 is sent as 0xffff; 0 in the field means "no checksum".
+        u.set_checksum(if sum == 0 { 0xffff } else { sum });
     }
     fix_ip_checksum(&mut buf);
     buf
