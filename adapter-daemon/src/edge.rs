@@ -19,6 +19,7 @@ use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext};
 use cyphonic_gateway::Lan;
 use cyphonic_netio::{Interface, PacketOptions, PacketSocket};
 use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, named_counters};
+use cyphonic_telemetry::{CounterSet, CountersOf};
 
 use crate::capture::Capture;
 use crate::config::{AdapterConfig, Mac};
@@ -455,6 +456,10 @@ impl Edge for AdapterEdge<'_> {
         })
     }
 
+    fn counters(&self) -> Arc<dyn CounterSet + Send + Sync> {
+        Arc::new(CountersOf::new(self.lan.clone(), |lan| &lan.counters))
+    }
+
     fn collector(&self, _core: &Core) -> Box<dyn Collector> {
         Box::new(AdapterCollector {
             lan: self.lan.clone(),
@@ -471,8 +476,8 @@ impl Edge for AdapterEdge<'_> {
     }
 }
 
-/// The adapter's own metrics (its LAN side), next to the engine's: the LAN counters, the
-/// devices with an address, the DHCP servers' (every segment's together) and the DNS
+/// The adapter's own metrics (its LAN side) beside its counters: the devices with an
+/// address, the DHCP servers' (every segment's together) and the DNS
 /// service's counters; in a pair, the pair's.
 #[derive(Debug)]
 struct AdapterCollector {
@@ -483,7 +488,6 @@ struct AdapterCollector {
 impl Collector for AdapterCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         use cyphonic_daemon::metrics::PREFIX;
-        self.lan.counters.encode(PREFIX, &mut e)?;
         let (devices, dhcp, dhcp6, dns) = {
             let p = self.lan.published();
             // Every segment's DHCP servers together (the status has each VLAN's own).

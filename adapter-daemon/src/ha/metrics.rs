@@ -106,7 +106,7 @@ impl Collector for HaCollector {
         let d = s.dropped;
         Family::counters(
             "cyphonic_ha_dropped",
-            "The pair's messages dropped, by why.",
+            "The pair's messages dropped, by reason.",
         )
         .encode(
             &mut e,
@@ -117,7 +117,7 @@ impl Collector for HaCollector {
                 ("tag", d.tag),
                 ("unknown", d.unknown),
             ]
-            .map(|(why, n)| (vec![("why", why.to_owned())], n as f64)),
+            .map(|(reason, n)| (vec![("reason", reason.to_owned())], n as f64)),
         )?;
         counter(
             &mut e,

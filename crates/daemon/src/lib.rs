@@ -210,7 +210,11 @@ pub trait Edge {
     /// Its part of the status document and its counters.
     fn reporter(&self, core: &Core) -> Reporter<Self::Status, Self::Counters>;
 
-    /// Its metrics (next to the engine's).
+    /// Its counters, as the engine's metrics write them beside its own (a drop of either is
+    /// a row of one `cyphonic_dropped` family).
+    fn counters(&self) -> Arc<dyn CounterSet + Send + Sync>;
+
+    /// Its other metrics (next to the engine's).
     fn collector(&self, core: &Core) -> Box<dyn Collector>;
 
     /// A wall clock (since the unix epoch) this end's handshake timestamps are to stay
@@ -455,6 +459,7 @@ pub fn run<E: Edge>(
     if let Some(addr) = common.metrics {
         let engine_metrics = metrics::EngineCollector::new(
             shared.clone(),
+            edge.counters(),
             engine.egress_counters.clone(),
             engine.ingress_counters.clone(),
             cloud_status.clone(),

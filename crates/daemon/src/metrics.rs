@@ -8,8 +8,11 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use cyphonic_pipeline::{Counters as PipelineCounters, DropReason, HOLD_BUCKETS, Wait};
+use cyphonic_telemetry::CounterSet;
 use cyphonic_telemetry::Family;
-use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge, histogram};
+use cyphonic_telemetry::metrics::{
+    Collector, DescriptorEncoder, Observed, counter_sets, gauge, histograms,
+};
 
 use cyphonic_tunnel::Shared;
 
@@ -18,25 +21,30 @@ use crate::status::CloudStatus;
 /// Prefix of every metric name.
 pub const PREFIX: &str = "cyphonic";
 
-/// Collects the engine's metrics.
+/// Collects the engine's metrics, with the edge's counters (their drops and refusals are
+/// rows of the same families as the engine's).
 #[derive(Debug)]
 pub struct EngineCollector {
     shared: Arc<Shared>,
+    edge: Arc<dyn CounterSet + Send + Sync>,
     egress: Arc<PipelineCounters>,
     ingress: Arc<PipelineCounters>,
     cloud: Option<Arc<std::sync::Mutex<CloudStatus>>>,
 }
 
 impl EngineCollector {
-    /// Over `shared`, the two pipelines' counters and the control plane's state.
-    pub const fn new(
+    /// Over `shared`, the edge's counters, the two pipelines' counters and the control
+    /// plane's state.
+    pub fn new(
         shared: Arc<Shared>,
+        edge: Arc<dyn CounterSet + Send + Sync>,
         egress: Arc<PipelineCounters>,
         ingress: Arc<PipelineCounters>,
         cloud: Option<Arc<std::sync::Mutex<CloudStatus>>>,
     ) -> Self {
         Self {
             shared,
+            edge,
             egress,
             ingress,
             cloud,
@@ -54,7 +62,7 @@ fn f(v: u64) -> f64 {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        self.shared.counters().encode(PREFIX, &mut e)?;
+        counter_sets(&mut e, PREFIX, &[self.shared.counters(), &*self.edge])?;
         let refusals: Vec<(Labels, f64)> = self
             .shared
             .handshake_refusals()
@@ -162,23 +170,27 @@ impl Collector for EngineCollector {
             "Packets a pipeline dropped, by reason.",
         )
         .encode(&mut e, drops)?;
-        for (dir, s) in &stats {
-            log2_us_histogram(
+        let holds: Vec<_> = stats
+            .iter()
+            .map(|(d, s)| (*d, log2_us(&s.hold_histogram, s.mean_hold())))
+            .collect();
+        histograms(
+            &mut e,
+            "cyphonic_pipeline_hold_seconds",
+            "How long batches waited in the reorder ring for earlier ones.",
+            holds.iter().map(|(d, h)| (direction(d), h.observed())),
+        )?;
+        for w in Wait::ALL {
+            let waits: Vec<_> = stats
+                .iter()
+                .map(|(d, s)| (*d, log2_us(&s.waits[w.index()], s.mean_wait(w))))
+                .collect();
+            histograms(
                 &mut e,
-                &format!("cyphonic_pipeline_{dir}_hold_seconds"),
-                "How long batches waited in the reorder ring for earlier ones.",
-                &s.hold_histogram,
-                s.mean_hold(),
+                &format!("cyphonic_pipeline_{}_seconds", w.name()),
+                wait_help(w),
+                waits.iter().map(|(d, h)| (direction(d), h.observed())),
             )?;
-            for w in Wait::ALL {
-                log2_us_histogram(
-                    &mut e,
-                    &format!("cyphonic_pipeline_{dir}_{}_seconds", w.name()),
-                    wait_help(w),
-                    &s.waits[w.index()],
-                    s.mean_wait(w),
-                )?;
-            }
         }
 
         // Peers.
@@ -381,15 +393,31 @@ const fn wait_help(w: Wait) -> &'static str {
     }
 }
 
+/// The labels of a pipeline's row.
+fn direction(d: &str) -> [(&'static str, String); 1] {
+    [("direction", d.to_owned())]
+}
+
 /// A histogram whose bucket i counts waits below 2^i microseconds (the last: the rest), with
 /// the mean wait for its sum.
-fn log2_us_histogram(
-    e: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    counts: &[u64; HOLD_BUCKETS],
-    mean: Option<std::time::Duration>,
-) -> Result<(), std::fmt::Error> {
+struct Log2Us {
+    buckets: Vec<(f64, u64)>,
+    count: u64,
+    sum: f64,
+}
+
+impl Log2Us {
+    fn observed(&self) -> Observed<'_> {
+        Observed {
+            sum: self.sum,
+            count: self.count,
+            buckets: &self.buckets,
+        }
+    }
+}
+
+/// [`Log2Us`] of `counts` and their `mean`.
+fn log2_us(counts: &[u64; HOLD_BUCKETS], mean: Option<std::time::Duration>) -> Log2Us {
     let buckets: Vec<(f64, u64)> = counts
         .iter()
         .enumerate()
@@ -408,5 +436,9 @@ fn log2_us_histogram(
         reason = "a packet count, for a sum in seconds"
     )]
     let sum = mean.map_or(0.0, |m| m.as_secs_f64() * count as f64);
-    histogram(e, name, help, sum, count, &buckets)
+    Log2Us {
+        buckets,
+        count,
+        sum,
+    }
 }

@@ -9,6 +9,7 @@ use cyphonic_daemon::status::DnsStatus;
 use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext};
 use cyphonic_netio::Tun;
 use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, named_counters};
+use cyphonic_telemetry::{CounterSet, CountersOf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::NodeConfig;
@@ -148,25 +149,26 @@ impl Edge for NodeEdge<'_> {
         })
     }
 
+    fn counters(&self) -> Arc<dyn CounterSet + Send + Sync> {
+        Arc::new(CountersOf::new(self.side.clone(), |side| &side.counters))
+    }
+
     fn collector(&self, _core: &Core) -> Box<dyn Collector> {
         Box::new(NodeCollector {
-            side: self.side.clone(),
             dns: self.dns.clone(),
         })
     }
 }
 
-/// The node's own metrics: the TUN side's counters and the DNS stub's.
+/// The node's own metrics beside its counters: the DNS stub's.
 #[derive(Debug)]
 struct NodeCollector {
-    side: Arc<TunSide>,
     dns: Arc<Mutex<Option<DnsStatus>>>,
 }
 
 impl Collector for NodeCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         use cyphonic_daemon::metrics::PREFIX;
-        self.side.counters.encode(PREFIX, &mut e)?;
         let stats = self
             .dns
             .lock()

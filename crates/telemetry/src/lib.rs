@@ -42,9 +42,42 @@ pub use serde as __serde;
 
 /// What a set of counters declared with [`counters!`] offers beyond its fields: every value
 /// with its name, for status text and metrics.
-pub trait CounterSet {
+pub trait CounterSet: std::fmt::Debug {
     /// Every counter with its name, in declaration order.
     fn snapshot(&self) -> Vec<(&'static str, u64)>;
+
+    /// Every counter's name with what it counts, in the same order.
+    fn helps(&self) -> Vec<(&'static str, &'static str)>;
+}
+
+/// A [`CounterSet`] reached through what holds it: `get` of a shared `owner` (a daemon's
+/// LAN side, whose counters the engine's metrics write).
+pub struct CountersOf<O> {
+    owner: std::sync::Arc<O>,
+    get: fn(&O) -> &dyn CounterSet,
+}
+
+impl<O> CountersOf<O> {
+    /// The set `get` finds in `owner`.
+    pub fn new(owner: std::sync::Arc<O>, get: fn(&O) -> &dyn CounterSet) -> Self {
+        Self { owner, get }
+    }
+}
+
+impl<O> std::fmt::Debug for CountersOf<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (self.get)(&self.owner).fmt(f)
+    }
+}
+
+impl<O> CounterSet for CountersOf<O> {
+    fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        (self.get)(&self.owner).snapshot()
+    }
+
+    fn helps(&self) -> Vec<(&'static str, &'static str)> {
+        (self.get)(&self.owner).helps()
+    }
 }
 
 /// Declares a counters struct: one `AtomicU64` per name, `snapshot()` listing the values with
@@ -69,6 +102,10 @@ macro_rules! counters {
                     self.$name.load(::std::sync::atomic::Ordering::Relaxed),
                 ),)*]
             }
+
+            fn helps(&self) -> Vec<(&'static str, &'static str)> {
+                Self::help()
+            }
         }
 
         impl $ty {
@@ -91,7 +128,9 @@ macro_rules! counters {
                 }
             }
 
-            /// Writes every counter as a metric `<prefix>_<name>_total`.
+            /// Writes the counters under `prefix`, as [`metrics::counter_sets`] does.
+            ///
+            /// [`metrics::counter_sets`]: $crate::metrics::counter_sets
             ///
             /// # Errors
             /// The encoder's.
@@ -100,10 +139,7 @@ macro_rules! counters {
                 prefix: &str,
                 encoder: &mut $crate::metrics::DescriptorEncoder<'_>,
             ) -> Result<(), ::std::fmt::Error> {
-                for ((name, value), (_, help)) in self.snapshot().into_iter().zip(Self::help()) {
-                    $crate::metrics::counter(encoder, &format!("{prefix}_{name}"), help, value)?;
-                }
-                Ok(())
+                $crate::metrics::counter_sets(encoder, prefix, &[self])
             }
         }
     };

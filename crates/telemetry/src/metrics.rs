@@ -1,22 +1,20 @@
 //! The Prometheus endpoint. Each daemon registers collectors with a `prometheus-client`
 //! registry; they read the daemon's own counters at every scrape (nothing on the packet path
-//! changes for metrics), and the crate encodes them (OpenMetrics text). This module serves
-//! the encoding over HTTP on a thread of its own, and offers shorthands for collectors.
-//!
-//! The HTTP side is deliberately small: `GET /metrics` (anything else is 404), one request
-//! per connection, requests larger than 8 KiB or not whole within 2 s are dropped. Each
-//! connection is served on a thread of its own, at most [`MAX_CONNECTIONS`] at once; a
-//! connection beyond them takes the place of the oldest one still sending its request, so
-//! that connections that hold half a request (issue 49, finding 9) cannot keep a scrape
-//! waiting.
+//! changes for metrics), and the crate encodes them (OpenMetrics text). The `endpoint` module
+//! serves the encoding over HTTP on a thread of its own; this module offers shorthands for
+//! collectors, and writes every set of counters one way ([`counter_sets`]): a drop is a row
+//! of one `dropped` family by `reason`, a refusal a row of one `refusals` family by `what`.
 
-use std::collections::VecDeque;
-use std::io::{Read as _, Write as _};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+mod endpoint;
+mod process;
+mod text;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use endpoint::MAX_CONNECTIONS;
+pub use process::Process;
 pub use prometheus_client::collector::Collector;
 pub use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::encoding::{EncodeMetric as _, NoLabelSet};
@@ -25,12 +23,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 pub use prometheus_client::registry::Registry;
 
-/// The content type of the OpenMetrics text format.
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-/// Largest request read.
-const MAX_REQUEST: usize = 8192;
-/// Connections served at once at most.
-pub const MAX_CONNECTIONS: usize = 32;
+use crate::CounterSet;
+
 /// A request must be whole this long after its connection was accepted.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -82,8 +76,8 @@ pub fn histogram(
     m.encode_histogram::<NoLabelSet>(sum, count, buckets, None)
 }
 
-/// Writes each `(name, value)` of `table` as a counter `<prefix>_<name>`, helped as
-/// "`what`: name" (a sans-IO crate's statistics, which know nothing of metrics).
+/// Writes each `(name, value)` of `table` under `prefix` as [`counter_sets`] does, each
+/// helped as "`what`: name" (a sans-IO crate's statistics, which know nothing of metrics).
 ///
 /// # Errors
 /// The encoder's.
@@ -93,9 +87,76 @@ pub fn named_counters(
     what: &str,
     table: &[(&str, u64)],
 ) -> Result<(), std::fmt::Error> {
-    for (k, v) in table {
-        let help = format!("{what}: {}.", k.replace('_', " "));
-        counter(encoder, &format!("{prefix}_{k}"), &help, *v)?;
+    let helps: Vec<String> = table
+        .iter()
+        .map(|(k, _)| format!("{what}: {}.", k.replace('_', " ")))
+        .collect();
+    write_counters(
+        encoder,
+        prefix,
+        table
+            .iter()
+            .zip(&helps)
+            .map(|((k, v), help)| (*k, help.as_str(), *v)),
+    )
+}
+
+/// Writes the counters of `sets` under `prefix`: a drop (`drop_<reason>`) as a row of
+/// `<prefix>_dropped{reason}`, a refusal (`<what>_refused`) as a row of
+/// `<prefix>_refusals{what}`, every other counter `<name>` alone as `<prefix>_<name>`. Sets
+/// written together share the two families (a metric family is declared once per scrape).
+///
+/// # Errors
+/// The encoder's.
+pub fn counter_sets(
+    encoder: &mut DescriptorEncoder<'_>,
+    prefix: &str,
+    sets: &[&dyn CounterSet],
+) -> Result<(), std::fmt::Error> {
+    write_counters(
+        encoder,
+        prefix,
+        sets.iter().flat_map(|set| {
+            set.snapshot()
+                .into_iter()
+                .zip(set.helps())
+                .map(|((name, value), (_, help))| (name, help, value))
+        }),
+    )
+}
+
+/// [`counter_sets`] over `(name, help, value)`.
+fn write_counters<'a>(
+    encoder: &mut DescriptorEncoder<'_>,
+    prefix: &str,
+    counters: impl Iterator<Item = (&'a str, &'a str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    #[expect(clippy::cast_precision_loss, reason = "counters as metric values")]
+    let row =
+        |label: &'static str, key: &str, value: u64| ([(label, key.to_owned())], value as f64);
+    let (mut drops, mut refusals) = (Vec::new(), Vec::new());
+    for (name, help, value) in counters {
+        if let Some(reason) = name.strip_prefix("drop_") {
+            drops.push(row("reason", reason, value));
+        } else if let Some(what) = name.strip_suffix("_refused") {
+            refusals.push(row("what", what, value));
+        } else {
+            counter(encoder, &format!("{prefix}_{name}"), help, value)?;
+        }
+    }
+    if !drops.is_empty() {
+        Family::counters(
+            &format!("{prefix}_dropped"),
+            "Packets or messages dropped, by reason (docs/operations.md lists them; status shows each as drop_<reason>).",
+        )
+        .encode(encoder, drops)?;
+    }
+    if !refusals.is_empty() {
+        Family::counters(
+            &format!("{prefix}_refusals"),
+            "Requests refused, by what was asked for (status shows each as <what>_refused).",
+        )
+        .encode(encoder, refusals)?;
     }
     Ok(())
 }
@@ -143,11 +204,7 @@ impl<'a> Family<'a> {
     {
         let mut m = encoder.encode_descriptor(self.name, self.help, None, self.kind)?;
         for (labels, value) in rows {
-            let labels: Vec<(&str, &str)> = labels
-                .as_ref()
-                .iter()
-                .map(|(k, v)| (*k, v.as_str()))
-                .collect();
+            let labels = borrowed(labels.as_ref());
             let mut e = m.encode_family(&labels)?;
             match self.kind {
                 MetricType::Counter => {
@@ -164,6 +221,46 @@ impl<'a> Family<'a> {
         }
         Ok(())
     }
+}
+
+/// One histogram of a [`histograms`] family: the sum and count of its observations, and its
+/// buckets as [`histogram`] takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'b> {
+    /// The sum of the observations.
+    pub sum: f64,
+    /// How many there were.
+    pub count: u64,
+    /// Each bucket's upper bound and the observations in it alone.
+    pub buckets: &'b [(f64, u64)],
+}
+
+/// Writes a family of histograms `name`: each row a set of `(label, value)` pairs and its
+/// histogram (`direction`, say, for the two pipelines').
+///
+/// # Errors
+/// The encoder's.
+pub fn histograms<'r, 'b, L>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, Observed<'b>)>,
+) -> Result<(), std::fmt::Error>
+where
+    L: AsRef<[(&'r str, String)]>,
+{
+    let mut m = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, o) in rows {
+        let labels = borrowed(labels.as_ref());
+        let mut e = m.encode_family(&labels)?;
+        e.encode_histogram::<NoLabelSet>(o.sum, o.count, o.buckets, None)?;
+    }
+    Ok(())
+}
+
+/// A row's labels as the encoder takes them.
+fn borrowed<'r, 'v>(labels: &'v [(&'r str, String)]) -> Vec<(&'r str, &'v str)> {
+    labels.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
 /// What `cyphonic_build_info` says of the program serving the endpoint: take it with
@@ -233,9 +330,9 @@ pub fn render(registry: &Registry) -> Result<String, std::fmt::Error> {
     Ok(text)
 }
 
-/// Serves what `collectors` collect, after `build`'s `cyphonic_build_info`, at
-/// `http://<addr>/metrics` from a thread of its own (`cy-metrics`), until the process ends,
-/// and logs where. Returns the address bound (for
+/// Serves what `collectors` collect, after `build`'s `cyphonic_build_info` and the
+/// process's own metrics, at `http://<addr>/metrics` from a thread of its own
+/// (`cy-metrics`), until the process ends, and logs where. Returns the address bound (for
 /// port 0).
 ///
 /// # Errors
@@ -253,7 +350,7 @@ pub fn serve(
 #[derive(Debug)]
 pub struct Endpoint {
     local: SocketAddr,
-    stop: Arc<AtomicBool>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -266,35 +363,21 @@ impl Endpoint {
     /// Lets it serve until the process ends; returns its address.
     pub fn keep(mut self) -> SocketAddr {
         self.thread = None;
+        // The sender dropped unsent: the endpoint never hears "stop".
+        self.stop = None;
         self.local
     }
 }
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        let Some(thread) = self.thread.take() else {
-            return;
-        };
-        self.stop.store(true, Ordering::Release);
-        // The accept thread sleeps in accept(): a connection of our own wakes it to look.
-        let ip = match self.local.ip() {
-            std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
-            std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
-            ip => ip,
-        };
-        let woken = TcpStream::connect_timeout(
-            &SocketAddr::new(ip, self.local.port()),
-            Duration::from_secs(1),
-        );
-        match woken {
-            Ok(_) => {
-                let _ = thread.join();
-            }
-            Err(e) => tracing::warn!(
-                error = %e,
-                local = %self.local,
-                "the metrics endpoint could not be woken to stop: its address stays bound"
-            ),
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            // Its runtime ends with the thread, and with it the listener and every
+            // connection: the address is free once this returns.
+            let _ = thread.join();
         }
     }
 }
@@ -321,163 +404,37 @@ fn listen(
 ) -> std::io::Result<Endpoint> {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(build));
+    registry.register_collector(Box::new(Process));
     for c in collectors {
         registry.register_collector(c);
     }
-    let listener = TcpListener::bind(addr)?;
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     let registry = Arc::new(registry);
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopped = stop.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (stop, stopped) = tokio::sync::oneshot::channel();
     let thread = std::thread::Builder::new()
         .name("cy-metrics".into())
         .spawn(move || {
-            let open = Arc::new(Mutex::new(VecDeque::new()));
-            for conn in listener.incoming() {
-                if stopped.load(Ordering::Acquire) {
-                    break;
-                }
-                match conn {
-                    Ok(stream) => admit(stream, &open, &registry, deadline),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accepting a metrics connection");
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
-            }
+            runtime.block_on(endpoint::accept(listener, registry, deadline, stopped));
         })?;
-    tracing::info!(%local, "metrics at http://{local}/metrics");
+    tracing::info!(%local, "metrics at http://{}/metrics", endpoint::reachable(local));
     Ok(Endpoint {
         local,
-        stop,
+        stop: Some(stop),
         thread: Some(thread),
     })
 }
 
-/// A connection being served: a handle to close it with, and whether its request is whole
-/// (it is being answered: it is not taken back).
-#[derive(Debug)]
-struct Open {
-    stream: TcpStream,
-    answering: Arc<AtomicBool>,
-    done: Arc<AtomicBool>,
-}
-
-/// Serves `stream` on a thread of its own. At [`MAX_CONNECTIONS`], the oldest connection
-/// still sending its request is closed first (or, when every one is being answered, this
-/// one is).
-fn admit(
-    stream: TcpStream,
-    open: &Arc<Mutex<VecDeque<Open>>>,
-    registry: &Arc<Registry>,
-    deadline: Duration,
-) {
-    let mut conns = open.lock().unwrap_or_else(PoisonError::into_inner);
-    conns.retain(|c| !c.done.load(Ordering::Acquire));
-    if conns.len() >= MAX_CONNECTIONS {
-        let Some(at) = conns
-            .iter()
-            .position(|c| !c.answering.load(Ordering::Acquire))
-        else {
-            let _ = stream.shutdown(Shutdown::Both);
-            return;
-        };
-        if let Some(old) = conns.remove(at) {
-            let _ = old.stream.shutdown(Shutdown::Both);
-        }
-    }
-    let Ok(handle) = stream.try_clone() else {
-        return;
-    };
-    let (answering, done) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    conns.push_back(Open {
-        stream: handle,
-        answering: answering.clone(),
-        done: done.clone(),
-    });
-    drop(conns);
-    let registry = registry.clone();
-    let spawned = std::thread::Builder::new()
-        .name("cy-metrics-conn".into())
-        .spawn(move || {
-            let mut stream = stream;
-            if let Err(e) = answer(&mut stream, &registry, &answering, deadline) {
-                tracing::debug!(error = %e, "metrics request");
-            }
-            // The accept thread's handle keeps the socket open: close it here.
-            let _ = stream.shutdown(Shutdown::Both);
-            done.store(true, Ordering::Release);
-        });
-    if let Err(e) = spawned {
-        tracing::debug!(error = %e, "no thread for a metrics connection");
-    }
-}
-
-/// Reads one request, whole within `deadline` ([`REQUEST_DEADLINE`] in service), and answers
-/// it; `answering` is set once the request is whole.
-fn answer(
-    stream: &mut TcpStream,
-    registry: &Registry,
-    answering: &AtomicBool,
-    deadline: Duration,
-) -> std::io::Result<()> {
-    let deadline = Instant::now() + deadline;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut request = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(());
-        }
-        stream.set_read_timeout(Some(left))?;
-        let n = stream.read(&mut chunk)?;
-        if n == 0 || request.len() + n > MAX_REQUEST {
-            return Ok(());
-        }
-        request.extend_from_slice(&chunk[..n]);
-    }
-    answering.store(true, Ordering::Release);
-    let line = request
-        .split(|b| *b == b'\r')
-        .next()
-        .map(String::from_utf8_lossy)
-        .unwrap_or_default();
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, kind, body) = if method == "GET" && path == "/metrics" {
-        match render(registry) {
-            Ok(text) => ("200 OK", CONTENT_TYPE, text),
-            Err(_) => (
-                "500 Internal Server Error",
-                "text/plain",
-                "encoding failed\n".to_owned(),
-            ),
-        }
-    } else {
-        (
-            "404 Not Found",
-            "text/plain",
-            "the metrics are at /metrics\n".to_owned(),
-        )
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    if method != "HEAD" {
-        stream.write_all(body.as_bytes())?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+    use std::time::Instant;
+
     use super::*;
 
     #[derive(Debug)]
@@ -548,8 +505,17 @@ mod tests {
         assert_eq!(b.to_string(), "cyphonic-node 1.2.3 (3f2a9c81d0e4+dirty)");
     }
 
-    /// Over real HTTP on loopback: the metrics, a 404 elsewhere, at once beside a
-    /// connection that sends nothing.
+    /// One request over real HTTP on loopback; the whole answer.
+    fn ask(addr: SocketAddr, request: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+        s.write_all(request.as_bytes()).unwrap_or_default();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap_or_default();
+        out
+    }
+
+    /// Over real HTTP on loopback: the metrics in either format, their head alone, a 404
+    /// elsewhere and a 405 for other methods, at once beside a connection that sends nothing.
     #[test]
     fn the_endpoint_answers_over_http() {
         let addr = serve(
@@ -558,21 +524,29 @@ mod tests {
             vec![Box::new(Fixed)],
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let get = |path: &str| {
-            let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
-            write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap_or_default();
-            let mut out = String::new();
-            s.read_to_string(&mut out).unwrap_or_default();
-            out
-        };
+        let get = |path: &str| ask(addr, &format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"));
         let slow = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
         let ok = get("/metrics");
         assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        let header = |answer: &str, name: &str| {
+            answer
+                .lines()
+                .take_while(|l| !l.is_empty())
+                .find_map(|l| {
+                    l.split_once(": ")
+                        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                })
+                .map(|(_, v)| v.to_owned())
+        };
+        assert_eq!(
+            header(&ok, "content-type").as_deref(),
+            Some(endpoint::OPENMETRICS)
+        );
         assert!(
-            ok.contains(CONTENT_TYPE) && ok.contains("cyphonic_things_total 7"),
+            ok.contains("cyphonic_things_total 7") && ok.ends_with("# EOF\n"),
             "{ok}"
         );
-        // Every endpoint says what serves it, once.
+        // Every endpoint says what serves it, once, and how the process fares.
         let info = format!(
             "cyphonic_build_info{{program=\"cyphonic-test\",version=\"{}\",commit=\"{}\"}} 1.0",
             env!("CARGO_PKG_VERSION"),
@@ -583,8 +557,138 @@ mod tests {
             1,
             "{info} in {ok}"
         );
+        for family in [
+            "process_cpu_seconds",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                ok.contains(&format!("# TYPE {family} ")),
+                "{family} in {ok}"
+            );
+        }
+        // Prometheus' text format for a client that asks for it.
+        let text = ask(
+            addr,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain\r\n\r\n",
+        );
+        assert_eq!(
+            header(&text, "content-type").as_deref(),
+            Some(endpoint::TEXT)
+        );
+        assert!(
+            text.contains("# TYPE cyphonic_things_total counter\ncyphonic_things_total 7\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
+        // HEAD: the same head, no body.
+        let head = ask(addr, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+        assert_eq!(
+            header(&head, "content-type").as_deref(),
+            Some(endpoint::OPENMETRICS)
+        );
+        assert!(head.ends_with("\r\n\r\n"), "a body after the head: {head}");
         assert!(get("/").starts_with("HTTP/1.1 404"));
+        let post = ask(
+            addr,
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        );
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        assert_eq!(header(&post, "allow").as_deref(), Some("GET, HEAD"));
         drop(slow);
+    }
+
+    /// Drops and refusals of sets written together are rows of one family each; other
+    /// counters stand alone.
+    #[test]
+    #[allow(dead_code, unreachable_pub)]
+    fn drops_and_refusals_are_rows_of_one_family() {
+        crate::counters! {
+            /// One side's.
+            pub struct Left {
+                /// Frames read.
+                read,
+                /// Frames too short.
+                drop_short,
+                /// Peers refused.
+                peers_refused,
+            }
+        }
+        crate::counters! {
+            /// The other side's.
+            pub struct Right {
+                /// Frames of no peer.
+                drop_no_peer,
+            }
+        }
+        #[derive(Debug)]
+        struct Both(Left, Right);
+        impl Collector for Both {
+            fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+                counter_sets(&mut e, "cyphonic", &[&self.0, &self.1])
+            }
+        }
+        let (left, right) = (Left::default(), Right::default());
+        left.drop_short
+            .store(3, std::sync::atomic::Ordering::Relaxed);
+        right
+            .drop_no_peer
+            .store(5, std::sync::atomic::Ordering::Relaxed);
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Both(left, right)));
+        let text = render(&r).unwrap_or_default();
+        for line in [
+            "cyphonic_read_total 0",
+            "cyphonic_dropped_total{reason=\"short\"} 3",
+            "cyphonic_dropped_total{reason=\"no_peer\"} 5",
+            "cyphonic_refusals_total{what=\"peers\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
+        }
+        assert_eq!(
+            text.matches("# TYPE cyphonic_dropped counter").count(),
+            1,
+            "{text}"
+        );
+        assert!(!text.contains("cyphonic_drop_"), "{text}");
+    }
+
+    /// A histogram family holds one histogram per label set.
+    #[test]
+    fn histograms_are_labelled() {
+        #[derive(Debug)]
+        struct Holds;
+        impl Collector for Holds {
+            fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+                let buckets = [(0.001, 1), (f64::MAX, 1)];
+                histograms(
+                    &mut e,
+                    "cyphonic_hold_seconds",
+                    "Hold times.",
+                    ["egress", "ingress"].map(|d| {
+                        (
+                            [("direction", d.to_owned())],
+                            Observed {
+                                sum: 0.5,
+                                count: 2,
+                                buckets: &buckets,
+                            },
+                        )
+                    }),
+                )
+            }
+        }
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Holds));
+        let text = render(&r).unwrap_or_default();
+        for line in [
+            "cyphonic_hold_seconds_bucket{le=\"0.001\",direction=\"egress\"} 1",
+            "cyphonic_hold_seconds_count{direction=\"ingress\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} not in\n{text}");
+        }
     }
 
     /// An endpoint from `start` answers until dropped; then its address is free at once, as
