@@ -41,7 +41,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-pub use http::{HA_METRICS, dashboard_metrics, http_get, metric, sample_names};
+pub use http::{
+    Answer, HA_METRICS, NODE_METRICS, POLICY_METRICS, dashboard_lacks, dashboard_metrics,
+    dashboard_queries_parse, http_get, http_request, metric, promtool_check, sample_names,
+};
 pub use ledger::{RECORDS, Swept, sweep_orphans, tear_down_on_abnormal_exit};
 
 /// Fails clearly unless we run as root.

@@ -1174,6 +1174,9 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     assert_eq!(health(&first, "other", "lan"), Some(1.0), "{first}");
     let second = scrape(&pair, pair.second_ns().unwrap());
     assert_eq!(role(&second, "standby"), Some(1.0), "{second}");
+    // The standby's own endpoint, too, is one Prometheus' tool finds nothing to say of.
+    cyphonic_e2e::promtool_check(pair.second_ns().unwrap(), METRICS_AT.parse().unwrap())
+        .unwrap_or_else(|e| panic!("{e}\n{}", pair.logs()));
     assert_eq!(role(&second, "active"), Some(0.0), "{second}");
     assert_eq!(health(&second, "this", "uplink"), Some(1.0), "{second}");
     assert_eq!(

@@ -32,10 +32,19 @@ fn bed(nat_a: Option<Nat>, nat_c: Option<Nat>) -> (TwoSites, DhcpHost, Ipv4Addr)
     })
     .unwrap();
     let bins = bed.bins.clone();
-    bed.c.as_mut().unwrap().start(&bins).unwrap();
+    let c = bed.c.as_mut().unwrap();
+    // Its metrics, in its own namespace.
+    let config = c.dir.join("node.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!("\n[metrics]\nlisten = \"{NODE_METRICS_AT}\"\n"));
+    std::fs::write(&config, text).unwrap();
+    c.start(&bins).unwrap();
     let (cam, ip) = bed.dhcp_device(Side::A, "camera").unwrap();
     (bed, cam, ip)
 }
+
+/// Where node C serves its metrics (inside its namespace).
+const NODE_METRICS_AT: &str = "127.0.0.1:9465";
 
 /// iperf3 from `client` to the server on `server`, reached as `target`, with `args`, for
 /// `secs`: the client's JSON report.
@@ -158,6 +167,21 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
         "{s}"
     );
     assert_eq!(count("tun_write_failed"), 0, "{s}");
+    // Its metrics say the same, in a text Prometheus' own tool finds nothing to say of; the
+    // dashboard's node panels find theirs.
+    let m = cyphonic_e2e::promtool_check(node, NODE_METRICS_AT.parse().unwrap()).unwrap();
+    let written = cyphonic_e2e::metric(&m, "cyphonic_tun_written_total").unwrap();
+    assert!(written >= count("tun_written") as f64, "{m}");
+    assert_eq!(
+        cyphonic_e2e::metric(&m, "cyphonic_dropped_total{reason=\"tun_coalesced\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    let lacks = cyphonic_e2e::dashboard_lacks(&m, cyphonic_e2e::NODE_METRICS);
+    assert!(
+        lacks.is_empty(),
+        "the dashboard queries {lacks:?}, which the node lacks"
+    );
 }
 
 /// Behind a port-preserving NAT the node's tunnel is direct.
@@ -575,6 +599,10 @@ fn a_rule_for_a_lan_device_holds_over_ipv4_and_ipv6_alike() {
                 .into(),
             ..CloudOptions::default()
         }),
+        a: SiteOptions {
+            extra: "[metrics]\nlisten = \"127.0.0.1:9464\"\n".into(),
+            ..SiteOptions::default()
+        },
         ipv6: true,
         ..BedOptions::default()
     })
@@ -619,6 +647,21 @@ fn a_rule_for_a_lan_device_holds_over_ipv4_and_ipv6_alike() {
         "the device reached the node over IPv4"
     );
     assert!(dropped() >= before + 2, "{}", logs());
+    // The adapter's metrics count them where the status does, and hold what the dashboard's
+    // policy panel asks for.
+    let m =
+        cyphonic_e2e::promtool_check(&bed.a.adapter_ns, "127.0.0.1:9464".parse().unwrap()).unwrap();
+    let counted = cyphonic_e2e::metric(
+        &m,
+        "cyphonic_policy_dropped_total{direction=\"out\",reason=\"no_rule\"}",
+    )
+    .unwrap();
+    assert!(counted >= (before + 2) as f64, "{m}");
+    let lacks = cyphonic_e2e::dashboard_lacks(&m, cyphonic_e2e::POLICY_METRICS);
+    assert!(
+        lacks.is_empty(),
+        "the dashboard queries {lacks:?}, which the adapter lacks"
+    );
 }
 
 /// Issue 53, done-when: a node with IPv4 and IPv6 is one member to the cloud's policy. A

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use cyphonic_e2e::bed::{BedOptions, CloudOptions, Side, SiteOptions, TwoSites};
 use cyphonic_e2e::lan::dig;
-use cyphonic_e2e::{HA_METRICS, http_get, metric, uint};
+use cyphonic_e2e::{HA_METRICS, NODE_METRICS, POLICY_METRICS, http_get, metric, uint};
 
 const METRICS: &str = "[metrics]\nlisten = \"127.0.0.1:9464\"\n";
 
@@ -85,9 +85,12 @@ fn adapter_metrics_count_what_the_scenario_sent() {
         "{m}"
     );
     assert!(
-        m.contains("# TYPE cyphonic_pipeline_egress_hold_seconds histogram"),
+        m.contains("# TYPE cyphonic_pipeline_hold_seconds histogram"),
         "{m}"
     );
+    // Prometheus' own tool finds nothing to say of the text format, and HEAD is answered.
+    let addr: SocketAddr = "127.0.0.1:9464".parse().unwrap();
+    cyphonic_e2e::promtool_check(&bed.a.adapter_ns, addr).unwrap();
     // What serves them, at the workspace's version (the commit is stamped by dist only).
     let info = format!(
         "cyphonic_build_info{{program=\"cyphonic-adapter\",version=\"{}\",commit=",
@@ -104,7 +107,7 @@ fn adapter_metrics_count_what_the_scenario_sent() {
             assert_eq!(
                 metric(
                     &m,
-                    &format!("cyphonic_pipeline_{dir}_{stage}_seconds_count")
+                    &format!("cyphonic_pipeline_{stage}_seconds_count{{direction=\"{dir}\"}}")
                 ),
                 Some(20.0),
                 "{dir} {stage}: {m}"
@@ -299,6 +302,7 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
         "{m}"
     );
     assert_eq!(metric(&m, "cyphonic_relay_channels_open"), Some(0.0), "{m}");
+    cyphonic_e2e::promtool_check(&cloud.ns, addr).unwrap();
     // The issuing CA, delegated for 365 days as the bed started.
     let left = metric(&m, "cyphonic_enroll_issuing_ca_expiry_seconds").unwrap_or(-1.0);
     assert!(
@@ -309,15 +313,23 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
     // counter would otherwise leave an empty panel that nobody notices).
     let exported = format!("{m}{}", scrape(&bed, Side::A));
     let exported = cyphonic_e2e::sample_names(&exported);
-    // The HA pair's panels are checked against a pair (adapter.rs).
+    // The HA pair's panels are checked against a pair (adapter.rs), the policy's and the
+    // node's against a site with rules and a node (node.rs).
     let missing = cyphonic_e2e::dashboard_metrics()
         .into_iter()
-        .filter(|name| !name.starts_with(HA_METRICS) && !exported.contains(name))
+        .filter(|name| {
+            ![HA_METRICS, POLICY_METRICS, NODE_METRICS]
+                .iter()
+                .any(|p| name.starts_with(p))
+                && !exported.contains(name)
+        })
         .collect::<Vec<_>>();
     assert!(
         missing.is_empty(),
         "the dashboard queries {missing:?}, which nothing exports"
     );
+    // And each of its queries is PromQL.
+    assert!(cyphonic_e2e::dashboard_queries_parse().unwrap() > 40);
     let doc = cloud.status(&bed.bins).unwrap();
     let names: Vec<&str> = doc["sessions"]
         .as_array()
