@@ -631,6 +631,38 @@ async fn conformance(store: &Store) {
 /// The fleet view: every certificate a member used, online or not, with the names it hosts;
 /// removing a member forgets its certificates and names, but never one that is online.
 async fn fleet(store: &Store) {
+    // A client that reconnects: its old session's end, written after the new session
+    // opened, leaves it online; the new session's end marks it offline.
+    let online = |fp: &'static str| async move {
+        store
+            .members()
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|m| m.client.fingerprint == fp)
+            .unwrap()
+            .client
+            .online
+    };
+    let session = |n: u8| {
+        store.client_online(
+            "fp8",
+            ("gw8.ovl.example", "ca1"),
+            ("CERT8", &[]),
+            if n == 0 { "old" } else { "new" },
+        )
+    };
+    let old = session(0).await.unwrap();
+    let new = session(1).await.unwrap();
+    assert_ne!(old, new);
+    store.session_ended("fp8", &old).await.unwrap();
+    assert!(
+        online("fp8").await,
+        "an older session's end marked a newer one offline"
+    );
+    store.session_ended("fp8", &new).await.unwrap();
+    assert!(!online("fp8").await);
+    assert_eq!(store.remove_member("gw8.ovl.example").await.unwrap(), 1);
     // A renewal issued to a member that has not connected with it yet.
     store
         .issued("fp7", ("gw7.ovl.example", "ca1"), ("CERT7", &[]))

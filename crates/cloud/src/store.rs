@@ -281,6 +281,7 @@ impl Store {
 
     /// Records a client that just opened a control session: online, with no endpoints and
     /// names until it registers, and no tunnels until it reports them (its devices stay).
+    /// Returns the session's mark, for [`Self::session_ended`].
     ///
     /// # Errors
     /// Database failures.
@@ -290,16 +291,47 @@ impl Store {
         identity: (&str, &str),
         (certificate, blocks): (&str, &[IpNet]),
         agent: &str,
-    ) -> Result<(), StoreError> {
+    ) -> Result<String, StoreError> {
+        let mut mark = [0u8; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut mark).map_err(
+            |_| StoreError::Corrupt {
+                table: "clients",
+                what: "no random bytes for a session's mark".into(),
+            },
+        )?;
+        let session = hex::encode(mark);
         self.put_client(
-            "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5, agent = $7, pair = NULL",
-            (1, Some(agent)),
+            "ON CONFLICT (fingerprint) DO UPDATE SET name = $2, certificate = $3, online = 1, updated_at = $4, issuer = $5, agent = $7, pair = NULL, session = $8",
+            (1, Some(agent), Some(&session)),
             fingerprint,
             identity,
             (certificate, blocks),
         )
         .await?;
-        self.forget_tunnels(fingerprint).await
+        self.forget_tunnels(fingerprint).await?;
+        Ok(session)
+    }
+
+    /// The control session `session` (from [`Self::client_online`]) of the client
+    /// `fingerprint` ended: it is marked offline and its tunnels forgotten, but only while
+    /// that session is the newest it opened. A session that ends as a newer one opens (the
+    /// client reconnected), written after the newer one's, leaves the client online.
+    ///
+    /// # Errors
+    /// Database failures.
+    pub async fn session_ended(&self, fingerprint: &str, session: &str) -> Result<(), StoreError> {
+        let done = sqlx::query(
+            "UPDATE clients SET online = 0, updated_at = $2 WHERE fingerprint = $1 AND session = $3",
+        )
+        .bind(fingerprint)
+        .bind(unix_now())
+        .bind(session)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() > 0 {
+            self.forget_tunnels(fingerprint).await?;
+        }
+        Ok(())
     }
 
     /// Keeps what the client `fingerprint`'s serving box reported of its HA pair, in place of
@@ -338,7 +370,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         self.put_client(
             "ON CONFLICT (fingerprint) DO NOTHING",
-            (0, None),
+            (0, None, None),
             fingerprint,
             identity,
             (certificate, blocks),
@@ -346,21 +378,22 @@ impl Store {
         .await
     }
 
-    /// Inserts a client row with no endpoints, `online` and the agent it runs as given, and
-    /// its certificate's `blocks`; `on_conflict` says what happens to a client row already
-    /// there (a fingerprint's blocks never change: it names one certificate).
+    /// Inserts a client row with no endpoints, `online`, the agent it runs as and its
+    /// session's mark given, and its certificate's `blocks`; `on_conflict` says what happens
+    /// to a client row already there (a fingerprint's blocks never change: it names one
+    /// certificate).
     async fn put_client(
         &self,
         on_conflict: &str,
-        (online, agent): (i64, Option<&str>),
+        (online, agent, session): (i64, Option<&str>, Option<&str>),
         fingerprint: &str,
         (name, issuer): (&str, &str),
         (certificate, blocks): (&str, &[IpNet]),
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(&format!(
-            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer, agent) \
-             VALUES ($1, $2, $3, '[]', NULL, $6, $4, $5, $7) {on_conflict}"
+            "INSERT INTO clients (fingerprint, name, certificate, endpoints, observed, online, updated_at, issuer, agent, session) \
+             VALUES ($1, $2, $3, '[]', NULL, $6, $4, $5, $7, $8) {on_conflict}"
         ))
         .bind(fingerprint)
         .bind(name)
@@ -369,6 +402,7 @@ impl Store {
         .bind(issuer)
         .bind(online)
         .bind(agent)
+        .bind(session)
         .execute(&mut *tx)
         .await?;
         put_blocks(&mut tx, fingerprint, blocks).await?;

@@ -369,6 +369,8 @@ struct Open {
     _live: crate::guard::Live,
     /// The control version it speaks.
     version: u16,
+    /// Its mark in the store ([`crate::Store::session_ended`]).
+    session: String,
 }
 
 impl Nms {

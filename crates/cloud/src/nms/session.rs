@@ -248,14 +248,17 @@ impl Nms {
             let _ = send(&mut ch, &mut wr, version, &CloudMsg::Error { reason }).await;
             return None;
         }
-        if let Err(e) = self
+        let session = match self
             .store
             .client_online(&fp, (&body.name, &issuer), (&pem, &body.vip_blocks), &agent)
             .await
         {
-            tracing::error!(error = %e, "store");
-            return None;
-        }
+            Ok(session) => session,
+            Err(e) => {
+                tracing::error!(error = %e, "store");
+                return None;
+            }
+        };
         // The certificate is in use: the token it was enrolled with is spent for good.
         let key_hex = hex::encode(key.0);
         if let Err(e) = self
@@ -276,6 +279,7 @@ impl Nms {
             seen,
             _live: live,
             version,
+            session,
         })
     }
 
@@ -291,6 +295,7 @@ impl Nms {
             mut seen,
             _live,
             version,
+            session,
         } = open;
         let serial = self.serial.fetch_add(1, Ordering::Relaxed);
         let (tx, mut pushes) = mpsc::channel(PUSH_QUEUE);
@@ -455,7 +460,7 @@ impl Nms {
             .connected
             .remove_if(&fp, |_, c| c.serial == serial)
             .is_some();
-        if still_ours && let Err(e) = self.store.client_offline(&fp).await {
+        if still_ours && let Err(e) = self.store.session_ended(&fp, &session).await {
             tracing::error!(error = %e, "store");
         }
         tracing::info!(name = %body.name, %from, reason = why, "control session closed");
