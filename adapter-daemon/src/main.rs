@@ -220,6 +220,7 @@ const NAMES: Names = Names {
     about: "Puts the devices on this gateway's LAN port onto the cyphonic overlay",
     shows: "peers, leases and counters",
     socket: "/run/cyphonic/adapter.sock",
+    config: "/etc/cyphonic/adapter.toml",
     extra: &[Extra {
         name: ha::HANDOVER,
         about: "Hand the gateway to the other box of the HA pair ([ha]) once its tunnels are up: for an upgrade, hand over, upgrade, hand back",

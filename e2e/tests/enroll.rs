@@ -146,7 +146,7 @@ fn enrolled_bed(lifetime: u64) -> (TwoSites, DhcpHost, Ipv4Addr) {
     assert_eq!(config, bed.b.config(), "the bed's site file moved");
     // Not enrolled yet: the unit's check-config passes, having checked what enrolling needs.
     let out = std::process::Command::new(&bed.bins.adapter)
-        .args(["check-config", config.to_str().unwrap()])
+        .args(["check-config", "-c", config.to_str().unwrap()])
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);

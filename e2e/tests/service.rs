@@ -276,10 +276,10 @@ fn a_refused_configuration_exits_78() {
     let b = broken.to_str().unwrap();
     let runs: [(&Path, &[&str]); 5] = [
         (&bins.adapter, &["run", "--config", b]),
-        (&bins.adapter, &["check-config", b]),
+        (&bins.adapter, &["check-config", "-c", b]),
         (&bins.node, &["run", "--config", b]),
-        (&bins.cloud, &["serve", "--config", b]),
-        (&bins.cloud, &["check-config", b]),
+        (&bins.cloud, &["run", "--config", b]),
+        (&bins.cloud, &["check-config", "-c", b]),
     ];
     for (program, args) in runs {
         let out = std::process::Command::new(program)

@@ -1333,7 +1333,7 @@ fn check_config_asks_the_shared_store() {
         )
         .unwrap();
         std::process::Command::new(&bins.cloud)
-            .args(["check-config", path.to_str().unwrap()])
+            .args(["check-config", "-c", path.to_str().unwrap()])
             .output()
             .unwrap()
     };
@@ -1421,7 +1421,7 @@ fn an_admin_command_run_as_root_leaves_the_registry_to_the_service_user() {
     // A registry root made by hand (empty: SQLite takes it as a new database).
     std::fs::write(&db, b"").unwrap();
     let made = as_root();
-    run(true, &["check-config", config.to_str().unwrap()]);
+    run(true, &["check-config", "-c", config.to_str().unwrap()]);
     // A registry created by root from nothing is the service user's too.
     for f in made {
         std::fs::remove_file(f).unwrap();

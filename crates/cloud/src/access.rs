@@ -15,7 +15,7 @@ pub(crate) enum ApiTokens {
     /// Make an API token and print it (once: only its hash is kept).
     Create {
         /// The cloud's configuration file (its `database`).
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
         /// What it is for (`ci`, `grafana`...).
         #[arg(long)]
@@ -24,14 +24,15 @@ pub(crate) enum ApiTokens {
         /// and revocations), admin (also API tokens).
         #[arg(long, value_enum)]
         scope: Scope,
-        /// Seconds until it ends (at most a year). Default: until revoked.
-        #[arg(long)]
+        /// How long it lasts (`90d`, `12h`, or seconds; at most a year). Default: until
+        /// revoked.
+        #[arg(long, value_parser = crate::seconds)]
         expires: Option<u64>,
     },
     /// Every API token: name, scope, who made it, and whether it is live.
     List {
         /// The cloud's configuration file.
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
     },
     /// Revoke an API token (by its id, the 16 hex digits after `cyk_`).
@@ -39,7 +40,7 @@ pub(crate) enum ApiTokens {
         /// The token's id.
         id: String,
         /// The cloud's configuration file.
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
     },
 }
@@ -127,7 +128,7 @@ pub(crate) fn api_tokens(cmd: ApiTokens, now: u64) -> anyhow::Result<()> {
 #[derive(clap::Args)]
 pub(crate) struct Audit {
     /// The cloud's configuration file (its `database`).
-    #[arg(long)]
+    #[arg(short, long, default_value = crate::CONFIG)]
     config: PathBuf,
     /// Only this actor (`cli:root`, `token:<id> <name>`, `member:<name>`...).
     #[arg(long)]

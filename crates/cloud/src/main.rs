@@ -36,6 +36,26 @@ const DAY: u64 = 24 * 3600;
 /// CA's does not refuse a certificate issued moments ago.
 const SKEW: u64 = 3600;
 
+/// The configuration file every command reads unless `-c` names another: where the package
+/// puts it.
+const CONFIG: &str = "/etc/cyphonic/cloud.toml";
+
+/// A duration on the command line: humantime (`24h`, `7d`, `1h 30m`) or bare seconds, as
+/// whole seconds.
+fn seconds(text: &str) -> Result<u64, String> {
+    if let Ok(secs) = text.parse::<u64>() {
+        return Ok(secs);
+    }
+    humantime::parse_duration(text)
+        .map(|d| d.as_secs())
+        .map_err(|e| format!("{e}: say 24h, 7d or 3600 (seconds)"))
+}
+
+/// `secs` as people read it (`7days 2h`).
+fn human(secs: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
 #[derive(Parser)]
 #[command(
     name = cyphonic_cloud::PROGRAM,
@@ -52,10 +72,12 @@ enum Command {
     /// The offline certificate authority.
     #[command(subcommand)]
     Ca(Ca),
-    /// Run the control plane services (AS, NMS, TRS) until SIGINT or SIGTERM.
-    Serve {
+    /// Run the control plane services (AS, NMS, TRS) until SIGINT or SIGTERM (`serve` is
+    /// the same command's older name).
+    #[command(alias = "serve")]
+    Run {
         /// The configuration file (see config/cloud.example.toml).
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
         /// Log format.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -97,15 +119,19 @@ enum Command {
         #[arg(long)]
         fingerprint: Option<String>,
         /// The cloud's configuration file (its `database`).
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
     },
     /// Answer from the configuration's `[policy]` and the registry whether FROM may open WHAT
-    /// to TO, and by which rule (exit status 0: allowed, 1: denied).
+    /// to TO, and by which rule (exit status 0: allowed, 1: denied, 2: no answer, 78: the
+    /// configuration is refused).
     Policy {
         /// The cloud's configuration file (its `[policy]` and `database`).
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
+        /// Say it as JSON: `{"allowed", "answer"}`.
+        #[arg(long)]
+        json: bool,
         /// Who opens: a registered name (`camera1.gw1.ovl.example`) or an address.
         from: String,
         /// To whom: the same.
@@ -113,10 +139,16 @@ enum Command {
         /// What: tcp/PORT, udp/PORT or icmp.
         what: String,
     },
-    /// Check a configuration file and the files it names, then exit.
+    /// Check a configuration file and the files it names, and that the store answers, then
+    /// exit (exit status 0: good, 78: refused, with the file, line and key).
     CheckConfig {
         /// The configuration file.
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
+        /// Say it as JSON: `{"ok", "config", "summary"}` or `{"ok": false, "config",
+        /// "error"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Make the cloud's Noise key (mode 0600) and print its public half, which every
     /// adapter and node pins in its configuration (`[cloud] public_key`).
@@ -125,6 +157,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    #[command(flatten)]
+    Documentation(cyphonic_telemetry::manual::Commands),
 }
 
 #[derive(Subcommand)]
@@ -222,13 +256,37 @@ enum Ca {
         /// The CA directory.
         #[arg(long)]
         dir: PathBuf,
+        /// Print JSON: one object per certificate (as `ca show --json`, with `state`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a certificate's fields: kind, name, blocks, groups, keys, validity, fingerprint.
+    Show {
+        /// The certificate (PEM).
+        certificate: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a certificate as a peer would: signed by one of the CAs in `--ca` (a root, or an
+    /// issuing CA under it), inside its domain and blocks, valid now, and not in
+    /// `--revoked` (exit status 0: good, 1: refused, saying why).
+    Verify {
+        /// The certificate (PEM).
+        certificate: PathBuf,
+        /// The trusted CA certificates (PEM, one or more, as a member's `[identity] ca`).
+        #[arg(long)]
+        ca: PathBuf,
+        /// A revocation list (`revoked.txt` of the CA directory).
+        #[arg(long)]
+        revoked: Option<PathBuf>,
     },
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Ca(ca) => run_ca(ca),
-        Command::Serve { config, log_format } => {
+        Command::Run { config, log_format } => {
             cyphonic_telemetry::logging::init(log_format);
             match cyphonic_cloud::config::load(&config, now()) {
                 Ok(c) => serve(&config, c),
@@ -239,8 +297,8 @@ fn main() -> ExitCode {
             cyphonic_telemetry::status::show(&socket, cyphonic_cloud::PROGRAM, json, print_status)
                 .map_err(anyhow::Error::from)
         }
-        Command::CheckConfig { config } => match cyphonic_cloud::config::load(&config, now())
-            .and_then(|c| {
+        Command::CheckConfig { config, json } => {
+            let checked = cyphonic_cloud::config::load(&config, now()).and_then(|c| {
                 // A shared store must answer now, as the daemon would need it to.
                 tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -248,23 +306,19 @@ fn main() -> ExitCode {
                     .context("starting the runtime")?
                     .block_on(cyphonic_cloud::config::check_store(&config, &c))?;
                 Ok(c)
-            }) {
-            Ok(c) => {
-                println!(
-                    "{}: ok (control {}, probes {} and {}, relay {}, api {}, store {}, public key {})",
-                    config.display(),
-                    c.listen,
-                    c.probe_listen,
-                    c.probe_listen_alt,
-                    if c.relay.is_some() { "on" } else { "off" },
-                    c.api.map_or_else(|| "off".to_owned(), |a| a.to_string()),
-                    cyphonic_cloud::redact(&c.database),
-                    c.key.public()
-                );
-                Ok(())
-            }
-            Err(e) => return config_refused(cyphonic_cloud::PROGRAM, &e),
-        },
+            });
+            return cyphonic_telemetry::service::checked_config(
+                cyphonic_cloud::PROGRAM,
+                &config,
+                json,
+                checked
+                    .map(|c| summary(&config, &c))
+                    .map_err(|e| format!("{e:#}")),
+            );
+        }
+        Command::Documentation(d) => d
+            .run(&mut <Cli as clap::CommandFactory>::command())
+            .map_err(anyhow::Error::from),
         Command::Keygen { out } => keygen(&out),
         Command::Members(m) => members::run(m, now()),
         Command::Token(t) => tokens::run(t, now()),
@@ -277,14 +331,20 @@ fn main() -> ExitCode {
         } => revoke_online(name, fingerprint, &config),
         Command::Policy {
             config,
+            json,
             from,
             to,
             what,
-        } => match policy_check(&config, &from, &to, &what) {
-            Ok(true) => Ok(()),
-            Ok(false) => return ExitCode::FAILURE,
-            Err(e) => Err(e),
-        },
+        } => {
+            if let Err(e) = cyphonic_cloud::config::load(&config, now()) {
+                return config_refused(cyphonic_cloud::PROGRAM, &e);
+            }
+            return cyphonic_telemetry::service::policy_answer(
+                cyphonic_cloud::PROGRAM,
+                json,
+                policy_check(&config, &from, &to, &what).map_err(|e| format!("{e:#}")),
+            );
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -293,6 +353,59 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A certificate read from the PEM file `path`.
+fn read_certificate(path: &Path) -> anyhow::Result<Certificate> {
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Certificate::from_pem(&text).with_context(|| format!("{}: not a certificate", path.display()))
+}
+
+/// `revoked`, `expired` or `valid` at `t`.
+fn cert_state(c: &Certificate, revoked: &RevocationList, t: u64) -> &'static str {
+    if revoked.contains(&c.fingerprint()) {
+        "revoked"
+    } else if c.body().not_after <= t {
+        "expired"
+    } else {
+        "valid"
+    }
+}
+
+/// A certificate's fields as `ca show` and `ca list --json` give them (with its `state` when
+/// known).
+fn certificate_view(c: &Certificate, state: Option<&str>) -> serde_json::Value {
+    let b = c.body();
+    let mut view = serde_json::json!({
+        "kind": match b.kind { cyphonic_crypto::CertKind::Ca => "ca", cyphonic_crypto::CertKind::Node => "node" },
+        "name": b.name,
+        "vip_blocks": b.vip_blocks.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "groups": b.groups,
+        "public_key": hex::encode(b.public_key),
+        "issuer": hex::encode(b.issuer),
+        "not_before": b.not_before,
+        "not_after": b.not_after,
+        "fingerprint": c.fingerprint().to_string(),
+    });
+    if let (Some(state), Some(map)) = (state, view.as_object_mut()) {
+        map.insert("state".into(), state.into());
+    }
+    view
+}
+
+/// What `check-config` says of a good configuration.
+fn summary(path: &Path, c: &cyphonic_cloud::CloudConfig) -> String {
+    format!(
+        "{}: ok (control {}, probes {} and {}, relay {}, api {}, store {}, public key {})",
+        path.display(),
+        c.listen,
+        c.probe_listen,
+        c.probe_listen_alt,
+        if c.relay.is_some() { "on" } else { "off" },
+        c.api.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+        cyphonic_cloud::redact(&c.database),
+        c.key.public()
+    )
 }
 
 fn serve(path: &Path, config: cyphonic_cloud::CloudConfig) -> anyhow::Result<()> {
@@ -412,9 +525,9 @@ fn print_status(doc: &serde_json::Value) {
     }
 }
 
-/// `policy`: prints whether `from` may open `what` to `to` under the policy compiled against
-/// the registry as it is now; returns whether it may.
-fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Result<bool> {
+/// `policy`: whether `from` may open `what` to `to` under the policy compiled against the
+/// registry as it is now, and the answer in words.
+fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Result<(bool, String)> {
     let registry = Registry::open(config, now())?;
     let store = &registry.store;
     let (proto, port) = cyphonic_filter::parse_flow(what).map_err(anyhow::Error::msg)?;
@@ -433,15 +546,15 @@ fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Resu
             .map_err(anyhow::Error::msg)?;
         let v = policy.verdict(&compiled, proto, src, dst, port);
         let flow = format!("{from} ({src}) opening {what} to {to} ({dst})");
-        match (&v.rule, v.allowed) {
-            (Some(r), _) => println!(
+        let answer = match (&v.rule, v.allowed) {
+            (Some(r), _) => format!(
                 "allowed: {flow}, by rule {}: from {:?} to {:?} allow {:?}",
                 r.number, r.from, r.to, r.allow
             ),
-            (None, true) => println!("allowed: {flow}: {}", v.because),
-            (None, false) => println!("denied: {flow}: {}", v.because),
-        }
-        Ok(v.allowed)
+            (None, true) => format!("allowed: {flow}: {}", v.because),
+            (None, false) => format!("denied: {flow}: {}", v.because),
+        };
+        Ok((v.allowed, answer))
     })
 }
 
@@ -865,7 +978,56 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 kept.display()
             );
         }
-        Ca::List { dir } => {
+        Ca::Show { certificate, json } => {
+            let cert = read_certificate(&certificate)?;
+            let view = certificate_view(&cert, None);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else {
+                for (k, v) in view.as_object().into_iter().flatten() {
+                    let v = match v {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    println!("{k:<12} {v}");
+                }
+            }
+        }
+        Ca::Verify {
+            certificate,
+            ca,
+            revoked,
+        } => {
+            let cert = read_certificate(&certificate)?;
+            let cas = Certificate::all_from_pem(
+                &fs::read_to_string(&ca).with_context(|| format!("reading {}", ca.display()))?,
+            )
+            .with_context(|| format!("{}: not PEM certificates", ca.display()))?;
+            let revoked = match revoked {
+                Some(path) => RevocationList::parse(
+                    &fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?,
+                )?,
+                None => RevocationList::default(),
+            };
+            let trust = cyphonic_crypto::TrustStore::new(cas, revoked)
+                .with_context(|| format!("the CAs of {}", ca.display()))?;
+            let t = now();
+            trust.verify(&cert, t).with_context(|| {
+                format!(
+                    "{} ({}) is refused",
+                    cert.body().name,
+                    certificate.display()
+                )
+            })?;
+            println!(
+                "ok: {} ({}), valid for {} more",
+                cert.body().name,
+                cert.fingerprint(),
+                human(cert.body().not_after.saturating_sub(t))
+            );
+        }
+        Ca::List { dir, json } => {
             let revoked = RevocationList::parse(
                 &fs::read_to_string(dir.join("revoked.txt")).unwrap_or_default(),
             )?;
@@ -883,6 +1045,15 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 rows.push(cert);
             }
             rows.sort_by(|a, b| a.body().name.cmp(&b.body().name));
+            if json {
+                let t = now();
+                let views: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|c| certificate_view(c, Some(cert_state(c, &revoked, t))))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&views)?);
+                return Ok(());
+            }
             println!(
                 "{:<32} {:<20} {:<12} {:<8} FINGERPRINT",
                 "NAME", "VIP BLOCKS", "EXPIRES(d)", "STATE"
@@ -891,13 +1062,7 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             for c in rows {
                 let b = c.body();
                 let blocks: Vec<String> = b.vip_blocks.iter().map(ToString::to_string).collect();
-                let state = if revoked.contains(&c.fingerprint()) {
-                    "revoked"
-                } else if b.not_after <= t {
-                    "expired"
-                } else {
-                    "valid"
-                };
+                let state = cert_state(&c, &revoked, t);
                 println!(
                     "{:<32} {:<20} {:<12} {:<8} {}",
                     b.name,
@@ -922,6 +1087,69 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/cli/cloud.md");
         let reference = clap_markdown::help_markdown::<Cli>();
         assert_eq!(cyphonic_declare::ensure_file(&path, &reference), Ok(()));
+    }
+
+    /// Every command that reads the configuration takes `-c`, and without it the packaged
+    /// path; `serve` is still `run`; durations read as people write them, or as seconds.
+    #[test]
+    fn one_command_line_for_the_configuration_and_durations() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("cyphonic-cloud").chain(args.iter().copied()))
+        };
+        let Ok(Cli {
+            command:
+                Command::CheckConfig {
+                    config,
+                    json: false,
+                },
+        }) = parse(&["check-config"])
+        else {
+            panic!("check-config without -c");
+        };
+        assert_eq!(config, Path::new(CONFIG));
+        let Ok(Cli {
+            command: Command::Run { config, .. },
+        }) = parse(&["serve", "-c", "/srv/c.toml"])
+        else {
+            panic!("serve -c");
+        };
+        assert_eq!(config, Path::new("/srv/c.toml"));
+        assert!(parse(&["check-config", "/srv/c.toml"]).is_err());
+        let Ok(Cli {
+            command:
+                Command::Token(tokens::Tokens::Create {
+                    expires, lifetime, ..
+                }),
+        }) = parse(&[
+            "token",
+            "create",
+            "--name",
+            "n.ovl.example",
+            "--prefix",
+            "32",
+            "--expires",
+            "36h",
+            "--lifetime",
+            "600",
+        ])
+        else {
+            panic!("token create");
+        };
+        assert_eq!((expires, lifetime), (36 * 3600, Some(600)));
+        assert!(
+            parse(&[
+                "token",
+                "create",
+                "--name",
+                "n",
+                "--prefix",
+                "32",
+                "--expires",
+                "soon"
+            ])
+            .is_err()
+        );
+        assert_eq!(human(7 * 86_400 + 7200), "7days 2h");
     }
 
     /// `ca init` and `ca delegate`: a family given a block keeps what was given; a family

@@ -20,7 +20,7 @@ pub(crate) enum Members {
     /// older certificates as offline).
     List {
         /// The cloud's configuration file (its `database`).
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: std::path::PathBuf,
         /// Print JSON.
         #[arg(long)]
@@ -31,7 +31,7 @@ pub(crate) enum Members {
         /// The member's name (its certificate's).
         name: String,
         /// The cloud's configuration file.
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: std::path::PathBuf,
         /// Print JSON.
         #[arg(long)]
@@ -44,7 +44,7 @@ pub(crate) enum Members {
         /// The member's name.
         name: String,
         /// The cloud's configuration file.
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: std::path::PathBuf,
     },
 }

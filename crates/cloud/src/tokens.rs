@@ -21,7 +21,7 @@ pub(crate) enum Tokens {
     /// its hash is kept).
     Create {
         /// The cloud's configuration file (its `database` and `[enroll]`).
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
         /// The member's FQDN, below the overlay domain.
         #[arg(long)]
@@ -41,13 +41,16 @@ pub(crate) enum Tokens {
         /// Policy groups (repeatable).
         #[arg(long = "group")]
         groups: Vec<String>,
-        /// Lifetime of its certificates in seconds (renewed automatically at two thirds).
-        /// Default: `[enroll] lifetime`.
-        #[arg(long)]
+        /// Lifetime of its certificates (`7d`, `12h`, or seconds; renewed automatically at
+        /// two thirds). Default: `[enroll] lifetime`.
+        #[arg(long, value_parser = crate::seconds)]
         lifetime: Option<u64>,
-        /// Seconds until the token expires unused (at most 30 days).
-        #[arg(long, default_value_t = TOKEN_EXPIRY)]
+        /// How long the token stays usable unused (`24h`, `3d`, or seconds; at most 30 days).
+        #[arg(long, value_parser = crate::seconds, default_value_t = TOKEN_EXPIRY)]
         expires: u64,
+        /// Print JSON: `{"id", "name", "blocks", "token", "lifetime_secs", "expires_at"}`.
+        #[arg(long)]
+        json: bool,
         /// The name is a member already: enroll a replacement (a new device for it). Revoke
         /// the old certificate once the new one is up (`cyphonic-cloud revoke
         /// --fingerprint`).
@@ -57,7 +60,7 @@ pub(crate) enum Tokens {
     /// Every token: what it is bound to, and whether it is live, used, expired or revoked.
     List {
         /// The cloud's configuration file.
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
         /// Print JSON.
         #[arg(long)]
@@ -68,7 +71,7 @@ pub(crate) enum Tokens {
         /// The token's id.
         id: String,
         /// The cloud's configuration file.
-        #[arg(long)]
+        #[arg(short, long, default_value = crate::CONFIG)]
         config: PathBuf,
     },
 }
@@ -90,6 +93,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             groups,
             lifetime,
             expires,
+            json,
             replace,
         } => {
             let registry = open(&config)?;
@@ -111,13 +115,25 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 now,
             ))?;
             let shown: Vec<String> = row.blocks.iter().map(ToString::to_string).collect();
+            if json {
+                say(&serde_json::json!({
+                    "id": token.id,
+                    "name": row.name,
+                    "blocks": shown,
+                    "token": token.to_string(),
+                    "lifetime_secs": row.lifetime,
+                    "expires_at": row.expires_at,
+                })
+                .to_string());
+                return Ok(());
+            }
             say(&format!(
-                "token {} for {} ({}), certificates for {} s, expires in {}:\n{token}\n\
-                 on the device: cyphonic-adapter enroll --config FILE --token TOKEN (or cyphonic-node)",
+                "token {} for {} ({}), certificates for {}, expires in {}:\n{token}\n\
+                 on the device: cyphonic-adapter enroll --token TOKEN (or cyphonic-node)",
                 token.id,
                 row.name,
                 shown.join(" "),
-                row.lifetime,
+                crate::human(row.lifetime),
                 time_left(row.expires_at, now)
             ));
             Ok(())

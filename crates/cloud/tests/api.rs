@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt as _;
 
 mod common;
-use common::config;
+use common::{cli, config};
 
 struct Bed {
     running: cyphonic_cloud::Running,
@@ -1078,21 +1078,6 @@ fn free_port(udp: bool) -> u16 {
     }
 }
 
-/// `cyphonic-cloud ARGS`: its standard output, or a panic with both streams.
-fn cli(args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cyphonic-cloud"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "cyphonic-cloud {args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 /// One HTTP/1.1 request to `addr` over TCP: the status and the JSON body.
 fn http(addr: SocketAddr, method: &str, path: &str, token: &str, body: &str) -> (u16, Value) {
     use std::io::{Read as _, Write as _};
@@ -1120,7 +1105,7 @@ fn http(addr: SocketAddr, method: &str, path: &str, token: &str, body: &str) -> 
 fn the_binary_serves_the_api_and_its_audit_log_holds_every_side() {
     let dir = tempfile::tempdir().unwrap();
     let (config, api) = binary_config(dir.path(), "");
-    assert!(cli(&["check-config", &config]).contains(&format!("api {api}")));
+    assert!(cli(&["check-config", "-c", &config]).contains(&format!("api {api}")));
     let made = cli(&[
         "api-token",
         "create",

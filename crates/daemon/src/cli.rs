@@ -1,6 +1,7 @@
-//! The command line both tunnel ends share: `run --config FILE [--log-format FORMAT]`,
-//! `enroll --config FILE`, `check-config FILE`, `policy --config FILE FROM TO WHAT`,
-//! `status [--socket PATH] [--json]`. Each binary names itself in
+//! The command line both tunnel ends share: `run [-c FILE] [--log-format FORMAT]`,
+//! `enroll [-c FILE]`, `check-config [-c FILE] [--json]`, `policy [-c FILE] [--json] FROM TO
+//! WHAT`, `status [--socket PATH] [--json]`, `completions SHELL`; the configuration file is
+//! `/etc/cyphonic/<noun>.toml` unless `-c` names another. Each binary names itself in
 //! [`Names`] and hands them, with its four functions, to [`main`]; its `main.rs` only wires.
 
 use std::path::{Path, PathBuf};
@@ -43,17 +44,27 @@ enum Command {
         #[arg(long)]
         token: Option<String>,
     },
-    /// Check a configuration file (and the certificates and keys it names) and exit.
+    /// Check a configuration file (and the certificates and keys it names) as `run` would,
+    /// and exit (exit status 0: good, 78: refused, with the file, line and key).
     CheckConfig {
         /// The configuration file.
+        #[arg(long, short)]
         config: PathBuf,
+        /// Say it as JSON: `{"ok", "config", "summary"}` or `{"ok": false, "config",
+        /// "error"}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Answer from a configuration file's `[policy]` whether FROM may open WHAT to TO, and
-    /// by which rule (exit status 0: allowed, 1: denied).
+    /// by which rule (exit status 0: allowed, 1: denied, 2: no answer, 78: the file is
+    /// refused).
     Policy {
         /// The configuration file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Say it as JSON: `{"allowed", "answer"}`.
+        #[arg(long)]
+        json: bool,
         /// Who opens: a device, a member or an address (one address).
         from: String,
         /// To whom: the same.
@@ -70,6 +81,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    #[command(flatten)]
+    Documentation(cyphonic_telemetry::manual::Commands),
 }
 
 /// Reads and checks a configuration file at a unix time: the configuration and our identity.
@@ -124,6 +137,9 @@ pub struct Names {
     pub shows: &'static str,
     /// The status socket's default path.
     pub socket: &'static str,
+    /// The configuration file's default path (`/etc/cyphonic/adapter.toml`), where the
+    /// package puts it.
+    pub config: &'static str,
     /// The binary's own commands to the running daemon, beside `status`.
     pub extra: &'static [Extra],
 }
@@ -151,18 +167,22 @@ impl Names {
 /// docs/cli/ shows it).
 pub fn command(names: &Names) -> clap::Command {
     let noun = names.noun();
+    let config = |s: clap::Command| {
+        s.mut_arg("config", |a| {
+            a.required(false).default_value(names.config).help(format!(
+                "The configuration file (see config/{noun}.example.toml)"
+            ))
+        })
+    };
     let mut command = Cli::command()
         .name(names.name)
         .bin_name(names.name)
         .version(env!("CARGO_PKG_VERSION"))
         .about(names.about)
-        .mut_subcommand("run", |s| {
-            s.about(format!("Run the {noun}")).mut_arg("config", |a| {
-                a.help(format!(
-                    "The configuration file (see config/{noun}.example.toml)"
-                ))
-            })
-        })
+        .mut_subcommand("run", |s| config(s.about(format!("Run the {noun}"))))
+        .mut_subcommand("enroll", config)
+        .mut_subcommand("check-config", config)
+        .mut_subcommand("policy", config)
         .mut_subcommand("status", |s| {
             s.about(format!("Show the running {noun}'s {}", names.shows))
                 .mut_arg("socket", |a| {
@@ -255,45 +275,44 @@ pub fn main<
             )
             .map(|_| {
                 println!(
-                    "enrolled: start it with `{} run --config {}`",
+                    "enrolled: start it with `{} run -c {}`",
                     names.name,
                     config.display()
                 );
             })
         }
-        Command::CheckConfig { config } => match crate::enroll::pending(&config, now) {
-            Ok(Some(waiting)) => {
-                println!("{waiting}");
-                Ok(())
-            }
-            Ok(None) => match load(&config, now) {
-                Ok((c, id)) => {
-                    println!("{}", describe(&c, &id));
-                    Ok(())
-                }
-                Err(e) => return cyphonic_telemetry::service::config_refused(names.name, &e),
-            },
-            Err(e) => return cyphonic_telemetry::service::config_refused(names.name, &e),
-        },
+        Command::CheckConfig { config, json } => {
+            let checked = match crate::enroll::pending(&config, now) {
+                Ok(Some(waiting)) => Ok(waiting),
+                Ok(None) => load(&config, now).map(|(c, id)| describe(&c, &id)),
+                Err(e) => Err(e),
+            };
+            return cyphonic_telemetry::service::checked_config(
+                names.name,
+                &config,
+                json,
+                checked.map_err(|e| e.to_string()),
+            );
+        }
         Command::Status { socket, json } => show_status(names, status_text, &socket, json),
         Command::Policy {
             config,
+            json,
             from,
             to,
             what,
-        } => match load(&config, now)
-            .map_err(anyhow::Error::from)
-            .and_then(|(c, _)| dry_run(c.as_ref(), &from, &to, &what))
-        {
-            Ok((allowed, answer)) => {
-                println!("{answer}");
-                if !allowed {
-                    return ExitCode::FAILURE;
-                }
-                Ok(())
-            }
-            Err(e) => Err(e),
-        },
+        } => {
+            let c = match load(&config, now) {
+                Ok((c, _)) => c,
+                Err(e) => return cyphonic_telemetry::service::config_refused(names.name, &e),
+            };
+            return cyphonic_telemetry::service::policy_answer(
+                names.name,
+                json,
+                dry_run(c.as_ref(), &from, &to, &what).map_err(|e| format!("{e:#}")),
+            );
+        }
+        Command::Documentation(d) => d.run(&mut command(names)).map_err(anyhow::Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -428,6 +447,7 @@ mod tests {
         about: "",
         shows: "",
         socket: "",
+        config: "/etc/cyphonic/test.toml",
         extra: &[],
     };
 
@@ -511,5 +531,69 @@ mod tests {
         );
         assert!(text.contains("SECTION\n\ncounters (non-zero):"), "{text}");
         assert!(text.starts_with("test 9.9.9\nHEAD"), "{text}");
+    }
+
+    /// Every command that reads the configuration takes `-c FILE`, and without it the path
+    /// the package installs; a bare FILE is refused (`check-config FILE` was the old form).
+    #[test]
+    fn the_configuration_is_dash_c_or_the_packaged_path() {
+        let config = |args: &[&str]| -> Option<PathBuf> {
+            let m = command(&NAMES)
+                .try_get_matches_from(std::iter::once("cyphonic-test").chain(args.iter().copied()))
+                .ok()?;
+            m.subcommand()?.1.get_one::<PathBuf>("config").cloned()
+        };
+        for (sub, rest) in [
+            ("run", &[][..]),
+            ("enroll", &[]),
+            ("check-config", &[]),
+            ("policy", &["a", "b", "icmp"]),
+        ] {
+            let mut args = vec![sub];
+            args.extend_from_slice(rest);
+            assert_eq!(
+                config(&args),
+                Some(PathBuf::from("/etc/cyphonic/test.toml")),
+                "{sub}"
+            );
+            args.splice(1..1, ["-c", "/srv/x.toml"]);
+            assert_eq!(config(&args), Some(PathBuf::from("/srv/x.toml")), "{sub}");
+        }
+        assert_eq!(config(&["check-config", "/srv/x.toml"]), None);
+    }
+
+    /// The completions and the man pages come from the same command line.
+    #[test]
+    fn completions_and_man_pages_name_every_command() {
+        let mut out = Vec::new();
+        cyphonic_telemetry::manual::completions(
+            &mut command(&NAMES),
+            cyphonic_telemetry::manual::Shell::Bash,
+            &mut out,
+        );
+        let text = String::from_utf8_lossy(&out);
+        for sub in [
+            "run",
+            "enroll",
+            "check-config",
+            "policy",
+            "status",
+            "completions",
+        ] {
+            assert!(text.contains(sub), "{sub} in {text}");
+        }
+        let dir = std::env::temp_dir().join(format!("cyphonic-cli-man-{}", std::process::id()));
+        let pages =
+            cyphonic_telemetry::manual::man_pages(&command(&NAMES), &dir).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        let names: Vec<String> = pages
+            .iter()
+            .filter_map(|p| Some(p.file_name()?.to_str()?.to_owned()))
+            .collect();
+        assert!(names.contains(&"cyphonic-test.1".to_owned()), "{names:?}");
+        assert!(
+            names.contains(&"cyphonic-test-check-config.1".to_owned()),
+            "{names:?}"
+        );
     }
 }

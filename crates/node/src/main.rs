@@ -78,6 +78,7 @@ const NAMES: Names = Names {
     about: "Puts this host onto the cyphonic overlay through a TUN interface",
     shows: "peers and counters",
     socket: "/run/cyphonic/node.sock",
+    config: "/etc/cyphonic/node.toml",
     extra: &[],
 };
 

@@ -229,7 +229,7 @@ pub fn assert_reference_current<T: crate::Value>(root: &Path, binary: &str) {
         &format!("cyphonic-{binary}'s configuration"),
         &format!(
             "Every key of `/etc/cyphonic/{binary}.toml`, by table. `cyphonic-{binary} \
-             check-config FILE` checks a file as `run` would; config/{binary}.example.toml \
+             check-config -c FILE` checks a file as `run` would; config/{binary}.example.toml \
              shows every key. Relative paths are relative to the file's directory."
         ),
     );

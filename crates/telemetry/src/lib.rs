@@ -9,6 +9,7 @@
 //!   line's syslog priority; an env-filter.
 //! - [`files`]: keys, certificates and cached state written whole, with modes that let the
 //!   service user (and nobody else) read a key.
+//! - [`manual`]: shell completions and man pages from a program's clap tree.
 //! - [`service`]: what systemd hears (`Type=notify`: ready, reloading, stopping; the
 //!   watchdog's pings) and the exit status of a refused configuration (78).
 //! - [`status`]: the local status socket (mode 0600) each daemon's `status` command reads a
@@ -27,6 +28,7 @@ extern crate self as cyphonic_telemetry;
 
 pub mod files;
 pub mod logging;
+pub mod manual;
 pub mod metrics;
 pub mod service;
 pub mod status;

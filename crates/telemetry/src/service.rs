@@ -1,6 +1,7 @@
 //! What a daemon tells its service manager (sd_notify(3), through the `sd-notify` crate):
 //! ready, reloading, stopping, and the watchdog's pings. Without systemd (no
-//! `NOTIFY_SOCKET`), every call does nothing.
+//! `NOTIFY_SOCKET`), every call does nothing. And how every program ends: its exit statuses,
+//! the fatal line, and the answers of `check-config` and `policy` that scripts read.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,71 @@ pub const EXIT_CONFIG: u8 = 78;
 pub fn config_refused(program: &str, e: &dyn std::fmt::Display) -> std::process::ExitCode {
     fatal(program, e);
     std::process::ExitCode::from(EXIT_CONFIG)
+}
+
+/// The exit status of a `policy` dry run that cannot answer (a name that is not one
+/// address, a flow that does not read); 0 is its "allowed", 1 its "denied".
+pub const EXIT_NO_ANSWER: u8 = 2;
+
+/// `check-config`'s answer for the file `config`: the `summary` of a good one, or why it is
+/// refused (exit status [`EXIT_CONFIG`]), as text or, with `json`, as one JSON object on
+/// stdout (`{"ok", "config", "summary"}` or `{"ok": false, "config", "error"}`).
+#[expect(clippy::print_stdout, reason = "the command's answer")]
+pub fn checked_config(
+    program: &str,
+    config: &std::path::Path,
+    json: bool,
+    checked: Result<String, String>,
+) -> std::process::ExitCode {
+    let path = config.display().to_string();
+    match (checked, json) {
+        (Ok(summary), false) => println!("{summary}"),
+        (Ok(summary), true) => println!(
+            "{}",
+            serde_json::json!({ "ok": true, "config": path, "summary": summary })
+        ),
+        (Err(e), false) => return config_refused(program, &e),
+        (Err(e), true) => {
+            println!(
+                "{}",
+                serde_json::json!({ "ok": false, "config": path, "error": e })
+            );
+            return std::process::ExitCode::from(EXIT_CONFIG);
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// A `policy` dry run's answer: whether the flow is allowed and why, as text or, with `json`,
+/// as `{"allowed", "answer"}`; exit status 0 allowed, 1 denied, [`EXIT_NO_ANSWER`] when it
+/// cannot say (the reason on stderr).
+#[expect(clippy::print_stdout, reason = "the command's answer")]
+pub fn policy_answer(
+    program: &str,
+    json: bool,
+    answer: Result<(bool, String), String>,
+) -> std::process::ExitCode {
+    match answer {
+        Ok((allowed, answer)) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "allowed": allowed, "answer": answer })
+                );
+            } else {
+                println!("{answer}");
+            }
+            if allowed {
+                std::process::ExitCode::SUCCESS
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            fatal(program, &e);
+            std::process::ExitCode::from(EXIT_NO_ANSWER)
+        }
+    }
 }
 
 /// Says on stderr why the program ends, as `<program>: error: ...`; under systemd (stderr is

@@ -76,3 +76,18 @@ pub(crate) async fn audit(store: &Store, action: &str) -> Vec<cyphonic_cloud::st
         .await
         .unwrap()
 }
+
+/// `cyphonic-cloud ARGS`: its standard output, or a panic with both streams.
+pub(crate) fn cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cyphonic-cloud"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "cyphonic-cloud {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
