@@ -278,6 +278,68 @@ pub(crate) struct Packaging<'a> {
     pub(crate) compression: &'a str,
     /// The programs packaged (each its own package, beside the common one).
     pub(crate) programs: &'a [Program],
+    /// What runs a program built for `arch` here (the emulator and its arguments; empty for
+    /// this machine's own).
+    pub(crate) runner: &'a [String],
+}
+
+/// Where a package's shell completions go, each with the file name a shell looks for.
+const COMPLETIONS: [(&str, &str, &str); 3] = [
+    ("bash", "usr/share/bash-completion/completions", ""),
+    ("zsh", "usr/share/zsh/vendor-completions", "_"),
+    ("fish", "usr/share/fish/vendor_completions.d", ""),
+];
+
+/// Puts `program`'s man pages (gzipped, as Debian wants them) and its shell completions into
+/// `tree`, as the program itself writes them from its command line (`manual`,
+/// `completions`), run with `runner` in front.
+fn manual(tree: &Path, program: &Path, name: &str, runner: &[String]) -> anyhow::Result<()> {
+    let run = |args: &[&str]| {
+        let mut c = match runner.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
+        c.args(args);
+        c
+    };
+    let pages = tree.join("usr/share/man/man1");
+    std::fs::create_dir_all(&pages)?;
+    let dir = pages.to_str().context("a path in UTF-8")?;
+    util::run(
+        &mut run(&["manual", "--dir", dir]),
+        &format!("{name} manual"),
+    )?;
+    for (page, _) in walk(&pages)? {
+        // -n: no name or time in the header, so that two builds give the same bytes.
+        util::run(
+            Command::new("gzip").args(["-9", "-n", "-f"]).arg(&page),
+            &format!("gzip {}", page.display()),
+        )?;
+        std::fs::set_permissions(
+            page.with_extension("1.gz"),
+            std::fs::Permissions::from_mode(0o644),
+        )?;
+    }
+    for (shell, dir, prefix) in COMPLETIONS {
+        let out = run(&["completions", shell])
+            .output()
+            .with_context(|| format!("{name} completions {shell}"))?;
+        anyhow::ensure!(
+            out.status.success() && !out.stdout.is_empty(),
+            "{name} completions {shell}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        write(
+            &tree.join(dir).join(format!("{prefix}{name}")),
+            &out.stdout,
+            0o644,
+        )?;
+    }
+    Ok(())
 }
 
 /// Stages and builds every package from the programs in `bins` under `out`
@@ -357,6 +419,7 @@ pub(crate) fn build(
         let tree = work.join(p.name);
         let bin = tree.join("usr/bin").join(p.name);
         put(&bins.join(p.name), &bin, 0o755)?;
+        manual(&tree, &bins.join(p.name), p.name, how.runner)?;
         // As dh_strip does; a panic still names its file and line.
         util::run(
             Command::new(strip)
@@ -739,6 +802,20 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
             p.name,
             p.name
         );
+        // Its man pages (the program's, and one per command) and its completions.
+        for page in [
+            format!("usr/share/man/man1/{}.1.gz", p.name),
+            format!("usr/share/man/man1/{}-check-config.1.gz", p.name),
+        ] {
+            let found = mode(&page)?;
+            ensure!(found.0 == 0o644, "/{page}: {found:?}");
+        }
+        for (shell, dir, prefix) in COMPLETIONS {
+            let file = s.path(&format!("{dir}/{prefix}{}", p.name));
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("{} completions for {shell}", p.name))?;
+            ensure!(text.contains("check-config"), "{}: {text}", file.display());
+        }
         let config = format!("etc/cyphonic/{}", p.config);
         let found = mode(&config)?;
         ensure!(found == (0o640, 0, gid), "/{config}: {found:?}");

@@ -245,11 +245,18 @@ pub(crate) fn package_programs(
         Some(prefix) => format!("{prefix}-strip"),
         None => "strip".to_owned(),
     };
+    // The programs write their own man pages and completions: the Pi's under the emulator.
+    let runner = if target.cross.is_some() {
+        crate::cross::runner()
+    } else {
+        Vec::new()
+    };
     let how = deb::Packaging {
         arch: target.deb_arch,
         strip: &strip,
         compression,
         programs,
+        runner: &runner,
     };
     let debs = deb::build(&root, &how, bins, &dist)?;
     let tarball = dist.join(format!(
