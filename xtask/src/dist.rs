@@ -247,7 +247,7 @@ pub(crate) fn package_programs(
     };
     // The programs write their own man pages and completions: the Pi's under the emulator.
     let runner = if target.cross.is_some() {
-        crate::cross::runner()
+        crate::emulator::runner()
     } else {
         Vec::new()
     };

@@ -18,6 +18,7 @@ mod bench;
 mod cross;
 mod deb;
 mod dist;
+mod emulator;
 mod fuzz;
 mod image;
 mod instructions;
