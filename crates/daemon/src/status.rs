@@ -511,7 +511,7 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:<7} {:>10} {:>10} {:>8}",
+        "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:<7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
         "PEER",
         "ORIGIN",
         "VIP BLOCK",
@@ -519,6 +519,9 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
         "ROUTE",
         "UP",
         "ALLOWED",
+        "HANDSHAKE",
+        "TX",
+        "RX",
         "TX PKTS",
         "RX PKTS",
         "EXPIRES"
@@ -530,7 +533,7 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             .map_or_else(|| "direct".to_owned(), |r| format!("relay ({})", r.reason));
         let _ = writeln!(
             out,
-            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:<7} {:>10} {:>10} {:>8}",
+            "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:<7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
             p.name,
             p.origin,
             p.vip_blocks.first().map_or("-", String::as_str),
@@ -538,6 +541,10 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             route,
             if p.established { "yes" } else { "no" },
             p.allowed.map_or("-", cyphonic_signal::Allowed::name),
+            p.last_handshake_secs_ago
+                .map_or_else(|| "never".to_owned(), cyphonic_telemetry::status::ago),
+            cyphonic_telemetry::status::bytes(p.tx_bytes),
+            cyphonic_telemetry::status::bytes(p.rx_bytes),
             p.tx_packets,
             p.rx_packets,
             time_left(p.certificate_expires, doc.at)
@@ -614,7 +621,7 @@ mod tests {
                 tx_packets: 1,
                 tx_bytes: 2,
                 rx_packets: 3,
-                rx_bytes: 4,
+                rx_bytes: 1_500_000,
                 certificate_expires: 1_000_000 + 9 * 3600,
                 fingerprint: "cd".repeat(32),
             }],
@@ -669,6 +676,15 @@ mod tests {
         let table = peers_text(&back);
         assert!(table.contains("relay (symmetric NAT)"), "{table}");
         assert!(table.contains(" yes   out  "), "{table}");
+        // The handshake's age and the bytes each way, as people read them.
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("gw2.ovl.example"))
+            .unwrap();
+        assert!(
+            row.ends_with("       4s       2 B    1.5 MB          1          3       9h"),
+            "{table}"
+        );
         assert!(
             table.contains(
                 "certificate gw1.ovl.example (100.64.1.0/24 fd7a:0:1::/56)  expires in 30d"

@@ -120,27 +120,6 @@ pub fn fetch(path: &Path, program: &'static str) -> Result<serde_json::Value, Fe
     serde_json::from_str(&text).map_err(|e| read(&e))
 }
 
-/// The `status` subcommand of the daemon `program`: its document from `path`, printed as
-/// JSON with `json`, else as `table` lays it out.
-///
-/// # Errors
-/// [`FetchError`].
-#[expect(clippy::print_stdout, reason = "the status subcommand's output")]
-pub fn show(
-    path: &Path,
-    program: &'static str,
-    json: bool,
-    table: impl FnOnce(&serde_json::Value),
-) -> Result<(), FetchError> {
-    let doc = fetch(path, program)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-    } else {
-        table(&doc);
-    }
-    Ok(())
-}
-
 const HOUR: u64 = 3600;
 const DAY: u64 = 24 * HOUR;
 
@@ -162,11 +141,37 @@ pub fn age(then: u64, at: u64) -> String {
     match at.checked_sub(then) {
         _ if then == 0 || at == 0 => "-".to_owned(),
         None | Some(0) => "now".to_owned(),
-        Some(s) if s < 120 => format!("{s}s"),
-        Some(s) if s < 2 * HOUR => format!("{}m", s / 60),
-        Some(s) if s < 2 * DAY => format!("{}h", s / HOUR),
-        Some(s) => format!("{}d", s / DAY),
+        Some(s) => ago(s),
     }
+}
+
+/// `secs` ago in a word: `now`, `40s`, `12m`, `7h`, `29d`.
+pub fn ago(secs: u64) -> String {
+    match secs {
+        0 => "now".to_owned(),
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * HOUR => format!("{}m", s / 60),
+        s if s < 2 * DAY => format!("{}h", s / HOUR),
+        s => format!("{}d", s / DAY),
+    }
+}
+
+/// A count of bytes for people: `0 B`, `980 B`, `1.2 kB`, `3.4 GB` (powers of 1000, one
+/// decimal), as the status tables and the console show it.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["kB", "MB", "GB", "TB", "PB", "EB"];
+    if n < 1000 {
+        return format!("{n} B");
+    }
+    #[expect(clippy::cast_precision_loss, reason = "one decimal is shown")]
+    let mut v = n as f64 / 1000.0;
+    let mut unit = 0;
+    // 999.95 would show as 1000.0 of this unit: the next one says it.
+    while v >= 999.95 && unit + 1 < UNITS.len() {
+        v /= 1000.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
 }
 
 #[cfg(test)]
@@ -205,6 +210,21 @@ mod tests {
         }
         assert_eq!(age(at + 5, at), "now");
         assert_eq!(age(0, at), "-");
+    }
+
+    #[test]
+    fn bytes_say_it_in_a_word() {
+        for (n, word) in [
+            (0, "0 B"),
+            (999, "999 B"),
+            (1000, "1.0 kB"),
+            (1_500_000, "1.5 MB"),
+            (999_950, "1.0 MB"),
+            (3_400_000_000, "3.4 GB"),
+            (u64::MAX, "18.4 EB"),
+        ] {
+            assert_eq!(bytes(n), word, "{n}");
+        }
     }
 
     #[test]

@@ -393,8 +393,8 @@ impl FlowLine {
             what: proto,
             from: at(&f.src, f.sport),
             to: at(f.dst.as_deref().unwrap_or("-"), f.dport),
-            sent: amount(f.tx_bytes),
-            received: amount(f.rx_bytes),
+            sent: cyphonic_telemetry::status::bytes(f.tx_bytes),
+            received: cyphonic_telemetry::status::bytes(f.rx_bytes),
             why: match f.rule {
                 Some(0) | None => format!("allowed by default ({})", f.dir),
                 Some(r) => format!("rule {r} ({})", f.dir),
@@ -434,8 +434,8 @@ impl DeviceLine {
                 .vlan
                 .map_or_else(|| d.kind.clone(), |v| format!("{} (VLAN {v})", d.kind)),
             seen: d.seen.map_or_else(|| "-".to_owned(), when),
-            sent: amount(d.tx_bytes),
-            received: amount(d.rx_bytes),
+            sent: cyphonic_telemetry::status::bytes(d.tx_bytes),
+            received: cyphonic_telemetry::status::bytes(d.rx_bytes),
         }
     }
 }
@@ -460,25 +460,10 @@ impl TunnelLine {
             ),
             established: t.established,
             handshake: t.handshake.map_or_else(|| "-".to_owned(), when),
-            sent: amount(t.tx_bytes),
-            received: amount(t.rx_bytes),
+            sent: cyphonic_telemetry::status::bytes(t.tx_bytes),
+            received: cyphonic_telemetry::status::bytes(t.rx_bytes),
         }
     }
-}
-
-/// `bytes` for people: `0 B`, `980 B`, `1.2 kB`, `3.4 GB` (powers of 1000).
-fn amount(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["kB", "MB", "GB", "TB", "PB", "EB"];
-    if bytes < 1000 {
-        return format!("{bytes} B");
-    }
-    let mut v = bytes as f64 / 1000.0;
-    let mut unit = 0;
-    while v >= 999.95 && unit + 1 < UNITS.len() {
-        v /= 1000.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
 }
 
 async fn member(
