@@ -293,10 +293,7 @@ fn main() -> ExitCode {
                 Err(e) => return config_refused(cyphonic_cloud::PROGRAM, &e),
             }
         }
-        Command::Status { socket, json } => {
-            cyphonic_telemetry::status::show(&socket, cyphonic_cloud::PROGRAM, json, print_status)
-                .map_err(anyhow::Error::from)
-        }
+        Command::Status { socket, json } => show_status(&socket, json),
         Command::CheckConfig { config, json } => {
             let checked = cyphonic_cloud::config::load(&config, now()).and_then(|c| {
                 // A shared store must answer now, as the daemon would need it to.
@@ -419,110 +416,133 @@ fn serve(path: &Path, config: cyphonic_cloud::CloudConfig) -> anyhow::Result<()>
         }))
 }
 
-fn print_status(doc: &serde_json::Value) {
-    let c = &doc["cloud"];
-    let r = &doc["registry"];
-    if let Some(software) = c["software"].as_str() {
-        println!("{software}");
+/// `status`: the running cloud's document as it came with `json`, else as tables, when it is
+/// of the format this program reads.
+fn show_status(socket: &Path, json: bool) -> anyhow::Result<()> {
+    use cyphonic_cloud::observe::{STATUS_VERSION, Status};
+    let doc = cyphonic_telemetry::status::fetch(socket, cyphonic_cloud::PROGRAM)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
     }
-    println!(
-        "cloud control {}  probes {}  store {}  up {} s",
-        c["control"].as_str().unwrap_or("?"),
-        c["probes"]
-            .as_array()
-            .map(|p| p
-                .iter()
-                .filter_map(|a| a.as_str())
-                .collect::<Vec<_>>()
-                .join(" "))
-            .unwrap_or_default(),
-        c["store"].as_str().unwrap_or("?"),
-        c["uptime_secs"]
+    let version = doc.get("version").and_then(serde_json::Value::as_u64);
+    if version != Some(u64::from(STATUS_VERSION)) {
+        bail!(
+            "the running cloud writes status format {}, this command reads format {STATUS_VERSION}: use `--json`, or the command of the running version",
+            version.map_or_else(
+                || "0 (before formats were numbered)".to_owned(),
+                |v| v.to_string()
+            )
+        );
+    }
+    let status: Status = serde_json::from_value(doc).context("the status document")?;
+    print!("{}", status_text(&status));
+    Ok(())
+}
+
+/// The status document as tables.
+fn status_text(doc: &cyphonic_cloud::observe::Status) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let c = &doc.cloud;
+    let r = &doc.registry;
+    let _ = writeln!(out, "{}", c.software);
+    let _ = writeln!(
+        out,
+        "cloud control {}  probes {}  store {}  up {}",
+        c.control,
+        c.probes.join(" "),
+        c.store,
+        cyphonic_telemetry::status::ago(c.uptime_secs)
     );
-    println!(
+    let _ = writeln!(
+        out,
         "registry: {} clients ({} online), {} names",
-        r["clients"], r["online"], r["names"]
+        r.clients, r.online, r.names
     );
-    let enroll = &doc["enroll"];
-    if let Some(left) = enroll["expires_in_secs"].as_i64() {
+    if let Some(enroll) = &doc.enroll {
+        let left = enroll.expires_in_secs;
         let days = left / 86_400;
-        let fingerprint = enroll["issuing_ca"].as_str().unwrap_or("?");
-        let short = fingerprint.get(..16).unwrap_or(fingerprint);
-        match cyphonic_cloud::enroll::expiry(left) {
+        let short = enroll.issuing_ca.get(..16).unwrap_or(&enroll.issuing_ca);
+        let _ = match cyphonic_cloud::enroll::expiry(left) {
             cyphonic_cloud::enroll::Expiry::Fine(_) => {
-                println!("enroll: issuing CA {short} ends in {days} days");
+                writeln!(out, "enroll: issuing CA {short} ends in {days} days")
             }
-            cyphonic_cloud::enroll::Expiry::Soon(_) => println!(
+            cyphonic_cloud::enroll::Expiry::Soon(_) => writeln!(
+                out,
                 "enroll: WARNING: issuing CA {short} ends in {days} days: renew it (`ca delegate`) and reload"
             ),
-            _ => println!(
+            _ => writeln!(
+                out,
                 "enroll: ERROR: issuing CA {short} has ended: nobody can enroll or renew; renew it (`ca delegate`) and reload"
             ),
-        }
+        };
     }
-    let p = &doc["policy"];
-    if p["enforce"].as_bool() == Some(true) {
-        println!(
+    let p = &doc.policy;
+    if p.enforce {
+        let _ = writeln!(
+            out,
             "policy: enforced by the clients, {} rules compiled against the registry, version {:x}",
-            p["rules"],
-            p["version"].as_u64().unwrap_or(0)
+            p.rules, p.version
         );
-        let unresolved: Vec<&str> = p["unresolved"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|n| n.as_str())
-            .collect();
-        if !unresolved.is_empty() {
-            println!(
+        if !p.unresolved.is_empty() {
+            let _ = writeln!(
+                out,
                 "  standing for nobody now (not registered, an empty group, or a typo): {}",
-                unresolved.join(", ")
+                p.unresolved.join(", ")
             );
         }
     } else {
-        println!("policy: default = \"allow\", nothing enforced per device");
+        let _ = writeln!(
+            out,
+            "policy: default = \"allow\", nothing enforced per device"
+        );
     }
-    println!();
-    println!("{:<32} {:<42} {:>8}", "SESSION", "FROM", "SECONDS");
-    for s in doc["sessions"].as_array().into_iter().flatten() {
-        println!(
+    let _ = writeln!(out);
+    let _ = writeln!(out, "{:<32} {:<42} {:>8}", "SESSION", "FROM", "FOR");
+    for s in &doc.sessions {
+        let _ = writeln!(
+            out,
             "{:<32} {:<42} {:>8}",
-            s["name"].as_str().unwrap_or("?"),
-            s["from"].as_str().unwrap_or("?"),
-            s["secs"].as_u64().unwrap_or(0)
+            s.name,
+            s.from,
+            cyphonic_telemetry::status::ago(s.secs)
         );
     }
-    let relay = &doc["relay"];
-    println!();
-    if relay.is_object() {
-        println!("relay: {}", relay["settings"].as_str().unwrap_or("?"));
-        println!(
-            "{:>6} {:<28} {:<28} {:<32} {:>10} {:>12}",
-            "PORT", "SIDE A", "SIDE B", "REASON", "PACKETS", "BYTES"
-        );
-        for ch in relay["channels"].as_array().into_iter().flatten() {
-            println!(
-                "{:>6} {:<28} {:<28} {:<32} {:>10} {:>12}",
-                ch["port"].as_u64().unwrap_or(0),
-                ch["a"].as_str().unwrap_or("?"),
-                ch["b"].as_str().unwrap_or("?"),
-                ch["reason"].as_str().unwrap_or("?"),
-                ch["packets"].as_u64().unwrap_or(0),
-                ch["bytes"].as_u64().unwrap_or(0)
+    let _ = writeln!(out);
+    let mut counters = doc.counters.snapshot();
+    match &doc.relay {
+        Some(relay) => {
+            let _ = writeln!(out, "relay: {}", relay.settings);
+            let _ = writeln!(
+                out,
+                "{:>6} {:<28} {:<28} {:<32} {:>10} {:>10}",
+                "PORT", "SIDE A", "SIDE B", "REASON", "PACKETS", "BYTES"
             );
-        }
-    } else {
-        println!("relay: off");
-    }
-    println!();
-    println!("counters (non-zero):");
-    for table in [&doc["counters"], &relay["counters"]] {
-        for (k, v) in table.as_object().into_iter().flatten() {
-            if v.as_u64() != Some(0) {
-                println!("  {k:<28} {v}");
+            for ch in &relay.channels {
+                let _ = writeln!(
+                    out,
+                    "{:>6} {:<28} {:<28} {:<32} {:>10} {:>10}",
+                    ch.port,
+                    ch.a,
+                    ch.b,
+                    ch.reason,
+                    ch.packets,
+                    cyphonic_telemetry::status::bytes(ch.bytes)
+                );
             }
+            counters.extend(relay.counters.snapshot());
+        }
+        None => {
+            let _ = writeln!(out, "relay: off");
         }
     }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "counters (non-zero):");
+    for (k, v) in counters.into_iter().filter(|(_, v)| *v != 0) {
+        let _ = writeln!(out, "  {k:<28} {v}");
+    }
+    out
 }
 
 /// `policy`: whether `from` may open `what` to `to` under the policy compiled against the
@@ -1150,6 +1170,98 @@ mod tests {
             .is_err()
         );
         assert_eq!(human(7 * 86_400 + 7200), "7days 2h");
+    }
+
+    /// The status document goes through JSON and back whole, and its tables say sizes and
+    /// times as people read them; zeros are left out of the counters.
+    #[test]
+    fn the_status_document_reads_back_and_prints() {
+        use cyphonic_cloud::observe::{
+            Info, PolicyState, Relay, STATUS_VERSION, Session, Sizes, Status,
+        };
+        use cyphonic_cloud::trs::ChannelStatus;
+        let counters = cyphonic_cloud::nms::Stats::default();
+        counters
+            .sessions
+            .store(3, std::sync::atomic::Ordering::Relaxed);
+        let doc = Status {
+            version: STATUS_VERSION,
+            cloud: Info {
+                software: "cyphonic-cloud 0.1.0".into(),
+                control: "192.0.2.1:7000".into(),
+                probes: vec!["192.0.2.1:7001".into(), "192.0.2.1:7002".into()],
+                store: "sqlite:///var/lib/cyphonic/cloud.db".into(),
+                public_key: "ab".repeat(32),
+                uptime_secs: 7200,
+            },
+            registry: Sizes {
+                clients: 3,
+                online: 2,
+                names: 5,
+            },
+            sessions: vec![Session {
+                name: "gw1.ovl.example".into(),
+                from: "198.51.100.2:40000".into(),
+                secs: 90,
+            }],
+            policy: PolicyState {
+                enforce: false,
+                version: 0,
+                rules: 0,
+                unresolved: Vec::new(),
+            },
+            unproven_connections: 0,
+            enroll: Some(cyphonic_cloud::observe::Enroll {
+                issuing_ca: "cd".repeat(32),
+                not_after: 2_000_000_000,
+                expires_in_secs: 5 * 86_400,
+            }),
+            relay: Some(Relay {
+                settings: "ports 50000-50999 on every address".into(),
+                channels: vec![ChannelStatus {
+                    port: 50001,
+                    a: "gw1.ovl.example".into(),
+                    b: "n1.ovl.example".into(),
+                    reason: "symmetric NAT".into(),
+                    age_secs: 5,
+                    packets: 10,
+                    bytes: 3_000_000,
+                }],
+                counters: {
+                    let c = cyphonic_cloud::trs::TrsStats::default();
+                    c.channels_opened
+                        .store(2, std::sync::atomic::Ordering::Relaxed);
+                    c
+                },
+            }),
+            counters,
+        };
+        let json = serde_json::to_value(&doc).unwrap();
+        assert_eq!(json["version"], STATUS_VERSION);
+        assert_eq!(json["relay"]["channels"][0]["bytes"], 3_000_000);
+        let back: Status = serde_json::from_value(json).unwrap();
+        let text = status_text(&back);
+        for line in [
+            "cyphonic-cloud 0.1.0",
+            "cloud control 192.0.2.1:7000  probes 192.0.2.1:7001 192.0.2.1:7002  store sqlite:///var/lib/cyphonic/cloud.db  up 2h",
+            "registry: 3 clients (2 online), 5 names",
+            "enroll: WARNING: issuing CA cdcdcdcdcdcdcdcd ends in 5 days: renew it (`ca delegate`) and reload",
+            "  sessions                     3",
+            "  channels_opened              2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+        }
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("gw1.ovl.example") && l.ends_with(" 90s")),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l.contains("symmetric NAT") && l.ends_with(" 3.0 MB")),
+            "{text}"
+        );
+        assert!(!text.contains("refused "), "zeros are left out: {text}");
     }
 
     /// `ca init` and `ca delegate`: a family given a block keeps what was given; a family

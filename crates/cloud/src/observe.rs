@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_telemetry::Family;
 use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder, gauge};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 use crate::nms::Nms;
 use crate::store::Store;
@@ -79,72 +79,165 @@ pub struct Observed {
     pub info: Arc<Static>,
 }
 
-fn counters_json(pairs: Vec<(&'static str, u64)>) -> Value {
-    Value::Object(
-        pairs
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), json!(v)))
-            .collect(),
-    )
+/// The status document's format. `cyphonic-cloud status` reads this one and says so of
+/// another (its `--json` shows any); a field added later reads as its default.
+pub const STATUS_VERSION: u32 = 1;
+
+/// The cloud's status document (`cyphonic-cloud status --json`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Status {
+    /// [`STATUS_VERSION`] of the program that wrote it.
+    pub version: u32,
+    /// What runs, and where.
+    pub cloud: Info,
+    /// The registry's sizes, as last read from the store.
+    pub registry: Sizes,
+    /// This instance's control sessions, by name.
+    pub sessions: Vec<Session>,
+    /// The per-device policy as compiled against the registry.
+    pub policy: PolicyState,
+    /// Connections not yet proven.
+    pub unproven_connections: usize,
+    /// The issuing CA, when this cloud issues (`[enroll]`).
+    pub enroll: Option<Enroll>,
+    /// The relay, unless off.
+    pub relay: Option<Relay>,
+    /// NMS's counters.
+    pub counters: crate::nms::Stats,
+}
+
+/// What runs, and where.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Info {
+    /// Program, version and commit.
+    pub software: String,
+    /// The control address.
+    pub control: String,
+    /// The probe addresses.
+    pub probes: Vec<String>,
+    /// The store, its password hidden.
+    pub store: String,
+    /// The cloud's public key.
+    pub public_key: String,
+    /// Seconds since it started.
+    pub uptime_secs: u64,
+}
+
+/// The registry's sizes.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Sizes {
+    /// Clients ever registered.
+    pub clients: u64,
+    /// Clients with a session (on any instance).
+    pub online: u64,
+    /// Names registered.
+    pub names: u64,
+}
+
+/// A control session.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Session {
+    /// The member's name.
+    pub name: String,
+    /// Its address.
+    pub from: String,
+    /// Seconds since it opened.
+    pub secs: u64,
+}
+
+/// The per-device policy.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PolicyState {
+    /// Whether clients enforce rules (`default = "deny"`).
+    pub enforce: bool,
+    /// The version of the compiled rules.
+    pub version: u64,
+    /// How many rules.
+    pub rules: usize,
+    /// Names and groups that stand for nobody now.
+    pub unresolved: Vec<String>,
+}
+
+/// The issuing CA.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Enroll {
+    /// Its fingerprint.
+    pub issuing_ca: String,
+    /// Its end (unix seconds).
+    pub not_after: u64,
+    /// Seconds left (negative once over).
+    pub expires_in_secs: i64,
+}
+
+/// The relay.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Relay {
+    /// Its ports and addresses, in words.
+    pub settings: String,
+    /// Its open channels, by port.
+    pub channels: Vec<crate::trs::ChannelStatus>,
+    /// Its counters.
+    pub counters: crate::trs::TrsStats,
 }
 
 impl Observed {
     /// The issuing CA, when this cloud issues: its fingerprint, its end and the seconds left
     /// (negative once over).
-    fn enroll_json(&self) -> Value {
-        self.nms.issuing_ca().map_or(Value::Null, |ca| {
+    fn enroll(&self) -> Option<Enroll> {
+        self.nms.issuing_ca().map(|ca| {
             let not_after = ca.body().not_after;
-            json!({
-                "issuing_ca": ca.fingerprint().to_string(),
-                "not_after": not_after,
-                "expires_in_secs": seconds_left(not_after),
-            })
+            Enroll {
+                issuing_ca: ca.fingerprint().to_string(),
+                not_after,
+                expires_in_secs: seconds_left(not_after),
+            }
         })
     }
 
     /// The status document.
-    pub fn snapshot(&self) -> Value {
+    pub fn snapshot(&self) -> Status {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let policy = self.nms.compiled();
-        let sessions: Vec<Value> = self
-            .nms
-            .sessions()
-            .into_iter()
-            .map(|(name, from, secs)| json!({ "name": name, "from": from.to_string(), "secs": secs }))
-            .collect();
-        let relay = self.trs.as_ref().map_or(Value::Null, |t| {
-            json!({
-                "settings": t.describe(),
-                "channels": t.channels_json(),
-                "counters": counters_json(t.stats.snapshot()),
-            })
-        });
-        json!({
-            "cloud": {
-                "software": cyphonic_telemetry::build!(crate::PROGRAM).to_string(),
-                "control": self.info.control.to_string(),
-                "probes": self.info.probes.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "store": self.info.store,
-                "public_key": self.info.public_key,
-                "uptime_secs": self.info.started.elapsed().as_secs(),
+        Status {
+            version: STATUS_VERSION,
+            cloud: Info {
+                software: cyphonic_telemetry::build!(crate::PROGRAM).to_string(),
+                control: self.info.control.to_string(),
+                probes: self.info.probes.iter().map(ToString::to_string).collect(),
+                store: self.info.store.clone(),
+                public_key: self.info.public_key.clone(),
+                uptime_secs: self.info.started.elapsed().as_secs(),
             },
-            "registry": {
-                "clients": get(&self.registry.clients),
-                "online": get(&self.registry.online),
-                "names": get(&self.registry.names),
+            registry: Sizes {
+                clients: get(&self.registry.clients),
+                online: get(&self.registry.online),
+                names: get(&self.registry.names),
             },
-            "sessions": sessions,
-            "policy": {
-                "enforce": policy.enforce,
-                "version": policy.rules.version,
-                "rules": policy.rules.rules.len(),
-                "unresolved": policy.unresolved,
+            sessions: self
+                .nms
+                .sessions()
+                .into_iter()
+                .map(|(name, from, secs)| Session {
+                    name,
+                    from: from.to_string(),
+                    secs,
+                })
+                .collect(),
+            policy: PolicyState {
+                enforce: policy.enforce,
+                version: policy.rules.version,
+                rules: policy.rules.rules.len(),
+                unresolved: policy.unresolved.clone(),
             },
-            "unproven_connections": self.nms.unproven_now(),
-            "enroll": self.enroll_json(),
-            "relay": relay,
-            "counters": counters_json(self.nms.stats.snapshot()),
-        })
+            unproven_connections: self.nms.unproven_now(),
+            enroll: self.enroll(),
+            relay: self.trs.as_ref().map(|t| Relay {
+                settings: t.describe(),
+                channels: t.channels(),
+                counters: t.stats.copied(),
+            }),
+            counters: self.nms.stats.copied(),
+        }
     }
 }
 
@@ -225,36 +318,34 @@ impl Collector for Observed {
             "Relay channels open.",
             f(trs.open_channels() as u64),
         )?;
-        let channels = trs.channels_json();
-        let rows = |key: &str| -> Vec<(Vec<(&'static str, String)>, f64)> {
-            channels
-                .iter()
-                .map(|c| {
-                    (
-                        vec![
-                            ("port", c["port"].to_string()),
-                            ("a", c["a"].as_str().unwrap_or_default().to_owned()),
-                            ("b", c["b"].as_str().unwrap_or_default().to_owned()),
-                            (
-                                "reason",
-                                c["reason"].as_str().unwrap_or_default().to_owned(),
-                            ),
-                        ],
-                        f(c[key].as_u64().unwrap_or(0)),
-                    )
-                })
-                .collect()
-        };
+        let channels = trs.channels();
+        let rows =
+            |value: fn(&crate::trs::ChannelStatus) -> u64| -> Vec<(Vec<(&'static str, String)>, f64)> {
+                channels
+                    .iter()
+                    .map(|c| {
+                        (
+                            vec![
+                                ("port", c.port.to_string()),
+                                ("a", c.a.clone()),
+                                ("b", c.b.clone()),
+                                ("reason", c.reason.clone()),
+                            ],
+                            f(value(c)),
+                        )
+                    })
+                    .collect()
+            };
         Family::counters(
             "cyphonic_relay_channel_bytes",
             "Bytes each open channel relayed.",
         )
-        .encode(&mut e, rows("bytes"))?;
+        .encode(&mut e, rows(|c| c.bytes))?;
         Family::counters(
             "cyphonic_relay_channel_packets",
             "Datagrams each open channel relayed.",
         )
-        .encode(&mut e, rows("packets"))?;
+        .encode(&mut e, rows(|c| c.packets))?;
         gauge(
             &mut e,
             "cyphonic_relay_ports",

@@ -30,6 +30,25 @@ use crate::config::RelayConfig;
 /// Largest datagram relayed (a jumbo-frame underlay's; tunnel frames are smaller).
 const MAX_DATAGRAM: usize = 9216;
 
+/// An open relay channel.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ChannelStatus {
+    /// Its port.
+    pub port: u16,
+    /// One side's name.
+    pub a: String,
+    /// The other's.
+    pub b: String,
+    /// Why the pair is relayed.
+    pub reason: String,
+    /// Seconds since it opened.
+    pub age_secs: u64,
+    /// Datagrams relayed.
+    pub packets: u64,
+    /// Bytes relayed.
+    pub bytes: u64,
+}
+
 cyphonic_telemetry::counters! {
     /// The relay's counters.
     pub struct TrsStats {
@@ -404,27 +423,22 @@ impl Trs {
     }
 
     /// The open channels, for the status document.
-    pub fn channels_json(&self) -> Vec<serde_json::Value> {
-        let mut out: Vec<(u16, serde_json::Value)> = self
+    pub fn channels(&self) -> Vec<ChannelStatus> {
+        let mut out: Vec<ChannelStatus> = self
             .pairs
             .iter()
-            .map(|c| {
-                (
-                    c.port,
-                    serde_json::json!({
-                        "port": c.port,
-                        "a": c.sides[0].name,
-                        "b": c.sides[1].name,
-                        "reason": c.reason.describe(),
-                        "age_secs": c.opened.elapsed().as_secs(),
-                        "packets": c.packets.load(Ordering::Relaxed),
-                        "bytes": c.bytes.load(Ordering::Relaxed),
-                    }),
-                )
+            .map(|c| ChannelStatus {
+                port: c.port,
+                a: c.sides[0].name.clone(),
+                b: c.sides[1].name.clone(),
+                reason: c.reason.describe().to_owned(),
+                age_secs: c.opened.elapsed().as_secs(),
+                packets: c.packets.load(Ordering::Relaxed),
+                bytes: c.bytes.load(Ordering::Relaxed),
             })
             .collect();
-        out.sort_by_key(|(p, _)| *p);
-        out.into_iter().map(|(_, v)| v).collect()
+        out.sort_by_key(|c| c.port);
+        out
     }
 
     /// How many open channels have `fingerprint` as a side.
