@@ -8,7 +8,7 @@ use std::time::Duration;
 use cyphonic_crypto::{Certificate, RevocationList, StaticKeypair, TrustStore};
 use toml::Spanned;
 
-use cyphonic_declare::OneOrMore;
+use cyphonic_declare::{OneOrMore, line_of};
 
 use crate::policy::{Group, Policy, Rule};
 
@@ -421,12 +421,19 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("{}: cannot read the configuration: {e}", path.display()))?;
     let raw: Raw = toml::from_str(&text).map_err(|e| {
-        let line = e.span().map(|s| line_of(&text, s.start));
+        let at = e.span().map(|s| s.start);
         anyhow::anyhow!(
-            "{}{}: {}",
+            "{}{}{}: {}",
             path.display(),
-            line.map(|l| format!(":{l}")).unwrap_or_default(),
-            e.message().trim()
+            at.map(|o| format!(":{}", line_of(&text, o)))
+                .unwrap_or_default(),
+            at.and_then(|o| cyphonic_declare::key_at(&text, o))
+                .map(|k| format!(": key `{k}`"))
+                .unwrap_or_default(),
+            cyphonic_declare::with_value(
+                e.message().trim(),
+                at.and_then(|o| cyphonic_declare::value_at(&text, o))
+            )
         )
     })?;
     let err =
@@ -446,6 +453,16 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         .map_err(|e| err(raw.key.span(), Raw::key, e.to_string()))?;
     let cas = Certificate::all_from_pem(&read(&raw.ca, Raw::ca)?)
         .map_err(|e| err(raw.ca.span(), Raw::ca, e.to_string()))?;
+    if cas.is_empty() {
+        return Err(err(
+            raw.ca.span(),
+            Raw::ca,
+            format!(
+                "no certificate in {}: give the CA's certificate (ca.crt), not its key",
+                dir.join(raw.ca.get_ref()).display()
+            ),
+        ));
+    }
     let revoked = match &raw.revocations {
         Some(r) => RevocationList::parse(&read(r, Raw::revocations)?)
             .map_err(|e| err(r.span(), Raw::revocations, e.to_string()))?,
@@ -493,7 +510,17 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
     // The cloud writes its SQLite file (and the journal beside it): this user must be able
     // to, or the first start fails after every other check passed.
     if let Some(file) = sqlite_file(&database) {
-        let writable = if file.exists() {
+        let dir = file
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let writable = if !dir.is_dir() {
+            // SQLite makes the file, not the directory it is in.
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("its directory {} does not exist", dir.display()),
+            ))
+        } else if file.exists() {
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(&file)
@@ -1000,11 +1027,6 @@ fn at_key(
     anyhow::anyhow!("{}{line}: key `{key}`: {msg}", path.display())
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
-    text.get(..offset.min(text.len()))
-        .map_or(1, |t| t.matches('\n').count() + 1)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -1105,7 +1127,7 @@ mod tests {
         std::fs::write(dir.path().join("other.key"), other_key).unwrap();
         let with = |tls: &str| {
             let text = format!(
-                "key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api]\nlisten = \"127.0.0.1:9467\"\n{tls}"
+                "key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n\n[api]\nlisten = \"127.0.0.1:9467\"\n{tls}"
             );
             std::fs::write(&path, text).unwrap();
             load(&path, 1_800_000_000).map_err(|e| format!("{e:#}"))
@@ -1151,7 +1173,9 @@ mod tests {
         std::fs::write(dir.path().join("empty"), "\n").unwrap();
         let base = "issuer = \"https://id.example.com/realms/ops\"\nclient_id = \"cyphonic\"\n";
         let with = |rest: &str| {
-            let text = format!("key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api.oidc]\n{rest}");
+            let text = format!(
+                "key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n\n[api.oidc]\n{rest}"
+            );
             std::fs::write(&path, text).unwrap();
             load(&path, 1_800_000_000).map_err(|e| format!("{e:#}"))
         };
@@ -1229,7 +1253,9 @@ mod tests {
         let with = |api: &str| {
             std::fs::write(
                 &path,
-                format!("key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api]\n{api}"),
+                format!(
+                    "key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n\n[api]\n{api}"
+                ),
             )
             .unwrap();
             Restart::of(&load(&path, 1_800_000_000).unwrap())
@@ -1262,7 +1288,7 @@ mod tests {
         let path = dir.path().join("cloud.toml");
         let with = |list: &str| {
             let text = format!(
-                "key = \"cloud.key\"\nca = \"ca.crt\"\n\n[api]\ntrusted_proxies = [{list}]\n"
+                "key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n\n[api]\ntrusted_proxies = [{list}]\n"
             );
             std::fs::write(&path, text).unwrap();
             load(&path, 1_800_000_000).map_err(|e| format!("{e:#}"))
@@ -1273,7 +1299,7 @@ mod tests {
         assert!(with("").unwrap().api_proxies.is_empty());
         let e = with("\"proxy.example\"").unwrap_err();
         assert!(
-            e.contains("cloud.toml:5") && e.contains("\"proxy.example\""),
+            e.contains("cloud.toml:6") && e.contains("\"proxy.example\""),
             "{e}"
         );
     }

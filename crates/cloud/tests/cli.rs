@@ -127,3 +127,153 @@ fn completions_name_the_commands() {
     let zsh = ok(&["completions", "zsh"]);
     assert!(zsh.starts_with("#compdef cyphonic-cloud"), "{zsh}");
 }
+
+/// A cloud's configuration that `check-config` accepts, in `dir`: its key, a root CA and an
+/// issuing CA under it, SQLite in `dir`, the relay, a policy, enrollment and the API.
+fn good_config(dir: &std::path::Path) -> String {
+    let at = |f: &str| dir.join(f).to_str().unwrap().to_owned();
+    ok(&["keygen", "--out", &at("cloud.key")]);
+    ok(&["ca", "init", "--dir", &at("ca"), "--domain", "ovl.example"]);
+    ok(&[
+        "ca",
+        "delegate",
+        "--dir",
+        &at("ca"),
+        "--out",
+        &at("issuing"),
+    ]);
+    format!(
+        "listen = \"127.0.0.1:7000\"\n\
+         probe_listen = \"127.0.0.1:7001\"\n\
+         probe_listen_alt = \"127.0.0.1:7002\"\n\
+         key = \"cloud.key\"\n\
+         ca = \"ca/ca.crt\"\n\
+         database = \"sqlite://{}\"\n\
+         status_socket = \"cloud.sock\"\n\
+         \n\
+         [relay]\n\
+         enabled = true\n\
+         ports = \"50000-50999\"\n\
+         \n\
+         [policy]\n\
+         default = \"allow\"\n\
+         \n\
+         [enroll]\n\
+         certificate = \"issuing/issuing.crt\"\n\
+         key = \"issuing/issuing.key\"\n\
+         pool = [\"100.64.128.0/17\"]\n\
+         lifetime = 604800\n\
+         \n\
+         [api]\n\
+         listen = \"127.0.0.1:9467\"\n",
+        at("cloud.db")
+    )
+}
+
+/// Realistic mistakes in a cloud's file, each made alone: `check-config` refuses each with
+/// exit status 78, naming the file, the line and the key, and saying the value or what is
+/// wrong with it; the file without them passes.
+#[test]
+fn check_config_names_the_line_key_and_value_of_each_mistake() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = good_config(dir.path());
+    let path = dir.path().join("cloud.toml");
+    let check = |text: &str| {
+        std::fs::write(&path, text).unwrap();
+        let out = run(&["check-config", "-c", path.to_str().unwrap(), "--json"]);
+        let said: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.code(), said)
+    };
+    let (code, said) = check(&good);
+    assert_eq!((code, &said["ok"]), (Some(0), &Value::Bool(true)), "{said}");
+    let mistakes: [(&str, &str, &str, &str); 12] = [
+        // (what the line was, what it became, line and key, what the error must say)
+        (
+            "listen = \"127.0.0.1:7000\"",
+            "listen = \"127.0.0.1\"",
+            "1: key `listen`",
+            "\"127.0.0.1\"",
+        ),
+        (
+            "key = \"cloud.key\"",
+            "key = \"clod.key\"",
+            "4: key `key`",
+            "clod.key",
+        ),
+        (
+            "ca = \"ca/ca.crt\"",
+            "ca = \"ca/ca.key\"",
+            "5: key `ca`",
+            "no certificate",
+        ),
+        (
+            "database = \"sqlite://",
+            "database = \"mysql://db/cloud\"\n# ",
+            "6: key `database`",
+            "mysql",
+        ),
+        (
+            "database = \"sqlite://",
+            "database = \"sqlite:///nonexistent/cyphonic/\"\n# ",
+            "6: key `database`",
+            "does not exist",
+        ),
+        (
+            "status_socket",
+            "status_sockett",
+            "7: ",
+            "unknown field `status_sockett`",
+        ),
+        (
+            "ports = \"50000-50999\"",
+            "ports = \"50999-50000\"",
+            "11: key `relay.ports`",
+            "50999-50000",
+        ),
+        (
+            "default = \"allow\"",
+            "default = \"maybe\"",
+            "14: key `policy.default`",
+            "maybe",
+        ),
+        (
+            "pool = [\"100.64.128.0/17\"]",
+            "pool = [\"100.64.128.0/17\", \"100.64.192.0/18\"]",
+            "19: key `enroll.pool`",
+            "overlaps",
+        ),
+        (
+            "pool = [\"100.64.128.0/17\"]",
+            "pool = [\"10.0.0.0/8\"]",
+            "19: key `enroll.pool`",
+            "10.0.0.0/8",
+        ),
+        (
+            "lifetime = 604800",
+            "lifetime = 10",
+            "20: key `enroll.lifetime`",
+            "10 s",
+        ),
+        (
+            "listen = \"127.0.0.1:9467\"",
+            "listen = \"nowhere\"",
+            "23: key `api.listen`",
+            "\"nowhere\"",
+        ),
+    ];
+    for (was, now, at, says) in mistakes {
+        assert!(good.contains(was), "{was}");
+        let text = if was == "listen = \"127.0.0.1:9467\"" {
+            good.replace(was, now)
+        } else {
+            good.replacen(was, now, 1)
+        };
+        let (code, said) = check(&text);
+        let error = said["error"].as_str().unwrap_or_default();
+        assert_eq!(code, Some(78), "{now}: {said}");
+        assert!(
+            error.starts_with(&format!("{}:{at}", path.display())) && error.contains(says),
+            "{now}: {error}"
+        );
+    }
+}

@@ -16,6 +16,61 @@ use std::path::PathBuf;
 use ipnet::Ipv4Net;
 use toml::Spanned;
 
+// ---- locating a mistake in a file's text -------------------------------------------------
+
+/// 1-based line of byte `offset` of `text`.
+pub fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset.min(text.len()))
+        .map_or(1, |t| t.matches('\n').count() + 1)
+}
+
+/// The dotted key at byte `offset`: the table header above it and the key on its line,
+/// e.g. `reservation[1].mac`.
+pub fn key_at(text: &str, offset: usize) -> Option<String> {
+    let line_no = line_of(text, offset);
+    let lines: Vec<&str> = text.lines().collect();
+    let line = lines.get(line_no - 1)?;
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_owned());
+    let mut table = None;
+    let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for l in &lines[..line_no.min(lines.len())] {
+        let t = l.trim();
+        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
+            let n = counts.entry(name.trim().to_owned()).or_insert(0);
+            table = Some(format!("{}[{}]", name.trim(), *n));
+            *n += 1;
+        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            table = Some(name.trim().to_owned());
+        }
+    }
+    match (table, key) {
+        (Some(t), Some(k)) => Some(format!("{t}.{k}")),
+        (None, Some(k)) => Some(k),
+        (Some(t), None) => Some(t),
+        (None, None) => None,
+    }
+}
+
+/// The value written on the line of byte `offset` (what follows its `=`, without a comment
+/// after it), when the line has one.
+pub fn value_at(text: &str, offset: usize) -> Option<String> {
+    let line = text.lines().nth(line_of(text, offset) - 1)?;
+    let (_, value) = line.split_once('=')?;
+    let value = value.split(" #").next().unwrap_or(value).trim();
+    (!value.is_empty()).then(|| value.to_owned())
+}
+
+/// A parser's `message` about a value, with the `value` as written when it does not say it
+/// already.
+pub fn with_value(message: &str, value: Option<String>) -> String {
+    match value {
+        Some(v) if !message.contains(v.trim_matches('"')) => format!("{message}, found {v}"),
+        _ => message.to_owned(),
+    }
+}
+
 /// What the macro names in the calling crate's code.
 #[doc(hidden)]
 pub mod __private {

@@ -1,11 +1,12 @@
 //! The file itself: reading it, where a mistake is (file, line, dotted key), and which keys
 //! a table accepts and documents.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+pub(crate) use cyphonic_declare::{key_at, line_of};
+use cyphonic_declare::{value_at, with_value};
 use serde::de::DeserializeOwned;
 use toml::Spanned;
 
@@ -69,7 +70,7 @@ pub fn parse<T: DeserializeOwned>(path: &Path) -> Result<(T, String), ConfigErro
             file: path.to_owned(),
             line: at.map(|o| line_of(&text, o)),
             key: at.and_then(|o| key_at(&text, o)),
-            message: e.message().trim().to_owned(),
+            message: with_value(e.message().trim(), at.and_then(|o| value_at(&text, o))),
         }
     })?;
     Ok((raw, text))
@@ -147,41 +148,4 @@ pub fn changed_keys<const N: usize>(keys: [(&'static str, bool); N]) -> Vec<&'st
     keys.into_iter()
         .filter_map(|(key, changed)| changed.then_some(key))
         .collect()
-}
-
-// ---- locating ----------------------------------------------------------------------------
-
-/// 1-based line of byte `offset`.
-pub(crate) fn line_of(text: &str, offset: usize) -> usize {
-    text.get(..offset.min(text.len()))
-        .map_or(1, |t| t.matches('\n').count() + 1)
-}
-
-/// The dotted key at byte `offset`: the table header above it and the key on its line,
-/// e.g. `reservation[1].mac`.
-pub(crate) fn key_at(text: &str, offset: usize) -> Option<String> {
-    let line_no = line_of(text, offset);
-    let lines: Vec<&str> = text.lines().collect();
-    let line = lines.get(line_no - 1)?;
-    let key = line
-        .split_once('=')
-        .map(|(k, _)| k.trim().trim_matches('"').to_owned());
-    let mut table = None;
-    let mut counts: HashMap<String, usize> = HashMap::new();
-    for l in &lines[..line_no.min(lines.len())] {
-        let t = l.trim();
-        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
-            let n = counts.entry(name.trim().to_owned()).or_insert(0);
-            table = Some(format!("{}[{}]", name.trim(), *n));
-            *n += 1;
-        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
-            table = Some(name.trim().to_owned());
-        }
-    }
-    match (table, key) {
-        (Some(t), Some(k)) => Some(format!("{t}.{k}")),
-        (None, Some(k)) => Some(k),
-        (Some(t), None) => Some(t),
-        (None, None) => None,
-    }
 }
