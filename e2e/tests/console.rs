@@ -15,7 +15,12 @@ use std::time::{Duration, Instant};
 
 use cyphonic_e2e::bed::{BedOptions, CloudOptions, Side, TwoSites};
 use cyphonic_e2e::inject::inside;
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, Locator};
+
+// The console's own tests' browser steps (a test file cannot use another crate's tests).
+#[path = "../../crates/cloud/tests/common/browser.rs"]
+mod browser;
+use browser::{click, fill, text};
 
 /// The API and console, on the cloud's loopback.
 const API: &str = "http://127.0.0.1:9467";
@@ -55,44 +60,6 @@ impl Drop for Group {
     }
 }
 
-async fn text(c: &Client, css: &str) -> String {
-    match c
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await
-    {
-        Ok(e) => e.text().await.unwrap(),
-        Err(e) => panic!(
-            "{css}: {e}, at {:?}:\n{}",
-            c.current_url().await.map(|u| u.to_string()),
-            c.source().await.unwrap_or_default()
-        ),
-    }
-}
-
-async fn click(c: &Client, css: &str) {
-    c.wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
-}
-
-async fn fill(c: &Client, css: &str, value: &str) {
-    let e = c
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"));
-    e.clear().await.unwrap();
-    e.send_keys(value).await.unwrap();
-}
-
 /// Loads `path` again and again until the text of `css` says what `want` wants, within
 /// `within` (what the adapters report reaches the cloud within seconds, not at once).
 async fn until_page(
@@ -124,23 +91,7 @@ async fn until_page(
 /// The browser's part: sign in, both sites with their devices and the tunnel, a revocation,
 /// the other site's tunnel going, the audit log.
 async fn browse() {
-    let caps = serde_json::json!({
-        "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
-            "args": [
-                "--headless=new", "--no-sandbox", "--disable-gpu",
-                "--disable-dev-shm-usage", "--no-first-run", "--window-size=1280,860",
-            ],
-        },
-    });
-    let serde_json::Value::Object(caps) = caps else {
-        unreachable!()
-    };
-    let c = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&format!("http://127.0.0.1:{DRIVER}"))
-        .await
-        .expect("a Chromium session");
+    let c = browser::session(&format!("http://127.0.0.1:{DRIVER}"), 1280, 860).await;
     // Olivia, an operator, signs in.
     c.goto(&format!("{API}/console/")).await.unwrap();
     click(&c, "#sign-in").await;

@@ -16,9 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cyphonic_crypto::StaticKeypair;
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, Locator};
 
 mod common;
+use common::browser::{self, click, fill, text};
 use common::oidc::Bed;
 
 /// chromedriver, on a port of its own (ended, by its PID, when dropped).
@@ -54,25 +55,7 @@ impl Driver {
 
     /// A new headless Chromium, `width` by `height`, that accepts the test's certificate.
     async fn browser(&self, width: u32, height: u32) -> Client {
-        let caps = serde_json::json!({
-            "acceptInsecureCerts": true,
-            "goog:chromeOptions": {
-                "binary": "/usr/bin/chromium",
-                "args": [
-                    "--headless=new", "--no-sandbox", "--disable-gpu",
-                    "--disable-dev-shm-usage", "--no-first-run",
-                    format!("--window-size={width},{height}"),
-                ],
-            },
-        });
-        let serde_json::Value::Object(caps) = caps else {
-            unreachable!()
-        };
-        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-            .capabilities(caps)
-            .connect(&self.url)
-            .await
-            .expect("a Chromium session")
+        browser::session(&self.url, width, height).await
     }
 }
 
@@ -97,22 +80,6 @@ async fn shot(c: &Client, name: &str) {
     }
 }
 
-async fn text(c: &Client, css: &str) -> String {
-    let found = c
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await;
-    match found {
-        Ok(e) => e.text().await.unwrap(),
-        Err(e) => {
-            let url = c.current_url().await.map(|u| u.to_string());
-            let page = c.source().await.unwrap_or_default();
-            panic!("{css}: {e}, at {url:?}:\n{page}");
-        }
-    }
-}
-
 /// Waits until the text of `css` holds `needle` (a page that changes by itself, or one
 /// being replaced); returns it.
 async fn until_text(c: &Client, css: &str, needle: &str) -> String {
@@ -127,28 +94,6 @@ async fn until_text(c: &Client, css: &str, needle: &str) -> String {
         assert!(Instant::now() < deadline, "{css} never held {needle}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn click(c: &Client, css: &str) {
-    c.wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap();
-}
-
-async fn fill(c: &Client, css: &str, value: &str) {
-    let e = c
-        .wait()
-        .at_most(Duration::from_secs(20))
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"));
-    e.clear().await.unwrap();
-    e.send_keys(value).await.unwrap();
 }
 
 /// Waits until the browser is at a URL starting with `prefix`.

@@ -10,6 +10,7 @@ use cyphonic_cloud::{CloudConfig, Policy, Store};
 use cyphonic_crypto::{CertificateAuthority, StaticKeypair};
 use cyphonic_signal::testing::Pki;
 
+pub(crate) mod browser;
 pub(crate) mod oidc;
 
 /// A cloud's configuration on `dir`'s SQLite store, issuing with `pki`'s CA.
