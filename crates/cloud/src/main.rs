@@ -333,13 +333,17 @@ fn main() -> ExitCode {
             to,
             what,
         } => {
-            if let Err(e) = cyphonic_cloud::config::load(&config, now()) {
-                return config_refused(cyphonic_cloud::PROGRAM, &e);
-            }
+            // A file it refuses is a configuration matter (78); the rest, no answer.
+            let loaded = match cyphonic_cloud::config::load(&config, now()) {
+                Ok(c) => c,
+                Err(e) => return config_refused(cyphonic_cloud::PROGRAM, &e),
+            };
             return cyphonic_telemetry::service::policy_answer(
                 cyphonic_cloud::PROGRAM,
                 json,
-                policy_check(&config, &from, &to, &what).map_err(|e| format!("{e:#}")),
+                Registry::with(loaded)
+                    .and_then(|r| policy_check(&r, &from, &to, &what))
+                    .map_err(|e| format!("{e:#}")),
             );
         }
     };
@@ -547,8 +551,12 @@ fn status_text(doc: &cyphonic_cloud::observe::Status) -> String {
 
 /// `policy`: whether `from` may open `what` to `to` under the policy compiled against the
 /// registry as it is now, and the answer in words.
-fn policy_check(config: &Path, from: &str, to: &str, what: &str) -> anyhow::Result<(bool, String)> {
-    let registry = Registry::open(config, now())?;
+fn policy_check(
+    registry: &Registry,
+    from: &str,
+    to: &str,
+    what: &str,
+) -> anyhow::Result<(bool, String)> {
     let store = &registry.store;
     let (proto, port) = cyphonic_filter::parse_flow(what).map_err(anyhow::Error::msg)?;
     registry.block_on(async {
@@ -656,7 +664,11 @@ impl Registry {
     /// Reads the configuration at `path` (certificates checked at unix time `now`) and opens
     /// its store.
     pub(crate) fn open(path: &Path, now: u64) -> anyhow::Result<Self> {
-        let config = cyphonic_cloud::config::load(path, now)?;
+        Self::with(cyphonic_cloud::config::load(path, now)?)
+    }
+
+    /// Opens the store of `config`, a configuration read already.
+    pub(crate) fn with(config: cyphonic_cloud::CloudConfig) -> anyhow::Result<Self> {
         if let Some(file) = cyphonic_cloud::config::sqlite_file(&config.database) {
             as_registry_owner(&file)?;
         }

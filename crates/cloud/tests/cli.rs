@@ -277,3 +277,50 @@ fn check_config_names_the_line_key_and_value_of_each_mistake() {
         );
     }
 }
+
+/// `policy` answers in its exit status: 0 allowed, 1 denied, 2 when it cannot say (a name
+/// nobody holds, a flow that does not read), 78 for a file it refuses; `--json` says the
+/// same as `{allowed, answer}`.
+#[test]
+fn policy_says_allowed_denied_or_no_answer_in_its_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = good_config(dir.path());
+    let path = dir.path().join("cloud.toml");
+    let policy = |text: &str, args: &[&str]| {
+        std::fs::write(&path, text).unwrap();
+        let mut all = vec!["policy", "-c", path.to_str().unwrap(), "--json"];
+        all.extend_from_slice(args);
+        let out = run(&all);
+        let said: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code(), said)
+    };
+    let flow = ["100.64.1.1", "100.64.2.1", "tcp/22"];
+    let (code, said) = policy(&good, &flow);
+    assert_eq!(
+        (code, &said["allowed"]),
+        (Some(0), &Value::Bool(true)),
+        "{said}"
+    );
+    let deny = good.replace("default = \"allow\"", "default = \"deny\"");
+    let (code, said) = policy(&deny, &flow);
+    assert_eq!(
+        (code, &said["allowed"]),
+        (Some(1), &Value::Bool(false)),
+        "{said}"
+    );
+    assert!(
+        said["answer"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("denied: ")),
+        "{said}"
+    );
+    for args in [
+        ["nobody.ovl.example", "100.64.2.1", "icmp"],
+        ["100.64.1.1", "100.64.2.1", "sctp/9"],
+    ] {
+        let (code, said) = policy(&good, &args);
+        assert_eq!((code, &said), (Some(2), &Value::Null), "{args:?}");
+    }
+    let refused = good.replace("lifetime = 604800", "lifetime = 10");
+    assert_eq!(policy(&refused, &flow).0, Some(78));
+}
