@@ -335,24 +335,34 @@ fn a_rule_names_single_devices_behind_one_adapter() {
         "A stopped all of it before sealing"
     );
 
-    // The dry run, from A's file.
-    let ask = |from: &str, what: &str| {
+    // The dry run, from A's file: 0 allowed, 1 denied, 2 no answer; the same in JSON.
+    let ask = |from: &str, what: &str, json: bool| {
         let out = std::process::Command::new(&bed.bins.adapter)
             .args(["policy", "--config", bed.a.config().to_str().unwrap()])
+            .args(json.then_some("--json"))
             .args([from, "nvr", what])
             .output()
             .unwrap();
         (
-            out.status.success(),
+            out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
         )
     };
-    let (yes, said) = ask("camera1", "tcp/554");
-    assert!(yes && said.contains("by rule 1"), "{said}");
-    let (yes, said) = ask("camera2", "tcp/554");
-    assert!(!yes && said.starts_with("denied"), "{said}");
-    let (yes, _) = ask("camera1", "tcp/80");
-    assert!(!yes);
+    let (code, said) = ask("camera1", "tcp/554", false);
+    assert!(code == Some(0) && said.contains("by rule 1"), "{said}");
+    let (code, said) = ask("camera2", "tcp/554", false);
+    assert!(code == Some(1) && said.starts_with("denied"), "{said}");
+    let (code, _) = ask("camera1", "tcp/80", false);
+    assert_eq!(code, Some(1));
+    let (code, said) = ask("nobody", "tcp/554", false);
+    assert_eq!((code, said.as_str()), (Some(2), ""));
+    let (code, said) = ask("camera2", "tcp/554", true);
+    let said: Value = serde_json::from_str(&said).unwrap();
+    assert_eq!(
+        (code, &said["allowed"]),
+        (Some(1), &Value::Bool(false)),
+        "{said}"
+    );
 }
 
 /// A rule removed by SIGHUP while a TCP flow runs cuts it within seconds (nothing more
