@@ -1230,11 +1230,10 @@ fn a_pair_serves_the_site_when_its_active_box_is_killed() {
     assert_eq!(role(&serving, "active"), Some(1.0), "{serving}");
     // Every HA metric the Grafana dashboard queries is one the pair exports (a renamed one
     // would leave an empty panel that nobody notices).
-    let exported = cyphonic_e2e::sample_names(&format!("{first}{second}{serving}"));
-    let missing: Vec<String> = cyphonic_e2e::dashboard_metrics()
-        .into_iter()
-        .filter(|name| name.starts_with(cyphonic_e2e::HA_METRICS) && !exported.contains(name))
-        .collect();
+    let missing = cyphonic_e2e::dashboard_lacks(
+        &format!("{first}{second}{serving}"),
+        cyphonic_e2e::HA_METRICS,
+    );
     assert!(
         missing.is_empty(),
         "the dashboard queries {missing:?}, which the pair does not export"
