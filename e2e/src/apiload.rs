@@ -124,6 +124,7 @@ impl Cloud {
             probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
             status_socket: dir.path().join("cloud.sock"),
+            admin_socket: dir.path().join("cloud-admin.sock"),
             metrics: None,
             relay: None,
             key: StaticKeypair::generate()?,

@@ -1032,6 +1032,7 @@ async fn instance_with(
         probe_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
         status_socket: std::env::temp_dir().join(cyphonic_e2e::unique("cy-cloud-status-")),
+        admin_socket: std::env::temp_dir().join(cyphonic_e2e::unique("cy-cloud-admin-")),
         metrics: None,
         // Instances sharing a store name their relay's address: a client on another
         // instance cannot be given the address it reached this one on.

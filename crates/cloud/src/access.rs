@@ -6,8 +6,11 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use cyphonic_cloud::admin::{self, Scope, Who};
+use cyphonic_cloud::api::{ApiTokenView, NewApiToken};
 use cyphonic_cloud::store::AuditQuery;
 use cyphonic_telemetry::status::time_left;
+
+use crate::running::Change;
 
 /// What `api-token` does.
 #[derive(Subcommand)]
@@ -45,6 +48,20 @@ pub(crate) enum ApiTokens {
     },
 }
 
+/// A new API token as the command line prints it (from the API's `NewApiToken`).
+#[derive(serde::Deserialize)]
+struct MadeApiToken {
+    token: String,
+    item: MadeApiTokenItem,
+}
+
+/// What the new API token is.
+#[derive(serde::Deserialize)]
+struct MadeApiTokenItem {
+    id: String,
+    expires_at: Option<u64>,
+}
+
 #[expect(clippy::print_stdout, reason = "the command's output")]
 fn say(text: &str) {
     println!("{text}");
@@ -62,22 +79,34 @@ pub(crate) fn api_tokens(cmd: ApiTokens, now: u64) -> anyhow::Result<()> {
             scope,
             expires,
         } => {
-            let registry = crate::Registry::open(&config, now)?;
-            let (row, token) = registry.block_on(admin::create_api_token(
-                &registry.store,
-                &name,
-                scope,
-                expires,
-                &Who::cli(),
-                now,
-            ))?;
+            let body = serde_json::json!({ "name": name, "scope": scope, "expires": expires });
+            let made: MadeApiToken = Change {
+                method: reqwest::Method::POST,
+                path: &["api-tokens"],
+                body: Some(body),
+            }
+            .make(&config, now, |registry| {
+                let (row, token) = registry.block_on(admin::create_api_token(
+                    &registry.store,
+                    &name,
+                    scope,
+                    expires,
+                    &Who::cli(),
+                    now,
+                ))?;
+                Ok(NewApiToken {
+                    token: token.to_string(),
+                    item: ApiTokenView::of(row, now),
+                })
+            })?;
             say(&format!(
-                "API token {} ({name}, {scope}), {}:\n{token}\nuse it as: Authorization: Bearer TOKEN",
-                row.id,
-                row.expires_at.map_or_else(
+                "API token {} ({name}, {scope}), {}:\n{}\nuse it as: Authorization: Bearer TOKEN",
+                made.item.id,
+                made.item.expires_at.map_or_else(
                     || "until revoked".to_owned(),
                     |e| format!("ends in {}", time_left(e, now))
-                )
+                ),
+                made.token
             ));
             Ok(())
         }
@@ -105,22 +134,20 @@ pub(crate) fn api_tokens(cmd: ApiTokens, now: u64) -> anyhow::Result<()> {
             say(&text);
             Ok(())
         }
-        ApiTokens::Revoke { id, config } => {
-            let registry = crate::Registry::open(&config, now)?;
-            let was_live = registry.block_on(admin::revoke_api_token(
-                &registry.store,
-                &id,
-                &Who::cli(),
-                now,
-            ))?;
-            let id = id.trim().to_ascii_lowercase();
-            say(&if was_live {
-                format!("revoked API token {id}")
-            } else {
-                format!("API token {id} was revoked already")
-            });
-            Ok(())
-        }
+        ApiTokens::Revoke { id, config } => crate::running::revoke_token(
+            &config,
+            now,
+            ("api-tokens", "API token"),
+            &id,
+            |registry| {
+                Ok(registry.block_on(admin::revoke_api_token(
+                    &registry.store,
+                    &id,
+                    &Who::cli(),
+                    now,
+                ))?)
+            },
+        ),
     }
 }
 

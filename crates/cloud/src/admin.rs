@@ -25,8 +25,12 @@ pub struct Who {
 impl Who {
     /// The user running this process on the cloud's host.
     pub fn cli() -> Self {
-        let uid = nix::unistd::getuid();
-        let user = nix::unistd::User::from_uid(uid)
+        Self::local(nix::unistd::getuid().as_raw())
+    }
+
+    /// The user `uid` of the cloud's host, by name where it has one.
+    pub fn local(uid: u32) -> Self {
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
             .ok()
             .flatten()
             .map_or_else(|| uid.to_string(), |u| u.name);
@@ -220,7 +224,7 @@ fn random_id() -> Result<String, AdminError> {
 }
 
 /// What a new enrollment token is bound to (`token create`, `POST /enrollment-tokens`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// The member's FQDN, below the overlay domain.
@@ -493,7 +497,7 @@ pub enum RevokeTarget {
 }
 
 /// What a revocation did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Revoked {
     /// The certificates it names (fingerprints, hex).
     pub fingerprints: Vec<String>,

@@ -26,6 +26,8 @@ pub struct CloudConfig {
     pub relay: Option<RelayConfig>,
     /// Where `cyphonic-cloud status` finds the running cloud.
     pub status_socket: PathBuf,
+    /// Where the CLI's changes to the registry reach the running cloud.
+    pub admin_socket: PathBuf,
     /// Where the Prometheus endpoint listens; off without.
     pub metrics: Option<SocketAddr>,
     /// The cloud's Noise key (clients pin its public half).
@@ -137,6 +139,11 @@ cyphonic_declare::table! {
         relay: RawRelay = RawRelay::default(),
         /// Where `cyphonic-cloud status` finds the running cloud (mode 0600).
         status_socket: PathBuf = PathBuf::from("/run/cyphonic/cloud.sock"),
+        /// Where the command line's changes to the registry (`token create`, `revoke`...)
+        /// reach the running cloud: the API's endpoints for root and the cloud's user (mode
+        /// 0600). Unset: beside `status_socket`, its name with `-admin`
+        /// (`/run/cyphonic/cloud-admin.sock`).
+        admin_socket: Option<Spanned<PathBuf>> = None,
         /// The metrics endpoint.
         metrics: RawMetrics = RawMetrics::default(),
         /// The HTTP API.
@@ -342,6 +349,7 @@ pub struct Restart {
     api_proxies: Vec<ipnet::IpNet>,
     api_oidc: Option<crate::signin::OidcConfig>,
     status_socket: PathBuf,
+    admin_socket: PathBuf,
     enroll: Option<(cyphonic_crypto::Fingerprint, Vec<ipnet::IpNet>, u64)>,
 }
 
@@ -361,6 +369,7 @@ impl Restart {
             api_proxies: c.api_proxies.clone(),
             api_oidc: c.api_oidc.clone(),
             status_socket: c.status_socket.clone(),
+            admin_socket: c.admin_socket.clone(),
             enroll: c
                 .enroll
                 .as_ref()
@@ -393,6 +402,7 @@ impl Restart {
             (RawApi::trusted_proxies, self.api_proxies != new.api_proxies),
             ("[api.oidc]", self.api_oidc != new.api_oidc),
             (Raw::status_socket, self.status_socket != new.status_socket),
+            (Raw::admin_socket, self.admin_socket != new.admin_socket),
             ("[enroll]", self.enroll != new.enroll),
         ]
         .into_iter()
@@ -635,17 +645,36 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         Some(o) => Some(oidc(o, dir, &err)?),
         None => None,
     };
-    let status_socket = if raw.status_socket.is_absolute() {
-        raw.status_socket.clone()
-    } else {
-        dir.join(&raw.status_socket)
-    };
+    let status_socket = dir.join(&raw.status_socket);
+    let (admin_socket, span, named) = raw.admin_socket.as_ref().map_or_else(
+        || {
+            let mut name = status_socket.file_stem().unwrap_or_default().to_owned();
+            name.push("-admin");
+            let mut beside = status_socket.with_file_name(name);
+            if let Some(ext) = status_socket.extension() {
+                beside.set_extension(ext);
+            }
+            (beside, 0..0, Raw::status_socket)
+        },
+        |p| (dir.join(p.get_ref()), p.span(), Raw::admin_socket),
+    );
+    if admin_socket == status_socket {
+        return Err(err(
+            span,
+            named,
+            format!(
+                "{} is the status socket too: give each its own path",
+                admin_socket.display()
+            ),
+        ));
+    }
     Ok(CloudConfig {
         listen: raw.listen,
         probe_listen: raw.probe_listen,
         probe_listen_alt,
         relay,
         status_socket,
+        admin_socket,
         metrics,
         api,
         audit_days,
@@ -1079,6 +1108,34 @@ mod tests {
         )
         .unwrap();
         dir
+    }
+
+    /// The admin socket sits beside the status socket, named after it, unless given; one
+    /// path for both is refused at the key that set it.
+    #[test]
+    fn the_admin_socket_is_named_after_the_status_socket() {
+        let dir = keys();
+        let path = dir.path().join("cloud.toml");
+        let load_with = |extra: &str| {
+            let text = format!(
+                "key = \"cloud.key\"\nca = \"ca.crt\"\ndatabase = \"sqlite://cloud.db\"\n{extra}"
+            );
+            std::fs::write(&path, text).unwrap();
+            load(&path, 1_800_000_000)
+        };
+        let c = load_with("").unwrap();
+        assert_eq!(c.admin_socket, Path::new("/run/cyphonic/cloud-admin.sock"));
+        let c = load_with("status_socket = \"run/gw1.sock\"\n").unwrap();
+        assert_eq!(c.admin_socket, dir.path().join("run/gw1-admin.sock"));
+        let c = load_with("admin_socket = \"/run/x.sock\"\n").unwrap();
+        assert_eq!(c.admin_socket, Path::new("/run/x.sock"));
+        let e = load_with("status_socket = \"a.sock\"\nadmin_socket = \"a.sock\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":5:") && e.contains("admin_socket") && e.contains("status socket too"),
+            "{e}"
+        );
     }
 
     /// A shared store that does not answer is refused at its key (nothing listens on

@@ -59,6 +59,7 @@ pub struct Running {
     api_tls: Option<tokio::sync::watch::Sender<Arc<rustls::ServerConfig>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _status: Option<cyphonic_telemetry::status::StatusSocket>,
+    _admin: cyphonic_telemetry::status::StatusSocket,
 }
 
 impl Running {
@@ -195,18 +196,41 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         .api_tls
         .as_ref()
         .map(|t| tokio::sync::watch::Sender::new(t.config.clone()));
+    let signin = match config.api {
+        Some(_) => config
+            .api_oidc
+            .clone()
+            .map(signin::Provider::new)
+            .transpose()?,
+        None => None,
+    };
+    let state = api::ApiState::with_signin(nms.clone(), signin).await?;
+    // The command line's changes reach the running cloud here (docs/protocol.md §8).
+    let admin = {
+        let listener = cyphonic_telemetry::status::bind_private(&config.admin_socket)
+            .and_then(|l| {
+                l.set_nonblocking(true)?;
+                tokio::net::UnixListener::from_std(l)
+            })
+            .with_context(|| {
+                format!(
+                    "opening the admin socket {} (admin_socket)",
+                    config.admin_socket.display()
+                )
+            })?;
+        tasks.push(tokio::spawn(api::serve_local(
+            listener,
+            api::local_router(state.clone()),
+            api::Limits::default(),
+        )));
+        cyphonic_telemetry::status::StatusSocket::at(&config.admin_socket)
+    };
     let api = match config.api {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding the API's address {addr} ([api] listen)"))?;
             let bound = listener.local_addr()?;
-            let signin = config
-                .api_oidc
-                .clone()
-                .map(signin::Provider::new)
-                .transpose()?;
-            let state = api::ApiState::with_signin(nms.clone(), signin).await?;
             tasks.push(tokio::spawn(state.clone().keep_fresh()));
             tasks.push(tokio::spawn(api::serve(
                 listener,
@@ -259,6 +283,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         api_tls,
         tasks,
         _status: Some(status),
+        _admin: admin,
     })
 }
 

@@ -12,6 +12,7 @@
 
 mod access;
 mod members;
+mod running;
 mod tokens;
 
 use std::fs::{self, OpenOptions};
@@ -591,18 +592,33 @@ fn revoke_online(
     fingerprint: Option<String>,
     config: &Path,
 ) -> anyhow::Result<()> {
-    let registry = Registry::open(config, now())?;
-    let target = match (name, fingerprint) {
-        (Some(name), _) => RevokeTarget::Name(name),
-        (None, Some(fp)) => RevokeTarget::Fingerprint(fp),
+    let (target, path, body) = match (name, fingerprint) {
+        (Some(name), _) => (
+            RevokeTarget::Name(name.clone()),
+            vec!["members".to_owned(), name, "revoke".to_owned()],
+            None,
+        ),
+        (None, Some(fp)) => (
+            RevokeTarget::Fingerprint(fp.clone()),
+            vec!["revocations".to_owned()],
+            Some(serde_json::json!({ "fingerprint": fp })),
+        ),
         (None, None) => bail!("name a member or --fingerprint"),
     };
-    let r = registry.block_on(admin::revoke_member(
-        &registry.store,
-        &target,
-        &admin::Who::cli(),
-        now(),
-    ))?;
+    let path: Vec<&str> = path.iter().map(String::as_str).collect();
+    let r: admin::Revoked = running::Change {
+        method: reqwest::Method::POST,
+        path: &path,
+        body,
+    }
+    .make(config, now(), |registry| {
+        Ok(registry.block_on(admin::revoke_member(
+            &registry.store,
+            &target,
+            &admin::Who::cli(),
+            now(),
+        ))?)
+    })?;
     println!(
         "revoked {} certificate(s) ({} already); the cloud cuts them off and tells every client within about 2 s",
         r.added,

@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use clap::Subcommand;
+use cyphonic_cloud::api::Removed;
 use cyphonic_cloud::fleet::MemberView;
 use cyphonic_cloud::store::PairReport;
 use cyphonic_control::{PairBox, PairRole};
@@ -77,12 +78,20 @@ pub(crate) fn run(cmd: Members, now: u64) -> anyhow::Result<()> {
             print(json, &views, || show_text(&views, now))
         }
         Members::Remove { name, config } => {
-            let registry = open(&config)?;
-            let removed = registry.block_on(cyphonic_cloud::admin::remove_member(
-                &registry.store,
-                &name,
-                &cyphonic_cloud::admin::Who::cli(),
-            ))?;
+            let removed: Removed = crate::running::Change {
+                method: reqwest::Method::DELETE,
+                path: &["members", &name],
+                body: None,
+            }
+            .make(&config, now, |registry| {
+                let removed = registry.block_on(cyphonic_cloud::admin::remove_member(
+                    &registry.store,
+                    &name,
+                    &cyphonic_cloud::admin::Who::cli(),
+                ))?;
+                Ok(Removed { removed })
+            })?;
+            let removed = removed.removed;
             say(&format!(
                 "removed {removed} offline certificate(s) of {name} and the names they hosted; a certificate stays valid until revoked (ca revoke)"
             ));

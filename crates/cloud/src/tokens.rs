@@ -9,10 +9,13 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use cyphonic_cloud::admin::{self, TokenRequest, Who};
+use cyphonic_cloud::api::NewEnrollmentToken;
 use cyphonic_cloud::enroll::TOKEN_EXPIRY;
 use cyphonic_cloud::fleet::TokenView;
 use cyphonic_telemetry::status::time_left;
 use ipnet::IpNet;
+
+use crate::running::Change;
 
 /// What `token` does.
 #[derive(Subcommand)]
@@ -76,6 +79,24 @@ pub(crate) enum Tokens {
     },
 }
 
+/// A new enrollment token as the command line prints it (from the API's
+/// `NewEnrollmentToken`).
+#[derive(serde::Deserialize)]
+struct Made {
+    token: String,
+    item: MadeItem,
+}
+
+/// What the new token is bound to.
+#[derive(serde::Deserialize)]
+struct MadeItem {
+    id: String,
+    name: String,
+    vip_blocks: Vec<String>,
+    lifetime: u64,
+    expires_at: u64,
+}
+
 #[expect(clippy::print_stdout, reason = "the command's output")]
 fn say(text: &str) {
     println!("{text}");
@@ -96,7 +117,6 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             json,
             replace,
         } => {
-            let registry = open(&config)?;
             let req = TokenRequest {
                 name,
                 vip_blocks,
@@ -107,20 +127,32 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
                 expires,
                 replace,
             };
-            let (row, token) = registry.block_on(admin::create_token(
-                &registry.store,
-                registry.config.enroll.as_ref(),
-                &req,
-                &Who::cli(),
-                now,
-            ))?;
-            let shown: Vec<String> = row.blocks.iter().map(ToString::to_string).collect();
+            let made: Made = Change {
+                method: reqwest::Method::POST,
+                path: &["enrollment-tokens"],
+                body: Some(serde_json::to_value(&req)?),
+            }
+            .make(&config, now, |registry| {
+                let (row, token) = registry.block_on(admin::create_token(
+                    &registry.store,
+                    registry.config.enroll.as_ref(),
+                    &req,
+                    &Who::cli(),
+                    now,
+                ))?;
+                Ok(NewEnrollmentToken {
+                    token: token.to_string(),
+                    item: TokenView::of(row, now),
+                })
+            })?;
+            let (row, token) = (made.item, made.token);
+            let shown = row.vip_blocks;
             if json {
                 say(&serde_json::json!({
-                    "id": token.id,
+                    "id": row.id,
                     "name": row.name,
                     "blocks": shown,
-                    "token": token.to_string(),
+                    "token": token,
                     "lifetime_secs": row.lifetime,
                     "expires_at": row.expires_at,
                 })
@@ -130,7 +162,7 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             say(&format!(
                 "token {} for {} ({}), certificates for {}, expires in {}:\n{token}\n\
                  on the device: cyphonic-adapter enroll --token TOKEN (or cyphonic-node)",
-                token.id,
+                row.id,
                 row.name,
                 shown.join(" "),
                 crate::human(row.lifetime),
@@ -171,17 +203,19 @@ pub(crate) fn run(cmd: Tokens, now: u64) -> anyhow::Result<()> {
             say(&text);
             Ok(())
         }
-        Tokens::Revoke { id, config } => {
-            let registry = open(&config)?;
-            let was_live =
-                registry.block_on(admin::revoke_token(&registry.store, &id, &Who::cli(), now))?;
-            let id = id.trim().to_ascii_lowercase();
-            say(&if was_live {
-                format!("revoked token {id}")
-            } else {
-                format!("token {id} was revoked already")
-            });
-            Ok(())
-        }
+        Tokens::Revoke { id, config } => crate::running::revoke_token(
+            &config,
+            now,
+            ("enrollment-tokens", "token"),
+            &id,
+            |registry| {
+                Ok(registry.block_on(admin::revoke_token(
+                    &registry.store,
+                    &id,
+                    &Who::cli(),
+                    now,
+                ))?)
+            },
+        ),
     }
 }

@@ -65,6 +65,7 @@ impl Cloud {
             probe_listen_alt: SocketAddr::new(listen.ip(), 0),
             relay,
             status_socket: self._dir.path().join("cloud.sock"),
+            admin_socket: self._dir.path().join("cloud-admin.sock"),
             metrics: None,
             key: StaticKeypair::from_pem(&self.key.to_pem()).unwrap(),
             trust: pki.trust(),

@@ -15,6 +15,15 @@ pub struct StatusSocket {
     path: PathBuf,
 }
 
+impl StatusSocket {
+    /// The socket bound at `path` (by [`bind_private`]), removed when this is dropped.
+    pub fn at(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+        }
+    }
+}
+
 impl Drop for StatusSocket {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
@@ -60,9 +69,7 @@ pub fn serve<T: serde::Serialize>(
                 let _ = stream.write_all(&text);
             }
         })?;
-    Ok(StatusSocket {
-        path: path.to_owned(),
-    })
+    Ok(StatusSocket::at(path))
 }
 
 /// Why the status could not be read.

@@ -39,6 +39,18 @@ impl Default for Rates {
     }
 }
 
+impl Rates {
+    /// The one bucket of every caller on the local admin socket: 1,000 requests/s, writes
+    /// 200/s (a provisioning script is not held to a token's rates; a runaway loop still
+    /// cannot take the store).
+    pub(super) fn local() -> Self {
+        Self {
+            all: quota(1000, 1000),
+            writes: quota(200, 200),
+        }
+    }
+}
+
 impl std::fmt::Debug for Rates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rates").finish_non_exhaustive()
@@ -240,6 +252,9 @@ impl FromRequestParts<Arc<ApiState>> for Caller {
         parts: &mut Parts,
         state: &Arc<ApiState>,
     ) -> Result<Self, Self::Rejection> {
+        if let Some(peer) = parts.extensions.get::<super::local::Peer>() {
+            return by_peer(peer, state);
+        }
         if parts
             .headers
             .contains_key(axum::http::header::AUTHORIZATION)
@@ -303,6 +318,23 @@ impl Caller {
             .into())
         }
     }
+}
+
+/// The caller on the local admin socket: its peer, as an admin when it is root or the
+/// cloud's own user; anyone else is refused.
+fn by_peer(peer: &super::local::Peer, state: &ApiState) -> Result<Caller, ApiError> {
+    let who = peer.who.clone().ok_or_else(|| {
+        AdminError::Forbidden(
+            "only root and the cloud's own user may use the admin socket".to_owned(),
+        )
+    })?;
+    take(&state.local_rates.all)?;
+    Ok(Caller {
+        who,
+        scope: Scope::Admin,
+        rates: state.local_rates.clone(),
+        session: None,
+    })
 }
 
 /// The caller an API token names. The same answer whatever is wrong: not a token,

@@ -13,6 +13,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
     paths(
         super::members,
         super::member,
+        super::remove_member,
         super::revoke_member,
         super::reports::devices,
         super::reports::tunnels,
@@ -21,6 +22,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         super::create_enrollment_token,
         super::revoke_enrollment_token,
         super::revocations,
+        super::revoke_certificate,
         super::api_tokens,
         super::create_api_token,
         super::revoke_api_token,

@@ -8,6 +8,7 @@ mod auth;
 mod console;
 mod doc;
 mod flows;
+mod local;
 mod reports;
 mod session;
 
@@ -30,6 +31,7 @@ use crate::store::{AuditEntry, AuditQuery, StoreError};
 pub use auth::{Caller, REFRESH, SESSION_COOKIE};
 pub use doc::openapi;
 pub use flows::FlowParams;
+pub use local::{LOCAL_CONNECTIONS, serve_local};
 pub use reports::{DevicePage, TunnelParams};
 pub use session::{LOGIN_COOKIE, WhoAmI};
 
@@ -42,6 +44,8 @@ pub struct ApiState {
     sessions: auth::Sessions,
     signin: Option<crate::signin::Provider>,
     signin_rates: session::SourceRates,
+    /// Every caller on the local admin socket together.
+    local_rates: Arc<auth::Rates>,
 }
 
 impl ApiState {
@@ -68,6 +72,7 @@ impl ApiState {
             sessions: auth::Sessions::default(),
             signin,
             signin_rates: session::SourceRates::default(),
+            local_rates: Arc::new(auth::Rates::local()),
         });
         state.refresh().await?;
         Ok(state)
@@ -103,11 +108,44 @@ impl ApiState {
 /// The largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// The API's routes over `state`.
+/// The API's routes over `state`: `/api/v1`, sign-in and the console.
 pub fn router(state: Arc<ApiState>) -> axum::Router {
-    let v1 = axum::Router::new()
+    finish(
+        axum::Router::new()
+            .nest("/api/v1", v1())
+            .route("/auth/login", get(session::login))
+            .route(crate::signin::CALLBACK, get(session::callback))
+            .route("/auth/logout", post(session::logout))
+            .merge(console::routes()),
+        state,
+    )
+}
+
+/// The local admin socket's routes over `state`: `/api/v1` alone.
+pub fn local_router(state: Arc<ApiState>) -> axum::Router {
+    finish(axum::Router::new().nest("/api/v1", v1()), state)
+}
+
+/// `routes` with the answers to unknown paths and methods, and the body limit.
+fn finish(routes: axum::Router<Arc<ApiState>>, state: Arc<ApiState>) -> axum::Router {
+    routes
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method",
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// The endpoints under `/api/v1`.
+fn v1() -> axum::Router<Arc<ApiState>> {
+    axum::Router::new()
         .route("/members", get(members))
-        .route("/members/{name}", get(member))
+        .route("/members/{name}", get(member).delete(remove_member))
         .route("/members/{name}/revoke", post(revoke_member))
         .route("/members/{name}/devices", get(reports::devices))
         .route("/tunnels", get(reports::tunnels))
@@ -120,7 +158,7 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
             "/enrollment-tokens/{id}",
             axum::routing::delete(revoke_enrollment_token),
         )
-        .route("/revocations", get(revocations))
+        .route("/revocations", get(revocations).post(revoke_certificate))
         .route("/api-tokens", get(api_tokens).post(create_api_token))
         .route("/api-tokens/{id}", axum::routing::delete(revoke_api_token))
         .route("/audit", get(audit))
@@ -128,23 +166,7 @@ pub fn router(state: Arc<ApiState>) -> axum::Router {
         .route("/policy/check", post(policy_check))
         .route("/policy/{member}", get(member_policy))
         .route("/session", get(session::whoami))
-        .route("/openapi.json", get(|| async { Json(openapi()) }));
-    axum::Router::new()
-        .nest("/api/v1", v1)
-        .route("/auth/login", get(session::login))
-        .route(crate::signin::CALLBACK, get(session::callback))
-        .route("/auth/logout", post(session::logout))
-        .merge(console::routes())
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "this endpoint does not take that method",
-            )
-        })
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state)
+        .route("/openapi.json", get(|| async { Json(openapi()) }))
 }
 
 /// What one listener admits: connections in all and from one address, and how long a
@@ -670,6 +692,59 @@ async fn revoke_member(
     Ok(Json(r))
 }
 
+/// What removing a member did.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Removed {
+    /// How many offline certificates of it were forgotten, with the names they hosted.
+    pub removed: usize,
+}
+
+/// Forgets a member's offline certificates and the names they host (`members remove`); an
+/// online certificate stays. Its certificates stay valid: revoke them too.
+#[utoipa::path(delete, path = "/api/v1/members/{name}", params(("name" = String, Path, description = "The member's name")),
+    responses((status = 200, body = Removed), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn remove_member(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    name: Result<Path<String>, PathRejection>,
+) -> Answer<Removed> {
+    let Path(name) = name?;
+    caller
+        .may_change(&s, Scope::Write, "member.remove", &name)
+        .await?;
+    let removed = admin::remove_member(s.nms.store(), &name, &caller.who).await?;
+    Ok(Json(Removed { removed }))
+}
+
+/// One certificate to revoke.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RevokeCertificate {
+    /// Its fingerprint (hex).
+    pub fingerprint: String,
+}
+
+/// Revokes one certificate by its fingerprint (`revoke --fingerprint`): every instance cuts
+/// its session and every client drops it within about 2 s.
+#[utoipa::path(post, path = "/api/v1/revocations", request_body = RevokeCertificate,
+    responses((status = 200, body = Revoked), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+async fn revoke_certificate(
+    State(s): State<Arc<ApiState>>,
+    caller: Caller,
+    body: Result<Json<RevokeCertificate>, JsonRejection>,
+) -> Answer<Revoked> {
+    let Json(req) = body?;
+    caller
+        .may_change(&s, Scope::Write, "member.revoke", &req.fingerprint)
+        .await?;
+    let target = RevokeTarget::Fingerprint(req.fingerprint);
+    Ok(Json(
+        admin::revoke_member(s.nms.store(), &target, &caller.who, now()).await?,
+    ))
+}
+
 /// The enrollment tokens, newest first (never their secrets).
 #[utoipa::path(get, path = "/api/v1/enrollment-tokens", params(PageQuery),
     responses((status = 200, body = Page<TokenView>), (status = 401, body = ErrorBody)),
@@ -727,7 +802,7 @@ async fn create_enrollment_token(
 }
 
 /// What a revocation of a token found.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenRevoked {
     /// Whether it was live (false: revoked before).
     pub was_live: bool,
@@ -812,7 +887,8 @@ pub struct ApiTokenView {
 }
 
 impl ApiTokenView {
-    fn of(t: crate::store::ApiTokenRow, now: u64) -> Self {
+    /// The view of `t` at unix time `now`.
+    pub fn of(t: crate::store::ApiTokenRow, now: u64) -> Self {
         Self {
             state: t.state(now),
             id: t.id,

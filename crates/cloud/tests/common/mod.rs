@@ -29,6 +29,7 @@ pub(crate) fn config(
         probe_listen_alt: SocketAddr::from(([127, 0, 0, 1], 0)),
         relay: None,
         status_socket: dir.join("cloud.sock"),
+        admin_socket: dir.join("cloud-admin.sock"),
         metrics: None,
         key: StaticKeypair::generate().unwrap(),
         trust: pki.trust(),
