@@ -11,6 +11,7 @@
 #![allow(clippy::print_stdout)]
 
 mod access;
+mod cakey;
 mod members;
 mod running;
 mod tokens;
@@ -180,6 +181,14 @@ enum Ca {
         /// Validity in days.
         #[arg(long, default_value_t = 3650)]
         days: u64,
+        /// Protect ca.key with a passphrase, asked twice on the terminal (or given with
+        /// --passphrase-file). Every command that signs asks for it again.
+        #[arg(long)]
+        protect: bool,
+        /// Protect ca.key with the passphrase on this file's first line (at least 8
+        /// characters).
+        #[arg(long, value_name = "FILE")]
+        passphrase_file: Option<PathBuf>,
     },
     /// Issue a node certificate (and a fresh Noise key, unless --public-key is given).
     Issue {
@@ -204,6 +213,8 @@ enum Ca {
         /// Where to write `<name>.crt` and `<name>.key`.
         #[arg(long)]
         out: PathBuf,
+        #[command(flatten)]
+        passphrase: cakey::KeyPassphrase,
     },
     /// Revoke a certificate (by file or fingerprint); appends to revoked.txt.
     Revoke {
@@ -237,6 +248,8 @@ enum Ca {
         /// Where to write issuing.crt and issuing.key (created).
         #[arg(long)]
         out: PathBuf,
+        #[command(flatten)]
+        passphrase: cakey::KeyPassphrase,
     },
     /// Give this root CA more blocks (an overlay made before IPv6: its IPv6 /48): a new
     /// `ca.crt` for the same key, name and validity, with the blocks added; the old one is
@@ -251,6 +264,24 @@ enum Ca {
         /// random, when the CA has no IPv6 block.
         #[arg(long = "vip-block")]
         vip_blocks: Vec<IpNet>,
+        #[command(flatten)]
+        passphrase: cakey::KeyPassphrase,
+    },
+    /// Protect ca.key with a passphrase, change its passphrase, or remove it (--remove).
+    /// The key is PKCS#8, encrypted with scrypt and AES-256-CBC, as OpenSSL reads it.
+    Passphrase {
+        /// The CA directory.
+        #[arg(long)]
+        dir: PathBuf,
+        #[command(flatten)]
+        current: cakey::KeyPassphrase,
+        /// The new passphrase: this file's first line (at least 8 characters). Without it
+        /// (and without --remove) it is asked twice on the terminal.
+        #[arg(long, value_name = "FILE", conflicts_with = "remove")]
+        new_passphrase_file: Option<PathBuf>,
+        /// Store the key without a passphrase again.
+        #[arg(long)]
+        remove: bool,
     },
     /// List the certificates this CA issued.
     List {
@@ -787,12 +818,15 @@ fn overlapping_issued(
     Ok(None)
 }
 
-fn load_ca(dir: &Path) -> anyhow::Result<CertificateAuthority> {
-    let key = fs::read_to_string(dir.join("ca.key"))
-        .with_context(|| format!("reading {}/ca.key", dir.display()))?;
+/// The CA in `dir`; a protected key's passphrase comes from `passphrase`.
+fn load_ca(dir: &Path, passphrase: &cakey::KeyPassphrase) -> anyhow::Result<CertificateAuthority> {
+    let path = dir.join("ca.key");
+    let key = zeroize::Zeroizing::new(
+        fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,
+    );
     let cert = fs::read_to_string(dir.join("ca.crt"))
         .with_context(|| format!("reading {}/ca.crt", dir.display()))?;
-    CertificateAuthority::from_pem(&key, &cert)
+    cakey::open(&key, &cert, || passphrase.of(&path))
         .with_context(|| format!("loading the CA in {}", dir.display()))
 }
 
@@ -827,6 +861,8 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             domain,
             vip_blocks,
             days,
+            protect,
+            passphrase_file,
         } => {
             if dir.join("ca.key").exists() {
                 bail!(
@@ -835,6 +871,12 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 );
             }
             let vip_blocks = each_family(vip_blocks, &default_blocks()?);
+            // Asked before anything is written: a mistake leaves no half-made CA.
+            let passphrase = if protect || passphrase_file.is_some() {
+                Some(cakey::new_passphrase(passphrase_file.as_deref())?)
+            } else {
+                None
+            };
             fs::create_dir_all(dir.join("issued"))
                 .with_context(|| format!("creating {}", dir.display()))?;
             let t = now();
@@ -844,7 +886,11 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 t.saturating_sub(SKEW),
                 t + days * DAY,
             )?;
-            write_new(&dir.join("ca.key"), &ca.key_pem(), true)?;
+            let key = match &passphrase {
+                Some(p) => cakey::protect(&ca, p)?,
+                None => ca.key_pem(),
+            };
+            write_new(&dir.join("ca.key"), &key, true)?;
             write_new(&dir.join("ca.crt"), &ca.certificate().to_pem(), false)?;
             write_new(
                 &dir.join("revoked.txt"),
@@ -871,8 +917,9 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             days,
             public_key,
             out,
+            passphrase,
         } => {
-            let ca = load_ca(&dir)?;
+            let ca = load_ca(&dir, &passphrase)?;
             // No two names may hold one address (issue 49, finding 6): a block overlapping a
             // valid certificate of another name this CA issued is refused. Revoke that one
             // first (`ca revoke`) to move the block.
@@ -934,8 +981,9 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
             vip_blocks,
             days,
             out,
+            passphrase,
         } => {
-            let root = load_ca(&dir)?;
+            let root = load_ca(&dir, &passphrase)?;
             let body = root.certificate().body();
             let blocks = each_family(vip_blocks, &body.vip_blocks);
             let t = now();
@@ -986,8 +1034,12 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 println!("{fp} was already revoked");
             }
         }
-        Ca::AddBlock { dir, vip_blocks } => {
-            let ca = load_ca(&dir)?;
+        Ca::AddBlock {
+            dir,
+            vip_blocks,
+            passphrase,
+        } => {
+            let ca = load_ca(&dir, &passphrase)?;
             let old = ca.certificate();
             let added = if vip_blocks.is_empty() {
                 let [_, ula] = default_blocks()?;
@@ -1025,6 +1077,27 @@ fn run_ca(cmd: Ca) -> anyhow::Result<()> {
                 new.fingerprint(),
                 kept.display()
             );
+        }
+        Ca::Passphrase {
+            dir,
+            current,
+            new_passphrase_file,
+            remove,
+        } => {
+            let ca = load_ca(&dir, &current)?;
+            let (key, said) = if remove {
+                (ca.key_pem(), "no longer protected by a passphrase")
+            } else {
+                let new = cakey::new_passphrase(new_passphrase_file.as_deref())?;
+                (
+                    cakey::protect(&ca, &new)?,
+                    "protected by the new passphrase",
+                )
+            };
+            let path = dir.join("ca.key");
+            files::replace(&path, key.as_bytes(), Access::Secret)
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("{} is {said}", path.display());
         }
         Ca::Show { certificate, json } => {
             let cert = read_certificate(&certificate)?;

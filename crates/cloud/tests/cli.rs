@@ -324,3 +324,132 @@ fn policy_says_allowed_denied_or_no_answer_in_its_exit_status() {
     let refused = good.replace("lifetime = 604800", "lifetime = 10");
     assert_eq!(policy(&refused, &flow).0, Some(78));
 }
+
+/// `ca init --passphrase-file` protects ca.key (PKCS#8, encrypted, as OpenSSL reads it);
+/// every command that signs then needs the passphrase: without one and without a terminal
+/// it says how to give it, a wrong one is refused, the right one signs. `ca passphrase`
+/// changes it and removes it. A short one is refused before anything is written.
+#[test]
+fn a_ca_key_protected_by_a_passphrase() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |f: &str| dir.path().join(f).display().to_string();
+    let ca = path("ca");
+    for (file, text) in [
+        ("short", "seven77\n"),
+        ("old", "correct horse battery\n"),
+        ("new", "staple stable table\nsecond line ignored\n"),
+    ] {
+        std::fs::write(path(file), text).unwrap();
+    }
+    let init = |pass: &str| {
+        run(&[
+            "ca",
+            "init",
+            "--dir",
+            &ca,
+            "--domain",
+            "ovl.example",
+            "--passphrase-file",
+            pass,
+        ])
+    };
+    let short = init(&path("short"));
+    assert_eq!(short.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&short.stderr).contains("at least 8 characters"));
+    assert!(!dir.path().join("ca").exists(), "a refused init wrote a CA");
+    assert!(init(&path("old")).status.success());
+    let key = std::fs::read_to_string(path("ca/ca.key")).unwrap();
+    assert!(
+        key.starts_with("-----BEGIN ENCRYPTED PRIVATE KEY-----") && !key.contains("CYPHONIC"),
+        "{key}"
+    );
+    // OpenSSL reads it with the passphrase, as an Ed25519 key.
+    let openssl = Command::new("openssl")
+        .args([
+            "pkey",
+            "-in",
+            &path("ca/ca.key"),
+            "-noout",
+            "-text",
+            "-passin",
+        ])
+        .arg(format!("file:{}", path("old")))
+        .output()
+        .unwrap();
+    assert!(
+        openssl.status.success()
+            && String::from_utf8_lossy(&openssl.stdout).contains("ED25519 Private-Key"),
+        "{openssl:?}"
+    );
+
+    let issue = |n: u32, pass: Option<&str>| {
+        let name = format!("n{n}.ovl.example");
+        let block = format!("100.64.9.{n}/32");
+        let out = path("out");
+        let mut args = vec![
+            "ca",
+            "issue",
+            "--dir",
+            &ca,
+            "--name",
+            &name,
+            "--vip-block",
+            &block,
+            "--out",
+            &out,
+        ];
+        if let Some(p) = pass {
+            args.extend(["--passphrase-file", p]);
+        }
+        let done = Command::new(env!("CARGO_BIN_EXE_cyphonic-cloud"))
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        (
+            done.status.code(),
+            String::from_utf8_lossy(&done.stderr).into_owned(),
+        )
+    };
+    let (status, why) = issue(1, None);
+    assert_eq!(status, Some(1));
+    assert!(
+        why.contains("no terminal to ask on: give --passphrase-file"),
+        "{why}"
+    );
+    let (status, why) = issue(1, Some(&path("new")));
+    assert_eq!(status, Some(1));
+    assert!(why.contains("wrong passphrase"), "{why}");
+    assert_eq!(issue(1, Some(&path("old"))), (Some(0), String::new()));
+    let said = ok(&[
+        "ca",
+        "verify",
+        &path("out/n1.ovl.example.crt"),
+        "--ca",
+        &path("ca/ca.crt"),
+    ]);
+    assert!(said.starts_with("ok: n1.ovl.example"), "{said}");
+
+    // `ca passphrase` with the current passphrase and `then`.
+    let passphrase = |current: &str, then: &[&str]| {
+        let mut args = vec![
+            "ca",
+            "passphrase",
+            "--dir",
+            &ca,
+            "--passphrase-file",
+            current,
+        ];
+        args.extend(then);
+        ok(&args)
+    };
+    // A new passphrase (its file's first line); the old one no longer opens it.
+    passphrase(&path("old"), &["--new-passphrase-file", &path("new")]);
+    assert!(issue(2, Some(&path("old"))).1.contains("wrong passphrase"));
+    assert_eq!(issue(2, Some(&path("new"))).0, Some(0));
+    // No passphrase: the plain key, as before.
+    passphrase(&path("new"), &["--remove"]);
+    let key = std::fs::read_to_string(path("ca/ca.key")).unwrap();
+    assert!(key.contains("BEGIN CYPHONIC CA PRIVATE KEY"), "{key}");
+    assert_eq!(issue(3, None), (Some(0), String::new()));
+}

@@ -640,8 +640,21 @@ impl CertificateAuthority {
     /// # Errors
     /// Damaged text, a key ring cannot load, or a key that does not match the certificate.
     pub fn from_pem(key_pem: &str, cert_pem: &str) -> Result<Self, CertError> {
-        let pkcs8 = Zeroizing::new(pem::decode_one(key_pem, CA_KEY_LABEL)?);
-        let key = Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|_| CertError::InvalidKey)?;
+        Self::from_pkcs8(&pem::decode_one(key_pem, CA_KEY_LABEL)?, cert_pem)
+    }
+
+    /// Loads a CA from its private key (PKCS#8 v1 or v2, DER:
+    /// [`CertificateAuthority::pkcs8`]) and its armored certificate.
+    ///
+    /// # Errors
+    /// Not an Ed25519 key, damaged certificate text, or a key that does not match the
+    /// certificate.
+    pub fn from_pkcs8(pkcs8: &[u8], cert_pem: &str) -> Result<Self, CertError> {
+        let pkcs8 = Zeroizing::new(pkcs8.to_vec());
+        // v2 (with the public key, checked against the private one) or v1 (without: it is
+        // derived); either way it must be the certificate's, below.
+        let key = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&pkcs8)
+            .map_err(|_| CertError::InvalidKey)?;
         let cert = Certificate::from_pem(cert_pem)?;
         if cert.body.kind != CertKind::Ca {
             return Err(CertError::WrongKind {
@@ -746,6 +759,12 @@ impl CertificateAuthority {
     /// The private key in armor; keep it offline. Wiped from memory when dropped.
     pub fn key_pem(&self) -> Zeroizing<String> {
         Zeroizing::new(pem::encode(CA_KEY_LABEL, &self.pkcs8))
+    }
+
+    /// The private key, PKCS#8 (DER), for a tool that stores it otherwise (protected by a
+    /// passphrase, say). Wiped from memory when the CA is dropped.
+    pub fn pkcs8(&self) -> &[u8] {
+        &self.pkcs8
     }
 
     /// Signs a node certificate. The CA refuses what it could not vouch for: names outside its
