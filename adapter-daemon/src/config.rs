@@ -204,7 +204,7 @@ cyphonic_settings::end_table! {
         mss_clamp: bool = true,
         /// Where the adapter keeps state across restarts: the DHCP leases (`leases.json`,
         /// replaced atomically). Created mode 0700.
-        state_dir: PathBuf = PathBuf::from("/var/lib/cyphonic"),
+        state_dir: PathBuf = PathBuf::from(cyphonic_settings::STATE_DIR),
     }
 }
 
@@ -2400,6 +2400,22 @@ mod tests {
             ),
         ];
         assert_mistakes(&f, base, mistakes, load, NOW);
+    }
+
+    /// config/adapter.toml, the packages' /etc/cyphonic/adapter.toml, takes only keys the file
+    /// has, and marks to fill in what has no value that works everywhere.
+    #[test]
+    fn the_starter_reads_and_marks_what_to_fill_in() {
+        cyphonic_settings::testing::assert_starter::<Raw>(
+            include_str!("../../config/adapter.toml"),
+            "config/adapter.toml",
+            &[
+                "adapter.lan_interface",
+                "identity.token",
+                "cloud.address",
+                "cloud.public_key",
+            ],
+        );
     }
 
     #[test]

@@ -27,9 +27,10 @@ use crate::util;
 pub(crate) struct Program {
     /// The package, the binary and the unit's name.
     pub(crate) name: &'static str,
-    /// Its configuration file in /etc/cyphonic (a conffile).
+    /// Its configuration file in /etc/cyphonic (a conffile), shipped from config/ (the
+    /// starter: what a first start needs).
     config: &'static str,
-    /// The example it is shipped as (config/).
+    /// The full example (config/), every key with its default, shipped as a document.
     example: &'static str,
     /// The control file's synopsis.
     synopsis: &'static str,
@@ -438,8 +439,10 @@ pub(crate) fn build(
                 .join(format!("{}.service", p.name)),
             0o644,
         )?;
+        // The conffile is the starter (what a first start needs, with "fill in" where no
+        // value works everywhere); the full example is in cyphonic-common's doc.
         put(
-            &root.join("config").join(p.example),
+            &root.join("config").join(p.config),
             &tree.join("etc/cyphonic").join(p.config),
             0o644,
         )?;

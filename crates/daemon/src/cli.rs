@@ -249,7 +249,15 @@ pub fn main<
             let path = config.clone();
             let reread: Reread<C> = Box::new(move || load(&path, cyphonic_settings::now_secs()));
             // With `[identity] token` and no certificate yet: enroll first.
-            match crate::enroll::enroll(&config, None, crate::enroll::Existing::Keep, &agent, now) {
+            let enrolled = crate::enroll::enroll(
+                &config,
+                names.noun(),
+                None,
+                crate::enroll::Existing::Keep,
+                &agent,
+                now,
+            );
+            match enrolled {
                 // The file does not read: a configuration matter, as below.
                 Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
                     return cyphonic_telemetry::service::config_refused(
@@ -268,6 +276,7 @@ pub fn main<
             cyphonic_telemetry::logging::init(LogFormat::Text);
             crate::enroll::enroll(
                 &config,
+                names.noun(),
                 token.as_deref(),
                 crate::enroll::Existing::Refuse,
                 &agent,
@@ -282,7 +291,7 @@ pub fn main<
             })
         }
         Command::CheckConfig { config, json } => {
-            let checked = match crate::enroll::pending(&config, now) {
+            let checked = match crate::enroll::pending(&config, names.noun(), now) {
                 Ok(Some(waiting)) => Ok(waiting),
                 Ok(None) => load(&config, now).map(|(c, id)| describe(&c, &id)),
                 Err(e) => Err(e),

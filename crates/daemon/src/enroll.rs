@@ -30,7 +30,8 @@ pub enum Existing {
     Refuse,
 }
 
-/// Enrolls the tunnel end whose configuration is `path`, with `token` (or `[identity] token`),
+/// Enrolls the tunnel end `end` (`adapter`, `node`: where its identity's files are by
+/// default) whose configuration is `path`, with `token` (or `[identity] token`),
 /// unless its certificate exists (`existing` says what that means). Returns whether it
 /// enrolled. `agent` names us in the cloud's logs.
 ///
@@ -39,6 +40,7 @@ pub enum Existing {
 /// reached, the certificate does not verify, or a file cannot be written.
 pub fn enroll(
     path: &Path,
+    end: &str,
     token: Option<&str>,
     existing: Existing,
     agent: &str,
@@ -50,7 +52,7 @@ pub fn enroll(
         text: &text,
         now_secs,
     };
-    let files = raw.identity.files(&src);
+    let files = raw.identity.files(&src, end);
     if files.certificate.exists() {
         return match existing {
             Existing::Keep => Ok(false),
@@ -126,7 +128,7 @@ pub fn enroll(
 ///
 /// # Errors
 /// What enrolling would fail on, at its key.
-pub fn pending(path: &Path, now_secs: u64) -> Result<Option<String>, ConfigError> {
+pub fn pending(path: &Path, end: &str, now_secs: u64) -> Result<Option<String>, ConfigError> {
     let Ok((raw, text)) = cyphonic_settings::parse::<Enrolling>(path) else {
         // Loading says what is wrong with the file.
         return Ok(None);
@@ -136,7 +138,7 @@ pub fn pending(path: &Path, now_secs: u64) -> Result<Option<String>, ConfigError
         text: &text,
         now_secs,
     };
-    let files = raw.identity.files(&src);
+    let files = raw.identity.files(&src, end);
     let Some(cloud) = &raw.cloud else {
         return Ok(None);
     };
@@ -144,7 +146,7 @@ pub fn pending(path: &Path, now_secs: u64) -> Result<Option<String>, ConfigError
         return Ok(None);
     }
     cloud.check(&src)?;
-    raw.identity.check_enrollable(&src)?;
+    raw.identity.check_enrollable(&src, end)?;
     Ok(Some(format!(
         "{}: not enrolled yet ({} does not exist): its token, [cloud] and where enrolling writes are fine; `run` enrolls with [identity] token first; check again after",
         path.display(),
@@ -241,14 +243,14 @@ mod tests {
 
     /// The key `check-config` names in its refusal (`file:line: key `k`: message`).
     fn refused_at(path: &Path) -> String {
-        let said = pending(path, 0).unwrap_err().to_string();
+        let said = pending(path, "node", 0).unwrap_err().to_string();
         said.split('`').nth(1).unwrap_or(&said).to_owned()
     }
 
     #[test]
     fn a_configuration_waiting_to_enroll_has_what_enrolling_needs_checked() {
         let (_dir, path) = waiting(&[]);
-        let said = pending(&path, 0).unwrap().unwrap();
+        let said = pending(&path, "node", 0).unwrap().unwrap();
         assert!(said.contains("not enrolled yet"), "{said}");
         let (_dir, path) = waiting(&[("0123456789abcdef.", "garbage")]);
         assert_eq!(refused_at(&path), "identity.token");
@@ -263,9 +265,9 @@ mod tests {
         // Enrolled: checked as usual, not here.
         let (dir, path) = waiting(&[]);
         std::fs::write(dir.path().join("gw.crt"), "").unwrap();
-        assert_eq!(pending(&path, 0).unwrap(), None);
+        assert_eq!(pending(&path, "node", 0).unwrap(), None);
         // Nothing to enroll with: the same.
         let (_dir, path) = waiting(&[("token = ", "# token = ")]);
-        assert_eq!(pending(&path, 0).unwrap(), None);
+        assert_eq!(pending(&path, "node", 0).unwrap(), None);
     }
 }

@@ -362,6 +362,17 @@ mod tests {
         cyphonic_settings::testing::assert_reference_current::<Raw>(&root, "node");
     }
 
+    /// config/node.toml, the packages' /etc/cyphonic/node.toml, takes only keys the file
+    /// has, and marks to fill in what has no value that works everywhere.
+    #[test]
+    fn the_starter_reads_and_marks_what_to_fill_in() {
+        cyphonic_settings::testing::assert_starter::<Raw>(
+            include_str!("../../../config/node.toml"),
+            "config/node.toml",
+            &["identity.token", "cloud.address", "cloud.public_key"],
+        );
+    }
+
     /// config/node.example.toml sets every key the code accepts.
     #[test]
     fn the_example_documents_every_key() {

@@ -133,9 +133,9 @@ impl Common {
         dns: Option<DnsKeys<'_>>,
     ) -> Result<(Self, Identity), ConfigError> {
         let table = end.table;
-        let files = identity.files(src);
+        let files = identity.files(src, table);
         let (certificate_file, ca_file) = (files.certificate, files.ca);
-        let identity = identity_and_block(src, identity)?;
+        let identity = identity_and_block(src, identity, table)?;
         let (identity, block) = identity;
         let overlay = *end.overlay.0.get_ref();
         if !overlay.contains(&block) {
@@ -229,8 +229,9 @@ impl Common {
 fn identity_and_block(
     src: &Source<'_>,
     raw: &RawIdentity,
+    end: &str,
 ) -> Result<(Identity, Ipv4Net), ConfigError> {
-    let identity = raw.load(src)?;
+    let identity = raw.load(src, end)?;
     match first_v4_block(identity.certificate()) {
         Some(block) => Ok((identity, block)),
         None => src.err(

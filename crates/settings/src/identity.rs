@@ -10,18 +10,27 @@ use toml::Spanned;
 
 use crate::{ConfigError, Source};
 
+/// Where a daemon keeps what it writes at run time: the directory the packages' units let
+/// the service user write (`StateDirectory=cyphonic`). An enrolled end's identity files
+/// are there by default.
+pub const STATE_DIR: &str = "/var/lib/cyphonic";
+
 crate::table! {
     /// Who this end is: its certificate, its key and the CAs it trusts. Relative paths are
-    /// relative to the file's directory.
+    /// relative to the file's directory. Enrollment writes the three files, and renewal the
+    /// certificate and the CA bundle, where these keys name them: by default in the state
+    /// directory, which the service may write.
     pub struct RawIdentity in "identity" {
-        /// This end's certificate (from `cyphonic-cloud ca issue`): binds its FQDN, its vIP
-        /// block and its Noise key.
-        certificate: Spanned<PathBuf>,
+        /// This end's certificate (from `cyphonic-cloud ca issue`, or written by
+        /// enrollment): binds its FQDN, its vIP block and its Noise key. Unset:
+        /// `/var/lib/cyphonic/<adapter|node>.crt`.
+        certificate: Option<Spanned<PathBuf>> = None,
         /// Its Noise private key (mode 0640, group cyphonic: readable by the service user
-        /// alone).
-        key: Spanned<PathBuf>,
+        /// alone). Unset: `/var/lib/cyphonic/<adapter|node>.key`.
+        key: Option<Spanned<PathBuf>> = None,
         /// The overlay CA's certificate (several CAs may be concatenated in one file).
-        ca: Spanned<PathBuf>,
+        /// Unset: `/var/lib/cyphonic/<adapter|node>-ca.crt`.
+        ca: Option<Spanned<PathBuf>> = None,
         /// Revoked certificate fingerprints, one per line. Unset: none.
         revocations: Option<Spanned<PathBuf>> = None,
         /// An enrollment token from `cyphonic-cloud token create`. While the certificate file
@@ -44,13 +53,35 @@ pub struct IdentityFiles {
     pub ca: PathBuf,
 }
 
+/// The identity's three files as given, or their defaults for the end `end` (`adapter`,
+/// `node`) in [`STATE_DIR`] (an unwritten key: located by its name, not a line).
+struct Named {
+    certificate: Spanned<PathBuf>,
+    key: Spanned<PathBuf>,
+    ca: Spanned<PathBuf>,
+}
+
 impl RawIdentity {
-    /// Where our certificate, key and CA bundle are.
-    pub fn files(&self, src: &Source<'_>) -> IdentityFiles {
+    fn named(&self, end: &str) -> Named {
+        let or = |given: &Option<Spanned<PathBuf>>, file: String| {
+            given
+                .clone()
+                .unwrap_or_else(|| Spanned::new(0..0, std::path::Path::new(STATE_DIR).join(file)))
+        };
+        Named {
+            certificate: or(&self.certificate, format!("{end}.crt")),
+            key: or(&self.key, format!("{end}.key")),
+            ca: or(&self.ca, format!("{end}-ca.crt")),
+        }
+    }
+
+    /// Where the end `end`'s (`adapter`, `node`) certificate, key and CA bundle are.
+    pub fn files(&self, src: &Source<'_>, end: &str) -> IdentityFiles {
+        let named = self.named(end);
         IdentityFiles {
-            certificate: src.resolve(self.certificate.get_ref()),
-            key: src.resolve(self.key.get_ref()),
-            ca: src.resolve(self.ca.get_ref()),
+            certificate: src.resolve(named.certificate.get_ref()),
+            key: src.resolve(named.key.get_ref()),
+            ca: src.resolve(named.ca.get_ref()),
         }
     }
 
@@ -81,22 +112,23 @@ impl RawIdentity {
     ///
     /// # Errors
     /// The first that is not so, at its key.
-    pub fn check_enrollable(&self, src: &Source<'_>) -> Result<(), ConfigError> {
-        let key = src.resolve(self.key.get_ref());
+    pub fn check_enrollable(&self, src: &Source<'_>, end: &str) -> Result<(), ConfigError> {
+        let named = self.named(end);
+        let key = src.resolve(named.key.get_ref());
         if key.exists() {
-            let text = src.read(&self.key, Self::key)?;
+            let text = src.read(&named.key, Self::key)?;
             if let Err(e) = StaticKeypair::from_pem(&text) {
                 return src.err(
-                    &self.key.span(),
+                    &named.key.span(),
                     Self::key,
                     format!("not a Noise private key: {e}"),
                 );
             }
         }
         let places = [
-            (&self.key, Self::key),
-            (&self.certificate, Self::certificate),
-            (&self.ca, Self::ca),
+            (&named.key, Self::key),
+            (&named.certificate, Self::certificate),
+            (&named.ca, Self::ca),
         ];
         for (p, name) in places {
             let path = src.resolve(p.get_ref());
@@ -118,9 +150,10 @@ impl RawIdentity {
         Ok(())
     }
 
-    /// Where the certificate key is written (to locate errors about what it certifies).
+    /// Where the certificate key is written (to locate errors about what it certifies);
+    /// nowhere (0..0) when it is not.
     pub fn certificate_span(&self) -> Range<usize> {
-        self.certificate.span()
+        self.certificate.as_ref().map_or(0..0, Spanned::span)
     }
 
     /// Reads and checks our key, certificate, CA and revocations: our identity.
@@ -128,26 +161,26 @@ impl RawIdentity {
     /// # Errors
     /// Unreadable files, malformed keys or certificates, a certificate that does not verify
     /// under the CA or certifies another key.
-    pub fn load(&self, src: &Source<'_>) -> Result<Identity, ConfigError> {
-        let key_text = src.read(&self.key, Self::key)?;
+    pub fn load(&self, src: &Source<'_>, end: &str) -> Result<Identity, ConfigError> {
+        let Named {
+            certificate,
+            key,
+            ca,
+        } = self.named(end);
+        let key_text = src.read(&key, Self::key)?;
         let keypair = StaticKeypair::from_pem(&key_text).or_else(|e| {
             src.err(
-                &self.key.span(),
+                &key.span(),
                 Self::key,
                 format!("not a Noise private key: {e}"),
             )
         })?;
-        let ca_text = src.read(&self.ca, Self::ca)?;
-        let cas = Certificate::all_from_pem(&ca_text).or_else(|e| {
-            src.err(
-                &self.ca.span(),
-                Self::ca,
-                format!("not a CA certificate: {e}"),
-            )
-        })?;
+        let ca_text = src.read(&ca, Self::ca)?;
+        let cas = Certificate::all_from_pem(&ca_text)
+            .or_else(|e| src.err(&ca.span(), Self::ca, format!("not a CA certificate: {e}")))?;
         if cas.is_empty() {
             return src.err(
-                &self.ca.span(),
+                &ca.span(),
                 Self::ca,
                 "the file holds no CYPHONIC CERTIFICATE block",
             );
@@ -159,17 +192,17 @@ impl RawIdentity {
         };
         let trust = TrustStore::new(cas, revoked).or_else(|e| {
             src.err(
-                &self.ca.span(),
+                &ca.span(),
                 Self::ca,
                 format!("not a valid self-signed CA certificate: {e}"),
             )
         })?;
-        let cert_text = src.read(&self.certificate, Self::certificate)?;
+        let cert_text = src.read(&certificate, Self::certificate)?;
         let cert = Certificate::from_pem(&cert_text)
-            .or_else(|e| src.err(&self.certificate.span(), Self::certificate, e.to_string()))?;
+            .or_else(|e| src.err(&certificate.span(), Self::certificate, e.to_string()))?;
         Identity::new(keypair, cert.clone(), trust, src.now_secs).or_else(|e| {
             src.err(
-                &self.certificate.span(),
+                &certificate.span(),
                 Self::certificate,
                 format!("{e} (certificate of {})", cert.body().name),
             )
@@ -233,3 +266,47 @@ pub fn first_v4_block(cert: &Certificate) -> Option<Ipv4Net> {
 }
 
 // ---- [[peer]] --------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// An `[identity]` that names no files has them in the state directory, named after the
+    /// end (so that an adapter and a node on one host keep theirs apart); named ones are
+    /// relative to the file's directory.
+    #[test]
+    fn the_identity_files_default_to_the_state_directory() {
+        let src = |text: &'static str| Source {
+            path: std::path::Path::new("/etc/cyphonic/node.toml"),
+            text,
+            now_secs: 0,
+        };
+        let text = "token = \"x\"\n";
+        let raw: RawIdentity = toml::from_str(text).unwrap();
+        let state = std::path::Path::new(STATE_DIR);
+        assert_eq!(
+            raw.files(&src(text), "node"),
+            IdentityFiles {
+                certificate: state.join("node.crt"),
+                key: state.join("node.key"),
+                ca: state.join("node-ca.crt"),
+            }
+        );
+        assert_eq!(
+            raw.files(&src(text), "adapter").key,
+            state.join("adapter.key")
+        );
+        assert_eq!(raw.certificate_span(), 0..0);
+        let text = "certificate = \"n.crt\"\nkey = \"/k/n.key\"\n";
+        let raw: RawIdentity = toml::from_str(text).unwrap();
+        let files = raw.files(&src(text), "node");
+        assert_eq!(
+            files.certificate,
+            std::path::Path::new("/etc/cyphonic/n.crt")
+        );
+        assert_eq!(files.key, std::path::Path::new("/k/n.key"));
+        assert_eq!(files.ca, state.join("node-ca.crt"));
+    }
+}

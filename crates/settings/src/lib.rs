@@ -37,7 +37,8 @@ pub use dataplane::{
 };
 pub use end::{Common, DNS_TTL, Dns, DnsKeys, EndKeys, LISTEN, OVERLAY, check_dns, check_mtu};
 pub use identity::{
-    IdentityFiles, RawIdentity, first_v4_block, first_v6_block, ipv6_plan, overlay_domain, overlay6,
+    IdentityFiles, RawIdentity, STATE_DIR, first_v4_block, first_v6_block, ipv6_plan,
+    overlay_domain, overlay6,
 };
 pub use observe::{RawLog, RawMetrics};
 pub use peers::{Peer, RawPeer, peers};

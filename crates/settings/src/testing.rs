@@ -298,3 +298,27 @@ pub fn write_pki(dir: &Path, now: u64, nodes: &[Node<'_>]) {
         }
     }
 }
+
+/// config/`<binary>`.toml, the packages' /etc/cyphonic file (`starter`, called `name`),
+/// reads as the configuration `T` and marks exactly the keys `fill_in` (dotted: `cloud.address`)
+/// as to fill in (`key = value  # fill in`).
+///
+/// # Panics
+/// When it does not.
+pub fn assert_starter<T: serde::de::DeserializeOwned>(starter: &str, name: &str, fill_in: &[&str]) {
+    if let Err(e) = toml::from_str::<T>(starter) {
+        panic!("{name} does not read: {e}");
+    }
+    let mut table = String::new();
+    let mut marked = Vec::new();
+    for line in starter.lines() {
+        if let Some(t) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            t.clone_into(&mut table);
+        } else if line.ends_with("# fill in")
+            && let Some((key, _)) = line.split_once('=')
+        {
+            marked.push(format!("{table}.{}", key.trim()));
+        }
+    }
+    assert_eq!(marked, fill_in, "{name}: the keys marked to fill in");
+}
