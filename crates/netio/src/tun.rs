@@ -104,7 +104,15 @@ impl Tun {
                 libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
             )
         })
-        .map_err(|e| err("opening /dev/net/tun", e))?;
+        .map_err(|e| match e.raw_os_error() {
+            // The file's mode, not a capability: CAP_NET_ADMIN does not open a 0600 node.
+            Some(libc::EACCES) => NetError::Io {
+                op: "opening /dev/net/tun (its mode must let this user read and write it: udev makes it 0666)",
+                target: name.to_owned(),
+                source: e,
+            },
+            _ => err("opening /dev/net/tun", e),
+        })?;
         // SAFETY: `fd` was just returned by open(2); we are its only owner.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut flags = libc::IFF_TUN | libc::IFF_NO_PI;
