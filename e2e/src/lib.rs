@@ -28,6 +28,7 @@ pub mod node;
 pub mod pair;
 pub mod postgres;
 pub mod rogue;
+pub mod shipped;
 pub mod soak;
 pub mod swarm;
 pub mod vlan;

@@ -940,6 +940,46 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
     Ok(())
 }
 
+/// Installs each program with the common package in a scratch root of its own (a machine
+/// each) and runs `bed as-shipped` on the three: the programs from their /etc/cyphonic
+/// files, filled in where they say so, as the service user under their units
+/// (e2e/src/shipped.rs). The roots are removed afterwards.
+///
+/// # Errors
+/// A package is missing, an installation fails, or the run does.
+pub(crate) fn run_as_shipped(debs: &[PathBuf], bed: &Path) -> anyhow::Result<()> {
+    let named = |prefix: &str| {
+        debs.iter()
+            .find(|d| {
+                d.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{prefix}_")))
+            })
+            .with_context(|| format!("no {prefix} package among {debs:?}"))
+    };
+    let common = named(COMMON)?;
+    let base = std::env::temp_dir().join(format!("cyphonic-shipped-{}", std::process::id()));
+    let result = (|| {
+        let mut machines = Vec::new();
+        for p in &PROGRAMS {
+            let machine = base.join(p.name);
+            let s = Scratch::new(&machine)?;
+            for deb in [common, named(p.name)?] {
+                s.dpkg(&["--install".to_owned(), deb.display().to_string()])?;
+            }
+            machines.push((p.name.trim_start_matches("cyphonic-"), machine));
+        }
+        let mut cmd = Command::new(bed);
+        cmd.arg("as-shipped");
+        for (program, machine) in &machines {
+            cmd.arg(format!("--{program}")).arg(machine);
+        }
+        util::run(&mut cmd, "cyphonic-bed as-shipped")
+    })();
+    let _ = std::fs::remove_dir_all(&base);
+    result
+}
+
 /// Checks the installed units with systemd's own tools, on the scratch root (whose /usr,
 /// this machine's, has the units they name from systemd itself, and /bin/kill):
 /// `systemd-analyze verify` must have nothing to say (it exits 0 even on an unknown key, so

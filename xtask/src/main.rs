@@ -107,6 +107,12 @@ enum Command {
         /// root, checking each step (as CI does).
         #[arg(long)]
         check_install: bool,
+        /// Then install each program with cyphonic-common in a scratch root of its own and
+        /// run the three as shipped: their /etc/cyphonic files filled in where they say so,
+        /// as the service user under their units; enrollment, renewal, a restart (as CI
+        /// does; needs root and target/debug/cyphonic-bed; this machine's architecture).
+        #[arg(long)]
+        as_shipped: bool,
     },
     /// The Raspberry Pi's architecture here: the unit tier built for aarch64 and run under
     /// qemu-user, then the short demo with the aarch64 build of the node under the emulator
@@ -190,6 +196,7 @@ fn main() -> ExitCode {
             profile,
             prebuilt,
             check_install,
+            as_shipped,
         } => match prebuilt {
             Some(bins) => dist::package(&target, &bins, &profile),
             None => dist::run(&target, &profile),
@@ -197,10 +204,12 @@ fn main() -> ExitCode {
         .and_then(|debs| {
             if check_install {
                 deb::lint(&debs)?;
-                deb::check_install(&debs)
-            } else {
-                Ok(())
+                deb::check_install(&debs)?;
             }
+            if as_shipped {
+                deb::run_as_shipped(&debs, &util::root().join("target/debug/cyphonic-bed"))?;
+            }
+            Ok(())
         }),
         Command::Arm64 { unit } => arm64(unit),
         Command::Image {
@@ -366,6 +375,7 @@ fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
         )?;
         deb::lint(&debs)?;
         deb::check_install(&debs)?;
+        deb::run_as_shipped(&debs, &root.join("target/debug/cyphonic-bed"))?;
     }
     Ok(())
 }

@@ -38,6 +38,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The packages as shipped: the cloud, an adapter and a node, each from the scratch
+    /// root its package was installed into (`cargo xtask test` makes them), run from their
+    /// /etc/cyphonic files filled in where they say so, as the service user under their
+    /// units: enrollment, renewal and a restart (e2e/src/shipped.rs).
+    AsShipped {
+        /// The cloud's machine (a scratch root's base: `root/`, `upper/`).
+        #[arg(long)]
+        cloud: std::path::PathBuf,
+        /// The adapter's.
+        #[arg(long)]
+        adapter: std::path::PathBuf,
+        /// The node's.
+        #[arg(long)]
+        node: std::path::PathBuf,
+    },
     /// Captures real traffic on the bed (tunnel frames both ways, a control handshake's first
     /// message, endpoint probes) and writes it as fuzz seeds under `DIR/<target>/`.
     Seeds {
@@ -390,6 +405,11 @@ fn main() -> ExitCode {
     cyphonic_e2e::tear_down_on_abnormal_exit();
     let result = match Cli::parse().command {
         Command::Demo { short } => demo(short),
+        Command::AsShipped {
+            cloud,
+            adapter,
+            node,
+        } => as_shipped(&cloud, &adapter, &node),
         Command::Seeds { out } => seeds(&out),
         Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
         Command::Attack { seconds } => attack(seconds).and_then(|r| print_json(&r)),
@@ -502,4 +522,18 @@ fn main() -> ExitCode {
 fn print_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(report)?);
     Ok(())
+}
+
+/// `as-shipped`: the three machines, checked (e2e/src/shipped.rs).
+fn as_shipped(
+    cloud: &std::path::Path,
+    adapter: &std::path::Path,
+    node: &std::path::Path,
+) -> anyhow::Result<()> {
+    use cyphonic_e2e::shipped::{Machine, run};
+    run(
+        &Machine::at(cloud, "cyphonic-cloud")?,
+        &Machine::at(adapter, "cyphonic-adapter")?,
+        &Machine::at(node, "cyphonic-node")?,
+    )
 }
