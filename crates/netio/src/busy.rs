@@ -2,7 +2,7 @@
 //! socket for the next one instead of going to sleep until the kernel wakes it.
 //!
 //! A blocked thread costs a wake-up per burst: the interrupt, the scheduler, the context
-//! switch (0.01-0.05 ms each on the bench's VM, docs/benchmarks.md "Idle RTT"), and an idle
+//! switch (0.01-0.05 ms each on the bench's VM, docs/benchmarks.md, "The fast path"), and an idle
 //! ping through the tunnel meets four of them. A polling thread asks without waiting
 //! (`MSG_DONTWAIT`) and gives the CPU up between asks (`sched_yield`), so the other runnable
 //! threads on its core still run; once its socket has been quiet for the whole window it
