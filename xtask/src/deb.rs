@@ -179,10 +179,17 @@ fn changelog(date: &str) -> String {
     )
 }
 
-/// The date of the last commit, RFC 2822 (the changelog's date: a package built twice from
-/// one commit is the same package); now, outside a git checkout.
-fn release_date(root: &Path) -> String {
-    let epoch = util::output(
+/// The time every timestamp of the packages is taken from, unix seconds: `SOURCE_DATE_EPOCH`
+/// when set (reproducible-builds.org), else the last commit's time, so that a package built
+/// twice from one commit is the same file; now, outside a git checkout without it.
+pub(crate) fn source_date_epoch(root: &Path) -> u64 {
+    if let Some(given) = std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        return given;
+    }
+    util::output(
         "git",
         &[
             "-C",
@@ -192,12 +199,17 @@ fn release_date(root: &Path) -> String {
             "--format=%ct",
         ],
     )
-    .unwrap_or_default();
-    let at = if epoch.is_empty() {
-        "now".to_owned()
-    } else {
-        format!("@{epoch}")
-    };
+    .and_then(|e| e.trim().parse().ok())
+    .unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    })
+}
+
+/// [`source_date_epoch`] as RFC 2822, the changelog's date.
+fn release_date(root: &Path) -> String {
+    let at = format!("@{}", source_date_epoch(root));
     util::output("date", &["-u", "-R", "-d", &at]).unwrap_or_default()
 }
 
@@ -520,11 +532,16 @@ fn pack(
     compression: &str,
 ) -> anyhow::Result<PathBuf> {
     let deb = out.join(format!("{package}_{}_{arch}.deb", version()));
+    // dpkg-deb dates the ar members with it and clamps every file's mtime to it.
     util::run(
         Command::new("dpkg-deb")
             .args(["--root-owner-group", compression, "--build"])
             .arg(tree)
-            .arg(&deb),
+            .arg(&deb)
+            .env(
+                "SOURCE_DATE_EPOCH",
+                source_date_epoch(&util::root()).to_string(),
+            ),
         "dpkg-deb --build",
     )?;
     Ok(deb)

@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 
 use crate::{deb, util};
 
@@ -220,6 +220,57 @@ pub(crate) fn package(triple: &str, bins: &Path, profile: &str) -> anyhow::Resul
     package_programs(triple, bins, profile, &deb::PROGRAMS)
 }
 
+/// [`package`], twice: every file the second packaging writes (the .debs and the tarball)
+/// must be the first's, byte for byte (reproducible-builds.org: the same binaries and the
+/// same commit give the same packages; the timestamps come from [`deb::source_date_epoch`]).
+///
+/// # Errors
+/// Packaging fails, or a file differs between the two (named).
+pub(crate) fn package_reproducibly(
+    triple: &str,
+    bins: &Path,
+    profile: &str,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let made = |debs: &[PathBuf]| -> anyhow::Result<Vec<(PathBuf, Vec<u8>)>> {
+        let dir = debs
+            .first()
+            .and_then(|d| d.parent())
+            .context("no package made")?;
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if name.ends_with(".deb") || name.ends_with(".tar.gz") {
+                files.push((path.clone(), std::fs::read(&path)?));
+            }
+        }
+        files.sort();
+        Ok(files)
+    };
+    let first = made(&package(triple, bins, profile)?)?;
+    // A second later: a timestamp taken from the clock would now differ.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let debs = package(triple, bins, profile)?;
+    let second = made(&debs)?;
+    let differ: Vec<String> = first
+        .iter()
+        .filter(|(path, bytes)| !second.iter().any(|(p, b)| p == path && b == bytes))
+        .map(|(path, _)| path.display().to_string())
+        .collect();
+    anyhow::ensure!(
+        differ.is_empty() && first.len() == second.len(),
+        "packaging the same binaries twice made different files: {differ:?} (compare them with diffoscope)"
+    );
+    eprintln!(
+        "xtask: packaged twice, {} files the same byte for byte",
+        first.len()
+    );
+    Ok(debs)
+}
+
 /// [`package`] for `programs` only (the Pi's tier of `cargo xtask test` packages the
 /// adapter and the node: it does not build the cloud).
 ///
@@ -264,9 +315,21 @@ pub(crate) fn package_programs(
         deb::version(),
         target.triple
     ));
+    // Reproducible: entries by name, owned by root, dated no later than the commit, and
+    // gzip without a name or a timestamp of its own.
     let mut tar = Command::new("tar");
-    tar.args(["--owner=0", "--group=0", "--exclude=./DEBIAN", "-czf"])
-        .arg(&tarball);
+    tar.args([
+        "--owner=0",
+        "--group=0",
+        "--numeric-owner",
+        "--sort=name",
+        "--clamp-mtime",
+        "--exclude=./DEBIAN",
+        "--use-compress-program=gzip -9n",
+    ])
+    .arg(format!("--mtime=@{}", deb::source_date_epoch(&root)))
+    .arg("-cf")
+    .arg(&tarball);
     tar.arg("-C")
         .arg(dist.join("debian").join(deb::COMMON))
         .arg(".");

@@ -104,7 +104,8 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         prebuilt: Option<std::path::PathBuf>,
         /// Then lint the packages and install, upgrade, remove and purge them in a scratch
-        /// root, checking each step (as CI does).
+        /// root, checking each step (as CI does); with --prebuilt, package twice first and
+        /// require the same files.
         #[arg(long)]
         check_install: bool,
         /// Then install each program with cyphonic-common in a scratch root of its own and
@@ -198,6 +199,8 @@ fn main() -> ExitCode {
             check_install,
             as_shipped,
         } => match prebuilt {
+            // As CI does: twice, and the two must be the same files.
+            Some(bins) if check_install => dist::package_reproducibly(&target, &bins, &profile),
             Some(bins) => dist::package(&target, &bins, &profile),
             None => dist::run(&target, &profile),
         }
@@ -368,7 +371,7 @@ fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
         "cyphonic-bed demo --short",
     )?;
     if std::env::consts::ARCH == "x86_64" {
-        let debs = dist::package(
+        let debs = dist::package_reproducibly(
             "x86_64-unknown-linux-gnu",
             &root.join("target/debug"),
             "dev",
