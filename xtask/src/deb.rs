@@ -20,6 +20,7 @@ use std::process::Command;
 
 use anyhow::{Context, ensure};
 
+use crate::repo::Signer;
 use crate::util;
 
 /// A program's package.
@@ -995,6 +996,167 @@ pub(crate) fn run_as_shipped(debs: &[PathBuf], bed: &Path) -> anyhow::Result<()>
     })();
     let _ = std::fs::remove_dir_all(&base);
     result
+}
+
+/// Makes the repository of `debs` (amd64) signed by a throwaway key, then installs from it
+/// with apt and checks that a stranger's signature and a changed file are refused
+/// ([`check_apt`]). The keys, and the gpg agents they started, are gone
+/// afterwards.
+///
+/// # Errors
+/// A step fails.
+pub(crate) fn check_repository(debs: &[PathBuf], out: &Path) -> anyhow::Result<()> {
+    let homes = std::env::temp_dir().join(format!("cyphonic-gpg-{}", std::process::id()));
+    let (operator, stranger) = (homes.join("operator"), homes.join("stranger"));
+    let result = (|| {
+        let signer = Signer::throwaway(&operator)?;
+        let other = Signer::throwaway(&stranger)?;
+        let repo = crate::repo::make(debs, &["amd64", "all"], out, &signer)?;
+        check_apt(&repo, "cyphonic-adapter", &other)
+    })();
+    for home in [&operator, &stranger] {
+        let _ = Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(home)
+            .args(["--kill", "all"])
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(&homes);
+    result
+}
+
+/// Installs `program` with apt from the signed repository at `repo` (as [`crate::repo::make`]
+/// made it, signed by the key in its keyring) into a scratch root whose package database is
+/// this machine's (so the packages' own dependencies are there): `apt-get update` checks the
+/// signature, `apt-get install` fetches and installs the program and the common package it
+/// depends on. Then the same repository signed by `stranger` and with a Packages file
+/// changed must each be refused by `apt-get update`. The scratch root is removed
+/// afterwards.
+///
+/// # Errors
+/// A step fails, or a refusal does not come.
+pub(crate) fn check_apt(repo: &Path, program: &str, stranger: &Signer) -> anyhow::Result<()> {
+    let base = std::env::temp_dir().join(format!("cyphonic-apt-{}", std::process::id()));
+    let result = Scratch::new(&base).and_then(|s| apt_steps(&s, repo, program, stranger));
+    let _ = std::fs::remove_dir_all(&base);
+    result
+}
+
+fn apt_steps(s: &Scratch, repo: &Path, program: &str, stranger: &Signer) -> anyhow::Result<()> {
+    put(
+        Path::new("/var/lib/dpkg/status"),
+        &s.path("var/lib/dpkg/status"),
+        0o644,
+    )?;
+    for dir in [
+        "etc/apt/apt.conf.d",
+        "etc/apt/preferences.d",
+        "etc/apt/sources.list.d",
+        "etc/apt/keyrings",
+        "var/lib/apt/lists/partial",
+        "var/cache/apt/archives/partial",
+        "var/log/apt",
+    ] {
+        std::fs::create_dir_all(s.path(dir))?;
+    }
+    let copy = s.path("repo");
+    util::run(
+        Command::new("cp").arg("-a").arg(repo).arg(&copy),
+        "copying the repository into the scratch root",
+    )?;
+    put(
+        &repo.join(crate::repo::KEYRING),
+        &s.path("etc/apt/keyrings/cyphonic.gpg"),
+        0o644,
+    )?;
+    write(
+        &s.path("etc/apt/sources.list.d/cyphonic.sources"),
+        format!(
+            "Types: deb\nURIs: file:/repo\nSuites: {}\nComponents: {}\nSigned-By: /etc/apt/keyrings/cyphonic.gpg\n",
+            crate::repo::SUITE,
+            crate::repo::COMPONENT
+        ),
+        0o644,
+    )?;
+    let apt = |args: &[&str]| -> anyhow::Result<()> {
+        let mut all = vec![
+            s.root.display().to_string(),
+            "apt-get".to_owned(),
+            "-q".to_owned(),
+            "-o".to_owned(),
+            "APT::Sandbox::User=root".to_owned(),
+        ];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        s.run("chroot", &all, &format!("apt-get {}", args.join(" ")))
+    };
+    apt(&["update"])?;
+    apt(&["install", "-y", "--no-install-recommends", program])?;
+    ensure!(
+        s.path(&format!("usr/bin/{program}")).exists(),
+        "apt installed no /usr/bin/{program}"
+    );
+    ensure!(
+        std::fs::read_to_string(s.path("etc/passwd"))?.contains("\ncyphonic:"),
+        "cyphonic-common's postinst made no service user"
+    );
+    let installed = s.field(program, "Version");
+    ensure!(installed == version(), "{program} {installed:?} installed");
+
+    // Signed by another key: refused.
+    let dists = copy.join("dists").join(crate::repo::SUITE);
+    let genuine = std::fs::read(dists.join("InRelease"))?;
+    util::run(
+        Command::new("gpg")
+            .args(
+                stranger
+                    .home
+                    .iter()
+                    .flat_map(|h| [std::ffi::OsStr::new("--homedir"), h.as_os_str()]),
+            )
+            .args([
+                "--batch",
+                "--yes",
+                "--local-user",
+                &stranger.key,
+                "--clearsign",
+                "--output",
+            ])
+            .arg(dists.join("InRelease"))
+            .arg(dists.join("Release")),
+        "gpg --clearsign (a stranger's InRelease)",
+    )?;
+    std::fs::remove_file(dists.join("Release.gpg"))?;
+    let _ = std::fs::remove_dir_all(s.path("var/lib/apt/lists"));
+    std::fs::create_dir_all(s.path("var/lib/apt/lists/partial"))?;
+    ensure!(
+        apt(&["update"]).is_err(),
+        "apt-get update took a repository signed by another key"
+    );
+    // The genuine signature, and a Packages file changed after it: refused.
+    std::fs::write(dists.join("InRelease"), genuine)?;
+    let packages = dists
+        .join(crate::repo::COMPONENT)
+        .join(format!("binary-{}", s.field(program, "Architecture")))
+        .join("Packages");
+    // What one who can write the mirror but holds no key would do: another package's
+    // entry, both index files remade to match each other.
+    let mut text = std::fs::read_to_string(&packages)?;
+    text.push_str("\nPackage: cyphonic-planted\nVersion: 1\nArchitecture: all\nFilename: pool/main/planted.deb\nSize: 1\n");
+    std::fs::write(&packages, text)?;
+    util::run(
+        Command::new("gzip").arg("-9nkf").arg(&packages),
+        "gzip the changed Packages",
+    )?;
+    let _ = std::fs::remove_dir_all(s.path("var/lib/apt/lists"));
+    std::fs::create_dir_all(s.path("var/lib/apt/lists/partial"))?;
+    ensure!(
+        apt(&["update"]).is_err(),
+        "apt-get update took a Packages file changed after signing"
+    );
+    eprintln!(
+        "xtask: {program} installs with apt from the signed repository; another key's signature and a changed Packages file are refused"
+    );
+    Ok(())
 }
 
 /// Checks the installed units with systemd's own tools, on the scratch root (whose /usr,

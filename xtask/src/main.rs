@@ -23,6 +23,7 @@ mod fuzz;
 mod image;
 mod instructions;
 mod lanes;
+mod repo;
 mod report;
 mod tidy;
 mod util;
@@ -104,8 +105,9 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         prebuilt: Option<std::path::PathBuf>,
         /// Then lint the packages and install, upgrade, remove and purge them in a scratch
-        /// root, checking each step (as CI does); with --prebuilt, package twice first and
-        /// require the same files.
+        /// root, checking each step, and (amd64) install from a signed apt repository of
+        /// them, as CI does; with --prebuilt, package twice first and require the same
+        /// files.
         #[arg(long)]
         check_install: bool,
         /// Then install each program with cyphonic-common in a scratch root of its own and
@@ -114,6 +116,11 @@ enum Command {
         /// does; needs root and target/debug/cyphonic-bed; this machine's architecture).
         #[arg(long)]
         as_shipped: bool,
+        /// Then make an apt repository of the packages in `target/dist/<arch>/repo`, signed
+        /// with this OpenPGP key (an id or fingerprint gpg knows; `GNUPGHOME` chooses the
+        /// keyring), its public half exported there for `signed-by=`.
+        #[arg(long, value_name = "KEY")]
+        sign_with: Option<String>,
     },
     /// The Raspberry Pi's architecture here: the unit tier built for aarch64 and run under
     /// qemu-user, then the short demo with the aarch64 build of the node under the emulator
@@ -198,6 +205,7 @@ fn main() -> ExitCode {
             prebuilt,
             check_install,
             as_shipped,
+            sign_with,
         } => match prebuilt {
             // As CI does: twice, and the two must be the same files.
             Some(bins) if check_install => dist::package_reproducibly(&target, &bins, &profile),
@@ -208,9 +216,29 @@ fn main() -> ExitCode {
             if check_install {
                 deb::lint(&debs)?;
                 deb::check_install(&debs)?;
+                if target == "x86_64-unknown-linux-gnu" {
+                    let dir = debs
+                        .first()
+                        .and_then(|d| d.parent())
+                        .ok_or_else(|| anyhow::anyhow!("no package made"))?;
+                    deb::check_repository(&debs, &dir.join("repo"))?;
+                }
             }
             if as_shipped {
                 deb::run_as_shipped(&debs, &util::root().join("target/debug/cyphonic-bed"))?;
+            }
+            if let Some(key) = sign_with {
+                let dir = debs
+                    .first()
+                    .and_then(|d| d.parent())
+                    .ok_or_else(|| anyhow::anyhow!("no package made"))?;
+                let arch = dir
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("amd64")
+                    .to_owned();
+                let signer = repo::Signer { key, home: None };
+                repo::make(&debs, &[&arch, "all"], &dir.join("repo"), &signer)?;
             }
             Ok(())
         }),
@@ -379,6 +407,7 @@ fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
         deb::lint(&debs)?;
         deb::check_install(&debs)?;
         deb::run_as_shipped(&debs, &root.join("target/debug/cyphonic-bed"))?;
+        deb::check_repository(&debs, &root.join("target/dist/amd64/repo"))?;
     }
     Ok(())
 }
