@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use cyphonic_cloud::admin::{self, Scope, Who};
-use cyphonic_cloud::api::{ApiTokenView, NewApiToken};
+use cyphonic_cloud::api::{ApiTokenRequest, ApiTokenView, NewApiToken};
 use cyphonic_cloud::store::AuditQuery;
 use cyphonic_telemetry::status::time_left;
 
@@ -79,18 +79,22 @@ pub(crate) fn api_tokens(cmd: ApiTokens, now: u64) -> anyhow::Result<()> {
             scope,
             expires,
         } => {
-            let body = serde_json::json!({ "name": name, "scope": scope, "expires": expires });
+            let req = ApiTokenRequest {
+                name,
+                scope,
+                expires,
+            };
             let made: MadeApiToken = Change {
                 method: reqwest::Method::POST,
                 path: &["api-tokens"],
-                body: Some(body),
+                body: Some(serde_json::to_value(&req)?),
             }
             .make(&config, now, |registry| {
                 let (row, token) = registry.block_on(admin::create_api_token(
                     &registry.store,
-                    &name,
-                    scope,
-                    expires,
+                    &req.name,
+                    req.scope,
+                    req.expires,
                     &Who::cli(),
                     now,
                 ))?;
@@ -100,8 +104,10 @@ pub(crate) fn api_tokens(cmd: ApiTokens, now: u64) -> anyhow::Result<()> {
                 })
             })?;
             say(&format!(
-                "API token {} ({name}, {scope}), {}:\n{}\nuse it as: Authorization: Bearer TOKEN",
+                "API token {} ({}, {}), {}:\n{}\nuse it as: Authorization: Bearer TOKEN",
                 made.item.id,
+                req.name,
+                req.scope,
                 made.item.expires_at.map_or_else(
                     || "until revoked".to_owned(),
                     |e| format!("ends in {}", time_left(e, now))

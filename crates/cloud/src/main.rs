@@ -623,23 +623,26 @@ fn revoke_online(
     fingerprint: Option<String>,
     config: &Path,
 ) -> anyhow::Result<()> {
-    let (target, path, body) = match (name, fingerprint) {
-        (Some(name), _) => (
-            RevokeTarget::Name(name.clone()),
-            vec!["members".to_owned(), name, "revoke".to_owned()],
-            None,
-        ),
-        (None, Some(fp)) => (
-            RevokeTarget::Fingerprint(fp.clone()),
-            vec!["revocations".to_owned()],
-            Some(serde_json::json!({ "fingerprint": fp })),
-        ),
+    let target = match (name, fingerprint) {
+        (Some(name), _) => RevokeTarget::Name(name),
+        (None, Some(fp)) => RevokeTarget::Fingerprint(fp),
         (None, None) => bail!("name a member or --fingerprint"),
     };
-    let path: Vec<&str> = path.iter().map(String::as_str).collect();
+    // The API's two ways to the same revocation.
+    let (path, body): (&[&str], _) = match &target {
+        RevokeTarget::Name(name) => (&["members", name, "revoke"], None),
+        RevokeTarget::Fingerprint(fp) => (
+            &["revocations"],
+            Some(serde_json::to_value(
+                cyphonic_cloud::api::RevokeCertificate {
+                    fingerprint: fp.clone(),
+                },
+            )?),
+        ),
+    };
     let r: admin::Revoked = running::Change {
         method: reqwest::Method::POST,
-        path: &path,
+        path,
         body,
     }
     .make(config, now(), |registry| {

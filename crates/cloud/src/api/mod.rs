@@ -928,8 +928,8 @@ async fn api_token_views(s: &ApiState) -> Result<Vec<ApiTokenView>, ApiError> {
         .collect())
 }
 
-/// What a new API token is for.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+/// What a new API token is for (`api-token create`, `POST /api-tokens`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiTokenRequest {
     /// What it is for (1-64 printable characters).
