@@ -208,9 +208,9 @@ pub(crate) fn source_date_epoch(root: &Path) -> u64 {
     })
 }
 
-/// [`source_date_epoch`] as RFC 2822, the changelog's date.
-fn release_date(root: &Path) -> String {
-    let at = format!("@{}", source_date_epoch(root));
+/// `epoch` ([`source_date_epoch`]) as RFC 2822, the changelog's date.
+fn release_date(epoch: u64) -> String {
+    let at = format!("@{epoch}");
     util::output("date", &["-u", "-R", "-d", &at]).unwrap_or_default()
 }
 
@@ -378,7 +378,8 @@ pub(crate) fn build(
         "Source: cyphonic\n\nPackage: cyphonic-adapter\nArchitecture: any\n",
         0o644,
     )?;
-    let log = changelog(&release_date(root));
+    let epoch = source_date_epoch(root);
+    let log = changelog(&release_date(epoch));
     let mut debs = Vec::new();
 
     let tree = work.join(COMMON);
@@ -426,7 +427,7 @@ pub(crate) fn build(
         &script(root, "common.postrm", None)?,
         0o755,
     )?;
-    debs.push(pack(&tree, out, COMMON, "all", compression)?);
+    debs.push(pack(&tree, out, COMMON, "all", compression, epoch)?);
 
     let strip = how.strip;
     for p in how.programs {
@@ -490,7 +491,7 @@ pub(crate) fn build(
                 0o755,
             )?;
         }
-        debs.push(pack(&tree, out, p.name, how.arch, compression)?);
+        debs.push(pack(&tree, out, p.name, how.arch, compression, epoch)?);
     }
     Ok(debs)
 }
@@ -524,13 +525,15 @@ fn shlibdeps(work: &Path, binary: &Path) -> anyhow::Result<String> {
     Ok(depends.trim().to_owned())
 }
 
-/// Builds `<package>_<version>_<arch>.deb` in `out` from `tree`.
+/// Builds `<package>_<version>_<arch>.deb` in `out` from `tree`, every timestamp `epoch`
+/// ([`source_date_epoch`]).
 fn pack(
     tree: &Path,
     out: &Path,
     package: &str,
     arch: &str,
     compression: &str,
+    epoch: u64,
 ) -> anyhow::Result<PathBuf> {
     let deb = out.join(format!("{package}_{}_{arch}.deb", version()));
     // dpkg-deb dates the ar members with it and clamps every file's mtime to it.
@@ -539,10 +542,7 @@ fn pack(
             .args(["--root-owner-group", compression, "--build"])
             .arg(tree)
             .arg(&deb)
-            .env(
-                "SOURCE_DATE_EPOCH",
-                source_date_epoch(&util::root()).to_string(),
-            ),
+            .env("SOURCE_DATE_EPOCH", epoch.to_string()),
         "dpkg-deb --build",
     )?;
     Ok(deb)
@@ -743,17 +743,18 @@ pub(crate) fn check_install(debs: &[PathBuf]) -> anyhow::Result<()> {
     result
 }
 
+/// Whether `deb` is a file of the package `package` (`<package>_<version>_<arch>.deb`).
+fn is_package(deb: &Path, package: &str) -> bool {
+    deb.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(&format!("{package}_")))
+}
+
 /// The programs whose packages are among `debs`.
 fn packaged(debs: &[PathBuf]) -> Vec<Program> {
     PROGRAMS
         .iter()
-        .filter(|p| {
-            debs.iter().any(|d| {
-                d.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{}_", p.name)))
-            })
-        })
+        .filter(|p| debs.iter().any(|d| is_package(d, p.name)))
         .copied()
         .collect()
 }
@@ -763,11 +764,8 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
     // the programs whose scripts need it. One `dpkg --install` of them all configures them
     // in an order of its own when their dependencies are forced (the scratch root has no
     // libc): with three packages it set up a program before cyphonic-common.
-    let (common, programs_debs): (Vec<&PathBuf>, Vec<&PathBuf>) = debs.iter().partition(|d| {
-        d.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(&format!("{COMMON}_")))
-    });
+    let (common, programs_debs): (Vec<&PathBuf>, Vec<&PathBuf>) =
+        debs.iter().partition(|d| is_package(d, COMMON));
     let install = |s: &Scratch| -> anyhow::Result<()> {
         for set in [&common, &programs_debs] {
             let mut args = vec!["--install".to_owned()];
@@ -966,14 +964,10 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
 /// # Errors
 /// A package is missing, an installation fails, or the run does.
 pub(crate) fn run_as_shipped(debs: &[PathBuf], bed: &Path) -> anyhow::Result<()> {
-    let named = |prefix: &str| {
+    let named = |package: &str| {
         debs.iter()
-            .find(|d| {
-                d.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{prefix}_")))
-            })
-            .with_context(|| format!("no {prefix} package among {debs:?}"))
+            .find(|d| is_package(d, package))
+            .with_context(|| format!("no {package} package among {debs:?}"))
     };
     let common = named(COMMON)?;
     let base = std::env::temp_dir().join(format!("cyphonic-shipped-{}", std::process::id()));
@@ -1105,31 +1099,16 @@ fn apt_steps(s: &Scratch, repo: &Path, program: &str, stranger: &Signer) -> anyh
     // Signed by another key: refused.
     let dists = copy.join("dists").join(crate::repo::SUITE);
     let genuine = std::fs::read(dists.join("InRelease"))?;
-    util::run(
-        Command::new("gpg")
-            .args(
-                stranger
-                    .home
-                    .iter()
-                    .flat_map(|h| [std::ffi::OsStr::new("--homedir"), h.as_os_str()]),
-            )
-            .args([
-                "--batch",
-                "--yes",
-                "--local-user",
-                &stranger.key,
-                "--clearsign",
-                "--output",
-            ])
-            .arg(dists.join("InRelease"))
-            .arg(dists.join("Release")),
-        "gpg --clearsign (a stranger's InRelease)",
-    )?;
+    stranger.clearsign(&dists.join("Release"), &dists.join("InRelease"))?;
     std::fs::remove_file(dists.join("Release.gpg"))?;
-    let _ = std::fs::remove_dir_all(s.path("var/lib/apt/lists"));
-    std::fs::create_dir_all(s.path("var/lib/apt/lists/partial"))?;
+    // `apt-get update` afresh: nothing read before is kept.
+    let update_afresh = || -> anyhow::Result<bool> {
+        let _ = std::fs::remove_dir_all(s.path("var/lib/apt/lists"));
+        std::fs::create_dir_all(s.path("var/lib/apt/lists/partial"))?;
+        Ok(apt(&["update"]).is_ok())
+    };
     ensure!(
-        apt(&["update"]).is_err(),
+        !update_afresh()?,
         "apt-get update took a repository signed by another key"
     );
     // The genuine signature, and a Packages file changed after it: refused.
@@ -1147,10 +1126,8 @@ fn apt_steps(s: &Scratch, repo: &Path, program: &str, stranger: &Signer) -> anyh
         Command::new("gzip").arg("-9nkf").arg(&packages),
         "gzip the changed Packages",
     )?;
-    let _ = std::fs::remove_dir_all(s.path("var/lib/apt/lists"));
-    std::fs::create_dir_all(s.path("var/lib/apt/lists/partial"))?;
     ensure!(
-        apt(&["update"]).is_err(),
+        !update_afresh()?,
         "apt-get update took a Packages file changed after signing"
     );
     eprintln!(

@@ -39,6 +39,21 @@ impl Signer {
         cmd
     }
 
+    /// Signs `release` inline into `out` (a suite's `InRelease`).
+    ///
+    /// # Errors
+    /// gpg fails.
+    pub(crate) fn clearsign(&self, release: &Path, out: &Path) -> anyhow::Result<()> {
+        util::run(
+            self.gpg()
+                .arg("--clearsign")
+                .arg("--output")
+                .arg(out)
+                .arg(release),
+            "gpg --clearsign (InRelease)",
+        )
+    }
+
     /// A new signing key (Ed25519, no passphrase) in a GnuPG home of its own at `home`, for
     /// tests: what an operator makes once and keeps.
     ///
@@ -121,15 +136,7 @@ pub(crate) fn make(
     )?;
     let release_file = dists.join("Release");
     std::fs::write(&release_file, release)?;
-    util::run(
-        signer
-            .gpg()
-            .arg("--clearsign")
-            .arg("--output")
-            .arg(dists.join("InRelease"))
-            .arg(&release_file),
-        "gpg --clearsign (InRelease)",
-    )?;
+    signer.clearsign(&release_file, &dists.join("InRelease"))?;
     util::run(
         signer
             .gpg()
