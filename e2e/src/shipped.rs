@@ -223,42 +223,29 @@ impl Machine {
     }
 
     /// The packaged configuration with each line marked `# fill in` given its value from
-    /// `values` (`(table, key, TOML value)`); every such line must be given one, and every
+    /// `values` (`(dotted key, TOML value)`); every such line must be given one, and every
     /// value must have such a line.
-    fn fill_in(&self, values: &[(&str, &str, String)]) -> anyhow::Result<()> {
+    fn fill_in(&self, values: &[(&str, String)]) -> anyhow::Result<()> {
         let config = self.config();
         let text = std::fs::read_to_string(&config)?;
-        let mut table = String::new();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
         let mut used = vec![false; values.len()];
-        let mut out = String::new();
-        for line in text.lines() {
-            if let Some(t) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-                t.clone_into(&mut table);
-            }
-            if line.ends_with("# fill in") {
-                let key = line.split('=').next().unwrap_or_default().trim();
-                let Some(at) = values.iter().position(|(t, k, _)| *t == table && *k == key) else {
-                    bail!(
-                        "{}: nothing to fill in [{table}] {key} with",
-                        config.display()
-                    );
-                };
-                used[at] = true;
-                out.push_str(&format!("{key} = {}\n", values[at].2));
-            } else {
-                out.push_str(line);
-                out.push('\n');
-            }
+        for (i, key) in cyphonic_settings::testing::to_fill_in(&text) {
+            let Some(at) = values.iter().position(|(k, _)| *k == key) else {
+                bail!("{}: nothing to fill in {key} with", config.display());
+            };
+            used[at] = true;
+            let name = key.rsplit('.').next().unwrap_or(&key);
+            lines[i] = format!("{name} = {}", values[at].1);
         }
         if let Some(at) = used.iter().position(|u| !u) {
             bail!(
-                "{} does not say to fill in [{}] {}",
+                "{} does not say to fill in {}",
                 config.display(),
-                values[at].0,
-                values[at].1
+                values[at].0
             );
         }
-        std::fs::write(&config, out)?;
+        std::fs::write(&config, lines.join("\n") + "\n")?;
         Ok(())
     }
 
@@ -662,12 +649,12 @@ pub fn run(cloud: &Machine, adapter: &Machine, node: &Machine) -> anyhow::Result
 
     let cloud_values = |token: &str| {
         vec![
-            ("identity", "token", format!("\"{token}\"")),
-            ("cloud", "address", "\"198.51.100.10:7000\"".to_owned()),
-            ("cloud", "public_key", format!("\"{public_key}\"")),
+            ("identity.token", format!("\"{token}\"")),
+            ("cloud.address", "\"198.51.100.10:7000\"".to_owned()),
+            ("cloud.public_key", format!("\"{public_key}\"")),
         ]
     };
-    let mut values = vec![("adapter", "lan_interface", "\"lan\"".to_owned())];
+    let mut values = vec![("adapter.lan_interface", "\"lan\"".to_owned())];
     values.extend(cloud_values(&adapter_token));
     adapter.fill_in(&values)?;
     node.fill_in(&cloud_values(&node_token))?;

@@ -299,9 +299,27 @@ pub fn write_pki(dir: &Path, now: u64, nodes: &[Node<'_>]) {
     }
 }
 
+/// The lines of a starter configuration (config/`<binary>`.toml) marked to fill in
+/// (`key = value  # fill in`): each line's index and its dotted key (`cloud.address`), in
+/// order. The one reading of that mark, for the unit tests and the as-shipped run.
+pub fn to_fill_in(starter: &str) -> Vec<(usize, String)> {
+    let mut table = String::new();
+    let mut marked = Vec::new();
+    for (i, line) in starter.lines().enumerate() {
+        if let Some(t) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            t.clone_into(&mut table);
+        } else if line.ends_with("# fill in")
+            && let Some((key, _)) = line.split_once('=')
+        {
+            marked.push((i, format!("{table}.{}", key.trim())));
+        }
+    }
+    marked
+}
+
 /// config/`<binary>`.toml, the packages' /etc/cyphonic file (`starter`, called `name`),
 /// reads as the configuration `T` and marks exactly the keys `fill_in` (dotted: `cloud.address`)
-/// as to fill in (`key = value  # fill in`).
+/// as to fill in ([`to_fill_in`]).
 ///
 /// # Panics
 /// When it does not.
@@ -309,16 +327,6 @@ pub fn assert_starter<T: serde::de::DeserializeOwned>(starter: &str, name: &str,
     if let Err(e) = toml::from_str::<T>(starter) {
         panic!("{name} does not read: {e}");
     }
-    let mut table = String::new();
-    let mut marked = Vec::new();
-    for line in starter.lines() {
-        if let Some(t) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            t.clone_into(&mut table);
-        } else if line.ends_with("# fill in")
-            && let Some((key, _)) = line.split_once('=')
-        {
-            marked.push(format!("{table}.{}", key.trim()));
-        }
-    }
+    let marked: Vec<String> = to_fill_in(starter).into_iter().map(|(_, k)| k).collect();
     assert_eq!(marked, fill_in, "{name}: the keys marked to fill in");
 }
