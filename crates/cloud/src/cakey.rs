@@ -192,6 +192,22 @@ mod tests {
             panic!("a plain key asked for a passphrase")
         });
         assert_eq!(plain.unwrap().pkcs8(), ca.pkcs8());
+        // A damaged protected key is an error, never a panic, and never a CA: armor cut
+        // short, a body that is not DER, the ciphertext flipped.
+        let pass = || Ok(Zeroizing::new("correct horse".to_owned()));
+        let cut = &sealed[..sealed.len() / 2];
+        assert!(open(cut, &cert, pass).is_err());
+        let garbage =
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        assert!(open(garbage, &cert, pass).is_err());
+        let lines: Vec<&str> = sealed.lines().collect();
+        let mut flipped = lines[lines.len() - 2].to_owned().into_bytes();
+        flipped[0] = if flipped[0] == b'A' { b'B' } else { b'A' };
+        let mut damaged = lines.clone();
+        let flipped = String::from_utf8(flipped).unwrap();
+        let at = damaged.len() - 2;
+        damaged[at] = &flipped;
+        assert!(open(&damaged.join("\n"), &cert, pass).is_err());
         // Two protections of one key differ (salt and IV are fresh).
         assert_ne!(*protect(&ca, "correct horse").unwrap(), *sealed);
     }
