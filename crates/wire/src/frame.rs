@@ -27,6 +27,11 @@ pub const COOKIE_REPLY_LEN: usize = 24 + 16 + TAG_LEN;
 /// (RFC 8200 §5) after the outer IPv6 (40) and UDP (8) headers and our own header (16), so no
 /// handshake ever depends on fragmentation or path MTU discovery.
 pub const HANDSHAKE_MAX: usize = 1280 - 40 - 8 - HEADER_LEN;
+
+/// The shortest path message (kind, zeros, id: docs/protocol.md §4, *Back to direct*).
+pub const PATH_MSG_MIN: usize = 16;
+/// The longest path message: a call-me with 8 addresses of 18 bytes.
+pub const PATH_MSG_MAX: usize = PATH_MSG_MIN + 8 * 18;
 /// Data-frame flag: the inner packet's TCP or UDP checksum is left to the receiver
 /// (docs/protocol.md §1). The packet is an IPv4 TCP or UDP packet, not a fragment, whose
 /// payload the sender vouches for (the AEAD carries it intact); its checksum field holds no
@@ -76,6 +81,9 @@ pub enum MessageType {
     /// A responder under load asks the initiator to prove its source address (a cookie for
     /// `mac2`); the index is the initiator's.
     CookieReply,
+    /// A path message (ping, pong, call-me), sealed as a data frame: docs/protocol.md §4,
+    /// *Back to direct*.
+    Path,
     /// A type this version does not know; kept so that views round-trip.
     Unknown(u8),
 }
@@ -90,6 +98,7 @@ impl From<u8> for MessageType {
             5 => Self::Relay,
             6 => Self::EndpointProbe,
             7 => Self::CookieReply,
+            8 => Self::Path,
             other => Self::Unknown(other),
         }
     }
@@ -105,6 +114,7 @@ impl From<MessageType> for u8 {
             MessageType::Relay => 5,
             MessageType::EndpointProbe => 6,
             MessageType::CookieReply => 7,
+            MessageType::Path => 8,
             MessageType::Unknown(other) => other,
         }
     }
@@ -120,6 +130,7 @@ impl fmt::Display for MessageType {
             Self::Relay => f.write_str("relay"),
             Self::EndpointProbe => f.write_str("endpoint-probe"),
             Self::CookieReply => f.write_str("cookie-reply"),
+            Self::Path => f.write_str("path"),
             Self::Unknown(raw) => write!(f, "unknown type {raw}"),
         }
     }
@@ -322,6 +333,7 @@ impl FrameRepr {
             MessageType::Relay => (HEADER_LEN, usize::MAX, true),
             MessageType::EndpointProbe => (0, HANDSHAKE_MAX, false),
             MessageType::CookieReply => (COOKIE_REPLY_LEN, COOKIE_REPLY_LEN, true),
+            MessageType::Path => (TAG_LEN + PATH_MSG_MIN, TAG_LEN + PATH_MSG_MAX, false),
             MessageType::Unknown(raw) => return Err(Error::UnknownType(raw)),
         };
         if body_len < min || body_len > max {
@@ -487,6 +499,8 @@ mod tests {
         check(&frame(7, 9, 0, 55), body(CookieReply, 55, 56, 56));
         check(&frame(7, 9, 0, 57), body(CookieReply, 57, 56, 56));
         check(&frame(5, 9, 0, 15), body(Relay, 15, 16, usize::MAX));
+        check(&frame(8, 9, 1, 31), body(Path, 31, 32, 176));
+        check(&frame(8, 9, 1, 177), body(Path, 177, 32, 176));
         check(
             &frame(6, 0, 0, HANDSHAKE_MAX + 1),
             body(EndpointProbe, 1217, 0, 1216),
@@ -518,6 +532,7 @@ mod tests {
         check(&flagged(2, 7, 80, 0x0001), reserved(HandshakeResp, "flags"));
         check(&flagged(7, 7, 56, 0x0001), reserved(CookieReply, "flags"));
         check(&flagged(6, 0, 16, 0x0001), reserved(EndpointProbe, "flags"));
+        check(&flagged(8, 7, 32, FLAG_SPARSE), reserved(Path, "flags"));
         check(
             &flagged(4, 7, 16, FLAG_SPARSE),
             reserved(Keepalive, "flags"),
@@ -539,6 +554,8 @@ mod tests {
         check(&frame(4, 7, 9, 16), Ok(Keepalive));
         check(&frame(5, 7, 0, 16), Ok(Relay));
         check(&frame(6, 7, 3, 0), Ok(EndpointProbe));
+        check(&frame(8, 7, 3, 32), Ok(Path));
+        check(&frame(8, 7, 3, 176), Ok(Path));
     }
 
     #[test]
@@ -568,6 +585,10 @@ mod tests {
             (
                 MessageType::CookieReply,
                 format!("exactly {COOKIE_REPLY_LEN}"),
+            ),
+            (
+                MessageType::Path,
+                format!("{} ..= {}", TAG_LEN + PATH_MSG_MIN, TAG_LEN + PATH_MSG_MAX),
             ),
         ];
         for (ty, length_rule) in rows {
@@ -601,7 +622,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_frames_round_trip(ty in 1u8..=7, counter: u64, receiver: u32, body in 0usize..1300) {
+        fn mutated_valid_frames_round_trip(ty in 1u8..=8, counter: u64, receiver: u32, body in 0usize..1300) {
             let mut v = frame(ty, receiver, counter, body);
             // Half the time, make the counter legal for every type so most inputs parse.
             if counter % 2 == 0 { v[8..16].fill(0); }

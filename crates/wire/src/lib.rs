@@ -18,7 +18,7 @@ mod frame;
 pub use frame::{
     COOKIE_REPLY_LEN, DATA_FLAGS, Error, FLAG_CHECKSUM_DEFERRED, FLAG_SPARSE, Frame, FrameRepr,
     HANDSHAKE_INIT_MIN, HANDSHAKE_MAX, HANDSHAKE_RESP_MIN, HEADER_LEN, HINT_LEN, MAC_LEN,
-    MessageType, TAG_LEN, VERSION, field,
+    MessageType, PATH_MSG_MAX, PATH_MSG_MIN, TAG_LEN, VERSION, field,
 };
 
 /// Entry point shared by the fuzz target and the tests: parse arbitrary bytes as a frame and,
