@@ -140,8 +140,8 @@ pub enum RecvError {
     /// Not a valid frame.
     #[error("malformed frame: {0}")]
     Frame(#[from] cyphonic_wire::Error),
-    /// Not a data or keepalive frame.
-    #[error("expected data or keepalive, got {0}")]
+    /// Not a frame of the type expected (data or keepalive; a path frame).
+    #[error("unexpected frame type {0}")]
     WrongType(MessageType),
     /// No live session has this index (unknown, expired, or for another peer).
     #[error("no live session has index {0}")]
@@ -152,6 +152,9 @@ pub enum RecvError {
     /// The counter was seen already or lies behind the window.
     #[error(transparent)]
     Replay(#[from] ReplayError),
+    /// A path frame that opened holds no path message the protocol defines.
+    #[error("not a path message")]
+    PathMessage,
 }
 
 /// Our own key, certificate and trust store do not fit together: a local configuration error.

@@ -31,6 +31,7 @@ mod cookie;
 mod error;
 mod handshake;
 mod index;
+mod path;
 mod peer;
 mod session;
 #[doc(hidden)]
@@ -41,5 +42,6 @@ pub use cookie::{COOKIE_LIFETIME, CookieChecker, initiation_hint};
 pub use error::{HandshakeError, IdentityError, RecvError, SendError};
 pub use handshake::{Identity, IncomingInit, read_init};
 pub use index::Indices;
-pub use peer::{Event, Peer, PeerConfig, Received, Transmit};
+pub use path::{CALL_ME_MAX, PathMsg};
+pub use peer::{DIRECT_HOLD, Event, Peer, PeerConfig, Received, Transmit};
 pub use session::Session;

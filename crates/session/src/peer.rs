@@ -21,6 +21,7 @@ use crate::cookie::{self, COOKIE_LIFETIME};
 use crate::error::{HandshakeError, RecvError, SendError};
 use crate::handshake::{self, Identity, IncomingInit};
 use crate::index::{Indices, LocalIndex};
+use crate::path::PathMsg;
 use crate::session::Session;
 
 /// What we know and expect of a peer before talking to it.
@@ -173,6 +174,11 @@ pub struct Peer {
     /// for meanwhile goes out when the hold ends, unless keys exist by then.
     hold_until: Option<Instant>,
     last_handshake: Option<Instant>,
+    /// The pair's relay channel, when the cloud gave one: where relayed frames come from.
+    relay: Option<SocketAddr>,
+    /// When an authenticated frame last came from the peer at an address other than the
+    /// relay channel: while recent, relayed frames do not move us off the direct path.
+    direct_heard: Option<Instant>,
 
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
@@ -246,6 +252,8 @@ impl Peer {
             handshake_requested: false,
             hold_until: None,
             last_handshake: None,
+            relay: None,
+            direct_heard: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -433,7 +441,7 @@ impl Peer {
         if is_data && self.passive_keepalive_at.is_none() {
             self.passive_keepalive_at = Some(now + self.timing.keepalive_timeout);
         }
-        self.roam(from);
+        self.roam(from, now);
         // An initiator whose keys are about to expire while the peer still sends on them
         // starts a last-minute handshake (WireGuard's keep_key_fresh on receive).
         let late = self
@@ -454,6 +462,69 @@ impl Peer {
     /// handshake from the new address anyway). Without this, a peer we only receive from
     /// would keep sending to our old address until our next keepalive or its reply timer.
     pub fn local_address_changed(&mut self, now: Instant) {
+        self.send_keepalive(now);
+    }
+
+    /// The pair's relay channel (`None`: not relayed, or never). Frames from it never move
+    /// the peer off a direct path that carried a frame in the last [`DIRECT_HOLD`].
+    pub fn set_relay(&mut self, relay: Option<SocketAddr>) {
+        self.relay = relay;
+    }
+
+    /// Whether frames to the peer go through its relay channel now.
+    pub fn is_relayed(&self) -> bool {
+        self.relay.is_some() && self.endpoint == self.relay
+    }
+
+    /// Seals `msg` in a path frame to `to` under the current keys (docs/protocol.md §4,
+    /// *Back to direct*). Arms no timer and asks for no handshake: `None` without usable
+    /// keys.
+    pub fn path_transmit(
+        &mut self,
+        now: Instant,
+        msg: &PathMsg,
+        to: SocketAddr,
+    ) -> Option<Transmit> {
+        let session = self.current.as_ref().filter(|s| {
+            self.alive(s, now) && s.counters_used() < self.timing.reject_after_messages
+        })?;
+        let payload = msg.encode();
+        let mut frame = vec![0u8; HEADER_LEN + payload.len() + TAG_LEN];
+        frame[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(&payload);
+        let counter = session.reserve_counter().ok()?;
+        session.seal_path(counter, &mut frame, payload.len()).ok()?;
+        Some(Transmit {
+            destination: to,
+            frame,
+        })
+    }
+
+    /// Opens a path frame in place. The replay window moves; nothing else changes (no
+    /// roaming, no key confirmation, no timer), so a path that works one way moves nothing.
+    ///
+    /// # Errors
+    /// [`RecvError`]; [`RecvError::PathMessage`] for a message the protocol does not define.
+    pub fn open_path(&mut self, now: Instant, frame: &mut [u8]) -> Result<PathMsg, RecvError> {
+        let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?)?;
+        let session = self
+            .session_for_index(repr.receiver_index, now)
+            .ok_or(RecvError::UnknownIndex(repr.receiver_index))?;
+        session.check_replay(repr.counter)?;
+        let (counter, plain) = session.open_path(frame)?;
+        let msg = PathMsg::decode(plain).ok_or(RecvError::PathMessage);
+        session.accept_counter(counter)?;
+        msg
+    }
+
+    /// Sends to `to` from now on: a pong proved the direct path to it both ways. An
+    /// authenticated keepalive goes there at once, so that the peer follows.
+    pub fn move_direct(&mut self, to: SocketAddr, now: Instant) {
+        self.direct_heard = Some(now);
+        if self.endpoint != Some(to) {
+            let old = self.endpoint.replace(to);
+            self.events
+                .push_back(Event::EndpointChanged { old, new: to });
+        }
         self.send_keepalive(now);
     }
 
@@ -523,7 +594,7 @@ impl Peer {
         self.next = Some(Arc::new(session));
         self.previous = None;
         self.remote_cert = Some(cert);
-        self.roam(from);
+        self.roam(from, now);
         self.transmits.push_back(Transmit {
             destination: from,
             frame,
@@ -599,7 +670,7 @@ impl Peer {
             rekey: self.had_session,
         });
         self.had_session = true;
-        self.roam(from);
+        self.roam(from, now);
         // Confirm the keys to the responder right away, whether or not data is waiting.
         self.send_keepalive(now);
         Ok(())
@@ -902,11 +973,31 @@ impl Peer {
         self.passive_keepalive_at = None;
     }
 
-    fn roam(&mut self, from: SocketAddr) {
-        if self.endpoint != Some(from) {
-            let old = self.endpoint.replace(from);
-            self.events
-                .push_back(Event::EndpointChanged { old, new: from });
+    /// Follows the peer to `from`, the source of an authenticated frame or an accepted
+    /// initiation (WireGuard's roaming), except from the relay channel back off a direct
+    /// path that carried a frame in the last [`DIRECT_HOLD`] (docs/protocol.md §4, *Back
+    /// to direct*).
+    fn roam(&mut self, from: SocketAddr, now: Instant) {
+        let from_relay = self.relay == Some(from);
+        if !from_relay {
+            self.direct_heard = Some(now);
         }
+        if self.endpoint == Some(from) {
+            return;
+        }
+        let direct_live = self.endpoint.is_some()
+            && self
+                .direct_heard
+                .is_some_and(|t| now.saturating_duration_since(t) < DIRECT_HOLD);
+        if from_relay && direct_live {
+            return;
+        }
+        let old = self.endpoint.replace(from);
+        self.events
+            .push_back(Event::EndpointChanged { old, new: from });
     }
 }
+
+/// How long after an authenticated frame from the peer's direct address relayed frames
+/// still do not move the peer back to the relay: those the relay held when the pair moved.
+pub const DIRECT_HOLD: Duration = Duration::from_secs(3);

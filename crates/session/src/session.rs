@@ -127,14 +127,40 @@ impl Session {
         payload_len: usize,
         flags: u16,
     ) -> Result<usize, SendError> {
-        let len = HEADER_LEN + payload_len + TAG_LEN;
-        let Some(frame_buf) = buf.get_mut(..len) else {
-            return Err(SendError::BufferTooSmall { needed: len });
-        };
         let msg_type = if payload_len == 0 {
             MessageType::Keepalive
         } else {
             MessageType::Data
+        };
+        self.seal_as(msg_type, counter, buf, payload_len, flags)
+    }
+
+    /// Seals a path frame (docs/protocol.md §4, *Back to direct*) in place, as
+    /// [`Session::seal`] seals a data frame: `buf[HEADER_LEN..HEADER_LEN + payload_len]`
+    /// holds the path message.
+    ///
+    /// # Errors
+    /// [`SendError::BufferTooSmall`] when `buf` cannot hold header, payload and tag.
+    pub fn seal_path(
+        &self,
+        counter: u64,
+        buf: &mut [u8],
+        payload_len: usize,
+    ) -> Result<usize, SendError> {
+        self.seal_as(MessageType::Path, counter, buf, payload_len, 0)
+    }
+
+    fn seal_as(
+        &self,
+        msg_type: MessageType,
+        counter: u64,
+        buf: &mut [u8],
+        payload_len: usize,
+        flags: u16,
+    ) -> Result<usize, SendError> {
+        let len = HEADER_LEN + payload_len + TAG_LEN;
+        let Some(frame_buf) = buf.get_mut(..len) else {
+            return Err(SendError::BufferTooSmall { needed: len });
         };
         let repr = FrameRepr {
             msg_type,
@@ -157,10 +183,28 @@ impl Session {
     /// # Errors
     /// [`RecvError`]: malformed, wrong type or index, or not authentic.
     pub fn open<'a>(&self, frame: &'a mut [u8]) -> Result<(u64, &'a mut [u8]), RecvError> {
+        self.open_as(frame, |t| {
+            matches!(t, MessageType::Data | MessageType::Keepalive)
+        })
+    }
+
+    /// [`Session::open`] for a path frame (docs/protocol.md §4, *Back to direct*): its
+    /// counter and its path message. Any other type is [`RecvError::WrongType`].
+    ///
+    /// # Errors
+    /// [`RecvError`]: malformed, wrong type or index, or not authentic.
+    pub fn open_path<'a>(&self, frame: &'a mut [u8]) -> Result<(u64, &'a mut [u8]), RecvError> {
+        self.open_as(frame, |t| t == MessageType::Path)
+    }
+
+    fn open_as<'a>(
+        &self,
+        frame: &'a mut [u8],
+        kind: impl Fn(MessageType) -> bool,
+    ) -> Result<(u64, &'a mut [u8]), RecvError> {
         let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?)?;
-        match repr.msg_type {
-            MessageType::Data | MessageType::Keepalive => {}
-            other => return Err(RecvError::WrongType(other)),
+        if !kind(repr.msg_type) {
+            return Err(RecvError::WrongType(repr.msg_type));
         }
         if repr.receiver_index != self.local_index() {
             return Err(RecvError::UnknownIndex(repr.receiver_index));
