@@ -729,6 +729,10 @@ impl CloudLink {
             }
             Event::Observed(addr) => {
                 self.behind_nat = !is_ours(addr, self.tunnel_port);
+                // Where a try of the direct path says we may be reached.
+                let mut reachable = vec![addr];
+                reachable.extend(self.endpoints.iter().filter(|e| **e != addr));
+                control.set_reachable(reachable, self.behind_nat);
                 tracing::info!(%addr, behind_nat = self.behind_nat, "the cloud sees our tunnel socket at this address");
             }
             Event::Connected { observed, cloud } => {
@@ -929,11 +933,13 @@ impl CloudLink {
         if let Some(slot) = shared.peers().by_key(&key) {
             let relayed = {
                 let mut route = slot.route();
+                route.direct.set_candidates(info.endpoints.iter().copied());
                 if route.allowed != info.allowed {
                     tracing::info!(peer = %slot.name, allowed = info.allowed.map_or("not said", Allowed::describe), "the cloud says which way flows may start with this peer");
                     route.allowed = info.allowed;
                 }
-                route.relay.is_some()
+                drop(route);
+                slot.lock().is_relayed()
             };
             let refreshed = {
                 let mut p = slot.lock();
@@ -957,6 +963,7 @@ impl CloudLink {
             let mut route = slot.route();
             route.allowed = info.allowed;
             route.candidates = candidates(&info.endpoints, self.tunnel_port);
+            route.direct.set_candidates(info.endpoints.iter().copied());
         }
         tracing::info!(peer = %slot.name, ?endpoint, blocks = ?slot.blocks, allowed = info.allowed.map_or("not said", Allowed::describe), "peer added from the cloud");
         Some(slot)
@@ -1112,7 +1119,8 @@ impl CloudLink {
     /// initiations have gone unanswered for `DIRECT_PATIENCE`, or `ESTABLISHED_PATIENCE`
     /// while it still has keys (at most once per `RELAY_ASK_EVERY`). Looks every
     /// `KEEP_ROUTES_EVERY`.
-    pub fn keep_routes(&mut self, shared: &Shared, now: Instant) {
+    pub fn keep_routes(&mut self, control: &mut Control, now: Instant) {
+        let shared = control.shared().clone();
         if self
             .routes_kept
             .is_some_and(|t| now.saturating_duration_since(t) < KEEP_ROUTES_EVERY)
@@ -1145,12 +1153,17 @@ impl CloudLink {
                 continue;
             }
             route.relay_asked = Some(now);
-            let relayed = route.relay.is_some();
             drop(route);
+            // A pair that had left its relay channel for a direct path goes back to it at
+            // once (docs/protocol.md §4, *Back to direct*); the cloud is asked all the same,
+            // in case the channel closed meanwhile.
+            let fell_back = control.fall_back(&slot, now);
+            let relayed = slot.lock().is_relayed();
             match self.handle.request_relay(&slot.fingerprint) {
                 Ok(()) => tracing::info!(
                     peer = %slot.name,
                     relayed,
+                    fell_back,
                     "no answer to handshakes on this path: asking the cloud for a relay"
                 ),
                 Err(e) => {

@@ -896,7 +896,7 @@ impl<S: Services> Loop<S> {
         }
         self.control.run_timers(now);
         if let Some(c) = self.cloud.as_mut() {
-            c.keep_routes(self.control.shared(), now);
+            c.keep_routes(&mut self.control, now);
             if let Some(in_use) = c.peers_in_use(self.control.shared(), now) {
                 self.services.cloud_peers(&in_use);
             }

@@ -211,11 +211,9 @@ impl Collector for EngineCollector {
                 let p = slot.lock();
                 (p.is_established(now), p.last_handshake())
             };
-            let route = slot.route();
-            let (kind, reason) = route.relay.as_ref().map_or(("direct", String::new()), |r| {
+            let (kind, reason) = slot.relay_in_use().map_or(("direct", String::new()), |r| {
                 ("relay", r.reason.describe().to_owned())
             });
-            drop(route);
             let name = slot.name.clone();
             for (dir, v) in [("tx", &slot.tx_bytes), ("rx", &slot.rx_bytes)] {
                 bytes.push((

@@ -386,14 +386,11 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
         .all()
         .iter()
         .map(|slot| {
-            let (relay, allowed) = {
-                let route = slot.route();
-                let relay = route.relay.as_ref().map(|r| RelayStatus {
-                    address: r.address.to_string(),
-                    reason: r.reason.describe().to_owned(),
-                });
-                (relay, route.allowed)
-            };
+            let relay = slot.relay_in_use().map(|r| RelayStatus {
+                address: r.address.to_string(),
+                reason: r.reason.describe().to_owned(),
+            });
+            let allowed = slot.route().allowed;
             let current = slot.current_certificate();
             let p = slot.lock();
             PeerStatus {
@@ -428,7 +425,7 @@ pub fn tunnels(shared: &Shared, now: Instant, unix: u64) -> Vec<cyphonic_control
         .all()
         .iter()
         .map(|slot| {
-            let reason = slot.route().relay.as_ref().map(|r| r.reason);
+            let reason = slot.relay_in_use().map(|r| r.reason);
             let peer = slot.current_certificate().fingerprint().to_string();
             let p = slot.lock();
             cyphonic_control::TunnelReport {

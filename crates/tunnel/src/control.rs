@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use cyphonic_control::RelayInfo;
 use cyphonic_crypto::{CertError, Certificate, first_overlap};
-use cyphonic_session::{Event, Identity, Transmit};
+use cyphonic_session::{Event, Identity, PathMsg, Transmit};
 
 use crate::counters::bump;
+use crate::direct::Action;
 use crate::egress::Intake;
 use crate::peers::{PeerSlot, Relay};
 use crate::socket::TunnelSocket;
@@ -176,6 +177,12 @@ pub struct Control {
     timers: Timers,
     /// When every peer's timers were last looked at.
     scanned: Option<Instant>,
+    /// Where we may be reached, as a call-me says (docs/protocol.md §4, *Back to direct*).
+    reachable: Vec<SocketAddr>,
+    /// Whether a NAT stands between our tunnel socket and the Internet: tries punch first.
+    behind_nat: bool,
+    /// Bounds the pongs we send, per peer (4 a second).
+    pong_gate: crate::limit::RateTable,
 }
 
 /// A cloud peer evicted for idleness.
@@ -221,6 +228,14 @@ pub(crate) fn send_transmits(
     }
 }
 
+/// A ping's id: random, so that nobody who does not see the ping can answer it.
+fn ping_id() -> u64 {
+    cyphonic_crypto::cookie::random_nonce()
+        .ok()
+        .and_then(|n| n.get(..8).and_then(|b| b.try_into().ok()))
+        .map_or(0, u64::from_be_bytes)
+}
+
 /// Binds our tunnel socket's address to a relay channel: a bind under our token, answering
 /// the channel's last challenge (a stale one earns a new challenge, which
 /// [`Control::handle`] answers at once).
@@ -247,7 +262,18 @@ impl Control {
             dormant: VecDeque::new(),
             timers: Timers::default(),
             scanned: None,
+            reachable: Vec::new(),
+            behind_nat: false,
+            pong_gate: crate::limit::RateTable::new(256, 4, 4),
         }
+    }
+
+    /// Where we may be reached (the address the cloud sees our tunnel socket at, our
+    /// configured endpoints), and whether a NAT stands in front of us: what a try of the
+    /// direct path says in its call-me, and whether it punches.
+    pub fn set_reachable(&mut self, addrs: Vec<SocketAddr>, behind_nat: bool) {
+        self.reachable = addrs;
+        self.behind_nat = behind_nat;
     }
 
     /// Evicts cloud peers with no inner traffic either way for `timeout` (keepalives do not
@@ -559,6 +585,9 @@ impl Control {
                 r.bound_at = Some(now);
                 bind(&*self.socket, r);
             }
+            if full {
+                self.try_direct(slot, now);
+            }
         }
         if full {
             self.shared
@@ -591,7 +620,132 @@ impl Control {
             ToControl::NetworkChanged => self.network_changed(),
             ToControl::NoRoute(dst) => self.wanted(dst),
             ToControl::Challenge { from, cookie } => self.challenged(from, cookie),
+            ToControl::Path { peer, from, frame } => self.path(peer, from, frame),
         }
+    }
+
+    /// A relayed peer's way back to direct (docs/protocol.md §4, *Back to direct*): tells
+    /// its [`Direct`](crate::direct::Direct) which path it is on, and sends what a try
+    /// asks for: a call-me through the channel, punches, pings.
+    fn try_direct(&mut self, slot: &Arc<PeerSlot>, now: Instant) {
+        let relayed = slot.lock().is_relayed();
+        let actions = {
+            let mut route = slot.route();
+            let Some(channel) = route.relay.as_ref().map(|r| r.address) else {
+                return;
+            };
+            route.direct.observe(relayed, now);
+            let actions = route.direct.poll(now, self.behind_nat, ping_id);
+            actions
+                .into_iter()
+                .map(|a| (a, channel))
+                .collect::<Vec<_>>()
+        };
+        let c = &self.shared.counters;
+        for (action, channel) in actions {
+            let (msg, to) = match action {
+                Action::CallMe => {
+                    bump(&c.direct_tries);
+                    tracing::debug!(peer = %slot.name, "relayed: trying the direct path");
+                    (PathMsg::CallMe(self.reachable.clone()), channel)
+                }
+                Action::Punch(to) => {
+                    let frame = cyphonic_control::probe::punch_frame();
+                    match self.socket.send_to_hops(&frame, to, PUNCH_HOPS) {
+                        Ok(_) => bump(&c.punches_sent),
+                        Err(e) => tracing::debug!(%to, error = %e, "hole punch not sent"),
+                    }
+                    continue;
+                }
+                Action::Ping(id, to) => {
+                    bump(&c.path_pings_sent);
+                    (PathMsg::Ping(id), to)
+                }
+            };
+            let t = slot.lock().path_transmit(now, &msg, to);
+            send_transmits(&self.shared, &*self.socket, slot, t.into_iter().collect());
+        }
+    }
+
+    /// A path frame from `from` for peer `id`: opened here (the receive thread only found
+    /// the session's index), then a ping answered, a pong judged, a call-me taken.
+    fn path(&mut self, id: u32, from: SocketAddr, mut frame: Vec<u8>) {
+        let now = Instant::now();
+        let c = &self.shared.counters;
+        let Some(slot) = self.shared.peers.by_id(id) else {
+            bump(&c.drop_path_malformed);
+            return;
+        };
+        let opened = slot.lock().open_path(now, &mut frame);
+        let msg = match opened {
+            Ok(m) => m,
+            Err(e) => {
+                bump(&c.drop_path_malformed);
+                tracing::debug!(peer = %slot.name, %from, error = %e, "path frame dropped");
+                return;
+            }
+        };
+        let channel = slot.route().relay.as_ref().map(|r| r.address);
+        match msg {
+            PathMsg::Ping(ping) => {
+                if !self.pong_gate.admit(id, now) {
+                    bump(&c.drop_path_rate);
+                    return;
+                }
+                let t = slot.lock().path_transmit(now, &PathMsg::Pong(ping), from);
+                if t.is_some() {
+                    bump(&c.path_pongs_sent);
+                }
+                send_transmits(&self.shared, &*self.socket, &slot, t.into_iter().collect());
+            }
+            PathMsg::Pong(pong) => {
+                if channel == Some(from) || !slot.route().direct.pong(pong, from, now) {
+                    return;
+                }
+                slot.lock().move_direct(from, now);
+                slot.route().direct.observe(false, now);
+                bump(&c.moves_to_direct);
+                tracing::info!(peer = %slot.name, %from, relay = ?channel, "the direct path answers both ways: leaving the relay");
+                self.drain(&slot);
+            }
+            PathMsg::CallMe(addrs) => {
+                let relayed = slot.lock().is_relayed();
+                let taken = {
+                    let mut route = slot.route();
+                    route.direct.observe(relayed, now);
+                    route.direct.called(addrs, now)
+                };
+                if taken {
+                    self.try_direct(&slot, now);
+                }
+            }
+        }
+    }
+
+    /// The direct path to `slot` stopped answering (its initiations went unanswered, the
+    /// driver judges how long): back to the pair's relay channel at once, if we hold one
+    /// and are not on it (docs/protocol.md §4, *Back to direct*). Whether it moved.
+    pub fn fall_back(&mut self, slot: &Arc<PeerSlot>, now: Instant) -> bool {
+        let channel = {
+            let mut route = slot.route();
+            let Some(r) = route.relay.as_mut() else {
+                return false;
+            };
+            r.bound_at = Some(now);
+            bind(&*self.socket, r);
+            r.address
+        };
+        if slot.lock().is_relayed() {
+            return false;
+        }
+        if let Err(e) = slot.lock().redirect(channel, now) {
+            tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
+        }
+        slot.route().direct.observe(true, now);
+        bump(&self.shared.counters.moves_to_relay);
+        tracing::info!(peer = %slot.name, relay = %channel, "the direct path stopped answering: back to the relay");
+        self.drain(slot);
+        true
     }
 
     /// A challenge came from `from` (the receive threads' [`Shared::challenge_gate`](crate::Shared::challenge_gate)
@@ -707,18 +861,32 @@ impl Control {
         } else if let Some(r) = route.relay.as_mut() {
             // The same channel again: a side asked because its path through it went silent
             // (a NAT on the way moved us, and the relay drops what comes from an unbound
-            // address). Bind again at once rather than at the next refresh, and send a
-            // pending initiation through it now rather than at its next retry.
+            // address), or because the direct path we had left it for did. Bind again at
+            // once rather than at the next refresh, and send a pending initiation through
+            // it now rather than at its next retry.
             r.bound_at = Some(now);
             bind(&*self.socket, r);
             drop(route);
-            if let Err(e) = slot.lock().retry_now(now) {
+            let mut peer = slot.lock();
+            let moved = !peer.is_relayed();
+            let sent = if moved {
+                peer.redirect(info.address, now)
+            } else {
+                peer.retry_now(now)
+            };
+            drop(peer);
+            if let Err(e) = sent {
                 tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
+            }
+            if moved {
+                bump(&self.shared.counters.moves_to_relay);
+                slot.route().direct.observe(true, now);
             }
             self.drain(slot);
             return;
         }
         drop(route);
+        slot.lock().set_relay(Some(info.address));
         // A new channel moves a peer with keys too: the cloud gives one when a side's
         // handshakes found no answer, so the path under those keys is dead.
         let mut peer = slot.lock();

@@ -70,6 +70,22 @@ cyphonic_telemetry::counters! {
         challenges_received,
         /// Of those, the relay channels': each answered with a bind at once.
         relay_challenges,
+        /// Path frames (docs/protocol.md §4, back to direct) handed to the control thread.
+        path_frames_received,
+        /// Path frames past their rate (8 a second per source).
+        drop_path_rate,
+        /// Path frames that did not open, were replays, or held no path message.
+        drop_path_malformed,
+        /// Pings sent to a relayed peer's direct addresses.
+        path_pings_sent,
+        /// Pongs sent, answering a peer's pings.
+        path_pongs_sent,
+        /// Tries of the direct path while relayed.
+        direct_tries,
+        /// Relayed peers moved to a direct path a pong proved.
+        moves_to_direct,
+        /// Peers moved back to their relay channel: the direct path stopped answering.
+        moves_to_relay,
         /// Peers removed: certificate no longer trusted (revoked, expired), unconfigured, or replaced.
         peers_removed,
         /// Peers from the cloud refused: a block overlapping ours or another peer's, a static peer's name, an older certificate, a full table.

@@ -321,6 +321,28 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
                 frame: 0..0,
             })
         }
+        MessageType::Path => {
+            // Opened on the control thread (a few a second at most): only the index here.
+            let Some(peer) = shared.peers.by_index(repr.receiver_index) else {
+                bump(&c.drop_unknown_index);
+                return Arrival::Dropped;
+            };
+            if !shared.path_gate.admit(m.from, now) {
+                bump(&c.drop_path_rate);
+                return Arrival::Dropped;
+            }
+            let msg = ToControl::Path {
+                peer: peer.id,
+                from: m.from,
+                frame: buf[..m.len].to_vec(),
+            };
+            if shared.control.try_send(msg).is_ok() {
+                bump(&c.path_frames_received);
+            } else {
+                bump(&c.drop_path_rate);
+            }
+            Arrival::Dropped
+        }
         MessageType::HandshakeResp | MessageType::CookieReply
             if shared.peers.by_index(repr.receiver_index).is_none() =>
         {

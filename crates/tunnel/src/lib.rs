@@ -31,6 +31,7 @@
 
 pub mod control;
 pub mod counters;
+pub mod direct;
 pub mod egress;
 pub mod engine;
 pub mod gate;
@@ -104,5 +105,15 @@ pub enum ToControl {
         from: SocketAddr,
         /// Its cookie.
         cookie: cyphonic_control::ReturnCookie,
+    },
+    /// A path frame (docs/protocol.md §4, *Back to direct*) for a session of peer `peer`,
+    /// from `from`, not opened yet. Admitted by `Shared::path_gate`.
+    Path {
+        /// The peer whose session index it names.
+        peer: u32,
+        /// Its source.
+        from: SocketAddr,
+        /// The whole frame.
+        frame: Vec<u8>,
     },
 }

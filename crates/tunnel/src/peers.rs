@@ -82,6 +82,9 @@ pub struct Route {
     /// at most [`MAX_CANDIDATES`]: until keys exist, our initiations go there too, and the
     /// first path to answer is the one the peer is reached on.
     pub candidates: Vec<SocketAddr>,
+    /// While the pair has a relay channel: the way back to direct (docs/protocol.md §4,
+    /// *Back to direct*).
+    pub direct: crate::direct::Direct,
 }
 
 /// Addresses of a peer tried besides its first.
@@ -121,6 +124,13 @@ impl PeerSlot {
     pub fn certificate_expires(&self) -> u64 {
         let presented = self.lock().certificate().map(|c| c.body().not_after);
         presented.unwrap_or(self.certificate.body().not_after)
+    }
+
+    /// The relay channel the peer's frames go through now; `None` while direct (a pair
+    /// back on a direct path keeps its channel in [`Route::relay`] for a fall back).
+    pub fn relay_in_use(&self) -> Option<Relay> {
+        let relay = self.route().relay.clone()?;
+        self.lock().is_relayed().then_some(relay)
     }
 
     /// Locks the route (recovering a poisoned lock, as [`PeerSlot::lock`]).

@@ -74,6 +74,9 @@ pub struct Shared {
     /// few addresses are each answered a few times a second, a flood of forged challenges
     /// costs one slot's).
     pub(crate) challenge_gate: RateTable,
+    /// Bounds the [`ToControl::Path`]s path frames may send, per source address (docs/protocol.md
+    /// §4, *Back to direct*: 8 a second).
+    pub(crate) path_gate: RateTable,
     /// Peers evicted for idleness that the control core remembers: while none are, a packet
     /// without a peer costs nothing more than its drop.
     pub(crate) dormant: std::sync::atomic::AtomicUsize,
@@ -116,6 +119,7 @@ impl Shared {
                 kick_gate: crate::limit::kick_gate(),
                 wake_gate: RateTable::new(1024, 1, 1),
                 challenge_gate: RateTable::new(64, 8, 8),
+                path_gate: RateTable::new(256, 8, 8),
                 dormant: std::sync::atomic::AtomicUsize::new(0),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
                 policy: Policy::default(),
