@@ -332,7 +332,43 @@ pub struct TwoSites {
     tmp: TempDir,
 }
 
+/// Drops everything the router `wan` forwards between the two sites' underlays (`on`), or
+/// lets it through again: a firewall on the direct path.
+fn block_between_sites(wan: &Netns, on: bool) -> anyhow::Result<()> {
+    if !on {
+        wan.exec("nft", &["delete", "table", "inet", "sites"])?;
+        return Ok(());
+    }
+    wan.exec("nft", &["add", "table", "inet", "sites"])?;
+    wan.exec(
+        "nft",
+        &["add chain inet sites between { type filter hook forward priority 0 ; }"],
+    )?;
+    for (from, to) in [
+        ("198.51.100.0/24", "203.0.113.0/24"),
+        ("203.0.113.0/24", "198.51.100.0/24"),
+    ] {
+        wan.exec(
+            "nft",
+            &[
+                "add", "rule", "inet", "sites", "between", "ip", "saddr", from, "ip", "daddr", to,
+                "drop",
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 impl TwoSites {
+    /// Blocks the direct path between the two sites at the router (`on`), or opens it
+    /// again (as [`BedOptions::block_direct`] starts the bed).
+    ///
+    /// # Errors
+    /// An `nft` command fails (blocking twice, opening what is not blocked).
+    pub fn block_direct(&self, on: bool) -> anyhow::Result<()> {
+        block_between_sites(&self.wan, on)
+    }
+
     /// Revokes a site's certificate in the overlay CA (its `revoked.txt`).
     ///
     /// # Errors
@@ -379,23 +415,7 @@ impl TwoSites {
         wan.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
         wan.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
         if opts.block_direct {
-            wan.exec("nft", &["add", "table", "inet", "sites"])?;
-            wan.exec(
-                "nft",
-                &["add chain inet sites between { type filter hook forward priority 0 ; }"],
-            )?;
-            for (from, to) in [
-                ("198.51.100.0/24", "203.0.113.0/24"),
-                ("203.0.113.0/24", "198.51.100.0/24"),
-            ] {
-                wan.exec(
-                    "nft",
-                    &[
-                        "add", "rule", "inet", "sites", "between", "ip", "saddr", from, "ip",
-                        "daddr", to, "drop",
-                    ],
-                )?;
-            }
+            block_between_sites(&wan, true)?;
         }
 
         // The overlay CA and the two adapters' certificates, as an operator makes them.
