@@ -350,10 +350,12 @@ fn flow_logs_hold_an_iperf3_flow_and_bound_a_port_scan() {
             .as_u64()
             .unwrap_or(0)
     };
+    // The cloud counts a message's unreported flows before its records are in the store:
+    // wait until every flow of the scan is one or the other.
     wait_until(
         Duration::from_secs(20),
-        "the scan's overflow counted",
-        || unreported() >= 5_000,
+        "the scan's overflow counted and its records stored",
+        || unreported() >= 5_000 && (records().len() - before) as u64 + unreported() >= 10_000 - 10,
     )
     .unwrap_or_else(|e| {
         let counters = &bed.cloud.as_ref().unwrap().status(&bins).unwrap()["counters"];
