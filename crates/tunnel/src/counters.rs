@@ -72,7 +72,7 @@ cyphonic_telemetry::counters! {
         relay_challenges,
         /// Path frames (docs/protocol.md §4, back to direct) handed to the control thread.
         path_frames_received,
-        /// Path frames past their rate (8 a second per source).
+        /// Path frames past their rate (16 a second per peer), and pongs past theirs (4 a second per peer).
         drop_path_rate,
         /// Path frames that did not open, were replays, or held no path message.
         drop_path_malformed,

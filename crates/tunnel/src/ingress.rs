@@ -327,7 +327,9 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
                 bump(&c.drop_unknown_index);
                 return Arrival::Dropped;
             };
-            if !shared.path_gate.admit(m.from, now) {
+            // Per peer, whatever the source: a member spoofing many sources spends only its
+            // own budget, and the control queue sees at most this much per peer.
+            if !shared.path_gate.admit(peer.id, now) {
                 bump(&c.drop_path_rate);
                 return Arrival::Dropped;
             }

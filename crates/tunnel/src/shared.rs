@@ -74,8 +74,8 @@ pub struct Shared {
     /// few addresses are each answered a few times a second, a flood of forged challenges
     /// costs one slot's).
     pub(crate) challenge_gate: RateTable,
-    /// Bounds the [`ToControl::Path`]s path frames may send, per source address (docs/protocol.md
-    /// §4, *Back to direct*: 8 a second).
+    /// Bounds the [`ToControl::Path`]s path frames may send, per peer (docs/protocol.md §4,
+    /// *Back to direct*: 16 a second).
     pub(crate) path_gate: RateTable,
     /// Peers evicted for idleness that the control core remembers: while none are, a packet
     /// without a peer costs nothing more than its drop.
@@ -119,7 +119,7 @@ impl Shared {
                 kick_gate: crate::limit::kick_gate(),
                 wake_gate: RateTable::new(1024, 1, 1),
                 challenge_gate: RateTable::new(64, 8, 8),
-                path_gate: RateTable::new(256, 8, 8),
+                path_gate: RateTable::new(1024, 16, 16),
                 dormant: std::sync::atomic::AtomicUsize::new(0),
                 handshake_refusals: Mutex::new(std::collections::BTreeMap::new()),
                 policy: Policy::default(),

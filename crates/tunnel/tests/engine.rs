@@ -479,6 +479,19 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
     assert_no_buffer_leaks(p);
 }
 
+/// Sends `count` packets from A to B while the link records, and returns the first data
+/// frame that carried one: a template of what B's live session takes.
+fn data_frame_to_b(p: &Pair, count: usize) -> cyphonic_tunnel::testing::Datagram {
+    p.link.record(true);
+    send(&p.a, &p.b, 0, count as u64);
+    assert_eq!(p.b.wait_delivered(count, PATIENCE).len(), count);
+    p.link
+        .recorded()
+        .into_iter()
+        .find(|d| Frame::new_checked(&d.bytes[..]).is_ok_and(|f| f.msg_type() == MessageType::Data))
+        .expect("a data frame to B")
+}
+
 /// Without the keys nobody can name a session. A blind sweep over receiver indices (every
 /// index the old `peer << 8 | generation` scheme gave the first 16 peers, which held the live
 /// one, and random ones) reaches no session: each frame is counted as an unknown index and
@@ -488,15 +501,7 @@ fn pool_exhaustion_is_counted_and_recovered_from() {
 fn forged_data_frames_cost_no_decryption() {
     use std::sync::atomic::Ordering::Relaxed;
     let p = pair(7);
-    p.link.record(true);
-    send(&p.a, &p.b, 0, 10);
-    assert_eq!(p.b.wait_delivered(10, PATIENCE).len(), 10);
-    let template = p
-        .link
-        .recorded()
-        .into_iter()
-        .find(|d| Frame::new_checked(&d.bytes[..]).is_ok_and(|f| f.msg_type() == MessageType::Data))
-        .expect("a data frame to B");
+    let template = data_frame_to_b(&p, 10);
     let ingress = || p.b.pipelines().0;
     let opened_before = ingress().submitted;
     let auth_before = ingress().dropped(DropReason::Auth);
@@ -1229,6 +1234,46 @@ fn the_policy_drops_both_ways_and_spoofed_sources_leave_no_flows() {
             .load(std::sync::atomic::Ordering::Relaxed),
         sent,
         "a denied packet was sealed and sent"
+    );
+    assert_no_buffer_leaks(p);
+}
+
+/// Path frames (docs/protocol.md §4, *Back to direct*) reach the control thread at most 16 a
+/// second per peer, whatever their sources: a member naming its own session from 50 spoofed
+/// addresses gets no more through than from one, and each that gets through is opened,
+/// refused and counted; none is lost uncounted.
+#[test]
+fn path_frames_are_held_to_their_rate_per_peer_whatever_the_source() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = pair(11);
+    let template = data_frame_to_b(&p, 1);
+    // A path frame for B's live session, as its peer could make one: a valid header and
+    // index, a body that does not open.
+    let mut forged = template.bytes[..16 + 32].to_vec();
+    forged[1] = 8;
+    let c = p.b.shared.counters();
+    let started = Instant::now();
+    let sent = 1000u64;
+    for n in 0..sent {
+        let from = std::net::SocketAddr::from(([198, 51, 100, 100 + (n % 50) as u8], 40_000));
+        p.link.inject(from, template.to, &forged);
+    }
+    let seen = || c.path_frames_received.load(Relaxed) + c.drop_path_rate.load(Relaxed);
+    assert!(wait_for(|| seen() == sent), "{} of {sent} counted", seen());
+    let elapsed = started.elapsed();
+    let through = c.path_frames_received.load(Relaxed);
+    // A burst of 16, then 16 a second.
+    let allowed = 16 + u64::try_from(elapsed.as_millis() * 16 / 1000 + 1).expect("a short wait");
+    assert!(
+        (1..=allowed).contains(&through),
+        "{through} path frames through in {elapsed:?} (at most {allowed})"
+    );
+    assert!(wait_for(|| c.drop_path_malformed.load(Relaxed) == through));
+    // The pair is unharmed.
+    send(&p.a, &p.b, 1, 10);
+    assert_eq!(
+        seqs(&p.b.wait_delivered(10, PATIENCE)),
+        (1..11).collect::<Vec<_>>()
     );
     assert_no_buffer_leaks(p);
 }
