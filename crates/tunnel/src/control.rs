@@ -629,20 +629,27 @@ impl Control {
     /// asks for: a call-me through the channel, punches, pings.
     fn try_direct(&mut self, slot: &Arc<PeerSlot>, now: Instant) {
         let relayed = slot.lock().is_relayed();
-        let actions = {
+        let (actions, channel) = {
             let mut route = slot.route();
             let Some(channel) = route.relay.as_ref().map(|r| r.address) else {
                 return;
             };
             route.direct.observe(relayed, now);
-            let actions = route.direct.poll(now, self.behind_nat, ping_id);
-            actions
-                .into_iter()
-                .map(|a| (a, channel))
-                .collect::<Vec<_>>()
+            (route.direct.poll(now, self.behind_nat, ping_id), channel)
         };
+        self.send_direct(slot, channel, actions, now);
+    }
+
+    /// Sends what a try asks for: the call-me through `channel`, punches, pings.
+    fn send_direct(
+        &self,
+        slot: &Arc<PeerSlot>,
+        channel: SocketAddr,
+        actions: Vec<Action>,
+        now: Instant,
+    ) {
         let c = &self.shared.counters;
-        for (action, channel) in actions {
+        for action in actions {
             let (msg, to) = match action {
                 Action::CallMe => {
                     bump(&c.direct_tries);
@@ -713,10 +720,14 @@ impl Control {
                 let taken = {
                     let mut route = slot.route();
                     route.direct.observe(relayed, now);
-                    route.direct.called(addrs, now)
+                    route.direct.called(addrs, now, self.behind_nat)
                 };
-                if taken {
-                    self.try_direct(&slot, now);
+                match (taken, channel) {
+                    (Some(punches), Some(channel)) if !punches.is_empty() => {
+                        self.send_direct(&slot, channel, punches, now);
+                    }
+                    (Some(_), _) => self.try_direct(&slot, now),
+                    (None, _) => {}
                 }
             }
         }
