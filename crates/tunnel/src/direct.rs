@@ -29,6 +29,16 @@ pub const CALL_ME_EVERY: Duration = Duration::from_secs(10);
 /// Candidates tried at most.
 pub const MAX_CANDIDATES: usize = 4;
 
+/// Whether `a` can be a peer's address on the underlay.
+fn reachable(a: SocketAddr) -> bool {
+    let ip = a.ip().to_canonical();
+    let broadcast = match ip {
+        std::net::IpAddr::V4(v4) => v4.is_broadcast(),
+        std::net::IpAddr::V6(_) => false,
+    };
+    a.port() != 0 && !ip.is_loopback() && !ip.is_multicast() && !ip.is_unspecified() && !broadcast
+}
+
 /// What to send now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -79,10 +89,12 @@ impl Default for Direct {
 
 impl Direct {
     /// The peer's direct addresses to try (the cloud's description of it, or its last
-    /// call-me), at most [`MAX_CANDIDATES`], duplicates left out.
+    /// call-me), at most [`MAX_CANDIDATES`], duplicates left out, and none a peer could
+    /// only mean to aim our pings at this host or a whole link with: loopback, multicast,
+    /// broadcast, unspecified, port 0.
     pub fn set_candidates(&mut self, addrs: impl IntoIterator<Item = SocketAddr>) {
         self.candidates.clear();
-        for a in addrs {
+        for a in addrs.into_iter().filter(|a| reachable(*a)) {
             if self.candidates.len() < MAX_CANDIDATES && !self.candidates.contains(&a) {
                 self.candidates.push(a);
             }
@@ -306,6 +318,32 @@ mod tests {
         assert!(!d.pong(77, c, at(38_999)), "the try is over");
         d.observe(false, at(39_000));
         assert_eq!(d.next_try(), None);
+    }
+
+    /// A peer cannot aim our pings at this host or a whole link.
+    #[test]
+    fn candidates_are_underlay_addresses_only() {
+        let mut d = Direct::default();
+        d.set_candidates(
+            [
+                "127.0.0.1:51820",
+                "[::1]:51820",
+                "[::ffff:127.0.0.1]:51820",
+                "224.0.0.1:51820",
+                "[ff02::1]:51820",
+                "255.255.255.255:51820",
+                "0.0.0.0:51820",
+                "[::]:51820",
+                "203.0.113.2:0",
+                "203.0.113.2:51820",
+                "[fd00:203:0:113::2]:51820",
+            ]
+            .map(addr),
+        );
+        assert_eq!(
+            d.candidates(),
+            [addr("203.0.113.2:51820"), addr("[fd00:203:0:113::2]:51820")]
+        );
     }
 
     /// A call-me starts a try at once, takes the caller's addresses, and counts only once
