@@ -869,31 +869,20 @@ impl Control {
             bind(&*self.socket, &r);
             route.relay = Some(r);
             tracing::info!(peer = %slot.name, relay = %info.address, reason = %info.reason, "peer relayed");
-        } else if let Some(r) = route.relay.as_mut() {
+        } else if route.relay.is_some() {
             // The same channel again: a side asked because its path through it went silent
             // (a NAT on the way moved us, and the relay drops what comes from an unbound
             // address), or because the direct path we had left it for did. Bind again at
-            // once rather than at the next refresh, and send a pending initiation through
-            // it now rather than at its next retry.
-            r.bound_at = Some(now);
-            bind(&*self.socket, r);
+            // once rather than at the next refresh (`fall_back` does, and moves a peer
+            // that had left the channel back onto it), and send a pending initiation
+            // through it now rather than at its next retry.
             drop(route);
-            let mut peer = slot.lock();
-            let moved = !peer.is_relayed();
-            let sent = if moved {
-                peer.redirect(info.address, now)
-            } else {
-                peer.retry_now(now)
-            };
-            drop(peer);
-            if let Err(e) = sent {
-                tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
+            if !self.fall_back(slot, now) {
+                if let Err(e) = slot.lock().retry_now(now) {
+                    tracing::warn!(peer = %slot.name, error = %e, "handshake through the relay");
+                }
+                self.drain(slot);
             }
-            if moved {
-                bump(&self.shared.counters.moves_to_relay);
-                slot.route().direct.observe(true, now);
-            }
-            self.drain(slot);
             return;
         }
         drop(route);
