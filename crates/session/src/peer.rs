@@ -505,15 +505,27 @@ impl Peer {
     /// # Errors
     /// [`RecvError`]; [`RecvError::PathMessage`] for a message the protocol does not define.
     pub fn open_path(&mut self, now: Instant, frame: &mut [u8]) -> Result<PathMsg, RecvError> {
+        let (_, _, plain) = self.open_sealed(now, frame, Session::open_path)?;
+        PathMsg::decode(plain).ok_or(RecvError::PathMessage)
+    }
+
+    /// The sequential receive path's steps for a sealed frame: the session its index
+    /// names, the replay pre-check, `open` (which also checks the type), the window moved.
+    /// The session, the frame's type and the plaintext.
+    fn open_sealed<'a>(
+        &self,
+        now: Instant,
+        frame: &'a mut [u8],
+        open: impl FnOnce(&Session, &'a mut [u8]) -> Result<(u64, &'a mut [u8]), RecvError>,
+    ) -> Result<(Arc<Session>, MessageType, &'a mut [u8]), RecvError> {
         let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?)?;
         let session = self
             .session_for_index(repr.receiver_index, now)
             .ok_or(RecvError::UnknownIndex(repr.receiver_index))?;
         session.check_replay(repr.counter)?;
-        let (counter, plain) = session.open_path(frame)?;
-        let msg = PathMsg::decode(plain).ok_or(RecvError::PathMessage);
+        let (counter, plain) = open(&session, frame)?;
         session.accept_counter(counter)?;
-        msg
+        Ok((session, repr.msg_type, plain))
     }
 
     /// Sends to `to` from now on: a pong proved the direct path to it both ways. An
@@ -744,14 +756,8 @@ impl Peer {
         from: SocketAddr,
         frame: &'a mut [u8],
     ) -> Result<Received<'a>, RecvError> {
-        let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?)?;
-        let session = self
-            .session_for_index(repr.receiver_index, now)
-            .ok_or(RecvError::UnknownIndex(repr.receiver_index))?;
-        session.check_replay(repr.counter)?;
-        let (counter, plain) = session.open(frame)?;
-        session.accept_counter(counter)?;
-        let is_data = repr.msg_type == MessageType::Data;
+        let (session, msg_type, plain) = self.open_sealed(now, frame, Session::open)?;
+        let is_data = msg_type == MessageType::Data;
         self.handle_authenticated(now, session.local_index(), from, is_data);
         Ok(if is_data {
             Received::Data(plain)

@@ -78,7 +78,7 @@ fn relayed_frames_do_not_pull_a_direct_pair_back_until_the_direct_path_is_quiet(
     let direct = p.b.peer.endpoint().unwrap();
     p.b.peer.set_relay(Some(relay));
     assert!(!p.b.peer.is_relayed());
-    let keepalive = |p: &mut Pair| {
+    let sealed = |p: &mut Pair| {
         let now = p.now;
         let mut buf = vec![0u8; 64];
         let n = p.a.peer.encapsulate(now, b"x", &mut buf).unwrap();
@@ -86,23 +86,23 @@ fn relayed_frames_do_not_pull_a_direct_pair_back_until_the_direct_path_is_quiet(
         buf
     };
     // A direct frame, then one through the relay within the hold: B stays direct.
-    let mut f = keepalive(&mut p);
+    let mut f = sealed(&mut p);
     let now = p.now;
     p.b.peer.decapsulate(now, direct, &mut f).unwrap();
     p.now += DIRECT_HOLD - SEC;
-    let mut f = keepalive(&mut p);
+    let mut f = sealed(&mut p);
     let now = p.now;
     p.b.peer.decapsulate(now, relay, &mut f).unwrap();
     assert_eq!(p.b.peer.endpoint(), Some(direct));
     // The direct path quiet for the hold: the relay's next frame moves B there.
     p.now += DIRECT_HOLD;
-    let mut f = keepalive(&mut p);
+    let mut f = sealed(&mut p);
     let now = p.now;
     p.b.peer.decapsulate(now, relay, &mut f).unwrap();
     assert_eq!(p.b.peer.endpoint(), Some(relay));
     assert!(p.b.peer.is_relayed());
     // A direct frame always moves it (the peer went direct).
-    let mut f = keepalive(&mut p);
+    let mut f = sealed(&mut p);
     let now = p.now;
     p.b.peer.decapsulate(now, direct, &mut f).unwrap();
     assert_eq!(p.b.peer.endpoint(), Some(direct));
