@@ -838,36 +838,44 @@ fn a_blocked_pair_is_relayed_goes_back_to_direct_when_the_path_opens_and_back_wh
             field(" packets transmitted"),
         )
     };
-    std::thread::scope(|scope| {
-        let stream = scope.spawn(|| pings(900));
-        std::thread::sleep(Duration::from_secs(1));
-        bed.block_direct(false).unwrap();
-        let lifted = std::time::Instant::now();
-        let direct = wait_until(Duration::from_secs(60), "both sides direct", || {
-            route(Side::A) == ("direct".to_owned(), b_at.clone())
-                && route(Side::B) == ("direct".to_owned(), a_at.clone())
+    // Blocks the direct path (or lifts the block) while `count` pings run, and waits
+    // `within` for both sides to reach `path` (A's endpoint B's when direct, and so on):
+    // how long that took, and (lost, sent) of the pings.
+    let change = |block: bool, count: u32, within: u64, path: &str| {
+        std::thread::scope(|scope| {
+            let stream = scope.spawn(|| pings(count));
+            std::thread::sleep(Duration::from_secs(1));
+            bed.block_direct(block).unwrap();
+            let changed = std::time::Instant::now();
+            let reached = |side: Side, peer_at: &str| {
+                let (route, endpoint) = route(side);
+                route == path && (path == "relay" || endpoint == peer_at)
+            };
+            let done = wait_until(Duration::from_secs(within), path, || {
+                reached(Side::A, &b_at) && reached(Side::B, &a_at)
+            });
+            let took = changed.elapsed();
+            assert!(
+                done.is_ok(),
+                "not {path} {took:?} after the change (block {block}): {:?} {:?}\n{}",
+                route(Side::A),
+                route(Side::B),
+                bed.logs()
+            );
+            (took, stream.join().unwrap())
         })
-        .is_ok();
-        let took = lifted.elapsed();
-        assert!(
-            direct,
-            "still relayed {took:?} after the lift: {:?} {:?}\n{}",
-            route(Side::A),
-            route(Side::B),
-            bed.logs()
-        );
-        let (lost, sent) = stream.join().unwrap();
-        eprintln!(
-            "back to direct {:.1} s after the lift; {lost} of {sent} pings lost across the move",
-            took.as_secs_f64()
-        );
-        assert_eq!(
-            lost,
-            0,
-            "pings lost across the move to direct\n{}",
-            bed.logs()
-        );
-    });
+    };
+    let (took, (lost, sent)) = change(false, 900, 60, "direct");
+    eprintln!(
+        "back to direct {:.1} s after the lift; {lost} of {sent} pings lost across the move",
+        took.as_secs_f64()
+    );
+    assert_eq!(
+        lost,
+        0,
+        "pings lost across the move to direct\n{}",
+        bed.logs()
+    );
     let moved = bed.counter(Side::A, "moves_to_direct").unwrap()
         + bed.counter(Side::B, "moves_to_direct").unwrap();
     assert!(moved >= 1, "no side moved on a pong: {moved}");
@@ -877,33 +885,15 @@ fn a_blocked_pair_is_relayed_goes_back_to_direct_when_the_path_opens_and_back_wh
             >= 1
     );
     // Closed again: the direct path is found dead and the pair falls back to its channel.
-    std::thread::scope(|scope| {
-        let stream = scope.spawn(|| pings(600));
-        std::thread::sleep(Duration::from_secs(1));
-        bed.block_direct(true).unwrap();
-        let blocked = std::time::Instant::now();
-        let back = wait_until(Duration::from_secs(40), "both sides relayed", || {
-            route(Side::A).0 == "relay" && route(Side::B).0 == "relay"
-        })
-        .is_ok();
-        let took = blocked.elapsed();
-        assert!(
-            back,
-            "still direct {took:?} after the block: {:?} {:?}\n{}",
-            route(Side::A),
-            route(Side::B),
-            bed.logs()
-        );
-        let (lost, sent) = stream.join().unwrap();
-        let gap = f64::from(lost) * 0.05;
-        eprintln!(
-            "back on the relay {:.1} s after the block; {lost} of {sent} pings lost (a gap of about {gap:.1} s)",
-            took.as_secs_f64()
-        );
-        // The path's death shows after 5 s of unanswered data and 3 s of unanswered
-        // initiations (docs/protocol.md §4, *Back to direct*); then the channel carries.
-        assert!(gap < 15.0, "a gap of {gap:.1} s\n{}", bed.logs());
-    });
+    let (took, (lost, sent)) = change(true, 600, 40, "relay");
+    let gap = f64::from(lost) * 0.05;
+    eprintln!(
+        "back on the relay {:.1} s after the block; {lost} of {sent} pings lost (a gap of about {gap:.1} s)",
+        took.as_secs_f64()
+    );
+    // The path's death shows after 5 s of unanswered data and 3 s of unanswered
+    // initiations (docs/protocol.md §4, *Back to direct*); then the channel carries.
+    assert!(gap < 15.0, "a gap of {gap:.1} s\n{}", bed.logs());
     bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
 }
 
