@@ -65,6 +65,17 @@ pub struct RelayConfig {
     pub ports: RangeInclusive<u16>,
     /// A channel that relays nothing for this long is closed.
     pub idle: Duration,
+    /// The stream listener, if any.
+    pub stream: Option<StreamListen>,
+}
+
+/// The relay's stream listener (docs/protocol.md §4, *Relay over a stream*).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamListen {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// Its TLS; `None`: plain TCP.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl Default for RelayConfig {
@@ -73,6 +84,7 @@ impl Default for RelayConfig {
             addresses: Vec::new(),
             ports: 50_000..=50_999,
             idle: Duration::from_secs(120),
+            stream: None,
         }
     }
 }
@@ -286,6 +298,15 @@ cyphonic_declare::table! {
         /// theirs busy with keepalives every 25 s).
         idle_timeout: Spanned<u64> =
             cyphonic_declare::unwritten(RelayConfig::default().idle.as_secs()),
+        /// Also carry channels over TCP here (`"[::]:443"`, say), for clients on networks
+        /// that drop UDP (docs/protocol.md §4, *Relay over a stream*). Unset: UDP only.
+        stream_listen: Option<Spanned<SocketAddr>> = None,
+        /// The stream in TLS with this certificate chain (PEM, the server's first; clients
+        /// pin its digest, which the cloud tells them, so any certificate serves)...
+        tls_cert: Option<Spanned<PathBuf>> = None,
+        /// ...and its private key (PEM; mode 0640, group cyphonic). Both or neither; without
+        /// them the stream is plain TCP. Changes take a restart.
+        tls_key: Option<Spanned<PathBuf>> = None,
     }
 }
 
@@ -340,7 +361,7 @@ pub struct Restart {
     listen: [SocketAddr; 3],
     key: cyphonic_crypto::PublicKey,
     database: String,
-    relay: bool,
+    relay: Option<RelayConfig>,
     metrics: Option<SocketAddr>,
     api: Option<SocketAddr>,
     audit_days: u64,
@@ -360,7 +381,7 @@ impl Restart {
             listen: [c.listen, c.probe_listen, c.probe_listen_alt],
             key: c.key.public(),
             database: c.database.clone(),
-            relay: c.relay.is_some(),
+            relay: c.relay.clone(),
             metrics: c.metrics,
             api: c.api,
             audit_days: c.audit_days,
@@ -551,7 +572,7 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
         }
     }
     let relay = if raw.relay.enabled {
-        Some(relay(&raw.relay, &err)?)
+        Some(relay(&raw.relay, dir, &err)?)
     } else {
         None
     };
@@ -584,32 +605,13 @@ pub fn load(path: &Path, now_secs: u64) -> anyhow::Result<CloudConfig> {
             format!("{audit_days}: give 1 to 3650 days"),
         ));
     }
-    let api_tls = match (&raw.api.tls_cert, &raw.api.tls_key) {
-        (None, None) => None,
-        (Some(cert), Some(key)) => {
-            let read = |p: &Spanned<PathBuf>, k: &str| {
-                let path = dir.join(p.get_ref());
-                std::fs::read(&path)
-                    .map(|bytes| (path.clone(), bytes))
-                    .map_err(|e| err(p.span(), k, format!("{}: {e}", path.display())))
-            };
-            let (cert_path, chain) = read(cert, RawApi::tls_cert)?;
-            let (key_path, key) = read(key, RawApi::tls_key)?;
-            let config = crate::tls::tls_config(&chain, &key)
-                .map_err(|e| err(cert.span(), RawApi::tls_cert, e))?;
-            Some(crate::tls::Tls {
-                files: [cert_path, key_path],
-                config,
-            })
-        }
-        (Some(one), None) | (None, Some(one)) => {
-            return Err(err(
-                one.span(),
-                "[api] tls_cert, tls_key",
-                "give both tls_cert and tls_key, or neither".into(),
-            ));
-        }
-    };
+    let api_tls = tls_pair(
+        [&raw.api.tls_cert, &raw.api.tls_key],
+        [RawApi::tls_cert, RawApi::tls_key, "[api] tls_cert, tls_key"],
+        crate::tls::API_ALPN,
+        dir,
+        &err,
+    )?;
     let api_proxies = raw
         .api
         .trusted_proxies
@@ -956,8 +958,47 @@ fn oidc(
     })
 }
 
+/// A listener's TLS from its certificate chain's and key's files (`keys`: their keys' dotted
+/// names, then both together), read relative to `dir`: both or neither.
+fn tls_pair(
+    files: [&Option<Spanned<PathBuf>>; 2],
+    keys: [&str; 3],
+    alpn: &[&[u8]],
+    dir: &Path,
+    err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
+) -> anyhow::Result<Option<crate::tls::Tls>> {
+    match files {
+        [None, None] => Ok(None),
+        [Some(cert), Some(key)] => {
+            let read = |p: &Spanned<PathBuf>, k: &str| {
+                let path = dir.join(p.get_ref());
+                std::fs::read(&path)
+                    .map(|bytes| (path.clone(), bytes))
+                    .map_err(|e| err(p.span(), k, format!("{}: {e}", path.display())))
+            };
+            let (cert_path, chain) = read(cert, keys[0])?;
+            let (key_path, key) = read(key, keys[1])?;
+            let config = crate::tls::tls_config(&chain, &key, alpn)
+                .map_err(|e| err(cert.span(), keys[0], e))?;
+            let digest =
+                crate::tls::leaf_digest(&chain).map_err(|e| err(cert.span(), keys[0], e))?;
+            Ok(Some(crate::tls::Tls {
+                files: [cert_path, key_path],
+                config,
+                digest,
+            }))
+        }
+        [Some(one), None] | [None, Some(one)] => Err(err(
+            one.span(),
+            keys[2],
+            "give both tls_cert and tls_key, or neither".into(),
+        )),
+    }
+}
+
 fn relay(
     raw: &RawRelay,
+    dir: &Path,
     err: &dyn Fn(std::ops::Range<usize>, &str, String) -> anyhow::Error,
 ) -> anyhow::Result<RelayConfig> {
     let addresses = raw.addresses.get_ref();
@@ -1000,10 +1041,43 @@ fn relay(
             format!("expected 30 to 86400 seconds, found {}", t.get_ref()),
         ));
     }
+    let tls = tls_pair(
+        [&raw.tls_cert, &raw.tls_key],
+        [
+            RawRelay::tls_cert,
+            RawRelay::tls_key,
+            "[relay] tls_cert, tls_key",
+        ],
+        crate::tls::RELAY_ALPN,
+        dir,
+        err,
+    )?;
+    let stream = match &raw.stream_listen {
+        Some(l) if l.get_ref().port() == 0 => {
+            return Err(err(
+                l.span(),
+                RawRelay::stream_listen,
+                "give the port clients connect to (443, say)".into(),
+            ));
+        }
+        Some(l) => Some(StreamListen {
+            listen: *l.get_ref(),
+            tls,
+        }),
+        None if tls.is_some() => {
+            return Err(err(
+                raw.tls_cert.as_ref().map_or(0..0, Spanned::span),
+                RawRelay::tls_cert,
+                "a certificate for the relay's stream, but no stream_listen".into(),
+            ));
+        }
+        None => None,
+    };
     Ok(RelayConfig {
         addresses: addresses.clone(),
         ports,
         idle: Duration::from_secs(*t.get_ref()),
+        stream,
     })
 }
 

@@ -49,6 +49,8 @@ pub struct Running {
     pub probe_alt: SocketAddr,
     /// The relay, unless switched off.
     pub trs: Option<Arc<Trs>>,
+    /// The relay's stream address bound, when it has one.
+    pub relay_stream: Option<SocketAddr>,
     /// What the status document and the metrics read.
     pub observed: observe::Observed,
     /// The metrics endpoint's address, when it runs.
@@ -130,6 +132,23 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         probe_alt.local_addr()?,
     );
     let public = config.key.public();
+    let stream = match config.relay.as_ref().and_then(|r| r.stream.as_ref()) {
+        Some(s) => Some(
+            tokio::net::TcpListener::bind(s.listen)
+                .await
+                .with_context(|| {
+                    format!(
+                        "binding the relay's stream port {} ([relay] stream_listen)",
+                        s.listen
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let relay_stream = stream
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
     let trs = config.relay.map(|r| Arc::new(Trs::new(r)));
     let nms = Arc::new(
         Nms::new(
@@ -151,6 +170,7 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         probe = %probe_addr,
         probe_alt = %probe_alt_addr,
         relay = %trs.as_ref().map_or_else(|| "off".to_owned(), |t| t.describe()),
+        relay_stream = ?relay_stream,
         store = %redact(&config.database),
         %public,
         clients,
@@ -271,12 +291,16 @@ pub async fn start(config: CloudConfig) -> anyhow::Result<Running> {
         tokio::spawn(nms.clone().policies()),
         tokio::spawn(nms.clone().watch_issuer()),
     ]);
+    if let (Some(listener), Some(trs)) = (stream, &trs) {
+        tasks.push(tokio::spawn(trs.clone().serve_streams(listener)));
+    }
     Ok(Running {
         nms,
         control,
         probe: probe_addr,
         probe_alt: probe_alt_addr,
         trs,
+        relay_stream,
         observed,
         metrics,
         api,

@@ -14,21 +14,32 @@
 //! has the same MTU as a direct one, and to each side the channel's address simply is where
 //! its peer lives. The port listens on the relay's IPv4 and IPv6 addresses alike, so a side
 //! that has only IPv4 and one that has only IPv6 meet here.
+//!
+//! A side may also bind over a stream (docs/protocol.md §4, *Relay over a stream*): one TCP
+//! connection per client, in TLS when the relay has a certificate, carrying the datagrams of
+//! every channel it bound, each after its length and its channel's port. The channel's rule
+//! is the same ([`Sides`]); only where a side is bound changes.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cyphonic_control::relay::{Sides, Verdict};
-use cyphonic_control::{Challenger, PROBE_TOKEN_LEN, RelayReason};
+use cyphonic_control::relay::{At, Sides, Verdict};
+use cyphonic_control::{Challenger, PROBE_TOKEN_LEN, RelayReason, StreamInfo};
 use dashmap::DashMap;
 use tokio::net::UdpSocket;
 
 use crate::config::RelayConfig;
+use crate::guard::Unproven;
+
+mod stream;
 
 /// Largest datagram relayed (a jumbo-frame underlay's; tunnel frames are smaller).
 const MAX_DATAGRAM: usize = 9216;
+
+/// A channel's sockets, each with whether it is the IPv6 one.
+type Socks = Arc<Vec<(UdpSocket, bool)>>;
 
 /// An open relay channel.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -66,8 +77,14 @@ cyphonic_telemetry::counters! {
         binds,
         /// Challenges sent, each to the source of a bind that did not answer one.
         challenges,
-        /// Datagrams refused: an unbound source, a wrong token, the other side not bound, a replayed bind, binds over a side's rate of challenges.
+        /// Datagrams refused: an unbound source, a wrong token, the other side not bound, a replayed bind, binds over a side's rate of challenges, a bind of the other kind, a channel that is not open.
         refused,
+        /// Stream connections accepted (docs/protocol.md §4, *Relay over a stream*).
+        streams,
+        /// Stream connections closed before binding: over the caps of connections that bound nothing, evicted for a source holding fewer, TLS failed or too slow, nothing bound within 10 s, a malformed length.
+        streams_refused,
+        /// Datagrams for a stream side dropped because its connection's queue was full (a slow reader).
+        stream_queue_drops,
     }
 }
 
@@ -133,9 +150,30 @@ pub struct Channel {
     reclaim: tokio::sync::Notify,
     /// Set once its task has ended and its port is free again.
     closed: tokio::sync::watch::Sender<bool>,
+    /// Its sockets, one per IP version the relay serves, each with whether it is the IPv6
+    /// one; taken when it closes, so that the port is free though the channel is still held.
+    socks: std::sync::Mutex<Option<Socks>>,
+    /// Where each side is bound.
+    binding: std::sync::Mutex<Sides>,
 }
 
 impl Channel {
+    /// What the channel's rule says of a datagram (`f` asks [`Sides`]).
+    fn judge(&self, f: impl FnOnce(&mut Sides) -> Verdict) -> Verdict {
+        f(&mut self
+            .binding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Its sockets, while it is open.
+    fn socks(&self) -> Option<Socks> {
+        self.socks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// The token of the side `fingerprint`.
     pub fn token_for(&self, fingerprint: &str) -> Option<[u8; PROBE_TOKEN_LEN]> {
         self.sides
@@ -157,6 +195,14 @@ pub struct Trs {
     closing: tokio::sync::watch::Sender<bool>,
     /// Makes and checks the cookies of the channels' challenges.
     challenger: Challenger,
+    /// Open channels by port, for the streams.
+    by_port: DashMap<u16, Arc<Channel>>,
+    /// Each stream connection's queue of messages out, by its number.
+    streams: DashMap<u64, tokio::sync::mpsc::Sender<Vec<u8>>>,
+    /// The next stream connection's number.
+    next_stream: AtomicU64,
+    /// Stream connections that have bound nothing yet.
+    unbound: Arc<Unproven>,
     /// Counters.
     pub stats: TrsStats,
 }
@@ -231,6 +277,10 @@ impl Trs {
                 cyphonic_crypto::cookie::CookieSecret::random()
                     .expect("the system's random number generator failed"),
             ),
+            by_port: DashMap::new(),
+            streams: DashMap::new(),
+            next_stream: AtomicU64::new(1),
+            unbound: Unproven::new(stream::MAX_UNBOUND, stream::MAX_UNBOUND_PER_SOURCE),
             stats: TrsStats::default(),
         }
     }
@@ -245,6 +295,23 @@ impl Trs {
             *self.config.addresses.iter().find(|a| a.is_ipv6() == v6)?
         };
         Some(SocketAddr::new(ip, port))
+    }
+
+    /// The stream listener as a client of IP version `v6` reaches it (see [`Trs::address`];
+    /// a listener on one address is given as it is, to clients of its version), and the
+    /// digest of its certificate. `None` without a stream listener, or with none for `v6`.
+    pub fn stream_info(&self, v6: bool, local: Option<IpAddr>) -> Option<StreamInfo> {
+        let s = self.config.stream.as_ref()?;
+        let port = s.listen.port();
+        let address = if self.config.addresses.is_empty() && !s.listen.ip().is_unspecified() {
+            (s.listen.is_ipv6() == v6).then_some(s.listen)?
+        } else {
+            self.address(v6, local, port)?
+        };
+        Some(StreamInfo {
+            address,
+            tls: s.tls.as_ref().map(|t| hex::encode(t.digest)),
+        })
     }
 
     /// Which IP versions the relay serves, given the client reached the cloud on `local`.
@@ -303,14 +370,27 @@ impl Trs {
                     continue;
                 }
             };
+            let sides = [a, b].map(|p| ChannelSide {
+                fingerprint: p.fingerprint.to_owned(),
+                name: p.name.to_owned(),
+                token: random_token(),
+                legacy: p.legacy,
+            });
+            let binding = Sides::new(
+                port,
+                [sides[0].token, sides[1].token],
+                [sides[0].legacy, sides[1].legacy],
+            );
+            let socks = socks
+                .into_iter()
+                .map(|s| {
+                    let v6 = s.local_addr().is_ok_and(|l| l.is_ipv6());
+                    (s, v6)
+                })
+                .collect();
             let channel = Arc::new(Channel {
                 port,
-                sides: [a, b].map(|p| ChannelSide {
-                    fingerprint: p.fingerprint.to_owned(),
-                    name: p.name.to_owned(),
-                    token: random_token(),
-                    legacy: p.legacy,
-                }),
+                sides,
                 reason,
                 opened: Instant::now(),
                 packets: AtomicU64::new(0),
@@ -318,11 +398,14 @@ impl Trs {
                 last_used: AtomicU64::new(0),
                 reclaim: tokio::sync::Notify::new(),
                 closed: tokio::sync::watch::Sender::new(false),
+                socks: std::sync::Mutex::new(Some(Arc::new(socks))),
+                binding: std::sync::Mutex::new(binding),
             });
             self.pairs.insert(key.clone(), channel.clone());
+            self.by_port.insert(port, channel.clone());
             bump(&self.stats.channels_opened);
             tracing::info!(port, %reason, a = a.name, b = b.name, "relay channel opened");
-            tokio::spawn(self.clone().serve(key, channel.clone(), socks));
+            tokio::spawn(self.clone().serve(key, channel.clone()));
             return Ok(channel);
         }
         bump(&self.stats.channels_refused);
@@ -330,57 +413,47 @@ impl Trs {
     }
 
     /// Relays on one channel until it has been idle for the configured time.
-    async fn serve(
-        self: Arc<Self>,
-        key: (String, String),
-        channel: Arc<Channel>,
-        socks: Vec<UdpSocket>,
-    ) {
-        let v6: Vec<bool> = socks
-            .iter()
-            .map(|s| s.local_addr().is_ok_and(|l| l.is_ipv6()))
-            .collect();
-        let mut relay = Relaying {
-            trs: &self,
-            channel: &channel,
-            socks: &socks,
-            v6: &v6,
-            sides: Sides::new(
-                channel.port,
-                [channel.sides[0].token, channel.sides[1].token],
-                [channel.sides[0].legacy, channel.sides[1].legacy],
-            ),
-            last: Instant::now(),
-        };
+    async fn serve(self: Arc<Self>, key: (String, String), channel: Arc<Channel>) {
         let idle = self.config.idle;
         let mut check = tokio::time::interval(idle / 4);
         check.reset();
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let mut buf2 = vec![0u8; MAX_DATAGRAM];
         let mut closing = self.closing.subscribe();
+        let Some(socks) = channel.socks() else {
+            return;
+        };
         let why = loop {
             tokio::select! {
                 // The value only ever turns true.
                 _ = closing.changed() => break "the relay is stopping",
                 () = channel.reclaim.notified() => break "reclaimed for a pair whose sides held fewer channels",
-                r = socks[0].recv_from(&mut buf) => match r {
-                    Ok((n, from)) => relay.handle(&mut buf[..n], from).await,
+                r = socks[0].0.recv_from(&mut buf) => match r {
+                    Ok((n, from)) => self.udp_datagram(&channel, &buf[..n], from).await,
                     Err(e) => tracing::debug!(error = %e, "relay: receive"),
                 },
                 r = recv_second(&socks, &mut buf2) => match r {
-                    Ok((n, from)) => relay.handle(&mut buf2[..n], from).await,
+                    Ok((n, from)) => self.udp_datagram(&channel, &buf2[..n], from).await,
                     Err(e) => tracing::debug!(error = %e, "relay: receive"),
                 },
                 _ = check.tick() => {
-                    if relay.last.elapsed() >= idle {
+                    let last = channel.opened
+                        + Duration::from_millis(channel.last_used.load(Ordering::Relaxed));
+                    if last.elapsed() >= idle {
                         break "idle";
                     }
                 }
             }
         };
         self.pairs.remove_if(&key, |_, c| Arc::ptr_eq(c, &channel));
+        self.by_port
+            .remove_if(&channel.port, |_, c| Arc::ptr_eq(c, &channel));
         // The sockets go here, before the port is said to be free.
         drop(socks);
+        *channel
+            .socks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         channel.closed.send_replace(true);
         tracing::info!(
             port = channel.port,
@@ -391,6 +464,92 @@ impl Trs {
         );
     }
 
+    /// A datagram that came to `channel`'s port from `from`.
+    async fn udp_datagram(&self, channel: &Channel, datagram: &[u8], from: SocketAddr) {
+        let now_ms = crate::clock::unix_now_ms();
+        let verdict = channel.judge(|s| s.datagram(datagram, from, now_ms, &self.challenger));
+        self.act(channel, verdict, datagram, &from.to_string())
+            .await;
+    }
+
+    /// Does what the channel's rule said of `datagram` (from `from`, for the log).
+    async fn act(&self, channel: &Channel, verdict: Verdict, datagram: &[u8], from: &str) {
+        let stats = &self.stats;
+        let (to, frame) = match verdict {
+            Verdict::Bound { side, changed } => {
+                if changed {
+                    tracing::info!(port = channel.port, side, %from, "relay: side bound");
+                }
+                bump(&stats.binds);
+                return;
+            }
+            Verdict::Refused(_) => {
+                bump(&stats.refused);
+                return;
+            }
+            Verdict::Forward { to } => (to, datagram),
+            Verdict::Challenge { to, frame } => {
+                if self.send_udp(channel, to, &frame).await {
+                    bump(&stats.challenges);
+                }
+                return;
+            }
+        };
+        let sent = match to {
+            At::Udp(to) => self.send_udp(channel, to, frame).await,
+            At::Stream(conn) => self.send_stream(conn, channel.port, frame),
+        };
+        if sent {
+            channel
+                .last_used
+                .store(ms_since(channel.opened), Ordering::Relaxed);
+            bump(&stats.relayed_packets);
+            let n = frame.len() as u64;
+            stats.relayed_bytes.fetch_add(n, Ordering::Relaxed);
+            channel.packets.fetch_add(1, Ordering::Relaxed);
+            channel.bytes.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends `datagram` from `channel`'s port to `to`, from the socket of its IP version.
+    async fn send_udp(&self, channel: &Channel, to: SocketAddr, datagram: &[u8]) -> bool {
+        let to = SocketAddr::new(to.ip().to_canonical(), to.port());
+        let socks = channel.socks();
+        let Some((sock, _)) = socks
+            .iter()
+            .flat_map(|s| s.iter())
+            .find(|(_, v6)| *v6 == to.is_ipv6())
+        else {
+            bump(&self.stats.refused);
+            return false;
+        };
+        match sock.send_to(datagram, to).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(%to, error = %e, "relay: send");
+                false
+            }
+        }
+    }
+
+    /// Queues `datagram` of the channel on `port` to the stream connection `conn`; a full
+    /// queue drops it, counted.
+    fn send_stream(&self, conn: u64, port: u16, datagram: &[u8]) -> bool {
+        let Some(tx) = self.streams.get(&conn).map(|t| t.clone()) else {
+            bump(&self.stats.refused);
+            return false;
+        };
+        let Some(message) = cyphonic_control::relay::stream_message(port, datagram) else {
+            bump(&self.stats.refused);
+            return false;
+        };
+        if tx.try_send(message).is_err() {
+            bump(&self.stats.stream_queue_drops);
+            return false;
+        }
+        true
+    }
+
     /// Closes every channel (the relay is stopping).
     pub fn close_all(&self) {
         self.closing.send_replace(true);
@@ -399,6 +558,14 @@ impl Trs {
     /// The relay's settings in words, for the log.
     pub fn describe(&self) -> String {
         let (first, last) = (self.config.ports.start(), self.config.ports.end());
+        let stream = self.config.stream.as_ref().map_or(String::new(), |s| {
+            let tls = if s.tls.is_some() { "TLS" } else { "TCP" };
+            format!(", stream ({tls}) on {}", s.listen)
+        });
+        self.describe_ports(first, last) + &stream
+    }
+
+    fn describe_ports(&self, first: &u16, last: &u16) -> String {
         if self.config.addresses.is_empty() {
             format!("ports {first}-{last} on every address")
         } else {
@@ -472,76 +639,13 @@ impl Trs {
 }
 
 /// The second socket's next datagram, or never with one socket.
-async fn recv_second(socks: &[UdpSocket], buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+async fn recv_second(
+    socks: &[(UdpSocket, bool)],
+    buf: &mut [u8],
+) -> std::io::Result<(usize, SocketAddr)> {
     match socks.get(1) {
-        Some(s) => s.recv_from(buf).await,
+        Some((s, _)) => s.recv_from(buf).await,
         None => std::future::pending().await,
-    }
-}
-
-/// One channel's state while it runs.
-struct Relaying<'a> {
-    trs: &'a Trs,
-    channel: &'a Channel,
-    socks: &'a [UdpSocket],
-    /// Whether each socket is the IPv6 one.
-    v6: &'a [bool],
-    sides: Sides,
-    last: Instant,
-}
-
-impl Relaying<'_> {
-    async fn handle(&mut self, datagram: &mut [u8], from: SocketAddr) {
-        let stats = &self.trs.stats;
-        let now_ms = crate::clock::unix_now_ms();
-        let (to, challenge) =
-            match self
-                .sides
-                .datagram(datagram, from, now_ms, &self.trs.challenger)
-            {
-                Verdict::Bound { side, changed } => {
-                    if changed {
-                        tracing::info!(port = self.channel.port, side, %from, "relay: side bound");
-                    }
-                    bump(&stats.binds);
-                    return;
-                }
-                Verdict::Refused(_) => {
-                    bump(&stats.refused);
-                    return;
-                }
-                Verdict::Forward { to } => (to, None),
-                Verdict::Challenge { to, frame } => (to, Some(frame)),
-            };
-        let to = SocketAddr::new(to.ip().to_canonical(), to.port());
-        let Some(sock) = self
-            .socks
-            .iter()
-            .zip(self.v6)
-            .find_map(|(s, v6)| (*v6 == to.is_ipv6()).then_some(s))
-        else {
-            bump(&stats.refused);
-            return;
-        };
-        if let Some(frame) = challenge {
-            if sock.send_to(&frame, to).await.is_ok() {
-                bump(&stats.challenges);
-            }
-            return;
-        }
-        match sock.send_to(datagram, to).await {
-            Ok(n) => {
-                self.last = Instant::now();
-                self.channel
-                    .last_used
-                    .store(ms_since(self.channel.opened), Ordering::Relaxed);
-                bump(&stats.relayed_packets);
-                stats.relayed_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                self.channel.packets.fetch_add(1, Ordering::Relaxed);
-                self.channel.bytes.fetch_add(n as u64, Ordering::Relaxed);
-            }
-            Err(e) => tracing::debug!(%to, error = %e, "relay: send"),
-        }
     }
 }
 
@@ -554,6 +658,7 @@ mod tests {
             addresses: vec!["127.0.0.1".parse().unwrap_or_else(|_| unreachable!())],
             ports,
             idle: Duration::from_secs(120),
+            stream: None,
         }))
     }
 

@@ -1785,6 +1785,7 @@ async fn the_api_is_served_over_tls() {
     let tls = cyphonic_cloud::tls::tls_config(
         ck.cert.pem().as_bytes(),
         ck.signing_key.serialize_pem().as_bytes(),
+        cyphonic_cloud::tls::API_ALPN,
     )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

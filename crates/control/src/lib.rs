@@ -21,12 +21,13 @@ pub use msg::{
     Allowed, ClientMsg, CloudMsg, DeviceKind, DeviceReport, FLOWS_VERSION, FlowDir, FlowRecord,
     HA_PAIR_VERSION, Hello, MIN_VERSION, Mac, NameRecord, PairBox, PairHealth, PairRole, PairState,
     PeerInfo, PolicyProto, PolicyRule, REPORT_VERSION, RefusedRecord, RelayInfo, RelayReason,
-    Resolution, TunnelPath, TunnelReport, VERSION, Welcome,
+    Resolution, STREAM_VERSION, StreamInfo, TunnelPath, TunnelReport, VERSION, Welcome,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{
-    Bind, Challenger, PROBE_TOKEN_LEN, Probe, Prober, Purpose, ReturnCookie, bind_frame,
-    challenge_frame, legacy_bind_frame, legacy_bind_token, parse_challenge,
+    Bind, Challenger, PROBE_TOKEN_LEN, Probe, Prober, Purpose, ReturnCookie, STREAM_NONCE_LEN,
+    StreamBind, bind_frame, challenge_frame, legacy_bind_frame, legacy_bind_token, parse_challenge,
+    parse_stream_hello, stream_bind_frame, stream_hello_frame,
 };
 pub use token::{TOKEN_SHAPE, parse_token};
 

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 12;
+pub const VERSION: u16 = 13;
 
 /// The first version with [`ClientMsg::HaPair`].
 pub const HA_PAIR_VERSION: u16 = 10;
@@ -21,6 +21,9 @@ pub const REPORT_VERSION: u16 = 11;
 
 /// The first version with flow logs ([`CloudMsg::FlowLog`], [`ClientMsg::Flows`]).
 pub const FLOWS_VERSION: u16 = 12;
+
+/// The first version with a relay over a stream ([`RelayInfo::stream`]).
+pub const STREAM_VERSION: u16 = 13;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -580,6 +583,38 @@ pub struct RelayInfo {
     pub token: [u8; 16],
     /// Why the cloud chose the relay.
     pub reason: RelayReason,
+    /// The relay's stream listener, when it has one (control version 13): this side binds
+    /// to the channel over it while its UDP to the cloud fails (docs/protocol.md §4, *Relay
+    /// over a stream*).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamInfo>,
+}
+
+/// The relay's stream listener, as a client reaches it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamInfo {
+    /// Its address, in the side's IP version.
+    pub address: SocketAddr,
+    /// The SHA-256 of its TLS certificate (DER), 64 hex digits; absent: plain TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<String>,
+}
+
+impl StreamInfo {
+    /// The pinned certificate's digest, `None` for plain TCP.
+    ///
+    /// # Errors
+    /// A `tls` that is not 64 hex digits.
+    pub fn tls_digest(&self) -> Result<Option<[u8; 32]>, String> {
+        let Some(hex) = &self.tls else {
+            return Ok(None);
+        };
+        let mut out = [0u8; 32];
+        ::hex::decode_to_slice(hex, &mut out)
+            .map_err(|e| format!("the relay's TLS digest {hex:?}: {e}"))?;
+        Ok(Some(out))
+    }
 }
 
 /// Why a pair talks through the relay.

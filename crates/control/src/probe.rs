@@ -29,6 +29,8 @@ const LAYOUT: u8 = 2;
 const KIND_BIND: u8 = 1;
 const KIND_CHALLENGE: u8 = 2;
 const KIND_PROBE: u8 = 3;
+const KIND_STREAM_HELLO: u8 = 4;
+const KIND_STREAM_BIND: u8 = 5;
 /// Layout and kind, then zeros up to here.
 const PREFIX_LEN: usize = 8;
 /// A cookie's time and the cookie.
@@ -359,6 +361,77 @@ impl<'a> Bind<'a> {
         let signed = HEADER_LEN + PREFIX_LEN + COOKIE_FIELD_LEN;
         Some(Self {
             cookie: ReturnCookie::from_bytes(&body[PREFIX_LEN..]),
+            signed: &payload[..signed],
+            tag: &payload[signed..],
+        })
+    }
+
+    /// Whether the side's `token` made it (constant time).
+    pub fn verify(&self, token: &[u8; PROBE_TOKEN_LEN]) -> bool {
+        verify_mac(token, self.signed, self.tag)
+    }
+}
+
+/// Bytes of a relay stream's nonce (docs/protocol.md §4, *Relay over a stream*).
+pub const STREAM_NONCE_LEN: usize = 16;
+
+/// The body of a stream's hello: the prefix and the nonce.
+const STREAM_HELLO_BODY_LEN: usize = PREFIX_LEN + STREAM_NONCE_LEN;
+
+/// A relay stream's hello: the connection's `nonce`, which its binds must carry.
+pub fn stream_hello_frame(nonce: &[u8; STREAM_NONCE_LEN]) -> Vec<u8> {
+    let mut buf = frame_of(KIND_STREAM_HELLO, STREAM_HELLO_BODY_LEN);
+    buf[HEADER_LEN + PREFIX_LEN..].copy_from_slice(nonce);
+    buf
+}
+
+/// The nonce of a relay stream's hello, or `None` for anything else.
+pub fn parse_stream_hello(payload: &[u8]) -> Option<[u8; STREAM_NONCE_LEN]> {
+    body_of(payload, KIND_STREAM_HELLO, STREAM_HELLO_BODY_LEN)?[PREFIX_LEN..]
+        .try_into()
+        .ok()
+}
+
+/// A bind over a relay stream of the side holding `token` to the channel on `port`, on the
+/// connection whose hello carried `nonce`.
+pub fn stream_bind_frame(
+    token: &[u8; PROBE_TOKEN_LEN],
+    port: u16,
+    nonce: &[u8; STREAM_NONCE_LEN],
+) -> Vec<u8> {
+    let mut buf = frame_of(KIND_STREAM_BIND, BIND_BODY_LEN);
+    let at = HEADER_LEN;
+    buf[at + 2..at + 4].copy_from_slice(&port.to_be_bytes());
+    buf[at + 16..at + 32].copy_from_slice(nonce);
+    let signed = at + 32;
+    let tag = mac(token, &buf[..signed]);
+    buf[signed..].copy_from_slice(&tag);
+    buf
+}
+
+/// A bind over a relay stream as it arrived, its MAC not checked yet.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamBind<'a> {
+    /// The channel's port it names.
+    pub port: u16,
+    /// The connection's nonce it carries.
+    pub nonce: [u8; STREAM_NONCE_LEN],
+    signed: &'a [u8],
+    tag: &'a [u8],
+}
+
+impl<'a> StreamBind<'a> {
+    /// The stream bind in `payload`, or `None` when it is not one (bytes 4..16 of its body
+    /// must be zero).
+    pub fn parse(payload: &'a [u8]) -> Option<Self> {
+        let body = body_of(payload, KIND_STREAM_BIND, BIND_BODY_LEN)?;
+        if body[4..16].iter().any(|b| *b != 0) {
+            return None;
+        }
+        let signed = HEADER_LEN + 32;
+        Some(Self {
+            port: u16::from_be_bytes([body[2], body[3]]),
+            nonce: body[16..32].try_into().ok()?,
             signed: &payload[..signed],
             tag: &payload[signed..],
         })

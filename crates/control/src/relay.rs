@@ -1,22 +1,64 @@
 //! One relay channel's rule (docs/protocol.md §4, relay), sans-IO: a bind under a side's
 //! token, answering a challenge sent to its source address, puts that side at that address;
 //! a datagram from one side's bound address goes to the other side's bound address; nothing
-//! else passes. The relay's driver owns the sockets, the clock and the [`Challenger`], and
-//! does what [`Sides::datagram`] says.
+//! else passes. A side may instead be bound to a relay stream (docs/protocol.md §4, *Relay
+//! over a stream*): a stream bind carrying the connection's nonce puts it on that
+//! connection. The relay's driver owns the sockets, the connections, the clock and the
+//! [`Challenger`], and does what [`Sides::datagram`] and [`Sides::stream`] say.
 
 use std::net::SocketAddr;
 
 use crate::probe::{
-    Bind, Challenger, PROBE_TOKEN_LEN, Purpose, challenge_frame, legacy_bind_token, same,
+    Bind, Challenger, PROBE_TOKEN_LEN, Purpose, STREAM_NONCE_LEN, StreamBind, challenge_frame,
+    legacy_bind_token, same,
 };
 
 /// Challenges a side may cause in a second, at most.
 pub const CHALLENGES_PER_SEC: u8 = 4;
 
+/// The largest datagram a relay stream carries (docs/protocol.md §4, *Relay over a stream*).
+pub const STREAM_MAX_DATAGRAM: usize = 9216;
+
+/// The ALPN of a relay stream in TLS.
+pub const STREAM_ALPN: &[u8] = b"cyphonic-relay/1";
+
+/// The channel port of a relay stream's own messages (its hello).
+pub const STREAM_OWN_PORT: u16 = 0;
+
+/// A relay stream's message: the length, the channel's `port`, the `datagram`. `None` for a
+/// datagram beyond [`STREAM_MAX_DATAGRAM`].
+pub fn stream_message(port: u16, datagram: &[u8]) -> Option<Vec<u8>> {
+    if datagram.len() > STREAM_MAX_DATAGRAM {
+        return None;
+    }
+    let n = u16::try_from(datagram.len() + 2).ok()?;
+    let mut out = Vec::with_capacity(4 + datagram.len());
+    out.extend_from_slice(&n.to_be_bytes());
+    out.extend_from_slice(&port.to_be_bytes());
+    out.extend_from_slice(datagram);
+    Some(out)
+}
+
+/// The length of the message a relay stream's 2-byte `prefix` announces (port and
+/// datagram), or `None` when it is out of bounds (the connection closes).
+pub fn stream_length(prefix: [u8; 2]) -> Option<usize> {
+    let n = usize::from(u16::from_be_bytes(prefix));
+    (2..=2 + STREAM_MAX_DATAGRAM).contains(&n).then_some(n)
+}
+
+/// Where a side of a channel is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum At {
+    /// A UDP address: the channel's port sends there.
+    Udp(SocketAddr),
+    /// A relay stream, by the relay's number for the connection.
+    Stream(u64),
+}
+
 /// What to do with a datagram that arrived on the channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// A bind: side `side` is now at the datagram's source.
+    /// A bind: side `side` is now at the datagram's source (its address, or its stream).
     Bound {
         /// 0 or 1.
         side: usize,
@@ -25,8 +67,8 @@ pub enum Verdict {
     },
     /// Send the datagram, byte for byte, to the other side.
     Forward {
-        /// The other side's bound address.
-        to: SocketAddr,
+        /// Where the other side is bound.
+        to: At,
     },
     /// A bind by a side's token from an address that has not proved it receives there: send
     /// `frame`, a challenge, to `to` (the bind's source). Nothing is bound.
@@ -53,6 +95,8 @@ pub enum Refusal {
     Stale,
     /// A bind that would need a challenge, over the side's rate of challenges.
     ChallengeRate,
+    /// A UDP bind on a stream, or a stream bind naming another channel or connection.
+    WrongKind,
 }
 
 /// One side's state.
@@ -61,7 +105,7 @@ struct Side {
     token: [u8; PROBE_TOKEN_LEN],
     /// A version-5 client: it binds with its token in clear, and only so.
     legacy: bool,
-    bound: Option<SocketAddr>,
+    bound: Option<At>,
     /// The time of the cookie of the last bind taken (0: none yet).
     last_cookie: u64,
     /// Challenges sent in the second that began at `window`.
@@ -105,8 +149,72 @@ impl Sides {
     }
 
     /// Where each side is bound.
-    pub const fn bound(&self) -> [Option<SocketAddr>; 2] {
+    pub const fn bound(&self) -> [Option<At>; 2] {
         [self.sides[0].bound, self.sides[1].bound]
+    }
+
+    /// What a datagram `bytes` that came on the relay stream `conn` (whose hello carried
+    /// `nonce`) for this channel means: a stream bind of a side puts it on `conn`; anything
+    /// else passes only from a side bound to `conn`.
+    pub fn stream(&mut self, bytes: &[u8], conn: u64, nonce: &[u8; STREAM_NONCE_LEN]) -> Verdict {
+        if let Some(bind) = StreamBind::parse(bytes) {
+            if bind.port != self.port || !same(&bind.nonce, nonce) {
+                return Verdict::Refused(Refusal::WrongKind);
+            }
+            let Some(i) = self.side_of(false, |t| bind.verify(t)) else {
+                return Verdict::Refused(Refusal::WrongToken);
+            };
+            return self.bind(i, At::Stream(conn));
+        }
+        if Bind::parse(bytes).is_some() || legacy_bind_token(bytes).is_some() {
+            return Verdict::Refused(Refusal::WrongKind);
+        }
+        self.forward(At::Stream(conn))
+    }
+
+    /// The side whose token `made` (a bind's MAC, a legacy token) among the sides that bind
+    /// the `legacy` way.
+    fn side_of(
+        &self,
+        legacy: bool,
+        made: impl Fn(&[u8; PROBE_TOKEN_LEN]) -> bool,
+    ) -> Option<usize> {
+        // Both verified, whichever matches: no early exit to time.
+        let matches = [0, 1].map(|i| made(&self.sides[i].token) && self.sides[i].legacy == legacy);
+        matches.iter().position(|m| *m)
+    }
+
+    /// Side `i` is now at `at`.
+    fn bind(&mut self, i: usize, at: At) -> Verdict {
+        let side = &mut self.sides[i];
+        let changed = side.bound != Some(at);
+        side.bound = Some(at);
+        Verdict::Bound { side: i, changed }
+    }
+
+    /// The relay stream `conn` closed: a side bound to it is bound nowhere.
+    pub fn stream_closed(&mut self, conn: u64) {
+        for side in &mut self.sides {
+            if side.bound == Some(At::Stream(conn)) {
+                side.bound = None;
+            }
+        }
+    }
+
+    /// A datagram from `from`: to the other side, if `from` is where a side is bound.
+    fn forward(&self, from: At) -> Verdict {
+        let [a, b] = self.bound();
+        let i = if Some(from) == a {
+            0
+        } else if Some(from) == b {
+            1
+        } else {
+            return Verdict::Refused(Refusal::Unbound);
+        };
+        match self.sides[1 - i].bound {
+            Some(to) => Verdict::Forward { to },
+            None => Verdict::Refused(Refusal::Alone),
+        }
     }
 
     /// What a datagram `bytes` from `from` means at `now_ms` (the relay's clock, milliseconds
@@ -121,12 +229,7 @@ impl Sides {
     ) -> Verdict {
         let from = SocketAddr::new(from.ip().to_canonical(), from.port());
         if let Some(bind) = Bind::parse(bytes) {
-            // Both verified, whichever matches: no early exit to time.
-            let verifies = [0, 1].map(|i| {
-                let ok = bind.verify(&self.sides[i].token);
-                ok && !self.sides[i].legacy
-            });
-            let Some(i) = verifies.iter().position(|v| *v) else {
+            let Some(i) = self.side_of(false, |t| bind.verify(t)) else {
                 return Verdict::Refused(Refusal::WrongToken);
             };
             let purpose = Purpose::Relay {
@@ -140,9 +243,7 @@ impl Sides {
                         return Verdict::Refused(Refusal::Stale);
                     }
                     side.last_cookie = c.time_ms;
-                    let changed = side.bound != Some(from);
-                    side.bound = Some(from);
-                    Verdict::Bound { side: i, changed }
+                    self.bind(i, At::Udp(from))
                 }
                 _ => {
                     if now_ms.saturating_sub(side.window) >= 1000 {
@@ -162,30 +263,12 @@ impl Sides {
             };
         }
         if let Some(token) = legacy_bind_token(bytes) {
-            let matches = [0, 1].map(|i| {
-                let ok = same(&self.sides[i].token, &token);
-                ok && self.sides[i].legacy
-            });
-            let Some(i) = matches.iter().position(|m| *m) else {
+            let Some(i) = self.side_of(true, |t| same(t, &token)) else {
                 return Verdict::Refused(Refusal::WrongToken);
             };
-            let side = &mut self.sides[i];
-            let changed = side.bound != Some(from);
-            side.bound = Some(from);
-            return Verdict::Bound { side: i, changed };
+            return self.bind(i, At::Udp(from));
         }
-        let [a, b] = self.bound();
-        let i = if Some(from) == a {
-            0
-        } else if Some(from) == b {
-            1
-        } else {
-            return Verdict::Refused(Refusal::Unbound);
-        };
-        match self.sides[1 - i].bound {
-            Some(to) => Verdict::Forward { to },
-            None => Verdict::Refused(Refusal::Alone),
-        }
+        self.forward(At::Udp(from))
     }
 }
 
@@ -257,8 +340,14 @@ mod tests {
                 changed: true
             }
         );
-        assert_eq!(c.datagram(b"data", a, T, &ch), Verdict::Forward { to: b });
-        assert_eq!(c.datagram(b"data", b, T, &ch), Verdict::Forward { to: a });
+        assert_eq!(
+            c.datagram(b"data", a, T, &ch),
+            Verdict::Forward { to: At::Udp(b) }
+        );
+        assert_eq!(
+            c.datagram(b"data", b, T, &ch),
+            Verdict::Forward { to: At::Udp(a) }
+        );
         assert_eq!(
             c.datagram(b"data", x, T, &ch),
             Verdict::Refused(Refusal::Unbound)
@@ -267,7 +356,7 @@ mod tests {
         let mapped: SocketAddr = "[::ffff:198.51.100.1]:4000".parse().unwrap();
         assert_eq!(
             c.datagram(b"data", mapped, T, &ch),
-            Verdict::Forward { to: b }
+            Verdict::Forward { to: At::Udp(b) }
         );
         // A side that moves binds again from its new address.
         let a2: SocketAddr = "198.51.100.1:4001".parse().unwrap();
@@ -282,7 +371,7 @@ mod tests {
             c.datagram(b"data", a, T, &ch),
             Verdict::Refused(Refusal::Unbound)
         );
-        assert_eq!(c.bound(), [Some(a2), Some(b)]);
+        assert_eq!(c.bound(), [Some(At::Udp(a2)), Some(At::Udp(b))]);
     }
 
     /// Issue 49, finding 3: whoever has a side's bind (the member itself, or anyone on the
@@ -316,7 +405,11 @@ mod tests {
             c.datagram(&answer, victim, T + 120, &ch),
             Verdict::Challenge { to, .. } if to == victim
         ));
-        assert_eq!(c.bound()[0], Some(a), "the victim's address is not bound");
+        assert_eq!(
+            c.bound()[0],
+            Some(At::Udp(a)),
+            "the victim's address is not bound"
+        );
         assert_eq!(
             c.datagram(&answer, a, T + 130, &ch),
             Verdict::Refused(Refusal::Stale)
@@ -329,12 +422,12 @@ mod tests {
             c.datagram(&answer, a, T + 1100, &ch),
             Verdict::Refused(Refusal::Stale)
         );
-        assert_eq!(c.bound()[0], Some(a2));
+        assert_eq!(c.bound()[0], Some(At::Udp(a2)));
         // The other side's bound address sees none of it.
         bind(&mut c, &ch, [2; 16], b, T + 2000);
         assert_eq!(
             c.datagram(b"data", b, T + 2100, &ch),
-            Verdict::Forward { to: a2 }
+            Verdict::Forward { to: At::Udp(a2) }
         );
         // A flood of binds from spoofed sources: 4 challenges a second, the rest refused.
         let mut challenged = 0;
@@ -351,7 +444,7 @@ mod tests {
             }
         }
         assert_eq!(challenged, usize::from(CHALLENGES_PER_SEC));
-        assert_eq!(c.bound(), [Some(a2), Some(b)]);
+        assert_eq!(c.bound(), [Some(At::Udp(a2)), Some(At::Udp(b))]);
     }
 
     /// A version-5 client's side binds with its token in clear, and only that side: a
@@ -384,6 +477,88 @@ mod tests {
                 changed: true
             }
         );
-        assert_eq!(c.datagram(b"data", b, T, &ch), Verdict::Forward { to: a });
+        assert_eq!(
+            c.datagram(b"data", b, T, &ch),
+            Verdict::Forward { to: At::Udp(a) }
+        );
+    }
+
+    /// docs/protocol.md §4, *Relay over a stream*: a stream bind under a side's token with
+    /// its connection's nonce and its channel's port puts the side on that connection; one
+    /// replayed on another connection (another nonce), or naming another channel, or a UDP
+    /// bind sent on a stream, binds nothing; a side moves between UDP and its stream by
+    /// binding; a closed stream leaves its side unbound.
+    #[test]
+    fn a_stream_bind_puts_a_side_on_its_connection_and_nowhere_else() {
+        use crate::probe::stream_bind_frame;
+        let ch = challenger();
+        let mut c = Sides::new(40000, [[1; 16], [2; 16]], [false; 2]);
+        let b: SocketAddr = "[fd00::2]:5000".parse().unwrap();
+        let (n1, n2) = ([11u8; 16], [22u8; 16]);
+        let bound = |side, changed| Verdict::Bound { side, changed };
+        assert_eq!(bind(&mut c, &ch, [2; 16], b, T), bound(1, true));
+        let ours = stream_bind_frame(&[1; 16], 40000, &n1);
+        // The copy on another connection, another channel's bind, a wrong token.
+        assert_eq!(
+            c.stream(&ours, 8, &n2),
+            Verdict::Refused(Refusal::WrongKind)
+        );
+        assert_eq!(
+            c.stream(&stream_bind_frame(&[1; 16], 40001, &n1), 7, &n1),
+            Verdict::Refused(Refusal::WrongKind)
+        );
+        assert_eq!(
+            c.stream(&stream_bind_frame(&[3; 16], 40000, &n1), 7, &n1),
+            Verdict::Refused(Refusal::WrongToken)
+        );
+        assert_eq!(
+            c.stream(&bind_frame(&[1; 16], None), 7, &n1),
+            Verdict::Refused(Refusal::WrongKind)
+        );
+        assert_eq!(
+            c.stream(b"data", 7, &n1),
+            Verdict::Refused(Refusal::Unbound)
+        );
+        // A stream bind sent over UDP is data from nobody.
+        let x: SocketAddr = "192.0.2.66:6000".parse().unwrap();
+        assert_eq!(
+            c.datagram(&ours, x, T, &ch),
+            Verdict::Refused(Refusal::Unbound)
+        );
+        assert_eq!(c.bound()[0], None);
+        assert_eq!(c.stream(&ours, 7, &n1), bound(0, true));
+        assert_eq!(c.stream(&ours, 7, &n1), bound(0, false));
+        assert_eq!(c.bound(), [Some(At::Stream(7)), Some(At::Udp(b))]);
+        assert_eq!(
+            c.stream(b"data", 7, &n1),
+            Verdict::Forward { to: At::Udp(b) }
+        );
+        assert_eq!(
+            c.stream(b"data", 8, &n2),
+            Verdict::Refused(Refusal::Unbound)
+        );
+        assert_eq!(
+            c.datagram(b"data", b, T, &ch),
+            Verdict::Forward { to: At::Stream(7) }
+        );
+        // Back to UDP by a UDP bind; then to a new connection, which then closes.
+        let a: SocketAddr = "198.51.100.1:4000".parse().unwrap();
+        assert_eq!(bind(&mut c, &ch, [1; 16], a, T + 1000), bound(0, true));
+        assert_eq!(
+            c.stream(b"data", 7, &n1),
+            Verdict::Refused(Refusal::Unbound)
+        );
+        assert_eq!(
+            c.stream(&stream_bind_frame(&[1; 16], 40000, &n2), 8, &n2),
+            bound(0, true)
+        );
+        c.stream_closed(7);
+        assert_eq!(c.bound()[0], Some(At::Stream(8)));
+        c.stream_closed(8);
+        assert_eq!(c.bound()[0], None);
+        assert_eq!(
+            c.datagram(b"data", b, T, &ch),
+            Verdict::Refused(Refusal::Alone)
+        );
     }
 }

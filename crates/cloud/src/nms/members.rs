@@ -416,7 +416,7 @@ impl Nms {
     }
 
     /// What the side `row` is told of `channel`: the relay's address in its IP version, its
-    /// token.
+    /// token, the relay's stream listener (to a client that speaks of it).
     pub(super) fn relay_side(
         &self,
         trs: &Trs,
@@ -434,10 +434,18 @@ impl Nms {
         let address = versions
             .into_iter()
             .find_map(|v6| trs.address(v6, local, channel.port))?;
+        // A client before version 13 would refuse the field (and could not use it).
+        let stream = self
+            .connected
+            .get(&row.fingerprint)
+            .is_some_and(|c| c.version >= cyphonic_control::STREAM_VERSION)
+            .then(|| trs.stream_info(address.is_ipv6(), local))
+            .flatten();
         Some(RelayInfo {
             address,
             token,
             reason: channel.reason,
+            stream,
         })
     }
 

@@ -133,6 +133,7 @@ impl Bed {
             cyphonic_cloud::tls::tls_config(
                 ck.cert.pem().as_bytes(),
                 ck.signing_key.serialize_pem().as_bytes(),
+                cyphonic_cloud::tls::API_ALPN,
             )
             .unwrap()
         });
