@@ -102,6 +102,11 @@ pub enum Event {
     /// (Version 4.) The per-device rules the cloud compiled for us, whole: enforce them (and
     /// keep them across outages and restarts); `None`: the cloud enforces nothing per device.
     Policy(Option<cyphonic_filter::RuleSet>),
+    /// (Version 6.) Whether UDP to the cloud works: a round of endpoint probes that no
+    /// challenge answered within 5 s says it does not, the first challenge since says it does
+    /// (docs/protocol.md §4, *Relay over a stream*). Said on each change, and first in each
+    /// session once known.
+    UdpToCloud(bool),
     /// (Version 12.) Record flows and send them ([`Handle::send_flows`]), or stop
     /// (docs/protocol.md §8, *Flow logs*). A new session says it again; without a session
     /// nothing changes.
@@ -134,6 +139,13 @@ const PING_EVERY: Duration = Duration::from_secs(15);
 const SILENCE: Duration = Duration::from_secs(40);
 /// Probes keep the NAT mapping towards the cloud and show a changed address.
 const PROBE_EVERY: Duration = Duration::from_secs(20);
+/// ... and this often while no challenge answers them.
+const PROBE_EVERY_BLOCKED: Duration = Duration::from_secs(5);
+/// A round of probes no challenge answered within this says UDP to the cloud fails.
+const PROBE_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+/// The first control version whose cloud answers every probe without a cookie with a
+/// challenge: the one whose probes can tell whether UDP works.
+const PROBES_CHALLENGED: u16 = 6;
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 const EVENTS: usize = 256;
@@ -352,49 +364,93 @@ impl Handle {
 }
 
 /// A session's endpoint probes (docs/protocol.md §4, endpoint probe): every probe carries
-/// the next counter (the cloud refuses a copy of an old one) and the last challenge's cookie
-/// from its destination (the cloud records where a probe came from only when it answers a
-/// challenge sent there).
+/// the next counter (the cloud refuses a copy of an old one); a round carries no cookie, so
+/// that the cloud challenges each probe (it records where a probe came from only when it
+/// answers a challenge sent there), and the probe answering a challenge carries its cookie.
+/// Whether challenges come back tells whether UDP to the cloud works.
 struct Probing {
     prober: Prober,
-    /// The probe ports' addresses, each with the last challenge it sent us.
-    to: Vec<(SocketAddr, Option<cyphonic_control::ReturnCookie>)>,
+    /// The probe ports' addresses.
+    to: Vec<SocketAddr>,
+    /// Since when a round waits for its first challenge.
+    waiting: Option<Instant>,
+    /// Whether UDP to the cloud works, once judged.
+    udp: Option<bool>,
 }
 
 impl Probing {
     fn new(prober: Prober, to: Vec<SocketAddr>) -> Self {
         Self {
             prober,
-            to: to.into_iter().map(|a| (a, None)).collect(),
+            to,
+            waiting: None,
+            udp: None,
         }
     }
 
-    /// A probe to every probe port.
-    fn all(&mut self) -> Vec<Event> {
+    /// A round: a probe to every probe port, at `now`.
+    fn round(&mut self, now: Instant) -> Vec<Event> {
         let prober = &mut self.prober;
+        if !self.to.is_empty() {
+            self.waiting.get_or_insert(now);
+        }
         self.to
             .iter()
-            .map(|(to, cookie)| Event::Probe {
+            .map(|to| Event::Probe {
                 to: *to,
-                frame: prober.next_frame(cookie.as_ref()),
+                frame: prober.next_frame(None),
             })
             .collect()
     }
 
-    /// The probe that answers a challenge from `from`, when `from` is a probe port of ours.
+    /// The probe that answers a challenge from `from`, when `from` is a probe port of ours,
+    /// and whether that says UDP works where it was not known to.
     fn answer(
         &mut self,
         from: SocketAddr,
         cookie: cyphonic_control::ReturnCookie,
-    ) -> Option<Event> {
+    ) -> Option<(Event, Option<bool>)> {
         let from = SocketAddr::new(from.ip().to_canonical(), from.port());
-        let (to, kept) = self.to.iter_mut().find(|(to, _)| *to == from)?;
-        *kept = Some(cookie);
-        Some(Event::Probe {
-            to: *to,
+        let to = *self.to.iter().find(|to| **to == from)?;
+        self.waiting = None;
+        let changed = (self.udp != Some(true)).then_some(true);
+        self.udp = Some(true);
+        let probe = Event::Probe {
+            to,
             frame: self.prober.next_frame(Some(&cookie)),
-        })
+        };
+        Some((probe, changed))
     }
+
+    /// When the round under way has waited long enough.
+    fn deadline(&self) -> Option<Instant> {
+        self.waiting.map(|w| w + PROBE_ANSWER_WITHIN)
+    }
+
+    /// The round under way got no challenge by `now`: `Some(false)` when that is news.
+    fn unanswered(&mut self, now: Instant) -> Option<bool> {
+        if self.deadline().is_none_or(|d| now < d) {
+            return None;
+        }
+        self.waiting = None;
+        let changed = (self.udp != Some(false)).then_some(false);
+        self.udp = Some(false);
+        changed
+    }
+
+    /// How often rounds go: faster while no challenge answers them.
+    fn every(&self) -> Duration {
+        if self.udp == Some(false) {
+            PROBE_EVERY_BLOCKED
+        } else {
+            PROBE_EVERY
+        }
+    }
+}
+
+/// Probe rounds every `every`, the first one `every` from now.
+fn rounds(every: Duration) -> tokio::time::Interval {
+    tokio::time::interval_at(tokio::time::Instant::now() + every, every)
 }
 
 /// Starts the session task on the current tokio runtime. It runs until every [`Handle`] is
@@ -836,7 +892,8 @@ impl Task {
         if let Some(cloud) = self.at {
             self.emit(Event::Connected { observed, cloud });
         }
-        for p in probes.all() {
+        let judges_udp = version >= PROBES_CHALLENGED;
+        for p in probes.round(Instant::now()) {
             self.emit(p);
         }
 
@@ -851,8 +908,7 @@ impl Task {
         let mut pending = Pending::new();
         let mut next_id = 0u64;
         let mut ping = tokio::time::interval(PING_EVERY);
-        let mut probing = tokio::time::interval(PROBE_EVERY);
-        probing.reset();
+        let mut probing = rounds(PROBE_EVERY);
         let mut heard = Instant::now();
         // The registration goes first.
         self.registration.mark_changed();
@@ -918,14 +974,19 @@ impl Task {
                         if !is_local(local.ip()) {
                             break End::Retry(format!("our address {} is gone", local.ip()));
                         }
-                        for p in probes.all() {
+                        for p in probes.round(Instant::now()) {
                             self.emit(p);
                         }
                         None
                     }
                     Some(Cmd::Challenged { from, cookie }) => {
-                        if let Some(p) = probes.answer(from, cookie) {
+                        if let Some((p, udp)) = probes.answer(from, cookie) {
                             self.emit(p);
+                            if let Some(works) = udp.filter(|_| judges_udp) {
+                                tracing::info!(works, "UDP to the cloud");
+                                self.emit(Event::UdpToCloud(works));
+                                probing = rounds(probes.every());
+                            }
                         }
                         None
                     }
@@ -940,8 +1001,16 @@ impl Task {
                     Some(ClientMsg::Ping {})
                 }
                 _ = probing.tick() => {
-                    for p in probes.all() {
+                    for p in probes.round(Instant::now()) {
                         self.emit(p);
+                    }
+                    None
+                }
+                () = tokio::time::sleep_until(probes.deadline().unwrap_or_else(Instant::now).into()), if judges_udp && probes.deadline().is_some() => {
+                    if let Some(works) = probes.unanswered(Instant::now()) {
+                        tracing::warn!(works, "UDP to the cloud: no probe answered");
+                        self.emit(Event::UdpToCloud(works));
+                        probing = rounds(probes.every());
                     }
                     None
                 }
@@ -1172,5 +1241,52 @@ mod tests {
         assert!(b > a);
         // A clock behind the last Hello (set back, or a restart before NTP): one more.
         assert_eq!(super::next_timestamp(u64::MAX - 5), u64::MAX - 4);
+    }
+
+    /// docs/protocol.md §4, *Relay over a stream*: a round of probes no challenge answers
+    /// within 5 s says UDP to the cloud fails (once, and rounds go every 5 s); a challenge
+    /// from a probe port says it works again (once), one from elsewhere says nothing; every
+    /// round's probes carry no cookie (each earns a challenge), the answer carries its own.
+    #[test]
+    fn probes_tell_whether_udp_to_the_cloud_works() {
+        use std::time::{Duration, Instant};
+
+        use cyphonic_control::{Probe, Prober, ReturnCookie};
+
+        use super::{Event, PROBE_EVERY, PROBE_EVERY_BLOCKED, Probing};
+        let port = "198.51.100.1:7001".parse().unwrap();
+        let mut p = Probing::new(Prober::new([1; 16], [2; 16]), vec![port]);
+        let t = Instant::now();
+        let cookie = |e: &Event| match e {
+            Event::Probe { frame, .. } => Probe::parse(frame).unwrap().cookie,
+            _ => panic!("not a probe"),
+        };
+        let round = p.round(t);
+        assert_eq!(round.len(), 1);
+        assert_eq!(cookie(&round[0]), None);
+        assert_eq!(p.unanswered(t + Duration::from_millis(4900)), None);
+        // A second round does not push the wait back.
+        p.round(t + Duration::from_secs(1));
+        assert_eq!(p.unanswered(t + Duration::from_secs(5)), Some(false));
+        assert_eq!(p.every(), PROBE_EVERY_BLOCKED);
+        p.round(t + Duration::from_secs(10));
+        assert_eq!(p.unanswered(t + Duration::from_secs(15)), None, "no news");
+        let c = ReturnCookie {
+            time_ms: 1_800_000_000_000,
+            cookie: [3; 16],
+        };
+        assert!(p.answer("192.0.2.9:7001".parse().unwrap(), c).is_none());
+        let (probe, news) = p.answer(port, c).unwrap();
+        assert_eq!(news, Some(true));
+        assert_eq!(cookie(&probe), Some(c));
+        assert_eq!(p.every(), PROBE_EVERY);
+        assert_eq!(p.deadline(), None);
+        assert_eq!(p.answer(port, c).unwrap().1, None, "no news");
+        let round = p.round(t + Duration::from_secs(20));
+        assert_eq!(
+            cookie(&round[0]),
+            None,
+            "a round's probes earn a challenge each"
+        );
     }
 }
