@@ -51,6 +51,11 @@ const ADMISSIONS: usize = 4096;
 const AWAITING: usize = 4096;
 /// Revoked peers whose names are looked up again at most, per push from the cloud.
 const RELOOKUPS: usize = 64;
+/// A channel that leaves the stream for UDP stays carried this long: what the relay still
+/// sends there until our UDP bind moves us arrives meanwhile.
+const STREAM_LINGER: Duration = Duration::from_secs(10);
+/// Relays remembered per peer at most before those of peers gone are forgotten.
+const RELAYS_KEPT: usize = 4096;
 
 /// What settles a DNS query parked under a key: the records to answer with, or the error.
 pub type Settled = (u16, Result<Vec<Record>, ResponseCode>);
@@ -250,6 +255,14 @@ pub struct CloudLink {
     /// Whether our tunnel socket is behind a NAT, as the cloud's probes show (assumed until
     /// they do): new direct peers are hole-punched for first.
     behind_nat: bool,
+    /// Whether UDP to the cloud works, as the probes show (assumed until they say not).
+    udp_works: bool,
+    /// Relay channels carried over the relay's stream while UDP to the cloud fails
+    /// (docs/protocol.md §4, *Relay over a stream*); `None` if its thread did not start.
+    streams: Option<cyphonic_stream::Streams>,
+    /// The relay the cloud last gave for each peer, by fingerprint: what moves between UDP
+    /// and the stream.
+    relays: HashMap<String, RelayInfo>,
     /// Cloud peers to be paired with again once the cloud is reached (those this tunnel
     /// end's previous holder had), by fingerprint.
     resume: Vec<String>,
@@ -483,7 +496,11 @@ impl CloudLink {
     /// Starts the signal client on the current tokio runtime (call inside it), as the
     /// identity of the tunnel end `shared`, and wraps it; returns the [`Asker`] DNS services
     /// resolve through.
-    pub fn connect(settings: &CloudSettings, shared: &Shared, tunnel_port: u16) -> (Self, Asker) {
+    pub fn connect(settings: &CloudSettings, shared: &Shared, listen: SocketAddr) -> (Self, Asker) {
+        let tunnel_port = listen.port();
+        let streams = cyphonic_stream::Streams::start(listen)
+            .inspect_err(|e| tracing::error!(error = %e, "the relay stream's thread did not start: no relay over TCP"))
+            .ok();
         let (handle, events) = cyphonic_signal::spawn(
             cyphonic_signal::Config {
                 clouds: settings.addresses.clone(),
@@ -521,6 +538,9 @@ impl CloudLink {
             tunnel_port,
             again: asker.clone(),
             behind_nat: true,
+            udp_works: true,
+            streams,
+            relays: HashMap::new(),
             resume: Vec::new(),
             in_use: (Vec::new(), None),
             pair_at: None,
@@ -654,6 +674,16 @@ impl CloudLink {
         );
     }
 
+    /// Which relay channels are carried over a stream, when the streams' thread runs.
+    pub fn carried(&self) -> Option<cyphonic_stream::Carried> {
+        self.streams.as_ref().map(cyphonic_stream::Streams::carried)
+    }
+
+    /// The relay streams' counters, when their thread runs.
+    pub fn stream_stats(&self) -> Option<Arc<cyphonic_stream::StreamStats>> {
+        self.streams.as_ref().map(|s| s.stats.clone())
+    }
+
     /// The control plane's part of the status document, as it changes.
     pub fn status(&self) -> Arc<Mutex<CloudStatus>> {
         self.status.clone()
@@ -712,6 +742,7 @@ impl CloudLink {
                     st.last_error = Some(reason.clone());
                 }
                 Event::Observed(addr) => st.observed = Some(addr.to_string()),
+                Event::UdpToCloud(works) => st.udp = Some(*works),
                 _ => {}
             }
         }
@@ -734,6 +765,10 @@ impl CloudLink {
                 reachable.extend(self.endpoints.iter().filter(|e| **e != addr));
                 control.set_reachable(reachable, self.behind_nat);
                 tracing::info!(%addr, behind_nat = self.behind_nat, "the cloud sees our tunnel socket at this address");
+            }
+            Event::UdpToCloud(works) => {
+                self.udp_works = works;
+                self.move_relays(control);
             }
             Event::Connected { observed, cloud } => {
                 tracing::info!(%cloud, %observed, "control plane: connected");
@@ -1008,14 +1043,25 @@ impl CloudLink {
     /// moves there too: the cloud gives one when a side's path died); and without keys, a
     /// handshake, after a hole punch when the path is direct and we are behind a NAT.
     fn initiate(
-        &self,
+        &mut self,
         control: &mut Control,
         slot: &Arc<PeerSlot>,
         relay: Option<&RelayInfo>,
         now: Instant,
     ) {
         if let Some(relay) = relay {
-            control.apply_relay(slot, relay, now);
+            if self.relays.len() >= RELAYS_KEPT {
+                let live: std::collections::HashSet<String> = control
+                    .shared()
+                    .peers()
+                    .all()
+                    .iter()
+                    .map(|s| s.fingerprint.clone())
+                    .collect();
+                self.relays.retain(|fp, _| live.contains(fp));
+            }
+            self.relays.insert(slot.fingerprint.clone(), relay.clone());
+            control.apply_relay(slot, &self.by_transport(relay), now);
         }
         if slot.lock().is_established(now) {
             return;
@@ -1024,6 +1070,55 @@ impl CloudLink {
             control.punch(slot, now);
         }
         control.initiate(slot, now);
+    }
+
+    /// The relay channel `relay` as the engine reaches it: carried over the relay's stream
+    /// (its local address) while UDP to the cloud fails and the relay offers one, else over
+    /// UDP (a channel that was carried stays so for [`STREAM_LINGER`]).
+    fn by_transport(&self, relay: &RelayInfo) -> RelayInfo {
+        let Some(streams) = &self.streams else {
+            return relay.clone();
+        };
+        if !self.udp_works && relay.stream.is_some() {
+            match streams.open(relay) {
+                Ok(local) => {
+                    return RelayInfo {
+                        address: local,
+                        ..relay.clone()
+                    };
+                }
+                Err(e) => {
+                    tracing::warn!(relay = %relay.address, error = %e, "relay channel not carried over the stream");
+                }
+            }
+        }
+        streams.close(relay.address, STREAM_LINGER);
+        relay.clone()
+    }
+
+    /// UDP to the cloud started or stopped working: every peer on a relay channel the
+    /// cloud gave moves to the channel as it is reached now (over the stream, or back to
+    /// UDP).
+    fn move_relays(&mut self, control: &mut Control) {
+        let now = Instant::now();
+        for slot in control.shared().peers().all() {
+            let Some(info) = self.relays.get(&slot.fingerprint).cloned() else {
+                continue;
+            };
+            let Some(current) = slot.route().relay.as_ref().map(|r| r.address) else {
+                continue;
+            };
+            let carried = self.streams.as_ref().and_then(|s| s.local_of(info.address));
+            if current != info.address && Some(current) != carried {
+                // The engine holds another channel than the one remembered.
+                continue;
+            }
+            let want = self.by_transport(&info);
+            if want.address != current {
+                tracing::info!(peer = %slot.name, from = %current, to = %want.address, udp = self.udp_works, "relay channel moves");
+                control.apply_relay(&slot, &want, now);
+            }
+        }
     }
 
     fn records(

@@ -398,7 +398,7 @@ pub fn run<E: Edge>(
                 certificate_file: common.certificate_file.clone(),
                 ca_file: common.ca_file.clone(),
             };
-            let (link, asker) = CloudLink::connect(&settings, &shared, listen.port());
+            let (link, asker) = CloudLink::connect(&settings, &shared, listen);
             (Some(link), Some(asker))
         }
         None => (None, None),
@@ -456,6 +456,8 @@ pub fn run<E: Edge>(
         c.resume(services.resumed_peers());
     }
     let cloud_status = cloud.as_ref().map(CloudLink::status);
+    let stream_stats = cloud.as_ref().and_then(CloudLink::stream_stats);
+    let carried = cloud.as_ref().and_then(CloudLink::carried);
     if let Some(addr) = common.metrics {
         let engine_metrics = metrics::EngineCollector::new(
             shared.clone(),
@@ -463,7 +465,8 @@ pub fn run<E: Edge>(
             engine.egress_counters.clone(),
             engine.ingress_counters.clone(),
             cloud_status.clone(),
-        );
+        )
+        .with_streams(stream_stats);
         cyphonic_telemetry::metrics::serve(
             addr,
             build,
@@ -489,7 +492,7 @@ pub fn run<E: Edge>(
                 certificate: Some(status::CertificateStatus::of(
                     shared.identity().certificate(),
                 )),
-                peers: status::peers(&shared, now),
+                peers: status::peers(&shared, now, carried.as_ref()),
                 cloud: cloud_status.as_ref().map(|c| {
                     c.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)

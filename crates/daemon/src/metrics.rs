@@ -30,6 +30,7 @@ pub struct EngineCollector {
     egress: Arc<PipelineCounters>,
     ingress: Arc<PipelineCounters>,
     cloud: Option<Arc<std::sync::Mutex<CloudStatus>>>,
+    streams: Option<Arc<cyphonic_stream::StreamStats>>,
 }
 
 impl EngineCollector {
@@ -48,7 +49,15 @@ impl EngineCollector {
             egress,
             ingress,
             cloud,
+            streams: None,
         }
+    }
+
+    /// With the relay streams' counters (`cyphonic_relay_stream_*`).
+    #[must_use]
+    pub fn with_streams(mut self, streams: Option<Arc<cyphonic_stream::StreamStats>>) -> Self {
+        self.streams = streams;
+        self
     }
 }
 
@@ -299,6 +308,9 @@ impl Collector for EngineCollector {
                 "Whether the control session with the cloud is open.",
                 if connected { 1.0 } else { 0.0 },
             )?;
+        }
+        if let Some(s) = &self.streams {
+            counter_sets(&mut e, "cyphonic_relay_stream", &[&**s])?;
         }
         if let Some(p) = self.shared.policy().report() {
             use cyphonic_tunnel::policy::Reason;

@@ -218,6 +218,10 @@ pub struct RelayStatus {
     pub address: String,
     /// Why the cloud chose the relay.
     pub reason: String,
+    /// The channel's address at the relay, when it is carried over the relay's stream (UDP
+    /// to the cloud fails): `address` is then this host's end of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
 }
 
 /// The control plane as we see it.
@@ -233,6 +237,10 @@ pub struct CloudStatus {
     /// Our tunnel socket as the cloud sees it.
     #[serde(default)]
     pub observed: Option<String>,
+    /// Whether UDP to the cloud works, once the probes said (relay channels go over the
+    /// relay's stream while it does not).
+    #[serde(default)]
+    pub udp: Option<bool>,
 }
 
 /// Both pipelines.
@@ -379,8 +387,13 @@ pub struct Buffers {
     pub free: usize,
 }
 
-/// Every peer of `shared` as the document shows it.
-pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
+/// Every peer of `shared` as the document shows it (`carried`: the relay channels carried
+/// over a stream).
+pub fn peers(
+    shared: &Shared,
+    now: Instant,
+    carried: Option<&cyphonic_stream::Carried>,
+) -> Vec<PeerStatus> {
     shared
         .peers()
         .all()
@@ -389,6 +402,9 @@ pub fn peers(shared: &Shared, now: Instant) -> Vec<PeerStatus> {
             let relay = slot.relay_in_use().map(|r| RelayStatus {
                 address: r.address.to_string(),
                 reason: r.reason.describe().to_owned(),
+                stream: carried
+                    .and_then(|c| c.channel_of(r.address))
+                    .map(|a| a.to_string()),
             });
             let allowed = slot.route().allowed;
             let current = slot.current_certificate();
@@ -524,10 +540,13 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
         "EXPIRES"
     );
     for p in &doc.peers {
-        let route = p
-            .relay
-            .as_ref()
-            .map_or_else(|| "direct".to_owned(), |r| format!("relay ({})", r.reason));
+        let route = p.relay.as_ref().map_or_else(
+            || "direct".to_owned(),
+            |r| match &r.stream {
+                Some(_) => format!("relay over TCP ({})", r.reason),
+                None => format!("relay ({})", r.reason),
+            },
+        );
         let _ = writeln!(
             out,
             "{:<28} {:<7} {:<18} {:<24} {:<34} {:<5} {:<7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>8}",
@@ -609,6 +628,7 @@ mod tests {
                 relay: Some(RelayStatus {
                     address: "192.0.2.10:40000".into(),
                     reason: "symmetric NAT".into(),
+                    stream: None,
                 }),
                 allowed: Some(cyphonic_signal::Allowed::Out),
                 vip_blocks: vec!["100.64.2.0/24".into()],
