@@ -61,6 +61,9 @@ pub struct SiteOptions {
 pub struct CloudOptions {
     /// Extra lines for its configuration (`[policy]`, say).
     pub extra: String,
+    /// Carry relay channels over TCP too, in TLS on port 443 (`[relay] stream_listen`, with
+    /// a self-signed certificate): `extra` then holds no `[relay]` table.
+    pub relay_stream: bool,
     /// Enroll online: the root delegates to an issuing CA for [`ENROLL_POOL`] and
     /// [`ENROLL_POOL6`] (`ca delegate`), which the cloud's `[enroll]` names, with certificates of this many
     /// seconds.
@@ -369,6 +372,39 @@ impl TwoSites {
         block_between_sites(&self.wan, on)
     }
 
+    /// Drops every UDP datagram to and from `side`'s site at the router (`on`), as a
+    /// network that lets only TCP through; or lets UDP through again.
+    ///
+    /// # Errors
+    /// An `nft` command fails (blocking twice, opening what is not blocked).
+    pub fn block_udp(&self, side: Side, on: bool) -> anyhow::Result<()> {
+        let (table, net) = match side {
+            Side::A => ("udp_a", "198.51.100.0/24"),
+            Side::B => ("udp_b", "203.0.113.0/24"),
+        };
+        if !on {
+            self.wan.exec("nft", &["delete", "table", "inet", table])?;
+            return Ok(());
+        }
+        self.wan.exec("nft", &["add", "table", "inet", table])?;
+        self.wan.exec(
+            "nft",
+            &[&format!(
+                "add chain inet {table} blocked {{ type filter hook forward priority -10 ; }}"
+            )],
+        )?;
+        for dir in ["saddr", "daddr"] {
+            self.wan.exec(
+                "nft",
+                &[
+                    "add", "rule", "inet", table, "blocked", "ip", dir, net, "meta", "l4proto",
+                    "udp", "drop",
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
     /// Revokes a site's certificate in the overlay CA (its `revoked.txt`).
     ///
     /// # Errors
@@ -474,6 +510,18 @@ impl TwoSites {
                 ));
             }
             extra.push_str(&cloud_opts.extra);
+            if cloud_opts.relay_stream {
+                let ck = rcgen::generate_simple_self_signed(vec!["relay.example".to_owned()])?;
+                let (cert, key) = (tmp.path().join("relay.crt"), tmp.path().join("relay.key"));
+                std::fs::write(&cert, ck.cert.pem())?;
+                std::fs::write(&key, ck.signing_key.serialize_pem())?;
+                writeln!(
+                    extra,
+                    "\n[relay]\nstream_listen = \"[::]:443\"\ntls_cert = \"{}\"\ntls_key = \"{}\"",
+                    cert.display(),
+                    key.display()
+                )?;
+            }
             if let Some(lifetime) = cloud_opts.enroll {
                 let issuing = tmp.path().join("issuing");
                 sh(
@@ -980,6 +1028,17 @@ impl TwoSites {
         cloud.status(&self.bins)?["counters"][name]
             .as_u64()
             .with_context(|| format!("the cloud has no counter {name}"))
+    }
+
+    /// A counter of the cloud's relay, from its status.
+    ///
+    /// # Errors
+    /// As [`TwoSites::cloud_counter`]; no relay.
+    pub fn relay_counter(&self, name: &str) -> anyhow::Result<u64> {
+        let cloud = self.cloud.as_ref().context("the bed has no cloud")?;
+        cloud.status(&self.bins)?["relay"]["counters"][name]
+            .as_u64()
+            .with_context(|| format!("the relay has no counter {name}"))
     }
 
     /// A counter from a site's status.

@@ -814,30 +814,7 @@ fn a_blocked_pair_is_relayed_goes_back_to_direct_when_the_path_opens_and_back_wh
             p["endpoint"].as_str().unwrap_or("").to_owned(),
         )
     };
-    // (lost, sent) of `count` pings 50 ms apart from LAN A to the device behind B.
-    let pings = |count: u32| {
-        let out = bed
-            .ping(
-                Side::A,
-                Ipv4Addr::new(100, 64, 2, 10),
-                &["-c", &count.to_string(), "-i", "0.05", "-W", "1"],
-            )
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let field = |what: &str| -> u32 {
-            let at = text
-                .find(what)
-                .unwrap_or_else(|| panic!("no {what:?} in\n{text}"));
-            let before = text[..at].trim_end();
-            before[before.rfind([' ', '\n']).map_or(0, |i| i + 1)..]
-                .parse()
-                .unwrap_or_else(|e| panic!("{what:?} in\n{text}: {e}"))
-        };
-        (
-            field(" packets transmitted") - field(" received"),
-            field(" packets transmitted"),
-        )
-    };
+    let pings = |count: u32| pings_lost(&bed, count);
     // Blocks the direct path (or lifts the block) while `count` pings run, and waits
     // `within` for both sides to reach `path` (A's endpoint B's when direct, and so on):
     // how long that took, and (lost, sent) of the pings.
@@ -894,6 +871,129 @@ fn a_blocked_pair_is_relayed_goes_back_to_direct_when_the_path_opens_and_back_wh
     // The path's death shows after 5 s of unanswered data and 3 s of unanswered
     // initiations (docs/protocol.md §4, *Back to direct*); then the channel carries.
     assert!(gap < 15.0, "a gap of {gap:.1} s\n{}", bed.logs());
+    bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
+}
+
+/// (lost, sent) of `count` pings 50 ms apart from LAN A to the device behind B.
+fn pings_lost(bed: &TwoSites, count: u32) -> (u32, u32) {
+    let out = bed
+        .ping(
+            Side::A,
+            Ipv4Addr::new(100, 64, 2, 10),
+            &["-c", &count.to_string(), "-i", "0.05", "-W", "1"],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |what: &str| -> u32 {
+        let at = text
+            .find(what)
+            .unwrap_or_else(|| panic!("no {what:?} in\n{text}"));
+        let before = text[..at].trim_end();
+        before[before.rfind([' ', '\n']).map_or(0, |i| i + 1)..]
+            .parse()
+            .unwrap_or_else(|e| panic!("{what:?} in\n{text}: {e}"))
+    };
+    (
+        field(" packets transmitted") - field(" received"),
+        field(" packets transmitted"),
+    )
+}
+
+/// Issue 55 (1), docs/protocol.md §4, *Relay over a stream*: site A's router drops all UDP.
+/// A's probes go unanswered, so A knows; its handshakes to B find no path, the cloud relays
+/// the pair, and A carries its side of the channel over the relay's TLS stream on port 443
+/// while B binds over UDP. Ping and TCP pass by name. When the router lets UDP through
+/// again, A's next probe is answered and A moves its side to the channel's UDP port: within
+/// the blocked probe interval and its wait, with the gap in a stream of pings measured.
+#[test]
+fn a_site_that_drops_udp_is_relayed_over_tls_and_back_over_udp_when_it_opens() {
+    let mut bed = TwoSites::new(&BedOptions {
+        cloud: Some(CloudOptions {
+            relay_stream: true,
+            ..CloudOptions::default()
+        }),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    bed.block_udp(Side::A, true).unwrap();
+    bed.start(Side::A).unwrap();
+    bed.start(Side::B).unwrap();
+    let udp = |side: Side| bed.status(side).unwrap()["cloud"]["udp"].clone();
+    let judged = wait_until(Duration::from_secs(20), "A finds UDP blocked", || {
+        udp(Side::A) == false
+    });
+    assert!(judged.is_ok(), "{:?}\n{}", udp(Side::A), bed.logs());
+    assert_eq!(
+        resolve(&bed, Side::A, "host.gw2.ovl.example"),
+        ["100.64.2.10"]
+    );
+    let peer = |side: Side| bed.status(side).unwrap()["peers"][0].clone();
+    let up = wait_until(Duration::from_secs(30), "relayed over the stream", || {
+        let (a, b) = (peer(Side::A), peer(Side::B));
+        a["established"] == true
+            && b["established"] == true
+            && a["route"] == "relay"
+            && b["route"] == "relay"
+            && a["endpoint"]
+                .as_str()
+                .and_then(|e| e.parse::<std::net::SocketAddr>().ok())
+                .is_some_and(|e| e.ip().is_loopback())
+    });
+    assert!(
+        up.is_ok(),
+        "A: {}\nB: {}\n{}",
+        peer(Side::A),
+        peer(Side::B),
+        bed.logs()
+    );
+    let b_at = peer(Side::B)["endpoint"].as_str().unwrap().to_owned();
+    assert!(
+        b_at.starts_with("192.0.2.10:"),
+        "B on the channel's UDP port: {b_at}"
+    );
+    // A's status names the channel its loopback end stands for.
+    assert_eq!(peer(Side::A)["relay"]["stream"], b_at.as_str());
+    bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
+    let over_tls = IperfRun::start(&bed, Side::B, &[], 3)
+        .unwrap()
+        .finish()
+        .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    let mbits = over_tls["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap()
+        / 1e6;
+    eprintln!("TCP through the relay, A's side over TLS: {mbits:.0} Mbit/s");
+    assert!(mbits > 0.0);
+    assert_eq!(bed.relay_counter("streams").unwrap(), 1);
+    // UDP again: A's side leaves the stream for the channel's UDP port.
+    let (took, (lost, sent)) = std::thread::scope(|scope| {
+        let stream = scope.spawn(|| pings_lost(&bed, 600));
+        std::thread::sleep(Duration::from_secs(1));
+        bed.block_udp(Side::A, false).unwrap();
+        let lifted = std::time::Instant::now();
+        let moved = wait_until(Duration::from_secs(20), "A on UDP", || {
+            peer(Side::A)["endpoint"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("192.0.2.10:"))
+        });
+        let took = lifted.elapsed();
+        assert!(moved.is_ok(), "A: {}\n{}", peer(Side::A), bed.logs());
+        (took, stream.join().unwrap())
+    });
+    let gap = f64::from(lost) * 0.05;
+    eprintln!(
+        "off the stream {:.1} s after UDP was let through; {lost} of {sent} pings lost (a gap of about {gap:.2} s)",
+        took.as_secs_f64()
+    );
+    assert_eq!(udp(Side::A), true);
+    assert!(
+        peer(Side::A)["relay"]["stream"].is_null(),
+        "{}",
+        peer(Side::A)
+    );
+    // Probes every 5 s while blocked, an answer within a round trip, then the bind.
+    assert!(took < Duration::from_secs(12), "{took:?}\n{}", bed.logs());
+    assert!(gap < 2.0, "a gap of {gap:.2} s\n{}", bed.logs());
     bed.ping_ok(&bed.a.lan, Ipv4Addr::new(100, 64, 2, 10), Ping::default());
 }
 
