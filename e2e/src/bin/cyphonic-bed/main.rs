@@ -178,6 +178,25 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// TCP through the relay over UDP against the relay over TLS (issue 55, docs/protocol.md
+    /// §4, *Relay over a stream*): the sites blocked from each other, the pair relayed; one
+    /// TCP stream lanA -> lanB with both sides on the channel's UDP port, then with site A's
+    /// UDP dropped at the router and its side on the relay's TLS stream; for each loss on
+    /// A's link to the router (userspace netem). Prints a Markdown table.
+    RelayStream {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Measurements per cell (the median and the range are reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Loss on A's link, percent, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,1")]
+        loss: Vec<f64>,
+        /// Delay on A's link each way, ms.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+    },
     /// Where UDP bursts are lost: iperf3 UDP from lanA to lanB (`-w 2M`) at each rate and
     /// datagram size, with what each place on the way dropped meanwhile (adapter A's capture
     /// socket and pipeline, the kernel's UDP receive queues at adapter B and at lanB, B's
@@ -474,6 +493,12 @@ fn main() -> ExitCode {
             rounds,
         } => policy_cost(rules, flows, seconds, rounds),
         Command::Impair { seconds, runs } => impairment_table(seconds, runs),
+        Command::RelayStream {
+            seconds,
+            runs,
+            loss,
+            delay_ms,
+        } => relay_stream_table(seconds, runs, &loss, Duration::from_millis(delay_ms)),
         Command::Node {
             seconds,
             runs,

@@ -307,6 +307,87 @@ pub(crate) fn impairment_table(seconds: u64, runs: usize) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// `cyphonic-bed relay-stream`: see [`Command::RelayStream`].
+pub(crate) fn relay_stream_table(
+    seconds: u64,
+    runs: usize,
+    losses: &[f64],
+    delay: Duration,
+) -> anyhow::Result<()> {
+    println!(
+        "| A's link (netem terms) | TCP through the relay, both sides on UDP: Mbit/s, median (range) | A's side over TLS, the same | TLS / UDP, medians |"
+    );
+    println!("|---|---:|---:|---:|");
+    for loss in losses {
+        let opts = BedOptions {
+            cloud: Some(CloudOptions {
+                relay_stream: true,
+                ..CloudOptions::default()
+            }),
+            block_direct: true,
+            a: SiteOptions {
+                impair: Some(Impairment {
+                    loss: loss / 100.0,
+                    delay,
+                    ..Impairment::NONE
+                }),
+                ..SiteOptions::default()
+            },
+            ..BedOptions::default()
+        };
+        let bed = quick_bed(&opts, false, None)?;
+        bed.resolve(
+            &bed.a.lan,
+            std::net::Ipv4Addr::new(100, 64, 1, 1),
+            "host.gw2.ovl.example",
+        );
+        // A's peer relayed, established, its side over the stream (`over`) or not.
+        let relayed = |over: bool| {
+            cyphonic_e2e::wait_until(Duration::from_secs(60), "the pair relayed", || {
+                bed.status(Side::A).is_ok_and(|s| {
+                    let p = &s["peers"][0];
+                    p["route"] == "relay"
+                        && p["established"] == true
+                        && p["relay"]["stream"].is_null() != over
+                })
+            })
+            .with_context(|| bed.logs())
+        };
+        let runs_of = || -> anyhow::Result<Vec<f64>> {
+            measure::warm_up(&bed)?;
+            let mut all = Vec::new();
+            for _ in 0..runs.max(1) {
+                let t = measure::tcp(&bed, 1, seconds)?;
+                eprintln!(
+                    "cyphonic-bed relay-stream: loss {loss}%: {:.0} Mbit/s, {} retransmits",
+                    t.gbps * 1e3,
+                    t.retransmits
+                );
+                all.push(t.gbps);
+            }
+            Ok(all)
+        };
+        relayed(false)?;
+        let mut udp = runs_of()?;
+        bed.block_udp(Side::A, true)?;
+        relayed(true)?;
+        let mut tls = runs_of()?;
+        let (udp_median, udp_cell) = median_cell(&mut udp);
+        let (tls_median, tls_cell) = median_cell(&mut tls);
+        let link = Impairment {
+            loss: loss / 100.0,
+            delay,
+            ..Impairment::NONE
+        };
+        println!(
+            "| {} | {udp_cell} | {tls_cell} | {:.2} |",
+            link.netem(),
+            tls_median / udp_median
+        );
+    }
+    Ok(())
+}
+
 /// Goodputs in Gbit/s as a table cell: "median (lowest-highest)" in Mbit/s.
 pub(crate) fn median_cell(all: &mut [f64]) -> (f64, String) {
     all.sort_by(f64::total_cmp);
