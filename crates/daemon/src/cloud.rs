@@ -1096,9 +1096,8 @@ impl CloudLink {
         relay.clone()
     }
 
-    /// UDP to the cloud started or stopped working: every peer on a relay channel the
-    /// cloud gave moves to the channel as it is reached now (over the stream, or back to
-    /// UDP).
+    /// UDP to the cloud started or stopped working: every relayed peer moves to its channel
+    /// as it is reached now (over the stream, or back to UDP).
     fn move_relays(&mut self, control: &mut Control) {
         let now = Instant::now();
         for slot in control.shared().peers().all() {
@@ -1111,6 +1110,12 @@ impl CloudLink {
             let carried = self.streams.as_ref().and_then(|s| s.local_of(info.address));
             if current != info.address && Some(current) != carried {
                 // The engine holds another channel than the one remembered.
+                continue;
+            }
+            // A pair on a direct path that works needs no stream (the cloud's UDP ports may
+            // be all this network blocks); if that path dies, the relay asked for then
+            // comes over the stream.
+            if !self.udp_works && !slot.lock().is_relayed() {
                 continue;
             }
             let want = self.by_transport(&info);

@@ -81,6 +81,8 @@ struct Chan {
     token: [u8; 16],
     /// Its local socket: the channel's address to the engine.
     sock: Arc<UdpSocket>,
+    /// The tunnel socket, as that socket reaches it.
+    tunnel: SocketAddr,
     /// The task reading that socket.
     task: tokio::task::AbortHandle,
 }
@@ -189,7 +191,6 @@ impl Streams {
                 digest,
                 table.clone(),
                 (binds_rx, out_rx),
-                self.tunnel,
                 self.stats.clone(),
             ));
             Link { table, binds, out }
@@ -200,7 +201,17 @@ impl Streams {
         {
             return Ok(c.sock.local_addr()?);
         }
-        let std = std::net::UdpSocket::bind(SocketAddr::new(self.tunnel.ip(), 0))?;
+        let (std, tunnel) = match std::net::UdpSocket::bind(SocketAddr::new(self.tunnel.ip(), 0)) {
+            Ok(s) => (s, self.tunnel),
+            // A tunnel socket on every address of a host whose loopback has no IPv6: its
+            // IPv4 side.
+            Err(e) if self.tunnel.ip() == IpAddr::V6(Ipv6Addr::LOCALHOST) => {
+                let v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), self.tunnel.port());
+                let s = std::net::UdpSocket::bind(SocketAddr::new(v4.ip(), 0)).map_err(|_| e)?;
+                (s, v4)
+            }
+            Err(e) => return Err(e.into()),
+        };
         std.set_nonblocking(true)?;
         let sock = {
             let _in = self.runtime.enter();
@@ -212,7 +223,7 @@ impl Streams {
             .spawn(carry_out(
                 sock.clone(),
                 port,
-                self.tunnel,
+                tunnel,
                 link.out.clone(),
                 self.stats.clone(),
             ))
@@ -222,6 +233,7 @@ impl Streams {
             Chan {
                 token: relay.token,
                 sock,
+                tunnel,
                 task,
             },
         ) {
@@ -322,7 +334,6 @@ async fn run_link(
     digest: Option<[u8; 32]>,
     table: Table,
     (mut binds, mut out): (mpsc::Receiver<u16>, mpsc::Receiver<Vec<u8>>),
-    tunnel: SocketAddr,
     stats: Arc<StreamStats>,
 ) {
     let mut backoff = Duration::from_secs(1);
@@ -357,7 +368,7 @@ async fn run_link(
         while out.try_recv().is_ok() {}
         while binds.try_recv().is_ok() {}
         let why = tokio::select! {
-            why = read(&mut rd, &table, tunnel, &stats) => why,
+            why = read(&mut rd, &table, &stats) => why,
             why = write(&mut wr, &table, &nonce, &mut binds, &mut out, &stats) => why,
         };
         tracing::warn!(%relay, reason = why, "relay stream closed");
@@ -409,7 +420,6 @@ async fn read_message(rd: &mut (impl AsyncRead + Unpin)) -> std::io::Result<(u16
 async fn read(
     rd: &mut (impl AsyncRead + Unpin),
     table: &Table,
-    tunnel: SocketAddr,
     stats: &StreamStats,
 ) -> &'static str {
     let mut prefix = [0u8; 2];
@@ -425,8 +435,8 @@ async fn read(
             return "closed by the relay";
         }
         let port = u16::from_be_bytes([buf[0], buf[1]]);
-        let sock = lock(table).get(&port).map(|c| c.sock.clone());
-        let Some(sock) = sock else {
+        let sock = lock(table).get(&port).map(|c| (c.sock.clone(), c.tunnel));
+        let Some((sock, tunnel)) = sock else {
             bump(&stats.unknown_channel);
             continue;
         };
