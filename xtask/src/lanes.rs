@@ -42,10 +42,10 @@ pub(crate) struct Job {
 const SECONDS: &[(&str, u32)] = &[
     ("soak", 300),
     ("adapter", 235),
-    ("connectivity", 165),
+    ("cloud", 213),
+    ("connectivity", 196),
     ("hostile", 134),
     ("enroll", 82),
-    ("cloud", 77),
     ("policy", 80),
     ("lan", 69),
     ("sites", 72),
