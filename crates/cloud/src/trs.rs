@@ -468,12 +468,12 @@ impl Trs {
     async fn udp_datagram(&self, channel: &Channel, datagram: &[u8], from: SocketAddr) {
         let now_ms = crate::clock::unix_now_ms();
         let verdict = channel.judge(|s| s.datagram(datagram, from, now_ms, &self.challenger));
-        self.act(channel, verdict, datagram, &from.to_string())
-            .await;
+        self.act(channel, verdict, datagram, from).await;
     }
 
-    /// Does what the channel's rule said of `datagram` (from `from`, for the log).
-    async fn act(&self, channel: &Channel, verdict: Verdict, datagram: &[u8], from: &str) {
+    /// Does what the channel's rule said of `datagram` (from `from`, for the log: the source
+    /// address, or a stream's peer).
+    async fn act(&self, channel: &Channel, verdict: Verdict, datagram: &[u8], from: SocketAddr) {
         let stats = &self.stats;
         let (to, frame) = match verdict {
             Verdict::Bound { side, changed } => {
@@ -535,11 +535,10 @@ impl Trs {
     /// Queues `datagram` of the channel on `port` to the stream connection `conn`; a full
     /// queue drops it, counted.
     fn send_stream(&self, conn: u64, port: u16, datagram: &[u8]) -> bool {
-        let Some(tx) = self.streams.get(&conn).map(|t| t.clone()) else {
-            bump(&self.stats.refused);
-            return false;
-        };
-        let Some(message) = cyphonic_control::relay::stream_message(port, datagram) else {
+        let (Some(tx), Some(message)) = (
+            self.streams.get(&conn),
+            cyphonic_control::relay::stream_message(port, datagram),
+        ) else {
             bump(&self.stats.refused);
             return false;
         };
@@ -562,12 +561,8 @@ impl Trs {
             let tls = if s.tls.is_some() { "TLS" } else { "TCP" };
             format!(", stream ({tls}) on {}", s.listen)
         });
-        self.describe_ports(first, last) + &stream
-    }
-
-    fn describe_ports(&self, first: &u16, last: &u16) -> String {
         if self.config.addresses.is_empty() {
-            format!("ports {first}-{last} on every address")
+            format!("ports {first}-{last} on every address{stream}")
         } else {
             let a: Vec<String> = self
                 .config
@@ -575,7 +570,7 @@ impl Trs {
                 .iter()
                 .map(ToString::to_string)
                 .collect();
-            format!("ports {first}-{last} on {}", a.join(", "))
+            format!("ports {first}-{last} on {}{stream}", a.join(", "))
         }
     }
 

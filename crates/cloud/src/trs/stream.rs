@@ -152,7 +152,6 @@ impl Trs {
     /// Reads the connection's messages and does what each channel's rule says of them.
     async fn read(&self, rd: &mut (impl AsyncRead + Unpin), conn: &Conn) -> &'static str {
         let mut buf = vec![0u8; 2 + STREAM_MAX_DATAGRAM];
-        let from = conn.from.to_string();
         loop {
             let mut prefix = [0u8; 2];
             if rd.read_exact(&mut prefix).await.is_err() {
@@ -182,7 +181,7 @@ impl Trs {
                 conn.bound().insert(port);
                 conn.first_bind.notify_one();
             }
-            self.act(&channel, verdict, datagram, &from).await;
+            self.act(&channel, verdict, datagram, conn.from).await;
         }
     }
 
