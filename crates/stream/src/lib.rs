@@ -395,25 +395,34 @@ async fn connect(
         }
         None => Box::new(tcp),
     };
-    let (port, hello) = read_message(&mut io).await?;
+    let mut buf = [0u8; 64];
+    let (port, hello) = read_message(&mut io, &mut buf).await?;
     let nonce = (port == STREAM_OWN_PORT)
-        .then(|| parse_stream_hello(&hello))
+        .then(|| parse_stream_hello(hello))
         .flatten()
         .ok_or_else(|| std::io::Error::other("the relay's first message is no hello"))?;
     Ok((io, nonce))
 }
 
-/// One message: its channel port and its datagram.
-async fn read_message(rd: &mut (impl AsyncRead + Unpin)) -> std::io::Result<(u16, Vec<u8>)> {
+/// One message, read into `buf`: its channel port and its datagram. A length beyond the
+/// bound, or beyond `buf`, is `InvalidData`.
+async fn read_message<'b>(
+    rd: &mut (impl AsyncRead + Unpin),
+    buf: &'b mut [u8],
+) -> std::io::Result<(u16, &'b [u8])> {
     let mut prefix = [0u8; 2];
     rd.read_exact(&mut prefix).await?;
-    let n =
-        stream_length(prefix).ok_or_else(|| std::io::Error::other("a message beyond the bound"))?;
-    let mut buf = vec![0u8; n];
-    rd.read_exact(&mut buf).await?;
-    let port = u16::from_be_bytes([buf[0], buf[1]]);
-    buf.drain(..2);
-    Ok((port, buf))
+    let message = stream_length(prefix)
+        .and_then(|n| buf.get_mut(..n))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "a message beyond the bound",
+            )
+        })?;
+    rd.read_exact(message).await?;
+    let (port, datagram) = message.split_at(2);
+    Ok((u16::from_be_bytes([port[0], port[1]]), datagram))
 }
 
 /// Hands what the stream brings to the tunnel socket, from each channel's local socket.
@@ -422,26 +431,22 @@ async fn read(
     table: &Table,
     stats: &StreamStats,
 ) -> &'static str {
-    let mut prefix = [0u8; 2];
     let mut buf = vec![0u8; 2 + MAX_DATAGRAM];
     loop {
-        if rd.read_exact(&mut prefix).await.is_err() {
-            return "closed by the relay";
-        }
-        let Some(n) = stream_length(prefix) else {
-            return "a message beyond the bound";
+        let (port, datagram) = match read_message(rd, &mut buf).await {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                return "a message beyond the bound";
+            }
+            Err(_) => return "closed by the relay",
         };
-        if rd.read_exact(&mut buf[..n]).await.is_err() {
-            return "closed by the relay";
-        }
-        let port = u16::from_be_bytes([buf[0], buf[1]]);
         let sock = lock(table).get(&port).map(|c| (c.sock.clone(), c.tunnel));
         let Some((sock, tunnel)) = sock else {
             bump(&stats.unknown_channel);
             continue;
         };
         // A full socket buffer at the tunnel socket drops it, as the network would.
-        if sock.try_send_to(&buf[2..n], tunnel).is_ok() {
+        if sock.try_send_to(datagram, tunnel).is_ok() {
             bump(&stats.received);
         }
     }
