@@ -412,14 +412,11 @@ impl Probing {
     ) -> Option<(Event, Option<bool>)> {
         let from = SocketAddr::new(from.ip().to_canonical(), from.port());
         let to = *self.to.iter().find(|to| **to == from)?;
-        self.waiting = None;
-        let changed = (self.udp != Some(true)).then_some(true);
-        self.udp = Some(true);
         let probe = Event::Probe {
             to,
             frame: self.prober.next_frame(Some(&cookie)),
         };
-        Some((probe, changed))
+        Some((probe, self.judged(true)))
     }
 
     /// When the round under way has waited long enough.
@@ -432,10 +429,15 @@ impl Probing {
         if self.deadline().is_none_or(|d| now < d) {
             return None;
         }
+        self.judged(false)
+    }
+
+    /// The round under way is judged: UDP `works` or not; `Some(works)` when that is news.
+    fn judged(&mut self, works: bool) -> Option<bool> {
         self.waiting = None;
-        let changed = (self.udp != Some(false)).then_some(false);
-        self.udp = Some(false);
-        changed
+        let news = self.udp != Some(works);
+        self.udp = Some(works);
+        news.then_some(works)
     }
 
     /// How often rounds go: faster while no challenge answers them.
