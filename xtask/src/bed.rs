@@ -39,26 +39,85 @@ pub(crate) fn prerequisites() -> anyhow::Result<()> {
     util::install_missing("the bed", TOOLS)
 }
 
-/// The native build of `cargo xtask test`: every package with its dev-dependencies, libraries,
-/// programs (the bed's among them) and tests. A build of some packages, or without their
-/// tests, resolves the dependencies' features differently and compiles dozens of them again
-/// (the bed's programs and the kernel tier's tests each did, 4 minutes apiece on a fresh
-/// machine), so every tier runs what this one build made.
-const TEST_BUILD: &[&str] = &[
-    "build",
-    "--workspace",
-    "--locked",
-    "--lib",
-    "--bins",
-    "--tests",
+/// The native build of `cargo xtask test`: every package with its dev-dependencies, every
+/// target (libraries, programs, the bed's among them, tests and benchmarks). A build of some
+/// packages, or without their tests, resolves the dependencies' features differently and
+/// compiles dozens of them again (the bed's programs and the kernel tier's tests each did, 4
+/// minutes apiece on a fresh machine), so every tier runs what this one build made.
+///
+/// The build is also the lint: the workspace's own crates are compiled by clippy's driver
+/// with warnings denied ([`LINT`]), which is what `cargo clippy --all-targets -- -D
+/// warnings` does in check mode. A separate clippy run checked every dependency once more:
+/// 7 minutes of a cold run.
+const TEST_BUILD: &[&str] = &["build", "--workspace", "--locked", "--all-targets"];
+
+/// The environment of every cargo command that builds in `target` for `cargo xtask test`:
+/// clippy's driver compiles the workspace's crates (not the dependencies: cargo's
+/// `RUSTC_WORKSPACE_WRAPPER`), with its lints' warnings and the compiler's denied
+/// (`CLIPPY_ARGS`, as `cargo clippy` passes them). The wrapper is part of what cargo hashes
+/// for those crates: a command that builds the same units without it compiles them again,
+/// so the build, the test listing and the doctests all take this.
+pub(crate) const LINT: [(&str, &str); 2] = [
+    ("RUSTC_WORKSPACE_WRAPPER", "clippy-driver"),
+    (
+        "CLIPPY_ARGS",
+        "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
+    ),
 ];
 
-/// Builds [`TEST_BUILD`]; the bed's programs are then in target/debug.
+/// [`LINT`] as a command's environment.
+pub(crate) fn lint_env() -> Vec<(String, String)> {
+    LINT.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Proves that [`LINT`] denies a lint: clippy's driver, given it, must refuse a snippet that
+/// compares a length with zero (`clippy::len_zero`). If clippy ever stopped reading
+/// `CLIPPY_ARGS`, the build would pass with every lint a mere warning; this fails instead.
 ///
 /// # Errors
-/// The build fails.
+/// The driver cannot run, or it accepted the snippet.
+pub(crate) fn lint_denies(root: &Path) -> anyhow::Result<()> {
+    let dir = root.join("target/lint-canary");
+    std::fs::create_dir_all(&dir)?;
+    let source = dir.join("canary.rs");
+    std::fs::write(
+        &source,
+        "pub fn empty(v: &[u8]) -> bool {\n    v.len() == 0\n}\n",
+    )?;
+    let out = Command::new(LINT[0].1)
+        .args([
+            "rustc",
+            "--edition=2024",
+            "--crate-type=lib",
+            "--emit=metadata",
+        ])
+        .arg("--out-dir")
+        .arg(&dir)
+        .arg(&source)
+        .env(LINT[1].0, LINT[1].1)
+        .current_dir(root)
+        .output()
+        .context("running clippy's driver (rustup component add clippy)")?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        !out.status.success() && said.contains("clippy::len_zero"),
+        "clippy's driver accepted a snippet that `clippy::len_zero` denies: the build would not \
+         lint ({}): {said}",
+        out.status
+    );
+    Ok(())
+}
+
+/// Builds [`TEST_BUILD`] under [`LINT`], after [`lint_denies`]; the bed's programs are then
+/// in target/debug.
+///
+/// # Errors
+/// The lint is not denied, or the build fails (a lint among the reasons).
 pub(crate) fn build_for_tests(root: &Path) -> anyhow::Result<()> {
-    util::cargo(root, TEST_BUILD)
+    lint_denies(root)?;
+    util::cargo_with(root, TEST_BUILD, &lint_env())
 }
 
 /// Builds what `cargo build --release` builds (every package's libraries and programs, the
@@ -120,6 +179,7 @@ pub(crate) fn test_programs(root: &Path) -> anyhow::Result<Programs> {
             "--no-run",
             "--message-format=json",
         ])
+        .envs(LINT)
         .current_dir(root)
         .stderr(std::process::Stdio::inherit())
         .output()

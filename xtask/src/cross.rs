@@ -1,5 +1,5 @@
-//! The Raspberry Pi's architecture, tested on this one: the unit tier of what the Pi runs
-//! built for `aarch64-unknown-linux-gnu` and run under qemu-user, and the demo (the cloud,
+//! The Raspberry Pi's architecture, tested on this one: the unit tier of the Pi's packet
+//! path ([`SELECTION`]) built for `aarch64-unknown-linux-gnu` and run under qemu-user, and the demo (the cloud,
 //! two adapters, DHCP devices, a node, ping and iperf3 by name) with the aarch64 build of the
 //! node under the emulator; the packages of the adapter and the node. Endianness, alignment,
 //! atomics and the AEAD backends of the Pi's architecture are exercised here rather than
@@ -42,34 +42,45 @@ fn environment(target: &dist::Target, b: &dist::Build) -> anyhow::Result<Vec<(St
     Ok(env)
 }
 
-/// What the aarch64 tier builds and tests: every package the Pi runs, with their tests; not
-/// the end-to-end tests (which need the bed's privileges) and their reports, xtask, the
-/// benchmarks, nor the cloud. Libraries, programs and their tests.
-const SELECTION: [&str; 15] = [
-    "--workspace",
-    "--exclude",
-    "cyphonic-e2e",
-    "--exclude",
-    "cyphonic-report",
-    "--exclude",
-    "xtask",
-    // The benchmarks' crate: criterion's tree, and nothing of the Pi's code paths that
-    // the other crates' tests do not exercise.
-    "--exclude",
-    "cyphonic-benches",
-    // The cloud runs on a server, not on the gateway: its SQL stack (sqlx, SQLite's C
-    // source) was a fifth of this build, and its code has nothing of the Pi's. `cargo xtask
-    // dist --target aarch64-unknown-linux-gnu` still builds and packages it.
-    "--exclude",
-    "cyphonic-cloud",
+/// What the aarch64 tier builds and tests: the Pi's two programs and the crates of their
+/// packet path, with their tests. Those are where the architecture shows: the AEAD's vector
+/// code (crypto), packet sockets, `recvmmsg` and their structures (netio, the only crate
+/// with `unsafe`), the pipeline's atomics under arm64's weaker memory order, checksums and
+/// offloads, the tunnel's socket, the session's counters. The other crates the programs
+/// link (settings, DHCP, DNS, the control channel and the cloud's clients, HA, telemetry)
+/// are plain logic over bytes and integers, the same on two 64-bit little-endian machines:
+/// they are compiled here for the programs, and tested natively only. Not the cloud (a server's program: `cargo xtask dist --target
+/// aarch64-unknown-linux-gnu` still builds and packages it), the end-to-end tests, xtask
+/// nor the benchmarks.
+const SELECTION: [&str; 24] = [
+    "--package",
+    "cyphonic-adapter",
+    "--package",
+    "cyphonic-node",
+    "--package",
+    "cyphonic-wire",
+    "--package",
+    "cyphonic-crypto",
+    "--package",
+    "cyphonic-session",
+    "--package",
+    "cyphonic-pipeline",
+    "--package",
+    "cyphonic-netio",
+    "--package",
+    "cyphonic-offload",
+    "--package",
+    "cyphonic-tunnel",
+    "--package",
+    "cyphonic-gateway",
     "--locked",
     "--lib",
     "--bins",
     "--tests",
 ];
 
-/// The unit tier (every unit and integration test that needs no privileges; not the
-/// doctests, whose examples the native tier runs) built for the Pi and run under the
+/// The unit tier of [`SELECTION`] (its unit and integration tests; not the doctests, whose
+/// examples the native tier runs) built for the Pi and run under the
 /// emulator. One build makes the tests and the programs together (`cargo build --bins
 /// --tests`): building the programs apart would resolve the dependencies' features without
 /// the dev-dependencies and compile many of them a second time. Returns the directory of the

@@ -326,18 +326,6 @@ fn test() -> anyhow::Result<()> {
     // the kernel tier's waits on its network, the soak. Stopped if the run fails first.
     let background = background::Builds::start(&root)?;
     util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
-    util::cargo(
-        &root,
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--locked",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    )?;
     // Every intra-doc link resolves and the docs hold no broken HTML: rustdoc's lints,
     // denied (about 2 minutes on a fresh machine, 10 s warm).
     util::cargo_with(
@@ -345,7 +333,8 @@ fn test() -> anyhow::Result<()> {
         &["doc", "--workspace", "--no-deps", "--locked"],
         &[("RUSTDOCFLAGS".into(), "-D warnings".into())],
     )?;
-    // One build for the whole native tier (see bed::build_for_tests).
+    // One build for the whole native tier, which is also clippy's lint of every target
+    // (see bed::build_for_tests).
     bed::build_for_tests(&root)?;
     // Unit tier: everything that needs no privileges, from the test programs that build
     // made (`cargo test --exclude cyphonic-e2e` would resolve the dependencies' features
@@ -353,7 +342,11 @@ fn test() -> anyhow::Result<()> {
     // machine), then the doctests.
     let programs = bed::test_programs(&root)?;
     bed::run_programs(&programs.unit, &[])?;
-    util::cargo(&root, &["test", "--workspace", "--locked", "--doc"])?;
+    util::cargo_with(
+        &root,
+        &["test", "--workspace", "--locked", "--doc"],
+        &bed::lint_env(),
+    )?;
     // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries (just built) and
     // real tools. Needs root; fails (never skips) without it. Each program runs its tests
     // one at a time (they share the CPUs with the daemons they start); two programs, or a
