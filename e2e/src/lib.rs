@@ -402,10 +402,16 @@ impl Drop for Proc {
     }
 }
 
-/// A veth pair between two namespaces: `a` in `ns_a`, `b` in `ns_b`, both up.
+/// A veth pair between two namespaces: `a` in `ns_a`, `b` in `ns_b`, both up, and ready to
+/// carry frames.
+///
+/// Ready means the kernel's link watcher has seen the carrier (operational state `UP`): until
+/// it runs, the device's queue discipline is `noop`, which drops every frame sent, and it
+/// runs up to a second later, more on a loaded machine. A test that sent at once lost its
+/// frames so (the netio segmentation test, with three test programs running at once).
 ///
 /// # Errors
-/// `ip link` failing.
+/// `ip link` failing, or an end not ready within 10 s.
 pub fn veth(ns_a: &Netns, a: &str, ns_b: &Netns, b: &str) -> anyhow::Result<()> {
     ensure!(
         a.len() < 16 && b.len() < 16,
@@ -428,7 +434,21 @@ pub fn veth(ns_a: &Netns, a: &str, ns_b: &Netns, b: &str) -> anyhow::Result<()> 
     ])?;
     ns_a.ip(&["link", "set", "dev", a, "up"])?;
     ns_b.ip(&["link", "set", "dev", b, "up"])?;
+    for (ns, name) in [(ns_a, a), (ns_b, b)] {
+        wait_until(
+            Duration::from_secs(10),
+            &format!("{name} to carry frames"),
+            || link_carries(ns, name),
+        )?;
+    }
     Ok(())
+}
+
+/// Whether the link watcher has brought `name` in `ns` to operational state `UP` (and so
+/// given it its queue discipline).
+fn link_carries(ns: &Netns, name: &str) -> bool {
+    ns.ip(&["-o", "link", "show", "dev", name])
+        .is_ok_and(|line| line.contains(" state UP "))
 }
 
 /// Polls `f` every 50 ms until it returns true or `within` passes.
