@@ -1,16 +1,18 @@
-//! The kernel tier's test programs and the short soak, two at a time.
+//! The kernel tier's test programs and the short soak, three at a time.
 //!
 //! One at a time they left the machine idle more than half of the time (40% of two cores
 //! over the 13-minute tier: most tests wait on timers, handshakes and renewals), and the
-//! soak's five minutes came after them. Two lanes take jobs from one queue, longest first.
+//! soak's five minutes came after them. Two lanes took 13 minutes for 26 minutes of jobs,
+//! more than a warm run may take with the rest (15 minutes); three lanes take jobs from one
+//! queue, longest first, the soak on a lane of its own for most of its time.
 //! Each job is still a single process running its tests one at a time: no two tests of one
 //! program overlap, and every test names its namespaces by its process (`cyphonic_e2e::unique`)
 //! and sweeps only what dead processes left (`cyphonic_e2e::ledger`), so two programs never
 //! meet on the machine.
 //!
 //! A job's output goes to a log file of its own and is printed whole when the job ends, so
-//! that the two lanes' lines never interleave. Once a job fails, no further job starts; the
-//! one running on the other lane is let finish (a test program killed leaves its namespaces
+//! that the lanes' lines never interleave. Once a job fails, no further job starts; those
+//! running on the other lanes are let finish (a test program killed leaves its namespaces
 //! to the next run's sweep), and the run fails naming every failed job.
 
 use std::collections::VecDeque;
@@ -22,7 +24,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 
 /// How many jobs run at once.
-pub(crate) const LANES: usize = 2;
+pub(crate) const LANES: usize = 3;
 
 /// One job: a command, what to call it, and about how long it takes.
 #[derive(Debug)]
@@ -228,25 +230,21 @@ mod tests {
     fn after_a_failure_no_further_job_starts() {
         let dir = std::env::temp_dir().join(format!("xtask-lanes-stop-{}", std::process::id()));
         let marker = dir.join("ran");
-        // Both lanes start with a failing job; the third must not start.
-        let jobs = vec![
-            Job {
-                seconds: 3,
-                ..job("first", "false", &[])
-            },
-            Job {
-                seconds: 2,
-                ..job("second", "false", &[])
-            },
-            Job {
-                seconds: 1,
-                ..job(
-                    "third",
-                    "sh",
-                    &["-c", &format!("touch {}", marker.display())],
-                )
-            },
-        ];
+        // Every lane starts with a failing job; the one after them must not start.
+        let mut jobs: Vec<Job> = (0..LANES)
+            .map(|i| Job {
+                seconds: 10 + u32::try_from(i).unwrap(),
+                ..job(&format!("failing{i}"), "false", &[])
+            })
+            .collect();
+        jobs.push(Job {
+            seconds: 1,
+            ..job(
+                "after",
+                "sh",
+                &["-c", &format!("touch {}", marker.display())],
+            )
+        });
         assert!(run(jobs, &dir).is_err());
         assert!(!marker.exists(), "a job started after the failures");
         let _ = std::fs::remove_dir_all(&dir);

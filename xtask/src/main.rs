@@ -319,20 +319,14 @@ fn soak_command(
 fn test() -> anyhow::Result<()> {
     let root = util::root();
     // First, at the lowest priority, the builds that need no privileges and nothing of the
-    // rest: the Pi's (tests and programs; the longest build of the run), then the fuzz
-    // targets' check (they live outside the workspace: cargo-fuzz builds them with nightly
-    // and sanitizers; this makes sure they still compile against the current APIs). They
+    // rest: the Pi's (tests and programs; the longest build of the run), the documentation
+    // with rustdoc's lints denied, then the fuzz targets' check (they live outside the
+    // workspace: cargo-fuzz builds them with nightly and sanitizers; this makes sure they
+    // still compile against the current APIs). They
     // take what the foreground leaves idle: the single-crate tails of the native builds,
     // the kernel tier's waits on its network, the soak. Stopped if the run fails first.
     let background = background::Builds::start(&root)?;
     util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
-    // Every intra-doc link resolves and the docs hold no broken HTML: rustdoc's lints,
-    // denied (about 2 minutes on a fresh machine, 10 s warm).
-    util::cargo_with(
-        &root,
-        &["doc", "--workspace", "--no-deps", "--locked"],
-        &[("RUSTDOCFLAGS".into(), "-D warnings".into())],
-    )?;
     // One build for the whole native tier, which is also clippy's lint of every target
     // (see bed::build_for_tests).
     bed::build_for_tests(&root)?;
