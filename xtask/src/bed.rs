@@ -57,7 +57,7 @@ const TEST_BUILD: &[&str] = &["build", "--workspace", "--locked", "--all-targets
 /// (`CLIPPY_ARGS`, as `cargo clippy` passes them). The wrapper is part of what cargo hashes
 /// for those crates: a command that builds the same units without it compiles them again,
 /// so the build, the test listing and the doctests all take this.
-pub(crate) const LINT: [(&str, &str); 2] = [
+const LINT: [(&str, &str); 2] = [
     ("RUSTC_WORKSPACE_WRAPPER", "clippy-driver"),
     (
         "CLIPPY_ARGS",
@@ -78,7 +78,7 @@ pub(crate) fn lint_env() -> Vec<(String, String)> {
 ///
 /// # Errors
 /// The driver cannot run, or it accepted the snippet.
-pub(crate) fn lint_denies(root: &Path) -> anyhow::Result<()> {
+fn lint_denies(root: &Path) -> anyhow::Result<()> {
     let dir = root.join("target/lint-canary");
     std::fs::create_dir_all(&dir)?;
     let source = dir.join("canary.rs");
