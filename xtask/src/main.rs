@@ -322,9 +322,9 @@ fn test() -> anyhow::Result<()> {
     // rest: the Pi's (tests and programs; the longest build of the run), the documentation
     // with rustdoc's lints denied, then the fuzz targets' check (they live outside the
     // workspace: cargo-fuzz builds them with nightly and sanitizers; this makes sure they
-    // still compile against the current APIs). They
-    // take what the foreground leaves idle: the single-crate tails of the native builds,
-    // the kernel tier's waits on its network, the soak. Stopped if the run fails first.
+    // still compile against the current APIs). They take what the foreground leaves idle:
+    // the single-crate tails of the native builds, the kernel tier's waits on its network,
+    // the soak. Stopped if the run fails first.
     let background = background::Builds::start(&root)?;
     util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
     // One build for the whole native tier, which is also clippy's lint of every target
@@ -343,9 +343,9 @@ fn test() -> anyhow::Result<()> {
     )?;
     // Kernel tier: network namespaces, veth, AF_PACKET, the real binaries (just built) and
     // real tools. Needs root; fails (never skips) without it. Each program runs its tests
-    // one at a time (they share the CPUs with the daemons they start); two programs, or a
-    // program and the short soak, run at once (see lanes). The native demo and packages
-    // follow, while the Pi's build may still run.
+    // one at a time (they share the CPUs with the daemons they start); three jobs, the
+    // short soak among them, run at once (see lanes). The native demo and packages follow,
+    // while the background builds may still run.
     let mut jobs: Vec<lanes::Job> = programs
         .kernel
         .iter()
