@@ -53,7 +53,7 @@ pub(crate) const PROGRAMS: [Program; 3] = [
         config: "node.toml",
         example: "node.example.toml",
         synopsis: "overlay member for a single host",
-        description: "The node puts the host it runs on onto the overlay through a TUN interface, with its own certificate, and resolves the overlay's names for it.",
+        description: "The node puts the host it runs on onto the overlay through a TUN interface, with its own certificate, and resolves the overlay's names for it. Without privileges it runs the overlay's TCP in the process instead, behind a SOCKS5 proxy and port forwards on loopback.",
     },
     Program {
         name: "cyphonic-cloud",

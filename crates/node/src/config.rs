@@ -17,6 +17,38 @@ cyphonic_settings::config_file! {
     struct Raw {
         /// The node.
         node: RawNode,
+        /// The node without a TUN device.
+        userspace: Option<RawUserspace> = None,
+    }
+}
+
+cyphonic_settings::table! {
+    /// The node without a TUN device. Present, the node opens no device and needs
+    /// no privileges: the overlay's TCP runs inside it (`node.interface` and the TUN side's
+    /// `[dataplane]` keys are not used), reached through a SOCKS5 proxy and static forwards on
+    /// loopback; it resolves overlay names with its DNS stub (on `dns.listen`, by default
+    /// a free port of 127.0.0.1). Other programs of the host reach the overlay only through
+    /// them.
+    struct RawUserspace in "userspace" {
+        /// A SOCKS5 proxy (CONNECT, no authentication: it acts as this node, so only on a
+        /// loopback address) to overlay names and addresses. Unset: none.
+        socks5: Option<Spanned<SocketAddr>> = None,
+        /// Connections through the overlay at once, proxied and forwarded (1 to 4096); each
+        /// holds 256 KiB of buffers.
+        connections: Spanned<u32> = cyphonic_settings::unwritten(256),
+        /// Static forwards: a local port to an overlay name or address and port.
+        forward: Vec<RawForward> = Vec::new(),
+    }
+}
+
+cyphonic_settings::table! {
+    /// A static forward: each connection to `listen` is carried to `to` through the overlay.
+    struct RawForward in "userspace.forward" {
+        /// The local address and port, on a loopback address.
+        listen: Spanned<SocketAddr>,
+        /// Where it goes: an overlay name or address, and a port (`cam.gw1.ovl.example:554`,
+        /// `100.64.1.20:22`, `[fd7a:0:1:100::20]:22`).
+        to: Spanned<String>,
     }
 }
 
@@ -75,7 +107,34 @@ pub struct NodeConfig {
     /// `dataplane.defer_checksums`: with offloads, checksums the host left partial go through
     /// the tunnel for the far end to complete (docs/protocol.md §1).
     pub defer_checksums: bool,
+    /// `[userspace]`: no TUN device, the overlay's TCP in the process.
+    pub userspace: Option<Userspace>,
 }
+
+/// `[userspace]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Userspace {
+    /// The SOCKS5 proxy's address.
+    pub socks5: Option<SocketAddr>,
+    /// Connections through the overlay at once.
+    pub connections: usize,
+    /// The static forwards.
+    pub forwards: Vec<Forward>,
+}
+
+/// A static forward, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    /// The local address.
+    pub listen: SocketAddr,
+    /// The overlay name or address it goes to.
+    pub host: String,
+    /// And the port.
+    pub port: u16,
+}
+
+/// The most connections `userspace.connections` may say.
+const CONNECTIONS_MAX: u32 = 4096;
 
 impl AsRef<Common> for NodeConfig {
     fn as_ref(&self) -> &Common {
@@ -99,6 +158,7 @@ impl NodeConfig {
                 RawDataplane::defer_checksums,
                 self.defer_checksums != new.defer_checksums,
             ),
+            (RawUserspace::socks5, self.userspace != new.userspace),
         ])
     }
 }
@@ -144,8 +204,16 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
             ),
         );
     }
+    let userspace = raw
+        .userspace
+        .as_ref()
+        .map(|u| check_userspace(u, src, &common))
+        .transpose()?;
     let dns_listen = match (&common.dns, &raw.dns.listen) {
         (None, _) => None,
+        // Without a TUN device our vIP is on no interface of the host: the stub is the
+        // proxy's own, on loopback.
+        (Some(_), None) if userspace.is_some() => Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         (Some(_), None) => Some(SocketAddr::from((vip, 53))),
         (Some(_), Some(l)) => {
             let a = *l.get_ref();
@@ -174,8 +242,112 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
         dns_listen,
         tun_offload: raw.dataplane.tun_offload,
         defer_checksums: raw.dataplane.defer_checksums,
+        userspace,
     };
     Ok((config, identity))
+}
+
+/// `[userspace]`: the proxy and forwards on loopback, each address once, forwards to a host
+/// and port (an address in the overlay), at least one way in.
+fn check_userspace(
+    u: &RawUserspace,
+    src: &Source<'_>,
+    common: &Common,
+) -> Result<Userspace, ConfigError> {
+    let mut taken: Vec<SocketAddr> = Vec::new();
+    let mut local = |a: &Spanned<SocketAddr>, key: &str| {
+        let addr = *a.get_ref();
+        if !addr.ip().is_loopback() {
+            return src.err(
+                &a.span(),
+                key,
+                format!("{addr}: it acts as this node in the overlay: give a loopback address"),
+            );
+        }
+        if addr.port() == 0 || taken.contains(&addr) {
+            return src.err(
+                &a.span(),
+                key,
+                format!("{addr}: give a port of its own (not 0, not used by another key here)"),
+            );
+        }
+        taken.push(addr);
+        Ok(addr)
+    };
+    let socks5 = u
+        .socks5
+        .as_ref()
+        .map(|a| local(a, RawUserspace::socks5))
+        .transpose()?;
+    let mut forwards = Vec::new();
+    for (i, f) in u.forward.iter().enumerate() {
+        let key = cyphonic_settings::indexed(RawForward::listen, i);
+        let listen = local(&f.listen, &key)?;
+        let to_key = cyphonic_settings::indexed(RawForward::to, i);
+        let Some((host, port)) = split_host_port(f.to.get_ref()) else {
+            return src.err(
+                &f.to.span(),
+                &to_key,
+                format!(
+                    "{:?} is not a name or address and a port (`cam.gw1.ovl.example:554`)",
+                    f.to.get_ref()
+                ),
+            );
+        };
+        if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+            let inside = match ip {
+                std::net::IpAddr::V4(v4) => common.overlay.contains(&v4),
+                std::net::IpAddr::V6(v6) => common.ipv6.is_some_and(|(_, o)| o.contains(&v6)),
+            };
+            if !inside {
+                return src.err(
+                    &f.to.span(),
+                    &to_key,
+                    format!("{ip} is not in the overlay: the node reaches nothing else"),
+                );
+            }
+        }
+        forwards.push(Forward { listen, host, port });
+    }
+    if socks5.is_none() && forwards.is_empty() {
+        return src.err(
+            &(0..0),
+            RawUserspace::socks5,
+            "give `socks5` or a `[[userspace.forward]]`: without either nothing reaches the overlay",
+        );
+    }
+    let connections = *u.connections.get_ref();
+    if !(1..=CONNECTIONS_MAX).contains(&connections) {
+        return src.err(
+            &u.connections.span(),
+            RawUserspace::connections,
+            format!("{connections} is outside 1..={CONNECTIONS_MAX}"),
+        );
+    }
+    Ok(Userspace {
+        socks5,
+        connections: usize::try_from(connections).unwrap_or(usize::MAX),
+        forwards,
+    })
+}
+
+/// `host:port` (a name, an IPv4 address, or an IPv6 address in brackets; a port not 0).
+fn split_host_port(s: &str) -> Option<(String, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.strip_suffix(']')?.parse::<Ipv6Addr>().ok()?.to_string(),
+        None if host.contains(':') => return None,
+        None => host.to_owned(),
+    };
+    let name_like = host.len() <= 253
+        && !host.is_empty()
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    (name_like || host.parse::<std::net::IpAddr>().is_ok()).then_some((host, port))
 }
 
 /// [`NodeConfig::ipv6`] from our IPv6 block and the overlay's range: a /128's address, else
@@ -295,6 +467,76 @@ mod tests {
         );
     }
 
+    /// `[userspace]`: the proxy and forwards parsed, the DNS stub on a free loopback port
+    /// (our vIP is on no interface); each mistake named at its key: an address off loopback
+    /// (the proxy acts as this node), a port twice, a target that is not a host and port or
+    /// lies outside the overlay, a bound out of range, no way in at all.
+    #[test]
+    fn userspace_is_checked() {
+        let f = fixture("100.64.3.0/24");
+        let base = "[node]\n\n[identity]\ncertificate = \"laptop.ovl.example.crt\"\nkey = \"laptop.ovl.example.key\"\nca = \"ca.crt\"\n";
+        let good = format!(
+            "{base}[userspace]\nsocks5 = \"127.0.0.1:1080\"\n[[userspace.forward]]\nlisten = \"127.0.0.1:8554\"\nto = \"cam.gw1.ovl.example:554\"\n[[userspace.forward]]\nlisten = \"[::1]:2222\"\nto = \"100.64.1.20:22\"\n"
+        );
+        let (c, _) = load_text(&f, &good).unwrap();
+        let u = c.userspace.unwrap();
+        assert_eq!(u.socks5, Some("127.0.0.1:1080".parse().unwrap()));
+        assert_eq!(u.connections, 256);
+        assert_eq!(
+            u.forwards,
+            [
+                Forward {
+                    listen: "127.0.0.1:8554".parse().unwrap(),
+                    host: "cam.gw1.ovl.example".into(),
+                    port: 554
+                },
+                Forward {
+                    listen: "[::1]:2222".parse().unwrap(),
+                    host: "100.64.1.20".into(),
+                    port: 22
+                },
+            ]
+        );
+        assert_eq!(c.dns_listen, Some("127.0.0.1:0".parse().unwrap()));
+        let (tun, _) = load_text(&f, base).unwrap();
+        assert_eq!(tun.userspace, None);
+
+        let with = |table: &str| format!("{base}[userspace]\n{table}");
+        for (table, expect) in [
+            (
+                "socks5 = \"0.0.0.0:1080\"\n",
+                "key `userspace.socks5`: 0.0.0.0:1080: it acts as this node in the overlay: give a loopback address",
+            ),
+            (
+                "socks5 = \"127.0.0.1:1080\"\n[[userspace.forward]]\nlisten = \"127.0.0.1:1080\"\nto = \"a.ovl.example:1\"\n",
+                "key `userspace.forward[0].listen`: 127.0.0.1:1080: give a port of its own",
+            ),
+            (
+                "[[userspace.forward]]\nlisten = \"127.0.0.1:22\"\nto = \"cam.gw1.ovl.example\"\n",
+                "key `userspace.forward[0].to`: \"cam.gw1.ovl.example\" is not a name or address and a port",
+            ),
+            (
+                "[[userspace.forward]]\nlisten = \"127.0.0.1:22\"\nto = \"fd7a::1:22\"\n",
+                "key `userspace.forward[0].to`",
+            ),
+            (
+                "[[userspace.forward]]\nlisten = \"127.0.0.1:22\"\nto = \"192.0.2.1:22\"\n",
+                "key `userspace.forward[0].to`: 192.0.2.1 is not in the overlay",
+            ),
+            (
+                "socks5 = \"127.0.0.1:1080\"\nconnections = 0\n",
+                "key `userspace.connections`: 0 is outside 1..=4096",
+            ),
+            (
+                "",
+                "key `userspace.socks5`: give `socks5` or a `[[userspace.forward]]`",
+            ),
+        ] {
+            let e = load_text(&f, &with(table)).unwrap_err().to_string();
+            assert!(e.contains(expect), "{table}: {e}");
+        }
+    }
+
     /// Each mistake is reported with the file, its line and its key.
     #[test]
     fn mistakes_name_the_line_and_key() {
@@ -376,6 +618,15 @@ mod tests {
     /// config/node.example.toml sets every key the code accepts.
     #[test]
     fn the_example_documents_every_key() {
-        assert_documents_every_key::<Raw>(EXAMPLE, "config/node.example.toml", &[]);
+        assert_documents_every_key::<Raw>(
+            EXAMPLE,
+            "config/node.example.toml",
+            &[
+                "userspace.socks5",
+                "userspace.connections",
+                "userspace.forward.listen",
+                "userspace.forward.to",
+            ],
+        );
     }
 }

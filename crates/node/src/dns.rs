@@ -273,6 +273,11 @@ impl Stub {
         }
     }
 
+    /// Where the stub answers (its port, when `dns.listen` left it to the system).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.sock.local_addr().ok()
+    }
+
     /// The stub's part of the status document.
     fn status(&self) -> DnsStatus {
         let listen = self.sock.local_addr().map(|a| a.to_string()).ok();

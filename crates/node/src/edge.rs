@@ -1,9 +1,12 @@
-//! The node's edge of the engine: the TUN device ([`crate::tun`]) and the DNS stub
-//! ([`crate::dns`]), as the shared daemon core (`cyphonic-daemon`) runs them. It opens the
-//! device, hands the core the TUN sink, starts the `cy-tun` thread, and reports the TUN side
-//! and the stub.
+//! The node's edge of the engine: the TUN device ([`crate::tun`]) or, with `[userspace]`,
+//! the stack in the process ([`crate::userspace`]), and the DNS stub ([`crate::dns`]), as the
+//! shared daemon core (`cyphonic-daemon`) runs them. It opens the device (or binds the local
+//! listeners), hands the core the sink, starts the `cy-tun` (or `cy-stack`) thread, and
+//! reports the node and the stub.
 
 use std::sync::{Arc, Mutex, PoisonError};
+
+use anyhow::Context as _;
 
 use cyphonic_daemon::status::DnsStatus;
 use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext};
@@ -14,14 +17,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::NodeConfig;
 use crate::dns::{NodeServices, Stub};
-use crate::tun::{TunCounters, TunReader, TunSide, TunSink};
+use crate::overlay::{NodeCounters, Ours};
+use crate::tun::{TunReader, TunSide, TunSink};
+use crate::userspace::{Listeners, StackSide, StackSink, StackThread};
 
 /// The node in the status document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
     /// Our FQDN.
     pub name: String,
-    /// The TUN interface.
+    /// The TUN interface (`userspace` without one).
     pub interface: String,
     /// Our vIP.
     pub vip: String,
@@ -41,60 +46,116 @@ pub struct NodeStatus {
 }
 
 /// The node's status document.
-pub type NodeDocument = cyphonic_daemon::Status<NodeStatus, TunCounters>;
+pub type NodeDocument = cyphonic_daemon::Status<NodeStatus, NodeCounters>;
 
 /// The node's edge.
 #[derive(Debug)]
 pub struct NodeEdge<'a> {
     config: &'a NodeConfig,
-    side: Arc<TunSide>,
+    side: Side,
     dns: Arc<Mutex<Option<DnsStatus>>>,
+    /// Where the DNS stub answers, once it runs.
+    stub_at: Option<std::net::SocketAddr>,
+}
+
+/// What carries the host's packets.
+#[derive(Debug)]
+enum Side {
+    /// The TUN device.
+    Tun(Arc<TunSide>),
+    /// The stack in the process: its side, and until its thread starts, the channel's end
+    /// it reads and its local listeners.
+    Stack(
+        Arc<StackSide>,
+        Option<(tokio::sync::mpsc::Receiver<Vec<u8>>, Listeners)>,
+    ),
 }
 
 impl<'a> NodeEdge<'a> {
-    /// Creates and configures the TUN device `config` names.
+    /// Creates and configures the TUN device `config` names; with `[userspace]`, binds the
+    /// proxy's and the forwards' addresses instead.
     ///
     /// # Errors
-    /// The device cannot be created or configured (privileges, name in use).
+    /// The device cannot be created or configured (privileges, name in use); an address
+    /// cannot be bound.
     pub fn open(config: &'a NodeConfig) -> anyhow::Result<Self> {
         let common = &config.common;
         let v6 = config.ipv6;
-        // USO too: the reader cuts UDP super-packets of both IP versions.
-        let tun = Tun::create(&config.interface, config.tun_offload, true)?;
-        tun.configure(
-            config.vip,
-            common.overlay.prefix_len(),
-            v6.map(|(vip, overlay)| (vip, overlay.prefix_len())),
-            u32::from(common.inner_mtu),
-        )?;
-        let offloads = tun.offloads();
-        tracing::info!(interface = tun.name(), vip = %config.vip, overlay = %common.overlay, ipv6 = ?v6, mtu = common.inner_mtu, ?offloads, "overlay interface up");
+        let ours = Ours {
+            vip: config.vip,
+            overlay: common.overlay,
+            ipv6: v6,
+        };
+        let side = if let Some(u) = &config.userspace {
+            let listeners = Listeners::bind(u)?;
+            let (side, from_sink) = StackSide::new(ours);
+            tracing::info!(vip = %config.vip, overlay = %common.overlay, ipv6 = ?v6, mtu = common.inner_mtu, "overlay in userspace: no TUN device");
+            Side::Stack(side, Some((from_sink, listeners)))
+        } else {
+            // USO too: the reader cuts UDP super-packets of both IP versions.
+            let tun = Tun::create(&config.interface, config.tun_offload, true)?;
+            tun.configure(
+                config.vip,
+                common.overlay.prefix_len(),
+                v6.map(|(vip, overlay)| (vip, overlay.prefix_len())),
+                u32::from(common.inner_mtu),
+            )?;
+            let offloads = tun.offloads();
+            tracing::info!(interface = tun.name(), vip = %config.vip, overlay = %common.overlay, ipv6 = ?v6, mtu = common.inner_mtu, ?offloads, "overlay interface up");
+            Side::Tun(Arc::new(TunSide {
+                tun,
+                ours,
+                defer_checksums: config.defer_checksums && offloads.is_some(),
+                counters: NodeCounters::default(),
+            }))
+        };
         Ok(Self {
             config,
-            side: Arc::new(TunSide {
-                tun,
-                ours: crate::tun::Ours {
-                    vip: config.vip,
-                    overlay: common.overlay,
-                    ipv6: v6,
-                },
-                defer_checksums: config.defer_checksums && offloads.is_some(),
-                counters: TunCounters::default(),
-            }),
+            side,
             dns: Arc::new(Mutex::new(None)),
+            stub_at: None,
         })
+    }
+}
+
+/// The node's sink: into the TUN device, or into the stack.
+pub enum NodeSink {
+    /// The TUN device.
+    Tun(TunSink),
+    /// The stack in the process.
+    Stack(StackSink),
+}
+
+impl cyphonic_pipeline::Sink for NodeSink {
+    type Item = cyphonic_tunnel::Accepted;
+
+    fn emit(&mut self, item: Self::Item) -> Result<(), cyphonic_pipeline::DropReason> {
+        match self {
+            Self::Tun(t) => t.emit(item),
+            Self::Stack(s) => s.emit(item),
+        }
+    }
+
+    fn flush(&mut self) {
+        match self {
+            Self::Tun(t) => t.flush(),
+            Self::Stack(s) => s.flush(),
+        }
     }
 }
 
 impl Edge for NodeEdge<'_> {
     const PROGRAM: &'static str = crate::PROGRAM;
-    type Sink = TunSink;
+    type Sink = NodeSink;
     type Services = NodeServices;
     type Status = NodeStatus;
-    type Counters = TunCounters;
+    type Counters = NodeCounters;
 
-    fn sink(&mut self) -> anyhow::Result<TunSink> {
-        Ok(TunSink::new(self.side.clone()))
+    fn sink(&mut self) -> anyhow::Result<NodeSink> {
+        Ok(match &self.side {
+            Side::Tun(t) => NodeSink::Tun(TunSink::new(t.clone())),
+            Side::Stack(s, _) => NodeSink::Stack(StackSink::new(s.clone())),
+        })
     }
 
     fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<NodeServices> {
@@ -109,6 +170,7 @@ impl Edge for NodeEdge<'_> {
             )?),
             None => None,
         };
+        self.stub_at = stub.as_ref().and_then(Stub::local_addr);
         Ok(NodeServices::new(
             stub,
             &ctx.core.name,
@@ -118,25 +180,48 @@ impl Edge for NodeEdge<'_> {
     }
 
     fn start(&mut self, core: &Core) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
-        let reader = TunReader::new(
-            self.side.clone(),
-            core.shared.clone(),
-            core.intake.clone(),
-            core.dataplane.busy_poll,
-        );
-        Ok(vec![core.spawn("cy-tun", move || reader.run())?])
+        match &mut self.side {
+            Side::Tun(side) => {
+                let reader = TunReader::new(
+                    side.clone(),
+                    core.shared.clone(),
+                    core.intake.clone(),
+                    core.dataplane.busy_poll,
+                );
+                Ok(vec![core.spawn("cy-tun", move || reader.run())?])
+            }
+            Side::Stack(side, parts) => {
+                let (from_sink, listeners) = parts
+                    .take()
+                    .context("the userspace stack's thread started twice")?;
+                let connections = self.config.userspace.as_ref().map_or(1, |u| u.connections);
+                let thread = StackThread::new(
+                    (side.clone(), from_sink),
+                    (core.shared.clone(), core.intake.clone()),
+                    (listeners, connections),
+                    usize::from(self.config.common.inner_mtu),
+                    self.stub_at,
+                )?;
+                Ok(vec![core.spawn("cy-stack", move || thread.run())?])
+            }
+        }
     }
 
-    fn reporter(&self, core: &Core) -> Reporter<NodeStatus, TunCounters> {
-        let (side, dns) = (self.side.clone(), self.dns.clone());
+    fn reporter(&self, core: &Core) -> Reporter<NodeStatus, NodeCounters> {
+        let dns = self.dns.clone();
+        let interface = match &self.side {
+            Side::Tun(t) => t.tun.name().to_owned(),
+            Side::Stack(..) => "userspace".to_owned(),
+        };
         let info = NodeInfo {
             name: core.name.clone(),
-            interface: side.tun.name().to_owned(),
+            interface,
             vip: self.config.vip.to_string(),
             listen: core.listen.to_string(),
             uptime_secs: 0,
         };
         let started = core.started;
+        let counters = self.counters_source();
         Box::new(move || {
             let status = NodeStatus {
                 node: NodeInfo {
@@ -145,18 +230,46 @@ impl Edge for NodeEdge<'_> {
                 },
                 dns: dns.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             };
-            (status, side.counters.copied())
+            (status, counters.get().copied())
         })
     }
 
     fn counters(&self) -> Arc<dyn CounterSet + Send + Sync> {
-        Arc::new(CountersOf::new(self.side.clone(), |side| &side.counters))
+        match &self.side {
+            Side::Tun(t) => Arc::new(CountersOf::new(t.clone(), |t| &t.counters)),
+            Side::Stack(s, _) => Arc::new(CountersOf::new(s.clone(), |s| &s.counters)),
+        }
     }
 
     fn collector(&self, _core: &Core) -> Box<dyn Collector> {
         Box::new(NodeCollector {
             dns: self.dns.clone(),
         })
+    }
+}
+
+impl NodeEdge<'_> {
+    /// The side's counters, for the reporter's thread.
+    fn counters_source(&self) -> CountersAt {
+        match &self.side {
+            Side::Tun(t) => CountersAt::Tun(t.clone()),
+            Side::Stack(s, _) => CountersAt::Stack(s.clone()),
+        }
+    }
+}
+
+/// Where the node's counters live.
+enum CountersAt {
+    Tun(Arc<TunSide>),
+    Stack(Arc<StackSide>),
+}
+
+impl CountersAt {
+    fn get(&self) -> &NodeCounters {
+        match self {
+            Self::Tun(t) => &t.counters,
+            Self::Stack(s) => &s.counters,
+        }
     }
 }
 

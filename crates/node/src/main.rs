@@ -1,5 +1,6 @@
 //! `cyphonic-node`: the overlay client for a host that can run it (the papers'
-//! CYPHONIC node). A TUN interface carries the host's overlay traffic through the same
+//! CYPHONIC node). A TUN interface (or, with `[userspace]`, a TCP/IP stack in the process
+//! behind a SOCKS5 proxy and forwards) carries the host's overlay traffic through the same
 //! engine the adapter uses, run by the same daemon core. This file only wires things: the
 //! command line, the configuration, the edge.
 #![forbid(unsafe_code)]
@@ -10,7 +11,9 @@
 mod config;
 mod dns;
 mod edge;
+mod overlay;
 mod tun;
+mod userspace;
 
 use std::process::ExitCode;
 
@@ -24,12 +27,19 @@ fn main() -> ExitCode {
 }
 
 fn describe(c: &NodeConfig, id: &cyphonic_settings::Identity) -> String {
+    let on = match &c.userspace {
+        Some(u) => format!(
+            "userspace (SOCKS5 {}, {} forward(s))",
+            u.socks5.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+            u.forwards.len()
+        ),
+        None => c.interface.clone(),
+    };
     format!(
-        "{}: OK: node {} at {} on {}, {} static peer(s){}",
+        "{}: OK: node {} at {} on {on}, {} static peer(s){}",
         c.common.path.display(),
         id.certificate().body().name,
         c.vip,
-        c.interface,
         c.common.peers.len(),
         if c.common.cloud.is_some() {
             ", cloud"
@@ -75,7 +85,7 @@ const PROGRAM: &str = "cyphonic-node";
 /// What the command line says.
 const NAMES: Names = Names {
     name: PROGRAM,
-    about: "Puts this host onto the cyphonic overlay through a TUN interface",
+    about: "Puts this host onto the cyphonic overlay: a TUN interface, or a SOCKS5 proxy and forwards without privileges",
     shows: "peers and counters",
     socket: "/run/cyphonic/node.sock",
     config: "/etc/cyphonic/node.toml",
