@@ -22,6 +22,8 @@ use crate::{Netns, Proc, veth};
 pub const NAME: &str = "nodec.ovl.example";
 /// Node C's vIP.
 pub const VIP: Ipv4Addr = Ipv4Addr::new(100, 64, 3, 1);
+/// The user (and group) id a node runs as without privileges: Debian's `nobody`/`nogroup`.
+pub const NOBODY: u32 = 65534;
 
 /// How a node's host is attached to the router.
 #[derive(Debug, Clone)]
@@ -178,15 +180,52 @@ impl NodeHost {
     /// # Errors
     /// It exits or does not come up within 10 s (its log is in the error).
     pub fn start(&mut self, bins: &Bins) -> anyhow::Result<()> {
+        let node = bins.node.to_str().context("path")?.to_owned();
+        self.start_with(&[&node])
+    }
+
+    /// Starts `cyphonic-node run` as a user with no privileges at all (`nobody`, no
+    /// capabilities, none to gain: `setpriv`), its directory handed to that user first, and
+    /// waits for its status socket. Only `[userspace]` can run so.
+    ///
+    /// # Errors
+    /// It exits or does not come up within 10 s (its log is in the error).
+    pub fn start_unprivileged(&mut self, bins: &Bins) -> anyhow::Result<()> {
+        let dir = self.dir.to_str().context("path")?;
+        let out = std::process::Command::new("chown")
+            .args(["-R", &format!("{NOBODY}:{NOBODY}"), dir])
+            .output()?;
+        if !out.status.success() {
+            bail!("chown {dir}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let id = NOBODY.to_string();
+        let (uid, gid) = (format!("--reuid={id}"), format!("--regid={id}"));
+        let node = bins.node.to_str().context("path")?;
+        self.start_with(&[
+            "setpriv",
+            &uid,
+            &gid,
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+            node,
+        ])
+    }
+
+    /// Starts `program` (with its leading arguments) `run --config ...`.
+    fn start_with(&mut self, program: &[&str]) -> anyhow::Result<()> {
         let socket = self.socket();
         let _ = std::fs::remove_file(&socket);
         let config = self.dir.join("node.toml");
-        self.proc = Some(self.ns.daemon(
-            &bins.node,
-            &["run", "--config", config.to_str().context("path")?],
-            &self.log(),
-            || socket.exists(),
-        )?);
+        let (first, lead) = program.split_first().context("no program")?;
+        let mut args: Vec<&str> = lead.to_vec();
+        args.extend(["run", "--config", config.to_str().context("path")?]);
+        self.proc = Some(
+            self.ns
+                .daemon(Path::new(first), &args, &self.log(), || socket.exists())?,
+        );
         Ok(())
     }
 

@@ -20,6 +20,16 @@ const CAMERA: &str = "camera.gw1.ovl.example";
 /// (behind `nat_a`), everything started; and a camera on lanA that got its address by DHCP
 /// and uses adapter A's DNS, as its lease says.
 fn bed(nat_a: Option<Nat>, nat_c: Option<Nat>) -> (TwoSites, DhcpHost, Ipv4Addr) {
+    bed_with(nat_a, nat_c, None)
+}
+
+/// [`bed`], node C with `userspace` (a `[userspace]` table) appended to its file and started
+/// without privileges, when given.
+fn bed_with(
+    nat_a: Option<Nat>,
+    nat_c: Option<Nat>,
+    userspace: Option<&str>,
+) -> (TwoSites, DhcpHost, Ipv4Addr) {
     let mut bed = TwoSites::up(&BedOptions {
         cloud: Some(CloudOptions::default()),
         lan_switch: true,
@@ -37,8 +47,15 @@ fn bed(nat_a: Option<Nat>, nat_c: Option<Nat>) -> (TwoSites, DhcpHost, Ipv4Addr)
     let config = c.dir.join("node.toml");
     let mut text = std::fs::read_to_string(&config).unwrap();
     text.push_str(&format!("\n[metrics]\nlisten = \"{NODE_METRICS_AT}\"\n"));
+    if let Some(table) = userspace {
+        text.push_str(table);
+    }
     std::fs::write(&config, text).unwrap();
-    c.start(&bins).unwrap();
+    if userspace.is_some() {
+        c.start_unprivileged(&bins).unwrap();
+    } else {
+        c.start(&bins).unwrap();
+    }
     let (cam, ip) = bed.dhcp_device(Side::A, "camera").unwrap();
     (bed, cam, ip)
 }
@@ -182,6 +199,156 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
         lacks.is_empty(),
         "the dashboard queries {lacks:?}, which the node lacks"
     );
+}
+
+/// Node C's SOCKS5 proxy and its forward to the camera's iperf3 port, as the userspace test
+/// writes them.
+const USERSPACE: &str = "\n[userspace]\nsocks5 = \"127.0.0.1:1080\"\n\n[[userspace.forward]]\nlisten = \"127.0.0.1:15201\"\nto = \"camera.gw1.ovl.example:5201\"\n";
+
+/// Issue 55: node C without root (as nobody, no capabilities, none to gain, no TUN device)
+/// reaches the camera behind adapter A by name through its SOCKS5 proxy (curl fetches a file
+/// from the camera's web server, the same bytes) and through a forward (iperf3 both ways);
+/// the camera pings the node by name; a name nobody has, a port nothing listens on and an
+/// address outside the overlay each get SOCKS5's own refusal, counted.
+#[test]
+fn a_node_without_root_reaches_a_device_through_its_proxy_and_forward() {
+    let (bed, cam, _) = bed_with(None, None, Some(USERSPACE));
+    let node = node_ns(&bed);
+    let c = bed.c.as_ref().unwrap();
+    // No device: the namespace has its loopback and its underlay only.
+    let links = node.exec("ip", &["-o", "link", "show"]).unwrap();
+    assert_eq!(links.lines().count(), 2, "{links}");
+    let pid = c.proc.as_ref().unwrap().pid();
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for (key, want) in [
+        ("Uid:", "65534\t65534\t65534\t65534"),
+        ("CapEff:", "0000000000000000"),
+        ("CapBnd:", "0000000000000000"),
+        ("NoNewPrivs:", "1"),
+    ] {
+        let line = proc_status.lines().find(|l| l.starts_with(key)).unwrap();
+        assert_eq!(line[key.len()..].trim(), want, "{proc_status}");
+    }
+
+    // A file on the camera's web server, through the proxy by name.
+    let www = c.dir.parent().unwrap().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    let blob: Vec<u8> = (0..3_000_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).to_be_bytes()[1])
+        .collect();
+    std::fs::write(www.join("blob"), &blob).unwrap();
+    let _web = cam
+        .ns
+        .spawn(
+            "python3",
+            &[
+                "-m",
+                "http.server",
+                "8000",
+                "--directory",
+                www.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+    let curl = |url: &str, out: &str| {
+        node.exec_output(
+            "curl",
+            &[
+                "-sS",
+                "--max-time",
+                "20",
+                "--socks5-hostname",
+                "127.0.0.1:1080",
+                "-o",
+                out,
+                url,
+            ],
+        )
+        .unwrap()
+    };
+    let fetched = c.dir.parent().unwrap().join("fetched");
+    let url = format!("http://{CAMERA}:8000/blob");
+    wait_until(
+        Duration::from_secs(15),
+        "the camera's file through the proxy",
+        || curl(&url, fetched.to_str().unwrap()).status.success(),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    assert!(std::fs::read(&fetched).unwrap() == blob, "the file differs");
+    // Another client's SOCKS5 (netcat's) to a server that sends the file and closes: the
+    // close crosses too, so the client ends with the last byte.
+    let blob_path = www.join("blob");
+    let _sender = cam
+        .ns
+        .spawn(
+            "sh",
+            &[
+                "-c",
+                &format!("exec nc -N -l 9000 < {}", blob_path.display()),
+            ],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let script = format!(
+        "timeout 15 nc -d -X 5 -x 127.0.0.1:1080 {CAMERA} 9000 > {}",
+        fetched.display()
+    );
+    let out = node.exec_output("sh", &["-c", &script]).unwrap();
+    assert!(out.status.success(), "nc: {out:?}\n{}", bed.logs());
+    assert!(std::fs::read(&fetched).unwrap() == blob, "the file differs");
+
+    // The camera finds the node by name (the cloud has it) and pings it: the stack answers.
+    bed.ping_ok(&cam.ns, NAME, Ping::default());
+
+    // iperf3 through the forward, both ways.
+    for (args, what) in [
+        (&["-p", "15201"][..], "node -> camera"),
+        (&["-p", "15201", "-R"][..], "camera -> node"),
+    ] {
+        let tcp = iperf(&bed, &cam.ns, node, "127.0.0.1", args, 2);
+        let bps = tcp["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0);
+        eprintln!("TCP through the forward, {what}: {:.0} Mbit/s", bps / 1e6);
+        assert!(bps > 1e6, "TCP {what}: {tcp}");
+    }
+
+    // Refusals, each in SOCKS5's words: no such name (host unreachable, 4), nothing
+    // listening (connection refused, 5), not the overlay (not allowed, 2).
+    let before = node_status(&bed);
+    for (url, code) in [
+        ("http://nowhere.gw1.ovl.example:8000/".to_owned(), "(4)"),
+        (format!("http://{CAMERA}:8001/"), "(5)"),
+        ("http://192.0.2.1:80/".to_owned(), "(2)"),
+    ] {
+        let out = curl(&url, "/dev/null");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(code), "{url}: {err}");
+    }
+    let s = node_status(&bed);
+    let count = |doc: &Value, k: &str| uint(&doc["counters"][k]);
+    assert_eq!(s["node"]["interface"], "userspace", "{s}");
+    assert_eq!(
+        count(&s, "proxy_refused") - count(&before, "proxy_refused"),
+        2,
+        "{s}"
+    );
+    assert_eq!(
+        count(&s, "proxy_unreachable") - count(&before, "proxy_unreachable"),
+        1,
+        "{s}"
+    );
+    assert!(
+        count(&s, "stack_received") > 1000 && count(&s, "stack_sent") > 1000,
+        "{s}"
+    );
+    for k in [
+        "drop_stack_full",
+        "drop_stack_not_overlay",
+        "drop_source_not_certified",
+    ] {
+        assert_eq!(count(&s, k), 0, "{k}: {s}");
+    }
 }
 
 /// Behind a port-preserving NAT the node's tunnel is direct.

@@ -56,10 +56,23 @@ pub(crate) fn tcp_by_name(
     target: &str,
     secs: u64,
 ) -> anyhow::Result<f64> {
+    tcp_with(server, client, target, secs, &[])
+}
+
+/// [`tcp_by_name`] with more of iperf3's client arguments (`-p`, `-R`).
+pub(crate) fn tcp_with(
+    server: &cyphonic_e2e::Netns,
+    client: &cyphonic_e2e::Netns,
+    target: &str,
+    secs: u64,
+    more: &[&str],
+) -> anyhow::Result<f64> {
     let srv = server.spawn("iperf3", &["-s", "-1", "--idle-timeout", "20"])?;
     std::thread::sleep(Duration::from_millis(300));
     let t = secs.to_string();
-    let out = client.exec_output("iperf3", &["-J", "-c", target, "-t", &t])?;
+    let mut args = vec!["-J", "-c", target, "-t", &t];
+    args.extend_from_slice(more);
+    let out = client.exec_output("iperf3", &args)?;
     drop(srv);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("iperf3: {}", String::from_utf8_lossy(&out.stderr)))?;

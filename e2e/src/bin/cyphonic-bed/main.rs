@@ -231,7 +231,8 @@ enum Command {
     /// The node against the devices: iperf3 TCP from node C to the host behind adapter A,
     /// and back, against the same from the host behind adapter B (device to device through
     /// two adapters), in one bed, with the node's TUN offloads on and then off
-    /// (`dataplane.tun_offload`, the node restarted between); prints a Markdown table.
+    /// (`dataplane.tun_offload`), then without a TUN device (`[userspace]`, as nobody, iperf3
+    /// through a forward), the node restarted between; prints a Markdown table.
     Node {
         /// Seconds per TCP measurement.
         #[arg(long, default_value_t = 5)]

@@ -562,6 +562,9 @@ pub(crate) fn swarm_table(
 }
 
 /// `cyphonic-bed node`: see [`Command::Node`].
+/// The node's `[userspace]` table in [`node_table`]: a forward to host A's iperf3 port.
+const USERSPACE: &str = "[userspace]\n[[userspace.forward]]\nlisten = \"127.0.0.1:15201\"\nto = \"host.gw1.ovl.example:5201\"\n";
+
 pub(crate) fn node_table(
     seconds: u64,
     runs: usize,
@@ -579,10 +582,10 @@ pub(crate) fn node_table(
     resolve(&bed.b.lan, bed.b.gateway, "host.gw1.ovl.example")?;
     measure::ping(&bed, Side::B, bed.a.host_ip, 3, Duration::from_millis(100))?;
     println!(
-        "| node's TUN offloads | node -> device, Mbit/s | node's CPU per Gbit/s sent (% of a core) | device -> node | device -> device (through two adapters) | node -> device / device -> device, medians |"
+        "| node's TUN offloads (or no TUN) | node -> device, Mbit/s | node's CPU per Gbit/s sent (% of a core) | device -> node | device -> device (through two adapters) | node -> device / device -> device, medians |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
-    // (row, the node's binary, its [dataplane] table)
+    // (row, the node's binary, its [dataplane] or [userspace] table)
     let mut rows = vec![
         (
             "on".to_owned(),
@@ -594,36 +597,59 @@ pub(crate) fn node_table(
             bed.bins.node.clone(),
             "[dataplane]\ntun_offload = false\n",
         ),
+        (
+            "no TUN: `[userspace]`, as nobody, through a forward (back: `-R`)".to_owned(),
+            bed.bins.node.clone(),
+            USERSPACE,
+        ),
     ];
     if let Some(b) = baseline {
         rows.push((format!("the commit before (`{}`)", b.display()), b, ""));
     }
-    for (row, binary, dataplane) in rows {
+    for (row, binary, table) in rows {
         let mut bins = bed.bins.clone();
         bins.node = binary;
         let c = bed.c.as_mut().context("node C")?;
         if c.proc.is_some() {
             c.stop("TERM")?;
         }
-        std::fs::write(&config, format!("{base}\n{dataplane}"))?;
-        c.start(&bins)?;
+        std::fs::write(&config, format!("{base}\n{table}"))?;
+        let userspace = table == USERSPACE;
+        if userspace {
+            c.start_unprivileged(&bins)?;
+        } else {
+            c.start(&bins)?;
+        }
         let c = bed.c.as_ref().context("node C")?;
         let (node_ns, vip) = (&c.ns, c.vip);
-        // The name through the node's stub builds the tunnel; a few pings see it up.
-        resolve(node_ns, vip, "host.gw1.ovl.example")?;
-        ping_line(node_ns, &host, 3)?;
         let lan_a = &bed.a.lan;
+        if userspace {
+            // The forward asks the stub for the name, which builds the tunnel.
+            tcp_with(lan_a, node_ns, "127.0.0.1", 1, &["-p", "15201"])?;
+        } else {
+            // The name through the node's stub builds the tunnel; a few pings see it up.
+            resolve(node_ns, vip, "host.gw1.ovl.example")?;
+            ping_line(node_ns, &host, 3)?;
+        }
         let pid = c.proc.as_ref().context("node C runs")?.pid();
         let (mut out, mut back, mut d2d, mut cpu) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs.max(1) {
             let (ticks, started) = (fleet::cpu_ticks(pid), std::time::Instant::now());
-            let gbps = tcp_by_name(lan_a, node_ns, &host, seconds)?;
+            let gbps = if userspace {
+                tcp_with(lan_a, node_ns, "127.0.0.1", seconds, &["-p", "15201"])?
+            } else {
+                tcp_by_name(lan_a, node_ns, &host, seconds)?
+            };
             let used = (fleet::cpu_ticks(pid) - ticks) as f64 / fleet::ticks_per_second();
             // Cores the node used, per Gbit/s it carried.
             cpu.push(used / started.elapsed().as_secs_f64() / gbps);
             out.push(gbps);
-            back.push(tcp_by_name(node_ns, lan_a, &vip.to_string(), seconds)?);
+            back.push(if userspace {
+                tcp_with(lan_a, node_ns, "127.0.0.1", seconds, &["-p", "15201", "-R"])?
+            } else {
+                tcp_by_name(node_ns, lan_a, &vip.to_string(), seconds)?
+            });
             // From B's host to A's: the same receiving side as the node's runs.
             let r = cyphonic_e2e::bed::iperf3(&bed, Side::A, &[], seconds)?;
             let bps = r["end"]["sum_received"]["bits_per_second"].as_f64();
