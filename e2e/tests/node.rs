@@ -49,6 +49,13 @@ fn bed_with(
     text.push_str(&format!("\n[metrics]\nlisten = \"{NODE_METRICS_AT}\"\n"));
     if let Some(table) = userspace {
         text.push_str(table);
+        // Adapter A as a static peer as well: names in its zone are asked of its DNS
+        // service, through the stack.
+        text.push_str(&format!(
+            "\n[[peer]]\ncertificate = \"{}\"\nendpoint = \"{}\"\n",
+            bed.a.dir.join("gw1.ovl.example.crt").display(),
+            bed.a.endpoint()
+        ));
     }
     std::fs::write(&config, text).unwrap();
     if userspace.is_some() {
@@ -207,9 +214,11 @@ const USERSPACE: &str = "\n[userspace]\nsocks5 = \"127.0.0.1:1080\"\n\n[[userspa
 
 /// Issue 55: node C without root (as nobody, no capabilities, none to gain, no TUN device)
 /// reaches the camera behind adapter A by name through its SOCKS5 proxy (curl fetches a file
-/// from the camera's web server, the same bytes) and through a forward (iperf3 both ways);
-/// the camera pings the node by name; a name nobody has, a port nothing listens on and an
-/// address outside the overlay each get SOCKS5's own refusal, counted.
+/// from the camera's web server, the same bytes) and through a forward (iperf3 both ways),
+/// the camera's name asked of adapter A (a static peer too) through the stack; the camera
+/// pings the node by name and asks the node's DNS stub for its name at its vIP; a name
+/// nobody has, a port nothing listens on and an address outside the overlay each get
+/// SOCKS5's own refusal, counted.
 #[test]
 fn a_node_without_root_reaches_a_device_through_its_proxy_and_forward() {
     let (bed, cam, _) = bed_with(None, None, Some(USERSPACE));
@@ -299,6 +308,8 @@ fn a_node_without_root_reaches_a_device_through_its_proxy_and_forward() {
 
     // The camera finds the node by name (the cloud has it) and pings it: the stack answers.
     bed.ping_ok(&cam.ns, NAME, Ping::default());
+    // The camera asks the node itself, at its vIP: the stack takes the question for the stub.
+    assert_eq!(bed.resolve(&cam.ns, VIP, NAME), [VIP.to_string()]);
 
     // iperf3 through the forward, both ways.
     for (args, what) in [
@@ -342,10 +353,14 @@ fn a_node_without_root_reaches_a_device_through_its_proxy_and_forward() {
         count(&s, "stack_received") > 1000 && count(&s, "stack_sent") > 1000,
         "{s}"
     );
+    // Adapter A's zone was asked of its DNS service through the stack (the camera's name and
+    // nowhere's; questions and answers), and the camera's question to us answered so.
+    assert!(count(&s, "stack_dns") >= 6, "{s}");
     for k in [
         "drop_stack_full",
         "drop_stack_not_overlay",
         "drop_source_not_certified",
+        "drop_stack_dns",
     ] {
         assert_eq!(count(&s, k), 0, "{k}: {s}");
     }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use ipnet::{Ipv4Net, Ipv6Net};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{self, DeviceCapabilities, Medium};
-use smoltcp::socket::tcp;
+use smoltcp::socket::{tcp, udp};
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 
 /// Where the stack sits in the overlay.
@@ -139,6 +139,15 @@ pub struct Stats {
     pub refused_full: u64,
 }
 
+/// A UDP port of ours, open for the stack's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Udp(SocketHandle);
+
+/// Datagrams a UDP port holds each way.
+const UDP_DATAGRAMS: usize = 32;
+/// And bytes.
+const UDP_BYTES: usize = 32 * 1024;
+
 /// One connection's state beside smoltcp's socket.
 #[derive(Debug)]
 struct Entry {
@@ -165,6 +174,8 @@ pub struct Stack {
     next_port: u16,
     addresses: Addresses,
     limits: Limits,
+    /// Our UDP ports.
+    udp_ports: Vec<u16>,
     /// The instant smoltcp's clock counts from.
     base: Instant,
     stats: Stats,
@@ -220,6 +231,7 @@ impl Stack {
             next_port: *EPHEMERAL.start(),
             addresses,
             limits,
+            udp_ports: Vec::new(),
             base: now,
             stats: Stats::default(),
         }
@@ -358,6 +370,46 @@ impl Stack {
             .listen(port)
             .map_err(|_| ConnectError::Unaddressable)?;
         Ok(self.add(socket, port, None))
+    }
+
+    /// Opens UDP `port` on our addresses (a few datagrams each way, kept for the stack's
+    /// life).
+    ///
+    /// # Errors
+    /// The port is 0 or open already.
+    pub fn udp_bind(&mut self, port: u16) -> Result<Udp, ConnectError> {
+        if port == 0 || self.udp_ports.contains(&port) {
+            return Err(ConnectError::Unaddressable);
+        }
+        let buffer = || {
+            udp::PacketBuffer::new(
+                vec![udp::PacketMetadata::EMPTY; UDP_DATAGRAMS],
+                vec![0; UDP_BYTES],
+            )
+        };
+        let mut socket = udp::Socket::new(buffer(), buffer());
+        socket.bind(port).map_err(|_| ConnectError::Unaddressable)?;
+        self.udp_ports.push(port);
+        Ok(Udp(self.sockets.add(socket)))
+    }
+
+    /// Queues `data` from `u` to `to`, an overlay address not ours; false: not one, or no
+    /// room (the datagram is not sent).
+    pub fn udp_send(&mut self, u: Udp, to: SocketAddr, data: &[u8]) -> bool {
+        self.addresses.reaches(to.ip())
+            && self
+                .sockets
+                .get_mut::<udp::Socket<'_>>(u.0)
+                .send_slice(data, endpoint(to))
+                .is_ok()
+    }
+
+    /// The next datagram `u` received, and who sent it.
+    pub fn udp_recv(&mut self, u: Udp) -> Option<(Vec<u8>, SocketAddr)> {
+        let socket = self.sockets.get_mut::<udp::Socket<'_>>(u.0);
+        let (data, meta) = socket.recv().ok()?;
+        let from = SocketAddr::new(meta.endpoint.addr.into(), meta.endpoint.port);
+        Some((data.to_vec(), from))
     }
 
     /// Whether another connection fits.

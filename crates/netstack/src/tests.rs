@@ -314,3 +314,33 @@ fn echo_request(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
     );
     bytes
 }
+
+/// UDP between the two stacks: datagrams cross both ways with their senders; nothing goes
+/// outside the overlay or to ourselves; a port opens once.
+#[test]
+fn udp_datagrams_cross_with_their_senders() {
+    let mut p = Pair::new(Limits::default());
+    let (Ok(near), Ok(far)) = (p.near.udp_bind(53), p.far.udp_bind(53)) else {
+        panic!("bind");
+    };
+    assert_eq!(p.near.udp_bind(53), Err(ConnectError::Unaddressable));
+    assert_eq!(p.near.udp_bind(0), Err(ConnectError::Unaddressable));
+    let at = |ip: [u8; 4], port| SocketAddr::from((ip, port));
+    assert!(p.near.udp_send(near, at([100, 64, 1, 5], 53), b"question"));
+    assert!(!p.near.udp_send(near, at([192, 0, 2, 1], 53), b"out"));
+    assert!(!p.near.udp_send(near, at([100, 64, 3, 1], 53), b"me"));
+    let mut got = None;
+    assert!(p.until(50, |p| {
+        got = got.take().or_else(|| p.far.udp_recv(far));
+        got.is_some()
+    }));
+    assert_eq!(got, Some((b"question".to_vec(), at([100, 64, 3, 1], 53))));
+    assert!(p.far.udp_send(far, at([100, 64, 3, 1], 53), b"answer"));
+    let mut back = None;
+    assert!(p.until(50, |p| {
+        back = back.take().or_else(|| p.near.udp_recv(near));
+        back.is_some()
+    }));
+    assert_eq!(back, Some((b"answer".to_vec(), at([100, 64, 1, 5], 53))));
+    assert_eq!(p.far.udp_recv(far), None);
+}

@@ -227,9 +227,11 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(NodeConfig, Identity), ConfigEr
             Some(a)
         }
     };
-    // Peers ask the DNS stub when it listens on our vIP.
+    // Peers ask the DNS stub when it listens on our vIP; without a TUN device the stack
+    // takes their questions there for it.
     let dns = dns_listen.and_then(|a| match a.ip() {
         std::net::IpAddr::V4(ip) if ip == vip => Some(ip),
+        _ if userspace.is_some() => Some(vip),
         _ => None,
     });
     let ipv6 = common.ipv6.map(node_ipv6);
@@ -498,6 +500,14 @@ mod tests {
             ]
         );
         assert_eq!(c.dns_listen, Some("127.0.0.1:0".parse().unwrap()));
+        // Peers may ask the stub at our vIP (the stack takes their questions there), so the
+        // DNS rule that every rule set starts with lets them.
+        let vip: ipnet::IpNet = "100.64.3.1/32".parse().unwrap();
+        assert!(
+            c.common.dns_rules.iter().any(|r| r.to.contains(&vip)),
+            "{:?}",
+            c.common.dns_rules
+        );
         let (tun, _) = load_text(&f, base).unwrap();
         assert_eq!(tun.userspace, None);
 

@@ -46,9 +46,22 @@ fn sender(vip: Ipv4Addr, peer_of: impl Fn(Ipv4Addr) -> Option<u32>, from: Socket
     }
 }
 
+/// The stub's way to the overlay without a TUN device (`[userspace]`): messages to overlay
+/// addresses (questions to static peers' servers, answers to peers) go out through the
+/// userspace stack, from our vIP's port 53; what comes to that port comes back in.
+#[derive(Debug)]
+pub struct OverlayDns {
+    /// Messages for the overlay, and where to.
+    pub out: tokio::sync::mpsc::Sender<(Vec<u8>, SocketAddr)>,
+    /// Messages from it, and who sent them.
+    pub inbound: tokio::sync::mpsc::Receiver<(Vec<u8>, SocketAddr)>,
+}
+
 /// The stub: the daemon core's DNS service ([`Dns`]) on a UDP socket of its own.
 pub struct Stub {
     sock: UdpSocket,
+    /// Without a TUN device: the overlay's side, through the userspace stack.
+    overlay: Option<OverlayDns>,
     buf: Box<[u8; MAX_MESSAGE]>,
     dns: Dns<SocketAddr>,
     /// Our vIP: with loopback, the only addresses the node itself asks from.
@@ -176,7 +189,7 @@ impl Stub {
         name: &str,
         peers: &StaticPeers,
         (cloud, upstream): (Option<Asker>, Option<Upstream>),
-        shared: Arc<cyphonic_tunnel::Shared>,
+        (shared, overlay): (Arc<cyphonic_tunnel::Shared>, Option<OverlayDns>),
     ) -> anyhow::Result<Self> {
         let bound = || -> std::io::Result<UdpSocket> {
             let std_sock = std::net::UdpSocket::bind(listen)?;
@@ -197,6 +210,7 @@ impl Stub {
         tracing::info!(%listen, "DNS stub listening");
         Ok(Self {
             sock,
+            overlay,
             buf: Box::new([0; MAX_MESSAGE]),
             dns,
             vip: config.vip,
@@ -209,8 +223,26 @@ impl Stub {
     /// Cancel-safe. A failing receive (an ICMP error from an earlier answer, say) is logged
     /// and retried after a moment.
     async fn recv(&mut self) -> (usize, SocketAddr) {
+        let Self {
+            sock, buf, overlay, ..
+        } = self;
         loop {
-            match self.sock.recv_from(&mut self.buf[..]).await {
+            let from_overlay = async {
+                match overlay.as_mut() {
+                    Some(o) => o.inbound.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let got = tokio::select! {
+                got = sock.recv_from(&mut buf[..]) => Ok(got),
+                Some(message) = from_overlay => Err(message),
+            };
+            let got = got.unwrap_or_else(|(msg, from)| {
+                let n = msg.len().min(MAX_MESSAGE);
+                buf[..n].copy_from_slice(&msg[..n]);
+                Ok((n, from))
+            });
+            match got {
                 Ok(got) => return got,
                 Err(e) => {
                     tracing::debug!(error = %e, "the DNS stub's receive failed");
@@ -258,7 +290,8 @@ impl Stub {
     }
 
     /// Sends what the DNS service said: answers to who asked, questions for a static peer to
-    /// its DNS server (the host routes them into the TUN device).
+    /// its DNS server (the host routes them into the TUN device; without one, they go
+    /// through the userspace stack, as answers to peers do).
     fn say(&self, said: impl IntoIterator<Item = Said<SocketAddr>>) {
         for s in said {
             let (msg, to) = match s {
@@ -267,8 +300,17 @@ impl Stub {
                     (query, SocketAddr::from((server, DNS_PORT)))
                 }
             };
-            if let Err(e) = self.sock.try_send_to(&msg, to) {
-                tracing::debug!(%to, error = %e, "DNS message not sent");
+            match self.overlay.as_ref().filter(|_| !to.ip().is_loopback()) {
+                Some(o) => {
+                    if o.out.try_send((msg, to)).is_err() {
+                        tracing::debug!(%to, "DNS message for the overlay not sent: its queue is full");
+                    }
+                }
+                None => {
+                    if let Err(e) = self.sock.try_send_to(&msg, to) {
+                        tracing::debug!(%to, error = %e, "DNS message not sent");
+                    }
+                }
             }
         }
     }

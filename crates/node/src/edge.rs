@@ -16,10 +16,10 @@ use cyphonic_telemetry::{CounterSet, CountersOf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::NodeConfig;
-use crate::dns::{NodeServices, Stub};
+use crate::dns::{NodeServices, OverlayDns, Stub};
 use crate::overlay::{NodeCounters, Ours};
 use crate::tun::{TunReader, TunSide, TunSink};
-use crate::userspace::{Listeners, StackSide, StackSink, StackThread};
+use crate::userspace::{Listeners, StackDns, StackSide, StackSink, StackThread};
 
 /// The node in the status document.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +56,8 @@ pub struct NodeEdge<'a> {
     dns: Arc<Mutex<Option<DnsStatus>>>,
     /// Where the DNS stub answers, once it runs.
     stub_at: Option<std::net::SocketAddr>,
+    /// Without a TUN device: the stub's side of its way to the overlay, until it starts.
+    stub_overlay: Option<OverlayDns>,
 }
 
 /// What carries the host's packets.
@@ -64,10 +66,10 @@ enum Side {
     /// The TUN device.
     Tun(Arc<TunSide>),
     /// The stack in the process: its side, and until its thread starts, the channel's end
-    /// it reads and its local listeners.
+    /// it reads, its local listeners and its side of the stub's way to the overlay.
     Stack(
         Arc<StackSide>,
-        Option<(tokio::sync::mpsc::Receiver<Vec<u8>>, Listeners)>,
+        Option<(tokio::sync::mpsc::Receiver<Vec<u8>>, Listeners, StackDns)>,
     ),
 }
 
@@ -86,11 +88,14 @@ impl<'a> NodeEdge<'a> {
             overlay: common.overlay,
             ipv6: v6,
         };
+        let mut stub_overlay = None;
         let side = if let Some(u) = &config.userspace {
             let listeners = Listeners::bind(u)?;
             let (side, from_sink) = StackSide::new(ours);
+            let (stub, stack) = crate::userspace::dns_link();
+            stub_overlay = Some(stub);
             tracing::info!(vip = %config.vip, overlay = %common.overlay, ipv6 = ?v6, mtu = common.inner_mtu, "overlay in userspace: no TUN device");
-            Side::Stack(side, Some((from_sink, listeners)))
+            Side::Stack(side, Some((from_sink, listeners, stack)))
         } else {
             // USO too: the reader cuts UDP super-packets of both IP versions.
             let tun = Tun::create(&config.interface, config.tun_offload, true)?;
@@ -114,6 +119,7 @@ impl<'a> NodeEdge<'a> {
             side,
             dns: Arc::new(Mutex::new(None)),
             stub_at: None,
+            stub_overlay,
         })
     }
 }
@@ -166,7 +172,7 @@ impl Edge for NodeEdge<'_> {
                 &ctx.core.name,
                 &ctx.peers,
                 (ctx.cloud, ctx.upstream),
-                ctx.core.shared.clone(),
+                (ctx.core.shared.clone(), self.stub_overlay.take()),
             )?),
             None => None,
         };
@@ -191,7 +197,7 @@ impl Edge for NodeEdge<'_> {
                 Ok(vec![core.spawn("cy-tun", move || reader.run())?])
             }
             Side::Stack(side, parts) => {
-                let (from_sink, listeners) = parts
+                let (from_sink, listeners, dns) = parts
                     .take()
                     .context("the userspace stack's thread started twice")?;
                 let connections = self.config.userspace.as_ref().map_or(1, |u| u.connections);
@@ -200,7 +206,7 @@ impl Edge for NodeEdge<'_> {
                     (core.shared.clone(), core.intake.clone()),
                     (listeners, connections),
                     usize::from(self.config.common.inner_mtu),
-                    self.stub_at,
+                    (self.stub_at, dns),
                 )?;
                 Ok(vec![core.spawn("cy-stack", move || thread.run())?])
             }

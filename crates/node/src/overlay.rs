@@ -78,6 +78,10 @@ cyphonic_telemetry::counters! {
         proxy_refused,
         /// Of those, whose overlay end did not answer or refused.
         proxy_unreachable,
+        /// DNS messages the stub exchanged with the overlay through the userspace stack.
+        stack_dns,
+        /// Of those, dropped: a queue between the stub and the stack was full.
+        drop_stack_dns,
     }
 }
 

@@ -10,7 +10,9 @@
 //!                  connection's bytes move and on its timers; what it makes ->
 //!                  overlay::outbound -> tunnel::Intake. Local clients: SOCKS5 (CONNECT,
 //!                  no authentication) or a forward's fixed target -> a name asked of the
-//!                  DNS stub -> a connection of the Stack -> bytes both ways
+//!                  DNS stub -> a connection of the Stack -> bytes both ways. The stub's
+//!                  messages to the overlay, and peers' questions to our vIP's port 53,
+//!                  cross the Stack's UDP port 53 (dns_link)
 //! ```
 //!
 //! Each connection's bytes cross between its local socket (its own task) and the stack in
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cyphonic_gateway::complete_deferred_checksum;
-use cyphonic_netstack::{Addresses, Conn, ConnectError, Limits, Phase, Stack};
+use cyphonic_netstack::{Addresses, Conn, ConnectError, Limits, Phase, Stack, Udp};
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::{Accepted, HEADROOM, Intake, PACKET_ROOM, Shared, Submit, bump};
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
@@ -38,6 +40,7 @@ use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::config::Userspace;
+use crate::dns::OverlayDns;
 use crate::overlay::{NodeCounters, Ours, admit, destination};
 
 /// Packets waiting between the ingress emitter and the stack's thread.
@@ -115,6 +118,33 @@ impl Sink for StackSink {
     }
 }
 
+/// DNS messages waiting each way between the stub and the stack.
+const DNS_QUEUE: usize = 64;
+/// The DNS port: the stub's messages to the overlay leave from it, peers ask us on it.
+const DNS_PORT: u16 = 53;
+
+/// The stack's side of the stub's way to the overlay ([`OverlayDns`] is the stub's).
+#[derive(Debug)]
+pub struct StackDns {
+    /// The stub's messages for the overlay.
+    out: mpsc::Receiver<(Vec<u8>, SocketAddr)>,
+    /// What came to our vIP's DNS port, for the stub.
+    inbound: mpsc::Sender<(Vec<u8>, SocketAddr)>,
+}
+
+/// The two sides of the stub's way to the overlay through the stack.
+pub fn dns_link() -> (OverlayDns, StackDns) {
+    let (out, from_stub) = mpsc::channel(DNS_QUEUE);
+    let (to_stub, inbound) = mpsc::channel(DNS_QUEUE);
+    (
+        OverlayDns { out, inbound },
+        StackDns {
+            out: from_stub,
+            inbound: to_stub,
+        },
+    )
+}
+
 /// Where a local listener's connections go.
 #[derive(Debug, Clone)]
 enum Target {
@@ -163,6 +193,8 @@ pub struct StackThread {
     listeners: Listeners,
     /// The DNS stub that resolves names for the clients.
     resolver: Option<SocketAddr>,
+    /// The stub's way to the overlay.
+    dns: StackDns,
     /// Connections at once (the stack's bound; local clients are bounded by it too).
     connections: usize,
     /// Built before the thread starts (a failure stops the node there); taken by
@@ -226,7 +258,8 @@ struct Clients {
 
 impl StackThread {
     /// The thread for `side`, its stack at our addresses with packets of at most `mtu`
-    /// bytes, feeding `intake`, its clients asking names of `resolver`.
+    /// bytes, feeding `intake`, its clients asking names of `resolver`, the stub's messages
+    /// for the overlay going out (and peers' coming in) on our DNS port through `dns`.
     ///
     /// # Errors
     /// Its runtime cannot be built.
@@ -235,7 +268,7 @@ impl StackThread {
         (shared, intake): (Arc<Shared>, Intake),
         (listeners, connections): (Listeners, usize),
         mtu: usize,
-        resolver: Option<SocketAddr>,
+        (resolver, dns): (Option<SocketAddr>, StackDns),
     ) -> anyhow::Result<Self> {
         let ours = side.ours;
         let addresses = Addresses {
@@ -260,6 +293,7 @@ impl StackThread {
             stack: Stack::new(addresses, mtu, limits, Instant::now()),
             listeners,
             resolver,
+            dns,
             connections,
             runtime: Some(runtime),
         })
@@ -294,13 +328,19 @@ impl StackThread {
         }
         let mut bridges: Vec<Bridge> = Vec::new();
         let mut buf = vec![0; CHUNK];
+        let udp = self
+            .stack
+            .udp_bind(DNS_PORT)
+            .inspect_err(|e| tracing::error!(error = %e, "the stub's port in the stack"))
+            .ok();
         while self.shared.is_running() {
             let now = Instant::now();
             for _ in 0..ROUNDS {
                 self.stack.poll(now);
                 let moved = pump(&mut self.stack, &mut bridges, &mut buf, now);
+                let answered = udp.is_some_and(|u| self.dns_in(u));
                 let sent = self.send_out(now);
-                if !moved && sent == 0 {
+                if !moved && !answered && sent == 0 {
                     break;
                 }
             }
@@ -321,10 +361,40 @@ impl StackThread {
                         self.open(o, &mut bridges);
                     }
                 }
+                m = self.dns.out.recv(), if udp.is_some() => {
+                    if let (Some(u), Some((msg, to))) = (udp, m) {
+                        self.dns_out(u, &msg, to);
+                    }
+                }
                 () = wake.notified() => {}
                 () = tokio::time::sleep(wait) => {}
             }
         }
+    }
+
+    /// A DNS message of the stub's into the overlay from our DNS port.
+    fn dns_out(&mut self, u: Udp, msg: &[u8], to: SocketAddr) {
+        let c = &self.side.counters;
+        bump(if self.stack.udp_send(u, to, msg) {
+            &c.stack_dns
+        } else {
+            &c.drop_stack_dns
+        });
+    }
+
+    /// What came to our DNS port, to the stub; whether there was any.
+    fn dns_in(&mut self, u: Udp) -> bool {
+        let c = &self.side.counters;
+        let mut any = false;
+        while let Some(got) = self.stack.udp_recv(u) {
+            any = true;
+            bump(if self.dns.inbound.try_send(got).is_ok() {
+                &c.stack_dns
+            } else {
+                &c.drop_stack_dns
+            });
+        }
+        any
     }
 
     /// A packet from the sink into the stack (dropped and counted if it holds too many).
