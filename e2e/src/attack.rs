@@ -409,22 +409,38 @@ pub const TICKS_PER_SEC: f64 = 100.0;
 mod tests {
     use super::*;
 
+    /// The busy thread spins until it has had its CPU time, however long a loaded machine
+    /// takes to give it (at most a minute), and is measured before it ends: the check is of
+    /// the counting, not of the machine's speed.
     #[test]
     fn this_process_has_a_control_thread_with_ticks() {
+        let pid = std::process::id();
+        let busy_ticks = move || {
+            thread_ticks(pid)
+                .ok()
+                .and_then(|t| t.get("cy-busy").copied())
+                .unwrap_or(0)
+        };
+        let (spun, measured) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let (spun_tx, measured_rx) = (spun.0, measured.1);
         let busy = std::thread::Builder::new()
             .name("cy-busy-1".into())
-            .spawn(|| {
+            .spawn(move || {
                 let t = Instant::now();
                 let mut x = 0u64;
-                while t.elapsed() < Duration::from_millis(300) {
-                    x = x.wrapping_add(1);
+                while busy_ticks() < 12 && t.elapsed() < Duration::from_secs(60) {
+                    for _ in 0..1_000_000 {
+                        x = x.wrapping_add(1);
+                    }
+                    std::hint::black_box(x);
                 }
-                std::hint::black_box(x);
-                std::thread::sleep(Duration::from_millis(200));
+                let _ = spun_tx.send(());
+                let _ = measured_rx.recv();
             })
             .unwrap();
-        std::thread::sleep(Duration::from_millis(350));
-        let ticks = thread_ticks(std::process::id()).unwrap();
+        let _ = spun.1.recv();
+        let ticks = thread_ticks(pid).unwrap();
+        drop(measured.0);
         busy.join().unwrap();
         assert!(ticks.contains_key("control"), "{ticks:?}");
         assert!(ticks.get("cy-busy").is_some_and(|t| *t >= 10), "{ticks:?}");
