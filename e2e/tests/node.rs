@@ -208,9 +208,9 @@ fn a_dhcp_device_and_a_node_reach_each_other_by_name() {
     );
 }
 
-/// Node C's SOCKS5 proxy and its forward to the camera's iperf3 port, as the userspace test
-/// writes them.
-const USERSPACE: &str = "\n[userspace]\nsocks5 = \"127.0.0.1:1080\"\n\n[[userspace.forward]]\nlisten = \"127.0.0.1:15201\"\nto = \"camera.gw1.ovl.example:5201\"\n";
+/// Node C's SOCKS5 proxy and its forwards to the camera's iperf3 and SSH ports, as the
+/// userspace test writes them.
+const USERSPACE: &str = "\n[userspace]\nsocks5 = \"127.0.0.1:1080\"\n\n[[userspace.forward]]\nlisten = \"127.0.0.1:15201\"\nto = \"camera.gw1.ovl.example:5201\"\n\n[[userspace.forward]]\nlisten = \"127.0.0.1:2222\"\nto = \"camera.gw1.ovl.example:22\"\n";
 
 /// Issue 55: node C without root (as nobody, no capabilities, none to gain, no TUN device)
 /// reaches the camera behind adapter A by name through its SOCKS5 proxy (curl fetches a file
@@ -324,6 +324,22 @@ fn a_node_without_root_reaches_a_device_through_its_proxy_and_forward() {
         assert!(bps > 1e6, "TCP {what}: {tcp}");
     }
 
+    // ssh into the camera through the forward, and through the proxy (ssh's proxy command:
+    // netcat's SOCKS5, the name resolved by the node).
+    let ssh_dir = c.dir.parent().unwrap().join("ssh");
+    let (_sshd, client_home) = ssh_server(&cam.ns, &ssh_dir);
+    for (how, target, what) in [
+        (vec!["-p", "2222"], "root@127.0.0.1", "through the forward"),
+        (
+            vec!["-J", "nc -X 5 -x 127.0.0.1:1080 camera.gw1.ovl.example 22"],
+            "root@camera.gw1.ovl.example",
+            "through the proxy",
+        ),
+    ] {
+        let out = ssh(node, &client_home, &how, target, &format!("echo {what}"));
+        assert_eq!(out, format!("{what}\n"), "ssh {what}");
+    }
+
     // Refusals, each in SOCKS5's words: no such name (host unreachable, 4), nothing
     // listening (connection refused, 5), not the overlay (not allowed, 2).
     let before = node_status(&bed);
@@ -364,6 +380,62 @@ fn a_node_without_root_reaches_a_device_through_its_proxy_and_forward() {
     ] {
         assert_eq!(count(&s, k), 0, "{k}: {s}");
     }
+}
+
+/// An SSH server (dropbear) on `ns` port 22 that takes a fresh client key for root, and the
+/// home directory holding that key (`.ssh/id_dropbear`). Each side sees its directory as
+/// /root through a bind mount private to its process (`ip netns exec` gives every command a
+/// mount namespace of its own): the machine's /root is not touched.
+fn ssh_server(ns: &Netns, dir: &std::path::Path) -> (cyphonic_e2e::Proc, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let (server_home, client_home) = (dir.join("server"), dir.join("client"));
+    for home in [&server_home, &client_home] {
+        std::fs::create_dir_all(home.join(".ssh")).unwrap();
+        for d in [home.clone(), home.join(".ssh")] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+    }
+    let key = |path: &std::path::Path| {
+        let out = std::process::Command::new("dropbearkey")
+            .args(["-t", "ed25519", "-f", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "dropbearkey: {out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("ssh-ed25519 "))
+            .unwrap()
+            .to_owned()
+    };
+    let host_key = dir.join("host_key");
+    key(&host_key);
+    let public = key(&client_home.join(".ssh/id_dropbear"));
+    let authorized = server_home.join(".ssh/authorized_keys");
+    std::fs::write(&authorized, format!("{public}\n")).unwrap();
+    std::fs::set_permissions(&authorized, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let script = format!(
+        "mount --bind {} /root && exec dropbear -F -E -s -p 22 -r {} -P {}",
+        server_home.display(),
+        host_key.display(),
+        dir.join("dropbear.pid").display()
+    );
+    let server = ns.spawn("sh", &["-c", &script]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    (server, client_home)
+}
+
+/// Runs `command` over SSH (dbclient, with the key in `home`, no host key check) from `ns`
+/// to `target` with `how` (a port, a proxy command); its output.
+fn ssh(ns: &Netns, home: &std::path::Path, how: &[&str], target: &str, command: &str) -> String {
+    let quoted: Vec<String> = how.iter().map(|a| format!("'{a}'")).collect();
+    let script = format!(
+        "mount --bind {} /root && exec timeout 20 dbclient -y -y {} {target} '{command}'",
+        home.display(),
+        quoted.join(" ")
+    );
+    let out = ns.exec_output("sh", &["-c", &script]).unwrap();
+    assert!(out.status.success(), "dbclient {how:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Behind a port-preserving NAT the node's tunnel is direct.
