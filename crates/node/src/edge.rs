@@ -58,19 +58,28 @@ pub struct NodeEdge<'a> {
     stub_at: Option<std::net::SocketAddr>,
     /// Without a TUN device: the stub's side of its way to the overlay, until it starts.
     stub_overlay: Option<OverlayDns>,
+    /// Without a TUN device, until the stack's thread starts: the channel's end it reads,
+    /// its local listeners and its side of the stub's way to the overlay.
+    stack_start: Option<(tokio::sync::mpsc::Receiver<Vec<u8>>, Listeners, StackDns)>,
 }
 
 /// What carries the host's packets.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Side {
     /// The TUN device.
     Tun(Arc<TunSide>),
-    /// The stack in the process: its side, and until its thread starts, the channel's end
-    /// it reads, its local listeners and its side of the stub's way to the overlay.
-    Stack(
-        Arc<StackSide>,
-        Option<(tokio::sync::mpsc::Receiver<Vec<u8>>, Listeners, StackDns)>,
-    ),
+    /// The stack in the process.
+    Stack(Arc<StackSide>),
+}
+
+impl Side {
+    /// The node's counters, where this side keeps them.
+    fn counters(&self) -> &NodeCounters {
+        match self {
+            Self::Tun(t) => &t.counters,
+            Self::Stack(s) => &s.counters,
+        }
+    }
 }
 
 impl<'a> NodeEdge<'a> {
@@ -88,14 +97,15 @@ impl<'a> NodeEdge<'a> {
             overlay: common.overlay,
             ipv6: v6,
         };
-        let mut stub_overlay = None;
+        let (mut stub_overlay, mut stack_start) = (None, None);
         let side = if let Some(u) = &config.userspace {
             let listeners = Listeners::bind(u)?;
             let (side, from_sink) = StackSide::new(ours);
             let (stub, stack) = crate::userspace::dns_link();
             stub_overlay = Some(stub);
             tracing::info!(vip = %config.vip, overlay = %common.overlay, ipv6 = ?v6, mtu = common.inner_mtu, "overlay in userspace: no TUN device");
-            Side::Stack(side, Some((from_sink, listeners, stack)))
+            stack_start = Some((from_sink, listeners, stack));
+            Side::Stack(side)
         } else {
             // USO too: the reader cuts UDP super-packets of both IP versions.
             let tun = Tun::create(&config.interface, config.tun_offload, true)?;
@@ -120,6 +130,7 @@ impl<'a> NodeEdge<'a> {
             dns: Arc::new(Mutex::new(None)),
             stub_at: None,
             stub_overlay,
+            stack_start,
         })
     }
 }
@@ -160,7 +171,7 @@ impl Edge for NodeEdge<'_> {
     fn sink(&mut self) -> anyhow::Result<NodeSink> {
         Ok(match &self.side {
             Side::Tun(t) => NodeSink::Tun(TunSink::new(t.clone())),
-            Side::Stack(s, _) => NodeSink::Stack(StackSink::new(s.clone())),
+            Side::Stack(s) => NodeSink::Stack(StackSink::new(s.clone())),
         })
     }
 
@@ -186,7 +197,7 @@ impl Edge for NodeEdge<'_> {
     }
 
     fn start(&mut self, core: &Core) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
-        match &mut self.side {
+        match &self.side {
             Side::Tun(side) => {
                 let reader = TunReader::new(
                     side.clone(),
@@ -196,8 +207,9 @@ impl Edge for NodeEdge<'_> {
                 );
                 Ok(vec![core.spawn("cy-tun", move || reader.run())?])
             }
-            Side::Stack(side, parts) => {
-                let (from_sink, listeners, dns) = parts
+            Side::Stack(side) => {
+                let (from_sink, listeners, dns) = self
+                    .stack_start
                     .take()
                     .context("the userspace stack's thread started twice")?;
                 let connections = self.config.userspace.as_ref().map_or(1, |u| u.connections);
@@ -217,7 +229,7 @@ impl Edge for NodeEdge<'_> {
         let dns = self.dns.clone();
         let interface = match &self.side {
             Side::Tun(t) => t.tun.name().to_owned(),
-            Side::Stack(..) => "userspace".to_owned(),
+            Side::Stack(_) => "userspace".to_owned(),
         };
         let info = NodeInfo {
             name: core.name.clone(),
@@ -227,7 +239,7 @@ impl Edge for NodeEdge<'_> {
             uptime_secs: 0,
         };
         let started = core.started;
-        let counters = self.counters_source();
+        let side = self.side.clone();
         Box::new(move || {
             let status = NodeStatus {
                 node: NodeInfo {
@@ -236,46 +248,20 @@ impl Edge for NodeEdge<'_> {
                 },
                 dns: dns.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             };
-            (status, counters.get().copied())
+            (status, side.counters().copied())
         })
     }
 
     fn counters(&self) -> Arc<dyn CounterSet + Send + Sync> {
-        match &self.side {
-            Side::Tun(t) => Arc::new(CountersOf::new(t.clone(), |t| &t.counters)),
-            Side::Stack(s, _) => Arc::new(CountersOf::new(s.clone(), |s| &s.counters)),
-        }
+        Arc::new(CountersOf::new(Arc::new(self.side.clone()), |s| {
+            s.counters()
+        }))
     }
 
     fn collector(&self, _core: &Core) -> Box<dyn Collector> {
         Box::new(NodeCollector {
             dns: self.dns.clone(),
         })
-    }
-}
-
-impl NodeEdge<'_> {
-    /// The side's counters, for the reporter's thread.
-    fn counters_source(&self) -> CountersAt {
-        match &self.side {
-            Side::Tun(t) => CountersAt::Tun(t.clone()),
-            Side::Stack(s, _) => CountersAt::Stack(s.clone()),
-        }
-    }
-}
-
-/// Where the node's counters live.
-enum CountersAt {
-    Tun(Arc<TunSide>),
-    Stack(Arc<StackSide>),
-}
-
-impl CountersAt {
-    fn get(&self) -> &NodeCounters {
-        match self {
-            Self::Tun(t) => &t.counters,
-            Self::Stack(s) => &s.counters,
-        }
     }
 }
 

@@ -3,23 +3,14 @@
 //! overlay; from peers only packets from their certified blocks to our vIP. And the node's
 //! counters, of both edges.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use cyphonic_pipeline::DropReason;
 use cyphonic_tunnel::bump;
-use ipnet::{Ipv4Net, Ipv6Net};
 
 /// Our addresses and the overlay's: what packets from the host and from peers are checked
-/// against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ours {
-    /// Our vIP.
-    pub vip: Ipv4Addr,
-    /// The overlay: what we send into the tunnel.
-    pub overlay: Ipv4Net,
-    /// Our IPv6 vIP and the overlay's IPv6 range, when we carry IPv6.
-    pub ipv6: Option<(Ipv6Addr, Ipv6Net)>,
-}
+/// against (the userspace stack's own, so that both edges judge by one description).
+pub use cyphonic_netstack::Addresses as Ours;
 
 /// The smallest IPv4 header.
 const IPV4_MIN: usize = 20;
@@ -118,15 +109,13 @@ fn addresses(p: &[u8], v6: bool) -> Result<(IpAddr, IpAddr), bool> {
     }
 }
 
-impl Ours {
-    /// Our address of `dst`'s family, and whether `dst` lies in the overlay of that family.
-    fn of(&self, dst: IpAddr) -> (Option<IpAddr>, bool) {
-        match dst {
-            IpAddr::V4(d) => (Some(self.vip.into()), self.overlay.contains(&d)),
-            IpAddr::V6(d) => self
-                .ipv6
-                .map_or((None, false), |(vip, o)| (Some(vip.into()), o.contains(&d))),
-        }
+/// Our address of `dst`'s family, and whether `dst` lies in the overlay of that family.
+fn of(ours: &Ours, dst: IpAddr) -> (Option<IpAddr>, bool) {
+    match dst {
+        IpAddr::V4(d) => (Some(ours.vip.into()), ours.overlay.contains(&d)),
+        IpAddr::V6(d) => ours
+            .ipv6
+            .map_or((None, false), |(vip, o)| (Some(vip.into()), o.contains(&d))),
     }
 }
 
@@ -149,7 +138,7 @@ pub fn destination(p: &[u8], ours: &Ours) -> Result<IpAddr, NotOutbound> {
     match addresses(p, ours.ipv6.is_some()) {
         Err(false) => Err(NotOutbound::NotIp),
         Err(true) => Err(NotOutbound::Malformed),
-        Ok((src, dst)) => match ours.of(dst) {
+        Ok((src, dst)) => match of(ours, dst) {
             (vip, _) if Some(src) != vip => Err(NotOutbound::NotOurSource),
             (vip, inside) if !inside || Some(dst) == vip => Err(NotOutbound::NotOverlay),
             _ => Ok(dst),
@@ -188,7 +177,7 @@ pub fn inbound<'c>(
         Ok((src, _)) if !blocks.iter().any(|b| b.contains(&src)) => {
             Err((&c.drop_source_not_certified, DropReason::Policy))
         }
-        Ok((_, dst)) if ours.of(dst).0 != Some(dst) => {
+        Ok((_, dst)) if of(ours, dst).0 != Some(dst) => {
             Err((&c.drop_not_for_us, DropReason::Policy))
         }
         Ok(_) => Ok(()),
@@ -212,6 +201,8 @@ pub fn admit(
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
+
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     use super::*;
 

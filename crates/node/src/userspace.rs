@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cyphonic_gateway::complete_deferred_checksum;
-use cyphonic_netstack::{Addresses, Conn, ConnectError, Limits, Phase, Stack, Udp};
+use cyphonic_netstack::{Conn, ConnectError, Limits, Phase, Stack, Udp};
 use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_tunnel::{Accepted, HEADROOM, Intake, PACKET_ROOM, Shared, Submit, bump};
 use cyphonic_wire::FLAG_CHECKSUM_DEFERRED;
@@ -270,12 +270,6 @@ impl StackThread {
         mtu: usize,
         (resolver, dns): (Option<SocketAddr>, StackDns),
     ) -> anyhow::Result<Self> {
-        let ours = side.ours;
-        let addresses = Addresses {
-            vip: ours.vip,
-            overlay: ours.overlay,
-            ipv6: ours.ipv6,
-        };
         let limits = Limits {
             connections,
             ..Limits::default()
@@ -285,12 +279,13 @@ impl StackThread {
             .enable_time()
             .build()
             .context("the userspace stack's runtime")?;
+        let stack = Stack::new(side.ours, mtu, limits, Instant::now());
         Ok(Self {
             side,
             shared,
             intake,
             from_sink,
-            stack: Stack::new(addresses, mtu, limits, Instant::now()),
+            stack,
             listeners,
             resolver,
             dns,
