@@ -61,7 +61,7 @@ cyphonic_telemetry::counters! {
         drop_stack_full,
         /// Packets the userspace stack sent into the tunnel.
         stack_sent,
-        /// Packets the userspace stack made that were not from us to the overlay.
+        /// Packets the userspace stack made that were not from us to the overlay, or not in a buffer.
         drop_stack_not_overlay,
         /// Connections taken on the userspace node's proxy and forwards.
         proxy_accepted,

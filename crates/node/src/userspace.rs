@@ -423,7 +423,12 @@ impl StackThread {
         let pool = self.shared.pool();
         let c = &self.side.counters;
         while let Some(p) = self.stack.transmit() {
-            let Ok(dst) = destination(&p, &self.side.ours) else {
+            // The stack keeps to the inner MTU, which a buffer holds: both checks before a
+            // buffer is taken.
+            let Some(dst) = destination(&p, &self.side.ours)
+                .ok()
+                .filter(|_| p.len() <= PACKET_ROOM.len())
+            else {
                 bump(&c.drop_stack_not_overlay);
                 continue;
             };
@@ -431,15 +436,7 @@ impl StackThread {
                 bump(&self.shared.counters().drop_no_buffer);
                 continue;
             };
-            let Some(room) = buf.get_mut(HEADROOM..HEADROOM + p.len()) else {
-                bump(&c.drop_stack_not_overlay);
-                continue;
-            };
-            if p.len() > PACKET_ROOM.len() {
-                bump(&c.drop_stack_not_overlay);
-                continue;
-            }
-            room.copy_from_slice(&p);
+            buf[HEADROOM..HEADROOM + p.len()].copy_from_slice(&p);
             let guard = guard.get_or_insert_with(|| self.intake.lock());
             let Some(sub) = guard.as_mut() else {
                 // The engine is stopping.
