@@ -158,9 +158,25 @@ impl NodeConfig {
                 RawDataplane::defer_checksums,
                 self.defer_checksums != new.defer_checksums,
             ),
-            (RawUserspace::socks5, self.userspace != new.userspace),
+            (
+                RawUserspace::socks5,
+                userspace(self, |u| u.socks5) != userspace(new, |u| u.socks5),
+            ),
+            (
+                RawUserspace::connections,
+                userspace(self, |u| u.connections) != userspace(new, |u| u.connections),
+            ),
+            (
+                RawUserspace::forward,
+                userspace(self, |u| &u.forwards) != userspace(new, |u| &u.forwards),
+            ),
         ])
     }
+}
+
+/// `part` of `c`'s `[userspace]`, if it has one.
+fn userspace<'a, T>(c: &'a NodeConfig, part: impl Fn(&'a Userspace) -> T) -> Option<T> {
+    c.userspace.as_ref().map(part)
 }
 
 /// Reads, parses and checks the configuration at `path` at unix time `now_secs`, with the
@@ -481,7 +497,7 @@ mod tests {
             "{base}[userspace]\nsocks5 = \"127.0.0.1:1080\"\n[[userspace.forward]]\nlisten = \"127.0.0.1:8554\"\nto = \"cam.gw1.ovl.example:554\"\n[[userspace.forward]]\nlisten = \"[::1]:2222\"\nto = \"100.64.1.20:22\"\n"
         );
         let (c, _) = load_text(&f, &good).unwrap();
-        let u = c.userspace.unwrap();
+        let u = c.userspace.clone().unwrap();
         assert_eq!(u.socks5, Some("127.0.0.1:1080".parse().unwrap()));
         assert_eq!(u.connections, 256);
         assert_eq!(
@@ -510,6 +526,21 @@ mod tests {
         );
         let (tun, _) = load_text(&f, base).unwrap();
         assert_eq!(tun.userspace, None);
+        // A reload names the keys that changed: each takes effect at a restart.
+        let mut fewer = c.clone();
+        if let Some(u) = fewer.userspace.as_mut() {
+            u.forwards.pop();
+        }
+        assert_eq!(c.needs_restart(&fewer), ["userspace.forward"]);
+        assert_eq!(
+            c.needs_restart(&tun),
+            [
+                "dns.listen",
+                "userspace.socks5",
+                "userspace.connections",
+                "userspace.forward"
+            ]
+        );
 
         let with = |table: &str| format!("{base}[userspace]\n{table}");
         for (table, expect) in [
