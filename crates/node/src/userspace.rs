@@ -796,3 +796,143 @@ async fn carry(stream: TcpStream, link: Link, wake: &Arc<Notify>) {
     };
     tokio::join!(up, down);
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A runtime for a test, on loopback only.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// What `socks_request` makes of `sent` from a client: its result, and every byte the
+    /// client was answered before the proxy side let go.
+    async fn socks_of(sent: &[u8]) -> (Result<Address, Option<Reply>>, Vec<u8>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(at).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        client.write_all(sent).await.unwrap();
+        client.shutdown().await.unwrap();
+        let got = socks_request(&mut server).await;
+        if let Err(Some(reply)) = got {
+            answer(&mut server, reply).await;
+        }
+        // What the proxy left unread, read: a close with bytes unread would be a reset,
+        // which may take the answer with it.
+        let mut unread = Vec::new();
+        server.read_to_end(&mut unread).await.unwrap();
+        drop(server);
+        let mut answered = Vec::new();
+        client.read_to_end(&mut answered).await.unwrap();
+        (got, answered)
+    }
+
+    /// RFC 1928 as we speak it: CONNECT without authentication to a name or an address;
+    /// anything else gets the reply the RFC gives it, or nothing when the client is owed
+    /// none (not SOCKS5, no method we take, cut short). Nothing panics.
+    #[test]
+    fn socks_requests_are_read_strictly() {
+        runtime().block_on(async {
+            let greeting = [5, 1, 0];
+            let connect_name = [&greeting[..], &[5, 1, 0, 3, 3], b"a.b", &[0, 80]].concat();
+            let (got, answered) = socks_of(&connect_name).await;
+            assert_eq!(got.unwrap(), Address::DomainAddress(b"a.b".to_vec(), 80));
+            assert_eq!(answered, [5, 0]);
+            let connect_ip = [&greeting[..], &[5, 1, 0, 1, 100, 64, 1, 5, 0, 22]].concat();
+            let (got, _) = socks_of(&connect_ip).await;
+            assert_eq!(
+                got.unwrap(),
+                Address::SocketAddress("100.64.1.5:22".parse().unwrap())
+            );
+            // The reply to a refused request: version, code, reserved, then an address.
+            let refused = |code: u8| vec![5, 0, 5, code, 0];
+            for (sent, want, answer) in [
+                // SOCKS4.
+                (vec![4, 1, 0, 80, 100, 64, 1, 5, 0], None, vec![]),
+                // Only username and password offered.
+                (vec![5, 1, 2], None, vec![5, 0xff]),
+                // BIND, and UDP ASSOCIATE.
+                (
+                    [&greeting[..], &[5, 2, 0, 1, 100, 64, 1, 5, 0, 22]].concat(),
+                    Some(Reply::CommandNotSupported),
+                    refused(7),
+                ),
+                (
+                    [&greeting[..], &[5, 3, 0, 1, 100, 64, 1, 5, 0, 22]].concat(),
+                    Some(Reply::CommandNotSupported),
+                    refused(7),
+                ),
+                // An unknown command, an unknown address type.
+                (
+                    [&greeting[..], &[5, 9, 0, 1, 100, 64, 1, 5, 0, 22]].concat(),
+                    Some(Reply::CommandNotSupported),
+                    refused(7),
+                ),
+                (
+                    [&greeting[..], &[5, 1, 0, 7, 1, 2, 3, 4]].concat(),
+                    Some(Reply::AddressTypeNotSupported),
+                    refused(8),
+                ),
+                // Cut short: in the greeting, in the request.
+                (vec![5, 3, 0], None, vec![]),
+                (
+                    [&greeting[..], &[5, 1, 0, 3, 200, b'a']].concat(),
+                    None,
+                    vec![5, 0],
+                ),
+            ] {
+                let (got, answered) = socks_of(&sent).await;
+                assert_eq!(got.err(), Some(want), "{sent:?}");
+                assert!(answered.starts_with(&answer), "{sent:?}: {answered:?}");
+                assert_eq!(
+                    answered.len() > answer.len(),
+                    want.is_some(),
+                    "{sent:?}: {answered:?}"
+                );
+            }
+        });
+    }
+
+    /// Local clients are bounded: with every permit held (a client that has not finished
+    /// its greeting), the next connection is closed at once and counted as refused.
+    #[test]
+    fn local_clients_beyond_the_bound_are_refused() {
+        runtime().block_on(async {
+            let ours = Ours {
+                vip: std::net::Ipv4Addr::new(100, 64, 3, 1),
+                overlay: "100.64.0.0/10".parse().unwrap(),
+                ipv6: None,
+            };
+            let (side, _from_sink) = StackSide::new(ours);
+            let (open, _opens) = mpsc::channel(1);
+            let clients = Arc::new(Clients {
+                open,
+                wake: Arc::new(Notify::new()),
+                resolver: None,
+                side: side.clone(),
+                permits: Arc::new(Semaphore::new(1)),
+            });
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let at = listener.local_addr().unwrap();
+            tokio::spawn(accept(listener, Target::Socks, clients));
+            let _first = TcpStream::connect(at).await.unwrap();
+            let c = &side.counters;
+            while c.proxy_accepted.load(Ordering::Relaxed) < 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let mut second = TcpStream::connect(at).await.unwrap();
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), second.read_to_end(&mut rest));
+            assert!(matches!(read.await, Ok(Ok(0)) | Ok(Err(_))), "{rest:?}");
+            assert_eq!(c.proxy_accepted.load(Ordering::Relaxed), 2);
+            assert_eq!(c.proxy_refused.load(Ordering::Relaxed), 1);
+        });
+    }
+}
