@@ -93,7 +93,7 @@ async fn fill(store: &Store, pki: &Pki, members: usize) -> anyhow::Result<()> {
         store
             .register(
                 &fp,
-                &[endpoint],
+                (&[endpoint], None),
                 &[record(name.clone(), 1), record(format!("cam.{name}"), 10)],
             )
             .await?;

@@ -517,7 +517,7 @@ async fn conformance(store: &Store) {
     let taken = store
         .register(
             "fp1",
-            &[e1],
+            (&[e1], None),
             &[
                 rec("gw1.ovl.example", [100, 64, 1, 1]),
                 rec("cam.gw1.ovl.example", [100, 64, 1, 100]),
@@ -530,7 +530,7 @@ async fn conformance(store: &Store) {
     let taken = store
         .register(
             "fp2",
-            &[],
+            (&[], None),
             &[
                 rec("cam.gw1.ovl.example", [100, 64, 2, 9]),
                 rec("gw2.ovl.example", [100, 64, 2, 1]),
@@ -562,6 +562,25 @@ async fn conformance(store: &Store) {
     let row = store.client("fp1").await.unwrap().unwrap();
     assert_eq!((row.observed, row.observed_alt), (Some(seen), Some(alt)));
     assert_eq!(row.reach(), [seen, e1]);
+    // A port mapping (control version 14) is kept as registered; at the observed address it
+    // goes first.
+    let mapped: SocketAddr = "203.0.113.7:51820".parse().unwrap();
+    let mapping = cyphonic_control::Mapping::Mapped {
+        protocol: cyphonic_control::MapProtocol::NatPmp,
+        endpoint: mapped,
+    };
+    let names = [rec("gw1.ovl.example", [100, 64, 1, 1])];
+    store
+        .register("fp1", (&[e1], Some(&mapping)), &names)
+        .await
+        .unwrap();
+    let row = store.client("fp1").await.unwrap().unwrap();
+    assert_eq!(row.mapping.as_ref(), Some(&mapping));
+    assert_eq!(row.reach(), [mapped, seen, e1]);
+    let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
+    assert_eq!(found.owner.mapping, Some(mapping));
+    store.register("fp1", (&[e1], None), &names).await.unwrap();
+    assert_eq!(store.client("fp1").await.unwrap().unwrap().mapping, None);
     // A device with IPv6 only (control version 9): its name has no vIP, and the registry
     // keeps it so, in the member's IPv6 names alone.
     let thread = NameRecord {
@@ -572,7 +591,7 @@ async fn conformance(store: &Store) {
     let taken = store
         .register(
             "fp1",
-            &[e1],
+            (&[e1], None),
             &[rec("gw1.ovl.example", [100, 64, 1, 1]), thread.clone()],
         )
         .await
@@ -602,7 +621,11 @@ async fn conformance(store: &Store) {
     );
     // Registering again replaces the names.
     store
-        .register("fp1", &[e1], &[rec("gw1.ovl.example", [100, 64, 1, 1])])
+        .register(
+            "fp1",
+            (&[e1], None),
+            &[rec("gw1.ovl.example", [100, 64, 1, 1])],
+        )
         .await
         .unwrap();
     assert!(
@@ -776,7 +799,7 @@ async fn identities(store: &Store) {
         )
         .await
         .unwrap();
-    let refused = store.register("fp1b", &[], &gw1).await.unwrap();
+    let refused = store.register("fp1b", (&[], None), &gw1).await.unwrap();
     assert!(refused.is_empty(), "{refused:?}");
     let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
     assert_eq!(found.owner.fingerprint, "fp1b");
@@ -793,7 +816,7 @@ async fn identities(store: &Store) {
     let refused = store
         .register(
             "fp1x",
-            &[],
+            (&[], None),
             &[NameRecord {
                 vip6: None,
                 legacy: Some(Ipv4Addr::new(192, 0, 2, 7)),
@@ -804,7 +827,11 @@ async fn identities(store: &Store) {
         .unwrap();
     assert!(refused.is_empty(), "a free name: {refused:?}");
     let refused = store
-        .register("fp1b", &[], &[rec("cam.gw1.ovl.example", [100, 64, 1, 8])])
+        .register(
+            "fp1b",
+            (&[], None),
+            &[rec("cam.gw1.ovl.example", [100, 64, 1, 8])],
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -819,7 +846,7 @@ async fn identities(store: &Store) {
     let refused = store
         .register(
             "fp2",
-            &[],
+            (&[], None),
             &[
                 rec("gw1.ovl.example", [100, 64, 2, 5]),
                 rec("sensor.gw2.ovl.example", [100, 64, 2, 6]),
@@ -846,7 +873,7 @@ async fn identities(store: &Store) {
     let refused = store
         .register(
             "fp9",
-            &[],
+            (&[], None),
             &[rec("sensor.gw2.ovl.example", [100, 64, 2, 6])],
         )
         .await

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use arbitrary::Arbitrary;
 use cyphonic_cloud::{Nms, Policy, Rule, Store};
 use cyphonic_control::{
-    ClientMsg, CloudMsg, DeviceKind, DeviceReport, FlowDir, FlowRecord, Mac, NameRecord, PairBox, PairHealth,
+    ClientMsg, CloudMsg, DeviceKind, DeviceReport, FlowDir, FlowRecord, Mac, MapProtocol, Mapping, NameRecord, PairBox, PairHealth,
     PairRole, RefusedRecord, Resolution, TunnelPath, TunnelReport,
 };
 use cyphonic_crypto::{
@@ -67,7 +67,12 @@ enum Peer {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Register { endpoints: Vec<([u8; 4], u16)>, names: Vec<(Name, [u8; 4])> },
+    /// The mapping: held (at an address and port) or refused (with a reason).
+    Register {
+        endpoints: Vec<([u8; 4], u16)>,
+        names: Vec<(Name, [u8; 4])>,
+        mapping: Option<Result<([u8; 4], u16), String>>,
+    },
     Resolve { id: u64, name: Name },
     Relay(Peer),
     Admit(Peer),
@@ -146,7 +151,14 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
         for (who, op) in input.ops.into_iter().take(32) {
             let me = &f.clients[usize::from(who) % f.clients.len()];
             let msg = match &op {
-                Op::Register { endpoints, names } => ClientMsg::Register {
+                Op::Register { endpoints, names, mapping } => ClientMsg::Register {
+                    mapping: mapping.as_ref().map(|m| match m {
+                        Ok((ip, port)) => Mapping::Mapped {
+                            protocol: MapProtocol::Pcp,
+                            endpoint: SocketAddr::from((*ip, *port)),
+                        },
+                        Err(reason) => Mapping::Refused { protocol: MapProtocol::Upnp, reason: reason.clone() },
+                    }),
                     endpoints: endpoints.iter().take(20).map(|(ip, port)| SocketAddr::from((*ip, *port))).collect(),
                     names: names
                         .iter()

@@ -35,6 +35,11 @@ pub struct MemberView {
     /// The address its endpoint probes came from (its NAT's mapping).
     #[schema(value_type = Option<String>)]
     pub observed: Option<SocketAddr>,
+    /// What its router said of a mapping of its tunnel port, as it registered it
+    /// (docs/protocol.md §4, *Port mapping*).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub mapping: Option<cyphonic_control::Mapping>,
     /// The software and version it said it runs when it last connected.
     pub agent: Option<String>,
     /// The HA pair serving it, as its serving box last reported (docs/protocol.md §5).
@@ -83,6 +88,7 @@ impl MemberView {
             }),
             endpoints: m.client.endpoints.clone(),
             observed: m.client.observed,
+            mapping: m.client.mapping.clone(),
             agent: m.agent.clone(),
             pair: m.pair.clone(),
             names: {

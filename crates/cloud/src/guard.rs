@@ -446,6 +446,7 @@ mod tests {
         let register = ClientMsg::Register {
             endpoints: vec![],
             names: vec![],
+            mapping: None,
         };
         let resolve = ClientMsg::Resolve {
             id: 1,

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use cyphonic_control::RelayReason;
+use cyphonic_control::{Mapping, RelayReason};
 
 use crate::store::ClientRow;
 
@@ -15,6 +15,9 @@ pub enum Nat {
     Unknown,
     /// No NAT: the probes came from an address the client registered as its own.
     Public,
+    /// Behind a NAT whose router maps a port to the tunnel socket, at the address the probes
+    /// come from: reachable there from anywhere, as without NAT.
+    Mapped,
     /// One mapping for every destination (the probes to both ports came from the same
     /// address): hole punching works.
     Cone,
@@ -31,6 +34,9 @@ impl Nat {
         if row.endpoints.contains(&observed) {
             return Self::Public;
         }
+        if row.mapped().is_some() {
+            return Self::Mapped;
+        }
         match row.observed_alt {
             Some(alt) if alt != observed => Self::Symmetric,
             _ => Self::Cone,
@@ -42,6 +48,7 @@ impl Nat {
         match self {
             Self::Unknown => "unknown",
             Self::Public => "no NAT",
+            Self::Mapped => "NAT with a port mapping",
             Self::Cone => "cone NAT",
             Self::Symmetric => "symmetric NAT",
         }
@@ -66,10 +73,20 @@ pub fn choose(a: &ClientRow, b: &ClientRow) -> Option<RelayReason> {
         return Some(RelayReason::NoCommonIpVersion);
     }
     // A symmetric NAT passes only packets from where it sent to, on a port the other side
-    // cannot know in advance: only a side without NAT can answer it.
+    // cannot know in advance: only a side reachable from anywhere (no NAT, or a port
+    // mapping) can answer it.
     let (na, nb) = (Nat::of(a), Nat::of(b));
-    if (na == Nat::Symmetric && nb != Nat::Public) || (nb == Nat::Symmetric && na != Nat::Public) {
-        return Some(RelayReason::SymmetricNat);
+    let answers = |n: Nat| matches!(n, Nat::Public | Nat::Mapped);
+    let stuck = |n: Nat, other: Nat| n == Nat::Symmetric && !answers(other);
+    let refused = |row: &ClientRow, n: Nat| {
+        n == Nat::Symmetric && matches!(row.mapping, Some(Mapping::Refused { .. }))
+    };
+    if stuck(na, nb) || stuck(nb, na) {
+        return Some(if refused(a, na) || refused(b, nb) {
+            RelayReason::MappingRefused
+        } else {
+            RelayReason::SymmetricNat
+        });
     }
     None
 }
@@ -96,7 +113,25 @@ mod tests {
             endpoints: endpoints.iter().map(|s| a(s)).collect(),
             observed: observed.map(a),
             observed_alt: alt.map(a),
+            mapping: None,
             online: true,
+        }
+    }
+
+    fn with(mut r: ClientRow, mapping: Mapping) -> ClientRow {
+        r.mapping = Some(mapping);
+        r
+    }
+    fn mapped_at(endpoint: &str) -> Mapping {
+        Mapping::Mapped {
+            protocol: cyphonic_control::MapProtocol::Pcp,
+            endpoint: endpoint.parse().unwrap(),
+        }
+    }
+    fn refused() -> Mapping {
+        Mapping::Refused {
+            protocol: cyphonic_control::MapProtocol::Upnp,
+            reason: "not authorized".into(),
         }
     }
 
@@ -166,6 +201,46 @@ mod tests {
             (dual, public4(), None),
             // Nothing known of a side yet: try directly.
             (row(&[], None, None), public4(), None),
+        ] {
+            assert_eq!(choose(&a, &b), expect, "{a:?}\n{b:?}");
+        }
+    }
+
+    /// A side whose router maps its tunnel port at the address its probes come from answers a
+    /// symmetric NAT as a side without NAT does, and is reached there first; a mapping at
+    /// another address counts for nothing; a refusal names itself where the pair is relayed.
+    #[test]
+    fn a_port_mapping_makes_a_side_reachable_and_a_refusal_names_itself() {
+        use RelayReason::{MappingRefused, SymmetricNat};
+        let mapped = with(symmetric(), mapped_at("203.0.113.2:51820"));
+        assert_eq!(Nat::of(&mapped), Nat::Mapped);
+        assert_eq!(
+            mapped.reach(),
+            [
+                "203.0.113.2:51820",
+                "203.0.113.2:40001",
+                "192.0.2.130:51820"
+            ]
+            .map(|s| s.parse::<SocketAddr>().unwrap())
+        );
+        // A mapping the router says is elsewhere (behind another NAT, or a lie).
+        let elsewhere = with(symmetric(), mapped_at("198.51.100.77:51820"));
+        assert_eq!(Nat::of(&elsewhere), Nat::Symmetric);
+        assert_eq!(elsewhere.reach()[0], "203.0.113.2:40001".parse().unwrap());
+        let refused_sym = with(symmetric(), refused());
+        for (a, b, expect) in [
+            (mapped.clone(), symmetric(), None),
+            (symmetric(), mapped.clone(), None),
+            (mapped.clone(), mapped.clone(), None),
+            (mapped.clone(), cone(), None),
+            (elsewhere.clone(), symmetric(), Some(SymmetricNat)),
+            (refused_sym.clone(), symmetric(), Some(MappingRefused)),
+            (symmetric(), refused_sym.clone(), Some(MappingRefused)),
+            (cone(), refused_sym.clone(), Some(MappingRefused)),
+            // A refusal on a side that is not the trouble: the symmetric side had no router.
+            (with(cone(), refused()), symmetric(), Some(SymmetricNat)),
+            (refused_sym.clone(), public4(), None),
+            (refused_sym, mapped, None),
         ] {
             assert_eq!(choose(&a, &b), expect, "{a:?}\n{b:?}");
         }

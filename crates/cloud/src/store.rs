@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cyphonic_control::NameRecord;
+use cyphonic_control::{Mapping, NameRecord};
 use ipnet::IpNet;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row as _};
@@ -61,14 +61,25 @@ pub struct ClientRow {
     pub observed: Option<SocketAddr>,
     /// The address its probes to the second probe port came from.
     pub observed_alt: Option<SocketAddr>,
+    /// What its router said of a mapping of its tunnel port, as it registered it.
+    pub mapping: Option<Mapping>,
     /// Whether a control session is open to it (on any instance).
     pub online: bool,
 }
 
 impl ClientRow {
-    /// Where to send handshakes: the observed (NAT-mapped) address first, then the rest.
+    /// Its router's mapping of its tunnel port, where the cloud takes it at its word: its
+    /// address is the one the client's probes come from (docs/protocol.md §4, *Port mapping*).
+    pub fn mapped(&self) -> Option<SocketAddr> {
+        let endpoint = self.mapping.as_ref()?.endpoint()?;
+        (Some(endpoint.ip()) == self.observed.map(|o| o.ip())).then_some(endpoint)
+    }
+
+    /// Where to send handshakes: a mapping the router holds for it first (it answers anyone),
+    /// then the observed (NAT-mapped) address, then the rest.
     pub fn reach(&self) -> Vec<SocketAddr> {
-        let mut out: Vec<SocketAddr> = self.observed.into_iter().collect();
+        let mut out: Vec<SocketAddr> = self.mapped().into_iter().collect();
+        out.extend(self.observed.filter(|o| !out.contains(o)));
         for e in &self.endpoints {
             if !out.contains(e) {
                 out.push(*e);
@@ -468,10 +479,11 @@ impl Store {
     pub async fn register(
         &self,
         fingerprint: &str,
-        endpoints: &[SocketAddr],
+        (endpoints, mapping): (&[SocketAddr], Option<&Mapping>),
         names: &[NameRecord],
     ) -> Result<Vec<(String, String)>, StoreError> {
         let endpoints = serde_json::to_string(endpoints).unwrap_or_else(|_| "[]".into());
+        let mapping = mapping.and_then(|m| serde_json::to_string(m).ok());
         let mut tx = self.pool.begin().await?;
         let me = sqlx::query("SELECT name, issuer FROM clients WHERE fingerprint = $1")
             .bind(fingerprint)
@@ -481,10 +493,13 @@ impl Store {
             Some(row) => (row.try_get(0)?, row.try_get(1)?),
             None => (String::new(), String::new()),
         };
-        sqlx::query("UPDATE clients SET endpoints = $2, updated_at = $3 WHERE fingerprint = $1")
-            .bind(fingerprint)
-            .bind(&endpoints)
-            .bind(unix_now())
+        sqlx::query(
+            "UPDATE clients SET endpoints = $2, mapping = $4, updated_at = $3 WHERE fingerprint = $1",
+        )
+        .bind(fingerprint)
+        .bind(&endpoints)
+        .bind(unix_now())
+        .bind(mapping)
             .execute(&mut *tx)
             .await?;
         sqlx::query(
@@ -565,8 +580,8 @@ impl Store {
     /// Database failures, or a row this version cannot read.
     pub async fn client(&self, fingerprint: &str) -> Result<Option<ClientRow>, StoreError> {
         let row = sqlx::query(
-            "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt \
-             FROM clients WHERE fingerprint = $1",
+            "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt, \
+             mapping FROM clients WHERE fingerprint = $1",
         )
         .bind(fingerprint)
         .fetch_optional(&self.pool)
@@ -581,7 +596,7 @@ impl Store {
     pub async fn lookup(&self, name: &str) -> Result<Option<NameRow>, StoreError> {
         let row = sqlx::query(
             "SELECT n.vip, c.fingerprint, c.name, c.certificate, c.endpoints, c.observed, c.online, \
-             c.observed_alt, n.vip6 FROM names n JOIN clients c ON c.fingerprint = n.owner \
+             c.observed_alt, c.mapping, n.vip6 FROM names n JOIN clients c ON c.fingerprint = n.owner \
              WHERE n.name = $1",
         )
         .bind(name)
@@ -591,7 +606,7 @@ impl Store {
             return Ok(None);
         };
         let vip = address_at(&row, 0, "vip")?;
-        let vip6 = address_at(&row, 8, "vip6")?;
+        let vip6 = address_at(&row, 9, "vip6")?;
         let owner = client_row(&row, 1)?;
         Ok(Some(NameRow { vip, vip6, owner }))
     }
@@ -1256,7 +1271,7 @@ fn address_at<T: std::str::FromStr>(
 }
 
 /// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online,
-/// observed_alt` starting at column `at`.
+/// observed_alt, mapping` starting at column `at`.
 fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt {
         table: "clients",
@@ -1266,6 +1281,7 @@ fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreErro
     let observed: Option<String> = row.try_get(at + 4)?;
     let online: i64 = row.try_get(at + 5)?;
     let observed_alt: Option<String> = row.try_get(at + 6)?;
+    let mapping: Option<String> = row.try_get(at + 7)?;
     let addr = |o: Option<String>, what: &str| match o {
         Some(o) => o
             .parse()
@@ -1281,13 +1297,16 @@ fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreErro
             .map_err(|_| corrupt(format!("endpoints {endpoints:?}")))?,
         observed: addr(observed, "observed")?,
         observed_alt: addr(observed_alt, "observed_alt")?,
+        mapping: mapping
+            .map(|m| serde_json::from_str(&m).map_err(|_| corrupt(format!("mapping {m:?}"))))
+            .transpose()?,
         online: online != 0,
     })
 }
 
 /// The columns [`members_of`] reads, in its order.
 const MEMBER_COLUMNS: &str = "fingerprint, name, certificate, endpoints, observed, online, \
-     observed_alt, updated_at, agent, pair";
+     observed_alt, mapping, updated_at, agent, pair";
 
 /// Members from their `clients` rows ([`MEMBER_COLUMNS`]) and the `names` rows they own.
 fn members_of(
@@ -1322,9 +1341,9 @@ fn members_of(
     let mut members = Vec::with_capacity(rows.len());
     for row in rows {
         let client = client_row(row, 0)?;
-        let last_seen: i64 = row.try_get(7)?;
-        let agent: Option<String> = row.try_get(8)?;
-        let pair: Option<String> = row.try_get(9)?;
+        let last_seen: i64 = row.try_get(8)?;
+        let agent: Option<String> = row.try_get(9)?;
+        let pair: Option<String> = row.try_get(10)?;
         let pair = pair
             .map(|text| {
                 serde_json::from_str::<PairReport>(&text).map_err(|e| StoreError::Corrupt {

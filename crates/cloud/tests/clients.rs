@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cyphonic_cloud::config::RelayConfig;
 use cyphonic_cloud::{CloudConfig, Policy, Rule};
-use cyphonic_control::{ClientMsg, CloudMsg};
+use cyphonic_control::{ClientMsg, CloudMsg, MapProtocol, Mapping};
 use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_session::Identity;
 use cyphonic_signal::testing::Pki;
@@ -353,6 +353,45 @@ async fn resolve_signals_both_sides_and_probes_show_the_mapped_address() {
     };
     assert_eq!(peer.endpoints[0], observed);
     assert_eq!(stats.refused.load(Ordering::Relaxed), refused + 1);
+
+    // gw2's router maps a port for it (control version 14): at the address its probes come
+    // from, peers are sent there first; elsewhere, not at all; a refusal too long for the
+    // registry is left out and counted.
+    let first_endpoint = async |h1: &Handle| {
+        h1.cache().clear();
+        match h1.resolve("cam.gw2.ovl.example").await.unwrap() {
+            Resolution::Found { peer, .. } => peer.endpoints,
+            other => panic!("{other:?}"),
+        }
+    };
+    let mapped = SocketAddr::new(observed.ip(), 51999);
+    let elsewhere: SocketAddr = "203.0.113.2:51999".parse().unwrap();
+    for (mapping, first) in [
+        (Some(mapped), mapped),
+        (Some(elsewhere), observed),
+        (None, observed),
+    ] {
+        h2.set_mapping(mapping.map(|endpoint| Mapping::Mapped {
+            protocol: MapProtocol::Pcp,
+            endpoint,
+        }));
+        let mut seen = Vec::new();
+        for _ in 0..50 {
+            seen = first_endpoint(&h1).await;
+            if seen.first() == Some(&first) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(seen.first(), Some(&first), "{mapping:?}: {seen:?}");
+        assert!(!seen.contains(&elsewhere), "{seen:?}");
+    }
+    h2.set_mapping(Some(Mapping::Refused {
+        protocol: MapProtocol::Upnp,
+        reason: "x".repeat(Mapping::MAX_REASON + 1),
+    }));
+    until_counted(&stats.mappings_refused, 1).await;
+    assert_eq!(stats.mappings_refused.load(Ordering::Relaxed), 1);
     assert!(h1.is_connected() && h2.is_connected());
     running.stop();
 }
@@ -533,6 +572,7 @@ async fn a_names_ipv6_address_is_registered_checked_and_resolved() {
             ClientMsg::Register {
                 endpoints: vec![],
                 names: many,
+                mapping: None,
             },
         )
         .await;
@@ -910,7 +950,7 @@ async fn a_members_report_is_kept_and_its_tunnels_go_with_its_session() {
         devices: (0..600).map(device).collect(),
         tunnels: vec![tunnel(2), tunnel(3)],
     };
-    assert!(big.parts().len() > 1);
+    assert!(big.parts(cyphonic_control::VERSION).len() > 1);
     // The devices and the tunnels the registry holds of gw1 once `want` says so.
     let held = |want: fn(usize, usize) -> bool| {
         let store = store.clone();

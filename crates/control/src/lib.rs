@@ -19,9 +19,10 @@ pub mod token;
 pub use channel::{Channel, ChannelError, ClientHandshake, ServerHandshake};
 pub use msg::{
     Allowed, ClientMsg, CloudMsg, DeviceKind, DeviceReport, FLOWS_VERSION, FlowDir, FlowRecord,
-    HA_PAIR_VERSION, Hello, MIN_VERSION, Mac, NameRecord, PairBox, PairHealth, PairRole, PairState,
-    PeerInfo, PolicyProto, PolicyRule, REPORT_VERSION, RefusedRecord, RelayInfo, RelayReason,
-    Resolution, STREAM_VERSION, StreamInfo, TunnelPath, TunnelReport, VERSION, Welcome,
+    HA_PAIR_VERSION, Hello, MAPPING_VERSION, MIN_VERSION, Mac, MapProtocol, Mapping, NameRecord,
+    PairBox, PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule, REPORT_VERSION,
+    RefusedRecord, RelayInfo, RelayReason, Resolution, STREAM_VERSION, StreamInfo, TunnelPath,
+    TunnelReport, VERSION, Welcome,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{

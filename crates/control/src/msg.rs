@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 13;
+pub const VERSION: u16 = 14;
 
 /// The first version with [`ClientMsg::HaPair`].
 pub const HA_PAIR_VERSION: u16 = 10;
@@ -24,6 +24,10 @@ pub const FLOWS_VERSION: u16 = 12;
 
 /// The first version with a relay over a stream ([`RelayInfo::stream`]).
 pub const STREAM_VERSION: u16 = 13;
+
+/// The first version with port mappings ([`ClientMsg::Register`]'s `mapping`,
+/// [`RelayReason::MappingRefused`]).
+pub const MAPPING_VERSION: u16 = 14;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -126,6 +130,10 @@ pub enum ClientMsg {
         endpoints: Vec<SocketAddr>,
         /// The names it hosts.
         names: Vec<NameRecord>,
+        /// What its router said when asked for a mapping of the tunnel port (version 14);
+        /// none when no router answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mapping: Option<Mapping>,
     },
     /// Where is `name`? Answered by [`CloudMsg::Resolved`] with the same `id`.
     Resolve {
@@ -628,6 +636,9 @@ pub enum RelayReason {
     SymmetricNat,
     /// A client tried the direct path and no handshake came through.
     NoDirectHandshake,
+    /// As [`Self::SymmetricNat`], and a side behind the symmetric NAT asked its router for a
+    /// port mapping and was refused (version 14).
+    MappingRefused,
 }
 
 impl RelayReason {
@@ -637,6 +648,17 @@ impl RelayReason {
             Self::NoCommonIpVersion => "no_common_ip_version",
             Self::SymmetricNat => "symmetric_nat",
             Self::NoDirectHandshake => "no_direct_handshake",
+            Self::MappingRefused => "mapping_refused",
+        }
+    }
+
+    /// As a client of control `version` knows it: one before [`MAPPING_VERSION`] hears of a
+    /// refused mapping as [`Self::SymmetricNat`].
+    #[must_use]
+    pub const fn for_version(self, version: u16) -> Self {
+        match self {
+            Self::MappingRefused if version < MAPPING_VERSION => Self::SymmetricNat,
+            other => other,
         }
     }
 
@@ -646,6 +668,7 @@ impl RelayReason {
             Self::NoCommonIpVersion => "no common IP version",
             Self::SymmetricNat => "symmetric NAT",
             Self::NoDirectHandshake => "no handshake on the direct path",
+            Self::MappingRefused => "symmetric NAT, port mapping refused",
         }
     }
 }
@@ -653,6 +676,88 @@ impl RelayReason {
 impl std::fmt::Display for RelayReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.describe())
+    }
+}
+
+/// What a client's router said when asked for a mapping of the tunnel port
+/// (docs/protocol.md §4, *Port mapping*).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, tag = "result", rename_all = "snake_case")]
+pub enum Mapping {
+    /// The router forwards `endpoint` to the tunnel port.
+    Mapped {
+        /// The protocol it answered.
+        protocol: MapProtocol,
+        /// The external address and port.
+        endpoint: SocketAddr,
+    },
+    /// The router refused a mapping.
+    Refused {
+        /// The protocol it answered.
+        protocol: MapProtocol,
+        /// Why, in the router's words as the protocol gives them (at most
+        /// [`Mapping::MAX_REASON`] characters, printable).
+        reason: String,
+    },
+}
+
+impl Mapping {
+    /// The longest refusal reason the cloud accepts.
+    pub const MAX_REASON: usize = 64;
+
+    /// Whether the reason of a refusal is short and printable (a mapping is always).
+    pub fn is_well_formed(&self) -> bool {
+        match self {
+            Self::Mapped { endpoint, .. } => {
+                endpoint.port() != 0
+                    && !endpoint.ip().is_unspecified()
+                    && !endpoint.ip().is_multicast()
+            }
+            Self::Refused { reason, .. } => {
+                reason.chars().count() <= Self::MAX_REASON && !reason.chars().any(char::is_control)
+            }
+        }
+    }
+
+    /// The mapped endpoint, if one is held.
+    pub const fn endpoint(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Mapped { endpoint, .. } => Some(*endpoint),
+            Self::Refused { .. } => None,
+        }
+    }
+}
+
+/// A port mapping protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MapProtocol {
+    /// The Port Control Protocol (RFC 6887).
+    Pcp,
+    /// NAT Port Mapping Protocol (RFC 6886).
+    NatPmp,
+    /// UPnP Internet Gateway Device.
+    Upnp,
+}
+
+impl MapProtocol {
+    /// As the protocol writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pcp => "pcp",
+            Self::NatPmp => "nat_pmp",
+            Self::Upnp => "upnp",
+        }
+    }
+}
+
+impl std::fmt::Display for MapProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Pcp => "PCP",
+            Self::NatPmp => "NAT-PMP",
+            Self::Upnp => "UPnP-IGD",
+        })
     }
 }
 
@@ -868,6 +973,98 @@ mod tests {
     /// A report reads as docs/protocol.md §8 writes it, its kinds, paths and reasons as
     /// their `as_str` names them; a field it does not have, or a kind it does not name,
     /// does not read.
+    /// A registration's mapping reads as docs/protocol.md §4 writes it; an old client's
+    /// registration (no `mapping`) still reads; a refused mapping is told to an old client as a
+    /// symmetric NAT.
+    #[test]
+    fn a_mapping_has_the_documented_shape() {
+        let text = r#"{"type":"register","endpoints":["192.0.2.130:51820"],"names":[],"mapping":{"result":"mapped","protocol":"pcp","endpoint":"203.0.113.2:51820"}}"#;
+        let msg: ClientMsg = serde_json::from_str(text).unwrap();
+        let ClientMsg::Register { mapping, .. } = &msg else {
+            panic!("{msg:?}")
+        };
+        let endpoint = "203.0.113.2:51820".parse().unwrap();
+        assert_eq!(
+            mapping,
+            &Some(Mapping::Mapped {
+                protocol: MapProtocol::Pcp,
+                endpoint
+            })
+        );
+        assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+        let refused = r#"{"result":"refused","protocol":"nat_pmp","reason":"not authorized"}"#;
+        let m: Mapping = serde_json::from_str(refused).unwrap();
+        assert!(m.is_well_formed() && m.endpoint().is_none());
+        for bad in [
+            r#"{"result":"mapped","protocol":"upnp"}"#,
+            r#"{"result":"lost","protocol":"upnp"}"#,
+            r#"{"result":"refused","protocol":"stun","reason":""}"#,
+            r#"{"result":"refused","protocol":"pcp","reason":"","extra":1}"#,
+        ] {
+            assert!(serde_json::from_str::<Mapping>(bad).is_err(), "{bad}");
+        }
+        let old = r#"{"type":"register","endpoints":[],"names":[]}"#;
+        assert!(matches!(
+            serde_json::from_str(old).unwrap(),
+            ClientMsg::Register { mapping: None, .. }
+        ));
+        for (m, ok) in [
+            (
+                Mapping::Refused {
+                    protocol: MapProtocol::Upnp,
+                    reason: "x".repeat(Mapping::MAX_REASON),
+                },
+                true,
+            ),
+            (
+                Mapping::Refused {
+                    protocol: MapProtocol::Upnp,
+                    reason: "x".repeat(Mapping::MAX_REASON + 1),
+                },
+                false,
+            ),
+            (
+                Mapping::Refused {
+                    protocol: MapProtocol::Upnp,
+                    reason: "no\nway".into(),
+                },
+                false,
+            ),
+            (
+                Mapping::Mapped {
+                    protocol: MapProtocol::Pcp,
+                    endpoint: "203.0.113.2:0".parse().unwrap(),
+                },
+                false,
+            ),
+            (
+                Mapping::Mapped {
+                    protocol: MapProtocol::Pcp,
+                    endpoint: "0.0.0.0:51820".parse().unwrap(),
+                },
+                false,
+            ),
+        ] {
+            assert_eq!(m.is_well_formed(), ok, "{m:?}");
+        }
+        assert_eq!(
+            RelayReason::MappingRefused.for_version(MAPPING_VERSION - 1),
+            RelayReason::SymmetricNat
+        );
+        assert_eq!(
+            RelayReason::MappingRefused.for_version(MAPPING_VERSION),
+            RelayReason::MappingRefused
+        );
+        assert_eq!(
+            RelayReason::NoDirectHandshake.for_version(2),
+            RelayReason::NoDirectHandshake
+        );
+        assert_eq!(
+            serde_json::to_string(&RelayReason::MappingRefused).unwrap(),
+            format!("\"{}\"", RelayReason::MappingRefused.as_str())
+        );
+    }
+
     #[test]
     fn a_report_has_the_documented_shape() {
         let text = r#"{"type":"report","devices":[{"mac":"02:00:00:00:01:0a","vip":"100.64.1.10","vip6":"fd7a:0:1::a","legacy":"192.0.2.10","name":"cam.gw1.ovl.example","hostname":"cam","kind":"reserved","expires":1795000000,"vlan":20,"seen":1795000001,"tx_bytes":1,"tx_packets":2,"rx_bytes":3,"rx_packets":4},{"mac":"02:00:00:00:01:0b","vip6":"fd7a:0:1::b","kind":"v6","tx_bytes":0,"tx_packets":0,"rx_bytes":0,"rx_packets":0}],"tunnels":[{"peer":"ab","name":"gw2.ovl.example","path":"relay","reason":"symmetric_nat","endpoint":"203.0.113.9:7003","established":true,"handshake":1795000002,"tx_bytes":5,"rx_bytes":6}],"more":false}"#;

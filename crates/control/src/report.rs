@@ -55,9 +55,10 @@ impl Report {
         (Self { devices, tunnels }, left)
     }
 
-    /// The report as messages, each within 48 KiB of devices and tunnels as JSON: at least
-    /// one, the last with `more: false`.
-    pub fn parts(&self) -> Vec<ClientMsg> {
+    /// The report as messages for a session of control `version`, each within 48 KiB of
+    /// devices and tunnels as JSON: at least one, the last with `more: false`; relay reasons
+    /// as that version knows them.
+    pub fn parts(&self, version: u16) -> Vec<ClientMsg> {
         let mut parts = Vec::new();
         let mut part = (Vec::new(), Vec::new(), 0usize);
         let mut flush = |part: &mut (Vec<DeviceReport>, Vec<TunnelReport>, usize)| {
@@ -81,7 +82,9 @@ impl Report {
             if part.2 + n > PART_BYTES {
                 flush(&mut part);
             }
-            part.1.push(t.clone());
+            let mut t = t.clone();
+            t.reason = t.reason.map(|r| r.for_version(version));
+            part.1.push(t);
             part.2 += n;
         }
         flush(&mut part);
@@ -239,7 +242,7 @@ mod tests {
                 .map(|h| h.chars().count()),
             Some(HOSTNAME_MAX)
         );
-        let parts = report.parts();
+        let parts = report.parts(crate::VERSION);
         assert!(parts.len() <= MAX_PARTS, "{} parts", parts.len());
         for p in &parts {
             assert!(crate::channel::fits(p), "a part too large for a message");
@@ -247,10 +250,27 @@ mod tests {
         assert_eq!(assemble(parts), Ok(Some(report)));
     }
 
+    /// A tunnel relayed because a mapping was refused is reported to a cloud before control
+    /// version 14 as a symmetric NAT, which it knows.
+    #[test]
+    fn a_reason_is_reported_as_the_session_version_knows_it() {
+        use crate::{MAPPING_VERSION, RelayReason};
+        let mut t = tunnel(1, true);
+        t.path = TunnelPath::Relay;
+        t.reason = Some(RelayReason::MappingRefused);
+        let (report, _) = Report::bounded(Vec::new(), vec![t]);
+        let reason = |version| match &report.parts(version)[..] {
+            [ClientMsg::Report { tunnels, .. }] => tunnels[0].reason,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(reason(MAPPING_VERSION), Some(RelayReason::MappingRefused));
+        assert_eq!(reason(MAPPING_VERSION - 1), Some(RelayReason::SymmetricNat));
+    }
+
     /// An empty report is one part, which says so.
     #[test]
     fn an_empty_report_is_one_last_part() {
-        let parts = Report::default().parts();
+        let parts = Report::default().parts(crate::VERSION);
         assert_eq!(
             parts,
             vec![ClientMsg::Report {

@@ -120,6 +120,7 @@ fn messages_flow_both_ways_in_order() {
             vip6: None,
             legacy: Some(Ipv4Addr::new(192, 0, 2, 20)),
         }],
+        mapping: None,
     };
     let f = client.seal(&reg).unwrap();
     assert_eq!(server.open::<ClientMsg>(body_of(&f)).unwrap(), reg);

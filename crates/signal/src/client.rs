@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use cyphonic_control::channel::{LEN_PREFIX, frame_len};
 use cyphonic_control::report::Report;
 use cyphonic_control::{
-    Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, NameRecord, PairState, PeerInfo, Prober,
-    Resolution, VERSION, Welcome,
+    Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, Mapping, NameRecord, PairState, PeerInfo,
+    Prober, Resolution, VERSION, Welcome,
 };
 use cyphonic_crypto::{Certificate, Fingerprint, PublicKey, StaticKeypair};
 use cyphonic_session::Identity;
@@ -160,6 +160,31 @@ const RENEW_REFUSED: Duration = Duration::from_secs(3600);
 struct Registration {
     endpoints: Vec<SocketAddr>,
     names: Vec<NameRecord>,
+    mapping: Option<Mapping>,
+}
+
+impl Registration {
+    /// The `register` message for a session welcomed as `version`, with `host` (our
+    /// address towards the cloud, at the tunnel port) among the endpoints. A cloud before
+    /// control version 14 reads no `mapping`: a mapped endpoint goes among the endpoints.
+    fn message(&self, host: Option<SocketAddr>, version: u16) -> ClientMsg {
+        let mut endpoints = self.endpoints.clone();
+        let mut mapping = self.mapping.clone();
+        if version < cyphonic_control::MAPPING_VERSION {
+            let held = mapping.take().and_then(|m| m.endpoint());
+            endpoints.extend(held.filter(|e| !endpoints.contains(e)));
+        }
+        if let Some(h) = host
+            && !endpoints.contains(&h)
+        {
+            endpoints.push(h);
+        }
+        fitted(ClientMsg::Register {
+            endpoints,
+            names: self.names.clone(),
+            mapping,
+        })
+    }
 }
 
 type Reply = oneshot::Sender<Result<Resolution, SignalError>>;
@@ -205,12 +230,25 @@ impl Handle {
     pub fn register(&self, endpoints: Vec<SocketAddr>, mut names: Vec<NameRecord>) {
         names.sort();
         names.dedup();
-        let new = Registration { endpoints, names };
         self.registration.send_if_modified(|r| {
-            if *r == new {
+            if r.endpoints == endpoints && r.names == names {
                 false
             } else {
-                *r = new;
+                r.endpoints = endpoints;
+                r.names = names;
+                true
+            }
+        });
+    }
+
+    /// Sets what our router said of a mapping of the tunnel port (docs/protocol.md §4, *Port
+    /// mapping*), registered with the rest; `None`: no mapping asked for or held.
+    pub fn set_mapping(&self, mapping: Option<Mapping>) {
+        self.registration.send_if_modified(|r| {
+            if r.mapping == mapping {
+                false
+            } else {
+                r.mapping = mapping;
                 true
             }
         });
@@ -932,11 +970,7 @@ impl Task {
                     if changed.is_err() {
                         break End::Stopped;
                     }
-                    let mut r = self.registration.borrow_and_update().clone();
-                    if let Some(h) = host && !r.endpoints.contains(&h) {
-                        r.endpoints.push(h);
-                    }
-                    Some(fitted(ClientMsg::Register { endpoints: r.endpoints, names: r.names }))
+                    Some(self.registration.borrow_and_update().message(host, version))
                 }
                 changed = self.pair.changed(), if reports_pair => {
                     if changed.is_err() {
@@ -948,7 +982,7 @@ impl Task {
                     if changed.is_err() {
                         break End::Stopped;
                     }
-                    parts = self.report.borrow_and_update().as_ref().map(Report::parts).unwrap_or_default();
+                    parts = self.report.borrow_and_update().as_ref().map(|r| r.parts(version)).unwrap_or_default();
                     parts.reverse();
                     parts.pop()
                 }
@@ -1155,6 +1189,7 @@ fn fitted(msg: ClientMsg) -> ClientMsg {
     let ClientMsg::Register {
         endpoints,
         mut names,
+        mapping,
     } = msg
     else {
         return msg;
@@ -1163,6 +1198,7 @@ fn fitted(msg: ClientMsg) -> ClientMsg {
         cyphonic_control::channel::fits(&ClientMsg::Register {
             endpoints: endpoints.clone(),
             names: names.to_vec(),
+            mapping: mapping.clone(),
         })
     };
     let mut dropped = 0usize;
@@ -1189,7 +1225,11 @@ fn fitted(msg: ClientMsg) -> ClientMsg {
             "the registration would not fit a control message: names of devices with IPv6 only left out"
         );
     }
-    ClientMsg::Register { endpoints, names }
+    ClientMsg::Register {
+        endpoints,
+        names,
+        mapping,
+    }
 }
 
 #[cfg(test)]
@@ -1214,6 +1254,7 @@ mod tests {
         let whole = ClientMsg::Register {
             endpoints: Vec::new(),
             names: names.clone(),
+            mapping: None,
         };
         assert!(!cyphonic_control::channel::fits(&whole));
         let fitted = super::fitted(whole);
@@ -1228,8 +1269,61 @@ mod tests {
         let small = ClientMsg::Register {
             endpoints: Vec::new(),
             names: names[..10].to_vec(),
+            mapping: None,
         };
         assert_eq!(super::fitted(small.clone()), small);
+    }
+
+    /// A mapped endpoint is registered as `mapping` where the cloud reads it, among the
+    /// endpoints where it does not; a refusal only where it is read.
+    #[test]
+    fn a_mapping_is_registered_as_the_session_version_reads_it() {
+        use cyphonic_control::{MAPPING_VERSION, MapProtocol, Mapping};
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        let host = a("192.0.2.130:51820");
+        let mapped = Mapping::Mapped {
+            protocol: MapProtocol::Pcp,
+            endpoint: a("203.0.113.2:51820"),
+        };
+        let refused = Mapping::Refused {
+            protocol: MapProtocol::Upnp,
+            reason: "not authorized".into(),
+        };
+        let msg = |mapping: Option<Mapping>, version: u16| {
+            let r = super::Registration {
+                endpoints: vec![a("198.51.100.9:51820")],
+                names: Vec::new(),
+                mapping,
+            };
+            let ClientMsg::Register {
+                endpoints, mapping, ..
+            } = r.message(Some(host), version)
+            else {
+                unreachable!()
+            };
+            (endpoints, mapping)
+        };
+        let plain = vec![a("198.51.100.9:51820"), host];
+        assert_eq!(
+            msg(Some(mapped.clone()), MAPPING_VERSION),
+            (plain.clone(), Some(mapped.clone()))
+        );
+        assert_eq!(
+            msg(Some(mapped), MAPPING_VERSION - 1),
+            (
+                vec![a("198.51.100.9:51820"), a("203.0.113.2:51820"), host],
+                None
+            )
+        );
+        assert_eq!(
+            msg(Some(refused.clone()), MAPPING_VERSION),
+            (plain.clone(), Some(refused.clone()))
+        );
+        assert_eq!(
+            msg(Some(refused), MAPPING_VERSION - 1),
+            (plain.clone(), None)
+        );
+        assert_eq!(msg(None, MAPPING_VERSION), (plain, None));
     }
 
     #[test]

@@ -54,9 +54,11 @@ impl Nms {
             }
             ClientMsg::Ping {} => Some(CloudMsg::Pong {}),
             ClientMsg::Renew {} => Some(self.renew(body).await),
-            ClientMsg::Register { endpoints, names } => {
-                Some(self.register(fp, body, endpoints, names).await)
-            }
+            ClientMsg::Register {
+                endpoints,
+                names,
+                mapping,
+            } => Some(self.register(fp, body, (endpoints, mapping), names).await),
             ClientMsg::HaPair {
                 term,
                 reason,
@@ -249,11 +251,19 @@ impl Nms {
         &self,
         fp: &str,
         body: &CertBody,
-        mut endpoints: Vec<SocketAddr>,
+        (mut endpoints, mapping): (Vec<SocketAddr>, Option<Mapping>),
         mut names: Vec<NameRecord>,
     ) -> CloudMsg {
         endpoints.retain(|e| !e.ip().is_unspecified() && !e.ip().is_multicast() && e.port() != 0);
         endpoints.truncate(MAX_ENDPOINTS);
+        let mapping = mapping.filter(|m| {
+            let ok = m.is_well_formed();
+            if !ok {
+                bump(&self.stats.mappings_refused);
+                tracing::info!(client = %body.name, "a registration's mapping left out: not well formed");
+            }
+            ok
+        });
         // Names with a vIP first: those of devices with IPv6 only (which any MAC on a LAN
         // can make many of) are the ones left out beyond the cap (docs/protocol.md §7).
         names.sort_by_key(|n| n.vip.is_none());
@@ -268,7 +278,11 @@ impl Nms {
                 ok.push(n);
             }
         }
-        match self.store.register(fp, &endpoints, &ok).await {
+        match self
+            .store
+            .register(fp, (&endpoints, mapping.as_ref()), &ok)
+            .await
+        {
             Ok(taken) => {
                 for (t, why) in taken {
                     ok.retain(|n| n.name != t);
@@ -444,7 +458,11 @@ impl Nms {
         Some(RelayInfo {
             address,
             token,
-            reason: channel.reason,
+            reason: channel.reason.for_version(
+                self.connected
+                    .get(&row.fingerprint)
+                    .map_or(VERSION, |c| c.version),
+            ),
             stream,
         })
     }

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cyphonic_control::channel::{LEN_PREFIX, MAX_HELLO_FRAME, frame_len};
 use cyphonic_control::probe::PROBE_KEY_LEN;
 use cyphonic_control::{
-    Allowed, ClientMsg, CloudMsg, MIN_VERSION, NameRecord, PROBE_TOKEN_LEN, PeerInfo, Probe,
-    RelayInfo, RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
+    Allowed, ClientMsg, CloudMsg, MIN_VERSION, Mapping, NameRecord, PROBE_TOKEN_LEN, PeerInfo,
+    Probe, RelayInfo, RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
 };
 use cyphonic_crypto::{CertBody, CertKind, Certificate, Fingerprint, StaticKeypair, TrustStore};
 use dashmap::DashMap;
@@ -115,6 +115,8 @@ cyphonic_telemetry::counters! {
         malformed,
         /// Names refused at registration (outside the certificate, taken).
         names_refused,
+        /// Registrations' port mappings left out: a refusal's reason too long or not printable, an endpoint that is no address.
+        mappings_refused,
         /// Flow records kept (ended flows and refused summaries; docs/protocol.md §8, Flow logs).
         flows,
         /// Flow records members said they did not send (beyond their bounds).
