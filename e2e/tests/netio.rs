@@ -701,6 +701,27 @@ fn the_kernel_says_where_a_destination_goes_out_and_whether_that_link_carries() 
         inside(&ns, look),
         ([Some(wan), Some(wan), None, None, None], true)
     );
+    // Through which router and from which source (what a port mapping asks and from where).
+    let via = inside(&ns, || {
+        let mut rtnl = Rtnl::open().unwrap();
+        ["203.0.113.7", "fd00::9"].map(|ip| rtnl.route_to(ip.parse().unwrap()).unwrap())
+    });
+    let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+    assert_eq!(
+        via,
+        [
+            Some(cyphonic_netio::Route {
+                interface: wan,
+                gateway: ip("198.51.100.1"),
+                source: ip("198.51.100.2"),
+            }),
+            Some(cyphonic_netio::Route {
+                interface: wan,
+                gateway: None,
+                source: ip("fd00::2"),
+            }),
+        ]
+    );
     far.ip(&["link", "set", "dev", "wanp", "down"]).unwrap();
     let (routes, carries) = inside(&ns, look);
     assert_eq!(

@@ -59,7 +59,7 @@ pub use packet::{
     FrameMeta, Gathered, LARGE_FRAME, LargeFrames, PacketOptions, PacketSocket,
     segmentation_unsupported, wait_any,
 };
-pub use rtnl::{INGRESS_DROP_PRIORITY, Rtnl};
+pub use rtnl::{INGRESS_DROP_PRIORITY, Route, Rtnl};
 pub use sched::{MAX_CPUS, Placement, allowed_cpus};
 pub use tun::{Tun, TunOffloads, TunPacket};
 pub use udp::{DatagramMeta, UdpOptions, UdpSocket};

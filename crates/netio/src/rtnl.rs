@@ -27,12 +27,23 @@ use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use netlink_packet_route::link::{LinkAttribute, LinkMessage, State};
-use netlink_packet_route::route::{RouteAttribute, RouteMessage};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
 use netlink_packet_route::tc::{
     TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+/// How the kernel would send a packet to an address ([`Rtnl::route_to`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// The interface it leaves by.
+    pub interface: u32,
+    /// The router it goes through; `None` on a directly attached network.
+    pub gateway: Option<IpAddr>,
+    /// The source address the kernel would give it.
+    pub source: Option<IpAddr>,
+}
 
 /// The priority of the drop filter on the ingress hook: 1, ahead of anything added later
 /// without a priority (the kernel numbers those from 49152 down).
@@ -213,6 +224,16 @@ impl Rtnl {
     /// # Errors
     /// The kernel refused for another reason, or its answer could not be read.
     pub fn route_out(&mut self, dest: IpAddr) -> io::Result<Option<u32>> {
+        Ok(self.route_to(dest)?.map(|r| r.interface))
+    }
+
+    /// How the kernel would send a packet to `dest` (what `ip route get` says): out of which
+    /// interface, through which router, from which source address; `None` when it has no
+    /// route there (none, or an unreachable, prohibit or blackhole route).
+    ///
+    /// # Errors
+    /// The kernel refused for another reason, or its answer could not be read.
+    pub fn route_to(&mut self, dest: IpAddr) -> io::Result<Option<Route>> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = match dest {
             IpAddr::V4(_) => AddressFamily::Inet,
@@ -233,12 +254,29 @@ impl Rtnl {
             }
             Err(e) => return Err(e),
         };
-        Ok(answers.iter().find_map(|m| match m {
-            RouteNetlinkMessage::NewRoute(r) => r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Oif(index) => Some(*index),
-                _ => None,
-            }),
+        let ip = |a: &RouteAddress| match a {
+            RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+            RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
             _ => None,
+        };
+        Ok(answers.iter().find_map(|m| {
+            let RouteNetlinkMessage::NewRoute(r) = m else {
+                return None;
+            };
+            let mut route = Route {
+                interface: 0,
+                gateway: None,
+                source: None,
+            };
+            for a in &r.attributes {
+                match a {
+                    RouteAttribute::Oif(index) => route.interface = *index,
+                    RouteAttribute::Gateway(g) => route.gateway = ip(g),
+                    RouteAttribute::PrefSource(s) => route.source = ip(s),
+                    _ => {}
+                }
+            }
+            (route.interface != 0).then_some(route)
         }))
     }
 
