@@ -27,6 +27,7 @@ const LAYERS: &[(&str, u8, bool)] = &[
     ("cyphonic-signal", 3, false),
     ("cyphonic-cloud", 3, false),
     ("cyphonic-stream", 3, false),
+    ("cyphonic-portmap", 3, false),
     ("cyphonic-tunnel", 3, false),
     ("cyphonic-offload", 3, false),
     ("cyphonic-settings", 4, false),
