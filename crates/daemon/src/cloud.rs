@@ -121,6 +121,8 @@ pub struct CloudSettings {
     pub certificate_file: std::path::PathBuf,
     /// Where our CA bundle is: the issuing CA of a renewed certificate joins it.
     pub ca_file: std::path::PathBuf,
+    /// Whether to ask the router for a mapping of the tunnel port while behind a NAT.
+    pub port_mapping: bool,
 }
 
 /// What the cloud did that the control loop hands to [`CloudLink::handle`].
@@ -130,6 +132,8 @@ pub enum CloudWork {
     Event(Event),
     /// An answer to a DNS question.
     Answer(CloudAnswer),
+    /// What our router says of a mapping of the tunnel port changed.
+    Mapping(Option<cyphonic_control::Mapping>),
 }
 
 /// Adds the issuing CA of `cert` (one of `issuers`, learned from the cloud) to the CA file
@@ -275,6 +279,11 @@ pub struct CloudLink {
     report_pace: ReportPace,
     /// The flow log's bounds.
     flows: FlowPace,
+    /// Asks the router in front of us for a mapping of the tunnel port while the cloud sees
+    /// us behind a NAT (`cloud.port_mapping`); `None` when off.
+    mapper: Option<cyphonic_portmap::Mapper>,
+    /// The cloud instance of the session: our route to it says which router to ask.
+    cloud_at: Option<SocketAddr>,
 }
 
 /// How often the cloud peers in use are looked at for [`CloudLink::peers_in_use`], and what
@@ -498,6 +507,9 @@ impl CloudLink {
     /// resolve through.
     pub fn connect(settings: &CloudSettings, shared: &Shared, listen: SocketAddr) -> (Self, Asker) {
         let tunnel_port = listen.port();
+        let mapper = std::num::NonZeroU16::new(tunnel_port)
+            .filter(|_| settings.port_mapping)
+            .map(cyphonic_portmap::Mapper::spawn);
         let streams = cyphonic_stream::Streams::start(listen)
             .inspect_err(|e| tracing::error!(error = %e, "the relay stream's thread did not start: no relay over TCP"))
             .ok();
@@ -547,6 +559,8 @@ impl CloudLink {
             report_at: None,
             report_pace: ReportPace::default(),
             flows: FlowPace::default(),
+            mapper,
+            cloud_at: None,
         };
         (link, asker)
     }
@@ -692,10 +706,51 @@ impl CloudLink {
     /// The cloud's next event or answer (cancel-safe: nothing is lost when another wake-up
     /// comes first). `None` when the signal client is gone.
     pub async fn next(&mut self) -> Option<CloudWork> {
+        let mapping = async {
+            match self.mapper.as_mut() {
+                Some(m) => m.changed().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             e = self.events.recv() => e.map(CloudWork::Event),
             a = self.answers.recv() => a.map(CloudWork::Answer),
+            m = mapping => Some(CloudWork::Mapping(m)),
         }
+    }
+
+    /// Gives our port mapping back to the router, if we hold one (at stop).
+    pub async fn stop(&mut self) {
+        if let Some(m) = self.mapper.take() {
+            m.stop().await;
+        }
+    }
+
+    /// The router to ask for a port mapping now that the cloud sees our tunnel socket at
+    /// `seen`: the next hop of our route to the cloud, asked from our address on that route;
+    /// none when not behind a NAT, or without a router on the way.
+    fn map_port(&self, seen: SocketAddr) {
+        let Some(mapper) = self.mapper.as_ref() else {
+            return;
+        };
+        let target = self
+            .cloud_at
+            .filter(|_| self.behind_nat)
+            .and_then(|cloud| match cyphonic_netio::Rtnl::open().and_then(|mut r| r.route_to(cloud.ip())) {
+                Ok(route) => route,
+                Err(e) => {
+                    tracing::warn!(error = %e, "our route to the cloud could not be read: no port mapping");
+                    None
+                }
+            })
+            .and_then(|route| {
+                Some(cyphonic_portmap::Target {
+                    gateway: route.gateway?,
+                    local: route.source?,
+                    seen_at: seen.ip(),
+                })
+            });
+        mapper.set_target(target);
     }
 
     /// Keeps what we register with the cloud current: `names`, changed when `version` is.
@@ -725,6 +780,15 @@ impl CloudLink {
                 Vec::new()
             }
             CloudWork::Answer(a) => self.answered(a, control).into_iter().collect(),
+            CloudWork::Mapping(m) => {
+                self.status
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .mapping
+                    .clone_from(&m);
+                self.handle.set_mapping(m);
+                Vec::new()
+            }
         }
     }
 
@@ -733,6 +797,7 @@ impl CloudLink {
             let mut st = self.status.lock().unwrap_or_else(PoisonError::into_inner);
             match &event {
                 Event::Connected { cloud, .. } => {
+                    self.cloud_at = Some(*cloud);
                     st.connected = true;
                     st.last_error = None;
                     st.address = cloud.to_string();
@@ -765,6 +830,7 @@ impl CloudLink {
                 reachable.extend(self.endpoints.iter().filter(|e| **e != addr));
                 control.set_reachable(reachable, self.behind_nat);
                 tracing::info!(%addr, behind_nat = self.behind_nat, "the cloud sees our tunnel socket at this address");
+                self.map_port(addr);
             }
             Event::UdpToCloud(works) => {
                 self.udp_works = works;

@@ -397,6 +397,7 @@ pub fn run<E: Edge>(
                 dns_ttl: common.dns_ttl(),
                 certificate_file: common.certificate_file.clone(),
                 ca_file: common.ca_file.clone(),
+                port_mapping: c.port_mapping,
             };
             let (link, asker) = CloudLink::connect(&settings, &shared, listen);
             (Some(link), Some(asker))
@@ -719,6 +720,9 @@ async fn control_loop<S: Services, T: Serialize>(
         }
     }
     cyphonic_telemetry::service::stopping();
+    if let Some(c) = l.cloud.as_mut() {
+        c.stop().await;
+    }
     Ok(())
 }
 

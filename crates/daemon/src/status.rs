@@ -241,6 +241,10 @@ pub struct CloudStatus {
     /// relay's stream while it does not).
     #[serde(default)]
     pub udp: Option<bool>,
+    /// What our router said of a mapping of the tunnel port (docs/protocol.md §4, *Port
+    /// mapping*): held at an endpoint, or refused with a reason; none asked or answered.
+    #[serde(default)]
+    pub mapping: Option<cyphonic_control::Mapping>,
 }
 
 /// Both pipelines.

@@ -27,6 +27,11 @@ crate::table! {
         /// Seconds (5 to 86400) after which a peer found through the cloud leaves without
         /// traffic either way; traffic for its block asks the cloud for it again.
         idle_peer_timeout: Spanned<u64> = crate::unwritten(600),
+        /// When the cloud sees us behind a NAT, ask the router in front of us for a mapping
+        /// of the tunnel port (PCP, NAT-PMP, then UPnP-IGD), register it with the cloud, renew
+        /// it and remove it at stop: peers behind a symmetric NAT then reach us directly.
+        /// false: never ask.
+        port_mapping: bool = true,
     }
 }
 
@@ -62,6 +67,8 @@ pub struct Cloud {
     pub endpoints: Vec<SocketAddr>,
     /// Peers found through the cloud leave the table after this long without traffic.
     pub idle_peer_timeout: Duration,
+    /// Whether to ask the router for a mapping of the tunnel port when behind a NAT.
+    pub port_mapping: bool,
 }
 
 impl RawCloud {
@@ -123,6 +130,7 @@ impl RawCloud {
             public_keys,
             endpoints: self.endpoints.iter().map(|e| *e.get_ref()).collect(),
             idle_peer_timeout: Duration::from_secs(idle),
+            port_mapping: self.port_mapping,
         })
     }
 }
