@@ -18,8 +18,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::hosts::nat_router;
-pub use crate::hosts::{Bins, CloudHost, Nat, TempDir, mac_of, parse_mac};
+pub use crate::hosts::{
+    Bins, CloudHost, MappingRouter, Nat, TempDir, mac_of, parse_mac, port_mappings,
+};
+use crate::hosts::{nat_router, port_mapper};
 use crate::impair::{ImpairedLink, Impairment};
 use crate::{Netns, Proc, sh, unique, veth};
 
@@ -53,6 +55,8 @@ pub struct SiteOptions {
     /// Carry the adapter's underlay link to the router through an impaired link (loss,
     /// delay, jitter, reordering as netem would; [`ImpairedLink`]). Not behind a NAT.
     pub impair: Option<Impairment>,
+    /// Run a port mapping service (miniupnpd) on the NAT router (with `nat` only).
+    pub mapping: Option<MappingRouter>,
 }
 
 /// The cloud of a bed: `cyphonic-cloud serve` on its own host behind the router
@@ -154,6 +158,9 @@ impl BedOptions {
 /// One site: its LAN host, its adapter.
 #[derive(Debug)]
 pub struct Site {
+    /// The port mapping service on the NAT router, if any: the STUN server it asks, and
+    /// miniupnpd (ended before the namespaces go).
+    pub mapper: Option<[Proc; 2]>,
     /// The NAT router in front of the adapter, if any.
     pub nat: Option<Netns>,
     /// The LAN host (a "general node").
@@ -687,6 +694,11 @@ impl TwoSites {
         let gateway = Ipv4Addr::new(100, 64, n, 1);
         let dir = std::env::temp_dir().join(unique(&format!("cyphonic-site{label}-")));
         std::fs::create_dir_all(&dir)?;
+        let mapper = match (&nat_ns, own.mapping) {
+            (Some(nat), Some(m)) => Some(port_mapper(nat, wan, &router, &dir, m)?),
+            (None, Some(_)) => bail!("a port mapping service needs a NAT router"),
+            _ => None,
+        };
         let mut ports = 0;
         if let Some(sw) = &switch {
             plug(sw, &mut ports, &adapter_ns, "lan")?;
@@ -707,6 +719,7 @@ impl TwoSites {
         }
         let host_mac = mac_of(&lan, "eth0")?;
         Ok(Site {
+            mapper,
             nat: nat_ns,
             lan,
             adapter_ns,
@@ -1139,8 +1152,16 @@ impl TwoSites {
         let node = self.c.as_ref().map_or(String::new(), |c| {
             format!("\n--- node C ---\n{}", c.log_text())
         });
+        let routers: String = [&self.a, &self.b]
+            .iter()
+            .filter(|s| s.mapper.is_some())
+            .map(|s| {
+                let log = std::fs::read_to_string(s.dir.join("miniupnpd.log")).unwrap_or_default();
+                format!("\n--- miniupnpd in {} ---\n{log}", s.dir.display())
+            })
+            .collect();
         format!(
-            "--- adapter A ---\n{}\n--- adapter B ---\n{}{cloud}{node}",
+            "--- adapter A ---\n{}\n--- adapter B ---\n{}{cloud}{node}{routers}",
             self.a.log_text(),
             self.b.log_text()
         )

@@ -336,6 +336,10 @@ pub fn nat_router(
         "post",
         "oifname",
         "out",
+        // What the router sends itself leaves as it is (a port mapping service's STUN).
+        "ip",
+        "saddr",
+        "192.0.2.128/25",
         "masquerade",
     ];
     if kind == Nat::Symmetric {
@@ -343,6 +347,129 @@ pub fn nat_router(
     }
     ns.exec("nft", &rule)?;
     Ok(ns)
+}
+
+/// What a NAT router's port mapping service (miniupnpd, Debian's, nftables backend) speaks,
+/// and whether it grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappingRouter {
+    /// PCP and NAT-PMP (`enable_natpmp`).
+    pub pcp: bool,
+    /// UPnP-IGD (`enable_upnp`).
+    pub upnp: bool,
+    /// Whether its rules let the NAT's inside ask (otherwise every request is refused).
+    pub allow: bool,
+    /// The longest lifetime it grants a PCP or NAT-PMP mapping, seconds (renewals come at
+    /// half of it).
+    pub max_lifetime: u32,
+}
+
+/// A STUN server answering Binding requests with the address they came from, in Python:
+/// miniupnpd asks one for its own public address (`ext_perform_stun`), and forwards
+/// nothing when its outside address is in a reserved range (the documentation ranges of
+/// this bed are) unless STUN shows it is not behind another NAT. It answers every request,
+/// CHANGE-REQUEST or not, from its one socket: no filter stands before the router's
+/// outside, which is what miniupnpd concludes.
+const STUN: &str = r#"
+import socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 3478))
+print("stun ready", flush=True)
+cookie = b"\x21\x12\xa4\x42"
+while True:
+    d, (ip, port) = s.recvfrom(2048)
+    if len(d) < 20 or d[0:2] != b"\x00\x01" or d[4:8] != cookie:
+        continue
+    xip = bytes(a ^ b for a, b in zip(socket.inet_aton(ip), cookie))
+    attr = struct.pack("!HHBBH4s", 0x0020, 8, 0, 1, port ^ 0x2112, xip)
+    s.sendto(struct.pack("!HH", 0x0101, len(attr)) + d[4:20] + attr, (ip, port))
+"#;
+
+/// Runs a port mapping service on the NAT router `nat` (made by [`nat_router`]): a STUN
+/// server in `wan` on the router's next hop `router` (an address of `wan`), and miniupnpd on
+/// the NAT, its files in `dir`. Returns both processes (ended when dropped).
+///
+/// # Errors
+/// A program does not start or is not ready.
+pub fn port_mapper(
+    nat: &Netns,
+    wan: &Netns,
+    router: &str,
+    dir: &Path,
+    opts: MappingRouter,
+) -> anyhow::Result<[Proc; 2]> {
+    let stun_log = dir.join("stun.log");
+    let stun = wan.daemon(
+        Path::new("python3"),
+        &["-c", STUN, router],
+        &stun_log,
+        || std::fs::read_to_string(&stun_log).is_ok_and(|t| t.contains("stun ready")),
+    )?;
+    // The chains miniupnpd fills (its nft_init.sh, here: Debian's calls a script it does not
+    // ship); forwarding stays open as the NAT's was.
+    nat.exec(
+        "nft",
+        &["add table inet filter
+           add chain inet filter forward { type filter hook forward priority 0 ; policy accept ; }
+           add chain inet filter miniupnpd
+           add rule inet filter forward jump miniupnpd
+           add chain inet filter prerouting { type nat hook prerouting priority -100 ; policy accept ; }
+           add chain inet filter prerouting_miniupnpd
+           add rule inet filter prerouting jump prerouting_miniupnpd
+           add chain inet filter postrouting { type nat hook postrouting priority 100 ; policy accept ; }
+           add chain inet filter postrouting_miniupnpd
+           add rule inet filter postrouting jump postrouting_miniupnpd"],
+    )?;
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let rule = if opts.allow { "allow" } else { "deny" };
+    let config = format!(
+        "ext_ifname=out\nlistening_ip=in\nhttp_port=0\nenable_natpmp={}\nenable_upnp={}\n\
+         ext_perform_stun=yes\next_stun_host={router}\next_stun_port=3478\n\
+         secure_mode=yes\nsystem_uptime=yes\nmin_lifetime=10\nmax_lifetime={}\n\
+         lease_file={}\nuuid=3a7b5c1e-0000-4000-8000-00000000cafe\n\
+         {rule} 1024-65535 192.0.2.128/25 1024-65535\ndeny 0-65535 0.0.0.0/0 0-65535\n",
+        yes(opts.pcp),
+        yes(opts.upnp),
+        opts.max_lifetime,
+        dir.join("upnp.leases").display(),
+    );
+    let conf = dir.join("miniupnpd.conf");
+    std::fs::write(&conf, config)?;
+    let log = dir.join("miniupnpd.log");
+    let pid = dir.join("miniupnpd.pid");
+    let upnpd = nat.daemon(
+        Path::new("miniupnpd"),
+        &[
+            "-d",
+            "-f",
+            conf.to_str().context("path")?,
+            "-P",
+            pid.to_str().context("path")?,
+        ],
+        &log,
+        || {
+            std::fs::read_to_string(&log).is_ok_and(|t| {
+                t.contains("STUN: ... done") || t.contains("is now behind unrestricted")
+            })
+        },
+    )?;
+    Ok([stun, upnpd])
+}
+
+/// The port mappings miniupnpd made on `nat`: its DNAT rules (`nft list chain`), one line each.
+///
+/// # Errors
+/// `nft` fails.
+pub fn port_mappings(nat: &Netns) -> anyhow::Result<Vec<String>> {
+    let text = nat.exec(
+        "nft",
+        &["list", "chain", "inet", "filter", "prerouting_miniupnpd"],
+    )?;
+    Ok(text
+        .lines()
+        .filter(|l| l.contains("dnat"))
+        .map(|l| l.trim().to_owned())
+        .collect())
 }
 
 /// A MAC written `aa:bb:cc:dd:ee:ff`, as `ip` and the status documents write it.

@@ -14,7 +14,8 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use cyphonic_e2e::bed::{
-    BedOptions, CloudOptions, IperfRun, Nat, Ping, Side, SiteOptions, TwoSites,
+    BedOptions, CloudOptions, IperfRun, MappingRouter, Nat, Ping, Side, SiteOptions, TwoSites,
+    port_mappings,
 };
 use cyphonic_e2e::node::VIP as NODE_VIP;
 use cyphonic_e2e::{Netns, veth, wait_until};
@@ -61,6 +62,148 @@ fn meet(bed: &TwoSites) {
 /// A site's only peer in its status document.
 fn peer(bed: &TwoSites, side: Side) -> serde_json::Value {
     bed.status(side).unwrap()["peers"][0].clone()
+}
+
+/// Both sites behind symmetric NATs whose routers run miniupnpd and grant or refuse as
+/// `allow` says; started, with the cloud; each adapter's status once it shows what its router
+/// said. Granting, A's router speaks PCP and NAT-PMP only, B's UPnP-IGD only; refusing, both
+/// speak UPnP-IGD only: miniupnpd's PCP server walks all 65,535 external ports before it
+/// refuses, logging each, which takes it half a minute here.
+fn behind_mapping_routers(allow: bool) -> (TwoSites, [serde_json::Value; 2]) {
+    let router = |pcp: bool| MappingRouter {
+        pcp,
+        upnp: !pcp,
+        allow,
+        // A's mapping is renewed every 10 s.
+        max_lifetime: if pcp { 20 } else { 7200 },
+    };
+    let site = |pcp: bool| SiteOptions {
+        nat: Some(Nat::Symmetric),
+        mapping: Some(router(pcp)),
+        ..SiteOptions::default()
+    };
+    let bed = TwoSites::up(&BedOptions {
+        cloud: Some(CloudOptions::default()),
+        a: site(allow),
+        b: site(false),
+        ..BedOptions::default()
+    })
+    .unwrap();
+    let mut said = [serde_json::Value::Null, serde_json::Value::Null];
+    wait_until(Duration::from_secs(30), "both routers' answers", || {
+        for (i, side) in [Side::A, Side::B].into_iter().enumerate() {
+            said[i] = bed.status(side).unwrap()["cloud"]["mapping"].clone();
+        }
+        said.iter().all(|m| !m.is_null())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    // The cloud has them too (a registration goes out as its mapping changes).
+    wait_until(Duration::from_secs(10), "the mappings at the cloud", || {
+        ["gw1.ovl.example", "gw2.ovl.example"].iter().all(|name| {
+            let out = bed.cloud_cli(&["members", "show", name, "--json"]).unwrap();
+            let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            !shown[0]["mapping"].is_null()
+        })
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()));
+    (bed, said)
+}
+
+/// Two symmetric NATs would need the relay; their routers map the tunnel port (PCP on A's,
+/// UPnP-IGD on B's), the adapters register the mappings, and the pair is direct through them.
+/// A's mapping (a 20 s lifetime) is renewed; each adapter gives its mapping back when it stops.
+#[test]
+fn behind_symmetric_nats_whose_routers_map_ports_the_pair_is_direct() {
+    let (mut bed, [a, b]) = behind_mapping_routers(true);
+    // Each router's public address (the sites' usual ones), at a port of its choosing.
+    assert_eq!(
+        (a["result"].as_str(), a["protocol"].as_str()),
+        (Some("mapped"), Some("pcp")),
+        "{a}"
+    );
+    assert_eq!(
+        (b["result"].as_str(), b["protocol"].as_str()),
+        (Some("mapped"), Some("upnp")),
+        "{b}"
+    );
+    let at = |m: &serde_json::Value| {
+        m["endpoint"]
+            .as_str()
+            .unwrap()
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+    };
+    assert_eq!(at(&a).ip().to_string(), "198.51.100.2", "{a}");
+    assert_eq!(at(&b).ip().to_string(), "203.0.113.2", "{b}");
+    meet(&bed);
+    for (side, other) in [(Side::A, at(&b)), (Side::B, at(&a))] {
+        let p = peer(&bed, side);
+        assert_eq!(p["route"], "direct", "{side:?}: {p}\n{}", bed.logs());
+        // Reached through the other's mapping, or at the port its NAT gave its answer.
+        let endpoint: std::net::SocketAddr = p["endpoint"].as_str().unwrap().parse().unwrap();
+        assert_eq!(endpoint.ip(), other.ip(), "{side:?}: {p}");
+    }
+    assert_eq!(
+        bed.cloud_counter("relayed_pairs").unwrap(),
+        0,
+        "{}",
+        bed.logs()
+    );
+    // A's router granted 20 s: the mapping is asked for again within 10 s, and holds.
+    let log = |bed: &TwoSites| {
+        let dir = &bed.site_ref(Side::A).dir;
+        std::fs::read_to_string(dir.join("miniupnpd.log")).unwrap_or_default()
+    };
+    let maps = |bed: &TwoSites| log(bed).matches("PCP MAP: added mapping").count();
+    let before = maps(&bed);
+    wait_until(Duration::from_secs(15), "A's mapping renewed", || {
+        maps(&bed) > before
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", log(&bed)));
+    bed.ping_ok(&bed.b.lan, HOST_A, Ping::default());
+    // Stopped, each gives its mapping back.
+    for side in [Side::A, Side::B] {
+        let nat = bed.site_ref(side).nat.as_ref().unwrap();
+        assert_eq!(port_mappings(nat).unwrap().len(), 1, "{side:?}");
+        bed.stop(side, "TERM").unwrap();
+        let nat = bed.site_ref(side).nat.as_ref().unwrap();
+        assert_eq!(
+            port_mappings(nat).unwrap(),
+            Vec::<String>::new(),
+            "{side:?}: {}",
+            bed.logs()
+        );
+    }
+}
+
+/// The same routers refusing every mapping: the pair is relayed, and the reason says the
+/// mapping was refused; each adapter shows what its router said.
+#[test]
+fn behind_symmetric_nats_whose_routers_refuse_mappings_the_pair_is_relayed_with_the_reason() {
+    let (bed, [a, b]) = behind_mapping_routers(false);
+    assert_eq!(
+        (a["result"].as_str(), a["protocol"].as_str()),
+        (Some("refused"), Some("upnp")),
+        "{a}"
+    );
+    assert_eq!(
+        (b["result"].as_str(), b["protocol"].as_str()),
+        (Some("refused"), Some("upnp")),
+        "{b}"
+    );
+    meet(&bed);
+    for side in [Side::A, Side::B] {
+        let p = peer(&bed, side);
+        assert_eq!(p["route"], "relay", "{side:?}: {p}\n{}", bed.logs());
+        assert_eq!(
+            p["relay"]["reason"], "symmetric NAT, port mapping refused",
+            "{side:?}: {p}"
+        );
+    }
+    for side in [Side::A, Side::B] {
+        let nat = bed.site_ref(side).nat.as_ref().unwrap();
+        assert!(port_mappings(nat).unwrap().is_empty(), "{side:?}");
+    }
 }
 
 /// Both sites behind port-preserving NATs, as two offices are: the cloud tells each the
