@@ -66,13 +66,13 @@ fn peer(bed: &TwoSites, side: Side) -> serde_json::Value {
 
 /// Both sites behind symmetric NATs whose routers run miniupnpd and grant or refuse as
 /// `allow` says; started, with the cloud; each adapter's status once it shows what its router
-/// said. Granting, A's router speaks PCP and NAT-PMP only, B's UPnP-IGD only; refusing, both
-/// speak UPnP-IGD only: miniupnpd's PCP server walks all 65,535 external ports before it
-/// refuses, logging each, which takes it half a minute here.
+/// said. Granting, A's router speaks PCP, NAT-PMP and UPnP-IGD (PCP is asked first), B's
+/// UPnP-IGD only; refusing, both speak UPnP-IGD only: miniupnpd's PCP server walks all 65,535
+/// external ports before it refuses, logging each, which takes it half a minute here.
 fn behind_mapping_routers(allow: bool) -> (TwoSites, [serde_json::Value; 2]) {
     let router = |pcp: bool| MappingRouter {
         pcp,
-        upnp: !pcp,
+        upnp: true,
         allow,
         // A's mapping is renewed every 10 s.
         max_lifetime: if pcp { 20 } else { 7200 },

@@ -45,7 +45,7 @@ const SECONDS: &[(&str, u32)] = &[
     ("soak", 300),
     ("adapter", 235),
     ("cloud", 213),
-    ("connectivity", 196),
+    ("connectivity", 212),
     ("hostile", 134),
     ("enroll", 82),
     ("policy", 80),
