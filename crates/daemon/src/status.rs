@@ -486,7 +486,7 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
     if let Some(c) = &doc.cloud {
         let _ = writeln!(
             out,
-            "cloud {}  {}{}{}",
+            "cloud {}  {}{}{}{}",
             c.address,
             if c.connected {
                 "connected"
@@ -496,6 +496,17 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             c.observed
                 .as_ref()
                 .map(|o| format!("  our tunnel socket as it sees it: {o}"))
+                .unwrap_or_default(),
+            c.mapping
+                .as_ref()
+                .map(|m| match m {
+                    cyphonic_control::Mapping::Mapped { protocol, endpoint } => {
+                        format!("  port mapping: {endpoint} ({protocol})")
+                    }
+                    cyphonic_control::Mapping::Refused { protocol, reason } => {
+                        format!("  port mapping refused ({protocol}): {reason}")
+                    }
+                })
                 .unwrap_or_default(),
             c.last_error
                 .as_ref()
@@ -654,7 +665,15 @@ mod tests {
                 fingerprint: "ab".repeat(32),
                 not_after: 1_000_000 + 30 * 86_400 + 5,
             }),
-            cloud: None,
+            cloud: Some(CloudStatus {
+                address: "192.0.2.10:7000".into(),
+                connected: true,
+                mapping: Some(cyphonic_control::Mapping::Mapped {
+                    protocol: cyphonic_control::MapProtocol::Pcp,
+                    endpoint: "198.51.100.2:51820".parse().unwrap(),
+                }),
+                ..CloudStatus::default()
+            }),
             counters: CounterTable {
                 edge: edge_counters,
                 engine,
@@ -683,6 +702,7 @@ mod tests {
         assert_eq!(json["peers"][0]["allowed"], "out");
         assert_eq!(json["buffers"]["free"], 7);
         assert_eq!(json["software"], "cyphonic-node 0.1.0");
+        assert_eq!(json["cloud"]["mapping"]["result"], "mapped");
         let back: Status<Edge, EdgeCounters> = serde_json::from_value(json).unwrap();
         assert_eq!(back.software, doc.software);
         assert_eq!(back.edge, doc.edge);
@@ -696,6 +716,10 @@ mod tests {
         assert!(!text.contains("udp_received"), "zeros are left out: {text}");
         let table = peers_text(&back);
         assert!(table.contains("relay (symmetric NAT)"), "{table}");
+        assert!(
+            table.contains("port mapping: 198.51.100.2:51820 (PCP)"),
+            "{table}"
+        );
         assert!(table.contains(" yes   out  "), "{table}");
         // The handshake's age and the bytes each way, as people read them.
         let row = table
