@@ -109,23 +109,23 @@ fn behind_mapping_routers(allow: bool) -> (TwoSites, [serde_json::Value; 2]) {
     (bed, said)
 }
 
+/// What a router said, as a status's `cloud.mapping` shows it: the result and the protocol.
+fn said(mapping: &serde_json::Value) -> (Option<&str>, Option<&str>) {
+    (mapping["result"].as_str(), mapping["protocol"].as_str())
+}
+
 /// Two symmetric NATs would need the relay; their routers map the tunnel port (PCP on A's,
 /// UPnP-IGD on B's), the adapters register the mappings, and the pair is direct through them.
 /// A's mapping (a 20 s lifetime) is renewed; each adapter gives its mapping back when it stops.
 #[test]
 fn behind_symmetric_nats_whose_routers_map_ports_the_pair_is_direct() {
     let (mut bed, [a, b]) = behind_mapping_routers(true);
+    assert_eq!(
+        [said(&a), said(&b)],
+        [("mapped", "pcp"), ("mapped", "upnp")].map(|(r, p)| (Some(r), Some(p))),
+        "{a}\n{b}"
+    );
     // Each router's public address (the sites' usual ones), at a port of its choosing.
-    assert_eq!(
-        (a["result"].as_str(), a["protocol"].as_str()),
-        (Some("mapped"), Some("pcp")),
-        "{a}"
-    );
-    assert_eq!(
-        (b["result"].as_str(), b["protocol"].as_str()),
-        (Some("mapped"), Some("upnp")),
-        "{b}"
-    );
     let at = |m: &serde_json::Value| {
         m["endpoint"]
             .as_str()
@@ -182,14 +182,9 @@ fn behind_symmetric_nats_whose_routers_map_ports_the_pair_is_direct() {
 fn behind_symmetric_nats_whose_routers_refuse_mappings_the_pair_is_relayed_with_the_reason() {
     let (bed, [a, b]) = behind_mapping_routers(false);
     assert_eq!(
-        (a["result"].as_str(), a["protocol"].as_str()),
-        (Some("refused"), Some("upnp")),
-        "{a}"
-    );
-    assert_eq!(
-        (b["result"].as_str(), b["protocol"].as_str()),
-        (Some("refused"), Some("upnp")),
-        "{b}"
+        [said(&a), said(&b)],
+        [(Some("refused"), Some("upnp")); 2],
+        "{a}\n{b}"
     );
     meet(&bed);
     for side in [Side::A, Side::B] {

@@ -22,7 +22,7 @@ pub use msg::{
     HA_PAIR_VERSION, Hello, MAPPING_VERSION, MIN_VERSION, Mac, MapProtocol, Mapping, NameRecord,
     PairBox, PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule, REPORT_VERSION,
     RefusedRecord, RelayInfo, RelayReason, Resolution, STREAM_VERSION, StreamInfo, TunnelPath,
-    TunnelReport, VERSION, Welcome,
+    TunnelReport, VERSION, Welcome, reachable,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{

@@ -679,6 +679,12 @@ impl std::fmt::Display for RelayReason {
     }
 }
 
+/// Whether peers could send to `endpoint`: an address that is neither unspecified nor
+/// multicast, and a port that is not 0. What a client registers is held to it.
+pub fn reachable(endpoint: SocketAddr) -> bool {
+    endpoint.port() != 0 && !endpoint.ip().is_unspecified() && !endpoint.ip().is_multicast()
+}
+
 /// What a client's router said when asked for a mapping of the tunnel port
 /// (docs/protocol.md §4, *Port mapping*).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -705,14 +711,11 @@ impl Mapping {
     /// The longest refusal reason the cloud accepts.
     pub const MAX_REASON: usize = 64;
 
-    /// Whether the reason of a refusal is short and printable (a mapping is always).
+    /// Whether a mapping's endpoint can be reached ([`reachable`]), and a refusal's reason
+    /// is short and printable.
     pub fn is_well_formed(&self) -> bool {
         match self {
-            Self::Mapped { endpoint, .. } => {
-                endpoint.port() != 0
-                    && !endpoint.ip().is_unspecified()
-                    && !endpoint.ip().is_multicast()
-            }
+            Self::Mapped { endpoint, .. } => reachable(*endpoint),
             Self::Refused { reason, .. } => {
                 reason.chars().count() <= Self::MAX_REASON && !reason.chars().any(char::is_control)
             }
@@ -738,17 +741,6 @@ pub enum MapProtocol {
     NatPmp,
     /// UPnP Internet Gateway Device.
     Upnp,
-}
-
-impl MapProtocol {
-    /// As the protocol writes it.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Pcp => "pcp",
-            Self::NatPmp => "nat_pmp",
-            Self::Upnp => "upnp",
-        }
-    }
 }
 
 impl std::fmt::Display for MapProtocol {
@@ -1043,6 +1035,20 @@ mod tests {
                     endpoint: "0.0.0.0:51820".parse().unwrap(),
                 },
                 false,
+            ),
+            (
+                Mapping::Mapped {
+                    protocol: MapProtocol::Pcp,
+                    endpoint: "224.0.0.1:51820".parse().unwrap(),
+                },
+                false,
+            ),
+            (
+                Mapping::Mapped {
+                    protocol: MapProtocol::Pcp,
+                    endpoint: "203.0.113.2:51820".parse().unwrap(),
+                },
+                true,
             ),
         ] {
             assert_eq!(m.is_well_formed(), ok, "{m:?}");

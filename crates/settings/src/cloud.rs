@@ -108,8 +108,7 @@ impl RawCloud {
             }
         }
         for e in &self.endpoints {
-            let ip = e.get_ref().ip();
-            if ip.is_unspecified() || ip.is_multicast() || e.get_ref().port() == 0 {
+            if !cyphonic_control::reachable(*e.get_ref()) {
                 return src.err(
                     &e.span(),
                     RawCloud::endpoints,

@@ -254,7 +254,7 @@ impl Nms {
         (mut endpoints, mapping): (Vec<SocketAddr>, Option<Mapping>),
         mut names: Vec<NameRecord>,
     ) -> CloudMsg {
-        endpoints.retain(|e| !e.ip().is_unspecified() && !e.ip().is_multicast() && e.port() != 0);
+        endpoints.retain(|e| cyphonic_control::reachable(*e));
         endpoints.truncate(MAX_ENDPOINTS);
         let mapping = mapping.filter(|m| {
             let ok = m.is_well_formed();
@@ -438,7 +438,13 @@ impl Nms {
         row: &ClientRow,
     ) -> Option<RelayInfo> {
         let token = channel.token_for(&row.fingerprint)?;
-        let local = self.connected.get(&row.fingerprint).map(|c| c.local);
+        // A side connected here speaks its session's version; one connected elsewhere, ours
+        // (as in `relays`).
+        let (local, version) = self
+            .connected
+            .get(&row.fingerprint)
+            .map(|c| (c.local, c.version))
+            .unzip();
         let mut versions: Vec<bool> = row.reach().iter().map(SocketAddr::is_ipv6).collect();
         versions.extend(local.map(|l| l.is_ipv6()));
         if versions.is_empty() {
@@ -449,20 +455,14 @@ impl Nms {
             .into_iter()
             .find_map(|v6| trs.address(v6, local, channel.port))?;
         // A client before version 13 would refuse the field (and could not use it).
-        let stream = self
-            .connected
-            .get(&row.fingerprint)
-            .is_some_and(|c| c.version >= cyphonic_control::STREAM_VERSION)
+        let stream = version
+            .is_some_and(|v| v >= cyphonic_control::STREAM_VERSION)
             .then(|| trs.stream_info(address.is_ipv6(), local))
             .flatten();
         Some(RelayInfo {
             address,
             token,
-            reason: channel.reason.for_version(
-                self.connected
-                    .get(&row.fingerprint)
-                    .map_or(VERSION, |c| c.version),
-            ),
+            reason: channel.reason.for_version(version.unwrap_or(VERSION)),
             stream,
         })
     }
