@@ -60,7 +60,9 @@ const TOKIO_INSIDE: &[(&str, &str)] = &[(
 )];
 
 pub(crate) fn run() -> anyhow::Result<()> {
-    let problems = check_all(&util::root())?;
+    let root = util::root();
+    let mut problems = check_all(&root)?;
+    problems.extend(host_only_profile(&root)?);
     if problems.is_empty() {
         eprintln!("xtask: tidy: all checks passed");
         return Ok(());
@@ -82,6 +84,151 @@ fn check_all(root: &Path) -> anyhow::Result<Vec<String>> {
     problems.extend(import_circles(root, &members)?);
     problems.extend(outside_references(root, &members)?);
     Ok(problems)
+}
+
+/// The platforms whose dependency graphs [`host_only_profile`] reads: this machine's and
+/// the Pi's.
+const PLATFORMS: [&str; 2] = ["x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"];
+
+/// Cargo.toml's `[profile.dev.package]` names every package that runs only inside the
+/// compiler (proc macros, and what they and build scripts use) with `opt-level = 0`, and
+/// nothing else beside `"*"`: otherwise `"*"`'s opt-level 2 applies to them (it wins over
+/// `build-override`), which costs more to compile than they save when they run.
+fn host_only_profile(root: &Path) -> anyhow::Result<Vec<String>> {
+    let mut cmd = util::cargo_command();
+    cmd.args(["metadata", "--format-version", "1", "--locked"]);
+    for p in PLATFORMS {
+        cmd.args(["--filter-platform", p]);
+    }
+    let out = cmd
+        .current_dir(root)
+        .output()
+        .context("running cargo metadata")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("reading cargo metadata")?;
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))?.parse()?;
+    let listed = manifest
+        .get("profile")
+        .and_then(|p| p.get("dev"))
+        .and_then(|d| d.get("package"))
+        .and_then(toml::Value::as_table)
+        .cloned()
+        .unwrap_or_default();
+    Ok(profile_problems(&host_only(&meta)?, &listed))
+}
+
+/// The names of the packages in `meta`'s graph that are built only for the compiler: not
+/// reached from a workspace member through normal or dev dependencies without passing a
+/// proc macro. A name that also has a version built for the target is left out (an
+/// override by name would apply to both).
+fn host_only(meta: &serde_json::Value) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    use std::collections::{BTreeSet, HashMap, HashSet};
+    let field = |v: &serde_json::Value, k: &str| -> anyhow::Result<serde_json::Value> {
+        v.get(k)
+            .cloned()
+            .with_context(|| format!("cargo metadata without `{k}`"))
+    };
+    let text = |v: &serde_json::Value| -> anyhow::Result<String> {
+        v.as_str()
+            .map(str::to_owned)
+            .context("cargo metadata: a string expected")
+    };
+    let list = |v: serde_json::Value| -> anyhow::Result<Vec<serde_json::Value>> {
+        v.as_array()
+            .cloned()
+            .context("cargo metadata: a list expected")
+    };
+    let mut name = HashMap::new();
+    let mut proc_macro = HashSet::new();
+    for p in list(field(meta, "packages")?)? {
+        let id = text(&field(&p, "id")?)?;
+        for t in list(field(&p, "targets")?)? {
+            if list(field(&t, "kind")?)?
+                .iter()
+                .any(|k| k.as_str() == Some("proc-macro"))
+            {
+                proc_macro.insert(id.clone());
+            }
+        }
+        name.insert(id, text(&field(&p, "name")?)?);
+    }
+    let mut deps: HashMap<String, Vec<(String, bool)>> = HashMap::new();
+    for n in list(field(&field(meta, "resolve")?, "nodes")?)? {
+        let mut out = Vec::new();
+        for d in list(field(&n, "deps")?)? {
+            let mut for_target = false;
+            for k in list(field(&d, "dep_kinds")?)? {
+                let kind = field(&k, "kind")?;
+                for_target |= kind.is_null() || kind.as_str() == Some("dev");
+            }
+            out.push((text(&field(&d, "pkg")?)?, for_target));
+        }
+        deps.insert(text(&field(&n, "id")?)?, out);
+    }
+    let mut target = HashSet::new();
+    let mut stack: Vec<String> = list(field(meta, "workspace_members")?)?
+        .iter()
+        .map(text)
+        .collect::<anyhow::Result<_>>()?;
+    while let Some(id) = stack.pop() {
+        if !target.insert(id.clone()) {
+            continue;
+        }
+        for (dep, for_target) in deps.get(&id).into_iter().flatten() {
+            if *for_target && !proc_macro.contains(dep) {
+                stack.push(dep.clone());
+            }
+        }
+    }
+    let target_names: HashSet<&String> = target.iter().filter_map(|id| name.get(id)).collect();
+    Ok(deps
+        .keys()
+        .filter(|id| !target.contains(*id))
+        .filter_map(|id| name.get(id))
+        .filter(|n| !target_names.contains(n))
+        .cloned()
+        .collect::<BTreeSet<_>>())
+}
+
+/// What is wrong with `listed` (Cargo.toml's `[profile.dev.package]`) given the `host`-only
+/// packages.
+fn profile_problems(
+    host: &std::collections::BTreeSet<String>,
+    listed: &toml::Table,
+) -> Vec<String> {
+    let zero: toml::Table = [("opt-level".to_owned(), toml::Value::Integer(0))]
+        .into_iter()
+        .collect();
+    let mut problems = Vec::new();
+    for h in host {
+        if !listed.contains_key(h) {
+            problems.push(format!(
+                "Cargo.toml: `{h}` runs only inside the compiler; add `{h} = {{ opt-level = 0 }}` \
+                 to [profile.dev.package]"
+            ));
+        }
+    }
+    for (n, v) in listed {
+        if n == "*" {
+            continue;
+        }
+        if !host.contains(n) {
+            problems.push(format!(
+                "Cargo.toml: [profile.dev.package] names `{n}`, which is not a package built \
+                 only for the compiler (any more): remove it"
+            ));
+        } else if v.as_table() != Some(&zero) {
+            problems.push(format!(
+                "Cargo.toml: [profile.dev.package] `{n}` should be {{ opt-level = 0 }}, not {v}"
+            ));
+        }
+    }
+    problems
 }
 
 /// Names of files that readers of this repository do not have: the team's own notes (spelt
@@ -881,6 +1028,56 @@ mod tests {
             find_circle(&[vec![1], vec![2], vec![0]]),
             Some(vec![0, 1, 2, 0])
         );
+    }
+
+    #[test]
+    fn compiler_only_packages_are_not_optimised() {
+        assert_clean(&host_only_profile(&util::root()).unwrap());
+    }
+
+    /// A proc macro, what it uses, and a build script's dependency are host-only; a package
+    /// also reached as a normal dependency is not, even through a build edge; the profile
+    /// list is held to that set both ways.
+    #[test]
+    fn host_only_packages_are_found_and_listed() {
+        let meta = serde_json::json!({
+            "workspace_members": ["w"],
+            "packages": [
+                {"id": "w", "name": "w", "targets": [{"kind": ["lib"]}]},
+                {"id": "m", "name": "m-derive", "targets": [{"kind": ["proc-macro"]}]},
+                {"id": "s", "name": "syn", "targets": [{"kind": ["lib"]}]},
+                {"id": "c", "name": "cc", "targets": [{"kind": ["lib"]}]},
+                {"id": "l", "name": "libc", "targets": [{"kind": ["lib"]}]},
+                {"id": "t", "name": "tokio", "targets": [{"kind": ["lib"]}]},
+            ],
+            "resolve": {"nodes": [
+                {"id": "w", "deps": [
+                    {"pkg": "m", "dep_kinds": [{"kind": null}]},
+                    {"pkg": "c", "dep_kinds": [{"kind": "build"}]},
+                    {"pkg": "l", "dep_kinds": [{"kind": "build"}, {"kind": null}]},
+                    {"pkg": "t", "dep_kinds": [{"kind": "dev"}]},
+                ]},
+                {"id": "m", "deps": [{"pkg": "s", "dep_kinds": [{"kind": null}]}]},
+                {"id": "s", "deps": []},
+                {"id": "c", "deps": [{"pkg": "l", "dep_kinds": [{"kind": null}]}]},
+                {"id": "l", "deps": []},
+                {"id": "t", "deps": []},
+            ]},
+        });
+        let host = host_only(&meta).unwrap();
+        assert_eq!(
+            host.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["cc", "m-derive", "syn"]
+        );
+        let listed: toml::Table = "\"*\" = { opt-level = 2 }\ncc = { opt-level = 0 }\n\
+                                   syn = { opt-level = 1 }\ntokio = { opt-level = 0 }\n"
+            .parse()
+            .unwrap();
+        let problems = profile_problems(&host, &listed);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].contains("add `m-derive = { opt-level = 0 }`"));
+        assert!(problems[1].contains("`syn` should be { opt-level = 0 }"));
+        assert!(problems[2].contains("names `tokio`"));
     }
 
     #[test]
