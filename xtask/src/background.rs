@@ -1,9 +1,9 @@
-//! The builds `cargo xtask test` runs beside its tiers, at the lowest CPU priority: the Pi's
-//! build and its unit tier under the emulator ([`cross::commands`]), then the
-//! documentation with rustdoc's lints denied (every intra-doc link resolves, no broken
-//! HTML), then the fuzz targets' check. Their output goes to
-//! target/background-builds.log (said in full if one fails). They run in a process group
-//! of their own, which is ended if the run stops before they are waited for: no build is
+//! The builds `cargo xtask test` runs beside its tiers, at the lowest CPU priority, as two
+//! chains at once: the Pi's build and its unit tier under the emulator
+//! ([`cross::commands`]); the documentation with rustdoc's lints denied (every intra-doc
+//! link resolves, no broken HTML), then the fuzz targets' check. Each chain's output goes to
+//! its own log in target/ (said in full if one fails). Each build runs in a process group
+//! of its own, which is ended if the run stops before they are waited for: no build is
 //! left behind a failed run.
 
 use std::os::unix::process::CommandExt as _;
@@ -17,25 +17,36 @@ use crate::{cross, util};
 /// The target directory of the documentation and the fuzz targets' check.
 const CHECK_DIR: &str = "target/check";
 
-/// The background builds, running.
+/// A build: cargo's arguments and environment.
+type Job = (Vec<String>, cross::Env);
+
+/// One chain of builds, running in turn on a thread.
 #[derive(Debug)]
-pub(crate) struct Builds {
+struct Chain {
     thread: Option<JoinHandle<anyhow::Result<()>>>,
     /// The process group of the build running now, if any (its leader's PID).
     running: Arc<Mutex<Option<u32>>>,
+}
+
+/// The background builds, running.
+#[derive(Debug)]
+pub(crate) struct Builds {
+    chains: Vec<Chain>,
     /// Set when the run gave up on them: no further build starts.
     stopped: Arc<Mutex<bool>>,
 }
 
 impl Builds {
-    /// Starts them on a thread: the Pi's build and tests, then the fuzz check, each in a target
-    /// directory of its own (cargo locks a target directory for the whole of a build: in
-    /// `target` they would hold the native builds up).
+    /// Starts the two chains, each in a target directory of its own (cargo locks a target
+    /// directory for the whole of a build: in `target` they would hold the native builds
+    /// up). Two at once rather than one after the other: the Pi's build ends in a few long
+    /// single-crate steps (its programs, their tests) that leave a core to the other
+    /// chain, and the run waits for the longer chain only.
     ///
     /// # Errors
-    /// The Pi's toolchain is missing (said with the remedy), or the log cannot be created.
+    /// The Pi's toolchain is missing (said with the remedy), or a log cannot be created.
     pub(crate) fn start(root: &Path) -> anyhow::Result<Self> {
-        let cross = cross::commands()?;
+        let pi = cross::commands()?;
         // The documentation and the fuzz targets' check share a target directory (one
         // tree of dependencies in check mode on the disk, not two). The fuzz workspace
         // resolves other features for most of them: its check took 104 s after the
@@ -62,11 +73,46 @@ impl Builds {
         .map(str::to_owned)
         .to_vec();
         std::fs::create_dir_all(root.join("target"))?;
-        let log_path = root.join("target/background-builds.log");
-        let log = std::fs::File::create(&log_path)?;
-        let mut jobs = cross;
-        jobs.push((doc, denied));
-        jobs.push((fuzz, Vec::new()));
+        let stopped = Arc::new(Mutex::new(false));
+        let mut chains = Vec::new();
+        for (log, jobs) in [
+            ("target/background-pi.log", pi),
+            (
+                "target/background-check.log",
+                vec![(doc, denied), (fuzz, Vec::new())],
+            ),
+        ] {
+            chains.push(Chain::start(root, &root.join(log), jobs, &stopped)?);
+        }
+        Ok(Self { chains, stopped })
+    }
+
+    /// Waits for them.
+    ///
+    /// # Errors
+    /// One failed (its log in the error), or a thread panicked.
+    pub(crate) fn wait(mut self) -> anyhow::Result<()> {
+        for chain in &mut self.chains {
+            let thread = chain.thread.take().expect("waited for once");
+            // On an error, Drop ends the other chain's builds: they are of no use now.
+            thread
+                .join()
+                .map_err(|_| anyhow::anyhow!("the background builds panicked"))??;
+        }
+        eprintln!("xtask: the background builds are done");
+        Ok(())
+    }
+}
+
+impl Chain {
+    /// Starts `jobs` in turn on a thread, their output into `log_path`.
+    fn start(
+        root: &Path,
+        log_path: &Path,
+        jobs: Vec<Job>,
+        stopped: &Arc<Mutex<bool>>,
+    ) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(log_path)?;
         let said: Vec<String> = jobs
             .iter()
             .map(|(args, _)| format!("cargo {}", args.join(" ")))
@@ -77,8 +123,12 @@ impl Builds {
             said.join("; ")
         );
         let running = Arc::new(Mutex::new(None));
-        let stopped = Arc::new(Mutex::new(false));
-        let (root, r, s) = (root.to_owned(), running.clone(), stopped.clone());
+        let (root, log_path, r, s) = (
+            root.to_owned(),
+            log_path.to_owned(),
+            running.clone(),
+            stopped.clone(),
+        );
         let thread = std::thread::spawn(move || {
             for (args, env) in jobs {
                 let started = std::time::Instant::now();
@@ -89,42 +139,31 @@ impl Builds {
                     started.elapsed().as_secs()
                 );
             }
-            eprintln!("xtask: the background builds are done");
             Ok(())
         });
         Ok(Self {
             thread: Some(thread),
             running,
-            stopped,
         })
-    }
-
-    /// Waits for them.
-    ///
-    /// # Errors
-    /// One failed (its log in the error), or the thread panicked.
-    pub(crate) fn wait(mut self) -> anyhow::Result<()> {
-        let thread = self.thread.take().expect("waited for once");
-        thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("the background builds panicked"))?
     }
 }
 
 impl Drop for Builds {
-    /// Not waited for: the run failed. The build running now is ended, by its process
-    /// group, and none follows.
+    /// Not waited for (the run failed) or one chain failed: the builds running now are
+    /// ended, by their process groups, and none follows.
     fn drop(&mut self) {
-        let Some(thread) = self.thread.take() else {
-            return;
-        };
         *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        if let Some(pgid) = *self.running.lock().unwrap_or_else(PoisonError::into_inner) {
-            let _ = Command::new("kill")
-                .args(["-TERM", "--", &format!("-{pgid}")])
-                .status();
+        for chain in &mut self.chains {
+            let Some(thread) = chain.thread.take() else {
+                continue;
+            };
+            if let Some(pgid) = *chain.running.lock().unwrap_or_else(PoisonError::into_inner) {
+                let _ = Command::new("kill")
+                    .args(["-TERM", "--", &format!("-{pgid}")])
+                    .status();
+            }
+            let _ = thread.join();
         }
-        let _ = thread.join();
     }
 }
 

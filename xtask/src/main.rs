@@ -319,12 +319,12 @@ fn soak_command(
 fn test() -> anyhow::Result<()> {
     let root = util::root();
     // First, at the lowest priority, the builds that need no privileges and nothing of the
-    // rest: the Pi's (tests and programs; the longest build of the run), the documentation
-    // with rustdoc's lints denied, then the fuzz targets' check (they live outside the
-    // workspace: cargo-fuzz builds them with nightly and sanitizers; this makes sure they
-    // still compile against the current APIs). They take what the foreground leaves idle:
-    // the single-crate tails of the native builds, the kernel tier's waits on its network,
-    // the soak. Stopped if the run fails first.
+    // rest, as two chains: the Pi's (tests and programs; the longest build of the run); the
+    // documentation with rustdoc's lints denied, then the fuzz targets' check (they live
+    // outside the workspace: cargo-fuzz builds them with nightly and sanitizers; this makes
+    // sure they still compile against the current APIs). They take what the foreground
+    // leaves idle: the single-crate tails of the native builds, the kernel tier's waits on
+    // its network, the soak. Stopped if the run fails first.
     let background = background::Builds::start(&root)?;
     util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
     // One build for the whole native tier, which is also clippy's lint of every target
