@@ -42,6 +42,11 @@ const INSTRUCTIONS: (&str, &str) = (
     "<!-- xtask bench instructions: end -->",
 );
 
+const ARM64: (&str, &str) = (
+    "<!-- xtask bench arm64: begin -->",
+    "<!-- xtask bench arm64: end -->",
+);
+
 /// Which parts `cargo xtask bench` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Parts {
@@ -55,6 +60,8 @@ pub(crate) struct Parts {
     pub(crate) peers: bool,
     /// Instructions per packet under callgrind.
     pub(crate) instructions: bool,
+    /// Instructions per packet on aarch64 and x86_64 under qemu-user, the Pi 4's estimate.
+    pub(crate) arm64: bool,
     /// Issue 24's latency rows.
     pub(crate) latency: bool,
     /// TCP over IPv6 beside IPv4 through one tunnel.
@@ -107,6 +114,9 @@ pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Res
     }
     if parts.instructions {
         sections.push((INSTRUCTIONS, crate::instructions::run(&root)?));
+    }
+    if parts.arm64 {
+        sections.push((ARM64, crate::arm64_instructions::run(&root)?));
     }
     if parts.e2e || parts.attack || parts.peers || parts.latency || parts.ipv6 {
         crate::bed::prerequisites()?;

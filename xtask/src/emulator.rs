@@ -18,7 +18,12 @@ pub(crate) fn runner() -> Vec<String> {
     if std::env::consts::ARCH == "aarch64" {
         return Vec::new();
     }
-    runner_for(Path::new(MULTIARCH_LOADER).exists())
+    runner_for(multiarch())
+}
+
+/// Whether this machine has a multiarch libc6:arm64 (see [`runner_for`]).
+pub(crate) fn multiarch() -> bool {
+    Path::new(MULTIARCH_LOADER).exists()
 }
 
 /// The emulator's command line. With a multiarch libc6:arm64 it runs programs with that
@@ -29,8 +34,15 @@ pub(crate) fn runner() -> Vec<String> {
 /// spins for ever in pthread_create (seen with Debian 12's 2.36-8cross1 and 2.36-9+deb12u14).
 pub(crate) fn runner_for(multiarch: bool) -> Vec<String> {
     let mut r = vec!["qemu-aarch64-static".to_owned()];
-    if !multiarch {
-        r.extend(["-L".to_owned(), SYSROOT.to_owned()]);
-    }
+    r.extend(library_args(multiarch));
     r
+}
+
+/// The emulator's arguments that find an aarch64 program's C library (see [`runner_for`]).
+pub(crate) fn library_args(multiarch: bool) -> Vec<String> {
+    if multiarch {
+        Vec::new()
+    } else {
+        vec!["-L".to_owned(), SYSROOT.to_owned()]
+    }
 }

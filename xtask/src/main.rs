@@ -12,6 +12,7 @@
 // A command-line tool: printing reports to stdout is its job.
 #![allow(clippy::print_stdout)]
 
+mod arm64_instructions;
 mod background;
 mod bed;
 mod bench;
@@ -68,6 +69,11 @@ enum Command {
         /// iai-callgrind-runner if missing).
         #[arg(long)]
         instructions: bool,
+        /// Instructions per packet for seal and open on aarch64 (the Pi's core, modelled)
+        /// and x86_64 under qemu-user with a counting plugin, and the Pi 4's estimate
+        /// (installs qemu-user if missing).
+        #[arg(long)]
+        arm64: bool,
         /// Issue 24's latency rows: 1,000 pings idle and under one TCP stream (its ends at
         /// default and at idle priority), plain routing against the tunnel at its defaults
         /// and with `realtime_priority = 10`, two alternating rounds.
@@ -179,11 +185,13 @@ fn main() -> ExitCode {
             attack,
             peers,
             instructions,
+            arm64,
             latency,
             ipv6,
             base,
         } => {
-            let all = !(micro || e2e || attack || peers || instructions || latency || ipv6);
+            let all =
+                !(micro || e2e || attack || peers || instructions || arm64 || latency || ipv6);
             bench::run(
                 !no_write,
                 bench::Parts {
@@ -192,6 +200,7 @@ fn main() -> ExitCode {
                     attack: attack || e2e || all,
                     peers: peers || all,
                     instructions: instructions || all,
+                    arm64: arm64 || all,
                     latency: latency || all,
                     ipv6: ipv6 || all,
                 },
