@@ -1,10 +1,12 @@
-//! The builds `cargo xtask test` runs beside its tiers, at the lowest CPU priority, as two
-//! chains at once: the Pi's build and its unit tier under the emulator
-//! ([`cross::commands`]); the documentation with rustdoc's lints denied (every intra-doc
-//! link resolves, no broken HTML), then the fuzz targets' check. Each chain's output goes to
-//! its own log in target/ (said in full if one fails). Each build runs in a process group
-//! of its own, which is ended if the run stops before they are waited for: no build is
-//! left behind a failed run.
+//! The builds `cargo xtask test` runs beside its tiers, as two chains at once: the Pi's
+//! build and its unit tier under the emulator ([`cross::commands`]), at nice 19; the
+//! documentation with rustdoc's lints denied (every intra-doc link resolves, no broken
+//! HTML), then the fuzz targets' check, under `SCHED_IDLE` (CPU nothing else wants). The
+//! Pi's chain comes first because the run's last steps (the emulated demo, the arm64
+//! packages) need it; the other fills what is left idle, to the end. Each chain's output
+//! goes to its own log in target/ (said in full if one fails). Each build runs in a
+//! process group of its own, which is ended if the run stops before they are waited for:
+//! no build is left behind a failed run.
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -31,7 +33,8 @@ struct Chain {
 /// The background builds, running.
 #[derive(Debug)]
 pub(crate) struct Builds {
-    chains: Vec<Chain>,
+    /// The Pi's build and tests; then the documentation and the fuzz check.
+    chains: [Chain; 2],
     /// Set when the run gave up on them: no further build starts.
     stopped: Arc<Mutex<bool>>,
 }
@@ -39,9 +42,7 @@ pub(crate) struct Builds {
 impl Builds {
     /// Starts the two chains, each in a target directory of its own (cargo locks a target
     /// directory for the whole of a build: in `target` they would hold the native builds
-    /// up). Two at once rather than one after the other: the Pi's build ends in a few long
-    /// single-crate steps (its programs, their tests) that leave a core to the other
-    /// chain, and the run waits for the longer chain only.
+    /// up).
     ///
     /// # Errors
     /// The Pi's toolchain is missing (said with the remedy), or a log cannot be created.
@@ -67,6 +68,8 @@ impl Builds {
             "--manifest-path",
             "fuzz/Cargo.toml",
             "--bins",
+            // Not libFuzzer's C++ (the fuzzing runs' build links it): the targets' code.
+            "--no-default-features",
             "--target-dir",
             CHECK_DIR,
         ]
@@ -74,42 +77,63 @@ impl Builds {
         .to_vec();
         std::fs::create_dir_all(root.join("target"))?;
         let stopped = Arc::new(Mutex::new(false));
-        let mut chains = Vec::new();
-        for (log, jobs) in [
-            ("target/background-pi.log", pi),
-            (
-                "target/background-check.log",
+        let chains = [
+            Chain::start(
+                root,
+                &root.join("target/background-pi.log"),
+                pi,
+                Priority::Low,
+                &stopped,
+            )?,
+            Chain::start(
+                root,
+                &root.join("target/background-check.log"),
                 vec![(doc, denied), (fuzz, Vec::new())],
-            ),
-        ] {
-            chains.push(Chain::start(root, &root.join(log), jobs, &stopped)?);
-        }
+                Priority::Idle,
+                &stopped,
+            )?,
+        ];
         Ok(Self { chains, stopped })
     }
 
-    /// Waits for them.
+    /// Waits for the Pi's chain (the other may still run).
+    ///
+    /// # Errors
+    /// One of its builds failed (its log in the error), or its thread panicked.
+    pub(crate) fn wait_for_the_pi(&mut self) -> anyhow::Result<()> {
+        self.chains[0].wait()
+    }
+
+    /// Waits for both chains.
     ///
     /// # Errors
     /// One failed (its log in the error), or a thread panicked.
     pub(crate) fn wait(mut self) -> anyhow::Result<()> {
         for chain in &mut self.chains {
-            let thread = chain.thread.take().expect("waited for once");
             // On an error, Drop ends the other chain's builds: they are of no use now.
-            thread
-                .join()
-                .map_err(|_| anyhow::anyhow!("the background builds panicked"))??;
+            chain.wait()?;
         }
         eprintln!("xtask: the background builds are done");
         Ok(())
     }
 }
 
+/// How a chain's builds share the CPU with the rest of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Priority {
+    /// nice 19: little beside the foreground, its share beside [`Priority::Idle`].
+    Low,
+    /// `SCHED_IDLE` (and nice 19): only what no other process wants.
+    Idle,
+}
+
 impl Chain {
-    /// Starts `jobs` in turn on a thread, their output into `log_path`.
+    /// Starts `jobs` in turn on a thread at `priority`, their output into `log_path`.
     fn start(
         root: &Path,
         log_path: &Path,
         jobs: Vec<Job>,
+        priority: Priority,
         stopped: &Arc<Mutex<bool>>,
     ) -> anyhow::Result<Self> {
         let log = std::fs::File::create(log_path)?;
@@ -118,7 +142,11 @@ impl Chain {
             .map(|(args, _)| format!("cargo {}", args.join(" ")))
             .collect();
         eprintln!(
-            "xtask: in the background (nice 19; output in {}), in turn: {}",
+            "xtask: in the background ({}; output in {}), in turn: {}",
+            match priority {
+                Priority::Low => "nice 19",
+                Priority::Idle => "SCHED_IDLE",
+            },
             log_path.display(),
             said.join("; ")
         );
@@ -132,7 +160,7 @@ impl Chain {
         let thread = std::thread::spawn(move || {
             for (args, env) in jobs {
                 let started = std::time::Instant::now();
-                run_one(&root, &args, &env, &log, &log_path, &r, &s)?;
+                run_one(&root, &args, &env, priority, &log, &log_path, &r, &s)?;
                 eprintln!(
                     "xtask: in the background, `cargo {}` passed in {} s",
                     args.first().map_or("", String::as_str),
@@ -145,6 +173,19 @@ impl Chain {
             thread: Some(thread),
             running,
         })
+    }
+
+    /// Waits for its builds, unless already waited for.
+    ///
+    /// # Errors
+    /// One failed (its log in the error), or the thread panicked.
+    fn wait(&mut self) -> anyhow::Result<()> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the background builds panicked"))?
     }
 }
 
@@ -167,12 +208,17 @@ impl Drop for Builds {
     }
 }
 
-/// Runs `cargo <args>` with `env` at nice 19 in a process group of its own, its output into
-/// `log`, unless the run was `stopped`.
+/// Runs `cargo <args>` with `env` at `priority` in a process group of its own, its output
+/// into `log`, unless the run was `stopped`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the chain's thread hands its state in; a struct would only rename it"
+)]
 fn run_one(
     root: &Path,
     args: &[String],
     env: &[(String, String)],
+    priority: Priority,
     log: &std::fs::File,
     log_path: &Path,
     running: &Mutex<Option<u32>>,
@@ -183,7 +229,12 @@ fn run_one(
         if *stopped {
             anyhow::bail!("the run stopped before `cargo {}`", args.join(" "));
         }
-        let child = util::forget_own_package(&mut Command::new("nice"))
+        let mut cmd = Command::new("nice");
+        if priority == Priority::Idle {
+            cmd = Command::new("chrt");
+            cmd.args(["--idle", "0", "nice"]);
+        }
+        let child = util::forget_own_package(&mut cmd)
             .args(["-n", "19", &util::cargo_program()])
             .args(args)
             .current_dir(root)

@@ -327,14 +327,14 @@ fn soak_command(
 
 fn test() -> anyhow::Result<()> {
     let root = util::root();
-    // First, at the lowest priority, the builds that need no privileges and nothing of the
-    // rest, as two chains: the Pi's (tests and programs; the longest build of the run); the
-    // documentation with rustdoc's lints denied, then the fuzz targets' check (they live
-    // outside the workspace: cargo-fuzz builds them with nightly and sanitizers; this makes
-    // sure they still compile against the current APIs). They take what the foreground
-    // leaves idle: the single-crate tails of the native builds, the kernel tier's waits on
-    // its network, the soak. Stopped if the run fails first.
-    let background = background::Builds::start(&root)?;
+    // First, at the lowest priorities, the builds that need no privileges and nothing of
+    // the rest, as two chains: the Pi's (tests and programs; the longest build of the run);
+    // then, below it, the documentation with rustdoc's lints denied and the fuzz targets'
+    // check (they live outside the workspace: cargo-fuzz builds them with nightly and
+    // sanitizers; this makes sure they still compile against the current APIs). They take
+    // what the foreground leaves idle: the single-crate tails of the native builds, the
+    // kernel tier's waits on its network, the soak. Stopped if the run fails first.
+    let mut background = background::Builds::start(&root)?;
     util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
     // One build for the whole native tier, which is also clippy's lint of every target
     // (see bed::build_for_tests).
@@ -367,15 +367,16 @@ fn test() -> anyhow::Result<()> {
     jobs.push(short_soak(&root));
     lanes::run(jobs, &lanes::logs_dir(&root))?;
     native_demo_and_packages(&root)?;
-    background.wait()?;
+    background.wait_for_the_pi()?;
     // The Pi's architecture: its unit tier passed under the emulator in the background;
     // the demo with the emulated node, and the arm64 packages of the programs built with
-    // the tests.
+    // the tests. The documentation's chain may still run beside them.
     let arm64 = cross::programs_dir(&root);
     cross::smoke(&root, &arm64, &root.join("target/debug"))?;
     let debs = dist::package_programs(cross::TRIPLE, &arm64, "dev", &cross::PROGRAMS)?;
     deb::lint(&debs)?;
     deb::check_install(&debs)?;
+    background.wait()?;
     eprintln!("xtask: all checks passed");
     Ok(())
 }
