@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use serde::Deserialize as _;
 
 use crate::util;
 
@@ -128,71 +129,107 @@ fn host_only_profile(root: &Path) -> anyhow::Result<Vec<String>> {
 /// override by name would apply to both).
 fn host_only(meta: &serde_json::Value) -> anyhow::Result<std::collections::BTreeSet<String>> {
     use std::collections::{BTreeSet, HashMap, HashSet};
-    let field = |v: &serde_json::Value, k: &str| -> anyhow::Result<serde_json::Value> {
-        v.get(k)
-            .cloned()
-            .with_context(|| format!("cargo metadata without `{k}`"))
-    };
-    let text = |v: &serde_json::Value| -> anyhow::Result<String> {
-        v.as_str()
-            .map(str::to_owned)
-            .context("cargo metadata: a string expected")
-    };
-    let list = |v: serde_json::Value| -> anyhow::Result<Vec<serde_json::Value>> {
-        v.as_array()
-            .cloned()
-            .context("cargo metadata: a list expected")
-    };
-    let mut name = HashMap::new();
-    let mut proc_macro = HashSet::new();
-    for p in list(field(meta, "packages")?)? {
-        let id = text(&field(&p, "id")?)?;
-        for t in list(field(&p, "targets")?)? {
-            if list(field(&t, "kind")?)?
-                .iter()
-                .any(|k| k.as_str() == Some("proc-macro"))
-            {
-                proc_macro.insert(id.clone());
-            }
-        }
-        name.insert(id, text(&field(&p, "name")?)?);
-    }
-    let mut deps: HashMap<String, Vec<(String, bool)>> = HashMap::new();
-    for n in list(field(&field(meta, "resolve")?, "nodes")?)? {
-        let mut out = Vec::new();
-        for d in list(field(&n, "deps")?)? {
-            let mut for_target = false;
-            for k in list(field(&d, "dep_kinds")?)? {
-                let kind = field(&k, "kind")?;
-                for_target |= kind.is_null() || kind.as_str() == Some("dev");
-            }
-            out.push((text(&field(&d, "pkg")?)?, for_target));
-        }
-        deps.insert(text(&field(&n, "id")?)?, out);
-    }
-    let mut target = HashSet::new();
-    let mut stack: Vec<String> = list(field(meta, "workspace_members")?)?
+    let meta = Metadata::deserialize(meta).context("reading cargo metadata")?;
+    let name: HashMap<&String, &String> = meta.packages.iter().map(|p| (&p.id, &p.name)).collect();
+    let proc_macro: HashSet<&String> = meta
+        .packages
         .iter()
-        .map(text)
-        .collect::<anyhow::Result<_>>()?;
+        .filter(|p| {
+            p.targets
+                .iter()
+                .any(|t| t.kind.iter().any(|k| k == "proc-macro"))
+        })
+        .map(|p| &p.id)
+        .collect();
+    // Each package's dependencies, and whether each is built for the target (a normal or
+    // dev edge; `kind` is null for a normal one).
+    let deps: HashMap<&String, Vec<(&String, bool)>> = meta
+        .resolve
+        .nodes
+        .iter()
+        .map(|n| {
+            let out = n
+                .deps
+                .iter()
+                .map(|d| {
+                    let for_target = d
+                        .dep_kinds
+                        .iter()
+                        .any(|k| k.kind.is_null() || k.kind.as_str() == Some("dev"));
+                    (&d.pkg, for_target)
+                })
+                .collect();
+            (&n.id, out)
+        })
+        .collect();
+    let mut target: HashSet<&String> = HashSet::new();
+    let mut stack: Vec<&String> = meta.workspace_members.iter().collect();
     while let Some(id) = stack.pop() {
-        if !target.insert(id.clone()) {
+        if !target.insert(id) {
             continue;
         }
-        for (dep, for_target) in deps.get(&id).into_iter().flatten() {
+        for (dep, for_target) in deps.get(id).into_iter().flatten() {
             if *for_target && !proc_macro.contains(dep) {
-                stack.push(dep.clone());
+                stack.push(dep);
             }
         }
     }
-    let target_names: HashSet<&String> = target.iter().filter_map(|id| name.get(id)).collect();
+    let target_names: HashSet<&String> = target
+        .iter()
+        .filter_map(|id| name.get(id))
+        .copied()
+        .collect();
     Ok(deps
         .keys()
         .filter(|id| !target.contains(*id))
         .filter_map(|id| name.get(id))
-        .filter(|n| !target_names.contains(n))
-        .cloned()
+        .filter(|n| !target_names.contains(*n))
+        .map(|n| (*n).clone())
         .collect::<BTreeSet<_>>())
+}
+
+/// What [`host_only`] reads of `cargo metadata`'s output; every field is required.
+#[derive(Debug, serde::Deserialize)]
+struct Metadata {
+    packages: Vec<Package>,
+    resolve: Resolve,
+    workspace_members: Vec<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Package {
+    id: String,
+    name: String,
+    targets: Vec<Target>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Target {
+    kind: Vec<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Resolve {
+    nodes: Vec<Node>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Node {
+    id: String,
+    deps: Vec<Dep>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Dep {
+    pkg: String,
+    dep_kinds: Vec<DepKind>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct DepKind {
+    /// Null for a normal dependency, else `"dev"` or `"build"`; a `Value`, not an
+    /// `Option`, so that a missing field is an error rather than a normal dependency.
+    kind: serde_json::Value,
 }
 
 /// What is wrong with `listed` (Cargo.toml's `[profile.dev.package]`) given the `host`-only
@@ -1065,6 +1102,12 @@ mod tests {
             ]},
         });
         let host = host_only(&meta).unwrap();
+        let mut without_kind = meta.clone();
+        without_kind["resolve"]["nodes"][0]["deps"][1]["dep_kinds"][0] = serde_json::json!({});
+        assert!(
+            host_only(&without_kind).is_err(),
+            "a dependency without its kind is not read as a normal one"
+        );
         assert_eq!(
             host.iter().map(String::as_str).collect::<Vec<_>>(),
             ["cc", "m-derive", "syn"]
