@@ -17,7 +17,7 @@ use std::hint::black_box;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use cyphonic_benches::engine::{Opening, Sealing};
+use cyphonic_benches::engine::{Opening, PACKET, Sealing};
 use cyphonic_benches::filter::{ACK, CAMERA, FLOWS, SYN, rules, segment as tcp};
 use cyphonic_benches::offload::{self, MAX_FRAME, SEGMENTS};
 use cyphonic_crypto::Backend;
@@ -27,8 +27,6 @@ use iai_callgrind::{library_benchmark, library_benchmark_group, main};
 
 /// Packets per sealing, opening and classifying batch.
 const BATCH: usize = 64;
-/// A full-sized packet at the default inner MTU.
-const PACKET: usize = 1420;
 
 /// A batch of packets to seal, and the fixture that seals them.
 fn to_seal(backend: Backend) -> (Sealing, Vec<Vec<u8>>) {

@@ -28,6 +28,10 @@ fn session(slot: &PeerSlot) -> Arc<Session> {
         .expect("the fixture's handshake gave keys")
 }
 
+/// The packet size of the per-packet counts (benches/benches/instructions.rs,
+/// src/bin/count-packets.rs): a full packet at the default inner MTU.
+pub const PACKET: usize = 1420;
+
 /// Sealing packets of `size` bytes to a keyed peer.
 #[derive(Debug)]
 pub struct Sealing {

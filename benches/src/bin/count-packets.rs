@@ -9,11 +9,8 @@ use std::hint::black_box;
 use std::process::ExitCode;
 
 use cyphonic_benches::BURST;
-use cyphonic_benches::engine::{Opening, Sealing};
+use cyphonic_benches::engine::{Opening, PACKET, Sealing};
 use cyphonic_crypto::Backend;
-
-/// A full-sized packet at the default inner MTU.
-const PACKET: usize = 1420;
 
 const USAGE: &str = "usage: count-packets <seal|open> <ring|rustcrypto> <packets, 1 to 4096>";
 
