@@ -121,7 +121,8 @@ impl Builds {
 /// How a chain's builds share the CPU with the rest of the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Priority {
-    /// nice 19: little beside the foreground, its share beside [`Priority::Idle`].
+    /// nice 19: little CPU beside the foreground, most of what it leaves beside
+    /// [`Priority::Idle`].
     Low,
     /// `SCHED_IDLE` (and nice 19): only what no other process wants.
     Idle,
@@ -229,11 +230,14 @@ fn run_one(
         if *stopped {
             anyhow::bail!("the run stopped before `cargo {}`", args.join(" "));
         }
-        let mut cmd = Command::new("nice");
-        if priority == Priority::Idle {
-            cmd = Command::new("chrt");
-            cmd.args(["--idle", "0", "nice"]);
-        }
+        let mut cmd = match priority {
+            Priority::Low => Command::new("nice"),
+            Priority::Idle => {
+                let mut c = Command::new("chrt");
+                c.args(["--idle", "0", "nice"]);
+                c
+            }
+        };
         let child = util::forget_own_package(&mut cmd)
             .args(["-n", "19", &util::cargo_program()])
             .args(args)

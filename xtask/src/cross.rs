@@ -30,17 +30,16 @@ pub(crate) const TRIPLE: &str = "aarch64-unknown-linux-gnu";
 /// the target's standard library, and the emulator as the runner of what cargo runs.
 fn environment(target: &dist::Target, b: &dist::Build) -> anyhow::Result<Vec<(String, String)>> {
     let mut env = dist::environment(target, b)?;
+    let upper = TRIPLE.to_uppercase().replace('-', "_");
     let runner = runner();
     if !runner.is_empty() {
         anyhow::ensure!(
             util::has_command("qemu-aarch64-static"),
             "running aarch64 programs here needs the emulator: apt-get install qemu-user-static"
         );
-        let upper = TRIPLE.to_uppercase().replace('-', "_");
         env.push((format!("CARGO_TARGET_{upper}_RUNNER"), runner.join(" ")));
     }
     if let Some(flags) = lld_flags() {
-        let upper = TRIPLE.to_uppercase().replace('-', "_");
         env.push((format!("CARGO_TARGET_{upper}_RUSTFLAGS"), flags));
     }
     Ok(env)
