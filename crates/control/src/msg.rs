@@ -1000,6 +1000,10 @@ mod tests {
             serde_json::from_str(old).unwrap(),
             ClientMsg::Register { mapping: None, .. }
         ));
+        let mapped = |endpoint: &str| Mapping::Mapped {
+            protocol: MapProtocol::Pcp,
+            endpoint: endpoint.parse().unwrap(),
+        };
         for (m, ok) in [
             (
                 Mapping::Refused {
@@ -1022,34 +1026,10 @@ mod tests {
                 },
                 false,
             ),
-            (
-                Mapping::Mapped {
-                    protocol: MapProtocol::Pcp,
-                    endpoint: "203.0.113.2:0".parse().unwrap(),
-                },
-                false,
-            ),
-            (
-                Mapping::Mapped {
-                    protocol: MapProtocol::Pcp,
-                    endpoint: "0.0.0.0:51820".parse().unwrap(),
-                },
-                false,
-            ),
-            (
-                Mapping::Mapped {
-                    protocol: MapProtocol::Pcp,
-                    endpoint: "224.0.0.1:51820".parse().unwrap(),
-                },
-                false,
-            ),
-            (
-                Mapping::Mapped {
-                    protocol: MapProtocol::Pcp,
-                    endpoint: "203.0.113.2:51820".parse().unwrap(),
-                },
-                true,
-            ),
+            (mapped("203.0.113.2:0"), false),
+            (mapped("0.0.0.0:51820"), false),
+            (mapped("224.0.0.1:51820"), false),
+            (mapped("203.0.113.2:51820"), true),
         ] {
             assert_eq!(m.is_well_formed(), ok, "{m:?}");
         }
