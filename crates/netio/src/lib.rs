@@ -9,7 +9,10 @@
 //!   checksum to offload (`TP_STATUS_CSUMNOTREADY` via `PACKET_AUXDATA`), and its direction.
 //!   With [`PacketOptions::coalesced`] (`PACKET_VNET_HDR`), frames the kernel merged (GRO) come
 //!   whole, up to 64 KiB, the part beyond the caller's buffer in [`LargeFrames`], with
-//!   [`FrameMeta::coalesced`] saying how to cut them (protocol and segment size).
+//!   [`FrameMeta::coalesced`] saying how to cut them (protocol and segment size). With
+//!   [`PacketOptions::ring`] it receives through a `TPACKET_V3` ring shared with the kernel
+//!   instead (blocks of frames, no system call while they keep coming), with the same
+//!   [`FrameMeta`] for each frame.
 //!   pnet's datalink channel is not used: it makes two syscalls per packet, truncates frames
 //!   over its 4096-byte default buffer without saying so, and drops the packet direction.
 //! - [`UdpSocket`]: the tunnel socket, dual-stack, with `recvmmsg`/`sendmmsg` batches,
@@ -44,6 +47,7 @@ mod error;
 mod iface;
 pub mod netns;
 mod packet;
+mod ring;
 mod rtnl;
 mod sched;
 mod sys;

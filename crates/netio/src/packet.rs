@@ -6,6 +6,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
 use crate::busy::{self, BusyPoll};
+use crate::ring::{Ring, RingFrame};
 use crate::sys::{self, Control, MAX_BATCH, Received, cvt, setsockopt};
 use crate::vnet::{Coalesced, Gso, VNET_HDR_LEN, VNET_HDR_NONE, parse_vnet, vnet_gso};
 use crate::{Interface, NetError};
@@ -76,6 +77,13 @@ pub struct PacketOptions {
     /// out is ever queued. In a fanout group the kernel first picks the socket, then runs its
     /// filter: what one socket's filter leaves out no other socket of the group gets.
     pub filter: Option<Vec<crate::cbpf::Insn>>,
+    /// Receive through a ring of memory shared with the kernel (`PACKET_RX_RING`,
+    /// `TPACKET_V3`) of about `recv_buffer` bytes instead of the socket's queue: no system
+    /// call and no queued buffer per frame, and a busy reader takes a whole block of frames
+    /// without asking. A frame that comes alone waits for its block's timer, up to a tick of
+    /// the kernel's clock (netio's `ring` module). Where the kernel refuses the ring, the
+    /// socket receives as without ([`PacketSocket::ring_bytes`] says which).
+    pub ring: bool,
 }
 
 impl Default for PacketOptions {
@@ -88,6 +96,7 @@ impl Default for PacketOptions {
             busy_poll: Duration::ZERO,
             timestamps: false,
             filter: None,
+            ring: false,
         }
     }
 }
@@ -189,6 +198,14 @@ impl LargeFrames {
 /// An `AF_PACKET` socket bound to one interface.
 #[derive(Debug)]
 pub struct PacketSocket {
+    /// The receive ring, if it has one; declared before `fd` so that it is unmapped before
+    /// the socket closes (the kernel keeps a mapped ring's memory past the close otherwise).
+    ring: Option<Ring>,
+    /// A handle of a socket with a ring ([`Self::try_clone`]): it sends, it cannot receive.
+    ringed: bool,
+    /// Why the kernel refused the ring asked for.
+    ring_refused: Option<String>,
+    recv_timeout: Option<Duration>,
     fd: OwnedFd,
     name: String,
     ignores_outgoing: bool,
@@ -226,6 +243,18 @@ impl PacketSocket {
             crate::cbpf::attach(raw, libc::SO_ATTACH_FILTER, program)
                 .map_err(|e| raw_err("attaching the capture filter", e))?;
         }
+        let one: libc::c_int = 1;
+        // Before the ring, which the kernel would refuse them after.
+        if opts.coalesced {
+            setsockopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &one)
+                .map_err(|e| raw_err("asking for offload headers (PACKET_VNET_HDR)", e))?;
+        }
+        // Before the bind, so that no frame is queued where the ring's reader never looks.
+        let (ring, ring_refused) = match opts.ring.then(|| Ring::attach(raw, opts.recv_buffer)) {
+            Some(Ok(ring)) => (Some(ring), None),
+            Some(Err(e)) => (None, Some(e.to_string())),
+            None => (None, None),
+        };
 
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid before we fill it in.
         let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
@@ -247,15 +276,10 @@ impl PacketSocket {
                 NetError::from_io("switching on promiscuous mode", name, "CAP_NET_RAW", e)
             })?;
         }
-        let one: libc::c_int = 1;
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_AUXDATA, &one)
             .map_err(|e| raw_err("asking for packet auxiliary data", e))?;
         let ignores_outgoing =
             setsockopt(raw, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one).is_ok();
-        if opts.coalesced {
-            setsockopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &one)
-                .map_err(|e| raw_err("asking for offload headers (PACKET_VNET_HDR)", e))?;
-        }
         // Stamps only measure: a kernel (or an emulator) that refuses them leaves the frames
         // without (`queued` stays `None`; `Self::timestamps` says so).
         let timestamps = opts.timestamps && sys::ask_timestamps(raw).is_ok();
@@ -265,6 +289,10 @@ impl PacketSocket {
             sys::set_buffer(raw, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, opts.recv_buffer)
                 .map_err(|e| raw_err("sizing the receive buffer", e))?;
         Ok(Self {
+            ringed: ring.is_some(),
+            ring,
+            ring_refused,
+            recv_timeout: opts.recv_timeout,
             fd,
             name: name.to_owned(),
             ignores_outgoing,
@@ -301,6 +329,18 @@ impl PacketSocket {
     /// The receive buffer the kernel granted, in bytes.
     pub const fn recv_buffer(&self) -> usize {
         self.recv_buffer
+    }
+
+    /// The receive ring's size in bytes, if the socket receives through one
+    /// ([`PacketOptions::ring`] asked for and granted).
+    pub fn ring_bytes(&self) -> Option<usize> {
+        self.ring.as_ref().map(Ring::bytes)
+    }
+
+    /// The kernel's answer when it refused the ring [`PacketOptions::ring`] asked for: the
+    /// socket receives through its queue instead.
+    pub fn ring_refused(&self) -> Option<&str> {
+        self.ring_refused.as_deref()
     }
 
     /// Whether frames carry the kernel's receive stamp ([`PacketOptions::timestamps`] asked
@@ -464,6 +504,9 @@ impl PacketSocket {
         large: Option<&mut LargeFrames>,
         wait: bool,
     ) -> io::Result<usize> {
+        if self.ringed {
+            return self.recv_ring(bufs, meta, large, wait);
+        }
         // SAFETY: sockaddr_ll is plain old data; all-zero is valid; the kernel overwrites it.
         let mut names: [libc::sockaddr_ll; MAX_BATCH] = unsafe { zeroed() };
         let mut controls = [Control::EMPTY; MAX_BATCH];
@@ -537,6 +580,63 @@ impl PacketSocket {
         Ok(got)
     }
 
+    /// [`Self::recv`] from the ring: each frame copied out of its block into `bufs[i]` (and
+    /// on into `large`'s slot `i`), its block handed back once read to its end.
+    fn recv_ring(
+        &mut self,
+        bufs: &mut [&mut [u8]],
+        meta: &mut [FrameMeta],
+        mut large: Option<&mut LargeFrames>,
+        wait: bool,
+    ) -> io::Result<usize> {
+        let Self {
+            ring,
+            fd,
+            recv_timeout,
+            busy,
+            coalesced,
+            timestamps,
+            ..
+        } = self;
+        let Some(ring) = ring.as_mut() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a second handle of a socket with a receive ring does not receive",
+            ));
+        };
+        let most = bufs.len().min(meta.len());
+        let head = if *coalesced { VNET_HDR_LEN } else { 0 };
+        let now = timestamps.then(sys::realtime);
+        let mut take = |ring: &mut Ring| {
+            let mut i = 0;
+            ring.read(most, head, |frame| {
+                meta[i] = copy_out(
+                    &frame,
+                    bufs[i],
+                    large.as_mut().and_then(|l| l.tail_mut(i)),
+                    now,
+                );
+                i += 1;
+            })
+        };
+        if !wait {
+            return Ok(take(ring));
+        }
+        let fd = fd.as_raw_fd();
+        let within = recv_timeout.unwrap_or(Duration::from_secs(1));
+        busy::receive(busy.as_mut(), |wait| {
+            loop {
+                let got = take(ring);
+                if got > 0 || !wait {
+                    return Ok(got);
+                }
+                if !sys::wait_readable(fd, within)? && recv_timeout.is_some() {
+                    return Ok(take(ring));
+                }
+            }
+        })
+    }
+
     /// Sends one frame out of the interface.
     ///
     /// # Errors
@@ -605,7 +705,8 @@ impl PacketSocket {
     }
 
     /// Frames the kernel dropped for this socket since the last call (or since it opened):
-    /// its receive buffer was full because the reader fell behind. Reading the count resets
+    /// its receive buffer (or ring) was full because the reader fell behind; with a ring,
+    /// also frames of a block whose offsets could not be followed. Reading the count resets
     /// it, so only one reader of a socket should ask.
     ///
     /// # Errors
@@ -613,7 +714,8 @@ impl PacketSocket {
     pub fn take_drops(&self) -> io::Result<u64> {
         let stats: TpacketStats =
             sys::getsockopt(self.fd.as_raw_fd(), libc::SOL_PACKET, PACKET_STATISTICS)?;
-        Ok(u64::from(stats.tp_drops))
+        let lost = self.ring.as_ref().map_or(0, Ring::take_lost);
+        Ok(u64::from(stats.tp_drops) + lost)
     }
 
     /// Waits up to `within` for a frame to read, to the microsecond (`ppoll(2)`: a
@@ -623,6 +725,9 @@ impl PacketSocket {
     /// # Errors
     /// `ppoll(2)` failing otherwise.
     pub fn wait_readable(&self, within: Duration) -> io::Result<bool> {
+        if self.ring.as_ref().is_some_and(Ring::pending) {
+            return Ok(true);
+        }
         sys::wait_readable(self.fd.as_raw_fd(), within)
     }
 
@@ -632,6 +737,10 @@ impl PacketSocket {
     /// `dup(2)` failing.
     pub fn try_clone(&self) -> io::Result<Self> {
         Ok(Self {
+            ring: None,
+            ringed: self.ringed,
+            ring_refused: self.ring_refused.clone(),
+            recv_timeout: self.recv_timeout,
             fd: self.fd.try_clone()?,
             name: self.name.clone(),
             ignores_outgoing: self.ignores_outgoing,
@@ -651,6 +760,16 @@ impl PacketSocket {
 /// # Errors
 /// `ppoll(2)` failing otherwise.
 pub fn wait_any(socks: &[PacketSocket], within: Duration) -> io::Result<u64> {
+    // Frames already in a ring's blocks: no need to ask the kernel.
+    let pending = socks
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, s)| s.ring.as_ref().is_some_and(Ring::pending))
+        .fold(0, |mask, (i, _)| mask | 1 << i);
+    if pending != 0 {
+        return Ok(pending);
+    }
     let mut fds = [-1; 64];
     for (fd, s) in fds.iter_mut().zip(socks) {
         *fd = s.fd.as_raw_fd();
@@ -667,6 +786,38 @@ pub fn segmentation_unsupported(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::ENOPROTOOPT)
     )
+}
+
+/// Copies `frame` out of its ring into `buf` and, for what does not fit, `tail`; says what
+/// the kernel said of it (its wait up to `now`, if given).
+fn copy_out(
+    frame: &RingFrame<'_>,
+    buf: &mut [u8],
+    tail: Option<&mut [u8]>,
+    now: Option<libc::timespec>,
+) -> FrameMeta {
+    let first = frame.data.len().min(buf.len());
+    buf[..first].copy_from_slice(&frame.data[..first]);
+    let rest = &frame.data[first..];
+    let more = tail.map_or(0, |tail| {
+        let more = rest.len().min(tail.len());
+        tail[..more].copy_from_slice(&rest[..more]);
+        more
+    });
+    let (vnet_partial, coalesced) = frame
+        .head
+        .and_then(|h| <&[u8; VNET_HDR_LEN]>::try_from(h).ok())
+        .map_or((false, None), parse_vnet);
+    FrameMeta {
+        len: frame.len,
+        truncated: first + more < frame.len,
+        checksum_partial: frame.status & TP_STATUS_CSUMNOTREADY != 0 || vnet_partial,
+        outgoing: frame.pkttype == libc::PACKET_OUTGOING,
+        vlan: (frame.status & TP_STATUS_VLAN_VALID != 0)
+            .then(|| u16::try_from(frame.vlan_tci & 0x0fff).unwrap_or(0)),
+        coalesced,
+        queued: now.map(|now| sys::waited(frame.stamp, now)),
+    }
 }
 
 /// The `tpacket_auxdata` control message among the first `len` bytes of `control`, if any.

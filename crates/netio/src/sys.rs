@@ -272,9 +272,14 @@ pub(crate) fn queued_for(
     // SAFETY: SCM_TIMESTAMPNS carries a struct timespec; any bit pattern is a valid one.
     let stamp =
         unsafe { find_control::<libc::timespec>(control, len, libc::SOL_SOCKET, SO_TIMESTAMPNS) }?;
+    Some(waited(stamp, now))
+}
+
+/// The time from `stamp` to `now` (both on the real-time clock); a clock that stepped back
+/// between the two reads as zero.
+pub(crate) fn waited(stamp: libc::timespec, now: libc::timespec) -> std::time::Duration {
     let nanos = |t: libc::timespec| i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec);
-    let waited = u64::try_from(nanos(now) - nanos(stamp)).unwrap_or(0);
-    Some(std::time::Duration::from_nanos(waited))
+    std::time::Duration::from_nanos(u64::try_from(nanos(now) - nanos(stamp)).unwrap_or(0))
 }
 
 /// The first control message of `level` and `kind` among the first `len` bytes of `control`
