@@ -263,6 +263,13 @@ cyphonic_settings::dataplane_table! {
         /// `lan_buffer`, read in turn: a ping then waits behind at most a batch of a
         /// download's frames. A flow's frames stay on one socket, in order.
         lan_queues: Spanned<usize> = cyphonic_settings::unwritten(1),
+        /// Read the LAN's bulk frames from a ring of memory shared with the kernel (each
+        /// capture socket's, `lan_buffer` bytes; TPACKET_V3) instead of the socket's queue:
+        /// no system call per batch while frames keep coming. The kernel hands the ring over
+        /// in blocks, so a bulk frame that comes alone waits up to a tick of its clock (4 ms
+        /// at the usual HZ=250); the sparse class (`sparse_socket`) never does. Where the
+        /// kernel refuses the ring, the sockets read as without (one warning).
+        lan_ring: bool = false,
     }
 }
 
@@ -330,6 +337,8 @@ pub struct LanDataplane {
     /// turn: a light flow's frames then wait behind at most a batch of a heavy flow's, not
     /// its whole queue. 1: one socket.
     pub queues: usize,
+    /// The bulk capture sockets read through a ring shared with the kernel (TPACKET_V3).
+    pub ring: bool,
 }
 
 /// Everything the adapter needs to run, checked.
@@ -734,6 +743,7 @@ fn check(raw: &Raw, src: &Source<'_>) -> Result<(AdapterConfig, Identity), Confi
             gso: d.lan_gso,
             defer_checksums: d.defer_checksums,
             queues: *d.lan_queues.get_ref(),
+            ring: d.lan_ring,
         },
         reservations,
         legacy,
@@ -1793,6 +1803,7 @@ mod tests {
                     gso: true,
                     defer_checksums: true,
                     queues: 1,
+                    ring: false,
                 }
             )
         );

@@ -105,6 +105,7 @@ impl<'a> AdapterEdge<'a> {
             timestamps: d.socket_timestamps || d.aqm.is_some(),
             // With a sparse capture socket, the others leave its frames to it.
             filter: d.steers_sparse().then(|| steer::lan_filter(false)),
+            ring: lan_side.ring,
             ..PacketOptions::default()
         };
         let capture = PacketSocket::open_group(&iface, &opts, lan_side.queues)?;
@@ -121,6 +122,9 @@ impl<'a> AdapterEdge<'a> {
                     recv_buffer: SPARSE_BUFFER,
                     busy_poll: std::time::Duration::ZERO,
                     filter: Some(steer::lan_filter(true)),
+                    // A ring's block timer would hold a lone frame: the class that waits on
+                    // its every frame reads from the queue.
+                    ring: false,
                     ..opts.clone()
                 },
                 sparse_threads,
@@ -143,10 +147,17 @@ impl<'a> AdapterEdge<'a> {
             gateway_mac = %Mac(gateway_mac),
             ignores_outgoing = capture[0].ignores_outgoing(),
             recv_buffer = capture[0].recv_buffer(),
+            ring = ?capture[0].ring_bytes(),
             queues = capture.len(),
             sparse_sockets = sparse_capture.len(),
             "capturing the LAN"
         );
+        if let Some(refused) = capture[0].ring_refused() {
+            tracing::warn!(
+                error = refused,
+                "the kernel refused the capture ring (dataplane.lan_ring): the LAN is read from the sockets' queues"
+            );
+        }
         if (d.socket_timestamps || d.aqm.is_some()) && !capture[0].timestamps() {
             tracing::warn!(
                 "the kernel refused receive stamps on the capture socket: no socket waits, and the queue manager (dataplane.aqm_target_us) has nothing to judge"
