@@ -264,11 +264,14 @@ cyphonic_settings::dataplane_table! {
         /// download's frames. A flow's frames stay on one socket, in order.
         lan_queues: Spanned<usize> = cyphonic_settings::unwritten(1),
         /// Read the LAN's bulk frames from a ring of memory shared with the kernel (each
-        /// capture socket's, `lan_buffer` bytes; TPACKET_V3) instead of the socket's queue:
-        /// no system call per batch while frames keep coming. The kernel hands the ring over
-        /// in blocks, so a bulk frame that comes alone waits up to a tick of its clock (4 ms
-        /// at the usual HZ=250); the sparse class (`sparse_socket`) never does. Where the
-        /// kernel refuses the ring, the sockets read as without (one warning).
+        /// capture socket's, as large as its queue: twice `lan_buffer`, as the kernel grants
+        /// it; TPACKET_V3) instead of the socket's queue: no system call per batch while
+        /// frames keep coming, about 40% less CPU where they come one by one (UDP, or
+        /// `lan_gro = false`), no gain on frames GRO merged (docs/benchmarks.md). The kernel
+        /// hands the ring over in blocks, so a bulk frame that comes alone waits for its
+        /// block's timer (about 0.6 ms more per capture on the bed, at most a tick of the
+        /// kernel's clock); the sparse class (`sparse_socket`) never does. Where the kernel
+        /// refuses the ring, the sockets read as without (one warning).
         lan_ring: bool = false,
     }
 }

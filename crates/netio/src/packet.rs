@@ -78,7 +78,8 @@ pub struct PacketOptions {
     /// filter: what one socket's filter leaves out no other socket of the group gets.
     pub filter: Option<Vec<crate::cbpf::Insn>>,
     /// Receive through a ring of memory shared with the kernel (`PACKET_RX_RING`,
-    /// `TPACKET_V3`) of about `recv_buffer` bytes instead of the socket's queue: no system
+    /// `TPACKET_V3`) as large as the receive buffer the kernel grants (twice `recv_buffer`)
+    /// instead of the socket's queue: no system
     /// call and no queued buffer per frame, and a busy reader takes a whole block of frames
     /// without asking. A frame that comes alone waits for its block's timer, up to a tick of
     /// the kernel's clock (netio's `ring` module). Where the kernel refuses the ring, the
@@ -250,7 +251,12 @@ impl PacketSocket {
                 .map_err(|e| raw_err("asking for offload headers (PACKET_VNET_HDR)", e))?;
         }
         // Before the bind, so that no frame is queued where the ring's reader never looks.
-        let (ring, ring_refused) = match opts.ring.then(|| Ring::attach(raw, opts.recv_buffer)) {
+        let recv_buffer =
+            sys::set_buffer(raw, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, opts.recv_buffer)
+                .map_err(|e| raw_err("sizing the receive buffer", e))?;
+        // As large as the queue the kernel granted (it doubles what is asked, for its
+        // bookkeeping): the ring holds at least as many frames as the queue would.
+        let (ring, ring_refused) = match opts.ring.then(|| Ring::attach(raw, recv_buffer)) {
             Some(Ok(ring)) => (Some(ring), None),
             Some(Err(e)) => (None, Some(e.to_string())),
             None => (None, None),
@@ -285,9 +291,6 @@ impl PacketSocket {
         let timestamps = opts.timestamps && sys::ask_timestamps(raw).is_ok();
         sys::set_recv_timeout(raw, opts.recv_timeout)
             .map_err(|e| raw_err("setting the receive timeout", e))?;
-        let recv_buffer =
-            sys::set_buffer(raw, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, opts.recv_buffer)
-                .map_err(|e| raw_err("sizing the receive buffer", e))?;
         Ok(Self {
             ringed: ring.is_some(),
             ring,
