@@ -135,17 +135,31 @@ pub fn rss_kib(pid: u32) -> u64 {
     process_figures(pid).0
 }
 
-/// CPU time process `pid` has used (user + system), in clock ticks.
+/// CPU time process `pid` has used (user + system), in clock ticks (0 when it is gone).
 pub fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    cpu_ticks_of(pid).unwrap_or(0)
+}
+
+/// [`cpu_ticks`], read strictly: an error when the process is gone or its line unreadable.
+///
+/// # Errors
+/// No `/proc/PID/stat`, or no user and system times in it.
+pub fn cpu_ticks_of(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces, in parentheses): utime is the
     // 14th field of the line, stime the 15th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<u64> = rest
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0))
-        .collect();
-    fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0)
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("no command name in /proc/PID/stat")?;
+    let field = |i| -> anyhow::Result<u64> {
+        Ok(rest
+            .split_whitespace()
+            .nth(i)
+            .with_context(|| format!("/proc/{pid}/stat has no field {}", i + 3))?
+            .parse()?)
+    };
+    Ok(field(11)? + field(12)?)
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`; 100 on every Linux we run on).

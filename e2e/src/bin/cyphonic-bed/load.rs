@@ -190,11 +190,34 @@ pub(crate) fn tune(
 ) -> anyhow::Result<()> {
     let bed = quick_bed(&tuned(dataplane, gro), plain, None)?;
     measure::warm_up(&bed)?;
+    // Adapter A's CPU while a measurement ran, % of a core (plain routing has none).
+    let pid = bed.a.adapter.as_ref().map(cyphonic_e2e::Proc::pid);
+    let busy = |run: &mut dyn FnMut() -> anyhow::Result<f64>| -> anyhow::Result<(f64, f64)> {
+        let ticks = || pid.map_or(Ok(0), fleet::cpu_ticks_of);
+        let (t0, c0) = (std::time::Instant::now(), ticks()?);
+        let gbps = run()?;
+        let spent = ticks()?.saturating_sub(c0) as f64 / fleet::ticks_per_second();
+        Ok((gbps, 100.0 * spent / t0.elapsed().as_secs_f64()))
+    };
     let idle = measure::ping(&bed, Side::A, bed.b.host_ip, 200, Duration::from_millis(10))?;
-    let t1 = measure::tcp(&bed, 1, seconds)?;
+    let mut t1 = None;
+    let (_, t1_cpu) = busy(&mut || {
+        let t = measure::tcp(&bed, 1, seconds)?;
+        let gbps = t.gbps;
+        t1 = Some(t);
+        Ok(gbps)
+    })?;
+    let t1 = t1.context("the TCP run")?;
     let t4 = measure::tcp(&bed, 4, seconds)?;
     let loaded = measure::ping_under_load(&bed, 3)?;
-    let u = measure::udp(&bed, udp_mbps, UDP_SIZE, 3)?;
+    let mut u = None;
+    let (_, u_cpu) = busy(&mut || {
+        let r = measure::udp(&bed, udp_mbps, UDP_SIZE, 3)?;
+        let gbps = r.received_mbps / 1000.0;
+        u = Some(r);
+        Ok(gbps)
+    })?;
+    let u = u.context("the UDP run")?;
     println!(
         "{}: idle RTT {:.3}/{:.3} ms | TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr) | loaded RTT {:.3}/{:.3} ms | UDP {:.0}->{:.0} Mbit/s ({:.2}% lost, {} ooo)",
         if plain {
@@ -216,6 +239,11 @@ pub(crate) fn tune(
         u.out_of_order
     );
     if !plain {
+        println!(
+            "  adapter A CPU: {t1_cpu:.0}% of a core in TCP1 ({:.0}% per Gbit/s), {u_cpu:.0}% in UDP ({:.0}% per Gbit/s)",
+            t1_cpu / t1.gbps,
+            u_cpu / (u.received_mbps / 1000.0)
+        );
         let s = bed.status(Side::A)?;
         let p = &s["pipelines"];
         println!(
