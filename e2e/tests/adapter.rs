@@ -910,14 +910,25 @@ fn gro_merged_frames_are_cut_back_and_arrive_intact_or_gro_is_switched_off() {
 }
 
 /// `lan_queues = 4`: adapter A captures with a fanout group of four sockets sharing the LAN
-/// port's frames by flow; a transfer arrives intact, pings are answered meanwhile and after,
-/// and nothing is reordered.
+/// port's frames by flow, each reading through its ring (`lan_ring`); a transfer arrives
+/// intact, pings are answered meanwhile and after, and nothing is reordered.
 #[test]
-fn a_capture_group_of_four_sockets_carries_the_lan_intact() {
+fn a_capture_group_of_four_rings_carries_the_lan_intact() {
     let bed = bed(&BedOptions {
-        dataplane_extra: "lan_queues = 4".into(),
+        dataplane_extra: "lan_queues = 4\nlan_ring = true".into(),
         ..BedOptions::default()
     });
+    let capturing = bed
+        .a
+        .log_text()
+        .lines()
+        .find(|l| l.contains("capturing the LAN"))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        capturing.contains("ring=Some(8388608)") && capturing.contains("queues=4"),
+        "adapter A reads four rings: {capturing}"
+    );
     bed.ping_ok(&bed.a.lan, bed.b.host_ip, Ping::count(3).wait(3));
     // The adapter's packet sockets: the group's four (and nothing else of ours).
     let sockets = bed.a.adapter_ns.exec("cat", &["/proc/net/packet"]).unwrap();
