@@ -327,6 +327,7 @@ fn soak_command(
 
 fn test() -> anyhow::Result<()> {
     let root = util::root();
+    util::room_for_a_run(&root.join("target"))?;
     // First, at the lowest priorities, the builds that need no privileges and nothing of
     // the rest, as two chains: the Pi's (tests and programs; the longest build of the run);
     // then, below it, the documentation with rustdoc's lints denied and the fuzz targets'

@@ -123,3 +123,80 @@ pub(crate) fn install_missing(what: &str, tools: &[(&str, &str)]) -> anyhow::Res
         &format!("apt-get install {}", missing.join(" ")),
     )
 }
+
+/// What a `cargo xtask test` from an empty target directory writes into it, bytes, rounded
+/// up: 8.7 GB when its kernel tier ended (2026-12-06, `CARGO_INCREMENTAL=0` as CI runs
+/// it), with the packages, the Pi's programs and the documentation still to come.
+const COLD_RUN_BYTES: u64 = 12 << 30;
+/// Room any run needs for what it links and packages again.
+const WARM_RUN_BYTES: u64 = 2 << 30;
+
+/// Fails at once, saying so, when the disk that holds `target` lacks the room a run writes
+/// (a cold one if `target` holds no build yet): a full disk otherwise ends the build a
+/// quarter of an hour in, with a linker's bus error or a truncated file.
+///
+/// # Errors
+/// Too little room, or `df` unable to say.
+pub(crate) fn room_for_a_run(target: &Path) -> anyhow::Result<()> {
+    let cold = !target.join("debug").is_dir();
+    let on = if target.is_dir() {
+        target
+    } else {
+        target.parent().context("target has a parent")?
+    };
+    let path = on.to_str().context("the target path is UTF-8")?;
+    let answer = output("df", &["--output=avail", "-B1", path])
+        .with_context(|| format!("df could not say how much room {path} has"))?;
+    let free: u64 = answer
+        .lines()
+        .nth(1)
+        .with_context(|| format!("df answered without a figure: {answer:?}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("df's figure: {answer:?}"))?;
+    judge_room(free, cold, path)
+}
+
+/// [`room_for_a_run`]'s verdict on `free` bytes at `path`.
+fn judge_room(free: u64, cold: bool, path: &str) -> anyhow::Result<()> {
+    let need = if cold { COLD_RUN_BYTES } else { WARM_RUN_BYTES };
+    if free < need {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        bail!(
+            "{:.1} GiB free on the disk of {path}; a {} run needs about {:.0} GiB: free some room first",
+            gib(free),
+            if cold { "cold" } else { "warm" },
+            gib(need)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::*;
+
+    #[test]
+    fn a_run_without_room_is_refused_before_it_starts() {
+        let gib = 1u64 << 30;
+        let e = judge_room(11 * gib, true, "/x/target")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("11.0 GiB free") && e.contains("cold run needs about 12"),
+            "{e}"
+        );
+        judge_room(13 * gib, true, "/x/target").unwrap();
+        assert!(judge_room(gib, false, "/x/target").is_err());
+        judge_room(3 * gib, false, "/x/target").unwrap();
+    }
+
+    /// The disk this runs on answers (a figure, not an error), whatever its room.
+    #[test]
+    fn df_answers_for_the_target_directory() {
+        let target = root().join("target");
+        if let Err(e) = room_for_a_run(&target) {
+            assert!(e.to_string().contains("GiB free on the disk"), "{e}");
+        }
+    }
+}
