@@ -1845,9 +1845,10 @@ fn a_flood_of_pair_frames_from_a_device_moves_nothing() {
     let mut pair = PairBed::up_with(false).unwrap();
     let host = cyphonic_e2e::bed::parse_mac(&pair.bed.a.host_mac).unwrap();
     let tags = |pair: &PairBed| {
+        let fail = |e: anyhow::Error| panic!("{e}\n{}", pair.logs());
         (
-            uint(&pair.bed.status(Side::A).unwrap()["ha"]["dropped"]["tag"]),
-            uint(&pair.second_status().unwrap()["ha"]["dropped"]["tag"]),
+            uint(&pair.bed.status(Side::A).unwrap_or_else(fail)["ha"]["dropped"]["tag"]),
+            uint(&pair.second_status().unwrap_or_else(fail)["ha"]["dropped"]["tag"]),
         )
     };
     let before = tags(&pair);
