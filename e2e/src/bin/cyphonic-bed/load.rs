@@ -192,32 +192,11 @@ pub(crate) fn tune(
     measure::warm_up(&bed)?;
     // Adapter A's CPU while a measurement ran, % of a core (plain routing has none).
     let pid = bed.a.adapter.as_ref().map(cyphonic_e2e::Proc::pid);
-    let busy = |run: &mut dyn FnMut() -> anyhow::Result<f64>| -> anyhow::Result<(f64, f64)> {
-        let ticks = || pid.map_or(Ok(0), fleet::cpu_ticks_of);
-        let (t0, c0) = (std::time::Instant::now(), ticks()?);
-        let gbps = run()?;
-        let spent = ticks()?.saturating_sub(c0) as f64 / fleet::ticks_per_second();
-        Ok((gbps, 100.0 * spent / t0.elapsed().as_secs_f64()))
-    };
     let idle = measure::ping(&bed, Side::A, bed.b.host_ip, 200, Duration::from_millis(10))?;
-    let mut t1 = None;
-    let (_, t1_cpu) = busy(&mut || {
-        let t = measure::tcp(&bed, 1, seconds)?;
-        let gbps = t.gbps;
-        t1 = Some(t);
-        Ok(gbps)
-    })?;
-    let t1 = t1.context("the TCP run")?;
+    let (t1, t1_cpu) = cpu_during(pid, || measure::tcp(&bed, 1, seconds))?;
     let t4 = measure::tcp(&bed, 4, seconds)?;
     let loaded = measure::ping_under_load(&bed, 3)?;
-    let mut u = None;
-    let (_, u_cpu) = busy(&mut || {
-        let r = measure::udp(&bed, udp_mbps, UDP_SIZE, 3)?;
-        let gbps = r.received_mbps / 1000.0;
-        u = Some(r);
-        Ok(gbps)
-    })?;
-    let u = u.context("the UDP run")?;
+    let (u, u_cpu) = cpu_during(pid, || measure::udp(&bed, udp_mbps, UDP_SIZE, 3))?;
     println!(
         "{}: idle RTT {:.3}/{:.3} ms | TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr) | loaded RTT {:.3}/{:.3} ms | UDP {:.0}->{:.0} Mbit/s ({:.2}% lost, {} ooo)",
         if plain {
@@ -277,6 +256,18 @@ pub(crate) fn tune(
         );
     }
     Ok(())
+}
+
+/// What `run` gives, and the CPU process `pid` used meanwhile, % of a core (0 without one).
+fn cpu_during<T>(
+    pid: Option<u32>,
+    run: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, f64)> {
+    let ticks = || pid.map_or(Ok(0), fleet::cpu_ticks_of);
+    let (t0, c0) = (std::time::Instant::now(), ticks()?);
+    let out = run()?;
+    let spent = ticks()?.saturating_sub(c0) as f64 / fleet::ticks_per_second();
+    Ok((out, 100.0 * spent / t0.elapsed().as_secs_f64()))
 }
 
 /// See `Command::Flood`.
