@@ -79,9 +79,8 @@ pub struct PacketOptions {
     pub filter: Option<Vec<crate::cbpf::Insn>>,
     /// Receive through a ring of memory shared with the kernel (`PACKET_RX_RING`,
     /// `TPACKET_V3`) as large as the receive buffer the kernel grants (twice `recv_buffer`)
-    /// instead of the socket's queue: no system
-    /// call and no queued buffer per frame, and a busy reader takes a whole block of frames
-    /// without asking. A frame that comes alone waits for its block's timer, up to a tick of
+    /// instead of the socket's queue: no system call and no queued buffer per frame, and a
+    /// busy reader takes a whole block of frames without asking. A frame that comes alone waits for its block's timer, up to a tick of
     /// the kernel's clock (netio's `ring` module). Where the kernel refuses the ring, the
     /// socket receives as without ([`PacketSocket::ring_bytes`] says which).
     pub ring: bool,
@@ -250,11 +249,11 @@ impl PacketSocket {
             setsockopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &one)
                 .map_err(|e| raw_err("asking for offload headers (PACKET_VNET_HDR)", e))?;
         }
-        // Before the bind, so that no frame is queued where the ring's reader never looks.
         let recv_buffer =
             sys::set_buffer(raw, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, opts.recv_buffer)
                 .map_err(|e| raw_err("sizing the receive buffer", e))?;
-        // As large as the queue the kernel granted (it doubles what is asked, for its
+        // Before the bind, so that no frame is queued where the ring's reader never looks;
+        // as large as the queue the kernel granted (it doubles what is asked, for its
         // bookkeeping): the ring holds at least as many frames as the queue would.
         let (ring, ring_refused) = match opts.ring.then(|| Ring::attach(raw, recv_buffer)) {
             Some(Ok(ring)) => (Some(ring), None),
