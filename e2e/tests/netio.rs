@@ -388,10 +388,14 @@ fn waits_for_a_frame(ring: bool) {
         let peer = Interface::lookup("peer0").unwrap();
         let opts = PacketOptions {
             ring,
+            timestamps: true,
+            recv_timeout: Some(Duration::from_secs(2)),
             ..PacketOptions::default()
         };
         let mut sock = PacketSocket::open(&cap, &opts).unwrap();
         assert_eq!(sock.ring_bytes().is_some(), ring);
+        // The kernel switches receive stamps on shortly after a socket asks (deferred work).
+        std::thread::sleep(Duration::from_millis(100));
         let tx = PacketSocket::open(&peer, &PacketOptions::default()).unwrap();
         // Whatever came before (nothing, as set up) is read off first.
         let mut buf = vec![0u8; 2048];
@@ -412,6 +416,27 @@ fn waits_for_a_frame(ring: bool) {
         assert_eq!(sock.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap(), 1);
         assert_eq!(buf[14], 7, "the marker of the frame sent");
         assert!(!sock.wait_readable(Duration::ZERO).unwrap());
+        // A frame that comes while the receive waits: its wait in the kernel is measured
+        // from its stamp to when it was read, not to when the receive began.
+        let tx = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            tx.send(&frame(
+                [0x02, 0, 0, 0, 0, 0x99],
+                peer.mac,
+                EXPERIMENTAL,
+                46,
+                8,
+            ))
+            .unwrap();
+        });
+        assert_eq!(sock.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap(), 1);
+        tx.join().unwrap();
+        assert_eq!(buf[14], 8);
+        let queued = meta[0].queued.expect("a stamped frame");
+        assert!(
+            queued > Duration::ZERO && queued < Duration::from_secs(1),
+            "{queued:?}"
+        );
     });
 }
 

@@ -608,8 +608,10 @@ impl PacketSocket {
         };
         let most = bufs.len().min(meta.len());
         let head = if *coalesced { VNET_HDR_LEN } else { 0 };
-        let now = timestamps.then(sys::realtime);
         let mut take = |ring: &mut Ring| {
+            // Read for each look at the ring: a receive that waited must not date its frames
+            // from before they came.
+            let now = timestamps.then(sys::realtime);
             let mut i = 0;
             ring.read(most, head, |frame| {
                 meta[i] = copy_out(
