@@ -7,12 +7,16 @@ use std::io::{Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// The socket, served; removed when this is dropped.
+/// The socket, served; removed when this is dropped, and its thread (if [`serve`] started
+/// one) ends.
 #[derive(Debug)]
 pub struct StatusSocket {
     path: PathBuf,
+    stop: Option<Arc<AtomicBool>>,
 }
 
 impl StatusSocket {
@@ -20,12 +24,18 @@ impl StatusSocket {
     pub fn at(path: &Path) -> Self {
         Self {
             path: path.to_owned(),
+            stop: None,
         }
     }
 }
 
 impl Drop for StatusSocket {
     fn drop(&mut self) {
+        if let Some(stop) = &self.stop {
+            stop.store(true, Ordering::Relaxed);
+            // Wakes the thread from its accept, to see the flag.
+            let _ = UnixStream::connect(&self.path);
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -55,10 +65,15 @@ pub fn serve<T: serde::Serialize>(
     snapshot: impl Fn() -> T + Send + 'static,
 ) -> std::io::Result<StatusSocket> {
     let listener = bind_private(path)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
     std::thread::Builder::new()
         .name("cy-status".into())
         .spawn(move || {
             for conn in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
                 let Ok(mut stream) = conn else {
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
@@ -69,7 +84,10 @@ pub fn serve<T: serde::Serialize>(
                 let _ = stream.write_all(&text);
             }
         })?;
-    Ok(StatusSocket::at(path))
+    Ok(StatusSocket {
+        path: path.to_owned(),
+        stop: Some(stop),
+    })
 }
 
 /// Why the status could not be read.
@@ -238,14 +256,31 @@ mod tests {
     fn the_socket_answers_with_the_document_and_goes_away() {
         let dir = std::env::temp_dir().join(format!("cyphonic-status-{}", std::process::id()));
         let path = dir.join("sub/test.sock");
-        let guard =
-            serve(&path, || serde_json::json!({ "hello": 1 })).unwrap_or_else(|e| panic!("{e}"));
+        // What the document is made from: the thread's, until the socket goes.
+        let held = Arc::new(());
+        let snapshot = {
+            let held = held.clone();
+            move || serde_json::json!({ "hello": 1, "held": Arc::strong_count(&held) })
+        };
+        let guard = serve(&path, snapshot).unwrap_or_else(|e| panic!("{e}"));
         let mode = std::fs::metadata(&path).map(|m| m.permissions().mode() & 0o777);
         assert_eq!(mode.ok(), Some(0o600));
         let doc = fetch(&path, "test").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(doc["hello"], 1);
+        assert_eq!(doc["held"], 2);
         drop(guard);
         assert!(!path.exists());
+        // Its thread ended (a process that starts and stops ends, as a test harness does,
+        // keeps no thread per end).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&held) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            Arc::strong_count(&held),
+            1,
+            "the thread still holds the snapshot"
+        );
         let err = fetch(&path, "test").map(|_| ()).unwrap_err().to_string();
         assert!(err.contains("is test running?"), "{err}");
         let _ = std::fs::remove_dir_all(dir);
