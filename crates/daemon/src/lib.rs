@@ -4,15 +4,20 @@
 //! reader and writer and its DNS stub.
 //!
 //! ```text
-//! run(): clock, identity, the tunnel socket, static peers, Engine::start(edge's sink)
+//! run():   the log filter, the tunnel socket (UDP), the process's signals -> run_on()
+//! run_on(): clock, identity, static peers, Engine::start(edge's sink) on the devices
 //!        -> the edge's services and threads -> metrics endpoint
-//!        -> the control loop (one tokio current-thread runtime):
+//!        -> the control loop (one tokio current-thread runtime), a Loop::step per wake-up:
 //!             tunnel::Control  handshakes, peer timers, relay channels
 //!             CloudLink        the signal client: peers on demand, DNS answers, relays
 //!             Upstream         DNS forwarded outside the overlay
-//!             the edge's Services, the status socket, SIGINT/SIGTERM
+//!             the edge's Services, the status socket, Signals (reload, stop)
 //!        -> stop: the engine drains, the edge's threads end
 //! ```
+//!
+//! [`run_on`] takes its devices ([`Devices`]: the tunnel socket and the signals), so that
+//! tests run whole tunnel ends in one process over an in-memory link (module `testing`,
+//! feature `testing`).
 //!
 //! Also here: the typed [`status`] document both ends serve and their `status` commands
 //! read, the engine's [`metrics`], and the command line both binaries share ([`cli`]).
@@ -30,6 +35,8 @@ pub mod expiry;
 pub mod metrics;
 pub mod rules;
 pub mod status;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod upstream;
 
 use std::future::Future;
@@ -46,6 +53,7 @@ use cyphonic_signal::NameRecord;
 use cyphonic_telemetry::CounterSet;
 use cyphonic_telemetry::metrics::Collector;
 use cyphonic_tunnel::control::Removal;
+use cyphonic_tunnel::socket::TunnelSocket;
 use cyphonic_tunnel::{
     Accepted, Control, ControlEvent, DataPlane, Engine, Intake, Local, Shared, SparseIntake,
     SparseSubmitter,
@@ -325,7 +333,8 @@ pub trait Services {
 }
 
 /// Runs a tunnel end with `edge` until SIGINT or SIGTERM; on SIGHUP, reads the configuration
-/// again with `reload` and applies what can change while running.
+/// again with `reload` and applies what can change while running. Sets the process's log
+/// filter from `[log] level` and binds the tunnel socket `listen` names, then [`run_on`].
 ///
 /// # Errors
 /// Anything that prevents starting: sockets, threads, the edge's own parts. Each says what
@@ -333,8 +342,111 @@ pub trait Services {
 pub fn run<E: Edge>(
     common: &Common,
     identity: Identity,
+    edge: E,
+    reload: Reloader<<E::Services as Services>::Reload>,
+) -> anyhow::Result<()> {
+    let dp = &common.dataplane;
+    dp.check_placement().map_err(anyhow::Error::msg)?;
+    apply_log_level(None, common.log_level.as_deref());
+    let udp = UdpSocket::bind(common.listen, &dp.udp_options())?;
+    tracing::info!(listen = %udp.local_addr()?, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
+    run_on(
+        common,
+        identity,
+        edge,
+        reload,
+        Devices {
+            socket: Box::new(udp),
+            signals: Signals::Process,
+        },
+    )
+}
+
+/// What a tunnel end runs on besides its edge: its underlay socket, and where it hears that
+/// it is to stop or read its configuration again.
+#[derive(Debug)]
+pub struct Devices {
+    /// The tunnel socket (the UDP socket `listen` names, or an in-memory link's).
+    pub socket: Box<dyn TunnelSocket>,
+    /// Its signals.
+    pub signals: Signals,
+}
+
+/// What a running tunnel end is told from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Read the configuration again (SIGHUP).
+    Reload,
+    /// Stop (SIGTERM, SIGINT).
+    Stop,
+}
+
+/// Where a tunnel end hears its [`Signal`]s.
+#[derive(Debug)]
+pub enum Signals {
+    /// The process's: SIGHUP, SIGTERM and SIGINT.
+    Process,
+    /// A channel's (a test, or a program that runs tunnel ends of its own); its closing is
+    /// a stop.
+    Channel(mpsc::Receiver<Signal>),
+}
+
+impl Signals {
+    /// A channel and its sending end.
+    pub fn channel() -> (mpsc::Sender<Signal>, Self) {
+        let (tx, rx) = mpsc::channel(8);
+        (tx, Self::Channel(rx))
+    }
+
+    /// A channel the signals arrive on; for the process's, a task on the current runtime
+    /// turns them into messages.
+    ///
+    /// # Errors
+    /// A signal handler cannot be installed.
+    fn listen(self) -> anyhow::Result<mpsc::Receiver<Signal>> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let rx = match self {
+            Self::Channel(rx) => rx,
+            Self::Process => {
+                let mut hup =
+                    signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+                let mut term =
+                    signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+                let mut int =
+                    signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+                let (tx, rx) = mpsc::channel(8);
+                tokio::spawn(async move {
+                    loop {
+                        let signal = tokio::select! {
+                            _ = hup.recv() => Signal::Reload,
+                            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); Signal::Stop }
+                            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); Signal::Stop }
+                        };
+                        if tx.send(signal).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                rx
+            }
+        };
+        Ok(rx)
+    }
+}
+
+/// Runs a tunnel end with `edge` on `devices` until a [`Signal::Stop`] (or the signals'
+/// channel closing); at [`Signal::Reload`], reads the configuration again with `reload`.
+/// Leaves the process's log filter alone (several ends may run in one process).
+///
+/// # Errors
+/// Anything that prevents starting: the placement, threads, the status socket, the edge's
+/// own parts. Each says what to fix.
+pub fn run_on<E: Edge>(
+    common: &Common,
+    identity: Identity,
     mut edge: E,
     reload: Reloader<<E::Services as Services>::Reload>,
+    devices: Devices,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     // What this program is, as its status, its metrics and the cloud are told.
@@ -361,11 +473,10 @@ pub fn run<E: Edge>(
     let name = identity.certificate().body().name.clone();
     let dp = &common.dataplane;
     dp.check_placement().map_err(anyhow::Error::msg)?;
-    apply_log_level(None, common.log_level.as_deref());
-
-    let udp = UdpSocket::bind(common.listen, &dp.udp_options())?;
-    let listen = udp.local_addr()?;
-    tracing::info!(%listen, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
+    let Devices { socket, signals } = devices;
+    let listen = socket
+        .local_addr()
+        .context("reading the tunnel socket's address")?;
     let timing = dp.timing();
     if dp.rekeys_shortened() {
         tracing::warn!(rekey_after = ?dp.rekey_after, rekey_after_messages = dp.rekey_after_messages, "danger_ keys in [dataplane]: keys rotate sooner than the defaults (for tests)");
@@ -433,7 +544,7 @@ pub fn run<E: Edge>(
         .iter()
         .map(|_| edge.sink())
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let engine = Engine::start(dp, &shared, &udp, sink, Some(express), lanes, true)?;
+    let engine = Engine::start(dp, &shared, &*socket, sink, Some(express), lanes, true)?;
     let core = Core {
         name: name.clone(),
         listen,
@@ -459,7 +570,8 @@ pub fn run<E: Edge>(
     let cloud_status = cloud.as_ref().map(CloudLink::status);
     let stream_stats = cloud.as_ref().and_then(CloudLink::stream_stats);
     let carried = cloud.as_ref().and_then(CloudLink::carried);
-    if let Some(addr) = common.metrics {
+    // Served until this end stops (an end in a test harness frees its address).
+    let _metrics = if let Some(addr) = common.metrics {
         let engine_metrics = metrics::EngineCollector::new(
             shared.clone(),
             edge.counters(),
@@ -468,13 +580,16 @@ pub fn run<E: Edge>(
             cloud_status.clone(),
         )
         .with_streams(stream_stats);
-        cyphonic_telemetry::metrics::serve(
+        let endpoint = cyphonic_telemetry::metrics::start(
             addr,
             build,
             vec![Box::new(engine_metrics), edge.collector(&core)],
         )
         .with_context(|| format!("opening the metrics endpoint {addr} ([metrics] listen)"))?;
-    }
+        Some(endpoint)
+    } else {
+        None
+    };
     let report = {
         let (shared, egress, ingress) = (
             shared.clone(),
@@ -524,7 +639,7 @@ pub fn run<E: Edge>(
         "{} running",
         E::PROGRAM
     );
-    let mut control = Control::new(shared.clone(), Box::new(udp), core.intake.clone());
+    let mut control = Control::new(shared.clone(), socket, core.intake.clone());
     control.set_idle_timeout(common.cloud.as_ref().map(|c| c.idle_peer_timeout));
     if edge.handshake_at_start() {
         let now = Instant::now();
@@ -550,6 +665,7 @@ pub fn run<E: Edge>(
             },
             expiry: expiry::Watch::default(),
         },
+        signals,
         report,
     ));
 
@@ -655,23 +771,46 @@ async fn cloud_work(cloud: &mut Option<CloudLink>) -> Option<CloudWork> {
     }
 }
 
+/// What woke the control loop.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one at a time, on the control thread's stack, moved once"
+)]
+enum Wake<W> {
+    /// A message from the data threads; `None`: they are gone.
+    Message(Option<cyphonic_tunnel::ToControl>),
+    /// The services' own work.
+    Service(W),
+    /// The upstream resolvers settled a question.
+    Upstream(Settled),
+    /// The cloud's.
+    Cloud(CloudWork),
+    /// From outside.
+    Signal(Signal),
+    /// A timer, or the data threads' nudge: only the upkeep.
+    Timer,
+}
+
+/// Whether the control loop goes on after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Go,
+    Stop,
+}
+
 /// The control thread: every message, event and timer of the engine's control core, the
-/// cloud and the edge's services, until SIGINT or SIGTERM. Data threads reach it only by
-/// bounded channels and a `Notify`; nothing here makes them wait.
+/// cloud and the edge's services, until a stop. Data threads reach it only by bounded
+/// channels and a `Notify`; nothing here makes them wait. Each turn waits for one
+/// [`Wake`] and runs [`Loop::step`].
 async fn control_loop<S: Services, T: Serialize>(
     mut l: Loop<S>,
+    signals: Signals,
     report: impl Fn() -> T + Send + 'static,
 ) -> anyhow::Result<()> {
     let status_socket = l.running.common.status_socket.clone();
     let _status = cyphonic_telemetry::status::serve(&status_socket, report)
         .with_context(|| format!("opening the status socket {}", status_socket.display()))?;
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("installing the SIGHUP handler")?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .context("installing the SIGINT handler")?;
-    let shared = l.control.shared().clone();
+    let mut signals = signals.listen()?;
     // Static peers with an endpoint start their handshakes right away (and persistent
     // keepalive peers keep them up).
     l.upkeep(Instant::now());
@@ -679,41 +818,11 @@ async fn control_loop<S: Services, T: Serialize>(
     cyphonic_telemetry::service::ready();
     let mut watchdog = cyphonic_telemetry::service::Watchdog::from_env(Instant::now());
     loop {
+        let wake = l.wait(&mut signals).await;
         let now = Instant::now();
-        let deadline = l
-            .control
-            .next_deadline()
-            .into_iter()
-            .chain(l.services.poll_timeout())
-            .min()
-            .unwrap_or(now + MAX_SLEEP)
-            .min(now + MAX_SLEEP);
-        tokio::select! {
-            msg = l.rx.recv() => match msg {
-                Some(msg) => l.control.handle(msg),
-                None => break,
-            },
-            work = l.services.next() => l.services.handle(work, Instant::now()),
-            Some(settled) = l.upstream.recv() => l.services.settled(settled),
-            Some(work) = cloud_work(&mut l.cloud) => {
-                if let CloudWork::Event(cyphonic_signal::Event::Policy(set)) = work {
-                    l.cloud_policy(set);
-                } else {
-                    l.settle_from_cloud(|c, control| c.handle(work, control));
-                }
-            }
-            () = shared.control_woken() => {}
-            () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {}
-            _ = hup.recv() => {
-                cyphonic_telemetry::service::reloading();
-                l.reload(Instant::now());
-                cyphonic_telemetry::service::ready();
-            }
-            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
-            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+        if l.step(wake, now) == Flow::Stop {
+            break;
         }
-        let now = Instant::now();
-        l.upkeep(now);
         // Pinged from here: a loop stuck anywhere above misses its pings and is restarted.
         if let Some(w) = watchdog.as_mut() {
             w.kick(now);
@@ -727,7 +836,54 @@ async fn control_loop<S: Services, T: Serialize>(
 }
 
 impl<S: Services> Loop<S> {
-    /// SIGHUP: reads the configuration file again; a file with any mistake is refused whole
+    /// Waits for what wakes the loop next: a message, the services' or the cloud's work, a
+    /// signal, or the first timer due (at most [`MAX_SLEEP`] away).
+    async fn wait(&mut self, signals: &mut mpsc::Receiver<Signal>) -> Wake<S::Work> {
+        let now = Instant::now();
+        let deadline = self
+            .control
+            .next_deadline()
+            .into_iter()
+            .chain(self.services.poll_timeout())
+            .min()
+            .unwrap_or(now + MAX_SLEEP)
+            .min(now + MAX_SLEEP);
+        let shared = self.control.shared().clone();
+        tokio::select! {
+            msg = self.rx.recv() => Wake::Message(msg),
+            work = self.services.next() => Wake::Service(work),
+            Some(settled) = self.upstream.recv() => Wake::Upstream(settled),
+            Some(work) = cloud_work(&mut self.cloud) => Wake::Cloud(work),
+            signal = signals.recv() => Wake::Signal(signal.unwrap_or(Signal::Stop)),
+            () = shared.control_woken() => Wake::Timer,
+            () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => Wake::Timer,
+        }
+    }
+
+    /// One turn of the loop: handles what woke it, then the upkeep at `now` (timers,
+    /// registrations, events). [`Flow::Stop`] at a stop or when the data threads are gone.
+    fn step(&mut self, wake: Wake<S::Work>, now: Instant) -> Flow {
+        match wake {
+            Wake::Message(Some(msg)) => self.control.handle(msg),
+            Wake::Message(None) | Wake::Signal(Signal::Stop) => return Flow::Stop,
+            Wake::Service(work) => self.services.handle(work, now),
+            Wake::Upstream(settled) => self.services.settled(settled),
+            Wake::Cloud(CloudWork::Event(cyphonic_signal::Event::Policy(set))) => {
+                self.cloud_policy(set);
+            }
+            Wake::Cloud(work) => self.settle_from_cloud(|c, control| c.handle(work, control)),
+            Wake::Signal(Signal::Reload) => {
+                cyphonic_telemetry::service::reloading();
+                self.reload(now);
+                cyphonic_telemetry::service::ready();
+            }
+            Wake::Timer => {}
+        }
+        self.upkeep(now);
+        Flow::Go
+    }
+
+    /// A reload: reads the configuration file again; a file with any mistake is refused whole
     /// and the running configuration stays. Otherwise the trust (CAs, revocations) applies at
     /// once (peers it no longer trusts leave), static peers follow the file (a changed one is
     /// replaced, an unchanged one keeps its tunnel), the upstream resolvers change; what
