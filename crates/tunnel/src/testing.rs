@@ -357,6 +357,21 @@ impl TunnelSocket for LinkSocket {
     }
 }
 
+/// A UDP packet over IPv4 from `src` to `dst`:`port`, with 12 bytes of zeros as payload.
+pub fn udp4(src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut p = vec![0u8; 40];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&40u16.to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
+    p[20..22].copy_from_slice(&5000u16.to_be_bytes());
+    p[22..24].copy_from_slice(&port.to_be_bytes());
+    p[24..26].copy_from_slice(&20u16.to_be_bytes());
+    p
+}
+
 /// Unix time at which the test PKI is valid (2027-01-15); the [`Pair`]'s clocks start there.
 pub const T0: u64 = 1_800_000_000;
 const DAY: u64 = 24 * 3600;
@@ -367,11 +382,20 @@ const DAY: u64 = 24 * 3600;
 /// # Panics
 /// When key generation fails: a broken test environment.
 pub fn test_ca() -> CertificateAuthority {
+    test_ca_at(T0)
+}
+
+/// [`test_ca`], valid around unix time `at` (a year either side): for ends that read the
+/// system clock.
+///
+/// # Panics
+/// When key generation fails: a broken test environment.
+pub fn test_ca_at(at: u64) -> CertificateAuthority {
     let overlay = [
         "100.64.0.0/10".parse().expect("a valid block"),
         "fd7a:0:1::/48".parse().expect("a valid block"),
     ];
-    CertificateAuthority::generate("ovl.example", &overlay, T0 - 365 * DAY, T0 + 365 * DAY)
+    CertificateAuthority::generate("ovl.example", &overlay, at - 365 * DAY, at + 365 * DAY)
         .expect("a test CA")
 }
 
@@ -385,6 +409,20 @@ pub fn test_identity(
     name: &str,
     block: &str,
 ) -> (Arc<Identity>, Certificate) {
+    let (identity, cert) = test_identity_at(ca, name, block, T0);
+    (Arc::new(identity), cert)
+}
+
+/// [`test_identity`], valid from a day before unix time `at` to 30 days after.
+///
+/// # Panics
+/// When the CA refuses: a broken test setup.
+pub fn test_identity_at(
+    ca: &CertificateAuthority,
+    name: &str,
+    block: &str,
+    at: u64,
+) -> (Identity, Certificate) {
     let keypair = StaticKeypair::generate().expect("a key pair");
     let cert = ca
         .issue(&IssueRequest {
@@ -395,14 +433,14 @@ pub fn test_identity(
                 .collect(),
             public_key: keypair.public().0,
             groups: vec!["test".into()],
-            not_before: T0 - DAY,
-            not_after: T0 + 30 * DAY,
+            not_before: at - DAY,
+            not_after: at + 30 * DAY,
         })
         .expect("a certificate");
     let trust = TrustStore::new(vec![ca.certificate().clone()], RevocationList::default())
         .expect("a trust store");
-    let identity = Identity::new(keypair, cert.clone(), trust, T0).expect("an identity");
-    (Arc::new(identity), cert)
+    let identity = Identity::new(keypair, cert.clone(), trust, at).expect("an identity");
+    (identity, cert)
 }
 
 /// Two engines' shared state keyed to each other by a handshake run in this process, without

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_pipeline::DropReason;
 use cyphonic_session::Timing;
-use cyphonic_tunnel::testing::{End, Faults, Pair};
+use cyphonic_tunnel::testing::{End, Faults, Pair, udp4 as udp};
 use cyphonic_tunnel::{ControlEvent, DataPlane};
 use cyphonic_wire::{Frame, MessageType};
 
@@ -1064,21 +1064,6 @@ fn idle_cloud_peers_are_evicted_and_traffic_asks_for_them_again() {
     assert!(p.a.shared.peers().by_id(again).is_some());
     assert_eq!(p.a.shared.dormant(), 0);
     assert_no_buffer_leaks(p);
-}
-
-/// A UDP packet from `src` to `dst`:`port`.
-fn udp(src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, port: u16) -> Vec<u8> {
-    let mut p = vec![0u8; 40];
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&40u16.to_be_bytes());
-    p[8] = 64;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&src.octets());
-    p[16..20].copy_from_slice(&dst.octets());
-    p[20..22].copy_from_slice(&5000u16.to_be_bytes());
-    p[22..24].copy_from_slice(&port.to_be_bytes());
-    p[24..26].copy_from_slice(&20u16.to_be_bytes());
-    p
 }
 
 /// A UDP datagram over IPv6 from `src` to `dst`:`port` with 8 bytes of payload.
