@@ -254,8 +254,8 @@ pub(crate) fn write_eth(buf: &mut [u8], dst: [u8; 6], src: [u8; 6], ethertype: u
     buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
 }
 
-#[cfg(test)]
-pub(crate) mod testutil;
+#[cfg(any(test, feature = "testing"))]
+pub mod testutil;
 
 #[cfg(test)]
 mod legacy_path;

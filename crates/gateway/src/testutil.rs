@@ -1,5 +1,6 @@
 //! Packet builders for tests, using pnet's mutable views so that the test side does not share
-//! code (or bugs) with the code under test.
+//! code (or bugs) with the code under test. The crate's own tests use them, and with feature
+//! `testing` the adapter's tests do, as its LAN's devices; not for production use.
 
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
@@ -12,12 +13,13 @@ use pnet_packet::ipv4::{self, MutableIpv4Packet};
 use pnet_packet::tcp::{self, MutableTcpPacket, TcpFlags, TcpOption};
 use pnet_packet::udp::{self, MutableUdpPacket};
 
-pub(crate) const GW_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
+/// The gateway's MAC in the tests.
+pub const GW_MAC: [u8; 6] = [0x02, 0xaa, 0, 0, 0, 1];
 /// The NIC's own MAC under the gateway's.
-pub(crate) const HOST_MAC: [u8; 6] = [0x02, 0xf0, 0, 0, 0, 1];
+pub const HOST_MAC: [u8; 6] = [0x02, 0xf0, 0, 0, 0, 1];
 
 /// The LAN of the tests: gateway 100.64.1.1 in 100.64.1.0/24, overlay 100.64.0.0/10.
-pub(crate) fn lan() -> crate::Lan {
+pub fn lan() -> crate::Lan {
     crate::Lan {
         mac: GW_MAC,
         host_mac: HOST_MAC,
@@ -31,7 +33,8 @@ pub(crate) fn lan() -> crate::Lan {
         v6: None,
     }
 }
-pub(crate) const DEV_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 10];
+/// A device's MAC.
+pub const DEV_MAC: [u8; 6] = [0x02, 0xbb, 0, 0, 0, 10];
 
 fn ipv4(payload_len: usize, proto: u8, src: [u8; 4], dst: [u8; 4], df: bool) -> Vec<u8> {
     let mut buf = vec![0u8; 20 + payload_len];
@@ -54,7 +57,8 @@ fn fix_ip_checksum(buf: &mut [u8]) {
     ip.set_checksum(sum);
 }
 
-pub(crate) fn ipv4_udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
+/// A UDP datagram over IPv4 (don't fragment), checksums filled in.
+pub fn ipv4_udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, data: &[u8]) -> Vec<u8> {
     let mut buf = ipv4(8 + data.len(), IpNextHeaderProtocols::Udp.0, src, dst, true);
     {
         let mut u = MutableUdpPacket::new(&mut buf[20..]).unwrap();
@@ -75,13 +79,7 @@ pub(crate) fn ipv4_udp(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, data:
 }
 
 /// A TCP segment with `flags` and, if given, an MSS option.
-pub(crate) fn ipv4_tcp(
-    src: [u8; 4],
-    dst: [u8; 4],
-    flags: u8,
-    mss: Option<u16>,
-    data: &[u8],
-) -> Vec<u8> {
+pub fn ipv4_tcp(src: [u8; 4], dst: [u8; 4], flags: u8, mss: Option<u16>, data: &[u8]) -> Vec<u8> {
     let opt_len = if mss.is_some() { 8 } else { 0 }; // NOP NOP MSS(4) NOP NOP
     let mut buf = ipv4(
         20 + opt_len + data.len(),
@@ -119,7 +117,8 @@ pub(crate) fn ipv4_tcp(
     buf
 }
 
-pub(crate) fn syn(mss: u16) -> Vec<u8> {
+/// A TCP SYN from 100.64.1.10 to 100.64.2.20 with an MSS option of `mss`.
+pub fn syn(mss: u16) -> Vec<u8> {
     ipv4_tcp(
         [100, 64, 1, 10],
         [100, 64, 2, 20],
@@ -130,7 +129,7 @@ pub(crate) fn syn(mss: u16) -> Vec<u8> {
 }
 
 /// An ICMP echo request.
-pub(crate) fn ipv4_echo(src: [u8; 4], dst: [u8; 4], data: &[u8]) -> Vec<u8> {
+pub fn ipv4_echo(src: [u8; 4], dst: [u8; 4], data: &[u8]) -> Vec<u8> {
     let mut buf = ipv4(
         8 + data.len(),
         IpNextHeaderProtocols::Icmp.0,
@@ -149,7 +148,7 @@ pub(crate) fn ipv4_echo(src: [u8; 4], dst: [u8; 4], data: &[u8]) -> Vec<u8> {
 }
 
 /// A packet of `len` bytes total with DF as given (UDP payload filler).
-pub(crate) fn ipv4_sized(len: usize, df: bool) -> Vec<u8> {
+pub fn ipv4_sized(len: usize, df: bool) -> Vec<u8> {
     let mut p = ipv4_udp(
         [100, 64, 1, 10],
         [100, 64, 2, 20],
@@ -166,7 +165,7 @@ pub(crate) fn ipv4_sized(len: usize, df: bool) -> Vec<u8> {
 }
 
 /// Wraps an IP packet into an Ethernet frame.
-pub(crate) fn eth(dst: [u8; 6], src: [u8; 6], ip: &[u8]) -> Vec<u8> {
+pub fn eth(dst: [u8; 6], src: [u8; 6], ip: &[u8]) -> Vec<u8> {
     let mut buf = vec![0u8; 14 + ip.len()];
     let mut e = MutableEthernetPacket::new(&mut buf).unwrap();
     e.set_destination(dst.into());
@@ -177,7 +176,7 @@ pub(crate) fn eth(dst: [u8; 6], src: [u8; 6], ip: &[u8]) -> Vec<u8> {
 }
 
 /// Validates IP header, and TCP/UDP/ICMP checksums of a whole IPv4 packet with pnet.
-pub(crate) fn checksums_ok(p: &[u8]) -> bool {
+pub fn checksums_ok(p: &[u8]) -> bool {
     let ip = ipv4::Ipv4Packet::new(p).unwrap();
     if ipv4::checksum(&ip) != ip.get_checksum() {
         return false;
