@@ -135,16 +135,10 @@ impl<'a> AdapterEdge<'a> {
                 "one sparse capture socket, not one per CPU: this kernel cannot keep a fanout group off the frames the adapter sends (PACKET_FANOUT_FLAG_IGNORE_OUTGOING, Linux 6.2); the tunnel side still has one per CPU"
             );
         }
-        // A pair's gateway MAC is the pair's, the same on both boxes.
-        let gateway_mac = if config.ha.is_some() {
-            crate::ha::gateway_mac(config.gateway_vip)
-        } else {
-            cyphonic_gateway::gateway_mac(iface.mac)
-        };
         tracing::info!(
             interface = %iface.name,
             mac = %Mac(iface.mac),
-            gateway_mac = %Mac(gateway_mac),
+            gateway_mac = %Mac(gateway_mac(config, &iface)),
             ignores_outgoing = capture[0].ignores_outgoing(),
             recv_buffer = capture[0].recv_buffer(),
             ring = ?capture[0].ring_bytes(),
@@ -176,6 +170,29 @@ impl<'a> AdapterEdge<'a> {
                 "cannot close the LAN port to this host's kernel entirely; frames devices address to the gateway still never reach the kernel's IP stack (they carry the gateway's own MAC)"
             ),
         }
+        Ok(Self::on_ports(
+            config,
+            iface,
+            capture,
+            sparse_capture,
+            Some(guard),
+        ))
+    }
+
+    /// The edge on the LAN port `iface`, opened already: its capture sockets (one, or the
+    /// `lan_queues` group; the first also sends), its sparse class's (one per
+    /// `DataPlane::sparse_threads` entry, or none), and the guard that holds the port closed
+    /// to this host's kernel, if any. [`Self::open`] opens them on the interface; a test, on
+    /// a pair inside the process (`PacketSocket::pair`).
+    pub fn on_ports(
+        config: &'a AdapterConfig,
+        iface: Interface,
+        capture: Vec<PacketSocket>,
+        sparse_capture: Vec<PacketSocket>,
+        guard: Option<PortGuard>,
+    ) -> Self {
+        let lan_side = &config.lan_dataplane;
+        let gateway_mac = gateway_mac(config, &iface);
         let untagged = Lan {
             mac: gateway_mac,
             host_mac: iface.mac,
@@ -224,18 +241,18 @@ impl<'a> AdapterEdge<'a> {
             config.common.dns.is_some(),
         );
         let lan = Arc::new(lan);
-        Ok(Self {
+        Self {
             config,
             iface,
             capture: Some(capture),
             sparse_capture,
-            guard: Some(guard),
+            guard,
             lan,
             work: Some(work),
             clock_floor: None,
             ha: None,
             pair: None,
-        })
+        }
     }
 
     fn socket(&self) -> anyhow::Result<&PacketSocket> {
@@ -243,6 +260,15 @@ impl<'a> AdapterEdge<'a> {
             .as_ref()
             .and_then(|c| c.first())
             .context("the capture socket went to the capture thread")
+    }
+}
+
+/// The gateway's MAC on `iface`: a pair's is the pair's, the same on both boxes.
+fn gateway_mac(config: &AdapterConfig, iface: &Interface) -> [u8; 6] {
+    if config.ha.is_some() {
+        crate::ha::gateway_mac(config.gateway_vip)
+    } else {
+        cyphonic_gateway::gateway_mac(iface.mac)
     }
 }
 
@@ -366,16 +392,12 @@ impl Edge for AdapterEdge<'_> {
             .capture
             .take()
             .context("the capture thread starts once")?;
-        let guard = self
-            .guard
-            .take()
-            .context("the port guard goes to the capture thread once")?;
         let capture = Capture::new(
             self.lan.clone(),
             core.shared.clone(),
             sock,
             core.intake.clone(),
-            Some(guard),
+            self.guard.take(),
         );
         let mut threads = vec![core.spawn("cy-capture", move || capture.run())?];
         // The other capture sockets leave the sparse class to these: without their threads

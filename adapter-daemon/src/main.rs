@@ -13,6 +13,8 @@ mod dhcp;
 mod edge;
 mod gateway;
 mod ha;
+#[cfg(test)]
+mod inprocess;
 mod lan;
 mod lan_sink;
 mod leases;

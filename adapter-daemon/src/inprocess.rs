@@ -1,0 +1,326 @@
+//! Two adapters in this process, each the production edge (capture, LAN sink, services,
+//! gateway) on a LAN port that is one end of a socket pair, run by the production driver
+//! (`cyphonic_daemon::run_on`) over an in-memory underlay: the tests play the devices on
+//! the other ends. No root, no namespaces, no interface: the unit tier runs these.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use cyphonic_daemon::testing::RunningEnd;
+use cyphonic_gateway::testutil::{checksums_ok, eth, ipv4_echo, ipv4_udp};
+use cyphonic_netio::{Interface, PacketSocket};
+use cyphonic_settings::testing::{Fixture, Node};
+use cyphonic_tunnel::testing::Link;
+use cyphonic_vip::testing::{DhcpOption, MessageType, client_message};
+use dhcproto::Decodable as _;
+
+use crate::edge::AdapterEdge;
+
+/// How long a test waits for what must happen; the wait ends as soon as it does.
+const PATIENCE: Duration = Duration::from_secs(30);
+const BROADCAST: [u8; 6] = [0xff; 6];
+const ETH_IPV4: [u8; 2] = [0x08, 0x00];
+const IP: usize = 14;
+
+/// One adapter of the pair: its end, and the device on its LAN.
+struct Site {
+    end: RunningEnd,
+    device: Device,
+    gateway: Ipv4Addr,
+}
+
+/// A device on an adapter's LAN: the other end of its port.
+struct Device {
+    wire: UnixDatagram,
+    mac: [u8; 6],
+}
+
+impl Device {
+    fn send(&self, frame: &[u8]) {
+        self.wire.send(frame).expect("the LAN port takes the frame");
+    }
+
+    /// The next frame `want` picks (others, such as announcements, are passed over), within
+    /// [`PATIENCE`].
+    fn expect(&self, what: &str, want: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+        let deadline = Instant::now() + PATIENCE;
+        let mut buf = vec![0u8; 65_536];
+        self.wire
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("a timeout");
+        let mut passed = 0;
+        while Instant::now() < deadline {
+            if let Ok(n) = self.wire.recv(&mut buf) {
+                if want(&buf[..n]) {
+                    return buf[..n].to_vec();
+                }
+                passed += 1;
+            }
+        }
+        panic!("{what}: not within {PATIENCE:?} ({passed} other frames)");
+    }
+
+    /// DISCOVER, OFFER, REQUEST, ACK with `hostname`: the address leased, and the gateway's
+    /// MAC (the answers' source).
+    fn lease(&self, hostname: &str) -> (Ipv4Addr, [u8; 6]) {
+        let zero = Ipv4Addr::UNSPECIFIED;
+        let ask = |kind, xid, opts| {
+            let dhcp = client_message(kind, self.mac, xid, opts, zero, true);
+            eth(
+                BROADCAST,
+                self.mac,
+                &ipv4_udp(zero.octets(), [255; 4], 68, 67, &dhcp),
+            )
+        };
+        let answer = |frame: &[u8], kind| {
+            let m = dhcproto::v4::Message::from_bytes(udp_payload(frame, 68)?).ok()?;
+            (m.opts().msg_type() == Some(kind) && m.chaddr().get(..6) == Some(&self.mac[..]))
+                .then(|| (m.yiaddr(), m.siaddr()))
+        };
+        self.send(&ask(MessageType::Discover, 1, Vec::new()));
+        let offer = self.expect("an offer", |f| answer(f, MessageType::Offer).is_some());
+        let (ip, _) = answer(&offer, MessageType::Offer).expect("an offer");
+        let server = dhcproto::v4::Message::from_bytes(udp_payload(&offer, 68).expect("udp"))
+            .ok()
+            .and_then(
+                |m| match m.opts().get(dhcproto::v4::OptionCode::ServerIdentifier) {
+                    Some(DhcpOption::ServerIdentifier(s)) => Some(*s),
+                    _ => None,
+                },
+            )
+            .expect("the offer names its server");
+        self.send(&ask(
+            MessageType::Request,
+            2,
+            vec![
+                DhcpOption::ServerIdentifier(server),
+                DhcpOption::RequestedIpAddress(ip),
+                DhcpOption::Hostname(hostname.into()),
+            ],
+        ));
+        let ack = self.expect("an ack", |f| answer(f, MessageType::Ack).is_some());
+        assert_eq!(answer(&ack, MessageType::Ack).map(|a| a.0), Some(ip));
+        (ip, ack[6..12].try_into().expect("a MAC"))
+    }
+}
+
+/// The UDP payload of `frame` (Ethernet, IPv4) to `port`, if it is one.
+fn udp_payload(frame: &[u8], port: u16) -> Option<&[u8]> {
+    let ip = ipv4(frame)?;
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let udp = ip.get(ihl..)?;
+    (ip[9] == 17 && udp.get(2..4)? == port.to_be_bytes()).then(|| udp.get(8..))?
+}
+
+/// The IPv4 packet in `frame`, if it carries one.
+fn ipv4(frame: &[u8]) -> Option<&[u8]> {
+    (frame.get(12..14)? == ETH_IPV4).then(|| frame.get(IP..))?
+}
+
+/// An adapter for `name` (block `100.64.n.0/24`, at `192.0.2.n` on `link`) with DHCP and
+/// DNS, `peer` its static peer.
+fn site(f: &Fixture, link: &Link, n: u8, peer: u8) -> Site {
+    let dir = f.path().display();
+    let text = format!(
+        r#"
+[adapter]
+lan_interface = "lan{n}"
+listen = "192.0.2.{n}:51820"
+status_socket = "{dir}/adapter{n}.sock"
+state_dir = "{dir}/state{n}"
+
+[identity]
+certificate = "gw{n}.ovl.example.crt"
+key = "gw{n}.ovl.example.key"
+ca = "ca.crt"
+
+[dhcp]
+enabled = true
+pool = "100.64.{n}.100-100.64.{n}.199"
+
+[dns]
+enabled = true
+upstream = []
+
+[dataplane]
+workers = 2
+buffers = 1024
+sparse_socket = false
+
+[[peer]]
+certificate = "gw{peer}.ovl.example.crt"
+endpoint = "192.0.2.{peer}:51820"
+dns = "100.64.{peer}.1"
+"#
+    );
+    let path = f.write(&format!("adapter{n}.toml"), &text);
+    let (config, identity) =
+        crate::config::load(&path, cyphonic_settings::now_secs()).expect("a valid file");
+    let (port, wire) = PacketSocket::pair(&format!("lan{n}")).expect("a LAN port");
+    let socket = Box::new(link.socket(SocketAddr::from(([192, 0, 2, n], 51820))));
+    let gateway = config.gateway_vip;
+    let status = config.common.status_socket.clone();
+    let iface = Interface {
+        name: format!("lan{n}"),
+        index: 0,
+        mac: [0x02, 0xf0, 0, 0, 0, n],
+        mtu: 1500,
+        up: true,
+    };
+    let end = RunningEnd::start("cy-adapter", crate::PROGRAM, &status, move |signals| {
+        let edge = AdapterEdge::on_ports(&config, iface, vec![port], Vec::new(), None);
+        let reload = Box::new(|| anyhow::bail!("no reloads in this test"));
+        let devices = cyphonic_daemon::Devices { socket, signals };
+        cyphonic_daemon::run_on(&config.common, identity, edge, reload, devices)
+    });
+    Site {
+        end,
+        device: Device {
+            wire,
+            mac: [0x02, 0xbb, 0, 0, n, 10],
+        },
+        gateway,
+    }
+}
+
+/// Two adapters, `gw1` and `gw2`, peers of each other.
+fn sites(link: &Link) -> (Fixture, Site, Site) {
+    let now = cyphonic_settings::now_secs();
+    let node = |name, block| Node {
+        name,
+        block,
+        path: name,
+        with_key: true,
+    };
+    let nodes = [
+        node("gw1.ovl.example", "100.64.1.0/24"),
+        node("gw2.ovl.example", "100.64.2.0/24"),
+    ];
+    let f = Fixture::new("inprocess", now, &nodes);
+    let (one, two) = (site(&f, link, 1, 2), site(&f, link, 2, 1));
+    (f, one, two)
+}
+
+/// An ICMP echo request in `frame` from `src` to `dst`, whole and with right checksums.
+fn is_echo(frame: &[u8], src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+    ipv4(frame).is_some_and(|ip| {
+        ip[9] == 1
+            && ip[12..16] == src.octets()
+            && ip[16..20] == dst.octets()
+            && ip[20] == 8
+            && checksums_ok(ip)
+    })
+}
+
+/// A device on each LAN gets its lease from its adapter; a ping from each crosses the
+/// tunnel (capture, the engine both ways, the LAN sink) to the other, addressed to the
+/// device's MAC from its gateway's, TTL down by two (each gateway a hop); both adapters' status show the lease
+/// and the peer with keys.
+#[test]
+fn devices_on_two_adapters_lease_and_ping_each_other() {
+    let link = Link::new(1);
+    let (_f, mut one, mut two) = sites(&link);
+    let (ip1, gw1_mac) = one.device.lease("sensor-one");
+    let (ip2, gw2_mac) = two.device.lease("sensor-two");
+    assert!(one.gateway == Ipv4Addr::new(100, 64, 1, 1) && ip1 != one.gateway);
+    assert!(ip2.octets()[..3] == [100, 64, 2]);
+
+    let ping = |from: &Site, src: Ipv4Addr, gw_mac, dst: Ipv4Addr, to: &Site| {
+        let echo = ipv4_echo(src.octets(), dst.octets(), b"hello");
+        from.device.send(&eth(gw_mac, from.device.mac, &echo));
+        to.device
+            .expect("the ping across", |f| is_echo(f, src, dst))
+    };
+    let got = ping(&one, ip1, gw1_mac, ip2, &two);
+    assert_eq!(got[..6], two.device.mac, "to the device's MAC");
+    assert_eq!(got[6..12], gw2_mac, "from its gateway's");
+    assert_eq!(got[IP + 8], 62, "each gateway is a hop");
+    ping(&two, ip2, gw2_mac, ip1, &one);
+
+    let leased = |d: &serde_json::Value, ip: Ipv4Addr, host: &str| {
+        d["leases"].as_array().is_some_and(|l| {
+            l.iter().any(|l| {
+                l["vip"].as_str() == Some(&ip.to_string()) && l["hostname"].as_str() == Some(host)
+            })
+        })
+    };
+    let doc = one
+        .end
+        .wait_status(PATIENCE, |d| leased(d, ip1, "sensor-one"))
+        .expect("gw1 shows the lease");
+    let peer = &doc["peers"][0];
+    assert_eq!(
+        (peer["name"].as_str(), peer["established"].as_bool()),
+        (Some("gw2.ovl.example"), Some(true)),
+        "{doc}"
+    );
+    two.end
+        .wait_status(PATIENCE, |d| leased(d, ip2, "sensor-two"))
+        .expect("gw2 shows the lease");
+    one.end.stop().expect("gw1 stops cleanly");
+    two.end.stop().expect("gw2 stops cleanly");
+}
+
+/// A DNS question for `qname`'s A record, with `id`.
+fn dns_query(id: u16, qname: &str) -> Vec<u8> {
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    let mut m = Message::new(id, MessageType::Query, OpCode::Query);
+    m.metadata.recursion_desired = true;
+    m.add_query(Query::query(
+        Name::from_ascii(qname).expect("a name"),
+        RecordType::A,
+    ));
+    m.to_vec().expect("a query")
+}
+
+/// The answer with `id` in `payload`: its A records.
+fn dns_answer(payload: &[u8], id: u16) -> Option<Vec<Ipv4Addr>> {
+    use hickory_proto::rr::RData;
+    let m = hickory_proto::op::Message::from_vec(payload).ok()?;
+    (m.metadata.id == id).then(|| {
+        m.answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some(a.0),
+                _ => None,
+            })
+            .collect()
+    })
+}
+
+/// The far gateway answers a device's ping through the tunnel (the gateway address's
+/// service on the far adapter); the device's own DNS service asks the far one, through the
+/// tunnel, for the far device's name (its DHCP hostname in the far zone) and answers with
+/// its lease.
+#[test]
+fn a_device_pings_the_far_gateway_and_resolves_the_far_device_by_name() {
+    let link = Link::new(2);
+    let (_f, one, two) = sites(&link);
+    let (ip1, gw1_mac) = one.device.lease("sensor-one");
+    let (ip2, _) = two.device.lease("sensor-two");
+    let far = two.gateway;
+
+    let echo = ipv4_echo(ip1.octets(), far.octets(), b"gateway?");
+    one.device.send(&eth(gw1_mac, one.device.mac, &echo));
+    let reply = one.device.expect("the far gateway's echo reply", |f| {
+        ipv4(f).is_some_and(|ip| {
+            ip[9] == 1
+                && ip[12..16] == far.octets()
+                && ip[16..20] == ip1.octets()
+                && ip[20] == 0
+                && checksums_ok(ip)
+        })
+    });
+    assert_eq!(reply[..6], one.device.mac);
+
+    let query = dns_query(0x4242, "sensor-two.gw2.ovl.example.");
+    let udp = ipv4_udp(ip1.octets(), one.gateway.octets(), 5353, 53, &query);
+    one.device.send(&eth(gw1_mac, one.device.mac, &udp));
+    let answer = one.device.expect("the answer", |f| {
+        udp_payload(f, 5353).is_some_and(|p| dns_answer(p, 0x4242).is_some())
+    });
+    let answered = udp_payload(&answer, 5353).and_then(|p| dns_answer(p, 0x4242));
+    assert_eq!(answered, Some(vec![ip2]), "the far device's lease");
+}
