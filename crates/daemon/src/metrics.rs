@@ -452,3 +452,83 @@ fn log2_us(counts: &[u64; HOLD_BUCKETS], mean: Option<std::time::Duration>) -> L
         sum,
     }
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use cyphonic_telemetry::metrics::{Registry, render};
+
+    use super::*;
+
+    /// The edge's counters: one drop, one refusal, one plain counter.
+    #[derive(Debug)]
+    struct Edge;
+
+    impl CounterSet for Edge {
+        fn snapshot(&self) -> Vec<(&'static str, u64)> {
+            vec![("drop_lan_full", 3), ("lease_refused", 2), ("lan_sent", 7)]
+        }
+
+        fn helps(&self) -> Vec<(&'static str, &'static str)> {
+            vec![
+                ("drop_lan_full", "Frames the LAN had no room for."),
+                ("lease_refused", "Leases refused."),
+                ("lan_sent", "Frames sent on the LAN."),
+            ]
+        }
+    }
+
+    /// The value of the sample `name{labels}` (as written, labels in order) in `text`,
+    /// strictly: none when no such line is there.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// One scrape of an engine with a peer that has keys: the peer's rows, the edge's
+    /// counters as rows of the shared families beside the engine's, both pipelines, the
+    /// buffers.
+    #[test]
+    fn a_scrape_shows_the_peer_the_edge_and_the_pipelines() {
+        let (a, _b) = cyphonic_tunnel::testing::keyed(cyphonic_crypto::Backend::Ring, 64);
+        a.counters().udp_sent.fetch_add(5, Ordering::Relaxed);
+        let egress = Arc::new(PipelineCounters::default());
+        let ingress = Arc::new(PipelineCounters::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(EngineCollector::new(
+            a.clone(),
+            Arc::new(Edge),
+            egress,
+            ingress,
+            None,
+        )));
+        let text = render(&registry).expect("a scrape");
+        let peer = "peer=\"gw2.ovl.example\"";
+        for (series, value) in [
+            ("cyphonic_peers".to_owned(), 1.0),
+            (format!("cyphonic_peer_up{{{peer}}}"), 1.0),
+            (
+                "cyphonic_dropped_total{reason=\"lan_full\"}".to_owned(),
+                3.0,
+            ),
+            ("cyphonic_refusals_total{what=\"lease\"}".to_owned(), 2.0),
+            ("cyphonic_lan_sent_total".to_owned(), 7.0),
+            ("cyphonic_udp_sent_total".to_owned(), 5.0),
+            (
+                "cyphonic_pipeline_submitted_total{direction=\"egress\"}".to_owned(),
+                0.0,
+            ),
+            (
+                "cyphonic_pipeline_dropped_total{direction=\"ingress\",reason=\"replay\"}"
+                    .to_owned(),
+                0.0,
+            ),
+            ("cyphonic_buffers_allocated".to_owned(), 0.0),
+        ] {
+            assert_eq!(sample(&text, &series), Some(value), "{series} in:\n{text}");
+        }
+        assert!(
+            text.contains("# HELP cyphonic_dropped Packets or messages dropped, by reason"),
+            "the families' help:\n{text}"
+        );
+    }
+}
