@@ -8,7 +8,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use cyphonic_daemon::testing::RunningEnd;
-use cyphonic_gateway::testutil::{checksums_ok, eth, ipv4_echo, ipv4_udp};
+use cyphonic_gateway::testutil::{checksums_ok, eth, ipv4_echo, ipv4_tcp, ipv4_udp};
 use cyphonic_netio::{Interface, PacketSocket};
 use cyphonic_settings::testing::{Fixture, Node};
 use cyphonic_tunnel::testing::Link;
@@ -37,6 +37,14 @@ struct Device {
 }
 
 impl Device {
+    /// Another device on the same wire, with MAC `mac`.
+    fn beside(&self, mac: [u8; 6]) -> Self {
+        Self {
+            wire: self.wire.try_clone().expect("a second handle"),
+            mac,
+        }
+    }
+
     fn send(&self, frame: &[u8]) {
         self.wire.send(frame).expect("the LAN port takes the frame");
     }
@@ -155,8 +163,14 @@ dns = "100.64.{peer}.1"
 "#
     );
     let path = f.write(&format!("adapter{n}.toml"), &text);
+    start(&path, link, n)
+}
+
+/// Starts adapter `n` from the file at `path` (again, for a restart: its state directory
+/// kept), with a device (MAC `02:bb:00:00:0n:0a`) on its LAN port.
+fn start(path: &std::path::Path, link: &Link, n: u8) -> Site {
     let (config, identity) =
-        crate::config::load(&path, cyphonic_settings::now_secs()).expect("a valid file");
+        crate::config::load(path, cyphonic_settings::now_secs()).expect("a valid file");
     let (port, wire) = PacketSocket::pair(&format!("lan{n}")).expect("a LAN port");
     let socket = Box::new(link.socket(SocketAddr::from(([192, 0, 2, n], 51820))));
     let gateway = config.gateway_vip;
@@ -323,4 +337,77 @@ fn a_device_pings_the_far_gateway_and_resolves_the_far_device_by_name() {
     });
     let answered = udp_payload(&answer, 5353).and_then(|p| dns_answer(p, 0x4242));
     assert_eq!(answered, Some(vec![ip2]), "the far device's lease");
+}
+
+/// The MSS option of the TCP segment in `ip`, if it has one.
+fn mss(ip: &[u8]) -> Option<u16> {
+    let tcp = ip.get(usize::from(ip[0] & 0x0f) * 4..)?;
+    let end = usize::from(tcp.get(12)? >> 4) * 4;
+    let mut options = tcp.get(20..end)?;
+    while let Some(&kind) = options.first() {
+        match kind {
+            0 => return None,
+            1 => options = &options[1..],
+            2 => return Some(u16::from_be_bytes(options.get(2..4)?.try_into().ok()?)),
+            _ => options = options.get(usize::from(*options.get(1)?).max(2)..)?,
+        }
+    }
+    None
+}
+
+/// A SYN's MSS is clamped to what the tunnel carries (inner MTU 1420 less 40) on its way
+/// across; a packet too big for the tunnel with don't-fragment set is answered by the
+/// device's own gateway with fragmentation-needed naming the inner MTU, and goes nowhere.
+#[test]
+fn a_syn_is_clamped_and_a_packet_too_big_is_answered_with_the_mtu() {
+    let link = Link::new(3);
+    let (_f, one, two) = sites(&link);
+    let (ip1, gw1_mac) = one.device.lease("sensor-one");
+    let (ip2, _) = two.device.lease("sensor-two");
+
+    let syn = ipv4_tcp(ip1.octets(), ip2.octets(), 0x02, Some(1460), &[]);
+    one.device.send(&eth(gw1_mac, one.device.mac, &syn));
+    let got = two.device.expect("the SYN across", |f| {
+        ipv4(f).is_some_and(|ip| ip[9] == 6 && ip[12..16] == ip1.octets())
+    });
+    let ip = ipv4(&got).expect("IPv4");
+    assert_eq!(mss(ip), Some(1380), "clamped to 1420 - 40");
+    assert!(checksums_ok(ip), "the checksum follows the new MSS");
+
+    let big = ipv4_udp(ip1.octets(), ip2.octets(), 4000, 4001, &[0x5a; 1472]);
+    one.device.send(&eth(gw1_mac, one.device.mac, &big));
+    let error = one.device.expect("fragmentation needed", |f| {
+        ipv4(f).is_some_and(|ip| ip[9] == 1 && ip[20] == 3 && ip[21] == 4)
+    });
+    let ip = ipv4(&error).expect("IPv4");
+    assert_eq!(ip[12..16], one.gateway.octets(), "from the gateway");
+    assert_eq!(ip[16..20], ip1.octets(), "to the sender");
+    assert_eq!(
+        u16::from_be_bytes([ip[26], ip[27]]),
+        1420,
+        "the next hop's MTU"
+    );
+    assert!(checksums_ok(ip));
+    assert_eq!(
+        ip[28 + 12..28 + 20],
+        big[12..20],
+        "it quotes the packet's addresses"
+    );
+}
+
+/// A restarted adapter keeps its leases (its state directory): the device asking again
+/// after the restart, before any other, is given the address it had, not the first free
+/// one.
+#[test]
+fn a_restarted_adapter_gives_a_device_its_address_again() {
+    let link = Link::new(4);
+    let (f, one, two) = sites(&link);
+    let (first, _) = one.device.beside([0x02, 0xbb, 0, 0, 1, 11]).lease("first");
+    let (ip1, _) = one.device.lease("sensor-one");
+    assert_ne!(ip1, first);
+    one.end.stop().expect("gw1 stops cleanly");
+    let again = start(&f.path().join("adapter1.toml"), &link, 1);
+    let (ip, _) = again.device.lease("sensor-one");
+    assert_eq!(ip, ip1, "the same address after the restart");
+    drop(two);
 }
