@@ -52,21 +52,29 @@ impl Device {
     /// The next frame `want` picks (others, such as announcements, are passed over), within
     /// [`PATIENCE`].
     fn expect(&self, what: &str, want: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+        self.expect_after(what, want).0
+    }
+
+    /// [`Self::expect`], and the frames passed over before it.
+    fn expect_after(&self, what: &str, want: impl Fn(&[u8]) -> bool) -> (Vec<u8>, Vec<Vec<u8>>) {
         let deadline = Instant::now() + PATIENCE;
         let mut buf = vec![0u8; 65_536];
         self.wire
             .set_read_timeout(Some(Duration::from_millis(50)))
             .expect("a timeout");
-        let mut passed = 0;
+        let mut passed = Vec::new();
         while Instant::now() < deadline {
             if let Ok(n) = self.wire.recv(&mut buf) {
                 if want(&buf[..n]) {
-                    return buf[..n].to_vec();
+                    return (buf[..n].to_vec(), passed);
                 }
-                passed += 1;
+                passed.push(buf[..n].to_vec());
             }
         }
-        panic!("{what}: not within {PATIENCE:?} ({passed} other frames)");
+        panic!(
+            "{what}: not within {PATIENCE:?} ({} other frames)",
+            passed.len()
+        );
     }
 
     /// DISCOVER, OFFER, REQUEST, ACK with `hostname`: the address leased, and the gateway's
@@ -127,8 +135,8 @@ fn ipv4(frame: &[u8]) -> Option<&[u8]> {
 }
 
 /// An adapter for `name` (block `100.64.n.0/24`, at `192.0.2.n` on `link`) with DHCP and
-/// DNS, `peer` its static peer.
-fn site(f: &Fixture, link: &Link, n: u8, peer: u8) -> Site {
+/// DNS, `peer` its static peer, and the tables of `more`.
+fn site(f: &Fixture, link: &Link, n: u8, peer: u8, more: &str) -> Site {
     let dir = f.path().display();
     let text = format!(
         r#"
@@ -160,6 +168,8 @@ sparse_socket = false
 certificate = "gw{peer}.ovl.example.crt"
 endpoint = "192.0.2.{peer}:51820"
 dns = "100.64.{peer}.1"
+
+{more}
 "#
     );
     let path = f.write(&format!("adapter{n}.toml"), &text);
@@ -200,6 +210,11 @@ fn start(path: &std::path::Path, link: &Link, n: u8) -> Site {
 
 /// Two adapters, `gw1` and `gw2`, peers of each other.
 fn sites(link: &Link) -> (Fixture, Site, Site) {
+    sites_with(link, ["", ""])
+}
+
+/// [`sites`], each adapter's file with its tables of `more` besides.
+fn sites_with(link: &Link, more: [&str; 2]) -> (Fixture, Site, Site) {
     let now = cyphonic_settings::now_secs();
     let node = |name, block| Node {
         name,
@@ -212,7 +227,7 @@ fn sites(link: &Link) -> (Fixture, Site, Site) {
         node("gw2.ovl.example", "100.64.2.0/24"),
     ];
     let f = Fixture::new("inprocess", now, &nodes);
-    let (one, two) = (site(&f, link, 1, 2), site(&f, link, 2, 1));
+    let (one, two) = (site(&f, link, 1, 2, more[0]), site(&f, link, 2, 1, more[1]));
     (f, one, two)
 }
 
@@ -410,4 +425,89 @@ fn a_restarted_adapter_gives_a_device_its_address_again() {
     let (ip, _) = again.device.lease("sensor-one");
     assert_eq!(ip, ip1, "the same address after the restart");
     drop(two);
+}
+
+/// A UDP datagram in `frame` from `src` to `dst`:`port`.
+fn is_udp(frame: &[u8], src: Ipv4Addr, dst: Ipv4Addr, port: u16) -> bool {
+    ipv4(frame).is_some_and(|ip| {
+        ip[9] == 17
+            && ip[12..16] == src.octets()
+            && ip[16..20] == dst.octets()
+            && ip[22..24] == port.to_be_bytes()
+    })
+}
+
+/// The per-device policy holds at both ends: gw1 lets every flow between the two blocks
+/// start, gw2 only UDP to port 5000 into its own block. A flow gw2 allows crosses and its
+/// answers come back; a flow gw1 lets out is stopped on arrival at gw2; a flow gw2's device
+/// starts is stopped before it leaves. Each stop is counted where it happened.
+#[test]
+fn the_policy_holds_at_both_ends() {
+    let open = r#"
+[policy]
+[[policy.rule]]
+from = ["100.64.1.0/24", "100.64.2.0/24"]
+to = ["100.64.1.0/24", "100.64.2.0/24"]
+allow = ["any"]
+"#;
+    let strict = r#"
+[policy]
+[[policy.rule]]
+from = ["100.64.1.0/24"]
+to = ["100.64.2.0/24"]
+allow = ["udp/5000"]
+"#;
+    let link = Link::new(5);
+    let (_f, one, mut two) = sites_with(&link, [open, strict]);
+    let (ip1, gw1_mac) = one.device.lease("sensor-one");
+    let (ip2, gw2_mac) = two.device.lease("sensor-two");
+    let send = |from: &Site, gw, src: Ipv4Addr, dst: Ipv4Addr, (sport, dport)| {
+        let udp = ipv4_udp(src.octets(), dst.octets(), sport, dport, b"policy");
+        from.device.send(&eth(gw, from.device.mac, &udp));
+    };
+
+    // Refused on arrival at gw2, then an allowed flow behind it: only the allowed one comes.
+    send(&one, gw1_mac, ip1, ip2, (4000, 6000));
+    send(&one, gw1_mac, ip1, ip2, (4000, 5000));
+    let (_, before) = two
+        .device
+        .expect_after("the allowed flow", |f| is_udp(f, ip1, ip2, 5000));
+    assert!(
+        !before.iter().any(|f| is_udp(f, ip1, ip2, 6000)),
+        "gw2 let in a flow its policy refuses"
+    );
+    // Its answer comes back (the flow is open both ways at both ends)...
+    send(&two, gw2_mac, ip2, ip1, (5000, 4000));
+    one.device
+        .expect("the answer", |f| is_udp(f, ip2, ip1, 4000));
+    // ... but a flow gw2's device starts does not leave gw2.
+    send(&two, gw2_mac, ip2, ip1, (4100, 7000));
+    send(&one, gw1_mac, ip1, ip2, (4001, 5000));
+    two.device
+        .expect("the second allowed flow", |f| is_udp(f, ip1, ip2, 5000));
+    send(&two, gw2_mac, ip2, ip1, (5000, 4001));
+    let (_, before) = one
+        .device
+        .expect_after("its answer", |f| is_udp(f, ip2, ip1, 4001));
+    assert!(
+        !before.iter().any(|f| is_udp(f, ip2, ip1, 7000)),
+        "gw2 let out a flow its policy refuses"
+    );
+
+    // gw2 refused two flows, one of them on arrival; gw1 none.
+    let refused = |d: &serde_json::Value, way: &str| d["policy"][way]["no_rule"].as_u64();
+    let doc = two
+        .end
+        .wait_status(PATIENCE, |d| refused(d, "dropped") == Some(2))
+        .expect("gw2 counts two flows refused");
+    assert_eq!(refused(&doc, "dropped_in"), Some(1), "{}", doc["policy"]);
+    assert_eq!(doc["counters"]["drop_policy"].as_u64(), Some(2));
+    let doc = one.end.status().expect("gw1 answers");
+    assert_eq!(refused(&doc, "dropped"), Some(0), "{}", doc["policy"]);
+    assert_eq!(
+        doc["policy"]["opened"].as_u64(),
+        Some(3),
+        "{}",
+        doc["policy"]
+    );
 }
