@@ -6,16 +6,25 @@
 //!
 //! [`run_on`]: crate::run_on
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use cyphonic_pipeline::{DropReason, Sink};
 use cyphonic_settings::Common;
-use cyphonic_tunnel::DataPlane;
+use cyphonic_signal::NameRecord;
+use cyphonic_telemetry::CounterSet;
+use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder};
+use cyphonic_tunnel::{Accepted, DataPlane, HEADROOM, Submit as _};
+use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::{Signal, Signals};
+use crate::{
+    Core, Edge, Reporter, ServiceContext, Services, Settled, Signal, Signals, StaticPeers,
+};
 
 /// How long a stop may take: the pipelines drain, the data threads see the stop.
 pub const STOP_WITHIN: Duration = Duration::from_secs(30);
@@ -183,5 +192,206 @@ pub fn common(dir: &Path, listen: std::net::SocketAddr, block: &str) -> Common {
         policy: None,
         policy_names: cyphonic_filter::Directory::default(),
         dns_rules: Vec::new(),
+    }
+}
+
+/// What a test sees of a [`BareEdge`]'s end, and how it sends: the host behind a bare tunnel
+/// end is the test itself.
+#[derive(Debug, Default)]
+pub struct BareHost {
+    delivered: Mutex<Vec<Vec<u8>>>,
+    core: Mutex<Option<Core>>,
+    peers: Mutex<Vec<u32>>,
+}
+
+impl BareHost {
+    /// The packets the end delivered so far, in order.
+    pub fn delivered(&self) -> Vec<Vec<u8>> {
+        lock(&self.delivered).clone()
+    }
+
+    /// Waits up to `within` until `count` packets were delivered; returns all that were.
+    pub fn wait_delivered(&self, count: usize, within: Duration) -> Vec<Vec<u8>> {
+        let deadline = Instant::now() + within;
+        while lock(&self.delivered).len() < count && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.delivered()
+    }
+
+    /// The static peers' ids the end's services were last told of.
+    pub fn peers(&self) -> Vec<u32> {
+        lock(&self.peers).clone()
+    }
+
+    /// Waits up to `within` until the end runs (its edge started); false if it did not.
+    pub fn wait_running(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while lock(&self.core).is_none() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// Sends the IP packet `packet` into the end's tunnel, as an edge's thread does: to the
+    /// peer whose block holds its destination. False when the end does not run or has no
+    /// buffer free.
+    pub fn send(&self, packet: &[u8]) -> bool {
+        let core = lock(&self.core);
+        let Some(core) = core.as_ref() else {
+            return false;
+        };
+        let Some(dst) = destination(packet) else {
+            return false;
+        };
+        let Some(mut buf) = core.shared.pool().take() else {
+            return false;
+        };
+        let Some(room) = buf.get_mut(HEADROOM..HEADROOM + packet.len()) else {
+            return false;
+        };
+        room.copy_from_slice(packet);
+        let mut intake = core.intake.lock();
+        let Some(sub) = intake.as_mut() else {
+            return false;
+        };
+        sub.route(buf, packet.len(), dst, 0, (Instant::now(), None));
+        sub.flush();
+        true
+    }
+}
+
+/// The destination of an IP packet, either version.
+fn destination(packet: &[u8]) -> Option<std::net::IpAddr> {
+    match packet.first()? >> 4 {
+        4 => Some(<[u8; 4]>::try_from(packet.get(16..20)?).ok()?.into()),
+        6 => Some(<[u8; 16]>::try_from(packet.get(24..40)?).ok()?.into()),
+        _ => None,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A tunnel end's edge with nothing behind it but the test ([`BareHost`]): what the end
+/// delivers is kept, what the test sends goes in; no services, no threads, no counters.
+/// The far end of a test of another edge (the node's, the adapter's).
+#[derive(Debug)]
+pub struct BareEdge(pub Arc<BareHost>);
+
+/// The sink of a [`BareEdge`].
+#[derive(Debug, Clone)]
+pub struct BareSink(Arc<BareHost>);
+
+impl Sink for BareSink {
+    type Item = Accepted;
+
+    fn emit(&mut self, item: Accepted) -> Result<(), DropReason> {
+        lock(&self.0.delivered).push(item.buf()[item.packet()].to_vec());
+        Ok(())
+    }
+}
+
+/// A [`BareEdge`]'s part of the status document.
+#[derive(Debug, Serialize)]
+pub struct BareStatus {
+    /// Always true: the document is a bare end's.
+    pub bare_edge: bool,
+}
+
+/// A [`BareEdge`]'s counters: none.
+#[derive(Debug, Serialize)]
+pub struct NoCounters {}
+
+impl CounterSet for NoCounters {
+    fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
+    fn helps(&self) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
+}
+
+#[derive(Debug)]
+struct NoCollector;
+
+impl Collector for NoCollector {
+    fn encode(&self, _: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        Ok(())
+    }
+}
+
+/// A [`BareEdge`]'s services: none, but they keep the static peers they are told of.
+#[derive(Debug)]
+pub struct BareServices(Arc<BareHost>);
+
+impl Services for BareServices {
+    type Work = ();
+    type Reload = ();
+
+    fn next(&mut self) -> impl Future<Output = ()> {
+        std::future::pending()
+    }
+
+    fn handle(&mut self, (): (), _: Instant) {}
+
+    fn tick(&mut self, _: Instant) {}
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    fn hosted(&self) -> (u64, &[NameRecord]) {
+        (0, &[])
+    }
+
+    fn settled(&mut self, _: Settled) {}
+
+    fn reload(&mut self, (): (), _: Instant) {}
+
+    fn set_peers(&mut self, peers: &StaticPeers) {
+        *lock(&self.0.peers) = peers.iter().map(|(id, _)| *id).collect();
+    }
+
+    fn set_upstream(&mut self, _: Option<crate::Upstream>) {}
+}
+
+impl Edge for BareEdge {
+    const PROGRAM: &'static str = "cyphonic-bare";
+    type Sink = BareSink;
+    type Services = BareServices;
+    type Status = BareStatus;
+    type Counters = NoCounters;
+
+    fn sink(&mut self) -> anyhow::Result<BareSink> {
+        Ok(BareSink(self.0.clone()))
+    }
+
+    fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<BareServices> {
+        let mut services = BareServices(self.0.clone());
+        services.set_peers(&ctx.peers);
+        Ok(services)
+    }
+
+    fn start(&mut self, core: &Core) -> anyhow::Result<Vec<JoinHandle<()>>> {
+        *lock(&self.0.core) = Some(core.clone());
+        Ok(Vec::new())
+    }
+
+    fn reporter(&self, _: &Core) -> Reporter<BareStatus, NoCounters> {
+        Box::new(|| (BareStatus { bare_edge: true }, NoCounters {}))
+    }
+
+    fn counters(&self) -> Arc<dyn CounterSet + Send + Sync> {
+        Arc::new(NoCounters {})
+    }
+
+    fn collector(&self, _: &Core) -> Box<dyn Collector> {
+        Box::new(NoCollector)
     }
 }

@@ -6,172 +6,13 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use cyphonic_daemon::testing::{RunningEnd, common};
-use cyphonic_daemon::{Core, Edge, Reporter, ServiceContext, Services, Settled, StaticPeers};
-use cyphonic_pipeline::{DropReason, Sink};
+use cyphonic_daemon::Edge as _;
+use cyphonic_daemon::testing::{BareEdge, BareHost, RunningEnd, common};
 use cyphonic_settings::{Common, Identity, Peer};
-use cyphonic_signal::NameRecord;
-use cyphonic_telemetry::CounterSet;
-use cyphonic_telemetry::metrics::{Collector, DescriptorEncoder};
 use cyphonic_tunnel::testing::{Link, test_ca_at, test_identity_at, udp4};
-use cyphonic_tunnel::{Accepted, HEADROOM, Submit as _};
-use serde::Serialize;
 
 /// How long a test waits for what must happen; the wait ends as soon as it does.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-/// What the test sees of an end's edge: what it delivered, the core once it runs, the
-/// static peers its services were last told of.
-#[derive(Debug, Default)]
-struct Seen {
-    delivered: Mutex<Vec<Vec<u8>>>,
-    core: Mutex<Option<Core>>,
-    peers: Mutex<Vec<u32>>,
-}
-
-impl Seen {
-    fn delivered(&self) -> Vec<Vec<u8>> {
-        self.delivered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Sends `packet` (an IPv4 packet) into the end's tunnel, as an edge's thread does.
-    fn send(&self, packet: &[u8]) -> bool {
-        let core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(core) = core.as_ref() else {
-            return false;
-        };
-        let Some(mut buf) = core.shared.pool().take() else {
-            return false;
-        };
-        buf[HEADROOM..HEADROOM + packet.len()].copy_from_slice(packet);
-        let dst = Ipv4Addr::from(<[u8; 4]>::try_from(&packet[16..20]).unwrap_or_default());
-        let mut intake = core.intake.lock();
-        let Some(sub) = intake.as_mut() else {
-            return false;
-        };
-        sub.route(buf, packet.len(), dst.into(), 0, (Instant::now(), None));
-        sub.flush();
-        true
-    }
-}
-
-#[derive(Debug)]
-struct TestEdge(Arc<Seen>);
-
-#[derive(Debug, Clone)]
-struct Delivered(Arc<Seen>);
-
-impl Sink for Delivered {
-    type Item = Accepted;
-
-    fn emit(&mut self, item: Accepted) -> Result<(), DropReason> {
-        self.0
-            .delivered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(item.buf()[item.packet()].to_vec());
-        Ok(())
-    }
-}
-
-#[derive(Debug, Serialize)]
-struct TestStatus {
-    test_edge: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct NoCounters {}
-
-impl CounterSet for NoCounters {
-    fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        Vec::new()
-    }
-
-    fn helps(&self) -> Vec<(&'static str, &'static str)> {
-        Vec::new()
-    }
-}
-
-#[derive(Debug)]
-struct NoCollector;
-
-impl Collector for NoCollector {
-    fn encode(&self, _: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        Ok(())
-    }
-}
-
-struct TestServices(Arc<Seen>);
-
-impl Services for TestServices {
-    type Work = ();
-    type Reload = ();
-
-    fn next(&mut self) -> impl Future<Output = ()> {
-        std::future::pending()
-    }
-
-    fn handle(&mut self, (): (), _: Instant) {}
-
-    fn tick(&mut self, _: Instant) {}
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        None
-    }
-
-    fn hosted(&self) -> (u64, &[NameRecord]) {
-        (0, &[])
-    }
-
-    fn settled(&mut self, _: Settled) {}
-
-    fn reload(&mut self, (): (), _: Instant) {}
-
-    fn set_peers(&mut self, peers: &StaticPeers) {
-        *self.0.peers.lock().unwrap_or_else(PoisonError::into_inner) =
-            peers.iter().map(|(id, _)| *id).collect();
-    }
-
-    fn set_upstream(&mut self, _: Option<cyphonic_daemon::Upstream>) {}
-}
-
-impl Edge for TestEdge {
-    const PROGRAM: &'static str = "cyphonic-test";
-    type Sink = Delivered;
-    type Services = TestServices;
-    type Status = TestStatus;
-    type Counters = NoCounters;
-
-    fn sink(&mut self) -> anyhow::Result<Delivered> {
-        Ok(Delivered(self.0.clone()))
-    }
-
-    fn services(&mut self, ctx: ServiceContext) -> anyhow::Result<TestServices> {
-        let mut services = TestServices(self.0.clone());
-        services.set_peers(&ctx.peers);
-        Ok(services)
-    }
-
-    fn start(&mut self, core: &Core) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
-        *self.0.core.lock().unwrap_or_else(PoisonError::into_inner) = Some(core.clone());
-        Ok(Vec::new())
-    }
-
-    fn reporter(&self, _: &Core) -> Reporter<TestStatus, NoCounters> {
-        Box::new(|| (TestStatus { test_edge: true }, NoCounters {}))
-    }
-
-    fn counters(&self) -> Arc<dyn CounterSet + Send + Sync> {
-        Arc::new(NoCounters {})
-    }
-
-    fn collector(&self, _: &Core) -> Box<dyn Collector> {
-        Box::new(NoCollector)
-    }
-}
 
 fn now_secs() -> u64 {
     cyphonic_settings::now_secs()
@@ -231,8 +72,13 @@ fn common_of(side: &Side, peers: Vec<Peer>) -> Common {
 type Reloads = Arc<Mutex<Vec<Result<Common, String>>>>;
 
 /// Starts `side` with `config` on `link`; reloads read `reloads`.
-fn start(link: &Link, side: &Side, config: Common, reloads: Reloads) -> (RunningEnd, Arc<Seen>) {
-    let seen = Arc::new(Seen::default());
+fn start(
+    link: &Link,
+    side: &Side,
+    config: Common,
+    reloads: Reloads,
+) -> (RunningEnd, Arc<BareHost>) {
+    let seen = Arc::new(BareHost::default());
     let socket = Box::new(link.socket(side.addr));
     let identity = side
         .identity
@@ -242,9 +88,9 @@ fn start(link: &Link, side: &Side, config: Common, reloads: Reloads) -> (Running
         .identity
         .with_trust(side.identity.trust().clone(), now_secs())
         .expect("the same identity");
-    let edge = TestEdge(seen.clone());
+    let edge = BareEdge(seen.clone());
     let status = config.status_socket.clone();
-    let end = RunningEnd::start("cy-end", TestEdge::PROGRAM, &status, move |signals| {
+    let end = RunningEnd::start("cy-end", BareEdge::PROGRAM, &status, move |signals| {
         let reload: cyphonic_daemon::Reloader<()> = Box::new(move || {
             let next = reloads
                 .lock()
@@ -277,27 +123,17 @@ fn established(doc: &serde_json::Value, name: &str) -> bool {
     peer(doc, name).and_then(|p| p["established"].as_bool()) == Some(true)
 }
 
-/// Waits until the end's edge threads would start (its core is there to send through).
-fn wait_running(seen: &Seen) {
-    let deadline = Instant::now() + PATIENCE;
-    while seen
-        .core
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .is_none()
-    {
-        assert!(Instant::now() < deadline, "the end never started its edge");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// Waits until the end's edge runs.
+fn wait_running(seen: &BareHost) {
+    assert!(
+        seen.wait_running(PATIENCE),
+        "the end never started its edge"
+    );
 }
 
 /// Waits until `seen` delivered `count` packets; returns them.
-fn wait_delivered(seen: &Seen, count: usize) -> Vec<Vec<u8>> {
-    let deadline = Instant::now() + PATIENCE;
-    while seen.delivered().len() < count && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    seen.delivered()
+fn wait_delivered(seen: &BareHost, count: usize) -> Vec<Vec<u8>> {
+    seen.wait_delivered(count, PATIENCE)
 }
 
 /// A first packet starts the handshake and waits for it; a packet crosses each way, whole;
@@ -311,7 +147,7 @@ fn two_ends_handshake_carry_packets_both_ways_and_stop() {
     let (mut end_a, seen_a) = start(&link, &a, common_of(&a, vec![peer_of(&b)]), none.clone());
     let (mut end_b, seen_b) = start(&link, &b, common_of(&b, vec![peer_of(&a)]), none);
     let doc = end_a.wait_status(PATIENCE, |_| true).expect("A runs");
-    assert_eq!(doc["test_edge"], true, "the edge's part is in the document");
+    assert_eq!(doc["bare_edge"], true, "the edge's part is in the document");
     assert!(
         !established(&doc, "gw2.ovl.example"),
         "no keys before traffic"
@@ -382,6 +218,7 @@ fn a_reload_follows_the_file_and_a_refused_file_changes_nothing() {
             d["peers"].as_array().is_some_and(Vec::is_empty)
         })
         .expect("A is no longer B's peer");
+    assert_eq!(seen_b.peers(), Vec::<u32>::new(), "B's services were told");
     end_b.reload().expect("B listens");
     // The refused file was read (the next answer is the third) and B still runs, without A.
     let deadline = Instant::now() + PATIENCE;
@@ -396,6 +233,7 @@ fn a_reload_follows_the_file_and_a_refused_file_changes_nothing() {
     end_b
         .wait_status(PATIENCE, |d| established(d, "gw1.ovl.example"))
         .expect("A is B's peer again, with keys");
+    assert_eq!(seen_b.peers().len(), 1, "B's services were told");
     let again = udp(a.vip, b.vip, 3);
     assert!(seen_a.send(&again), "A takes the packet");
     assert_eq!(wait_delivered(&seen_b, 2).get(1), Some(&again));

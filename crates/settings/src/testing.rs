@@ -253,6 +253,18 @@ pub struct Node<'a> {
     pub with_key: bool,
 }
 
+impl<'a> Node<'a> {
+    /// A node whose files are named after it, key and all: a tunnel end a test runs.
+    pub const fn keyed(name: &'a str, block: &'a str) -> Self {
+        Self {
+            name,
+            block,
+            path: name,
+            with_key: true,
+        }
+    }
+}
+
 /// Writes into `dir` an overlay CA for `ovl.example` (100.64.0.0/10 and fd7a:0:1::/48;
 /// `ca.crt`, an empty `revoked.txt`) and `nodes`' certificates, valid around `now`.
 ///
