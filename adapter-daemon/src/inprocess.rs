@@ -216,12 +216,7 @@ fn sites(link: &Link) -> (Fixture, Site, Site) {
 /// [`sites`], each adapter's file with its tables of `more` besides.
 fn sites_with(link: &Link, more: [&str; 2]) -> (Fixture, Site, Site) {
     let now = cyphonic_settings::now_secs();
-    let node = |name, block| Node {
-        name,
-        block,
-        path: name,
-        with_key: true,
-    };
+    let node = Node::keyed;
     let nodes = [
         node("gw1.ovl.example", "100.64.1.0/24"),
         node("gw2.ovl.example", "100.64.2.0/24"),

@@ -11,6 +11,8 @@
 mod config;
 mod dns;
 mod edge;
+#[cfg(test)]
+mod inprocess;
 mod overlay;
 mod tun;
 mod userspace;
