@@ -225,13 +225,21 @@ impl PacketSocket {
     /// frame. They come without what the kernel tells of an interface's frames (a VLAN tag
     /// it stripped, a partial checksum, a stamp); none is coalesced, and the drop count is
     /// always 0. A send waits at most 100 ms for room (the other end not reading), then
-    /// fails as a full device queue does.
+    /// fails as a full device queue does. `filter`, a classic BPF program, keeps what it
+    /// keeps of the frames as on a port (one that reads only the frame's bytes: nothing
+    /// the kernel tells of an interface's frames is there).
     ///
     /// # Errors
-    /// The pair cannot be made.
+    /// The pair cannot be made, or the filter attached.
     #[cfg(feature = "testing")]
-    pub fn pair(name: &str) -> io::Result<(Self, std::os::unix::net::UnixDatagram)> {
+    pub fn pair(
+        name: &str,
+        filter: Option<&[crate::cbpf::Insn]>,
+    ) -> io::Result<(Self, std::os::unix::net::UnixDatagram)> {
         let (ours, theirs) = std::os::unix::net::UnixDatagram::pair()?;
+        if let Some(program) = filter {
+            crate::cbpf::attach(ours.as_raw_fd(), libc::SO_ATTACH_FILTER, program)?;
+        }
         let recv_timeout = PacketOptions::default().recv_timeout;
         ours.set_read_timeout(recv_timeout)?;
         ours.set_write_timeout(Some(Duration::from_millis(100)))?;
@@ -881,7 +889,7 @@ mod tests {
     #[test]
     #[cfg(feature = "testing")]
     fn a_pair_carries_frames_both_ways() {
-        let (mut port, wire) = PacketSocket::pair("lan-test").expect("a pair");
+        let (mut port, wire) = PacketSocket::pair("lan-test", None).expect("a pair");
         let mut a = [0u8; 64];
         let mut b = [0u8; 16];
         let mut meta = [FrameMeta::default(); 2];
@@ -911,6 +919,26 @@ mod tests {
             wait_any(std::slice::from_ref(&port), Duration::from_secs(5)).expect("a wait"),
             1
         );
+
+        // A filter keeps only frames of 20 bytes or more.
+        let program = [
+            crate::cbpf::load_len(),
+            crate::cbpf::jump_ge(20, 0, 1),
+            crate::cbpf::ret(u32::MAX),
+            crate::cbpf::ret(0),
+        ];
+        let (mut port, wire) = PacketSocket::pair("lan-test", Some(&program)).expect("a pair");
+        wire.send(&[1; 10]).expect("sent");
+        wire.send(&[2; 30]).expect("sent");
+        assert!(port.wait_readable(Duration::from_secs(5)).expect("a wait"));
+        let mut c = [0u8; 64];
+        let mut bufs: [&mut [u8]; 1] = [&mut c];
+        assert_eq!(
+            port.recv_batch(&mut bufs, &mut meta[..1])
+                .expect("a receive"),
+            1
+        );
+        assert_eq!(meta[0].len, 30, "the short frame was left out");
     }
 
     #[test]
