@@ -30,23 +30,47 @@ struct Site {
     gateway: Ipv4Addr,
 }
 
-/// A device on an adapter's LAN: the other end of its port.
+impl Site {
+    /// What the adapter's DNS service answers its device (at `ip`, its gateway's MAC
+    /// `gw_mac`) for `qname`'s A record, asked with `id`.
+    fn resolve(&self, (ip, gw_mac): (Ipv4Addr, [u8; 6]), id: u16, qname: &str) -> Vec<Ipv4Addr> {
+        let query = dns_query(id, qname);
+        let udp = ipv4_udp(ip.octets(), self.gateway.octets(), 5353, 53, &query);
+        self.device.send(&eth(gw_mac, self.device.mac, &udp));
+        let answer = self.device.expect("the answer", |f| {
+            udp_payload(f, 5353).is_some_and(|p| dns_answer(p, id).is_some())
+        });
+        udp_payload(&answer, 5353)
+            .and_then(|p| dns_answer(p, id))
+            .expect("an answer")
+    }
+}
+
+/// A device on an adapter's LAN: the other ends of its capture sockets (the bulk one's
+/// first; with `dataplane.sparse_socket`, the sparse one's next). Every socket of a port
+/// sees every frame and keeps what its filter keeps, as on an interface.
 struct Device {
-    wire: UnixDatagram,
+    wires: Vec<UnixDatagram>,
     mac: [u8; 6],
 }
 
 impl Device {
-    /// Another device on the same wire, with MAC `mac`.
+    /// Another device on the same wires, with MAC `mac`.
     fn beside(&self, mac: [u8; 6]) -> Self {
         Self {
-            wire: self.wire.try_clone().expect("a second handle"),
+            wires: self
+                .wires
+                .iter()
+                .map(|w| w.try_clone().expect("a second handle"))
+                .collect(),
             mac,
         }
     }
 
     fn send(&self, frame: &[u8]) {
-        self.wire.send(frame).expect("the LAN port takes the frame");
+        for wire in &self.wires {
+            wire.send(frame).expect("the LAN port takes the frame");
+        }
     }
 
     /// The next frame `want` picks (others, such as announcements, are passed over), within
@@ -59,16 +83,19 @@ impl Device {
     fn expect_after(&self, what: &str, want: impl Fn(&[u8]) -> bool) -> (Vec<u8>, Vec<Vec<u8>>) {
         let deadline = Instant::now() + PATIENCE;
         let mut buf = vec![0u8; 65_536];
-        self.wire
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("a timeout");
+        for wire in &self.wires {
+            wire.set_read_timeout(Some(Duration::from_millis(5)))
+                .expect("a timeout");
+        }
         let mut passed = Vec::new();
         while Instant::now() < deadline {
-            if let Ok(n) = self.wire.recv(&mut buf) {
-                if want(&buf[..n]) {
-                    return (buf[..n].to_vec(), passed);
+            for wire in &self.wires {
+                if let Ok(n) = wire.recv(&mut buf) {
+                    if want(&buf[..n]) {
+                        return (buf[..n].to_vec(), passed);
+                    }
+                    passed.push(buf[..n].to_vec());
                 }
-                passed.push(buf[..n].to_vec());
             }
         }
         panic!(
@@ -135,8 +162,9 @@ fn ipv4(frame: &[u8]) -> Option<&[u8]> {
 }
 
 /// An adapter for `name` (block `100.64.n.0/24`, at `192.0.2.n` on `link`) with DHCP and
-/// DNS, `peer` its static peer, and the tables of `more`.
-fn site(f: &Fixture, link: &Link, n: u8, peer: u8, more: &str) -> Site {
+/// DNS, `peer` its static peer, `dataplane` in its `[dataplane]`, and the tables of
+/// `more`.
+fn site(f: &Fixture, link: &Link, n: u8, peer: u8, (dataplane, more): (&str, &str)) -> Site {
     let dir = f.path().display();
     let text = format!(
         r#"
@@ -162,7 +190,7 @@ upstream = []
 [dataplane]
 workers = 2
 buffers = 1024
-sparse_socket = false
+{dataplane}
 
 [[peer]]
 certificate = "gw{peer}.ovl.example.crt"
@@ -181,7 +209,23 @@ dns = "100.64.{peer}.1"
 fn start(path: &std::path::Path, link: &Link, n: u8) -> Site {
     let (config, identity) =
         crate::config::load(path, cyphonic_settings::now_secs()).expect("a valid file");
-    let (port, wire) = PacketSocket::pair(&format!("lan{n}")).expect("a LAN port");
+    // As AdapterEdge::open opens them: with the sparse class steered, the bulk socket
+    // leaves it to the sparse ones.
+    let name = format!("lan{n}");
+    let dp = &config.common.dataplane;
+    let bulk = dp.steers_sparse().then(|| crate::steer::lan_filter(false));
+    let (port, wire) = PacketSocket::pair(&name, bulk.as_deref()).expect("a LAN port");
+    let mut wires = vec![wire];
+    let sparse_ports = dp
+        .sparse_threads()
+        .iter()
+        .map(|_| {
+            let sparse = crate::steer::lan_filter(true);
+            let (port, wire) = PacketSocket::pair(&name, Some(&sparse)).expect("a LAN port");
+            wires.push(wire);
+            port
+        })
+        .collect();
     let socket = Box::new(link.socket(SocketAddr::from(([192, 0, 2, n], 51820))));
     let gateway = config.gateway_vip;
     let status = config.common.status_socket.clone();
@@ -193,7 +237,7 @@ fn start(path: &std::path::Path, link: &Link, n: u8) -> Site {
         up: true,
     };
     let end = RunningEnd::start("cy-adapter", crate::PROGRAM, &status, move |signals| {
-        let edge = AdapterEdge::on_ports(&config, iface, vec![port], Vec::new(), None);
+        let edge = AdapterEdge::on_ports(&config, iface, vec![port], sparse_ports, None);
         let reload = Box::new(|| anyhow::bail!("no reloads in this test"));
         let devices = cyphonic_daemon::Devices { socket, signals };
         cyphonic_daemon::run_on(&config.common, identity, edge, reload, devices)
@@ -201,20 +245,22 @@ fn start(path: &std::path::Path, link: &Link, n: u8) -> Site {
     Site {
         end,
         device: Device {
-            wire,
+            wires,
             mac: [0x02, 0xbb, 0, 0, n, 10],
         },
         gateway,
     }
 }
 
-/// Two adapters, `gw1` and `gw2`, peers of each other.
+/// Two adapters, `gw1` and `gw2`, peers of each other; the sparse class read with the
+/// rest (`sparse_socket = false`).
 fn sites(link: &Link) -> (Fixture, Site, Site) {
-    sites_with(link, ["", ""])
+    sites_with(link, "sparse_socket = false", ["", ""])
 }
 
-/// [`sites`], each adapter's file with its tables of `more` besides.
-fn sites_with(link: &Link, more: [&str; 2]) -> (Fixture, Site, Site) {
+/// [`sites`], both adapters with `dataplane` in their `[dataplane]`, each one's file with
+/// its tables of `more` besides.
+fn sites_with(link: &Link, dataplane: &str, more: [&str; 2]) -> (Fixture, Site, Site) {
     let now = cyphonic_settings::now_secs();
     let node = Node::keyed;
     let nodes = [
@@ -222,7 +268,10 @@ fn sites_with(link: &Link, more: [&str; 2]) -> (Fixture, Site, Site) {
         node("gw2.ovl.example", "100.64.2.0/24"),
     ];
     let f = Fixture::new("inprocess", now, &nodes);
-    let (one, two) = (site(&f, link, 1, 2, more[0]), site(&f, link, 2, 1, more[1]));
+    let (one, two) = (
+        site(&f, link, 1, 2, (dataplane, more[0])),
+        site(&f, link, 2, 1, (dataplane, more[1])),
+    );
     (f, one, two)
 }
 
@@ -339,14 +388,8 @@ fn a_device_pings_the_far_gateway_and_resolves_the_far_device_by_name() {
     });
     assert_eq!(reply[..6], one.device.mac);
 
-    let query = dns_query(0x4242, "sensor-two.gw2.ovl.example.");
-    let udp = ipv4_udp(ip1.octets(), one.gateway.octets(), 5353, 53, &query);
-    one.device.send(&eth(gw1_mac, one.device.mac, &udp));
-    let answer = one.device.expect("the answer", |f| {
-        udp_payload(f, 5353).is_some_and(|p| dns_answer(p, 0x4242).is_some())
-    });
-    let answered = udp_payload(&answer, 5353).and_then(|p| dns_answer(p, 0x4242));
-    assert_eq!(answered, Some(vec![ip2]), "the far device's lease");
+    let answered = one.resolve((ip1, gw1_mac), 0x4242, "sensor-two.gw2.ovl.example.");
+    assert_eq!(answered, vec![ip2], "the far device's lease");
 }
 
 /// The MSS option of the TCP segment in `ip`, if it has one.
@@ -453,7 +496,7 @@ to = ["100.64.2.0/24"]
 allow = ["udp/5000"]
 "#;
     let link = Link::new(5);
-    let (_f, one, mut two) = sites_with(&link, [open, strict]);
+    let (_f, one, mut two) = sites_with(&link, "sparse_socket = false", [open, strict]);
     let (ip1, gw1_mac) = one.device.lease("sensor-one");
     let (ip2, gw2_mac) = two.device.lease("sensor-two");
     let send = |from: &Site, gw, src: Ipv4Addr, dst: Ipv4Addr, (sport, dport)| {
@@ -504,5 +547,51 @@ allow = ["udp/5000"]
         Some(3),
         "{}",
         doc["policy"]
+    );
+}
+
+/// With the sparse class in sockets and threads of its own (`sparse_socket`, one thread):
+/// the bulk socket never sees ARP, ICMP, DHCP or DNS, so the lease, the pings and the name
+/// can only have come through the sparse sockets' threads; a bulk flow through the bulk
+/// socket beside them. The pipelines count the sparse packets in their express lanes.
+#[test]
+fn the_sparse_class_crosses_in_its_own_lane() {
+    let link = Link::new(6);
+    let dataplane = "sparse_socket = true\nsparse_per_cpu = false";
+    let (_f, mut one, two) = sites_with(&link, dataplane, ["", ""]);
+    assert_eq!(one.device.wires.len(), 2, "a bulk and a sparse socket");
+    let (ip1, gw1_mac) = one.device.lease("sensor-one");
+    let (ip2, gw2_mac) = two.device.lease("sensor-two");
+    for (from, src, gw, dst, to) in [
+        (&one, ip1, gw1_mac, ip2, &two),
+        (&two, ip2, gw2_mac, ip1, &one),
+    ] {
+        let echo = ipv4_echo(src.octets(), dst.octets(), b"sparse");
+        from.device.send(&eth(gw, from.device.mac, &echo));
+        to.device
+            .expect("the ping across", |f| is_echo(f, src, dst));
+    }
+    let answered = one.resolve((ip1, gw1_mac), 0x5151, "sensor-two.gw2.ovl.example.");
+    assert_eq!(answered, vec![ip2]);
+    let bulk = ipv4_udp(ip1.octets(), ip2.octets(), 4000, 4001, b"bulk");
+    one.device.send(&eth(gw1_mac, one.device.mac, &bulk));
+    two.device
+        .expect("the bulk datagram", |f| is_udp(f, ip1, ip2, 4001));
+
+    // gw1 sent the ping, its DNS question and the bulk datagram, the first two in the
+    // express lane; it received the ping back and the answer, both express.
+    let counts = |d: &serde_json::Value, way: &str| {
+        let p = &d["pipelines"][way];
+        (p["submitted"].as_u64(), p["express"].as_u64())
+    };
+    let doc = one
+        .end
+        .wait_status(PATIENCE, |d| counts(d, "egress") == (Some(3), Some(2)))
+        .expect("gw1's egress took the sparse packets ahead");
+    assert_eq!(
+        counts(&doc, "ingress"),
+        (Some(2), Some(2)),
+        "{}",
+        doc["pipelines"]
     );
 }
