@@ -595,3 +595,63 @@ fn the_sparse_class_crosses_in_its_own_lane() {
         doc["pipelines"]
     );
 }
+
+/// An ARP request from `mac` at `sender` for `target`, built by hand (not by the code
+/// under test).
+fn arp_request(mac: [u8; 6], sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42);
+    f.extend_from_slice(&BROADCAST);
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+    f.extend_from_slice(&mac);
+    f.extend_from_slice(&sender.octets());
+    f.extend_from_slice(&[0; 6]);
+    f.extend_from_slice(&target.octets());
+    f
+}
+
+/// A site as it is: a PLC with a fixed address in 192.0.2.0/28 behind gw1 (`[legacy]`,
+/// mapped onto 100.64.1.224/28) finds its old gateway address answered, pings a device
+/// behind gw2, which sees it at its mapped overlay address (.229 for .5) and answers
+/// there; the answer reaches the PLC at its own address.
+#[test]
+fn a_fixed_address_device_reaches_the_far_site_under_its_mapped_address() {
+    let legacy = r#"
+[legacy]
+subnet = "192.0.2.0/28"
+onto = "100.64.1.224/28"
+gateway = "192.0.2.1"
+learn = false
+
+[[legacy.device]]
+name = "plc1"
+mac = "02:00:5e:10:00:14"
+address = "192.0.2.5"
+"#;
+    let link = Link::new(7);
+    let (_f, one, two) = sites_with(&link, "sparse_socket = false", [legacy, ""]);
+    let plc = one.device.beside([0x02, 0x00, 0x5e, 0x10, 0x00, 0x14]);
+    let (plc_ip, old_gateway) = (Ipv4Addr::new(192, 0, 2, 5), Ipv4Addr::new(192, 0, 2, 1));
+    let mapped = Ipv4Addr::new(100, 64, 1, 229);
+    let (ip2, gw2_mac) = two.device.lease("sensor-two");
+
+    plc.send(&arp_request(plc.mac, plc_ip, old_gateway));
+    let reply = plc.expect("the old gateway's ARP reply", |f| {
+        f.get(12..14) == Some(&[0x08, 0x06][..])
+            && f.get(20..22) == Some(&[0, 2][..])
+            && f.get(28..32) == Some(&old_gateway.octets()[..])
+            && f.get(32..38) == Some(&plc.mac[..])
+    });
+    let gw_mac: [u8; 6] = reply[22..28].try_into().expect("a MAC");
+
+    let echo = ipv4_echo(plc_ip.octets(), ip2.octets(), b"plc");
+    plc.send(&eth(gw_mac, plc.mac, &echo));
+    two.device
+        .expect("the PLC's ping, mapped", |f| is_echo(f, mapped, ip2));
+    let back = ipv4_echo(ip2.octets(), mapped.octets(), b"back");
+    two.device.send(&eth(gw2_mac, two.device.mac, &back));
+    let got = plc.expect("the answer at the PLC's own address", |f| {
+        is_echo(f, ip2, plc_ip)
+    });
+    assert_eq!(got[..6], plc.mac, "to the PLC's MAC");
+}
