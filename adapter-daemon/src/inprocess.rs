@@ -67,9 +67,21 @@ impl Device {
         }
     }
 
+    /// Sends `frame` on every wire (waiting for room on a non-blocking one, as a NIC's
+    /// queue would, up to [`PATIENCE`]).
     fn send(&self, frame: &[u8]) {
+        let deadline = Instant::now() + PATIENCE;
         for wire in &self.wires {
-            wire.send(frame).expect("the LAN port takes the frame");
+            loop {
+                match wire.send(frame) {
+                    Ok(_) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        assert!(Instant::now() < deadline, "the LAN port stays full");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(e) => panic!("the LAN port refuses the frame: {e}"),
+                }
+            }
         }
     }
 
@@ -654,4 +666,176 @@ address = "192.0.2.5"
         is_echo(f, ip2, plc_ip)
     });
     assert_eq!(got[..6], plc.mac, "to the PLC's MAC");
+}
+
+/// A device with a TCP/IP stack (smoltcp, over IP: the test wraps and unwraps the Ethernet
+/// header with the device's and its gateway's MACs), on its wires.
+struct Host {
+    device: Device,
+    gw_mac: [u8; 6],
+    iface: smoltcp::iface::Interface,
+    queues: Queues,
+    sockets: smoltcp::iface::SocketSet<'static>,
+    started: Instant,
+}
+
+/// The packets between a [`Host`]'s stack and its wires.
+#[derive(Default)]
+struct Queues {
+    rx: std::collections::VecDeque<Vec<u8>>,
+    tx: std::collections::VecDeque<Vec<u8>>,
+}
+
+struct Rx(Vec<u8>);
+struct Tx<'a>(&'a mut std::collections::VecDeque<Vec<u8>>);
+
+impl smoltcp::phy::RxToken for Rx {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(&self.0)
+    }
+}
+
+impl smoltcp::phy::TxToken for Tx<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        let mut packet = vec![0; len];
+        let r = f(&mut packet);
+        self.0.push_back(packet);
+        r
+    }
+}
+
+impl smoltcp::phy::Device for Queues {
+    type RxToken<'a> = Rx;
+    type TxToken<'a> = Tx<'a>;
+
+    fn receive(&mut self, _: smoltcp::time::Instant) -> Option<(Rx, Tx<'_>)> {
+        let packet = self.rx.pop_front()?;
+        Some((Rx(packet), Tx(&mut self.tx)))
+    }
+
+    fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<Tx<'_>> {
+        Some(Tx(&mut self.tx))
+    }
+
+    fn capabilities(&self) -> smoltcp::phy::DeviceCapabilities {
+        let mut caps = smoltcp::phy::DeviceCapabilities::default();
+        caps.medium = smoltcp::phy::Medium::Ip;
+        caps.max_transmission_unit = 1500;
+        caps
+    }
+}
+
+impl Host {
+    /// `device`, leased at `ip` behind the gateway at `gw_mac`, with a stack: every overlay
+    /// address on its link (the gateway's MAC takes them all).
+    fn new(device: Device, ip: Ipv4Addr, gw_mac: [u8; 6]) -> Self {
+        use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr};
+        for wire in &device.wires {
+            wire.set_nonblocking(true).expect("non-blocking");
+        }
+        let mut queues = Queues::default();
+        let config = smoltcp::iface::Config::new(HardwareAddress::Ip);
+        let mut iface =
+            smoltcp::iface::Interface::new(config, &mut queues, smoltcp::time::Instant::ZERO);
+        iface.update_ip_addrs(|ips| {
+            let _ = ips.push(IpCidr::new(IpAddress::Ipv4(ip), 10));
+        });
+        Self {
+            device,
+            gw_mac,
+            iface,
+            queues,
+            sockets: smoltcp::iface::SocketSet::new(Vec::new()),
+            started: Instant::now(),
+        }
+    }
+
+    /// A TCP socket with 64-KiB buffers each way.
+    fn tcp(&mut self) -> smoltcp::iface::SocketHandle {
+        use smoltcp::socket::tcp;
+        let buffer = || tcp::SocketBuffer::new(vec![0; 65_536]);
+        self.sockets.add(tcp::Socket::new(buffer(), buffer()))
+    }
+
+    fn socket(
+        &mut self,
+        h: smoltcp::iface::SocketHandle,
+    ) -> &mut smoltcp::socket::tcp::Socket<'static> {
+        self.sockets
+            .get_mut::<smoltcp::socket::tcp::Socket<'static>>(h)
+    }
+
+    /// Frames in (those for its MAC, unwrapped), the stack run, packets out (wrapped).
+    fn pump(&mut self) {
+        let mut buf = vec![0u8; 65_536];
+        for wire in &self.device.wires {
+            while let Ok(n) = wire.recv(&mut buf) {
+                let frame = &buf[..n];
+                if frame[..6] == self.device.mac && ipv4(frame).is_some() {
+                    self.queues.rx.push_back(frame[IP..].to_vec());
+                }
+            }
+        }
+        let now = smoltcp::time::Instant::from_micros(
+            i64::try_from(self.started.elapsed().as_micros()).unwrap_or(i64::MAX),
+        );
+        self.iface.poll(now, &mut self.queues, &mut self.sockets);
+        while let Some(packet) = self.queues.tx.pop_front() {
+            self.device
+                .send(&eth(self.gw_mac, self.device.mac, &packet));
+        }
+    }
+}
+
+/// A short TCP transfer between stacks on devices behind the two adapters: 256 KiB from
+/// gw1's side to gw2's, whole and in order (the handshake's MSS clamped on the way, the
+/// segments through both pipelines), and the close.
+#[test]
+fn a_tcp_transfer_crosses_whole() {
+    const SIZE: usize = 256 * 1024;
+    let link = Link::new(8);
+    let (_f, one, two) = sites(&link);
+    let (ip1, gw1_mac) = one.device.lease("client");
+    let (ip2, gw2_mac) = two.device.lease("server");
+    let mut client = Host::new(one.device, ip1, gw1_mac);
+    let mut server = Host::new(two.device, ip2, gw2_mac);
+    let (c, s) = (client.tcp(), server.tcp());
+    server.socket(s).listen(7000).expect("a listener");
+    let cx = client.iface.context();
+    client
+        .sockets
+        .get_mut::<smoltcp::socket::tcp::Socket<'static>>(c)
+        .connect(cx, (smoltcp::wire::IpAddress::Ipv4(ip2), 7000), 49_152)
+        .expect("a connection");
+
+    let data: Vec<u8> = (0..SIZE)
+        .map(|i| u8::try_from(i % 251).unwrap_or(0))
+        .collect();
+    let (mut sent, mut got) = (0, Vec::with_capacity(SIZE));
+    let mut chunk = vec![0u8; 65_536];
+    let deadline = Instant::now() + PATIENCE;
+    while got.len() < SIZE {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {SIZE} bytes within {PATIENCE:?} ({sent} sent)",
+            got.len()
+        );
+        client.pump();
+        server.pump();
+        let socket = client.socket(c);
+        if socket.can_send() && sent < SIZE {
+            sent += socket.send_slice(&data[sent..]).expect("sent");
+        }
+        let socket = server.socket(s);
+        while socket.can_recv() {
+            let n = socket.recv_slice(&mut chunk).expect("received");
+            got.extend_from_slice(&chunk[..n]);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(got == data, "the bytes arrived whole and in order");
+    assert_eq!(
+        client.socket(c).remote_endpoint().map(|e| e.port),
+        Some(7000)
+    );
 }
