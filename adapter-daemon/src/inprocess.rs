@@ -174,10 +174,10 @@ fn ipv4(frame: &[u8]) -> Option<&[u8]> {
 }
 
 /// An adapter for `name` (block `100.64.n.0/24`, at `192.0.2.n` on `link`) with DHCP and
-/// DNS, `peer` its static peer, `dataplane` in its `[dataplane]`, and the tables of
-/// `more`.
-fn site(f: &Fixture, link: &Link, n: u8, peer: u8, (dataplane, more): (&str, &str)) -> Site {
+/// DNS, `peer` its static peer, shaped by `shape`, and the tables of `more`.
+fn site(f: &Fixture, link: &Link, n: u8, peer: u8, (shape, more): (&Shape<'_>, &str)) -> Site {
     let dir = f.path().display();
+    let (adapter, dataplane) = (shape.adapter, shape.dataplane);
     let text = format!(
         r#"
 [adapter]
@@ -185,6 +185,7 @@ lan_interface = "lan{n}"
 listen = "192.0.2.{n}:51820"
 status_socket = "{dir}/adapter{n}.sock"
 state_dir = "{dir}/state{n}"
+{adapter}
 
 [identity]
 certificate = "gw{n}.ovl.example.crt"
@@ -273,16 +274,50 @@ fn sites(link: &Link) -> (Fixture, Site, Site) {
 /// [`sites`], both adapters with `dataplane` in their `[dataplane]`, each one's file with
 /// its tables of `more` besides.
 fn sites_with(link: &Link, dataplane: &str, more: [&str; 2]) -> (Fixture, Site, Site) {
+    sites_shaped(
+        link,
+        &Shape {
+            dataplane,
+            more,
+            ..Shape::default()
+        },
+    )
+}
+
+/// What differs between the tests' pairs of adapters.
+struct Shape<'a> {
+    /// The certificates' blocks, gw1's and gw2's.
+    blocks: [&'a str; 2],
+    /// More keys in both files' `[adapter]`.
+    adapter: &'a str,
+    /// Keys in both files' `[dataplane]`.
+    dataplane: &'a str,
+    /// More tables in gw1's file and in gw2's.
+    more: [&'a str; 2],
+}
+
+impl Default for Shape<'_> {
+    fn default() -> Self {
+        Self {
+            blocks: ["100.64.1.0/24", "100.64.2.0/24"],
+            adapter: "",
+            dataplane: "sparse_socket = false",
+            more: ["", ""],
+        }
+    }
+}
+
+/// Two adapters, `gw1` and `gw2`, peers of each other, as `shape` says.
+fn sites_shaped(link: &Link, shape: &Shape<'_>) -> (Fixture, Site, Site) {
     let now = cyphonic_settings::now_secs();
-    let node = Node::keyed;
     let nodes = [
-        node("gw1.ovl.example", "100.64.1.0/24"),
-        node("gw2.ovl.example", "100.64.2.0/24"),
+        Node::keyed("gw1.ovl.example", shape.blocks[0]),
+        Node::keyed("gw2.ovl.example", shape.blocks[1]),
     ];
     let f = Fixture::new("inprocess", now, &nodes);
     let (one, two) = (
-        site(&f, link, 1, 2, (dataplane, more[0])),
-        site(&f, link, 2, 1, (dataplane, more[1])),
+        site(&f, link, 1, 2, (shape, shape.more[0])),
+        site(&f, link, 2, 1, (shape, shape.more[1])),
     );
     (f, one, two)
 }
@@ -885,4 +920,100 @@ fn tcp_transfer(link: &Link, size: usize) -> [serde_json::Value; 2] {
         Some(7000)
     );
     [&one.end, &two.end].map(|end| end.status().expect("the adapter answers"))
+}
+
+/// An ICMPv6 echo request from `src` to `dst` (hop limit 64), its checksum by pnet.
+fn ipv6_echo(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr, data: &[u8]) -> Vec<u8> {
+    let mut icmp = vec![128, 0, 0, 0, 0x12, 0x34, 0, 1];
+    icmp.extend_from_slice(data);
+    let sum = pnet_packet::util::ipv6_checksum(
+        &icmp,
+        1,
+        &[],
+        &src,
+        &dst,
+        pnet_packet::ip::IpNextHeaderProtocols::Icmpv6,
+    );
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    let mut p = vec![0x60, 0, 0, 0];
+    p.extend_from_slice(&u16::try_from(icmp.len()).unwrap_or(0).to_be_bytes());
+    p.extend_from_slice(&[58, 64]);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(&icmp);
+    p
+}
+
+/// An Ethernet frame carrying the IPv6 packet `ip`.
+fn eth6(dst: [u8; 6], src: [u8; 6], ip: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(14 + ip.len());
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x86, 0xdd]);
+    f.extend_from_slice(ip);
+    f
+}
+
+/// The ICMPv6 message in `frame` from `src` to `dst` of type `kind`, with its checksum
+/// right, if it is one.
+fn icmp6(
+    frame: &[u8],
+    src: std::net::Ipv6Addr,
+    dst: std::net::Ipv6Addr,
+    kind: u8,
+) -> Option<&[u8]> {
+    let ip = (frame.get(12..14)? == [0x86, 0xdd]).then(|| frame.get(IP..))??;
+    let icmp = ip.get(40..)?;
+    let ok = ip[6] == 58
+        && ip[8..24] == src.octets()
+        && ip[24..40] == dst.octets()
+        && icmp[0] == kind
+        && pnet_packet::util::ipv6_checksum(
+            icmp,
+            1,
+            &[],
+            &src,
+            &dst,
+            pnet_packet::ip::IpNextHeaderProtocols::Icmpv6,
+        ) == u16::from_be_bytes([icmp[2], icmp[3]]);
+    ok.then_some(ip)
+}
+
+/// IPv6 through the tunnel: each site's LAN has its certificate's first /64; a device
+/// behind gw2 is heard at its address (its ping to its gateway, answered), and a ping from
+/// a device behind gw1 to that address crosses, to the device's MAC, hop limit down by two.
+#[test]
+fn ipv6_crosses_between_the_sites_lans() {
+    let link = Link::new(10);
+    let shape = Shape {
+        blocks: [
+            "100.64.1.0/24 fd7a:0:1:100::/56",
+            "100.64.2.0/24 fd7a:0:1:200::/56",
+        ],
+        adapter: "inner_mtu = 1280",
+        ..Shape::default()
+    };
+    let (_f, one, two) = sites_shaped(&link, &shape);
+    let (_, gw1_mac) = one.device.lease("sensor-one");
+    let (_, gw2_mac) = two.device.lease("sensor-two");
+    let a: std::net::Ipv6Addr = "fd7a:0:1:100::a".parse().expect("an address");
+    let b: std::net::Ipv6Addr = "fd7a:0:1:200::b".parse().expect("an address");
+    let gw2: std::net::Ipv6Addr = "fd7a:0:1:200::1".parse().expect("an address");
+
+    two.device.send(&eth6(
+        gw2_mac,
+        two.device.mac,
+        &ipv6_echo(b, gw2, b"hello gateway"),
+    ));
+    two.device.expect("the gateway's echo reply", |f| {
+        icmp6(f, gw2, b, 129).is_some()
+    });
+
+    one.device
+        .send(&eth6(gw1_mac, one.device.mac, &ipv6_echo(a, b, b"across")));
+    let got = two
+        .device
+        .expect("the ping across", |f| icmp6(f, a, b, 128).is_some());
+    assert_eq!(got[..6], two.device.mac, "to the device's MAC");
+    assert_eq!(got[IP + 7], 62, "each gateway is a hop");
 }
