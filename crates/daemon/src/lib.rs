@@ -811,8 +811,8 @@ async fn control_loop<S: Services, T: Serialize>(
     let _status = cyphonic_telemetry::status::serve(&status_socket, report)
         .with_context(|| format!("opening the status socket {}", status_socket.display()))?;
     let mut signals = signals.listen()?;
-    // Static peers with an endpoint start their handshakes right away (and persistent
-    // keepalive peers keep them up).
+    // Peers with a persistent keepalive handshake right away and are kept up; the others
+    // at their first packet (tests/ends.rs sees no keys before traffic).
     l.upkeep(Instant::now());
     // The data plane and this loop run: systemd may call the unit active, and watch it.
     cyphonic_telemetry::service::ready();
