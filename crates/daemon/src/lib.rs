@@ -345,10 +345,8 @@ pub fn run<E: Edge>(
     edge: E,
     reload: Reloader<<E::Services as Services>::Reload>,
 ) -> anyhow::Result<()> {
-    let dp = &common.dataplane;
-    dp.check_placement().map_err(anyhow::Error::msg)?;
     apply_log_level(None, common.log_level.as_deref());
-    let udp = UdpSocket::bind(common.listen, &dp.udp_options())?;
+    let udp = UdpSocket::bind(common.listen, &common.dataplane.udp_options())?;
     tracing::info!(listen = %udp.local_addr()?, buffers = ?udp.buffer_sizes(), gso = udp.segmentation(), gro = udp.coalescing(), "tunnel socket bound");
     run_on(
         common,
@@ -848,7 +846,7 @@ impl<S: Services> Loop<S> {
             .min()
             .unwrap_or(now + MAX_SLEEP)
             .min(now + MAX_SLEEP);
-        let shared = self.control.shared().clone();
+        let shared = self.control.shared();
         tokio::select! {
             msg = self.rx.recv() => Wake::Message(msg),
             work = self.services.next() => Wake::Service(work),
