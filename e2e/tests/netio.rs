@@ -404,14 +404,9 @@ fn waits_for_a_frame(ring: bool) {
             sock.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap();
         }
         assert!(!sock.wait_readable(Duration::from_millis(5)).unwrap());
-        tx.send(&frame(
-            [0x02, 0, 0, 0, 0, 0x99],
-            peer.mac,
-            EXPERIMENTAL,
-            46,
-            7,
-        ))
-        .unwrap();
+        // A frame to a stranger's MAC from the peer's, marked `n`.
+        let marked = move |n| frame([0x02, 0, 0, 0, 0, 0x99], peer.mac, EXPERIMENTAL, 46, n);
+        tx.send(&marked(7)).unwrap();
         assert!(sock.wait_readable(Duration::from_secs(2)).unwrap());
         assert_eq!(sock.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap(), 1);
         assert_eq!(buf[14], 7, "the marker of the frame sent");
@@ -420,14 +415,7 @@ fn waits_for_a_frame(ring: bool) {
         // from its stamp to when it was read, not to when the receive began.
         let tx = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
-            tx.send(&frame(
-                [0x02, 0, 0, 0, 0, 0x99],
-                peer.mac,
-                EXPERIMENTAL,
-                46,
-                8,
-            ))
-            .unwrap();
+            tx.send(&marked(8)).unwrap();
         });
         assert_eq!(sock.recv_batch(&mut [&mut buf[..]], &mut meta).unwrap(), 1);
         tx.join().unwrap();

@@ -18,11 +18,17 @@ pub(super) fn ipv4(frame: &[u8]) -> Option<&[u8]> {
 
 /// An ICMP echo request in `frame` from `src` to `dst`, whole and with right checksums.
 pub(super) fn is_echo(frame: &[u8], src: Ipv4Addr, dst: Ipv4Addr) -> bool {
+    is_icmp(frame, src, dst, 8)
+}
+
+/// An ICMP message of type `kind` in `frame` from `src` to `dst`, whole and with right
+/// checksums.
+pub(super) fn is_icmp(frame: &[u8], src: Ipv4Addr, dst: Ipv4Addr, kind: u8) -> bool {
     ipv4(frame).is_some_and(|ip| {
         ip[9] == 1
             && ip[12..16] == src.octets()
             && ip[16..20] == dst.octets()
-            && ip[20] == 8
+            && ip[20] == kind
             && checksums_ok(ip)
     })
 }

@@ -66,15 +66,9 @@ fn a_device_pings_the_far_gateway_and_resolves_the_far_device_by_name() {
 
     let echo = ipv4_echo(ip1.octets(), far.octets(), b"gateway?");
     one.device.send(&eth(gw1_mac, one.device.mac, &echo));
-    let reply = one.device.expect("the far gateway's echo reply", |f| {
-        ipv4(f).is_some_and(|ip| {
-            ip[9] == 1
-                && ip[12..16] == far.octets()
-                && ip[16..20] == ip1.octets()
-                && ip[20] == 0
-                && checksums_ok(ip)
-        })
-    });
+    let reply = one
+        .device
+        .expect("the far gateway's echo reply", |f| is_icmp(f, far, ip1, 0));
     assert_eq!(reply[..6], one.device.mac);
 
     let answered = one.resolve((ip1, gw1_mac), 0x4242, "sensor-two.gw2.ovl.example.");

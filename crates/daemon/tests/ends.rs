@@ -8,15 +8,11 @@ use std::time::{Duration, Instant};
 
 use cyphonic_daemon::Edge as _;
 use cyphonic_daemon::testing::{BareEdge, BareHost, RunningEnd, common};
-use cyphonic_settings::{Common, Identity, Peer};
+use cyphonic_settings::{Common, Identity, Peer, now_secs};
 use cyphonic_tunnel::testing::{Link, test_ca_at, test_identity_at, udp4};
 
 /// How long a test waits for what must happen; the wait ends as soon as it does.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn now_secs() -> u64 {
-    cyphonic_settings::now_secs()
-}
 
 /// One end's files, identity and configuration.
 struct Side {
