@@ -80,9 +80,10 @@ pub struct PacketOptions {
     /// Receive through a ring of memory shared with the kernel (`PACKET_RX_RING`,
     /// `TPACKET_V3`) as large as the receive buffer the kernel grants (twice `recv_buffer`)
     /// instead of the socket's queue: no system call and no queued buffer per frame, and a
-    /// busy reader takes a whole block of frames without asking. A frame that comes alone waits for its block's timer, up to a tick of
-    /// the kernel's clock (netio's `ring` module). Where the kernel refuses the ring, the
-    /// socket receives as without ([`PacketSocket::ring_bytes`] says which).
+    /// busy reader takes a whole block of frames without asking. A frame that comes alone
+    /// waits for its block's timer, up to a tick of the kernel's clock (netio's `ring`
+    /// module). Where the kernel refuses the ring, the socket receives as without
+    /// ([`PacketSocket::ring_bytes`] says which).
     pub ring: bool,
 }
 
