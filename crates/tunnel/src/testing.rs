@@ -6,10 +6,10 @@
 //!   labels only: a socket is reached by the address it was bound to, and [`Link::rebind`]
 //!   moves it to another one (a node that roams). [`Link::inject`] lets a test play an
 //!   attacker on the underlay; [`Link::record`] keeps copies of what passed, to replay.
-//! - A [`Pair`] (quinn-proto's `Pair` is the model) is two engines on one link, each with its
-//!   control core driven by a thread of its own and a sink that collects what it delivers:
-//!   the whole data plane, handshakes and all, without root, namespaces or a real socket.
-//!   Nothing leaves the process.
+//! - A [`Pair`] (quinn-proto's `Pair` is the model) is two engines on one link, each with a
+//!   sink that collects what it delivers and a control core that the test's own thread turns
+//!   whenever it waits: the whole data plane, handshakes and all, without root, namespaces,
+//!   a real socket or a thread of the harness's own. Nothing leaves the process.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -19,7 +19,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use cyphonic_crypto::{
     Backend, Certificate, CertificateAuthority, IssueRequest, RevocationList, StaticKeypair,
@@ -35,7 +34,7 @@ use crate::egress::Submit;
 use crate::socket::TunnelSocket;
 use crate::{
     Accepted, Control, ControlEvent, DataPlane, Engine, HEADROOM, Intake, PACKET_ROOM, PeerSlot,
-    Shared, StaticPeer,
+    Shared, StaticPeer, ToControl,
 };
 
 /// How long a receive waits for a first datagram (as the UDP socket's receive timeout does).
@@ -507,8 +506,130 @@ impl Sink for Collect {
     }
 }
 
-/// One engine of a [`Pair`]: its socket on the link, its engine, and a thread driving its
-/// control core (handshakes, timers) as the daemons' control loop does.
+/// An end's control core and what reaches it: the messages of its data threads and the
+/// events it reported, turned by the test's thread (see [`Drive`]).
+struct Core {
+    control: Control,
+    rx: tokio::sync::mpsc::Receiver<ToControl>,
+    events: Vec<ControlEvent>,
+}
+
+impl Core {
+    /// One turn at `now`, in the order the daemons' loop takes it (`daemon::Loop::step`):
+    /// the data threads' messages, then the timers, then the events they made.
+    fn turn(&mut self, now: Instant) {
+        while let Ok(msg) = self.rx.try_recv() {
+            self.control.handle(msg);
+        }
+        self.control.run_timers(now);
+        self.collect();
+    }
+
+    fn collect(&mut self) {
+        while let Some(e) = self.control.poll_event() {
+            self.events.push(e);
+        }
+    }
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("events", &self.events)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One end's core: `None` once it stopped.
+type CoreSlot = Arc<Mutex<Option<Core>>>;
+
+/// What turns a [`Pair`]'s control cores: no thread of its own, but the test's, whenever it
+/// waits on an end (quinn-proto's `Pair::drive` is the model). Every wait turns both cores
+/// (a handshake needs both), so what the test waits for is what it made happen. The cores'
+/// clock is the wall's plus what [`Pair::advance`] added: timers run early by that much,
+/// while the data threads keep the wall clock.
+#[derive(Clone, Default)]
+struct Drive(Arc<Mutex<DriveState>>);
+
+#[derive(Default)]
+struct DriveState {
+    cores: Vec<CoreSlot>,
+    ahead: Duration,
+}
+
+impl Drive {
+    fn state(&self) -> MutexGuard<'_, DriveState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The cores' clock.
+    fn now(&self) -> Instant {
+        Instant::now() + self.state().ahead
+    }
+
+    /// Turns every running core once.
+    fn turn(&self) {
+        let (cores, now) = {
+            let s = self.state();
+            (s.cores.clone(), Instant::now() + s.ahead)
+        };
+        for core in cores {
+            if let Some(c) = lock(&core).as_mut() {
+                c.turn(now);
+            }
+        }
+    }
+
+    /// Turns the cores about every millisecond for `d`.
+    fn idle(&self, d: Duration) {
+        let until = Instant::now() + d;
+        loop {
+            self.turn();
+            if Instant::now() >= until {
+                return;
+            }
+            std::thread::sleep(TURN_EVERY);
+        }
+    }
+
+    /// Turns the cores until `done` holds (true) or `within` passed (false).
+    fn until(&self, within: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            self.turn();
+            if done() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(TURN_EVERY);
+        }
+    }
+}
+
+impl std::fmt::Debug for Drive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.state();
+        f.debug_struct("Drive")
+            .field("cores", &s.cores.len())
+            .field("ahead", &s.ahead)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How long a waiting test sleeps between turns of the cores.
+const TURN_EVERY: Duration = Duration::from_millis(1);
+/// Delivered packets an [`End`] keeps for the test to read.
+const DELIVERED: usize = 1 << 20;
+
+/// One engine of a [`Pair`]: its socket on the link, its engine and its control core, which
+/// turns while the test waits on either end ([`End::wait_delivered`], [`End::idle`],
+/// [`End::wait_for`], [`Pair::wait_established`]) and at no other time.
 #[derive(Debug)]
 pub struct End {
     /// Its address on the link.
@@ -520,20 +641,10 @@ pub struct End {
     /// The way into its tunnel.
     pub intake: Intake,
     engine: Option<Engine<Collect>>,
-    driver: Option<std::thread::JoinHandle<()>>,
-    driving: Arc<AtomicBool>,
+    core: CoreSlot,
+    drive: Drive,
     delivered: crossbeam_channel::Receiver<Vec<u8>>,
-    events: Arc<Mutex<Vec<ControlEvent>>>,
-    commands: crossbeam_channel::Sender<Command>,
 }
-
-/// Work for an end's control core, run on its driver thread.
-type Command = Box<dyn FnOnce(&mut Control) + Send>;
-
-/// How long a driver sleeps between looks at its control core.
-const DRIVE_EVERY: Duration = Duration::from_millis(1);
-/// Delivered packets an [`End`] keeps for the test to read.
-const DELIVERED: usize = 1 << 20;
 
 impl End {
     #[expect(
@@ -542,6 +653,7 @@ impl End {
     )]
     fn start(
         link: &Link,
+        drive: &Drive,
         addr: SocketAddr,
         vip: Ipv4Addr,
         identity: &Arc<Identity>,
@@ -574,78 +686,39 @@ impl End {
         )
         .expect("the engine starts");
         let intake = engine.intake();
-        let mut control = Control::new(shared.clone(), Box::new(socket.clone()), intake.clone());
-        let driving = Arc::new(AtomicBool::new(true));
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let (commands, commanded) = crossbeam_channel::unbounded::<Command>();
-        let driver = {
-            let (driving, events) = (driving.clone(), events.clone());
-            let mut rx = rx;
-            let first = initiate.then(|| shared.peers.by_id(1)).flatten();
-            std::thread::spawn(move || {
-                if let Some(slot) = first {
-                    control.initiate(&slot, Instant::now());
-                }
-                while driving.load(Ordering::Relaxed) {
-                    while let Ok(msg) = rx.try_recv() {
-                        control.handle(msg);
-                    }
-                    for command in commanded.try_iter() {
-                        command(&mut control);
-                    }
-                    control.run_timers(Instant::now());
-                    while let Some(e) = control.poll_event() {
-                        events
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .push(e);
-                    }
-                    std::thread::sleep(DRIVE_EVERY);
-                }
-            })
+        let mut core = Core {
+            control: Control::new(shared.clone(), Box::new(socket.clone()), intake.clone()),
+            rx,
+            events: Vec::new(),
         };
+        if initiate && let Some(slot) = shared.peers.by_id(1) {
+            core.control.initiate(&slot, drive.now());
+        }
+        let core = Arc::new(Mutex::new(Some(core)));
+        drive.state().cores.push(core.clone());
         Self {
             socket,
             vip,
             shared,
             intake,
             engine: Some(engine),
-            driver: Some(driver),
-            driving,
+            core,
+            drive: drive.clone(),
             delivered,
-            events,
-            commands,
         }
     }
 
-    /// Runs `command` on the end's control core (on its driver thread) and returns what it
-    /// returned, once it ran.
-    ///
-    /// The events the command made the core report are in [`End::events`] when it returns.
+    /// Runs `command` on the end's control core and returns what it returned; the events it
+    /// made the core report are in [`End::events`].
     ///
     /// # Panics
-    /// When the driver is gone (the end stopped).
-    pub fn control<T: Send + 'static>(
-        &self,
-        command: impl FnOnce(&mut Control) -> T + Send + 'static,
-    ) -> T {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let events = self.events.clone();
-        self.commands
-            .send(Box::new(move |c| {
-                let result = command(c);
-                // What the command made the core report is in `events` before the caller
-                // has the result (a caller that looks at once would race the driver).
-                while let Some(e) = c.poll_event() {
-                    events
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .push(e);
-                }
-                let _ = tx.send(result);
-            }))
-            .expect("the driver runs");
-        rx.recv().expect("the driver ran the command")
+    /// When the end stopped.
+    pub fn control<T>(&self, command: impl FnOnce(&mut Control) -> T) -> T {
+        let mut core = lock(&self.core);
+        let core = core.as_mut().expect("the end runs");
+        let result = command(&mut core.control);
+        core.collect();
+        result
     }
 
     /// Sends `payload` as the inner packet to `dst` (an address in the other end's block).
@@ -677,37 +750,40 @@ impl End {
         self.delivered.try_iter().collect()
     }
 
-    /// Waits up to `within` until `count` packets were delivered; returns all that were.
+    /// Waits up to `within` until `count` packets were delivered, turning the pair's cores;
+    /// returns all that were.
     pub fn wait_delivered(&self, count: usize, within: Duration) -> Vec<Vec<u8>> {
-        let deadline = Instant::now() + within;
         let mut got = Vec::new();
-        while got.len() < count {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.delivered.recv_timeout(left) {
-                Ok(p) => got.push(p),
-                Err(_) => break,
-            }
-        }
+        self.drive.until(within, || {
+            got.extend(self.delivered.try_iter());
+            got.len() >= count
+        });
         got
     }
 
-    /// What its control core reported so far, once the driver has finished the round it is
-    /// in: a state the caller saw change (keys, a peer gone) may be a round ahead of the
-    /// event that reports it.
-    ///
-    /// # Panics
-    /// When the driver is gone (the end stopped).
+    /// Turns the pair's cores for `d`: what a test does where it would sleep while the
+    /// engines work.
+    pub fn idle(&self, d: Duration) {
+        self.drive.idle(d);
+    }
+
+    /// Turns the pair's cores until `done` holds or `within` passed; returns whether it held.
+    pub fn wait_for(&self, within: Duration, done: impl FnMut() -> bool) -> bool {
+        self.drive.until(within, done)
+    }
+
+    /// What its control core reported so far, after one more turn of the pair's cores.
     pub fn settled_events(&self) -> Vec<ControlEvent> {
-        self.control(|_| ());
+        self.drive.turn();
         self.events()
     }
 
     /// What its control core reported so far.
     pub fn events(&self) -> Vec<ControlEvent> {
-        self.events
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.core)
+            .as_ref()
+            .map(|c| c.events.clone())
+            .unwrap_or_default()
     }
 
     /// Its one peer: the other end.
@@ -727,12 +803,13 @@ impl End {
         (e.ingress_counters.snapshot(), e.egress_counters.snapshot())
     }
 
-    /// Stops the driver and the engine (the pipelines drain).
+    /// Stops the control core (it turns no more) and the engine (the pipelines drain).
     pub fn stop(&mut self) {
-        self.driving.store(false, Ordering::Relaxed);
-        if let Some(d) = self.driver.take() {
-            let _ = d.join();
-        }
+        self.drive
+            .state()
+            .cores
+            .retain(|c| !Arc::ptr_eq(c, &self.core));
+        drop(lock(&self.core).take());
         if let Some(e) = self.engine.take() {
             let _ = e.stop();
         }
@@ -746,8 +823,9 @@ impl Drop for End {
 }
 
 /// Two engines, `a` (100.64.1.0/24 and fd7a:0:1:100::/56, at 192.0.2.1:51820) and `b`
-/// (100.64.2.0/24 and fd7a:0:1:200::/56, at 192.0.2.2:51820), peers of each other with each other's address as endpoint, on one
-/// [`Link`].
+/// (100.64.2.0/24 and fd7a:0:1:200::/56, at 192.0.2.2:51820), peers of each other with each
+/// other's address as endpoint, on one [`Link`]; their control cores turn while the test
+/// waits (see [`End`]).
 #[derive(Debug)]
 pub struct Pair {
     /// The link between them.
@@ -756,6 +834,7 @@ pub struct Pair {
     pub a: End,
     /// The second engine.
     pub b: End,
+    drive: Drive,
     /// What `b` is started from: its identity and its peer, `a`.
     b_setup: (Arc<Identity>, StaticPeer, Clock),
 }
@@ -765,6 +844,7 @@ impl Pair {
     /// `seed`. Both know the other's endpoint; `a` initiates a handshake at once.
     pub fn new(seed: u64, dp: &DataPlane, timing: Timing) -> Self {
         let link = Link::new(seed);
+        let drive = Drive::default();
         let ca = test_ca();
         let (id_a, cert_a) =
             test_identity(&ca, "gw1.ovl.example", "100.64.1.0/24 fd7a:0:1:100::/56");
@@ -780,6 +860,7 @@ impl Pair {
         };
         let a = End::start(
             &link,
+            &drive,
             addr_a,
             Ipv4Addr::new(100, 64, 1, 1),
             &id_a,
@@ -792,6 +873,7 @@ impl Pair {
         let b_peer = peer(cert_a, addr_a);
         let b = End::start(
             &link,
+            &drive,
             addr_b,
             Ipv4Addr::new(100, 64, 2, 1),
             &id_b,
@@ -805,6 +887,7 @@ impl Pair {
             link,
             a,
             b,
+            drive,
             b_setup: (id_b, b_peer, clock),
         }
     }
@@ -816,6 +899,7 @@ impl Pair {
         let (identity, peer, clock) = &self.b_setup;
         self.b = End::start(
             &self.link,
+            &self.drive,
             self.b.socket.addr(),
             self.b.vip,
             identity,
@@ -827,20 +911,19 @@ impl Pair {
         );
     }
 
-    /// Waits up to `within` until both ends have keys for each other.
+    /// Moves the control cores' clock `by` further ahead of the wall's: their timers (idle
+    /// peers, handshake retries, scans) run that much early from the next turn on. The data
+    /// threads keep the wall clock, which is why only the cores' time moves, and only forward.
+    pub fn advance(&self, by: Duration) {
+        self.drive.state().ahead += by;
+    }
+
+    /// Turns the cores up to `within` until both ends have keys for each other.
     pub fn wait_established(&self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        loop {
+        self.drive.until(within, || {
             let now = Instant::now();
-            if self.a.peer().lock().is_established(now) && self.b.peer().lock().is_established(now)
-            {
-                return true;
-            }
-            if now >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+            self.a.peer().lock().is_established(now) && self.b.peer().lock().is_established(now)
+        })
     }
 }
 
