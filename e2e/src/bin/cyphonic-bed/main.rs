@@ -282,7 +282,7 @@ enum Command {
     /// The legacy map's cost end to end (issue 52): TCP with 1 and 4 streams from A's host
     /// to B's, from its own vIP and from a fixed address of a legacy subnet that A maps
     /// (a macvlan of its own MAC in the same namespace), alternating, `rounds` times each;
-    /// prints one line per run and the ratios of the medians.
+    /// one line per run on stderr, the medians and their ratios as a Markdown table.
     Legacy {
         /// Seconds per TCP measurement.
         #[arg(long, default_value_t = 5)]
@@ -336,8 +336,8 @@ enum Command {
     },
     /// The per-device policy's cost end to end: TCP with 1 and 4 streams, no policy against
     /// `rules` rules (the one that allows last) with `flows` other flows kept, switched by
-    /// SIGHUP on both adapters of one bed, `rounds` times each; prints one line per run and
-    /// the ratios.
+    /// SIGHUP on both adapters of one bed, `rounds` times each; one line per run on stderr,
+    /// the medians and their ratios as a Markdown table.
     Policy {
         /// Rules in force.
         #[arg(long, default_value_t = 300)]

@@ -65,7 +65,7 @@ pub(crate) fn legacy_cost(seconds: u64, rounds: usize) -> anyhow::Result<()> {
                 measure::tcp_from(&bed, 1, seconds, from)?,
                 measure::tcp_from(&bed, 4, seconds, from)?,
             );
-            println!(
+            eprintln!(
                 "round {round} from the {label} address: TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr)",
                 t.0.gbps, t.0.retransmits, t.1.gbps, t.1.retransmits
             );
@@ -84,7 +84,8 @@ pub(crate) fn legacy_cost(seconds: u64, rounds: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints the medians of two sets of (TCP1, TCP4) measurements and their ratio.
+/// Prints, as a Markdown table, the medians of two sets of (TCP1, TCP4) measurements and
+/// their ratio (the rounds went to stderr as they ran).
 fn print_ratios(
     before: &[(measure::Tcp, measure::Tcp)],
     after: &[(measure::Tcp, measure::Tcp)],
@@ -95,12 +96,17 @@ fn print_ratios(
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
+    println!(
+        "| {} rounds, medians | {was} | {is} | ratio |",
+        before.len().min(after.len())
+    );
+    println!("|---|---:|---:|---:|");
     for (label, pick) in [
         (
-            "TCP1",
+            "TCP, 1 stream",
             (|t: &(measure::Tcp, measure::Tcp)| t.0.gbps) as fn(&_) -> f64,
         ),
-        ("TCP4", |t| t.1.gbps),
+        ("TCP, 4 streams", |t| t.1.gbps),
     ] {
         let (mut a, mut b): (Vec<f64>, Vec<f64>) = (
             before.iter().map(pick).collect(),
@@ -108,7 +114,7 @@ fn print_ratios(
         );
         let (a, b) = (median(&mut a), median(&mut b));
         println!(
-            "{label}: median {a:.2} Gbit/s {was}, {b:.2} {is}: {:.0}%",
+            "| {label} | {a:.2} Gbit/s | {b:.2} Gbit/s | {:.0}% |",
             100.0 * b / a
         );
     }
@@ -153,7 +159,7 @@ pub(crate) fn policy_cost(
             measure::tcp(&bed, 1, seconds)?,
             measure::tcp(&bed, 4, seconds)?,
         );
-        println!(
+        eprintln!(
             "round {round} no policy: TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr)",
             t.0.gbps, t.0.retransmits, t.1.gbps, t.1.retransmits
         );
@@ -177,7 +183,7 @@ pub(crate) fn policy_cost(
         );
         let p = &bed.status(Side::A)?["policy"];
         let q = &bed.status(Side::B)?["policy"];
-        println!(
+        eprintln!(
             "round {round} {rules} rules: TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr) | A: {} flows, {} dropped; B: {} flows, {} dropped",
             t.0.gbps,
             t.0.retransmits,
