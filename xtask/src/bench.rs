@@ -47,6 +47,140 @@ const ARM64: (&str, &str) = (
     "<!-- xtask bench arm64: end -->",
 );
 
+/// A results section whose table `cyphonic-bed` prints as Markdown: `cargo xtask bench
+/// --table NAME` runs its commands on the release build and writes what they printed (one
+/// table, the first command's header over every command's rows) between `<!-- xtask bench
+/// table NAME: begin -->` and its end marker, after a line saying when, where, at which
+/// commit and with which commands it was measured.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct BedTable {
+    /// Its name on the command line and in its markers.
+    pub(crate) name: &'static str,
+    /// The `cyphonic-bed` commands, in order.
+    runs: &'static [&'static [&'static str]],
+}
+
+/// Every section `cargo xtask bench --table` writes.
+pub(crate) const BED_TABLES: &[BedTable] = &[
+    BedTable {
+        name: "impair",
+        runs: &[&["impair", "--seconds", "10", "--runs", "5"]],
+    },
+    BedTable {
+        name: "node",
+        runs: &[&["node", "--seconds", "5", "--runs", "3"]],
+    },
+    BedTable {
+        name: "ha",
+        runs: &[&["ha", "--rounds", "10"]],
+    },
+    BedTable {
+        name: "relay-stream",
+        runs: &[
+            &["relay-stream", "--seconds", "8", "--runs", "3"],
+            &[
+                "relay-stream",
+                "--seconds",
+                "8",
+                "--runs",
+                "3",
+                "--delay-ms",
+                "10",
+            ],
+        ],
+    },
+    BedTable {
+        name: "policy",
+        runs: &[&["policy", "--rounds", "5"]],
+    },
+    BedTable {
+        name: "legacy",
+        runs: &[&["legacy", "--rounds", "5"]],
+    },
+    BedTable {
+        name: "members",
+        runs: &[
+            &["members", "--counts", "200,1000,10000"],
+            &["members", "--counts", "10000", "--postgres"],
+        ],
+    },
+    BedTable {
+        name: "api",
+        runs: &[
+            &["api", "--members", "10000", "--seconds", "10"],
+            &["api", "--members", "10000", "--postgres", "--seconds", "10"],
+        ],
+    },
+];
+
+impl BedTable {
+    /// The table of this name.
+    pub(crate) fn named(name: &str) -> anyhow::Result<&'static Self> {
+        BED_TABLES.iter().find(|t| t.name == name).with_context(|| {
+            let names: Vec<_> = BED_TABLES.iter().map(|t| t.name).collect();
+            format!("no table {name:?}: the tables are {}", names.join(", "))
+        })
+    }
+
+    fn markers(&self) -> (String, String) {
+        (
+            format!("<!-- xtask bench table {}: begin -->", self.name),
+            format!("<!-- xtask bench table {}: end -->", self.name),
+        )
+    }
+
+    /// The commands as a reader runs them.
+    fn commands(&self) -> String {
+        self.runs
+            .iter()
+            .map(|r| format!("`cyphonic-bed {}`", r.join(" ")))
+            .collect::<Vec<_>>()
+            .join(", then ")
+    }
+}
+
+/// One Markdown table from the tables `printed` by a section's commands: the first's header,
+/// then every one's rows.
+///
+/// # Errors
+/// A command printed something other than one table, or a header unlike the first's.
+fn join_tables(printed: &[String]) -> anyhow::Result<String> {
+    let mut header: Option<(&str, &str)> = None;
+    let mut out = String::new();
+    for (n, text) in printed.iter().enumerate() {
+        let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+        let (Some(names), Some(rule)) = (lines.next(), lines.next()) else {
+            bail!("command {} printed no table", n + 1);
+        };
+        if !names.starts_with('|') || !rule.starts_with("|-") && !rule.starts_with("|:") {
+            bail!("command {} printed no table: {names:?}", n + 1);
+        }
+        match header {
+            None => {
+                header = Some((names, rule));
+                let _ = writeln!(out, "{names}\n{rule}");
+            }
+            Some(h) if h == (names, rule) => {}
+            Some((first, _)) => {
+                bail!(
+                    "command {} printed the header {names:?}, not {first:?}",
+                    n + 1
+                );
+            }
+        }
+        for row in lines {
+            if !row.starts_with('|') {
+                bail!("command {} printed a line that is no row: {row:?}", n + 1);
+            }
+            let _ = writeln!(out, "{row}");
+        }
+    }
+    if header.is_none() {
+        bail!("no command");
+    }
+    Ok(out)
+}
+
 /// Which parts `cargo xtask bench` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Parts {
@@ -74,8 +208,14 @@ const BATCH: f64 = 32.0;
 /// Segments per coalesced frame in the offload benchmarks (benches/src/offload.rs `SEGMENTS`).
 const SEGMENTS: f64 = 45.0;
 
-/// Runs `parts`; `base`: the commit before's daemons, a column of the latency table.
-pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Result<()> {
+/// Runs `parts` and writes `tables`; `base`: the commit before's daemons, a column of the
+/// latency table.
+pub(crate) fn run(
+    write: bool,
+    parts: Parts,
+    tables: &[&BedTable],
+    base: Option<&Path>,
+) -> anyhow::Result<()> {
     let root = util::root();
     let mut sections = Vec::new();
     if parts.micro {
@@ -110,15 +250,16 @@ pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Res
                 "filter",
             ],
         )?;
-        sections.push((MICRO, render(&collect(&criterion_dir)?)?));
+        sections.push((owned(MICRO), render(&collect(&criterion_dir)?)?));
     }
     if parts.instructions {
-        sections.push((INSTRUCTIONS, crate::instructions::run(&root)?));
+        sections.push((owned(INSTRUCTIONS), crate::instructions::run(&root)?));
     }
     if parts.arm64 {
-        sections.push((ARM64, crate::arm64_instructions::run(&root)?));
+        sections.push((owned(ARM64), crate::arm64_instructions::run(&root)?));
     }
-    if parts.e2e || parts.attack || parts.peers || parts.latency || parts.ipv6 {
+    if parts.e2e || parts.attack || parts.peers || parts.latency || parts.ipv6 || !tables.is_empty()
+    {
         crate::bed::prerequisites()?;
         let bin = crate::bed::build_release(&root)?;
         // The bed measures and prints its figures as JSON; the Markdown is written here.
@@ -139,22 +280,22 @@ pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Res
         if parts.e2e {
             let report = serde_json::from_slice(&bed("bench")?)
                 .context("reading cyphonic-bed bench's report")?;
-            sections.push((E2E, crate::report::bench(&report)?));
+            sections.push((owned(E2E), crate::report::bench(&report)?));
         }
         if parts.attack {
             let report = serde_json::from_slice(&bed("attack")?)
                 .context("reading cyphonic-bed attack's report")?;
-            sections.push((ATTACK, crate::report::attack(&report)?));
+            sections.push((owned(ATTACK), crate::report::attack(&report)?));
         }
         if parts.peers {
             let report = serde_json::from_slice(&bed("peers")?)
                 .context("reading cyphonic-bed peers's report")?;
-            sections.push((PEERS, crate::report::peers(&report)?));
+            sections.push((owned(PEERS), crate::report::peers(&report)?));
         }
         if parts.ipv6 {
             let report = serde_json::from_slice(&bed("ipv6")?)
                 .context("reading cyphonic-bed ipv6's report")?;
-            sections.push((IPV6, crate::report::ipv6(&report)?));
+            sections.push((owned(IPV6), crate::report::ipv6(&report)?));
         }
         if parts.latency {
             let mut args: Vec<&std::ffi::OsStr> =
@@ -164,15 +305,39 @@ pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Res
             }
             let report = serde_json::from_slice(&bed_with("latency-table", &args)?)
                 .context("reading cyphonic-bed latency-table's report")?;
-            sections.push((LATENCY, crate::report::latency(&report)?));
+            sections.push((owned(LATENCY), crate::report::latency(&report)?));
+        }
+        for table in tables {
+            let started = std::time::Instant::now();
+            let at = cyphonic_report::utc_now();
+            let printed = table
+                .runs
+                .iter()
+                .map(|run| {
+                    let args: Vec<&std::ffi::OsStr> =
+                        run[1..].iter().map(std::ffi::OsStr::new).collect();
+                    String::from_utf8(bed_with(run[0], &args)?)
+                        .with_context(|| format!("cyphonic-bed {} printed no text", run[0]))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let body = format!(
+                "Measured {at} ({} min) on {}, Linux {}, at {}, release build: {}.\n\n{}",
+                started.elapsed().as_secs().div_ceil(60),
+                cyphonic_report::cpu(),
+                cyphonic_report::kernel(),
+                head_commit(&root),
+                table.commands(),
+                join_tables(&printed).with_context(|| format!("the table {}", table.name))?
+            );
+            sections.push((table.markers(), body));
         }
     }
     let path = root.join("docs/benchmarks.md");
     let mut doc =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    for (markers, body) in sections {
+    for ((begin, end), body) in sections {
         if write {
-            doc = replace_between(&doc, markers, &body)?;
+            doc = replace_between(&doc, (&begin, &end), &body)?;
         } else {
             print!("{body}");
         }
@@ -182,6 +347,27 @@ pub(crate) fn run(write: bool, parts: Parts, base: Option<&Path>) -> anyhow::Res
         eprintln!("xtask: updated {}", path.display());
     }
     Ok(())
+}
+
+fn owned((begin, end): (&str, &str)) -> (String, String) {
+    (begin.to_owned(), end.to_owned())
+}
+
+/// The commit checked out, `+` when the tree has changes (what a table was measured at).
+fn head_commit(root: &Path) -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "an unknown commit".into());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty { format!("{head}+") } else { head }
 }
 
 #[derive(Deserialize)]
@@ -477,6 +663,43 @@ pub(crate) fn replace_between(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn joins_the_tables_of_a_sections_commands_under_one_header() {
+        let first = "| a | b |\n|---|---:|\n| x | 1 |\n".to_owned();
+        let second = "\n| a | b |\n|---|---:|\n| y | 2 |\n| z | 3 |\n".to_owned();
+        assert_eq!(
+            join_tables(&[first.clone(), second]).unwrap(),
+            "| a | b |\n|---|---:|\n| x | 1 |\n| y | 2 |\n| z | 3 |\n"
+        );
+        let other = "| a | c |\n|---|---:|\n| y | 2 |\n".to_owned();
+        assert!(
+            join_tables(&[first.clone(), other]).is_err(),
+            "another header"
+        );
+        let chatter = "| a | b |\n|---|---:|\nround 0: 3 Gbit/s\n".to_owned();
+        assert!(join_tables(&[chatter]).is_err(), "a line that is no row");
+        assert!(join_tables(&["TCP1: 3 Gbit/s\n".to_owned()]).is_err());
+        assert!(join_tables(&[]).is_err());
+    }
+
+    /// Every table `--table` writes has its markers in the results page, once, and a name of
+    /// its own; and the page names each one's commands, so a reader can run them alone.
+    #[test]
+    fn every_bed_table_has_its_place_in_the_results_page() {
+        let doc = std::fs::read_to_string(util::root().join("docs/benchmarks.md")).unwrap();
+        for (i, t) in BED_TABLES.iter().enumerate() {
+            let (begin, end) = t.markers();
+            assert_eq!(doc.matches(&begin).count(), 1, "{begin}");
+            assert_eq!(doc.matches(&end).count(), 1, "{end}");
+            assert!(doc.find(&begin) < doc.find(&end), "{}", t.name);
+            assert!(doc.contains(&format!("--table {}`", t.name)), "{}", t.name);
+            assert!(!t.runs.is_empty() && t.runs.iter().all(|r| !r.is_empty()));
+            assert_eq!(BedTable::named(t.name).unwrap(), t);
+            assert!(BED_TABLES[..i].iter().all(|o| o.name != t.name));
+        }
+        assert!(BedTable::named("nothing").is_err());
+    }
 
     #[test]
     fn replaces_only_between_markers() {

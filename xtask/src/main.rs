@@ -83,6 +83,12 @@ enum Command {
         /// alternating.
         #[arg(long)]
         ipv6: bool,
+        /// A results section whose table the bed prints (impair, node, ha, relay-stream,
+        /// policy, legacy, members, api: docs/benchmarks.md names each one's commands);
+        /// repeatable. A whole `cargo xtask bench` runs them all (each one's line in the page
+        /// says how long it took).
+        #[arg(long, value_name = "NAME")]
+        table: Vec<String>,
         /// For `--latency`: a directory holding the commit before's three daemons, run as a
         /// column of their own (the rows' "2x over the commit before").
         #[arg(long, value_name = "DIR")]
@@ -188,24 +194,43 @@ fn main() -> ExitCode {
             arm64,
             latency,
             ipv6,
+            table,
             base,
         } => {
-            let all =
-                !(micro || e2e || attack || peers || instructions || arm64 || latency || ipv6);
-            bench::run(
-                !no_write,
-                bench::Parts {
-                    micro: micro || all,
-                    e2e: e2e || all,
-                    attack: attack || e2e || all,
-                    peers: peers || all,
-                    instructions: instructions || all,
-                    arm64: arm64 || all,
-                    latency: latency || all,
-                    ipv6: ipv6 || all,
-                },
-                base.as_deref(),
-            )
+            let all = !(micro
+                || e2e
+                || attack
+                || peers
+                || instructions
+                || arm64
+                || latency
+                || ipv6
+                || !table.is_empty());
+            let tables = if all {
+                Ok(bench::BED_TABLES.iter().collect())
+            } else {
+                table
+                    .iter()
+                    .map(|name| bench::BedTable::named(name))
+                    .collect::<anyhow::Result<Vec<_>>>()
+            };
+            tables.and_then(|tables| {
+                bench::run(
+                    !no_write,
+                    bench::Parts {
+                        micro: micro || all,
+                        e2e: e2e || all,
+                        attack: attack || e2e || all,
+                        peers: peers || all,
+                        instructions: instructions || all,
+                        arm64: arm64 || all,
+                        latency: latency || all,
+                        ipv6: ipv6 || all,
+                    },
+                    &tables,
+                    base.as_deref(),
+                )
+            })
         }
         Command::Fuzz { seconds, targets } => fuzz::run(seconds, &targets),
         Command::Dist {
