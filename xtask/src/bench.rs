@@ -67,6 +67,16 @@ pub(crate) const BED_TABLES: &[BedTable] = &[
         runs: &[&["impair", "--seconds", "10", "--runs", "5"]],
     },
     BedTable {
+        name: "bursts",
+        runs: &[&[
+            "bursts",
+            "--seconds",
+            "5",
+            "--rates",
+            "400,800,1000,1200,1500",
+        ]],
+    },
+    BedTable {
         name: "node",
         runs: &[&["node", "--seconds", "5", "--runs", "3"]],
     },
@@ -103,6 +113,10 @@ pub(crate) const BED_TABLES: &[BedTable] = &[
             &["members", "--counts", "200,1000,10000"],
             &["members", "--counts", "10000", "--postgres"],
         ],
+    },
+    BedTable {
+        name: "swarm",
+        runs: &[&["swarm", "--counts", "1,100,1000,10000", "--leases", "250"]],
     },
     BedTable {
         name: "api",

@@ -83,10 +83,10 @@ enum Command {
         /// alternating.
         #[arg(long)]
         ipv6: bool,
-        /// A results section whose table the bed prints (impair, node, ha, relay-stream,
-        /// policy, legacy, members, api: docs/benchmarks.md names each one's commands);
-        /// repeatable. A whole `cargo xtask bench` runs them all (each one's line in the page
-        /// says how long it took).
+        /// A results section whose table the bed prints (impair, bursts, node, ha,
+        /// relay-stream, policy, legacy, members, swarm, api: docs/benchmarks.md names each
+        /// one's commands); repeatable. A whole `cargo xtask bench` runs them all (each one's
+        /// line in the page says how long it took).
         #[arg(long, value_name = "NAME")]
         table: Vec<String>,
         /// For `--latency`: a directory holding the commit before's three daemons, run as a
