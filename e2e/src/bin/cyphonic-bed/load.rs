@@ -95,10 +95,11 @@ pub(crate) fn bursts(
         }
     }
     // How far the bursts reached into adapter A's egress pipeline: the batch buffers it
-    // needed at once, and what its in-flight budget refused.
+    // needed at once, and what its in-flight budget refused (on stderr: stdout is the
+    // table, which xtask writes into docs/benchmarks.md).
     let egress = &bed.status(Side::A)?["pipelines"]["egress"];
-    println!(
-        "\nadapter A egress: batch buffers made {}, refused {} (for bytes {}, for time {})",
+    eprintln!(
+        "adapter A egress: batch buffers made {}, refused {} (for bytes {}, for time {})",
         egress["batch_buffers"],
         egress["rejected_full"],
         egress["rejected_bytes"],
