@@ -367,7 +367,8 @@ fn owned((begin, end): (&str, &str)) -> (String, String) {
     (begin.to_owned(), end.to_owned())
 }
 
-/// The commit checked out, `+` when the tree has changes (what a table was measured at).
+/// The commit checked out, `+` when the tree has changes outside docs/ (what a table was
+/// measured at: the tables written before it in the same sequence change the results page).
 fn head_commit(root: &Path) -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
@@ -379,8 +380,15 @@ fn head_commit(root: &Path) -> String {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
     };
     let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "an unknown commit".into());
-    let dirty =
-        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":!docs",
+    ])
+    .is_some_and(|s| !s.is_empty());
     if dirty { format!("{head}+") } else { head }
 }
 
