@@ -166,16 +166,16 @@ fn the_sparse_class_crosses_in_its_own_lane() {
         let p = &d["pipelines"][way];
         (p["submitted"].as_u64(), p["express"].as_u64())
     };
-    let doc = one
-        .end
-        .wait_status(PATIENCE, |d| counts(d, "egress") == (Some(3), Some(2)))
-        .expect("gw1's egress took the sparse packets ahead");
-    assert_eq!(
-        counts(&doc, "ingress"),
-        (Some(2), Some(2)),
-        "{}",
-        doc["pipelines"]
-    );
+    // A pipeline counts a packet once its batch is done, which may be after the packet was
+    // delivered: the counts are waited for, both ways, and must be exactly these.
+    let settled = |d: &serde_json::Value| {
+        counts(d, "egress") == (Some(3), Some(2)) && counts(d, "ingress") == (Some(2), Some(2))
+    };
+    let doc = one.end.wait_status(PATIENCE, settled).unwrap_or_else(|e| {
+        panic!("gw1's pipelines did not count the sparse packets as express: {e:#}")
+    });
+    assert_eq!(counts(&doc, "egress"), (Some(3), Some(2)));
+    assert_eq!(counts(&doc, "ingress"), (Some(2), Some(2)));
 }
 
 /// A site as it is: a PLC with a fixed address in 192.0.2.0/28 behind gw1 (`[legacy]`,
