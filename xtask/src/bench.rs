@@ -370,26 +370,11 @@ fn owned((begin, end): (&str, &str)) -> (String, String) {
 /// The commit checked out, `+` when the tree has changes outside docs/ (what a table was
 /// measured at: the tables written before it in the same sequence change the results page).
 fn head_commit(root: &Path) -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(root)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "an unknown commit".into());
-    let dirty = git(&[
-        "status",
-        "--porcelain",
-        "--untracked-files=no",
-        "--",
-        ".",
-        ":!docs",
-    ])
-    .is_some_and(|s| !s.is_empty());
-    if dirty { format!("{head}+") } else { head }
+    match util::commit(root, 7, &[".", ":!docs"]) {
+        Some((head, true)) => format!("{head}+"),
+        Some((head, false)) => head,
+        None => "an unknown commit".into(),
+    }
 }
 
 #[derive(Deserialize)]

@@ -175,18 +175,8 @@ const COMMIT: &str = "CYPHONIC_COMMIT";
 /// The commit the tree at `root` is at (12 hex digits), `+dirty` when tracked files differ
 /// from it; None outside a git checkout.
 fn commit(root: &Path) -> Option<String> {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(root)
-            .args(args)
-            .output()
-            .ok()
-    };
-    let head = git(&["rev-parse", "--short=12", "HEAD"]).filter(|o| o.status.success())?;
-    let head = String::from_utf8(head.stdout).ok()?.trim().to_owned();
-    let clean = git(&["diff", "--quiet", "HEAD"]).is_some_and(|o| o.status.success());
-    Some(if clean { head } else { format!("{head}+dirty") })
+    let (head, dirty) = util::commit(root, 12, &[])?;
+    Some(if dirty { format!("{head}+dirty") } else { head })
 }
 
 /// Builds and packages for `triple` with `profile`; returns the .deb files.

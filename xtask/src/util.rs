@@ -5,6 +5,26 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
+/// The commit the tree at `root` is at (`digits` hex digits) and whether tracked files
+/// under `pathspecs` (all of them when empty) differ from it; None outside a git checkout.
+pub(crate) fn commit(root: &Path, digits: usize, pathspecs: &[&str]) -> Option<(String, bool)> {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()
+    };
+    let head =
+        git(&["rev-parse", &format!("--short={digits}"), "HEAD"]).filter(|o| o.status.success())?;
+    let head = String::from_utf8(head.stdout).ok()?.trim().to_owned();
+    let mut diff = vec!["diff", "--quiet", "HEAD", "--"];
+    diff.extend_from_slice(pathspecs);
+    let clean = git(&diff).is_some_and(|o| o.status.success());
+    Some((head, !clean))
+}
+
 /// The repository root (xtask lives one level below it).
 pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
