@@ -559,7 +559,7 @@ struct DriveState {
 
 impl Drive {
     fn state(&self) -> MutexGuard<'_, DriveState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.0)
     }
 
     /// The cores' clock.
