@@ -13,7 +13,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use cyphonic_crypto::cookie::{CookieSecret, MAC_LEN, mac, verify_mac};
-use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
+use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType, Versions};
 
 /// Bytes of a probe's (or a bind's) token.
 pub const PROBE_TOKEN_LEN: usize = 16;
@@ -49,11 +49,14 @@ pub const CHALLENGE_BODY_LEN: usize = PREFIX_LEN + COOKIE_FIELD_LEN;
 /// How long a cookie is good for after its time, milliseconds.
 pub const COOKIE_LIFETIME_MS: u64 = 10_000;
 
-/// A type-6 frame with a body of `body_len` bytes, the body zeroed.
+/// A type-6 frame with a body of `body_len` bytes, the body zeroed, in our oldest frame
+/// version: a member and the cloud a release apart both speak it (docs/protocol.md §2,
+/// *Versions*).
 fn endpoint_probe(body_len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; HEADER_LEN + body_len];
     let mut frame = Frame::new_unchecked(&mut buf[..]);
     FrameRepr {
+        version: Versions::OURS.oldest(),
         msg_type: MessageType::EndpointProbe,
         flags: 0,
         receiver_index: 0,
@@ -64,10 +67,11 @@ fn endpoint_probe(body_len: usize) -> Vec<u8> {
     buf
 }
 
-/// The body of a well-formed type-6 frame, or `None` for anything else.
+/// The body of a well-formed type-6 frame of a version we speak, or `None` for anything
+/// else.
 fn probe_body(payload: &[u8]) -> Option<&[u8]> {
     let frame = Frame::new_checked(payload).ok()?;
-    let repr = FrameRepr::parse(&frame).ok()?;
+    let repr = FrameRepr::parse(&frame, Versions::OURS).ok()?;
     if repr.msg_type != MessageType::EndpointProbe {
         return None;
     }

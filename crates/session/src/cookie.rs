@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::PublicKey;
 use cyphonic_crypto::cookie::{self, Cookie, CookieSecret, MAC_LEN, MacKeys};
-use cyphonic_wire::{COOKIE_REPLY_LEN, Frame, FrameRepr, HEADER_LEN, HINT_LEN, MessageType};
+use cyphonic_wire::{
+    COOKIE_REPLY_LEN, Frame, FrameRepr, HEADER_LEN, HINT_LEN, MessageType, Versions,
+};
 
 /// How long a responder keeps its cookie secret, and so how long an initiator uses a cookie.
 pub const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
@@ -72,15 +74,23 @@ pub struct CookieChecker {
     ours: MacKeys,
     secret: CookieSecret,
     born: Instant,
+    /// The frame versions an initiation may be in: a reply is in the initiation's.
+    versions: Versions,
 }
 
 impl CookieChecker {
     /// Checks for frames addressed to `ours` (our static key), starting with `secret` at `now`.
-    pub fn new(ours: &PublicKey, secret: CookieSecret, now: Instant) -> Self {
+    /// Initiations are taken in `versions`, the frame versions we speak.
+    pub fn new(
+        (ours, versions): (&PublicKey, Versions),
+        secret: CookieSecret,
+        now: Instant,
+    ) -> Self {
         Self {
             ours: MacKeys::new(ours),
             secret,
             born: now,
+            versions,
         }
     }
 
@@ -104,7 +114,7 @@ impl CookieChecker {
     /// handshake-init or no random nonce could be had.
     pub fn reply(&mut self, frame: &[u8], from: SocketAddr, now: Instant) -> Option<Vec<u8>> {
         let view = Frame::new_checked(frame).ok()?;
-        let repr = FrameRepr::parse(&view).ok()?;
+        let repr = FrameRepr::parse(&view, self.versions).ok()?;
         if repr.msg_type != MessageType::HandshakeInit {
             return None;
         }
@@ -114,7 +124,9 @@ impl CookieChecker {
         let nonce = cookie::random_nonce().ok()?;
         let sealed = self.ours.seal_cookie(&cookie, &nonce, &mac1);
         let mut out = vec![0u8; HEADER_LEN + COOKIE_REPLY_LEN];
+        // In the initiation's version (docs/protocol.md §2, *Versions*).
         FrameRepr {
+            version: repr.version,
             msg_type: MessageType::CookieReply,
             flags: 0,
             receiver_index: repr.receiver_index,
@@ -146,6 +158,7 @@ mod tests {
     fn handshake_frame(kind: MessageType, index: u32, noise: usize) -> Vec<u8> {
         let mut f = vec![0u8; HEADER_LEN + noise + 2 * MAC_LEN];
         FrameRepr {
+            version: cyphonic_wire::VERSION,
             msg_type: kind,
             flags: 0,
             receiver_index: index,
@@ -161,7 +174,11 @@ mod tests {
     fn mac1_binds_the_receiver_and_every_byte_before_it() {
         let ours = PublicKey([1; 32]);
         let now = Instant::now();
-        let checker = CookieChecker::new(&ours, CookieSecret::from_bytes([2; 32]), now);
+        let checker = CookieChecker::new(
+            (&ours, Versions::OURS),
+            CookieSecret::from_bytes([2; 32]),
+            now,
+        );
         let mut f = handshake_frame(MessageType::HandshakeInit, 7, 96);
         seal_macs(&mut f, &MacKeys::new(&ours), None);
         assert!(checker.check_mac1(&f));
@@ -194,7 +211,11 @@ mod tests {
         let responder = PublicKey([1; 32]);
         let keys = MacKeys::new(&responder);
         let t0 = Instant::now();
-        let mut checker = CookieChecker::new(&responder, CookieSecret::from_bytes([2; 32]), t0);
+        let mut checker = CookieChecker::new(
+            (&responder, Versions::OURS),
+            CookieSecret::from_bytes([2; 32]),
+            t0,
+        );
         let from: SocketAddr = "192.0.2.7:40000".parse().unwrap();
         let mut init = handshake_frame(MessageType::HandshakeInit, 0x1234, 112);
         let mac1 = seal_macs(&mut init, &keys, None);
@@ -202,7 +223,7 @@ mod tests {
         let reply = checker.reply(&init, from, t0).expect("a reply");
         assert_eq!(reply.len(), HEADER_LEN + COOKIE_REPLY_LEN);
         let view = Frame::new_checked(&reply[..]).unwrap();
-        let repr = FrameRepr::parse(&view).unwrap();
+        let repr = FrameRepr::parse(&view, Versions::OURS).unwrap();
         assert_eq!(repr.msg_type, MessageType::CookieReply);
         assert_eq!(repr.receiver_index, 0x1234);
         // Only the initiation that carried this mac1 opens it.
@@ -219,5 +240,28 @@ mod tests {
         assert_eq!(checker.reply(&resp, from, t0), None);
         // The secret is replaced after its lifetime: the old cookie no longer passes.
         assert!(!checker.check_mac2(&again, from, t0 + COOKIE_LIFETIME));
+    }
+
+    /// A reply is in the version of the initiation it answers, one of the checker's.
+    #[test]
+    fn a_cookie_reply_takes_the_version_of_its_initiation() {
+        let responder = PublicKey([1; 32]);
+        let newer = cyphonic_wire::VERSION + 1;
+        let both = Versions::new(cyphonic_wire::VERSION, newer).unwrap();
+        let t0 = Instant::now();
+        let from: SocketAddr = "192.0.2.7:40000".parse().unwrap();
+        let mut init = handshake_frame(MessageType::HandshakeInit, 0x1234, 112);
+        init[0] = newer;
+        seal_macs(&mut init, &MacKeys::new(&responder), None);
+        let secret = || CookieSecret::from_bytes([2; 32]);
+        let mut ours = CookieChecker::new((&responder, Versions::OURS), secret(), t0);
+        assert_eq!(ours.reply(&init, from, t0), None, "not a version we speak");
+        let mut next = CookieChecker::new((&responder, both), secret(), t0);
+        let reply = next.reply(&init, from, t0).expect("a reply");
+        assert_eq!(reply[0], newer);
+        init[0] = cyphonic_wire::VERSION;
+        seal_macs(&mut init, &MacKeys::new(&responder), None);
+        let reply = next.reply(&init, from, t0).expect("a reply");
+        assert_eq!(reply[0], cyphonic_wire::VERSION);
     }
 }

@@ -72,6 +72,15 @@ pub enum HandshakeError {
     /// We cannot initiate: the peer's static key or endpoint is not known yet.
     #[error("cannot initiate: the peer's {0} is unknown")]
     CannotInitiate(&'static str),
+    /// The peer speaks no tunnel version we speak (docs/protocol.md §2, *Versions*): it runs
+    /// a release too far from ours.
+    #[error("no common tunnel version: it speaks {theirs}, we {ours}")]
+    NoCommonVersion {
+        /// The versions we speak.
+        ours: cyphonic_wire::Versions,
+        /// The versions the cloud said the peer speaks.
+        theirs: cyphonic_wire::Versions,
+    },
     /// snow refused an operation that valid keys never fail; a bug, reported not panicked.
     #[error("noise state error: {0}")]
     Noise(String),
@@ -103,6 +112,7 @@ impl HandshakeError {
             Self::IndexMismatch { .. } => "index_mismatch",
             Self::Cookie => "cookie",
             Self::CannotInitiate(_) => "cannot_initiate",
+            Self::NoCommonVersion { .. } => "no_common_version",
             Self::Noise(_) => "noise",
         }
     }

@@ -16,7 +16,9 @@ use core::fmt;
 
 use cyphonic_crypto::MacKeys;
 use cyphonic_crypto::{Certificate, Key, PublicKey, StaticKeypair, TrustStore, noise};
-use cyphonic_wire::{Frame, FrameRepr, HANDSHAKE_MAX, HEADER_LEN, HINT_LEN, MAC_LEN, MessageType};
+use cyphonic_wire::{
+    Frame, FrameRepr, HANDSHAKE_MAX, HEADER_LEN, HINT_LEN, MAC_LEN, MessageType, Versions,
+};
 use zeroize::Zeroize;
 
 use crate::cookie;
@@ -35,6 +37,8 @@ pub struct Identity {
     keypair: StaticKeypair,
     cert: Certificate,
     trust: TrustStore,
+    /// The tunnel versions we speak ([`Versions::OURS`] but in tests of mixed releases).
+    versions: Versions,
 }
 
 impl fmt::Debug for Identity {
@@ -66,7 +70,21 @@ impl Identity {
             keypair,
             cert,
             trust,
+            versions: Versions::OURS,
         })
+    }
+
+    /// The same identity speaking the tunnel versions `versions` instead of this release's:
+    /// how a test plays a member of another release (docs/protocol.md §2, *Versions*).
+    #[must_use]
+    pub const fn with_versions(mut self, versions: Versions) -> Self {
+        self.versions = versions;
+        self
+    }
+
+    /// The tunnel versions we speak.
+    pub const fn versions(&self) -> Versions {
+        self.versions
     }
 
     /// The same key and certificate, trusting `trust` instead (new revocations, other CAs),
@@ -77,6 +95,7 @@ impl Identity {
     pub fn with_trust(&self, trust: TrustStore, now_secs: u64) -> Result<Self, IdentityError> {
         let keypair = StaticKeypair::from_secret(zeroize::Zeroizing::new(*self.keypair.secret()));
         Self::new(keypair, self.cert.clone(), trust, now_secs)
+            .map(|i| i.with_versions(self.versions))
     }
 
     /// The same key and trust with `cert` instead (a renewed certificate), checked as
@@ -91,6 +110,7 @@ impl Identity {
     ) -> Result<Self, IdentityError> {
         let keypair = StaticKeypair::from_secret(zeroize::Zeroizing::new(*self.keypair.secret()));
         Self::new(keypair, cert, self.trust.clone(), now_secs)
+            .map(|i| i.with_versions(self.versions))
     }
 
     /// Our certificate.
@@ -131,6 +151,8 @@ pub struct IncomingInit {
     pub sender_index: u32,
     /// The initiator's wall-clock timestamp (unix nanoseconds), for replay protection.
     pub timestamp: u64,
+    /// The frame version the initiator chose: the session's, if answered.
+    pub version: u8,
 }
 
 impl fmt::Debug for IncomingInit {
@@ -140,6 +162,7 @@ impl fmt::Debug for IncomingInit {
             .field("cert", &self.cert)
             .field("sender_index", &self.sender_index)
             .field("timestamp", &self.timestamp)
+            .field("version", &self.version)
             .finish_non_exhaustive()
     }
 }
@@ -159,7 +182,7 @@ pub fn read_init(
     now_secs: u64,
     frame: &[u8],
 ) -> Result<IncomingInit, HandshakeError> {
-    let (repr, body) = handshake_body(frame, MessageType::HandshakeInit)?;
+    let (repr, body) = handshake_body(frame, MessageType::HandshakeInit, identity.versions)?;
     let mut state = noise::responder(&identity.keypair, PROLOGUE).map_err(|e| noise_err(&e))?;
     let mut payload = [0u8; NOISE_MAX];
     let len = state
@@ -192,15 +215,16 @@ pub fn read_init(
         cert,
         sender_index: index,
         timestamp: u64::from_be_bytes(timestamp),
+        version: repr.version,
     })
 }
 
-/// Starts a handshake towards `remote`: returns the initiator state and the init frame with
-/// `hint` after the Noise message, its MACs still zero (the caller seals them, with a cookie
-/// if it has one).
+/// Starts a handshake towards `remote` in frame version `version`: returns the initiator
+/// state and the init frame with `hint` after the Noise message, its MACs still zero (the
+/// caller seals them, with a cookie if it has one).
 pub(crate) fn write_init(
     identity: &Identity,
-    remote: &PublicKey,
+    (remote, version): (&PublicKey, u8),
     sender_index: u32,
     timestamp: u64,
     hint: &[u8; HINT_LEN],
@@ -215,7 +239,7 @@ pub(crate) fn write_init(
     .concat();
     let mut frame = write_frame(
         &mut state,
-        MessageType::HandshakeInit,
+        (MessageType::HandshakeInit, version),
         sender_index,
         &payload,
     )?;
@@ -233,7 +257,7 @@ pub(crate) fn write_response(
     let payload = [&sender_index.to_be_bytes()[..], identity.cert.encoded()].concat();
     let mut frame = write_frame(
         &mut init.state,
-        MessageType::HandshakeResp,
+        (MessageType::HandshakeResp, init.version),
         init.sender_index,
         &payload,
     )?;
@@ -251,14 +275,19 @@ pub(crate) struct Response {
 }
 
 /// Reads the responder's message with the pending initiator state.
+/// The response must be in `version`, the initiation's.
 pub(crate) fn read_response(
     identity: &Identity,
     state: &mut snow::HandshakeState,
-    remote: &PublicKey,
+    (remote, version): (&PublicKey, u8),
     now_secs: u64,
     frame: &[u8],
 ) -> Result<Response, HandshakeError> {
-    let (_, body) = handshake_body(frame, MessageType::HandshakeResp)?;
+    let (_, body) = handshake_body(
+        frame,
+        MessageType::HandshakeResp,
+        Versions::exactly(version),
+    )?;
     let mut payload = [0u8; NOISE_MAX];
     let len = state
         .read_message(body, &mut payload)
@@ -279,10 +308,11 @@ pub(crate) fn read_response(
     })
 }
 
-/// The receiver index of a handshake-resp frame, to find its pending handshake.
-pub(crate) fn response_receiver(frame: &[u8]) -> Result<u32, HandshakeError> {
+/// The receiver index of a handshake-resp frame of one of `versions`, to find its pending
+/// handshake.
+pub(crate) fn response_receiver(frame: &[u8], versions: Versions) -> Result<u32, HandshakeError> {
     let view = Frame::new_checked(frame)?;
-    let repr = FrameRepr::parse(&view)?;
+    let repr = FrameRepr::parse(&view, versions)?;
     if repr.msg_type != MessageType::HandshakeResp {
         return Err(HandshakeError::WrongType {
             expected: MessageType::HandshakeResp,
@@ -296,9 +326,10 @@ pub(crate) fn response_receiver(frame: &[u8]) -> Result<u32, HandshakeError> {
 fn handshake_body(
     frame: &[u8],
     expected: MessageType,
+    versions: Versions,
 ) -> Result<(FrameRepr, &[u8]), HandshakeError> {
     let view = Frame::new_checked(frame)?;
-    let repr = FrameRepr::parse(&view)?;
+    let repr = FrameRepr::parse(&view, versions)?;
     if repr.msg_type != expected {
         return Err(HandshakeError::WrongType {
             expected,
@@ -319,7 +350,7 @@ const fn trailer(kind: MessageType) -> usize {
 
 pub(crate) fn write_frame(
     state: &mut snow::HandshakeState,
-    msg_type: MessageType,
+    (msg_type, version): (MessageType, u8),
     receiver_index: u32,
     payload: &[u8],
 ) -> Result<Vec<u8>, HandshakeError> {
@@ -332,6 +363,7 @@ pub(crate) fn write_frame(
     let body_len = len + trailer(msg_type);
     frame.truncate(HEADER_LEN + body_len);
     let repr = FrameRepr {
+        version,
         msg_type,
         flags: 0,
         receiver_index,

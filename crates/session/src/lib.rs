@@ -39,6 +39,8 @@ pub mod sim;
 
 pub use clock::{Clock, Timing};
 pub use cookie::{COOKIE_LIFETIME, CookieChecker, initiation_hint};
+/// The tunnel versions a member speaks ([`Identity::versions`], [`PeerConfig::versions`]).
+pub use cyphonic_wire::Versions;
 pub use error::{HandshakeError, IdentityError, RecvError, SendError};
 pub use handshake::{Identity, IncomingInit, read_init};
 pub use index::Indices;

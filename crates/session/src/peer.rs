@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::cookie::hint_epoch;
 use cyphonic_crypto::{Backend, Certificate, Cookie, KnownKey, MacKeys, PublicKey};
-use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MAC_LEN, MessageType, TAG_LEN};
+use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MAC_LEN, MessageType, TAG_LEN, Versions};
 use ipnet::IpNet;
 
 use crate::clock::{Clock, Timing};
@@ -39,6 +39,9 @@ pub struct PeerConfig {
     /// Send a keepalive when nothing was sent for this long, to hold NAT mappings open; also
     /// keeps a session up with an idle peer.
     pub persistent_keepalive: Option<Duration>,
+    /// The tunnel versions the peer speaks, as the cloud described it (docs/protocol.md §2,
+    /// *Versions*); `None` when nobody did: we then initiate in our oldest.
+    pub versions: Option<Versions>,
 }
 
 impl PeerConfig {
@@ -51,6 +54,7 @@ impl PeerConfig {
             expect_name: Some(body.name.clone()),
             expect_blocks: body.vip_blocks.clone(),
             persistent_keepalive: None,
+            versions: None,
         }
     }
 
@@ -129,6 +133,8 @@ struct Pending {
     retry_at: Instant,
     /// The mac1 of the initiation sent: a cookie-reply for it is sealed to it.
     mac1: [u8; MAC_LEN],
+    /// The frame version of the initiation: the response's and the session's.
+    version: u8,
 }
 
 /// The state machine for one remote peer. See the crate docs.
@@ -404,6 +410,34 @@ impl Peer {
         Ok(session)
     }
 
+    /// The frame version our initiations to the peer take: the newest both speak, as the
+    /// cloud described the peer, or our oldest (docs/protocol.md §2, *Versions*).
+    ///
+    /// # Errors
+    /// [`HandshakeError::NoCommonVersion`]: the peer's versions and ours are apart.
+    pub fn version_to_speak(&self) -> Result<u8, HandshakeError> {
+        let ours = self.identity.versions();
+        ours.to_speak(self.config.versions)
+            .ok_or(HandshakeError::NoCommonVersion {
+                ours,
+                theirs: self.config.versions.unwrap_or(ours),
+            })
+    }
+
+    /// The tunnel versions the cloud said the peer speaks (`None`: nobody said), for the
+    /// next initiation on.
+    pub fn set_versions(&mut self, versions: Option<Versions>) {
+        self.config.versions = versions;
+    }
+
+    /// The frame version of the keys we send on, while we have any.
+    pub fn session_version(&self, now: Instant) -> Option<u8> {
+        self.current
+            .as_ref()
+            .filter(|s| self.alive(s, now))
+            .map(|s| s.version())
+    }
+
     /// The live session that owns `index` (from a frame's receiver index), if any.
     pub fn session_for_index(&self, index: u32, now: Instant) -> Option<Arc<Session>> {
         [&self.current, &self.previous, &self.next]
@@ -518,7 +552,7 @@ impl Peer {
         frame: &'a mut [u8],
         open: impl FnOnce(&Session, &'a mut [u8]) -> Result<(u64, &'a mut [u8]), RecvError>,
     ) -> Result<(Arc<Session>, MessageType, &'a mut [u8]), RecvError> {
-        let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?)?;
+        let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?, self.identity.versions())?;
         let session = self
             .session_for_index(repr.receiver_index, now)
             .ok_or(RecvError::UnknownIndex(repr.receiver_index))?;
@@ -589,18 +623,19 @@ impl Peer {
         }
         let local_index = self.next_index();
         let cert = init.cert.clone();
-        let (timestamp, remote_index) = (init.timestamp, init.sender_index);
+        let (timestamp, remote_index, version) = (init.timestamp, init.sender_index, init.version);
         let (frame, keys) = handshake::write_response(&self.identity, init, local_index.value())?;
         self.newest_init_timestamp = Some(timestamp);
         self.last_init_accepted = Some(now);
+        // The initiator chose the version; we answered in it.
         let session = Session::new(
-            local_index,
-            remote_index,
+            (local_index, remote_index),
             false,
             now,
             self.backend,
             keys,
             self.timing.reject_after_messages,
+            version,
         );
         // As responder the new keys wait in `next` for confirmation; the oldest keys go.
         self.next = Some(Arc::new(session));
@@ -627,22 +662,23 @@ impl Peer {
         from: SocketAddr,
         frame: &[u8],
     ) -> Result<(), HandshakeError> {
-        let index = handshake::response_receiver(frame)?;
+        let index = handshake::response_receiver(frame, self.identity.versions())?;
         let remote = self
             .config
             .remote_static
             .ok_or(HandshakeError::CannotInitiate("static key"))?;
         let unix_secs = self.clock.unix_secs(now);
-        let Some(state) = self
+        let Some((state, version)) = self
             .pending
             .as_mut()
             .filter(|p| p.local_index.value() == index)
-            .and_then(|p| p.state.as_mut())
+            .and_then(|p| Some((p.state.as_mut()?, p.version)))
         else {
             return Err(HandshakeError::UnknownIndex(index));
         };
-        let result = handshake::read_response(&self.identity, state, &remote, unix_secs, frame)
-            .and_then(|r| self.config.check(&r.cert).map(|()| r));
+        let result =
+            handshake::read_response(&self.identity, state, (&remote, version), unix_secs, frame)
+                .and_then(|r| self.config.check(&r.cert).map(|()| r));
         let response = match result {
             Ok(r) => r,
             Err(e) => {
@@ -659,13 +695,13 @@ impl Peer {
             return Err(HandshakeError::UnknownIndex(index));
         };
         let session = Arc::new(Session::new(
-            pending.local_index,
-            response.sender_index,
+            (pending.local_index, response.sender_index),
             true,
             now,
             self.backend,
             response.keys,
             self.timing.reject_after_messages,
+            pending.version,
         ));
         if let Some(next) = self.next.take() {
             self.previous = Some(next);
@@ -700,7 +736,7 @@ impl Peer {
         frame: &[u8],
     ) -> Result<(), HandshakeError> {
         let view = Frame::new_checked(frame)?;
-        let repr = FrameRepr::parse(&view)?;
+        let repr = FrameRepr::parse(&view, self.identity.versions())?;
         if repr.msg_type != MessageType::CookieReply {
             return Err(HandshakeError::WrongType {
                 expected: MessageType::CookieReply,
@@ -900,6 +936,7 @@ impl Peer {
         if self.endpoint.is_none() {
             return Err(HandshakeError::CannotInitiate("endpoint"));
         }
+        self.version_to_speak()?;
         if self.pending.is_none() {
             self.handshake_requested = true;
         }
@@ -922,6 +959,7 @@ impl Peer {
         let destination = self
             .endpoint
             .ok_or(HandshakeError::CannotInitiate("endpoint"))?;
+        let version = self.version_to_speak()?;
         let local_index = self.next_index();
         // Strictly increasing even if the wall clock stalls, so the peer never sees a replay.
         let timestamp = self.clock.unix_nanos(now).max(self.last_timestamp_sent + 1);
@@ -931,7 +969,7 @@ impl Peer {
         });
         let (state, mut frame) = handshake::write_init(
             &self.identity,
-            &remote,
+            (&remote, version),
             local_index.value(),
             timestamp,
             &hint,
@@ -948,6 +986,7 @@ impl Peer {
             local_index,
             retry_at: now + self.retry_backoff,
             mac1,
+            version,
         });
         self.transmits.push_back(Transmit { destination, frame });
         Ok(())

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use cyphonic_crypto::{Backend, Key, PacketKey, ReplayError, ReplayWindow, TAG_LEN};
-use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType};
+use cyphonic_wire::{Frame, FrameRepr, HEADER_LEN, MessageType, Versions};
 
 use crate::error::{RecvError, SendError};
 use crate::index::LocalIndex;
@@ -19,6 +19,8 @@ pub struct Session {
     remote_index: u32,
     initiator: bool,
     created: Instant,
+    /// The frame version of every frame sealed and opened.
+    version: u8,
     send_key: Box<dyn PacketKey>,
     recv_key: Box<dyn PacketKey>,
     /// Next counter to hand out. Only ever moves forward, and never past `send_limit`.
@@ -39,16 +41,18 @@ impl fmt::Debug for Session {
 }
 
 impl Session {
+    /// A session on `(ours, theirs)` indices.
     pub(crate) fn new(
-        local_index: LocalIndex,
-        remote_index: u32,
+        (local_index, remote_index): (LocalIndex, u32),
         initiator: bool,
         created: Instant,
         backend: Backend,
         (send, recv): (Key, Key),
         limit: u64,
+        version: u8,
     ) -> Self {
         Self {
+            version,
             local_index,
             remote_index,
             initiator,
@@ -59,6 +63,12 @@ impl Session {
             send_limit: limit,
             replay: Mutex::new(ReplayWindow::new(limit)),
         }
+    }
+
+    /// The frame version the session runs at, its initiator's choice (docs/protocol.md §2,
+    /// *Versions*).
+    pub const fn version(&self) -> u8 {
+        self.version
     }
 
     /// Our index: frames to us carry it as receiver index.
@@ -163,6 +173,7 @@ impl Session {
             return Err(SendError::BufferTooSmall { needed: len });
         };
         let repr = FrameRepr {
+            version: self.version,
             msg_type,
             flags,
             receiver_index: self.remote_index,
@@ -202,7 +213,10 @@ impl Session {
         frame: &'a mut [u8],
         kind: impl Fn(MessageType) -> bool,
     ) -> Result<(u64, &'a mut [u8]), RecvError> {
-        let repr = FrameRepr::parse(&Frame::new_checked(&*frame)?)?;
+        let repr = FrameRepr::parse(
+            &Frame::new_checked(&*frame)?,
+            Versions::exactly(self.version),
+        )?;
         if !kind(repr.msg_type) {
             return Err(RecvError::WrongType(repr.msg_type));
         }
@@ -249,24 +263,46 @@ mod tests {
         let (ia, ib) = (indices.allocate(1), indices.allocate(2));
         let (a_index, b_index) = (ia.value(), ib.value());
         let a = Session::new(
-            ia,
-            b_index,
+            (ia, b_index),
             true,
             now,
             Backend::Ring,
             (Key::from_bytes(k1), Key::from_bytes(k2)),
             limit,
+            cyphonic_wire::VERSION,
         );
         let b = Session::new(
-            ib,
-            a_index,
+            (ib, a_index),
             false,
             now,
             Backend::RustCrypto,
             (Key::from_bytes(k2), Key::from_bytes(k1)),
             limit,
+            cyphonic_wire::VERSION,
         );
         (a, b)
+    }
+
+    /// Every frame of a session carries its version, and a frame of the session in another
+    /// version does not open, whatever else the receiver speaks.
+    #[test]
+    fn a_session_seals_and_opens_its_own_version_only() {
+        let (a, b) = pair(u64::MAX);
+        assert_eq!(
+            (a.version(), b.version()),
+            (cyphonic_wire::VERSION, cyphonic_wire::VERSION)
+        );
+        let mut buf = [0u8; 64];
+        let c = a.reserve_counter().unwrap();
+        let len = a.seal(c, &mut buf, 5).unwrap();
+        assert_eq!(buf[0], cyphonic_wire::VERSION);
+        let mut other = buf;
+        other[0] = cyphonic_wire::VERSION + 1;
+        assert!(matches!(
+            b.open(&mut other[..len]),
+            Err(RecvError::Frame(cyphonic_wire::Error::Version(v))) if v == cyphonic_wire::VERSION + 1
+        ));
+        assert!(b.open(&mut buf[..len]).is_ok());
     }
 
     #[test]

@@ -414,7 +414,7 @@ pub fn init_frame(
         cyphonic_crypto::noise::initiator(noise_key, responder, crate::handshake::PROLOGUE).ok()?;
     let mut frame = crate::handshake::write_frame(
         &mut state,
-        MessageType::HandshakeInit,
+        (MessageType::HandshakeInit, cyphonic_wire::VERSION),
         header_index,
         payload,
     )
@@ -427,11 +427,11 @@ pub fn init_frame(
 /// `payload` (the real one is index, certificate), to `receiver_index` (the initiator's), MACs
 /// sealed for the initiator.
 pub fn response_frame(init: IncomingInit, receiver_index: u32, payload: &[u8]) -> Option<Vec<u8>> {
-    let remote = init.remote_static;
+    let (remote, version) = (init.remote_static, init.version);
     let mut state = init.state;
     let mut frame = crate::handshake::write_frame(
         &mut state,
-        MessageType::HandshakeResp,
+        (MessageType::HandshakeResp, version),
         receiver_index,
         payload,
     )
@@ -452,6 +452,7 @@ pub fn forged_response(
     let body_len = noise.len() + 2 * MAC_LEN;
     let mut frame = vec![0u8; HEADER_LEN + body_len];
     FrameRepr {
+        version: cyphonic_wire::VERSION,
         msg_type: MessageType::HandshakeResp,
         flags: 0,
         receiver_index,

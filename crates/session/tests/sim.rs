@@ -960,7 +960,7 @@ fn a_cookie_reply_puts_mac2_on_the_next_initiation() {
     let now = p.now;
     let a_addr = p.a.addr;
     let mut checker = CookieChecker::new(
-        &p.b.identity.public_key(),
+        (&p.b.identity.public_key(), cyphonic_wire::Versions::OURS),
         CookieSecret::random().unwrap(),
         now,
     );
@@ -1080,4 +1080,108 @@ fn an_initiation_carries_the_hint_its_responder_expects_of_that_peer() {
     let forged = init_frame(&stranger, &p.b.identity.public_key(), 7, &[0; 64]).unwrap();
     let theirs = cyphonic_session::initiation_hint(&forged).unwrap();
     assert!(!expected.contains(&theirs));
+}
+
+/// Members of releases a version apart (docs/protocol.md §2, *Versions*): each session runs
+/// in the newest version both speak as the initiator was told, or the initiator's oldest;
+/// the responder answers in the initiation's; a peer told to be apart gets no initiation.
+#[test]
+fn mixed_releases_meet_in_a_version_both_speak() {
+    use cyphonic_wire::Versions;
+    let now = VERSION;
+    let next = VERSION + 1;
+    let range = |oldest, newest| Versions::new(oldest, newest).unwrap();
+    let speaking = |setup: &mut Setup, a: Versions, b: Versions| {
+        let take = |i: &mut std::sync::Arc<cyphonic_session::Identity>, v| {
+            let old = std::mem::replace(i, setup_placeholder());
+            *i = std::sync::Arc::new(std::sync::Arc::into_inner(old).unwrap().with_versions(v));
+        };
+        take(&mut setup.a_identity, a);
+        take(&mut setup.b_identity, b);
+    };
+    // (A speaks, B speaks, what A is told of B, the session's version).
+    let cases = [
+        (
+            range(now, next),
+            range(now, now),
+            Some(range(now, now)),
+            now,
+        ),
+        (range(now, next), range(now, now), None, now),
+        (
+            range(now, next),
+            range(now, next),
+            Some(range(now, next)),
+            next,
+        ),
+        (range(now, next), range(now, next), None, now),
+        (
+            range(now, now),
+            range(now, next),
+            Some(range(now, next)),
+            now,
+        ),
+        (
+            range(next, next),
+            range(now, next),
+            Some(range(now, next)),
+            next,
+        ),
+    ];
+    for (a, b, told, version) in cases {
+        let mut setup = Setup::new(7);
+        speaking(&mut setup, a, b);
+        setup.a_config.versions = told;
+        let mut p = setup.build(Instant::now());
+        p.connect(Side::A);
+        let case = format!("A {a}, B {b}, A told {told:?}");
+        assert_eq!(p.a.peer.session_version(p.now), Some(version), "{case}");
+        p.send(Side::A, b"ping").unwrap();
+        p.send(Side::B, b"pong").unwrap();
+        p.drive(SEC);
+        assert_eq!(p.b.delivered, vec![b"ping".to_vec()], "{case}");
+        assert_eq!(p.a.delivered, vec![b"pong".to_vec()], "{case}");
+        assert_eq!(p.b.peer.session_version(p.now), Some(version), "{case}");
+    }
+    // Told the peer is a release too far: no initiation, and the error says why.
+    let mut setup = Setup::new(7);
+    speaking(&mut setup, range(now, now), range(next, next));
+    setup.a_config.versions = Some(range(next, next));
+    let mut p = setup.build(Instant::now());
+    assert_eq!(
+        p.a.peer.initiate(p.now),
+        Err(HandshakeError::NoCommonVersion {
+            ours: range(now, now),
+            theirs: range(next, next)
+        })
+    );
+    assert_eq!(p.send(Side::A, b"ping"), Err(SendError::Unreachable));
+    p.drive(SEC);
+    assert!(p.b.handshake_errors.is_empty() && p.b.events.is_empty());
+    // Told wrong (the peer is older than the cloud said): its end drops the initiation as a
+    // version it does not speak, and no keys exist.
+    let mut setup = Setup::new(7);
+    speaking(&mut setup, range(now, next), range(now, now));
+    setup.a_config.versions = Some(range(now, next));
+    let mut p = setup.build(Instant::now());
+    p.connect(Side::A);
+    assert_eq!(p.a.peer.session_version(p.now), None);
+    assert!(
+        p.b.handshake_errors
+            .iter()
+            .all(|e| *e == HandshakeError::Frame(cyphonic_wire::Error::Version(next))),
+        "{:?}",
+        p.b.handshake_errors
+    );
+    assert!(!p.b.handshake_errors.is_empty());
+}
+
+/// A throwaway identity to swap out the one being rebuilt.
+fn setup_placeholder() -> std::sync::Arc<cyphonic_session::Identity> {
+    let ca = test_ca();
+    identity(
+        node_keys(&ca, "gw9.ovl.example", "100.64.9.0/24"),
+        &ca,
+        RevocationList::default(),
+    )
 }

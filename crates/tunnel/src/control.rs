@@ -933,6 +933,23 @@ impl Control {
         self.events.push_back(event);
     }
 
+    /// Says so when the keys a peer just came up with are of a tunnel version older than our
+    /// newest: the peer runs an older release, and the tunnel goes without what the newer
+    /// versions add (docs/protocol.md §2, *Versions*).
+    fn older_version(&self, slot: &PeerSlot) {
+        let ours = self.shared.versions;
+        let version = slot.lock().session_version(Instant::now());
+        if let Some(version) = version.filter(|v| *v < ours.newest()) {
+            tracing::warn!(
+                peer = %slot.name,
+                version,
+                ours = %ours,
+                "the peer speaks an older tunnel version (an older release): this tunnel goes \
+                 without what later versions add until both ends run one release"
+            );
+        }
+    }
+
     /// Sends what the peer wants sent and acts on what happened to it.
     pub fn drain(&mut self, slot: &Arc<PeerSlot>) {
         let (transmits, events): (Vec<_>, Vec<_>) = {
@@ -955,6 +972,7 @@ impl Control {
                         tracing::debug!(peer = %slot.name, initiator, "keys rotated");
                     } else {
                         tracing::info!(peer = %slot.name, initiator, "peer up");
+                        self.older_version(slot);
                     }
                     // No peer lock is held here: the submitter takes peers' locks.
                     if let Some(sub) = self.intake.lock().as_mut() {

@@ -642,7 +642,7 @@ impl<K: Sink<Item = Accepted>> Engine<K> {
             .name("cy-handshake".into())
             .spawn(move || handshakes.run())
             .map_err(io("starting the handshake thread"))?;
-        let gate = HandshakeGate::new(&identity_key, Instant::now())
+        let gate = HandshakeGate::new((&identity_key, shared.versions), Instant::now())
             .map_err(io("seeding the handshake cookie secret"))?;
         let receiver = Receiver::new(
             shared.clone(),

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use cyphonic_crypto::{CookieSecret, PublicKey};
 use cyphonic_session::{CookieChecker, initiation_hint};
-use cyphonic_wire::{HINT_LEN, MessageType};
+use cyphonic_wire::{HINT_LEN, MessageType, Versions};
 
 use crate::counters::{EngineCounters, bump};
 use crate::limit::{RateTable, source_key};
@@ -154,11 +154,12 @@ pub struct HandshakeGate {
 }
 
 impl HandshakeGate {
-    /// A gate for messages to `ours` (our static key), with a fresh cookie secret.
+    /// A gate for messages to `ours` (our static key) in frame versions `versions`, with a
+    /// fresh cookie secret.
     ///
     /// # Errors
     /// The system's random generator failing.
-    pub fn new(ours: &PublicKey, now: Instant) -> std::io::Result<Self> {
+    pub fn new(ours: (&PublicKey, Versions), now: Instant) -> std::io::Result<Self> {
         let secret = CookieSecret::random()
             .map_err(|_| std::io::Error::other("the system's random generator failed"))?;
         Ok(Self {
@@ -321,6 +322,7 @@ mod tests {
         use cyphonic_wire::{Frame, FrameRepr, HANDSHAKE_INIT_MIN, HEADER_LEN, MAC_LEN};
         let mut f = vec![0x5a; HEADER_LEN + HANDSHAKE_INIT_MIN];
         FrameRepr {
+            version: cyphonic_wire::VERSION,
             msg_type: MessageType::HandshakeInit,
             flags: 0,
             receiver_index: 9,
@@ -372,7 +374,7 @@ mod tests {
     fn a_known_hint_comes_before_a_spent_budget_and_rate_up_to_its_own_rate() {
         let ours = PublicKey([3; 32]);
         let t = Instant::now();
-        let mut gate = HandshakeGate::new(&ours, t).unwrap();
+        let mut gate = HandshakeGate::new((&ours, Versions::OURS), t).unwrap();
         let c = EngineCounters::default();
         let hint = [0x42; HINT_LEN];
         let known = KnownPeers {

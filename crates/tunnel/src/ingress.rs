@@ -280,7 +280,9 @@ pub fn arrival(shared: &Shared, buf: Buf, m: DatagramMeta, now: Instant) -> Arri
         bump(&c.udp_truncated);
         return Arrival::Dropped;
     }
-    let repr = match Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f)) {
+    let parsed =
+        Frame::new_checked(&buf[..m.len]).and_then(|f| FrameRepr::parse(&f, shared.versions));
+    let repr = match parsed {
         Ok(repr) => repr,
         Err(cyphonic_wire::Error::Version(version)) => {
             bump(&c.drop_frame_version);
@@ -559,11 +561,11 @@ impl Receiver {
                             tracing::warn!(
                                 from = %m.from,
                                 version,
-                                ours = cyphonic_wire::VERSION,
+                                ours = %self.shared.versions,
                                 held_back = held,
-                                "a tunnel frame of another protocol version: that end (a peer, or \
-                                 the cloud) runs another release; tunnels need both ends on one \
-                                 version (docs/protocol.md, Versions)"
+                                "a tunnel frame of a protocol version we do not speak: that end (a \
+                                 peer, or the cloud) runs a release more than one apart from ours \
+                                 (docs/protocol.md §2, Versions)"
                             );
                         }
                     }

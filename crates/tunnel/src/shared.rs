@@ -48,6 +48,9 @@ pub struct Shared {
     /// Who we are and whom we trust: what handshakes are answered as and checked against.
     /// Replaced whole when the trust changes ([`Control::set_identity`](crate::Control::set_identity)).
     identity: RwLock<Arc<Identity>>,
+    /// The frame versions we speak, the first identity's (a replaced identity keeps them):
+    /// frames of any other are dropped on arrival (docs/protocol.md §2, *Versions*).
+    pub(crate) versions: cyphonic_wire::Versions,
     /// Unix time for certificate checks.
     pub(crate) clock: Clock,
     /// The peers' timers.
@@ -106,6 +109,7 @@ impl Shared {
         (
             Self {
                 peers: PeerTable::default(),
+                versions: local.identity.versions(),
                 identity: RwLock::new(local.identity),
                 clock: local.clock,
                 timing: local.timing,

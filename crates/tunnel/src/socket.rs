@@ -11,7 +11,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use cyphonic_netio::{DatagramMeta, UdpOptions, UdpSocket, cbpf};
-use cyphonic_wire::{FLAG_SPARSE, MessageType, VERSION, field};
+use cyphonic_wire::{FLAG_SPARSE, MessageType, Versions, field};
 
 /// A datagram socket on the underlay, as the engine uses it. Each thread owns its own handle
 /// ([`TunnelSocket::try_clone_box`]).
@@ -76,7 +76,7 @@ pub trait TunnelSocket: Send + std::fmt::Debug {
 }
 
 /// The classic BPF program that steers a datagram to a sparse companion when it is a data
-/// frame of our version flagged `FLAG_SPARSE` (docs/protocol.md §1), and to the tunnel
+/// frame of a version we speak flagged `FLAG_SPARSE` (docs/protocol.md §1), and to the tunnel
 /// socket (0) otherwise: companion `1 + i` when the program runs on `cpus[i]` (the CPU that
 /// received the datagram, where that companion's reader runs), companion 1 elsewhere or
 /// without `cpus`. The flag is a hint, unauthenticated until the frame opens: a forged one
@@ -90,14 +90,16 @@ pub fn sparse_program(cpus: &[usize]) -> Vec<cbpf::Insn> {
         field::TYPE as u32,
         field::FLAGS.start as u32,
     );
+    let versions = Versions::OURS;
     let mut program = vec![
         cbpf::load_byte(version),
-        cbpf::jump_eq(u32::from(VERSION), 0, 4),
+        cbpf::jump_ge(u32::from(versions.oldest()), 0, 5),
+        cbpf::jump_ge(u32::from(versions.newest()) + 1, 4, 0),
         cbpf::load_byte(kind),
         cbpf::jump_eq(data, 0, 2),
         cbpf::load_half(flags),
         cbpf::jump_set(u32::from(FLAG_SPARSE), 1, 0),
-        cbpf::ret(0), // 6: the tunnel socket; a companion's answer from 7 on
+        cbpf::ret(0), // 7: the tunnel socket; a companion's answer from 8 on
     ];
     if cpus.is_empty() {
         program.push(cbpf::ret(1));
@@ -159,7 +161,7 @@ impl TunnelSocket for UdpSocket {
 mod tests {
     use std::time::Duration;
 
-    use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, Frame, FrameRepr, HEADER_LEN};
+    use cyphonic_wire::{FLAG_CHECKSUM_DEFERRED, Frame, FrameRepr, HEADER_LEN, OLDEST, VERSION};
 
     use super::*;
 
@@ -168,6 +170,7 @@ mod tests {
     fn frame(kind: MessageType, flags: u16, body: usize) -> Vec<u8> {
         let mut bytes = vec![0u8; HEADER_LEN + body];
         let repr = FrameRepr {
+            version: VERSION,
             msg_type: kind,
             flags,
             receiver_index: 7,
@@ -307,10 +310,14 @@ mod tests {
         for bytes in &sent {
             tx.send_to(bytes, to).unwrap();
         }
-        // Another version's flagged data frame, and a datagram too short to hold a header.
-        let mut other = frame(MessageType::Data, FLAG_SPARSE, 100);
-        other[field::VERSION] = VERSION + 1;
-        tx.send_to(&other, to).unwrap();
+        // Flagged data frames of versions just outside ours, and a datagram too short to
+        // hold a header.
+        let mut newer = frame(MessageType::Data, FLAG_SPARSE, 100);
+        newer[field::VERSION] = VERSION + 1;
+        tx.send_to(&newer, to).unwrap();
+        let mut older = newer.clone();
+        older[field::VERSION] = OLDEST - 1;
+        tx.send_to(&older, to).unwrap();
         tx.send_to(&[VERSION, data], to).unwrap();
         let (v, keepalive, init) = (
             VERSION,
@@ -332,6 +339,7 @@ mod tests {
                 (v, keepalive, FLAG_SPARSE),
                 (v, init, FLAG_SPARSE),
                 (v + 1, data, FLAG_SPARSE),
+                (OLDEST - 1, data, FLAG_SPARSE),
                 (0, 0, 0),
             ]
         );

@@ -26,7 +26,7 @@ use cyphonic_crypto::{
 };
 use cyphonic_netio::DatagramMeta;
 use cyphonic_pipeline::{DropReason, Sink};
-use cyphonic_session::{Clock, Identity, Timing};
+use cyphonic_session::{Clock, Identity, Timing, Versions};
 use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng as _};
 
@@ -657,7 +657,7 @@ impl End {
         addr: SocketAddr,
         vip: Ipv4Addr,
         identity: &Arc<Identity>,
-        peer: &StaticPeer,
+        (peer, told): (&StaticPeer, Option<Versions>),
         dp: &DataPlane,
         timing: Timing,
         clock: Clock,
@@ -672,6 +672,9 @@ impl End {
         };
         let (shared, rx) = Shared::new(local, dp.buffers, 1024);
         shared.add_static_peer(peer);
+        if let Some(slot) = shared.peers.by_id(1) {
+            slot.lock().set_versions(told);
+        }
         let shared = Arc::new(shared);
         let (tx, delivered) = crossbeam_channel::bounded(DELIVERED);
         let sink = Collect { delivered: tx };
@@ -835,21 +838,45 @@ pub struct Pair {
     /// The second engine.
     pub b: End,
     drive: Drive,
-    /// What `b` is started from: its identity and its peer, `a`.
-    b_setup: (Arc<Identity>, StaticPeer, Clock),
+    /// What `b` is started from: its identity, its peer `a` and what it was told of `a`'s
+    /// versions.
+    b_setup: (Arc<Identity>, (StaticPeer, Option<Versions>), Clock),
 }
 
 impl Pair {
     /// The two engines, sized by `dp`, with the session `timing`, on a link seeded with
     /// `seed`. Both know the other's endpoint; `a` initiates a handshake at once.
     pub fn new(seed: u64, dp: &DataPlane, timing: Timing) -> Self {
+        let ours = (Versions::OURS, None);
+        Self::speaking(seed, (dp, timing), ours, ours)
+    }
+
+    /// [`Pair::new`] with ends of other releases: each speaks the tunnel versions of its
+    /// `.0` and is told (as the cloud would tell it) that the other speaks its `.1`
+    /// (docs/protocol.md §2, *Versions*).
+    pub fn speaking(
+        seed: u64,
+        (dp, timing): (&DataPlane, Timing),
+        a: (Versions, Option<Versions>),
+        b: (Versions, Option<Versions>),
+    ) -> Self {
         let link = Link::new(seed);
         let drive = Drive::default();
         let ca = test_ca();
-        let (id_a, cert_a) =
-            test_identity(&ca, "gw1.ovl.example", "100.64.1.0/24 fd7a:0:1:100::/56");
-        let (id_b, cert_b) =
-            test_identity(&ca, "gw2.ovl.example", "100.64.2.0/24 fd7a:0:1:200::/56");
+        let speaks = |(id, cert): (Arc<Identity>, Certificate), versions| {
+            let id = Arc::into_inner(id)
+                .expect("a new identity")
+                .with_versions(versions);
+            (Arc::new(id), cert)
+        };
+        let (id_a, cert_a) = speaks(
+            test_identity(&ca, "gw1.ovl.example", "100.64.1.0/24 fd7a:0:1:100::/56"),
+            a.0,
+        );
+        let (id_b, cert_b) = speaks(
+            test_identity(&ca, "gw2.ovl.example", "100.64.2.0/24 fd7a:0:1:200::/56"),
+            b.0,
+        );
         let addr_a = SocketAddr::from(([192, 0, 2, 1], 51820));
         let addr_b = SocketAddr::from(([192, 0, 2, 2], 51820));
         let clock = Clock::new(Instant::now(), Duration::from_secs(T0));
@@ -864,20 +891,20 @@ impl Pair {
             addr_a,
             Ipv4Addr::new(100, 64, 1, 1),
             &id_a,
-            &peer(cert_b, addr_b),
+            (&peer(cert_b, addr_b), a.1),
             dp,
             timing,
             clock.clone(),
             true,
         );
-        let b_peer = peer(cert_a, addr_a);
+        let b_peer = (peer(cert_a, addr_a), b.1);
         let b = End::start(
             &link,
             &drive,
             addr_b,
             Ipv4Addr::new(100, 64, 2, 1),
             &id_b,
-            &b_peer,
+            (&b_peer.0, b_peer.1),
             dp,
             timing,
             clock.clone(),
@@ -903,7 +930,7 @@ impl Pair {
             self.b.socket.addr(),
             self.b.vip,
             identity,
-            peer,
+            (&peer.0, peer.1),
             dp,
             timing,
             clock.clone(),

@@ -1261,3 +1261,56 @@ fn path_frames_are_held_to_their_rate_per_peer_whatever_the_source() {
     );
     assert_no_buffer_leaks(p);
 }
+
+/// Ends a release apart (docs/protocol.md §2, *Versions*): whichever initiates, the pair
+/// runs the version both speak, every frame on the link in it, data both ways in order; two
+/// newer ends told of each other run the newer one. An end told wrong (its peer is older than
+/// it was told) sends initiations the peer drops, counted as another version, and no keys
+/// come of them.
+#[test]
+fn ends_a_release_apart_carry_data_in_the_version_both_speak() {
+    use cyphonic_session::Versions;
+    use cyphonic_wire::VERSION;
+    use std::sync::atomic::Ordering::Relaxed;
+    let (now, next) = (VERSION, VERSION + 1);
+    let r = |oldest, newest| Versions::new(oldest, newest).unwrap();
+    let (older, newer) = (r(now, now), r(now, next));
+    // (A speaks, A is told of B), (B speaks, B is told of A), the pair's version. A initiates.
+    let cases = [
+        ((newer, Some(older)), (older, Some(newer)), now),
+        ((older, Some(newer)), (newer, Some(older)), now),
+        ((newer, None), (older, None), now),
+        ((newer, Some(newer)), (newer, Some(newer)), next),
+    ];
+    for (seed, (a, b, version)) in (40..).zip(cases) {
+        let case = format!("A {} told {:?}, B {} told {:?}", a.0, a.1, b.0, b.1);
+        let p = Pair::speaking(seed, (&dataplane(), timing()), a, b);
+        assert!(p.wait_established(PATIENCE), "{case}: {:?}", p.link.stats());
+        p.link.record(true);
+        send(&p.a, &p.b, 0, 50);
+        send(&p.b, &p.a, 0, 50);
+        let every: Vec<u64> = (0..50).collect();
+        assert_eq!(seqs(&p.b.wait_delivered(50, PATIENCE)), every, "{case}");
+        assert_eq!(seqs(&p.a.wait_delivered(50, PATIENCE)), every, "{case}");
+        let seen: HashSet<u8> = p.link.recorded().iter().map(|d| d.bytes[0]).collect();
+        assert_eq!(seen, HashSet::from([version]), "{case}");
+        for end in [&p.a, &p.b] {
+            let at = end.peer().lock().session_version(Instant::now());
+            assert_eq!(at, Some(version), "{case}");
+            assert_eq!(end.shared.counters().drop_frame_version.load(Relaxed), 0);
+        }
+        assert_no_buffer_leaks(p);
+    }
+    let p = Pair::speaking(
+        50,
+        (&dataplane(), timing()),
+        (newer, Some(newer)),
+        (older, None),
+    );
+    let dropped = || p.b.shared.counters().drop_frame_version.load(Relaxed);
+    assert!(wait_for(&p.b, || dropped() >= 2), "{:?}", p.link.stats());
+    let now = Instant::now();
+    assert!(!p.a.peer().lock().is_established(now) && !p.b.peer().lock().is_established(now));
+    assert_eq!(p.a.peer().lock().session_version(now), None);
+    assert_no_buffer_leaks(p);
+}

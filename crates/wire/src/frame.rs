@@ -2,8 +2,12 @@
 
 use core::fmt;
 
-/// The only frame version this crate speaks (docs/protocol.md, *Versions*).
+/// The newest frame version this release speaks (docs/protocol.md §2, *Versions*).
 pub const VERSION: u8 = 4;
+/// The oldest frame version this release speaks: at most the previous release's newest, so
+/// that members a release apart share a version (docs/protocol.md §2, *Versions*).
+pub const OLDEST: u8 = 4;
+const _: () = assert!(0 < OLDEST && OLDEST <= VERSION, "a range of versions");
 /// Length of the fixed header; the header is also the AEAD additional data of data frames.
 pub const HEADER_LEN: usize = 16;
 /// Length of the Poly1305 authentication tag that ends every data and keepalive frame.
@@ -297,9 +301,77 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Frame<T> {
     }
 }
 
-/// The parsed header of a valid version-2 frame, with its body length.
+/// A range of frame versions a member speaks, `oldest` to `newest` (docs/protocol.md §2,
+/// *Versions*): a receiver accepts frames of each, an initiator chooses one per session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Versions {
+    oldest: u8,
+    newest: u8,
+}
+
+impl Versions {
+    /// What this release speaks: [`OLDEST`] to [`VERSION`].
+    pub const OURS: Self = Self {
+        oldest: OLDEST,
+        newest: VERSION,
+    };
+
+    /// `oldest` to `newest`; `None` when `oldest > newest` or either is 0 (no version 0 was
+    /// ever spoken).
+    pub const fn new(oldest: u8, newest: u8) -> Option<Self> {
+        if oldest == 0 || oldest > newest {
+            None
+        } else {
+            Some(Self { oldest, newest })
+        }
+    }
+
+    /// The one version `version`: what a session accepts of its peer.
+    pub const fn exactly(version: u8) -> Self {
+        Self {
+            oldest: version,
+            newest: version,
+        }
+    }
+
+    /// The oldest version of the range.
+    pub const fn oldest(self) -> u8 {
+        self.oldest
+    }
+
+    /// The newest version of the range.
+    pub const fn newest(self) -> u8 {
+        self.newest
+    }
+
+    /// Whether `version` is in the range.
+    pub const fn contains(self, version: u8) -> bool {
+        self.oldest <= version && version <= self.newest
+    }
+
+    /// The version to initiate a session in with a peer that speaks `theirs`: the newest
+    /// both speak; our oldest when nobody told us the peer's range. `None` when the two
+    /// ranges share no version.
+    pub fn to_speak(self, theirs: Option<Self>) -> Option<u8> {
+        let Some(theirs) = theirs else {
+            return Some(self.oldest);
+        };
+        let newest = self.newest.min(theirs.newest);
+        (newest >= self.oldest.max(theirs.oldest)).then_some(newest)
+    }
+}
+
+impl fmt::Display for Versions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} to {}", self.oldest, self.newest)
+    }
+}
+
+/// The parsed header of a valid frame, with its body length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameRepr {
+    /// The frame's version: on a parsed frame, one the parser accepted.
+    pub version: u8,
     /// The message type; never [`MessageType::Unknown`] after [`FrameRepr::parse`].
     pub msg_type: MessageType,
     /// Flags, carried through unchanged (authenticated as part of the header on data frames).
@@ -314,13 +386,16 @@ pub struct FrameRepr {
 }
 
 impl FrameRepr {
-    /// Parses and validates a frame header against the rules of its type (docs/protocol.md).
+    /// Parses and validates a frame header against the rules of its type (docs/protocol.md),
+    /// when its version is one of `versions`.
     ///
     /// # Errors
-    /// Any [`Error`] but `Truncated`, which [`Frame::new_checked`] already excluded.
-    pub fn parse<T: AsRef<[u8]>>(frame: &Frame<T>) -> Result<Self, Error> {
-        if frame.version() != VERSION {
-            return Err(Error::Version(frame.version()));
+    /// Any [`Error`] but `Truncated`, which [`Frame::new_checked`] already excluded;
+    /// [`Error::Version`] before anything else is looked at.
+    pub fn parse<T: AsRef<[u8]>>(frame: &Frame<T>, versions: Versions) -> Result<Self, Error> {
+        let version = frame.version();
+        if !versions.contains(version) {
+            return Err(Error::Version(version));
         }
         let kind = frame.msg_type();
         let body_len = frame.body().len();
@@ -366,6 +441,7 @@ impl FrameRepr {
             });
         }
         Ok(Self {
+            version,
             msg_type: kind,
             flags: frame.flags(),
             receiver_index: frame.receiver_index(),
@@ -384,7 +460,7 @@ impl FrameRepr {
     /// # Panics
     /// If the buffer is shorter than [`HEADER_LEN`]; size it with [`FrameRepr::buffer_len`].
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, frame: &mut Frame<T>) {
-        frame.set_version(VERSION);
+        frame.set_version(self.version);
         frame.set_msg_type(self.msg_type);
         frame.set_flags(self.flags);
         frame.set_receiver_index(self.receiver_index);
@@ -413,10 +489,11 @@ mod tests {
         assert_eq!(frame.counter(), 7);
         assert_eq!(frame.header(), &DATA[..16]);
         assert_eq!(frame.body(), &DATA[16..]);
-        let repr = FrameRepr::parse(&frame).unwrap();
+        let repr = FrameRepr::parse(&frame, Versions::OURS).unwrap();
         assert_eq!(
             repr,
             FrameRepr {
+                version: 4,
                 msg_type: MessageType::Data,
                 flags: 0,
                 receiver_index: 0x0a0b_0c0d,
@@ -430,6 +507,7 @@ mod tests {
     #[test]
     fn emits_what_it_parses() {
         let repr = FrameRepr {
+            version: VERSION,
             msg_type: MessageType::Data,
             flags: FLAG_CHECKSUM_DEFERRED | FLAG_SPARSE,
             receiver_index: 42,
@@ -440,7 +518,7 @@ mod tests {
         repr.emit(&mut Frame::new_unchecked(&mut buf[..]));
         assert_eq!(&buf[..16], &hex!("04 03 0003 0000002a fffffffffffffffe"));
         assert_eq!(
-            FrameRepr::parse(&Frame::new_checked(&buf[..]).unwrap()),
+            FrameRepr::parse(&Frame::new_checked(&buf[..]).unwrap(), Versions::OURS),
             Ok(repr)
         );
     }
@@ -448,7 +526,7 @@ mod tests {
     /// `check(bytes, expected)` runs the whole parse path on one input.
     fn check(bytes: &[u8], expect: Result<MessageType, Error>) {
         let got = Frame::new_checked(bytes)
-            .and_then(|f| FrameRepr::parse(&f))
+            .and_then(|f| FrameRepr::parse(&f, Versions::OURS))
             .map(|r| r.msg_type);
         assert_eq!(got, expect, "input {bytes:02x?}");
     }
@@ -556,6 +634,48 @@ mod tests {
         check(&frame(6, 7, 3, 0), Ok(EndpointProbe));
         check(&frame(8, 7, 3, 32), Ok(Path));
         check(&frame(8, 7, 3, 176), Ok(Path));
+    }
+
+    /// A range accepts its own versions only, parses each into the frame's version, and
+    /// re-emits that version.
+    #[test]
+    fn a_range_accepts_its_versions_and_keeps_each() {
+        let range = Versions::new(3, 5).unwrap();
+        for version in [0, 1, 2, 6, 255] {
+            let mut other = DATA;
+            other[0] = version;
+            let parsed = FrameRepr::parse(&Frame::new_checked(&other[..]).unwrap(), range);
+            assert_eq!(parsed, Err(Error::Version(version)));
+        }
+        for version in 3..=5 {
+            let mut ours = DATA;
+            ours[0] = version;
+            let repr = FrameRepr::parse(&Frame::new_checked(&ours[..]).unwrap(), range).unwrap();
+            assert_eq!(repr.version, version);
+            let mut out = [0u8; HEADER_LEN];
+            repr.emit(&mut Frame::new_unchecked(&mut out[..]));
+            assert_eq!(out, ours[..HEADER_LEN]);
+        }
+    }
+
+    #[test]
+    fn ranges_and_the_version_to_speak() {
+        let r = |o, n| Versions::new(o, n).unwrap();
+        assert_eq!(Versions::new(5, 4), None);
+        assert_eq!(Versions::new(0, 4), None);
+        assert_eq!(Versions::OURS, r(OLDEST, VERSION));
+        // Unknown peer: our oldest.
+        assert_eq!(r(4, 5).to_speak(None), Some(4));
+        // The newest both speak, from either side.
+        assert_eq!(r(4, 5).to_speak(Some(r(4, 4))), Some(4));
+        assert_eq!(r(4, 4).to_speak(Some(r(4, 5))), Some(4));
+        assert_eq!(r(4, 5).to_speak(Some(r(4, 5))), Some(5));
+        assert_eq!(r(4, 5).to_speak(Some(r(5, 6))), Some(5));
+        assert_eq!(r(5, 6).to_speak(Some(r(4, 5))), Some(5));
+        // Apart: nothing.
+        assert_eq!(r(4, 4).to_speak(Some(r(5, 6))), None);
+        assert_eq!(r(5, 6).to_speak(Some(r(4, 4))), None);
+        assert_eq!(r(4, 5).to_string(), "4 to 5");
     }
 
     #[test]

@@ -18,7 +18,7 @@ mod frame;
 pub use frame::{
     COOKIE_REPLY_LEN, DATA_FLAGS, Error, FLAG_CHECKSUM_DEFERRED, FLAG_SPARSE, Frame, FrameRepr,
     HANDSHAKE_INIT_MIN, HANDSHAKE_MAX, HANDSHAKE_RESP_MIN, HEADER_LEN, HINT_LEN, MAC_LEN,
-    MessageType, PATH_MSG_MAX, PATH_MSG_MIN, TAG_LEN, VERSION, field,
+    MessageType, OLDEST, PATH_MSG_MAX, PATH_MSG_MIN, TAG_LEN, VERSION, Versions, field,
 };
 
 /// Entry point shared by the fuzz target and the tests: parse arbitrary bytes as a frame and,
@@ -31,7 +31,7 @@ pub fn roundtrip_check(data: &[u8]) -> bool {
     let Ok(frame) = Frame::new_checked(data) else {
         return false;
     };
-    let Ok(repr) = FrameRepr::parse(&frame) else {
+    let Ok(repr) = FrameRepr::parse(&frame, Versions::OURS) else {
         return false;
     };
     assert_eq!(
@@ -48,8 +48,11 @@ pub fn roundtrip_check(data: &[u8]) -> bool {
     );
     let mut whole = data.to_vec();
     whole[..HEADER_LEN].copy_from_slice(&out);
-    let again = FrameRepr::parse(&Frame::new_checked(&whole[..]).expect("re-emitted frame"))
-        .expect("re-emitted frame parses");
+    let again = FrameRepr::parse(
+        &Frame::new_checked(&whole[..]).expect("re-emitted frame"),
+        Versions::OURS,
+    )
+    .expect("re-emitted frame parses");
     assert_eq!(again, repr, "round trip changed the representation");
     true
 }
