@@ -93,7 +93,11 @@ async fn fill(store: &Store, pki: &Pki, members: usize) -> anyhow::Result<()> {
         store
             .register(
                 &fp,
-                (&[endpoint], None),
+                (
+                    &[endpoint],
+                    None,
+                    Some(cyphonic_control::TunnelVersions::OURS),
+                ),
                 &[record(name.clone(), 1), record(format!("cam.{name}"), 10)],
             )
             .await?;

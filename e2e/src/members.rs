@@ -463,6 +463,7 @@ pub(crate) async fn join(
         cloud_keys: vec![key],
         agent: "cyphonic-bed members".into(),
         tunnel_port: member.tunnel.map(|t| t.port()),
+        tunnel: cyphonic_signal::TunnelVersions::OURS,
         source: Some(member.source),
     };
     let (handle, mut events) = cyphonic_signal::spawn(config, member.identity);

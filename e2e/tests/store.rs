@@ -14,7 +14,7 @@ use cyphonic_crypto::{Certificate, StaticKeypair};
 use cyphonic_e2e::bed::TempDir;
 use cyphonic_e2e::postgres::Postgres;
 use cyphonic_signal::testing::Pki;
-use cyphonic_signal::{Event, NameRecord, RelayReason, Resolution};
+use cyphonic_signal::{Event, NameRecord, RelayReason, Resolution, TunnelVersions};
 
 fn rec(name: &str, vip: [u8; 4]) -> NameRecord {
     NameRecord {
@@ -517,7 +517,7 @@ async fn conformance(store: &Store) {
     let taken = store
         .register(
             "fp1",
-            (&[e1], None),
+            (&[e1], None, Some(TunnelVersions::OURS)),
             &[
                 rec("gw1.ovl.example", [100, 64, 1, 1]),
                 rec("cam.gw1.ovl.example", [100, 64, 1, 100]),
@@ -530,7 +530,7 @@ async fn conformance(store: &Store) {
     let taken = store
         .register(
             "fp2",
-            (&[], None),
+            (&[], None, None),
             &[
                 rec("cam.gw1.ovl.example", [100, 64, 2, 9]),
                 rec("gw2.ovl.example", [100, 64, 2, 1]),
@@ -550,7 +550,13 @@ async fn conformance(store: &Store) {
     assert_eq!(found.owner.fingerprint, "fp1");
     assert_eq!(found.owner.certificate, "CERT1");
     assert_eq!(found.owner.endpoints, [e1]);
+    assert_eq!(found.owner.tunnel, Some(TunnelVersions::OURS));
     assert!(found.owner.online);
+    let gw2 = store.client("fp2").await.unwrap().unwrap();
+    assert_eq!(
+        gw2.tunnel, None,
+        "registered none (a client before control version 15)"
+    );
     // The observed address goes first.
     let seen: SocketAddr = "203.0.113.7:40000".parse().unwrap();
     store.observed("fp1", seen, false).await.unwrap();
@@ -571,7 +577,7 @@ async fn conformance(store: &Store) {
     };
     let names = [rec("gw1.ovl.example", [100, 64, 1, 1])];
     store
-        .register("fp1", (&[e1], Some(&mapping)), &names)
+        .register("fp1", (&[e1], Some(&mapping), None), &names)
         .await
         .unwrap();
     let row = store.client("fp1").await.unwrap().unwrap();
@@ -579,7 +585,10 @@ async fn conformance(store: &Store) {
     assert_eq!(row.reach(), [mapped, seen, e1]);
     let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
     assert_eq!(found.owner.mapping, Some(mapping));
-    store.register("fp1", (&[e1], None), &names).await.unwrap();
+    store
+        .register("fp1", (&[e1], None, None), &names)
+        .await
+        .unwrap();
     assert_eq!(store.client("fp1").await.unwrap().unwrap().mapping, None);
     // A device with IPv6 only (control version 9): its name has no vIP, and the registry
     // keeps it so, in the member's IPv6 names alone.
@@ -591,7 +600,7 @@ async fn conformance(store: &Store) {
     let taken = store
         .register(
             "fp1",
-            (&[e1], None),
+            (&[e1], None, None),
             &[rec("gw1.ovl.example", [100, 64, 1, 1]), thread.clone()],
         )
         .await
@@ -623,7 +632,7 @@ async fn conformance(store: &Store) {
     store
         .register(
             "fp1",
-            (&[e1], None),
+            (&[e1], None, None),
             &[rec("gw1.ovl.example", [100, 64, 1, 1])],
         )
         .await
@@ -799,7 +808,10 @@ async fn identities(store: &Store) {
         )
         .await
         .unwrap();
-    let refused = store.register("fp1b", (&[], None), &gw1).await.unwrap();
+    let refused = store
+        .register("fp1b", (&[], None, None), &gw1)
+        .await
+        .unwrap();
     assert!(refused.is_empty(), "{refused:?}");
     let found = store.lookup("gw1.ovl.example").await.unwrap().unwrap();
     assert_eq!(found.owner.fingerprint, "fp1b");
@@ -816,7 +828,7 @@ async fn identities(store: &Store) {
     let refused = store
         .register(
             "fp1x",
-            (&[], None),
+            (&[], None, None),
             &[NameRecord {
                 vip6: None,
                 legacy: Some(Ipv4Addr::new(192, 0, 2, 7)),
@@ -829,7 +841,7 @@ async fn identities(store: &Store) {
     let refused = store
         .register(
             "fp1b",
-            (&[], None),
+            (&[], None, None),
             &[rec("cam.gw1.ovl.example", [100, 64, 1, 8])],
         )
         .await
@@ -846,7 +858,7 @@ async fn identities(store: &Store) {
     let refused = store
         .register(
             "fp2",
-            (&[], None),
+            (&[], None, None),
             &[
                 rec("gw1.ovl.example", [100, 64, 2, 5]),
                 rec("sensor.gw2.ovl.example", [100, 64, 2, 6]),
@@ -873,7 +885,7 @@ async fn identities(store: &Store) {
     let refused = store
         .register(
             "fp9",
-            (&[], None),
+            (&[], None, None),
             &[rec("sensor.gw2.ovl.example", [100, 64, 2, 6])],
         )
         .await
@@ -1034,6 +1046,7 @@ fn client_config(key: &StaticKeypair, at: &[SocketAddr]) -> cyphonic_signal::Con
         cloud_keys: vec![key.public()],
         agent: "test".into(),
         tunnel_port: None,
+        tunnel: TunnelVersions::OURS,
         source: None,
     }
 }
@@ -1303,6 +1316,7 @@ fn a_client_fails_over_between_cloud_instances() {
                 cloud_keys: vec![old_key.public(), key.public()],
                 agent: "test".into(),
                 tunnel_port: None,
+                tunnel: TunnelVersions::OURS,
                 source: None,
             },
             gw1,

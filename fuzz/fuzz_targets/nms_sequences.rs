@@ -72,6 +72,8 @@ enum Op {
         endpoints: Vec<([u8; 4], u16)>,
         names: Vec<(Name, [u8; 4])>,
         mapping: Option<Result<([u8; 4], u16), String>>,
+        /// Tunnel versions: any two bytes, a range or not (the cloud stores what parses).
+        tunnel: Option<(u8, u8)>,
     },
     Resolve { id: u64, name: Name },
     Relay(Peer),
@@ -151,7 +153,8 @@ libfuzzer_sys::fuzz_target!(|input: Input| {
         for (who, op) in input.ops.into_iter().take(32) {
             let me = &f.clients[usize::from(who) % f.clients.len()];
             let msg = match &op {
-                Op::Register { endpoints, names, mapping } => ClientMsg::Register {
+                Op::Register { endpoints, names, mapping, tunnel } => ClientMsg::Register {
+                    tunnel: tunnel.and_then(|(o, n)| cyphonic_control::TunnelVersions::try_from([o, n]).ok()),
                     mapping: mapping.as_ref().map(|m| match m {
                         Ok((ip, port)) => Mapping::Mapped {
                             protocol: MapProtocol::Pcp,

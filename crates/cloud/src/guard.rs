@@ -447,6 +447,7 @@ mod tests {
             endpoints: vec![],
             names: vec![],
             mapping: None,
+            tunnel: None,
         };
         let resolve = ClientMsg::Resolve {
             id: 1,

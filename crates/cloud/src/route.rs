@@ -114,6 +114,7 @@ mod tests {
             observed: observed.map(a),
             observed_alt: alt.map(a),
             mapping: None,
+            tunnel: None,
             online: true,
         }
     }

@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cyphonic_control::{Mapping, NameRecord};
+use cyphonic_control::{Mapping, NameRecord, TunnelVersions};
 use ipnet::IpNet;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{AnyPool, Row as _};
@@ -63,6 +63,8 @@ pub struct ClientRow {
     pub observed_alt: Option<SocketAddr>,
     /// What its router said of a mapping of its tunnel port, as it registered it.
     pub mapping: Option<Mapping>,
+    /// The tunnel versions it registered (control version 15).
+    pub tunnel: Option<TunnelVersions>,
     /// Whether a control session is open to it (on any instance).
     pub online: bool,
 }
@@ -479,11 +481,12 @@ impl Store {
     pub async fn register(
         &self,
         fingerprint: &str,
-        (endpoints, mapping): (&[SocketAddr], Option<&Mapping>),
+        (endpoints, mapping, tunnel): (&[SocketAddr], Option<&Mapping>, Option<TunnelVersions>),
         names: &[NameRecord],
     ) -> Result<Vec<(String, String)>, StoreError> {
         let endpoints = serde_json::to_string(endpoints).unwrap_or_else(|_| "[]".into());
         let mapping = mapping.and_then(|m| serde_json::to_string(m).ok());
+        let tunnel = tunnel.and_then(|t| serde_json::to_string(&t).ok());
         let mut tx = self.pool.begin().await?;
         let me = sqlx::query("SELECT name, issuer FROM clients WHERE fingerprint = $1")
             .bind(fingerprint)
@@ -494,14 +497,16 @@ impl Store {
             None => (String::new(), String::new()),
         };
         sqlx::query(
-            "UPDATE clients SET endpoints = $2, mapping = $4, updated_at = $3 WHERE fingerprint = $1",
+            "UPDATE clients SET endpoints = $2, mapping = $4, tunnel = $5, updated_at = $3 \
+             WHERE fingerprint = $1",
         )
         .bind(fingerprint)
         .bind(&endpoints)
         .bind(unix_now())
         .bind(mapping)
-            .execute(&mut *tx)
-            .await?;
+        .bind(tunnel)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query(
             "DELETE FROM names WHERE owner = $1 OR owner IN (SELECT fingerprint FROM clients \
              WHERE name = $2 AND (issuer = $3 OR issuer = ''))",
@@ -581,7 +586,7 @@ impl Store {
     pub async fn client(&self, fingerprint: &str) -> Result<Option<ClientRow>, StoreError> {
         let row = sqlx::query(
             "SELECT fingerprint, name, certificate, endpoints, observed, online, observed_alt, \
-             mapping FROM clients WHERE fingerprint = $1",
+             mapping, tunnel FROM clients WHERE fingerprint = $1",
         )
         .bind(fingerprint)
         .fetch_optional(&self.pool)
@@ -596,7 +601,8 @@ impl Store {
     pub async fn lookup(&self, name: &str) -> Result<Option<NameRow>, StoreError> {
         let row = sqlx::query(
             "SELECT n.vip, c.fingerprint, c.name, c.certificate, c.endpoints, c.observed, c.online, \
-             c.observed_alt, c.mapping, n.vip6 FROM names n JOIN clients c ON c.fingerprint = n.owner \
+             c.observed_alt, c.mapping, c.tunnel, n.vip6 FROM names n JOIN clients c \
+             ON c.fingerprint = n.owner \
              WHERE n.name = $1",
         )
         .bind(name)
@@ -606,7 +612,7 @@ impl Store {
             return Ok(None);
         };
         let vip = address_at(&row, 0, "vip")?;
-        let vip6 = address_at(&row, 9, "vip6")?;
+        let vip6 = address_at(&row, 10, "vip6")?;
         let owner = client_row(&row, 1)?;
         Ok(Some(NameRow { vip, vip6, owner }))
     }
@@ -1271,7 +1277,7 @@ fn address_at<T: std::str::FromStr>(
 }
 
 /// Reads the client columns `fingerprint, name, certificate, endpoints, observed, online,
-/// observed_alt, mapping` starting at column `at`.
+/// observed_alt, mapping, tunnel` starting at column `at`.
 fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt {
         table: "clients",
@@ -1282,6 +1288,7 @@ fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreErro
     let online: i64 = row.try_get(at + 5)?;
     let observed_alt: Option<String> = row.try_get(at + 6)?;
     let mapping: Option<String> = row.try_get(at + 7)?;
+    let tunnel: Option<String> = row.try_get(at + 8)?;
     let addr = |o: Option<String>, what: &str| match o {
         Some(o) => o
             .parse()
@@ -1300,13 +1307,16 @@ fn client_row(row: &sqlx::any::AnyRow, at: usize) -> Result<ClientRow, StoreErro
         mapping: mapping
             .map(|m| serde_json::from_str(&m).map_err(|_| corrupt(format!("mapping {m:?}"))))
             .transpose()?,
+        tunnel: tunnel
+            .map(|t| serde_json::from_str(&t).map_err(|_| corrupt(format!("tunnel {t:?}"))))
+            .transpose()?,
         online: online != 0,
     })
 }
 
 /// The columns [`members_of`] reads, in its order.
 const MEMBER_COLUMNS: &str = "fingerprint, name, certificate, endpoints, observed, online, \
-     observed_alt, mapping, updated_at, agent, pair";
+     observed_alt, mapping, tunnel, updated_at, agent, pair";
 
 /// Members from their `clients` rows ([`MEMBER_COLUMNS`]) and the `names` rows they own.
 fn members_of(
@@ -1341,9 +1351,9 @@ fn members_of(
     let mut members = Vec::with_capacity(rows.len());
     for row in rows {
         let client = client_row(row, 0)?;
-        let last_seen: i64 = row.try_get(8)?;
-        let agent: Option<String> = row.try_get(9)?;
-        let pair: Option<String> = row.try_get(10)?;
+        let last_seen: i64 = row.try_get(9)?;
+        let agent: Option<String> = row.try_get(10)?;
+        let pair: Option<String> = row.try_get(11)?;
         let pair = pair
             .map(|text| {
                 serde_json::from_str::<PairReport>(&text).map_err(|e| StoreError::Corrupt {

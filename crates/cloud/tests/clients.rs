@@ -90,6 +90,7 @@ fn client(cloud: &Cloud, at: SocketAddr, id: Arc<Identity>) -> (Handle, mpsc::Re
             cloud_keys: vec![cloud.key.public()],
             agent: "test".into(),
             tunnel_port: None,
+            tunnel: cyphonic_signal::TunnelVersions::OURS,
             source: None,
         },
         id,
@@ -151,6 +152,7 @@ async fn a_client_connects_from_its_source_and_hears_its_registration_confirmed(
         cloud_keys: vec![cloud.key.public()],
         agent: "test".into(),
         tunnel_port: None,
+        tunnel: cyphonic_signal::TunnelVersions::OURS,
         source: Some(source.parse().unwrap()),
     };
     let gw1 = pki.identity("gw1.ovl.example", "100.64.1.0/24", &[]);
@@ -573,6 +575,7 @@ async fn a_names_ipv6_address_is_registered_checked_and_resolved() {
                 endpoints: vec![],
                 names: many,
                 mapping: None,
+                tunnel: None,
             },
         )
         .await;
@@ -723,11 +726,16 @@ async fn clients_come_back_after_the_cloud_restarts_and_the_registry_survives() 
     let (h1, mut e1) = client(&cloud, running.control, gw1);
     let (h2, _e2) = client(&cloud, running.control, gw2);
     h2.register(vec![], vec![rec("cam.gw2.ovl.example", [100, 64, 2, 100])]);
-    // Nothing enforced per device: no directions are said.
+    // Nothing enforced per device: no directions are said. The tunnel versions gw2
+    // registered are said (control version 15).
     assert!(matches!(
         resolved(&h1, "cam.gw2.ovl.example").await,
         Resolution::Found {
-            peer: PeerInfo { allowed: None, .. },
+            peer: PeerInfo {
+                allowed: None,
+                tunnel: Some(cyphonic_signal::TunnelVersions::OURS),
+                ..
+            },
             ..
         }
     ));
@@ -1209,6 +1217,7 @@ impl Tunnel {
                 cloud_keys: vec![cloud.key.public()],
                 agent: "test".into(),
                 tunnel_port: Some(sock.local_addr().unwrap().port()),
+                tunnel: cyphonic_signal::TunnelVersions::OURS,
                 source: None,
             },
             id.clone(),

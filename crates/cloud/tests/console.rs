@@ -241,6 +241,7 @@ fn client_config(bed: &Bed) -> cyphonic_signal::Config {
         cloud_keys: vec![bed.key],
         agent: "cyphonic-adapter (test)".into(),
         tunnel_port: None,
+        tunnel: cyphonic_signal::TunnelVersions::OURS,
         source: None,
     }
 }

@@ -21,8 +21,8 @@ pub use msg::{
     Allowed, ClientMsg, CloudMsg, DeviceKind, DeviceReport, FLOWS_VERSION, FlowDir, FlowRecord,
     HA_PAIR_VERSION, Hello, MAPPING_VERSION, MIN_VERSION, Mac, MapProtocol, Mapping, NameRecord,
     PairBox, PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule, REPORT_VERSION,
-    RefusedRecord, RelayInfo, RelayReason, Resolution, STREAM_VERSION, StreamInfo, TunnelPath,
-    TunnelReport, VERSION, Welcome, reachable,
+    RefusedRecord, RelayInfo, RelayReason, Resolution, STREAM_VERSION, StreamInfo, TUNNEL_VERSION,
+    TunnelPath, TunnelReport, TunnelVersions, VERSION, Welcome, reachable,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// The control protocol version this code speaks.
-pub const VERSION: u16 = 14;
+pub const VERSION: u16 = 15;
 
 /// The first version with [`ClientMsg::HaPair`].
 pub const HA_PAIR_VERSION: u16 = 10;
@@ -28,6 +28,10 @@ pub const STREAM_VERSION: u16 = 13;
 /// The first version with port mappings ([`ClientMsg::Register`]'s `mapping`,
 /// [`RelayReason::MappingRefused`]).
 pub const MAPPING_VERSION: u16 = 14;
+
+/// The first version with members' tunnel versions ([`ClientMsg::Register`]'s and
+/// [`PeerInfo`]'s `tunnel`).
+pub const TUNNEL_VERSION: u16 = 15;
 
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
@@ -134,6 +138,9 @@ pub enum ClientMsg {
         /// none when no router answered.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mapping: Option<Mapping>,
+        /// The tunnel versions it speaks (version 15).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tunnel: Option<TunnelVersions>,
     },
     /// Where is `name`? Answered by [`CloudMsg::Resolved`] with the same `id`.
     Resolve {
@@ -517,6 +524,37 @@ pub struct PeerInfo {
     /// this peer; absent when the cloud enforces nothing per device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed: Option<Allowed>,
+    /// (Version 15.) The tunnel versions the peer registered; absent when it registered none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<TunnelVersions>,
+}
+
+/// A member's tunnel versions on the control channel: `[oldest, newest]` (docs/protocol.md
+/// §2, *Versions*). Anything else (`oldest` above `newest`, a 0) does not parse, and the
+/// message carrying it is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "[u8; 2]", into = "[u8; 2]")]
+pub struct TunnelVersions(pub cyphonic_wire::Versions);
+
+impl TunnelVersions {
+    /// What this release speaks.
+    pub const OURS: Self = Self(cyphonic_wire::Versions::OURS);
+}
+
+impl TryFrom<[u8; 2]> for TunnelVersions {
+    type Error = String;
+
+    fn try_from([oldest, newest]: [u8; 2]) -> Result<Self, Self::Error> {
+        cyphonic_wire::Versions::new(oldest, newest)
+            .map(Self)
+            .ok_or_else(|| format!("tunnel versions {oldest} to {newest}"))
+    }
+}
+
+impl From<TunnelVersions> for [u8; 2] {
+    fn from(v: TunnelVersions) -> Self {
+        [v.0.oldest(), v.0.newest()]
+    }
 }
 
 /// Which way flows may start between a client and a peer, seen from the client
@@ -869,6 +907,16 @@ impl CloudMsg {
     /// altogether are the sender's to hold back.
     #[must_use]
     pub fn for_version(mut self, version: u16) -> Self {
+        if version < TUNNEL_VERSION {
+            match &mut self {
+                Self::Expect { peer }
+                | Self::Resolved {
+                    resolution: Resolution::Found { peer, .. },
+                    ..
+                } => peer.tunnel = None,
+                _ => {}
+            }
+        }
         if version < 9
             && let Self::Resolved {
                 resolution: resolution @ Resolution::Found { vip: None, .. },
@@ -968,6 +1016,63 @@ mod tests {
     /// A registration's mapping reads as docs/protocol.md §4 writes it; an old client's
     /// registration (no `mapping`) still reads; a refused mapping is told to an old client as a
     /// symmetric NAT.
+    /// `tunnel` in a `register` and a `peer` (version 15): `[oldest, newest]`, a range or
+    /// malformed; a client before version 15 hears of no peer's.
+    #[test]
+    fn tunnel_versions_have_the_documented_shape() {
+        let text = r#"{"type":"register","endpoints":[],"names":[],"tunnel":[4,5]}"#;
+        let msg: ClientMsg = serde_json::from_str(text).unwrap();
+        let range = cyphonic_wire::Versions::new(4, 5).unwrap();
+        assert!(matches!(
+            &msg,
+            ClientMsg::Register { tunnel: Some(TunnelVersions(r)), .. } if *r == range
+        ));
+        assert_eq!(serde_json::to_string(&msg).unwrap(), text);
+        for bad in ["[5,4]", "[0,4]", "[4]", "[4,5,6]", "[4,256]", r#""4-5""#] {
+            let text = format!(r#"{{"type":"register","endpoints":[],"names":[],"tunnel":{bad}}}"#);
+            assert!(serde_json::from_str::<ClientMsg>(&text).is_err(), "{bad}");
+        }
+        let peer = PeerInfo {
+            certificate: String::new(),
+            endpoints: Vec::new(),
+            relay: None,
+            allowed: None,
+            tunnel: Some(TunnelVersions(range)),
+        };
+        let found = |peer: PeerInfo| CloudMsg::Resolved {
+            id: 1,
+            name: "gw2.ovl.example".into(),
+            resolution: Resolution::Found {
+                vip: None,
+                vip6: None,
+                peer,
+            },
+        };
+        let expect = CloudMsg::Expect { peer: peer.clone() };
+        let bare = PeerInfo {
+            tunnel: None,
+            ..peer.clone()
+        };
+        assert_eq!(expect.clone().for_version(TUNNEL_VERSION), expect);
+        assert_eq!(
+            expect.for_version(TUNNEL_VERSION - 1),
+            CloudMsg::Expect { peer: bare.clone() }
+        );
+        assert_eq!(
+            found(peer.clone()).for_version(TUNNEL_VERSION),
+            found(peer.clone())
+        );
+        assert_eq!(
+            found(peer).for_version(TUNNEL_VERSION - 1),
+            found(bare.clone())
+        );
+        assert!(
+            serde_json::to_string(&found(bare))
+                .unwrap()
+                .contains(r#""peer":{"certificate":"","endpoints":[]}"#)
+        );
+    }
+
     #[test]
     fn a_mapping_has_the_documented_shape() {
         let text = r#"{"type":"register","endpoints":["192.0.2.130:51820"],"names":[],"mapping":{"result":"mapped","protocol":"pcp","endpoint":"203.0.113.2:51820"}}"#;

@@ -121,6 +121,7 @@ fn messages_flow_both_ways_in_order() {
             legacy: Some(Ipv4Addr::new(192, 0, 2, 20)),
         }],
         mapping: None,
+        tunnel: Some(cyphonic_control::TunnelVersions::OURS),
     };
     let f = client.seal(&reg).unwrap();
     assert_eq!(server.open::<ClientMsg>(body_of(&f)).unwrap(), reg);
@@ -276,6 +277,7 @@ fn directions_go_to_version_5_and_are_taken_out_for_version_4() {
         endpoints: vec![SocketAddr::from(([203, 0, 113, 2], 51820))],
         relay: None,
         allowed: Some(Allowed::Out),
+        tunnel: None,
     };
     let expect = CloudMsg::Expect { peer: peer.clone() };
     assert_eq!(

@@ -182,6 +182,17 @@ fn change_trust(
     Ok(control.set_identity(&Arc::new(new), now))
 }
 
+/// Takes the tunnel versions the cloud described a peer with (`None`: it said none, a cloud
+/// before control version 15 or a peer that registered none) for its next initiations, and
+/// says so each time they leave no version in common (docs/protocol.md §2, *Versions*).
+fn versions_said(slot: &PeerSlot, versions: Option<cyphonic_session::Versions>) {
+    let mut peer = slot.lock();
+    peer.set_versions(versions);
+    if let Err(e) = peer.version_to_speak() {
+        tracing::warn!(peer = %slot.name, error = %e, "no tunnel with this peer: it runs a release more than one apart from ours");
+    }
+}
+
 /// The addresses of a peer to try besides its first (the cloud's list, in its order): at
 /// most [`MAX_CANDIDATES`], each once, none of them our own socket (a peer behind another NAT
 /// may have the same private address as we do).
@@ -520,6 +531,7 @@ impl CloudLink {
                 agent: settings.agent.clone(),
                 tunnel_port: Some(tunnel_port),
                 source: None,
+                tunnel: cyphonic_signal::TunnelVersions(shared.identity().versions()),
             },
             shared.identity(),
         );
@@ -1031,7 +1043,9 @@ impl CloudLink {
         }
         let key = PublicKey(body.public_key);
         let endpoint = info.endpoints.first().copied();
+        let versions = info.tunnel.map(|t| t.0);
         if let Some(slot) = shared.peers().by_key(&key) {
+            versions_said(&slot, versions);
             let relayed = {
                 let mut route = slot.route();
                 route.direct.set_candidates(info.endpoints.iter().copied());
@@ -1060,6 +1074,7 @@ impl CloudLink {
         let mut pc = PeerConfig::from_certificate(&cert, endpoint);
         pc.persistent_keepalive = Some(CLOUD_KEEPALIVE);
         let slot = control.add_cloud_peer(&cert, pc).ok()?;
+        versions_said(&slot, versions);
         {
             let mut route = slot.route();
             route.allowed = info.allowed;

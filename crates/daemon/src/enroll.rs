@@ -94,6 +94,7 @@ pub fn enroll(
         cloud_keys: cloud.public_keys,
         agent: agent.to_owned(),
         tunnel_port: None,
+        tunnel: cyphonic_signal::TunnelVersions::OURS,
         source: None,
     };
     let enrolled = tokio::runtime::Builder::new_current_thread()

@@ -77,6 +77,7 @@ mod tests {
                     allowed: None,
                     certificate: String::new(),
                     endpoints: vec![],
+                    tunnel: None,
                 },
             },
             t0,

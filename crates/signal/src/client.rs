@@ -9,7 +9,7 @@ use cyphonic_control::channel::{LEN_PREFIX, frame_len};
 use cyphonic_control::report::Report;
 use cyphonic_control::{
     Channel, ClientHandshake, ClientMsg, CloudMsg, Hello, Mapping, NameRecord, PairState, PeerInfo,
-    Prober, Resolution, VERSION, Welcome,
+    Prober, Resolution, TunnelVersions, VERSION, Welcome,
 };
 use cyphonic_crypto::{Certificate, Fingerprint, PublicKey, StaticKeypair};
 use cyphonic_session::Identity;
@@ -40,6 +40,9 @@ pub struct Config {
     /// The address to connect from, on a host with several (`None`: the kernel's choice for
     /// the route to the cloud).
     pub source: Option<std::net::IpAddr>,
+    /// The tunnel versions we speak, registered to a cloud of control version 15 on
+    /// ([`TunnelVersions::OURS`] but in tests of mixed releases).
+    pub tunnel: TunnelVersions,
 }
 
 /// What the session tells its owner.
@@ -161,15 +164,20 @@ struct Registration {
     endpoints: Vec<SocketAddr>,
     names: Vec<NameRecord>,
     mapping: Option<Mapping>,
+    tunnel: Option<TunnelVersions>,
 }
 
 impl Registration {
     /// The `register` message for a session welcomed as `version`, with `host` (our
     /// address towards the cloud, at the tunnel port) among the endpoints. A cloud before
     /// control version 14 reads no `mapping`: a mapped endpoint goes among the endpoints.
+    /// One before version 15 reads no `tunnel`.
     fn message(&self, host: Option<SocketAddr>, version: u16) -> ClientMsg {
         let mut endpoints = self.endpoints.clone();
         let mut mapping = self.mapping.clone();
+        let tunnel = self
+            .tunnel
+            .filter(|_| version >= cyphonic_control::TUNNEL_VERSION);
         if version < cyphonic_control::MAPPING_VERSION {
             let held = mapping.take().and_then(|m| m.endpoint());
             endpoints.extend(held.filter(|e| !endpoints.contains(e)));
@@ -183,6 +191,7 @@ impl Registration {
             endpoints,
             names: self.names.clone(),
             mapping,
+            tunnel,
         })
     }
 }
@@ -497,7 +506,10 @@ fn rounds(every: Duration) -> tokio::time::Interval {
 /// dropped.
 pub fn spawn(config: Config, identity: Arc<Identity>) -> (Handle, mpsc::Receiver<Event>) {
     let (cmds, cmd_rx) = mpsc::channel(64);
-    let (registration, reg_rx) = watch::channel(Registration::default());
+    let (registration, reg_rx) = watch::channel(Registration {
+        tunnel: Some(config.tunnel),
+        ..Registration::default()
+    });
     let (pair, pair_rx) = watch::channel(None);
     let (report, report_rx) = watch::channel(None);
     let (connected_tx, connected) = watch::channel(false);
@@ -1190,6 +1202,7 @@ fn fitted(msg: ClientMsg) -> ClientMsg {
         endpoints,
         mut names,
         mapping,
+        tunnel,
     } = msg
     else {
         return msg;
@@ -1199,6 +1212,7 @@ fn fitted(msg: ClientMsg) -> ClientMsg {
             endpoints: endpoints.clone(),
             names: names.to_vec(),
             mapping: mapping.clone(),
+            tunnel,
         })
     };
     let mut dropped = 0usize;
@@ -1229,6 +1243,7 @@ fn fitted(msg: ClientMsg) -> ClientMsg {
         endpoints,
         names,
         mapping,
+        tunnel,
     }
 }
 
@@ -1255,6 +1270,7 @@ mod tests {
             endpoints: Vec::new(),
             names: names.clone(),
             mapping: None,
+            tunnel: None,
         };
         assert!(!cyphonic_control::channel::fits(&whole));
         let fitted = super::fitted(whole);
@@ -1270,6 +1286,7 @@ mod tests {
             endpoints: Vec::new(),
             names: names[..10].to_vec(),
             mapping: None,
+            tunnel: Some(cyphonic_control::TunnelVersions::OURS),
         };
         assert_eq!(super::fitted(small.clone()), small);
     }
@@ -1294,6 +1311,7 @@ mod tests {
                 endpoints: vec![a("198.51.100.9:51820")],
                 names: Vec::new(),
                 mapping,
+                tunnel: None,
             };
             let ClientMsg::Register {
                 endpoints, mapping, ..
@@ -1324,6 +1342,22 @@ mod tests {
             (plain.clone(), None)
         );
         assert_eq!(msg(None, MAPPING_VERSION), (plain, None));
+    }
+
+    /// Our tunnel versions are registered where the cloud reads them (control version 15).
+    #[test]
+    fn tunnel_versions_are_registered_as_the_session_version_reads_them() {
+        use cyphonic_control::{TUNNEL_VERSION, TunnelVersions};
+        let r = super::Registration {
+            tunnel: Some(TunnelVersions::OURS),
+            ..super::Registration::default()
+        };
+        let tunnel = |version| match r.message(None, version) {
+            ClientMsg::Register { tunnel, .. } => tunnel,
+            other => unreachable!("{other:?}"),
+        };
+        assert_eq!(tunnel(TUNNEL_VERSION), Some(TunnelVersions::OURS));
+        assert_eq!(tunnel(TUNNEL_VERSION - 1), None);
     }
 
     #[test]

@@ -19,5 +19,5 @@ pub use client::{
 pub use cyphonic_control::report::Report;
 pub use cyphonic_control::{
     Allowed, DeviceKind, DeviceReport, NameRecord, PeerInfo, PolicyRule, RelayInfo, RelayReason,
-    Resolution, ReturnCookie, TunnelPath, TunnelReport, bind_frame,
+    Resolution, ReturnCookie, TunnelPath, TunnelReport, TunnelVersions, bind_frame,
 };

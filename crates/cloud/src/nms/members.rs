@@ -58,7 +58,11 @@ impl Nms {
                 endpoints,
                 names,
                 mapping,
-            } => Some(self.register(fp, body, (endpoints, mapping), names).await),
+                tunnel,
+            } => Some(
+                self.register(fp, body, (endpoints, mapping, tunnel), names)
+                    .await,
+            ),
             ClientMsg::HaPair {
                 term,
                 reason,
@@ -251,7 +255,11 @@ impl Nms {
         &self,
         fp: &str,
         body: &CertBody,
-        (mut endpoints, mapping): (Vec<SocketAddr>, Option<Mapping>),
+        (mut endpoints, mapping, tunnel): (
+            Vec<SocketAddr>,
+            Option<Mapping>,
+            Option<TunnelVersions>,
+        ),
         mut names: Vec<NameRecord>,
     ) -> CloudMsg {
         endpoints.retain(|e| cyphonic_control::reachable(*e));
@@ -280,7 +288,7 @@ impl Nms {
         }
         match self
             .store
-            .register(fp, (&endpoints, mapping.as_ref()), &ok)
+            .register(fp, (&endpoints, mapping.as_ref(), tunnel), &ok)
             .await
         {
             Ok(taken) => {
@@ -365,6 +373,7 @@ impl Nms {
                     endpoints: me.reach(),
                     relay: theirs,
                     allowed: allowed.map(Allowed::mirror),
+                    tunnel: me.tunnel,
                 },
             },
         )
@@ -377,6 +386,7 @@ impl Nms {
                 endpoints: target_row.reach(),
                 relay: mine,
                 allowed,
+                tunnel: target_row.tunnel,
             },
         })
     }
@@ -548,6 +558,7 @@ impl Nms {
                             endpoints: me.reach(),
                             relay: Some(theirs),
                             allowed: allowed.map(Allowed::mirror),
+                            tunnel: me.tunnel,
                         },
                     },
                 )
@@ -565,6 +576,7 @@ impl Nms {
                 endpoints: target.reach(),
                 relay: mine,
                 allowed,
+                tunnel: target.tunnel,
             },
         }
     }

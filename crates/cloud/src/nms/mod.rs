@@ -11,7 +11,8 @@ use cyphonic_control::channel::{LEN_PREFIX, MAX_HELLO_FRAME, frame_len};
 use cyphonic_control::probe::PROBE_KEY_LEN;
 use cyphonic_control::{
     Allowed, ClientMsg, CloudMsg, MIN_VERSION, Mapping, NameRecord, PROBE_TOKEN_LEN, PeerInfo,
-    Probe, RelayInfo, RelayReason, Resolution, ServerHandshake, VERSION, Welcome, check_name,
+    Probe, RelayInfo, RelayReason, Resolution, ServerHandshake, TunnelVersions, VERSION, Welcome,
+    check_name,
 };
 use cyphonic_crypto::{CertBody, CertKind, Certificate, Fingerprint, StaticKeypair, TrustStore};
 use dashmap::DashMap;
