@@ -52,6 +52,13 @@ fn ping_both_ways_and_the_gateway_answers() {
     for side in [Side::A, Side::B] {
         let s = bed.status(side).unwrap();
         assert_eq!(s["peers"][0]["established"], true, "{s}");
+        // One release at both ends: the newest tunnel version, and no problem said.
+        assert_eq!(
+            s["peers"][0]["tunnel_version"],
+            cyphonic_wire::VERSION,
+            "{s}"
+        );
+        assert!(s["peers"][0].get("version_problem").is_none(), "{s}");
         assert!(s["counters"]["arp_replies"].as_u64().unwrap() >= 1);
         assert_eq!(out_of_order(&bed, side), (0, 0));
     }

@@ -209,6 +209,14 @@ pub struct PeerStatus {
     /// daemons before it was added.
     #[serde(default)]
     pub fingerprint: String,
+    /// The tunnel version its keys run at (docs/protocol.md §2, *Versions*): below our
+    /// newest, the peer runs an older release. Absent without keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel_version: Option<u8>,
+    /// Why no tunnel can be made with it, when versions are the reason: `no common tunnel
+    /// version: it speaks 5 to 6, we 4 to 4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_problem: Option<String>,
 }
 
 /// A peer's relay channel.
@@ -431,6 +439,8 @@ pub fn peers(
                 rx_bytes: slot.rx_bytes.load(Relaxed),
                 certificate_expires: current.body().not_after,
                 fingerprint: current.fingerprint().to_string(),
+                tunnel_version: p.session_version(now),
+                version_problem: p.version_to_speak().err().map(|e| e.to_string()),
             }
         })
         .collect()
@@ -580,6 +590,9 @@ pub fn peers_text<E, C>(doc: &Status<E, C>) -> String {
             p.rx_packets,
             time_left(p.certificate_expires, doc.at)
         );
+        if let Some(problem) = &p.version_problem {
+            let _ = writeln!(out, "  {}: {problem}", p.name);
+        }
     }
     out
 }
@@ -656,6 +669,10 @@ mod tests {
                 rx_bytes: 1_500_000,
                 certificate_expires: 1_000_000 + 9 * 3600,
                 fingerprint: "cd".repeat(32),
+                tunnel_version: Some(4),
+                version_problem: Some(
+                    "no common tunnel version: it speaks 5 to 6, we 4 to 4".into(),
+                ),
             }],
             at: 1_000_000,
             software: "cyphonic-node 0.1.0".into(),
@@ -700,6 +717,7 @@ mod tests {
         assert_eq!(json["counters"]["udp_sent"], 5);
         assert_eq!(json["peers"][0]["relay"]["reason"], "symmetric NAT");
         assert_eq!(json["peers"][0]["allowed"], "out");
+        assert_eq!(json["peers"][0]["tunnel_version"], 4);
         assert_eq!(json["buffers"]["free"], 7);
         assert_eq!(json["software"], "cyphonic-node 0.1.0");
         assert_eq!(json["cloud"]["mapping"]["result"], "mapped");
@@ -716,6 +734,12 @@ mod tests {
         assert!(!text.contains("udp_received"), "zeros are left out: {text}");
         let table = peers_text(&back);
         assert!(table.contains("relay (symmetric NAT)"), "{table}");
+        assert!(
+            table.contains(
+                "\n  gw2.ovl.example: no common tunnel version: it speaks 5 to 6, we 4 to 4\n"
+            ),
+            "{table}"
+        );
         assert!(
             table.contains("port mapping: 198.51.100.2:51820 (PCP)"),
             "{table}"
@@ -759,8 +783,15 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("certificate_expires");
+        for field in ["tunnel_version", "version_problem"] {
+            old["peers"][0].as_object_mut().unwrap().remove(field);
+        }
         let back: Status<Edge, EdgeCounters> = serde_json::from_value(old).unwrap();
         assert_eq!((back.at, back.peers[0].certificate_expires), (0, 0));
+        assert_eq!(
+            (back.peers[0].tunnel_version, &back.peers[0].version_problem),
+            (None, &None)
+        );
         assert!(peers_text(&back).lines().any(|l| l.ends_with(" -")));
     }
 }
