@@ -907,15 +907,10 @@ impl CloudMsg {
     /// altogether are the sender's to hold back.
     #[must_use]
     pub fn for_version(mut self, version: u16) -> Self {
-        if version < TUNNEL_VERSION {
-            match &mut self {
-                Self::Expect { peer }
-                | Self::Resolved {
-                    resolution: Resolution::Found { peer, .. },
-                    ..
-                } => peer.tunnel = None,
-                _ => {}
-            }
+        if version < TUNNEL_VERSION
+            && let Some(peer) = self.peer_mut()
+        {
+            peer.tunnel = None;
         }
         if version < 9
             && let Self::Resolved {
@@ -941,17 +936,24 @@ impl CloudMsg {
                 _ => {}
             }
         }
-        if version < 5 {
-            match &mut self {
-                Self::Expect { peer }
-                | Self::Resolved {
-                    resolution: Resolution::Found { peer, .. },
-                    ..
-                } => peer.allowed = None,
-                _ => {}
-            }
+        if version < 5
+            && let Some(peer) = self.peer_mut()
+        {
+            peer.allowed = None;
         }
         self
+    }
+
+    /// The peer it describes: an `expect`'s, a found resolution's.
+    const fn peer_mut(&mut self) -> Option<&mut PeerInfo> {
+        match self {
+            Self::Expect { peer }
+            | Self::Resolved {
+                resolution: Resolution::Found { peer, .. },
+                ..
+            } => Some(peer),
+            _ => None,
+        }
     }
 }
 
