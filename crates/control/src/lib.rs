@@ -22,7 +22,8 @@ pub use msg::{
     HA_PAIR_VERSION, Hello, MAPPING_VERSION, MIN_VERSION, Mac, MapProtocol, Mapping, NameRecord,
     PairBox, PairHealth, PairRole, PairState, PeerInfo, PolicyProto, PolicyRule, REPORT_VERSION,
     RefusedRecord, RelayInfo, RelayReason, Resolution, STREAM_VERSION, StreamInfo, TUNNEL_VERSION,
-    TunnelPath, TunnelReport, TunnelVersions, VERSION, Welcome, reachable,
+    TunnelPath, TunnelReport, TunnelVersions, VERSION, Welcome, reachable, version_refusal,
+    versions_refused,
 };
 pub use policy::{Assembler, PolicyError};
 pub use probe::{

@@ -36,6 +36,25 @@ pub const TUNNEL_VERSION: u16 = 15;
 /// The oldest version a cloud still serves (as that version: no enrollment, no renewal).
 pub const MIN_VERSION: u16 = 2;
 
+/// Why a cloud refuses a `Hello` of a `version` it does not speak, in words that name the
+/// versions it speaks (since version 2): a newer client reads them back with
+/// [`versions_refused`] and says `Hello` again in one of them (docs/protocol.md §4,
+/// *Versions*).
+pub fn version_refusal(version: u16) -> String {
+    format!(
+        "protocol version {version} is not spoken here (this cloud speaks {MIN_VERSION} to {VERSION})"
+    )
+}
+
+/// The control versions a cloud speaks, read from its refusal of our `Hello`
+/// ([`version_refusal`], of this release or an older one); `None` for any other refusal.
+pub fn versions_refused(reason: &str) -> Option<std::ops::RangeInclusive<u16>> {
+    let (_, speaks) = reason.split_once(" is not spoken here (this cloud speaks ")?;
+    let (oldest, newest) = speaks.strip_suffix(')')?.split_once(" to ")?;
+    let (oldest, newest) = (oldest.parse().ok()?, newest.parse().ok()?);
+    (oldest <= newest).then_some(oldest..=newest)
+}
+
 /// The payload of the first handshake message, client to cloud.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1018,6 +1037,26 @@ mod tests {
     /// A registration's mapping reads as docs/protocol.md §4 writes it; an old client's
     /// registration (no `mapping`) still reads; a refused mapping is told to an old client as a
     /// symmetric NAT.
+    /// A refusal for the version names the versions spoken, as this release and the older
+    /// ones word it; no other refusal reads as one.
+    #[test]
+    fn a_refusal_for_the_version_names_the_versions_spoken() {
+        assert_eq!(
+            versions_refused(&version_refusal(VERSION + 1)),
+            Some(MIN_VERSION..=VERSION)
+        );
+        let older = "protocol version 15 is not spoken here (this cloud speaks 2 to 14)";
+        assert_eq!(versions_refused(older), Some(2..=14));
+        for other in [
+            "certificate: expired",
+            "protocol version 15 is not spoken here (this cloud speaks 9 to 4)",
+            "protocol version 15 is not spoken here (this cloud speaks 2 to 14",
+            "protocol version 15 is not spoken here (this cloud speaks two to 14)",
+        ] {
+            assert_eq!(versions_refused(other), None, "{other}");
+        }
+    }
+
     /// `tunnel` in a `register` and a `peer` (version 15): `[oldest, newest]`, a range or
     /// malformed; a client before version 15 hears of no peer's.
     #[test]

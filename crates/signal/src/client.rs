@@ -873,12 +873,36 @@ impl Task {
         Err(last)
     }
 
-    /// One attempt: the instance at `cloud`, pinned to `key`.
+    /// One attempt: the instance at `cloud`, pinned to `key`. A cloud of an older release
+    /// refuses our version, naming its own: we say `Hello` again at once in the newest of
+    /// them (docs/protocol.md §4, *Versions*), and it welcomes us as that version.
     async fn open_at(&mut self, cloud: SocketAddr, key: PublicKey) -> Result<Opened, End> {
+        let mut version = VERSION;
+        loop {
+            match self.open_as(cloud, key, version).await {
+                Err(End::Refused(reason)) => match older_cloud(&reason, version) {
+                    Some(theirs) => {
+                        tracing::info!(%cloud, ours = VERSION, theirs, "the cloud runs an older release: speaking its control version (what later versions add is off)");
+                        version = theirs;
+                    }
+                    None => return Err(End::Refused(reason)),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Task::open_at`] saying `Hello` as control `version`.
+    async fn open_as(
+        &mut self,
+        cloud: SocketAddr,
+        key: PublicKey,
+        version: u16,
+    ) -> Result<Opened, End> {
         self.timestamp = next_timestamp(self.timestamp);
         let identity = self.identity.borrow_and_update().clone();
         let hello = Hello {
-            version: VERSION,
+            version,
             timestamp: self.timestamp,
             certificate: identity.certificate().to_pem(),
             enroll: None,
@@ -1195,6 +1219,16 @@ impl Task {
 }
 
 /// `msg` as it fits a control frame: a registration too large for one leaves out names of
+/// The control version to say `Hello` in again after the refusal `reason` of a `Hello` in
+/// `version`: the newest the cloud names, when it is older than `version` and one we speak
+/// (a cloud of an older release); `None` for any other refusal.
+fn older_cloud(reason: &str, version: u16) -> Option<u16> {
+    let theirs = *cyphonic_control::versions_refused(reason)?.end();
+    (cyphonic_control::MIN_VERSION..version)
+        .contains(&theirs)
+        .then_some(theirs)
+}
+
 /// devices with IPv6 only (those without a vIP, which any MAC on a LAN can make many of),
 /// the last first, until it fits; what still does not fit is the sender's to report.
 fn fitted(msg: ClientMsg) -> ClientMsg {
@@ -1342,6 +1376,33 @@ mod tests {
             (plain.clone(), None)
         );
         assert_eq!(msg(None, MAPPING_VERSION), (plain, None));
+    }
+
+    /// A cloud of an older release is spoken to in its newest version; a refusal of anything
+    /// else, or one naming no version below ours, ends the attempt.
+    #[test]
+    fn an_older_cloud_is_spoken_to_in_its_newest_version() {
+        use super::older_cloud;
+        use cyphonic_control::{MIN_VERSION, VERSION};
+        let older = format!(
+            "protocol version {VERSION} is not spoken here (this cloud speaks 2 to {})",
+            VERSION - 1
+        );
+        assert_eq!(older_cloud(&older, VERSION), Some(VERSION - 1));
+        // Already at its newest and still refused: nothing more to try.
+        assert_eq!(older_cloud(&older, VERSION - 1), None);
+        let newer = format!(
+            "protocol version {VERSION} is not spoken here (this cloud speaks {} to {})",
+            VERSION + 1,
+            VERSION + 2
+        );
+        assert_eq!(older_cloud(&newer, VERSION), None);
+        let ancient = format!(
+            "protocol version {VERSION} is not spoken here (this cloud speaks 0 to {})",
+            MIN_VERSION - 1
+        );
+        assert_eq!(older_cloud(&ancient, VERSION), None);
+        assert_eq!(older_cloud("certificate: expired", VERSION), None);
     }
 
     /// Our tunnel versions are registered where the cloud reads them (control version 15).

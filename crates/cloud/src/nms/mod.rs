@@ -303,10 +303,7 @@ fn admit(
 ) -> Result<(Certificate, String), String> {
     let hello = hs.hello();
     if !(MIN_VERSION..=VERSION).contains(&hello.version) {
-        return Err(format!(
-            "protocol version {} is not spoken here (this cloud speaks {MIN_VERSION} to {VERSION})",
-            hello.version
-        ));
+        return Err(cyphonic_control::version_refusal(hello.version));
     }
     let cert =
         Certificate::from_pem(&hello.certificate).map_err(|e| format!("certificate: {e}"))?;
