@@ -57,6 +57,9 @@ pub struct SiteOptions {
     pub impair: Option<Impairment>,
     /// Run a port mapping service (miniupnpd) on the NAT router (with `nat` only).
     pub mapping: Option<MappingRouter>,
+    /// Run this `cyphonic-adapter` instead of the one under test: a member of another
+    /// release ([`crate::hosts::Bins::previous`]).
+    pub program: Option<PathBuf>,
 }
 
 /// The cloud of a bed: `cyphonic-cloud serve` on its own host behind the router
@@ -72,6 +75,9 @@ pub struct CloudOptions {
     /// [`ENROLL_POOL6`] (`ca delegate`), which the cloud's `[enroll]` names, with certificates of this many
     /// seconds.
     pub enroll: Option<u64>,
+    /// Serve with this `cyphonic-cloud` instead of the one under test (a cloud of another
+    /// release); the CA's commands stay the tested one's.
+    pub program: Option<PathBuf>,
 }
 
 /// The blocks the cloud's issuing CA hands out, with [`CloudOptions::enroll`].
@@ -179,6 +185,8 @@ pub struct Site {
     pub underlay: IpAddr,
     /// The running adapter.
     pub adapter: Option<Proc>,
+    /// The adapter program it runs when not the one under test ([`SiteOptions::program`]).
+    pub program: Option<PathBuf>,
     /// The LAN switch, with the options' `lan_switch`.
     pub switch: Option<Netns>,
     /// The impaired link between the adapter and the router, with the site's `impair`.
@@ -329,6 +337,9 @@ pub struct TwoSites {
     pub wan: Netns,
     /// The binaries.
     pub bins: Bins,
+    /// Those the cloud's own commands (`serve`, `status`, the admin commands) run: ours, or
+    /// its release's with [`CloudOptions::program`].
+    pub serving: Bins,
     /// The cloud, with [`BedOptions::cloud`] (started by [`TwoSites::new`]).
     pub cloud: Option<CloudHost>,
     /// Node C, with [`BedOptions::node_c`] (not started).
@@ -500,6 +511,12 @@ impl TwoSites {
             b.dir.join("gw2.ovl.example.crt"),
             a.dir.join("peers/gw2.ovl.example.crt"),
         )?;
+        let serving = Bins {
+            cloud: (opts.cloud.as_ref())
+                .and_then(|c| c.program.clone())
+                .unwrap_or_else(|| bins.cloud.clone()),
+            ..bins.clone()
+        };
         let cloud = if let Some(cloud_opts) = &opts.cloud {
             let mut extra = String::new();
             let revoked = [(&a, &opts.a, "gw1"), (&b, &opts.b, "gw2")];
@@ -554,7 +571,7 @@ impl TwoSites {
                 )?;
             }
             let mut c = CloudHost::new(&wan, &bins, &ca, tmp.path(), &extra)?;
-            c.start(&bins)?;
+            c.start(&serving)?;
             Some(c)
         } else {
             None
@@ -576,6 +593,7 @@ impl TwoSites {
             b,
             wan,
             bins,
+            serving,
             cloud,
             c,
             wire_like_lan: opts.wire_like_lan,
@@ -729,6 +747,7 @@ impl TwoSites {
             gateway,
             underlay,
             adapter: None,
+            program: own.program.clone(),
             switch,
             link,
             ports,
@@ -952,8 +971,9 @@ impl TwoSites {
     /// # Errors
     /// It exits or does not come up within 10 s (its log is in the error).
     pub fn start(&mut self, side: Side) -> anyhow::Result<()> {
-        let adapter = self.bins.adapter.clone();
+        let tested = self.bins.adapter.clone();
         let site = self.site_mut(side);
+        let adapter = site.program.clone().unwrap_or(tested);
         let socket = site.socket();
         let _ = std::fs::remove_file(&socket);
         let config = site.config();
@@ -1025,7 +1045,7 @@ impl TwoSites {
     /// No cloud, or the program cannot start.
     pub fn cloud_cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
         let cloud = self.cloud.as_ref().context("the bed has no cloud")?;
-        Ok(Command::new(&self.bins.cloud)
+        Ok(Command::new(&self.serving.cloud)
             .args(args)
             .arg("--config")
             .arg(cloud.dir.join("cloud.toml"))
@@ -1038,7 +1058,7 @@ impl TwoSites {
     /// No cloud, `cyphonic-cloud status` fails, or it has no such counter.
     pub fn cloud_counter(&self, name: &str) -> anyhow::Result<u64> {
         let cloud = self.cloud.as_ref().context("the bed has no cloud")?;
-        cloud.status(&self.bins)?["counters"][name]
+        cloud.status(&self.serving)?["counters"][name]
             .as_u64()
             .with_context(|| format!("the cloud has no counter {name}"))
     }
@@ -1049,7 +1069,7 @@ impl TwoSites {
     /// As [`TwoSites::cloud_counter`]; no relay.
     pub fn relay_counter(&self, name: &str) -> anyhow::Result<u64> {
         let cloud = self.cloud.as_ref().context("the bed has no cloud")?;
-        cloud.status(&self.bins)?["relay"]["counters"][name]
+        cloud.status(&self.serving)?["relay"]["counters"][name]
             .as_u64()
             .with_context(|| format!("the relay has no counter {name}"))
     }

@@ -23,24 +23,41 @@ pub struct Bins {
     pub node: PathBuf,
 }
 
+/// `$var`, or what `beside` makes of the directory this test binary was built into
+/// (`target/<profile>`).
+fn bin_dir(var: &str, beside: impl FnOnce(&Path) -> PathBuf) -> anyhow::Result<PathBuf> {
+    if let Some(d) = std::env::var_os(var) {
+        return Ok(PathBuf::from(d));
+    }
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> -> target/<profile>
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("cannot find the target directory")?;
+    Ok(beside(profile))
+}
+
 impl Bins {
     /// `$CYPHONIC_BIN_DIR`, or the target directory this test binary was built into.
     ///
     /// # Errors
     /// The binaries are not built.
     pub fn find() -> anyhow::Result<Self> {
-        let dir = match std::env::var_os("CYPHONIC_BIN_DIR") {
-            Some(d) => PathBuf::from(d),
-            None => {
-                let exe = std::env::current_exe()?;
-                // target/<profile>/deps/<test> -> target/<profile>
-                exe.parent()
-                    .and_then(Path::parent)
-                    .context("cannot find the target directory")?
-                    .to_owned()
-            }
-        };
-        Self::at(&dir)
+        Self::at(&bin_dir("CYPHONIC_BIN_DIR", Path::to_owned)?)
+    }
+
+    /// The release before's binaries (e2e/tests/releases.rs): `$CYPHONIC_PREVIOUS_BIN_DIR`,
+    /// or `previous/bin` in the target directory this test binary was built into, where
+    /// `cargo xtask test` (and `cargo xtask previous`) builds them.
+    ///
+    /// # Errors
+    /// They are not built.
+    pub fn previous() -> anyhow::Result<Self> {
+        let dir = bin_dir("CYPHONIC_PREVIOUS_BIN_DIR", |profile| {
+            profile.with_file_name("previous").join("bin")
+        })?;
+        Self::at(&dir).context("the release before is built by `cargo xtask previous`")
     }
 
     /// The three binaries in `dir`.

@@ -260,7 +260,7 @@ fn cloud_metrics_and_status_show_the_sessions_and_resolutions() {
             extra: "[metrics]\nlisten = \"127.0.0.1:9466\"\n".into(),
             // It issues too: its issuing CA's end is watched.
             enroll: Some(3600),
-            relay_stream: false,
+            ..CloudOptions::default()
         }),
         a: SiteOptions {
             extra: METRICS.into(),

@@ -24,6 +24,7 @@ mod fuzz;
 mod image;
 mod instructions;
 mod lanes;
+mod previous;
 mod repo;
 mod report;
 mod tidy;
@@ -174,6 +175,10 @@ enum Command {
         #[arg(long)]
         minutes: Option<u64>,
     },
+    /// Build the release before (the commit xtask/src/previous.rs names) into
+    /// target/previous/bin, for the kernel tier's test of members a release apart (part of
+    /// `test`; run it before that test alone).
+    Previous,
     /// Check repository consistency: ARCHITECTURE.md code map, crate layering, lint headers.
     Tidy,
     /// Run the main job on embedded defaults.
@@ -184,6 +189,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Test => test(),
+        Command::Previous => previous::build(&util::root()).map(|bin| {
+            eprintln!(
+                "xtask: the release before's programs are in {}",
+                bin.display()
+            );
+        }),
         Command::Bench {
             no_write,
             micro,
@@ -362,6 +373,10 @@ fn test() -> anyhow::Result<()> {
     // kernel tier's waits on its network, the soak. Stopped if the run fails first.
     let mut background = background::Builds::start(&root)?;
     util::cargo(&root, &["fmt", "--all", "--", "--check"])?;
+    // The release before, for the kernel tier's test of members a release apart; before
+    // the workspace's build, which puts our programs back where its programs went (see
+    // previous).
+    previous::build(&root)?;
     // One build for the whole native tier, which is also clippy's lint of every target
     // (see bed::build_for_tests).
     bed::build_for_tests(&root)?;

@@ -8,14 +8,7 @@ use anyhow::{Context, bail};
 /// The commit the tree at `root` is at (`digits` hex digits) and whether tracked files
 /// under `pathspecs` (all of them when empty) differ from it; None outside a git checkout.
 pub(crate) fn commit(root: &Path, digits: usize, pathspecs: &[&str]) -> Option<(String, bool)> {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(root)
-            .args(args)
-            .output()
-            .ok()
-    };
+    let git = |args: &[&str]| git(root, args);
     let head =
         git(&["rev-parse", &format!("--short={digits}"), "HEAD"]).filter(|o| o.status.success())?;
     let head = String::from_utf8(head.stdout).ok()?.trim().to_owned();
@@ -23,6 +16,16 @@ pub(crate) fn commit(root: &Path, digits: usize, pathspecs: &[&str]) -> Option<(
     diff.extend_from_slice(pathspecs);
     let clean = git(&diff).is_some_and(|o| o.status.success());
     Some((head, !clean))
+}
+
+/// `git ARGS` in the repository at `root`, how it ended; None when git cannot run.
+pub(crate) fn git(root: &Path, args: &[&str]) -> Option<std::process::Output> {
+    Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(args)
+        .output()
+        .ok()
 }
 
 /// The repository root (xtask lives one level below it).
