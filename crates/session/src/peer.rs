@@ -417,11 +417,12 @@ impl Peer {
     /// [`HandshakeError::NoCommonVersion`]: the peer's versions and ours are apart.
     pub fn version_to_speak(&self) -> Result<u8, HandshakeError> {
         let ours = self.identity.versions();
-        ours.to_speak(self.config.versions)
-            .ok_or(HandshakeError::NoCommonVersion {
-                ours,
-                theirs: self.config.versions.unwrap_or(ours),
-            })
+        match self.config.versions {
+            None => Ok(ours.oldest()),
+            Some(theirs) => ours
+                .to_speak(Some(theirs))
+                .ok_or(HandshakeError::NoCommonVersion { ours, theirs }),
+        }
     }
 
     /// The tunnel versions the cloud said the peer speaks (`None`: nobody said), for the

@@ -1091,13 +1091,15 @@ fn mixed_releases_meet_in_a_version_both_speak() {
     let now = VERSION;
     let next = VERSION + 1;
     let range = |oldest, newest| Versions::new(oldest, newest).unwrap();
-    let speaking = |setup: &mut Setup, a: Versions, b: Versions| {
-        let take = |i: &mut std::sync::Arc<cyphonic_session::Identity>, v| {
-            let old = std::mem::replace(i, setup_placeholder());
-            *i = std::sync::Arc::new(std::sync::Arc::into_inner(old).unwrap().with_versions(v));
+    // The setup's two identities, speaking `a` and `b`.
+    let speaking = |mut setup: Setup, a: Versions, b: Versions| {
+        use std::sync::Arc;
+        let speaks = |i: Arc<cyphonic_session::Identity>, v| {
+            Arc::new(Arc::into_inner(i).unwrap().with_versions(v))
         };
-        take(&mut setup.a_identity, a);
-        take(&mut setup.b_identity, b);
+        setup.a_identity = speaks(setup.a_identity, a);
+        setup.b_identity = speaks(setup.b_identity, b);
+        setup
     };
     // (A speaks, B speaks, what A is told of B, the session's version).
     let cases = [
@@ -1129,8 +1131,7 @@ fn mixed_releases_meet_in_a_version_both_speak() {
         ),
     ];
     for (a, b, told, version) in cases {
-        let mut setup = Setup::new(7);
-        speaking(&mut setup, a, b);
+        let mut setup = speaking(Setup::new(7), a, b);
         setup.a_config.versions = told;
         let mut p = setup.build(Instant::now());
         p.connect(Side::A);
@@ -1144,8 +1145,7 @@ fn mixed_releases_meet_in_a_version_both_speak() {
         assert_eq!(p.b.peer.session_version(p.now), Some(version), "{case}");
     }
     // Told the peer is a release too far: no initiation, and the error says why.
-    let mut setup = Setup::new(7);
-    speaking(&mut setup, range(now, now), range(next, next));
+    let mut setup = speaking(Setup::new(7), range(now, now), range(next, next));
     setup.a_config.versions = Some(range(next, next));
     let mut p = setup.build(Instant::now());
     assert_eq!(
@@ -1160,8 +1160,7 @@ fn mixed_releases_meet_in_a_version_both_speak() {
     assert!(p.b.handshake_errors.is_empty() && p.b.events.is_empty());
     // Told wrong (the peer is older than the cloud said): its end drops the initiation as a
     // version it does not speak, and no keys exist.
-    let mut setup = Setup::new(7);
-    speaking(&mut setup, range(now, next), range(now, now));
+    let mut setup = speaking(Setup::new(7), range(now, next), range(now, now));
     setup.a_config.versions = Some(range(now, next));
     let mut p = setup.build(Instant::now());
     p.connect(Side::A);
@@ -1174,14 +1173,4 @@ fn mixed_releases_meet_in_a_version_both_speak() {
         p.b.handshake_errors
     );
     assert!(!p.b.handshake_errors.is_empty());
-}
-
-/// A throwaway identity to swap out the one being rebuilt.
-fn setup_placeholder() -> std::sync::Arc<cyphonic_session::Identity> {
-    let ca = test_ca();
-    identity(
-        node_keys(&ca, "gw9.ovl.example", "100.64.9.0/24"),
-        &ca,
-        RevocationList::default(),
-    )
 }

@@ -76,10 +76,11 @@ pub trait TunnelSocket: Send + std::fmt::Debug {
 }
 
 /// The classic BPF program that steers a datagram to a sparse companion when it is a data
-/// frame of a version we speak flagged `FLAG_SPARSE` (docs/protocol.md §1), and to the tunnel
-/// socket (0) otherwise: companion `1 + i` when the program runs on `cpus[i]` (the CPU that
-/// received the datagram, where that companion's reader runs), companion 1 elsewhere or
-/// without `cpus`. The flag is a hint, unauthenticated until the frame opens: a forged one
+/// frame of this release's versions ([`Versions::OURS`]; an engine playing another release
+/// in tests reads on the in-memory link, which steers nothing) flagged `FLAG_SPARSE`
+/// (docs/protocol.md §1), and to the tunnel socket (0) otherwise: companion `1 + i` when the
+/// program runs on `cpus[i]` (the CPU that received the datagram, where that companion's
+/// reader runs), companion 1 elsewhere or without `cpus`. The flag is a hint, unauthenticated until the frame opens: a forged one
 /// only moves the datagram to a companion, which together take no more than the express
 /// lane's rate and open nothing the tunnel socket would not have opened anyway.
 pub fn sparse_program(cpus: &[usize]) -> Vec<cbpf::Insn> {
