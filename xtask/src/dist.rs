@@ -170,7 +170,7 @@ pub(crate) fn environment(target: &Target, b: &Build) -> anyhow::Result<Vec<(Str
 
 /// What the programs read at build time for `cyphonic_build_info`'s commit; one set by the
 /// caller (a build from a source tarball) is kept.
-const COMMIT: &str = "CYPHONIC_COMMIT";
+pub(crate) const COMMIT: &str = "CYPHONIC_COMMIT";
 
 /// The commit the tree at `root` is at (12 hex digits), `+dirty` when tracked files differ
 /// from it; None outside a git checkout.
@@ -276,6 +276,18 @@ pub(crate) fn package_programs(
     let target = target(triple)?;
     let dist = root.join("target/dist").join(target.deb_arch);
     std::fs::create_dir_all(&dist)?;
+    // The directory holds this packaging's files: an earlier version's would be taken
+    // for them (by `--upgrade-from`, the image, an operator copying `*.deb`).
+    for entry in std::fs::read_dir(&dist)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.starts_with("cyphonic") && (name.ends_with(".deb") || name.ends_with(".tar.gz")) {
+            std::fs::remove_file(&path)?;
+        }
+    }
     // A quick check's large unoptimised binaries need no strong (slow) compression.
     let compression = if profile == "release" {
         "-Zxz"
