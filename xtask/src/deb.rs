@@ -18,7 +18,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, ensure};
+use anyhow::{Context, bail, ensure};
 
 use crate::repo::Signer;
 use crate::util;
@@ -701,6 +701,69 @@ impl Scratch {
         Ok(text)
     }
 
+    /// Points the root's apt at the signed repository `repo` (as [`crate::repo::make`]
+    /// made it), copied into the root as /repo, with its key for `Signed-By`, as the image
+    /// and the docs do; the root's package database is this machine's, so that the packages'
+    /// own dependencies are there. Again later: the repository's new contents replace the
+    /// copy (the next `apt-get update` reads them).
+    fn apt_sources(&self, repo: &Path) -> anyhow::Result<()> {
+        if !self.path("etc/apt/sources.list.d").exists() {
+            put(
+                Path::new("/var/lib/dpkg/status"),
+                &self.path("var/lib/dpkg/status"),
+                0o644,
+            )?;
+        }
+        for dir in [
+            "etc/apt/apt.conf.d",
+            "etc/apt/preferences.d",
+            "etc/apt/sources.list.d",
+            "etc/apt/keyrings",
+            "var/lib/apt/lists/partial",
+            "var/cache/apt/archives/partial",
+            "var/log/apt",
+        ] {
+            std::fs::create_dir_all(self.path(dir))?;
+        }
+        let copy = self.path("repo");
+        let _ = std::fs::remove_dir_all(&copy);
+        util::run(
+            Command::new("cp").arg("-a").arg(repo).arg(&copy),
+            "copying the repository into the scratch root",
+        )?;
+        put(
+            &repo.join(crate::repo::KEYRING),
+            &self.path("etc/apt/keyrings/cyphonic.gpg"),
+            0o644,
+        )?;
+        write(
+            &self.path("etc/apt/sources.list.d/cyphonic.sources"),
+            format!(
+                "Types: deb\nURIs: file:/repo\nSuites: {}\nComponents: {}\nSigned-By: /etc/apt/keyrings/cyphonic.gpg\n",
+                crate::repo::SUITE,
+                crate::repo::COMPONENT
+            ),
+            0o644,
+        )
+    }
+
+    /// `apt-get ARGS` chrooted into the root (after [`Self::apt_sources`]), its standard
+    /// input closed: a question it or dpkg would ask (a changed conffile) fails the command.
+    fn apt(&self, args: &[&str]) -> anyhow::Result<()> {
+        let mut all = vec![
+            self.root.display().to_string(),
+            "apt-get".to_owned(),
+            "-q".to_owned(),
+            "-o".to_owned(),
+            "APT::Sandbox::User=root".to_owned(),
+            // apt runs dpkg with a search path of its own, which would miss the stubs.
+            "-o".to_owned(),
+            format!("DPkg::Path={PATH}"),
+        ];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        self.run("chroot", &all, &format!("apt-get {}", args.join(" ")))
+    }
+
     /// A file of the root (below /usr: where the packages put it, the upper layer).
     fn path(&self, p: &str) -> PathBuf {
         match p.strip_prefix("usr/") {
@@ -1000,14 +1063,21 @@ pub(crate) fn run_as_shipped(debs: &[PathBuf], bed: &Path) -> anyhow::Result<()>
 /// # Errors
 /// A step fails.
 pub(crate) fn check_repository(debs: &[PathBuf], out: &Path) -> anyhow::Result<()> {
+    with_throwaway_keys(|operator, stranger| {
+        let repo = crate::repo::make(debs, &["amd64", "all"], out, operator)?;
+        check_apt(&repo, "cyphonic-adapter", stranger)
+    })
+}
+
+/// Runs `f` with two throwaway signing keys, an operator's and a stranger's, each in a
+/// GnuPG home of its own; the homes, and the gpg agents they started, are gone afterwards.
+fn with_throwaway_keys(
+    f: impl FnOnce(&Signer, &Signer) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let homes = std::env::temp_dir().join(format!("cyphonic-gpg-{}", std::process::id()));
     let (operator, stranger) = (homes.join("operator"), homes.join("stranger"));
-    let result = (|| {
-        let signer = Signer::throwaway(&operator)?;
-        let other = Signer::throwaway(&stranger)?;
-        let repo = crate::repo::make(debs, &["amd64", "all"], out, &signer)?;
-        check_apt(&repo, "cyphonic-adapter", &other)
-    })();
+    let result = Signer::throwaway(&operator)
+        .and_then(|o| Signer::throwaway(&stranger).and_then(|s| f(&o, &s)));
     for home in [&operator, &stranger] {
         let _ = Command::new("gpgconf")
             .arg("--homedir")
@@ -1017,6 +1087,176 @@ pub(crate) fn check_repository(debs: &[PathBuf], out: &Path) -> anyhow::Result<(
     }
     let _ = std::fs::remove_dir_all(&homes);
     result
+}
+
+/// The version of the package in the file `deb`.
+fn deb_version(deb: &Path) -> anyhow::Result<String> {
+    util::output(
+        "dpkg-deb",
+        &["--field", &deb.display().to_string(), "Version"],
+    )
+    .with_context(|| format!("dpkg-deb --field {} Version", deb.display()))
+}
+
+/// The upgrade a fleet makes (issue 57): the release before's packages (`previous`, as it
+/// shipped them: [`crate::previous::package`]) installed with apt from the operator's signed
+/// repository at `out` into a scratch root, each program's configuration edited by the
+/// administrator and its service enabled; then the repository holds this release's
+/// packages (`debs`) and `apt-get update && apt-get upgrade` must upgrade every one with no
+/// question asked (standard input is closed: dpkg's conffile prompt fails it), keeping
+/// the edits (no `.dpkg-*` beside them) and the state, restarting each service and stopping
+/// none. The scratch root and the key are removed afterwards.
+///
+/// # Errors
+/// A step fails, or a check does (this release's version must be newer than the one
+/// before's).
+pub(crate) fn check_upgrade(
+    previous: &[PathBuf],
+    debs: &[PathBuf],
+    out: &Path,
+) -> anyhow::Result<()> {
+    ensure!(
+        previous.iter().any(|d| is_package(d, COMMON)),
+        "the release before has no {COMMON}"
+    );
+    let mut versions = previous
+        .iter()
+        .map(|d| deb_version(d))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    versions.sort();
+    versions.dedup();
+    let [from] = versions.as_slice() else {
+        bail!("the release before's packages are of several versions: {versions:?}");
+    };
+    let from = from.clone();
+    ensure!(
+        Command::new("dpkg")
+            .args(["--compare-versions", version(), "gt", &from])
+            .status()?
+            .success(),
+        "this release's version {} is not newer than the release before's {from}: apt would \
+         not upgrade to it (raise the workspace's version in Cargo.toml)",
+        version()
+    );
+    let base = std::env::temp_dir().join(format!("cyphonic-upgrade-{}", std::process::id()));
+    let result = with_throwaway_keys(|operator, _| {
+        Scratch::new(&base).and_then(|s| upgrade_steps(&s, previous, debs, out, operator))
+    });
+    let _ = std::fs::remove_dir_all(&base);
+    result?;
+    eprintln!(
+        "xtask: apt upgrades {from} to {} from the signed repository: no prompt, edits kept, services restarted",
+        version()
+    );
+    Ok(())
+}
+
+fn upgrade_steps(
+    s: &Scratch,
+    previous: &[PathBuf],
+    debs: &[PathBuf],
+    out: &Path,
+    signer: &Signer,
+) -> anyhow::Result<()> {
+    let programs = packaged(debs);
+    ensure!(
+        packaged(previous).len() == programs.len(),
+        "the release before packaged {:?}, this one {:?}",
+        packaged(previous)
+            .iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>(),
+        programs.iter().map(|p| p.name).collect::<Vec<_>>()
+    );
+    let names: Vec<&str> = programs.iter().map(|p| p.name).collect();
+    s.apt_sources(&crate::repo::make(
+        previous,
+        &["amd64", "all"],
+        out,
+        signer,
+    )?)?;
+    s.apt(&["update"])?;
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend(&names);
+    s.apt(&install)?;
+
+    // The administrator's edits, state and enabled services.
+    let mut edited = Vec::new();
+    for p in &programs {
+        let path = s.path(&format!("etc/cyphonic/{}", p.config));
+        let text = format!(
+            "{}\n# edited by the administrator\n",
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("the release before installed no {}", p.config))?
+        );
+        write(&path, &text, 0o640)?;
+        edited.push((path, text));
+    }
+    write(&s.path("var/lib/cyphonic/leases.json"), "{}", 0o600)?;
+    let wants = s.path("etc/systemd/system/multi-user.target.wants");
+    std::fs::create_dir_all(&wants)?;
+    for p in &programs {
+        std::os::unix::fs::symlink(
+            format!("/lib/systemd/system/{}.service", p.name),
+            wants.join(format!("{}.service", p.name)),
+        )?;
+    }
+    s.services()?;
+
+    // This release in the repository; the upgrade.
+    s.apt_sources(&crate::repo::make(debs, &["amd64", "all"], out, signer)?)?;
+    s.apt(&["update"])?;
+    s.apt(&["upgrade", "-y"]).context(
+        "the upgrade failed or asked a question (above; dpkg asks about a conffile that both \
+         the administrator and this release changed: a conffile holds only what an operator \
+         edits, and changes as rarely)",
+    )?;
+    for package in names.iter().copied().chain([COMMON]) {
+        let installed = s.field(package, "Version");
+        ensure!(
+            installed == version(),
+            "after the upgrade {package} is at {installed:?}, not {}",
+            version()
+        );
+    }
+    let said = s.services()?;
+    for p in &programs {
+        ensure!(
+            said.contains(&format!(
+                "deb-systemd-invoke try-restart {}.service",
+                p.name
+            )),
+            "the upgrade must restart a running {}; the scripts asked: {said}",
+            p.name
+        );
+    }
+    ensure!(
+        !said.contains(" stop "),
+        "the upgrade stopped a service: {said}"
+    );
+    for (path, text) in &edited {
+        ensure!(
+            std::fs::read_to_string(path)? == *text,
+            "the upgrade lost the administrator's edit of {}",
+            path.display()
+        );
+    }
+    let mut aside = Vec::new();
+    for entry in std::fs::read_dir(s.path("etc/cyphonic"))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.contains(".dpkg-") || name.ends_with(".ucf-dist") {
+            aside.push(name);
+        }
+    }
+    ensure!(
+        aside.is_empty(),
+        "the upgrade left maintainers' versions beside the edited files: {aside:?}"
+    );
+    ensure!(
+        s.path("var/lib/cyphonic/leases.json").exists(),
+        "the upgrade lost the state"
+    );
+    Ok(())
 }
 
 /// Installs `program` with apt from the signed repository at `repo` (as [`crate::repo::make`]
@@ -1037,52 +1277,8 @@ pub(crate) fn check_apt(repo: &Path, program: &str, stranger: &Signer) -> anyhow
 }
 
 fn apt_steps(s: &Scratch, repo: &Path, program: &str, stranger: &Signer) -> anyhow::Result<()> {
-    put(
-        Path::new("/var/lib/dpkg/status"),
-        &s.path("var/lib/dpkg/status"),
-        0o644,
-    )?;
-    for dir in [
-        "etc/apt/apt.conf.d",
-        "etc/apt/preferences.d",
-        "etc/apt/sources.list.d",
-        "etc/apt/keyrings",
-        "var/lib/apt/lists/partial",
-        "var/cache/apt/archives/partial",
-        "var/log/apt",
-    ] {
-        std::fs::create_dir_all(s.path(dir))?;
-    }
-    let copy = s.path("repo");
-    util::run(
-        Command::new("cp").arg("-a").arg(repo).arg(&copy),
-        "copying the repository into the scratch root",
-    )?;
-    put(
-        &repo.join(crate::repo::KEYRING),
-        &s.path("etc/apt/keyrings/cyphonic.gpg"),
-        0o644,
-    )?;
-    write(
-        &s.path("etc/apt/sources.list.d/cyphonic.sources"),
-        format!(
-            "Types: deb\nURIs: file:/repo\nSuites: {}\nComponents: {}\nSigned-By: /etc/apt/keyrings/cyphonic.gpg\n",
-            crate::repo::SUITE,
-            crate::repo::COMPONENT
-        ),
-        0o644,
-    )?;
-    let apt = |args: &[&str]| -> anyhow::Result<()> {
-        let mut all = vec![
-            s.root.display().to_string(),
-            "apt-get".to_owned(),
-            "-q".to_owned(),
-            "-o".to_owned(),
-            "APT::Sandbox::User=root".to_owned(),
-        ];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        s.run("chroot", &all, &format!("apt-get {}", args.join(" ")))
-    };
+    s.apt_sources(repo)?;
+    let apt = |args: &[&str]| s.apt(args);
     apt(&["update"])?;
     apt(&["install", "-y", "--no-install-recommends", program])?;
     ensure!(
@@ -1097,7 +1293,7 @@ fn apt_steps(s: &Scratch, repo: &Path, program: &str, stranger: &Signer) -> anyh
     ensure!(installed == version(), "{program} {installed:?} installed");
 
     // Signed by another key: refused.
-    let dists = copy.join("dists").join(crate::repo::SUITE);
+    let dists = s.path("repo").join("dists").join(crate::repo::SUITE);
     let genuine = std::fs::read(dists.join("InRelease"))?;
     stranger.clearsign(&dists.join("Release"), &dists.join("InRelease"))?;
     std::fs::remove_file(dists.join("Release.gpg"))?;

@@ -210,6 +210,21 @@ pub(crate) fn package(triple: &str, bins: &Path, profile: &str) -> anyhow::Resul
     package_programs(triple, bins, profile, &deb::PROGRAMS)
 }
 
+/// The .deb files in `dir`, sorted by name.
+///
+/// # Errors
+/// `dir` cannot be read, or holds no package.
+pub(crate) fn debs_in(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut debs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("the packages in {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+        .collect();
+    debs.sort();
+    anyhow::ensure!(!debs.is_empty(), "no package in {}", dir.display());
+    Ok(debs)
+}
+
 /// [`package`], twice: every file the second packaging writes (the .debs and the tarball)
 /// must be the first's, byte for byte (reproducible-builds.org: the same binaries and the
 /// same commit give the same packages; the timestamps come from [`deb::source_date_epoch`]).

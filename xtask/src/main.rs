@@ -134,6 +134,12 @@ enum Command {
         /// keyring), its public half exported there for `signed-by=`.
         #[arg(long, value_name = "KEY")]
         sign_with: Option<String>,
+        /// Then upgrade the packages in this directory (an earlier release's, amd64) to
+        /// these with apt, from a repository signed by a throwaway key, in a scratch root:
+        /// no question asked, edits kept, services restarted (as CI does from the release
+        /// before's).
+        #[arg(long, value_name = "DIR")]
+        upgrade_from: Option<std::path::PathBuf>,
     },
     /// The Raspberry Pi's architecture here: the unit tier built for aarch64 and run under
     /// qemu-user, then the short demo with the aarch64 build of the node under the emulator
@@ -251,6 +257,7 @@ fn main() -> ExitCode {
             check_install,
             as_shipped,
             sign_with,
+            upgrade_from,
         } => match prebuilt {
             // As CI does: twice, and the two must be the same files.
             Some(bins) if check_install => dist::package_reproducibly(&target, &bins, &profile),
@@ -284,6 +291,13 @@ fn main() -> ExitCode {
                     .to_owned();
                 let signer = repo::Signer { key, home: None };
                 repo::make(&debs, &[&arch, "all"], &dir.join("repo"), &signer)?;
+            }
+            if let Some(from) = upgrade_from {
+                let dir = debs
+                    .first()
+                    .and_then(|d| d.parent())
+                    .ok_or_else(|| anyhow::anyhow!("no package made"))?;
+                deb::check_upgrade(&dist::debs_in(&from)?, &debs, &dir.join("upgrade-repo"))?;
             }
             Ok(())
         }),
@@ -425,7 +439,8 @@ fn test() -> anyhow::Result<()> {
 /// The short demo, from the binaries just built (what `cargo xtask demo` shows, with
 /// shorter measurements); then the amd64 packages of those binaries (dev profile: the
 /// packaging is what is checked here), linted, installed, upgraded, removed and purged in a
-/// scratch root.
+/// scratch root, installed from a signed repository, and reached by apt's upgrade from the
+/// release before's packages.
 ///
 /// # Errors
 /// The demo fails, or a package check does.
@@ -446,6 +461,9 @@ fn native_demo_and_packages(root: &std::path::Path) -> anyhow::Result<()> {
         deb::check_install(&debs)?;
         deb::run_as_shipped(&debs, &root.join("target/debug/cyphonic-bed"))?;
         deb::check_repository(&debs, &root.join("target/dist/amd64/repo"))?;
+        // The release before's packages, as it made them, upgraded to these through apt.
+        let previous = previous::package(root)?;
+        deb::check_upgrade(&previous, &debs, &root.join("target/previous/repo"))?;
     }
     Ok(())
 }

@@ -98,12 +98,48 @@ pub(crate) fn build(root: &Path) -> anyhow::Result<PathBuf> {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin)?;
     for program in PROGRAMS {
-        let to = bin.join(program);
-        let _ = std::fs::remove_file(&to);
-        std::fs::copy(target.join("debug").join(program), &to)
-            .with_context(|| format!("copying the release before's {program}"))?;
+        copy_out(&target.join("debug").join(program), &bin.join(program))?;
     }
+    // Its own xtask (a member of its workspace), which packages its programs as it did.
+    copy_out(&target.join("debug/xtask"), &dir.join("xtask"))?;
     Ok(bin)
+}
+
+/// Copies a program of the release before out of the target directory, where ours will
+/// take its place.
+fn copy_out(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(to);
+    std::fs::copy(from, to)
+        .map(drop)
+        .with_context(|| format!("copying the release before's {}", from.display()))
+}
+
+/// Packages the release before's programs (as [`build`] left them) with its own xtask, as
+/// it shipped them (`dist --prebuilt`, the dev profile, amd64): the packages a fleet
+/// upgrades from, for the test of an upgrade through apt ([`crate::deb::check_upgrade`]).
+/// Their timestamps and commit are the commit's. Returns the .deb files.
+///
+/// # Errors
+/// [`build`] has not run, or the packaging fails.
+pub(crate) fn package(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let dir = root.join("target/previous");
+    let src = dir.join("src");
+    let out = src.join("target/dist/amd64");
+    let _ = std::fs::remove_dir_all(&out);
+    let epoch = util::git(root, &["log", "-1", "--format=%ct", COMMIT])
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .context("the release before's commit time")?;
+    util::run(
+        Command::new(dir.join("xtask"))
+            .args(["dist", "--profile", "dev", "--prebuilt"])
+            .arg(dir.join("bin"))
+            .current_dir(&src)
+            .env("SOURCE_DATE_EPOCH", epoch)
+            .env(crate::dist::COMMIT, &COMMIT[..12]),
+        "the release before's xtask dist --prebuilt (its packages)",
+    )?;
+    crate::dist::debs_in(&out)
 }
 
 /// Makes sure [`COMMIT`] is in the repository: a shallow clone (CI's may be one) is deepened
