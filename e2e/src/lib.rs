@@ -32,6 +32,7 @@ pub mod shipped;
 pub mod soak;
 pub mod swarm;
 pub mod vlan;
+pub mod vm;
 
 /// What the bed measured, as data (a crate of its own: xtask reads it).
 pub use cyphonic_report as report;
@@ -119,6 +120,21 @@ fn check(out: &Output, what: &str) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `len` pseudo-random bytes (xorshift; incompressible enough for a transfer test), the
+/// same on every call.
+#[must_use]
+pub fn pseudo_random(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[3]
+        })
+        .collect()
 }
 
 /// The unsigned integer `v` of a status document, which must be there: a check that read a

@@ -385,18 +385,9 @@ fn a_restarted_adapter_is_reached_again_by_itself() {
     );
 }
 
-/// Writes `len` pseudo-random bytes (xorshift; incompressible enough for a transfer test).
+/// Writes `len` pseudo-random bytes ([`cyphonic_e2e::pseudo_random`]).
 fn random_file(path: &std::path::Path, len: usize) {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
-    std::fs::write(path, data).unwrap();
+    std::fs::write(path, cyphonic_e2e::pseudo_random(len)).unwrap();
 }
 
 /// Sends a random file of `len` bytes from lanA's host to lanB's with netcat (a plain TCP
