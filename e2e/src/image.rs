@@ -13,12 +13,12 @@
 //! pings across the tunnel; the first-boot report on the boot partition says what was taken.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, anyhow, ensure};
+use anyhow::{Context, ensure};
 
-use crate::bed::{BedOptions, Ping, Side, TwoSites};
-use crate::sh;
+use crate::bed::{BedOptions, Side, TwoSites};
+use crate::{sh, vm};
 
 /// Where the boot partition starts in the image (xtask image.rs: 4 MiB).
 const BOOT_OFFSET: &str = "@@4M";
@@ -113,25 +113,15 @@ pub fn boot_check(image: &Path) -> anyhow::Result<Duration> {
         cmdline.contains("root=LABEL=RASPIROOT") && cmdline.contains("net.ifnames=0"),
         "cmdline.txt: {cmdline}"
     );
+    // Site A's adapter namespace becomes the appliance's cable ends.
+    let (address, router) = vm::cable(&bed.a.adapter_ns)?;
     // The operator's files: the bed's configuration of site A, for the Pi's ports, and a
     // static uplink (the bed's uplink has no DHCP server).
-    let config = std::fs::read_to_string(bed.a.config())?;
-    let config: String = config
-        .lines()
-        .filter(|l| !l.starts_with("status_socket") && !l.starts_with("state_dir"))
-        .map(|l| {
-            if l.starts_with("lan_interface") {
-                "lan_interface = \"eth1\"".to_owned()
-            } else {
-                l.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let config = vm::machine_config(&bed, &["status_socket", "state_dir"])?;
     std::fs::write(work.join("adapter.toml"), config)?;
     std::fs::write(
         work.join("uplink.network"),
-        "[Match]\nName=eth0\n\n[Network]\nAddress=198.51.100.2/24\nGateway=198.51.100.1\n",
+        format!("[Match]\nName=eth0\n\n[Network]\nAddress={address}\nGateway={router}\n"),
     )?;
     sh("mmd", &["-D", "s", "-i", &fat(&disk), "::cyphonic/peers"])?;
     for name in ["gw1.ovl.example.crt", "gw1.ovl.example.key", "ca.crt"] {
@@ -149,19 +139,6 @@ pub fn boot_check(image: &Path) -> anyhow::Result<Duration> {
     )?;
     put(&disk, &work.join("adapter.toml"), "cyphonic/adapter.toml")?;
 
-    // Site A's adapter namespace becomes the appliance's cable ends: its uplink and LAN
-    // links bridged to the emulator's two taps, its own address given up to the appliance.
-    let ns = &bed.a.adapter_ns;
-    ns.ip(&["addr", "flush", "dev", "wan"])?;
-    for (bridge, link, tap) in [("brw", "wan", "tap0"), ("brl", "lan", "tap1")] {
-        ns.ip(&["link", "add", bridge, "type", "bridge"])?;
-        ns.ip(&["tuntap", "add", "dev", tap, "mode", "tap"])?;
-        for port in [link, tap] {
-            ns.ip(&["link", "set", port, "master", bridge])?;
-            ns.ip(&["link", "set", port, "up"])?;
-        }
-        ns.ip(&["link", "set", bridge, "up"])?;
-    }
     let console = work.join("console.log");
     let append = format!(
         "{} console=ttyAMA0 systemd.journald.forward_to_console=1",
@@ -172,78 +149,22 @@ pub fn boot_check(image: &Path) -> anyhow::Result<Duration> {
             .join(" ")
     );
     let drive = format!("file={},format=raw,if=none,id=card", disk.display());
-    let args = [
-        "-M",
-        "virt",
-        "-cpu",
-        "cortex-a72",
-        "-smp",
-        "2",
-        "-m",
-        "1024",
-        "-display",
-        "none",
-        "-serial",
-        &format!("file:{}", console.display()),
-        "-no-reboot",
-        "-kernel",
-        kernel.to_str().context("path")?,
-        "-initrd",
-        initrd.to_str().context("path")?,
-        "-append",
+    let mut vm = vm::power_on(
+        &bed.a.adapter_ns,
+        (&kernel, &initrd),
         &append,
-        "-drive",
-        &drive,
-        "-device",
-        "virtio-blk-pci,drive=card,romfile=",
-        "-netdev",
-        "tap,id=uplink,ifname=tap0,script=no,downscript=no",
-        "-device",
-        "virtio-net-pci,netdev=uplink,mac=52:54:00:00:01:01,romfile=",
-        "-netdev",
-        "tap,id=lan,ifname=tap1,script=no,downscript=no",
-        "-device",
-        "virtio-net-pci,netdev=lan,mac=52:54:00:00:01:02,romfile=",
-    ];
-    let started = Instant::now();
-    let mut vm = ns.daemon(
-        Path::new("/usr/bin/qemu-system-aarch64"),
-        &args,
-        &work.join("qemu.log"),
-        || true,
+        &console,
+        &[
+            "-drive",
+            &drive,
+            "-device",
+            "virtio-blk-pci,drive=card,romfile=",
+        ],
     )?;
     let shown = || std::fs::read_to_string(&console).unwrap_or_default();
     // Booted when the adapter says it captures the LAN; given up if the emulator stops.
-    let mut stopped = false;
-    let booted = crate::wait_until(
-        Duration::from_secs(600),
-        "the appliance's adapter capturing its LAN",
-        || {
-            stopped = !vm.running();
-            stopped || shown().contains("capturing the LAN")
-        },
-    );
-    let boot_time = started.elapsed();
-    ensure!(
-        !stopped,
-        "the emulator stopped: {}\nconsole:\n{}",
-        std::fs::read_to_string(work.join("qemu.log")).unwrap_or_default(),
-        shown()
-    );
-    booted.map_err(|e| anyhow!("{e}\nconsole:\n{}", shown()))?;
-    let (device, ip) = bed
-        .dhcp_device(Side::A, "sensor")
-        .map_err(|e| anyhow!("no lease from the appliance: {e}\nconsole:\n{}", shown()))?;
-    ensure!(
-        ip.octets()[..3] == [100, 64, 1],
-        "leased {ip}, outside A's block"
-    );
-    let names = bed.resolve(&device.ns, bed.a.gateway, "host.gw2.ovl.example");
-    ensure!(
-        names == vec![bed.b.host_ip.to_string()],
-        "host.gw2.ovl.example: {names:?}"
-    );
-    bed.ping_ok(&device.ns, bed.b.host_ip, Ping::count(5).wait(5));
+    let boot_time = vm::wait_up(&mut vm, &console, vm::CAPTURING, Duration::from_secs(600))?;
+    vm::device_reaches_b(&mut bed, &console)?;
     drop(vm);
     // What the first boot took, as the operator reads it back on the laptop.
     let report = get(&disk, "cyphonic/imported.txt")?;
@@ -267,8 +188,6 @@ pub fn boot_check(image: &Path) -> anyhow::Result<Duration> {
     }
     // The LAN port held closed under the unit's sandbox, and nothing on the image (networkd
     // leaves eth1 unmanaged) fighting the adapter over it.
-    ensure!(!console.contains("cannot close the LAN port"), "{console}");
-    ensure!(!console.contains("cannot hold the LAN port"), "{console}");
-    ensure!(!console.contains("changed the LAN port"), "{console}");
+    vm::adapter_was_well(&console)?;
     Ok(boot_time)
 }
