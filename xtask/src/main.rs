@@ -29,6 +29,7 @@ mod repo;
 mod report;
 mod tidy;
 mod util;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -142,12 +143,17 @@ enum Command {
         upgrade_from: Option<std::path::PathBuf>,
     },
     /// The Raspberry Pi's architecture here: the unit tier built for aarch64 and run under
-    /// qemu-user, then the short demo with the aarch64 build of the node under the emulator
-    /// (part of `test`).
+    /// qemu-user, then the short demo with the aarch64 build of the node under the emulator,
+    /// then the aarch64 adapter in an arm64 machine under qemu-system-aarch64 (part of
+    /// `test`).
     Arm64 {
         /// Only the unit tier.
         #[arg(long)]
         unit: bool,
+        /// Only the arm64 machine: the adapter's aarch64 build, as the tier built it last,
+        /// in an arm64 kernel under qemu-system-aarch64, serving the bed's site A.
+        #[arg(long, conflicts_with = "unit")]
+        machine: bool,
     },
     /// Build the Raspberry Pi 4 SD-card image (Debian bookworm arm64, the Pi's firmware and
     /// kernel, the adapter's arm64 packages, SSH off, first boot from the boot partition's
@@ -301,7 +307,7 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
-        Command::Arm64 { unit } => arm64(unit),
+        Command::Arm64 { unit, machine } => arm64(unit, machine),
         Command::Image {
             packages,
             out,
@@ -428,6 +434,7 @@ fn test() -> anyhow::Result<()> {
     // the tests. The documentation's chain may still run beside them.
     let arm64 = cross::programs_dir(&root);
     cross::smoke(&root, &arm64, &root.join("target/debug"))?;
+    vm::check(&root, &arm64, &root.join("target/debug"))?;
     let debs = dist::package_programs(cross::TRIPLE, &arm64, "dev", &cross::PROGRAMS)?;
     deb::lint(&debs)?;
     deb::check_install(&debs)?;
@@ -486,14 +493,22 @@ fn short_soak(root: &std::path::Path) -> lanes::Job {
 }
 
 /// The aarch64 tier: the unit tests under the emulator, then (unless `unit_only`) the short
-/// demo by the emulated programs, with the bed's own tools built for this machine.
-fn arm64(unit_only: bool) -> anyhow::Result<()> {
+/// demo by the emulated programs, with the bed's own tools built for this machine, and the
+/// adapter in an arm64 machine (`machine_only`: that alone).
+fn arm64(unit_only: bool, machine_only: bool) -> anyhow::Result<()> {
     let root = util::root();
+    if machine_only {
+        bed::prerequisites()?;
+        bed::build_for_tests(&root)?;
+        let arm64 = cross::programs_dir(&root);
+        return vm::check(&root, &arm64, &root.join("target/debug"));
+    }
     let arm64 = cross::test(&root)?;
     if !unit_only {
         bed::prerequisites()?;
         bed::build_for_tests(&root)?;
         cross::smoke(&root, &arm64, &root.join("target/debug"))?;
+        vm::check(&root, &arm64, &root.join("target/debug"))?;
     }
     Ok(())
 }
