@@ -27,7 +27,7 @@ use cyphonic_control::{PairBox, PairHealth, PairRole, PairState};
 use cyphonic_crypto::PairKey;
 use cyphonic_crypto::pair::random_16;
 use cyphonic_ha::msg::{self, Body, ETHERTYPE, GROUP_MAC};
-use cyphonic_ha::{Assembler, Config, Event, Health, Opener, Pair, Reason, Refused, Role, Sealer};
+use cyphonic_ha::{Assembler, Config, Event, Health, Pair, Reason, Refused, Role};
 use cyphonic_netio::cbpf::{jump_eq, load_half, ret};
 use cyphonic_netio::{FrameMeta, Interface, PacketOptions, PacketSocket};
 
@@ -197,8 +197,8 @@ pub struct HaBox {
     nic: [u8; 6],
     gateway: [u8; 6],
     pair: Pair,
-    sealer: Sealer,
-    opener: Opener,
+    /// Our messages sealed and the other box's opened, in the version the two share.
+    messages: msg::Link,
     assembler: Assembler,
     /// The state directory's lease file: what the standby keeps, and the active box sends
     /// first (the DHCP server's writer reports each file it writes after that: [`PairLink`]).
@@ -365,8 +365,7 @@ pub fn stand_by(
         nic: iface.mac,
         gateway: gateway_mac(config.gateway_vip),
         pair,
-        sealer: Sealer::new(&key, boot),
-        opener: Opener::new(key),
+        messages: msg::Link::new(key, boot),
         assembler: Assembler::default(),
         leases,
         sent: None,
@@ -798,7 +797,7 @@ impl HaBox {
     }
 
     fn send(&mut self, body: &Body<'_>) -> anyhow::Result<()> {
-        self.sealer.seal(body, &mut self.body);
+        self.messages.seal(body, &mut self.body);
         self.frame.clear();
         self.frame.extend_from_slice(&GROUP_MAC);
         self.frame.extend_from_slice(&self.nic);
@@ -893,7 +892,7 @@ impl HaBox {
 
     /// One message of the other box's, from the LAN MAC `src` (`None`: the underlay).
     fn take(&mut self, msg: &[u8], src: Option<[u8; 6]>, now: Instant) {
-        match self.opener.open(msg) {
+        match self.messages.open(msg) {
             Ok((boot, Body::Heartbeat(beat))) => {
                 // On the LAN, the frame comes from the NIC the heartbeat names.
                 if src.is_some_and(|s| s != beat.nic) || beat.nic == self.nic {
@@ -925,7 +924,7 @@ impl HaBox {
                 } += 1;
                 if matches!(e, Refused::Version(_)) && !self.version_warned {
                     self.version_warned = true;
-                    tracing::warn!(error = %e, "HA: the other box speaks another pair version: the two cannot pair (upgrade both to one version)");
+                    tracing::warn!(error = %e, ours = ?msg::OURS, "HA: the other box speaks no pair version of ours: the two cannot pair (upgrade the older one)");
                 } else if e != Refused::Replay {
                     tracing::debug!(error = %e, "HA: message dropped");
                 }

@@ -18,5 +18,5 @@ pub mod msg;
 pub mod pair;
 
 pub use mandate::{Mandate, Renewal};
-pub use msg::{Assembler, Body, Health, Heartbeat, Opener, Refused, Role, Sealer};
+pub use msg::{Assembler, Body, Health, Heartbeat, Link, Opener, Refused, Role, Sealer};
 pub use pair::{Config, Event, NoHandover, Pair, Reason};

@@ -9,8 +9,16 @@ use cyphonic_crypto::{BootKey, PairKey};
 pub const ETHERTYPE: u16 = 0x88B5;
 /// The multicast address the pair's frames are sent to (locally administered).
 pub const GROUP_MAC: [u8; 6] = [0x03, 0x63, 0x79, 0x68, 0x61, 0x00];
-/// The pair protocol's version.
+/// The pair protocol's newest version, which a box speaks to a box of its own release.
 pub const VERSION: u8 = 1;
+/// The oldest version a box still speaks: the release before's newest (docs/protocol.md §5,
+/// *Versions*).
+pub const OLDEST: u8 = 1;
+/// The versions this release speaks.
+pub const OURS: Versions = OLDEST..=VERSION;
+
+/// A range of pair versions, oldest to newest.
+pub type Versions = std::ops::RangeInclusive<u8>;
 /// Bytes before the body.
 pub const HEADER_LEN: usize = 32;
 /// Bytes of the tag after the body.
@@ -175,8 +183,8 @@ pub enum Refused {
     /// Shorter than a header and a tag, no magic, or a length that does not match.
     #[error("not a pair message (magic or length)")]
     Malformed,
-    /// Another version of the pair protocol.
-    #[error("pair protocol version {0}, not {VERSION}")]
+    /// A version of the pair protocol this box does not speak.
+    #[error("pair protocol version {0}, which this box does not speak")]
     Version(u8),
     /// The tag does not verify: not from a holder of the site's key, or changed.
     #[error("tag does not verify")]
@@ -189,22 +197,30 @@ pub enum Refused {
     Unknown,
 }
 
-/// Seals the messages of one start of a box.
+/// Seals the messages of one start of a box, in one version of the pair protocol.
 #[derive(Debug)]
 pub struct Sealer {
     boot: Boot,
     key: BootKey,
     counter: u64,
+    version: u8,
 }
 
 impl Sealer {
-    /// The sealer of the start identified by `boot` (random, new at each start).
+    /// The sealer of the start identified by `boot` (random, new at each start), in our
+    /// newest version.
     pub fn new(pair: &PairKey, boot: Boot) -> Self {
         Self {
             boot,
             key: pair.boot(&boot),
             counter: 0,
+            version: VERSION,
         }
+    }
+
+    /// The version it seals in.
+    pub const fn version(&self) -> u8 {
+        self.version
     }
 
     /// This start's identifier.
@@ -217,7 +233,7 @@ impl Sealer {
         self.counter += 1;
         out.clear();
         out.extend_from_slice(MAGIC);
-        out.push(VERSION);
+        out.push(self.version);
         let at = out.len();
         out.extend_from_slice(&[0; 3]);
         out.extend_from_slice(&self.boot);
@@ -263,15 +279,29 @@ const STARTS: usize = 4;
 pub struct Opener {
     pair: PairKey,
     starts: Vec<(Boot, BootKey, u64)>,
+    versions: Versions,
+    heard: Option<u8>,
 }
 
 impl Opener {
-    /// The opener of messages under `pair`.
+    /// The opener of messages under `pair`, in the versions we speak.
     pub const fn new(pair: PairKey) -> Self {
+        Self::speaking(pair, OURS)
+    }
+
+    /// The opener of messages under `pair` in `versions` (another release's, in tests).
+    pub const fn speaking(pair: PairKey, versions: Versions) -> Self {
         Self {
             pair,
             starts: Vec::new(),
+            versions,
+            heard: None,
         }
+    }
+
+    /// The version of the last message it accepted.
+    pub const fn heard(&self) -> Option<u8> {
+        self.heard
     }
 
     /// Checks `msg` (the frame's payload after the Ethernet header) and returns its sender's
@@ -285,7 +315,7 @@ impl Opener {
         if msg.len() < HEADER_LEN + TAG_LEN || &msg[..4] != MAGIC {
             return Err(Refused::Malformed);
         }
-        if msg[4] != VERSION {
+        if !self.versions.contains(&msg[4]) {
             return Err(Refused::Version(msg[4]));
         }
         let n = usize::from(u16::from_be_bytes([msg[6], msg[7]]));
@@ -323,7 +353,62 @@ impl Opener {
                 self.starts.extend(fresh.map(|key| (boot, key, counter)));
             }
         }
+        self.heard = Some(msg[4]);
         Ok((boot, body))
+    }
+}
+
+/// One box's side of the pair's messages: it seals ours and opens the other box's, and
+/// speaks the other box's version (docs/protocol.md §5, *Versions*): its newest until it
+/// accepts a message, then the version of the last message it accepted.
+#[derive(Debug)]
+pub struct Link {
+    sealer: Sealer,
+    opener: Opener,
+}
+
+impl Link {
+    /// The link of the start `boot` under `pair`, in the versions we speak.
+    pub fn new(pair: PairKey, boot: Boot) -> Self {
+        Self::speaking(pair, boot, OURS)
+    }
+
+    /// The link of the start `boot` under `pair` in `versions` (another release's, in
+    /// tests).
+    pub fn speaking(pair: PairKey, boot: Boot, versions: Versions) -> Self {
+        let mut sealer = Sealer::new(&pair, boot);
+        sealer.version = *versions.end();
+        Self {
+            sealer,
+            opener: Opener::speaking(pair, versions),
+        }
+    }
+
+    /// This start's identifier.
+    pub const fn boot(&self) -> Boot {
+        self.sealer.boot()
+    }
+
+    /// The version our messages go in.
+    pub const fn version(&self) -> u8 {
+        self.sealer.version()
+    }
+
+    /// Seals `body` into `out` ([`Sealer::seal`]).
+    pub fn seal(&mut self, body: &Body<'_>, out: &mut Vec<u8>) {
+        self.sealer.seal(body, out);
+    }
+
+    /// Opens `msg` ([`Opener::open`]); once accepted, ours go in its version.
+    ///
+    /// # Errors
+    /// Why the message is dropped ([`Refused`]).
+    pub fn open<'a>(&mut self, msg: &'a [u8]) -> Result<(Boot, Body<'a>), Refused> {
+        let opened = self.opener.open(msg)?;
+        if let Some(heard) = self.opener.heard() {
+            self.sealer.version = heard;
+        }
+        Ok(opened)
     }
 }
 
@@ -461,6 +546,56 @@ mod tests {
             leases_version: 42,
             nic: [2, 0, 0, 0, 0, 9],
         }
+    }
+
+    /// A box of a later release (pair versions 1 to 2) beside one of ours (1 to 1,
+    /// docs/protocol.md §5, *Versions*): the newer box's first message is refused as a
+    /// version the older does not speak; once the newer accepts the older's, it speaks 1
+    /// and is heard. A message whose version was changed on the way moves nothing (the byte
+    /// is under the tag); when the other box comes back newer, it steps up again. A box
+    /// sharing no version is heard by no one and moves no one.
+    #[test]
+    fn a_newer_box_speaks_the_older_ones_version() {
+        let site = StaticKeypair::generate().unwrap();
+        let key = || {
+            PairKey::new(&StaticKeypair::from_secret(zeroize::Zeroizing::new(
+                *site.secret(),
+            )))
+            .unwrap()
+        };
+        let mut newer = Link::speaking(key(), [1; 16], 1..=2);
+        let mut older = Link::speaking(key(), [2; 16], 1..=1);
+        let mut m = Vec::new();
+        newer.seal(&Body::Heartbeat(beat(1)), &mut m);
+        assert_eq!((m[4], newer.version()), (2, 2));
+        assert_eq!(older.open(&m), Err(Refused::Version(2)));
+        older.seal(&Body::Heartbeat(beat(1)), &mut m);
+        assert_eq!(m[4], 1);
+        assert_eq!(newer.open(&m).unwrap().1, Body::Heartbeat(beat(1)));
+        assert_eq!(newer.version(), 1);
+        newer.seal(&Body::Heartbeat(beat(2)), &mut m);
+        assert_eq!(m[4], 1);
+        assert_eq!(older.open(&m).unwrap().1, Body::Heartbeat(beat(2)));
+
+        // The older box comes back as the later release: a new start, in its newest.
+        let mut upgraded = Link::speaking(key(), [3; 16], 1..=2);
+        upgraded.seal(&Body::Heartbeat(beat(3)), &mut m);
+        assert!(newer.open(&m).is_ok());
+        assert_eq!(newer.version(), 2);
+        upgraded.seal(&Body::Heartbeat(beat(4)), &mut m);
+        m[4] = 1;
+        assert_eq!(newer.open(&m), Err(Refused::Tag));
+        assert_eq!(newer.version(), 2, "a forged version moved the box");
+
+        // No version in common.
+        let mut far = Link::speaking(key(), [4; 16], 3..=3);
+        far.seal(&Body::Heartbeat(beat(4)), &mut m);
+        assert_eq!(older.open(&m), Err(Refused::Version(3)));
+        assert_eq!(older.version(), 1);
+        older.seal(&Body::Heartbeat(beat(5)), &mut m);
+        assert_eq!(far.open(&m), Err(Refused::Version(1)));
+        assert_eq!(far.version(), 3);
+        assert_eq!(Link::new(key(), [5; 16]).version(), VERSION);
     }
 
     /// What one box seals the other opens, field for field; a copy is a replay; a later
