@@ -242,4 +242,41 @@ mod tests {
             Ok(())
         );
     }
+
+    /// The scripts that ship beside the adapter (the image's first-boot step, the package's
+    /// prerm) call it with command lines it parses: the first-boot step once passed the
+    /// file where `check-config -c FILE` was asked, and every card's configuration was
+    /// refused.
+    #[test]
+    fn the_shipped_scripts_call_command_lines_it_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut calls = Vec::new();
+        for script in ["config/image/firstboot", "config/debian/program.prerm"] {
+            let text = std::fs::read_to_string(root.join(script)).unwrap();
+            for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+                let Some(at) = line.find("/usr/bin/cyphonic-adapter ") else {
+                    continue;
+                };
+                // The words up to a redirection or the shell's next word.
+                let call: Vec<String> = line[at..]
+                    .split_whitespace()
+                    .take_while(|w| !w.contains('>') && !["||", "&&", ";", "then"].contains(w))
+                    .map(|w| {
+                        w.trim_matches('"')
+                            .replace("$new", "/etc/cyphonic/adapter.toml")
+                    })
+                    .collect();
+                calls.push((script, call));
+            }
+        }
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        for (script, call) in calls {
+            let parsed = cyphonic_daemon::cli::command(&super::NAMES).try_get_matches_from(&call);
+            assert!(
+                parsed.is_ok(),
+                "{script}: {call:?}: {}",
+                parsed.unwrap_err()
+            );
+        }
+    }
 }
