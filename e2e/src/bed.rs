@@ -1052,6 +1052,44 @@ impl TwoSites {
             .output()?)
     }
 
+    /// `cyphonic-cloud token create --name NAME ARGS` on the bed's cloud: the token it
+    /// printed (`<16 hex>.<64 hex>`).
+    ///
+    /// # Errors
+    /// No cloud, the command fails (its output in the message) or printed no token.
+    pub fn create_token(&self, name: &str, args: &[&str]) -> anyhow::Result<String> {
+        let mut all = vec!["token", "create", "--name", name];
+        all.extend_from_slice(args);
+        let out = self.cloud_cli(&all)?;
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(out.status.success(), "token create: {said}");
+        said.lines()
+            .find(|l| l.len() == 81 && l.as_bytes()[16] == b'.')
+            .map(str::to_owned)
+            .with_context(|| format!("no token in {said}"))
+    }
+
+    /// The state (`unused`, `issued`, `used`, ...) of the token for `name`, as `token list
+    /// --json` says.
+    ///
+    /// # Errors
+    /// No cloud, the command fails, or no token is for `name`.
+    pub fn token_state(&self, name: &str) -> anyhow::Result<String> {
+        let out = self.cloud_cli(&["token", "list", "--json"])?;
+        anyhow::ensure!(
+            out.status.success(),
+            "token list: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: Value = serde_json::from_slice(&out.stdout)?;
+        list.as_array()
+            .and_then(|all| all.iter().find(|t| t["name"] == name))
+            .and_then(|t| t["state"].as_str())
+            .map(str::to_owned)
+            .with_context(|| format!("no token for {name}: {list}"))
+    }
+
     /// A counter from the cloud's status.
     ///
     /// # Errors

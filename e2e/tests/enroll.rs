@@ -42,13 +42,7 @@ fn token_cmd(bed: &TwoSites, args: &[&str]) -> Result<String, String> {
 
 /// A new token for `name` (more `args` after), as `token create` prints it.
 fn create_token(bed: &TwoSites, name: &str, args: &[&str]) -> String {
-    let mut all = vec!["create", "--name", name];
-    all.extend_from_slice(args);
-    let out = token_cmd(bed, &all).unwrap_or_else(|e| panic!("token create: {e}"));
-    out.lines()
-        .find(|l| l.len() == 81 && l.as_bytes()[16] == b'.')
-        .unwrap_or_else(|| panic!("no token in {out}"))
-        .to_owned()
+    bed.create_token(name, args).unwrap()
 }
 
 /// Site B's configuration for an adapter that has nothing yet but the cloud and (maybe) a
