@@ -109,22 +109,27 @@ pub fn power_on(
 }
 
 /// Waits until the machine's console shows `up` (the adapter capturing its LAN); returns
-/// how long after power-on. Fails at once when the emulator stops.
+/// how long after power-on. Fails at once when the emulator stops or the console shows one
+/// of `gone` (what says `up` will not come).
 ///
 /// # Errors
-/// Not within `limit`, or the emulator stopped (with its log and the console).
+/// Not within `limit`, the emulator stopped (with its log) or the console said one of
+/// `gone`; the console in the message.
 pub fn wait_up(
     vm: &mut Proc,
     console: &Path,
-    up: &str,
+    (up, gone): (&str, &[&str]),
     limit: Duration,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let shown = || std::fs::read_to_string(console).unwrap_or_default();
     let mut stopped = false;
+    let mut said = None;
     let booted = crate::wait_until(limit, "the machine's adapter capturing its LAN", || {
         stopped = !vm.running();
-        stopped || shown().contains(up)
+        let text = shown();
+        said = gone.iter().find(|g| text.contains(**g));
+        stopped || said.is_some() || text.contains(up)
     });
     let took = started.elapsed();
     ensure!(
@@ -133,6 +138,9 @@ pub fn wait_up(
         std::fs::read_to_string(console.with_extension("qemu.log")).unwrap_or_default(),
         shown()
     );
+    if let Some(said) = said {
+        anyhow::bail!("the machine said {said:?}\nconsole:\n{}", shown());
+    }
     booted.map_err(|e| anyhow!("{e}\nconsole:\n{}", shown()))?;
     Ok(took)
 }
@@ -295,13 +303,22 @@ pub fn adapter_check(kernel: &Path, initramfs: &Path) -> anyhow::Result<Duration
         &[],
     )?;
     let shown = || std::fs::read_to_string(&console).unwrap_or_default();
-    let up = wait_up(&mut vm, &console, CAPTURING, Duration::from_secs(300))?;
+    let up = wait_up(
+        &mut vm,
+        &console,
+        (CAPTURING, &["cyphonic-vm: /site/start ended"]),
+        Duration::from_secs(300),
+    )?;
     ensure!(
         shown().contains("on aarch64, modules loaded") && !shown().contains("cyphonic-vm: insmod"),
         "the machine's init:\n{}",
         shown()
     );
-    let device = device_reaches_b(&mut bed, &console)?;
+    let device = device_reaches_b(
+        &mut bed,
+        &console,
+        (std::net::Ipv4Addr::new(100, 64, 1, 0), 24),
+    )?;
     tcp_transfer(
         &work,
         (&device.ns, &bed.b.lan, bed.b.host_ip),
@@ -314,8 +331,9 @@ pub fn adapter_check(kernel: &Path, initramfs: &Path) -> anyhow::Result<Duration
     Ok(up)
 }
 
-/// What the machine on site A must do for a device on its LAN: a lease by DHCP in A's
-/// block, the name of B's host resolved, 5 pings to it. Returns the device.
+/// What the machine on site A must do for a device on its LAN: a lease by DHCP in `block`
+/// (network, prefix length: A's), the name of B's host resolved by the DNS server the lease
+/// names, 5 pings to it. Returns the device.
 ///
 /// # Errors
 /// No lease, a lease outside the block or another answer to the name, with the machine's
@@ -326,6 +344,7 @@ pub fn adapter_check(kernel: &Path, initramfs: &Path) -> anyhow::Result<Duration
 pub fn device_reaches_b(
     bed: &mut TwoSites,
     console: &Path,
+    (network, prefix): (std::net::Ipv4Addr, u8),
 ) -> anyhow::Result<crate::lan::DhcpHost> {
     let shown = || std::fs::read_to_string(console).unwrap_or_default();
     let (device, ip) = bed.dhcp_device(Side::A, "sensor").map_err(|e| {
@@ -334,11 +353,15 @@ pub fn device_reaches_b(
             shown()
         )
     })?;
+    let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
     ensure!(
-        ip.octets()[..3] == [100, 64, 1],
-        "leased {ip}, outside A's block"
+        u32::from(ip) & mask == u32::from(network) & mask,
+        "leased {ip}, outside {network}/{prefix}"
     );
-    let names = bed.resolve(&device.ns, bed.a.gateway, "host.gw2.ovl.example");
+    let server = device
+        .default_route()
+        .context("the lease named no router")?;
+    let names = bed.resolve(&device.ns, server, "host.gw2.ovl.example");
     ensure!(
         names == vec![bed.b.host_ip.to_string()],
         "host.gw2.ovl.example: {names:?}\nconsole:\n{}",

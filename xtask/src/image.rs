@@ -59,6 +59,9 @@ const BOOT_LABEL: &str = "RASPIFIRM";
 /// The tools the build needs, with the Debian package of each.
 const TOOLS: &[(&str, &str)] = &[
     ("mmdebstrap", "mmdebstrap"),
+    // What mmdebstrap checks a foreign architecture with (recommended by it, so not
+    // installed with it here).
+    ("arch-test", "arch-test"),
     ("mkfs.vfat", "dosfstools"),
     ("mcopy", "mtools"),
     ("mkfs.ext4", "e2fsprogs"),
