@@ -470,23 +470,12 @@ impl DhcpHost {
 
     /// The IPv4 address on `eth0`, as the kernel has it.
     pub fn address(&self) -> Option<(Ipv4Addr, u8)> {
-        let out = self
-            .ns
-            .ip(&["-4", "-o", "addr", "show", "dev", "eth0"])
-            .ok()?;
-        let cidr = out.split_whitespace().skip_while(|w| *w != "inet").nth(1)?;
-        let (ip, len) = cidr.split_once('/')?;
-        Some((ip.parse().ok()?, len.parse().ok()?))
+        self.ns.ipv4_address("eth0")
     }
 
     /// The default route's gateway.
     pub fn default_route(&self) -> Option<Ipv4Addr> {
-        let out = self.ns.ip(&["-4", "route", "show", "default"]).ok()?;
-        out.split_whitespace()
-            .skip_while(|w| *w != "via")
-            .nth(1)?
-            .parse()
-            .ok()
+        self.ns.default_route()
     }
 
     /// `eth0`'s MTU.

@@ -137,6 +137,38 @@ pub fn pseudo_random(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Sends `len` [`pseudo_random`] bytes over one TCP connection with netcat, from `from` to
+/// `to_ip`:5555, where `to` listens (each end bounded by `timeout`; the listener's end
+/// waited for 30 s after the sender's), the bytes staged in `work`. Returns the file sent
+/// and the file received, for the caller to compare.
+///
+/// # Errors
+/// The sender fails (its output in the message), or the listener does not end.
+pub fn netcat(
+    work: &std::path::Path,
+    (from, to, to_ip): (&Netns, &Netns, std::net::Ipv4Addr),
+    len: usize,
+    timeout: Duration,
+) -> anyhow::Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let input = work.join("in.bin");
+    let output = work.join("out.bin");
+    std::fs::write(&input, pseudo_random(len))?;
+    let secs = timeout.as_secs().to_string();
+    let receive = format!("exec nc -l 5555 > {}", output.display());
+    let server = to.spawn("timeout", &[&secs, "sh", "-c", &receive])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let send = format!("exec nc -N -q 1 {to_ip} 5555 < {}", input.display());
+    let out = from.exec_output("timeout", &[&secs, "sh", "-c", &send])?;
+    ensure!(
+        out.status.success(),
+        "the sender: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.wait(Duration::from_secs(30))?;
+    Ok((input, output))
+}
+
 /// The unsigned integer `v` of a status document, which must be there: a check that read a
 /// missing field as 0 (or as `u64::MAX`) could not fail once the field is renamed.
 ///
@@ -196,6 +228,24 @@ impl Netns {
         let mut all = vec!["-n", self.name.as_str()];
         all.extend_from_slice(args);
         sh("ip", &all)
+    }
+
+    /// The IPv4 address on `iface` and its prefix length, as the kernel has it.
+    pub fn ipv4_address(&self, iface: &str) -> Option<(std::net::Ipv4Addr, u8)> {
+        let out = self.ip(&["-4", "-o", "addr", "show", "dev", iface]).ok()?;
+        let cidr = out.split_whitespace().skip_while(|w| *w != "inet").nth(1)?;
+        let (ip, len) = cidr.split_once('/')?;
+        Some((ip.parse().ok()?, len.parse().ok()?))
+    }
+
+    /// The IPv4 default route's gateway.
+    pub fn default_route(&self) -> Option<std::net::Ipv4Addr> {
+        let out = self.ip(&["-4", "route", "show", "default"]).ok()?;
+        out.split_whitespace()
+            .skip_while(|w| *w != "via")
+            .nth(1)?
+            .parse()
+            .ok()
     }
 
     /// Runs a program inside the namespace to completion.

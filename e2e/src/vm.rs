@@ -26,20 +26,12 @@ const MACS: [&str; 2] = ["52:54:00:00:01:01", "52:54:00:00:01:02"];
 /// # Errors
 /// A link, bridge or tap cannot be made.
 pub fn cable(ns: &Netns) -> anyhow::Result<(String, String)> {
-    let address = ns.exec("ip", &["-4", "-o", "addr", "show", "dev", "wan"])?;
-    let address = address
-        .split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .context("the adapter namespace's uplink address")?
-        .to_owned();
-    let route = ns.exec("ip", &["-4", "route", "show", "default"])?;
-    let router = route
-        .split_whitespace()
-        .skip_while(|w| *w != "via")
-        .nth(1)
-        .context("the adapter namespace's router")?
-        .to_owned();
+    let (ip, len) = ns
+        .ipv4_address("wan")
+        .context("the adapter namespace's uplink address")?;
+    let router = ns
+        .default_route()
+        .context("the adapter namespace's router")?;
     ns.ip(&["addr", "flush", "dev", "wan"])?;
     for (bridge, link, tap) in [("brw", "wan", "tap0"), ("brl", "lan", "tap1")] {
         ns.ip(&["link", "add", bridge, "type", "bridge"])?;
@@ -50,7 +42,7 @@ pub fn cable(ns: &Netns) -> anyhow::Result<(String, String)> {
         }
         ns.ip(&["link", "set", bridge, "up"])?;
     }
-    Ok((address, router))
+    Ok((format!("{ip}/{len}"), router.to_string()))
 }
 
 /// Starts the machine in `ns` (after [`cable`]): `kernel` and `initrd`, the kernel's
@@ -211,35 +203,19 @@ fn site_tree(bed: &TwoSites, dir: &Path, address: &str, router: &str) -> anyhow:
     Ok(())
 }
 
-/// Sends `len` pseudo-random bytes from `from` to `to_ip`:5555 in `to` with netcat (each end
-/// bounded by `timeout`) and checks that what arrived is what was sent.
+/// Sends `len` bytes from `from` to `to_ip` in `to` over TCP ([`crate::netcat`]) and checks
+/// that what arrived is what was sent.
 ///
 /// # Errors
 /// An end fails, or the bytes differ.
 pub fn tcp_transfer(
     work: &Path,
-    (from, to, to_ip): (&Netns, &Netns, std::net::Ipv4Addr),
+    ends: (&Netns, &Netns, std::net::Ipv4Addr),
     len: usize,
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let input = work.join("sent.bin");
-    let output = work.join("received.bin");
-    let data = crate::pseudo_random(len);
-    std::fs::write(&input, &data)?;
-    let secs = timeout.as_secs().to_string();
-    let receive = format!("exec nc -l 5555 > {}", output.display());
-    let server = to.spawn("timeout", &[&secs, "sh", "-c", &receive])?;
-    std::thread::sleep(Duration::from_millis(300));
-    let send = format!("exec nc -N -q 1 {to_ip} 5555 < {}", input.display());
-    let out = from.exec_output("timeout", &[&secs, "sh", "-c", &send])?;
-    ensure!(
-        out.status.success(),
-        "the sender: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    server.wait(timeout)?;
-    let received = std::fs::read(&output)?;
+    let (input, output) = crate::netcat(work, ends, len, timeout)?;
+    let (data, received) = (std::fs::read(input)?, std::fs::read(output)?);
     ensure!(
         received == data,
         "{} bytes sent, {} received, {}",

@@ -385,11 +385,6 @@ fn a_restarted_adapter_is_reached_again_by_itself() {
     );
 }
 
-/// Writes `len` pseudo-random bytes ([`cyphonic_e2e::pseudo_random`]).
-fn random_file(path: &std::path::Path, len: usize) {
-    std::fs::write(path, cyphonic_e2e::pseudo_random(len)).unwrap();
-}
-
 /// Sends a random file of `len` bytes from lanA's host to lanB's with netcat (a plain TCP
 /// transfer that ends when the last byte is acknowledged and written), each end bounded by
 /// `timeout_secs`; asserts that the sender finished. Returns (sent file, received file).
@@ -398,36 +393,13 @@ fn send_a_to_b(
     len: usize,
     timeout_secs: u64,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
-    let input = bed.tmp().join("in.bin");
-    let output = bed.tmp().join("out.bin");
-    random_file(&input, len);
-    let timeout = timeout_secs.to_string();
-    let receive = format!("exec nc -l 5555 > {}", output.display());
-    let server = bed
-        .b
-        .lan
-        .spawn("timeout", &[&timeout, "sh", "-c", &receive])
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let send = format!(
-        "exec nc -N -q 1 {} 5555 < {}",
-        bed.b.host_ip,
-        input.display()
-    );
-    let out = bed
-        .a
-        .lan
-        .exec_output("timeout", &[&timeout, "sh", "-c", &send])
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        bed.logs()
-    );
-    server.wait(Duration::from_secs(30)).unwrap();
-    (input, output)
+    cyphonic_e2e::netcat(
+        bed.tmp(),
+        (&bed.a.lan, &bed.b.lan, bed.b.host_ip),
+        len,
+        Duration::from_secs(timeout_secs),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", bed.logs()))
 }
 
 fn sha256(ns: &cyphonic_e2e::Netns, path: &std::path::Path) -> String {
