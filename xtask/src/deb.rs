@@ -922,44 +922,11 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
     );
     verify_units(s, programs)?;
 
-    // State, an administrator's key, edit and `systemctl enable`; then the upgrade.
-    write(&s.path("var/lib/cyphonic/leases.json"), "{}", 0o600)?;
+    // State, an administrator's key, edits and `systemctl enable`; then the upgrade.
+    let edited = administer(s, programs)?;
     write(&s.path("etc/cyphonic/gw.key"), "secret", 0o640)?;
-    let edited = format!(
-        "{}\n# edited by the administrator\n",
-        std::fs::read_to_string(s.path("etc/cyphonic/adapter.toml"))?
-    );
-    write(&s.path("etc/cyphonic/adapter.toml"), &edited, 0o640)?;
-    let wants = s.path("etc/systemd/system/multi-user.target.wants");
-    std::fs::create_dir_all(&wants)?;
-    std::os::unix::fs::symlink(
-        "/lib/systemd/system/cyphonic-adapter.service",
-        wants.join("cyphonic-adapter.service"),
-    )?;
     install(s)?;
-    let said = s.services()?;
-    for p in programs {
-        ensure!(
-            said.contains(&format!(
-                "deb-systemd-invoke try-restart {}.service",
-                p.name
-            )),
-            "an upgrade must restart a running {}; the scripts asked: {said}",
-            p.name
-        );
-    }
-    ensure!(
-        !said.contains(" stop "),
-        "an upgrade stopped a service: {said}"
-    );
-    ensure!(
-        std::fs::read_to_string(s.path("etc/cyphonic/adapter.toml"))? == edited,
-        "the upgrade lost the administrator's edit of adapter.toml"
-    );
-    ensure!(
-        s.path("var/lib/cyphonic/leases.json").exists(),
-        "the upgrade lost the state"
-    );
+    kept_through_upgrade(s, programs, &edited)?;
 
     // Removal: services stopped, binaries gone, configuration and state kept.
     let mut remove = vec!["--remove".to_owned()];
@@ -1004,6 +971,7 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
         !s.path("var/lib/cyphonic").exists(),
         "purge left /var/lib/cyphonic"
     );
+    let wants = s.path(WANTS);
     ensure!(
         std::fs::symlink_metadata(wants.join("cyphonic-adapter.service")).is_err(),
         "purge left the unit's enable link"
@@ -1015,6 +983,92 @@ fn check_steps(s: &Scratch, debs: &[PathBuf], programs: &[Program]) -> anyhow::R
     eprintln!(
         "xtask: {} packages install, upgrade, remove and purge in a scratch root as expected",
         debs.len()
+    );
+    Ok(())
+}
+
+/// Where `systemctl enable` links a service.
+const WANTS: &str = "etc/systemd/system/multi-user.target.wants";
+
+/// What an administrator does between an installation and an upgrade: every program's
+/// configuration edited, state written, every service enabled (what the maintainer
+/// scripts asked of systemd until then is forgotten). Returns the edited files with their
+/// text.
+///
+/// # Errors
+/// A program's configuration is not installed, or a file cannot be written.
+fn administer(s: &Scratch, programs: &[Program]) -> anyhow::Result<Vec<(PathBuf, String)>> {
+    let mut edited = Vec::new();
+    for p in programs {
+        let path = s.path(&format!("etc/cyphonic/{}", p.config));
+        let text = format!(
+            "{}\n# edited by the administrator\n",
+            std::fs::read_to_string(&path)
+                .with_context(|| format!("no /etc/cyphonic/{} installed", p.config))?
+        );
+        write(&path, &text, 0o640)?;
+        edited.push((path, text));
+    }
+    write(&s.path("var/lib/cyphonic/leases.json"), "{}", 0o600)?;
+    let wants = s.path(WANTS);
+    std::fs::create_dir_all(&wants)?;
+    for p in programs {
+        std::os::unix::fs::symlink(
+            format!("/lib/systemd/system/{}.service", p.name),
+            wants.join(format!("{}.service", p.name)),
+        )?;
+    }
+    s.services()?;
+    Ok(edited)
+}
+
+/// What an upgrade after [`administer`] must have done: every program's running service
+/// restarted (`try-restart`) and none stopped, the `edited` files as the administrator left
+/// them with no maintainer's version beside them, the state kept.
+///
+/// # Errors
+/// Which of them it did not.
+fn kept_through_upgrade(
+    s: &Scratch,
+    programs: &[Program],
+    edited: &[(PathBuf, String)],
+) -> anyhow::Result<()> {
+    let said = s.services()?;
+    for p in programs {
+        ensure!(
+            said.contains(&format!(
+                "deb-systemd-invoke try-restart {}.service",
+                p.name
+            )),
+            "an upgrade must restart a running {}; the scripts asked: {said}",
+            p.name
+        );
+    }
+    ensure!(
+        !said.contains(" stop "),
+        "an upgrade stopped a service: {said}"
+    );
+    for (path, text) in edited {
+        ensure!(
+            std::fs::read_to_string(path)? == *text,
+            "the upgrade lost the administrator's edit of {}",
+            path.display()
+        );
+    }
+    let mut aside = Vec::new();
+    for entry in std::fs::read_dir(s.path("etc/cyphonic"))? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.contains(".dpkg-") || name.ends_with(".ucf-dist") {
+            aside.push(name);
+        }
+    }
+    ensure!(
+        aside.is_empty(),
+        "the upgrade left maintainers' versions beside the edited files: {aside:?}"
+    );
+    ensure!(
+        s.path("var/lib/cyphonic/leases.json").exists(),
+        "the upgrade lost the state"
     );
     Ok(())
 }
@@ -1180,28 +1234,7 @@ fn upgrade_steps(
     install.extend(&names);
     s.apt(&install)?;
 
-    // The administrator's edits, state and enabled services.
-    let mut edited = Vec::new();
-    for p in &programs {
-        let path = s.path(&format!("etc/cyphonic/{}", p.config));
-        let text = format!(
-            "{}\n# edited by the administrator\n",
-            std::fs::read_to_string(&path)
-                .with_context(|| format!("the release before installed no {}", p.config))?
-        );
-        write(&path, &text, 0o640)?;
-        edited.push((path, text));
-    }
-    write(&s.path("var/lib/cyphonic/leases.json"), "{}", 0o600)?;
-    let wants = s.path("etc/systemd/system/multi-user.target.wants");
-    std::fs::create_dir_all(&wants)?;
-    for p in &programs {
-        std::os::unix::fs::symlink(
-            format!("/lib/systemd/system/{}.service", p.name),
-            wants.join(format!("{}.service", p.name)),
-        )?;
-    }
-    s.services()?;
+    let edited = administer(s, &programs)?;
 
     // This release in the repository; the upgrade.
     s.apt_sources(&crate::repo::make(debs, &["amd64", "all"], out, signer)?)?;
@@ -1219,44 +1252,7 @@ fn upgrade_steps(
             version()
         );
     }
-    let said = s.services()?;
-    for p in &programs {
-        ensure!(
-            said.contains(&format!(
-                "deb-systemd-invoke try-restart {}.service",
-                p.name
-            )),
-            "the upgrade must restart a running {}; the scripts asked: {said}",
-            p.name
-        );
-    }
-    ensure!(
-        !said.contains(" stop "),
-        "the upgrade stopped a service: {said}"
-    );
-    for (path, text) in &edited {
-        ensure!(
-            std::fs::read_to_string(path)? == *text,
-            "the upgrade lost the administrator's edit of {}",
-            path.display()
-        );
-    }
-    let mut aside = Vec::new();
-    for entry in std::fs::read_dir(s.path("etc/cyphonic"))? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if name.contains(".dpkg-") || name.ends_with(".ucf-dist") {
-            aside.push(name);
-        }
-    }
-    ensure!(
-        aside.is_empty(),
-        "the upgrade left maintainers' versions beside the edited files: {aside:?}"
-    );
-    ensure!(
-        s.path("var/lib/cyphonic/leases.json").exists(),
-        "the upgrade lost the state"
-    );
-    Ok(())
+    kept_through_upgrade(s, &programs, &edited)
 }
 
 /// Installs `program` with apt from the signed repository at `repo` (as [`crate::repo::make`]

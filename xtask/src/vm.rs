@@ -200,17 +200,9 @@ fn kernel_package() -> anyhow::Result<String> {
 
 /// `package`'s .deb in `debs`, fetched with `apt-get download` when it is not there.
 fn fetch(debs: &Path, package: &str) -> anyhow::Result<PathBuf> {
-    let name = package.split(':').next().unwrap_or(package);
-    let have = |debs: &Path| -> anyhow::Result<Option<PathBuf>> {
-        Ok(std::fs::read_dir(debs)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{name}_")) && n.ends_with(".deb"))
-            }))
-    };
-    if let Some(deb) = have(debs)? {
+    // Its file is `<name>_<version>_<arch>.deb`.
+    let prefix = format!("{}_", package.split(':').next().unwrap_or(package));
+    if let Ok(deb) = only_file(debs, &prefix) {
         return Ok(deb);
     }
     let download = || {
@@ -229,7 +221,7 @@ fn fetch(debs: &Path, package: &str) -> anyhow::Result<PathBuf> {
         )?;
         download()?;
     }
-    have(debs)?.with_context(|| format!("apt-get download {package} left no .deb"))
+    only_file(debs, &prefix).with_context(|| format!("apt-get download {package}"))
 }
 
 /// The one entry of `dir` whose name starts with `prefix`.
