@@ -139,8 +139,7 @@ impl Card {
         let drive = format!("file={},format=raw,if=none,id=card", self.disk.display());
         let mut machine = vm::power_on(
             &bed.a.adapter_ns,
-            (&self.kernel, &self.initrd),
-            &append,
+            vm::Boot::Kernel((&self.kernel, &self.initrd), &append),
             console,
             &[
                 "-drive",

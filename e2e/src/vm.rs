@@ -45,16 +45,25 @@ pub fn cable(ns: &Netns) -> anyhow::Result<(String, String)> {
     Ok((format!("{ip}/{len}"), router.to_string()))
 }
 
-/// Starts the machine in `ns` (after [`cable`]): `kernel` and `initrd`, the kernel's
-/// command line `append`, the serial console written to `console`, `extra` arguments (a
-/// disk). Ended when the returned process is dropped.
+/// How a machine boots.
+#[derive(Debug, Clone, Copy)]
+pub enum Boot<'a> {
+    /// The kernel and initrd given to the emulator, with the kernel's command line; the
+    /// emulator ends when the machine reboots.
+    Kernel((&'a Path, &'a Path), &'a str),
+    /// A firmware image (`-bios`: QEMU's U-Boot), which finds what to boot on the disks;
+    /// the machine may reboot.
+    Firmware(&'a Path),
+}
+
+/// Starts the machine in `ns` (after [`cable`]) as `boot` says, the serial console written
+/// to `console`, `extra` arguments (a disk). Ended when the returned process is dropped.
 ///
 /// # Errors
 /// The emulator cannot be started.
 pub fn power_on(
     ns: &Netns,
-    (kernel, initrd): (&Path, &Path),
-    append: &str,
+    boot: Boot<'_>,
     console: &Path,
     extra: &[&str],
 ) -> anyhow::Result<Proc> {
@@ -74,13 +83,6 @@ pub fn power_on(
         "none",
         "-serial",
         &serial,
-        "-no-reboot",
-        "-kernel",
-        kernel.to_str().context("path")?,
-        "-initrd",
-        initrd.to_str().context("path")?,
-        "-append",
-        append,
         "-netdev",
         "tap,id=uplink,ifname=tap0,script=no,downscript=no",
         "-device",
@@ -90,6 +92,20 @@ pub fn power_on(
         "-device",
         &lan,
     ];
+    match boot {
+        Boot::Kernel((kernel, initrd), append) => args.extend_from_slice(&[
+            "-no-reboot",
+            "-kernel",
+            kernel.to_str().context("path")?,
+            "-initrd",
+            initrd.to_str().context("path")?,
+            "-append",
+            append,
+        ]),
+        Boot::Firmware(firmware) => {
+            args.extend_from_slice(&["-bios", firmware.to_str().context("path")?]);
+        }
+    }
     args.extend_from_slice(extra);
     let log = console.with_extension("qemu.log");
     ns.daemon(
@@ -113,16 +129,37 @@ pub fn wait_up(
     (up, gone): (&str, &[&str]),
     limit: Duration,
 ) -> anyhow::Result<Duration> {
+    wait_console(vm, (console, 0), (up, gone), limit)
+}
+
+/// As [`wait_up`], for what the console shows after its first `since` bytes (a later boot
+/// of the same machine).
+///
+/// # Errors
+/// As [`wait_up`]'s.
+pub fn wait_console(
+    vm: &mut Proc,
+    (console, since): (&Path, usize),
+    (up, gone): (&str, &[&str]),
+    limit: Duration,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let shown = || std::fs::read_to_string(console).unwrap_or_default();
+    let shown = || {
+        let all = std::fs::read(console).unwrap_or_default();
+        String::from_utf8_lossy(all.get(since..).unwrap_or_default()).into_owned()
+    };
     let mut stopped = false;
     let mut said = None;
-    let booted = crate::wait_until(limit, "the machine's adapter capturing its LAN", || {
-        stopped = !vm.running();
-        let text = shown();
-        said = gone.iter().find(|g| text.contains(**g));
-        stopped || said.is_some() || text.contains(up)
-    });
+    let booted = crate::wait_until(
+        limit,
+        &format!("the machine's console to show {up:?}"),
+        || {
+            stopped = !vm.running();
+            let text = shown();
+            said = gone.iter().find(|g| text.contains(**g));
+            stopped || said.is_some() || text.contains(up)
+        },
+    );
     let took = started.elapsed();
     ensure!(
         !stopped,
@@ -273,8 +310,7 @@ pub fn adapter_check(kernel: &Path, initramfs: &Path) -> anyhow::Result<Duration
     let console = work.join("console.log");
     let mut vm = power_on(
         &bed.a.adapter_ns,
-        (kernel, &initrd),
-        "console=ttyAMA0 panic=-1",
+        Boot::Kernel((kernel, &initrd), "console=ttyAMA0 panic=-1"),
         &console,
         &[],
     )?;
