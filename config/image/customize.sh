@@ -1,30 +1,25 @@
 #!/bin/sh
-# Makes mmdebstrap's tree ($1) the appliance, with the files in $2 (config/image/).
+# Makes mmdebstrap's tree ($1) the appliance, with the files in $2 (config/image/), the
+# image's MBR disk identifier $3 (8 hex digits) and the bundle certificate $4 (PEM).
 # Run by `cargo xtask image` as mmdebstrap's customize hook, on the build host, as root.
 set -eu
 tree=$1
 files=$2
+disk_id=$3
+bundle_cert=$4
 
 echo cyphonic > "$tree/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\tcyphonic\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
     > "$tree/etc/hosts"
 # The boot partition holds the operator's files, keys among them until the first boot
-# takes them: root only.
+# takes them: root only. The root is the slot U-Boot booted (root= on its command line):
+# both slots carry the same file system, label and all, so none is named here.
 cat > "$tree/etc/fstab" <<FSTAB
-LABEL=RASPIROOT /              ext4 rw,noatime,errors=remount-ro 0 1
 LABEL=RASPIFIRM /boot/firmware vfat rw,noatime,umask=0077 0 2
 FSTAB
 
-# The boot partition's config.txt and cmdline.txt, written again by raspi-firmware's kernel
-# hook with what a chroot cannot find out: the root file system by its label, the Pi 4's
-# serial console (ttyS1) and screen, and no cma= (which keeps a Pi 4 from booting).
-cat >> "$tree/etc/default/raspi-firmware" <<DEFAULTS
-
-# cyphonic image (config/image/customize.sh)
-ROOTPART=LABEL=RASPIROOT
-CONSOLES="tty0 ttyS1,115200"
-CMA=0
-DEFAULTS
+# raspi-firmware's kernel hook puts the device trees on the boot partition (with a
+# kernel, initrd, config.txt and cmdline.txt, which U-Boot's A/B boot replaces below).
 # The hook writes only into a mounted /boot/firmware (it looks through /proc).
 mounted_proc=
 if ! mountpoint -q "$tree/proc"; then
@@ -37,7 +32,39 @@ chroot "$tree" env DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-f
 umount "$tree/boot/firmware"
 [ -z "$mounted_proc" ] || umount "$tree/proc"
 [ "$status" = 0 ] || exit "$status"
-grep -q 'root=LABEL=RASPIROOT' "$tree/boot/firmware/cmdline.txt"
+test -e "$tree/boot/firmware/bcm2711-rpi-4-b.dtb"
+
+# The Pi's firmware starts U-Boot, whose script boots one of two root slots
+# (config/image/boot.cmd): the kernel and initrd come from the slot, not from here.
+firmware=$tree/boot/firmware
+rm -f "$firmware"/vmlinuz-* "$firmware"/initrd.img-* "$firmware/cmdline.txt"
+# From now on the hook would write a kernel and config.txt into the shared boot partition
+# behind U-Boot's back: each slot's kernel stays in the slot.
+for hook in "$tree/etc/kernel/postinst.d/z50-raspi-firmware" \
+    "$tree/etc/initramfs/post-update.d/z50-raspi-firmware"; do
+    printf '#!/bin/sh\n# cyphonic image: U-Boot boots the kernel of each root slot from the\n# slot itself (/boot/firmware/boot.scr); nothing to copy.\nexit 0\n' > "$hook"
+done
+cat > "$firmware/config.txt" <<CONFIG
+# cyphonic image: the firmware starts U-Boot (u-boot-rpi), which boots root slot A or B
+# by boot.scr. No kernel or command line here: each slot has its own.
+arm_64bit=1
+enable_uart=1
+upstream_kernel=1
+kernel=u-boot.bin
+CONFIG
+cp "$tree/usr/lib/u-boot/rpi_arm64/u-boot.bin" "$firmware/u-boot.bin"
+mkimage -A arm64 -O linux -T script -C none -n "cyphonic A/B" \
+    -d "$files/boot.cmd" "$firmware/boot.scr" >/dev/null
+# The boot counters: slot A, three tries; B empty until an update writes it.
+printf 'BOOT_ORDER=A\nBOOT_A_LEFT=3\nBOOT_B_LEFT=0\n' |
+    mkenvimage -s 0x4000 -o "$firmware/cyphonic.env" -
+install -m 0644 "$files/fw_env.config" "$tree/etc/fw_env.config"
+
+# RAUC: the two slots, the keyring that bundles must be signed for, and the check that
+# keeps a slot or rolls it back.
+install -d "$tree/etc/rauc"
+sed "s/@DISK_ID@/$disk_id/g" "$files/rauc/system.conf" > "$tree/etc/rauc/system.conf"
+install -m 0644 "$bundle_cert" "$tree/etc/rauc/keyring.pem"
 
 # The network: the uplink by networkd, the LAN port left to the adapter.
 install -m 0644 "$files/10-uplink.network" "$files/20-lan.network" "$tree/etc/systemd/network/"
@@ -71,8 +98,11 @@ SSHD
 # The first-boot step, and the adapter after it.
 install -d "$tree/usr/lib/cyphonic"
 install -m 0755 "$files/firstboot" "$tree/usr/lib/cyphonic/firstboot"
-install -m 0644 "$files/cyphonic-firstboot.service" "$tree/etc/systemd/system/"
-chroot "$tree" systemctl enable cyphonic-firstboot.service cyphonic-adapter.service
+install -m 0755 "$files/slot-check" "$tree/usr/lib/cyphonic/slot-check"
+install -m 0644 "$files/cyphonic-firstboot.service" "$files/cyphonic-slot-check.service" \
+    "$tree/etc/systemd/system/"
+chroot "$tree" systemctl enable cyphonic-firstboot.service cyphonic-adapter.service \
+    cyphonic-slot-check.service
 
 # The machine's identity is made at its first boot.
 : > "$tree/etc/machine-id"

@@ -2,15 +2,18 @@
 //! `cargo xtask image --check` runs (not part of `cargo xtask test`: the image takes half an
 //! hour to build).
 //!
-//! The Pi's own board is not emulated by the QEMU at hand, so the image's kernel, initrd and
-//! disk boot on qemu-system-aarch64's `virt` machine, two virtio NICs standing for the Pi's
-//! port (eth0, the uplink) and the USB adapter (eth1, the LAN). Site A of the two-site bed
+//! The Pi's own board is not emulated by the QEMU at hand, so the card boots on
+//! qemu-system-aarch64's `virt` machine through QEMU's own U-Boot (Debian's u-boot-qemu),
+//! which runs the image's boot script as the Pi's U-Boot does and boots root slot A's
+//! kernel; two virtio NICs stand for the Pi's port (eth0, the uplink) and the USB adapter
+//! (eth1, the LAN). Site A of the two-site bed
 //! is the appliance: its adapter namespace holds the emulator, whose NICs are bridged to the
 //! bed's uplink and LAN links. Site B is the native adapter. The check writes the operator's
 //! files into a copy of the image's boot partition (mtools, no mount), exactly as an operator
 //! would from a laptop, and checks that systemd brings the adapter up from them: a device on
 //! A's LAN gets its lease by DHCP from the appliance, resolves a name at the other site, and
 //! pings across the tunnel; the first-boot report on the boot partition says what was taken.
+//! With the image's bundle, [`update`] then checks its A/B updates.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -20,6 +23,8 @@ use anyhow::{Context, ensure};
 
 use crate::bed::{BedOptions, CloudOptions, ENROLL_POOL, Side, TwoSites};
 use crate::{sh, vm};
+
+pub mod update;
 
 /// Where the boot partition starts in the image (xtask image.rs: 4 MiB).
 const BOOT_OFFSET: &str = "@@4M";
@@ -49,46 +54,16 @@ fn get(disk: &Path, path: &str) -> anyhow::Result<String> {
     sh("mtype", &["-i", &fat(disk), &format!("::{path}")])
 }
 
-/// The kernel and initrd `config.txt` names (raspi-firmware copies them to the boot
-/// partition), extracted into `dir`.
-fn kernel_and_initrd(disk: &Path, dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let config = get(disk, "config.txt")?;
-    let kernel = config
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("kernel="))
-        .with_context(|| format!("no kernel= in config.txt:\n{config}"))?
-        .trim()
-        .to_owned();
-    let initrd = config
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("initramfs "))
-        .and_then(|l| l.split_whitespace().next())
-        .with_context(|| format!("no initramfs in config.txt:\n{config}"))?
-        .to_owned();
-    let (k, i) = (dir.join("kernel"), dir.join("initrd"));
-    for (from, to) in [(&kernel, &k), (&initrd, &i)] {
-        sh(
-            "mcopy",
-            &[
-                "-o",
-                "-i",
-                &fat(disk),
-                &format!("::{from}"),
-                to.to_str().context("path")?,
-            ],
-        )?;
-    }
-    Ok((k, i))
-}
+/// QEMU's own U-Boot (Debian's u-boot-qemu), which finds the image's boot script on the
+/// card as the Pi's U-Boot does.
+const FIRMWARE: &str = "/usr/lib/u-boot/qemu_arm64/u-boot.bin";
 
-/// A copy of the card in `work`, as the operator's laptop would write it, with the kernel,
-/// initrd and command line its boot partition names.
+/// A copy of the card in `work`, as the operator's laptop would write it.
 struct Card {
     work: PathBuf,
     disk: PathBuf,
-    kernel: PathBuf,
-    initrd: PathBuf,
-    cmdline: String,
+    /// The appliance's uplink address, once cabled.
+    uplink: String,
 }
 
 impl Card {
@@ -103,19 +78,23 @@ impl Card {
                 disk.to_str().context("path")?,
             ],
         )?;
-        let (kernel, initrd) = kernel_and_initrd(&disk, work)?;
-        let cmdline = get(&disk, "cmdline.txt")?;
+        let config = get(&disk, "config.txt")?;
         ensure!(
-            cmdline.contains("root=LABEL=RASPIROOT") && cmdline.contains("net.ifnames=0"),
-            "cmdline.txt: {cmdline}"
+            config.lines().any(|l| l.trim() == "kernel=u-boot.bin"),
+            "config.txt does not start U-Boot:\n{config}"
         );
-        Ok(Self {
+        let card = Self {
             work: work.to_owned(),
             disk,
-            kernel,
-            initrd,
-            cmdline,
-        })
+            uplink: String::new(),
+        };
+        // The kernel's messages and the journal on the serial console, which the check
+        // reads (the boot script adds the line's arguments).
+        card.write(
+            "boot.conf",
+            "extraargs=systemd.journald.forward_to_console=1\n",
+        )?;
+        Ok(card)
     }
 
     /// Writes the file `name` (`text`) into the boot partition's cyphonic/ folder.
@@ -128,18 +107,10 @@ impl Card {
     /// Powers the card on in site A's adapter namespace (after [`vm::cable`]) and waits for
     /// its adapter to capture the LAN; returns the machine and how long that took.
     fn boot(&self, bed: &TwoSites, console: &Path) -> anyhow::Result<(crate::Proc, Duration)> {
-        let append = format!(
-            "{} console=ttyAMA0 systemd.journald.forward_to_console=1",
-            self.cmdline
-                .split_whitespace()
-                .filter(|w| !w.starts_with("console="))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
         let drive = format!("file={},format=raw,if=none,id=card", self.disk.display());
         let mut machine = vm::power_on(
             &bed.a.adapter_ns,
-            vm::Boot::Kernel((&self.kernel, &self.initrd), &append),
+            vm::Boot::Firmware(Path::new(FIRMWARE)),
             console,
             &[
                 "-drive",
@@ -185,6 +156,14 @@ fn appliance_bed(image: &Path, cloud: Option<CloudOptions>) -> anyhow::Result<(T
         "uplink.network",
         &format!("[Match]\nName=eth0\n\n[Network]\nAddress={address}\nGateway={router}\n"),
     )?;
+    let card = Card {
+        uplink: address
+            .split('/')
+            .next()
+            .context("the uplink's address")?
+            .to_owned(),
+        ..card
+    };
     Ok((bed, card))
 }
 
@@ -259,25 +238,34 @@ fn files_card(image: &Path) -> anyhow::Result<Duration> {
     Ok(up)
 }
 
+/// The bed with a cloud that enrolls by token.
+fn enrolling_cloud() -> CloudOptions {
+    CloudOptions {
+        enroll: Some(7 * 24 * 3600),
+        ..CloudOptions::default()
+    }
+}
+
+/// An `adapter.toml` with only the LAN port, a new enrollment token for site A's name and
+/// the bed's cloud.
+fn token_config(bed: &TwoSites) -> anyhow::Result<String> {
+    let token = bed.create_token("gw1.ovl.example", &["--prefix", "24"])?;
+    let cloud = bed.cloud.as_ref().context("the bed's cloud")?;
+    Ok(format!(
+        "[adapter]\nlan_interface = \"eth1\"\n\n[identity]\ntoken = \"{token}\"\n\n\
+         [cloud]\naddress = \"{}\"\npublic_key = \"{}\"\n",
+        cloud.address, cloud.public_key
+    ))
+}
+
 /// A card with only `adapter.toml`: the LAN port, an enrollment token and the cloud's
 /// address and key (the bed's cloud enrolls from its pool). The adapter must enroll at its
 /// first start and serve a device a lease from the block the cloud gave it, resolve site
 /// B's host (known through the cloud) and ping it; the token is then spent, and the card
 /// held no key.
 fn token_card(image: &Path) -> anyhow::Result<Duration> {
-    let cloud = CloudOptions {
-        enroll: Some(7 * 24 * 3600),
-        ..CloudOptions::default()
-    };
-    let (mut bed, card) = appliance_bed(image, Some(cloud))?;
-    let token = bed.create_token("gw1.ovl.example", &["--prefix", "24"])?;
-    let cloud = bed.cloud.as_ref().context("the bed's cloud")?;
-    let config = format!(
-        "[adapter]\nlan_interface = \"eth1\"\n\n[identity]\ntoken = \"{token}\"\n\n\
-         [cloud]\naddress = \"{}\"\npublic_key = \"{}\"\n",
-        cloud.address, cloud.public_key
-    );
-    card.write("adapter.toml", &config)?;
+    let (mut bed, card) = appliance_bed(image, Some(enrolling_cloud()))?;
+    card.write("adapter.toml", &token_config(&bed)?)?;
 
     let console = card.work.join("console.log");
     let (machine, up) = card.boot(&bed, &console)?;

@@ -45,16 +45,27 @@ const PACKAGES: &[&str] = &[
     "linux-image-arm64",
     "raspi-firmware",
     "openssh-server",
+    // The A/B updates: U-Boot for the Pi, RAUC and its service, the tool that reads and
+    // writes U-Boot's counters, and what the slot check reads the adapter's status with.
+    "u-boot-rpi",
+    "rauc",
+    "rauc-service",
+    "libubootenv-tool",
+    "jq",
 ];
 
 /// Where the boot partition starts, and its size (MiB).
 const BOOT_START_MIB: u64 = 4;
 const BOOT_MIB: u64 = 256;
 
-/// The file systems' labels: Debian's Raspberry Pi images' own, which raspi-firmware's
-/// `cmdline.txt` names (`root=LABEL=RASPIROOT`).
+/// The file systems' labels: Debian's Raspberry Pi images' own (both root slots carry the
+/// same file system: U-Boot names the root by partition, `root=PARTUUID=`).
 const ROOT_LABEL: &str = "RASPIROOT";
 const BOOT_LABEL: &str = "RASPIFIRM";
+
+/// The image's MBR disk identifier ("cyph"): the slots' PARTUUIDs are `63797068-02` and
+/// `-03` (RAUC's system.conf names them).
+const DISK_ID: &str = "63797068";
 
 /// The tools the build needs, with the Debian package of each.
 const TOOLS: &[(&str, &str)] = &[
@@ -67,6 +78,12 @@ const TOOLS: &[(&str, &str)] = &[
     ("mkfs.ext4", "e2fsprogs"),
     ("sfdisk", "fdisk"),
     ("qemu-aarch64-static", "qemu-user-static"),
+    // The boot script and counters, the bundle and its signing key.
+    ("mkimage", "u-boot-tools"),
+    ("mkenvimage", "u-boot-tools"),
+    ("rauc", "rauc"),
+    ("mksquashfs", "squashfs-tools"),
+    ("openssl", "openssl"),
 ];
 
 /// Builds the image at `out` (default `target/image/cyphonic-pi4-<version>-arm64.img`) from
@@ -75,6 +92,7 @@ const TOOLS: &[(&str, &str)] = &[
 pub(crate) fn run(
     packages: Option<PathBuf>,
     out: Option<PathBuf>,
+    signer: Option<Signer>,
     check: bool,
 ) -> anyhow::Result<()> {
     let root = util::root();
@@ -85,6 +103,10 @@ pub(crate) fn run(
     let debs = arm64_packages(packages)?;
     binfmt_aarch64()?;
     fs::create_dir_all(&work)?;
+    let signer = match signer {
+        Some(s) => s,
+        None => Signer::development(&work.join("bundle-key"))?,
+    };
     let tree = work.join("root");
     if tree.exists() {
         // An interrupted mmdebstrap can leave the host's /proc, /sys and /dev/pts mounted
@@ -98,12 +120,115 @@ pub(crate) fn run(
         );
         fs::remove_dir_all(&tree)?;
     }
-    bootstrap(&root, &tree, &debs)?;
+    bootstrap(&root, &tree, &debs, &signer.cert)?;
     assemble(&root, &tree, &work, &out)?;
     eprintln!("xtask: image: {}", out.display());
+    let bundle = out.with_extension("raucb");
+    make_bundle(&root, &tree, &work, &signer, &bundle)?;
+    eprintln!("xtask: update bundle: {}", bundle.display());
     if check {
-        boot_check(&root, &out)?;
+        boot_check(&root, &out, &bundle, &signer)?;
     }
+    Ok(())
+}
+
+/// The key update bundles are signed with, and its certificate, which the image's RAUC
+/// keyring trusts (`/etc/rauc/keyring.pem`): an appliance installs only bundles signed by
+/// the key of the image it was written from.
+pub(crate) struct Signer {
+    pub(crate) key: PathBuf,
+    pub(crate) cert: PathBuf,
+}
+
+impl Signer {
+    /// A development key (self-signed, ten years), made once in `dir` and kept for the
+    /// next builds: good for tests, not for a fleet, whose operator brings their own.
+    fn development(dir: &Path) -> anyhow::Result<Self> {
+        let signer = Self {
+            key: dir.join("key.pem"),
+            cert: dir.join("cert.pem"),
+        };
+        if signer.key.exists() && signer.cert.exists() {
+            return Ok(signer);
+        }
+        eprintln!(
+            "xtask: image: no --bundle-key: signing bundles with a development key made in {} \
+             (bring your own for a fleet: docs/operations.md)",
+            dir.display()
+        );
+        fs::create_dir_all(dir)?;
+        util::run(
+            Command::new("openssl")
+                .args([
+                    "req", "-x509", "-newkey", "rsa:3072", "-nodes", "-days", "3650",
+                ])
+                .args(["-subj", "/O=cyphonic/CN=cyphonic development bundle key"])
+                .arg("-keyout")
+                .arg(&signer.key)
+                .arg("-out")
+                .arg(&signer.cert),
+            "openssl req (a development bundle key)",
+        )?;
+        Ok(signer)
+    }
+}
+
+/// The update bundle of this image's root file system (`rauc bundle`, verity format),
+/// signed by `signer`: the root file system at its own size (RAUC grows it to the slot),
+/// and the hook that carries the appliance's state over to the new slot and puts it on
+/// trial (config/image/rauc/bundle-hook).
+fn make_bundle(
+    root: &Path,
+    tree: &Path,
+    work: &Path,
+    signer: &Signer,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let dir = work.join("bundle");
+    if dir.exists() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir_all(&dir)?;
+    let used = dir_size(tree)?;
+    root_file_system(
+        tree,
+        work,
+        &dir.join("root.ext4"),
+        used / (1 << 20) * 5 / 4 + 128,
+    )?;
+    fs::copy(root.join("config/image/rauc/bundle-hook"), dir.join("hook"))?;
+    // The devices it is for, as the image's RAUC names them.
+    let system = fs::read_to_string(root.join("config/image/rauc/system.conf"))?;
+    let compatible = system
+        .lines()
+        .find_map(|l| l.strip_prefix("compatible="))
+        .context("no compatible= in config/image/rauc/system.conf")?;
+    fs::write(
+        dir.join("manifest.raucm"),
+        format!(
+            "[update]\ncompatible={compatible}\nversion={}\n\
+             description=cyphonic appliance, root file system\n\n\
+             [bundle]\nformat=verity\n\n\
+             [hooks]\nfilename=hook\n\n\
+             [image.rootfs]\nfilename=root.ext4\nhooks=post-install\n",
+            deb::version()
+        ),
+    )?;
+    let _ = fs::remove_file(out);
+    util::run(
+        Command::new("rauc")
+            .arg("bundle")
+            .arg("--cert")
+            .arg(&signer.cert)
+            .arg("--key")
+            .arg(&signer.key)
+            .arg("--keyring")
+            .arg(&signer.cert)
+            .arg(&dir)
+            .arg(out),
+        "rauc bundle",
+    )?;
+    fs::remove_dir_all(&dir)?;
     Ok(())
 }
 
@@ -159,7 +284,7 @@ fn binfmt_aarch64() -> anyhow::Result<()> {
 
 /// Makes the root tree with mmdebstrap, then makes it the appliance
 /// (`config/image/customize.sh`).
-fn bootstrap(root: &Path, tree: &Path, debs: &[PathBuf]) -> anyhow::Result<()> {
+fn bootstrap(root: &Path, tree: &Path, debs: &[PathBuf], cert: &Path) -> anyhow::Result<()> {
     let mut include: Vec<String> = PACKAGES.iter().map(|p| (*p).to_owned()).collect();
     for d in debs {
         include.push(fs::canonicalize(d)?.display().to_string());
@@ -182,9 +307,10 @@ fn bootstrap(root: &Path, tree: &Path, debs: &[PathBuf]) -> anyhow::Result<()> {
     // after): mmdebstrap's own hook for that.
     .arg("--hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount")
     .arg(format!(
-        "--customize-hook=sh {} \"$1\" {}",
+        "--customize-hook=sh {} \"$1\" {} {DISK_ID} {}",
         customize.display(),
-        files.display()
+        files.display(),
+        fs::canonicalize(cert)?.display()
     ))
     .args(["bookworm"])
     .arg(tree)
@@ -199,11 +325,13 @@ fn bootstrap(root: &Path, tree: &Path, debs: &[PathBuf]) -> anyhow::Result<()> {
 /// from the rest of `tree`.
 fn assemble(root: &Path, tree: &Path, work: &Path, out: &Path) -> anyhow::Result<()> {
     let firmware = tree.join("boot/firmware");
-    ensure!(
-        firmware.join("config.txt").exists() && firmware.join("cmdline.txt").exists(),
-        "raspi-firmware left no config.txt and cmdline.txt in {}",
-        firmware.display()
-    );
+    for file in ["config.txt", "u-boot.bin", "boot.scr", "cyphonic.env"] {
+        ensure!(
+            firmware.join(file).exists(),
+            "the customize step left no {file} in {}",
+            firmware.display()
+        );
+    }
     // The boot partition: the firmware's files and the operator's folder.
     let boot = work.join("boot.vfat");
     let _ = fs::remove_file(&boot);
@@ -237,32 +365,15 @@ fn assemble(root: &Path, tree: &Path, work: &Path, out: &Path) -> anyhow::Result
             .arg("::cyphonic/README.txt"),
         "mcopy README.txt",
     )?;
-    // The root file system: everything but the boot partition's files (a mount point).
-    let aside = work.join("firmware");
-    if aside.exists() {
-        fs::remove_dir_all(&aside)?;
-    }
-    fs::rename(&firmware, &aside)?;
-    fs::create_dir(&firmware)?;
     let used = dir_size(tree)?;
     // Room for the file system's own tables, upgrades and logs: half again and 512 MiB.
     let root_mib = used / (1 << 20) * 3 / 2 + 512;
     let rootfs = work.join("root.ext4");
-    let _ = fs::remove_file(&rootfs);
-    let made = util::run(
-        Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-L", ROOT_LABEL, "-d"])
-            .arg(tree)
-            .arg(&rootfs)
-            .arg(format!("{root_mib}M")),
-        "mkfs.ext4 -d (root file system)",
-    );
-    fs::remove_dir(&firmware)?;
-    fs::rename(&aside, &firmware)?;
-    made?;
-    // The disk: an MBR table, the two partitions at their offsets.
+    root_file_system(tree, work, &rootfs, root_mib)?;
+    // The disk: an MBR table, the partitions at their offsets; slot B stays empty (zeros,
+    // sparse) until an update writes it.
     let root_start = BOOT_START_MIB + BOOT_MIB;
-    let total = (root_start + root_mib) << 20;
+    let total = (root_start + 2 * root_mib) << 20;
     let _ = fs::remove_file(out);
     {
         let f = fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
@@ -290,14 +401,44 @@ fn assemble(root: &Path, tree: &Path, work: &Path, out: &Path) -> anyhow::Result
     Ok(())
 }
 
-/// The sfdisk script: a bootable FAT32 (LBA) partition, then Linux, in 512-byte sectors.
+/// The root file system at `out` (`mib` MiB): everything in `tree` but the boot
+/// partition's files (a mount point).
+fn root_file_system(tree: &Path, work: &Path, out: &Path, mib: u64) -> anyhow::Result<()> {
+    let firmware = tree.join("boot/firmware");
+    let aside = work.join("firmware");
+    if aside.exists() {
+        fs::remove_dir_all(&aside)?;
+    }
+    fs::rename(&firmware, &aside)?;
+    fs::create_dir(&firmware)?;
+    let _ = fs::remove_file(out);
+    let made = util::run(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-L", ROOT_LABEL, "-d"])
+            .arg(tree)
+            .arg(out)
+            .arg(format!("{mib}M")),
+        "mkfs.ext4 -d (root file system)",
+    );
+    fs::remove_dir(&firmware)?;
+    fs::rename(&aside, &firmware)?;
+    made
+}
+
+/// The sfdisk script, in 512-byte sectors: the disk identifier, a bootable FAT32 (LBA)
+/// partition, then the two root slots (Linux), A and B.
 fn partition_table(root_mib: u64) -> String {
     let mib = 2048; // sectors
+    let root_start = (BOOT_START_MIB + BOOT_MIB) * mib;
     format!(
-        "label: dos\nstart={}, size={}, type=c, bootable\nstart={}, size={}, type=83\n",
+        "label: dos\nlabel-id: 0x{DISK_ID}\n\
+         start={}, size={}, type=c, bootable\n\
+         start={root_start}, size={}, type=83\n\
+         start={}, size={}, type=83\n",
         BOOT_START_MIB * mib,
         BOOT_MIB * mib,
-        (BOOT_START_MIB + BOOT_MIB) * mib,
+        root_mib * mib,
+        root_start + root_mib * mib,
         root_mib * mib
     )
 }
@@ -346,13 +487,19 @@ fn dir_size(dir: &Path) -> anyhow::Result<u64> {
 
 /// Boots the image under qemu-system-aarch64 in the bed (`cyphonic-bed image-check`,
 /// e2e/src/image.rs).
-fn boot_check(root: &Path, image: &Path) -> anyhow::Result<()> {
+fn boot_check(root: &Path, image: &Path, bundle: &Path, signer: &Signer) -> anyhow::Result<()> {
     // The bed's tools (the test builds the two-site bed around the emulator) and the
     // emulator itself.
     bed::prerequisites()?;
     util::install_missing(
         "the image's boot check",
-        &[("qemu-system-aarch64", "qemu-system-arm")],
+        &[
+            ("qemu-system-aarch64", "qemu-system-arm"),
+            // QEMU's own U-Boot, which runs the image's boot script as the Pi's does.
+            ("/usr/lib/u-boot/qemu_arm64/u-boot.bin", "u-boot-qemu"),
+            ("ssh", "openssh-client"),
+            ("debugfs", "e2fsprogs"),
+        ],
     )?;
     util::cargo(root, &["build", "--locked", "--bins"])?;
     let bins = root.join("target/debug");
@@ -360,6 +507,12 @@ fn boot_check(root: &Path, image: &Path) -> anyhow::Result<()> {
     cmd.arg("image-check")
         .arg("--image")
         .arg(fs::canonicalize(image)?)
+        .arg("--bundle")
+        .arg(fs::canonicalize(bundle)?)
+        .arg("--bundle-key")
+        .arg(fs::canonicalize(&signer.key)?)
+        .arg("--bundle-cert")
+        .arg(fs::canonicalize(&signer.cert)?)
         .env("CYPHONIC_BIN_DIR", &bins);
     util::run(&mut cmd, "cyphonic-bed image-check")
 }
@@ -373,7 +526,9 @@ mod tests {
         let t = partition_table(1000);
         assert!(t.starts_with("label: dos\n"));
         assert!(t.contains("start=8192, size=524288, type=c, bootable"));
+        assert!(t.contains("label-id: 0x63797068\n"));
         assert!(t.contains("start=532480, size=2048000, type=83"));
+        assert!(t.contains("start=2580480, size=2048000, type=83"));
     }
 
     #[test]
@@ -383,6 +538,9 @@ mod tests {
             "raspi-firmware",
             "systemd-sysv",
             "openssh-server",
+            "u-boot-rpi",
+            "rauc-service",
+            "libubootenv-tool",
         ] {
             assert!(PACKAGES.contains(&p), "{p}");
         }
@@ -392,6 +550,48 @@ mod tests {
             "SSH is off by default"
         );
         assert!(script.contains("passwd -l root"), "no root password");
+        assert!(
+            script.contains("kernel=u-boot.bin") && script.contains("cyphonic-slot-check.service"),
+            "U-Boot boots, and the slot check runs"
+        );
+    }
+
+    /// Which partition each slot is, as U-Boot's script boots it (`setenv cy_slot X`
+    /// then `setenv cy_part N`) and as RAUC writes it (`bootname=X` after
+    /// `device=...-0N`): they must agree, or an update would write the running slot's twin
+    /// and boot the other.
+    #[test]
+    fn uboot_and_rauc_agree_on_the_slots() {
+        let files = util::root().join("config/image");
+        let script = fs::read_to_string(files.join("boot.cmd")).unwrap();
+        let mut booted = Vec::new();
+        let mut slot = None;
+        for line in script.lines().map(str::trim) {
+            if let Some(s) = line.strip_prefix("setenv cy_slot ") {
+                slot = Some(s.to_owned());
+            } else if let Some(p) = line.strip_prefix("setenv cy_part ") {
+                booted.push((slot.take().unwrap(), p.to_owned()));
+            }
+        }
+        let conf = fs::read_to_string(files.join("rauc/system.conf")).unwrap();
+        let mut written = Vec::new();
+        let mut device = None;
+        for line in conf.lines() {
+            if let Some(d) = line.strip_prefix("device=/dev/disk/by-partuuid/@DISK_ID@-0") {
+                device = Some(d.to_owned());
+            } else if let Some(b) = line.strip_prefix("bootname=") {
+                written.push((b.to_owned(), device.take().unwrap()));
+            }
+        }
+        let want = vec![
+            ("A".to_owned(), "2".to_owned()),
+            ("B".to_owned(), "3".to_owned()),
+        ];
+        assert_eq!(booted, want, "boot.cmd");
+        assert_eq!(written, want, "system.conf");
+        // The partitions are there, in that order.
+        let t = partition_table(1000);
+        assert_eq!(t.matches("type=83").count(), 2, "{t}");
     }
 
     #[test]

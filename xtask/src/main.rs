@@ -155,10 +155,12 @@ enum Command {
         #[arg(long, conflicts_with = "unit")]
         machine: bool,
     },
-    /// Build the Raspberry Pi 4 SD-card image (Debian bookworm arm64, the Pi's firmware and
-    /// kernel, the adapter's arm64 packages, SSH off, first boot from the boot partition's
-    /// cyphonic/ folder) in target/image/. Needs root; installs mmdebstrap, dosfstools,
-    /// mtools, fdisk and qemu-user-static with apt-get when they are missing.
+    /// Build the Raspberry Pi 4 SD-card image (Debian bookworm arm64, the Pi's firmware,
+    /// U-Boot and two root slots for A/B updates with RAUC, the adapter's arm64 packages,
+    /// SSH off, first boot from the boot partition's cyphonic/ folder) in target/image/,
+    /// with the signed update bundle of its root beside it. Needs root; installs mmdebstrap,
+    /// dosfstools, mtools, fdisk, qemu-user-static, u-boot-tools, rauc and squashfs-tools
+    /// with apt-get when they are missing.
     Image {
         /// The arm64 packages to install (default: built now, as `dist --target
         /// aarch64-unknown-linux-gnu` does).
@@ -167,9 +169,18 @@ enum Command {
         /// Where to write the image.
         #[arg(long, value_name = "FILE")]
         out: Option<std::path::PathBuf>,
+        /// The key that signs the update bundle (PEM), beside the image; the image's RAUC
+        /// keyring trusts its certificate (default: a development key kept in
+        /// target/image/bundle-key/).
+        #[arg(long, value_name = "FILE", requires = "bundle_cert")]
+        bundle_key: Option<std::path::PathBuf>,
+        /// The certificate of `--bundle-key` (PEM).
+        #[arg(long, value_name = "FILE", requires = "bundle_key")]
+        bundle_cert: Option<std::path::PathBuf>,
         /// Then boot it under qemu-system-aarch64 in the bed and check that the adapter
         /// comes up from the boot partition's files, leases an address and reaches a second
-        /// adapter.
+        /// adapter; that a card with a token enrolls; and that an update to the bundle
+        /// sticks while a bad one rolls back.
         #[arg(long)]
         check: bool,
     },
@@ -311,8 +322,17 @@ fn main() -> ExitCode {
         Command::Image {
             packages,
             out,
+            bundle_key,
+            bundle_cert,
             check,
-        } => image::run(packages, out, check),
+        } => image::run(
+            packages,
+            out,
+            bundle_key
+                .zip(bundle_cert)
+                .map(|(key, cert)| image::Signer { key, cert }),
+            check,
+        ),
         Command::Tidy => tidy::run(),
         Command::Demo => demo(),
         Command::Soak { hours, minutes } => soak(minutes.map_or_else(

@@ -115,14 +115,21 @@ pub(crate) fn has_command(tool: &str) -> bool {
 }
 
 /// Installs with apt-get the Debian packages of the `tools` (program, package) that are not
-/// on the path; `what` names who needs them.
+/// on the path (a tool given as an absolute path: a file that is not there); `what` names
+/// who needs them.
 ///
 /// # Errors
 /// Tools missing and apt-get absent or failing.
 pub(crate) fn install_missing(what: &str, tools: &[(&str, &str)]) -> anyhow::Result<()> {
     let missing: Vec<&str> = tools
         .iter()
-        .filter(|(tool, _)| !has_command(tool))
+        .filter(|(tool, _)| {
+            if tool.starts_with('/') {
+                !Path::new(tool).exists()
+            } else {
+                !has_command(tool)
+            }
+        })
         .map(|(_, pkg)| *pkg)
         .collect();
     if missing.is_empty() {

@@ -360,6 +360,16 @@ enum Command {
         /// The image file.
         #[arg(long)]
         image: std::path::PathBuf,
+        /// The image's update bundle: then also an update to it sticks, and one whose
+        /// adapter cannot start (made from it) rolls back (e2e/src/image/update.rs).
+        #[arg(long, requires_all = ["bundle_key", "bundle_cert"])]
+        bundle: Option<std::path::PathBuf>,
+        /// The key that signed the bundle (PEM), to sign the bad one.
+        #[arg(long)]
+        bundle_key: Option<std::path::PathBuf>,
+        /// Its certificate (PEM).
+        #[arg(long)]
+        bundle_cert: Option<std::path::PathBuf>,
     },
     /// Boots an arm64 machine (a kernel and the initramfs `cargo xtask test` makes around
     /// the adapter's aarch64 build) under qemu-system-aarch64 as one site of the bed and
@@ -466,15 +476,30 @@ fn main() -> ExitCode {
                 f.per_wake_ms()
             );
         }),
-        Command::ImageCheck { image } => {
-            cyphonic_e2e::image::boot_check(&image).map(|(files, token)| {
+        Command::ImageCheck {
+            image,
+            bundle,
+            bundle_key,
+            bundle_cert,
+        } => cyphonic_e2e::image::boot_check(&image).and_then(|(files, token)| {
+            println!(
+                "image check passed: the adapter was up {:.1} s after power-on from the card's files, {:.1} s from a token it enrolled with",
+                files.as_secs_f64(),
+                token.as_secs_f64()
+            );
+            let (Some(bundle), Some(key), Some(cert)) = (bundle, bundle_key, bundle_cert) else {
+                return Ok(());
+            };
+            let signer = cyphonic_e2e::image::update::Signer { key, cert };
+            cyphonic_e2e::image::update::update_check(&image, &bundle, &signer).map(|u| {
                 println!(
-                    "image check passed: the adapter was up {:.1} s after power-on from the card's files, {:.1} s from a token it enrolled with",
-                    files.as_secs_f64(),
-                    token.as_secs_f64()
+                    "update check passed: the bundle copied and installed in {:.1} s; slot B kept {:.1} s after the reboot, and kept at the next; a bad bundle rolled back to B {:.1} s after its reboot",
+                    u.install.as_secs_f64(),
+                    u.kept.as_secs_f64(),
+                    u.rolled_back.as_secs_f64()
                 );
             })
-        }
+        }),
         Command::VmCheck { kernel, initramfs } => {
             cyphonic_e2e::vm::adapter_check(&kernel, &initramfs).map(|up| {
                 println!(

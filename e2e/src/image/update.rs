@@ -1,0 +1,389 @@
+//! The image's A/B updates, booted (config/image/boot.cmd has the scheme): a card that
+//! enrolled by token takes the image's own bundle over SSH (`rauc install`) and reboots
+//! into slot B, which proves healthy and is kept, and still boots after another reboot;
+//! then a bundle whose adapter cannot start goes into slot A, which boots once, fails its
+//! trial and is marked bad, and the box comes back to slot B by itself. U-Boot's counters
+//! are read on the box (`fw_printenv`) at each step, and the device leased before the
+//! updates keeps pinging the other site through all of them.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+
+use super::{appliance_bed, enrolling_cloud, token_config};
+use crate::bed::{ENROLL_POOL, Ping};
+use crate::{Netns, sh, vm};
+
+/// How long a boot of the emulated Pi may take, to the slot check's verdict.
+const BOOT: Duration = Duration::from_secs(600);
+/// What the slot check says on the console (config/image/slot-check).
+const WELL: &str = "cyphonic-slot-check: slot well";
+const KEPT: &str = "cyphonic-slot-check: update kept";
+const ROLLED_BACK: &str = "cyphonic-slot-check: update rolled back";
+
+/// The key that signs bundles, and its certificate.
+#[derive(Debug, Clone)]
+pub struct Signer {
+    /// The private key (PEM).
+    pub key: PathBuf,
+    /// Its certificate (PEM), which the image's keyring trusts.
+    pub cert: PathBuf,
+}
+
+/// How long the updates took, from `rauc install` to the slot check's verdict.
+#[derive(Debug, Clone, Copy)]
+pub struct Updates {
+    /// Copying the good bundle to the box and installing it.
+    pub install: Duration,
+    /// From the reboot into the new slot to its being kept.
+    pub kept: Duration,
+    /// From the reboot into the bad slot to the old slot's coming back well.
+    pub rolled_back: Duration,
+}
+
+/// SSH to the appliance from a namespace of the bed, with a key of the check's own
+/// (the card's `authorized_keys`).
+struct Shell {
+    /// The namespace's name.
+    ns: String,
+    key: PathBuf,
+    host: String,
+}
+
+impl Shell {
+    fn new(ns: &Netns, work: &Path, host: &str) -> anyhow::Result<Self> {
+        let key = work.join("ssh-key");
+        let _ = std::fs::remove_file(&key);
+        let _ = std::fs::remove_file(key.with_extension("pub"));
+        sh(
+            "ssh-keygen",
+            &[
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "image-check",
+                "-f",
+                key.to_str().context("path")?,
+            ],
+        )?;
+        Ok(Self {
+            ns: ns.name().to_owned(),
+            key,
+            host: host.to_owned(),
+        })
+    }
+
+    fn public_key(&self) -> anyhow::Result<String> {
+        Ok(std::fs::read_to_string(self.key.with_extension("pub"))?)
+    }
+
+    /// `program` in the namespace, with the options that reach the box.
+    fn options(&self, program: &str) -> anyhow::Result<Vec<String>> {
+        Ok([
+            "netns",
+            "exec",
+            &self.ns,
+            program,
+            "-i",
+            self.key.to_str().context("path")?,
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=10",
+        ]
+        .map(str::to_owned)
+        .to_vec())
+    }
+
+    /// Runs `command` on the box; its output, or an error with it.
+    fn run(&self, command: &str) -> anyhow::Result<String> {
+        let mut args = self.options("ssh")?;
+        args.extend([format!("root@{}", self.host), command.to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        sh("ip", &args)
+    }
+
+    /// Copies `file` to `to` on the box.
+    fn copy(&self, file: &Path, to: &str) -> anyhow::Result<()> {
+        let mut args = self.options("scp")?;
+        args.extend([
+            file.to_str().context("path")?.to_owned(),
+            format!("root@{}:{to}", self.host),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        sh("ip", &args)?;
+        Ok(())
+    }
+
+    /// Waits until the box answers.
+    fn wait(&self) -> anyhow::Result<()> {
+        crate::wait_until(Duration::from_secs(120), "the box's SSH", || {
+            self.run("true").is_ok()
+        })
+    }
+
+    /// Waits until the box's adapter has its control session with the cloud (its status).
+    fn wait_adapter(&self) -> anyhow::Result<()> {
+        let mut last = String::new();
+        crate::wait_until(
+            Duration::from_secs(180),
+            "the box's adapter in contact with the cloud",
+            || match self.run("cyphonic-adapter status --json | jq -e '.cloud.connected == true'") {
+                Ok(_) => true,
+                Err(e) => {
+                    last = e.to_string();
+                    false
+                }
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("{e}: {last}"))
+    }
+
+    /// U-Boot's counters as the box reads them.
+    fn counters(&self) -> anyhow::Result<String> {
+        Ok(self
+            .run("fw_printenv BOOT_ORDER BOOT_A_LEFT BOOT_B_LEFT")?
+            .lines()
+            .collect::<Vec<_>>()
+            .join(" "))
+    }
+
+    /// Installs `bundle` and checks the counters it leaves: the other slot first, one try.
+    fn install(&self, bundle: &Path, slot: char) -> anyhow::Result<()> {
+        self.copy(bundle, "/var/tmp/update.raucb")?;
+        let said = self.run(
+            "rauc install /var/tmp/update.raucb 2>&1; s=$?; rm -f /var/tmp/update.raucb; exit $s",
+        )?;
+        let counters = self.counters()?;
+        let other = if slot == 'A' { 'B' } else { 'A' };
+        ensure!(
+            counters.contains(&format!("BOOT_ORDER={slot} {other}"))
+                && counters.contains(&format!("BOOT_{slot}_LEFT=1")),
+            "after installing {} into slot {slot}: {counters}\n{said}",
+            bundle.display()
+        );
+        Ok(())
+    }
+
+    /// Reboots the box; returns where the console stood.
+    fn reboot(&self, console: &Path) -> anyhow::Result<usize> {
+        let since = std::fs::metadata(console)?.len();
+        // The connection may drop before ssh hears the answer.
+        let _ = self.run("systemctl reboot");
+        Ok(usize::try_from(since)?)
+    }
+}
+
+/// What the console shows after its first `since` bytes.
+fn console_since(console: &Path, since: usize) -> anyhow::Result<String> {
+    let all = std::fs::read(console)?;
+    Ok(String::from_utf8_lossy(all.get(since..).unwrap_or_default()).into_owned())
+}
+
+/// A bundle of `good`'s root file system whose adapter cannot start (a program that says
+/// so and exits 1 in its place), version `<good's>-broken`, signed by `signer`.
+fn broken_bundle(good: &Path, signer: &Signer, work: &Path) -> anyhow::Result<PathBuf> {
+    let dir = work.join("broken");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    let path = |p: &Path| p.to_str().map(str::to_owned).context("path");
+    sh(
+        "rauc",
+        &[
+            "extract",
+            "--keyring",
+            &path(&signer.cert)?,
+            &path(good)?,
+            &path(&dir)?,
+        ],
+    )?;
+    let failing = work.join("failing-adapter");
+    std::fs::write(
+        &failing,
+        "#!/bin/sh\necho 'cyphonic-adapter: broken on purpose by the image check' >&2\nexit 1\n",
+    )?;
+    let commands = work.join("debugfs.cmd");
+    std::fs::write(
+        &commands,
+        format!(
+            "rm /usr/bin/cyphonic-adapter\nwrite {} /usr/bin/cyphonic-adapter\n\
+             sif /usr/bin/cyphonic-adapter mode 0100755\n",
+            failing.display()
+        ),
+    )?;
+    sh(
+        "debugfs",
+        &[
+            "-w",
+            "-f",
+            &path(&commands)?,
+            &path(&dir.join("root.ext4"))?,
+        ],
+    )?;
+    // The manifest as it was, but for its version and what `rauc bundle` adds again.
+    let manifest = dir.join("manifest.raucm");
+    let text = std::fs::read_to_string(&manifest)?;
+    let mut versioned = false;
+    let edited: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with("verity-"))
+        .map(|l| match l.strip_prefix("version=") {
+            Some(v) => {
+                versioned = true;
+                format!("version={v}-broken")
+            }
+            None => l.to_owned(),
+        })
+        .collect();
+    ensure!(versioned, "no version in the bundle's manifest:\n{text}");
+    std::fs::write(&manifest, edited.join("\n") + "\n")?;
+    let out = work.join("broken.raucb");
+    let _ = std::fs::remove_file(&out);
+    sh(
+        "rauc",
+        &[
+            "bundle",
+            "--cert",
+            &path(&signer.cert)?,
+            "--key",
+            &path(&signer.key)?,
+            &path(&dir)?,
+            &path(&out)?,
+        ],
+    )?;
+    std::fs::remove_dir_all(&dir)?;
+    Ok(out)
+}
+
+/// The check (the module's documentation says what it does).
+///
+/// # Errors
+/// Any step failing, with the console or the box's answer in the message.
+///
+/// # Panics
+/// As the bed's own checks do (`TwoSites::ping_ok`), with the bed's logs.
+pub fn update_check(image: &Path, bundle: &Path, signer: &Signer) -> anyhow::Result<Updates> {
+    let (mut bed, card) = appliance_bed(image, Some(enrolling_cloud()))?;
+    card.write("adapter.toml", &token_config(&bed)?)?;
+    // From site B's adapter namespace, across the underlay (site A's gave its address up
+    // to the machine).
+    let shell = Shell::new(&bed.b.adapter_ns, &card.work, &card.uplink)?;
+    card.write("authorized_keys", &shell.public_key()?)?;
+    let broken = broken_bundle(bundle, signer, &card.work)?;
+
+    let console = card.work.join("console.log");
+    let (mut machine, _) = card.boot(&bed, &console)?;
+    let pool: ipnet::Ipv4Net = ENROLL_POOL.parse()?;
+    let device = vm::device_reaches_b(&mut bed, &console, (pool.network(), pool.prefix_len()))?;
+    vm::wait_console(&mut machine, (&console, 0), (WELL, &[]), BOOT)?;
+    let first = console_since(&console, 0)?;
+    ensure!(
+        first.contains("cyphonic: booting slot A (BOOT_ORDER A, A 2 left, B 0 left)"),
+        "the first boot was not slot A's:\n{first}"
+    );
+    shell.wait()?;
+
+    // The image's own bundle: into slot B, on trial, kept.
+    let started = Instant::now();
+    shell.install(bundle, 'B')?;
+    let install = started.elapsed();
+    let since = shell.reboot(&console)?;
+    let started = Instant::now();
+    vm::wait_console(
+        &mut machine,
+        (&console, since),
+        (KEPT, &[ROLLED_BACK]),
+        BOOT,
+    )?;
+    let kept = started.elapsed();
+    let shown = console_since(&console, since)?;
+    ensure!(
+        shown.contains("cyphonic: booting slot B (BOOT_ORDER B A, A 3 left, B 0 left)"),
+        "the update's boot was not slot B's, with its one try:\n{shown}"
+    );
+    shell.wait()?;
+    shell.wait_adapter()?;
+    bed.ping_ok(&device.ns, bed.b.host_ip, Ping::count(5).wait(5));
+    let counters = shell.counters()?;
+    ensure!(
+        counters.contains("BOOT_ORDER=B A") && counters.contains("BOOT_B_LEFT=3"),
+        "slot B kept, yet: {counters}"
+    );
+    // It sticks: the next boot is B's again.
+    let since = shell.reboot(&console)?;
+    vm::wait_console(
+        &mut machine,
+        (&console, since),
+        (WELL, &[ROLLED_BACK]),
+        BOOT,
+    )?;
+    let shown = console_since(&console, since)?;
+    ensure!(
+        shown.contains("cyphonic: booting slot B (BOOT_ORDER B A, A 3 left, B 2 left)"),
+        "the boot after the update was not slot B's:\n{shown}"
+    );
+
+    // A bundle whose adapter cannot start: into slot A, one try, rolled back.
+    shell.wait()?;
+    shell.install(&broken, 'A')?;
+    let since = shell.reboot(&console)?;
+    let started = Instant::now();
+    vm::wait_console(
+        &mut machine,
+        (&console, since),
+        (ROLLED_BACK, &[KEPT]),
+        BOOT,
+    )?;
+    let after = usize::try_from(std::fs::metadata(&console)?.len())?;
+    vm::wait_console(&mut machine, (&console, after), (WELL, &[KEPT]), BOOT)?;
+    let rolled_back = started.elapsed();
+    let shown = console_since(&console, since)?;
+    for (what, line) in [
+        (
+            "the bad slot's one try",
+            "cyphonic: booting slot A (BOOT_ORDER A B, A 0 left, B 3 left)",
+        ),
+        (
+            "the adapter's failure",
+            "broken on purpose by the image check",
+        ),
+        ("the slot check's verdict", "the adapter cannot start"),
+        (
+            "the way back",
+            "cyphonic: booting slot B (BOOT_ORDER B, A 0 left, B 2 left)",
+        ),
+    ] {
+        ensure!(
+            shown.contains(line),
+            "no sign of {what} ({line:?}):\n{shown}"
+        );
+    }
+    shell.wait()?;
+    let counters = shell.counters()?;
+    ensure!(
+        counters.contains("BOOT_ORDER=B ") && counters.contains("BOOT_A_LEFT=0"),
+        "back on slot B, yet: {counters}"
+    );
+    let status = shell.run("rauc status")?;
+    ensure!(status.contains("Booted from: rootfs.1 (B)"), "{status}");
+    shell.wait_adapter()?;
+    bed.ping_ok(&device.ns, bed.b.host_ip, Ping::count(5).wait(5));
+    drop(machine);
+    vm::adapter_was_well(&console_since(&console, 0)?)?;
+    Ok(Updates {
+        install,
+        kept,
+        rolled_back,
+    })
+}
