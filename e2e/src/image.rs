@@ -206,12 +206,9 @@ pub fn boot_check(image: &Path) -> anyhow::Result<(Duration, Duration)> {
     Ok((files_card(image)?, token_card(image)?))
 }
 
-/// A card with the operator's files (the bed's configuration of site A for the Pi's ports,
-/// its certificate and key, the CA, the static peer, a static uplink): a device gets its
-/// lease, resolves site B's host and pings it; the report on the card says the
-/// configuration was checked and the key removed from the card, and no key is left there.
-fn files_card(image: &Path) -> anyhow::Result<Duration> {
-    let (mut bed, card) = appliance_bed(image, None)?;
+/// Writes site A's files onto `card`: the bed's configuration of site A for the Pi's
+/// ports, its certificate and key, the CA and the static peer's certificate.
+fn site_files(bed: &TwoSites, card: &Card) -> anyhow::Result<()> {
     let disk = &card.disk;
     sh("mmd", &["-D", "s", "-i", &fat(disk), "::cyphonic/peers"])?;
     for name in ["gw1.ovl.example.crt", "gw1.ovl.example.key", "ca.crt"] {
@@ -222,8 +219,17 @@ fn files_card(image: &Path) -> anyhow::Result<Duration> {
         &bed.a.dir.join("peers/gw2.ovl.example.crt"),
         "cyphonic/peers/gw2.ovl.example.crt",
     )?;
-    let config = vm::machine_config(&bed, &["status_socket", "state_dir"])?;
-    card.write("adapter.toml", &config)?;
+    let config = vm::machine_config(bed, &["status_socket", "state_dir"])?;
+    card.write("adapter.toml", &config)
+}
+
+/// A card with the operator's files (the bed's configuration of site A for the Pi's ports,
+/// its certificate and key, the CA, the static peer, a static uplink): a device gets its
+/// lease, resolves site B's host and pings it; the report on the card says the
+/// configuration was checked and the key removed from the card, and no key is left there.
+fn files_card(image: &Path) -> anyhow::Result<Duration> {
+    let (mut bed, card) = appliance_bed(image, None)?;
+    site_files(&bed, &card)?;
 
     let console = card.work.join("console.log");
     let (machine, up) = card.boot(&bed, &console)?;

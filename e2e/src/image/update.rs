@@ -4,15 +4,16 @@
 //! then a bundle whose adapter cannot start goes into slot A, which boots once, fails its
 //! trial and is marked bad, and the box comes back to slot B by itself. U-Boot's counters
 //! are read on the box (`fw_printenv`) at each step, and the device leased before the
-//! updates keeps pinging the other site through all of them.
+//! updates keeps pinging the other site through all of them. On a site without a cloud
+//! ([`static_update_check`]), the update is kept with no traffic during its trial.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 
-use super::{appliance_bed, enrolling_cloud, token_config};
-use crate::bed::{ENROLL_POOL, Ping};
+use super::{Card, appliance_bed, enrolling_cloud, site_files, token_config};
+use crate::bed::{ENROLL_POOL, TwoSites};
 use crate::{Netns, sh, vm};
 
 /// How long a boot of the emulated Pi may take, to the slot check's verdict.
@@ -138,7 +139,10 @@ impl Shell {
         crate::wait_until(
             Duration::from_secs(180),
             "the box's adapter in contact with the cloud",
-            || match self.run("cyphonic-adapter status --json | jq -e '.cloud.connected == true'") {
+            || match self.run(
+                "doc=$(cyphonic-adapter status --json) && \
+                 echo \"$doc\" | jq -e '.cloud.connected == true'",
+            ) {
                 Ok(_) => true,
                 Err(e) => {
                     last = e.to_string();
@@ -182,6 +186,33 @@ impl Shell {
         let _ = self.run("systemctl reboot");
         Ok(usize::try_from(since)?)
     }
+}
+
+/// Pings the other site's host from `device` (every request answered); otherwise an error
+/// with what the box and its console say.
+fn device_pings_b(
+    bed: &TwoSites,
+    device: &Netns,
+    shell: &Shell,
+    console: &Path,
+) -> anyhow::Result<()> {
+    let to = bed.b.host_ip.to_string();
+    let out = device.exec_output("ping", &["-c", "5", "-i", "0.2", "-W", "5", &to])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && text.contains(" 5 received") {
+        return Ok(());
+    }
+    let said = shell
+        .run("cyphonic-adapter status; journalctl -b -u cyphonic-adapter --no-pager | tail -n 40")
+        .unwrap_or_else(|e| e.to_string());
+    let shown = console_since(console, 0)?;
+    let tail: Vec<&str> = shown.lines().rev().take(120).collect();
+    anyhow::bail!(
+        "ping {to} from {}:\n{text}\nthe box:\n{said}\nconsole:\n{}\n{}",
+        device.name(),
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+        bed.logs()
+    )
 }
 
 /// What the console shows after its first `since` bytes.
@@ -266,89 +297,146 @@ fn broken_bundle(good: &Path, signer: &Signer, work: &Path) -> anyhow::Result<Pa
     Ok(out)
 }
 
+/// A booted appliance in the bed, reachable over SSH, with a device on its LAN that
+/// reached the other site.
+struct Appliance {
+    bed: TwoSites,
+    card: Card,
+    shell: Shell,
+    console: PathBuf,
+    machine: crate::Proc,
+    device: crate::lan::DhcpHost,
+}
+
+impl Appliance {
+    /// Boots a card of `image` with a token and the bed's cloud (`cloud`), or with site
+    /// A's files and its static peer, and SSH keys; waits for its device's ping and the
+    /// first boot's slot check (slot A, one try taken and given back).
+    fn up(image: &Path, cloud: bool) -> anyhow::Result<Self> {
+        let (mut bed, card) = appliance_bed(image, cloud.then(enrolling_cloud))?;
+        if cloud {
+            card.write("adapter.toml", &token_config(&bed)?)?;
+        } else {
+            site_files(&bed, &card)?;
+        }
+        // From site B's adapter namespace, across the underlay (site A's gave its address
+        // up to the machine).
+        let shell = Shell::new(&bed.b.adapter_ns, &card.work, &card.uplink)?;
+        card.write("authorized_keys", &shell.public_key()?)?;
+        let console = card.work.join("console.log");
+        let (mut machine, _) = card.boot(&bed, &console)?;
+        let block = if cloud {
+            let pool: ipnet::Ipv4Net = ENROLL_POOL.parse()?;
+            (pool.network(), pool.prefix_len())
+        } else {
+            (std::net::Ipv4Addr::new(100, 64, 1, 0), 24)
+        };
+        let device = vm::device_reaches_b(&mut bed, &console, block)?;
+        vm::wait_console(&mut machine, (&console, 0), (WELL, &[]), BOOT)?;
+        let first = console_since(&console, 0)?;
+        ensure!(
+            first.contains("cyphonic: booting slot A (BOOT_ORDER A, A 2 left, B 0 left)"),
+            "the first boot was not slot A's:\n{first}"
+        );
+        shell.wait()?;
+        Ok(Self {
+            bed,
+            card,
+            shell,
+            console,
+            machine,
+            device,
+        })
+    }
+
+    /// Installs `bundle` into slot B and reboots into it: it must be kept. Returns how
+    /// long the copy and install took, how long after the reboot it was kept, and what the
+    /// console showed since the reboot.
+    fn update_kept(&mut self, bundle: &Path) -> anyhow::Result<(Duration, Duration, String)> {
+        let started = Instant::now();
+        self.shell.install(bundle, 'B')?;
+        let install = started.elapsed();
+        let since = self.shell.reboot(&self.console)?;
+        let started = Instant::now();
+        vm::wait_console(
+            &mut self.machine,
+            (&self.console, since),
+            (KEPT, &[ROLLED_BACK]),
+            BOOT,
+        )?;
+        Ok((
+            install,
+            started.elapsed(),
+            console_since(&self.console, since)?,
+        ))
+    }
+
+    /// The device pings the other site ([`device_pings_b`]).
+    fn device_pings_b(&self) -> anyhow::Result<()> {
+        device_pings_b(&self.bed, &self.device.ns, &self.shell, &self.console)
+    }
+
+    /// Powers the machine off and checks what the adapter logged in all its boots.
+    fn off(self) -> anyhow::Result<()> {
+        let console = self.console.clone();
+        drop(self.machine);
+        vm::adapter_was_well(&console_since(&console, 0)?)
+    }
+}
+
 /// The check (the module's documentation says what it does).
 ///
 /// # Errors
 /// Any step failing, with the console or the box's answer in the message.
-///
-/// # Panics
-/// As the bed's own checks do (`TwoSites::ping_ok`), with the bed's logs.
 pub fn update_check(image: &Path, bundle: &Path, signer: &Signer) -> anyhow::Result<Updates> {
-    let (mut bed, card) = appliance_bed(image, Some(enrolling_cloud()))?;
-    card.write("adapter.toml", &token_config(&bed)?)?;
-    // From site B's adapter namespace, across the underlay (site A's gave its address up
-    // to the machine).
-    let shell = Shell::new(&bed.b.adapter_ns, &card.work, &card.uplink)?;
-    card.write("authorized_keys", &shell.public_key()?)?;
-    let broken = broken_bundle(bundle, signer, &card.work)?;
-
-    let console = card.work.join("console.log");
-    let (mut machine, _) = card.boot(&bed, &console)?;
-    let pool: ipnet::Ipv4Net = ENROLL_POOL.parse()?;
-    let device = vm::device_reaches_b(&mut bed, &console, (pool.network(), pool.prefix_len()))?;
-    vm::wait_console(&mut machine, (&console, 0), (WELL, &[]), BOOT)?;
-    let first = console_since(&console, 0)?;
-    ensure!(
-        first.contains("cyphonic: booting slot A (BOOT_ORDER A, A 2 left, B 0 left)"),
-        "the first boot was not slot A's:\n{first}"
-    );
-    shell.wait()?;
+    let mut pi = Appliance::up(image, true)?;
+    let broken = broken_bundle(bundle, signer, &pi.card.work)?;
 
     // The image's own bundle: into slot B, on trial, kept.
-    let started = Instant::now();
-    shell.install(bundle, 'B')?;
-    let install = started.elapsed();
-    let since = shell.reboot(&console)?;
-    let started = Instant::now();
-    vm::wait_console(
-        &mut machine,
-        (&console, since),
-        (KEPT, &[ROLLED_BACK]),
-        BOOT,
-    )?;
-    let kept = started.elapsed();
-    let shown = console_since(&console, since)?;
+    let (install, kept, shown) = pi.update_kept(bundle)?;
     ensure!(
         shown.contains("cyphonic: booting slot B (BOOT_ORDER B A, A 3 left, B 0 left)"),
         "the update's boot was not slot B's, with its one try:\n{shown}"
     );
+    let shell = &pi.shell;
     shell.wait()?;
     shell.wait_adapter()?;
-    bed.ping_ok(&device.ns, bed.b.host_ip, Ping::count(5).wait(5));
+    pi.device_pings_b()?;
     let counters = shell.counters()?;
     ensure!(
         counters.contains("BOOT_ORDER=B A") && counters.contains("BOOT_B_LEFT=3"),
         "slot B kept, yet: {counters}"
     );
     // It sticks: the next boot is B's again.
-    let since = shell.reboot(&console)?;
+    let since = shell.reboot(&pi.console)?;
     vm::wait_console(
-        &mut machine,
-        (&console, since),
+        &mut pi.machine,
+        (&pi.console, since),
         (WELL, &[ROLLED_BACK]),
         BOOT,
     )?;
-    let shown = console_since(&console, since)?;
+    let shown = console_since(&pi.console, since)?;
     ensure!(
         shown.contains("cyphonic: booting slot B (BOOT_ORDER B A, A 3 left, B 2 left)"),
         "the boot after the update was not slot B's:\n{shown}"
     );
 
     // A bundle whose adapter cannot start: into slot A, one try, rolled back.
+    let shell = &pi.shell;
     shell.wait()?;
     shell.install(&broken, 'A')?;
-    let since = shell.reboot(&console)?;
+    let since = shell.reboot(&pi.console)?;
     let started = Instant::now();
     vm::wait_console(
-        &mut machine,
-        (&console, since),
+        &mut pi.machine,
+        (&pi.console, since),
         (ROLLED_BACK, &[KEPT]),
         BOOT,
     )?;
-    let after = usize::try_from(std::fs::metadata(&console)?.len())?;
-    vm::wait_console(&mut machine, (&console, after), (WELL, &[KEPT]), BOOT)?;
+    let after = usize::try_from(std::fs::metadata(&pi.console)?.len())?;
+    vm::wait_console(&mut pi.machine, (&pi.console, after), (WELL, &[KEPT]), BOOT)?;
     let rolled_back = started.elapsed();
-    let shown = console_since(&console, since)?;
+    let shown = console_since(&pi.console, since)?;
     for (what, line) in [
         (
             "the bad slot's one try",
@@ -369,6 +457,7 @@ pub fn update_check(image: &Path, bundle: &Path, signer: &Signer) -> anyhow::Res
             "no sign of {what} ({line:?}):\n{shown}"
         );
     }
+    let shell = &pi.shell;
     shell.wait()?;
     let counters = shell.counters()?;
     ensure!(
@@ -378,12 +467,26 @@ pub fn update_check(image: &Path, bundle: &Path, signer: &Signer) -> anyhow::Res
     let status = shell.run("rauc status")?;
     ensure!(status.contains("Booted from: rootfs.1 (B)"), "{status}");
     shell.wait_adapter()?;
-    bed.ping_ok(&device.ns, bed.b.host_ip, Ping::count(5).wait(5));
-    drop(machine);
-    vm::adapter_was_well(&console_since(&console, 0)?)?;
+    pi.device_pings_b()?;
+    pi.off()?;
     Ok(Updates {
         install,
         kept,
         rolled_back,
     })
+}
+
+/// An update on a site without a cloud (the card's files, a static peer): its tunnel comes
+/// up only with traffic, and none flows during the trial, yet the slot is kept (the route
+/// to the static peer out of the uplink stands for reach); the device leased before then
+/// pings the other site. Returns how long after the reboot the slot was kept.
+///
+/// # Errors
+/// Any step failing, with the console or the box's answer in the message.
+pub fn static_update_check(image: &Path, bundle: &Path) -> anyhow::Result<Duration> {
+    let mut pi = Appliance::up(image, false)?;
+    let (_, kept, _) = pi.update_kept(bundle)?;
+    pi.device_pings_b()?;
+    pi.off()?;
+    Ok(kept)
 }

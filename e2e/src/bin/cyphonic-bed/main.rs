@@ -491,14 +491,19 @@ fn main() -> ExitCode {
                 return Ok(());
             };
             let signer = cyphonic_e2e::image::update::Signer { key, cert };
-            cyphonic_e2e::image::update::update_check(&image, &bundle, &signer).map(|u| {
-                println!(
-                    "update check passed: the bundle copied and installed in {:.1} s; slot B kept {:.1} s after the reboot, and kept at the next; a bad bundle rolled back to B {:.1} s after its reboot",
-                    u.install.as_secs_f64(),
-                    u.kept.as_secs_f64(),
-                    u.rolled_back.as_secs_f64()
-                );
-            })
+            let u = cyphonic_e2e::image::update::update_check(&image, &bundle, &signer)?;
+            println!(
+                "update check passed: the bundle copied and installed in {:.1} s; slot B kept {:.1} s after the reboot, and kept at the next; a bad bundle rolled back to B {:.1} s after its reboot",
+                u.install.as_secs_f64(),
+                u.kept.as_secs_f64(),
+                u.rolled_back.as_secs_f64()
+            );
+            let kept = cyphonic_e2e::image::update::static_update_check(&image, &bundle)?;
+            println!(
+                "update check without a cloud passed: slot B kept {:.1} s after the reboot, with no traffic during its trial",
+                kept.as_secs_f64()
+            );
+            Ok(())
         }),
         Command::VmCheck { kernel, initramfs } => {
             cyphonic_e2e::vm::adapter_check(&kernel, &initramfs).map(|up| {
