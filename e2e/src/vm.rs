@@ -132,6 +132,13 @@ pub fn wait_up(
     wait_console(vm, (console, 0), (up, gone), limit)
 }
 
+/// What the machine's console shows after its first `since` bytes (empty if it cannot be
+/// read yet).
+pub fn console_since(console: &Path, since: usize) -> String {
+    let all = std::fs::read(console).unwrap_or_default();
+    String::from_utf8_lossy(all.get(since..).unwrap_or_default()).into_owned()
+}
+
 /// As [`wait_up`], for what the console shows after its first `since` bytes (a later boot
 /// of the same machine).
 ///
@@ -144,10 +151,7 @@ pub fn wait_console(
     limit: Duration,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let shown = || {
-        let all = std::fs::read(console).unwrap_or_default();
-        String::from_utf8_lossy(all.get(since..).unwrap_or_default()).into_owned()
-    };
+    let shown = || console_since(console, since);
     let mut stopped = false;
     let mut said = None;
     let booted = crate::wait_until(

@@ -205,7 +205,7 @@ fn device_pings_b(
     let said = shell
         .run("cyphonic-adapter status; journalctl -b -u cyphonic-adapter --no-pager | tail -n 40")
         .unwrap_or_else(|e| e.to_string());
-    let shown = console_since(console, 0)?;
+    let shown = vm::console_since(console, 0);
     let tail: Vec<&str> = shown.lines().rev().take(120).collect();
     anyhow::bail!(
         "ping {to} from {}:\n{text}\nthe box:\n{said}\nconsole:\n{}\n{}",
@@ -213,12 +213,6 @@ fn device_pings_b(
         tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
         bed.logs()
     )
-}
-
-/// What the console shows after its first `since` bytes.
-fn console_since(console: &Path, since: usize) -> anyhow::Result<String> {
-    let all = std::fs::read(console)?;
-    Ok(String::from_utf8_lossy(all.get(since..).unwrap_or_default()).into_owned())
 }
 
 /// A bundle of `good`'s root file system whose adapter cannot start (a program that says
@@ -333,7 +327,7 @@ impl Appliance {
         };
         let device = vm::device_reaches_b(&mut bed, &console, block)?;
         vm::wait_console(&mut machine, (&console, 0), (WELL, &[]), BOOT)?;
-        let first = console_since(&console, 0)?;
+        let first = vm::console_since(&console, 0);
         ensure!(
             first.contains("cyphonic: booting slot A (BOOT_ORDER A, A 2 left, B 0 left)"),
             "the first boot was not slot A's:\n{first}"
@@ -356,18 +350,24 @@ impl Appliance {
         let started = Instant::now();
         self.shell.install(bundle, 'B')?;
         let install = started.elapsed();
+        let (_, kept, shown) = self.reboot_until((KEPT, &[ROLLED_BACK]))?;
+        Ok((install, kept, shown))
+    }
+
+    /// Reboots the box and waits until its console shows `up` (failing at once on one of
+    /// `gone`); returns where the console stood at the reboot, how long the wait took and
+    /// what the console showed since the reboot.
+    fn reboot_until(
+        &mut self,
+        (up, gone): (&str, &[&str]),
+    ) -> anyhow::Result<(usize, Duration, String)> {
         let since = self.shell.reboot(&self.console)?;
         let started = Instant::now();
-        vm::wait_console(
-            &mut self.machine,
-            (&self.console, since),
-            (KEPT, &[ROLLED_BACK]),
-            BOOT,
-        )?;
+        vm::wait_console(&mut self.machine, (&self.console, since), (up, gone), BOOT)?;
         Ok((
-            install,
+            since,
             started.elapsed(),
-            console_since(&self.console, since)?,
+            vm::console_since(&self.console, since),
         ))
     }
 
@@ -380,7 +380,7 @@ impl Appliance {
     fn off(self) -> anyhow::Result<()> {
         let console = self.console.clone();
         drop(self.machine);
-        vm::adapter_was_well(&console_since(&console, 0)?)
+        vm::adapter_was_well(&vm::console_since(&console, 0))
     }
 }
 
@@ -408,14 +408,7 @@ pub fn update_check(image: &Path, bundle: &Path, signer: &Signer) -> anyhow::Res
         "slot B kept, yet: {counters}"
     );
     // It sticks: the next boot is B's again.
-    let since = shell.reboot(&pi.console)?;
-    vm::wait_console(
-        &mut pi.machine,
-        (&pi.console, since),
-        (WELL, &[ROLLED_BACK]),
-        BOOT,
-    )?;
-    let shown = console_since(&pi.console, since)?;
+    let (_, _, shown) = pi.reboot_until((WELL, &[ROLLED_BACK]))?;
     ensure!(
         shown.contains("cyphonic: booting slot B (BOOT_ORDER B A, A 3 left, B 2 left)"),
         "the boot after the update was not slot B's:\n{shown}"
@@ -425,18 +418,13 @@ pub fn update_check(image: &Path, bundle: &Path, signer: &Signer) -> anyhow::Res
     let shell = &pi.shell;
     shell.wait()?;
     shell.install(&broken, 'A')?;
-    let since = shell.reboot(&pi.console)?;
-    let started = Instant::now();
-    vm::wait_console(
-        &mut pi.machine,
-        (&pi.console, since),
-        (ROLLED_BACK, &[KEPT]),
-        BOOT,
-    )?;
+    let (since, until_bad, _) = pi.reboot_until((ROLLED_BACK, &[KEPT]))?;
+    // Then the old slot again, well.
     let after = usize::try_from(std::fs::metadata(&pi.console)?.len())?;
+    let started = Instant::now();
     vm::wait_console(&mut pi.machine, (&pi.console, after), (WELL, &[KEPT]), BOOT)?;
-    let rolled_back = started.elapsed();
-    let shown = console_since(&pi.console, since)?;
+    let rolled_back = until_bad + started.elapsed();
+    let shown = vm::console_since(&pi.console, since);
     for (what, line) in [
         (
             "the bad slot's one try",
