@@ -121,10 +121,10 @@ pub(crate) fn run(
         fs::remove_dir_all(&tree)?;
     }
     bootstrap(&root, &tree, &debs, &signer.cert)?;
-    assemble(&root, &tree, &work, &out)?;
+    let used = assemble(&root, &tree, &work, &out)?;
     eprintln!("xtask: image: {}", out.display());
     let bundle = out.with_extension("raucb");
-    make_bundle(&root, &tree, &work, &signer, &bundle)?;
+    make_bundle(&root, (&tree, used), &work, &signer, &bundle)?;
     eprintln!("xtask: update bundle: {}", bundle.display());
     if check {
         boot_check(&root, &out, &bundle, &signer)?;
@@ -176,10 +176,10 @@ impl Signer {
 /// The update bundle of this image's root file system (`rauc bundle`, verity format),
 /// signed by `signer`: the root file system at its own size (RAUC grows it to the slot),
 /// and the hook that carries the appliance's state over to the new slot and puts it on
-/// trial (config/image/rauc/bundle-hook).
+/// trial (config/image/rauc/bundle-hook). `used`: the bytes in `tree`'s files.
 fn make_bundle(
     root: &Path,
-    tree: &Path,
+    (tree, used): (&Path, u64),
     work: &Path,
     signer: &Signer,
     out: &Path,
@@ -189,7 +189,6 @@ fn make_bundle(
         fs::remove_dir_all(&dir)?;
     }
     fs::create_dir_all(&dir)?;
-    let used = dir_size(tree)?;
     root_file_system(
         tree,
         work,
@@ -322,8 +321,8 @@ fn bootstrap(root: &Path, tree: &Path, debs: &[PathBuf], cert: &Path) -> anyhow:
 }
 
 /// Writes the image: the boot partition from `tree/boot/firmware`, the root file system
-/// from the rest of `tree`.
-fn assemble(root: &Path, tree: &Path, work: &Path, out: &Path) -> anyhow::Result<()> {
+/// from the rest of `tree`. Returns the bytes in `tree`'s files.
+fn assemble(root: &Path, tree: &Path, work: &Path, out: &Path) -> anyhow::Result<u64> {
     let firmware = tree.join("boot/firmware");
     for file in ["config.txt", "u-boot.bin", "boot.scr", "cyphonic.env"] {
         ensure!(
@@ -398,7 +397,7 @@ fn assemble(root: &Path, tree: &Path, work: &Path, out: &Path) -> anyhow::Result
     write_at(out, &rootfs, root_start << 20)?;
     fs::remove_file(&boot)?;
     fs::remove_file(&rootfs)?;
-    Ok(())
+    Ok(used)
 }
 
 /// The root file system at `out` (`mib` MiB): everything in `tree` but the boot
