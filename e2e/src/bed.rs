@@ -353,6 +353,14 @@ pub struct TwoSites {
     tmp: TempDir,
 }
 
+/// The /24 of `site`'s LAN, as `ip route` takes it.
+pub fn lan_prefix(site: &Site) -> String {
+    format!(
+        "{}/24",
+        Ipv4Addr::from(u32::from(site.host_ip) & 0xffff_ff00)
+    )
+}
+
 /// Drops everything the router `wan` forwards between the two sites' underlays (`on`), or
 /// lets it through again: a firewall on the direct path.
 fn block_between_sites(wan: &Netns, on: bool) -> anyhow::Result<()> {
@@ -1175,26 +1183,40 @@ impl TwoSites {
     /// # Errors
     /// An `ip` or `sysctl` command fails (for instance, an adapter is running).
     pub fn route_plainly(&self) -> anyhow::Result<()> {
+        self.kernel_gateways()?;
         for (me, other) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            let IpAddr::V4(underlay) = me.underlay else {
+                bail!("plain routing needs IPv4 underlays");
+            };
+            let router = Ipv4Addr::from(u32::from(underlay) & 0xffff_ff00 | 1).to_string();
+            me.adapter_ns
+                .ip(&["route", "add", &lan_prefix(other), "via", &router])?;
+            self.wan.ip(&[
+                "route",
+                "add",
+                &lan_prefix(me),
+                "via",
+                &me.underlay.to_string(),
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// The kernel of each adapter namespace as its LAN's gateway (the gateway vIP on `lan`,
+    /// forwarding on, GRO on the LAN side as the options say) without a route to the other
+    /// LAN: the half of [`TwoSites::route_plainly`] that another tunnel shares
+    /// ([`crate::rivals`]).
+    ///
+    /// # Errors
+    /// An `ip`, `sysctl` or `ethtool` command fails (for instance, an adapter is running).
+    pub fn kernel_gateways(&self) -> anyhow::Result<()> {
+        for me in [&self.a, &self.b] {
             let prefix = format!("{}/24", me.gateway);
             me.adapter_ns.ip(&["addr", "add", &prefix, "dev", "lan"])?;
             me.adapter_ns
                 .exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
             let gro = if self.lan_gro { "on" } else { "off" };
             me.adapter_ns.exec("ethtool", &["-K", "lan", "gro", gro])?;
-            let other_lan = format!(
-                "{}/24",
-                Ipv4Addr::from(u32::from(other.host_ip) & 0xffff_ff00)
-            );
-            let IpAddr::V4(underlay) = me.underlay else {
-                bail!("plain routing needs IPv4 underlays");
-            };
-            let router = Ipv4Addr::from(u32::from(underlay) & 0xffff_ff00 | 1).to_string();
-            me.adapter_ns
-                .ip(&["route", "add", &other_lan, "via", &router])?;
-            let my_lan = format!("{}/24", Ipv4Addr::from(u32::from(me.host_ip) & 0xffff_ff00));
-            self.wan
-                .ip(&["route", "add", &my_lan, "via", &me.underlay.to_string()])?;
         }
         Ok(())
     }

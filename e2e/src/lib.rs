@@ -27,6 +27,7 @@ pub mod members;
 pub mod node;
 pub mod pair;
 pub mod postgres;
+pub mod rivals;
 pub mod rogue;
 pub mod shipped;
 pub mod soak;

@@ -260,7 +260,7 @@ pub(crate) fn tune(
 }
 
 /// What `run` gives, and the CPU process `pid` used meanwhile, % of a core (0 without one).
-fn cpu_during<T>(
+pub(crate) fn cpu_during<T>(
     pid: Option<u32>,
     run: impl FnOnce() -> anyhow::Result<T>,
 ) -> anyhow::Result<(T, f64)> {

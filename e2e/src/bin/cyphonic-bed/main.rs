@@ -22,9 +22,10 @@ mod attack;
 mod bench;
 mod demo;
 mod load;
+mod rivals;
 mod tables;
 
-use {attack::*, bench::*, demo::*, load::*, tables::*};
+use {attack::*, bench::*, demo::*, load::*, rivals::*, tables::*};
 
 #[derive(Parser)]
 #[command(
@@ -412,6 +413,25 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// The tunnel beside other tunnels on the same bed: plain routing, wireguard-go,
+    /// boringtun with 1 and 4 threads, nebula and cyphonic carry lanA's traffic to lanB in
+    /// turn, round after round (TCP with 1 and 4 streams, the UDP rate lost under 1%, gateway
+    /// A's CPU per Gbit/s); prints a table of medians. The rivals' programs are in
+    /// `$CYPHONIC_RIVALS_DIR` (`cargo xtask bench --table rivals` installs them).
+    Rivals {
+        /// Seconds per TCP measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Rounds, each carrier once per round.
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// GRO on on the gateways' LAN side; without it, the GRO-off profile.
+        #[arg(long)]
+        gro: bool,
+        /// Only these carriers beside cyphonic, by their names in the table (repeatable).
+        #[arg(long)]
+        only: Vec<String>,
+    },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints the figures as JSON.
     Peers {
@@ -456,6 +476,12 @@ fn main() -> ExitCode {
         Command::Seeds { out } => seeds(&out),
         Command::Bench { seconds } => bench(seconds).and_then(|r| print_json(&r)),
         Command::Attack { seconds } => attack(seconds).and_then(|r| print_json(&r)),
+        Command::Rivals {
+            seconds,
+            rounds,
+            gro,
+            only,
+        } => rivals_table(seconds, rounds, gro, &only),
         Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
         Command::Ipv6 { seconds } => ipv6(seconds).and_then(|r| print_json(&r)),
         Command::Soak {

@@ -1,0 +1,209 @@
+//! `cyphonic-bed rivals`: our tunnel beside wireguard-go, boringtun and nebula and plain
+//! routing on one bed, in one run, the carriers interleaved round by round.
+
+use cyphonic_e2e::rivals::{self, Rival, Tools};
+
+use super::*;
+
+/// What carries lanA's traffic to lanB in one column of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carrier {
+    Plain,
+    Rival(Rival),
+    Cyphonic,
+}
+
+impl Carrier {
+    fn all() -> Vec<Self> {
+        let mut all = vec![Self::Plain];
+        all.extend(Rival::ALL.map(Self::Rival));
+        all.push(Self::Cyphonic);
+        all
+    }
+
+    fn name(self) -> String {
+        match self {
+            Self::Plain => "plain routing".to_owned(),
+            Self::Rival(r) => r.name(),
+            Self::Cyphonic => "cyphonic".to_owned(),
+        }
+    }
+}
+
+/// One carrier's figures in one round.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    tcp1: f64,
+    tcp4: f64,
+    /// The most received under 1% loss, Mbit/s; none when even the lowest rate lost more.
+    udp: Option<f64>,
+    /// Gateway A's process, % of a core per Gbit/s in the one-stream run; none for plain
+    /// routing (the kernel's softirq time belongs to no process).
+    cpu_per_gbit: Option<f64>,
+    /// Adapter A's capture overflows during the TCP runs and during the UDP search.
+    overflows: Option<(u64, u64)>,
+}
+
+/// `cyphonic-bed rivals`: see [`Command::Rivals`].
+pub(crate) fn rivals_table(
+    seconds: u64,
+    rounds: usize,
+    gro: bool,
+    only: &[String],
+) -> anyhow::Result<()> {
+    let tools = Tools::find()?;
+    let mut carriers = Carrier::all();
+    if !only.is_empty() {
+        carriers.retain(|c| *c == Carrier::Cyphonic || only.contains(&c.name()));
+    }
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); carriers.len()];
+    for round in 1..=rounds.max(1) {
+        for (i, &carrier) in carriers.iter().enumerate() {
+            let s = sample(carrier, &tools, seconds, gro)
+                .with_context(|| format!("round {round}, {}", carrier.name()))?;
+            eprintln!(
+                "cyphonic-bed rivals: GRO {}, round {round}, {}: {s:?}",
+                if gro { "on" } else { "off" },
+                carrier.name()
+            );
+            samples[i].push(s);
+        }
+    }
+    let profile = if gro { "GRO on" } else { "GRO off" };
+    let names: Vec<String> = carriers.iter().map(|c| c.name()).collect();
+    println!(
+        "| gateways' LAN side, row | {} | cyphonic / best peer | cyphonic / plain |",
+        names.join(" | ")
+    );
+    println!("|---|{}---:|---:|", "---:|".repeat(carriers.len()));
+    let peers: Vec<usize> = (0..carriers.len())
+        .filter(|&i| matches!(carriers[i], Carrier::Rival(_)))
+        .collect();
+    // Last, whatever `only` kept.
+    let ours = carriers.len() - 1;
+    let row =
+        |label: &str, digits: usize, lower_is_better: bool, f: &dyn Fn(&Sample) -> Option<f64>| {
+            let medians: Vec<Option<f64>> = samples
+                .iter()
+                .map(|s| median(&s.iter().filter_map(f).collect::<Vec<_>>()))
+                .collect();
+            let cells: Vec<String> = samples
+                .iter()
+                .zip(&medians)
+                .map(|(s, m)| cell(m, &s.iter().filter_map(f).collect::<Vec<_>>(), digits))
+                .collect();
+            let best = peers
+                .iter()
+                .filter_map(|&i| medians[i])
+                .reduce(|a, b| if lower_is_better { a.min(b) } else { a.max(b) });
+            let plain = carriers.iter().position(|c| *c == Carrier::Plain);
+            let ratio = |of: Option<f64>| match (medians[ours], of) {
+                (Some(us), Some(them)) if them > 0.0 => format!("{:.2}", us / them),
+                _ => "—".to_owned(),
+            };
+            println!(
+                "| {profile}: {label} | {} | {} | {} |",
+                cells.join(" | "),
+                ratio(best),
+                ratio(plain.and_then(|p| medians[p]))
+            );
+        };
+    row("TCP, 1 stream (Gbit/s)", 2, false, &|s| Some(s.tcp1));
+    row("TCP, 4 streams (Gbit/s)", 2, false, &|s| Some(s.tcp4));
+    row(
+        "UDP, most received with < 1% loss (Mbit/s)",
+        0,
+        false,
+        &|s| s.udp,
+    );
+    row(
+        "gateway A's CPU per Gbit/s, TCP 1 stream (% of a core)",
+        0,
+        true,
+        &|s| s.cpu_per_gbit,
+    );
+    let overflows: Vec<String> = samples[ours]
+        .iter()
+        .filter_map(|s| s.overflows)
+        .map(|(tcp, udp)| format!("{tcp} / {udp}"))
+        .collect();
+    println!(
+        "| {profile}: adapter A's capture overflows, TCP runs / UDP search, each round | {}{} | | |",
+        "— | ".repeat(carriers.len() - 1),
+        overflows.join(", ")
+    );
+    Ok(())
+}
+
+/// The median of `v` (the mean of the middle two for an even count); none when empty.
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some(f64::midpoint(v[n / 2 - 1], v[n / 2])),
+    }
+}
+
+/// A median and, over several rounds, their range: "2.20 (2.10-2.31)".
+fn cell(median: &Option<f64>, all: &[f64], digits: usize) -> String {
+    let Some(m) = median else {
+        return "none".to_owned();
+    };
+    let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if all.len() > 1 {
+        format!("{m:.digits$} ({lo:.digits$}-{hi:.digits$})")
+    } else {
+        format!("{m:.digits$}")
+    }
+}
+
+/// One round of one carrier on a bed of its own.
+fn sample(carrier: Carrier, tools: &Tools, seconds: u64, gro: bool) -> anyhow::Result<Sample> {
+    let opts = tuned("", gro);
+    let (bed, rival) = match carrier {
+        Carrier::Plain => (quick_bed(&opts, true, None)?, None),
+        Carrier::Cyphonic => (quick_bed(&opts, false, None)?, None),
+        Carrier::Rival(r) => {
+            let bed = TwoSites::new(&opts)?;
+            let carrying = rivals::carry(&bed, r, tools)?;
+            rivals::wait_carried(&bed).with_context(|| carrying.logs())?;
+            (bed, Some(carrying))
+        }
+    };
+    measure::warm_up(&bed)?;
+    let pid = match (&rival, carrier) {
+        (Some(r), _) => Some(r.pid_a()),
+        (None, Carrier::Cyphonic) => bed.a.adapter.as_ref().map(cyphonic_e2e::Proc::pid),
+        _ => None,
+    };
+    let overflows = || -> anyhow::Result<Option<u64>> {
+        match carrier {
+            Carrier::Cyphonic => Ok(Some(bed.counter(Side::A, "drop_capture_overflow")?)),
+            _ => Ok(None),
+        }
+    };
+    let before = overflows()?;
+    let (tcp1, cpu) = cpu_during(pid, || measure::tcp(&bed, 1, seconds))?;
+    let tcp4 = measure::tcp(&bed, 4, seconds)?;
+    let after_tcp = overflows()?;
+    let (udp, _) = measure::udp_search(&bed, &UDP_RATES, UDP_SIZE, 3)?;
+    let after_udp = overflows()?;
+    let overflows = match (before, after_tcp, after_udp) {
+        (Some(b), Some(t), Some(u)) => Some((
+            t.checked_sub(b).context("the overflow counter went back")?,
+            u.checked_sub(t).context("the overflow counter went back")?,
+        )),
+        _ => None,
+    };
+    Ok(Sample {
+        tcp1: tcp1.gbps,
+        tcp4: tcp4.gbps,
+        udp: udp.map(|u| u.received_mbps),
+        cpu_per_gbit: pid.map(|_| cpu / tcp1.gbps),
+        overflows,
+    })
+}
