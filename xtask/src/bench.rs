@@ -58,13 +58,25 @@ pub(crate) struct BedTable {
     pub(crate) name: &'static str,
     /// The `cyphonic-bed` commands, in order.
     runs: &'static [&'static [&'static str]],
+    /// They run other tunnels: xtask installs them first ([`crate::rivals`]).
+    rivals: bool,
 }
 
 /// Every section `cargo xtask bench --table` writes.
 pub(crate) const BED_TABLES: &[BedTable] = &[
     BedTable {
+        name: "rivals",
+        runs: &[
+            &["rivals", "--seconds", "5", "--rounds", "2"],
+            &["rivals", "--seconds", "5", "--rounds", "2", "--gro"],
+        ],
+        rivals: true,
+    },
+    BedTable {
         name: "impair",
         runs: &[&["impair", "--seconds", "10", "--runs", "5"]],
+
+        rivals: false,
     },
     BedTable {
         name: "bursts",
@@ -75,14 +87,20 @@ pub(crate) const BED_TABLES: &[BedTable] = &[
             "--rates",
             "400,800,1000,1200,1500",
         ]],
+
+        rivals: false,
     },
     BedTable {
         name: "node",
         runs: &[&["node", "--seconds", "5", "--runs", "3"]],
+
+        rivals: false,
     },
     BedTable {
         name: "ha",
         runs: &[&["ha", "--rounds", "10"]],
+
+        rivals: false,
     },
     BedTable {
         name: "relay-stream",
@@ -98,14 +116,20 @@ pub(crate) const BED_TABLES: &[BedTable] = &[
                 "10",
             ],
         ],
+
+        rivals: false,
     },
     BedTable {
         name: "policy",
         runs: &[&["policy", "--rounds", "5"]],
+
+        rivals: false,
     },
     BedTable {
         name: "legacy",
         runs: &[&["legacy", "--rounds", "5"]],
+
+        rivals: false,
     },
     BedTable {
         name: "members",
@@ -113,10 +137,14 @@ pub(crate) const BED_TABLES: &[BedTable] = &[
             &["members", "--counts", "200,1000,10000"],
             &["members", "--counts", "10000", "--postgres"],
         ],
+
+        rivals: false,
     },
     BedTable {
         name: "swarm",
         runs: &[&["swarm", "--counts", "1,100,1000,10000", "--leases", "250"]],
+
+        rivals: false,
     },
     BedTable {
         name: "api",
@@ -124,6 +152,8 @@ pub(crate) const BED_TABLES: &[BedTable] = &[
             &["api", "--members", "10000", "--seconds", "10"],
             &["api", "--members", "10000", "--postgres", "--seconds", "10"],
         ],
+
+        rivals: false,
     },
 ];
 
@@ -276,12 +306,18 @@ pub(crate) fn run(
     {
         crate::bed::prerequisites()?;
         let bin = crate::bed::build_release(&root)?;
+        let rivals = if tables.iter().any(|t| t.rivals) {
+            Some(crate::rivals::install(&root)?)
+        } else {
+            None
+        };
         // The bed measures and prints its figures as JSON; the Markdown is written here.
         let bed_with = |what: &str, args: &[&std::ffi::OsStr]| -> anyhow::Result<Vec<u8>> {
             let out = std::process::Command::new(bin.join("cyphonic-bed"))
                 .arg(what)
                 .args(args)
                 .env("CYPHONIC_BIN_DIR", &bin)
+                .envs(rivals.iter().map(|dir| ("CYPHONIC_RIVALS_DIR", dir)))
                 .stderr(std::process::Stdio::inherit())
                 .output()
                 .with_context(|| format!("running cyphonic-bed {what}"))?;

@@ -27,6 +27,7 @@ mod lanes;
 mod previous;
 mod repo;
 mod report;
+mod rivals;
 mod tidy;
 mod util;
 mod vm;
