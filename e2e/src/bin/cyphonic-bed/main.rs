@@ -431,6 +431,10 @@ enum Command {
         /// Only these carriers beside cyphonic, by their names in the table (repeatable).
         #[arg(long)]
         only: Vec<String>,
+        /// Sample the whole machine with `perf record -a -g` during each one-stream run,
+        /// into a file per carrier, profile and round in this directory.
+        #[arg(long)]
+        perf: Option<std::path::PathBuf>,
     },
     /// Many nodes talking to the host behind one adapter (RTT, aggregate TCP, the adapter's
     /// memory and threads per fleet size); prints the figures as JSON.
@@ -481,7 +485,8 @@ fn main() -> ExitCode {
             rounds,
             gro,
             only,
-        } => rivals_table(seconds, rounds, gro, &only),
+            perf,
+        } => rivals_table(seconds, rounds, gro, &only, perf.as_deref()),
         Command::Peers { counts, seconds } => peers(&counts, seconds).and_then(|r| print_json(&r)),
         Command::Ipv6 { seconds } => ipv6(seconds).and_then(|r| print_json(&r)),
         Command::Soak {

@@ -50,6 +50,7 @@ pub(crate) fn rivals_table(
     rounds: usize,
     gro: bool,
     only: &[String],
+    perf: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let tools = Tools::find()?;
     let mut carriers = Carrier::all();
@@ -59,7 +60,14 @@ pub(crate) fn rivals_table(
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); carriers.len()];
     for round in 1..=rounds.max(1) {
         for (i, &carrier) in carriers.iter().enumerate() {
-            let s = sample(carrier, &tools, seconds, gro)
+            let profile = perf.map(|dir| {
+                dir.join(format!(
+                    "{}-gro-{}-round{round}.data",
+                    carrier.name().replace([' ', ','], ""),
+                    if gro { "on" } else { "off" }
+                ))
+            });
+            let s = sample(carrier, &tools, seconds, gro, profile.as_deref())
                 .with_context(|| format!("round {round}, {}", carrier.name()))?;
             eprintln!(
                 "cyphonic-bed rivals: GRO {}, round {round}, {}: {s:?}",
@@ -81,44 +89,53 @@ pub(crate) fn rivals_table(
         .collect();
     // Last, whatever `only` kept.
     let ours = carriers.len() - 1;
-    let row =
-        |label: &str, digits: usize, lower_is_better: bool, f: &dyn Fn(&Sample) -> Option<f64>| {
-            let medians: Vec<Option<f64>> = samples
-                .iter()
-                .map(|s| median(&s.iter().filter_map(f).collect::<Vec<_>>()))
-                .collect();
-            let cells: Vec<String> = samples
-                .iter()
-                .zip(&medians)
-                .map(|(s, m)| cell(m, &s.iter().filter_map(f).collect::<Vec<_>>(), digits))
-                .collect();
-            let best = peers
-                .iter()
-                .filter_map(|&i| medians[i])
-                .reduce(|a, b| if lower_is_better { a.min(b) } else { a.max(b) });
-            let plain = carriers.iter().position(|c| *c == Carrier::Plain);
-            let ratio = |of: Option<f64>| match (medians[ours], of) {
-                (Some(us), Some(them)) if them > 0.0 => format!("{:.2}", us / them),
-                _ => "—".to_owned(),
-            };
-            println!(
-                "| {profile}: {label} | {} | {} | {} |",
-                cells.join(" | "),
-                ratio(best),
-                ratio(plain.and_then(|p| medians[p]))
-            );
+    let plain = carriers.iter().position(|c| *c == Carrier::Plain);
+    // `absent`: what a carrier without the figure shows.
+    let row = |label: &str,
+               (digits, absent): (usize, &str),
+               lower_is_better: bool,
+               f: &dyn Fn(&Sample) -> Option<f64>| {
+        let figures: Vec<Vec<f64>> = samples
+            .iter()
+            .map(|s| s.iter().filter_map(f).collect())
+            .collect();
+        let medians: Vec<Option<f64>> = figures.iter().map(|all| median(all)).collect();
+        let cells: Vec<String> = figures
+            .iter()
+            .zip(&medians)
+            .map(|(all, m)| m.map_or_else(|| absent.to_owned(), |m| cell(m, all, digits)))
+            .collect();
+        let best = peers
+            .iter()
+            .filter_map(|&i| medians[i])
+            .reduce(|a, b| if lower_is_better { a.min(b) } else { a.max(b) });
+        let ratio = |of: Option<f64>| match (medians[ours], of) {
+            (Some(us), Some(them)) if them > 0.0 => format!("{:.2}", us / them),
+            _ => "—".to_owned(),
         };
-    row("TCP, 1 stream (Gbit/s)", 2, false, &|s| Some(s.tcp1));
-    row("TCP, 4 streams (Gbit/s)", 2, false, &|s| Some(s.tcp4));
+        println!(
+            "| {profile}: {label} | {} | {} | {} |",
+            cells.join(" | "),
+            ratio(best),
+            ratio(plain.and_then(|p| medians[p]))
+        );
+    };
+    row("TCP, 1 stream (Gbit/s)", (2, "—"), false, &|s| {
+        Some(s.tcp1)
+    });
+    row("TCP, 4 streams (Gbit/s)", (2, "—"), false, &|s| {
+        Some(s.tcp4)
+    });
     row(
         "UDP, most received with < 1% loss (Mbit/s)",
-        0,
+        (0, "none under 1%"),
         false,
         &|s| s.udp,
     );
+    // Plain routing forwards in the kernel's softirqs, in no process of its own.
     row(
         "gateway A's CPU per Gbit/s, TCP 1 stream (% of a core)",
-        0,
+        (0, "—"),
         true,
         &|s| s.cpu_per_gbit,
     );
@@ -148,10 +165,7 @@ fn median(v: &[f64]) -> Option<f64> {
 }
 
 /// A median and, over several rounds, their range: "2.20 (2.10-2.31)".
-fn cell(median: &Option<f64>, all: &[f64], digits: usize) -> String {
-    let Some(m) = median else {
-        return "none".to_owned();
-    };
+fn cell(m: f64, all: &[f64], digits: usize) -> String {
     let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if all.len() > 1 {
@@ -161,8 +175,15 @@ fn cell(median: &Option<f64>, all: &[f64], digits: usize) -> String {
     }
 }
 
-/// One round of one carrier on a bed of its own.
-fn sample(carrier: Carrier, tools: &Tools, seconds: u64, gro: bool) -> anyhow::Result<Sample> {
+/// One round of one carrier on a bed of its own; with `profile`, `perf record` samples the
+/// whole machine into that file while the one-stream run lasts.
+fn sample(
+    carrier: Carrier,
+    tools: &Tools,
+    seconds: u64,
+    gro: bool,
+    profile: Option<&std::path::Path>,
+) -> anyhow::Result<Sample> {
     let opts = tuned("", gro);
     let (bed, rival) = match carrier {
         Carrier::Plain => (quick_bed(&opts, true, None)?, None),
@@ -187,7 +208,28 @@ fn sample(carrier: Carrier, tools: &Tools, seconds: u64, gro: bool) -> anyhow::R
         }
     };
     let before = overflows()?;
-    let (tcp1, cpu) = cpu_during(pid, || measure::tcp(&bed, 1, seconds))?;
+    let (tcp1, cpu) = cpu_during(pid, || {
+        let Some(file) = profile else {
+            return measure::tcp(&bed, 1, seconds);
+        };
+        let out = file.to_str().context("path")?;
+        let mut cmd = std::process::Command::new("perf");
+        cmd.args(["record", "-a", "-g", "-F", "499", "-q", "-o", out])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let recorder =
+            cyphonic_e2e::Proc::from_child(cmd.spawn().context("starting perf")?, "perf");
+        let run = measure::tcp(&bed, 1, seconds);
+        // perf exits with the interrupt's status; what it wrote is what counts.
+        let stopped = recorder.stop("INT", Duration::from_secs(30))?;
+        anyhow::ensure!(
+            std::fs::metadata(file).is_ok_and(|m| m.len() > 0),
+            "perf record wrote nothing: {}",
+            String::from_utf8_lossy(&stopped.stderr)
+        );
+        run
+    })?;
     let tcp4 = measure::tcp(&bed, 4, seconds)?;
     let after_tcp = overflows()?;
     let (udp, _) = measure::udp_search(&bed, &UDP_RATES, UDP_SIZE, 3)?;
