@@ -197,7 +197,11 @@ pub(crate) fn tune(
     let (t1, t1_cpu) = cpu_during(pid, || measure::tcp(&bed, 1, seconds))?;
     let t4 = measure::tcp(&bed, 4, seconds)?;
     let loaded = measure::ping_under_load(&bed, 3)?;
-    let (u, u_cpu) = cpu_during(pid, || measure::udp(&bed, udp_mbps, UDP_SIZE, 3))?;
+    let machine = machine_ticks()?;
+    let ((u, u_cpu), u_threads) = threads_during(pid, || {
+        cpu_during(pid, || measure::udp(&bed, udp_mbps, UDP_SIZE, 3))
+    })?;
+    let machine = machine_ticks()?.since(machine)?;
     println!(
         "{}: idle RTT {:.3}/{:.3} ms | TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr) | loaded RTT {:.3}/{:.3} ms | UDP {:.0}->{:.0} Mbit/s ({:.2}% lost, {} ooo)",
         if plain {
@@ -223,6 +227,15 @@ pub(crate) fn tune(
             "  adapter A CPU: {t1_cpu:.0}% of a core in TCP1 ({:.0}% per Gbit/s), {u_cpu:.0}% in UDP ({:.0}% per Gbit/s)",
             t1_cpu / t1.gbps,
             u_cpu / (u.received_mbps / 1000.0)
+        );
+        let threads: Vec<String> = u_threads
+            .iter()
+            .map(|(name, pct)| format!("{name} {pct:.0}%"))
+            .collect();
+        println!(
+            "  adapter A's threads in UDP (% of a core): {}; the machine's cores {:.0}% busy",
+            threads.join(", "),
+            machine
         );
         let s = bed.status(Side::A)?;
         let p = &s["pipelines"];
@@ -269,6 +282,64 @@ pub(crate) fn cpu_during<T>(
     let out = run()?;
     let spent = ticks()?.saturating_sub(c0) as f64 / fleet::ticks_per_second();
     Ok((out, 100.0 * spent / t0.elapsed().as_secs_f64()))
+}
+
+/// The machine's CPU time so far (`/proc/stat`'s first line): busy and all ticks.
+#[derive(Debug, Clone, Copy)]
+struct MachineTicks {
+    busy: u64,
+    all: u64,
+}
+
+fn machine_ticks() -> anyhow::Result<MachineTicks> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("an empty /proc/stat")?;
+    // cpu user nice system idle iowait irq softirq steal ...
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("/proc/stat's line {line:?}"))?;
+    anyhow::ensure!(fields.len() >= 5, "/proc/stat's line {line:?}");
+    let all: u64 = fields.iter().sum();
+    Ok(MachineTicks {
+        busy: all - fields[3] - fields[4],
+        all,
+    })
+}
+
+impl MachineTicks {
+    /// The share of the machine's CPU time that was busy since `before`, %.
+    fn since(self, before: Self) -> anyhow::Result<f64> {
+        let all = self.all.saturating_sub(before.all);
+        anyhow::ensure!(all > 0, "no CPU time passed");
+        Ok(100.0 * self.busy.saturating_sub(before.busy) as f64 / all as f64)
+    }
+}
+
+/// What `run` gives, and the CPU each thread of process `pid` used meanwhile (threads of
+/// one name summed), % of a core, busiest first; none without a process.
+fn threads_during<T>(
+    pid: Option<u32>,
+    run: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Vec<(String, f64)>)> {
+    let ticks = || pid.map(cyphonic_e2e::attack::thread_ticks).transpose();
+    let (t0, before) = (std::time::Instant::now(), ticks()?);
+    let out = run()?;
+    let (Some(before), Some(after)) = (before, ticks()?) else {
+        return Ok((out, Vec::new()));
+    };
+    let seconds = t0.elapsed().as_secs_f64() * fleet::ticks_per_second();
+    let mut spent: Vec<(String, f64)> = after
+        .into_iter()
+        .map(|(name, t)| {
+            let was = before.get(&name).copied().unwrap_or(0);
+            (name, 100.0 * t.saturating_sub(was) as f64 / seconds)
+        })
+        .collect();
+    spent.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok((out, spent))
 }
 
 /// See `Command::Flood`.
