@@ -103,6 +103,11 @@ impl Carrying {
         self.daemons[0].pid()
     }
 
+    /// The PID of site B's daemon.
+    pub fn pid_b(&self) -> u32 {
+        self.daemons[1].pid()
+    }
+
     /// Both daemons' logs, for failure messages.
     pub fn logs(&self) -> String {
         ["a", "b"]

@@ -196,11 +196,18 @@ fn sample(
         }
     };
     measure::warm_up(&bed)?;
-    let pid = match (&rival, carrier) {
-        (Some(r), _) => Some(r.pid_a()),
-        (None, Carrier::Cyphonic) => bed.a.adapter.as_ref().map(cyphonic_e2e::Proc::pid),
+    // The gateways' processes: A's, whose CPU the table counts, and B's.
+    let pids = match (&rival, carrier) {
+        (Some(r), _) => Some((r.pid_a(), r.pid_b())),
+        (None, Carrier::Cyphonic) => bed
+            .a
+            .adapter
+            .as_ref()
+            .zip(bed.b.adapter.as_ref())
+            .map(|(a, b)| (a.pid(), b.pid())),
         _ => None,
     };
+    let pid = pids.map(|(a, _)| a);
     let overflows = || -> anyhow::Result<Option<u64>> {
         match carrier {
             Carrier::Cyphonic => Ok(Some(bed.counter(Side::A, "drop_capture_overflow")?)),
@@ -230,6 +237,14 @@ fn sample(
         );
         run
     })?;
+    if let (Some(file), Some((a, b))) = (profile, pids) {
+        eprintln!(
+            "cyphonic-bed rivals: {}, {}: {}",
+            carrier.name(),
+            file.display(),
+            split_samples(file, [a, b], tcp1.gbps)?
+        );
+    }
     let tcp4 = measure::tcp(&bed, 4, seconds)?;
     let after_tcp = overflows()?;
     let (udp, _) = measure::udp_search(&bed, &UDP_RATES, UDP_SIZE, 3)?;
@@ -248,4 +263,53 @@ fn sample(
         cpu_per_gbit: pid.map(|_| cpu / tcp1.gbps),
         overflows,
     })
+}
+
+/// Where `file`'s samples (`perf record -a` on every core) fell: in each of the two gateways'
+/// processes, in their own code (user) and in the kernel, as cores and as microseconds per
+/// 1,420-byte packet at `gbps`; and on no task (idle).
+fn split_samples(file: &std::path::Path, [a, b]: [u32; 2], gbps: f64) -> anyhow::Result<String> {
+    let out = std::process::Command::new("perf")
+        .args(["script", "-G", "-F", "pid,ip,dso", "-i"])
+        .arg(file)
+        .output()
+        .context("running perf script")?;
+    anyhow::ensure!(out.status.success(), "perf script failed");
+    // "  <pid>  <ip> (<dso>)": [a user, a kernel, b user, b kernel, idle], and all.
+    let (mut counts, mut all) = ([0u64; 5], 0u64);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let mut words = line.split_whitespace();
+        let Some(Ok(pid)) = words.next().map(str::parse::<u32>) else {
+            continue;
+        };
+        let kernel = line.contains("([kernel");
+        all += 1;
+        let at = match pid {
+            0 => 4,
+            p if p == a => usize::from(kernel),
+            p if p == b => 2 + usize::from(kernel),
+            _ => continue,
+        };
+        counts[at] += 1;
+    }
+    anyhow::ensure!(all > 0, "no samples in {}", file.display());
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let share = |n: u64| cores * n as f64 / all as f64;
+    let per_packet = |c: f64| 1e6 * c / (gbps * 1e9 / 8.0 / 1420.0);
+    let side = |name: &str, user: u64, kernel: u64| {
+        let (u, k) = (share(user), share(kernel));
+        format!(
+            "{name} {:.2} cores ({u:.2} user + {k:.2} kernel), {:.1} us per packet ({:.1} + {:.1})",
+            u + k,
+            per_packet(u + k),
+            per_packet(u),
+            per_packet(k)
+        )
+    };
+    Ok(format!(
+        "{}; {}; idle {:.2} cores ({all} samples, {gbps:.2} Gbit/s)",
+        side("gateway A", counts[0], counts[1]),
+        side("gateway B", counts[2], counts[3]),
+        share(counts[4])
+    ))
 }
