@@ -165,11 +165,11 @@ pub(crate) fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
         };
         // Two seconds: the cookie-answering sources need their cookies first.
         std::thread::sleep(Duration::from_secs(if sources > 0 { 2 } else { 1 }));
-        let counter = |name: &str| bed.counter(Side::B, name).unwrap_or(0);
+        let counter = |name: &str| bed.counter(Side::B, name);
         let (checked0, cookies0, dhcp0) = (
-            counter("handshake_inits"),
-            counter("cookie_replies_sent"),
-            counter("dhcp_sent"),
+            counter("handshake_inits")?,
+            counter("cookie_replies_sent")?,
+            counter("dhcp_sent")?,
         );
         let ticks0 = attack::thread_ticks(pid)?;
         let start = Instant::now();
@@ -238,10 +238,10 @@ pub(crate) fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
             control_cpu_pct: cpu("control"),
             handshake_cpu_pct: cpu("cy-handshake"),
             receive_cpu_pct: cpu("cy-udp-rx"),
-            checked: counter("handshake_inits") - checked0,
-            cookie_replies: counter("cookie_replies_sent") - cookies0,
+            checked: counter("handshake_inits")? - checked0,
+            cookie_replies: counter("cookie_replies_sent")? - cookies0,
             dhcp_asked: asked,
-            dhcp_answered: counter("dhcp_sent") - dhcp0,
+            dhcp_answered: counter("dhcp_sent")? - dhcp0,
         });
     }
     Ok(AttackReport {

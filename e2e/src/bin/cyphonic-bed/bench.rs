@@ -61,9 +61,9 @@ pub(crate) fn ablation_run(opts: &BedOptions, seconds: u64) -> anyhow::Result<Ab
 
 /// Packets adapter A's egress pipeline emitted out of order so far.
 pub(crate) fn egress_out_of_order(bed: &TwoSites) -> anyhow::Result<u64> {
-    Ok(bed.status(Side::A)?["pipelines"]["egress"]["out_of_order"]
+    bed.status(Side::A)?["pipelines"]["egress"]["out_of_order"]
         .as_u64()
-        .unwrap_or(u64::MAX))
+        .context("adapter A's status has no pipelines.egress.out_of_order")
 }
 
 pub(crate) fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
@@ -117,11 +117,11 @@ pub(crate) fn bench(seconds: u64) -> anyhow::Result<BenchReport> {
     let (tunnel_gro, cut) = {
         let bed = TwoSites::up(&gro_on)?;
         let r = measure_gro(&bed, seconds)?;
-        let count = |k: &str| bed.counter(Side::A, k).unwrap_or(0);
+        let count = |k: &str| bed.counter(Side::A, k);
         let cut = Cut {
-            coalesced: count("coalesced"),
-            segments: count("segments"),
-            refused: count("drop_coalesced"),
+            coalesced: count("coalesced")?,
+            segments: count("segments")?,
+            refused: count("drop_coalesced")?,
             out_of_order: egress_out_of_order(&bed)?,
         };
         (r, cut)
