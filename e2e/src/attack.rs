@@ -363,6 +363,23 @@ pub fn open_fds(pid: u32) -> anyhow::Result<usize> {
         .count())
 }
 
+/// What each thread name used between two [`thread_ticks`] readings `seconds` apart, % of
+/// a core; a thread that began in between counts from 0.
+pub fn thread_percent(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    seconds: f64,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(name, &t)| {
+            let was = before.get(name).copied().unwrap_or(0);
+            let used = t.saturating_sub(was) as f64 / TICKS_PER_SEC / seconds;
+            (name.clone(), 100.0 * used)
+        })
+        .collect()
+}
+
 /// CPU time (user and system, in clock ticks) each thread of process `pid` has used, by
 /// thread name; the main thread (the daemons' control thread) is named `control`. Threads of
 /// one name (the crypto workers) are summed.

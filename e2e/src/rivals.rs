@@ -144,6 +144,8 @@ pub fn carry(bed: &TwoSites, rival: Rival, tools: &Tools) -> anyhow::Result<Carr
         Rival::WireguardGo | Rival::Boringtun { .. } => wireguard(&sites, rival, tools, &scratch)?,
         Rival::Nebula => nebula(&sites, tools, &scratch)?,
     };
+    let daemons = <[Proc; 2]>::try_from(daemons)
+        .map_err(|d| anyhow::anyhow!("{} daemons started, not two", d.len()))?;
     let carrying = Carrying { daemons, scratch };
     // Nebula brings its device up with its certificate's address and routes its unsafe
     // networks itself; the WireGuard ones leave that to us.
@@ -205,7 +207,7 @@ fn wireguard(
     rival: Rival,
     tools: &Tools,
     dir: &TempDir,
-) -> anyhow::Result<[Proc; 2]> {
+) -> anyhow::Result<Vec<Proc>> {
     let keys = [wg_keys(dir.path(), "a")?, wg_keys(dir.path(), "b")?];
     let mut daemons = Vec::new();
     for (i, site) in sites.iter().enumerate() {
@@ -265,13 +267,12 @@ fn wireguard(
             ],
         )?;
     }
-    let [a, b]: [Proc; 2] = daemons.try_into().map_err(|_| anyhow::anyhow!("two"))?;
-    Ok([a, b])
+    Ok(daemons)
 }
 
 /// Nebula at both sites: a CA of its own, each site's certificate carrying its LAN as an
 /// unsafe network, each the other's static host (no lighthouse), every flow allowed.
-fn nebula(sites: &[&Site; 2], tools: &Tools, dir: &TempDir) -> anyhow::Result<[Proc; 2]> {
+fn nebula(sites: &[&Site; 2], tools: &Tools, dir: &TempDir) -> anyhow::Result<Vec<Proc>> {
     let cert = tools.program("nebula-cert")?;
     let path = |name: &str| -> anyhow::Result<String> {
         dir.path()
@@ -347,8 +348,7 @@ fn nebula(sites: &[&Site; 2], tools: &Tools, dir: &TempDir) -> anyhow::Result<[P
             DEVICES[i],
         )?);
     }
-    let [a, b]: [Proc; 2] = daemons.try_into().map_err(|_| anyhow::anyhow!("two"))?;
-    Ok([a, b])
+    Ok(daemons)
 }
 
 /// Waits up to 10 s for lanA's host to reach lanB's through the bed (a rival's handshake).

@@ -217,11 +217,8 @@ pub(crate) fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
         // The last replies are on their way for a moment.
         std::thread::sleep(Duration::from_millis(300));
         let ticks1 = attack::thread_ticks(pid)?;
-        let cpu = |name: &str| {
-            let used =
-                ticks1.get(name).copied().unwrap_or(0) - ticks0.get(name).copied().unwrap_or(0);
-            used as f64 / attack::TICKS_PER_SEC / elapsed * 100.0
-        };
+        let percent = attack::thread_percent(&ticks0, &ticks1, elapsed);
+        let cpu = |name: &str| percent.get(name).copied().unwrap_or(0.0);
         let sent = match flood {
             Some(f) => f
                 .join()

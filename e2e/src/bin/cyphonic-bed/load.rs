@@ -330,14 +330,10 @@ fn threads_during<T>(
     let (Some(before), Some(after)) = (before, ticks()?) else {
         return Ok((out, Vec::new()));
     };
-    let seconds = t0.elapsed().as_secs_f64() * fleet::ticks_per_second();
-    let mut spent: Vec<(String, f64)> = after
-        .into_iter()
-        .map(|(name, t)| {
-            let was = before.get(&name).copied().unwrap_or(0);
-            (name, 100.0 * t.saturating_sub(was) as f64 / seconds)
-        })
-        .collect();
+    let mut spent: Vec<(String, f64)> =
+        cyphonic_e2e::attack::thread_percent(&before, &after, t0.elapsed().as_secs_f64())
+            .into_iter()
+            .collect();
     spent.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok((out, spent))
 }
