@@ -124,7 +124,9 @@ fn tcp_report(r: &serde_json::Value) -> anyhow::Result<Tcp> {
             .as_f64()
             .context("no bits_per_second")?
             / 1e9,
-        retransmits: r["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0),
+        retransmits: r["end"]["sum_sent"]["retransmits"]
+            .as_u64()
+            .context("no retransmits")?,
     })
 }
 
@@ -159,17 +161,22 @@ pub fn udp(bed: &TwoSites, mbps: u64, size: usize, seconds: u64) -> anyhow::Resu
                 .context("an iperf3 stream without out_of_order")
         })
         .sum::<anyhow::Result<u64>>()?;
+    // Each figure from the report, or an error: a missing one read as 0 (or as 100% lost)
+    // would be a measurement nobody made.
     let received = r["end"]["sum_received"]["bits_per_second"]
         .as_f64()
-        .or_else(|| sent["bits_per_second"].as_f64())
-        .unwrap_or(0.0);
+        .context("no sum_received.bits_per_second")?;
+    let offered = sent["bits_per_second"]
+        .as_f64()
+        .context("no sum.bits_per_second")?;
+    let loss_pct = streams
+        .first()
+        .and_then(|s| s["udp"]["lost_percent"].as_f64())
+        .context("no lost_percent")?;
     Ok(Udp {
-        offered_mbps: sent["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
+        offered_mbps: offered / 1e6,
         received_mbps: received / 1e6,
-        loss_pct: streams
-            .first()
-            .and_then(|s| s["udp"]["lost_percent"].as_f64())
-            .unwrap_or(100.0),
+        loss_pct,
         out_of_order,
     })
 }
@@ -361,22 +368,29 @@ pub struct Waits {
 
 impl Waits {
     /// Reads pipeline `dir` (`egress`, `ingress`) out of a daemon's status document.
-    #[must_use]
-    pub fn read(status: &serde_json::Value, dir: &str) -> Self {
+    ///
+    /// # Errors
+    /// The document has no such waits, or a stage lacks one of its figures (read as 0, it
+    /// would be a wait nobody measured).
+    pub fn read(status: &serde_json::Value, dir: &str) -> anyhow::Result<Self> {
         let mut stages = std::collections::BTreeMap::new();
-        if let Some(waits) = status["pipelines"][dir]["waits"].as_object() {
-            for (name, w) in waits {
-                let packets = w["packets"].as_u64().unwrap_or(0);
-                #[expect(clippy::cast_precision_loss, reason = "a mean")]
-                let total = w["mean_us"].as_f64().unwrap_or(0.0) * packets as f64;
-                let hist = w["histogram_log2_us"]
-                    .as_array()
-                    .map(|b| b.iter().map(|v| v.as_u64().unwrap_or(0)).collect())
-                    .unwrap_or_default();
-                stages.insert(name.clone(), (packets, total, hist));
-            }
+        let waits = status["pipelines"][dir]["waits"]
+            .as_object()
+            .with_context(|| format!("no pipelines.{dir}.waits"))?;
+        for (name, w) in waits {
+            let what = |field: &str| format!("pipelines.{dir}.waits.{name} without {field}");
+            let packets = w["packets"].as_u64().with_context(|| what("packets"))?;
+            #[expect(clippy::cast_precision_loss, reason = "a mean")]
+            let total = w["mean_us"].as_f64().with_context(|| what("mean_us"))? * packets as f64;
+            let hist = w["histogram_log2_us"]
+                .as_array()
+                .with_context(|| what("histogram_log2_us"))?
+                .iter()
+                .map(|v| v.as_u64().with_context(|| what("a whole-number bucket")))
+                .collect::<anyhow::Result<Vec<u64>>>()?;
+            stages.insert(name.clone(), (packets, total, hist));
         }
-        Self { stages }
+        Ok(Self { stages })
     }
 
     /// What was counted after `before` was read.
@@ -578,19 +592,23 @@ mod tests {
                 "total": {"packets": n, "mean_us": mean, "histogram_log2_us": hist}
             }}}})
         };
-        let before = Waits::read(&doc(10, 2.0, &[0, 10, 0]), "egress");
-        let after = Waits::read(&doc(20, 11.0, &[0, 10, 10]), "egress");
+        let before = Waits::read(&doc(10, 2.0, &[0, 10, 0]), "egress").unwrap();
+        let after = Waits::read(&doc(20, 11.0, &[0, 10, 10]), "egress").unwrap();
         let s = after.since(&before).summary(0.5);
         assert_eq!(s.len(), 1);
         let (name, n, mean, p50) = &s[0];
         assert_eq!((name.as_str(), *n, *p50), ("total", 10, Some(4)));
         // (20 * 11 - 10 * 2) / 10
         assert!((mean - 20.0).abs() < 1e-9, "{mean}");
-        assert!(
-            Waits::read(&doc(1, 1.0, &[1]), "ingress")
-                .summary(0.5)
-                .is_empty()
-        );
+        // A pipeline the document does not describe, or a stage without a figure, is an
+        // error, never an empty or zero reading.
+        assert!(Waits::read(&doc(1, 1.0, &[1]), "ingress").is_err());
+        let mut partial = doc(1, 1.0, &[1]);
+        partial["pipelines"]["egress"]["waits"]["total"]
+            .as_object_mut()
+            .unwrap()
+            .remove("mean_us");
+        assert!(Waits::read(&partial, "egress").is_err());
     }
 
     #[test]

@@ -369,13 +369,21 @@ pub(crate) fn flood(
         })
     };
     let host = bed.b.host_ip.to_string();
-    let sparse = |bed: &TwoSites| -> (u64, u64) {
-        bed.status(Side::A).map_or((0, 0), |s| {
-            (
-                s["counters"]["drop_sparse_overflow"].as_u64().unwrap_or(0),
-                s["pipelines"]["egress"]["lane"].as_u64().unwrap_or(0),
-            )
-        })
+    // Plain routing has no adapter, hence no sparse side: (0, 0). An adapter's counters are
+    // read strictly (a missing one is an error, not a zero).
+    let sparse = |bed: &TwoSites| -> anyhow::Result<(u64, u64)> {
+        if plain {
+            return Ok((0, 0));
+        }
+        let s = bed.status(Side::A)?;
+        Ok((
+            s["counters"]["drop_sparse_overflow"]
+                .as_u64()
+                .context("no counters.drop_sparse_overflow")?,
+            s["pipelines"]["egress"]["lane"]
+                .as_u64()
+                .context("no pipelines.egress.lane")?,
+        ))
     };
     for round in 1..=rounds {
         let alone = measure::tcp(&bed, 1, seconds)?;
@@ -383,7 +391,7 @@ pub(crate) fn flood(
             "round {round}: 1 TCP stream alone {:.2} Gbit/s ({} retransmits)",
             alone.gbps, alone.retransmits
         );
-        let (before, ticks) = (sparse(&bed), sparse_ticks()?);
+        let (before, ticks) = (sparse(&bed)?, sparse_ticks()?);
         let server = bed.b.lan.spawn("iperf3", &["-s", "-1", "-p", "53"])?;
         std::thread::sleep(Duration::from_millis(300));
         let secs = (seconds + 3).to_string();
@@ -398,7 +406,7 @@ pub(crate) fn flood(
         let out = flood.wait(Duration::from_secs(seconds + 20))?;
         drop(server);
         let beside = beside?;
-        let (after, ticks) = (sparse(&bed), sparse_ticks()? - ticks);
+        let (after, ticks) = (sparse(&bed)?, sparse_ticks()? - ticks);
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
             format!(
                 "iperf3 gave no JSON: {}",
@@ -406,8 +414,12 @@ pub(crate) fn flood(
             )
         })?;
         let end = &report["end"];
-        let sent = end["sum"]["packets"].as_u64().unwrap_or(0);
-        let lost = end["sum"]["lost_packets"].as_u64().unwrap_or(0);
+        let sent = end["sum"]["packets"]
+            .as_u64()
+            .context("the flood's report without sum.packets")?;
+        let lost = end["sum"]["lost_packets"]
+            .as_u64()
+            .context("the flood's report without sum.lost_packets")?;
         let flood_secs = (seconds + 3) as f64;
         println!(
             "  beside the flood {:.2} Gbit/s ({} retransmits), {:.0}% of alone; the flood: {} datagrams sent ({:.0} a second), {} arrived, {} lost; adapter A's sparse side: {} taken by its lane, {} dropped at its socket; its thread {:.0}% of a core",
@@ -461,16 +473,20 @@ pub(crate) fn latency(
         let (a, b) = (bed.status(Side::A)?, bed.status(Side::B)?);
         Ok(Some((
             vec![
-                ("A egress", measure::Waits::read(&a, "egress")),
-                ("B ingress", measure::Waits::read(&b, "ingress")),
-                ("B egress", measure::Waits::read(&b, "egress")),
-                ("A ingress", measure::Waits::read(&a, "ingress")),
+                ("A egress", measure::Waits::read(&a, "egress")?),
+                ("B ingress", measure::Waits::read(&b, "ingress")?),
+                ("B egress", measure::Waits::read(&b, "egress")?),
+                ("A ingress", measure::Waits::read(&a, "ingress")?),
             ],
-            a["pipelines"]["egress"]["express"].as_u64().unwrap_or(0),
+            a["pipelines"]["egress"]["express"]
+                .as_u64()
+                .context("no pipelines.egress.express")?,
             a["pipelines"]["egress"]["drops"]["congestion"]
                 .as_u64()
-                .unwrap_or(0),
-            b["pipelines"]["ingress"]["lane"].as_u64().unwrap_or(0),
+                .context("no pipelines.egress.drops.congestion")?,
+            b["pipelines"]["ingress"]["lane"]
+                .as_u64()
+                .context("no pipelines.ingress.lane")?,
         )))
     };
     let waits = |before: Option<Snapshot>, after: Option<Snapshot>| {
