@@ -135,6 +135,20 @@ fn tcp_report(r: &serde_json::Value) -> anyhow::Result<Tcp> {
 /// # Errors
 /// iperf3 fails.
 pub fn udp(bed: &TwoSites, mbps: u64, size: usize, seconds: u64) -> anyhow::Result<Udp> {
+    udp_at(bed, mbps, size, seconds, Priority::Default)
+}
+
+/// [`udp`] with both iperf3 ends at `priority`.
+///
+/// # Errors
+/// iperf3 fails.
+pub fn udp_at(
+    bed: &TwoSites,
+    mbps: u64,
+    size: usize,
+    seconds: u64,
+    priority: Priority,
+) -> anyhow::Result<Udp> {
     let rate = if mbps == 0 {
         "0".to_owned()
     } else {
@@ -143,12 +157,15 @@ pub fn udp(bed: &TwoSites, mbps: u64, size: usize, seconds: u64) -> anyhow::Resu
     let len = size.to_string();
     // 2 MiB socket buffers: with the default ~208 KB the iperf3 receiver itself drops bursts,
     // which would measure iperf3, not the path.
-    let r = iperf3(
+    let r = IperfRun::start_at(
         bed,
         Side::B,
         &["-u", "-b", &rate, "-l", &len, "-w", "2M"],
         seconds,
-    )?;
+        priority,
+    )?
+    .finish()
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", bed.logs()))?;
     let sent = &r["end"]["sum"];
     let streams = r["end"]["streams"].as_array().context("no streams")?;
     // Per stream only (iperf3's sum has no such field); a stream without it is an error, not

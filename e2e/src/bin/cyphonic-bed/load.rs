@@ -181,14 +181,25 @@ pub(crate) fn link_counts(link: Option<&ImpairedLink>) -> String {
     text
 }
 
+/// How `tune` runs and looks at its UDP measurement: see [`Command::Tune`].
+pub(crate) struct UdpLook {
+    pub hosts_idle: bool,
+    pub capture_nice: Option<i32>,
+    pub sched: Option<std::path::PathBuf>,
+}
+
 /// `cyphonic-bed tune`: see [`Command::Tune`].
 pub(crate) fn tune(
     dataplane: &str,
     seconds: u64,
     udp_mbps: u64,
-    gro: bool,
-    plain: bool,
+    (gro, plain): (bool, bool),
+    look: &UdpLook,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !(plain && (look.sched.is_some() || look.capture_nice.is_some())),
+        "--sched and --capture-nice look at adapter A's capture thread: plain routing has none"
+    );
     let bed = quick_bed(&tuned(dataplane, gro), plain, None)?;
     measure::warm_up(&bed)?;
     // Adapter A's CPU while a measurement ran, % of a core (plain routing has none).
@@ -197,11 +208,51 @@ pub(crate) fn tune(
     let (t1, t1_cpu) = cpu_during(pid, || measure::tcp(&bed, 1, seconds))?;
     let t4 = measure::tcp(&bed, 4, seconds)?;
     let loaded = measure::ping_under_load(&bed, 3)?;
+    let capture = match pid {
+        Some(pid) => Some(thread_named(pid, "cy-capture")?),
+        None => None,
+    };
+    if let Some(nice) = look.capture_nice {
+        let tid = capture.context("--capture-nice: plain routing has no capture thread")?;
+        let out = std::process::Command::new("renice")
+            .args(["-n", &nice.to_string(), "-p", &tid.to_string()])
+            .output()
+            .context("running renice")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "renice: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let priority = if look.hosts_idle {
+        Priority::Idle
+    } else {
+        Priority::Default
+    };
     let machine = machine_ticks()?;
+    let recorder = look
+        .sched
+        .as_deref()
+        .map(|file| Recording::start(&["sched", "record", "-a"], file))
+        .transpose()?;
     let ((u, u_cpu), u_threads) = threads_during(pid, || {
-        cpu_during(pid, || measure::udp(&bed, udp_mbps, UDP_SIZE, 3))
+        cpu_during(pid, || {
+            measure::udp_at(&bed, udp_mbps, UDP_SIZE, 3, priority)
+        })
     })?;
     let machine = machine_ticks()?.since(machine)?;
+    let waited = match (recorder, &look.sched) {
+        (Some(recorder), Some(file)) => {
+            recorder.finish()?;
+            let tid = capture.context("--sched: plain routing has no capture thread")?;
+            let gateways: Vec<(u32, &str)> = [(&bed.a, "A"), (&bed.b, "B")]
+                .into_iter()
+                .filter_map(|(site, name)| Some((site.adapter.as_ref()?.pid(), name)))
+                .collect();
+            Some(sched::read(file, tid, &gateways)?.summary("adapter A's capture thread"))
+        }
+        _ => None,
+    };
     println!(
         "{}: idle RTT {:.3}/{:.3} ms | TCP1 {:.2} Gbit/s ({} retr) | TCP4 {:.2} Gbit/s ({} retr) | loaded RTT {:.3}/{:.3} ms | UDP {:.0}->{:.0} Mbit/s ({:.2}% lost, {} ooo)",
         if plain {
@@ -256,6 +307,9 @@ pub(crate) fn tune(
             s["counters"]["segments"],
             s["counters"]["drop_coalesced"]
         );
+        if let Some(waited) = waited {
+            println!("  in UDP, {waited}");
+        }
         let b = bed.status(Side::B)?;
         println!(
             "  adapter B: merged frames to the LAN {} carrying {} segments, lan_sent {}, lan_send_failed {}, drop_pipeline_full {} (ingress for bytes {}, time {}; buffers {})",
@@ -270,6 +324,58 @@ pub(crate) fn tune(
         );
     }
     Ok(())
+}
+
+/// The thread of process `pid` named `name` (its first, if several are).
+///
+/// # Errors
+/// The process is gone, or has no such thread.
+fn thread_named(pid: u32, name: &str) -> anyhow::Result<u32> {
+    let dir = format!("/proc/{pid}/task");
+    for task in std::fs::read_dir(&dir).with_context(|| dir.clone())? {
+        let task = task?;
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name
+            && let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok())
+        {
+            return Ok(tid);
+        }
+    }
+    anyhow::bail!("process {pid} has no thread {name}")
+}
+
+/// A `perf` recording of the whole machine into a file, until [`Recording::finish`].
+pub(crate) struct Recording<'a> {
+    file: &'a std::path::Path,
+    perf: cyphonic_e2e::Proc,
+}
+
+impl<'a> Recording<'a> {
+    /// Starts `perf <args> -o file` (`args` from `record` or `sched record` on).
+    pub(crate) fn start(args: &[&str], file: &'a std::path::Path) -> anyhow::Result<Self> {
+        let mut cmd = std::process::Command::new("perf");
+        cmd.args(args)
+            .args(["-q", "-o"])
+            .arg(file)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let perf = cyphonic_e2e::Proc::from_child(cmd.spawn().context("starting perf")?, "perf");
+        Ok(Self { file, perf })
+    }
+
+    /// Stops it; its file must hold something.
+    pub(crate) fn finish(self) -> anyhow::Result<()> {
+        // perf exits with the interrupt's status; what it wrote is what counts.
+        let stopped = self.perf.stop("INT", Duration::from_secs(30))?;
+        anyhow::ensure!(
+            std::fs::metadata(self.file).is_ok_and(|m| m.len() > 0),
+            "perf wrote nothing into {}: {}",
+            self.file.display(),
+            String::from_utf8_lossy(&stopped.stderr)
+        );
+        Ok(())
+    }
 }
 
 /// What `run` gives, and the CPU process `pid` used meanwhile, % of a core (0 without one).

@@ -23,6 +23,7 @@ mod bench;
 mod demo;
 mod load;
 mod rivals;
+mod sched;
 mod tables;
 
 use {attack::*, bench::*, demo::*, load::*, rivals::*, tables::*};
@@ -103,6 +104,19 @@ enum Command {
         /// Plain kernel routing instead of the tunnel (the baseline).
         #[arg(long)]
         plain: bool,
+        /// The UDP run's two iperf3 ends at idle priority (`chrt --idle 0`), as if the LAN
+        /// hosts were machines of their own.
+        #[arg(long)]
+        hosts_idle: bool,
+        /// Adapter A's capture thread at this nice value for the UDP run (negative: ahead of
+        /// the others; needs root).
+        #[arg(long, allow_hyphen_values = true)]
+        capture_nice: Option<i32>,
+        /// Record the scheduler (`perf sched record -a`) into this file while the UDP run
+        /// lasts, then say how adapter A's capture thread waited to run and who held the
+        /// CPUs meanwhile.
+        #[arg(long)]
+        sched: Option<std::path::PathBuf>,
     },
     /// Where a sparse flow waits while a bulk one runs: RTT idle (`count` pings 10 ms
     /// apart), then while one TCP stream runs with its two ends at default priority and at
@@ -550,7 +564,20 @@ fn main() -> ExitCode {
             udp,
             gro,
             plain,
-        } => tune(&dataplane, seconds, udp, gro, plain),
+            hosts_idle,
+            capture_nice,
+            sched,
+        } => tune(
+            &dataplane,
+            seconds,
+            udp,
+            (gro, plain),
+            &UdpLook {
+                hosts_idle,
+                capture_nice,
+                sched,
+            },
+        ),
         Command::Latency {
             count,
             seconds,

@@ -219,22 +219,9 @@ fn sample(
         let Some(file) = profile else {
             return measure::tcp(&bed, 1, seconds);
         };
-        let out = file.to_str().context("path")?;
-        let mut cmd = std::process::Command::new("perf");
-        cmd.args(["record", "-a", "-g", "-F", "499", "-q", "-o", out])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        let recorder =
-            cyphonic_e2e::Proc::from_child(cmd.spawn().context("starting perf")?, "perf");
+        let recorder = Recording::start(&["record", "-a", "-g", "-F", "499"], file)?;
         let run = measure::tcp(&bed, 1, seconds);
-        // perf exits with the interrupt's status; what it wrote is what counts.
-        let stopped = recorder.stop("INT", Duration::from_secs(30))?;
-        anyhow::ensure!(
-            std::fs::metadata(file).is_ok_and(|m| m.len() > 0),
-            "perf record wrote nothing: {}",
-            String::from_utf8_lossy(&stopped.stderr)
-        );
+        recorder.finish()?;
         run
     })?;
     if let (Some(file), Some((a, b))) = (profile, pids) {
