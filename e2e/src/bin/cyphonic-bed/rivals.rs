@@ -252,51 +252,131 @@ fn sample(
     })
 }
 
+/// The kinds of work [`split_samples`] tells apart, in its order.
+const WORK: [&str; 6] = [
+    "AEAD",
+    "our copies",
+    "checksums",
+    "our other work",
+    "the kernel's copies",
+    "the kernel's other work",
+];
+
+/// Which of [`WORK`] a sample in `sym` is, in the kernel or not.
+fn work_of(sym: &str, kernel: bool) -> usize {
+    let sym = sym.to_ascii_lowercase();
+    let any = |names: &[&str]| names.iter().any(|n| sym.contains(n));
+    if any(&["chacha", "poly1305"]) {
+        0
+    } else if any(&["checksum", "csum"]) {
+        2
+    } else if kernel && any(&["_copy_to_iter", "_copy_from_iter", "copy_user"]) {
+        4
+    } else if kernel {
+        5
+    } else if any(&["memmove", "memcpy"]) {
+        1
+    } else {
+        3
+    }
+}
+
 /// Where `file`'s samples (`perf record -a` on every core) fell: in each of the two gateways'
 /// processes, in their own code (user) and in the kernel, as cores and as microseconds per
-/// 1,420-byte packet at `gbps`; and on no task (idle).
+/// 1,420-byte packet at `gbps`, then by kind of work ([`WORK`]); and on no task (idle).
 fn split_samples(file: &std::path::Path, [a, b]: [u32; 2], gbps: f64) -> anyhow::Result<String> {
     let out = std::process::Command::new("perf")
-        .args(["script", "-G", "-F", "pid,ip,dso", "-i"])
+        .args(["script", "-G", "-F", "pid,ip,sym,dso", "-i"])
         .arg(file)
         .output()
         .context("running perf script")?;
     anyhow::ensure!(out.status.success(), "perf script failed");
-    // "  <pid>  <ip> (<dso>)": [a user, a kernel, b user, b kernel, idle], and all.
+    // "  <pid>  <ip> <sym> (<dso>)": [a user, a kernel, b user, b kernel, idle], and all;
+    // per gateway, by kind of work.
     let (mut counts, mut all) = ([0u64; 5], 0u64);
+    let mut work = [[0u64; WORK.len()]; 2];
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let mut words = line.split_whitespace();
         let Some(Ok(pid)) = words.next().map(str::parse::<u32>) else {
             continue;
         };
         let kernel = line.contains("([kernel");
+        let sym = words.nth(1).unwrap_or_default();
         all += 1;
-        let at = match pid {
-            0 => 4,
-            p if p == a => usize::from(kernel),
-            p if p == b => 2 + usize::from(kernel),
+        let (at, side) = match pid {
+            0 => (4, None),
+            p if p == a => (usize::from(kernel), Some(0)),
+            p if p == b => (2 + usize::from(kernel), Some(1)),
             _ => continue,
         };
         counts[at] += 1;
+        if let Some(side) = side {
+            work[side][work_of(sym, kernel)] += 1;
+        }
     }
     anyhow::ensure!(all > 0, "no samples in {}", file.display());
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     let share = |n: u64| cores * n as f64 / all as f64;
     let per_packet = |c: f64| 1e6 * c / (gbps * 1e9 / 8.0 / 1420.0);
-    let side = |name: &str, user: u64, kernel: u64| {
+    let side = |name: &str, user: u64, kernel: u64, work: &[u64; WORK.len()]| {
         let (u, k) = (share(user), share(kernel));
+        let kinds: Vec<String> = WORK
+            .iter()
+            .zip(work)
+            .map(|(what, n)| format!("{what} {:.2}", per_packet(share(*n))))
+            .collect();
         format!(
-            "{name} {:.2} cores ({u:.2} user + {k:.2} kernel), {:.1} us per packet ({:.1} + {:.1})",
+            "{name} {:.2} cores ({u:.2} user + {k:.2} kernel), {:.1} us per packet ({:.1} + {:.1}: {})",
             u + k,
             per_packet(u + k),
             per_packet(u),
-            per_packet(k)
+            per_packet(k),
+            kinds.join(", ")
         )
     };
     Ok(format!(
         "{}; {}; idle {:.2} cores ({all} samples, {gbps:.2} Gbit/s)",
-        side("gateway A", counts[0], counts[1]),
-        side("gateway B", counts[2], counts[3]),
+        side("gateway A", counts[0], counts[1], &work[0]),
+        side("gateway B", counts[2], counts[3], &work[1]),
         share(counts[4])
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_told_apart_by_kind_of_work() {
+        let kind = |sym, kernel| WORK[work_of(sym, kernel)];
+        for (sym, kernel, want) in [
+            (
+                "ring_core_0_17_14__chacha20_poly1305_seal_avx2",
+                false,
+                "AEAD",
+            ),
+            (
+                "golang.org/x/crypto/chacha20poly1305.(*chacha20poly1305).sealGeneric",
+                false,
+                "AEAD",
+            ),
+            ("__memmove_avx512_unaligned_erms", false, "our copies"),
+            (
+                "gvisor.dev/gvisor/pkg/tcpip/checksum.checksumNoFold",
+                false,
+                "checksums",
+            ),
+            ("csum_partial", true, "checksums"),
+            (
+                "cyphonic_gateway::segment::Segmenter::next_into",
+                false,
+                "our other work",
+            ),
+            ("_copy_to_iter", true, "the kernel's copies"),
+            ("_copy_from_iter", true, "the kernel's copies"),
+            ("veth_xmit", true, "the kernel's other work"),
+        ] {
+            assert_eq!(kind(sym, kernel), want, "{sym}");
+        }
+    }
 }
