@@ -291,7 +291,8 @@ pub(crate) fn tune(
         let s = bed.status(Side::A)?;
         let p = &s["pipelines"];
         println!(
-            "  adapter A: egress batches {} (inline {}, buffers {}), ingress batches {} (inline {}, buffers {}), drop_pipeline_full {} (egress for bytes {}, time {}), drop_capture_overflow {}, out of order {}, coalesced frames {} -> segments {} ({} refused)",
+            "  adapter A: packet buffers allocated {}, egress batches {} (inline {}, buffers {}), ingress batches {} (inline {}, buffers {}), drop_pipeline_full {} (egress for bytes {}, time {}), drop_capture_overflow {}, out of order {}, coalesced frames {} -> segments {} ({} refused)",
+            s["buffers"]["allocated"],
             p["egress"]["batches"],
             p["egress"]["inline_batches"],
             p["egress"]["batch_buffers"],
