@@ -380,6 +380,23 @@ pub fn thread_percent(
         .collect()
 }
 
+/// The threads of process `pid` whose name (`comm`) `named` accepts, by thread ID; a thread
+/// that ends while they are read is left out.
+///
+/// # Errors
+/// The process is gone.
+pub fn thread_ids(pid: u32, named: impl Fn(&str) -> bool) -> anyhow::Result<Vec<u32>> {
+    let dir = format!("/proc/{pid}/task");
+    Ok(std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {dir}"))?
+        .filter_map(Result::ok)
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| named(c.trim_end()))
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect())
+}
+
 /// CPU time (user and system, in clock ticks) each thread of process `pid` has used, by
 /// thread name; the main thread (the daemons' control thread) is named `control`. Threads of
 /// one name (the crypto workers) are summed.

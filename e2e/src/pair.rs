@@ -277,16 +277,12 @@ impl PairBed {
             .as_ref()
             .map(Proc::pid)
             .context("the first box is not running")?;
-        let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
-            .filter_map(Result::ok)
-            .filter(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| threads.iter().any(|n| c.trim().starts_with(n)))
-            })
-            .filter_map(|t| t.file_name().to_str()?.parse().ok())
-            .collect();
+        let tids =
+            crate::attack::thread_ids(pid, |name| threads.iter().any(|n| name.starts_with(n)))?;
         anyhow::ensure!(!tids.is_empty(), "the first box has no thread {threads:?}");
-        tids.into_iter().map(ThreadHold::new).collect()
+        tids.into_iter()
+            .map(|tid| ThreadHold::new(i32::try_from(tid)?))
+            .collect()
     }
 
     /// Starts the first box again after it stood down (as systemd would), and waits until

@@ -208,12 +208,15 @@ pub(crate) fn tune(
     let (t1, t1_cpu) = cpu_during(pid, || measure::tcp(&bed, 1, seconds))?;
     let t4 = measure::tcp(&bed, 4, seconds)?;
     let loaded = measure::ping_under_load(&bed, 3)?;
+    // Adapter A's capture thread, if a flag looks at it (plain routing was refused above).
     let capture = match pid {
-        Some(pid) => Some(thread_named(pid, "cy-capture")?),
-        None => None,
+        Some(pid) if look.capture_nice.is_some() || look.sched.is_some() => {
+            let tids = cyphonic_e2e::attack::thread_ids(pid, |name| name == "cy-capture")?;
+            Some(*tids.first().context("adapter A has no cy-capture thread")?)
+        }
+        _ => None,
     };
-    if let Some(nice) = look.capture_nice {
-        let tid = capture.context("--capture-nice: plain routing has no capture thread")?;
+    if let (Some(nice), Some(tid)) = (look.capture_nice, capture) {
         let out = std::process::Command::new("renice")
             .args(["-n", &nice.to_string(), "-p", &tid.to_string()])
             .output()
@@ -241,10 +244,9 @@ pub(crate) fn tune(
         })
     })?;
     let machine = machine_ticks()?.since(machine)?;
-    let waited = match (recorder, &look.sched) {
-        (Some(recorder), Some(file)) => {
-            recorder.finish()?;
-            let tid = capture.context("--sched: plain routing has no capture thread")?;
+    let waited = match (recorder, capture) {
+        (Some(recorder), Some(tid)) => {
+            let file = recorder.finish()?;
             let gateways: Vec<(u32, &str)> = [(&bed.a, "A"), (&bed.b, "B")]
                 .into_iter()
                 .filter_map(|(site, name)| Some((site.adapter.as_ref()?.pid(), name)))
@@ -327,24 +329,6 @@ pub(crate) fn tune(
     Ok(())
 }
 
-/// The thread of process `pid` named `name` (its first, if several are).
-///
-/// # Errors
-/// The process is gone, or has no such thread.
-fn thread_named(pid: u32, name: &str) -> anyhow::Result<u32> {
-    let dir = format!("/proc/{pid}/task");
-    for task in std::fs::read_dir(&dir).with_context(|| dir.clone())? {
-        let task = task?;
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() == name
-            && let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok())
-        {
-            return Ok(tid);
-        }
-    }
-    anyhow::bail!("process {pid} has no thread {name}")
-}
-
 /// A `perf` recording of the whole machine into a file, until [`Recording::finish`].
 pub(crate) struct Recording<'a> {
     file: &'a std::path::Path,
@@ -365,8 +349,8 @@ impl<'a> Recording<'a> {
         Ok(Self { file, perf })
     }
 
-    /// Stops it; its file must hold something.
-    pub(crate) fn finish(self) -> anyhow::Result<()> {
+    /// Stops it and gives its file, which must hold something.
+    pub(crate) fn finish(self) -> anyhow::Result<&'a std::path::Path> {
         // perf exits with the interrupt's status; what it wrote is what counts.
         let stopped = self.perf.stop("INT", Duration::from_secs(30))?;
         anyhow::ensure!(
@@ -375,7 +359,7 @@ impl<'a> Recording<'a> {
             self.file.display(),
             String::from_utf8_lossy(&stopped.stderr)
         );
-        Ok(())
+        Ok(self.file)
     }
 }
 
