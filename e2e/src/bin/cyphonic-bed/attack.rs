@@ -218,7 +218,14 @@ pub(crate) fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
         std::thread::sleep(Duration::from_millis(300));
         let ticks1 = attack::thread_ticks(pid)?;
         let percent = attack::thread_percent(&ticks0, &ticks1, elapsed);
-        let cpu = |name: &str| percent.get(name).copied().unwrap_or(0.0);
+        // Each of these threads runs for the daemon's whole life: one missing is an error,
+        // not 0% of a core.
+        let cpu = |name: &str| {
+            percent
+                .get(name)
+                .copied()
+                .with_context(|| format!("adapter B has no {name} thread"))
+        };
         let sent = match flood {
             Some(f) => f
                 .join()
@@ -232,9 +239,9 @@ pub(crate) fn attack(seconds: u64) -> anyhow::Result<AttackReport> {
             sent,
             tcp_gbps: tcp,
             rtt,
-            control_cpu_pct: cpu("control"),
-            handshake_cpu_pct: cpu("cy-handshake"),
-            receive_cpu_pct: cpu("cy-udp-rx"),
+            control_cpu_pct: cpu("control")?,
+            handshake_cpu_pct: cpu("cy-handshake")?,
+            receive_cpu_pct: cpu("cy-udp-rx")?,
             checked: counter("handshake_inits")? - checked0,
             cookie_replies: counter("cookie_replies_sent")? - cookies0,
             dhcp_asked: asked,
