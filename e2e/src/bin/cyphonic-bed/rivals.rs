@@ -281,6 +281,19 @@ fn work_of(sym: &str, kernel: bool) -> usize {
     }
 }
 
+/// One line of `perf script -F pid,ip,sym,dso`, `  <pid>  <ip> <sym> (<dso>)`: the process,
+/// the symbol (a Rust one may hold spaces, `<T as Trait>::f`) and whether it is the kernel's.
+fn sample_of(line: &str) -> Option<(u32, &str, bool)> {
+    let (pid, rest) = line.trim_start().split_once(char::is_whitespace)?;
+    let (_ip, rest) = rest.trim_start().split_once(char::is_whitespace)?;
+    let (sym, dso) = rest.trim_start().rsplit_once(" (")?;
+    // The kernel and its modules (`[kernel.kallsyms]`, `[veth]`); not the vDSO, nor what
+    // perf could not place.
+    let kernel =
+        dso.starts_with('[') && !dso.starts_with("[vdso]") && !dso.starts_with("[unknown]");
+    Some((pid.parse().ok()?, sym, kernel))
+}
+
 /// Where `file`'s samples (`perf record -a` on every core) fell: in each of the two gateways'
 /// processes, in their own code (user) and in the kernel, as cores and as microseconds per
 /// 1,420-byte packet at `gbps`, then by kind of work ([`WORK`]); and on no task (idle).
@@ -291,17 +304,14 @@ fn split_samples(file: &std::path::Path, [a, b]: [u32; 2], gbps: f64) -> anyhow:
         .output()
         .context("running perf script")?;
     anyhow::ensure!(out.status.success(), "perf script failed");
-    // "  <pid>  <ip> <sym> (<dso>)": [a user, a kernel, b user, b kernel, idle], and all;
+    // [a user, a kernel, b user, b kernel, idle], and all;
     // per gateway, by kind of work.
     let (mut counts, mut all) = ([0u64; 5], 0u64);
     let mut work = [[0u64; WORK.len()]; 2];
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let mut words = line.split_whitespace();
-        let Some(Ok(pid)) = words.next().map(str::parse::<u32>) else {
+        let Some((pid, sym, kernel)) = sample_of(line) else {
             continue;
         };
-        let kernel = line.contains("([kernel");
-        let sym = words.nth(1).unwrap_or_default();
         all += 1;
         let (at, side) = match pid {
             0 => (4, None),
@@ -345,6 +355,36 @@ fn split_samples(file: &std::path::Path, [a, b]: [u32; 2], gbps: f64) -> anyhow:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn perf_script_lines_give_process_symbol_and_side() {
+        assert_eq!(
+            sample_of("   28829  ffffffff813cc541 do_sched_yield ([kernel.kallsyms])"),
+            Some((28829, "do_sched_yield", true))
+        );
+        assert_eq!(
+            sample_of(
+                "28844      55d0c1a2b3c4 <cyphonic_tunnel::ingress::Accepting<K> as cyphonic_pipeline::Sink>::emit (/usr/bin/cyphonic-adapter)"
+            ),
+            Some((
+                28844,
+                "<cyphonic_tunnel::ingress::Accepting<K> as cyphonic_pipeline::Sink>::emit",
+                false
+            ))
+        );
+        assert_eq!(
+            sample_of("7 ffffffffc0a1b2c3 veth_xmit ([veth])"),
+            Some((7, "veth_xmit", true))
+        );
+        assert_eq!(
+            sample_of("7 7ffd12345678 __vdso_clock_gettime ([vdso])"),
+            Some((7, "__vdso_clock_gettime", false))
+        );
+        // Not a sample line, or one cut short: skipped, never a guess.
+        assert_eq!(sample_of(""), None);
+        assert_eq!(sample_of("perf: no samples"), None);
+        assert_eq!(sample_of("123 ffff"), None);
+    }
 
     #[test]
     fn samples_are_told_apart_by_kind_of_work() {
